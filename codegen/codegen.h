@@ -1,0 +1,69 @@
+/*
+ * codegen.h -- the compile pipeline and the compiled-kernel object.
+ *
+ *   op ──► build (template writes the kernel with aj_kb) ──► verify
+ *      ──► optimize (default<On> on the target machine) ──► verify
+ *      ──► emit (PTX | LLVM IR text | bitcode) ──► aj_kernel
+ *
+ * aj_codegen_run() calls the stages in this order; with the options'
+ * dump_after set to a stage name, the module after that stage goes to the
+ * log callback at AJ_LOG_DEBUG.  Nothing here knows which template is used:
+ * the caller passes the build step as a function.
+ */
+#ifndef AJ_CODEGEN_CODEGEN_H
+#define AJ_CODEGEN_CODEGEN_H
+
+#include <llvm-c/TargetMachine.h>
+
+#include "codegen/kbuilder.h"
+#include "ir/op.h"
+
+/* What a template tells the pipeline besides the module it built. */
+typedef struct aj_kernel_layout {
+    aj_grid_dim grid[3];
+    aj_schedule schedule;    /* resolved, no zero fields */
+} aj_kernel_layout;
+
+/* The build stage: writes one kernel into kb and fills the layout. */
+typedef aj_status (*aj_build_fn)(aj_kb *kb, const aj_op *op, void *user,
+                                 aj_kernel_layout *layout);
+
+aj_status aj_codegen_run(aj_ctx *ctx, const aj_op *op,
+                         const aj_compile_options *options,
+                         const char *entry_name, aj_build_fn build,
+                         void *user, aj_kernel **out);
+
+/* AJ_OK if codegen can lower for the target, else AJ_ERR_UNSUPPORTED. */
+aj_status aj_codegen_target_supported(aj_ctx *ctx, aj_target target);
+
+/* GPU targets */
+bool aj_target_is_nvptx(aj_target target);
+/* Largest dynamic shared memory a CTA may use on the target (bytes). */
+int32_t aj_target_smem_limit(aj_target target);
+aj_status aj_nvptx_target_machine(aj_ctx *ctx, aj_target target,
+                                  int opt_level, LLVMTargetMachineRef *out);
+/* Marks fn as a kernel with `threads` threads per CTA, designed to run
+ * at least `min_ctas_per_sm` CTAs per SM. */
+void aj_nvptx_annotate_kernel(LLVMModuleRef mod, LLVMValueRef fn,
+                              int32_t threads, int32_t min_ctas_per_sm);
+
+/* the kernel object (kernel.c) */
+struct aj_kernel {
+    aj_target target;
+    aj_emit emit;
+    char *entry;
+    char *code;              /* NUL-terminated even for bitcode */
+    size_t code_size;
+    aj_launch_info launch;
+    aj_compile_stats stats;
+    aj_param_info *params;
+    char (*param_names)[32];
+};
+
+/* Makes a kernel that owns a copy of code and of kb's parameter list. */
+aj_status aj_kernel_new(aj_ctx *ctx, const aj_kb *kb, const char *entry,
+                        aj_target target, aj_emit emit, const void *code,
+                        size_t code_size, const aj_kernel_layout *layout,
+                        aj_kernel **out);
+
+#endif /* AJ_CODEGEN_CODEGEN_H */

@@ -1,0 +1,439 @@
+/*
+ * kbuilder.c -- the kernel builder over LLVM-C (see kbuilder.h).
+ */
+#include "codegen/kbuilder.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+aj_status aj_kb_init(aj_kb *kb, aj_ctx *ctx, LLVMContextRef llctx,
+                     aj_target target, const char *module_name)
+{
+    memset(kb, 0, sizeof *kb);
+    kb->ctx = ctx;
+    kb->target = target;
+    kb->llctx = llctx;
+    kb->mod = LLVMModuleCreateWithNameInContext(module_name, llctx);
+    kb->b = LLVMCreateBuilderInContext(llctx);
+    kb->t_void = LLVMVoidTypeInContext(llctx);
+    kb->t_i1 = LLVMInt1TypeInContext(llctx);
+    kb->t_i8 = LLVMInt8TypeInContext(llctx);
+    kb->t_i16 = LLVMInt16TypeInContext(llctx);
+    kb->t_i32 = LLVMInt32TypeInContext(llctx);
+    kb->t_i64 = LLVMInt64TypeInContext(llctx);
+    kb->t_f32 = LLVMFloatTypeInContext(llctx);
+    kb->t_gptr = LLVMPointerTypeInContext(llctx, AJ_AS_GLOBAL);
+    kb->t_sptr = LLVMPointerTypeInContext(llctx, AJ_AS_SHARED);
+    return AJ_OK;
+}
+
+void aj_kb_dispose(aj_kb *kb)
+{
+    if (kb->b)
+        LLVMDisposeBuilder(kb->b);
+    if (kb->mod)
+        LLVMDisposeModule(kb->mod);
+    kb->b = NULL;
+    kb->mod = NULL;
+}
+
+LLVMModuleRef aj_kb_take_module(aj_kb *kb)
+{
+    LLVMModuleRef m = kb->mod;
+    kb->mod = NULL;
+    return m;
+}
+
+aj_status aj_kb_fail(aj_kb *kb, aj_status st, const char *fmt, ...)
+{
+    if (kb->st != AJ_OK)
+        return kb->st;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(kb->msg, sizeof kb->msg, fmt, ap);
+    va_end(ap);
+    kb->st = st;
+    return st;
+}
+
+/* ---------------------------------------------------------------- params */
+
+void aj_kb_add_param(aj_kb *kb, const char *name, aj_param_type type)
+{
+    if (kb->fn) {
+        aj_kb_fail(kb, AJ_ERR_INTERNAL, "parameter '%s' declared after the kernel began", name);
+        return;
+    }
+    if (kb->num_params == AJ_KB_MAX_PARAMS || strlen(name) >= sizeof kb->params[0].name) {
+        aj_kb_fail(kb, AJ_ERR_INTERNAL, "too many or too long kernel parameters at '%s'", name);
+        return;
+    }
+    aj_kb_param_decl *p = &kb->params[kb->num_params++];
+    snprintf(p->name, sizeof p->name, "%s", name);
+    p->type = type;
+}
+
+static LLVMTypeRef param_llvm_type(aj_kb *kb, aj_param_type type)
+{
+    switch (type) {
+    case AJ_PARAM_PTR: return kb->t_gptr;
+    case AJ_PARAM_I32: return kb->t_i32;
+    case AJ_PARAM_I64: return kb->t_i64;
+    case AJ_PARAM_F32: return kb->t_f32;
+    default: return kb->t_i32;
+    }
+}
+
+void aj_kb_begin(aj_kb *kb, int32_t threads)
+{
+    LLVMTypeRef types[AJ_KB_MAX_PARAMS];
+    for (int i = 0; i < kb->num_params; i++)
+        types[i] = param_llvm_type(kb, kb->params[i].type);
+    LLVMTypeRef fty = LLVMFunctionType(kb->t_void, types, (unsigned)kb->num_params, 0);
+    kb->fn = LLVMAddFunction(kb->mod, kb->entry_name, fty);
+    kb->block_threads = threads;
+    if (kb->min_ctas_per_sm < 1)
+        kb->min_ctas_per_sm = 1;
+    for (int i = 0; i < kb->num_params; i++) {
+        LLVMValueRef p = LLVMGetParam(kb->fn, (unsigned)i);
+        LLVMSetValueName2(p, kb->params[i].name, strlen(kb->params[i].name));
+        if (kb->params[i].type == AJ_PARAM_PTR) {
+            /* Kernel pointers never alias each other's outputs in attnjit's
+             * contract (q, k, v are read-only; o, lse write-only). */
+            unsigned kind = LLVMGetEnumAttributeKindForName("noalias", 7);
+            LLVMAddAttributeAtIndex(kb->fn, (unsigned)i + 1,
+                                    LLVMCreateEnumAttribute(kb->llctx, kind, 0));
+        }
+    }
+    kb->entry = LLVMAppendBasicBlockInContext(kb->llctx, kb->fn, "entry");
+    LLVMPositionBuilderAtEnd(kb->b, kb->entry);
+}
+
+void aj_kb_finish(aj_kb *kb)
+{
+    if (kb->depth != 0)
+        aj_kb_fail(kb, AJ_ERR_INTERNAL, "kernel finished with %d open scopes", kb->depth);
+    LLVMBuildRetVoid(kb->b);
+}
+
+LLVMValueRef aj_kb_param(aj_kb *kb, const char *name)
+{
+    for (int i = 0; i < kb->num_params; i++)
+        if (strcmp(kb->params[i].name, name) == 0)
+            return LLVMGetParam(kb->fn, (unsigned)i);
+    aj_kb_fail(kb, AJ_ERR_INTERNAL, "no kernel parameter named '%s'", name);
+    return LLVMGetUndef(kb->t_i32);
+}
+
+/* ---------------------------------------------------------------- values */
+
+LLVMValueRef aj_kb_i32(aj_kb *kb, int64_t v)
+{
+    return LLVMConstInt(kb->t_i32, (unsigned long long)v, 1);
+}
+
+LLVMValueRef aj_kb_i64(aj_kb *kb, int64_t v)
+{
+    return LLVMConstInt(kb->t_i64, (unsigned long long)v, 1);
+}
+
+LLVMValueRef aj_kb_f32(aj_kb *kb, double v)
+{
+    return LLVMConstReal(kb->t_f32, v);
+}
+
+LLVMValueRef aj_kb_var(aj_kb *kb, LLVMTypeRef type, LLVMValueRef init,
+                       const char *name)
+{
+    /* Allocas at the top of the entry block are what SROA promotes. */
+    LLVMBasicBlockRef here = LLVMGetInsertBlock(kb->b);
+    LLVMValueRef first = LLVMGetFirstInstruction(kb->entry);
+    if (first)
+        LLVMPositionBuilderBefore(kb->b, first);
+    else
+        LLVMPositionBuilderAtEnd(kb->b, kb->entry);
+    LLVMValueRef var = LLVMBuildAlloca(kb->b, type, name);
+    LLVMPositionBuilderAtEnd(kb->b, here);
+    if (init)
+        LLVMBuildStore(kb->b, init, var);
+    return var;
+}
+
+LLVMValueRef aj_kb_get(aj_kb *kb, LLVMValueRef var)
+{
+    return LLVMBuildLoad2(kb->b, LLVMGetAllocatedType(var), var, "");
+}
+
+void aj_kb_set(aj_kb *kb, LLVMValueRef var, LLVMValueRef value)
+{
+    LLVMBuildStore(kb->b, value, var);
+}
+
+/* ---------------------------------------------------------------- control */
+
+static struct aj_kb_scope *push_scope(aj_kb *kb)
+{
+    if (kb->depth == AJ_KB_MAX_NEST) {
+        aj_kb_fail(kb, AJ_ERR_INTERNAL, "control flow nested deeper than %d", AJ_KB_MAX_NEST);
+        return NULL;
+    }
+    struct aj_kb_scope *s = &kb->scopes[kb->depth++];
+    memset(s, 0, sizeof *s);
+    return s;
+}
+
+static struct aj_kb_scope *top_scope(aj_kb *kb, int want_loop)
+{
+    if (kb->depth == 0 || kb->scopes[kb->depth - 1].is_loop != want_loop) {
+        aj_kb_fail(kb, AJ_ERR_INTERNAL, "unbalanced %s scope", want_loop ? "loop" : "if");
+        return NULL;
+    }
+    return &kb->scopes[kb->depth - 1];
+}
+
+/*
+ *   pre ──► head: i = phi(begin, i+step); if i < end ──► body ... ──► latch
+ *             ▲                            └──────────► exit       │
+ *             └────────────────────────────────────────────────────┘
+ */
+LLVMValueRef aj_kb_for_begin(aj_kb *kb, LLVMValueRef begin, LLVMValueRef end,
+                             LLVMValueRef step, const char *name)
+{
+    struct aj_kb_scope *s = push_scope(kb);
+    if (!s)
+        return begin;
+    s->is_loop = 1;
+    LLVMBasicBlockRef pre = LLVMGetInsertBlock(kb->b);
+    s->head = LLVMAppendBasicBlockInContext(kb->llctx, kb->fn, "loop.head");
+    s->body = LLVMAppendBasicBlockInContext(kb->llctx, kb->fn, "loop.body");
+    s->latch = LLVMAppendBasicBlockInContext(kb->llctx, kb->fn, "loop.latch");
+    s->exit = LLVMAppendBasicBlockInContext(kb->llctx, kb->fn, "loop.exit");
+    s->end = end;
+    s->step = step;
+    LLVMBuildBr(kb->b, s->head);
+    LLVMPositionBuilderAtEnd(kb->b, s->head);
+    s->var = LLVMBuildPhi(kb->b, LLVMTypeOf(begin), name);
+    LLVMAddIncoming(s->var, &begin, &pre, 1);
+    LLVMValueRef more = LLVMBuildICmp(kb->b, LLVMIntSLT, s->var, end, "");
+    LLVMBuildCondBr(kb->b, more, s->body, s->exit);
+    LLVMPositionBuilderAtEnd(kb->b, s->body);
+    return s->var;
+}
+
+void aj_kb_for_end(aj_kb *kb)
+{
+    struct aj_kb_scope *s = top_scope(kb, 1);
+    if (!s)
+        return;
+    LLVMBuildBr(kb->b, s->latch);
+    LLVMPositionBuilderAtEnd(kb->b, s->latch);
+    LLVMValueRef next = LLVMBuildNSWAdd(kb->b, s->var, s->step, "");
+    LLVMAddIncoming(s->var, &next, &s->latch, 1);
+    LLVMBuildBr(kb->b, s->head);
+    LLVMPositionBuilderAtEnd(kb->b, s->exit);
+    kb->depth--;
+}
+
+void aj_kb_if_begin(aj_kb *kb, LLVMValueRef cond)
+{
+    struct aj_kb_scope *s = push_scope(kb);
+    if (!s)
+        return;
+    s->body = LLVMAppendBasicBlockInContext(kb->llctx, kb->fn, "if.then");
+    s->else_bb = LLVMAppendBasicBlockInContext(kb->llctx, kb->fn, "if.else");
+    s->exit = LLVMAppendBasicBlockInContext(kb->llctx, kb->fn, "if.end");
+    LLVMBuildCondBr(kb->b, cond, s->body, s->else_bb);
+    LLVMPositionBuilderAtEnd(kb->b, s->body);
+}
+
+void aj_kb_else(aj_kb *kb)
+{
+    struct aj_kb_scope *s = top_scope(kb, 0);
+    if (!s)
+        return;
+    LLVMBuildBr(kb->b, s->exit);
+    LLVMPositionBuilderAtEnd(kb->b, s->else_bb);
+    s->else_bb = NULL;
+}
+
+void aj_kb_if_end(aj_kb *kb)
+{
+    struct aj_kb_scope *s = top_scope(kb, 0);
+    if (!s)
+        return;
+    LLVMBuildBr(kb->b, s->exit);
+    if (s->else_bb) {
+        /* no else branch was written: it falls through */
+        LLVMPositionBuilderAtEnd(kb->b, s->else_bb);
+        LLVMBuildBr(kb->b, s->exit);
+    }
+    LLVMPositionBuilderAtEnd(kb->b, s->exit);
+    kb->depth--;
+}
+
+/* ---------------------------------------------------------------- memory */
+
+int32_t aj_kb_smem_reserve(aj_kb *kb, int32_t bytes)
+{
+    int32_t off = kb->dynamic_smem;
+    kb->dynamic_smem += (bytes + 15) & ~15;
+    return off;
+}
+
+LLVMValueRef aj_kb_smem_ptr(aj_kb *kb, LLVMValueRef byte_offset)
+{
+    if (!kb->smem_base) {
+        /* extern __shared__ char smem[] -- sized at launch */
+        LLVMTypeRef arr = LLVMArrayType2(kb->t_i8, 0);
+        kb->smem_base = LLVMAddGlobalInAddressSpace(kb->mod, arr, "aj_smem", AJ_AS_SHARED);
+        LLVMSetLinkage(kb->smem_base, LLVMExternalLinkage);
+        LLVMSetAlignment(kb->smem_base, 16);
+    }
+    return LLVMBuildInBoundsGEP2(kb->b, kb->t_i8, kb->smem_base, &byte_offset, 1, "");
+}
+
+LLVMValueRef aj_kb_gptr_offset(aj_kb *kb, LLVMValueRef base,
+                               LLVMValueRef byte_offset)
+{
+    return LLVMBuildInBoundsGEP2(kb->b, kb->t_i8, base, &byte_offset, 1, "");
+}
+
+LLVMValueRef aj_kb_load(aj_kb *kb, LLVMTypeRef type, LLVMValueRef ptr,
+                        unsigned align)
+{
+    LLVMValueRef v = LLVMBuildLoad2(kb->b, type, ptr, "");
+    LLVMSetAlignment(v, align);
+    return v;
+}
+
+void aj_kb_store(aj_kb *kb, LLVMValueRef value, LLVMValueRef ptr,
+                 unsigned align)
+{
+    LLVMValueRef st = LLVMBuildStore(kb->b, value, ptr);
+    LLVMSetAlignment(st, align);
+}
+
+/* ---------------------------------------------------------------- GPU ops */
+
+LLVMValueRef aj_kb_thread_id(aj_kb *kb)
+{
+    return aj_kb_intrinsic(kb, AJ_INTR_TID_X, NULL);
+}
+
+LLVMValueRef aj_kb_block_id(aj_kb *kb, int dim)
+{
+    static const enum aj_intrinsic_id ids[3] = {
+        AJ_INTR_CTAID_X, AJ_INTR_CTAID_Y, AJ_INTR_CTAID_Z};
+    return aj_kb_intrinsic(kb, ids[dim], NULL);
+}
+
+void aj_kb_barrier(aj_kb *kb)
+{
+    aj_kb_intrinsic(kb, AJ_INTR_BARRIER, NULL);
+}
+
+static LLVMValueRef group_reduce(aj_kb *kb, LLVMValueRef v, int width, int is_max)
+{
+    for (int lane_mask = width / 2; lane_mask >= 1; lane_mask /= 2) {
+        LLVMValueRef args[4] = {aj_kb_i32(kb, -1), v, aj_kb_i32(kb, lane_mask),
+                                aj_kb_i32(kb, 0x1f)};
+        LLVMValueRef other = aj_kb_intrinsic(kb, AJ_INTR_SHFL_BFLY_F32, args);
+        v = is_max ? aj_kb_fmax(kb, v, other) : LLVMBuildFAdd(kb->b, v, other, "");
+    }
+    return v;
+}
+
+LLVMValueRef aj_kb_group_max(aj_kb *kb, LLVMValueRef v, int width)
+{
+    return group_reduce(kb, v, width, 1);
+}
+
+LLVMValueRef aj_kb_group_sum(aj_kb *kb, LLVMValueRef v, int width)
+{
+    return group_reduce(kb, v, width, 0);
+}
+
+LLVMValueRef aj_kb_exp2(aj_kb *kb, LLVMValueRef x)
+{
+    return aj_kb_intrinsic(kb, AJ_INTR_EX2_APPROX, &x);
+}
+
+LLVMValueRef aj_kb_log2(aj_kb *kb, LLVMValueRef x)
+{
+    return aj_kb_intrinsic(kb, AJ_INTR_LG2_APPROX, &x);
+}
+
+/* ---------------------------------------------------------------- dtypes */
+
+int aj_dtype_size(aj_dtype dtype)
+{
+    return dtype == AJ_DTYPE_F32 ? 4 : 2;
+}
+
+LLVMTypeRef aj_kb_storage_type(aj_kb *kb, aj_dtype dtype)
+{
+    return dtype == AJ_DTYPE_F32 ? kb->t_f32 : kb->t_i16;
+}
+
+LLVMValueRef aj_kb_to_f32(aj_kb *kb, LLVMValueRef v, aj_dtype dtype)
+{
+    switch (dtype) {
+    case AJ_DTYPE_F16:
+        return aj_kb_intrinsic(kb, AJ_INTR_CVT_F32_F16, &v);
+    case AJ_DTYPE_BF16: {
+        /* bf16 is the top half of an f32: widening is exact bit moving */
+        LLVMValueRef w = LLVMBuildZExt(kb->b, v, kb->t_i32, "");
+        w = LLVMBuildShl(kb->b, w, aj_kb_i32(kb, 16), "");
+        return LLVMBuildBitCast(kb->b, w, kb->t_f32, "");
+    }
+    default:
+        return v;
+    }
+}
+
+LLVMValueRef aj_kb_from_f32(aj_kb *kb, LLVMValueRef v, aj_dtype dtype)
+{
+    switch (dtype) {
+    case AJ_DTYPE_F16:
+        return aj_kb_intrinsic(kb, AJ_INTR_CVT_F16_F32, &v);
+    case AJ_DTYPE_BF16:
+        return aj_kb_intrinsic(kb, AJ_INTR_CVT_BF16_F32, &v);
+    default:
+        return v;
+    }
+}
+
+/* ---------------------------------------------------------------- arith */
+
+LLVMValueRef aj_kb_fmax(aj_kb *kb, LLVMValueRef a, LLVMValueRef b)
+{
+    /* maxnum: a NaN operand yields the other one, like PTX max.f32 */
+    LLVMTypeRef t = kb->t_f32;
+    unsigned id = LLVMLookupIntrinsicID("llvm.maxnum", 11);
+    LLVMValueRef fn = LLVMGetIntrinsicDeclaration(kb->mod, id, &t, 1);
+    LLVMValueRef args[2] = {a, b};
+    return LLVMBuildCall2(kb->b, LLVMIntrinsicGetType(kb->llctx, id, &t, 1), fn, args, 2, "");
+}
+
+LLVMValueRef aj_kb_fma(aj_kb *kb, LLVMValueRef a, LLVMValueRef b,
+                       LLVMValueRef c)
+{
+    LLVMTypeRef t = kb->t_f32;
+    unsigned id = LLVMLookupIntrinsicID("llvm.fma", 8);
+    LLVMValueRef fn = LLVMGetIntrinsicDeclaration(kb->mod, id, &t, 1);
+    LLVMValueRef args[3] = {a, b, c};
+    return LLVMBuildCall2(kb->b, LLVMIntrinsicGetType(kb->llctx, id, &t, 1), fn, args, 3, "");
+}
+
+LLVMValueRef aj_kb_smin(aj_kb *kb, LLVMValueRef a, LLVMValueRef b)
+{
+    LLVMValueRef lt = LLVMBuildICmp(kb->b, LLVMIntSLT, a, b, "");
+    return LLVMBuildSelect(kb->b, lt, a, b, "");
+}
+
+LLVMValueRef aj_kb_smax(aj_kb *kb, LLVMValueRef a, LLVMValueRef b)
+{
+    LLVMValueRef gt = LLVMBuildICmp(kb->b, LLVMIntSGT, a, b, "");
+    return LLVMBuildSelect(kb->b, gt, a, b, "");
+}

@@ -1,0 +1,172 @@
+/*
+ * kbuilder.h -- the kernel builder: what templates write kernels with.
+ *
+ * A thin layer over LLVM-C that knows about GPU kernels: parameters that
+ * become the launch ABI, thread and block ids, dynamic shared memory
+ * (addrspace 3), barriers, shuffles, conversions and fast exp2, structured
+ * loops and ifs, and mutable variables.  Variables are allocas in the entry
+ * block; the O3 pipeline promotes them to registers, so templates never
+ * build phis by hand.
+ *
+ * Every GPU operation goes through aj_kb_intrinsic() and the table in
+ * intrinsics.def, so a target (nvptx now, sim next) lowers each one in one
+ * place.  Errors are sticky: the first failure is kept in kb->st / kb->msg
+ * and later calls become no-ops that return harmless values, so a template
+ * checks once, at the end.
+ */
+#ifndef AJ_CODEGEN_KBUILDER_H
+#define AJ_CODEGEN_KBUILDER_H
+
+#include <llvm-c/Core.h>
+
+#include "attnjit/attnjit.h"
+#include "ir/diag.h"
+
+enum aj_intrinsic_id {
+#define AJ_INTRINSIC(id, kind, text, cons, ret, nargs, a0, a1, a2, a3, sim) \
+    AJ_INTR_##id,
+#include "codegen/intrinsics.def"
+#undef AJ_INTRINSIC
+    AJ_INTR_COUNT
+};
+
+#define AJ_LOG2E 1.44269504088896340736
+#define AJ_LN2 0.693147180559945309417
+
+/* Addresses spaces of NVPTX, which the sim target mirrors. */
+enum { AJ_AS_GENERIC = 0, AJ_AS_GLOBAL = 1, AJ_AS_SHARED = 3 };
+
+#define AJ_KB_MAX_PARAMS 64
+#define AJ_KB_MAX_NEST 32
+
+typedef struct aj_kb_param_decl {
+    char name[32];
+    aj_param_type type;
+} aj_kb_param_decl;
+
+typedef struct aj_kb {
+    aj_ctx *ctx;
+    aj_target target;
+    LLVMContextRef llctx;
+    LLVMModuleRef mod;
+    LLVMBuilderRef b;
+    LLVMValueRef fn;
+    LLVMBasicBlockRef entry;   /* allocas go here */
+    const char *entry_name;    /* the kernel's symbol, set by the pipeline */
+
+    /* commonly used types */
+    LLVMTypeRef t_void, t_i1, t_i16, t_i32, t_i64, t_f32, t_i8;
+    LLVMTypeRef t_gptr, t_sptr;  /* ptr addrspace(1), ptr addrspace(3) */
+
+    /* the launch ABI, in declaration order */
+    aj_kb_param_decl params[AJ_KB_MAX_PARAMS];
+    int num_params;
+
+    int32_t block_threads;
+    int32_t min_ctas_per_sm;   /* occupancy the template designs for; >= 1 */
+    int32_t dynamic_smem;      /* bytes requested with aj_kb_smem_reserve */
+    LLVMValueRef smem_base;
+
+    /* structured control flow: a stack of open loops and ifs */
+    struct aj_kb_scope {
+        int is_loop;
+        LLVMBasicBlockRef head, body, latch, exit, else_bb;
+        LLVMValueRef var, end, step;
+    } scopes[AJ_KB_MAX_NEST];
+    int depth;
+
+    aj_status st;
+    char msg[512];
+} aj_kb;
+
+/* Sets up a builder for a new module; the caller owns llctx. */
+aj_status aj_kb_init(aj_kb *kb, aj_ctx *ctx, LLVMContextRef llctx,
+                     aj_target target, const char *module_name);
+/* Frees the builder; the module too unless it was taken with aj_kb_take. */
+void aj_kb_dispose(aj_kb *kb);
+/* Hands the module to the caller (who disposes of it). */
+LLVMModuleRef aj_kb_take_module(aj_kb *kb);
+
+/* Records the first failure and returns it. */
+aj_status aj_kb_fail(aj_kb *kb, aj_status st, const char *fmt, ...)
+    AJ_PRINTF(3, 4);
+
+/* Declares a kernel parameter; all parameters come before aj_kb_begin. */
+void aj_kb_add_param(aj_kb *kb, const char *name, aj_param_type type);
+/* Creates the kernel function kb->entry_name with the declared parameters
+ * and `threads` threads per CTA (the launch bound); positions at entry. */
+void aj_kb_begin(aj_kb *kb, int32_t threads);
+/* Terminates the kernel (ret void).  All scopes must be closed. */
+void aj_kb_finish(aj_kb *kb);
+/* The value of parameter `name` (declared earlier). */
+LLVMValueRef aj_kb_param(aj_kb *kb, const char *name);
+
+/* Emits a call of a table intrinsic; args has its NARGS values. */
+LLVMValueRef aj_kb_intrinsic(aj_kb *kb, enum aj_intrinsic_id id,
+                             LLVMValueRef *args);
+/* True when every NVVM name in the table resolves in this LLVM; on
+ * failure the message names the first that does not. */
+aj_status aj_intrinsics_check(aj_ctx *ctx);
+const char *aj_intrinsic_name(enum aj_intrinsic_id id);
+
+/* constants */
+LLVMValueRef aj_kb_i32(aj_kb *kb, int64_t v);
+LLVMValueRef aj_kb_i64(aj_kb *kb, int64_t v);
+LLVMValueRef aj_kb_f32(aj_kb *kb, double v);
+
+/* variables: an alloca in the entry block, initialised here */
+LLVMValueRef aj_kb_var(aj_kb *kb, LLVMTypeRef type, LLVMValueRef init,
+                       const char *name);
+LLVMValueRef aj_kb_get(aj_kb *kb, LLVMValueRef var);
+void aj_kb_set(aj_kb *kb, LLVMValueRef var, LLVMValueRef value);
+
+/* for (i = begin; i < end; i += step): returns i (an i32 or i64 phi, the
+ * type of begin).  The body is emitted between begin and end calls. */
+LLVMValueRef aj_kb_for_begin(aj_kb *kb, LLVMValueRef begin, LLVMValueRef end,
+                             LLVMValueRef step, const char *name);
+void aj_kb_for_end(aj_kb *kb);
+/* if (cond) { ... } [else { ... }] */
+void aj_kb_if_begin(aj_kb *kb, LLVMValueRef cond);
+void aj_kb_else(aj_kb *kb);
+void aj_kb_if_end(aj_kb *kb);
+
+/* Shared memory: reserves `bytes` (16-byte aligned) of the kernel's dynamic
+ * shared memory and returns its byte offset. */
+int32_t aj_kb_smem_reserve(aj_kb *kb, int32_t bytes);
+/* ptr addrspace(3) to dynamic shared memory at a byte offset (i32). */
+LLVMValueRef aj_kb_smem_ptr(aj_kb *kb, LLVMValueRef byte_offset);
+
+/* byte-offset address arithmetic for global (i64 offset) pointers */
+LLVMValueRef aj_kb_gptr_offset(aj_kb *kb, LLVMValueRef base,
+                               LLVMValueRef byte_offset);
+
+LLVMValueRef aj_kb_load(aj_kb *kb, LLVMTypeRef type, LLVMValueRef ptr,
+                        unsigned align);
+void aj_kb_store(aj_kb *kb, LLVMValueRef value, LLVMValueRef ptr,
+                 unsigned align);
+
+/* GPU helpers built on the table */
+LLVMValueRef aj_kb_thread_id(aj_kb *kb);
+LLVMValueRef aj_kb_block_id(aj_kb *kb, int dim);   /* 0, 1, 2 */
+void aj_kb_barrier(aj_kb *kb);
+/* butterfly max / sum of a float over aligned groups of `width` lanes
+ * (a power of two <= 32) */
+LLVMValueRef aj_kb_group_max(aj_kb *kb, LLVMValueRef v, int width);
+LLVMValueRef aj_kb_group_sum(aj_kb *kb, LLVMValueRef v, int width);
+LLVMValueRef aj_kb_exp2(aj_kb *kb, LLVMValueRef x);
+LLVMValueRef aj_kb_log2(aj_kb *kb, LLVMValueRef x);
+
+/* element conversions between a storage dtype and f32 */
+LLVMTypeRef aj_kb_storage_type(aj_kb *kb, aj_dtype dtype); /* i16 or f32 */
+LLVMValueRef aj_kb_to_f32(aj_kb *kb, LLVMValueRef v, aj_dtype dtype);
+LLVMValueRef aj_kb_from_f32(aj_kb *kb, LLVMValueRef v, aj_dtype dtype);
+int aj_dtype_size(aj_dtype dtype);
+
+/* arithmetic shorthands (f32 and integer) */
+LLVMValueRef aj_kb_fmax(aj_kb *kb, LLVMValueRef a, LLVMValueRef b);
+LLVMValueRef aj_kb_fma(aj_kb *kb, LLVMValueRef a, LLVMValueRef b,
+                       LLVMValueRef c);
+LLVMValueRef aj_kb_smin(aj_kb *kb, LLVMValueRef a, LLVMValueRef b);
+LLVMValueRef aj_kb_smax(aj_kb *kb, LLVMValueRef a, LLVMValueRef b);
+
+#endif /* AJ_CODEGEN_KBUILDER_H */

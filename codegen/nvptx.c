@@ -1,0 +1,99 @@
+/*
+ * nvptx.c -- NVPTX target: target machines, kernel annotations, limits.
+ */
+#include <pthread.h>
+#include <string.h>
+
+#include <llvm-c/Target.h>
+
+#include "codegen/codegen.h"
+
+#define NVPTX_TRIPLE "nvptx64-nvidia-cuda"
+
+static pthread_once_t nvptx_once = PTHREAD_ONCE_INIT;
+
+static void nvptx_init(void)
+{
+    LLVMInitializeNVPTXTargetInfo();
+    LLVMInitializeNVPTXTarget();
+    LLVMInitializeNVPTXTargetMC();
+    LLVMInitializeNVPTXAsmPrinter();
+}
+
+bool aj_target_is_nvptx(aj_target target)
+{
+    return target == AJ_TARGET_SM_80 || target == AJ_TARGET_SM_90 ||
+           target == AJ_TARGET_SM_90A;
+}
+
+int32_t aj_target_smem_limit(aj_target target)
+{
+    switch (target) {
+    case AJ_TARGET_SM_80: return 163 * 1024;   /* A100: 164 KiB less 1 KiB reserved */
+    case AJ_TARGET_SM_90:
+    case AJ_TARGET_SM_90A: return 227 * 1024;  /* H100/H200 */
+    default: return 48 * 1024;
+    }
+}
+
+/* The PTX ISA version LLVM 19 emits by default for each GPU. */
+const char *aj_ptx_version(aj_target target)
+{
+    switch (target) {
+    case AJ_TARGET_SM_80: return "7.0";
+    case AJ_TARGET_SM_90: return "7.8";
+    case AJ_TARGET_SM_90A: return "8.0";
+    default: return NULL;
+    }
+}
+
+aj_status aj_nvptx_target_machine(aj_ctx *ctx, aj_target target,
+                                  int opt_level, LLVMTargetMachineRef *out)
+{
+    pthread_once(&nvptx_once, nvptx_init);
+    LLVMTargetRef t = NULL;
+    char *err = NULL;
+    if (LLVMGetTargetFromTriple(NVPTX_TRIPLE, &t, &err)) {
+        aj_status st = aj_fail(ctx, AJ_ERR_CODEGEN, "NVPTX target unavailable: %s", err);
+        LLVMDisposeMessage(err);
+        return st;
+    }
+    static const LLVMCodeGenOptLevel levels[4] = {
+        LLVMCodeGenLevelNone, LLVMCodeGenLevelLess, LLVMCodeGenLevelDefault,
+        LLVMCodeGenLevelAggressive};
+    LLVMTargetMachineRef tm = LLVMCreateTargetMachine(
+        t, NVPTX_TRIPLE, aj_target_name(target), "", levels[opt_level],
+        LLVMRelocDefault, LLVMCodeModelDefault);
+    if (!tm)
+        return aj_fail(ctx, AJ_ERR_CODEGEN, "cannot create an NVPTX target machine for %s",
+                       aj_target_name(target));
+    *out = tm;
+    return AJ_OK;
+}
+
+static LLVMMetadataRef md_i32(LLVMContextRef c, int32_t v)
+{
+    return LLVMValueAsMetadata(LLVMConstInt(LLVMInt32TypeInContext(c), (unsigned)v, 0));
+}
+
+static void annotate(LLVMModuleRef mod, LLVMValueRef fn, const char *key, int32_t value)
+{
+    LLVMContextRef c = LLVMGetModuleContext(mod);
+    LLVMMetadataRef ops[3] = {LLVMValueAsMetadata(fn),
+                              LLVMMDStringInContext2(c, key, strlen(key)),
+                              md_i32(c, value)};
+    LLVMValueRef node = LLVMMetadataAsValue(c, LLVMMDNodeInContext2(c, ops, 3));
+    LLVMAddNamedMetadataOperand(mod, "nvvm.annotations", node);
+}
+
+void aj_nvptx_annotate_kernel(LLVMModuleRef mod, LLVMValueRef fn,
+                              int32_t threads, int32_t min_ctas_per_sm)
+{
+    LLVMSetFunctionCallConv(fn, LLVMPTXKernelCallConv);
+    /* !nvvm.annotations: .maxntid lets ptxas budget registers for exactly
+     * this CTA size; .minnctapersm states the occupancy the template was
+     * designed for.  With .maxntid alone ptxas may cap registers for an
+     * occupancy nobody asked for and spill to reach it. */
+    annotate(mod, fn, "maxntidx", threads);
+    annotate(mod, fn, "minctasm", min_ctas_per_sm);
+}

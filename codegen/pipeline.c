@@ -1,0 +1,205 @@
+/*
+ * pipeline.c -- the compile pipeline, one function calling its stages in
+ * order (the diagram is in codegen.h).
+ */
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <llvm-c/Analysis.h>
+#include <llvm-c/BitWriter.h>
+#include <llvm-c/Transforms/PassBuilder.h>
+
+#include "codegen/codegen.h"
+
+const char *aj_llvm_version(void)
+{
+    return AJ_LLVM_VERSION_STRING;
+}
+
+aj_status aj_codegen_target_supported(aj_ctx *ctx, aj_target target)
+{
+    if (aj_target_is_nvptx(target))
+        return AJ_OK;
+    return aj_fail(ctx, AJ_ERR_UNSUPPORTED, "target '%s' is not implemented yet",
+                   aj_target_name(target));
+}
+
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+static int32_t count_instructions(LLVMModuleRef mod)
+{
+    int32_t n = 0;
+    for (LLVMValueRef f = LLVMGetFirstFunction(mod); f; f = LLVMGetNextFunction(f))
+        for (LLVMBasicBlockRef bb = LLVMGetFirstBasicBlock(f); bb; bb = LLVMGetNextBasicBlock(bb))
+            for (LLVMValueRef i = LLVMGetFirstInstruction(bb); i; i = LLVMGetNextInstruction(i))
+                n++;
+    return n;
+}
+
+static void dump_stage(aj_ctx *ctx, const aj_compile_options *opt,
+                       const char *stage, LLVMModuleRef mod)
+{
+    if (!opt->dump_after || strcmp(opt->dump_after, stage) != 0)
+        return;
+    char *text = LLVMPrintModuleToString(mod);
+    aj_log(ctx, AJ_LOG_DEBUG, "module after %s:\n%s", stage, text);
+    LLVMDisposeMessage(text);
+}
+
+static aj_status verify_module(aj_ctx *ctx, LLVMModuleRef mod, const char *stage)
+{
+    char *msg = NULL;
+    if (LLVMVerifyModule(mod, LLVMReturnStatusAction, &msg)) {
+        aj_status st = aj_fail(ctx, AJ_ERR_CODEGEN, "invalid LLVM IR after %s: %s",
+                               stage, msg ? msg : "");
+        LLVMDisposeMessage(msg);
+        return st;
+    }
+    LLVMDisposeMessage(msg);
+    return AJ_OK;
+}
+
+/*
+ * IR pass pipelines by opt_level.  Templates emit straight-line code with
+ * mutable variables as allocas and loops they mean to keep, so level 2 --
+ * the default -- runs the handful of passes that matter for such code
+ * (promote to registers, CSE, combine, hoist) and leaves unrolling to the
+ * templates; it costs a fraction of LLVM's default<O3>, which is level 3.
+ */
+static const char *const pipelines[4] = {
+    "function(sroa)",
+    "function(sroa,early-cse<memssa>,instcombine,simplifycfg)",
+    "function(sroa,early-cse<memssa>,instcombine,simplifycfg,"
+    "loop-mssa(loop-rotate,licm),gvn,instcombine,simplifycfg)",
+    "default<O3>",
+};
+
+static aj_status optimize(aj_ctx *ctx, LLVMModuleRef mod, LLVMTargetMachineRef tm,
+                          int opt_level)
+{
+    LLVMPassBuilderOptionsRef pbo = LLVMCreatePassBuilderOptions();
+    LLVMErrorRef err = LLVMRunPasses(mod, pipelines[opt_level], tm, pbo);
+    LLVMDisposePassBuilderOptions(pbo);
+    if (err) {
+        char *msg = LLVMGetErrorMessage(err);
+        aj_status st = aj_fail(ctx, AJ_ERR_CODEGEN, "LLVM optimisation failed: %s", msg);
+        LLVMDisposeErrorMessage(msg);
+        return st;
+    }
+    return AJ_OK;
+}
+
+/* Emits the requested form into a malloc'd buffer. */
+static aj_status emit(aj_ctx *ctx, LLVMModuleRef mod, LLVMTargetMachineRef tm,
+                      aj_emit what, char **code, size_t *size)
+{
+    LLVMMemoryBufferRef buf = NULL;
+    char *err = NULL;
+    switch (what) {
+    case AJ_EMIT_PTX:
+        if (LLVMTargetMachineEmitToMemoryBuffer(tm, mod, LLVMAssemblyFile, &err, &buf)) {
+            aj_status st = aj_fail(ctx, AJ_ERR_CODEGEN, "PTX emission failed: %s", err);
+            LLVMDisposeMessage(err);
+            return st;
+        }
+        break;
+    case AJ_EMIT_BITCODE:
+        buf = LLVMWriteBitcodeToMemoryBuffer(mod);
+        break;
+    case AJ_EMIT_LLVM_IR: {
+        char *text = LLVMPrintModuleToString(mod);
+        *size = strlen(text);
+        *code = strdup(text);
+        LLVMDisposeMessage(text);
+        return *code ? AJ_OK : aj_fail(ctx, AJ_ERR_OUT_OF_MEMORY, "out of memory");
+    }
+    default:
+        return aj_fail(ctx, AJ_ERR_INVALID_ARG, "options->emit: unknown value %d", (int)what);
+    }
+    *size = LLVMGetBufferSize(buf);
+    *code = malloc(*size + 1);
+    if (*code)
+        memcpy(*code, LLVMGetBufferStart(buf), *size);
+    LLVMDisposeMemoryBuffer(buf);
+    return *code ? AJ_OK : aj_fail(ctx, AJ_ERR_OUT_OF_MEMORY, "out of memory");
+}
+
+aj_status aj_codegen_run(aj_ctx *ctx, const aj_op *op,
+                         const aj_compile_options *options,
+                         const char *entry_name, aj_build_fn build,
+                         void *user, aj_kernel **out)
+{
+    aj_status st = AJ_OK;
+    LLVMContextRef llctx = LLVMContextCreate();
+    LLVMTargetMachineRef tm = NULL;
+    LLVMTargetDataRef layout_data = NULL;
+    aj_kb kb;
+    aj_kernel_layout layout;
+    char *code = NULL;
+    size_t code_size = 0;
+    aj_compile_stats stats;
+    double t0 = now_ms(), t1;
+    memset(&layout, 0, sizeof layout);
+    memset(&stats, 0, sizeof stats);
+    aj_kb_init(&kb, ctx, llctx, options->target, entry_name);
+    kb.entry_name = entry_name;
+
+    AJ_TRY(aj_codegen_target_supported(ctx, options->target));
+    AJ_TRY(aj_intrinsics_check(ctx));
+    AJ_TRY(aj_nvptx_target_machine(ctx, options->target, options->opt_level, &tm));
+    LLVMSetTarget(kb.mod, "nvptx64-nvidia-cuda");
+    layout_data = LLVMCreateTargetDataLayout(tm);
+    LLVMSetModuleDataLayout(kb.mod, layout_data);
+
+    /* stage: build */
+    st = build(&kb, op, user, &layout);
+    if (st == AJ_OK && kb.st != AJ_OK)
+        st = kb.st;
+    if (st != AJ_OK) {
+        if (kb.st != AJ_OK)
+            aj_fail(ctx, kb.st, "%s", kb.msg);
+        goto done;
+    }
+    aj_nvptx_annotate_kernel(kb.mod, kb.fn, kb.block_threads, kb.min_ctas_per_sm);
+    t1 = now_ms();
+    stats.build_ms = t1 - t0;
+    dump_stage(ctx, options, "build", kb.mod);
+
+    /* stage: verify */
+    t0 = now_ms();
+    AJ_TRY(verify_module(ctx, kb.mod, "build"));
+    t1 = now_ms();
+    stats.verify_ms = t1 - t0;
+    dump_stage(ctx, options, "verify", kb.mod);
+
+    /* stage: optimize */
+    t0 = now_ms();
+    AJ_TRY(optimize(ctx, kb.mod, tm, options->opt_level));
+    t1 = now_ms();
+    stats.optimize_ms = t1 - t0;
+    stats.ir_instructions = count_instructions(kb.mod);
+    dump_stage(ctx, options, "optimize", kb.mod);
+
+    /* stage: emit */
+    t0 = now_ms();
+    AJ_TRY(emit(ctx, kb.mod, tm, options->emit, &code, &code_size));
+    stats.emit_ms = now_ms() - t0;
+    AJ_TRY(aj_kernel_new(ctx, &kb, entry_name, options->target, options->emit,
+                         code, code_size, &layout, out));
+    (*out)->stats = stats;
+done:
+    free(code);
+    aj_kb_dispose(&kb);
+    if (layout_data)
+        LLVMDisposeTargetData(layout_data);
+    if (tm)
+        LLVMDisposeTargetMachine(tm);
+    LLVMContextDispose(llctx);
+    return st;
+}

@@ -1,0 +1,373 @@
+/*
+ * attnjit.h -- the public C API of attnjit, an attention-kernel JIT.
+ *
+ * One umbrella header.  Conventions that hold for every call:
+ *
+ *  - Every fallible call returns an aj_status; AJ_OK is 0.  Results come
+ *    back through out-parameters, which are written only on success.
+ *  - Error text lives on the context: aj_last_error(ctx) describes the most
+ *    recent failing call made with that context.  The string is owned by the
+ *    context and stays valid until the next failing call on the same context
+ *    or until aj_ctx_destroy().
+ *  - Objects are opaque handles.  Each *_create / *_parse / aj_compile has a
+ *    matching *_destroy; strings returned through `char **` are allocated by
+ *    attnjit and released with aj_free().  Strings passed in are copied.
+ *  - The library never prints to stdout and never exits the process; it logs
+ *    through the callback in aj_ctx_config, if one is set.
+ *  - A context may be shared by threads only if they do not fail at the same
+ *    time; give each thread its own context for independent error text.
+ */
+#ifndef ATTNJIT_H
+#define ATTNJIT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define AJ_VERSION_MAJOR 0
+#define AJ_VERSION_MINOR 1
+#define AJ_VERSION_PATCH 0
+
+/* ---------------------------------------------------------------- status */
+
+typedef enum aj_status {
+    AJ_OK = 0,
+    AJ_ERR_INVALID_ARG = 1,  /* API misuse: NULL, out of range, wrong size */
+    AJ_ERR_PARSE = 2,        /* malformed IR text; message has line:column */
+    AJ_ERR_VERIFY = 3,       /* well-formed IR describing an invalid op */
+    AJ_ERR_UNSUPPORTED = 4,  /* valid op that no template implements yet */
+    AJ_ERR_CODEGEN = 5,      /* LLVM rejected what a template built */
+    AJ_ERR_NO_DEVICE = 6,    /* no CUDA driver or GPU present */
+    AJ_ERR_IO = 7,           /* a file could not be read or written */
+    AJ_ERR_OUT_OF_MEMORY = 8,
+    AJ_ERR_INTERNAL = 9,     /* a bug in attnjit: please report it */
+    AJ_STATUS_COUNT
+} aj_status;
+
+/* A static English name for a status ("AJ_ERR_PARSE"); never NULL. */
+const char *aj_status_str(aj_status status);
+
+/* ---------------------------------------------------------------- context */
+
+typedef struct aj_ctx aj_ctx;
+
+typedef enum aj_log_level {
+    AJ_LOG_ERROR = 0,
+    AJ_LOG_WARN = 1,
+    AJ_LOG_INFO = 2,
+    AJ_LOG_DEBUG = 3,
+} aj_log_level;
+
+typedef void (*aj_log_fn)(void *user, aj_log_level level, const char *message);
+
+/* Context configuration.  Always start from AJ_CTX_CONFIG_INIT so fields
+ * added later get their defaults; struct_size tells attnjit which version of
+ * the struct the caller was built against. */
+typedef struct aj_ctx_config {
+    size_t struct_size;
+    aj_log_fn log_fn;        /* optional: NULL discards log messages */
+    void *log_user;          /* passed back to log_fn */
+    aj_log_level log_level;  /* messages above this level are dropped */
+} aj_ctx_config;
+
+#define AJ_CTX_CONFIG_INIT { sizeof(aj_ctx_config), NULL, NULL, AJ_LOG_WARN }
+
+/* Creates a context.  config may be NULL for the defaults. */
+aj_status aj_ctx_create(const aj_ctx_config *config, aj_ctx **out);
+void aj_ctx_destroy(aj_ctx *ctx);
+
+/* Text of the most recent failure on ctx ("" if none); owned by ctx. */
+const char *aj_last_error(const aj_ctx *ctx);
+
+/* Frees memory that attnjit handed out through a `char **` or `void **`. */
+void aj_free(void *ptr);
+
+/* "0.1.0" */
+const char *aj_version_string(void);
+
+/* ---------------------------------------------------------------- the op */
+
+typedef enum aj_kind {
+    AJ_KIND_FORWARD = 0,
+    AJ_KIND_BACKWARD = 1,
+    AJ_KIND_MERGE = 2,
+    AJ_KIND_COUNT
+} aj_kind;
+
+typedef enum aj_variant {
+    AJ_VARIANT_NONE = 0,       /* merge ops only */
+    AJ_VARIANT_FLASH = 1,
+    AJ_VARIANT_EFFICIENT = 2,
+    AJ_VARIANT_COUNT
+} aj_variant;
+
+typedef enum aj_dtype {
+    AJ_DTYPE_F16 = 0,
+    AJ_DTYPE_BF16 = 1,
+    AJ_DTYPE_F32 = 2,
+    AJ_DTYPE_COUNT
+} aj_dtype;
+
+typedef enum aj_mask_kind {
+    AJ_MASK_NONE = 0,
+    AJ_MASK_CAUSAL = 1,
+    AJ_MASK_WINDOW = 2,
+    AJ_MASK_COUNT
+} aj_mask_kind;
+
+/* Where the diagonal of a causal or window mask sits when Sq != Sk:
+ * top_left (shift 0, PyTorch is_causal) or bottom_right (shift Sk - Sq,
+ * FlashAttention >= 2.1). */
+typedef enum aj_align {
+    AJ_ALIGN_TOP_LEFT = 0,
+    AJ_ALIGN_BOTTOM_RIGHT = 1,
+    AJ_ALIGN_COUNT
+} aj_align;
+
+typedef enum aj_score_mod {
+    AJ_SCORE_MOD_NONE = 0,
+    AJ_SCORE_MOD_SOFTCAP = 1,  /* s = C * tanh(s / C) */
+    AJ_SCORE_MOD_ALIBI = 2,    /* s -= slope[h] * |q_pos - kv_pos| */
+    AJ_SCORE_MOD_COUNT
+} aj_score_mod;
+
+typedef enum aj_bias {
+    AJ_BIAS_NONE = 0,
+    AJ_BIAS_ADD = 1,           /* efficient variant only */
+    AJ_BIAS_COUNT
+} aj_bias;
+
+typedef enum aj_layout {
+    AJ_LAYOUT_PADDED = 0,      /* Q[B,H,S,D] with run-time strides */
+    AJ_LAYOUT_VARLEN = 1,      /* Q[T,H,D] with cu_seqlens */
+    AJ_LAYOUT_COUNT
+} aj_layout;
+
+typedef enum aj_target {
+    AJ_TARGET_ANY = 0,         /* in an op: not pinned to a target */
+    AJ_TARGET_SM_80 = 1,
+    AJ_TARGET_SM_90 = 2,
+    AJ_TARGET_SM_90A = 3,
+    AJ_TARGET_SIM = 4,
+    AJ_TARGET_CPU = 5,
+    AJ_TARGET_COUNT
+} aj_target;
+
+/* Tile schedule.  A field of 0 lets the template choose. */
+typedef struct aj_schedule {
+    int32_t block_m;   /* query rows per CTA */
+    int32_t block_n;   /* keys per inner tile */
+    int32_t warps;     /* warps per CTA */
+    int32_t stages;    /* pipeline depth of K/V loads */
+} aj_schedule;
+
+/* Passed as the scale to mean 1/sqrt(head_dim). */
+#define AJ_SCALE_DEFAULT 0.0
+
+/* An attention op: what to compute, not how big.  Batch, head counts,
+ * lengths, strides, position offsets and dropout seeds are launch-time
+ * arguments. */
+typedef struct aj_op aj_op;
+
+/* Builder.  aj_op_create makes an op with every field at its default
+ * (f32, head_dim 64, no mask, ...); the setters change one field each.
+ * Errors are sticky: the first failing setter's status and message are kept
+ * on the op and returned again by aj_op_verify() and aj_compile(), so a chain
+ * of setters can be checked once at the end.  The op keeps a pointer to ctx,
+ * which must outlive it. */
+aj_status aj_op_create(aj_ctx *ctx, aj_kind kind, aj_variant variant,
+                       aj_op **out);
+void aj_op_destroy(aj_op *op);
+/* Deep copy, sticky error included. */
+aj_status aj_op_clone(const aj_op *op, aj_op **out);
+
+aj_status aj_op_set_dtype(aj_op *op, aj_dtype dtype);
+/* head_dim_v == 0 means "same as head_dim". */
+aj_status aj_op_set_head_dims(aj_op *op, int32_t head_dim, int32_t head_dim_v);
+aj_status aj_op_set_mask_none(aj_op *op);
+aj_status aj_op_set_mask_causal(aj_op *op, aj_align align);
+/* Keys kv_pos with q_pos+shift-left <= kv_pos <= q_pos+shift+right. */
+aj_status aj_op_set_mask_window(aj_op *op, int64_t left, int64_t right,
+                                aj_align align);
+aj_status aj_op_set_score_mod_none(aj_op *op);
+aj_status aj_op_set_softcap(aj_op *op, double cap);
+aj_status aj_op_set_alibi(aj_op *op);
+/* A finite positive scale, or AJ_SCALE_DEFAULT. */
+aj_status aj_op_set_scale(aj_op *op, double scale);
+aj_status aj_op_set_dropout(aj_op *op, double p);
+aj_status aj_op_set_bias(aj_op *op, aj_bias bias);
+aj_status aj_op_set_layout(aj_op *op, aj_layout layout);
+aj_status aj_op_set_accumulate(aj_op *op, bool accumulate);
+aj_status aj_op_set_deterministic(aj_op *op, bool deterministic);
+aj_status aj_op_set_schedule(aj_op *op, const aj_schedule *schedule);
+aj_status aj_op_set_target(aj_op *op, aj_target target);
+
+/* Checks the op as a whole (sticky builder error first, then every rule of
+ * docs/ir.md).  Returns AJ_OK or AJ_ERR_VERIFY / AJ_ERR_INVALID_ARG with
+ * one message naming the offending field. */
+aj_status aj_op_verify(const aj_op *op);
+
+/* Read-only view of an op, for embedders and tools. */
+typedef struct aj_op_info {
+    aj_kind kind;
+    aj_variant variant;
+    aj_dtype dtype;
+    int32_t head_dim;
+    int32_t head_dim_v;
+    aj_mask_kind mask;
+    aj_align mask_align;
+    int64_t window_left;
+    int64_t window_right;
+    aj_score_mod score_mod;
+    double softcap;
+    double scale;          /* resolved: never AJ_SCALE_DEFAULT */
+    bool scale_is_default;
+    double dropout;
+    aj_bias bias;
+    aj_layout layout;
+    bool accumulate;
+    bool deterministic;
+    aj_schedule schedule;  /* as given; 0 fields = template default */
+    aj_target target;
+} aj_op_info;
+
+aj_status aj_op_get_info(const aj_op *op, aj_op_info *out);
+
+/* Parses one op in the text form of docs/ir.md.  `name` (may be NULL) is
+ * used in messages, which read "name:LINE:COL: ...".  The result is
+ * verified; on failure *out is untouched and aj_last_error(ctx) says why. */
+aj_status aj_op_parse(aj_ctx *ctx, const char *text, size_t len,
+                      const char *name, aj_op **out);
+
+/* The canonical text form: every field, defaults included, in the order of
+ * docs/ir.md.  Parsing it gives back an equal op.  *out is freed with
+ * aj_free(). */
+aj_status aj_op_print(const aj_op *op, char **out);
+
+/* Canonical hash: 16 lowercase hex digits (XXH3-64 of the canonical text),
+ * stable across runs, machines and attnjit builds of the same IR version.
+ * `out` must hold AJ_HASH_HEX_LEN + 1 bytes. */
+#define AJ_HASH_HEX_LEN 16
+aj_status aj_op_hash(const aj_op *op, char out[AJ_HASH_HEX_LEN + 1]);
+
+/* Lower-case names used by the text form ("bf16", "sm_90a", ...). */
+const char *aj_kind_name(aj_kind kind);
+const char *aj_variant_name(aj_variant variant);
+const char *aj_dtype_name(aj_dtype dtype);
+const char *aj_target_name(aj_target target);
+/* Parses a target name; AJ_ERR_INVALID_ARG if unknown. */
+aj_status aj_target_from_name(aj_ctx *ctx, const char *name, aj_target *out);
+
+/* ---------------------------------------------------------------- compile */
+
+typedef enum aj_emit {
+    AJ_EMIT_PTX = 0,       /* PTX text (GPU targets) */
+    AJ_EMIT_LLVM_IR = 1,   /* optimised LLVM IR text */
+    AJ_EMIT_BITCODE = 2,   /* optimised LLVM bitcode */
+    AJ_EMIT_COUNT
+} aj_emit;
+
+typedef struct aj_compile_options {
+    size_t struct_size;
+    aj_target target;      /* must agree with the op's target if it has one */
+    aj_emit emit;
+    /* 0..3.  2 (the default): attnjit's pass list for generated kernels
+     * (SROA, early CSE, instcombine, LICM, GVN) with the NVPTX backend at
+     * its default level; 3: LLVM's default<O3> and the aggressive backend;
+     * 1: SROA, CSE and instcombine only; 0: SROA only. */
+    int opt_level;
+    /* optional: a stage name ("build", "verify", "optimize") after which the
+     * module is printed through the log callback at AJ_LOG_DEBUG; NULL: off */
+    const char *dump_after;
+} aj_compile_options;
+
+#define AJ_COMPILE_OPTIONS_INIT \
+    { sizeof(aj_compile_options), AJ_TARGET_SM_80, AJ_EMIT_PTX, 2, NULL }
+
+/* A compiled kernel: code plus what a launcher needs to know. */
+typedef struct aj_kernel aj_kernel;
+
+/* Compiles a verified op.  Options not implemented by any template for the
+ * target give AJ_ERR_UNSUPPORTED naming the option.  options may be NULL for
+ * AJ_COMPILE_OPTIONS_INIT. */
+aj_status aj_compile(aj_ctx *ctx, const aj_op *op,
+                     const aj_compile_options *options, aj_kernel **out);
+void aj_kernel_destroy(aj_kernel *kernel);
+
+/* The emitted code (PTX or LLVM IR text, NUL-terminated; or bitcode); owned
+ * by the kernel.  *size excludes the terminating NUL. */
+const void *aj_kernel_code(const aj_kernel *kernel, size_t *size);
+aj_emit aj_kernel_emit(const aj_kernel *kernel);
+aj_target aj_kernel_target(const aj_kernel *kernel);
+/* The kernel function's symbol name; owned by the kernel. */
+const char *aj_kernel_entry(const aj_kernel *kernel);
+
+/* What a grid dimension counts: ceil(extent / per_block) CTAs. */
+typedef enum aj_extent {
+    AJ_EXTENT_ONE = 0,
+    AJ_EXTENT_BATCH = 1,
+    AJ_EXTENT_HEADS_Q = 2,
+    AJ_EXTENT_HEADS_KV = 3,
+    AJ_EXTENT_SEQ_Q = 4,
+    AJ_EXTENT_SEQ_K = 5,
+    AJ_EXTENT_COUNT
+} aj_extent;
+
+typedef struct aj_grid_dim {
+    aj_extent extent;
+    int32_t per_block;
+} aj_grid_dim;
+
+typedef enum aj_param_type {
+    AJ_PARAM_PTR = 0,      /* 64-bit global pointer */
+    AJ_PARAM_I32 = 1,
+    AJ_PARAM_I64 = 2,
+    AJ_PARAM_F32 = 3,
+    AJ_PARAM_COUNT
+} aj_param_type;
+
+typedef struct aj_param_info {
+    const char *name;      /* "q", "stride_q_b", ...; owned by the kernel */
+    aj_param_type type;
+} aj_param_info;
+
+typedef struct aj_launch_info {
+    int32_t block[3];          /* threads per CTA */
+    aj_grid_dim grid[3];       /* x, y, z */
+    int32_t dynamic_smem;      /* bytes of dynamic shared memory */
+    int32_t num_params;
+    const aj_param_info *params;  /* owned by the kernel, in call order */
+    aj_schedule schedule;      /* the resolved schedule */
+} aj_launch_info;
+
+/* AJ_ERR_INVALID_ARG if kernel or out is NULL. */
+aj_status aj_kernel_launch_info(const aj_kernel *kernel, aj_launch_info *out);
+
+/* Where a compile spent its time (wall clock, milliseconds). */
+typedef struct aj_compile_stats {
+    double build_ms;      /* template writes the LLVM IR */
+    double verify_ms;     /* LLVM module verifier */
+    double optimize_ms;   /* IR pass pipeline */
+    double emit_ms;       /* instruction selection and PTX / bitcode output */
+    int32_t ir_instructions;  /* LLVM instructions after optimisation */
+} aj_compile_stats;
+
+/* AJ_ERR_INVALID_ARG if kernel or out is NULL. */
+aj_status aj_kernel_compile_stats(const aj_kernel *kernel, aj_compile_stats *out);
+
+/* ---------------------------------------------------------------- info */
+
+/* "19.1.7": the LLVM that attnjit links. */
+const char *aj_llvm_version(void);
+/* PTX ISA version emitted for a GPU target ("7.8"), or NULL. */
+const char *aj_ptx_version(aj_target target);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* ATTNJIT_H */

@@ -1,0 +1,55 @@
+/*
+ * diag.h -- the context, error text and logging shared by every layer.
+ *
+ * A failing call records its status and a message on the context with
+ * aj_fail(); the public aj_last_error() reads it back.  AJ_TRY propagates a
+ * status to a function's single cleanup label (see STYLE.md).
+ */
+#ifndef AJ_IR_DIAG_H
+#define AJ_IR_DIAG_H
+
+#include <stdarg.h>
+
+#include "attnjit/attnjit.h"
+
+#define AJ_ERROR_TEXT_MAX 1024
+
+struct aj_ctx {
+    aj_ctx_config config;
+    char error[AJ_ERROR_TEXT_MAX];
+};
+
+#if defined(__GNUC__)
+#define AJ_PRINTF(fmt, args) __attribute__((format(printf, fmt, args)))
+#else
+#define AJ_PRINTF(fmt, args)
+#endif
+
+/* Records `status` with a printf-style message on ctx (ctx may be NULL) and
+ * returns status, so `return aj_fail(ctx, AJ_ERR_..., "...")` reads well. */
+aj_status aj_fail(aj_ctx *ctx, aj_status status, const char *fmt, ...)
+    AJ_PRINTF(3, 4);
+aj_status aj_failv(aj_ctx *ctx, aj_status status, const char *fmt,
+                   va_list ap);
+
+/* Sends a message to the context's log callback, if any, at `level`. */
+void aj_log(aj_ctx *ctx, aj_log_level level, const char *fmt, ...)
+    AJ_PRINTF(3, 4);
+
+/* Evaluates a status expression; on failure stores it in `st` and jumps to
+ * the function's `done` label.  The enclosing function declares
+ * `aj_status st = AJ_OK;` and ends with `done: ...; return st;`. */
+#define AJ_TRY(expr)                  \
+    do {                              \
+        st = (expr);                  \
+        if (st != AJ_OK) goto done;   \
+    } while (0)
+
+/* Fails with AJ_ERR_INVALID_ARG naming a NULL argument. */
+#define AJ_CHECK_ARG(ctx, cond, ...)                                  \
+    do {                                                              \
+        if (!(cond))                                                  \
+            return aj_fail((ctx), AJ_ERR_INVALID_ARG, __VA_ARGS__);   \
+    } while (0)
+
+#endif /* AJ_IR_DIAG_H */

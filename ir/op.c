@@ -1,0 +1,751 @@
+/*
+ * op.c -- the attention op: builder, names, info and the verifier.
+ *
+ * Every rule about the values an op may hold is a case of
+ * aj_op_check_field().  The setters run it on a candidate copy of the op and
+ * commit the copy only if it passes, so an op built through the API never
+ * holds a value the verifier would reject; a failing setter leaves the op
+ * as it was and records its error as the op's sticky error (the first one
+ * wins), which aj_op_verify() returns again.
+ */
+#include "ir/op.h"
+
+#include <assert.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define AJ_COUNT_OF(a) (sizeof(a) / sizeof((a)[0]))
+
+/* ---------------------------------------------------------------- names */
+
+#define AJ_FIELD_NAME(e, name) [AJ_FIELD_##e] = name,
+const char *const aj_field_names[] = {
+    [AJ_FIELD_HEADER] = "header",
+    AJ_FIELD_LIST(AJ_FIELD_NAME)
+};
+#undef AJ_FIELD_NAME
+static_assert(AJ_COUNT_OF(aj_field_names) == AJ_FIELD_COUNT, "field names");
+
+const char *const aj_kind_names[] = {
+    [AJ_KIND_FORWARD] = "forward",
+    [AJ_KIND_BACKWARD] = "backward",
+    [AJ_KIND_MERGE] = "merge",
+};
+static_assert(AJ_COUNT_OF(aj_kind_names) == AJ_KIND_COUNT, "kind names");
+
+const char *const aj_variant_names[] = {
+    [AJ_VARIANT_NONE] = "none",
+    [AJ_VARIANT_FLASH] = "flash",
+    [AJ_VARIANT_EFFICIENT] = "efficient",
+};
+static_assert(AJ_COUNT_OF(aj_variant_names) == AJ_VARIANT_COUNT,
+              "variant names");
+
+const char *const aj_dtype_names[] = {
+    [AJ_DTYPE_F16] = "f16",
+    [AJ_DTYPE_BF16] = "bf16",
+    [AJ_DTYPE_F32] = "f32",
+};
+static_assert(AJ_COUNT_OF(aj_dtype_names) == AJ_DTYPE_COUNT, "dtype names");
+
+const char *const aj_mask_names[] = {
+    [AJ_MASK_NONE] = "none",
+    [AJ_MASK_CAUSAL] = "causal",
+    [AJ_MASK_WINDOW] = "window",
+};
+static_assert(AJ_COUNT_OF(aj_mask_names) == AJ_MASK_COUNT, "mask names");
+
+const char *const aj_align_names[] = {
+    [AJ_ALIGN_TOP_LEFT] = "top_left",
+    [AJ_ALIGN_BOTTOM_RIGHT] = "bottom_right",
+};
+static_assert(AJ_COUNT_OF(aj_align_names) == AJ_ALIGN_COUNT, "align names");
+
+const char *const aj_score_mod_names[] = {
+    [AJ_SCORE_MOD_NONE] = "none",
+    [AJ_SCORE_MOD_SOFTCAP] = "softcap",
+    [AJ_SCORE_MOD_ALIBI] = "alibi",
+};
+static_assert(AJ_COUNT_OF(aj_score_mod_names) == AJ_SCORE_MOD_COUNT,
+              "score_mod names");
+
+const char *const aj_bias_names[] = {
+    [AJ_BIAS_NONE] = "none",
+    [AJ_BIAS_ADD] = "add",
+};
+static_assert(AJ_COUNT_OF(aj_bias_names) == AJ_BIAS_COUNT, "bias names");
+
+const char *const aj_layout_names[] = {
+    [AJ_LAYOUT_PADDED] = "padded",
+    [AJ_LAYOUT_VARLEN] = "varlen",
+};
+static_assert(AJ_COUNT_OF(aj_layout_names) == AJ_LAYOUT_COUNT,
+              "layout names");
+
+const char *const aj_target_names[] = {
+    [AJ_TARGET_ANY] = "any",
+    [AJ_TARGET_SM_80] = "sm_80",
+    [AJ_TARGET_SM_90] = "sm_90",
+    [AJ_TARGET_SM_90A] = "sm_90a",
+    [AJ_TARGET_SIM] = "sim",
+    [AJ_TARGET_CPU] = "cpu",
+};
+static_assert(AJ_COUNT_OF(aj_target_names) == AJ_TARGET_COUNT,
+              "target names");
+
+/* NULL for a value outside the enum. */
+static const char *name_or_null(const char *const *names, int count,
+                                int value)
+{
+    return value >= 0 && value < count ? names[value] : NULL;
+}
+
+const char *aj_kind_name(aj_kind kind)
+{
+    return name_or_null(aj_kind_names, AJ_KIND_COUNT, (int)kind);
+}
+
+const char *aj_variant_name(aj_variant variant)
+{
+    return name_or_null(aj_variant_names, AJ_VARIANT_COUNT, (int)variant);
+}
+
+const char *aj_dtype_name(aj_dtype dtype)
+{
+    return name_or_null(aj_dtype_names, AJ_DTYPE_COUNT, (int)dtype);
+}
+
+const char *aj_target_name(aj_target target)
+{
+    return name_or_null(aj_target_names, AJ_TARGET_COUNT, (int)target);
+}
+
+aj_status aj_target_from_name(aj_ctx *ctx, const char *name, aj_target *out)
+{
+    AJ_CHECK_ARG(ctx, name, "aj_target_from_name: name is NULL");
+    AJ_CHECK_ARG(ctx, out, "aj_target_from_name: out is NULL");
+    for (int t = 0; t < AJ_TARGET_COUNT; t++) {
+        if (strcmp(name, aj_target_names[t]) == 0) {
+            *out = (aj_target)t;
+            return AJ_OK;
+        }
+    }
+    return aj_fail(ctx, AJ_ERR_INVALID_ARG,
+                   "aj_target_from_name: unknown target '%s' (expected any, "
+                   "sm_80, sm_90, sm_90a, sim or cpu)", name);
+}
+
+/* ---------------------------------------------------------------- create */
+
+/* Every field at its default (docs/ir.md, "Fields"). */
+static void op_init(aj_op *op, aj_ctx *ctx, aj_kind kind, aj_variant variant)
+{
+    memset(op, 0, sizeof *op);
+    op->ctx = ctx;
+    op->kind = kind;
+    op->variant = variant;
+    op->dtype = AJ_DTYPE_F32;
+    op->head_dim = AJ_DEFAULT_HEAD_DIM;
+    op->scale = AJ_SCALE_DEFAULT;
+    op->sticky = AJ_OK;
+}
+
+aj_status aj_op_create(aj_ctx *ctx, aj_kind kind, aj_variant variant,
+                       aj_op **out)
+{
+    char msg[AJ_ERROR_TEXT_MAX / 2];
+    aj_status st;
+    aj_op op, *made;
+
+    AJ_CHECK_ARG(NULL, ctx, "aj_op_create: ctx is NULL");
+    AJ_CHECK_ARG(ctx, out, "aj_op_create: out is NULL");
+    op_init(&op, ctx, kind, variant);
+    st = aj_op_check_field(&op, AJ_FIELD_HEADER, msg, sizeof msg);
+    if (st != AJ_OK)
+        return aj_fail(ctx, st, "aj_op_create: %s", msg);
+    made = malloc(sizeof *made);
+    if (!made)
+        return aj_fail(ctx, AJ_ERR_OUT_OF_MEMORY, "aj_op_create: out of memory");
+    *made = op;
+    *out = made;
+    return AJ_OK;
+}
+
+void aj_op_destroy(aj_op *op)
+{
+    free(op);
+}
+
+aj_status aj_op_clone(const aj_op *op, aj_op **out)
+{
+    aj_op *copy;
+
+    AJ_CHECK_ARG(NULL, op, "aj_op_clone: op is NULL");
+    AJ_CHECK_ARG(op->ctx, out, "aj_op_clone: out is NULL");
+    copy = malloc(sizeof *copy);
+    if (!copy)
+        return aj_fail(op->ctx, AJ_ERR_OUT_OF_MEMORY,
+                       "aj_op_clone: out of memory");
+    *copy = *op;
+    *out = copy;
+    return AJ_OK;
+}
+
+/* ---------------------------------------------------------------- setters */
+
+/* Records a setter's failure on the context and, if it is the op's first,
+ * as the op's sticky error. */
+static aj_status op_fail(aj_op *op, aj_status st, const char *fmt, ...)
+    AJ_PRINTF(3, 4);
+
+static aj_status op_fail(aj_op *op, aj_status st, const char *fmt, ...)
+{
+    char msg[sizeof op->sticky_msg];
+    va_list ap;
+
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    if (op->sticky == AJ_OK) {
+        op->sticky = st;
+        memcpy(op->sticky_msg, msg, sizeof msg);
+    }
+    return aj_fail(op->ctx, st, "%s", msg);
+}
+
+/* Checks `field` of the candidate `cand` (a copy of op with the field
+ * changed) and commits it to op if it passes.  Every field but dtype,
+ * head_dim_v and target is an error on a merge op, whatever its value. */
+static aj_status set_field(aj_op *op, const char *fn, const aj_op *cand,
+                           aj_field field)
+{
+    char msg[sizeof op->sticky_msg];
+    aj_status st;
+
+    if (op->kind == AJ_KIND_MERGE && !aj_field_in_merge(field)) {
+        aj_merge_misfit_msg(field, msg, sizeof msg);
+        st = AJ_ERR_VERIFY;
+    } else {
+        st = aj_op_check_field(cand, field, msg, sizeof msg);
+    }
+    if (st != AJ_OK)
+        return op_fail(op, st, "%s: %s", fn, msg);
+    *op = *cand;
+    return AJ_OK;
+}
+
+/* A NULL op has no context to record the message on; the status says it. */
+#define AJ_OP_ARG(op) AJ_CHECK_ARG(NULL, op, "%s: op is NULL", __func__)
+
+aj_status aj_op_set_dtype(aj_op *op, aj_dtype dtype)
+{
+    aj_op cand;
+
+    AJ_OP_ARG(op);
+    cand = *op;
+    cand.dtype = dtype;
+    return set_field(op, __func__, &cand, AJ_FIELD_DTYPE);
+}
+
+aj_status aj_op_set_head_dims(aj_op *op, int32_t head_dim, int32_t head_dim_v)
+{
+    char msg[sizeof op->sticky_msg];
+    aj_op cand;
+    aj_status st;
+
+    AJ_OP_ARG(op);
+    cand = *op;
+    if (op->kind == AJ_KIND_MERGE) {
+        /* A merge has one head dim, that of O, and it is head_dim_v; the
+         * "0 means same as head_dim" shorthand has nothing to refer to. */
+        if (head_dim != 0)
+            return op_fail(op, AJ_ERR_VERIFY,
+                           "%s: head_dim %d does not apply to merge ops "
+                           "(pass 0 and give the dim as head_dim_v)",
+                           __func__, (int)head_dim);
+        if (!aj_head_dim_ok("head_dim_v", head_dim_v, msg, sizeof msg))
+            return op_fail(op, AJ_ERR_INVALID_ARG, "%s: %s", __func__, msg);
+        cand.head_dim_v = head_dim_v;
+        return set_field(op, __func__, &cand, AJ_FIELD_HEAD_DIM_V);
+    }
+    cand.head_dim = head_dim;
+    cand.head_dim_v = head_dim_v;
+    st = aj_op_check_field(&cand, AJ_FIELD_HEAD_DIM, msg, sizeof msg);
+    if (st != AJ_OK)
+        return op_fail(op, st, "%s: %s", __func__, msg);
+    return set_field(op, __func__, &cand, AJ_FIELD_HEAD_DIM_V);
+}
+
+static aj_status set_mask(aj_op *op, const char *fn, aj_mask_spec mask)
+{
+    aj_op cand = *op;
+
+    cand.mask = mask;
+    return set_field(op, fn, &cand, AJ_FIELD_MASK);
+}
+
+aj_status aj_op_set_mask_none(aj_op *op)
+{
+    AJ_OP_ARG(op);
+    return set_mask(op, __func__, (aj_mask_spec){ .kind = AJ_MASK_NONE });
+}
+
+aj_status aj_op_set_mask_causal(aj_op *op, aj_align align)
+{
+    AJ_OP_ARG(op);
+    return set_mask(op, __func__,
+                    (aj_mask_spec){ .kind = AJ_MASK_CAUSAL, .align = align });
+}
+
+aj_status aj_op_set_mask_window(aj_op *op, int64_t left, int64_t right,
+                                aj_align align)
+{
+    AJ_OP_ARG(op);
+    return set_mask(op, __func__,
+                    (aj_mask_spec){ .kind = AJ_MASK_WINDOW, .align = align,
+                                    .left = left, .right = right });
+}
+
+static aj_status set_score_mod(aj_op *op, const char *fn,
+                               aj_score_mod_spec score_mod)
+{
+    aj_op cand = *op;
+
+    cand.score_mod = score_mod;
+    return set_field(op, fn, &cand, AJ_FIELD_SCORE_MOD);
+}
+
+aj_status aj_op_set_score_mod_none(aj_op *op)
+{
+    AJ_OP_ARG(op);
+    return set_score_mod(op, __func__,
+                         (aj_score_mod_spec){ .kind = AJ_SCORE_MOD_NONE });
+}
+
+aj_status aj_op_set_softcap(aj_op *op, double cap)
+{
+    AJ_OP_ARG(op);
+    return set_score_mod(op, __func__,
+                         (aj_score_mod_spec){ .kind = AJ_SCORE_MOD_SOFTCAP,
+                                              .softcap = cap });
+}
+
+aj_status aj_op_set_alibi(aj_op *op)
+{
+    AJ_OP_ARG(op);
+    return set_score_mod(op, __func__,
+                         (aj_score_mod_spec){ .kind = AJ_SCORE_MOD_ALIBI });
+}
+
+aj_status aj_op_set_scale(aj_op *op, double scale)
+{
+    aj_op cand;
+
+    AJ_OP_ARG(op);
+    cand = *op;
+    /* -0.0 compares equal to AJ_SCALE_DEFAULT: store the one default. */
+    cand.scale = scale == AJ_SCALE_DEFAULT ? AJ_SCALE_DEFAULT : scale;
+    return set_field(op, __func__, &cand, AJ_FIELD_SCALE);
+}
+
+aj_status aj_op_set_dropout(aj_op *op, double p)
+{
+    aj_op cand;
+
+    AJ_OP_ARG(op);
+    cand = *op;
+    cand.dropout = p;
+    return set_field(op, __func__, &cand, AJ_FIELD_DROPOUT);
+}
+
+aj_status aj_op_set_bias(aj_op *op, aj_bias bias)
+{
+    aj_op cand;
+
+    AJ_OP_ARG(op);
+    cand = *op;
+    cand.bias = bias;
+    return set_field(op, __func__, &cand, AJ_FIELD_BIAS);
+}
+
+aj_status aj_op_set_layout(aj_op *op, aj_layout layout)
+{
+    aj_op cand;
+
+    AJ_OP_ARG(op);
+    cand = *op;
+    cand.layout = layout;
+    return set_field(op, __func__, &cand, AJ_FIELD_LAYOUT);
+}
+
+aj_status aj_op_set_accumulate(aj_op *op, bool accumulate)
+{
+    aj_op cand;
+
+    AJ_OP_ARG(op);
+    cand = *op;
+    cand.accumulate = accumulate;
+    return set_field(op, __func__, &cand, AJ_FIELD_ACCUMULATE);
+}
+
+aj_status aj_op_set_deterministic(aj_op *op, bool deterministic)
+{
+    aj_op cand;
+
+    AJ_OP_ARG(op);
+    cand = *op;
+    cand.deterministic = deterministic;
+    return set_field(op, __func__, &cand, AJ_FIELD_DETERMINISTIC);
+}
+
+aj_status aj_op_set_schedule(aj_op *op, const aj_schedule *schedule)
+{
+    aj_op cand;
+
+    AJ_OP_ARG(op);
+    if (!schedule)
+        return op_fail(op, AJ_ERR_INVALID_ARG, "%s: schedule is NULL",
+                       __func__);
+    cand = *op;
+    cand.schedule = *schedule;
+    return set_field(op, __func__, &cand, AJ_FIELD_SCHEDULE);
+}
+
+aj_status aj_op_set_target(aj_op *op, aj_target target)
+{
+    aj_op cand;
+
+    AJ_OP_ARG(op);
+    cand = *op;
+    cand.target = target;
+    return set_field(op, __func__, &cand, AJ_FIELD_TARGET);
+}
+
+/* ---------------------------------------------------------------- verify */
+
+aj_status aj_op_verify(const aj_op *op)
+{
+    char msg[AJ_ERROR_TEXT_MAX / 2];
+
+    AJ_OP_ARG(op);
+    if (op->sticky != AJ_OK)
+        return aj_fail(op->ctx, op->sticky, "%s", op->sticky_msg);
+    if (aj_op_check(op, NULL, msg, sizeof msg) != AJ_OK)
+        return aj_fail(op->ctx, AJ_ERR_VERIFY, "aj_op_verify: %s", msg);
+    return AJ_OK;
+}
+
+aj_status aj_op_check(const aj_op *op, aj_field *bad_field, char *msg,
+                      size_t cap)
+{
+    for (int f = 0; f < AJ_FIELD_COUNT; f++) {
+        if (aj_op_check_field(op, (aj_field)f, msg, cap) != AJ_OK) {
+            if (bad_field)
+                *bad_field = (aj_field)f;
+            return AJ_ERR_VERIFY;
+        }
+    }
+    return AJ_OK;
+}
+
+static bool field_is_default(const aj_op *op, aj_field field);
+static aj_status check_enum(const char *what, int value, int count,
+                            char *msg, size_t cap);
+static aj_status check_header(const aj_op *op, char *msg, size_t cap);
+static aj_status check_mask(const aj_mask_spec *mask, char *msg, size_t cap);
+static aj_status check_score_mod(const aj_score_mod_spec *mod, char *msg,
+                                 size_t cap);
+static aj_status check_dropout(double p, char *msg, size_t cap);
+static aj_status check_schedule(const aj_schedule *s, char *msg, size_t cap);
+
+aj_status aj_op_check_field(const aj_op *op, aj_field field, char *msg,
+                            size_t cap)
+{
+    aj_status st;
+
+    if (op->kind == AJ_KIND_MERGE && !aj_field_in_merge(field) &&
+        !field_is_default(op, field)) {
+        aj_merge_misfit_msg(field, msg, cap);
+        return AJ_ERR_VERIFY;
+    }
+    switch (field) {
+    case AJ_FIELD_HEADER:
+        return check_header(op, msg, cap);
+    case AJ_FIELD_DTYPE:
+        return check_enum("dtype", (int)op->dtype, AJ_DTYPE_COUNT, msg, cap);
+    case AJ_FIELD_HEAD_DIM:
+        return aj_head_dim_ok("head_dim", op->head_dim, msg, cap)
+                   ? AJ_OK : AJ_ERR_INVALID_ARG;
+    case AJ_FIELD_HEAD_DIM_V:
+        return op->head_dim_v == 0 ||
+                       aj_head_dim_ok("head_dim_v", op->head_dim_v, msg, cap)
+                   ? AJ_OK : AJ_ERR_INVALID_ARG;
+    case AJ_FIELD_MASK:
+        return check_mask(&op->mask, msg, cap);
+    case AJ_FIELD_SCORE_MOD:
+        return check_score_mod(&op->score_mod, msg, cap);
+    case AJ_FIELD_SCALE:
+        return op->scale == AJ_SCALE_DEFAULT || aj_scale_ok(op->scale, msg, cap)
+                   ? AJ_OK : AJ_ERR_INVALID_ARG;
+    case AJ_FIELD_DROPOUT:
+        return check_dropout(op->dropout, msg, cap);
+    case AJ_FIELD_BIAS:
+        if ((st = check_enum("bias", (int)op->bias, AJ_BIAS_COUNT, msg, cap)))
+            return st;
+        if (op->bias == AJ_BIAS_ADD && op->variant != AJ_VARIANT_EFFICIENT) {
+            snprintf(msg, cap, "bias = add needs the efficient variant; "
+                               "flash has no bias input");
+            return AJ_ERR_VERIFY;
+        }
+        return AJ_OK;
+    case AJ_FIELD_LAYOUT:
+        return check_enum("layout", (int)op->layout, AJ_LAYOUT_COUNT, msg, cap);
+    case AJ_FIELD_ACCUMULATE:
+        if (op->accumulate && op->kind != AJ_KIND_FORWARD) {
+            snprintf(msg, cap, "accumulate = true applies only to forward "
+                               "ops, not %s", aj_kind_names[op->kind]);
+            return AJ_ERR_VERIFY;
+        }
+        return AJ_OK;
+    case AJ_FIELD_DETERMINISTIC:
+        if (op->deterministic && op->kind != AJ_KIND_BACKWARD) {
+            snprintf(msg, cap, "deterministic = true applies only to backward "
+                               "ops, not %s", aj_kind_names[op->kind]);
+            return AJ_ERR_VERIFY;
+        }
+        return AJ_OK;
+    case AJ_FIELD_SCHEDULE:
+        return check_schedule(&op->schedule, msg, cap);
+    case AJ_FIELD_TARGET:
+        return check_enum("target", (int)op->target, AJ_TARGET_COUNT, msg, cap);
+    case AJ_FIELD_COUNT:
+        break;
+    }
+    snprintf(msg, cap, "no field %d", (int)field);
+    return AJ_ERR_INTERNAL;
+}
+
+bool aj_field_in_merge(aj_field field)
+{
+    return field == AJ_FIELD_DTYPE || field == AJ_FIELD_HEAD_DIM_V ||
+           field == AJ_FIELD_TARGET;
+}
+
+void aj_merge_misfit_msg(aj_field field, char *msg, size_t cap)
+{
+    snprintf(msg, cap,
+             "%s does not apply to merge ops (merge takes only dtype, "
+             "head_dim_v and target)", aj_field_names[field]);
+}
+
+/* Whether a field holds its aj_op_create() value. */
+static bool field_is_default(const aj_op *op, aj_field field)
+{
+    switch (field) {
+    case AJ_FIELD_HEADER:        return true;
+    case AJ_FIELD_DTYPE:         return op->dtype == AJ_DTYPE_F32;
+    case AJ_FIELD_HEAD_DIM:      return op->head_dim == AJ_DEFAULT_HEAD_DIM;
+    case AJ_FIELD_HEAD_DIM_V:    return op->head_dim_v == 0;
+    case AJ_FIELD_MASK:          return op->mask.kind == AJ_MASK_NONE;
+    case AJ_FIELD_SCORE_MOD:     return op->score_mod.kind == AJ_SCORE_MOD_NONE;
+    case AJ_FIELD_SCALE:         return op->scale == AJ_SCALE_DEFAULT;
+    case AJ_FIELD_DROPOUT:       return op->dropout == 0.0;
+    case AJ_FIELD_BIAS:          return op->bias == AJ_BIAS_NONE;
+    case AJ_FIELD_LAYOUT:        return op->layout == AJ_LAYOUT_PADDED;
+    case AJ_FIELD_ACCUMULATE:    return !op->accumulate;
+    case AJ_FIELD_DETERMINISTIC: return !op->deterministic;
+    case AJ_FIELD_SCHEDULE:
+        return op->schedule.block_m == 0 && op->schedule.block_n == 0 &&
+               op->schedule.warps == 0 && op->schedule.stages == 0;
+    case AJ_FIELD_TARGET:        return op->target == AJ_TARGET_ANY;
+    case AJ_FIELD_COUNT:         break;
+    }
+    return false;
+}
+
+/* An enum value read from the API may be anything the caller cast. */
+static aj_status check_enum(const char *what, int value, int count,
+                            char *msg, size_t cap)
+{
+    if (value >= 0 && value < count)
+        return AJ_OK;
+    snprintf(msg, cap, "%s %d is out of range (want 0..%d)", what, value,
+             count - 1);
+    return AJ_ERR_INVALID_ARG;
+}
+
+static aj_status check_header(const aj_op *op, char *msg, size_t cap)
+{
+    aj_status st;
+
+    if ((st = check_enum("kind", (int)op->kind, AJ_KIND_COUNT, msg, cap)) ||
+        (st = check_enum("variant", (int)op->variant, AJ_VARIANT_COUNT, msg,
+                         cap)))
+        return st;
+    if (op->kind == AJ_KIND_MERGE && op->variant != AJ_VARIANT_NONE) {
+        snprintf(msg, cap, "merge ops take no variant, got %s",
+                 aj_variant_names[op->variant]);
+        return AJ_ERR_VERIFY;
+    }
+    if (op->kind != AJ_KIND_MERGE && op->variant == AJ_VARIANT_NONE) {
+        snprintf(msg, cap, "%s ops need variant flash or efficient, got none",
+                 aj_kind_names[op->kind]);
+        return AJ_ERR_VERIFY;
+    }
+    return AJ_OK;
+}
+
+bool aj_head_dim_ok(const char *field, int64_t head_dim, char *msg,
+                    size_t cap)
+{
+    if (head_dim >= 1 && head_dim <= AJ_HEAD_DIM_MAX)
+        return true;
+    snprintf(msg, cap, "%s %lld is out of range (want 1..%d)", field,
+             (long long)head_dim, AJ_HEAD_DIM_MAX);
+    return false;
+}
+
+bool aj_scale_ok(double scale, char *msg, size_t cap)
+{
+    char num[AJ_NUMBER_MAX];
+
+    if (isfinite(scale) && scale > 0)
+        return true;
+    aj_format_number(scale, num);
+    snprintf(msg, cap,
+             "scale %s is out of range (want default or a finite number > 0)",
+             num);
+    return false;
+}
+
+static aj_status check_window_bound(const char *what, int64_t bound,
+                                    char *msg, size_t cap)
+{
+    if (bound >= 0 && bound <= AJ_WINDOW_MAX)
+        return AJ_OK;
+    snprintf(msg, cap, "window %s %lld is out of range (want 0..%d)", what,
+             (long long)bound, AJ_WINDOW_MAX);
+    return AJ_ERR_INVALID_ARG;
+}
+
+static aj_status check_mask(const aj_mask_spec *mask, char *msg, size_t cap)
+{
+    aj_status st;
+
+    if ((st = check_enum("mask", (int)mask->kind, AJ_MASK_COUNT, msg, cap)))
+        return st;
+    if (mask->kind == AJ_MASK_NONE)
+        return AJ_OK;
+    if ((st = check_enum("mask align", (int)mask->align, AJ_ALIGN_COUNT, msg,
+                         cap)))
+        return st;
+    if (mask->kind == AJ_MASK_CAUSAL)
+        return AJ_OK;
+    if ((st = check_window_bound("left", mask->left, msg, cap)))
+        return st;
+    return check_window_bound("right", mask->right, msg, cap);
+}
+
+static aj_status check_score_mod(const aj_score_mod_spec *mod, char *msg,
+                                 size_t cap)
+{
+    char num[AJ_NUMBER_MAX];
+    aj_status st;
+
+    if ((st = check_enum("score_mod", (int)mod->kind, AJ_SCORE_MOD_COUNT, msg,
+                         cap)))
+        return st;
+    if (mod->kind != AJ_SCORE_MOD_SOFTCAP ||
+        (isfinite(mod->softcap) && mod->softcap > 0))
+        return AJ_OK;
+    aj_format_number(mod->softcap, num);
+    snprintf(msg, cap, "softcap %s is out of range (want a finite number > 0)",
+             num);
+    return AJ_ERR_INVALID_ARG;
+}
+
+static aj_status check_dropout(double p, char *msg, size_t cap)
+{
+    char num[AJ_NUMBER_MAX];
+
+    /* Written so that NaN fails both comparisons. */
+    if (p >= 0 && p < 1)
+        return AJ_OK;
+    aj_format_number(p, num);
+    snprintf(msg, cap, "dropout %s is out of range (want 0 <= p < 1)", num);
+    return AJ_ERR_INVALID_ARG;
+}
+
+static bool is_pow2(int32_t v)
+{
+    return v > 0 && (v & (v - 1)) == 0;
+}
+
+/* 0 lets the template choose; anything else must be a size the templates
+ * can tile with. */
+static aj_status check_schedule(const aj_schedule *s, char *msg, size_t cap)
+{
+    static const char *const tile = "0 or a power of two in 16..256";
+    const struct {
+        const char *key;
+        int32_t value, lo, hi;
+        bool pow2;
+        const char *want;
+    } keys[] = {
+        { "block_m", s->block_m, 16, 256, true, tile },
+        { "block_n", s->block_n, 16, 256, true, tile },
+        { "warps", s->warps, 1, 16, true, "0, 1, 2, 4, 8 or 16" },
+        { "stages", s->stages, 1, 8, false, "0..8" },
+    };
+
+    for (size_t i = 0; i < AJ_COUNT_OF(keys); i++) {
+        int32_t v = keys[i].value;
+
+        if (v == 0 || (v >= keys[i].lo && v <= keys[i].hi &&
+                       (!keys[i].pow2 || is_pow2(v))))
+            continue;
+        snprintf(msg, cap, "schedule %s %d is out of range (want %s)",
+                 keys[i].key, (int)v, keys[i].want);
+        return AJ_ERR_INVALID_ARG;
+    }
+    return AJ_OK;
+}
+
+/* ---------------------------------------------------------------- info */
+
+double aj_op_scale(const aj_op *op)
+{
+    return op->scale == AJ_SCALE_DEFAULT ? 1.0 / sqrt((double)op->head_dim)
+                                         : op->scale;
+}
+
+aj_status aj_op_get_info(const aj_op *op, aj_op_info *out)
+{
+    AJ_OP_ARG(op);
+    AJ_CHECK_ARG(op->ctx, out, "aj_op_get_info: out is NULL");
+    *out = (aj_op_info){
+        .kind = op->kind,
+        .variant = op->variant,
+        .dtype = op->dtype,
+        .head_dim = op->head_dim,
+        .head_dim_v = aj_op_dv(op),
+        .mask = op->mask.kind,
+        .mask_align = op->mask.align,
+        .window_left = op->mask.left,
+        .window_right = op->mask.right,
+        .score_mod = op->score_mod.kind,
+        .softcap = op->score_mod.softcap,
+        .scale = aj_op_scale(op),
+        .scale_is_default = op->scale == AJ_SCALE_DEFAULT,
+        .dropout = op->dropout,
+        .bias = op->bias,
+        .layout = op->layout,
+        .accumulate = op->accumulate,
+        .deterministic = op->deterministic,
+        .schedule = op->schedule,
+        .target = op->target,
+    };
+    return AJ_OK;
+}

@@ -1,0 +1,160 @@
+/*
+ * op.h -- the attention op's data model (internal).
+ *
+ * An op is a small value: a handful of enums and tagged unions, no pointers
+ * but the context it reports errors to.  The parser and the builder both
+ * fill one; the printer, verifier and hash read it; templates read it
+ * through aj_op_info or directly.
+ *
+ * The rules an op must obey live in one function, aj_op_check_field(), one
+ * case per field of the text form.  Three callers share it:
+ *
+ *   aj_op_verify ---> aj_op_check ----> aj_op_check_field (every field)
+ *   aj_op_parse ----> aj_op_check       (maps the field to its line:col)
+ *   aj_op_set_* ----> aj_op_check_field (the field it changes, on a copy)
+ */
+#ifndef AJ_IR_OP_H
+#define AJ_IR_OP_H
+
+#include "attnjit/attnjit.h"
+#include "ir/diag.h"
+
+/* Defaults and limits of the op's fields (docs/ir.md). */
+#define AJ_DEFAULT_HEAD_DIM 64
+#define AJ_HEAD_DIM_MAX 1024
+#define AJ_WINDOW_MAX INT32_MAX
+
+typedef struct aj_mask_spec {
+    aj_mask_kind kind;
+    aj_align align;        /* causal and window */
+    int64_t left, right;   /* window only; both >= 0 */
+} aj_mask_spec;
+
+typedef struct aj_score_mod_spec {
+    aj_score_mod kind;
+    double softcap;        /* softcap only; finite, > 0 */
+} aj_score_mod_spec;
+
+struct aj_op {
+    aj_ctx *ctx;
+    aj_kind kind;
+    aj_variant variant;
+    aj_dtype dtype;
+    int32_t head_dim;      /* unused by merge ops, which keep the default */
+    int32_t head_dim_v;    /* 0 until set: means head_dim */
+    aj_mask_spec mask;
+    aj_score_mod_spec score_mod;
+    double scale;          /* AJ_SCALE_DEFAULT or finite > 0 */
+    double dropout;        /* 0 <= p < 1 */
+    aj_bias bias;
+    aj_layout layout;
+    bool accumulate;       /* forward only */
+    bool deterministic;    /* backward only */
+    aj_schedule schedule;  /* 0 fields: template default */
+    aj_target target;      /* AJ_TARGET_ANY: not pinned */
+
+    /* First builder error, kept until the op is destroyed. */
+    aj_status sticky;
+    char sticky_msg[256];
+};
+
+/* Effective value of head_dim_v. */
+static inline int32_t aj_op_dv(const aj_op *op)
+{
+    return op->head_dim_v ? op->head_dim_v : op->head_dim;
+}
+
+/* Effective scale: the op's, or 1/sqrt(head_dim). */
+double aj_op_scale(const aj_op *op);
+
+/* ---------------------------------------------------------------- fields */
+
+/* The fields of the text form, in canonical (printed) order. */
+#define AJ_FIELD_LIST(X)                  \
+    X(DTYPE, "dtype")                     \
+    X(HEAD_DIM, "head_dim")               \
+    X(HEAD_DIM_V, "head_dim_v")           \
+    X(MASK, "mask")                       \
+    X(SCORE_MOD, "score_mod")             \
+    X(SCALE, "scale")                     \
+    X(DROPOUT, "dropout")                 \
+    X(BIAS, "bias")                       \
+    X(LAYOUT, "layout")                   \
+    X(ACCUMULATE, "accumulate")           \
+    X(DETERMINISTIC, "deterministic")     \
+    X(SCHEDULE, "schedule")               \
+    X(TARGET, "target")
+
+/* What a rule can blame: the header (kind and variant) or one field. */
+typedef enum aj_field {
+    AJ_FIELD_HEADER = 0,
+#define AJ_FIELD_ENUM(e, name) AJ_FIELD_##e,
+    AJ_FIELD_LIST(AJ_FIELD_ENUM)
+#undef AJ_FIELD_ENUM
+    AJ_FIELD_COUNT
+} aj_field;
+
+/* Names as written in the text form; [AJ_FIELD_HEADER] is "header". */
+extern const char *const aj_field_names[];
+
+/* Value names of the text form, indexed by the enum.  The public
+ * aj_*_name() functions read the same tables. */
+extern const char *const aj_kind_names[];
+extern const char *const aj_variant_names[];
+extern const char *const aj_dtype_names[];
+extern const char *const aj_mask_names[];
+extern const char *const aj_align_names[];
+extern const char *const aj_score_mod_names[];
+extern const char *const aj_bias_names[];
+extern const char *const aj_layout_names[];
+extern const char *const aj_target_names[];
+
+/* Merge ops accept only dtype, head_dim_v and target. */
+bool aj_field_in_merge(aj_field field);
+/* "FIELD does not apply to merge ops (...)" into msg. */
+void aj_merge_misfit_msg(aj_field field, char *msg, size_t cap);
+
+/* ---------------------------------------------------------------- rules */
+
+/* Checks one field of op (AJ_FIELD_HEADER: kind and variant).  Returns
+ * AJ_OK; AJ_ERR_INVALID_ARG when the value is out of range on its own;
+ * AJ_ERR_VERIFY when a valid value does not fit the op's kind or variant.
+ * On failure msg holds one sentence naming the field and the value.  The
+ * setters pass the status on; the verifier reports both as AJ_ERR_VERIFY. */
+aj_status aj_op_check_field(const aj_op *op, aj_field field, char *msg,
+                            size_t cap);
+
+/* The verifier: checks the header, then each field in canonical order, and
+ * stops at the first violation.  Returns AJ_OK or AJ_ERR_VERIFY with the
+ * message in msg and the offending field in *bad_field (may be NULL). */
+aj_status aj_op_check(const aj_op *op, aj_field *bad_field, char *msg,
+                      size_t cap);
+
+/* Value rules the parser needs before a value reaches the op, because 0 is
+ * the op's "not set" sentinel for head_dim_v and scale.  Each returns true
+ * when the value is acceptable, else writes the verifier's message. */
+bool aj_head_dim_ok(const char *field, int64_t head_dim, char *msg,
+                    size_t cap);
+bool aj_scale_ok(double scale, char *msg, size_t cap);
+
+/* ---------------------------------------------------------------- text */
+
+/* Longest canonical text of an op, terminating NUL included (the longest
+ * possible form is under 700 bytes). */
+#define AJ_CANONICAL_MAX 1024
+
+/* Writes the canonical text of op into buf (NUL-terminated) and its length,
+ * without the NUL, into *len.  AJ_ERR_INTERNAL if it does not fit. */
+aj_status aj_op_canonical(const aj_op *op, char *buf, size_t cap,
+                          size_t *len);
+
+/* Room for any number aj_format_number writes, NUL included. */
+#define AJ_NUMBER_MAX 48
+
+/* The canonical spelling of a double: the shortest decimal that reads back
+ * to the same value, always with a '.' or an exponent ("30.0", "0.1",
+ * "1e-05"); "nan", "inf" and "-inf" for messages about bad values.  The
+ * decimal point is '.' whatever the C locale says. */
+void aj_format_number(double value, char out[AJ_NUMBER_MAX]);
+
+#endif /* AJ_IR_OP_H */

@@ -1,0 +1,278 @@
+/*
+ * print.c -- the canonical text form of an op, and its hash.
+ *
+ * The canonical form is the cache key's source, so it is fully determined
+ * by the op's value: every field in a fixed order, defaults written out,
+ * numbers in one spelling.  For a forward op:
+ *
+ *   attention forward efficient {
+ *     dtype = bf16
+ *     head_dim = 128
+ *     ...                       (every field, in aj_field order)
+ *     target = any
+ *   }
+ *
+ * Merge ops print only dtype, head_dim_v and target.  Parsing the canonical
+ * form gives back an op that prints the same text.
+ */
+#include "ir/op.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+/* An append-only text buffer that remembers whether it ever ran out. */
+typedef struct text_buf {
+    char *buf;
+    size_t cap, len;
+    bool full;
+} text_buf;
+
+static void emit(text_buf *t, const char *fmt, ...) AJ_PRINTF(2, 3);
+
+static void print_value(text_buf *t, const aj_op *op, aj_field field);
+
+aj_status aj_op_print(const aj_op *op, char **out)
+{
+    char buf[AJ_CANONICAL_MAX], *text;
+    size_t len;
+    aj_status st;
+
+    AJ_CHECK_ARG(NULL, op, "aj_op_print: op is NULL");
+    AJ_CHECK_ARG(op->ctx, out, "aj_op_print: out is NULL");
+    if ((st = aj_op_canonical(op, buf, sizeof buf, &len)) != AJ_OK)
+        return aj_fail(op->ctx, st, "aj_op_print: canonical text overflows "
+                                    "%d bytes", AJ_CANONICAL_MAX);
+    text = malloc(len + 1);
+    if (!text)
+        return aj_fail(op->ctx, AJ_ERR_OUT_OF_MEMORY,
+                       "aj_op_print: out of memory");
+    memcpy(text, buf, len + 1);
+    *out = text;
+    return AJ_OK;
+}
+
+aj_status aj_op_hash(const aj_op *op, char out[AJ_HASH_HEX_LEN + 1])
+{
+    char buf[AJ_CANONICAL_MAX];
+    size_t len;
+    aj_status st;
+
+    AJ_CHECK_ARG(NULL, op, "aj_op_hash: op is NULL");
+    AJ_CHECK_ARG(op->ctx, out, "aj_op_hash: out is NULL");
+    if ((st = aj_op_canonical(op, buf, sizeof buf, &len)) != AJ_OK)
+        return aj_fail(op->ctx, st, "aj_op_hash: canonical text overflows "
+                                    "%d bytes", AJ_CANONICAL_MAX);
+    snprintf(out, AJ_HASH_HEX_LEN + 1, "%016llx",
+             (unsigned long long)XXH3_64bits(buf, len));
+    return AJ_OK;
+}
+
+aj_status aj_op_canonical(const aj_op *op, char *buf, size_t cap, size_t *len)
+{
+    text_buf t = { buf, cap, 0, false };
+
+    buf[0] = '\0';
+    if (op->kind == AJ_KIND_MERGE)
+        emit(&t, "attention %s {\n", aj_kind_names[op->kind]);
+    else
+        emit(&t, "attention %s %s {\n", aj_kind_names[op->kind],
+             aj_variant_names[op->variant]);
+    for (int f = AJ_FIELD_HEADER + 1; f < AJ_FIELD_COUNT; f++) {
+        if (op->kind == AJ_KIND_MERGE && !aj_field_in_merge((aj_field)f))
+            continue;
+        emit(&t, "  %s = ", aj_field_names[f]);
+        print_value(&t, op, (aj_field)f);
+        emit(&t, "\n");
+    }
+    emit(&t, "}\n");
+    *len = t.len;
+    return t.full ? AJ_ERR_INTERNAL : AJ_OK;
+}
+
+static void emit(text_buf *t, const char *fmt, ...)
+{
+    va_list ap;
+    int n;
+
+    if (t->full)
+        return;
+    va_start(ap, fmt);
+    n = vsnprintf(t->buf + t->len, t->cap - t->len, fmt, ap);
+    va_end(ap);
+    if (n < 0 || (size_t)n >= t->cap - t->len) {
+        t->full = true;
+        return;
+    }
+    t->len += (size_t)n;
+}
+
+static void emit_number(text_buf *t, double value)
+{
+    char num[AJ_NUMBER_MAX];
+
+    aj_format_number(value, num);
+    emit(t, "%s", num);
+}
+
+static void print_mask(text_buf *t, const aj_mask_spec *mask)
+{
+    switch (mask->kind) {
+    case AJ_MASK_CAUSAL:
+        emit(t, "causal(%s)", aj_align_names[mask->align]);
+        return;
+    case AJ_MASK_WINDOW:
+        /* top_left is the default alignment and is left out. */
+        emit(t, "window(%lld, %lld", (long long)mask->left,
+             (long long)mask->right);
+        if (mask->align != AJ_ALIGN_TOP_LEFT)
+            emit(t, ", %s", aj_align_names[mask->align]);
+        emit(t, ")");
+        return;
+    case AJ_MASK_NONE:
+    case AJ_MASK_COUNT:
+        break;
+    }
+    emit(t, "none");
+}
+
+/* "default", or the non-zero keys in a fixed order. */
+static void print_schedule(text_buf *t, const aj_schedule *s)
+{
+    const struct { const char *key; int32_t value; } keys[] = {
+        { "block_m", s->block_m }, { "block_n", s->block_n },
+        { "warps", s->warps }, { "stages", s->stages },
+    };
+    int written = 0;
+
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
+        if (keys[i].value == 0)
+            continue;
+        emit(t, "%s%s = %d", written++ ? ", " : "(", keys[i].key,
+             (int)keys[i].value);
+    }
+    if (written)
+        emit(t, ")");
+    else
+        emit(t, "default");
+}
+
+static void print_value(text_buf *t, const aj_op *op, aj_field field)
+{
+    switch (field) {
+    case AJ_FIELD_DTYPE:
+        emit(t, "%s", aj_dtype_names[op->dtype]);
+        return;
+    case AJ_FIELD_HEAD_DIM:
+        emit(t, "%d", (int)op->head_dim);
+        return;
+    case AJ_FIELD_HEAD_DIM_V:
+        emit(t, "%d", (int)aj_op_dv(op));
+        return;
+    case AJ_FIELD_MASK:
+        print_mask(t, &op->mask);
+        return;
+    case AJ_FIELD_SCORE_MOD:
+        emit(t, "%s", aj_score_mod_names[op->score_mod.kind]);
+        if (op->score_mod.kind == AJ_SCORE_MOD_SOFTCAP) {
+            emit(t, "(");
+            emit_number(t, op->score_mod.softcap);
+            emit(t, ")");
+        }
+        return;
+    case AJ_FIELD_SCALE:
+        if (op->scale == AJ_SCALE_DEFAULT)
+            emit(t, "default");
+        else
+            emit_number(t, op->scale);
+        return;
+    case AJ_FIELD_DROPOUT:
+        emit_number(t, op->dropout);
+        return;
+    case AJ_FIELD_BIAS:
+        emit(t, "%s", aj_bias_names[op->bias]);
+        return;
+    case AJ_FIELD_LAYOUT:
+        emit(t, "%s", aj_layout_names[op->layout]);
+        return;
+    case AJ_FIELD_ACCUMULATE:
+        emit(t, "%s", op->accumulate ? "true" : "false");
+        return;
+    case AJ_FIELD_DETERMINISTIC:
+        emit(t, "%s", op->deterministic ? "true" : "false");
+        return;
+    case AJ_FIELD_SCHEDULE:
+        print_schedule(t, &op->schedule);
+        return;
+    case AJ_FIELD_TARGET:
+        emit(t, "%s", aj_target_names[op->target]);
+        return;
+    case AJ_FIELD_HEADER:
+    case AJ_FIELD_COUNT:
+        break;
+    }
+}
+
+/* ---------------------------------------------------------------- numbers */
+
+/*
+ * The shortest decimal that reads back as `value`, found by asking printf
+ * for 1, 2, ... 17 significant digits ("%.*e"; 17 always round-trips a
+ * double).  The digits and the exponent are then laid out by hand, so the
+ * result does not depend on the locale's decimal point and its shape is
+ * ours: fixed notation for exponents -4..15 ("30.0", "0.0001"), otherwise
+ * "%g"-style scientific ("1e-05", "1.5e+20").  Only the round-trip test
+ * goes through strtod, which reads printf's output in the same locale.
+ */
+void aj_format_number(double value, char out[AJ_NUMBER_MAX])
+{
+    char sci[AJ_NUMBER_MAX], digits[20];
+    const char *mark, *sign = value < 0 ? "-" : "";
+    int ndigits = 0, exp10, prec;
+
+    if (isnan(value) || isinf(value)) {
+        snprintf(out, AJ_NUMBER_MAX, "%s",
+                 isnan(value) ? "nan" : value < 0 ? "-inf" : "inf");
+        return;
+    }
+    if (value == 0) {              /* -0.0 too: one spelling for zero */
+        snprintf(out, AJ_NUMBER_MAX, "0.0");
+        return;
+    }
+    for (prec = 1;; prec++) {
+        snprintf(sci, sizeof sci, "%.*e", prec - 1, value);
+        if (prec == 17 || strtod(sci, NULL) == value)
+            break;
+    }
+
+    /* sci is "[-]D[<point>DDD]e<sign>XX": keep the digits and exponent. */
+    mark = strchr(sci, 'e');
+    for (const char *c = sci; c < mark; c++)
+        if (*c >= '0' && *c <= '9')
+            digits[ndigits++] = *c;
+    digits[ndigits] = '\0';
+    exp10 = atoi(mark + 1);
+
+    if (exp10 >= 16 || exp10 < -4) {
+        snprintf(out, AJ_NUMBER_MAX, "%s%c%s%.*se%c%02d", sign, digits[0],
+                 ndigits > 1 ? "." : "", ndigits - 1, digits + 1,
+                 exp10 < 0 ? '-' : '+', abs(exp10));
+    } else if (exp10 < 0) {
+        /* 0.000DDD: -exp10-1 zeros after the point. */
+        snprintf(out, AJ_NUMBER_MAX, "%s0.%.*s%s", sign, -exp10 - 1, "0000",
+                 digits);
+    } else if (ndigits > exp10 + 1) {
+        /* DDD.DDD */
+        snprintf(out, AJ_NUMBER_MAX, "%s%.*s.%s", sign, exp10 + 1, digits,
+                 digits + exp10 + 1);
+    } else {
+        /* DDD000.0: pad the integer part with zeros. */
+        snprintf(out, AJ_NUMBER_MAX, "%s%s%.*s.0", sign, digits,
+                 exp10 + 1 - ndigits, "000000000000000");
+    }
+}

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# attnjit set-up: installs what is missing (Debian 12, as root), configures,
+# builds, then runs the demo or the tests.
+#
+#   scripts/setup.sh demo    build everything and run the demo
+#   scripts/setup.sh test    build everything and run the test suite
+#
+# Idempotent: packages already present are not reinstalled and the build
+# directory is reused.  Without root, it prints the apt-get line to run.
+set -euo pipefail
+
+mode=${1:-}
+case "$mode" in
+  demo|test) ;;
+  *) echo "usage: $0 demo|test" >&2; exit 1 ;;
+esac
+
+root=$(cd "$(dirname "$0")/.." && pwd)
+build=${AJ_BUILD_DIR:-$root/build}
+packages=(cmake make gcc g++ llvm-19-dev libzstd-dev zlib1g-dev libxxhash-dev)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "attnjit needs these Debian packages; as root, run:" >&2
+    echo "  apt-get update && apt-get install -y ${missing[*]}" >&2
+    exit 1
+  fi
+  echo "== installing: ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -q
+  apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+
+jobs=$(nproc 2>/dev/null || echo 2)
+echo "== configuring and building in $build"
+cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DAJ_WERROR=ON >/dev/null
+cmake --build "$build" -j"$jobs"
+
+if [ "$mode" = demo ]; then
+  exec "$root/scripts/demo.sh" "$build"
+fi
+echo "== running the tests"
+ctest --test-dir "$build" --output-on-failure -j"$jobs"

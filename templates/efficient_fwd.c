@@ -1,0 +1,605 @@
+/*
+ * efficient_fwd.c -- the efficient-variant forward kernel (SIMT FMA).
+ *
+ * One CTA computes block_m query rows of one (batch, head), walking the key
+ * blocks that its mask can see with an online softmax in f32.
+ *
+ *   grid  = (ceil(Sq / block_m), Hq, B)       block = warps * 32 threads
+ *
+ * Threads form R = T / G row groups of G lanes.  Group g owns rows
+ * g, g+R, g+2R, ... (rm of them); lane l of a group owns key columns
+ * l, l+G, ... of the score tile (cn of them) and output columns
+ * 4l..4l+3, 4l+4G.., ... (cv of them), so a row's softmax statistics are
+ * reduced with G-lane butterflies and never leave the warp:
+ *
+ *              keys (block_n) ──►             out cols (Dv) ──►
+ *   rows  g0 │ l0 l1 .. lG-1 l0 l1 ..│    g0 │ l0:4 l1:4 .. lG-1:4 l0:4 ..│
+ *    │    g1 │ l0 l1 ..              │    g1 │ ...                        │
+ *    ▼    .. │                       │    .. │                            │
+ *         g0 │ (row R)               │
+ *
+ * Shared memory (f32): Q tile [block_m][D+4], a K-then-V tile
+ * [block_n][max(D,Dv)+4] and the probabilities P [block_m][block_n+4]; the
+ * +4 padding staggers rows across banks and keeps 16-byte alignment.
+ *
+ * Per key block:  barrier, load K, barrier, S = Q K^T (scale, score_mod,
+ * mask), online softmax (rescale O, write P), barrier, load V, barrier,
+ * O += P V.  Key blocks that the mask hides for every row of the CTA are
+ * never visited; rows that see no key end with O = 0 and LSE = -inf.
+ *
+ * Launch contract: Sq, Sk < 2^30; position offsets and the mask shift are
+ * any i64.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "templates/template.h"
+#include "templates/tile_io.h"
+
+#define MAX_RM 16
+#define MAX_CN 16
+#define MAX_CV 64
+
+typedef struct efwd_plan {
+    aj_dtype dtype;
+    int d, dv;
+    int bm, bn, warps, threads;
+    int g, r, rm, cn, cv;          /* see the diagram above */
+    int ldq, ldkv, ldp;            /* shared-memory row pitches, in floats */
+    int32_t smem_q, smem_kv, smem_p, smem_bytes;
+} efwd_plan;
+
+/* Registers that hold per-thread state; above this ptxas starts to spill. */
+#define REG_BUDGET 112
+
+static int max_i(int a, int b) { return a > b ? a : b; }
+
+/* Defaults: 32 x 32 tiles keep a thread's accumulators small (4 rows of
+ * at most 8 + 2 values; 8 warps halve the rows past head dim 128) so that
+ * ptxas needs no spills on sm_80 or sm_90. */
+static void default_schedule(int width, int *bm, int *bn, int *warps)
+{
+    *bm = 32;
+    *bn = 32;
+    *warps = width > 128 ? 8 : 4;
+}
+
+/* Lanes per row group: the widest that splits the key columns and the
+ * 4-wide output column chunks evenly. */
+static int row_group_lanes(int bn, int dv)
+{
+    int g = 16;
+    while (g > 1 && (bn % g != 0 || dv % (4 * g) != 0))
+        g /= 2;
+    return g;
+}
+
+static aj_status plan_kernel(aj_ctx *ctx, const aj_op *op, aj_target target,
+                             efwd_plan *p)
+{
+    memset(p, 0, sizeof *p);
+    p->dtype = op->dtype;
+    p->d = op->head_dim;
+    p->dv = aj_op_dv(op);
+    default_schedule(max_i(p->d, p->dv), &p->bm, &p->bn, &p->warps);
+    const aj_schedule *s = &op->schedule;
+    if (s->block_m)
+        p->bm = s->block_m;
+    if (s->block_n)
+        p->bn = s->block_n;
+    if (s->warps) {
+        p->warps = s->warps;
+    } else {
+        /* narrow value heads make narrow row groups: fewer warps then,
+         * so that every row group still owns at least one row */
+        int g = row_group_lanes(p->bn, p->dv);
+        while (p->warps > 1 && p->bm % (p->warps * 32 / g) != 0)
+            p->warps /= 2;
+    }
+    if (s->stages > 1)
+        return aj_fail(ctx, AJ_ERR_UNSUPPORTED,
+                       "schedule: stages = %d is not supported by efficient forward "
+                       "(it loads K/V in one stage; use stages = 1)", s->stages);
+    if (p->bm > 128 || p->bn > 128)
+        return aj_fail(ctx, AJ_ERR_UNSUPPORTED,
+                       "schedule: efficient forward supports block_m and block_n up to 128 "
+                       "(got block_m = %d, block_n = %d)", p->bm, p->bn);
+    if (p->warps > 8)
+        return aj_fail(ctx, AJ_ERR_UNSUPPORTED,
+                       "schedule: efficient forward supports up to 8 warps (got %d)", p->warps);
+    p->threads = p->warps * 32;
+
+    p->g = row_group_lanes(p->bn, p->dv);
+    p->r = p->threads / p->g;
+    if (p->bm % p->r != 0)
+        return aj_fail(ctx, AJ_ERR_UNSUPPORTED,
+                       "schedule: block_m = %d is smaller than the %d row groups of %d warps "
+                       "at head_dim_v = %d; use more rows or fewer warps", p->bm, p->r,
+                       p->warps, p->dv);
+    p->rm = p->bm / p->r;
+    p->cn = p->bn / p->g;
+    p->cv = p->dv / p->g;
+    int regs = p->rm * (p->cn + p->cv + 2) + 4 * (p->rm + p->cn);
+    if (p->rm > MAX_RM || p->cn > MAX_CN || p->cv > MAX_CV || regs > REG_BUDGET)
+        return aj_fail(ctx, AJ_ERR_UNSUPPORTED,
+                       "schedule: block_m = %d, block_n = %d, warps = %d needs about %d "
+                       "registers of state per thread at head_dim %d/%d (budget %d); "
+                       "use smaller tiles or more warps", p->bm, p->bn, p->warps, regs,
+                       p->d, p->dv, REG_BUDGET);
+
+    p->ldq = p->d + 4;
+    p->ldkv = max_i(p->d, p->dv) + 4;
+    p->ldp = p->bn + 4;
+    int64_t bytes = 4 * ((int64_t)p->bm * p->ldq + (int64_t)p->bn * p->ldkv +
+                         (int64_t)p->bm * p->ldp);
+    if (bytes > aj_target_smem_limit(target))
+        return aj_fail(ctx, AJ_ERR_UNSUPPORTED,
+                       "schedule: block_m = %d, block_n = %d needs %lld bytes of shared "
+                       "memory at head_dim %d/%d; %s allows %d", p->bm, p->bn,
+                       (long long)bytes, p->d, p->dv, aj_target_name(target),
+                       aj_target_smem_limit(target));
+    return AJ_OK;
+}
+
+static aj_status efwd_check(aj_ctx *ctx, const aj_op *op, aj_target target)
+{
+    if (op->dropout > 0)
+        return aj_fail(ctx, AJ_ERR_UNSUPPORTED,
+                       "dropout = %g: efficient forward does not implement dropout yet",
+                       op->dropout);
+    if (op->bias != AJ_BIAS_NONE)
+        return aj_fail(ctx, AJ_ERR_UNSUPPORTED,
+                       "bias = add: efficient forward does not implement bias yet");
+    if (op->layout != AJ_LAYOUT_PADDED)
+        return aj_fail(ctx, AJ_ERR_UNSUPPORTED,
+                       "layout = varlen: efficient forward supports layout = padded only");
+    if (op->accumulate)
+        return aj_fail(ctx, AJ_ERR_UNSUPPORTED,
+                       "accumulate = true: efficient forward does not implement accumulate yet");
+    int dims[2] = {op->head_dim, aj_op_dv(op)};
+    const char *names[2] = {"head_dim", "head_dim_v"};
+    for (int i = 0; i < 2; i++)
+        if (dims[i] % 8 != 0 || dims[i] > 256)
+            return aj_fail(ctx, AJ_ERR_UNSUPPORTED,
+                           "%s = %d: efficient forward supports multiples of 8 up to 256",
+                           names[i], dims[i]);
+    efwd_plan plan;
+    return plan_kernel(ctx, op, target, &plan);
+}
+
+/* ---------------------------------------------------------------- build */
+
+/* Everything the emitters below share. */
+typedef struct efwd {
+    aj_kb *kb;
+    LLVMBuilderRef b;
+    const aj_op *op;
+    efwd_plan p;
+    LLVMValueRef tid, lane, group;  /* i32 */
+    LLVMValueRef m0;                /* i32: first query row of the CTA */
+    LLVMValueRef seq_q, seq_k;      /* i32 */
+    LLVMValueRef hi_off, lo_off;    /* i32: visible keys j of row i are
+                                       i + lo_off <= j <= i + hi_off */
+    LLVMValueRef qk_offset;         /* i64: q_offset - kv_offset (alibi) */
+    LLVMValueRef slope;             /* f32: alibi slope of this head */
+    LLVMValueRef acc[MAX_RM][MAX_CN];    /* vars: Q K^T partial sums */
+    LLVMValueRef o[MAX_RM][MAX_CV];      /* vars: output accumulators */
+    LLVMValueRef m[MAX_RM], l[MAX_RM];   /* vars: running max (log2), sum */
+} efwd;
+
+static void declare_params(aj_kb *kb, const aj_op *op)
+{
+    static const char *const ptrs[] = {"q", "k", "v", "o", "lse"};
+    for (int i = 0; i < 5; i++)
+        aj_kb_add_param(kb, ptrs[i], AJ_PARAM_PTR);
+    if (op->score_mod.kind == AJ_SCORE_MOD_ALIBI)
+        aj_kb_add_param(kb, "alibi_slopes", AJ_PARAM_PTR);
+    static const char *const strides[] = {
+        "stride_q_b", "stride_q_h", "stride_q_s", "stride_k_b", "stride_k_h",
+        "stride_k_s", "stride_v_b", "stride_v_h", "stride_v_s", "stride_o_b",
+        "stride_o_h", "stride_o_s", "stride_lse_b", "stride_lse_h"};
+    for (size_t i = 0; i < sizeof strides / sizeof strides[0]; i++)
+        aj_kb_add_param(kb, strides[i], AJ_PARAM_I64);
+    aj_kb_add_param(kb, "heads_q", AJ_PARAM_I32);
+    aj_kb_add_param(kb, "heads_kv", AJ_PARAM_I32);
+    aj_kb_add_param(kb, "seq_q", AJ_PARAM_I32);
+    aj_kb_add_param(kb, "seq_k", AJ_PARAM_I32);
+    /* global positions: q_pos = q_offset + i, kv_pos = kv_offset + j;
+     * mask_shift = 0 (top_left) or Sk_total - Sq_total (bottom_right) */
+    aj_kb_add_param(kb, "q_offset", AJ_PARAM_I64);
+    aj_kb_add_param(kb, "kv_offset", AJ_PARAM_I64);
+    aj_kb_add_param(kb, "mask_shift", AJ_PARAM_I64);
+}
+
+static LLVMValueRef p64(efwd *e, const char *name)
+{
+    return aj_kb_param(e->kb, name);
+}
+
+static LLVMValueRef sext64(efwd *e, LLVMValueRef v)
+{
+    return LLVMBuildSExt(e->b, v, e->kb->t_i64, "");
+}
+
+/* element offset of slice (b, h) of a BHSD tensor */
+static LLVMValueRef slice_base(efwd *e, const char *t, LLVMValueRef b, LLVMValueRef h)
+{
+    char sb[32], sh[32];
+    snprintf(sb, sizeof sb, "stride_%s_b", t);
+    snprintf(sh, sizeof sh, "stride_%s_h", t);
+    LLVMValueRef off = LLVMBuildMul(e->b, sext64(e, b), p64(e, sb), "");
+    return LLVMBuildAdd(e->b, off, LLVMBuildMul(e->b, sext64(e, h), p64(e, sh), ""), "");
+}
+
+static LLVMValueRef row_of(efwd *e, int k)
+{
+    /* local row (within the CTA) of this thread's k-th row */
+    return LLVMBuildAdd(e->b, e->group, aj_kb_i32(e->kb, e->p.r * k), "");
+}
+
+static LLVMValueRef key_of(efwd *e, int t)
+{
+    return LLVMBuildAdd(e->b, e->lane, aj_kb_i32(e->kb, e->p.g * t), "");
+}
+
+/*
+ * Mask bounds.  In local indices a key j is visible to row i when
+ *   causal:  j <= i + delta
+ *   window:  i + delta - left <= j <= i + delta + right
+ * with delta = q_offset + shift - kv_offset (i64), and always 0 <= j < Sk.
+ * The offsets are clamped to +-2^30 once per CTA so that the per-element
+ * tests run in i32: with 0 <= i, j < 2^30 (the launch contract) a clamped
+ * offset admits exactly the keys the true one does.
+ */
+#define OFFSET_CLAMP (1 << 30)
+
+static LLVMValueRef clamp_to_i32(efwd *e, LLVMValueRef v64)
+{
+    aj_kb *kb = e->kb;
+    v64 = aj_kb_smin(kb, v64, aj_kb_i64(kb, OFFSET_CLAMP));
+    v64 = aj_kb_smax(kb, v64, aj_kb_i64(kb, -OFFSET_CLAMP));
+    return LLVMBuildTrunc(e->b, v64, kb->t_i32, "");
+}
+
+static void mask_offsets(efwd *e, LLVMValueRef delta)
+{
+    aj_kb *kb = e->kb;
+    const aj_mask_spec *mask = &e->op->mask;
+    e->hi_off = e->lo_off = NULL;
+    if (mask->kind == AJ_MASK_NONE)
+        return;
+    int64_t right = mask->kind == AJ_MASK_WINDOW ? mask->right : 0;
+    e->hi_off = clamp_to_i32(e, LLVMBuildAdd(e->b, delta, aj_kb_i64(kb, right), ""));
+    if (mask->kind == AJ_MASK_WINDOW)
+        e->lo_off = clamp_to_i32(e, LLVMBuildSub(e->b, delta, aj_kb_i64(kb, mask->left), ""));
+}
+
+/* Last visible key of row i (or -1): min(Sk - 1, i + hi_off). */
+static LLVMValueRef row_key_hi(efwd *e, LLVMValueRef i)
+{
+    LLVMValueRef hi = LLVMBuildSub(e->b, e->seq_k, aj_kb_i32(e->kb, 1), "");
+    if (e->hi_off)
+        hi = aj_kb_smin(e->kb, hi, LLVMBuildAdd(e->b, i, e->hi_off, ""));
+    return hi;
+}
+
+/* First visible key of row i: max(0, i + lo_off). */
+static LLVMValueRef row_key_lo(efwd *e, LLVMValueRef i)
+{
+    LLVMValueRef lo = aj_kb_i32(e->kb, 0);
+    if (e->lo_off)
+        lo = aj_kb_smax(e->kb, lo, LLVMBuildAdd(e->b, i, e->lo_off, ""));
+    return lo;
+}
+
+/* Key-block range [n_begin, n_end) holding a key visible to some row of
+ * this CTA; empty when no row sees any key. */
+static void key_block_range(efwd *e, LLVMValueRef *n_begin, LLVMValueRef *n_end)
+{
+    aj_kb *kb = e->kb;
+    LLVMBuilderRef b = e->b;
+    LLVMValueRef rows = aj_kb_smin(kb, aj_kb_i32(kb, e->p.bm), LLVMBuildSub(b, e->seq_q, e->m0, ""));
+    LLVMValueRef i_hi = LLVMBuildAdd(b, e->m0, LLVMBuildSub(b, rows, aj_kb_i32(kb, 1), ""), "");
+    LLVMValueRef j_lo = row_key_lo(e, e->m0);
+    LLVMValueRef j_hi = row_key_hi(e, i_hi);
+    LLVMValueRef bn = aj_kb_i32(kb, e->p.bn);
+    LLVMValueRef begin = LLVMBuildSDiv(b, j_lo, bn, "");
+    LLVMValueRef end = LLVMBuildSDiv(b, LLVMBuildAdd(b, j_hi, bn, ""), bn, "");
+    LLVMValueRef empty = LLVMBuildICmp(b, LLVMIntSLT, j_hi, j_lo, "");
+    *n_begin = LLVMBuildSelect(b, empty, aj_kb_i32(kb, 0), begin, "n_begin");
+    *n_end = LLVMBuildSelect(b, empty, aj_kb_i32(kb, 0), end, "n_end");
+}
+
+/* acc[k][t] = sum_d Q[row_k][d] * K[key_t][d], read from shared memory */
+static void emit_qk(efwd *e)
+{
+    aj_kb *kb = e->kb;
+    LLVMBuilderRef b = e->b;
+    const efwd_plan *p = &e->p;
+    for (int k = 0; k < p->rm; k++)
+        for (int t = 0; t < p->cn; t++)
+            aj_kb_set(kb, e->acc[k][t], aj_kb_f32(kb, 0));
+    LLVMValueRef d4 = aj_kb_for_begin(kb, aj_kb_i32(kb, 0), aj_kb_i32(kb, p->d / 4),
+                                      aj_kb_i32(kb, 1), "d4");
+    LLVMValueRef col = LLVMBuildShl(b, d4, aj_kb_i32(kb, 2), "");
+    LLVMValueRef qv[MAX_RM], kv[MAX_CN];
+    for (int k = 0; k < p->rm; k++)
+        qv[k] = aj_smem_load4(kb, p->smem_q, LLVMBuildAdd(b, LLVMBuildMul(b, row_of(e, k),
+                                     aj_kb_i32(kb, p->ldq), ""), col, ""));
+    for (int t = 0; t < p->cn; t++)
+        kv[t] = aj_smem_load4(kb, p->smem_kv, LLVMBuildAdd(b, LLVMBuildMul(b, key_of(e, t),
+                                     aj_kb_i32(kb, p->ldkv), ""), col, ""));
+    for (int k = 0; k < p->rm; k++)
+        for (int t = 0; t < p->cn; t++) {
+            LLVMValueRef a = aj_kb_get(kb, e->acc[k][t]);
+            for (int c = 0; c < 4; c++) {
+                LLVMValueRef idx = aj_kb_i32(kb, c);
+                a = aj_kb_fma(kb, LLVMBuildExtractElement(b, qv[k], idx, ""),
+                              LLVMBuildExtractElement(b, kv[t], idx, ""), a);
+            }
+            aj_kb_set(kb, e->acc[k][t], a);
+        }
+    aj_kb_for_end(kb);
+}
+
+/* tanh(x) = sign(x) * (1 - 2 / (2^(2|x| log2 e) + 1)): accurate to ~1e-7
+ * absolute, unlike tanh.approx.f32 (2^-11 relative). */
+static LLVMValueRef emit_tanh(efwd *e, LLVMValueRef x)
+{
+    aj_kb *kb = e->kb;
+    LLVMBuilderRef b = e->b;
+    LLVMTypeRef t = kb->t_f32;
+    unsigned id = LLVMLookupIntrinsicID("llvm.fabs", 9);
+    LLVMValueRef fabs_fn = LLVMGetIntrinsicDeclaration(kb->mod, id, &t, 1);
+    LLVMValueRef ax = LLVMBuildCall2(b, LLVMIntrinsicGetType(kb->llctx, id, &t, 1), fabs_fn, &x, 1, "");
+    LLVMValueRef ex = aj_kb_exp2(kb, LLVMBuildFMul(b, ax, aj_kb_f32(kb, 2.0 * AJ_LOG2E), ""));
+    LLVMValueRef r = LLVMBuildFSub(b, aj_kb_f32(kb, 1.0),
+                                   LLVMBuildFDiv(b, aj_kb_f32(kb, 2.0),
+                                                 LLVMBuildFAdd(b, ex, aj_kb_f32(kb, 1.0), ""), ""), "");
+    LLVMValueRef neg = LLVMBuildFCmp(b, LLVMRealOLT, x, aj_kb_f32(kb, 0), "");
+    return LLVMBuildSelect(b, neg, LLVMBuildFNeg(b, r, ""), r, "");
+}
+
+/* The score of (row i, key j) in log2 units, or -inf where masked; the
+ * row's visible keys are [j_lo, j_hi] (j_lo NULL: from 0). */
+static LLVMValueRef emit_score(efwd *e, LLVMValueRef acc, LLVMValueRef i, LLVMValueRef j,
+                               LLVMValueRef j_lo, LLVMValueRef j_hi)
+{
+    aj_kb *kb = e->kb;
+    LLVMBuilderRef b = e->b;
+    const aj_op *op = e->op;
+    double scale = aj_op_scale(op);
+    LLVMValueRef s;
+    if (op->score_mod.kind == AJ_SCORE_MOD_NONE) {
+        s = LLVMBuildFMul(b, acc, aj_kb_f32(kb, scale * AJ_LOG2E), "");
+    } else {
+        s = LLVMBuildFMul(b, acc, aj_kb_f32(kb, scale), "");
+        if (op->score_mod.kind == AJ_SCORE_MOD_SOFTCAP) {
+            double cap = op->score_mod.softcap;
+            s = LLVMBuildFMul(b, emit_tanh(e, LLVMBuildFMul(b, s, aj_kb_f32(kb, 1.0 / cap), "")),
+                              aj_kb_f32(kb, cap), "");
+        } else {
+            /* alibi: s -= slope * |q_pos - kv_pos|, positions in i64 */
+            LLVMValueRef dist = LLVMBuildAdd(b, LLVMBuildSub(b, sext64(e, i), sext64(e, j), ""),
+                                             e->qk_offset, "");
+            LLVMValueRef neg = LLVMBuildICmp(b, LLVMIntSLT, dist, aj_kb_i64(kb, 0), "");
+            dist = LLVMBuildSelect(b, neg, LLVMBuildNeg(b, dist, ""), dist, "");
+            LLVMValueRef fd = LLVMBuildSIToFP(b, dist, kb->t_f32, "");
+            s = LLVMBuildFSub(b, s, LLVMBuildFMul(b, e->slope, fd, ""), "");
+        }
+        s = LLVMBuildFMul(b, s, aj_kb_f32(kb, AJ_LOG2E), "");
+    }
+    LLVMValueRef visible = LLVMBuildICmp(b, LLVMIntSLE, j, j_hi, "");
+    if (j_lo)
+        visible = LLVMBuildAnd(b, visible, LLVMBuildICmp(b, LLVMIntSGE, j, j_lo, ""), "");
+    return LLVMBuildSelect(b, visible, s, aj_kb_f32(kb, -INFINITY), "");
+}
+
+/* Scores, online softmax update, rescale of O, P written to shared memory. */
+static void emit_softmax(efwd *e, LLVMValueRef n0)
+{
+    aj_kb *kb = e->kb;
+    LLVMBuilderRef b = e->b;
+    const efwd_plan *p = &e->p;
+    for (int k = 0; k < p->rm; k++) {
+        LLVMValueRef i = LLVMBuildAdd(b, e->m0, row_of(e, k), "");
+        LLVMValueRef j_hi = row_key_hi(e, i);
+        LLVMValueRef j_lo = e->lo_off ? row_key_lo(e, i) : NULL;
+        LLVMValueRef s[MAX_CN];
+        LLVMValueRef mx = aj_kb_f32(kb, -INFINITY);
+        for (int t = 0; t < p->cn; t++) {
+            LLVMValueRef j = LLVMBuildAdd(b, n0, key_of(e, t), "");
+            s[t] = emit_score(e, aj_kb_get(kb, e->acc[k][t]), i, j, j_lo, j_hi);
+            mx = aj_kb_fmax(kb, mx, s[t]);
+        }
+        mx = aj_kb_group_max(kb, mx, p->g);
+        LLVMValueRef m_old = aj_kb_get(kb, e->m[k]);
+        LLVMValueRef m_new = aj_kb_fmax(kb, m_old, mx);
+        /* a row that has seen only masked keys keeps m = -inf; subtracting
+         * 0 instead makes every p and alpha exactly 0, never NaN */
+        LLVMValueRef none = LLVMBuildFCmp(b, LLVMRealOEQ, m_new, aj_kb_f32(kb, -INFINITY), "");
+        LLVMValueRef m_use = LLVMBuildSelect(b, none, aj_kb_f32(kb, 0), m_new, "");
+        LLVMValueRef alpha = aj_kb_exp2(kb, LLVMBuildFSub(b, m_old, m_use, ""));
+        LLVMValueRef sum = aj_kb_f32(kb, 0);
+        LLVMValueRef prow = LLVMBuildMul(b, row_of(e, k), aj_kb_i32(kb, p->ldp), "");
+        for (int t = 0; t < p->cn; t++) {
+            LLVMValueRef pr = aj_kb_exp2(kb, LLVMBuildFSub(b, s[t], m_use, ""));
+            sum = LLVMBuildFAdd(b, sum, pr, "");
+            aj_smem_store1(kb, p->smem_p, LLVMBuildAdd(b, prow, key_of(e, t), ""), pr);
+        }
+        aj_kb_set(kb, e->l[k], aj_kb_fma(kb, aj_kb_get(kb, e->l[k]), alpha, sum));
+        aj_kb_set(kb, e->m[k], m_new);
+        for (int c = 0; c < p->cv; c++)
+            aj_kb_set(kb, e->o[k][c], LLVMBuildFMul(b, aj_kb_get(kb, e->o[k][c]), alpha, ""));
+    }
+}
+
+/* o[k][4u+w] += sum_c P[row_k][c] * V[c][4 lane + 4 G u + w] */
+static void emit_pv(efwd *e)
+{
+    aj_kb *kb = e->kb;
+    LLVMBuilderRef b = e->b;
+    const efwd_plan *p = &e->p;
+    int chunks = p->cv / 4;
+    LLVMValueRef c4 = aj_kb_for_begin(kb, aj_kb_i32(kb, 0), aj_kb_i32(kb, p->bn / 4),
+                                      aj_kb_i32(kb, 1), "c4");
+    LLVMValueRef c0 = LLVMBuildShl(b, c4, aj_kb_i32(kb, 2), "");
+    LLVMValueRef pv[MAX_RM];
+    for (int k = 0; k < p->rm; k++)
+        pv[k] = aj_smem_load4(kb, p->smem_p, LLVMBuildAdd(b, LLVMBuildMul(b, row_of(e, k),
+                                     aj_kb_i32(kb, p->ldp), ""), c0, ""));
+    LLVMValueRef o[MAX_RM][MAX_CV];
+    for (int k = 0; k < p->rm; k++)
+        for (int c = 0; c < p->cv; c++)
+            o[k][c] = aj_kb_get(kb, e->o[k][c]);
+    LLVMValueRef lane_col = LLVMBuildShl(b, e->lane, aj_kb_i32(kb, 2), "");
+    for (int w = 0; w < 4; w++) {
+        LLVMValueRef vrow = LLVMBuildMul(b, LLVMBuildAdd(b, c0, aj_kb_i32(kb, w), ""),
+                                         aj_kb_i32(kb, p->ldkv), "");
+        for (int u = 0; u < chunks; u++) {
+            LLVMValueRef idx = LLVMBuildAdd(b, vrow, LLVMBuildAdd(b, lane_col,
+                                            aj_kb_i32(kb, 4 * p->g * u), ""), "");
+            LLVMValueRef vv = aj_smem_load4(kb, p->smem_kv, idx);
+            for (int k = 0; k < p->rm; k++) {
+                LLVMValueRef pk = LLVMBuildExtractElement(b, pv[k], aj_kb_i32(kb, w), "");
+                for (int x = 0; x < 4; x++)
+                    o[k][4 * u + x] = aj_kb_fma(kb, pk, LLVMBuildExtractElement(b, vv,
+                                                aj_kb_i32(kb, x), ""), o[k][4 * u + x]);
+            }
+        }
+    }
+    for (int k = 0; k < p->rm; k++)
+        for (int c = 0; c < p->cv; c++)
+            aj_kb_set(kb, e->o[k][c], o[k][c]);
+    aj_kb_for_end(kb);
+}
+
+/* O = acc / l (0 for rows that saw no key), LSE = (m + log2 l) ln 2. */
+static void emit_epilogue(efwd *e, LLVMValueRef o_base, LLVMValueRef lse_base)
+{
+    aj_kb *kb = e->kb;
+    LLVMBuilderRef b = e->b;
+    const efwd_plan *p = &e->p;
+    LLVMValueRef lane_col = sext64(e, LLVMBuildShl(b, e->lane, aj_kb_i32(kb, 2), ""));
+    for (int k = 0; k < p->rm; k++) {
+        LLVMValueRef lsum = aj_kb_group_sum(kb, aj_kb_get(kb, e->l[k]), p->g);
+        LLVMValueRef i = LLVMBuildAdd(b, e->m0, row_of(e, k), "");
+        LLVMValueRef seen = LLVMBuildFCmp(b, LLVMRealOGT, lsum, aj_kb_f32(kb, 0), "");
+        LLVMValueRef inv = LLVMBuildSelect(b, seen, LLVMBuildFDiv(b, aj_kb_f32(kb, 1), lsum, ""),
+                                           aj_kb_f32(kb, 0), "");
+        aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntSLT, i, e->seq_q, ""));
+        LLVMValueRef orow = LLVMBuildAdd(b, o_base, LLVMBuildMul(b, sext64(e, i),
+                                         p64(e, "stride_o_s"), ""), "");
+        for (int u = 0; u < p->cv / 4; u++) {
+            LLVMValueRef vals[4];
+            for (int x = 0; x < 4; x++)
+                vals[x] = LLVMBuildFMul(b, aj_kb_get(kb, e->o[k][4 * u + x]), inv, "");
+            LLVMValueRef col = LLVMBuildAdd(b, lane_col, aj_kb_i64(kb, 4 * p->g * u), "");
+            aj_global_store4(kb, p64(e, "o"), LLVMBuildAdd(b, orow, col, ""), vals, p->dtype);
+        }
+        aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntEQ, e->lane, aj_kb_i32(kb, 0), ""));
+        {
+            LLVMValueRef lse = LLVMBuildFMul(b, LLVMBuildFAdd(b, aj_kb_get(kb, e->m[k]),
+                                             aj_kb_log2(kb, lsum), ""), aj_kb_f32(kb, AJ_LN2), "");
+            lse = LLVMBuildSelect(b, seen, lse, aj_kb_f32(kb, -INFINITY), "");
+            LLVMValueRef at = LLVMBuildAdd(b, lse_base, sext64(e, i), "");
+            at = LLVMBuildMul(b, at, aj_kb_i64(kb, 4), "");
+            aj_kb_store(kb, lse, aj_kb_gptr_offset(kb, p64(e, "lse"), at), 4);
+        }
+        aj_kb_if_end(kb);
+        aj_kb_if_end(kb);
+    }
+}
+
+static aj_status efwd_build(aj_kb *kb, const aj_op *op, void *user,
+                            aj_kernel_layout *layout)
+{
+    efwd e;
+    memset(&e, 0, sizeof e);
+    e.kb = kb;
+    e.b = kb->b;
+    e.op = op;
+    aj_status st = plan_kernel(kb->ctx, op, kb->target, &e.p);
+    if (st != AJ_OK)
+        return st;
+    const efwd_plan *p = &e.p;
+    LLVMBuilderRef b = kb->b;
+
+    declare_params(kb, op);
+    aj_kb_begin(kb, p->threads);
+    e.p.smem_q = aj_kb_smem_reserve(kb, 4 * p->bm * p->ldq);
+    e.p.smem_kv = aj_kb_smem_reserve(kb, 4 * p->bn * p->ldkv);
+    e.p.smem_p = aj_kb_smem_reserve(kb, 4 * p->bm * p->ldp);
+
+    for (int k = 0; k < p->rm; k++) {
+        for (int t = 0; t < p->cn; t++)
+            e.acc[k][t] = aj_kb_var(kb, kb->t_f32, NULL, "acc");
+        for (int c = 0; c < p->cv; c++)
+            e.o[k][c] = aj_kb_var(kb, kb->t_f32, aj_kb_f32(kb, 0), "o");
+        e.m[k] = aj_kb_var(kb, kb->t_f32, aj_kb_f32(kb, -INFINITY), "m");
+        e.l[k] = aj_kb_var(kb, kb->t_f32, aj_kb_f32(kb, 0), "l");
+    }
+
+    e.tid = aj_kb_thread_id(kb);
+    e.lane = LLVMBuildAnd(b, e.tid, aj_kb_i32(kb, p->g - 1), "lane");
+    e.group = LLVMBuildUDiv(b, e.tid, aj_kb_i32(kb, p->g), "group");
+    LLVMValueRef mblk = aj_kb_block_id(kb, 0);
+    LLVMValueRef h = aj_kb_block_id(kb, 1);
+    LLVMValueRef bidx = aj_kb_block_id(kb, 2);
+    e.m0 = LLVMBuildMul(b, mblk, aj_kb_i32(kb, p->bm), "m0");
+    e.seq_q = p64(&e, "seq_q");
+    e.seq_k = p64(&e, "seq_k");
+    LLVMValueRef group_size = LLVMBuildSDiv(b, p64(&e, "heads_q"), p64(&e, "heads_kv"), "");
+    LLVMValueRef hkv = LLVMBuildSDiv(b, h, group_size, "hkv");
+    e.qk_offset = LLVMBuildSub(b, p64(&e, "q_offset"), p64(&e, "kv_offset"), "");
+    mask_offsets(&e, LLVMBuildAdd(b, e.qk_offset, p64(&e, "mask_shift"), "delta"));
+    if (op->score_mod.kind == AJ_SCORE_MOD_ALIBI) {
+        LLVMValueRef at = LLVMBuildMul(b, sext64(&e, h), aj_kb_i64(kb, 4), "");
+        e.slope = aj_kb_load(kb, kb->t_f32, aj_kb_gptr_offset(kb, p64(&e, "alibi_slopes"), at), 4);
+    }
+
+    LLVMValueRef q_base = slice_base(&e, "q", bidx, h);
+    LLVMValueRef k_base = slice_base(&e, "k", bidx, hkv);
+    LLVMValueRef v_base = slice_base(&e, "v", bidx, hkv);
+    LLVMValueRef o_base = slice_base(&e, "o", bidx, h);
+    LLVMValueRef lse_base = slice_base(&e, "lse", bidx, h);
+
+    aj_tile_src qsrc = {p64(&e, "q"), q_base, p64(&e, "stride_q_s"), e.m0, e.seq_q, p->dtype};
+    aj_tile_load_f32(kb, &qsrc, p->bm, p->d, p->smem_q, p->ldq, e.tid, p->threads);
+
+    LLVMValueRef n_begin, n_end;
+    key_block_range(&e, &n_begin, &n_end);
+    LLVMValueRef n = aj_kb_for_begin(kb, n_begin, n_end, aj_kb_i32(kb, 1), "n");
+    {
+        LLVMValueRef n0 = LLVMBuildMul(b, n, aj_kb_i32(kb, p->bn), "n0");
+        aj_kb_barrier(kb);   /* previous block's readers of K/V and P are done */
+        aj_tile_src ksrc = {p64(&e, "k"), k_base, p64(&e, "stride_k_s"), n0, e.seq_k, p->dtype};
+        aj_tile_load_f32(kb, &ksrc, p->bn, p->d, p->smem_kv, p->ldkv, e.tid, p->threads);
+        aj_kb_barrier(kb);
+        emit_qk(&e);
+        emit_softmax(&e, n0);
+        aj_kb_barrier(kb);   /* K fully read; P fully written */
+        aj_tile_src vsrc = {p64(&e, "v"), v_base, p64(&e, "stride_v_s"), n0, e.seq_k, p->dtype};
+        aj_tile_load_f32(kb, &vsrc, p->bn, p->dv, p->smem_kv, p->ldkv, e.tid, p->threads);
+        aj_kb_barrier(kb);
+        emit_pv(&e);
+    }
+    aj_kb_for_end(kb);
+    emit_epilogue(&e, o_base, lse_base);
+    aj_kb_finish(kb);
+
+    layout->grid[0] = (aj_grid_dim){AJ_EXTENT_SEQ_Q, p->bm};
+    layout->grid[1] = (aj_grid_dim){AJ_EXTENT_HEADS_Q, 1};
+    layout->grid[2] = (aj_grid_dim){AJ_EXTENT_BATCH, 1};
+    layout->schedule = (aj_schedule){p->bm, p->bn, p->warps, 1};
+    return kb->st;
+}
+
+const aj_template aj_template_efficient_fwd = {
+    .name = "efficient_fwd",
+    .kind = AJ_KIND_FORWARD,
+    .variant = AJ_VARIANT_EFFICIENT,
+    .check = efwd_check,
+    .build = efwd_build,
+};

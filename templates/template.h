@@ -1,0 +1,30 @@
+/*
+ * template.h -- kernel templates and the registry that picks one.
+ *
+ * A template is a vtable: `check` says whether it implements an op on a
+ * target (and names the option it lacks if not), `build` writes the kernel
+ * with the kernel builder.  The registry is a static list; aj_compile walks
+ * it.
+ */
+#ifndef AJ_TEMPLATES_TEMPLATE_H
+#define AJ_TEMPLATES_TEMPLATE_H
+
+#include "codegen/codegen.h"
+
+typedef struct aj_template {
+    const char *name;          /* also the kernel name's prefix */
+    aj_kind kind;
+    aj_variant variant;
+    /* AJ_OK, or AJ_ERR_UNSUPPORTED with a message naming the option. */
+    aj_status (*check)(aj_ctx *ctx, const aj_op *op, aj_target target);
+    aj_build_fn build;
+} aj_template;
+
+/* The template for the op's kind and variant; AJ_ERR_UNSUPPORTED naming
+ * them if none exists. */
+aj_status aj_template_find(aj_ctx *ctx, const aj_op *op,
+                           const aj_template **out);
+
+extern const aj_template aj_template_efficient_fwd;
+
+#endif /* AJ_TEMPLATES_TEMPLATE_H */

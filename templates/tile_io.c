@@ -1,0 +1,122 @@
+/*
+ * tile_io.c -- global <-> shared tile movement (see tile_io.h).
+ */
+#include "templates/tile_io.h"
+
+static LLVMTypeRef vec_type(LLVMTypeRef elem, unsigned n)
+{
+    return LLVMVectorType(elem, n);
+}
+
+static LLVMValueRef smem_float_ptr(aj_kb *kb, int32_t smem_off, LLVMValueRef idx)
+{
+    LLVMValueRef bytes = LLVMBuildShl(kb->b, idx, aj_kb_i32(kb, 2), "");
+    bytes = LLVMBuildAdd(kb->b, bytes, aj_kb_i32(kb, smem_off), "");
+    return aj_kb_smem_ptr(kb, bytes);
+}
+
+LLVMValueRef aj_smem_load4(aj_kb *kb, int32_t smem_off, LLVMValueRef idx)
+{
+    return aj_kb_load(kb, vec_type(kb->t_f32, 4), smem_float_ptr(kb, smem_off, idx), 16);
+}
+
+void aj_smem_store1(aj_kb *kb, int32_t smem_off, LLVMValueRef idx, LLVMValueRef v)
+{
+    aj_kb_store(kb, v, smem_float_ptr(kb, smem_off, idx), 4);
+}
+
+/* Widens a vector of n storage elements to n floats. */
+static LLVMValueRef widen(aj_kb *kb, LLVMValueRef raw, unsigned n, aj_dtype dtype)
+{
+    LLVMBuilderRef b = kb->b;
+    if (dtype == AJ_DTYPE_F32)
+        return raw;
+    if (dtype == AJ_DTYPE_BF16) {
+        /* bf16 is the top half of an f32: widening moves bits, exactly */
+        LLVMValueRef w = LLVMBuildZExt(b, raw, vec_type(kb->t_i32, n), "");
+        LLVMValueRef sixteen = LLVMConstVector((LLVMValueRef[]){aj_kb_i32(kb, 16)}, 1);
+        sixteen = LLVMBuildShuffleVector(b, sixteen, LLVMGetUndef(LLVMTypeOf(sixteen)),
+                                         LLVMConstNull(vec_type(kb->t_i32, n)), "");
+        w = LLVMBuildShl(b, w, sixteen, "");
+        return LLVMBuildBitCast(b, w, vec_type(kb->t_f32, n), "");
+    }
+    LLVMValueRef out = LLVMGetUndef(vec_type(kb->t_f32, n));
+    for (unsigned e = 0; e < n; e++) {
+        LLVMValueRef x = LLVMBuildExtractElement(b, raw, aj_kb_i32(kb, e), "");
+        out = LLVMBuildInsertElement(b, out, aj_kb_to_f32(kb, x, dtype), aj_kb_i32(kb, e), "");
+    }
+    return out;
+}
+
+/* Lanes lo..lo+3 of a vector. */
+static LLVMValueRef quarter(aj_kb *kb, LLVMValueRef v, unsigned lo)
+{
+    LLVMValueRef idx[4];
+    for (unsigned e = 0; e < 4; e++)
+        idx[e] = aj_kb_i32(kb, lo + e);
+    return LLVMBuildShuffleVector(kb->b, v, LLVMGetUndef(LLVMTypeOf(v)),
+                                  LLVMConstVector(idx, 4), "");
+}
+
+/*
+ * Thread t handles chunks t, t+T, t+2T, ... of the tile, a chunk being the
+ * 16 bytes at (row, col .. col+vec-1):
+ *
+ *     chunk = row * (width / vec) + col / vec
+ *
+ * The steps are unrolled here, not left to LLVM.  A row past the sequence
+ * end reads the last valid row (always in bounds: a tile exists only when
+ * its sequence is non-empty) and stores zeros, so the loads need no branch.
+ */
+void aj_tile_load_f32(aj_kb *kb, const aj_tile_src *src, int rows, int width,
+                      int32_t smem_off, int ld, LLVMValueRef tid, int threads)
+{
+    LLVMBuilderRef b = kb->b;
+    int vec = 16 / aj_dtype_size(src->dtype);       /* elements per chunk */
+    int chunks_per_row = width / vec;
+    int total = rows * chunks_per_row;
+    LLVMTypeRef elem_t = aj_kb_storage_type(kb, src->dtype);
+    LLVMValueRef zero = LLVMConstNull(vec_type(kb->t_f32, (unsigned)vec));
+    LLVMValueRef last_row = LLVMBuildSub(b, src->rows_limit, aj_kb_i32(kb, 1), "");
+
+    for (int step = 0; step * threads < total; step++) {
+        LLVMValueRef chunk = LLVMBuildAdd(b, tid, aj_kb_i32(kb, step * threads), "");
+        int partial = (step + 1) * threads > total;
+        if (partial)
+            aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntSLT, chunk, aj_kb_i32(kb, total), ""));
+        LLVMValueRef row = LLVMBuildUDiv(b, chunk, aj_kb_i32(kb, chunks_per_row), "");
+        LLVMValueRef col = LLVMBuildMul(b, LLVMBuildURem(b, chunk, aj_kb_i32(kb, chunks_per_row), ""),
+                                        aj_kb_i32(kb, vec), "");
+        LLVMValueRef grow = LLVMBuildAdd(b, src->row0, row, "");
+        LLVMValueRef inside = LLVMBuildICmp(b, LLVMIntSLT, grow, src->rows_limit, "");
+        LLVMValueRef rrow = LLVMBuildSelect(b, inside, grow, last_row, "");
+        LLVMValueRef elem = LLVMBuildMul(b, LLVMBuildSExt(b, rrow, kb->t_i64, ""), src->row_stride, "");
+        elem = LLVMBuildAdd(b, elem, src->elem_base, "");
+        elem = LLVMBuildAdd(b, elem, LLVMBuildZExt(b, col, kb->t_i64, ""), "");
+        LLVMValueRef byte = LLVMBuildMul(b, elem, aj_kb_i64(kb, aj_dtype_size(src->dtype)), "");
+        LLVMValueRef raw = aj_kb_load(kb, vec_type(elem_t, (unsigned)vec),
+                                      aj_kb_gptr_offset(kb, src->ptr, byte), 16);
+        LLVMValueRef vals = LLVMBuildSelect(b, inside, widen(kb, raw, (unsigned)vec, src->dtype),
+                                            zero, "");
+        LLVMValueRef sidx = LLVMBuildAdd(b, LLVMBuildMul(b, row, aj_kb_i32(kb, ld), ""), col, "");
+        for (int q = 0; q < vec / 4; q++) {
+            LLVMValueRef at = LLVMBuildAdd(b, sidx, aj_kb_i32(kb, q * 4), "");
+            aj_kb_store(kb, vec == 4 ? vals : quarter(kb, vals, (unsigned)q * 4),
+                        smem_float_ptr(kb, smem_off, at), 16);
+        }
+        if (partial)
+            aj_kb_if_end(kb);
+    }
+}
+
+void aj_global_store4(aj_kb *kb, LLVMValueRef ptr, LLVMValueRef elem,
+                      LLVMValueRef vals[4], aj_dtype dtype)
+{
+    LLVMBuilderRef b = kb->b;
+    LLVMTypeRef elem_t = aj_kb_storage_type(kb, dtype);
+    LLVMValueRef v = LLVMGetUndef(vec_type(elem_t, 4));
+    for (int e = 0; e < 4; e++)
+        v = LLVMBuildInsertElement(b, v, aj_kb_from_f32(kb, vals[e], dtype), aj_kb_i32(kb, e), "");
+    LLVMValueRef byte = LLVMBuildMul(b, elem, aj_kb_i64(kb, aj_dtype_size(dtype)), "");
+    aj_kb_store(kb, v, aj_kb_gptr_offset(kb, ptr, byte), (unsigned)(4 * aj_dtype_size(dtype)));
+}

@@ -1,0 +1,38 @@
+/*
+ * tile_io.h -- moving tiles between global and shared memory.
+ *
+ * A tile is `rows` rows of `width` elements of one (batch, head) slice of a
+ * BHSD tensor.  Loads widen to f32 in shared memory, 16 bytes per thread
+ * per step, and zero-fill rows past the sequence end, so the math after
+ * them needs no bounds checks and never meets garbage (0 * NaN).
+ */
+#ifndef AJ_TEMPLATES_TILE_IO_H
+#define AJ_TEMPLATES_TILE_IO_H
+
+#include "codegen/kbuilder.h"
+
+typedef struct aj_tile_src {
+    LLVMValueRef ptr;          /* global base pointer */
+    LLVMValueRef elem_base;    /* i64: element offset of the slice */
+    LLVMValueRef row_stride;   /* i64: elements between rows */
+    LLVMValueRef row0;         /* i32: first row of the tile */
+    LLVMValueRef rows_limit;   /* i32: rows at or past this read as zero */
+    aj_dtype dtype;
+} aj_tile_src;
+
+/* All `threads` threads cooperatively copy the tile to shared memory at
+ * byte offset smem_off, row pitch `ld` floats.  width % 8 == 0. */
+void aj_tile_load_f32(aj_kb *kb, const aj_tile_src *src, int rows, int width,
+                      int32_t smem_off, int ld, LLVMValueRef tid, int threads);
+
+/* Loads 4 consecutive floats from shared memory at float index `idx`. */
+LLVMValueRef aj_smem_load4(aj_kb *kb, int32_t smem_off, LLVMValueRef idx);
+/* Stores one float at float index `idx`. */
+void aj_smem_store1(aj_kb *kb, int32_t smem_off, LLVMValueRef idx, LLVMValueRef v);
+
+/* Converts 4 f32 values to the dtype and stores them to global memory at
+ * element offset `elem` of `ptr` (16-byte or 8-byte aligned). */
+void aj_global_store4(aj_kb *kb, LLVMValueRef ptr, LLVMValueRef elem,
+                      LLVMValueRef vals[4], aj_dtype dtype);
+
+#endif /* AJ_TEMPLATES_TILE_IO_H */

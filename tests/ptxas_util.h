@@ -1,0 +1,83 @@
+/*
+ * ptxas_util.h -- runs NVIDIA's ptxas on generated PTX (tests and bench).
+ *
+ * ptxas is looked up on PATH, then in /usr/local/cuda/bin; where it is
+ * absent, ptxas_find() says so and callers skip with that reason.
+ */
+#ifndef AJ_TESTS_PTXAS_UTIL_H
+#define AJ_TESTS_PTXAS_UTIL_H
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+typedef struct ptxas_result {
+    int exit_code;
+    int registers;
+    int spill_stores, spill_loads;   /* bytes */
+    int stack_frame;                 /* bytes */
+    char log[4096];
+} ptxas_result;
+
+static inline int ptxas_find(char *out, size_t cap)
+{
+    const char *env = getenv("PATH");
+    char dirs[4096];
+    snprintf(dirs, sizeof dirs, "%s:/usr/local/cuda/bin", env ? env : "");
+    char *save = NULL;
+    for (char *d = strtok_r(dirs, ":", &save); d; d = strtok_r(NULL, ":", &save)) {
+        snprintf(out, cap, "%s/ptxas", d);
+        if (access(out, X_OK) == 0)
+            return 1;
+    }
+    return 0;
+}
+
+static inline int ptxas_field(const char *log, const char *suffix)
+{
+    /* finds "<N> <suffix>" and returns N, or -1 */
+    const char *at = strstr(log, suffix);
+    if (!at)
+        return -1;
+    const char *p = at;
+    while (p > log && p[-1] == ' ')
+        p--;
+    while (p > log && p[-1] >= '0' && p[-1] <= '9')
+        p--;
+    return atoi(p);
+}
+
+/* Assembles `ptx` for `arch` ("sm_80") with -v; fills the result. */
+static inline int ptxas_run(const char *ptxas, const char *arch, const char *ptx,
+                            size_t len, ptxas_result *r)
+{
+    char path[] = "/tmp/aj_ptxas_XXXXXX";
+    int fd = mkstemp(path);
+    memset(r, 0, sizeof *r);
+    r->exit_code = -1;
+    if (fd < 0)
+        return -1;
+    FILE *f = fdopen(fd, "w");
+    fwrite(ptx, 1, len, f);
+    fclose(f);
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "'%s' -arch=%s -v -o /dev/null '%s' 2>&1", ptxas, arch, path);
+    FILE *p = popen(cmd, "r");
+    size_t n = 0;
+    if (p) {
+        n = fread(r->log, 1, sizeof r->log - 1, p);
+        r->log[n] = '\0';
+        int status = pclose(p);
+        r->exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    }
+    unlink(path);
+    r->registers = ptxas_field(r->log, "registers");
+    r->spill_stores = ptxas_field(r->log, "bytes spill stores");
+    r->spill_loads = ptxas_field(r->log, "bytes spill loads");
+    r->stack_frame = ptxas_field(r->log, "bytes stack frame");
+    return r->exit_code;
+}
+
+#endif /* AJ_TESTS_PTXAS_UTIL_H */

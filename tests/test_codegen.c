@@ -1,0 +1,240 @@
+/*
+ * test_codegen.c -- aj_compile: argument checks, options no template
+ * implements (AJ_ERR_UNSUPPORTED naming the option), the three emission
+ * forms, the launch contract, determinism, and the stage dump.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "codegen/kbuilder.h"
+
+static aj_op *parse(aj_ctx *ctx, const char *body)
+{
+    char text[1024];
+    snprintf(text, sizeof text, "attention forward efficient {\n%s\n}\n", body);
+    aj_op *op = NULL;
+    aj_status st = aj_op_parse(ctx, text, strlen(text), "t.aj", &op);
+    CHECK_MSG(st == AJ_OK, "parse failed: %s", aj_last_error(ctx));
+    return op;
+}
+
+static aj_status compile_text(aj_ctx *ctx, const char *text, aj_target target)
+{
+    aj_op *op = NULL;
+    aj_status st = aj_op_parse(ctx, text, strlen(text), "u.aj", &op);
+    if (st != AJ_OK)
+        return st;
+    aj_compile_options opt = AJ_COMPILE_OPTIONS_INIT;
+    opt.target = target;
+    aj_kernel *k = NULL;
+    st = aj_compile(ctx, op, &opt, &k);
+    aj_kernel_destroy(k);
+    aj_op_destroy(op);
+    return st;
+}
+
+/* Specs the IR accepts but no template implements: status and message. */
+static void test_unsupported(aj_ctx *ctx)
+{
+    static const struct {
+        const char *text;
+        aj_target target;
+        const char *needle;
+    } cases[] = {
+        {"attention backward efficient { dtype = f16 head_dim = 64 }", AJ_TARGET_SM_80,
+         "backward efficient"},
+        {"attention forward flash { dtype = f16 head_dim = 64 }", AJ_TARGET_SM_80,
+         "forward flash"},
+        {"attention merge { dtype = f32 head_dim_v = 64 }", AJ_TARGET_SM_80, "merge"},
+        {"attention forward efficient { dtype = f16 head_dim = 64 dropout = 0.1 }",
+         AJ_TARGET_SM_80, "dropout"},
+        {"attention forward efficient { dtype = f16 head_dim = 64 bias = add }",
+         AJ_TARGET_SM_80, "bias = add"},
+        {"attention forward efficient { dtype = f16 head_dim = 64 layout = varlen }",
+         AJ_TARGET_SM_80, "layout = varlen"},
+        {"attention forward efficient { dtype = f16 head_dim = 64 accumulate = true }",
+         AJ_TARGET_SM_80, "accumulate"},
+        {"attention forward efficient { dtype = f16 head_dim = 100 }", AJ_TARGET_SM_80,
+         "head_dim = 100"},
+        {"attention forward efficient { dtype = f16 head_dim = 512 }", AJ_TARGET_SM_90,
+         "head_dim = 512"},
+        {"attention forward efficient { dtype = f16 head_dim = 64 head_dim_v = 12 }",
+         AJ_TARGET_SM_80, "head_dim_v = 12"},
+        {"attention forward efficient { dtype = f16 head_dim = 64 schedule = (stages = 2) }",
+         AJ_TARGET_SM_80, "stages = 2"},
+        {"attention forward efficient { dtype = f16 head_dim = 64 schedule = (block_m = 256) }",
+         AJ_TARGET_SM_80, "block_m"},
+        {"attention forward efficient { dtype = f16 head_dim = 64 schedule = (warps = 16) }",
+         AJ_TARGET_SM_80, "warps"},
+        {"attention forward efficient { dtype = f16 head_dim = 8 "
+         "schedule = (block_m = 16, warps = 8) }", AJ_TARGET_SM_80, "row groups"},
+        {"attention forward efficient { dtype = f32 head_dim = 256 "
+         "schedule = (block_m = 128, block_n = 128) }", AJ_TARGET_SM_90, "registers"},
+        {"attention forward efficient { dtype = f16 head_dim = 64 }", AJ_TARGET_SIM,
+         "target 'sim'"},
+        {"attention forward efficient { dtype = f16 head_dim = 64 }", AJ_TARGET_CPU,
+         "target 'cpu'"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        aj_status st = compile_text(ctx, cases[i].text, cases[i].target);
+        CHECK_MSG(st == AJ_ERR_UNSUPPORTED, "case %zu: %s (%s)", i, aj_status_str(st),
+                  aj_last_error(ctx));
+        CHECK_ERROR(ctx, cases[i].needle);
+    }
+}
+
+static void test_bad_arguments(aj_ctx *ctx)
+{
+    aj_op *op = parse(ctx, "dtype = f16\nhead_dim = 64");
+    aj_kernel *k = NULL;
+    CHECK_STATUS(ctx, aj_compile(ctx, NULL, NULL, &k), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "op is NULL");
+    CHECK_STATUS(ctx, aj_compile(ctx, op, NULL, NULL), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "out is NULL");
+    CHECK(aj_compile(NULL, op, NULL, &k) == AJ_ERR_INVALID_ARG);
+
+    aj_compile_options opt = AJ_COMPILE_OPTIONS_INIT;
+    opt.struct_size = 3;
+    CHECK_STATUS(ctx, aj_compile(ctx, op, &opt, &k), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "struct_size");
+    opt = (aj_compile_options)AJ_COMPILE_OPTIONS_INIT;
+    opt.target = AJ_TARGET_ANY;
+    CHECK_STATUS(ctx, aj_compile(ctx, op, &opt, &k), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "options->target");
+    opt.target = (aj_target)77;
+    CHECK_STATUS(ctx, aj_compile(ctx, op, &opt, &k), AJ_ERR_INVALID_ARG);
+    opt = (aj_compile_options)AJ_COMPILE_OPTIONS_INIT;
+    opt.emit = (aj_emit)9;
+    CHECK_STATUS(ctx, aj_compile(ctx, op, &opt, &k), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "options->emit");
+    opt = (aj_compile_options)AJ_COMPILE_OPTIONS_INIT;
+    opt.opt_level = 4;
+    CHECK_STATUS(ctx, aj_compile(ctx, op, &opt, &k), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "opt_level");
+    CHECK(k == NULL);
+
+    /* an op pinned to one target cannot be compiled for another */
+    CHECK_STATUS(ctx, aj_op_set_target(op, AJ_TARGET_SM_90), AJ_OK);
+    opt = (aj_compile_options)AJ_COMPILE_OPTIONS_INIT;
+    CHECK_STATUS(ctx, aj_compile(ctx, op, &opt, &k), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "pinned to target sm_90");
+
+    /* a sticky builder error comes back from aj_compile */
+    aj_op_set_target(op, AJ_TARGET_ANY);
+    CHECK(aj_op_set_dropout(op, 2.0) != AJ_OK);
+    CHECK(aj_compile(ctx, op, NULL, &k) != AJ_OK);
+    CHECK_ERROR(ctx, "dropout");
+    CHECK(k == NULL);
+    aj_op_destroy(op);
+}
+
+static void test_emission(aj_ctx *ctx)
+{
+    aj_op *op = parse(ctx, "dtype = bf16\nhead_dim = 128\nmask = causal(bottom_right)");
+    aj_compile_options opt = AJ_COMPILE_OPTIONS_INIT;
+    aj_kernel *ptx = NULL, *ptx2 = NULL, *ir = NULL, *bc = NULL;
+    opt.target = AJ_TARGET_SM_90;
+    CHECK_STATUS(ctx, aj_compile(ctx, op, &opt, &ptx), AJ_OK);
+    CHECK_STATUS(ctx, aj_compile(ctx, op, &opt, &ptx2), AJ_OK);
+    opt.emit = AJ_EMIT_LLVM_IR;
+    CHECK_STATUS(ctx, aj_compile(ctx, op, &opt, &ir), AJ_OK);
+    opt.emit = AJ_EMIT_BITCODE;
+    CHECK_STATUS(ctx, aj_compile(ctx, op, &opt, &bc), AJ_OK);
+    if (!ptx || !ptx2 || !ir || !bc)
+        goto done;
+
+    size_t n1, n2, nir, nbc;
+    const char *p1 = aj_kernel_code(ptx, &n1);
+    const char *p2 = aj_kernel_code(ptx2, &n2);
+    CHECK_MSG(n1 == n2 && memcmp(p1, p2, n1) == 0, "PTX differs between two compiles");
+    CHECK(strncmp(aj_kernel_entry(ptx), "aj_efficient_fwd_", 17) == 0);
+    char entry_line[128];
+    snprintf(entry_line, sizeof entry_line, ".entry %s", aj_kernel_entry(ptx));
+    CHECK(strstr(p1, entry_line) != NULL);
+    CHECK(strstr(p1, ".target sm_90") != NULL);
+    CHECK(strstr(p1, ".maxntid 128, 1, 1") != NULL);
+    CHECK(strstr(p1, "ex2.approx") != NULL);
+    CHECK(strstr(p1, "shfl.sync.bfly") != NULL);
+    CHECK(strstr(p1, "cvt.rn.bf16.f32") != NULL);
+    CHECK(aj_kernel_emit(ptx) == AJ_EMIT_PTX && aj_kernel_target(ptx) == AJ_TARGET_SM_90);
+
+    const char *text = aj_kernel_code(ir, &nir);
+    CHECK(strstr(text, "define ptx_kernel void @aj_efficient_fwd_") != NULL);
+    CHECK(strstr(text, "nvvm.annotations") != NULL);
+    CHECK(strstr(text, "nvptx64-nvidia-cuda") != NULL);
+    const unsigned char *bits = aj_kernel_code(bc, &nbc);
+    CHECK(nbc > 4 && bits[0] == 'B' && bits[1] == 'C' && bits[2] == 0xC0 && bits[3] == 0xDE);
+
+    aj_launch_info li;
+    CHECK_STATUS(ctx, aj_kernel_launch_info(ptx, &li), AJ_OK);
+    CHECK(li.block[0] == 128 && li.block[1] == 1 && li.block[2] == 1);
+    CHECK(li.grid[0].extent == AJ_EXTENT_SEQ_Q && li.grid[0].per_block == 32);
+    CHECK(li.grid[1].extent == AJ_EXTENT_HEADS_Q && li.grid[1].per_block == 1);
+    CHECK(li.grid[2].extent == AJ_EXTENT_BATCH);
+    CHECK(li.schedule.block_m == 32 && li.schedule.block_n == 32 && li.schedule.warps == 4 &&
+          li.schedule.stages == 1);
+    /* Q tile 32x132, K/V tile 32x132, P 32x36, all f32 */
+    CHECK(li.dynamic_smem == 4 * (32 * 132 + 32 * 132 + 32 * 36));
+    CHECK(li.num_params == 26);
+    CHECK(strcmp(li.params[0].name, "q") == 0 && li.params[0].type == AJ_PARAM_PTR);
+    CHECK(strcmp(li.params[4].name, "lse") == 0);
+    CHECK(strcmp(li.params[5].name, "stride_q_b") == 0 && li.params[5].type == AJ_PARAM_I64);
+    CHECK(strcmp(li.params[25].name, "mask_shift") == 0);
+    CHECK(aj_kernel_launch_info(NULL, &li) == AJ_ERR_INVALID_ARG);
+done:
+    aj_kernel_destroy(ptx);
+    aj_kernel_destroy(ptx2);
+    aj_kernel_destroy(ir);
+    aj_kernel_destroy(bc);
+    aj_op_destroy(op);
+}
+
+static int dumped;
+
+static void capture_log(void *user, aj_log_level level, const char *message)
+{
+    if (level == AJ_LOG_DEBUG && strstr(message, "module after optimize") &&
+        strstr(message, "define ptx_kernel"))
+        dumped++;
+}
+
+static void test_dump_after(void)
+{
+    aj_ctx_config cfg = AJ_CTX_CONFIG_INIT;
+    cfg.log_fn = capture_log;
+    cfg.log_level = AJ_LOG_DEBUG;
+    aj_ctx *ctx = NULL;
+    CHECK(aj_ctx_create(&cfg, &ctx) == AJ_OK);
+    aj_op *op = parse(ctx, "dtype = f16\nhead_dim = 64");
+    aj_compile_options opt = AJ_COMPILE_OPTIONS_INIT;
+    opt.dump_after = "optimize";
+    aj_kernel *k = NULL;
+    CHECK_STATUS(ctx, aj_compile(ctx, op, &opt, &k), AJ_OK);
+    CHECK(dumped == 1);
+    aj_kernel_destroy(k);
+    aj_op_destroy(op);
+    aj_ctx_destroy(ctx);
+}
+
+static void test_intrinsic_table(aj_ctx *ctx)
+{
+    CHECK_STATUS(ctx, aj_intrinsics_check(ctx), AJ_OK);
+    CHECK(strcmp(aj_intrinsic_name(AJ_INTR_EX2_APPROX), "EX2_APPROX") == 0);
+    CHECK(strcmp(aj_llvm_version(), "19") > 0 && strncmp(aj_llvm_version(), "19.", 3) == 0);
+    CHECK(aj_ptx_version(AJ_TARGET_SIM) == NULL);
+}
+
+int main(void)
+{
+    aj_ctx *ctx = NULL;
+    CHECK(aj_ctx_create(NULL, &ctx) == AJ_OK);
+    test_intrinsic_table(ctx);
+    test_bad_arguments(ctx);
+    test_unsupported(ctx);
+    test_emission(ctx);
+    test_dump_after();
+    aj_ctx_destroy(ctx);
+    return check_report();
+}
