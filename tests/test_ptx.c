@@ -9,7 +9,9 @@
  * checked for its entry and .version, and the assembly is skipped with a
  * printed reason.
  */
+#include <dirent.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "check.h"
@@ -63,7 +65,35 @@ static void check_spec(aj_ctx *ctx, const char *label, const char *spec, aj_targ
     aj_kernel_destroy(k);
 }
 
-int main(void)
+/* Every example spec a user copies from compiles and assembles too. */
+static void check_examples(aj_ctx *ctx, const char *dir)
+{
+    DIR *d = opendir(dir);
+    CHECK_MSG(d != NULL, "cannot open %s", dir);
+    if (!d)
+        return;
+    int seen = 0;
+    for (struct dirent *ent; (ent = readdir(d));) {
+        size_t n = strlen(ent->d_name);
+        if (n < 4 || strcmp(ent->d_name + n - 3, ".aj") != 0)
+            continue;
+        char path[1024], text[4096];
+        snprintf(path, sizeof path, "%s/%s", dir, ent->d_name);
+        FILE *f = fopen(path, "rb");
+        size_t len = f ? fread(text, 1, sizeof text - 1, f) : 0;
+        if (f)
+            fclose(f);
+        text[len] = '\0';
+        for (size_t a = 0; a < 2; a++)
+            check_spec(ctx, ent->d_name, text, a == 0 ? AJ_TARGET_SM_80 : AJ_TARGET_SM_90,
+                       archs[a]);
+        seen++;
+    }
+    closedir(d);
+    CHECK_MSG(seen >= 8, "only %d example specs in %s", seen, dir);
+}
+
+int main(int argc, char **argv)
 {
     aj_ctx *ctx = NULL;
     aj_ctx_create(NULL, &ctx);
@@ -102,6 +132,8 @@ int main(void)
             check_spec(ctx, extra[i][0], spec, target, archs[a]);
         }
     }
+    if (argc > 1)
+        check_examples(ctx, argv[1]);
     printf("%d kernels generated, %d assembled by ptxas\n", kernels, assembled);
     aj_ctx_destroy(ctx);
     return check_report();
