@@ -64,9 +64,10 @@ static LLVMValueRef quarter(aj_kb *kb, LLVMValueRef v, unsigned lo)
  *
  *     chunk = row * (width / vec) + col / vec
  *
- * The steps are unrolled here, not left to LLVM.  A row past the sequence
- * end reads the last valid row (always in bounds: a tile exists only when
- * its sequence is non-empty) and stores zeros, so the loads need no branch.
+ * The steps run as a loop (one body to compile, whatever the tile size).  A
+ * row past the sequence end reads the last valid row (always in bounds: a
+ * tile exists only when its sequence is non-empty) and stores zeros, so the
+ * loads need no branch.
  */
 void aj_tile_load_f32(aj_kb *kb, const aj_tile_src *src, int rows, int width,
                       int32_t smem_off, int ld, LLVMValueRef tid, int threads)
@@ -79,34 +80,29 @@ void aj_tile_load_f32(aj_kb *kb, const aj_tile_src *src, int rows, int width,
     LLVMValueRef zero = LLVMConstNull(vec_type(kb->t_f32, (unsigned)vec));
     LLVMValueRef last_row = LLVMBuildSub(b, src->rows_limit, aj_kb_i32(kb, 1), "");
 
-    for (int step = 0; step * threads < total; step++) {
-        LLVMValueRef chunk = LLVMBuildAdd(b, tid, aj_kb_i32(kb, step * threads), "");
-        int partial = (step + 1) * threads > total;
-        if (partial)
-            aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntSLT, chunk, aj_kb_i32(kb, total), ""));
-        LLVMValueRef row = LLVMBuildUDiv(b, chunk, aj_kb_i32(kb, chunks_per_row), "");
-        LLVMValueRef col = LLVMBuildMul(b, LLVMBuildURem(b, chunk, aj_kb_i32(kb, chunks_per_row), ""),
-                                        aj_kb_i32(kb, vec), "");
-        LLVMValueRef grow = LLVMBuildAdd(b, src->row0, row, "");
-        LLVMValueRef inside = LLVMBuildICmp(b, LLVMIntSLT, grow, src->rows_limit, "");
-        LLVMValueRef rrow = LLVMBuildSelect(b, inside, grow, last_row, "");
-        LLVMValueRef elem = LLVMBuildMul(b, LLVMBuildSExt(b, rrow, kb->t_i64, ""), src->row_stride, "");
-        elem = LLVMBuildAdd(b, elem, src->elem_base, "");
-        elem = LLVMBuildAdd(b, elem, LLVMBuildZExt(b, col, kb->t_i64, ""), "");
-        LLVMValueRef byte = LLVMBuildMul(b, elem, aj_kb_i64(kb, aj_dtype_size(src->dtype)), "");
-        LLVMValueRef raw = aj_kb_load(kb, vec_type(elem_t, (unsigned)vec),
-                                      aj_kb_gptr_offset(kb, src->ptr, byte), 16);
-        LLVMValueRef vals = LLVMBuildSelect(b, inside, widen(kb, raw, (unsigned)vec, src->dtype),
-                                            zero, "");
-        LLVMValueRef sidx = LLVMBuildAdd(b, LLVMBuildMul(b, row, aj_kb_i32(kb, ld), ""), col, "");
-        for (int q = 0; q < vec / 4; q++) {
-            LLVMValueRef at = LLVMBuildAdd(b, sidx, aj_kb_i32(kb, q * 4), "");
-            aj_kb_store(kb, vec == 4 ? vals : quarter(kb, vals, (unsigned)q * 4),
-                        smem_float_ptr(kb, smem_off, at), 16);
-        }
-        if (partial)
-            aj_kb_if_end(kb);
+    LLVMValueRef chunk = aj_kb_for_begin(kb, tid, aj_kb_i32(kb, total), aj_kb_i32(kb, threads),
+                                         "chunk");
+    LLVMValueRef row = LLVMBuildUDiv(b, chunk, aj_kb_i32(kb, chunks_per_row), "");
+    LLVMValueRef col = LLVMBuildMul(b, LLVMBuildURem(b, chunk, aj_kb_i32(kb, chunks_per_row), ""),
+                                    aj_kb_i32(kb, vec), "");
+    LLVMValueRef grow = LLVMBuildAdd(b, src->row0, row, "");
+    LLVMValueRef inside = LLVMBuildICmp(b, LLVMIntSLT, grow, src->rows_limit, "");
+    LLVMValueRef rrow = LLVMBuildSelect(b, inside, grow, last_row, "");
+    LLVMValueRef elem = LLVMBuildMul(b, LLVMBuildSExt(b, rrow, kb->t_i64, ""), src->row_stride, "");
+    elem = LLVMBuildAdd(b, elem, src->elem_base, "");
+    elem = LLVMBuildAdd(b, elem, LLVMBuildZExt(b, col, kb->t_i64, ""), "");
+    LLVMValueRef byte = LLVMBuildMul(b, elem, aj_kb_i64(kb, aj_dtype_size(src->dtype)), "");
+    LLVMValueRef raw = aj_kb_load(kb, vec_type(elem_t, (unsigned)vec),
+                                  aj_kb_gptr_offset(kb, src->ptr, byte), 16);
+    LLVMValueRef vals = LLVMBuildSelect(b, inside, widen(kb, raw, (unsigned)vec, src->dtype),
+                                        zero, "");
+    LLVMValueRef sidx = LLVMBuildAdd(b, LLVMBuildMul(b, row, aj_kb_i32(kb, ld), ""), col, "");
+    for (int q = 0; q < vec / 4; q++) {
+        LLVMValueRef at = LLVMBuildAdd(b, sidx, aj_kb_i32(kb, q * 4), "");
+        aj_kb_store(kb, vec == 4 ? vals : quarter(kb, vals, (unsigned)q * 4),
+                    smem_float_ptr(kb, smem_off, at), 16);
     }
+    aj_kb_for_end(kb);
 }
 
 void aj_global_store4(aj_kb *kb, LLVMValueRef ptr, LLVMValueRef elem,

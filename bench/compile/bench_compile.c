@@ -2,7 +2,7 @@
  * bench_compile.c -- how long attnjit takes from IR text to PTX, beside
  * the time NVIDIA's ptxas then takes to assemble that PTX.
  *
- *   bench_compile [--repeat N] [--target sm_80|sm_90|sm_90a] [--csv FILE] SPEC...
+ *   bench_compile [--repeat N] [--target sm_80|sm_90|sm_90a] [-O 0..3] [--csv FILE] SPEC...
  *
  * Per spec: the first in-process compile (it includes LLVM's one-time
  * target initialisation when it is the first of the process), then the
@@ -51,6 +51,7 @@ static char *read_all(const char *path, size_t *len)
 
 /* Stage times of the compiles measured, summed over repeats. */
 static aj_compile_stats stage_sum;
+static int opt_level = 2;
 
 /* One full IR-text-to-PTX compile; returns ms, or -1 with a message. */
 static double compile_once(aj_ctx *ctx, const char *name, const char *text, size_t len,
@@ -61,6 +62,7 @@ static double compile_once(aj_ctx *ctx, const char *name, const char *text, size
     aj_kernel *k = NULL;
     aj_compile_options opt = AJ_COMPILE_OPTIONS_INIT;
     opt.target = target;
+    opt.opt_level = opt_level;
     aj_status st = aj_op_parse(ctx, text, len, name, &op);
     if (st == AJ_OK)
         st = aj_compile(ctx, op, &opt, &k);
@@ -95,6 +97,8 @@ int main(int argc, char **argv)
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--repeat") == 0 && i + 1 < argc) {
             repeat = atoi(argv[++i]);
+        } else if (strcmp(argv[i], "-O") == 0 && i + 1 < argc) {
+            opt_level = atoi(argv[++i]);
         } else if (strcmp(argv[i], "--csv") == 0 && i + 1 < argc) {
             csv_path = argv[++i];
         } else if (strcmp(argv[i], "--target") == 0 && i + 1 < argc) {
@@ -108,7 +112,8 @@ int main(int argc, char **argv)
         }
     }
     if (first_spec == argc || repeat < 1) {
-        fprintf(stderr, "usage: bench_compile [--repeat N] [--target T] [--csv FILE] SPEC...\n");
+        fprintf(stderr, "usage: bench_compile [--repeat N] [--target T] [-O N] [--csv FILE] "
+                        "SPEC...\n");
         return 1;
     }
     char ptxas[1024];
@@ -118,8 +123,8 @@ int main(int argc, char **argv)
     if (csv)
         fprintf(csv, "spec,target,first_ms,median_ms,min_ms,ptxas_median_ms,ptx_bytes\n");
 
-    printf("attnjit %s, LLVM %s, target %s, %d repeats\n\n", aj_version_string(),
-           aj_llvm_version(), arch, repeat);
+    printf("attnjit %s, LLVM %s, target %s, -O%d, %d repeats\n\n", aj_version_string(),
+           aj_llvm_version(), arch, opt_level, repeat);
     printf("| spec | first (ms) | IR->PTX median (ms) | min (ms) | build / opt / emit mean (ms) "
            "| IR insts | ptxas median (ms) | ptxas / attnjit |\n"
            "|---|---:|---:|---:|---|---:|---:|---:|\n");

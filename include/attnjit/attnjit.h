@@ -276,7 +276,7 @@ typedef struct aj_compile_options {
     aj_target target;      /* must agree with the op's target if it has one */
     aj_emit emit;
     /* 0..3.  2 (the default): attnjit's pass list for generated kernels
-     * (SROA, early CSE, instcombine, LICM, GVN) with the NVPTX backend at
+     * (SROA, early CSE, instcombine, loop rotation, LICM) with the NVPTX backend at
      * its default level; 3: LLVM's default<O3> and the aggressive backend;
      * 1: SROA, CSE and instcombine only; 0: SROA only. */
     int opt_level;
