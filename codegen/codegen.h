@@ -13,6 +13,7 @@
 #ifndef AJ_CODEGEN_CODEGEN_H
 #define AJ_CODEGEN_CODEGEN_H
 
+#include <llvm-c/Orc.h>
 #include <llvm-c/TargetMachine.h>
 
 #include "codegen/kbuilder.h"
@@ -28,10 +29,22 @@ typedef struct aj_kernel_layout {
 typedef aj_status (*aj_build_fn)(aj_kb *kb, const aj_op *op, void *user,
                                  aj_kernel_layout *layout);
 
+/* A host function the sim target's JIT binds a symbol to. */
+typedef struct aj_host_symbol {
+    const char *name;
+    void *address;
+} aj_host_symbol;
+
+/* The sim entry point: thread state, then kernelParams-style arguments. */
+typedef void (*aj_host_entry_fn)(void *thread, void **args);
+
+/* Runs the pipeline.  host_symbols (sim only) are the emulator's functions
+ * the kernel may call. */
 aj_status aj_codegen_run(aj_ctx *ctx, const aj_op *op,
                          const aj_compile_options *options,
                          const char *entry_name, aj_build_fn build,
-                         void *user, aj_kernel **out);
+                         void *user, const aj_host_symbol *host_symbols,
+                         size_t num_host_symbols, aj_kernel **out);
 
 /* AJ_OK if codegen can lower for the target, else AJ_ERR_UNSUPPORTED. */
 aj_status aj_codegen_target_supported(aj_ctx *ctx, aj_target target);
@@ -47,6 +60,15 @@ aj_status aj_nvptx_target_machine(aj_ctx *ctx, aj_target target,
 void aj_nvptx_annotate_kernel(LLVMModuleRef mod, LLVMValueRef fn,
                               int32_t threads, int32_t min_ctas_per_sm);
 
+/* sim target (sim.c) */
+aj_status aj_sim_target_machine(aj_ctx *ctx, int opt_level, LLVMTargetMachineRef *out);
+void aj_sim_add_entry(aj_kb *kb, const char *entry_name);
+void aj_sim_count_instructions(LLVMModuleRef mod);
+aj_status aj_sim_jit(aj_ctx *ctx, LLVMOrcThreadSafeContextRef tsctx, LLVMModuleRef mod,
+                     const char *entry_name, const aj_host_symbol *symbols,
+                     size_t nsymbols, aj_kernel *kernel);
+void aj_sim_jit_dispose(void *jit);
+
 /* the kernel object (kernel.c) */
 struct aj_kernel {
     aj_target target;
@@ -58,6 +80,9 @@ struct aj_kernel {
     aj_compile_stats stats;
     aj_param_info *params;
     char (*param_names)[32];
+    aj_op_info op;               /* what the kernel computes, for launches */
+    void *jit;                   /* sim: the LLJIT that owns the code */
+    aj_host_entry_fn host_entry; /* sim: <entry>.entry */
 };
 
 /* Makes a kernel that owns a copy of code and of kb's parameter list. */

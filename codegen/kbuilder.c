@@ -3,6 +3,8 @@
  */
 #include "codegen/kbuilder.h"
 
+#include <llvm-c/Target.h>
+
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -25,6 +27,7 @@ aj_status aj_kb_init(aj_kb *kb, aj_ctx *ctx, LLVMContextRef llctx,
     kb->t_f32 = LLVMFloatTypeInContext(llctx);
     kb->t_gptr = LLVMPointerTypeInContext(llctx, AJ_AS_GLOBAL);
     kb->t_sptr = LLVMPointerTypeInContext(llctx, AJ_AS_SHARED);
+    kb->t_ptr = LLVMPointerTypeInContext(llctx, AJ_AS_GENERIC);
     return AJ_OK;
 }
 
@@ -87,27 +90,37 @@ static LLVMTypeRef param_llvm_type(aj_kb *kb, aj_param_type type)
 
 void aj_kb_begin(aj_kb *kb, int32_t threads)
 {
-    LLVMTypeRef types[AJ_KB_MAX_PARAMS];
+    LLVMTypeRef types[AJ_KB_MAX_PARAMS + 1];
+    int hidden = kb->target == AJ_TARGET_SIM;   /* the sim thread state */
+    if (hidden)
+        types[0] = kb->t_ptr;
     for (int i = 0; i < kb->num_params; i++)
-        types[i] = param_llvm_type(kb, kb->params[i].type);
-    LLVMTypeRef fty = LLVMFunctionType(kb->t_void, types, (unsigned)kb->num_params, 0);
+        types[hidden + i] = param_llvm_type(kb, kb->params[i].type);
+    LLVMTypeRef fty = LLVMFunctionType(kb->t_void, types,
+                                       (unsigned)(kb->num_params + hidden), 0);
     kb->fn = LLVMAddFunction(kb->mod, kb->entry_name, fty);
     kb->block_threads = threads;
     if (kb->min_ctas_per_sm < 1)
         kb->min_ctas_per_sm = 1;
+    if (hidden) {
+        kb->sim_thread = LLVMGetParam(kb->fn, 0);
+        LLVMSetValueName2(kb->sim_thread, "thread", 6);
+    }
     for (int i = 0; i < kb->num_params; i++) {
-        LLVMValueRef p = LLVMGetParam(kb->fn, (unsigned)i);
+        LLVMValueRef p = LLVMGetParam(kb->fn, (unsigned)(hidden + i));
         LLVMSetValueName2(p, kb->params[i].name, strlen(kb->params[i].name));
         if (kb->params[i].type == AJ_PARAM_PTR) {
             /* Kernel pointers never alias each other's outputs in attnjit's
              * contract (q, k, v are read-only; o, lse write-only). */
             unsigned kind = LLVMGetEnumAttributeKindForName("noalias", 7);
-            LLVMAddAttributeAtIndex(kb->fn, (unsigned)i + 1,
+            LLVMAddAttributeAtIndex(kb->fn, (unsigned)(hidden + i) + 1,
                                     LLVMCreateEnumAttribute(kb->llctx, kind, 0));
         }
     }
     kb->entry = LLVMAppendBasicBlockInContext(kb->llctx, kb->fn, "entry");
     LLVMPositionBuilderAtEnd(kb->b, kb->entry);
+    if (hidden)
+        kb->smem_base = aj_kb_intrinsic(kb, AJ_INTR_SIM_SMEM, NULL);
 }
 
 void aj_kb_finish(aj_kb *kb)
@@ -119,9 +132,10 @@ void aj_kb_finish(aj_kb *kb)
 
 LLVMValueRef aj_kb_param(aj_kb *kb, const char *name)
 {
+    int hidden = kb->sim_thread != NULL;
     for (int i = 0; i < kb->num_params; i++)
         if (strcmp(kb->params[i].name, name) == 0)
-            return LLVMGetParam(kb->fn, (unsigned)i);
+            return LLVMGetParam(kb->fn, (unsigned)(hidden + i));
     aj_kb_fail(kb, AJ_ERR_INTERNAL, "no kernel parameter named '%s'", name);
     return LLVMGetUndef(kb->t_i32);
 }
@@ -283,6 +297,7 @@ int32_t aj_kb_smem_reserve(aj_kb *kb, int32_t bytes)
 
 LLVMValueRef aj_kb_smem_ptr(aj_kb *kb, LLVMValueRef byte_offset)
 {
+    /* sim: the base is the CTA's arena, fetched once in aj_kb_begin */
     if (!kb->smem_base) {
         /* extern __shared__ char smem[] -- sized at launch */
         LLVMTypeRef arr = LLVMArrayType2(kb->t_i8, 0);
@@ -299,9 +314,24 @@ LLVMValueRef aj_kb_gptr_offset(aj_kb *kb, LLVMValueRef base,
     return LLVMBuildInBoundsGEP2(kb->b, kb->t_i8, base, &byte_offset, 1, "");
 }
 
+/* sim: the emulator checks [ptr, ptr + size) before the access happens */
+static void sim_check_access(aj_kb *kb, LLVMTypeRef type, LLVMValueRef ptr, int is_store)
+{
+    if (kb->target != AJ_TARGET_SIM)
+        return;
+    LLVMTargetDataRef dl = LLVMGetModuleDataLayout(kb->mod);
+    unsigned long long size = LLVMStoreSizeOfType(dl, type);
+    int shared = LLVMGetPointerAddressSpace(LLVMTypeOf(ptr)) == AJ_AS_SHARED;
+    LLVMValueRef args[3] = {LLVMBuildPtrToInt(kb->b, ptr, kb->t_i64, ""),
+                            aj_kb_i32(kb, (int64_t)size),
+                            aj_kb_i32(kb, is_store | shared << 1)};
+    aj_kb_intrinsic(kb, AJ_INTR_SIM_CHECK, args);
+}
+
 LLVMValueRef aj_kb_load(aj_kb *kb, LLVMTypeRef type, LLVMValueRef ptr,
                         unsigned align)
 {
+    sim_check_access(kb, type, ptr, 0);
     LLVMValueRef v = LLVMBuildLoad2(kb->b, type, ptr, "");
     LLVMSetAlignment(v, align);
     return v;
@@ -310,6 +340,7 @@ LLVMValueRef aj_kb_load(aj_kb *kb, LLVMTypeRef type, LLVMValueRef ptr,
 void aj_kb_store(aj_kb *kb, LLVMValueRef value, LLVMValueRef ptr,
                  unsigned align)
 {
+    sim_check_access(kb, LLVMTypeOf(value), ptr, 1);
     LLVMValueRef st = LLVMBuildStore(kb->b, value, ptr);
     LLVMSetAlignment(st, align);
 }

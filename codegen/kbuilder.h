@@ -57,6 +57,8 @@ typedef struct aj_kb {
     /* commonly used types */
     LLVMTypeRef t_void, t_i1, t_i16, t_i32, t_i64, t_f32, t_i8;
     LLVMTypeRef t_gptr, t_sptr;  /* ptr addrspace(1), ptr addrspace(3) */
+    LLVMTypeRef t_ptr;           /* ptr (generic) */
+    LLVMValueRef sim_thread;     /* sim: the hidden thread-state argument */
 
     /* the launch ABI, in declaration order */
     aj_kb_param_decl params[AJ_KB_MAX_PARAMS];
@@ -94,7 +96,9 @@ aj_status aj_kb_fail(aj_kb *kb, aj_status st, const char *fmt, ...)
 /* Declares a kernel parameter; all parameters come before aj_kb_begin. */
 void aj_kb_add_param(aj_kb *kb, const char *name, aj_param_type type);
 /* Creates the kernel function kb->entry_name with the declared parameters
- * and `threads` threads per CTA (the launch bound); positions at entry. */
+ * and `threads` threads per CTA (the launch bound); positions at entry.
+ * On the sim target the function takes the emulator's thread state as a
+ * hidden first argument, before the declared parameters. */
 void aj_kb_begin(aj_kb *kb, int32_t threads);
 /* Terminates the kernel (ret void).  All scopes must be closed. */
 void aj_kb_finish(aj_kb *kb);
@@ -108,6 +112,8 @@ LLVMValueRef aj_kb_intrinsic(aj_kb *kb, enum aj_intrinsic_id id,
  * failure the message names the first that does not. */
 aj_status aj_intrinsics_check(aj_ctx *ctx);
 const char *aj_intrinsic_name(enum aj_intrinsic_id id);
+/* The emulator symbols the sim lowering may call (one per table row). */
+size_t aj_intrinsic_sim_symbols(const char **names, size_t cap);
 
 /* constants */
 LLVMValueRef aj_kb_i32(aj_kb *kb, int64_t v);
@@ -140,6 +146,9 @@ LLVMValueRef aj_kb_smem_ptr(aj_kb *kb, LLVMValueRef byte_offset);
 LLVMValueRef aj_kb_gptr_offset(aj_kb *kb, LLVMValueRef base,
                                LLVMValueRef byte_offset);
 
+/* Loads and stores through global (addrspace 1) or shared (addrspace 3)
+ * pointers.  On sim each access is first checked by the emulator against
+ * the buffers of the launch and the CTA's shared memory. */
 LLVMValueRef aj_kb_load(aj_kb *kb, LLVMTypeRef type, LLVMValueRef ptr,
                         unsigned align);
 void aj_kb_store(aj_kb *kb, LLVMValueRef value, LLVMValueRef ptr,

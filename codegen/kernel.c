@@ -49,6 +49,7 @@ void aj_kernel_destroy(aj_kernel *kernel)
 {
     if (!kernel)
         return;
+    aj_sim_jit_dispose(kernel->jit);
     free(kernel->entry);
     free(kernel->code);
     free(kernel->params);

@@ -31,7 +31,8 @@ int32_t aj_target_smem_limit(aj_target target)
     switch (target) {
     case AJ_TARGET_SM_80: return 163 * 1024;   /* A100: 164 KiB less 1 KiB reserved */
     case AJ_TARGET_SM_90:
-    case AJ_TARGET_SM_90A: return 227 * 1024;  /* H100/H200 */
+    case AJ_TARGET_SM_90A:
+    case AJ_TARGET_SIM: return 227 * 1024;     /* H100/H200; sim emulates the largest */
     default: return 48 * 1024;
     }
 }

@@ -19,7 +19,7 @@ const char *aj_llvm_version(void)
 
 aj_status aj_codegen_target_supported(aj_ctx *ctx, aj_target target)
 {
-    if (aj_target_is_nvptx(target))
+    if (aj_target_is_nvptx(target) || target == AJ_TARGET_SIM)
         return AJ_OK;
     return aj_fail(ctx, AJ_ERR_UNSUPPORTED, "target '%s' is not implemented yet",
                    aj_target_name(target));
@@ -75,8 +75,8 @@ static aj_status verify_module(aj_ctx *ctx, LLVMModuleRef mod, const char *stage
  */
 static const char *const pipelines[4] = {
     "function(sroa)",
-    "function(sroa,early-cse<memssa>,instcombine,simplifycfg)",
-    "function(sroa,early-cse<memssa>,instcombine,simplifycfg,"
+    "function(sroa,early-cse<memssa>,instcombine<no-verify-fixpoint>,simplifycfg)",
+    "function(sroa,early-cse<memssa>,instcombine<no-verify-fixpoint>,simplifycfg,"
     "loop-mssa(loop-rotate,licm),early-cse<memssa>,simplifycfg)",
     "default<O3>",
 };
@@ -134,14 +134,19 @@ static aj_status emit(aj_ctx *ctx, LLVMModuleRef mod, LLVMTargetMachineRef tm,
 aj_status aj_codegen_run(aj_ctx *ctx, const aj_op *op,
                          const aj_compile_options *options,
                          const char *entry_name, aj_build_fn build,
-                         void *user, aj_kernel **out)
+                         void *user, const aj_host_symbol *host_symbols,
+                         size_t num_host_symbols, aj_kernel **out)
 {
     aj_status st = AJ_OK;
-    LLVMContextRef llctx = LLVMContextCreate();
+    int sim = options->target == AJ_TARGET_SIM;
+    /* sim modules go to the JIT, which wants them in a thread-safe context */
+    LLVMOrcThreadSafeContextRef tsctx = sim ? LLVMOrcCreateNewThreadSafeContext() : NULL;
+    LLVMContextRef llctx = sim ? LLVMOrcThreadSafeContextGetContext(tsctx) : LLVMContextCreate();
     LLVMTargetMachineRef tm = NULL;
     LLVMTargetDataRef layout_data = NULL;
     aj_kb kb;
     aj_kernel_layout layout;
+    aj_kernel *kernel = NULL;
     char *code = NULL;
     size_t code_size = 0;
     aj_compile_stats stats;
@@ -152,9 +157,19 @@ aj_status aj_codegen_run(aj_ctx *ctx, const aj_op *op,
     kb.entry_name = entry_name;
 
     AJ_TRY(aj_codegen_target_supported(ctx, options->target));
+    if (sim && options->emit == AJ_EMIT_PTX) {
+        st = aj_fail(ctx, AJ_ERR_UNSUPPORTED,
+                     "emit ptx needs a GPU target; sim kernels emit LLVM IR or bitcode");
+        goto done;
+    }
     AJ_TRY(aj_intrinsics_check(ctx));
-    AJ_TRY(aj_nvptx_target_machine(ctx, options->target, options->opt_level, &tm));
-    LLVMSetTarget(kb.mod, "nvptx64-nvidia-cuda");
+    if (sim)
+        AJ_TRY(aj_sim_target_machine(ctx, options->opt_level, &tm));
+    else
+        AJ_TRY(aj_nvptx_target_machine(ctx, options->target, options->opt_level, &tm));
+    char *triple = LLVMGetTargetMachineTriple(tm);
+    LLVMSetTarget(kb.mod, triple);
+    LLVMDisposeMessage(triple);
     layout_data = LLVMCreateTargetDataLayout(tm);
     LLVMSetModuleDataLayout(kb.mod, layout_data);
 
@@ -167,7 +182,10 @@ aj_status aj_codegen_run(aj_ctx *ctx, const aj_op *op,
             aj_fail(ctx, kb.st, "%s", kb.msg);
         goto done;
     }
-    aj_nvptx_annotate_kernel(kb.mod, kb.fn, kb.block_threads, kb.min_ctas_per_sm);
+    if (sim)
+        aj_sim_add_entry(&kb, entry_name);
+    else
+        aj_nvptx_annotate_kernel(kb.mod, kb.fn, kb.block_threads, kb.min_ctas_per_sm);
     t1 = now_ms();
     stats.build_ms = t1 - t0;
     dump_stage(ctx, options, "build", kb.mod);
@@ -182,25 +200,36 @@ aj_status aj_codegen_run(aj_ctx *ctx, const aj_op *op,
     /* stage: optimize */
     t0 = now_ms();
     AJ_TRY(optimize(ctx, kb.mod, tm, options->opt_level));
+    if (sim)
+        aj_sim_count_instructions(kb.mod);
     t1 = now_ms();
     stats.optimize_ms = t1 - t0;
     stats.ir_instructions = count_instructions(kb.mod);
     dump_stage(ctx, options, "optimize", kb.mod);
 
-    /* stage: emit */
+    /* stage: emit (sim: also JIT-compile for the host) */
     t0 = now_ms();
     AJ_TRY(emit(ctx, kb.mod, tm, options->emit, &code, &code_size));
-    stats.emit_ms = now_ms() - t0;
     AJ_TRY(aj_kernel_new(ctx, &kb, entry_name, options->target, options->emit,
-                         code, code_size, &layout, out));
-    (*out)->stats = stats;
+                         code, code_size, &layout, &kernel));
+    if (sim)
+        AJ_TRY(aj_sim_jit(ctx, tsctx, aj_kb_take_module(&kb), entry_name, host_symbols,
+                          num_host_symbols, kernel));
+    stats.emit_ms = now_ms() - t0;
+    kernel->stats = stats;
+    *out = kernel;
+    kernel = NULL;
 done:
+    aj_kernel_destroy(kernel);
     free(code);
     aj_kb_dispose(&kb);
     if (layout_data)
         LLVMDisposeTargetData(layout_data);
     if (tm)
         LLVMDisposeTargetMachine(tm);
-    LLVMContextDispose(llctx);
+    if (sim)
+        LLVMOrcDisposeThreadSafeContext(tsctx);
+    else
+        LLVMContextDispose(llctx);
     return st;
 }

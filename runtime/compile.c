@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "runtime/sim/emulator.h"
 #include "templates/template.h"
 
 /* Options from a caller built against an older, shorter struct get the
@@ -59,7 +60,10 @@ aj_status aj_compile(aj_ctx *ctx, const aj_op *op,
     AJ_TRY(tmpl->check(ctx, op, opt.target));
     AJ_TRY(aj_op_hash(op, hash));
     snprintf(entry, sizeof entry, "aj_%s_%s", tmpl->name, hash);
-    AJ_TRY(aj_codegen_run(ctx, op, &opt, entry, tmpl->build, NULL, out));
+    size_t nsyms = 0;
+    const aj_host_symbol *syms = aj_sim_symbols(&nsyms);
+    AJ_TRY(aj_codegen_run(ctx, op, &opt, entry, tmpl->build, NULL, syms, nsyms, out));
+    aj_op_get_info(op, &(*out)->op);
 done:
     return st;
 }

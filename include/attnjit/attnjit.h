@@ -45,6 +45,10 @@ typedef enum aj_status {
     AJ_ERR_IO = 7,           /* a file could not be read or written */
     AJ_ERR_OUT_OF_MEMORY = 8,
     AJ_ERR_INTERNAL = 9,     /* a bug in attnjit: please report it */
+    AJ_ERR_KERNEL_FAULT = 10, /* a kernel misbehaved on sim: out-of-bounds or
+                                misaligned access, barrier divergence,
+                                deadlock (the message names kernel, CTA,
+                                thread and address) */
     AJ_STATUS_COUNT
 } aj_status;
 
@@ -358,6 +362,73 @@ typedef struct aj_compile_stats {
 
 /* AJ_ERR_INVALID_ARG if kernel or out is NULL. */
 aj_status aj_kernel_compile_stats(const aj_kernel *kernel, aj_compile_stats *out);
+
+/* ---------------------------------------------------------------- devices */
+
+typedef enum aj_device_kind {
+    AJ_DEVICE_SIM = 0,     /* the SIMT emulator: runs `sim` kernels on the host */
+    AJ_DEVICE_CUDA = 1,    /* an NVIDIA GPU through the CUDA driver */
+    AJ_DEVICE_KIND_COUNT
+} aj_device_kind;
+
+/* Where kernels run.  A device keeps a pointer to ctx, which must outlive
+ * it. */
+typedef struct aj_device aj_device;
+
+/* Opens device `index` of a kind.  AJ_ERR_NO_DEVICE, with a message saying
+ * what is missing, where there is no such device (no CUDA driver, no GPU). */
+aj_status aj_device_open(aj_ctx *ctx, aj_device_kind kind, int index, aj_device **out);
+void aj_device_close(aj_device *dev);
+/* The compile target of the device's kernels (AJ_TARGET_SIM for sim). */
+aj_target aj_device_target(const aj_device *dev);
+/* sim: host threads that run CTAs (0: one per core); ignored elsewhere. */
+aj_status aj_device_set_workers(aj_device *dev, int workers);
+/* sim: emulated thread-instructions of the last launch (LLVM IR
+ * instructions executed, summed over GPU threads); 0 elsewhere. */
+uint64_t aj_device_last_instructions(const aj_device *dev);
+
+/* ---------------------------------------------------------------- launch */
+
+/* A strided view of memory the caller owns: device memory for cuda, host
+ * memory for sim.  Strides are in elements; the last dimension must have
+ * stride 1. */
+typedef struct aj_tensor {
+    void *data;
+    aj_dtype dtype;
+    int32_t rank;
+    int64_t shape[4];
+    int64_t strides[4];
+} aj_tensor;
+
+/* Arguments of a forward pass.  Shapes (BHSD, as PyTorch SDPA):
+ *   q [B, Hq, Sq, D]    k [B, Hkv, Sk, D]    v [B, Hkv, Sk, Dv]
+ *   o [B, Hq, Sq, Dv]   lse [B, Hq, Sq] (f32)
+ *   alibi_slopes [Hq] (f32), only for ops with score_mod = alibi.
+ * q, k, v and o have the op's dtype; their data and their batch, head and
+ * sequence strides must be 16-byte aligned; Hq % Hkv == 0; Sq, Sk < 2^30.
+ * Start from AJ_FWD_ARGS_INIT. */
+typedef struct aj_fwd_args {
+    size_t struct_size;
+    aj_tensor q, k, v, o, lse;
+    aj_tensor alibi_slopes;
+    int64_t q_offset, kv_offset;   /* global positions of row 0 and key 0 */
+    int64_t sq_total, sk_total;    /* bottom_right alignment; 0: Sq and Sk */
+    void *stream;                  /* cuda: a CUstream; NULL: the default */
+} aj_fwd_args;
+
+#define AJ_FWD_ARGS_INIT { .struct_size = sizeof(aj_fwd_args) }
+
+/* Runs a compiled forward kernel on the device.  Every argument is checked
+ * first; a wrong one gives AJ_ERR_INVALID_ARG naming it ("k.shape[1] = 3:
+ * ..."). */
+aj_status aj_forward(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
+                     const aj_fwd_args *args);
+
+/* Converts `count` elements between dtypes, rounding to nearest even (as
+ * the kernels do).  src and dst must not overlap unless they are equal and
+ * the element sizes match.  AJ_ERR_INVALID_ARG for a bad dtype or NULL. */
+aj_status aj_convert(const void *src, aj_dtype src_dtype, void *dst, aj_dtype dst_dtype,
+                     size_t count);
 
 /* ---------------------------------------------------------------- info */
 

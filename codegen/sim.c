@@ -1,0 +1,188 @@
+/*
+ * sim.c -- the `sim` target: the GPU kernel's IR, lowered for the host and
+ * JIT-compiled with LLVM ORC, run by the SIMT emulator (runtime/sim).
+ *
+ * What differs from nvptx is small and lives here and in the intrinsic
+ * table's sim column:
+ *
+ *   kernel  void K(ptr thread, params...)        (built by the template)
+ *   entry   void K.entry(ptr thread, ptr args)   (added here: args[i] points
+ *           to parameter i, as cuLaunchKernel's kernelParams do)
+ *   count   every basic block adds its instruction count to the thread's
+ *           first field (uint64_t), after optimisation, so the emulator can
+ *           report emulated thread-instructions
+ */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <llvm-c/LLJIT.h>
+#include <llvm-c/Orc.h>
+#include <llvm-c/Target.h>
+
+#include "codegen/codegen.h"
+
+static pthread_once_t host_once = PTHREAD_ONCE_INIT;
+static int host_ready;
+
+static void host_init(void)
+{
+    host_ready = !LLVMInitializeNativeTarget() && !LLVMInitializeNativeAsmPrinter();
+}
+
+aj_status aj_sim_target_machine(aj_ctx *ctx, int opt_level, LLVMTargetMachineRef *out)
+{
+    pthread_once(&host_once, host_init);
+    if (!host_ready)
+        return aj_fail(ctx, AJ_ERR_CODEGEN, "the host target is not available in this LLVM");
+    char *triple = LLVMGetDefaultTargetTriple();
+    char *cpu = LLVMGetHostCPUName();
+    char *features = LLVMGetHostCPUFeatures();
+    LLVMTargetRef t = NULL;
+    char *err = NULL;
+    aj_status st = AJ_OK;
+    if (LLVMGetTargetFromTriple(triple, &t, &err)) {
+        st = aj_fail(ctx, AJ_ERR_CODEGEN, "host target %s unavailable: %s", triple, err);
+        LLVMDisposeMessage(err);
+    } else {
+        static const LLVMCodeGenOptLevel levels[4] = {
+            LLVMCodeGenLevelNone, LLVMCodeGenLevelLess, LLVMCodeGenLevelDefault,
+            LLVMCodeGenLevelAggressive};
+        *out = LLVMCreateTargetMachine(t, triple, cpu, features, levels[opt_level],
+                                       LLVMRelocPIC, LLVMCodeModelJITDefault);
+        if (!*out)
+            st = aj_fail(ctx, AJ_ERR_CODEGEN, "cannot create a host target machine");
+    }
+    LLVMDisposeMessage(triple);
+    LLVMDisposeMessage(cpu);
+    LLVMDisposeMessage(features);
+    return st;
+}
+
+/* Adds `void <entry>.entry(ptr thread, ptr args)` that unpacks args. */
+void aj_sim_add_entry(aj_kb *kb, const char *entry_name)
+{
+    LLVMTypeRef params[2] = {kb->t_ptr, kb->t_ptr};
+    LLVMTypeRef fty = LLVMFunctionType(kb->t_void, params, 2, 0);
+    char name[128];
+    snprintf(name, sizeof name, "%s.entry", entry_name);
+    LLVMValueRef fn = LLVMAddFunction(kb->mod, name, fty);
+    LLVMBuilderRef b = LLVMCreateBuilderInContext(kb->llctx);
+    LLVMPositionBuilderAtEnd(b, LLVMAppendBasicBlockInContext(kb->llctx, fn, "entry"));
+    LLVMValueRef args[AJ_KB_MAX_PARAMS + 1];
+    args[0] = LLVMGetParam(fn, 0);
+    LLVMValueRef argv = LLVMGetParam(fn, 1);
+    LLVMTypeRef kty = LLVMGlobalGetValueType(kb->fn);
+    LLVMTypeRef ktypes[AJ_KB_MAX_PARAMS + 1];
+    LLVMGetParamTypes(kty, ktypes);
+    for (int i = 0; i < kb->num_params; i++) {
+        LLVMValueRef idx = aj_kb_i64(kb, i);
+        LLVMValueRef slot = LLVMBuildGEP2(b, kb->t_ptr, argv, &idx, 1, "");
+        LLVMValueRef at = LLVMBuildLoad2(b, kb->t_ptr, slot, "");
+        args[i + 1] = LLVMBuildLoad2(b, ktypes[i + 1], at, kb->params[i].name);
+    }
+    LLVMBuildCall2(b, kty, kb->fn, args, (unsigned)kb->num_params + 1, "");
+    LLVMBuildRetVoid(b);
+    LLVMDisposeBuilder(b);
+}
+
+/* Each block of each defined function adds its size to *(u64 *)thread. */
+void aj_sim_count_instructions(LLVMModuleRef mod)
+{
+    LLVMContextRef c = LLVMGetModuleContext(mod);
+    LLVMTypeRef i64 = LLVMInt64TypeInContext(c);
+    LLVMBuilderRef b = LLVMCreateBuilderInContext(c);
+    for (LLVMValueRef f = LLVMGetFirstFunction(mod); f; f = LLVMGetNextFunction(f)) {
+        if (LLVMIsDeclaration(f) || LLVMCountParams(f) == 0)
+            continue;
+        LLVMValueRef thread = LLVMGetParam(f, 0);
+        for (LLVMBasicBlockRef bb = LLVMGetFirstBasicBlock(f); bb; bb = LLVMGetNextBasicBlock(bb)) {
+            int64_t n = 0;
+            LLVMValueRef first_real = NULL;
+            for (LLVMValueRef i = LLVMGetFirstInstruction(bb); i; i = LLVMGetNextInstruction(i)) {
+                if (!first_real && !LLVMIsAPHINode(i))
+                    first_real = i;
+                n++;
+            }
+            if (!first_real)
+                continue;
+            LLVMPositionBuilderBefore(b, first_real);
+            LLVMValueRef old = LLVMBuildLoad2(b, i64, thread, "");
+            LLVMBuildStore(b, LLVMBuildAdd(b, old, LLVMConstInt(i64, (unsigned long long)n, 0), ""),
+                           thread);
+        }
+    }
+    LLVMDisposeBuilder(b);
+}
+
+static aj_status orc_error(aj_ctx *ctx, LLVMErrorRef err, const char *what)
+{
+    char *msg = LLVMGetErrorMessage(err);
+    aj_status st = aj_fail(ctx, AJ_ERR_CODEGEN, "%s: %s", what, msg);
+    LLVMDisposeErrorMessage(msg);
+    return st;
+}
+
+/*
+ * JIT-compiles `mod` (owned by tsctx's context; this call takes it) and
+ * resolves <entry>.entry.  The emulator's functions are defined in the JIT
+ * as absolute symbols, so nothing depends on what the process exports.
+ */
+aj_status aj_sim_jit(aj_ctx *ctx, LLVMOrcThreadSafeContextRef tsctx, LLVMModuleRef mod,
+                     const char *entry_name, const aj_host_symbol *symbols, size_t nsymbols,
+                     aj_kernel *kernel)
+{
+    LLVMOrcLLJITRef jit = NULL;
+    LLVMErrorRef err = LLVMOrcCreateLLJIT(&jit, LLVMOrcCreateLLJITBuilder());
+    if (err) {
+        LLVMDisposeModule(mod);
+        return orc_error(ctx, err, "cannot create the sim JIT");
+    }
+    LLVMOrcCSymbolMapPairs pairs = calloc(nsymbols ? nsymbols : 1, sizeof *pairs);
+    if (!pairs) {
+        LLVMDisposeModule(mod);
+        LLVMOrcDisposeLLJIT(jit);
+        return aj_fail(ctx, AJ_ERR_OUT_OF_MEMORY, "out of memory");
+    }
+    for (size_t i = 0; i < nsymbols; i++) {
+        pairs[i].Name = LLVMOrcLLJITMangleAndIntern(jit, symbols[i].name);
+        pairs[i].Sym.Address = (LLVMOrcExecutorAddress)(uintptr_t)symbols[i].address;
+        pairs[i].Sym.Flags.GenericFlags = LLVMJITSymbolGenericFlagsExported |
+                                          LLVMJITSymbolGenericFlagsCallable;
+        pairs[i].Sym.Flags.TargetFlags = 0;
+    }
+    LLVMOrcJITDylibRef jd = LLVMOrcLLJITGetMainJITDylib(jit);
+    err = LLVMOrcJITDylibDefine(jd, LLVMOrcAbsoluteSymbols(pairs, nsymbols));
+    free(pairs);
+    if (err) {
+        LLVMDisposeModule(mod);
+        LLVMOrcDisposeLLJIT(jit);
+        return orc_error(ctx, err, "cannot define the emulator symbols");
+    }
+    err = LLVMOrcLLJITAddLLVMIRModule(jit, jd, LLVMOrcCreateNewThreadSafeModule(mod, tsctx));
+    if (err) {
+        LLVMOrcDisposeLLJIT(jit);
+        return orc_error(ctx, err, "cannot add the kernel to the sim JIT");
+    }
+    char name[128];
+    snprintf(name, sizeof name, "%s.entry", entry_name);
+    LLVMOrcExecutorAddress addr = 0;
+    err = LLVMOrcLLJITLookup(jit, &addr, name);
+    if (err) {
+        LLVMOrcDisposeLLJIT(jit);
+        return orc_error(ctx, err, "sim JIT compilation failed");
+    }
+    kernel->jit = jit;
+    kernel->host_entry = (aj_host_entry_fn)(uintptr_t)addr;
+    return AJ_OK;
+}
+
+void aj_sim_jit_dispose(void *jit)
+{
+    if (jit) {
+        LLVMErrorRef err = LLVMOrcDisposeLLJIT((LLVMOrcLLJITRef)jit);
+        if (err)
+            LLVMConsumeError(err);
+    }
+}

@@ -1,0 +1,25 @@
+/*
+ * runtime.h -- devices and launches (internal).
+ */
+#ifndef AJ_RUNTIME_RUNTIME_H
+#define AJ_RUNTIME_RUNTIME_H
+
+#include "codegen/codegen.h"
+
+struct aj_device {
+    aj_ctx *ctx;
+    aj_device_kind kind;
+    int index;
+    int workers;                 /* sim */
+    uint64_t last_instructions;  /* sim */
+};
+
+/* One kernel argument, addressed the way kernelParams are. */
+typedef union aj_arg_value {
+    void *ptr;
+    int32_t i32;
+    int64_t i64;
+    float f32;
+} aj_arg_value;
+
+#endif /* AJ_RUNTIME_RUNTIME_H */

@@ -1,0 +1,105 @@
+/*
+ * ref.h -- the float64 reference implementation of attention.
+ *
+ * This is the oracle every numeric test of every target (sim, cpu, cuda) is
+ * compared against, so it is written to be obviously correct, not fast: one
+ * plain loop nest per formula of DESIGN.md "Semantics", in double precision.
+ * It is test code (linked into test executables, never into libattnjit) and
+ * aborts with a message on a malformed problem.
+ *
+ * Scores, in the order they are built (positions are global:
+ * q_pos = q_offset + i, kv_pos = kv_offset + j):
+ *
+ *     t = scale * q_i . k_j  +  bias[b,h,i,j]          (pre-softcap score)
+ *     u = softcap ? C * tanh(t / C) : t
+ *     s = u - slope[h] * |q_pos - kv_pos|              (alibi, if slopes given)
+ *     s = -inf where the mask hides kv_pos from q_pos
+ *
+ *     shift = 0 (top_left) or sk_total - sq_total (bottom_right)
+ *     causal:            kv_pos <= q_pos + shift
+ *     window(left,right): q_pos + shift - left <= kv_pos <= q_pos + shift + right
+ *
+ *     LSE_i = log sum_j exp(s_ij)         (natural log; -inf if no key visible)
+ *     P_ij  = exp(s_ij - LSE_i)           (0 where hidden)
+ *     O_i   = sum_j P_ij * drop_ij * v_j  (drop_ij = keep_ij / (1 - p))
+ *
+ * A row with no visible key gives O = 0 and LSE = -inf, never NaN.
+ * Query head h reads kv head h / (Hq / Hkv).
+ */
+#ifndef AJ_TESTS_REF_H
+#define AJ_TESTS_REF_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "attnjit/attnjit.h"
+
+typedef struct ref_problem {
+    int B, Hq, Hkv, D, Dv;
+    /* Padded layout (cu_q == NULL): every batch has Sq queries and Sk keys;
+     * tensors are contiguous BHSD: q[B][Hq][Sq][D], k[B][Hkv][Sk][D],
+     * v[B][Hkv][Sk][Dv], o[B][Hq][Sq][Dv], lse[B][Hq][Sq]. */
+    int Sq, Sk;
+    /* Varlen layout (cu_q != NULL, then cu_k != NULL too, both [B + 1]):
+     * sequence b has queries cu_q[b] .. cu_q[b+1]-1 and keys
+     * cu_k[b] .. cu_k[b+1]-1; tensors are packed THD: q[Tq][Hq][D],
+     * k[Tk][Hkv][D], v[Tk][Hkv][Dv], o[Tq][Hq][Dv], and lse[Hq][Tq]
+     * (the PyTorch / FlashAttention varlen LSE layout), Tq = cu_q[B].
+     * Sq and Sk are unused.  Row i of sequence b has q_pos = q_offset + i
+     * (positions restart at every sequence); b is the sequence index. */
+    const int32_t *cu_q, *cu_k;
+    aj_mask_kind mask;              /* AJ_MASK_NONE / CAUSAL / WINDOW */
+    aj_align align;                 /* top_left: shift 0; bottom_right: shift =
+                                       sk_total - sq_total */
+    int64_t window_left, window_right;
+    int64_t q_offset, kv_offset;    /* q_pos = q_offset + i, kv_pos = kv_offset + j */
+    /* For the bottom_right shift; 0 means the call's own length (per
+     * sequence for varlen), each total independently. */
+    int64_t sq_total, sk_total;
+    double scale;                   /* 0 means 1/sqrt(D) */
+    double softcap;                 /* 0 means none; else s = C*tanh(s/C) */
+    const double *alibi_slopes;     /* NULL: none; else [Hq] */
+    /* NULL: none; else an additive bias of shape bias_shape, each of the 4
+     * dims 1 or the full size (B, Hq, Sq, Sk), contiguous, broadcast over
+     * the size-1 dims.  Padded layout only. */
+    const double *bias;
+    int64_t bias_shape[4];
+    double dropout_p;               /* 0 means none; else 0 < p < 1 */
+    uint64_t seed, offset;          /* the dropout stream */
+} ref_problem;
+
+/* Forward: writes o and lse (shapes above); lse may be NULL. */
+void ref_forward(const ref_problem *p, const double *q, const double *k,
+                 const double *v, double *o, double *lse);
+
+/* Backward of ref_forward, given its o and lse and the upstream gradient
+ * dout (shape of o).  Overwrites dq, dk, dv (shapes of q, k, v).  dbias may
+ * be NULL; when p->bias is set and dbias is not NULL, dbias has bias_shape
+ * and is the gradient summed over the broadcast dims.  The math is written
+ * above ref_backward in ref.c. */
+void ref_backward(const ref_problem *p, const double *q, const double *k,
+                  const double *v, const double *o, const double *lse,
+                  const double *dout, double *dq, double *dk, double *dv,
+                  double *dbias);
+
+/* Merge of two partial results over disjoint key sets, `rows` rows of width
+ * dv: lse = logaddexp(lse1, lse2), o = o1*exp(lse1-lse) + o2*exp(lse2-lse).
+ * Both -inf gives o = 0, lse = -inf (never NaN); a side whose lse is -inf
+ * contributes nothing, whatever its o holds.  o may alias o1 or o2, and lse
+ * may alias lse1 or lse2. */
+void ref_merge(int64_t rows, int dv, const double *o1, const double *lse1,
+               const double *o2, const double *lse2, double *o, double *lse);
+
+/* The dropout keep decision for query head h of batch (or sequence) b with
+ * Hq query heads, at global positions (q_pos, kv_pos).  Philox4x32-10 with
+ *     key     = (lo32(seed), hi32(seed) ^ hi32(offset))
+ *     counter = (lo32(kv_pos), lo32(q_pos), lo32(b * Hq + h), lo32(offset))
+ * u = (out[0] >> 8) * 2^-24; keep iff u >= p (so p = 0 keeps everything). */
+bool ref_dropout_keep(uint64_t seed, uint64_t offset, int64_t b, int64_t h,
+                      int64_t Hq, int64_t q_pos, int64_t kv_pos, double p);
+
+/* Philox4x32-10 (Salmon, Moraes, Dror, Shaw, SC'11): one 128-bit block. */
+void ref_philox4x32_10(const uint32_t ctr[4], const uint32_t key[2],
+                       uint32_t out[4]);
+
+#endif /* AJ_TESTS_REF_H */

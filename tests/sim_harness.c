@@ -1,0 +1,302 @@
+/*
+ * sim_harness.c -- one forward problem on a device against the float64
+ * reference (see sim_harness.h).
+ */
+#include "sim_harness.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+fwd_tolerance fwd_tolerance_for(aj_dtype dtype)
+{
+    /* O is written in the op's dtype, so its rounding (2^-11 for f16,
+     * 2^-8 for bf16) bounds the error; f32 sees ex2.approx (2^-22) over
+     * the sum.  LSE is always f32. */
+    switch (dtype) {
+    case AJ_DTYPE_F16: return (fwd_tolerance){1e-3, 2e-3, 1e-4, 1e-5};
+    case AJ_DTYPE_BF16: return (fwd_tolerance){8e-3, 1.6e-2, 1e-4, 1e-5};
+    default: return (fwd_tolerance){2e-5, 5e-5, 1e-4, 1e-5};
+    }
+}
+
+/* ---------------------------------------------------------------- kernels */
+
+typedef struct cached_kernel {
+    char spec[512];
+    aj_kernel *kernel;
+} cached_kernel;
+
+static cached_kernel cache[128];
+static int cache_len;
+
+void fwd_cache_clear(void)
+{
+    for (int i = 0; i < cache_len; i++)
+        aj_kernel_destroy(cache[i].kernel);
+    cache_len = 0;
+}
+
+static aj_status kernel_for(aj_ctx *ctx, const char *spec, aj_kernel **out)
+{
+    for (int i = 0; i < cache_len; i++)
+        if (strcmp(cache[i].spec, spec) == 0) {
+            *out = cache[i].kernel;
+            return AJ_OK;
+        }
+    aj_op *op = NULL;
+    aj_status st = aj_op_parse(ctx, spec, strlen(spec), "case", &op);
+    if (st != AJ_OK)
+        return st;
+    aj_compile_options opt = AJ_COMPILE_OPTIONS_INIT;
+    opt.target = AJ_TARGET_SIM;
+    opt.emit = AJ_EMIT_LLVM_IR;
+    st = aj_compile(ctx, op, &opt, out);
+    aj_op_destroy(op);
+    if (st == AJ_OK && cache_len < (int)(sizeof cache / sizeof cache[0])) {
+        snprintf(cache[cache_len].spec, sizeof cache[0].spec, "%s", spec);
+        cache[cache_len++].kernel = *out;
+    }
+    return st;
+}
+
+/* ---------------------------------------------------------------- data */
+
+static uint64_t next_random(uint64_t *s)
+{
+    /* splitmix64 */
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+/* A BHSD tensor of the case's dtype, its double image (BHSD contiguous),
+ * laid out as BHSD or BSHD. */
+typedef struct host_tensor {
+    aj_tensor t;
+    double *ref;
+    void *mem;
+} host_tensor;
+
+static void make_tensor(host_tensor *h, aj_dtype dtype, int64_t b, int64_t hs, int64_t s,
+                        int64_t d, int bshd)
+{
+    int elem = dtype == AJ_DTYPE_F32 ? 4 : 2;
+    size_t n = (size_t)(b * hs * s * d);
+    memset(h, 0, sizeof *h);
+    h->mem = aligned_alloc(64, (n * (size_t)elem + 64) / 64 * 64 + 64);
+    h->ref = calloc(n ? n : 1, sizeof(double));
+    h->t.data = h->mem;
+    h->t.dtype = dtype;
+    h->t.rank = 4;
+    h->t.shape[0] = b;
+    h->t.shape[1] = hs;
+    h->t.shape[2] = s;
+    h->t.shape[3] = d;
+    h->t.strides[3] = 1;
+    if (bshd) {          /* memory order [B][S][H][D] */
+        h->t.strides[1] = d;
+        h->t.strides[2] = hs * d;
+        h->t.strides[0] = s * hs * d;
+    } else {
+        h->t.strides[2] = d;
+        h->t.strides[1] = s * d;
+        h->t.strides[0] = hs * s * d;
+    }
+}
+
+static int64_t offset_of(const aj_tensor *t, int64_t i0, int64_t i1, int64_t i2, int64_t i3)
+{
+    return i0 * t->strides[0] + i1 * t->strides[1] + i2 * t->strides[2] + i3 * t->strides[3];
+}
+
+/* Random values, rounded to the dtype, in both images. */
+static void fill_tensor(host_tensor *h, double magnitude, uint64_t *rng)
+{
+    const aj_tensor *t = &h->t;
+    size_t r = 0;
+    for (int64_t i0 = 0; i0 < t->shape[0]; i0++)
+        for (int64_t i1 = 0; i1 < t->shape[1]; i1++)
+            for (int64_t i2 = 0; i2 < t->shape[2]; i2++)
+                for (int64_t i3 = 0; i3 < t->shape[3]; i3++, r++) {
+                    double u = (double)(next_random(rng) >> 11) / 9007199254740992.0;
+                    float f = (float)((2 * u - 1) * magnitude);
+                    int64_t at = offset_of(t, i0, i1, i2, i3);
+                    if (t->dtype == AJ_DTYPE_F32) {
+                        ((float *)t->data)[at] = f;
+                    } else {
+                        aj_convert(&f, AJ_DTYPE_F32, (uint16_t *)t->data + at, t->dtype, 1);
+                        aj_convert((uint16_t *)t->data + at, t->dtype, &f, AJ_DTYPE_F32, 1);
+                    }
+                    h->ref[r] = f;
+                }
+}
+
+static double read_element(const aj_tensor *t, int64_t at)
+{
+    float f;
+    if (t->dtype == AJ_DTYPE_F32)
+        f = ((const float *)t->data)[at];
+    else
+        aj_convert((const uint16_t *)t->data + at, t->dtype, &f, AJ_DTYPE_F32, 1);
+    return f;
+}
+
+static void free_tensor(host_tensor *h)
+{
+    free(h->mem);
+    free(h->ref);
+}
+
+/* ---------------------------------------------------------------- run */
+
+static void write_spec(const fwd_case *c, char *spec, size_t cap)
+{
+    snprintf(spec, cap,
+             "attention forward efficient {\n  dtype = %s\n  head_dim = %d\n"
+             "  head_dim_v = %d\n  mask = %s\n  score_mod = %s\n  schedule = %s\n}\n",
+             aj_dtype_name(c->dtype), c->d, c->dv ? c->dv : c->d, c->mask,
+             c->score_mod ? c->score_mod : "none", c->schedule ? c->schedule : "default");
+}
+
+/* The reference's view of the case (mask fields parsed from its text). */
+static void reference_problem(const fwd_case *c, ref_problem *p, const double *slopes)
+{
+    memset(p, 0, sizeof *p);
+    p->B = c->b;
+    p->Hq = c->hq;
+    p->Hkv = c->hkv;
+    p->Sq = c->sq;
+    p->Sk = c->sk;
+    p->D = c->d;
+    p->Dv = c->dv ? c->dv : c->d;
+    p->q_offset = c->q_offset;
+    p->kv_offset = c->kv_offset;
+    p->sq_total = c->sq_total;
+    p->sk_total = c->sk_total;
+    p->align = strstr(c->mask, "bottom_right") ? AJ_ALIGN_BOTTOM_RIGHT : AJ_ALIGN_TOP_LEFT;
+    long long left = 0, right = 0;
+    if (strncmp(c->mask, "causal", 6) == 0) {
+        p->mask = AJ_MASK_CAUSAL;
+    } else if (sscanf(c->mask, "window(%lld, %lld", &left, &right) == 2) {
+        p->mask = AJ_MASK_WINDOW;
+        p->window_left = left;
+        p->window_right = right;
+    } else {
+        p->mask = AJ_MASK_NONE;
+    }
+    double cap = 0;
+    if (c->score_mod && sscanf(c->score_mod, "softcap(%lf", &cap) == 1)
+        p->softcap = cap;
+    if (c->score_mod && strcmp(c->score_mod, "alibi") == 0)
+        p->alibi_slopes = slopes;
+}
+
+/* Keeps the worst error; a NaN counts as infinitely bad. */
+static void worst(double *max, double e)
+{
+    if (isnan(e))
+        e = INFINITY;
+    if (e > *max)
+        *max = e;
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+fwd_result fwd_run_case(aj_ctx *ctx, aj_device *dev, const fwd_case *c)
+{
+    fwd_result r;
+    memset(&r, 0, sizeof r);
+    char spec[512];
+    write_spec(c, spec, sizeof spec);
+    aj_kernel *kernel = NULL;
+    r.status = kernel_for(ctx, spec, &kernel);
+    if (r.status != AJ_OK)
+        return r;
+
+    int dv = c->dv ? c->dv : c->d;
+    uint64_t rng = c->seed ? c->seed : 1;
+    host_tensor q, k, v, o;
+    make_tensor(&q, c->dtype, c->b, c->hq, c->sq, c->d, c->bshd);
+    make_tensor(&k, c->dtype, c->b, c->hkv, c->sk, c->d, c->bshd);
+    make_tensor(&v, c->dtype, c->b, c->hkv, c->sk, dv, c->bshd);
+    make_tensor(&o, c->dtype, c->b, c->hq, c->sq, dv, c->bshd);
+    fill_tensor(&q, c->magnitude, &rng);
+    fill_tensor(&k, c->magnitude, &rng);
+    fill_tensor(&v, 1.0, &rng);
+    size_t rows = (size_t)c->b * (size_t)c->hq * (size_t)c->sq;
+    float *lse = malloc((rows ? rows : 1) * sizeof *lse);
+    float *slopes = malloc((size_t)(c->hq ? c->hq : 1) * sizeof *slopes);
+    double *slopes_ref = malloc((size_t)(c->hq ? c->hq : 1) * sizeof *slopes_ref);
+    for (int h = 0; h < c->hq; h++) {   /* ALiBi's geometric slopes */
+        slopes[h] = (float)pow(2.0, -8.0 * (h + 1) / c->hq);
+        slopes_ref[h] = slopes[h];
+    }
+
+    aj_fwd_args a = AJ_FWD_ARGS_INIT;
+    a.q = q.t;
+    a.k = k.t;
+    a.v = v.t;
+    a.o = o.t;
+    a.lse = (aj_tensor){lse, AJ_DTYPE_F32, 3, {c->b, c->hq, c->sq, 0},
+                        {(int64_t)c->hq * c->sq, c->sq, 1, 0}};
+    a.alibi_slopes = (aj_tensor){slopes, AJ_DTYPE_F32, 1, {c->hq, 0, 0, 0}, {1, 0, 0, 0}};
+    a.q_offset = c->q_offset;
+    a.kv_offset = c->kv_offset;
+    a.sq_total = c->sq_total;
+    a.sk_total = c->sk_total;
+    double t0 = now_s();
+    r.status = aj_forward(ctx, dev, kernel, &a);
+    r.seconds = now_s() - t0;
+    r.instructions = aj_device_last_instructions(dev);
+
+    if (r.status == AJ_OK) {
+        ref_problem p;
+        reference_problem(c, &p, slopes_ref);
+        double *o_ref = calloc(rows * (size_t)dv + 1, sizeof *o_ref);
+        double *lse_ref = calloc(rows + 1, sizeof *lse_ref);
+        ref_forward(&p, q.ref, k.ref, v.ref, o_ref, lse_ref);
+        fwd_tolerance tol = fwd_tolerance_for(c->dtype);
+        r.exact_empty_rows = 1;
+        size_t row = 0;
+        for (int64_t b = 0; b < c->b; b++)
+            for (int64_t h = 0; h < c->hq; h++)
+                for (int64_t i = 0; i < c->sq; i++, row++) {
+                    double lr = lse_ref[row], lg = lse[row];
+                    int empty = isinf(lr) && lr < 0;
+                    r.rows_without_keys += empty;
+                    if (empty && !(isinf(lg) && lg < 0))
+                        r.exact_empty_rows = 0;
+                    if (!empty) {
+                        worst(&r.max_err_lse,
+                              fabs(lg - lr) / (tol.lse_atol + tol.lse_rtol * fabs(lr)));
+                    }
+                    for (int x = 0; x < dv; x++) {
+                        double got = read_element(&o.t, offset_of(&o.t, b, h, i, x));
+                        double want = o_ref[row * (size_t)dv + (size_t)x];
+                        if (empty && got != 0.0)
+                            r.exact_empty_rows = 0;
+                        worst(&r.max_err_o,
+                              fabs(got - want) / (tol.o_atol + tol.o_rtol * fabs(want)));
+                    }
+                }
+        free(o_ref);
+        free(lse_ref);
+    }
+    free_tensor(&q);
+    free_tensor(&k);
+    free_tensor(&v);
+    free_tensor(&o);
+    free(lse);
+    free(slopes);
+    free(slopes_ref);
+    return r;
+}

@@ -1,0 +1,55 @@
+/*
+ * sim_harness.h -- running one forward problem on a device and against the
+ * float64 reference (tests and benchmarks).
+ *
+ * Inputs are drawn from a seeded generator, rounded to the op's dtype, and
+ * the reference is fed the rounded values, so any difference is the
+ * kernel's own (f32 accumulation, ex2.approx, output rounding).
+ */
+#ifndef AJ_TESTS_SIM_HARNESS_H
+#define AJ_TESTS_SIM_HARNESS_H
+
+#include <stdint.h>
+
+#include "attnjit/attnjit.h"
+#include "ref.h"
+
+typedef struct fwd_case {
+    const char *label;
+    aj_dtype dtype;
+    int d, dv;
+    const char *mask;          /* IR text: "none", "causal(top_left)", ... */
+    const char *score_mod;     /* IR text, "none" if NULL */
+    const char *schedule;      /* IR text, "default" if NULL */
+    int b, hq, hkv, sq, sk;
+    int64_t q_offset, kv_offset, sq_total, sk_total;
+    double magnitude;          /* inputs uniform in [-magnitude, magnitude] */
+    int bshd;                  /* lay q, k, v, o out as [B, S, H, D] (strided BHSD views) */
+    uint64_t seed;
+} fwd_case;
+
+typedef struct fwd_result {
+    aj_status status;
+    double max_err_o;          /* max |o - ref| / (atol + rtol |ref|) (<= 1 passes) */
+    double max_err_lse;
+    int64_t rows_without_keys; /* reference rows with LSE = -inf */
+    int exact_empty_rows;      /* 1 if every such row has O == 0 and LSE == -inf */
+    uint64_t instructions;     /* sim: emulated thread-instructions */
+    double seconds;            /* wall time of the launch */
+} fwd_result;
+
+/* Tolerances per dtype, relative to the float64 reference:
+ *   |o - ref| <= atol + rtol * |ref|, LSE likewise with its own pair. */
+typedef struct fwd_tolerance {
+    double o_atol, o_rtol, lse_atol, lse_rtol;
+} fwd_tolerance;
+
+fwd_tolerance fwd_tolerance_for(aj_dtype dtype);
+
+/* Compiles (caching by spec text) and runs one case on `dev`. */
+fwd_result fwd_run_case(aj_ctx *ctx, aj_device *dev, const fwd_case *c);
+
+/* Frees the kernels fwd_run_case compiled. */
+void fwd_cache_clear(void);
+
+#endif /* AJ_TESTS_SIM_HARNESS_H */
