@@ -3,6 +3,7 @@
  *
  *   attnjit compile SPEC --target T [--emit ptx|llvm|bc] [-o FILE] [-O N] [-v]
  *   attnjit check SPEC
+ *   attnjit run SPEC --device sim|cuda --in q=F --in k=F --in v=F --out o=F ...
  *   attnjit info
  *
  * SPEC is a file in the IR text form, or - for standard input.  Exit codes:
@@ -23,6 +24,10 @@ static const char usage_text[] =
     "  compile SPEC --target sm_80|sm_90|sm_90a [--emit ptx|llvm|bc] [-o FILE]\n"
     "          [-O 0..3] [-v]   compile an op (-O2 default); -v prints the launch contract\n"
     "  check SPEC               verify an op, print its canonical form and hash\n"
+    "  run SPEC --device sim|cuda --in q=q.npy --in k=k.npy --in v=v.npy\n"
+    "          [--in alibi_slopes=s.npy] --out o=o.npy [--out lse=lse.npy]\n"
+    "          [--q-offset N] [--kv-offset N] [--sq-total N] [--sk-total N]\n"
+    "          [--workers N]    run a forward op on BHSD .npy tensors (f32 or f16)\n"
     "  info                     versions, targets, and what this machine has\n"
     "\n"
     "SPEC is a file in attnjit's IR text form (docs/ir.md), or - for stdin.\n"
@@ -265,6 +270,8 @@ int main(int argc, char **argv)
         rc = cmd_compile(ctx, argc - 2, argv + 2);
     else if (strcmp(cmd, "check") == 0)
         rc = cmd_check(ctx, argc - 2, argv + 2);
+    else if (strcmp(cmd, "run") == 0)
+        rc = cli_run(ctx, argc - 2, argv + 2);
     else if (strcmp(cmd, "info") == 0)
         rc = argc == 2 ? cli_info() : cli_usage("info takes no arguments%s", "");
     else

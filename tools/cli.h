@@ -28,5 +28,7 @@ int cli_load_op(aj_ctx *ctx, const char *path, aj_op **op);
 
 /* `attnjit info` */
 int cli_info(void);
+/* `attnjit run` */
+int cli_run(aj_ctx *ctx, int argc, char **argv);
 
 #endif /* AJ_TOOLS_CLI_H */

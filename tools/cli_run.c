@@ -1,0 +1,307 @@
+/*
+ * cli_run.c -- `attnjit run`: compile an op for a device, run it on tensors
+ * read from .npy files, write the results as .npy.
+ *
+ *   attnjit run SPEC --device sim|cuda --in q=q.npy --in k=k.npy --in v=v.npy
+ *       [--in alibi_slopes=s.npy] --out o=o.npy [--out lse=lse.npy]
+ *       [--q-offset N] [--kv-offset N] [--sq-total N] [--sk-total N] [--workers N]
+ *
+ * Inputs are BHSD (B, H, S, D) arrays of f32 or f16 (f8 is accepted too),
+ * converted to the op's dtype; outputs are written as f32.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "tools/cli.h"
+#include "tools/npy.h"
+
+enum { T_Q, T_K, T_V, T_ALIBI, T_O, T_LSE, T_COUNT };
+static const char *const tensor_names[T_COUNT] = {"q", "k", "v", "alibi_slopes", "o", "lse"};
+static const int tensor_is_input[T_COUNT] = {1, 1, 1, 1, 0, 0};
+
+typedef struct run_opts {
+    const char *spec;
+    aj_device_kind device;
+    const char *path[T_COUNT];
+    int64_t q_offset, kv_offset, sq_total, sk_total;
+    int workers;
+} run_opts;
+
+static int parse_i64(const char *flag, const char *s, int64_t *out)
+{
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (errno || end == s || *end)
+        return cli_usage("%s takes an integer", flag);
+    *out = v;
+    return CLI_EXIT_OK;
+}
+
+/* NAME=FILE for --in / --out */
+static int parse_binding(const char *flag, const char *arg, int want_input, run_opts *o)
+{
+    const char *eq = strchr(arg, '=');
+    if (!eq || eq == arg || !eq[1])
+        return cli_usage("%s takes NAME=FILE", flag);
+    for (int t = 0; t < T_COUNT; t++) {
+        if (strlen(tensor_names[t]) != (size_t)(eq - arg) ||
+            strncmp(tensor_names[t], arg, (size_t)(eq - arg)) != 0)
+            continue;
+        if (tensor_is_input[t] != want_input) {
+            fprintf(stderr, "attnjit: '%s' is %s of a forward op, not %s\n",
+                    tensor_names[t], tensor_is_input[t] ? "an input" : "an output",
+                    want_input ? "an input" : "an output");
+            return CLI_EXIT_USAGE;
+        }
+        if (o->path[t]) {
+            fprintf(stderr, "attnjit: %s given twice\n", tensor_names[t]);
+            return CLI_EXIT_USAGE;
+        }
+        o->path[t] = eq + 1;
+        return CLI_EXIT_OK;
+    }
+    fprintf(stderr, "attnjit: unknown tensor '%.*s' (forward takes q, k, v, alibi_slopes and "
+            "gives o, lse)\n", (int)(eq - arg), arg);
+    return CLI_EXIT_USAGE;
+}
+
+static int parse_run_args(int argc, char **argv, run_opts *o)
+{
+    memset(o, 0, sizeof *o);
+    o->device = AJ_DEVICE_KIND_COUNT;
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i];
+        int rc = CLI_EXIT_OK;
+        if (a[0] != '-' || !a[1]) {
+            if (o->spec)
+                return cli_usage("run takes one SPEC; '%s' is a second", a);
+            o->spec = a;
+            continue;
+        }
+        if (i + 1 == argc)
+            return cli_usage("%s needs a value", a);
+        const char *v = argv[++i];
+        if (strcmp(a, "--device") == 0) {
+            if (strcmp(v, "sim") == 0)
+                o->device = AJ_DEVICE_SIM;
+            else if (strcmp(v, "cuda") == 0)
+                o->device = AJ_DEVICE_CUDA;
+            else
+                return cli_usage("--device takes sim or cuda, not '%s'", v);
+        } else if (strcmp(a, "--in") == 0) {
+            rc = parse_binding(a, v, 1, o);
+        } else if (strcmp(a, "--out") == 0) {
+            rc = parse_binding(a, v, 0, o);
+        } else if (strcmp(a, "--q-offset") == 0) {
+            rc = parse_i64(a, v, &o->q_offset);
+        } else if (strcmp(a, "--kv-offset") == 0) {
+            rc = parse_i64(a, v, &o->kv_offset);
+        } else if (strcmp(a, "--sq-total") == 0) {
+            rc = parse_i64(a, v, &o->sq_total);
+        } else if (strcmp(a, "--sk-total") == 0) {
+            rc = parse_i64(a, v, &o->sk_total);
+        } else if (strcmp(a, "--workers") == 0) {
+            int64_t w;
+            rc = parse_i64(a, v, &w);
+            if (rc == CLI_EXIT_OK && (w < 0 || w > 1024))
+                return cli_usage("--workers takes 0..1024, not '%s'", v);
+            o->workers = (int)w;
+        } else {
+            return cli_usage("unknown option '%s' for run", a);
+        }
+        if (rc != CLI_EXIT_OK)
+            return rc;
+    }
+    if (!o->spec)
+        return cli_usage("run needs a SPEC file%s", "");
+    if (o->device == AJ_DEVICE_KIND_COUNT)
+        return cli_usage("run needs --device (sim or cuda)%s", "");
+    for (int t = T_Q; t <= T_V; t++)
+        if (!o->path[t]) {
+            fprintf(stderr, "attnjit: run needs --in %s=FILE\n", tensor_names[t]);
+            return CLI_EXIT_USAGE;
+        }
+    if (!o->path[T_O] && !o->path[T_LSE])
+        return cli_usage("run needs at least one --out (o=FILE or lse=FILE)%s", "");
+    return CLI_EXIT_OK;
+}
+
+/* ---------------------------------------------------------------- tensors */
+
+typedef struct host_buffer {
+    aj_tensor t;
+    void *mem;
+} host_buffer;
+
+/* A contiguous tensor of `rank` dims in `dtype`, zero-filled. */
+static int alloc_tensor(host_buffer *h, aj_dtype dtype, int rank, const int64_t *shape)
+{
+    memset(h, 0, sizeof *h);
+    size_t n = 1;
+    for (int i = rank - 1; i >= 0; i--) {
+        h->t.shape[i] = shape[i];
+        h->t.strides[i] = (int64_t)n;
+        n *= (size_t)shape[i];
+    }
+    size_t bytes = n * (dtype == AJ_DTYPE_F32 ? 4 : 2);
+    h->mem = aligned_alloc(64, (bytes + 63) / 64 * 64 + 64);
+    if (!h->mem) {
+        fprintf(stderr, "attnjit: out of memory for a %zu-byte tensor\n", bytes);
+        return CLI_EXIT_INTERNAL;
+    }
+    memset(h->mem, 0, bytes);
+    h->t.data = h->mem;
+    h->t.dtype = dtype;
+    h->t.rank = rank;
+    return CLI_EXIT_OK;
+}
+
+/* Reads an input .npy of the expected rank and converts it to `dtype`. */
+static int load_input(const char *name, const char *path, int rank, aj_dtype dtype,
+                      host_buffer *h)
+{
+    npy_array a;
+    char err[512];
+    npy_status ns = npy_read_f32(path, &a, err, sizeof err);
+    if (ns != NPY_OK) {
+        fprintf(stderr, "attnjit: %s: %s\n", name, err);
+        return ns == NPY_ERR_OUT_OF_MEMORY ? CLI_EXIT_INTERNAL : CLI_EXIT_INPUT;
+    }
+    int rc = CLI_EXIT_OK;
+    if (a.rank != rank) {
+        fprintf(stderr, "attnjit: %s: %s has %d dimensions, want %d (%s)\n", name, path, a.rank,
+                rank, rank == 4 ? "B, H, S, D" : "H");
+        rc = CLI_EXIT_INPUT;
+    }
+    if (rc == CLI_EXIT_OK)
+        rc = alloc_tensor(h, dtype, rank, a.shape);
+    if (rc == CLI_EXIT_OK)
+        aj_convert(a.f32, AJ_DTYPE_F32, h->mem, dtype, a.count);
+    npy_free(&a);
+    return rc;
+}
+
+static int write_output(const char *name, const char *path, const host_buffer *h)
+{
+    size_t n = 1;
+    for (int i = 0; i < h->t.rank; i++)
+        n *= (size_t)h->t.shape[i];
+    float *f = malloc((n ? n : 1) * sizeof *f);
+    if (!f) {
+        fprintf(stderr, "attnjit: out of memory writing %s\n", name);
+        return CLI_EXIT_INTERNAL;
+    }
+    aj_convert(h->mem, h->t.dtype, f, AJ_DTYPE_F32, n);
+    char err[512];
+    npy_status ns = npy_write_f32(path, f, h->t.rank, h->t.shape, err, sizeof err);
+    free(f);
+    if (ns != NPY_OK) {
+        fprintf(stderr, "attnjit: %s: %s\n", name, err);
+        return CLI_EXIT_INPUT;
+    }
+    return CLI_EXIT_OK;
+}
+
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+/* ---------------------------------------------------------------- command */
+
+int cli_run(aj_ctx *ctx, int argc, char **argv)
+{
+    run_opts o;
+    int rc = parse_run_args(argc, argv, &o);
+    if (rc != CLI_EXIT_OK)
+        return rc;
+    aj_op *op = NULL;
+    aj_device *dev = NULL;
+    aj_kernel *kernel = NULL;
+    host_buffer buf[T_COUNT];
+    memset(buf, 0, sizeof buf);
+
+    rc = cli_load_op(ctx, o.spec, &op);
+    if (rc != CLI_EXIT_OK)
+        goto done;
+    aj_op_info info;
+    aj_op_get_info(op, &info);
+    aj_status st = aj_device_open(ctx, o.device, 0, &dev);
+    if (st == AJ_OK)
+        st = aj_device_set_workers(dev, o.workers);
+    aj_compile_options copt = AJ_COMPILE_OPTIONS_INIT;
+    copt.target = aj_device_target(dev);
+    copt.emit = AJ_EMIT_LLVM_IR;
+    double t0 = now_ms();
+    if (st == AJ_OK)
+        st = aj_compile(ctx, op, &copt, &kernel);
+    double compiled = now_ms();
+    if (st != AJ_OK) {
+        rc = cli_report(ctx, st);
+        goto done;
+    }
+
+    static const aj_dtype f32 = AJ_DTYPE_F32;
+    for (int t = T_Q; t <= T_V && rc == CLI_EXIT_OK; t++)
+        rc = load_input(tensor_names[t], o.path[t], 4, info.dtype, &buf[t]);
+    if (rc == CLI_EXIT_OK && info.score_mod == AJ_SCORE_MOD_ALIBI) {
+        if (!o.path[T_ALIBI]) {
+            fprintf(stderr, "attnjit: the op uses alibi: give --in alibi_slopes=FILE (f32, H)\n");
+            rc = CLI_EXIT_USAGE;
+        } else {
+            rc = load_input("alibi_slopes", o.path[T_ALIBI], 1, f32, &buf[T_ALIBI]);
+        }
+    } else if (rc == CLI_EXIT_OK && o.path[T_ALIBI]) {
+        fprintf(stderr, "attnjit: --in alibi_slopes given, but the op has no alibi\n");
+        rc = CLI_EXIT_USAGE;
+    }
+    if (rc != CLI_EXIT_OK)
+        goto done;
+    const aj_tensor *q = &buf[T_Q].t, *v = &buf[T_V].t;
+    int64_t o_shape[4] = {q->shape[0], q->shape[1], q->shape[2], v->shape[3]};
+    rc = alloc_tensor(&buf[T_O], info.dtype, 4, o_shape);
+    if (rc == CLI_EXIT_OK)
+        rc = alloc_tensor(&buf[T_LSE], f32, 3, o_shape);
+    if (rc != CLI_EXIT_OK)
+        goto done;
+
+    aj_fwd_args a = AJ_FWD_ARGS_INIT;
+    a.q = buf[T_Q].t;
+    a.k = buf[T_K].t;
+    a.v = buf[T_V].t;
+    a.o = buf[T_O].t;
+    a.lse = buf[T_LSE].t;
+    a.alibi_slopes = buf[T_ALIBI].t;
+    a.q_offset = o.q_offset;
+    a.kv_offset = o.kv_offset;
+    a.sq_total = o.sq_total;
+    a.sk_total = o.sk_total;
+    st = aj_forward(ctx, dev, kernel, &a);
+    double ran = now_ms();
+    if (st != AJ_OK) {
+        rc = cli_report(ctx, st);
+        goto done;
+    }
+    for (int t = T_O; t <= T_LSE && rc == CLI_EXIT_OK; t++)
+        if (o.path[t])
+            rc = write_output(tensor_names[t], o.path[t], &buf[t]);
+    fprintf(stderr, "attnjit: %s on %s: compile %.1f ms, run %.1f ms", aj_kernel_entry(kernel),
+            o.device == AJ_DEVICE_SIM ? "sim" : "cuda", compiled - t0, ran - compiled);
+    if (o.device == AJ_DEVICE_SIM)
+        fprintf(stderr, ", %llu emulated thread-instructions",
+                (unsigned long long)aj_device_last_instructions(dev));
+    fprintf(stderr, "\n");
+done:
+    for (int t = 0; t < T_COUNT; t++)
+        free(buf[t].mem);
+    aj_kernel_destroy(kernel);
+    aj_device_close(dev);
+    aj_op_destroy(op);
+    return rc;
+}
