@@ -35,3 +35,8 @@ if [ -n "$ptxas" ]; then
 else
   echo "== ptxas not found: skipping assembly (install the CUDA toolkit to see it)"
 fi
+
+echo
+echo "== no GPU here? the same kernel IR, lowered for the host, on the SIMT emulator"
+echo "   (examples/forward_sim.c: builder API -> compile for sim -> aj_forward -> check)"
+"$build/forward_sim"
