@@ -17,6 +17,8 @@ enum {
 
 #define CLI_MAX_SPEC_BYTES (1 << 20)
 
+extern const char cli_usage_text[];
+
 /* Prints an optional message (fmt with one %s) and the usage; returns 1. */
 int cli_usage(const char *fmt, const char *arg);
 /* Exit code for a status. */
@@ -25,6 +27,29 @@ int cli_exit_for(aj_status st);
 int cli_report(aj_ctx *ctx, aj_status st);
 int cli_read_file(const char *path, char **data, size_t *len);
 int cli_load_op(aj_ctx *ctx, const char *path, aj_op **op);
+
+/* `attnjit compile` and `attnjit check` */
+typedef struct cli_compile_opts {
+    const char *spec, *out_path;
+    aj_compile_options options;
+    int verbose;
+} cli_compile_opts;
+
+/* Parses compile's arguments without acting on them (fuzzed on its own). */
+int cli_parse_compile_args(aj_ctx *ctx, int argc, char **argv, cli_compile_opts *out);
+int cli_compile(aj_ctx *ctx, int argc, char **argv);
+int cli_check(aj_ctx *ctx, int argc, char **argv);
+
+/* `attnjit run`'s arguments, parsed without acting on them. */
+typedef struct cli_run_opts {
+    const char *spec;
+    aj_device_kind device;
+    const char *path[6];       /* q, k, v, alibi_slopes, o, lse */
+    int64_t q_offset, kv_offset, sq_total, sk_total;
+    int workers;
+} cli_run_opts;
+
+int cli_parse_run_args(int argc, char **argv, cli_run_opts *out);
 
 /* `attnjit info` */
 int cli_info(void);

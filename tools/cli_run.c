@@ -22,13 +22,9 @@ enum { T_Q, T_K, T_V, T_ALIBI, T_O, T_LSE, T_COUNT };
 static const char *const tensor_names[T_COUNT] = {"q", "k", "v", "alibi_slopes", "o", "lse"};
 static const int tensor_is_input[T_COUNT] = {1, 1, 1, 1, 0, 0};
 
-typedef struct run_opts {
-    const char *spec;
-    aj_device_kind device;
-    const char *path[T_COUNT];
-    int64_t q_offset, kv_offset, sq_total, sk_total;
-    int workers;
-} run_opts;
+typedef cli_run_opts run_opts;
+_Static_assert(sizeof ((run_opts *)0)->path / sizeof(char *) == T_COUNT,
+               "cli_run_opts.path must hold every tensor");
 
 static int parse_i64(const char *flag, const char *s, int64_t *out)
 {
@@ -69,7 +65,7 @@ static int parse_binding(const char *flag, const char *arg, int want_input, run_
     return CLI_EXIT_USAGE;
 }
 
-static int parse_run_args(int argc, char **argv, run_opts *o)
+int cli_parse_run_args(int argc, char **argv, run_opts *o)
 {
     memset(o, 0, sizeof *o);
     o->device = AJ_DEVICE_KIND_COUNT;
@@ -218,7 +214,7 @@ static double now_ms(void)
 int cli_run(aj_ctx *ctx, int argc, char **argv)
 {
     run_opts o;
-    int rc = parse_run_args(argc, argv, &o);
+    int rc = cli_parse_run_args(argc, argv, &o);
     if (rc != CLI_EXIT_OK)
         return rc;
     aj_op *op = NULL;

@@ -1,0 +1,114 @@
+/*
+ * cli_common.c -- what every attnjit command shares: usage, exit codes,
+ * error reporting, reading a spec.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tools/cli.h"
+
+const char cli_usage_text[] =
+    "usage: attnjit <command> [options]\n"
+    "\n"
+    "commands:\n"
+    "  compile SPEC --target sm_80|sm_90|sm_90a [--emit ptx|llvm|bc] [-o FILE]\n"
+    "          [-O 0..3] [-v]   compile an op (-O2 default); -v prints the launch contract\n"
+    "  check SPEC               verify an op, print its canonical form and hash\n"
+    "  run SPEC --device sim|cuda --in q=q.npy --in k=k.npy --in v=v.npy\n"
+    "          [--in alibi_slopes=s.npy] --out o=o.npy [--out lse=lse.npy]\n"
+    "          [--q-offset N] [--kv-offset N] [--sq-total N] [--sk-total N]\n"
+    "          [--workers N]    run a forward op on BHSD .npy tensors (f32 or f16)\n"
+    "  info                     versions, targets, and what this machine has\n"
+    "\n"
+    "SPEC is a file in attnjit's IR text form (docs/ir.md), or - for stdin.\n"
+    "exit codes: 0 ok, 1 usage, 2 bad input, 3 internal error\n";
+
+int cli_usage(const char *fmt, const char *arg)
+{
+    if (fmt) {
+        fprintf(stderr, "attnjit: ");
+        fprintf(stderr, fmt, arg);
+        fprintf(stderr, "\n\n");
+    }
+    fputs(cli_usage_text, stderr);
+    return CLI_EXIT_USAGE;
+}
+
+int cli_exit_for(aj_status st)
+{
+    switch (st) {
+    case AJ_OK:
+        return CLI_EXIT_OK;
+    case AJ_ERR_CODEGEN:
+    case AJ_ERR_INTERNAL:
+    case AJ_ERR_OUT_OF_MEMORY:
+        return CLI_EXIT_INTERNAL;
+    default:
+        return CLI_EXIT_INPUT;
+    }
+}
+
+int cli_report(aj_ctx *ctx, aj_status st)
+{
+    fprintf(stderr, "attnjit: %s [%s]\n", aj_last_error(ctx), aj_status_str(st));
+    return cli_exit_for(st);
+}
+
+/* Reads a whole file (or stdin for "-"); a message on failure. */
+int cli_read_file(const char *path, char **data, size_t *len)
+{
+    FILE *f = strcmp(path, "-") == 0 ? stdin : fopen(path, "rb");
+    if (!f) {
+        fprintf(stderr, "attnjit: cannot open '%s': %s\n", path, strerror(errno));
+        return CLI_EXIT_INPUT;
+    }
+    size_t cap = 4096, n = 0;
+    char *buf = malloc(cap);
+    while (buf) {
+        n += fread(buf + n, 1, cap - n, f);
+        if (n < cap)
+            break;
+        if (cap >= CLI_MAX_SPEC_BYTES) {
+            fprintf(stderr, "attnjit: '%s' is larger than %d bytes\n", path, CLI_MAX_SPEC_BYTES);
+            free(buf);
+            buf = NULL;
+            n = 0;
+            break;
+        }
+        char *bigger = realloc(buf, cap * 2);
+        if (!bigger) {
+            free(buf);
+            buf = NULL;
+        }
+        buf = bigger;
+        cap *= 2;
+    }
+    int failed = !buf || ferror(f);
+    if (failed && buf)
+        fprintf(stderr, "attnjit: cannot read '%s': %s\n", path, strerror(errno));
+    if (f != stdin)
+        fclose(f);
+    if (failed) {
+        free(buf);
+        return CLI_EXIT_INPUT;
+    }
+    *data = buf;
+    *len = n;
+    return CLI_EXIT_OK;
+}
+
+/* Parses the spec file into an op; prints the error on failure. */
+int cli_load_op(aj_ctx *ctx, const char *path, aj_op **op)
+{
+    char *text;
+    size_t len;
+    int rc = cli_read_file(path, &text, &len);
+    if (rc != CLI_EXIT_OK)
+        return rc;
+    aj_status st = aj_op_parse(ctx, text, len, strcmp(path, "-") == 0 ? "<stdin>" : path, op);
+    free(text);
+    return st == AJ_OK ? CLI_EXIT_OK : cli_report(ctx, st);
+}
+
