@@ -1,35 +1,57 @@
 /*
  * intrinsics.c -- lowering of the intrinsic table (intrinsics.def) per
  * target.  nvptx: an NVVM intrinsic call or inline PTX.  sim: a call of
- * the emulator's function for it, with the thread state first.
+ * the emulator's function for it, with the thread state first (then a
+ * site number for collectives) and, for rows with several results, an
+ * out-pointer last.
  */
 #include <string.h>
 
 #include "codegen/kbuilder.h"
 
+#define MAX_ARGS 12
+#define MAX_RESULTS 4
+
 enum nvptx_kind { KIND_NVVM, KIND_ASM, KIND_SIMONLY };
-enum arg_type { VOID, I16, I32, I64, F32, PTR3 };
+enum sync_scope { SYNC_LANE, SYNC_WARP, SYNC_CTA };
+enum arg_type { VOID, I1, I16, I32, I64, F32, PTR1, PTR3 };
 
 typedef struct intrinsic_desc {
     const char *id_name;
     enum nvptx_kind kind;
     const char *text;
     const char *constraints;
-    enum arg_type ret;
+    enum sync_scope sync;
+    int nres;
+    enum arg_type res;
     int nargs;
-    enum arg_type args[4];
+    enum arg_type args[MAX_ARGS];
     const char *sim_symbol;
 } intrinsic_desc;
 
+/* ARGS is a parenthesised list; this strips the parentheses */
+#define AJ_UNPACK(...) __VA_ARGS__
+
 static const intrinsic_desc table[] = {
-#define AJ_INTRINSIC(id, kind, text, cons, ret, nargs, a0, a1, a2, a3, sim) \
-    {#id, KIND_##kind, text, cons, ret, nargs, {a0, a1, a2, a3}, sim},
+#define AJ_INTRINSIC(id, kind, text, cons, sync, nres, res, nargs, args, sim) \
+    {#id, KIND_##kind, text, cons, SYNC_##sync, nres, res, nargs, {AJ_UNPACK args}, sim},
 #include "codegen/intrinsics.def"
 #undef AJ_INTRINSIC
 };
 
 _Static_assert(sizeof table / sizeof table[0] == AJ_INTR_COUNT,
                "intrinsic table and enum disagree");
+_Static_assert(MAX_RESULTS == AJ_KB_MAX_RESULTS, "kbuilder.h and the table disagree");
+
+/* Each row's NARGS counts its ARGS, and its columns fit the descriptor. */
+#define AJ_INTRINSIC(id, kind, text, cons, sync, nres, res, nargs, args, sim)               \
+    _Static_assert(sizeof((enum arg_type[]){AJ_UNPACK args}) / sizeof(enum arg_type) ==     \
+                           ((nargs) > 0 ? (nargs) : 1) &&                                   \
+                       (nargs) <= MAX_ARGS && (nres) <= MAX_RESULTS &&                      \
+                       ((nres) == 0) == ((res) == VOID),                                    \
+                   "intrinsics.def row " #id ": NARGS, ARGS, NRES and RES disagree");
+#include "codegen/intrinsics.def"
+#undef AJ_INTRINSIC
 
 const char *aj_intrinsic_name(enum aj_intrinsic_id id)
 {
@@ -53,89 +75,214 @@ aj_status aj_intrinsics_check(aj_ctx *ctx)
 static LLVMTypeRef llvm_type(aj_kb *kb, enum arg_type t)
 {
     switch (t) {
+    case I1: return kb->t_i1;
     case I16: return kb->t_i16;
     case I32: return kb->t_i32;
     case I64: return kb->t_i64;
     case F32: return kb->t_f32;
+    case PTR1: return kb->t_gptr;
     case PTR3: return kb->t_sptr;
     default: return kb->t_void;
     }
 }
 
-static LLVMTypeRef desc_fn_type(aj_kb *kb, const intrinsic_desc *d)
+/* What nvptx returns: nothing, the one result, or a struct of them. */
+static LLVMTypeRef nvptx_result_type(aj_kb *kb, const intrinsic_desc *d)
 {
-    LLVMTypeRef params[4];
+    if (d->nres <= 1)
+        return llvm_type(kb, d->res);
+    LLVMTypeRef elems[MAX_RESULTS];
+    for (int i = 0; i < d->nres; i++)
+        elems[i] = llvm_type(kb, d->res);
+    return LLVMStructTypeInContext(kb->llctx, elems, (unsigned)d->nres, 0);
+}
+
+static LLVMTypeRef nvptx_fn_type(aj_kb *kb, const intrinsic_desc *d)
+{
+    LLVMTypeRef params[MAX_ARGS];
     for (int i = 0; i < d->nargs; i++)
         params[i] = llvm_type(kb, d->args[i]);
-    return LLVMFunctionType(llvm_type(kb, d->ret), params, (unsigned)d->nargs, 0);
+    return LLVMFunctionType(nvptx_result_type(kb, d), params, (unsigned)d->nargs, 0);
 }
 
-static LLVMValueRef undef_result(aj_kb *kb, const intrinsic_desc *d)
+static void undef_results(aj_kb *kb, const intrinsic_desc *d, LLVMValueRef *results)
 {
-    return LLVMGetUndef(llvm_type(kb, d->ret == VOID ? I32 : d->ret));
+    for (int i = 0; i < d->nres; i++)
+        results[i] = LLVMGetUndef(llvm_type(kb, d->res));
 }
 
-static LLVMValueRef lower_nvptx(aj_kb *kb, const intrinsic_desc *d,
-                                LLVMValueRef *args)
+/* Collectives must not be duplicated into divergent control flow (see SYNC
+ * in intrinsics.def).  Marks a call, or with `is_function` a declaration:
+ * the optimiser drops the mark from calls of declarations that lack it. */
+static void mark_collective(aj_kb *kb, const intrinsic_desc *d, LLVMValueRef value,
+                            int is_function)
 {
-    LLVMTypeRef fty = desc_fn_type(kb, d);
-    if (d->kind == KIND_SIMONLY) {
-        aj_kb_fail(kb, AJ_ERR_INTERNAL, "intrinsic %s exists only on sim", d->id_name);
-        return undef_result(kb, d);
+    if (d->sync == SYNC_LANE)
+        return;
+    unsigned kind = LLVMGetEnumAttributeKindForName("convergent", 10);
+    LLVMAttributeRef convergent = LLVMCreateEnumAttribute(kb->llctx, kind, 0);
+    if (is_function)
+        LLVMAddAttributeAtIndex(value, LLVMAttributeFunctionIndex, convergent);
+    else
+        LLVMAddCallSiteAttribute(value, LLVMAttributeFunctionIndex, convergent);
+}
+
+/*
+ * The declaration of d's NVVM intrinsic, or NULL after a sticky failure
+ * when this LLVM lacks it or declares it with another type than the
+ * table's -- a call of the wrong type would only fail later, in the
+ * verifier, with a message that names neither.
+ */
+static LLVMValueRef nvvm_declaration(aj_kb *kb, const intrinsic_desc *d, LLVMTypeRef fty)
+{
+    unsigned id = LLVMLookupIntrinsicID(d->text, strlen(d->text));
+    if (id == 0) {
+        aj_kb_fail(kb, AJ_ERR_INTERNAL, "intrinsic '%s' is unknown to this LLVM", d->text);
+        return NULL;
     }
-    LLVMValueRef callee;
-    if (d->kind == KIND_NVVM) {
-        unsigned id = LLVMLookupIntrinsicID(d->text, strlen(d->text));
-        if (id == 0 || LLVMIntrinsicIsOverloaded(id)) {
-            aj_kb_fail(kb, AJ_ERR_INTERNAL, "intrinsic '%s' is unknown to this LLVM", d->text);
-            return undef_result(kb, d);
+    LLVMTypeRef overloads[MAX_ARGS];
+    size_t noverloads = 0;
+    if (LLVMIntrinsicIsOverloaded(id)) {
+        for (int i = 0; i < d->nargs; i++)
+            if (d->args[i] == PTR1 || d->args[i] == PTR3)
+                overloads[noverloads++] = llvm_type(kb, d->args[i]);
+        if (noverloads == 0) {
+            aj_kb_fail(kb, AJ_ERR_INTERNAL, "intrinsic '%s' is overloaded on types the "
+                       "table cannot name", d->text);
+            return NULL;
         }
-        callee = LLVMGetIntrinsicDeclaration(kb->mod, id, NULL, 0);
-    } else {
+    }
+    LLVMValueRef fn = LLVMGetIntrinsicDeclaration(kb->mod, id, overloads, noverloads);
+    if (LLVMGlobalGetValueType(fn) != fty) {
+        char *have = LLVMPrintTypeToString(LLVMGlobalGetValueType(fn));
+        char *want = LLVMPrintTypeToString(fty);
+        aj_kb_fail(kb, AJ_ERR_INTERNAL, "intrinsic %s: LLVM declares '%s' as %s, the table "
+                   "as %s", d->id_name, d->text, have, want);
+        LLVMDisposeMessage(have);
+        LLVMDisposeMessage(want);
+        return NULL;
+    }
+    return fn;
+}
+
+static void lower_nvptx(aj_kb *kb, const intrinsic_desc *d, LLVMValueRef *args,
+                        LLVMValueRef *results)
+{
+    LLVMTypeRef fty = nvptx_fn_type(kb, d);
+    LLVMValueRef callee = NULL;
+    switch (d->kind) {
+    case KIND_NVVM:
+        callee = nvvm_declaration(kb, d, fty);
+        break;
+    case KIND_ASM:
         callee = LLVMGetInlineAsm(fty, d->text, strlen(d->text), d->constraints,
                                   strlen(d->constraints), 0, 0,
                                   LLVMInlineAsmDialectATT, 0);
+        break;
+    case KIND_SIMONLY:
+        aj_kb_fail(kb, AJ_ERR_INTERNAL, "intrinsic %s exists only on sim", d->id_name);
+        break;
     }
-    return LLVMBuildCall2(kb->b, fty, callee, args, (unsigned)d->nargs, "");
+    if (!callee) {
+        undef_results(kb, d, results);
+        return;
+    }
+    LLVMValueRef call = LLVMBuildCall2(kb->b, fty, callee, args, (unsigned)d->nargs, "");
+    mark_collective(kb, d, call, 0);
+    if (d->nres == 1) {
+        results[0] = call;
+        return;
+    }
+    for (int i = 0; i < d->nres; i++)
+        results[i] = LLVMBuildExtractValue(kb->b, call, (unsigned)i, "");
 }
 
-/* sim: `ret SIM_SYMBOL(ptr thread, args...)`, declared on first use */
-static LLVMValueRef lower_sim(aj_kb *kb, const intrinsic_desc *d, LLVMValueRef *args)
+/* sim: the calling convention of intrinsics.def's SIM_SYMBOL column,
+ * the function declared on first use */
+static void lower_sim(aj_kb *kb, const intrinsic_desc *d, LLVMValueRef *args,
+                      LLVMValueRef *results)
 {
-    LLVMTypeRef params[5] = {kb->t_ptr};
-    LLVMValueRef call_args[5] = {kb->sim_thread};
-    for (int i = 0; i < d->nargs; i++) {
-        params[i + 1] = llvm_type(kb, d->args[i]);
-        call_args[i + 1] = args[i];
+    LLVMTypeRef params[MAX_ARGS + 3] = {kb->t_ptr};
+    LLVMValueRef call_args[MAX_ARGS + 3] = {kb->sim_thread};
+    unsigned n = 1;
+    if (d->sync != SYNC_LANE) {
+        params[n] = kb->t_i32;
+        call_args[n++] = aj_kb_i32(kb, ++kb->sim_sites);
     }
-    LLVMTypeRef fty = LLVMFunctionType(llvm_type(kb, d->ret), params,
-                                       (unsigned)d->nargs + 1, 0);
+    for (int i = 0; i < d->nargs; i++, n++) {
+        if (d->args[i] == I1) {
+            params[n] = kb->t_i32;
+            call_args[n] = LLVMBuildZExt(kb->b, args[i], kb->t_i32, "");
+        } else {
+            params[n] = llvm_type(kb, d->args[i]);
+            call_args[n] = args[i];
+        }
+    }
+    LLVMTypeRef res = llvm_type(kb, d->res);
+    LLVMTypeRef out_type = NULL;
+    LLVMValueRef out = NULL;
+    if (d->nres > 1) {
+        out_type = LLVMArrayType2(res, (uint64_t)d->nres);
+        out = aj_kb_var(kb, out_type, NULL, "sim.out");
+        params[n] = kb->t_ptr;
+        call_args[n++] = out;
+    }
+    LLVMTypeRef ret = d->nres > 1 ? kb->t_void : d->res == I1 ? kb->t_i32 : res;
+    LLVMTypeRef fty = LLVMFunctionType(ret, params, n, 0);
     LLVMValueRef fn = LLVMGetNamedFunction(kb->mod, d->sim_symbol);
-    if (!fn)
+    if (!fn) {
         fn = LLVMAddFunction(kb->mod, d->sim_symbol, fty);
-    return LLVMBuildCall2(kb->b, fty, fn, call_args, (unsigned)d->nargs + 1, "");
+        mark_collective(kb, d, fn, 1);
+    }
+    LLVMValueRef call = LLVMBuildCall2(kb->b, fty, fn, call_args, n, "");
+    if (d->nres == 1) {
+        results[0] = d->res == I1 ? LLVMBuildICmp(kb->b, LLVMIntNE, call, aj_kb_i32(kb, 0), "")
+                                  : call;
+        return;
+    }
+    for (int i = 0; i < d->nres; i++) {
+        LLVMValueRef idx[2] = {aj_kb_i32(kb, 0), aj_kb_i32(kb, i)};
+        LLVMValueRef at = LLVMBuildInBoundsGEP2(kb->b, out_type, out, idx, 2, "");
+        results[i] = LLVMBuildLoad2(kb->b, res, at, "");
+    }
 }
 
-LLVMValueRef aj_kb_intrinsic(aj_kb *kb, enum aj_intrinsic_id id,
-                             LLVMValueRef *args)
+void aj_kb_intrinsic_results(aj_kb *kb, enum aj_intrinsic_id id, LLVMValueRef *args,
+                             LLVMValueRef *results)
 {
     const intrinsic_desc *d = &table[id];
     switch (kb->target) {
     case AJ_TARGET_SM_80:
     case AJ_TARGET_SM_90:
     case AJ_TARGET_SM_90A:
-        return lower_nvptx(kb, d, args);
+        lower_nvptx(kb, d, args, results);
+        return;
     case AJ_TARGET_SIM:
-        if (!kb->sim_thread) {
-            aj_kb_fail(kb, AJ_ERR_INTERNAL, "intrinsic %s used outside a kernel", d->id_name);
-            return undef_result(kb, d);
+        if (kb->sim_thread) {
+            lower_sim(kb, d, args, results);
+            return;
         }
-        return lower_sim(kb, d, args);
+        aj_kb_fail(kb, AJ_ERR_INTERNAL, "intrinsic %s used outside a kernel", d->id_name);
+        break;
     default:
         aj_kb_fail(kb, AJ_ERR_UNSUPPORTED, "intrinsic %s has no lowering for target '%s'",
                    d->id_name, aj_target_name(kb->target));
-        return undef_result(kb, d);
+        break;
     }
+    undef_results(kb, d, results);
+}
+
+LLVMValueRef aj_kb_intrinsic(aj_kb *kb, enum aj_intrinsic_id id, LLVMValueRef *args)
+{
+    const intrinsic_desc *d = &table[id];
+    if (d->nres > 1) {
+        aj_kb_fail(kb, AJ_ERR_INTERNAL, "intrinsic %s has %d results; call "
+                   "aj_kb_intrinsic_results", d->id_name, d->nres);
+        return LLVMGetUndef(llvm_type(kb, d->res));
+    }
+    LLVMValueRef result = NULL;
+    aj_kb_intrinsic_results(kb, id, args, &result);
+    return result;
 }
 
 size_t aj_intrinsic_sim_symbols(const char **names, size_t cap)

@@ -395,6 +395,91 @@ LLVMValueRef aj_kb_log2(aj_kb *kb, LLVMValueRef x)
     return aj_kb_intrinsic(kb, AJ_INTR_LG2_APPROX, &x);
 }
 
+/* ---------------------------------------------------------------- warp ops */
+
+static LLVMValueRef vote(aj_kb *kb, enum aj_intrinsic_id id, LLVMValueRef pred)
+{
+    LLVMValueRef args[2] = {aj_kb_i32(kb, -1), pred};
+    return aj_kb_intrinsic(kb, id, args);
+}
+
+LLVMValueRef aj_kb_ballot(aj_kb *kb, LLVMValueRef pred)
+{
+    return vote(kb, AJ_INTR_VOTE_BALLOT, pred);
+}
+
+LLVMValueRef aj_kb_vote_all(aj_kb *kb, LLVMValueRef pred)
+{
+    return vote(kb, AJ_INTR_VOTE_ALL, pred);
+}
+
+LLVMValueRef aj_kb_vote_any(aj_kb *kb, LLVMValueRef pred)
+{
+    return vote(kb, AJ_INTR_VOTE_ANY, pred);
+}
+
+void aj_kb_mma_m16n8k16(aj_kb *kb, aj_dtype dtype, const LLVMValueRef a[4],
+                        const LLVMValueRef b[2], const LLVMValueRef c[4],
+                        LLVMValueRef d[4])
+{
+    if (dtype != AJ_DTYPE_F16 && dtype != AJ_DTYPE_BF16) {
+        aj_kb_fail(kb, AJ_ERR_INTERNAL, "mma.m16n8k16 takes f16 or bf16 inputs, not %s",
+                   aj_dtype_name(dtype));
+        for (int i = 0; i < 4; i++)
+            d[i] = LLVMGetUndef(kb->t_f32);
+        return;
+    }
+    LLVMValueRef args[10] = {a[0], a[1], a[2], a[3], b[0], b[1], c[0], c[1], c[2], c[3]};
+    aj_kb_intrinsic_results(kb, dtype == AJ_DTYPE_F16 ? AJ_INTR_MMA_M16N8K16_F16
+                                                      : AJ_INTR_MMA_M16N8K16_BF16,
+                            args, d);
+}
+
+void aj_kb_ldmatrix(aj_kb *kb, int count, int trans, LLVMValueRef smem_ptr,
+                    LLVMValueRef out[4])
+{
+    static const enum aj_intrinsic_id ids[2][3] = {
+        {AJ_INTR_LDMATRIX_X1, AJ_INTR_LDMATRIX_X2, AJ_INTR_LDMATRIX_X4},
+        {AJ_INTR_LDMATRIX_X1_T, AJ_INTR_LDMATRIX_X2_T, AJ_INTR_LDMATRIX_X4_T},
+    };
+    int which = count == 1 ? 0 : count == 2 ? 1 : count == 4 ? 2 : -1;
+    if (which < 0) {
+        aj_kb_fail(kb, AJ_ERR_INTERNAL, "ldmatrix loads 1, 2 or 4 matrices, not %d", count);
+        for (int i = 0; i < 4; i++)
+            out[i] = LLVMGetUndef(kb->t_i32);
+        return;
+    }
+    aj_kb_intrinsic_results(kb, ids[trans != 0][which], &smem_ptr, out);
+}
+
+void aj_kb_cp_async_16(aj_kb *kb, LLVMValueRef smem_ptr, LLVMValueRef gptr,
+                       LLVMValueRef src_bytes)
+{
+    LLVMValueRef args[3] = {smem_ptr, gptr, src_bytes};
+    aj_kb_intrinsic(kb, src_bytes ? AJ_INTR_CP_ASYNC_16_ZFILL : AJ_INTR_CP_ASYNC_16, args);
+}
+
+void aj_kb_cp_async_commit(aj_kb *kb)
+{
+    aj_kb_intrinsic(kb, AJ_INTR_CP_ASYNC_COMMIT, NULL);
+}
+
+void aj_kb_cp_async_wait(aj_kb *kb, int pending_groups)
+{
+    if (pending_groups < 0) {
+        aj_kb_fail(kb, AJ_ERR_INTERNAL, "cp.async.wait_group %d: the count of groups left "
+                   "pending cannot be negative", pending_groups);
+        return;
+    }
+    LLVMValueRef n = aj_kb_i32(kb, pending_groups);
+    aj_kb_intrinsic(kb, AJ_INTR_CP_ASYNC_WAIT_GROUP, &n);
+}
+
+void aj_kb_cp_async_wait_all(aj_kb *kb)
+{
+    aj_kb_intrinsic(kb, AJ_INTR_CP_ASYNC_WAIT_ALL, NULL);
+}
+
 /* ---------------------------------------------------------------- dtypes */
 
 int aj_dtype_size(aj_dtype dtype)

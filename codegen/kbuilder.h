@@ -3,13 +3,14 @@
  *
  * A thin layer over LLVM-C that knows about GPU kernels: parameters that
  * become the launch ABI, thread and block ids, dynamic shared memory
- * (addrspace 3), barriers, shuffles, conversions and fast exp2, structured
- * loops and ifs, and mutable variables.  Variables are allocas in the entry
- * block; the O3 pipeline promotes them to registers, so templates never
- * build phis by hand.
+ * (addrspace 3), barriers, shuffles and votes, tensor-core mma, ldmatrix,
+ * cp.async, conversions and fast exp2, structured loops and ifs, and
+ * mutable variables.  Variables are allocas in the entry block; the O3
+ * pipeline promotes them to registers, so templates never build phis by
+ * hand.
  *
  * Every GPU operation goes through aj_kb_intrinsic() and the table in
- * intrinsics.def, so a target (nvptx now, sim next) lowers each one in one
+ * intrinsics.def, so each target (nvptx, sim) lowers each one in one
  * place.  Errors are sticky: the first failure is kept in kb->st / kb->msg
  * and later calls become no-ops that return harmless values, so a template
  * checks once, at the end.
@@ -23,7 +24,7 @@
 #include "ir/diag.h"
 
 enum aj_intrinsic_id {
-#define AJ_INTRINSIC(id, kind, text, cons, ret, nargs, a0, a1, a2, a3, sim) \
+#define AJ_INTRINSIC(id, kind, text, cons, sync, nres, res, nargs, args, sim) \
     AJ_INTR_##id,
 #include "codegen/intrinsics.def"
 #undef AJ_INTRINSIC
@@ -38,6 +39,7 @@ enum { AJ_AS_GENERIC = 0, AJ_AS_GLOBAL = 1, AJ_AS_SHARED = 3 };
 
 #define AJ_KB_MAX_PARAMS 64
 #define AJ_KB_MAX_NEST 32
+#define AJ_KB_MAX_RESULTS 4    /* the most results a table row has */
 
 typedef struct aj_kb_param_decl {
     char name[32];
@@ -59,6 +61,7 @@ typedef struct aj_kb {
     LLVMTypeRef t_gptr, t_sptr;  /* ptr addrspace(1), ptr addrspace(3) */
     LLVMTypeRef t_ptr;           /* ptr (generic) */
     LLVMValueRef sim_thread;     /* sim: the hidden thread-state argument */
+    int32_t sim_sites;           /* sim: collective call sites numbered so far */
 
     /* the launch ABI, in declaration order */
     aj_kb_param_decl params[AJ_KB_MAX_PARAMS];
@@ -105,9 +108,14 @@ void aj_kb_finish(aj_kb *kb);
 /* The value of parameter `name` (declared earlier). */
 LLVMValueRef aj_kb_param(aj_kb *kb, const char *name);
 
-/* Emits a call of a table intrinsic; args has its NARGS values. */
+/* Emits a call of a table intrinsic; args has its NARGS values.  Returns
+ * its result, or NULL for a row without one; rows with several results
+ * (mma, ldmatrix .x2/.x4) go through aj_kb_intrinsic_results. */
 LLVMValueRef aj_kb_intrinsic(aj_kb *kb, enum aj_intrinsic_id id,
                              LLVMValueRef *args);
+/* Same for any row: fills results[0 .. NRES-1]. */
+void aj_kb_intrinsic_results(aj_kb *kb, enum aj_intrinsic_id id,
+                             LLVMValueRef *args, LLVMValueRef *results);
 /* True when every NVVM name in the table resolves in this LLVM; on
  * failure the message names the first that does not. */
 aj_status aj_intrinsics_check(aj_ctx *ctx);
@@ -164,6 +172,54 @@ LLVMValueRef aj_kb_group_max(aj_kb *kb, LLVMValueRef v, int width);
 LLVMValueRef aj_kb_group_sum(aj_kb *kb, LLVMValueRef v, int width);
 LLVMValueRef aj_kb_exp2(aj_kb *kb, LLVMValueRef x);
 LLVMValueRef aj_kb_log2(aj_kb *kb, LLVMValueRef x);
+
+/* vote.sync over the full warp: the ballot (i32, bit l = lane l's i1
+ * `pred`), and whether all / any lane's pred holds (i1). */
+LLVMValueRef aj_kb_ballot(aj_kb *kb, LLVMValueRef pred);
+LLVMValueRef aj_kb_vote_all(aj_kb *kb, LLVMValueRef pred);
+LLVMValueRef aj_kb_vote_any(aj_kb *kb, LLVMValueRef pred);
+
+/*
+ * Tensor cores: d = a * b + c for one 16x8x16 tile per warp, f32
+ * accumulators, dtype AJ_DTYPE_F16 or AJ_DTYPE_BF16.  Every lane of the
+ * warp must make the same call.  a[4] and b[2] are i32 registers holding
+ * two elements each (lower index in the low half), c[4] and d[4] f32, in
+ * the PTX ISA's fragment layout.  Lane 4g + t (g = 0..7, t = 0..3) holds:
+ *
+ *   A 16x16, row-major       B 16x8, k x n            C, D 16x8
+ *            k 2t,2t+1  k 2t+8,2t+9        n = g              n = 2t  n = 2t+1
+ *   row g      a[0]       a[2]    k 2t,2t+1     b[0]   row g     c[0]    c[1]
+ *   row g+8    a[1]       a[3]    k 2t+8,2t+9   b[1]   row g+8   c[2]    c[3]
+ */
+void aj_kb_mma_m16n8k16(aj_kb *kb, aj_dtype dtype, const LLVMValueRef a[4],
+                        const LLVMValueRef b[2], const LLVMValueRef c[4],
+                        LLVMValueRef d[4]);
+
+/*
+ * ldmatrix: `count` (1, 2, 4) 8x8 matrices of 16-bit elements from shared
+ * memory, one i32 (two elements) per lane per matrix into out[0..count-1].
+ * Lane 8m + r passes the address of row r of matrix m (16 bytes, 16-byte
+ * aligned); every lane of the warp must make the same call.  Lane 4g + t
+ * receives row g, columns 2t and 2t+1 -- or with `trans` column g, rows 2t
+ * and 2t+1, which is the fragment of the transposed matrix.
+ */
+void aj_kb_ldmatrix(aj_kb *kb, int count, int trans, LLVMValueRef smem_ptr,
+                    LLVMValueRef out[4]);
+
+/*
+ * cp.async: an asynchronous 16-byte copy from global to shared memory
+ * (both 16-byte aligned).  With src_bytes (an i32 0..16, or NULL for 16)
+ * only that many bytes are read and the rest of the 16 are zero-filled.
+ * The copy lands only at a wait that covers its group: commit closes the
+ * group of copies issued since the last commit; wait(n) returns once at
+ * most the n most recent groups are still pending; wait_all waits for
+ * every copy, committed or not.
+ */
+void aj_kb_cp_async_16(aj_kb *kb, LLVMValueRef smem_ptr, LLVMValueRef gptr,
+                       LLVMValueRef src_bytes);
+void aj_kb_cp_async_commit(aj_kb *kb);
+void aj_kb_cp_async_wait(aj_kb *kb, int pending_groups);
+void aj_kb_cp_async_wait_all(aj_kb *kb);
 
 /* element conversions between a storage dtype and f32 */
 LLVMTypeRef aj_kb_storage_type(aj_kb *kb, aj_dtype dtype); /* i16 or f32 */

@@ -5,14 +5,27 @@
  * guarded stacks; the worker's scheduler runs every ready fiber until it
  * blocks, then settles what the blocked ones wait for:
  *
- *     sweep: run each READY fiber ──► it returns AT_BARRIER, AT_SHFL or DONE
- *     settle: a warp whose lanes all wait at the same shfl ──► results, READY
- *             all live threads at the same barrier        ──► READY
+ *     sweep: run each READY fiber ──► it returns AT_BARRIER, AT_WARP or DONE
+ *     settle: lanes of a warp that all wait at the same warp-collective call
+ *             (shfl, vote, mma, ldmatrix) ──► results computed, READY
+ *             all live threads at the same barrier ──► READY
  *     nothing READY and not all DONE ──► divergence or deadlock: an error
  *
  * A fault inside a fiber (bad access) records the error and switches back
  * to the scheduler, which abandons the CTA; other workers stop at their
  * next CTA.
+ *
+ * cp.async copies read global memory when issued and sit in the issuing
+ * thread's queue until a cp.async.wait_group / wait_all covers their
+ * group; only then do they land in shared memory.  Shared memory starts
+ * every CTA filled with 0xFF bytes (NaN as f32, f16 and bf16), so a kernel
+ * that reads a copy's destination before its wait sees NaN, not the data
+ * it would usually, but not always, find on a GPU.  Copies never waited for
+ * are dropped when the CTA ends.
+ *
+ * The emulator is stricter than the hardware where the hardware's result is
+ * undefined: a collective that names a lane that exited, or a shuffle that
+ * reads a lane outside its membermask, is an error, not a garbage value.
  */
 #define _GNU_SOURCE
 #include "runtime/sim/emulator.h"
@@ -32,9 +45,37 @@
 #define STACK_BYTES (256 * 1024)
 #define MAX_WORKERS 16
 #define WARP 32
+#define ALL_LANES 0xffffffffu
 
-enum thread_state { T_READY, T_BARRIER, T_SHFL, T_DONE };
-enum shfl_mode { SHFL_IDX, SHFL_UP, SHFL_DOWN, SHFL_BFLY };
+enum thread_state { T_READY, T_BARRIER, T_WARP, T_DONE };
+
+/* The warp-collective operations, settled by the scheduler. */
+enum warp_op {
+    OP_SHFL_IDX, OP_SHFL_UP, OP_SHFL_DOWN, OP_SHFL_BFLY,
+    OP_VOTE_BALLOT, OP_VOTE_ALL, OP_VOTE_ANY,
+    OP_MMA_F16, OP_MMA_BF16,
+    OP_LDMATRIX,
+};
+
+/* One lane's part in a warp-collective call: operands in, results out. */
+typedef struct warp_call {
+    enum warp_op op;
+    uint32_t mask;             /* membermask; ALL_LANES for .aligned ops */
+    union {
+        struct { uint32_t value; int32_t b, c; } shfl;
+        struct { int32_t pred; } vote;
+        struct { uint32_t a[4], b[2]; float c[4]; } mma;
+        struct { const uint8_t *row; int count, trans; } ldmatrix;
+    } in;
+    uint32_t result[4];
+} warp_call;
+
+/* A cp.async copy, read at issue, waiting for its wait to land. */
+typedef struct cp_async_copy {
+    uint8_t *dst;
+    int64_t group;             /* the commit group it belongs to */
+    uint8_t data[16];
+} cp_async_copy;
 
 struct sim_worker;
 
@@ -43,11 +84,11 @@ typedef struct sim_thread {
     struct sim_worker *w;
     int32_t tid;
     enum thread_state state;
-    void *site;                /* return address of the waiting call */
-    /* shfl.sync operands and result */
-    enum shfl_mode mode;
-    uint32_t mask, value, result;
-    int32_t b, c;
+    int32_t site;              /* the collective it waits at (intrinsics.def) */
+    warp_call call;
+    cp_async_copy *copies;     /* pending, in issue order */
+    int num_copies, cap_copies;
+    int64_t groups_committed;
     ucontext_t uc;
     char *stack;               /* STACK_BYTES, with a guard page below */
 } sim_thread;
@@ -73,6 +114,31 @@ typedef struct sim_run {
     char error[1024];          /* first fault, under lock */
     int have_error;
 } sim_run;
+
+static const char *warp_op_name(const warp_call *c)
+{
+    static const char *const names[] = {
+        [OP_SHFL_IDX] = "shfl.sync.idx",
+        [OP_SHFL_UP] = "shfl.sync.up",
+        [OP_SHFL_DOWN] = "shfl.sync.down",
+        [OP_SHFL_BFLY] = "shfl.sync.bfly",
+        [OP_VOTE_BALLOT] = "vote.sync.ballot.b32",
+        [OP_VOTE_ALL] = "vote.sync.all.pred",
+        [OP_VOTE_ANY] = "vote.sync.any.pred",
+        [OP_MMA_F16] = "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32",
+        [OP_MMA_BF16] = "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32",
+    };
+    static const char *const ldmatrix_names[2][3] = {   /* [trans][x1, x2, x4] */
+        {"ldmatrix.sync.aligned.m8n8.x1.shared.b16", "ldmatrix.sync.aligned.m8n8.x2.shared.b16",
+         "ldmatrix.sync.aligned.m8n8.x4.shared.b16"},
+        {"ldmatrix.sync.aligned.m8n8.x1.trans.shared.b16",
+         "ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16",
+         "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16"},
+    };
+    if (c->op == OP_LDMATRIX)
+        return ldmatrix_names[c->in.ldmatrix.trans][c->in.ldmatrix.count / 2];
+    return names[c->op];
+}
 
 /* ---------------------------------------------------------------- faults */
 
@@ -106,11 +172,86 @@ static void fault_in_thread(sim_thread *t, const char *what)
     abort();   /* unreachable: a faulted CTA's fibers are never resumed */
 }
 
-static void yield_to_scheduler(sim_thread *t, enum thread_state why, void *site)
+static void yield_to_scheduler(sim_thread *t, enum thread_state why, int32_t site)
 {
     t->state = why;
     t->site = site;
     swapcontext(&t->uc, &t->w->sched);
+}
+
+/* ---------------------------------------------------------------- memory checks */
+
+enum { ACCESS_STORE = 1, ACCESS_SHARED = 2 };   /* aj_sim_check's flags */
+
+static void check_alignment(sim_thread *t, const char *op, uintptr_t a, int32_t bytes,
+                            uintptr_t align, int flags)
+{
+    if (a % align == 0)
+        return;
+    char msg[256];
+    snprintf(msg, sizeof msg, "misaligned %s %s of %d bytes at 0x%llx (needs %zu-byte "
+             "alignment)", flags & ACCESS_SHARED ? "shared" : "global", op, bytes,
+             (unsigned long long)a, (size_t)align);
+    fault_in_thread(t, msg);
+}
+
+static void check_shared_bounds(sim_thread *t, const char *op, uintptr_t a, int32_t bytes)
+{
+    sim_worker *w = t->w;
+    uintptr_t base = (uintptr_t)w->smem;
+    if (a >= base && a + (uintptr_t)bytes <= base + (uintptr_t)w->launch->smem_bytes)
+        return;
+    char msg[256];
+    snprintf(msg, sizeof msg, "out-of-bounds shared %s of %d bytes at offset %lld of %d bytes "
+             "of shared memory", op, bytes, (long long)(a - base), w->launch->smem_bytes);
+    fault_in_thread(t, msg);
+}
+
+/* The access must lie inside one buffer of the launch; the message names
+ * the nearest one. */
+static void check_global_bounds(sim_thread *t, const char *op, uintptr_t a, int32_t bytes)
+{
+    const aj_sim_launch *launch = t->w->launch;
+    const aj_sim_buffer *near = NULL;
+    long long near_dist = 0;
+    for (int i = 0; i < launch->num_buffers; i++) {
+        const aj_sim_buffer *buf = &launch->buffers[i];
+        uintptr_t lo = (uintptr_t)buf->base, hi = lo + buf->bytes;
+        if (a >= lo && a + (uintptr_t)bytes <= hi)
+            return;
+        long long dist = a < lo ? (long long)(lo - a) : (long long)(a + (uintptr_t)bytes - hi);
+        if (!near || dist < near_dist) {
+            near = buf;
+            near_dist = dist;
+        }
+    }
+    char msg[512];
+    if (near)
+        snprintf(msg, sizeof msg,
+                 "out-of-bounds global %s of %d bytes at 0x%llx (%lld bytes %s '%s', "
+                 "%zu bytes at 0x%llx)", op, bytes, (unsigned long long)a, near_dist,
+                 a < (uintptr_t)near->base ? "before" : "past the end of", near->name,
+                 near->bytes, (unsigned long long)(uintptr_t)near->base);
+    else
+        snprintf(msg, sizeof msg, "global %s of %d bytes at 0x%llx: the launch has no buffers",
+                 op, bytes, (unsigned long long)a);
+    fault_in_thread(t, msg);
+}
+
+/* Every load and store of the kernel: natural alignment (up to 16 bytes)
+ * and bounds; bit 0 of `flags` = store, bit 1 = shared memory. */
+static void sim_check(sim_thread *t, int64_t addr, int32_t bytes, int32_t flags)
+{
+    const char *op = flags & ACCESS_STORE ? "store" : "load";
+    uintptr_t a = (uintptr_t)addr;
+    uintptr_t align = (uintptr_t)(bytes > 16 ? 16 : bytes);
+    if (align & (align - 1))
+        align = 1;
+    check_alignment(t, op, a, bytes, align, flags);
+    if (flags & ACCESS_SHARED)
+        check_shared_bounds(t, op, a, bytes);
+    else
+        check_global_bounds(t, op, a, bytes);
 }
 
 /* ---------------------------------------------------------------- intrinsics */
@@ -120,42 +261,197 @@ static int32_t sim_ctaid_x(sim_thread *t) { return t->w->ctaid[0]; }
 static int32_t sim_ctaid_y(sim_thread *t) { return t->w->ctaid[1]; }
 static int32_t sim_ctaid_z(sim_thread *t) { return t->w->ctaid[2]; }
 
-static void sim_barrier(sim_thread *t)
+static void sim_barrier(sim_thread *t, int32_t site)
 {
-    yield_to_scheduler(t, T_BARRIER, __builtin_return_address(0));
+    yield_to_scheduler(t, T_BARRIER, site);
 }
 
-static uint32_t shuffle(sim_thread *t, enum shfl_mode mode, uint32_t mask, uint32_t value,
-                        int32_t b, int32_t c, void *site)
+/* Joins the warp-collective call whose operands are in t->call; returns
+ * once the scheduler has filled t->call.result. */
+static void join_warp_call(sim_thread *t, int32_t site, enum warp_op op, uint32_t mask)
 {
-    t->mode = mode;
-    t->mask = mask;
-    t->value = value;
-    t->b = b;
-    t->c = c;
-    yield_to_scheduler(t, T_SHFL, site);
-    return t->result;
+    t->call.op = op;
+    t->call.mask = mask;
+    int lane = t->tid % WARP;
+    if (!(mask >> lane & 1)) {
+        char msg[256];
+        snprintf(msg, sizeof msg, "%s with membermask 0x%08x, which leaves out the thread's "
+                 "own lane %d", warp_op_name(&t->call), mask, lane);
+        fault_in_thread(t, msg);
+    }
+    yield_to_scheduler(t, T_WARP, site);
 }
 
 static uint32_t f2u(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
 static float u2f(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
 
-#define SHFL_F32(name, mode)                                                            \
-    static float name(sim_thread *t, int32_t mask, float v, int32_t b, int32_t c)      \
+static uint32_t shuffle(sim_thread *t, int32_t site, enum warp_op op, uint32_t mask,
+                        uint32_t value, int32_t b, int32_t c)
+{
+    t->call.in.shfl.value = value;
+    t->call.in.shfl.b = b;
+    t->call.in.shfl.c = c;
+    join_warp_call(t, site, op, mask);
+    return t->call.result[0];
+}
+
+#define SHFL_F32(name, op)                                                              \
+    static float name(sim_thread *t, int32_t site, int32_t mask, float v, int32_t b,   \
+                      int32_t c)                                                        \
     {                                                                                   \
-        return u2f(shuffle(t, mode, (uint32_t)mask, f2u(v), b, c,                       \
-                           __builtin_return_address(0)));                               \
+        return u2f(shuffle(t, site, op, (uint32_t)mask, f2u(v), b, c));                 \
     }
-SHFL_F32(sim_shfl_idx_f32, SHFL_IDX)
-SHFL_F32(sim_shfl_up_f32, SHFL_UP)
-SHFL_F32(sim_shfl_down_f32, SHFL_DOWN)
-SHFL_F32(sim_shfl_bfly_f32, SHFL_BFLY)
+SHFL_F32(sim_shfl_idx_f32, OP_SHFL_IDX)
+SHFL_F32(sim_shfl_up_f32, OP_SHFL_UP)
+SHFL_F32(sim_shfl_down_f32, OP_SHFL_DOWN)
+SHFL_F32(sim_shfl_bfly_f32, OP_SHFL_BFLY)
 #undef SHFL_F32
 
-static int32_t sim_shfl_idx_i32(sim_thread *t, int32_t mask, int32_t v, int32_t b, int32_t c)
+static int32_t sim_shfl_idx_i32(sim_thread *t, int32_t site, int32_t mask, int32_t v,
+                                int32_t b, int32_t c)
 {
-    return (int32_t)shuffle(t, SHFL_IDX, (uint32_t)mask, (uint32_t)v, b, c,
-                            __builtin_return_address(0));
+    return (int32_t)shuffle(t, site, OP_SHFL_IDX, (uint32_t)mask, (uint32_t)v, b, c);
+}
+
+/* vote.sync: the predicate arrives as an i32 0 or 1 (intrinsics.def) */
+#define VOTE(name, op)                                                                  \
+    static int32_t name(sim_thread *t, int32_t site, int32_t mask, int32_t pred)       \
+    {                                                                                   \
+        t->call.in.vote.pred = pred;                                                    \
+        join_warp_call(t, site, op, (uint32_t)mask);                                    \
+        return (int32_t)t->call.result[0];                                              \
+    }
+VOTE(sim_vote_ballot, OP_VOTE_BALLOT)
+VOTE(sim_vote_all, OP_VOTE_ALL)
+VOTE(sim_vote_any, OP_VOTE_ANY)
+#undef VOTE
+
+/* mma.sync.aligned: the whole warp, all 32 lanes; d is the out-pointer of
+ * a multi-result row */
+#define MMA(name, op)                                                                   \
+    static void name(sim_thread *t, int32_t site, int32_t a0, int32_t a1, int32_t a2,  \
+                     int32_t a3, int32_t b0, int32_t b1, float c0, float c1, float c2,  \
+                     float c3, float *d)                                                \
+    {                                                                                   \
+        uint32_t a[4] = {(uint32_t)a0, (uint32_t)a1, (uint32_t)a2, (uint32_t)a3};      \
+        float c[4] = {c0, c1, c2, c3};                                                  \
+        memcpy(t->call.in.mma.a, a, sizeof a);                                          \
+        t->call.in.mma.b[0] = (uint32_t)b0;                                             \
+        t->call.in.mma.b[1] = (uint32_t)b1;                                             \
+        memcpy(t->call.in.mma.c, c, sizeof c);                                          \
+        join_warp_call(t, site, op, ALL_LANES);                                         \
+        memcpy(d, t->call.result, 4 * sizeof *d);                                       \
+    }
+MMA(sim_mma_m16n8k16_f16, OP_MMA_F16)
+MMA(sim_mma_m16n8k16_bf16, OP_MMA_BF16)
+#undef MMA
+
+/* ldmatrix: lanes 0 .. 8*count-1 pass row addresses, checked here so that
+ * a bad one names its thread */
+static void ldmatrix(sim_thread *t, int32_t site, int count, int trans, const uint8_t *row)
+{
+    if (t->tid % WARP < 8 * count) {
+        check_alignment(t, "ldmatrix row read", (uintptr_t)row, 16, 16, ACCESS_SHARED);
+        check_shared_bounds(t, "ldmatrix row read", (uintptr_t)row, 16);
+    }
+    t->call.in.ldmatrix.row = row;
+    t->call.in.ldmatrix.count = count;
+    t->call.in.ldmatrix.trans = trans;
+    join_warp_call(t, site, OP_LDMATRIX, ALL_LANES);
+}
+
+#define LDMATRIX_1(name, trans)                                                         \
+    static int32_t name(sim_thread *t, int32_t site, const uint8_t *row)               \
+    {                                                                                   \
+        ldmatrix(t, site, 1, trans, row);                                               \
+        return (int32_t)t->call.result[0];                                              \
+    }
+#define LDMATRIX_N(name, count, trans)                                                  \
+    static void name(sim_thread *t, int32_t site, const uint8_t *row, uint32_t *out)   \
+    {                                                                                   \
+        ldmatrix(t, site, count, trans, row);                                           \
+        memcpy(out, t->call.result, count * sizeof *out);                               \
+    }
+LDMATRIX_1(sim_ldmatrix_x1, 0)
+LDMATRIX_N(sim_ldmatrix_x2, 2, 0)
+LDMATRIX_N(sim_ldmatrix_x4, 4, 0)
+LDMATRIX_1(sim_ldmatrix_x1_trans, 1)
+LDMATRIX_N(sim_ldmatrix_x2_trans, 2, 1)
+LDMATRIX_N(sim_ldmatrix_x4_trans, 4, 1)
+#undef LDMATRIX_1
+#undef LDMATRIX_N
+
+/* cp.async.cg: 16 bytes, src_bytes of them read now, the rest zeros */
+static void cp_async(sim_thread *t, uint8_t *dst, const uint8_t *src, int32_t src_bytes)
+{
+    if (src_bytes < 0 || src_bytes > 16) {
+        char msg[128];
+        snprintf(msg, sizeof msg, "cp.async with src-size %d, outside 0..16", src_bytes);
+        fault_in_thread(t, msg);
+    }
+    check_alignment(t, "cp.async write", (uintptr_t)dst, 16, 16, ACCESS_SHARED | ACCESS_STORE);
+    check_shared_bounds(t, "cp.async write", (uintptr_t)dst, 16);
+    check_alignment(t, "cp.async read", (uintptr_t)src, 16, 16, 0);
+    if (src_bytes > 0)
+        check_global_bounds(t, "cp.async read", (uintptr_t)src, src_bytes);
+    if (t->num_copies == t->cap_copies) {
+        int cap = t->cap_copies ? 2 * t->cap_copies : 16;
+        cp_async_copy *grown = realloc(t->copies, (size_t)cap * sizeof *grown);
+        if (!grown)
+            fault_in_thread(t, "cp.async: out of host memory for the copy queue");
+        t->copies = grown;
+        t->cap_copies = cap;
+    }
+    cp_async_copy *c = &t->copies[t->num_copies++];
+    c->dst = dst;
+    c->group = t->groups_committed;
+    memset(c->data, 0, sizeof c->data);
+    memcpy(c->data, src, (size_t)src_bytes);
+}
+
+static void sim_cp_async_16(sim_thread *t, uint8_t *dst, const uint8_t *src)
+{
+    cp_async(t, dst, src, 16);
+}
+
+static void sim_cp_async_16_zfill(sim_thread *t, uint8_t *dst, const uint8_t *src,
+                                  int32_t src_bytes)
+{
+    cp_async(t, dst, src, src_bytes);
+}
+
+static void sim_cp_async_commit(sim_thread *t)
+{
+    t->groups_committed++;
+}
+
+/* Lands, in issue order, the copies of groups before `group_limit`. */
+static void land_copies(sim_thread *t, int64_t group_limit)
+{
+    int kept = 0;
+    for (int i = 0; i < t->num_copies; i++) {
+        cp_async_copy *c = &t->copies[i];
+        if (c->group < group_limit)
+            memcpy(c->dst, c->data, sizeof c->data);
+        else
+            t->copies[kept++] = *c;
+    }
+    t->num_copies = kept;
+}
+
+/* wait_group N: all but the N most recent committed groups are complete */
+static void sim_cp_async_wait_group(sim_thread *t, int32_t pending)
+{
+    if (pending < 0)
+        fault_in_thread(t, "cp.async.wait_group with a negative count");
+    land_copies(t, t->groups_committed - pending);
+}
+
+/* wait_all is commit_group; wait_group 0 */
+static void sim_cp_async_wait_all(sim_thread *t)
+{
+    t->groups_committed++;
+    land_copies(t, t->groups_committed);
 }
 
 /* ex2.approx.ftz / lg2.approx.ftz: subnormal inputs and results are zero */
@@ -170,56 +466,6 @@ static uint16_t sim_cvt_bf16_f32(sim_thread *t, float f) { return aj_f32_to_bf16
 
 static void *sim_smem(sim_thread *t) { return t->w->smem; }
 
-/* Accesses: bit 0 of `flags` = store, bit 1 = shared memory. */
-static void sim_check(sim_thread *t, int64_t addr, int32_t bytes, int32_t flags)
-{
-    sim_worker *w = t->w;
-    const char *op = flags & 1 ? "store" : "load";
-    char msg[512];
-    uintptr_t a = (uintptr_t)addr;
-    uintptr_t align = (uintptr_t)(bytes > 16 ? 16 : bytes);
-    if (align & (align - 1))
-        align = 1;
-    if (a % align) {
-        snprintf(msg, sizeof msg, "misaligned %s %s of %d bytes at 0x%llx",
-                 flags & 2 ? "shared" : "global", op, bytes, (unsigned long long)addr);
-        fault_in_thread(t, msg);
-    }
-    if (flags & 2) {
-        uintptr_t base = (uintptr_t)w->smem;
-        if (a < base || a + (uintptr_t)bytes > base + (uintptr_t)w->launch->smem_bytes) {
-            snprintf(msg, sizeof msg,
-                     "out-of-bounds shared %s of %d bytes at offset %lld of %d bytes of "
-                     "shared memory", op, bytes, (long long)(a - base), w->launch->smem_bytes);
-            fault_in_thread(t, msg);
-        }
-        return;
-    }
-    const aj_sim_buffer *near = NULL;
-    long long near_dist = 0;
-    for (int i = 0; i < w->launch->num_buffers; i++) {
-        const aj_sim_buffer *buf = &w->launch->buffers[i];
-        uintptr_t lo = (uintptr_t)buf->base, hi = lo + buf->bytes;
-        if (a >= lo && a + (uintptr_t)bytes <= hi)
-            return;
-        long long dist = a < lo ? (long long)(lo - a) : (long long)(a + (uintptr_t)bytes - hi);
-        if (!near || dist < near_dist) {
-            near = buf;
-            near_dist = dist;
-        }
-    }
-    if (near)
-        snprintf(msg, sizeof msg,
-                 "out-of-bounds global %s of %d bytes at 0x%llx (%lld bytes %s '%s', "
-                 "%zu bytes at 0x%llx)", op, bytes, (unsigned long long)addr, near_dist,
-                 a < (uintptr_t)near->base ? "before" : "past the end of", near->name,
-                 near->bytes, (unsigned long long)(uintptr_t)near->base);
-    else
-        snprintf(msg, sizeof msg, "global %s of %d bytes at 0x%llx: the launch has no buffers",
-                 op, bytes, (unsigned long long)addr);
-    fault_in_thread(t, msg);
-}
-
 /* The table the JIT binds; names come from codegen/intrinsics.def. */
 #define SYM(name, fn) {name, (void *)(uintptr_t)fn}
 static const aj_host_symbol symbols[] = {
@@ -233,6 +479,22 @@ static const aj_host_symbol symbols[] = {
     SYM("aj_sim_shfl_up_f32", sim_shfl_up_f32),
     SYM("aj_sim_shfl_down_f32", sim_shfl_down_f32),
     SYM("aj_sim_shfl_idx_i32", sim_shfl_idx_i32),
+    SYM("aj_sim_vote_ballot", sim_vote_ballot),
+    SYM("aj_sim_vote_all", sim_vote_all),
+    SYM("aj_sim_vote_any", sim_vote_any),
+    SYM("aj_sim_mma_m16n8k16_f16", sim_mma_m16n8k16_f16),
+    SYM("aj_sim_mma_m16n8k16_bf16", sim_mma_m16n8k16_bf16),
+    SYM("aj_sim_ldmatrix_x1", sim_ldmatrix_x1),
+    SYM("aj_sim_ldmatrix_x2", sim_ldmatrix_x2),
+    SYM("aj_sim_ldmatrix_x4", sim_ldmatrix_x4),
+    SYM("aj_sim_ldmatrix_x1_trans", sim_ldmatrix_x1_trans),
+    SYM("aj_sim_ldmatrix_x2_trans", sim_ldmatrix_x2_trans),
+    SYM("aj_sim_ldmatrix_x4_trans", sim_ldmatrix_x4_trans),
+    SYM("aj_sim_cp_async_16", sim_cp_async_16),
+    SYM("aj_sim_cp_async_16_zfill", sim_cp_async_16_zfill),
+    SYM("aj_sim_cp_async_commit", sim_cp_async_commit),
+    SYM("aj_sim_cp_async_wait_group", sim_cp_async_wait_group),
+    SYM("aj_sim_cp_async_wait_all", sim_cp_async_wait_all),
     SYM("aj_sim_ex2_approx", sim_ex2_approx),
     SYM("aj_sim_lg2_approx", sim_lg2_approx),
     SYM("aj_sim_cvt_f32_f16", sim_cvt_f32_f16),
@@ -249,84 +511,258 @@ const aj_host_symbol *aj_sim_symbols(size_t *count)
     return symbols;
 }
 
-/* ---------------------------------------------------------------- scheduling */
+/* ---------------------------------------------------------------- warp collectives */
 
-/* Result of one lane's shfl.sync by the PTX ISA's rule for `mode`. */
-static uint32_t shuffle_source(const sim_thread *warp, int lane)
+/* The lane whose value lane `lane` receives, by the PTX ISA's shfl.sync
+ * rule (c = clamp in bits 0..4, segment mask in bits 8..12). */
+static int shuffle_source(const warp_call *call, int lane)
 {
-    const sim_thread *t = &warp[lane];
-    int b = t->b & 31, c = t->c & 31, seg = (t->c >> 8) & 31;
+    int b = call->in.shfl.b & 31, c = call->in.shfl.c & 31, seg = (call->in.shfl.c >> 8) & 31;
     int max_lane = (lane & seg) | (c & ~seg);
     int min_lane = lane & seg;
     int j = lane, ok = 0;
-    switch (t->mode) {
-    case SHFL_UP:   j = lane - b; ok = j >= max_lane; break;
-    case SHFL_DOWN: j = lane + b; ok = j <= max_lane; break;
-    case SHFL_BFLY: j = lane ^ b; ok = j <= max_lane; break;
-    case SHFL_IDX:  j = min_lane | (b & ~seg); ok = j <= max_lane; break;
+    switch (call->op) {
+    case OP_SHFL_UP:   j = lane - b; ok = j >= max_lane; break;
+    case OP_SHFL_DOWN: j = lane + b; ok = j <= max_lane; break;
+    case OP_SHFL_BFLY: j = lane ^ b; ok = j <= max_lane; break;
+    default:           j = min_lane | (b & ~seg); ok = j <= max_lane; break;
     }
-    if (!ok)
-        j = lane;
-    return warp[j].value;
+    return ok ? j : lane;
 }
 
-/* Completes a warp's shuffle once every lane of its mask waits at it. */
-static int settle_shuffles(sim_worker *w, int nthreads)
+static int complete_shuffle(sim_worker *w, sim_thread *warp, int base, uint32_t group)
+{
+    for (int l = 0; l < WARP; l++) {
+        if (!(group >> l & 1))
+            continue;
+        int j = shuffle_source(&warp[l].call, l);
+        if (!(group >> j & 1)) {
+            record_fault(w, "thread %d: %s reads lane %d, which is not in its membermask "
+                         "0x%08x (the value would be undefined)", base + l,
+                         warp_op_name(&warp[l].call), j, group);
+            return 0;
+        }
+        warp[l].call.result[0] = warp[j].call.in.shfl.value;
+    }
+    return 1;
+}
+
+static void complete_vote(sim_thread *warp, uint32_t group)
+{
+    uint32_t ballot = 0;
+    for (int l = 0; l < WARP; l++)
+        if (group >> l & 1 && warp[l].call.in.vote.pred)
+            ballot |= 1u << l;
+    for (int l = 0; l < WARP; l++) {
+        if (!(group >> l & 1))
+            continue;
+        switch (warp[l].call.op) {
+        case OP_VOTE_BALLOT: warp[l].call.result[0] = ballot; break;
+        case OP_VOTE_ALL: warp[l].call.result[0] = ballot == group; break;
+        default: warp[l].call.result[0] = ballot != 0; break;
+        }
+    }
+}
+
+static double half_value(uint32_t reg, int high, int bf16)
+{
+    uint16_t h = (uint16_t)(reg >> (16 * high));
+    return bf16 ? aj_bf16_to_f32(h) : aj_f16_to_f32(h);
+}
+
+/*
+ * mma.m16n8k16, f32 accumulation.  Lane 4g + t holds (PTX ISA, "Matrix
+ * Fragments for mma.m16n8k16 with floating point type"; lo/hi = the
+ * halves of a register):
+ *
+ *   A 16x16, a[r] = (lo, hi) at         B 16x8, b[r] = (lo, hi) at
+ *     row g + 8 (r & 1),                  k 2t + 8 r, 2t + 8 r + 1,
+ *     cols 2t + 8 (r >> 1), +1            col g
+ *
+ *   C, D 16x8, c[i] at row g + 8 (i >> 1), col 2t + (i & 1)
+ *
+ * The products of f16 / bf16 values are exact in double, and so is their
+ * sum with c in all but extreme cases; the result is rounded to f32 once.
+ * (Tensor cores round the sum differently in the last bits; kernels are
+ * tested against tolerances that allow for that.)
+ */
+static void complete_mma(sim_thread *warp, int bf16)
+{
+    double a[16][16], b[16][8], d[16][8];
+    for (int lane = 0; lane < WARP; lane++) {
+        const warp_call *c = &warp[lane].call;
+        int g = lane >> 2, t = lane & 3;
+        for (int r = 0; r < 4; r++)
+            for (int h = 0; h < 2; h++)
+                a[g + 8 * (r & 1)][2 * t + 8 * (r >> 1) + h] = half_value(c->in.mma.a[r], h, bf16);
+        for (int r = 0; r < 2; r++)
+            for (int h = 0; h < 2; h++)
+                b[2 * t + 8 * r + h][g] = half_value(c->in.mma.b[r], h, bf16);
+        for (int i = 0; i < 4; i++)
+            d[g + 8 * (i >> 1)][2 * t + (i & 1)] = c->in.mma.c[i];
+    }
+    for (int m = 0; m < 16; m++)
+        for (int n = 0; n < 8; n++)
+            for (int k = 0; k < 16; k++)
+                d[m][n] += a[m][k] * b[k][n];
+    for (int lane = 0; lane < WARP; lane++) {
+        int g = lane >> 2, t = lane & 3;
+        for (int i = 0; i < 4; i++)
+            warp[lane].call.result[i] = f2u((float)d[g + 8 * (i >> 1)][2 * t + (i & 1)]);
+    }
+}
+
+static uint32_t element16(const uint8_t *row, int col)
+{
+    uint16_t v;
+    memcpy(&v, row + 2 * col, 2);
+    return v;
+}
+
+/*
+ * ldmatrix.m8n8.b16: lane 8m + r gave the address of row r of matrix m.
+ * Lane 4g + t receives, in result[m], two 16-bit elements (lo, hi):
+ *
+ *            cols 0,1  2,3  4,5  6,7              .trans: lane 4g + t gets
+ *   row 0      T0   T1   T2   T3                  column g, rows 2t, 2t+1
+ *   row 1      T4   T5   T6   T7                  (the fragment of the
+ *   ...                                            transposed matrix)
+ *   row 7      T28  T29  T30  T31
+ */
+static void complete_ldmatrix(sim_thread *warp)
+{
+    int count = warp[0].call.in.ldmatrix.count, trans = warp[0].call.in.ldmatrix.trans;
+    for (int m = 0; m < count; m++)
+        for (int lane = 0; lane < WARP; lane++) {
+            int g = lane >> 2, t = lane & 3;
+            const sim_thread *rows = &warp[8 * m];
+            uint32_t lo, hi;
+            if (trans) {
+                lo = element16(rows[2 * t].call.in.ldmatrix.row, g);
+                hi = element16(rows[2 * t + 1].call.in.ldmatrix.row, g);
+            } else {
+                lo = element16(rows[g].call.in.ldmatrix.row, 2 * t);
+                hi = element16(rows[g].call.in.ldmatrix.row, 2 * t + 1);
+            }
+            warp[lane].call.result[m] = lo | hi << 16;
+        }
+}
+
+/* Computes the results of the call that every lane of `group` waits at;
+ * 0 after recording a fault. */
+static int complete_warp_call(sim_worker *w, sim_thread *warp, int base, uint32_t group)
+{
+    int lead = __builtin_ctz(group);
+    switch (warp[lead].call.op) {
+    case OP_SHFL_IDX:
+    case OP_SHFL_UP:
+    case OP_SHFL_DOWN:
+    case OP_SHFL_BFLY:
+        return complete_shuffle(w, warp, base, group);
+    case OP_VOTE_BALLOT:
+    case OP_VOTE_ALL:
+    case OP_VOTE_ANY:
+        complete_vote(warp, group);
+        break;
+    case OP_MMA_F16:
+    case OP_MMA_BF16:
+        complete_mma(warp, warp[lead].call.op == OP_MMA_BF16);
+        break;
+    case OP_LDMATRIX:
+        complete_ldmatrix(warp);
+        break;
+    }
+    return 1;
+}
+
+/* The lanes that wait at the same call as `lead`, with the same mask. */
+static uint32_t lanes_meeting(const sim_thread *warp, int lanes, int lead)
+{
+    uint32_t group = 0;
+    for (int l = 0; l < lanes; l++)
+        if (warp[l].state == T_WARP && warp[l].site == warp[lead].site &&
+            warp[l].call.mask == warp[lead].call.mask)
+            group |= 1u << l;
+    return group;
+}
+
+/* Completes every warp-collective call whose lanes have all arrived. */
+static int settle_warps(sim_worker *w, int nthreads)
 {
     int released = 0;
     for (int base = 0; base < nthreads; base += WARP) {
         sim_thread *warp = &w->threads[base];
         int lanes = nthreads - base < WARP ? nthreads - base : WARP;
-        int first = -1;
-        for (int l = 0; l < lanes && first < 0; l++)
-            if (warp[l].state == T_SHFL)
-                first = l;
-        if (first < 0)
-            continue;
-        uint32_t mask = warp[first].mask;
-        int complete = 1;
-        for (int l = 0; l < lanes; l++) {
-            if (!(mask >> l & 1))
+        uint32_t waiting = 0;
+        for (int l = 0; l < lanes; l++)
+            if (warp[l].state == T_WARP)
+                waiting |= 1u << l;
+        while (waiting) {
+            uint32_t group = lanes_meeting(warp, lanes, __builtin_ctz(waiting));
+            waiting &= ~group;
+            if (group != warp[__builtin_ctz(group)].call.mask)
                 continue;
-            if (warp[l].state != T_SHFL || warp[l].site != warp[first].site ||
-                warp[l].mask != mask)
-                complete = 0;
+            if (!complete_warp_call(w, warp, base, group))
+                return released;
+            for (int l = 0; l < lanes; l++)
+                if (group >> l & 1) {
+                    warp[l].state = T_READY;
+                    released++;
+                }
         }
-        if (!complete)
-            continue;
-        for (int l = 0; l < lanes; l++)
-            if (mask >> l & 1)
-                warp[l].result = shuffle_source(warp, l);
-        for (int l = 0; l < lanes; l++)
-            if (mask >> l & 1) {
-                warp[l].state = T_READY;
-                released++;
-            }
     }
     return released;
 }
 
+/* ---------------------------------------------------------------- scheduling */
+
 /* Releases the barrier when every thread waits at the same one. */
 static int settle_barrier(sim_worker *w, int nthreads)
 {
-    void *site = NULL;
-    for (int i = 0; i < nthreads; i++) {
-        if (w->threads[i].state != T_BARRIER)
+    for (int i = 0; i < nthreads; i++)
+        if (w->threads[i].state != T_BARRIER || w->threads[i].site != w->threads[0].site)
             return 0;
-        if (!site)
-            site = w->threads[i].site;
-        else if (w->threads[i].site != site)
-            return 0;
-    }
     for (int i = 0; i < nthreads; i++)
         w->threads[i].state = T_READY;
     return nthreads;
 }
 
+/* Thread `tid` waits in a warp collective that can never complete: name
+ * the first lane it waits for and what that lane does instead. */
+static void diagnose_warp_wait(sim_worker *w, int nthreads, int tid)
+{
+    const sim_thread *t = &w->threads[tid];
+    int base = tid - tid % WARP;
+    const sim_thread *warp = &w->threads[base];
+    int lanes = nthreads - base < WARP ? nthreads - base : WARP;
+    uint32_t missing = t->call.mask & ~lanes_meeting(warp, lanes, tid - base);
+    int lane = __builtin_ctz(missing);
+    char who[192], mask[64];
+    if (t->call.op == OP_MMA_F16 || t->call.op == OP_MMA_BF16 || t->call.op == OP_LDMATRIX)
+        snprintf(mask, sizeof mask, "all 32 lanes of the warp");
+    else
+        snprintf(mask, sizeof mask, "membermask 0x%08x", t->call.mask);
+    if (lane >= lanes)
+        snprintf(who, sizeof who, "lane %d does not exist (the CTA has %d threads)", lane,
+                 nthreads);
+    else if (warp[lane].state == T_DONE)
+        snprintf(who, sizeof who, "lane %d has exited", lane);
+    else if (warp[lane].state == T_BARRIER)
+        snprintf(who, sizeof who, "lane %d waits at a barrier", lane);
+    else if (warp[lane].site != t->site)
+        snprintf(who, sizeof who, "lane %d waits in %s at another call", lane,
+                 warp_op_name(&warp[lane].call));
+    else
+        snprintf(who, sizeof who, "lane %d waits at the same call with membermask 0x%08x",
+                 lane, warp[lane].call.mask);
+    record_fault(w, "deadlock: thread %d waits in %s (%s) for lanes 0x%08x; %s", tid,
+                 warp_op_name(&t->call), mask, missing, who);
+}
+
 /* Nothing can move: say why, as precisely as the states allow. */
 static void diagnose_stall(sim_worker *w, int nthreads)
 {
-    int at_barrier = -1, other_barrier = -1, done = -1, at_shfl = -1;
+    int at_barrier = -1, other_barrier = -1, done = -1, at_warp = -1;
     for (int i = 0; i < nthreads; i++) {
         const sim_thread *t = &w->threads[i];
         if (t->state == T_BARRIER) {
@@ -336,24 +772,21 @@ static void diagnose_stall(sim_worker *w, int nthreads)
                 other_barrier = i;
         } else if (t->state == T_DONE && done < 0) {
             done = i;
-        } else if (t->state == T_SHFL && at_shfl < 0) {
-            at_shfl = i;
+        } else if (t->state == T_WARP && at_warp < 0) {
+            at_warp = i;
         }
     }
     if (at_barrier >= 0 && other_barrier >= 0)
-        record_fault(w, "barrier divergence: thread %d waits at barrier %p, thread %d at "
-                     "barrier %p", at_barrier, w->threads[at_barrier].site, other_barrier,
-                     w->threads[other_barrier].site);
+        record_fault(w, "barrier divergence: thread %d waits at barrier call #%d, thread %d "
+                     "at barrier call #%d", at_barrier, w->threads[at_barrier].site,
+                     other_barrier, w->threads[other_barrier].site);
+    else if (at_warp >= 0)
+        diagnose_warp_wait(w, nthreads, at_warp);
     else if (at_barrier >= 0 && done >= 0)
         record_fault(w, "barrier divergence: thread %d waits at a barrier that thread %d "
                      "never reaches (it has exited)", at_barrier, done);
-    else if (at_shfl >= 0)
-        record_fault(w, "deadlock: thread %d waits in shfl.sync (mask 0x%08x) for lanes that "
-                     "exited, wait at a barrier or at another shuffle", at_shfl,
-                     w->threads[at_shfl].mask);
     else
-        record_fault(w, "deadlock: thread %d waits at a barrier that threads at shuffles "
-                     "block", at_barrier);
+        record_fault(w, "deadlock: no thread of the CTA can proceed");
 }
 
 static void thread_main(unsigned lo, unsigned hi)
@@ -372,6 +805,8 @@ static void run_cta(sim_worker *w)
         sim_thread *t = &w->threads[i];
         t->instructions = 0;
         t->state = T_READY;
+        t->num_copies = 0;
+        t->groups_committed = 0;
         getcontext(&t->uc);
         t->uc.uc_stack.ss_sp = t->stack;
         t->uc.uc_stack.ss_size = STACK_BYTES;
@@ -390,7 +825,9 @@ static void run_cta(sim_worker *w)
         }
         if (w->faulted)
             return;
-        int released = settle_shuffles(w, n);
+        int released = settle_warps(w, n);
+        if (w->faulted)
+            return;
         released += settle_barrier(w, n);
         if (ran || released)
             continue;
@@ -429,9 +866,11 @@ static void *worker_main(void *arg)
 static void free_worker(sim_worker *w, int nthreads)
 {
     if (w->threads)
-        for (int i = 0; i < nthreads; i++)
+        for (int i = 0; i < nthreads; i++) {
             if (w->threads[i].stack)
                 munmap(w->threads[i].stack - getpagesize(), STACK_BYTES + (size_t)getpagesize());
+            free(w->threads[i].copies);
+        }
     free(w->threads);
     free(w->smem);
 }

@@ -3,9 +3,11 @@
  *
  * One fiber per GPU thread of a CTA; CTAs spread over a pool of worker
  * threads.  Fibers switch only where a GPU thread would wait for others
- * (bar.sync, shfl.sync) or finish, so a CTA's threads interleave exactly at
+ * (bar.sync and the warp collectives shfl.sync, vote.sync, mma.sync,
+ * ldmatrix) or finish, so a CTA's threads interleave exactly at
  * synchronisation points, and everything between two of them runs as
- * ordinary host code.
+ * ordinary host code.  cp.async copies become visible in shared memory at
+ * the wait that covers them, not before.
  *
  * The emulator checks every global and shared access the kernel makes
  * against the buffers of the launch (and alignment), and detects barrier
@@ -41,7 +43,8 @@ typedef struct aj_sim_launch {
 
 /* Runs the whole grid; AJ_ERR_KERNEL_FAULT (with the emulator's message) if
  * the kernel misbehaves: out-of-bounds or misaligned access, barrier
- * divergence, deadlock. */
+ * divergence, a collective that can never complete or reads a lane outside
+ * its membermask. */
 aj_status aj_sim_run(aj_ctx *ctx, aj_sim_launch *launch);
 
 /* The emulator functions the sim lowering calls, for the JIT. */
