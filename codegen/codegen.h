@@ -13,6 +13,8 @@
 #ifndef AJ_CODEGEN_CODEGEN_H
 #define AJ_CODEGEN_CODEGEN_H
 
+#include <stdatomic.h>
+
 #include <llvm-c/Orc.h>
 #include <llvm-c/TargetMachine.h>
 
@@ -69,8 +71,9 @@ aj_status aj_sim_jit(aj_ctx *ctx, LLVMOrcThreadSafeContextRef tsctx, LLVMModuleR
                      size_t nsymbols, aj_kernel *kernel);
 void aj_sim_jit_dispose(void *jit);
 
-/* the kernel object (kernel.c) */
+/* the kernel object (kernel.c); shared by reference count with the cache */
 struct aj_kernel {
+    atomic_int refs;
     aj_target target;
     aj_emit emit;
     char *entry;
@@ -90,5 +93,16 @@ aj_status aj_kernel_new(aj_ctx *ctx, const aj_kb *kb, const char *entry,
                         aj_target target, aj_emit emit, const void *code,
                         size_t code_size, const aj_kernel_layout *layout,
                         aj_kernel **out);
+
+/* Adds a reference (released by aj_kernel_destroy). */
+aj_kernel *aj_kernel_retain(aj_kernel *kernel);
+
+/* A kernel's code and launch contract as bytes, for the disk cache; sim
+ * kernels (host code in a JIT) have no byte form.  *out is malloc'd. */
+aj_status aj_kernel_serialize(aj_ctx *ctx, const aj_kernel *kernel, uint8_t **out,
+                              size_t *size);
+/* The inverse; AJ_ERR_IO if the bytes are not a kernel of this build. */
+aj_status aj_kernel_deserialize(aj_ctx *ctx, const uint8_t *data, size_t size,
+                                aj_kernel **out);
 
 #endif /* AJ_CODEGEN_CODEGEN_H */

@@ -23,6 +23,7 @@ aj_status aj_kernel_new(aj_ctx *ctx, const aj_kb *kb, const char *entry,
         aj_kernel_destroy(k);
         return aj_fail(ctx, AJ_ERR_OUT_OF_MEMORY, "out of memory for the compiled kernel");
     }
+    atomic_init(&k->refs, 1);
     memcpy(k->code, code, code_size);
     k->code[code_size] = '\0';
     k->code_size = code_size;
@@ -45,9 +46,15 @@ aj_status aj_kernel_new(aj_ctx *ctx, const aj_kb *kb, const char *entry,
     return AJ_OK;
 }
 
+aj_kernel *aj_kernel_retain(aj_kernel *kernel)
+{
+    atomic_fetch_add(&kernel->refs, 1);
+    return kernel;
+}
+
 void aj_kernel_destroy(aj_kernel *kernel)
 {
-    if (!kernel)
+    if (!kernel || atomic_fetch_sub(&kernel->refs, 1) != 1)
         return;
     aj_sim_jit_dispose(kernel->jit);
     free(kernel->entry);
@@ -98,4 +105,160 @@ aj_status aj_kernel_compile_stats(const aj_kernel *kernel, aj_compile_stats *out
         return AJ_ERR_INVALID_ARG;
     *out = kernel->stats;
     return AJ_OK;
+}
+
+/* ---------------------------------------------------------------- bytes */
+
+/*
+ * Layout (native byte order; the cache key pins the attnjit and LLVM
+ * versions, and the header below pins the struct sizes):
+ *
+ *   u32 sizeof(aj_op_info)  u32 sizeof(aj_launch_info)  u32 target  u32 emit
+ *   str entry   aj_op_info   i32 block[3]   {i32 extent, i32 per_block}[3]
+ *   i32 dynamic_smem   aj_schedule   i32 num_params   {str name, u32 type}*
+ *   u64 code_size   code
+ *
+ * where str is u32 length + bytes.
+ */
+typedef struct byte_writer {
+    uint8_t *buf;
+    size_t len, cap;
+    int failed;
+} byte_writer;
+
+static void put(byte_writer *w, const void *p, size_t n)
+{
+    if (w->failed)
+        return;
+    if (w->len + n > w->cap) {
+        size_t cap = w->cap ? w->cap * 2 : 4096;
+        while (cap < w->len + n)
+            cap *= 2;
+        uint8_t *nb = realloc(w->buf, cap);
+        if (!nb) {
+            w->failed = 1;
+            return;
+        }
+        w->buf = nb;
+        w->cap = cap;
+    }
+    memcpy(w->buf + w->len, p, n);
+    w->len += n;
+}
+
+static void put_u32(byte_writer *w, uint32_t v) { put(w, &v, 4); }
+
+static void put_str(byte_writer *w, const char *s)
+{
+    uint32_t n = (uint32_t)strlen(s);
+    put_u32(w, n);
+    put(w, s, n);
+}
+
+aj_status aj_kernel_serialize(aj_ctx *ctx, const aj_kernel *k, uint8_t **out, size_t *size)
+{
+    if (k->jit)
+        return aj_fail(ctx, AJ_ERR_INVALID_ARG, "sim kernels have no byte form");
+    byte_writer w = {0};
+    put_u32(&w, sizeof(aj_op_info));
+    put_u32(&w, sizeof(aj_launch_info));
+    put_u32(&w, (uint32_t)k->target);
+    put_u32(&w, (uint32_t)k->emit);
+    put_str(&w, k->entry);
+    put(&w, &k->op, sizeof k->op);
+    put(&w, k->launch.block, sizeof k->launch.block);
+    put(&w, k->launch.grid, sizeof k->launch.grid);
+    put(&w, &k->launch.dynamic_smem, 4);
+    put(&w, &k->launch.schedule, sizeof k->launch.schedule);
+    put(&w, &k->launch.num_params, 4);
+    for (int i = 0; i < k->launch.num_params; i++) {
+        put_str(&w, k->params[i].name);
+        put_u32(&w, (uint32_t)k->params[i].type);
+    }
+    uint64_t n = k->code_size;
+    put(&w, &n, 8);
+    put(&w, k->code, k->code_size);
+    if (w.failed) {
+        free(w.buf);
+        return aj_fail(ctx, AJ_ERR_OUT_OF_MEMORY, "out of memory serialising a kernel");
+    }
+    *out = w.buf;
+    *size = w.len;
+    return AJ_OK;
+}
+
+typedef struct byte_reader {
+    const uint8_t *p, *end;
+    int failed;
+} byte_reader;
+
+static void get(byte_reader *r, void *dst, size_t n)
+{
+    if (r->failed || (size_t)(r->end - r->p) < n) {
+        r->failed = 1;
+        memset(dst, 0, n);
+        return;
+    }
+    memcpy(dst, r->p, n);
+    r->p += n;
+}
+
+static uint32_t get_u32(byte_reader *r)
+{
+    uint32_t v;
+    get(r, &v, 4);
+    return v;
+}
+
+/* a string of at most cap - 1 bytes, NUL-terminated */
+static void get_str(byte_reader *r, char *dst, size_t cap)
+{
+    uint32_t n = get_u32(r);
+    if (n >= cap)
+        r->failed = 1;
+    get(r, dst, r->failed ? 0 : n);
+    dst[r->failed ? 0 : n] = '\0';
+}
+
+aj_status aj_kernel_deserialize(aj_ctx *ctx, const uint8_t *data, size_t size,
+                                aj_kernel **out)
+{
+    byte_reader r = {data, data + size, 0};
+    aj_kb kb;   /* carries the parameter list into aj_kernel_new */
+    memset(&kb, 0, sizeof kb);
+    char entry[128];
+    aj_op_info op;
+    aj_kernel_layout layout;
+    memset(&layout, 0, sizeof layout);
+    if (get_u32(&r) != sizeof(aj_op_info) || get_u32(&r) != sizeof(aj_launch_info))
+        r.failed = 1;
+    aj_target target = (aj_target)get_u32(&r);
+    aj_emit emit = (aj_emit)get_u32(&r);
+    get_str(&r, entry, sizeof entry);
+    get(&r, &op, sizeof op);
+    get(&r, &kb.block_threads, 4);
+    int32_t unused_block[2];
+    get(&r, unused_block, sizeof unused_block);
+    get(&r, layout.grid, sizeof layout.grid);
+    get(&r, &kb.dynamic_smem, 4);
+    get(&r, &layout.schedule, sizeof layout.schedule);
+    get(&r, &kb.num_params, 4);
+    if (kb.num_params < 0 || kb.num_params > AJ_KB_MAX_PARAMS)
+        r.failed = 1;
+    for (int i = 0; i < kb.num_params && !r.failed; i++) {
+        get_str(&r, kb.params[i].name, sizeof kb.params[i].name);
+        kb.params[i].type = (aj_param_type)get_u32(&r);
+        if ((unsigned)kb.params[i].type >= AJ_PARAM_COUNT)
+            r.failed = 1;
+    }
+    uint64_t code_size = 0;
+    get(&r, &code_size, 8);
+    if (r.failed || code_size != (uint64_t)(r.end - r.p) || (unsigned)target >= AJ_TARGET_COUNT ||
+        (unsigned)emit >= AJ_EMIT_COUNT)
+        return aj_fail(ctx, AJ_ERR_IO, "not a kernel of this attnjit build");
+    aj_status st = aj_kernel_new(ctx, &kb, entry, target, emit, r.p, (size_t)code_size, &layout,
+                                 out);
+    if (st == AJ_OK)
+        (*out)->op = op;
+    return st;
 }

@@ -10,6 +10,7 @@
 
 #include <assert.h>
 #include <stdio.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -54,11 +55,12 @@ aj_status aj_ctx_create(const aj_ctx_config *config, aj_ctx **out)
      * status alone tells the caller which rule failed. */
     if (!out)
         return aj_fail(NULL, AJ_ERR_INVALID_ARG, "aj_ctx_create: out is NULL");
-    if (config && config->struct_size < sizeof(aj_ctx_config))
+    /* The first version of the struct ended before cache_mode. */
+    if (config && config->struct_size < offsetof(aj_ctx_config, cache_mode))
         return aj_fail(NULL, AJ_ERR_INVALID_ARG,
                        "aj_ctx_create: config->struct_size %zu is smaller "
-                       "than sizeof(aj_ctx_config) %zu (use AJ_CTX_CONFIG_INIT)",
-                       config->struct_size, sizeof(aj_ctx_config));
+                       "than any aj_ctx_config (use AJ_CTX_CONFIG_INIT)",
+                       config->struct_size);
     if (config && ((int)config->log_level < AJ_LOG_ERROR ||
                    (int)config->log_level > AJ_LOG_DEBUG))
         return aj_fail(NULL, AJ_ERR_INVALID_ARG,
@@ -68,16 +70,39 @@ aj_status aj_ctx_create(const aj_ctx_config *config, aj_ctx **out)
     ctx = calloc(1, sizeof *ctx);
     if (!ctx)
         return AJ_ERR_OUT_OF_MEMORY;
-    /* A caller built against a newer, larger config: we copy the fields we
-     * know, which are a prefix of theirs. */
-    ctx->config = config ? *config : defaults;
+    /* Copy the fields both sides know: a prefix of the caller's struct
+     * (built against an older or newer header), defaults for the rest. */
+    ctx->config = defaults;
+    if (config) {
+        size_t n = config->struct_size < sizeof ctx->config ? config->struct_size
+                                                            : sizeof ctx->config;
+        memcpy(&ctx->config, config, n);
+    }
     ctx->config.struct_size = sizeof(aj_ctx_config);
+    if ((unsigned)ctx->config.cache_mode >= AJ_CACHE_MODE_COUNT) {
+        free(ctx);
+        return aj_fail(NULL, AJ_ERR_INVALID_ARG, "aj_ctx_create: config->cache_mode %d is "
+                       "out of range", (int)config->cache_mode);
+    }
+    if (ctx->config.cache_dir) {
+        ctx->cache_dir_copy = strdup(ctx->config.cache_dir);
+        if (!ctx->cache_dir_copy) {
+            free(ctx);
+            return AJ_ERR_OUT_OF_MEMORY;
+        }
+        ctx->config.cache_dir = ctx->cache_dir_copy;
+    }
     *out = ctx;
     return AJ_OK;
 }
 
 void aj_ctx_destroy(aj_ctx *ctx)
 {
+    if (!ctx)
+        return;
+    if (ctx->cache && ctx->cache_free)
+        ctx->cache_free(ctx->cache);
+    free(ctx->cache_dir_copy);
     free(ctx);
 }
 

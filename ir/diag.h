@@ -14,9 +14,16 @@
 
 #define AJ_ERROR_TEXT_MAX 1024
 
+struct aj_kernel_cache;
+
 struct aj_ctx {
-    aj_ctx_config config;
+    aj_ctx_config config;      /* config.cache_dir points to cache_dir_copy */
+    char *cache_dir_copy;
     char error[AJ_ERROR_TEXT_MAX];
+    /* the runtime's kernel cache, made on first use; freed through the
+     * function it leaves here (this layer knows nothing of it) */
+    struct aj_kernel_cache *cache;
+    void (*cache_free)(struct aj_kernel_cache *cache);
 };
 
 #if defined(__GNUC__)

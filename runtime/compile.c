@@ -1,9 +1,14 @@
 /*
- * compile.c -- aj_compile: check the op, pick its template, run codegen.
+ * compile.c -- aj_compile and aj_compile_many: check the op, look in the
+ * kernel cache, else pick its template and run codegen, then cache.
  */
+#include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
+#include "runtime/cache.h"
 #include "runtime/sim/emulator.h"
 #include "templates/template.h"
 
@@ -34,36 +39,160 @@ static aj_status read_options(aj_ctx *ctx, const aj_compile_options *in,
     return AJ_OK;
 }
 
+/* The op's own errors, reported on `ctx` (not the op's context, which
+ * other threads of aj_compile_many may share). */
+static aj_status check_op(aj_ctx *ctx, const aj_op *op)
+{
+    if (op->sticky != AJ_OK)
+        return aj_fail(ctx, op->sticky, "%s", op->sticky_msg);
+    aj_field field;
+    char msg[512];
+    aj_status st = aj_op_check(op, &field, msg, sizeof msg);
+    return st == AJ_OK ? AJ_OK : aj_fail(ctx, st, "%s", msg);
+}
+
+static const char *const emit_names[AJ_EMIT_COUNT] = {"ptx", "llvm", "bc"};
+
+/* Compiles one op, reporting on ctx, consulting `cache` (may be NULL). */
+static aj_status compile_one(aj_ctx *ctx, aj_kernel_cache *cache, const aj_op *op,
+                             const aj_compile_options *opt, aj_kernel **out)
+{
+    aj_status st = AJ_OK;
+    const aj_template *tmpl = NULL;
+    char hash[AJ_HASH_HEX_LEN + 1];
+    char entry[64], key[256];
+
+    AJ_TRY(check_op(ctx, op));
+    if (op->target != AJ_TARGET_ANY && op->target != opt->target) {
+        st = aj_fail(ctx, AJ_ERR_INVALID_ARG,
+                     "aj_compile: the op is pinned to target %s but %s was asked for",
+                     aj_target_name(op->target), aj_target_name(opt->target));
+        goto done;
+    }
+    AJ_TRY(aj_codegen_target_supported(ctx, opt->target));
+    AJ_TRY(aj_template_find(ctx, op, &tmpl));
+    AJ_TRY(tmpl->check(ctx, op, opt->target));
+    AJ_TRY(aj_op_hash(op, hash));
+
+    /* the key: what the compile reads, and the versions that produce it */
+    snprintf(key, sizeof key, "aj-kernel|%s|%s|O%d|%s|llvm %s|attnjit %s", hash,
+             aj_target_name(opt->target), opt->opt_level, emit_names[opt->emit],
+             aj_llvm_version(), aj_version_string());
+    int cached = cache && !opt->bypass_cache && !opt->dump_after;
+    int use_disk = opt->target != AJ_TARGET_SIM;   /* sim code lives in a JIT */
+    if (cached && (*out = aj_cache_lookup(ctx, cache, key, use_disk)))
+        goto done;
+
+    snprintf(entry, sizeof entry, "aj_%s_%s", tmpl->name, hash);
+    size_t nsyms = 0;
+    const aj_host_symbol *syms = aj_sim_symbols(&nsyms);
+    AJ_TRY(aj_codegen_run(ctx, op, opt, entry, tmpl->build, NULL, syms, nsyms, out));
+    aj_op_get_info(op, &(*out)->op);
+    if (cached)
+        aj_cache_store(ctx, cache, key, *out, use_disk);
+done:
+    return st;
+}
+
 aj_status aj_compile(aj_ctx *ctx, const aj_op *op,
                      const aj_compile_options *options, aj_kernel **out)
 {
-    aj_status st = AJ_OK;
     aj_compile_options opt;
-    const aj_template *tmpl = NULL;
-    char hash[AJ_HASH_HEX_LEN + 1];
-    char entry[64];
-
     if (!ctx)
         return AJ_ERR_INVALID_ARG;
     AJ_CHECK_ARG(ctx, op, "aj_compile: op is NULL");
     AJ_CHECK_ARG(ctx, out, "aj_compile: out is NULL");
-    AJ_TRY(read_options(ctx, options, &opt));
-    AJ_TRY(aj_op_verify(op));
-    if (op->target != AJ_TARGET_ANY && op->target != opt.target) {
-        st = aj_fail(ctx, AJ_ERR_INVALID_ARG,
-                     "aj_compile: the op is pinned to target %s but %s was asked for",
-                     aj_target_name(op->target), aj_target_name(opt.target));
-        goto done;
+    aj_status st = read_options(ctx, options, &opt);
+    if (st != AJ_OK)
+        return st;
+    return compile_one(ctx, aj_cache_of(ctx), op, &opt, out);
+}
+
+/* ---------------------------------------------------------------- many */
+
+typedef struct batch {
+    aj_ctx *parent;
+    aj_kernel_cache *cache;
+    aj_compile_job *jobs;
+    size_t n;
+    const aj_compile_options *opt;
+    pthread_mutex_t lock;
+    size_t next;
+} batch;
+
+static void *batch_worker(void *arg)
+{
+    batch *b = arg;
+    aj_ctx *ctx = NULL;   /* this worker's error text */
+    aj_ctx_create(&b->parent->config, &ctx);
+    for (;;) {
+        pthread_mutex_lock(&b->lock);
+        size_t i = b->next++;
+        pthread_mutex_unlock(&b->lock);
+        if (i >= b->n)
+            break;
+        aj_compile_job *job = &b->jobs[i];
+        job->kernel = NULL;
+        job->message[0] = '\0';
+        if (!ctx) {
+            job->status = AJ_ERR_OUT_OF_MEMORY;
+            snprintf(job->message, sizeof job->message, "out of memory");
+            continue;
+        }
+        if (!job->op) {
+            job->status = aj_fail(ctx, AJ_ERR_INVALID_ARG, "aj_compile_many: jobs[%zu].op is "
+                                  "NULL", i);
+        } else {
+            job->status = compile_one(ctx, b->cache, job->op, b->opt, &job->kernel);
+        }
+        if (job->status != AJ_OK)
+            snprintf(job->message, sizeof job->message, "%s", aj_last_error(ctx));
     }
-    AJ_TRY(aj_codegen_target_supported(ctx, opt.target));
-    AJ_TRY(aj_template_find(ctx, op, &tmpl));
-    AJ_TRY(tmpl->check(ctx, op, opt.target));
-    AJ_TRY(aj_op_hash(op, hash));
-    snprintf(entry, sizeof entry, "aj_%s_%s", tmpl->name, hash);
-    size_t nsyms = 0;
-    const aj_host_symbol *syms = aj_sim_symbols(&nsyms);
-    AJ_TRY(aj_codegen_run(ctx, op, &opt, entry, tmpl->build, NULL, syms, nsyms, out));
-    aj_op_get_info(op, &(*out)->op);
-done:
-    return st;
+    aj_ctx_destroy(ctx);
+    return NULL;
+}
+
+#define MAX_COMPILE_WORKERS 64
+
+aj_status aj_compile_many(aj_ctx *ctx, aj_compile_job *jobs, size_t n,
+                          const aj_compile_options *options, int workers)
+{
+    aj_compile_options opt;
+    if (!ctx)
+        return AJ_ERR_INVALID_ARG;
+    AJ_CHECK_ARG(ctx, jobs || n == 0, "aj_compile_many: jobs is NULL");
+    AJ_CHECK_ARG(ctx, workers >= 0, "aj_compile_many: workers = %d is negative", workers);
+    aj_status st = read_options(ctx, options, &opt);
+    if (st != AJ_OK)
+        return st;
+    if (workers == 0) {
+        long cores = sysconf(_SC_NPROCESSORS_ONLN);
+        workers = cores > 0 ? (int)cores : 1;
+    }
+    if ((size_t)workers > n)
+        workers = (int)n;
+    if (workers > MAX_COMPILE_WORKERS)
+        workers = MAX_COMPILE_WORKERS;
+
+    batch b = {ctx, aj_cache_of(ctx), jobs, n, &opt, PTHREAD_MUTEX_INITIALIZER, 0};
+    pthread_t tids[MAX_COMPILE_WORKERS];
+    int started = 0;
+    for (int i = 1; i < workers; i++)
+        if (pthread_create(&tids[started], NULL, batch_worker, &b) == 0)
+            started++;
+    batch_worker(&b);   /* the caller's thread works too */
+    for (int i = 0; i < started; i++)
+        pthread_join(tids[i], NULL);
+
+    size_t failed = 0, first = n;
+    for (size_t i = 0; i < n; i++)
+        if (jobs[i].status != AJ_OK) {
+            failed++;
+            if (first == n)
+                first = i;
+        }
+    if (!failed)
+        return AJ_OK;
+    return aj_fail(ctx, jobs[first].status, "aj_compile_many: %zu of %zu compiles failed; "
+                   "the first, jobs[%zu]: %s", failed, n, first, jobs[first].message);
 }

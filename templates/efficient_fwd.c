@@ -485,7 +485,9 @@ static void emit_epilogue(efwd *e, LLVMValueRef o_base, LLVMValueRef lse_base)
     for (int k = 0; k < p->rm; k++) {
         LLVMValueRef lsum = aj_kb_group_sum(kb, aj_kb_get(kb, e->l[k]), p->g);
         LLVMValueRef i = LLVMBuildAdd(b, e->m0, row_of(e, k), "");
-        LLVMValueRef seen = LLVMBuildFCmp(b, LLVMRealOGT, lsum, aj_kb_f32(kb, 0), "");
+        /* lsum is 0 only for a row that saw no key; NaN (from a NaN or Inf
+         * input) counts as seen, so O and LSE become NaN, not 0 and -inf */
+        LLVMValueRef seen = LLVMBuildFCmp(b, LLVMRealUNE, lsum, aj_kb_f32(kb, 0), "");
         LLVMValueRef inv = LLVMBuildSelect(b, seen, LLVMBuildFDiv(b, aj_kb_f32(kb, 1), lsum, ""),
                                            aj_kb_f32(kb, 0), "");
         aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntSLT, i, e->seq_q, ""));

@@ -249,10 +249,22 @@ void ref_forward(const ref_problem *p, const double *q, const double *k,
                 row_scores(p, &sl, q, k, i, t, s);
 
                 /* LSE, stably: max first.  A max of -inf means no key is
-                 * visible (or every visible score is -inf): O = 0, LSE = -inf. */
+                 * visible (or every visible score is -inf): O = 0, LSE = -inf.
+                 * A NaN score (a NaN or Inf input) makes the whole row NaN,
+                 * as IEEE arithmetic would; it is never hidden as "no key". */
                 double row_max = -INFINITY;
-                for (int64_t j = 0; j < sl.sk; j++)
+                int nan_score = 0;
+                for (int64_t j = 0; j < sl.sk; j++) {
+                    nan_score |= isnan(s[j]);
                     row_max = fmax(row_max, s[j]);
+                }
+                if (nan_score) {
+                    if (lse)
+                        lse[lse_at(p, &sl, i)] = NAN;
+                    for (int c = 0; c < p->Dv; c++)
+                        oi[c] = NAN;
+                    continue;
+                }
                 double row_lse = -INFINITY;
                 if (row_max != -INFINITY) {
                     double sum = 0.0;

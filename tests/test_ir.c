@@ -1120,8 +1120,21 @@ static void test_context(void)
 
     CHECK(strcmp(aj_version_string(), "0.1.0") == 0);
     CHECK(aj_ctx_create(NULL, NULL) == AJ_ERR_INVALID_ARG);
-    config.struct_size = sizeof config - 1;
+    /* older callers pass a shorter struct (the first version ended before
+     * cache_mode): accepted, with defaults for the rest; shorter still is
+     * not a config */
+    config.struct_size = offsetof(aj_ctx_config, cache_mode) - 1;
     CHECK(aj_ctx_create(&config, &ctx) == AJ_ERR_INVALID_ARG);
+    config.struct_size = offsetof(aj_ctx_config, cache_mode);
+    config.cache_mode = (aj_cache_mode)77;   /* beyond their struct: ignored */
+    CHECK(aj_ctx_create(&config, &other) == AJ_OK && other != NULL);
+    aj_ctx_destroy(other);
+    other = NULL;
+    config.cache_mode = AJ_CACHE_DEFAULT;
+    config.struct_size = sizeof config;
+    config.cache_mode = (aj_cache_mode)77;
+    CHECK(aj_ctx_create(&config, &ctx) == AJ_ERR_INVALID_ARG);
+    config.cache_mode = AJ_CACHE_DEFAULT;
     config.struct_size = 0;
     CHECK(aj_ctx_create(&config, &ctx) == AJ_ERR_INVALID_ARG);
     config.struct_size = sizeof config;

@@ -47,6 +47,7 @@ typedef struct cli_run_opts {
     const char *path[6];       /* q, k, v, alibi_slopes, o, lse */
     int64_t q_offset, kv_offset, sq_total, sk_total;
     int workers;
+    int no_cache;
 } cli_run_opts;
 
 int cli_parse_run_args(int argc, char **argv, cli_run_opts *out);

@@ -14,15 +14,19 @@ const char cli_usage_text[] =
     "\n"
     "commands:\n"
     "  compile SPEC --target sm_80|sm_90|sm_90a [--emit ptx|llvm|bc] [-o FILE]\n"
-    "          [-O 0..3] [-v]   compile an op (-O2 default); -v prints the launch contract\n"
+    "          [-O 0..3] [-v] [--no-cache]\n"
+    "                           compile an op (-O2 default); -v prints the launch contract\n"
     "  check SPEC               verify an op, print its canonical form and hash\n"
     "  run SPEC --device sim|cuda --in q=q.npy --in k=k.npy --in v=v.npy\n"
     "          [--in alibi_slopes=s.npy] --out o=o.npy [--out lse=lse.npy]\n"
     "          [--q-offset N] [--kv-offset N] [--sq-total N] [--sk-total N]\n"
-    "          [--workers N]    run a forward op on BHSD .npy tensors (f32 or f16)\n"
+    "          [--workers N] [--no-cache]\n"
+    "                           run a forward op on BHSD .npy tensors (f32 or f16)\n"
     "  info                     versions, targets, and what this machine has\n"
     "\n"
     "SPEC is a file in attnjit's IR text form (docs/ir.md), or - for stdin.\n"
+    "Kernels are cached in $AJ_CACHE_DIR, else $XDG_CACHE_HOME/attnjit, else\n"
+    "~/.cache/attnjit (AJ_CACHE=off: no disk cache); --no-cache compiles afresh.\n"
     "exit codes: 0 ok, 1 usage, 2 bad input, 3 internal error\n";
 
 int cli_usage(const char *fmt, const char *arg)

@@ -82,6 +82,8 @@ int cli_parse_compile_args(aj_ctx *ctx, int argc, char **argv, cli_compile_opts 
             }
         } else if (strcmp(a, "-v") == 0) {
             verbose = 1;
+        } else if (strcmp(a, "--no-cache") == 0) {
+            opt.bypass_cache = true;
         } else if (a[0] == '-' && a[1] != '\0') {
             return cli_usage("unknown option '%s' for compile", a);
         } else if (spec) {

@@ -5,6 +5,7 @@
  *   attnjit run SPEC --device sim|cuda --in q=q.npy --in k=k.npy --in v=v.npy
  *       [--in alibi_slopes=s.npy] --out o=o.npy [--out lse=lse.npy]
  *       [--q-offset N] [--kv-offset N] [--sq-total N] [--sk-total N] [--workers N]
+ *       [--no-cache]
  *
  * Inputs are BHSD (B, H, S, D) arrays of f32 or f16 (f8 is accepted too),
  * converted to the op's dtype; outputs are written as f32.
@@ -72,6 +73,10 @@ int cli_parse_run_args(int argc, char **argv, run_opts *o)
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
         int rc = CLI_EXIT_OK;
+        if (strcmp(a, "--no-cache") == 0) {
+            o->no_cache = 1;
+            continue;
+        }
         if (a[0] != '-' || !a[1]) {
             if (o->spec)
                 return cli_usage("run takes one SPEC; '%s' is a second", a);
@@ -234,6 +239,7 @@ int cli_run(aj_ctx *ctx, int argc, char **argv)
     aj_compile_options copt = AJ_COMPILE_OPTIONS_INIT;
     copt.target = aj_device_target(dev);
     copt.emit = AJ_EMIT_LLVM_IR;
+    copt.bypass_cache = o.no_cache;
     double t0 = now_ms();
     if (st == AJ_OK)
         st = aj_compile(ctx, op, &copt, &kernel);

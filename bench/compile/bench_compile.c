@@ -63,6 +63,7 @@ static double compile_once(aj_ctx *ctx, const char *name, const char *text, size
     aj_compile_options opt = AJ_COMPILE_OPTIONS_INIT;
     opt.target = target;
     opt.opt_level = opt_level;
+    opt.bypass_cache = true;   /* every repeat is a real compile */
     aj_status st = aj_op_parse(ctx, text, len, name, &op);
     if (st == AJ_OK)
         st = aj_compile(ctx, op, &opt, &k);

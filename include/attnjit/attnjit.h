@@ -68,6 +68,16 @@ typedef enum aj_log_level {
 
 typedef void (*aj_log_fn)(void *user, aj_log_level level, const char *message);
 
+/* Where compiled kernels are kept between compiles of the same op. */
+typedef enum aj_cache_mode {
+    /* in memory, and on disk for PTX / LLVM IR / bitcode; the environment
+     * may relocate (AJ_CACHE_DIR) or disable (AJ_CACHE=off) the disk part */
+    AJ_CACHE_DEFAULT = 0,
+    AJ_CACHE_MEMORY = 1,     /* in memory only */
+    AJ_CACHE_OFF = 2,        /* every compile is a fresh compile */
+    AJ_CACHE_MODE_COUNT
+} aj_cache_mode;
+
 /* Context configuration.  Always start from AJ_CTX_CONFIG_INIT so fields
  * added later get their defaults; struct_size tells attnjit which version of
  * the struct the caller was built against. */
@@ -76,9 +86,15 @@ typedef struct aj_ctx_config {
     aj_log_fn log_fn;        /* optional: NULL discards log messages */
     void *log_user;          /* passed back to log_fn */
     aj_log_level log_level;  /* messages above this level are dropped */
+    aj_cache_mode cache_mode;
+    /* optional: the disk cache's directory (copied).  NULL: $AJ_CACHE_DIR,
+     * else $XDG_CACHE_HOME/attnjit, else $HOME/.cache/attnjit */
+    const char *cache_dir;
+    uint64_t cache_max_bytes;  /* disk cache size cap; 0: 1 GiB */
 } aj_ctx_config;
 
-#define AJ_CTX_CONFIG_INIT { sizeof(aj_ctx_config), NULL, NULL, AJ_LOG_WARN }
+#define AJ_CTX_CONFIG_INIT \
+    { sizeof(aj_ctx_config), NULL, NULL, AJ_LOG_WARN, AJ_CACHE_DEFAULT, NULL, 0 }
 
 /* Creates a context.  config may be NULL for the defaults. */
 aj_status aj_ctx_create(const aj_ctx_config *config, aj_ctx **out);
@@ -287,20 +303,53 @@ typedef struct aj_compile_options {
     /* optional: a stage name ("build", "verify", "optimize") after which the
      * module is printed through the log callback at AJ_LOG_DEBUG; NULL: off */
     const char *dump_after;
+    /* true: compile afresh, neither reading nor filling the kernel cache */
+    bool bypass_cache;
 } aj_compile_options;
 
 #define AJ_COMPILE_OPTIONS_INIT \
-    { sizeof(aj_compile_options), AJ_TARGET_SM_80, AJ_EMIT_PTX, 2, NULL }
+    { sizeof(aj_compile_options), AJ_TARGET_SM_80, AJ_EMIT_PTX, 2, NULL, false }
 
 /* A compiled kernel: code plus what a launcher needs to know. */
 typedef struct aj_kernel aj_kernel;
 
 /* Compiles a verified op.  Options not implemented by any template for the
  * target give AJ_ERR_UNSUPPORTED naming the option.  options may be NULL for
- * AJ_COMPILE_OPTIONS_INIT. */
+ * AJ_COMPILE_OPTIONS_INIT.  The kernel comes from the context's kernel
+ * cache when the same op was compiled before with the same options (in
+ * this process, or on disk; see aj_ctx_config); either way the caller
+ * gets its own reference and releases it with aj_kernel_destroy(). */
 aj_status aj_compile(aj_ctx *ctx, const aj_op *op,
                      const aj_compile_options *options, aj_kernel **out);
+/* Releases a reference; the kernel is freed with its last one. */
 void aj_kernel_destroy(aj_kernel *kernel);
+
+/* One compile of a batch: fill `op`; aj_compile_many fills the rest. */
+typedef struct aj_compile_job {
+    const aj_op *op;
+    aj_kernel *kernel;       /* out: the caller releases it */
+    aj_status status;        /* out */
+    char message[512];       /* out: this job's error text, "" on success */
+} aj_compile_job;
+
+/* Compiles `n` ops on `workers` threads (0: one per core), one LLVM context
+ * per compile, results in request order.  A bad op fails alone, with its
+ * own status and message.  Returns AJ_OK when every job succeeded, else
+ * the status of the first failing job (the context's message counts the
+ * failures).  The ops must not be changed while this runs. */
+aj_status aj_compile_many(aj_ctx *ctx, aj_compile_job *jobs, size_t n,
+                          const aj_compile_options *options, int workers);
+
+/* Kernel cache counters of a context. */
+typedef struct aj_cache_stats {
+    uint64_t memory_hits, disk_hits, misses, disk_writes;
+    uint64_t corrupt_entries;    /* discarded and rebuilt */
+    uint64_t evictions;          /* disk entries removed by the size cap */
+    bool disk_enabled;           /* false: memory only (by choice or fallback) */
+    char disk_dir[512];
+} aj_cache_stats;
+
+aj_status aj_cache_get_stats(aj_ctx *ctx, aj_cache_stats *out);
 
 /* The emitted code (PTX or LLVM IR text, NUL-terminated; or bitcode); owned
  * by the kernel.  *size excludes the terminating NUL. */

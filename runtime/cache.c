@@ -1,0 +1,417 @@
+/*
+ * cache.c -- the kernel cache: in memory per context, and on disk.
+ *
+ * A compile is keyed by the op's canonical hash, the target, the opt level,
+ * the emitted form and the LLVM and attnjit versions (runtime/compile.c
+ * builds the key).  Memory entries hold a reference to the kernel; disk
+ * entries are files
+ *
+ *     <dir>/<xxh3-64 of the key>.ajk:
+ *         "AJKC"  u32 format  u32 key length  key  u64 payload length
+ *         u64 xxh3-64 of the payload   payload (aj_kernel_serialize)
+ *
+ * written to a temporary name and renamed into place, so a reader sees a
+ * whole entry or none, and two processes writing the same key both leave a
+ * valid one.  An entry that fails any check is deleted and rebuilt, never
+ * used.  Hits refresh the file's time; past the size cap the least recently
+ * used entries go.  A directory that cannot be used degrades the cache to
+ * memory only, with one warning.
+ */
+#include "runtime/cache.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+#define ENTRY_MAGIC "AJKC"
+#define ENTRY_FORMAT 1u
+#define MAX_ENTRY_BYTES ((size_t)256 << 20)
+#define DEFAULT_MAX_BYTES ((uint64_t)1 << 30)
+
+typedef struct mem_entry {
+    char *key;
+    aj_kernel *kernel;
+} mem_entry;
+
+struct aj_kernel_cache {
+    pthread_mutex_t lock;
+    mem_entry *entries;
+    size_t count, cap;
+    int disk;
+    char dir[512];
+    uint64_t max_bytes;
+    aj_cache_stats stats;
+    unsigned temp_counter;
+};
+
+static void cache_free(aj_kernel_cache *c)
+{
+    for (size_t i = 0; i < c->count; i++) {
+        free(c->entries[i].key);
+        aj_kernel_destroy(c->entries[i].kernel);
+    }
+    free(c->entries);
+    pthread_mutex_destroy(&c->lock);
+    free(c);
+}
+
+/* mkdir -p with 0700 for the parts it creates */
+static int make_dirs(const char *path)
+{
+    char buf[512];
+    snprintf(buf, sizeof buf, "%s", path);
+    for (char *p = buf + 1; *p; p++) {
+        if (*p != '/')
+            continue;
+        *p = '\0';
+        if (mkdir(buf, 0700) != 0 && errno != EEXIST)
+            return -1;
+        *p = '/';
+    }
+    if (mkdir(buf, 0700) != 0 && errno != EEXIST)
+        return -1;
+    return 0;
+}
+
+static void resolve_dir(const aj_ctx *ctx, char *out, size_t cap)
+{
+    const char *env;
+    if (ctx->config.cache_dir)
+        snprintf(out, cap, "%s", ctx->config.cache_dir);
+    else if ((env = getenv("AJ_CACHE_DIR")) && *env)
+        snprintf(out, cap, "%s", env);
+    else if ((env = getenv("XDG_CACHE_HOME")) && *env)
+        snprintf(out, cap, "%s/attnjit", env);
+    else if ((env = getenv("HOME")) && *env)
+        snprintf(out, cap, "%s/.cache/attnjit", env);
+    else
+        out[0] = '\0';
+}
+
+static int disk_wanted(const aj_ctx *ctx)
+{
+    if (ctx->config.cache_mode != AJ_CACHE_DEFAULT)
+        return 0;
+    const char *env = getenv("AJ_CACHE");
+    return !(env && (strcmp(env, "off") == 0 || strcmp(env, "0") == 0 ||
+                     strcmp(env, "memory") == 0));
+}
+
+/* Sets up the disk part, or explains (once) why there is none. */
+static void open_disk(aj_ctx *ctx, aj_kernel_cache *c)
+{
+    if (!disk_wanted(ctx))
+        return;
+    resolve_dir(ctx, c->dir, sizeof c->dir);
+    struct stat sb;
+    const char *why = NULL;
+    if (!c->dir[0])
+        why = "no cache directory (set AJ_CACHE_DIR, XDG_CACHE_HOME or HOME)";
+    else if (make_dirs(c->dir) != 0 || stat(c->dir, &sb) != 0)
+        why = strerror(errno);
+    else if (!S_ISDIR(sb.st_mode))
+        why = "not a directory";
+    else if (access(c->dir, W_OK | X_OK) != 0)
+        why = "not writable";
+    if (why) {
+        aj_log(ctx, AJ_LOG_WARN, "kernel cache: %s: %s; caching in memory only", c->dir, why);
+        return;
+    }
+    c->disk = 1;
+    c->stats.disk_enabled = true;
+    snprintf(c->stats.disk_dir, sizeof c->stats.disk_dir, "%s", c->dir);
+}
+
+aj_kernel_cache *aj_cache_of(aj_ctx *ctx)
+{
+    if (ctx->config.cache_mode == AJ_CACHE_OFF)
+        return NULL;
+    if (ctx->cache)
+        return ctx->cache;
+    aj_kernel_cache *c = calloc(1, sizeof *c);
+    if (!c)
+        return NULL;
+    pthread_mutex_init(&c->lock, NULL);
+    c->max_bytes = ctx->config.cache_max_bytes ? ctx->config.cache_max_bytes : DEFAULT_MAX_BYTES;
+    open_disk(ctx, c);
+    ctx->cache = c;
+    ctx->cache_free = cache_free;
+    return c;
+}
+
+aj_status aj_cache_get_stats(aj_ctx *ctx, aj_cache_stats *out)
+{
+    if (!ctx || !out)
+        return AJ_ERR_INVALID_ARG;
+    aj_kernel_cache *c = aj_cache_of(ctx);
+    memset(out, 0, sizeof *out);
+    if (!c)
+        return AJ_OK;
+    pthread_mutex_lock(&c->lock);
+    *out = c->stats;
+    pthread_mutex_unlock(&c->lock);
+    return AJ_OK;
+}
+
+/* ---------------------------------------------------------------- disk */
+
+static void entry_path(const aj_kernel_cache *c, const char *key, char *out, size_t cap)
+{
+    snprintf(out, cap, "%s/%016llx.ajk", c->dir,
+             (unsigned long long)XXH3_64bits(key, strlen(key)));
+}
+
+static uint8_t *read_whole(const char *path, size_t *len)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return NULL;
+    struct stat sb;
+    uint8_t *buf = NULL;
+    if (fstat(fd, &sb) == 0 && S_ISREG(sb.st_mode) && (size_t)sb.st_size <= MAX_ENTRY_BYTES) {
+        buf = malloc((size_t)sb.st_size + 1);
+        size_t got = 0;
+        while (buf && got < (size_t)sb.st_size) {
+            ssize_t n = read(fd, buf + got, (size_t)sb.st_size - got);
+            if (n <= 0)
+                break;
+            got += (size_t)n;
+        }
+        *len = got;
+    }
+    close(fd);
+    return buf;
+}
+
+/* The payload of a valid entry for `key`, or NULL (*corrupt says whether
+ * the file existed but failed a check). */
+static const uint8_t *check_entry(const uint8_t *buf, size_t len, const char *key,
+                                  size_t *payload_len, int *corrupt)
+{
+    size_t klen = strlen(key);
+    uint32_t format, stored_klen;
+    uint64_t plen, sum;
+    *corrupt = 1;
+    if (len < 12 || memcmp(buf, ENTRY_MAGIC, 4) != 0)
+        return NULL;
+    memcpy(&format, buf + 4, 4);
+    memcpy(&stored_klen, buf + 8, 4);
+    if (format != ENTRY_FORMAT || stored_klen > len - 12 || len - 12 - stored_klen < 16)
+        return NULL;
+    if (stored_klen != klen || memcmp(buf + 12, key, klen) != 0) {
+        *corrupt = 0;   /* another key with the same file name: a miss */
+        return NULL;
+    }
+    const uint8_t *p = buf + 12 + klen;
+    memcpy(&plen, p, 8);
+    memcpy(&sum, p + 8, 8);
+    p += 16;
+    if (plen != (uint64_t)(len - (size_t)(p - buf)) || XXH3_64bits(p, (size_t)plen) != sum)
+        return NULL;
+    *corrupt = 0;
+    *payload_len = (size_t)plen;
+    return p;
+}
+
+static aj_kernel *disk_lookup(aj_ctx *ctx, aj_kernel_cache *c, const char *key)
+{
+    char path[600];
+    entry_path(c, key, path, sizeof path);
+    size_t len = 0;
+    uint8_t *buf = read_whole(path, &len);
+    if (!buf)
+        return NULL;
+    size_t plen = 0;
+    int corrupt = 0;
+    const uint8_t *payload = check_entry(buf, len, key, &plen, &corrupt);
+    aj_kernel *k = NULL;
+    if (payload && aj_kernel_deserialize(ctx, payload, plen, &k) != AJ_OK)
+        corrupt = 1;
+    free(buf);
+    if (corrupt) {
+        aj_log(ctx, AJ_LOG_WARN, "kernel cache: %s is damaged; removed, the kernel is rebuilt",
+               path);
+        unlink(path);
+        pthread_mutex_lock(&c->lock);
+        c->stats.corrupt_entries++;
+        pthread_mutex_unlock(&c->lock);
+        return NULL;
+    }
+    if (k)
+        utimensat(AT_FDCWD, path, NULL, 0);   /* recently used */
+    return k;
+}
+
+static int write_all(int fd, const void *p, size_t n)
+{
+    const uint8_t *b = p;
+    while (n) {
+        ssize_t w = write(fd, b, n);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            return -1;
+        b += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
+typedef struct file_age {
+    char name[64];
+    off_t size;
+    struct timespec mtime;
+} file_age;
+
+static int older_first(const void *a, const void *b)
+{
+    const file_age *x = a, *y = b;
+    if (x->mtime.tv_sec != y->mtime.tv_sec)
+        return x->mtime.tv_sec < y->mtime.tv_sec ? -1 : 1;
+    return (x->mtime.tv_nsec > y->mtime.tv_nsec) - (x->mtime.tv_nsec < y->mtime.tv_nsec);
+}
+
+/* Removes least recently used entries until the total fits the cap. */
+static void evict(aj_kernel_cache *c)
+{
+    DIR *d = opendir(c->dir);
+    if (!d)
+        return;
+    file_age *files = NULL;
+    size_t n = 0, cap = 0;
+    uint64_t total = 0;
+    for (struct dirent *e; (e = readdir(d));) {
+        size_t len = strlen(e->d_name);
+        if (len < 5 || len >= sizeof files[0].name || strcmp(e->d_name + len - 4, ".ajk") != 0)
+            continue;
+        char path[600];
+        struct stat sb;
+        snprintf(path, sizeof path, "%s/%s", c->dir, e->d_name);
+        if (stat(path, &sb) != 0)
+            continue;
+        if (n == cap) {
+            file_age *bigger = realloc(files, (cap = cap ? cap * 2 : 64) * sizeof *files);
+            if (!bigger)
+                break;
+            files = bigger;
+        }
+        snprintf(files[n].name, sizeof files[n].name, "%s", e->d_name);
+        files[n].size = sb.st_size;
+        files[n].mtime = sb.st_mtim;
+        total += (uint64_t)sb.st_size;
+        n++;
+    }
+    closedir(d);
+    if (files)
+        qsort(files, n, sizeof *files, older_first);
+    for (size_t i = 0; i < n && total > c->max_bytes; i++) {
+        char path[600];
+        snprintf(path, sizeof path, "%s/%s", c->dir, files[i].name);
+        if (unlink(path) == 0) {
+            total -= (uint64_t)files[i].size;
+            c->stats.evictions++;
+        }
+    }
+    free(files);
+}
+
+static void disk_store(aj_ctx *ctx, aj_kernel_cache *c, const char *key, const aj_kernel *k)
+{
+    uint8_t *payload = NULL;
+    size_t plen = 0;
+    if (aj_kernel_serialize(ctx, k, &payload, &plen) != AJ_OK)
+        return;
+    char path[600], temp[700];
+    entry_path(c, key, path, sizeof path);
+    pthread_mutex_lock(&c->lock);
+    unsigned serial = c->temp_counter++;
+    pthread_mutex_unlock(&c->lock);
+    snprintf(temp, sizeof temp, "%s.%ld.%u.tmp", path, (long)getpid(), serial);
+    uint32_t format = ENTRY_FORMAT, klen = (uint32_t)strlen(key);
+    uint64_t len64 = plen, sum = XXH3_64bits(payload, plen);
+    int fd = open(temp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    int bad = fd < 0 || write_all(fd, ENTRY_MAGIC, 4) || write_all(fd, &format, 4) ||
+              write_all(fd, &klen, 4) || write_all(fd, key, klen) ||
+              write_all(fd, &len64, 8) || write_all(fd, &sum, 8) ||
+              write_all(fd, payload, plen);
+    if (fd >= 0 && close(fd) != 0)
+        bad = 1;
+    if (!bad && rename(temp, path) != 0)
+        bad = 1;
+    free(payload);
+    if (bad) {
+        aj_log(ctx, AJ_LOG_WARN, "kernel cache: cannot write %s: %s", path, strerror(errno));
+        unlink(temp);
+        return;
+    }
+    pthread_mutex_lock(&c->lock);
+    c->stats.disk_writes++;
+    evict(c);
+    pthread_mutex_unlock(&c->lock);
+}
+
+/* ---------------------------------------------------------------- lookup */
+
+aj_kernel *aj_cache_lookup(aj_ctx *ctx, aj_kernel_cache *c, const char *key, int use_disk)
+{
+    aj_kernel *k = NULL;
+    pthread_mutex_lock(&c->lock);
+    for (size_t i = 0; i < c->count && !k; i++)
+        if (strcmp(c->entries[i].key, key) == 0)
+            k = aj_kernel_retain(c->entries[i].kernel);
+    if (k)
+        c->stats.memory_hits++;
+    pthread_mutex_unlock(&c->lock);
+    if (k || !use_disk || !c->disk)
+        goto done;
+    k = disk_lookup(ctx, c, key);
+    if (k) {
+        pthread_mutex_lock(&c->lock);
+        c->stats.disk_hits++;
+        pthread_mutex_unlock(&c->lock);
+        aj_cache_store(ctx, c, key, k, 0);   /* and keep it in memory */
+    }
+done:
+    if (!k) {
+        pthread_mutex_lock(&c->lock);
+        c->stats.misses++;
+        pthread_mutex_unlock(&c->lock);
+    }
+    return k;
+}
+
+void aj_cache_store(aj_ctx *ctx, aj_kernel_cache *c, const char *key, aj_kernel *k,
+                    int use_disk)
+{
+    pthread_mutex_lock(&c->lock);
+    int present = 0;
+    for (size_t i = 0; i < c->count && !present; i++)
+        present = strcmp(c->entries[i].key, key) == 0;
+    if (!present && c->count == c->cap) {
+        size_t cap = c->cap ? c->cap * 2 : 32;
+        mem_entry *bigger = realloc(c->entries, cap * sizeof *bigger);
+        if (bigger) {
+            c->entries = bigger;
+            c->cap = cap;
+        }
+    }
+    if (!present && c->count < c->cap) {
+        char *copy = strdup(key);
+        if (copy) {
+            c->entries[c->count].key = copy;
+            c->entries[c->count++].kernel = aj_kernel_retain(k);
+        }
+    }
+    pthread_mutex_unlock(&c->lock);
+    if (use_disk && c->disk)
+        disk_store(ctx, c, key, k);
+}

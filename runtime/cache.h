@@ -1,0 +1,23 @@
+/*
+ * cache.h -- the kernel cache (see cache.c for the design).
+ */
+#ifndef AJ_RUNTIME_CACHE_H
+#define AJ_RUNTIME_CACHE_H
+
+#include "codegen/codegen.h"
+
+typedef struct aj_kernel_cache aj_kernel_cache;
+
+/* The context's cache, made on first use; NULL with AJ_CACHE_OFF (or when
+ * out of memory: then nothing is cached). */
+aj_kernel_cache *aj_cache_of(aj_ctx *ctx);
+
+/* A new reference to the kernel cached under `key`, from memory, else (if
+ * use_disk) from disk; NULL on a miss.  Thread-safe. */
+aj_kernel *aj_cache_lookup(aj_ctx *ctx, aj_kernel_cache *c, const char *key, int use_disk);
+
+/* Keeps a reference in memory and, if use_disk, writes the disk entry. */
+void aj_cache_store(aj_ctx *ctx, aj_kernel_cache *c, const char *key, aj_kernel *k,
+                    int use_disk);
+
+#endif /* AJ_RUNTIME_CACHE_H */

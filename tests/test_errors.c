@@ -1,0 +1,280 @@
+/*
+ * test_errors.c -- the catalogue of bad inputs of docs/errors.md that are
+ * not covered by the IR, codegen, npy and CLI tests: every launch argument
+ * check of aj_forward, devices, conversions, non-finite inputs and empty
+ * tensors.  Each call must return its status with a message naming the
+ * problem, and the process must survive all of them.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "ref.h"
+
+enum { B = 1, HQ = 2, HKV = 1, SQ = 20, SK = 24, D = 16 };
+
+static aj_ctx *ctx;
+static aj_device *dev;
+static aj_kernel *kernel;        /* f16, head dim 16, causal */
+static aj_kernel *alibi_kernel;  /* f16, head dim 16, alibi */
+
+static _Alignas(16) uint16_t q[B * HQ * SQ * D], k[B * HKV * SK * D], v[B * HKV * SK * D],
+    o[B * HQ * SQ * D];
+static float lse[B * HQ * SQ], slopes[HQ];
+
+static aj_tensor bhsd(void *data, aj_dtype dt, int64_t b, int64_t h, int64_t s, int64_t d)
+{
+    aj_tensor t = {data, dt, 4, {b, h, s, d}, {h * s * d, s * d, d, 1}};
+    return t;
+}
+
+static aj_fwd_args good_args(void)
+{
+    aj_fwd_args a = AJ_FWD_ARGS_INIT;
+    a.q = bhsd(q, AJ_DTYPE_F16, B, HQ, SQ, D);
+    a.k = bhsd(k, AJ_DTYPE_F16, B, HKV, SK, D);
+    a.v = bhsd(v, AJ_DTYPE_F16, B, HKV, SK, D);
+    a.o = bhsd(o, AJ_DTYPE_F16, B, HQ, SQ, D);
+    a.lse = (aj_tensor){lse, AJ_DTYPE_F32, 3, {B, HQ, SQ, 0}, {HQ * SQ, SQ, 1, 0}};
+    a.alibi_slopes = (aj_tensor){slopes, AJ_DTYPE_F32, 1, {HQ, 0, 0, 0}, {1, 0, 0, 0}};
+    return a;
+}
+
+static aj_kernel *compile(const char *text)
+{
+    aj_op *op = NULL;
+    aj_kernel *kr = NULL;
+    CHECK_STATUS(ctx, aj_op_parse(ctx, text, strlen(text), "t", &op), AJ_OK);
+    aj_compile_options opt = AJ_COMPILE_OPTIONS_INIT;
+    opt.target = AJ_TARGET_SIM;
+    opt.emit = AJ_EMIT_LLVM_IR;
+    CHECK_STATUS(ctx, aj_compile(ctx, op, &opt, &kr), AJ_OK);
+    aj_op_destroy(op);
+    return kr;
+}
+
+/* One mutation of the good arguments and the message it must produce. */
+typedef void (*mutate_fn)(aj_fwd_args *a);
+#define CASE(name, body) static void name(aj_fwd_args *a) { body; }
+CASE(q_rank3, a->q.rank = 3)
+CASE(k_dtype, a->k.dtype = AJ_DTYPE_BF16)
+CASE(v_dtype_bad, a->v.dtype = (aj_dtype)9)
+CASE(q_head_dim, a->q.shape[3] = 8)
+CASE(k_batch, a->k.shape[0] = 2)
+CASE(v_heads, a->v.shape[1] = 2)
+CASE(v_len, a->v.shape[2] = SK - 1)
+CASE(o_len, a->o.shape[2] = SQ + 1)
+CASE(lse_dtype, a->lse.dtype = AJ_DTYPE_F16)
+CASE(lse_heads, a->lse.shape[1] = 3)
+CASE(neg_shape, a->k.shape[2] = -1)
+CASE(neg_stride, a->q.strides[2] = -D)
+CASE(last_stride, a->k.strides[3] = 2)
+CASE(misaligned, a->q.data = (char *)q + 2)
+CASE(stride_not16, a->v.strides[2] = D + 1)
+CASE(null_data, a->o.data = NULL)
+CASE(gqa, (a->q.shape[1] = 3, a->o.shape[1] = 3, a->lse.shape[1] = 3,
+           a->k.shape[1] = 2, a->v.shape[1] = 2))
+CASE(huge_seq, (a->k.shape[2] = (int64_t)1 << 31, a->v.shape[2] = (int64_t)1 << 31))
+CASE(huge_batch, (a->q.shape[0] = 70000, a->k.shape[0] = 70000, a->v.shape[0] = 70000,
+                  a->o.shape[0] = 70000, a->lse.shape[0] = 70000))
+CASE(neg_total, a->sk_total = -5)
+CASE(bad_size, a->struct_size = 8)
+#undef CASE
+
+static void test_launch_arguments(void)
+{
+    static const struct {
+        mutate_fn mutate;
+        const char *needle;
+    } cases[] = {
+        {q_rank3, "q.rank = 3, want 4"},
+        {k_dtype, "k.dtype = bf16, want f16"},
+        {v_dtype_bad, "v.dtype = (invalid)"},
+        {q_head_dim, "q.shape[3] = 8, want 16 (the op's head_dim)"},
+        {k_batch, "k.shape[0] = 2, want 1"},
+        {v_heads, "v.shape[1] = 2, want 1 (k's heads)"},
+        {v_len, "v.shape[2] = 23, want 24 (k's length)"},
+        {o_len, "o.shape[2] = 21, want 20"},
+        {lse_dtype, "lse.dtype = f16, want f32"},
+        {lse_heads, "lse.shape[1] = 3, want 2"},
+        {neg_shape, "k.shape[2] = -1 is negative"},
+        {neg_stride, "q.strides[2] = -16 is negative"},
+        {last_stride, "k.strides[3] = 2; the last dimension must be contiguous"},
+        {misaligned, "q.data"},
+        {stride_not16, "v.strides[2] = 17 is not a multiple of 8 elements"},
+        {null_data, "o.data is NULL"},
+        {gqa, "query heads must be a multiple of the key/value heads"},
+        {huge_seq, "lengths must be below 2^30"},
+        {huge_batch, "each must be at most 65535"},
+        {neg_total, "sk_total = -5"},
+        {bad_size, "struct_size = 8"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        aj_fwd_args a = good_args();
+        cases[i].mutate(&a);
+        aj_status st = aj_forward(ctx, dev, kernel, &a);
+        CHECK_MSG(st == AJ_ERR_INVALID_ARG, "case %zu (%s): %s", i, cases[i].needle,
+                  aj_status_str(st));
+        CHECK_ERROR(ctx, cases[i].needle);
+    }
+    aj_fwd_args a = good_args();
+    CHECK_STATUS(ctx, aj_forward(ctx, dev, kernel, &a), AJ_OK);
+    CHECK_STATUS(ctx, aj_forward(ctx, NULL, kernel, &a), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "dev is NULL");
+    CHECK_STATUS(ctx, aj_forward(ctx, dev, NULL, &a), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "kernel is NULL");
+    CHECK_STATUS(ctx, aj_forward(ctx, dev, kernel, NULL), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "args is NULL");
+    CHECK(aj_forward(NULL, dev, kernel, &a) == AJ_ERR_INVALID_ARG);
+
+    /* alibi ops need their slopes, of the right shape */
+    a = good_args();
+    a.alibi_slopes.shape[0] = 5;
+    CHECK_STATUS(ctx, aj_forward(ctx, dev, alibi_kernel, &a), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "alibi_slopes.shape[0] = 5, want 2");
+    a = good_args();
+    a.alibi_slopes.rank = 0;
+    CHECK_STATUS(ctx, aj_forward(ctx, dev, alibi_kernel, &a), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "alibi_slopes.rank = 0");
+
+    /* a PTX kernel cannot run on the sim device */
+    aj_op *op = NULL;
+    aj_kernel *ptx = NULL;
+    const char *text = "attention forward efficient { dtype = f16 head_dim = 16 }";
+    aj_op_parse(ctx, text, strlen(text), "t", &op);
+    CHECK_STATUS(ctx, aj_compile(ctx, op, NULL, &ptx), AJ_OK);
+    a = good_args();
+    CHECK_STATUS(ctx, aj_forward(ctx, dev, ptx, &a), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "compiled for sm_80 cannot run on a sim device");
+    aj_kernel_destroy(ptx);
+    aj_op_destroy(op);
+}
+
+static void test_empty_tensors(void)
+{
+    aj_fwd_args a = good_args();
+    /* B = 0 and Sq = 0: nothing to compute, success, no write */
+    memset(o, 0x55, sizeof o);
+    a.q.shape[0] = a.k.shape[0] = a.v.shape[0] = a.o.shape[0] = a.lse.shape[0] = 0;
+    CHECK_STATUS(ctx, aj_forward(ctx, dev, kernel, &a), AJ_OK);
+    a = good_args();
+    a.q.shape[2] = a.o.shape[2] = a.lse.shape[2] = 0;
+    CHECK_STATUS(ctx, aj_forward(ctx, dev, kernel, &a), AJ_OK);
+    CHECK(o[0] == 0x5555);
+    /* Sk = 0: every row sees no key, O = 0 and LSE = -inf */
+    a = good_args();
+    a.k.shape[2] = a.v.shape[2] = 0;
+    CHECK_STATUS(ctx, aj_forward(ctx, dev, kernel, &a), AJ_OK);
+    int all_empty = 1;
+    for (int i = 0; i < B * HQ * SQ; i++)
+        all_empty &= isinf(lse[i]) && lse[i] < 0;
+    for (int i = 0; i < B * HQ * SQ * D; i++)
+        all_empty &= o[i] == 0;
+    CHECK(all_empty);
+}
+
+/* NaN and Inf inputs reach the outputs of the rows they touch, as in the
+ * reference, and the launch succeeds. */
+static void test_non_finite_inputs(void)
+{
+    float one = 1.0f, nan_f = NAN, inf_f = INFINITY;
+    uint16_t h_one, h_nan, h_inf;
+    aj_convert(&one, AJ_DTYPE_F32, &h_one, AJ_DTYPE_F16, 1);
+    aj_convert(&nan_f, AJ_DTYPE_F32, &h_nan, AJ_DTYPE_F16, 1);
+    aj_convert(&inf_f, AJ_DTYPE_F32, &h_inf, AJ_DTYPE_F16, 1);
+    for (size_t i = 0; i < sizeof q / 2; i++)
+        q[i] = h_one;
+    for (size_t i = 0; i < sizeof k / 2; i++)
+        k[i] = v[i] = h_one;
+    /* head 0, row 3: every score of the row is NaN.  Key 0, column 2: every
+     * row sees key 0, so column 2 is Inf throughout.  (An Inf in V at a key
+     * a row cannot see but its tile holds gives 0 * Inf = NaN in the
+     * kernel, as in FlashAttention: docs/errors.md.) */
+    q[(0 * SQ + 3) * D + 5] = h_nan;
+    v[0 * D + 2] = h_inf;
+    aj_fwd_args a = good_args();
+    CHECK_STATUS(ctx, aj_forward(ctx, dev, kernel, &a), AJ_OK);
+    /* the reference on the same values */
+    static double qd[B * HQ * SQ * D], kd[B * HKV * SK * D], vd[B * HKV * SK * D];
+    static double od[B * HQ * SQ * D], ld[B * HQ * SQ];
+    for (size_t i = 0; i < sizeof q / 2; i++) {
+        float f;
+        aj_convert(&q[i], AJ_DTYPE_F16, &f, AJ_DTYPE_F32, 1);
+        qd[i] = f;
+    }
+    for (size_t i = 0; i < sizeof k / 2; i++) {
+        float f;
+        aj_convert(&k[i], AJ_DTYPE_F16, &f, AJ_DTYPE_F32, 1);
+        kd[i] = f;
+        aj_convert(&v[i], AJ_DTYPE_F16, &f, AJ_DTYPE_F32, 1);
+        vd[i] = f;
+    }
+    ref_problem p;
+    memset(&p, 0, sizeof p);
+    p.B = B, p.Hq = HQ, p.Hkv = HKV, p.Sq = SQ, p.Sk = SK, p.D = D, p.Dv = D;
+    p.mask = AJ_MASK_CAUSAL;
+    ref_forward(&p, qd, kd, vd, od, ld);
+    int same_pattern = 1, nan_rows = 0;
+    for (int i = 0; i < B * HQ * SQ * D; i++) {
+        float f;
+        aj_convert(&o[i], AJ_DTYPE_F16, &f, AJ_DTYPE_F32, 1);
+        int got_finite = isfinite(f), want_finite = isfinite(od[i]);
+        same_pattern &= got_finite == want_finite && isnan(f) == isnan(od[i]);
+        nan_rows += isnan(f) && i % D == 0;
+    }
+    CHECK_MSG(same_pattern, "non-finite outputs differ from the reference's");
+    CHECK(nan_rows == 1);
+    CHECK(isnan(lse[3]) && isnan(ld[3]));            /* the NaN row */
+    CHECK(isfinite(lse[4]) && fabs(lse[4] - ld[4]) < 1e-3);
+    memset(q, 0, sizeof q);
+    memset(k, 0, sizeof k);
+    memset(v, 0, sizeof v);
+}
+
+static void test_devices_and_helpers(void)
+{
+    aj_device *d = NULL;
+    CHECK_STATUS(ctx, aj_device_open(ctx, (aj_device_kind)7, 0, &d), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "kind = 7");
+    CHECK_STATUS(ctx, aj_device_open(ctx, AJ_DEVICE_SIM, 1, &d), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "index 0 only");
+    CHECK_STATUS(ctx, aj_device_open(ctx, AJ_DEVICE_SIM, -1, &d), AJ_ERR_INVALID_ARG);
+    CHECK_STATUS(ctx, aj_device_open(ctx, AJ_DEVICE_SIM, 0, NULL), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "out is NULL");
+    aj_status st = aj_device_open(ctx, AJ_DEVICE_CUDA, 0, &d);
+    CHECK_MSG(st == AJ_ERR_NO_DEVICE || st == AJ_ERR_UNSUPPORTED, "cuda: %s",
+              aj_status_str(st));
+    CHECK(strstr(aj_last_error(ctx), "no GPU found") || strstr(aj_last_error(ctx), "sim device"));
+    CHECK(d == NULL);
+    CHECK_STATUS(ctx, aj_device_set_workers(dev, -2), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "workers = -2");
+    float f = 1;
+    uint16_t h;
+    CHECK(aj_convert(&f, (aj_dtype)5, &h, AJ_DTYPE_F16, 1) == AJ_ERR_INVALID_ARG);
+    CHECK(aj_convert(NULL, AJ_DTYPE_F32, &h, AJ_DTYPE_F16, 1) == AJ_ERR_INVALID_ARG);
+    CHECK(aj_convert(NULL, AJ_DTYPE_F32, NULL, AJ_DTYPE_F16, 0) == AJ_OK);
+}
+
+int main(void)
+{
+    CHECK(aj_ctx_create(NULL, &ctx) == AJ_OK);
+    CHECK_STATUS(ctx, aj_device_open(ctx, AJ_DEVICE_SIM, 0, &dev), AJ_OK);
+    kernel = compile("attention forward efficient { dtype = f16 head_dim = 16 "
+                     "mask = causal(top_left) }");
+    alibi_kernel = compile("attention forward efficient { dtype = f16 head_dim = 16 "
+                           "score_mod = alibi }");
+    if (dev && kernel && alibi_kernel) {
+        test_launch_arguments();
+        test_empty_tensors();
+        test_non_finite_inputs();
+        test_devices_and_helpers();
+    }
+    aj_kernel_destroy(kernel);
+    aj_kernel_destroy(alibi_kernel);
+    aj_device_close(dev);
+    aj_ctx_destroy(ctx);
+    return check_report();
+}
