@@ -3,7 +3,8 @@
 # builds, then runs the demo or the tests.
 #
 #   scripts/setup.sh demo    build everything and run the demo
-#   scripts/setup.sh test    build everything and run the test suite
+#   scripts/setup.sh test    build everything and run the test suite, then the
+#                            unit and numeric tests again under ASan + UBSan
 #
 # Idempotent: packages already present are not reinstalled and the build
 # directory is reused.  Without root, it prints the apt-get line to run.
@@ -45,3 +46,14 @@ if [ "$mode" = demo ]; then
 fi
 echo "== running the tests"
 ctest --test-dir "$build" --output-on-failure -j"$jobs"
+
+# The same unit and numeric tests again under AddressSanitizer (with
+# LeakSanitizer) and UndefinedBehaviorSanitizer: any report fails the run.
+asan=${AJ_ASAN_BUILD_DIR:-$root/build-asan}
+echo "== building with AJ_SANITIZE=ON in $asan"
+cmake -S "$root" -B "$asan" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DAJ_WERROR=ON -DAJ_SANITIZE=ON \
+      -DAJ_BUILD_BENCH=OFF >/dev/null
+cmake --build "$asan" -j"$jobs"
+echo "== running the unit and numeric tests under the sanitizers"
+ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+  ctest --test-dir "$asan" --output-on-failure -j"$jobs" -L "unit|numeric"

@@ -91,6 +91,7 @@ typedef struct sim_thread {
     int64_t groups_committed;
     ucontext_t uc;
     char *stack;               /* STACK_BYTES, with a guard page below */
+    void *asan_fake_stack;     /* AddressSanitizer's fiber bookkeeping */
 } sim_thread;
 
 typedef struct sim_worker {
@@ -102,6 +103,11 @@ typedef struct sim_worker {
     ucontext_t sched;
     int faulted;
     uint64_t instructions;
+    /* AddressSanitizer's view of the scheduler's stack, learnt when the
+     * first fiber starts (see the fiber switches below) */
+    void *asan_fake_stack;
+    const void *sched_stack;
+    size_t sched_stack_size;
 } sim_worker;
 
 /* State shared by the workers of one launch. */
@@ -163,12 +169,64 @@ static void record_fault(sim_worker *w, const char *fmt, ...)
     w->faulted = 1;
 }
 
+/*
+ * Fiber switches.  Under AddressSanitizer every switch is announced, so it
+ * tracks which stack is live (without this it reports false errors on
+ * fiber stacks); elsewhere these are plain swapcontext calls.
+ */
+#if defined(__SANITIZE_ADDRESS__)
+#define AJ_ASAN_FIBERS 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define AJ_ASAN_FIBERS 1
+#endif
+#endif
+
+#ifdef AJ_ASAN_FIBERS
+#include <sanitizer/common_interface_defs.h>
+#endif
+
+static void switch_to_fiber(sim_worker *w, sim_thread *t)
+{
+#ifdef AJ_ASAN_FIBERS
+    __sanitizer_start_switch_fiber(&w->asan_fake_stack, t->stack, STACK_BYTES);
+#endif
+    swapcontext(&w->sched, &t->uc);
+#ifdef AJ_ASAN_FIBERS
+    __sanitizer_finish_switch_fiber(w->asan_fake_stack, NULL, NULL);
+#endif
+}
+
+/* `dying`: the fiber will never be resumed (finished or faulted). */
+static void switch_to_scheduler(sim_thread *t, int dying)
+{
+    sim_worker *w = t->w;
+#ifdef AJ_ASAN_FIBERS
+    __sanitizer_start_switch_fiber(dying ? NULL : &t->asan_fake_stack, w->sched_stack,
+                                   w->sched_stack_size);
+#endif
+    swapcontext(&t->uc, &w->sched);
+#ifdef AJ_ASAN_FIBERS
+    __sanitizer_finish_switch_fiber(t->asan_fake_stack, NULL, NULL);
+#endif
+}
+
+/* First thing a fiber does: completes the switch that started it. */
+static void fiber_started(sim_thread *t)
+{
+#ifdef AJ_ASAN_FIBERS
+    __sanitizer_finish_switch_fiber(NULL, &t->w->sched_stack, &t->w->sched_stack_size);
+#else
+    (void)t;
+#endif
+}
+
 /* Called on a fiber: records the fault and never returns to the kernel. */
 static void fault_in_thread(sim_thread *t, const char *what)
 {
     record_fault(t->w, "thread %d: %s", t->tid, what);
     t->state = T_DONE;
-    swapcontext(&t->uc, &t->w->sched);
+    switch_to_scheduler(t, 1);
     abort();   /* unreachable: a faulted CTA's fibers are never resumed */
 }
 
@@ -176,7 +234,7 @@ static void yield_to_scheduler(sim_thread *t, enum thread_state why, int32_t sit
 {
     t->state = why;
     t->site = site;
-    swapcontext(&t->uc, &t->w->sched);
+    switch_to_scheduler(t, 0);
 }
 
 /* ---------------------------------------------------------------- memory checks */
@@ -792,35 +850,41 @@ static void diagnose_stall(sim_worker *w, int nthreads)
 static void thread_main(unsigned lo, unsigned hi)
 {
     sim_thread *t = (sim_thread *)(((uintptr_t)hi << 32) | (uintptr_t)lo);
+    fiber_started(t);
     t->w->launch->entry(t, t->w->launch->args);
     t->state = T_DONE;
-    swapcontext(&t->uc, &t->w->sched);
+    switch_to_scheduler(t, 1);
+}
+
+/* A fresh fiber for t at thread_main.  (A function of its own: getcontext
+ * returns twice, and no caller variable may live across it.) */
+static __attribute__((noinline)) void prepare_fiber(sim_thread *t)
+{
+    t->instructions = 0;
+    t->state = T_READY;
+    t->num_copies = 0;
+    t->groups_committed = 0;
+    getcontext(&t->uc);
+    t->uc.uc_stack.ss_sp = t->stack;
+    t->uc.uc_stack.ss_size = STACK_BYTES;
+    t->uc.uc_link = NULL;
+    uintptr_t p = (uintptr_t)t;
+    makecontext(&t->uc, (void (*)(void))thread_main, 2, (unsigned)(p & 0xffffffffu),
+                (unsigned)(p >> 32));
 }
 
 static void run_cta(sim_worker *w)
 {
     int n = w->launch->block_threads;
     memset(w->smem, 0xff, (size_t)w->launch->smem_bytes);   /* NaN: unwritten reads show */
-    for (int i = 0; i < n; i++) {
-        sim_thread *t = &w->threads[i];
-        t->instructions = 0;
-        t->state = T_READY;
-        t->num_copies = 0;
-        t->groups_committed = 0;
-        getcontext(&t->uc);
-        t->uc.uc_stack.ss_sp = t->stack;
-        t->uc.uc_stack.ss_size = STACK_BYTES;
-        t->uc.uc_link = NULL;
-        uintptr_t p = (uintptr_t)t;
-        makecontext(&t->uc, (void (*)(void))thread_main, 2, (unsigned)(p & 0xffffffffu),
-                    (unsigned)(p >> 32));
-    }
+    for (int i = 0; i < n; i++)
+        prepare_fiber(&w->threads[i]);
     for (;;) {
         int ran = 0;
         for (int i = 0; i < n && !w->faulted; i++) {
             if (w->threads[i].state != T_READY)
                 continue;
-            swapcontext(&w->sched, &w->threads[i].uc);
+            switch_to_fiber(w, &w->threads[i]);
             ran++;
         }
         if (w->faulted)
