@@ -79,6 +79,7 @@ struct aj_kernel {
     char *entry;
     char *code;              /* NUL-terminated even for bitcode */
     size_t code_size;
+    uint64_t code_hash;      /* XXH3-64 of code: tells loaded modules apart */
     aj_launch_info launch;
     aj_compile_stats stats;
     aj_param_info *params;

@@ -6,6 +6,9 @@
 
 #include "codegen/codegen.h"
 
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
 aj_status aj_kernel_new(aj_ctx *ctx, const aj_kb *kb, const char *entry,
                         aj_target target, aj_emit emit, const void *code,
                         size_t code_size, const aj_kernel_layout *layout,
@@ -27,6 +30,7 @@ aj_status aj_kernel_new(aj_ctx *ctx, const aj_kb *kb, const char *entry,
     memcpy(k->code, code, code_size);
     k->code[code_size] = '\0';
     k->code_size = code_size;
+    k->code_hash = XXH3_64bits(code, code_size);
     k->target = target;
     k->emit = emit;
     for (int i = 0; i < n; i++) {

@@ -1,23 +1,27 @@
 /*
- * device.c -- opening devices.  The CUDA driver is looked for at run time
- * (dlopen); without it every other device keeps working.
+ * device.c -- opening devices, and their memory.  The CUDA driver is looked
+ * for at run time (runtime/cuda); without it every other device keeps
+ * working.
  */
-#include <dlfcn.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "runtime/runtime.h"
 
-static aj_status probe_cuda(aj_ctx *ctx)
+static aj_status new_device(aj_ctx *ctx, aj_device_kind kind, int index,
+                            aj_cuda_device *cuda, aj_device **out)
 {
-    void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-    if (!h)
-        return aj_fail(ctx, AJ_ERR_NO_DEVICE,
-                       "no GPU found: the CUDA driver (libcuda.so.1) cannot be loaded (%s)",
-                       dlerror());
-    dlclose(h);
-    return aj_fail(ctx, AJ_ERR_UNSUPPORTED,
-                   "the CUDA driver is present, but this build of attnjit cannot launch on "
-                   "GPUs yet; use the sim device");
+    aj_device *dev = calloc(1, sizeof *dev);
+    if (!dev) {
+        aj_cuda_device_close(cuda);
+        return aj_fail(ctx, AJ_ERR_OUT_OF_MEMORY, "out of memory");
+    }
+    dev->ctx = ctx;
+    dev->kind = kind;
+    dev->index = index;
+    dev->cuda = cuda;
+    *out = dev;
+    return AJ_OK;
 }
 
 aj_status aj_device_open(aj_ctx *ctx, aj_device_kind kind, int index, aj_device **out)
@@ -28,28 +32,104 @@ aj_status aj_device_open(aj_ctx *ctx, aj_device_kind kind, int index, aj_device 
     AJ_CHECK_ARG(ctx, (unsigned)kind < AJ_DEVICE_KIND_COUNT,
                  "aj_device_open: kind = %d is not a device kind", (int)kind);
     AJ_CHECK_ARG(ctx, index >= 0, "aj_device_open: index = %d is negative", index);
-    if (kind == AJ_DEVICE_CUDA)
-        return probe_cuda(ctx);
+    if (kind == AJ_DEVICE_CUDA) {
+        aj_cuda_device *cuda = NULL;
+        aj_status st = aj_cuda_device_open(ctx, index, NULL, &cuda);
+        return st == AJ_OK ? new_device(ctx, kind, index, cuda, out) : st;
+    }
     AJ_CHECK_ARG(ctx, index == 0, "aj_device_open: the sim device has index 0 only, not %d",
                  index);
-    aj_device *dev = calloc(1, sizeof *dev);
-    if (!dev)
-        return aj_fail(ctx, AJ_ERR_OUT_OF_MEMORY, "out of memory");
-    dev->ctx = ctx;
-    dev->kind = kind;
-    dev->index = index;
-    *out = dev;
-    return AJ_OK;
+    return new_device(ctx, kind, index, NULL, out);
+}
+
+aj_status aj_device_open_context(aj_ctx *ctx, void *cu_context, aj_device **out)
+{
+    if (!ctx)
+        return AJ_ERR_INVALID_ARG;
+    AJ_CHECK_ARG(ctx, out, "aj_device_open_context: out is NULL");
+    AJ_CHECK_ARG(ctx, cu_context, "aj_device_open_context: cu_context is NULL");
+    aj_cuda_device *cuda = NULL;
+    aj_status st = aj_cuda_device_open(ctx, 0, cu_context, &cuda);
+    return st == AJ_OK ? new_device(ctx, AJ_DEVICE_CUDA, 0, cuda, out) : st;
 }
 
 void aj_device_close(aj_device *dev)
 {
+    if (!dev)
+        return;
+    aj_cuda_device_close(dev->cuda);
     free(dev);
 }
 
 aj_target aj_device_target(const aj_device *dev)
 {
-    return dev && dev->kind == AJ_DEVICE_SIM ? AJ_TARGET_SIM : AJ_TARGET_ANY;
+    if (!dev)
+        return AJ_TARGET_ANY;
+    return dev->cuda ? dev->cuda->target : AJ_TARGET_SIM;
+}
+
+const char *aj_device_name(const aj_device *dev)
+{
+    if (!dev)
+        return "";
+    return dev->cuda ? dev->cuda->name : "sim";
+}
+
+aj_status aj_device_alloc(aj_device *dev, size_t bytes, void **out)
+{
+    if (!dev)
+        return AJ_ERR_INVALID_ARG;
+    AJ_CHECK_ARG(dev->ctx, out, "aj_device_alloc: out is NULL");
+    if (dev->cuda)
+        return aj_cuda_alloc(dev->ctx, dev->cuda, bytes, out);
+    void *p = aligned_alloc(64, (bytes + 63) / 64 * 64 + 64);
+    if (!p)
+        return aj_fail(dev->ctx, AJ_ERR_OUT_OF_MEMORY, "aj_device_alloc: %zu bytes", bytes);
+    *out = p;
+    return AJ_OK;
+}
+
+aj_status aj_device_free(aj_device *dev, void *ptr)
+{
+    if (!dev)
+        return AJ_ERR_INVALID_ARG;
+    if (!ptr)
+        return AJ_OK;
+    if (dev->cuda)
+        return aj_cuda_free(dev->ctx, dev->cuda, ptr);
+    free(ptr);
+    return AJ_OK;
+}
+
+static aj_status copy(aj_device *dev, void *dst, const void *src, size_t bytes, int to_device)
+{
+    if (!dev)
+        return AJ_ERR_INVALID_ARG;
+    AJ_CHECK_ARG(dev->ctx, (dst && src) || bytes == 0, "aj_device_copy_%s: NULL pointer",
+                 to_device ? "to" : "from");
+    if (bytes == 0)
+        return AJ_OK;
+    if (dev->cuda)
+        return aj_cuda_copy(dev->ctx, dev->cuda, dst, src, bytes, to_device);
+    memmove(dst, src, bytes);
+    return AJ_OK;
+}
+
+aj_status aj_device_copy_to(aj_device *dev, void *dst, const void *host_src, size_t bytes)
+{
+    return copy(dev, dst, host_src, bytes, 1);
+}
+
+aj_status aj_device_copy_from(aj_device *dev, void *host_dst, const void *src, size_t bytes)
+{
+    return copy(dev, host_dst, src, bytes, 0);
+}
+
+aj_status aj_device_synchronize(aj_device *dev, void *stream)
+{
+    if (!dev)
+        return AJ_ERR_INVALID_ARG;
+    return dev->cuda ? aj_cuda_synchronize(dev->ctx, dev->cuda, stream) : AJ_OK;
 }
 
 aj_status aj_device_set_workers(aj_device *dev, int workers)

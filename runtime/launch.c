@@ -241,6 +241,14 @@ aj_status aj_forward(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
     if (st != AJ_OK)
         return st;
 
+    int32_t grid[3];
+    for (int d = 0; d < 3; d++) {
+        int64_t e = grid_extent(li.grid[d].extent, &sz);
+        grid[d] = (int32_t)((e + li.grid[d].per_block - 1) / li.grid[d].per_block);
+    }
+    if (dev->cuda)
+        return aj_cuda_launch(ctx, dev->cuda, kernel, grid, argv, args->stream);
+
     aj_sim_buffer buffers[6] = {
         {"q", a->q.data, (size_t)extent_bytes(&a->q, elem_size(op->dtype))},
         {"k", a->k.data, (size_t)extent_bytes(&a->k, elem_size(op->dtype))},
@@ -252,6 +260,7 @@ aj_status aj_forward(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
     aj_sim_launch launch = {
         .kernel_name = aj_kernel_entry(kernel),
         .entry = kernel->host_entry,
+        .grid = {grid[0], grid[1], grid[2]},
         .block_threads = li.block[0],
         .smem_bytes = li.dynamic_smem,
         .args = argv,
@@ -259,10 +268,6 @@ aj_status aj_forward(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
         .num_buffers = op->score_mod == AJ_SCORE_MOD_ALIBI ? 6 : 5,
         .workers = dev->workers,
     };
-    for (int d = 0; d < 3; d++) {
-        int64_t e = grid_extent(li.grid[d].extent, &sz);
-        launch.grid[d] = (int32_t)((e + li.grid[d].per_block - 1) / li.grid[d].per_block);
-    }
     st = aj_sim_run(ctx, &launch);
     dev->last_instructions = launch.instructions;
     return st;

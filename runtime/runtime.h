@@ -5,6 +5,7 @@
 #define AJ_RUNTIME_RUNTIME_H
 
 #include "codegen/codegen.h"
+#include "runtime/cuda/cuda_device.h"
 
 struct aj_device {
     aj_ctx *ctx;
@@ -12,6 +13,7 @@ struct aj_device {
     int index;
     int workers;                 /* sim */
     uint64_t last_instructions;  /* sim */
+    aj_cuda_device *cuda;        /* cuda */
 };
 
 /* One kernel argument, addressed the way kernelParams are. */

@@ -425,11 +425,26 @@ typedef enum aj_device_kind {
 typedef struct aj_device aj_device;
 
 /* Opens device `index` of a kind.  AJ_ERR_NO_DEVICE, with a message saying
- * what is missing, where there is no such device (no CUDA driver, no GPU). */
+ * what is missing, where there is no such device (no CUDA driver, no GPU,
+ * a GPU older than sm_80).  A CUDA device uses the GPU's primary context. */
 aj_status aj_device_open(aj_ctx *ctx, aj_device_kind kind, int index, aj_device **out);
+/* A CUDA device on the caller's own context (a CUcontext, which must
+ * outlive the device); attnjit pushes and pops it around its calls. */
+aj_status aj_device_open_context(aj_ctx *ctx, void *cu_context, aj_device **out);
 void aj_device_close(aj_device *dev);
-/* The compile target of the device's kernels (AJ_TARGET_SIM for sim). */
+/* The compile target of the device's kernels: AJ_TARGET_SIM for sim;
+ * sm_80 for a compute-capability 8.x GPU, sm_90 for 9.0 and later. */
 aj_target aj_device_target(const aj_device *dev);
+/* "sim" or the GPU's name; owned by the device. */
+const char *aj_device_name(const aj_device *dev);
+
+/* Memory on the device (host memory, 64-byte aligned, for sim). */
+aj_status aj_device_alloc(aj_device *dev, size_t bytes, void **out);
+aj_status aj_device_free(aj_device *dev, void *ptr);
+aj_status aj_device_copy_to(aj_device *dev, void *dst, const void *host_src, size_t bytes);
+aj_status aj_device_copy_from(aj_device *dev, void *host_dst, const void *src, size_t bytes);
+/* Waits for the work queued on `stream` (a CUstream; NULL: all of it). */
+aj_status aj_device_synchronize(aj_device *dev, void *stream);
 /* sim: host threads that run CTAs (0: one per core); ignored elsewhere. */
 aj_status aj_device_set_workers(aj_device *dev, int workers);
 /* sim: emulated thread-instructions of the last launch (LLVM IR

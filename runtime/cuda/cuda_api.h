@@ -1,0 +1,110 @@
+/*
+ * cuda_api.h -- the CUDA driver API as attnjit uses it, loaded at run time.
+ *
+ * No CUDA header or toolkit is needed to build attnjit: the few types and
+ * constants used are declared here with the driver's values, and every
+ * function is resolved with dlsym from libcuda.so.1 by the versioned name
+ * the driver exports (the `_v2` names that cuda.h's macros select).
+ */
+#ifndef AJ_RUNTIME_CUDA_API_H
+#define AJ_RUNTIME_CUDA_API_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ir/diag.h"
+
+typedef int CUresult;                 /* CUDA_SUCCESS = 0 */
+typedef int CUdevice;
+typedef unsigned long long CUdeviceptr;
+typedef struct CUctx_st *CUcontext;
+typedef struct CUmod_st *CUmodule;
+typedef struct CUfunc_st *CUfunction;
+typedef struct CUstream_st *CUstream;
+typedef struct CUevent_st *CUevent;
+
+enum {
+    AJ_CUDA_SUCCESS = 0,
+    /* CUjit_option */
+    AJ_CU_JIT_INFO_LOG_BUFFER = 3,
+    AJ_CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES = 4,
+    AJ_CU_JIT_ERROR_LOG_BUFFER = 5,
+    AJ_CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES = 6,
+    AJ_CU_JIT_LOG_VERBOSE = 12,
+    /* CUfunction_attribute */
+    AJ_CU_FUNC_ATTRIBUTE_NUM_REGS = 4,
+    AJ_CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8,
+    /* CUdevice_attribute */
+    AJ_CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT = 16,
+    AJ_CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75,
+    AJ_CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76,
+    AJ_CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN = 97,
+};
+
+/* X(field, "exported symbol", return, (parameters)) -- one row per
+ * driver function attnjit calls. */
+#define AJ_CUDA_FUNCTIONS(X)                                                             \
+    X(Init, "cuInit", (unsigned flags))                                                  \
+    X(DriverGetVersion, "cuDriverGetVersion", (int *version))                            \
+    X(DeviceGetCount, "cuDeviceGetCount", (int *count))                                  \
+    X(DeviceGet, "cuDeviceGet", (CUdevice *dev, int ordinal))                            \
+    X(DeviceGetName, "cuDeviceGetName", (char *name, int len, CUdevice dev))             \
+    X(DeviceGetAttribute, "cuDeviceGetAttribute", (int *value, int attrib, CUdevice dev))\
+    X(DevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain", (CUcontext *ctx, CUdevice dev))\
+    X(DevicePrimaryCtxRelease, "cuDevicePrimaryCtxRelease_v2", (CUdevice dev))           \
+    X(CtxPushCurrent, "cuCtxPushCurrent_v2", (CUcontext ctx))                            \
+    X(CtxPopCurrent, "cuCtxPopCurrent_v2", (CUcontext *ctx))                             \
+    X(CtxGetDevice, "cuCtxGetDevice", (CUdevice *dev))                                   \
+    X(CtxSynchronize, "cuCtxSynchronize", (void))                                        \
+    X(ModuleLoadDataEx, "cuModuleLoadDataEx",                                            \
+      (CUmodule *mod, const void *image, unsigned n, int *options, void **values))        \
+    X(ModuleUnload, "cuModuleUnload", (CUmodule mod))                                    \
+    X(ModuleGetFunction, "cuModuleGetFunction", (CUfunction *f, CUmodule mod,            \
+                                                 const char *name))                      \
+    X(FuncSetAttribute, "cuFuncSetAttribute", (CUfunction f, int attrib, int value))     \
+    X(FuncGetAttribute, "cuFuncGetAttribute", (int *value, int attrib, CUfunction f))    \
+    X(LaunchKernel, "cuLaunchKernel",                                                    \
+      (CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,    \
+       unsigned bz, unsigned smem, CUstream stream, void **params, void **extra))        \
+    X(StreamSynchronize, "cuStreamSynchronize", (CUstream stream))                       \
+    X(MemAlloc, "cuMemAlloc_v2", (CUdeviceptr *ptr, size_t bytes))                       \
+    X(MemFree, "cuMemFree_v2", (CUdeviceptr ptr))                                        \
+    X(MemcpyHtoD, "cuMemcpyHtoD_v2", (CUdeviceptr dst, const void *src, size_t bytes))   \
+    X(MemcpyDtoH, "cuMemcpyDtoH_v2", (void *dst, CUdeviceptr src, size_t bytes))         \
+    X(MemsetD8, "cuMemsetD8_v2", (CUdeviceptr dst, unsigned char value, size_t n))       \
+    X(GetErrorName, "cuGetErrorName", (CUresult error, const char **name))               \
+    X(GetErrorString, "cuGetErrorString", (CUresult error, const char **text))
+
+enum { AJ_CUDA_FUNCTION_COUNT_CHECK = 0
+#define AJ_CUDA_COUNT(field, sym, params) +1
+    AJ_CUDA_FUNCTIONS(AJ_CUDA_COUNT)
+#undef AJ_CUDA_COUNT
+};
+
+typedef struct aj_cuda {
+#define AJ_CUDA_FIELD(field, sym, params) CUresult (*field) params;
+    AJ_CUDA_FUNCTIONS(AJ_CUDA_FIELD)
+#undef AJ_CUDA_FIELD
+    int driver_version;
+} aj_cuda;
+
+/* The driver, loaded and initialised once per process (thread-safe).
+ * AJ_ERR_NO_DEVICE with a message saying what is missing. */
+aj_status aj_cuda_get(aj_ctx *ctx, const aj_cuda **out);
+
+/* Maps a CUresult to AJ_ERR_NO_DEVICE / AJ_ERR_INVALID_ARG / AJ_ERR_INTERNAL
+ * with "what: CUDA_ERROR_NAME (description)" on ctx. */
+aj_status aj_cuda_fail(aj_ctx *ctx, const aj_cuda *cu, CUresult r, const char *what);
+
+/* Evaluates a driver call; on failure records it and jumps to `done`
+ * with `st` set (the enclosing function declares both). */
+#define AJ_CU_TRY(ctx, cu, call, what)                        \
+    do {                                                      \
+        CUresult cu_r_ = (call);                              \
+        if (cu_r_ != AJ_CUDA_SUCCESS) {                       \
+            st = aj_cuda_fail((ctx), (cu), cu_r_, (what));    \
+            goto done;                                        \
+        }                                                     \
+    } while (0)
+
+#endif /* AJ_RUNTIME_CUDA_API_H */

@@ -1,0 +1,49 @@
+/*
+ * cuda_device.h -- a GPU behind the CUDA driver (see driver.c).
+ */
+#ifndef AJ_RUNTIME_CUDA_DEVICE_H
+#define AJ_RUNTIME_CUDA_DEVICE_H
+
+#include <pthread.h>
+
+#include "codegen/codegen.h"
+#include "runtime/cuda/cuda_api.h"
+
+/* A kernel loaded on the device: one module per kernel. */
+typedef struct aj_cuda_loaded {
+    char entry[128];
+    uint64_t code_hash;
+    CUmodule mod;
+    CUfunction fn;
+} aj_cuda_loaded;
+
+typedef struct aj_cuda_device {
+    const aj_cuda *cu;
+    CUdevice dev;
+    CUcontext cuctx;
+    int owns_primary;            /* retained the primary context: release it */
+    int cc_major, cc_minor, smem_optin;
+    aj_target target;            /* what its kernels are compiled for */
+    char name[128];
+    pthread_mutex_t lock;        /* guards loaded */
+    aj_cuda_loaded *loaded;
+    size_t num_loaded, cap_loaded;
+} aj_cuda_device;
+
+/* GPU `index` on its primary context, or the device of `user_context` (a
+ * CUcontext the caller owns) when that is not NULL. */
+aj_status aj_cuda_device_open(aj_ctx *ctx, int index, void *user_context,
+                              aj_cuda_device **out);
+void aj_cuda_device_close(aj_cuda_device *d);
+
+/* Launches a PTX kernel (loading it on first use) on `stream`. */
+aj_status aj_cuda_launch(aj_ctx *ctx, aj_cuda_device *d, const aj_kernel *k,
+                         const int32_t grid[3], void **args, void *stream);
+
+aj_status aj_cuda_alloc(aj_ctx *ctx, aj_cuda_device *d, size_t bytes, void **out);
+aj_status aj_cuda_free(aj_ctx *ctx, aj_cuda_device *d, void *ptr);
+aj_status aj_cuda_copy(aj_ctx *ctx, aj_cuda_device *d, void *dst, const void *src,
+                       size_t bytes, int to_device);
+aj_status aj_cuda_synchronize(aj_ctx *ctx, aj_cuda_device *d, void *stream);
+
+#endif /* AJ_RUNTIME_CUDA_DEVICE_H */

@@ -1,0 +1,331 @@
+/*
+ * driver.c -- loading the CUDA driver (libcuda.so.1) at run time, and the
+ * GPU device: contexts, modules, launches, memory.
+ *
+ * The driver is loaded once per process; a missing driver, a missing
+ * symbol or a failing cuInit makes every GPU call answer AJ_ERR_NO_DEVICE
+ * with the reason, while every other target keeps working.  Calls run with
+ * the device's context pushed and popped again, so the caller's current
+ * context is never changed.
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "runtime/cuda/cuda_device.h"
+
+/* ---------------------------------------------------------------- driver */
+
+static pthread_once_t load_once = PTHREAD_ONCE_INIT;
+static aj_cuda driver;
+static int driver_ok;
+static char driver_error[512];
+
+static void load_driver(void)
+{
+    void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+        snprintf(driver_error, sizeof driver_error,
+                 "no GPU found: the CUDA driver (libcuda.so.1) cannot be loaded (%s)", dlerror());
+        return;
+    }
+#define AJ_CUDA_RESOLVE(field, sym, params)                                                 \
+    {                                                                                       \
+        void *p = dlsym(h, sym);                                                            \
+        if (!p) {                                                                           \
+            snprintf(driver_error, sizeof driver_error,                                     \
+                     "the CUDA driver lacks %s; it is too old for attnjit", sym);           \
+            return;                                                                         \
+        }                                                                                   \
+        memcpy(&driver.field, &p, sizeof p);                                                \
+    }
+    AJ_CUDA_FUNCTIONS(AJ_CUDA_RESOLVE)
+#undef AJ_CUDA_RESOLVE
+    CUresult r = driver.Init(0);
+    if (r != AJ_CUDA_SUCCESS) {
+        const char *name = "?";
+        driver.GetErrorName(r, &name);
+        snprintf(driver_error, sizeof driver_error, "no GPU found: cuInit failed with %s", name);
+        return;
+    }
+    driver.DriverGetVersion(&driver.driver_version);
+    driver_ok = 1;   /* the handle stays open for the life of the process */
+}
+
+aj_status aj_cuda_get(aj_ctx *ctx, const aj_cuda **out)
+{
+    pthread_once(&load_once, load_driver);
+    if (!driver_ok)
+        return aj_fail(ctx, AJ_ERR_NO_DEVICE, "%s", driver_error);
+    *out = &driver;
+    return AJ_OK;
+}
+
+aj_status aj_cuda_fail(aj_ctx *ctx, const aj_cuda *cu, CUresult r, const char *what)
+{
+    const char *name = "CUDA_ERROR_UNKNOWN", *text = "";
+    cu->GetErrorName(r, &name);
+    cu->GetErrorString(r, &text);
+    aj_status st;
+    switch (r) {
+    case 1:   /* CUDA_ERROR_INVALID_VALUE */
+        st = AJ_ERR_INVALID_ARG;
+        break;
+    case 2:   /* CUDA_ERROR_OUT_OF_MEMORY */
+        st = AJ_ERR_OUT_OF_MEMORY;
+        break;
+    case 100: /* CUDA_ERROR_NO_DEVICE */
+    case 101: /* CUDA_ERROR_INVALID_DEVICE */
+        st = AJ_ERR_NO_DEVICE;
+        break;
+    case 209: /* CUDA_ERROR_NO_BINARY_FOR_GPU */
+    case 218: /* CUDA_ERROR_INVALID_PTX */
+    case 222: /* CUDA_ERROR_UNSUPPORTED_PTX_VERSION */
+        st = AJ_ERR_CODEGEN;
+        break;
+    case 700: /* CUDA_ERROR_ILLEGAL_ADDRESS */
+    case 715: /* CUDA_ERROR_ILLEGAL_INSTRUCTION */
+    case 716: /* CUDA_ERROR_MISALIGNED_ADDRESS */
+    case 719: /* CUDA_ERROR_LAUNCH_FAILED */
+        st = AJ_ERR_KERNEL_FAULT;
+        break;
+    default:
+        st = AJ_ERR_INTERNAL;
+    }
+    return aj_fail(ctx, st, "%s: %s (%s)", what, name, text);
+}
+
+/* ---------------------------------------------------------------- device */
+
+aj_status aj_cuda_device_open(aj_ctx *ctx, int index, void *user_context,
+                              aj_cuda_device **out)
+{
+    const aj_cuda *cu = NULL;
+    aj_status st = aj_cuda_get(ctx, &cu);
+    if (st != AJ_OK)
+        return st;
+    aj_cuda_device *d = calloc(1, sizeof *d);
+    if (!d)
+        return aj_fail(ctx, AJ_ERR_OUT_OF_MEMORY, "out of memory");
+    d->cu = cu;
+    pthread_mutex_init(&d->lock, NULL);
+    if (user_context) {
+        d->cuctx = (CUcontext)user_context;
+        AJ_CU_TRY(ctx, cu, cu->CtxPushCurrent(d->cuctx), "cuCtxPushCurrent");
+        CUresult r = cu->CtxGetDevice(&d->dev);
+        CUcontext popped;
+        cu->CtxPopCurrent(&popped);
+        AJ_CU_TRY(ctx, cu, r, "cuCtxGetDevice");
+    } else {
+        int count = 0;
+        AJ_CU_TRY(ctx, cu, cu->DeviceGetCount(&count), "cuDeviceGetCount");
+        if (index >= count) {
+            st = aj_fail(ctx, AJ_ERR_NO_DEVICE, "no GPU %d: this machine has %d", index, count);
+            goto done;
+        }
+        AJ_CU_TRY(ctx, cu, cu->DeviceGet(&d->dev, index), "cuDeviceGet");
+    }
+    cu->DeviceGetName(d->name, sizeof d->name, d->dev);
+    AJ_CU_TRY(ctx, cu, cu->DeviceGetAttribute(&d->cc_major,
+              AJ_CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, d->dev), "cuDeviceGetAttribute");
+    AJ_CU_TRY(ctx, cu, cu->DeviceGetAttribute(&d->cc_minor,
+              AJ_CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, d->dev), "cuDeviceGetAttribute");
+    AJ_CU_TRY(ctx, cu, cu->DeviceGetAttribute(&d->smem_optin,
+              AJ_CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, d->dev),
+              "cuDeviceGetAttribute");
+    if (d->cc_major < 8) {
+        st = aj_fail(ctx, AJ_ERR_NO_DEVICE, "%s has compute capability %d.%d; attnjit's "
+                     "kernels need 8.0 (sm_80) or newer", d->name, d->cc_major, d->cc_minor);
+        goto done;
+    }
+    /* PTX for sm_80 runs on every 8.x GPU and sm_90 PTX on 9.x and later
+     * through the driver's JIT; sm_90a only on 9.0 itself. */
+    d->target = d->cc_major >= 9 ? AJ_TARGET_SM_90 : AJ_TARGET_SM_80;
+    if (!d->cuctx) {   /* a usable GPU: now take its primary context */
+        AJ_CU_TRY(ctx, cu, cu->DevicePrimaryCtxRetain(&d->cuctx, d->dev),
+                  "cuDevicePrimaryCtxRetain");
+        d->owns_primary = 1;
+    }
+    *out = d;
+    return AJ_OK;
+done:
+    aj_cuda_device_close(d);
+    return st;
+}
+
+void aj_cuda_device_close(aj_cuda_device *d)
+{
+    if (!d)
+        return;
+    if (d->cuctx && d->cu->CtxPushCurrent(d->cuctx) == AJ_CUDA_SUCCESS) {
+        for (size_t i = 0; i < d->num_loaded; i++)
+            d->cu->ModuleUnload(d->loaded[i].mod);
+        CUcontext popped;
+        d->cu->CtxPopCurrent(&popped);
+    }
+    if (d->owns_primary)
+        d->cu->DevicePrimaryCtxRelease(d->dev);
+    free(d->loaded);
+    pthread_mutex_destroy(&d->lock);
+    free(d);
+}
+
+/* The loaded function of a kernel (one module per kernel and device),
+ * loading it with the JIT's error and info logs captured. */
+static aj_status function_for(aj_ctx *ctx, aj_cuda_device *d, const aj_kernel *k,
+                              CUfunction *out)
+{
+    aj_status st = AJ_OK;
+    const aj_cuda *cu = d->cu;
+    pthread_mutex_lock(&d->lock);
+    for (size_t i = 0; i < d->num_loaded; i++)
+        if (d->loaded[i].code_hash == k->code_hash &&
+            strcmp(d->loaded[i].entry, k->entry) == 0) {
+            *out = d->loaded[i].fn;
+            goto done;
+        }
+    if (d->num_loaded == d->cap_loaded) {
+        size_t cap = d->cap_loaded ? d->cap_loaded * 2 : 16;
+        void *bigger = realloc(d->loaded, cap * sizeof *d->loaded);
+        if (!bigger) {
+            st = aj_fail(ctx, AJ_ERR_OUT_OF_MEMORY, "out of memory");
+            goto done;
+        }
+        d->loaded = bigger;
+        d->cap_loaded = cap;
+    }
+    char error_log[8192] = "", info_log[4096] = "";
+    int options[4] = {AJ_CU_JIT_ERROR_LOG_BUFFER, AJ_CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES,
+                      AJ_CU_JIT_INFO_LOG_BUFFER, AJ_CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES};
+    void *values[4] = {error_log, (void *)(uintptr_t)sizeof error_log, info_log,
+                       (void *)(uintptr_t)sizeof info_log};
+    CUmodule mod = NULL;
+    CUfunction fn = NULL;
+    CUresult r = cu->ModuleLoadDataEx(&mod, k->code, 4, options, values);
+    if (r != AJ_CUDA_SUCCESS) {
+        st = aj_cuda_fail(ctx, cu, r, "loading the kernel's PTX");
+        aj_fail(ctx, st, "loading %s's PTX on %s: %s", k->entry, d->name, error_log);
+        goto done;
+    }
+    if (info_log[0])
+        aj_log(ctx, AJ_LOG_DEBUG, "CUDA JIT for %s: %s", k->entry, info_log);
+    r = cu->ModuleGetFunction(&fn, mod, k->entry);
+    if (r != AJ_CUDA_SUCCESS) {
+        cu->ModuleUnload(mod);
+        st = aj_cuda_fail(ctx, cu, r, "cuModuleGetFunction");
+        goto done;
+    }
+    /* more than 48 KiB of dynamic shared memory must be asked for */
+    if (k->launch.dynamic_smem > 48 * 1024) {
+        if (k->launch.dynamic_smem > d->smem_optin) {
+            cu->ModuleUnload(mod);
+            st = aj_fail(ctx, AJ_ERR_UNSUPPORTED, "%s needs %d bytes of shared memory; %s "
+                         "allows %d per block", k->entry, k->launch.dynamic_smem, d->name,
+                         d->smem_optin);
+            goto done;
+        }
+        r = cu->FuncSetAttribute(fn, AJ_CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                 k->launch.dynamic_smem);
+        if (r != AJ_CUDA_SUCCESS) {
+            cu->ModuleUnload(mod);
+            st = aj_cuda_fail(ctx, cu, r, "raising the dynamic shared memory limit");
+            goto done;
+        }
+    }
+    aj_cuda_loaded *slot = &d->loaded[d->num_loaded++];
+    snprintf(slot->entry, sizeof slot->entry, "%s", k->entry);
+    slot->code_hash = k->code_hash;
+    slot->mod = mod;
+    slot->fn = fn;
+    *out = fn;
+done:
+    pthread_mutex_unlock(&d->lock);
+    return st;
+}
+
+aj_status aj_cuda_launch(aj_ctx *ctx, aj_cuda_device *d, const aj_kernel *k,
+                         const int32_t grid[3], void **args, void *stream)
+{
+    aj_status st = AJ_OK;
+    const aj_cuda *cu = d->cu;
+    int pushed = 0;
+    if (k->emit != AJ_EMIT_PTX)
+        return aj_fail(ctx, AJ_ERR_INVALID_ARG, "kernel %s holds %s, not PTX; compile with "
+                       "emit = AJ_EMIT_PTX to launch it", k->entry,
+                       k->emit == AJ_EMIT_LLVM_IR ? "LLVM IR" : "bitcode");
+    AJ_CU_TRY(ctx, cu, cu->CtxPushCurrent(d->cuctx), "cuCtxPushCurrent");
+    pushed = 1;
+    CUfunction fn = NULL;
+    AJ_TRY(function_for(ctx, d, k, &fn));
+    AJ_CU_TRY(ctx, cu, cu->LaunchKernel(fn, (unsigned)grid[0], (unsigned)grid[1],
+                                        (unsigned)grid[2], (unsigned)k->launch.block[0],
+                                        (unsigned)k->launch.block[1],
+                                        (unsigned)k->launch.block[2],
+                                        (unsigned)k->launch.dynamic_smem, (CUstream)stream,
+                                        args, NULL),
+              "cuLaunchKernel");
+done:
+    if (pushed) {
+        CUcontext popped;
+        cu->CtxPopCurrent(&popped);
+    }
+    return st;
+}
+
+/* ---------------------------------------------------------------- memory */
+
+#define WITH_CONTEXT(d, call, what)                                      \
+    do {                                                                 \
+        AJ_CU_TRY(ctx, (d)->cu, (d)->cu->CtxPushCurrent((d)->cuctx),     \
+                  "cuCtxPushCurrent");                                   \
+        CUresult r_ = (call);                                            \
+        CUcontext popped_;                                               \
+        (d)->cu->CtxPopCurrent(&popped_);                                \
+        AJ_CU_TRY(ctx, (d)->cu, r_, what);                               \
+    } while (0)
+
+aj_status aj_cuda_alloc(aj_ctx *ctx, aj_cuda_device *d, size_t bytes, void **out)
+{
+    aj_status st = AJ_OK;
+    CUdeviceptr p = 0;
+    WITH_CONTEXT(d, d->cu->MemAlloc(&p, bytes ? bytes : 1), "cuMemAlloc");
+    *out = (void *)(uintptr_t)p;
+done:
+    return st;
+}
+
+aj_status aj_cuda_free(aj_ctx *ctx, aj_cuda_device *d, void *ptr)
+{
+    aj_status st = AJ_OK;
+    WITH_CONTEXT(d, d->cu->MemFree((CUdeviceptr)(uintptr_t)ptr), "cuMemFree");
+done:
+    return st;
+}
+
+aj_status aj_cuda_copy(aj_ctx *ctx, aj_cuda_device *d, void *dst, const void *src,
+                       size_t bytes, int to_device)
+{
+    aj_status st = AJ_OK;
+    if (to_device)
+        WITH_CONTEXT(d, d->cu->MemcpyHtoD((CUdeviceptr)(uintptr_t)dst, src, bytes),
+                     "cuMemcpyHtoD");
+    else
+        WITH_CONTEXT(d, d->cu->MemcpyDtoH(dst, (CUdeviceptr)(uintptr_t)src, bytes),
+                     "cuMemcpyDtoH");
+done:
+    return st;
+}
+
+aj_status aj_cuda_synchronize(aj_ctx *ctx, aj_cuda_device *d, void *stream)
+{
+    aj_status st = AJ_OK;
+    if (stream)
+        WITH_CONTEXT(d, d->cu->StreamSynchronize((CUstream)stream), "cuStreamSynchronize");
+    else
+        WITH_CONTEXT(d, d->cu->CtxSynchronize(), "cuCtxSynchronize");
+done:
+    return st;
+}
