@@ -39,10 +39,10 @@ void fwd_cache_clear(void)
     cache_len = 0;
 }
 
-static aj_status kernel_for(aj_ctx *ctx, const char *spec, aj_kernel **out)
+static aj_status kernel_for(aj_ctx *ctx, aj_target target, const char *spec, aj_kernel **out)
 {
     for (int i = 0; i < cache_len; i++)
-        if (strcmp(cache[i].spec, spec) == 0) {
+        if (strcmp(cache[i].spec, spec) == 0 && aj_kernel_target(cache[i].kernel) == target) {
             *out = cache[i].kernel;
             return AJ_OK;
         }
@@ -51,8 +51,8 @@ static aj_status kernel_for(aj_ctx *ctx, const char *spec, aj_kernel **out)
     if (st != AJ_OK)
         return st;
     aj_compile_options opt = AJ_COMPILE_OPTIONS_INIT;
-    opt.target = AJ_TARGET_SIM;
-    opt.emit = AJ_EMIT_LLVM_IR;
+    opt.target = target;
+    opt.emit = target == AJ_TARGET_SIM ? AJ_EMIT_LLVM_IR : AJ_EMIT_PTX;
     st = aj_compile(ctx, op, &opt, out);
     aj_op_destroy(op);
     if (st == AJ_OK && cache_len < (int)(sizeof cache / sizeof cache[0])) {
@@ -195,6 +195,15 @@ static void reference_problem(const fwd_case *c, ref_problem *p, const double *s
         p->alibi_slopes = slopes;
 }
 
+/* Bytes a tensor spans (its data is contiguous in every layout used here). */
+static size_t device_bytes(const aj_tensor *t)
+{
+    size_t n = t->dtype == AJ_DTYPE_F32 ? 4 : 2;
+    for (int i = 0; i < t->rank; i++)
+        n *= (size_t)t->shape[i];
+    return n;
+}
+
 /* Keeps the worst error; a NaN counts as infinitely bad. */
 static void worst(double *max, double e)
 {
@@ -218,7 +227,7 @@ fwd_result fwd_run_case(aj_ctx *ctx, aj_device *dev, const fwd_case *c)
     char spec[512];
     write_spec(c, spec, sizeof spec);
     aj_kernel *kernel = NULL;
-    r.status = kernel_for(ctx, spec, &kernel);
+    r.status = kernel_for(ctx, aj_device_target(dev), spec, &kernel);
     if (r.status != AJ_OK)
         return r;
 
@@ -253,10 +262,32 @@ fwd_result fwd_run_case(aj_ctx *ctx, aj_device *dev, const fwd_case *c)
     a.kv_offset = c->kv_offset;
     a.sq_total = c->sq_total;
     a.sk_total = c->sk_total;
+    /* the tensors travel to the device and back (for sim: host copies) */
+    aj_tensor *moved[6] = {&a.q, &a.k, &a.v, &a.o, &a.lse, &a.alibi_slopes};
+    size_t bytes[6];
+    void *host[6];
+    for (int i = 0; i < 6; i++) {
+        host[i] = moved[i]->data;
+        bytes[i] = device_bytes(moved[i]);
+        void *d = NULL;
+        if (r.status == AJ_OK)
+            r.status = aj_device_alloc(dev, bytes[i], &d);
+        if (r.status == AJ_OK)
+            r.status = aj_device_copy_to(dev, d, host[i], bytes[i]);
+        moved[i]->data = d;
+    }
     double t0 = now_s();
-    r.status = aj_forward(ctx, dev, kernel, &a);
+    if (r.status == AJ_OK)
+        r.status = aj_forward(ctx, dev, kernel, &a);
+    if (r.status == AJ_OK)
+        r.status = aj_device_synchronize(dev, NULL);
     r.seconds = now_s() - t0;
     r.instructions = aj_device_last_instructions(dev);
+    for (int i = 0; i < 6; i++) {
+        if (r.status == AJ_OK && (moved[i] == &a.o || moved[i] == &a.lse))
+            r.status = aj_device_copy_from(dev, host[i], moved[i]->data, bytes[i]);
+        aj_device_free(dev, moved[i]->data);
+    }
 
     if (r.status == AJ_OK) {
         ref_problem p;

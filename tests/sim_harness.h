@@ -1,6 +1,6 @@
 /*
- * sim_harness.h -- running one forward problem on a device and against the
- * float64 reference (tests and benchmarks).
+ * sim_harness.h -- running one forward problem on a device (sim or a GPU)
+ * and against the float64 reference (tests, benchmarks, tests/gpu).
  *
  * Inputs are drawn from a seeded generator, rounded to the op's dtype, and
  * the reference is fed the rounded values, so any difference is the
@@ -46,7 +46,8 @@ typedef struct fwd_tolerance {
 
 fwd_tolerance fwd_tolerance_for(aj_dtype dtype);
 
-/* Compiles (caching by spec text) and runs one case on `dev`. */
+/* Compiles for the device's target (caching by spec text), copies the
+ * inputs to the device, runs one case, copies the results back, compares. */
 fwd_result fwd_run_case(aj_ctx *ctx, aj_device *dev, const fwd_case *c);
 
 /* Frees the kernels fwd_run_case compiled. */
