@@ -207,6 +207,14 @@ static int write_output(const char *name, const char *path, const host_buffer *h
     return CLI_EXIT_OK;
 }
 
+static size_t tensor_bytes(const aj_tensor *t)
+{
+    size_t n = t->dtype == AJ_DTYPE_F32 ? 4 : 2;
+    for (int i = 0; i < t->rank; i++)
+        n *= (size_t)t->shape[i];
+    return t->rank ? n : 0;
+}
+
 static double now_ms(void)
 {
     struct timespec ts;
@@ -238,7 +246,7 @@ int cli_run(aj_ctx *ctx, int argc, char **argv)
         st = aj_device_set_workers(dev, o.workers);
     aj_compile_options copt = AJ_COMPILE_OPTIONS_INIT;
     copt.target = aj_device_target(dev);
-    copt.emit = AJ_EMIT_LLVM_IR;
+    copt.emit = o.device == AJ_DEVICE_SIM ? AJ_EMIT_LLVM_IR : AJ_EMIT_PTX;
     copt.bypass_cache = o.no_cache;
     double t0 = now_ms();
     if (st == AJ_OK)
@@ -273,19 +281,44 @@ int cli_run(aj_ctx *ctx, int argc, char **argv)
     if (rc != CLI_EXIT_OK)
         goto done;
 
+    /* the tensors go to the device and the results come back (on sim the
+     * device's memory is host memory: plain copies) */
+    aj_tensor on_device[T_COUNT];
+    void *device_mem[T_COUNT] = {0};
+    size_t bytes[T_COUNT];
+    for (int t = 0; t < T_COUNT && st == AJ_OK; t++) {
+        on_device[t] = buf[t].t;
+        bytes[t] = tensor_bytes(&buf[t].t);
+        if (!buf[t].mem)
+            continue;
+        st = aj_device_alloc(dev, bytes[t], &device_mem[t]);
+        if (st == AJ_OK)
+            st = aj_device_copy_to(dev, device_mem[t], buf[t].mem, bytes[t]);
+        on_device[t].data = device_mem[t];
+    }
     aj_fwd_args a = AJ_FWD_ARGS_INIT;
-    a.q = buf[T_Q].t;
-    a.k = buf[T_K].t;
-    a.v = buf[T_V].t;
-    a.o = buf[T_O].t;
-    a.lse = buf[T_LSE].t;
-    a.alibi_slopes = buf[T_ALIBI].t;
+    a.q = on_device[T_Q];
+    a.k = on_device[T_K];
+    a.v = on_device[T_V];
+    a.o = on_device[T_O];
+    a.lse = on_device[T_LSE];
+    a.alibi_slopes = on_device[T_ALIBI];
     a.q_offset = o.q_offset;
     a.kv_offset = o.kv_offset;
     a.sq_total = o.sq_total;
     a.sk_total = o.sk_total;
-    st = aj_forward(ctx, dev, kernel, &a);
-    double ran = now_ms();
+    double run_ms = 0;
+    if (st == AJ_OK) {
+        double t1 = now_ms();
+        st = aj_forward(ctx, dev, kernel, &a);
+        if (st == AJ_OK)
+            st = aj_device_synchronize(dev, NULL);
+        run_ms = now_ms() - t1;
+    }
+    for (int t = T_O; t <= T_LSE && st == AJ_OK; t++)
+        st = aj_device_copy_from(dev, buf[t].mem, device_mem[t], bytes[t]);
+    for (int t = 0; t < T_COUNT; t++)
+        aj_device_free(dev, device_mem[t]);
     if (st != AJ_OK) {
         rc = cli_report(ctx, st);
         goto done;
@@ -294,7 +327,7 @@ int cli_run(aj_ctx *ctx, int argc, char **argv)
         if (o.path[t])
             rc = write_output(tensor_names[t], o.path[t], &buf[t]);
     fprintf(stderr, "attnjit: %s on %s: compile %.1f ms, run %.1f ms", aj_kernel_entry(kernel),
-            o.device == AJ_DEVICE_SIM ? "sim" : "cuda", compiled - t0, ran - compiled);
+            aj_device_name(dev), compiled - t0, run_ms);
     if (o.device == AJ_DEVICE_SIM)
         fprintf(stderr, ", %llu emulated thread-instructions",
                 (unsigned long long)aj_device_last_instructions(dev));
