@@ -553,3 +553,52 @@ LLVMValueRef aj_kb_smax(aj_kb *kb, LLVMValueRef a, LLVMValueRef b)
     LLVMValueRef gt = LLVMBuildICmp(kb->b, LLVMIntSGT, a, b, "");
     return LLVMBuildSelect(kb->b, gt, a, b, "");
 }
+
+/* ---------------------------------------------------------------- philox */
+
+/*
+ * One round on the counter (x0, x1, x2, x3) with round key (k0, k1):
+ *
+ *     x0' = hi(M1 * x2) ^ x1 ^ k0      x1' = lo(M1 * x2)
+ *     x2' = hi(M0 * x0) ^ x3 ^ k1      x3' = lo(M0 * x0)
+ *
+ * and the key takes a Weyl step (k0 += W0, k1 += W1) between rounds.
+ */
+#define PHILOX_M0 0xD2511F53u
+#define PHILOX_M1 0xCD9E8D57u
+#define PHILOX_W0 0x9E3779B9u
+#define PHILOX_W1 0xBB67AE85u
+
+/* hi and lo halves of the unsigned 32x32 -> 64 product m * x */
+static void mul_hi_lo(aj_kb *kb, uint32_t m, LLVMValueRef x, LLVMValueRef *hi,
+                      LLVMValueRef *lo)
+{
+    LLVMBuilderRef b = kb->b;
+    LLVMValueRef wide = LLVMBuildMul(b, LLVMBuildZExt(b, x, kb->t_i64, ""),
+                                     aj_kb_i64(kb, (int64_t)m), "");
+    *lo = LLVMBuildTrunc(b, wide, kb->t_i32, "");
+    *hi = LLVMBuildTrunc(b, LLVMBuildLShr(b, wide, aj_kb_i64(kb, 32), ""), kb->t_i32, "");
+}
+
+void aj_kb_philox4x32_10(aj_kb *kb, const LLVMValueRef ctr[4],
+                         const LLVMValueRef key[2], LLVMValueRef out[4])
+{
+    LLVMBuilderRef b = kb->b;
+    LLVMValueRef x[4] = {ctr[0], ctr[1], ctr[2], ctr[3]};
+    LLVMValueRef k0 = key[0], k1 = key[1];
+    for (int round = 0; round < 10; round++) {
+        if (round > 0) {
+            k0 = LLVMBuildAdd(b, k0, aj_kb_i32(kb, (int32_t)PHILOX_W0), "");
+            k1 = LLVMBuildAdd(b, k1, aj_kb_i32(kb, (int32_t)PHILOX_W1), "");
+        }
+        LLVMValueRef hi0, lo0, hi1, lo1;
+        mul_hi_lo(kb, PHILOX_M0, x[0], &hi0, &lo0);
+        mul_hi_lo(kb, PHILOX_M1, x[2], &hi1, &lo1);
+        x[0] = LLVMBuildXor(b, LLVMBuildXor(b, hi1, x[1], ""), k0, "");
+        x[1] = lo1;
+        x[2] = LLVMBuildXor(b, LLVMBuildXor(b, hi0, x[3], ""), k1, "");
+        x[3] = lo0;
+    }
+    for (int i = 0; i < 4; i++)
+        out[i] = x[i];
+}

@@ -27,6 +27,19 @@
  * O += P V.  Key blocks that the mask hides for every row of the CTA are
  * never visited; rows that see no key end with O = 0 and LSE = -inf.
  *
+ * Options:
+ *   bias = add     s = scale q.k + bias[b,h,i,j] before softcap and alibi
+ *                  (tests/ref.h's order); size-1 dims broadcast through
+ *                  stride 0.  Masked or out-of-range elements read a clamped,
+ *                  in-bounds element whose value the mask then discards.
+ *   dropout = p    after the online softmax statistics (which stay those of
+ *                  the undropped scores) each P_ij written for O += P V is
+ *                  multiplied by keep_ij / (1 - p), keep_ij from Philox4x32-10
+ *                  keyed exactly as ref_dropout_keep (tests/ref.h).
+ *   accumulate     the epilogue reads a prior (O, LSE) of its rows from o_acc
+ *                  (f32) and lse, and writes back their log-sum-exp merge
+ *                  with this call's keys (DESIGN.md "Merge of two partials").
+ *
  * Launch contract: Sq, Sk < 2^30; position offsets and the mask shift are
  * any i64.
  */
@@ -144,19 +157,9 @@ static aj_status plan_kernel(aj_ctx *ctx, const aj_op *op, aj_target target,
 
 static aj_status efwd_check(aj_ctx *ctx, const aj_op *op, aj_target target)
 {
-    if (op->dropout > 0)
-        return aj_fail(ctx, AJ_ERR_UNSUPPORTED,
-                       "dropout = %g: efficient forward does not implement dropout yet",
-                       op->dropout);
-    if (op->bias != AJ_BIAS_NONE)
-        return aj_fail(ctx, AJ_ERR_UNSUPPORTED,
-                       "bias = add: efficient forward does not implement bias yet");
     if (op->layout != AJ_LAYOUT_PADDED)
         return aj_fail(ctx, AJ_ERR_UNSUPPORTED,
                        "layout = varlen: efficient forward supports layout = padded only");
-    if (op->accumulate)
-        return aj_fail(ctx, AJ_ERR_UNSUPPORTED,
-                       "accumulate = true: efficient forward does not implement accumulate yet");
     int dims[2] = {op->head_dim, aj_op_dv(op)};
     const char *names[2] = {"head_dim", "head_dim_v"};
     for (int i = 0; i < 2; i++)
@@ -183,24 +186,55 @@ typedef struct efwd {
                                        i + lo_off <= j <= i + hi_off */
     LLVMValueRef qk_offset;         /* i64: q_offset - kv_offset (alibi) */
     LLVMValueRef slope;             /* f32: alibi slope of this head */
+    LLVMValueRef bias_row;          /* i64: element offset of bias row i (bias) */
+    LLVMValueRef drop_ctr[4];       /* i32: Philox counter bases lo32(kv_offset),
+                                       lo32(q_offset), lo32(b Hq + h), lo32(offset)
+                                       (dropout) */
+    LLVMValueRef drop_key[2];       /* i32: Philox key (dropout) */
+    LLVMValueRef bias_base;         /* i64: element offset of bias slice (b, h) */
     LLVMValueRef acc[MAX_RM][MAX_CN];    /* vars: Q K^T partial sums */
     LLVMValueRef o[MAX_RM][MAX_CV];      /* vars: output accumulators */
     LLVMValueRef m[MAX_RM], l[MAX_RM];   /* vars: running max (log2), sum */
 } efwd;
 
+/* The output tensor: o (the op's dtype), or o_acc (f32, read and written)
+ * for accumulate kernels. */
+static const char *out_name(const aj_op *op)
+{
+    return op->accumulate ? "o_acc" : "o";
+}
+
 static void declare_params(aj_kb *kb, const aj_op *op)
 {
-    static const char *const ptrs[] = {"q", "k", "v", "o", "lse"};
+    const char *const ptrs[] = {"q", "k", "v", out_name(op), "lse"};
     for (int i = 0; i < 5; i++)
         aj_kb_add_param(kb, ptrs[i], AJ_PARAM_PTR);
     if (op->score_mod.kind == AJ_SCORE_MOD_ALIBI)
         aj_kb_add_param(kb, "alibi_slopes", AJ_PARAM_PTR);
+    if (op->bias == AJ_BIAS_ADD)
+        aj_kb_add_param(kb, "bias", AJ_PARAM_PTR);
     static const char *const strides[] = {
         "stride_q_b", "stride_q_h", "stride_q_s", "stride_k_b", "stride_k_h",
-        "stride_k_s", "stride_v_b", "stride_v_h", "stride_v_s", "stride_o_b",
-        "stride_o_h", "stride_o_s", "stride_lse_b", "stride_lse_h"};
+        "stride_k_s", "stride_v_b", "stride_v_h", "stride_v_s",
+        "stride_lse_b", "stride_lse_h"};
     for (size_t i = 0; i < sizeof strides / sizeof strides[0]; i++)
         aj_kb_add_param(kb, strides[i], AJ_PARAM_I64);
+    static const char *const dims = "bhs";
+    char name[32];
+    for (int i = 0; i < 3; i++) {
+        snprintf(name, sizeof name, "stride_%s_%c", out_name(op), dims[i]);
+        aj_kb_add_param(kb, name, AJ_PARAM_I64);
+    }
+    if (op->bias == AJ_BIAS_ADD) {
+        /* 0 for a broadcast (size-1) dim */
+        aj_kb_add_param(kb, "stride_bias_b", AJ_PARAM_I64);
+        aj_kb_add_param(kb, "stride_bias_h", AJ_PARAM_I64);
+        aj_kb_add_param(kb, "stride_bias_s", AJ_PARAM_I64);
+    }
+    if (op->dropout > 0) {
+        aj_kb_add_param(kb, "dropout_seed", AJ_PARAM_I64);
+        aj_kb_add_param(kb, "dropout_offset", AJ_PARAM_I64);
+    }
     aj_kb_add_param(kb, "heads_q", AJ_PARAM_I32);
     aj_kb_add_param(kb, "heads_kv", AJ_PARAM_I32);
     aj_kb_add_param(kb, "seq_q", AJ_PARAM_I32);
@@ -371,15 +405,25 @@ static LLVMValueRef emit_score(efwd *e, LLVMValueRef acc, LLVMValueRef i, LLVMVa
     const aj_op *op = e->op;
     double scale = aj_op_scale(op);
     LLVMValueRef s;
-    if (op->score_mod.kind == AJ_SCORE_MOD_NONE) {
+    if (op->score_mod.kind == AJ_SCORE_MOD_NONE && op->bias == AJ_BIAS_NONE) {
         s = LLVMBuildFMul(b, acc, aj_kb_f32(kb, scale * AJ_LOG2E), "");
     } else {
         s = LLVMBuildFMul(b, acc, aj_kb_f32(kb, scale), "");
+        if (op->bias == AJ_BIAS_ADD) {
+            /* keys past Sk read the row's last key (in bounds; masked below) */
+            LLVMValueRef jc = aj_kb_smin(kb, j, LLVMBuildSub(b, e->seq_k, aj_kb_i32(kb, 1), ""));
+            LLVMValueRef at = LLVMBuildAdd(b, e->bias_row, sext64(e, jc), "");
+            LLVMTypeRef st = aj_kb_storage_type(kb, op->dtype);
+            at = LLVMBuildMul(b, at, aj_kb_i64(kb, aj_dtype_size(op->dtype)), "");
+            LLVMValueRef raw = aj_kb_load(kb, st, aj_kb_gptr_offset(kb, p64(e, "bias"), at),
+                                          (unsigned)aj_dtype_size(op->dtype));
+            s = LLVMBuildFAdd(b, s, aj_kb_to_f32(kb, raw, op->dtype), "");
+        }
         if (op->score_mod.kind == AJ_SCORE_MOD_SOFTCAP) {
             double cap = op->score_mod.softcap;
             s = LLVMBuildFMul(b, emit_tanh(e, LLVMBuildFMul(b, s, aj_kb_f32(kb, 1.0 / cap), "")),
                               aj_kb_f32(kb, cap), "");
-        } else {
+        } else if (op->score_mod.kind == AJ_SCORE_MOD_ALIBI) {
             /* alibi: s -= slope * |q_pos - kv_pos|, positions in i64 */
             LLVMValueRef dist = LLVMBuildAdd(b, LLVMBuildSub(b, sext64(e, i), sext64(e, j), ""),
                                              e->qk_offset, "");
@@ -396,7 +440,26 @@ static LLVMValueRef emit_score(efwd *e, LLVMValueRef acc, LLVMValueRef i, LLVMVa
     return LLVMBuildSelect(b, visible, s, aj_kb_f32(kb, -INFINITY), "");
 }
 
-/* Scores, online softmax update, rescale of O, P written to shared memory. */
+/* Whether dropout keeps P_ij: Philox4x32-10 with the counter
+ * (lo32(kv_pos), lo32(q_pos), lo32(b Hq + h), lo32(offset)); keep iff
+ * (out[0] >> 8) 2^-24 >= p, i.e. (out[0] >> 8) >= ceil(p 2^24) exactly. */
+static LLVMValueRef emit_dropout_keep(efwd *e, LLVMValueRef i, LLVMValueRef j)
+{
+    aj_kb *kb = e->kb;
+    LLVMBuilderRef b = e->b;
+    LLVMValueRef ctr[4] = {LLVMBuildAdd(b, e->drop_ctr[0], j, ""),
+                           LLVMBuildAdd(b, e->drop_ctr[1], i, ""), e->drop_ctr[2],
+                           e->drop_ctr[3]};
+    LLVMValueRef out[4];
+    aj_kb_philox4x32_10(kb, ctr, e->drop_key, out);
+    LLVMValueRef u24 = LLVMBuildLShr(b, out[0], aj_kb_i32(kb, 8), "");
+    double threshold = ceil(ldexp(e->op->dropout, 24));
+    return LLVMBuildICmp(b, LLVMIntUGE, u24, aj_kb_i32(kb, (int64_t)threshold), "keep");
+}
+
+/* Scores, online softmax update, rescale of O, P written to shared memory
+ * (with dropout: the statistics take P undropped, shared memory gets
+ * P keep / (1 - p)). */
 static void emit_softmax(efwd *e, LLVMValueRef n0)
 {
     aj_kb *kb = e->kb;
@@ -404,6 +467,12 @@ static void emit_softmax(efwd *e, LLVMValueRef n0)
     const efwd_plan *p = &e->p;
     for (int k = 0; k < p->rm; k++) {
         LLVMValueRef i = LLVMBuildAdd(b, e->m0, row_of(e, k), "");
+        if (e->op->bias == AJ_BIAS_ADD) {
+            /* rows past Sq read the last row (in bounds; never stored) */
+            LLVMValueRef ic = aj_kb_smin(kb, i, LLVMBuildSub(b, e->seq_q, aj_kb_i32(kb, 1), ""));
+            e->bias_row = LLVMBuildAdd(b, e->bias_base, LLVMBuildMul(b, sext64(e, ic),
+                                       p64(e, "stride_bias_s"), ""), "");
+        }
         LLVMValueRef j_hi = row_key_hi(e, i);
         LLVMValueRef j_lo = e->lo_off ? row_key_lo(e, i) : NULL;
         LLVMValueRef s[MAX_CN];
@@ -426,6 +495,12 @@ static void emit_softmax(efwd *e, LLVMValueRef n0)
         for (int t = 0; t < p->cn; t++) {
             LLVMValueRef pr = aj_kb_exp2(kb, LLVMBuildFSub(b, s[t], m_use, ""));
             sum = LLVMBuildFAdd(b, sum, pr, "");
+            if (e->op->dropout > 0) {
+                LLVMValueRef keep = emit_dropout_keep(e, i, LLVMBuildAdd(b, n0, key_of(e, t), ""));
+                pr = LLVMBuildSelect(b, keep, LLVMBuildFMul(b, pr,
+                                     aj_kb_f32(kb, 1.0 / (1.0 - e->op->dropout)), ""),
+                                     aj_kb_f32(kb, 0), "");
+            }
             aj_smem_store1(kb, p->smem_p, LLVMBuildAdd(b, prow, key_of(e, t), ""), pr);
         }
         aj_kb_set(kb, e->l[k], aj_kb_fma(kb, aj_kb_get(kb, e->l[k]), alpha, sum));
@@ -475,13 +550,57 @@ static void emit_pv(efwd *e)
     aj_kb_for_end(kb);
 }
 
-/* O = acc / l (0 for rows that saw no key), LSE = (m + log2 l) ln 2. */
+/*
+ * accumulate: merges this call's row (O_new, L_new) into the prior
+ * (O_p, L_p) read from o_acc and lse, in log2 units:
+ *
+ *     L = log2(2^L_p + 2^L_new)        (max first, for range)
+ *     O = O_p 2^(L_p - L) + O_new 2^(L_new - L)
+ *
+ * Both -inf gives O = 0, L = -inf; a side at -inf weighs 0 and its O is
+ * never multiplied (whatever it holds, NaN included).  The prior LSE is
+ * taken from lane 0 of the row group by a group sum (the other lanes add
+ * 0, exactly), so that every lane's read of it precedes lane 0's store.
+ * Returns the weights of the prior and of this call's O, and stores the
+ * merged LSE (ln units) in *lse_out.
+ */
+static void emit_merge_weights(efwd *e, LLVMValueRef lse_prior, LLVMValueRef l2_new,
+                               LLVMValueRef *w_prior, LLVMValueRef *w_new,
+                               LLVMValueRef *lse_out)
+{
+    aj_kb *kb = e->kb;
+    LLVMBuilderRef b = e->b;
+    LLVMValueRef is_lane0 = LLVMBuildICmp(b, LLVMIntEQ, e->lane, aj_kb_i32(kb, 0), "");
+    lse_prior = aj_kb_group_sum(kb, LLVMBuildSelect(b, is_lane0, lse_prior, aj_kb_f32(kb, 0), ""),
+                                e->p.g);
+    LLVMValueRef l2_prior = LLVMBuildFMul(b, lse_prior, aj_kb_f32(kb, AJ_LOG2E), "");
+    LLVMValueRef ninf = aj_kb_f32(kb, -INFINITY);
+    LLVMValueRef mx = aj_kb_fmax(kb, l2_prior, l2_new);
+    LLVMValueRef none = LLVMBuildFCmp(b, LLVMRealOEQ, mx, ninf, "");
+    LLVMValueRef mx_use = LLVMBuildSelect(b, none, aj_kb_f32(kb, 0), mx, "");
+    LLVMValueRef sum = LLVMBuildFAdd(b, aj_kb_exp2(kb, LLVMBuildFSub(b, l2_prior, mx_use, "")),
+                                     aj_kb_exp2(kb, LLVMBuildFSub(b, l2_new, mx_use, "")), "");
+    LLVMValueRef l2 = LLVMBuildFAdd(b, mx_use, aj_kb_log2(kb, sum), "");
+    LLVMValueRef l2_use = LLVMBuildSelect(b, none, aj_kb_f32(kb, 0), l2, "");
+    *w_prior = aj_kb_exp2(kb, LLVMBuildFSub(b, l2_prior, l2_use, ""));
+    *w_new = aj_kb_exp2(kb, LLVMBuildFSub(b, l2_new, l2_use, ""));
+    *lse_out = LLVMBuildSelect(b, none, ninf, LLVMBuildFMul(b, l2, aj_kb_f32(kb, AJ_LN2), ""), "");
+}
+
+/* O = acc / l (0 for rows that saw no key), LSE = (m + log2 l) ln 2; with
+ * accumulate, both merged into the prior (O, LSE) first. */
 static void emit_epilogue(efwd *e, LLVMValueRef o_base, LLVMValueRef lse_base)
 {
     aj_kb *kb = e->kb;
     LLVMBuilderRef b = e->b;
     const efwd_plan *p = &e->p;
+    int accumulate = e->op->accumulate;
+    const char *out = out_name(e->op);
+    aj_dtype out_dtype = accumulate ? AJ_DTYPE_F32 : p->dtype;
+    char stride_s[32];
+    snprintf(stride_s, sizeof stride_s, "stride_%s_s", out);
     LLVMValueRef lane_col = sext64(e, LLVMBuildShl(b, e->lane, aj_kb_i32(kb, 2), ""));
+    LLVMValueRef last_row = LLVMBuildSub(b, e->seq_q, aj_kb_i32(kb, 1), "");
     for (int k = 0; k < p->rm; k++) {
         LLVMValueRef lsum = aj_kb_group_sum(kb, aj_kb_get(kb, e->l[k]), p->g);
         LLVMValueRef i = LLVMBuildAdd(b, e->m0, row_of(e, k), "");
@@ -490,25 +609,45 @@ static void emit_epilogue(efwd *e, LLVMValueRef o_base, LLVMValueRef lse_base)
         LLVMValueRef seen = LLVMBuildFCmp(b, LLVMRealUNE, lsum, aj_kb_f32(kb, 0), "");
         LLVMValueRef inv = LLVMBuildSelect(b, seen, LLVMBuildFDiv(b, aj_kb_f32(kb, 1), lsum, ""),
                                            aj_kb_f32(kb, 0), "");
+        LLVMValueRef l2 = LLVMBuildFAdd(b, aj_kb_get(kb, e->m[k]), aj_kb_log2(kb, lsum), "");
+        l2 = LLVMBuildSelect(b, seen, l2, aj_kb_f32(kb, -INFINITY), "");
+        LLVMValueRef lse = LLVMBuildFMul(b, l2, aj_kb_f32(kb, AJ_LN2), "");
+        /* rows past Sq read the last row: in bounds, never stored */
+        LLVMValueRef ic = aj_kb_smin(kb, i, last_row);
+        LLVMValueRef lse_ptr = aj_kb_gptr_offset(kb, p64(e, "lse"), LLVMBuildMul(b,
+                                   LLVMBuildAdd(b, lse_base, sext64(e, ic), ""),
+                                   aj_kb_i64(kb, 4), ""));
+        LLVMValueRef orow = LLVMBuildAdd(b, o_base, LLVMBuildMul(b, sext64(e, ic),
+                                         p64(e, stride_s), ""), "");
+        LLVMValueRef w_prior = NULL, scale_new = inv;
+        if (accumulate) {
+            LLVMValueRef w_new;
+            emit_merge_weights(e, aj_kb_load(kb, kb->t_f32, lse_ptr, 4), l2, &w_prior, &w_new,
+                               &lse);
+            scale_new = LLVMBuildFMul(b, w_new, inv, "");
+        }
         aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntSLT, i, e->seq_q, ""));
-        LLVMValueRef orow = LLVMBuildAdd(b, o_base, LLVMBuildMul(b, sext64(e, i),
-                                         p64(e, "stride_o_s"), ""), "");
         for (int u = 0; u < p->cv / 4; u++) {
-            LLVMValueRef vals[4];
-            for (int x = 0; x < 4; x++)
-                vals[x] = LLVMBuildFMul(b, aj_kb_get(kb, e->o[k][4 * u + x]), inv, "");
             LLVMValueRef col = LLVMBuildAdd(b, lane_col, aj_kb_i64(kb, 4 * p->g * u), "");
-            aj_global_store4(kb, p64(e, "o"), LLVMBuildAdd(b, orow, col, ""), vals, p->dtype);
+            LLVMValueRef at = LLVMBuildAdd(b, orow, col, "");
+            LLVMValueRef prior = accumulate ? aj_global_load4(kb, p64(e, out), at, AJ_DTYPE_F32)
+                                            : NULL;
+            LLVMValueRef vals[4];
+            for (int x = 0; x < 4; x++) {
+                vals[x] = LLVMBuildFMul(b, aj_kb_get(kb, e->o[k][4 * u + x]), scale_new, "");
+                if (accumulate) {
+                    LLVMValueRef op = LLVMBuildFMul(b, LLVMBuildExtractElement(b, prior,
+                                                    aj_kb_i32(kb, x), ""), w_prior, "");
+                    LLVMValueRef zero_w = LLVMBuildFCmp(b, LLVMRealOEQ, w_prior,
+                                                        aj_kb_f32(kb, 0), "");
+                    op = LLVMBuildSelect(b, zero_w, aj_kb_f32(kb, 0), op, "");
+                    vals[x] = LLVMBuildFAdd(b, vals[x], op, "");
+                }
+            }
+            aj_global_store4(kb, p64(e, out), at, vals, out_dtype);
         }
         aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntEQ, e->lane, aj_kb_i32(kb, 0), ""));
-        {
-            LLVMValueRef lse = LLVMBuildFMul(b, LLVMBuildFAdd(b, aj_kb_get(kb, e->m[k]),
-                                             aj_kb_log2(kb, lsum), ""), aj_kb_f32(kb, AJ_LN2), "");
-            lse = LLVMBuildSelect(b, seen, lse, aj_kb_f32(kb, -INFINITY), "");
-            LLVMValueRef at = LLVMBuildAdd(b, lse_base, sext64(e, i), "");
-            at = LLVMBuildMul(b, at, aj_kb_i64(kb, 4), "");
-            aj_kb_store(kb, lse, aj_kb_gptr_offset(kb, p64(e, "lse"), at), 4);
-        }
+        aj_kb_store(kb, lse, lse_ptr, 4);
         aj_kb_if_end(kb);
         aj_kb_if_end(kb);
     }
@@ -561,10 +700,26 @@ static aj_status efwd_build(aj_kb *kb, const aj_op *op, void *user,
         e.slope = aj_kb_load(kb, kb->t_f32, aj_kb_gptr_offset(kb, p64(&e, "alibi_slopes"), at), 4);
     }
 
+    if (op->bias == AJ_BIAS_ADD)
+        e.bias_base = slice_base(&e, "bias", bidx, h);
+    if (op->dropout > 0) {
+        /* Philox key (lo32(seed), hi32(seed) ^ hi32(offset)) and counter
+         * (lo32(kv_offset) + j, lo32(q_offset) + i, lo32(b Hq + h),
+         * lo32(offset)): i32 adds wrap as lo32 of the i64 positions do */
+        LLVMValueRef seed = p64(&e, "dropout_seed"), offset = p64(&e, "dropout_offset");
+        LLVMValueRef c32 = aj_kb_i64(kb, 32);
+        e.drop_key[0] = LLVMBuildTrunc(b, seed, kb->t_i32, "");
+        e.drop_key[1] = LLVMBuildTrunc(b, LLVMBuildLShr(b, LLVMBuildXor(b, seed, offset, ""), c32,
+                                                        ""), kb->t_i32, "");
+        e.drop_ctr[0] = LLVMBuildTrunc(b, p64(&e, "kv_offset"), kb->t_i32, "");
+        e.drop_ctr[1] = LLVMBuildTrunc(b, p64(&e, "q_offset"), kb->t_i32, "");
+        e.drop_ctr[2] = LLVMBuildAdd(b, LLVMBuildMul(b, bidx, p64(&e, "heads_q"), ""), h, "");
+        e.drop_ctr[3] = LLVMBuildTrunc(b, offset, kb->t_i32, "");
+    }
     LLVMValueRef q_base = slice_base(&e, "q", bidx, h);
     LLVMValueRef k_base = slice_base(&e, "k", bidx, hkv);
     LLVMValueRef v_base = slice_base(&e, "v", bidx, hkv);
-    LLVMValueRef o_base = slice_base(&e, "o", bidx, h);
+    LLVMValueRef o_base = slice_base(&e, out_name(op), bidx, h);
     LLVMValueRef lse_base = slice_base(&e, "lse", bidx, h);
 
     aj_tile_src qsrc = {p64(&e, "q"), q_base, p64(&e, "stride_q_s"), e.m0, e.seq_q, p->dtype};

@@ -5,6 +5,7 @@
 
 static const aj_template *const templates[] = {
     &aj_template_efficient_fwd,
+    &aj_template_merge,
 };
 
 aj_status aj_template_find(aj_ctx *ctx, const aj_op *op,
@@ -16,8 +17,6 @@ aj_status aj_template_find(aj_ctx *ctx, const aj_op *op,
             return AJ_OK;
         }
     }
-    if (op->kind == AJ_KIND_MERGE)
-        return aj_fail(ctx, AJ_ERR_UNSUPPORTED, "kind merge: no template implements merge yet");
     return aj_fail(ctx, AJ_ERR_UNSUPPORTED, "%s %s: no template implements this kind and "
                    "variant yet", aj_kind_name(op->kind), aj_variant_name(op->variant));
 }

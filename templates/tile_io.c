@@ -116,3 +116,13 @@ void aj_global_store4(aj_kb *kb, LLVMValueRef ptr, LLVMValueRef elem,
     LLVMValueRef byte = LLVMBuildMul(b, elem, aj_kb_i64(kb, aj_dtype_size(dtype)), "");
     aj_kb_store(kb, v, aj_kb_gptr_offset(kb, ptr, byte), (unsigned)(4 * aj_dtype_size(dtype)));
 }
+
+LLVMValueRef aj_global_load4(aj_kb *kb, LLVMValueRef ptr, LLVMValueRef elem,
+                             aj_dtype dtype)
+{
+    LLVMValueRef byte = LLVMBuildMul(kb->b, elem, aj_kb_i64(kb, aj_dtype_size(dtype)), "");
+    LLVMValueRef raw = aj_kb_load(kb, vec_type(aj_kb_storage_type(kb, dtype), 4),
+                                  aj_kb_gptr_offset(kb, ptr, byte),
+                                  (unsigned)(4 * aj_dtype_size(dtype)));
+    return widen(kb, raw, 4, dtype);
+}

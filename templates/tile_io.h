@@ -30,6 +30,11 @@ LLVMValueRef aj_smem_load4(aj_kb *kb, int32_t smem_off, LLVMValueRef idx);
 /* Stores one float at float index `idx`. */
 void aj_smem_store1(aj_kb *kb, int32_t smem_off, LLVMValueRef idx, LLVMValueRef v);
 
+/* Loads 4 elements of the dtype from global memory at element offset `elem`
+ * of `ptr` (aligned to 4 elements) and widens them to a <4 x float>. */
+LLVMValueRef aj_global_load4(aj_kb *kb, LLVMValueRef ptr, LLVMValueRef elem,
+                             aj_dtype dtype);
+
 /* Converts 4 f32 values to the dtype and stores them to global memory at
  * element offset `elem` of `ptr` (16-byte or 8-byte aligned). */
 void aj_global_store4(aj_kb *kb, LLVMValueRef ptr, LLVMValueRef elem,

@@ -153,17 +153,37 @@ static void free_tensor(host_tensor *h)
 
 /* ---------------------------------------------------------------- run */
 
-static void write_spec(const fwd_case *c, char *spec, size_t cap)
+static void write_spec(const fwd_case *c, const fwd_options *x, char *spec, size_t cap)
 {
     snprintf(spec, cap,
              "attention forward efficient {\n  dtype = %s\n  head_dim = %d\n"
-             "  head_dim_v = %d\n  mask = %s\n  score_mod = %s\n  schedule = %s\n}\n",
+             "  head_dim_v = %d\n  mask = %s\n  score_mod = %s\n  schedule = %s\n"
+             "  bias = %s\n  dropout = %.17g\n}\n",
              aj_dtype_name(c->dtype), c->d, c->dv ? c->dv : c->d, c->mask,
-             c->score_mod ? c->score_mod : "none", c->schedule ? c->schedule : "default");
+             c->score_mod ? c->score_mod : "none", c->schedule ? c->schedule : "default",
+             x->bias_shape[3] ? "add" : "none", x->dropout);
+}
+
+/* The bias of a case: random values rounded to the dtype, with the
+ * reference's contiguous double image (NULL without bias). */
+static void make_bias(const fwd_case *c, const fwd_options *x, host_tensor *h,
+                      uint64_t *rng)
+{
+    memset(h, 0, sizeof *h);
+    if (!x->bias_shape[3])
+        return;
+    const int64_t *sh = x->bias_shape;
+    make_tensor(h, c->dtype, sh[0], sh[1], sh[2], sh[3], 0);
+    fill_tensor(h, x->bias_magnitude, rng);
+    if (x->bias_stride0)
+        for (int i = 0; i < 3; i++)
+            if (sh[i] == 1)
+                h->t.strides[i] = 0;
 }
 
 /* The reference's view of the case (mask fields parsed from its text). */
-static void reference_problem(const fwd_case *c, ref_problem *p, const double *slopes)
+static void reference_problem(const fwd_case *c, const fwd_options *x, ref_problem *p,
+                              const double *slopes)
 {
     memset(p, 0, sizeof *p);
     p->B = c->b;
@@ -193,6 +213,9 @@ static void reference_problem(const fwd_case *c, ref_problem *p, const double *s
         p->softcap = cap;
     if (c->score_mod && strcmp(c->score_mod, "alibi") == 0)
         p->alibi_slopes = slopes;
+    p->dropout_p = x->dropout;
+    p->seed = x->drop_seed;
+    p->offset = x->drop_offset;
 }
 
 /* Bytes a tensor spans (its data is contiguous in every layout used here). */
@@ -222,10 +245,19 @@ static double now_s(void)
 
 fwd_result fwd_run_case(aj_ctx *ctx, aj_device *dev, const fwd_case *c)
 {
+    return fwd_run_case_with(ctx, dev, c, NULL);
+}
+
+fwd_result fwd_run_case_with(aj_ctx *ctx, aj_device *dev, const fwd_case *c,
+                             const fwd_options *opts)
+{
+    static const fwd_options no_options;
+    if (!opts)
+        opts = &no_options;
     fwd_result r;
     memset(&r, 0, sizeof r);
     char spec[512];
-    write_spec(c, spec, sizeof spec);
+    write_spec(c, opts, spec, sizeof spec);
     aj_kernel *kernel = NULL;
     r.status = kernel_for(ctx, aj_device_target(dev), spec, &kernel);
     if (r.status != AJ_OK)
@@ -241,6 +273,8 @@ fwd_result fwd_run_case(aj_ctx *ctx, aj_device *dev, const fwd_case *c)
     fill_tensor(&q, c->magnitude, &rng);
     fill_tensor(&k, c->magnitude, &rng);
     fill_tensor(&v, 1.0, &rng);
+    host_tensor bias;
+    make_bias(c, opts, &bias, &rng);
     size_t rows = (size_t)c->b * (size_t)c->hq * (size_t)c->sq;
     float *lse = malloc((rows ? rows : 1) * sizeof *lse);
     float *slopes = malloc((size_t)(c->hq ? c->hq : 1) * sizeof *slopes);
@@ -262,11 +296,15 @@ fwd_result fwd_run_case(aj_ctx *ctx, aj_device *dev, const fwd_case *c)
     a.kv_offset = c->kv_offset;
     a.sq_total = c->sq_total;
     a.sk_total = c->sk_total;
+    a.bias = bias.t;
+    a.seed = opts->drop_seed;
+    a.offset = opts->drop_offset;
     /* the tensors travel to the device and back (for sim: host copies) */
-    aj_tensor *moved[6] = {&a.q, &a.k, &a.v, &a.o, &a.lse, &a.alibi_slopes};
-    size_t bytes[6];
-    void *host[6];
-    for (int i = 0; i < 6; i++) {
+    aj_tensor *moved[7] = {&a.q, &a.k, &a.v, &a.o, &a.lse, &a.alibi_slopes, &a.bias};
+    size_t bytes[7];
+    void *host[7];
+    int n_moved = opts->bias_shape[3] ? 7 : 6;
+    for (int i = 0; i < n_moved; i++) {
         host[i] = moved[i]->data;
         bytes[i] = device_bytes(moved[i]);
         void *d = NULL;
@@ -283,7 +321,7 @@ fwd_result fwd_run_case(aj_ctx *ctx, aj_device *dev, const fwd_case *c)
         r.status = aj_device_synchronize(dev, NULL);
     r.seconds = now_s() - t0;
     r.instructions = aj_device_last_instructions(dev);
-    for (int i = 0; i < 6; i++) {
+    for (int i = 0; i < n_moved; i++) {
         if (r.status == AJ_OK && (moved[i] == &a.o || moved[i] == &a.lse))
             r.status = aj_device_copy_from(dev, host[i], moved[i]->data, bytes[i]);
         aj_device_free(dev, moved[i]->data);
@@ -291,7 +329,11 @@ fwd_result fwd_run_case(aj_ctx *ctx, aj_device *dev, const fwd_case *c)
 
     if (r.status == AJ_OK) {
         ref_problem p;
-        reference_problem(c, &p, slopes_ref);
+        reference_problem(c, opts, &p, slopes_ref);
+        if (opts->bias_shape[3]) {
+            p.bias = bias.ref;
+            memcpy(p.bias_shape, opts->bias_shape, sizeof p.bias_shape);
+        }
         double *o_ref = calloc(rows * (size_t)dv + 1, sizeof *o_ref);
         double *lse_ref = calloc(rows + 1, sizeof *lse_ref);
         ref_forward(&p, q.ref, k.ref, v.ref, o_ref, lse_ref);
@@ -326,6 +368,7 @@ fwd_result fwd_run_case(aj_ctx *ctx, aj_device *dev, const fwd_case *c)
     free_tensor(&k);
     free_tensor(&v);
     free_tensor(&o);
+    free_tensor(&bias);
     free(lse);
     free(slopes);
     free(slopes_ref);

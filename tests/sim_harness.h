@@ -28,6 +28,18 @@ typedef struct fwd_case {
     uint64_t seed;
 } fwd_case;
 
+/* Options of a case beyond fwd_case (all zero: none). */
+typedef struct fwd_options {
+    /* bias = add when bias_shape[3] != 0: a bias of that shape (each dim 1
+     * or full), random in [-bias_magnitude, bias_magnitude]; size-1 dims
+     * get stride 0 when bias_stride0, else contiguous strides */
+    int64_t bias_shape[4];
+    int bias_stride0;
+    double bias_magnitude;
+    double dropout;            /* dropout = p when > 0, with this stream: */
+    uint64_t drop_seed, drop_offset;
+} fwd_options;
+
 typedef struct fwd_result {
     aj_status status;
     double max_err_o;          /* max |o - ref| / (atol + rtol |ref|) (<= 1 passes) */
@@ -49,6 +61,9 @@ fwd_tolerance fwd_tolerance_for(aj_dtype dtype);
 /* Compiles for the device's target (caching by spec text), copies the
  * inputs to the device, runs one case, copies the results back, compares. */
 fwd_result fwd_run_case(aj_ctx *ctx, aj_device *dev, const fwd_case *c);
+/* The same with options (bias, dropout); x may be NULL. */
+fwd_result fwd_run_case_with(aj_ctx *ctx, aj_device *dev, const fwd_case *c,
+                             const fwd_options *x);
 
 /* Frees the kernels fwd_run_case compiled. */
 void fwd_cache_clear(void);

@@ -1,7 +1,7 @@
 /*
  * test_errors.c -- the catalogue of bad inputs of docs/errors.md that are
  * not covered by the IR, codegen, npy and CLI tests: every launch argument
- * check of aj_forward, devices, conversions, non-finite inputs and empty
+ * check of aj_forward and aj_merge, devices, conversions, non-finite inputs and empty
  * tensors.  Each call must return its status with a message naming the
  * problem, and the process must survive all of them.
  */
@@ -20,10 +20,15 @@ static aj_ctx *ctx;
 static aj_device *dev;
 static aj_kernel *kernel;        /* f16, head dim 16, causal */
 static aj_kernel *alibi_kernel;  /* f16, head dim 16, alibi */
+static aj_kernel *feature_kernel;  /* f16, head dim 16, accumulate, bias, dropout */
+static aj_kernel *merge_kernel;    /* f16, head dim 16 */
 
 static _Alignas(16) uint16_t q[B * HQ * SQ * D], k[B * HKV * SK * D], v[B * HKV * SK * D],
     o[B * HQ * SQ * D];
 static float lse[B * HQ * SQ], slopes[HQ];
+static _Alignas(16) float o_acc[B * HQ * SQ * D];
+static _Alignas(16) uint16_t bias[B * HQ * SQ * SK], o2[B * HQ * SQ * D];
+static float lse2[B * HQ * SQ];
 
 static aj_tensor bhsd(void *data, aj_dtype dt, int64_t b, int64_t h, int64_t s, int64_t d)
 {
@@ -153,6 +158,133 @@ static void test_launch_arguments(void)
     aj_op_destroy(op);
 }
 
+/* The arguments of accumulate, bias and dropout kernels: o_acc (f32,
+ * replacing o, which is then not read), bias (broadcast dims of size 1). */
+static aj_fwd_args feature_args(void)
+{
+    aj_fwd_args a = good_args();
+    a.o = (aj_tensor){0};
+    a.o_acc = bhsd(o_acc, AJ_DTYPE_F32, B, HQ, SQ, D);
+    a.bias = bhsd(bias, AJ_DTYPE_F16, 1, HQ, SQ, SK);
+    a.bias.strides[0] = 0;
+    a.seed = ~0ull;
+    a.offset = 12345;
+    return a;
+}
+
+#define CASE(name, body) static void name(aj_fwd_args *a) { body; }
+CASE(acc_dtype, a->o_acc.dtype = AJ_DTYPE_F16)
+CASE(acc_len, a->o_acc.shape[2] = SQ - 1)
+CASE(acc_null, a->o_acc.data = NULL)
+CASE(acc_misaligned, a->o_acc.data = o_acc + 1)
+CASE(bias_rank, a->bias.rank = 3)
+CASE(bias_dtype, a->bias.dtype = AJ_DTYPE_F32)
+CASE(bias_batch, a->bias.shape[0] = 2)
+CASE(bias_heads, a->bias.shape[1] = 3)
+CASE(bias_len_q, a->bias.shape[2] = SQ + 1)
+CASE(bias_len_k, a->bias.shape[3] = SK - 1)
+CASE(bias_null, a->bias.data = NULL)
+#undef CASE
+
+static void test_feature_arguments(void)
+{
+    static const struct {
+        mutate_fn mutate;
+        const char *needle;
+    } cases[] = {
+        {acc_dtype, "o_acc.dtype = f16, want f32"},
+        {acc_len, "o_acc.shape[2] = 19, want 20 (q's length)"},
+        {acc_null, "o_acc.data is NULL"},
+        {acc_misaligned, "o_acc.data"},
+        {bias_rank, "bias.rank = 3, want 4"},
+        {bias_dtype, "bias.dtype = f32, want f16"},
+        {bias_batch, "bias.shape[0] = 2, want 1 or q's batch"},
+        {bias_heads, "bias.shape[1] = 3, want 1 or q's heads"},
+        {bias_len_q, "bias.shape[2] = 21, want 20 (q's length)"},
+        {bias_len_k, "bias.shape[3] = 23, want 24 (k's length)"},
+        {bias_null, "bias.data is NULL"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        aj_fwd_args a = feature_args();
+        cases[i].mutate(&a);
+        aj_status st = aj_forward(ctx, dev, feature_kernel, &a);
+        CHECK_MSG(st == AJ_ERR_INVALID_ARG, "case %zu (%s): %s", i, cases[i].needle,
+                  aj_status_str(st));
+        CHECK_ERROR(ctx, cases[i].needle);
+    }
+    /* a good call: o is not needed; lse = -inf and o_acc = 0 start a pass */
+    for (int i = 0; i < B * HQ * SQ; i++)
+        lse[i] = -INFINITY;
+    memset(o_acc, 0, sizeof o_acc);
+    aj_fwd_args a = feature_args();
+    CHECK_STATUS(ctx, aj_forward(ctx, dev, feature_kernel, &a), AJ_OK);
+    /* the bias's own strides are ignored where it broadcasts */
+    a.bias.strides[0] = 1000000;
+    CHECK_STATUS(ctx, aj_forward(ctx, dev, feature_kernel, &a), AJ_OK);
+    memset(lse, 0, sizeof lse);
+}
+
+static aj_merge_args merge_args(void)
+{
+    aj_merge_args m = AJ_MERGE_ARGS_INIT;
+    m.o1 = bhsd(o, AJ_DTYPE_F16, B, HQ, SQ, D);
+    m.o2 = bhsd(o2, AJ_DTYPE_F16, B, HQ, SQ, D);
+    m.o = m.o1;
+    m.lse1 = m.lse = (aj_tensor){lse, AJ_DTYPE_F32, 3, {B, HQ, SQ, 0}, {HQ * SQ, SQ, 1, 0}};
+    m.lse2 = (aj_tensor){lse2, AJ_DTYPE_F32, 3, {B, HQ, SQ, 0}, {HQ * SQ, SQ, 1, 0}};
+    return m;
+}
+
+static void test_merge_arguments(void)
+{
+    aj_merge_args m = merge_args();
+    CHECK_STATUS(ctx, aj_merge(ctx, dev, merge_kernel, &m), AJ_OK);
+    m.o2.shape[2] = SQ - 2;
+    CHECK_STATUS(ctx, aj_merge(ctx, dev, merge_kernel, &m), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "aj_merge: o2.shape[2] = 18, want 20 (o1's length)");
+    m = merge_args();
+    m.o1.shape[3] = 8;
+    CHECK_STATUS(ctx, aj_merge(ctx, dev, merge_kernel, &m), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "aj_merge: o1.shape[3] = 8, want 16 (the op's head_dim_v)");
+    m = merge_args();
+    m.o.dtype = AJ_DTYPE_F32;
+    CHECK_STATUS(ctx, aj_merge(ctx, dev, merge_kernel, &m), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "aj_merge: o.dtype = f32, want f16");
+    m = merge_args();
+    m.lse2.shape[1] = 1;
+    CHECK_STATUS(ctx, aj_merge(ctx, dev, merge_kernel, &m), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "aj_merge: lse2.shape[1] = 1, want 2 (o1's heads)");
+    m = merge_args();
+    m.lse.dtype = AJ_DTYPE_F16;
+    CHECK_STATUS(ctx, aj_merge(ctx, dev, merge_kernel, &m), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "aj_merge: lse.dtype = f16, want f32");
+    m = merge_args();
+    m.o2.strides[2] = D + 1;
+    CHECK_STATUS(ctx, aj_merge(ctx, dev, merge_kernel, &m), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "aj_merge: o2.strides[2] = 17 is not a multiple of 8 elements");
+    m = merge_args();
+    m.struct_size = 4;
+    CHECK_STATUS(ctx, aj_merge(ctx, dev, merge_kernel, &m), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "struct_size = 4");
+    m = merge_args();
+    CHECK_STATUS(ctx, aj_merge(ctx, NULL, merge_kernel, &m), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "aj_merge: dev is NULL");
+    CHECK_STATUS(ctx, aj_merge(ctx, dev, merge_kernel, NULL), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "aj_merge: args is NULL");
+    /* kernels of the other kind are refused by both calls */
+    CHECK_STATUS(ctx, aj_merge(ctx, dev, kernel, &m), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "computes a forward op");
+    aj_fwd_args a = good_args();
+    CHECK_STATUS(ctx, aj_forward(ctx, dev, merge_kernel, &a), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "computes a merge op");
+    /* S = 0: nothing to do */
+    m.o1.shape[2] = m.o2.shape[2] = m.o.shape[2] = 0;
+    m.lse1.shape[2] = m.lse2.shape[2] = m.lse.shape[2] = 0;
+    CHECK_STATUS(ctx, aj_merge(ctx, dev, merge_kernel, &m), AJ_OK);
+    memset(o, 0, sizeof o);
+    memset(lse, 0, sizeof lse);
+}
+
 static void test_empty_tensors(void)
 {
     aj_fwd_args a = good_args();
@@ -266,14 +398,22 @@ int main(void)
                      "mask = causal(top_left) }");
     alibi_kernel = compile("attention forward efficient { dtype = f16 head_dim = 16 "
                            "score_mod = alibi }");
-    if (dev && kernel && alibi_kernel) {
+    feature_kernel = compile("attention forward efficient { dtype = f16 head_dim = 16 "
+                             "mask = causal(top_left) accumulate = true bias = add "
+                             "dropout = 0.25 }");
+    merge_kernel = compile("attention merge { dtype = f16 head_dim_v = 16 }");
+    if (dev && kernel && alibi_kernel && feature_kernel && merge_kernel) {
         test_launch_arguments();
+        test_feature_arguments();
+        test_merge_arguments();
         test_empty_tensors();
         test_non_finite_inputs();
         test_devices_and_helpers();
     }
     aj_kernel_destroy(kernel);
     aj_kernel_destroy(alibi_kernel);
+    aj_kernel_destroy(feature_kernel);
+    aj_kernel_destroy(merge_kernel);
     aj_device_close(dev);
     aj_ctx_destroy(ctx);
     return check_report();

@@ -1,7 +1,8 @@
 /*
  * test_ptx.c -- every efficient-forward kernel of the matrix
- * dtype x head dim x mask (plus D != Dv and the score mods) compiles to PTX
- * that ptxas accepts for sm_80 and sm_90 with no spills.
+ * dtype x head dim x mask (plus D != Dv, the score mods, accumulate, bias
+ * and dropout) and the merge kernel compile to PTX that ptxas accepts for
+ * sm_80 and sm_90 with no spills.
  *
  * GQA and the sequence lengths are launch arguments, not part of the op, so
  * they do not change the kernel and are not a dimension here (the numeric
@@ -126,10 +127,39 @@ int main(int argc, char **argv)
                                    " schedule = (block_m = 16, block_n = 16, warps = 2)"},
             {"bf16 d64 (64,64,8)", "dtype = bf16\n head_dim = 64\n"
                                    " schedule = (block_m = 64, block_n = 64, warps = 8)"},
+            /* accumulate, bias, dropout, alone and together */
+            {"f16 d128 accumulate causal", "dtype = f16\n head_dim = 128\n"
+                                           " mask = causal(top_left)\n accumulate = true"},
+            {"f32 d256 accumulate", "dtype = f32\n head_dim = 256\n accumulate = true"},
+            {"bf16 d64 bias softcap", "dtype = bf16\n head_dim = 64\n bias = add\n"
+                                      " score_mod = softcap(30.0)\n mask = causal(top_left)"},
+            {"f16 d256 bias", "dtype = f16\n head_dim = 256\n bias = add"},
+            {"f16 d128 dropout causal", "dtype = f16\n head_dim = 128\n dropout = 0.1\n"
+                                        " mask = causal(bottom_right)"},
+            {"f32 d64 dropout alibi", "dtype = f32\n head_dim = 64\n dropout = 0.5\n"
+                                      " score_mod = alibi"},
+            {"bf16 d128 acc+bias+dropout window", "dtype = bf16\n head_dim = 128\n"
+                                                  " accumulate = true\n bias = add\n"
+                                                  " dropout = 0.2\n"
+                                                  " mask = window(64, 0, bottom_right)"},
+            {"f16 d256 acc+bias+dropout", "dtype = f16\n head_dim = 256\n accumulate = true\n"
+                                          " bias = add\n dropout = 0.2"},
         };
         for (size_t i = 0; i < sizeof extra / sizeof extra[0]; i++) {
             snprintf(spec, sizeof spec, "attention forward efficient {\n %s\n}\n", extra[i][1]);
             check_spec(ctx, extra[i][0], spec, target, archs[a]);
+        }
+        /* the merge kernel */
+        static const char *const merges[][2] = {
+            {"merge f16 dv64", "dtype = f16 head_dim_v = 64"},
+            {"merge bf16 dv128", "dtype = bf16 head_dim_v = 128"},
+            {"merge f32 dv256", "dtype = f32 head_dim_v = 256"},
+            {"merge f16 dv40", "dtype = f16 head_dim_v = 40"},
+            {"merge f32 dv1024", "dtype = f32 head_dim_v = 1024"},
+        };
+        for (size_t i = 0; i < sizeof merges / sizeof merges[0]; i++) {
+            snprintf(spec, sizeof spec, "attention merge { %s }\n", merges[i][1]);
+            check_spec(ctx, merges[i][0], spec, target, archs[a]);
         }
     }
     if (argc > 1)

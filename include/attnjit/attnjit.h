@@ -468,8 +468,18 @@ typedef struct aj_tensor {
  *   q [B, Hq, Sq, D]    k [B, Hkv, Sk, D]    v [B, Hkv, Sk, Dv]
  *   o [B, Hq, Sq, Dv]   lse [B, Hq, Sq] (f32)
  *   alibi_slopes [Hq] (f32), only for ops with score_mod = alibi.
- * q, k, v and o have the op's dtype; their data and their batch, head and
- * sequence strides must be 16-byte aligned; Hq % Hkv == 0; Sq, Sk < 2^30.
+ *   bias [B or 1, Hq or 1, Sq, Sk] (the op's dtype), only for ops with
+ *     bias = add: added to the scaled score before softcap; a dim of size
+ *     1 broadcasts (its stride is ignored).  No alignment needed.
+ *   o_acc [B, Hq, Sq, Dv] (f32), only for ops with accumulate = true,
+ *     which read it and lse as a prior partial result (O normalised, LSE
+ *     natural log; a row with LSE = -inf is empty, whatever its O holds)
+ *     and overwrite both with the log-sum-exp merge of the prior and this
+ *     call's keys (DESIGN.md "Merge of two partials").  Chaining calls over
+ *     disjoint key blocks (each with its kv_offset) from lse = -inf gives
+ *     the result of one call over all keys.  `o` is unused then.
+ * q, k, v, o and o_acc have their dtype's data and batch, head and
+ * sequence strides 16-byte aligned; Hq % Hkv == 0; Sq, Sk < 2^30.
  * Start from AJ_FWD_ARGS_INIT. */
 typedef struct aj_fwd_args {
     size_t struct_size;
@@ -478,6 +488,15 @@ typedef struct aj_fwd_args {
     int64_t q_offset, kv_offset;   /* global positions of row 0 and key 0 */
     int64_t sq_total, sk_total;    /* bottom_right alignment; 0: Sq and Sk */
     void *stream;                  /* cuda: a CUstream; NULL: the default */
+    aj_tensor bias;                /* bias = add only */
+    aj_tensor o_acc;               /* accumulate only */
+    /* The dropout stream (ops with dropout > 0): element (b, h, i, j) is
+     * kept iff Philox4x32-10 with key (lo32(seed), hi32(seed) ^
+     * hi32(offset)) and counter (lo32(kv_pos), lo32(q_pos), lo32(b Hq + h),
+     * lo32(offset)) gives out[0] with (out[0] >> 8) 2^-24 >= p; kept values
+     * are scaled by 1 / (1 - p).  Any values; the backward pass must get
+     * the same ones. */
+    uint64_t seed, offset;
 } aj_fwd_args;
 
 #define AJ_FWD_ARGS_INIT { .struct_size = sizeof(aj_fwd_args) }
@@ -487,6 +506,29 @@ typedef struct aj_fwd_args {
  * ..."). */
 aj_status aj_forward(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
                      const aj_fwd_args *args);
+
+/* Arguments of a merge of two partial results over disjoint key sets
+ * (kernels of `attention merge { dtype, head_dim_v }`):
+ *   o1, o2, o [B, H, S, Dv] (the op's dtype)   lse1, lse2, lse [B, H, S] (f32)
+ * lse = logaddexp(lse1, lse2), o = o1 exp(lse1 - lse) + o2 exp(lse2 - lse);
+ * both -inf gives o = 0 and lse = -inf, and a side whose lse is -inf
+ * contributes nothing, whatever its o holds.  o may be o1 or o2 and lse
+ * may be lse1 or lse2 (in place); other overlaps are not allowed.  o1, o2
+ * and o have their data and batch, head and sequence strides 16-byte
+ * aligned; S < 2^30.  Start from AJ_MERGE_ARGS_INIT. */
+typedef struct aj_merge_args {
+    size_t struct_size;
+    aj_tensor o1, lse1, o2, lse2, o, lse;
+    void *stream;                  /* cuda: a CUstream; NULL: the default */
+} aj_merge_args;
+
+#define AJ_MERGE_ARGS_INIT { .struct_size = sizeof(aj_merge_args) }
+
+/* Runs a compiled merge kernel on the device; every argument is checked
+ * first, as by aj_forward ("aj_merge: o2.shape[2] = 5, want 7 (o1's
+ * length)"). */
+aj_status aj_merge(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
+                   const aj_merge_args *args);
 
 /* Converts `count` elements between dtypes, rounding to nearest even (as
  * the kernels do).  src and dst must not overlap unless they are equal and

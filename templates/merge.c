@@ -1,0 +1,202 @@
+/*
+ * merge.c -- the merge kernel: two partial results over disjoint key sets,
+ * (O1, LSE1) and (O2, LSE2), become one (DESIGN.md "Merge of two partials"):
+ *
+ *     LSE = logaddexp(LSE1, LSE2)
+ *     O   = O1 exp(LSE1 - LSE) + O2 exp(LSE2 - LSE)
+ *
+ * both -inf giving O = 0 and LSE = -inf, a side at -inf contributing
+ * nothing whatever its O holds (never 0 * NaN).
+ *
+ *   grid  = (ceil(S / R), H, B)       block = 128 threads
+ *
+ * Threads form R = 128 / G row groups of G lanes; group g owns row
+ * m0 + g, and lane l of it the 4-wide column chunks 4l, 4l + 4G, ...:
+ *
+ *            cols (Dv) ──►
+ *   row g0 │ l0:4 l1:4 .. lG-1:4 l0:4 ..│
+ *   row g1 │ ...                        │
+ *
+ * Lane 0 of a group reads the two LSEs and hands them to its lanes with a
+ * group sum (the others add 0, exactly); every read of the row thus comes
+ * before lane 0 writes LSE, so lse may be lse1 or lse2 (in place).  Each
+ * element of O is read and written by one thread, so o may be o1 or o2.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "templates/template.h"
+#include "templates/tile_io.h"
+
+#define MERGE_THREADS 128
+#define MERGE_MAX_DV 1024
+
+/* Lanes per row: the widest (up to 32) that splits Dv into 4-wide chunks
+ * evenly. */
+static int merge_lanes(int dv)
+{
+    int g = 32;
+    while (g > 1 && dv % (4 * g) != 0)
+        g /= 2;
+    return g;
+}
+
+static aj_status merge_check(aj_ctx *ctx, const aj_op *op, aj_target target)
+{
+    (void)target;
+    int dv = aj_op_dv(op);
+    if (dv % 8 != 0 || dv > MERGE_MAX_DV)
+        return aj_fail(ctx, AJ_ERR_UNSUPPORTED,
+                       "head_dim_v = %d: merge supports multiples of 8 up to %d", dv,
+                       MERGE_MAX_DV);
+    return AJ_OK;
+}
+
+static LLVMValueRef sext64(aj_kb *kb, LLVMValueRef v)
+{
+    return LLVMBuildSExt(kb->b, v, kb->t_i64, "");
+}
+
+/* element offset of (b, h, row) of tensor t, whose strides are parameters */
+static LLVMValueRef row_offset(aj_kb *kb, const char *t, LLVMValueRef b, LLVMValueRef h,
+                               LLVMValueRef row, int has_seq_stride)
+{
+    char name[32];
+    LLVMBuilderRef bld = kb->b;
+    snprintf(name, sizeof name, "stride_%s_b", t);
+    LLVMValueRef off = LLVMBuildMul(bld, sext64(kb, b), aj_kb_param(kb, name), "");
+    snprintf(name, sizeof name, "stride_%s_h", t);
+    off = LLVMBuildAdd(bld, off, LLVMBuildMul(bld, sext64(kb, h), aj_kb_param(kb, name), ""), "");
+    LLVMValueRef s = sext64(kb, row);
+    if (has_seq_stride) {
+        snprintf(name, sizeof name, "stride_%s_s", t);
+        s = LLVMBuildMul(bld, s, aj_kb_param(kb, name), "");
+    }
+    return LLVMBuildAdd(bld, off, s, "");
+}
+
+static void declare_params(aj_kb *kb)
+{
+    static const char *const o_names[] = {"o1", "o2", "o"};
+    static const char *const lse_names[] = {"lse1", "lse2", "lse"};
+    char name[32];
+    for (int i = 0; i < 3; i++) {
+        aj_kb_add_param(kb, o_names[i], AJ_PARAM_PTR);
+        aj_kb_add_param(kb, lse_names[i], AJ_PARAM_PTR);
+    }
+    for (int i = 0; i < 3; i++)
+        for (const char *d = "bhs"; *d; d++) {
+            snprintf(name, sizeof name, "stride_%s_%c", o_names[i], *d);
+            aj_kb_add_param(kb, name, AJ_PARAM_I64);
+        }
+    for (int i = 0; i < 3; i++)
+        for (const char *d = "bh"; *d; d++) {
+            snprintf(name, sizeof name, "stride_%s_%c", lse_names[i], *d);
+            aj_kb_add_param(kb, name, AJ_PARAM_I64);
+        }
+    aj_kb_add_param(kb, "seq_q", AJ_PARAM_I32);
+}
+
+/* f32 pointer to lse tensor t at element offset `at` */
+static LLVMValueRef lse_ptr(aj_kb *kb, const char *t, LLVMValueRef at)
+{
+    return aj_kb_gptr_offset(kb, aj_kb_param(kb, t), LLVMBuildMul(kb->b, at, aj_kb_i64(kb, 4), ""));
+}
+
+/* w * x, or 0 where w is 0 (x may then be anything, NaN included) */
+static LLVMValueRef weigh(aj_kb *kb, LLVMValueRef w, LLVMValueRef x)
+{
+    LLVMBuilderRef b = kb->b;
+    LLVMValueRef zero = aj_kb_f32(kb, 0);
+    LLVMValueRef w_zero = LLVMBuildFCmp(b, LLVMRealOEQ, w, zero, "");
+    return LLVMBuildSelect(b, w_zero, zero, LLVMBuildFMul(b, w, x, ""), "");
+}
+
+static aj_status merge_build(aj_kb *kb, const aj_op *op, void *user, aj_kernel_layout *layout)
+{
+    (void)user;
+    LLVMBuilderRef b = kb->b;
+    int dv = aj_op_dv(op);
+    int g = merge_lanes(dv);
+    int rows = MERGE_THREADS / g;
+    declare_params(kb);
+    aj_kb_begin(kb, MERGE_THREADS);
+
+    LLVMValueRef tid = aj_kb_thread_id(kb);
+    LLVMValueRef lane = LLVMBuildAnd(b, tid, aj_kb_i32(kb, g - 1), "lane");
+    LLVMValueRef group = LLVMBuildUDiv(b, tid, aj_kb_i32(kb, g), "group");
+    LLVMValueRef h = aj_kb_block_id(kb, 1);
+    LLVMValueRef bidx = aj_kb_block_id(kb, 2);
+    LLVMValueRef seq = aj_kb_param(kb, "seq_q");
+    LLVMValueRef row = LLVMBuildAdd(b, LLVMBuildMul(b, aj_kb_block_id(kb, 0),
+                                    aj_kb_i32(kb, rows), ""), group, "row");
+    /* rows past S read the last row (in bounds) and store nothing; every
+     * lane still takes part in the group sums */
+    LLVMValueRef rc = aj_kb_smin(kb, row, LLVMBuildSub(b, seq, aj_kb_i32(kb, 1), ""));
+    LLVMValueRef is_lane0 = LLVMBuildICmp(b, LLVMIntEQ, lane, aj_kb_i32(kb, 0), "");
+    LLVMValueRef zero = aj_kb_f32(kb, 0), ninf = aj_kb_f32(kb, -INFINITY);
+
+    /* LSEs in log2 units, broadcast from lane 0 */
+    LLVMValueRef l2[2];
+    static const char *const lse_in[2] = {"lse1", "lse2"};
+    for (int s = 0; s < 2; s++) {
+        LLVMValueRef at = row_offset(kb, lse_in[s], bidx, h, rc, 0);
+        LLVMValueRef v = aj_kb_load(kb, kb->t_f32, lse_ptr(kb, lse_in[s], at), 4);
+        v = aj_kb_group_sum(kb, LLVMBuildSelect(b, is_lane0, v, zero, ""), g);
+        l2[s] = LLVMBuildFMul(b, v, aj_kb_f32(kb, AJ_LOG2E), "");
+    }
+    /* L = max + log2(2^(L1 - max) + 2^(L2 - max)); with both -inf the
+     * max is taken as 0, so that both weights are exactly 0 */
+    LLVMValueRef mx = aj_kb_fmax(kb, l2[0], l2[1]);
+    LLVMValueRef none = LLVMBuildFCmp(b, LLVMRealOEQ, mx, ninf, "");
+    LLVMValueRef mx_use = LLVMBuildSelect(b, none, zero, mx, "");
+    LLVMValueRef sum = LLVMBuildFAdd(b, aj_kb_exp2(kb, LLVMBuildFSub(b, l2[0], mx_use, "")),
+                                     aj_kb_exp2(kb, LLVMBuildFSub(b, l2[1], mx_use, "")), "");
+    LLVMValueRef l = LLVMBuildFAdd(b, mx_use, aj_kb_log2(kb, sum), "");
+    LLVMValueRef l_use = LLVMBuildSelect(b, none, zero, l, "");
+    LLVMValueRef w1 = aj_kb_exp2(kb, LLVMBuildFSub(b, l2[0], l_use, ""));
+    LLVMValueRef w2 = aj_kb_exp2(kb, LLVMBuildFSub(b, l2[1], l_use, ""));
+    LLVMValueRef lse = LLVMBuildSelect(b, none, ninf,
+                                       LLVMBuildFMul(b, l, aj_kb_f32(kb, AJ_LN2), ""), "");
+
+    LLVMValueRef o1 = row_offset(kb, "o1", bidx, h, rc, 1);
+    LLVMValueRef o2 = row_offset(kb, "o2", bidx, h, rc, 1);
+    LLVMValueRef o = row_offset(kb, "o", bidx, h, rc, 1);
+    LLVMValueRef lane_col = sext64(kb, LLVMBuildShl(b, lane, aj_kb_i32(kb, 2), ""));
+    aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntSLT, row, seq, ""));
+    for (int u = 0; u < dv / (4 * g); u++) {
+        LLVMValueRef col = LLVMBuildAdd(b, lane_col, aj_kb_i64(kb, 4 * g * u), "");
+        LLVMValueRef x1 = aj_global_load4(kb, aj_kb_param(kb, "o1"),
+                                          LLVMBuildAdd(b, o1, col, ""), op->dtype);
+        LLVMValueRef x2 = aj_global_load4(kb, aj_kb_param(kb, "o2"),
+                                          LLVMBuildAdd(b, o2, col, ""), op->dtype);
+        LLVMValueRef vals[4];
+        for (int x = 0; x < 4; x++) {
+            LLVMValueRef idx = aj_kb_i32(kb, x);
+            vals[x] = LLVMBuildFAdd(b, weigh(kb, w1, LLVMBuildExtractElement(b, x1, idx, "")),
+                                    weigh(kb, w2, LLVMBuildExtractElement(b, x2, idx, "")), "");
+        }
+        aj_global_store4(kb, aj_kb_param(kb, "o"), LLVMBuildAdd(b, o, col, ""), vals, op->dtype);
+    }
+    aj_kb_if_begin(kb, is_lane0);
+    aj_kb_store(kb, lse, lse_ptr(kb, "lse", row_offset(kb, "lse", bidx, h, rc, 0)), 4);
+    aj_kb_if_end(kb);
+    aj_kb_if_end(kb);
+    aj_kb_finish(kb);
+
+    layout->grid[0] = (aj_grid_dim){AJ_EXTENT_SEQ_Q, rows};
+    layout->grid[1] = (aj_grid_dim){AJ_EXTENT_HEADS_Q, 1};
+    layout->grid[2] = (aj_grid_dim){AJ_EXTENT_BATCH, 1};
+    /* block_n: the columns a row group covers */
+    layout->schedule = (aj_schedule){rows, dv, MERGE_THREADS / 32, 1};
+    return kb->st;
+}
+
+const aj_template aj_template_merge = {
+    .name = "merge",
+    .kind = AJ_KIND_MERGE,
+    .variant = AJ_VARIANT_NONE,
+    .check = merge_check,
+    .build = merge_build,
+};
