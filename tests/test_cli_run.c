@@ -139,6 +139,98 @@ static void test_run_matches_reference(void)
     npy_free(&lse);
 }
 
+/* Two accumulate runs over the two halves of the keys, from an empty
+ * prior, equal the reference over all keys; a bias file broadcast over
+ * batch and heads is added to every score. */
+static void test_accumulate_and_bias(void)
+{
+    enum { B = 1, H = 2, SQ = 24, SK = 40, D = 16, HALF = SK / 2 };
+    static float q[B * H * SQ * D], k[B * H * SK * D], v[B * H * SK * D], bias[SQ * SK];
+    static float k1[B * H * HALF * D], k2[B * H * HALF * D], v1[B * H * HALF * D],
+        v2[B * H * HALF * D], prior_o[B * H * SQ * D], prior_lse[B * H * SQ];
+    static double qd[B * H * SQ * D], kd[B * H * SK * D], vd[B * H * SK * D], bd[SQ * SK];
+    static double o_ref[B * H * SQ * D], lse_ref[B * H * SQ];
+    random_f16_values(q, qd, sizeof q / sizeof q[0]);
+    random_f16_values(k, kd, sizeof k / sizeof k[0]);
+    random_f16_values(v, vd, sizeof v / sizeof v[0]);
+    random_f16_values(bias, bd, sizeof bias / sizeof bias[0]);
+    for (int h = 0; h < H; h++)   /* key halves, per head */
+        for (int j = 0; j < SK; j++)
+            for (int x = 0; x < D; x++) {
+                float *kk = j < HALF ? k1 : k2, *vv = j < HALF ? v1 : v2;
+                size_t at = ((size_t)h * HALF + (size_t)(j % HALF)) * D + (size_t)x;
+                kk[at] = k[((size_t)h * SK + (size_t)j) * D + (size_t)x];
+                vv[at] = v[((size_t)h * SK + (size_t)j) * D + (size_t)x];
+            }
+    for (size_t i = 0; i < sizeof prior_lse / sizeof prior_lse[0]; i++)
+        prior_lse[i] = -INFINITY;
+    char err[2048], args[4096];
+    int64_t qs[4] = {B, H, SQ, D}, hs[4] = {B, H, HALF, D}, ls[3] = {B, H, SQ},
+            bs[4] = {1, 1, SQ, SK};
+    CHECK(npy_write_f32(path("aq.npy"), q, 4, qs, err, sizeof err) == NPY_OK);
+    CHECK(npy_write_f32(path("ak1.npy"), k1, 4, hs, err, sizeof err) == NPY_OK);
+    CHECK(npy_write_f32(path("ak2.npy"), k2, 4, hs, err, sizeof err) == NPY_OK);
+    CHECK(npy_write_f32(path("av1.npy"), v1, 4, hs, err, sizeof err) == NPY_OK);
+    CHECK(npy_write_f32(path("av2.npy"), v2, 4, hs, err, sizeof err) == NPY_OK);
+    CHECK(npy_write_f32(path("ao0.npy"), prior_o, 4, qs, err, sizeof err) == NPY_OK);
+    CHECK(npy_write_f32(path("al0.npy"), prior_lse, 3, ls, err, sizeof err) == NPY_OK);
+    write_text(path("acc.aj"), "attention forward efficient {\n  dtype = f16\n  head_dim = 16\n"
+                               "  mask = causal(bottom_right)\n  accumulate = true\n}\n");
+    /* keys 0..19 at kv_offset 0, then keys 20..39 at kv_offset 20 */
+    for (int part = 0; part < 2; part++) {
+        snprintf(args, sizeof args, "run '%s' --device sim --in q='%s' --in k='%s' --in v='%s' "
+                 "--in o_acc='%s' --in lse='%s' --out o_acc='%s' --out lse='%s' "
+                 "--kv-offset %d --sq-total %d --sk-total %d", path("acc.aj"), path("aq.npy"),
+                 path(part ? "ak2.npy" : "ak1.npy"), path(part ? "av2.npy" : "av1.npy"),
+                 path(part ? "ao1.npy" : "ao0.npy"), path(part ? "al1.npy" : "al0.npy"),
+                 path(part ? "ao2.npy" : "ao1.npy"), path(part ? "al2.npy" : "al1.npy"),
+                 part * HALF, SQ, SK);
+        int rc = run_cli(args, err, sizeof err);
+        CHECK_MSG(rc == 0, "accumulate part %d exited %d: %s", part, rc, err);
+    }
+    ref_problem p;
+    memset(&p, 0, sizeof p);
+    p.B = B, p.Hq = H, p.Hkv = H, p.Sq = SQ, p.Sk = SK, p.D = D, p.Dv = D;
+    p.mask = AJ_MASK_CAUSAL;
+    p.align = AJ_ALIGN_BOTTOM_RIGHT;
+    ref_forward(&p, qd, kd, vd, o_ref, lse_ref);
+    npy_array o, l;
+    CHECK(npy_read_f32(path("ao2.npy"), &o, err, sizeof err) == NPY_OK);
+    CHECK(npy_read_f32(path("al2.npy"), &l, err, sizeof err) == NPY_OK);
+    double worst = 0;
+    for (size_t i = 0; o.f32 && i < o.count; i++)
+        worst = fmax(worst, fabs(o.f32[i] - o_ref[i]) / (1e-4 + 1e-4 * fabs(o_ref[i])));
+    for (size_t i = 0; l.f32 && i < l.count; i++)
+        worst = fmax(worst, fabs(l.f32[i] - lse_ref[i]) / (1e-4 + 1e-5 * fabs(lse_ref[i])));
+    CHECK_MSG(worst <= 1.0, "accumulated result off by %.3g x tolerance", worst);
+    npy_free(&o);
+    npy_free(&l);
+
+    /* bias (1, 1, Sq, Sk), no mask, all keys in one run */
+    write_text(path("bias.aj"), "attention forward efficient {\n  dtype = f16\n  head_dim = 16\n"
+                                "  bias = add\n}\n");
+    int64_t ks[4] = {B, H, SK, D};
+    CHECK(npy_write_f32(path("ak.npy"), k, 4, ks, err, sizeof err) == NPY_OK);
+    CHECK(npy_write_f32(path("av.npy"), v, 4, ks, err, sizeof err) == NPY_OK);
+    CHECK(npy_write_f32(path("ab.npy"), bias, 4, bs, err, sizeof err) == NPY_OK);
+    snprintf(args, sizeof args, "run '%s' --device sim --in q='%s' --in k='%s' --in v='%s' "
+             "--in bias='%s' --out lse='%s'", path("bias.aj"), path("aq.npy"), path("ak.npy"),
+             path("av.npy"), path("ab.npy"), path("blse.npy"));
+    int rc = run_cli(args, err, sizeof err);
+    CHECK_MSG(rc == 0, "bias run exited %d: %s", rc, err);
+    memset(&p, 0, sizeof p);
+    p.B = B, p.Hq = H, p.Hkv = H, p.Sq = SQ, p.Sk = SK, p.D = D, p.Dv = D;
+    p.bias = bd;
+    p.bias_shape[0] = 1, p.bias_shape[1] = 1, p.bias_shape[2] = SQ, p.bias_shape[3] = SK;
+    ref_forward(&p, qd, kd, vd, o_ref, lse_ref);
+    CHECK(npy_read_f32(path("blse.npy"), &l, err, sizeof err) == NPY_OK);
+    worst = 0;
+    for (size_t i = 0; l.f32 && i < l.count; i++)
+        worst = fmax(worst, fabs(l.f32[i] - lse_ref[i]) / (1e-4 + 1e-5 * fabs(lse_ref[i])));
+    CHECK_MSG(worst <= 1.0, "biased LSE off by %.3g x tolerance", worst);
+    npy_free(&l);
+}
+
 static void test_run_errors(void)
 {
     static const struct {
@@ -168,6 +260,16 @@ static void test_run_errors(void)
          "give --in alibi_slopes"},
         {"run OP --device sim --in q=Q --in k=K --in v=V --in alibi_slopes=S --out o=O", 1,
          "has no alibi"},
+        {"run OP --device sim --in q=Q --in k=K --in v=V --in bias=Q --out o=O", 1,
+         "the op has no bias"},
+        {"run OP --device sim --in q=Q --in k=K --in v=V --in o_acc=Q --out o=O", 1,
+         "does not accumulate"},
+        {"run OP --device sim --in q=Q --in k=K --in v=V --out o_acc=O", 1,
+         "only ops with accumulate = true write one"},
+        {"run ACC --device sim --in q=Q --in k=K --in v=V --out o=O", 1,
+         "give the prior result"},
+        {"run OP --device sim --in q=Q --in k=K --in v=V --out o=O --seed -3", 1,
+         "--seed takes a non-negative integer"},
     };
     /* the files the cases name */
     char err[2048];
@@ -175,6 +277,8 @@ static void test_run_errors(void)
     write_text(path("alibi.aj"), "attention forward efficient {\n dtype = f16\n head_dim = 16\n"
                                  " score_mod = alibi\n}\n");
     write_text(path("op16.aj"), "attention forward efficient {\n dtype = f16\n head_dim = 16\n}\n");
+    write_text(path("acc16.aj"), "attention forward efficient {\n dtype = f16\n head_dim = 16\n"
+                                 " accumulate = true\n}\n");
     static float zeros[2 * 2 * 8 * 32];
     int64_t s16[4] = {1, 2, 8, 16}, s32[4] = {1, 2, 8, 32}, s3[3] = {2, 8, 16}, sh[1] = {2};
     npy_write_f32(path("q16.npy"), zeros, 4, s16, err, sizeof err);
@@ -195,6 +299,7 @@ static void test_run_errors(void)
             if (strcmp(word, "OP") == 0) sub = path("op16.aj");
             else if (strcmp(word, "BWD") == 0) sub = path("bwd.aj");
             else if (strcmp(word, "ALIBI") == 0) sub = path("alibi.aj");
+            else if (strcmp(word, "ACC") == 0) sub = path("acc16.aj");
             else if (strcmp(word, "Q") == 0 || strcmp(word, "K") == 0 || strcmp(word, "V") == 0)
                 sub = path("q16.npy");
             else if (strcmp(word, "K32") == 0) sub = path("k32.npy");
@@ -239,6 +344,7 @@ int main(int argc, char **argv)
         return 2;
     }
     test_run_matches_reference();
+    test_accumulate_and_bias();
     test_run_errors();
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);

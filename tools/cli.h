@@ -44,8 +44,10 @@ int cli_check(aj_ctx *ctx, int argc, char **argv);
 typedef struct cli_run_opts {
     const char *spec;
     aj_device_kind device;
-    const char *path[6];       /* q, k, v, alibi_slopes, o, lse */
+    /* files by tensor: q, k, v, alibi_slopes, bias, o, lse, o_acc */
+    const char *in[8], *out[8];
     int64_t q_offset, kv_offset, sq_total, sk_total;
+    uint64_t seed, offset;
     int workers;
     int no_cache;
 } cli_run_opts;

@@ -3,12 +3,15 @@
  * read from .npy files, write the results as .npy.
  *
  *   attnjit run SPEC --device sim|cuda --in q=q.npy --in k=k.npy --in v=v.npy
- *       [--in alibi_slopes=s.npy] --out o=o.npy [--out lse=lse.npy]
- *       [--q-offset N] [--kv-offset N] [--sq-total N] [--sk-total N] [--workers N]
- *       [--no-cache]
+ *       [--in alibi_slopes=s.npy] [--in bias=b.npy] --out o=o.npy [--out lse=lse.npy]
+ *       [--q-offset N] [--kv-offset N] [--sq-total N] [--sk-total N]
+ *       [--seed N] [--offset N] [--workers N] [--no-cache]
+ *
+ * Ops with accumulate = true read a prior result and write the merged one:
+ *       --in o_acc=prior_o.npy --in lse=prior_lse.npy --out o_acc=F --out lse=F
  *
  * Inputs are BHSD (B, H, S, D) arrays of f32 or f16 (f8 is accepted too),
- * converted to the op's dtype; outputs are written as f32.
+ * converted to the op's dtype (o_acc and lse stay f32); outputs are f32.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -19,13 +22,17 @@
 #include "tools/cli.h"
 #include "tools/npy.h"
 
-enum { T_Q, T_K, T_V, T_ALIBI, T_O, T_LSE, T_COUNT };
-static const char *const tensor_names[T_COUNT] = {"q", "k", "v", "alibi_slopes", "o", "lse"};
-static const int tensor_is_input[T_COUNT] = {1, 1, 1, 1, 0, 0};
+enum { T_Q, T_K, T_V, T_ALIBI, T_BIAS, T_O, T_LSE, T_O_ACC, T_COUNT };
+static const char *const tensor_names[T_COUNT] = {"q", "k", "v", "alibi_slopes", "bias",
+                                                  "o", "lse", "o_acc"};
+/* what each tensor may be given as; which of these an op needs is checked
+ * once the op is known */
+static const int may_be_input[T_COUNT] = {1, 1, 1, 1, 1, 0, 1, 1};
+static const int may_be_output[T_COUNT] = {0, 0, 0, 0, 0, 1, 1, 1};
 
 typedef cli_run_opts run_opts;
-_Static_assert(sizeof ((run_opts *)0)->path / sizeof(char *) == T_COUNT,
-               "cli_run_opts.path must hold every tensor");
+_Static_assert(sizeof ((run_opts *)0)->in / sizeof(char *) == T_COUNT,
+               "cli_run_opts.in must hold every tensor");
 
 static int parse_i64(const char *flag, const char *s, int64_t *out)
 {
@@ -34,6 +41,17 @@ static int parse_i64(const char *flag, const char *s, int64_t *out)
     long long v = strtoll(s, &end, 10);
     if (errno || end == s || *end)
         return cli_usage("%s takes an integer", flag);
+    *out = v;
+    return CLI_EXIT_OK;
+}
+
+static int parse_u64(const char *flag, const char *s, uint64_t *out)
+{
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno || end == s || *end || s[0] == '-')
+        return cli_usage("%s takes a non-negative integer", flag);
     *out = v;
     return CLI_EXIT_OK;
 }
@@ -48,21 +66,22 @@ static int parse_binding(const char *flag, const char *arg, int want_input, run_
         if (strlen(tensor_names[t]) != (size_t)(eq - arg) ||
             strncmp(tensor_names[t], arg, (size_t)(eq - arg)) != 0)
             continue;
-        if (tensor_is_input[t] != want_input) {
-            fprintf(stderr, "attnjit: '%s' is %s of a forward op, not %s\n",
-                    tensor_names[t], tensor_is_input[t] ? "an input" : "an output",
-                    want_input ? "an input" : "an output");
+        if (!(want_input ? may_be_input[t] : may_be_output[t])) {
+            fprintf(stderr, "attnjit: '%s' is %s of a forward op, not %s\n", tensor_names[t],
+                    want_input ? "an output" : "an input", want_input ? "an input" : "an output");
             return CLI_EXIT_USAGE;
         }
-        if (o->path[t]) {
-            fprintf(stderr, "attnjit: %s given twice\n", tensor_names[t]);
+        const char **slot = want_input ? &o->in[t] : &o->out[t];
+        if (*slot) {
+            fprintf(stderr, "attnjit: %s %s given twice\n", flag, tensor_names[t]);
             return CLI_EXIT_USAGE;
         }
-        o->path[t] = eq + 1;
+        *slot = eq + 1;
         return CLI_EXIT_OK;
     }
-    fprintf(stderr, "attnjit: unknown tensor '%.*s' (forward takes q, k, v, alibi_slopes and "
-            "gives o, lse)\n", (int)(eq - arg), arg);
+    fprintf(stderr, "attnjit: unknown tensor '%.*s' (forward takes q, k, v, alibi_slopes, "
+            "bias, and for accumulate o_acc and lse; it gives o, lse, o_acc)\n",
+            (int)(eq - arg), arg);
     return CLI_EXIT_USAGE;
 }
 
@@ -105,6 +124,10 @@ int cli_parse_run_args(int argc, char **argv, run_opts *o)
             rc = parse_i64(a, v, &o->sq_total);
         } else if (strcmp(a, "--sk-total") == 0) {
             rc = parse_i64(a, v, &o->sk_total);
+        } else if (strcmp(a, "--seed") == 0) {
+            rc = parse_u64(a, v, &o->seed);
+        } else if (strcmp(a, "--offset") == 0) {
+            rc = parse_u64(a, v, &o->offset);
         } else if (strcmp(a, "--workers") == 0) {
             int64_t w;
             rc = parse_i64(a, v, &w);
@@ -122,12 +145,12 @@ int cli_parse_run_args(int argc, char **argv, run_opts *o)
     if (o->device == AJ_DEVICE_KIND_COUNT)
         return cli_usage("run needs --device (sim or cuda)%s", "");
     for (int t = T_Q; t <= T_V; t++)
-        if (!o->path[t]) {
+        if (!o->in[t]) {
             fprintf(stderr, "attnjit: run needs --in %s=FILE\n", tensor_names[t]);
             return CLI_EXIT_USAGE;
         }
-    if (!o->path[T_O] && !o->path[T_LSE])
-        return cli_usage("run needs at least one --out (o=FILE or lse=FILE)%s", "");
+    if (!o->out[T_O] && !o->out[T_LSE] && !o->out[T_O_ACC])
+        return cli_usage("run needs at least one --out (o=FILE, lse=FILE or o_acc=FILE)%s", "");
     return CLI_EXIT_OK;
 }
 
@@ -222,6 +245,40 @@ static double now_ms(void)
     return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
 }
 
+/* The tensors this op needs given, and no others; a message if not. */
+static int check_op_tensors(const aj_op_info *info, const run_opts *o)
+{
+    struct rule {
+        int needed, given;
+        const char *need, *refuse;
+    } rules[] = {
+        {info->score_mod == AJ_SCORE_MOD_ALIBI, o->in[T_ALIBI] != NULL,
+         "the op uses alibi: give --in alibi_slopes=FILE (f32, H)",
+         "--in alibi_slopes given, but the op has no alibi"},
+        {info->bias == AJ_BIAS_ADD, o->in[T_BIAS] != NULL,
+         "the op adds a bias: give --in bias=FILE (B or 1, H or 1, Sq, Sk)",
+         "--in bias given, but the op has no bias"},
+        {info->accumulate, o->in[T_O_ACC] != NULL,
+         "the op accumulates: give the prior result as --in o_acc=FILE --in lse=FILE",
+         "--in o_acc given, but the op does not accumulate (accumulate = false)"},
+        {info->accumulate, o->in[T_LSE] != NULL,
+         "the op accumulates: give the prior result as --in o_acc=FILE --in lse=FILE",
+         "--in lse is a prior result: only ops with accumulate = true read one"},
+        {!info->accumulate, o->out[T_O] != NULL, "",
+         "an accumulate op writes its output to o_acc: use --out o_acc=FILE, not --out o"},
+        {info->accumulate, o->out[T_O_ACC] != NULL, "",
+         "--out o_acc: only ops with accumulate = true write one"},
+    };
+    for (size_t i = 0; i < sizeof rules / sizeof rules[0]; i++) {
+        const struct rule *r = &rules[i];
+        if (r->given == r->needed || (!r->given && !r->need[0]))
+            continue;
+        fprintf(stderr, "attnjit: %s\n", r->given ? r->refuse : r->need);
+        return CLI_EXIT_USAGE;
+    }
+    return CLI_EXIT_OK;
+}
+
 /* ---------------------------------------------------------------- command */
 
 int cli_run(aj_ctx *ctx, int argc, char **argv)
@@ -258,26 +315,26 @@ int cli_run(aj_ctx *ctx, int argc, char **argv)
     }
 
     static const aj_dtype f32 = AJ_DTYPE_F32;
+    rc = check_op_tensors(&info, &o);
     for (int t = T_Q; t <= T_V && rc == CLI_EXIT_OK; t++)
-        rc = load_input(tensor_names[t], o.path[t], 4, info.dtype, &buf[t]);
-    if (rc == CLI_EXIT_OK && info.score_mod == AJ_SCORE_MOD_ALIBI) {
-        if (!o.path[T_ALIBI]) {
-            fprintf(stderr, "attnjit: the op uses alibi: give --in alibi_slopes=FILE (f32, H)\n");
-            rc = CLI_EXIT_USAGE;
-        } else {
-            rc = load_input("alibi_slopes", o.path[T_ALIBI], 1, f32, &buf[T_ALIBI]);
-        }
-    } else if (rc == CLI_EXIT_OK && o.path[T_ALIBI]) {
-        fprintf(stderr, "attnjit: --in alibi_slopes given, but the op has no alibi\n");
-        rc = CLI_EXIT_USAGE;
-    }
+        rc = load_input(tensor_names[t], o.in[t], 4, info.dtype, &buf[t]);
+    if (rc == CLI_EXIT_OK && o.in[T_ALIBI])
+        rc = load_input("alibi_slopes", o.in[T_ALIBI], 1, f32, &buf[T_ALIBI]);
+    if (rc == CLI_EXIT_OK && o.in[T_BIAS])
+        rc = load_input("bias", o.in[T_BIAS], 4, info.dtype, &buf[T_BIAS]);
     if (rc != CLI_EXIT_OK)
         goto done;
     const aj_tensor *q = &buf[T_Q].t, *v = &buf[T_V].t;
     int64_t o_shape[4] = {q->shape[0], q->shape[1], q->shape[2], v->shape[3]};
-    rc = alloc_tensor(&buf[T_O], info.dtype, 4, o_shape);
-    if (rc == CLI_EXIT_OK)
-        rc = alloc_tensor(&buf[T_LSE], f32, 3, o_shape);
+    if (info.accumulate) {   /* the prior result, overwritten in place */
+        rc = load_input("o_acc", o.in[T_O_ACC], 4, f32, &buf[T_O_ACC]);
+        if (rc == CLI_EXIT_OK)
+            rc = load_input("lse", o.in[T_LSE], 3, f32, &buf[T_LSE]);
+    } else {
+        rc = alloc_tensor(&buf[T_O], info.dtype, 4, o_shape);
+        if (rc == CLI_EXIT_OK)
+            rc = alloc_tensor(&buf[T_LSE], f32, 3, o_shape);
+    }
     if (rc != CLI_EXIT_OK)
         goto done;
 
@@ -303,6 +360,10 @@ int cli_run(aj_ctx *ctx, int argc, char **argv)
     a.o = on_device[T_O];
     a.lse = on_device[T_LSE];
     a.alibi_slopes = on_device[T_ALIBI];
+    a.bias = on_device[T_BIAS];
+    a.o_acc = on_device[T_O_ACC];
+    a.seed = o.seed;
+    a.offset = o.offset;
     a.q_offset = o.q_offset;
     a.kv_offset = o.kv_offset;
     a.sq_total = o.sq_total;
@@ -315,17 +376,18 @@ int cli_run(aj_ctx *ctx, int argc, char **argv)
             st = aj_device_synchronize(dev, NULL);
         run_ms = now_ms() - t1;
     }
-    for (int t = T_O; t <= T_LSE && st == AJ_OK; t++)
-        st = aj_device_copy_from(dev, buf[t].mem, device_mem[t], bytes[t]);
+    for (int t = T_O; t <= T_O_ACC && st == AJ_OK; t++)
+        if (device_mem[t])
+            st = aj_device_copy_from(dev, buf[t].mem, device_mem[t], bytes[t]);
     for (int t = 0; t < T_COUNT; t++)
         aj_device_free(dev, device_mem[t]);
     if (st != AJ_OK) {
         rc = cli_report(ctx, st);
         goto done;
     }
-    for (int t = T_O; t <= T_LSE && rc == CLI_EXIT_OK; t++)
-        if (o.path[t])
-            rc = write_output(tensor_names[t], o.path[t], &buf[t]);
+    for (int t = T_O; t <= T_O_ACC && rc == CLI_EXIT_OK; t++)
+        if (o.out[t])
+            rc = write_output(tensor_names[t], o.out[t], &buf[t]);
     fprintf(stderr, "attnjit: %s on %s: compile %.1f ms, run %.1f ms", aj_kernel_entry(kernel),
             aj_device_name(dev), compiled - t0, run_ms);
     if (o.device == AJ_DEVICE_SIM)
