@@ -1,14 +1,17 @@
 /*
  * codegen.h -- the compile pipeline and the compiled-kernel object.
  *
- *   op ──► build (template writes the kernel with aj_kb) ──► verify
+ *   op ──► build (template writes its kernels with aj_kb) ──► verify
  *      ──► optimize (default<On> on the target machine) ──► verify
  *      ──► emit (PTX | LLVM IR text | bitcode) ──► aj_kernel
  *
  * aj_codegen_run() calls the stages in this order; with the options'
  * dump_after set to a stage name, the module after that stage goes to the
  * log callback at AJ_LOG_DEBUG.  Nothing here knows which template is used:
- * the caller passes the build step as a function.
+ * the caller passes the build step as a function.  A template may write
+ * several kernels ("stages", launched in order) into the one module; each
+ * gets its annotations (nvptx) or host entry (sim) and its own launch
+ * contract in the aj_kernel.
  */
 #ifndef AJ_CODEGEN_CODEGEN_H
 #define AJ_CODEGEN_CODEGEN_H
@@ -21,15 +24,9 @@
 #include "codegen/kbuilder.h"
 #include "ir/op.h"
 
-/* What a template tells the pipeline besides the module it built. */
-typedef struct aj_kernel_layout {
-    aj_grid_dim grid[3];
-    aj_schedule schedule;    /* resolved, no zero fields */
-} aj_kernel_layout;
-
-/* The build stage: writes one kernel into kb and fills the layout. */
-typedef aj_status (*aj_build_fn)(aj_kb *kb, const aj_op *op, void *user,
-                                 aj_kernel_layout *layout);
+/* The build stage: writes the kernels (one or more stages, each closed
+ * by aj_kb_finish with its layout) into kb. */
+typedef aj_status (*aj_build_fn)(aj_kb *kb, const aj_op *op, void *user);
 
 /* A host function the sim target's JIT binds a symbol to. */
 typedef struct aj_host_symbol {
@@ -64,36 +61,43 @@ void aj_nvptx_annotate_kernel(LLVMModuleRef mod, LLVMValueRef fn,
 
 /* sim target (sim.c) */
 aj_status aj_sim_target_machine(aj_ctx *ctx, int opt_level, LLVMTargetMachineRef *out);
-void aj_sim_add_entry(aj_kb *kb, const char *entry_name);
+/* Adds <stage entry>.entry, the emulator's way into a stage's kernel. */
+void aj_sim_add_entry(aj_kb *kb, const aj_kb_stage *stage);
 void aj_sim_count_instructions(LLVMModuleRef mod);
+/* JIT-compiles mod and fills each of the kernel's stages' host_entry. */
 aj_status aj_sim_jit(aj_ctx *ctx, LLVMOrcThreadSafeContextRef tsctx, LLVMModuleRef mod,
-                     const char *entry_name, const aj_host_symbol *symbols,
-                     size_t nsymbols, aj_kernel *kernel);
+                     const aj_host_symbol *symbols, size_t nsymbols, aj_kernel *kernel);
 void aj_sim_jit_dispose(void *jit);
+
+/* One kernel of a compiled module, launched in stage order. */
+typedef struct aj_kernel_stage {
+    char entry[128];
+    aj_launch_info launch;
+    aj_param_info params[AJ_KB_MAX_PARAMS];
+    char param_names[AJ_KB_MAX_PARAMS][32];
+    aj_host_entry_fn host_entry; /* sim: <entry>.entry */
+} aj_kernel_stage;
 
 /* the kernel object (kernel.c); shared by reference count with the cache */
 struct aj_kernel {
     atomic_int refs;
     aj_target target;
     aj_emit emit;
-    char *entry;
     char *code;              /* NUL-terminated even for bitcode */
     size_t code_size;
     uint64_t code_hash;      /* XXH3-64 of code: tells loaded modules apart */
-    aj_launch_info launch;
+    int num_stages;          /* >= 1 */
+    aj_kernel_stage *stages;
     aj_compile_stats stats;
-    aj_param_info *params;
-    char (*param_names)[32];
     aj_op_info op;               /* what the kernel computes, for launches */
     void *jit;                   /* sim: the LLJIT that owns the code */
-    aj_host_entry_fn host_entry; /* sim: <entry>.entry */
 };
 
-/* Makes a kernel that owns a copy of code and of kb's parameter list. */
-aj_status aj_kernel_new(aj_ctx *ctx, const aj_kb *kb, const char *entry,
+/* Makes a kernel that owns a copy of code and of the stages' launch
+ * contracts. */
+aj_status aj_kernel_new(aj_ctx *ctx, const aj_kb_stage *stages, int num_stages,
                         aj_target target, aj_emit emit, const void *code,
-                        size_t code_size, const aj_kernel_layout *layout,
-                        aj_kernel **out);
+                        size_t code_size, aj_kernel **out);
 
 /* Adds a reference (released by aj_kernel_destroy). */
 aj_kernel *aj_kernel_retain(aj_kernel *kernel);

@@ -90,6 +90,20 @@ static LLVMTypeRef param_llvm_type(aj_kb *kb, aj_param_type type)
 
 void aj_kb_begin(aj_kb *kb, int32_t threads)
 {
+    aj_kb_begin_stage(kb, NULL, threads);
+}
+
+void aj_kb_begin_stage(aj_kb *kb, const char *stage_name, int32_t threads)
+{
+    if (kb->num_stages == AJ_KB_MAX_STAGES) {
+        aj_kb_fail(kb, AJ_ERR_INTERNAL, "a module holds at most %d kernels", AJ_KB_MAX_STAGES);
+        return;
+    }
+    aj_kb_stage *stage = &kb->stages[kb->num_stages];
+    if (stage_name)
+        snprintf(stage->entry, sizeof stage->entry, "%s_%s", kb->entry_name, stage_name);
+    else
+        snprintf(stage->entry, sizeof stage->entry, "%s", kb->entry_name);
     LLVMTypeRef types[AJ_KB_MAX_PARAMS + 1];
     int hidden = kb->target == AJ_TARGET_SIM;   /* the sim thread state */
     if (hidden)
@@ -98,7 +112,7 @@ void aj_kb_begin(aj_kb *kb, int32_t threads)
         types[hidden + i] = param_llvm_type(kb, kb->params[i].type);
     LLVMTypeRef fty = LLVMFunctionType(kb->t_void, types,
                                        (unsigned)(kb->num_params + hidden), 0);
-    kb->fn = LLVMAddFunction(kb->mod, kb->entry_name, fty);
+    kb->fn = LLVMAddFunction(kb->mod, stage->entry, fty);
     kb->block_threads = threads;
     if (kb->min_ctas_per_sm < 1)
         kb->min_ctas_per_sm = 1;
@@ -123,11 +137,32 @@ void aj_kb_begin(aj_kb *kb, int32_t threads)
         kb->smem_base = aj_kb_intrinsic(kb, AJ_INTR_SIM_SMEM, NULL);
 }
 
-void aj_kb_finish(aj_kb *kb)
+void aj_kb_finish(aj_kb *kb, const aj_kernel_layout *layout)
 {
     if (kb->depth != 0)
         aj_kb_fail(kb, AJ_ERR_INTERNAL, "kernel finished with %d open scopes", kb->depth);
+    if (!kb->fn) {
+        aj_kb_fail(kb, AJ_ERR_INTERNAL, "kernel finished before it began");
+        return;
+    }
     LLVMBuildRetVoid(kb->b);
+    aj_kb_stage *stage = &kb->stages[kb->num_stages++];
+    stage->fn = kb->fn;
+    memcpy(stage->params, kb->params, sizeof stage->params);
+    stage->num_params = kb->num_params;
+    stage->block_threads = kb->block_threads;
+    stage->min_ctas_per_sm = kb->min_ctas_per_sm;
+    stage->dynamic_smem = kb->dynamic_smem;
+    stage->layout = *layout;
+    /* the next kernel starts from nothing: no parameters, no shared memory */
+    kb->fn = NULL;
+    kb->entry = NULL;
+    kb->num_params = 0;
+    kb->dynamic_smem = 0;
+    kb->min_ctas_per_sm = 0;
+    kb->sim_thread = NULL;
+    if (kb->target == AJ_TARGET_SIM)
+        kb->smem_base = NULL;
 }
 
 LLVMValueRef aj_kb_param(aj_kb *kb, const char *name)

@@ -41,10 +41,38 @@ enum { AJ_AS_GENERIC = 0, AJ_AS_GLOBAL = 1, AJ_AS_SHARED = 3 };
 #define AJ_KB_MAX_NEST 32
 #define AJ_KB_MAX_RESULTS 4    /* the most results a table row has */
 
+#define AJ_KB_MAX_STAGES 4   /* kernels one module may hold */
+
 typedef struct aj_kb_param_decl {
     char name[32];
     aj_param_type type;
 } aj_kb_param_decl;
+
+/* How a kernel is launched, besides its parameters and CTA size. */
+typedef struct aj_kernel_layout {
+    aj_grid_dim grid[3];
+    aj_schedule schedule;    /* resolved, no zero fields */
+} aj_kernel_layout;
+
+/*
+ * One kernel of the module, recorded by aj_kb_finish.  An op may need
+ * several kernels run in order (backward: dK/dV, then dQ); each is a
+ * stage with its own entry symbol, parameters and launch shape, and they
+ * share one module, so one compile and one load serve them all:
+ *
+ *   aj_kb_add_param..  aj_kb_begin_stage("dkdv")  body  aj_kb_finish  -> stage 0
+ *   aj_kb_add_param..  aj_kb_begin_stage("dq")    body  aj_kb_finish  -> stage 1
+ */
+typedef struct aj_kb_stage {
+    char entry[128];           /* the kernel's symbol */
+    LLVMValueRef fn;
+    aj_kb_param_decl params[AJ_KB_MAX_PARAMS];
+    int num_params;
+    int32_t block_threads;
+    int32_t min_ctas_per_sm;
+    int32_t dynamic_smem;
+    aj_kernel_layout layout;
+} aj_kb_stage;
 
 typedef struct aj_kb {
     aj_ctx *ctx;
@@ -52,9 +80,9 @@ typedef struct aj_kb {
     LLVMContextRef llctx;
     LLVMModuleRef mod;
     LLVMBuilderRef b;
-    LLVMValueRef fn;
+    LLVMValueRef fn;           /* the kernel being built */
     LLVMBasicBlockRef entry;   /* allocas go here */
-    const char *entry_name;    /* the kernel's symbol, set by the pipeline */
+    const char *entry_name;    /* the module's symbol prefix, set by the pipeline */
 
     /* commonly used types */
     LLVMTypeRef t_void, t_i1, t_i16, t_i32, t_i64, t_f32, t_i8;
@@ -71,6 +99,10 @@ typedef struct aj_kb {
     int32_t min_ctas_per_sm;   /* occupancy the template designs for; >= 1 */
     int32_t dynamic_smem;      /* bytes requested with aj_kb_smem_reserve */
     LLVMValueRef smem_base;
+
+    /* the kernels finished so far, in launch order */
+    aj_kb_stage stages[AJ_KB_MAX_STAGES];
+    int num_stages;
 
     /* structured control flow: a stack of open loops and ifs */
     struct aj_kb_scope {
@@ -96,15 +128,21 @@ LLVMModuleRef aj_kb_take_module(aj_kb *kb);
 aj_status aj_kb_fail(aj_kb *kb, aj_status st, const char *fmt, ...)
     AJ_PRINTF(3, 4);
 
-/* Declares a kernel parameter; all parameters come before aj_kb_begin. */
+/* Declares a parameter of the next kernel; all of them come before
+ * aj_kb_begin / aj_kb_begin_stage. */
 void aj_kb_add_param(aj_kb *kb, const char *name, aj_param_type type);
 /* Creates the kernel function kb->entry_name with the declared parameters
  * and `threads` threads per CTA (the launch bound); positions at entry.
  * On the sim target the function takes the emulator's thread state as a
  * hidden first argument, before the declared parameters. */
 void aj_kb_begin(aj_kb *kb, int32_t threads);
-/* Terminates the kernel (ret void).  All scopes must be closed. */
-void aj_kb_finish(aj_kb *kb);
+/* The same for one kernel of several: its symbol is
+ * "<entry_name>_<stage_name>". */
+void aj_kb_begin_stage(aj_kb *kb, const char *stage_name, int32_t threads);
+/* Terminates the kernel (ret void; all scopes must be closed) and records
+ * it as the next stage with its launch layout; the builder is then ready
+ * for another kernel's parameters. */
+void aj_kb_finish(aj_kb *kb, const aj_kernel_layout *layout);
 /* The value of parameter `name` (declared earlier). */
 LLVMValueRef aj_kb_param(aj_kb *kb, const char *name);
 

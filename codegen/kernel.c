@@ -1,6 +1,7 @@
 /*
  * kernel.c -- the compiled kernel: code plus its launch contract.
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -9,20 +10,35 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
-aj_status aj_kernel_new(aj_ctx *ctx, const aj_kb *kb, const char *entry,
+/* Copies one stage's launch contract; the kernel owns the names. */
+static void stage_from_kb(aj_kernel_stage *ks, const aj_kb_stage *st)
+{
+    snprintf(ks->entry, sizeof ks->entry, "%s", st->entry);
+    for (int i = 0; i < st->num_params; i++) {
+        memcpy(ks->param_names[i], st->params[i].name, sizeof ks->param_names[i]);
+        ks->params[i].name = ks->param_names[i];
+        ks->params[i].type = st->params[i].type;
+    }
+    ks->launch.block[0] = st->block_threads;
+    ks->launch.block[1] = 1;
+    ks->launch.block[2] = 1;
+    memcpy(ks->launch.grid, st->layout.grid, sizeof ks->launch.grid);
+    ks->launch.dynamic_smem = st->dynamic_smem;
+    ks->launch.num_params = st->num_params;
+    ks->launch.params = ks->params;
+    ks->launch.schedule = st->layout.schedule;
+}
+
+aj_status aj_kernel_new(aj_ctx *ctx, const aj_kb_stage *stages, int num_stages,
                         aj_target target, aj_emit emit, const void *code,
-                        size_t code_size, const aj_kernel_layout *layout,
-                        aj_kernel **out)
+                        size_t code_size, aj_kernel **out)
 {
     aj_kernel *k = calloc(1, sizeof *k);
-    int n = kb->num_params;
     if (k) {
-        k->entry = strdup(entry);
         k->code = malloc(code_size + 1);
-        k->params = calloc((size_t)n + 1, sizeof *k->params);
-        k->param_names = calloc((size_t)n + 1, sizeof *k->param_names);
+        k->stages = calloc((size_t)num_stages, sizeof *k->stages);
     }
-    if (!k || !k->entry || !k->code || !k->params || !k->param_names) {
+    if (!k || !k->code || !k->stages) {
         aj_kernel_destroy(k);
         return aj_fail(ctx, AJ_ERR_OUT_OF_MEMORY, "out of memory for the compiled kernel");
     }
@@ -33,19 +49,9 @@ aj_status aj_kernel_new(aj_ctx *ctx, const aj_kb *kb, const char *entry,
     k->code_hash = XXH3_64bits(code, code_size);
     k->target = target;
     k->emit = emit;
-    for (int i = 0; i < n; i++) {
-        memcpy(k->param_names[i], kb->params[i].name, sizeof k->param_names[i]);
-        k->params[i].name = k->param_names[i];
-        k->params[i].type = kb->params[i].type;
-    }
-    k->launch.block[0] = kb->block_threads;
-    k->launch.block[1] = 1;
-    k->launch.block[2] = 1;
-    memcpy(k->launch.grid, layout->grid, sizeof k->launch.grid);
-    k->launch.dynamic_smem = kb->dynamic_smem;
-    k->launch.num_params = n;
-    k->launch.params = k->params;
-    k->launch.schedule = layout->schedule;
+    k->num_stages = num_stages;
+    for (int s = 0; s < num_stages; s++)
+        stage_from_kb(&k->stages[s], &stages[s]);
     *out = k;
     return AJ_OK;
 }
@@ -61,10 +67,8 @@ void aj_kernel_destroy(aj_kernel *kernel)
     if (!kernel || atomic_fetch_sub(&kernel->refs, 1) != 1)
         return;
     aj_sim_jit_dispose(kernel->jit);
-    free(kernel->entry);
     free(kernel->code);
-    free(kernel->params);
-    free(kernel->param_names);
+    free(kernel->stages);
     free(kernel);
 }
 
@@ -92,15 +96,32 @@ aj_target aj_kernel_target(const aj_kernel *kernel)
 
 const char *aj_kernel_entry(const aj_kernel *kernel)
 {
-    return kernel ? kernel->entry : NULL;
+    return aj_kernel_stage_entry(kernel, 0);
 }
 
 aj_status aj_kernel_launch_info(const aj_kernel *kernel, aj_launch_info *out)
 {
-    if (!kernel || !out)
+    return aj_kernel_stage_info(kernel, 0, out);
+}
+
+int32_t aj_kernel_num_stages(const aj_kernel *kernel)
+{
+    return kernel ? kernel->num_stages : 0;
+}
+
+aj_status aj_kernel_stage_info(const aj_kernel *kernel, int32_t stage, aj_launch_info *out)
+{
+    if (!kernel || !out || stage < 0 || stage >= kernel->num_stages)
         return AJ_ERR_INVALID_ARG;
-    *out = kernel->launch;
+    *out = kernel->stages[stage].launch;
     return AJ_OK;
+}
+
+const char *aj_kernel_stage_entry(const aj_kernel *kernel, int32_t stage)
+{
+    if (!kernel || stage < 0 || stage >= kernel->num_stages)
+        return NULL;
+    return kernel->stages[stage].entry;
 }
 
 aj_status aj_kernel_compile_stats(const aj_kernel *kernel, aj_compile_stats *out)
@@ -115,15 +136,21 @@ aj_status aj_kernel_compile_stats(const aj_kernel *kernel, aj_compile_stats *out
 
 /*
  * Layout (native byte order; the cache key pins the attnjit and LLVM
- * versions, and the header below pins the struct sizes):
+ * versions, and the header below pins the format and the struct sizes):
  *
- *   u32 sizeof(aj_op_info)  u32 sizeof(aj_launch_info)  u32 target  u32 emit
- *   str entry   aj_op_info   i32 block[3]   {i32 extent, i32 per_block}[3]
- *   i32 dynamic_smem   aj_schedule   i32 num_params   {str name, u32 type}*
+ *   u32 KERNEL_FORMAT  u32 sizeof(aj_op_info)  u32 sizeof(aj_launch_info)
+ *   u32 target  u32 emit  aj_op_info  i32 num_stages  stage*
  *   u64 code_size   code
  *
- * where str is u32 length + bytes.
+ * with, per stage,
+ *
+ *   str entry   i32 block[3]   {i32 extent, i32 per_block}[3]
+ *   i32 dynamic_smem   aj_schedule   i32 num_params   {str name, u32 type}*
+ *
+ * where str is u32 length + bytes.  Format 2 added the stages.
  */
+#define KERNEL_FORMAT 2u
+
 typedef struct byte_writer {
     uint8_t *buf;
     size_t len, cap;
@@ -164,20 +191,25 @@ aj_status aj_kernel_serialize(aj_ctx *ctx, const aj_kernel *k, uint8_t **out, si
     if (k->jit)
         return aj_fail(ctx, AJ_ERR_INVALID_ARG, "sim kernels have no byte form");
     byte_writer w = {0};
+    put_u32(&w, KERNEL_FORMAT);
     put_u32(&w, sizeof(aj_op_info));
     put_u32(&w, sizeof(aj_launch_info));
     put_u32(&w, (uint32_t)k->target);
     put_u32(&w, (uint32_t)k->emit);
-    put_str(&w, k->entry);
     put(&w, &k->op, sizeof k->op);
-    put(&w, k->launch.block, sizeof k->launch.block);
-    put(&w, k->launch.grid, sizeof k->launch.grid);
-    put(&w, &k->launch.dynamic_smem, 4);
-    put(&w, &k->launch.schedule, sizeof k->launch.schedule);
-    put(&w, &k->launch.num_params, 4);
-    for (int i = 0; i < k->launch.num_params; i++) {
-        put_str(&w, k->params[i].name);
-        put_u32(&w, (uint32_t)k->params[i].type);
+    put(&w, &k->num_stages, 4);
+    for (int s = 0; s < k->num_stages; s++) {
+        const aj_kernel_stage *ks = &k->stages[s];
+        put_str(&w, ks->entry);
+        put(&w, ks->launch.block, sizeof ks->launch.block);
+        put(&w, ks->launch.grid, sizeof ks->launch.grid);
+        put(&w, &ks->launch.dynamic_smem, 4);
+        put(&w, &ks->launch.schedule, sizeof ks->launch.schedule);
+        put(&w, &ks->launch.num_params, 4);
+        for (int i = 0; i < ks->launch.num_params; i++) {
+            put_str(&w, ks->params[i].name);
+            put_u32(&w, (uint32_t)ks->params[i].type);
+        }
     }
     uint64_t n = k->code_size;
     put(&w, &n, 8);
@@ -224,43 +256,52 @@ static void get_str(byte_reader *r, char *dst, size_t cap)
     dst[r->failed ? 0 : n] = '\0';
 }
 
+/* One stage's launch contract, in the form aj_kernel_new takes. */
+static void get_stage(byte_reader *r, aj_kb_stage *st)
+{
+    get_str(r, st->entry, sizeof st->entry);
+    get(r, &st->block_threads, 4);
+    int32_t unused_block[2];
+    get(r, unused_block, sizeof unused_block);
+    get(r, st->layout.grid, sizeof st->layout.grid);
+    get(r, &st->dynamic_smem, 4);
+    get(r, &st->layout.schedule, sizeof st->layout.schedule);
+    get(r, &st->num_params, 4);
+    if (st->num_params < 0 || st->num_params > AJ_KB_MAX_PARAMS)
+        r->failed = 1;
+    for (int i = 0; i < st->num_params && !r->failed; i++) {
+        get_str(r, st->params[i].name, sizeof st->params[i].name);
+        st->params[i].type = (aj_param_type)get_u32(r);
+        if ((unsigned)st->params[i].type >= AJ_PARAM_COUNT)
+            r->failed = 1;
+    }
+}
+
 aj_status aj_kernel_deserialize(aj_ctx *ctx, const uint8_t *data, size_t size,
                                 aj_kernel **out)
 {
     byte_reader r = {data, data + size, 0};
-    aj_kb kb;   /* carries the parameter list into aj_kernel_new */
-    memset(&kb, 0, sizeof kb);
-    char entry[128];
+    aj_kb_stage stages[AJ_KB_MAX_STAGES];
+    memset(stages, 0, sizeof stages);
     aj_op_info op;
-    aj_kernel_layout layout;
-    memset(&layout, 0, sizeof layout);
-    if (get_u32(&r) != sizeof(aj_op_info) || get_u32(&r) != sizeof(aj_launch_info))
+    if (get_u32(&r) != KERNEL_FORMAT || get_u32(&r) != sizeof(aj_op_info) ||
+        get_u32(&r) != sizeof(aj_launch_info))
         r.failed = 1;
     aj_target target = (aj_target)get_u32(&r);
     aj_emit emit = (aj_emit)get_u32(&r);
-    get_str(&r, entry, sizeof entry);
     get(&r, &op, sizeof op);
-    get(&r, &kb.block_threads, 4);
-    int32_t unused_block[2];
-    get(&r, unused_block, sizeof unused_block);
-    get(&r, layout.grid, sizeof layout.grid);
-    get(&r, &kb.dynamic_smem, 4);
-    get(&r, &layout.schedule, sizeof layout.schedule);
-    get(&r, &kb.num_params, 4);
-    if (kb.num_params < 0 || kb.num_params > AJ_KB_MAX_PARAMS)
+    int32_t num_stages = 0;
+    get(&r, &num_stages, 4);
+    if (num_stages < 1 || num_stages > AJ_KB_MAX_STAGES)
         r.failed = 1;
-    for (int i = 0; i < kb.num_params && !r.failed; i++) {
-        get_str(&r, kb.params[i].name, sizeof kb.params[i].name);
-        kb.params[i].type = (aj_param_type)get_u32(&r);
-        if ((unsigned)kb.params[i].type >= AJ_PARAM_COUNT)
-            r.failed = 1;
-    }
+    for (int s = 0; s < num_stages && !r.failed; s++)
+        get_stage(&r, &stages[s]);
     uint64_t code_size = 0;
     get(&r, &code_size, 8);
     if (r.failed || code_size != (uint64_t)(r.end - r.p) || (unsigned)target >= AJ_TARGET_COUNT ||
         (unsigned)emit >= AJ_EMIT_COUNT)
         return aj_fail(ctx, AJ_ERR_IO, "not a kernel of this attnjit build");
-    aj_status st = aj_kernel_new(ctx, &kb, entry, target, emit, r.p, (size_t)code_size, &layout,
+    aj_status st = aj_kernel_new(ctx, stages, num_stages, target, emit, r.p, (size_t)code_size,
                                  out);
     if (st == AJ_OK)
         (*out)->op = op;

@@ -145,13 +145,11 @@ aj_status aj_codegen_run(aj_ctx *ctx, const aj_op *op,
     LLVMTargetMachineRef tm = NULL;
     LLVMTargetDataRef layout_data = NULL;
     aj_kb kb;
-    aj_kernel_layout layout;
     aj_kernel *kernel = NULL;
     char *code = NULL;
     size_t code_size = 0;
     aj_compile_stats stats;
     double t0 = now_ms(), t1;
-    memset(&layout, 0, sizeof layout);
     memset(&stats, 0, sizeof stats);
     aj_kb_init(&kb, ctx, llctx, options->target, entry_name);
     kb.entry_name = entry_name;
@@ -174,18 +172,24 @@ aj_status aj_codegen_run(aj_ctx *ctx, const aj_op *op,
     LLVMSetModuleDataLayout(kb.mod, layout_data);
 
     /* stage: build */
-    st = build(&kb, op, user, &layout);
+    st = build(&kb, op, user);
     if (st == AJ_OK && kb.st != AJ_OK)
         st = kb.st;
+    if (st == AJ_OK && (kb.num_stages == 0 || kb.fn))
+        st = aj_kb_fail(&kb, AJ_ERR_INTERNAL, "the template left a kernel unfinished");
     if (st != AJ_OK) {
         if (kb.st != AJ_OK)
             aj_fail(ctx, kb.st, "%s", kb.msg);
         goto done;
     }
-    if (sim)
-        aj_sim_add_entry(&kb, entry_name);
-    else
-        aj_nvptx_annotate_kernel(kb.mod, kb.fn, kb.block_threads, kb.min_ctas_per_sm);
+    for (int i = 0; i < kb.num_stages; i++) {
+        const aj_kb_stage *stage = &kb.stages[i];
+        if (sim)
+            aj_sim_add_entry(&kb, stage);
+        else
+            aj_nvptx_annotate_kernel(kb.mod, stage->fn, stage->block_threads,
+                                     stage->min_ctas_per_sm);
+    }
     t1 = now_ms();
     stats.build_ms = t1 - t0;
     dump_stage(ctx, options, "build", kb.mod);
@@ -210,10 +214,10 @@ aj_status aj_codegen_run(aj_ctx *ctx, const aj_op *op,
     /* stage: emit (sim: also JIT-compile for the host) */
     t0 = now_ms();
     AJ_TRY(emit(ctx, kb.mod, tm, options->emit, &code, &code_size));
-    AJ_TRY(aj_kernel_new(ctx, &kb, entry_name, options->target, options->emit,
-                         code, code_size, &layout, &kernel));
+    AJ_TRY(aj_kernel_new(ctx, kb.stages, kb.num_stages, options->target, options->emit,
+                         code, code_size, &kernel));
     if (sim)
-        AJ_TRY(aj_sim_jit(ctx, tsctx, aj_kb_take_module(&kb), entry_name, host_symbols,
+        AJ_TRY(aj_sim_jit(ctx, tsctx, aj_kb_take_module(&kb), host_symbols,
                           num_host_symbols, kernel));
     stats.emit_ms = now_ms() - t0;
     kernel->stats = stats;

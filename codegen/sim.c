@@ -61,28 +61,28 @@ aj_status aj_sim_target_machine(aj_ctx *ctx, int opt_level, LLVMTargetMachineRef
 }
 
 /* Adds `void <entry>.entry(ptr thread, ptr args)` that unpacks args. */
-void aj_sim_add_entry(aj_kb *kb, const char *entry_name)
+void aj_sim_add_entry(aj_kb *kb, const aj_kb_stage *stage)
 {
     LLVMTypeRef params[2] = {kb->t_ptr, kb->t_ptr};
     LLVMTypeRef fty = LLVMFunctionType(kb->t_void, params, 2, 0);
-    char name[128];
-    snprintf(name, sizeof name, "%s.entry", entry_name);
+    char name[160];
+    snprintf(name, sizeof name, "%s.entry", stage->entry);
     LLVMValueRef fn = LLVMAddFunction(kb->mod, name, fty);
     LLVMBuilderRef b = LLVMCreateBuilderInContext(kb->llctx);
     LLVMPositionBuilderAtEnd(b, LLVMAppendBasicBlockInContext(kb->llctx, fn, "entry"));
     LLVMValueRef args[AJ_KB_MAX_PARAMS + 1];
     args[0] = LLVMGetParam(fn, 0);
     LLVMValueRef argv = LLVMGetParam(fn, 1);
-    LLVMTypeRef kty = LLVMGlobalGetValueType(kb->fn);
+    LLVMTypeRef kty = LLVMGlobalGetValueType(stage->fn);
     LLVMTypeRef ktypes[AJ_KB_MAX_PARAMS + 1];
     LLVMGetParamTypes(kty, ktypes);
-    for (int i = 0; i < kb->num_params; i++) {
+    for (int i = 0; i < stage->num_params; i++) {
         LLVMValueRef idx = aj_kb_i64(kb, i);
         LLVMValueRef slot = LLVMBuildGEP2(b, kb->t_ptr, argv, &idx, 1, "");
         LLVMValueRef at = LLVMBuildLoad2(b, kb->t_ptr, slot, "");
-        args[i + 1] = LLVMBuildLoad2(b, ktypes[i + 1], at, kb->params[i].name);
+        args[i + 1] = LLVMBuildLoad2(b, ktypes[i + 1], at, stage->params[i].name);
     }
-    LLVMBuildCall2(b, kty, kb->fn, args, (unsigned)kb->num_params + 1, "");
+    LLVMBuildCall2(b, kty, stage->fn, args, (unsigned)stage->num_params + 1, "");
     LLVMBuildRetVoid(b);
     LLVMDisposeBuilder(b);
 }
@@ -126,12 +126,11 @@ static aj_status orc_error(aj_ctx *ctx, LLVMErrorRef err, const char *what)
 
 /*
  * JIT-compiles `mod` (owned by tsctx's context; this call takes it) and
- * resolves <entry>.entry.  The emulator's functions are defined in the JIT
+ * resolves <entry>.entry of every stage.  The emulator's functions are defined in the JIT
  * as absolute symbols, so nothing depends on what the process exports.
  */
 aj_status aj_sim_jit(aj_ctx *ctx, LLVMOrcThreadSafeContextRef tsctx, LLVMModuleRef mod,
-                     const char *entry_name, const aj_host_symbol *symbols, size_t nsymbols,
-                     aj_kernel *kernel)
+                     const aj_host_symbol *symbols, size_t nsymbols, aj_kernel *kernel)
 {
     LLVMOrcLLJITRef jit = NULL;
     LLVMErrorRef err = LLVMOrcCreateLLJIT(&jit, LLVMOrcCreateLLJITBuilder());
@@ -165,16 +164,18 @@ aj_status aj_sim_jit(aj_ctx *ctx, LLVMOrcThreadSafeContextRef tsctx, LLVMModuleR
         LLVMOrcDisposeLLJIT(jit);
         return orc_error(ctx, err, "cannot add the kernel to the sim JIT");
     }
-    char name[128];
-    snprintf(name, sizeof name, "%s.entry", entry_name);
-    LLVMOrcExecutorAddress addr = 0;
-    err = LLVMOrcLLJITLookup(jit, &addr, name);
-    if (err) {
-        LLVMOrcDisposeLLJIT(jit);
-        return orc_error(ctx, err, "sim JIT compilation failed");
+    for (int s = 0; s < kernel->num_stages; s++) {
+        char name[160];
+        snprintf(name, sizeof name, "%s.entry", kernel->stages[s].entry);
+        LLVMOrcExecutorAddress addr = 0;
+        err = LLVMOrcLLJITLookup(jit, &addr, name);
+        if (err) {
+            LLVMOrcDisposeLLJIT(jit);
+            return orc_error(ctx, err, "sim JIT compilation failed");
+        }
+        kernel->stages[s].host_entry = (aj_host_entry_fn)(uintptr_t)addr;
     }
     kernel->jit = jit;
-    kernel->host_entry = (aj_host_entry_fn)(uintptr_t)addr;
     return AJ_OK;
 }
 

@@ -1,5 +1,5 @@
 /*
- * launch.c -- aj_forward and aj_merge: check every argument against the
+ * launch.c -- aj_forward, aj_backward and aj_merge: check every argument against the
  * kernel's op, bind them to the kernel's parameter ABI by name, and run the
  * grid.
  *
@@ -89,59 +89,102 @@ typedef struct fwd_sizes {
     int64_t batch, heads_q, heads_kv, seq_q, seq_k;
 } fwd_sizes;
 
-static aj_status check_forward(aj_ctx *ctx, const aj_op_info *op, const aj_fwd_args *a,
-                               fwd_sizes *sz)
+/* What forward and backward calls share: q, k, v and the sizes they
+ * imply, lengths and grid limits, alibi slopes and the totals.  `fn`
+ * names the call in messages. */
+static aj_status check_qkv(aj_ctx *ctx, const char *fn, const aj_op_info *op,
+                           const aj_tensor *q, const aj_tensor *k, const aj_tensor *v,
+                           const aj_tensor *alibi_slopes, int64_t sq_total, int64_t sk_total,
+                           fwd_sizes *sz)
 {
     aj_status st = AJ_OK;
-    AJ_TRY(check_tensor(ctx, FWD, "q", &a->q, 4, op->dtype, 1));
-    AJ_TRY(check_tensor(ctx, FWD, "k", &a->k, 4, op->dtype, 1));
-    AJ_TRY(check_tensor(ctx, FWD, "v", &a->v, 4, op->dtype, 1));
-    /* the output: o, or the f32 accumulator o_acc of accumulate kernels */
-    const char *out = op->accumulate ? "o_acc" : "o";
-    const aj_tensor *o = op->accumulate ? &a->o_acc : &a->o;
-    AJ_TRY(check_tensor(ctx, FWD, out, o, 4, op->accumulate ? AJ_DTYPE_F32 : op->dtype, 1));
-    AJ_TRY(check_tensor(ctx, FWD, "lse", &a->lse, 3, AJ_DTYPE_F32, 0));
-    sz->batch = a->q.shape[0];
-    sz->heads_q = a->q.shape[1];
-    sz->seq_q = a->q.shape[2];
-    sz->heads_kv = a->k.shape[1];
-    sz->seq_k = a->k.shape[2];
-    AJ_TRY(check_dim(ctx, FWD, "q", 3, a->q.shape[3], op->head_dim, "the op's head_dim"));
-    AJ_TRY(check_dim(ctx, FWD, "k", 0, a->k.shape[0], sz->batch, "q's batch"));
-    AJ_TRY(check_dim(ctx, FWD, "k", 3, a->k.shape[3], op->head_dim, "the op's head_dim"));
-    AJ_TRY(check_dim(ctx, FWD, "v", 0, a->v.shape[0], sz->batch, "q's batch"));
-    AJ_TRY(check_dim(ctx, FWD, "v", 1, a->v.shape[1], sz->heads_kv, "k's heads"));
-    AJ_TRY(check_dim(ctx, FWD, "v", 2, a->v.shape[2], sz->seq_k, "k's length"));
-    AJ_TRY(check_dim(ctx, FWD, "v", 3, a->v.shape[3], op->head_dim_v, "the op's head_dim_v"));
-    AJ_TRY(check_dim(ctx, FWD, out, 0, o->shape[0], sz->batch, "q's batch"));
-    AJ_TRY(check_dim(ctx, FWD, out, 1, o->shape[1], sz->heads_q, "q's heads"));
-    AJ_TRY(check_dim(ctx, FWD, out, 2, o->shape[2], sz->seq_q, "q's length"));
-    AJ_TRY(check_dim(ctx, FWD, out, 3, o->shape[3], op->head_dim_v, "the op's head_dim_v"));
-    AJ_TRY(check_dim(ctx, FWD, "lse", 0, a->lse.shape[0], sz->batch, "q's batch"));
-    AJ_TRY(check_dim(ctx, FWD, "lse", 1, a->lse.shape[1], sz->heads_q, "q's heads"));
-    AJ_TRY(check_dim(ctx, FWD, "lse", 2, a->lse.shape[2], sz->seq_q, "q's length"));
+    AJ_TRY(check_tensor(ctx, fn, "q", q, 4, op->dtype, 1));
+    AJ_TRY(check_tensor(ctx, fn, "k", k, 4, op->dtype, 1));
+    AJ_TRY(check_tensor(ctx, fn, "v", v, 4, op->dtype, 1));
+    sz->batch = q->shape[0];
+    sz->heads_q = q->shape[1];
+    sz->seq_q = q->shape[2];
+    sz->heads_kv = k->shape[1];
+    sz->seq_k = k->shape[2];
+    AJ_TRY(check_dim(ctx, fn, "q", 3, q->shape[3], op->head_dim, "the op's head_dim"));
+    AJ_TRY(check_dim(ctx, fn, "k", 0, k->shape[0], sz->batch, "q's batch"));
+    AJ_TRY(check_dim(ctx, fn, "k", 3, k->shape[3], op->head_dim, "the op's head_dim"));
+    AJ_TRY(check_dim(ctx, fn, "v", 0, v->shape[0], sz->batch, "q's batch"));
+    AJ_TRY(check_dim(ctx, fn, "v", 1, v->shape[1], sz->heads_kv, "k's heads"));
+    AJ_TRY(check_dim(ctx, fn, "v", 2, v->shape[2], sz->seq_k, "k's length"));
+    AJ_TRY(check_dim(ctx, fn, "v", 3, v->shape[3], op->head_dim_v, "the op's head_dim_v"));
     if (sz->heads_kv == 0 ? sz->heads_q != 0 : sz->heads_q % sz->heads_kv != 0) {
-        st = aj_fail(ctx, AJ_ERR_INVALID_ARG, "aj_forward: q has %lld heads and k %lld; the "
-                     "query heads must be a multiple of the key/value heads (GQA)",
+        st = aj_fail(ctx, AJ_ERR_INVALID_ARG, "%s: q has %lld heads and k %lld; the "
+                     "query heads must be a multiple of the key/value heads (GQA)", fn,
                      (long long)sz->heads_q, (long long)sz->heads_kv);
         goto done;
     }
     if (sz->seq_q >= MAX_SEQ || sz->seq_k >= MAX_SEQ) {
-        st = aj_fail(ctx, AJ_ERR_INVALID_ARG, "aj_forward: Sq = %lld, Sk = %lld; lengths must "
-                     "be below 2^30", (long long)sz->seq_q, (long long)sz->seq_k);
+        st = aj_fail(ctx, AJ_ERR_INVALID_ARG, "%s: Sq = %lld, Sk = %lld; lengths must "
+                     "be below 2^30", fn, (long long)sz->seq_q, (long long)sz->seq_k);
         goto done;
     }
     if (sz->batch > MAX_GRID_YZ || sz->heads_q > MAX_GRID_YZ) {
-        st = aj_fail(ctx, AJ_ERR_INVALID_ARG, "aj_forward: batch = %lld, heads = %lld; each "
-                     "must be at most %d", (long long)sz->batch, (long long)sz->heads_q,
+        st = aj_fail(ctx, AJ_ERR_INVALID_ARG, "%s: batch = %lld, heads = %lld; each "
+                     "must be at most %d", fn, (long long)sz->batch, (long long)sz->heads_q,
                      MAX_GRID_YZ);
         goto done;
     }
     if (op->score_mod == AJ_SCORE_MOD_ALIBI) {
-        AJ_TRY(check_tensor(ctx, FWD, "alibi_slopes", &a->alibi_slopes, 1, AJ_DTYPE_F32, 0));
-        AJ_TRY(check_dim(ctx, FWD, "alibi_slopes", 0, a->alibi_slopes.shape[0], sz->heads_q,
+        AJ_TRY(check_tensor(ctx, fn, "alibi_slopes", alibi_slopes, 1, AJ_DTYPE_F32, 0));
+        AJ_TRY(check_dim(ctx, fn, "alibi_slopes", 0, alibi_slopes->shape[0], sz->heads_q,
                          "q's heads"));
     }
+    if (sq_total < 0 || sk_total < 0) {
+        st = aj_fail(ctx, AJ_ERR_INVALID_ARG, "%s: sq_total = %lld, sk_total = %lld; "
+                     "totals are lengths (0: this call's)", fn, (long long)sq_total,
+                     (long long)sk_total);
+        goto done;
+    }
+done:
+    return st;
+}
+
+/* A [B, Hq, Sq, width] tensor of q's sizes (o, do, dq). */
+static aj_status check_rows(aj_ctx *ctx, const char *fn, const char *name, const aj_tensor *t,
+                            aj_dtype dtype, int64_t width, const char *width_what,
+                            const fwd_sizes *sz)
+{
+    aj_status st = AJ_OK;
+    AJ_TRY(check_tensor(ctx, fn, name, t, 4, dtype, 1));
+    AJ_TRY(check_dim(ctx, fn, name, 0, t->shape[0], sz->batch, "q's batch"));
+    AJ_TRY(check_dim(ctx, fn, name, 1, t->shape[1], sz->heads_q, "q's heads"));
+    AJ_TRY(check_dim(ctx, fn, name, 2, t->shape[2], sz->seq_q, "q's length"));
+    AJ_TRY(check_dim(ctx, fn, name, 3, t->shape[3], width, width_what));
+done:
+    return st;
+}
+
+/* lse [B, Hq, Sq] f32 */
+static aj_status check_lse(aj_ctx *ctx, const char *fn, const aj_tensor *lse,
+                           const fwd_sizes *sz)
+{
+    aj_status st = AJ_OK;
+    AJ_TRY(check_tensor(ctx, fn, "lse", lse, 3, AJ_DTYPE_F32, 0));
+    AJ_TRY(check_dim(ctx, fn, "lse", 0, lse->shape[0], sz->batch, "q's batch"));
+    AJ_TRY(check_dim(ctx, fn, "lse", 1, lse->shape[1], sz->heads_q, "q's heads"));
+    AJ_TRY(check_dim(ctx, fn, "lse", 2, lse->shape[2], sz->seq_q, "q's length"));
+done:
+    return st;
+}
+
+static aj_status check_forward(aj_ctx *ctx, const aj_op_info *op, const aj_fwd_args *a,
+                               fwd_sizes *sz)
+{
+    aj_status st = AJ_OK;
+    AJ_TRY(check_qkv(ctx, FWD, op, &a->q, &a->k, &a->v, &a->alibi_slopes, a->sq_total,
+                     a->sk_total, sz));
+    /* the output: o, or the f32 accumulator o_acc of accumulate kernels */
+    const char *out = op->accumulate ? "o_acc" : "o";
+    const aj_tensor *o = op->accumulate ? &a->o_acc : &a->o;
+    AJ_TRY(check_rows(ctx, FWD, out, o, op->accumulate ? AJ_DTYPE_F32 : op->dtype,
+                      op->head_dim_v, "the op's head_dim_v", sz));
+    AJ_TRY(check_lse(ctx, FWD, &a->lse, sz));
     if (op->bias == AJ_BIAS_ADD) {
         AJ_TRY(check_tensor(ctx, FWD, "bias", &a->bias, 4, op->dtype, 0));
         const int64_t full[2] = {sz->batch, sz->heads_q};
@@ -155,12 +198,6 @@ static aj_status check_forward(aj_ctx *ctx, const aj_op_info *op, const aj_fwd_a
         AJ_TRY(check_dim(ctx, FWD, "bias", 2, a->bias.shape[2], sz->seq_q, "q's length"));
         AJ_TRY(check_dim(ctx, FWD, "bias", 3, a->bias.shape[3], sz->seq_k, "k's length"));
     }
-    if (a->sq_total < 0 || a->sk_total < 0) {
-        st = aj_fail(ctx, AJ_ERR_INVALID_ARG, "aj_forward: sq_total = %lld, sk_total = %lld; "
-                     "totals are lengths (0: this call's)", (long long)a->sq_total,
-                     (long long)a->sk_total);
-        goto done;
-    }
 done:
     return st;
 }
@@ -173,11 +210,12 @@ typedef struct binding {
     aj_arg_value value;
 } binding;
 
-static aj_status bind(aj_ctx *ctx, const aj_kernel *kernel, const binding *table, int n,
-                      aj_arg_value *values, void **args)
+/* Fills values / args for stage `stage`'s parameters from the table. */
+static aj_status bind(aj_ctx *ctx, const aj_kernel *kernel, int stage, const binding *table,
+                      int n, aj_arg_value *values, void **args)
 {
     aj_launch_info li;
-    aj_kernel_launch_info(kernel, &li);
+    aj_kernel_stage_info(kernel, stage, &li);
     for (int i = 0; i < li.num_params; i++) {
         const binding *b = NULL;
         for (int j = 0; j < n && !b; j++)
@@ -185,7 +223,7 @@ static aj_status bind(aj_ctx *ctx, const aj_kernel *kernel, const binding *table
                 b = &table[j];
         if (!b || b->type != li.params[i].type)
             return aj_fail(ctx, AJ_ERR_INTERNAL, "kernel %s: no launch value for parameter "
-                           "'%s'", aj_kernel_entry(kernel), li.params[i].name);
+                           "'%s'", aj_kernel_stage_entry(kernel, stage), li.params[i].name);
         values[i] = b->value;
         args[i] = &values[i];
     }
@@ -208,24 +246,25 @@ static int64_t grid_extent(aj_extent e, const fwd_sizes *sz)
     }
 }
 
-/* Runs the bound kernel over the grid its launch info asks for: on the
- * GPU, or on sim with `buffers` as the memory its accesses may touch. */
-static aj_status run_kernel(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
+/* Runs stage `stage` of the bound kernel over the grid its launch info
+ * asks for: on the GPU, or on sim with `buffers` as the memory its
+ * accesses may touch. */
+static aj_status run_kernel(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel, int stage,
                             const fwd_sizes *sz, void **argv, const aj_sim_buffer *buffers,
                             int num_buffers, void *stream)
 {
     aj_launch_info li;
-    aj_kernel_launch_info(kernel, &li);
+    aj_kernel_stage_info(kernel, stage, &li);
     int32_t grid[3];
     for (int d = 0; d < 3; d++) {
         int64_t e = grid_extent(li.grid[d].extent, sz);
         grid[d] = (int32_t)((e + li.grid[d].per_block - 1) / li.grid[d].per_block);
     }
     if (dev->cuda)
-        return aj_cuda_launch(ctx, dev->cuda, kernel, grid, argv, stream);
+        return aj_cuda_launch(ctx, dev->cuda, kernel, stage, grid, argv, stream);
     aj_sim_launch launch = {
-        .kernel_name = aj_kernel_entry(kernel),
-        .entry = kernel->host_entry,
+        .kernel_name = aj_kernel_stage_entry(kernel, stage),
+        .entry = kernel->stages[stage].host_entry,
         .grid = {grid[0], grid[1], grid[2]},
         .block_threads = li.block[0],
         .smem_bytes = li.dynamic_smem,
@@ -303,7 +342,7 @@ aj_status aj_forward(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
     };
     aj_arg_value values[AJ_KB_MAX_PARAMS];
     void *argv[AJ_KB_MAX_PARAMS];
-    st = bind(ctx, kernel, table, (int)(sizeof table / sizeof table[0]), values, argv);
+    st = bind(ctx, kernel, 0, table, (int)(sizeof table / sizeof table[0]), values, argv);
     if (st != AJ_OK)
         return st;
 
@@ -320,7 +359,127 @@ aj_status aj_forward(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
         buffers[nb++] = sim_buffer("alibi_slopes", &a->alibi_slopes, 4);
     if (op->bias == AJ_BIAS_ADD)
         buffers[nb++] = sim_buffer("bias", &a->bias, elem);
-    return run_kernel(ctx, dev, kernel, &sz, argv, buffers, nb, args->stream);
+    return run_kernel(ctx, dev, kernel, 0, &sz, argv, buffers, nb, args->stream);
+}
+
+/* ---------------------------------------------------------------- backward */
+
+#define BWD "aj_backward"
+
+static aj_status check_backward(aj_ctx *ctx, const aj_op_info *op, const aj_bwd_args *a,
+                                fwd_sizes *sz)
+{
+    aj_status st = AJ_OK;
+    AJ_TRY(check_qkv(ctx, BWD, op, &a->q, &a->k, &a->v, &a->alibi_slopes, a->sq_total,
+                     a->sk_total, sz));
+    AJ_TRY(check_rows(ctx, BWD, "o", &a->o, op->dtype, op->head_dim_v, "the op's head_dim_v",
+                      sz));
+    AJ_TRY(check_lse(ctx, BWD, &a->lse, sz));
+    AJ_TRY(check_rows(ctx, BWD, "do", &a->do_, op->dtype, op->head_dim_v,
+                      "the op's head_dim_v", sz));
+    AJ_TRY(check_rows(ctx, BWD, "dq", &a->dq, op->dtype, op->head_dim, "the op's head_dim", sz));
+    /* dk and dv: the shapes of k and v */
+    const char *const names[2] = {"dk", "dv"};
+    const aj_tensor *grads[2] = {&a->dk, &a->dv}, *like[2] = {&a->k, &a->v};
+    const char *const what[2][4] = {
+        {"k's batch", "k's heads", "k's length", "the op's head_dim"},
+        {"v's batch", "v's heads", "v's length", "the op's head_dim_v"}};
+    for (int t = 0; t < 2; t++) {
+        AJ_TRY(check_tensor(ctx, BWD, names[t], grads[t], 4, op->dtype, 1));
+        for (int i = 0; i < 4; i++)
+            AJ_TRY(check_dim(ctx, BWD, names[t], i, grads[t]->shape[i], like[t]->shape[i],
+                             what[t][i]));
+    }
+done:
+    return st;
+}
+
+aj_status aj_backward(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
+                      const aj_bwd_args *args)
+{
+    if (!ctx)
+        return AJ_ERR_INVALID_ARG;
+    AJ_CHECK_ARG(ctx, dev, "aj_backward: dev is NULL");
+    AJ_CHECK_ARG(ctx, kernel, "aj_backward: kernel is NULL");
+    AJ_CHECK_ARG(ctx, args, "aj_backward: args is NULL");
+    AJ_CHECK_ARG(ctx, args->struct_size == sizeof *args,
+                 "aj_backward: args->struct_size = %zu, want %zu; start from AJ_BWD_ARGS_INIT",
+                 args->struct_size, sizeof *args);
+    const aj_op_info *op = &kernel->op;
+    AJ_CHECK_ARG(ctx, op->kind == AJ_KIND_BACKWARD,
+                 "aj_backward: kernel %s computes a %s op", aj_kernel_entry(kernel),
+                 aj_kind_name(op->kind));
+    AJ_CHECK_ARG(ctx, kernel->target == aj_device_target(dev),
+                 "aj_backward: kernel compiled for %s cannot run on a %s device",
+                 aj_target_name(kernel->target), aj_target_name(aj_device_target(dev)));
+    fwd_sizes sz;
+    aj_status st = check_backward(ctx, op, args, &sz);
+    if (st != AJ_OK)
+        return st;
+    if (sz.batch == 0 || sz.heads_kv == 0 || (sz.seq_q == 0 && sz.seq_k == 0))
+        return AJ_OK;   /* no gradient element: nothing to launch */
+
+    int64_t sq_total = args->sq_total ? args->sq_total : sz.seq_q;
+    int64_t sk_total = args->sk_total ? args->sk_total : sz.seq_k;
+    int64_t shift = op->mask_align == AJ_ALIGN_BOTTOM_RIGHT ? sk_total - sq_total : 0;
+    const aj_bwd_args *a = args;
+    const binding table[] = {
+        PTR("q", a->q), PTR("k", a->k), PTR("v", a->v), PTR("o", a->o), PTR("do", a->do_),
+        PTR("lse", a->lse), PTR("dq", a->dq), PTR("dk", a->dk), PTR("dv", a->dv),
+        PTR("alibi_slopes", a->alibi_slopes),
+        I64("stride_q_b", a->q.strides[0]), I64("stride_q_h", a->q.strides[1]),
+        I64("stride_q_s", a->q.strides[2]), I64("stride_k_b", a->k.strides[0]),
+        I64("stride_k_h", a->k.strides[1]), I64("stride_k_s", a->k.strides[2]),
+        I64("stride_v_b", a->v.strides[0]), I64("stride_v_h", a->v.strides[1]),
+        I64("stride_v_s", a->v.strides[2]), I64("stride_o_b", a->o.strides[0]),
+        I64("stride_o_h", a->o.strides[1]), I64("stride_o_s", a->o.strides[2]),
+        I64("stride_do_b", a->do_.strides[0]), I64("stride_do_h", a->do_.strides[1]),
+        I64("stride_do_s", a->do_.strides[2]), I64("stride_dq_b", a->dq.strides[0]),
+        I64("stride_dq_h", a->dq.strides[1]), I64("stride_dq_s", a->dq.strides[2]),
+        I64("stride_dk_b", a->dk.strides[0]), I64("stride_dk_h", a->dk.strides[1]),
+        I64("stride_dk_s", a->dk.strides[2]), I64("stride_dv_b", a->dv.strides[0]),
+        I64("stride_dv_h", a->dv.strides[1]), I64("stride_dv_s", a->dv.strides[2]),
+        I64("stride_lse_b", a->lse.strides[0]), I64("stride_lse_h", a->lse.strides[1]),
+        I32("heads_q", sz.heads_q), I32("heads_kv", sz.heads_kv),
+        I32("seq_q", sz.seq_q), I32("seq_k", sz.seq_k),
+        I64("q_offset", a->q_offset), I64("kv_offset", a->kv_offset),
+        I64("mask_shift", shift),
+    };
+    int elem = elem_size(op->dtype);
+    aj_sim_buffer buffers[10];
+    int nb = 0;
+    buffers[nb++] = sim_buffer("q", &a->q, elem);
+    buffers[nb++] = sim_buffer("k", &a->k, elem);
+    buffers[nb++] = sim_buffer("v", &a->v, elem);
+    buffers[nb++] = sim_buffer("o", &a->o, elem);
+    buffers[nb++] = sim_buffer("do", &a->do_, elem);
+    buffers[nb++] = sim_buffer("lse", &a->lse, 4);
+    buffers[nb++] = sim_buffer("dq", &a->dq, elem);
+    buffers[nb++] = sim_buffer("dk", &a->dk, elem);
+    buffers[nb++] = sim_buffer("dv", &a->dv, elem);
+    if (op->score_mod == AJ_SCORE_MOD_ALIBI)
+        buffers[nb++] = sim_buffer("alibi_slopes", &a->alibi_slopes, 4);
+    /* the stages in order; an empty grid (no key or no query) is skipped */
+    uint64_t instructions = 0;
+    for (int s = 0; s < kernel->num_stages; s++) {
+        aj_launch_info li;
+        aj_kernel_stage_info(kernel, s, &li);
+        int empty = 0;
+        for (int d = 0; d < 3; d++)
+            empty |= grid_extent(li.grid[d].extent, &sz) == 0;
+        if (empty)
+            continue;
+        aj_arg_value values[AJ_KB_MAX_PARAMS];
+        void *argv[AJ_KB_MAX_PARAMS];
+        st = bind(ctx, kernel, s, table, (int)(sizeof table / sizeof table[0]), values, argv);
+        if (st == AJ_OK)
+            st = run_kernel(ctx, dev, kernel, s, &sz, argv, buffers, nb, a->stream);
+        if (st != AJ_OK)
+            return st;
+        instructions += dev->last_instructions;
+    }
+    dev->last_instructions = instructions;
+    return AJ_OK;
 }
 
 /* ---------------------------------------------------------------- merge */
@@ -409,7 +568,7 @@ aj_status aj_merge(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
     };
     aj_arg_value values[AJ_KB_MAX_PARAMS];
     void *argv[AJ_KB_MAX_PARAMS];
-    st = bind(ctx, kernel, table, (int)(sizeof table / sizeof table[0]), values, argv);
+    st = bind(ctx, kernel, 0, table, (int)(sizeof table / sizeof table[0]), values, argv);
     if (st != AJ_OK)
         return st;
     int elem = elem_size(op->dtype);
@@ -418,5 +577,5 @@ aj_status aj_merge(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
         sim_buffer("o", &a->o, elem), sim_buffer("lse1", &a->lse1, 4),
         sim_buffer("lse2", &a->lse2, 4), sim_buffer("lse", &a->lse, 4),
     };
-    return run_kernel(ctx, dev, kernel, &sz, argv, buffers, 6, a->stream);
+    return run_kernel(ctx, dev, kernel, 0, &sz, argv, buffers, 6, a->stream);
 }

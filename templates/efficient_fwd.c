@@ -653,8 +653,7 @@ static void emit_epilogue(efwd *e, LLVMValueRef o_base, LLVMValueRef lse_base)
     }
 }
 
-static aj_status efwd_build(aj_kb *kb, const aj_op *op, void *user,
-                            aj_kernel_layout *layout)
+static aj_status efwd_build(aj_kb *kb, const aj_op *op, void *user)
 {
     efwd e;
     memset(&e, 0, sizeof e);
@@ -744,12 +743,11 @@ static aj_status efwd_build(aj_kb *kb, const aj_op *op, void *user,
     }
     aj_kb_for_end(kb);
     emit_epilogue(&e, o_base, lse_base);
-    aj_kb_finish(kb);
-
-    layout->grid[0] = (aj_grid_dim){AJ_EXTENT_SEQ_Q, p->bm};
-    layout->grid[1] = (aj_grid_dim){AJ_EXTENT_HEADS_Q, 1};
-    layout->grid[2] = (aj_grid_dim){AJ_EXTENT_BATCH, 1};
-    layout->schedule = (aj_schedule){p->bm, p->bn, p->warps, 1};
+    const aj_kernel_layout layout = {
+        .grid = {{AJ_EXTENT_SEQ_Q, p->bm}, {AJ_EXTENT_HEADS_Q, 1}, {AJ_EXTENT_BATCH, 1}},
+        .schedule = {p->bm, p->bn, p->warps, 1},
+    };
+    aj_kb_finish(kb, &layout);
     return kb->st;
 }
 

@@ -113,7 +113,7 @@ static LLVMValueRef weigh(aj_kb *kb, LLVMValueRef w, LLVMValueRef x)
     return LLVMBuildSelect(b, w_zero, zero, LLVMBuildFMul(b, w, x, ""), "");
 }
 
-static aj_status merge_build(aj_kb *kb, const aj_op *op, void *user, aj_kernel_layout *layout)
+static aj_status merge_build(aj_kb *kb, const aj_op *op, void *user)
 {
     (void)user;
     LLVMBuilderRef b = kb->b;
@@ -183,13 +183,12 @@ static aj_status merge_build(aj_kb *kb, const aj_op *op, void *user, aj_kernel_l
     aj_kb_store(kb, lse, lse_ptr(kb, "lse", row_offset(kb, "lse", bidx, h, rc, 0)), 4);
     aj_kb_if_end(kb);
     aj_kb_if_end(kb);
-    aj_kb_finish(kb);
-
-    layout->grid[0] = (aj_grid_dim){AJ_EXTENT_SEQ_Q, rows};
-    layout->grid[1] = (aj_grid_dim){AJ_EXTENT_HEADS_Q, 1};
-    layout->grid[2] = (aj_grid_dim){AJ_EXTENT_BATCH, 1};
     /* block_n: the columns a row group covers */
-    layout->schedule = (aj_schedule){rows, dv, MERGE_THREADS / 32, 1};
+    const aj_kernel_layout layout = {
+        .grid = {{AJ_EXTENT_SEQ_Q, rows}, {AJ_EXTENT_HEADS_Q, 1}, {AJ_EXTENT_BATCH, 1}},
+        .schedule = {rows, dv, MERGE_THREADS / 32, 1},
+    };
+    aj_kb_finish(kb, &layout);
     return kb->st;
 }
 

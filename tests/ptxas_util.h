@@ -80,4 +80,21 @@ static inline int ptxas_run(const char *ptxas, const char *arch, const char *ptx
     return r->exit_code;
 }
 
+/* The fields of one kernel of a module: those after ptxas's "Compiling
+ * entry function '<entry>'" line.  Returns 0, or -1 if it is not there. */
+static inline int ptxas_entry(const ptxas_result *r, const char *entry, ptxas_result *out)
+{
+    char marker[256];
+    snprintf(marker, sizeof marker, "entry function '%s'", entry);
+    const char *at = strstr(r->log, marker);
+    *out = *r;
+    if (!at)
+        return -1;
+    out->registers = ptxas_field(at, "registers");
+    out->spill_stores = ptxas_field(at, "bytes spill stores");
+    out->spill_loads = ptxas_field(at, "bytes spill loads");
+    out->stack_frame = ptxas_field(at, "bytes stack frame");
+    return 0;
+}
+
 #endif /* AJ_TESTS_PTXAS_UTIL_H */

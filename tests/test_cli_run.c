@@ -256,6 +256,9 @@ static void test_run_errors(void)
         {"run OP --device sim --in q=Q --in k=K --in v=V --out o=/nonexistent/dir/o.npy", 2,
          "cannot open for writing"},
         {"run BWD --device sim --in q=Q --in k=K --in v=V --out o=O", 2, "AJ_ERR_UNSUPPORTED"},
+        /* run is a forward: a backward kernel is refused at launch */
+        {"run BWDE --device sim --in q=Q --in k=K --in v=V --out o=O", 2,
+         "computes a backward op"},
         {"run ALIBI --device sim --in q=Q --in k=K --in v=V --out o=O", 1,
          "give --in alibi_slopes"},
         {"run OP --device sim --in q=Q --in k=K --in v=V --in alibi_slopes=S --out o=O", 1,
@@ -273,7 +276,8 @@ static void test_run_errors(void)
     };
     /* the files the cases name */
     char err[2048];
-    write_text(path("bwd.aj"), "attention backward efficient {\n dtype = f16\n head_dim = 16\n}\n");
+    write_text(path("bwd.aj"), "attention backward flash {\n dtype = f16\n head_dim = 16\n}\n");
+    write_text(path("bwde.aj"), "attention backward efficient {\n dtype = f16\n head_dim = 16\n}\n");
     write_text(path("alibi.aj"), "attention forward efficient {\n dtype = f16\n head_dim = 16\n"
                                  " score_mod = alibi\n}\n");
     write_text(path("op16.aj"), "attention forward efficient {\n dtype = f16\n head_dim = 16\n}\n");
@@ -298,6 +302,7 @@ static void test_run_errors(void)
             const char *sub = word;
             if (strcmp(word, "OP") == 0) sub = path("op16.aj");
             else if (strcmp(word, "BWD") == 0) sub = path("bwd.aj");
+            else if (strcmp(word, "BWDE") == 0) sub = path("bwde.aj");
             else if (strcmp(word, "ALIBI") == 0) sub = path("alibi.aj");
             else if (strcmp(word, "ACC") == 0) sub = path("acc16.aj");
             else if (strcmp(word, "Q") == 0 || strcmp(word, "K") == 0 || strcmp(word, "V") == 0)

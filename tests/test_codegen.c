@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "check.h"
-#include "codegen/kbuilder.h"
+#include "codegen/codegen.h"
 
 static aj_op *parse(aj_ctx *ctx, const char *body)
 {
@@ -43,8 +43,16 @@ static void test_unsupported(aj_ctx *ctx)
         aj_target target;
         const char *needle;
     } cases[] = {
-        {"attention backward efficient { dtype = f16 head_dim = 64 }", AJ_TARGET_SM_80,
-         "backward efficient"},
+        {"attention backward flash { dtype = f16 head_dim = 64 }", AJ_TARGET_SM_80,
+         "backward flash"},
+        {"attention backward efficient { dtype = f16 head_dim = 64 bias = add }",
+         AJ_TARGET_SM_80, "bias = add: efficient backward"},
+        {"attention backward efficient { dtype = f16 head_dim = 64 dropout = 0.1 }",
+         AJ_TARGET_SM_80, "dropout = 0.1: efficient backward"},
+        {"attention backward efficient { dtype = f16 head_dim = 64 layout = varlen }",
+         AJ_TARGET_SM_80, "layout = varlen: efficient backward"},
+        {"attention backward efficient { dtype = f16 head_dim = 100 }", AJ_TARGET_SM_80,
+         "head_dim = 100: efficient backward"},
         {"attention forward flash { dtype = f16 head_dim = 64 }", AJ_TARGET_SM_80,
          "forward flash"},
         {"attention merge { dtype = f32 head_dim_v = 100 }", AJ_TARGET_SM_80,
@@ -186,6 +194,73 @@ done:
     aj_op_destroy(op);
 }
 
+/* A backward op is one module of two kernels, dK/dV then dQ: both are in
+ * the PTX with their own launch contracts, and survive the disk cache's
+ * byte form. */
+static void test_stages(aj_ctx *ctx)
+{
+    const char *text = "attention backward efficient { dtype = bf16 head_dim = 128 "
+                       "head_dim_v = 64 mask = causal(bottom_right) }";
+    aj_op *op = NULL;
+    aj_kernel *k = NULL, *back = NULL;
+    uint8_t *bytes = NULL;
+    size_t size = 0;
+    CHECK_STATUS(ctx, aj_op_parse(ctx, text, strlen(text), "b.aj", &op), AJ_OK);
+    aj_compile_options opt = AJ_COMPILE_OPTIONS_INIT;
+    opt.bypass_cache = true;
+    CHECK_STATUS(ctx, aj_compile(ctx, op, &opt, &k), AJ_OK);
+    if (!k)
+        goto done;
+    CHECK(aj_kernel_num_stages(k) == 2);
+    const char *dkdv = aj_kernel_stage_entry(k, 0), *dq = aj_kernel_stage_entry(k, 1);
+    CHECK(dkdv && strncmp(dkdv, "aj_efficient_bwd_", 17) == 0 &&
+          strcmp(dkdv + strlen(dkdv) - 5, "_dkdv") == 0);
+    CHECK(dq && strcmp(dq + strlen(dq) - 3, "_dq") == 0);
+    CHECK(strcmp(aj_kernel_entry(k), dkdv) == 0);
+    CHECK(aj_kernel_stage_entry(k, 2) == NULL && aj_kernel_stage_entry(k, -1) == NULL);
+    const char *ptx = aj_kernel_code(k, NULL);
+    char line[160];
+    for (int s = 0; s < 2; s++) {
+        snprintf(line, sizeof line, ".entry %s", aj_kernel_stage_entry(k, s));
+        CHECK_MSG(strstr(ptx, line) != NULL, "PTX lacks '%s'", line);
+    }
+    aj_launch_info l0, l1, compat;
+    CHECK(aj_kernel_stage_info(k, 0, &l0) == AJ_OK && aj_kernel_stage_info(k, 1, &l1) == AJ_OK);
+    CHECK(aj_kernel_launch_info(k, &compat) == AJ_OK && compat.params == l0.params);
+    CHECK(l0.grid[0].extent == AJ_EXTENT_SEQ_K && l0.grid[1].extent == AJ_EXTENT_HEADS_KV);
+    CHECK(l1.grid[0].extent == AJ_EXTENT_SEQ_Q && l1.grid[1].extent == AJ_EXTENT_HEADS_Q);
+    CHECK(l0.block[0] == 128 && l1.block[0] == 128);
+    int has_dk = 0, has_dq = 0;
+    for (int i = 0; i < l0.num_params; i++)
+        has_dk |= strcmp(l0.params[i].name, "dk") == 0;
+    for (int i = 0; i < l1.num_params; i++)
+        has_dq |= strcmp(l1.params[i].name, "dq") == 0;
+    CHECK(has_dk && has_dq);
+    CHECK(aj_kernel_stage_info(k, 2, &l0) == AJ_ERR_INVALID_ARG);
+    CHECK(aj_kernel_stage_info(NULL, 0, &l0) == AJ_ERR_INVALID_ARG);
+    CHECK(aj_kernel_num_stages(NULL) == 0);
+
+    CHECK_STATUS(ctx, aj_kernel_serialize(ctx, k, &bytes, &size), AJ_OK);
+    CHECK_STATUS(ctx, aj_kernel_deserialize(ctx, bytes, size, &back), AJ_OK);
+    if (back) {
+        CHECK(aj_kernel_num_stages(back) == 2);
+        CHECK(strcmp(aj_kernel_stage_entry(back, 1), dq) == 0);
+        aj_launch_info b1;
+        aj_kernel_stage_info(back, 1, &b1);
+        aj_kernel_stage_info(k, 1, &l1);
+        CHECK(b1.num_params == l1.num_params && b1.dynamic_smem == l1.dynamic_smem &&
+              b1.grid[0].extent == l1.grid[0].extent);
+    }
+    /* a truncated entry is not a kernel */
+    aj_kernel *bad = NULL;
+    CHECK_STATUS(ctx, aj_kernel_deserialize(ctx, bytes, size / 2, &bad), AJ_ERR_IO);
+done:
+    free(bytes);
+    aj_kernel_destroy(back);
+    aj_kernel_destroy(k);
+    aj_op_destroy(op);
+}
+
 static int dumped;
 
 static void capture_log(void *user, aj_log_level level, const char *message)
@@ -229,6 +304,7 @@ int main(void)
     test_bad_arguments(ctx);
     test_unsupported(ctx);
     test_emission(ctx);
+    test_stages(ctx);
     test_dump_after();
     aj_ctx_destroy(ctx);
     return check_report();

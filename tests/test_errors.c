@@ -1,8 +1,8 @@
 /*
  * test_errors.c -- the catalogue of bad inputs of docs/errors.md that are
  * not covered by the IR, codegen, npy and CLI tests: every launch argument
- * check of aj_forward and aj_merge, devices, conversions, non-finite inputs and empty
- * tensors.  Each call must return its status with a message naming the
+ * check of aj_forward, aj_backward and aj_merge, devices, conversions,
+ * non-finite inputs and empty tensors.  Each call must return its status with a message naming the
  * problem, and the process must survive all of them.
  */
 #include <math.h>
@@ -22,6 +22,7 @@ static aj_kernel *kernel;        /* f16, head dim 16, causal */
 static aj_kernel *alibi_kernel;  /* f16, head dim 16, alibi */
 static aj_kernel *feature_kernel;  /* f16, head dim 16, accumulate, bias, dropout */
 static aj_kernel *merge_kernel;    /* f16, head dim 16 */
+static aj_kernel *bwd_kernel;      /* backward, f16, head dim 16, causal */
 
 static _Alignas(16) uint16_t q[B * HQ * SQ * D], k[B * HKV * SK * D], v[B * HKV * SK * D],
     o[B * HQ * SQ * D];
@@ -29,6 +30,8 @@ static float lse[B * HQ * SQ], slopes[HQ];
 static _Alignas(16) float o_acc[B * HQ * SQ * D];
 static _Alignas(16) uint16_t bias[B * HQ * SQ * SK], o2[B * HQ * SQ * D];
 static float lse2[B * HQ * SQ];
+static _Alignas(16) uint16_t dout[B * HQ * SQ * D], dq[B * HQ * SQ * D], dk[B * HKV * SK * D],
+    dv[B * HKV * SK * D];
 
 static aj_tensor bhsd(void *data, aj_dtype dt, int64_t b, int64_t h, int64_t s, int64_t d)
 {
@@ -285,6 +288,91 @@ static void test_merge_arguments(void)
     memset(lse, 0, sizeof lse);
 }
 
+static aj_bwd_args bwd_args(void)
+{
+    aj_fwd_args f = good_args();
+    aj_bwd_args a = AJ_BWD_ARGS_INIT;
+    a.q = f.q;
+    a.k = f.k;
+    a.v = f.v;
+    a.o = f.o;
+    a.lse = f.lse;
+    a.do_ = bhsd(dout, AJ_DTYPE_F16, B, HQ, SQ, D);
+    a.dq = bhsd(dq, AJ_DTYPE_F16, B, HQ, SQ, D);
+    a.dk = bhsd(dk, AJ_DTYPE_F16, B, HKV, SK, D);
+    a.dv = bhsd(dv, AJ_DTYPE_F16, B, HKV, SK, D);
+    return a;
+}
+
+static void test_backward_arguments(void)
+{
+    memset(o, 0, sizeof o);
+    memset(lse, 0, sizeof lse);
+    aj_bwd_args a = bwd_args();
+    CHECK_STATUS(ctx, aj_backward(ctx, dev, bwd_kernel, &a), AJ_OK);
+    a.dk.shape[2] = SK - 2;
+    CHECK_STATUS(ctx, aj_backward(ctx, dev, bwd_kernel, &a), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "aj_backward: dk.shape[2] = 22, want 24 (k's length)");
+    a = bwd_args();
+    a.dv.shape[1] = HQ;
+    CHECK_STATUS(ctx, aj_backward(ctx, dev, bwd_kernel, &a), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "aj_backward: dv.shape[1] = 2, want 1 (v's heads)");
+    a = bwd_args();
+    a.dq.dtype = AJ_DTYPE_BF16;
+    CHECK_STATUS(ctx, aj_backward(ctx, dev, bwd_kernel, &a), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "aj_backward: dq.dtype = bf16, want f16");
+    a = bwd_args();
+    a.do_.shape[2] = SQ + 1;
+    CHECK_STATUS(ctx, aj_backward(ctx, dev, bwd_kernel, &a), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "aj_backward: do.shape[2] = 21, want 20 (q's length)");
+    a = bwd_args();
+    a.do_.data = (char *)dout + 2;
+    CHECK_STATUS(ctx, aj_backward(ctx, dev, bwd_kernel, &a), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "aj_backward: do.data");
+    a = bwd_args();
+    a.lse.dtype = AJ_DTYPE_F16;
+    CHECK_STATUS(ctx, aj_backward(ctx, dev, bwd_kernel, &a), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "aj_backward: lse.dtype = f16, want f32");
+    a = bwd_args();
+    a.k.shape[3] = 8;
+    CHECK_STATUS(ctx, aj_backward(ctx, dev, bwd_kernel, &a), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "aj_backward: k.shape[3] = 8, want 16 (the op's head_dim)");
+    a = bwd_args();
+    a.dq.data = NULL;
+    CHECK_STATUS(ctx, aj_backward(ctx, dev, bwd_kernel, &a), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "aj_backward: dq.data is NULL");
+    a = bwd_args();
+    a.sq_total = -1;
+    CHECK_STATUS(ctx, aj_backward(ctx, dev, bwd_kernel, &a), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "aj_backward: sq_total = -1");
+    a = bwd_args();
+    a.struct_size = 4;
+    CHECK_STATUS(ctx, aj_backward(ctx, dev, bwd_kernel, &a), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "aj_backward: args->struct_size = 4");
+    a = bwd_args();
+    CHECK_STATUS(ctx, aj_backward(ctx, NULL, bwd_kernel, &a), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "aj_backward: dev is NULL");
+    CHECK_STATUS(ctx, aj_backward(ctx, dev, NULL, &a), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "aj_backward: kernel is NULL");
+    CHECK_STATUS(ctx, aj_backward(ctx, dev, bwd_kernel, NULL), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "aj_backward: args is NULL");
+    /* kernels of the other kinds are refused, and a backward kernel by them */
+    CHECK_STATUS(ctx, aj_backward(ctx, dev, kernel, &a), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "aj_backward: kernel aj_efficient_fwd_");
+    CHECK_ERROR(ctx, "computes a forward op");
+    aj_fwd_args f = good_args();
+    CHECK_STATUS(ctx, aj_forward(ctx, dev, bwd_kernel, &f), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "computes a backward op");
+    /* no key: dq is written (zeros), nothing else to do */
+    memset(dq, 0xff, sizeof dq);
+    a.k.shape[2] = a.v.shape[2] = a.dk.shape[2] = a.dv.shape[2] = 0;
+    CHECK_STATUS(ctx, aj_backward(ctx, dev, bwd_kernel, &a), AJ_OK);
+    int zeros = 1;
+    for (size_t i = 0; i < sizeof dq / sizeof dq[0]; i++)
+        zeros &= dq[i] == 0;
+    CHECK_MSG(zeros, "dq is not 0 when there are no keys");
+}
+
 static void test_empty_tensors(void)
 {
     aj_fwd_args a = good_args();
@@ -402,10 +490,13 @@ int main(void)
                              "mask = causal(top_left) accumulate = true bias = add "
                              "dropout = 0.25 }");
     merge_kernel = compile("attention merge { dtype = f16 head_dim_v = 16 }");
-    if (dev && kernel && alibi_kernel && feature_kernel && merge_kernel) {
+    bwd_kernel = compile("attention backward efficient { dtype = f16 head_dim = 16 "
+                         "mask = causal(top_left) }");
+    if (dev && kernel && alibi_kernel && feature_kernel && merge_kernel && bwd_kernel) {
         test_launch_arguments();
         test_feature_arguments();
         test_merge_arguments();
+        test_backward_arguments();
         test_empty_tensors();
         test_non_finite_inputs();
         test_devices_and_helpers();
@@ -414,6 +505,7 @@ int main(void)
     aj_kernel_destroy(alibi_kernel);
     aj_kernel_destroy(feature_kernel);
     aj_kernel_destroy(merge_kernel);
+    aj_kernel_destroy(bwd_kernel);
     aj_device_close(dev);
     aj_ctx_destroy(ctx);
     return check_report();

@@ -1,8 +1,9 @@
 /*
- * test_ptx.c -- every efficient-forward kernel of the matrix
- * dtype x head dim x mask (plus D != Dv, the score mods, accumulate, bias
- * and dropout) and the merge kernel compile to PTX that ptxas accepts for
- * sm_80 and sm_90 with no spills.
+ * test_ptx.c -- every efficient-forward and efficient-backward kernel of
+ * the matrix dtype x head dim x mask (plus D != Dv, the score mods, and
+ * for the forward accumulate, bias and dropout) and the merge kernel
+ * compile to PTX that ptxas accepts for sm_80 and sm_90 with no spills
+ * (each kernel of a multi-kernel module on its own).
  *
  * GQA and the sequence lengths are launch arguments, not part of the op, so
  * they do not change the kernel and are not a dimension here (the numeric
@@ -48,19 +49,30 @@ static void check_spec(aj_ctx *ctx, const char *label, const char *spec, aj_targ
     char want[64];
     snprintf(want, sizeof want, ".version %s", aj_ptx_version(target));
     CHECK_MSG(strstr(ptx, want) != NULL, "%s: PTX lacks '%s'", label, want);
-    CHECK_MSG(strstr(ptx, aj_kernel_entry(k)) != NULL, "%s: entry missing", label);
+    int stages = aj_kernel_num_stages(k);
+    for (int s = 0; s < stages; s++)
+        CHECK_MSG(strstr(ptx, aj_kernel_stage_entry(k, s)) != NULL, "%s: entry %d missing",
+                  label, s);
     if (have_ptxas) {
-        ptxas_result r;
-        ptxas_run(ptxas, arch, ptx, len, &r);
-        CHECK_MSG(r.exit_code == 0, "%s %s: ptxas failed:\n%s", label, arch, r.log);
-        CHECK_MSG(r.spill_stores == 0 && r.spill_loads == 0,
-                  "%s %s: spills %d/%d bytes", label, arch, r.spill_stores, r.spill_loads);
-        CHECK_MSG(r.registers > 0 && r.registers <= 255, "%s %s: %d registers", label, arch,
-                  r.registers);
-        aj_launch_info li;
-        aj_kernel_launch_info(k, &li);
-        printf("%-44s %s regs %3d spill %d/%d smem %6d\n", label, arch, r.registers,
-               r.spill_stores, r.spill_loads, li.dynamic_smem);
+        ptxas_result all;
+        ptxas_run(ptxas, arch, ptx, len, &all);
+        CHECK_MSG(all.exit_code == 0, "%s %s: ptxas failed:\n%s", label, arch, all.log);
+        /* each kernel of the module (backward: dkdv, then dq) on its own */
+        for (int s = 0; s < stages; s++) {
+            const char *entry = aj_kernel_stage_entry(k, s);
+            ptxas_result r;
+            CHECK_MSG(ptxas_entry(&all, entry, &r) == 0, "%s %s: no ptxas report for %s",
+                      label, arch, entry);
+            CHECK_MSG(r.spill_stores == 0 && r.spill_loads == 0,
+                      "%s %s: spills %d/%d bytes", label, arch, r.spill_stores, r.spill_loads);
+            CHECK_MSG(r.registers > 0 && r.registers <= 255, "%s %s: %d registers", label,
+                      arch, r.registers);
+            aj_launch_info li;
+            aj_kernel_stage_info(k, s, &li);
+            printf("%-44s %s %-4s regs %3d spill %d/%d smem %6d\n", label, arch,
+                   stages > 1 ? strrchr(entry, '_') + 1 : "", r.registers, r.spill_stores,
+                   r.spill_loads, li.dynamic_smem);
+        }
         assembled++;
     }
     aj_kernel_destroy(k);
@@ -148,6 +160,32 @@ int main(int argc, char **argv)
         for (size_t i = 0; i < sizeof extra / sizeof extra[0]; i++) {
             snprintf(spec, sizeof spec, "attention forward efficient {\n %s\n}\n", extra[i][1]);
             check_spec(ctx, extra[i][0], spec, target, archs[a]);
+        }
+        /* the backward pass: both kernels of every dtype x head dim, with no
+         * mask and with a window (whose bounds are a superset of causal's) */
+        for (size_t t = 0; t < 3; t++)
+            for (size_t d = 0; d < sizeof dims / sizeof dims[0]; d++)
+                for (size_t m = 0; m < sizeof masks / sizeof masks[0]; m += 3) {
+                    snprintf(spec, sizeof spec,
+                             "attention backward efficient {\n dtype = %s\n head_dim = %d\n"
+                             " mask = %s\n}\n", dtypes[t], dims[d], masks[m]);
+                    snprintf(label, sizeof label, "bwd %s d%d %s", dtypes[t], dims[d], masks[m]);
+                    check_spec(ctx, label, spec, target, archs[a]);
+                }
+        static const char *const bwd_extra[][2] = {
+            {"bwd bf16 d192/128", "dtype = bf16\n head_dim = 192\n head_dim_v = 128"},
+            {"bwd bf16 d128 softcap", "dtype = bf16\n head_dim = 128\n"
+                                      " score_mod = softcap(30.0)\n mask = causal(top_left)"},
+            {"bwd f16 d64 alibi", "dtype = f16\n head_dim = 64\n score_mod = alibi\n"
+                                  " mask = causal(bottom_right)"},
+            {"bwd f32 d256 alibi window", "dtype = f32\n head_dim = 256\n score_mod = alibi\n"
+                                          " mask = window(64, 0, bottom_right)"},
+            {"bwd f32 d8", "dtype = f32\n head_dim = 8"},
+        };
+        for (size_t i = 0; i < sizeof bwd_extra / sizeof bwd_extra[0]; i++) {
+            snprintf(spec, sizeof spec, "attention backward efficient {\n %s\n}\n",
+                     bwd_extra[i][1]);
+            check_spec(ctx, bwd_extra[i][0], spec, target, archs[a]);
         }
         /* the merge kernel */
         static const char *const merges[][2] = {

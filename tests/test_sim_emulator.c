@@ -46,8 +46,7 @@ struct test_kernel {
     const char *ptx_needles[5];       /* instructions the PTX must contain */
 };
 
-static aj_status build_test_kernel(aj_kb *kb, const aj_op *unused, void *user,
-                                   aj_kernel_layout *layout)
+static aj_status build_test_kernel(aj_kb *kb, const aj_op *unused, void *user)
 {
     const test_kernel *k = user;
     for (int i = 0; i < MAX_BUFS && k->params[i]; i++)
@@ -56,9 +55,11 @@ static aj_status build_test_kernel(aj_kb *kb, const aj_op *unused, void *user,
         aj_kb_smem_reserve(kb, k->smem_bytes);
     aj_kb_begin(kb, k->threads);
     k->body(kb, k);
-    aj_kb_finish(kb);
+    aj_kernel_layout layout;
+    memset(&layout, 0, sizeof layout);
     for (int d = 0; d < 3; d++)
-        layout->grid[d] = (aj_grid_dim){AJ_EXTENT_ONE, 1};
+        layout.grid[d] = (aj_grid_dim){AJ_EXTENT_ONE, 1};
+    aj_kb_finish(kb, &layout);
     return AJ_OK;
 }
 
@@ -121,10 +122,10 @@ static aj_status run(const test_kernel *k, void *const *bufs, const size_t *byte
     }
     aj_sim_launch launch = {
         .kernel_name = k->name,
-        .entry = kern->host_entry,
+        .entry = kern->stages[0].host_entry,
         .grid = {1, 1, 1},
         .block_threads = k->threads,
-        .smem_bytes = kern->launch.dynamic_smem,
+        .smem_bytes = kern->stages[0].launch.dynamic_smem,
         .args = args,
         .buffers = buffers,
         .num_buffers = n,

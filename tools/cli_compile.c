@@ -31,24 +31,31 @@ static const char *const extent_names[AJ_EXTENT_COUNT] = {
     "1", "batch", "heads_q", "heads_kv", "seq_q", "seq_k"};
 static const char *const param_type_names[AJ_PARAM_COUNT] = {"ptr", "i32", "i64", "f32"};
 
+/* The launch contract of every kernel of the module, in launch order. */
 static void print_launch(const aj_kernel *kernel)
 {
-    aj_launch_info li;
-    if (aj_kernel_launch_info(kernel, &li) != AJ_OK)
-        return;
-    fprintf(stderr, "entry: %s\n", aj_kernel_entry(kernel));
-    fprintf(stderr, "block: %d x %d x %d threads\n", li.block[0], li.block[1], li.block[2]);
-    fprintf(stderr, "grid:");
-    for (int i = 0; i < 3; i++)
-        fprintf(stderr, " %c = ceil(%s / %d)", "xyz"[i], extent_names[li.grid[i].extent],
-                li.grid[i].per_block);
-    fprintf(stderr, "\ndynamic shared memory: %d bytes\n", li.dynamic_smem);
-    fprintf(stderr, "schedule: block_m = %d, block_n = %d, warps = %d, stages = %d\n",
-            li.schedule.block_m, li.schedule.block_n, li.schedule.warps, li.schedule.stages);
-    fprintf(stderr, "params (%d):", li.num_params);
-    for (int i = 0; i < li.num_params; i++)
-        fprintf(stderr, " %s:%s", li.params[i].name, param_type_names[li.params[i].type]);
-    fprintf(stderr, "\n");
+    int32_t stages = aj_kernel_num_stages(kernel);
+    for (int32_t s = 0; s < stages; s++) {
+        aj_launch_info li;
+        if (aj_kernel_stage_info(kernel, s, &li) != AJ_OK)
+            return;
+        if (stages > 1)
+            fprintf(stderr, "stage %d of %d\n", s + 1, stages);
+        fprintf(stderr, "entry: %s\n", aj_kernel_stage_entry(kernel, s));
+        fprintf(stderr, "block: %d x %d x %d threads\n", li.block[0], li.block[1], li.block[2]);
+        fprintf(stderr, "grid:");
+        for (int i = 0; i < 3; i++)
+            fprintf(stderr, " %c = ceil(%s / %d)", "xyz"[i], extent_names[li.grid[i].extent],
+                    li.grid[i].per_block);
+        fprintf(stderr, "\ndynamic shared memory: %d bytes\n", li.dynamic_smem);
+        fprintf(stderr, "schedule: block_m = %d, block_n = %d, warps = %d, stages = %d\n",
+                li.schedule.block_m, li.schedule.block_n, li.schedule.warps,
+                li.schedule.stages);
+        fprintf(stderr, "params (%d):", li.num_params);
+        for (int i = 0; i < li.num_params; i++)
+            fprintf(stderr, " %s:%s", li.params[i].name, param_type_names[li.params[i].type]);
+        fprintf(stderr, "\n");
+    }
 }
 
 int cli_parse_compile_args(aj_ctx *ctx, int argc, char **argv, cli_compile_opts *o)

@@ -356,7 +356,7 @@ aj_status aj_cache_get_stats(aj_ctx *ctx, aj_cache_stats *out);
 const void *aj_kernel_code(const aj_kernel *kernel, size_t *size);
 aj_emit aj_kernel_emit(const aj_kernel *kernel);
 aj_target aj_kernel_target(const aj_kernel *kernel);
-/* The kernel function's symbol name; owned by the kernel. */
+/* Stage 0's kernel function's symbol name; owned by the kernel. */
 const char *aj_kernel_entry(const aj_kernel *kernel);
 
 /* What a grid dimension counts: ceil(extent / per_block) CTAs. */
@@ -397,8 +397,20 @@ typedef struct aj_launch_info {
     aj_schedule schedule;      /* the resolved schedule */
 } aj_launch_info;
 
-/* AJ_ERR_INVALID_ARG if kernel or out is NULL. */
+/* Stage 0's launch contract.  AJ_ERR_INVALID_ARG if kernel or out is
+ * NULL. */
 aj_status aj_kernel_launch_info(const aj_kernel *kernel, aj_launch_info *out);
+
+/* A kernel is one module holding one or more kernel functions ("stages")
+ * that a launch runs in order on one stream: forward and merge ops have
+ * one; an efficient backward has two (dK/dV, then dQ).  The number of
+ * stages (0 for NULL). */
+int32_t aj_kernel_num_stages(const aj_kernel *kernel);
+/* Stage `stage`'s launch contract; AJ_ERR_INVALID_ARG for a NULL kernel or
+ * out, or a stage outside 0 .. num_stages - 1. */
+aj_status aj_kernel_stage_info(const aj_kernel *kernel, int32_t stage, aj_launch_info *out);
+/* Stage `stage`'s symbol name (owned by the kernel), or NULL as above. */
+const char *aj_kernel_stage_entry(const aj_kernel *kernel, int32_t stage);
 
 /* Where a compile spent its time (wall clock, milliseconds). */
 typedef struct aj_compile_stats {
@@ -506,6 +518,37 @@ typedef struct aj_fwd_args {
  * ..."). */
 aj_status aj_forward(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
                      const aj_fwd_args *args);
+
+/* Arguments of a backward pass (kernels of `attention backward efficient`).
+ * Shapes as aj_fwd_args:
+ *   q [B, Hq, Sq, D]    k [B, Hkv, Sk, D]    v [B, Hkv, Sk, Dv]
+ *   o, do [B, Hq, Sq, Dv]   lse [B, Hq, Sq] (f32): the forward's O and LSE
+ *     and the gradient of the loss with respect to O
+ *   dq (q's shape), dk (k's), dv (v's): outputs, overwritten; with GQA dk
+ *     and dv sum over the query heads of each group
+ *   alibi_slopes [Hq] (f32), only for ops with score_mod = alibi.
+ * Rows that see no key get dq = 0; keys no row sees get dk = dv = 0.
+ * The tensors have their dtype's data and batch, head and sequence strides
+ * 16-byte aligned; outputs must not overlap inputs or each other;
+ * Hq % Hkv == 0; Sq, Sk < 2^30.  The result is deterministic (no atomics).
+ * Start from AJ_BWD_ARGS_INIT. */
+typedef struct aj_bwd_args {
+    size_t struct_size;
+    aj_tensor q, k, v, o, lse, do_;  /* do_: dO (`do` is a C keyword) */
+    aj_tensor dq, dk, dv;
+    aj_tensor alibi_slopes;
+    int64_t q_offset, kv_offset;     /* global positions of row 0 and key 0 */
+    int64_t sq_total, sk_total;      /* bottom_right alignment; 0: Sq and Sk */
+    void *stream;                    /* cuda: a CUstream; NULL: the default */
+} aj_bwd_args;
+
+#define AJ_BWD_ARGS_INIT { .struct_size = sizeof(aj_bwd_args) }
+
+/* Runs a compiled backward kernel on the device: its stages in order (on
+ * `stream` for cuda).  Every argument is checked first, as by aj_forward
+ * ("aj_backward: dk.shape[2] = 5, want 7 (k's length)"). */
+aj_status aj_backward(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
+                      const aj_bwd_args *args);
 
 /* Arguments of a merge of two partial results over disjoint key sets
  * (kernels of `attention merge { dtype, head_dim_v }`):

@@ -9,12 +9,13 @@
 #include "codegen/codegen.h"
 #include "runtime/cuda/cuda_api.h"
 
-/* A kernel loaded on the device: one module per kernel. */
+/* A kernel loaded on the device: one module per kernel, one function per
+ * stage. */
 typedef struct aj_cuda_loaded {
-    char entry[128];
+    char entry[128];             /* stage 0's */
     uint64_t code_hash;
     CUmodule mod;
-    CUfunction fn;
+    CUfunction fns[AJ_KB_MAX_STAGES];
 } aj_cuda_loaded;
 
 typedef struct aj_cuda_device {
@@ -36,8 +37,9 @@ aj_status aj_cuda_device_open(aj_ctx *ctx, int index, void *user_context,
                               aj_cuda_device **out);
 void aj_cuda_device_close(aj_cuda_device *d);
 
-/* Launches a PTX kernel (loading it on first use) on `stream`. */
-aj_status aj_cuda_launch(aj_ctx *ctx, aj_cuda_device *d, const aj_kernel *k,
+/* Launches stage `stage` of a PTX kernel (loading its module on first
+ * use) on `stream`. */
+aj_status aj_cuda_launch(aj_ctx *ctx, aj_cuda_device *d, const aj_kernel *k, int stage,
                          const int32_t grid[3], void **args, void *stream);
 
 aj_status aj_cuda_alloc(aj_ctx *ctx, aj_cuda_device *d, size_t bytes, void **out);

@@ -173,9 +173,10 @@ void aj_cuda_device_close(aj_cuda_device *d)
     free(d);
 }
 
-/* The loaded function of a kernel (one module per kernel and device),
- * loading it with the JIT's error and info logs captured. */
-static aj_status function_for(aj_ctx *ctx, aj_cuda_device *d, const aj_kernel *k,
+/* The loaded function of a kernel's stage (one module per kernel and
+ * device, holding every stage), loading it with the JIT's error and info
+ * logs captured. */
+static aj_status function_for(aj_ctx *ctx, aj_cuda_device *d, const aj_kernel *k, int stage,
                               CUfunction *out)
 {
     aj_status st = AJ_OK;
@@ -183,8 +184,8 @@ static aj_status function_for(aj_ctx *ctx, aj_cuda_device *d, const aj_kernel *k
     pthread_mutex_lock(&d->lock);
     for (size_t i = 0; i < d->num_loaded; i++)
         if (d->loaded[i].code_hash == k->code_hash &&
-            strcmp(d->loaded[i].entry, k->entry) == 0) {
-            *out = d->loaded[i].fn;
+            strcmp(d->loaded[i].entry, k->stages[0].entry) == 0) {
+            *out = d->loaded[i].fns[stage];
             goto done;
         }
     if (d->num_loaded == d->cap_loaded) {
@@ -203,32 +204,36 @@ static aj_status function_for(aj_ctx *ctx, aj_cuda_device *d, const aj_kernel *k
     void *values[4] = {error_log, (void *)(uintptr_t)sizeof error_log, info_log,
                        (void *)(uintptr_t)sizeof info_log};
     CUmodule mod = NULL;
-    CUfunction fn = NULL;
+    CUfunction fns[AJ_KB_MAX_STAGES] = {0};
+    const char *name = k->stages[0].entry;
     CUresult r = cu->ModuleLoadDataEx(&mod, k->code, 4, options, values);
     if (r != AJ_CUDA_SUCCESS) {
         st = aj_cuda_fail(ctx, cu, r, "loading the kernel's PTX");
-        aj_fail(ctx, st, "loading %s's PTX on %s: %s", k->entry, d->name, error_log);
+        aj_fail(ctx, st, "loading %s's PTX on %s: %s", name, d->name, error_log);
         goto done;
     }
     if (info_log[0])
-        aj_log(ctx, AJ_LOG_DEBUG, "CUDA JIT for %s: %s", k->entry, info_log);
-    r = cu->ModuleGetFunction(&fn, mod, k->entry);
-    if (r != AJ_CUDA_SUCCESS) {
-        cu->ModuleUnload(mod);
-        st = aj_cuda_fail(ctx, cu, r, "cuModuleGetFunction");
-        goto done;
-    }
-    /* more than 48 KiB of dynamic shared memory must be asked for */
-    if (k->launch.dynamic_smem > 48 * 1024) {
-        if (k->launch.dynamic_smem > d->smem_optin) {
+        aj_log(ctx, AJ_LOG_DEBUG, "CUDA JIT for %s: %s", name, info_log);
+    for (int s = 0; s < k->num_stages; s++) {
+        const aj_kernel_stage *ks = &k->stages[s];
+        r = cu->ModuleGetFunction(&fns[s], mod, ks->entry);
+        if (r != AJ_CUDA_SUCCESS) {
+            cu->ModuleUnload(mod);
+            st = aj_cuda_fail(ctx, cu, r, "cuModuleGetFunction");
+            goto done;
+        }
+        /* more than 48 KiB of dynamic shared memory must be asked for */
+        if (ks->launch.dynamic_smem <= 48 * 1024)
+            continue;
+        if (ks->launch.dynamic_smem > d->smem_optin) {
             cu->ModuleUnload(mod);
             st = aj_fail(ctx, AJ_ERR_UNSUPPORTED, "%s needs %d bytes of shared memory; %s "
-                         "allows %d per block", k->entry, k->launch.dynamic_smem, d->name,
+                         "allows %d per block", ks->entry, ks->launch.dynamic_smem, d->name,
                          d->smem_optin);
             goto done;
         }
-        r = cu->FuncSetAttribute(fn, AJ_CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                                 k->launch.dynamic_smem);
+        r = cu->FuncSetAttribute(fns[s], AJ_CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                 ks->launch.dynamic_smem);
         if (r != AJ_CUDA_SUCCESS) {
             cu->ModuleUnload(mod);
             st = aj_cuda_fail(ctx, cu, r, "raising the dynamic shared memory limit");
@@ -236,17 +241,17 @@ static aj_status function_for(aj_ctx *ctx, aj_cuda_device *d, const aj_kernel *k
         }
     }
     aj_cuda_loaded *slot = &d->loaded[d->num_loaded++];
-    snprintf(slot->entry, sizeof slot->entry, "%s", k->entry);
+    snprintf(slot->entry, sizeof slot->entry, "%s", name);
     slot->code_hash = k->code_hash;
     slot->mod = mod;
-    slot->fn = fn;
-    *out = fn;
+    memcpy(slot->fns, fns, sizeof slot->fns);
+    *out = fns[stage];
 done:
     pthread_mutex_unlock(&d->lock);
     return st;
 }
 
-aj_status aj_cuda_launch(aj_ctx *ctx, aj_cuda_device *d, const aj_kernel *k,
+aj_status aj_cuda_launch(aj_ctx *ctx, aj_cuda_device *d, const aj_kernel *k, int stage,
                          const int32_t grid[3], void **args, void *stream)
 {
     aj_status st = AJ_OK;
@@ -254,17 +259,17 @@ aj_status aj_cuda_launch(aj_ctx *ctx, aj_cuda_device *d, const aj_kernel *k,
     int pushed = 0;
     if (k->emit != AJ_EMIT_PTX)
         return aj_fail(ctx, AJ_ERR_INVALID_ARG, "kernel %s holds %s, not PTX; compile with "
-                       "emit = AJ_EMIT_PTX to launch it", k->entry,
+                       "emit = AJ_EMIT_PTX to launch it", k->stages[0].entry,
                        k->emit == AJ_EMIT_LLVM_IR ? "LLVM IR" : "bitcode");
     AJ_CU_TRY(ctx, cu, cu->CtxPushCurrent(d->cuctx), "cuCtxPushCurrent");
     pushed = 1;
     CUfunction fn = NULL;
-    AJ_TRY(function_for(ctx, d, k, &fn));
+    AJ_TRY(function_for(ctx, d, k, stage, &fn));
+    const aj_launch_info *li = &k->stages[stage].launch;
     AJ_CU_TRY(ctx, cu, cu->LaunchKernel(fn, (unsigned)grid[0], (unsigned)grid[1],
-                                        (unsigned)grid[2], (unsigned)k->launch.block[0],
-                                        (unsigned)k->launch.block[1],
-                                        (unsigned)k->launch.block[2],
-                                        (unsigned)k->launch.dynamic_smem, (CUstream)stream,
+                                        (unsigned)grid[2], (unsigned)li->block[0],
+                                        (unsigned)li->block[1], (unsigned)li->block[2],
+                                        (unsigned)li->dynamic_smem, (CUstream)stream,
                                         args, NULL),
               "cuLaunchKernel");
 done:

@@ -1,0 +1,811 @@
+/*
+ * efficient_bwd.c -- the efficient-variant backward pass (SIMT FMA), as two
+ * kernels of one module run in order.  Both recompute the probabilities
+ * from Q, K and the forward's LSE instead of storing them:
+ *
+ *   S_ij  = scale q_i . k_j  ->  softcap, alibi, mask  (as the forward)
+ *   P_ij  = exp(S_ij - LSE_i)                    (0 where hidden)
+ *   dP_ij = dO_i . v_j        Delta_i = dO_i . O_i
+ *   dS_ij = P_ij (dP_ij - Delta_i) [* (1 - tanh^2(t_ij / C)) with softcap]
+ *
+ *   stage 0, dkdv: dV_j = sum_i P_ij dO_i     dK_j = scale sum_i dS_ij q_i
+ *   stage 1, dq:   dQ_i = scale sum_j dS_ij k_j
+ *
+ * Each gradient element is summed by one thread of one CTA in a fixed
+ * order, GQA sums included (a dkdv CTA walks every query head of its
+ * group), so results are bitwise reproducible without atomics.
+ *
+ * dkdv: one CTA per (key block of block_n keys, kv head, batch).  K and V
+ * stay in shared memory; the CTA walks the query heads of its group and,
+ * for each, the query blocks of block_m rows that can see its keys:
+ *
+ *   grid = (ceil(Sk / block_n), Hkv, B)
+ *
+ *            queries of the step (block_m) ──►       dK cols (D), dV cols (Dv) ──►
+ *   keys g0 │ l0 l1 .. lG-1 l0 l1 .. │       g0 │ l0:4 l1:4 .. lG-1:4 l0:4 .. │
+ *    │   g1 │ ...                    │       g1 │ ...                         │
+ *    ▼   .. │  S^T, dP^T -> P^T, dS^T│       .. │  dK += dS^T Q, dV += P^T dO │
+ *
+ *   per step: barrier, load Q, dO, LSE, Delta (row groups over queries),
+ *   barrier, S^T = K Q^T and dP^T = V dO^T, P^T and dS^T to shared memory,
+ *   barrier, dV += P^T dO and dK += dS^T Q from shared memory.
+ *
+ * dq: one CTA per (query block of block_m rows, head, batch), laid out as
+ * the forward (row group g owns rows, lane l key columns and 4-wide dQ
+ * column chunks); Q, dO, LSE and Delta are read once, then per visible key
+ * block: barrier, load K and V, barrier, S = Q K^T and dP = dO V^T, dS to
+ * shared memory, barrier, dQ += dS K.
+ *
+ *   grid = (ceil(Sq / block_m), Hq, B)
+ *
+ * Both kernels: threads form R = T / G row groups of G lanes; G divides
+ * the columns of each tile (block_m or block_n, D / 4, Dv / 4).  Rows that
+ * see no key get zero gradients; keys no row sees get dK = dV = 0.
+ * Masks use the forward's i32 bound scheme (offsets clamped to +-2^30).
+ *
+ * Launch contract: Sq, Sk < 2^30.  Not supported: bias (dbias), dropout,
+ * varlen.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "templates/template.h"
+#include "templates/tile_io.h"
+
+#define MAX_ROWS 16   /* rows (keys or queries) a thread owns */
+#define MAX_COLS 16   /* score columns a lane owns */
+#define MAX_OUT 64    /* output columns a lane owns, per tensor */
+#define REG_BUDGET 112
+#define OFFSET_CLAMP (1 << 30)
+
+typedef struct ebwd_plan {
+    aj_dtype dtype;
+    int d, dv;
+    int bm, bn, warps, threads;
+    int g, r;
+} ebwd_plan;
+
+static int max_i(int a, int b) { return a > b ? a : b; }
+
+/* Lanes per row group: the widest that splits both tiles' score columns
+ * and both head dims' 4-wide chunks evenly. */
+static int group_lanes(int bm, int bn, int d, int dv)
+{
+    int g = 16;
+    while (g > 1 && (bm % g != 0 || bn % g != 0 || d % (4 * g) != 0 || dv % (4 * g) != 0))
+        g /= 2;
+    return g;
+}
+
+/* Registers of per-thread state of each kernel (dkdv: rows are keys,
+ * columns queries; dq: rows are queries, columns keys). */
+static int dkdv_regs(const ebwd_plan *p)
+{
+    int rk = p->bn / p->r, cq = p->bm / p->g;
+    return rk * (p->d / p->g + p->dv / p->g + 2 * cq) + 4 * (rk + cq);
+}
+
+static int dq_regs(const ebwd_plan *p)
+{
+    int rm = p->bm / p->r, cn = p->bn / p->g;
+    return rm * (p->d / p->g + 2 * cn + 2) + 4 * (rm + cn);
+}
+
+/* Defaults: 32 x 32 tiles on 4 warps; past head dim 128, 16 keys per
+ * block on 8 warps keep the dK and dV accumulators (one key row per
+ * thread) and dQ's (two query rows) clear of spills. */
+static aj_status plan_kernel(aj_ctx *ctx, const aj_op *op, aj_target target, ebwd_plan *p)
+{
+    memset(p, 0, sizeof *p);
+    p->dtype = op->dtype;
+    p->d = op->head_dim;
+    p->dv = aj_op_dv(op);
+    const aj_schedule *s = &op->schedule;
+    p->bm = s->block_m ? s->block_m : 32;
+    p->bn = s->block_n ? s->block_n : max_i(p->d, p->dv) > 128 ? 16 : 32;
+    p->g = group_lanes(p->bm, p->bn, p->d, p->dv);
+    p->warps = s->warps ? s->warps : max_i(p->d, p->dv) > 128 ? 8 : 4;
+    if (!s->warps)   /* every row group owns at least one row of each kernel */
+        while (p->warps > 1 && (p->bm % (p->warps * 32 / p->g) != 0 ||
+                                p->bn % (p->warps * 32 / p->g) != 0))
+            p->warps /= 2;
+    if (s->stages > 1)
+        return aj_fail(ctx, AJ_ERR_UNSUPPORTED,
+                       "schedule: stages = %d is not supported by efficient backward "
+                       "(use stages = 1)", s->stages);
+    if (p->bm % 4 != 0 || p->bn % 4 != 0)
+        return aj_fail(ctx, AJ_ERR_UNSUPPORTED,
+                       "schedule: efficient backward needs block_m and block_n multiples of 4 "
+                       "(got %d, %d)", p->bm, p->bn);
+    if (p->bm > 128 || p->bn > 128 || p->warps > 8)
+        return aj_fail(ctx, AJ_ERR_UNSUPPORTED,
+                       "schedule: efficient backward supports block_m and block_n up to 128 "
+                       "and up to 8 warps (got %d, %d, %d)", p->bm, p->bn, p->warps);
+    p->threads = p->warps * 32;
+    p->r = p->threads / p->g;
+    if (p->bm % p->r != 0 || p->bn % p->r != 0)
+        return aj_fail(ctx, AJ_ERR_UNSUPPORTED,
+                       "schedule: block_m = %d and block_n = %d must be multiples of the %d "
+                       "row groups of %d warps at head_dim %d/%d", p->bm, p->bn, p->r,
+                       p->warps, p->d, p->dv);
+    int regs = max_i(dkdv_regs(p), dq_regs(p));
+    if (p->bn / p->r > MAX_ROWS || p->bm / p->r > MAX_ROWS || p->bm / p->g > MAX_COLS ||
+        p->bn / p->g > MAX_COLS || max_i(p->d, p->dv) / p->g > MAX_OUT || regs > REG_BUDGET)
+        return aj_fail(ctx, AJ_ERR_UNSUPPORTED,
+                       "schedule: block_m = %d, block_n = %d, warps = %d needs about %d "
+                       "registers of state per thread at head_dim %d/%d (budget %d); "
+                       "use smaller tiles or more warps", p->bm, p->bn, p->warps, regs,
+                       p->d, p->dv, REG_BUDGET);
+    /* dkdv holds the most: K, V, Q, dO, P^T, dS^T and the row statistics */
+    int64_t floats = (int64_t)(p->bn + p->bm) * (p->d + 4 + p->dv + 4) +
+                     2 * (int64_t)p->bn * (p->bm + 4) + 2 * p->bm;
+    if (4 * floats > aj_target_smem_limit(target))
+        return aj_fail(ctx, AJ_ERR_UNSUPPORTED,
+                       "schedule: block_m = %d, block_n = %d needs %lld bytes of shared "
+                       "memory at head_dim %d/%d; %s allows %d", p->bm, p->bn,
+                       (long long)(4 * floats), p->d, p->dv, aj_target_name(target),
+                       aj_target_smem_limit(target));
+    return AJ_OK;
+}
+
+static aj_status ebwd_check(aj_ctx *ctx, const aj_op *op, aj_target target)
+{
+    if (op->layout != AJ_LAYOUT_PADDED)
+        return aj_fail(ctx, AJ_ERR_UNSUPPORTED,
+                       "layout = varlen: efficient backward supports layout = padded only");
+    if (op->bias != AJ_BIAS_NONE)
+        return aj_fail(ctx, AJ_ERR_UNSUPPORTED,
+                       "bias = add: efficient backward does not compute dbias yet");
+    if (op->dropout > 0)
+        return aj_fail(ctx, AJ_ERR_UNSUPPORTED,
+                       "dropout = %g: efficient backward supports dropout = 0 only",
+                       op->dropout);
+    int dims[2] = {op->head_dim, aj_op_dv(op)};
+    const char *names[2] = {"head_dim", "head_dim_v"};
+    for (int i = 0; i < 2; i++)
+        if (dims[i] % 8 != 0 || dims[i] > 256)
+            return aj_fail(ctx, AJ_ERR_UNSUPPORTED,
+                           "%s = %d: efficient backward supports multiples of 8 up to 256",
+                           names[i], dims[i]);
+    ebwd_plan plan;
+    return plan_kernel(ctx, op, target, &plan);
+}
+
+/* ---------------------------------------------------------------- shared */
+
+/* Everything the emitters below share; one per kernel. */
+typedef struct ebwd {
+    aj_kb *kb;
+    LLVMBuilderRef b;
+    const aj_op *op;
+    ebwd_plan p;
+    LLVMValueRef tid, lane, group;  /* i32 */
+    LLVMValueRef seq_q, seq_k;      /* i32 */
+    LLVMValueRef hi_off, lo_off;    /* i32: visible keys j of row i are
+                                       i + lo_off <= j <= i + hi_off (NULL: none) */
+    LLVMValueRef qk_offset;         /* i64: q_offset - kv_offset (alibi) */
+    LLVMValueRef slope;             /* f32: alibi slope of the current head */
+} ebwd;
+
+static LLVMValueRef prm(ebwd *e, const char *name)
+{
+    return aj_kb_param(e->kb, name);
+}
+
+static LLVMValueRef i32c(ebwd *e, int64_t v)
+{
+    return aj_kb_i32(e->kb, v);
+}
+
+static LLVMValueRef sext64(ebwd *e, LLVMValueRef v)
+{
+    return LLVMBuildSExt(e->b, v, e->kb->t_i64, "");
+}
+
+static const char *const bhs = "bhs";
+
+/* q, k, v, o, lse, do (inputs) and the stage's outputs, with strides */
+static void declare_params(aj_kb *kb, const aj_op *op, const char *const *outs, int nouts)
+{
+    const char *const in[] = {"q", "k", "v", "o", "do"};
+    for (int i = 0; i < 5; i++)
+        aj_kb_add_param(kb, in[i], AJ_PARAM_PTR);
+    aj_kb_add_param(kb, "lse", AJ_PARAM_PTR);
+    for (int i = 0; i < nouts; i++)
+        aj_kb_add_param(kb, outs[i], AJ_PARAM_PTR);
+    if (op->score_mod.kind == AJ_SCORE_MOD_ALIBI)
+        aj_kb_add_param(kb, "alibi_slopes", AJ_PARAM_PTR);
+    char name[32];
+    for (int t = 0; t < 5 + nouts; t++)
+        for (int i = 0; i < 3; i++) {
+            snprintf(name, sizeof name, "stride_%s_%c", t < 5 ? in[t] : outs[t - 5], bhs[i]);
+            aj_kb_add_param(kb, name, AJ_PARAM_I64);
+        }
+    aj_kb_add_param(kb, "stride_lse_b", AJ_PARAM_I64);
+    aj_kb_add_param(kb, "stride_lse_h", AJ_PARAM_I64);
+    aj_kb_add_param(kb, "heads_q", AJ_PARAM_I32);
+    aj_kb_add_param(kb, "heads_kv", AJ_PARAM_I32);
+    aj_kb_add_param(kb, "seq_q", AJ_PARAM_I32);
+    aj_kb_add_param(kb, "seq_k", AJ_PARAM_I32);
+    aj_kb_add_param(kb, "q_offset", AJ_PARAM_I64);
+    aj_kb_add_param(kb, "kv_offset", AJ_PARAM_I64);
+    aj_kb_add_param(kb, "mask_shift", AJ_PARAM_I64);
+}
+
+/* element offset of slice (b, h) of a BHSD tensor (or of lse) */
+static LLVMValueRef slice_base(ebwd *e, const char *t, LLVMValueRef b, LLVMValueRef h)
+{
+    char sb[32], sh[32];
+    snprintf(sb, sizeof sb, "stride_%s_b", t);
+    snprintf(sh, sizeof sh, "stride_%s_h", t);
+    LLVMValueRef off = LLVMBuildMul(e->b, sext64(e, b), prm(e, sb), "");
+    return LLVMBuildAdd(e->b, off, LLVMBuildMul(e->b, sext64(e, h), prm(e, sh), ""), "");
+}
+
+static LLVMValueRef stride_s(ebwd *e, const char *t)
+{
+    char name[32];
+    snprintf(name, sizeof name, "stride_%s_s", t);
+    return prm(e, name);
+}
+
+/* Thread layout, mask offsets and alibi distance base shared by both
+ * kernels. */
+static void setup(ebwd *e, aj_kb *kb, const aj_op *op, const ebwd_plan *p)
+{
+    memset(e, 0, sizeof *e);
+    e->kb = kb;
+    e->b = kb->b;
+    e->op = op;
+    e->p = *p;
+    e->tid = aj_kb_thread_id(kb);
+    e->lane = LLVMBuildAnd(e->b, e->tid, i32c(e, p->g - 1), "lane");
+    e->group = LLVMBuildUDiv(e->b, e->tid, i32c(e, p->g), "group");
+    e->seq_q = prm(e, "seq_q");
+    e->seq_k = prm(e, "seq_k");
+    e->qk_offset = LLVMBuildSub(e->b, prm(e, "q_offset"), prm(e, "kv_offset"), "");
+    LLVMValueRef delta = LLVMBuildAdd(e->b, e->qk_offset, prm(e, "mask_shift"), "delta");
+    const aj_mask_spec *mask = &op->mask;
+    if (mask->kind == AJ_MASK_NONE)
+        return;
+    /* clamped to +-2^30: with 0 <= i, j < 2^30 a clamped offset admits
+     * exactly the keys the true one does, and i +- offset fits in i32 */
+    LLVMValueRef lim = aj_kb_i64(kb, OFFSET_CLAMP), nlim = aj_kb_i64(kb, -OFFSET_CLAMP);
+    int64_t right = mask->kind == AJ_MASK_WINDOW ? mask->right : 0;
+    LLVMValueRef hi = LLVMBuildAdd(e->b, delta, aj_kb_i64(kb, right), "");
+    hi = aj_kb_smax(kb, aj_kb_smin(kb, hi, lim), nlim);
+    e->hi_off = LLVMBuildTrunc(e->b, hi, kb->t_i32, "hi_off");
+    if (mask->kind == AJ_MASK_WINDOW) {
+        LLVMValueRef lo = LLVMBuildSub(e->b, delta, aj_kb_i64(kb, mask->left), "");
+        lo = aj_kb_smax(kb, aj_kb_smin(kb, lo, lim), nlim);
+        e->lo_off = LLVMBuildTrunc(e->b, lo, kb->t_i32, "lo_off");
+    }
+}
+
+static void load_slope(ebwd *e, LLVMValueRef h)
+{
+    if (e->op->score_mod.kind != AJ_SCORE_MOD_ALIBI)
+        return;
+    LLVMValueRef at = LLVMBuildMul(e->b, sext64(e, h), aj_kb_i64(e->kb, 4), "");
+    e->slope = aj_kb_load(e->kb, e->kb->t_f32, aj_kb_gptr_offset(e->kb, prm(e, "alibi_slopes"),
+                                                                 at), 4);
+}
+
+/* Last visible key of row i (or below 0): min(Sk - 1, i + hi_off). */
+static LLVMValueRef row_key_hi(ebwd *e, LLVMValueRef i)
+{
+    LLVMValueRef hi = LLVMBuildSub(e->b, e->seq_k, i32c(e, 1), "");
+    if (e->hi_off)
+        hi = aj_kb_smin(e->kb, hi, LLVMBuildAdd(e->b, i, e->hi_off, ""));
+    return hi;
+}
+
+/* First visible key of row i: max(0, i + lo_off). */
+static LLVMValueRef row_key_lo(ebwd *e, LLVMValueRef i)
+{
+    LLVMValueRef lo = i32c(e, 0);
+    if (e->lo_off)
+        lo = aj_kb_smax(e->kb, lo, LLVMBuildAdd(e->b, i, e->lo_off, ""));
+    return lo;
+}
+
+/* Blocks of `per` indices in [0, n) overlapping [lo, hi]: [*begin, *end),
+ * empty when hi < lo. */
+static void block_range(ebwd *e, LLVMValueRef lo, LLVMValueRef hi, int per,
+                        LLVMValueRef *begin, LLVMValueRef *end)
+{
+    LLVMBuilderRef b = e->b;
+    LLVMValueRef empty = LLVMBuildICmp(b, LLVMIntSLT, hi, lo, "");
+    LLVMValueRef n = i32c(e, per);
+    *begin = LLVMBuildSelect(b, empty, i32c(e, 0), LLVMBuildSDiv(b, lo, n, ""), "");
+    *end = LLVMBuildSelect(b, empty, i32c(e, 0),
+                           LLVMBuildSDiv(b, LLVMBuildAdd(b, hi, n, ""), n, ""), "");
+}
+
+/*
+ * acc[k][t] = sum_x A[arow[k]][x] * B[bcol[t]][x] over x < width, both
+ * tiles f32 in shared memory with pitches lda and ldb.
+ */
+static void emit_dots(ebwd *e, LLVMValueRef acc[MAX_ROWS][MAX_COLS], int nr,
+                      const LLVMValueRef *arow, int32_t a_smem, int lda, int nc,
+                      const LLVMValueRef *bcol, int32_t b_smem, int ldb, int width)
+{
+    aj_kb *kb = e->kb;
+    LLVMBuilderRef b = e->b;
+    for (int k = 0; k < nr; k++)
+        for (int t = 0; t < nc; t++)
+            aj_kb_set(kb, acc[k][t], aj_kb_f32(kb, 0));
+    LLVMValueRef x4 = aj_kb_for_begin(kb, i32c(e, 0), i32c(e, width / 4), i32c(e, 1), "x4");
+    LLVMValueRef col = LLVMBuildShl(b, x4, i32c(e, 2), "");
+    LLVMValueRef av[MAX_ROWS], bv[MAX_COLS];
+    for (int k = 0; k < nr; k++)
+        av[k] = aj_smem_load4(kb, a_smem, LLVMBuildAdd(b, LLVMBuildMul(b, arow[k],
+                              i32c(e, lda), ""), col, ""));
+    for (int t = 0; t < nc; t++)
+        bv[t] = aj_smem_load4(kb, b_smem, LLVMBuildAdd(b, LLVMBuildMul(b, bcol[t],
+                              i32c(e, ldb), ""), col, ""));
+    for (int k = 0; k < nr; k++)
+        for (int t = 0; t < nc; t++) {
+            LLVMValueRef a = aj_kb_get(kb, acc[k][t]);
+            for (int c = 0; c < 4; c++) {
+                LLVMValueRef idx = i32c(e, c);
+                a = aj_kb_fma(kb, LLVMBuildExtractElement(b, av[k], idx, ""),
+                              LLVMBuildExtractElement(b, bv[t], idx, ""), a);
+            }
+            aj_kb_set(kb, acc[k][t], a);
+        }
+    aj_kb_for_end(kb);
+}
+
+/*
+ * out[k][4u+w] += sum_x A[arow[k]][x] * B[x][4 lane + 4 G u + w] over
+ * x < len: the "P^T dO"-shaped products, A and B f32 in shared memory.
+ */
+static void emit_accumulate(ebwd *e, LLVMValueRef out[MAX_ROWS][MAX_OUT], int nr,
+                            const LLVMValueRef *arow, int32_t a_smem, int lda, int len,
+                            int32_t b_smem, int ldb, int width)
+{
+    aj_kb *kb = e->kb;
+    LLVMBuilderRef b = e->b;
+    int chunks = width / (4 * e->p.g);
+    LLVMValueRef x4 = aj_kb_for_begin(kb, i32c(e, 0), i32c(e, len / 4), i32c(e, 1), "x4");
+    LLVMValueRef x0 = LLVMBuildShl(b, x4, i32c(e, 2), "");
+    LLVMValueRef av[MAX_ROWS];
+    for (int k = 0; k < nr; k++)
+        av[k] = aj_smem_load4(kb, a_smem, LLVMBuildAdd(b, LLVMBuildMul(b, arow[k],
+                              i32c(e, lda), ""), x0, ""));
+    LLVMValueRef o[MAX_ROWS][MAX_OUT];
+    for (int k = 0; k < nr; k++)
+        for (int c = 0; c < 4 * chunks; c++)
+            o[k][c] = aj_kb_get(kb, out[k][c]);
+    LLVMValueRef lane_col = LLVMBuildShl(b, e->lane, i32c(e, 2), "");
+    for (int w = 0; w < 4; w++) {
+        LLVMValueRef brow = LLVMBuildMul(b, LLVMBuildAdd(b, x0, i32c(e, w), ""), i32c(e, ldb), "");
+        for (int u = 0; u < chunks; u++) {
+            LLVMValueRef bv = aj_smem_load4(kb, b_smem, LLVMBuildAdd(b, brow,
+                                            LLVMBuildAdd(b, lane_col, i32c(e, 4 * e->p.g * u),
+                                                         ""), ""));
+            for (int k = 0; k < nr; k++) {
+                LLVMValueRef ak = LLVMBuildExtractElement(b, av[k], i32c(e, w), "");
+                for (int x = 0; x < 4; x++)
+                    o[k][4 * u + x] = aj_kb_fma(kb, ak, LLVMBuildExtractElement(b, bv,
+                                                i32c(e, x), ""), o[k][4 * u + x]);
+            }
+        }
+    }
+    for (int k = 0; k < nr; k++)
+        for (int c = 0; c < 4 * chunks; c++)
+            aj_kb_set(kb, out[k][c], o[k][c]);
+    aj_kb_for_end(kb);
+}
+
+/* tanh(x) = sign(x) (1 - 2 / (2^(2|x| log2 e) + 1)), as the forward. */
+static LLVMValueRef emit_tanh(ebwd *e, LLVMValueRef x)
+{
+    aj_kb *kb = e->kb;
+    LLVMBuilderRef b = e->b;
+    LLVMTypeRef t = kb->t_f32;
+    unsigned id = LLVMLookupIntrinsicID("llvm.fabs", 9);
+    LLVMValueRef fabs_fn = LLVMGetIntrinsicDeclaration(kb->mod, id, &t, 1);
+    LLVMValueRef ax = LLVMBuildCall2(b, LLVMIntrinsicGetType(kb->llctx, id, &t, 1), fabs_fn,
+                                     &x, 1, "");
+    LLVMValueRef ex = aj_kb_exp2(kb, LLVMBuildFMul(b, ax, aj_kb_f32(kb, 2.0 * AJ_LOG2E), ""));
+    LLVMValueRef r = LLVMBuildFSub(b, aj_kb_f32(kb, 1.0),
+                                   LLVMBuildFDiv(b, aj_kb_f32(kb, 2.0),
+                                                 LLVMBuildFAdd(b, ex, aj_kb_f32(kb, 1.0), ""),
+                                                 ""), "");
+    LLVMValueRef neg = LLVMBuildFCmp(b, LLVMRealOLT, x, aj_kb_f32(kb, 0), "");
+    return LLVMBuildSelect(b, neg, LLVMBuildFNeg(b, r, ""), r, "");
+}
+
+/*
+ * P and dS of (row i, key j) from q.k (`qk`), dO.v (`dp`), the row's LSE
+ * in log2 units and Delta; `visible` says the mask shows key j to row i.
+ * dS is the gradient of the pre-softcap score t (without the scale).
+ */
+static void emit_p_ds(ebwd *e, LLVMValueRef qk, LLVMValueRef dp, LLVMValueRef i,
+                      LLVMValueRef j, LLVMValueRef lse2, LLVMValueRef delta,
+                      LLVMValueRef visible, LLVMValueRef *p_out, LLVMValueRef *ds_out)
+{
+    aj_kb *kb = e->kb;
+    LLVMBuilderRef b = e->b;
+    const aj_op *op = e->op;
+    double scale = aj_op_scale(op);
+    LLVMValueRef s2, th = NULL;
+    if (op->score_mod.kind == AJ_SCORE_MOD_NONE) {
+        s2 = LLVMBuildFMul(b, qk, aj_kb_f32(kb, scale * AJ_LOG2E), "");
+    } else {
+        LLVMValueRef s = LLVMBuildFMul(b, qk, aj_kb_f32(kb, scale), "");
+        if (op->score_mod.kind == AJ_SCORE_MOD_SOFTCAP) {
+            double cap = op->score_mod.softcap;
+            th = emit_tanh(e, LLVMBuildFMul(b, s, aj_kb_f32(kb, 1.0 / cap), ""));
+            s = LLVMBuildFMul(b, th, aj_kb_f32(kb, cap), "");
+        } else {
+            /* alibi: s -= slope * |q_pos - kv_pos|, positions in i64 */
+            LLVMValueRef dist = LLVMBuildAdd(b, LLVMBuildSub(b, sext64(e, i), sext64(e, j), ""),
+                                             e->qk_offset, "");
+            LLVMValueRef neg = LLVMBuildICmp(b, LLVMIntSLT, dist, aj_kb_i64(kb, 0), "");
+            dist = LLVMBuildSelect(b, neg, LLVMBuildNeg(b, dist, ""), dist, "");
+            LLVMValueRef fd = LLVMBuildSIToFP(b, dist, kb->t_f32, "");
+            s = LLVMBuildFSub(b, s, LLVMBuildFMul(b, e->slope, fd, ""), "");
+        }
+        s2 = LLVMBuildFMul(b, s, aj_kb_f32(kb, AJ_LOG2E), "");
+    }
+    /* hidden elements never reach the exp: a row without keys has
+     * LSE = -inf and would give -inf - -inf */
+    LLVMValueRef pr = aj_kb_exp2(kb, LLVMBuildFSub(b, s2, lse2, ""));
+    pr = LLVMBuildSelect(b, visible, pr, aj_kb_f32(kb, 0), "");
+    LLVMValueRef ds = LLVMBuildFMul(b, pr, LLVMBuildFSub(b, dp, delta, ""), "");
+    if (th)   /* softcap chain: d/dt C tanh(t / C) = 1 - tanh^2 */
+        ds = LLVMBuildFMul(b, ds, LLVMBuildFSub(b, aj_kb_f32(kb, 1.0),
+                                                 LLVMBuildFMul(b, th, th, ""), ""), "");
+    *p_out = pr;
+    *ds_out = ds;
+}
+
+/* Whether row i sees key j: j_lo(i) <= j <= j_hi(i). */
+static LLVMValueRef emit_visible(ebwd *e, LLVMValueRef j, LLVMValueRef j_lo, LLVMValueRef j_hi)
+{
+    LLVMValueRef v = LLVMBuildICmp(e->b, LLVMIntSLE, j, j_hi, "");
+    if (e->lo_off)
+        v = LLVMBuildAnd(e->b, v, LLVMBuildICmp(e->b, LLVMIntSGE, j, j_lo, ""), "");
+    return v;
+}
+
+/*
+ * Row statistics of query row i (global, < Sq checked by the caller's
+ * clamp): Delta_i = dO_i . O_i, summed over the G lanes of the row group
+ * (lane l reads the 4-wide chunks 4l + 4Gu), and LSE_i in log2 units.
+ * `ic` is i clamped into [0, Sq - 1].
+ */
+static void emit_row_stats(ebwd *e, LLVMValueRef ic, LLVMValueRef o_base, LLVMValueRef do_base,
+                           LLVMValueRef lse_base, LLVMValueRef *lse2, LLVMValueRef *delta)
+{
+    aj_kb *kb = e->kb;
+    LLVMBuilderRef b = e->b;
+    LLVMValueRef i64 = sext64(e, ic);
+    LLVMValueRef orow = LLVMBuildAdd(b, o_base, LLVMBuildMul(b, i64, stride_s(e, "o"), ""), "");
+    LLVMValueRef drow = LLVMBuildAdd(b, do_base, LLVMBuildMul(b, i64, stride_s(e, "do"), ""), "");
+    LLVMValueRef lane_col = sext64(e, LLVMBuildShl(b, e->lane, i32c(e, 2), ""));
+    LLVMValueRef sum = aj_kb_f32(kb, 0);
+    for (int u = 0; u < e->p.dv / (4 * e->p.g); u++) {
+        LLVMValueRef col = LLVMBuildAdd(b, lane_col, aj_kb_i64(kb, 4 * e->p.g * u), "");
+        LLVMValueRef ov = aj_global_load4(kb, prm(e, "o"), LLVMBuildAdd(b, orow, col, ""),
+                                          e->p.dtype);
+        LLVMValueRef dv = aj_global_load4(kb, prm(e, "do"), LLVMBuildAdd(b, drow, col, ""),
+                                          e->p.dtype);
+        for (int x = 0; x < 4; x++)
+            sum = aj_kb_fma(kb, LLVMBuildExtractElement(b, ov, i32c(e, x), ""),
+                            LLVMBuildExtractElement(b, dv, i32c(e, x), ""), sum);
+    }
+    *delta = aj_kb_group_sum(kb, sum, e->p.g);
+    LLVMValueRef at = LLVMBuildMul(b, LLVMBuildAdd(b, lse_base, i64, ""), aj_kb_i64(kb, 4), "");
+    LLVMValueRef lse = aj_kb_load(kb, kb->t_f32, aj_kb_gptr_offset(kb, prm(e, "lse"), at), 4);
+    *lse2 = LLVMBuildFMul(b, lse, aj_kb_f32(kb, AJ_LOG2E), "");
+}
+
+/* Stores row k's accumulators times `mult` to tensor `t` at global row
+ * `row` (skipped at or past `limit`). */
+static void emit_store_row(ebwd *e, const char *t, LLVMValueRef base, LLVMValueRef row,
+                           LLVMValueRef limit, LLVMValueRef *acc, int width, double mult)
+{
+    aj_kb *kb = e->kb;
+    LLVMBuilderRef b = e->b;
+    aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntSLT, row, limit, ""));
+    LLVMValueRef rowoff = LLVMBuildAdd(b, base, LLVMBuildMul(b, sext64(e, row), stride_s(e, t),
+                                                             ""), "");
+    LLVMValueRef lane_col = sext64(e, LLVMBuildShl(b, e->lane, i32c(e, 2), ""));
+    for (int u = 0; u < width / (4 * e->p.g); u++) {
+        LLVMValueRef col = LLVMBuildAdd(b, lane_col, aj_kb_i64(kb, 4 * e->p.g * u), "");
+        LLVMValueRef vals[4];
+        for (int x = 0; x < 4; x++) {
+            vals[x] = aj_kb_get(kb, acc[4 * u + x]);
+            if (mult != 1.0)
+                vals[x] = LLVMBuildFMul(b, vals[x], aj_kb_f32(kb, mult), "");
+        }
+        aj_global_store4(kb, prm(e, t), LLVMBuildAdd(b, rowoff, col, ""), vals, e->p.dtype);
+    }
+    aj_kb_if_end(kb);
+}
+
+/* One float of shared memory at float index `idx` past byte offset `off`. */
+static LLVMValueRef smem_load1(ebwd *e, int32_t off, LLVMValueRef idx)
+{
+    LLVMValueRef bytes = LLVMBuildAdd(e->b, i32c(e, off), LLVMBuildShl(e->b, idx, i32c(e, 2), ""),
+                                      "");
+    return aj_kb_load(e->kb, e->kb->t_f32, aj_kb_smem_ptr(e->kb, bytes), 4);
+}
+
+static LLVMValueRef zero_var(aj_kb *kb, const char *name)
+{
+    return aj_kb_var(kb, kb->t_f32, aj_kb_f32(kb, 0), name);
+}
+
+/* ---------------------------------------------------------------- dkdv */
+
+static void build_dkdv(aj_kb *kb, const aj_op *op, const ebwd_plan *plan)
+{
+    static const char *const outs[] = {"dk", "dv"};
+    declare_params(kb, op, outs, 2);
+    aj_kb_begin_stage(kb, "dkdv", plan->threads);
+    ebwd e;
+    setup(&e, kb, op, plan);
+    const ebwd_plan *p = &e.p;
+    LLVMBuilderRef b = kb->b;
+    int rk = p->bn / p->r, cq = p->bm / p->g, ldk = p->d + 4, ldv = p->dv + 4;
+    int ldq = p->d + 4, ldo = p->dv + 4, ldp = p->bm + 4;
+    int32_t smem_k = aj_kb_smem_reserve(kb, 4 * p->bn * ldk);
+    int32_t smem_v = aj_kb_smem_reserve(kb, 4 * p->bn * ldv);
+    int32_t smem_q = aj_kb_smem_reserve(kb, 4 * p->bm * ldq);
+    int32_t smem_do = aj_kb_smem_reserve(kb, 4 * p->bm * ldo);
+    int32_t smem_p = aj_kb_smem_reserve(kb, 4 * p->bn * ldp);
+    int32_t smem_ds = aj_kb_smem_reserve(kb, 4 * p->bn * ldp);
+    int32_t smem_stats = aj_kb_smem_reserve(kb, 4 * 2 * p->bm);   /* lse2[bm], delta[bm] */
+
+    LLVMValueRef s_acc[MAX_ROWS][MAX_COLS], dp_acc[MAX_ROWS][MAX_COLS];
+    LLVMValueRef dk[MAX_ROWS][MAX_OUT], dv[MAX_ROWS][MAX_OUT];
+    for (int k = 0; k < rk; k++) {
+        for (int t = 0; t < cq; t++) {
+            s_acc[k][t] = aj_kb_var(kb, kb->t_f32, NULL, "s");
+            dp_acc[k][t] = aj_kb_var(kb, kb->t_f32, NULL, "dp");
+        }
+        for (int c = 0; c < p->d / p->g; c++)
+            dk[k][c] = zero_var(kb, "dk");
+        for (int c = 0; c < p->dv / p->g; c++)
+            dv[k][c] = zero_var(kb, "dv");
+    }
+
+    LLVMValueRef n0 = LLVMBuildMul(b, aj_kb_block_id(kb, 0), i32c(&e, p->bn), "n0");
+    LLVMValueRef hkv = aj_kb_block_id(kb, 1);
+    LLVMValueRef bidx = aj_kb_block_id(kb, 2);
+    LLVMValueRef group_size = LLVMBuildSDiv(b, prm(&e, "heads_q"), prm(&e, "heads_kv"), "");
+
+    /* this thread's keys (local) and query columns (within a step) */
+    LLVMValueRef keys[MAX_ROWS], qcols[MAX_COLS];
+    for (int k = 0; k < rk; k++)
+        keys[k] = LLVMBuildAdd(b, e.group, i32c(&e, p->r * k), "");
+    for (int t = 0; t < cq; t++)
+        qcols[t] = LLVMBuildAdd(b, e.lane, i32c(&e, p->g * t), "");
+
+    aj_tile_src ksrc = {prm(&e, "k"), slice_base(&e, "k", bidx, hkv), stride_s(&e, "k"), n0,
+                        e.seq_k, p->dtype};
+    aj_tile_load_f32(kb, &ksrc, p->bn, p->d, smem_k, ldk, e.tid, p->threads);
+    aj_tile_src vsrc = {prm(&e, "v"), slice_base(&e, "v", bidx, hkv), stride_s(&e, "v"), n0,
+                        e.seq_k, p->dtype};
+    aj_tile_load_f32(kb, &vsrc, p->bn, p->dv, smem_v, ldv, e.tid, p->threads);
+
+    /* query rows that see a key of this block: j - hi_off <= i <= j - lo_off */
+    LLVMValueRef j_last = LLVMBuildSub(b, aj_kb_smin(kb, LLVMBuildAdd(b, n0, i32c(&e, p->bn), ""),
+                                                     e.seq_k), i32c(&e, 1), "");
+    LLVMValueRef i_lo = i32c(&e, 0);
+    if (e.hi_off)
+        i_lo = aj_kb_smax(kb, i_lo, LLVMBuildSub(b, n0, e.hi_off, ""));
+    LLVMValueRef i_hi = LLVMBuildSub(b, e.seq_q, i32c(&e, 1), "");
+    if (e.lo_off)
+        i_hi = aj_kb_smin(kb, i_hi, LLVMBuildSub(b, j_last, e.lo_off, ""));
+    LLVMValueRef m_begin, m_end;
+    block_range(&e, i_lo, i_hi, p->bm, &m_begin, &m_end);
+
+    LLVMValueRef hq = aj_kb_for_begin(kb, i32c(&e, 0), group_size, i32c(&e, 1), "hq");
+    LLVMValueRef h = LLVMBuildAdd(b, LLVMBuildMul(b, hkv, group_size, ""), hq, "h");
+    load_slope(&e, h);
+    LLVMValueRef q_base = slice_base(&e, "q", bidx, h);
+    LLVMValueRef o_base = slice_base(&e, "o", bidx, h);
+    LLVMValueRef do_base = slice_base(&e, "do", bidx, h);
+    LLVMValueRef lse_base = slice_base(&e, "lse", bidx, h);
+    LLVMValueRef m = aj_kb_for_begin(kb, m_begin, m_end, i32c(&e, 1), "m");
+    {
+        LLVMValueRef m0 = LLVMBuildMul(b, m, i32c(&e, p->bm), "m0");
+        aj_kb_barrier(kb);   /* the previous step's readers are done */
+        aj_tile_src qsrc = {prm(&e, "q"), q_base, stride_s(&e, "q"), m0, e.seq_q, p->dtype};
+        aj_tile_load_f32(kb, &qsrc, p->bm, p->d, smem_q, ldq, e.tid, p->threads);
+        aj_tile_src dosrc = {prm(&e, "do"), do_base, stride_s(&e, "do"), m0, e.seq_q, p->dtype};
+        aj_tile_load_f32(kb, &dosrc, p->bm, p->dv, smem_do, ldo, e.tid, p->threads);
+        /* row groups over the step's queries: LSE and Delta to shared memory */
+        LLVMValueRef last = LLVMBuildSub(b, e.seq_q, i32c(&e, 1), "");
+        for (int k = 0; k < (p->bm + p->r - 1) / p->r; k++) {
+            LLVMValueRef row = LLVMBuildAdd(b, e.group, i32c(&e, p->r * k), "");
+            LLVMValueRef rowc = aj_kb_smin(kb, row, i32c(&e, p->bm - 1));
+            LLVMValueRef ic = aj_kb_smin(kb, LLVMBuildAdd(b, m0, rowc, ""), last);
+            LLVMValueRef lse2, delta;
+            emit_row_stats(&e, ic, o_base, do_base, lse_base, &lse2, &delta);
+            LLVMValueRef store = LLVMBuildICmp(b, LLVMIntEQ, e.lane, i32c(&e, 0), "");
+            store = LLVMBuildAnd(b, store, LLVMBuildICmp(b, LLVMIntSLT, row, i32c(&e, p->bm), ""),
+                                 "");
+            aj_kb_if_begin(kb, store);
+            aj_smem_store1(kb, smem_stats, row, lse2);
+            aj_smem_store1(kb, smem_stats, LLVMBuildAdd(b, row, i32c(&e, p->bm), ""), delta);
+            aj_kb_if_end(kb);
+        }
+        aj_kb_barrier(kb);
+        emit_dots(&e, s_acc, rk, keys, smem_k, ldk, cq, qcols, smem_q, ldq, p->d);
+        emit_dots(&e, dp_acc, rk, keys, smem_v, ldv, cq, qcols, smem_do, ldo, p->dv);
+        for (int t = 0; t < cq; t++) {
+            LLVMValueRef i = LLVMBuildAdd(b, m0, qcols[t], "");
+            /* rows past Sq see nothing (their Q and dO tiles are zeros) */
+            LLVMValueRef j_hi = row_key_hi(&e, i);
+            j_hi = LLVMBuildSelect(b, LLVMBuildICmp(b, LLVMIntSLT, i, e.seq_q, ""), j_hi,
+                                   i32c(&e, -1), "");
+            LLVMValueRef j_lo = e.lo_off ? row_key_lo(&e, i) : NULL;
+            LLVMValueRef lse2 = smem_load1(&e, smem_stats, qcols[t]);
+            LLVMValueRef delta = smem_load1(&e, smem_stats, LLVMBuildAdd(b, qcols[t],
+                                                                       i32c(&e, p->bm), ""));
+            for (int k = 0; k < rk; k++) {
+                LLVMValueRef j = LLVMBuildAdd(b, n0, keys[k], "");
+                LLVMValueRef pr, ds;
+                emit_p_ds(&e, aj_kb_get(kb, s_acc[k][t]), aj_kb_get(kb, dp_acc[k][t]), i, j,
+                          lse2, delta, emit_visible(&e, j, j_lo, j_hi), &pr, &ds);
+                LLVMValueRef idx = LLVMBuildAdd(b, LLVMBuildMul(b, keys[k], i32c(&e, ldp), ""),
+                                                qcols[t], "");
+                aj_smem_store1(kb, smem_p, idx, pr);
+                aj_smem_store1(kb, smem_ds, idx, ds);
+            }
+        }
+        aj_kb_barrier(kb);   /* P^T and dS^T complete */
+        emit_accumulate(&e, dv, rk, keys, smem_p, ldp, p->bm, smem_do, ldo, p->dv);
+        emit_accumulate(&e, dk, rk, keys, smem_ds, ldp, p->bm, smem_q, ldq, p->d);
+    }
+    aj_kb_for_end(kb);
+    aj_kb_for_end(kb);
+
+    LLVMValueRef dk_base = slice_base(&e, "dk", bidx, hkv);
+    LLVMValueRef dv_base = slice_base(&e, "dv", bidx, hkv);
+    for (int k = 0; k < rk; k++) {
+        LLVMValueRef j = LLVMBuildAdd(b, n0, keys[k], "");
+        emit_store_row(&e, "dk", dk_base, j, e.seq_k, dk[k], p->d, aj_op_scale(op));
+        emit_store_row(&e, "dv", dv_base, j, e.seq_k, dv[k], p->dv, 1.0);
+    }
+    const aj_kernel_layout layout = {
+        .grid = {{AJ_EXTENT_SEQ_K, p->bn}, {AJ_EXTENT_HEADS_KV, 1}, {AJ_EXTENT_BATCH, 1}},
+        .schedule = {p->bm, p->bn, p->warps, 1},
+    };
+    aj_kb_finish(kb, &layout);
+}
+
+/* ---------------------------------------------------------------- dq */
+
+static void build_dq(aj_kb *kb, const aj_op *op, const ebwd_plan *plan)
+{
+    static const char *const outs[] = {"dq"};
+    declare_params(kb, op, outs, 1);
+    aj_kb_begin_stage(kb, "dq", plan->threads);
+    ebwd e;
+    setup(&e, kb, op, plan);
+    const ebwd_plan *p = &e.p;
+    LLVMBuilderRef b = kb->b;
+    int rm = p->bm / p->r, cn = p->bn / p->g;
+    int ldq = p->d + 4, ldo = p->dv + 4, ldk = p->d + 4, ldv = p->dv + 4, lds = p->bn + 4;
+    int32_t smem_q = aj_kb_smem_reserve(kb, 4 * p->bm * ldq);
+    int32_t smem_do = aj_kb_smem_reserve(kb, 4 * p->bm * ldo);
+    int32_t smem_k = aj_kb_smem_reserve(kb, 4 * p->bn * ldk);
+    int32_t smem_v = aj_kb_smem_reserve(kb, 4 * p->bn * ldv);
+    int32_t smem_ds = aj_kb_smem_reserve(kb, 4 * p->bm * lds);
+
+    LLVMValueRef s_acc[MAX_ROWS][MAX_COLS], dp_acc[MAX_ROWS][MAX_COLS];
+    LLVMValueRef dq[MAX_ROWS][MAX_OUT];
+    for (int k = 0; k < rm; k++) {
+        for (int t = 0; t < cn; t++) {
+            s_acc[k][t] = aj_kb_var(kb, kb->t_f32, NULL, "s");
+            dp_acc[k][t] = aj_kb_var(kb, kb->t_f32, NULL, "dp");
+        }
+        for (int c = 0; c < p->d / p->g; c++)
+            dq[k][c] = zero_var(kb, "dq");
+    }
+
+    LLVMValueRef m0 = LLVMBuildMul(b, aj_kb_block_id(kb, 0), i32c(&e, p->bm), "m0");
+    LLVMValueRef h = aj_kb_block_id(kb, 1);
+    LLVMValueRef bidx = aj_kb_block_id(kb, 2);
+    LLVMValueRef group_size = LLVMBuildSDiv(b, prm(&e, "heads_q"), prm(&e, "heads_kv"), "");
+    LLVMValueRef hkv = LLVMBuildSDiv(b, h, group_size, "hkv");
+    load_slope(&e, h);
+    LLVMValueRef k_base = slice_base(&e, "k", bidx, hkv);
+    LLVMValueRef v_base = slice_base(&e, "v", bidx, hkv);
+
+    LLVMValueRef rows[MAX_ROWS], kcols[MAX_COLS];
+    for (int k = 0; k < rm; k++)
+        rows[k] = LLVMBuildAdd(b, e.group, i32c(&e, p->r * k), "");
+    for (int t = 0; t < cn; t++)
+        kcols[t] = LLVMBuildAdd(b, e.lane, i32c(&e, p->g * t), "");
+
+    aj_tile_src qsrc = {prm(&e, "q"), slice_base(&e, "q", bidx, h), stride_s(&e, "q"), m0,
+                        e.seq_q, p->dtype};
+    aj_tile_load_f32(kb, &qsrc, p->bm, p->d, smem_q, ldq, e.tid, p->threads);
+    aj_tile_src dosrc = {prm(&e, "do"), slice_base(&e, "do", bidx, h), stride_s(&e, "do"), m0,
+                         e.seq_q, p->dtype};
+    aj_tile_load_f32(kb, &dosrc, p->bm, p->dv, smem_do, ldo, e.tid, p->threads);
+
+    /* per row: LSE (log2), Delta and the visible key range */
+    LLVMValueRef o_base = slice_base(&e, "o", bidx, h);
+    LLVMValueRef do_base = slice_base(&e, "do", bidx, h);
+    LLVMValueRef lse_base = slice_base(&e, "lse", bidx, h);
+    LLVMValueRef last = LLVMBuildSub(b, e.seq_q, i32c(&e, 1), "");
+    LLVMValueRef lse2[MAX_ROWS], delta[MAX_ROWS], j_lo[MAX_ROWS], j_hi[MAX_ROWS], gi[MAX_ROWS];
+    for (int k = 0; k < rm; k++) {
+        gi[k] = LLVMBuildAdd(b, m0, rows[k], "");
+        emit_row_stats(&e, aj_kb_smin(kb, gi[k], last), o_base, do_base, lse_base, &lse2[k],
+                       &delta[k]);
+        j_hi[k] = row_key_hi(&e, gi[k]);
+        j_lo[k] = e.lo_off ? row_key_lo(&e, gi[k]) : NULL;
+    }
+
+    /* key blocks holding a key visible to some row of the CTA */
+    LLVMValueRef rows_here = aj_kb_smin(kb, i32c(&e, p->bm), LLVMBuildSub(b, e.seq_q, m0, ""));
+    LLVMValueRef i_last = LLVMBuildAdd(b, m0, LLVMBuildSub(b, rows_here, i32c(&e, 1), ""), "");
+    LLVMValueRef n_begin, n_end;
+    block_range(&e, row_key_lo(&e, m0), row_key_hi(&e, i_last), p->bn, &n_begin, &n_end);
+    LLVMValueRef n = aj_kb_for_begin(kb, n_begin, n_end, i32c(&e, 1), "n");
+    {
+        LLVMValueRef n0 = LLVMBuildMul(b, n, i32c(&e, p->bn), "n0");
+        aj_kb_barrier(kb);   /* the previous block's readers of K, V, dS are done */
+        aj_tile_src ksrc = {prm(&e, "k"), k_base, stride_s(&e, "k"), n0, e.seq_k, p->dtype};
+        aj_tile_load_f32(kb, &ksrc, p->bn, p->d, smem_k, ldk, e.tid, p->threads);
+        aj_tile_src vsrc = {prm(&e, "v"), v_base, stride_s(&e, "v"), n0, e.seq_k, p->dtype};
+        aj_tile_load_f32(kb, &vsrc, p->bn, p->dv, smem_v, ldv, e.tid, p->threads);
+        aj_kb_barrier(kb);
+        emit_dots(&e, s_acc, rm, rows, smem_q, ldq, cn, kcols, smem_k, ldk, p->d);
+        emit_dots(&e, dp_acc, rm, rows, smem_do, ldo, cn, kcols, smem_v, ldv, p->dv);
+        for (int k = 0; k < rm; k++)
+            for (int t = 0; t < cn; t++) {
+                LLVMValueRef j = LLVMBuildAdd(b, n0, kcols[t], "");
+                LLVMValueRef pr, ds;
+                emit_p_ds(&e, aj_kb_get(kb, s_acc[k][t]), aj_kb_get(kb, dp_acc[k][t]), gi[k],
+                          j, lse2[k], delta[k], emit_visible(&e, j, j_lo[k], j_hi[k]), &pr,
+                          &ds);
+                aj_smem_store1(kb, smem_ds, LLVMBuildAdd(b, LLVMBuildMul(b, rows[k],
+                               i32c(&e, lds), ""), kcols[t], ""), ds);
+            }
+        aj_kb_barrier(kb);   /* dS complete */
+        emit_accumulate(&e, dq, rm, rows, smem_ds, lds, p->bn, smem_k, ldk, p->d);
+    }
+    aj_kb_for_end(kb);
+
+    LLVMValueRef dq_base = slice_base(&e, "dq", bidx, h);
+    for (int k = 0; k < rm; k++)
+        emit_store_row(&e, "dq", dq_base, gi[k], e.seq_q, dq[k], p->d, aj_op_scale(op));
+    const aj_kernel_layout layout = {
+        .grid = {{AJ_EXTENT_SEQ_Q, p->bm}, {AJ_EXTENT_HEADS_Q, 1}, {AJ_EXTENT_BATCH, 1}},
+        .schedule = {p->bm, p->bn, p->warps, 1},
+    };
+    aj_kb_finish(kb, &layout);
+}
+
+static aj_status ebwd_build(aj_kb *kb, const aj_op *op, void *user)
+{
+    (void)user;
+    ebwd_plan plan;
+    aj_status st = plan_kernel(kb->ctx, op, kb->target, &plan);
+    if (st != AJ_OK)
+        return st;
+    build_dkdv(kb, op, &plan);
+    build_dq(kb, op, &plan);
+    return kb->st;
+}
+
+const aj_template aj_template_efficient_bwd = {
+    .name = "efficient_bwd",
+    .kind = AJ_KIND_BACKWARD,
+    .variant = AJ_VARIANT_EFFICIENT,
+    .check = ebwd_check,
+    .build = ebwd_build,
+};

@@ -1,0 +1,435 @@
+/*
+ * test_sim_backward.c -- the efficient backward pass on sim against the
+ * float64 reference (tests/ref.c's ref_backward).
+ *
+ * Inputs (q, k, v, dO) are drawn from a seeded generator and rounded to
+ * the op's dtype; O and LSE come from ref_forward and are rounded as a
+ * forward kernel would store them (O to the dtype, LSE to f32), and the
+ * reference backward is fed those same rounded values.  dQ, dK and dV are
+ * outputs in the op's dtype, so each tensor is checked with a norm-wise
+ * bound:
+ *
+ *     max |got - ref| <= atol + rtol * max |ref|       (per tensor)
+ *
+ * with the pair per dtype in tolerance_for().
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "ref.h"
+
+static aj_ctx *ctx;
+static aj_device *dev;
+static int cases_run;
+
+typedef struct bwd_case {
+    const char *label;
+    aj_dtype dtype;
+    int d, dv;
+    const char *mask;          /* IR text */
+    const char *score_mod;     /* IR text, "none" if NULL */
+    int b, hq, hkv, sq, sk;
+    int64_t q_offset, kv_offset, sq_total, sk_total;
+    double magnitude;
+    uint64_t seed;
+} bwd_case;
+
+/* f16 and bf16 gradients carry their storage rounding (2^-11, 2^-8 of the
+ * largest element) plus that of the rounded O fed to Delta; f32 sees
+ * ex2.approx and f32 accumulation only. */
+static void tolerance_for(aj_dtype dtype, double *atol, double *rtol)
+{
+    switch (dtype) {
+    case AJ_DTYPE_F16: *atol = 1e-3; *rtol = 4e-3; break;
+    case AJ_DTYPE_BF16: *atol = 4e-3; *rtol = 2.4e-2; break;
+    default: *atol = 2e-5; *rtol = 1e-4; break;
+    }
+}
+
+/* ---------------------------------------------------------------- data */
+
+static uint64_t next_random(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);   /* splitmix64 */
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+/* A contiguous BHSD tensor on sim (host memory) with its double image. */
+typedef struct tensor {
+    aj_tensor t;
+    double *ref;
+    size_t n;
+} tensor;
+
+static void make(tensor *x, aj_dtype dtype, int64_t b, int64_t h, int64_t s, int64_t d)
+{
+    memset(x, 0, sizeof *x);
+    x->n = (size_t)(b * h * s * d);
+    int elem = dtype == AJ_DTYPE_F32 ? 4 : 2;
+    CHECK(aj_device_alloc(dev, x->n * (size_t)elem + 16, &x->t.data) == AJ_OK);
+    x->ref = calloc(x->n + 1, sizeof(double));
+    x->t.dtype = dtype;
+    x->t.rank = 4;
+    int64_t shape[4] = {b, h, s, d};
+    memcpy(x->t.shape, shape, sizeof shape);
+    x->t.strides[3] = 1;
+    x->t.strides[2] = d;
+    x->t.strides[1] = s * d;
+    x->t.strides[0] = h * s * d;
+}
+
+static void release(tensor *x)
+{
+    aj_device_free(dev, x->t.data);
+    free(x->ref);
+}
+
+/* Stores the double image into the tensor's dtype and reads the rounded
+ * values back into the image. */
+static void store_rounded(tensor *x)
+{
+    float *f = malloc((x->n + 1) * sizeof *f);
+    for (size_t i = 0; i < x->n; i++)
+        f[i] = (float)x->ref[i];
+    CHECK(aj_convert(f, AJ_DTYPE_F32, x->t.data, x->t.dtype, x->n) == AJ_OK);
+    CHECK(aj_convert(x->t.data, x->t.dtype, f, AJ_DTYPE_F32, x->n) == AJ_OK);
+    for (size_t i = 0; i < x->n; i++)
+        x->ref[i] = f[i];
+    free(f);
+}
+
+static void fill(tensor *x, double magnitude, uint64_t *rng)
+{
+    for (size_t i = 0; i < x->n; i++)
+        x->ref[i] = magnitude * ((double)(next_random(rng) >> 11) * 0x1p-52 - 1.0);
+    store_rounded(x);
+}
+
+/* Reads a result back as doubles; NaN where it was never written shows as
+ * a failure (the buffer starts as NaN). */
+static void read_back(const tensor *x, double *out)
+{
+    float *f = malloc((x->n + 1) * sizeof *f);
+    CHECK(aj_convert(x->t.data, x->t.dtype, f, AJ_DTYPE_F32, x->n) == AJ_OK);
+    for (size_t i = 0; i < x->n; i++)
+        out[i] = f[i];
+    free(f);
+}
+
+static void poison(tensor *x)
+{
+    memset(x->t.data, 0xff, x->n * (x->t.dtype == AJ_DTYPE_F32 ? 4 : 2));
+}
+
+/* max |got - ref| / (atol + rtol max |ref|): <= 1 passes; NaN fails */
+static double norm_error(const double *got, const double *ref, size_t n, aj_dtype dtype)
+{
+    double atol, rtol, mx = 0, err = 0;
+    tolerance_for(dtype, &atol, &rtol);
+    for (size_t i = 0; i < n; i++)
+        mx = fmax(mx, fabs(ref[i]));
+    for (size_t i = 0; i < n; i++) {
+        double e = fabs(got[i] - ref[i]);
+        if (!(e == e))
+            return INFINITY;
+        err = fmax(err, e);
+    }
+    return err / (atol + rtol * mx);
+}
+
+/* ---------------------------------------------------------------- cases */
+
+static aj_kernel *compile(const bwd_case *c)
+{
+    char spec[512];
+    snprintf(spec, sizeof spec,
+             "attention backward efficient {\n  dtype = %s\n  head_dim = %d\n"
+             "  head_dim_v = %d\n  mask = %s\n  score_mod = %s\n}\n",
+             aj_dtype_name(c->dtype), c->d, c->dv ? c->dv : c->d, c->mask,
+             c->score_mod ? c->score_mod : "none");
+    aj_op *op = NULL;
+    aj_kernel *k = NULL;
+    CHECK_MSG(aj_op_parse(ctx, spec, strlen(spec), c->label, &op) == AJ_OK, "%s: %s", c->label,
+              aj_last_error(ctx));
+    aj_compile_options opt = AJ_COMPILE_OPTIONS_INIT;
+    opt.target = AJ_TARGET_SIM;
+    opt.emit = AJ_EMIT_LLVM_IR;
+    if (op)
+        CHECK_MSG(aj_compile(ctx, op, &opt, &k) == AJ_OK, "%s: %s", c->label,
+                  aj_last_error(ctx));
+    aj_op_destroy(op);
+    return k;
+}
+
+/* Parses the IR mask text the cases use into the reference's fields. */
+static void ref_mask(const bwd_case *c, ref_problem *p)
+{
+    long long l = 0, r = 0;
+    p->mask = AJ_MASK_NONE;
+    if (strncmp(c->mask, "causal", 6) == 0)
+        p->mask = AJ_MASK_CAUSAL;
+    else if (sscanf(c->mask, "window(%lld, %lld", &l, &r) == 2)
+        p->mask = AJ_MASK_WINDOW;
+    p->window_left = l;
+    p->window_right = r;
+    p->align = strstr(c->mask, "bottom_right") ? AJ_ALIGN_BOTTOM_RIGHT : AJ_ALIGN_TOP_LEFT;
+}
+
+/* Runs one case; with `twice`, runs it again and wants identical bits. */
+static void run(const bwd_case *c, int twice)
+{
+    cases_run++;
+    int dv = c->dv ? c->dv : c->d;
+    aj_kernel *kernel = compile(c);
+    if (!kernel)
+        return;
+    tensor q, k, v, o, dout, lse, dq, dk, dvt;
+    make(&q, c->dtype, c->b, c->hq, c->sq, c->d);
+    make(&k, c->dtype, c->b, c->hkv, c->sk, c->d);
+    make(&v, c->dtype, c->b, c->hkv, c->sk, dv);
+    make(&o, c->dtype, c->b, c->hq, c->sq, dv);
+    make(&dout, c->dtype, c->b, c->hq, c->sq, dv);
+    make(&lse, AJ_DTYPE_F32, 1, c->b, c->hq, c->sq);
+    make(&dq, c->dtype, c->b, c->hq, c->sq, c->d);
+    make(&dk, c->dtype, c->b, c->hkv, c->sk, c->d);
+    make(&dvt, c->dtype, c->b, c->hkv, c->sk, dv);
+    /* lse is [B, Hq, Sq] */
+    lse.t.rank = 3;
+    lse.t.shape[0] = c->b;
+    lse.t.shape[1] = c->hq;
+    lse.t.shape[2] = c->sq;
+    lse.t.strides[0] = (int64_t)c->hq * c->sq;
+    lse.t.strides[1] = c->sq;
+    lse.t.strides[2] = 1;
+
+    uint64_t rng = c->seed ? c->seed : 7;
+    double mag = c->magnitude ? c->magnitude : 1.0;
+    fill(&q, mag, &rng);
+    fill(&k, mag, &rng);
+    fill(&v, 1.0, &rng);
+    fill(&dout, 1.0, &rng);
+
+    ref_problem p;
+    memset(&p, 0, sizeof p);
+    p.B = c->b;
+    p.Hq = c->hq;
+    p.Hkv = c->hkv;
+    p.D = c->d;
+    p.Dv = dv;
+    p.Sq = c->sq;
+    p.Sk = c->sk;
+    ref_mask(c, &p);
+    p.q_offset = c->q_offset;
+    p.kv_offset = c->kv_offset;
+    p.sq_total = c->sq_total;
+    p.sk_total = c->sk_total;
+    double slopes[64];
+    aj_tensor slopes_t = {0};
+    float slopes_f[64];
+    if (c->score_mod && strcmp(c->score_mod, "alibi") == 0) {
+        for (int h = 0; h < c->hq; h++) {
+            slopes_f[h] = (float)pow(2.0, -8.0 * (h + 1) / c->hq);
+            slopes[h] = slopes_f[h];
+        }
+        p.alibi_slopes = slopes;
+        slopes_t = (aj_tensor){slopes_f, AJ_DTYPE_F32, 1, {c->hq}, {1}};
+    } else if (c->score_mod) {
+        CHECK(sscanf(c->score_mod, "softcap(%lf)", &p.softcap) == 1);
+    }
+    ref_forward(&p, q.ref, k.ref, v.ref, o.ref, lse.ref);
+    store_rounded(&o);
+    store_rounded(&lse);   /* -inf stays -inf */
+
+    aj_bwd_args a = AJ_BWD_ARGS_INIT;
+    a.q = q.t;
+    a.k = k.t;
+    a.v = v.t;
+    a.o = o.t;
+    a.lse = lse.t;
+    a.do_ = dout.t;
+    a.dq = dq.t;
+    a.dk = dk.t;
+    a.dv = dvt.t;
+    a.alibi_slopes = slopes_t;
+    a.q_offset = c->q_offset;
+    a.kv_offset = c->kv_offset;
+    a.sq_total = c->sq_total;
+    a.sk_total = c->sk_total;
+    poison(&dq);
+    poison(&dk);
+    poison(&dvt);
+    aj_status st = aj_backward(ctx, dev, kernel, &a);
+    CHECK_MSG(st == AJ_OK, "%s: %s", c->label, aj_last_error(ctx));
+
+    double *want[3] = {calloc(q.n + 1, 8), calloc(k.n + 1, 8), calloc(v.n + 1, 8)};
+    double *got[3] = {calloc(q.n + 1, 8), calloc(k.n + 1, 8), calloc(v.n + 1, 8)};
+    ref_backward(&p, q.ref, k.ref, v.ref, o.ref, lse.ref, dout.ref, want[0], want[1], want[2],
+                 NULL);
+    const tensor *outs[3] = {&dq, &dk, &dvt};
+    const char *names[3] = {"dq", "dk", "dv"};
+    for (int t = 0; t < 3 && st == AJ_OK; t++) {
+        read_back(outs[t], got[t]);
+        double err = norm_error(got[t], want[t], outs[t]->n, c->dtype);
+        CHECK_MSG(err <= 1.0, "%s: %s error %.3g of the tolerance", c->label, names[t], err);
+    }
+    /* rows with LSE = -inf see no key: exactly zero gradients */
+    for (size_t r = 0; r < lse.n && st == AJ_OK; r++)
+        if (lse.ref[r] == -INFINITY)
+            for (int x = 0; x < c->d; x++)
+                CHECK_MSG(got[0][r * (size_t)c->d + (size_t)x] == 0.0,
+                          "%s: dq row %zu (no visible key) is not 0", c->label, r);
+    if (twice && st == AJ_OK) {
+        size_t bytes[3];
+        void *first[3];
+        for (int t = 0; t < 3; t++) {
+            bytes[t] = outs[t]->n * (c->dtype == AJ_DTYPE_F32 ? 4 : 2);
+            first[t] = malloc(bytes[t] + 1);
+            memcpy(first[t], outs[t]->t.data, bytes[t]);
+            poison((tensor *)outs[t]);
+        }
+        CHECK(aj_backward(ctx, dev, kernel, &a) == AJ_OK);
+        for (int t = 0; t < 3; t++) {
+            CHECK_MSG(memcmp(first[t], outs[t]->t.data, bytes[t]) == 0,
+                      "%s: %s differs between two runs", c->label, names[t]);
+            free(first[t]);
+        }
+    }
+    for (int t = 0; t < 3; t++) {
+        free(want[t]);
+        free(got[t]);
+    }
+    tensor *all[9] = {&q, &k, &v, &o, &dout, &lse, &dq, &dk, &dvt};
+    for (int i = 0; i < 9; i++)
+        release(all[i]);
+    aj_kernel_destroy(kernel);
+}
+
+static bwd_case base(const char *label, aj_dtype dtype, int d, const char *mask)
+{
+    return (bwd_case){.label = label, .dtype = dtype, .d = d, .mask = mask, .b = 1, .hq = 2,
+                      .hkv = 1, .sq = 37, .sk = 70, .seed = 11};
+}
+
+/* dtypes x head dims x masks, GQA 2:1, Sq != Sk with tails */
+static void test_matrix(void)
+{
+    static const aj_dtype dtypes[3] = {AJ_DTYPE_F16, AJ_DTYPE_BF16, AJ_DTYPE_F32};
+    static const int dims[5][2] = {{32, 32}, {64, 64}, {128, 128}, {256, 256}, {192, 128}};
+    static const char *const masks[4] = {"none", "causal(top_left)", "causal(bottom_right)",
+                                         "window(20, 5, top_left)"};
+    char labels[60][96];
+    int n = 0;
+    for (int t = 0; t < 3; t++)
+        for (int d = 0; d < 5; d++)
+            for (int m = 0; m < 4; m++) {
+                /* every mask at d 64; the others rotate through the masks */
+                if (dims[d][0] != 64 && m != (t + d) % 4)
+                    continue;
+                snprintf(labels[n], sizeof labels[n], "%s d%d/%d %s",
+                         aj_dtype_name(dtypes[t]), dims[d][0], dims[d][1], masks[m]);
+                bwd_case c = base(labels[n], dtypes[t], dims[d][0], masks[m]);
+                c.dv = dims[d][1];
+                c.sq = dims[d][0] >= 192 ? 21 : 37;
+                c.sk = dims[d][0] >= 192 ? 40 : 70;
+                run(&c, 0);
+                n++;
+            }
+}
+
+static void test_shapes(void)
+{
+    bwd_case c = base("f32 d64 GQA 4:1 causal(bottom_right), batch 2", AJ_DTYPE_F32, 64,
+                      "causal(bottom_right)");
+    c.b = 2;
+    c.hq = 8;
+    c.hkv = 2;
+    c.sq = 33;
+    c.sk = 33;
+    run(&c, 0);
+    c = base("f16 d64 Sq 1, Sk 17", AJ_DTYPE_F16, 64, "causal(bottom_right)");
+    c.sq = 1;
+    c.sk = 17;
+    run(&c, 0);
+    c = base("bf16 d32 Sq 70, Sk 37 causal: rows without keys", AJ_DTYPE_BF16, 32,
+             "causal(bottom_right)");
+    c.sq = 70;
+    c.sk = 37;
+    run(&c, 0);
+    c = base("f32 d8 window(3, 2) (narrow row groups)", AJ_DTYPE_F32, 8, "window(3, 2, top_left)");
+    run(&c, 0);
+}
+
+static void test_offsets(void)
+{
+    bwd_case c = base("f32 d64 causal, offsets (chunk of a longer sequence)", AJ_DTYPE_F32, 64,
+                      "causal(bottom_right)");
+    c.q_offset = 100;
+    c.kv_offset = 64;
+    c.sq_total = 140;
+    c.sk_total = 170;
+    run(&c, 0);
+    c = base("f16 d64 window, offsets past 2^31", AJ_DTYPE_F16, 64, "window(30, 0, top_left)");
+    c.q_offset = ((int64_t)1 << 33) + 40;
+    c.kv_offset = (int64_t)1 << 33;
+    run(&c, 0);
+    c = base("f32 d32 causal, keys all in the future: every row empty", AJ_DTYPE_F32, 32,
+             "causal(top_left)");
+    c.kv_offset = 1000;
+    run(&c, 0);
+}
+
+static void test_score_mods(void)
+{
+    bwd_case c = base("f32 d64 softcap(5) causal", AJ_DTYPE_F32, 64, "causal(top_left)");
+    c.score_mod = "softcap(5.0)";
+    c.magnitude = 3.0;
+    run(&c, 0);
+    c = base("bf16 d128 softcap(30)", AJ_DTYPE_BF16, 128, "none");
+    c.score_mod = "softcap(30.0)";
+    c.magnitude = 4.0;
+    run(&c, 0);
+    c = base("f32 d64 alibi causal(bottom_right), offsets", AJ_DTYPE_F32, 64,
+             "causal(bottom_right)");
+    c.score_mod = "alibi";
+    c.hq = 4;
+    c.hkv = 2;
+    c.q_offset = 7;
+    run(&c, 0);
+    c = base("f16 d64 alibi window", AJ_DTYPE_F16, 64, "window(16, 16, top_left)");
+    c.score_mod = "alibi";
+    run(&c, 0);
+}
+
+static void test_deterministic(void)
+{
+    bwd_case c = base("f32 d64 GQA 4:1 causal: two runs, same bits", AJ_DTYPE_F32, 64,
+                      "causal(top_left)");
+    c.hq = 4;
+    c.sq = 70;
+    c.sk = 70;
+    run(&c, 1);
+    c = base("bf16 d128 window: two runs, same bits", AJ_DTYPE_BF16, 128, "window(20, 5, top_left)");
+    run(&c, 1);
+}
+
+int main(void)
+{
+    CHECK(aj_ctx_create(NULL, &ctx) == AJ_OK);
+    CHECK_STATUS(ctx, aj_device_open(ctx, AJ_DEVICE_SIM, 0, &dev), AJ_OK);
+    if (!dev)
+        return check_report();
+    test_matrix();
+    test_shapes();
+    test_offsets();
+    test_score_mods();
+    test_deterministic();
+    printf("%d cases\n", cases_run);
+    aj_device_close(dev);
+    aj_ctx_destroy(ctx);
+    return check_report();
+}
