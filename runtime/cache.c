@@ -2,8 +2,9 @@
  * cache.c -- the kernel cache: in memory per context, and on disk.
  *
  * A compile is keyed by the op's canonical hash, the target, the opt level,
- * the emitted form and the LLVM and attnjit versions (runtime/compile.c
- * builds the key).  Memory entries hold a reference to the kernel; disk
+ * the emitted form, the LLVM and attnjit versions and a digest of the
+ * sources that generate code (runtime/compile.c builds the key), so no
+ * build of attnjit ever reads kernels another build wrote.  Memory entries hold a reference to the kernel; disk
  * entries are files
  *
  *     <dir>/<xxh3-64 of the key>.ajk:

@@ -74,10 +74,11 @@ static aj_status compile_one(aj_ctx *ctx, aj_kernel_cache *cache, const aj_op *o
     AJ_TRY(tmpl->check(ctx, op, opt->target));
     AJ_TRY(aj_op_hash(op, hash));
 
-    /* the key: what the compile reads, and the versions that produce it */
-    snprintf(key, sizeof key, "aj-kernel|%s|%s|O%d|%s|llvm %s|attnjit %s", hash,
+    /* the key: what the compile reads, and the versions that produce it
+     * (AJ_CODEGEN_ID: a digest of the IR, codegen and template sources) */
+    snprintf(key, sizeof key, "aj-kernel|%s|%s|O%d|%s|llvm %s|attnjit %s+%s", hash,
              aj_target_name(opt->target), opt->opt_level, emit_names[opt->emit],
-             aj_llvm_version(), aj_version_string());
+             aj_llvm_version(), aj_version_string(), AJ_CODEGEN_ID);
     int cached = cache && !opt->bypass_cache && !opt->dump_after;
     int use_disk = opt->target != AJ_TARGET_SIM;   /* sim code lives in a JIT */
     if (cached && (*out = aj_cache_lookup(ctx, cache, key, use_disk)))
