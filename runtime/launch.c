@@ -173,6 +173,26 @@ done:
     return st;
 }
 
+/* bias [B or 1, Hq or 1, Sq, Sk] of the op's dtype. */
+static aj_status check_bias(aj_ctx *ctx, const char *fn, const aj_tensor *bias, aj_dtype dtype,
+                            const fwd_sizes *sz)
+{
+    aj_status st = AJ_OK;
+    AJ_TRY(check_tensor(ctx, fn, "bias", bias, 4, dtype, 0));
+    const int64_t full[2] = {sz->batch, sz->heads_q};
+    const char *what[2] = {"1 or q's batch", "1 or q's heads"};
+    for (int i = 0; i < 2; i++)
+        if (bias->shape[i] != 1 && bias->shape[i] != full[i]) {
+            st = aj_fail(ctx, AJ_ERR_INVALID_ARG, "%s: bias.shape[%d] = %lld, want %s", fn, i,
+                         (long long)bias->shape[i], what[i]);
+            goto done;
+        }
+    AJ_TRY(check_dim(ctx, fn, "bias", 2, bias->shape[2], sz->seq_q, "q's length"));
+    AJ_TRY(check_dim(ctx, fn, "bias", 3, bias->shape[3], sz->seq_k, "k's length"));
+done:
+    return st;
+}
+
 static aj_status check_forward(aj_ctx *ctx, const aj_op_info *op, const aj_fwd_args *a,
                                fwd_sizes *sz)
 {
@@ -185,19 +205,8 @@ static aj_status check_forward(aj_ctx *ctx, const aj_op_info *op, const aj_fwd_a
     AJ_TRY(check_rows(ctx, FWD, out, o, op->accumulate ? AJ_DTYPE_F32 : op->dtype,
                       op->head_dim_v, "the op's head_dim_v", sz));
     AJ_TRY(check_lse(ctx, FWD, &a->lse, sz));
-    if (op->bias == AJ_BIAS_ADD) {
-        AJ_TRY(check_tensor(ctx, FWD, "bias", &a->bias, 4, op->dtype, 0));
-        const int64_t full[2] = {sz->batch, sz->heads_q};
-        const char *what[2] = {"1 or q's batch", "1 or q's heads"};
-        for (int i = 0; i < 2; i++)
-            if (a->bias.shape[i] != 1 && a->bias.shape[i] != full[i]) {
-                st = aj_fail(ctx, AJ_ERR_INVALID_ARG, "aj_forward: bias.shape[%d] = %lld, "
-                             "want %s", i, (long long)a->bias.shape[i], what[i]);
-                goto done;
-            }
-        AJ_TRY(check_dim(ctx, FWD, "bias", 2, a->bias.shape[2], sz->seq_q, "q's length"));
-        AJ_TRY(check_dim(ctx, FWD, "bias", 3, a->bias.shape[3], sz->seq_k, "k's length"));
-    }
+    if (op->bias == AJ_BIAS_ADD)
+        AJ_TRY(check_bias(ctx, FWD, &a->bias, op->dtype, sz));
 done:
     return st;
 }
@@ -390,6 +399,14 @@ static aj_status check_backward(aj_ctx *ctx, const aj_op_info *op, const aj_bwd_
             AJ_TRY(check_dim(ctx, BWD, names[t], i, grads[t]->shape[i], like[t]->shape[i],
                              what[t][i]));
     }
+    if (op->bias == AJ_BIAS_ADD) {
+        AJ_TRY(check_bias(ctx, BWD, &a->bias, op->dtype, sz));
+        /* dbias: f32, of bias's own shape */
+        AJ_TRY(check_tensor(ctx, BWD, "dbias", &a->dbias, 4, AJ_DTYPE_F32, 0));
+        for (int i = 0; i < 4; i++)
+            AJ_TRY(check_dim(ctx, BWD, "dbias", i, a->dbias.shape[i], a->bias.shape[i],
+                             "bias's size"));
+    }
 done:
     return st;
 }
@@ -444,9 +461,18 @@ aj_status aj_backward(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
         I32("seq_q", sz.seq_q), I32("seq_k", sz.seq_k),
         I64("q_offset", a->q_offset), I64("kv_offset", a->kv_offset),
         I64("mask_shift", shift),
+        PTR("bias", a->bias), I64("stride_bias_b", broadcast_stride(&a->bias, 0)),
+        I64("stride_bias_h", broadcast_stride(&a->bias, 1)),
+        I64("stride_bias_s", a->bias.strides[2]),
+        PTR("dbias", a->dbias), I64("stride_dbias_b", broadcast_stride(&a->dbias, 0)),
+        I64("stride_dbias_h", broadcast_stride(&a->dbias, 1)),
+        I64("stride_dbias_s", a->dbias.strides[2]),
+        I32("batch", sz.batch), I32("bias_batch", a->bias.shape[0]),
+        I32("bias_heads", a->bias.shape[1]),
+        I64("dropout_seed", (int64_t)a->seed), I64("dropout_offset", (int64_t)a->offset),
     };
     int elem = elem_size(op->dtype);
-    aj_sim_buffer buffers[10];
+    aj_sim_buffer buffers[12];
     int nb = 0;
     buffers[nb++] = sim_buffer("q", &a->q, elem);
     buffers[nb++] = sim_buffer("k", &a->k, elem);
@@ -459,6 +485,10 @@ aj_status aj_backward(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
     buffers[nb++] = sim_buffer("dv", &a->dv, elem);
     if (op->score_mod == AJ_SCORE_MOD_ALIBI)
         buffers[nb++] = sim_buffer("alibi_slopes", &a->alibi_slopes, 4);
+    if (op->bias == AJ_BIAS_ADD) {
+        buffers[nb++] = sim_buffer("bias", &a->bias, elem);
+        buffers[nb++] = sim_buffer("dbias", &a->dbias, 4);
+    }
     /* the stages in order; an empty grid (no key or no query) is skipped */
     uint64_t instructions = 0;
     for (int s = 0; s < kernel->num_stages; s++) {

@@ -43,8 +43,26 @@
  * see no key get zero gradients; keys no row sees get dK = dV = 0.
  * Masks use the forward's i32 bound scheme (offsets clamped to +-2^30).
  *
- * Launch contract: Sq, Sk < 2^30.  Not supported: bias (dbias), dropout,
- * varlen.
+ * Options:
+ *   dropout = p   both kernels recompute the forward's keep mask (the same
+ *                 Philox4x32-10 key and counter, from dropout_seed,
+ *                 dropout_offset, b Hq + h and the global positions) and use
+ *                 m_ij = keep_ij / (1 - p): dV_j += P_ij m_ij dO_i and
+ *                 dP_ij = m_ij dO_i . v_j; Delta stays dO_i . O_i.
+ *   bias = add    both kernels add bias[b,h,i,j] to the scores (size-1 dims
+ *                 broadcast through stride 0, as the forward), and the dq
+ *                 kernel writes dbias (f32, the bias's shape) = dS summed
+ *                 over the broadcast dims.  No atomics: the CTA of query
+ *                 block m at (b, h) = (0 if bias broadcasts over batch else
+ *                 b, 0 if it broadcasts over heads else h) owns dbias rows
+ *                 of block m and walks every (b, h) pair folded onto them
+ *                 in a fixed order (dQ of each pair included), adding each
+ *                 pair's dS by read-modify-write; the other CTAs of the
+ *                 folded pairs do nothing.  With bias the dq kernel visits
+ *                 every key block (dS = 0 where hidden), so every dbias
+ *                 element is written.
+ *
+ * Launch contract: Sq, Sk < 2^30.  Not supported: varlen.
  */
 #include <math.h>
 #include <stdio.h>
@@ -154,13 +172,6 @@ static aj_status ebwd_check(aj_ctx *ctx, const aj_op *op, aj_target target)
     if (op->layout != AJ_LAYOUT_PADDED)
         return aj_fail(ctx, AJ_ERR_UNSUPPORTED,
                        "layout = varlen: efficient backward supports layout = padded only");
-    if (op->bias != AJ_BIAS_NONE)
-        return aj_fail(ctx, AJ_ERR_UNSUPPORTED,
-                       "bias = add: efficient backward does not compute dbias yet");
-    if (op->dropout > 0)
-        return aj_fail(ctx, AJ_ERR_UNSUPPORTED,
-                       "dropout = %g: efficient backward supports dropout = 0 only",
-                       op->dropout);
     int dims[2] = {op->head_dim, aj_op_dv(op)};
     const char *names[2] = {"head_dim", "head_dim_v"};
     for (int i = 0; i < 2; i++)
@@ -186,6 +197,11 @@ typedef struct ebwd {
                                        i + lo_off <= j <= i + hi_off (NULL: none) */
     LLVMValueRef qk_offset;         /* i64: q_offset - kv_offset (alibi) */
     LLVMValueRef slope;             /* f32: alibi slope of the current head */
+    LLVMValueRef bias_base;         /* i64: element offset of bias slice (b, h) (bias) */
+    LLVMValueRef drop_key[2];       /* i32: Philox key (dropout) */
+    LLVMValueRef drop_ctr[4];       /* i32: Philox counter bases lo32(kv_offset),
+                                       lo32(q_offset), lo32(b Hq + h), lo32(offset)
+                                       (dropout) */
 } ebwd;
 
 static LLVMValueRef prm(ebwd *e, const char *name)
@@ -205,8 +221,11 @@ static LLVMValueRef sext64(ebwd *e, LLVMValueRef v)
 
 static const char *const bhs = "bhs";
 
-/* q, k, v, o, lse, do (inputs) and the stage's outputs, with strides */
-static void declare_params(aj_kb *kb, const aj_op *op, const char *const *outs, int nouts)
+/* q, k, v, o, lse, do (inputs) and the stage's outputs, with strides;
+ * with `dbias` (the dq stage of a bias op) also dbias, its strides and the
+ * broadcast sizes that fold (b, h) pairs onto its slices. */
+static void declare_params(aj_kb *kb, const aj_op *op, const char *const *outs, int nouts,
+                           int dbias)
 {
     const char *const in[] = {"q", "k", "v", "o", "do"};
     for (int i = 0; i < 5; i++)
@@ -231,6 +250,26 @@ static void declare_params(aj_kb *kb, const aj_op *op, const char *const *outs, 
     aj_kb_add_param(kb, "q_offset", AJ_PARAM_I64);
     aj_kb_add_param(kb, "kv_offset", AJ_PARAM_I64);
     aj_kb_add_param(kb, "mask_shift", AJ_PARAM_I64);
+    if (op->bias == AJ_BIAS_ADD) {
+        /* 0 for a broadcast (size-1) dim */
+        aj_kb_add_param(kb, "bias", AJ_PARAM_PTR);
+        aj_kb_add_param(kb, "stride_bias_b", AJ_PARAM_I64);
+        aj_kb_add_param(kb, "stride_bias_h", AJ_PARAM_I64);
+        aj_kb_add_param(kb, "stride_bias_s", AJ_PARAM_I64);
+    }
+    if (dbias) {
+        aj_kb_add_param(kb, "dbias", AJ_PARAM_PTR);
+        aj_kb_add_param(kb, "stride_dbias_b", AJ_PARAM_I64);
+        aj_kb_add_param(kb, "stride_dbias_h", AJ_PARAM_I64);
+        aj_kb_add_param(kb, "stride_dbias_s", AJ_PARAM_I64);
+        aj_kb_add_param(kb, "batch", AJ_PARAM_I32);
+        aj_kb_add_param(kb, "bias_batch", AJ_PARAM_I32);   /* 1 or batch */
+        aj_kb_add_param(kb, "bias_heads", AJ_PARAM_I32);   /* 1 or heads_q */
+    }
+    if (op->dropout > 0) {
+        aj_kb_add_param(kb, "dropout_seed", AJ_PARAM_I64);
+        aj_kb_add_param(kb, "dropout_offset", AJ_PARAM_I64);
+    }
 }
 
 /* element offset of slice (b, h) of a BHSD tensor (or of lse) */
@@ -283,13 +322,72 @@ static void setup(ebwd *e, aj_kb *kb, const aj_op *op, const ebwd_plan *p)
     }
 }
 
-static void load_slope(ebwd *e, LLVMValueRef h)
+/* Per-(batch, query head) state: the alibi slope, the bias slice and the
+ * dropout stream's key and counter bases, as the forward sets them. */
+static void set_head(ebwd *e, LLVMValueRef bidx, LLVMValueRef h)
 {
-    if (e->op->score_mod.kind != AJ_SCORE_MOD_ALIBI)
-        return;
-    LLVMValueRef at = LLVMBuildMul(e->b, sext64(e, h), aj_kb_i64(e->kb, 4), "");
-    e->slope = aj_kb_load(e->kb, e->kb->t_f32, aj_kb_gptr_offset(e->kb, prm(e, "alibi_slopes"),
-                                                                 at), 4);
+    aj_kb *kb = e->kb;
+    LLVMBuilderRef b = e->b;
+    if (e->op->score_mod.kind == AJ_SCORE_MOD_ALIBI) {
+        LLVMValueRef at = LLVMBuildMul(b, sext64(e, h), aj_kb_i64(kb, 4), "");
+        e->slope = aj_kb_load(kb, kb->t_f32, aj_kb_gptr_offset(kb, prm(e, "alibi_slopes"), at),
+                              4);
+    }
+    if (e->op->bias == AJ_BIAS_ADD)
+        e->bias_base = slice_base(e, "bias", bidx, h);
+    if (e->op->dropout > 0) {
+        /* key (lo32(seed), hi32(seed ^ offset)); counter bases as the
+         * forward's: i32 adds of i and j wrap as lo32 of the positions do */
+        LLVMValueRef seed = prm(e, "dropout_seed"), offset = prm(e, "dropout_offset");
+        e->drop_key[0] = LLVMBuildTrunc(b, seed, kb->t_i32, "");
+        e->drop_key[1] = LLVMBuildTrunc(b, LLVMBuildLShr(b, LLVMBuildXor(b, seed, offset, ""),
+                                                         aj_kb_i64(kb, 32), ""), kb->t_i32, "");
+        e->drop_ctr[0] = LLVMBuildTrunc(b, prm(e, "kv_offset"), kb->t_i32, "");
+        e->drop_ctr[1] = LLVMBuildTrunc(b, prm(e, "q_offset"), kb->t_i32, "");
+        e->drop_ctr[2] = LLVMBuildAdd(b, LLVMBuildMul(b, bidx, prm(e, "heads_q"), ""), h, "");
+        e->drop_ctr[3] = LLVMBuildTrunc(b, offset, kb->t_i32, "");
+    }
+}
+
+/* bias[b,h,i,j] (f32) of the current slice; i and j are clamped into the
+ * tensor, so out-of-range elements read an in-bounds value that the mask
+ * or the store guard then discards.  NULL without bias. */
+static LLVMValueRef emit_bias_at(ebwd *e, LLVMValueRef i, LLVMValueRef j)
+{
+    aj_kb *kb = e->kb;
+    LLVMBuilderRef b = e->b;
+    aj_dtype dt = e->op->dtype;
+    if (e->op->bias != AJ_BIAS_ADD)
+        return NULL;
+    LLVMValueRef ic = aj_kb_smin(kb, i, LLVMBuildSub(b, e->seq_q, i32c(e, 1), ""));
+    LLVMValueRef jc = aj_kb_smin(kb, j, LLVMBuildSub(b, e->seq_k, i32c(e, 1), ""));
+    LLVMValueRef at = LLVMBuildAdd(b, e->bias_base, LLVMBuildMul(b, sext64(e, ic),
+                                   prm(e, "stride_bias_s"), ""), "");
+    at = LLVMBuildAdd(b, at, sext64(e, jc), "");
+    at = LLVMBuildMul(b, at, aj_kb_i64(kb, aj_dtype_size(dt)), "");
+    LLVMValueRef raw = aj_kb_load(kb, aj_kb_storage_type(kb, dt),
+                                  aj_kb_gptr_offset(kb, prm(e, "bias"), at),
+                                  (unsigned)aj_dtype_size(dt));
+    return aj_kb_to_f32(kb, raw, dt);
+}
+
+/* Whether dropout keeps (i, j) of the current slice, exactly as the
+ * forward decides: keep iff (out[0] >> 8) >= ceil(p 2^24).  NULL without
+ * dropout. */
+static LLVMValueRef emit_keep(ebwd *e, LLVMValueRef i, LLVMValueRef j)
+{
+    aj_kb *kb = e->kb;
+    LLVMBuilderRef b = e->b;
+    if (!(e->op->dropout > 0))
+        return NULL;
+    LLVMValueRef ctr[4] = {LLVMBuildAdd(b, e->drop_ctr[0], j, ""),
+                           LLVMBuildAdd(b, e->drop_ctr[1], i, ""), e->drop_ctr[2],
+                           e->drop_ctr[3]};
+    LLVMValueRef out[4];
+    aj_kb_philox4x32_10(kb, ctr, e->drop_key, out);
+    LLVMValueRef u24 = LLVMBuildLShr(b, out[0], i32c(e, 8), "");
+    double threshold = ceil(ldexp(e->op->dropout, 24));
+    return LLVMBuildICmp(b, LLVMIntUGE, u24, i32c(e, (int64_t)threshold), "keep");
 }
 
 /* Last visible key of row i (or below 0): min(Sk - 1, i + hi_off). */
@@ -421,27 +519,32 @@ static LLVMValueRef emit_tanh(ebwd *e, LLVMValueRef x)
 
 /*
  * P and dS of (row i, key j) from q.k (`qk`), dO.v (`dp`), the row's LSE
- * in log2 units and Delta; `visible` says the mask shows key j to row i.
- * dS is the gradient of the pre-softcap score t (without the scale).
+ * in log2 units and Delta; `visible` says the mask shows key j to row i,
+ * `bias` is bias[b,h,i,j] (NULL: none) and `keep` the dropout decision
+ * (NULL: no dropout).  *p_out is the dropped P (P m, for dV); dS is the
+ * gradient of the pre-softcap score t (without the scale), i.e. dbias.
  */
 static void emit_p_ds(ebwd *e, LLVMValueRef qk, LLVMValueRef dp, LLVMValueRef i,
                       LLVMValueRef j, LLVMValueRef lse2, LLVMValueRef delta,
-                      LLVMValueRef visible, LLVMValueRef *p_out, LLVMValueRef *ds_out)
+                      LLVMValueRef visible, LLVMValueRef bias, LLVMValueRef keep,
+                      LLVMValueRef *p_out, LLVMValueRef *ds_out)
 {
     aj_kb *kb = e->kb;
     LLVMBuilderRef b = e->b;
     const aj_op *op = e->op;
     double scale = aj_op_scale(op);
     LLVMValueRef s2, th = NULL;
-    if (op->score_mod.kind == AJ_SCORE_MOD_NONE) {
+    if (op->score_mod.kind == AJ_SCORE_MOD_NONE && !bias) {
         s2 = LLVMBuildFMul(b, qk, aj_kb_f32(kb, scale * AJ_LOG2E), "");
     } else {
         LLVMValueRef s = LLVMBuildFMul(b, qk, aj_kb_f32(kb, scale), "");
+        if (bias)   /* t = scale q.k + bias, before softcap and alibi */
+            s = LLVMBuildFAdd(b, s, bias, "");
         if (op->score_mod.kind == AJ_SCORE_MOD_SOFTCAP) {
             double cap = op->score_mod.softcap;
             th = emit_tanh(e, LLVMBuildFMul(b, s, aj_kb_f32(kb, 1.0 / cap), ""));
             s = LLVMBuildFMul(b, th, aj_kb_f32(kb, cap), "");
-        } else {
+        } else if (op->score_mod.kind == AJ_SCORE_MOD_ALIBI) {
             /* alibi: s -= slope * |q_pos - kv_pos|, positions in i64 */
             LLVMValueRef dist = LLVMBuildAdd(b, LLVMBuildSub(b, sext64(e, i), sext64(e, j), ""),
                                              e->qk_offset, "");
@@ -456,11 +559,17 @@ static void emit_p_ds(ebwd *e, LLVMValueRef qk, LLVMValueRef dp, LLVMValueRef i,
      * LSE = -inf and would give -inf - -inf */
     LLVMValueRef pr = aj_kb_exp2(kb, LLVMBuildFSub(b, s2, lse2, ""));
     pr = LLVMBuildSelect(b, visible, pr, aj_kb_f32(kb, 0), "");
+    LLVMValueRef pd = pr;
+    if (keep) {   /* m = keep / (1 - p) scales P for dV and dO . v for dP */
+        LLVMValueRef inv = aj_kb_f32(kb, 1.0 / (1.0 - op->dropout)), zero = aj_kb_f32(kb, 0);
+        pd = LLVMBuildSelect(b, keep, LLVMBuildFMul(b, pr, inv, ""), zero, "");
+        dp = LLVMBuildSelect(b, keep, LLVMBuildFMul(b, dp, inv, ""), zero, "");
+    }
     LLVMValueRef ds = LLVMBuildFMul(b, pr, LLVMBuildFSub(b, dp, delta, ""), "");
     if (th)   /* softcap chain: d/dt C tanh(t / C) = 1 - tanh^2 */
         ds = LLVMBuildFMul(b, ds, LLVMBuildFSub(b, aj_kb_f32(kb, 1.0),
                                                  LLVMBuildFMul(b, th, th, ""), ""), "");
-    *p_out = pr;
+    *p_out = pd;
     *ds_out = ds;
 }
 
@@ -542,12 +651,33 @@ static LLVMValueRef zero_var(aj_kb *kb, const char *name)
     return aj_kb_var(kb, kb->t_f32, aj_kb_f32(kb, 0), name);
 }
 
+/* dbias[row i, key j] (f32, element offset `row_off` + j) = ds when
+ * `first`, else += ds; only inside Sq x Sk.  Each element has one writer
+ * thread, which reads back only its own earlier store. */
+static void emit_dbias_add(ebwd *e, LLVMValueRef row_off, LLVMValueRef i, LLVMValueRef j,
+                           LLVMValueRef ds, LLVMValueRef first)
+{
+    aj_kb *kb = e->kb;
+    LLVMBuilderRef b = e->b;
+    LLVMValueRef in = LLVMBuildAnd(b, LLVMBuildICmp(b, LLVMIntSLT, i, e->seq_q, ""),
+                                   LLVMBuildICmp(b, LLVMIntSLT, j, e->seq_k, ""), "");
+    aj_kb_if_begin(kb, in);
+    LLVMValueRef at = LLVMBuildMul(b, LLVMBuildAdd(b, row_off, sext64(e, j), ""),
+                                   aj_kb_i64(kb, 4), "");
+    LLVMValueRef ptr = aj_kb_gptr_offset(kb, prm(e, "dbias"), at);
+    /* the first pair's value is stored without reading what was there */
+    LLVMValueRef old = aj_kb_load(kb, kb->t_f32, ptr, 4);
+    LLVMValueRef sum = LLVMBuildFAdd(b, old, ds, "");
+    aj_kb_store(kb, LLVMBuildSelect(b, first, ds, sum, ""), ptr, 4);
+    aj_kb_if_end(kb);
+}
+
 /* ---------------------------------------------------------------- dkdv */
 
 static void build_dkdv(aj_kb *kb, const aj_op *op, const ebwd_plan *plan)
 {
     static const char *const outs[] = {"dk", "dv"};
-    declare_params(kb, op, outs, 2);
+    declare_params(kb, op, outs, 2, 0);
     aj_kb_begin_stage(kb, "dkdv", plan->threads);
     ebwd e;
     setup(&e, kb, op, plan);
@@ -609,7 +739,7 @@ static void build_dkdv(aj_kb *kb, const aj_op *op, const ebwd_plan *plan)
 
     LLVMValueRef hq = aj_kb_for_begin(kb, i32c(&e, 0), group_size, i32c(&e, 1), "hq");
     LLVMValueRef h = LLVMBuildAdd(b, LLVMBuildMul(b, hkv, group_size, ""), hq, "h");
-    load_slope(&e, h);
+    set_head(&e, bidx, h);
     LLVMValueRef q_base = slice_base(&e, "q", bidx, h);
     LLVMValueRef o_base = slice_base(&e, "o", bidx, h);
     LLVMValueRef do_base = slice_base(&e, "do", bidx, h);
@@ -655,7 +785,8 @@ static void build_dkdv(aj_kb *kb, const aj_op *op, const ebwd_plan *plan)
                 LLVMValueRef j = LLVMBuildAdd(b, n0, keys[k], "");
                 LLVMValueRef pr, ds;
                 emit_p_ds(&e, aj_kb_get(kb, s_acc[k][t]), aj_kb_get(kb, dp_acc[k][t]), i, j,
-                          lse2, delta, emit_visible(&e, j, j_lo, j_hi), &pr, &ds);
+                          lse2, delta, emit_visible(&e, j, j_lo, j_hi), emit_bias_at(&e, i, j),
+                          emit_keep(&e, i, j), &pr, &ds);
                 LLVMValueRef idx = LLVMBuildAdd(b, LLVMBuildMul(b, keys[k], i32c(&e, ldp), ""),
                                                 qcols[t], "");
                 aj_smem_store1(kb, smem_p, idx, pr);
@@ -688,7 +819,8 @@ static void build_dkdv(aj_kb *kb, const aj_op *op, const ebwd_plan *plan)
 static void build_dq(aj_kb *kb, const aj_op *op, const ebwd_plan *plan)
 {
     static const char *const outs[] = {"dq"};
-    declare_params(kb, op, outs, 1);
+    int has_bias = op->bias == AJ_BIAS_ADD;
+    declare_params(kb, op, outs, 1, has_bias);
     aj_kb_begin_stage(kb, "dq", plan->threads);
     ebwd e;
     setup(&e, kb, op, plan);
@@ -717,16 +849,42 @@ static void build_dq(aj_kb *kb, const aj_op *op, const ebwd_plan *plan)
     LLVMValueRef h = aj_kb_block_id(kb, 1);
     LLVMValueRef bidx = aj_kb_block_id(kb, 2);
     LLVMValueRef group_size = LLVMBuildSDiv(b, prm(&e, "heads_q"), prm(&e, "heads_kv"), "");
-    LLVMValueRef hkv = LLVMBuildSDiv(b, h, group_size, "hkv");
-    load_slope(&e, h);
-    LLVMValueRef k_base = slice_base(&e, "k", bidx, hkv);
-    LLVMValueRef v_base = slice_base(&e, "v", bidx, hkv);
 
     LLVMValueRef rows[MAX_ROWS], kcols[MAX_COLS];
     for (int k = 0; k < rm; k++)
         rows[k] = LLVMBuildAdd(b, e.group, i32c(&e, p->r * k), "");
     for (int t = 0; t < cn; t++)
         kcols[t] = LLVMBuildAdd(b, e.lane, i32c(&e, p->g * t), "");
+
+    /* With bias: walk the (b, h) pairs folded onto this CTA's dbias slice
+     * (none unless the CTA owns it), pair x = (x / nh, x % nh) over the
+     * broadcast dims; `first` says dbias is written, not added to. */
+    LLVMValueRef first = NULL;
+    if (has_bias) {
+        LLVMValueRef bc_b = LLVMBuildICmp(b, LLVMIntEQ, prm(&e, "bias_batch"), i32c(&e, 1), "");
+        LLVMValueRef bc_h = LLVMBuildICmp(b, LLVMIntEQ, prm(&e, "bias_heads"), i32c(&e, 1), "");
+        LLVMValueRef zero = i32c(&e, 0), one = i32c(&e, 1);
+        LLVMValueRef own_b = LLVMBuildOr(b, LLVMBuildNot(b, bc_b, ""),
+                                         LLVMBuildICmp(b, LLVMIntEQ, bidx, zero, ""), "");
+        LLVMValueRef own_h = LLVMBuildOr(b, LLVMBuildNot(b, bc_h, ""),
+                                         LLVMBuildICmp(b, LLVMIntEQ, h, zero, ""), "");
+        LLVMValueRef nb = LLVMBuildSelect(b, bc_b, prm(&e, "batch"), one, "");
+        LLVMValueRef nh = LLVMBuildSelect(b, bc_h, prm(&e, "heads_q"), one, "");
+        LLVMValueRef pairs = LLVMBuildSelect(b, LLVMBuildAnd(b, own_b, own_h, ""),
+                                             LLVMBuildMul(b, nb, nh, ""), zero, "pairs");
+        LLVMValueRef x = aj_kb_for_begin(kb, zero, pairs, one, "pair");
+        bidx = LLVMBuildSelect(b, bc_b, LLVMBuildUDiv(b, x, nh, ""), bidx, "");
+        h = LLVMBuildSelect(b, bc_h, LLVMBuildURem(b, x, nh, ""), h, "");
+        first = LLVMBuildICmp(b, LLVMIntEQ, x, zero, "first");
+        aj_kb_barrier(kb);   /* the previous pair's readers of Q, dO, dS are done */
+        for (int k = 0; k < rm; k++)
+            for (int c = 0; c < p->d / p->g; c++)
+                aj_kb_set(kb, dq[k][c], aj_kb_f32(kb, 0));
+    }
+    LLVMValueRef hkv = LLVMBuildSDiv(b, h, group_size, "hkv");
+    set_head(&e, bidx, h);
+    LLVMValueRef k_base = slice_base(&e, "k", bidx, hkv);
+    LLVMValueRef v_base = slice_base(&e, "v", bidx, hkv);
 
     aj_tile_src qsrc = {prm(&e, "q"), slice_base(&e, "q", bidx, h), stride_s(&e, "q"), m0,
                         e.seq_q, p->dtype};
@@ -735,25 +893,40 @@ static void build_dq(aj_kb *kb, const aj_op *op, const ebwd_plan *plan)
                          e.seq_q, p->dtype};
     aj_tile_load_f32(kb, &dosrc, p->bm, p->dv, smem_do, ldo, e.tid, p->threads);
 
-    /* per row: LSE (log2), Delta and the visible key range */
+    /* per row: LSE (log2), Delta, the visible key range and (bias) the
+     * element offset of the row's dbias */
     LLVMValueRef o_base = slice_base(&e, "o", bidx, h);
     LLVMValueRef do_base = slice_base(&e, "do", bidx, h);
     LLVMValueRef lse_base = slice_base(&e, "lse", bidx, h);
+    LLVMValueRef dbias_base = has_bias ? slice_base(&e, "dbias", bidx, h) : NULL;
     LLVMValueRef last = LLVMBuildSub(b, e.seq_q, i32c(&e, 1), "");
     LLVMValueRef lse2[MAX_ROWS], delta[MAX_ROWS], j_lo[MAX_ROWS], j_hi[MAX_ROWS], gi[MAX_ROWS];
+    LLVMValueRef dbias_row[MAX_ROWS];
     for (int k = 0; k < rm; k++) {
         gi[k] = LLVMBuildAdd(b, m0, rows[k], "");
         emit_row_stats(&e, aj_kb_smin(kb, gi[k], last), o_base, do_base, lse_base, &lse2[k],
                        &delta[k]);
         j_hi[k] = row_key_hi(&e, gi[k]);
         j_lo[k] = e.lo_off ? row_key_lo(&e, gi[k]) : NULL;
+        if (has_bias)
+            dbias_row[k] = LLVMBuildAdd(b, dbias_base, LLVMBuildMul(b, sext64(&e, gi[k]),
+                                        prm(&e, "stride_dbias_s"), ""), "");
     }
 
-    /* key blocks holding a key visible to some row of the CTA */
-    LLVMValueRef rows_here = aj_kb_smin(kb, i32c(&e, p->bm), LLVMBuildSub(b, e.seq_q, m0, ""));
-    LLVMValueRef i_last = LLVMBuildAdd(b, m0, LLVMBuildSub(b, rows_here, i32c(&e, 1), ""), "");
+    /* key blocks holding a key visible to some row of the CTA; with bias
+     * every key block, so that hidden elements get dbias = 0 */
     LLVMValueRef n_begin, n_end;
-    block_range(&e, row_key_lo(&e, m0), row_key_hi(&e, i_last), p->bn, &n_begin, &n_end);
+    if (has_bias) {
+        n_begin = i32c(&e, 0);
+        n_end = LLVMBuildSDiv(b, LLVMBuildAdd(b, e.seq_k, i32c(&e, p->bn - 1), ""),
+                              i32c(&e, p->bn), "");
+    } else {
+        LLVMValueRef rows_here = aj_kb_smin(kb, i32c(&e, p->bm),
+                                            LLVMBuildSub(b, e.seq_q, m0, ""));
+        LLVMValueRef i_last = LLVMBuildAdd(b, m0, LLVMBuildSub(b, rows_here, i32c(&e, 1), ""),
+                                           "");
+        block_range(&e, row_key_lo(&e, m0), row_key_hi(&e, i_last), p->bn, &n_begin, &n_end);
+    }
     LLVMValueRef n = aj_kb_for_begin(kb, n_begin, n_end, i32c(&e, 1), "n");
     {
         LLVMValueRef n0 = LLVMBuildMul(b, n, i32c(&e, p->bn), "n0");
@@ -770,10 +943,12 @@ static void build_dq(aj_kb *kb, const aj_op *op, const ebwd_plan *plan)
                 LLVMValueRef j = LLVMBuildAdd(b, n0, kcols[t], "");
                 LLVMValueRef pr, ds;
                 emit_p_ds(&e, aj_kb_get(kb, s_acc[k][t]), aj_kb_get(kb, dp_acc[k][t]), gi[k],
-                          j, lse2[k], delta[k], emit_visible(&e, j, j_lo[k], j_hi[k]), &pr,
-                          &ds);
+                          j, lse2[k], delta[k], emit_visible(&e, j, j_lo[k], j_hi[k]),
+                          emit_bias_at(&e, gi[k], j), emit_keep(&e, gi[k], j), &pr, &ds);
                 aj_smem_store1(kb, smem_ds, LLVMBuildAdd(b, LLVMBuildMul(b, rows[k],
                                i32c(&e, lds), ""), kcols[t], ""), ds);
+                if (has_bias)
+                    emit_dbias_add(&e, dbias_row[k], gi[k], j, ds, first);
             }
         aj_kb_barrier(kb);   /* dS complete */
         emit_accumulate(&e, dq, rm, rows, smem_ds, lds, p->bn, smem_k, ldk, p->d);
@@ -783,6 +958,8 @@ static void build_dq(aj_kb *kb, const aj_op *op, const ebwd_plan *plan)
     LLVMValueRef dq_base = slice_base(&e, "dq", bidx, h);
     for (int k = 0; k < rm; k++)
         emit_store_row(&e, "dq", dq_base, gi[k], e.seq_q, dq[k], p->d, aj_op_scale(op));
+    if (has_bias)
+        aj_kb_for_end(kb);   /* the pair loop */
     const aj_kernel_layout layout = {
         .grid = {{AJ_EXTENT_SEQ_Q, p->bm}, {AJ_EXTENT_HEADS_Q, 1}, {AJ_EXTENT_BATCH, 1}},
         .schedule = {p->bm, p->bn, p->warps, 1},

@@ -23,6 +23,7 @@ static aj_kernel *alibi_kernel;  /* f16, head dim 16, alibi */
 static aj_kernel *feature_kernel;  /* f16, head dim 16, accumulate, bias, dropout */
 static aj_kernel *merge_kernel;    /* f16, head dim 16 */
 static aj_kernel *bwd_kernel;      /* backward, f16, head dim 16, causal */
+static aj_kernel *bwd_bias_kernel; /* backward, f16, head dim 16, causal, bias, dropout */
 
 static _Alignas(16) uint16_t q[B * HQ * SQ * D], k[B * HKV * SK * D], v[B * HKV * SK * D],
     o[B * HQ * SQ * D];
@@ -32,6 +33,7 @@ static _Alignas(16) uint16_t bias[B * HQ * SQ * SK], o2[B * HQ * SQ * D];
 static float lse2[B * HQ * SQ];
 static _Alignas(16) uint16_t dout[B * HQ * SQ * D], dq[B * HQ * SQ * D], dk[B * HKV * SK * D],
     dv[B * HKV * SK * D];
+static _Alignas(16) float dbias[B * HQ * SQ * SK];
 
 static aj_tensor bhsd(void *data, aj_dtype dt, int64_t b, int64_t h, int64_t s, int64_t d)
 {
@@ -373,6 +375,70 @@ static void test_backward_arguments(void)
     CHECK_MSG(zeros, "dq is not 0 when there are no keys");
 }
 
+/* Backward with bias = add (and dropout): bias as the forward's, dbias f32
+ * of bias's shape. */
+static aj_bwd_args bwd_bias_args(void)
+{
+    aj_bwd_args a = bwd_args();
+    a.bias = bhsd(bias, AJ_DTYPE_F16, 1, HQ, SQ, SK);
+    a.dbias = bhsd(dbias, AJ_DTYPE_F32, 1, HQ, SQ, SK);
+    a.seed = 3;
+    a.offset = 4;
+    return a;
+}
+
+typedef void (*bwd_mutate_fn)(aj_bwd_args *a);
+#define CASE(name, body) static void name(aj_bwd_args *a) { body; }
+CASE(bwd_bias_null, a->bias.data = NULL)
+CASE(bwd_bias_heads, a->bias.shape[1] = 3)
+CASE(bwd_bias_len_k, a->bias.shape[3] = SK - 1)
+CASE(bwd_dbias_missing, a->dbias = (aj_tensor){0})
+CASE(bwd_dbias_dtype, a->dbias.dtype = AJ_DTYPE_F16)
+CASE(bwd_dbias_shape, a->dbias.shape[1] = 1)
+CASE(bwd_dbias_len_q, a->dbias.shape[2] = SQ - 1)
+CASE(bwd_dbias_null, a->dbias.data = NULL)
+CASE(bwd_dbias_stride, a->dbias.strides[3] = 2)
+#undef CASE
+
+static void test_backward_bias_arguments(void)
+{
+    static const struct {
+        bwd_mutate_fn mutate;
+        const char *needle;
+    } cases[] = {
+        {bwd_bias_null, "aj_backward: bias.data is NULL"},
+        {bwd_bias_heads, "aj_backward: bias.shape[1] = 3, want 1 or q's heads"},
+        {bwd_bias_len_k, "aj_backward: bias.shape[3] = 23, want 24 (k's length)"},
+        {bwd_dbias_missing, "aj_backward: dbias.rank = 0, want 4"},
+        {bwd_dbias_dtype, "aj_backward: dbias.dtype = f16, want f32"},
+        {bwd_dbias_shape, "aj_backward: dbias.shape[1] = 1, want 2 (bias's size)"},
+        {bwd_dbias_len_q, "aj_backward: dbias.shape[2] = 19, want 20 (bias's size)"},
+        {bwd_dbias_null, "aj_backward: dbias.data is NULL"},
+        {bwd_dbias_stride, "aj_backward: dbias.strides[3] = 2"},
+    };
+    memset(o, 0, sizeof o);
+    memset(lse, 0, sizeof lse);
+    memset(bias, 0, sizeof bias);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        aj_bwd_args a = bwd_bias_args();
+        cases[i].mutate(&a);
+        aj_status st = aj_backward(ctx, dev, bwd_bias_kernel, &a);
+        CHECK_MSG(st == AJ_ERR_INVALID_ARG, "case %zu (%s): %s", i, cases[i].needle,
+                  aj_status_str(st));
+        CHECK_ERROR(ctx, cases[i].needle);
+    }
+    /* a good call writes every dbias element (finite: zero inputs) */
+    memset(dbias, 0xff, sizeof dbias);
+    aj_bwd_args a = bwd_bias_args();
+    CHECK_STATUS(ctx, aj_backward(ctx, dev, bwd_bias_kernel, &a), AJ_OK);
+    int finite = 1;
+    for (int i = 0; i < HQ * SQ * SK; i++)
+        finite &= isfinite(dbias[i]);
+    CHECK_MSG(finite, "dbias is not fully written");
+    /* a kernel without bias ignores bias and dbias */
+    CHECK_STATUS(ctx, aj_backward(ctx, dev, bwd_kernel, &a), AJ_OK);
+}
+
 static void test_empty_tensors(void)
 {
     aj_fwd_args a = good_args();
@@ -492,11 +558,15 @@ int main(void)
     merge_kernel = compile("attention merge { dtype = f16 head_dim_v = 16 }");
     bwd_kernel = compile("attention backward efficient { dtype = f16 head_dim = 16 "
                          "mask = causal(top_left) }");
-    if (dev && kernel && alibi_kernel && feature_kernel && merge_kernel && bwd_kernel) {
+    bwd_bias_kernel = compile("attention backward efficient { dtype = f16 head_dim = 16 "
+                              "mask = causal(top_left) bias = add dropout = 0.25 }");
+    if (dev && kernel && alibi_kernel && feature_kernel && merge_kernel && bwd_kernel &&
+        bwd_bias_kernel) {
         test_launch_arguments();
         test_feature_arguments();
         test_merge_arguments();
         test_backward_arguments();
+        test_backward_bias_arguments();
         test_empty_tensors();
         test_non_finite_inputs();
         test_devices_and_helpers();
@@ -506,6 +576,7 @@ int main(void)
     aj_kernel_destroy(feature_kernel);
     aj_kernel_destroy(merge_kernel);
     aj_kernel_destroy(bwd_kernel);
+    aj_kernel_destroy(bwd_bias_kernel);
     aj_device_close(dev);
     aj_ctx_destroy(ctx);
     return check_report();

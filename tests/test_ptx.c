@@ -1,7 +1,8 @@
 /*
  * test_ptx.c -- every efficient-forward and efficient-backward kernel of
  * the matrix dtype x head dim x mask (plus D != Dv, the score mods, and
- * for the forward accumulate, bias and dropout) and the merge kernel
+ * for the forward accumulate, bias and dropout, for the backward bias and
+ * dropout) and the merge kernel
  * compile to PTX that ptxas accepts for sm_80 and sm_90 with no spills
  * (each kernel of a multi-kernel module on its own).
  *
@@ -181,6 +182,16 @@ int main(int argc, char **argv)
             {"bwd f32 d256 alibi window", "dtype = f32\n head_dim = 256\n score_mod = alibi\n"
                                           " mask = window(64, 0, bottom_right)"},
             {"bwd f32 d8", "dtype = f32\n head_dim = 8"},
+            /* dropout, bias (dbias), alone and together */
+            {"bwd f16 d128 dropout causal", "dtype = f16\n head_dim = 128\n dropout = 0.1\n"
+                                            " mask = causal(top_left)"},
+            {"bwd f32 d256 dropout", "dtype = f32\n head_dim = 256\n dropout = 0.3"},
+            {"bwd bf16 d64 bias softcap", "dtype = bf16\n head_dim = 64\n bias = add\n"
+                                          " score_mod = softcap(30.0)"},
+            {"bwd f16 d256 bias window", "dtype = f16\n head_dim = 256\n bias = add\n"
+                                         " mask = window(64, 0, bottom_right)"},
+            {"bwd bf16 d128 bias+dropout alibi", "dtype = bf16\n head_dim = 128\n bias = add\n"
+                                                 " dropout = 0.2\n score_mod = alibi"},
         };
         for (size_t i = 0; i < sizeof bwd_extra / sizeof bwd_extra[0]; i++) {
             snprintf(spec, sizeof spec, "attention backward efficient {\n %s\n}\n",

@@ -11,7 +11,9 @@
  *
  *     max |got - ref| <= atol + rtol * max |ref|       (per tensor)
  *
- * with the pair per dtype in tolerance_for().
+ * with the pair per dtype in tolerance_for().  Cases with dropout pass the
+ * reference the same p, seed and offset; cases with bias check dbias (f32,
+ * the bias's broadcast shape) against ref_backward's dbias the same way.
  */
 #include <math.h>
 #include <stdio.h>
@@ -35,6 +37,9 @@ typedef struct bwd_case {
     int64_t q_offset, kv_offset, sq_total, sk_total;
     double magnitude;
     uint64_t seed;
+    double dropout;            /* dropout = p when > 0, stream (drop_seed, drop_offset) */
+    uint64_t drop_seed, drop_offset;
+    int64_t bias_shape[4];     /* bias = add when bias_shape[3] != 0 (each dim 1 or full) */
 } bwd_case;
 
 /* f16 and bf16 gradients carry their storage rounding (2^-11, 2^-8 of the
@@ -149,9 +154,11 @@ static aj_kernel *compile(const bwd_case *c)
     char spec[512];
     snprintf(spec, sizeof spec,
              "attention backward efficient {\n  dtype = %s\n  head_dim = %d\n"
-             "  head_dim_v = %d\n  mask = %s\n  score_mod = %s\n}\n",
+             "  head_dim_v = %d\n  mask = %s\n  score_mod = %s\n  bias = %s\n"
+             "  dropout = %.17g\n}\n",
              aj_dtype_name(c->dtype), c->d, c->dv ? c->dv : c->d, c->mask,
-             c->score_mod ? c->score_mod : "none");
+             c->score_mod ? c->score_mod : "none", c->bias_shape[3] ? "add" : "none",
+             c->dropout);
     aj_op *op = NULL;
     aj_kernel *k = NULL;
     CHECK_MSG(aj_op_parse(ctx, spec, strlen(spec), c->label, &op) == AJ_OK, "%s: %s", c->label,
@@ -241,6 +248,22 @@ static void run(const bwd_case *c, int twice)
     } else if (c->score_mod) {
         CHECK(sscanf(c->score_mod, "softcap(%lf)", &p.softcap) == 1);
     }
+    p.dropout_p = c->dropout;
+    p.seed = c->drop_seed;
+    p.offset = c->drop_offset;
+    /* bias: contiguous in the broadcast shape, size-1 dims stride 0 */
+    int has_bias = c->bias_shape[3] != 0;
+    tensor bias, dbias;
+    memset(&bias, 0, sizeof bias);
+    memset(&dbias, 0, sizeof dbias);
+    if (has_bias) {
+        const int64_t *bs = c->bias_shape;
+        make(&bias, c->dtype, bs[0], bs[1], bs[2], bs[3]);
+        make(&dbias, AJ_DTYPE_F32, bs[0], bs[1], bs[2], bs[3]);
+        fill(&bias, 2.0, &rng);
+        p.bias = bias.ref;
+        memcpy(p.bias_shape, bs, sizeof p.bias_shape);
+    }
     ref_forward(&p, q.ref, k.ref, v.ref, o.ref, lse.ref);
     store_rounded(&o);
     store_rounded(&lse);   /* -inf stays -inf */
@@ -260,21 +283,32 @@ static void run(const bwd_case *c, int twice)
     a.kv_offset = c->kv_offset;
     a.sq_total = c->sq_total;
     a.sk_total = c->sk_total;
+    a.seed = c->drop_seed;
+    a.offset = c->drop_offset;
+    if (has_bias) {
+        a.bias = bias.t;
+        a.dbias = dbias.t;
+        poison(&dbias);
+    }
     poison(&dq);
     poison(&dk);
     poison(&dvt);
     aj_status st = aj_backward(ctx, dev, kernel, &a);
     CHECK_MSG(st == AJ_OK, "%s: %s", c->label, aj_last_error(ctx));
 
-    double *want[3] = {calloc(q.n + 1, 8), calloc(k.n + 1, 8), calloc(v.n + 1, 8)};
-    double *got[3] = {calloc(q.n + 1, 8), calloc(k.n + 1, 8), calloc(v.n + 1, 8)};
+    /* dbias (f32) is checked with f32's tolerance pair */
+    int nouts = has_bias ? 4 : 3;
+    double *want[4] = {calloc(q.n + 1, 8), calloc(k.n + 1, 8), calloc(v.n + 1, 8),
+                       calloc(dbias.n + 1, 8)};
+    double *got[4] = {calloc(q.n + 1, 8), calloc(k.n + 1, 8), calloc(v.n + 1, 8),
+                      calloc(dbias.n + 1, 8)};
     ref_backward(&p, q.ref, k.ref, v.ref, o.ref, lse.ref, dout.ref, want[0], want[1], want[2],
-                 NULL);
-    const tensor *outs[3] = {&dq, &dk, &dvt};
-    const char *names[3] = {"dq", "dk", "dv"};
-    for (int t = 0; t < 3 && st == AJ_OK; t++) {
+                 has_bias ? want[3] : NULL);
+    const tensor *outs[4] = {&dq, &dk, &dvt, &dbias};
+    const char *names[4] = {"dq", "dk", "dv", "dbias"};
+    for (int t = 0; t < nouts && st == AJ_OK; t++) {
         read_back(outs[t], got[t]);
-        double err = norm_error(got[t], want[t], outs[t]->n, c->dtype);
+        double err = norm_error(got[t], want[t], outs[t]->n, t == 3 ? AJ_DTYPE_F32 : c->dtype);
         CHECK_MSG(err <= 1.0, "%s: %s error %.3g of the tolerance", c->label, names[t], err);
     }
     /* rows with LSE = -inf see no key: exactly zero gradients */
@@ -284,24 +318,28 @@ static void run(const bwd_case *c, int twice)
                 CHECK_MSG(got[0][r * (size_t)c->d + (size_t)x] == 0.0,
                           "%s: dq row %zu (no visible key) is not 0", c->label, r);
     if (twice && st == AJ_OK) {
-        size_t bytes[3];
-        void *first[3];
-        for (int t = 0; t < 3; t++) {
-            bytes[t] = outs[t]->n * (c->dtype == AJ_DTYPE_F32 ? 4 : 2);
+        size_t bytes[4];
+        void *first[4];
+        for (int t = 0; t < nouts; t++) {
+            bytes[t] = outs[t]->n * (outs[t]->t.dtype == AJ_DTYPE_F32 ? 4 : 2);
             first[t] = malloc(bytes[t] + 1);
             memcpy(first[t], outs[t]->t.data, bytes[t]);
             poison((tensor *)outs[t]);
         }
         CHECK(aj_backward(ctx, dev, kernel, &a) == AJ_OK);
-        for (int t = 0; t < 3; t++) {
+        for (int t = 0; t < nouts; t++) {
             CHECK_MSG(memcmp(first[t], outs[t]->t.data, bytes[t]) == 0,
                       "%s: %s differs between two runs", c->label, names[t]);
             free(first[t]);
         }
     }
-    for (int t = 0; t < 3; t++) {
+    for (int t = 0; t < 4; t++) {
         free(want[t]);
         free(got[t]);
+    }
+    if (has_bias) {
+        release(&bias);
+        release(&dbias);
     }
     tensor *all[9] = {&q, &k, &v, &o, &dout, &lse, &dq, &dk, &dvt};
     for (int i = 0; i < 9; i++)
@@ -417,6 +455,84 @@ static void test_deterministic(void)
     run(&c, 1);
 }
 
+/* dropout: the forward's keep mask recomputed in both stages */
+static void test_dropout(void)
+{
+    static const char *const masks[2] = {"none", "causal(top_left)"};
+    static const double ps[2] = {0.1, 0.3};
+    char labels[4][96];
+    int n = 0;
+    for (int m = 0; m < 2; m++)
+        for (int x = 0; x < 2; x++) {
+            snprintf(labels[n], sizeof labels[n], "f32 d64 GQA 2:1 dropout %.1f %s", ps[x],
+                     masks[m]);
+            bwd_case c = base(labels[n], AJ_DTYPE_F32, 64, masks[m]);
+            c.dropout = ps[x];
+            c.drop_seed = 0x1234567890abcdefull + (uint64_t)n;
+            c.drop_offset = (uint64_t)n << 33 | 5;
+            run(&c, 0);
+            n++;
+        }
+    bwd_case c = base("f16 d64 GQA 4:1 dropout 0.2 window, offsets", AJ_DTYPE_F16, 64,
+                      "window(20, 5, bottom_right)");
+    c.b = 2;
+    c.hq = 4;
+    c.hkv = 1;
+    c.q_offset = 40;
+    c.kv_offset = 9;
+    c.dropout = 0.2;
+    c.drop_seed = 42;
+    c.drop_offset = 7;
+    run(&c, 0);
+    c = base("bf16 d128 dropout 0.3 causal: two runs, same bits", AJ_DTYPE_BF16, 128,
+             "causal(bottom_right)");
+    c.dropout = 0.3;
+    c.drop_seed = 99;
+    run(&c, 1);
+}
+
+/* bias and dbias over every broadcast shape */
+static void test_bias(void)
+{
+    static const int shapes[4][2] = {{1, 1}, {0, 1}, {1, 0}, {0, 0}};  /* 1: full, 0: size 1 */
+    char labels[4][96];
+    for (int s = 0; s < 4; s++) {
+        bwd_case c = base(labels[s], AJ_DTYPE_F32, 64, s % 2 ? "causal(top_left)" : "none");
+        c.b = 2;
+        c.hq = 4;
+        c.hkv = 2;
+        c.sq = 37;
+        c.sk = 45;
+        c.bias_shape[0] = shapes[s][0] ? c.b : 1;
+        c.bias_shape[1] = shapes[s][1] ? c.hq : 1;
+        c.bias_shape[2] = c.sq;
+        c.bias_shape[3] = c.sk;
+        snprintf(labels[s], sizeof labels[s], "f32 d64 GQA bias [%lld, %lld, Sq, Sk] %s",
+                 (long long)c.bias_shape[0], (long long)c.bias_shape[1], c.mask);
+        run(&c, s == 3);
+    }
+    bwd_case c = base("bf16 d64 bias [1, H, Sq, Sk] softcap(5) causal", AJ_DTYPE_BF16, 64,
+                      "causal(bottom_right)");
+    c.score_mod = "softcap(5.0)";
+    c.magnitude = 3.0;
+    c.bias_shape[0] = 1;
+    c.bias_shape[1] = c.hq;
+    c.bias_shape[2] = c.sq;
+    c.bias_shape[3] = c.sk;
+    run(&c, 0);
+    c = base("f16 d32 bias [B, 1, Sq, Sk] + dropout 0.25 window", AJ_DTYPE_F16, 32,
+             "window(10, 3, top_left)");
+    c.b = 2;
+    c.dropout = 0.25;
+    c.drop_seed = 5;
+    c.drop_offset = 1;
+    c.bias_shape[0] = c.b;
+    c.bias_shape[1] = 1;
+    c.bias_shape[2] = c.sq;
+    c.bias_shape[3] = c.sk;
+    run(&c, 1);
+}
+
 int main(void)
 {
     CHECK(aj_ctx_create(NULL, &ctx) == AJ_OK);
@@ -428,6 +544,8 @@ int main(void)
     test_offsets();
     test_score_mods();
     test_deterministic();
+    test_dropout();
+    test_bias();
     printf("%d cases\n", cases_run);
     aj_device_close(dev);
     aj_ctx_destroy(ctx);

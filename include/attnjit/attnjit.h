@@ -527,6 +527,15 @@ aj_status aj_forward(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
  *   dq (q's shape), dk (k's), dv (v's): outputs, overwritten; with GQA dk
  *     and dv sum over the query heads of each group
  *   alibi_slopes [Hq] (f32), only for ops with score_mod = alibi.
+ *   bias (bias = add only): the forward's bias, [B or 1, Hq or 1, Sq, Sk]
+ *     in the op's dtype, size-1 dims broadcast as in aj_forward.
+ *   dbias (bias = add only): output, overwritten, f32 (whatever the op's
+ *     dtype), of bias's shape: the gradient of the pre-softcap score summed
+ *     over bias's broadcast dims; contiguous in its last dim (no alignment
+ *     needed).  Deterministic: no atomics.
+ *   seed, offset (dropout > 0 only): the dropout stream; they must equal
+ *     the forward's aj_fwd_args seed and offset, so that the backward
+ *     recomputes the same keep mask.
  * Rows that see no key get dq = 0; keys no row sees get dk = dv = 0.
  * The tensors have their dtype's data and batch, head and sequence strides
  * 16-byte aligned; outputs must not overlap inputs or each other;
@@ -540,6 +549,8 @@ typedef struct aj_bwd_args {
     int64_t q_offset, kv_offset;     /* global positions of row 0 and key 0 */
     int64_t sq_total, sk_total;      /* bottom_right alignment; 0: Sq and Sk */
     void *stream;                    /* cuda: a CUstream; NULL: the default */
+    aj_tensor bias, dbias;           /* bias = add only (dbias: f32 output) */
+    uint64_t seed, offset;           /* dropout > 0 only: the forward's stream */
 } aj_bwd_args;
 
 #define AJ_BWD_ARGS_INIT { .struct_size = sizeof(aj_bwd_args) }
