@@ -68,6 +68,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "templates/attn_common.h"
 #include "templates/template.h"
 #include "templates/tile_io.h"
 
@@ -75,7 +76,6 @@
 #define MAX_COLS 16   /* score columns a lane owns */
 #define MAX_OUT 64    /* output columns a lane owns, per tensor */
 #define REG_BUDGET 112
-#define OFFSET_CLAMP (1 << 30)
 
 typedef struct ebwd_plan {
     aj_dtype dtype;
@@ -193,15 +193,11 @@ typedef struct ebwd {
     ebwd_plan p;
     LLVMValueRef tid, lane, group;  /* i32 */
     LLVMValueRef seq_q, seq_k;      /* i32 */
-    LLVMValueRef hi_off, lo_off;    /* i32: visible keys j of row i are
-                                       i + lo_off <= j <= i + hi_off (NULL: none) */
+    aj_attn_mask mask;              /* visible keys of row i (attn_common.h) */
     LLVMValueRef qk_offset;         /* i64: q_offset - kv_offset (alibi) */
     LLVMValueRef slope;             /* f32: alibi slope of the current head */
     LLVMValueRef bias_base;         /* i64: element offset of bias slice (b, h) (bias) */
-    LLVMValueRef drop_key[2];       /* i32: Philox key (dropout) */
-    LLVMValueRef drop_ctr[4];       /* i32: Philox counter bases lo32(kv_offset),
-                                       lo32(q_offset), lo32(b Hq + h), lo32(offset)
-                                       (dropout) */
+    aj_attn_dropout drop;           /* the dropout stream of this (b, h) */
 } ebwd;
 
 static LLVMValueRef prm(ebwd *e, const char *name)
@@ -305,21 +301,7 @@ static void setup(ebwd *e, aj_kb *kb, const aj_op *op, const ebwd_plan *p)
     e->seq_k = prm(e, "seq_k");
     e->qk_offset = LLVMBuildSub(e->b, prm(e, "q_offset"), prm(e, "kv_offset"), "");
     LLVMValueRef delta = LLVMBuildAdd(e->b, e->qk_offset, prm(e, "mask_shift"), "delta");
-    const aj_mask_spec *mask = &op->mask;
-    if (mask->kind == AJ_MASK_NONE)
-        return;
-    /* clamped to +-2^30: with 0 <= i, j < 2^30 a clamped offset admits
-     * exactly the keys the true one does, and i +- offset fits in i32 */
-    LLVMValueRef lim = aj_kb_i64(kb, OFFSET_CLAMP), nlim = aj_kb_i64(kb, -OFFSET_CLAMP);
-    int64_t right = mask->kind == AJ_MASK_WINDOW ? mask->right : 0;
-    LLVMValueRef hi = LLVMBuildAdd(e->b, delta, aj_kb_i64(kb, right), "");
-    hi = aj_kb_smax(kb, aj_kb_smin(kb, hi, lim), nlim);
-    e->hi_off = LLVMBuildTrunc(e->b, hi, kb->t_i32, "hi_off");
-    if (mask->kind == AJ_MASK_WINDOW) {
-        LLVMValueRef lo = LLVMBuildSub(e->b, delta, aj_kb_i64(kb, mask->left), "");
-        lo = aj_kb_smax(kb, aj_kb_smin(kb, lo, lim), nlim);
-        e->lo_off = LLVMBuildTrunc(e->b, lo, kb->t_i32, "lo_off");
-    }
+    e->mask = aj_attn_mask_offsets(kb, &op->mask, delta);
 }
 
 /* Per-(batch, query head) state: the alibi slope, the bias slice and the
@@ -336,16 +318,9 @@ static void set_head(ebwd *e, LLVMValueRef bidx, LLVMValueRef h)
     if (e->op->bias == AJ_BIAS_ADD)
         e->bias_base = slice_base(e, "bias", bidx, h);
     if (e->op->dropout > 0) {
-        /* key (lo32(seed), hi32(seed ^ offset)); counter bases as the
-         * forward's: i32 adds of i and j wrap as lo32 of the positions do */
-        LLVMValueRef seed = prm(e, "dropout_seed"), offset = prm(e, "dropout_offset");
-        e->drop_key[0] = LLVMBuildTrunc(b, seed, kb->t_i32, "");
-        e->drop_key[1] = LLVMBuildTrunc(b, LLVMBuildLShr(b, LLVMBuildXor(b, seed, offset, ""),
-                                                         aj_kb_i64(kb, 32), ""), kb->t_i32, "");
-        e->drop_ctr[0] = LLVMBuildTrunc(b, prm(e, "kv_offset"), kb->t_i32, "");
-        e->drop_ctr[1] = LLVMBuildTrunc(b, prm(e, "q_offset"), kb->t_i32, "");
-        e->drop_ctr[2] = LLVMBuildAdd(b, LLVMBuildMul(b, bidx, prm(e, "heads_q"), ""), h, "");
-        e->drop_ctr[3] = LLVMBuildTrunc(b, offset, kb->t_i32, "");
+        e->drop = aj_attn_dropout_stream(kb, prm(e, "dropout_seed"), prm(e, "dropout_offset"),
+                                         prm(e, "q_offset"), prm(e, "kv_offset"), bidx,
+                                         prm(e, "heads_q"), h);
     }
 }
 
@@ -376,36 +351,9 @@ static LLVMValueRef emit_bias_at(ebwd *e, LLVMValueRef i, LLVMValueRef j)
  * dropout. */
 static LLVMValueRef emit_keep(ebwd *e, LLVMValueRef i, LLVMValueRef j)
 {
-    aj_kb *kb = e->kb;
-    LLVMBuilderRef b = e->b;
     if (!(e->op->dropout > 0))
         return NULL;
-    LLVMValueRef ctr[4] = {LLVMBuildAdd(b, e->drop_ctr[0], j, ""),
-                           LLVMBuildAdd(b, e->drop_ctr[1], i, ""), e->drop_ctr[2],
-                           e->drop_ctr[3]};
-    LLVMValueRef out[4];
-    aj_kb_philox4x32_10(kb, ctr, e->drop_key, out);
-    LLVMValueRef u24 = LLVMBuildLShr(b, out[0], i32c(e, 8), "");
-    double threshold = ceil(ldexp(e->op->dropout, 24));
-    return LLVMBuildICmp(b, LLVMIntUGE, u24, i32c(e, (int64_t)threshold), "keep");
-}
-
-/* Last visible key of row i (or below 0): min(Sk - 1, i + hi_off). */
-static LLVMValueRef row_key_hi(ebwd *e, LLVMValueRef i)
-{
-    LLVMValueRef hi = LLVMBuildSub(e->b, e->seq_k, i32c(e, 1), "");
-    if (e->hi_off)
-        hi = aj_kb_smin(e->kb, hi, LLVMBuildAdd(e->b, i, e->hi_off, ""));
-    return hi;
-}
-
-/* First visible key of row i: max(0, i + lo_off). */
-static LLVMValueRef row_key_lo(ebwd *e, LLVMValueRef i)
-{
-    LLVMValueRef lo = i32c(e, 0);
-    if (e->lo_off)
-        lo = aj_kb_smax(e->kb, lo, LLVMBuildAdd(e->b, i, e->lo_off, ""));
-    return lo;
+    return aj_attn_dropout_keep(e->kb, &e->drop, e->op->dropout, i, j);
 }
 
 /* Blocks of `per` indices in [0, n) overlapping [lo, hi]: [*begin, *end),
@@ -498,25 +446,6 @@ static void emit_accumulate(ebwd *e, LLVMValueRef out[MAX_ROWS][MAX_OUT], int nr
     aj_kb_for_end(kb);
 }
 
-/* tanh(x) = sign(x) (1 - 2 / (2^(2|x| log2 e) + 1)), as the forward. */
-static LLVMValueRef emit_tanh(ebwd *e, LLVMValueRef x)
-{
-    aj_kb *kb = e->kb;
-    LLVMBuilderRef b = e->b;
-    LLVMTypeRef t = kb->t_f32;
-    unsigned id = LLVMLookupIntrinsicID("llvm.fabs", 9);
-    LLVMValueRef fabs_fn = LLVMGetIntrinsicDeclaration(kb->mod, id, &t, 1);
-    LLVMValueRef ax = LLVMBuildCall2(b, LLVMIntrinsicGetType(kb->llctx, id, &t, 1), fabs_fn,
-                                     &x, 1, "");
-    LLVMValueRef ex = aj_kb_exp2(kb, LLVMBuildFMul(b, ax, aj_kb_f32(kb, 2.0 * AJ_LOG2E), ""));
-    LLVMValueRef r = LLVMBuildFSub(b, aj_kb_f32(kb, 1.0),
-                                   LLVMBuildFDiv(b, aj_kb_f32(kb, 2.0),
-                                                 LLVMBuildFAdd(b, ex, aj_kb_f32(kb, 1.0), ""),
-                                                 ""), "");
-    LLVMValueRef neg = LLVMBuildFCmp(b, LLVMRealOLT, x, aj_kb_f32(kb, 0), "");
-    return LLVMBuildSelect(b, neg, LLVMBuildFNeg(b, r, ""), r, "");
-}
-
 /*
  * P and dS of (row i, key j) from q.k (`qk`), dO.v (`dp`), the row's LSE
  * in log2 units and Delta; `visible` says the mask shows key j to row i,
@@ -542,7 +471,7 @@ static void emit_p_ds(ebwd *e, LLVMValueRef qk, LLVMValueRef dp, LLVMValueRef i,
             s = LLVMBuildFAdd(b, s, bias, "");
         if (op->score_mod.kind == AJ_SCORE_MOD_SOFTCAP) {
             double cap = op->score_mod.softcap;
-            th = emit_tanh(e, LLVMBuildFMul(b, s, aj_kb_f32(kb, 1.0 / cap), ""));
+            th = aj_attn_tanh(kb, LLVMBuildFMul(b, s, aj_kb_f32(kb, 1.0 / cap), ""));
             s = LLVMBuildFMul(b, th, aj_kb_f32(kb, cap), "");
         } else if (op->score_mod.kind == AJ_SCORE_MOD_ALIBI) {
             /* alibi: s -= slope * |q_pos - kv_pos|, positions in i64 */
@@ -577,7 +506,7 @@ static void emit_p_ds(ebwd *e, LLVMValueRef qk, LLVMValueRef dp, LLVMValueRef i,
 static LLVMValueRef emit_visible(ebwd *e, LLVMValueRef j, LLVMValueRef j_lo, LLVMValueRef j_hi)
 {
     LLVMValueRef v = LLVMBuildICmp(e->b, LLVMIntSLE, j, j_hi, "");
-    if (e->lo_off)
+    if (e->mask.lo_off)
         v = LLVMBuildAnd(e->b, v, LLVMBuildICmp(e->b, LLVMIntSGE, j, j_lo, ""), "");
     return v;
 }
@@ -729,11 +658,11 @@ static void build_dkdv(aj_kb *kb, const aj_op *op, const ebwd_plan *plan)
     LLVMValueRef j_last = LLVMBuildSub(b, aj_kb_smin(kb, LLVMBuildAdd(b, n0, i32c(&e, p->bn), ""),
                                                      e.seq_k), i32c(&e, 1), "");
     LLVMValueRef i_lo = i32c(&e, 0);
-    if (e.hi_off)
-        i_lo = aj_kb_smax(kb, i_lo, LLVMBuildSub(b, n0, e.hi_off, ""));
+    if (e.mask.hi_off)
+        i_lo = aj_kb_smax(kb, i_lo, LLVMBuildSub(b, n0, e.mask.hi_off, ""));
     LLVMValueRef i_hi = LLVMBuildSub(b, e.seq_q, i32c(&e, 1), "");
-    if (e.lo_off)
-        i_hi = aj_kb_smin(kb, i_hi, LLVMBuildSub(b, j_last, e.lo_off, ""));
+    if (e.mask.lo_off)
+        i_hi = aj_kb_smin(kb, i_hi, LLVMBuildSub(b, j_last, e.mask.lo_off, ""));
     LLVMValueRef m_begin, m_end;
     block_range(&e, i_lo, i_hi, p->bm, &m_begin, &m_end);
 
@@ -774,10 +703,10 @@ static void build_dkdv(aj_kb *kb, const aj_op *op, const ebwd_plan *plan)
         for (int t = 0; t < cq; t++) {
             LLVMValueRef i = LLVMBuildAdd(b, m0, qcols[t], "");
             /* rows past Sq see nothing (their Q and dO tiles are zeros) */
-            LLVMValueRef j_hi = row_key_hi(&e, i);
+            LLVMValueRef j_hi = aj_attn_row_key_hi(kb, &e.mask, e.seq_k, i);
             j_hi = LLVMBuildSelect(b, LLVMBuildICmp(b, LLVMIntSLT, i, e.seq_q, ""), j_hi,
                                    i32c(&e, -1), "");
-            LLVMValueRef j_lo = e.lo_off ? row_key_lo(&e, i) : NULL;
+            LLVMValueRef j_lo = e.mask.lo_off ? aj_attn_row_key_lo(kb, &e.mask, i) : NULL;
             LLVMValueRef lse2 = smem_load1(&e, smem_stats, qcols[t]);
             LLVMValueRef delta = smem_load1(&e, smem_stats, LLVMBuildAdd(b, qcols[t],
                                                                        i32c(&e, p->bm), ""));
@@ -906,8 +835,8 @@ static void build_dq(aj_kb *kb, const aj_op *op, const ebwd_plan *plan)
         gi[k] = LLVMBuildAdd(b, m0, rows[k], "");
         emit_row_stats(&e, aj_kb_smin(kb, gi[k], last), o_base, do_base, lse_base, &lse2[k],
                        &delta[k]);
-        j_hi[k] = row_key_hi(&e, gi[k]);
-        j_lo[k] = e.lo_off ? row_key_lo(&e, gi[k]) : NULL;
+        j_hi[k] = aj_attn_row_key_hi(kb, &e.mask, e.seq_k, gi[k]);
+        j_lo[k] = e.mask.lo_off ? aj_attn_row_key_lo(kb, &e.mask, gi[k]) : NULL;
         if (has_bias)
             dbias_row[k] = LLVMBuildAdd(b, dbias_base, LLVMBuildMul(b, sext64(&e, gi[k]),
                                         prm(&e, "stride_dbias_s"), ""), "");
@@ -925,7 +854,7 @@ static void build_dq(aj_kb *kb, const aj_op *op, const ebwd_plan *plan)
                                             LLVMBuildSub(b, e.seq_q, m0, ""));
         LLVMValueRef i_last = LLVMBuildAdd(b, m0, LLVMBuildSub(b, rows_here, i32c(&e, 1), ""),
                                            "");
-        block_range(&e, row_key_lo(&e, m0), row_key_hi(&e, i_last), p->bn, &n_begin, &n_end);
+        block_range(&e, aj_attn_row_key_lo(kb, &e.mask, m0), aj_attn_row_key_hi(kb, &e.mask, e.seq_k, i_last), p->bn, &n_begin, &n_end);
     }
     LLVMValueRef n = aj_kb_for_begin(kb, n_begin, n_end, i32c(&e, 1), "n");
     {

@@ -47,6 +47,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "templates/attn_common.h"
 #include "templates/template.h"
 #include "templates/tile_io.h"
 
@@ -182,15 +183,11 @@ typedef struct efwd {
     LLVMValueRef tid, lane, group;  /* i32 */
     LLVMValueRef m0;                /* i32: first query row of the CTA */
     LLVMValueRef seq_q, seq_k;      /* i32 */
-    LLVMValueRef hi_off, lo_off;    /* i32: visible keys j of row i are
-                                       i + lo_off <= j <= i + hi_off */
+    aj_attn_mask mask;              /* visible keys of row i (attn_common.h) */
     LLVMValueRef qk_offset;         /* i64: q_offset - kv_offset (alibi) */
     LLVMValueRef slope;             /* f32: alibi slope of this head */
     LLVMValueRef bias_row;          /* i64: element offset of bias row i (bias) */
-    LLVMValueRef drop_ctr[4];       /* i32: Philox counter bases lo32(kv_offset),
-                                       lo32(q_offset), lo32(b Hq + h), lo32(offset)
-                                       (dropout) */
-    LLVMValueRef drop_key[2];       /* i32: Philox key (dropout) */
+    aj_attn_dropout drop;           /* the dropout stream of this (b, h) */
     LLVMValueRef bias_base;         /* i64: element offset of bias slice (b, h) */
     LLVMValueRef acc[MAX_RM][MAX_CN];    /* vars: Q K^T partial sums */
     LLVMValueRef o[MAX_RM][MAX_CV];      /* vars: output accumulators */
@@ -277,56 +274,6 @@ static LLVMValueRef key_of(efwd *e, int t)
     return LLVMBuildAdd(e->b, e->lane, aj_kb_i32(e->kb, e->p.g * t), "");
 }
 
-/*
- * Mask bounds.  In local indices a key j is visible to row i when
- *   causal:  j <= i + delta
- *   window:  i + delta - left <= j <= i + delta + right
- * with delta = q_offset + shift - kv_offset (i64), and always 0 <= j < Sk.
- * The offsets are clamped to +-2^30 once per CTA so that the per-element
- * tests run in i32: with 0 <= i, j < 2^30 (the launch contract) a clamped
- * offset admits exactly the keys the true one does.
- */
-#define OFFSET_CLAMP (1 << 30)
-
-static LLVMValueRef clamp_to_i32(efwd *e, LLVMValueRef v64)
-{
-    aj_kb *kb = e->kb;
-    v64 = aj_kb_smin(kb, v64, aj_kb_i64(kb, OFFSET_CLAMP));
-    v64 = aj_kb_smax(kb, v64, aj_kb_i64(kb, -OFFSET_CLAMP));
-    return LLVMBuildTrunc(e->b, v64, kb->t_i32, "");
-}
-
-static void mask_offsets(efwd *e, LLVMValueRef delta)
-{
-    aj_kb *kb = e->kb;
-    const aj_mask_spec *mask = &e->op->mask;
-    e->hi_off = e->lo_off = NULL;
-    if (mask->kind == AJ_MASK_NONE)
-        return;
-    int64_t right = mask->kind == AJ_MASK_WINDOW ? mask->right : 0;
-    e->hi_off = clamp_to_i32(e, LLVMBuildAdd(e->b, delta, aj_kb_i64(kb, right), ""));
-    if (mask->kind == AJ_MASK_WINDOW)
-        e->lo_off = clamp_to_i32(e, LLVMBuildSub(e->b, delta, aj_kb_i64(kb, mask->left), ""));
-}
-
-/* Last visible key of row i (or -1): min(Sk - 1, i + hi_off). */
-static LLVMValueRef row_key_hi(efwd *e, LLVMValueRef i)
-{
-    LLVMValueRef hi = LLVMBuildSub(e->b, e->seq_k, aj_kb_i32(e->kb, 1), "");
-    if (e->hi_off)
-        hi = aj_kb_smin(e->kb, hi, LLVMBuildAdd(e->b, i, e->hi_off, ""));
-    return hi;
-}
-
-/* First visible key of row i: max(0, i + lo_off). */
-static LLVMValueRef row_key_lo(efwd *e, LLVMValueRef i)
-{
-    LLVMValueRef lo = aj_kb_i32(e->kb, 0);
-    if (e->lo_off)
-        lo = aj_kb_smax(e->kb, lo, LLVMBuildAdd(e->b, i, e->lo_off, ""));
-    return lo;
-}
-
 /* Key-block range [n_begin, n_end) holding a key visible to some row of
  * this CTA; empty when no row sees any key. */
 static void key_block_range(efwd *e, LLVMValueRef *n_begin, LLVMValueRef *n_end)
@@ -335,8 +282,8 @@ static void key_block_range(efwd *e, LLVMValueRef *n_begin, LLVMValueRef *n_end)
     LLVMBuilderRef b = e->b;
     LLVMValueRef rows = aj_kb_smin(kb, aj_kb_i32(kb, e->p.bm), LLVMBuildSub(b, e->seq_q, e->m0, ""));
     LLVMValueRef i_hi = LLVMBuildAdd(b, e->m0, LLVMBuildSub(b, rows, aj_kb_i32(kb, 1), ""), "");
-    LLVMValueRef j_lo = row_key_lo(e, e->m0);
-    LLVMValueRef j_hi = row_key_hi(e, i_hi);
+    LLVMValueRef j_lo = aj_attn_row_key_lo(e->kb, &e->mask, e->m0);
+    LLVMValueRef j_hi = aj_attn_row_key_hi(e->kb, &e->mask, e->seq_k, i_hi);
     LLVMValueRef bn = aj_kb_i32(kb, e->p.bn);
     LLVMValueRef begin = LLVMBuildSDiv(b, j_lo, bn, "");
     LLVMValueRef end = LLVMBuildSDiv(b, LLVMBuildAdd(b, j_hi, bn, ""), bn, "");
@@ -377,24 +324,6 @@ static void emit_qk(efwd *e)
     aj_kb_for_end(kb);
 }
 
-/* tanh(x) = sign(x) * (1 - 2 / (2^(2|x| log2 e) + 1)): accurate to ~1e-7
- * absolute, unlike tanh.approx.f32 (2^-11 relative). */
-static LLVMValueRef emit_tanh(efwd *e, LLVMValueRef x)
-{
-    aj_kb *kb = e->kb;
-    LLVMBuilderRef b = e->b;
-    LLVMTypeRef t = kb->t_f32;
-    unsigned id = LLVMLookupIntrinsicID("llvm.fabs", 9);
-    LLVMValueRef fabs_fn = LLVMGetIntrinsicDeclaration(kb->mod, id, &t, 1);
-    LLVMValueRef ax = LLVMBuildCall2(b, LLVMIntrinsicGetType(kb->llctx, id, &t, 1), fabs_fn, &x, 1, "");
-    LLVMValueRef ex = aj_kb_exp2(kb, LLVMBuildFMul(b, ax, aj_kb_f32(kb, 2.0 * AJ_LOG2E), ""));
-    LLVMValueRef r = LLVMBuildFSub(b, aj_kb_f32(kb, 1.0),
-                                   LLVMBuildFDiv(b, aj_kb_f32(kb, 2.0),
-                                                 LLVMBuildFAdd(b, ex, aj_kb_f32(kb, 1.0), ""), ""), "");
-    LLVMValueRef neg = LLVMBuildFCmp(b, LLVMRealOLT, x, aj_kb_f32(kb, 0), "");
-    return LLVMBuildSelect(b, neg, LLVMBuildFNeg(b, r, ""), r, "");
-}
-
 /* The score of (row i, key j) in log2 units, or -inf where masked; the
  * row's visible keys are [j_lo, j_hi] (j_lo NULL: from 0). */
 static LLVMValueRef emit_score(efwd *e, LLVMValueRef acc, LLVMValueRef i, LLVMValueRef j,
@@ -421,7 +350,7 @@ static LLVMValueRef emit_score(efwd *e, LLVMValueRef acc, LLVMValueRef i, LLVMVa
         }
         if (op->score_mod.kind == AJ_SCORE_MOD_SOFTCAP) {
             double cap = op->score_mod.softcap;
-            s = LLVMBuildFMul(b, emit_tanh(e, LLVMBuildFMul(b, s, aj_kb_f32(kb, 1.0 / cap), "")),
+            s = LLVMBuildFMul(b, aj_attn_tanh(kb, LLVMBuildFMul(b, s, aj_kb_f32(kb, 1.0 / cap), "")),
                               aj_kb_f32(kb, cap), "");
         } else if (op->score_mod.kind == AJ_SCORE_MOD_ALIBI) {
             /* alibi: s -= slope * |q_pos - kv_pos|, positions in i64 */
@@ -440,23 +369,6 @@ static LLVMValueRef emit_score(efwd *e, LLVMValueRef acc, LLVMValueRef i, LLVMVa
     return LLVMBuildSelect(b, visible, s, aj_kb_f32(kb, -INFINITY), "");
 }
 
-/* Whether dropout keeps P_ij: Philox4x32-10 with the counter
- * (lo32(kv_pos), lo32(q_pos), lo32(b Hq + h), lo32(offset)); keep iff
- * (out[0] >> 8) 2^-24 >= p, i.e. (out[0] >> 8) >= ceil(p 2^24) exactly. */
-static LLVMValueRef emit_dropout_keep(efwd *e, LLVMValueRef i, LLVMValueRef j)
-{
-    aj_kb *kb = e->kb;
-    LLVMBuilderRef b = e->b;
-    LLVMValueRef ctr[4] = {LLVMBuildAdd(b, e->drop_ctr[0], j, ""),
-                           LLVMBuildAdd(b, e->drop_ctr[1], i, ""), e->drop_ctr[2],
-                           e->drop_ctr[3]};
-    LLVMValueRef out[4];
-    aj_kb_philox4x32_10(kb, ctr, e->drop_key, out);
-    LLVMValueRef u24 = LLVMBuildLShr(b, out[0], aj_kb_i32(kb, 8), "");
-    double threshold = ceil(ldexp(e->op->dropout, 24));
-    return LLVMBuildICmp(b, LLVMIntUGE, u24, aj_kb_i32(kb, (int64_t)threshold), "keep");
-}
-
 /* Scores, online softmax update, rescale of O, P written to shared memory
  * (with dropout: the statistics take P undropped, shared memory gets
  * P keep / (1 - p)). */
@@ -473,8 +385,8 @@ static void emit_softmax(efwd *e, LLVMValueRef n0)
             e->bias_row = LLVMBuildAdd(b, e->bias_base, LLVMBuildMul(b, sext64(e, ic),
                                        p64(e, "stride_bias_s"), ""), "");
         }
-        LLVMValueRef j_hi = row_key_hi(e, i);
-        LLVMValueRef j_lo = e->lo_off ? row_key_lo(e, i) : NULL;
+        LLVMValueRef j_hi = aj_attn_row_key_hi(kb, &e->mask, e->seq_k, i);
+        LLVMValueRef j_lo = e->mask.lo_off ? aj_attn_row_key_lo(kb, &e->mask, i) : NULL;
         LLVMValueRef s[MAX_CN];
         LLVMValueRef mx = aj_kb_f32(kb, -INFINITY);
         for (int t = 0; t < p->cn; t++) {
@@ -496,7 +408,7 @@ static void emit_softmax(efwd *e, LLVMValueRef n0)
             LLVMValueRef pr = aj_kb_exp2(kb, LLVMBuildFSub(b, s[t], m_use, ""));
             sum = LLVMBuildFAdd(b, sum, pr, "");
             if (e->op->dropout > 0) {
-                LLVMValueRef keep = emit_dropout_keep(e, i, LLVMBuildAdd(b, n0, key_of(e, t), ""));
+                LLVMValueRef keep = aj_attn_dropout_keep(kb, &e->drop, e->op->dropout, i, LLVMBuildAdd(b, n0, key_of(e, t), ""));
                 pr = LLVMBuildSelect(b, keep, LLVMBuildFMul(b, pr,
                                      aj_kb_f32(kb, 1.0 / (1.0 - e->op->dropout)), ""),
                                      aj_kb_f32(kb, 0), "");
@@ -693,7 +605,8 @@ static aj_status efwd_build(aj_kb *kb, const aj_op *op, void *user)
     LLVMValueRef group_size = LLVMBuildSDiv(b, p64(&e, "heads_q"), p64(&e, "heads_kv"), "");
     LLVMValueRef hkv = LLVMBuildSDiv(b, h, group_size, "hkv");
     e.qk_offset = LLVMBuildSub(b, p64(&e, "q_offset"), p64(&e, "kv_offset"), "");
-    mask_offsets(&e, LLVMBuildAdd(b, e.qk_offset, p64(&e, "mask_shift"), "delta"));
+    e.mask = aj_attn_mask_offsets(kb, &op->mask,
+                                  LLVMBuildAdd(b, e.qk_offset, p64(&e, "mask_shift"), "delta"));
     if (op->score_mod.kind == AJ_SCORE_MOD_ALIBI) {
         LLVMValueRef at = LLVMBuildMul(b, sext64(&e, h), aj_kb_i64(kb, 4), "");
         e.slope = aj_kb_load(kb, kb->t_f32, aj_kb_gptr_offset(kb, p64(&e, "alibi_slopes"), at), 4);
@@ -705,15 +618,9 @@ static aj_status efwd_build(aj_kb *kb, const aj_op *op, void *user)
         /* Philox key (lo32(seed), hi32(seed) ^ hi32(offset)) and counter
          * (lo32(kv_offset) + j, lo32(q_offset) + i, lo32(b Hq + h),
          * lo32(offset)): i32 adds wrap as lo32 of the i64 positions do */
-        LLVMValueRef seed = p64(&e, "dropout_seed"), offset = p64(&e, "dropout_offset");
-        LLVMValueRef c32 = aj_kb_i64(kb, 32);
-        e.drop_key[0] = LLVMBuildTrunc(b, seed, kb->t_i32, "");
-        e.drop_key[1] = LLVMBuildTrunc(b, LLVMBuildLShr(b, LLVMBuildXor(b, seed, offset, ""), c32,
-                                                        ""), kb->t_i32, "");
-        e.drop_ctr[0] = LLVMBuildTrunc(b, p64(&e, "kv_offset"), kb->t_i32, "");
-        e.drop_ctr[1] = LLVMBuildTrunc(b, p64(&e, "q_offset"), kb->t_i32, "");
-        e.drop_ctr[2] = LLVMBuildAdd(b, LLVMBuildMul(b, bidx, p64(&e, "heads_q"), ""), h, "");
-        e.drop_ctr[3] = LLVMBuildTrunc(b, offset, kb->t_i32, "");
+        e.drop = aj_attn_dropout_stream(kb, p64(&e, "dropout_seed"), p64(&e, "dropout_offset"),
+                                        p64(&e, "q_offset"), p64(&e, "kv_offset"), bidx,
+                                        p64(&e, "heads_q"), h);
     }
     LLVMValueRef q_base = slice_base(&e, "q", bidx, h);
     LLVMValueRef k_base = slice_base(&e, "k", bidx, hkv);

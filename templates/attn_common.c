@@ -1,0 +1,91 @@
+/*
+ * attn_common.c -- attention math shared by the templates (attn_common.h).
+ */
+#include "templates/attn_common.h"
+
+#include <math.h>
+
+#define OFFSET_CLAMP (1 << 30)
+
+LLVMValueRef aj_attn_tanh(aj_kb *kb, LLVMValueRef x)
+{
+    LLVMBuilderRef b = kb->b;
+    LLVMTypeRef t = kb->t_f32;
+    unsigned id = LLVMLookupIntrinsicID("llvm.fabs", 9);
+    LLVMValueRef fabs_fn = LLVMGetIntrinsicDeclaration(kb->mod, id, &t, 1);
+    LLVMValueRef ax = LLVMBuildCall2(b, LLVMIntrinsicGetType(kb->llctx, id, &t, 1), fabs_fn,
+                                     &x, 1, "");
+    LLVMValueRef ex = aj_kb_exp2(kb, LLVMBuildFMul(b, ax, aj_kb_f32(kb, 2.0 * AJ_LOG2E), ""));
+    LLVMValueRef r = LLVMBuildFSub(b, aj_kb_f32(kb, 1.0),
+                                   LLVMBuildFDiv(b, aj_kb_f32(kb, 2.0),
+                                                 LLVMBuildFAdd(b, ex, aj_kb_f32(kb, 1.0), ""),
+                                                 ""), "");
+    LLVMValueRef neg = LLVMBuildFCmp(b, LLVMRealOLT, x, aj_kb_f32(kb, 0), "");
+    return LLVMBuildSelect(b, neg, LLVMBuildFNeg(b, r, ""), r, "");
+}
+
+static LLVMValueRef clamp_to_i32(aj_kb *kb, LLVMValueRef v64)
+{
+    v64 = aj_kb_smin(kb, v64, aj_kb_i64(kb, OFFSET_CLAMP));
+    v64 = aj_kb_smax(kb, v64, aj_kb_i64(kb, -OFFSET_CLAMP));
+    return LLVMBuildTrunc(kb->b, v64, kb->t_i32, "");
+}
+
+aj_attn_mask aj_attn_mask_offsets(aj_kb *kb, const aj_mask_spec *mask, LLVMValueRef delta)
+{
+    aj_attn_mask m = {NULL, NULL};
+    if (mask->kind == AJ_MASK_NONE)
+        return m;
+    int64_t right = mask->kind == AJ_MASK_WINDOW ? mask->right : 0;
+    m.hi_off = clamp_to_i32(kb, LLVMBuildAdd(kb->b, delta, aj_kb_i64(kb, right), ""));
+    if (mask->kind == AJ_MASK_WINDOW)
+        m.lo_off = clamp_to_i32(kb, LLVMBuildSub(kb->b, delta, aj_kb_i64(kb, mask->left), ""));
+    return m;
+}
+
+LLVMValueRef aj_attn_row_key_hi(aj_kb *kb, const aj_attn_mask *m, LLVMValueRef seq_k,
+                                LLVMValueRef i)
+{
+    LLVMValueRef hi = LLVMBuildSub(kb->b, seq_k, aj_kb_i32(kb, 1), "");
+    if (m->hi_off)
+        hi = aj_kb_smin(kb, hi, LLVMBuildAdd(kb->b, i, m->hi_off, ""));
+    return hi;
+}
+
+LLVMValueRef aj_attn_row_key_lo(aj_kb *kb, const aj_attn_mask *m, LLVMValueRef i)
+{
+    LLVMValueRef lo = aj_kb_i32(kb, 0);
+    if (m->lo_off)
+        lo = aj_kb_smax(kb, lo, LLVMBuildAdd(kb->b, i, m->lo_off, ""));
+    return lo;
+}
+
+aj_attn_dropout aj_attn_dropout_stream(aj_kb *kb, LLVMValueRef seed, LLVMValueRef offset,
+                                       LLVMValueRef q_offset, LLVMValueRef kv_offset,
+                                       LLVMValueRef bidx, LLVMValueRef heads_q,
+                                       LLVMValueRef h)
+{
+    LLVMBuilderRef b = kb->b;
+    aj_attn_dropout d;
+    d.key[0] = LLVMBuildTrunc(b, seed, kb->t_i32, "");
+    d.key[1] = LLVMBuildTrunc(b, LLVMBuildLShr(b, LLVMBuildXor(b, seed, offset, ""),
+                                               aj_kb_i64(kb, 32), ""), kb->t_i32, "");
+    d.ctr[0] = LLVMBuildTrunc(b, kv_offset, kb->t_i32, "");
+    d.ctr[1] = LLVMBuildTrunc(b, q_offset, kb->t_i32, "");
+    d.ctr[2] = LLVMBuildAdd(b, LLVMBuildMul(b, bidx, heads_q, ""), h, "");
+    d.ctr[3] = LLVMBuildTrunc(b, offset, kb->t_i32, "");
+    return d;
+}
+
+LLVMValueRef aj_attn_dropout_keep(aj_kb *kb, const aj_attn_dropout *d, double p,
+                                  LLVMValueRef i, LLVMValueRef j)
+{
+    LLVMBuilderRef b = kb->b;
+    LLVMValueRef ctr[4] = {LLVMBuildAdd(b, d->ctr[0], j, ""), LLVMBuildAdd(b, d->ctr[1], i, ""),
+                           d->ctr[2], d->ctr[3]};
+    LLVMValueRef out[4];
+    aj_kb_philox4x32_10(kb, ctr, d->key, out);
+    LLVMValueRef u24 = LLVMBuildLShr(b, out[0], aj_kb_i32(kb, 8), "");
+    double threshold = ceil(ldexp(p, 24));
+    return LLVMBuildICmp(b, LLVMIntUGE, u24, aj_kb_i32(kb, (int64_t)threshold), "keep");
+}

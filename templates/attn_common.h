@@ -1,0 +1,58 @@
+/*
+ * attn_common.h -- pieces of attention math every template emits the same
+ * way: soft-capping's tanh, the mask's visible-key bounds, and the dropout
+ * stream.  One definition each, so forward and backward can never
+ * disagree on a score, a mask or a dropped element.
+ */
+#ifndef AJ_TEMPLATES_ATTN_COMMON_H
+#define AJ_TEMPLATES_ATTN_COMMON_H
+
+#include "codegen/kbuilder.h"
+#include "ir/op.h"
+
+/* tanh(x) = sign(x) (1 - 2 / (2^(2|x| log2 e) + 1)): accurate to ~1e-7
+ * absolute, unlike tanh.approx.f32 (2^-11 relative). */
+LLVMValueRef aj_attn_tanh(aj_kb *kb, LLVMValueRef x);
+
+/*
+ * Mask bounds.  In local indices a key j is visible to row i when
+ *   causal:  j <= i + delta
+ *   window:  i + delta - left <= j <= i + delta + right
+ * with delta = q_offset + shift - kv_offset (i64), and always 0 <= j < Sk.
+ * The offsets are clamped to +-2^30 once per CTA so that the per-element
+ * tests run in i32: with 0 <= i, j < 2^30 (the launch contract) a clamped
+ * offset admits exactly the keys the true one does.
+ */
+typedef struct aj_attn_mask {
+    LLVMValueRef hi_off;   /* i32, NULL without a mask: j <= i + hi_off */
+    LLVMValueRef lo_off;   /* i32, NULL but for windows: j >= i + lo_off */
+} aj_attn_mask;
+
+aj_attn_mask aj_attn_mask_offsets(aj_kb *kb, const aj_mask_spec *mask, LLVMValueRef delta);
+/* Last visible key of row i (below 0: none): min(Sk - 1, i + hi_off). */
+LLVMValueRef aj_attn_row_key_hi(aj_kb *kb, const aj_attn_mask *m, LLVMValueRef seq_k,
+                                LLVMValueRef i);
+/* First visible key of row i: max(0, i + lo_off). */
+LLVMValueRef aj_attn_row_key_lo(aj_kb *kb, const aj_attn_mask *m, LLVMValueRef i);
+
+/*
+ * The dropout stream of one (batch, query head): Philox4x32-10 with key
+ * (lo32(seed), hi32(seed ^ offset)) and counter (lo32(kv_pos), lo32(q_pos),
+ * lo32(b Hq + h), lo32(offset)); i32 adds of local i and j to the position
+ * bases wrap as lo32 of the i64 positions do.
+ */
+typedef struct aj_attn_dropout {
+    LLVMValueRef key[2];
+    LLVMValueRef ctr[4];   /* bases: lo32(kv_offset), lo32(q_offset), b Hq + h, lo32(offset) */
+} aj_attn_dropout;
+
+aj_attn_dropout aj_attn_dropout_stream(aj_kb *kb, LLVMValueRef seed, LLVMValueRef offset,
+                                       LLVMValueRef q_offset, LLVMValueRef kv_offset,
+                                       LLVMValueRef bidx, LLVMValueRef heads_q,
+                                       LLVMValueRef h);
+/* Whether element (i, j) is kept: (out[0] >> 8) 2^-24 >= p, i.e.
+ * (out[0] >> 8) >= ceil(p 2^24) exactly. */
+LLVMValueRef aj_attn_dropout_keep(aj_kb *kb, const aj_attn_dropout *d, double p,
+                                  LLVMValueRef i, LLVMValueRef j);
+
+#endif /* AJ_TEMPLATES_ATTN_COMMON_H */
