@@ -8,7 +8,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 build=${AJ_STATIC_BUILD_DIR:-$root/build-static}
 cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DAJ_LLVM_STATIC=ON \
       -DAJ_BUILD_TESTS=OFF -DAJ_BUILD_BENCH=OFF >/dev/null
-cmake --build "$build" -j"$(nproc 2>/dev/null || echo 2)" --target attnjit_cli gpu_check
+cmake --build "$build" -j"$(nproc 2>/dev/null || echo 2)" --target attnjit_cli gpu_check gpu_backward_check
 strip -o "$build/attnjit.stripped" "$build/attnjit"
 strip -o "$build/gpu_check.stripped" "$build/tests/gpu/gpu_check"
 size=$(stat -c %s "$build/attnjit.stripped")

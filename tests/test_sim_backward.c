@@ -64,12 +64,19 @@ static uint64_t next_random(uint64_t *s)
     return z ^ (z >> 31);
 }
 
-/* A contiguous BHSD tensor on sim (host memory) with its double image. */
+/* A contiguous BHSD tensor in device memory, its host staging copy and
+ * its double image. */
 typedef struct tensor {
     aj_tensor t;
+    void *host;
     double *ref;
     size_t n;
 } tensor;
+
+static size_t tensor_bytes(const tensor *x)
+{
+    return x->n * (x->t.dtype == AJ_DTYPE_F32 ? 4 : 2);
+}
 
 static void make(tensor *x, aj_dtype dtype, int64_t b, int64_t h, int64_t s, int64_t d)
 {
@@ -77,6 +84,7 @@ static void make(tensor *x, aj_dtype dtype, int64_t b, int64_t h, int64_t s, int
     x->n = (size_t)(b * h * s * d);
     int elem = dtype == AJ_DTYPE_F32 ? 4 : 2;
     CHECK(aj_device_alloc(dev, x->n * (size_t)elem + 16, &x->t.data) == AJ_OK);
+    x->host = malloc(x->n * (size_t)elem + 16);
     x->ref = calloc(x->n + 1, sizeof(double));
     x->t.dtype = dtype;
     x->t.rank = 4;
@@ -91,6 +99,7 @@ static void make(tensor *x, aj_dtype dtype, int64_t b, int64_t h, int64_t s, int
 static void release(tensor *x)
 {
     aj_device_free(dev, x->t.data);
+    free(x->host);
     free(x->ref);
 }
 
@@ -101,8 +110,9 @@ static void store_rounded(tensor *x)
     float *f = malloc((x->n + 1) * sizeof *f);
     for (size_t i = 0; i < x->n; i++)
         f[i] = (float)x->ref[i];
-    CHECK(aj_convert(f, AJ_DTYPE_F32, x->t.data, x->t.dtype, x->n) == AJ_OK);
-    CHECK(aj_convert(x->t.data, x->t.dtype, f, AJ_DTYPE_F32, x->n) == AJ_OK);
+    CHECK(aj_convert(f, AJ_DTYPE_F32, x->host, x->t.dtype, x->n) == AJ_OK);
+    CHECK(aj_convert(x->host, x->t.dtype, f, AJ_DTYPE_F32, x->n) == AJ_OK);
+    CHECK(aj_device_copy_to(dev, x->t.data, x->host, tensor_bytes(x)) == AJ_OK);
     for (size_t i = 0; i < x->n; i++)
         x->ref[i] = f[i];
     free(f);
@@ -120,7 +130,8 @@ static void fill(tensor *x, double magnitude, uint64_t *rng)
 static void read_back(const tensor *x, double *out)
 {
     float *f = malloc((x->n + 1) * sizeof *f);
-    CHECK(aj_convert(x->t.data, x->t.dtype, f, AJ_DTYPE_F32, x->n) == AJ_OK);
+    CHECK(aj_device_copy_from(dev, x->host, x->t.data, tensor_bytes(x)) == AJ_OK);
+    CHECK(aj_convert(x->host, x->t.dtype, f, AJ_DTYPE_F32, x->n) == AJ_OK);
     for (size_t i = 0; i < x->n; i++)
         out[i] = f[i];
     free(f);
@@ -128,7 +139,8 @@ static void read_back(const tensor *x, double *out)
 
 static void poison(tensor *x)
 {
-    memset(x->t.data, 0xff, x->n * (x->t.dtype == AJ_DTYPE_F32 ? 4 : 2));
+    memset(x->host, 0xff, tensor_bytes(x));
+    CHECK(aj_device_copy_to(dev, x->t.data, x->host, tensor_bytes(x)) == AJ_OK);
 }
 
 /* max |got - ref| / (atol + rtol max |ref|): <= 1 passes; NaN fails */
@@ -164,8 +176,8 @@ static aj_kernel *compile(const bwd_case *c)
     CHECK_MSG(aj_op_parse(ctx, spec, strlen(spec), c->label, &op) == AJ_OK, "%s: %s", c->label,
               aj_last_error(ctx));
     aj_compile_options opt = AJ_COMPILE_OPTIONS_INIT;
-    opt.target = AJ_TARGET_SIM;
-    opt.emit = AJ_EMIT_LLVM_IR;
+    opt.target = aj_device_target(dev);
+    opt.emit = opt.target == AJ_TARGET_SIM ? AJ_EMIT_LLVM_IR : AJ_EMIT_PTX;
     if (op)
         CHECK_MSG(aj_compile(ctx, op, &opt, &k) == AJ_OK, "%s: %s", c->label,
                   aj_last_error(ctx));
@@ -323,12 +335,13 @@ static void run(const bwd_case *c, int twice)
         for (int t = 0; t < nouts; t++) {
             bytes[t] = outs[t]->n * (outs[t]->t.dtype == AJ_DTYPE_F32 ? 4 : 2);
             first[t] = malloc(bytes[t] + 1);
-            memcpy(first[t], outs[t]->t.data, bytes[t]);
+            CHECK(aj_device_copy_from(dev, first[t], outs[t]->t.data, bytes[t]) == AJ_OK);
             poison((tensor *)outs[t]);
         }
         CHECK(aj_backward(ctx, dev, kernel, &a) == AJ_OK);
         for (int t = 0; t < nouts; t++) {
-            CHECK_MSG(memcmp(first[t], outs[t]->t.data, bytes[t]) == 0,
+            CHECK(aj_device_copy_from(dev, outs[t]->host, outs[t]->t.data, bytes[t]) == AJ_OK);
+            CHECK_MSG(memcmp(first[t], outs[t]->host, bytes[t]) == 0,
                       "%s: %s differs between two runs", c->label, names[t]);
             free(first[t]);
         }
@@ -533,10 +546,19 @@ static void test_bias(void)
     run(&c, 1);
 }
 
-int main(void)
+/* test_sim_backward [cuda]: on the sim device (ctest), or on a GPU
+ * (tests/gpu/run.sh), where no GPU means exit 77, "skipped". */
+int main(int argc, char **argv)
 {
+    int gpu = argc > 1 && strcmp(argv[1], "cuda") == 0;
     CHECK(aj_ctx_create(NULL, &ctx) == AJ_OK);
-    CHECK_STATUS(ctx, aj_device_open(ctx, AJ_DEVICE_SIM, 0, &dev), AJ_OK);
+    aj_status st = aj_device_open(ctx, gpu ? AJ_DEVICE_CUDA : AJ_DEVICE_SIM, 0, &dev);
+    if (gpu && st != AJ_OK) {
+        printf("SKIP backward check on a GPU: %s\n", aj_last_error(ctx));
+        aj_ctx_destroy(ctx);
+        return 77;
+    }
+    CHECK_STATUS(ctx, st, AJ_OK);
     if (!dev)
         return check_report();
     test_matrix();

@@ -5,7 +5,8 @@
 #
 #   tests/gpu/run.sh [--quick]
 #
-# Writes gpu_check.{json,md,log}, torch_compare.{json,md} and nvidia-smi.txt
+# Writes gpu_check.{json,md,log}, gpu_backward.log, torch_compare.{json,md}
+# and nvidia-smi.txt
 # to $OUT (or ./gpu-results).  Finishes in well under 8 minutes on an H200.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -28,6 +29,12 @@ echo "== gpu_check ($bin)"
 timeout 420 "$bin" "${quick[@]}" --out "$out" --dump "$dump" --specs "$root/examples/specs" \
   2>&1 | tee "$out/gpu_check.log"
 status=${PIPESTATUS[0]}
+
+echo "== backward kernels on the GPU against the float64 reference"
+bwd=$(dirname "$bin")/gpu_backward_check
+timeout 240 "$bwd" cuda 2>&1 | tail -40 | tee "$out/gpu_backward.log"
+bstatus=${PIPESTATUS[0]}
+[ "$bstatus" -eq 0 ] || status=1
 
 if python3 -c 'import torch, numpy; assert torch.cuda.is_available()' 2>/dev/null; then
   echo "== torch_compare"
