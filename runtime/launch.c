@@ -299,26 +299,40 @@ static int64_t broadcast_stride(const aj_tensor *t, int i)
     return t->shape[i] == 1 ? 0 : t->strides[i];
 }
 
+/* The checks every launch entry point starts with, reported as `fn`.
+ * Every args struct begins with its struct_size. */
+static aj_status check_launch(aj_ctx *ctx, const char *fn, aj_device *dev,
+                              const aj_kernel *kernel, const void *args, size_t args_size,
+                              const char *init, aj_kind kind)
+{
+    AJ_CHECK_ARG(ctx, dev, "%s: dev is NULL", fn);
+    AJ_CHECK_ARG(ctx, kernel, "%s: kernel is NULL", fn);
+    AJ_CHECK_ARG(ctx, args, "%s: args is NULL", fn);
+    size_t given;
+    memcpy(&given, args, sizeof given);
+    AJ_CHECK_ARG(ctx, given == args_size,
+                 "%s: args->struct_size = %zu, want %zu; start from %s", fn, given, args_size,
+                 init);
+    AJ_CHECK_ARG(ctx, kernel->op.kind == kind, "%s: kernel %s computes a %s op", fn,
+                 aj_kernel_entry(kernel), aj_kind_name(kernel->op.kind));
+    AJ_CHECK_ARG(ctx, kernel->target == aj_device_target(dev),
+                 "%s: kernel compiled for %s cannot run on a %s device", fn,
+                 aj_target_name(kernel->target), aj_target_name(aj_device_target(dev)));
+    return AJ_OK;
+}
+
 aj_status aj_forward(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
                      const aj_fwd_args *args)
 {
     if (!ctx)
         return AJ_ERR_INVALID_ARG;
-    AJ_CHECK_ARG(ctx, dev, "aj_forward: dev is NULL");
-    AJ_CHECK_ARG(ctx, kernel, "aj_forward: kernel is NULL");
-    AJ_CHECK_ARG(ctx, args, "aj_forward: args is NULL");
-    AJ_CHECK_ARG(ctx, args->struct_size == sizeof *args,
-                 "aj_forward: args->struct_size = %zu, want %zu; start from AJ_FWD_ARGS_INIT",
-                 args->struct_size, sizeof *args);
+    aj_status st = check_launch(ctx, "aj_forward", dev, kernel, args, sizeof *args,
+                                "AJ_FWD_ARGS_INIT", AJ_KIND_FORWARD);
+    if (st != AJ_OK)
+        return st;
     const aj_op_info *op = &kernel->op;
-    AJ_CHECK_ARG(ctx, op->kind == AJ_KIND_FORWARD,
-                 "aj_forward: kernel %s computes a %s op", aj_kernel_entry(kernel),
-                 aj_kind_name(op->kind));
-    AJ_CHECK_ARG(ctx, kernel->target == aj_device_target(dev),
-                 "aj_forward: kernel compiled for %s cannot run on a %s device",
-                 aj_target_name(kernel->target), aj_target_name(aj_device_target(dev)));
     fwd_sizes sz;
-    aj_status st = check_forward(ctx, op, args, &sz);
+    st = check_forward(ctx, op, args, &sz);
     if (st != AJ_OK)
         return st;
     if (sz.batch == 0 || sz.heads_q == 0 || sz.seq_q == 0)
@@ -416,21 +430,13 @@ aj_status aj_backward(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
 {
     if (!ctx)
         return AJ_ERR_INVALID_ARG;
-    AJ_CHECK_ARG(ctx, dev, "aj_backward: dev is NULL");
-    AJ_CHECK_ARG(ctx, kernel, "aj_backward: kernel is NULL");
-    AJ_CHECK_ARG(ctx, args, "aj_backward: args is NULL");
-    AJ_CHECK_ARG(ctx, args->struct_size == sizeof *args,
-                 "aj_backward: args->struct_size = %zu, want %zu; start from AJ_BWD_ARGS_INIT",
-                 args->struct_size, sizeof *args);
+    aj_status st = check_launch(ctx, "aj_backward", dev, kernel, args, sizeof *args,
+                                "AJ_BWD_ARGS_INIT", AJ_KIND_BACKWARD);
+    if (st != AJ_OK)
+        return st;
     const aj_op_info *op = &kernel->op;
-    AJ_CHECK_ARG(ctx, op->kind == AJ_KIND_BACKWARD,
-                 "aj_backward: kernel %s computes a %s op", aj_kernel_entry(kernel),
-                 aj_kind_name(op->kind));
-    AJ_CHECK_ARG(ctx, kernel->target == aj_device_target(dev),
-                 "aj_backward: kernel compiled for %s cannot run on a %s device",
-                 aj_target_name(kernel->target), aj_target_name(aj_device_target(dev)));
     fwd_sizes sz;
-    aj_status st = check_backward(ctx, op, args, &sz);
+    st = check_backward(ctx, op, args, &sz);
     if (st != AJ_OK)
         return st;
     if (sz.batch == 0 || sz.heads_kv == 0 || (sz.seq_q == 0 && sz.seq_k == 0))
@@ -562,21 +568,13 @@ aj_status aj_merge(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
 {
     if (!ctx)
         return AJ_ERR_INVALID_ARG;
-    AJ_CHECK_ARG(ctx, dev, "aj_merge: dev is NULL");
-    AJ_CHECK_ARG(ctx, kernel, "aj_merge: kernel is NULL");
-    AJ_CHECK_ARG(ctx, args, "aj_merge: args is NULL");
-    AJ_CHECK_ARG(ctx, args->struct_size == sizeof *args,
-                 "aj_merge: args->struct_size = %zu, want %zu; start from AJ_MERGE_ARGS_INIT",
-                 args->struct_size, sizeof *args);
+    aj_status st = check_launch(ctx, "aj_merge", dev, kernel, args, sizeof *args,
+                                "AJ_MERGE_ARGS_INIT", AJ_KIND_MERGE);
+    if (st != AJ_OK)
+        return st;
     const aj_op_info *op = &kernel->op;
-    AJ_CHECK_ARG(ctx, op->kind == AJ_KIND_MERGE,
-                 "aj_merge: kernel %s computes a %s op", aj_kernel_entry(kernel),
-                 aj_kind_name(op->kind));
-    AJ_CHECK_ARG(ctx, kernel->target == aj_device_target(dev),
-                 "aj_merge: kernel compiled for %s cannot run on a %s device",
-                 aj_target_name(kernel->target), aj_target_name(aj_device_target(dev)));
     fwd_sizes sz;
-    aj_status st = check_merge(ctx, op, args, &sz);
+    st = check_merge(ctx, op, args, &sz);
     if (st != AJ_OK)
         return st;
     if (sz.batch == 0 || sz.heads_q == 0 || sz.seq_q == 0)
