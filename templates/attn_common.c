@@ -4,8 +4,35 @@
 #include "templates/attn_common.h"
 
 #include <math.h>
+#include <stdio.h>
 
 #define OFFSET_CLAMP (1 << 30)
+
+aj_status aj_attn_check_layout_and_dims(aj_ctx *ctx, const aj_op *op, const char *who)
+{
+    if (op->layout != AJ_LAYOUT_PADDED)
+        return aj_fail(ctx, AJ_ERR_UNSUPPORTED,
+                       "layout = varlen: %s supports layout = padded only", who);
+    int dims[2] = {op->head_dim, aj_op_dv(op)};
+    const char *names[2] = {"head_dim", "head_dim_v"};
+    for (int i = 0; i < 2; i++)
+        if (dims[i] % 8 != 0 || dims[i] > 256)
+            return aj_fail(ctx, AJ_ERR_UNSUPPORTED,
+                           "%s = %d: %s supports multiples of 8 up to 256", names[i], dims[i],
+                           who);
+    return AJ_OK;
+}
+
+LLVMValueRef aj_attn_slice_base(aj_kb *kb, const char *t, LLVMValueRef b, LLVMValueRef h)
+{
+    char sb[32], sh[32];
+    snprintf(sb, sizeof sb, "stride_%s_b", t);
+    snprintf(sh, sizeof sh, "stride_%s_h", t);
+    LLVMValueRef b64 = LLVMBuildSExt(kb->b, b, kb->t_i64, "");
+    LLVMValueRef h64 = LLVMBuildSExt(kb->b, h, kb->t_i64, "");
+    LLVMValueRef off = LLVMBuildMul(kb->b, b64, aj_kb_param(kb, sb), "");
+    return LLVMBuildAdd(kb->b, off, LLVMBuildMul(kb->b, h64, aj_kb_param(kb, sh), ""), "");
+}
 
 LLVMValueRef aj_attn_tanh(aj_kb *kb, LLVMValueRef x)
 {

@@ -10,6 +10,15 @@
 #include "codegen/kbuilder.h"
 #include "ir/op.h"
 
+/* The padded-layout, head-dim rules both efficient templates share:
+ * AJ_ERR_UNSUPPORTED naming the option, `who` ("efficient forward") in
+ * the message. */
+aj_status aj_attn_check_layout_and_dims(aj_ctx *ctx, const aj_op *op, const char *who);
+
+/* Element offset (i64) of slice (b, h) of the tensor whose batch and head
+ * strides are the kernel parameters stride_<t>_b and stride_<t>_h. */
+LLVMValueRef aj_attn_slice_base(aj_kb *kb, const char *t, LLVMValueRef b, LLVMValueRef h);
+
 /* tanh(x) = sign(x) (1 - 2 / (2^(2|x| log2 e) + 1)): accurate to ~1e-7
  * absolute, unlike tanh.approx.f32 (2^-11 relative). */
 LLVMValueRef aj_attn_tanh(aj_kb *kb, LLVMValueRef x);

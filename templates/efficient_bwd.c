@@ -169,16 +169,9 @@ static aj_status plan_kernel(aj_ctx *ctx, const aj_op *op, aj_target target, ebw
 
 static aj_status ebwd_check(aj_ctx *ctx, const aj_op *op, aj_target target)
 {
-    if (op->layout != AJ_LAYOUT_PADDED)
-        return aj_fail(ctx, AJ_ERR_UNSUPPORTED,
-                       "layout = varlen: efficient backward supports layout = padded only");
-    int dims[2] = {op->head_dim, aj_op_dv(op)};
-    const char *names[2] = {"head_dim", "head_dim_v"};
-    for (int i = 0; i < 2; i++)
-        if (dims[i] % 8 != 0 || dims[i] > 256)
-            return aj_fail(ctx, AJ_ERR_UNSUPPORTED,
-                           "%s = %d: efficient backward supports multiples of 8 up to 256",
-                           names[i], dims[i]);
+    aj_status st = aj_attn_check_layout_and_dims(ctx, op, "efficient backward");
+    if (st != AJ_OK)
+        return st;
     ebwd_plan plan;
     return plan_kernel(ctx, op, target, &plan);
 }
@@ -268,16 +261,6 @@ static void declare_params(aj_kb *kb, const aj_op *op, const char *const *outs, 
     }
 }
 
-/* element offset of slice (b, h) of a BHSD tensor (or of lse) */
-static LLVMValueRef slice_base(ebwd *e, const char *t, LLVMValueRef b, LLVMValueRef h)
-{
-    char sb[32], sh[32];
-    snprintf(sb, sizeof sb, "stride_%s_b", t);
-    snprintf(sh, sizeof sh, "stride_%s_h", t);
-    LLVMValueRef off = LLVMBuildMul(e->b, sext64(e, b), prm(e, sb), "");
-    return LLVMBuildAdd(e->b, off, LLVMBuildMul(e->b, sext64(e, h), prm(e, sh), ""), "");
-}
-
 static LLVMValueRef stride_s(ebwd *e, const char *t)
 {
     char name[32];
@@ -316,7 +299,7 @@ static void set_head(ebwd *e, LLVMValueRef bidx, LLVMValueRef h)
                               4);
     }
     if (e->op->bias == AJ_BIAS_ADD)
-        e->bias_base = slice_base(e, "bias", bidx, h);
+        e->bias_base = aj_attn_slice_base(e->kb, "bias", bidx, h);
     if (e->op->dropout > 0) {
         e->drop = aj_attn_dropout_stream(kb, prm(e, "dropout_seed"), prm(e, "dropout_offset"),
                                          prm(e, "q_offset"), prm(e, "kv_offset"), bidx,
@@ -647,11 +630,11 @@ static void build_dkdv(aj_kb *kb, const aj_op *op, const ebwd_plan *plan)
     for (int t = 0; t < cq; t++)
         qcols[t] = LLVMBuildAdd(b, e.lane, i32c(&e, p->g * t), "");
 
-    aj_tile_src ksrc = {prm(&e, "k"), slice_base(&e, "k", bidx, hkv), stride_s(&e, "k"), n0,
-                        e.seq_k, p->dtype};
+    aj_tile_src ksrc = {prm(&e, "k"), aj_attn_slice_base(e.kb, "k", bidx, hkv),
+                        stride_s(&e, "k"), n0, e.seq_k, p->dtype};
     aj_tile_load_f32(kb, &ksrc, p->bn, p->d, smem_k, ldk, e.tid, p->threads);
-    aj_tile_src vsrc = {prm(&e, "v"), slice_base(&e, "v", bidx, hkv), stride_s(&e, "v"), n0,
-                        e.seq_k, p->dtype};
+    aj_tile_src vsrc = {prm(&e, "v"), aj_attn_slice_base(e.kb, "v", bidx, hkv),
+                        stride_s(&e, "v"), n0, e.seq_k, p->dtype};
     aj_tile_load_f32(kb, &vsrc, p->bn, p->dv, smem_v, ldv, e.tid, p->threads);
 
     /* query rows that see a key of this block: j - hi_off <= i <= j - lo_off */
@@ -669,10 +652,10 @@ static void build_dkdv(aj_kb *kb, const aj_op *op, const ebwd_plan *plan)
     LLVMValueRef hq = aj_kb_for_begin(kb, i32c(&e, 0), group_size, i32c(&e, 1), "hq");
     LLVMValueRef h = LLVMBuildAdd(b, LLVMBuildMul(b, hkv, group_size, ""), hq, "h");
     set_head(&e, bidx, h);
-    LLVMValueRef q_base = slice_base(&e, "q", bidx, h);
-    LLVMValueRef o_base = slice_base(&e, "o", bidx, h);
-    LLVMValueRef do_base = slice_base(&e, "do", bidx, h);
-    LLVMValueRef lse_base = slice_base(&e, "lse", bidx, h);
+    LLVMValueRef q_base = aj_attn_slice_base(e.kb, "q", bidx, h);
+    LLVMValueRef o_base = aj_attn_slice_base(e.kb, "o", bidx, h);
+    LLVMValueRef do_base = aj_attn_slice_base(e.kb, "do", bidx, h);
+    LLVMValueRef lse_base = aj_attn_slice_base(e.kb, "lse", bidx, h);
     LLVMValueRef m = aj_kb_for_begin(kb, m_begin, m_end, i32c(&e, 1), "m");
     {
         LLVMValueRef m0 = LLVMBuildMul(b, m, i32c(&e, p->bm), "m0");
@@ -729,8 +712,8 @@ static void build_dkdv(aj_kb *kb, const aj_op *op, const ebwd_plan *plan)
     aj_kb_for_end(kb);
     aj_kb_for_end(kb);
 
-    LLVMValueRef dk_base = slice_base(&e, "dk", bidx, hkv);
-    LLVMValueRef dv_base = slice_base(&e, "dv", bidx, hkv);
+    LLVMValueRef dk_base = aj_attn_slice_base(e.kb, "dk", bidx, hkv);
+    LLVMValueRef dv_base = aj_attn_slice_base(e.kb, "dv", bidx, hkv);
     for (int k = 0; k < rk; k++) {
         LLVMValueRef j = LLVMBuildAdd(b, n0, keys[k], "");
         emit_store_row(&e, "dk", dk_base, j, e.seq_k, dk[k], p->d, aj_op_scale(op));
@@ -812,22 +795,22 @@ static void build_dq(aj_kb *kb, const aj_op *op, const ebwd_plan *plan)
     }
     LLVMValueRef hkv = LLVMBuildSDiv(b, h, group_size, "hkv");
     set_head(&e, bidx, h);
-    LLVMValueRef k_base = slice_base(&e, "k", bidx, hkv);
-    LLVMValueRef v_base = slice_base(&e, "v", bidx, hkv);
+    LLVMValueRef k_base = aj_attn_slice_base(e.kb, "k", bidx, hkv);
+    LLVMValueRef v_base = aj_attn_slice_base(e.kb, "v", bidx, hkv);
 
-    aj_tile_src qsrc = {prm(&e, "q"), slice_base(&e, "q", bidx, h), stride_s(&e, "q"), m0,
-                        e.seq_q, p->dtype};
+    aj_tile_src qsrc = {prm(&e, "q"), aj_attn_slice_base(e.kb, "q", bidx, h),
+                        stride_s(&e, "q"), m0, e.seq_q, p->dtype};
     aj_tile_load_f32(kb, &qsrc, p->bm, p->d, smem_q, ldq, e.tid, p->threads);
-    aj_tile_src dosrc = {prm(&e, "do"), slice_base(&e, "do", bidx, h), stride_s(&e, "do"), m0,
-                         e.seq_q, p->dtype};
+    aj_tile_src dosrc = {prm(&e, "do"), aj_attn_slice_base(e.kb, "do", bidx, h),
+                         stride_s(&e, "do"), m0, e.seq_q, p->dtype};
     aj_tile_load_f32(kb, &dosrc, p->bm, p->dv, smem_do, ldo, e.tid, p->threads);
 
     /* per row: LSE (log2), Delta, the visible key range and (bias) the
      * element offset of the row's dbias */
-    LLVMValueRef o_base = slice_base(&e, "o", bidx, h);
-    LLVMValueRef do_base = slice_base(&e, "do", bidx, h);
-    LLVMValueRef lse_base = slice_base(&e, "lse", bidx, h);
-    LLVMValueRef dbias_base = has_bias ? slice_base(&e, "dbias", bidx, h) : NULL;
+    LLVMValueRef o_base = aj_attn_slice_base(e.kb, "o", bidx, h);
+    LLVMValueRef do_base = aj_attn_slice_base(e.kb, "do", bidx, h);
+    LLVMValueRef lse_base = aj_attn_slice_base(e.kb, "lse", bidx, h);
+    LLVMValueRef dbias_base = has_bias ? aj_attn_slice_base(e.kb, "dbias", bidx, h) : NULL;
     LLVMValueRef last = LLVMBuildSub(b, e.seq_q, i32c(&e, 1), "");
     LLVMValueRef lse2[MAX_ROWS], delta[MAX_ROWS], j_lo[MAX_ROWS], j_hi[MAX_ROWS], gi[MAX_ROWS];
     LLVMValueRef dbias_row[MAX_ROWS];
@@ -884,7 +867,7 @@ static void build_dq(aj_kb *kb, const aj_op *op, const ebwd_plan *plan)
     }
     aj_kb_for_end(kb);
 
-    LLVMValueRef dq_base = slice_base(&e, "dq", bidx, h);
+    LLVMValueRef dq_base = aj_attn_slice_base(e.kb, "dq", bidx, h);
     for (int k = 0; k < rm; k++)
         emit_store_row(&e, "dq", dq_base, gi[k], e.seq_q, dq[k], p->d, aj_op_scale(op));
     if (has_bias)

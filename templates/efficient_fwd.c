@@ -158,16 +158,9 @@ static aj_status plan_kernel(aj_ctx *ctx, const aj_op *op, aj_target target,
 
 static aj_status efwd_check(aj_ctx *ctx, const aj_op *op, aj_target target)
 {
-    if (op->layout != AJ_LAYOUT_PADDED)
-        return aj_fail(ctx, AJ_ERR_UNSUPPORTED,
-                       "layout = varlen: efficient forward supports layout = padded only");
-    int dims[2] = {op->head_dim, aj_op_dv(op)};
-    const char *names[2] = {"head_dim", "head_dim_v"};
-    for (int i = 0; i < 2; i++)
-        if (dims[i] % 8 != 0 || dims[i] > 256)
-            return aj_fail(ctx, AJ_ERR_UNSUPPORTED,
-                           "%s = %d: efficient forward supports multiples of 8 up to 256",
-                           names[i], dims[i]);
+    aj_status st = aj_attn_check_layout_and_dims(ctx, op, "efficient forward");
+    if (st != AJ_OK)
+        return st;
     efwd_plan plan;
     return plan_kernel(ctx, op, target, &plan);
 }
@@ -251,16 +244,6 @@ static LLVMValueRef p64(efwd *e, const char *name)
 static LLVMValueRef sext64(efwd *e, LLVMValueRef v)
 {
     return LLVMBuildSExt(e->b, v, e->kb->t_i64, "");
-}
-
-/* element offset of slice (b, h) of a BHSD tensor */
-static LLVMValueRef slice_base(efwd *e, const char *t, LLVMValueRef b, LLVMValueRef h)
-{
-    char sb[32], sh[32];
-    snprintf(sb, sizeof sb, "stride_%s_b", t);
-    snprintf(sh, sizeof sh, "stride_%s_h", t);
-    LLVMValueRef off = LLVMBuildMul(e->b, sext64(e, b), p64(e, sb), "");
-    return LLVMBuildAdd(e->b, off, LLVMBuildMul(e->b, sext64(e, h), p64(e, sh), ""), "");
 }
 
 static LLVMValueRef row_of(efwd *e, int k)
@@ -613,7 +596,7 @@ static aj_status efwd_build(aj_kb *kb, const aj_op *op, void *user)
     }
 
     if (op->bias == AJ_BIAS_ADD)
-        e.bias_base = slice_base(&e, "bias", bidx, h);
+        e.bias_base = aj_attn_slice_base(e.kb, "bias", bidx, h);
     if (op->dropout > 0) {
         /* Philox key (lo32(seed), hi32(seed) ^ hi32(offset)) and counter
          * (lo32(kv_offset) + j, lo32(q_offset) + i, lo32(b Hq + h),
@@ -622,11 +605,11 @@ static aj_status efwd_build(aj_kb *kb, const aj_op *op, void *user)
                                         p64(&e, "q_offset"), p64(&e, "kv_offset"), bidx,
                                         p64(&e, "heads_q"), h);
     }
-    LLVMValueRef q_base = slice_base(&e, "q", bidx, h);
-    LLVMValueRef k_base = slice_base(&e, "k", bidx, hkv);
-    LLVMValueRef v_base = slice_base(&e, "v", bidx, hkv);
-    LLVMValueRef o_base = slice_base(&e, out_name(op), bidx, h);
-    LLVMValueRef lse_base = slice_base(&e, "lse", bidx, h);
+    LLVMValueRef q_base = aj_attn_slice_base(e.kb, "q", bidx, h);
+    LLVMValueRef k_base = aj_attn_slice_base(e.kb, "k", bidx, hkv);
+    LLVMValueRef v_base = aj_attn_slice_base(e.kb, "v", bidx, hkv);
+    LLVMValueRef o_base = aj_attn_slice_base(e.kb, out_name(op), bidx, h);
+    LLVMValueRef lse_base = aj_attn_slice_base(e.kb, "lse", bidx, h);
 
     aj_tile_src qsrc = {p64(&e, "q"), q_base, p64(&e, "stride_q_s"), e.m0, e.seq_q, p->dtype};
     aj_tile_load_f32(kb, &qsrc, p->bm, p->d, p->smem_q, p->ldq, e.tid, p->threads);
