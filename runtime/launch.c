@@ -193,10 +193,24 @@ done:
     return st;
 }
 
+/* The varlen fields of a padded launch must be left at zero. */
+static aj_status check_not_varlen(aj_ctx *ctx, const char *fn, const aj_op_info *op,
+                                  const int32_t *cu_q, const int32_t *cu_k, int32_t batch,
+                                  int32_t max_q, int32_t max_k)
+{
+    if (op->layout == AJ_LAYOUT_PADDED && (cu_q || cu_k || batch || max_q || max_k))
+        return aj_fail(ctx, AJ_ERR_INVALID_ARG, "%s: cu_seqlens_q, cu_seqlens_k, batch, "
+                       "max_seqlen_q and max_seqlen_k are for layout = varlen kernels; this "
+                       "kernel's layout is padded (leave them NULL / 0)", fn);
+    return AJ_OK;
+}
+
 static aj_status check_forward(aj_ctx *ctx, const aj_op_info *op, const aj_fwd_args *a,
                                fwd_sizes *sz)
 {
     aj_status st = AJ_OK;
+    AJ_TRY(check_not_varlen(ctx, FWD, op, a->cu_seqlens_q, a->cu_seqlens_k, a->batch,
+                            a->max_seqlen_q, a->max_seqlen_k));
     AJ_TRY(check_qkv(ctx, FWD, op, &a->q, &a->k, &a->v, &a->alibi_slopes, a->sq_total,
                      a->sk_total, sz));
     /* the output: o, or the f32 accumulator o_acc of accumulate kernels */
@@ -393,6 +407,8 @@ static aj_status check_backward(aj_ctx *ctx, const aj_op_info *op, const aj_bwd_
                                 fwd_sizes *sz)
 {
     aj_status st = AJ_OK;
+    AJ_TRY(check_not_varlen(ctx, BWD, op, a->cu_seqlens_q, a->cu_seqlens_k, a->batch,
+                            a->max_seqlen_q, a->max_seqlen_k));
     AJ_TRY(check_qkv(ctx, BWD, op, &a->q, &a->k, &a->v, &a->alibi_slopes, a->sq_total,
                      a->sk_total, sz));
     AJ_TRY(check_rows(ctx, BWD, "o", &a->o, op->dtype, op->head_dim_v, "the op's head_dim_v",

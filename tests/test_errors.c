@@ -92,6 +92,7 @@ CASE(huge_batch, (a->q.shape[0] = 70000, a->k.shape[0] = 70000, a->v.shape[0] = 
                   a->o.shape[0] = 70000, a->lse.shape[0] = 70000))
 CASE(neg_total, a->sk_total = -5)
 CASE(bad_size, a->struct_size = 8)
+CASE(varlen_on_padded, a->max_seqlen_q = SQ)
 #undef CASE
 
 static void test_launch_arguments(void)
@@ -121,6 +122,7 @@ static void test_launch_arguments(void)
         {huge_batch, "each must be at most 65535"},
         {neg_total, "sk_total = -5"},
         {bad_size, "struct_size = 8"},
+        {varlen_on_padded, "are for layout = varlen kernels; this kernel's layout is padded"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         aj_fwd_args a = good_args();

@@ -509,6 +509,19 @@ typedef struct aj_fwd_args {
      * are scaled by 1 / (1 - p).  Any values; the backward pass must get
      * the same ones. */
     uint64_t seed, offset;
+    /* layout = varlen only.  Sequences are packed: q [Tq, Hq, D],
+     * k [Tk, Hkv, D], v [Tk, Hkv, Dv], o and o_acc [Tq, Hq, Dv], lse
+     * [Hq, Tq]; sequence b owns rows cu_seqlens_q[b] .. cu_seqlens_q[b+1]-1
+     * of q and keys cu_seqlens_k[b] .. cu_seqlens_k[b+1]-1 of k and v.
+     * cu_seqlens_* are int32 arrays of batch + 1 entries in device memory,
+     * starting at 0, non-decreasing, ending at Tq (Tk).  max_seqlen_q and
+     * max_seqlen_k bound every sequence's length (they size the grid).
+     * Masks, offsets and totals apply per sequence (q_offset, kv_offset as
+     * in the padded layout; sq_total, sk_total of 0 mean each sequence's
+     * own lengths).  Must be NULL / 0 for padded kernels. */
+    const int32_t *cu_seqlens_q, *cu_seqlens_k;
+    int32_t batch;
+    int32_t max_seqlen_q, max_seqlen_k;
 } aj_fwd_args;
 
 #define AJ_FWD_ARGS_INIT { .struct_size = sizeof(aj_fwd_args) }
@@ -551,6 +564,11 @@ typedef struct aj_bwd_args {
     void *stream;                    /* cuda: a CUstream; NULL: the default */
     aj_tensor bias, dbias;           /* bias = add only (dbias: f32 output) */
     uint64_t seed, offset;           /* dropout > 0 only: the forward's stream */
+    /* layout = varlen only: as in aj_fwd_args (dq, dk, dv, do take the
+     * packed shapes of q, k, v and o) */
+    const int32_t *cu_seqlens_q, *cu_seqlens_k;
+    int32_t batch;
+    int32_t max_seqlen_q, max_seqlen_k;
 } aj_bwd_args;
 
 #define AJ_BWD_ARGS_INIT { .struct_size = sizeof(aj_bwd_args) }
