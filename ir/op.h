@@ -64,6 +64,13 @@ static inline int32_t aj_op_dv(const aj_op *op)
     return op->head_dim_v ? op->head_dim_v : op->head_dim;
 }
 
+/* Every schedule field left to the template. */
+static inline bool aj_op_schedule_is_default(const aj_op *op)
+{
+    return op->schedule.block_m == 0 && op->schedule.block_n == 0 &&
+           op->schedule.warps == 0 && op->schedule.stages == 0;
+}
+
 /* Effective scale: the op's, or 1/sqrt(head_dim). */
 double aj_op_scale(const aj_op *op);
 

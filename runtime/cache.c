@@ -416,3 +416,8 @@ void aj_cache_store(aj_ctx *ctx, aj_kernel_cache *c, const char *key, aj_kernel 
     if (use_disk && c->disk)
         disk_store(ctx, c, key, k);
 }
+
+const char *aj_cache_disk_dir(const aj_kernel_cache *c)
+{
+    return c && c->disk ? c->dir : NULL;
+}

@@ -20,4 +20,7 @@ aj_kernel *aj_cache_lookup(aj_ctx *ctx, aj_kernel_cache *c, const char *key, int
 void aj_cache_store(aj_ctx *ctx, aj_kernel_cache *c, const char *key, aj_kernel *k,
                     int use_disk);
 
+/* The disk cache's directory, or NULL when the cache is in memory only. */
+const char *aj_cache_disk_dir(const aj_kernel_cache *c);
+
 #endif /* AJ_RUNTIME_CACHE_H */

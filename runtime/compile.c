@@ -10,6 +10,7 @@
 
 #include "runtime/cache.h"
 #include "runtime/sim/emulator.h"
+#include "runtime/tune.h"
 #include "templates/template.h"
 
 /* Options from a caller built against an older, shorter struct get the
@@ -27,6 +28,8 @@ static aj_status read_options(aj_ctx *ctx, const aj_compile_options *in,
                        "aj_compile: options->struct_size = %zu; start from "
                        "AJ_COMPILE_OPTIONS_INIT", in->struct_size);
     memcpy(out, in, in->struct_size);
+    if (out->device)
+        out->target = aj_device_target(out->device);
     if ((unsigned)out->target >= AJ_TARGET_COUNT || out->target == AJ_TARGET_ANY)
         return aj_fail(ctx, AJ_ERR_INVALID_ARG,
                        "aj_compile: options->target = %d is not a target", (int)out->target);
@@ -53,6 +56,27 @@ static aj_status check_op(aj_ctx *ctx, const aj_op *op)
 
 static const char *const emit_names[AJ_EMIT_COUNT] = {"ptx", "llvm", "bc"};
 
+static aj_status compile_one(aj_ctx *ctx, aj_kernel_cache *cache, const aj_op *op,
+                             const aj_compile_options *opt, aj_kernel **out);
+
+/* An op with the default schedule, compiled for a device: with the schedule
+ * the tuning database holds for it there, else as it is. */
+static aj_status compile_tuned(aj_ctx *ctx, aj_kernel_cache *cache, const aj_op *op,
+                               const aj_compile_options *opt, aj_kernel **out)
+{
+    aj_compile_options plain = *opt;
+    plain.device = NULL;
+    aj_tune_entry best;
+    if (aj_tune_db_lookup(ctx, opt->device, op, &best) != AJ_OK)
+        return compile_one(ctx, cache, op, &plain, out);
+    aj_op tuned = *op;
+    tuned.schedule = best.schedule;
+    aj_log(ctx, AJ_LOG_INFO, "tuned schedule for %s: block_m %d, block_n %d, warps %d, "
+           "stages %d", aj_device_name(opt->device), best.schedule.block_m,
+           best.schedule.block_n, best.schedule.warps, best.schedule.stages);
+    return compile_one(ctx, cache, &tuned, &plain, out);
+}
+
 /* Compiles one op, reporting on ctx, consulting `cache` (may be NULL). */
 static aj_status compile_one(aj_ctx *ctx, aj_kernel_cache *cache, const aj_op *op,
                              const aj_compile_options *opt, aj_kernel **out)
@@ -63,6 +87,8 @@ static aj_status compile_one(aj_ctx *ctx, aj_kernel_cache *cache, const aj_op *o
     char entry[64], key[256];
 
     AJ_TRY(check_op(ctx, op));
+    if (opt->device && aj_op_schedule_is_default(op))
+        return compile_tuned(ctx, cache, op, opt, out);
     if (op->target != AJ_TARGET_ANY && op->target != opt->target) {
         st = aj_fail(ctx, AJ_ERR_INVALID_ARG,
                      "aj_compile: the op is pinned to target %s but %s was asked for",

@@ -76,5 +76,21 @@ else
     echo "SKIP ptxas check: ptxas not found on PATH or in /usr/local/cuda/bin"
 fi
 
+# tune: a tiny problem on sim, progress as plain lines (not a terminal),
+# the ranked table, the CSV, the database under AJ_CACHE_DIR
+printf 'attention forward efficient {\n  dtype = f32\n  head_dim = 16\n}\n' > "$tmp/tune.aj"
+expect 1 "tune needs --device" "$aj" tune "$tmp/tune.aj"
+expect 1 "--device takes sim or cuda, not 'tpu'" "$aj" tune "$tmp/tune.aj" --device tpu
+expect 1 "--budget-s takes seconds > 0" "$aj" tune "$tmp/tune.aj" --device sim --budget-s -1
+expect 1 "--seq takes 1..16777216" "$aj" tune "$tmp/tune.aj" --device sim --seq 0
+expect 2 "merge ops have no schedule" "$aj" tune "$specs/../../tests/fuzz/corpus/ir/merge.aj" --device sim
+AJ_CACHE= AJ_CACHE_DIR="$tmp/cache" expect 0 "| 1 |" "$aj" tune "$tmp/tune.aj" --device sim \
+    --seq 16 --heads 1 --repeats 1 --budget-s 2 --csv "$tmp/tune.csv"
+cp "$tmp/out" "$tmp/tune.out"; cp "$tmp/err" "$tmp/tune.err"
+expect 0 "tune: [1/" cat "$tmp/tune.err"
+expect 0 "(default)" cat "$tmp/tune.out"
+expect 0 "rank,block_m,block_n,warps,stages" cat "$tmp/tune.csv"
+expect 0 "schedule " cat "$tmp"/cache/tuning/*.tune
+
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

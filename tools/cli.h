@@ -58,5 +58,7 @@ int cli_parse_run_args(int argc, char **argv, cli_run_opts *out);
 int cli_info(void);
 /* `attnjit run` */
 int cli_run(aj_ctx *ctx, int argc, char **argv);
+/* `attnjit tune` */
+int cli_tune(aj_ctx *ctx, int argc, char **argv);
 
 #endif /* AJ_TOOLS_CLI_H */

@@ -305,10 +305,15 @@ typedef struct aj_compile_options {
     const char *dump_after;
     /* true: compile afresh, neither reading nor filling the kernel cache */
     bool bypass_cache;
+    /* optional: the device the kernel is for.  When set, `target` is the
+     * device's (aj_device_target) and an op whose schedule is the default
+     * gets the schedule aj_tune() found best for it on this device, if the
+     * tuning database holds one (see aj_tune).  NULL: neither. */
+    const struct aj_device *device;
 } aj_compile_options;
 
 #define AJ_COMPILE_OPTIONS_INIT \
-    { sizeof(aj_compile_options), AJ_TARGET_SM_80, AJ_EMIT_PTX, 2, NULL, false }
+    { sizeof(aj_compile_options), AJ_TARGET_SM_80, AJ_EMIT_PTX, 2, NULL, false, NULL }
 
 /* A compiled kernel: code plus what a launcher needs to know. */
 typedef struct aj_kernel aj_kernel;
@@ -607,6 +612,65 @@ aj_status aj_merge(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
  * the element sizes match.  AJ_ERR_INVALID_ARG for a bad dtype or NULL. */
 aj_status aj_convert(const void *src, aj_dtype src_dtype, void *dst, aj_dtype dst_dtype,
                      size_t count);
+
+/* ---------------------------------------------------------------- tuning */
+
+/* The problem a tuning run times, and how.  Start from AJ_TUNE_OPTIONS_INIT;
+ * a field of 0 takes the default named beside it. */
+typedef struct aj_tune_options {
+    size_t struct_size;
+    /* problem size; defaults per device: cuda B 4, Hq 16, S 4096; cpu B 1,
+     * Hq 8, S 2048; sim B 1, Hq 2, S 128 (the emulator is slow).  Hkv
+     * defaults to Hq, Sk to Sq. */
+    int32_t batch, heads_q, heads_kv, seq_q, seq_k;
+    double budget_s;          /* wall-clock budget; 0: none.  Candidates not
+                                 timed when it runs out are reported so */
+    int32_t warmup;           /* untimed runs per candidate; 0: 1 */
+    int32_t repeats;          /* timed runs per candidate (median); 0: 5 */
+    int32_t compile_workers;  /* threads compiling candidates; 0: one per core */
+    bool no_persist;          /* true: do not write the tuning database */
+    /* optional: called after each candidate is compiled or timed */
+    void (*progress)(void *user, int32_t done, int32_t total, const char *what);
+    void *progress_user;
+} aj_tune_options;
+
+#define AJ_TUNE_OPTIONS_INIT { .struct_size = sizeof(aj_tune_options) }
+
+/* One candidate of a tuning run. */
+typedef struct aj_tune_result {
+    aj_schedule requested;    /* the schedule tried (0 fields: template default) */
+    aj_schedule schedule;     /* what the template resolved it to */
+    int32_t workers;          /* cpu: threads it ran on; 0 elsewhere */
+    aj_status status;         /* AJ_OK unless pruned; else why it was */
+    bool timed;               /* false: pruned, or left out by the budget */
+    char message[256];        /* "" when timed; else the reason */
+    double median_ms, min_ms; /* timed candidates only */
+    bool is_default;          /* the template's default schedule */
+} aj_tune_result;
+
+/* Tunes an op's schedule on a device: builds the template's configuration
+ * space (block_m, block_n, warps, stages; on cpu also the thread count),
+ * prunes what the template rejects (AJ_ERR_UNSUPPORTED, with its message)
+ * and, on a GPU, what the driver reports as spilling or over its limits;
+ * compiles the rest in parallel; times each on the device with random
+ * inputs (cuda: CUDA events; cpu and sim: wall clock), median of
+ * `repeats` after `warmup`; and, unless no_persist, records the fastest in
+ * the tuning database under the context's cache directory, keyed by the
+ * op's hash, the device's name and its driver version.  A later
+ * aj_compile of the same op with aj_compile_options.device set to such a
+ * device picks that schedule.  *results (released with aj_free) lists
+ * every candidate, timed ones first, fastest first; *count their number.
+ * Forward and backward ops with layout = padded only.  AJ_OK if at least
+ * one candidate was timed. */
+aj_status aj_tune(aj_ctx *ctx, struct aj_device *dev, const aj_op *op,
+                  const aj_tune_options *options, aj_tune_result **results, int32_t *count);
+
+/* The tuning database's schedule for op on dev: AJ_OK and *schedule (and
+ * *workers, may be NULL, the cpu thread count) if one is recorded;
+ * AJ_ERR_IO if none is (or the database is off: cache mode memory or
+ * off). */
+aj_status aj_tune_lookup(aj_ctx *ctx, const struct aj_device *dev, const aj_op *op,
+                         aj_schedule *schedule, int32_t *workers);
 
 /* ---------------------------------------------------------------- info */
 

@@ -32,6 +32,8 @@ enum {
     AJ_CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES = 6,
     AJ_CU_JIT_LOG_VERBOSE = 12,
     /* CUfunction_attribute */
+    AJ_CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK = 0,
+    AJ_CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES = 3,
     AJ_CU_FUNC_ATTRIBUTE_NUM_REGS = 4,
     AJ_CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8,
     /* CUdevice_attribute */
@@ -72,6 +74,11 @@ enum {
     X(MemcpyHtoD, "cuMemcpyHtoD_v2", (CUdeviceptr dst, const void *src, size_t bytes))   \
     X(MemcpyDtoH, "cuMemcpyDtoH_v2", (void *dst, CUdeviceptr src, size_t bytes))         \
     X(MemsetD8, "cuMemsetD8_v2", (CUdeviceptr dst, unsigned char value, size_t n))       \
+    X(EventCreate, "cuEventCreate", (CUevent *event, unsigned flags))                    \
+    X(EventRecord, "cuEventRecord", (CUevent event, CUstream stream))                    \
+    X(EventSynchronize, "cuEventSynchronize", (CUevent event))                           \
+    X(EventElapsedTime, "cuEventElapsedTime", (float *ms, CUevent start, CUevent end))   \
+    X(EventDestroy, "cuEventDestroy_v2", (CUevent event))                                \
     X(GetErrorName, "cuGetErrorName", (CUresult error, const char **name))               \
     X(GetErrorString, "cuGetErrorString", (CUresult error, const char **text))
 

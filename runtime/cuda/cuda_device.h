@@ -48,4 +48,18 @@ aj_status aj_cuda_copy(aj_ctx *ctx, aj_cuda_device *d, void *dst, const void *sr
                        size_t bytes, int to_device);
 aj_status aj_cuda_synchronize(aj_ctx *ctx, aj_cuda_device *d, void *stream);
 
+/* What the driver made of a kernel's stage (loading it on first use):
+ * registers and local-memory (spill) bytes per thread, and the most
+ * threads per block it can launch with. */
+typedef struct aj_cuda_resources {
+    int registers, local_bytes, max_threads;
+} aj_cuda_resources;
+
+aj_status aj_cuda_stage_resources(aj_ctx *ctx, aj_cuda_device *d, const aj_kernel *k,
+                                  int stage, aj_cuda_resources *out);
+
+/* GPU time of the work `run(user)` queues on `stream`, between two events. */
+aj_status aj_cuda_time(aj_ctx *ctx, aj_cuda_device *d, void *stream,
+                       aj_status (*run)(void *user), void *user, double *ms);
+
 #endif /* AJ_RUNTIME_CUDA_DEVICE_H */

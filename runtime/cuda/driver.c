@@ -334,3 +334,59 @@ aj_status aj_cuda_synchronize(aj_ctx *ctx, aj_cuda_device *d, void *stream)
 done:
     return st;
 }
+
+/* ---------------------------------------------------------------- tuning */
+
+aj_status aj_cuda_stage_resources(aj_ctx *ctx, aj_cuda_device *d, const aj_kernel *k,
+                                  int stage, aj_cuda_resources *out)
+{
+    aj_status st = AJ_OK;
+    const aj_cuda *cu = d->cu;
+    AJ_CU_TRY(ctx, cu, cu->CtxPushCurrent(d->cuctx), "cuCtxPushCurrent");
+    CUfunction fn = NULL;
+    st = function_for(ctx, d, k, stage, &fn);
+    if (st == AJ_OK) {
+        CUresult r = cu->FuncGetAttribute(&out->registers, AJ_CU_FUNC_ATTRIBUTE_NUM_REGS, fn);
+        if (r == AJ_CUDA_SUCCESS)
+            r = cu->FuncGetAttribute(&out->local_bytes, AJ_CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES,
+                                     fn);
+        if (r == AJ_CUDA_SUCCESS)
+            r = cu->FuncGetAttribute(&out->max_threads,
+                                     AJ_CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK, fn);
+        if (r != AJ_CUDA_SUCCESS)
+            st = aj_cuda_fail(ctx, cu, r, "cuFuncGetAttribute");
+    }
+    CUcontext popped;
+    cu->CtxPopCurrent(&popped);
+done:
+    return st;
+}
+
+aj_status aj_cuda_time(aj_ctx *ctx, aj_cuda_device *d, void *stream,
+                       aj_status (*run)(void *user), void *user, double *ms)
+{
+    aj_status st = AJ_OK;
+    const aj_cuda *cu = d->cu;
+    CUevent start = NULL, end = NULL;
+    WITH_CONTEXT(d, cu->EventCreate(&start, 0), "cuEventCreate");
+    WITH_CONTEXT(d, cu->EventCreate(&end, 0), "cuEventCreate");
+    WITH_CONTEXT(d, cu->EventRecord(start, (CUstream)stream), "cuEventRecord");
+    AJ_TRY(run(user));
+    WITH_CONTEXT(d, cu->EventRecord(end, (CUstream)stream), "cuEventRecord");
+    WITH_CONTEXT(d, cu->EventSynchronize(end), "cuEventSynchronize");
+    float elapsed = 0;
+    WITH_CONTEXT(d, cu->EventElapsedTime(&elapsed, start, end), "cuEventElapsedTime");
+    *ms = elapsed;
+done:
+    if (start || end) {
+        CUcontext popped;
+        if (cu->CtxPushCurrent(d->cuctx) == AJ_CUDA_SUCCESS) {
+            if (start)
+                cu->EventDestroy(start);
+            if (end)
+                cu->EventDestroy(end);
+            cu->CtxPopCurrent(&popped);
+        }
+    }
+    return st;
+}

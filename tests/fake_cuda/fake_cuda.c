@@ -91,6 +91,11 @@ STUB(cuMemFree_v2)
 STUB(cuMemcpyHtoD_v2)
 STUB(cuMemcpyDtoH_v2)
 STUB(cuMemsetD8_v2)
+STUB(cuEventCreate)
+STUB(cuEventRecord)
+STUB(cuEventSynchronize)
+STUB(cuEventElapsedTime)
+STUB(cuEventDestroy_v2)
 #ifndef FAKE_CUDA_OLD_DRIVER
 STUB(cuLaunchKernel)
 #endif

@@ -1,0 +1,585 @@
+/*
+ * tune.c -- the autotuner and its database.
+ *
+ *   op ──► space (block_m x block_n x warps x stages [x cpu threads])
+ *      ──► compile all in parallel ── template rejects ──► pruned
+ *      ──► (cuda) driver: spills / too many threads ──► pruned
+ *      ──► dedupe (same resolved schedule) ──► time each on the device, random inputs
+ *      ──► rank ──► best into <cache dir>/tuning/<op hash>-<device key>.tune
+ *
+ * aj_compile with options.device set reads the same file back, so a tuned
+ * spec gets its schedule with no change to the caller's code.  The
+ * database is one small text file per (op, device): a damaged one is
+ * ignored (and logged), never used.
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+#include "ir/op.h"
+#include "runtime/cache.h"
+#include "runtime/runtime.h"
+#include "runtime/tune.h"
+
+#define AJ_COUNT_OF(a) (sizeof(a) / sizeof((a)[0]))
+
+static const int32_t space_block_m[] = {16, 32, 64, 128};
+static const int32_t space_block_n[] = {16, 32, 64, 128};
+static const int32_t space_warps[] = {1, 2, 4, 8};
+static const int32_t space_stages[] = {1, 2, 3};
+
+#define SPACE_SIZE (1 + AJ_COUNT_OF(space_block_m) * AJ_COUNT_OF(space_block_n) *         \
+                        AJ_COUNT_OF(space_warps) * AJ_COUNT_OF(space_stages))
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* ---------------------------------------------------------------- database */
+
+/* The file of (op, dev): the op's hash with its schedule cleared (the
+ * schedule is what is tuned) and a digest of the device's kind, name,
+ * target and driver version.  Returns 0 and fills path (and the readable
+ * device line) or -1 when there is no database (no disk cache). */
+static int db_path(aj_ctx *ctx, const aj_device *dev, const aj_op *op, char *path,
+                   size_t cap, char *device_line, size_t line_cap, char op_hash[17])
+{
+    aj_kernel_cache *cache = aj_cache_of(ctx);
+    const char *dir = cache ? aj_cache_disk_dir(cache) : NULL;
+    if (!dir)
+        return -1;
+    aj_op plain = *op;
+    memset(&plain.schedule, 0, sizeof plain.schedule);
+    if (aj_op_hash(&plain, op_hash) != AJ_OK)
+        return -1;
+    int driver = 0;
+    if (dev->cuda)
+        driver = dev->cuda->cu->driver_version;
+    snprintf(device_line, line_cap, "%d|%s|%s|driver %d", (int)dev->kind, aj_device_name(dev),
+             aj_target_name(aj_device_target(dev)), driver);
+    unsigned long long key = XXH3_64bits(device_line, strlen(device_line));
+    snprintf(path, cap, "%s/tuning/%s-%016llx.tune", dir, op_hash, key);
+    return 0;
+}
+
+aj_status aj_tune_db_lookup(aj_ctx *ctx, const aj_device *dev, const aj_op *op,
+                            aj_tune_entry *out)
+{
+    char path[1024], device_line[256], hash[17];
+    if (db_path(ctx, dev, op, path, sizeof path, device_line, sizeof device_line, hash) != 0)
+        return aj_fail(ctx, AJ_ERR_IO, "aj_tune_lookup: the tuning database is off (the "
+                       "kernel cache has no disk directory)");
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return aj_fail(ctx, AJ_ERR_IO, "aj_tune_lookup: no tuned schedule for op %s on %s "
+                       "(%s)", hash, aj_device_name(dev), path);
+    char line[512], got_hash[64] = "", got_device[256] = "";
+    aj_tune_entry e = {0};
+    int fields = 0, magic = 0;
+    while (fgets(line, sizeof line, f)) {
+        line[strcspn(line, "\n")] = '\0';
+        if (strcmp(line, "attnjit-tune 1") == 0)
+            magic = 1;
+        else if (sscanf(line, "op %63s", got_hash) == 1)
+            fields++;
+        else if (strncmp(line, "device ", 7) == 0)
+            fields += snprintf(got_device, sizeof got_device, "%s", line + 7) > 0;
+        else if (sscanf(line, "schedule %d %d %d %d", &e.schedule.block_m, &e.schedule.block_n,
+                        &e.schedule.warps, &e.schedule.stages) == 4)
+            fields++;
+        else if (sscanf(line, "workers %d", &e.workers) == 1)
+            fields++;
+        else if (sscanf(line, "median_ms %lf", &e.median_ms) == 1)
+            fields++;
+    }
+    fclose(f);
+    aj_op tuned = *op;
+    tuned.schedule = e.schedule;
+    char msg[256];
+    aj_field field;
+    if (!magic || fields != 5 || strcmp(got_hash, hash) != 0 ||
+        strcmp(got_device, device_line) != 0 || e.workers < 0 ||
+        aj_op_check(&tuned, &field, msg, sizeof msg) != AJ_OK) {
+        aj_log(ctx, AJ_LOG_WARN, "tuning database: %s is damaged; ignored", path);
+        return aj_fail(ctx, AJ_ERR_IO, "aj_tune_lookup: %s is damaged; ignored", path);
+    }
+    *out = e;
+    return AJ_OK;
+}
+
+/* Writes the entry to a temporary file and renames it into place, so a
+ * reader sees the old entry or the new one, never half of one. */
+static aj_status db_store(aj_ctx *ctx, const aj_device *dev, const aj_op *op,
+                          const aj_tune_entry *e)
+{
+    char path[1024], device_line[256], hash[17], dir[1024], temp[1100];
+    if (db_path(ctx, dev, op, path, sizeof path, device_line, sizeof device_line, hash) != 0)
+        return AJ_OK;   /* no database: nothing to keep (documented) */
+    snprintf(dir, sizeof dir, "%s", path);
+    *strrchr(dir, '/') = '\0';
+    if (mkdir(dir, 0700) != 0 && errno != EEXIST)
+        return aj_fail(ctx, AJ_ERR_IO, "tuning database: cannot create %s: %s", dir,
+                       strerror(errno));
+    snprintf(temp, sizeof temp, "%s.%ld.tmp", path, (long)getpid());
+    FILE *f = fopen(temp, "w");
+    if (!f)
+        return aj_fail(ctx, AJ_ERR_IO, "tuning database: cannot write %s: %s", temp,
+                       strerror(errno));
+    fprintf(f, "attnjit-tune 1\nop %s\ndevice %s\nschedule %d %d %d %d\nworkers %d\n"
+            "median_ms %.6f\n", hash, device_line, e->schedule.block_m, e->schedule.block_n,
+            e->schedule.warps, e->schedule.stages, e->workers, e->median_ms);
+    int bad = ferror(f);
+    bad |= fclose(f) != 0;
+    if (bad || rename(temp, path) != 0) {
+        unlink(temp);
+        return aj_fail(ctx, AJ_ERR_IO, "tuning database: cannot write %s", path);
+    }
+    return AJ_OK;
+}
+
+aj_status aj_tune_lookup(aj_ctx *ctx, const aj_device *dev, const aj_op *op,
+                         aj_schedule *schedule, int32_t *workers)
+{
+    if (!ctx)
+        return AJ_ERR_INVALID_ARG;
+    AJ_CHECK_ARG(ctx, dev, "aj_tune_lookup: dev is NULL");
+    AJ_CHECK_ARG(ctx, op, "aj_tune_lookup: op is NULL");
+    AJ_CHECK_ARG(ctx, schedule, "aj_tune_lookup: schedule is NULL");
+    aj_tune_entry e;
+    aj_status st = aj_tune_db_lookup(ctx, dev, op, &e);
+    if (st != AJ_OK)
+        return st;
+    *schedule = e.schedule;
+    if (workers)
+        *workers = e.workers;
+    return AJ_OK;
+}
+
+/* ---------------------------------------------------------------- problem */
+
+/* Device buffers of one problem, with random contents, and the args that
+ * point at them. */
+typedef struct problem {
+    aj_device *dev;
+    aj_op_info op;
+    void *bufs[16];
+    int nbufs;
+    aj_fwd_args fwd;
+    aj_bwd_args bwd;
+    const aj_kernel *kernel;   /* the candidate being timed */
+    aj_ctx *ctx;
+} problem;
+
+static uint64_t rng_next(uint64_t *s)
+{
+    *s ^= *s << 13;
+    *s ^= *s >> 7;
+    *s ^= *s << 17;
+    return *s;
+}
+
+/* A [d0, d1, d2, d3] (rank 4) or [d0, d1, d2] (rank 3) contiguous tensor
+ * on the device, uniform in [lo, hi]. */
+static aj_status new_tensor(problem *p, aj_dtype dtype, int rank, const int64_t *shape,
+                            double lo, double hi, aj_tensor *out)
+{
+    aj_status st = AJ_OK;
+    size_t n = 1;
+    for (int i = 0; i < rank; i++)
+        n *= (size_t)shape[i];
+    float *host = malloc(n * sizeof *host);
+    void *conv = malloc(n * 4);
+    void *buf = NULL;
+    if (!host || !conv) {
+        st = aj_fail(p->ctx, AJ_ERR_OUT_OF_MEMORY, "aj_tune: out of memory");
+        goto done;
+    }
+    uint64_t seed = 0x9e3779b97f4a7c15ull + (uint64_t)p->nbufs;
+    for (size_t i = 0; i < n; i++)
+        host[i] = (float)(lo + (hi - lo) * (double)(rng_next(&seed) >> 11) * 0x1p-53);
+    AJ_TRY(aj_convert(host, AJ_DTYPE_F32, conv, dtype, n));
+    size_t bytes = n * (dtype == AJ_DTYPE_F32 ? 4 : 2);
+    AJ_TRY(aj_device_alloc(p->dev, bytes, &buf));
+    p->bufs[p->nbufs++] = buf;
+    AJ_TRY(aj_device_copy_to(p->dev, buf, conv, bytes));
+    memset(out, 0, sizeof *out);
+    out->data = buf;
+    out->dtype = dtype;
+    out->rank = rank;
+    int64_t stride = 1;
+    for (int i = rank - 1; i >= 0; i--) {
+        out->shape[i] = shape[i];
+        out->strides[i] = stride;
+        stride *= shape[i];
+    }
+done:
+    free(host);
+    free(conv);
+    return st;
+}
+
+static aj_status problem_init(aj_ctx *ctx, aj_device *dev, const aj_op *op,
+                              const aj_tune_options *o, problem *p)
+{
+    aj_status st = AJ_OK;
+    memset(p, 0, sizeof *p);
+    p->ctx = ctx;
+    p->dev = dev;
+    aj_op_get_info(op, &p->op);
+    const aj_op_info *oi = &p->op;
+    int64_t B = o->batch, Hq = o->heads_q, Hk = o->heads_kv, Sq = o->seq_q, Sk = o->seq_k;
+    int64_t D = oi->head_dim, Dv = oi->head_dim_v;
+    aj_dtype t = oi->dtype;
+    aj_tensor q, k, v, o_, lse, dO, dq, dk, dv, slopes = {0}, bias = {0}, dbias = {0};
+    AJ_TRY(new_tensor(p, t, 4, (int64_t[]){B, Hq, Sq, D}, -1, 1, &q));
+    AJ_TRY(new_tensor(p, t, 4, (int64_t[]){B, Hk, Sk, D}, -1, 1, &k));
+    AJ_TRY(new_tensor(p, t, 4, (int64_t[]){B, Hk, Sk, Dv}, -1, 1, &v));
+    if (oi->score_mod == AJ_SCORE_MOD_ALIBI)
+        AJ_TRY(new_tensor(p, AJ_DTYPE_F32, 1, (int64_t[]){Hq}, 0.01, 0.5, &slopes));
+    if (oi->bias == AJ_BIAS_ADD)
+        AJ_TRY(new_tensor(p, t, 4, (int64_t[]){B, Hq, Sq, Sk}, -1, 1, &bias));
+    /* a plausible LSE: log of the key count, so P stays finite */
+    double log_sk = log((double)(Sk > 0 ? Sk : 1));
+    AJ_TRY(new_tensor(p, AJ_DTYPE_F32, 3, (int64_t[]){B, Hq, Sq}, log_sk, log_sk + 1, &lse));
+    if (oi->kind == AJ_KIND_FORWARD) {
+        aj_fwd_args *a = &p->fwd;
+        *a = (aj_fwd_args)AJ_FWD_ARGS_INIT;
+        a->q = q;
+        a->k = k;
+        a->v = v;
+        a->lse = lse;
+        a->alibi_slopes = slopes;
+        a->bias = bias;
+        a->seed = 1;
+        if (oi->accumulate)
+            AJ_TRY(new_tensor(p, AJ_DTYPE_F32, 4, (int64_t[]){B, Hq, Sq, Dv}, -1, 1, &a->o_acc));
+        else
+            AJ_TRY(new_tensor(p, t, 4, (int64_t[]){B, Hq, Sq, Dv}, 0, 0, &a->o));
+        return AJ_OK;
+    }
+    AJ_TRY(new_tensor(p, t, 4, (int64_t[]){B, Hq, Sq, Dv}, -1, 1, &o_));
+    AJ_TRY(new_tensor(p, t, 4, (int64_t[]){B, Hq, Sq, Dv}, -1, 1, &dO));
+    AJ_TRY(new_tensor(p, t, 4, (int64_t[]){B, Hq, Sq, D}, 0, 0, &dq));
+    AJ_TRY(new_tensor(p, t, 4, (int64_t[]){B, Hk, Sk, D}, 0, 0, &dk));
+    AJ_TRY(new_tensor(p, t, 4, (int64_t[]){B, Hk, Sk, Dv}, 0, 0, &dv));
+    if (oi->bias == AJ_BIAS_ADD)
+        AJ_TRY(new_tensor(p, AJ_DTYPE_F32, 4, (int64_t[]){B, Hq, Sq, Sk}, 0, 0, &dbias));
+    aj_bwd_args *a = &p->bwd;
+    *a = (aj_bwd_args)AJ_BWD_ARGS_INIT;
+    a->q = q;
+    a->k = k;
+    a->v = v;
+    a->o = o_;
+    a->lse = lse;
+    a->do_ = dO;
+    a->dq = dq;
+    a->dk = dk;
+    a->dv = dv;
+    a->alibi_slopes = slopes;
+    a->bias = bias;
+    a->dbias = dbias;
+    a->seed = 1;
+done:
+    return st;
+}
+
+static void problem_free(problem *p)
+{
+    for (int i = 0; i < p->nbufs; i++)
+        aj_device_free(p->dev, p->bufs[i]);
+    p->nbufs = 0;
+}
+
+/* One launch of the candidate (queued, for cuda). */
+static aj_status problem_run(void *user)
+{
+    problem *p = user;
+    if (p->op.kind == AJ_KIND_FORWARD)
+        return aj_forward(p->ctx, p->dev, p->kernel, &p->fwd);
+    return aj_backward(p->ctx, p->dev, p->kernel, &p->bwd);
+}
+
+/* Milliseconds of one launch: CUDA events on a GPU, else the wall clock
+ * around the (synchronous) launch. */
+static aj_status time_once(problem *p, double *ms)
+{
+    if (p->dev->cuda)
+        return aj_cuda_time(p->ctx, p->dev->cuda, NULL, problem_run, p, ms);
+    double t0 = now_s();
+    aj_status st = problem_run(p);
+    *ms = (now_s() - t0) * 1e3;
+    return st;
+}
+
+/* ---------------------------------------------------------------- tuner */
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* Timed first (fastest first), then those the budget left out, then the
+ * pruned; ties keep the space's order. */
+static int rank_of(const aj_tune_result *r)
+{
+    return r->status != AJ_OK ? 2 : r->timed ? 0 : 1;
+}
+
+static int cmp_result(const void *a, const void *b)
+{
+    const aj_tune_result *x = a, *y = b;
+    if (rank_of(x) != rank_of(y))
+        return rank_of(x) - rank_of(y);
+    if (rank_of(x) == 0 && x->median_ms != y->median_ms)
+        return x->median_ms < y->median_ms ? -1 : 1;
+    return 0;
+}
+
+static void defaults_for(const aj_device *dev, aj_tune_options *o)
+{
+    int32_t b = 1, h = 2, s = 128;
+    if (dev->cuda) {
+        b = 4;
+        h = 16;
+        s = 4096;
+    }
+    if (!o->batch)
+        o->batch = b;
+    if (!o->heads_q)
+        o->heads_q = h;
+    if (!o->heads_kv)
+        o->heads_kv = o->heads_q;
+    if (!o->seq_q)
+        o->seq_q = s;
+    if (!o->seq_k)
+        o->seq_k = o->seq_q;
+    if (!o->warmup)
+        o->warmup = 1;
+    if (!o->repeats)
+        o->repeats = 5;
+}
+
+static aj_status read_tune_options(aj_ctx *ctx, const aj_device *dev,
+                                   const aj_tune_options *in, aj_tune_options *o)
+{
+    *o = (aj_tune_options)AJ_TUNE_OPTIONS_INIT;
+    if (in) {
+        AJ_CHECK_ARG(ctx, in->struct_size == sizeof *in,
+                     "aj_tune: options->struct_size = %zu, want %zu; start from "
+                     "AJ_TUNE_OPTIONS_INIT", in->struct_size, sizeof *in);
+        *o = *in;
+    }
+    const struct {
+        const char *name;
+        int32_t value;
+    } counts[] = {{"batch", o->batch},     {"heads_q", o->heads_q}, {"heads_kv", o->heads_kv},
+                  {"seq_q", o->seq_q},     {"seq_k", o->seq_k},     {"warmup", o->warmup},
+                  {"repeats", o->repeats}, {"compile_workers", o->compile_workers}};
+    for (size_t i = 0; i < AJ_COUNT_OF(counts); i++)
+        AJ_CHECK_ARG(ctx, counts[i].value >= 0, "aj_tune: options->%s = %d is negative",
+                     counts[i].name, counts[i].value);
+    AJ_CHECK_ARG(ctx, o->budget_s >= 0 && isfinite(o->budget_s),
+                 "aj_tune: options->budget_s = %g is not a non-negative number", o->budget_s);
+    AJ_CHECK_ARG(ctx, o->repeats <= 1000 && o->warmup <= 1000,
+                 "aj_tune: options->repeats and warmup must be at most 1000");
+    defaults_for(dev, o);
+    AJ_CHECK_ARG(ctx, o->heads_q % o->heads_kv == 0,
+                 "aj_tune: options->heads_q = %d is not a multiple of heads_kv = %d",
+                 o->heads_q, o->heads_kv);
+    return AJ_OK;
+}
+
+static void progress(const aj_tune_options *o, int32_t done, int32_t total, const char *what)
+{
+    if (o->progress)
+        o->progress(o->progress_user, done, total, what);
+}
+
+/* Prunes a compiled candidate the GPU cannot run well: spills, or a block
+ * larger than the driver allows at its register count. */
+static void prune_by_driver(aj_ctx *ctx, aj_device *dev, const aj_kernel *k, aj_tune_result *r)
+{
+    for (int s = 0; s < aj_kernel_num_stages(k) && r->status == AJ_OK; s++) {
+        aj_cuda_resources res;
+        aj_status st = aj_cuda_stage_resources(ctx, dev->cuda, k, s, &res);
+        int threads = k->stages[s].launch.block[0] * k->stages[s].launch.block[1] *
+                      k->stages[s].launch.block[2];
+        if (st != AJ_OK) {
+            r->status = st;
+            snprintf(r->message, sizeof r->message, "%s", aj_last_error(ctx));
+        } else if (res.local_bytes > 0) {
+            r->status = AJ_ERR_UNSUPPORTED;
+            snprintf(r->message, sizeof r->message, "stage %d spills: %d bytes of local "
+                     "memory per thread at %d registers", s, res.local_bytes, res.registers);
+        } else if (res.max_threads < threads) {
+            r->status = AJ_ERR_UNSUPPORTED;
+            snprintf(r->message, sizeof r->message, "stage %d needs %d threads; the driver "
+                     "allows %d at %d registers", s, threads, res.max_threads, res.registers);
+        }
+    }
+}
+
+aj_status aj_tune(aj_ctx *ctx, aj_device *dev, const aj_op *op,
+                  const aj_tune_options *options, aj_tune_result **results, int32_t *count)
+{
+    if (!ctx)
+        return AJ_ERR_INVALID_ARG;
+    AJ_CHECK_ARG(ctx, dev, "aj_tune: dev is NULL");
+    AJ_CHECK_ARG(ctx, op, "aj_tune: op is NULL");
+    AJ_CHECK_ARG(ctx, results && count, "aj_tune: results or count is NULL");
+    aj_status st = aj_op_verify(op);
+    if (st != AJ_OK)
+        return aj_fail(ctx, st, "aj_tune: %s", aj_last_error(op->ctx));
+    if (op->kind == AJ_KIND_MERGE)
+        return aj_fail(ctx, AJ_ERR_UNSUPPORTED, "aj_tune: merge ops have no schedule to tune");
+    if (op->layout != AJ_LAYOUT_PADDED)
+        return aj_fail(ctx, AJ_ERR_UNSUPPORTED, "aj_tune: layout = varlen ops are not tuned; "
+                       "tune the padded op of the same kind (its schedule fits both)");
+    enum { N = SPACE_SIZE };
+    aj_op *ops[N] = {0};
+    aj_tune_result *res = NULL;
+    aj_compile_job *jobs = NULL;
+    problem prob = {0};
+    int have_problem = 0;
+    aj_tune_options o;
+    double t_start = now_s();
+    AJ_TRY(read_tune_options(ctx, dev, options, &o));
+    res = calloc(N, sizeof *res);
+    jobs = calloc(N, sizeof *jobs);
+    if (!res || !jobs) {
+        st = aj_fail(ctx, AJ_ERR_OUT_OF_MEMORY, "aj_tune: out of memory");
+        goto done;
+    }
+
+    /* the space: the template's default first, then every combination */
+    int n = 0;
+    res[n++].is_default = true;
+    for (size_t a = 0; a < AJ_COUNT_OF(space_block_m); a++)
+        for (size_t b = 0; b < AJ_COUNT_OF(space_block_n); b++)
+            for (size_t w = 0; w < AJ_COUNT_OF(space_warps); w++)
+                for (size_t s = 0; s < AJ_COUNT_OF(space_stages); s++)
+                    res[n++].requested = (aj_schedule){space_block_m[a], space_block_n[b],
+                                                       space_warps[w], space_stages[s]};
+    for (int i = 0; i < n; i++) {
+        AJ_TRY(aj_op_clone(op, &ops[i]));
+        aj_op_set_schedule(ops[i], &res[i].requested);
+        jobs[i].op = ops[i];
+    }
+    aj_compile_options copt = AJ_COMPILE_OPTIONS_INIT;
+    copt.target = aj_device_target(dev);
+    copt.emit = dev->cuda ? AJ_EMIT_PTX : AJ_EMIT_LLVM_IR;
+    aj_compile_many(ctx, jobs, (size_t)n, &copt, o.compile_workers);
+
+    /* prune: rejected by the template, by the driver, or the same kernel as
+     * an earlier candidate (two requests the template resolves alike; the
+     * default comes first, so it is the one kept) */
+    int alive = 0;
+    for (int i = 0; i < n; i++) {
+        aj_tune_result *r = &res[i];
+        r->status = jobs[i].status;
+        snprintf(r->message, sizeof r->message, "%s", jobs[i].message);
+        if (r->status != AJ_OK)
+            continue;
+        aj_launch_info li;
+        aj_kernel_launch_info(jobs[i].kernel, &li);
+        r->schedule = li.schedule;
+        for (int j = 0; j < i; j++)
+            if (res[j].status == AJ_OK &&
+                memcmp(&res[j].schedule, &r->schedule, sizeof r->schedule) == 0) {
+                r->status = AJ_ERR_UNSUPPORTED;   /* dropped below, never shown */
+                r->message[0] = '\0';
+                break;
+            }
+        if (r->status == AJ_OK && dev->cuda)
+            prune_by_driver(ctx, dev, jobs[i].kernel, r);
+        alive += r->status == AJ_OK;
+    }
+    char what[160];
+    snprintf(what, sizeof what, "compiled %d candidates: %d to time", n, alive);
+    progress(&o, 0, alive, what);
+
+    AJ_TRY(problem_init(ctx, dev, op, &o, &prob));
+    have_problem = 1;
+    int timed = 0;
+    double *samples = calloc((size_t)o.repeats, sizeof *samples);
+    if (!samples) {
+        st = aj_fail(ctx, AJ_ERR_OUT_OF_MEMORY, "aj_tune: out of memory");
+        goto done;
+    }
+    for (int i = 0; i < n; i++) {
+        aj_tune_result *r = &res[i];
+        if (r->status != AJ_OK)
+            continue;
+        if (o.budget_s > 0 && now_s() - t_start > o.budget_s && timed > 0) {
+            snprintf(r->message, sizeof r->message, "not timed: the %.1f s budget ran out",
+                     o.budget_s);
+            continue;
+        }
+        prob.kernel = jobs[i].kernel;
+        aj_status rs = AJ_OK;
+        double ms = 0;
+        for (int w = 0; w < o.warmup && rs == AJ_OK; w++)
+            rs = time_once(&prob, &ms);
+        for (int k = 0; k < o.repeats && rs == AJ_OK; k++)
+            rs = time_once(&prob, &samples[k]);
+        if (rs != AJ_OK) {
+            r->status = rs;
+            snprintf(r->message, sizeof r->message, "%s", aj_last_error(ctx));
+            continue;
+        }
+        qsort(samples, (size_t)o.repeats, sizeof *samples, cmp_double);
+        r->min_ms = samples[0];
+        r->median_ms = o.repeats % 2 ? samples[o.repeats / 2]
+                                     : 0.5 * (samples[o.repeats / 2 - 1] +
+                                              samples[o.repeats / 2]);
+        r->timed = true;
+        timed++;
+        snprintf(what, sizeof what, "block_m %d block_n %d warps %d stages %d: %.3f ms",
+                 r->schedule.block_m, r->schedule.block_n, r->schedule.warps,
+                 r->schedule.stages, r->median_ms);
+        progress(&o, timed, alive, what);
+    }
+    free(samples);
+
+    /* the caller sees every candidate but the duplicates */
+    int kept = 0;
+    for (int i = 0; i < n; i++)
+        if (!(res[i].status == AJ_ERR_UNSUPPORTED && !res[i].message[0]))
+            res[kept++] = res[i];
+    qsort(res, (size_t)kept, sizeof *res, cmp_result);
+    if (!timed) {
+        st = aj_fail(ctx, AJ_ERR_UNSUPPORTED, "aj_tune: no candidate could be timed; the "
+                     "first: %s", kept ? res[0].message : "(none)");
+        goto done;
+    }
+    if (!o.no_persist) {
+        aj_tune_entry best = {res[0].schedule, res[0].workers, res[0].median_ms};
+        AJ_TRY(db_store(ctx, dev, op, &best));
+    }
+    *results = res;
+    *count = kept;
+    res = NULL;
+done:
+    if (have_problem)
+        problem_free(&prob);
+    for (int i = 0; i < N; i++) {
+        aj_op_destroy(ops[i]);
+        if (jobs)
+            aj_kernel_destroy(jobs[i].kernel);
+    }
+    free(jobs);
+    free(res);
+    return st;
+}
