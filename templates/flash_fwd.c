@@ -80,22 +80,26 @@ typedef struct ffwd_plan {
     int32_t smem_q, smem_k, smem_v, smem_bytes;
 } ffwd_plan;
 
-/* Defaults: 16 rows per warp-m-tile; two m-tiles per warp while the output
- * row stays narrow (d <= 64), one past it, so that O (mt Dv / 2 floats per
- * lane) and S (mt block_n / 2) fit beside the addresses without spills. */
+/* Defaults: 16 rows per warp, so that O (Dv / 2 floats per lane), S
+ * (block_n / 2) and the statistics stay far enough below 255 registers
+ * for ptxas to need no spills with every option on (dropout's Philox,
+ * alibi, accumulate); 8 warps share each K/V tile up to head dim 128, and
+ * narrower key tiles make room for the wider O past 64. */
 static void default_schedule(int d, int dv, aj_schedule *s)
 {
     int width = d > dv ? d : dv;
-    s->warps = 4;
     s->stages = 2;
     if (width <= 64) {
         s->block_m = 128;
+        s->warps = 8;
         s->block_n = 64;
     } else if (width <= 128) {
-        s->block_m = 64;
-        s->block_n = 64;
+        s->block_m = 128;
+        s->warps = 8;
+        s->block_n = 32;
     } else {
         s->block_m = 64;
+        s->warps = 4;
         s->block_n = 32;
     }
 }
@@ -196,6 +200,9 @@ typedef struct ffwd {
     LLVMValueRef slope;             /* f32: alibi slope of this head */
     aj_attn_dropout drop;
     LLVMValueRef k_src, v_src;      /* i64: element offsets of the K / V slices */
+    /* i32 byte offsets of this lane's ldmatrix row addresses: Q's (with
+     * smem_q) and, from a K or V slot, K's and V's; see lane_addresses */
+    LLVMValueRef q_lane, k_lane, v_lane;
     LLVMValueRef s[MAX_MT][MAX_NT][4];   /* vars: scores of the current tile */
     LLVMValueRef o[MAX_MT][MAX_VT][4];   /* vars: output accumulators */
     LLVMValueRef m[MAX_MT][2], l[MAX_MT][2];  /* vars: running max (log2), lane sum */
@@ -276,22 +283,31 @@ static LLVMValueRef add(ffwd *e, LLVMValueRef a, LLVMValueRef b)
     return LLVMBuildAdd(e->b, a, b, "");
 }
 
-/* ptr addrspace(3) to element (row, col) of a shared tile at byte offset
- * `base` (i32) with row pitch `ld` elements. */
-static LLVMValueRef smem_at(ffwd *e, LLVMValueRef base, LLVMValueRef row, LLVMValueRef col,
-                            int ld)
+/* ptr addrspace(3) to byte `base + bytes` of shared memory.  Addresses are
+ * built as one per-thread register plus a constant, so that ptxas folds
+ * the constant into the instruction and no per-access address stays live
+ * across the key loop. */
+static LLVMValueRef smem_at(ffwd *e, LLVMValueRef base, int64_t bytes)
+{
+    return aj_kb_smem_ptr(e->kb, add(e, base, i32c(e, bytes)));
+}
+
+/* Byte offset (i32) of element (row, col) of a tile with row pitch ld. */
+static LLVMValueRef tile_offset(ffwd *e, LLVMValueRef row, LLVMValueRef col, int ld)
 {
     LLVMValueRef elem = add(e, LLVMBuildMul(e->b, row, i32c(e, ld), ""), col);
-    return aj_kb_smem_ptr(e->kb, add(e, base, LLVMBuildShl(e->b, elem, i32c(e, 1), "")));
+    return LLVMBuildShl(e->b, elem, i32c(e, 1), "");
 }
 
 /*
  * cp.async of `rows` rows of `width` elements, starting at row `row0` of a
  * slice (element offset `base`, row stride `stride`), into shared memory
- * at byte offset `dst` with pitch `ld`.  Every thread copies 16-byte
- * chunks tid, tid + T, ...; rows at or past `limit` are zero-filled (their
- * source clamped to row 0, which exists whenever a tile is loaded), so the
- * math after never meets garbage such as 0 * NaN.
+ * at byte offset `dst` with pitch `ld`.  A row is width / 8 chunks of 16
+ * bytes; thread tid copies chunks tid, tid + T, ...  (when T is a multiple
+ * of the chunks per row, always the same column, T / (width / 8) rows
+ * apart).  Rows at or past `limit` (>= 1) are zero-filled, their source
+ * clamped to the last row, so the math after never meets garbage such as
+ * 0 * NaN.
  */
 static void load_tile_async(ffwd *e, const char *tensor, LLVMValueRef base, LLVMValueRef stride,
                             LLVMValueRef row0, LLVMValueRef limit, int rows, int width,
@@ -302,23 +318,37 @@ static void load_tile_async(ffwd *e, const char *tensor, LLVMValueRef base, LLVM
     int per_row = width / 8;
     int chunks = rows * per_row;
     int threads = e->p.threads;
+    int fixed_col = threads % per_row == 0;
+    LLVMValueRef last = LLVMBuildSub(b, limit, i32c(e, 1), "");
+    LLVMValueRef r0 = LLVMBuildUDiv(b, e->tid, i32c(e, per_row), "");
+    LLVMValueRef col0 = LLVMBuildShl(b, LLVMBuildURem(b, e->tid, i32c(e, per_row), ""),
+                                     i32c(e, 3), "");
+    LLVMValueRef lane_dst = add(e, dst, tile_offset(e, r0, col0, ld));
     for (int it = 0; it * threads < chunks; it++) {
         LLVMValueRef c = add(e, e->tid, i32c(e, it * threads));
         int partial = (it + 1) * threads > chunks;
         if (partial)
             aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntSLT, c, i32c(e, chunks), ""));
-        LLVMValueRef r = LLVMBuildUDiv(b, c, i32c(e, per_row), "");
-        LLVMValueRef col = LLVMBuildShl(b, LLVMBuildURem(b, c, i32c(e, per_row), ""),
-                                        i32c(e, 3), "");
+        LLVMValueRef r, col, sptr;
+        if (fixed_col) {
+            int dr = it * (threads / per_row);
+            r = add(e, r0, i32c(e, dr));
+            col = col0;
+            sptr = smem_at(e, lane_dst, 2 * (int64_t)dr * ld);
+        } else {
+            r = LLVMBuildUDiv(b, c, i32c(e, per_row), "");
+            col = LLVMBuildShl(b, LLVMBuildURem(b, c, i32c(e, per_row), ""), i32c(e, 3), "");
+            sptr = smem_at(e, add(e, dst, tile_offset(e, r, col, ld)), 0);
+        }
         LLVMValueRef grow = add(e, row0, r);
         LLVMValueRef in = LLVMBuildICmp(b, LLVMIntSLT, grow, limit, "");
-        LLVMValueRef srow = LLVMBuildSelect(b, in, grow, i32c(e, 0), "");
+        LLVMValueRef srow = aj_kb_smin(kb, grow, last);
         LLVMValueRef at = add(e, base, add(e, LLVMBuildMul(b, sext64(e, srow), stride, ""),
                                            sext64(e, col)));
         at = LLVMBuildMul(b, at, aj_kb_i64(kb, 2), "");
         LLVMValueRef src = aj_kb_gptr_offset(kb, prm(e, tensor), at);
         LLVMValueRef bytes = LLVMBuildSelect(b, in, i32c(e, 16), i32c(e, 0), "");
-        aj_kb_cp_async_16(kb, smem_at(e, dst, r, col, ld), src, bytes);
+        aj_kb_cp_async_16(kb, sptr, src, bytes);
         if (partial)
             aj_kb_if_end(kb);
     }
@@ -365,12 +395,36 @@ static void key_tile_range(ffwd *e, LLVMValueRef *n_begin, LLVMValueRef *n_end,
     *n_end = LLVMBuildSelect(b, empty, i32c(e, 0), end, "n_end");
 }
 
+/*
+ * The row each lane hands to ldmatrix.x4 in a 16x16 block (matrix m = l / 8
+ * gets rows from lanes 8m .. 8m + 7):
+ *   Q (A, non-trans)  row (l & 7) + 8 ((l >> 3) & 1), column 8 (l >> 4):
+ *                     matrices rows 0-7 | 8-15 x columns 0-7 | 8-15 = a[0..3]
+ *   K (B, non-trans)  key (l & 7) + 8 (l >> 4), column 8 ((l >> 3) & 1):
+ *                     b[0], b[1] of keys 0-7, then of keys 8-15 (a K row is
+ *                     a column of K^T)
+ *   V (B, trans)      key (l & 7) + 8 ((l >> 3) & 1), column 8 (l >> 4):
+ *                     b[0], b[1] of columns 0-7, then of columns 8-15
+ */
+static void lane_addresses(ffwd *e)
+{
+    LLVMBuilderRef b = e->b;
+    const ffwd_plan *p = &e->p;
+    LLVMValueRef l7 = LLVMBuildAnd(b, e->lane, i32c(e, 7), "");
+    LLVMValueRef bit3 = LLVMBuildShl(b, LLVMBuildAnd(b, LLVMBuildLShr(b, e->lane, i32c(e, 3), ""),
+                                                     i32c(e, 1), ""), i32c(e, 3), "");
+    LLVMValueRef bit4 = LLVMBuildShl(b, LLVMBuildLShr(b, e->lane, i32c(e, 4), ""), i32c(e, 3), "");
+    e->q_lane = add(e, i32c(e, p->smem_q), tile_offset(e, add(e, e->wrow, add(e, l7, bit3)), bit4,
+                                                       p->ldq));
+    e->k_lane = tile_offset(e, add(e, l7, bit4), bit3, p->ldk);
+    e->v_lane = tile_offset(e, add(e, l7, bit3), bit4, p->ldv);
+}
+
 /* S = Q K^T for the warp's m-tiles over the key tile whose K starts at
  * shared byte offset `kbase`, into the score variables. */
 static void emit_qk(ffwd *e, LLVMValueRef kbase)
 {
     aj_kb *kb = e->kb;
-    LLVMBuilderRef b = e->b;
     const ffwd_plan *p = &e->p;
     int nt = p->bn / 8;
     LLVMValueRef acc[MAX_MT][MAX_NT][4];
@@ -378,25 +432,15 @@ static void emit_qk(ffwd *e, LLVMValueRef kbase)
         for (int j = 0; j < nt; j++)
             for (int c = 0; c < 4; c++)
                 acc[mi][j][c] = aj_kb_f32(kb, 0);
-    /* ldmatrix row addresses: lane l points at row (l & 7) + 8 ((l >> 3) & 1),
-     * column 8 (l >> 4) of Q's 16x16 block (matrices a[0..3]), and at key
-     * (l & 7) + 8 (l >> 4), column 8 ((l >> 3) & 1) of K's 16x16 block
-     * (b[0..1] of two n8 tiles) */
-    LLVMValueRef l7 = LLVMBuildAnd(b, e->lane, i32c(e, 7), "");
-    LLVMValueRef bit3 = LLVMBuildShl(b, LLVMBuildAnd(b, LLVMBuildLShr(b, e->lane, i32c(e, 3), ""),
-                                                     i32c(e, 1), ""), i32c(e, 3), "");
-    LLVMValueRef bit4 = LLVMBuildShl(b, LLVMBuildLShr(b, e->lane, i32c(e, 4), ""), i32c(e, 3), "");
-    LLVMValueRef q_row = add(e, e->wrow, add(e, l7, bit3));
-    LLVMValueRef k_row = add(e, l7, bit4);
+    LLVMValueRef kt = add(e, kbase, e->k_lane);
     for (int kk = 0; kk < p->d / 16; kk++) {
         LLVMValueRef a[MAX_MT][4];
         for (int mi = 0; mi < p->mt; mi++)
-            aj_kb_ldmatrix(kb, 4, 0, smem_at(e, i32c(e, p->smem_q), add(e, q_row, i32c(e, 16 * mi)),
-                                             add(e, bit4, i32c(e, 16 * kk)), p->ldq), a[mi]);
+            aj_kb_ldmatrix(kb, 4, 0, smem_at(e, e->q_lane, 2 * (16 * mi * p->ldq + 16 * kk)),
+                           a[mi]);
         for (int j = 0; j < nt; j += 2) {
             LLVMValueRef kf[4];
-            aj_kb_ldmatrix(kb, 4, 0, smem_at(e, kbase, add(e, k_row, i32c(e, 8 * j)),
-                                             add(e, bit3, i32c(e, 16 * kk)), p->ldk), kf);
+            aj_kb_ldmatrix(kb, 4, 0, smem_at(e, kt, 2 * (8 * j * p->ldk + 16 * kk)), kf);
             for (int mi = 0; mi < p->mt; mi++) {
                 aj_kb_mma_m16n8k16(kb, p->dtype, a[mi], &kf[0], acc[mi][j], acc[mi][j]);
                 aj_kb_mma_m16n8k16(kb, p->dtype, a[mi], &kf[2], acc[mi][j + 1],
@@ -548,14 +592,8 @@ static void emit_softmax_pv(ffwd *e, LLVMValueRef n0, LLVMValueRef vbase)
                                                                alpha, ""));
         }
 
-    /* O += P V: A = P (see the diagram at the top), B = V by
-     * ldmatrix.x4.trans: lane l points at key (l & 7) + 8 ((l >> 3) & 1),
-     * column 8 (l >> 4) of V's 16x16 block (b[0..1] of two n8 tiles) */
-    LLVMValueRef l7 = LLVMBuildAnd(b, e->lane, i32c(e, 7), "");
-    LLVMValueRef bit3 = LLVMBuildShl(b, LLVMBuildAnd(b, LLVMBuildLShr(b, e->lane, i32c(e, 3), ""),
-                                                     i32c(e, 1), ""), i32c(e, 3), "");
-    LLVMValueRef bit4 = LLVMBuildShl(b, LLVMBuildLShr(b, e->lane, i32c(e, 4), ""), i32c(e, 3), "");
-    LLVMValueRef v_row = add(e, l7, bit3);
+    /* O += P V: A = P (see the diagram at the top), B = V */
+    LLVMValueRef vt = add(e, vbase, e->v_lane);
     LLVMValueRef acc[MAX_MT][MAX_VT][4];
     for (int mi = 0; mi < p->mt; mi++)
         for (int v = 0; v < p->dv / 8; v++)
@@ -571,8 +609,7 @@ static void emit_softmax_pv(ffwd *e, LLVMValueRef n0, LLVMValueRef vbase)
         }
         for (int v = 0; v < p->dv / 8; v += 2) {
             LLVMValueRef vf[4];
-            aj_kb_ldmatrix(kb, 4, 1, smem_at(e, vbase, add(e, v_row, i32c(e, 16 * kk)),
-                                             add(e, bit4, i32c(e, 8 * v)), p->ldv), vf);
+            aj_kb_ldmatrix(kb, 4, 1, smem_at(e, vt, 2 * (16 * kk * p->ldv + 8 * v)), vf);
             for (int mi = 0; mi < p->mt; mi++) {
                 aj_kb_mma_m16n8k16(kb, p->dtype, a[mi], &vf[0], acc[mi][v], acc[mi][v]);
                 aj_kb_mma_m16n8k16(kb, p->dtype, a[mi], &vf[2], acc[mi][v + 1], acc[mi][v + 1]);
@@ -794,12 +831,13 @@ static aj_status ffwd_build(aj_kb *kb, const aj_op *op, void *user)
                               LLVMBuildMul(b, q_start, prm(&e, stride_s), ""));
     LLVMValueRef lse_base = add(&e, aj_attn_slice_base(kb, "lse", bidx, h), q_start);
 
+    lane_addresses(&e);
     LLVMValueRef n_begin, n_end, lo_max, hi_min;
     key_tile_range(&e, &n_begin, &n_end, &lo_max, &hi_min);
 
     /* prologue: Q with the first tile's group, then tiles up to stages - 1 */
     load_tile_async(&e, "q", q_src, prm(&e, "stride_q_s"), e.m0, e.seq_q, p->bm, p->d,
-                    i32c(&e, p->smem_q), p->ldq);
+                    i32c(&e, e.p.smem_q), p->ldq);
     for (int s = 0; s < p->stages - 1; s++) {
         LLVMValueRef n = add(&e, n_begin, i32c(&e, s));
         aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntSLT, n, n_end, ""));

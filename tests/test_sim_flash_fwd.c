@@ -259,6 +259,109 @@ static void test_varlen(void)
     run_ext(&c, &x, &how);
 }
 
+/* ---------------------------------------------------------------- varlen arguments */
+
+enum { VB = 2, VTQ = 8, VTK = 6, VHQ = 2, VHKV = 1, VD = 32 };
+static _Alignas(16) uint16_t vq[VTQ * VHQ * VD], vk[VTK * VHKV * VD], vv[VTK * VHKV * VD],
+    vo[VTQ * VHQ * VD];
+static float vlse[VHQ * VTQ];
+static int32_t cu_q[VB + 1] = {0, 3, 8}, cu_k[VB + 1] = {0, 4, 6};
+
+static aj_tensor thd(void *data, int64_t t, int64_t h, int64_t d)
+{
+    return (aj_tensor){data, AJ_DTYPE_F16, 3, {t, h, d, 0}, {h * d, d, 1, 0}};
+}
+
+static aj_fwd_args varlen_args(void)
+{
+    aj_fwd_args a = AJ_FWD_ARGS_INIT;
+    a.q = thd(vq, VTQ, VHQ, VD);
+    a.k = thd(vk, VTK, VHKV, VD);
+    a.v = thd(vv, VTK, VHKV, VD);
+    a.o = thd(vo, VTQ, VHQ, VD);
+    a.lse = (aj_tensor){vlse, AJ_DTYPE_F32, 2, {VHQ, VTQ, 0, 0}, {VTQ, 1, 0, 0}};
+    a.cu_seqlens_q = cu_q;
+    a.cu_seqlens_k = cu_k;
+    a.batch = VB;
+    a.max_seqlen_q = 5;
+    a.max_seqlen_k = 4;
+    return a;
+}
+
+static int32_t bad_cu[VB + 1];
+
+#define CASE(name, body) static void name(aj_fwd_args *a) { body; }
+CASE(v_cu_null, a->cu_seqlens_k = NULL)
+CASE(v_batch0, a->batch = 0)
+CASE(v_max_neg, a->max_seqlen_q = -1)
+CASE(v_q_rank, a->q.rank = 4)
+CASE(v_k_dim, a->k.shape[2] = 16)
+CASE(v_v_len, a->v.shape[0] = VTK - 1)
+CASE(v_gqa, a->k.shape[1] = 3; a->v.shape[1] = 3)
+CASE(v_o_len, a->o.shape[0] = VTQ + 1)
+CASE(v_lse_rank, a->lse.rank = 3)
+CASE(v_lse_len, a->lse.shape[1] = VTQ - 1)
+CASE(v_totals, a->sk_total = -5)
+CASE(v_cu_start, memcpy(bad_cu, (int32_t[]){1, 3, 8}, sizeof bad_cu); a->cu_seqlens_q = bad_cu)
+CASE(v_cu_down, memcpy(bad_cu, (int32_t[]){0, 3, 2}, sizeof bad_cu); a->cu_seqlens_k = bad_cu)
+CASE(v_cu_long, a->max_seqlen_q = 4)
+CASE(v_cu_end, memcpy(bad_cu, (int32_t[]){0, 3, 7}, sizeof bad_cu); a->cu_seqlens_q = bad_cu)
+#undef CASE
+
+/* aj_forward's varlen checks: status and message of each */
+static void test_varlen_arguments(void)
+{
+    static const char spec[] = "attention forward flash { dtype = f16 head_dim = 32 "
+                               "layout = varlen mask = causal(bottom_right) }";
+    aj_op *op = NULL;
+    aj_kernel *kernel = NULL;
+    aj_compile_options opt = AJ_COMPILE_OPTIONS_INIT;
+    opt.target = AJ_TARGET_SIM;
+    opt.emit = AJ_EMIT_LLVM_IR;
+    CHECK_STATUS(ctx, aj_op_parse(ctx, spec, strlen(spec), "varlen", &op), AJ_OK);
+    CHECK_STATUS(ctx, aj_compile(ctx, op, &opt, &kernel), AJ_OK);
+    aj_op_destroy(op);
+    if (!kernel)
+        return;
+    aj_fwd_args good = varlen_args();
+    CHECK_STATUS(ctx, aj_forward(ctx, dev, kernel, &good), AJ_OK);
+    static const struct {
+        void (*mutate)(aj_fwd_args *);
+        const char *needle;
+    } cases[] = {
+        {v_cu_null, "aj_forward: cu_seqlens_k is NULL; layout = varlen kernels need "
+                    "cu_seqlens_q and cu_seqlens_k"},
+        {v_batch0, "aj_forward: batch = 0; layout = varlen needs the number of sequences, "
+                   "1 to 65535"},
+        {v_max_neg, "aj_forward: max_seqlen_q = -1, max_seqlen_k = 4; each must be 0 to "
+                    "2^30 - 1"},
+        {v_q_rank, "aj_forward: q.rank = 4, want 3"},
+        {v_k_dim, "aj_forward: k.shape[2] = 16, want 32 (the op's head_dim)"},
+        {v_v_len, "aj_forward: v.shape[0] = 5, want 6 (k's total length)"},
+        {v_gqa, "aj_forward: q has 2 heads and k 3; the query heads must be a multiple"},
+        {v_o_len, "aj_forward: o.shape[0] = 9, want 8 (q's total length)"},
+        {v_lse_rank, "aj_forward: lse.rank = 3, want 2"},
+        {v_lse_len, "aj_forward: lse.shape[1] = 7, want 8 (q's total length)"},
+        {v_totals, "aj_forward: sq_total = 0, sk_total = -5; totals are lengths (0: each "
+                   "sequence's own)"},
+        {v_cu_start, "aj_forward: cu_seqlens_q[0] = 1, want 0"},
+        {v_cu_down, "aj_forward: cu_seqlens_k[2] = 2 is below cu_seqlens_k[1] = 3; "
+                    "cu_seqlens must not decrease"},
+        {v_cu_long, "aj_forward: sequence 1 has 5 rows in cu_seqlens_q, more than "
+                    "max_seqlen_q = 4"},
+        {v_cu_end, "aj_forward: cu_seqlens_q[2] = 7, want 8 (q.shape[0])"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        aj_fwd_args a = varlen_args();
+        cases[i].mutate(&a);
+        aj_status st = aj_forward(ctx, dev, kernel, &a);
+        CHECK_MSG(st == AJ_ERR_INVALID_ARG, "varlen case %zu (%s): %s", i, cases[i].needle,
+                  aj_status_str(st));
+        CHECK_ERROR(ctx, cases[i].needle);
+    }
+    aj_kernel_destroy(kernel);
+}
+
 int main(void)
 {
     CHECK(aj_ctx_create(NULL, &ctx) == AJ_OK);
@@ -273,6 +376,7 @@ int main(void)
     test_schedules();
     test_accumulate();
     test_varlen();
+    test_varlen_arguments();
     printf("%d cases\n", cases_run);
     fwd_cache_clear();
     aj_device_close(dev);
