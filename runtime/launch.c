@@ -237,6 +237,9 @@ static aj_status check_forward_varlen(aj_ctx *ctx, const aj_op_info *op, const a
     AJ_CHECK_ARG(ctx, a->cu_seqlens_q && a->cu_seqlens_k, "%s: cu_seqlens_%s is NULL; "
                  "layout = varlen kernels need cu_seqlens_q and cu_seqlens_k", FWD,
                  a->cu_seqlens_q ? "k" : "q");
+    AJ_CHECK_ARG(ctx, (uintptr_t)a->cu_seqlens_q % 4 == 0 && (uintptr_t)a->cu_seqlens_k % 4 == 0,
+                 "%s: cu_seqlens_q = %p, cu_seqlens_k = %p; int32 arrays must be 4-byte "
+                 "aligned", FWD, (const void *)a->cu_seqlens_q, (const void *)a->cu_seqlens_k);
     AJ_CHECK_ARG(ctx, a->batch >= 1 && a->batch <= MAX_GRID_YZ, "%s: batch = %d; layout = "
                  "varlen needs the number of sequences, 1 to %d", FWD, a->batch, MAX_GRID_YZ);
     AJ_CHECK_ARG(ctx, a->max_seqlen_q >= 0 && a->max_seqlen_k >= 0 &&
