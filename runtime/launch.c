@@ -324,7 +324,8 @@ static aj_tensor padded_view(const aj_tensor *t)
     aj_tensor v = *t;
     v.rank = t->rank + 1;
     if (t->rank == 3) {
-        v.shape[0] = 1, v.shape[1] = t->shape[1], v.shape[2] = t->shape[0], v.shape[3] = t->shape[2];
+        v.shape[0] = 1, v.shape[1] = t->shape[1], v.shape[2] = t->shape[0];
+        v.shape[3] = t->shape[2];
         v.strides[0] = 0, v.strides[1] = t->strides[1], v.strides[2] = t->strides[0];
         v.strides[3] = 1;
     } else {

@@ -511,7 +511,8 @@ static void emit_element_mask(ffwd *e, LLVMValueRef n0)
         for (int half = 0; half < 2; half++) {
             LLVMValueRef i = add(e, e->m0, elem_row(e, mi, 2 * half));
             /* in tile-local keys */
-            LLVMValueRef hi = LLVMBuildSub(b, aj_attn_row_key_hi(kb, &e->mask, e->seq_k, i), n0, "");
+            LLVMValueRef hi = LLVMBuildSub(b, aj_attn_row_key_hi(kb, &e->mask, e->seq_k, i),
+                                           n0, "");
             LLVMValueRef lo = e->mask.lo_off ? LLVMBuildSub(b, aj_attn_row_key_lo(kb, &e->mask, i),
                                                             n0, "") : NULL;
             for (int j = 0; j < e->p.bn / 8; j++)
@@ -672,16 +673,19 @@ static void emit_epilogue(ffwd *e, LLVMValueRef o_base, LLVMValueRef lse_base)
             LLVMValueRef i = add(e, e->m0, elem_row(e, mi, 2 * half));
             /* lsum is 0 only for a row that saw no key; NaN counts as seen */
             LLVMValueRef seen = LLVMBuildFCmp(b, LLVMRealUNE, lsum, aj_kb_f32(kb, 0), "");
-            LLVMValueRef inv = LLVMBuildSelect(b, seen, LLVMBuildFDiv(b, aj_kb_f32(kb, 1), lsum, ""),
+            LLVMValueRef inv = LLVMBuildSelect(b, seen,
+                                               LLVMBuildFDiv(b, aj_kb_f32(kb, 1), lsum, ""),
                                                aj_kb_f32(kb, 0), "");
-            LLVMValueRef l2 = LLVMBuildFAdd(b, aj_kb_get(kb, e->m[mi][half]), aj_kb_log2(kb, lsum), "");
+            LLVMValueRef l2 = LLVMBuildFAdd(b, aj_kb_get(kb, e->m[mi][half]),
+                                            aj_kb_log2(kb, lsum), "");
             l2 = LLVMBuildSelect(b, seen, l2, aj_kb_f32(kb, -INFINITY), "");
             LLVMValueRef lse = LLVMBuildFMul(b, l2, aj_kb_f32(kb, AJ_LN2), "");
             /* rows past Sq read the last row: in bounds, never stored */
             LLVMValueRef ic = aj_kb_smin(kb, i, last_row);
             LLVMValueRef lse_ptr = aj_kb_gptr_offset(kb, prm(e, "lse"), LLVMBuildMul(b,
                                        add(e, lse_base, sext64(e, ic)), aj_kb_i64(kb, 4), ""));
-            LLVMValueRef orow = add(e, o_base, LLVMBuildMul(b, sext64(e, ic), prm(e, stride_s), ""));
+            LLVMValueRef orow = add(e, o_base, LLVMBuildMul(b, sext64(e, ic), prm(e, stride_s),
+                                                            ""));
             LLVMValueRef w_prior = NULL, scale_new = inv;
             if (accumulate) {
                 LLVMValueRef w_new;
@@ -700,7 +704,8 @@ static void emit_epilogue(ffwd *e, LLVMValueRef o_base, LLVMValueRef lse_base)
                     LLVMValueRef ptr = aj_kb_gptr_offset(kb, prm(e, out),
                                                          LLVMBuildMul(b, at, aj_kb_i64(kb, 4), ""));
                     LLVMValueRef prior = aj_kb_load(kb, pair, ptr, 8);
-                    LLVMValueRef zero_w = LLVMBuildFCmp(b, LLVMRealOEQ, w_prior, aj_kb_f32(kb, 0), "");
+                    LLVMValueRef zero_w = LLVMBuildFCmp(b, LLVMRealOEQ, w_prior,
+                                                        aj_kb_f32(kb, 0), "");
                     LLVMValueRef vec = LLVMGetUndef(pair);
                     for (int x = 0; x < 2; x++) {
                         LLVMValueRef op = LLVMBuildFMul(b, LLVMBuildExtractElement(b, prior,
@@ -782,7 +787,8 @@ static aj_status ffwd_build(aj_kb *kb, const aj_op *op, void *user)
     e.lane = LLVMBuildAnd(b, e.tid, i32c(&e, 31), "lane");
     e.g = LLVMBuildLShr(b, e.lane, i32c(&e, 2), "g");
     e.t = LLVMBuildAnd(b, e.lane, i32c(&e, 3), "t");
-    e.wrow = LLVMBuildMul(b, LLVMBuildLShr(b, e.tid, i32c(&e, 5), ""), i32c(&e, 16 * p->mt), "wrow");
+    e.wrow = LLVMBuildMul(b, LLVMBuildLShr(b, e.tid, i32c(&e, 5), ""), i32c(&e, 16 * p->mt),
+                          "wrow");
     LLVMValueRef mblk = aj_kb_block_id(kb, 0);
     LLVMValueRef h = aj_kb_block_id(kb, 1);
     LLVMValueRef bidx = aj_kb_block_id(kb, 2);
@@ -857,7 +863,8 @@ static aj_status ffwd_build(aj_kb *kb, const aj_op *op, void *user)
         aj_kb_cp_async_commit(kb);
         aj_kb_cp_async_wait(kb, p->stages - 1);
         aj_kb_barrier(kb);
-        LLVMValueRef slot = LLVMBuildURem(b, LLVMBuildSub(b, n, n_begin, ""), i32c(&e, p->stages), "");
+        LLVMValueRef slot = LLVMBuildURem(b, LLVMBuildSub(b, n, n_begin, ""),
+                                          i32c(&e, p->stages), "");
         LLVMValueRef kbase = add(&e, i32c(&e, p->smem_k), LLVMBuildMul(b, slot,
                                  i32c(&e, 2 * p->bn * p->ldk), ""));
         LLVMValueRef vbase = add(&e, i32c(&e, p->smem_v), LLVMBuildMul(b, slot,
