@@ -67,9 +67,12 @@
     X(warps, "1, 2, 4 or 8", v == 1 || v == 2 || v == 4 || v == 8)             \
     X(stages, "1, 2 or 3", v >= 1 && v <= 3)
 
-/* Registers of per-thread state (O, S and statistics, f32) above which
- * ptxas starts to spill at 255 registers per thread. */
-#define STATE_BUDGET 168
+/* The most f32 values of per-thread state (O, S, statistics) a schedule
+ * may keep: the default at head dim 256 (148) assembles without spills on
+ * sm_80 and sm_90 with every option on, 164 spills on sm_90.  A guard
+ * against schedules sure to spill, not a proof that one below it never
+ * does: test_ptx checks the defaults. */
+#define STATE_BUDGET 148
 
 typedef struct ffwd_plan {
     aj_dtype dtype;
@@ -77,7 +80,7 @@ typedef struct ffwd_plan {
     int bm, bn, warps, stages, threads;
     int mt;                        /* m-tiles per warp */
     int ldq, ldk, ldv;             /* shared-memory row pitches, in elements */
-    int32_t smem_q, smem_k, smem_v, smem_bytes;
+    int32_t smem_q, smem_k, smem_v;  /* byte offsets in shared memory */
 } ffwd_plan;
 
 /* Defaults: 16 rows per warp, so that O (Dv / 2 floats per lane), S
@@ -115,6 +118,8 @@ static aj_status plan_kernel(aj_ctx *ctx, const aj_op *op, aj_target target, ffw
     const aj_schedule *given = &op->schedule;
     if (given->block_m)
         s.block_m = given->block_m;
+    else if (given->warps)
+        s.block_m = 16 * given->warps;   /* 16 rows per warp, as the defaults */
     if (given->block_n)
         s.block_n = given->block_n;
     if (given->warps)
