@@ -60,11 +60,12 @@
 #define MAX_VT 32               /* n8 tiles of the output: Dv <= 256 */
 #define PAD 8                   /* elements of padding per shared-memory row */
 
-/* The schedule values the template implements (docs/ir.md). */
+/* The schedule values the template implements (docs/ir.md), warps first:
+ * a block_m left out is derived from them. */
 #define SCHEDULE_VALUES(X) \
+    X(warps, "1, 2, 4 or 8", v == 1 || v == 2 || v == 4 || v == 8)             \
     X(block_m, "16, 32, 64 or 128", v == 16 || v == 32 || v == 64 || v == 128) \
     X(block_n, "16, 32, 64 or 128", v == 16 || v == 32 || v == 64 || v == 128) \
-    X(warps, "1, 2, 4 or 8", v == 1 || v == 2 || v == 4 || v == 8)             \
     X(stages, "1, 2 or 3", v >= 1 && v <= 3)
 
 /* The most f32 values of per-thread state (O, S, statistics) a schedule

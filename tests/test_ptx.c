@@ -13,6 +13,8 @@
  * printed reason.
  */
 #include <dirent.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,7 +32,8 @@ static int have_ptxas;
 static char ptxas[1024];
 static int kernels, assembled;
 
-static void check_kernel(const char *label, aj_kernel *k, aj_target target, const char *arch);
+static void check_kernel(const char *label, aj_kernel *k, aj_target target, const char *arch,
+                         const ptxas_result *assembled_already);
 
 static void check_spec(aj_ctx *ctx, const char *label, const char *spec, aj_target target,
                        const char *arch)
@@ -45,11 +48,13 @@ static void check_spec(aj_ctx *ctx, const char *label, const char *spec, aj_targ
     CHECK_STATUS(ctx, aj_compile(ctx, op, &opt, &k), AJ_OK);
     aj_op_destroy(op);
     if (k)
-        check_kernel(label, k, target, arch);
+        check_kernel(label, k, target, arch, NULL);
 }
 
-/* The PTX of a compiled kernel through ptxas: entries, no spills; releases k. */
-static void check_kernel(const char *label, aj_kernel *k, aj_target target, const char *arch)
+/* The PTX of a compiled kernel through ptxas (or its report, when the
+ * caller assembled it already): entries, no spills; releases k. */
+static void check_kernel(const char *label, aj_kernel *k, aj_target target, const char *arch,
+                         const ptxas_result *assembled_already)
 {
     kernels++;
     size_t len;
@@ -63,7 +68,10 @@ static void check_kernel(const char *label, aj_kernel *k, aj_target target, cons
                   label, s);
     if (have_ptxas) {
         ptxas_result all;
-        ptxas_run(ptxas, arch, ptx, len, &all);
+        if (assembled_already)
+            all = *assembled_already;
+        else
+            ptxas_run(ptxas, arch, ptx, len, &all);
         CHECK_MSG(all.exit_code == 0, "%s %s: ptxas failed:\n%s", label, arch, all.log);
         /* each kernel of the module (backward: dkdv, then dq) on its own */
         for (int s = 0; s < stages; s++) {
@@ -114,13 +122,54 @@ static void check_examples(aj_ctx *ctx, const char *dir)
     CHECK_MSG(seen >= 8, "only %d example specs in %s", seen, dir);
 }
 
+/* ptxas runs of a batch, shared by worker threads (ptxas is a process of
+ * its own, so this is where a multi-core machine saves time). */
+typedef struct ptxas_batch {
+    const char *arch;
+    aj_compile_job *jobs;
+    ptxas_result *results;
+    int n;
+    atomic_int next;
+} ptxas_batch;
+
+static void *ptxas_worker(void *arg)
+{
+    ptxas_batch *batch = arg;
+    for (int i; (i = atomic_fetch_add(&batch->next, 1)) < batch->n;) {
+        if (!batch->jobs[i].kernel)
+            continue;
+        size_t len;
+        const char *ptx = aj_kernel_code(batch->jobs[i].kernel, &len);
+        ptxas_run(ptxas, batch->arch, ptx, len, &batch->results[i]);
+    }
+    return NULL;
+}
+
+/* Assembles the kernels of `jobs` on as many threads as the machine has
+ * cores. */
+static void assemble_all(const char *arch, aj_compile_job *jobs, ptxas_result *results, int n)
+{
+    ptxas_batch batch = {arch, jobs, results, n, 0};
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    int workers = cores < 1 ? 1 : cores > 16 ? 16 : (int)cores;
+    pthread_t threads[16];
+    int started = 0;
+    for (; started < workers; started++)
+        if (pthread_create(&threads[started], NULL, ptxas_worker, &batch) != 0)
+            break;
+    if (started == 0)
+        ptxas_worker(&batch);
+    for (int i = 0; i < started; i++)
+        pthread_join(threads[i], NULL);
+}
+
 /* The flash forward: every head dim (and 192/128) x dtype x mask at its
  * default schedule, then the options that add registers (dropout's
  * Philox, alibi, accumulate, varlen), compiled together by
- * aj_compile_many to use every core.  A padded causal kernel is the same
- * code for both alignments (the shift is a launch argument), so the matrix
- * takes causal(top_left) alone; the varlen rows, whose kernels compute the
- * shift, take bottom_right. */
+ * aj_compile_many and assembled by parallel ptxas runs, to use every
+ * core.  A padded causal kernel is the same code for both alignments (the
+ * shift is a launch argument), so the matrix takes causal(top_left) alone;
+ * the varlen rows, whose kernels compute the shift, take bottom_right. */
 static void check_flash_forward(aj_ctx *ctx, aj_target target, const char *arch)
 {
     static const int flash_dims[][2] = {{32, 32}, {64, 64}, {96, 96}, {128, 128},
@@ -157,6 +206,7 @@ static void check_flash_forward(aj_ctx *ctx, aj_target target, const char *arch)
     static char labels[N][128], specs[N][512];
     static aj_compile_job jobs[N];
     static aj_op *ops[N];
+    static ptxas_result results[N];
     int n = 0;
     for (size_t t = 0; t < 2; t++)
         for (size_t d = 0; d < 7; d++)
@@ -183,10 +233,13 @@ static void check_flash_forward(aj_ctx *ctx, aj_target target, const char *arch)
     aj_compile_options opt = AJ_COMPILE_OPTIONS_INIT;
     opt.target = target;
     CHECK_STATUS(ctx, aj_compile_many(ctx, jobs, (size_t)n, &opt, 0), AJ_OK);
+    if (have_ptxas)
+        assemble_all(arch, jobs, results, n);
     for (int i = 0; i < n; i++) {
         CHECK_MSG(jobs[i].status == AJ_OK, "%s: %s", labels[i], jobs[i].message);
         if (jobs[i].kernel)
-            check_kernel(labels[i], jobs[i].kernel, target, arch);
+            check_kernel(labels[i], jobs[i].kernel, target, arch,
+                         have_ptxas ? &results[i] : NULL);
         aj_op_destroy(ops[i]);
     }
 }
