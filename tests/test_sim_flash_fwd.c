@@ -185,14 +185,21 @@ static void test_schedules(void)
     };
     char label[160];
     for (int i = 0; i < 5; i++) {
-        snprintf(label, sizeof label, "f16 d64 causal %s", scheds[i]);
-        fwd_case c = base(label, i % 2 ? AJ_DTYPE_BF16 : AJ_DTYPE_F16, 64,
-                          i % 2 ? "causal(top_left)" : "window(50, 10, bottom_right)");
+        aj_dtype dt = i % 2 ? AJ_DTYPE_BF16 : AJ_DTYPE_F16;
+        const char *mask = i % 2 ? "causal(top_left)" : "window(50, 10, bottom_right)";
+        snprintf(label, sizeof label, "%s d64 %s %s", aj_dtype_name(dt), mask, scheds[i]);
+        fwd_case c = base(label, dt, 64, mask);
         c.schedule = scheds[i];
         c.sq = 130;
         c.sk = 257;
         run(&c);
     }
+    /* fewer key tiles than pipeline stages: one tile in a 3-slot ring */
+    fwd_case c = base("f16 d128 one key tile, stages = 3", AJ_DTYPE_F16, 128, "none");
+    c.schedule = "(block_m = 64, block_n = 64, warps = 4, stages = 3)";
+    c.sq = 70;
+    c.sk = 20;
+    run(&c);
 }
 
 /* accumulate over 2 or 3 key blocks (from lse = -inf, o_acc = NaN) equals
