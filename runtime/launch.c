@@ -318,10 +318,13 @@ static aj_status check_cu_seqlens(aj_ctx *ctx, const char *name, const int32_t *
 }
 
 /* A packed [T, H, D] tensor as the [1, H, T, D] view the padded binding
- * reads (batch stride 0); lse [Hq, Tq] as [1, Hq, Tq]. */
+ * reads (batch stride 0); lse [Hq, Tq] as [1, Hq, Tq]; a tensor the op
+ * does not use (o or o_acc, left empty) as it is. */
 static aj_tensor padded_view(const aj_tensor *t)
 {
     aj_tensor v = *t;
+    if (t->rank != 2 && t->rank != 3)
+        return v;
     v.rank = t->rank + 1;
     if (t->rank == 3) {
         v.shape[0] = 1, v.shape[1] = t->shape[1], v.shape[2] = t->shape[0];

@@ -71,7 +71,8 @@ typedef struct fwd_run_options {
     aj_variant variant;        /* AJ_VARIANT_FLASH, else the efficient variant */
     /* > 0: an accumulate = true kernel runs over that many key blocks in
      * turn (each with its kv_offset, the totals set to the whole call's),
-     * from lse = -inf and an o_acc of NaN; o_acc is then compared */
+     * from lse = -inf and an o_acc of NaN; o_acc is then compared (padded
+     * layout only) */
     int accumulate_parts;
     /* non-NULL (both): layout = varlen with c->b sequences of these lengths
      * packed as [T, H, D] (c->sq and c->sk are unused) */
