@@ -225,6 +225,119 @@ done:
     return st;
 }
 
+/*
+ * layout = varlen (aj_fwd_args): q [Tq, Hq, D], k [Tk, Hkv, D], v [Tk, Hkv, Dv],
+ * o or o_acc [Tq, Hq, Dv], lse [Hq, Tq], and cu_seqlens_q / _k of batch + 1
+ * entries.  The grid covers batch sequences of up to max_seqlen_q rows.
+ */
+static aj_status check_forward_varlen(aj_ctx *ctx, const aj_op_info *op, const aj_fwd_args *a,
+                                      fwd_sizes *sz)
+{
+    aj_status st = AJ_OK;
+    AJ_CHECK_ARG(ctx, a->cu_seqlens_q && a->cu_seqlens_k, "%s: cu_seqlens_%s is NULL; "
+                 "layout = varlen kernels need cu_seqlens_q and cu_seqlens_k", FWD,
+                 a->cu_seqlens_q ? "k" : "q");
+    AJ_CHECK_ARG(ctx, (uintptr_t)a->cu_seqlens_q % 4 == 0 && (uintptr_t)a->cu_seqlens_k % 4 == 0,
+                 "%s: cu_seqlens_q = %p, cu_seqlens_k = %p; int32 arrays must be 4-byte "
+                 "aligned", FWD, (const void *)a->cu_seqlens_q, (const void *)a->cu_seqlens_k);
+    AJ_CHECK_ARG(ctx, a->batch >= 1 && a->batch <= MAX_GRID_YZ, "%s: batch = %d; layout = "
+                 "varlen needs the number of sequences, 1 to %d", FWD, a->batch, MAX_GRID_YZ);
+    AJ_CHECK_ARG(ctx, a->max_seqlen_q >= 0 && a->max_seqlen_k >= 0 &&
+                 a->max_seqlen_q < MAX_SEQ && a->max_seqlen_k < MAX_SEQ,
+                 "%s: max_seqlen_q = %d, max_seqlen_k = %d; each must be 0 to 2^30 - 1", FWD,
+                 a->max_seqlen_q, a->max_seqlen_k);
+    AJ_TRY(check_tensor(ctx, FWD, "q", &a->q, 3, op->dtype, 1));
+    AJ_TRY(check_tensor(ctx, FWD, "k", &a->k, 3, op->dtype, 1));
+    AJ_TRY(check_tensor(ctx, FWD, "v", &a->v, 3, op->dtype, 1));
+    int64_t tq = a->q.shape[0], tk = a->k.shape[0];
+    sz->batch = a->batch;
+    sz->heads_q = a->q.shape[1];
+    sz->heads_kv = a->k.shape[1];
+    sz->seq_q = a->max_seqlen_q;
+    sz->seq_k = a->max_seqlen_k;
+    AJ_TRY(check_dim(ctx, FWD, "q", 2, a->q.shape[2], op->head_dim, "the op's head_dim"));
+    AJ_TRY(check_dim(ctx, FWD, "k", 2, a->k.shape[2], op->head_dim, "the op's head_dim"));
+    AJ_TRY(check_dim(ctx, FWD, "v", 0, a->v.shape[0], tk, "k's total length"));
+    AJ_TRY(check_dim(ctx, FWD, "v", 1, a->v.shape[1], sz->heads_kv, "k's heads"));
+    AJ_TRY(check_dim(ctx, FWD, "v", 2, a->v.shape[2], op->head_dim_v, "the op's head_dim_v"));
+    if (sz->heads_kv == 0 ? sz->heads_q != 0 : sz->heads_q % sz->heads_kv != 0) {
+        st = aj_fail(ctx, AJ_ERR_INVALID_ARG, "%s: q has %lld heads and k %lld; the "
+                     "query heads must be a multiple of the key/value heads (GQA)", FWD,
+                     (long long)sz->heads_q, (long long)sz->heads_kv);
+        goto done;
+    }
+    if (tq > INT32_MAX || tk > INT32_MAX || sz->heads_q > MAX_GRID_YZ) {
+        st = aj_fail(ctx, AJ_ERR_INVALID_ARG, "%s: Tq = %lld, Tk = %lld, heads = %lld; the "
+                     "totals must fit cu_seqlens' int32 and the heads %d", FWD, (long long)tq,
+                     (long long)tk, (long long)sz->heads_q, MAX_GRID_YZ);
+        goto done;
+    }
+    if (op->score_mod == AJ_SCORE_MOD_ALIBI) {
+        AJ_TRY(check_tensor(ctx, FWD, "alibi_slopes", &a->alibi_slopes, 1, AJ_DTYPE_F32, 0));
+        AJ_TRY(check_dim(ctx, FWD, "alibi_slopes", 0, a->alibi_slopes.shape[0], sz->heads_q,
+                         "q's heads"));
+    }
+    if (a->sq_total < 0 || a->sk_total < 0) {
+        st = aj_fail(ctx, AJ_ERR_INVALID_ARG, "%s: sq_total = %lld, sk_total = %lld; "
+                     "totals are lengths (0: each sequence's own)", FWD,
+                     (long long)a->sq_total, (long long)a->sk_total);
+        goto done;
+    }
+    const char *out = op->accumulate ? "o_acc" : "o";
+    const aj_tensor *o = op->accumulate ? &a->o_acc : &a->o;
+    AJ_TRY(check_tensor(ctx, FWD, out, o, 3, op->accumulate ? AJ_DTYPE_F32 : op->dtype, 1));
+    AJ_TRY(check_dim(ctx, FWD, out, 0, o->shape[0], tq, "q's total length"));
+    AJ_TRY(check_dim(ctx, FWD, out, 1, o->shape[1], sz->heads_q, "q's heads"));
+    AJ_TRY(check_dim(ctx, FWD, out, 2, o->shape[2], op->head_dim_v, "the op's head_dim_v"));
+    AJ_TRY(check_tensor(ctx, FWD, "lse", &a->lse, 2, AJ_DTYPE_F32, 0));
+    AJ_TRY(check_dim(ctx, FWD, "lse", 0, a->lse.shape[0], sz->heads_q, "q's heads"));
+    AJ_TRY(check_dim(ctx, FWD, "lse", 1, a->lse.shape[1], tq, "q's total length"));
+done:
+    return st;
+}
+
+/* sim only (cu_seqlens in host memory): each array starts at 0, never
+ * decreases, ends at its tensor's total, and no sequence is longer than
+ * its max_seqlen. */
+static aj_status check_cu_seqlens(aj_ctx *ctx, const char *name, const int32_t *cu,
+                                  int32_t batch, int64_t total, int32_t max_len,
+                                  const char *total_what)
+{
+    AJ_CHECK_ARG(ctx, cu[0] == 0, "%s: %s[0] = %d, want 0", FWD, name, cu[0]);
+    for (int32_t b = 0; b < batch; b++) {
+        AJ_CHECK_ARG(ctx, cu[b + 1] >= cu[b], "%s: %s[%d] = %d is below %s[%d] = %d; "
+                     "cu_seqlens must not decrease", FWD, name, b + 1, cu[b + 1], name, b,
+                     cu[b]);
+        AJ_CHECK_ARG(ctx, cu[b + 1] - cu[b] <= max_len, "%s: sequence %d has %d rows in %s, "
+                     "more than max_seqlen_%c = %d", FWD, b, cu[b + 1] - cu[b], name,
+                     name[strlen(name) - 1], max_len);
+    }
+    AJ_CHECK_ARG(ctx, cu[batch] == total, "%s: %s[%d] = %d, want %lld (%s)", FWD, name, batch,
+                 cu[batch], (long long)total, total_what);
+    return AJ_OK;
+}
+
+/* A packed [T, H, D] tensor as the [1, H, T, D] view the padded binding
+ * reads (batch stride 0); lse [Hq, Tq] as [1, Hq, Tq]; a tensor the op
+ * does not use (o or o_acc, left empty) as it is. */
+static aj_tensor padded_view(const aj_tensor *t)
+{
+    aj_tensor v = *t;
+    if (t->rank != 2 && t->rank != 3)
+        return v;
+    v.rank = t->rank + 1;
+    if (t->rank == 3) {
+        v.shape[0] = 1, v.shape[1] = t->shape[1], v.shape[2] = t->shape[0];
+        v.shape[3] = t->shape[2];
+        v.strides[0] = 0, v.strides[1] = t->strides[1], v.strides[2] = t->strides[0];
+        v.strides[3] = 1;
+    } else {
+        v.shape[0] = 1, v.shape[1] = t->shape[0], v.shape[2] = t->shape[1];
+        v.strides[0] = 0, v.strides[1] = t->strides[0], v.strides[2] = 1;
+    }
+    return v;
+}
+
 /* ---------------------------------------------------------------- binding */
 
 typedef struct binding {
@@ -346,7 +459,15 @@ aj_status aj_forward(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
         return st;
     const aj_op_info *op = &kernel->op;
     fwd_sizes sz;
-    st = check_forward(ctx, op, args, &sz);
+    int varlen = op->layout == AJ_LAYOUT_VARLEN;
+    st = varlen ? check_forward_varlen(ctx, op, args, &sz) : check_forward(ctx, op, args, &sz);
+    if (st == AJ_OK && varlen && !dev->cuda) {
+        st = check_cu_seqlens(ctx, "cu_seqlens_q", args->cu_seqlens_q, args->batch,
+                              args->q.shape[0], args->max_seqlen_q, "q.shape[0]");
+        if (st == AJ_OK)
+            st = check_cu_seqlens(ctx, "cu_seqlens_k", args->cu_seqlens_k, args->batch,
+                                  args->k.shape[0], args->max_seqlen_k, "k.shape[0]");
+    }
     if (st != AJ_OK)
         return st;
     if (sz.batch == 0 || sz.heads_q == 0 || sz.seq_q == 0)
@@ -355,7 +476,15 @@ aj_status aj_forward(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
     int64_t sq_total = args->sq_total ? args->sq_total : sz.seq_q;
     int64_t sk_total = args->sk_total ? args->sk_total : sz.seq_k;
     int64_t shift = op->mask_align == AJ_ALIGN_BOTTOM_RIGHT ? sk_total - sq_total : 0;
-    const aj_fwd_args *a = args;
+    /* varlen: the packed tensors as padded views, so one table binds both */
+    aj_fwd_args as_padded = *args;
+    if (varlen) {
+        aj_tensor *packed[6] = {&as_padded.q, &as_padded.k, &as_padded.v, &as_padded.o,
+                                &as_padded.o_acc, &as_padded.lse};
+        for (int i = 0; i < 6; i++)
+            *packed[i] = padded_view(packed[i]);
+    }
+    const aj_fwd_args *a = &as_padded;
     const binding table[] = {
         PTR("q", a->q), PTR("k", a->k), PTR("v", a->v), PTR("o", a->o), PTR("lse", a->lse),
         PTR("alibi_slopes", a->alibi_slopes),
@@ -376,6 +505,9 @@ aj_status aj_forward(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
         PTR("o_acc", a->o_acc), I64("stride_o_acc_b", a->o_acc.strides[0]),
         I64("stride_o_acc_h", a->o_acc.strides[1]), I64("stride_o_acc_s", a->o_acc.strides[2]),
         I64("dropout_seed", (int64_t)a->seed), I64("dropout_offset", (int64_t)a->offset),
+        {"cu_seqlens_q", AJ_PARAM_PTR, {.ptr = (void *)a->cu_seqlens_q}},
+        {"cu_seqlens_k", AJ_PARAM_PTR, {.ptr = (void *)a->cu_seqlens_k}},
+        I64("sq_total", a->sq_total), I64("sk_total", a->sk_total),
     };
     aj_arg_value values[AJ_KB_MAX_PARAMS];
     void *argv[AJ_KB_MAX_PARAMS];
@@ -384,7 +516,7 @@ aj_status aj_forward(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
         return st;
 
     int elem = elem_size(op->dtype);
-    aj_sim_buffer buffers[8];
+    aj_sim_buffer buffers[10];
     int nb = 0;
     buffers[nb++] = sim_buffer("q", &a->q, elem);
     buffers[nb++] = sim_buffer("k", &a->k, elem);
@@ -396,6 +528,11 @@ aj_status aj_forward(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
         buffers[nb++] = sim_buffer("alibi_slopes", &a->alibi_slopes, 4);
     if (op->bias == AJ_BIAS_ADD)
         buffers[nb++] = sim_buffer("bias", &a->bias, elem);
+    if (varlen) {
+        size_t cu_bytes = ((size_t)a->batch + 1) * sizeof(int32_t);
+        buffers[nb++] = (aj_sim_buffer){"cu_seqlens_q", a->cu_seqlens_q, cu_bytes};
+        buffers[nb++] = (aj_sim_buffer){"cu_seqlens_k", a->cu_seqlens_k, cu_bytes};
+    }
     return run_kernel(ctx, dev, kernel, 0, &sz, argv, buffers, nb, args->stream);
 }
 

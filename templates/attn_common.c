@@ -13,6 +13,11 @@ aj_status aj_attn_check_layout_and_dims(aj_ctx *ctx, const aj_op *op, const char
     if (op->layout != AJ_LAYOUT_PADDED)
         return aj_fail(ctx, AJ_ERR_UNSUPPORTED,
                        "layout = varlen: %s supports layout = padded only", who);
+    return aj_attn_check_head_dims(ctx, op, who);
+}
+
+aj_status aj_attn_check_head_dims(aj_ctx *ctx, const aj_op *op, const char *who)
+{
     int dims[2] = {op->head_dim, aj_op_dv(op)};
     const char *names[2] = {"head_dim", "head_dim_v"};
     for (int i = 0; i < 2; i++)

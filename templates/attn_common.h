@@ -14,6 +14,9 @@
  * AJ_ERR_UNSUPPORTED naming the option, `who` ("efficient forward") in
  * the message. */
 aj_status aj_attn_check_layout_and_dims(aj_ctx *ctx, const aj_op *op, const char *who);
+/* The head-dim half of that rule alone, for templates that also take
+ * layout = varlen (flash forward). */
+aj_status aj_attn_check_head_dims(aj_ctx *ctx, const aj_op *op, const char *who);
 
 /* Element offset (i64) of slice (b, h) of the tensor whose batch and head
  * strides are the kernel parameters stride_<t>_b and stride_<t>_h. */

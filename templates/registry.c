@@ -7,6 +7,7 @@ static const aj_template *const templates[] = {
     &aj_template_efficient_fwd,
     &aj_template_efficient_bwd,
     &aj_template_merge,
+    &aj_template_flash_fwd,
 };
 
 aj_status aj_template_find(aj_ctx *ctx, const aj_op *op,

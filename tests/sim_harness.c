@@ -153,15 +153,18 @@ static void free_tensor(host_tensor *h)
 
 /* ---------------------------------------------------------------- run */
 
-static void write_spec(const fwd_case *c, const fwd_options *x, char *spec, size_t cap)
+static void write_spec(const fwd_case *c, const fwd_options *x, const fwd_run_options *run,
+                       char *spec, size_t cap)
 {
     snprintf(spec, cap,
-             "attention forward efficient {\n  dtype = %s\n  head_dim = %d\n"
+             "attention forward %s {\n  dtype = %s\n  head_dim = %d\n"
              "  head_dim_v = %d\n  mask = %s\n  score_mod = %s\n  schedule = %s\n"
-             "  bias = %s\n  dropout = %.17g\n}\n",
+             "  bias = %s\n  dropout = %.17g\n  layout = %s\n  accumulate = %s\n}\n",
+             run->variant == AJ_VARIANT_FLASH ? "flash" : "efficient",
              aj_dtype_name(c->dtype), c->d, c->dv ? c->dv : c->d, c->mask,
              c->score_mod ? c->score_mod : "none", c->schedule ? c->schedule : "default",
-             x->bias_shape[3] ? "add" : "none", x->dropout);
+             x->bias_shape[3] ? "add" : "none", x->dropout,
+             run->seqlens_q ? "varlen" : "padded", run->accumulate_parts > 0 ? "true" : "false");
 }
 
 /* The bias of a case: random values rounded to the dtype, with the
@@ -251,32 +254,114 @@ fwd_result fwd_run_case(aj_ctx *ctx, aj_device *dev, const fwd_case *c)
 fwd_result fwd_run_case_with(aj_ctx *ctx, aj_device *dev, const fwd_case *c,
                              const fwd_options *opts)
 {
+    return fwd_run_case_ext(ctx, dev, c, opts, NULL);
+}
+
+/* A [1, T, H, D] contiguous tensor seen as the packed [T, H, D] of varlen. */
+static void to_packed(aj_tensor *t)
+{
+    for (int i = 0; i < 3; i++) {
+        t->shape[i] = t->shape[i + 1];
+        t->strides[i] = t->strides[i + 1];
+    }
+    t->shape[3] = t->strides[3] = 0;
+    t->rank = 3;
+}
+
+/* Copies host memory to a new device buffer (*dev_ptr), keeping the first
+ * failure in *st. */
+static void to_device(aj_device *dev, aj_status *st, const void *host, size_t bytes,
+                      void **dev_ptr)
+{
+    *dev_ptr = NULL;
+    if (*st == AJ_OK)
+        *st = aj_device_alloc(dev, bytes ? bytes : 16, dev_ptr);
+    if (*st == AJ_OK && bytes)
+        *st = aj_device_copy_to(dev, *dev_ptr, host, bytes);
+}
+
+/* Runs the launch(es) of a case: one call, or accumulate calls over
+ * `parts` key blocks in turn. */
+static aj_status launch(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel, const fwd_case *c,
+                        const aj_fwd_args *a, int parts)
+{
+    if (parts <= 0)
+        return aj_forward(ctx, dev, kernel, a);
+    int elem = c->dtype == AJ_DTYPE_F32 ? 4 : 2;
+    for (int part = 0; part < parts; part++) {
+        int64_t k0 = (int64_t)c->sk * part / parts, k1 = (int64_t)c->sk * (part + 1) / parts;
+        aj_fwd_args x = *a;
+        x.k.data = (char *)a->k.data + k0 * a->k.strides[2] * elem;
+        x.v.data = (char *)a->v.data + k0 * a->v.strides[2] * elem;
+        x.k.shape[2] = x.v.shape[2] = k1 - k0;
+        x.kv_offset = c->kv_offset + k0;
+        x.sq_total = c->sq_total ? c->sq_total : c->sq;
+        x.sk_total = c->sk_total ? c->sk_total : c->sk;
+        aj_status st = aj_forward(ctx, dev, kernel, &x);
+        if (st != AJ_OK)
+            return st;
+    }
+    return AJ_OK;
+}
+
+fwd_result fwd_run_case_ext(aj_ctx *ctx, aj_device *dev, const fwd_case *c,
+                            const fwd_options *opts, const fwd_run_options *run)
+{
     static const fwd_options no_options;
+    static const fwd_run_options no_run;
     if (!opts)
         opts = &no_options;
+    if (!run)
+        run = &no_run;
     fwd_result r;
     memset(&r, 0, sizeof r);
-    char spec[512];
-    write_spec(c, opts, spec, sizeof spec);
+    char spec[640];
+    write_spec(c, opts, run, spec, sizeof spec);
     aj_kernel *kernel = NULL;
     r.status = kernel_for(ctx, aj_device_target(dev), spec, &kernel);
     if (r.status != AJ_OK)
         return r;
 
     int dv = c->dv ? c->dv : c->d;
+    int varlen = run->seqlens_q != NULL;
+    int accumulate = run->accumulate_parts > 0;
     uint64_t rng = c->seed ? c->seed : 1;
-    host_tensor q, k, v, o;
-    make_tensor(&q, c->dtype, c->b, c->hq, c->sq, c->d, c->bshd);
-    make_tensor(&k, c->dtype, c->b, c->hkv, c->sk, c->d, c->bshd);
-    make_tensor(&v, c->dtype, c->b, c->hkv, c->sk, dv, c->bshd);
-    make_tensor(&o, c->dtype, c->b, c->hq, c->sq, dv, c->bshd);
+    /* varlen: cumulative lengths, and one [1, T, H, D] tensor per input */
+    int32_t *cu_q = calloc((size_t)c->b + 1, sizeof *cu_q);
+    int32_t *cu_k = calloc((size_t)c->b + 1, sizeof *cu_k);
+    for (int b = 0; varlen && b < c->b; b++) {
+        cu_q[b + 1] = cu_q[b] + run->seqlens_q[b];
+        cu_k[b + 1] = cu_k[b] + run->seqlens_k[b];
+    }
+    int64_t nb = varlen ? 1 : c->b;
+    int64_t sq = varlen ? cu_q[c->b] : c->sq, sk = varlen ? cu_k[c->b] : c->sk;
+    host_tensor q, k, v, o, o_acc;
+    if (varlen) {
+        make_tensor(&q, c->dtype, 1, sq, c->hq, c->d, 0);
+        make_tensor(&k, c->dtype, 1, sk, c->hkv, c->d, 0);
+        make_tensor(&v, c->dtype, 1, sk, c->hkv, dv, 0);
+        make_tensor(&o, c->dtype, 1, sq, c->hq, dv, 0);
+        make_tensor(&o_acc, AJ_DTYPE_F32, 1, sq, c->hq, dv, 0);
+    } else {
+        make_tensor(&q, c->dtype, nb, c->hq, sq, c->d, c->bshd);
+        make_tensor(&k, c->dtype, nb, c->hkv, sk, c->d, c->bshd);
+        make_tensor(&v, c->dtype, nb, c->hkv, sk, dv, c->bshd);
+        make_tensor(&o, c->dtype, nb, c->hq, sq, dv, c->bshd);
+        make_tensor(&o_acc, AJ_DTYPE_F32, nb, c->hq, sq, dv, c->bshd);
+    }
     fill_tensor(&q, c->magnitude, &rng);
     fill_tensor(&k, c->magnitude, &rng);
     fill_tensor(&v, 1.0, &rng);
+    /* a prior that must not leak: lse = -inf rows ignore whatever O holds */
+    size_t acc_elems = (size_t)(nb * c->hq * sq * dv);
+    for (size_t i = 0; i < acc_elems; i++)
+        ((float *)o_acc.t.data)[i] = NAN;
     host_tensor bias;
     make_bias(c, opts, &bias, &rng);
-    size_t rows = (size_t)c->b * (size_t)c->hq * (size_t)c->sq;
+    size_t rows = (size_t)nb * (size_t)c->hq * (size_t)sq;
     float *lse = malloc((rows ? rows : 1) * sizeof *lse);
+    for (size_t i = 0; i < rows; i++)
+        lse[i] = -INFINITY;
     float *slopes = malloc((size_t)(c->hq ? c->hq : 1) * sizeof *slopes);
     double *slopes_ref = malloc((size_t)(c->hq ? c->hq : 1) * sizeof *slopes_ref);
     for (int h = 0; h < c->hq; h++) {   /* ALiBi's geometric slopes */
@@ -289,47 +374,81 @@ fwd_result fwd_run_case_with(aj_ctx *ctx, aj_device *dev, const fwd_case *c,
     a.k = k.t;
     a.v = v.t;
     a.o = o.t;
-    a.lse = (aj_tensor){lse, AJ_DTYPE_F32, 3, {c->b, c->hq, c->sq, 0},
-                        {(int64_t)c->hq * c->sq, c->sq, 1, 0}};
+    if (varlen) {
+        /* lse [Hq, Tq] */
+        a.lse = (aj_tensor){lse, AJ_DTYPE_F32, 2, {c->hq, sq, 0, 0}, {sq, 1, 0, 0}};
+        to_packed(&a.q);
+        to_packed(&a.k);
+        to_packed(&a.v);
+        to_packed(&a.o);
+        to_packed(&o_acc.t);
+        a.batch = c->b;
+        for (int b = 0; b < c->b; b++) {
+            if (run->seqlens_q[b] > a.max_seqlen_q)
+                a.max_seqlen_q = run->seqlens_q[b];
+            if (run->seqlens_k[b] > a.max_seqlen_k)
+                a.max_seqlen_k = run->seqlens_k[b];
+        }
+    } else {
+        a.lse = (aj_tensor){lse, AJ_DTYPE_F32, 3, {c->b, c->hq, c->sq, 0},
+                            {(int64_t)c->hq * c->sq, c->sq, 1, 0}};
+    }
     a.alibi_slopes = (aj_tensor){slopes, AJ_DTYPE_F32, 1, {c->hq, 0, 0, 0}, {1, 0, 0, 0}};
     a.q_offset = c->q_offset;
     a.kv_offset = c->kv_offset;
     a.sq_total = c->sq_total;
     a.sk_total = c->sk_total;
     a.bias = bias.t;
+    if (accumulate)
+        a.o_acc = o_acc.t;
     a.seed = opts->drop_seed;
     a.offset = opts->drop_offset;
     /* the tensors travel to the device and back (for sim: host copies) */
-    aj_tensor *moved[7] = {&a.q, &a.k, &a.v, &a.o, &a.lse, &a.alibi_slopes, &a.bias};
-    size_t bytes[7];
-    void *host[7];
-    int n_moved = opts->bias_shape[3] ? 7 : 6;
+    aj_tensor *moved[8] = {&a.q, &a.k, &a.v, &a.o, &a.lse, &a.alibi_slopes, &a.o_acc, &a.bias};
+    size_t bytes[8];
+    void *host[8];
+    int n_moved = opts->bias_shape[3] ? 8 : 7;
     for (int i = 0; i < n_moved; i++) {
         host[i] = moved[i]->data;
-        bytes[i] = device_bytes(moved[i]);
-        void *d = NULL;
-        if (r.status == AJ_OK)
-            r.status = aj_device_alloc(dev, bytes[i], &d);
-        if (r.status == AJ_OK)
-            r.status = aj_device_copy_to(dev, d, host[i], bytes[i]);
-        moved[i]->data = d;
+        bytes[i] = moved[i]->data ? device_bytes(moved[i]) : 0;
+        to_device(dev, &r.status, host[i], bytes[i], &moved[i]->data);
+    }
+    void *cu_dev[2] = {NULL, NULL};
+    if (varlen) {
+        size_t cu_bytes = ((size_t)c->b + 1) * sizeof(int32_t);
+        to_device(dev, &r.status, cu_q, cu_bytes, &cu_dev[0]);
+        to_device(dev, &r.status, cu_k, cu_bytes, &cu_dev[1]);
+        a.cu_seqlens_q = cu_dev[0];
+        a.cu_seqlens_k = cu_dev[1];
     }
     double t0 = now_s();
     if (r.status == AJ_OK)
-        r.status = aj_forward(ctx, dev, kernel, &a);
+        r.status = launch(ctx, dev, kernel, c, &a, run->accumulate_parts);
     if (r.status == AJ_OK)
         r.status = aj_device_synchronize(dev, NULL);
     r.seconds = now_s() - t0;
     r.instructions = aj_device_last_instructions(dev);
+    aj_tensor *out = accumulate ? &a.o_acc : &a.o;
     for (int i = 0; i < n_moved; i++) {
-        if (r.status == AJ_OK && (moved[i] == &a.o || moved[i] == &a.lse))
+        if (r.status == AJ_OK && bytes[i] && (moved[i] == out || moved[i] == &a.lse))
             r.status = aj_device_copy_from(dev, host[i], moved[i]->data, bytes[i]);
-        aj_device_free(dev, moved[i]->data);
+        if (moved[i]->data)
+            aj_device_free(dev, moved[i]->data);
     }
+    for (int i = 0; i < 2; i++)
+        if (cu_dev[i])
+            aj_device_free(dev, cu_dev[i]);
+    const aj_tensor *got_o = accumulate ? &o_acc.t : &o.t;
+    if (varlen)
+        to_packed(&o.t);
 
     if (r.status == AJ_OK) {
         ref_problem p;
         reference_problem(c, opts, &p, slopes_ref);
+        if (varlen) {
+            p.cu_q = cu_q;
+            p.cu_k = cu_k;
+        }
         if (opts->bias_shape[3]) {
             p.bias = bias.ref;
             memcpy(p.bias_shape, opts->bias_shape, sizeof p.bias_shape);
@@ -339,28 +458,36 @@ fwd_result fwd_run_case_with(aj_ctx *ctx, aj_device *dev, const fwd_case *c,
         ref_forward(&p, q.ref, k.ref, v.ref, o_ref, lse_ref);
         fwd_tolerance tol = fwd_tolerance_for(c->dtype);
         r.exact_empty_rows = 1;
-        size_t row = 0;
-        for (int64_t b = 0; b < c->b; b++)
-            for (int64_t h = 0; h < c->hq; h++)
-                for (int64_t i = 0; i < c->sq; i++, row++) {
-                    double lr = lse_ref[row], lg = lse[row];
-                    int empty = isinf(lr) && lr < 0;
-                    r.rows_without_keys += empty;
-                    if (empty && !(isinf(lg) && lg < 0))
-                        r.exact_empty_rows = 0;
-                    if (!empty) {
-                        worst(&r.max_err_lse,
-                              fabs(lg - lr) / (tol.lse_atol + tol.lse_rtol * fabs(lr)));
-                    }
-                    for (int x = 0; x < dv; x++) {
-                        double got = read_element(&o.t, offset_of(&o.t, b, h, i, x));
-                        double want = o_ref[row * (size_t)dv + (size_t)x];
-                        if (empty && got != 0.0)
-                            r.exact_empty_rows = 0;
-                        worst(&r.max_err_o,
-                              fabs(got - want) / (tol.o_atol + tol.o_rtol * fabs(want)));
-                    }
-                }
+        /* padded: row (b, h, i) is lse[row] and o_ref[row]; varlen: row
+         * (h, t) is lse[h Tq + t] and o_ref[t Hq + h] */
+        for (size_t row = 0; row < rows; row++) {
+            int64_t b = 0, h, i, o_row = (int64_t)row;
+            if (varlen) {
+                h = (int64_t)row / sq;
+                i = (int64_t)row % sq;
+                o_row = i * c->hq + h;
+            } else {
+                b = (int64_t)row / ((int64_t)c->hq * sq);
+                h = (int64_t)row / sq % c->hq;
+                i = (int64_t)row % sq;
+            }
+            double lr = lse_ref[row], lg = lse[row];
+            int empty = isinf(lr) && lr < 0;
+            r.rows_without_keys += empty;
+            if (empty && !(isinf(lg) && lg < 0))
+                r.exact_empty_rows = 0;
+            if (!empty)
+                worst(&r.max_err_lse, fabs(lg - lr) / (tol.lse_atol + tol.lse_rtol * fabs(lr)));
+            for (int x = 0; x < dv; x++) {
+                int64_t at = varlen ? i * got_o->strides[0] + h * got_o->strides[1] + x
+                                    : offset_of(got_o, b, h, i, x);
+                double got = read_element(got_o, at);
+                double want = o_ref[(size_t)o_row * (size_t)dv + (size_t)x];
+                if (empty && got != 0.0)
+                    r.exact_empty_rows = 0;
+                worst(&r.max_err_o, fabs(got - want) / (tol.o_atol + tol.o_rtol * fabs(want)));
+            }
+        }
         free(o_ref);
         free(lse_ref);
     }
@@ -368,7 +495,10 @@ fwd_result fwd_run_case_with(aj_ctx *ctx, aj_device *dev, const fwd_case *c,
     free_tensor(&k);
     free_tensor(&v);
     free_tensor(&o);
+    free_tensor(&o_acc);
     free_tensor(&bias);
+    free(cu_q);
+    free(cu_k);
     free(lse);
     free(slopes);
     free(slopes_ref);

@@ -65,6 +65,24 @@ fwd_result fwd_run_case(aj_ctx *ctx, aj_device *dev, const fwd_case *c);
 fwd_result fwd_run_case_with(aj_ctx *ctx, aj_device *dev, const fwd_case *c,
                              const fwd_options *x);
 
+/* How a case runs, beyond its data (all zero: the efficient variant, one
+ * padded call). */
+typedef struct fwd_run_options {
+    aj_variant variant;        /* AJ_VARIANT_FLASH, else the efficient variant */
+    /* > 0: an accumulate = true kernel runs over that many key blocks in
+     * turn (each with its kv_offset, the totals set to the whole call's),
+     * from lse = -inf and an o_acc of NaN; o_acc is then compared (padded
+     * layout only) */
+    int accumulate_parts;
+    /* non-NULL (both): layout = varlen with c->b sequences of these lengths
+     * packed as [T, H, D] (c->sq and c->sk are unused) */
+    const int32_t *seqlens_q, *seqlens_k;
+} fwd_run_options;
+
+/* The same with run options; x and run may be NULL. */
+fwd_result fwd_run_case_ext(aj_ctx *ctx, aj_device *dev, const fwd_case *c,
+                            const fwd_options *x, const fwd_run_options *run);
+
 /* Frees the kernels fwd_run_case compiled. */
 void fwd_cache_clear(void);
 

@@ -49,8 +49,35 @@ static void test_unsupported(aj_ctx *ctx)
          AJ_TARGET_SM_80, "layout = varlen: efficient backward"},
         {"attention backward efficient { dtype = f16 head_dim = 100 }", AJ_TARGET_SM_80,
          "head_dim = 100: efficient backward"},
-        {"attention forward flash { dtype = f16 head_dim = 64 }", AJ_TARGET_SM_80,
-         "forward flash"},
+        /* flash forward: what its tensor-core template does not take */
+        {"attention forward flash { dtype = f32 head_dim = 64 }", AJ_TARGET_SM_80,
+         "dtype = f32: flash forward runs on f16 / bf16 tensor cores; use `attention "
+         "forward efficient` for f32"},
+        {"attention forward flash { dtype = f16 head_dim = 100 }", AJ_TARGET_SM_80,
+         "head_dim = 100: flash forward supports multiples of 8 up to 256"},
+        {"attention forward flash { dtype = bf16 head_dim = 64 head_dim_v = 72 }",
+         AJ_TARGET_SM_80, "head_dim_v = 72: flash forward supports multiples of 16 up to 256"},
+        {"attention forward flash { dtype = f16 head_dim = 64 schedule = (block_m = 256) }",
+         AJ_TARGET_SM_80, "schedule: block_m = 256 is not supported by flash forward "
+         "(allowed: 16, 32, 64 or 128)"},
+        {"attention forward flash { dtype = f16 head_dim = 64 schedule = (block_n = 256) }",
+         AJ_TARGET_SM_80, "block_n = 256 is not supported by flash forward (allowed: 16, 32, "
+         "64 or 128)"},
+        {"attention forward flash { dtype = f16 head_dim = 64 schedule = (warps = 16) }",
+         AJ_TARGET_SM_80, "warps = 16 is not supported by flash forward (allowed: 1, 2, 4 or 8)"},
+        {"attention forward flash { dtype = f16 head_dim = 64 schedule = (stages = 4) }",
+         AJ_TARGET_SM_90, "stages = 4 is not supported by flash forward (allowed: 1, 2 or 3)"},
+        {"attention forward flash { dtype = f16 head_dim = 64 "
+         "schedule = (block_m = 128, warps = 2) }", AJ_TARGET_SM_80,
+         "block_m = 128 with warps = 2: flash forward gives each warp 16 or 32 rows "
+         "(block_m = 32 or 64)"},
+        {"attention forward flash { dtype = f16 head_dim = 256 "
+         "schedule = (block_m = 128, block_n = 128, warps = 4) }", AJ_TARGET_SM_80,
+         "keeps 392 f32 values per thread at head_dim_v 256 (budget 148)"},
+        {"attention forward flash { dtype = f16 head_dim = 256 head_dim_v = 32 "
+         "schedule = (block_m = 128, block_n = 128, warps = 8, stages = 3) }", AJ_TARGET_SM_80,
+         "stages = 3 needs 301056 bytes of shared memory at head_dim 256/32; sm_80 allows "
+         "166912"},
         {"attention merge { dtype = f32 head_dim_v = 100 }", AJ_TARGET_SM_80,
          "head_dim_v = 100: merge supports multiples of 8"},
         {"attention forward efficient { dtype = f16 head_dim = 64 layout = varlen }",

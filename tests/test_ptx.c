@@ -1,5 +1,5 @@
 /*
- * test_ptx.c -- every efficient-forward and efficient-backward kernel of
+ * test_ptx.c -- every flash-forward, efficient-forward and efficient-backward kernel of
  * the matrix dtype x head dim x mask (plus D != Dv, the score mods, and
  * for the forward accumulate, bias and dropout, for the backward bias and
  * dropout) and the merge kernel
@@ -13,6 +13,8 @@
  * printed reason.
  */
 #include <dirent.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,6 +32,9 @@ static int have_ptxas;
 static char ptxas[1024];
 static int kernels, assembled;
 
+static void check_kernel(const char *label, aj_kernel *k, aj_target target, const char *arch,
+                         const ptxas_result *assembled_already);
+
 static void check_spec(aj_ctx *ctx, const char *label, const char *spec, aj_target target,
                        const char *arch)
 {
@@ -42,8 +47,15 @@ static void check_spec(aj_ctx *ctx, const char *label, const char *spec, aj_targ
     opt.target = target;
     CHECK_STATUS(ctx, aj_compile(ctx, op, &opt, &k), AJ_OK);
     aj_op_destroy(op);
-    if (!k)
-        return;
+    if (k)
+        check_kernel(label, k, target, arch, NULL);
+}
+
+/* The PTX of a compiled kernel through ptxas (or its report, when the
+ * caller assembled it already): entries, no spills; releases k. */
+static void check_kernel(const char *label, aj_kernel *k, aj_target target, const char *arch,
+                         const ptxas_result *assembled_already)
+{
     kernels++;
     size_t len;
     const char *ptx = aj_kernel_code(k, &len);
@@ -56,7 +68,10 @@ static void check_spec(aj_ctx *ctx, const char *label, const char *spec, aj_targ
                   label, s);
     if (have_ptxas) {
         ptxas_result all;
-        ptxas_run(ptxas, arch, ptx, len, &all);
+        if (assembled_already)
+            all = *assembled_already;
+        else
+            ptxas_run(ptxas, arch, ptx, len, &all);
         CHECK_MSG(all.exit_code == 0, "%s %s: ptxas failed:\n%s", label, arch, all.log);
         /* each kernel of the module (backward: dkdv, then dq) on its own */
         for (int s = 0; s < stages; s++) {
@@ -105,6 +120,128 @@ static void check_examples(aj_ctx *ctx, const char *dir)
     }
     closedir(d);
     CHECK_MSG(seen >= 8, "only %d example specs in %s", seen, dir);
+}
+
+/* ptxas runs of a batch, shared by worker threads (ptxas is a process of
+ * its own, so this is where a multi-core machine saves time). */
+typedef struct ptxas_batch {
+    const char *arch;
+    aj_compile_job *jobs;
+    ptxas_result *results;
+    int n;
+    atomic_int next;
+} ptxas_batch;
+
+static void *ptxas_worker(void *arg)
+{
+    ptxas_batch *batch = arg;
+    for (int i; (i = atomic_fetch_add(&batch->next, 1)) < batch->n;) {
+        if (!batch->jobs[i].kernel)
+            continue;
+        size_t len;
+        const char *ptx = aj_kernel_code(batch->jobs[i].kernel, &len);
+        ptxas_run(ptxas, batch->arch, ptx, len, &batch->results[i]);
+    }
+    return NULL;
+}
+
+/* Assembles the kernels of `jobs` on as many threads as the machine has
+ * cores. */
+static void assemble_all(const char *arch, aj_compile_job *jobs, ptxas_result *results, int n)
+{
+    ptxas_batch batch = {arch, jobs, results, n, 0};
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    int workers = cores < 1 ? 1 : cores > 16 ? 16 : (int)cores;
+    pthread_t threads[16];
+    int started = 0;
+    for (; started < workers; started++)
+        if (pthread_create(&threads[started], NULL, ptxas_worker, &batch) != 0)
+            break;
+    if (started == 0)
+        ptxas_worker(&batch);
+    for (int i = 0; i < started; i++)
+        pthread_join(threads[i], NULL);
+}
+
+/* The flash forward: every head dim (and 192/128) x dtype x mask at its
+ * default schedule, then the options that add registers (dropout's
+ * Philox, alibi, accumulate, varlen), compiled together by
+ * aj_compile_many and assembled by parallel ptxas runs, to use every
+ * core.  A padded causal kernel is the same code for both alignments (the
+ * shift is a launch argument), so the matrix takes causal(top_left) alone;
+ * the varlen rows, whose kernels compute the shift, take bottom_right. */
+static void check_flash_forward(aj_ctx *ctx, aj_target target, const char *arch)
+{
+    static const int flash_dims[][2] = {{32, 32}, {64, 64}, {96, 96}, {128, 128},
+                                        {192, 192}, {256, 256}, {192, 128}};
+    static const char *const flash_extra[][2] = {
+        {"flash f16 d64 dropout+alibi window", "dtype = f16\n head_dim = 64\n dropout = 0.1\n"
+                                               " score_mod = alibi\n"
+                                               " mask = window(64, 0, bottom_right)"},
+        {"flash bf16 d128 dropout+softcap causal", "dtype = bf16\n head_dim = 128\n"
+                                                   " dropout = 0.2\n score_mod = softcap(30.0)\n"
+                                                   " mask = causal(top_left)"},
+        {"flash f16 d256 dropout+alibi+acc window", "dtype = f16\n head_dim = 256\n"
+                                                    " dropout = 0.2\n score_mod = alibi\n"
+                                                    " accumulate = true\n"
+                                                    " mask = window(64, 0, bottom_right)"},
+        {"flash bf16 d192/128 acc+softcap causal", "dtype = bf16\n head_dim = 192\n"
+                                                   " head_dim_v = 128\n accumulate = true\n"
+                                                   " score_mod = softcap(30.0)\n"
+                                                   " mask = causal(bottom_right)"},
+        {"flash f16 d128 varlen+dropout causal", "dtype = f16\n head_dim = 128\n"
+                                                 " layout = varlen\n dropout = 0.1\n"
+                                                 " mask = causal(bottom_right)"},
+        {"flash bf16 d256 varlen+alibi+acc window", "dtype = bf16\n head_dim = 256\n"
+                                                    " layout = varlen\n score_mod = alibi\n"
+                                                    " accumulate = true\n"
+                                                    " mask = window(64, 0, bottom_right)"},
+        {"flash f16 d32 varlen+softcap+dropout", "dtype = f16\n head_dim = 32\n"
+                                                 " layout = varlen\n dropout = 0.3\n"
+                                                 " score_mod = softcap(30.0)"},
+    };
+    static const char *const flash_masks[] = {"none", "causal(top_left)",
+                                              "window(128, 0, bottom_right)"};
+    enum { N_MATRIX = 2 * 7 * 3, N = N_MATRIX + 7 };
+    static char labels[N][128], specs[N][512];
+    static aj_compile_job jobs[N];
+    static aj_op *ops[N];
+    static ptxas_result results[N];
+    int n = 0;
+    for (size_t t = 0; t < 2; t++)
+        for (size_t d = 0; d < 7; d++)
+            for (size_t m = 0; m < 3; m++, n++) {
+                snprintf(specs[n], sizeof specs[n],
+                         "attention forward flash {\n dtype = %s\n head_dim = %d\n"
+                         " head_dim_v = %d\n mask = %s\n}\n", dtypes[t], flash_dims[d][0],
+                         flash_dims[d][1], flash_masks[m]);
+                snprintf(labels[n], sizeof labels[n], "flash %s d%d/%d %s", dtypes[t],
+                         flash_dims[d][0], flash_dims[d][1], flash_masks[m]);
+            }
+    for (size_t i = 0; i < sizeof flash_extra / sizeof flash_extra[0]; i++, n++) {
+        snprintf(specs[n], sizeof specs[n], "attention forward flash {\n %s\n}\n",
+                 flash_extra[i][1]);
+        snprintf(labels[n], sizeof labels[n], "%s", flash_extra[i][0]);
+    }
+    for (int i = 0; i < n; i++) {
+        ops[i] = NULL;
+        CHECK_STATUS(ctx, aj_op_parse(ctx, specs[i], strlen(specs[i]), labels[i], &ops[i]),
+                     AJ_OK);
+        memset(&jobs[i], 0, sizeof jobs[i]);
+        jobs[i].op = ops[i];
+    }
+    aj_compile_options opt = AJ_COMPILE_OPTIONS_INIT;
+    opt.target = target;
+    CHECK_STATUS(ctx, aj_compile_many(ctx, jobs, (size_t)n, &opt, 0), AJ_OK);
+    if (have_ptxas)
+        assemble_all(arch, jobs, results, n);
+    for (int i = 0; i < n; i++) {
+        CHECK_MSG(jobs[i].status == AJ_OK, "%s: %s", labels[i], jobs[i].message);
+        if (jobs[i].kernel)
+            check_kernel(labels[i], jobs[i].kernel, target, arch,
+                         have_ptxas ? &results[i] : NULL);
+        aj_op_destroy(ops[i]);
+    }
 }
 
 int main(int argc, char **argv)
@@ -198,6 +335,7 @@ int main(int argc, char **argv)
                      bwd_extra[i][1]);
             check_spec(ctx, bwd_extra[i][0], spec, target, archs[a]);
         }
+        check_flash_forward(ctx, target, archs[a]);
         /* the merge kernel */
         static const char *const merges[][2] = {
             {"merge f16 dv64", "dtype = f16 head_dim_v = 64"},

@@ -101,6 +101,45 @@ static int check_correctness(aj_ctx *ctx, aj_device *dev, int quick)
                             "\"err_lse\": %.6g}%s\n", label, ok ? "true" : "false",
                             r.max_err_o, r.max_err_lse, "," );
             }
+    /* the flash forward: f16 / bf16 x its head dims x the masks, then
+     * accumulate over 3 key blocks and a varlen batch */
+    static const int flash_dims[][2] = {{32, 32}, {64, 64}, {96, 96}, {128, 128},
+                                        {192, 192}, {256, 256}, {192, 128}};
+    static const int32_t lq[] = {1, 300, 0, 129}, lk[] = {257, 64, 5, 0};
+    for (int t = 0; t < 2; t++)
+        for (int d = 0; d < 7; d++)
+            for (int m = 0; m < 6; m++) {
+                if (quick && (d % 2 || m % 2))
+                    continue;
+                fwd_run_options how = {.variant = AJ_VARIANT_FLASH};
+                if (m == 4)
+                    how.accumulate_parts = 3;
+                if (m == 5) {
+                    how.seqlens_q = lq;
+                    how.seqlens_k = lk;
+                }
+                char label[128];
+                snprintf(label, sizeof label, "flash fwd %s d%d/%d %s%s",
+                         aj_dtype_name(dtypes[t]), flash_dims[d][0], flash_dims[d][1],
+                         masks[m % 4], m == 4 ? " accumulate" : m == 5 ? " varlen" : "");
+                fwd_case c = {label, dtypes[t], flash_dims[d][0], flash_dims[d][1], masks[m % 4],
+                              NULL, NULL, m == 5 ? 4 : 2, 8, 2, 257, 300, 0, 0, 0, 0, 1.0, 0,
+                              (uint64_t)(1000 + 100 * t + 10 * d + m)};
+                fwd_result r = fwd_run_case_ext(ctx, dev, &c, NULL, &how);
+                int ok = r.status == AJ_OK && r.max_err_o <= 1 && r.max_err_lse <= 1 &&
+                         r.exact_empty_rows;
+                failed += !ok;
+                cases++;
+                say("| %s | %s | %.3f | %.3f | %lld |\n", label,
+                    r.status == AJ_OK ? (ok ? "ok" : "WRONG") : aj_status_str(r.status),
+                    r.max_err_o, r.max_err_lse, (long long)r.rows_without_keys);
+                if (r.status != AJ_OK)
+                    fprintf(stderr, "gpu_check: %s: %s\n", label, aj_last_error(ctx));
+                if (json)
+                    fprintf(json, "    {\"case\": \"%s\", \"ok\": %s, \"err_o\": %.6g, "
+                            "\"err_lse\": %.6g},\n", label, ok ? "true" : "false",
+                            r.max_err_o, r.max_err_lse);
+            }
     if (json)
         fprintf(json, "    {\"cases\": %d, \"failed\": %d}\n  ],\n", cases, failed);
     say("\n%d cases, %d failed\n", cases, failed);
@@ -109,11 +148,13 @@ static int check_correctness(aj_ctx *ctx, aj_device *dev, int quick)
 
 /* ---------------------------------------------------------------- 2 */
 
-static aj_kernel *compile_for(aj_ctx *ctx, aj_device *dev, aj_dtype dtype, int d, int causal)
+static aj_kernel *compile_for(aj_ctx *ctx, aj_device *dev, const char *variant, aj_dtype dtype,
+                              int d, int causal)
 {
     char text[256];
-    snprintf(text, sizeof text, "attention forward efficient { dtype = %s head_dim = %d "
-             "mask = %s }", aj_dtype_name(dtype), d, causal ? "causal(bottom_right)" : "none");
+    snprintf(text, sizeof text, "attention forward %s { dtype = %s head_dim = %d "
+             "mask = %s }", variant, aj_dtype_name(dtype), d,
+             causal ? "causal(bottom_right)" : "none");
     aj_op *op = NULL;
     aj_kernel *k = NULL;
     aj_compile_options opt = AJ_COMPILE_OPTIONS_INIT;
@@ -142,74 +183,78 @@ static int benchmark(aj_ctx *ctx, aj_device *dev, int quick)
     if (json)
         fprintf(json, "  \"forward_speed\": [\n");
     int failed = 0, first = 1;
-    for (int di = 0; di < 3; di++)
-        for (int si = 0; si < 6; si++)
-            for (int causal = 0; causal < 2; causal++) {
-                int d = dims[di], s = seqs[si], h = hidden / d, b = tokens / s;
-                if (quick && si % 2)
-                    continue;
-                aj_kernel *k = compile_for(ctx, dev, AJ_DTYPE_BF16, d, causal);
-                size_t n = (size_t)b * h * s * d * 2;
-                void *q = NULL, *kk = NULL, *v = NULL, *o = NULL, *lse = NULL;
-                aj_status st = k ? AJ_OK : AJ_ERR_CODEGEN;
-                if (st == AJ_OK) st = aj_device_alloc(dev, n, &q);
-                if (st == AJ_OK) st = aj_device_alloc(dev, n, &kk);
-                if (st == AJ_OK) st = aj_device_alloc(dev, n, &v);
-                if (st == AJ_OK) st = aj_device_alloc(dev, n, &o);
-                if (st == AJ_OK) st = aj_device_alloc(dev, (size_t)b * h * s * 4, &lse);
-                /* inputs: a fixed small pattern, uploaded once */
-                uint16_t *host = malloc(n);
-                for (size_t i = 0; host && i < n / 2; i++) {
-                    float f = (float)((i * 2654435761u) % 2001) / 1000.0f - 1.0f;
-                    aj_convert(&f, AJ_DTYPE_F32, &host[i], AJ_DTYPE_BF16, 1);
-                }
-                if (st == AJ_OK && host) st = aj_device_copy_to(dev, q, host, n);
-                if (st == AJ_OK && host) st = aj_device_copy_to(dev, kk, host, n);
-                if (st == AJ_OK && host) st = aj_device_copy_to(dev, v, host, n);
-                free(host);
-                aj_fwd_args a = AJ_FWD_ARGS_INIT;
-                a.q = dev_tensor(q, AJ_DTYPE_BF16, b, h, s, d);
-                a.k = dev_tensor(kk, AJ_DTYPE_BF16, b, h, s, d);
-                a.v = dev_tensor(v, AJ_DTYPE_BF16, b, h, s, d);
-                a.o = dev_tensor(o, AJ_DTYPE_BF16, b, h, s, d);
-                a.lse = (aj_tensor){lse, AJ_DTYPE_F32, 3, {b, h, s, 0}, {(int64_t)h * s, s, 1, 0}};
-                double times[16];
-                for (int r = 0; r < 3 && st == AJ_OK; r++)   /* warm-up, module load */
-                    st = aj_forward(ctx, dev, k, &a);
-                if (st == AJ_OK)
-                    st = aj_device_synchronize(dev, NULL);
-                for (int r = 0; r < reps && st == AJ_OK; r++) {
-                    double t0 = now_ms();
-                    st = aj_forward(ctx, dev, k, &a);
+    static const char *const variants[] = {"efficient", "flash"};
+    for (int vi = 0; vi < 2; vi++) {
+        for (int di = 0; di < 3; di++)
+            for (int si = 0; si < 6; si++)
+                for (int causal = 0; causal < 2; causal++) {
+                    int d = dims[di], s = seqs[si], h = hidden / d, b = tokens / s;
+                    if (quick && si % 2)
+                        continue;
+                    aj_kernel *k = compile_for(ctx, dev, variants[vi], AJ_DTYPE_BF16, d, causal);
+                    size_t n = (size_t)b * h * s * d * 2;
+                    void *q = NULL, *kk = NULL, *v = NULL, *o = NULL, *lse = NULL;
+                    aj_status st = k ? AJ_OK : AJ_ERR_CODEGEN;
+                    if (st == AJ_OK) st = aj_device_alloc(dev, n, &q);
+                    if (st == AJ_OK) st = aj_device_alloc(dev, n, &kk);
+                    if (st == AJ_OK) st = aj_device_alloc(dev, n, &v);
+                    if (st == AJ_OK) st = aj_device_alloc(dev, n, &o);
+                    if (st == AJ_OK) st = aj_device_alloc(dev, (size_t)b * h * s * 4, &lse);
+                    /* inputs: a fixed small pattern, uploaded once */
+                    uint16_t *host = malloc(n);
+                    for (size_t i = 0; host && i < n / 2; i++) {
+                        float f = (float)((i * 2654435761u) % 2001) / 1000.0f - 1.0f;
+                        aj_convert(&f, AJ_DTYPE_F32, &host[i], AJ_DTYPE_BF16, 1);
+                    }
+                    if (st == AJ_OK && host) st = aj_device_copy_to(dev, q, host, n);
+                    if (st == AJ_OK && host) st = aj_device_copy_to(dev, kk, host, n);
+                    if (st == AJ_OK && host) st = aj_device_copy_to(dev, v, host, n);
+                    free(host);
+                    aj_fwd_args a = AJ_FWD_ARGS_INIT;
+                    a.q = dev_tensor(q, AJ_DTYPE_BF16, b, h, s, d);
+                    a.k = dev_tensor(kk, AJ_DTYPE_BF16, b, h, s, d);
+                    a.v = dev_tensor(v, AJ_DTYPE_BF16, b, h, s, d);
+                    a.o = dev_tensor(o, AJ_DTYPE_BF16, b, h, s, d);
+                    a.lse = (aj_tensor){lse, AJ_DTYPE_F32, 3, {b, h, s, 0},
+                                        {(int64_t)h * s, s, 1, 0}};
+                    double times[16];
+                    for (int r = 0; r < 3 && st == AJ_OK; r++)   /* warm-up, module load */
+                        st = aj_forward(ctx, dev, k, &a);
                     if (st == AJ_OK)
                         st = aj_device_synchronize(dev, NULL);
-                    times[r] = now_ms() - t0;
+                    for (int r = 0; r < reps && st == AJ_OK; r++) {
+                        double t0 = now_ms();
+                        st = aj_forward(ctx, dev, k, &a);
+                        if (st == AJ_OK)
+                            st = aj_device_synchronize(dev, NULL);
+                        times[r] = now_ms() - t0;
+                    }
+                    double flops = 4.0 * b * (double)s * s * d * h / (causal ? 2 : 1);
+                    if (st == AJ_OK) {
+                        qsort(times, (size_t)reps, sizeof times[0], cmp_double);
+                        double ms = times[reps / 2];
+                        say("| %s fwd | %d | %d | %d x %d | %s | %.3f | %.1f |\n", variants[vi], d,
+                            s, b, h, causal ? "yes" : "no", ms, flops / ms / 1e9);
+                        if (json)
+                            fprintf(json, "%s    {\"kernel\": \"%s_fwd\", \"d\": %d, \"S\": %d, "
+                                    "\"B\": %d, \"H\": %d, \"causal\": %s, \"ms\": %.4f, "
+                                    "\"tflops\": %.3f}", first ? "" : ",\n", variants[vi], d, s,
+                                    b, h, causal ? "true" : "false", ms, flops / ms / 1e9);
+                        first = 0;
+                    } else {
+                        say("| %s fwd | %d | %d | %d x %d | %s | %s | - |\n", variants[vi], d, s,
+                            b, h, causal ? "yes" : "no", aj_status_str(st));
+                        fprintf(stderr, "gpu_check: d%d S%d: %s\n", d, s, aj_last_error(ctx));
+                        failed++;
+                    }
+                    aj_device_free(dev, q);
+                    aj_device_free(dev, kk);
+                    aj_device_free(dev, v);
+                    aj_device_free(dev, o);
+                    aj_device_free(dev, lse);
+                    aj_kernel_destroy(k);
                 }
-                double flops = 4.0 * b * (double)s * s * d * h / (causal ? 2 : 1);
-                if (st == AJ_OK) {
-                    qsort(times, (size_t)reps, sizeof times[0], cmp_double);
-                    double ms = times[reps / 2];
-                    say("| efficient fwd | %d | %d | %d x %d | %s | %.3f | %.1f |\n", d, s, b, h,
-                        causal ? "yes" : "no", ms, flops / ms / 1e9);
-                    if (json)
-                        fprintf(json, "%s    {\"kernel\": \"efficient_fwd\", \"d\": %d, \"S\": %d, "
-                                "\"B\": %d, \"H\": %d, \"causal\": %s, \"ms\": %.4f, "
-                                "\"tflops\": %.3f}", first ? "" : ",\n", d, s, b, h,
-                                causal ? "true" : "false", ms, flops / ms / 1e9);
-                    first = 0;
-                } else {
-                    say("| efficient fwd | %d | %d | %d x %d | %s | %s | - |\n", d, s, b, h,
-                        causal ? "yes" : "no", aj_status_str(st));
-                    fprintf(stderr, "gpu_check: d%d S%d: %s\n", d, s, aj_last_error(ctx));
-                    failed++;
-                }
-                aj_device_free(dev, q);
-                aj_device_free(dev, kk);
-                aj_device_free(dev, v);
-                aj_device_free(dev, o);
-                aj_device_free(dev, lse);
-                aj_kernel_destroy(k);
-            }
+    }
     if (json)
         fprintf(json, "\n  ],\n");
     say("\nBackward kernels do not exist yet; the backward table follows when they do.\n");
@@ -306,7 +351,7 @@ static int dump_cases(aj_ctx *ctx, aj_device *dev, const char *dir)
             aj_convert(&x, AJ_DTYPE_F32, &hq[i], cases[c].dt, 1);
             aj_convert(&hq[i], cases[c].dt, &f[i], AJ_DTYPE_F32, 1);
         }
-        aj_kernel *k = compile_for(ctx, dev, cases[c].dt, d, cases[c].causal);
+        aj_kernel *k = compile_for(ctx, dev, "efficient", cases[c].dt, d, cases[c].causal);
         void *dq = NULL, *dk = NULL, *dv = NULL, *dout = NULL, *dlse = NULL;
         aj_status st = k ? AJ_OK : AJ_ERR_CODEGEN;
         if (st == AJ_OK) st = aj_device_alloc(dev, n * 2, &dq);

@@ -1,0 +1,909 @@
+/*
+ * flash_fwd.c -- the flash-variant forward kernel (tensor cores).
+ *
+ * One CTA computes block_m query rows of one (batch or sequence, head).  Q
+ * is copied to shared memory once; K and V tiles of block_n keys stream
+ * through a ring of `stages` shared-memory slots by cp.async, so the copy
+ * of tile n + stages - 1 overlaps the math on tile n.  Each warp owns
+ * 16 mt consecutive rows (mt = block_m / (16 warps), 1 or 2) and keeps
+ * their scores, softmax statistics and output accumulators in registers:
+ *
+ *   grid = (ceil(Sq / block_m), Hq, B)   block = warps * 32 threads
+ *
+ *   per key tile n (slot n % stages):
+ *     issue cp.async of tile n + stages - 1, commit; wait until tile n
+ *     landed; barrier
+ *     S = Q K^T        mma.m16n8k16, A = Q by ldmatrix.x4, B = K rows by
+ *                      ldmatrix.x4 (a K row is a column of K^T)
+ *     scale, softcap, alibi; the element mask on boundary tiles only
+ *     online softmax   row max / row sum over the 4 lanes of a quad
+ *     O = O alpha + P V   A = P repacked from S's registers, B = V by
+ *                      ldmatrix.x4.trans
+ *     barrier (the slot may be refilled)
+ *
+ * The accumulator layout of S (PTX m16n8 C fragment) is the A layout of
+ * the next mma once two n8 tiles are packed side by side, so P never
+ * touches shared memory.  Lane 4g + t of a warp holds, per 16-row m-tile:
+ *
+ *              keys 8nt + 2t, 8nt + 2t + 1
+ *   row g      s[nt][0]  s[nt][1]       quad (4 lanes t = 0..3) = one row's
+ *   row g + 8  s[nt][2]  s[nt][3]       8 keys of tile nt: max and sum
+ *                                       reduce over the quad with shfl
+ *
+ *   P as A of P V (keys 16kk .. 16kk + 15):
+ *     a[0] = pack(s[2kk][0..1])   a[2] = pack(s[2kk+1][0..1])    row g
+ *     a[1] = pack(s[2kk][2..3])   a[3] = pack(s[2kk+1][2..3])    row g + 8
+ *
+ * Shared memory (dtype elements, rows padded by 8 so that the 8 rows an
+ * ldmatrix reads fall in different banks):
+ *
+ *   Q [block_m][D + 8] | K [stages][block_n][D + 8] | V [stages][block_n][Dv + 8]
+ *
+ * Key tiles that no row of the CTA sees are never loaded; tiles wholly
+ * inside every row's visible band skip the element mask.  Rows that see no
+ * key end with O = 0 and LSE = -inf.
+ *
+ * Options: softcap and alibi (score_mod), dropout (the efficient forward's
+ * Philox stream, attn_common.h), accumulate (merge into a prior o_acc /
+ * lse), layout = varlen (cu_seqlens; each CTA reads its sequence's bounds
+ * and rows past the sequence do nothing).
+ */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "templates/attn_common.h"
+#include "templates/template.h"
+
+#define MAX_MT 2                /* m-tiles (16 rows) per warp */
+#define MAX_NT 16               /* n8 tiles of a key tile: block_n <= 128 */
+#define MAX_VT 32               /* n8 tiles of the output: Dv <= 256 */
+#define PAD 8                   /* elements of padding per shared-memory row */
+
+/* The schedule values the template implements (docs/ir.md), warps first:
+ * a block_m left out is derived from them. */
+#define SCHEDULE_VALUES(X) \
+    X(warps, "1, 2, 4 or 8", v == 1 || v == 2 || v == 4 || v == 8)             \
+    X(block_m, "16, 32, 64 or 128", v == 16 || v == 32 || v == 64 || v == 128) \
+    X(block_n, "16, 32, 64 or 128", v == 16 || v == 32 || v == 64 || v == 128) \
+    X(stages, "1, 2 or 3", v >= 1 && v <= 3)
+
+/* The most f32 values of per-thread state (O, S, statistics) a schedule
+ * may keep: the default at head dim 256 (148) assembles without spills on
+ * sm_80 and sm_90 with every option on, 164 spills on sm_90.  A guard
+ * against schedules sure to spill, not a proof that one below it never
+ * does: test_ptx checks the defaults. */
+#define STATE_BUDGET 148
+
+typedef struct ffwd_plan {
+    aj_dtype dtype;
+    int d, dv;
+    int bm, bn, warps, stages, threads;
+    int mt;                        /* m-tiles per warp */
+    int ldq, ldk, ldv;             /* shared-memory row pitches, in elements */
+    int32_t smem_q, smem_k, smem_v;  /* byte offsets in shared memory */
+} ffwd_plan;
+
+/* Defaults: 16 rows per warp, so that O (Dv / 2 floats per lane), S
+ * (block_n / 2) and the statistics stay far enough below 255 registers
+ * for ptxas to need no spills with every option on (dropout's Philox,
+ * alibi, accumulate); 8 warps share each K/V tile up to head dim 128, and
+ * narrower key tiles make room for the wider O past 64. */
+static void default_schedule(int d, int dv, aj_schedule *s)
+{
+    int width = d > dv ? d : dv;
+    s->stages = 2;
+    if (width <= 64) {
+        s->block_m = 128;
+        s->warps = 8;
+        s->block_n = 64;
+    } else if (width <= 128) {
+        s->block_m = 128;
+        s->warps = 8;
+        s->block_n = 32;
+    } else {
+        s->block_m = 64;
+        s->warps = 4;
+        s->block_n = 32;
+    }
+}
+
+static aj_status plan_kernel(aj_ctx *ctx, const aj_op *op, aj_target target, ffwd_plan *p)
+{
+    memset(p, 0, sizeof *p);
+    p->dtype = op->dtype;
+    p->d = op->head_dim;
+    p->dv = aj_op_dv(op);
+    aj_schedule s;
+    default_schedule(p->d, p->dv, &s);
+    const aj_schedule *given = &op->schedule;
+    if (given->block_m)
+        s.block_m = given->block_m;
+    else if (given->warps)
+        s.block_m = 16 * given->warps;   /* 16 rows per warp, as the defaults */
+    if (given->block_n)
+        s.block_n = given->block_n;
+    if (given->warps)
+        s.warps = given->warps;
+    else if (given->block_m)
+        s.warps = s.block_m / 16 < 4 ? s.block_m / 16 : 4;
+    if (given->stages)
+        s.stages = given->stages;
+#define CHECK_VALUE(field, allowed, ok)                                                    \
+    {                                                                                      \
+        int v = s.field;                                                                   \
+        if (!(ok))                                                                         \
+            return aj_fail(ctx, AJ_ERR_UNSUPPORTED, "schedule: " #field " = %d is not "    \
+                           "supported by flash forward (allowed: %s)", v, allowed);        \
+    }
+    SCHEDULE_VALUES(CHECK_VALUE)
+#undef CHECK_VALUE
+    if (s.block_m != 16 * s.warps && s.block_m != 32 * s.warps)
+        return aj_fail(ctx, AJ_ERR_UNSUPPORTED,
+                       "schedule: block_m = %d with warps = %d: flash forward gives each warp "
+                       "16 or 32 rows (block_m = %d or %d)", s.block_m, s.warps,
+                       16 * s.warps, 32 * s.warps);
+    p->bm = s.block_m;
+    p->bn = s.block_n;
+    p->warps = s.warps;
+    p->stages = s.stages;
+    p->threads = 32 * p->warps;
+    p->mt = p->bm / (16 * p->warps);
+    int state = p->mt * (p->dv / 2 + p->bn / 2 + 4);
+    if (state > STATE_BUDGET)
+        return aj_fail(ctx, AJ_ERR_UNSUPPORTED,
+                       "schedule: block_m = %d, block_n = %d, warps = %d keeps %d f32 values "
+                       "per thread at head_dim_v %d (budget %d); use fewer rows per warp or "
+                       "a smaller block_n", p->bm, p->bn, p->warps, state, p->dv, STATE_BUDGET);
+    p->ldq = p->d + PAD;
+    p->ldk = p->d + PAD;
+    p->ldv = p->dv + PAD;
+    int64_t elems = (int64_t)p->bm * p->ldq +
+                    (int64_t)p->stages * p->bn * (p->ldk + p->ldv);
+    int64_t bytes = 2 * elems;
+    if (bytes > aj_target_smem_limit(target))
+        return aj_fail(ctx, AJ_ERR_UNSUPPORTED,
+                       "schedule: block_m = %d, block_n = %d, stages = %d needs %lld bytes of "
+                       "shared memory at head_dim %d/%d; %s allows %d", p->bm, p->bn,
+                       p->stages, (long long)bytes, p->d, p->dv, aj_target_name(target),
+                       aj_target_smem_limit(target));
+    return AJ_OK;
+}
+
+static aj_status ffwd_check(aj_ctx *ctx, const aj_op *op, aj_target target)
+{
+    if (op->dtype == AJ_DTYPE_F32)
+        return aj_fail(ctx, AJ_ERR_UNSUPPORTED,
+                       "dtype = f32: flash forward runs on f16 / bf16 tensor cores; use "
+                       "`attention forward efficient` for f32");
+    aj_status st = aj_attn_check_head_dims(ctx, op, "flash forward");
+    if (st != AJ_OK)
+        return st;
+    int dims[2] = {op->head_dim, aj_op_dv(op)};
+    const char *names[2] = {"head_dim", "head_dim_v"};
+    for (int i = 0; i < 2; i++)
+        if (dims[i] % 16 != 0)
+            return aj_fail(ctx, AJ_ERR_UNSUPPORTED,
+                           "%s = %d: flash forward supports multiples of 16 up to 256 "
+                           "(its mma steps 16 wide)", names[i], dims[i]);
+    ffwd_plan plan;
+    return plan_kernel(ctx, op, target, &plan);
+}
+
+/* ---------------------------------------------------------------- build */
+
+typedef struct ffwd {
+    aj_kb *kb;
+    LLVMBuilderRef b;
+    const aj_op *op;
+    ffwd_plan p;
+    LLVMValueRef tid, lane, g, t;   /* i32: thread, lane, lane / 4, lane % 4 */
+    LLVMValueRef wrow;              /* i32: the warp's first local row */
+    LLVMValueRef m0;                /* i32: first query row of the CTA */
+    LLVMValueRef seq_q, seq_k;      /* i32: this sequence's lengths */
+    aj_attn_mask mask;
+    LLVMValueRef qk_offset;         /* i64: q_offset - kv_offset (alibi) */
+    LLVMValueRef slope;             /* f32: alibi slope of this head */
+    aj_attn_dropout drop;
+    LLVMValueRef k_src, v_src;      /* i64: element offsets of the K / V slices */
+    /* i32 byte offsets of this lane's ldmatrix row addresses: Q's (with
+     * smem_q) and, from a K or V slot, K's and V's; see lane_addresses */
+    LLVMValueRef q_lane, k_lane, v_lane;
+    LLVMValueRef s[MAX_MT][MAX_NT][4];   /* vars: scores of the current tile */
+    LLVMValueRef o[MAX_MT][MAX_VT][4];   /* vars: output accumulators */
+    LLVMValueRef m[MAX_MT][2], l[MAX_MT][2];  /* vars: running max (log2), lane sum */
+} ffwd;
+
+static const char *out_name(const aj_op *op)
+{
+    return op->accumulate ? "o_acc" : "o";
+}
+
+static int varlen(const ffwd *e)
+{
+    return e->op->layout == AJ_LAYOUT_VARLEN;
+}
+
+static void declare_params(aj_kb *kb, const aj_op *op)
+{
+    const char *const ptrs[] = {"q", "k", "v", out_name(op), "lse"};
+    for (int i = 0; i < 5; i++)
+        aj_kb_add_param(kb, ptrs[i], AJ_PARAM_PTR);
+    if (op->score_mod.kind == AJ_SCORE_MOD_ALIBI)
+        aj_kb_add_param(kb, "alibi_slopes", AJ_PARAM_PTR);
+    if (op->layout == AJ_LAYOUT_VARLEN) {
+        aj_kb_add_param(kb, "cu_seqlens_q", AJ_PARAM_PTR);
+        aj_kb_add_param(kb, "cu_seqlens_k", AJ_PARAM_PTR);
+    }
+    /* varlen binds the batch strides to 0 and the packed row strides to
+     * stride_*_s, so one slice formula serves both layouts */
+    static const char *const strides[] = {
+        "stride_q_b", "stride_q_h", "stride_q_s", "stride_k_b", "stride_k_h",
+        "stride_k_s", "stride_v_b", "stride_v_h", "stride_v_s",
+        "stride_lse_b", "stride_lse_h"};
+    for (size_t i = 0; i < sizeof strides / sizeof strides[0]; i++)
+        aj_kb_add_param(kb, strides[i], AJ_PARAM_I64);
+    static const char *const dims = "bhs";
+    char name[32];
+    for (int i = 0; i < 3; i++) {
+        snprintf(name, sizeof name, "stride_%s_%c", out_name(op), dims[i]);
+        aj_kb_add_param(kb, name, AJ_PARAM_I64);
+    }
+    if (op->dropout > 0) {
+        aj_kb_add_param(kb, "dropout_seed", AJ_PARAM_I64);
+        aj_kb_add_param(kb, "dropout_offset", AJ_PARAM_I64);
+    }
+    aj_kb_add_param(kb, "heads_q", AJ_PARAM_I32);
+    aj_kb_add_param(kb, "heads_kv", AJ_PARAM_I32);
+    aj_kb_add_param(kb, "q_offset", AJ_PARAM_I64);
+    aj_kb_add_param(kb, "kv_offset", AJ_PARAM_I64);
+    if (op->layout == AJ_LAYOUT_VARLEN) {
+        /* the lengths are per sequence, and so is bottom_right's shift
+         * when a total is 0 */
+        aj_kb_add_param(kb, "sq_total", AJ_PARAM_I64);
+        aj_kb_add_param(kb, "sk_total", AJ_PARAM_I64);
+    } else {
+        aj_kb_add_param(kb, "seq_q", AJ_PARAM_I32);
+        aj_kb_add_param(kb, "seq_k", AJ_PARAM_I32);
+        aj_kb_add_param(kb, "mask_shift", AJ_PARAM_I64);
+    }
+}
+
+static LLVMValueRef prm(ffwd *e, const char *name)
+{
+    return aj_kb_param(e->kb, name);
+}
+
+static LLVMValueRef i32c(ffwd *e, int64_t v)
+{
+    return aj_kb_i32(e->kb, v);
+}
+
+static LLVMValueRef sext64(ffwd *e, LLVMValueRef v)
+{
+    return LLVMBuildSExt(e->b, v, e->kb->t_i64, "");
+}
+
+static LLVMValueRef add(ffwd *e, LLVMValueRef a, LLVMValueRef b)
+{
+    return LLVMBuildAdd(e->b, a, b, "");
+}
+
+/* ptr addrspace(3) to byte `base + bytes` of shared memory.  Addresses are
+ * built as one per-thread register plus a constant, so that ptxas folds
+ * the constant into the instruction and no per-access address stays live
+ * across the key loop. */
+static LLVMValueRef smem_at(ffwd *e, LLVMValueRef base, int64_t bytes)
+{
+    return aj_kb_smem_ptr(e->kb, add(e, base, i32c(e, bytes)));
+}
+
+/* Byte offset (i32) of element (row, col) of a tile with row pitch ld. */
+static LLVMValueRef tile_offset(ffwd *e, LLVMValueRef row, LLVMValueRef col, int ld)
+{
+    LLVMValueRef elem = add(e, LLVMBuildMul(e->b, row, i32c(e, ld), ""), col);
+    return LLVMBuildShl(e->b, elem, i32c(e, 1), "");
+}
+
+/*
+ * cp.async of `rows` rows of `width` elements, starting at row `row0` of a
+ * slice (element offset `base`, row stride `stride`), into shared memory
+ * at byte offset `dst` with pitch `ld`.  A row is width / 8 chunks of 16
+ * bytes; thread tid copies chunks tid, tid + T, ...  (when T is a multiple
+ * of the chunks per row, always the same column, T / (width / 8) rows
+ * apart).  Rows at or past `limit` (>= 1) are zero-filled, their source
+ * clamped to the last row, so the math after never meets garbage such as
+ * 0 * NaN.
+ */
+static void load_tile_async(ffwd *e, const char *tensor, LLVMValueRef base, LLVMValueRef stride,
+                            LLVMValueRef row0, LLVMValueRef limit, int rows, int width,
+                            LLVMValueRef dst, int ld)
+{
+    aj_kb *kb = e->kb;
+    LLVMBuilderRef b = e->b;
+    int per_row = width / 8;
+    int chunks = rows * per_row;
+    int threads = e->p.threads;
+    int fixed_col = threads % per_row == 0;
+    LLVMValueRef last = LLVMBuildSub(b, limit, i32c(e, 1), "");
+    LLVMValueRef r0 = LLVMBuildUDiv(b, e->tid, i32c(e, per_row), "");
+    LLVMValueRef col0 = LLVMBuildShl(b, LLVMBuildURem(b, e->tid, i32c(e, per_row), ""),
+                                     i32c(e, 3), "");
+    LLVMValueRef lane_dst = add(e, dst, tile_offset(e, r0, col0, ld));
+    for (int it = 0; it * threads < chunks; it++) {
+        LLVMValueRef c = add(e, e->tid, i32c(e, it * threads));
+        int partial = (it + 1) * threads > chunks;
+        if (partial)
+            aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntSLT, c, i32c(e, chunks), ""));
+        LLVMValueRef r, col, sptr;
+        if (fixed_col) {
+            int dr = it * (threads / per_row);
+            r = add(e, r0, i32c(e, dr));
+            col = col0;
+            sptr = smem_at(e, lane_dst, 2 * (int64_t)dr * ld);
+        } else {
+            r = LLVMBuildUDiv(b, c, i32c(e, per_row), "");
+            col = LLVMBuildShl(b, LLVMBuildURem(b, c, i32c(e, per_row), ""), i32c(e, 3), "");
+            sptr = smem_at(e, add(e, dst, tile_offset(e, r, col, ld)), 0);
+        }
+        LLVMValueRef grow = add(e, row0, r);
+        LLVMValueRef in = LLVMBuildICmp(b, LLVMIntSLT, grow, limit, "");
+        LLVMValueRef srow = aj_kb_smin(kb, grow, last);
+        LLVMValueRef at = add(e, base, add(e, LLVMBuildMul(b, sext64(e, srow), stride, ""),
+                                           sext64(e, col)));
+        at = LLVMBuildMul(b, at, aj_kb_i64(kb, 2), "");
+        LLVMValueRef src = aj_kb_gptr_offset(kb, prm(e, tensor), at);
+        LLVMValueRef bytes = LLVMBuildSelect(b, in, i32c(e, 16), i32c(e, 0), "");
+        aj_kb_cp_async_16(kb, sptr, src, bytes);
+        if (partial)
+            aj_kb_if_end(kb);
+    }
+}
+
+/* Issues the copies of key tile `n` (K and V) into ring slot n % stages. */
+static void load_kv_tile(ffwd *e, LLVMValueRef n, LLVMValueRef n_begin)
+{
+    const ffwd_plan *p = &e->p;
+    LLVMBuilderRef b = e->b;
+    LLVMValueRef slot = LLVMBuildURem(b, LLVMBuildSub(b, n, n_begin, ""), i32c(e, p->stages), "");
+    LLVMValueRef n0 = LLVMBuildMul(b, n, i32c(e, p->bn), "");
+    LLVMValueRef kdst = add(e, i32c(e, p->smem_k), LLVMBuildMul(b, slot,
+                            i32c(e, 2 * p->bn * p->ldk), ""));
+    LLVMValueRef vdst = add(e, i32c(e, p->smem_v), LLVMBuildMul(b, slot,
+                            i32c(e, 2 * p->bn * p->ldv), ""));
+    load_tile_async(e, "k", e->k_src, prm(e, "stride_k_s"), n0, e->seq_k, p->bn, p->d, kdst,
+                    p->ldk);
+    load_tile_async(e, "v", e->v_src, prm(e, "stride_v_s"), n0, e->seq_k, p->bn, p->dv, vdst,
+                    p->ldv);
+}
+
+/* Key-tile range [n_begin, n_end) holding a key visible to some row of this
+ * CTA (empty when none is), and the bounds that make a tile interior: a
+ * tile from n0 is visible in full to every row when lo_max <= n0 and
+ * n0 + block_n - 1 <= hi_min. */
+static void key_tile_range(ffwd *e, LLVMValueRef *n_begin, LLVMValueRef *n_end,
+                           LLVMValueRef *lo_max, LLVMValueRef *hi_min)
+{
+    aj_kb *kb = e->kb;
+    LLVMBuilderRef b = e->b;
+    LLVMValueRef rows = aj_kb_smin(kb, i32c(e, e->p.bm), LLVMBuildSub(b, e->seq_q, e->m0, ""));
+    LLVMValueRef i_hi = add(e, e->m0, LLVMBuildSub(b, rows, i32c(e, 1), ""));
+    /* the bands of causal and window masks move right with the row */
+    LLVMValueRef j_lo = aj_attn_row_key_lo(kb, &e->mask, e->m0);
+    LLVMValueRef j_hi = aj_attn_row_key_hi(kb, &e->mask, e->seq_k, i_hi);
+    *lo_max = aj_attn_row_key_lo(kb, &e->mask, i_hi);
+    *hi_min = aj_attn_row_key_hi(kb, &e->mask, e->seq_k, e->m0);
+    LLVMValueRef bn = i32c(e, e->p.bn);
+    LLVMValueRef begin = LLVMBuildSDiv(b, j_lo, bn, "");
+    LLVMValueRef end = LLVMBuildSDiv(b, add(e, j_hi, bn), bn, "");
+    LLVMValueRef empty = LLVMBuildICmp(b, LLVMIntSLT, j_hi, j_lo, "");
+    *n_begin = LLVMBuildSelect(b, empty, i32c(e, 0), begin, "n_begin");
+    *n_end = LLVMBuildSelect(b, empty, i32c(e, 0), end, "n_end");
+}
+
+/*
+ * The row each lane hands to ldmatrix.x4 in a 16x16 block (matrix m = l / 8
+ * gets rows from lanes 8m .. 8m + 7):
+ *   Q (A, non-trans)  row (l & 7) + 8 ((l >> 3) & 1), column 8 (l >> 4):
+ *                     matrices rows 0-7 | 8-15 x columns 0-7 | 8-15 = a[0..3]
+ *   K (B, non-trans)  key (l & 7) + 8 (l >> 4), column 8 ((l >> 3) & 1):
+ *                     b[0], b[1] of keys 0-7, then of keys 8-15 (a K row is
+ *                     a column of K^T)
+ *   V (B, trans)      key (l & 7) + 8 ((l >> 3) & 1), column 8 (l >> 4):
+ *                     b[0], b[1] of columns 0-7, then of columns 8-15
+ */
+static void lane_addresses(ffwd *e)
+{
+    LLVMBuilderRef b = e->b;
+    const ffwd_plan *p = &e->p;
+    LLVMValueRef l7 = LLVMBuildAnd(b, e->lane, i32c(e, 7), "");
+    LLVMValueRef bit3 = LLVMBuildShl(b, LLVMBuildAnd(b, LLVMBuildLShr(b, e->lane, i32c(e, 3), ""),
+                                                     i32c(e, 1), ""), i32c(e, 3), "");
+    LLVMValueRef bit4 = LLVMBuildShl(b, LLVMBuildLShr(b, e->lane, i32c(e, 4), ""), i32c(e, 3), "");
+    e->q_lane = add(e, i32c(e, p->smem_q), tile_offset(e, add(e, e->wrow, add(e, l7, bit3)), bit4,
+                                                       p->ldq));
+    e->k_lane = tile_offset(e, add(e, l7, bit4), bit3, p->ldk);
+    e->v_lane = tile_offset(e, add(e, l7, bit3), bit4, p->ldv);
+}
+
+/* S = Q K^T for the warp's m-tiles over the key tile whose K starts at
+ * shared byte offset `kbase`, into the score variables. */
+static void emit_qk(ffwd *e, LLVMValueRef kbase)
+{
+    aj_kb *kb = e->kb;
+    const ffwd_plan *p = &e->p;
+    int nt = p->bn / 8;
+    LLVMValueRef acc[MAX_MT][MAX_NT][4];
+    for (int mi = 0; mi < p->mt; mi++)
+        for (int j = 0; j < nt; j++)
+            for (int c = 0; c < 4; c++)
+                acc[mi][j][c] = aj_kb_f32(kb, 0);
+    LLVMValueRef kt = add(e, kbase, e->k_lane);
+    for (int kk = 0; kk < p->d / 16; kk++) {
+        LLVMValueRef a[MAX_MT][4];
+        for (int mi = 0; mi < p->mt; mi++)
+            aj_kb_ldmatrix(kb, 4, 0, smem_at(e, e->q_lane, 2 * (16 * mi * p->ldq + 16 * kk)),
+                           a[mi]);
+        for (int j = 0; j < nt; j += 2) {
+            LLVMValueRef kf[4];
+            aj_kb_ldmatrix(kb, 4, 0, smem_at(e, kt, 2 * (8 * j * p->ldk + 16 * kk)), kf);
+            for (int mi = 0; mi < p->mt; mi++) {
+                aj_kb_mma_m16n8k16(kb, p->dtype, a[mi], &kf[0], acc[mi][j], acc[mi][j]);
+                aj_kb_mma_m16n8k16(kb, p->dtype, a[mi], &kf[2], acc[mi][j + 1],
+                                   acc[mi][j + 1]);
+            }
+        }
+    }
+    for (int mi = 0; mi < p->mt; mi++)
+        for (int j = 0; j < nt; j++)
+            for (int c = 0; c < 4; c++)
+                aj_kb_set(kb, e->s[mi][j][c], acc[mi][j][c]);
+}
+
+/* Row (local to the CTA) of score element c of m-tile mi: g or g + 8. */
+static LLVMValueRef elem_row(ffwd *e, int mi, int c)
+{
+    return add(e, e->wrow, add(e, e->g, i32c(e, 16 * mi + (c >= 2 ? 8 : 0))));
+}
+
+/* Key (local to the tile) of score element c of n8 tile j: 8j + 2t + (c & 1). */
+static LLVMValueRef elem_key(ffwd *e, int j, int c)
+{
+    return add(e, LLVMBuildShl(e->b, e->t, i32c(e, 1), ""), i32c(e, 8 * j + (c & 1)));
+}
+
+/* The scores in log2 units: scale, then softcap or alibi (tests/ref.h's
+ * order). */
+static void emit_score_mods(ffwd *e, LLVMValueRef n0)
+{
+    aj_kb *kb = e->kb;
+    LLVMBuilderRef b = e->b;
+    const aj_op *op = e->op;
+    double scale = aj_op_scale(op);
+    int plain = op->score_mod.kind == AJ_SCORE_MOD_NONE;
+    for (int mi = 0; mi < e->p.mt; mi++)
+        for (int j = 0; j < e->p.bn / 8; j++)
+            for (int c = 0; c < 4; c++) {
+                LLVMValueRef s = aj_kb_get(kb, e->s[mi][j][c]);
+                s = LLVMBuildFMul(b, s, aj_kb_f32(kb, plain ? scale * AJ_LOG2E : scale), "");
+                if (op->score_mod.kind == AJ_SCORE_MOD_SOFTCAP) {
+                    double cap = op->score_mod.softcap;
+                    s = LLVMBuildFMul(b, aj_attn_tanh(kb, LLVMBuildFMul(b, s,
+                                      aj_kb_f32(kb, 1.0 / cap), "")), aj_kb_f32(kb, cap), "");
+                } else if (op->score_mod.kind == AJ_SCORE_MOD_ALIBI) {
+                    /* s -= slope |q_pos - kv_pos|, positions in i64 */
+                    LLVMValueRef i = add(e, e->m0, elem_row(e, mi, c));
+                    LLVMValueRef jj = add(e, n0, elem_key(e, j, c));
+                    LLVMValueRef dist = add(e, LLVMBuildSub(b, sext64(e, i), sext64(e, jj), ""),
+                                            e->qk_offset);
+                    LLVMValueRef neg = LLVMBuildICmp(b, LLVMIntSLT, dist, aj_kb_i64(kb, 0), "");
+                    dist = LLVMBuildSelect(b, neg, LLVMBuildNeg(b, dist, ""), dist, "");
+                    LLVMValueRef fd = LLVMBuildSIToFP(b, dist, kb->t_f32, "");
+                    s = LLVMBuildFSub(b, s, LLVMBuildFMul(b, e->slope, fd, ""), "");
+                }
+                if (!plain)
+                    s = LLVMBuildFMul(b, s, aj_kb_f32(kb, AJ_LOG2E), "");
+                aj_kb_set(kb, e->s[mi][j][c], s);
+            }
+}
+
+/* -inf for the elements a boundary tile hides: keys past Sk or outside the
+ * row's band. */
+static void emit_element_mask(ffwd *e, LLVMValueRef n0)
+{
+    aj_kb *kb = e->kb;
+    LLVMBuilderRef b = e->b;
+    for (int mi = 0; mi < e->p.mt; mi++)
+        for (int half = 0; half < 2; half++) {
+            LLVMValueRef i = add(e, e->m0, elem_row(e, mi, 2 * half));
+            /* in tile-local keys */
+            LLVMValueRef hi = LLVMBuildSub(b, aj_attn_row_key_hi(kb, &e->mask, e->seq_k, i),
+                                           n0, "");
+            LLVMValueRef lo = e->mask.lo_off ? LLVMBuildSub(b, aj_attn_row_key_lo(kb, &e->mask, i),
+                                                            n0, "") : NULL;
+            for (int j = 0; j < e->p.bn / 8; j++)
+                for (int c = 2 * half; c < 2 * half + 2; c++) {
+                    LLVMValueRef key = elem_key(e, j, c);
+                    LLVMValueRef vis = LLVMBuildICmp(b, LLVMIntSLE, key, hi, "");
+                    if (lo)
+                        vis = LLVMBuildAnd(b, vis, LLVMBuildICmp(b, LLVMIntSGE, key, lo, ""), "");
+                    LLVMValueRef s = aj_kb_get(kb, e->s[mi][j][c]);
+                    aj_kb_set(kb, e->s[mi][j][c], LLVMBuildSelect(b, vis, s,
+                              aj_kb_f32(kb, -INFINITY), ""));
+                }
+        }
+}
+
+/* Two f32 values as a pair of the dtype in one i32 (first in the low half). */
+static LLVMValueRef pack2(ffwd *e, LLVMValueRef lo, LLVMValueRef hi)
+{
+    aj_kb *kb = e->kb;
+    LLVMBuilderRef b = e->b;
+    LLVMValueRef l16 = LLVMBuildZExt(b, aj_kb_from_f32(kb, lo, e->p.dtype), kb->t_i32, "");
+    LLVMValueRef h16 = LLVMBuildZExt(b, aj_kb_from_f32(kb, hi, e->p.dtype), kb->t_i32, "");
+    return LLVMBuildOr(b, l16, LLVMBuildShl(b, h16, i32c(e, 16), ""), "");
+}
+
+/*
+ * The online softmax of the tile and O += P V.  Per row: m_new =
+ * max(m, tile max), alpha = 2^(m - m_new), P = 2^(s - m_new), l = l alpha
+ * + rowsum(P) (this lane's share; the quad sums it in the epilogue),
+ * O = O alpha + P V.  With dropout the statistics take P undropped and
+ * P V takes P keep / (1 - p).
+ */
+static void emit_softmax_pv(ffwd *e, LLVMValueRef n0, LLVMValueRef vbase)
+{
+    aj_kb *kb = e->kb;
+    LLVMBuilderRef b = e->b;
+    const ffwd_plan *p = &e->p;
+    const aj_op *op = e->op;
+    int nt = p->bn / 8;
+    LLVMValueRef pf[MAX_MT][MAX_NT][4];
+    for (int mi = 0; mi < p->mt; mi++)
+        for (int half = 0; half < 2; half++) {
+            LLVMValueRef mx = aj_kb_f32(kb, -INFINITY);
+            for (int j = 0; j < nt; j++)
+                for (int c = 2 * half; c < 2 * half + 2; c++)
+                    mx = aj_kb_fmax(kb, mx, aj_kb_get(kb, e->s[mi][j][c]));
+            mx = aj_kb_group_max(kb, mx, 4);
+            LLVMValueRef m_old = aj_kb_get(kb, e->m[mi][half]);
+            LLVMValueRef m_new = aj_kb_fmax(kb, m_old, mx);
+            /* a row that has seen only masked keys keeps m = -inf;
+             * subtracting 0 instead makes every P and alpha exactly 0 */
+            LLVMValueRef none = LLVMBuildFCmp(b, LLVMRealOEQ, m_new, aj_kb_f32(kb, -INFINITY), "");
+            LLVMValueRef m_use = LLVMBuildSelect(b, none, aj_kb_f32(kb, 0), m_new, "");
+            LLVMValueRef alpha = aj_kb_exp2(kb, LLVMBuildFSub(b, m_old, m_use, ""));
+            LLVMValueRef sum = aj_kb_f32(kb, 0);
+            LLVMValueRef i = NULL;
+            if (op->dropout > 0)
+                i = add(e, e->m0, elem_row(e, mi, 2 * half));
+            for (int j = 0; j < nt; j++)
+                for (int c = 2 * half; c < 2 * half + 2; c++) {
+                    LLVMValueRef pr = aj_kb_exp2(kb, LLVMBuildFSub(b, aj_kb_get(kb, e->s[mi][j][c]),
+                                                                   m_use, ""));
+                    sum = LLVMBuildFAdd(b, sum, pr, "");
+                    if (op->dropout > 0) {
+                        LLVMValueRef keep = aj_attn_dropout_keep(kb, &e->drop, op->dropout, i,
+                                                                 add(e, n0, elem_key(e, j, c)));
+                        pr = LLVMBuildSelect(b, keep, LLVMBuildFMul(b, pr,
+                                             aj_kb_f32(kb, 1.0 / (1.0 - op->dropout)), ""),
+                                             aj_kb_f32(kb, 0), "");
+                    }
+                    pf[mi][j][c] = pr;
+                }
+            aj_kb_set(kb, e->l[mi][half], aj_kb_fma(kb, aj_kb_get(kb, e->l[mi][half]), alpha, sum));
+            aj_kb_set(kb, e->m[mi][half], m_new);
+            for (int v = 0; v < p->dv / 8; v++)
+                for (int c = 2 * half; c < 2 * half + 2; c++)
+                    aj_kb_set(kb, e->o[mi][v][c], LLVMBuildFMul(b, aj_kb_get(kb, e->o[mi][v][c]),
+                                                               alpha, ""));
+        }
+
+    /* O += P V: A = P (see the diagram at the top), B = V */
+    LLVMValueRef vt = add(e, vbase, e->v_lane);
+    LLVMValueRef acc[MAX_MT][MAX_VT][4];
+    for (int mi = 0; mi < p->mt; mi++)
+        for (int v = 0; v < p->dv / 8; v++)
+            for (int c = 0; c < 4; c++)
+                acc[mi][v][c] = aj_kb_get(kb, e->o[mi][v][c]);
+    for (int kk = 0; kk < p->bn / 16; kk++) {
+        LLVMValueRef a[MAX_MT][4];
+        for (int mi = 0; mi < p->mt; mi++) {
+            a[mi][0] = pack2(e, pf[mi][2 * kk][0], pf[mi][2 * kk][1]);
+            a[mi][1] = pack2(e, pf[mi][2 * kk][2], pf[mi][2 * kk][3]);
+            a[mi][2] = pack2(e, pf[mi][2 * kk + 1][0], pf[mi][2 * kk + 1][1]);
+            a[mi][3] = pack2(e, pf[mi][2 * kk + 1][2], pf[mi][2 * kk + 1][3]);
+        }
+        for (int v = 0; v < p->dv / 8; v += 2) {
+            LLVMValueRef vf[4];
+            aj_kb_ldmatrix(kb, 4, 1, smem_at(e, vt, 2 * (16 * kk * p->ldv + 8 * v)), vf);
+            for (int mi = 0; mi < p->mt; mi++) {
+                aj_kb_mma_m16n8k16(kb, p->dtype, a[mi], &vf[0], acc[mi][v], acc[mi][v]);
+                aj_kb_mma_m16n8k16(kb, p->dtype, a[mi], &vf[2], acc[mi][v + 1], acc[mi][v + 1]);
+            }
+        }
+    }
+    for (int mi = 0; mi < p->mt; mi++)
+        for (int v = 0; v < p->dv / 8; v++)
+            for (int c = 0; c < 4; c++)
+                aj_kb_set(kb, e->o[mi][v][c], acc[mi][v][c]);
+}
+
+/*
+ * accumulate: the merge of this call's row (O_new, L_new, log2) into the
+ * prior (O_p, L_p) of o_acc and lse, as the efficient forward does:
+ * L = log2(2^L_p + 2^L_new), weights 2^(L_p - L) and 2^(L_new - L); both
+ * -inf gives O = 0 and L = -inf, and a side at -inf weighs exactly 0.  The
+ * prior LSE comes from lane t = 0 of the quad by a quad sum, so that every
+ * lane's read precedes lane 0's store.
+ */
+static void emit_merge_weights(ffwd *e, LLVMValueRef lse_prior, LLVMValueRef l2_new,
+                               LLVMValueRef *w_prior, LLVMValueRef *w_new, LLVMValueRef *lse_out)
+{
+    aj_kb *kb = e->kb;
+    LLVMBuilderRef b = e->b;
+    LLVMValueRef t0 = LLVMBuildICmp(b, LLVMIntEQ, e->t, i32c(e, 0), "");
+    lse_prior = aj_kb_group_sum(kb, LLVMBuildSelect(b, t0, lse_prior, aj_kb_f32(kb, 0), ""), 4);
+    LLVMValueRef l2_prior = LLVMBuildFMul(b, lse_prior, aj_kb_f32(kb, AJ_LOG2E), "");
+    LLVMValueRef ninf = aj_kb_f32(kb, -INFINITY);
+    LLVMValueRef mx = aj_kb_fmax(kb, l2_prior, l2_new);
+    LLVMValueRef none = LLVMBuildFCmp(b, LLVMRealOEQ, mx, ninf, "");
+    LLVMValueRef mx_use = LLVMBuildSelect(b, none, aj_kb_f32(kb, 0), mx, "");
+    LLVMValueRef sum = LLVMBuildFAdd(b, aj_kb_exp2(kb, LLVMBuildFSub(b, l2_prior, mx_use, "")),
+                                     aj_kb_exp2(kb, LLVMBuildFSub(b, l2_new, mx_use, "")), "");
+    LLVMValueRef l2 = LLVMBuildFAdd(b, mx_use, aj_kb_log2(kb, sum), "");
+    LLVMValueRef l2_use = LLVMBuildSelect(b, none, aj_kb_f32(kb, 0), l2, "");
+    *w_prior = aj_kb_exp2(kb, LLVMBuildFSub(b, l2_prior, l2_use, ""));
+    *w_new = aj_kb_exp2(kb, LLVMBuildFSub(b, l2_new, l2_use, ""));
+    *lse_out = LLVMBuildSelect(b, none, ninf, LLVMBuildFMul(b, l2, aj_kb_f32(kb, AJ_LN2), ""), "");
+}
+
+/* O = acc / l (0 for rows that saw no key), LSE = (m + log2 l) ln 2, merged
+ * into the prior with accumulate; each lane stores its column pairs, lane
+ * t = 0 of the quad the LSE. */
+static void emit_epilogue(ffwd *e, LLVMValueRef o_base, LLVMValueRef lse_base)
+{
+    aj_kb *kb = e->kb;
+    LLVMBuilderRef b = e->b;
+    const ffwd_plan *p = &e->p;
+    int accumulate = e->op->accumulate;
+    const char *out = out_name(e->op);
+    char stride_s[32];
+    snprintf(stride_s, sizeof stride_s, "stride_%s_s", out);
+    LLVMValueRef last_row = LLVMBuildSub(b, e->seq_q, i32c(e, 1), "");
+    LLVMValueRef col_t = sext64(e, LLVMBuildShl(b, e->t, i32c(e, 1), ""));
+    LLVMTypeRef pair = LLVMVectorType(kb->t_f32, 2);
+    for (int mi = 0; mi < p->mt; mi++)
+        for (int half = 0; half < 2; half++) {
+            LLVMValueRef lsum = aj_kb_group_sum(kb, aj_kb_get(kb, e->l[mi][half]), 4);
+            LLVMValueRef i = add(e, e->m0, elem_row(e, mi, 2 * half));
+            /* lsum is 0 only for a row that saw no key; NaN counts as seen */
+            LLVMValueRef seen = LLVMBuildFCmp(b, LLVMRealUNE, lsum, aj_kb_f32(kb, 0), "");
+            LLVMValueRef inv = LLVMBuildSelect(b, seen,
+                                               LLVMBuildFDiv(b, aj_kb_f32(kb, 1), lsum, ""),
+                                               aj_kb_f32(kb, 0), "");
+            LLVMValueRef l2 = LLVMBuildFAdd(b, aj_kb_get(kb, e->m[mi][half]),
+                                            aj_kb_log2(kb, lsum), "");
+            l2 = LLVMBuildSelect(b, seen, l2, aj_kb_f32(kb, -INFINITY), "");
+            LLVMValueRef lse = LLVMBuildFMul(b, l2, aj_kb_f32(kb, AJ_LN2), "");
+            /* rows past Sq read the last row: in bounds, never stored */
+            LLVMValueRef ic = aj_kb_smin(kb, i, last_row);
+            LLVMValueRef lse_ptr = aj_kb_gptr_offset(kb, prm(e, "lse"), LLVMBuildMul(b,
+                                       add(e, lse_base, sext64(e, ic)), aj_kb_i64(kb, 4), ""));
+            LLVMValueRef orow = add(e, o_base, LLVMBuildMul(b, sext64(e, ic), prm(e, stride_s),
+                                                            ""));
+            LLVMValueRef w_prior = NULL, scale_new = inv;
+            if (accumulate) {
+                LLVMValueRef w_new;
+                emit_merge_weights(e, aj_kb_load(kb, kb->t_f32, lse_ptr, 4), l2, &w_prior, &w_new,
+                                   &lse);
+                scale_new = LLVMBuildFMul(b, w_new, inv, "");
+            }
+            aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntSLT, i, e->seq_q, ""));
+            for (int v = 0; v < p->dv / 8; v++) {
+                LLVMValueRef at = add(e, orow, add(e, col_t, aj_kb_i64(kb, 8 * v)));
+                LLVMValueRef vals[2];
+                for (int x = 0; x < 2; x++)
+                    vals[x] = LLVMBuildFMul(b, aj_kb_get(kb, e->o[mi][v][2 * half + x]),
+                                            scale_new, "");
+                if (accumulate) {
+                    LLVMValueRef ptr = aj_kb_gptr_offset(kb, prm(e, out),
+                                                         LLVMBuildMul(b, at, aj_kb_i64(kb, 4), ""));
+                    LLVMValueRef prior = aj_kb_load(kb, pair, ptr, 8);
+                    LLVMValueRef zero_w = LLVMBuildFCmp(b, LLVMRealOEQ, w_prior,
+                                                        aj_kb_f32(kb, 0), "");
+                    LLVMValueRef vec = LLVMGetUndef(pair);
+                    for (int x = 0; x < 2; x++) {
+                        LLVMValueRef op = LLVMBuildFMul(b, LLVMBuildExtractElement(b, prior,
+                                                        i32c(e, x), ""), w_prior, "");
+                        op = LLVMBuildSelect(b, zero_w, aj_kb_f32(kb, 0), op, "");
+                        vec = LLVMBuildInsertElement(b, vec, LLVMBuildFAdd(b, vals[x], op, ""),
+                                                     i32c(e, x), "");
+                    }
+                    aj_kb_store(kb, vec, ptr, 8);
+                } else {
+                    LLVMValueRef ptr = aj_kb_gptr_offset(kb, prm(e, out),
+                                                         LLVMBuildMul(b, at, aj_kb_i64(kb, 2), ""));
+                    aj_kb_store(kb, pack2(e, vals[0], vals[1]), ptr, 4);
+                }
+            }
+            aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntEQ, e->t, i32c(e, 0), ""));
+            aj_kb_store(kb, lse, lse_ptr, 4);
+            aj_kb_if_end(kb);
+            aj_kb_if_end(kb);
+        }
+}
+
+/* An i32 element of a cu_seqlens array. */
+static LLVMValueRef load_cu(ffwd *e, const char *name, LLVMValueRef idx)
+{
+    LLVMValueRef at = LLVMBuildMul(e->b, sext64(e, idx), aj_kb_i64(e->kb, 4), "");
+    return aj_kb_load(e->kb, e->kb->t_i32, aj_kb_gptr_offset(e->kb, prm(e, name), at), 4);
+}
+
+/* The mask shift of a varlen sequence: 0 for top_left; for bottom_right
+ * sk_total - sq_total, a total of 0 meaning the sequence's own length. */
+static LLVMValueRef varlen_shift(ffwd *e)
+{
+    LLVMBuilderRef b = e->b;
+    if (e->op->mask.kind == AJ_MASK_NONE || e->op->mask.align != AJ_ALIGN_BOTTOM_RIGHT)
+        return aj_kb_i64(e->kb, 0);
+    LLVMValueRef totals[2] = {prm(e, "sq_total"), prm(e, "sk_total")};
+    LLVMValueRef own[2] = {sext64(e, e->seq_q), sext64(e, e->seq_k)};
+    for (int x = 0; x < 2; x++) {
+        LLVMValueRef zero = LLVMBuildICmp(b, LLVMIntEQ, totals[x], aj_kb_i64(e->kb, 0), "");
+        totals[x] = LLVMBuildSelect(b, zero, own[x], totals[x], "");
+    }
+    return LLVMBuildSub(b, totals[1], totals[0], "shift");
+}
+
+static aj_status ffwd_build(aj_kb *kb, const aj_op *op, void *user)
+{
+    (void)user;
+    ffwd e;
+    memset(&e, 0, sizeof e);
+    e.kb = kb;
+    e.b = kb->b;
+    e.op = op;
+    aj_status st = plan_kernel(kb->ctx, op, kb->target, &e.p);
+    if (st != AJ_OK)
+        return st;
+    const ffwd_plan *p = &e.p;
+    LLVMBuilderRef b = kb->b;
+
+    declare_params(kb, op);
+    aj_kb_begin(kb, p->threads);
+    e.p.smem_q = aj_kb_smem_reserve(kb, 2 * p->bm * p->ldq);
+    e.p.smem_k = aj_kb_smem_reserve(kb, 2 * p->stages * p->bn * p->ldk);
+    e.p.smem_v = aj_kb_smem_reserve(kb, 2 * p->stages * p->bn * p->ldv);
+    for (int mi = 0; mi < p->mt; mi++) {
+        for (int j = 0; j < p->bn / 8; j++)
+            for (int c = 0; c < 4; c++)
+                e.s[mi][j][c] = aj_kb_var(kb, kb->t_f32, NULL, "s");
+        for (int v = 0; v < p->dv / 8; v++)
+            for (int c = 0; c < 4; c++)
+                e.o[mi][v][c] = aj_kb_var(kb, kb->t_f32, aj_kb_f32(kb, 0), "o");
+        for (int half = 0; half < 2; half++) {
+            e.m[mi][half] = aj_kb_var(kb, kb->t_f32, aj_kb_f32(kb, -INFINITY), "m");
+            e.l[mi][half] = aj_kb_var(kb, kb->t_f32, aj_kb_f32(kb, 0), "l");
+        }
+    }
+
+    e.tid = aj_kb_thread_id(kb);
+    e.lane = LLVMBuildAnd(b, e.tid, i32c(&e, 31), "lane");
+    e.g = LLVMBuildLShr(b, e.lane, i32c(&e, 2), "g");
+    e.t = LLVMBuildAnd(b, e.lane, i32c(&e, 3), "t");
+    e.wrow = LLVMBuildMul(b, LLVMBuildLShr(b, e.tid, i32c(&e, 5), ""), i32c(&e, 16 * p->mt),
+                          "wrow");
+    LLVMValueRef mblk = aj_kb_block_id(kb, 0);
+    LLVMValueRef h = aj_kb_block_id(kb, 1);
+    LLVMValueRef bidx = aj_kb_block_id(kb, 2);
+    e.m0 = LLVMBuildMul(b, mblk, i32c(&e, p->bm), "m0");
+    LLVMValueRef q_start = aj_kb_i64(kb, 0), k_start = aj_kb_i64(kb, 0);
+    LLVMValueRef shift;
+    if (varlen(&e)) {
+        LLVMValueRef next = add(&e, bidx, i32c(&e, 1));
+        LLVMValueRef q0 = load_cu(&e, "cu_seqlens_q", bidx);
+        LLVMValueRef k0 = load_cu(&e, "cu_seqlens_k", bidx);
+        e.seq_q = LLVMBuildSub(b, load_cu(&e, "cu_seqlens_q", next), q0, "seq_q");
+        e.seq_k = LLVMBuildSub(b, load_cu(&e, "cu_seqlens_k", next), k0, "seq_k");
+        q_start = sext64(&e, q0);
+        k_start = sext64(&e, k0);
+        shift = varlen_shift(&e);
+    } else {
+        e.seq_q = prm(&e, "seq_q");
+        e.seq_k = prm(&e, "seq_k");
+        shift = prm(&e, "mask_shift");
+    }
+    /* the grid covers the longest sequence; the CTAs past this one's end
+     * have nothing to do */
+    aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntSLT, e.m0, e.seq_q, ""));
+    LLVMValueRef group_size = LLVMBuildSDiv(b, prm(&e, "heads_q"), prm(&e, "heads_kv"), "");
+    LLVMValueRef hkv = LLVMBuildSDiv(b, h, group_size, "hkv");
+    e.qk_offset = LLVMBuildSub(b, prm(&e, "q_offset"), prm(&e, "kv_offset"), "");
+    e.mask = aj_attn_mask_offsets(kb, &op->mask, add(&e, e.qk_offset, shift));
+    if (op->score_mod.kind == AJ_SCORE_MOD_ALIBI) {
+        LLVMValueRef at = LLVMBuildMul(b, sext64(&e, h), aj_kb_i64(kb, 4), "");
+        e.slope = aj_kb_load(kb, kb->t_f32, aj_kb_gptr_offset(kb, prm(&e, "alibi_slopes"), at), 4);
+    }
+    if (op->dropout > 0)
+        e.drop = aj_attn_dropout_stream(kb, prm(&e, "dropout_seed"), prm(&e, "dropout_offset"),
+                                        prm(&e, "q_offset"), prm(&e, "kv_offset"), bidx,
+                                        prm(&e, "heads_q"), h);
+    /* slice bases: (b, h) plus, for varlen, the sequence's first row */
+    LLVMValueRef q_src = add(&e, aj_attn_slice_base(kb, "q", bidx, h),
+                             LLVMBuildMul(b, q_start, prm(&e, "stride_q_s"), ""));
+    e.k_src = add(&e, aj_attn_slice_base(kb, "k", bidx, hkv),
+                  LLVMBuildMul(b, k_start, prm(&e, "stride_k_s"), ""));
+    e.v_src = add(&e, aj_attn_slice_base(kb, "v", bidx, hkv),
+                  LLVMBuildMul(b, k_start, prm(&e, "stride_v_s"), ""));
+    char stride_s[32];
+    snprintf(stride_s, sizeof stride_s, "stride_%s_s", out_name(op));
+    LLVMValueRef o_base = add(&e, aj_attn_slice_base(kb, out_name(op), bidx, h),
+                              LLVMBuildMul(b, q_start, prm(&e, stride_s), ""));
+    LLVMValueRef lse_base = add(&e, aj_attn_slice_base(kb, "lse", bidx, h), q_start);
+
+    lane_addresses(&e);
+    LLVMValueRef n_begin, n_end, lo_max, hi_min;
+    key_tile_range(&e, &n_begin, &n_end, &lo_max, &hi_min);
+
+    /* prologue: Q with the first tile's group, then tiles up to stages - 1 */
+    load_tile_async(&e, "q", q_src, prm(&e, "stride_q_s"), e.m0, e.seq_q, p->bm, p->d,
+                    i32c(&e, e.p.smem_q), p->ldq);
+    for (int s = 0; s < p->stages - 1; s++) {
+        LLVMValueRef n = add(&e, n_begin, i32c(&e, s));
+        aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntSLT, n, n_end, ""));
+        load_kv_tile(&e, n, n_begin);
+        aj_kb_if_end(kb);
+        aj_kb_cp_async_commit(kb);
+    }
+    LLVMValueRef n = aj_kb_for_begin(kb, n_begin, n_end, i32c(&e, 1), "n");
+    {
+        /* refill the slot the previous iteration freed, then wait for tile n:
+         * every iteration commits one group, empty or not, so that
+         * stages - 1 pending groups always means "tile n has landed" */
+        LLVMValueRef ahead = add(&e, n, i32c(&e, p->stages - 1));
+        aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntSLT, ahead, n_end, ""));
+        load_kv_tile(&e, ahead, n_begin);
+        aj_kb_if_end(kb);
+        aj_kb_cp_async_commit(kb);
+        aj_kb_cp_async_wait(kb, p->stages - 1);
+        aj_kb_barrier(kb);
+        LLVMValueRef slot = LLVMBuildURem(b, LLVMBuildSub(b, n, n_begin, ""),
+                                          i32c(&e, p->stages), "");
+        LLVMValueRef kbase = add(&e, i32c(&e, p->smem_k), LLVMBuildMul(b, slot,
+                                 i32c(&e, 2 * p->bn * p->ldk), ""));
+        LLVMValueRef vbase = add(&e, i32c(&e, p->smem_v), LLVMBuildMul(b, slot,
+                                 i32c(&e, 2 * p->bn * p->ldv), ""));
+        LLVMValueRef n0 = LLVMBuildMul(b, n, i32c(&e, p->bn), "n0");
+        emit_qk(&e, kbase);
+        emit_score_mods(&e, n0);
+        LLVMValueRef interior = LLVMBuildAnd(b,
+            LLVMBuildICmp(b, LLVMIntSGE, n0, lo_max, ""),
+            LLVMBuildICmp(b, LLVMIntSLE, add(&e, n0, i32c(&e, p->bn - 1)), hi_min, ""), "interior");
+        aj_kb_if_begin(kb, LLVMBuildNot(b, interior, ""));
+        emit_element_mask(&e, n0);
+        aj_kb_if_end(kb);
+        emit_softmax_pv(&e, n0, vbase);
+        aj_kb_barrier(kb);   /* every warp is done with the slot */
+    }
+    aj_kb_for_end(kb);
+    aj_kb_cp_async_wait_all(kb);   /* Q's copy, when no tile was visited */
+    emit_epilogue(&e, o_base, lse_base);
+    aj_kb_if_end(kb);
+
+    const aj_kernel_layout layout = {
+        .grid = {{AJ_EXTENT_SEQ_Q, p->bm}, {AJ_EXTENT_HEADS_Q, 1}, {AJ_EXTENT_BATCH, 1}},
+        .schedule = {p->bm, p->bn, p->warps, p->stages},
+    };
+    aj_kb_finish(kb, &layout);
+    return kb->st;
+}
+
+const aj_template aj_template_flash_fwd = {
+    .name = "flash_fwd",
+    .kind = AJ_KIND_FORWARD,
+    .variant = AJ_VARIANT_FLASH,
+    .check = ffwd_check,
+    .build = ffwd_build,
+};
