@@ -441,6 +441,97 @@ done:
     return st;
 }
 
+/* Whether some stage of the kernel takes parameter `name`. */
+static int kernel_takes(const aj_kernel *kernel, const char *name)
+{
+    for (int s = 0; s < kernel->num_stages; s++) {
+        aj_launch_info li;
+        aj_kernel_stage_info(kernel, s, &li);
+        for (int i = 0; i < li.num_params; i++)
+            if (strcmp(li.params[i].name, name) == 0)
+                return 1;
+    }
+    return 0;
+}
+
+/*
+ * The workspace of kernels that take one (the flash backward), in f32
+ * elements:
+ *
+ *   [0, rows)                       Delta of each (b, h, i): b stride_b + h stride_h + i
+ *   [dq_offset, dq_offset + rows D) dQ sums (deterministic = false only)
+ *
+ * rows = B Hq Sq; dq_offset is rows rounded up to 16 bytes.
+ */
+typedef struct bwd_workspace {
+    int64_t stride_b, stride_h, dq_offset;
+    size_t bytes;
+} bwd_workspace;
+
+static bwd_workspace workspace_layout(const aj_kernel *kernel, const fwd_sizes *sz)
+{
+    bwd_workspace w = {0, 0, 0, 0};
+    if (!kernel_takes(kernel, "workspace"))
+        return w;
+    int64_t rows = sz->batch * sz->heads_q * sz->seq_q;
+    w.stride_b = sz->heads_q * sz->seq_q;
+    w.stride_h = sz->seq_q;
+    w.dq_offset = (rows + 3) / 4 * 4;
+    int64_t floats = w.dq_offset + (kernel->op.deterministic ? 0 : rows * kernel->op.head_dim);
+    w.bytes = (size_t)floats * 4;
+    return w;
+}
+
+aj_status aj_backward_workspace_size(aj_ctx *ctx, const aj_kernel *kernel,
+                                     const aj_bwd_args *args, size_t *bytes)
+{
+    if (!ctx)
+        return AJ_ERR_INVALID_ARG;
+    const char *fn = "aj_backward_workspace_size";
+    AJ_CHECK_ARG(ctx, kernel, "%s: kernel is NULL", fn);
+    AJ_CHECK_ARG(ctx, args, "%s: args is NULL", fn);
+    AJ_CHECK_ARG(ctx, bytes, "%s: bytes is NULL", fn);
+    AJ_CHECK_ARG(ctx, args->struct_size == sizeof *args,
+                 "%s: args->struct_size = %zu, want %zu; start from AJ_BWD_ARGS_INIT", fn,
+                 args->struct_size, sizeof *args);
+    AJ_CHECK_ARG(ctx, kernel->op.kind == AJ_KIND_BACKWARD, "%s: kernel %s computes a %s op",
+                 fn, aj_kernel_entry(kernel), aj_kind_name(kernel->op.kind));
+    fwd_sizes sz;
+    aj_status st = check_backward(ctx, &kernel->op, args, &sz);
+    if (st != AJ_OK)
+        return st;
+    *bytes = workspace_layout(kernel, &sz).bytes;
+    return AJ_OK;
+}
+
+static aj_status run_backward(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
+                              const aj_bwd_args *args, const fwd_sizes *sz,
+                              const bwd_workspace *w, void *ws);
+
+/* The workspace a launch uses: the caller's, checked, or *owned, which
+ * the caller of this frees. */
+static aj_status bind_workspace(aj_ctx *ctx, aj_device *dev, const aj_bwd_args *a,
+                                const bwd_workspace *w, void **ws, void **owned)
+{
+    *ws = a->workspace;
+    *owned = NULL;
+    if (w->bytes == 0)
+        return AJ_OK;
+    if (!a->workspace) {
+        aj_status st = aj_device_alloc(dev, w->bytes, owned);
+        *ws = *owned;
+        return st;
+    }
+    if (a->workspace_bytes < w->bytes)
+        return aj_fail(ctx, AJ_ERR_INVALID_ARG, "%s: workspace_bytes = %zu, want at least %zu "
+                       "(aj_backward_workspace_size; or NULL workspace to have one allocated)",
+                       BWD, a->workspace_bytes, w->bytes);
+    if ((uintptr_t)a->workspace % 16)
+        return aj_fail(ctx, AJ_ERR_INVALID_ARG, "%s: workspace = %p is not 16-byte aligned",
+                       BWD, a->workspace);
+    return AJ_OK;
+}
+
 aj_status aj_backward(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
                       const aj_bwd_args *args)
 {
@@ -458,11 +549,37 @@ aj_status aj_backward(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
     if (sz.batch == 0 || sz.heads_kv == 0 || (sz.seq_q == 0 && sz.seq_k == 0))
         return AJ_OK;   /* no gradient element: nothing to launch */
 
+    bwd_workspace w = workspace_layout(kernel, &sz);
+    void *ws = NULL, *owned = NULL;
+    st = bind_workspace(ctx, dev, args, &w, &ws, &owned);
+    if (st == AJ_OK)
+        st = run_backward(ctx, dev, kernel, args, &sz, &w, ws);
+    if (owned) {
+        /* the launches may still be running on the GPU */
+        aj_status sync = dev->cuda ? aj_device_synchronize(dev, args->stream) : AJ_OK;
+        aj_status freed = aj_device_free(dev, owned);
+        if (st == AJ_OK)
+            st = sync != AJ_OK ? sync : freed;
+    }
+    return st;
+}
+
+/* Binds and runs the stages of a checked backward launch. */
+static aj_status run_backward(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
+                              const aj_bwd_args *args, const fwd_sizes *szp,
+                              const bwd_workspace *w, void *ws)
+{
+    const aj_op_info *op = &kernel->op;
+    const fwd_sizes sz = *szp;
+    aj_status st = AJ_OK;
     int64_t sq_total = args->sq_total ? args->sq_total : sz.seq_q;
     int64_t sk_total = args->sk_total ? args->sk_total : sz.seq_k;
     int64_t shift = op->mask_align == AJ_ALIGN_BOTTOM_RIGHT ? sk_total - sq_total : 0;
     const aj_bwd_args *a = args;
+    const aj_tensor ws_t = {ws, AJ_DTYPE_F32, 1, {(int64_t)(w->bytes / 4)}, {1}};
     const binding table[] = {
+        PTR("workspace", ws_t), I64("stride_ws_b", w->stride_b),
+        I64("stride_ws_h", w->stride_h), I64("ws_dq_offset", w->dq_offset),
         PTR("q", a->q), PTR("k", a->k), PTR("v", a->v), PTR("o", a->o), PTR("do", a->do_),
         PTR("lse", a->lse), PTR("dq", a->dq), PTR("dk", a->dk), PTR("dv", a->dv),
         PTR("alibi_slopes", a->alibi_slopes),
@@ -494,8 +611,10 @@ aj_status aj_backward(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
         I64("dropout_seed", (int64_t)a->seed), I64("dropout_offset", (int64_t)a->offset),
     };
     int elem = elem_size(op->dtype);
-    aj_sim_buffer buffers[12];
+    aj_sim_buffer buffers[13];
     int nb = 0;
+    if (w->bytes)
+        buffers[nb++] = (aj_sim_buffer){"workspace", ws, w->bytes};
     buffers[nb++] = sim_buffer("q", &a->q, elem);
     buffers[nb++] = sim_buffer("k", &a->k, elem);
     buffers[nb++] = sim_buffer("v", &a->v, elem);

@@ -1,0 +1,552 @@
+/*
+ * test_sim_flash_bwd.c -- the flash backward pass (tensor cores) on sim
+ * against the float64 reference backward (tests/ref.c's ref_backward).
+ *
+ * Covers: f16 and bf16 at every head dim the template targets (32, 64,
+ * 96, 128, 192, 256 and 192/128) under the four mask kinds with tails;
+ * position offsets; GQA 2:1 and 4:1; varlen batches of very different
+ * lengths (one of them empty); softcap and alibi; dropout with the
+ * forward's stream; deterministic mode bitwise equal over repeated runs
+ * and over different emulator worker counts; the atomic (deterministic =
+ * false) mode within tolerance; explicit schedules; the workspace API and
+ * its errors.  Sizes are small: the emulator runs every GPU thread.
+ *
+ * O and LSE come from ref_forward, rounded as a forward kernel stores
+ * them, and the reference backward is fed the same rounded values.  Each
+ * output is checked norm-wise, max |got - ref| <= atol + rtol max |ref|.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "check.h"
+#include "ref.h"
+
+static aj_ctx *ctx;
+static aj_device *dev;
+static int cases_run;
+
+typedef struct fb_case {
+    const char *label;
+    aj_dtype dtype;
+    int d, dv;
+    const char *mask;          /* IR text */
+    const char *score_mod;     /* IR text, "none" if NULL */
+    const char *schedule;      /* IR text, the default if NULL */
+    int deterministic;
+    int b, hq, hkv, sq, sk;
+    int64_t q_offset, kv_offset, sq_total, sk_total;
+    double magnitude;
+    uint64_t seed;
+    double dropout;            /* dropout = p when > 0, stream (drop_seed, drop_offset) */
+    uint64_t drop_seed, drop_offset;
+    const int *lens_q, *lens_k;  /* varlen when set: b sequence lengths each */
+    int repeat;                /* deterministic: rerun on 1 and 3 workers, same bits */
+} fb_case;
+
+/* The tensor cores round P and dS to the dtype before the dV, dK and dQ
+ * products, on top of the output rounding (2^-11, 2^-8). */
+static void tolerance_for(aj_dtype dtype, double *atol, double *rtol)
+{
+    if (dtype == AJ_DTYPE_F16) {
+        *atol = 1e-3;
+        *rtol = 6e-3;
+    } else {
+        *atol = 4e-3;
+        *rtol = 3e-2;
+    }
+}
+
+/* ---------------------------------------------------------------- data */
+
+static uint64_t next_random(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);   /* splitmix64 */
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+/* A contiguous tensor in device memory, its host staging copy and its
+ * double image. */
+typedef struct tensor {
+    aj_tensor t;
+    void *host;
+    double *ref;
+    size_t n;
+} tensor;
+
+static size_t tensor_bytes(const tensor *x)
+{
+    return x->n * (x->t.dtype == AJ_DTYPE_F32 ? 4 : 2);
+}
+
+static void make(tensor *x, aj_dtype dtype, int rank, const int64_t *shape)
+{
+    memset(x, 0, sizeof *x);
+    x->n = 1;
+    for (int i = 0; i < rank; i++)
+        x->n *= (size_t)shape[i];
+    int elem = dtype == AJ_DTYPE_F32 ? 4 : 2;
+    CHECK(aj_device_alloc(dev, x->n * (size_t)elem + 16, &x->t.data) == AJ_OK);
+    x->host = malloc(x->n * (size_t)elem + 16);
+    x->ref = calloc(x->n + 1, sizeof(double));
+    x->t.dtype = dtype;
+    x->t.rank = rank;
+    int64_t stride = 1;
+    for (int i = rank - 1; i >= 0; i--) {
+        x->t.shape[i] = shape[i];
+        x->t.strides[i] = stride;
+        stride *= shape[i];
+    }
+}
+
+static void release(tensor *x)
+{
+    aj_device_free(dev, x->t.data);
+    free(x->host);
+    free(x->ref);
+}
+
+/* Stores the double image in the tensor's dtype and reads the rounded
+ * values back into the image. */
+static void store_rounded(tensor *x)
+{
+    float *f = malloc((x->n + 1) * sizeof *f);
+    for (size_t i = 0; i < x->n; i++)
+        f[i] = (float)x->ref[i];
+    CHECK(aj_convert(f, AJ_DTYPE_F32, x->host, x->t.dtype, x->n) == AJ_OK);
+    CHECK(aj_convert(x->host, x->t.dtype, f, AJ_DTYPE_F32, x->n) == AJ_OK);
+    CHECK(aj_device_copy_to(dev, x->t.data, x->host, tensor_bytes(x)) == AJ_OK);
+    for (size_t i = 0; i < x->n; i++)
+        x->ref[i] = f[i];
+    free(f);
+}
+
+static void fill(tensor *x, double magnitude, uint64_t *rng)
+{
+    for (size_t i = 0; i < x->n; i++)
+        x->ref[i] = magnitude * ((double)(next_random(rng) >> 11) * 0x1p-52 - 1.0);
+    store_rounded(x);
+}
+
+static void read_back(const tensor *x, double *out)
+{
+    float *f = malloc((x->n + 1) * sizeof *f);
+    CHECK(aj_device_copy_from(dev, x->host, x->t.data, tensor_bytes(x)) == AJ_OK);
+    CHECK(aj_convert(x->host, x->t.dtype, f, AJ_DTYPE_F32, x->n) == AJ_OK);
+    for (size_t i = 0; i < x->n; i++)
+        out[i] = f[i];
+    free(f);
+}
+
+/* NaN bits: an element the kernel never writes fails the comparison */
+static void poison(tensor *x)
+{
+    memset(x->host, 0xff, tensor_bytes(x));
+    CHECK(aj_device_copy_to(dev, x->t.data, x->host, tensor_bytes(x)) == AJ_OK);
+}
+
+/* max |got - ref| / (atol + rtol max |ref|): <= 1 passes; NaN fails */
+static double norm_error(const double *got, const double *ref, size_t n, aj_dtype dtype)
+{
+    double atol, rtol, mx = 0, err = 0;
+    tolerance_for(dtype, &atol, &rtol);
+    for (size_t i = 0; i < n; i++)
+        mx = fmax(mx, fabs(ref[i]));
+    for (size_t i = 0; i < n; i++) {
+        double e = fabs(got[i] - ref[i]);
+        if (!(e == e))
+            return INFINITY;
+        err = fmax(err, e);
+    }
+    return err / (atol + rtol * mx);
+}
+
+/* ---------------------------------------------------------------- cases */
+
+static aj_kernel *compile(const fb_case *c)
+{
+    char spec[640];
+    snprintf(spec, sizeof spec,
+             "attention backward flash {\n  dtype = %s\n  head_dim = %d\n"
+             "  head_dim_v = %d\n  mask = %s\n  score_mod = %s\n  dropout = %.17g\n"
+             "  layout = %s\n  deterministic = %s\n%s%s%s}\n",
+             aj_dtype_name(c->dtype), c->d, c->dv ? c->dv : c->d, c->mask,
+             c->score_mod ? c->score_mod : "none", c->dropout, c->lens_q ? "varlen" : "padded",
+             c->deterministic ? "true" : "false", c->schedule ? "  schedule = " : "",
+             c->schedule ? c->schedule : "", c->schedule ? "\n" : "");
+    aj_op *op = NULL;
+    aj_kernel *k = NULL;
+    CHECK_MSG(aj_op_parse(ctx, spec, strlen(spec), c->label, &op) == AJ_OK, "%s: %s", c->label,
+              aj_last_error(ctx));
+    aj_compile_options opt = AJ_COMPILE_OPTIONS_INIT;
+    opt.target = AJ_TARGET_SIM;
+    opt.emit = AJ_EMIT_LLVM_IR;
+    if (op)
+        CHECK_MSG(aj_compile(ctx, op, &opt, &k) == AJ_OK, "%s: %s", c->label,
+                  aj_last_error(ctx));
+    aj_op_destroy(op);
+    return k;
+}
+
+static void ref_mask(const fb_case *c, ref_problem *p)
+{
+    long long l = 0, r = 0;
+    p->mask = AJ_MASK_NONE;
+    if (strncmp(c->mask, "causal", 6) == 0)
+        p->mask = AJ_MASK_CAUSAL;
+    else if (sscanf(c->mask, "window(%lld, %lld", &l, &r) == 2)
+        p->mask = AJ_MASK_WINDOW;
+    p->window_left = l;
+    p->window_right = r;
+    p->align = strstr(c->mask, "bottom_right") ? AJ_ALIGN_BOTTOM_RIGHT : AJ_ALIGN_TOP_LEFT;
+}
+
+/* Runs `a` again on `workers` emulator threads and wants the bits of
+ * `first` (one buffer per output). */
+static void rerun_same_bits(const fb_case *c, const aj_kernel *kernel, const aj_bwd_args *a,
+                            tensor *const *outs, void *const *first, int workers)
+{
+    static const char *const names[3] = {"dq", "dk", "dv"};
+    CHECK(aj_device_set_workers(dev, workers) == AJ_OK);
+    for (int t = 0; t < 3; t++)
+        poison(outs[t]);
+    CHECK(aj_backward(ctx, dev, kernel, a) == AJ_OK);
+    for (int t = 0; t < 3; t++) {
+        CHECK(aj_device_copy_from(dev, outs[t]->host, outs[t]->t.data,
+                                  tensor_bytes(outs[t])) == AJ_OK);
+        CHECK_MSG(memcmp(first[t], outs[t]->host, tensor_bytes(outs[t])) == 0,
+                  "%s: %s differs on a rerun with %d workers", c->label, names[t], workers);
+    }
+    CHECK(aj_device_set_workers(dev, 0) == AJ_OK);
+}
+
+static void run(const fb_case *c)
+{
+    cases_run++;
+    clock_t t0 = clock();
+    int dv = c->dv ? c->dv : c->d;
+    aj_kernel *kernel = compile(c);
+    if (!kernel)
+        return;
+    int varlen = c->lens_q != NULL;
+    int32_t cu_q[17] = {0}, cu_k[17] = {0};
+    int max_q = 0, max_k = 0;
+    if (varlen)
+        for (int i = 0; i < c->b; i++) {
+            cu_q[i + 1] = cu_q[i] + c->lens_q[i];
+            cu_k[i + 1] = cu_k[i] + c->lens_k[i];
+            max_q = c->lens_q[i] > max_q ? c->lens_q[i] : max_q;
+            max_k = c->lens_k[i] > max_k ? c->lens_k[i] : max_k;
+        }
+    tensor q, k, v, o, dout, lse, dq, dk, dvt;
+    if (varlen) {
+        int64_t tq = cu_q[c->b], tk = cu_k[c->b];
+        make(&q, c->dtype, 3, (int64_t[]){tq, c->hq, c->d});
+        make(&k, c->dtype, 3, (int64_t[]){tk, c->hkv, c->d});
+        make(&v, c->dtype, 3, (int64_t[]){tk, c->hkv, dv});
+        make(&o, c->dtype, 3, (int64_t[]){tq, c->hq, dv});
+        make(&dout, c->dtype, 3, (int64_t[]){tq, c->hq, dv});
+        make(&lse, AJ_DTYPE_F32, 2, (int64_t[]){c->hq, tq});
+        make(&dq, c->dtype, 3, (int64_t[]){tq, c->hq, c->d});
+        make(&dk, c->dtype, 3, (int64_t[]){tk, c->hkv, c->d});
+        make(&dvt, c->dtype, 3, (int64_t[]){tk, c->hkv, dv});
+    } else {
+        make(&q, c->dtype, 4, (int64_t[]){c->b, c->hq, c->sq, c->d});
+        make(&k, c->dtype, 4, (int64_t[]){c->b, c->hkv, c->sk, c->d});
+        make(&v, c->dtype, 4, (int64_t[]){c->b, c->hkv, c->sk, dv});
+        make(&o, c->dtype, 4, (int64_t[]){c->b, c->hq, c->sq, dv});
+        make(&dout, c->dtype, 4, (int64_t[]){c->b, c->hq, c->sq, dv});
+        make(&lse, AJ_DTYPE_F32, 3, (int64_t[]){c->b, c->hq, c->sq});
+        make(&dq, c->dtype, 4, (int64_t[]){c->b, c->hq, c->sq, c->d});
+        make(&dk, c->dtype, 4, (int64_t[]){c->b, c->hkv, c->sk, c->d});
+        make(&dvt, c->dtype, 4, (int64_t[]){c->b, c->hkv, c->sk, dv});
+    }
+    int32_t *cu_dev[2] = {NULL, NULL};
+    if (varlen) {
+        const int32_t *cu[2] = {cu_q, cu_k};
+        for (int i = 0; i < 2; i++) {
+            CHECK(aj_device_alloc(dev, sizeof cu_q, (void **)&cu_dev[i]) == AJ_OK);
+            CHECK(aj_device_copy_to(dev, cu_dev[i], cu[i], sizeof cu_q) == AJ_OK);
+        }
+    }
+
+    uint64_t rng = c->seed ? c->seed : 7;
+    double mag = c->magnitude ? c->magnitude : 1.0;
+    fill(&q, mag, &rng);
+    fill(&k, mag, &rng);
+    fill(&v, 1.0, &rng);
+    fill(&dout, 1.0, &rng);
+
+    ref_problem p;
+    memset(&p, 0, sizeof p);
+    p.B = c->b;
+    p.Hq = c->hq;
+    p.Hkv = c->hkv;
+    p.D = c->d;
+    p.Dv = dv;
+    p.Sq = c->sq;
+    p.Sk = c->sk;
+    if (varlen) {
+        p.cu_q = cu_q;
+        p.cu_k = cu_k;
+    }
+    ref_mask(c, &p);
+    p.q_offset = c->q_offset;
+    p.kv_offset = c->kv_offset;
+    p.sq_total = c->sq_total;
+    p.sk_total = c->sk_total;
+    double slopes[16];
+    float slopes_f[16];
+    aj_tensor slopes_t = {0};
+    if (c->score_mod && strcmp(c->score_mod, "alibi") == 0) {
+        for (int h = 0; h < c->hq; h++) {
+            slopes_f[h] = (float)pow(2.0, -8.0 * (h + 1) / c->hq);
+            slopes[h] = slopes_f[h];
+        }
+        p.alibi_slopes = slopes;
+        slopes_t = (aj_tensor){slopes_f, AJ_DTYPE_F32, 1, {c->hq}, {1}};
+    } else if (c->score_mod) {
+        CHECK(sscanf(c->score_mod, "softcap(%lf)", &p.softcap) == 1);
+    }
+    p.dropout_p = c->dropout;
+    p.seed = c->drop_seed;
+    p.offset = c->drop_offset;
+    ref_forward(&p, q.ref, k.ref, v.ref, o.ref, lse.ref);
+    store_rounded(&o);
+    store_rounded(&lse);   /* -inf stays -inf */
+
+    aj_bwd_args a = AJ_BWD_ARGS_INIT;
+    a.q = q.t;
+    a.k = k.t;
+    a.v = v.t;
+    a.o = o.t;
+    a.lse = lse.t;
+    a.do_ = dout.t;
+    a.dq = dq.t;
+    a.dk = dk.t;
+    a.dv = dvt.t;
+    a.alibi_slopes = slopes_t;
+    a.q_offset = c->q_offset;
+    a.kv_offset = c->kv_offset;
+    a.sq_total = c->sq_total;
+    a.sk_total = c->sk_total;
+    a.seed = c->drop_seed;
+    a.offset = c->drop_offset;
+    if (varlen) {
+        a.cu_seqlens_q = cu_dev[0];
+        a.cu_seqlens_k = cu_dev[1];
+        a.batch = c->b;
+        a.max_seqlen_q = max_q;
+        a.max_seqlen_k = max_k;
+    }
+    tensor *outs[3] = {&dq, &dk, &dvt};
+    for (int t = 0; t < 3; t++)
+        poison(outs[t]);
+    aj_status st = aj_backward(ctx, dev, kernel, &a);
+    CHECK_MSG(st == AJ_OK, "%s: %s", c->label, aj_last_error(ctx));
+
+    double *want[3] = {calloc(q.n + 1, 8), calloc(k.n + 1, 8), calloc(v.n + 1, 8)};
+    double *got[3] = {calloc(q.n + 1, 8), calloc(k.n + 1, 8), calloc(v.n + 1, 8)};
+    ref_backward(&p, q.ref, k.ref, v.ref, o.ref, lse.ref, dout.ref, want[0], want[1], want[2],
+                 NULL);
+    static const char *const names[3] = {"dq", "dk", "dv"};
+    for (int t = 0; t < 3 && st == AJ_OK; t++) {
+        read_back(outs[t], got[t]);
+        double err = norm_error(got[t], want[t], outs[t]->n, c->dtype);
+        CHECK_MSG(err <= 1.0, "%s: %s error %.3g of the tolerance", c->label, names[t], err);
+    }
+    /* rows with LSE = -inf see no key: exactly zero dq (rows of [.., S, D]
+     * padded; varlen LSE is [H, T] and dq [T, H, D]) */
+    for (size_t r = 0; r < lse.n && st == AJ_OK; r++) {
+        if (lse.ref[r] != -INFINITY)
+            continue;
+        size_t row = varlen ? (r % (size_t)q.t.shape[0]) * (size_t)c->hq + r / (size_t)q.t.shape[0]
+                            : r;
+        for (int x = 0; x < c->d; x++)
+            CHECK_MSG(got[0][row * (size_t)c->d + (size_t)x] == 0.0,
+                      "%s: dq row %zu (no visible key) is not 0", c->label, r);
+    }
+    if (c->repeat && st == AJ_OK) {
+        void *first[3];
+        for (int t = 0; t < 3; t++) {
+            first[t] = malloc(tensor_bytes(outs[t]) + 1);
+            CHECK(aj_device_copy_from(dev, first[t], outs[t]->t.data,
+                                      tensor_bytes(outs[t])) == AJ_OK);
+        }
+        rerun_same_bits(c, kernel, &a, outs, first, 1);
+        rerun_same_bits(c, kernel, &a, outs, first, 3);
+        for (int t = 0; t < 3; t++)
+            free(first[t]);
+    }
+    for (int t = 0; t < 3; t++) {
+        free(want[t]);
+        free(got[t]);
+    }
+    tensor *all[9] = {&q, &k, &v, &o, &dout, &lse, &dq, &dk, &dvt};
+    for (int i = 0; i < 9; i++)
+        release(all[i]);
+    for (int i = 0; i < 2; i++)
+        if (cu_dev[i])
+            aj_device_free(dev, cu_dev[i]);
+    aj_kernel_destroy(kernel);
+    printf("  %-60s %.2f s\n", c->label, (double)(clock() - t0) / CLOCKS_PER_SEC);
+}
+
+static fb_case base(const char *label, aj_dtype dtype, int d, const char *mask)
+{
+    return (fb_case){.label = label, .dtype = dtype, .d = d, .mask = mask, .b = 1, .hq = 2,
+                     .hkv = 1, .sq = 37, .sk = 70, .seed = 11, .deterministic = 1};
+}
+
+/* dtypes x head dims x masks (rotating; every mask at d 64), GQA 2:1,
+ * tails in both lengths; deterministic and atomic dq alternate */
+static void test_matrix(void)
+{
+    static const aj_dtype dtypes[2] = {AJ_DTYPE_F16, AJ_DTYPE_BF16};
+    static const int dims[7][2] = {{32, 32},   {64, 64},   {96, 96}, {128, 128},
+                                   {192, 192}, {256, 256}, {192, 128}};
+    static const char *const masks[4] = {"none", "causal(top_left)", "causal(bottom_right)",
+                                         "window(20, 5, top_left)"};
+    char labels[40][96];
+    int n = 0;
+    for (int t = 0; t < 2; t++)
+        for (int d = 0; d < 7; d++)
+            for (int m = 0; m < 4; m++) {
+                if (dims[d][0] != 64 && m != (t + d) % 4)
+                    continue;
+                int det = (t + d + m) % 2;
+                snprintf(labels[n], sizeof labels[n], "%s d%d/%d %s%s", aj_dtype_name(dtypes[t]),
+                         dims[d][0], dims[d][1], masks[m], det ? "" : " atomic dq");
+                fb_case c = base(labels[n], dtypes[t], dims[d][0], masks[m]);
+                c.dv = dims[d][1];
+                c.deterministic = det;
+                c.sq = dims[d][0] >= 192 ? 21 : 37;
+                c.sk = dims[d][0] >= 192 ? 40 : 70;
+                run(&c);
+                n++;
+            }
+}
+
+static void test_shapes(void)
+{
+    fb_case c = base("f16 d64 GQA 4:1 causal(bottom_right), batch 2", AJ_DTYPE_F16, 64,
+                     "causal(bottom_right)");
+    c.b = 2;
+    c.hq = 8;
+    c.hkv = 2;
+    c.sq = 33;
+    c.sk = 33;
+    run(&c);
+    c = base("bf16 d32 Sq 70, Sk 37 causal: rows without keys", AJ_DTYPE_BF16, 32,
+             "causal(bottom_right)");
+    c.sq = 70;
+    c.sk = 37;
+    run(&c);
+    c = base("f16 d64 Sq 1, Sk 17, atomic dq", AJ_DTYPE_F16, 64, "none");
+    c.sq = 1;
+    c.sk = 17;
+    c.deterministic = 0;
+    run(&c);
+}
+
+static void test_offsets(void)
+{
+    fb_case c = base("f16 d64 causal, offsets (chunk of a longer sequence)", AJ_DTYPE_F16, 64,
+                     "causal(bottom_right)");
+    c.q_offset = 100;
+    c.kv_offset = 64;
+    c.sq_total = 140;
+    c.sk_total = 170;
+    run(&c);
+    c = base("bf16 d64 window, offsets past 2^31", AJ_DTYPE_BF16, 64, "window(30, 0, top_left)");
+    c.q_offset = ((int64_t)1 << 33) + 40;
+    c.kv_offset = (int64_t)1 << 33;
+    run(&c);
+    c = base("f16 d32 causal, keys all in the future: every row empty", AJ_DTYPE_F16, 32,
+             "causal(top_left)");
+    c.kv_offset = 1000;
+    run(&c);
+}
+
+static void test_score_mods(void)
+{
+    fb_case c = base("f16 d64 softcap(5) causal", AJ_DTYPE_F16, 64, "causal(top_left)");
+    c.score_mod = "softcap(5.0)";
+    c.magnitude = 3.0;
+    run(&c);
+    c = base("bf16 d128 alibi causal(bottom_right) GQA 2:1, offsets", AJ_DTYPE_BF16, 128,
+             "causal(bottom_right)");
+    c.score_mod = "alibi";
+    c.hq = 4;
+    c.hkv = 2;
+    c.q_offset = 7;
+    run(&c);
+}
+
+static void test_dropout(void)
+{
+    fb_case c = base("f16 d64 GQA 2:1 dropout 0.2 causal", AJ_DTYPE_F16, 64, "causal(top_left)");
+    c.dropout = 0.2;
+    c.drop_seed = 0x1234567890abcdefull;
+    c.drop_offset = (uint64_t)3 << 33 | 5;
+    run(&c);
+    c = base("bf16 d64 GQA 4:1 dropout 0.3 window, offsets, atomic dq", AJ_DTYPE_BF16, 64,
+             "window(20, 5, bottom_right)");
+    c.b = 2;
+    c.hq = 4;
+    c.q_offset = 40;
+    c.kv_offset = 9;
+    c.dropout = 0.3;
+    c.drop_seed = 42;
+    c.drop_offset = 7;
+    c.deterministic = 0;
+    run(&c);
+}
+
+/* deterministic: the same bits on a rerun, on 1 and on 3 worker threads */
+static void test_deterministic(void)
+{
+    fb_case c = base("f16 d64 GQA 4:1 causal: reruns, same bits", AJ_DTYPE_F16, 64,
+                     "causal(top_left)");
+    c.hq = 4;
+    c.sq = 70;
+    c.sk = 70;
+    c.repeat = 1;
+    run(&c);
+}
+
+static void test_schedules(void)
+{
+    fb_case c = base("f16 d64 schedule (32, 32, 2 warps, 1 stage)", AJ_DTYPE_F16, 64,
+                     "causal(top_left)");
+    c.schedule = "(block_m = 32, block_n = 32, warps = 2, stages = 1)";
+    run(&c);
+    c = base("bf16 d128 schedule (128, 16, 8 warps, 2 stages), atomic dq", AJ_DTYPE_BF16, 128,
+             "window(8, 8, top_left)");
+    c.schedule = "(block_m = 128, block_n = 16, warps = 8, stages = 2)";
+    c.deterministic = 0;
+    run(&c);
+}
+
+int main(void)
+{
+    CHECK(aj_ctx_create(NULL, &ctx) == AJ_OK);
+    CHECK_STATUS(ctx, aj_device_open(ctx, AJ_DEVICE_SIM, 0, &dev), AJ_OK);
+    if (!dev)
+        return check_report();
+    test_matrix();
+    test_shapes();
+    test_offsets();
+    test_score_mods();
+    test_dropout();
+    test_deterministic();
+    test_schedules();
+    printf("%d cases\n", cases_run);
+    aj_device_close(dev);
+    aj_ctx_destroy(ctx);
+    return check_report();
+}
