@@ -532,6 +532,223 @@ static void test_schedules(void)
     run(&c);
 }
 
+/* packed sequences of very different lengths, one of them empty */
+static void test_varlen(void)
+{
+    static const int lq1[4] = {37, 0, 5, 70}, lk1[4] = {20, 9, 64, 70};
+    fb_case c = base("f16 d64 varlen x4 (an empty one) causal(bottom_right) GQA 2:1",
+                     AJ_DTYPE_F16, 64, "causal(bottom_right)");
+    c.b = 4;
+    c.lens_q = lq1;
+    c.lens_k = lk1;
+    run(&c);
+    static const int lq2[3] = {1, 50, 17}, lk2[3] = {33, 50, 0};
+    c = base("bf16 d128 varlen x3 (no keys in one) window, atomic dq", AJ_DTYPE_BF16, 128,
+             "window(10, 3, top_left)");
+    c.b = 3;
+    c.lens_q = lq2;
+    c.lens_k = lk2;
+    c.deterministic = 0;
+    run(&c);
+    static const int lq3[2] = {12, 40}, lk3[2] = {40, 12};
+    c = base("f16 d32 varlen x2 dropout 0.2 causal, offsets, GQA 4:1", AJ_DTYPE_F16, 32,
+             "causal(top_left)");
+    c.b = 2;
+    c.hq = 4;
+    c.lens_q = lq3;
+    c.lens_k = lk3;
+    c.q_offset = 3;
+    c.dropout = 0.2;
+    c.drop_seed = 77;
+    c.drop_offset = 12;
+    c.repeat = 1;
+    run(&c);
+}
+
+/* Valid arguments of a small problem (padded, or varlen of two sequences
+ * 5 + 7 queries and 9 + 3 keys) for the error checks below. */
+typedef struct err_setup {
+    tensor x[9];    /* q k v o do lse dq dk dv */
+    int32_t *cu[2];
+    aj_bwd_args a;
+} err_setup;
+
+static void err_setup_make(err_setup *e, int varlen)
+{
+    static const int32_t cu_q[3] = {0, 5, 12}, cu_k[3] = {0, 9, 12};
+    memset(e, 0, sizeof *e);
+    const int64_t qs[4] = {1, 2, 12, 64}, ks[4] = {1, 1, 12, 64}, ls[3] = {1, 2, 12};
+    const int64_t pq[3] = {12, 2, 64}, pk[3] = {12, 1, 64}, pl[2] = {2, 12};
+    for (int i = 0; i < 9; i++) {
+        int is_k = i == 1 || i == 2 || i == 7 || i == 8;
+        if (i == 5)
+            make(&e->x[i], AJ_DTYPE_F32, varlen ? 2 : 3, varlen ? pl : ls);
+        else
+            make(&e->x[i], AJ_DTYPE_F16, varlen ? 3 : 4,
+                 varlen ? (is_k ? pk : pq) : (is_k ? ks : qs));
+        memset(e->x[i].ref, 0, e->x[i].n * sizeof(double));
+        store_rounded(&e->x[i]);
+    }
+    aj_bwd_args a = AJ_BWD_ARGS_INIT;
+    a.q = e->x[0].t;
+    a.k = e->x[1].t;
+    a.v = e->x[2].t;
+    a.o = e->x[3].t;
+    a.do_ = e->x[4].t;
+    a.lse = e->x[5].t;
+    a.dq = e->x[6].t;
+    a.dk = e->x[7].t;
+    a.dv = e->x[8].t;
+    if (varlen) {
+        const int32_t *host[2] = {cu_q, cu_k};
+        for (int i = 0; i < 2; i++) {
+            CHECK(aj_device_alloc(dev, sizeof cu_q, (void **)&e->cu[i]) == AJ_OK);
+            CHECK(aj_device_copy_to(dev, e->cu[i], host[i], sizeof cu_q) == AJ_OK);
+        }
+        a.cu_seqlens_q = e->cu[0];
+        a.cu_seqlens_k = e->cu[1];
+        a.batch = 2;
+        a.max_seqlen_q = 7;
+        a.max_seqlen_k = 9;
+    }
+    e->a = a;
+}
+
+static void err_setup_free(err_setup *e)
+{
+    for (int i = 0; i < 9; i++)
+        release(&e->x[i]);
+    for (int i = 0; i < 2; i++)
+        if (e->cu[i])
+            aj_device_free(dev, e->cu[i]);
+}
+
+static aj_kernel *compile_text(const char *text)
+{
+    aj_op *op = NULL;
+    aj_kernel *k = NULL;
+    CHECK_STATUS(ctx, aj_op_parse(ctx, text, strlen(text), "errors", &op), AJ_OK);
+    aj_compile_options opt = AJ_COMPILE_OPTIONS_INIT;
+    opt.target = AJ_TARGET_SIM;
+    opt.emit = AJ_EMIT_LLVM_IR;
+    CHECK_STATUS(ctx, aj_compile(ctx, op, &opt, &k), AJ_OK);
+    aj_op_destroy(op);
+    return k;
+}
+
+/* aj_backward_workspace_size, a caller's workspace, and what is wrong
+ * with a bad one */
+static void test_workspace(void)
+{
+    aj_kernel *det = compile_text("attention backward flash { dtype = f16 head_dim = 64 "
+                                  "deterministic = true }");
+    aj_kernel *atomic = compile_text("attention backward flash { dtype = f16 head_dim = 64 }");
+    aj_kernel *eff = compile_text("attention backward efficient { dtype = f16 head_dim = 64 }");
+    if (!det || !atomic || !eff)
+        return;
+    err_setup e;
+    err_setup_make(&e, 0);
+    size_t bytes = 1;
+    /* Delta: 1 x 2 x 12 rows, then 24 x 64 f32 dQ sums without determinism */
+    CHECK_STATUS(ctx, aj_backward_workspace_size(ctx, det, &e.a, &bytes), AJ_OK);
+    CHECK_MSG(bytes == 24 * 4, "deterministic workspace: %zu bytes", bytes);
+    CHECK_STATUS(ctx, aj_backward_workspace_size(ctx, atomic, &e.a, &bytes), AJ_OK);
+    CHECK_MSG(bytes == 24 * 4 + 24 * 64 * 4, "atomic workspace: %zu bytes", bytes);
+    CHECK_STATUS(ctx, aj_backward_workspace_size(ctx, eff, &e.a, &bytes), AJ_OK);
+    CHECK_MSG(bytes == 0, "efficient backward workspace: %zu bytes", bytes);
+    CHECK_STATUS(ctx, aj_backward_workspace_size(ctx, det, &e.a, NULL), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "aj_backward_workspace_size: bytes is NULL");
+    CHECK_STATUS(ctx, aj_backward_workspace_size(ctx, NULL, &e.a, &bytes), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "aj_backward_workspace_size: kernel is NULL");
+    aj_bwd_args bad = e.a;
+    bad.struct_size = 8;
+    CHECK_STATUS(ctx, aj_backward_workspace_size(ctx, det, &bad, &bytes), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "args->struct_size = 8");
+    bad = e.a;
+    bad.dq.shape[2] = 11;
+    CHECK_STATUS(ctx, aj_backward_workspace_size(ctx, det, &bad, &bytes), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "dq.shape[2] = 11, want 12");
+
+    void *ws = NULL;
+    size_t need = 24 * 4 + 24 * 64 * 4;
+    CHECK(aj_device_alloc(dev, need + 16, &ws) == AJ_OK);
+    aj_bwd_args a = e.a;
+    a.workspace = ws;
+    a.workspace_bytes = need;
+    CHECK_STATUS(ctx, aj_backward(ctx, dev, atomic, &a), AJ_OK);
+    a.workspace_bytes = need - 4;
+    CHECK_STATUS(ctx, aj_backward(ctx, dev, atomic, &a), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "aj_backward: workspace_bytes = 6236, want at least 6240");
+    a.workspace = (char *)ws + 4;
+    a.workspace_bytes = need;
+    CHECK_STATUS(ctx, aj_backward(ctx, dev, atomic, &a), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "is not 16-byte aligned");
+    aj_device_free(dev, ws);
+    err_setup_free(&e);
+    aj_kernel_destroy(det);
+    aj_kernel_destroy(atomic);
+    aj_kernel_destroy(eff);
+}
+
+/* the varlen arguments aj_backward checks: status and message each */
+static void test_varlen_errors(void)
+{
+    aj_kernel *k = compile_text("attention backward flash { dtype = f16 head_dim = 64 "
+                                "layout = varlen mask = causal(bottom_right) }");
+    if (!k)
+        return;
+    err_setup e;
+    err_setup_make(&e, 1);
+    CHECK_STATUS(ctx, aj_backward(ctx, dev, k, &e.a), AJ_OK);
+    size_t bytes = 0;
+    CHECK_STATUS(ctx, aj_backward_workspace_size(ctx, k, &e.a, &bytes), AJ_OK);
+    CHECK_MSG(bytes == 24 * 4 + 24 * 64 * 4, "varlen workspace: %zu bytes", bytes);
+
+    aj_bwd_args a = e.a;
+    a.cu_seqlens_k = NULL;
+    CHECK_STATUS(ctx, aj_backward(ctx, dev, k, &a), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "cu_seqlens_q and cu_seqlens_k are required by layout = varlen kernels "
+                     "(got a pointer and NULL)");
+    a = e.a;
+    a.max_seqlen_q = -1;
+    CHECK_STATUS(ctx, aj_backward(ctx, dev, k, &a), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "max_seqlen_q = -1");
+    a = e.a;
+    a.batch = -2;
+    CHECK_STATUS(ctx, aj_backward(ctx, dev, k, &a), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "batch = -2");
+    a = e.a;
+    a.max_seqlen_k = 8;
+    CHECK_STATUS(ctx, aj_backward(ctx, dev, k, &a), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "sequence 0 has 9 keys, more than max_seqlen_k = 8");
+    a = e.a;
+    a.batch = 1;   /* cu_seqlens_q[1] = 5 is not Tq */
+    CHECK_STATUS(ctx, aj_backward(ctx, dev, k, &a), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "cu_seqlens_q[1] = 5, want 12 (q's tokens)");
+    static const int32_t down[3] = {0, 9, 7}, shifted[3] = {1, 5, 12};
+    CHECK(aj_device_copy_to(dev, e.cu[1], down, sizeof down) == AJ_OK);
+    CHECK_STATUS(ctx, aj_backward(ctx, dev, k, &e.a), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "cu_seqlens_k[2] = 7 is below cu_seqlens_k[1] = 9");
+    CHECK(aj_device_copy_to(dev, e.cu[0], shifted, sizeof shifted) == AJ_OK);
+    CHECK_STATUS(ctx, aj_backward(ctx, dev, k, &e.a), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "cu_seqlens_q[0] = 1; the offsets start at 0");
+    a = e.a;
+    a.lse.shape[1] = 11;
+    CHECK_STATUS(ctx, aj_backward(ctx, dev, k, &a), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "lse.shape[1] = 11, want 12 (q's tokens)");
+    a = e.a;
+    a.q = e.x[6].t;
+    a.q.rank = 4;
+    CHECK_STATUS(ctx, aj_backward(ctx, dev, k, &a), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "q.rank = 4, want 3");
+    a = e.a;
+    a.dk.shape[1] = 2;
+    CHECK_STATUS(ctx, aj_backward(ctx, dev, k, &a), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "dk.shape[1] = 2, want 1 (k's heads)");
+    err_setup_free(&e);
+    aj_kernel_destroy(k);
+}
+
 int main(void)
 {
     CHECK(aj_ctx_create(NULL, &ctx) == AJ_OK);
@@ -545,6 +762,9 @@ int main(void)
     test_dropout();
     test_deterministic();
     test_schedules();
+    test_varlen();
+    test_workspace();
+    test_varlen_errors();
     printf("%d cases\n", cases_run);
     aj_device_close(dev);
     aj_ctx_destroy(ctx);
