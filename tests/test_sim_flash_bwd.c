@@ -9,7 +9,8 @@
  * forward's stream; deterministic mode bitwise equal over repeated runs
  * and over different emulator worker counts; the atomic (deterministic =
  * false) mode within tolerance; explicit schedules; the workspace API and
- * its errors.  Sizes are small: the emulator runs every GPU thread.
+ * its errors.  Sizes are small: the emulator runs every GPU thread.  With
+ * the argument `cuda` the same cases run on a GPU (tests/gpu/run.sh).
  *
  * O and LSE come from ref_forward, rounded as a forward kernel stores
  * them, and the reference backward is fed the same rounded values.  Each
@@ -183,8 +184,8 @@ static aj_kernel *compile(const fb_case *c)
     CHECK_MSG(aj_op_parse(ctx, spec, strlen(spec), c->label, &op) == AJ_OK, "%s: %s", c->label,
               aj_last_error(ctx));
     aj_compile_options opt = AJ_COMPILE_OPTIONS_INIT;
-    opt.target = AJ_TARGET_SIM;
-    opt.emit = AJ_EMIT_LLVM_IR;
+    opt.target = aj_device_target(dev);
+    opt.emit = opt.target == AJ_TARGET_SIM ? AJ_EMIT_LLVM_IR : AJ_EMIT_PTX;
     if (op)
         CHECK_MSG(aj_compile(ctx, op, &opt, &k) == AJ_OK, "%s: %s", c->label,
                   aj_last_error(ctx));
@@ -629,8 +630,8 @@ static aj_kernel *compile_text(const char *text)
     aj_kernel *k = NULL;
     CHECK_STATUS(ctx, aj_op_parse(ctx, text, strlen(text), "errors", &op), AJ_OK);
     aj_compile_options opt = AJ_COMPILE_OPTIONS_INIT;
-    opt.target = AJ_TARGET_SIM;
-    opt.emit = AJ_EMIT_LLVM_IR;
+    opt.target = aj_device_target(dev);
+    opt.emit = opt.target == AJ_TARGET_SIM ? AJ_EMIT_LLVM_IR : AJ_EMIT_PTX;
     CHECK_STATUS(ctx, aj_compile(ctx, op, &opt, &k), AJ_OK);
     aj_op_destroy(op);
     return k;
@@ -749,10 +750,19 @@ static void test_varlen_errors(void)
     aj_kernel_destroy(k);
 }
 
-int main(void)
+/* test_sim_flash_bwd [cuda]: on the sim device (ctest), or on a GPU
+ * (tests/gpu/run.sh), where no GPU means exit 77, "skipped". */
+int main(int argc, char **argv)
 {
+    int gpu = argc > 1 && strcmp(argv[1], "cuda") == 0;
     CHECK(aj_ctx_create(NULL, &ctx) == AJ_OK);
-    CHECK_STATUS(ctx, aj_device_open(ctx, AJ_DEVICE_SIM, 0, &dev), AJ_OK);
+    aj_status st = aj_device_open(ctx, gpu ? AJ_DEVICE_CUDA : AJ_DEVICE_SIM, 0, &dev);
+    if (gpu && st != AJ_OK) {
+        printf("SKIP flash backward check on a GPU: %s\n", aj_last_error(ctx));
+        aj_ctx_destroy(ctx);
+        return 77;
+    }
+    CHECK_STATUS(ctx, st, AJ_OK);
     if (!dev)
         return check_report();
     test_matrix();
