@@ -641,34 +641,33 @@ static void store_acc(fbwd *f, const warp_acc *acc, const char *t, LLVMValueRef 
 
 /* LSE (log2 units) and Delta of query rows m0 .. m0 + rows - 1 into
  * shared memory as stats[0 .. rows) and stats[rows .. 2 rows); rows past
- * the sequence get 0 (they see no key). */
+ * the sequence (which see no key) read row Sq - 1 and keep 0.  The
+ * caller runs this only with Sq > 0. */
 static void load_stats(fbwd *f, LLVMValueRef h, LLVMValueRef m0, int rows, int32_t stats)
 {
     aj_kb *kb = f->kb;
     LLVMBuilderRef b = f->b;
+    LLVMValueRef zero = aj_kb_f32(kb, 0);
     for (int x = 0; x < (rows + f->p.threads - 1) / f->p.threads; x++) {
         LLVMValueRef r = add(f, f->tid, i32c(f, (int64_t)x * f->p.threads));
+        int guard = (x + 1) * f->p.threads > rows;
+        if (guard)
+            aj_kb_if_begin(kb, slt(f, r, i32c(f, rows)));
         LLVMValueRef i = add(f, m0, r);
-        aj_kb_if_begin(kb, LLVMBuildAnd(b, slt(f, r, i32c(f, rows)), slt(f, i, f->seq_q), ""));
+        LLVMValueRef valid = slt(f, i, f->seq_q);
+        LLVMValueRef ic = sext64(f, aj_kb_smin(kb, i, LLVMBuildSub(b, f->seq_q, i32c(f, 1), "")));
         LLVMValueRef lse_at = add(f, add(f, aj_attn_slice_base(kb, "lse", f->bidx, h),
-                                         f->q_start), sext64(f, i));
+                                         f->q_start), ic);
         LLVMValueRef lse = aj_kb_load(kb, kb->t_f32, aj_kb_gptr_offset(kb, prm(f, "lse"),
                                       mul(f, lse_at, aj_kb_i64(kb, 4))), 4);
-        LLVMValueRef delta = aj_kb_load(kb, kb->t_f32,
-                                        ws_ptr(f, add(f, ws_row0(f, h), sext64(f, i))), 4);
+        LLVMValueRef delta = aj_kb_load(kb, kb->t_f32, ws_ptr(f, add(f, ws_row0(f, h), ic)), 4);
         LLVMValueRef lse2 = LLVMBuildFMul(b, lse, aj_kb_f32(kb, AJ_LOG2E), "");
-        LLVMValueRef s = aj_kb_smem_ptr(kb, add(f, i32c(f, stats), LLVMBuildShl(b, r, i32c(f, 2), "")));
-        aj_kb_store(kb, lse2, s, 4);
-        s = aj_kb_smem_ptr(kb, add(f, i32c(f, stats + 4 * rows), LLVMBuildShl(b, r, i32c(f, 2), "")));
-        aj_kb_store(kb, delta, s, 4);
-        aj_kb_else(kb);
-        aj_kb_if_begin(kb, slt(f, r, i32c(f, rows)));
-        s = aj_kb_smem_ptr(kb, add(f, i32c(f, stats), LLVMBuildShl(b, r, i32c(f, 2), "")));
-        aj_kb_store(kb, aj_kb_f32(kb, 0), s, 4);
-        s = aj_kb_smem_ptr(kb, add(f, i32c(f, stats + 4 * rows), LLVMBuildShl(b, r, i32c(f, 2), "")));
-        aj_kb_store(kb, aj_kb_f32(kb, 0), s, 4);
-        aj_kb_if_end(kb);
-        aj_kb_if_end(kb);
+        LLVMValueRef at = add(f, i32c(f, stats), LLVMBuildShl(b, r, i32c(f, 2), ""));
+        aj_kb_store(kb, LLVMBuildSelect(b, valid, lse2, zero, ""), aj_kb_smem_ptr(kb, at), 4);
+        at = add(f, at, i32c(f, 4 * rows));
+        aj_kb_store(kb, LLVMBuildSelect(b, valid, delta, zero, ""), aj_kb_smem_ptr(kb, at), 4);
+        if (guard)
+            aj_kb_if_end(kb);
     }
 }
 
@@ -1051,14 +1050,11 @@ static void build_dq_convert(aj_kb *kb, const aj_op *op, const fbwd_plan *plan)
                                      aj_kb_i64(kb, 1), "x");
     LLVMValueRef col = LLVMBuildShl(b, x, aj_kb_i64(kb, 2), "");
     LLVMValueRef v = aj_kb_load(kb, f4, ws_ptr(&f, add(&f, src, col)), 16);
-    LLVMValueRef lo = pack2(&f, LLVMBuildFMul(b, LLVMBuildExtractElement(b, v, i32c(&f, 0), ""),
-                                              aj_kb_f32(kb, aj_op_scale(op)), ""),
-                            LLVMBuildFMul(b, LLVMBuildExtractElement(b, v, i32c(&f, 1), ""),
-                                          aj_kb_f32(kb, aj_op_scale(op)), ""));
-    LLVMValueRef hi = pack2(&f, LLVMBuildFMul(b, LLVMBuildExtractElement(b, v, i32c(&f, 2), ""),
-                                              aj_kb_f32(kb, aj_op_scale(op)), ""),
-                            LLVMBuildFMul(b, LLVMBuildExtractElement(b, v, i32c(&f, 3), ""),
-                                          aj_kb_f32(kb, aj_op_scale(op)), ""));
+    LLVMValueRef sv[4];
+    for (int e = 0; e < 4; e++)
+        sv[e] = LLVMBuildFMul(b, LLVMBuildExtractElement(b, v, i32c(&f, e), ""),
+                              aj_kb_f32(kb, aj_op_scale(op)), "");
+    LLVMValueRef lo = pack2(&f, sv[0], sv[1]), hi = pack2(&f, sv[2], sv[3]);
     LLVMValueRef at = mul(&f, add(&f, dst, col), aj_kb_i64(kb, 2));
     aj_kb_store(kb, lo, aj_kb_gptr_offset(kb, prm(&f, "dq"), at), 4);
     aj_kb_store(kb, hi, aj_kb_gptr_offset(kb, prm(&f, "dq"), add(&f, at, aj_kb_i64(kb, 4))), 4);
