@@ -193,9 +193,10 @@ static aj_status plan_kernel(aj_ctx *ctx, const aj_op *op, aj_target target, fbw
         if (!warp_grid_for(prods[i][0], prods[i][1], p->warps, &g))
             return aj_fail(ctx, AJ_ERR_UNSUPPORTED,
                            "schedule: block_m = %d, block_n = %d, warps = %d cannot tile a "
-                           "%d x %d product at head_dim %d/%d (each warp needs whole 16-row "
-                           "strips and 8-column tiles); use the defaults or fewer warps",
-                           p->bm, p->bn, p->warps, prods[i][0], prods[i][1], p->d, p->dv);
+                           "%d x %d product at head_dim %d/%d (each warp takes 1 to %d whole "
+                           "16-row strips and 1 to %d whole 8-column tiles); use the defaults",
+                           p->bm, p->bn, p->warps, prods[i][0], prods[i][1], p->d, p->dv,
+                           MAX_MT, MAX_NT);
     }
     int state = dkdv_state(p) > dq_state(p) ? dkdv_state(p) : dq_state(p);
     if (state > STATE_BUDGET)
