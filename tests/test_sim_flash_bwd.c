@@ -24,6 +24,7 @@
 
 #include "check.h"
 #include "ref.h"
+#include "bwd_tensors.h"
 
 static aj_ctx *ctx;
 static aj_device *dev;
@@ -62,108 +63,9 @@ static void tolerance_for(aj_dtype dtype, double *atol, double *rtol)
 
 /* ---------------------------------------------------------------- data */
 
-static uint64_t next_random(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);   /* splitmix64 */
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-/* A contiguous tensor in device memory, its host staging copy and its
- * double image. */
-typedef struct tensor {
-    aj_tensor t;
-    void *host;
-    double *ref;
-    size_t n;
-} tensor;
-
-static size_t tensor_bytes(const tensor *x)
-{
-    return x->n * (x->t.dtype == AJ_DTYPE_F32 ? 4 : 2);
-}
-
 static void make(tensor *x, aj_dtype dtype, int rank, const int64_t *shape)
 {
-    memset(x, 0, sizeof *x);
-    x->n = 1;
-    for (int i = 0; i < rank; i++)
-        x->n *= (size_t)shape[i];
-    int elem = dtype == AJ_DTYPE_F32 ? 4 : 2;
-    CHECK(aj_device_alloc(dev, x->n * (size_t)elem + 16, &x->t.data) == AJ_OK);
-    x->host = malloc(x->n * (size_t)elem + 16);
-    x->ref = calloc(x->n + 1, sizeof(double));
-    x->t.dtype = dtype;
-    x->t.rank = rank;
-    int64_t stride = 1;
-    for (int i = rank - 1; i >= 0; i--) {
-        x->t.shape[i] = shape[i];
-        x->t.strides[i] = stride;
-        stride *= shape[i];
-    }
-}
-
-static void release(tensor *x)
-{
-    aj_device_free(dev, x->t.data);
-    free(x->host);
-    free(x->ref);
-}
-
-/* Stores the double image in the tensor's dtype and reads the rounded
- * values back into the image. */
-static void store_rounded(tensor *x)
-{
-    float *f = malloc((x->n + 1) * sizeof *f);
-    for (size_t i = 0; i < x->n; i++)
-        f[i] = (float)x->ref[i];
-    CHECK(aj_convert(f, AJ_DTYPE_F32, x->host, x->t.dtype, x->n) == AJ_OK);
-    CHECK(aj_convert(x->host, x->t.dtype, f, AJ_DTYPE_F32, x->n) == AJ_OK);
-    CHECK(aj_device_copy_to(dev, x->t.data, x->host, tensor_bytes(x)) == AJ_OK);
-    for (size_t i = 0; i < x->n; i++)
-        x->ref[i] = f[i];
-    free(f);
-}
-
-static void fill(tensor *x, double magnitude, uint64_t *rng)
-{
-    for (size_t i = 0; i < x->n; i++)
-        x->ref[i] = magnitude * ((double)(next_random(rng) >> 11) * 0x1p-52 - 1.0);
-    store_rounded(x);
-}
-
-static void read_back(const tensor *x, double *out)
-{
-    float *f = malloc((x->n + 1) * sizeof *f);
-    CHECK(aj_device_copy_from(dev, x->host, x->t.data, tensor_bytes(x)) == AJ_OK);
-    CHECK(aj_convert(x->host, x->t.dtype, f, AJ_DTYPE_F32, x->n) == AJ_OK);
-    for (size_t i = 0; i < x->n; i++)
-        out[i] = f[i];
-    free(f);
-}
-
-/* NaN bits: an element the kernel never writes fails the comparison */
-static void poison(tensor *x)
-{
-    memset(x->host, 0xff, tensor_bytes(x));
-    CHECK(aj_device_copy_to(dev, x->t.data, x->host, tensor_bytes(x)) == AJ_OK);
-}
-
-/* max |got - ref| / (atol + rtol max |ref|): <= 1 passes; NaN fails */
-static double norm_error(const double *got, const double *ref, size_t n, aj_dtype dtype)
-{
-    double atol, rtol, mx = 0, err = 0;
-    tolerance_for(dtype, &atol, &rtol);
-    for (size_t i = 0; i < n; i++)
-        mx = fmax(mx, fabs(ref[i]));
-    for (size_t i = 0; i < n; i++) {
-        double e = fabs(got[i] - ref[i]);
-        if (!(e == e))
-            return INFINITY;
-        err = fmax(err, e);
-    }
-    return err / (atol + rtol * mx);
+    tensor_make(x, dev, dtype, rank, shape);
 }
 
 /* ---------------------------------------------------------------- cases */
@@ -191,19 +93,6 @@ static aj_kernel *compile(const fb_case *c)
                   aj_last_error(ctx));
     aj_op_destroy(op);
     return k;
-}
-
-static void ref_mask(const fb_case *c, ref_problem *p)
-{
-    long long l = 0, r = 0;
-    p->mask = AJ_MASK_NONE;
-    if (strncmp(c->mask, "causal", 6) == 0)
-        p->mask = AJ_MASK_CAUSAL;
-    else if (sscanf(c->mask, "window(%lld, %lld", &l, &r) == 2)
-        p->mask = AJ_MASK_WINDOW;
-    p->window_left = l;
-    p->window_right = r;
-    p->align = strstr(c->mask, "bottom_right") ? AJ_ALIGN_BOTTOM_RIGHT : AJ_ALIGN_TOP_LEFT;
 }
 
 /* Runs `a` again on `workers` emulator threads and wants the bits of
@@ -295,7 +184,7 @@ static void run(const fb_case *c)
         p.cu_q = cu_q;
         p.cu_k = cu_k;
     }
-    ref_mask(c, &p);
+    ref_mask(c->mask, &p);
     p.q_offset = c->q_offset;
     p.kv_offset = c->kv_offset;
     p.sq_total = c->sq_total;
@@ -389,7 +278,7 @@ static void run(const fb_case *c)
     }
     tensor *all[9] = {&q, &k, &v, &o, &dout, &lse, &dq, &dk, &dvt};
     for (int i = 0; i < 9; i++)
-        release(all[i]);
+        tensor_release(all[i]);
     for (int i = 0; i < 2; i++)
         if (cu_dev[i])
             aj_device_free(dev, cu_dev[i]);
@@ -618,7 +507,7 @@ static void err_setup_make(err_setup *e, int varlen)
 static void err_setup_free(err_setup *e)
 {
     for (int i = 0; i < 9; i++)
-        release(&e->x[i]);
+        tensor_release(&e->x[i]);
     for (int i = 0; i < 2; i++)
         if (e->cu[i])
             aj_device_free(dev, e->cu[i]);
