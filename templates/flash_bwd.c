@@ -45,8 +45,8 @@
  *
  * Tiles in shared memory keep rows of (width + 8) elements, so the eight
  * 16-byte rows one ldmatrix reads fall in different banks.  An operand
- * stored with its reduction dim along rows (K^T's "k" is K's column) is
- * read with ldmatrix .trans; see warp_mma.
+ * whose reduction dim runs down the tile's rows (dO in dV += P^T dO, which
+ * sums over dO's rows) is read with ldmatrix .trans; see warp_mma.
  *
  * Rows that see no key get dQ = 0; keys no row sees get dK = dV = 0.
  * Masks, dropout and score mods are attn_common.h's, as in every template.
