@@ -8,6 +8,7 @@
  * may take any subset of the values below, in any order.
  */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "runtime/runtime.h"
@@ -296,25 +297,48 @@ done:
     return st;
 }
 
-/* sim only (cu_seqlens in host memory): each array starts at 0, never
- * decreases, ends at its tensor's total, and no sequence is longer than
- * its max_seqlen. */
-static aj_status check_cu_seqlens(aj_ctx *ctx, const char *name, const int32_t *cu,
-                                  int32_t batch, int64_t total, int32_t max_len,
-                                  const char *total_what)
+/* cu_seqlens_q and _k (device memory, read back here, so that a bad
+ * offset is an error rather than an out-of-bounds read in the kernel):
+ * batch + 1 offsets from 0, non-decreasing, ending at Tq (Tk), no
+ * sequence longer than max_seqlen_q (_k). */
+static aj_status check_cu_seqlens(aj_ctx *ctx, const char *fn, aj_device *dev,
+                                  const int32_t *cu_q, const int32_t *cu_k, int32_t batch,
+                                  int64_t tq, int64_t tk, int32_t max_q, int32_t max_k)
 {
-    AJ_CHECK_ARG(ctx, cu[0] == 0, "%s: %s[0] = %d, want 0", FWD, name, cu[0]);
-    for (int32_t b = 0; b < batch; b++) {
-        AJ_CHECK_ARG(ctx, cu[b + 1] >= cu[b], "%s: %s[%d] = %d is below %s[%d] = %d; "
-                     "cu_seqlens must not decrease", FWD, name, b + 1, cu[b + 1], name, b,
-                     cu[b]);
-        AJ_CHECK_ARG(ctx, cu[b + 1] - cu[b] <= max_len, "%s: sequence %d has %d rows in %s, "
-                     "more than max_seqlen_%c = %d", FWD, b, cu[b + 1] - cu[b], name,
-                     name[strlen(name) - 1], max_len);
+    const char *const names[2] = {"cu_seqlens_q", "cu_seqlens_k"};
+    const int32_t *arrays[2] = {cu_q, cu_k};
+    const int64_t totals[2] = {tq, tk};
+    const int32_t longest[2] = {max_q, max_k};
+    size_t n = (size_t)batch + 1;
+    int32_t *host = malloc(n * sizeof *host);
+    if (!host)
+        return aj_fail(ctx, AJ_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
+    aj_status st = AJ_OK;
+    for (int t = 0; t < 2 && st == AJ_OK; t++) {
+        st = aj_device_copy_from(dev, host, arrays[t], n * sizeof *host);
+        if (st != AJ_OK)
+            break;
+        if (host[0] != 0)
+            st = aj_fail(ctx, AJ_ERR_INVALID_ARG, "%s: %s[0] = %d, want 0", fn, names[t],
+                         host[0]);
+        for (size_t b = 1; b < n && st == AJ_OK; b++) {
+            int64_t len = (int64_t)host[b] - host[b - 1];
+            if (len < 0)
+                st = aj_fail(ctx, AJ_ERR_INVALID_ARG, "%s: %s[%zu] = %d is below %s[%zu] = "
+                             "%d; cu_seqlens must not decrease", fn, names[t], b, host[b],
+                             names[t], b - 1, host[b - 1]);
+            else if (len > longest[t])
+                st = aj_fail(ctx, AJ_ERR_INVALID_ARG, "%s: sequence %zu has %lld %s in %s, "
+                             "more than max_seqlen_%c = %d", fn, b - 1, (long long)len,
+                             t ? "keys" : "queries", names[t], t ? 'k' : 'q', longest[t]);
+        }
+        if (st == AJ_OK && host[n - 1] != totals[t])
+            st = aj_fail(ctx, AJ_ERR_INVALID_ARG, "%s: %s[%d] = %d, want %lld (%s's tokens)",
+                         fn, names[t], batch, host[n - 1], (long long)totals[t],
+                         t ? "k" : "q");
     }
-    AJ_CHECK_ARG(ctx, cu[batch] == total, "%s: %s[%d] = %d, want %lld (%s)", FWD, name, batch,
-                 cu[batch], (long long)total, total_what);
-    return AJ_OK;
+    free(host);
+    return st;
 }
 
 /* A packed [T, H, D] tensor as the [1, H, T, D] view the padded binding
@@ -461,13 +485,10 @@ aj_status aj_forward(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
     fwd_sizes sz;
     int varlen = op->layout == AJ_LAYOUT_VARLEN;
     st = varlen ? check_forward_varlen(ctx, op, args, &sz) : check_forward(ctx, op, args, &sz);
-    if (st == AJ_OK && varlen && !dev->cuda) {
-        st = check_cu_seqlens(ctx, "cu_seqlens_q", args->cu_seqlens_q, args->batch,
-                              args->q.shape[0], args->max_seqlen_q, "q.shape[0]");
-        if (st == AJ_OK)
-            st = check_cu_seqlens(ctx, "cu_seqlens_k", args->cu_seqlens_k, args->batch,
-                                  args->k.shape[0], args->max_seqlen_k, "k.shape[0]");
-    }
+    if (st == AJ_OK && varlen)
+        st = check_cu_seqlens(ctx, FWD, dev, args->cu_seqlens_q, args->cu_seqlens_k,
+                              args->batch, args->q.shape[0], args->k.shape[0],
+                              args->max_seqlen_q, args->max_seqlen_k);
     if (st != AJ_OK)
         return st;
     if (sz.batch == 0 || sz.heads_q == 0 || sz.seq_q == 0)
@@ -540,8 +561,140 @@ aj_status aj_forward(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
 
 #define BWD "aj_backward"
 
+/* A checked backward call: its sizes (varlen: batch and the longest
+ * lengths, which size the grid), the query rows of each head (Sq, or Tq
+ * for varlen) and the arguments as padded BHSD views (varlen: batch
+ * stride 0, so that sequence b's rows start at its cu_seqlens offset). */
+typedef struct bwd_call {
+    fwd_sizes sz;
+    int64_t head_rows;
+    aj_bwd_args view;
+} bwd_call;
+
+static aj_status check_backward_padded(aj_ctx *ctx, const aj_op_info *op,
+                                       const aj_bwd_args *a, fwd_sizes *sz);
+static aj_status check_backward_varlen(aj_ctx *ctx, const aj_op_info *op,
+                                       const aj_bwd_args *a, bwd_call *call);
+
 static aj_status check_backward(aj_ctx *ctx, const aj_op_info *op, const aj_bwd_args *a,
-                                fwd_sizes *sz)
+                                bwd_call *call)
+{
+    call->view = *a;
+    if (op->layout == AJ_LAYOUT_VARLEN)
+        return check_backward_varlen(ctx, op, a, call);
+    call->head_rows = a->q.shape[2];
+    return check_backward_padded(ctx, op, a, &call->sz);
+}
+
+/* [T, H, width] packed rows as a [batch, H, T, width] view with batch
+ * stride 0. */
+static aj_tensor packed_view(const aj_tensor *t, int64_t batch)
+{
+    aj_tensor v = *t;
+    v.rank = 4;
+    const int64_t shape[4] = {batch, t->shape[1], t->shape[0], t->shape[2]};
+    const int64_t strides[4] = {0, t->strides[1], t->strides[0], 1};
+    memcpy(v.shape, shape, sizeof shape);
+    memcpy(v.strides, strides, sizeof strides);
+    return v;
+}
+
+/* Shape `want` of a rank-`rank` tensor, each dim named by `what`. */
+static aj_status check_shape(aj_ctx *ctx, const char *name, const aj_tensor *t, int rank,
+                             aj_dtype dtype, const int64_t *want, const char *const *what)
+{
+    aj_status st = AJ_OK;
+    AJ_TRY(check_tensor(ctx, BWD, name, t, rank, dtype, rank > 2));
+    for (int i = 0; i < rank; i++)
+        AJ_TRY(check_dim(ctx, BWD, name, i, t->shape[i], want[i], what[i]));
+done:
+    return st;
+}
+
+/* layout = varlen: q, dq [Tq, Hq, D], k, dk [Tk, Hkv, D], v, dv [Tk, Hkv, Dv],
+ * o, do [Tq, Hq, Dv], lse [Hq, Tq] (aj_fwd_args); cu_seqlens_* are checked
+ * against Tq and Tk at launch (check_cu_seqlens), where they can be read. */
+static aj_status check_backward_varlen(aj_ctx *ctx, const aj_op_info *op,
+                                       const aj_bwd_args *a, bwd_call *call)
+{
+    aj_status st = AJ_OK;
+    fwd_sizes *sz = &call->sz;
+    if (!a->cu_seqlens_q || !a->cu_seqlens_k)
+        return aj_fail(ctx, AJ_ERR_INVALID_ARG, "%s: cu_seqlens_q and cu_seqlens_k are "
+                       "required by layout = varlen kernels (got %s and %s)", BWD,
+                       a->cu_seqlens_q ? "a pointer" : "NULL",
+                       a->cu_seqlens_k ? "a pointer" : "NULL");
+    if (a->batch < 0 || a->batch > MAX_GRID_YZ)
+        return aj_fail(ctx, AJ_ERR_INVALID_ARG, "%s: batch = %d; want 0 .. %d sequences", BWD,
+                       a->batch, MAX_GRID_YZ);
+    if (a->max_seqlen_q < 0 || a->max_seqlen_k < 0 || a->max_seqlen_q >= MAX_SEQ ||
+        a->max_seqlen_k >= MAX_SEQ)
+        return aj_fail(ctx, AJ_ERR_INVALID_ARG, "%s: max_seqlen_q = %d, max_seqlen_k = %d; "
+                       "each must be in 0 .. 2^30 - 1", BWD, a->max_seqlen_q, a->max_seqlen_k);
+    AJ_TRY(check_tensor(ctx, BWD, "q", &a->q, 3, op->dtype, 1));
+    AJ_TRY(check_tensor(ctx, BWD, "k", &a->k, 3, op->dtype, 1));
+    int64_t tq = a->q.shape[0], tk = a->k.shape[0];
+    sz->batch = a->batch;
+    sz->heads_q = a->q.shape[1];
+    sz->heads_kv = a->k.shape[1];
+    sz->seq_q = a->max_seqlen_q;
+    sz->seq_k = a->max_seqlen_k;
+    call->head_rows = tq;
+    const char *const qwhat[3] = {"q's tokens", "q's heads", "the op's head_dim"};
+    const char *const owhat[3] = {"q's tokens", "q's heads", "the op's head_dim_v"};
+    const char *const kwhat[3] = {"k's tokens", "k's heads", "the op's head_dim"};
+    const char *const vwhat[3] = {"k's tokens", "k's heads", "the op's head_dim_v"};
+    const int64_t qs[3] = {tq, sz->heads_q, op->head_dim};
+    const int64_t os[3] = {tq, sz->heads_q, op->head_dim_v};
+    const int64_t ks[3] = {tk, sz->heads_kv, op->head_dim};
+    const int64_t vs[3] = {tk, sz->heads_kv, op->head_dim_v};
+    AJ_TRY(check_shape(ctx, "q", &a->q, 3, op->dtype, qs, qwhat));
+    AJ_TRY(check_shape(ctx, "k", &a->k, 3, op->dtype, ks, kwhat));
+    AJ_TRY(check_shape(ctx, "v", &a->v, 3, op->dtype, vs, vwhat));
+    if (sz->heads_kv == 0 ? sz->heads_q != 0 : sz->heads_q % sz->heads_kv != 0)
+        return aj_fail(ctx, AJ_ERR_INVALID_ARG, "%s: q has %lld heads and k %lld; the query "
+                       "heads must be a multiple of the key/value heads (GQA)", BWD,
+                       (long long)sz->heads_q, (long long)sz->heads_kv);
+    if (sz->heads_q > MAX_GRID_YZ)
+        return aj_fail(ctx, AJ_ERR_INVALID_ARG, "%s: heads = %lld; at most %d", BWD,
+                       (long long)sz->heads_q, MAX_GRID_YZ);
+    AJ_TRY(check_shape(ctx, "o", &a->o, 3, op->dtype, os, owhat));
+    AJ_TRY(check_shape(ctx, "do", &a->do_, 3, op->dtype, os, owhat));
+    AJ_TRY(check_shape(ctx, "dq", &a->dq, 3, op->dtype, qs, qwhat));
+    AJ_TRY(check_shape(ctx, "dk", &a->dk, 3, op->dtype, ks, kwhat));
+    AJ_TRY(check_shape(ctx, "dv", &a->dv, 3, op->dtype, vs, vwhat));
+    const int64_t ls[2] = {sz->heads_q, tq};
+    const char *const lwhat[2] = {"q's heads", "q's tokens"};
+    AJ_TRY(check_shape(ctx, "lse", &a->lse, 2, AJ_DTYPE_F32, ls, lwhat));
+    if (op->score_mod == AJ_SCORE_MOD_ALIBI) {
+        AJ_TRY(check_tensor(ctx, BWD, "alibi_slopes", &a->alibi_slopes, 1, AJ_DTYPE_F32, 0));
+        AJ_TRY(check_dim(ctx, BWD, "alibi_slopes", 0, a->alibi_slopes.shape[0], sz->heads_q,
+                         "q's heads"));
+    }
+    if (a->sq_total < 0 || a->sk_total < 0)
+        return aj_fail(ctx, AJ_ERR_INVALID_ARG, "%s: sq_total = %lld, sk_total = %lld; "
+                       "totals are lengths (0: each sequence's own)", BWD,
+                       (long long)a->sq_total, (long long)a->sk_total);
+    aj_bwd_args *v = &call->view;
+    v->q = packed_view(&a->q, a->batch);
+    v->k = packed_view(&a->k, a->batch);
+    v->v = packed_view(&a->v, a->batch);
+    v->o = packed_view(&a->o, a->batch);
+    v->do_ = packed_view(&a->do_, a->batch);
+    v->dq = packed_view(&a->dq, a->batch);
+    v->dk = packed_view(&a->dk, a->batch);
+    v->dv = packed_view(&a->dv, a->batch);
+    v->lse.rank = 3;
+    const int64_t lshape[3] = {a->batch, sz->heads_q, tq};
+    const int64_t lstrides[3] = {0, a->lse.strides[0], 1};
+    memcpy(v->lse.shape, lshape, sizeof lshape);
+    memcpy(v->lse.strides, lstrides, sizeof lstrides);
+done:
+    return st;
+}
+
+static aj_status check_backward_padded(aj_ctx *ctx, const aj_op_info *op,
+                                       const aj_bwd_args *a, fwd_sizes *sz)
 {
     aj_status st = AJ_OK;
     AJ_TRY(check_not_varlen(ctx, BWD, op, a->cu_seqlens_q, a->cu_seqlens_k, a->batch,
@@ -578,6 +731,100 @@ done:
     return st;
 }
 
+/* Whether some stage of the kernel takes parameter `name`. */
+static int kernel_takes(const aj_kernel *kernel, const char *name)
+{
+    for (int s = 0; s < kernel->num_stages; s++) {
+        aj_launch_info li;
+        aj_kernel_stage_info(kernel, s, &li);
+        for (int i = 0; i < li.num_params; i++)
+            if (strcmp(li.params[i].name, name) == 0)
+                return 1;
+    }
+    return 0;
+}
+
+/*
+ * The workspace of kernels that take one (the flash backward), in f32
+ * elements:
+ *
+ *   [0, rows)                       Delta of each (b, h, i): b stride_b + h stride_h + i
+ *   [dq_offset, dq_offset + rows D) dQ sums (deterministic = false only)
+ *
+ * rows = B Hq Sq (varlen: Hq Tq); dq_offset is rows rounded up to 16 bytes.
+ */
+typedef struct bwd_workspace {
+    int64_t stride_b, stride_h, dq_offset;
+    size_t bytes;
+} bwd_workspace;
+
+static bwd_workspace workspace_layout(const aj_kernel *kernel, const bwd_call *call)
+{
+    bwd_workspace w = {0, 0, 0, 0};
+    if (!kernel_takes(kernel, "workspace"))
+        return w;
+    const fwd_sizes *sz = &call->sz;
+    int varlen = kernel->op.layout == AJ_LAYOUT_VARLEN;
+    /* varlen: sequence b's rows follow from its cu_seqlens_q offset */
+    int64_t rows = (varlen ? 1 : sz->batch) * sz->heads_q * call->head_rows;
+    w.stride_b = varlen ? 0 : sz->heads_q * call->head_rows;
+    w.stride_h = call->head_rows;
+    w.dq_offset = (rows + 3) / 4 * 4;
+    int64_t floats = w.dq_offset + (kernel->op.deterministic ? 0 : rows * kernel->op.head_dim);
+    w.bytes = (size_t)floats * 4;
+    return w;
+}
+
+aj_status aj_backward_workspace_size(aj_ctx *ctx, const aj_kernel *kernel,
+                                     const aj_bwd_args *args, size_t *bytes)
+{
+    if (!ctx)
+        return AJ_ERR_INVALID_ARG;
+    const char *fn = "aj_backward_workspace_size";
+    AJ_CHECK_ARG(ctx, kernel, "%s: kernel is NULL", fn);
+    AJ_CHECK_ARG(ctx, args, "%s: args is NULL", fn);
+    AJ_CHECK_ARG(ctx, bytes, "%s: bytes is NULL", fn);
+    AJ_CHECK_ARG(ctx, args->struct_size == sizeof *args,
+                 "%s: args->struct_size = %zu, want %zu; start from AJ_BWD_ARGS_INIT", fn,
+                 args->struct_size, sizeof *args);
+    AJ_CHECK_ARG(ctx, kernel->op.kind == AJ_KIND_BACKWARD, "%s: kernel %s computes a %s op",
+                 fn, aj_kernel_entry(kernel), aj_kind_name(kernel->op.kind));
+    bwd_call call;
+    aj_status st = check_backward(ctx, &kernel->op, args, &call);
+    if (st != AJ_OK)
+        return st;
+    *bytes = workspace_layout(kernel, &call).bytes;
+    return AJ_OK;
+}
+
+static aj_status run_backward(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
+                              const aj_bwd_args *args, const fwd_sizes *sz,
+                              const bwd_workspace *w, void *ws);
+
+/* The workspace a launch uses: the caller's, checked, or *owned, which
+ * the caller of this frees. */
+static aj_status bind_workspace(aj_ctx *ctx, aj_device *dev, const aj_bwd_args *a,
+                                const bwd_workspace *w, void **ws, void **owned)
+{
+    *ws = a->workspace;
+    *owned = NULL;
+    if (w->bytes == 0)
+        return AJ_OK;
+    if (!a->workspace) {
+        aj_status st = aj_device_alloc(dev, w->bytes, owned);
+        *ws = *owned;
+        return st;
+    }
+    if (a->workspace_bytes < w->bytes)
+        return aj_fail(ctx, AJ_ERR_INVALID_ARG, "%s: workspace_bytes = %zu, want at least %zu "
+                       "(aj_backward_workspace_size; or NULL workspace to have one allocated)",
+                       BWD, a->workspace_bytes, w->bytes);
+    if ((uintptr_t)a->workspace % 16)
+        return aj_fail(ctx, AJ_ERR_INVALID_ARG, "%s: workspace = %p is not 16-byte aligned",
+                       BWD, a->workspace);
+    return AJ_OK;
+}
+
 aj_status aj_backward(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
                       const aj_bwd_args *args)
 {
@@ -588,18 +835,53 @@ aj_status aj_backward(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
     if (st != AJ_OK)
         return st;
     const aj_op_info *op = &kernel->op;
-    fwd_sizes sz;
-    st = check_backward(ctx, op, args, &sz);
+    bwd_call call;
+    st = check_backward(ctx, op, args, &call);
+    if (st == AJ_OK && op->layout == AJ_LAYOUT_VARLEN)
+        st = check_cu_seqlens(ctx, BWD, dev, args->cu_seqlens_q, args->cu_seqlens_k,
+                              args->batch, args->q.shape[0], args->k.shape[0],
+                              args->max_seqlen_q, args->max_seqlen_k);
     if (st != AJ_OK)
         return st;
-    if (sz.batch == 0 || sz.heads_kv == 0 || (sz.seq_q == 0 && sz.seq_k == 0))
+    const fwd_sizes *sz = &call.sz;
+    if (sz->batch == 0 || sz->heads_kv == 0 || (sz->seq_q == 0 && sz->seq_k == 0))
         return AJ_OK;   /* no gradient element: nothing to launch */
 
+    bwd_workspace w = workspace_layout(kernel, &call);
+    void *ws = NULL, *owned = NULL;
+    st = bind_workspace(ctx, dev, args, &w, &ws, &owned);
+    if (st == AJ_OK)
+        st = run_backward(ctx, dev, kernel, &call.view, sz, &w, ws);
+    if (owned) {
+        /* the launches may still be running on the GPU */
+        aj_status sync = dev->cuda ? aj_device_synchronize(dev, args->stream) : AJ_OK;
+        aj_status freed = aj_device_free(dev, owned);
+        if (st == AJ_OK)
+            st = sync != AJ_OK ? sync : freed;
+    }
+    return st;
+}
+
+/* Binds and runs the stages of a checked backward launch. */
+static aj_status run_backward(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
+                              const aj_bwd_args *args, const fwd_sizes *szp,
+                              const bwd_workspace *w, void *ws)
+{
+    const aj_op_info *op = &kernel->op;
+    const fwd_sizes sz = *szp;
+    aj_status st = AJ_OK;
     int64_t sq_total = args->sq_total ? args->sq_total : sz.seq_q;
     int64_t sk_total = args->sk_total ? args->sk_total : sz.seq_k;
     int64_t shift = op->mask_align == AJ_ALIGN_BOTTOM_RIGHT ? sk_total - sq_total : 0;
     const aj_bwd_args *a = args;
+    const aj_tensor ws_t = {ws, AJ_DTYPE_F32, 1, {(int64_t)(w->bytes / 4)}, {1}};
+    const aj_tensor cu_q = {(void *)a->cu_seqlens_q, AJ_DTYPE_F32, 1, {a->batch + 1}, {1}};
+    const aj_tensor cu_k = {(void *)a->cu_seqlens_k, AJ_DTYPE_F32, 1, {a->batch + 1}, {1}};
     const binding table[] = {
+        PTR("workspace", ws_t), I64("stride_ws_b", w->stride_b),
+        I64("stride_ws_h", w->stride_h), I64("ws_dq_offset", w->dq_offset),
+        PTR("cu_seqlens_q", cu_q), PTR("cu_seqlens_k", cu_k),
+        I64("sq_total", a->sq_total), I64("sk_total", a->sk_total),
         PTR("q", a->q), PTR("k", a->k), PTR("v", a->v), PTR("o", a->o), PTR("do", a->do_),
         PTR("lse", a->lse), PTR("dq", a->dq), PTR("dk", a->dk), PTR("dv", a->dv),
         PTR("alibi_slopes", a->alibi_slopes),
@@ -631,8 +913,14 @@ aj_status aj_backward(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
         I64("dropout_seed", (int64_t)a->seed), I64("dropout_offset", (int64_t)a->offset),
     };
     int elem = elem_size(op->dtype);
-    aj_sim_buffer buffers[12];
+    aj_sim_buffer buffers[15];
     int nb = 0;
+    if (w->bytes)
+        buffers[nb++] = (aj_sim_buffer){"workspace", ws, w->bytes};
+    if (op->layout == AJ_LAYOUT_VARLEN) {   /* int32, as wide as f32 */
+        buffers[nb++] = sim_buffer("cu_seqlens_q", &cu_q, 4);
+        buffers[nb++] = sim_buffer("cu_seqlens_k", &cu_k, 4);
+    }
     buffers[nb++] = sim_buffer("q", &a->q, elem);
     buffers[nb++] = sim_buffer("k", &a->k, elem);
     buffers[nb++] = sim_buffer("v", &a->v, elem);

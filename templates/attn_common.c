@@ -13,10 +13,10 @@ aj_status aj_attn_check_layout_and_dims(aj_ctx *ctx, const aj_op *op, const char
     if (op->layout != AJ_LAYOUT_PADDED)
         return aj_fail(ctx, AJ_ERR_UNSUPPORTED,
                        "layout = varlen: %s supports layout = padded only", who);
-    return aj_attn_check_head_dims(ctx, op, who);
+    return aj_attn_check_dims(ctx, op, who);
 }
 
-aj_status aj_attn_check_head_dims(aj_ctx *ctx, const aj_op *op, const char *who)
+aj_status aj_attn_check_dims(aj_ctx *ctx, const aj_op *op, const char *who)
 {
     int dims[2] = {op->head_dim, aj_op_dv(op)};
     const char *names[2] = {"head_dim", "head_dim_v"};
@@ -120,4 +120,52 @@ LLVMValueRef aj_attn_dropout_keep(aj_kb *kb, const aj_attn_dropout *d, double p,
     LLVMValueRef u24 = LLVMBuildLShr(b, out[0], aj_kb_i32(kb, 8), "");
     double threshold = ceil(ldexp(p, 24));
     return LLVMBuildICmp(b, LLVMIntUGE, u24, aj_kb_i32(kb, (int64_t)threshold), "keep");
+}
+
+void aj_attn_bwd_p_ds(aj_kb *kb, const aj_attn_bwd_scores *sc, LLVMValueRef qk,
+                      LLVMValueRef dp, LLVMValueRef i, LLVMValueRef j, LLVMValueRef lse2,
+                      LLVMValueRef delta, LLVMValueRef visible, LLVMValueRef bias,
+                      LLVMValueRef keep, LLVMValueRef *p_out, LLVMValueRef *ds_out)
+{
+    LLVMBuilderRef b = kb->b;
+    const aj_op *op = sc->op;
+    double scale = aj_op_scale(op);
+    LLVMValueRef s2, th = NULL;
+    if (op->score_mod.kind == AJ_SCORE_MOD_NONE && !bias) {
+        s2 = LLVMBuildFMul(b, qk, aj_kb_f32(kb, scale * AJ_LOG2E), "");
+    } else {
+        LLVMValueRef s = LLVMBuildFMul(b, qk, aj_kb_f32(kb, scale), "");
+        if (bias)   /* t = scale q.k + bias, before softcap and alibi */
+            s = LLVMBuildFAdd(b, s, bias, "");
+        if (op->score_mod.kind == AJ_SCORE_MOD_SOFTCAP) {
+            double cap = op->score_mod.softcap;
+            th = aj_attn_tanh(kb, LLVMBuildFMul(b, s, aj_kb_f32(kb, 1.0 / cap), ""));
+            s = LLVMBuildFMul(b, th, aj_kb_f32(kb, cap), "");
+        } else if (op->score_mod.kind == AJ_SCORE_MOD_ALIBI) {
+            /* alibi: s -= slope * |q_pos - kv_pos|, positions in i64 */
+            LLVMValueRef dist = LLVMBuildAdd(b, LLVMBuildSub(b, LLVMBuildSExt(b, i, kb->t_i64, ""), LLVMBuildSExt(b, j, kb->t_i64, ""), ""),
+                                             sc->qk_offset, "");
+            LLVMValueRef neg = LLVMBuildICmp(b, LLVMIntSLT, dist, aj_kb_i64(kb, 0), "");
+            dist = LLVMBuildSelect(b, neg, LLVMBuildNeg(b, dist, ""), dist, "");
+            LLVMValueRef fd = LLVMBuildSIToFP(b, dist, kb->t_f32, "");
+            s = LLVMBuildFSub(b, s, LLVMBuildFMul(b, sc->slope, fd, ""), "");
+        }
+        s2 = LLVMBuildFMul(b, s, aj_kb_f32(kb, AJ_LOG2E), "");
+    }
+    /* hidden elements never reach the exp: a row without keys has
+     * LSE = -inf and would give -inf - -inf */
+    LLVMValueRef pr = aj_kb_exp2(kb, LLVMBuildFSub(b, s2, lse2, ""));
+    pr = LLVMBuildSelect(b, visible, pr, aj_kb_f32(kb, 0), "");
+    LLVMValueRef pd = pr;
+    if (keep) {   /* m = keep / (1 - p) scales P for dV and dO . v for dP */
+        LLVMValueRef inv = aj_kb_f32(kb, 1.0 / (1.0 - op->dropout)), zero = aj_kb_f32(kb, 0);
+        pd = LLVMBuildSelect(b, keep, LLVMBuildFMul(b, pr, inv, ""), zero, "");
+        dp = LLVMBuildSelect(b, keep, LLVMBuildFMul(b, dp, inv, ""), zero, "");
+    }
+    LLVMValueRef ds = LLVMBuildFMul(b, pr, LLVMBuildFSub(b, dp, delta, ""), "");
+    if (th)   /* softcap chain: d/dt C tanh(t / C) = 1 - tanh^2 */
+        ds = LLVMBuildFMul(b, ds, LLVMBuildFSub(b, aj_kb_f32(kb, 1.0),
+                                                 LLVMBuildFMul(b, th, th, ""), ""), "");
+    *p_out = pd;
+    *ds_out = ds;
 }

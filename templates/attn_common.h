@@ -14,9 +14,9 @@
  * AJ_ERR_UNSUPPORTED naming the option, `who` ("efficient forward") in
  * the message. */
 aj_status aj_attn_check_layout_and_dims(aj_ctx *ctx, const aj_op *op, const char *who);
-/* The head-dim half of that rule alone, for templates that also take
- * layout = varlen (flash forward). */
-aj_status aj_attn_check_head_dims(aj_ctx *ctx, const aj_op *op, const char *who);
+/* The head-dim rule alone (multiples of 8 up to 256), for templates that
+ * take both layouts. */
+aj_status aj_attn_check_dims(aj_ctx *ctx, const aj_op *op, const char *who);
 
 /* Element offset (i64) of slice (b, h) of the tensor whose batch and head
  * strides are the kernel parameters stride_<t>_b and stride_<t>_h. */
@@ -66,5 +66,29 @@ aj_attn_dropout aj_attn_dropout_stream(aj_kb *kb, LLVMValueRef seed, LLVMValueRe
  * (out[0] >> 8) >= ceil(p 2^24) exactly. */
 LLVMValueRef aj_attn_dropout_keep(aj_kb *kb, const aj_attn_dropout *d, double p,
                                   LLVMValueRef i, LLVMValueRef j);
+
+/*
+ * The backward's recomputed probability and score gradient of one element
+ * (row i, key j) of the current (b, h), from q.k (`qk`), dO.v (`dp`), the
+ * row's LSE in log2 units and Delta:
+ *
+ *   t = scale q.k [+ bias];  s = softcap ? C tanh(t / C) : t;  s -= alibi
+ *   P = exp(s - LSE) where `visible`, else 0
+ *   dS = P (dP m - Delta) [* (1 - tanh^2)]      m = keep / (1 - p)
+ *
+ * `bias` (NULL: none) is bias[b,h,i,j], `keep` (NULL: no dropout) the
+ * forward's keep decision.  *p_out is the dropped P m (dV's factor); dS is
+ * the gradient of t without the scale (dbias).
+ */
+typedef struct aj_attn_bwd_scores {
+    const aj_op *op;
+    LLVMValueRef qk_offset;   /* i64: q_offset - kv_offset (alibi distances) */
+    LLVMValueRef slope;       /* f32: the head's alibi slope (alibi only) */
+} aj_attn_bwd_scores;
+
+void aj_attn_bwd_p_ds(aj_kb *kb, const aj_attn_bwd_scores *sc, LLVMValueRef qk,
+                      LLVMValueRef dp, LLVMValueRef i, LLVMValueRef j, LLVMValueRef lse2,
+                      LLVMValueRef delta, LLVMValueRef visible, LLVMValueRef bias,
+                      LLVMValueRef keep, LLVMValueRef *p_out, LLVMValueRef *ds_out);
 
 #endif /* AJ_TEMPLATES_ATTN_COMMON_H */

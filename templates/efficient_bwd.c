@@ -429,60 +429,15 @@ static void emit_accumulate(ebwd *e, LLVMValueRef out[MAX_ROWS][MAX_OUT], int nr
     aj_kb_for_end(kb);
 }
 
-/*
- * P and dS of (row i, key j) from q.k (`qk`), dO.v (`dp`), the row's LSE
- * in log2 units and Delta; `visible` says the mask shows key j to row i,
- * `bias` is bias[b,h,i,j] (NULL: none) and `keep` the dropout decision
- * (NULL: no dropout).  *p_out is the dropped P (P m, for dV); dS is the
- * gradient of the pre-softcap score t (without the scale), i.e. dbias.
- */
+/* P and dS of (row i, key j): attn_common.h's aj_attn_bwd_p_ds with this
+ * kernel's head state. */
 static void emit_p_ds(ebwd *e, LLVMValueRef qk, LLVMValueRef dp, LLVMValueRef i,
                       LLVMValueRef j, LLVMValueRef lse2, LLVMValueRef delta,
                       LLVMValueRef visible, LLVMValueRef bias, LLVMValueRef keep,
                       LLVMValueRef *p_out, LLVMValueRef *ds_out)
 {
-    aj_kb *kb = e->kb;
-    LLVMBuilderRef b = e->b;
-    const aj_op *op = e->op;
-    double scale = aj_op_scale(op);
-    LLVMValueRef s2, th = NULL;
-    if (op->score_mod.kind == AJ_SCORE_MOD_NONE && !bias) {
-        s2 = LLVMBuildFMul(b, qk, aj_kb_f32(kb, scale * AJ_LOG2E), "");
-    } else {
-        LLVMValueRef s = LLVMBuildFMul(b, qk, aj_kb_f32(kb, scale), "");
-        if (bias)   /* t = scale q.k + bias, before softcap and alibi */
-            s = LLVMBuildFAdd(b, s, bias, "");
-        if (op->score_mod.kind == AJ_SCORE_MOD_SOFTCAP) {
-            double cap = op->score_mod.softcap;
-            th = aj_attn_tanh(kb, LLVMBuildFMul(b, s, aj_kb_f32(kb, 1.0 / cap), ""));
-            s = LLVMBuildFMul(b, th, aj_kb_f32(kb, cap), "");
-        } else if (op->score_mod.kind == AJ_SCORE_MOD_ALIBI) {
-            /* alibi: s -= slope * |q_pos - kv_pos|, positions in i64 */
-            LLVMValueRef dist = LLVMBuildAdd(b, LLVMBuildSub(b, sext64(e, i), sext64(e, j), ""),
-                                             e->qk_offset, "");
-            LLVMValueRef neg = LLVMBuildICmp(b, LLVMIntSLT, dist, aj_kb_i64(kb, 0), "");
-            dist = LLVMBuildSelect(b, neg, LLVMBuildNeg(b, dist, ""), dist, "");
-            LLVMValueRef fd = LLVMBuildSIToFP(b, dist, kb->t_f32, "");
-            s = LLVMBuildFSub(b, s, LLVMBuildFMul(b, e->slope, fd, ""), "");
-        }
-        s2 = LLVMBuildFMul(b, s, aj_kb_f32(kb, AJ_LOG2E), "");
-    }
-    /* hidden elements never reach the exp: a row without keys has
-     * LSE = -inf and would give -inf - -inf */
-    LLVMValueRef pr = aj_kb_exp2(kb, LLVMBuildFSub(b, s2, lse2, ""));
-    pr = LLVMBuildSelect(b, visible, pr, aj_kb_f32(kb, 0), "");
-    LLVMValueRef pd = pr;
-    if (keep) {   /* m = keep / (1 - p) scales P for dV and dO . v for dP */
-        LLVMValueRef inv = aj_kb_f32(kb, 1.0 / (1.0 - op->dropout)), zero = aj_kb_f32(kb, 0);
-        pd = LLVMBuildSelect(b, keep, LLVMBuildFMul(b, pr, inv, ""), zero, "");
-        dp = LLVMBuildSelect(b, keep, LLVMBuildFMul(b, dp, inv, ""), zero, "");
-    }
-    LLVMValueRef ds = LLVMBuildFMul(b, pr, LLVMBuildFSub(b, dp, delta, ""), "");
-    if (th)   /* softcap chain: d/dt C tanh(t / C) = 1 - tanh^2 */
-        ds = LLVMBuildFMul(b, ds, LLVMBuildFSub(b, aj_kb_f32(kb, 1.0),
-                                                 LLVMBuildFMul(b, th, th, ""), ""), "");
-    *p_out = pd;
-    *ds_out = ds;
+    const aj_attn_bwd_scores sc = {e->op, e->qk_offset, e->slope};
+    aj_attn_bwd_p_ds(e->kb, &sc, qk, dp, i, j, lse2, delta, visible, bias, keep, p_out, ds_out);
 }
 
 /* Whether row i sees key j: j_lo(i) <= j <= j_hi(i). */

@@ -176,7 +176,7 @@ static aj_status ffwd_check(aj_ctx *ctx, const aj_op *op, aj_target target)
         return aj_fail(ctx, AJ_ERR_UNSUPPORTED,
                        "dtype = f32: flash forward runs on f16 / bf16 tensor cores; use "
                        "`attention forward efficient` for f32");
-    aj_status st = aj_attn_check_head_dims(ctx, op, "flash forward");
+    aj_status st = aj_attn_check_dims(ctx, op, "flash forward");
     if (st != AJ_OK)
         return st;
     int dims[2] = {op->head_dim, aj_op_dv(op)};

@@ -6,6 +6,7 @@
 static const aj_template *const templates[] = {
     &aj_template_efficient_fwd,
     &aj_template_efficient_bwd,
+    &aj_template_flash_bwd,
     &aj_template_merge,
     &aj_template_flash_fwd,
 };

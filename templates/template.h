@@ -27,6 +27,7 @@ aj_status aj_template_find(aj_ctx *ctx, const aj_op *op,
 
 extern const aj_template aj_template_efficient_fwd;
 extern const aj_template aj_template_efficient_bwd;
+extern const aj_template aj_template_flash_bwd;
 extern const aj_template aj_template_merge;
 extern const aj_template aj_template_flash_fwd;
 

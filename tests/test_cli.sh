@@ -28,7 +28,7 @@ expect() {
 
 causal=$specs/efficient_fwd_bf16_d128_causal.aj
 printf 'attention forward efficient {\n  dtype = fp16\n}\n' > "$tmp/bad.aj"
-printf 'attention backward flash {\n  dtype = f16\n  head_dim = 64\n}\n' > "$tmp/unsupported.aj"
+printf 'attention backward flash {\n  dtype = f32\n  head_dim = 64\n}\n' > "$tmp/unsupported.aj"
 
 # usage errors: 1
 expect 1 "usage: attnjit" "$aj"
@@ -49,7 +49,7 @@ expect 2 "cannot open '$tmp/missing.aj'" "$aj" check "$tmp/missing.aj"
 expect 2 "$tmp/bad.aj:2:11: expected a dtype" "$aj" check "$tmp/bad.aj"
 expect 2 "AJ_ERR_PARSE" "$aj" compile "$tmp/bad.aj" --target sm_80
 expect 2 "AJ_ERR_UNSUPPORTED" "$aj" compile "$tmp/unsupported.aj" --target sm_80
-expect 2 "backward flash" "$aj" compile "$tmp/unsupported.aj" --target sm_80
+expect 2 "dtype = f32: flash backward" "$aj" compile "$tmp/unsupported.aj" --target sm_80
 expect 2 "cannot write" "$aj" compile "$causal" --target sm_90 -o "$tmp/no/such/dir/k.ptx"
 expect 2 "<stdin>:1:1" "$aj" check - < /dev/null
 

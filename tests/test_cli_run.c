@@ -276,7 +276,7 @@ static void test_run_errors(void)
     };
     /* the files the cases name */
     char err[2048];
-    write_text(path("bwd.aj"), "attention backward flash {\n dtype = f16\n head_dim = 16\n}\n");
+    write_text(path("bwd.aj"), "attention backward flash {\n dtype = f32\n head_dim = 16\n}\n");
     write_text(path("bwde.aj"), "attention backward efficient {\n dtype = f16\n head_dim = 16\n}\n");
     write_text(path("alibi.aj"), "attention forward efficient {\n dtype = f16\n head_dim = 16\n"
                                  " score_mod = alibi\n}\n");

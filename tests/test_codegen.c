@@ -43,8 +43,27 @@ static void test_unsupported(aj_ctx *ctx)
         aj_target target;
         const char *needle;
     } cases[] = {
-        {"attention backward flash { dtype = f16 head_dim = 64 }", AJ_TARGET_SM_80,
-         "backward flash"},
+        {"attention backward flash { dtype = f32 head_dim = 64 }", AJ_TARGET_SM_80,
+         "dtype = f32: flash backward runs on tensor cores"},
+        {"attention backward flash { dtype = f16 head_dim = 40 }", AJ_TARGET_SM_80,
+         "head_dim = 40: flash backward supports multiples of 16"},
+        {"attention backward flash { dtype = bf16 head_dim = 64 head_dim_v = 264 }",
+         AJ_TARGET_SM_80, "head_dim_v = 264: flash backward"},
+        {"attention backward flash { dtype = f16 head_dim = 64 schedule = (block_m = 256) }",
+         AJ_TARGET_SM_80, "block_m = 256, block_n = 64: flash backward supports 16, 32, 64"},
+        {"attention backward flash { dtype = f16 head_dim = 64 schedule = (warps = 16) }",
+         AJ_TARGET_SM_80, "warps = 16: flash backward supports 1, 2, 4 or 8"},
+        {"attention backward flash { dtype = f16 head_dim = 64 schedule = (stages = 3) }",
+         AJ_TARGET_SM_80, "stages = 3: flash backward supports 1 or 2"},
+        {"attention backward flash { dtype = f16 head_dim = 64 "
+         "schedule = (block_m = 16, block_n = 16, warps = 8) }", AJ_TARGET_SM_80,
+         "cannot tile a 16 x 16 product"},
+        {"attention backward flash { dtype = f16 head_dim = 256 "
+         "schedule = (block_m = 64, block_n = 64, warps = 4) }", AJ_TARGET_SM_90,
+         "448 f32 accumulators per thread"},
+        {"attention backward flash { dtype = f16 head_dim = 64 deterministic = true "
+         "schedule = (block_m = 128, block_n = 128, warps = 8, stages = 2) }", AJ_TARGET_SM_80,
+         "needs 181248 bytes of shared memory at head_dim 64/64; sm_80 allows"},
         {"attention backward efficient { dtype = f16 head_dim = 64 layout = varlen }",
          AJ_TARGET_SM_80, "layout = varlen: efficient backward"},
         {"attention backward efficient { dtype = f16 head_dim = 100 }", AJ_TARGET_SM_80,

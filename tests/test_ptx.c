@@ -244,6 +244,97 @@ static void check_flash_forward(aj_ctx *ctx, aj_target target, const char *arch)
     }
 }
 
+/* The ptxas figures of every kernel (stage) of a compiled module, which
+ * must spill nothing. */
+static void check_stages(const char *label, const char *arch, aj_kernel *k)
+{
+    size_t len;
+    const char *ptx = aj_kernel_code(k, &len);
+    ptxas_result all;
+    ptxas_run(ptxas, arch, ptx, len, &all);
+    CHECK_MSG(all.exit_code == 0, "%s %s: ptxas failed:\n%s", label, arch, all.log);
+    for (int s = 0; s < aj_kernel_num_stages(k); s++) {
+        const char *entry = aj_kernel_stage_entry(k, s);
+        ptxas_result r;
+        CHECK_MSG(ptxas_entry(&all, entry, &r) == 0, "%s %s: no ptxas report for %s", label,
+                  arch, entry);
+        CHECK_MSG(r.spill_stores == 0 && r.spill_loads == 0, "%s %s %s: spills %d/%d bytes",
+                  label, arch, entry, r.spill_stores, r.spill_loads);
+        aj_launch_info li;
+        aj_kernel_stage_info(k, s, &li);
+        printf("%-44s %s %-10s regs %3d spill %d/%d smem %6d\n", label, arch,
+               strstr(entry, "_bwd_") ? strchr(strstr(entry, "_bwd_") + 5, '_') + 1 : entry,
+               r.registers, r.spill_stores, r.spill_loads, li.dynamic_smem);
+    }
+    assembled++;
+}
+
+/*
+ * The flash backward's default schedules: each head dim on both GPU
+ * targets, deterministic (delta, dkdv, dq) and atomic (delta, dkdv,
+ * dq_convert) modules, the dtypes and masks rotating; then the options
+ * that add code to the element pass (softcap, alibi, dropout, varlen).
+ * Compiled in parallel with aj_compile_many, then assembled one by one.
+ */
+static void check_flash_bwd(aj_ctx *ctx)
+{
+    static const int fdims[7][2] = {{32, 32},   {64, 64},   {96, 96}, {128, 128},
+                                    {192, 192}, {256, 256}, {192, 128}};
+    static const char *const extras[3] = {
+        "dtype = f16 head_dim = 128 score_mod = softcap(30.0) dropout = 0.1 "
+        "mask = causal(top_left)",
+        "dtype = bf16 head_dim = 64 score_mod = alibi layout = varlen deterministic = true "
+        "mask = causal(bottom_right)",
+        "dtype = bf16 head_dim = 256 dropout = 0.2 deterministic = true "
+        "mask = window(64, 0, bottom_right)",
+    };
+    enum { PER_ARCH = 14 + 3, N = 2 * PER_ARCH };
+    char labels[N][96], specs[N][320];
+    aj_op *ops[N] = {0};
+    aj_compile_job jobs[N];
+    memset(jobs, 0, sizeof jobs);
+    for (int a = 0; a < 2; a++) {
+        for (int i = 0; i < 14; i++) {
+            int d = i / 2, det = i % 2, x = a * PER_ARCH + i;
+            const char *dt = dtypes[(d + det + a) % 2];
+            const char *mask = masks[(d + det + a) % 4];
+            snprintf(specs[x], sizeof specs[x], "attention backward flash { dtype = %s "
+                     "head_dim = %d head_dim_v = %d mask = %s deterministic = %s }", dt,
+                     fdims[d][0], fdims[d][1], mask, det ? "true" : "false");
+            snprintf(labels[x], sizeof labels[x], "flash bwd %s d%d/%d %s%s", dt, fdims[d][0],
+                     fdims[d][1], det ? "det " : "", mask);
+        }
+        for (int i = 0; i < 3; i++) {
+            int x = a * PER_ARCH + 14 + i;
+            snprintf(specs[x], sizeof specs[x], "attention backward flash { %s }", extras[i]);
+            snprintf(labels[x], sizeof labels[x], "flash bwd extra %d", i);
+        }
+    }
+    for (int x = 0; x < N; x++) {
+        CHECK_STATUS(ctx, aj_op_parse(ctx, specs[x], strlen(specs[x]), labels[x], &ops[x]),
+                     AJ_OK);
+        jobs[x].op = ops[x];
+    }
+    for (int a = 0; a < 2; a++) {
+        aj_compile_options opt = AJ_COMPILE_OPTIONS_INIT;
+        opt.target = a == 0 ? AJ_TARGET_SM_80 : AJ_TARGET_SM_90;
+        aj_compile_job *mine = &jobs[a * PER_ARCH];
+        CHECK_STATUS(ctx, aj_compile_many(ctx, mine, PER_ARCH, &opt, 0), AJ_OK);
+        for (int i = 0; i < PER_ARCH; i++) {
+            CHECK_MSG(mine[i].status == AJ_OK, "%s: %s", labels[a * PER_ARCH + i],
+                      mine[i].message);
+            if (!mine[i].kernel)
+                continue;
+            kernels++;
+            if (have_ptxas)
+                check_stages(labels[a * PER_ARCH + i], archs[a], mine[i].kernel);
+            aj_kernel_destroy(mine[i].kernel);
+        }
+    }
+    for (int x = 0; x < N; x++)
+        aj_op_destroy(ops[x]);
+}
+
 int main(int argc, char **argv)
 {
     aj_ctx *ctx = NULL;
@@ -349,6 +440,7 @@ int main(int argc, char **argv)
             check_spec(ctx, merges[i][0], spec, target, archs[a]);
         }
     }
+    check_flash_bwd(ctx);
     if (argc > 1)
         check_examples(ctx, argv[1]);
     printf("%d kernels generated, %d assembled by ptxas\n", kernels, assembled);

@@ -22,6 +22,7 @@
 
 #include "check.h"
 #include "ref.h"
+#include "bwd_tensors.h"
 
 static aj_ctx *ctx;
 static aj_device *dev;
@@ -56,107 +57,10 @@ static void tolerance_for(aj_dtype dtype, double *atol, double *rtol)
 
 /* ---------------------------------------------------------------- data */
 
-static uint64_t next_random(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);   /* splitmix64 */
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-/* A contiguous BHSD tensor in device memory, its host staging copy and
- * its double image. */
-typedef struct tensor {
-    aj_tensor t;
-    void *host;
-    double *ref;
-    size_t n;
-} tensor;
-
-static size_t tensor_bytes(const tensor *x)
-{
-    return x->n * (x->t.dtype == AJ_DTYPE_F32 ? 4 : 2);
-}
-
+/* A contiguous BHSD tensor on the test's device. */
 static void make(tensor *x, aj_dtype dtype, int64_t b, int64_t h, int64_t s, int64_t d)
 {
-    memset(x, 0, sizeof *x);
-    x->n = (size_t)(b * h * s * d);
-    int elem = dtype == AJ_DTYPE_F32 ? 4 : 2;
-    CHECK(aj_device_alloc(dev, x->n * (size_t)elem + 16, &x->t.data) == AJ_OK);
-    x->host = malloc(x->n * (size_t)elem + 16);
-    x->ref = calloc(x->n + 1, sizeof(double));
-    x->t.dtype = dtype;
-    x->t.rank = 4;
-    int64_t shape[4] = {b, h, s, d};
-    memcpy(x->t.shape, shape, sizeof shape);
-    x->t.strides[3] = 1;
-    x->t.strides[2] = d;
-    x->t.strides[1] = s * d;
-    x->t.strides[0] = h * s * d;
-}
-
-static void release(tensor *x)
-{
-    aj_device_free(dev, x->t.data);
-    free(x->host);
-    free(x->ref);
-}
-
-/* Stores the double image into the tensor's dtype and reads the rounded
- * values back into the image. */
-static void store_rounded(tensor *x)
-{
-    float *f = malloc((x->n + 1) * sizeof *f);
-    for (size_t i = 0; i < x->n; i++)
-        f[i] = (float)x->ref[i];
-    CHECK(aj_convert(f, AJ_DTYPE_F32, x->host, x->t.dtype, x->n) == AJ_OK);
-    CHECK(aj_convert(x->host, x->t.dtype, f, AJ_DTYPE_F32, x->n) == AJ_OK);
-    CHECK(aj_device_copy_to(dev, x->t.data, x->host, tensor_bytes(x)) == AJ_OK);
-    for (size_t i = 0; i < x->n; i++)
-        x->ref[i] = f[i];
-    free(f);
-}
-
-static void fill(tensor *x, double magnitude, uint64_t *rng)
-{
-    for (size_t i = 0; i < x->n; i++)
-        x->ref[i] = magnitude * ((double)(next_random(rng) >> 11) * 0x1p-52 - 1.0);
-    store_rounded(x);
-}
-
-/* Reads a result back as doubles; NaN where it was never written shows as
- * a failure (the buffer starts as NaN). */
-static void read_back(const tensor *x, double *out)
-{
-    float *f = malloc((x->n + 1) * sizeof *f);
-    CHECK(aj_device_copy_from(dev, x->host, x->t.data, tensor_bytes(x)) == AJ_OK);
-    CHECK(aj_convert(x->host, x->t.dtype, f, AJ_DTYPE_F32, x->n) == AJ_OK);
-    for (size_t i = 0; i < x->n; i++)
-        out[i] = f[i];
-    free(f);
-}
-
-static void poison(tensor *x)
-{
-    memset(x->host, 0xff, tensor_bytes(x));
-    CHECK(aj_device_copy_to(dev, x->t.data, x->host, tensor_bytes(x)) == AJ_OK);
-}
-
-/* max |got - ref| / (atol + rtol max |ref|): <= 1 passes; NaN fails */
-static double norm_error(const double *got, const double *ref, size_t n, aj_dtype dtype)
-{
-    double atol, rtol, mx = 0, err = 0;
-    tolerance_for(dtype, &atol, &rtol);
-    for (size_t i = 0; i < n; i++)
-        mx = fmax(mx, fabs(ref[i]));
-    for (size_t i = 0; i < n; i++) {
-        double e = fabs(got[i] - ref[i]);
-        if (!(e == e))
-            return INFINITY;
-        err = fmax(err, e);
-    }
-    return err / (atol + rtol * mx);
+    tensor_make(x, dev, dtype, 4, (const int64_t[]){b, h, s, d});
 }
 
 /* ---------------------------------------------------------------- cases */
@@ -183,20 +87,6 @@ static aj_kernel *compile(const bwd_case *c)
                   aj_last_error(ctx));
     aj_op_destroy(op);
     return k;
-}
-
-/* Parses the IR mask text the cases use into the reference's fields. */
-static void ref_mask(const bwd_case *c, ref_problem *p)
-{
-    long long l = 0, r = 0;
-    p->mask = AJ_MASK_NONE;
-    if (strncmp(c->mask, "causal", 6) == 0)
-        p->mask = AJ_MASK_CAUSAL;
-    else if (sscanf(c->mask, "window(%lld, %lld", &l, &r) == 2)
-        p->mask = AJ_MASK_WINDOW;
-    p->window_left = l;
-    p->window_right = r;
-    p->align = strstr(c->mask, "bottom_right") ? AJ_ALIGN_BOTTOM_RIGHT : AJ_ALIGN_TOP_LEFT;
 }
 
 /* Runs one case; with `twice`, runs it again and wants identical bits. */
@@ -242,7 +132,7 @@ static void run(const bwd_case *c, int twice)
     p.Dv = dv;
     p.Sq = c->sq;
     p.Sk = c->sk;
-    ref_mask(c, &p);
+    ref_mask(c->mask, &p);
     p.q_offset = c->q_offset;
     p.kv_offset = c->kv_offset;
     p.sq_total = c->sq_total;
@@ -351,12 +241,12 @@ static void run(const bwd_case *c, int twice)
         free(got[t]);
     }
     if (has_bias) {
-        release(&bias);
-        release(&dbias);
+        tensor_release(&bias);
+        tensor_release(&dbias);
     }
     tensor *all[9] = {&q, &k, &v, &o, &dout, &lse, &dq, &dk, &dvt};
     for (int i = 0; i < 9; i++)
-        release(all[i]);
+        tensor_release(all[i]);
     aj_kernel_destroy(kernel);
 }
 

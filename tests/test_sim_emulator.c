@@ -5,8 +5,8 @@
  * target, and their results are checked against the PTX ISA's definition
  * written out here: shfl.sync in every mode with clamps and segments,
  * vote.sync, mma.sync m16n8k16 (f16, bf16) against a float64 product,
- * ldmatrix x1/x2/x4 with and without .trans, and cp.async with its
- * delayed visibility.  Deliberately broken kernels show that every
+ * ldmatrix x1/x2/x4 with and without .trans, cp.async with its
+ * delayed visibility, and red.add.f32 as a host atomic across workers.  Deliberately broken kernels show that every
  * detector fires (bounds, alignment, barrier divergence, deadlock) with a
  * message naming what went wrong, and none hangs.
  *
@@ -635,6 +635,47 @@ static void test_cp_async(void)
     }
 }
 
+/* red.global.add.f32: every thread of 64 CTAs adds 1 to out[tid % 8] */
+static void red_add_body(aj_kb *kb, const test_kernel *k)
+{
+    LLVMValueRef slot = and(kb, aj_kb_thread_id(kb), c32(kb, 7));
+    LLVMValueRef args[2] = {gaddr(kb, "out", slot, 4), aj_kb_f32(kb, 1.0)};
+    aj_kb_intrinsic(kb, AJ_INTR_RED_ADD_F32, args);
+}
+
+/* The emulator's CTAs run on several host threads, so red.add must be a
+ * real atomic: 64 CTAs x 128 threads on 4 workers lose no update. */
+static void test_red_add(void)
+{
+    static float out[8];
+    const test_kernel k = {"t_red_add", 128, 0, {"out"}, red_add_body, 0,
+                           {"red.global.add.f32"}};
+    check_ptx(&k);
+    aj_kernel *kern = compile(&k, AJ_TARGET_SIM);
+    if (!kern)
+        return;
+    void *ptr = out, *args[1] = {&ptr};
+    aj_sim_buffer buffer = {"out", out, sizeof out};
+    aj_sim_launch launch = {
+        .kernel_name = k.name,
+        .entry = kern->stages[0].host_entry,
+        .grid = {64, 1, 1},
+        .block_threads = k.threads,
+        .args = args,
+        .buffers = &buffer,
+        .num_buffers = 1,
+        .workers = 4,
+    };
+    for (int rep = 0; rep < 3; rep++) {
+        memset(out, 0, sizeof out);
+        CHECK_STATUS(ctx, aj_sim_run(ctx, &launch), AJ_OK);
+        for (int i = 0; i < 8; i++)
+            CHECK_MSG(out[i] == 64 * 16, "run %d: out[%d] = %g, want 1024 (lost updates)", rep,
+                      i, out[i]);
+    }
+    aj_kernel_destroy(kern);
+}
+
 /* ---------------------------------------------------------------- detectors */
 
 static void oob_load_body(aj_kb *kb, const test_kernel *k)
@@ -731,6 +772,13 @@ static void ldmatrix_misaligned_body(aj_kb *kb, const test_kernel *k)
 }
 
 /* Each broken kernel fails with AJ_ERR_KERNEL_FAULT and says why. */
+static void red_add_oob_body(aj_kb *kb, const test_kernel *k)
+{
+    LLVMValueRef args[2] = {gaddr(kb, "out", add(kb, aj_kb_thread_id(kb), c32(kb, 8)), 4),
+                            aj_kb_f32(kb, 1.0)};
+    aj_kb_intrinsic(kb, AJ_INTR_RED_ADD_F32, args);
+}
+
 static void test_detectors(void)
 {
     static const struct {
@@ -759,6 +807,8 @@ static void test_detectors(void)
           "all 32 lanes", "lane 16 has exited"}},
         {{"t_cp_async_oob", 32, 512, {"in", "out"}, cp_async_oob_body, 0, {0}},
          {"thread 8:", "out-of-bounds global cp.async read of 16 bytes", "past the end of 'in'"}},
+        {{"t_red_add_oob", 32, 0, {"in", "out"}, red_add_oob_body, 0, {0}},
+         {"thread 24:", "out-of-bounds global red.add of 4 bytes", "past the end of 'out'"}},
         {{"t_ldmatrix_misaligned", 32, 512, {"in", "out"}, ldmatrix_misaligned_body, 0, {0}},
          {"thread 0:", "misaligned shared ldmatrix row read of 16 bytes",
           "16-byte alignment"}},
@@ -797,6 +847,7 @@ int main(void)
     test_mma(AJ_DTYPE_BF16);
     test_ldmatrix();
     test_cp_async();
+    test_red_add();
     test_detectors();
 
     printf("PTX: %d kernels generated, %d assembled by ptxas (sm_80, sm_90)\n", ptx_kernels,

@@ -356,9 +356,9 @@ static void test_varlen_arguments(void)
         {v_cu_start, "aj_forward: cu_seqlens_q[0] = 1, want 0"},
         {v_cu_down, "aj_forward: cu_seqlens_k[2] = 2 is below cu_seqlens_k[1] = 3; "
                     "cu_seqlens must not decrease"},
-        {v_cu_long, "aj_forward: sequence 1 has 5 rows in cu_seqlens_q, more than "
+        {v_cu_long, "aj_forward: sequence 1 has 5 queries in cu_seqlens_q, more than "
                     "max_seqlen_q = 4"},
-        {v_cu_end, "aj_forward: cu_seqlens_q[2] = 7, want 8 (q.shape[0])"},
+        {v_cu_end, "aj_forward: cu_seqlens_q[2] = 7, want 8 (q's tokens)"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         aj_fwd_args a = varlen_args();

@@ -537,7 +537,8 @@ typedef struct aj_fwd_args {
 aj_status aj_forward(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
                      const aj_fwd_args *args);
 
-/* Arguments of a backward pass (kernels of `attention backward efficient`).
+/* Arguments of a backward pass (kernels of `attention backward efficient`
+ * and `attention backward flash`).
  * Shapes as aj_fwd_args:
  *   q [B, Hq, Sq, D]    k [B, Hkv, Sk, D]    v [B, Hkv, Sk, Dv]
  *   o, do [B, Hq, Sq, Dv]   lse [B, Hq, Sq] (f32): the forward's O and LSE
@@ -557,7 +558,9 @@ aj_status aj_forward(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
  * Rows that see no key get dq = 0; keys no row sees get dk = dv = 0.
  * The tensors have their dtype's data and batch, head and sequence strides
  * 16-byte aligned; outputs must not overlap inputs or each other;
- * Hq % Hkv == 0; Sq, Sk < 2^30.  The result is deterministic (no atomics).
+ * Hq % Hkv == 0; Sq, Sk < 2^30.  The result is deterministic (no atomics),
+ * except for flash kernels with deterministic = false, whose dq sums its
+ * parts by f32 atomic adds (dk and dv stay deterministic).
  * Start from AJ_BWD_ARGS_INIT. */
 typedef struct aj_bwd_args {
     size_t struct_size;
@@ -574,6 +577,15 @@ typedef struct aj_bwd_args {
     const int32_t *cu_seqlens_q, *cu_seqlens_k;
     int32_t batch;
     int32_t max_seqlen_q, max_seqlen_k;
+    /* Scratch device memory of the flash backward (Delta and, with
+     * deterministic = false, the f32 dQ sums): at least
+     * aj_backward_workspace_size() bytes, 16-byte aligned, not overlapping
+     * any tensor; its contents on entry do not matter and on return are
+     * unspecified.  NULL: aj_backward allocates one on the device and frees
+     * it before returning (for cuda, after synchronising `stream`).
+     * Kernels that need none ignore both fields. */
+    void *workspace;
+    size_t workspace_bytes;
 } aj_bwd_args;
 
 #define AJ_BWD_ARGS_INIT { .struct_size = sizeof(aj_bwd_args) }
@@ -583,6 +595,13 @@ typedef struct aj_bwd_args {
  * ("aj_backward: dk.shape[2] = 5, want 7 (k's length)"). */
 aj_status aj_backward(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
                       const aj_bwd_args *args);
+
+/* The bytes of workspace aj_backward needs for these arguments (0 for
+ * kernels without one, such as the efficient variant's): in *bytes.  The
+ * arguments are checked as by aj_backward; the workspace fields are not
+ * read. */
+aj_status aj_backward_workspace_size(aj_ctx *ctx, const aj_kernel *kernel,
+                                     const aj_bwd_args *args, size_t *bytes);
 
 /* Arguments of a merge of two partial results over disjoint key sets
  * (kernels of `attention merge { dtype, head_dim_v }`):

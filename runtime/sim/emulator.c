@@ -512,6 +512,18 @@ static void sim_cp_async_wait_all(sim_thread *t)
     land_copies(t, t->groups_committed);
 }
 
+/* red.global.add.f32: checked as a 4-byte store, then a compare-and-swap
+ * loop on the bits, since CTAs of one launch run on several host threads */
+static void sim_red_add_f32(sim_thread *t, float *addr, float v)
+{
+    check_alignment(t, "red.add", (uintptr_t)addr, 4, 4, ACCESS_STORE);
+    check_global_bounds(t, "red.add", (uintptr_t)addr, 4);
+    _Atomic uint32_t *bits = (_Atomic uint32_t *)(void *)addr;
+    uint32_t old = atomic_load(bits);
+    while (!atomic_compare_exchange_weak(bits, &old, f2u(u2f(old) + v)))
+        ;
+}
+
 /* ex2.approx.ftz / lg2.approx.ftz: subnormal inputs and results are zero */
 static float flush(float x) { return fpclassify(x) == FP_SUBNORMAL ? copysignf(0.0f, x) : x; }
 static float sim_ex2_approx(sim_thread *t, float x) { return flush(exp2f(flush(x))); }
@@ -553,6 +565,7 @@ static const aj_host_symbol symbols[] = {
     SYM("aj_sim_cp_async_commit", sim_cp_async_commit),
     SYM("aj_sim_cp_async_wait_group", sim_cp_async_wait_group),
     SYM("aj_sim_cp_async_wait_all", sim_cp_async_wait_all),
+    SYM("aj_sim_red_add_f32", sim_red_add_f32),
     SYM("aj_sim_ex2_approx", sim_ex2_approx),
     SYM("aj_sim_lg2_approx", sim_lg2_approx),
     SYM("aj_sim_cvt_f32_f16", sim_cvt_f32_f16),

@@ -5,7 +5,7 @@
 #
 #   tests/gpu/run.sh [--quick]
 #
-# Writes gpu_check.{json,md,log}, gpu_backward.log, torch_compare.{json,md}
+# Writes gpu_check.{json,md,log}, gpu_backward.log, gpu_flash_bwd.log, torch_compare.{json,md}
 # and nvidia-smi.txt
 # to $OUT (or ./gpu-results).  Finishes in well under 8 minutes on an H200.
 set -uo pipefail
@@ -35,6 +35,11 @@ bwd=$(dirname "$bin")/gpu_backward_check
 timeout 240 "$bwd" cuda 2>&1 | tail -40 | tee "$out/gpu_backward.log"
 bstatus=${PIPESTATUS[0]}
 [ "$bstatus" -eq 0 ] || status=1
+
+echo "== flash backward kernels on the GPU against the float64 reference"
+timeout 240 "$(dirname "$bin")/gpu_flash_bwd_check" cuda 2>&1 | tail -40 |
+  tee "$out/gpu_flash_bwd.log"
+[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 
 if python3 -c 'import torch, numpy; assert torch.cuda.is_available()' 2>/dev/null; then
   echo "== torch_compare"

@@ -1,0 +1,1093 @@
+/*
+ * flash_bwd.c -- the flash-variant backward pass: f16 / bf16 on tensor
+ * cores (mma.sync m16n8k16 fed by ldmatrix from tiles that cp.async
+ * brings into shared memory), f32 accumulation, as three kernels of one
+ * module run in order.  Like the efficient backward it recomputes the
+ * probabilities from Q, K and the forward's LSE:
+ *
+ *   S_ij  = scale q_i . k_j -> softcap, alibi, mask   P_ij = exp(S_ij - LSE_i)
+ *   dP_ij = dO_i . v_j      Delta_i = dO_i . O_i     dS_ij = P_ij (dP_ij - Delta_i)
+ *   dV_j = sum_i P_ij dO_i   dK_j = scale sum_i dS_ij q_i   dQ_i = scale sum_j dS_ij k_j
+ *
+ *   deterministic = true:   delta -> dkdv -> dq
+ *   deterministic = false:  delta (+ zero dQacc) -> dkdv (+ atomic dQacc) -> dq_convert
+ *
+ * delta: Delta_i into an f32 workspace, one thread per query row.
+ * dkdv:  one CTA per (key block of block_n keys, kv head, batch); K and V
+ *        stay in shared memory while the CTA walks the query heads of its
+ *        group and, for each, the query tiles of block_m rows that can see
+ *        a key of the block (whole tiles outside the mask are skipped):
+ *
+ *          grid = (ceil(Sk / block_n), Hkv, B)
+ *
+ *          per query tile:  Q, dO (cp.async; with stages = 2 the next
+ *          tile's copy is in flight during this one), LSE, Delta
+ *            S^T  = K Q^T     dP^T = V dO^T          (block_n x block_m)
+ *            P^T, dS^T -> shared memory (the op's dtype)
+ *            dV += P^T dO     dK += dS^T Q           (registers, f32)
+ *            [non-deterministic: dQacc += dS K by red.global.add.f32]
+ *
+ *        dK and dV are written once, GQA sums included: no atomics.
+ * dq:    one CTA per (query block, head, batch): Q, dO once, then per key
+ *        block S = Q K^T, dP = dO V^T, dS -> shared memory, dQ += dS K.
+ *        Every dQ element is summed by one thread in a fixed order, so
+ *        the results are bitwise reproducible run to run.
+ * dq_convert: dQ = scale dQacc in the op's dtype.
+ *
+ * Warps tile each product's output (M x N) in 16-row strips: with W
+ * warps and M / 16 >= W strips a warp owns M / 16 / W of them over all N
+ * columns, else W / (M / 16) warps share a strip and split its columns:
+ *
+ *          N ──►                       N ──►
+ *   M   │ w0 w0 w0 w0 │   M / 16 < W │ w0 w0 │ w2 w2 │
+ *   │   │ w1 w1 w1 w1 │              │ w1 w1 │ w3 w3 │
+ *   ▼   │ w2 ...      │
+ *
+ * Tiles in shared memory keep rows of (width + 8) elements, so the eight
+ * 16-byte rows one ldmatrix reads fall in different banks.  An operand
+ * whose reduction dim runs down the tile's rows (dO in dV += P^T dO, which
+ * sums over dO's rows) is read with ldmatrix .trans; see warp_mma.
+ *
+ * Rows that see no key get dQ = 0; keys no row sees get dK = dV = 0.
+ * Masks, dropout and score mods are attn_common.h's, as in every template.
+ * Launch contract: Sq, Sk < 2^30; the workspace of aj_backward_workspace_size.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "templates/attn_common.h"
+#include "templates/template.h"
+
+#define MAX_MT 4          /* 16-row strips a warp owns in one product */
+#define MAX_NT 32         /* 8-column tiles a warp owns in one product */
+#define STATE_BUDGET 192  /* f32 accumulators per thread, all products live at once */
+#define DELTA_ROWS 128    /* query rows per CTA of the delta and convert kernels */
+
+static const int block_values[] = {16, 32, 64, 128};
+static const int warp_values[] = {1, 2, 4, 8};
+
+typedef struct fbwd_plan {
+    aj_dtype dtype;
+    int d, dv;
+    int bm, bn, warps, threads, stages;
+    int deterministic;
+} fbwd_plan;
+
+/* How the warps of a CTA tile an M x N product (see the header). */
+typedef struct warp_grid {
+    int wm;        /* warps down M (each owns mt strips of 16 rows) */
+    int mt, nt;    /* a warp's 16-row strips and 8-column tiles */
+} warp_grid;
+
+static int warp_grid_for(int m, int n, int warps, warp_grid *g)
+{
+    int strips = m / 16, wn;
+    if (m % 16 != 0)
+        return 0;
+    if (strips >= warps) {
+        if (strips % warps != 0)
+            return 0;
+        g->wm = warps;
+        g->mt = strips / warps;
+        wn = 1;
+    } else {
+        if (warps % strips != 0)
+            return 0;
+        g->wm = strips;
+        g->mt = 1;
+        wn = warps / strips;
+    }
+    if (n % (8 * wn) != 0)
+        return 0;
+    g->nt = n / 8 / wn;
+    return g->mt <= MAX_MT && g->nt <= MAX_NT;
+}
+
+static int in_list(int v, const int *list, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (list[i] == v)
+            return 1;
+    return 0;
+}
+
+/* Bytes of shared memory each kernel asks for. */
+static int32_t tile_bytes(int rows, int width)
+{
+    return 2 * rows * (width + 8);
+}
+
+static int32_t dkdv_smem(const fbwd_plan *p)
+{
+    return tile_bytes(p->bn, p->d) + tile_bytes(p->bn, p->dv) +
+           p->stages * (tile_bytes(p->bm, p->d) + tile_bytes(p->bm, p->dv)) +
+           2 * tile_bytes(p->bn, p->bm) + 8 * p->bm;
+}
+
+static int32_t dq_smem(const fbwd_plan *p)
+{
+    return tile_bytes(p->bm, p->d) + tile_bytes(p->bm, p->dv) +
+           p->stages * (tile_bytes(p->bn, p->d) + tile_bytes(p->bn, p->dv)) +
+           tile_bytes(p->bm, p->bn) + 8 * p->bm;
+}
+
+/* f32 accumulators per thread of each kernel, all live at once. */
+static int dkdv_state(const fbwd_plan *p)
+{
+    int64_t n = (int64_t)p->bn * (p->d + p->dv) + 2 * (int64_t)p->bn * p->bm;
+    if (!p->deterministic)
+        n += (int64_t)p->bm * p->d;
+    return (int)(n / p->threads);
+}
+
+static int dq_state(const fbwd_plan *p)
+{
+    return (int)(((int64_t)p->bm * p->d + 2 * (int64_t)p->bm * p->bn) / p->threads);
+}
+
+/*
+ * Defaults by the larger head dim, sized so that ptxas spills nothing
+ * (the dK/dV kernel holds dK and dV, block_n x (D + Dv) f32 over the
+ * CTA, besides S^T and dP^T):
+ *
+ *   head dim    block_m  block_n  warps
+ *   <= 64          64       64      4
+ *   <= 128         32       64      8
+ *   > 128          32       32      8
+ *
+ * Two stages wherever the shared memory of the target allows.
+ */
+static aj_status plan_kernel(aj_ctx *ctx, const aj_op *op, aj_target target, fbwd_plan *p)
+{
+    memset(p, 0, sizeof *p);
+    p->dtype = op->dtype;
+    p->d = op->head_dim;
+    p->dv = aj_op_dv(op);
+    p->deterministic = op->deterministic;
+    int big = p->d > p->dv ? p->d : p->dv;
+    const aj_schedule *s = &op->schedule;
+    p->bm = s->block_m ? s->block_m : big > 64 ? 32 : 64;
+    p->bn = s->block_n ? s->block_n : big > 128 ? 32 : 64;
+    p->warps = s->warps ? s->warps : big > 64 ? 8 : 4;
+    p->stages = s->stages ? s->stages : 2;
+    if (!in_list(p->bm, block_values, 4) || !in_list(p->bn, block_values, 4))
+        return aj_fail(ctx, AJ_ERR_UNSUPPORTED,
+                       "schedule: block_m = %d, block_n = %d: flash backward supports "
+                       "16, 32, 64 or 128 for each", p->bm, p->bn);
+    if (!in_list(p->warps, warp_values, 4))
+        return aj_fail(ctx, AJ_ERR_UNSUPPORTED,
+                       "schedule: warps = %d: flash backward supports 1, 2, 4 or 8",
+                       p->warps);
+    if (p->stages > 2)
+        return aj_fail(ctx, AJ_ERR_UNSUPPORTED,
+                       "schedule: stages = %d: flash backward supports 1 or 2", p->stages);
+    p->threads = 32 * p->warps;
+    if (!s->stages && (dkdv_smem(p) > aj_target_smem_limit(target) ||
+                       dq_smem(p) > aj_target_smem_limit(target)))
+        p->stages = 1;
+    /* every product's warp grid: S^T and dP^T, dV, dK, dQacc; S and dP, dQ */
+    const int prods[6][2] = {{p->bn, p->bm}, {p->bn, p->dv}, {p->bn, p->d},
+                             {p->bm, p->d}, {p->bm, p->bn}, {p->bm, p->d}};
+    for (int i = 0; i < 6; i++) {
+        warp_grid g;
+        if (!warp_grid_for(prods[i][0], prods[i][1], p->warps, &g))
+            return aj_fail(ctx, AJ_ERR_UNSUPPORTED,
+                           "schedule: block_m = %d, block_n = %d, warps = %d cannot tile a "
+                           "%d x %d product at head_dim %d/%d (each warp takes 1 to %d whole "
+                           "16-row strips and 1 to %d whole 8-column tiles); use the defaults",
+                           p->bm, p->bn, p->warps, prods[i][0], prods[i][1], p->d, p->dv,
+                           MAX_MT, MAX_NT);
+    }
+    int state = dkdv_state(p) > dq_state(p) ? dkdv_state(p) : dq_state(p);
+    if (state > STATE_BUDGET)
+        return aj_fail(ctx, AJ_ERR_UNSUPPORTED,
+                       "schedule: block_m = %d, block_n = %d, warps = %d needs %d f32 "
+                       "accumulators per thread at head_dim %d/%d (budget %d); use smaller "
+                       "tiles or more warps", p->bm, p->bn, p->warps, state, p->d, p->dv,
+                       STATE_BUDGET);
+    int32_t smem = dkdv_smem(p) > dq_smem(p) ? dkdv_smem(p) : dq_smem(p);
+    if (smem > aj_target_smem_limit(target))
+        return aj_fail(ctx, AJ_ERR_UNSUPPORTED,
+                       "schedule: block_m = %d, block_n = %d, stages = %d needs %d bytes of "
+                       "shared memory at head_dim %d/%d; %s allows %d", p->bm, p->bn,
+                       p->stages, smem, p->d, p->dv, aj_target_name(target),
+                       aj_target_smem_limit(target));
+    return AJ_OK;
+}
+
+static aj_status fbwd_check(aj_ctx *ctx, const aj_op *op, aj_target target)
+{
+    if (op->dtype == AJ_DTYPE_F32)
+        return aj_fail(ctx, AJ_ERR_UNSUPPORTED,
+                       "dtype = f32: flash backward runs on tensor cores and takes f16 or "
+                       "bf16; use `attention backward efficient` for f32");
+    aj_status st = aj_attn_check_dims(ctx, op, "flash backward");
+    if (st != AJ_OK)
+        return st;
+    int dims[2] = {op->head_dim, aj_op_dv(op)};
+    const char *names[2] = {"head_dim", "head_dim_v"};
+    for (int i = 0; i < 2; i++)
+        if (dims[i] % 16 != 0)
+            return aj_fail(ctx, AJ_ERR_UNSUPPORTED,
+                           "%s = %d: flash backward supports multiples of 16 up to 256",
+                           names[i], dims[i]);
+    fbwd_plan plan;
+    return plan_kernel(ctx, op, target, &plan);
+}
+
+/* ---------------------------------------------------------------- shared */
+
+/* A tile of 16-bit elements in shared memory: element (r, c) at byte
+ * off + 2 (r ld + c); off may be chosen at run time (double buffers). */
+typedef struct smem_tile {
+    LLVMValueRef off;   /* i32 */
+    int ld;
+} smem_tile;
+
+/* Everything the emitters share; one per kernel. */
+typedef struct fbwd {
+    aj_kb *kb;
+    LLVMBuilderRef b;
+    const aj_op *op;
+    fbwd_plan p;
+    LLVMValueRef tid, warp, lane, g, t;   /* i32: lane = 4 g + t */
+    LLVMValueRef bidx;                    /* i32: batch (varlen: sequence) */
+    LLVMValueRef seq_q, seq_k;            /* i32: this sequence's lengths */
+    LLVMValueRef q_start, k_start;        /* i64: first packed row (varlen), else 0 */
+    aj_attn_mask mask;
+    aj_attn_bwd_scores sc;
+    aj_attn_dropout drop;
+} fbwd;
+
+static LLVMValueRef prm(fbwd *f, const char *name)
+{
+    return aj_kb_param(f->kb, name);
+}
+
+static LLVMValueRef i32c(fbwd *f, int64_t v)
+{
+    return aj_kb_i32(f->kb, v);
+}
+
+static LLVMValueRef sext64(fbwd *f, LLVMValueRef v)
+{
+    return LLVMBuildSExt(f->b, v, f->kb->t_i64, "");
+}
+
+static LLVMValueRef add(fbwd *f, LLVMValueRef a, LLVMValueRef b)
+{
+    return LLVMBuildAdd(f->b, a, b, "");
+}
+
+static LLVMValueRef mul(fbwd *f, LLVMValueRef a, LLVMValueRef b)
+{
+    return LLVMBuildMul(f->b, a, b, "");
+}
+
+static LLVMValueRef slt(fbwd *f, LLVMValueRef a, LLVMValueRef b)
+{
+    return LLVMBuildICmp(f->b, LLVMIntSLT, a, b, "");
+}
+
+static const char *const tensors[] = {"q", "k", "v", "o", "do", "dq", "dk", "dv"};
+static const char *const bhs = "bhs";
+
+/* Every kernel of the module takes the same parameters; each reads what
+ * it needs. */
+static void declare_params(aj_kb *kb, const aj_op *op)
+{
+    for (int i = 0; i < 8; i++)
+        aj_kb_add_param(kb, tensors[i], AJ_PARAM_PTR);
+    aj_kb_add_param(kb, "lse", AJ_PARAM_PTR);
+    aj_kb_add_param(kb, "workspace", AJ_PARAM_PTR);
+    if (op->score_mod.kind == AJ_SCORE_MOD_ALIBI)
+        aj_kb_add_param(kb, "alibi_slopes", AJ_PARAM_PTR);
+    if (op->layout == AJ_LAYOUT_VARLEN) {
+        aj_kb_add_param(kb, "cu_seqlens_q", AJ_PARAM_PTR);
+        aj_kb_add_param(kb, "cu_seqlens_k", AJ_PARAM_PTR);
+        aj_kb_add_param(kb, "sq_total", AJ_PARAM_I64);
+        aj_kb_add_param(kb, "sk_total", AJ_PARAM_I64);
+    }
+    char name[32];
+    for (int t = 0; t < 8; t++)
+        for (int i = 0; i < 3; i++) {
+            snprintf(name, sizeof name, "stride_%s_%c", tensors[t], bhs[i]);
+            aj_kb_add_param(kb, name, AJ_PARAM_I64);
+        }
+    aj_kb_add_param(kb, "stride_lse_b", AJ_PARAM_I64);
+    aj_kb_add_param(kb, "stride_lse_h", AJ_PARAM_I64);
+    /* workspace rows: Delta_i of (b, h, i) at b stride_ws_b + h stride_ws_h
+     * + i (+ the sequence's first packed row), dQacc rows of head_dim
+     * floats at ws_dq_offset + D times that */
+    aj_kb_add_param(kb, "stride_ws_b", AJ_PARAM_I64);
+    aj_kb_add_param(kb, "stride_ws_h", AJ_PARAM_I64);
+    aj_kb_add_param(kb, "ws_dq_offset", AJ_PARAM_I64);
+    aj_kb_add_param(kb, "heads_q", AJ_PARAM_I32);
+    aj_kb_add_param(kb, "heads_kv", AJ_PARAM_I32);
+    aj_kb_add_param(kb, "seq_q", AJ_PARAM_I32);
+    aj_kb_add_param(kb, "seq_k", AJ_PARAM_I32);
+    aj_kb_add_param(kb, "q_offset", AJ_PARAM_I64);
+    aj_kb_add_param(kb, "kv_offset", AJ_PARAM_I64);
+    aj_kb_add_param(kb, "mask_shift", AJ_PARAM_I64);
+    if (op->dropout > 0) {
+        aj_kb_add_param(kb, "dropout_seed", AJ_PARAM_I64);
+        aj_kb_add_param(kb, "dropout_offset", AJ_PARAM_I64);
+    }
+}
+
+static LLVMValueRef stride_s(fbwd *f, const char *t)
+{
+    char name[32];
+    snprintf(name, sizeof name, "stride_%s_s", t);
+    return prm(f, name);
+}
+
+/* i32 element `idx` of an int32 array parameter. */
+static LLVMValueRef load_i32_at(fbwd *f, const char *array, LLVMValueRef idx)
+{
+    LLVMValueRef at = mul(f, sext64(f, idx), aj_kb_i64(f->kb, 4));
+    return aj_kb_load(f->kb, f->kb->t_i32, aj_kb_gptr_offset(f->kb, prm(f, array), at), 4);
+}
+
+/* Thread layout and the batch (or sequence) of the CTA: lengths, packed
+ * starts and the mask offsets that follow from them. */
+static void setup(fbwd *f, aj_kb *kb, const aj_op *op, const fbwd_plan *p)
+{
+    memset(f, 0, sizeof *f);
+    f->kb = kb;
+    f->b = kb->b;
+    f->op = op;
+    f->p = *p;
+    f->tid = aj_kb_thread_id(kb);
+    f->warp = LLVMBuildLShr(f->b, f->tid, i32c(f, 5), "warp");
+    f->lane = LLVMBuildAnd(f->b, f->tid, i32c(f, 31), "lane");
+    f->g = LLVMBuildLShr(f->b, f->lane, i32c(f, 2), "g");
+    f->t = LLVMBuildAnd(f->b, f->lane, i32c(f, 3), "t");
+    f->bidx = aj_kb_block_id(kb, 2);
+    LLVMValueRef shift = prm(f, "mask_shift");
+    if (op->layout == AJ_LAYOUT_VARLEN) {
+        LLVMValueRef next = add(f, f->bidx, i32c(f, 1));
+        LLVMValueRef q0 = load_i32_at(f, "cu_seqlens_q", f->bidx);
+        LLVMValueRef k0 = load_i32_at(f, "cu_seqlens_k", f->bidx);
+        f->seq_q = LLVMBuildSub(f->b, load_i32_at(f, "cu_seqlens_q", next), q0, "seq_q");
+        f->seq_k = LLVMBuildSub(f->b, load_i32_at(f, "cu_seqlens_k", next), k0, "seq_k");
+        f->q_start = sext64(f, q0);
+        f->k_start = sext64(f, k0);
+        if (op->mask.align == AJ_ALIGN_BOTTOM_RIGHT) {
+            /* totals of 0 are each sequence's own lengths */
+            LLVMValueRef zero = aj_kb_i64(kb, 0);
+            LLVMValueRef sqt = prm(f, "sq_total"), skt = prm(f, "sk_total");
+            sqt = LLVMBuildSelect(f->b, LLVMBuildICmp(f->b, LLVMIntEQ, sqt, zero, ""),
+                                  sext64(f, f->seq_q), sqt, "");
+            skt = LLVMBuildSelect(f->b, LLVMBuildICmp(f->b, LLVMIntEQ, skt, zero, ""),
+                                  sext64(f, f->seq_k), skt, "");
+            shift = LLVMBuildSub(f->b, skt, sqt, "shift");
+        }
+    } else {
+        f->seq_q = prm(f, "seq_q");
+        f->seq_k = prm(f, "seq_k");
+        f->q_start = f->k_start = aj_kb_i64(kb, 0);
+    }
+    f->sc.op = op;
+    f->sc.qk_offset = LLVMBuildSub(f->b, prm(f, "q_offset"), prm(f, "kv_offset"), "");
+    f->mask = aj_attn_mask_offsets(kb, &op->mask, add(f, f->sc.qk_offset, shift));
+}
+
+/* Per-(batch, query head) state: alibi slope and dropout stream. */
+static void set_head(fbwd *f, LLVMValueRef h)
+{
+    aj_kb *kb = f->kb;
+    if (f->op->score_mod.kind == AJ_SCORE_MOD_ALIBI) {
+        LLVMValueRef at = mul(f, sext64(f, h), aj_kb_i64(kb, 4));
+        f->sc.slope = aj_kb_load(kb, kb->t_f32,
+                                 aj_kb_gptr_offset(kb, prm(f, "alibi_slopes"), at), 4);
+    }
+    if (f->op->dropout > 0)
+        f->drop = aj_attn_dropout_stream(kb, prm(f, "dropout_seed"), prm(f, "dropout_offset"),
+                                         prm(f, "q_offset"), prm(f, "kv_offset"), f->bidx,
+                                         prm(f, "heads_q"), h);
+}
+
+/* Element offset (i64) of row 0 of slice (b, h) of tensor t; `start` is
+ * the sequence's first packed row (0 for padded tensors). */
+static LLVMValueRef row0_base(fbwd *f, const char *t, LLVMValueRef h, LLVMValueRef start)
+{
+    return add(f, aj_attn_slice_base(f->kb, t, f->bidx, h), mul(f, start, stride_s(f, t)));
+}
+
+/* Workspace float index of Delta_0 of (b, h). */
+static LLVMValueRef ws_row0(fbwd *f, LLVMValueRef h)
+{
+    LLVMValueRef r = mul(f, sext64(f, f->bidx), prm(f, "stride_ws_b"));
+    r = add(f, r, mul(f, sext64(f, h), prm(f, "stride_ws_h")));
+    return add(f, r, f->q_start);
+}
+
+static LLVMValueRef ws_ptr(fbwd *f, LLVMValueRef float_index)
+{
+    return aj_kb_gptr_offset(f->kb, prm(f, "workspace"),
+                             mul(f, float_index, aj_kb_i64(f->kb, 4)));
+}
+
+/* Byte pointer of element (row, col) of a shared tile. */
+static LLVMValueRef tile_ptr(fbwd *f, smem_tile tile, LLVMValueRef row, LLVMValueRef col)
+{
+    LLVMValueRef e = add(f, mul(f, row, i32c(f, tile.ld)), col);
+    return aj_kb_smem_ptr(f->kb, add(f, tile.off, LLVMBuildShl(f->b, e, i32c(f, 1), "")));
+}
+
+static smem_tile reserve_tile(fbwd *f, int rows, int width, int copies)
+{
+    int32_t off = aj_kb_smem_reserve(f->kb, copies * tile_bytes(rows, width));
+    return (smem_tile){i32c(f, off), width + 8};
+}
+
+/* Copy `which` (0 or 1) of a double-buffered tile. */
+static smem_tile tile_copy(fbwd *f, smem_tile tile, int rows, LLVMValueRef which)
+{
+    LLVMValueRef step = mul(f, which, i32c(f, 2 * rows * tile.ld));
+    return (smem_tile){add(f, tile.off, step), tile.ld};
+}
+
+/*
+ * Issues cp.async copies of `rows` rows of `width` elements of tensor t
+ * (rows row0 .. of the slice at element `base`) into a shared tile, 16
+ * bytes per copy; rows at or past `limit` are zero-filled (their source is
+ * row 0, read for 0 bytes).  The caller commits and waits.
+ */
+static void load_tile(fbwd *f, const char *t, LLVMValueRef base, LLVMValueRef row0,
+                      LLVMValueRef limit, int rows, int width, smem_tile tile)
+{
+    aj_kb *kb = f->kb;
+    LLVMBuilderRef b = f->b;
+    int per_row = width / 8, chunks = rows * per_row;
+    for (int x = 0; x < (chunks + f->p.threads - 1) / f->p.threads; x++) {
+        LLVMValueRef c = add(f, f->tid, i32c(f, (int64_t)x * f->p.threads));
+        int guard = (x + 1) * f->p.threads > chunks;
+        if (guard)
+            aj_kb_if_begin(kb, slt(f, c, i32c(f, chunks)));
+        LLVMValueRef row = LLVMBuildUDiv(b, c, i32c(f, per_row), "");
+        LLVMValueRef col = mul(f, LLVMBuildURem(b, c, i32c(f, per_row), ""), i32c(f, 8));
+        LLVMValueRef grow = add(f, row0, row);
+        LLVMValueRef valid = slt(f, grow, limit);
+        LLVMValueRef srow = LLVMBuildSelect(b, valid, grow, i32c(f, 0), "");
+        LLVMValueRef elem = add(f, add(f, base, mul(f, sext64(f, srow), stride_s(f, t))),
+                                sext64(f, col));
+        LLVMValueRef src = aj_kb_gptr_offset(kb, prm(f, t), mul(f, elem, aj_kb_i64(kb, 2)));
+        LLVMValueRef bytes = LLVMBuildSelect(b, valid, i32c(f, 16), i32c(f, 0), "");
+        aj_kb_cp_async_16(kb, tile_ptr(f, tile, row, col), src, bytes);
+        if (guard)
+            aj_kb_if_end(kb);
+    }
+}
+
+/* The first row and column of this warp's part of an M x N product. */
+static void warp_origin(fbwd *f, const warp_grid *g, LLVMValueRef *row0, LLVMValueRef *col0)
+{
+    LLVMValueRef wr = LLVMBuildURem(f->b, f->warp, i32c(f, g->wm), "");
+    LLVMValueRef wc = LLVMBuildUDiv(f->b, f->warp, i32c(f, g->wm), "");
+    *row0 = mul(f, wr, i32c(f, 16 * g->mt));
+    *col0 = mul(f, wc, i32c(f, 8 * g->nt));
+}
+
+/* A warp's accumulators: acc[a][c][r], strip a, column tile c, register r
+ * of the mma C fragment (aj_kb_mma_m16n8k16). */
+typedef struct warp_acc {
+    warp_grid g;
+    LLVMValueRef row0, col0;   /* i32: the warp's first output row, column */
+    LLVMValueRef v[MAX_MT][MAX_NT][4];
+} warp_acc;
+
+static void acc_init(fbwd *f, warp_acc *acc, int m, int n, const char *name)
+{
+    warp_grid_for(m, n, f->p.warps, &acc->g);
+    warp_origin(f, &acc->g, &acc->row0, &acc->col0);
+    for (int a = 0; a < acc->g.mt; a++)
+        for (int c = 0; c < acc->g.nt; c++)
+            for (int r = 0; r < 4; r++)
+                acc->v[a][c][r] = aj_kb_var(f->kb, f->kb->t_f32, aj_kb_f32(f->kb, 0), name);
+}
+
+static void acc_zero(fbwd *f, warp_acc *acc)
+{
+    for (int a = 0; a < acc->g.mt; a++)
+        for (int c = 0; c < acc->g.nt; c++)
+            for (int r = 0; r < 4; r++)
+                aj_kb_set(f->kb, acc->v[a][c][r], aj_kb_f32(f->kb, 0));
+}
+
+/* Row and column (in the product) of register r of tile (a, c):
+ *
+ *   lane 4g + t:   c[0] (g, 2t)   c[1] (g, 2t + 1)   c[2] (g + 8, 2t)   c[3] (g + 8, 2t + 1)
+ */
+static LLVMValueRef acc_row(fbwd *f, const warp_acc *acc, int a, int r)
+{
+    return add(f, add(f, acc->row0, f->g), i32c(f, 16 * a + 8 * (r >> 1)));
+}
+
+static LLVMValueRef acc_col(fbwd *f, const warp_acc *acc, int c, int r)
+{
+    return add(f, add(f, acc->col0, LLVMBuildShl(f->b, f->t, i32c(f, 1), "")),
+               i32c(f, 8 * c + (r & 1)));
+}
+
+/* An mma operand in shared memory.  kmajor = 0: A[m][k] is tile(m, k),
+ * B[k][n] is tile(n, k) (both stored along k, plain ldmatrix); kmajor = 1:
+ * A[m][k] is tile(k, m), B[k][n] is tile(k, n) (ldmatrix .trans). */
+typedef struct operand {
+    smem_tile tile;
+    int kmajor;
+    LLVMValueRef origin;   /* i32: first row (A) or column (B) of the operand in the tile */
+} operand;
+
+/*
+ * acc += A B over k = 0 .. kdim - 1 for the warp's part of the product.
+ * One ldmatrix .x4 loads a 16 x 16 A fragment or the B fragments of two
+ * 8-column tiles; lane 8 m + r addresses row r of 8 x 8 matrix m:
+ *
+ *   A, m = 0..3:  rows +0 / +8 (m & 1), k +0 / +8 (m >> 1)   -> a[m]
+ *   B, m = 0..3:  k +0 / +8 (m & 1), columns +0 / +8 (m >> 1) -> b[m >> 1][m & 1]
+ */
+static void warp_mma(fbwd *f, warp_acc *acc, int kdim, const operand *A, const operand *B)
+{
+    aj_kb *kb = f->kb;
+    LLVMBuilderRef b = f->b;
+    const warp_grid *g = &acc->g;
+    LLVMValueRef lr = LLVMBuildAnd(b, f->lane, i32c(f, 7), "");
+    LLVMValueRef l8 = LLVMBuildAnd(b, LLVMBuildLShr(b, f->lane, i32c(f, 3), ""), i32c(f, 1), "");
+    LLVMValueRef l16 = LLVMBuildLShr(b, f->lane, i32c(f, 4), "");
+    LLVMValueRef e8 = LLVMBuildShl(b, l8, i32c(f, 3), ""), e16 = LLVMBuildShl(b, l16, i32c(f, 3), "");
+    LLVMValueRef ks = aj_kb_for_begin(kb, i32c(f, 0), i32c(f, kdim / 16), i32c(f, 1), "ks");
+    LLVMValueRef k0 = LLVMBuildShl(b, ks, i32c(f, 4), "k0");
+    LLVMValueRef af[MAX_MT][4], bf[MAX_NT][2];
+    for (int a = 0; a < g->mt; a++) {
+        LLVMValueRef m0 = add(f, add(f, A->origin, acc->row0), i32c(f, 16 * a));
+        LLVMValueRef row, col;
+        if (!A->kmajor) {
+            row = add(f, add(f, m0, lr), e8);
+            col = add(f, k0, e16);
+        } else {
+            row = add(f, add(f, k0, e16), lr);
+            col = add(f, m0, e8);
+        }
+        aj_kb_ldmatrix(kb, 4, A->kmajor, tile_ptr(f, A->tile, row, col), af[a]);
+    }
+    for (int c = 0; c < g->nt; c += 2) {
+        LLVMValueRef n0 = add(f, add(f, B->origin, acc->col0), i32c(f, 8 * c));
+        int pair = c + 1 < g->nt;
+        LLVMValueRef nsel = pair ? e16 : i32c(f, 0);
+        LLVMValueRef row, col, out[4];
+        if (!B->kmajor) {
+            row = add(f, add(f, n0, nsel), lr);
+            col = add(f, k0, e8);
+        } else {
+            row = add(f, add(f, k0, e8), lr);
+            col = add(f, n0, nsel);
+        }
+        aj_kb_ldmatrix(kb, pair ? 4 : 2, B->kmajor, tile_ptr(f, B->tile, row, col), out);
+        bf[c][0] = out[0];
+        bf[c][1] = out[1];
+        if (pair) {
+            bf[c + 1][0] = out[2];
+            bf[c + 1][1] = out[3];
+        }
+    }
+    for (int a = 0; a < g->mt; a++)
+        for (int c = 0; c < g->nt; c++) {
+            LLVMValueRef cin[4], d[4];
+            for (int r = 0; r < 4; r++)
+                cin[r] = aj_kb_get(kb, acc->v[a][c][r]);
+            aj_kb_mma_m16n8k16(kb, f->p.dtype, af[a], bf[c], cin, d);
+            for (int r = 0; r < 4; r++)
+                aj_kb_set(kb, acc->v[a][c][r], d[r]);
+        }
+    aj_kb_for_end(kb);
+}
+
+/* Two f32 values as one i32 of two dtype elements, the first in the low half. */
+static LLVMValueRef pack2(fbwd *f, LLVMValueRef lo, LLVMValueRef hi)
+{
+    LLVMBuilderRef b = f->b;
+    LLVMValueRef l = LLVMBuildZExt(b, aj_kb_from_f32(f->kb, lo, f->p.dtype), f->kb->t_i32, "");
+    LLVMValueRef h = LLVMBuildZExt(b, aj_kb_from_f32(f->kb, hi, f->p.dtype), f->kb->t_i32, "");
+    return LLVMBuildOr(b, l, LLVMBuildShl(b, h, i32c(f, 16), ""), "");
+}
+
+/* Stores the accumulators (times `mult`) to rows of tensor t: product row
+ * r is tensor row row0 + r of the slice at element `base`, skipped at or
+ * past `limit`; columns are the head dim. */
+static void store_acc(fbwd *f, const warp_acc *acc, const char *t, LLVMValueRef base,
+                      LLVMValueRef row0, LLVMValueRef limit, double mult)
+{
+    aj_kb *kb = f->kb;
+    for (int a = 0; a < acc->g.mt; a++)
+        for (int half = 0; half < 2; half++) {
+            LLVMValueRef row = add(f, row0, acc_row(f, acc, a, 2 * half));
+            aj_kb_if_begin(kb, slt(f, row, limit));
+            LLVMValueRef rbase = add(f, base, mul(f, sext64(f, row), stride_s(f, t)));
+            for (int c = 0; c < acc->g.nt; c++) {
+                LLVMValueRef v[2];
+                for (int x = 0; x < 2; x++) {
+                    v[x] = aj_kb_get(kb, acc->v[a][c][2 * half + x]);
+                    if (mult != 1.0)
+                        v[x] = LLVMBuildFMul(f->b, v[x], aj_kb_f32(kb, mult), "");
+                }
+                LLVMValueRef elem = add(f, rbase, sext64(f, acc_col(f, acc, c, 0)));
+                aj_kb_store(kb, pack2(f, v[0], v[1]),
+                            aj_kb_gptr_offset(kb, prm(f, t), mul(f, elem, aj_kb_i64(kb, 2))), 4);
+            }
+            aj_kb_if_end(kb);
+        }
+}
+
+/* LSE (log2 units) and Delta of query rows m0 .. m0 + rows - 1 into
+ * shared memory as stats[0 .. rows) and stats[rows .. 2 rows); rows past
+ * the sequence (which see no key) read row Sq - 1 and keep 0.  The
+ * caller runs this only with Sq > 0. */
+static void load_stats(fbwd *f, LLVMValueRef h, LLVMValueRef m0, int rows, int32_t stats)
+{
+    aj_kb *kb = f->kb;
+    LLVMBuilderRef b = f->b;
+    LLVMValueRef zero = aj_kb_f32(kb, 0);
+    for (int x = 0; x < (rows + f->p.threads - 1) / f->p.threads; x++) {
+        LLVMValueRef r = add(f, f->tid, i32c(f, (int64_t)x * f->p.threads));
+        int guard = (x + 1) * f->p.threads > rows;
+        if (guard)
+            aj_kb_if_begin(kb, slt(f, r, i32c(f, rows)));
+        LLVMValueRef i = add(f, m0, r);
+        LLVMValueRef valid = slt(f, i, f->seq_q);
+        LLVMValueRef ic = sext64(f, aj_kb_smin(kb, i, LLVMBuildSub(b, f->seq_q, i32c(f, 1), "")));
+        LLVMValueRef lse_at = add(f, add(f, aj_attn_slice_base(kb, "lse", f->bidx, h),
+                                         f->q_start), ic);
+        LLVMValueRef lse = aj_kb_load(kb, kb->t_f32, aj_kb_gptr_offset(kb, prm(f, "lse"),
+                                      mul(f, lse_at, aj_kb_i64(kb, 4))), 4);
+        LLVMValueRef delta = aj_kb_load(kb, kb->t_f32, ws_ptr(f, add(f, ws_row0(f, h), ic)), 4);
+        LLVMValueRef lse2 = LLVMBuildFMul(b, lse, aj_kb_f32(kb, AJ_LOG2E), "");
+        LLVMValueRef at = add(f, i32c(f, stats), LLVMBuildShl(b, r, i32c(f, 2), ""));
+        aj_kb_store(kb, LLVMBuildSelect(b, valid, lse2, zero, ""), aj_kb_smem_ptr(kb, at), 4);
+        at = add(f, at, i32c(f, 4 * rows));
+        aj_kb_store(kb, LLVMBuildSelect(b, valid, delta, zero, ""), aj_kb_smem_ptr(kb, at), 4);
+        if (guard)
+            aj_kb_if_end(kb);
+    }
+}
+
+static LLVMValueRef stat_at(fbwd *f, int32_t stats, LLVMValueRef idx)
+{
+    LLVMValueRef at = add(f, i32c(f, stats), LLVMBuildShl(f->b, idx, i32c(f, 2), ""));
+    return aj_kb_load(f->kb, f->kb->t_f32, aj_kb_smem_ptr(f->kb, at), 4);
+}
+
+/*
+ * P (dropped) and dS of every element of S and dP (same warp layout) into
+ * shared tiles of the dtype.  Element (r, c) of the product is query
+ * m0 + (rows_are_keys ? c : r) and key n0 + (rows_are_keys ? r : c); the
+ * tiles store it at (r, c) too.  `pt` may be NULL (the dq kernel keeps
+ * only dS).
+ */
+static void emit_p_ds_tiles(fbwd *f, const warp_acc *s, const warp_acc *dp, int rows_are_keys,
+                            LLVMValueRef m0, LLVMValueRef n0, int32_t stats, int bm,
+                            const smem_tile *pt, smem_tile dst)
+{
+    aj_kb *kb = f->kb;
+    for (int a = 0; a < s->g.mt; a++)
+        for (int c = 0; c < s->g.nt; c++) {
+            LLVMValueRef pv[4], dv[4];
+            for (int r = 0; r < 4; r++) {
+                LLVMValueRef pr = acc_row(f, s, a, r), pc = acc_col(f, s, c, r);
+                LLVMValueRef il = rows_are_keys ? pc : pr, jl = rows_are_keys ? pr : pc;
+                LLVMValueRef i = add(f, m0, il), j = add(f, n0, jl);
+                LLVMValueRef vis = LLVMBuildAnd(f->b, slt(f, i, f->seq_q),
+                                                LLVMBuildICmp(f->b, LLVMIntSLE, j,
+                                                              aj_attn_row_key_hi(kb, &f->mask,
+                                                                                 f->seq_k, i),
+                                                              ""), "");
+                if (f->mask.lo_off)
+                    vis = LLVMBuildAnd(f->b, vis, LLVMBuildICmp(f->b, LLVMIntSGE, j,
+                                       aj_attn_row_key_lo(kb, &f->mask, i), ""), "");
+                LLVMValueRef keep = f->op->dropout > 0
+                                        ? aj_attn_dropout_keep(kb, &f->drop, f->op->dropout, i, j)
+                                        : NULL;
+                aj_attn_bwd_p_ds(kb, &f->sc, aj_kb_get(kb, s->v[a][c][r]),
+                                 aj_kb_get(kb, dp->v[a][c][r]), i, j, stat_at(f, stats, il),
+                                 stat_at(f, stats, add(f, il, i32c(f, bm))), vis, NULL, keep,
+                                 &pv[r], &dv[r]);
+            }
+            for (int half = 0; half < 2; half++) {
+                LLVMValueRef row = acc_row(f, s, a, 2 * half), col = acc_col(f, s, c, 0);
+                if (pt)
+                    aj_kb_store(kb, pack2(f, pv[2 * half], pv[2 * half + 1]),
+                                tile_ptr(f, *pt, row, col), 4);
+                aj_kb_store(kb, pack2(f, dv[2 * half], dv[2 * half + 1]),
+                            tile_ptr(f, dst, row, col), 4);
+            }
+        }
+}
+
+/* Blocks of `per` indices overlapping [lo, hi]: [*begin, *end), empty
+ * when hi < lo. */
+static void block_range(fbwd *f, LLVMValueRef lo, LLVMValueRef hi, int per,
+                        LLVMValueRef *begin, LLVMValueRef *end)
+{
+    LLVMBuilderRef b = f->b;
+    LLVMValueRef empty = slt(f, hi, lo);
+    *begin = LLVMBuildSelect(b, empty, i32c(f, 0), LLVMBuildSDiv(b, lo, i32c(f, per), ""), "");
+    *end = LLVMBuildSelect(b, empty, i32c(f, 0),
+                           LLVMBuildSDiv(b, add(f, hi, i32c(f, per)), i32c(f, per), ""), "");
+}
+
+/* ---------------------------------------------------------------- delta */
+
+/* Delta_i = dO_i . O_i (f32) into the workspace, one thread per row;
+ * without determinism also zeroes the row's dQacc. */
+static void build_delta(aj_kb *kb, const aj_op *op, const fbwd_plan *plan)
+{
+    declare_params(kb, op);
+    aj_kb_begin_stage(kb, "delta", DELTA_ROWS);
+    fbwd f;
+    fbwd_plan p1 = *plan;
+    p1.threads = DELTA_ROWS;
+    setup(&f, kb, op, &p1);
+    LLVMBuilderRef b = kb->b;
+    LLVMValueRef h = aj_kb_block_id(kb, 1);
+    LLVMValueRef i = add(&f, mul(&f, aj_kb_block_id(kb, 0), i32c(&f, DELTA_ROWS)), f.tid);
+    aj_kb_if_begin(kb, slt(&f, i, f.seq_q));
+    LLVMValueRef orow = add(&f, row0_base(&f, "o", h, f.q_start), mul(&f, sext64(&f, i),
+                                                                     stride_s(&f, "o")));
+    LLVMValueRef drow = add(&f, row0_base(&f, "do", h, f.q_start), mul(&f, sext64(&f, i),
+                                                                      stride_s(&f, "do")));
+    LLVMValueRef sum = aj_kb_var(kb, kb->t_f32, aj_kb_f32(kb, 0), "sum");
+    LLVMValueRef x = aj_kb_for_begin(kb, aj_kb_i64(kb, 0), aj_kb_i64(kb, plan->dv / 4),
+                                     aj_kb_i64(kb, 1), "x");
+    LLVMValueRef col = LLVMBuildShl(b, x, aj_kb_i64(kb, 2), "");
+    LLVMTypeRef v4 = LLVMVectorType(aj_kb_storage_type(kb, plan->dtype), 4);
+    LLVMValueRef ov = aj_kb_load(kb, v4, aj_kb_gptr_offset(kb, prm(&f, "o"),
+                                 mul(&f, add(&f, orow, col), aj_kb_i64(kb, 2))), 8);
+    LLVMValueRef dv = aj_kb_load(kb, v4, aj_kb_gptr_offset(kb, prm(&f, "do"),
+                                 mul(&f, add(&f, drow, col), aj_kb_i64(kb, 2))), 8);
+    LLVMValueRef s = aj_kb_get(kb, sum);
+    for (int e = 0; e < 4; e++)
+        s = aj_kb_fma(kb, aj_kb_to_f32(kb, LLVMBuildExtractElement(b, ov, i32c(&f, e), ""),
+                                       plan->dtype),
+                      aj_kb_to_f32(kb, LLVMBuildExtractElement(b, dv, i32c(&f, e), ""),
+                                   plan->dtype), s);
+    aj_kb_set(kb, sum, s);
+    aj_kb_for_end(kb);
+    LLVMValueRef r = add(&f, ws_row0(&f, h), sext64(&f, i));
+    aj_kb_store(kb, aj_kb_get(kb, sum), ws_ptr(&f, r), 4);
+    if (!plan->deterministic) {
+        LLVMValueRef base = add(&f, prm(&f, "ws_dq_offset"), mul(&f, r, aj_kb_i64(kb, plan->d)));
+        LLVMTypeRef f4 = LLVMVectorType(kb->t_f32, 4);
+        for (int c = 0; c < plan->d; c += 4)
+            aj_kb_store(kb, LLVMConstNull(f4), ws_ptr(&f, add(&f, base, aj_kb_i64(kb, c))), 16);
+    }
+    aj_kb_if_end(kb);
+    const aj_kernel_layout layout = {
+        .grid = {{AJ_EXTENT_SEQ_Q, DELTA_ROWS}, {AJ_EXTENT_HEADS_Q, 1}, {AJ_EXTENT_BATCH, 1}},
+        .schedule = {plan->bm, plan->bn, plan->warps, plan->stages},
+    };
+    aj_kb_finish(kb, &layout);
+}
+
+/* ---------------------------------------------------------------- dkdv */
+
+static void build_dkdv(aj_kb *kb, const aj_op *op, const fbwd_plan *plan)
+{
+    declare_params(kb, op);
+    aj_kb_begin_stage(kb, "dkdv", plan->threads);
+    fbwd f;
+    setup(&f, kb, op, plan);
+    const fbwd_plan *p = &f.p;
+    LLVMBuilderRef b = kb->b;
+    smem_tile kt = reserve_tile(&f, p->bn, p->d, 1), vt = reserve_tile(&f, p->bn, p->dv, 1);
+    smem_tile qt = reserve_tile(&f, p->bm, p->d, p->stages);
+    smem_tile dot = reserve_tile(&f, p->bm, p->dv, p->stages);
+    smem_tile ptt = reserve_tile(&f, p->bn, p->bm, 1), dst = reserve_tile(&f, p->bn, p->bm, 1);
+    int32_t stats = aj_kb_smem_reserve(kb, 8 * p->bm);
+
+    warp_acc s, dp, dk, dv, dq;
+    acc_init(&f, &s, p->bn, p->bm, "s");
+    acc_init(&f, &dp, p->bn, p->bm, "dp");
+    acc_init(&f, &dk, p->bn, p->d, "dk");
+    acc_init(&f, &dv, p->bn, p->dv, "dv");
+    if (!p->deterministic)
+        acc_init(&f, &dq, p->bm, p->d, "dq");
+
+    LLVMValueRef n0 = mul(&f, aj_kb_block_id(kb, 0), i32c(&f, p->bn));
+    LLVMValueRef hkv = aj_kb_block_id(kb, 1);
+    LLVMValueRef group = LLVMBuildSDiv(b, prm(&f, "heads_q"), prm(&f, "heads_kv"), "group");
+    /* varlen: the grid covers the longest sequence */
+    aj_kb_if_begin(kb, slt(&f, n0, f.seq_k));
+    LLVMValueRef k_base = row0_base(&f, "k", hkv, f.k_start);
+    LLVMValueRef v_base = row0_base(&f, "v", hkv, f.k_start);
+    load_tile(&f, "k", k_base, n0, f.seq_k, p->bn, p->d, kt);
+    load_tile(&f, "v", v_base, n0, f.seq_k, p->bn, p->dv, vt);
+    aj_kb_cp_async_commit(kb);
+
+    /* query rows that see a key of this block: j - hi_off <= i <= j - lo_off */
+    LLVMValueRef j_last = LLVMBuildSub(b, aj_kb_smin(kb, add(&f, n0, i32c(&f, p->bn)), f.seq_k),
+                                       i32c(&f, 1), "");
+    LLVMValueRef i_lo = i32c(&f, 0);
+    if (f.mask.hi_off)
+        i_lo = aj_kb_smax(kb, i_lo, LLVMBuildSub(b, n0, f.mask.hi_off, ""));
+    LLVMValueRef i_hi = LLVMBuildSub(b, f.seq_q, i32c(&f, 1), "");
+    if (f.mask.lo_off)
+        i_hi = aj_kb_smin(kb, i_hi, LLVMBuildSub(b, j_last, f.mask.lo_off, ""));
+    LLVMValueRef m_begin, m_end;
+    block_range(&f, i_lo, i_hi, p->bm, &m_begin, &m_end);
+
+    LLVMValueRef hq = aj_kb_for_begin(kb, i32c(&f, 0), group, i32c(&f, 1), "hq");
+    LLVMValueRef h = add(&f, mul(&f, hkv, group), hq);
+    set_head(&f, h);
+    LLVMValueRef q_base = row0_base(&f, "q", h, f.q_start);
+    LLVMValueRef do_base = row0_base(&f, "do", h, f.q_start);
+    LLVMValueRef dq_row0 = NULL;
+    if (!p->deterministic)
+        dq_row0 = add(&f, prm(&f, "ws_dq_offset"), mul(&f, ws_row0(&f, h),
+                                                     aj_kb_i64(kb, p->d)));
+    if (p->stages == 2) {   /* the first tile's copy; each step issues the next */
+        aj_kb_if_begin(kb, slt(&f, m_begin, m_end));
+        LLVMValueRef m0 = mul(&f, m_begin, i32c(&f, p->bm));
+        load_tile(&f, "q", q_base, m0, f.seq_q, p->bm, p->d, qt);
+        load_tile(&f, "do", do_base, m0, f.seq_q, p->bm, p->dv, dot);
+        aj_kb_if_end(kb);
+        aj_kb_cp_async_commit(kb);
+    }
+    LLVMValueRef m = aj_kb_for_begin(kb, m_begin, m_end, i32c(&f, 1), "m");
+    {
+        LLVMValueRef m0 = mul(&f, m, i32c(&f, p->bm));
+        smem_tile q_cur = qt, do_cur = dot;
+        if (p->stages == 2) {
+            LLVMValueRef cur = LLVMBuildAnd(b, LLVMBuildSub(b, m, m_begin, ""), i32c(&f, 1), "");
+            LLVMValueRef nxt = LLVMBuildXor(b, cur, i32c(&f, 1), "");
+            q_cur = tile_copy(&f, qt, p->bm, cur);
+            do_cur = tile_copy(&f, dot, p->bm, cur);
+            LLVMValueRef mn = add(&f, m, i32c(&f, 1));
+            aj_kb_if_begin(kb, slt(&f, mn, m_end));
+            LLVMValueRef mn0 = mul(&f, mn, i32c(&f, p->bm));
+            load_tile(&f, "q", q_base, mn0, f.seq_q, p->bm, p->d, tile_copy(&f, qt, p->bm, nxt));
+            load_tile(&f, "do", do_base, mn0, f.seq_q, p->bm, p->dv,
+                      tile_copy(&f, dot, p->bm, nxt));
+            aj_kb_if_end(kb);
+            aj_kb_cp_async_commit(kb);
+            aj_kb_cp_async_wait(kb, 1);
+        } else {
+            load_tile(&f, "q", q_base, m0, f.seq_q, p->bm, p->d, qt);
+            load_tile(&f, "do", do_base, m0, f.seq_q, p->bm, p->dv, dot);
+            aj_kb_cp_async_wait_all(kb);
+        }
+        load_stats(&f, h, m0, p->bm, stats);
+        aj_kb_barrier(kb);   /* K, V, Q, dO and the stats are in */
+
+        /* S^T = K Q^T, dP^T = V dO^T: A = K (keys x d), B[d][query] = Q(query, d) */
+        acc_zero(&f, &s);
+        acc_zero(&f, &dp);
+        operand ka = {kt, 0, i32c(&f, 0)}, qb = {q_cur, 0, i32c(&f, 0)};
+        operand va = {vt, 0, i32c(&f, 0)}, dob = {do_cur, 0, i32c(&f, 0)};
+        warp_mma(&f, &s, p->d, &ka, &qb);
+        warp_mma(&f, &dp, p->dv, &va, &dob);
+        emit_p_ds_tiles(&f, &s, &dp, 1, m0, n0, stats, p->bm, &ptt, dst);
+        aj_kb_barrier(kb);   /* P^T and dS^T are complete */
+
+        /* dV += P^T dO, dK += dS^T Q: B[query][d] = tile(query, d), k-major */
+        operand pa = {ptt, 0, i32c(&f, 0)}, dsa = {dst, 0, i32c(&f, 0)};
+        operand dob_k = {do_cur, 1, i32c(&f, 0)}, qb_k = {q_cur, 1, i32c(&f, 0)};
+        warp_mma(&f, &dv, p->bm, &pa, &dob_k);
+        warp_mma(&f, &dk, p->bm, &dsa, &qb_k);
+        if (!p->deterministic) {
+            /* dQacc += dS K: A[query][key] = dS^T(key, query), B[key][d] = K(key, d) */
+            acc_zero(&f, &dq);
+            operand dsa_t = {dst, 1, i32c(&f, 0)}, kb_k = {kt, 1, i32c(&f, 0)};
+            warp_mma(&f, &dq, p->bn, &dsa_t, &kb_k);
+            for (int a = 0; a < dq.g.mt; a++)
+                for (int r = 0; r < 4; r++) {
+                    LLVMValueRef i = add(&f, m0, acc_row(&f, &dq, a, r));
+                    aj_kb_if_begin(kb, slt(&f, i, f.seq_q));
+                    LLVMValueRef row = add(&f, dq_row0, mul(&f, sext64(&f, i),
+                                                            aj_kb_i64(kb, p->d)));
+                    for (int c = 0; c < dq.g.nt; c++) {
+                        LLVMValueRef at = add(&f, row, sext64(&f, acc_col(&f, &dq, c, r)));
+                        LLVMValueRef args[2] = {ws_ptr(&f, at), aj_kb_get(kb, dq.v[a][c][r])};
+                        aj_kb_intrinsic(kb, AJ_INTR_RED_ADD_F32, args);
+                    }
+                    aj_kb_if_end(kb);
+                }
+        }
+        aj_kb_barrier(kb);   /* this step's readers are done before the next copies */
+    }
+    aj_kb_for_end(kb);
+    aj_kb_for_end(kb);
+    aj_kb_cp_async_wait_all(kb);
+
+    store_acc(&f, &dk, "dk", row0_base(&f, "dk", hkv, f.k_start), n0, f.seq_k, aj_op_scale(op));
+    store_acc(&f, &dv, "dv", row0_base(&f, "dv", hkv, f.k_start), n0, f.seq_k, 1.0);
+    aj_kb_if_end(kb);
+    const aj_kernel_layout layout = {
+        .grid = {{AJ_EXTENT_SEQ_K, p->bn}, {AJ_EXTENT_HEADS_KV, 1}, {AJ_EXTENT_BATCH, 1}},
+        .schedule = {p->bm, p->bn, p->warps, p->stages},
+    };
+    aj_kb_finish(kb, &layout);
+}
+
+/* ---------------------------------------------------------------- dq */
+
+static void build_dq(aj_kb *kb, const aj_op *op, const fbwd_plan *plan)
+{
+    declare_params(kb, op);
+    aj_kb_begin_stage(kb, "dq", plan->threads);
+    fbwd f;
+    setup(&f, kb, op, plan);
+    const fbwd_plan *p = &f.p;
+    LLVMBuilderRef b = kb->b;
+    smem_tile qt = reserve_tile(&f, p->bm, p->d, 1), dot = reserve_tile(&f, p->bm, p->dv, 1);
+    smem_tile kt = reserve_tile(&f, p->bn, p->d, p->stages);
+    smem_tile vt = reserve_tile(&f, p->bn, p->dv, p->stages);
+    smem_tile dst = reserve_tile(&f, p->bm, p->bn, 1);
+    int32_t stats = aj_kb_smem_reserve(kb, 8 * p->bm);
+
+    warp_acc s, dp, dq;
+    acc_init(&f, &s, p->bm, p->bn, "s");
+    acc_init(&f, &dp, p->bm, p->bn, "dp");
+    acc_init(&f, &dq, p->bm, p->d, "dq");
+
+    LLVMValueRef m0 = mul(&f, aj_kb_block_id(kb, 0), i32c(&f, p->bm));
+    LLVMValueRef h = aj_kb_block_id(kb, 1);
+    LLVMValueRef group = LLVMBuildSDiv(b, prm(&f, "heads_q"), prm(&f, "heads_kv"), "group");
+    aj_kb_if_begin(kb, slt(&f, m0, f.seq_q));
+    set_head(&f, h);
+    LLVMValueRef hkv = LLVMBuildSDiv(b, h, group, "hkv");
+    LLVMValueRef k_base = row0_base(&f, "k", hkv, f.k_start);
+    LLVMValueRef v_base = row0_base(&f, "v", hkv, f.k_start);
+    load_tile(&f, "q", row0_base(&f, "q", h, f.q_start), m0, f.seq_q, p->bm, p->d, qt);
+    load_tile(&f, "do", row0_base(&f, "do", h, f.q_start), m0, f.seq_q, p->bm, p->dv, dot);
+    aj_kb_cp_async_commit(kb);
+    load_stats(&f, h, m0, p->bm, stats);
+
+    LLVMValueRef rows_here = aj_kb_smin(kb, i32c(&f, p->bm), LLVMBuildSub(b, f.seq_q, m0, ""));
+    LLVMValueRef i_last = add(&f, m0, LLVMBuildSub(b, rows_here, i32c(&f, 1), ""));
+    LLVMValueRef n_begin, n_end;
+    block_range(&f, aj_attn_row_key_lo(kb, &f.mask, m0),
+                aj_attn_row_key_hi(kb, &f.mask, f.seq_k, i_last), p->bn, &n_begin, &n_end);
+    if (p->stages == 2) {
+        aj_kb_if_begin(kb, slt(&f, n_begin, n_end));
+        LLVMValueRef n0 = mul(&f, n_begin, i32c(&f, p->bn));
+        load_tile(&f, "k", k_base, n0, f.seq_k, p->bn, p->d, kt);
+        load_tile(&f, "v", v_base, n0, f.seq_k, p->bn, p->dv, vt);
+        aj_kb_if_end(kb);
+        aj_kb_cp_async_commit(kb);
+    }
+    LLVMValueRef n = aj_kb_for_begin(kb, n_begin, n_end, i32c(&f, 1), "n");
+    {
+        LLVMValueRef n0 = mul(&f, n, i32c(&f, p->bn));
+        smem_tile k_cur = kt, v_cur = vt;
+        if (p->stages == 2) {
+            LLVMValueRef cur = LLVMBuildAnd(b, LLVMBuildSub(b, n, n_begin, ""), i32c(&f, 1), "");
+            LLVMValueRef nxt = LLVMBuildXor(b, cur, i32c(&f, 1), "");
+            k_cur = tile_copy(&f, kt, p->bn, cur);
+            v_cur = tile_copy(&f, vt, p->bn, cur);
+            LLVMValueRef nn = add(&f, n, i32c(&f, 1));
+            aj_kb_if_begin(kb, slt(&f, nn, n_end));
+            LLVMValueRef nn0 = mul(&f, nn, i32c(&f, p->bn));
+            load_tile(&f, "k", k_base, nn0, f.seq_k, p->bn, p->d, tile_copy(&f, kt, p->bn, nxt));
+            load_tile(&f, "v", v_base, nn0, f.seq_k, p->bn, p->dv, tile_copy(&f, vt, p->bn, nxt));
+            aj_kb_if_end(kb);
+            aj_kb_cp_async_commit(kb);
+            aj_kb_cp_async_wait(kb, 1);
+        } else {
+            load_tile(&f, "k", k_base, n0, f.seq_k, p->bn, p->d, kt);
+            load_tile(&f, "v", v_base, n0, f.seq_k, p->bn, p->dv, vt);
+            aj_kb_cp_async_wait_all(kb);
+        }
+        aj_kb_barrier(kb);   /* Q, dO, stats (first step), K and V are in */
+
+        /* S = Q K^T, dP = dO V^T: B[d][key] = K(key, d) */
+        acc_zero(&f, &s);
+        acc_zero(&f, &dp);
+        operand qa = {qt, 0, i32c(&f, 0)}, kbo = {k_cur, 0, i32c(&f, 0)};
+        operand doa = {dot, 0, i32c(&f, 0)}, vbo = {v_cur, 0, i32c(&f, 0)};
+        warp_mma(&f, &s, p->d, &qa, &kbo);
+        warp_mma(&f, &dp, p->dv, &doa, &vbo);
+        emit_p_ds_tiles(&f, &s, &dp, 0, m0, n0, stats, p->bm, NULL, dst);
+        aj_kb_barrier(kb);   /* dS is complete */
+
+        /* dQ += dS K: B[key][d] = K(key, d), k-major */
+        operand dsa = {dst, 0, i32c(&f, 0)}, kbk = {k_cur, 1, i32c(&f, 0)};
+        warp_mma(&f, &dq, p->bn, &dsa, &kbk);
+        aj_kb_barrier(kb);   /* this step's readers are done before the next copies */
+    }
+    aj_kb_for_end(kb);
+    aj_kb_cp_async_wait_all(kb);
+    store_acc(&f, &dq, "dq", row0_base(&f, "dq", h, f.q_start), m0, f.seq_q, aj_op_scale(op));
+    aj_kb_if_end(kb);
+    const aj_kernel_layout layout = {
+        .grid = {{AJ_EXTENT_SEQ_Q, p->bm}, {AJ_EXTENT_HEADS_Q, 1}, {AJ_EXTENT_BATCH, 1}},
+        .schedule = {p->bm, p->bn, p->warps, p->stages},
+    };
+    aj_kb_finish(kb, &layout);
+}
+
+/* ---------------------------------------------------------------- dq_convert */
+
+/* dQ = scale dQacc in the op's dtype, one thread per query row. */
+static void build_dq_convert(aj_kb *kb, const aj_op *op, const fbwd_plan *plan)
+{
+    declare_params(kb, op);
+    aj_kb_begin_stage(kb, "dq_convert", DELTA_ROWS);
+    fbwd f;
+    fbwd_plan p1 = *plan;
+    p1.threads = DELTA_ROWS;
+    setup(&f, kb, op, &p1);
+    LLVMBuilderRef b = kb->b;
+    LLVMValueRef h = aj_kb_block_id(kb, 1);
+    LLVMValueRef i = add(&f, mul(&f, aj_kb_block_id(kb, 0), i32c(&f, DELTA_ROWS)), f.tid);
+    aj_kb_if_begin(kb, slt(&f, i, f.seq_q));
+    LLVMValueRef src = add(&f, prm(&f, "ws_dq_offset"),
+                           mul(&f, add(&f, ws_row0(&f, h), sext64(&f, i)),
+                               aj_kb_i64(kb, plan->d)));
+    LLVMValueRef dst = add(&f, row0_base(&f, "dq", h, f.q_start),
+                           mul(&f, sext64(&f, i), stride_s(&f, "dq")));
+    LLVMTypeRef f4 = LLVMVectorType(kb->t_f32, 4);
+    LLVMValueRef x = aj_kb_for_begin(kb, aj_kb_i64(kb, 0), aj_kb_i64(kb, plan->d / 4),
+                                     aj_kb_i64(kb, 1), "x");
+    LLVMValueRef col = LLVMBuildShl(b, x, aj_kb_i64(kb, 2), "");
+    LLVMValueRef v = aj_kb_load(kb, f4, ws_ptr(&f, add(&f, src, col)), 16);
+    LLVMValueRef sv[4];
+    for (int e = 0; e < 4; e++)
+        sv[e] = LLVMBuildFMul(b, LLVMBuildExtractElement(b, v, i32c(&f, e), ""),
+                              aj_kb_f32(kb, aj_op_scale(op)), "");
+    LLVMValueRef lo = pack2(&f, sv[0], sv[1]), hi = pack2(&f, sv[2], sv[3]);
+    LLVMValueRef at = mul(&f, add(&f, dst, col), aj_kb_i64(kb, 2));
+    aj_kb_store(kb, lo, aj_kb_gptr_offset(kb, prm(&f, "dq"), at), 4);
+    aj_kb_store(kb, hi, aj_kb_gptr_offset(kb, prm(&f, "dq"), add(&f, at, aj_kb_i64(kb, 4))), 4);
+    aj_kb_for_end(kb);
+    aj_kb_if_end(kb);
+    const aj_kernel_layout layout = {
+        .grid = {{AJ_EXTENT_SEQ_Q, DELTA_ROWS}, {AJ_EXTENT_HEADS_Q, 1}, {AJ_EXTENT_BATCH, 1}},
+        .schedule = {plan->bm, plan->bn, plan->warps, plan->stages},
+    };
+    aj_kb_finish(kb, &layout);
+}
+
+static aj_status fbwd_build(aj_kb *kb, const aj_op *op, void *user)
+{
+    (void)user;
+    fbwd_plan plan;
+    aj_status st = plan_kernel(kb->ctx, op, kb->target, &plan);
+    if (st != AJ_OK)
+        return st;
+    build_delta(kb, op, &plan);
+    build_dkdv(kb, op, &plan);
+    if (plan.deterministic)
+        build_dq(kb, op, &plan);
+    else
+        build_dq_convert(kb, op, &plan);
+    return kb->st;
+}
+
+const aj_template aj_template_flash_bwd = {
+    .name = "flash_bwd",
+    .kind = AJ_KIND_BACKWARD,
+    .variant = AJ_VARIANT_FLASH,
+    .check = fbwd_check,
+    .build = fbwd_build,
+};

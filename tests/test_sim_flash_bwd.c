@@ -1,0 +1,671 @@
+/*
+ * test_sim_flash_bwd.c -- the flash backward pass (tensor cores) on sim
+ * against the float64 reference backward (tests/ref.c's ref_backward).
+ *
+ * Covers: f16 and bf16 at every head dim the template targets (32, 64,
+ * 96, 128, 192, 256 and 192/128) under the four mask kinds with tails;
+ * position offsets; GQA 2:1 and 4:1; varlen batches of very different
+ * lengths (one of them empty); softcap and alibi; dropout with the
+ * forward's stream; deterministic mode bitwise equal over repeated runs
+ * and over different emulator worker counts; the atomic (deterministic =
+ * false) mode within tolerance; explicit schedules; the workspace API and
+ * its errors.  Sizes are small: the emulator runs every GPU thread.  With
+ * the argument `cuda` the same cases run on a GPU (tests/gpu/run.sh).
+ *
+ * O and LSE come from ref_forward, rounded as a forward kernel stores
+ * them, and the reference backward is fed the same rounded values.  Each
+ * output is checked norm-wise, max |got - ref| <= atol + rtol max |ref|.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "check.h"
+#include "ref.h"
+#include "bwd_tensors.h"
+
+static aj_ctx *ctx;
+static aj_device *dev;
+static int cases_run;
+
+typedef struct fb_case {
+    const char *label;
+    aj_dtype dtype;
+    int d, dv;
+    const char *mask;          /* IR text */
+    const char *score_mod;     /* IR text, "none" if NULL */
+    const char *schedule;      /* IR text, the default if NULL */
+    int deterministic;
+    int b, hq, hkv, sq, sk;
+    int64_t q_offset, kv_offset, sq_total, sk_total;
+    double magnitude;
+    uint64_t seed;
+    double dropout;            /* dropout = p when > 0, stream (drop_seed, drop_offset) */
+    uint64_t drop_seed, drop_offset;
+    const int *lens_q, *lens_k;  /* varlen when set: b sequence lengths each */
+    int repeat;                /* deterministic: rerun on 1 and 3 workers, same bits */
+} fb_case;
+
+/* The tensor cores round P and dS to the dtype before the dV, dK and dQ
+ * products, on top of the output rounding (2^-11, 2^-8). */
+static void tolerance_for(aj_dtype dtype, double *atol, double *rtol)
+{
+    if (dtype == AJ_DTYPE_F16) {
+        *atol = 1e-3;
+        *rtol = 6e-3;
+    } else {
+        *atol = 4e-3;
+        *rtol = 3e-2;
+    }
+}
+
+/* ---------------------------------------------------------------- data */
+
+static void make(tensor *x, aj_dtype dtype, int rank, const int64_t *shape)
+{
+    tensor_make(x, dev, dtype, rank, shape);
+}
+
+/* ---------------------------------------------------------------- cases */
+
+static aj_kernel *compile(const fb_case *c)
+{
+    char spec[640];
+    snprintf(spec, sizeof spec,
+             "attention backward flash {\n  dtype = %s\n  head_dim = %d\n"
+             "  head_dim_v = %d\n  mask = %s\n  score_mod = %s\n  dropout = %.17g\n"
+             "  layout = %s\n  deterministic = %s\n%s%s%s}\n",
+             aj_dtype_name(c->dtype), c->d, c->dv ? c->dv : c->d, c->mask,
+             c->score_mod ? c->score_mod : "none", c->dropout, c->lens_q ? "varlen" : "padded",
+             c->deterministic ? "true" : "false", c->schedule ? "  schedule = " : "",
+             c->schedule ? c->schedule : "", c->schedule ? "\n" : "");
+    aj_op *op = NULL;
+    aj_kernel *k = NULL;
+    CHECK_MSG(aj_op_parse(ctx, spec, strlen(spec), c->label, &op) == AJ_OK, "%s: %s", c->label,
+              aj_last_error(ctx));
+    aj_compile_options opt = AJ_COMPILE_OPTIONS_INIT;
+    opt.target = aj_device_target(dev);
+    opt.emit = opt.target == AJ_TARGET_SIM ? AJ_EMIT_LLVM_IR : AJ_EMIT_PTX;
+    if (op)
+        CHECK_MSG(aj_compile(ctx, op, &opt, &k) == AJ_OK, "%s: %s", c->label,
+                  aj_last_error(ctx));
+    aj_op_destroy(op);
+    return k;
+}
+
+/* Runs `a` again on `workers` emulator threads and wants the bits of
+ * `first` (one buffer per output). */
+static void rerun_same_bits(const fb_case *c, const aj_kernel *kernel, const aj_bwd_args *a,
+                            tensor *const *outs, void *const *first, int workers)
+{
+    static const char *const names[3] = {"dq", "dk", "dv"};
+    CHECK(aj_device_set_workers(dev, workers) == AJ_OK);
+    for (int t = 0; t < 3; t++)
+        poison(outs[t]);
+    CHECK(aj_backward(ctx, dev, kernel, a) == AJ_OK);
+    for (int t = 0; t < 3; t++) {
+        CHECK(aj_device_copy_from(dev, outs[t]->host, outs[t]->t.data,
+                                  tensor_bytes(outs[t])) == AJ_OK);
+        CHECK_MSG(memcmp(first[t], outs[t]->host, tensor_bytes(outs[t])) == 0,
+                  "%s: %s differs on a rerun with %d workers", c->label, names[t], workers);
+    }
+    CHECK(aj_device_set_workers(dev, 0) == AJ_OK);
+}
+
+static void run(const fb_case *c)
+{
+    cases_run++;
+    clock_t t0 = clock();
+    int dv = c->dv ? c->dv : c->d;
+    aj_kernel *kernel = compile(c);
+    if (!kernel)
+        return;
+    int varlen = c->lens_q != NULL;
+    int32_t cu_q[17] = {0}, cu_k[17] = {0};
+    int max_q = 0, max_k = 0;
+    if (varlen)
+        for (int i = 0; i < c->b; i++) {
+            cu_q[i + 1] = cu_q[i] + c->lens_q[i];
+            cu_k[i + 1] = cu_k[i] + c->lens_k[i];
+            max_q = c->lens_q[i] > max_q ? c->lens_q[i] : max_q;
+            max_k = c->lens_k[i] > max_k ? c->lens_k[i] : max_k;
+        }
+    tensor q, k, v, o, dout, lse, dq, dk, dvt;
+    if (varlen) {
+        int64_t tq = cu_q[c->b], tk = cu_k[c->b];
+        make(&q, c->dtype, 3, (int64_t[]){tq, c->hq, c->d});
+        make(&k, c->dtype, 3, (int64_t[]){tk, c->hkv, c->d});
+        make(&v, c->dtype, 3, (int64_t[]){tk, c->hkv, dv});
+        make(&o, c->dtype, 3, (int64_t[]){tq, c->hq, dv});
+        make(&dout, c->dtype, 3, (int64_t[]){tq, c->hq, dv});
+        make(&lse, AJ_DTYPE_F32, 2, (int64_t[]){c->hq, tq});
+        make(&dq, c->dtype, 3, (int64_t[]){tq, c->hq, c->d});
+        make(&dk, c->dtype, 3, (int64_t[]){tk, c->hkv, c->d});
+        make(&dvt, c->dtype, 3, (int64_t[]){tk, c->hkv, dv});
+    } else {
+        make(&q, c->dtype, 4, (int64_t[]){c->b, c->hq, c->sq, c->d});
+        make(&k, c->dtype, 4, (int64_t[]){c->b, c->hkv, c->sk, c->d});
+        make(&v, c->dtype, 4, (int64_t[]){c->b, c->hkv, c->sk, dv});
+        make(&o, c->dtype, 4, (int64_t[]){c->b, c->hq, c->sq, dv});
+        make(&dout, c->dtype, 4, (int64_t[]){c->b, c->hq, c->sq, dv});
+        make(&lse, AJ_DTYPE_F32, 3, (int64_t[]){c->b, c->hq, c->sq});
+        make(&dq, c->dtype, 4, (int64_t[]){c->b, c->hq, c->sq, c->d});
+        make(&dk, c->dtype, 4, (int64_t[]){c->b, c->hkv, c->sk, c->d});
+        make(&dvt, c->dtype, 4, (int64_t[]){c->b, c->hkv, c->sk, dv});
+    }
+    int32_t *cu_dev[2] = {NULL, NULL};
+    if (varlen) {
+        const int32_t *cu[2] = {cu_q, cu_k};
+        for (int i = 0; i < 2; i++) {
+            CHECK(aj_device_alloc(dev, sizeof cu_q, (void **)&cu_dev[i]) == AJ_OK);
+            CHECK(aj_device_copy_to(dev, cu_dev[i], cu[i], sizeof cu_q) == AJ_OK);
+        }
+    }
+
+    uint64_t rng = c->seed ? c->seed : 7;
+    double mag = c->magnitude ? c->magnitude : 1.0;
+    fill(&q, mag, &rng);
+    fill(&k, mag, &rng);
+    fill(&v, 1.0, &rng);
+    fill(&dout, 1.0, &rng);
+
+    ref_problem p;
+    memset(&p, 0, sizeof p);
+    p.B = c->b;
+    p.Hq = c->hq;
+    p.Hkv = c->hkv;
+    p.D = c->d;
+    p.Dv = dv;
+    p.Sq = c->sq;
+    p.Sk = c->sk;
+    if (varlen) {
+        p.cu_q = cu_q;
+        p.cu_k = cu_k;
+    }
+    ref_mask(c->mask, &p);
+    p.q_offset = c->q_offset;
+    p.kv_offset = c->kv_offset;
+    p.sq_total = c->sq_total;
+    p.sk_total = c->sk_total;
+    double slopes[16];
+    float slopes_f[16];
+    aj_tensor slopes_t = {0};
+    if (c->score_mod && strcmp(c->score_mod, "alibi") == 0) {
+        for (int h = 0; h < c->hq; h++) {
+            slopes_f[h] = (float)pow(2.0, -8.0 * (h + 1) / c->hq);
+            slopes[h] = slopes_f[h];
+        }
+        p.alibi_slopes = slopes;
+        slopes_t = (aj_tensor){slopes_f, AJ_DTYPE_F32, 1, {c->hq}, {1}};
+    } else if (c->score_mod) {
+        CHECK(sscanf(c->score_mod, "softcap(%lf)", &p.softcap) == 1);
+    }
+    p.dropout_p = c->dropout;
+    p.seed = c->drop_seed;
+    p.offset = c->drop_offset;
+    ref_forward(&p, q.ref, k.ref, v.ref, o.ref, lse.ref);
+    store_rounded(&o);
+    store_rounded(&lse);   /* -inf stays -inf */
+
+    aj_bwd_args a = AJ_BWD_ARGS_INIT;
+    a.q = q.t;
+    a.k = k.t;
+    a.v = v.t;
+    a.o = o.t;
+    a.lse = lse.t;
+    a.do_ = dout.t;
+    a.dq = dq.t;
+    a.dk = dk.t;
+    a.dv = dvt.t;
+    a.alibi_slopes = slopes_t;
+    a.q_offset = c->q_offset;
+    a.kv_offset = c->kv_offset;
+    a.sq_total = c->sq_total;
+    a.sk_total = c->sk_total;
+    a.seed = c->drop_seed;
+    a.offset = c->drop_offset;
+    if (varlen) {
+        a.cu_seqlens_q = cu_dev[0];
+        a.cu_seqlens_k = cu_dev[1];
+        a.batch = c->b;
+        a.max_seqlen_q = max_q;
+        a.max_seqlen_k = max_k;
+    }
+    tensor *outs[3] = {&dq, &dk, &dvt};
+    for (int t = 0; t < 3; t++)
+        poison(outs[t]);
+    aj_status st = aj_backward(ctx, dev, kernel, &a);
+    CHECK_MSG(st == AJ_OK, "%s: %s", c->label, aj_last_error(ctx));
+
+    double *want[3] = {calloc(q.n + 1, 8), calloc(k.n + 1, 8), calloc(v.n + 1, 8)};
+    double *got[3] = {calloc(q.n + 1, 8), calloc(k.n + 1, 8), calloc(v.n + 1, 8)};
+    ref_backward(&p, q.ref, k.ref, v.ref, o.ref, lse.ref, dout.ref, want[0], want[1], want[2],
+                 NULL);
+    static const char *const names[3] = {"dq", "dk", "dv"};
+    for (int t = 0; t < 3 && st == AJ_OK; t++) {
+        read_back(outs[t], got[t]);
+        double err = norm_error(got[t], want[t], outs[t]->n, c->dtype);
+        CHECK_MSG(err <= 1.0, "%s: %s error %.3g of the tolerance", c->label, names[t], err);
+    }
+    /* rows with LSE = -inf see no key: exactly zero dq (rows of [.., S, D]
+     * padded; varlen LSE is [H, T] and dq [T, H, D]) */
+    for (size_t r = 0; r < lse.n && st == AJ_OK; r++) {
+        if (lse.ref[r] != -INFINITY)
+            continue;
+        size_t row = varlen ? (r % (size_t)q.t.shape[0]) * (size_t)c->hq + r / (size_t)q.t.shape[0]
+                            : r;
+        for (int x = 0; x < c->d; x++)
+            CHECK_MSG(got[0][row * (size_t)c->d + (size_t)x] == 0.0,
+                      "%s: dq row %zu (no visible key) is not 0", c->label, r);
+    }
+    if (c->repeat && st == AJ_OK) {
+        void *first[3];
+        for (int t = 0; t < 3; t++) {
+            first[t] = malloc(tensor_bytes(outs[t]) + 1);
+            CHECK(aj_device_copy_from(dev, first[t], outs[t]->t.data,
+                                      tensor_bytes(outs[t])) == AJ_OK);
+        }
+        rerun_same_bits(c, kernel, &a, outs, first, 1);
+        rerun_same_bits(c, kernel, &a, outs, first, 3);
+        for (int t = 0; t < 3; t++)
+            free(first[t]);
+    }
+    for (int t = 0; t < 3; t++) {
+        free(want[t]);
+        free(got[t]);
+    }
+    tensor *all[9] = {&q, &k, &v, &o, &dout, &lse, &dq, &dk, &dvt};
+    for (int i = 0; i < 9; i++)
+        tensor_release(all[i]);
+    for (int i = 0; i < 2; i++)
+        if (cu_dev[i])
+            aj_device_free(dev, cu_dev[i]);
+    aj_kernel_destroy(kernel);
+    printf("  %-60s %.2f s\n", c->label, (double)(clock() - t0) / CLOCKS_PER_SEC);
+}
+
+static fb_case base(const char *label, aj_dtype dtype, int d, const char *mask)
+{
+    return (fb_case){.label = label, .dtype = dtype, .d = d, .mask = mask, .b = 1, .hq = 2,
+                     .hkv = 1, .sq = 37, .sk = 70, .seed = 11, .deterministic = 1};
+}
+
+/* dtypes x head dims x masks (rotating; every mask at d 64), GQA 2:1,
+ * tails in both lengths; deterministic and atomic dq alternate */
+static void test_matrix(void)
+{
+    static const aj_dtype dtypes[2] = {AJ_DTYPE_F16, AJ_DTYPE_BF16};
+    static const int dims[7][2] = {{32, 32},   {64, 64},   {96, 96}, {128, 128},
+                                   {192, 192}, {256, 256}, {192, 128}};
+    static const char *const masks[4] = {"none", "causal(top_left)", "causal(bottom_right)",
+                                         "window(20, 5, top_left)"};
+    char labels[40][96];
+    int n = 0;
+    for (int t = 0; t < 2; t++)
+        for (int d = 0; d < 7; d++)
+            for (int m = 0; m < 4; m++) {
+                if (dims[d][0] != 64 && m != (t + d) % 4)
+                    continue;
+                int det = (t + d + m) % 2;
+                snprintf(labels[n], sizeof labels[n], "%s d%d/%d %s%s", aj_dtype_name(dtypes[t]),
+                         dims[d][0], dims[d][1], masks[m], det ? "" : " atomic dq");
+                fb_case c = base(labels[n], dtypes[t], dims[d][0], masks[m]);
+                c.dv = dims[d][1];
+                c.deterministic = det;
+                c.sq = dims[d][0] >= 192 ? 21 : 37;
+                c.sk = dims[d][0] >= 192 ? 40 : 70;
+                run(&c);
+                n++;
+            }
+}
+
+static void test_shapes(void)
+{
+    fb_case c = base("f16 d64 GQA 4:1 causal(bottom_right), batch 2", AJ_DTYPE_F16, 64,
+                     "causal(bottom_right)");
+    c.b = 2;
+    c.hq = 8;
+    c.hkv = 2;
+    c.sq = 33;
+    c.sk = 33;
+    run(&c);
+    c = base("bf16 d32 Sq 70, Sk 37 causal: rows without keys", AJ_DTYPE_BF16, 32,
+             "causal(bottom_right)");
+    c.sq = 70;
+    c.sk = 37;
+    run(&c);
+    c = base("f16 d64 Sq 1, Sk 17, atomic dq", AJ_DTYPE_F16, 64, "none");
+    c.sq = 1;
+    c.sk = 17;
+    c.deterministic = 0;
+    run(&c);
+}
+
+static void test_offsets(void)
+{
+    fb_case c = base("f16 d64 causal, offsets (chunk of a longer sequence)", AJ_DTYPE_F16, 64,
+                     "causal(bottom_right)");
+    c.q_offset = 100;
+    c.kv_offset = 64;
+    c.sq_total = 140;
+    c.sk_total = 170;
+    run(&c);
+    c = base("bf16 d64 window, offsets past 2^31", AJ_DTYPE_BF16, 64, "window(30, 0, top_left)");
+    c.q_offset = ((int64_t)1 << 33) + 40;
+    c.kv_offset = (int64_t)1 << 33;
+    run(&c);
+    c = base("f16 d32 causal, keys all in the future: every row empty", AJ_DTYPE_F16, 32,
+             "causal(top_left)");
+    c.kv_offset = 1000;
+    run(&c);
+}
+
+static void test_score_mods(void)
+{
+    fb_case c = base("f16 d64 softcap(5) causal", AJ_DTYPE_F16, 64, "causal(top_left)");
+    c.score_mod = "softcap(5.0)";
+    c.magnitude = 3.0;
+    run(&c);
+    c = base("bf16 d128 alibi causal(bottom_right) GQA 2:1, offsets", AJ_DTYPE_BF16, 128,
+             "causal(bottom_right)");
+    c.score_mod = "alibi";
+    c.hq = 4;
+    c.hkv = 2;
+    c.q_offset = 7;
+    run(&c);
+}
+
+static void test_dropout(void)
+{
+    fb_case c = base("f16 d64 GQA 2:1 dropout 0.2 causal", AJ_DTYPE_F16, 64, "causal(top_left)");
+    c.dropout = 0.2;
+    c.drop_seed = 0x1234567890abcdefull;
+    c.drop_offset = (uint64_t)3 << 33 | 5;
+    run(&c);
+    c = base("bf16 d64 GQA 4:1 dropout 0.3 window, offsets, atomic dq", AJ_DTYPE_BF16, 64,
+             "window(20, 5, bottom_right)");
+    c.b = 2;
+    c.hq = 4;
+    c.q_offset = 40;
+    c.kv_offset = 9;
+    c.dropout = 0.3;
+    c.drop_seed = 42;
+    c.drop_offset = 7;
+    c.deterministic = 0;
+    run(&c);
+}
+
+/* deterministic: the same bits on a rerun, on 1 and on 3 worker threads */
+static void test_deterministic(void)
+{
+    fb_case c = base("f16 d64 GQA 4:1 causal: reruns, same bits", AJ_DTYPE_F16, 64,
+                     "causal(top_left)");
+    c.hq = 4;
+    c.sq = 70;
+    c.sk = 70;
+    c.repeat = 1;
+    run(&c);
+}
+
+static void test_schedules(void)
+{
+    fb_case c = base("f16 d64 schedule (32, 32, 2 warps, 1 stage)", AJ_DTYPE_F16, 64,
+                     "causal(top_left)");
+    c.schedule = "(block_m = 32, block_n = 32, warps = 2, stages = 1)";
+    run(&c);
+    c = base("bf16 d128 schedule (128, 16, 8 warps, 2 stages), atomic dq", AJ_DTYPE_BF16, 128,
+             "window(8, 8, top_left)");
+    c.schedule = "(block_m = 128, block_n = 16, warps = 8, stages = 2)";
+    c.deterministic = 0;
+    run(&c);
+}
+
+/* packed sequences of very different lengths, one of them empty */
+static void test_varlen(void)
+{
+    static const int lq1[4] = {37, 0, 5, 70}, lk1[4] = {20, 9, 64, 70};
+    fb_case c = base("f16 d64 varlen x4 (an empty one) causal(bottom_right) GQA 2:1",
+                     AJ_DTYPE_F16, 64, "causal(bottom_right)");
+    c.b = 4;
+    c.lens_q = lq1;
+    c.lens_k = lk1;
+    run(&c);
+    static const int lq2[3] = {1, 50, 17}, lk2[3] = {33, 50, 0};
+    c = base("bf16 d128 varlen x3 (no keys in one) window, atomic dq", AJ_DTYPE_BF16, 128,
+             "window(10, 3, top_left)");
+    c.b = 3;
+    c.lens_q = lq2;
+    c.lens_k = lk2;
+    c.deterministic = 0;
+    run(&c);
+    static const int lq3[2] = {12, 40}, lk3[2] = {40, 12};
+    c = base("f16 d32 varlen x2 dropout 0.2 causal, offsets, GQA 4:1", AJ_DTYPE_F16, 32,
+             "causal(top_left)");
+    c.b = 2;
+    c.hq = 4;
+    c.lens_q = lq3;
+    c.lens_k = lk3;
+    c.q_offset = 3;
+    c.dropout = 0.2;
+    c.drop_seed = 77;
+    c.drop_offset = 12;
+    c.repeat = 1;
+    run(&c);
+}
+
+/* Valid arguments of a small problem (padded, or varlen of two sequences
+ * 5 + 7 queries and 9 + 3 keys) for the error checks below. */
+typedef struct err_setup {
+    tensor x[9];    /* q k v o do lse dq dk dv */
+    int32_t *cu[2];
+    aj_bwd_args a;
+} err_setup;
+
+static void err_setup_make(err_setup *e, int varlen)
+{
+    static const int32_t cu_q[3] = {0, 5, 12}, cu_k[3] = {0, 9, 12};
+    memset(e, 0, sizeof *e);
+    const int64_t qs[4] = {1, 2, 12, 64}, ks[4] = {1, 1, 12, 64}, ls[3] = {1, 2, 12};
+    const int64_t pq[3] = {12, 2, 64}, pk[3] = {12, 1, 64}, pl[2] = {2, 12};
+    for (int i = 0; i < 9; i++) {
+        int is_k = i == 1 || i == 2 || i == 7 || i == 8;
+        if (i == 5)
+            make(&e->x[i], AJ_DTYPE_F32, varlen ? 2 : 3, varlen ? pl : ls);
+        else
+            make(&e->x[i], AJ_DTYPE_F16, varlen ? 3 : 4,
+                 varlen ? (is_k ? pk : pq) : (is_k ? ks : qs));
+        memset(e->x[i].ref, 0, e->x[i].n * sizeof(double));
+        store_rounded(&e->x[i]);
+    }
+    aj_bwd_args a = AJ_BWD_ARGS_INIT;
+    a.q = e->x[0].t;
+    a.k = e->x[1].t;
+    a.v = e->x[2].t;
+    a.o = e->x[3].t;
+    a.do_ = e->x[4].t;
+    a.lse = e->x[5].t;
+    a.dq = e->x[6].t;
+    a.dk = e->x[7].t;
+    a.dv = e->x[8].t;
+    if (varlen) {
+        const int32_t *host[2] = {cu_q, cu_k};
+        for (int i = 0; i < 2; i++) {
+            CHECK(aj_device_alloc(dev, sizeof cu_q, (void **)&e->cu[i]) == AJ_OK);
+            CHECK(aj_device_copy_to(dev, e->cu[i], host[i], sizeof cu_q) == AJ_OK);
+        }
+        a.cu_seqlens_q = e->cu[0];
+        a.cu_seqlens_k = e->cu[1];
+        a.batch = 2;
+        a.max_seqlen_q = 7;
+        a.max_seqlen_k = 9;
+    }
+    e->a = a;
+}
+
+static void err_setup_free(err_setup *e)
+{
+    for (int i = 0; i < 9; i++)
+        tensor_release(&e->x[i]);
+    for (int i = 0; i < 2; i++)
+        if (e->cu[i])
+            aj_device_free(dev, e->cu[i]);
+}
+
+static aj_kernel *compile_text(const char *text)
+{
+    aj_op *op = NULL;
+    aj_kernel *k = NULL;
+    CHECK_STATUS(ctx, aj_op_parse(ctx, text, strlen(text), "errors", &op), AJ_OK);
+    aj_compile_options opt = AJ_COMPILE_OPTIONS_INIT;
+    opt.target = aj_device_target(dev);
+    opt.emit = opt.target == AJ_TARGET_SIM ? AJ_EMIT_LLVM_IR : AJ_EMIT_PTX;
+    CHECK_STATUS(ctx, aj_compile(ctx, op, &opt, &k), AJ_OK);
+    aj_op_destroy(op);
+    return k;
+}
+
+/* aj_backward_workspace_size, a caller's workspace, and what is wrong
+ * with a bad one */
+static void test_workspace(void)
+{
+    aj_kernel *det = compile_text("attention backward flash { dtype = f16 head_dim = 64 "
+                                  "deterministic = true }");
+    aj_kernel *atomic = compile_text("attention backward flash { dtype = f16 head_dim = 64 }");
+    aj_kernel *eff = compile_text("attention backward efficient { dtype = f16 head_dim = 64 }");
+    if (!det || !atomic || !eff)
+        return;
+    err_setup e;
+    err_setup_make(&e, 0);
+    size_t bytes = 1;
+    /* Delta: 1 x 2 x 12 rows, then 24 x 64 f32 dQ sums without determinism */
+    CHECK_STATUS(ctx, aj_backward_workspace_size(ctx, det, &e.a, &bytes), AJ_OK);
+    CHECK_MSG(bytes == 24 * 4, "deterministic workspace: %zu bytes", bytes);
+    CHECK_STATUS(ctx, aj_backward_workspace_size(ctx, atomic, &e.a, &bytes), AJ_OK);
+    CHECK_MSG(bytes == 24 * 4 + 24 * 64 * 4, "atomic workspace: %zu bytes", bytes);
+    CHECK_STATUS(ctx, aj_backward_workspace_size(ctx, eff, &e.a, &bytes), AJ_OK);
+    CHECK_MSG(bytes == 0, "efficient backward workspace: %zu bytes", bytes);
+    CHECK_STATUS(ctx, aj_backward_workspace_size(ctx, det, &e.a, NULL), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "aj_backward_workspace_size: bytes is NULL");
+    CHECK_STATUS(ctx, aj_backward_workspace_size(ctx, NULL, &e.a, &bytes), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "aj_backward_workspace_size: kernel is NULL");
+    aj_bwd_args bad = e.a;
+    bad.struct_size = 8;
+    CHECK_STATUS(ctx, aj_backward_workspace_size(ctx, det, &bad, &bytes), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "args->struct_size = 8");
+    bad = e.a;
+    bad.dq.shape[2] = 11;
+    CHECK_STATUS(ctx, aj_backward_workspace_size(ctx, det, &bad, &bytes), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "dq.shape[2] = 11, want 12");
+
+    void *ws = NULL;
+    size_t need = 24 * 4 + 24 * 64 * 4;
+    CHECK(aj_device_alloc(dev, need + 16, &ws) == AJ_OK);
+    aj_bwd_args a = e.a;
+    a.workspace = ws;
+    a.workspace_bytes = need;
+    CHECK_STATUS(ctx, aj_backward(ctx, dev, atomic, &a), AJ_OK);
+    a.workspace_bytes = need - 4;
+    CHECK_STATUS(ctx, aj_backward(ctx, dev, atomic, &a), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "aj_backward: workspace_bytes = 6236, want at least 6240");
+    a.workspace = (char *)ws + 4;
+    a.workspace_bytes = need;
+    CHECK_STATUS(ctx, aj_backward(ctx, dev, atomic, &a), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "is not 16-byte aligned");
+    aj_device_free(dev, ws);
+    err_setup_free(&e);
+    aj_kernel_destroy(det);
+    aj_kernel_destroy(atomic);
+    aj_kernel_destroy(eff);
+}
+
+/* the varlen arguments aj_backward checks: status and message each */
+static void test_varlen_errors(void)
+{
+    aj_kernel *k = compile_text("attention backward flash { dtype = f16 head_dim = 64 "
+                                "layout = varlen mask = causal(bottom_right) }");
+    if (!k)
+        return;
+    err_setup e;
+    err_setup_make(&e, 1);
+    CHECK_STATUS(ctx, aj_backward(ctx, dev, k, &e.a), AJ_OK);
+    size_t bytes = 0;
+    CHECK_STATUS(ctx, aj_backward_workspace_size(ctx, k, &e.a, &bytes), AJ_OK);
+    CHECK_MSG(bytes == 24 * 4 + 24 * 64 * 4, "varlen workspace: %zu bytes", bytes);
+
+    aj_bwd_args a = e.a;
+    a.cu_seqlens_k = NULL;
+    CHECK_STATUS(ctx, aj_backward(ctx, dev, k, &a), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "cu_seqlens_q and cu_seqlens_k are required by layout = varlen kernels "
+                     "(got a pointer and NULL)");
+    a = e.a;
+    a.max_seqlen_q = -1;
+    CHECK_STATUS(ctx, aj_backward(ctx, dev, k, &a), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "max_seqlen_q = -1");
+    a = e.a;
+    a.batch = -2;
+    CHECK_STATUS(ctx, aj_backward(ctx, dev, k, &a), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "batch = -2");
+    a = e.a;
+    a.max_seqlen_k = 8;
+    CHECK_STATUS(ctx, aj_backward(ctx, dev, k, &a), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "sequence 0 has 9 keys in cu_seqlens_k, more than max_seqlen_k = 8");
+    a = e.a;
+    a.batch = 1;   /* cu_seqlens_q[1] = 5 is not Tq */
+    CHECK_STATUS(ctx, aj_backward(ctx, dev, k, &a), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "cu_seqlens_q[1] = 5, want 12 (q's tokens)");
+    static const int32_t down[3] = {0, 9, 7}, shifted[3] = {1, 5, 12};
+    CHECK(aj_device_copy_to(dev, e.cu[1], down, sizeof down) == AJ_OK);
+    CHECK_STATUS(ctx, aj_backward(ctx, dev, k, &e.a), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "cu_seqlens_k[2] = 7 is below cu_seqlens_k[1] = 9");
+    CHECK(aj_device_copy_to(dev, e.cu[0], shifted, sizeof shifted) == AJ_OK);
+    CHECK_STATUS(ctx, aj_backward(ctx, dev, k, &e.a), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "cu_seqlens_q[0] = 1, want 0");
+    a = e.a;
+    a.lse.shape[1] = 11;
+    CHECK_STATUS(ctx, aj_backward(ctx, dev, k, &a), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "lse.shape[1] = 11, want 12 (q's tokens)");
+    a = e.a;
+    a.q = e.x[6].t;
+    a.q.rank = 4;
+    CHECK_STATUS(ctx, aj_backward(ctx, dev, k, &a), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "q.rank = 4, want 3");
+    a = e.a;
+    a.dk.shape[1] = 2;
+    CHECK_STATUS(ctx, aj_backward(ctx, dev, k, &a), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "dk.shape[1] = 2, want 1 (k's heads)");
+    err_setup_free(&e);
+    aj_kernel_destroy(k);
+}
+
+/* test_sim_flash_bwd [cuda]: on the sim device (ctest), or on a GPU
+ * (tests/gpu/run.sh), where no GPU means exit 77, "skipped". */
+int main(int argc, char **argv)
+{
+    int gpu = argc > 1 && strcmp(argv[1], "cuda") == 0;
+    CHECK(aj_ctx_create(NULL, &ctx) == AJ_OK);
+    aj_status st = aj_device_open(ctx, gpu ? AJ_DEVICE_CUDA : AJ_DEVICE_SIM, 0, &dev);
+    if (gpu && st != AJ_OK) {
+        printf("SKIP flash backward check on a GPU: %s\n", aj_last_error(ctx));
+        aj_ctx_destroy(ctx);
+        return 77;
+    }
+    CHECK_STATUS(ctx, st, AJ_OK);
+    if (!dev)
+        return check_report();
+    test_matrix();
+    test_shapes();
+    test_offsets();
+    test_score_mods();
+    test_dropout();
+    test_deterministic();
+    test_schedules();
+    test_varlen();
+    test_workspace();
+    test_varlen_errors();
+    printf("%d cases\n", cases_run);
+    aj_device_close(dev);
+    aj_ctx_destroy(ctx);
+    return check_report();
+}
