@@ -6,6 +6,10 @@
  *   mpirun -np 2 test_ring silent    rank 1 stays silent: rank 0 gets
  *                                    AJ_ERR_COMM within the timeout
  *   mpirun -np 2 test_ring stopped   rank 1 is frozen (SIGSTOP) likewise
+ *   mpirun -np 2 --enable-recovery test_ring killed
+ *                                    rank 1 exits: likewise (without
+ *                                    --enable-recovery OpenMPI ends the
+ *                                    whole job itself when a rank dies)
  *
  * Every rank builds the same full inputs (same seed), takes its shard with
  * aj_shard, runs the ring, and compares its shard of O, LSE, dQ, dK, dV
@@ -44,22 +48,25 @@ typedef struct ring_case {
     aj_shard_layout layout;
     aj_ring_rotate rotate;
     int alibi;
+    double dropout;               /* p, with seed 7 and offset 3 */
 } ring_case;
 
 static const ring_case cases[] = {
     {"f32 causal top_left, contiguous, p2p", AJ_DTYPE_F32, AJ_MASK_CAUSAL,
-     AJ_ALIGN_TOP_LEFT, 0, 0, 2, 2, 8, 8, AJ_SHARD_CONTIGUOUS, AJ_ROTATE_P2P, 0},
+     AJ_ALIGN_TOP_LEFT, 0, 0, 2, 2, 8, 8, AJ_SHARD_CONTIGUOUS, AJ_ROTATE_P2P, 0, 0},
     {"f32 causal top_left, zigzag, p2p, GQA", AJ_DTYPE_F32, AJ_MASK_CAUSAL,
-     AJ_ALIGN_TOP_LEFT, 0, 0, 2, 1, 8, 8, AJ_SHARD_ZIGZAG, AJ_ROTATE_P2P, 0},
+     AJ_ALIGN_TOP_LEFT, 0, 0, 2, 1, 8, 8, AJ_SHARD_ZIGZAG, AJ_ROTATE_P2P, 0, 0},
     {"f16 causal bottom_right (Sk = 2 Sq), zigzag, p2p", AJ_DTYPE_F16, AJ_MASK_CAUSAL,
-     AJ_ALIGN_BOTTOM_RIGHT, 0, 0, 2, 1, 4, 8, AJ_SHARD_ZIGZAG, AJ_ROTATE_P2P, 0},
+     AJ_ALIGN_BOTTOM_RIGHT, 0, 0, 2, 1, 4, 8, AJ_SHARD_ZIGZAG, AJ_ROTATE_P2P, 0, 0},
     {"bf16 no mask, GQA 4:2, contiguous, all-gather", AJ_DTYPE_BF16, AJ_MASK_NONE,
-     AJ_ALIGN_TOP_LEFT, 0, 0, 4, 2, 8, 8, AJ_SHARD_CONTIGUOUS, AJ_ROTATE_ALLGATHER, 0},
+     AJ_ALIGN_TOP_LEFT, 0, 0, 4, 2, 8, 8, AJ_SHARD_CONTIGUOUS, AJ_ROTATE_ALLGATHER, 0, 0},
     {"f32 window(3, 2), zigzag, all-gather", AJ_DTYPE_F32, AJ_MASK_WINDOW,
-     AJ_ALIGN_TOP_LEFT, 3, 2, 2, 2, 8, 8, AJ_SHARD_ZIGZAG, AJ_ROTATE_ALLGATHER, 0},
+     AJ_ALIGN_TOP_LEFT, 3, 2, 2, 2, 8, 8, AJ_SHARD_ZIGZAG, AJ_ROTATE_ALLGATHER, 0, 0},
     {"f16 window(5, 0, bottom_right) + alibi (Sq = 2 Sk), contiguous, p2p", AJ_DTYPE_F16,
      AJ_MASK_WINDOW, AJ_ALIGN_BOTTOM_RIGHT, 5, 0, 2, 1, 8, 4, AJ_SHARD_CONTIGUOUS,
-     AJ_ROTATE_P2P, 1},
+     AJ_ROTATE_P2P, 1, 0},
+    {"f32 causal top_left + dropout 0.25, zigzag, p2p", AJ_DTYPE_F32, AJ_MASK_CAUSAL,
+     AJ_ALIGN_TOP_LEFT, 0, 0, 2, 2, 8, 8, AJ_SHARD_ZIGZAG, AJ_ROTATE_P2P, 0, 0.25},
 };
 
 /* ---------------------------------------------------------------- data */
@@ -245,8 +252,8 @@ static aj_op *parse_op(const ring_case *c, const char *kind)
     else
         snprintf(mask, sizeof mask, "none");
     snprintf(text, sizeof text, "attention %s efficient { dtype = %s head_dim = %d mask = %s "
-             "score_mod = %s }", kind, aj_dtype_name(c->dtype), HEAD_DIM, mask,
-             c->alibi ? "alibi" : "none");
+             "score_mod = %s dropout = %g }", kind, aj_dtype_name(c->dtype), HEAD_DIM, mask,
+             c->alibi ? "alibi" : "none", c->dropout);
     aj_op *op = NULL;
     CHECK_STATUS(ctx, aj_op_parse(ctx, text, strlen(text), c->label, &op), AJ_OK);
     return op;
@@ -272,7 +279,8 @@ static void run_case(const ring_case *c)
     ref_problem pr = {.B = (int)B, .Hq = c->hq, .Hkv = c->hkv, .D = (int)D, .Dv = (int)D,
                       .Sq = (int)sq, .Sk = (int)sk, .mask = c->mask, .align = c->align,
                       .window_left = c->left, .window_right = c->right,
-                      .alibi_slopes = c->alibi ? slopes_ref : NULL};
+                      .alibi_slopes = c->alibi ? slopes_ref : NULL,
+                      .dropout_p = c->dropout, .seed = 7, .offset = 3};
     const size_t nq = q.n, nk = k.n, rows = (size_t)(B * c->hq * sq);
     double *o_ref = calloc(nq, sizeof(double)), *lse_ref = calloc(rows, sizeof(double));
     double *dq_ref = calloc(nq, sizeof(double)), *dk_ref = calloc(nk, sizeof(double));
@@ -312,6 +320,8 @@ static void run_case(const ring_case *c)
     fa.alibi_slopes = view(slopes, AJ_DTYPE_F32, 1, c->hq, 0, 0, 0);
     fa.layout = L;
     fa.rotate = c->rotate;
+    fa.seed = 7;
+    fa.offset = 3;
     aj_ring_stats fs = {0}, bs = {0};
     CHECK_STATUS(ctx, aj_ring_forward(ctx, dev, comm, fop, &fa, &fs), AJ_OK);
 
@@ -346,6 +356,8 @@ static void run_case(const ring_case *c)
     ba.alibi_slopes = fa.alibi_slopes;
     ba.layout = L;
     ba.rotate = c->rotate;
+    ba.seed = 7;
+    ba.offset = 3;
     CHECK_STATUS(ctx, aj_ring_backward(ctx, dev, comm, bop, &ba, &bs), AJ_OK);
     const char *names[3] = {"dQ", "dK", "dV"};
     const void *got[3] = {dq_s, dk_s, dv_s};
@@ -381,10 +393,14 @@ static void run_case(const ring_case *c)
 
 /* ---------------------------------------------------------------- failures */
 
-/* Rank 1 never answers (asleep, or frozen by SIGSTOP); rank 0's ring
- * forward must fail with AJ_ERR_COMM after the 1 s timeout, not hang. */
-static void run_silent_peer(int stop)
+typedef enum peer_fault { PEER_SILENT, PEER_STOPPED, PEER_KILLED } peer_fault;
+
+/* Rank 1 never answers (asleep, frozen by SIGSTOP, or gone); rank 0's
+ * ring forward must fail with AJ_ERR_COMM after the 1 s timeout, not
+ * hang. */
+static void run_faulty_peer(peer_fault fault)
 {
+    static const char *const names[] = {"silent", "stopped", "killed"};
     int pids[2] = {0, 0}, me = (int)getpid();
     MPI_Allgather(&me, 1, MPI_INT, pids, 1, MPI_INT, MPI_COMM_WORLD);
     aj_comm *comm = NULL;
@@ -392,13 +408,15 @@ static void run_silent_peer(int stop)
     cc.timeout_s = 1.0;
     CHECK_STATUS(ctx, aj_comm_create(ctx, dev, &cc, &comm), AJ_OK);
     if (rank == 1) {
-        if (stop)
+        if (fault == PEER_STOPPED)
             raise(SIGSTOP);      /* rank 0 wakes it after its timeout */
+        else if (fault == PEER_KILLED)
+            _exit(0);
         else
             sleep(3);
     } else {
         const ring_case c = {"silent", AJ_DTYPE_F32, AJ_MASK_NONE, AJ_ALIGN_TOP_LEFT, 0, 0,
-                             1, 1, 8, 8, AJ_SHARD_CONTIGUOUS, AJ_ROTATE_P2P, 0};
+                             1, 1, 8, 8, AJ_SHARD_CONTIGUOUS, AJ_ROTATE_P2P, 0, 0};
         aj_op *op = parse_op(&c, "forward");
         void *q = alloc64(8 * HEAD_DIM * 4), *k = alloc64(8 * HEAD_DIM * 4);
         void *v = alloc64(8 * HEAD_DIM * 4), *o = alloc64(8 * HEAD_DIM * 4);
@@ -417,9 +435,9 @@ static void run_silent_peer(int stop)
         CHECK_ERROR(ctx, "aj_ring_forward: rank 0: K/V exchange");
         CHECK_ERROR(ctx, "got no answer within the comm timeout of 1 s");
         CHECK_MSG(waited >= 1.0 && waited < 2.5, "failed after %.2f s", waited);
-        printf("%s peer: AJ_ERR_COMM after %.2f s: %s\n", stop ? "stopped" : "silent", waited,
+        printf("%s peer: AJ_ERR_COMM after %.2f s: %s\n", names[fault], waited,
                aj_last_error(ctx));
-        if (stop)
+        if (fault == PEER_STOPPED)
             kill(pids[1], SIGCONT);
         aj_op_destroy(op);
         free(q);
@@ -447,7 +465,9 @@ int main(int argc, char **argv)
     } else if (size != 2) {
         CHECK_MSG(0, "%s needs 2 ranks, not %d", mode, size);
     } else {
-        run_silent_peer(strcmp(mode, "stopped") == 0);
+        run_faulty_peer(strcmp(mode, "stopped") == 0  ? PEER_STOPPED
+                        : strcmp(mode, "killed") == 0 ? PEER_KILLED
+                                                      : PEER_SILENT);
     }
     aj_device_close(dev);
     aj_ctx_destroy(ctx);
