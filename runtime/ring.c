@@ -266,9 +266,11 @@ done:
 
 static aj_status compile_kernels(const ring_plan *p, const aj_op *op, ring_kernels *k)
 {
+    const double t0 = aj_now();
     aj_status st = compile_variant(p, op, 1, &k->masked);
     if (st == AJ_OK && p->op.mask != AJ_MASK_NONE)
         st = compile_variant(p, op, 0, &k->unmasked);
+    p->stats->compile_s += aj_now() - t0;
     return st;
 }
 

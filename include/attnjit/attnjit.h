@@ -705,10 +705,11 @@ typedef struct aj_ring_stats {
     int32_t full_blocks;     /* launched without the mask: all visible */
     int32_t partial_blocks;  /* launched with the mask */
     int32_t skipped_blocks;  /* fully masked: not launched */
+    double compile_s;        /* compiling the kernels (0 when cached) */
     double compute_s;        /* kernels and host-side accumulation */
     double comm_s;           /* from posting an exchange to its completion */
     double exposed_comm_s;   /* waiting on comm with nothing to compute */
-    double total_s;
+    double total_s;          /* the whole call, compile included */
 } aj_ring_stats;
 
 /* Arguments of a ring forward: this rank's shards, laid out by `layout`
