@@ -34,6 +34,14 @@
  * The all-gather method (Llama 3 style) gathers every K/V once, computes
  * all blocks, and returns dK/dV with one reduce-scatter.
  *
+ * Buffers: what travels (K/V, the dK/dV accumulators) and what adds up
+ * (dQ, the per-block gradient parts) lives on the host, where the MPI
+ * engine moves it; the kernels read the current K/V block and write O's
+ * f32 accumulator and the gradient parts in device memory.  On sim and cpu
+ * device memory is host memory and the copies between them are memcpy;
+ * on a GPU they stage through the host (the NCCL engine, which would keep
+ * everything on the GPU, is not there yet).
+ *
  * Per (Q chunk, K/V chunk) pair the mask's visible band decides: skip
  * (no pair visible: nothing launched), full (all visible: the kernel
  * without the mask) or partial (the masked kernel) -- PyTorch's SKIP,
@@ -46,7 +54,6 @@
 #include "ir/diag.h"
 #include "runtime/comm/comm.h"
 #include "runtime/ring.h"
-#include "runtime/runtime.h"
 
 enum { TAG_KV = 1, TAG_DKV = 2 };
 
@@ -194,10 +201,6 @@ static aj_status plan_common(ring_plan *p, aj_ctx *ctx, aj_device *dev, aj_comm 
     if (p->op.accumulate)
         return aj_fail(ctx, AJ_ERR_INVALID_ARG, "%s: accumulate = true: the ring sets it on "
                        "its own kernels; pass the plain forward op", p->fn);
-    if (dev->kind == AJ_DEVICE_CUDA)
-        return aj_fail(ctx, AJ_ERR_UNSUPPORTED, "%s: device %s: the ring runs on host-memory "
-                       "devices (sim, cpu) so far; a GPU ring needs NCCL exchanges of "
-                       "device buffers (docs/ring.md)", p->fn, aj_device_name(dev));
     if (comm->dev != dev)
         return aj_fail(ctx, AJ_ERR_INVALID_ARG, "%s: comm was created for another device",
                        p->fn);
@@ -291,6 +294,45 @@ static aj_status alloc_host(const ring_plan *p, size_t bytes, int zero, void **o
         memset(m, 0, n ? n : 64);
     *out = m;
     return AJ_OK;
+}
+
+/* Device memory: the buffers the kernels read and write.  On sim (and
+ * cpu) it is host memory and the copies are memcpy; on a GPU they stage
+ * through the host, where MPI moves the bytes. */
+static aj_status dev_alloc(const ring_plan *p, size_t bytes, void **out)
+{
+    return aj_device_alloc(p->dev, bytes ? bytes : 64, out);
+}
+
+static aj_status to_dev(const ring_plan *p, void *dst, const void *src, size_t bytes)
+{
+    return bytes ? aj_device_copy_to(p->dev, dst, src, bytes) : AJ_OK;
+}
+
+static aj_status from_dev(const ring_plan *p, void *dst, const void *src, size_t bytes)
+{
+    return bytes ? aj_device_copy_from(p->dev, dst, src, bytes) : AJ_OK;
+}
+
+/* This rank's K and V, packed (K, then V) into a host buffer: the block
+ * that travels. */
+static aj_status pack_kv(const ring_plan *p, const aj_tensor *k, const aj_tensor *v,
+                         void *kv)
+{
+    aj_status st = from_dev(p, kv, k->data, p->k_elems * p->elem);
+    if (st == AJ_OK)
+        st = from_dev(p, (char *)kv + p->k_elems * p->elem, v->data, p->v_elems * p->elem);
+    return st;
+}
+
+/* An f32 host buffer, rounded to the op's dtype, into device memory. */
+static aj_status store_rounded(const ring_plan *p, const float *src, size_t count, void *dst,
+                               void *scratch)
+{
+    aj_status st = aj_convert(src, AJ_DTYPE_F32, scratch, p->op.dtype, count);
+    if (st == AJ_OK)
+        st = to_dev(p, dst, scratch, count * p->elem);
+    return st;
 }
 
 /* ---------------------------------------------------------------- comm */
@@ -408,6 +450,10 @@ static aj_status fwd_block(ring_plan *p, const ring_kernels *kern, const aj_ring
             p->stats->compute_s += aj_now() - t0;
             AJ_TRY(exchange_progress(p, req));
         }
+    /* a GPU runs the launches asynchronously: their time is compute too */
+    const double t0 = aj_now();
+    AJ_TRY(aj_device_synchronize(p->dev, NULL));
+    p->stats->compute_s += aj_now() - t0;
 done:
     return st;
 }
@@ -439,7 +485,8 @@ aj_status aj_ring_forward(aj_ctx *ctx, aj_device *dev, aj_comm *comm, const aj_o
     aj_ring_stats local_stats = {0};
     ring_plan p = {.fn = "aj_ring_forward"};
     ring_kernels kern = {0};
-    void *buf[2] = {NULL, NULL}, *o_acc_data = NULL, *gathered = NULL;
+    void *kv[2] = {NULL, NULL}, *gathered = NULL, *host_o = NULL, *typed_o = NULL;  /* host */
+    void *kv_dev = NULL, *o_acc_dev = NULL;                                          /* device */
     aj_comm_req req = {0};
     aj_status st = AJ_OK;
     const double start = aj_now();
@@ -447,26 +494,31 @@ aj_status aj_ring_forward(aj_ctx *ctx, aj_device *dev, aj_comm *comm, const aj_o
     AJ_TRY(compile_kernels(&p, op, &kern));
 
     const size_t kv_bytes = (p.k_elems + p.v_elems) * p.elem;
-    const size_t rows = (size_t)(p.B * p.Hq * p.lq);
-    AJ_TRY(alloc_host(&p, rows * (size_t)p.Dv * sizeof(float), 1, &o_acc_data));
-    const aj_tensor o_acc = dense(o_acc_data, AJ_DTYPE_F32, 4,
-                                  (int64_t[]){p.B, p.Hq, p.lq, p.Dv});
-    float *lse = args->lse.data;
+    const size_t rows = (size_t)(p.B * p.Hq * p.lq), o_count = rows * (size_t)p.Dv;
+    /* the f32 accumulator starts at O = 0, LSE = -inf (every row empty) */
+    AJ_TRY(alloc_host(&p, o_count * sizeof(float), 1, &host_o));
+    AJ_TRY(alloc_host(&p, o_count * p.elem, 0, &typed_o));
+    AJ_TRY(dev_alloc(&p, o_count * sizeof(float), &o_acc_dev));
+    AJ_TRY(to_dev(&p, o_acc_dev, host_o, o_count * sizeof(float)));
     for (size_t i = 0; i < rows; i++)
-        lse[i] = -INFINITY;
-    AJ_TRY(alloc_host(&p, kv_bytes, 0, &buf[0]));
-    memcpy(buf[0], args->k.data, p.k_elems * p.elem);
-    memcpy((char *)buf[0] + p.k_elems * p.elem, args->v.data, p.v_elems * p.elem);
+        ((float *)host_o)[i] = -INFINITY;
+    AJ_TRY(to_dev(&p, args->lse.data, host_o, rows * sizeof(float)));
+    const aj_tensor o_acc = dense(o_acc_dev, AJ_DTYPE_F32, 4,
+                                  (int64_t[]){p.B, p.Hq, p.lq, p.Dv});
+    AJ_TRY(alloc_host(&p, kv_bytes, 0, &kv[0]));
+    AJ_TRY(pack_kv(&p, &args->k, &args->v, kv[0]));
+    AJ_TRY(dev_alloc(&p, kv_bytes, &kv_dev));
 
     if (args->rotate == AJ_ROTATE_P2P) {
-        AJ_TRY(alloc_host(&p, kv_bytes, 0, &buf[1]));
+        AJ_TRY(alloc_host(&p, kv_bytes, 0, &kv[1]));
         int cur = 0;
         for (int s = 0; s < p.size; s++) {
             const int src = (p.rank + p.size - s) % p.size;
             if (s < p.size - 1)
-                AJ_TRY(exchange_start(&p, &req, "K/V", buf[cur], buf[cur ^ 1], kv_bytes,
+                AJ_TRY(exchange_start(&p, &req, "K/V", kv[cur], kv[cur ^ 1], kv_bytes,
                                       TAG_KV));
-            AJ_TRY(fwd_block(&p, &kern, args, buf[cur], src, &o_acc, &req));
+            AJ_TRY(to_dev(&p, kv_dev, kv[cur], kv_bytes));
+            AJ_TRY(fwd_block(&p, &kern, args, kv_dev, src, &o_acc, &req));
             AJ_TRY(exchange_finish(&p, &req));
             cur ^= 1;
         }
@@ -474,25 +526,31 @@ aj_status aj_ring_forward(aj_ctx *ctx, aj_device *dev, aj_comm *comm, const aj_o
         AJ_TRY(alloc_host(&p, kv_bytes * (size_t)p.size, 0, &gathered));
         if (p.size > 1) {
             double t0 = aj_now();
-            AJ_TRY(comm->engine->allgather(comm, buf[0], gathered, kv_bytes));
+            AJ_TRY(comm->engine->allgather(comm, kv[0], gathered, kv_bytes));
             count_collective(&p, t0);
         } else {
-            memcpy(gathered, buf[0], kv_bytes);
+            memcpy(gathered, kv[0], kv_bytes);
         }
-        for (int src = 0; src < p.size; src++)
-            AJ_TRY(fwd_block(&p, &kern, args, (char *)gathered + (size_t)src * kv_bytes, src,
-                             &o_acc, &req));
+        for (int src = 0; src < p.size; src++) {
+            AJ_TRY(to_dev(&p, kv_dev, (char *)gathered + (size_t)src * kv_bytes, kv_bytes));
+            AJ_TRY(fwd_block(&p, &kern, args, kv_dev, src, &o_acc, &req));
+        }
     }
-    AJ_TRY(aj_convert(o_acc_data, AJ_DTYPE_F32, args->o.data, p.op.dtype,
-                      rows * (size_t)p.Dv));
+    AJ_TRY(from_dev(&p, host_o, o_acc_dev, o_count * sizeof(float)));
+    AJ_TRY(store_rounded(&p, host_o, o_count, args->o.data, typed_o));
 done:
     if (req.active)
         comm->engine->exchange_cancel(comm, &req);
     free_kernels(&kern);
-    free(buf[0]);
-    free(buf[1]);
+    free(kv[0]);
+    free(kv[1]);
     free(gathered);
-    free(o_acc_data);
+    free(host_o);
+    free(typed_o);
+    if (kv_dev)
+        aj_device_free(dev, kv_dev);
+    if (o_acc_dev)
+        aj_device_free(dev, o_acc_dev);
     local_stats.total_s = aj_now() - start;
     if (stats && st == AJ_OK)
         *stats = local_stats;
@@ -522,9 +580,12 @@ static aj_status add_rows(float *acc, int64_t acc_rows, int64_t row0, const void
 }
 
 /* Per-launch outputs of the backward kernel (one Q chunk, one K/V chunk)
- * and the f32 scratch that adds them up. */
+ * in device memory, their host copies, and the f32 scratch that adds them
+ * up. */
 typedef struct bwd_parts {
-    void *dq, *dk, *dv;
+    void *dq, *dk, *dv;              /* device */
+    void *dq_h, *dk_h, *dv_h;        /* host */
+    size_t dq_bytes, dk_bytes, dv_bytes;
     float *scratch;
 } bwd_parts;
 
@@ -569,11 +630,14 @@ static aj_status bwd_block(ring_plan *p, const ring_kernels *kern, const aj_ring
             b.offset = a->offset;
             double t0 = aj_now();
             AJ_TRY(aj_backward(p->ctx, p->dev, kernel_for(kern, kind), &b));
-            AJ_TRY(add_rows(dq_acc, p->lq, p->qc[i].local, parts->dq, dt, p->B * p->Hq, cq,
+            AJ_TRY(from_dev(p, parts->dq_h, parts->dq, parts->dq_bytes));
+            AJ_TRY(from_dev(p, parts->dk_h, parts->dk, parts->dk_bytes));
+            AJ_TRY(from_dev(p, parts->dv_h, parts->dv, parts->dv_bytes));
+            AJ_TRY(add_rows(dq_acc, p->lq, p->qc[i].local, parts->dq_h, dt, p->B * p->Hq, cq,
                             p->D, parts->scratch));
-            AJ_TRY(add_rows(dk_acc, p->lk, kc[j].local, parts->dk, dt, p->B * p->Hkv, ck,
+            AJ_TRY(add_rows(dk_acc, p->lk, kc[j].local, parts->dk_h, dt, p->B * p->Hkv, ck,
                             p->D, parts->scratch));
-            AJ_TRY(add_rows(dv_acc, p->lk, kc[j].local, parts->dv, dt, p->B * p->Hkv, ck,
+            AJ_TRY(add_rows(dv_acc, p->lk, kc[j].local, parts->dv_h, dt, p->B * p->Hkv, ck,
                             p->Dv, parts->scratch));
             p->stats->compute_s += aj_now() - t0;
             for (int r = 0; r < nreqs; r++)
@@ -614,9 +678,11 @@ aj_status aj_ring_backward(aj_ctx *ctx, aj_device *dev, aj_comm *comm, const aj_
     aj_ring_stats local_stats = {0};
     ring_plan p = {.fn = "aj_ring_backward"};
     ring_kernels kern = {0};
+    /* host */
     void *kv[2] = {NULL, NULL}, *acc[2] = {NULL, NULL}, *step = NULL, *dq_acc = NULL;
-    void *gathered = NULL, *all_dkv = NULL;
+    void *gathered = NULL, *all_dkv = NULL, *typed = NULL;
     bwd_parts parts = {0};
+    void *kv_dev = NULL;   /* device */
     aj_comm_req reqs[2] = {{0}, {0}};   /* K/V, dK/dV */
     aj_status st = AJ_OK;
     const double start = aj_now();
@@ -629,15 +695,22 @@ aj_status aj_ring_backward(aj_ctx *ctx, aj_device *dev, aj_comm *comm, const aj_
     const int64_t cq = p.qc[0].len, ck = p.lk / p.nq;
     const int64_t width = p.D > p.Dv ? p.D : p.Dv;
     const int64_t chunk = cq > ck ? cq : ck;
+    parts.dq_bytes = (size_t)(p.B * p.Hq * cq * p.D) * p.elem;
+    parts.dk_bytes = (size_t)(p.B * p.Hkv * ck * p.D) * p.elem;
+    parts.dv_bytes = (size_t)(p.B * p.Hkv * ck * p.Dv) * p.elem;
     AJ_TRY(alloc_host(&p, dq_count * sizeof(float), 1, &dq_acc));
-    AJ_TRY(alloc_host(&p, (size_t)(p.B * p.Hq * cq * p.D) * p.elem, 0, &parts.dq));
-    AJ_TRY(alloc_host(&p, (size_t)(p.B * p.Hkv * ck * p.D) * p.elem, 0, &parts.dk));
-    AJ_TRY(alloc_host(&p, (size_t)(p.B * p.Hkv * ck * p.Dv) * p.elem, 0, &parts.dv));
+    AJ_TRY(alloc_host(&p, (dq_count > dkv_count ? dq_count : dkv_count) * p.elem, 0, &typed));
+    AJ_TRY(dev_alloc(&p, parts.dq_bytes, &parts.dq));
+    AJ_TRY(dev_alloc(&p, parts.dk_bytes, &parts.dk));
+    AJ_TRY(dev_alloc(&p, parts.dv_bytes, &parts.dv));
+    AJ_TRY(alloc_host(&p, parts.dq_bytes, 0, &parts.dq_h));
+    AJ_TRY(alloc_host(&p, parts.dk_bytes, 0, &parts.dk_h));
+    AJ_TRY(alloc_host(&p, parts.dv_bytes, 0, &parts.dv_h));
     AJ_TRY(alloc_host(&p, (size_t)(chunk * width) * sizeof(float), 0,
                       (void **)&parts.scratch));
     AJ_TRY(alloc_host(&p, kv_bytes, 0, &kv[0]));
-    memcpy(kv[0], args->k.data, p.k_elems * p.elem);
-    memcpy((char *)kv[0] + p.k_elems * p.elem, args->v.data, p.v_elems * p.elem);
+    AJ_TRY(pack_kv(&p, &args->k, &args->v, kv[0]));
+    AJ_TRY(dev_alloc(&p, kv_bytes, &kv_dev));
 
     float *own = NULL;    /* this rank's dK/dV, f32, when done */
     if (args->rotate == AJ_ROTATE_P2P) {
@@ -651,8 +724,9 @@ aj_status aj_ring_backward(aj_ctx *ctx, aj_device *dev, aj_comm *comm, const aj_
             if (s < p.size - 1)
                 AJ_TRY(exchange_start(&p, &reqs[0], "K/V", kv[kc], kv[kc ^ 1], kv_bytes,
                                       TAG_KV));
+            AJ_TRY(to_dev(&p, kv_dev, kv[kc], kv_bytes));
             memset(step, 0, dkv_count * sizeof(float));
-            AJ_TRY(bwd_block(&p, &kern, args, kv[kc], src, dq_acc, step, &parts, reqs, 2));
+            AJ_TRY(bwd_block(&p, &kern, args, kv_dev, src, dq_acc, step, &parts, reqs, 2));
             /* acc[ac]: block src's accumulator, fresh at step 0, else just
              * received from rank r-1 */
             AJ_TRY(exchange_finish(&p, &reqs[1]));
@@ -683,10 +757,11 @@ aj_status aj_ring_backward(aj_ctx *ctx, aj_device *dev, aj_comm *comm, const aj_
         } else {
             memcpy(gathered, kv[0], kv_bytes);
         }
-        for (int src = 0; src < p.size; src++)
-            AJ_TRY(bwd_block(&p, &kern, args, (char *)gathered + (size_t)src * kv_bytes, src,
-                             dq_acc, (float *)all_dkv + (size_t)src * dkv_count, &parts,
-                             reqs, 0));
+        for (int src = 0; src < p.size; src++) {
+            AJ_TRY(to_dev(&p, kv_dev, (char *)gathered + (size_t)src * kv_bytes, kv_bytes));
+            AJ_TRY(bwd_block(&p, &kern, args, kv_dev, src, dq_acc,
+                             (float *)all_dkv + (size_t)src * dkv_count, &parts, reqs, 0));
+        }
         if (p.size > 1) {
             double t0 = aj_now();
             AJ_TRY(comm->engine->reduce_scatter_f32(comm, all_dkv, step, dkv_count));
@@ -696,26 +771,22 @@ aj_status aj_ring_backward(aj_ctx *ctx, aj_device *dev, aj_comm *comm, const aj_
             own = all_dkv;
         }
     }
-    AJ_TRY(aj_convert(dq_acc, AJ_DTYPE_F32, args->dq.data, p.op.dtype, dq_count));
-    AJ_TRY(aj_convert(own, AJ_DTYPE_F32, args->dk.data, p.op.dtype, p.k_elems));
-    AJ_TRY(aj_convert(own + p.k_elems, AJ_DTYPE_F32, args->dv.data, p.op.dtype, p.v_elems));
+    AJ_TRY(store_rounded(&p, dq_acc, dq_count, args->dq.data, typed));
+    AJ_TRY(store_rounded(&p, own, p.k_elems, args->dk.data, typed));
+    AJ_TRY(store_rounded(&p, own + p.k_elems, p.v_elems, args->dv.data, typed));
 done:
     for (int i = 0; i < 2; i++)
         if (reqs[i].active)
             comm->engine->exchange_cancel(comm, &reqs[i]);
     free_kernels(&kern);
-    free(kv[0]);
-    free(kv[1]);
-    free(acc[0]);
-    free(acc[1]);
-    free(step);
-    free(dq_acc);
-    free(gathered);
-    free(all_dkv);
-    free(parts.dq);
-    free(parts.dk);
-    free(parts.dv);
-    free(parts.scratch);
+    void *host[] = {kv[0], kv[1], acc[0], acc[1], step, dq_acc, gathered, all_dkv, typed,
+                    parts.dq_h, parts.dk_h, parts.dv_h, parts.scratch};
+    for (size_t i = 0; i < sizeof host / sizeof host[0]; i++)
+        free(host[i]);
+    void *device[] = {kv_dev, parts.dq, parts.dk, parts.dv};
+    for (size_t i = 0; i < sizeof device / sizeof device[0]; i++)
+        if (device[i])
+            aj_device_free(dev, device[i]);
     local_stats.total_s = aj_now() - start;
     if (stats && st == AJ_OK)
         *stats = local_stats;
