@@ -30,6 +30,7 @@
 
 #include "check.h"
 #include "ref.h"
+#include "ring/leak_check.h"
 
 #define HEAD_DIM 16
 
@@ -471,6 +472,8 @@ int main(int argc, char **argv)
     }
     aj_device_close(dev);
     aj_ctx_destroy(ctx);
+    CHECK_MSG(!leak_check_before_finalize(), "rank %d leaks (LeakSanitizer's report above)",
+              rank);
     int rc = check_report();
     MPI_Finalize();
     return rc;

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "ring/leak_check.h"
 
 static aj_ctx *ctx;
 
@@ -263,6 +264,7 @@ int main(int argc, char **argv)
     check_shard_errors();
     check_comm_errors(dev);
     check_ring_errors(dev);
+    CHECK_MSG(!leak_check_before_finalize(), "leaks (LeakSanitizer's report above)");
     MPI_Finalize();
 
     CHECK_STATUS(ctx, aj_comm_create(ctx, dev, &cc, &comm), AJ_ERR_COMM);
