@@ -48,6 +48,7 @@
  * NOT_IS_CAUSAL and IS_CAUSAL, for any alignment, window and position.
  */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -241,6 +242,69 @@ static aj_status plan_common(ring_plan *p, aj_ctx *ctx, aj_device *dev, aj_comm 
     p->k_elems = (size_t)(p->B * p->Hkv * p->lk * p->D);
     p->v_elems = (size_t)(p->B * p->Hkv * p->lk * p->Dv);
 done:
+    return st;
+}
+
+/* A collective's failure, with the ring call's name in front of the
+ * engine's message ("aj_ring_forward: MPI: rank 0: MPI_Iallgather got no
+ * answer ..."). */
+static aj_status collective_status(const ring_plan *p, aj_status st)
+{
+    if (st == AJ_OK)
+        return st;
+    char engine_message[AJ_ERROR_TEXT_MAX];
+    snprintf(engine_message, sizeof engine_message, "%s", aj_last_error(p->ctx));
+    return aj_fail(p->ctx, st, "%s: %s", p->fn, engine_message);
+}
+
+/* What every rank's call must agree on, in the order of call_fields. */
+enum { CALL_FIELDS = 12 };
+static const char *const call_fields[CALL_FIELDS] = {
+    "kind", "batch", "q heads", "kv heads", "q length", "k length", "head_dim",
+    "head_dim_v", "layout", "rotate", "seed", "offset"};
+
+typedef struct ring_call {
+    int64_t v[CALL_FIELDS];
+    char hash[AJ_HASH_HEX_LEN + 8];
+} ring_call;
+
+/* One small all-gather before any work: ranks whose calls differ (another
+ * layout, op, length, dropout stream...) would compute a wrong answer
+ * without noticing, so every rank compares every call with rank 0's and
+ * all fail alike. */
+static aj_status agree_on_call(ring_plan *p, const aj_op *op, aj_ring_rotate rotate,
+                               uint64_t seed, uint64_t offset)
+{
+    ring_call mine = {.v = {p->op.kind, p->B, p->Hq, p->Hkv, p->lq, p->lk, p->D, p->Dv,
+                            p->layout, rotate, (int64_t)seed, (int64_t)offset}};
+    if (p->op.dropout == 0)
+        mine.v[10] = mine.v[11] = 0;   /* no dropout: the stream is unused */
+    aj_status st = aj_op_hash(op, mine.hash);
+    if (st != AJ_OK || p->size == 1)
+        return st;
+    ring_call *all = calloc((size_t)p->size, sizeof *all);
+    if (!all)
+        return aj_fail(p->ctx, AJ_ERR_OUT_OF_MEMORY, "%s: out of memory", p->fn);
+    st = collective_status(p, p->comm->engine->allgather(p->comm, &mine, all, sizeof mine));
+    for (int r = 1; r < p->size && st == AJ_OK; r++) {
+        if (strcmp(all[r].hash, all[0].hash) != 0) {
+            st = aj_fail(p->ctx, AJ_ERR_INVALID_ARG, "%s: the ranks' calls differ: rank %d's "
+                         "op has hash %s, rank 0's %s; every rank must pass the same op, "
+                         "shapes, layout, rotate method and dropout stream", p->fn, r,
+                         all[r].hash, all[0].hash);
+            break;
+        }
+        for (int f = 0; f < CALL_FIELDS; f++)
+            if (all[r].v[f] != all[0].v[f]) {
+                st = aj_fail(p->ctx, AJ_ERR_INVALID_ARG, "%s: the ranks' calls differ: rank "
+                             "%d has %s = %lld, rank 0 has %lld; every rank must pass the "
+                             "same op, shapes, layout, rotate method and dropout stream",
+                             p->fn, r, call_fields[f], (long long)all[r].v[f],
+                             (long long)all[0].v[f]);
+                break;
+            }
+    }
+    free(all);
     return st;
 }
 
@@ -473,6 +537,7 @@ static aj_status plan_forward(ring_plan *p, aj_ctx *ctx, aj_device *dev, aj_comm
                        &a->k, &a->v, stats));
     AJ_TRY(check_shard(p, "o", &a->o, p->op.dtype, 4, (int64_t[]){p->B, p->Hq, p->lq, p->Dv}));
     AJ_TRY(check_shard(p, "lse", &a->lse, AJ_DTYPE_F32, 3, (int64_t[]){p->B, p->Hq, p->lq}));
+    AJ_TRY(agree_on_call(p, op, a->rotate, a->seed, a->offset));
 done:
     return st;
 }
@@ -526,7 +591,8 @@ aj_status aj_ring_forward(aj_ctx *ctx, aj_device *dev, aj_comm *comm, const aj_o
         AJ_TRY(alloc_host(&p, kv_bytes * (size_t)p.size, 0, &gathered));
         if (p.size > 1) {
             double t0 = aj_now();
-            AJ_TRY(comm->engine->allgather(comm, kv[0], gathered, kv_bytes));
+            AJ_TRY(collective_status(&p, comm->engine->allgather(comm, kv[0], gathered,
+                                                                 kv_bytes)));
             count_collective(&p, t0);
         } else {
             memcpy(gathered, kv[0], kv_bytes);
@@ -666,6 +732,7 @@ static aj_status plan_backward(ring_plan *p, aj_ctx *ctx, aj_device *dev, aj_com
     AJ_TRY(check_shard(p, "dq", &a->dq, dt, 4, (int64_t[]){p->B, p->Hq, p->lq, p->D}));
     AJ_TRY(check_shard(p, "dk", &a->dk, dt, 4, (int64_t[]){p->B, p->Hkv, p->lk, p->D}));
     AJ_TRY(check_shard(p, "dv", &a->dv, dt, 4, (int64_t[]){p->B, p->Hkv, p->lk, p->Dv}));
+    AJ_TRY(agree_on_call(p, op, a->rotate, a->seed, a->offset));
 done:
     return st;
 }
@@ -752,7 +819,8 @@ aj_status aj_ring_backward(aj_ctx *ctx, aj_device *dev, aj_comm *comm, const aj_
         AJ_TRY(alloc_host(&p, dkv_count * sizeof(float), 0, &step));
         if (p.size > 1) {
             double t0 = aj_now();
-            AJ_TRY(comm->engine->allgather(comm, kv[0], gathered, kv_bytes));
+            AJ_TRY(collective_status(&p, comm->engine->allgather(comm, kv[0], gathered,
+                                                                 kv_bytes)));
             count_collective(&p, t0);
         } else {
             memcpy(gathered, kv[0], kv_bytes);
@@ -764,7 +832,8 @@ aj_status aj_ring_backward(aj_ctx *ctx, aj_device *dev, aj_comm *comm, const aj_
         }
         if (p.size > 1) {
             double t0 = aj_now();
-            AJ_TRY(comm->engine->reduce_scatter_f32(comm, all_dkv, step, dkv_count));
+            AJ_TRY(collective_status(&p, comm->engine->reduce_scatter_f32(comm, all_dkv, step,
+                                                                          dkv_count)));
             count_collective(&p, t0);
             own = step;
         } else {

@@ -732,7 +732,11 @@ typedef struct aj_ring_fwd_args {
 #define AJ_RING_FWD_ARGS_INIT { .struct_size = sizeof(aj_ring_fwd_args) }
 
 /* Runs the forward over the ring; stats may be NULL.  All ranks must pass
- * the same op, shapes, layout and rotate. */
+ * the same op, shapes, layout, rotate method and dropout stream: the call
+ * starts with a small all-gather that compares them, and a difference
+ * fails every rank with AJ_ERR_INVALID_ARG naming it.  (A rank that fails
+ * its own argument checks before that leaves the others to time out with
+ * AJ_ERR_COMM.) */
 aj_status aj_ring_forward(aj_ctx *ctx, aj_device *dev, aj_comm *comm, const aj_op *op,
                           const aj_ring_fwd_args *args, aj_ring_stats *stats);
 

@@ -4,12 +4,15 @@
  *
  *   mpirun -np P test_ring cases     every case below, forward and backward
  *   mpirun -np 2 test_ring silent    rank 1 stays silent: rank 0 gets
- *                                    AJ_ERR_COMM within the timeout
+ *                                    AJ_ERR_COMM within the timeout, from
+ *                                    an exchange and from the ring
  *   mpirun -np 2 test_ring stopped   rank 1 is frozen (SIGSTOP) likewise
  *   mpirun -np 2 --enable-recovery test_ring killed
  *                                    rank 1 exits: likewise (without
  *                                    --enable-recovery OpenMPI ends the
  *                                    whole job itself when a rank dies)
+ *   mpirun -np 2 test_ring mismatch  the ranks pass different layouts or
+ *                                    ops: both refuse the call
  *
  * Every rank builds the same full inputs (same seed), takes its shard with
  * aj_shard, runs the ring, and compares its shard of O, LSE, dQ, dK, dV
@@ -31,6 +34,7 @@
 #include "check.h"
 #include "ref.h"
 #include "ring/leak_check.h"
+#include "runtime/comm/comm.h"
 
 #define HEAD_DIM 16
 
@@ -396,9 +400,18 @@ static void run_case(const ring_case *c)
 
 typedef enum peer_fault { PEER_SILENT, PEER_STOPPED, PEER_KILLED } peer_fault;
 
-/* Rank 1 never answers (asleep, frozen by SIGSTOP, or gone); rank 0's
- * ring forward must fail with AJ_ERR_COMM after the 1 s timeout, not
- * hang. */
+static double seconds_since(const struct timespec *t0)
+{
+    struct timespec t1;
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    return (double)(t1.tv_sec - t0->tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0->tv_nsec);
+}
+
+/* Rank 1 stops answering (sleeps, is frozen by SIGSTOP, or exits) right
+ * after the comm exists.  Rank 0 must get AJ_ERR_COMM after the 1 s
+ * timeout, not hang, on both kinds of wait: a neighbour exchange (the
+ * comm's own interface, as the ring's K/V rotation uses it) and a
+ * collective (aj_ring_forward's opening all-gather). */
 static void run_faulty_peer(peer_fault fault)
 {
     static const char *const names[] = {"silent", "stopped", "killed"};
@@ -410,43 +423,83 @@ static void run_faulty_peer(peer_fault fault)
     CHECK_STATUS(ctx, aj_comm_create(ctx, dev, &cc, &comm), AJ_OK);
     if (rank == 1) {
         if (fault == PEER_STOPPED)
-            raise(SIGSTOP);      /* rank 0 wakes it after its timeout */
+            raise(SIGSTOP);      /* rank 0 sends SIGCONT when done */
         else if (fault == PEER_KILLED)
             _exit(0);
         else
-            sleep(3);
-    } else {
-        const ring_case c = {"silent", AJ_DTYPE_F32, AJ_MASK_NONE, AJ_ALIGN_TOP_LEFT, 0, 0,
-                             1, 1, 8, 8, AJ_SHARD_CONTIGUOUS, AJ_ROTATE_P2P, 0, 0};
-        aj_op *op = parse_op(&c, "forward");
-        void *q = alloc64(8 * HEAD_DIM * 4), *k = alloc64(8 * HEAD_DIM * 4);
-        void *v = alloc64(8 * HEAD_DIM * 4), *o = alloc64(8 * HEAD_DIM * 4);
-        void *lse = alloc64(8 * 4);
-        aj_ring_fwd_args fa = AJ_RING_FWD_ARGS_INIT;
-        fa.q = view(q, AJ_DTYPE_F32, 4, 1, 1, 8, HEAD_DIM);
-        fa.k = view(k, AJ_DTYPE_F32, 4, 1, 1, 8, HEAD_DIM);
-        fa.v = view(v, AJ_DTYPE_F32, 4, 1, 1, 8, HEAD_DIM);
-        fa.o = view(o, AJ_DTYPE_F32, 4, 1, 1, 8, HEAD_DIM);
-        fa.lse = view(lse, AJ_DTYPE_F32, 3, 1, 1, 8, 0);
-        struct timespec t0, t1;
-        clock_gettime(CLOCK_MONOTONIC, &t0);
-        CHECK_STATUS(ctx, aj_ring_forward(ctx, dev, comm, op, &fa, NULL), AJ_ERR_COMM);
-        clock_gettime(CLOCK_MONOTONIC, &t1);
-        double waited = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
-        CHECK_ERROR(ctx, "aj_ring_forward: rank 0: K/V exchange");
-        CHECK_ERROR(ctx, "got no answer within the comm timeout of 1 s");
-        CHECK_MSG(waited >= 1.0 && waited < 2.5, "failed after %.2f s", waited);
-        printf("%s peer: AJ_ERR_COMM after %.2f s: %s\n", names[fault], waited,
-               aj_last_error(ctx));
-        if (fault == PEER_STOPPED)
-            kill(pids[1], SIGCONT);
-        aj_op_destroy(op);
-        free(q);
-        free(k);
-        free(v);
-        free(o);
-        free(lse);
+            sleep(4);
+        aj_comm_destroy(comm);
+        return;
     }
+    struct timespec t0;
+    char send[1024] = {0}, recv[1024];
+    aj_comm_req req = {.what = "K/V", .to = 1, .from = 1, .bytes = sizeof send};
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    CHECK_STATUS(ctx, comm->engine->exchange_start(comm, send, recv, sizeof send, 1, 1, 1, &req),
+                 AJ_OK);
+    req.active = true;
+    CHECK_STATUS(ctx, aj_comm_wait(comm, &req, "test", NULL), AJ_ERR_COMM);
+    double waited = seconds_since(&t0);
+    CHECK_ERROR(ctx, "test: rank 0: K/V exchange (1024 bytes to rank 1, from rank 1) got no "
+                "answer within the comm timeout of 1 s; a peer has stopped or died");
+    CHECK_MSG(waited >= 1.0 && waited < 2.5, "exchange failed after %.2f s", waited);
+    printf("%s peer: exchange: AJ_ERR_COMM after %.2f s: %s\n", names[fault], waited,
+           aj_last_error(ctx));
+
+    const ring_case c = {"silent", AJ_DTYPE_F32, AJ_MASK_NONE, AJ_ALIGN_TOP_LEFT, 0, 0,
+                         1, 1, 8, 8, AJ_SHARD_CONTIGUOUS, AJ_ROTATE_P2P, 0, 0};
+    aj_op *op = parse_op(&c, "forward");
+    void *m = alloc64(8 * HEAD_DIM * 4);
+    aj_ring_fwd_args fa = AJ_RING_FWD_ARGS_INIT;
+    fa.q = view(m, AJ_DTYPE_F32, 4, 1, 1, 8, HEAD_DIM);
+    fa.k = fa.v = fa.o = fa.q;
+    fa.lse = view(m, AJ_DTYPE_F32, 3, 1, 1, 8, 0);
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    CHECK_STATUS(ctx, aj_ring_forward(ctx, dev, comm, op, &fa, NULL), AJ_ERR_COMM);
+    waited = seconds_since(&t0);
+    CHECK_ERROR(ctx, "aj_ring_forward: MPI: rank 0: MPI_Iallgather got no answer within the "
+                "comm timeout of 1 s; a peer has stopped or died");
+    CHECK_MSG(waited >= 1.0 && waited < 2.5, "ring failed after %.2f s", waited);
+    printf("%s peer: ring: AJ_ERR_COMM after %.2f s: %s\n", names[fault], waited,
+           aj_last_error(ctx));
+    if (fault == PEER_STOPPED)
+        kill(pids[1], SIGCONT);
+    aj_op_destroy(op);
+    free(m);
+    aj_comm_destroy(comm);
+}
+
+/* Rank 1 passes another layout than rank 0: both must refuse the call,
+ * naming the difference, instead of computing a wrong answer. */
+static void run_mismatch(void)
+{
+    aj_comm *comm = NULL;
+    aj_comm_config cc = AJ_COMM_CONFIG_INIT;
+    cc.timeout_s = 30;
+    CHECK_STATUS(ctx, aj_comm_create(ctx, dev, &cc, &comm), AJ_OK);
+    const ring_case c = {"mismatch", AJ_DTYPE_F32, AJ_MASK_CAUSAL, AJ_ALIGN_TOP_LEFT, 0, 0,
+                         1, 1, 8, 8, AJ_SHARD_CONTIGUOUS, AJ_ROTATE_P2P, 0, 0};
+    aj_op *op = parse_op(&c, "forward");
+    void *m = alloc64(8 * HEAD_DIM * 4);
+    aj_ring_fwd_args fa = AJ_RING_FWD_ARGS_INIT;
+    fa.q = view(m, AJ_DTYPE_F32, 4, 1, 1, 8, HEAD_DIM);
+    fa.k = fa.v = fa.o = fa.q;
+    fa.lse = view(m, AJ_DTYPE_F32, 3, 1, 1, 8, 0);
+    fa.layout = rank == 1 ? AJ_SHARD_ZIGZAG : AJ_SHARD_CONTIGUOUS;
+    CHECK_STATUS(ctx, aj_ring_forward(ctx, dev, comm, op, &fa, NULL), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "aj_ring_forward: the ranks' calls differ: rank 1 has layout = 1, rank 0 "
+                "has 0; every rank must pass the same op");
+    /* another op (causal vs none) on rank 1 */
+    fa.layout = AJ_SHARD_CONTIGUOUS;
+    const ring_case none = {"none", AJ_DTYPE_F32, AJ_MASK_NONE, AJ_ALIGN_TOP_LEFT, 0, 0,
+                            1, 1, 8, 8, AJ_SHARD_CONTIGUOUS, AJ_ROTATE_P2P, 0, 0};
+    aj_op *other = parse_op(&none, "forward");
+    CHECK_STATUS(ctx, aj_ring_forward(ctx, dev, comm, rank == 1 ? other : op, &fa, NULL),
+                 AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "aj_ring_forward: the ranks' calls differ: rank 1's op has hash");
+    aj_op_destroy(op);
+    aj_op_destroy(other);
+    free(m);
     aj_comm_destroy(comm);
 }
 
@@ -465,6 +518,8 @@ int main(int argc, char **argv)
             run_case(&cases[i]);
     } else if (size != 2) {
         CHECK_MSG(0, "%s needs 2 ranks, not %d", mode, size);
+    } else if (strcmp(mode, "mismatch") == 0) {
+        run_mismatch();
     } else {
         run_faulty_peer(strcmp(mode, "stopped") == 0  ? PEER_STOPPED
                         : strcmp(mode, "killed") == 0 ? PEER_KILLED
