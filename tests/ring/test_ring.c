@@ -41,6 +41,9 @@
 static aj_ctx *ctx;
 static aj_device *dev;
 static int rank, size;
+/* A peer died: OpenMPI's fault handling then allocates from plugins it
+ * unloads again, which LeakSanitizer cannot attribute; skip its check. */
+static int peer_died;
 
 typedef struct ring_case {
     const char *label;
@@ -425,7 +428,7 @@ static void run_faulty_peer(peer_fault fault)
         if (fault == PEER_STOPPED)
             raise(SIGSTOP);      /* rank 0 sends SIGCONT when done */
         else if (fault == PEER_KILLED)
-            _exit(0);
+            _exit(0);   /* no leak check for the dead */
         else
             sleep(4);
         aj_comm_destroy(comm);
@@ -464,6 +467,7 @@ static void run_faulty_peer(peer_fault fault)
            aj_last_error(ctx));
     if (fault == PEER_STOPPED)
         kill(pids[1], SIGCONT);
+    peer_died = fault == PEER_KILLED;
     aj_op_destroy(op);
     free(m);
     aj_comm_destroy(comm);
@@ -527,8 +531,9 @@ int main(int argc, char **argv)
     }
     aj_device_close(dev);
     aj_ctx_destroy(ctx);
-    CHECK_MSG(!leak_check_before_finalize(), "rank %d leaks (LeakSanitizer's report above)",
-              rank);
+    if (!peer_died)
+        CHECK_MSG(!leak_check_before_finalize(), "rank %d leaks (LeakSanitizer's report above)",
+                  rank);
     int rc = check_report();
     MPI_Finalize();
     return rc;
