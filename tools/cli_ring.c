@@ -122,8 +122,12 @@ static int parse_ring_args(int argc, char **argv, ring_opts *o)
         } else if (strcmp(a, "--out") == 0) {
             rc = bind(a, v, out_names, R_OUT_COUNT, o->out);
         } else if (strcmp(a, "--seed") == 0 || strcmp(a, "--offset") == 0) {
-            rc = parse_number(a, v, 0, 9007199254740992.0, &num);
-            *(a[2] == 's' ? &o->seed : &o->offset) = (uint64_t)num;
+            char *end;
+            errno = 0;
+            unsigned long long u = strtoull(v, &end, 10);
+            if (errno || end == v || *end || v[0] == '-')
+                return cli_usage("%s takes a non-negative integer", a);
+            *(a[2] == 's' ? &o->seed : &o->offset) = u;
         } else if (strcmp(a, "--timeout") == 0) {
             rc = parse_number(a, v, 0.001, 1e6, &o->timeout_s);
         } else if (strcmp(a, "--workers") == 0) {

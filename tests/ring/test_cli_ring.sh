@@ -59,6 +59,10 @@ want 1 "--grad needs --in do=FILE"
 rc=$?
 want 1 "--layout takes contiguous or zigzag, not 'diagonal'"
 
+"$mpiexec" -n 1 "$aj" ring "$spec" --device sim "${io[@]}" --seed -3 >out.txt 2>&1
+rc=$?
+want 1 "--seed takes a non-negative integer"
+
 "$mpiexec" -n 1 "$aj" ring "$spec" --device sim --in q=missing.npy --in k=k.npy \
   --in v=v.npy >out.txt 2>&1
 rc=$?
