@@ -28,7 +28,8 @@
     X(AJ_ERR_IO)             \
     X(AJ_ERR_OUT_OF_MEMORY)  \
     X(AJ_ERR_INTERNAL)       \
-    X(AJ_ERR_KERNEL_FAULT)
+    X(AJ_ERR_KERNEL_FAULT)   \
+    X(AJ_ERR_COMM)
 
 #define AJ_STATUS_NAME(s) [s] = #s,
 static const char *const status_names[] = { AJ_STATUS_LIST(AJ_STATUS_NAME) };

@@ -18,7 +18,8 @@ esac
 
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${AJ_BUILD_DIR:-$root/build}
-packages=(cmake make gcc g++ llvm-19-dev libzstd-dev zlib1g-dev libxxhash-dev)
+packages=(cmake make gcc g++ llvm-19-dev libzstd-dev zlib1g-dev libxxhash-dev
+          libopenmpi-dev openmpi-bin)
 
 missing=()
 for p in "${packages[@]}"; do

@@ -1084,7 +1084,7 @@ static void test_status_str(void)
     static const char *const names[] = {
         "AJ_OK", "AJ_ERR_INVALID_ARG", "AJ_ERR_PARSE", "AJ_ERR_VERIFY",
         "AJ_ERR_UNSUPPORTED", "AJ_ERR_CODEGEN", "AJ_ERR_NO_DEVICE", "AJ_ERR_IO",
-        "AJ_ERR_OUT_OF_MEMORY", "AJ_ERR_INTERNAL", "AJ_ERR_KERNEL_FAULT",
+        "AJ_ERR_OUT_OF_MEMORY", "AJ_ERR_INTERNAL", "AJ_ERR_KERNEL_FAULT", "AJ_ERR_COMM",
     };
 
     CHECK(sizeof names / sizeof names[0] == AJ_STATUS_COUNT);

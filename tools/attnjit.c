@@ -5,6 +5,7 @@
  *   attnjit check SPEC
  *   attnjit run SPEC --device sim|cuda --in q=F --in k=F --in v=F --out o=F ...
  *   attnjit tune SPEC --device sim|cuda [--budget-s N] [--csv FILE] ...
+ *   mpirun -np P attnjit ring SPEC --device sim|cpu|cuda --in q=F ... --out o=F ...
  *   attnjit info
  *
  * SPEC is a file in the IR text form, or - for standard input.  Exit codes:
@@ -39,6 +40,8 @@ int main(int argc, char **argv)
         rc = cli_run(ctx, argc - 2, argv + 2);
     else if (strcmp(cmd, "tune") == 0)
         rc = cli_tune(ctx, argc - 2, argv + 2);
+    else if (strcmp(cmd, "ring") == 0)
+        rc = cli_ring(ctx, argc - 2, argv + 2);
     else if (strcmp(cmd, "info") == 0)
         rc = argc == 2 ? cli_info() : cli_usage("info takes no arguments%s", "");
     else

@@ -54,6 +54,10 @@ typedef struct cli_run_opts {
 
 int cli_parse_run_args(int argc, char **argv, cli_run_opts *out);
 
+/* `attnjit ring` (under mpirun; initialises and finalises MPI itself
+ * unless the caller did) */
+int cli_ring(aj_ctx *ctx, int argc, char **argv);
+
 /* `attnjit info` */
 int cli_info(void);
 /* `attnjit run` */

@@ -49,6 +49,8 @@ typedef enum aj_status {
                                 misaligned access, barrier divergence,
                                 deadlock (the message names kernel, CTA,
                                 thread and address) */
+    AJ_ERR_COMM = 11,        /* a ring peer failed or stayed silent past the
+                                comm timeout; MPI or NCCL reported an error */
     AJ_STATUS_COUNT
 } aj_status;
 
@@ -625,6 +627,167 @@ typedef struct aj_merge_args {
  * length)"). */
 aj_status aj_merge(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
                    const aj_merge_args *args);
+
+/* ---------------------------------------------------------------- ring */
+
+/* Context parallelism (docs/ring.md): P ranks each hold a shard of the
+ * sequence; K/V blocks travel around the ring while the kernels compute,
+ * and partial results merge by their log-sum-exp.  Every rank of the
+ * communicator makes the same calls in the same order. */
+
+typedef enum aj_comm_kind {
+    AJ_COMM_MPI = 0,           /* CPU ranks: MPI nonblocking send/recv */
+    AJ_COMM_NCCL = 1,          /* GPUs: NCCL send/recv on a comm stream (not
+                                  complete: see aj_comm_create) */
+    AJ_COMM_KIND_COUNT
+} aj_comm_kind;
+
+/* Communicator configuration.  Start from AJ_COMM_CONFIG_INIT. */
+typedef struct aj_comm_config {
+    size_t struct_size;
+    aj_comm_kind kind;
+    /* optional: a pointer to the caller's MPI_Comm (MPI must be
+     * initialised, with MPI_THREAD_SINGLE or more); NULL: MPI_COMM_WORLD.
+     * attnjit duplicates it, so its traffic never matches the caller's.
+     * For NCCL without nccl_comm, the communicator over which rank 0
+     * broadcasts the NCCL unique id. */
+    const void *mpi_comm;
+    /* NCCL only, optional: the caller's ncclComm_t (which must outlive
+     * the aj_comm); NULL: attnjit creates one over mpi_comm. */
+    void *nccl_comm;
+    /* NCCL only, optional: the CUstream comm runs on; NULL: attnjit
+     * creates one. */
+    void *stream;
+    /* A peer that does not answer within this many seconds fails the
+     * call with AJ_ERR_COMM instead of hanging; 0: 300 s. */
+    double timeout_s;
+} aj_comm_config;
+
+#define AJ_COMM_CONFIG_INIT \
+    { sizeof(aj_comm_config), AJ_COMM_MPI, NULL, NULL, NULL, 0.0 }
+
+typedef struct aj_comm aj_comm;
+
+/* Opens a communicator over the ranks of config->mpi_comm (collective:
+ * every rank calls it).  dev is the device the ring's kernels run on
+ * (NCCL needs a cuda device; MPI accepts any and stages cuda memory
+ * through the host).  AJ_ERR_NO_DEVICE if libnccl.so.2 cannot be loaded;
+ * AJ_ERR_COMM if MPI is not initialised or a peer does not join within
+ * the timeout.  The NCCL engine does not exchange buffers yet: with
+ * libnccl.so.2 and a cuda device it answers AJ_ERR_UNSUPPORTED (use
+ * AJ_COMM_MPI).  The comm keeps pointers to ctx and dev, which must
+ * outlive it; *out is freed with aj_comm_destroy(). */
+aj_status aj_comm_create(aj_ctx *ctx, aj_device *dev, const aj_comm_config *config,
+                         aj_comm **out);
+/* Frees the comm; requests still in flight after a failure are cancelled.
+ * After AJ_ERR_COMM the peers may be out of step: destroy the comm and
+ * end the job (MPI_Abort) rather than calling the ring again. */
+void aj_comm_destroy(aj_comm *comm);
+int aj_comm_rank(const aj_comm *comm);   /* -1 for NULL */
+int aj_comm_size(const aj_comm *comm);   /* -1 for NULL */
+
+/* How a sequence is split over P ranks. */
+typedef enum aj_shard_layout {
+    /* rank r holds positions [r S/P, (r+1) S/P) */
+    AJ_SHARD_CONTIGUOUS = 0,
+    /* 2P chunks of S/(2P); rank r holds chunks r and 2P-1-r (head and
+     * tail), which gives every rank the same causal work */
+    AJ_SHARD_ZIGZAG = 1,
+    AJ_SHARD_LAYOUT_COUNT
+} aj_shard_layout;
+
+/* How K/V reach every rank. */
+typedef enum aj_ring_rotate {
+    AJ_ROTATE_P2P = 0,         /* P-1 neighbour exchanges, overlapped */
+    AJ_ROTATE_ALLGATHER = 1,   /* one all-gather of K/V (reduce-scatter of
+                                  dK/dV in the backward) */
+    AJ_ROTATE_COUNT
+} aj_ring_rotate;
+
+/* A tensor with a sequence dim, seen as [outer, seq, inner] contiguous
+ * elements of elem_size bytes: outer is the product of the dims before
+ * the sequence dim, inner of those after (BHSD q: outer = B H, seq = S,
+ * inner = D; an int32 position buffer [S]: outer = inner = 1). */
+typedef struct aj_seq_shape {
+    int64_t outer, seq, inner;
+    size_t elem_size;
+} aj_seq_shape;
+
+/* Copies rank `rank`'s shard of `full` (full->seq positions) into `shard`
+ * ([outer, seq / P, inner]).  seq must divide by P (contiguous) or 2P
+ * (zigzag); otherwise AJ_ERR_INVALID_ARG saying so (pad the sequence and
+ * mask the padding: docs/ring.md).  Host memory; the caller owns both. */
+aj_status aj_shard(aj_ctx *ctx, aj_shard_layout layout, int rank, int size,
+                   const aj_seq_shape *full, const void *src, void *shard);
+/* The inverse: writes rank `rank`'s shard back into its positions of
+ * `dst` ([outer, full->seq, inner]), leaving the other positions alone. */
+aj_status aj_unshard(aj_ctx *ctx, aj_shard_layout layout, int rank, int size,
+                     const aj_seq_shape *full, const void *shard, void *dst);
+
+/* What one ring call did and where its time went (wall clock). */
+typedef struct aj_ring_stats {
+    int32_t rotations;       /* buffer exchanges with the neighbours (p2p:
+                                forward P-1, backward 2P-1; 0 for P = 1)
+                                or collectives (all-gather) */
+    int32_t launches;        /* kernel launches: full + partial blocks */
+    int32_t full_blocks;     /* launched without the mask: all visible */
+    int32_t partial_blocks;  /* launched with the mask */
+    int32_t skipped_blocks;  /* fully masked: not launched */
+    double compile_s;        /* compiling the kernels (0 when cached) */
+    double compute_s;        /* kernels and host-side accumulation */
+    double comm_s;           /* from posting an exchange to its completion */
+    double exposed_comm_s;   /* waiting on comm with nothing to compute */
+    double total_s;          /* the whole call, compile included */
+} aj_ring_stats;
+
+/* Arguments of a ring forward: this rank's shards, laid out by `layout`
+ * (q [B, Hq, Sq/P, D], k [B, Hkv, Sk/P, D], v [B, Hkv, Sk/P, Dv], o and
+ * lse likewise), in the device's memory.  Global positions and the
+ * bottom_right totals (Sq, Sk) follow from the layout and the rank.  The
+ * op is a padded `attention forward efficient` without bias; the ring
+ * compiles its kernels (accumulate = true, masked and unmasked) for the
+ * device's target through the context's kernel cache.  o is written in
+ * the op's dtype, lse in f32.  Start from AJ_RING_FWD_ARGS_INIT. */
+typedef struct aj_ring_fwd_args {
+    size_t struct_size;
+    aj_tensor q, k, v, o, lse;
+    aj_tensor alibi_slopes;          /* score_mod = alibi only: [Hq] f32 */
+    aj_shard_layout layout;
+    aj_ring_rotate rotate;
+    uint64_t seed, offset;           /* dropout > 0 only */
+} aj_ring_fwd_args;
+
+#define AJ_RING_FWD_ARGS_INIT { .struct_size = sizeof(aj_ring_fwd_args) }
+
+/* Runs the forward over the ring; stats may be NULL.  All ranks must pass
+ * the same op, shapes, layout, rotate method and dropout stream: the call
+ * starts with a small all-gather that compares them, and a difference
+ * fails every rank with AJ_ERR_INVALID_ARG naming it.  (A rank that fails
+ * its own argument checks before that leaves the others to time out with
+ * AJ_ERR_COMM.) */
+aj_status aj_ring_forward(aj_ctx *ctx, aj_device *dev, aj_comm *comm, const aj_op *op,
+                          const aj_ring_fwd_args *args, aj_ring_stats *stats);
+
+/* Arguments of a ring backward: the shards of aj_ring_fwd_args plus the
+ * forward's o and lse (the ring's, i.e. global), do_, and the outputs dq,
+ * dk, dv (shapes of q, k, v, the op's dtype).  dK/dV accumulate in f32
+ * while they travel; dQ accumulates locally in f32. */
+typedef struct aj_ring_bwd_args {
+    size_t struct_size;
+    aj_tensor q, k, v, o, lse, do_;
+    aj_tensor dq, dk, dv;
+    aj_tensor alibi_slopes;
+    aj_shard_layout layout;
+    aj_ring_rotate rotate;
+    uint64_t seed, offset;
+} aj_ring_bwd_args;
+
+#define AJ_RING_BWD_ARGS_INIT { .struct_size = sizeof(aj_ring_bwd_args) }
+
+/* Runs the backward over the ring (op: `attention backward efficient`
+ * matching the forward's fields). */
+aj_status aj_ring_backward(aj_ctx *ctx, aj_device *dev, aj_comm *comm, const aj_op *op,
+                           const aj_ring_bwd_args *args, aj_ring_stats *stats);
 
 /* Converts `count` elements between dtypes, rounding to nearest even (as
  * the kernels do).  src and dst must not overlap unless they are equal and

@@ -1,0 +1,221 @@
+/*
+ * bench_ring.c -- how much of the ring's communication hides behind its
+ * compute.
+ *
+ *   mpirun -np P bench_ring [--len L[,L...]] [--heads H] [--dim D]
+ *                           [--tflops T[,T...]] [--workers N]
+ *
+ * Part 1, measured on this machine's CPU ranks: a ring forward (p2p) per
+ * per-rank length L, no mask (contiguous) and causal (zigzag), each run
+ * once to warm the kernel cache and then timed.  Per case, the slowest
+ * rank's ring time against its compute-only time (the kernels' own time),
+ * the time the same K/V exchanges take alone (nothing to compute), the
+ * exposed part of the ring's comm (waiting with nothing to compute, which
+ * also counts waiting for a slower peer) and the hidden share
+ * 1 - exposed / transfer (0 when the ring waited longer than the
+ * transfer takes alone).
+ *
+ * Part 2, a model for GPUs: a ring step hides its K/V exchange when the
+ * block's compute takes at least as long as the transfer:
+ *
+ *   forward   4 H L^2 D / T  >=  2 Hkv L D e / BW
+ *             => L >= Hkv e T / (2 H BW)
+ *   backward  10 H L^2 D / T >=  2 Hkv L D (e + 4) / BW   (K/V + f32 dK/dV)
+ *             => L >= Hkv (e + 4) T / (5 H BW)
+ *
+ * (T: kernel throughput in FLOP/s, BW: link bandwidth per GPU, e: bytes
+ * per element; causal zigzag steps carry half a block's work, so twice
+ * the chunk.)  The table takes the link bandwidths the issue states
+ * (NVLink 450 GB/s, InfiniBand 50 GB/s per GPU) and the throughputs
+ * given with --tflops, since this bench measures none on a GPU.
+ */
+#include <math.h>
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "attnjit/attnjit.h"
+
+#define MAX_LIST 8
+
+static int rank, size;
+
+static int parse_list(const char *s, double *out)
+{
+    int n = 0;
+    char *copy = strdup(s), *save = NULL;
+    for (char *t = strtok_r(copy, ",", &save); t && n < MAX_LIST; t = strtok_r(NULL, ",", &save))
+        out[n++] = atof(t);
+    free(copy);
+    return n;
+}
+
+static aj_tensor dense(void *data, aj_dtype dt, int r, int64_t a, int64_t b, int64_t c,
+                       int64_t d)
+{
+    aj_tensor t = {.data = data, .dtype = dt, .rank = r};
+    const int64_t shape[4] = {a, b, c, d};
+    int64_t stride = 1;
+    for (int i = r - 1; i >= 0; i--) {
+        t.shape[i] = shape[i];
+        t.strides[i] = stride;
+        stride *= shape[i];
+    }
+    return t;
+}
+
+/* One timed ring forward; the slowest rank's stats come back on every
+ * rank. */
+static int run_case(aj_ctx *ctx, aj_device *dev, aj_comm *comm, int causal, int64_t len,
+                    int heads, int dim, aj_ring_stats *worst, double *alone_s)
+{
+    char text[256];
+    snprintf(text, sizeof text, "attention forward efficient { dtype = f16 head_dim = %d "
+             "mask = %s }", dim, causal ? "causal(top_left)" : "none");
+    aj_op *op = NULL;
+    if (aj_op_parse(ctx, text, strlen(text), "bench", &op) != AJ_OK)
+        return 1;
+    const size_t n = (size_t)(heads * len * dim);
+    uint16_t *q = aligned_alloc(64, n * 2 + 64), *k = aligned_alloc(64, n * 2 + 64);
+    uint16_t *v = aligned_alloc(64, n * 2 + 64), *o = aligned_alloc(64, n * 2 + 64);
+    float *lse = aligned_alloc(64, (size_t)(heads * len) * 4 + 64);
+    float *f = malloc(n * sizeof *f);
+    srand(17 + (unsigned)rank);
+    for (size_t i = 0; i < n; i++)
+        f[i] = (float)rand() / (float)RAND_MAX - 0.5f;
+    aj_convert(f, AJ_DTYPE_F32, q, AJ_DTYPE_F16, n);
+    aj_convert(f, AJ_DTYPE_F32, k, AJ_DTYPE_F16, n);
+    aj_convert(f, AJ_DTYPE_F32, v, AJ_DTYPE_F16, n);
+    aj_ring_fwd_args a = AJ_RING_FWD_ARGS_INIT;
+    a.q = dense(q, AJ_DTYPE_F16, 4, 1, heads, len, dim);
+    a.k = a.q;
+    a.k.data = k;
+    a.v = a.q;
+    a.v.data = v;
+    a.o = a.q;
+    a.o.data = o;
+    a.lse = dense(lse, AJ_DTYPE_F32, 3, 1, heads, len, 0);
+    a.layout = causal ? AJ_SHARD_ZIGZAG : AJ_SHARD_CONTIGUOUS;
+    aj_ring_stats s = {0};
+    aj_status st = AJ_OK;
+    for (int pass = 0; pass < 2 && st == AJ_OK; pass++) {   /* pass 0 compiles */
+        MPI_Barrier(MPI_COMM_WORLD);
+        st = aj_ring_forward(ctx, dev, comm, op, &a, &s);
+    }
+    if (st != AJ_OK)
+        fprintf(stderr, "bench_ring: rank %d: %s\n", rank, aj_last_error(ctx));
+    double mine[4] = {s.total_s, s.compute_s, s.comm_s, s.exposed_comm_s}, max[4];
+    MPI_Allreduce(mine, max, 4, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    /* the slowest rank's row: the ring's time is its time */
+    int slowest = s.total_s == max[0] ? rank : size;
+    int who = size;
+    MPI_Allreduce(&slowest, &who, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    MPI_Bcast(&s, (int)sizeof s, MPI_BYTE, who, MPI_COMM_WORLD);
+    *worst = s;
+    /* the same P-1 K/V exchanges with nothing to compute: the transfer
+     * time the ring has to hide (its own comm_s counts until the next
+     * poll, which on a host device is the end of the running launch) */
+    const int to = (rank + 1) % size, from = (rank + size - 1) % size;
+    char *send = malloc(4 * n), *recv = malloc(4 * n);
+    memset(send, 0, 4 * n);
+    MPI_Barrier(MPI_COMM_WORLD);
+    double t0 = MPI_Wtime();
+    for (int step = 0; step < size - 1; step++)
+        MPI_Sendrecv(send, (int)(4 * n), MPI_BYTE, to, 9, recv, (int)(4 * n), MPI_BYTE, from, 9,
+                     MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+    double t = MPI_Wtime() - t0;
+    MPI_Allreduce(&t, alone_s, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    free(send);
+    free(recv);
+    free(q);
+    free(k);
+    free(v);
+    free(o);
+    free(lse);
+    free(f);
+    aj_op_destroy(op);
+    return st != AJ_OK;
+}
+
+static void print_model(const double *tflops, int nt)
+{
+    static const struct { const char *name; double bw; } links[] = {
+        {"NVLink", 450e9}, {"InfiniBand", 50e9}};
+    static const struct { const char *name; double ratio; } heads[] = {
+        {"MHA", 1.0}, {"GQA 8:1", 0.125}};
+    const double e = 2;   /* bf16 / f16 */
+    printf("\nminimum per-rank chunk L (tokens) for full overlap on GPUs, bf16 "
+           "(forward / backward; causal zigzag: x2)\n");
+    printf("%-11s %-8s", "link", "heads");
+    for (int t = 0; t < nt; t++)
+        printf("   %5.0f TFLOP/s    ", tflops[t]);
+    printf("\n");
+    for (size_t l = 0; l < sizeof links / sizeof links[0]; l++)
+        for (size_t h = 0; h < sizeof heads / sizeof heads[0]; h++) {
+            printf("%-11s %-8s", links[l].name, heads[h].name);
+            for (int t = 0; t < nt; t++) {
+                double T = tflops[t] * 1e12, bw = links[l].bw, r = heads[h].ratio;
+                double fwd = r * e * T / (2 * bw), bwd = r * (e + 4) * T / (5 * bw);
+                printf("   %7.0f / %-7.0f", ceil(fwd), ceil(bwd));
+            }
+            printf("\n");
+        }
+}
+
+int main(int argc, char **argv)
+{
+    MPI_Init(&argc, &argv);
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    double lens[MAX_LIST] = {64, 256}, tflops[MAX_LIST] = {25, 100, 400};
+    int nl = 2, nt = 3, heads = 2, dim = 64, workers = 1;
+    for (int i = 1; i + 1 < argc; i += 2) {
+        if (strcmp(argv[i], "--len") == 0)
+            nl = parse_list(argv[i + 1], lens);
+        else if (strcmp(argv[i], "--tflops") == 0)
+            nt = parse_list(argv[i + 1], tflops);
+        else if (strcmp(argv[i], "--heads") == 0)
+            heads = atoi(argv[i + 1]);
+        else if (strcmp(argv[i], "--dim") == 0)
+            dim = atoi(argv[i + 1]);
+        else if (strcmp(argv[i], "--workers") == 0)
+            workers = atoi(argv[i + 1]);
+    }
+    aj_ctx *ctx = NULL;
+    aj_device *dev = NULL;
+    aj_comm *comm = NULL;
+    aj_comm_config cc = AJ_COMM_CONFIG_INIT;
+    int failed = aj_ctx_create(NULL, &ctx) != AJ_OK ||
+                 aj_device_open(ctx, AJ_DEVICE_SIM, 0, &dev) != AJ_OK ||
+                 aj_device_set_workers(dev, workers) != AJ_OK ||
+                 aj_comm_create(ctx, dev, &cc, &comm) != AJ_OK;
+    if (failed)
+        fprintf(stderr, "bench_ring: rank %d: %s\n", rank, ctx ? aj_last_error(ctx) : "");
+    if (!failed && rank == 0) {
+        printf("ring forward on %d CPU ranks (%s device, f16, H = %d, D = %d; the slowest "
+               "rank; warm kernel cache)\n", size, aj_device_name(dev), heads, dim);
+        printf("%-20s %5s %9s %11s %12s %11s %10s %8s\n", "case", "L", "ring ms",
+               "compute ms", "transfer ms", "exposed ms", "ring/comp", "hidden");
+    }
+    for (int c = 0; c < 2 && !failed; c++)
+        for (int i = 0; i < nl && !failed; i++) {
+            aj_ring_stats s;
+            double alone = 0;
+            failed = run_case(ctx, dev, comm, c, (int64_t)lens[i], heads, dim, &s, &alone);
+            /* hidden: the share of the transfer time the ring did not wait for */
+            double hidden = alone > 0 ? 1.0 - s.exposed_comm_s / alone : 1.0;
+            if (!failed && rank == 0)
+                printf("%-20s %5.0f %9.2f %11.2f %12.3f %11.3f %10.3f %7.0f%%\n",
+                       c ? "causal, zigzag" : "no mask, contiguous", lens[i], 1e3 * s.total_s,
+                       1e3 * s.compute_s, 1e3 * alone, 1e3 * s.exposed_comm_s,
+                       s.total_s / s.compute_s, 100.0 * (hidden > 0 ? hidden : 0));
+        }
+    if (!failed && rank == 0)
+        print_model(tflops, nt);
+    aj_comm_destroy(comm);
+    aj_device_close(dev);
+    aj_ctx_destroy(ctx);
+    MPI_Finalize();
+    return failed;
+}

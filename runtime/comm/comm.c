@@ -1,0 +1,114 @@
+/*
+ * comm.c -- aj_comm: configuration checks, the engine choice, and the
+ * bounded wait every engine shares.
+ */
+#include "runtime/comm/comm.h"
+
+#include <sched.h>
+#include <stdlib.h>
+#include <time.h>
+
+#include "ir/diag.h"
+
+#define DEFAULT_TIMEOUT_S 300.0
+
+double aj_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+void aj_comm_pause(void)
+{
+    /* 50 us: short against any block's compute, long enough that P ranks
+     * on 2 cores leave each other the CPU. */
+    const struct timespec nap = {0, 50 * 1000};
+    sched_yield();
+    nanosleep(&nap, NULL);
+}
+
+aj_status aj_comm_create(aj_ctx *ctx, aj_device *dev, const aj_comm_config *config,
+                         aj_comm **out)
+{
+    if (!ctx)
+        return AJ_ERR_INVALID_ARG;
+    AJ_CHECK_ARG(ctx, out, "aj_comm_create: out is NULL");
+    AJ_CHECK_ARG(ctx, dev, "aj_comm_create: dev is NULL");
+    AJ_CHECK_ARG(ctx, config, "aj_comm_create: config is NULL");
+    AJ_CHECK_ARG(ctx, config->struct_size == sizeof(aj_comm_config),
+                 "aj_comm_create: config->struct_size = %zu, want %zu (use "
+                 "AJ_COMM_CONFIG_INIT)", config->struct_size, sizeof(aj_comm_config));
+    AJ_CHECK_ARG(ctx, (unsigned)config->kind < AJ_COMM_KIND_COUNT,
+                 "aj_comm_create: config->kind = %d is not a comm kind", (int)config->kind);
+    AJ_CHECK_ARG(ctx, config->timeout_s >= 0 && config->timeout_s < 1e9,
+                 "aj_comm_create: config->timeout_s = %g; want seconds >= 0 (0: %g)",
+                 config->timeout_s, DEFAULT_TIMEOUT_S);
+
+    aj_comm *comm = calloc(1, sizeof *comm);
+    if (!comm)
+        return aj_fail(ctx, AJ_ERR_OUT_OF_MEMORY, "aj_comm_create: out of memory");
+    comm->ctx = ctx;
+    comm->dev = dev;
+    comm->timeout_s = config->timeout_s > 0 ? config->timeout_s : DEFAULT_TIMEOUT_S;
+    aj_status st = config->kind == AJ_COMM_MPI ? aj_comm_mpi_open(comm, config)
+                                               : aj_comm_nccl_open(comm, config);
+    if (st != AJ_OK) {
+        free(comm);
+        return st;
+    }
+    *out = comm;
+    return AJ_OK;
+}
+
+void aj_comm_destroy(aj_comm *comm)
+{
+    if (!comm)
+        return;
+    comm->engine->destroy(comm);
+    free(comm);
+}
+
+int aj_comm_rank(const aj_comm *comm)
+{
+    return comm ? comm->rank : -1;
+}
+
+int aj_comm_size(const aj_comm *comm)
+{
+    return comm ? comm->size : -1;
+}
+
+aj_status aj_comm_wait(aj_comm *comm, aj_comm_req *req, const char *fn, double *waited_s)
+{
+    if (!req->active)
+        return AJ_OK;
+    const double start = aj_now();
+    aj_status st = AJ_OK;
+    for (;;) {
+        bool done = false;
+        st = comm->engine->exchange_test(comm, req, &done);
+        if (st != AJ_OK)
+            break;
+        if (done) {
+            if (!req->completed)
+                req->completed = aj_now();
+            break;
+        }
+        double now = aj_now();
+        if (now - start > comm->timeout_s) {
+            comm->engine->exchange_cancel(comm, req);
+            st = aj_fail(comm->ctx, AJ_ERR_COMM,
+                         "%s: rank %d: %s exchange (%zu bytes to rank %d, from rank %d) "
+                         "got no answer within the comm timeout of %g s; a peer has "
+                         "stopped or died", fn, comm->rank, req->what, req->bytes, req->to,
+                         req->from, comm->timeout_s);
+            break;
+        }
+        aj_comm_pause();
+    }
+    req->active = false;
+    if (waited_s)
+        *waited_s += aj_now() - start;
+    return st;
+}

@@ -1,0 +1,74 @@
+/*
+ * comm.h -- the ring's communicator (internal): one interface, an engine
+ * per transport (comm_mpi.c for CPU ranks, comm_nccl.c for GPUs).
+ *
+ * The ring needs three things from a transport: a neighbour exchange it
+ * can start, poll while kernels run, and wait for with a deadline; an
+ * all-gather; and a float sum reduce-scatter.  Every wait is bounded by
+ * the comm's timeout, so a silent peer becomes AJ_ERR_COMM, never a hang.
+ */
+#ifndef AJ_RUNTIME_COMM_COMM_H
+#define AJ_RUNTIME_COMM_COMM_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "attnjit/attnjit.h"
+
+/* One exchange in flight: send to one neighbour, receive from the other.
+ * `impl` holds the engine's request handles. */
+typedef struct aj_comm_req {
+    bool active;
+    const char *what;          /* "K/V", "dK/dV": for messages */
+    int to, from;
+    size_t bytes;
+    double posted;             /* aj_now() when it was started */
+    double completed;          /* aj_now() when it was seen done; 0 before */
+    _Alignas(16) unsigned char impl[64];
+} aj_comm_req;
+
+/* A transport.  Buffers are host memory for MPI, device memory for NCCL. */
+typedef struct aj_comm_engine {
+    const char *name;
+    /* Starts sending `bytes` of `send` to rank `to` and receiving as many
+     * into `recv` from rank `from`. */
+    aj_status (*exchange_start)(aj_comm *comm, const void *send, void *recv, size_t bytes,
+                                int to, int from, int tag, aj_comm_req *req);
+    /* Progresses the exchange; *done tells whether it completed. */
+    aj_status (*exchange_test)(aj_comm *comm, aj_comm_req *req, bool *done);
+    /* Abandons an exchange after a failure (its buffers may still be
+     * touched by the transport until the comm is destroyed). */
+    void (*exchange_cancel)(aj_comm *comm, aj_comm_req *req);
+    /* recv [size][bytes] gets every rank's `bytes` of send, by rank. */
+    aj_status (*allgather)(aj_comm *comm, const void *send, void *recv, size_t bytes);
+    /* recv [count] f32 gets the sum over ranks of send's rank-th slice of
+     * [size][count] f32. */
+    aj_status (*reduce_scatter_f32)(aj_comm *comm, const float *send, float *recv,
+                                    size_t count);
+    void (*destroy)(aj_comm *comm);
+} aj_comm_engine;
+
+struct aj_comm {
+    aj_ctx *ctx;
+    aj_device *dev;
+    const aj_comm_engine *engine;
+    void *impl;                /* the engine's state */
+    int rank, size;
+    double timeout_s;
+};
+
+/* Seconds on a monotonic clock. */
+double aj_now(void);
+/* Gives the core to another process for a moment: ranks oversubscribing
+ * the cores must not spin each other out of their time slices. */
+void aj_comm_pause(void);
+
+/* Waits for an exchange, at most the comm's timeout from now; adds the
+ * time waited to *waited_s (may be NULL).  `fn` names the caller. */
+aj_status aj_comm_wait(aj_comm *comm, aj_comm_req *req, const char *fn, double *waited_s);
+
+/* The engines' constructors: fill comm->engine, comm->impl, rank, size. */
+aj_status aj_comm_mpi_open(aj_comm *comm, const aj_comm_config *config);
+aj_status aj_comm_nccl_open(aj_comm *comm, const aj_comm_config *config);
+
+#endif /* AJ_RUNTIME_COMM_COMM_H */

@@ -1,0 +1,198 @@
+/*
+ * comm_mpi.c -- the MPI engine: CPU ranks, nonblocking point-to-point and
+ * collectives on a duplicate of the caller's communicator.
+ *
+ * Nothing here blocks inside MPI: every operation is started with its
+ * nonblocking form (MPI_Isend / MPI_Irecv, MPI_Iallgather, ...) and
+ * completed by MPI_Test polling under the comm's deadline, which both
+ * progresses the transfer (MPI moves rendezvous messages only inside MPI
+ * calls) and turns a silent peer into AJ_ERR_COMM.  The communicator has
+ * MPI_ERRORS_RETURN, so a transport failure comes back as an error code
+ * instead of aborting the job.
+ */
+#include <assert.h>
+#include <limits.h>
+#include <mpi.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ir/diag.h"
+#include "runtime/comm/comm.h"
+
+typedef struct mpi_state {
+    MPI_Comm comm;
+} mpi_state;
+
+static_assert(2 * sizeof(MPI_Request) <= sizeof(((aj_comm_req *)0)->impl),
+              "aj_comm_req.impl must hold two MPI requests");
+
+static MPI_Comm mpi_comm_of(const aj_comm *comm)
+{
+    return ((const mpi_state *)comm->impl)->comm;
+}
+
+/* AJ_ERR_COMM with MPI's own text for `code`. */
+static aj_status mpi_fail(aj_comm *comm, int code, const char *what)
+{
+    char text[MPI_MAX_ERROR_STRING] = "";
+    int len = 0;
+    MPI_Error_string(code, text, &len);
+    return aj_fail(comm->ctx, AJ_ERR_COMM, "MPI: rank %d: %s failed: %s", comm->rank, what,
+                   text);
+}
+
+/* Polls one request to completion under the deadline. */
+static aj_status mpi_wait_one(aj_comm *comm, MPI_Request *request, const char *what)
+{
+    const double start = aj_now();
+    for (;;) {
+        int flag = 0;
+        int rc = MPI_Test(request, &flag, MPI_STATUS_IGNORE);
+        if (rc != MPI_SUCCESS)
+            return mpi_fail(comm, rc, what);
+        if (flag)
+            return AJ_OK;
+        if (aj_now() - start > comm->timeout_s) {
+            /* A collective cannot be cancelled; the request is left to
+             * MPI, and the caller is told to end the job. */
+            return aj_fail(comm->ctx, AJ_ERR_COMM, "MPI: rank %d: %s got no answer within "
+                           "the comm timeout of %g s; a peer has stopped or died",
+                           comm->rank, what, comm->timeout_s);
+        }
+        aj_comm_pause();
+    }
+}
+
+static aj_status check_count(aj_comm *comm, size_t bytes, const char *what)
+{
+    if (bytes <= INT_MAX)
+        return AJ_OK;
+    return aj_fail(comm->ctx, AJ_ERR_UNSUPPORTED, "MPI: %s of %zu bytes: MPI counts are "
+                   "int, so one message holds at most %d bytes (use more ranks)", what,
+                   bytes, INT_MAX);
+}
+
+static aj_status mpi_exchange_start(aj_comm *comm, const void *send, void *recv, size_t bytes,
+                                    int to, int from, int tag, aj_comm_req *req)
+{
+    aj_status st = check_count(comm, bytes, "an exchange");
+    if (st != AJ_OK)
+        return st;
+    MPI_Request *r = (MPI_Request *)req->impl;
+    r[0] = r[1] = MPI_REQUEST_NULL;
+    /* The receive first, so an eager message from `from` lands directly. */
+    int rc = MPI_Irecv(recv, (int)bytes, MPI_BYTE, from, tag, mpi_comm_of(comm), &r[0]);
+    if (rc != MPI_SUCCESS)
+        return mpi_fail(comm, rc, "MPI_Irecv");
+    rc = MPI_Isend(send, (int)bytes, MPI_BYTE, to, tag, mpi_comm_of(comm), &r[1]);
+    if (rc != MPI_SUCCESS) {
+        MPI_Cancel(&r[0]);
+        MPI_Request_free(&r[0]);
+        return mpi_fail(comm, rc, "MPI_Isend");
+    }
+    return AJ_OK;
+}
+
+static aj_status mpi_exchange_test(aj_comm *comm, aj_comm_req *req, bool *done)
+{
+    int flag = 0;
+    int rc = MPI_Testall(2, (MPI_Request *)req->impl, &flag, MPI_STATUSES_IGNORE);
+    if (rc != MPI_SUCCESS)
+        return mpi_fail(comm, rc, "an exchange (MPI_Testall)");
+    *done = flag != 0;
+    return AJ_OK;
+}
+
+static void mpi_exchange_cancel(aj_comm *comm, aj_comm_req *req)
+{
+    MPI_Request *r = (MPI_Request *)req->impl;
+    for (int i = 0; i < 2; i++)
+        if (r[i] != MPI_REQUEST_NULL) {
+            MPI_Cancel(&r[i]);
+            MPI_Request_free(&r[i]);
+        }
+}
+
+static aj_status mpi_allgather(aj_comm *comm, const void *send, void *recv, size_t bytes)
+{
+    aj_status st = check_count(comm, bytes, "an all-gather");
+    if (st != AJ_OK)
+        return st;
+    MPI_Request r = MPI_REQUEST_NULL;
+    int rc = MPI_Iallgather(send, (int)bytes, MPI_BYTE, recv, (int)bytes, MPI_BYTE,
+                            mpi_comm_of(comm), &r);
+    if (rc != MPI_SUCCESS)
+        return mpi_fail(comm, rc, "MPI_Iallgather");
+    return mpi_wait_one(comm, &r, "MPI_Iallgather");
+}
+
+static aj_status mpi_reduce_scatter_f32(aj_comm *comm, const float *send, float *recv,
+                                        size_t count)
+{
+    aj_status st = check_count(comm, count * sizeof(float), "a reduce-scatter");
+    if (st != AJ_OK)
+        return st;
+    MPI_Request r = MPI_REQUEST_NULL;
+    int rc = MPI_Ireduce_scatter_block(send, recv, (int)count, MPI_FLOAT, MPI_SUM,
+                                       mpi_comm_of(comm), &r);
+    if (rc != MPI_SUCCESS)
+        return mpi_fail(comm, rc, "MPI_Ireduce_scatter_block");
+    return mpi_wait_one(comm, &r, "MPI_Ireduce_scatter_block");
+}
+
+static void mpi_destroy(aj_comm *comm)
+{
+    mpi_state *s = comm->impl;
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized)
+        MPI_Comm_free(&s->comm);
+    free(s);
+}
+
+static const aj_comm_engine mpi_engine = {
+    .name = "mpi",
+    .exchange_start = mpi_exchange_start,
+    .exchange_test = mpi_exchange_test,
+    .exchange_cancel = mpi_exchange_cancel,
+    .allgather = mpi_allgather,
+    .reduce_scatter_f32 = mpi_reduce_scatter_f32,
+    .destroy = mpi_destroy,
+};
+
+aj_status aj_comm_mpi_open(aj_comm *comm, const aj_comm_config *config)
+{
+    int initialized = 0, finalized = 0;
+    MPI_Initialized(&initialized);
+    MPI_Finalized(&finalized);
+    if (!initialized || finalized)
+        return aj_fail(comm->ctx, AJ_ERR_COMM, "aj_comm_create: MPI is %s; call MPI_Init "
+                       "before aj_comm_create and MPI_Finalize after aj_comm_destroy",
+                       finalized ? "already finalized" : "not initialised");
+    MPI_Comm parent = config->mpi_comm ? *(const MPI_Comm *)config->mpi_comm : MPI_COMM_WORLD;
+    if (parent == MPI_COMM_NULL)
+        return aj_fail(comm->ctx, AJ_ERR_INVALID_ARG,
+                       "aj_comm_create: config->mpi_comm points to MPI_COMM_NULL");
+    mpi_state *s = calloc(1, sizeof *s);
+    if (!s)
+        return aj_fail(comm->ctx, AJ_ERR_OUT_OF_MEMORY, "aj_comm_create: out of memory");
+    MPI_Comm_rank(parent, &comm->rank);
+    MPI_Comm_size(parent, &comm->size);
+    /* A private duplicate: the ring's tags never match the caller's
+     * messages.  MPI_Comm_idup is collective, so it too waits under the
+     * deadline. */
+    MPI_Request r = MPI_REQUEST_NULL;
+    int rc = MPI_Comm_idup(parent, &s->comm, &r);
+    aj_status st = rc == MPI_SUCCESS ? AJ_OK : mpi_fail(comm, rc, "MPI_Comm_idup");
+    comm->impl = s;
+    if (st == AJ_OK)
+        st = mpi_wait_one(comm, &r, "MPI_Comm_idup (every rank must call aj_comm_create)");
+    if (st != AJ_OK) {
+        free(s);
+        comm->impl = NULL;
+        return st;
+    }
+    MPI_Comm_set_errhandler(s->comm, MPI_ERRORS_RETURN);
+    comm->engine = &mpi_engine;
+    return AJ_OK;
+}

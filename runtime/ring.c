@@ -1,0 +1,863 @@
+/*
+ * ring.c -- ring attention (context parallelism): aj_ring_forward and
+ * aj_ring_backward over an aj_comm.
+ *
+ * Each rank holds a shard of Q, K and V (shard.c).  K/V blocks travel
+ * around the ring; at every step a rank computes its Q against the block
+ * it holds, with the block's global positions, so masks, alibi and
+ * dropout see the positions of the unsharded problem.  The forward
+ * accumulates partial results in f32 with the accumulate-mode kernels
+ * (running LSE merge); the backward uses the forward's final LSE, so
+ * the per-block dQ, dK, dV are exact parts of the full gradient and sum
+ * to it.
+ *
+ * Forward, p2p, P = 4, rank r (blocks named by the rank that owns them):
+ *
+ *   step      0           1           2           3
+ *   compute   Q.KV[r]     Q.KV[r-1]   Q.KV[r-2]   Q.KV[r-3]
+ *   comm      KV[r]   ->r+1
+ *             KV[r-1] <-r-1  KV[r-2] <-r-1  KV[r-3] <-r-1
+ *             |<-- overlaps the step's compute -->|  wait: "exposed"
+ *
+ * P-1 exchanges, each posted before the step's kernels and waited after
+ * them (double buffer: compute on one, receive into the other).  The
+ * backward also rotates the f32 dK/dV accumulators: a block's
+ * accumulator follows it around the ring, collecting each rank's part,
+ * and one last exchange brings it home: P-1 K/V plus P dK/dV exchanges,
+ * 2P-1 in all (3P-2 with the forward's, as PyTorch's ring counts).
+ *
+ *   step s:  post K/V exchange -> compute Q.KV[r-s] into dQ (local, f32)
+ *            and this step's dK/dV part -> wait for the accumulator of
+ *            block r-s (sent by rank r-1 last step) -> add the part ->
+ *            post it to rank r+1 -> wait K/V
+ *
+ * The all-gather method (Llama 3 style) gathers every K/V once, computes
+ * all blocks, and returns dK/dV with one reduce-scatter.
+ *
+ * Buffers: what travels (K/V, the dK/dV accumulators) and what adds up
+ * (dQ, the per-block gradient parts) lives on the host, where the MPI
+ * engine moves it; the kernels read the current K/V block and write O's
+ * f32 accumulator and the gradient parts in device memory.  On sim and cpu
+ * device memory is host memory and the copies between them are memcpy;
+ * on a GPU they stage through the host (the NCCL engine, which would keep
+ * everything on the GPU, is not there yet).
+ *
+ * Per (Q chunk, K/V chunk) pair the mask's visible band decides: skip
+ * (no pair visible: nothing launched), full (all visible: the kernel
+ * without the mask) or partial (the masked kernel) -- PyTorch's SKIP,
+ * NOT_IS_CAUSAL and IS_CAUSAL, for any alignment, window and position.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ir/diag.h"
+#include "runtime/comm/comm.h"
+#include "runtime/ring.h"
+
+enum { TAG_KV = 1, TAG_DKV = 2 };
+
+typedef enum block_kind { BLOCK_SKIP, BLOCK_FULL, BLOCK_PARTIAL } block_kind;
+
+/* The masked kernel, and the same op without its mask for full blocks
+ * (NULL when the op has no mask). */
+typedef struct ring_kernels {
+    aj_kernel *masked, *unmasked;
+} ring_kernels;
+
+/* What a ring call knows once its arguments check out. */
+typedef struct ring_plan {
+    aj_ctx *ctx;
+    aj_device *dev;
+    aj_comm *comm;
+    const char *fn;
+    aj_op_info op;
+    aj_shard_layout layout;
+    int rank, size;
+    int64_t B, Hq, Hkv, D, Dv;
+    int64_t lq, lk;              /* this rank's lengths */
+    int64_t sq, sk;              /* the global lengths: size * lq, size * lk */
+    aj_shard_chunk qc[2];        /* this rank's query chunks */
+    int nq;
+    size_t elem;                 /* bytes per element of the op's dtype */
+    size_t k_elems, v_elems;     /* one K, V shard */
+    aj_ring_stats *stats;
+} ring_plan;
+
+/* ---------------------------------------------------------------- masks */
+
+/* Which of a block's (query, key) pairs the mask shows.  Row q sees keys
+ * lo(q) .. hi(q) with lo(q) = q + shift - left and hi(q) = q + shift +
+ * right (causal: no lo, right = 0); both grow with q, so the block
+ * [q0, q1] x [k0, k1] has a visible pair iff some q in [q0, q1] has
+ * hi(q) >= k0 and lo(q) <= k1, and is all visible iff lo(q1) <= k0 and
+ * hi(q0) >= k1. */
+static block_kind classify(const aj_op_info *op, int64_t q0, int64_t nq, int64_t k0,
+                           int64_t nk, int64_t sq, int64_t sk)
+{
+    if (nq == 0 || nk == 0)
+        return BLOCK_SKIP;
+    if (op->mask == AJ_MASK_NONE)
+        return BLOCK_FULL;
+    const int64_t shift = op->mask_align == AJ_ALIGN_BOTTOM_RIGHT ? sk - sq : 0;
+    const int64_t q1 = q0 + nq - 1, k1 = k0 + nk - 1;
+    const int64_t hi_off = shift + (op->mask == AJ_MASK_WINDOW ? op->window_right : 0);
+    const int has_lo = op->mask == AJ_MASK_WINDOW;
+    const int64_t lo_off = shift - (has_lo ? op->window_left : 0);
+    int64_t first = q0 > k0 - hi_off ? q0 : k0 - hi_off;          /* hi(q) >= k0 */
+    int64_t last = has_lo && k1 - lo_off < q1 ? k1 - lo_off : q1;  /* lo(q) <= k1 */
+    if (first > last)
+        return BLOCK_SKIP;
+    if ((!has_lo || q1 + lo_off <= k0) && q0 + hi_off >= k1)
+        return BLOCK_FULL;
+    return BLOCK_PARTIAL;
+}
+
+/* ---------------------------------------------------------------- tensors */
+
+static size_t dtype_size(aj_dtype d)
+{
+    return d == AJ_DTYPE_F32 ? 4 : 2;
+}
+
+/* A contiguous tensor over `data`. */
+static aj_tensor dense(void *data, aj_dtype dtype, int rank, const int64_t *shape)
+{
+    aj_tensor t = {.data = data, .dtype = dtype, .rank = rank};
+    int64_t stride = 1;
+    for (int i = rank - 1; i >= 0; i--) {
+        t.shape[i] = shape[i];
+        t.strides[i] = stride;
+        stride *= shape[i];
+    }
+    return t;
+}
+
+/* The view of a BHS(D) tensor's chunk of positions (dim 2). */
+static aj_tensor seq_view(const aj_tensor *t, const aj_shard_chunk *c)
+{
+    aj_tensor v = *t;
+    v.shape[2] = c->len;
+    v.data = (char *)t->data + (size_t)(c->local * t->strides[2]) * dtype_size(t->dtype);
+    return v;
+}
+
+/* The shard `t` is `name`, contiguous, of this rank and dtype and shape. */
+static aj_status check_shard(const ring_plan *p, const char *name, const aj_tensor *t,
+                             aj_dtype dtype, int rank, const int64_t *shape)
+{
+    if (t->rank != rank)
+        return aj_fail(p->ctx, AJ_ERR_INVALID_ARG, "%s: %s.rank = %d, want %d", p->fn, name,
+                       t->rank, rank);
+    if (t->dtype != dtype)
+        return aj_fail(p->ctx, AJ_ERR_INVALID_ARG, "%s: %s.dtype = %s, want %s", p->fn,
+                       name, aj_dtype_name(t->dtype) ? aj_dtype_name(t->dtype) : "(invalid)",
+                       aj_dtype_name(dtype));
+    aj_tensor want = dense(t->data, dtype, rank, shape);
+    for (int i = 0; i < rank; i++)
+        if (t->shape[i] != shape[i])
+            return aj_fail(p->ctx, AJ_ERR_INVALID_ARG, "%s: %s.shape[%d] = %lld, want %lld",
+                           p->fn, name, i, (long long)t->shape[i], (long long)shape[i]);
+    for (int i = 0; i < rank; i++)
+        if (t->strides[i] != want.strides[i] && t->shape[i] > 1)
+            return aj_fail(p->ctx, AJ_ERR_INVALID_ARG, "%s: %s.strides[%d] = %lld; ring "
+                           "shards must be contiguous (want %lld)", p->fn, name, i,
+                           (long long)t->strides[i], (long long)want.strides[i]);
+    if (!t->data)
+        return aj_fail(p->ctx, AJ_ERR_INVALID_ARG, "%s: %s.data is NULL", p->fn, name);
+    return AJ_OK;
+}
+
+/* ---------------------------------------------------------------- set-up */
+
+/* The checks both directions share: handles, the op, q, k, v and the
+ * shapes they imply. */
+static aj_status plan_common(ring_plan *p, aj_ctx *ctx, aj_device *dev, aj_comm *comm,
+                             const aj_op *op, aj_kind kind, aj_shard_layout layout,
+                             aj_ring_rotate rotate, const aj_tensor *q, const aj_tensor *k,
+                             const aj_tensor *v, aj_ring_stats *stats)
+{
+    AJ_CHECK_ARG(ctx, dev, "%s: dev is NULL", p->fn);
+    AJ_CHECK_ARG(ctx, comm, "%s: comm is NULL", p->fn);
+    AJ_CHECK_ARG(ctx, op, "%s: op is NULL", p->fn);
+    AJ_CHECK_ARG(ctx, (unsigned)layout < AJ_SHARD_LAYOUT_COUNT,
+                 "%s: layout = %d is not a shard layout", p->fn, (int)layout);
+    AJ_CHECK_ARG(ctx, (unsigned)rotate < AJ_ROTATE_COUNT,
+                 "%s: rotate = %d is not a rotate method", p->fn, (int)rotate);
+    aj_status st = aj_op_verify(op);
+    if (st != AJ_OK)
+        return st;
+    aj_op_get_info(op, &p->op);
+    if (p->op.kind != kind || p->op.variant != AJ_VARIANT_EFFICIENT)
+        return aj_fail(ctx, AJ_ERR_INVALID_ARG, "%s: the op is `attention %s %s`; want "
+                       "`attention %s efficient`", p->fn, aj_kind_name(p->op.kind),
+                       aj_variant_name(p->op.variant), aj_kind_name(kind));
+    if (p->op.layout != AJ_LAYOUT_PADDED)
+        return aj_fail(ctx, AJ_ERR_UNSUPPORTED, "%s: layout = varlen: the ring shards padded "
+                       "tensors only", p->fn);
+    if (p->op.bias != AJ_BIAS_NONE)
+        return aj_fail(ctx, AJ_ERR_UNSUPPORTED, "%s: bias = add: the ring does not shard a "
+                       "bias tensor", p->fn);
+    if (p->op.accumulate)
+        return aj_fail(ctx, AJ_ERR_INVALID_ARG, "%s: accumulate = true: the ring sets it on "
+                       "its own kernels; pass the plain forward op", p->fn);
+    if (comm->dev != dev)
+        return aj_fail(ctx, AJ_ERR_INVALID_ARG, "%s: comm was created for another device",
+                       p->fn);
+    p->ctx = ctx;
+    p->dev = dev;
+    p->comm = comm;
+    p->layout = layout;
+    p->rank = comm->rank;
+    p->size = comm->size;
+    p->stats = stats;
+    p->elem = dtype_size(p->op.dtype);
+    if (q->rank != 4 || k->rank != 4 || v->rank != 4)
+        return aj_fail(ctx, AJ_ERR_INVALID_ARG, "%s: q, k and v have ranks %d, %d, %d; want "
+                       "4 (BHSD)", p->fn, q->rank, k->rank, v->rank);
+    p->B = q->shape[0];
+    p->Hq = q->shape[1];
+    p->lq = q->shape[2];
+    p->D = p->op.head_dim;
+    p->Dv = p->op.head_dim_v;
+    p->Hkv = k->shape[1];
+    p->lk = k->shape[2];
+    const aj_dtype dt = p->op.dtype;
+    AJ_TRY(check_shard(p, "q", q, dt, 4, (int64_t[]){p->B, p->Hq, p->lq, p->D}));
+    AJ_TRY(check_shard(p, "k", k, dt, 4, (int64_t[]){p->B, p->Hkv, p->lk, p->D}));
+    AJ_TRY(check_shard(p, "v", v, dt, 4, (int64_t[]){p->B, p->Hkv, p->lk, p->Dv}));
+    if (p->Hkv == 0 || p->Hq % p->Hkv != 0) {
+        st = aj_fail(ctx, AJ_ERR_INVALID_ARG, "%s: q has %lld heads and k %lld; the query "
+                     "heads must be a multiple of the key/value heads (GQA)", p->fn,
+                     (long long)p->Hq, (long long)p->Hkv);
+        goto done;
+    }
+    p->sq = p->lq * p->size;
+    p->sk = p->lk * p->size;
+    AJ_TRY(aj_shard_chunks(ctx, p->fn, layout, p->rank, p->size, p->sq, p->qc, &p->nq));
+    aj_shard_chunk kc[2];
+    int nk = 0;
+    AJ_TRY(aj_shard_chunks(ctx, p->fn, layout, p->rank, p->size, p->sk, kc, &nk));
+    p->k_elems = (size_t)(p->B * p->Hkv * p->lk * p->D);
+    p->v_elems = (size_t)(p->B * p->Hkv * p->lk * p->Dv);
+done:
+    return st;
+}
+
+/* A collective's failure, with the ring call's name in front of the
+ * engine's message ("aj_ring_forward: MPI: rank 0: MPI_Iallgather got no
+ * answer ..."). */
+static aj_status collective_status(const ring_plan *p, aj_status st)
+{
+    if (st == AJ_OK)
+        return st;
+    char engine_message[AJ_ERROR_TEXT_MAX];
+    snprintf(engine_message, sizeof engine_message, "%s", aj_last_error(p->ctx));
+    return aj_fail(p->ctx, st, "%s: %s", p->fn, engine_message);
+}
+
+/* What every rank's call must agree on, in the order of call_fields. */
+enum { CALL_FIELDS = 12 };
+static const char *const call_fields[CALL_FIELDS] = {
+    "kind", "batch", "q heads", "kv heads", "q length", "k length", "head_dim",
+    "head_dim_v", "layout", "rotate", "seed", "offset"};
+
+typedef struct ring_call {
+    int64_t v[CALL_FIELDS];
+    char hash[AJ_HASH_HEX_LEN + 8];
+} ring_call;
+
+/* One small all-gather before any work: ranks whose calls differ (another
+ * layout, op, length, dropout stream...) would compute a wrong answer
+ * without noticing, so every rank compares every call with rank 0's and
+ * all fail alike. */
+static aj_status agree_on_call(ring_plan *p, const aj_op *op, aj_ring_rotate rotate,
+                               uint64_t seed, uint64_t offset)
+{
+    ring_call mine = {.v = {p->op.kind, p->B, p->Hq, p->Hkv, p->lq, p->lk, p->D, p->Dv,
+                            p->layout, rotate, (int64_t)seed, (int64_t)offset}};
+    if (p->op.dropout == 0)
+        mine.v[10] = mine.v[11] = 0;   /* no dropout: the stream is unused */
+    aj_status st = aj_op_hash(op, mine.hash);
+    if (st != AJ_OK || p->size == 1)
+        return st;
+    ring_call *all = calloc((size_t)p->size, sizeof *all);
+    if (!all)
+        return aj_fail(p->ctx, AJ_ERR_OUT_OF_MEMORY, "%s: out of memory", p->fn);
+    st = collective_status(p, p->comm->engine->allgather(p->comm, &mine, all, sizeof mine));
+    for (int r = 1; r < p->size && st == AJ_OK; r++) {
+        if (strcmp(all[r].hash, all[0].hash) != 0) {
+            st = aj_fail(p->ctx, AJ_ERR_INVALID_ARG, "%s: the ranks' calls differ: rank %d's "
+                         "op has hash %s, rank 0's %s; every rank must pass the same op, "
+                         "shapes, layout, rotate method and dropout stream", p->fn, r,
+                         all[r].hash, all[0].hash);
+            break;
+        }
+        for (int f = 0; f < CALL_FIELDS; f++)
+            if (all[r].v[f] != all[0].v[f]) {
+                st = aj_fail(p->ctx, AJ_ERR_INVALID_ARG, "%s: the ranks' calls differ: rank "
+                             "%d has %s = %lld, rank 0 has %lld; every rank must pass the "
+                             "same op, shapes, layout, rotate method and dropout stream",
+                             p->fn, r, call_fields[f], (long long)all[r].v[f],
+                             (long long)all[0].v[f]);
+                break;
+            }
+    }
+    free(all);
+    return st;
+}
+
+/* One variant of the op compiled for the device: with or without its
+ * mask, accumulate-mode for the forward. */
+static aj_status compile_variant(const ring_plan *p, const aj_op *op, int masked,
+                                 aj_kernel **out)
+{
+    aj_op *v = NULL;
+    aj_status st = AJ_OK;
+    AJ_TRY(aj_op_clone(op, &v));
+    if (p->op.kind == AJ_KIND_FORWARD)
+        AJ_TRY(aj_op_set_accumulate(v, true));
+    if (!masked)
+        AJ_TRY(aj_op_set_mask_none(v));
+    aj_compile_options opt = AJ_COMPILE_OPTIONS_INIT;
+    opt.target = aj_device_target(p->dev);
+    /* GPU targets load PTX; host targets JIT the LLVM IR */
+    opt.emit = opt.target == AJ_TARGET_SM_80 || opt.target == AJ_TARGET_SM_90 ||
+               opt.target == AJ_TARGET_SM_90A ? AJ_EMIT_PTX : AJ_EMIT_LLVM_IR;
+    AJ_TRY(aj_compile(p->ctx, v, &opt, out));
+done:
+    aj_op_destroy(v);
+    return st;
+}
+
+static aj_status compile_kernels(const ring_plan *p, const aj_op *op, ring_kernels *k)
+{
+    const double t0 = aj_now();
+    aj_status st = compile_variant(p, op, 1, &k->masked);
+    if (st == AJ_OK && p->op.mask != AJ_MASK_NONE)
+        st = compile_variant(p, op, 0, &k->unmasked);
+    p->stats->compile_s += aj_now() - t0;
+    return st;
+}
+
+static void free_kernels(ring_kernels *k)
+{
+    aj_kernel_destroy(k->masked);
+    aj_kernel_destroy(k->unmasked);
+}
+
+/* Host buffers the kernels read: 64-byte aligned, sizes rounded up. */
+static aj_status alloc_host(const ring_plan *p, size_t bytes, int zero, void **out)
+{
+    size_t n = (bytes + 63) / 64 * 64;
+    void *m = aligned_alloc(64, n ? n : 64);
+    if (!m)
+        return aj_fail(p->ctx, AJ_ERR_OUT_OF_MEMORY, "%s: %zu bytes of buffers", p->fn, bytes);
+    if (zero)
+        memset(m, 0, n ? n : 64);
+    *out = m;
+    return AJ_OK;
+}
+
+/* Device memory: the buffers the kernels read and write.  On sim (and
+ * cpu) it is host memory and the copies are memcpy; on a GPU they stage
+ * through the host, where MPI moves the bytes. */
+static aj_status dev_alloc(const ring_plan *p, size_t bytes, void **out)
+{
+    return aj_device_alloc(p->dev, bytes ? bytes : 64, out);
+}
+
+static aj_status to_dev(const ring_plan *p, void *dst, const void *src, size_t bytes)
+{
+    return bytes ? aj_device_copy_to(p->dev, dst, src, bytes) : AJ_OK;
+}
+
+static aj_status from_dev(const ring_plan *p, void *dst, const void *src, size_t bytes)
+{
+    return bytes ? aj_device_copy_from(p->dev, dst, src, bytes) : AJ_OK;
+}
+
+/* This rank's K and V, packed (K, then V) into a host buffer: the block
+ * that travels. */
+static aj_status pack_kv(const ring_plan *p, const aj_tensor *k, const aj_tensor *v,
+                         void *kv)
+{
+    aj_status st = from_dev(p, kv, k->data, p->k_elems * p->elem);
+    if (st == AJ_OK)
+        st = from_dev(p, (char *)kv + p->k_elems * p->elem, v->data, p->v_elems * p->elem);
+    return st;
+}
+
+/* An f32 host buffer, rounded to the op's dtype, into device memory. */
+static aj_status store_rounded(const ring_plan *p, const float *src, size_t count, void *dst,
+                               void *scratch)
+{
+    aj_status st = aj_convert(src, AJ_DTYPE_F32, scratch, p->op.dtype, count);
+    if (st == AJ_OK)
+        st = to_dev(p, dst, scratch, count * p->elem);
+    return st;
+}
+
+/* ---------------------------------------------------------------- comm */
+
+static aj_status exchange_start(ring_plan *p, aj_comm_req *req, const char *what,
+                                const void *send, void *recv, size_t bytes, int tag)
+{
+    const int to = (p->rank + 1) % p->size, from = (p->rank + p->size - 1) % p->size;
+    *req = (aj_comm_req){.what = what, .to = to, .from = from, .bytes = bytes,
+                         .posted = aj_now()};
+    aj_status st = p->comm->engine->exchange_start(p->comm, send, recv, bytes, to, from, tag,
+                                                   req);
+    if (st == AJ_OK) {
+        req->active = true;
+        p->stats->rotations++;
+    }
+    return st;
+}
+
+/* Lets MPI move the bytes while the kernels run (rendezvous transfers
+ * progress only inside MPI calls). */
+static aj_status exchange_progress(ring_plan *p, aj_comm_req *req)
+{
+    if (!req->active || req->completed)
+        return AJ_OK;
+    bool done = false;
+    aj_status st = p->comm->engine->exchange_test(p->comm, req, &done);
+    if (st == AJ_OK && done)
+        req->completed = aj_now();
+    return st;
+}
+
+static aj_status exchange_finish(ring_plan *p, aj_comm_req *req)
+{
+    if (!req->active)
+        return AJ_OK;
+    double waited = 0;
+    aj_status st = aj_comm_wait(p->comm, req, p->fn, &waited);
+    p->stats->exposed_comm_s += waited;
+    p->stats->comm_s += (req->completed ? req->completed : aj_now()) - req->posted;
+    return st;
+}
+
+/* A collective, timed: it overlaps nothing, so all of it is exposed. */
+static void count_collective(ring_plan *p, double start)
+{
+    double t = aj_now() - start;
+    p->stats->comm_s += t;
+    p->stats->exposed_comm_s += t;
+    p->stats->rotations++;
+}
+
+/* ---------------------------------------------------------------- blocks */
+
+/* K and V of one rank's shard inside a K/V buffer (K, then V). */
+static void kv_tensors(const ring_plan *p, const void *kv, aj_tensor *k, aj_tensor *v)
+{
+    *k = dense((void *)kv, p->op.dtype, 4, (int64_t[]){p->B, p->Hkv, p->lk, p->D});
+    *v = dense((char *)kv + p->k_elems * p->elem, p->op.dtype, 4,
+               (int64_t[]){p->B, p->Hkv, p->lk, p->Dv});
+}
+
+static const aj_kernel *kernel_for(const ring_kernels *k, block_kind kind)
+{
+    return kind == BLOCK_FULL && k->unmasked ? k->unmasked : k->masked;
+}
+
+static void count_block(ring_plan *p, block_kind kind)
+{
+    if (kind == BLOCK_SKIP) {
+        p->stats->skipped_blocks++;
+        return;
+    }
+    p->stats->launches++;
+    if (kind == BLOCK_FULL)
+        p->stats->full_blocks++;
+    else
+        p->stats->partial_blocks++;
+}
+
+/* Q (all chunks) against the K/V block of rank `src`, merged into the
+ * f32 accumulator o_acc and args->lse. */
+static aj_status fwd_block(ring_plan *p, const ring_kernels *kern, const aj_ring_fwd_args *a,
+                           const void *kv, int src, const aj_tensor *o_acc, aj_comm_req *req)
+{
+    aj_shard_chunk kc[2];
+    int nk = 0;
+    aj_status st = AJ_OK;
+    AJ_TRY(aj_shard_chunks(p->ctx, p->fn, p->layout, src, p->size, p->sk, kc, &nk));
+    aj_tensor k, v;
+    kv_tensors(p, kv, &k, &v);
+    for (int i = 0; i < p->nq; i++)
+        for (int j = 0; j < nk; j++) {
+            block_kind kind = classify(&p->op, p->qc[i].global, p->qc[i].len, kc[j].global,
+                                       kc[j].len, p->sq, p->sk);
+            count_block(p, kind);
+            if (kind == BLOCK_SKIP)
+                continue;
+            aj_fwd_args f = AJ_FWD_ARGS_INIT;
+            f.q = seq_view(&a->q, &p->qc[i]);
+            f.k = seq_view(&k, &kc[j]);
+            f.v = seq_view(&v, &kc[j]);
+            f.o = seq_view(&a->o, &p->qc[i]);
+            f.lse = seq_view(&a->lse, &p->qc[i]);
+            f.o_acc = seq_view(o_acc, &p->qc[i]);
+            f.alibi_slopes = a->alibi_slopes;
+            f.q_offset = p->qc[i].global;
+            f.kv_offset = kc[j].global;
+            f.sq_total = p->sq;
+            f.sk_total = p->sk;
+            f.seed = a->seed;
+            f.offset = a->offset;
+            double t0 = aj_now();
+            AJ_TRY(aj_forward(p->ctx, p->dev, kernel_for(kern, kind), &f));
+            p->stats->compute_s += aj_now() - t0;
+            AJ_TRY(exchange_progress(p, req));
+        }
+    /* a GPU runs the launches asynchronously: their time is compute too */
+    const double t0 = aj_now();
+    AJ_TRY(aj_device_synchronize(p->dev, NULL));
+    p->stats->compute_s += aj_now() - t0;
+done:
+    return st;
+}
+
+/* ---------------------------------------------------------------- forward */
+
+static aj_status plan_forward(ring_plan *p, aj_ctx *ctx, aj_device *dev, aj_comm *comm,
+                              const aj_op *op, const aj_ring_fwd_args *a,
+                              aj_ring_stats *stats)
+{
+    AJ_CHECK_ARG(ctx, a, "%s: args is NULL", p->fn);
+    AJ_CHECK_ARG(ctx, a->struct_size == sizeof(aj_ring_fwd_args),
+                 "%s: args->struct_size = %zu, want %zu (use AJ_RING_FWD_ARGS_INIT)", p->fn,
+                 a->struct_size, sizeof(aj_ring_fwd_args));
+    aj_status st = AJ_OK;
+    AJ_TRY(plan_common(p, ctx, dev, comm, op, AJ_KIND_FORWARD, a->layout, a->rotate, &a->q,
+                       &a->k, &a->v, stats));
+    AJ_TRY(check_shard(p, "o", &a->o, p->op.dtype, 4, (int64_t[]){p->B, p->Hq, p->lq, p->Dv}));
+    AJ_TRY(check_shard(p, "lse", &a->lse, AJ_DTYPE_F32, 3, (int64_t[]){p->B, p->Hq, p->lq}));
+    AJ_TRY(agree_on_call(p, op, a->rotate, a->seed, a->offset));
+done:
+    return st;
+}
+
+aj_status aj_ring_forward(aj_ctx *ctx, aj_device *dev, aj_comm *comm, const aj_op *op,
+                          const aj_ring_fwd_args *args, aj_ring_stats *stats)
+{
+    if (!ctx)
+        return AJ_ERR_INVALID_ARG;
+    aj_ring_stats local_stats = {0};
+    ring_plan p = {.fn = "aj_ring_forward"};
+    ring_kernels kern = {0};
+    void *kv[2] = {NULL, NULL}, *gathered = NULL, *host_o = NULL, *typed_o = NULL;  /* host */
+    void *kv_dev = NULL, *o_acc_dev = NULL;                                          /* device */
+    aj_comm_req req = {0};
+    aj_status st = AJ_OK;
+    const double start = aj_now();
+    AJ_TRY(plan_forward(&p, ctx, dev, comm, op, args, &local_stats));
+    AJ_TRY(compile_kernels(&p, op, &kern));
+
+    const size_t kv_bytes = (p.k_elems + p.v_elems) * p.elem;
+    const size_t rows = (size_t)(p.B * p.Hq * p.lq), o_count = rows * (size_t)p.Dv;
+    /* the f32 accumulator starts at O = 0, LSE = -inf (every row empty) */
+    AJ_TRY(alloc_host(&p, o_count * sizeof(float), 1, &host_o));
+    AJ_TRY(alloc_host(&p, o_count * p.elem, 0, &typed_o));
+    AJ_TRY(dev_alloc(&p, o_count * sizeof(float), &o_acc_dev));
+    AJ_TRY(to_dev(&p, o_acc_dev, host_o, o_count * sizeof(float)));
+    for (size_t i = 0; i < rows; i++)
+        ((float *)host_o)[i] = -INFINITY;
+    AJ_TRY(to_dev(&p, args->lse.data, host_o, rows * sizeof(float)));
+    const aj_tensor o_acc = dense(o_acc_dev, AJ_DTYPE_F32, 4,
+                                  (int64_t[]){p.B, p.Hq, p.lq, p.Dv});
+    AJ_TRY(alloc_host(&p, kv_bytes, 0, &kv[0]));
+    AJ_TRY(pack_kv(&p, &args->k, &args->v, kv[0]));
+    AJ_TRY(dev_alloc(&p, kv_bytes, &kv_dev));
+
+    if (args->rotate == AJ_ROTATE_P2P) {
+        AJ_TRY(alloc_host(&p, kv_bytes, 0, &kv[1]));
+        int cur = 0;
+        for (int s = 0; s < p.size; s++) {
+            const int src = (p.rank + p.size - s) % p.size;
+            if (s < p.size - 1)
+                AJ_TRY(exchange_start(&p, &req, "K/V", kv[cur], kv[cur ^ 1], kv_bytes,
+                                      TAG_KV));
+            AJ_TRY(to_dev(&p, kv_dev, kv[cur], kv_bytes));
+            AJ_TRY(fwd_block(&p, &kern, args, kv_dev, src, &o_acc, &req));
+            AJ_TRY(exchange_finish(&p, &req));
+            cur ^= 1;
+        }
+    } else {
+        AJ_TRY(alloc_host(&p, kv_bytes * (size_t)p.size, 0, &gathered));
+        if (p.size > 1) {
+            double t0 = aj_now();
+            AJ_TRY(collective_status(&p, comm->engine->allgather(comm, kv[0], gathered,
+                                                                 kv_bytes)));
+            count_collective(&p, t0);
+        } else {
+            memcpy(gathered, kv[0], kv_bytes);
+        }
+        for (int src = 0; src < p.size; src++) {
+            AJ_TRY(to_dev(&p, kv_dev, (char *)gathered + (size_t)src * kv_bytes, kv_bytes));
+            AJ_TRY(fwd_block(&p, &kern, args, kv_dev, src, &o_acc, &req));
+        }
+    }
+    AJ_TRY(from_dev(&p, host_o, o_acc_dev, o_count * sizeof(float)));
+    AJ_TRY(store_rounded(&p, host_o, o_count, args->o.data, typed_o));
+done:
+    if (req.active)
+        comm->engine->exchange_cancel(comm, &req);
+    free_kernels(&kern);
+    free(kv[0]);
+    free(kv[1]);
+    free(gathered);
+    free(host_o);
+    free(typed_o);
+    if (kv_dev)
+        aj_device_free(dev, kv_dev);
+    if (o_acc_dev)
+        aj_device_free(dev, o_acc_dev);
+    local_stats.total_s = aj_now() - start;
+    if (stats && st == AJ_OK)
+        *stats = local_stats;
+    return st;
+}
+
+/* ---------------------------------------------------------------- backward */
+
+/* acc[o][row0 + i][:] += part[o][i][:] (part in `dtype`, `inner` wide,
+ * `rows` rows per outer index; acc has acc_rows rows). */
+static aj_status add_rows(float *acc, int64_t acc_rows, int64_t row0, const void *part,
+                          aj_dtype dtype, int64_t outer, int64_t rows, int64_t inner,
+                          float *scratch)
+{
+    const size_t n = (size_t)(rows * inner);
+    const size_t esz = dtype_size(dtype);
+    for (int64_t o = 0; o < outer; o++) {
+        aj_status st = aj_convert((const char *)part + (size_t)o * n * esz, dtype, scratch,
+                                  AJ_DTYPE_F32, n);
+        if (st != AJ_OK)
+            return st;
+        float *dst = acc + (size_t)(o * acc_rows + row0) * (size_t)inner;
+        for (size_t i = 0; i < n; i++)
+            dst[i] += scratch[i];
+    }
+    return AJ_OK;
+}
+
+/* Per-launch outputs of the backward kernel (one Q chunk, one K/V chunk)
+ * in device memory, their host copies, and the f32 scratch that adds them
+ * up. */
+typedef struct bwd_parts {
+    void *dq, *dk, *dv;              /* device */
+    void *dq_h, *dk_h, *dv_h;        /* host */
+    size_t dq_bytes, dk_bytes, dv_bytes;
+    float *scratch;
+} bwd_parts;
+
+/* Q against the K/V block of rank `src`: dQ parts into dq_acc, the
+ * block's dK/dV parts into dkv (f32, K part then V part, as kv). */
+static aj_status bwd_block(ring_plan *p, const ring_kernels *kern, const aj_ring_bwd_args *a,
+                           const void *kv, int src, float *dq_acc, float *dkv,
+                           const bwd_parts *parts, aj_comm_req *reqs, int nreqs)
+{
+    aj_shard_chunk kc[2];
+    int nk = 0;
+    aj_status st = AJ_OK;
+    AJ_TRY(aj_shard_chunks(p->ctx, p->fn, p->layout, src, p->size, p->sk, kc, &nk));
+    aj_tensor k, v;
+    kv_tensors(p, kv, &k, &v);
+    const aj_dtype dt = p->op.dtype;
+    float *dk_acc = dkv, *dv_acc = dkv + p->k_elems;
+    for (int i = 0; i < p->nq; i++)
+        for (int j = 0; j < nk; j++) {
+            block_kind kind = classify(&p->op, p->qc[i].global, p->qc[i].len, kc[j].global,
+                                       kc[j].len, p->sq, p->sk);
+            count_block(p, kind);
+            if (kind == BLOCK_SKIP)
+                continue;
+            const int64_t cq = p->qc[i].len, ck = kc[j].len;
+            aj_bwd_args b = AJ_BWD_ARGS_INIT;
+            b.q = seq_view(&a->q, &p->qc[i]);
+            b.k = seq_view(&k, &kc[j]);
+            b.v = seq_view(&v, &kc[j]);
+            b.o = seq_view(&a->o, &p->qc[i]);
+            b.lse = seq_view(&a->lse, &p->qc[i]);
+            b.do_ = seq_view(&a->do_, &p->qc[i]);
+            b.dq = dense(parts->dq, dt, 4, (int64_t[]){p->B, p->Hq, cq, p->D});
+            b.dk = dense(parts->dk, dt, 4, (int64_t[]){p->B, p->Hkv, ck, p->D});
+            b.dv = dense(parts->dv, dt, 4, (int64_t[]){p->B, p->Hkv, ck, p->Dv});
+            b.alibi_slopes = a->alibi_slopes;
+            b.q_offset = p->qc[i].global;
+            b.kv_offset = kc[j].global;
+            b.sq_total = p->sq;
+            b.sk_total = p->sk;
+            b.seed = a->seed;
+            b.offset = a->offset;
+            double t0 = aj_now();
+            AJ_TRY(aj_backward(p->ctx, p->dev, kernel_for(kern, kind), &b));
+            AJ_TRY(from_dev(p, parts->dq_h, parts->dq, parts->dq_bytes));
+            AJ_TRY(from_dev(p, parts->dk_h, parts->dk, parts->dk_bytes));
+            AJ_TRY(from_dev(p, parts->dv_h, parts->dv, parts->dv_bytes));
+            AJ_TRY(add_rows(dq_acc, p->lq, p->qc[i].local, parts->dq_h, dt, p->B * p->Hq, cq,
+                            p->D, parts->scratch));
+            AJ_TRY(add_rows(dk_acc, p->lk, kc[j].local, parts->dk_h, dt, p->B * p->Hkv, ck,
+                            p->D, parts->scratch));
+            AJ_TRY(add_rows(dv_acc, p->lk, kc[j].local, parts->dv_h, dt, p->B * p->Hkv, ck,
+                            p->Dv, parts->scratch));
+            p->stats->compute_s += aj_now() - t0;
+            for (int r = 0; r < nreqs; r++)
+                AJ_TRY(exchange_progress(p, &reqs[r]));
+        }
+done:
+    return st;
+}
+
+static aj_status plan_backward(ring_plan *p, aj_ctx *ctx, aj_device *dev, aj_comm *comm,
+                               const aj_op *op, const aj_ring_bwd_args *a,
+                               aj_ring_stats *stats)
+{
+    AJ_CHECK_ARG(ctx, a, "%s: args is NULL", p->fn);
+    AJ_CHECK_ARG(ctx, a->struct_size == sizeof(aj_ring_bwd_args),
+                 "%s: args->struct_size = %zu, want %zu (use AJ_RING_BWD_ARGS_INIT)", p->fn,
+                 a->struct_size, sizeof(aj_ring_bwd_args));
+    aj_status st = AJ_OK;
+    AJ_TRY(plan_common(p, ctx, dev, comm, op, AJ_KIND_BACKWARD, a->layout, a->rotate, &a->q,
+                       &a->k, &a->v, stats));
+    const aj_dtype dt = p->op.dtype;
+    const int64_t rows_o[4] = {p->B, p->Hq, p->lq, p->Dv};
+    AJ_TRY(check_shard(p, "o", &a->o, dt, 4, rows_o));
+    AJ_TRY(check_shard(p, "do_", &a->do_, dt, 4, rows_o));
+    AJ_TRY(check_shard(p, "lse", &a->lse, AJ_DTYPE_F32, 3, (int64_t[]){p->B, p->Hq, p->lq}));
+    AJ_TRY(check_shard(p, "dq", &a->dq, dt, 4, (int64_t[]){p->B, p->Hq, p->lq, p->D}));
+    AJ_TRY(check_shard(p, "dk", &a->dk, dt, 4, (int64_t[]){p->B, p->Hkv, p->lk, p->D}));
+    AJ_TRY(check_shard(p, "dv", &a->dv, dt, 4, (int64_t[]){p->B, p->Hkv, p->lk, p->Dv}));
+    AJ_TRY(agree_on_call(p, op, a->rotate, a->seed, a->offset));
+done:
+    return st;
+}
+
+aj_status aj_ring_backward(aj_ctx *ctx, aj_device *dev, aj_comm *comm, const aj_op *op,
+                           const aj_ring_bwd_args *args, aj_ring_stats *stats)
+{
+    if (!ctx)
+        return AJ_ERR_INVALID_ARG;
+    aj_ring_stats local_stats = {0};
+    ring_plan p = {.fn = "aj_ring_backward"};
+    ring_kernels kern = {0};
+    /* host */
+    void *kv[2] = {NULL, NULL}, *acc[2] = {NULL, NULL}, *step = NULL, *dq_acc = NULL;
+    void *gathered = NULL, *all_dkv = NULL, *typed = NULL;
+    bwd_parts parts = {0};
+    void *kv_dev = NULL;   /* device */
+    aj_comm_req reqs[2] = {{0}, {0}};   /* K/V, dK/dV */
+    aj_status st = AJ_OK;
+    const double start = aj_now();
+    AJ_TRY(plan_backward(&p, ctx, dev, comm, op, args, &local_stats));
+    AJ_TRY(compile_kernels(&p, op, &kern));
+
+    const size_t kv_bytes = (p.k_elems + p.v_elems) * p.elem;
+    const size_t dkv_count = p.k_elems + p.v_elems;
+    const size_t dq_count = (size_t)(p.B * p.Hq * p.lq * p.D);
+    const int64_t cq = p.qc[0].len, ck = p.lk / p.nq;
+    const int64_t width = p.D > p.Dv ? p.D : p.Dv;
+    const int64_t chunk = cq > ck ? cq : ck;
+    parts.dq_bytes = (size_t)(p.B * p.Hq * cq * p.D) * p.elem;
+    parts.dk_bytes = (size_t)(p.B * p.Hkv * ck * p.D) * p.elem;
+    parts.dv_bytes = (size_t)(p.B * p.Hkv * ck * p.Dv) * p.elem;
+    AJ_TRY(alloc_host(&p, dq_count * sizeof(float), 1, &dq_acc));
+    AJ_TRY(alloc_host(&p, (dq_count > dkv_count ? dq_count : dkv_count) * p.elem, 0, &typed));
+    AJ_TRY(dev_alloc(&p, parts.dq_bytes, &parts.dq));
+    AJ_TRY(dev_alloc(&p, parts.dk_bytes, &parts.dk));
+    AJ_TRY(dev_alloc(&p, parts.dv_bytes, &parts.dv));
+    AJ_TRY(alloc_host(&p, parts.dq_bytes, 0, &parts.dq_h));
+    AJ_TRY(alloc_host(&p, parts.dk_bytes, 0, &parts.dk_h));
+    AJ_TRY(alloc_host(&p, parts.dv_bytes, 0, &parts.dv_h));
+    AJ_TRY(alloc_host(&p, (size_t)(chunk * width) * sizeof(float), 0,
+                      (void **)&parts.scratch));
+    AJ_TRY(alloc_host(&p, kv_bytes, 0, &kv[0]));
+    AJ_TRY(pack_kv(&p, &args->k, &args->v, kv[0]));
+    AJ_TRY(dev_alloc(&p, kv_bytes, &kv_dev));
+
+    float *own = NULL;    /* this rank's dK/dV, f32, when done */
+    if (args->rotate == AJ_ROTATE_P2P) {
+        AJ_TRY(alloc_host(&p, kv_bytes, 0, &kv[1]));
+        AJ_TRY(alloc_host(&p, dkv_count * sizeof(float), 1, &acc[0]));
+        AJ_TRY(alloc_host(&p, dkv_count * sizeof(float), 1, &acc[1]));
+        AJ_TRY(alloc_host(&p, dkv_count * sizeof(float), 0, &step));
+        int kc = 0, ac = 0;
+        for (int s = 0; s < p.size; s++) {
+            const int src = (p.rank + p.size - s) % p.size;
+            if (s < p.size - 1)
+                AJ_TRY(exchange_start(&p, &reqs[0], "K/V", kv[kc], kv[kc ^ 1], kv_bytes,
+                                      TAG_KV));
+            AJ_TRY(to_dev(&p, kv_dev, kv[kc], kv_bytes));
+            memset(step, 0, dkv_count * sizeof(float));
+            AJ_TRY(bwd_block(&p, &kern, args, kv_dev, src, dq_acc, step, &parts, reqs, 2));
+            /* acc[ac]: block src's accumulator, fresh at step 0, else just
+             * received from rank r-1 */
+            AJ_TRY(exchange_finish(&p, &reqs[1]));
+            double t0 = aj_now();
+            float *a = acc[ac];
+            const float *add = step;
+            for (size_t i = 0; i < dkv_count; i++)
+                a[i] += add[i];
+            p.stats->compute_s += aj_now() - t0;
+            if (p.size > 1) {
+                AJ_TRY(exchange_start(&p, &reqs[1], "dK/dV", acc[ac], acc[ac ^ 1],
+                                      dkv_count * sizeof(float), TAG_DKV));
+                ac ^= 1;
+            }
+            AJ_TRY(exchange_finish(&p, &reqs[0]));
+            kc ^= 1;
+        }
+        AJ_TRY(exchange_finish(&p, &reqs[1]));
+        own = acc[ac];
+    } else {
+        AJ_TRY(alloc_host(&p, kv_bytes * (size_t)p.size, 0, &gathered));
+        AJ_TRY(alloc_host(&p, dkv_count * sizeof(float) * (size_t)p.size, 1, &all_dkv));
+        AJ_TRY(alloc_host(&p, dkv_count * sizeof(float), 0, &step));
+        if (p.size > 1) {
+            double t0 = aj_now();
+            AJ_TRY(collective_status(&p, comm->engine->allgather(comm, kv[0], gathered,
+                                                                 kv_bytes)));
+            count_collective(&p, t0);
+        } else {
+            memcpy(gathered, kv[0], kv_bytes);
+        }
+        for (int src = 0; src < p.size; src++) {
+            AJ_TRY(to_dev(&p, kv_dev, (char *)gathered + (size_t)src * kv_bytes, kv_bytes));
+            AJ_TRY(bwd_block(&p, &kern, args, kv_dev, src, dq_acc,
+                             (float *)all_dkv + (size_t)src * dkv_count, &parts, reqs, 0));
+        }
+        if (p.size > 1) {
+            double t0 = aj_now();
+            AJ_TRY(collective_status(&p, comm->engine->reduce_scatter_f32(comm, all_dkv, step,
+                                                                          dkv_count)));
+            count_collective(&p, t0);
+            own = step;
+        } else {
+            own = all_dkv;
+        }
+    }
+    AJ_TRY(store_rounded(&p, dq_acc, dq_count, args->dq.data, typed));
+    AJ_TRY(store_rounded(&p, own, p.k_elems, args->dk.data, typed));
+    AJ_TRY(store_rounded(&p, own + p.k_elems, p.v_elems, args->dv.data, typed));
+done:
+    for (int i = 0; i < 2; i++)
+        if (reqs[i].active)
+            comm->engine->exchange_cancel(comm, &reqs[i]);
+    free_kernels(&kern);
+    void *host[] = {kv[0], kv[1], acc[0], acc[1], step, dq_acc, gathered, all_dkv, typed,
+                    parts.dq_h, parts.dk_h, parts.dv_h, parts.scratch};
+    for (size_t i = 0; i < sizeof host / sizeof host[0]; i++)
+        free(host[i]);
+    void *device[] = {kv_dev, parts.dq, parts.dk, parts.dv};
+    for (size_t i = 0; i < sizeof device / sizeof device[0]; i++)
+        if (device[i])
+            aj_device_free(dev, device[i]);
+    local_stats.total_s = aj_now() - start;
+    if (stats && st == AJ_OK)
+        *stats = local_stats;
+    return st;
+}

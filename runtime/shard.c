@@ -1,0 +1,92 @@
+/*
+ * shard.c -- aj_shard and aj_unshard: a rank's positions of a sequence.
+ *
+ * Contiguous: rank r of P holds [r S/P, (r+1) S/P).  Zigzag (head-tail)
+ * cuts S into 2P chunks and gives rank r chunks r and 2P-1-r, so that
+ * under a causal mask every rank has the same number of visible
+ * (query, key) pairs:
+ *
+ *     chunks   0   1   2   3   4   5   6   7        P = 4
+ *     rank     0   1   2   3   3   2   1   0
+ */
+#include <string.h>
+
+#include "ir/diag.h"
+#include "runtime/ring.h"
+
+aj_status aj_shard_chunks(aj_ctx *ctx, const char *fn, aj_shard_layout layout, int rank,
+                          int size, int64_t seq, aj_shard_chunk chunks[2], int *num_chunks)
+{
+    AJ_CHECK_ARG(ctx, (unsigned)layout < AJ_SHARD_LAYOUT_COUNT,
+                 "%s: layout = %d is not a shard layout", fn, (int)layout);
+    AJ_CHECK_ARG(ctx, size >= 1, "%s: size = %d; want at least 1 rank", fn, size);
+    AJ_CHECK_ARG(ctx, rank >= 0 && rank < size, "%s: rank = %d is outside 0 .. %d", fn, rank,
+                 size - 1);
+    AJ_CHECK_ARG(ctx, seq >= 0, "%s: seq = %lld is negative", fn, (long long)seq);
+    const int64_t parts = layout == AJ_SHARD_ZIGZAG ? 2 * (int64_t)size : size;
+    if (seq % parts != 0)
+        return aj_fail(ctx, AJ_ERR_INVALID_ARG, "%s: a sequence of %lld positions does not "
+                       "split into %lld equal %s chunks over %d ranks; pad it to a multiple "
+                       "of %lld and mask the padding (docs/ring.md)", fn, (long long)seq,
+                       (long long)parts, layout == AJ_SHARD_ZIGZAG ? "zigzag" : "contiguous",
+                       size, (long long)parts);
+    const int64_t len = seq / parts;
+    if (layout == AJ_SHARD_CONTIGUOUS) {
+        chunks[0] = (aj_shard_chunk){.global = rank * len, .local = 0, .len = len};
+        *num_chunks = 1;
+    } else {
+        chunks[0] = (aj_shard_chunk){.global = rank * len, .local = 0, .len = len};
+        chunks[1] = (aj_shard_chunk){.global = (parts - 1 - rank) * len, .local = len,
+                                     .len = len};
+        *num_chunks = 2;
+    }
+    return AJ_OK;
+}
+
+/* Copies the chunks between the full tensor and the shard, either way. */
+static aj_status copy_chunks(aj_ctx *ctx, const char *fn, aj_shard_layout layout, int rank,
+                             int size, const aj_seq_shape *full, const void *src, void *dst,
+                             int to_shard)
+{
+    AJ_CHECK_ARG(ctx, full, "%s: full is NULL", fn);
+    AJ_CHECK_ARG(ctx, src, "%s: %s is NULL", fn, to_shard ? "src" : "shard");
+    AJ_CHECK_ARG(ctx, dst, "%s: %s is NULL", fn, to_shard ? "shard" : "dst");
+    AJ_CHECK_ARG(ctx, full->outer >= 0 && full->inner >= 0,
+                 "%s: full->outer = %lld, full->inner = %lld; want sizes >= 0", fn,
+                 (long long)full->outer, (long long)full->inner);
+    AJ_CHECK_ARG(ctx, full->elem_size > 0, "%s: full->elem_size is 0", fn);
+    aj_shard_chunk chunks[2];
+    int n = 0;
+    aj_status st = aj_shard_chunks(ctx, fn, layout, rank, size, full->seq, chunks, &n);
+    if (st != AJ_OK)
+        return st;
+    const size_t row = (size_t)full->inner * full->elem_size;
+    const int64_t local_seq = full->seq / size;
+    for (int64_t o = 0; o < full->outer; o++)
+        for (int c = 0; c < n; c++) {
+            size_t g = ((size_t)o * full->seq + chunks[c].global) * row;
+            size_t l = ((size_t)o * local_seq + chunks[c].local) * row;
+            size_t bytes = (size_t)chunks[c].len * row;
+            if (to_shard)
+                memcpy((char *)dst + l, (const char *)src + g, bytes);
+            else
+                memcpy((char *)dst + g, (const char *)src + l, bytes);
+        }
+    return AJ_OK;
+}
+
+aj_status aj_shard(aj_ctx *ctx, aj_shard_layout layout, int rank, int size,
+                   const aj_seq_shape *full, const void *src, void *shard)
+{
+    if (!ctx)
+        return AJ_ERR_INVALID_ARG;
+    return copy_chunks(ctx, "aj_shard", layout, rank, size, full, src, shard, 1);
+}
+
+aj_status aj_unshard(aj_ctx *ctx, aj_shard_layout layout, int rank, int size,
+                     const aj_seq_shape *full, const void *shard, void *dst)
+{
+    if (!ctx)
+        return AJ_ERR_INVALID_ARG;
+    return copy_chunks(ctx, "aj_unshard", layout, rank, size, full, shard, dst, 0);
+}

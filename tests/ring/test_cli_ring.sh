@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# test_cli_ring.sh MPIEXEC ATTNJIT ROOT -- `attnjit ring` under mpirun: a
+# 2-rank zigzag ring, forward and backward, on sim, checked by --check
+# against the same op run on one rank, and its error messages.  ~20 s.
+set -uo pipefail
+mpiexec=$1 aj=$2 root=$3
+spec=$root/examples/ring/causal_f16_d64.aj
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+cd "$dir"
+fails=0
+for t in q:1 k:2 v:3 do:4; do
+  perl "$root/scripts/npy_random.pl" "${t%%:*}.npy" "${t##*:}" 1 2 32 64
+done
+io=(--in q=q.npy --in k=k.npy --in v=v.npy)
+
+# want EXIT_CODE "message substring" -- the last command's result
+want() {
+  if [ "$rc" -ne "$1" ] || ! grep -qF -- "$2" out.txt; then
+    echo "FAIL (line ${BASH_LINENO[0]}): exit $rc (want $1), output lacks '$2':"
+    sed 's/^/  | /' out.txt
+    fails=$((fails + 1))
+  fi
+}
+
+"$mpiexec" -n 2 "$aj" ring "$spec" --device sim --layout zigzag --rotate p2p "${io[@]}" \
+  --out o=o.npy --out lse=lse.npy --grad --in do=do.npy --out dq=dq.npy --out dk=dk.npy \
+  --out dv=dv.npy --check --workers 1 >out.txt 2>&1
+rc=$?
+want 0 "of the tolerance: match"
+want 0 "ring: 2 ranks, zigzag, p2p, forward + backward, on sim"
+for f in o lse dq dk dv; do
+  [ -s $f.npy ] || { echo "FAIL: $f.npy not written"; fails=$((fails + 1)); }
+done
+# P-1 forward and 2P-1 backward rotations on each rank
+[ "$(grep -cE '^ +[01] .* 1 +[0-9]+ +[0-9]+ +[0-9-]+%?$' out.txt)" -eq 2 ] ||
+  { echo "FAIL: forward rows with 1 rotation:"; cat out.txt; fails=$((fails + 1)); }
+
+"$mpiexec" -n 2 "$aj" ring "$spec" --device sim --rotate allgather "${io[@]}" --out o=o2.npy \
+  --check --workers 1 >out.txt 2>&1
+rc=$?
+want 0 "o 0"
+[ -s o2.npy ] || { echo "FAIL: o2.npy not written"; fails=$((fails + 1)); }
+
+"$mpiexec" -n 2 "$aj" ring "$spec" --device cpu "${io[@]}" --out o=o.npy >out.txt 2>&1
+rc=$?
+want 2 "ring: --device cpu is not available in this build of attnjit"
+
+"$mpiexec" -n 3 "$aj" ring "$spec" --device sim "${io[@]}" --out o=o.npy >out.txt 2>&1
+rc=$?
+want 2 "aj_shard: a sequence of 32 positions does not split into 3 equal contiguous chunks"
+
+"$mpiexec" -n 2 "$aj" ring "$spec" --device sim --layout zigzag "${io[@]}" --out o=o.npy \
+  --grad --out dq=dq.npy >out.txt 2>&1
+rc=$?
+want 1 "--grad needs --in do=FILE"
+
+"$mpiexec" -n 1 "$aj" ring "$spec" --device sim --layout diagonal "${io[@]}" >out.txt 2>&1
+rc=$?
+want 1 "--layout takes contiguous or zigzag, not 'diagonal'"
+
+"$mpiexec" -n 1 "$aj" ring "$spec" --device sim "${io[@]}" --seed -3 >out.txt 2>&1
+rc=$?
+want 1 "--seed takes a non-negative integer"
+
+"$mpiexec" -n 1 "$aj" ring "$spec" --device sim --in q=missing.npy --in k=k.npy \
+  --in v=v.npy >out.txt 2>&1
+rc=$?
+want 2 "q: missing.npy"
+
+if [ $fails -ne 0 ]; then
+  echo "$fails failed"
+  exit 1
+fi
+echo "all passed"

@@ -1,0 +1,540 @@
+/*
+ * test_ring.c -- ring attention under mpirun, against the float64
+ * reference of the unsharded problem.
+ *
+ *   mpirun -np P test_ring cases     every case below, forward and backward
+ *   mpirun -np 2 test_ring silent    rank 1 stays silent: rank 0 gets
+ *                                    AJ_ERR_COMM within the timeout, from
+ *                                    an exchange and from the ring
+ *   mpirun -np 2 test_ring stopped   rank 1 is frozen (SIGSTOP) likewise
+ *   mpirun -np 2 --enable-recovery test_ring killed
+ *                                    rank 1 exits: likewise (without
+ *                                    --enable-recovery OpenMPI ends the
+ *                                    whole job itself when a rank dies)
+ *   mpirun -np 2 test_ring mismatch  the ranks pass different layouts or
+ *                                    ops: both refuse the call
+ *
+ * Every rank builds the same full inputs (same seed), takes its shard with
+ * aj_shard, runs the ring, and compares its shard of O, LSE, dQ, dK, dV
+ * with its shard of the reference's (shards of doubles, through the same
+ * aj_shard).  The rotation counts (forward P-1, backward 2P-1 for p2p: 3P-2
+ * in all; one collective per direction for all-gather) and the launch
+ * counts (every block pair classified by brute force over its positions:
+ * skipped pairs must not be launched) are asserted too.
+ */
+#include <math.h>
+#include <mpi.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "check.h"
+#include "ref.h"
+#include "ring/leak_check.h"
+#include "runtime/comm/comm.h"
+
+#define HEAD_DIM 16
+
+static aj_ctx *ctx;
+static aj_device *dev;
+static int rank, size;
+/* A peer died: OpenMPI's fault handling then allocates from plugins it
+ * unloads again, which LeakSanitizer cannot attribute; skip its check. */
+static int peer_died;
+
+typedef struct ring_case {
+    const char *label;
+    aj_dtype dtype;
+    aj_mask_kind mask;
+    aj_align align;
+    int64_t left, right;          /* window only */
+    int hq, hkv;
+    int lq, lk;                   /* per-rank lengths: Sq = P lq, Sk = P lk */
+    aj_shard_layout layout;
+    aj_ring_rotate rotate;
+    int alibi;
+    double dropout;               /* p, with seed 7 and offset 3 */
+} ring_case;
+
+static const ring_case cases[] = {
+    {"f32 causal top_left, contiguous, p2p", AJ_DTYPE_F32, AJ_MASK_CAUSAL,
+     AJ_ALIGN_TOP_LEFT, 0, 0, 2, 2, 8, 8, AJ_SHARD_CONTIGUOUS, AJ_ROTATE_P2P, 0, 0},
+    {"f32 causal top_left, zigzag, p2p, GQA", AJ_DTYPE_F32, AJ_MASK_CAUSAL,
+     AJ_ALIGN_TOP_LEFT, 0, 0, 2, 1, 8, 8, AJ_SHARD_ZIGZAG, AJ_ROTATE_P2P, 0, 0},
+    {"f16 causal bottom_right (Sk = 2 Sq), zigzag, p2p", AJ_DTYPE_F16, AJ_MASK_CAUSAL,
+     AJ_ALIGN_BOTTOM_RIGHT, 0, 0, 2, 1, 4, 8, AJ_SHARD_ZIGZAG, AJ_ROTATE_P2P, 0, 0},
+    {"bf16 no mask, GQA 4:2, contiguous, all-gather", AJ_DTYPE_BF16, AJ_MASK_NONE,
+     AJ_ALIGN_TOP_LEFT, 0, 0, 4, 2, 8, 8, AJ_SHARD_CONTIGUOUS, AJ_ROTATE_ALLGATHER, 0, 0},
+    {"f32 window(3, 2), zigzag, all-gather", AJ_DTYPE_F32, AJ_MASK_WINDOW,
+     AJ_ALIGN_TOP_LEFT, 3, 2, 2, 2, 8, 8, AJ_SHARD_ZIGZAG, AJ_ROTATE_ALLGATHER, 0, 0},
+    {"f16 window(5, 0, bottom_right) + alibi (Sq = 2 Sk), contiguous, p2p", AJ_DTYPE_F16,
+     AJ_MASK_WINDOW, AJ_ALIGN_BOTTOM_RIGHT, 5, 0, 2, 1, 8, 4, AJ_SHARD_CONTIGUOUS,
+     AJ_ROTATE_P2P, 1, 0},
+    {"f32 causal top_left + dropout 0.25, zigzag, p2p", AJ_DTYPE_F32, AJ_MASK_CAUSAL,
+     AJ_ALIGN_TOP_LEFT, 0, 0, 2, 2, 8, 8, AJ_SHARD_ZIGZAG, AJ_ROTATE_P2P, 0, 0.25},
+};
+
+/* ---------------------------------------------------------------- data */
+
+static uint64_t next_random(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);   /* splitmix64 */
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static size_t elem_size(aj_dtype d)
+{
+    return d == AJ_DTYPE_F32 ? 4 : 2;
+}
+
+static void *alloc64(size_t bytes)
+{
+    void *p = aligned_alloc(64, (bytes + 63) / 64 * 64 + 64);
+    memset(p, 0, (bytes + 63) / 64 * 64 + 64);
+    return p;
+}
+
+/* A full tensor: its values in `dtype` and their double image. */
+typedef struct full_tensor {
+    void *data;
+    double *ref;
+    size_t n;
+} full_tensor;
+
+static void make_full(full_tensor *x, aj_dtype dtype, size_t n, uint64_t *rng)
+{
+    x->n = n;
+    x->data = alloc64(n * elem_size(dtype));
+    x->ref = calloc(n + 1, sizeof(double));
+    float *f = malloc((n + 1) * sizeof *f);
+    for (size_t i = 0; i < n; i++)
+        f[i] = (float)((double)(next_random(rng) >> 11) * 0x1p-52 * 2.0 - 1.0);
+    CHECK(aj_convert(f, AJ_DTYPE_F32, x->data, dtype, n) == AJ_OK);
+    CHECK(aj_convert(x->data, dtype, f, AJ_DTYPE_F32, n) == AJ_OK);
+    for (size_t i = 0; i < n; i++)
+        x->ref[i] = f[i];
+    free(f);
+}
+
+static void free_full(full_tensor *x)
+{
+    free(x->data);
+    free(x->ref);
+}
+
+/* This rank's contiguous shard of a [outer, seq, inner] tensor. */
+static void *take_shard(aj_shard_layout layout, const void *full, int64_t outer, int64_t seq,
+                        int64_t inner, size_t elem)
+{
+    const aj_seq_shape shape = {outer, seq, inner, elem};
+    void *s = alloc64((size_t)(outer * (seq / size) * inner) * elem);
+    CHECK_STATUS(ctx, aj_shard(ctx, layout, rank, size, &shape, full, s), AJ_OK);
+    return s;
+}
+
+static aj_tensor view(void *data, aj_dtype dtype, int r, int64_t a, int64_t b, int64_t c,
+                      int64_t d)
+{
+    aj_tensor t = {.data = data, .dtype = dtype, .rank = r};
+    const int64_t shape[4] = {a, b, c, d};
+    int64_t stride = 1;
+    for (int i = r - 1; i >= 0; i--) {
+        t.shape[i] = shape[i];
+        t.strides[i] = stride;
+        stride *= shape[i];
+    }
+    return t;
+}
+
+/* max |got - ref| / (atol + rtol max |ref|) over a shard; NaN fails. */
+static double shard_error(const void *got, aj_dtype dtype, const double *ref, size_t n,
+                          double atol, double rtol)
+{
+    float *f = malloc((n + 1) * sizeof *f);
+    aj_convert(got, dtype, f, AJ_DTYPE_F32, n);
+    double mx = 0, err = 0;
+    for (size_t i = 0; i < n; i++)
+        mx = fmax(mx, fabs(ref[i]));
+    for (size_t i = 0; i < n; i++) {
+        double e = fabs((double)f[i] - ref[i]);
+        if (!(e <= err))
+            err = isnan(e) ? INFINITY : e;
+    }
+    free(f);
+    return err / (atol + rtol * mx);
+}
+
+/* LSE: element by element, -inf where the reference has it. */
+static int lse_matches(const float *got, const double *ref, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (isinf(ref[i])) {
+            if (!(isinf(got[i]) && got[i] < 0))
+                return 0;
+        } else if (!(fabs(got[i] - ref[i]) <= 1e-4 + 1e-5 * fabs(ref[i]))) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+static void tolerance_for(aj_dtype dtype, double *atol, double *rtol)
+{
+    /* as the single-rank tests (test_sim_backward): the dtype's storage
+     * rounding; the ring adds f32 accumulation of the parts only */
+    switch (dtype) {
+    case AJ_DTYPE_F16: *atol = 1e-3; *rtol = 4e-3; break;
+    case AJ_DTYPE_BF16: *atol = 4e-3; *rtol = 2.4e-2; break;
+    default: *atol = 2e-5; *rtol = 1e-4; break;
+    }
+}
+
+/* ---------------------------------------------------------------- blocks */
+
+static int visible(const ring_case *c, int64_t sq, int64_t sk, int64_t i, int64_t j)
+{
+    const int64_t shift = c->align == AJ_ALIGN_BOTTOM_RIGHT ? sk - sq : 0;
+    switch (c->mask) {
+    case AJ_MASK_CAUSAL: return j <= i + shift;
+    case AJ_MASK_WINDOW: return i + shift - c->left <= j && j <= i + shift + c->right;
+    default: return 1;
+    }
+}
+
+/* The global positions of rank r's chunks: starts[] of chunk length len. */
+static int chunks_of(const ring_case *c, int r, int64_t seq, int64_t starts[2], int64_t *len)
+{
+    if (c->layout == AJ_SHARD_CONTIGUOUS) {
+        *len = seq / size;
+        starts[0] = r * *len;
+        return 1;
+    }
+    *len = seq / (2 * size);
+    starts[0] = r * *len;
+    starts[1] = (2 * size - 1 - r) * *len;
+    return 2;
+}
+
+/* The blocks this rank launches: each (its Q chunk, any K/V chunk) pair,
+ * position by position. */
+static void expected_blocks(const ring_case *c, int *full, int *partial, int *skipped)
+{
+    const int64_t sq = (int64_t)c->lq * size, sk = (int64_t)c->lk * size;
+    int64_t qs[2], ks[2], ql, kl;
+    int nq = chunks_of(c, rank, sq, qs, &ql);
+    *full = *partial = *skipped = 0;
+    for (int src = 0; src < size; src++) {
+        int nk = chunks_of(c, src, sk, ks, &kl);
+        for (int a = 0; a < nq; a++)
+            for (int b = 0; b < nk; b++) {
+                int64_t seen = 0;
+                for (int64_t i = qs[a]; i < qs[a] + ql; i++)
+                    for (int64_t j = ks[b]; j < ks[b] + kl; j++)
+                        seen += visible(c, sq, sk, i, j);
+                if (seen == 0)
+                    ++*skipped;
+                else if (seen == ql * kl)
+                    ++*full;
+                else
+                    ++*partial;
+            }
+    }
+}
+
+/* ---------------------------------------------------------------- a case */
+
+static aj_op *parse_op(const ring_case *c, const char *kind)
+{
+    char mask[96], text[512];
+    if (c->mask == AJ_MASK_CAUSAL)
+        snprintf(mask, sizeof mask, "causal(%s)",
+                 c->align == AJ_ALIGN_BOTTOM_RIGHT ? "bottom_right" : "top_left");
+    else if (c->mask == AJ_MASK_WINDOW)
+        snprintf(mask, sizeof mask, "window(%lld, %lld%s)", (long long)c->left,
+                 (long long)c->right, c->align == AJ_ALIGN_BOTTOM_RIGHT ? ", bottom_right" : "");
+    else
+        snprintf(mask, sizeof mask, "none");
+    snprintf(text, sizeof text, "attention %s efficient { dtype = %s head_dim = %d mask = %s "
+             "score_mod = %s dropout = %g }", kind, aj_dtype_name(c->dtype), HEAD_DIM, mask,
+             c->alibi ? "alibi" : "none", c->dropout);
+    aj_op *op = NULL;
+    CHECK_STATUS(ctx, aj_op_parse(ctx, text, strlen(text), c->label, &op), AJ_OK);
+    return op;
+}
+
+static void run_case(const ring_case *c)
+{
+    const aj_dtype dt = c->dtype;
+    const size_t es = elem_size(dt);
+    const int64_t B = 1, D = HEAD_DIM, sq = (int64_t)c->lq * size, sk = (int64_t)c->lk * size;
+    uint64_t rng = 0x5eed0000u + (uint64_t)(c - cases);
+    full_tensor q, k, v, dout;
+    make_full(&q, dt, (size_t)(B * c->hq * sq * D), &rng);
+    make_full(&k, dt, (size_t)(B * c->hkv * sk * D), &rng);
+    make_full(&v, dt, (size_t)(B * c->hkv * sk * D), &rng);
+    make_full(&dout, dt, (size_t)(B * c->hq * sq * D), &rng);
+    float slopes[8];
+    double slopes_ref[8];
+    for (int h = 0; h < c->hq; h++)
+        slopes_ref[h] = slopes[h] = 0.25f * (float)(h + 1);
+
+    /* the reference, unsharded */
+    ref_problem pr = {.B = (int)B, .Hq = c->hq, .Hkv = c->hkv, .D = (int)D, .Dv = (int)D,
+                      .Sq = (int)sq, .Sk = (int)sk, .mask = c->mask, .align = c->align,
+                      .window_left = c->left, .window_right = c->right,
+                      .alibi_slopes = c->alibi ? slopes_ref : NULL,
+                      .dropout_p = c->dropout, .seed = 7, .offset = 3};
+    const size_t nq = q.n, nk = k.n, rows = (size_t)(B * c->hq * sq);
+    double *o_ref = calloc(nq, sizeof(double)), *lse_ref = calloc(rows, sizeof(double));
+    double *dq_ref = calloc(nq, sizeof(double)), *dk_ref = calloc(nk, sizeof(double));
+    double *dv_ref = calloc(nk, sizeof(double));
+    ref_forward(&pr, q.ref, k.ref, v.ref, o_ref, lse_ref);
+    ref_backward(&pr, q.ref, k.ref, v.ref, o_ref, lse_ref, dout.ref, dq_ref, dk_ref, dv_ref,
+                 NULL);
+
+    /* this rank's shards */
+    const aj_shard_layout L = c->layout;
+    const int64_t oq = B * c->hq, ok = B * c->hkv, lq = c->lq, lk = c->lk;
+    void *q_s = take_shard(L, q.data, oq, sq, D, es), *k_s = take_shard(L, k.data, ok, sk, D, es);
+    void *v_s = take_shard(L, v.data, ok, sk, D, es);
+    void *do_s = take_shard(L, dout.data, oq, sq, D, es);
+    double *o_ref_s = take_shard(L, o_ref, oq, sq, D, 8);
+    double *lse_ref_s = take_shard(L, lse_ref, oq, sq, 1, 8);
+    double *dq_ref_s = take_shard(L, dq_ref, oq, sq, D, 8);
+    double *dk_ref_s = take_shard(L, dk_ref, ok, sk, D, 8);
+    double *dv_ref_s = take_shard(L, dv_ref, ok, sk, D, 8);
+    const size_t nq_s = (size_t)(oq * lq * D), nk_s = (size_t)(ok * lk * D);
+    void *o_s = alloc64(nq_s * es), *dq_s = alloc64(nq_s * es);
+    void *dk_s = alloc64(nk_s * es), *dv_s = alloc64(nk_s * es);
+    float *lse_s = alloc64((size_t)(oq * lq) * 4);
+
+    aj_op *fop = parse_op(c, "forward"), *bop = parse_op(c, "backward");
+    aj_comm *comm = NULL;
+    aj_comm_config cc = AJ_COMM_CONFIG_INIT;
+    cc.timeout_s = 60;
+    CHECK_STATUS(ctx, aj_comm_create(ctx, dev, &cc, &comm), AJ_OK);
+
+    aj_ring_fwd_args fa = AJ_RING_FWD_ARGS_INIT;
+    fa.q = view(q_s, dt, 4, B, c->hq, lq, D);
+    fa.k = view(k_s, dt, 4, B, c->hkv, lk, D);
+    fa.v = view(v_s, dt, 4, B, c->hkv, lk, D);
+    fa.o = view(o_s, dt, 4, B, c->hq, lq, D);
+    fa.lse = view(lse_s, AJ_DTYPE_F32, 3, B, c->hq, lq, 0);
+    fa.alibi_slopes = view(slopes, AJ_DTYPE_F32, 1, c->hq, 0, 0, 0);
+    fa.layout = L;
+    fa.rotate = c->rotate;
+    fa.seed = 7;
+    fa.offset = 3;
+    aj_ring_stats fs = {0}, bs = {0};
+    CHECK_STATUS(ctx, aj_ring_forward(ctx, dev, comm, fop, &fa, &fs), AJ_OK);
+
+    double atol, rtol;
+    tolerance_for(dt, &atol, &rtol);
+    double e = shard_error(o_s, dt, o_ref_s, nq_s, atol, rtol);
+    CHECK_MSG(e <= 1.0, "rank %d: %s: O error %.3g of the tolerance", rank, c->label, e);
+    CHECK_MSG(lse_matches(lse_s, lse_ref_s, (size_t)(oq * lq)), "rank %d: %s: LSE differs",
+              rank, c->label);
+
+    int full, partial, skipped;
+    expected_blocks(c, &full, &partial, &skipped);
+    const int p2p = c->rotate == AJ_ROTATE_P2P;
+    CHECK_MSG(fs.rotations == (p2p ? size - 1 : size > 1), "rank %d: %s: %d forward "
+              "rotations", rank, c->label, fs.rotations);
+    CHECK_MSG(fs.full_blocks == full && fs.partial_blocks == partial &&
+              fs.skipped_blocks == skipped && fs.launches == full + partial,
+              "rank %d: %s: blocks full/partial/skipped %d/%d/%d, want %d/%d/%d", rank,
+              c->label, fs.full_blocks, fs.partial_blocks, fs.skipped_blocks, full, partial,
+              skipped);
+
+    aj_ring_bwd_args ba = AJ_RING_BWD_ARGS_INIT;
+    ba.q = fa.q;
+    ba.k = fa.k;
+    ba.v = fa.v;
+    ba.o = fa.o;
+    ba.lse = fa.lse;
+    ba.do_ = view(do_s, dt, 4, B, c->hq, lq, D);
+    ba.dq = view(dq_s, dt, 4, B, c->hq, lq, D);
+    ba.dk = view(dk_s, dt, 4, B, c->hkv, lk, D);
+    ba.dv = view(dv_s, dt, 4, B, c->hkv, lk, D);
+    ba.alibi_slopes = fa.alibi_slopes;
+    ba.layout = L;
+    ba.rotate = c->rotate;
+    ba.seed = 7;
+    ba.offset = 3;
+    CHECK_STATUS(ctx, aj_ring_backward(ctx, dev, comm, bop, &ba, &bs), AJ_OK);
+    const char *names[3] = {"dQ", "dK", "dV"};
+    const void *got[3] = {dq_s, dk_s, dv_s};
+    const double *want[3] = {dq_ref_s, dk_ref_s, dv_ref_s};
+    const size_t counts[3] = {nq_s, nk_s, nk_s};
+    for (int t = 0; t < 3; t++) {
+        e = shard_error(got[t], dt, want[t], counts[t], atol, rtol);
+        CHECK_MSG(e <= 1.0, "rank %d: %s: %s error %.3g of the tolerance", rank, c->label,
+                  names[t], e);
+    }
+    CHECK_MSG(bs.rotations == (p2p ? (size > 1 ? 2 * size - 1 : 0) : 2 * (size > 1)),
+              "rank %d: %s: %d backward rotations", rank, c->label, bs.rotations);
+    if (p2p && size > 1)
+        CHECK(fs.rotations + bs.rotations == 3 * size - 2);
+    CHECK(bs.launches == full + partial && bs.skipped_blocks == skipped);
+    if (rank == 0)
+        printf("%-66s P=%d fwd %.3f s (comm %.4f, exposed %.4f) bwd %.3f s, %d launches, "
+               "%d skipped\n", c->label, size, fs.total_s, fs.comm_s, fs.exposed_comm_s,
+               bs.total_s, fs.launches, fs.skipped_blocks);
+
+    aj_comm_destroy(comm);
+    aj_op_destroy(fop);
+    aj_op_destroy(bop);
+    void *bufs[] = {q_s, k_s, v_s, do_s, o_ref_s, lse_ref_s, dq_ref_s, dk_ref_s, dv_ref_s,
+                    o_s, dq_s, dk_s, dv_s, lse_s, o_ref, lse_ref, dq_ref, dk_ref, dv_ref};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        free(bufs[i]);
+    free_full(&q);
+    free_full(&k);
+    free_full(&v);
+    free_full(&dout);
+}
+
+/* ---------------------------------------------------------------- failures */
+
+typedef enum peer_fault { PEER_SILENT, PEER_STOPPED, PEER_KILLED } peer_fault;
+
+static double seconds_since(const struct timespec *t0)
+{
+    struct timespec t1;
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    return (double)(t1.tv_sec - t0->tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0->tv_nsec);
+}
+
+/* Rank 1 stops answering (sleeps, is frozen by SIGSTOP, or exits) right
+ * after the comm exists.  Rank 0 must get AJ_ERR_COMM after the 1 s
+ * timeout, not hang, on both kinds of wait: a neighbour exchange (the
+ * comm's own interface, as the ring's K/V rotation uses it) and a
+ * collective (aj_ring_forward's opening all-gather). */
+static void run_faulty_peer(peer_fault fault)
+{
+    static const char *const names[] = {"silent", "stopped", "killed"};
+    int pids[2] = {0, 0}, me = (int)getpid();
+    MPI_Allgather(&me, 1, MPI_INT, pids, 1, MPI_INT, MPI_COMM_WORLD);
+    aj_comm *comm = NULL;
+    aj_comm_config cc = AJ_COMM_CONFIG_INIT;
+    cc.timeout_s = 1.0;
+    CHECK_STATUS(ctx, aj_comm_create(ctx, dev, &cc, &comm), AJ_OK);
+    if (rank == 1) {
+        if (fault == PEER_STOPPED)
+            raise(SIGSTOP);      /* rank 0 sends SIGCONT when done */
+        else if (fault == PEER_KILLED)
+            _exit(0);   /* no leak check for the dead */
+        else
+            sleep(4);
+        aj_comm_destroy(comm);
+        return;
+    }
+    struct timespec t0;
+    char send[1024] = {0}, recv[1024];
+    aj_comm_req req = {.what = "K/V", .to = 1, .from = 1, .bytes = sizeof send};
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    CHECK_STATUS(ctx, comm->engine->exchange_start(comm, send, recv, sizeof send, 1, 1, 1, &req),
+                 AJ_OK);
+    req.active = true;
+    CHECK_STATUS(ctx, aj_comm_wait(comm, &req, "test", NULL), AJ_ERR_COMM);
+    double waited = seconds_since(&t0);
+    CHECK_ERROR(ctx, "test: rank 0: K/V exchange (1024 bytes to rank 1, from rank 1) got no "
+                "answer within the comm timeout of 1 s; a peer has stopped or died");
+    CHECK_MSG(waited >= 1.0 && waited < 2.5, "exchange failed after %.2f s", waited);
+    printf("%s peer: exchange: AJ_ERR_COMM after %.2f s: %s\n", names[fault], waited,
+           aj_last_error(ctx));
+
+    const ring_case c = {"silent", AJ_DTYPE_F32, AJ_MASK_NONE, AJ_ALIGN_TOP_LEFT, 0, 0,
+                         1, 1, 8, 8, AJ_SHARD_CONTIGUOUS, AJ_ROTATE_P2P, 0, 0};
+    aj_op *op = parse_op(&c, "forward");
+    void *m = alloc64(8 * HEAD_DIM * 4);
+    aj_ring_fwd_args fa = AJ_RING_FWD_ARGS_INIT;
+    fa.q = view(m, AJ_DTYPE_F32, 4, 1, 1, 8, HEAD_DIM);
+    fa.k = fa.v = fa.o = fa.q;
+    fa.lse = view(m, AJ_DTYPE_F32, 3, 1, 1, 8, 0);
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    CHECK_STATUS(ctx, aj_ring_forward(ctx, dev, comm, op, &fa, NULL), AJ_ERR_COMM);
+    waited = seconds_since(&t0);
+    CHECK_ERROR(ctx, "aj_ring_forward: MPI: rank 0: MPI_Iallgather got no answer within the "
+                "comm timeout of 1 s; a peer has stopped or died");
+    CHECK_MSG(waited >= 1.0 && waited < 2.5, "ring failed after %.2f s", waited);
+    printf("%s peer: ring: AJ_ERR_COMM after %.2f s: %s\n", names[fault], waited,
+           aj_last_error(ctx));
+    if (fault == PEER_STOPPED)
+        kill(pids[1], SIGCONT);
+    peer_died = fault == PEER_KILLED;
+    aj_op_destroy(op);
+    free(m);
+    aj_comm_destroy(comm);
+}
+
+/* Rank 1 passes another layout than rank 0: both must refuse the call,
+ * naming the difference, instead of computing a wrong answer. */
+static void run_mismatch(void)
+{
+    aj_comm *comm = NULL;
+    aj_comm_config cc = AJ_COMM_CONFIG_INIT;
+    cc.timeout_s = 30;
+    CHECK_STATUS(ctx, aj_comm_create(ctx, dev, &cc, &comm), AJ_OK);
+    const ring_case c = {"mismatch", AJ_DTYPE_F32, AJ_MASK_CAUSAL, AJ_ALIGN_TOP_LEFT, 0, 0,
+                         1, 1, 8, 8, AJ_SHARD_CONTIGUOUS, AJ_ROTATE_P2P, 0, 0};
+    aj_op *op = parse_op(&c, "forward");
+    void *m = alloc64(8 * HEAD_DIM * 4);
+    aj_ring_fwd_args fa = AJ_RING_FWD_ARGS_INIT;
+    fa.q = view(m, AJ_DTYPE_F32, 4, 1, 1, 8, HEAD_DIM);
+    fa.k = fa.v = fa.o = fa.q;
+    fa.lse = view(m, AJ_DTYPE_F32, 3, 1, 1, 8, 0);
+    fa.layout = rank == 1 ? AJ_SHARD_ZIGZAG : AJ_SHARD_CONTIGUOUS;
+    CHECK_STATUS(ctx, aj_ring_forward(ctx, dev, comm, op, &fa, NULL), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "aj_ring_forward: the ranks' calls differ: rank 1 has layout = 1, rank 0 "
+                "has 0; every rank must pass the same op");
+    /* another op (causal vs none) on rank 1 */
+    fa.layout = AJ_SHARD_CONTIGUOUS;
+    const ring_case none = {"none", AJ_DTYPE_F32, AJ_MASK_NONE, AJ_ALIGN_TOP_LEFT, 0, 0,
+                            1, 1, 8, 8, AJ_SHARD_CONTIGUOUS, AJ_ROTATE_P2P, 0, 0};
+    aj_op *other = parse_op(&none, "forward");
+    CHECK_STATUS(ctx, aj_ring_forward(ctx, dev, comm, rank == 1 ? other : op, &fa, NULL),
+                 AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "aj_ring_forward: the ranks' calls differ: rank 1's op has hash");
+    aj_op_destroy(op);
+    aj_op_destroy(other);
+    free(m);
+    aj_comm_destroy(comm);
+}
+
+int main(int argc, char **argv)
+{
+    MPI_Init(&argc, &argv);
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    const char *mode = argc > 1 ? argv[1] : "cases";
+    CHECK(aj_ctx_create(NULL, &ctx) == AJ_OK);
+    CHECK(aj_device_open(ctx, AJ_DEVICE_SIM, 0, &dev) == AJ_OK);
+    /* ranks share the cores: one emulator thread each */
+    aj_device_set_workers(dev, 1);
+    if (strcmp(mode, "cases") == 0) {
+        for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+            run_case(&cases[i]);
+    } else if (size != 2) {
+        CHECK_MSG(0, "%s needs 2 ranks, not %d", mode, size);
+    } else if (strcmp(mode, "mismatch") == 0) {
+        run_mismatch();
+    } else {
+        run_faulty_peer(strcmp(mode, "stopped") == 0  ? PEER_STOPPED
+                        : strcmp(mode, "killed") == 0 ? PEER_KILLED
+                                                      : PEER_SILENT);
+    }
+    aj_device_close(dev);
+    aj_ctx_destroy(ctx);
+    if (!peer_died)
+        CHECK_MSG(!leak_check_before_finalize(), "rank %d leaks (LeakSanitizer's report above)",
+                  rank);
+    int rc = check_report();
+    MPI_Finalize();
+    return rc;
+}

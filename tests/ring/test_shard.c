@@ -1,0 +1,275 @@
+/*
+ * test_shard.c -- aj_shard / aj_unshard for P = 1 .. 4 and both layouts,
+ * and the error paths of the ring API: shard arguments, aj_comm_create
+ * (MPI not initialised or already finalized, bad config, NCCL missing --
+ * ctest runs this with an LD_LIBRARY_PATH that holds no libnccl.so.2) and
+ * the argument checks of aj_ring_forward / aj_ring_backward.  One rank.
+ */
+#include <mpi.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "ring/leak_check.h"
+
+static aj_ctx *ctx;
+
+/* Every rank's shard of a position buffer holds the positions its layout
+ * names, and unsharding all of them rebuilds the buffer. */
+static void check_positions(aj_shard_layout layout, int size)
+{
+    enum { S_MAX = 64 };
+    const int64_t seq = 8 * size;
+    int32_t full[S_MAX], back[S_MAX], shard[S_MAX];
+    for (int64_t i = 0; i < seq; i++) {
+        full[i] = (int32_t)i;
+        back[i] = -1;
+    }
+    const aj_seq_shape shape = {1, seq, 1, sizeof(int32_t)};
+    const int64_t local = seq / size;
+    for (int r = 0; r < size; r++) {
+        CHECK_STATUS(ctx, aj_shard(ctx, layout, r, size, &shape, full, shard), AJ_OK);
+        int ok = 1;
+        for (int64_t i = 0; i < local; i++) {
+            int64_t want;
+            if (layout == AJ_SHARD_CONTIGUOUS) {
+                want = r * local + i;
+            } else {
+                const int64_t c = seq / (2 * size);
+                want = i < c ? r * c + i : (2 * size - 1 - r) * c + (i - c);
+            }
+            ok &= shard[i] == want;
+        }
+        CHECK_MSG(ok, "%s P=%d rank %d: wrong positions",
+                  layout == AJ_SHARD_ZIGZAG ? "zigzag" : "contiguous", size, r);
+        CHECK_STATUS(ctx, aj_unshard(ctx, layout, r, size, &shape, shard, back), AJ_OK);
+    }
+    CHECK(memcmp(full, back, (size_t)seq * sizeof full[0]) == 0);
+}
+
+/* A [3, S, 5] double tensor: outer and inner dims travel with each
+ * position. */
+static void check_round_trip(aj_shard_layout layout, int size)
+{
+    const int64_t outer = 3, seq = 4 * size, inner = 5;
+    const size_t n = (size_t)(outer * seq * inner);
+    double *full = malloc(n * sizeof *full), *back = calloc(n, sizeof *back);
+    double *shard = malloc(n * sizeof *shard);
+    for (size_t i = 0; i < n; i++)
+        full[i] = (double)i * 0.5;
+    const aj_seq_shape shape = {outer, seq, inner, sizeof(double)};
+    for (int r = 0; r < size; r++) {
+        CHECK(aj_shard(ctx, layout, r, size, &shape, full, shard) == AJ_OK);
+        /* row 0 of outer index 1 is the first position the rank holds */
+        const int64_t first = layout == AJ_SHARD_CONTIGUOUS ? r * (seq / size)
+                                                            : r * (seq / (2 * size));
+        CHECK(shard[(seq / size) * inner] == full[(seq + first) * inner]);
+        CHECK(aj_unshard(ctx, layout, r, size, &shape, shard, back) == AJ_OK);
+    }
+    CHECK(memcmp(full, back, n * sizeof *full) == 0);
+    free(full);
+    free(back);
+    free(shard);
+}
+
+static void check_shard_errors(void)
+{
+    int32_t buf[64];
+    aj_seq_shape shape = {1, 10, 1, 4};
+    CHECK_STATUS(ctx, aj_shard(ctx, AJ_SHARD_CONTIGUOUS, 0, 4, &shape, buf, buf),
+                 AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "aj_shard: a sequence of 10 positions does not split into 4 equal "
+                "contiguous chunks over 4 ranks; pad it to a multiple of 4");
+    shape.seq = 12;
+    CHECK_STATUS(ctx, aj_unshard(ctx, AJ_SHARD_ZIGZAG, 0, 4, &shape, buf, buf),
+                 AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "aj_unshard: a sequence of 12 positions does not split into 8 equal "
+                "zigzag chunks");
+    CHECK_STATUS(ctx, aj_shard(ctx, AJ_SHARD_CONTIGUOUS, 4, 4, &shape, buf, buf),
+                 AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "aj_shard: rank = 4 is outside 0 .. 3");
+    CHECK_STATUS(ctx, aj_shard(ctx, AJ_SHARD_CONTIGUOUS, 0, 0, &shape, buf, buf),
+                 AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "aj_shard: size = 0; want at least 1 rank");
+    CHECK_STATUS(ctx, aj_shard(ctx, (aj_shard_layout)7, 0, 2, &shape, buf, buf),
+                 AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "aj_shard: layout = 7 is not a shard layout");
+    CHECK_STATUS(ctx, aj_shard(ctx, AJ_SHARD_CONTIGUOUS, 0, 2, &shape, NULL, buf),
+                 AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "aj_shard: src is NULL");
+    CHECK_STATUS(ctx, aj_unshard(ctx, AJ_SHARD_CONTIGUOUS, 0, 2, NULL, buf, buf),
+                 AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "aj_unshard: full is NULL");
+    shape.elem_size = 0;
+    CHECK_STATUS(ctx, aj_shard(ctx, AJ_SHARD_CONTIGUOUS, 0, 2, &shape, buf, buf),
+                 AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "aj_shard: full->elem_size is 0");
+}
+
+static void check_comm_errors(aj_device *dev)
+{
+    aj_comm *comm = NULL;
+    aj_comm_config cc = AJ_COMM_CONFIG_INIT;
+    CHECK_STATUS(ctx, aj_comm_create(ctx, dev, NULL, &comm), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "aj_comm_create: config is NULL");
+    cc.struct_size = 8;
+    CHECK_STATUS(ctx, aj_comm_create(ctx, dev, &cc, &comm), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "aj_comm_create: config->struct_size = 8");
+    cc = (aj_comm_config)AJ_COMM_CONFIG_INIT;
+    cc.kind = (aj_comm_kind)5;
+    CHECK_STATUS(ctx, aj_comm_create(ctx, dev, &cc, &comm), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "aj_comm_create: config->kind = 5 is not a comm kind");
+    cc.kind = AJ_COMM_MPI;
+    cc.timeout_s = -1;
+    CHECK_STATUS(ctx, aj_comm_create(ctx, dev, &cc, &comm), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "aj_comm_create: config->timeout_s = -1");
+    cc.timeout_s = 0;
+    CHECK_STATUS(ctx, aj_comm_create(ctx, NULL, &cc, &comm), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "aj_comm_create: dev is NULL");
+    /* ctest points AJ_NCCL_LIBRARY at a library that does not exist */
+    cc.kind = AJ_COMM_NCCL;
+    CHECK_STATUS(ctx, aj_comm_create(ctx, dev, &cc, &comm), AJ_ERR_NO_DEVICE);
+    CHECK_ERROR(ctx, "nowhere/libnccl.so.2) cannot be loaded");
+    CHECK_ERROR(ctx, "or use the MPI engine on CPU ranks");
+    CHECK(comm == NULL);
+    CHECK(aj_comm_rank(NULL) == -1 && aj_comm_size(NULL) == -1);
+}
+
+static aj_op *parse(const char *text)
+{
+    aj_op *op = NULL;
+    CHECK_STATUS(ctx, aj_op_parse(ctx, text, strlen(text), "t", &op), AJ_OK);
+    return op;
+}
+
+static aj_tensor dense4(void *data, aj_dtype dt, int64_t b, int64_t h, int64_t s, int64_t d)
+{
+    return (aj_tensor){.data = data, .dtype = dt, .rank = 4, .shape = {b, h, s, d},
+                       .strides = {h * s * d, s * d, d, 1}};
+}
+
+static void check_ring_errors(aj_device *dev)
+{
+    aj_comm *comm = NULL;
+    aj_comm_config cc = AJ_COMM_CONFIG_INIT;
+    CHECK_STATUS(ctx, aj_comm_create(ctx, dev, &cc, &comm), AJ_OK);
+    CHECK(aj_comm_rank(comm) == 0 && aj_comm_size(comm) == 1);
+    aj_op *fwd = parse("attention forward efficient { dtype = f32 head_dim = 8 }");
+    aj_op *bwd = parse("attention backward efficient { dtype = f32 head_dim = 8 }");
+    aj_op *acc = parse("attention forward efficient { dtype = f32 head_dim = 8 "
+                       "accumulate = true }");
+    aj_op *bias = parse("attention forward efficient { dtype = f32 head_dim = 8 bias = add }");
+    float *m = aligned_alloc(64, 4096);
+    memset(m, 0, 4096);
+    aj_ring_fwd_args fa = AJ_RING_FWD_ARGS_INIT;
+    fa.q = dense4(m, AJ_DTYPE_F32, 1, 1, 6, 8);
+    fa.k = fa.q;
+    fa.v = fa.q;
+    fa.o = fa.q;
+    fa.lse = (aj_tensor){.data = m, .dtype = AJ_DTYPE_F32, .rank = 3, .shape = {1, 1, 6},
+                         .strides = {6, 6, 1}};
+    CHECK_STATUS(ctx, aj_ring_forward(ctx, dev, comm, fwd, NULL, NULL), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "aj_ring_forward: args is NULL");
+    CHECK_STATUS(ctx, aj_ring_forward(ctx, dev, NULL, fwd, &fa, NULL), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "aj_ring_forward: comm is NULL");
+    CHECK_STATUS(ctx, aj_ring_forward(ctx, dev, comm, bwd, &fa, NULL), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "aj_ring_forward: the op is `attention backward efficient`; want "
+                "`attention forward efficient`");
+    CHECK_STATUS(ctx, aj_ring_forward(ctx, dev, comm, acc, &fa, NULL), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "accumulate = true: the ring sets it on its own kernels");
+    CHECK_STATUS(ctx, aj_ring_forward(ctx, dev, comm, bias, &fa, NULL), AJ_ERR_UNSUPPORTED);
+    CHECK_ERROR(ctx, "bias = add: the ring does not shard a bias tensor");
+    fa.layout = AJ_SHARD_ZIGZAG;   /* 6 positions over 2 chunks of 1 rank: fine */
+    fa.q.shape[2] = 5;
+    fa.o.shape[2] = 5;
+    fa.lse.shape[2] = 5;
+    fa.k.shape[2] = 5;
+    fa.v.shape[2] = 5;
+    CHECK_STATUS(ctx, aj_ring_forward(ctx, dev, comm, fwd, &fa, NULL), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "aj_ring_forward: a sequence of 5 positions does not split into 2 "
+                "equal zigzag chunks over 1 ranks");
+    fa.layout = AJ_SHARD_CONTIGUOUS;
+    fa.q = dense4(m, AJ_DTYPE_F32, 1, 1, 6, 8);
+    fa.k = fa.q;
+    fa.v = fa.q;
+    fa.o = fa.q;
+    fa.lse.shape[2] = 6;
+    fa.k.strides[2] = 16;
+    CHECK_STATUS(ctx, aj_ring_forward(ctx, dev, comm, fwd, &fa, NULL), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "aj_ring_forward: k.strides[2] = 16; ring shards must be contiguous");
+    fa.k.strides[2] = 8;
+    fa.o.shape[2] = 4;
+    CHECK_STATUS(ctx, aj_ring_forward(ctx, dev, comm, fwd, &fa, NULL), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "aj_ring_forward: o.shape[2] = 4, want 6");
+    fa.o.shape[2] = 6;
+    fa.struct_size = 4;
+    CHECK_STATUS(ctx, aj_ring_forward(ctx, dev, comm, fwd, &fa, NULL), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "args->struct_size = 4");
+    fa.struct_size = sizeof fa;
+    fa.rotate = (aj_ring_rotate)9;
+    CHECK_STATUS(ctx, aj_ring_forward(ctx, dev, comm, fwd, &fa, NULL), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "aj_ring_forward: rotate = 9 is not a rotate method");
+    fa.rotate = AJ_ROTATE_P2P;
+
+    aj_ring_bwd_args ba = AJ_RING_BWD_ARGS_INIT;
+    ba.q = ba.k = ba.v = ba.o = ba.do_ = ba.dq = ba.dk = ba.dv = fa.q;
+    ba.lse = fa.lse;
+    ba.dq.dtype = AJ_DTYPE_F16;
+    CHECK_STATUS(ctx, aj_ring_backward(ctx, dev, comm, bwd, &ba, NULL), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "aj_ring_backward: dq.dtype = f16, want f32");
+    CHECK_STATUS(ctx, aj_ring_backward(ctx, dev, comm, fwd, &ba, NULL), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "want `attention backward efficient`");
+
+    /* a comm made for another device */
+    aj_device *other = NULL;
+    CHECK(aj_device_open(ctx, AJ_DEVICE_SIM, 0, &other) == AJ_OK);
+    CHECK_STATUS(ctx, aj_ring_forward(ctx, other, comm, fwd, &fa, NULL), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "aj_ring_forward: comm was created for another device");
+    aj_device_close(other);
+
+    free(m);
+    aj_op_destroy(fwd);
+    aj_op_destroy(bwd);
+    aj_op_destroy(acc);
+    aj_op_destroy(bias);
+    aj_comm_destroy(comm);
+}
+
+int main(int argc, char **argv)
+{
+    CHECK(aj_ctx_create(NULL, &ctx) == AJ_OK);
+    aj_device *dev = NULL;
+    CHECK(aj_device_open(ctx, AJ_DEVICE_SIM, 0, &dev) == AJ_OK);
+    aj_comm *comm = NULL;
+    aj_comm_config cc = AJ_COMM_CONFIG_INIT;
+    if (argc > 1 && strcmp(argv[1], "nccl-loaded") == 0) {
+        /* AJ_NCCL_LIBRARY is a stand-in that loads: the device is next */
+        cc.kind = AJ_COMM_NCCL;
+        CHECK_STATUS(ctx, aj_comm_create(ctx, dev, &cc, &comm), AJ_ERR_INVALID_ARG);
+        CHECK_ERROR(ctx, "aj_comm_create: the NCCL engine needs a cuda device, not sim");
+        aj_device_close(dev);
+        aj_ctx_destroy(ctx);
+        return check_report();
+    }
+    CHECK_STATUS(ctx, aj_comm_create(ctx, dev, &cc, &comm), AJ_ERR_COMM);
+    CHECK_ERROR(ctx, "aj_comm_create: MPI is not initialised; call MPI_Init before "
+                "aj_comm_create");
+
+    MPI_Init(&argc, &argv);
+    for (int size = 1; size <= 4; size++)
+        for (int l = 0; l < AJ_SHARD_LAYOUT_COUNT; l++) {
+            check_positions((aj_shard_layout)l, size);
+            check_round_trip((aj_shard_layout)l, size);
+        }
+    check_shard_errors();
+    check_comm_errors(dev);
+    check_ring_errors(dev);
+    CHECK_MSG(!leak_check_before_finalize(), "leaks (LeakSanitizer's report above)");
+    MPI_Finalize();
+
+    CHECK_STATUS(ctx, aj_comm_create(ctx, dev, &cc, &comm), AJ_ERR_COMM);
+    CHECK_ERROR(ctx, "aj_comm_create: MPI is already finalized");
+    aj_device_close(dev);
+    aj_ctx_destroy(ctx);
+    return check_report();
+}

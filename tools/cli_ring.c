@@ -1,0 +1,668 @@
+/*
+ * cli_ring.c -- `attnjit ring`: ring attention over MPI ranks on .npy
+ * tensors.
+ *
+ *   mpirun -np P attnjit ring SPEC --device sim|cpu|cuda
+ *       [--layout contiguous|zigzag] [--rotate p2p|allgather]
+ *       --in q=F --in k=F --in v=F [--in alibi_slopes=F] --out o=F [--out lse=F]
+ *       [--grad --in do=F --out dq=F --out dk=F --out dv=F]
+ *       [--seed N] [--offset N] [--timeout S] [--workers N] [--check]
+ *
+ * Rank 0 reads the full tensors, sends every rank its shard, gathers the
+ * results and writes them; every rank's timings are printed by rank 0.
+ * --check runs the same op on rank 0 alone (aj_forward / aj_backward on
+ * the full tensors) and compares.
+ *
+ *   rank 0                     ranks 1 .. P-1
+ *   read .npy, shard  ------>  receive shards
+ *   ring forward (+ backward), all ranks together
+ *   receive shards  <-------   send results
+ *   unshard, write .npy, print the timing table
+ */
+#include <errno.h>
+#include <math.h>
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tools/cli.h"
+#include "tools/npy.h"
+
+enum { R_Q, R_K, R_V, R_DO, R_ALIBI, R_IN_COUNT };
+enum { R_O, R_LSE, R_DQ, R_DK, R_DV, R_OUT_COUNT };
+static const char *const in_names[R_IN_COUNT] = {"q", "k", "v", "do", "alibi_slopes"};
+static const char *const out_names[R_OUT_COUNT] = {"o", "lse", "dq", "dk", "dv"};
+
+typedef struct ring_opts {
+    const char *spec;
+    const char *device;
+    aj_shard_layout layout;
+    aj_ring_rotate rotate;
+    const char *in[R_IN_COUNT], *out[R_OUT_COUNT];
+    int grad, check, workers;
+    uint64_t seed, offset;
+    double timeout_s;
+} ring_opts;
+
+/* ---------------------------------------------------------------- options */
+
+static int bind(const char *flag, const char *arg, const char *const *names, int n,
+                const char **slots)
+{
+    const char *eq = strchr(arg, '=');
+    if (!eq || eq == arg || !eq[1])
+        return cli_usage("%s takes NAME=FILE", flag);
+    for (int t = 0; t < n; t++)
+        if (strlen(names[t]) == (size_t)(eq - arg) &&
+            strncmp(names[t], arg, (size_t)(eq - arg)) == 0) {
+            if (slots[t]) {
+                fprintf(stderr, "attnjit: %s %s given twice\n", flag, names[t]);
+                return CLI_EXIT_USAGE;
+            }
+            slots[t] = eq + 1;
+            return CLI_EXIT_OK;
+        }
+    fprintf(stderr, "attnjit: ring: unknown %s tensor '%.*s' (inputs: q, k, v, do, "
+            "alibi_slopes; outputs: o, lse, dq, dk, dv)\n", flag, (int)(eq - arg), arg);
+    return CLI_EXIT_USAGE;
+}
+
+static int parse_number(const char *flag, const char *s, double lo, double hi, double *out)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || *end || !(v >= lo && v <= hi)) {
+        fprintf(stderr, "attnjit: %s takes a number in %g .. %g, not '%s'\n", flag, lo, hi, s);
+        return CLI_EXIT_USAGE;
+    }
+    *out = v;
+    return CLI_EXIT_OK;
+}
+
+static int parse_ring_args(int argc, char **argv, ring_opts *o)
+{
+    memset(o, 0, sizeof *o);
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i];
+        int rc = CLI_EXIT_OK;
+        if (strcmp(a, "--grad") == 0 || strcmp(a, "--check") == 0) {
+            *(a[2] == 'g' ? &o->grad : &o->check) = 1;
+            continue;
+        }
+        if (a[0] != '-' || !a[1]) {
+            if (o->spec)
+                return cli_usage("ring takes one SPEC; '%s' is a second", a);
+            o->spec = a;
+            continue;
+        }
+        if (i + 1 == argc)
+            return cli_usage("%s needs a value", a);
+        const char *v = argv[++i];
+        double num = 0;
+        if (strcmp(a, "--device") == 0) {
+            o->device = v;
+        } else if (strcmp(a, "--layout") == 0) {
+            if (strcmp(v, "contiguous") == 0)
+                o->layout = AJ_SHARD_CONTIGUOUS;
+            else if (strcmp(v, "zigzag") == 0)
+                o->layout = AJ_SHARD_ZIGZAG;
+            else
+                return cli_usage("--layout takes contiguous or zigzag, not '%s'", v);
+        } else if (strcmp(a, "--rotate") == 0) {
+            if (strcmp(v, "p2p") == 0)
+                o->rotate = AJ_ROTATE_P2P;
+            else if (strcmp(v, "allgather") == 0)
+                o->rotate = AJ_ROTATE_ALLGATHER;
+            else
+                return cli_usage("--rotate takes p2p or allgather, not '%s'", v);
+        } else if (strcmp(a, "--in") == 0) {
+            rc = bind(a, v, in_names, R_IN_COUNT, o->in);
+        } else if (strcmp(a, "--out") == 0) {
+            rc = bind(a, v, out_names, R_OUT_COUNT, o->out);
+        } else if (strcmp(a, "--seed") == 0 || strcmp(a, "--offset") == 0) {
+            char *end;
+            errno = 0;
+            unsigned long long u = strtoull(v, &end, 10);
+            if (errno || end == v || *end || v[0] == '-')
+                return cli_usage("%s takes a non-negative integer", a);
+            *(a[2] == 's' ? &o->seed : &o->offset) = u;
+        } else if (strcmp(a, "--timeout") == 0) {
+            rc = parse_number(a, v, 0.001, 1e6, &o->timeout_s);
+        } else if (strcmp(a, "--workers") == 0) {
+            rc = parse_number(a, v, 0, 1024, &num);
+            o->workers = (int)num;
+        } else {
+            return cli_usage("unknown option '%s' for ring", a);
+        }
+        if (rc != CLI_EXIT_OK)
+            return rc;
+    }
+    if (!o->spec)
+        return cli_usage("ring needs a SPEC file%s", "");
+    if (!o->device)
+        return cli_usage("ring needs --device (sim, cpu or cuda)%s", "");
+    for (int t = R_Q; t <= R_V; t++)
+        if (!o->in[t]) {
+            fprintf(stderr, "attnjit: ring needs --in %s=FILE\n", in_names[t]);
+            return CLI_EXIT_USAGE;
+        }
+    if (o->grad != (o->in[R_DO] != NULL))
+        return cli_usage("%s", o->grad ? "--grad needs --in do=FILE"
+                                       : "--in do=FILE is the backward's input: add --grad");
+    for (int t = R_DQ; t <= R_DV; t++)
+        if (!o->grad && o->out[t]) {
+            fprintf(stderr, "attnjit: --out %s needs --grad\n", out_names[t]);
+            return CLI_EXIT_USAGE;
+        }
+    return CLI_EXIT_OK;
+}
+
+/* sim and cuda are devices of every build; cpu is not one of this one's. */
+static int device_kind(const char *name, int me, aj_device_kind *out)
+{
+    if (strcmp(name, "sim") == 0) {
+        *out = AJ_DEVICE_SIM;
+    } else if (strcmp(name, "cuda") == 0) {
+        *out = AJ_DEVICE_CUDA;
+    } else if (strcmp(name, "cpu") == 0) {
+        if (me == 0)
+            fprintf(stderr, "attnjit: ring: --device cpu is not available in this build of "
+                "attnjit; use --device sim\n");
+        return CLI_EXIT_INPUT;
+    } else {
+        return cli_usage("--device takes sim, cpu or cuda, not '%s'", name);
+    }
+    return CLI_EXIT_OK;
+}
+
+/* ---------------------------------------------------------------- data */
+
+/* A tensor of the run: full (rank 0 only) and this rank's shard, both
+ * f32 as the files hold them; dims BHSD, or (H) for alibi_slopes. */
+typedef struct ring_tensor {
+    int rank;
+    int64_t shape[4];
+    float *full, *shard;
+    void *typed;              /* the shard in the op's dtype (lse: f32) */
+    aj_tensor t;              /* over typed, with the shard's shape */
+} ring_tensor;
+
+static size_t count_of(int rank, const int64_t *shape)
+{
+    size_t n = 1;
+    for (int i = 0; i < rank; i++)
+        n *= (size_t)shape[i];
+    return n;
+}
+
+static void *alloc64(size_t bytes)
+{
+    void *p = aligned_alloc(64, (bytes + 63) / 64 * 64 + 64);
+    if (p)
+        memset(p, 0, (bytes + 63) / 64 * 64 + 64);
+    return p;
+}
+
+/* [outer, seq, inner] of a BHSD (or BHS) tensor. */
+static aj_seq_shape seq_shape_of(const ring_tensor *x)
+{
+    aj_seq_shape s = {x->shape[0] * x->shape[1], x->shape[2], 1, sizeof(float)};
+    if (x->rank == 4)
+        s.inner = x->shape[3];
+    return s;
+}
+
+/* Sizes the shard (and typed copy) from the full shape. */
+static int alloc_shard(ring_tensor *x, aj_dtype dtype, int size)
+{
+    int64_t shape[4];
+    memcpy(shape, x->shape, sizeof shape);
+    if (x->rank >= 3)
+        shape[2] /= size;
+    const size_t n = count_of(x->rank, shape);
+    x->shard = alloc64(n * sizeof(float));
+    x->typed = alloc64(n * (dtype == AJ_DTYPE_F32 ? 4 : 2));
+    if (!x->shard || !x->typed) {
+        fprintf(stderr, "attnjit: out of memory for a shard of %zu elements\n", n);
+        return CLI_EXIT_INTERNAL;
+    }
+    x->t = (aj_tensor){.data = x->typed, .dtype = dtype, .rank = x->rank};
+    int64_t stride = 1;
+    for (int i = x->rank - 1; i >= 0; i--) {
+        x->t.shape[i] = shape[i];
+        x->t.strides[i] = stride;
+        stride *= shape[i];
+    }
+    return CLI_EXIT_OK;
+}
+
+static void free_tensor(ring_tensor *x)
+{
+    free(x->full);
+    free(x->shard);
+    free(x->typed);
+}
+
+/* Rank 0: reads a .npy input of the expected rank. */
+static int read_input(const char *name, const char *path, int rank, ring_tensor *x)
+{
+    npy_array a;
+    char err[512];
+    npy_status ns = npy_read_f32(path, &a, err, sizeof err);
+    if (ns != NPY_OK) {
+        fprintf(stderr, "attnjit: %s: %s\n", name, err);
+        return ns == NPY_ERR_OUT_OF_MEMORY ? CLI_EXIT_INTERNAL : CLI_EXIT_INPUT;
+    }
+    if (a.rank != rank) {
+        fprintf(stderr, "attnjit: %s: %s has %d dimensions, want %d (%s)\n", name, path,
+                a.rank, rank, rank == 4 ? "B, H, S, D" : "H");
+        npy_free(&a);
+        return CLI_EXIT_INPUT;
+    }
+    x->rank = rank;
+    memcpy(x->shape, a.shape, (size_t)rank * sizeof a.shape[0]);
+    x->full = a.f32;   /* taken over: freed with free() as npy_free would */
+    return CLI_EXIT_OK;
+}
+
+/* The worst exit code over the ranks: every rank leaves together. */
+static int agree(int rc)
+{
+    int worst = rc;
+    MPI_Allreduce(&rc, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    return worst;
+}
+
+/* Rank 0 sends each rank its shard of x->full; the others receive. */
+static int scatter(aj_ctx *ctx, const ring_opts *o, ring_tensor *x, int me, int size)
+{
+    const aj_seq_shape s = seq_shape_of(x);
+    const size_t n = count_of(x->rank, x->t.shape);
+    if (x->rank == 1) {   /* alibi slopes: every rank the whole thing */
+        if (me == 0)
+            memcpy(x->shard, x->full, n * sizeof(float));
+        MPI_Bcast(x->shard, (int)n, MPI_FLOAT, 0, MPI_COMM_WORLD);
+    } else if (me == 0) {
+        for (int r = size - 1; r >= 0; r--) {
+            aj_status st = aj_shard(ctx, o->layout, r, size, &s, x->full, x->shard);
+            if (st != AJ_OK)
+                return cli_report(ctx, st);
+            if (r)
+                MPI_Send(x->shard, (int)n, MPI_FLOAT, r, 0, MPI_COMM_WORLD);
+        }
+    } else {
+        MPI_Recv(x->shard, (int)n, MPI_FLOAT, 0, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+    }
+    aj_convert(x->shard, AJ_DTYPE_F32, x->typed, x->t.dtype, n);
+    return CLI_EXIT_OK;
+}
+
+/* The reverse: every rank's result into rank 0's x->full. */
+static int gather(aj_ctx *ctx, const ring_opts *o, ring_tensor *x, int me, int size)
+{
+    const aj_seq_shape s = seq_shape_of(x);
+    const size_t n = count_of(x->rank, x->t.shape);
+    aj_convert(x->typed, x->t.dtype, x->shard, AJ_DTYPE_F32, n);
+    if (me != 0) {
+        MPI_Send(x->shard, (int)n, MPI_FLOAT, 0, 1, MPI_COMM_WORLD);
+        return CLI_EXIT_OK;
+    }
+    x->full = alloc64(n * (size_t)size * sizeof(float));
+    float *tmp = alloc64(n * sizeof(float));
+    if (!x->full || !tmp) {
+        free(tmp);
+        fprintf(stderr, "attnjit: out of memory gathering a result\n");
+        return CLI_EXIT_INTERNAL;
+    }
+    aj_status st = AJ_OK;
+    for (int r = 0; r < size && st == AJ_OK; r++) {
+        if (r)
+            MPI_Recv(tmp, (int)n, MPI_FLOAT, r, 1, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+        st = aj_unshard(ctx, o->layout, r, size, &s, r ? tmp : x->shard, x->full);
+    }
+    free(tmp);
+    return st == AJ_OK ? CLI_EXIT_OK : cli_report(ctx, st);
+}
+
+/* ---------------------------------------------------------------- check */
+
+/* The backward op of a forward op: the same fields. */
+static aj_status backward_of(aj_ctx *ctx, const aj_op_info *f, aj_op **out)
+{
+    aj_op *op = NULL;
+    aj_status st = aj_op_create(ctx, AJ_KIND_BACKWARD, AJ_VARIANT_EFFICIENT, &op);
+    if (st != AJ_OK)
+        return st;
+    aj_op_set_dtype(op, f->dtype);
+    aj_op_set_head_dims(op, f->head_dim, f->head_dim_v);
+    if (f->mask == AJ_MASK_CAUSAL)
+        aj_op_set_mask_causal(op, f->mask_align);
+    else if (f->mask == AJ_MASK_WINDOW)
+        aj_op_set_mask_window(op, f->window_left, f->window_right, f->mask_align);
+    if (f->score_mod == AJ_SCORE_MOD_SOFTCAP)
+        aj_op_set_softcap(op, f->softcap);
+    else if (f->score_mod == AJ_SCORE_MOD_ALIBI)
+        aj_op_set_alibi(op);
+    aj_op_set_scale(op, f->scale_is_default ? AJ_SCALE_DEFAULT : f->scale);
+    aj_op_set_dropout(op, f->dropout);
+    st = aj_op_verify(op);
+    if (st != AJ_OK) {
+        aj_op_destroy(op);
+        return st;
+    }
+    *out = op;
+    return AJ_OK;
+}
+
+/* A contiguous full-size tensor of `dtype` over new memory, from f32. */
+static aj_tensor full_typed(const ring_tensor *x, const float *src, aj_dtype dtype)
+{
+    const size_t n = count_of(x->rank, x->shape);
+    aj_tensor t = {.data = alloc64(n * (dtype == AJ_DTYPE_F32 ? 4 : 2)), .dtype = dtype,
+                   .rank = x->rank};
+    int64_t stride = 1;
+    for (int i = x->rank - 1; i >= 0; i--) {
+        t.shape[i] = x->shape[i];
+        t.strides[i] = stride;
+        stride *= x->shape[i];
+    }
+    if (src && t.data)
+        aj_convert(src, AJ_DTYPE_F32, t.data, dtype, n);
+    return t;
+}
+
+/* max |ring - single| / (atol + rtol |single|); -inf LSE must match. */
+static double mismatch(const aj_tensor *single, const float *ring, size_t n, double atol,
+                       double rtol)
+{
+    float *s = malloc((n ? n : 1) * sizeof *s);
+    aj_convert(single->data, single->dtype, s, AJ_DTYPE_F32, n);
+    double worst = 0;
+    for (size_t i = 0; i < n; i++) {
+        double e;
+        if (isinf(s[i]) || isinf(ring[i]))
+            e = s[i] == ring[i] ? 0 : INFINITY;
+        else
+            e = fabs((double)ring[i] - s[i]) / (atol + rtol * fabs(s[i]));
+        if (!(e <= worst))
+            worst = isnan(e) ? INFINITY : e;
+    }
+    free(s);
+    return worst;
+}
+
+/* Rank 0: the op on the full tensors, on one device, against the ring's
+ * gathered results. */
+static int check_single_rank(aj_ctx *ctx, aj_device *dev, const aj_op *fop,
+                             const aj_op *bop, const aj_op_info *info, ring_tensor *in,
+                             ring_tensor *out, int grad, uint64_t seed, uint64_t offset)
+{
+    /* both sides round to the dtype; the ring adds f32 partial merges */
+    const double atol = info->dtype == AJ_DTYPE_F32 ? 1e-5 : info->dtype == AJ_DTYPE_F16 ? 2e-3 : 1.6e-2;
+    const double rtol = info->dtype == AJ_DTYPE_F32 ? 1e-4 : info->dtype == AJ_DTYPE_F16 ? 4e-3 : 3e-2;
+    aj_compile_options opt = AJ_COMPILE_OPTIONS_INIT;
+    opt.target = aj_device_target(dev);
+    opt.emit = opt.target == AJ_TARGET_SIM ? AJ_EMIT_LLVM_IR : AJ_EMIT_PTX;
+    aj_kernel *fk = NULL, *bk = NULL;
+    aj_tensor t[R_IN_COUNT] = {{0}}, r[R_OUT_COUNT] = {{0}};
+    int rc = CLI_EXIT_OK;
+    aj_status st = aj_compile(ctx, fop, &opt, &fk);
+    if (st == AJ_OK && grad)
+        st = aj_compile(ctx, bop, &opt, &bk);
+    for (int i = 0; i < R_IN_COUNT; i++)
+        if (in[i].full)
+            t[i] = full_typed(&in[i], in[i].full, i == R_ALIBI ? AJ_DTYPE_F32 : info->dtype);
+    r[R_O] = full_typed(&out[R_O], NULL, info->dtype);
+    r[R_LSE] = full_typed(&out[R_LSE], NULL, AJ_DTYPE_F32);
+    if (st == AJ_OK) {
+        aj_fwd_args a = AJ_FWD_ARGS_INIT;
+        a.q = t[R_Q];
+        a.k = t[R_K];
+        a.v = t[R_V];
+        a.o = r[R_O];
+        a.lse = r[R_LSE];
+        a.alibi_slopes = t[R_ALIBI];
+        a.seed = seed;
+        a.offset = offset;
+        st = aj_forward(ctx, dev, fk, &a);
+    }
+    if (st == AJ_OK && grad) {
+        for (int i = R_DQ; i <= R_DV; i++)
+            r[i] = full_typed(&out[i], NULL, info->dtype);
+        aj_bwd_args b = AJ_BWD_ARGS_INIT;
+        b.q = t[R_Q];
+        b.k = t[R_K];
+        b.v = t[R_V];
+        b.o = r[R_O];
+        b.lse = r[R_LSE];
+        b.do_ = t[R_DO];
+        b.dq = r[R_DQ];
+        b.dk = r[R_DK];
+        b.dv = r[R_DV];
+        b.alibi_slopes = t[R_ALIBI];
+        b.seed = seed;
+        b.offset = offset;
+        st = aj_backward(ctx, dev, bk, &b);
+    }
+    if (st != AJ_OK) {
+        rc = cli_report(ctx, st);
+    } else {
+        printf("single-rank check (|ring - single| <= %g + %g |single|):", atol, rtol);
+        for (int i = 0; i < (grad ? R_OUT_COUNT : R_DQ); i++) {
+            double e = mismatch(&r[i], out[i].full, count_of(out[i].rank, out[i].shape), atol,
+                                rtol);
+            printf(" %s %.3g", out_names[i], e);
+            if (!(e <= 1.0))
+                rc = CLI_EXIT_INPUT;
+        }
+        printf(" of the tolerance: %s\n", rc == CLI_EXIT_OK ? "match" : "MISMATCH");
+    }
+    for (int i = 0; i < R_IN_COUNT; i++)
+        free(t[i].data);
+    for (int i = 0; i < R_OUT_COUNT; i++)
+        free(r[i].data);
+    aj_kernel_destroy(fk);
+    aj_kernel_destroy(bk);
+    return rc;
+}
+
+/* ---------------------------------------------------------------- report */
+
+/* Rank 0 prints every rank's timings: compile, compute, comm, exposed
+ * comm and the share of comm hidden behind compute (overlap = 1 - exposed
+ * / comm).  A first call's comm includes waiting for peers still
+ * compiling. */
+static void print_stats(const char *dir, const aj_ring_stats *s, int me, int size)
+{
+    double mine[8] = {s->compute_s, s->comm_s, s->exposed_comm_s, s->total_s,
+                      (double)s->rotations, (double)s->launches, (double)s->skipped_blocks,
+                      s->compile_s};
+    double *all = me == 0 ? malloc(sizeof mine * (size_t)size) : NULL;
+    MPI_Gather(mine, 8, MPI_DOUBLE, all, 8, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+    if (me != 0)
+        return;
+    printf("%-8s %4s %10s %10s %10s %10s %10s %9s %8s %7s %7s\n", dir, "rank", "compile ms",
+           "compute ms", "comm ms", "exposed ms", "total ms", "rotations", "launches",
+           "skipped", "overlap");
+    for (int r = 0; r < size; r++) {
+        const double *x = all + 8 * r;
+        char overlap[16] = "-";
+        if (x[1] > 0)
+            snprintf(overlap, sizeof overlap, "%.0f%%", 100.0 * (1.0 - x[2] / x[1]));
+        printf("%-8s %4d %10.1f %10.1f %10.1f %10.1f %10.1f %9.0f %8.0f %7.0f %7s\n", "", r,
+               1e3 * x[7], 1e3 * x[0], 1e3 * x[1], 1e3 * x[2], 1e3 * x[3], x[4], x[5], x[6],
+               overlap);
+    }
+    free(all);
+}
+
+/* ---------------------------------------------------------------- command */
+
+int cli_ring(aj_ctx *ctx, int argc, char **argv)
+{
+    ring_opts o;
+    int rc = parse_ring_args(argc, argv, &o);
+    if (rc != CLI_EXIT_OK)
+        return rc;
+    int initialized = 0;
+    MPI_Initialized(&initialized);
+    if (!initialized)
+        MPI_Init(NULL, NULL);
+    int me = 0, size = 1;
+    MPI_Comm_rank(MPI_COMM_WORLD, &me);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+
+    aj_op *fop = NULL, *bop = NULL;
+    aj_device *dev = NULL;
+    aj_comm *comm = NULL;
+    ring_tensor in[R_IN_COUNT], out[R_OUT_COUNT];
+    memset(in, 0, sizeof in);
+    memset(out, 0, sizeof out);
+    aj_op_info info = {0};
+    aj_device_kind kind = AJ_DEVICE_SIM;
+
+    rc = cli_load_op(ctx, o.spec, &fop);
+    if (rc == CLI_EXIT_OK)
+        aj_op_get_info(fop, &info);
+    if (rc == CLI_EXIT_OK && o.grad) {
+        aj_status st = backward_of(ctx, &info, &bop);
+        if (st != AJ_OK)
+            rc = cli_report(ctx, st);
+    }
+    if (rc == CLI_EXIT_OK)
+        rc = device_kind(o.device, me, &kind);
+    if (rc == CLI_EXIT_OK && (info.score_mod == AJ_SCORE_MOD_ALIBI) != (o.in[R_ALIBI] != NULL))
+        rc = cli_usage("%s", o.in[R_ALIBI] ? "--in alibi_slopes given, but the op has no alibi"
+                                           : "the op uses alibi: give --in alibi_slopes=FILE");
+    if (rc == CLI_EXIT_OK && me == 0)
+        for (int t = 0; t < R_IN_COUNT && rc == CLI_EXIT_OK; t++)
+            if (o.in[t])
+                rc = read_input(in_names[t], o.in[t], t == R_ALIBI ? 1 : 4, &in[t]);
+    if ((rc = agree(rc)) != CLI_EXIT_OK)
+        goto done;
+
+    /* every rank learns the shapes from rank 0 */
+    int64_t shapes[R_IN_COUNT][5];
+    for (int t = 0; t < R_IN_COUNT; t++) {
+        shapes[t][0] = in[t].rank;
+        memcpy(&shapes[t][1], in[t].shape, sizeof in[t].shape);
+    }
+    MPI_Bcast(shapes, (int)(sizeof shapes / sizeof(int64_t)), MPI_INT64_T, 0, MPI_COMM_WORLD);
+    for (int t = 0; t < R_IN_COUNT; t++) {
+        in[t].rank = (int)shapes[t][0];
+        memcpy(in[t].shape, &shapes[t][1], sizeof in[t].shape);
+    }
+    const int64_t *q = in[R_Q].shape, *k = in[R_K].shape, *v = in[R_V].shape;
+    out[R_O] = (ring_tensor){.rank = 4, .shape = {q[0], q[1], q[2], v[3]}};
+    out[R_LSE] = (ring_tensor){.rank = 3, .shape = {q[0], q[1], q[2]}};
+    out[R_DQ] = (ring_tensor){.rank = 4, .shape = {q[0], q[1], q[2], q[3]}};
+    out[R_DK] = (ring_tensor){.rank = 4, .shape = {k[0], k[1], k[2], k[3]}};
+    out[R_DV] = (ring_tensor){.rank = 4, .shape = {v[0], v[1], v[2], v[3]}};
+    /* lengths that do not split: one message, from rank 0 (an empty
+     * outer dim makes aj_shard check the split and copy nothing) */
+    for (int t = 0; t < 2 && rc == CLI_EXIT_OK; t++) {
+        const aj_seq_shape s = {0, t ? k[2] : q[2], 1, sizeof(float)};
+        float probe = 0;
+        aj_status st = aj_shard(ctx, o.layout, 0, size, &s, &probe, &probe);
+        if (st != AJ_OK)
+            rc = me == 0 ? cli_report(ctx, st) : cli_exit_for(st);
+    }
+    for (int t = 0; t < R_IN_COUNT && rc == CLI_EXIT_OK; t++)
+        if (in[t].rank)
+            rc = alloc_shard(&in[t], t == R_ALIBI ? AJ_DTYPE_F32 : info.dtype, size);
+    for (int t = 0; t < (o.grad ? R_OUT_COUNT : R_DQ) && rc == CLI_EXIT_OK; t++)
+        rc = alloc_shard(&out[t], t == R_LSE ? AJ_DTYPE_F32 : info.dtype, size);
+    for (int t = 0; t < R_IN_COUNT && rc == CLI_EXIT_OK; t++)
+        if (in[t].rank)
+            rc = scatter(ctx, &o, &in[t], me, size);
+    if ((rc = agree(rc)) != CLI_EXIT_OK)
+        goto done;
+
+    aj_status st = aj_device_open(ctx, kind, 0, &dev);
+    if (st == AJ_OK)
+        st = aj_device_set_workers(dev, o.workers);
+    aj_comm_config cc = AJ_COMM_CONFIG_INIT;
+    cc.timeout_s = o.timeout_s;
+    if (st == AJ_OK)
+        st = aj_comm_create(ctx, dev, &cc, &comm);
+    aj_ring_stats fs = {0}, bs = {0};
+    if (st == AJ_OK) {
+        aj_ring_fwd_args a = AJ_RING_FWD_ARGS_INIT;
+        a.q = in[R_Q].t;
+        a.k = in[R_K].t;
+        a.v = in[R_V].t;
+        a.o = out[R_O].t;
+        a.lse = out[R_LSE].t;
+        a.alibi_slopes = in[R_ALIBI].t;
+        a.layout = o.layout;
+        a.rotate = o.rotate;
+        a.seed = o.seed;
+        a.offset = o.offset;
+        st = aj_ring_forward(ctx, dev, comm, fop, &a, &fs);
+    }
+    if (st == AJ_OK && o.grad) {
+        aj_ring_bwd_args b = AJ_RING_BWD_ARGS_INIT;
+        b.q = in[R_Q].t;
+        b.k = in[R_K].t;
+        b.v = in[R_V].t;
+        b.o = out[R_O].t;
+        b.lse = out[R_LSE].t;
+        b.do_ = in[R_DO].t;
+        b.dq = out[R_DQ].t;
+        b.dk = out[R_DK].t;
+        b.dv = out[R_DV].t;
+        b.alibi_slopes = in[R_ALIBI].t;
+        b.layout = o.layout;
+        b.rotate = o.rotate;
+        b.seed = o.seed;
+        b.offset = o.offset;
+        st = aj_ring_backward(ctx, dev, comm, bop, &b, &bs);
+    }
+    if (st != AJ_OK) {
+        fprintf(stderr, "attnjit: rank %d of %d: ", me, size);
+        rc = cli_report(ctx, st);
+    }
+    if ((rc = agree(rc)) != CLI_EXIT_OK)
+        goto done;
+
+    for (int t = 0; t < (o.grad ? R_OUT_COUNT : R_DQ) && rc == CLI_EXIT_OK; t++)
+        rc = gather(ctx, &o, &out[t], me, size);
+    if (me == 0)
+        printf("ring: %d ranks, %s, %s, %s, on %s\n", size,
+               o.layout == AJ_SHARD_ZIGZAG ? "zigzag" : "contiguous",
+               o.rotate == AJ_ROTATE_P2P ? "p2p" : "all-gather",
+               o.grad ? "forward + backward" : "forward", aj_device_name(dev));
+    print_stats("forward", &fs, me, size);
+    if (o.grad)
+        print_stats("backward", &bs, me, size);
+    if (me == 0) {
+        for (int t = 0; t < R_OUT_COUNT && rc == CLI_EXIT_OK; t++) {
+            if (!o.out[t])
+                continue;
+            char err[512];
+            if (npy_write_f32(o.out[t], out[t].full, out[t].rank, out[t].shape, err,
+                              sizeof err) != NPY_OK) {
+                fprintf(stderr, "attnjit: %s: %s\n", out_names[t], err);
+                rc = CLI_EXIT_INPUT;
+            }
+        }
+        if (rc == CLI_EXIT_OK && o.check)
+            rc = check_single_rank(ctx, dev, fop, bop, &info, in, out, o.grad, o.seed,
+                                   o.offset);
+    }
+    rc = agree(rc);
+done:
+    aj_comm_destroy(comm);
+    for (int t = 0; t < R_IN_COUNT; t++)
+        free_tensor(&in[t]);
+    for (int t = 0; t < R_OUT_COUNT; t++)
+        free_tensor(&out[t]);
+    aj_device_close(dev);
+    aj_op_destroy(fop);
+    aj_op_destroy(bop);
+    if (!initialized)
+        MPI_Finalize();
+    return rc;
+}
