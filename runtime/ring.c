@@ -189,10 +189,11 @@ static aj_status plan_common(ring_plan *p, aj_ctx *ctx, aj_device *dev, aj_comm 
     if (st != AJ_OK)
         return st;
     aj_op_get_info(op, &p->op);
-    if (p->op.kind != kind || p->op.variant != AJ_VARIANT_EFFICIENT)
+    if (p->op.kind != kind)
         return aj_fail(ctx, AJ_ERR_INVALID_ARG, "%s: the op is `attention %s %s`; want "
-                       "`attention %s efficient`", p->fn, aj_kind_name(p->op.kind),
-                       aj_variant_name(p->op.variant), aj_kind_name(kind));
+                       "`attention %s flash` or `attention %s efficient`", p->fn,
+                       aj_kind_name(p->op.kind), aj_variant_name(p->op.variant),
+                       aj_kind_name(kind), aj_kind_name(kind));
     if (p->op.layout != AJ_LAYOUT_PADDED)
         return aj_fail(ctx, AJ_ERR_UNSUPPORTED, "%s: layout = varlen: the ring shards padded "
                        "tensors only", p->fn);
@@ -321,6 +322,7 @@ static aj_status compile_variant(const ring_plan *p, const aj_op *op, int masked
     if (!masked)
         AJ_TRY(aj_op_set_mask_none(v));
     aj_compile_options opt = AJ_COMPILE_OPTIONS_INIT;
+    opt.device = p->dev;   /* its target, and its tuned schedule if there is one */
     opt.target = aj_device_target(p->dev);
     /* GPU targets load PTX; host targets JIT the LLVM IR */
     opt.emit = opt.target == AJ_TARGET_SM_80 || opt.target == AJ_TARGET_SM_90 ||

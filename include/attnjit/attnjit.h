@@ -744,9 +744,10 @@ typedef struct aj_ring_stats {
  * (q [B, Hq, Sq/P, D], k [B, Hkv, Sk/P, D], v [B, Hkv, Sk/P, Dv], o and
  * lse likewise), in the device's memory.  Global positions and the
  * bottom_right totals (Sq, Sk) follow from the layout and the rank.  The
- * op is a padded `attention forward efficient` without bias; the ring
- * compiles its kernels (accumulate = true, masked and unmasked) for the
- * device's target through the context's kernel cache.  o is written in
+ * op is a padded `attention forward flash` or `efficient` without bias;
+ * the ring compiles its kernels (accumulate = true, masked and unmasked)
+ * for the device (its target, and its tuned schedule if aj_tune recorded
+ * one) through the context's kernel cache.  o is written in
  * the op's dtype, lse in f32.  Start from AJ_RING_FWD_ARGS_INIT. */
 typedef struct aj_ring_fwd_args {
     size_t struct_size;
@@ -784,8 +785,8 @@ typedef struct aj_ring_bwd_args {
 
 #define AJ_RING_BWD_ARGS_INIT { .struct_size = sizeof(aj_ring_bwd_args) }
 
-/* Runs the backward over the ring (op: `attention backward efficient`
- * matching the forward's fields). */
+/* Runs the backward over the ring (op: `attention backward flash` or
+ * `efficient`, matching the forward's fields). */
 aj_status aj_ring_backward(aj_ctx *ctx, aj_device *dev, aj_comm *comm, const aj_op *op,
                            const aj_ring_bwd_args *args, aj_ring_stats *stats);
 

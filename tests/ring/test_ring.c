@@ -57,24 +57,28 @@ typedef struct ring_case {
     aj_ring_rotate rotate;
     int alibi;
     double dropout;               /* p, with seed 7 and offset 3 */
+    int flash;                    /* the flash variant's kernels (tensor cores) */
 } ring_case;
 
 static const ring_case cases[] = {
     {"f32 causal top_left, contiguous, p2p", AJ_DTYPE_F32, AJ_MASK_CAUSAL,
-     AJ_ALIGN_TOP_LEFT, 0, 0, 2, 2, 8, 8, AJ_SHARD_CONTIGUOUS, AJ_ROTATE_P2P, 0, 0},
+     AJ_ALIGN_TOP_LEFT, 0, 0, 2, 2, 8, 8, AJ_SHARD_CONTIGUOUS, AJ_ROTATE_P2P, 0, 0, 0},
     {"f32 causal top_left, zigzag, p2p, GQA", AJ_DTYPE_F32, AJ_MASK_CAUSAL,
-     AJ_ALIGN_TOP_LEFT, 0, 0, 2, 1, 8, 8, AJ_SHARD_ZIGZAG, AJ_ROTATE_P2P, 0, 0},
+     AJ_ALIGN_TOP_LEFT, 0, 0, 2, 1, 8, 8, AJ_SHARD_ZIGZAG, AJ_ROTATE_P2P, 0, 0, 0},
     {"f16 causal bottom_right (Sk = 2 Sq), zigzag, p2p", AJ_DTYPE_F16, AJ_MASK_CAUSAL,
-     AJ_ALIGN_BOTTOM_RIGHT, 0, 0, 2, 1, 4, 8, AJ_SHARD_ZIGZAG, AJ_ROTATE_P2P, 0, 0},
+     AJ_ALIGN_BOTTOM_RIGHT, 0, 0, 2, 1, 4, 8, AJ_SHARD_ZIGZAG, AJ_ROTATE_P2P, 0, 0, 0},
     {"bf16 no mask, GQA 4:2, contiguous, all-gather", AJ_DTYPE_BF16, AJ_MASK_NONE,
-     AJ_ALIGN_TOP_LEFT, 0, 0, 4, 2, 8, 8, AJ_SHARD_CONTIGUOUS, AJ_ROTATE_ALLGATHER, 0, 0},
+     AJ_ALIGN_TOP_LEFT, 0, 0, 4, 2, 8, 8, AJ_SHARD_CONTIGUOUS, AJ_ROTATE_ALLGATHER, 0, 0, 0},
     {"f32 window(3, 2), zigzag, all-gather", AJ_DTYPE_F32, AJ_MASK_WINDOW,
-     AJ_ALIGN_TOP_LEFT, 3, 2, 2, 2, 8, 8, AJ_SHARD_ZIGZAG, AJ_ROTATE_ALLGATHER, 0, 0},
+     AJ_ALIGN_TOP_LEFT, 3, 2, 2, 2, 8, 8, AJ_SHARD_ZIGZAG, AJ_ROTATE_ALLGATHER, 0, 0, 0},
     {"f16 window(5, 0, bottom_right) + alibi (Sq = 2 Sk), contiguous, p2p", AJ_DTYPE_F16,
      AJ_MASK_WINDOW, AJ_ALIGN_BOTTOM_RIGHT, 5, 0, 2, 1, 8, 4, AJ_SHARD_CONTIGUOUS,
-     AJ_ROTATE_P2P, 1, 0},
+     AJ_ROTATE_P2P, 1, 0, 0},
     {"f32 causal top_left + dropout 0.25, zigzag, p2p", AJ_DTYPE_F32, AJ_MASK_CAUSAL,
-     AJ_ALIGN_TOP_LEFT, 0, 0, 2, 2, 8, 8, AJ_SHARD_ZIGZAG, AJ_ROTATE_P2P, 0, 0.25},
+     AJ_ALIGN_TOP_LEFT, 0, 0, 2, 2, 8, 8, AJ_SHARD_ZIGZAG, AJ_ROTATE_P2P, 0, 0.25, 0},
+    {"bf16 flash causal bottom_right + dropout 0.1, zigzag, p2p, GQA", AJ_DTYPE_BF16,
+     AJ_MASK_CAUSAL, AJ_ALIGN_BOTTOM_RIGHT, 0, 0, 2, 1, 16, 16, AJ_SHARD_ZIGZAG,
+     AJ_ROTATE_P2P, 0, 0.1, 1},
 };
 
 /* ---------------------------------------------------------------- data */
@@ -259,9 +263,10 @@ static aj_op *parse_op(const ring_case *c, const char *kind)
                  (long long)c->right, c->align == AJ_ALIGN_BOTTOM_RIGHT ? ", bottom_right" : "");
     else
         snprintf(mask, sizeof mask, "none");
-    snprintf(text, sizeof text, "attention %s efficient { dtype = %s head_dim = %d mask = %s "
-             "score_mod = %s dropout = %g }", kind, aj_dtype_name(c->dtype), HEAD_DIM, mask,
-             c->alibi ? "alibi" : "none", c->dropout);
+    snprintf(text, sizeof text, "attention %s %s { dtype = %s head_dim = %d mask = %s "
+             "score_mod = %s dropout = %g }", kind, c->flash ? "flash" : "efficient",
+             aj_dtype_name(c->dtype), HEAD_DIM, mask, c->alibi ? "alibi" : "none",
+             c->dropout);
     aj_op *op = NULL;
     CHECK_STATUS(ctx, aj_op_parse(ctx, text, strlen(text), c->label, &op), AJ_OK);
     return op;
@@ -450,7 +455,7 @@ static void run_faulty_peer(peer_fault fault)
            aj_last_error(ctx));
 
     const ring_case c = {"silent", AJ_DTYPE_F32, AJ_MASK_NONE, AJ_ALIGN_TOP_LEFT, 0, 0,
-                         1, 1, 8, 8, AJ_SHARD_CONTIGUOUS, AJ_ROTATE_P2P, 0, 0};
+                         1, 1, 8, 8, AJ_SHARD_CONTIGUOUS, AJ_ROTATE_P2P, 0, 0, 0};
     aj_op *op = parse_op(&c, "forward");
     void *m = alloc64(8 * HEAD_DIM * 4);
     aj_ring_fwd_args fa = AJ_RING_FWD_ARGS_INIT;
@@ -482,7 +487,7 @@ static void run_mismatch(void)
     cc.timeout_s = 30;
     CHECK_STATUS(ctx, aj_comm_create(ctx, dev, &cc, &comm), AJ_OK);
     const ring_case c = {"mismatch", AJ_DTYPE_F32, AJ_MASK_CAUSAL, AJ_ALIGN_TOP_LEFT, 0, 0,
-                         1, 1, 8, 8, AJ_SHARD_CONTIGUOUS, AJ_ROTATE_P2P, 0, 0};
+                         1, 1, 8, 8, AJ_SHARD_CONTIGUOUS, AJ_ROTATE_P2P, 0, 0, 0};
     aj_op *op = parse_op(&c, "forward");
     void *m = alloc64(8 * HEAD_DIM * 4);
     aj_ring_fwd_args fa = AJ_RING_FWD_ARGS_INIT;
@@ -496,7 +501,7 @@ static void run_mismatch(void)
     /* another op (causal vs none) on rank 1 */
     fa.layout = AJ_SHARD_CONTIGUOUS;
     const ring_case none = {"none", AJ_DTYPE_F32, AJ_MASK_NONE, AJ_ALIGN_TOP_LEFT, 0, 0,
-                            1, 1, 8, 8, AJ_SHARD_CONTIGUOUS, AJ_ROTATE_P2P, 0, 0};
+                            1, 1, 8, 8, AJ_SHARD_CONTIGUOUS, AJ_ROTATE_P2P, 0, 0, 0};
     aj_op *other = parse_op(&none, "forward");
     CHECK_STATUS(ctx, aj_ring_forward(ctx, dev, comm, rank == 1 ? other : op, &fa, NULL),
                  AJ_ERR_INVALID_ARG);

@@ -174,7 +174,7 @@ static void check_ring_errors(aj_device *dev)
     CHECK_ERROR(ctx, "aj_ring_forward: comm is NULL");
     CHECK_STATUS(ctx, aj_ring_forward(ctx, dev, comm, bwd, &fa, NULL), AJ_ERR_INVALID_ARG);
     CHECK_ERROR(ctx, "aj_ring_forward: the op is `attention backward efficient`; want "
-                "`attention forward efficient`");
+                "`attention forward flash` or `attention forward efficient`");
     CHECK_STATUS(ctx, aj_ring_forward(ctx, dev, comm, acc, &fa, NULL), AJ_ERR_INVALID_ARG);
     CHECK_ERROR(ctx, "accumulate = true: the ring sets it on its own kernels");
     CHECK_STATUS(ctx, aj_ring_forward(ctx, dev, comm, bias, &fa, NULL), AJ_ERR_UNSUPPORTED);
@@ -218,7 +218,7 @@ static void check_ring_errors(aj_device *dev)
     CHECK_STATUS(ctx, aj_ring_backward(ctx, dev, comm, bwd, &ba, NULL), AJ_ERR_INVALID_ARG);
     CHECK_ERROR(ctx, "aj_ring_backward: dq.dtype = f16, want f32");
     CHECK_STATUS(ctx, aj_ring_backward(ctx, dev, comm, fwd, &ba, NULL), AJ_ERR_INVALID_ARG);
-    CHECK_ERROR(ctx, "want `attention backward efficient`");
+    CHECK_ERROR(ctx, "want `attention backward flash` or `attention backward efficient`");
 
     /* a comm made for another device */
     aj_device *other = NULL;
