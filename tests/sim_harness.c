@@ -52,7 +52,8 @@ static aj_status kernel_for(aj_ctx *ctx, aj_target target, const char *spec, aj_
         return st;
     aj_compile_options opt = AJ_COMPILE_OPTIONS_INIT;
     opt.target = target;
-    opt.emit = target == AJ_TARGET_SIM ? AJ_EMIT_LLVM_IR : AJ_EMIT_PTX;
+    opt.emit = target == AJ_TARGET_SIM || target == AJ_TARGET_CPU ? AJ_EMIT_LLVM_IR
+                                                                   : AJ_EMIT_PTX;
     st = aj_compile(ctx, op, &opt, out);
     aj_op_destroy(op);
     if (st == AJ_OK && cache_len < (int)(sizeof cache / sizeof cache[0])) {
@@ -153,13 +154,14 @@ static void free_tensor(host_tensor *h)
 
 /* ---------------------------------------------------------------- run */
 
-static void write_spec(const fwd_case *c, const fwd_options *x, char *spec, size_t cap)
+static void write_spec(const fwd_case *c, const fwd_options *x, const char *variant,
+                       char *spec, size_t cap)
 {
     snprintf(spec, cap,
-             "attention forward efficient {\n  dtype = %s\n  head_dim = %d\n"
+             "attention forward %s {\n  dtype = %s\n  head_dim = %d\n"
              "  head_dim_v = %d\n  mask = %s\n  score_mod = %s\n  schedule = %s\n"
              "  bias = %s\n  dropout = %.17g\n}\n",
-             aj_dtype_name(c->dtype), c->d, c->dv ? c->dv : c->d, c->mask,
+             variant, aj_dtype_name(c->dtype), c->d, c->dv ? c->dv : c->d, c->mask,
              c->score_mod ? c->score_mod : "none", c->schedule ? c->schedule : "default",
              x->bias_shape[3] ? "add" : "none", x->dropout);
 }
@@ -251,13 +253,19 @@ fwd_result fwd_run_case(aj_ctx *ctx, aj_device *dev, const fwd_case *c)
 fwd_result fwd_run_case_with(aj_ctx *ctx, aj_device *dev, const fwd_case *c,
                              const fwd_options *opts)
 {
+    return fwd_run_case_variant(ctx, dev, c, opts, NULL);
+}
+
+fwd_result fwd_run_case_variant(aj_ctx *ctx, aj_device *dev, const fwd_case *c,
+                                const fwd_options *opts, const char *variant)
+{
     static const fwd_options no_options;
     if (!opts)
         opts = &no_options;
     fwd_result r;
     memset(&r, 0, sizeof r);
     char spec[512];
-    write_spec(c, opts, spec, sizeof spec);
+    write_spec(c, opts, variant ? variant : "efficient", spec, sizeof spec);
     aj_kernel *kernel = NULL;
     r.status = kernel_for(ctx, aj_device_target(dev), spec, &kernel);
     if (r.status != AJ_OK)
