@@ -162,6 +162,13 @@ aj_status aj_device_set_workers(aj_device *dev, int workers)
     return AJ_OK;
 }
 
+int aj_device_workers(const aj_device *dev)
+{
+    if (!dev || !dev->cpu)
+        return 0;
+    return dev->workers ? dev->workers : aj_cpu_default_workers();
+}
+
 uint64_t aj_device_last_instructions(const aj_device *dev)
 {
     return dev ? dev->last_instructions : 0;

@@ -464,6 +464,9 @@ aj_status aj_device_synchronize(aj_device *dev, void *stream);
  * threads that run a launch's work items (0, the default: the cores this
  * process may run on); ignored for cuda. */
 aj_status aj_device_set_workers(aj_device *dev, int workers);
+/* cpu: the threads a launch runs on (the set count, or what 0 resolves
+ * to); 0 for other devices and NULL. */
+int aj_device_workers(const aj_device *dev);
 /* sim: emulated thread-instructions of the last launch (LLVM IR
  * instructions executed, summed over GPU threads); 0 elsewhere. */
 uint64_t aj_device_last_instructions(const aj_device *dev);
