@@ -44,19 +44,18 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "templates/attn_common.h"
-#include "templates/cpu_vec.h"
+#include "templates/cpu_attn.h"
 #include "templates/template.h"
 
-#define RM 4          /* rows of a register tile */
-#define CN 2          /* key vectors of an S tile */
+#define RM AJ_CPU_RM
+#define CN AJ_CPU_CN
 #define MAX_BLOCK 256
 
 typedef struct cfwd_plan {
     aj_dtype dtype;
     int d, dv;
     int w;            /* floats per vector register */
-    int vw, cv;       /* output-column vector width and vectors per O tile */
+    int vw;           /* output-column vector width */
     int bm, bn;
 } cfwd_plan;
 
@@ -69,7 +68,6 @@ static aj_status plan_kernel(aj_ctx *ctx, const aj_op *op, cfwd_plan *p)
     p->w = aj_cpu_vector_width();
     /* head dims are multiples of 8: 8-wide output vectors always divide */
     p->vw = p->dv % p->w == 0 ? p->w : 8;
-    p->cv = (p->dv / p->vw) % 2 == 0 ? 2 : 1;
     const aj_schedule *s = &op->schedule;
     if (s->warps != 0 || s->stages != 0)
         return aj_fail(ctx, AJ_ERR_UNSUPPORTED, "schedule %s = %d: the cpu target has no "
@@ -101,13 +99,8 @@ typedef struct cfwd {
     LLVMBuilderRef b;
     const aj_op *op;
     cfwd_plan p;
-    int score_mods;                 /* bias, softcap or alibi: scale applied late */
+    aj_cpu_attn at;                 /* scores: mods, mask */
     LLVMValueRef m0, rows, rows_pad;  /* i32: first row, rows of the item, rounded to RM */
-    LLVMValueRef seq_q, seq_k;      /* i32 */
-    aj_attn_mask mask;
-    LLVMValueRef qk_offset;         /* i64: q_offset - kv_offset (alibi) */
-    LLVMValueRef slope;             /* f32 (alibi) */
-    LLVMValueRef bias_base;         /* i64 (bias) */
     aj_attn_dropout drop;
     LLVMValueRef q, kt, v, s, o;    /* the stack buffers */
     LLVMValueRef m, l, alpha;
@@ -138,17 +131,14 @@ static LLVMValueRef mul(cfwd *c, LLVMValueRef a, LLVMValueRef b)
     return LLVMBuildMul(c->b, a, b, "");
 }
 
-/* &buf[index] of an f32 stack buffer */
 static LLVMValueRef buf_at(cfwd *c, LLVMValueRef buf, LLVMValueRef index)
 {
-    return aj_cv_at(c->kb, c->kb->t_f32, buf, index);
+    return aj_cpu_buf_at(c->kb, buf, index);
 }
 
-/* &t[elem] of a tensor parameter of the op's dtype (or f32), elem i64 */
 static LLVMValueRef tensor_at(cfwd *c, const char *t, aj_dtype dtype, LLVMValueRef elem)
 {
-    LLVMTypeRef et = dtype == AJ_DTYPE_F32 ? c->kb->t_f32 : c->kb->t_i16;
-    return aj_cv_at(c->kb, et, param(c, t), elem);
+    return aj_cpu_tensor_at(c->kb, t, dtype, elem);
 }
 
 static LLVMValueRef vload(cfwd *c, LLVMValueRef ptr, int n)
@@ -212,168 +202,6 @@ static void declare_params(aj_kb *kb, const aj_op *op)
     aj_kb_add_param(kb, "mask_shift", AJ_PARAM_I64);
 }
 
-/* Key blocks [begin, end) that some row of the item can see. */
-static void key_block_range(cfwd *c, LLVMValueRef *n_begin, LLVMValueRef *n_end)
-{
-    aj_kb *kb = c->kb;
-    LLVMBuilderRef b = c->b;
-    LLVMValueRef i_hi = add(c, c->m0, LLVMBuildSub(b, c->rows, i32c(c, 1), ""));
-    LLVMValueRef j_lo = aj_attn_row_key_lo(kb, &c->mask, c->m0);
-    LLVMValueRef j_hi = aj_attn_row_key_hi(kb, &c->mask, c->seq_k, i_hi);
-    LLVMValueRef bn = i32c(c, c->p.bn);
-    LLVMValueRef begin = LLVMBuildSDiv(b, j_lo, bn, "");
-    LLVMValueRef end = LLVMBuildSDiv(b, add(c, j_hi, bn), bn, "");
-    LLVMValueRef empty = LLVMBuildICmp(b, LLVMIntSLT, j_hi, j_lo, "");
-    *n_begin = LLVMBuildSelect(b, empty, i32c(c, 0), begin, "n_begin");
-    *n_end = LLVMBuildSelect(b, empty, i32c(c, 0), end, "n_end");
-}
-
-/* Q rows widened (and scaled) into the Q buffer; rows past the item's
- * zero, so that whole register tiles compute defined values. */
-static void emit_load_q(cfwd *c, LLVMValueRef q_base)
-{
-    aj_kb *kb = c->kb;
-    const cfwd_plan *p = &c->p;
-    double scale = aj_op_scale(c->op) * (c->score_mods ? 1.0 : AJ_LOG2E);
-    LLVMValueRef vscale = aj_cv_splat(kb, aj_kb_f32(kb, scale), 8);
-    LLVMValueRef i = aj_kb_for_begin(kb, i32c(c, 0), c->rows_pad, i32c(c, 1), "qi");
-    LLVMValueRef dst = mul(c, i, i32c(c, p->d));
-    LLVMValueRef in = LLVMBuildICmp(c->b, LLVMIntSLT, i, c->rows, "");
-    aj_kb_if_begin(kb, in);
-    LLVMValueRef row = add(c, q_base, mul(c, sext64(c, add(c, c->m0, i)), param(c, "stride_q_s")));
-    for (int d = 0; d < p->d; d += 8) {
-        LLVMValueRef x = aj_cv_load(kb, tensor_at(c, "q", p->dtype, add(c, row,
-                                    aj_kb_i64(kb, d))), p->dtype, 8);
-        vstore(c, LLVMBuildFMul(c->b, x, vscale, ""), buf_at(c, c->q, add(c, dst, i32c(c, d))));
-    }
-    aj_kb_else(kb);
-    for (int d = 0; d < p->d; d += 8)
-        vstore(c, LLVMConstNull(aj_cv_type(kb, 8)), buf_at(c, c->q, add(c, dst, i32c(c, d))));
-    aj_kb_if_end(kb);
-    aj_kb_for_end(kb);
-}
-
-/* K block transposed into Kt[d][j], V block into V[j][:]; keys past Sk
- * are zero (masked anyway, and 0 * V must not meet a stale NaN). */
-static void emit_load_kv(cfwd *c, LLVMValueRef n0, LLVMValueRef kcount, LLVMValueRef k_base,
-                         LLVMValueRef v_base)
-{
-    aj_kb *kb = c->kb;
-    LLVMBuilderRef b = c->b;
-    const cfwd_plan *p = &c->p;
-    LLVMValueRef j = aj_kb_for_begin(kb, i32c(c, 0), i32c(c, p->bn), i32c(c, 1), "kj");
-    LLVMValueRef key = sext64(c, add(c, n0, j));
-    LLVMValueRef vdst = mul(c, j, i32c(c, p->dv));
-    aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntSLT, j, kcount, ""));
-    {
-        LLVMValueRef krow = add(c, k_base, mul(c, key, param(c, "stride_k_s")));
-        for (int d = 0; d < p->d; d += 8) {
-            LLVMValueRef x = aj_cv_load(kb, tensor_at(c, "k", p->dtype, add(c, krow,
-                                        aj_kb_i64(kb, d))), p->dtype, 8);
-            for (int e = 0; e < 8; e++)
-                LLVMBuildStore(b, LLVMBuildExtractElement(b, x, i32c(c, e), ""),
-                               buf_at(c, c->kt, add(c, i32c(c, (d + e) * p->bn), j)));
-        }
-        LLVMValueRef vrow = add(c, v_base, mul(c, key, param(c, "stride_v_s")));
-        for (int d = 0; d < p->dv; d += 8) {
-            LLVMValueRef x = aj_cv_load(kb, tensor_at(c, "v", p->dtype, add(c, vrow,
-                                        aj_kb_i64(kb, d))), p->dtype, 8);
-            vstore(c, x, buf_at(c, c->v, add(c, vdst, i32c(c, d))));
-        }
-    }
-    aj_kb_else(kb);
-    {
-        LLVMValueRef zero = aj_kb_f32(kb, 0);
-        for (int d = 0; d < p->d; d++)
-            LLVMBuildStore(b, zero, buf_at(c, c->kt, add(c, i32c(c, d * p->bn), j)));
-        for (int d = 0; d < p->dv; d += 8)
-            vstore(c, LLVMConstNull(aj_cv_type(kb, 8)), buf_at(c, c->v, add(c, vdst,
-                                                                          i32c(c, d))));
-    }
-    aj_kb_if_end(kb);
-    aj_kb_for_end(kb);
-}
-
-/* S = Q Kt over RM x CN*W register tiles (see the diagram above). */
-static void emit_qk(cfwd *c)
-{
-    aj_kb *kb = c->kb;
-    const cfwd_plan *p = &c->p;
-    int w = p->w;
-    LLVMTypeRef vt = aj_cv_type(kb, w);
-    LLVMValueRef acc[RM][CN];
-    for (int r = 0; r < RM; r++)
-        for (int n = 0; n < CN; n++)
-            acc[r][n] = aj_kb_var(kb, vt, NULL, "sacc");
-    LLVMValueRef i0 = aj_kb_for_begin(kb, i32c(c, 0), c->rows_pad, i32c(c, RM), "si");
-    LLVMValueRef j0 = aj_kb_for_begin(kb, i32c(c, 0), i32c(c, p->bn), i32c(c, CN * w), "sj");
-    for (int r = 0; r < RM; r++)
-        for (int n = 0; n < CN; n++)
-            aj_kb_set(kb, acc[r][n], LLVMConstNull(vt));
-    LLVMValueRef d = aj_kb_for_begin(kb, i32c(c, 0), i32c(c, p->d), i32c(c, 1), "sd");
-    {
-        LLVMValueRef kv[CN];
-        LLVMValueRef krow = add(c, mul(c, d, i32c(c, p->bn)), j0);
-        for (int n = 0; n < CN; n++)
-            kv[n] = vload(c, buf_at(c, c->kt, add(c, krow, i32c(c, n * w))), w);
-        for (int r = 0; r < RM; r++) {
-            LLVMValueRef qi = add(c, mul(c, add(c, i0, i32c(c, r)), i32c(c, p->d)), d);
-            LLVMValueRef qb = aj_cv_splat(kb, fload(c, buf_at(c, c->q, qi)), w);
-            for (int n = 0; n < CN; n++)
-                aj_kb_set(kb, acc[r][n], aj_cv_fma(kb, qb, kv[n], aj_kb_get(kb, acc[r][n])));
-        }
-    }
-    aj_kb_for_end(kb);
-    for (int r = 0; r < RM; r++) {
-        LLVMValueRef srow = add(c, mul(c, add(c, i0, i32c(c, r)), i32c(c, p->bn)), j0);
-        for (int n = 0; n < CN; n++)
-            vstore(c, aj_kb_get(kb, acc[r][n]), buf_at(c, c->s, add(c, srow, i32c(c, n * w))));
-    }
-    aj_kb_for_end(kb);
-    aj_kb_for_end(kb);
-}
-
-/* Bias, softcap and alibi on the W scores of row i (item-local), keys
- * from key j (block-local, i32 vector), then the scale to log2 units. */
-static LLVMValueRef emit_score_mods(cfwd *c, LLVMValueRef s, LLVMValueRef ig, LLVMValueRef jv)
-{
-    aj_kb *kb = c->kb;
-    LLVMBuilderRef b = c->b;
-    const aj_op *op = c->op;
-    int w = c->p.w;
-    if (op->bias == AJ_BIAS_ADD) {
-        /* rows past Sq and keys past Sk read the last row / key: in bounds,
-         * and masked or never stored */
-        LLVMValueRef ic = aj_kb_smin(kb, ig, LLVMBuildSub(b, c->seq_q, i32c(c, 1), ""));
-        LLVMValueRef row = add(c, c->bias_base, mul(c, sext64(c, ic), param(c, "stride_bias_s")));
-        LLVMValueRef last = LLVMBuildSub(b, c->seq_k, i32c(c, 1), "");
-        LLVMValueRef bv = LLVMGetPoison(aj_cv_type(kb, w));
-        for (int e = 0; e < w; e++) {
-            LLVMValueRef j = aj_kb_smin(kb, LLVMBuildExtractElement(b, jv, i32c(c, e), ""), last);
-            LLVMValueRef one = aj_cv_load(kb, tensor_at(c, "bias", op->dtype,
-                                          add(c, row, sext64(c, j))), op->dtype, 1);
-            bv = LLVMBuildInsertElement(b, bv, LLVMBuildExtractElement(b, one, i32c(c, 0), ""),
-                                        i32c(c, e), "");
-        }
-        s = LLVMBuildFAdd(b, s, bv, "");
-    }
-    if (op->score_mod.kind == AJ_SCORE_MOD_SOFTCAP) {
-        double cap = op->score_mod.softcap;
-        s = LLVMBuildFMul(b, s, aj_cv_splat(kb, aj_kb_f32(kb, 1.0 / cap), w), "");
-        s = LLVMBuildFMul(b, aj_cv_tanh(kb, s, w), aj_cv_splat(kb, aj_kb_f32(kb, cap), w), "");
-    } else if (op->score_mod.kind == AJ_SCORE_MOD_ALIBI) {
-        /* s -= slope |q_pos - kv_pos|, the distance in i64 */
-        LLVMTypeRef v64 = LLVMVectorType(kb->t_i64, (unsigned)w);
-        LLVMValueRef dist = LLVMBuildSub(b, aj_cv_splat(kb, add(c, sext64(c, ig), c->qk_offset), w),
-                                         LLVMBuildSExt(b, jv, v64, ""), "");
-        LLVMValueRef neg = LLVMBuildICmp(b, LLVMIntSLT, dist, LLVMConstNull(v64), "");
-        dist = LLVMBuildSelect(b, neg, LLVMBuildNeg(b, dist, ""), dist, "");
-        LLVMValueRef fd = LLVMBuildSIToFP(b, dist, aj_cv_type(kb, w), "");
-        s = LLVMBuildFSub(b, s, LLVMBuildFMul(b, aj_cv_splat(kb, c->slope, w), fd, ""), "");
-    }
-    return LLVMBuildFMul(b, s, aj_cv_splat(kb, aj_kb_f32(kb, AJ_LOG2E), w), "");
-}
-
 /* The online softmax of each row over this key block: S becomes P,
  * m and l move on, alpha[i] = 2^(m_old - m_new) rescales O. */
 static void emit_softmax(cfwd *c, LLVMValueRef n0)
@@ -386,24 +214,14 @@ static void emit_softmax(cfwd *c, LLVMValueRef n0)
     LLVMValueRef ninf = aj_cv_splat(kb, aj_kb_f32(kb, -INFINITY), w);
     LLVMValueRef i = aj_kb_for_begin(kb, i32c(c, 0), c->rows_pad, i32c(c, 1), "pi");
     LLVMValueRef ig = add(c, c->m0, i);   /* the row's local index in the call */
-    LLVMValueRef hi = c->mask.hi_off ? aj_cv_splat(kb, add(c, ig, c->mask.hi_off), w) : NULL;
-    LLVMValueRef lo = c->mask.lo_off ? aj_cv_splat(kb, add(c, ig, c->mask.lo_off), w) : NULL;
-    LLVMValueRef seq_k = aj_cv_splat(kb, c->seq_k, w);
     LLVMValueRef srow = mul(c, i, i32c(c, p->bn));
     LLVMValueRef s[MAX_BLOCK / 4];
     LLVMValueRef mx = ninf;
     for (int n = 0; n < nv; n++) {
         LLVMValueRef jv = LLVMBuildAdd(b, aj_cv_splat(kb, add(c, n0, i32c(c, n * w)), w),
                                        aj_cv_iota(kb, w), "");
-        s[n] = vload(c, buf_at(c, c->s, add(c, srow, i32c(c, n * w))), w);
-        if (c->score_mods)
-            s[n] = emit_score_mods(c, s[n], ig, jv);
-        LLVMValueRef vis = LLVMBuildICmp(b, LLVMIntSLT, jv, seq_k, "");
-        if (hi)
-            vis = LLVMBuildAnd(b, vis, LLVMBuildICmp(b, LLVMIntSLE, jv, hi, ""), "");
-        if (lo)
-            vis = LLVMBuildAnd(b, vis, LLVMBuildICmp(b, LLVMIntSGE, jv, lo, ""), "");
-        s[n] = LLVMBuildSelect(b, vis, s[n], ninf, "");
+        s[n] = aj_cpu_scores(&c->at, vload(c, buf_at(c, c->s, add(c, srow, i32c(c, n * w))),
+                                           w), ig, jv);
         mx = aj_cv_max(kb, mx, s[n]);
     }
     LLVMValueRef m_old = fload(c, buf_at(c, c->m, i));
@@ -440,50 +258,6 @@ static void emit_dropout(cfwd *c, LLVMValueRef n0, LLVMValueRef kcount)
     LLVMValueRef at = buf_at(c, c->s, add(c, mul(c, i, i32c(c, c->p.bn)), j));
     LLVMValueRef kept = LLVMBuildFMul(b, fload(c, at), aj_kb_f32(kb, 1.0 / (1.0 - p)), "");
     LLVMBuildStore(b, LLVMBuildSelect(b, keep, kept, aj_kb_f32(kb, 0), ""), at);
-    aj_kb_for_end(kb);
-    aj_kb_for_end(kb);
-}
-
-/* O = alpha O + P V over RM x CV*VW register tiles. */
-static void emit_pv(cfwd *c)
-{
-    aj_kb *kb = c->kb;
-    const cfwd_plan *p = &c->p;
-    int vw = p->vw, cv = p->cv;
-    LLVMTypeRef vt = aj_cv_type(kb, vw);
-    LLVMValueRef acc[RM][2];
-    for (int r = 0; r < RM; r++)
-        for (int n = 0; n < cv; n++)
-            acc[r][n] = aj_kb_var(kb, vt, NULL, "oacc");
-    LLVMValueRef i0 = aj_kb_for_begin(kb, i32c(c, 0), c->rows_pad, i32c(c, RM), "oi");
-    LLVMValueRef c0 = aj_kb_for_begin(kb, i32c(c, 0), i32c(c, p->dv), i32c(c, cv * vw), "oc");
-    for (int r = 0; r < RM; r++) {
-        LLVMValueRef row = add(c, mul(c, add(c, i0, i32c(c, r)), i32c(c, p->dv)), c0);
-        LLVMValueRef a = aj_cv_splat(kb, fload(c, buf_at(c, c->alpha, add(c, i0, i32c(c, r)))),
-                                     vw);
-        for (int n = 0; n < cv; n++)
-            aj_kb_set(kb, acc[r][n], LLVMBuildFMul(c->b, a, vload(c, buf_at(c, c->o,
-                                                   add(c, row, i32c(c, n * vw))), vw), ""));
-    }
-    LLVMValueRef j = aj_kb_for_begin(kb, i32c(c, 0), i32c(c, p->bn), i32c(c, 1), "oj");
-    {
-        LLVMValueRef vv[2];
-        LLVMValueRef vrow = add(c, mul(c, j, i32c(c, p->dv)), c0);
-        for (int n = 0; n < cv; n++)
-            vv[n] = vload(c, buf_at(c, c->v, add(c, vrow, i32c(c, n * vw))), vw);
-        for (int r = 0; r < RM; r++) {
-            LLVMValueRef pi = add(c, mul(c, add(c, i0, i32c(c, r)), i32c(c, p->bn)), j);
-            LLVMValueRef pb = aj_cv_splat(kb, fload(c, buf_at(c, c->s, pi)), vw);
-            for (int n = 0; n < cv; n++)
-                aj_kb_set(kb, acc[r][n], aj_cv_fma(kb, pb, vv[n], aj_kb_get(kb, acc[r][n])));
-        }
-    }
-    aj_kb_for_end(kb);
-    for (int r = 0; r < RM; r++) {
-        LLVMValueRef row = add(c, mul(c, add(c, i0, i32c(c, r)), i32c(c, p->dv)), c0);
-        for (int n = 0; n < cv; n++)
-            vstore(c, aj_kb_get(kb, acc[r][n]), buf_at(c, c->o, add(c, row, i32c(c, n * vw))));
-    }
     aj_kb_for_end(kb);
     aj_kb_for_end(kb);
 }
@@ -602,7 +376,9 @@ static aj_status cfwd_build(aj_kb *kb, const aj_op *op, void *user)
         return st;
     const cfwd_plan *p = &c.p;
     LLVMBuilderRef b = kb->b;
-    c.score_mods = op->score_mod.kind != AJ_SCORE_MOD_NONE || op->bias == AJ_BIAS_ADD;
+    /* without score mods, Q takes scale log2 e once, and scores need no
+     * multiply; the mods see the scaled score in natural units */
+    int log2e_in_q = op->score_mod.kind == AJ_SCORE_MOD_NONE && op->bias == AJ_BIAS_NONE;
 
     declare_params(kb, op);
     aj_kb_begin(kb, 1);
@@ -621,18 +397,11 @@ static aj_status cfwd_build(aj_kb *kb, const aj_op *op, void *user)
                                                          i32c(&c, d)), "");
     LLVMValueRef h = item[1], bidx = item[2];
     c.m0 = LLVMBuildMul(b, item[0], i32c(&c, p->bm), "m0");
-    c.seq_q = param(&c, "seq_q");
-    c.seq_k = param(&c, "seq_k");
-    c.rows = aj_kb_smin(kb, i32c(&c, p->bm), LLVMBuildSub(b, c.seq_q, c.m0, ""));
+    aj_cpu_attn_init(&c.at, kb, op, log2e_in_q, bidx, h);
+    c.rows = aj_kb_smin(kb, i32c(&c, p->bm), LLVMBuildSub(b, c.at.seq_q, c.m0, ""));
     c.rows_pad = LLVMBuildAnd(b, add(&c, c.rows, i32c(&c, RM - 1)), i32c(&c, -RM), "rows_pad");
     LLVMValueRef group = LLVMBuildSDiv(b, param(&c, "heads_q"), param(&c, "heads_kv"), "");
     LLVMValueRef hkv = LLVMBuildSDiv(b, h, group, "hkv");
-    c.qk_offset = LLVMBuildSub(b, param(&c, "q_offset"), param(&c, "kv_offset"), "");
-    c.mask = aj_attn_mask_offsets(kb, &op->mask, add(&c, c.qk_offset, param(&c, "mask_shift")));
-    if (op->score_mod.kind == AJ_SCORE_MOD_ALIBI)
-        c.slope = fload(&c, aj_cv_at(kb, kb->t_f32, param(&c, "alibi_slopes"), h));
-    if (op->bias == AJ_BIAS_ADD)
-        c.bias_base = aj_attn_slice_base(kb, "bias", bidx, h);
     if (op->dropout > 0)
         c.drop = aj_attn_dropout_stream(kb, param(&c, "dropout_seed"),
                                         param(&c, "dropout_offset"), param(&c, "q_offset"),
@@ -644,19 +413,28 @@ static aj_status cfwd_build(aj_kb *kb, const aj_op *op, void *user)
     LLVMValueRef lse_base = aj_attn_slice_base(kb, "lse", bidx, h);
 
     emit_init_rows(&c);
-    emit_load_q(&c, q_base);
+    double q_scale = aj_op_scale(op) * (log2e_in_q ? AJ_LOG2E : 1.0);
+    aj_cpu_load_rows(kb, c.q, p->d, "q", p->dtype, q_base, param(&c, "stride_q_s"), c.m0,
+                     c.rows, c.rows_pad, q_scale);
     LLVMValueRef n_begin, n_end;
-    key_block_range(&c, &n_begin, &n_end);
+    aj_cpu_key_blocks(&c.at, p->bn, c.m0, add(&c, c.m0, LLVMBuildSub(b, c.rows, i32c(&c, 1), "")),
+                      &n_begin, &n_end);
     LLVMValueRef n = aj_kb_for_begin(kb, n_begin, n_end, i32c(&c, 1), "n");
     {
         LLVMValueRef n0 = LLVMBuildMul(b, n, i32c(&c, p->bn), "n0");
-        LLVMValueRef kcount = aj_kb_smin(kb, i32c(&c, p->bn), LLVMBuildSub(b, c.seq_k, n0, ""));
-        emit_load_kv(&c, n0, kcount, k_base, v_base);
-        emit_qk(&c);
+        LLVMValueRef kcount = aj_kb_smin(kb, i32c(&c, p->bn), LLVMBuildSub(b, c.at.seq_k, n0,
+                                                                           ""));
+        /* keys past Sk are zero: masked anyway, and 0 * V must not meet a
+         * stale NaN */
+        aj_cpu_load_cols(kb, c.kt, p->d, p->bn, "k", p->dtype, k_base, param(&c, "stride_k_s"),
+                         n0, kcount);
+        aj_cpu_load_rows(kb, c.v, p->dv, "v", p->dtype, v_base, param(&c, "stride_v_s"), n0,
+                         kcount, i32c(&c, p->bn), 1.0);
+        aj_cpu_gemm_nt(kb, p->w, c.s, c.q, p->d, c.kt, p->bn, c.rows_pad);
         emit_softmax(&c, n0);
         if (op->dropout > 0)
             emit_dropout(&c, n0, kcount);
-        emit_pv(&c);
+        aj_cpu_gemm_acc(kb, p->dv, c.o, c.alpha, c.s, p->bn, 1, c.v, p->bn, c.rows_pad);
     }
     aj_kb_for_end(kb);
     emit_epilogue(&c, o_base, lse_base);
