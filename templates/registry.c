@@ -9,6 +9,8 @@ static const aj_template *const templates[] = {
     &aj_template_merge,
     &aj_template_cpu_fwd_flash,
     &aj_template_cpu_fwd_efficient,
+    &aj_template_cpu_bwd_flash,
+    &aj_template_cpu_bwd_efficient,
 };
 
 #define GPU_AND_SIM_TARGETS                                                         \

@@ -34,5 +34,7 @@ extern const aj_template aj_template_merge;
 /* cpu: one kernel serves both variants, so each is registered twice */
 extern const aj_template aj_template_cpu_fwd_flash;
 extern const aj_template aj_template_cpu_fwd_efficient;
+extern const aj_template aj_template_cpu_bwd_flash;
+extern const aj_template aj_template_cpu_bwd_efficient;
 
 #endif /* AJ_TEMPLATES_TEMPLATE_H */
