@@ -6,17 +6,20 @@
  *             [--heads H] [--repeat R] [--csv FILE]
  *
  * Per problem (B 1, H heads, Sq = Sk = S, d = Dv, causal or not): the
- * best of R forward launches after one warm-up, as GFLOP/s by
- * FlashAttention's count (4 B H S^2 d, halved for causal), the fraction of
- * the measured peak, and the speedup over the plain C loop.
+ * best of R forward launches after one warm-up, then the same for the
+ * backward (dO = Q's values), as GFLOP/s by FlashAttention's count
+ * (forward 4 B H S^2 d, halved for causal; backward 2.5 times that), the
+ * fraction of the measured peak, and the forward's speedup over the plain
+ * C loop.
  *
  * peak      every worker thread runs independent chains of vector FMAs
- *           (enough to cover the FMA latency on every port) for a fixed
- *           time; the sum of their FLOPs over the wall time, the best of
- *           three, measured again beside every problem, because a shared
- *           machine's throughput moves from minute to minute.  Best-of on
- *           both sides compares the kernel with the peak at like load.  Vector width
- *           from the host (AVX-512, AVX2 + FMA, else SSE mul + add).
+ *           (enough to cover the FMA latency on every port) for about
+ *           0.1 s; the sum of their FLOPs over the wall time, the best of
+ *           three, measured again beside every row, because a shared
+ *           machine's throughput moves from minute to minute (best-of on
+ *           both sides compares the kernel with the peak at like load).
+ *           Vector width from the host (AVX-512, AVX2 + FMA, else SSE
+ *           mul + add).
  * baseline  the obvious C: per query row, scores, max, exp, sum, O; one
  *           thread, f32, on a sample of rows spread over the sequence
  *           (every row's FLOPs counted exactly), so the big sizes stay
@@ -218,18 +221,12 @@ typedef struct config {
     const char *csv;
 } config;
 
-static int compare_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static aj_status compile_forward(aj_ctx *ctx, aj_dtype dtype, int d, int causal,
-                                 aj_kernel **out)
+static aj_status compile_op(aj_ctx *ctx, const char *kind, aj_dtype dtype, int d, int causal,
+                            aj_kernel **out)
 {
     char spec[256];
-    snprintf(spec, sizeof spec, "attention forward flash { dtype = %s head_dim = %d mask = %s }",
-             aj_dtype_name(dtype), d, causal ? "causal(top_left)" : "none");
+    snprintf(spec, sizeof spec, "attention %s flash { dtype = %s head_dim = %d mask = %s }",
+             kind, aj_dtype_name(dtype), d, causal ? "causal(top_left)" : "none");
     aj_op *op = NULL;
     aj_status st = aj_op_parse(ctx, spec, strlen(spec), "bench", &op);
     if (st != AJ_OK)
@@ -247,23 +244,71 @@ static aj_tensor tensor(void *data, aj_dtype dtype, int h, int s, int d)
     return (aj_tensor){data, dtype, 4, {1, h, s, d}, {(int64_t)h * s * d, (int64_t)s * d, d, 1}};
 }
 
-/* Runs one problem; prints its row; 0 on success. */
+/* One table row: the best of `reps` times against the peak measured
+ * now; baseline GFLOP/s if known (else 0). */
+static void print_row(const config *cfg, FILE *csv, const char *pass, int s, int d, int causal,
+                      double flops, double t, double peak, double bgflops)
+{
+    double gflops = flops / t / 1e9;
+    char base[32] = "—", speedup[32] = "—";
+    if (bgflops > 0) {
+        snprintf(base, sizeof base, "%.2f", bgflops);
+        snprintf(speedup, sizeof speedup, "%.1fx", gflops / bgflops);
+    }
+    printf("| %-8s | %5d | %3d | %-6s | %9.2f | %8.1f | %8.1f | %5.1f%% | %8s | %7s |\n", pass,
+           s, d, causal ? "causal" : "none", t * 1e3, gflops, peak / 1e9,
+           100.0 * gflops * 1e9 / peak, base, speedup);
+    fflush(stdout);
+    if (csv)
+        fprintf(csv, "%s,%s,%d,%d,%d,%s,%.4f,%.3f,%.3f,%.4f,%.3f\n", pass,
+                aj_dtype_name(cfg->dtype), cfg->heads, s, d, causal ? "causal" : "none",
+                t * 1e3, gflops, peak / 1e9, gflops * 1e9 / peak, bgflops);
+}
+
+/* The best of `reps` runs of a pass (after a warm-up); < 0 on failure. */
+static double time_pass(aj_ctx *ctx, aj_device *dev, const aj_kernel *k, const aj_fwd_args *fa,
+                        const aj_bwd_args *ba, int reps)
+{
+    double best = -1;
+    for (int r = 0; r <= reps; r++) {
+        double t0 = now_s();
+        aj_status st = fa ? aj_forward(ctx, dev, k, fa) : aj_backward(ctx, dev, k, ba);
+        double t = now_s() - t0;
+        if (st != AJ_OK) {
+            fprintf(stderr, "bench_cpu: %s: %s\n", fa ? "forward" : "backward",
+                    aj_last_error(ctx));
+            return -1;
+        }
+        if (r > 0 && (best < 0 || t < best))
+            best = t;
+    }
+    return best;
+}
+
+/* Runs one problem, forward then backward; prints their rows; 0 on
+ * success. */
 static int bench_one(aj_ctx *ctx, aj_device *dev, const config *cfg, int s, int d, int causal,
                      peak_kernel pk, FILE *csv)
 {
-    aj_kernel *kernel = NULL;
-    if (compile_forward(ctx, cfg->dtype, d, causal, &kernel) != AJ_OK) {
+    aj_kernel *kernel = NULL, *bwd = NULL;
+    if (compile_op(ctx, "forward", cfg->dtype, d, causal, &kernel) != AJ_OK ||
+        compile_op(ctx, "backward", cfg->dtype, d, causal, &bwd) != AJ_OK) {
         fprintf(stderr, "bench_cpu: compile: %s\n", aj_last_error(ctx));
+        aj_kernel_destroy(kernel);
         return 1;
     }
     int h = cfg->heads;
     size_t n = (size_t)h * s * d, esize = cfg->dtype == AJ_DTYPE_F32 ? 4 : 2;
     float *qf = malloc(n * 4), *kf = malloc(n * 4), *vf = malloc(n * 4), *of = malloc(n * 4);
-    void *q = NULL, *k = NULL, *v = NULL, *o = NULL, *lse = NULL;
+    void *q = NULL, *k = NULL, *v = NULL, *o = NULL, *lse = NULL, *dq = NULL, *dk = NULL,
+         *dv = NULL;
     aj_device_alloc(dev, n * esize, &q);
     aj_device_alloc(dev, n * esize, &k);
     aj_device_alloc(dev, n * esize, &v);
     aj_device_alloc(dev, n * esize, &o);
+    aj_device_alloc(dev, n * esize, &dq);
+    aj_device_alloc(dev, n * esize, &dk);
+    aj_device_alloc(dev, n * esize, &dv);
     aj_device_alloc(dev, (size_t)h * s * 4, &lse);
     uint64_t rng = 0x9e3779b97f4a7c15ull;
     float *srcs[3] = {qf, kf, vf};
@@ -282,35 +327,35 @@ static int bench_one(aj_ctx *ctx, aj_device *dev, const config *cfg, int s, int 
     a.o = tensor(o, cfg->dtype, h, s, d);
     a.lse = (aj_tensor){lse, AJ_DTYPE_F32, 3, {1, h, s, 0}, {(int64_t)h * s, s, 1, 0}};
 
-    double times[64];
-    int reps = cfg->repeat < 64 ? cfg->repeat : 64;
-    int failed = aj_forward(ctx, dev, kernel, &a) != AJ_OK;   /* warm-up */
-    for (int r = 0; r < reps && !failed; r++) {
-        double t0 = now_s();
-        failed = aj_forward(ctx, dev, kernel, &a) != AJ_OK;
-        times[r] = now_s() - t0;
-    }
-    if (failed) {
-        fprintf(stderr, "bench_cpu: forward: %s\n", aj_last_error(ctx));
-    } else {
+    double flops = 4.0 * h * (double)s * s * d * (causal ? 0.5 : 1.0);
+    double t = time_pass(ctx, dev, kernel, &a, NULL, cfg->repeat);
+    int failed = t < 0;
+    if (!failed) {
         /* the machine may be shared: its peak now, right beside the kernel */
         double peak = measure_peak(pk, aj_device_workers(dev));
-        qsort(times, (size_t)reps, sizeof times[0], compare_double);
-        double t = times[0];
-        double flops = 4.0 * h * (double)s * s * d * (causal ? 0.5 : 1.0);
-        double gflops = flops / t / 1e9;
         /* baseline: head 0, about 32 rows spread over the sequence */
         int stride = s / 32 > 0 ? s / 32 : 1;
         double t0 = now_s();
         double bflops = baseline_rows(qf, kf, vf, of, s, d, causal, stride);
-        double bgflops = bflops / (now_s() - t0) / 1e9;
-        printf("| %5d | %3d | %-6s | %9.2f | %8.1f | %8.1f | %5.1f%% | %8.2f | %7.1fx |\n", s,
-               d, causal ? "causal" : "none", t * 1e3, gflops, peak / 1e9,
-               100.0 * gflops * 1e9 / peak, bgflops, gflops / bgflops);
-        if (csv)
-            fprintf(csv, "forward,%s,%d,%d,%d,%s,%.4f,%.3f,%.3f,%.4f,%.3f\n",
-                    aj_dtype_name(cfg->dtype), h, s, d, causal ? "causal" : "none", t * 1e3,
-                    gflops, peak / 1e9, gflops * 1e9 / peak, bgflops);
+        print_row(cfg, csv, "forward", s, d, causal, flops, t, peak, bflops / (now_s() - t0) / 1e9);
+    }
+    if (!failed) {
+        /* dO: q's values; the forward's O and LSE */
+        aj_bwd_args g = AJ_BWD_ARGS_INIT;
+        g.q = a.q;
+        g.k = a.k;
+        g.v = a.v;
+        g.o = a.o;
+        g.lse = a.lse;
+        g.do_ = a.q;
+        g.dq = tensor(dq, cfg->dtype, h, s, d);
+        g.dk = tensor(dk, cfg->dtype, h, s, d);
+        g.dv = tensor(dv, cfg->dtype, h, s, d);
+        t = time_pass(ctx, dev, bwd, NULL, &g, cfg->repeat);
+        failed = t < 0;
+        if (!failed)
+            print_row(cfg, csv, "backward", s, d, causal, 2.5 * flops, t,
+                      measure_peak(pk, aj_device_workers(dev)), 0);
     }
     fflush(stdout);
     aj_device_free(dev, q);
@@ -318,11 +363,15 @@ static int bench_one(aj_ctx *ctx, aj_device *dev, const config *cfg, int s, int 
     aj_device_free(dev, v);
     aj_device_free(dev, o);
     aj_device_free(dev, lse);
+    aj_device_free(dev, dq);
+    aj_device_free(dev, dk);
+    aj_device_free(dev, dv);
     free(qf);
     free(kf);
     free(vf);
     free(of);
     aj_kernel_destroy(kernel);
+    aj_kernel_destroy(bwd);
     return failed;
 }
 
@@ -391,10 +440,11 @@ int main(int argc, char **argv)
                      "fraction_of_peak,baseline_gflops\n");
     printf("cpu: %s, %d threads; peak: %s chains on every thread, measured after each row\n",
            aj_device_name(dev), threads, pk.name);
-    printf("forward, %s, B 1, H %d, Sq = Sk = S, best of %d (peak: best of 3)\n\n", aj_dtype_name(cfg.dtype),
+    printf("flash forward and backward, %s, B 1, H %d, Sq = Sk = S, best of %d (peak: best "
+           "of 3)\n\n", aj_dtype_name(cfg.dtype),
            cfg.heads, cfg.repeat);
-    printf("| S | d | mask | ms | GFLOP/s | peak GFLOP/s | of peak | C loop GFLOP/s | speedup |\n"
-           "|---:|---:|---|---:|---:|---:|---:|---:|---:|\n");
+    printf("| pass | S | d | mask | ms | GFLOP/s | peak GFLOP/s | of peak | C loop GFLOP/s | "
+           "speedup |\n|---|---:|---:|---|---:|---:|---:|---:|---:|---:|\n");
     static const int quick[] = {512, 1024, 2048}, full[] = {512, 1024, 2048, 4096, 8192};
     const int *sizes = cfg.full ? full : quick;
     int nsizes = cfg.full ? 5 : 3;
