@@ -11,6 +11,7 @@ static const aj_template *const templates[] = {
     &aj_template_cpu_fwd_efficient,
     &aj_template_cpu_bwd_flash,
     &aj_template_cpu_bwd_efficient,
+    &aj_template_cpu_merge,
 };
 
 #define GPU_AND_SIM_TARGETS                                                         \

@@ -36,5 +36,6 @@ extern const aj_template aj_template_cpu_fwd_flash;
 extern const aj_template aj_template_cpu_fwd_efficient;
 extern const aj_template aj_template_cpu_bwd_flash;
 extern const aj_template aj_template_cpu_bwd_efficient;
+extern const aj_template aj_template_cpu_merge;
 
 #endif /* AJ_TEMPLATES_TEMPLATE_H */

@@ -81,9 +81,8 @@ static void test_unsupported(void)
          AJ_EMIT_LLVM_IR, AJ_ERR_UNSUPPORTED, "schedule warps = 4: the cpu target has no warps"},
         {"attention forward flash { dtype = f16 head_dim = 64 schedule = (stages = 2) }",
          AJ_EMIT_LLVM_IR, AJ_ERR_UNSUPPORTED, "schedule stages = 2: the cpu target"},
-        {"attention merge { dtype = f32 head_dim_v = 64 }", AJ_EMIT_LLVM_IR,
-         AJ_ERR_UNSUPPORTED, "merge none: no template implements this kind and variant for "
-         "target cpu"},
+        {"attention merge { dtype = f32 head_dim_v = 100 }", AJ_EMIT_LLVM_IR,
+         AJ_ERR_UNSUPPORTED, "head_dim_v = 100: the cpu merge supports multiples of 8"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         aj_kernel *k = NULL;

@@ -17,8 +17,8 @@
  *    the kernel's keep mask out of O (uniform scores, V = identity) checks
  *    every decision exactly and the keep rate within 5 sigma.
  *
- *   test_sim_features [cpu]: the same checks of the cpu target's kernels on
- *   the cpu device (ctest test_cpu_features).
+ *   test_sim_features [cpu]: the same checks of the cpu target's kernels
+ *   (forward and merge) on the cpu device (ctest test_cpu_features).
  */
 #include <math.h>
 #include <stdio.h>
@@ -620,12 +620,8 @@ int main(int argc, char **argv)
     if (!dev)
         return check_report();
     test_accumulate();
-    if (cpu) {
-        printf("merge: skipped, the cpu target has no merge kernel\n");
-    } else {
-        test_merge();
-        test_merge_of_forwards();
-    }
+    test_merge();
+    test_merge_of_forwards();
     test_bias();
     test_dropout();
     test_dropout_mask();
