@@ -4,8 +4,9 @@
  * Workers sleep on a condition variable until a batch is posted (a new
  * generation number), then claim items one at a time from an atomic
  * counter, so uneven items (causal rows near the diagonal, tails) balance
- * themselves.  The posting thread claims items too, then waits until the
- * last worker has left the batch.
+ * themselves.  The posting thread only waits until the last worker has
+ * left the batch: items never run on the caller's stack, whose size the
+ * library does not control.
  */
 #include "runtime/cpu/pool.h"
 
@@ -70,8 +71,8 @@ static void *worker_main(void *arg)
 aj_status aj_cpu_pool_create(aj_ctx *ctx, int threads, aj_cpu_pool **out)
 {
     aj_cpu_pool *pool = calloc(1, sizeof *pool);
-    pthread_t *workers = threads > 1 ? calloc((size_t)threads - 1, sizeof *workers) : NULL;
-    if (!pool || (threads > 1 && !workers)) {
+    pthread_t *workers = calloc((size_t)threads, sizeof *workers);
+    if (!pool || !workers) {
         free(pool);
         free(workers);
         return aj_fail(ctx, AJ_ERR_OUT_OF_MEMORY, "out of memory");
@@ -84,13 +85,13 @@ aj_status aj_cpu_pool_create(aj_ctx *ctx, int threads, aj_cpu_pool **out)
     pthread_attr_t attr;
     pthread_attr_init(&attr);
     pthread_attr_setstacksize(&attr, WORKER_STACK_BYTES);
-    for (int t = 0; t < threads - 1; t++) {
+    for (int t = 0; t < threads; t++) {
         int err = pthread_create(&workers[t], &attr, worker_main, pool);
         if (err) {
             pthread_attr_destroy(&attr);
             aj_cpu_pool_destroy(pool);
             return aj_fail(ctx, AJ_ERR_OUT_OF_MEMORY, "cpu device: cannot start worker "
-                           "thread %d of %d: %s", t + 1, threads - 1, strerror(err));
+                           "thread %d of %d: %s", t + 1, threads, strerror(err));
         }
         pool->started++;
     }
@@ -133,9 +134,6 @@ void aj_cpu_pool_run(aj_cpu_pool *pool, int64_t n, aj_cpu_item_fn fn, void *arg)
     pool->busy = pool->started;
     pool->generation++;
     pthread_cond_broadcast(&pool->posted);
-    pthread_mutex_unlock(&pool->lock);
-    drain(pool);
-    pthread_mutex_lock(&pool->lock);
     while (pool->busy > 0)
         pthread_cond_wait(&pool->finished, &pool->lock);
     pthread_mutex_unlock(&pool->lock);

@@ -13,9 +13,9 @@ typedef struct aj_cpu_pool aj_cpu_pool;
 /* Runs item i of a batch. */
 typedef void (*aj_cpu_item_fn)(void *arg, int64_t i);
 
-/* A pool of `threads` (>= 1) threads: the caller of aj_cpu_pool_run and
- * threads - 1 workers started here.  AJ_ERR_OUT_OF_MEMORY naming the
- * failure if a thread cannot be started. */
+/* A pool of `threads` (>= 1) worker threads started here, each with a
+ * 16 MiB stack.  AJ_ERR_OUT_OF_MEMORY naming the failure if a thread
+ * cannot be started. */
 aj_status aj_cpu_pool_create(aj_ctx *ctx, int threads, aj_cpu_pool **out);
 /* Stops and joins the workers; NULL is a no-op. */
 void aj_cpu_pool_destroy(aj_cpu_pool *pool);
