@@ -74,7 +74,7 @@ static aj_status plan_kernel(aj_ctx *ctx, const aj_op *op, cfwd_plan *p)
                        "warps or pipeline stages (leave them unset)",
                        s->warps ? "warps" : "stages", s->warps ? s->warps : s->stages);
     /* the verifier allows powers of two 16..256: multiples of RM, each */
-    p->bm = s->block_m ? s->block_m : 64;
+    p->bm = s->block_m ? s->block_m : 128;
     p->bn = s->block_n ? s->block_n : 64 > CN * p->w ? 64 : CN * p->w;
     if (p->bn % (CN * p->w))
         return aj_fail(ctx, AJ_ERR_UNSUPPORTED, "schedule block_n = %d: the cpu forward "
