@@ -45,6 +45,15 @@ static LLVMValueRef fload(aj_kb *kb, LLVMValueRef ptr)
     return LLVMBuildLoad2(kb->b, kb->t_f32, ptr, "");
 }
 
+/* shufflevector of two <8 x float> by an 8-entry mask */
+static LLVMValueRef shuffle8(aj_kb *kb, LLVMValueRef x, LLVMValueRef y, const int m[8])
+{
+    LLVMValueRef mask[8];
+    for (int i = 0; i < 8; i++)
+        mask[i] = i32c(kb, m[i]);
+    return LLVMBuildShuffleVector(kb->b, x, y, LLVMConstVector(mask, 8), "");
+}
+
 void aj_cpu_attn_init(aj_cpu_attn *a, aj_kb *kb, const aj_op *op, int log2e_in_q,
                       LLVMValueRef bidx, LLVMValueRef h)
 {
@@ -101,12 +110,64 @@ void aj_cpu_load_rows(aj_kb *kb, LLVMValueRef buf, int width, const char *t, aj_
     aj_kb_for_end(kb);
 }
 
+/* out[j][i] = a[i][j] for 8 vectors of 8 floats, by three rounds of
+ * two-input shuffles (x86: unpck, shufps, vperm2f128):
+ *
+ *   a0 = k0d0 k0d1 .. k0d7      t: pairs of rows interleaved
+ *   a1 = k1d0 ..           ->   u: quads of rows, dims j and j+4
+ *   ..                          out[j] = k0dj k1dj .. k7dj
+ */
+static void transpose8(aj_kb *kb, LLVMValueRef a[8], LLVMValueRef out[8])
+{
+    static const int lo[8] = {0, 8, 1, 9, 4, 12, 5, 13}, hi[8] = {2, 10, 3, 11, 6, 14, 7, 15};
+    static const int ulo[8] = {0, 1, 8, 9, 4, 5, 12, 13}, uhi[8] = {2, 3, 10, 11, 6, 7, 14, 15};
+    static const int vlo[8] = {0, 1, 2, 3, 8, 9, 10, 11}, vhi[8] = {4, 5, 6, 7, 12, 13, 14, 15};
+    LLVMValueRef t[8], u[8];
+#define SHUF(x, y, m) shuffle8(kb, x, y, m)
+    for (int p = 0; p < 4; p++) {
+        t[2 * p] = SHUF(a[2 * p], a[2 * p + 1], lo);
+        t[2 * p + 1] = SHUF(a[2 * p], a[2 * p + 1], hi);
+    }
+    for (int g = 0; g < 2; g++) {   /* rows 0-3, then 4-7 */
+        LLVMValueRef *tt = &t[4 * g], *uu = &u[4 * g];
+        uu[0] = SHUF(tt[0], tt[2], ulo);
+        uu[1] = SHUF(tt[0], tt[2], uhi);
+        uu[2] = SHUF(tt[1], tt[3], ulo);
+        uu[3] = SHUF(tt[1], tt[3], uhi);
+    }
+    for (int j = 0; j < 4; j++) {
+        out[j] = SHUF(u[j], u[j + 4], vlo);
+        out[j + 4] = SHUF(u[j], u[j + 4], vhi);
+    }
+#undef SHUF
+}
+
 void aj_cpu_load_cols(aj_kb *kb, LLVMValueRef buf, int width, int n, const char *t,
                       aj_dtype dtype, LLVMValueRef base, LLVMValueRef stride_s,
                       LLVMValueRef r0, LLVMValueRef count)
 {
     LLVMBuilderRef b = kb->b;
-    LLVMValueRef r = aj_kb_for_begin(kb, i32c(kb, 0), i32c(kb, n), i32c(kb, 1), "lc");
+    /* groups of 8 rows: whole ones by 8 x 8 transposes, the group holding
+     * the tail row by row (n is a multiple of 8) */
+    LLVMValueRef r8 = aj_kb_for_begin(kb, i32c(kb, 0), i32c(kb, n), i32c(kb, 8), "lc8");
+    aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntSLE, add(kb, r8, i32c(kb, 8)), count, ""));
+    {
+        LLVMValueRef rows[8];
+        for (int e = 0; e < 8; e++)
+            rows[e] = add(kb, base, mul(kb, sext64(kb, add(kb, r0, add(kb, r8, i32c(kb, e)))),
+                                        stride_s));
+        for (int c = 0; c < width; c += 8) {
+            LLVMValueRef a[8], out[8];
+            for (int e = 0; e < 8; e++)
+                a[e] = aj_cv_load(kb, aj_cpu_tensor_at(kb, t, dtype, add(kb, rows[e],
+                                  aj_kb_i64(kb, c))), dtype, 8);
+            transpose8(kb, a, out);
+            for (int j = 0; j < 8; j++)
+                vstore(kb, out[j], aj_cpu_buf_at(kb, buf, add(kb, i32c(kb, (c + j) * n), r8)));
+        }
+    }
+    aj_kb_else(kb);
+    LLVMValueRef r = aj_kb_for_begin(kb, r8, add(kb, r8, i32c(kb, 8)), i32c(kb, 1), "lc");
     aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntSLT, r, count, ""));
     LLVMValueRef row = add(kb, base, mul(kb, sext64(kb, add(kb, r0, r)), stride_s));
     for (int c = 0; c < width; c += 8) {
@@ -119,6 +180,8 @@ void aj_cpu_load_cols(aj_kb *kb, LLVMValueRef buf, int width, int n, const char 
     aj_kb_else(kb);
     for (int c = 0; c < width; c++)
         LLVMBuildStore(b, aj_kb_f32(kb, 0), aj_cpu_buf_at(kb, buf, add(kb, i32c(kb, c * n), r)));
+    aj_kb_if_end(kb);
+    aj_kb_for_end(kb);
     aj_kb_if_end(kb);
     aj_kb_for_end(kb);
 }
