@@ -28,19 +28,19 @@ static LLVMValueRef sext64(aj_kb *kb, LLVMValueRef v)
     return LLVMBuildSExt(kb->b, v, kb->t_i64, "");
 }
 
-static LLVMValueRef vload(aj_kb *kb, LLVMValueRef ptr, int n)
+LLVMValueRef aj_cpu_vload(aj_kb *kb, LLVMValueRef ptr, int n)
 {
     LLVMValueRef v = LLVMBuildLoad2(kb->b, aj_cv_type(kb, n), ptr, "");
     LLVMSetAlignment(v, 4);
     return v;
 }
 
-static void vstore(aj_kb *kb, LLVMValueRef v, LLVMValueRef ptr)
+void aj_cpu_vstore(aj_kb *kb, LLVMValueRef v, LLVMValueRef ptr)
 {
     LLVMSetAlignment(LLVMBuildStore(kb->b, v, ptr), 4);
 }
 
-static LLVMValueRef fload(aj_kb *kb, LLVMValueRef ptr)
+LLVMValueRef aj_cpu_fload(aj_kb *kb, LLVMValueRef ptr)
 {
     return LLVMBuildLoad2(kb->b, kb->t_f32, ptr, "");
 }
@@ -70,7 +70,7 @@ void aj_cpu_attn_init(aj_cpu_attn *a, aj_kb *kb, const aj_op *op, int log2e_in_q
     a->slope = NULL;
     a->bias_base = NULL;
     if (op->score_mod.kind == AJ_SCORE_MOD_ALIBI)
-        a->slope = fload(kb, aj_cv_at(kb, kb->t_f32, aj_kb_param(kb, "alibi_slopes"), h));
+        a->slope = aj_cpu_fload(kb, aj_cv_at(kb, kb->t_f32, aj_kb_param(kb, "alibi_slopes"), h));
     if (op->bias == AJ_BIAS_ADD)
         a->bias_base = aj_attn_slice_base(kb, "bias", bidx, h);
 }
@@ -100,11 +100,11 @@ void aj_cpu_load_rows(aj_kb *kb, LLVMValueRef buf, int width, const char *t, aj_
                                     aj_kb_i64(kb, c))), dtype, 8);
         if (scale != 1.0)
             x = LLVMBuildFMul(kb->b, x, vscale, "");
-        vstore(kb, x, aj_cpu_buf_at(kb, buf, add(kb, dst, i32c(kb, c))));
+        aj_cpu_vstore(kb, x, aj_cpu_buf_at(kb, buf, add(kb, dst, i32c(kb, c))));
     }
     aj_kb_else(kb);
     for (int c = 0; c < width; c += 8)
-        vstore(kb, LLVMConstNull(aj_cv_type(kb, 8)), aj_cpu_buf_at(kb, buf, add(kb, dst,
+        aj_cpu_vstore(kb, LLVMConstNull(aj_cv_type(kb, 8)), aj_cpu_buf_at(kb, buf, add(kb, dst,
                                                                               i32c(kb, c))));
     aj_kb_if_end(kb);
     aj_kb_for_end(kb);
@@ -163,7 +163,8 @@ void aj_cpu_load_cols(aj_kb *kb, LLVMValueRef buf, int width, int n, const char 
                                   aj_kb_i64(kb, c))), dtype, 8);
             transpose8(kb, a, out);
             for (int j = 0; j < 8; j++)
-                vstore(kb, out[j], aj_cpu_buf_at(kb, buf, add(kb, i32c(kb, (c + j) * n), r8)));
+                aj_cpu_vstore(kb, out[j], aj_cpu_buf_at(kb, buf, add(kb, i32c(kb, (c + j) * n),
+                                                                     r8)));
         }
     }
     aj_kb_else(kb);
@@ -204,10 +205,10 @@ void aj_cpu_gemm_nt(aj_kb *kb, int w, LLVMValueRef c, LLVMValueRef a, int k, LLV
         LLVMValueRef bv[CN];
         LLVMValueRef brow = add(kb, mul(kb, d, i32c(kb, n)), j0);
         for (int x = 0; x < CN; x++)
-            bv[x] = vload(kb, aj_cpu_buf_at(kb, bt, add(kb, brow, i32c(kb, x * w))), w);
+            bv[x] = aj_cpu_vload(kb, aj_cpu_buf_at(kb, bt, add(kb, brow, i32c(kb, x * w))), w);
         for (int r = 0; r < RM; r++) {
             LLVMValueRef ai = add(kb, mul(kb, add(kb, i0, i32c(kb, r)), i32c(kb, k)), d);
-            LLVMValueRef ab = aj_cv_splat(kb, fload(kb, aj_cpu_buf_at(kb, a, ai)), w);
+            LLVMValueRef ab = aj_cv_splat(kb, aj_cpu_fload(kb, aj_cpu_buf_at(kb, a, ai)), w);
             for (int x = 0; x < CN; x++)
                 aj_kb_set(kb, acc[r][x], aj_cv_fma(kb, ab, bv[x], aj_kb_get(kb, acc[r][x])));
         }
@@ -216,7 +217,7 @@ void aj_cpu_gemm_nt(aj_kb *kb, int w, LLVMValueRef c, LLVMValueRef a, int k, LLV
     for (int r = 0; r < RM; r++) {
         LLVMValueRef crow = add(kb, mul(kb, add(kb, i0, i32c(kb, r)), i32c(kb, n)), j0);
         for (int x = 0; x < CN; x++)
-            vstore(kb, aj_kb_get(kb, acc[r][x]), aj_cpu_buf_at(kb, c, add(kb, crow,
+            aj_cpu_vstore(kb, aj_kb_get(kb, acc[r][x]), aj_cpu_buf_at(kb, c, add(kb, crow,
                                                                         i32c(kb, x * w))));
     }
     aj_kb_for_end(kb);
@@ -243,10 +244,12 @@ void aj_cpu_gemm_acc(aj_kb *kb, int ncols, LLVMValueRef c, LLVMValueRef rscale,
         LLVMValueRef m = add(kb, i0, i32c(kb, r));
         LLVMValueRef row = add(kb, mul(kb, m, i32c(kb, ncols)), c0);
         for (int x = 0; x < cv; x++) {
-            LLVMValueRef v = vload(kb, aj_cpu_buf_at(kb, c, add(kb, row, i32c(kb, x * vw))), vw);
-            if (rscale)
-                v = LLVMBuildFMul(kb->b, aj_cv_splat(kb, fload(kb, aj_cpu_buf_at(kb, rscale, m)),
-                                                     vw), v, "");
+            LLVMValueRef at = aj_cpu_buf_at(kb, c, add(kb, row, i32c(kb, x * vw)));
+            LLVMValueRef v = aj_cpu_vload(kb, at, vw);
+            if (rscale) {
+                LLVMValueRef rs = aj_cpu_fload(kb, aj_cpu_buf_at(kb, rscale, m));
+                v = LLVMBuildFMul(kb->b, aj_cv_splat(kb, rs, vw), v, "");
+            }
             aj_kb_set(kb, acc[r][x], v);
         }
     }
@@ -255,11 +258,11 @@ void aj_cpu_gemm_acc(aj_kb *kb, int ncols, LLVMValueRef c, LLVMValueRef rscale,
         LLVMValueRef bv[2];
         LLVMValueRef brow = add(kb, mul(kb, k, i32c(kb, ncols)), c0);
         for (int x = 0; x < cv; x++)
-            bv[x] = vload(kb, aj_cpu_buf_at(kb, b, add(kb, brow, i32c(kb, x * vw))), vw);
+            bv[x] = aj_cpu_vload(kb, aj_cpu_buf_at(kb, b, add(kb, brow, i32c(kb, x * vw))), vw);
         LLVMValueRef pk = mul(kb, k, i32c(kb, ldp_k));
         for (int r = 0; r < RM; r++) {
             LLVMValueRef pi = add(kb, mul(kb, add(kb, i0, i32c(kb, r)), i32c(kb, ldp_m)), pk);
-            LLVMValueRef pb = aj_cv_splat(kb, fload(kb, aj_cpu_buf_at(kb, p, pi)), vw);
+            LLVMValueRef pb = aj_cv_splat(kb, aj_cpu_fload(kb, aj_cpu_buf_at(kb, p, pi)), vw);
             for (int x = 0; x < cv; x++)
                 aj_kb_set(kb, acc[r][x], aj_cv_fma(kb, pb, bv[x], aj_kb_get(kb, acc[r][x])));
         }
@@ -268,7 +271,7 @@ void aj_cpu_gemm_acc(aj_kb *kb, int ncols, LLVMValueRef c, LLVMValueRef rscale,
     for (int r = 0; r < RM; r++) {
         LLVMValueRef row = add(kb, mul(kb, add(kb, i0, i32c(kb, r)), i32c(kb, ncols)), c0);
         for (int x = 0; x < cv; x++)
-            vstore(kb, aj_kb_get(kb, acc[r][x]), aj_cpu_buf_at(kb, c, add(kb, row,
+            aj_cpu_vstore(kb, aj_kb_get(kb, acc[r][x]), aj_cpu_buf_at(kb, c, add(kb, row,
                                                                         i32c(kb, x * vw))));
     }
     aj_kb_for_end(kb);

@@ -41,6 +41,11 @@ typedef struct aj_cpu_attn {
 void aj_cpu_attn_init(aj_cpu_attn *a, aj_kb *kb, const aj_op *op, int log2e_in_q,
                       LLVMValueRef bidx, LLVMValueRef h);
 
+/* <n x float> and f32 loads and stores of the stack buffers (4-byte
+ * alignment: tiles start anywhere in a row) */
+LLVMValueRef aj_cpu_vload(aj_kb *kb, LLVMValueRef ptr, int n);
+void aj_cpu_vstore(aj_kb *kb, LLVMValueRef v, LLVMValueRef ptr);
+LLVMValueRef aj_cpu_fload(aj_kb *kb, LLVMValueRef ptr);
 /* &buf[index] of an f32 buffer (index i32 or i64) */
 LLVMValueRef aj_cpu_buf_at(aj_kb *kb, LLVMValueRef buf, LLVMValueRef index);
 /* &t[elem] of tensor parameter t of `dtype`, elem i64 */

@@ -126,19 +126,17 @@ static LLVMValueRef buf_at(cbwd *c, LLVMValueRef buf, LLVMValueRef index)
 
 static LLVMValueRef fload(cbwd *c, LLVMValueRef ptr)
 {
-    return LLVMBuildLoad2(c->b, c->kb->t_f32, ptr, "");
+    return aj_cpu_fload(c->kb, ptr);
 }
 
 static LLVMValueRef vload(cbwd *c, LLVMValueRef ptr, int n)
 {
-    LLVMValueRef v = LLVMBuildLoad2(c->b, aj_cv_type(c->kb, n), ptr, "");
-    LLVMSetAlignment(v, 4);
-    return v;
+    return aj_cpu_vload(c->kb, ptr, n);
 }
 
 static void vstore(cbwd *c, LLVMValueRef v, LLVMValueRef ptr)
 {
-    LLVMSetAlignment(LLVMBuildStore(c->b, v, ptr), 4);
+    aj_cpu_vstore(c->kb, v, ptr);
 }
 
 /* q, k, v, o, do, lse and the stage's outputs with their strides; with

@@ -143,19 +143,17 @@ static LLVMValueRef tensor_at(cfwd *c, const char *t, aj_dtype dtype, LLVMValueR
 
 static LLVMValueRef vload(cfwd *c, LLVMValueRef ptr, int n)
 {
-    LLVMValueRef v = LLVMBuildLoad2(c->b, aj_cv_type(c->kb, n), ptr, "");
-    LLVMSetAlignment(v, 4);
-    return v;
+    return aj_cpu_vload(c->kb, ptr, n);
 }
 
 static void vstore(cfwd *c, LLVMValueRef v, LLVMValueRef ptr)
 {
-    LLVMSetAlignment(LLVMBuildStore(c->b, v, ptr), 4);
+    aj_cpu_vstore(c->kb, v, ptr);
 }
 
 static LLVMValueRef fload(cfwd *c, LLVMValueRef ptr)
 {
-    return LLVMBuildLoad2(c->b, c->kb->t_f32, ptr, "");
+    return aj_cpu_fload(c->kb, ptr);
 }
 
 /* The output tensor: o, or the f32 o_acc of accumulate kernels. */
