@@ -69,13 +69,22 @@ aj_status aj_sim_jit(aj_ctx *ctx, LLVMOrcThreadSafeContextRef tsctx, LLVMModuleR
                      const aj_host_symbol *symbols, size_t nsymbols, aj_kernel *kernel);
 void aj_sim_jit_dispose(void *jit);
 
+/* cpu target (cpu.c).  Its kernels are host functions built like sim
+ * kernels (the same <entry>.entry(ptr item, ptr args) wrapper and JIT),
+ * with the work item in place of the thread state. */
+/* floats per SIMD register of this host: 16 with AVX-512, 8 with AVX, else 4 */
+int aj_cpu_vector_width(void);
+/* The C library functions cpu kernels may call (scalar exp2, log2 and the
+ * rounding LLVM lowers to calls where the host lacks the instruction). */
+const aj_host_symbol *aj_cpu_symbols(size_t *count);
+
 /* One kernel of a compiled module, launched in stage order. */
 typedef struct aj_kernel_stage {
     char entry[128];
     aj_launch_info launch;
     aj_param_info params[AJ_KB_MAX_PARAMS];
     char param_names[AJ_KB_MAX_PARAMS][32];
-    aj_host_entry_fn host_entry; /* sim: <entry>.entry */
+    aj_host_entry_fn host_entry; /* sim, cpu: <entry>.entry */
 } aj_kernel_stage;
 
 /* the kernel object (kernel.c); shared by reference count with the cache */
@@ -90,7 +99,7 @@ struct aj_kernel {
     aj_kernel_stage *stages;
     aj_compile_stats stats;
     aj_op_info op;               /* what the kernel computes, for launches */
-    void *jit;                   /* sim: the LLJIT that owns the code */
+    void *jit;                   /* sim, cpu: the LLJIT that owns the code */
 };
 
 /* Makes a kernel that owns a copy of code and of the stages' launch

@@ -105,7 +105,8 @@ void aj_kb_begin_stage(aj_kb *kb, const char *stage_name, int32_t threads)
     else
         snprintf(stage->entry, sizeof stage->entry, "%s", kb->entry_name);
     LLVMTypeRef types[AJ_KB_MAX_PARAMS + 1];
-    int hidden = kb->target == AJ_TARGET_SIM;   /* the sim thread state */
+    /* the sim thread state, or the cpu work item */
+    int hidden = kb->target == AJ_TARGET_SIM || kb->target == AJ_TARGET_CPU;
     if (hidden)
         types[0] = kb->t_ptr;
     for (int i = 0; i < kb->num_params; i++)
@@ -116,9 +117,12 @@ void aj_kb_begin_stage(aj_kb *kb, const char *stage_name, int32_t threads)
     kb->block_threads = threads;
     if (kb->min_ctas_per_sm < 1)
         kb->min_ctas_per_sm = 1;
-    if (hidden) {
+    if (kb->target == AJ_TARGET_SIM) {
         kb->sim_thread = LLVMGetParam(kb->fn, 0);
         LLVMSetValueName2(kb->sim_thread, "thread", 6);
+    } else if (hidden) {
+        kb->work_item = LLVMGetParam(kb->fn, 0);
+        LLVMSetValueName2(kb->work_item, "item", 4);
     }
     for (int i = 0; i < kb->num_params; i++) {
         LLVMValueRef p = LLVMGetParam(kb->fn, (unsigned)(hidden + i));
@@ -133,7 +137,7 @@ void aj_kb_begin_stage(aj_kb *kb, const char *stage_name, int32_t threads)
     }
     kb->entry = LLVMAppendBasicBlockInContext(kb->llctx, kb->fn, "entry");
     LLVMPositionBuilderAtEnd(kb->b, kb->entry);
-    if (hidden)
+    if (kb->target == AJ_TARGET_SIM)
         kb->smem_base = aj_kb_intrinsic(kb, AJ_INTR_SIM_SMEM, NULL);
 }
 
@@ -161,13 +165,14 @@ void aj_kb_finish(aj_kb *kb, const aj_kernel_layout *layout)
     kb->dynamic_smem = 0;
     kb->min_ctas_per_sm = 0;
     kb->sim_thread = NULL;
+    kb->work_item = NULL;
     if (kb->target == AJ_TARGET_SIM)
         kb->smem_base = NULL;
 }
 
 LLVMValueRef aj_kb_param(aj_kb *kb, const char *name)
 {
-    int hidden = kb->sim_thread != NULL;
+    int hidden = kb->sim_thread != NULL || kb->work_item != NULL;
     for (int i = 0; i < kb->num_params; i++)
         if (strcmp(kb->params[i].name, name) == 0)
             return LLVMGetParam(kb->fn, (unsigned)(hidden + i));

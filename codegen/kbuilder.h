@@ -89,6 +89,7 @@ typedef struct aj_kb {
     LLVMTypeRef t_gptr, t_sptr;  /* ptr addrspace(1), ptr addrspace(3) */
     LLVMTypeRef t_ptr;           /* ptr (generic) */
     LLVMValueRef sim_thread;     /* sim: the hidden thread-state argument */
+    LLVMValueRef work_item;      /* cpu: the hidden argument, ptr to i32 x, y, z */
     int32_t sim_sites;           /* sim: collective call sites numbered so far */
 
     /* the launch ABI, in declaration order */
@@ -134,7 +135,9 @@ void aj_kb_add_param(aj_kb *kb, const char *name, aj_param_type type);
 /* Creates the kernel function kb->entry_name with the declared parameters
  * and `threads` threads per CTA (the launch bound); positions at entry.
  * On the sim target the function takes the emulator's thread state as a
- * hidden first argument, before the declared parameters. */
+ * hidden first argument, before the declared parameters; on cpu the
+ * hidden argument points to the work item (i32 x, y, z: the CTA index a
+ * GPU launch would give). */
 void aj_kb_begin(aj_kb *kb, int32_t threads);
 /* The same for one kernel of several: its symbol is
  * "<entry_name>_<stage_name>". */

@@ -189,7 +189,7 @@ static void put_str(byte_writer *w, const char *s)
 aj_status aj_kernel_serialize(aj_ctx *ctx, const aj_kernel *k, uint8_t **out, size_t *size)
 {
     if (k->jit)
-        return aj_fail(ctx, AJ_ERR_INVALID_ARG, "sim kernels have no byte form");
+        return aj_fail(ctx, AJ_ERR_INVALID_ARG, "sim and cpu kernels have no byte form");
     byte_writer w = {0};
     put_u32(&w, KERNEL_FORMAT);
     put_u32(&w, sizeof(aj_op_info));

@@ -19,7 +19,7 @@ const char *aj_llvm_version(void)
 
 aj_status aj_codegen_target_supported(aj_ctx *ctx, aj_target target)
 {
-    if (aj_target_is_nvptx(target) || target == AJ_TARGET_SIM)
+    if (aj_target_is_nvptx(target) || target == AJ_TARGET_SIM || target == AJ_TARGET_CPU)
         return AJ_OK;
     return aj_fail(ctx, AJ_ERR_UNSUPPORTED, "target '%s' is not implemented yet",
                    aj_target_name(target));
@@ -82,10 +82,14 @@ static const char *const pipelines[4] = {
 };
 
 static aj_status optimize(aj_ctx *ctx, LLVMModuleRef mod, LLVMTargetMachineRef tm,
-                          int opt_level)
+                          int opt_level, aj_target target)
 {
+    /* cpu kernels are loops over explicit vectors that want LLVM's full
+     * scheduling, unrolling and instruction selection: default<O3> */
+    const char *pipeline = target == AJ_TARGET_CPU && opt_level >= 2 ? pipelines[3]
+                                                                       : pipelines[opt_level];
     LLVMPassBuilderOptionsRef pbo = LLVMCreatePassBuilderOptions();
-    LLVMErrorRef err = LLVMRunPasses(mod, pipelines[opt_level], tm, pbo);
+    LLVMErrorRef err = LLVMRunPasses(mod, pipeline, tm, pbo);
     LLVMDisposePassBuilderOptions(pbo);
     if (err) {
         char *msg = LLVMGetErrorMessage(err);
@@ -139,9 +143,10 @@ aj_status aj_codegen_run(aj_ctx *ctx, const aj_op *op,
 {
     aj_status st = AJ_OK;
     int sim = options->target == AJ_TARGET_SIM;
-    /* sim modules go to the JIT, which wants them in a thread-safe context */
-    LLVMOrcThreadSafeContextRef tsctx = sim ? LLVMOrcCreateNewThreadSafeContext() : NULL;
-    LLVMContextRef llctx = sim ? LLVMOrcThreadSafeContextGetContext(tsctx) : LLVMContextCreate();
+    int host = sim || options->target == AJ_TARGET_CPU;   /* JIT-compiled for this machine */
+    /* host modules go to the JIT, which wants them in a thread-safe context */
+    LLVMOrcThreadSafeContextRef tsctx = host ? LLVMOrcCreateNewThreadSafeContext() : NULL;
+    LLVMContextRef llctx = host ? LLVMOrcThreadSafeContextGetContext(tsctx) : LLVMContextCreate();
     LLVMTargetMachineRef tm = NULL;
     LLVMTargetDataRef layout_data = NULL;
     aj_kb kb;
@@ -155,13 +160,14 @@ aj_status aj_codegen_run(aj_ctx *ctx, const aj_op *op,
     kb.entry_name = entry_name;
 
     AJ_TRY(aj_codegen_target_supported(ctx, options->target));
-    if (sim && options->emit == AJ_EMIT_PTX) {
+    if (host && options->emit == AJ_EMIT_PTX) {
         st = aj_fail(ctx, AJ_ERR_UNSUPPORTED,
-                     "emit ptx needs a GPU target; sim kernels emit LLVM IR or bitcode");
+                     "emit ptx needs a GPU target; %s kernels emit LLVM IR or bitcode",
+                     aj_target_name(options->target));
         goto done;
     }
     AJ_TRY(aj_intrinsics_check(ctx));
-    if (sim)
+    if (host)
         AJ_TRY(aj_sim_target_machine(ctx, options->opt_level, &tm));
     else
         AJ_TRY(aj_nvptx_target_machine(ctx, options->target, options->opt_level, &tm));
@@ -184,7 +190,7 @@ aj_status aj_codegen_run(aj_ctx *ctx, const aj_op *op,
     }
     for (int i = 0; i < kb.num_stages; i++) {
         const aj_kb_stage *stage = &kb.stages[i];
-        if (sim)
+        if (host)
             aj_sim_add_entry(&kb, stage);
         else
             aj_nvptx_annotate_kernel(kb.mod, stage->fn, stage->block_threads,
@@ -203,7 +209,7 @@ aj_status aj_codegen_run(aj_ctx *ctx, const aj_op *op,
 
     /* stage: optimize */
     t0 = now_ms();
-    AJ_TRY(optimize(ctx, kb.mod, tm, options->opt_level));
+    AJ_TRY(optimize(ctx, kb.mod, tm, options->opt_level, options->target));
     if (sim)
         aj_sim_count_instructions(kb.mod);
     t1 = now_ms();
@@ -211,12 +217,12 @@ aj_status aj_codegen_run(aj_ctx *ctx, const aj_op *op,
     stats.ir_instructions = count_instructions(kb.mod);
     dump_stage(ctx, options, "optimize", kb.mod);
 
-    /* stage: emit (sim: also JIT-compile for the host) */
+    /* stage: emit (sim, cpu: also JIT-compile for the host) */
     t0 = now_ms();
     AJ_TRY(emit(ctx, kb.mod, tm, options->emit, &code, &code_size));
     AJ_TRY(aj_kernel_new(ctx, kb.stages, kb.num_stages, options->target, options->emit,
                          code, code_size, &kernel));
-    if (sim)
+    if (host)
         AJ_TRY(aj_sim_jit(ctx, tsctx, aj_kb_take_module(&kb), host_symbols,
                           num_host_symbols, kernel));
     stats.emit_ms = now_ms() - t0;
@@ -231,7 +237,7 @@ done:
         LLVMDisposeTargetData(layout_data);
     if (tm)
         LLVMDisposeTargetMachine(tm);
-    if (sim)
+    if (host)
         LLVMOrcDisposeThreadSafeContext(tsctx);
     else
         LLVMContextDispose(llctx);

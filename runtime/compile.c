@@ -96,7 +96,7 @@ static aj_status compile_one(aj_ctx *ctx, aj_kernel_cache *cache, const aj_op *o
         goto done;
     }
     AJ_TRY(aj_codegen_target_supported(ctx, opt->target));
-    AJ_TRY(aj_template_find(ctx, op, &tmpl));
+    AJ_TRY(aj_template_find(ctx, op, opt->target, &tmpl));
     AJ_TRY(tmpl->check(ctx, op, opt->target));
     AJ_TRY(aj_op_hash(op, hash));
 
@@ -106,13 +106,15 @@ static aj_status compile_one(aj_ctx *ctx, aj_kernel_cache *cache, const aj_op *o
              aj_target_name(opt->target), opt->opt_level, emit_names[opt->emit],
              aj_llvm_version(), aj_version_string(), AJ_CODEGEN_ID);
     int cached = cache && !opt->bypass_cache && !opt->dump_after;
-    int use_disk = opt->target != AJ_TARGET_SIM;   /* sim code lives in a JIT */
+    /* sim and cpu code lives in a JIT */
+    int use_disk = opt->target != AJ_TARGET_SIM && opt->target != AJ_TARGET_CPU;
     if (cached && (*out = aj_cache_lookup(ctx, cache, key, use_disk)))
         goto done;
 
     snprintf(entry, sizeof entry, "aj_%s_%s", tmpl->name, hash);
     size_t nsyms = 0;
-    const aj_host_symbol *syms = aj_sim_symbols(&nsyms);
+    const aj_host_symbol *syms = opt->target == AJ_TARGET_CPU ? aj_cpu_symbols(&nsyms)
+                                                               : aj_sim_symbols(&nsyms);
     AJ_TRY(aj_codegen_run(ctx, op, opt, entry, tmpl->build, NULL, syms, nsyms, out));
     aj_op_get_info(op, &(*out)->op);
     if (cached)

@@ -37,6 +37,21 @@ aj_status aj_device_open(aj_ctx *ctx, aj_device_kind kind, int index, aj_device 
         aj_status st = aj_cuda_device_open(ctx, index, NULL, &cuda);
         return st == AJ_OK ? new_device(ctx, kind, index, cuda, out) : st;
     }
+    if (kind == AJ_DEVICE_CPU) {
+        if (index != 0)
+            return aj_fail(ctx, AJ_ERR_NO_DEVICE, "aj_device_open: the cpu device has index 0 "
+                           "only (its threads are set with aj_device_set_workers), not %d",
+                           index);
+        aj_cpu_device *cpu = NULL;
+        aj_status st = aj_cpu_device_open(ctx, &cpu);
+        if (st == AJ_OK)
+            st = new_device(ctx, kind, index, NULL, out);
+        if (st == AJ_OK)
+            (*out)->cpu = cpu;
+        else
+            aj_cpu_device_close(cpu);
+        return st;
+    }
     AJ_CHECK_ARG(ctx, index == 0, "aj_device_open: the sim device has index 0 only, not %d",
                  index);
     return new_device(ctx, kind, index, NULL, out);
@@ -58,6 +73,7 @@ void aj_device_close(aj_device *dev)
     if (!dev)
         return;
     aj_cuda_device_close(dev->cuda);
+    aj_cpu_device_close(dev->cpu);
     free(dev);
 }
 
@@ -65,6 +81,8 @@ aj_target aj_device_target(const aj_device *dev)
 {
     if (!dev)
         return AJ_TARGET_ANY;
+    if (dev->cpu)
+        return AJ_TARGET_CPU;
     return dev->cuda ? dev->cuda->target : AJ_TARGET_SIM;
 }
 
@@ -72,6 +90,8 @@ const char *aj_device_name(const aj_device *dev)
 {
     if (!dev)
         return "";
+    if (dev->cpu)
+        return dev->cpu->name;
     return dev->cuda ? dev->cuda->name : "sim";
 }
 
@@ -140,6 +160,13 @@ aj_status aj_device_set_workers(aj_device *dev, int workers)
                  workers);
     dev->workers = workers;
     return AJ_OK;
+}
+
+int aj_device_workers(const aj_device *dev)
+{
+    if (!dev || !dev->cpu)
+        return 0;
+    return dev->workers ? dev->workers : aj_cpu_default_workers();
 }
 
 uint64_t aj_device_last_instructions(const aj_device *dev)

@@ -422,6 +422,9 @@ static aj_status run_kernel(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel
     }
     if (dev->cuda)
         return aj_cuda_launch(ctx, dev->cuda, kernel, stage, grid, argv, stream);
+    if (dev->cpu)
+        return aj_cpu_launch(ctx, dev->cpu, dev->workers, kernel->stages[stage].host_entry,
+                             grid, argv);
     aj_sim_launch launch = {
         .kernel_name = aj_kernel_stage_entry(kernel, stage),
         .entry = kernel->stages[stage].host_entry,

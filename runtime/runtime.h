@@ -5,15 +5,17 @@
 #define AJ_RUNTIME_RUNTIME_H
 
 #include "codegen/codegen.h"
+#include "runtime/cpu/cpu_device.h"
 #include "runtime/cuda/cuda_device.h"
 
 struct aj_device {
     aj_ctx *ctx;
     aj_device_kind kind;
     int index;
-    int workers;                 /* sim */
+    int workers;                 /* sim, cpu (0: the default) */
     uint64_t last_instructions;  /* sim */
     aj_cuda_device *cuda;        /* cuda */
+    aj_cpu_device *cpu;          /* cpu */
 };
 
 /* One kernel argument, addressed the way kernelParams are. */

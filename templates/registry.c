@@ -9,17 +9,29 @@ static const aj_template *const templates[] = {
     &aj_template_flash_bwd,
     &aj_template_merge,
     &aj_template_flash_fwd,
+    &aj_template_cpu_fwd_flash,
+    &aj_template_cpu_fwd_efficient,
+    &aj_template_cpu_bwd_flash,
+    &aj_template_cpu_bwd_efficient,
+    &aj_template_cpu_merge,
 };
 
-aj_status aj_template_find(aj_ctx *ctx, const aj_op *op,
+#define GPU_AND_SIM_TARGETS                                                         \
+    ((1u << AJ_TARGET_SM_80) | (1u << AJ_TARGET_SM_90) | (1u << AJ_TARGET_SM_90A) | \
+     (1u << AJ_TARGET_SIM))
+
+aj_status aj_template_find(aj_ctx *ctx, const aj_op *op, aj_target target,
                            const aj_template **out)
 {
     for (size_t i = 0; i < sizeof templates / sizeof templates[0]; i++) {
-        if (templates[i]->kind == op->kind && templates[i]->variant == op->variant) {
+        unsigned targets = templates[i]->targets ? templates[i]->targets : GPU_AND_SIM_TARGETS;
+        if (templates[i]->kind == op->kind && templates[i]->variant == op->variant &&
+            (targets & (1u << target))) {
             *out = templates[i];
             return AJ_OK;
         }
     }
     return aj_fail(ctx, AJ_ERR_UNSUPPORTED, "%s %s: no template implements this kind and "
-                   "variant yet", aj_kind_name(op->kind), aj_variant_name(op->variant));
+                   "variant for target %s yet", aj_kind_name(op->kind),
+                   aj_variant_name(op->variant), aj_target_name(target));
 }

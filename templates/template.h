@@ -18,11 +18,14 @@ typedef struct aj_template {
     /* AJ_OK, or AJ_ERR_UNSUPPORTED with a message naming the option. */
     aj_status (*check)(aj_ctx *ctx, const aj_op *op, aj_target target);
     aj_build_fn build;
+    /* the targets it builds for, a mask of (1u << aj_target); 0 means the
+     * GPU targets and sim (sm_80, sm_90, sm_90a, sim) */
+    unsigned targets;
 } aj_template;
 
-/* The template for the op's kind and variant; AJ_ERR_UNSUPPORTED naming
- * them if none exists. */
-aj_status aj_template_find(aj_ctx *ctx, const aj_op *op,
+/* The template for the op's kind and variant on `target`;
+ * AJ_ERR_UNSUPPORTED naming them if none exists. */
+aj_status aj_template_find(aj_ctx *ctx, const aj_op *op, aj_target target,
                            const aj_template **out);
 
 extern const aj_template aj_template_efficient_fwd;
@@ -30,5 +33,11 @@ extern const aj_template aj_template_efficient_bwd;
 extern const aj_template aj_template_flash_bwd;
 extern const aj_template aj_template_merge;
 extern const aj_template aj_template_flash_fwd;
+/* cpu: one kernel serves both variants, so each is registered twice */
+extern const aj_template aj_template_cpu_fwd_flash;
+extern const aj_template aj_template_cpu_fwd_efficient;
+extern const aj_template aj_template_cpu_bwd_flash;
+extern const aj_template aj_template_cpu_bwd_efficient;
+extern const aj_template aj_template_cpu_merge;
 
 #endif /* AJ_TEMPLATES_TEMPLATE_H */

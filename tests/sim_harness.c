@@ -52,7 +52,8 @@ static aj_status kernel_for(aj_ctx *ctx, aj_target target, const char *spec, aj_
         return st;
     aj_compile_options opt = AJ_COMPILE_OPTIONS_INIT;
     opt.target = target;
-    opt.emit = target == AJ_TARGET_SIM ? AJ_EMIT_LLVM_IR : AJ_EMIT_PTX;
+    opt.emit = target == AJ_TARGET_SIM || target == AJ_TARGET_CPU ? AJ_EMIT_LLVM_IR
+                                                                   : AJ_EMIT_PTX;
     st = aj_compile(ctx, op, &opt, out);
     aj_op_destroy(op);
     if (st == AJ_OK && cache_len < (int)(sizeof cache / sizeof cache[0])) {
@@ -503,4 +504,13 @@ fwd_result fwd_run_case_ext(aj_ctx *ctx, aj_device *dev, const fwd_case *c,
     free(slopes);
     free(slopes_ref);
     return r;
+}
+
+fwd_result fwd_run_case_variant(aj_ctx *ctx, aj_device *dev, const fwd_case *c,
+                                const fwd_options *x, const char *variant)
+{
+    fwd_run_options run = {0};
+    run.variant = variant && strcmp(variant, "flash") == 0 ? AJ_VARIANT_FLASH
+                                                          : AJ_VARIANT_EFFICIENT;
+    return fwd_run_case_ext(ctx, dev, c, x, &run);
 }

@@ -64,6 +64,9 @@ fwd_result fwd_run_case(aj_ctx *ctx, aj_device *dev, const fwd_case *c);
 /* The same with options (bias, dropout); x may be NULL. */
 fwd_result fwd_run_case_with(aj_ctx *ctx, aj_device *dev, const fwd_case *c,
                              const fwd_options *x);
+/* The same for the op's variant, "flash" or "efficient" (NULL). */
+fwd_result fwd_run_case_variant(aj_ctx *ctx, aj_device *dev, const fwd_case *c,
+                                const fwd_options *x, const char *variant);
 
 /* How a case runs, beyond its data (all zero: the efficient variant, one
  * padded call). */

@@ -66,6 +66,7 @@ if [ "$(head -c 2 "$tmp/k.bc")" = "BC" ]; then passed=$((passed + 1)); else
     echo "FAIL: --emit bc did not write bitcode"; failed=$((failed + 1)); fi
 expect 0 "LLVM         19." "$aj" info
 expect 0 "ptxas" "$aj" info
+expect 0 "cpu device" "$aj" info
 
 # the acceptance check: ptxas accepts the sm_90 causal kernel
 ptxas=$(command -v ptxas || true)

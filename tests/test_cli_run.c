@@ -1,6 +1,6 @@
 /*
  * test_cli_run.c -- `attnjit run` end to end: .npy tensors in, the kernel on
- * the sim device, .npy results out, compared with the float64 reference;
+ * the sim device and on the cpu device, .npy results out, compared with the float64 reference;
  * then the command's errors, each with its exit code and message.
  *
  *   test_cli_run ATTNJIT_BINARY
@@ -68,7 +68,7 @@ static void random_f16_values(float *f, double *d, size_t n)
     }
 }
 
-static void test_run_matches_reference(void)
+static void test_run_matches_reference(const char *device)
 {
     enum { B = 2, HQ = 4, HKV = 2, SQ = 33, SK = 50, D = 64 };
     write_text(path("op.aj"), "attention forward efficient {\n  dtype = f16\n  head_dim = 64\n"
@@ -86,13 +86,15 @@ static void test_run_matches_reference(void)
     CHECK(npy_write_f32(path("v.npy"), v, 4, ks, err, sizeof err) == NPY_OK);
 
     char args[2048];
-    snprintf(args, sizeof args, "run '%s' --device sim --in q='%s' --in k='%s' --in v='%s' "
+    snprintf(args, sizeof args, "run '%s' --device %s --in q='%s' --in k='%s' --in v='%s' "
              "--out o='%s' --out lse='%s' --q-offset 100 --kv-offset 90 --workers 2",
-             path("op.aj"), path("q.npy"), path("k.npy"), path("v.npy"), path("o.npy"),
+             path("op.aj"), device, path("q.npy"), path("k.npy"), path("v.npy"), path("o.npy"),
              path("lse.npy"));
     int rc = run_cli(args, err, sizeof err);
     CHECK_MSG(rc == 0, "attnjit run exited %d: %s", rc, err);
-    CHECK_MSG(strstr(err, "emulated thread-instructions") != NULL, "no summary: %s", err);
+    CHECK_MSG(strstr(err, strcmp(device, "sim") == 0 ? "emulated thread-instructions"
+                                                     : "compile") != NULL,
+              "no summary: %s", err);
 
     ref_problem p;
     memset(&p, 0, sizeof p);
@@ -133,8 +135,8 @@ static void test_run_matches_reference(void)
     CHECK_MSG(worst_o <= 1.0, "O error %.3g x tolerance", worst_o);
     CHECK_MSG(worst_lse <= 1.0, "LSE error %.3g x tolerance", worst_lse);
     CHECK(empty_ok);
-    printf("attnjit run on sim: O %.3f, LSE %.3f of tolerance, %d empty rows\n", worst_o,
-           worst_lse, empty_rows);
+    printf("attnjit run on %s: O %.3f, LSE %.3f of tolerance, %d empty rows\n", device,
+           worst_o, worst_lse, empty_rows);
     npy_free(&o);
     npy_free(&lse);
 }
@@ -240,7 +242,7 @@ static void test_run_errors(void)
     } cases[] = {
         {"run OP --device sim --in q=Q --in v=V --out o=O", 1, "run needs --in k=FILE"},
         {"run OP --device gpu --in q=Q --in k=K --in v=V --out o=O", 1,
-         "--device takes sim or cuda"},
+         "--device takes sim, cpu or cuda"},
         {"run OP --in q=Q --in k=K --in v=V --out o=O", 1, "run needs --device"},
         {"run OP --device sim --in q=Q --in k=K --in v=V", 1, "at least one --out"},
         {"run OP --device sim --in q=Q --in k=K --in v=V --in q=Q --out o=O", 1,
@@ -348,7 +350,8 @@ int main(int argc, char **argv)
         perror("mkdtemp");
         return 2;
     }
-    test_run_matches_reference();
+    test_run_matches_reference("sim");
+    test_run_matches_reference("cpu");
     test_accumulate_and_bias();
     test_run_errors();
     char cmd[600];

@@ -14,6 +14,10 @@
  * with the pair per dtype in tolerance_for().  Cases with dropout pass the
  * reference the same p, seed and offset; cases with bias check dbias (f32,
  * the bias's broadcast shape) against ref_backward's dbias the same way.
+ *
+ *   test_sim_backward [cuda | cpu]: on sim (the default), a GPU, or the cpu
+ *   target's kernels on the cpu device (ctest test_cpu_backward, which
+ *   adds the flash variant and longer sequences).
  */
 #include <math.h>
 #include <stdio.h>
@@ -25,6 +29,7 @@
 #include "bwd_tensors.h"
 
 static aj_ctx *ctx;
+static const char *variant = "efficient";   /* of the ops compiled */
 static aj_device *dev;
 static int cases_run;
 
@@ -69,10 +74,10 @@ static aj_kernel *compile(const bwd_case *c)
 {
     char spec[512];
     snprintf(spec, sizeof spec,
-             "attention backward efficient {\n  dtype = %s\n  head_dim = %d\n"
+             "attention backward %s {\n  dtype = %s\n  head_dim = %d\n"
              "  head_dim_v = %d\n  mask = %s\n  score_mod = %s\n  bias = %s\n"
              "  dropout = %.17g\n}\n",
-             aj_dtype_name(c->dtype), c->d, c->dv ? c->dv : c->d, c->mask,
+             variant, aj_dtype_name(c->dtype), c->d, c->dv ? c->dv : c->d, c->mask,
              c->score_mod ? c->score_mod : "none", c->bias_shape[3] ? "add" : "none",
              c->dropout);
     aj_op *op = NULL;
@@ -81,7 +86,8 @@ static aj_kernel *compile(const bwd_case *c)
               aj_last_error(ctx));
     aj_compile_options opt = AJ_COMPILE_OPTIONS_INIT;
     opt.target = aj_device_target(dev);
-    opt.emit = opt.target == AJ_TARGET_SIM ? AJ_EMIT_LLVM_IR : AJ_EMIT_PTX;
+    opt.emit = opt.target == AJ_TARGET_SIM || opt.target == AJ_TARGET_CPU ? AJ_EMIT_LLVM_IR
+                                                                          : AJ_EMIT_PTX;
     if (op)
         CHECK_MSG(aj_compile(ctx, op, &opt, &k) == AJ_OK, "%s: %s", c->label,
                   aj_last_error(ctx));
@@ -436,13 +442,39 @@ static void test_bias(void)
     run(&c, 1);
 }
 
-/* test_sim_backward [cuda]: on the sim device (ctest), or on a GPU
- * (tests/gpu/run.sh), where no GPU means exit 77, "skipped". */
+/* cpu only: the flash variant (the same kernels) and lengths sim cannot
+ * afford */
+static void test_cpu_variant_and_long(void)
+{
+    variant = "flash";
+    bwd_case c = base("flash bf16 d128 GQA 2:1 causal(bottom_right)", AJ_DTYPE_BF16, 128,
+                      "causal(bottom_right)");
+    run(&c, 0);
+    c = base("flash f16 d64 S 512 causal, GQA 2:1: two runs, same bits", AJ_DTYPE_F16, 64,
+             "causal(top_left)");
+    c.sq = 512;
+    c.sk = 512;
+    run(&c, 1);
+    variant = "efficient";
+    c = base("f32 d128 Sq 200 Sk 500 window(100, 20), dropout 0.1", AJ_DTYPE_F32, 128,
+             "window(100, 20, bottom_right)");
+    c.sq = 200;
+    c.sk = 500;
+    c.dropout = 0.1;
+    c.drop_seed = 3;
+    run(&c, 0);
+}
+
+/* test_sim_backward [cuda | cpu]: on the sim device (ctest), on a GPU
+ * (tests/gpu/run.sh), where no GPU means exit 77, "skipped", or on the
+ * cpu device. */
 int main(int argc, char **argv)
 {
     int gpu = argc > 1 && strcmp(argv[1], "cuda") == 0;
+    int cpu = argc > 1 && strcmp(argv[1], "cpu") == 0;
     CHECK(aj_ctx_create(NULL, &ctx) == AJ_OK);
-    aj_status st = aj_device_open(ctx, gpu ? AJ_DEVICE_CUDA : AJ_DEVICE_SIM, 0, &dev);
+    aj_status st = aj_device_open(ctx, gpu ? AJ_DEVICE_CUDA : cpu ? AJ_DEVICE_CPU : AJ_DEVICE_SIM,
+                                  0, &dev);
     if (gpu && st != AJ_OK) {
         printf("SKIP backward check on a GPU: %s\n", aj_last_error(ctx));
         aj_ctx_destroy(ctx);
@@ -458,6 +490,8 @@ int main(int argc, char **argv)
     test_deterministic();
     test_dropout();
     test_bias();
+    if (cpu)
+        test_cpu_variant_and_long();
     printf("%d cases\n", cases_run);
     aj_device_close(dev);
     aj_ctx_destroy(ctx);

@@ -16,6 +16,9 @@
  *    with ref_forward within the usual tolerances, and a probe that reads
  *    the kernel's keep mask out of O (uniform scores, V = identity) checks
  *    every decision exactly and the keep rate within 5 sigma.
+ *
+ *   test_sim_features [cpu]: the same checks of the cpu target's kernels
+ *   (forward and merge) on the cpu device (ctest test_cpu_features).
  */
 #include <math.h>
 #include <stdio.h>
@@ -36,7 +39,7 @@ static aj_kernel *compile(const char *spec)
     if (!op)
         return NULL;
     aj_compile_options opt = AJ_COMPILE_OPTIONS_INIT;
-    opt.target = AJ_TARGET_SIM;
+    opt.target = aj_device_target(dev);
     opt.emit = AJ_EMIT_LLVM_IR;
     CHECK_STATUS(ctx, aj_compile(ctx, op, &opt, &k), AJ_OK);
     aj_op_destroy(op);
@@ -609,10 +612,11 @@ static void test_dropout_mask(void)
     aj_kernel_destroy(kernel);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+    int cpu = argc > 1 && strcmp(argv[1], "cpu") == 0;
     CHECK(aj_ctx_create(NULL, &ctx) == AJ_OK);
-    CHECK_STATUS(ctx, aj_device_open(ctx, AJ_DEVICE_SIM, 0, &dev), AJ_OK);
+    CHECK_STATUS(ctx, aj_device_open(ctx, cpu ? AJ_DEVICE_CPU : AJ_DEVICE_SIM, 0, &dev), AJ_OK);
     if (!dev)
         return check_report();
     test_accumulate();

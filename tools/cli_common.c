@@ -17,7 +17,7 @@ const char cli_usage_text[] =
     "          [-O 0..3] [-v] [--no-cache]\n"
     "                           compile an op (-O2 default); -v prints the launch contract\n"
     "  check SPEC               verify an op, print its canonical form and hash\n"
-    "  run SPEC --device sim|cuda --in q=q.npy --in k=k.npy --in v=v.npy\n"
+    "  run SPEC --device sim|cpu|cuda --in q=q.npy --in k=k.npy --in v=v.npy\n"
     "          [--in alibi_slopes=s.npy] [--in bias=b.npy] --out o=o.npy [--out lse=lse.npy]\n"
     "          [--q-offset N] [--kv-offset N] [--sq-total N] [--sk-total N]\n"
     "          [--seed N] [--offset N] [--workers N] [--no-cache]\n"

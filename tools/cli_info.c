@@ -76,6 +76,19 @@ static void probe_ptxas(void)
     printf("%-12s found (%s%s%s)\n", "ptxas", path, last[0] ? "; " : "", last);
 }
 
+/* The cpu device: the host CPU's name and the threads a launch uses (the
+ * line is left out only if memory for the device runs out). */
+static void probe_cpu(void)
+{
+    aj_ctx *ctx = NULL;
+    aj_device *dev = NULL;
+    if (aj_ctx_create(NULL, &ctx) == AJ_OK && aj_device_open(ctx, AJ_DEVICE_CPU, 0, &dev) == AJ_OK)
+        printf("%-12s %s, %d threads\n", "cpu device", aj_device_name(dev),
+               aj_device_workers(dev));
+    aj_device_close(dev);
+    aj_ctx_destroy(ctx);
+}
+
 int cli_info(void)
 {
     printf("attnjit      %s\n", aj_version_string());
@@ -92,5 +105,6 @@ int cli_info(void)
     probe_library("NCCL", "libnccl.so.2", "ncclGetVersion", VERSION_NCCL);
     probe_library("MPI", "libmpi.so.40", NULL, VERSION_NONE);
     probe_ptxas();
+    probe_cpu();
     return CLI_EXIT_OK;
 }

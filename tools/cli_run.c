@@ -2,7 +2,7 @@
  * cli_run.c -- `attnjit run`: compile an op for a device, run it on tensors
  * read from .npy files, write the results as .npy.
  *
- *   attnjit run SPEC --device sim|cuda --in q=q.npy --in k=k.npy --in v=v.npy
+ *   attnjit run SPEC --device sim|cpu|cuda --in q=q.npy --in k=k.npy --in v=v.npy
  *       [--in alibi_slopes=s.npy] [--in bias=b.npy] --out o=o.npy [--out lse=lse.npy]
  *       [--q-offset N] [--kv-offset N] [--sq-total N] [--sk-total N]
  *       [--seed N] [--offset N] [--workers N] [--no-cache]
@@ -108,10 +108,12 @@ int cli_parse_run_args(int argc, char **argv, run_opts *o)
         if (strcmp(a, "--device") == 0) {
             if (strcmp(v, "sim") == 0)
                 o->device = AJ_DEVICE_SIM;
+            else if (strcmp(v, "cpu") == 0)
+                o->device = AJ_DEVICE_CPU;
             else if (strcmp(v, "cuda") == 0)
                 o->device = AJ_DEVICE_CUDA;
             else
-                return cli_usage("--device takes sim or cuda, not '%s'", v);
+                return cli_usage("--device takes sim, cpu or cuda, not '%s'", v);
         } else if (strcmp(a, "--in") == 0) {
             rc = parse_binding(a, v, 1, o);
         } else if (strcmp(a, "--out") == 0) {
@@ -143,7 +145,7 @@ int cli_parse_run_args(int argc, char **argv, run_opts *o)
     if (!o->spec)
         return cli_usage("run needs a SPEC file%s", "");
     if (o->device == AJ_DEVICE_KIND_COUNT)
-        return cli_usage("run needs --device (sim or cuda)%s", "");
+        return cli_usage("run needs --device (sim, cpu or cuda)%s", "");
     for (int t = T_Q; t <= T_V; t++)
         if (!o->in[t]) {
             fprintf(stderr, "attnjit: run needs --in %s=FILE\n", tensor_names[t]);
@@ -303,7 +305,7 @@ int cli_run(aj_ctx *ctx, int argc, char **argv)
         st = aj_device_set_workers(dev, o.workers);
     aj_compile_options copt = AJ_COMPILE_OPTIONS_INIT;
     copt.target = aj_device_target(dev);
-    copt.emit = o.device == AJ_DEVICE_SIM ? AJ_EMIT_LLVM_IR : AJ_EMIT_PTX;
+    copt.emit = o.device == AJ_DEVICE_CUDA ? AJ_EMIT_PTX : AJ_EMIT_LLVM_IR;
     copt.bypass_cache = o.no_cache;
     double t0 = now_ms();
     if (st == AJ_OK)
@@ -338,8 +340,8 @@ int cli_run(aj_ctx *ctx, int argc, char **argv)
     if (rc != CLI_EXIT_OK)
         goto done;
 
-    /* the tensors go to the device and the results come back (on sim the
-     * device's memory is host memory: plain copies) */
+    /* the tensors go to the device and the results come back (on sim and
+     * cpu the device's memory is host memory: plain copies) */
     aj_tensor on_device[T_COUNT];
     void *device_mem[T_COUNT] = {0};
     size_t bytes[T_COUNT];

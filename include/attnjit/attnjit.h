@@ -436,6 +436,7 @@ aj_status aj_kernel_compile_stats(const aj_kernel *kernel, aj_compile_stats *out
 typedef enum aj_device_kind {
     AJ_DEVICE_SIM = 0,     /* the SIMT emulator: runs `sim` kernels on the host */
     AJ_DEVICE_CUDA = 1,    /* an NVIDIA GPU through the CUDA driver */
+    AJ_DEVICE_CPU = 2,     /* the host's cores: runs `cpu` kernels on a thread pool */
     AJ_DEVICE_KIND_COUNT
 } aj_device_kind;
 
@@ -452,20 +453,27 @@ aj_status aj_device_open(aj_ctx *ctx, aj_device_kind kind, int index, aj_device 
 aj_status aj_device_open_context(aj_ctx *ctx, void *cu_context, aj_device **out);
 void aj_device_close(aj_device *dev);
 /* The compile target of the device's kernels: AJ_TARGET_SIM for sim;
- * sm_80 for a compute-capability 8.x GPU, sm_90 for 9.0 and later. */
+ * AJ_TARGET_CPU for cpu; sm_80 for a compute-capability 8.x GPU, sm_90 for
+ * 9.0 and later. */
 aj_target aj_device_target(const aj_device *dev);
-/* "sim" or the GPU's name; owned by the device. */
+/* "sim", the host CPU's name (LLVM's, "znver3") for cpu, or the GPU's
+ * name; owned by the device. */
 const char *aj_device_name(const aj_device *dev);
 
-/* Memory on the device (host memory, 64-byte aligned, for sim). */
+/* Memory on the device (host memory, 64-byte aligned, for sim and cpu). */
 aj_status aj_device_alloc(aj_device *dev, size_t bytes, void **out);
 aj_status aj_device_free(aj_device *dev, void *ptr);
 aj_status aj_device_copy_to(aj_device *dev, void *dst, const void *host_src, size_t bytes);
 aj_status aj_device_copy_from(aj_device *dev, void *host_dst, const void *src, size_t bytes);
 /* Waits for the work queued on `stream` (a CUstream; NULL: all of it). */
 aj_status aj_device_synchronize(aj_device *dev, void *stream);
-/* sim: host threads that run CTAs (0: one per core); ignored elsewhere. */
+/* sim: host threads that run CTAs; cpu: the thread pool's size, the
+ * threads that run a launch's work items (0, the default: the cores this
+ * process may run on); ignored for cuda. */
 aj_status aj_device_set_workers(aj_device *dev, int workers);
+/* cpu: the threads a launch runs on (the set count, or what 0 resolves
+ * to); 0 for other devices and NULL. */
+int aj_device_workers(const aj_device *dev);
 /* sim: emulated thread-instructions of the last launch (LLVM IR
  * instructions executed, summed over GPU threads); 0 elsewhere. */
 uint64_t aj_device_last_instructions(const aj_device *dev);

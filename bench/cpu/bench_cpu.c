@@ -1,0 +1,462 @@
+/*
+ * bench_cpu.c -- how fast the cpu target's kernels run, against this
+ * machine's own fp32 FMA peak and a plain C loop, measured in one run.
+ *
+ *   bench_cpu [--quick | --full] [--workers N] [--dtype f16|bf16|f32]
+ *             [--heads H] [--repeat R] [--csv FILE]
+ *
+ * Per problem (B 1, H heads, Sq = Sk = S, d = Dv, causal or not): the
+ * best of R forward launches after one warm-up, then the same for the
+ * backward (dO = Q's values), as GFLOP/s by FlashAttention's count
+ * (forward 4 B H S^2 d, halved for causal; backward 2.5 times that), the
+ * fraction of the measured peak, and the forward's speedup over the plain
+ * C loop.
+ *
+ * peak      every worker thread runs independent chains of vector FMAs
+ *           (enough to cover the FMA latency on every port) for about
+ *           0.1 s; the sum of their FLOPs over the wall time, the best of
+ *           three, measured again beside every row, because a shared
+ *           machine's throughput moves from minute to minute (best-of on
+ *           both sides compares the kernel with the peak at like load).
+ *           Vector width from the host (AVX-512, AVX2 + FMA, else SSE
+ *           mul + add).
+ * baseline  the obvious C: per query row, scores, max, exp, sum, O; one
+ *           thread, f32, on a sample of rows spread over the sequence
+ *           (every row's FLOPs counted exactly), so the big sizes stay
+ *           short.  It is what a user without attnjit writes first.
+ *
+ * --quick (the default): S 512, 1024, 2048.  --full: S 512 .. 8192.
+ */
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "attnjit/attnjit.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define HAVE_X86 1
+#endif
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* ---------------------------------------------------------------- peak */
+
+/* 12 independent accumulators (2 FMA ports x latency 4..6 cycles), named
+ * one by one so that they live in registers, not in an array in memory. */
+#define PEAK_ITERS 4096
+#define CHAINS 12
+#define CHAIN_STEP(OP) \
+    a0 = OP(a0); a1 = OP(a1); a2 = OP(a2); a3 = OP(a3); a4 = OP(a4); a5 = OP(a5); \
+    a6 = OP(a6); a7 = OP(a7); a8 = OP(a8); a9 = OP(a9); a10 = OP(a10); a11 = OP(a11)
+#define CHAIN_SUM(T, SET, ADD)                                                  \
+    T a0 = SET(0.f), a1 = SET(1.f), a2 = SET(2.f), a3 = SET(3.f), a4 = SET(4.f), \
+      a5 = SET(5.f), a6 = SET(6.f), a7 = SET(7.f), a8 = SET(8.f), a9 = SET(9.f), \
+      a10 = SET(10.f), a11 = SET(11.f)
+
+#ifdef HAVE_X86
+__attribute__((target("avx512f"))) static double fma_loop_avx512(int64_t reps)
+{
+    __m512 x = _mm512_set1_ps(0.999999f), y = _mm512_set1_ps(1e-7f);
+    CHAIN_SUM(__m512, _mm512_set1_ps, _mm512_add_ps);
+#define OP512(a) _mm512_fmadd_ps(a, x, y)
+    for (int64_t r = 0; r < reps * PEAK_ITERS; r++) {
+        CHAIN_STEP(OP512);
+    }
+    __m512 t = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)),
+                             _mm512_add_ps(_mm512_add_ps(a4, a5), _mm512_add_ps(a6, a7)));
+    t = _mm512_add_ps(t, _mm512_add_ps(_mm512_add_ps(a8, a9), _mm512_add_ps(a10, a11)));
+    float out[16];
+    _mm512_storeu_ps(out, t);
+    return out[0];
+}
+
+__attribute__((target("avx2,fma"))) static double fma_loop_avx2(int64_t reps)
+{
+    __m256 x = _mm256_set1_ps(0.999999f), y = _mm256_set1_ps(1e-7f);
+    CHAIN_SUM(__m256, _mm256_set1_ps, _mm256_add_ps);
+#define OP256(a) _mm256_fmadd_ps(a, x, y)
+    for (int64_t r = 0; r < reps * PEAK_ITERS; r++) {
+        CHAIN_STEP(OP256);
+    }
+    __m256 t = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)),
+                             _mm256_add_ps(_mm256_add_ps(a4, a5), _mm256_add_ps(a6, a7)));
+    t = _mm256_add_ps(t, _mm256_add_ps(_mm256_add_ps(a8, a9), _mm256_add_ps(a10, a11)));
+    float out[8];
+    _mm256_storeu_ps(out, t);
+    return out[0];
+}
+
+static double mul_add_loop_sse(int64_t reps)
+{
+    __m128 x = _mm_set1_ps(0.999999f), y = _mm_set1_ps(1e-7f);
+    CHAIN_SUM(__m128, _mm_set1_ps, _mm_add_ps);
+#define OP128(a) _mm_add_ps(_mm_mul_ps(a, x), y)
+    for (int64_t r = 0; r < reps * PEAK_ITERS; r++) {
+        CHAIN_STEP(OP128);
+    }
+    __m128 t = _mm_add_ps(_mm_add_ps(_mm_add_ps(a0, a1), _mm_add_ps(a2, a3)),
+                          _mm_add_ps(_mm_add_ps(a4, a5), _mm_add_ps(a6, a7)));
+    t = _mm_add_ps(t, _mm_add_ps(_mm_add_ps(a8, a9), _mm_add_ps(a10, a11)));
+    float out[4];
+    _mm_storeu_ps(out, t);
+    return out[0];
+}
+#endif
+
+typedef struct peak_kernel {
+    const char *name;
+    int floats;                  /* lanes per instruction */
+    double (*loop)(int64_t reps);
+} peak_kernel;
+
+static peak_kernel pick_peak_kernel(void)
+{
+#ifdef HAVE_X86
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f"))
+        return (peak_kernel){"AVX-512 FMA", 16, fma_loop_avx512};
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+        return (peak_kernel){"AVX2 FMA", 8, fma_loop_avx2};
+    return (peak_kernel){"SSE mul+add", 4, mul_add_loop_sse};
+#else
+    return (peak_kernel){NULL, 0, NULL};
+#endif
+}
+
+typedef struct peak_job {
+    peak_kernel k;
+    int64_t reps;
+    double sink;
+} peak_job;
+
+static void *peak_thread(void *arg)
+{
+    peak_job *j = arg;
+    j->sink = j->k.loop(j->reps);
+    return NULL;
+}
+
+/* FLOP/s of `threads` threads each running the FMA loop at once, the
+ * best of three runs of about 0.1 s. */
+static double measure_peak(peak_kernel k, int threads)
+{
+    /* an FMA is 2 FLOPs on each lane; SSE's mul + add is 2 instructions */
+    double flops_per_rep = 2.0 * k.floats * CHAINS * PEAK_ITERS;
+    int64_t reps = 16;
+    double t = 0, best = 0;
+    for (int run = 0; run < 3;) {   /* grow until a run takes 0.1 s, then 3 of them */
+        peak_job jobs[256];
+        pthread_t tid[256];
+        double t0 = now_s();
+        for (int i = 0; i < threads; i++) {
+            jobs[i] = (peak_job){k, reps, 0};
+            pthread_create(&tid[i], NULL, peak_thread, &jobs[i]);
+        }
+        for (int i = 0; i < threads; i++)
+            pthread_join(tid[i], NULL);
+        t = now_s() - t0;
+        if (t < 0.1) {
+            reps *= 2;
+            continue;
+        }
+        double rate = flops_per_rep * (double)reps * threads / t;
+        best = rate > best ? rate : best;
+        run++;
+    }
+    return best;
+}
+
+/* ---------------------------------------------------------------- baseline */
+
+/* Plain C attention for query rows i = 0, stride, 2 stride, ... of one
+ * head (f32, [S, d] rows); returns the FLOPs it did by the FlashAttention
+ * count (4 d per visible key). */
+static double baseline_rows(const float *q, const float *k, const float *v, float *o, int s,
+                            int d, int causal, int stride)
+{
+    float *p = malloc((size_t)s * sizeof *p);
+    double flops = 0;
+    float scale = 1.0f / sqrtf((float)d);
+    for (int i = 0; i < s; i += stride) {
+        int keys = causal ? i + 1 : s;
+        float mx = -INFINITY;
+        for (int j = 0; j < keys; j++) {
+            float acc = 0;
+            for (int x = 0; x < d; x++)
+                acc += q[(size_t)i * d + x] * k[(size_t)j * d + x];
+            p[j] = acc * scale;
+            mx = p[j] > mx ? p[j] : mx;
+        }
+        float sum = 0;
+        for (int j = 0; j < keys; j++) {
+            p[j] = expf(p[j] - mx);
+            sum += p[j];
+        }
+        for (int x = 0; x < d; x++) {
+            float acc = 0;
+            for (int j = 0; j < keys; j++)
+                acc += p[j] * v[(size_t)j * d + x];
+            o[(size_t)i * d + x] = acc / sum;
+        }
+        flops += 4.0 * d * keys;
+    }
+    free(p);
+    return flops;
+}
+
+/* ---------------------------------------------------------------- forward */
+
+typedef struct config {
+    aj_dtype dtype;
+    int heads, repeat, workers, full;
+    const char *csv;
+} config;
+
+static aj_status compile_op(aj_ctx *ctx, const char *kind, aj_dtype dtype, int d, int causal,
+                            aj_kernel **out)
+{
+    char spec[256];
+    snprintf(spec, sizeof spec, "attention %s flash { dtype = %s head_dim = %d mask = %s }",
+             kind, aj_dtype_name(dtype), d, causal ? "causal(top_left)" : "none");
+    aj_op *op = NULL;
+    aj_status st = aj_op_parse(ctx, spec, strlen(spec), "bench", &op);
+    if (st != AJ_OK)
+        return st;
+    aj_compile_options opt = AJ_COMPILE_OPTIONS_INIT;
+    opt.target = AJ_TARGET_CPU;
+    opt.emit = AJ_EMIT_LLVM_IR;
+    st = aj_compile(ctx, op, &opt, out);
+    aj_op_destroy(op);
+    return st;
+}
+
+static aj_tensor tensor(void *data, aj_dtype dtype, int h, int s, int d)
+{
+    return (aj_tensor){data, dtype, 4, {1, h, s, d}, {(int64_t)h * s * d, (int64_t)s * d, d, 1}};
+}
+
+/* One table row: the best of `reps` times against the peak measured
+ * now; baseline GFLOP/s if known (else 0). */
+static void print_row(const config *cfg, FILE *csv, const char *pass, int s, int d, int causal,
+                      double flops, double t, double peak, double bgflops)
+{
+    double gflops = flops / t / 1e9;
+    char base[32] = "—", speedup[32] = "—";
+    if (bgflops > 0) {
+        snprintf(base, sizeof base, "%.2f", bgflops);
+        snprintf(speedup, sizeof speedup, "%.1fx", gflops / bgflops);
+    }
+    printf("| %-8s | %5d | %3d | %-6s | %9.2f | %8.1f | %8.1f | %5.1f%% | %8s | %7s |\n", pass,
+           s, d, causal ? "causal" : "none", t * 1e3, gflops, peak / 1e9,
+           100.0 * gflops * 1e9 / peak, base, speedup);
+    fflush(stdout);
+    if (csv)
+        fprintf(csv, "%s,%s,%d,%d,%d,%s,%.4f,%.3f,%.3f,%.4f,%.3f\n", pass,
+                aj_dtype_name(cfg->dtype), cfg->heads, s, d, causal ? "causal" : "none",
+                t * 1e3, gflops, peak / 1e9, gflops * 1e9 / peak, bgflops);
+}
+
+/* The best of `reps` runs of a pass (after a warm-up); < 0 on failure. */
+static double time_pass(aj_ctx *ctx, aj_device *dev, const aj_kernel *k, const aj_fwd_args *fa,
+                        const aj_bwd_args *ba, int reps)
+{
+    double best = -1;
+    for (int r = 0; r <= reps; r++) {
+        double t0 = now_s();
+        aj_status st = fa ? aj_forward(ctx, dev, k, fa) : aj_backward(ctx, dev, k, ba);
+        double t = now_s() - t0;
+        if (st != AJ_OK) {
+            fprintf(stderr, "bench_cpu: %s: %s\n", fa ? "forward" : "backward",
+                    aj_last_error(ctx));
+            return -1;
+        }
+        if (r > 0 && (best < 0 || t < best))
+            best = t;
+    }
+    return best;
+}
+
+/* Runs one problem, forward then backward; prints their rows; 0 on
+ * success. */
+static int bench_one(aj_ctx *ctx, aj_device *dev, const config *cfg, int s, int d, int causal,
+                     peak_kernel pk, FILE *csv)
+{
+    aj_kernel *kernel = NULL, *bwd = NULL;
+    if (compile_op(ctx, "forward", cfg->dtype, d, causal, &kernel) != AJ_OK ||
+        compile_op(ctx, "backward", cfg->dtype, d, causal, &bwd) != AJ_OK) {
+        fprintf(stderr, "bench_cpu: compile: %s\n", aj_last_error(ctx));
+        aj_kernel_destroy(kernel);
+        return 1;
+    }
+    int h = cfg->heads;
+    size_t n = (size_t)h * s * d, esize = cfg->dtype == AJ_DTYPE_F32 ? 4 : 2;
+    float *qf = malloc(n * 4), *kf = malloc(n * 4), *vf = malloc(n * 4), *of = malloc(n * 4);
+    void *q = NULL, *k = NULL, *v = NULL, *o = NULL, *lse = NULL, *dq = NULL, *dk = NULL,
+         *dv = NULL;
+    aj_device_alloc(dev, n * esize, &q);
+    aj_device_alloc(dev, n * esize, &k);
+    aj_device_alloc(dev, n * esize, &v);
+    aj_device_alloc(dev, n * esize, &o);
+    aj_device_alloc(dev, n * esize, &dq);
+    aj_device_alloc(dev, n * esize, &dk);
+    aj_device_alloc(dev, n * esize, &dv);
+    aj_device_alloc(dev, (size_t)h * s * 4, &lse);
+    uint64_t rng = 0x9e3779b97f4a7c15ull;
+    float *srcs[3] = {qf, kf, vf};
+    for (int t = 0; t < 3; t++)
+        for (size_t i = 0; i < n; i++) {
+            rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+            srcs[t][i] = (float)((double)(rng >> 40) / (double)(1 << 24) * 2.0 - 1.0);
+        }
+    aj_convert(qf, AJ_DTYPE_F32, q, cfg->dtype, n);
+    aj_convert(kf, AJ_DTYPE_F32, k, cfg->dtype, n);
+    aj_convert(vf, AJ_DTYPE_F32, v, cfg->dtype, n);
+    aj_fwd_args a = AJ_FWD_ARGS_INIT;
+    a.q = tensor(q, cfg->dtype, h, s, d);
+    a.k = tensor(k, cfg->dtype, h, s, d);
+    a.v = tensor(v, cfg->dtype, h, s, d);
+    a.o = tensor(o, cfg->dtype, h, s, d);
+    a.lse = (aj_tensor){lse, AJ_DTYPE_F32, 3, {1, h, s, 0}, {(int64_t)h * s, s, 1, 0}};
+
+    double flops = 4.0 * h * (double)s * s * d * (causal ? 0.5 : 1.0);
+    double t = time_pass(ctx, dev, kernel, &a, NULL, cfg->repeat);
+    int failed = t < 0;
+    if (!failed) {
+        /* the machine may be shared: its peak now, right beside the kernel */
+        double peak = measure_peak(pk, aj_device_workers(dev));
+        /* baseline: head 0, about 32 rows spread over the sequence */
+        int stride = s / 32 > 0 ? s / 32 : 1;
+        double t0 = now_s();
+        double bflops = baseline_rows(qf, kf, vf, of, s, d, causal, stride);
+        print_row(cfg, csv, "forward", s, d, causal, flops, t, peak, bflops / (now_s() - t0) / 1e9);
+    }
+    if (!failed) {
+        /* dO: q's values; the forward's O and LSE */
+        aj_bwd_args g = AJ_BWD_ARGS_INIT;
+        g.q = a.q;
+        g.k = a.k;
+        g.v = a.v;
+        g.o = a.o;
+        g.lse = a.lse;
+        g.do_ = a.q;
+        g.dq = tensor(dq, cfg->dtype, h, s, d);
+        g.dk = tensor(dk, cfg->dtype, h, s, d);
+        g.dv = tensor(dv, cfg->dtype, h, s, d);
+        t = time_pass(ctx, dev, bwd, NULL, &g, cfg->repeat);
+        failed = t < 0;
+        if (!failed)
+            print_row(cfg, csv, "backward", s, d, causal, 2.5 * flops, t,
+                      measure_peak(pk, aj_device_workers(dev)), 0);
+    }
+    fflush(stdout);
+    aj_device_free(dev, q);
+    aj_device_free(dev, k);
+    aj_device_free(dev, v);
+    aj_device_free(dev, o);
+    aj_device_free(dev, lse);
+    aj_device_free(dev, dq);
+    aj_device_free(dev, dk);
+    aj_device_free(dev, dv);
+    free(qf);
+    free(kf);
+    free(vf);
+    free(of);
+    aj_kernel_destroy(kernel);
+    aj_kernel_destroy(bwd);
+    return failed;
+}
+
+static int usage(void)
+{
+    fprintf(stderr, "usage: bench_cpu [--quick | --full] [--workers N] [--dtype f16|bf16|f32] "
+                    "[--heads H] [--repeat R] [--csv FILE]\n");
+    return 1;
+}
+
+int main(int argc, char **argv)
+{
+    config cfg = {AJ_DTYPE_BF16, 8, 5, 0, 0, NULL};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *next = i + 1 < argc ? argv[i + 1] : NULL;
+        if (strcmp(a, "--quick") == 0) {
+            cfg.full = 0;
+        } else if (strcmp(a, "--full") == 0) {
+            cfg.full = 1;
+        } else if (strcmp(a, "--workers") == 0 && next) {
+            cfg.workers = atoi(argv[++i]);
+        } else if (strcmp(a, "--heads") == 0 && next) {
+            cfg.heads = atoi(argv[++i]);
+        } else if (strcmp(a, "--repeat") == 0 && next) {
+            cfg.repeat = atoi(argv[++i]);
+        } else if (strcmp(a, "--csv") == 0 && next) {
+            cfg.csv = argv[++i];
+        } else if (strcmp(a, "--dtype") == 0 && next) {
+            const char *t = argv[++i];
+            if (strcmp(t, "f16") == 0)
+                cfg.dtype = AJ_DTYPE_F16;
+            else if (strcmp(t, "bf16") == 0)
+                cfg.dtype = AJ_DTYPE_BF16;
+            else if (strcmp(t, "f32") == 0)
+                cfg.dtype = AJ_DTYPE_F32;
+            else
+                return usage();
+        } else {
+            return usage();
+        }
+    }
+    if (cfg.heads < 1 || cfg.repeat < 1 || cfg.workers < 0 || cfg.workers > 256)
+        return usage();
+
+    aj_ctx *ctx = NULL;
+    aj_device *dev = NULL;
+    aj_ctx_create(NULL, &ctx);
+    if (aj_device_open(ctx, AJ_DEVICE_CPU, 0, &dev) != AJ_OK) {
+        fprintf(stderr, "bench_cpu: %s\n", aj_last_error(ctx));
+        return 1;
+    }
+    aj_device_set_workers(dev, cfg.workers);
+    peak_kernel pk = pick_peak_kernel();
+    if (!pk.loop) {
+        fprintf(stderr, "bench_cpu: no FMA peak kernel for this architecture\n");
+        return 1;
+    }
+    int threads = aj_device_workers(dev);
+    FILE *csv = cfg.csv ? fopen(cfg.csv, "w") : NULL;
+    if (cfg.csv && !csv) {
+        fprintf(stderr, "bench_cpu: cannot write %s\n", cfg.csv);
+        return 1;
+    }
+    if (csv)
+        fprintf(csv, "pass,dtype,heads,seq,head_dim,mask,ms,gflops,peak_gflops,"
+                     "fraction_of_peak,baseline_gflops\n");
+    printf("cpu: %s, %d threads; peak: %s chains on every thread, measured after each row\n",
+           aj_device_name(dev), threads, pk.name);
+    printf("flash forward and backward, %s, B 1, H %d, Sq = Sk = S, best of %d (peak: best "
+           "of 3)\n\n", aj_dtype_name(cfg.dtype),
+           cfg.heads, cfg.repeat);
+    printf("| pass | S | d | mask | ms | GFLOP/s | peak GFLOP/s | of peak | C loop GFLOP/s | "
+           "speedup |\n|---|---:|---:|---|---:|---:|---:|---:|---:|---:|\n");
+    static const int quick[] = {512, 1024, 2048}, full[] = {512, 1024, 2048, 4096, 8192};
+    const int *sizes = cfg.full ? full : quick;
+    int nsizes = cfg.full ? 5 : 3;
+    int failed = 0;
+    static const int dims[] = {64, 128};
+    for (int di = 0; di < 2; di++)
+        for (int causal = 0; causal < 2; causal++)
+            for (int si = 0; si < nsizes; si++)
+                failed |= bench_one(ctx, dev, &cfg, sizes[si], dims[di], causal, pk, csv);
+    if (csv)
+        fclose(csv);
+    aj_device_close(dev);
+    aj_ctx_destroy(ctx);
+    return failed;
+}

@@ -1,0 +1,81 @@
+/*
+ * cpu_device.c -- the cpu device (cpu_device.h).
+ *
+ * A launch's grid is a list of work items (x, y, z) = (query block, head,
+ * batch); item i of the list is
+ *
+ *   x = gx - 1 - i % gx,  y = i / gx % gy,  z = i / (gx gy)
+ *
+ * so that the heaviest blocks of a causal mask (the last rows) are
+ * claimed first and the light ones fill the gaps at the end.
+ */
+#define _GNU_SOURCE   /* sched_getaffinity, CPU_COUNT */
+#include "runtime/cpu/cpu_device.h"
+
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include <llvm-c/TargetMachine.h>
+
+aj_status aj_cpu_device_open(aj_ctx *ctx, aj_cpu_device **out)
+{
+    aj_cpu_device *cpu = calloc(1, sizeof *cpu);
+    if (!cpu)
+        return aj_fail(ctx, AJ_ERR_OUT_OF_MEMORY, "out of memory");
+    char *name = LLVMGetHostCPUName();
+    snprintf(cpu->name, sizeof cpu->name, "%s", name && *name ? name : "cpu");
+    LLVMDisposeMessage(name);
+    *out = cpu;
+    return AJ_OK;
+}
+
+void aj_cpu_device_close(aj_cpu_device *cpu)
+{
+    if (!cpu)
+        return;
+    aj_cpu_pool_destroy(cpu->pool);
+    free(cpu);
+}
+
+int aj_cpu_default_workers(void)
+{
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) != 0)
+        return 1;
+    int n = CPU_COUNT(&set);
+    return n > 0 ? n : 1;
+}
+
+typedef struct launch {
+    aj_host_entry_fn entry;
+    int32_t grid[3];
+    void **args;
+} launch;
+
+static void run_item(void *arg, int64_t i)
+{
+    const launch *l = arg;
+    int64_t gx = l->grid[0], gy = l->grid[1];
+    int32_t item[3] = {(int32_t)(gx - 1 - i % gx), (int32_t)(i / gx % gy),
+                       (int32_t)(i / (gx * gy))};
+    l->entry(item, l->args);
+}
+
+aj_status aj_cpu_launch(aj_ctx *ctx, aj_cpu_device *cpu, int workers, aj_host_entry_fn entry,
+                        const int32_t grid[3], void **args)
+{
+    int threads = workers > 0 ? workers : aj_cpu_default_workers();
+    if (cpu->pool && aj_cpu_pool_threads(cpu->pool) != threads) {
+        aj_cpu_pool_destroy(cpu->pool);
+        cpu->pool = NULL;
+    }
+    if (!cpu->pool) {
+        aj_status st = aj_cpu_pool_create(ctx, threads, &cpu->pool);
+        if (st != AJ_OK)
+            return st;
+    }
+    launch l = {entry, {grid[0], grid[1], grid[2]}, args};
+    aj_cpu_pool_run(cpu->pool, (int64_t)grid[0] * grid[1] * grid[2], run_item, &l);
+    return AJ_OK;
+}

@@ -1,0 +1,26 @@
+/*
+ * cpu_device.h -- the cpu device: this host's cores, running the work
+ * items of `cpu` kernels on a thread pool (internal).
+ */
+#ifndef AJ_RUNTIME_CPU_DEVICE_H
+#define AJ_RUNTIME_CPU_DEVICE_H
+
+#include "codegen/codegen.h"
+#include "runtime/cpu/pool.h"
+
+typedef struct aj_cpu_device {
+    char name[64];          /* LLVM's name of the host CPU ("znver3") */
+    aj_cpu_pool *pool;      /* made at the first launch, remade when the size changes */
+} aj_cpu_device;
+
+aj_status aj_cpu_device_open(aj_ctx *ctx, aj_cpu_device **out);
+void aj_cpu_device_close(aj_cpu_device *cpu);
+/* The cores this process may run on (sched_getaffinity), at least 1. */
+int aj_cpu_default_workers(void);
+/* Runs entry over every work item of grid (x, y, z) with `args` (one
+ * pointer per kernel parameter, as kernelParams) on `workers` threads
+ * (0: aj_cpu_default_workers()). */
+aj_status aj_cpu_launch(aj_ctx *ctx, aj_cpu_device *cpu, int workers, aj_host_entry_fn entry,
+                        const int32_t grid[3], void **args);
+
+#endif /* AJ_RUNTIME_CPU_DEVICE_H */

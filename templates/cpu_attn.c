@@ -1,0 +1,360 @@
+/*
+ * cpu_attn.c -- tiles shared by the cpu kernels (cpu_attn.h).
+ */
+#include "templates/cpu_attn.h"
+
+#include <math.h>
+
+#define RM AJ_CPU_RM
+#define CN AJ_CPU_CN
+
+static LLVMValueRef i32c(aj_kb *kb, int64_t v)
+{
+    return aj_kb_i32(kb, v);
+}
+
+static LLVMValueRef add(aj_kb *kb, LLVMValueRef a, LLVMValueRef b)
+{
+    return LLVMBuildAdd(kb->b, a, b, "");
+}
+
+static LLVMValueRef mul(aj_kb *kb, LLVMValueRef a, LLVMValueRef b)
+{
+    return LLVMBuildMul(kb->b, a, b, "");
+}
+
+static LLVMValueRef sext64(aj_kb *kb, LLVMValueRef v)
+{
+    return LLVMBuildSExt(kb->b, v, kb->t_i64, "");
+}
+
+LLVMValueRef aj_cpu_vload(aj_kb *kb, LLVMValueRef ptr, int n)
+{
+    LLVMValueRef v = LLVMBuildLoad2(kb->b, aj_cv_type(kb, n), ptr, "");
+    LLVMSetAlignment(v, 4);
+    return v;
+}
+
+void aj_cpu_vstore(aj_kb *kb, LLVMValueRef v, LLVMValueRef ptr)
+{
+    LLVMSetAlignment(LLVMBuildStore(kb->b, v, ptr), 4);
+}
+
+LLVMValueRef aj_cpu_fload(aj_kb *kb, LLVMValueRef ptr)
+{
+    return LLVMBuildLoad2(kb->b, kb->t_f32, ptr, "");
+}
+
+/* shufflevector of two <8 x float> by an 8-entry mask */
+static LLVMValueRef shuffle8(aj_kb *kb, LLVMValueRef x, LLVMValueRef y, const int m[8])
+{
+    LLVMValueRef mask[8];
+    for (int i = 0; i < 8; i++)
+        mask[i] = i32c(kb, m[i]);
+    return LLVMBuildShuffleVector(kb->b, x, y, LLVMConstVector(mask, 8), "");
+}
+
+void aj_cpu_attn_init(aj_cpu_attn *a, aj_kb *kb, const aj_op *op, int log2e_in_q,
+                      LLVMValueRef bidx, LLVMValueRef h)
+{
+    LLVMBuilderRef b = kb->b;
+    a->kb = kb;
+    a->op = op;
+    a->w = aj_cpu_vector_width();
+    a->log2e_in_q = log2e_in_q;
+    a->seq_q = aj_kb_param(kb, "seq_q");
+    a->seq_k = aj_kb_param(kb, "seq_k");
+    a->qk_offset = LLVMBuildSub(b, aj_kb_param(kb, "q_offset"), aj_kb_param(kb, "kv_offset"), "");
+    a->mask = aj_attn_mask_offsets(kb, &op->mask,
+                                   add(kb, a->qk_offset, aj_kb_param(kb, "mask_shift")));
+    a->slope = NULL;
+    a->bias_base = NULL;
+    if (op->score_mod.kind == AJ_SCORE_MOD_ALIBI)
+        a->slope = aj_cpu_fload(kb, aj_cv_at(kb, kb->t_f32, aj_kb_param(kb, "alibi_slopes"), h));
+    if (op->bias == AJ_BIAS_ADD)
+        a->bias_base = aj_attn_slice_base(kb, "bias", bidx, h);
+}
+
+LLVMValueRef aj_cpu_buf_at(aj_kb *kb, LLVMValueRef buf, LLVMValueRef index)
+{
+    return aj_cv_at(kb, kb->t_f32, buf, index);
+}
+
+LLVMValueRef aj_cpu_tensor_at(aj_kb *kb, const char *t, aj_dtype dtype, LLVMValueRef elem)
+{
+    LLVMTypeRef et = dtype == AJ_DTYPE_F32 ? kb->t_f32 : kb->t_i16;
+    return aj_cv_at(kb, et, aj_kb_param(kb, t), elem);
+}
+
+void aj_cpu_load_rows(aj_kb *kb, LLVMValueRef buf, int width, const char *t, aj_dtype dtype,
+                      LLVMValueRef base, LLVMValueRef stride_s, LLVMValueRef r0,
+                      LLVMValueRef count, LLVMValueRef rows, double scale)
+{
+    LLVMValueRef vscale = aj_cv_splat(kb, aj_kb_f32(kb, scale), 8);
+    LLVMValueRef r = aj_kb_for_begin(kb, i32c(kb, 0), rows, i32c(kb, 1), "lr");
+    LLVMValueRef dst = mul(kb, r, i32c(kb, width));
+    aj_kb_if_begin(kb, LLVMBuildICmp(kb->b, LLVMIntSLT, r, count, ""));
+    LLVMValueRef row = add(kb, base, mul(kb, sext64(kb, add(kb, r0, r)), stride_s));
+    for (int c = 0; c < width; c += 8) {
+        LLVMValueRef x = aj_cv_load(kb, aj_cpu_tensor_at(kb, t, dtype, add(kb, row,
+                                    aj_kb_i64(kb, c))), dtype, 8);
+        if (scale != 1.0)
+            x = LLVMBuildFMul(kb->b, x, vscale, "");
+        aj_cpu_vstore(kb, x, aj_cpu_buf_at(kb, buf, add(kb, dst, i32c(kb, c))));
+    }
+    aj_kb_else(kb);
+    for (int c = 0; c < width; c += 8)
+        aj_cpu_vstore(kb, LLVMConstNull(aj_cv_type(kb, 8)), aj_cpu_buf_at(kb, buf, add(kb, dst,
+                                                                              i32c(kb, c))));
+    aj_kb_if_end(kb);
+    aj_kb_for_end(kb);
+}
+
+/* out[j][i] = a[i][j] for 8 vectors of 8 floats, by three rounds of
+ * two-input shuffles (x86: unpck, shufps, vperm2f128):
+ *
+ *   a0 = k0d0 k0d1 .. k0d7      t: pairs of rows interleaved
+ *   a1 = k1d0 ..           ->   u: quads of rows, dims j and j+4
+ *   ..                          out[j] = k0dj k1dj .. k7dj
+ */
+static void transpose8(aj_kb *kb, LLVMValueRef a[8], LLVMValueRef out[8])
+{
+    static const int lo[8] = {0, 8, 1, 9, 4, 12, 5, 13}, hi[8] = {2, 10, 3, 11, 6, 14, 7, 15};
+    static const int ulo[8] = {0, 1, 8, 9, 4, 5, 12, 13}, uhi[8] = {2, 3, 10, 11, 6, 7, 14, 15};
+    static const int vlo[8] = {0, 1, 2, 3, 8, 9, 10, 11}, vhi[8] = {4, 5, 6, 7, 12, 13, 14, 15};
+    LLVMValueRef t[8], u[8];
+#define SHUF(x, y, m) shuffle8(kb, x, y, m)
+    for (int p = 0; p < 4; p++) {
+        t[2 * p] = SHUF(a[2 * p], a[2 * p + 1], lo);
+        t[2 * p + 1] = SHUF(a[2 * p], a[2 * p + 1], hi);
+    }
+    for (int g = 0; g < 2; g++) {   /* rows 0-3, then 4-7 */
+        LLVMValueRef *tt = &t[4 * g], *uu = &u[4 * g];
+        uu[0] = SHUF(tt[0], tt[2], ulo);
+        uu[1] = SHUF(tt[0], tt[2], uhi);
+        uu[2] = SHUF(tt[1], tt[3], ulo);
+        uu[3] = SHUF(tt[1], tt[3], uhi);
+    }
+    for (int j = 0; j < 4; j++) {
+        out[j] = SHUF(u[j], u[j + 4], vlo);
+        out[j + 4] = SHUF(u[j], u[j + 4], vhi);
+    }
+#undef SHUF
+}
+
+void aj_cpu_load_cols(aj_kb *kb, LLVMValueRef buf, int width, int n, const char *t,
+                      aj_dtype dtype, LLVMValueRef base, LLVMValueRef stride_s,
+                      LLVMValueRef r0, LLVMValueRef count)
+{
+    LLVMBuilderRef b = kb->b;
+    /* groups of 8 rows: whole ones by 8 x 8 transposes, the group holding
+     * the tail row by row (n is a multiple of 8) */
+    LLVMValueRef r8 = aj_kb_for_begin(kb, i32c(kb, 0), i32c(kb, n), i32c(kb, 8), "lc8");
+    aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntSLE, add(kb, r8, i32c(kb, 8)), count, ""));
+    {
+        LLVMValueRef rows[8];
+        for (int e = 0; e < 8; e++)
+            rows[e] = add(kb, base, mul(kb, sext64(kb, add(kb, r0, add(kb, r8, i32c(kb, e)))),
+                                        stride_s));
+        for (int c = 0; c < width; c += 8) {
+            LLVMValueRef a[8], out[8];
+            for (int e = 0; e < 8; e++)
+                a[e] = aj_cv_load(kb, aj_cpu_tensor_at(kb, t, dtype, add(kb, rows[e],
+                                  aj_kb_i64(kb, c))), dtype, 8);
+            transpose8(kb, a, out);
+            for (int j = 0; j < 8; j++)
+                aj_cpu_vstore(kb, out[j], aj_cpu_buf_at(kb, buf, add(kb, i32c(kb, (c + j) * n),
+                                                                     r8)));
+        }
+    }
+    aj_kb_else(kb);
+    LLVMValueRef r = aj_kb_for_begin(kb, r8, add(kb, r8, i32c(kb, 8)), i32c(kb, 1), "lc");
+    aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntSLT, r, count, ""));
+    LLVMValueRef row = add(kb, base, mul(kb, sext64(kb, add(kb, r0, r)), stride_s));
+    for (int c = 0; c < width; c += 8) {
+        LLVMValueRef x = aj_cv_load(kb, aj_cpu_tensor_at(kb, t, dtype, add(kb, row,
+                                    aj_kb_i64(kb, c))), dtype, 8);
+        for (int e = 0; e < 8; e++)
+            LLVMBuildStore(b, LLVMBuildExtractElement(b, x, i32c(kb, e), ""),
+                           aj_cpu_buf_at(kb, buf, add(kb, i32c(kb, (c + e) * n), r)));
+    }
+    aj_kb_else(kb);
+    for (int c = 0; c < width; c++)
+        LLVMBuildStore(b, aj_kb_f32(kb, 0), aj_cpu_buf_at(kb, buf, add(kb, i32c(kb, c * n), r)));
+    aj_kb_if_end(kb);
+    aj_kb_for_end(kb);
+    aj_kb_if_end(kb);
+    aj_kb_for_end(kb);
+}
+
+void aj_cpu_gemm_nt(aj_kb *kb, int w, LLVMValueRef c, LLVMValueRef a, int k, LLVMValueRef bt,
+                    int n, LLVMValueRef m_end)
+{
+    LLVMTypeRef vt = aj_cv_type(kb, w);
+    LLVMValueRef acc[RM][CN];
+    for (int r = 0; r < RM; r++)
+        for (int x = 0; x < CN; x++)
+            acc[r][x] = aj_kb_var(kb, vt, NULL, "nt");
+    LLVMValueRef i0 = aj_kb_for_begin(kb, i32c(kb, 0), m_end, i32c(kb, RM), "nti");
+    LLVMValueRef j0 = aj_kb_for_begin(kb, i32c(kb, 0), i32c(kb, n), i32c(kb, CN * w), "ntj");
+    for (int r = 0; r < RM; r++)
+        for (int x = 0; x < CN; x++)
+            aj_kb_set(kb, acc[r][x], LLVMConstNull(vt));
+    LLVMValueRef d = aj_kb_for_begin(kb, i32c(kb, 0), i32c(kb, k), i32c(kb, 1), "ntk");
+    {
+        LLVMValueRef bv[CN];
+        LLVMValueRef brow = add(kb, mul(kb, d, i32c(kb, n)), j0);
+        for (int x = 0; x < CN; x++)
+            bv[x] = aj_cpu_vload(kb, aj_cpu_buf_at(kb, bt, add(kb, brow, i32c(kb, x * w))), w);
+        for (int r = 0; r < RM; r++) {
+            LLVMValueRef ai = add(kb, mul(kb, add(kb, i0, i32c(kb, r)), i32c(kb, k)), d);
+            LLVMValueRef ab = aj_cv_splat(kb, aj_cpu_fload(kb, aj_cpu_buf_at(kb, a, ai)), w);
+            for (int x = 0; x < CN; x++)
+                aj_kb_set(kb, acc[r][x], aj_cv_fma(kb, ab, bv[x], aj_kb_get(kb, acc[r][x])));
+        }
+    }
+    aj_kb_for_end(kb);
+    for (int r = 0; r < RM; r++) {
+        LLVMValueRef crow = add(kb, mul(kb, add(kb, i0, i32c(kb, r)), i32c(kb, n)), j0);
+        for (int x = 0; x < CN; x++)
+            aj_cpu_vstore(kb, aj_kb_get(kb, acc[r][x]), aj_cpu_buf_at(kb, c, add(kb, crow,
+                                                                        i32c(kb, x * w))));
+    }
+    aj_kb_for_end(kb);
+    aj_kb_for_end(kb);
+}
+
+void aj_cpu_gemm_acc(aj_kb *kb, int ncols, LLVMValueRef c, LLVMValueRef rscale,
+                     LLVMValueRef p, int ldp_m, int ldp_k, LLVMValueRef b, int kn,
+                     LLVMValueRef m_end)
+{
+    /* output vectors: the host's width where it divides the row, else 8
+     * (head dims are multiples of 8); two per tile where they pair up */
+    int w = aj_cpu_vector_width();
+    int vw = ncols % w == 0 ? w : 8;
+    int cv = (ncols / vw) % 2 == 0 ? 2 : 1;
+    LLVMTypeRef vt = aj_cv_type(kb, vw);
+    LLVMValueRef acc[RM][2];
+    for (int r = 0; r < RM; r++)
+        for (int x = 0; x < cv; x++)
+            acc[r][x] = aj_kb_var(kb, vt, NULL, "acc");
+    LLVMValueRef i0 = aj_kb_for_begin(kb, i32c(kb, 0), m_end, i32c(kb, RM), "aci");
+    LLVMValueRef c0 = aj_kb_for_begin(kb, i32c(kb, 0), i32c(kb, ncols), i32c(kb, cv * vw), "acc");
+    for (int r = 0; r < RM; r++) {
+        LLVMValueRef m = add(kb, i0, i32c(kb, r));
+        LLVMValueRef row = add(kb, mul(kb, m, i32c(kb, ncols)), c0);
+        for (int x = 0; x < cv; x++) {
+            LLVMValueRef at = aj_cpu_buf_at(kb, c, add(kb, row, i32c(kb, x * vw)));
+            LLVMValueRef v = aj_cpu_vload(kb, at, vw);
+            if (rscale) {
+                LLVMValueRef rs = aj_cpu_fload(kb, aj_cpu_buf_at(kb, rscale, m));
+                v = LLVMBuildFMul(kb->b, aj_cv_splat(kb, rs, vw), v, "");
+            }
+            aj_kb_set(kb, acc[r][x], v);
+        }
+    }
+    LLVMValueRef k = aj_kb_for_begin(kb, i32c(kb, 0), i32c(kb, kn), i32c(kb, 1), "ack");
+    {
+        LLVMValueRef bv[2];
+        LLVMValueRef brow = add(kb, mul(kb, k, i32c(kb, ncols)), c0);
+        for (int x = 0; x < cv; x++)
+            bv[x] = aj_cpu_vload(kb, aj_cpu_buf_at(kb, b, add(kb, brow, i32c(kb, x * vw))), vw);
+        LLVMValueRef pk = mul(kb, k, i32c(kb, ldp_k));
+        for (int r = 0; r < RM; r++) {
+            LLVMValueRef pi = add(kb, mul(kb, add(kb, i0, i32c(kb, r)), i32c(kb, ldp_m)), pk);
+            LLVMValueRef pb = aj_cv_splat(kb, aj_cpu_fload(kb, aj_cpu_buf_at(kb, p, pi)), vw);
+            for (int x = 0; x < cv; x++)
+                aj_kb_set(kb, acc[r][x], aj_cv_fma(kb, pb, bv[x], aj_kb_get(kb, acc[r][x])));
+        }
+    }
+    aj_kb_for_end(kb);
+    for (int r = 0; r < RM; r++) {
+        LLVMValueRef row = add(kb, mul(kb, add(kb, i0, i32c(kb, r)), i32c(kb, ncols)), c0);
+        for (int x = 0; x < cv; x++)
+            aj_cpu_vstore(kb, aj_kb_get(kb, acc[r][x]), aj_cpu_buf_at(kb, c, add(kb, row,
+                                                                        i32c(kb, x * vw))));
+    }
+    aj_kb_for_end(kb);
+    aj_kb_for_end(kb);
+}
+
+LLVMValueRef aj_cpu_scores(aj_cpu_attn *a, LLVMValueRef s, LLVMValueRef ig, LLVMValueRef jv)
+{
+    aj_kb *kb = a->kb;
+    LLVMBuilderRef b = kb->b;
+    const aj_op *op = a->op;
+    int w = a->w;
+    if (op->bias == AJ_BIAS_ADD) {
+        /* rows past Sq and keys past Sk read the last row / key: in bounds,
+         * and masked or never stored */
+        LLVMValueRef ic = aj_kb_smin(kb, ig, LLVMBuildSub(b, a->seq_q, i32c(kb, 1), ""));
+        LLVMValueRef row = add(kb, a->bias_base, mul(kb, sext64(kb, ic),
+                                                     aj_kb_param(kb, "stride_bias_s")));
+        LLVMValueRef last = LLVMBuildSub(b, a->seq_k, i32c(kb, 1), "");
+        LLVMValueRef bv = LLVMGetPoison(aj_cv_type(kb, w));
+        for (int e = 0; e < w; e++) {
+            LLVMValueRef j = aj_kb_smin(kb, LLVMBuildExtractElement(b, jv, i32c(kb, e), ""), last);
+            LLVMValueRef one = aj_cv_load(kb, aj_cpu_tensor_at(kb, "bias", op->dtype,
+                                          add(kb, row, sext64(kb, j))), op->dtype, 1);
+            bv = LLVMBuildInsertElement(b, bv, LLVMBuildExtractElement(b, one, i32c(kb, 0), ""),
+                                        i32c(kb, e), "");
+        }
+        s = LLVMBuildFAdd(b, s, bv, "");
+    }
+    if (op->score_mod.kind == AJ_SCORE_MOD_SOFTCAP) {
+        double cap = op->score_mod.softcap;
+        s = LLVMBuildFMul(b, s, aj_cv_splat(kb, aj_kb_f32(kb, 1.0 / cap), w), "");
+        s = LLVMBuildFMul(b, aj_cv_tanh(kb, s, w), aj_cv_splat(kb, aj_kb_f32(kb, cap), w), "");
+    } else if (op->score_mod.kind == AJ_SCORE_MOD_ALIBI) {
+        /* s -= slope |q_pos - kv_pos|, the distance in i64 */
+        LLVMTypeRef v64 = LLVMVectorType(kb->t_i64, (unsigned)w);
+        LLVMValueRef dist = LLVMBuildSub(b, aj_cv_splat(kb, add(kb, sext64(kb, ig), a->qk_offset),
+                                                        w),
+                                         LLVMBuildSExt(b, jv, v64, ""), "");
+        LLVMValueRef neg = LLVMBuildICmp(b, LLVMIntSLT, dist, LLVMConstNull(v64), "");
+        dist = LLVMBuildSelect(b, neg, LLVMBuildNeg(b, dist, ""), dist, "");
+        LLVMValueRef fd = LLVMBuildSIToFP(b, dist, aj_cv_type(kb, w), "");
+        s = LLVMBuildFSub(b, s, LLVMBuildFMul(b, aj_cv_splat(kb, a->slope, w), fd, ""), "");
+    }
+    if (!a->log2e_in_q)
+        s = LLVMBuildFMul(b, s, aj_cv_splat(kb, aj_kb_f32(kb, AJ_LOG2E), w), "");
+    LLVMValueRef vis = LLVMBuildICmp(b, LLVMIntSLT, jv, aj_cv_splat(kb, a->seq_k, w), "");
+    if (a->mask.hi_off)
+        vis = LLVMBuildAnd(b, vis, LLVMBuildICmp(b, LLVMIntSLE, jv, aj_cv_splat(kb,
+                           add(kb, ig, a->mask.hi_off), w), ""), "");
+    if (a->mask.lo_off)
+        vis = LLVMBuildAnd(b, vis, LLVMBuildICmp(b, LLVMIntSGE, jv, aj_cv_splat(kb,
+                           add(kb, ig, a->mask.lo_off), w), ""), "");
+    return LLVMBuildSelect(b, vis, s, aj_cv_splat(kb, aj_kb_f32(kb, -INFINITY), w), "");
+}
+
+void aj_cpu_rows_for_keys(aj_cpu_attn *a, LLVMValueRef j0, LLVMValueRef j1,
+                          LLVMValueRef *i_lo, LLVMValueRef *i_hi)
+{
+    aj_kb *kb = a->kb;
+    LLVMBuilderRef b = kb->b;
+    /* j <= i + hi_off  <=>  i >= j - hi_off;  j >= i + lo_off  <=>  i <= j - lo_off */
+    LLVMValueRef lo = i32c(kb, 0);
+    LLVMValueRef hi = LLVMBuildSub(b, a->seq_q, i32c(kb, 1), "");
+    if (a->mask.hi_off)
+        lo = aj_kb_smax(kb, lo, LLVMBuildSub(b, j0, a->mask.hi_off, ""));
+    if (a->mask.lo_off)
+        hi = aj_kb_smin(kb, hi, LLVMBuildSub(b, LLVMBuildSub(b, j1, i32c(kb, 1), ""),
+                                             a->mask.lo_off, ""));
+    *i_lo = lo;
+    *i_hi = hi;
+}
+
+void aj_cpu_key_blocks(aj_cpu_attn *a, int bn, LLVMValueRef i0, LLVMValueRef i1,
+                       LLVMValueRef *begin, LLVMValueRef *end)
+{
+    aj_kb *kb = a->kb;
+    LLVMBuilderRef b = kb->b;
+    LLVMValueRef j_lo = aj_attn_row_key_lo(kb, &a->mask, i0);
+    LLVMValueRef j_hi = aj_attn_row_key_hi(kb, &a->mask, a->seq_k, i1);
+    LLVMValueRef n = i32c(kb, bn);
+    LLVMValueRef empty = LLVMBuildICmp(b, LLVMIntSLT, j_hi, j_lo, "");
+    *begin = LLVMBuildSelect(b, empty, i32c(kb, 0), LLVMBuildSDiv(b, j_lo, n, ""), "n_begin");
+    *end = LLVMBuildSelect(b, empty, i32c(kb, 0), LLVMBuildSDiv(b, add(kb, j_hi, n), n, ""),
+                           "n_end");
+}

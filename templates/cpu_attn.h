@@ -1,0 +1,89 @@
+/*
+ * cpu_attn.h -- the tiles the cpu forward and backward kernels share: f32
+ * stack buffers filled from tensors (widened, optionally transposed), two
+ * register-tiled matrix products, and the score of a (row, key) pair with
+ * its mods and mask -- one definition each, so the backward recomputes
+ * exactly the forward's probabilities.
+ *
+ * Register tiles, W = floats per vector (cpu_vec.h):
+ *
+ *   aj_cpu_gemm_nt   C[M][N] = A[M][K] Bt[K][N]: RM rows x CN*W columns
+ *                    per tile; per k, CN loads of Bt, RM broadcasts of A
+ *   aj_cpu_gemm_acc  C[M][:] = r[m] C[M][:] + sum_k P(m, k) B[k][:]: RM rows
+ *                    x CV*VW columns per tile, P read with any two strides
+ *                    (so P^T costs nothing)
+ */
+#ifndef AJ_TEMPLATES_CPU_ATTN_H
+#define AJ_TEMPLATES_CPU_ATTN_H
+
+#include "codegen/codegen.h"
+#include "templates/attn_common.h"
+#include "templates/cpu_vec.h"
+
+#define AJ_CPU_RM 4   /* rows of a register tile */
+#define AJ_CPU_CN 2   /* key vectors of a gemm_nt tile */
+
+/* What a kernel's scores depend on, set up once per work item. */
+typedef struct aj_cpu_attn {
+    aj_kb *kb;
+    const aj_op *op;
+    int w;                       /* floats per vector */
+    int log2e_in_q;              /* Q carries scale log2 e: scores need no multiply */
+    LLVMValueRef seq_q, seq_k;   /* i32 */
+    aj_attn_mask mask;
+    LLVMValueRef qk_offset;      /* i64: q_offset - kv_offset (alibi) */
+    LLVMValueRef slope;          /* f32 (alibi) */
+    LLVMValueRef bias_base;      /* i64: element offset of bias slice (b, h) (bias) */
+} aj_cpu_attn;
+
+/* Sets the fields from the kernel parameters for query head h of batch
+ * bidx (bias_base and slope follow h). */
+void aj_cpu_attn_init(aj_cpu_attn *a, aj_kb *kb, const aj_op *op, int log2e_in_q,
+                      LLVMValueRef bidx, LLVMValueRef h);
+
+/* <n x float> and f32 loads and stores of the stack buffers (4-byte
+ * alignment: tiles start anywhere in a row) */
+LLVMValueRef aj_cpu_vload(aj_kb *kb, LLVMValueRef ptr, int n);
+void aj_cpu_vstore(aj_kb *kb, LLVMValueRef v, LLVMValueRef ptr);
+LLVMValueRef aj_cpu_fload(aj_kb *kb, LLVMValueRef ptr);
+/* &buf[index] of an f32 buffer (index i32 or i64) */
+LLVMValueRef aj_cpu_buf_at(aj_kb *kb, LLVMValueRef buf, LLVMValueRef index);
+/* &t[elem] of tensor parameter t of `dtype`, elem i64 */
+LLVMValueRef aj_cpu_tensor_at(aj_kb *kb, const char *t, aj_dtype dtype, LLVMValueRef elem);
+
+/* buf[r][0..width) = scale * t[base + (r0 + r) stride_s + 0..width) for
+ * r < count, 0 for count <= r < rows (width a multiple of 8). */
+void aj_cpu_load_rows(aj_kb *kb, LLVMValueRef buf, int width, const char *t, aj_dtype dtype,
+                      LLVMValueRef base, LLVMValueRef stride_s, LLVMValueRef r0,
+                      LLVMValueRef count, LLVMValueRef rows, double scale);
+/* buf[c][r] = t[base + (r0 + r) stride_s + c] for r < count, 0 for
+ * count <= r < n: the rows transposed, so that they run along vectors. */
+void aj_cpu_load_cols(aj_kb *kb, LLVMValueRef buf, int width, int n, const char *t,
+                      aj_dtype dtype, LLVMValueRef base, LLVMValueRef stride_s,
+                      LLVMValueRef r0, LLVMValueRef count);
+
+/* C[m][0..n) = sum_k A[m][k] Bt[k][0..n) for m < m_end (a multiple of RM,
+ * i32); n a multiple of CN*W. */
+void aj_cpu_gemm_nt(aj_kb *kb, int w, LLVMValueRef c, LLVMValueRef a, int k, LLVMValueRef bt,
+                    int n, LLVMValueRef m_end);
+/* C[m][0..ncols) = rscale[m] C[m][..] (C[m][..] if rscale is NULL)
+ *                 + sum_{k < kn} P[m ldp_m + k ldp_k] B[k][0..ncols)
+ * for m < m_end (a multiple of RM, i32). */
+void aj_cpu_gemm_acc(aj_kb *kb, int ncols, LLVMValueRef c, LLVMValueRef rscale,
+                     LLVMValueRef p, int ldp_m, int ldp_k, LLVMValueRef b, int kn,
+                     LLVMValueRef m_end);
+
+/* The W scores (log2 units) of row ig for keys jv (both local indices of
+ * the call; jv an <W x i32>) from s = the scaled q.k: bias, softcap,
+ * alibi, the factor log2 e, then -inf where the mask or Sk hides a key. */
+LLVMValueRef aj_cpu_scores(aj_cpu_attn *a, LLVMValueRef s, LLVMValueRef ig, LLVMValueRef jv);
+
+/* Query rows that may see keys [j0, j1) (local): [*i_lo, *i_hi], clamped to
+ * [0, Sq - 1]; empty when *i_hi < *i_lo. */
+void aj_cpu_rows_for_keys(aj_cpu_attn *a, LLVMValueRef j0, LLVMValueRef j1,
+                          LLVMValueRef *i_lo, LLVMValueRef *i_hi);
+/* Key blocks of bn keys [*begin, *end) that rows [i0, i1] may see. */
+void aj_cpu_key_blocks(aj_cpu_attn *a, int bn, LLVMValueRef i0, LLVMValueRef i1,
+                       LLVMValueRef *begin, LLVMValueRef *end);
+
+#endif /* AJ_TEMPLATES_CPU_ATTN_H */

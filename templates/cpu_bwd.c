@@ -1,0 +1,571 @@
+/*
+ * cpu_bwd.c -- the backward pass of the cpu target (both variants), as two
+ * kernels of one module run in order, each recomputing the probabilities
+ * from Q, K and the forward's LSE with the forward's own scores
+ * (cpu_attn.h):
+ *
+ *   P_ij  = 2^(s_ij - LSE_i log2 e)      (s in log2 units, -inf where hidden)
+ *   dP_ij = z_ij dO_i . v_j              z = keep / (1 - p) with dropout, else 1
+ *   dS_ij = P_ij (dP_ij - Delta_i) [(1 - tanh^2) with softcap],  Delta_i = dO_i . O_i
+ *
+ *   stage 0, dkdv: one item per (key block of bn keys, kv head, batch)
+ *                  dV_j = sum_i z_ij P_ij dO_i      dK_j = scale sum_i dS_ij q_i
+ *                  over the query heads of the group and the query blocks of
+ *                  bm rows that can see the keys (GQA summed in the item)
+ *   stage 1, dq:   one item per (query block, head, batch)
+ *                  dQ_i = scale sum_j dS_ij k_j over the visible key blocks
+ *
+ * Both per block, on the stack (f32):
+ *
+ *   Q [bm][D] (scaled)   dO [bm][Dv]   Kt [D][bn]   Vt [Dv][bn]
+ *   S [bm][bn] = Q Kt -> z P      dP [bm][bn] = dO Vt -> dS
+ *   dK [bn][D] += dS^T Q, dV [bn][Dv] += (z P)^T dO   (gemm_acc reads P^T
+ *   through its strides);  dQ [bm][D] += dS K
+ *
+ * Every gradient element is summed by one item in a fixed order: no
+ * atomics, the same bits on any thread count.  Rows that see no key get
+ * dQ = 0, keys no row sees dK = dV = 0.
+ *
+ * bias = add: dbias (f32, the bias's shape) = dS summed over the bias's
+ * broadcast dims.  The dq item of query block m at (b, h) = (0 if the bias
+ * broadcasts over batch else b, 0 if over heads else h) owns dbias rows of
+ * block m: it walks every (b, h) pair folded onto them in order (each
+ * pair's dQ included), writing the first pair's dS and adding the others';
+ * the other items of folded pairs do nothing.  With bias the dq items
+ * visit every key block (dS = 0 where hidden), so all of dbias is written.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "templates/cpu_attn.h"
+#include "templates/template.h"
+
+#define RM AJ_CPU_RM
+#define CN AJ_CPU_CN
+
+typedef struct cbwd_plan {
+    aj_dtype dtype;
+    int d, dv;
+    int w;
+    int bm, bn;
+} cbwd_plan;
+
+static aj_status plan_kernel(aj_ctx *ctx, const aj_op *op, cbwd_plan *p)
+{
+    memset(p, 0, sizeof *p);
+    p->dtype = op->dtype;
+    p->d = op->head_dim;
+    p->dv = aj_op_dv(op);
+    p->w = aj_cpu_vector_width();
+    const aj_schedule *s = &op->schedule;
+    if (s->warps != 0 || s->stages != 0)
+        return aj_fail(ctx, AJ_ERR_UNSUPPORTED, "schedule %s = %d: the cpu target has no "
+                       "warps or pipeline stages (leave them unset)",
+                       s->warps ? "warps" : "stages", s->warps ? s->warps : s->stages);
+    /* the verifier allows powers of two 16..256: multiples of RM, each */
+    p->bm = s->block_m ? s->block_m : 64;
+    p->bn = s->block_n ? s->block_n : 64 > CN * p->w ? 64 : CN * p->w;
+    if (p->bn % (CN * p->w))
+        return aj_fail(ctx, AJ_ERR_UNSUPPORTED, "schedule block_n = %d: the cpu backward "
+                       "needs a multiple of %d on this host (%d-float vectors)", p->bn,
+                       CN * p->w, p->w);
+    return AJ_OK;
+}
+
+static aj_status cbwd_check(aj_ctx *ctx, const aj_op *op, aj_target target)
+{
+    aj_status st = aj_attn_check_layout_and_dims(ctx, op, "cpu backward");
+    if (st != AJ_OK)
+        return st;
+    cbwd_plan plan;
+    return plan_kernel(ctx, op, &plan);
+}
+
+/* ---------------------------------------------------------------- build */
+
+typedef struct cbwd {
+    aj_kb *kb;
+    LLVMBuilderRef b;
+    const aj_op *op;
+    cbwd_plan p;
+    aj_cpu_attn at;              /* of the current (b, h) */
+    aj_attn_dropout drop;        /* of the current (b, h) */
+    LLVMValueRef q, dob, kt, vt, kn, s, dp, z, lse2, delta;   /* stack buffers */
+} cbwd;
+
+static LLVMValueRef param(cbwd *c, const char *name)
+{
+    return aj_kb_param(c->kb, name);
+}
+
+static LLVMValueRef i32c(cbwd *c, int64_t v)
+{
+    return aj_kb_i32(c->kb, v);
+}
+
+static LLVMValueRef add(cbwd *c, LLVMValueRef a, LLVMValueRef b)
+{
+    return LLVMBuildAdd(c->b, a, b, "");
+}
+
+static LLVMValueRef mul(cbwd *c, LLVMValueRef a, LLVMValueRef b)
+{
+    return LLVMBuildMul(c->b, a, b, "");
+}
+
+static LLVMValueRef sext64(cbwd *c, LLVMValueRef v)
+{
+    return LLVMBuildSExt(c->b, v, c->kb->t_i64, "");
+}
+
+static LLVMValueRef buf_at(cbwd *c, LLVMValueRef buf, LLVMValueRef index)
+{
+    return aj_cpu_buf_at(c->kb, buf, index);
+}
+
+static LLVMValueRef fload(cbwd *c, LLVMValueRef ptr)
+{
+    return aj_cpu_fload(c->kb, ptr);
+}
+
+static LLVMValueRef vload(cbwd *c, LLVMValueRef ptr, int n)
+{
+    return aj_cpu_vload(c->kb, ptr, n);
+}
+
+static void vstore(cbwd *c, LLVMValueRef v, LLVMValueRef ptr)
+{
+    aj_cpu_vstore(c->kb, v, ptr);
+}
+
+/* q, k, v, o, do, lse and the stage's outputs with their strides; with
+ * `dbias` (the dq stage of a bias op) dbias, its strides and the sizes
+ * that fold (b, h) pairs onto its slices -- the names runtime/launch.c
+ * binds, as the efficient backward's. */
+static void declare_params(aj_kb *kb, const aj_op *op, const char *const *outs, int nouts,
+                           int dbias)
+{
+    const char *const in[] = {"q", "k", "v", "o", "do"};
+    for (int i = 0; i < 5; i++)
+        aj_kb_add_param(kb, in[i], AJ_PARAM_PTR);
+    aj_kb_add_param(kb, "lse", AJ_PARAM_PTR);
+    for (int i = 0; i < nouts; i++)
+        aj_kb_add_param(kb, outs[i], AJ_PARAM_PTR);
+    if (op->score_mod.kind == AJ_SCORE_MOD_ALIBI)
+        aj_kb_add_param(kb, "alibi_slopes", AJ_PARAM_PTR);
+    char name[32];
+    for (int t = 0; t < 5 + nouts; t++)
+        for (int i = 0; i < 3; i++) {
+            snprintf(name, sizeof name, "stride_%s_%c", t < 5 ? in[t] : outs[t - 5], "bhs"[i]);
+            aj_kb_add_param(kb, name, AJ_PARAM_I64);
+        }
+    aj_kb_add_param(kb, "stride_lse_b", AJ_PARAM_I64);
+    aj_kb_add_param(kb, "stride_lse_h", AJ_PARAM_I64);
+    aj_kb_add_param(kb, "heads_q", AJ_PARAM_I32);
+    aj_kb_add_param(kb, "heads_kv", AJ_PARAM_I32);
+    aj_kb_add_param(kb, "seq_q", AJ_PARAM_I32);
+    aj_kb_add_param(kb, "seq_k", AJ_PARAM_I32);
+    aj_kb_add_param(kb, "q_offset", AJ_PARAM_I64);
+    aj_kb_add_param(kb, "kv_offset", AJ_PARAM_I64);
+    aj_kb_add_param(kb, "mask_shift", AJ_PARAM_I64);
+    if (op->bias == AJ_BIAS_ADD) {
+        aj_kb_add_param(kb, "bias", AJ_PARAM_PTR);
+        aj_kb_add_param(kb, "stride_bias_b", AJ_PARAM_I64);
+        aj_kb_add_param(kb, "stride_bias_h", AJ_PARAM_I64);
+        aj_kb_add_param(kb, "stride_bias_s", AJ_PARAM_I64);
+    }
+    if (dbias) {
+        aj_kb_add_param(kb, "dbias", AJ_PARAM_PTR);
+        aj_kb_add_param(kb, "stride_dbias_b", AJ_PARAM_I64);
+        aj_kb_add_param(kb, "stride_dbias_h", AJ_PARAM_I64);
+        aj_kb_add_param(kb, "stride_dbias_s", AJ_PARAM_I64);
+        aj_kb_add_param(kb, "batch", AJ_PARAM_I32);
+        aj_kb_add_param(kb, "bias_batch", AJ_PARAM_I32);   /* 1 or batch */
+        aj_kb_add_param(kb, "bias_heads", AJ_PARAM_I32);   /* 1 or heads_q */
+    }
+    if (op->dropout > 0) {
+        aj_kb_add_param(kb, "dropout_seed", AJ_PARAM_I64);
+        aj_kb_add_param(kb, "dropout_offset", AJ_PARAM_I64);
+    }
+}
+
+/* The stack buffers both stages use. */
+static void alloc_buffers(cbwd *c)
+{
+    const cbwd_plan *p = &c->p;
+    c->q = aj_cv_buffer(c->kb, p->bm * p->d, "qbuf");
+    c->dob = aj_cv_buffer(c->kb, p->bm * p->dv, "dobuf");
+    c->kt = aj_cv_buffer(c->kb, p->d * p->bn, "ktbuf");
+    c->vt = aj_cv_buffer(c->kb, p->dv * p->bn, "vtbuf");
+    c->s = aj_cv_buffer(c->kb, p->bm * p->bn, "sbuf");
+    c->dp = aj_cv_buffer(c->kb, p->bm * p->bn, "dpbuf");
+    c->lse2 = aj_cv_buffer(c->kb, p->bm, "lse2");
+    c->delta = aj_cv_buffer(c->kb, p->bm, "delta");
+    if (c->op->dropout > 0)
+        c->z = aj_cv_buffer(c->kb, p->bm * p->bn, "zbuf");
+}
+
+/* Scores and the dropout stream of query head h of batch bidx. */
+static void set_head(cbwd *c, LLVMValueRef bidx, LLVMValueRef h)
+{
+    aj_cpu_attn_init(&c->at, c->kb, c->op, 0, bidx, h);
+    if (c->op->dropout > 0)
+        c->drop = aj_attn_dropout_stream(c->kb, param(c, "dropout_seed"),
+                                         param(c, "dropout_offset"), param(c, "q_offset"),
+                                         param(c, "kv_offset"), bidx, param(c, "heads_q"), h);
+}
+
+static LLVMValueRef item(cbwd *c, int d)
+{
+    aj_kb *kb = c->kb;
+    return LLVMBuildLoad2(c->b, kb->t_i32, aj_cv_at(kb, kb->t_i32, kb->work_item, i32c(c, d)), "");
+}
+
+/*
+ * The query side of rows m0 .. m0 + bm - 1 of (bidx, h): Q (scaled), dO,
+ * LSE in log2 units and Delta = dO . O.  Rows past Sq get Q = dO = 0 and
+ * LSE = +inf (so P = 0); a row whose LSE is -inf saw no key in the
+ * forward and gets 0, so that its P = 2^(-inf - 0) = 0.
+ */
+static void load_query_side(cbwd *c, LLVMValueRef bidx, LLVMValueRef h, LLVMValueRef m0,
+                            LLVMValueRef rows)
+{
+    aj_kb *kb = c->kb;
+    LLVMBuilderRef b = c->b;
+    const cbwd_plan *p = &c->p;
+    LLVMValueRef bm = i32c(c, p->bm);
+    aj_cpu_load_rows(kb, c->q, p->d, "q", p->dtype, aj_attn_slice_base(kb, "q", bidx, h),
+                     param(c, "stride_q_s"), m0, rows, bm, aj_op_scale(c->op));
+    aj_cpu_load_rows(kb, c->dob, p->dv, "do", p->dtype, aj_attn_slice_base(kb, "do", bidx, h),
+                     param(c, "stride_do_s"), m0, rows, bm, 1.0);
+    LLVMValueRef o_base = aj_attn_slice_base(kb, "o", bidx, h);
+    LLVMValueRef lse_base = aj_attn_slice_base(kb, "lse", bidx, h);
+    LLVMValueRef i = aj_kb_for_begin(kb, i32c(c, 0), bm, i32c(c, 1), "qs");
+    aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntSLT, i, rows, ""));
+    {
+        LLVMValueRef ig = sext64(c, add(c, m0, i));
+        LLVMValueRef l = fload(c, aj_cv_at(kb, kb->t_f32, param(c, "lse"), add(c, lse_base, ig)));
+        LLVMValueRef empty = LLVMBuildFCmp(b, LLVMRealOEQ, l, aj_kb_f32(kb, -INFINITY), "");
+        LLVMValueRef l2 = LLVMBuildFMul(b, l, aj_kb_f32(kb, AJ_LOG2E), "");
+        LLVMBuildStore(b, LLVMBuildSelect(b, empty, aj_kb_f32(kb, 0), l2, ""),
+                       buf_at(c, c->lse2, i));
+        LLVMValueRef orow = add(c, o_base, mul(c, ig, param(c, "stride_o_s")));
+        LLVMValueRef acc = LLVMConstNull(aj_cv_type(kb, 8));
+        for (int x = 0; x < p->dv; x += 8) {
+            LLVMValueRef ov = aj_cv_load(kb, aj_cpu_tensor_at(kb, "o", p->dtype, add(c, orow,
+                                         aj_kb_i64(kb, x))), p->dtype, 8);
+            LLVMValueRef dv = vload(c, buf_at(c, c->dob, add(c, mul(c, i, i32c(c, p->dv)),
+                                                             i32c(c, x))), 8);
+            acc = aj_cv_fma(kb, ov, dv, acc);
+        }
+        LLVMBuildStore(b, aj_cv_hsum(kb, acc, 8), buf_at(c, c->delta, i));
+    }
+    aj_kb_else(kb);
+    LLVMBuildStore(b, aj_kb_f32(kb, INFINITY), buf_at(c, c->lse2, i));
+    LLVMBuildStore(b, aj_kb_f32(kb, 0), buf_at(c, c->delta, i));
+    aj_kb_if_end(kb);
+    aj_kb_for_end(kb);
+}
+
+/* z[i][j] = keep_ij / (1 - p) over the whole block (out-of-range elements
+ * have P = 0 already). */
+static void emit_dropout_scale(cbwd *c, LLVMValueRef m0, LLVMValueRef n0)
+{
+    aj_kb *kb = c->kb;
+    double p = c->op->dropout;
+    LLVMValueRef i = aj_kb_for_begin(kb, i32c(c, 0), i32c(c, c->p.bm), i32c(c, 1), "zi");
+    LLVMValueRef j = aj_kb_for_begin(kb, i32c(c, 0), i32c(c, c->p.bn), i32c(c, 1), "zj");
+    LLVMValueRef keep = aj_attn_dropout_keep(kb, &c->drop, p, add(c, m0, i), add(c, n0, j));
+    LLVMBuildStore(c->b, LLVMBuildSelect(c->b, keep, aj_kb_f32(kb, 1.0 / (1.0 - p)),
+                                         aj_kb_f32(kb, 0), ""),
+                   buf_at(c, c->z, add(c, mul(c, i, i32c(c, c->p.bn)), j)));
+    aj_kb_for_end(kb);
+    aj_kb_for_end(kb);
+}
+
+/*
+ * From S = Q Kt and dP = dO Vt of rows m0.. and keys n0..: S becomes z P
+ * (for dV) and dP becomes dS (for dK, dQ, dbias).
+ */
+static void emit_probabilities(cbwd *c, LLVMValueRef m0, LLVMValueRef n0)
+{
+    aj_kb *kb = c->kb;
+    LLVMBuilderRef b = c->b;
+    const cbwd_plan *p = &c->p;
+    const aj_op *op = c->op;
+    int w = p->w;
+    if (op->dropout > 0)
+        emit_dropout_scale(c, m0, n0);
+    LLVMValueRef i = aj_kb_for_begin(kb, i32c(c, 0), i32c(c, p->bm), i32c(c, 1), "pi");
+    LLVMValueRef ig = add(c, m0, i);
+    LLVMValueRef lse = aj_cv_splat(kb, fload(c, buf_at(c, c->lse2, i)), w);
+    LLVMValueRef delta = aj_cv_splat(kb, fload(c, buf_at(c, c->delta, i)), w);
+    LLVMValueRef row = mul(c, i, i32c(c, p->bn));
+    for (int n = 0; n < p->bn / w; n++) {
+        LLVMValueRef at = add(c, row, i32c(c, n * w));
+        LLVMValueRef jv = LLVMBuildAdd(b, aj_cv_splat(kb, add(c, n0, i32c(c, n * w)), w),
+                                       aj_cv_iota(kb, w), "");
+        LLVMValueRef s2 = aj_cpu_scores(&c->at, vload(c, buf_at(c, c->s, at), w), ig, jv);
+        LLVMValueRef pv = aj_cv_exp2(kb, LLVMBuildFSub(b, s2, lse, ""), w);
+        LLVMValueRef dpv = vload(c, buf_at(c, c->dp, at), w);
+        LLVMValueRef pz = pv;
+        if (op->dropout > 0) {
+            LLVMValueRef z = vload(c, buf_at(c, c->z, at), w);
+            pz = LLVMBuildFMul(b, pv, z, "");
+            dpv = LLVMBuildFMul(b, dpv, z, "");
+        }
+        LLVMValueRef ds = LLVMBuildFMul(b, pv, LLVMBuildFSub(b, dpv, delta, ""), "");
+        if (op->score_mod.kind == AJ_SCORE_MOD_SOFTCAP) {
+            /* t = tanh(s / C) = s2 / (C log2 e); hidden keys (s2 = -inf,
+             * P = 0) take the factor 0, not -inf */
+            LLVMValueRef t = LLVMBuildFMul(b, s2, aj_cv_splat(kb, aj_kb_f32(kb,
+                                           1.0 / (op->score_mod.softcap * AJ_LOG2E)), w), "");
+            LLVMValueRef f = LLVMBuildFSub(b, aj_cv_splat(kb, aj_kb_f32(kb, 1.0), w),
+                                           LLVMBuildFMul(b, t, t, ""), "");
+            LLVMValueRef hidden = LLVMBuildFCmp(b, LLVMRealOEQ, s2, aj_cv_splat(kb,
+                                                aj_kb_f32(kb, -INFINITY), w), "");
+            f = LLVMBuildSelect(b, hidden, LLVMConstNull(aj_cv_type(kb, w)), f, "");
+            ds = LLVMBuildFMul(b, ds, f, "");
+        }
+        vstore(c, pz, buf_at(c, c->s, at));
+        vstore(c, ds, buf_at(c, c->dp, at));
+    }
+    aj_kb_for_end(kb);
+}
+
+/* rows [0, count) of an f32 buffer [n][width], times `scale`, into tensor
+ * t of `dtype` at rows r0.. of slice `base` */
+static void store_rows(cbwd *c, LLVMValueRef buf, int width, const char *t, LLVMValueRef base,
+                       LLVMValueRef r0, LLVMValueRef count, double scale)
+{
+    aj_kb *kb = c->kb;
+    char stride[32];
+    snprintf(stride, sizeof stride, "stride_%s_s", t);
+    LLVMValueRef r = aj_kb_for_begin(kb, i32c(c, 0), count, i32c(c, 1), "sr");
+    LLVMValueRef row = add(c, base, mul(c, sext64(c, add(c, r0, r)), param(c, stride)));
+    for (int x = 0; x < width; x += 8) {
+        LLVMValueRef v = vload(c, buf_at(c, buf, add(c, mul(c, r, i32c(c, width)), i32c(c, x))),
+                               8);
+        if (scale != 1.0)
+            v = LLVMBuildFMul(c->b, v, aj_cv_splat(kb, aj_kb_f32(kb, scale), 8), "");
+        aj_cv_store(kb, v, aj_cpu_tensor_at(kb, t, c->p.dtype, add(c, row, aj_kb_i64(kb, x))),
+                    c->p.dtype, 8);
+    }
+    aj_kb_for_end(kb);
+}
+
+static void zero_buffer(cbwd *c, LLVMValueRef buf, int n)
+{
+    LLVMValueRef i = aj_kb_for_begin(c->kb, i32c(c, 0), i32c(c, n), i32c(c, 8), "zb");
+    vstore(c, LLVMConstNull(aj_cv_type(c->kb, 8)), buf_at(c, buf, i));
+    aj_kb_for_end(c->kb);
+}
+
+static LLVMValueRef rows_from(cbwd *c, LLVMValueRef m0)
+{
+    return aj_kb_smin(c->kb, i32c(c, c->p.bm), LLVMBuildSub(c->b, c->at.seq_q, m0, ""));
+}
+
+/* stage 0: dK and dV of one key block of one kv head */
+static void build_dkdv(cbwd *c)
+{
+    aj_kb *kb = c->kb;
+    LLVMBuilderRef b = c->b;
+    const cbwd_plan *p = &c->p;
+    static const char *const outs[] = {"dk", "dv"};
+    declare_params(kb, c->op, outs, 2, 0);
+    aj_kb_begin_stage(kb, "dkdv", 1);
+    alloc_buffers(c);
+    LLVMValueRef dk = aj_cv_buffer(kb, p->bn * p->d, "dkbuf");
+    LLVMValueRef dv = aj_cv_buffer(kb, p->bn * p->dv, "dvbuf");
+    LLVMValueRef hkv = item(c, 1), bidx = item(c, 2);
+    LLVMValueRef n0 = mul(c, item(c, 0), i32c(c, p->bn));
+    LLVMValueRef seq_k = param(c, "seq_k");
+    LLVMValueRef kcount = aj_kb_smin(kb, i32c(c, p->bn), LLVMBuildSub(b, seq_k, n0, ""));
+    LLVMValueRef k_base = aj_attn_slice_base(kb, "k", bidx, hkv);
+    LLVMValueRef v_base = aj_attn_slice_base(kb, "v", bidx, hkv);
+    aj_cpu_load_cols(kb, c->kt, p->d, p->bn, "k", p->dtype, k_base, param(c, "stride_k_s"), n0,
+                     kcount);
+    aj_cpu_load_cols(kb, c->vt, p->dv, p->bn, "v", p->dtype, v_base, param(c, "stride_v_s"), n0,
+                     kcount);
+    zero_buffer(c, dk, p->bn * p->d);
+    zero_buffer(c, dv, p->bn * p->dv);
+    LLVMValueRef group = LLVMBuildSDiv(b, param(c, "heads_q"), param(c, "heads_kv"), "");
+    LLVMValueRef g = aj_kb_for_begin(kb, i32c(c, 0), group, i32c(c, 1), "g");
+    {
+        LLVMValueRef h = add(c, mul(c, hkv, group), g);
+        set_head(c, bidx, h);
+        LLVMValueRef i_lo, i_hi;
+        aj_cpu_rows_for_keys(&c->at, n0, add(c, n0, kcount), &i_lo, &i_hi);
+        LLVMValueRef bm = i32c(c, p->bm);
+        LLVMValueRef none = LLVMBuildICmp(b, LLVMIntSLT, i_hi, i_lo, "");
+        LLVMValueRef m_begin = LLVMBuildSelect(b, none, i32c(c, 0), LLVMBuildSDiv(b, i_lo, bm, ""),
+                                               "");
+        LLVMValueRef m_end = LLVMBuildSelect(b, none, i32c(c, 0), LLVMBuildSDiv(b, add(c, i_hi,
+                                             bm), bm, ""), "");
+        LLVMValueRef m = aj_kb_for_begin(kb, m_begin, m_end, i32c(c, 1), "m");
+        {
+            LLVMValueRef m0 = mul(c, m, bm);
+            load_query_side(c, bidx, h, m0, rows_from(c, m0));
+            aj_cpu_gemm_nt(kb, p->w, c->s, c->q, p->d, c->kt, p->bn, bm);
+            aj_cpu_gemm_nt(kb, p->w, c->dp, c->dob, p->dv, c->vt, p->bn, bm);
+            emit_probabilities(c, m0, n0);
+            /* dV += (z P)^T dO, dK += dS^T Q: P^T read with strides (1, bn) */
+            aj_cpu_gemm_acc(kb, p->dv, dv, NULL, c->s, 1, p->bn, c->dob, p->bm,
+                            i32c(c, p->bn));
+            aj_cpu_gemm_acc(kb, p->d, dk, NULL, c->dp, 1, p->bn, c->q, p->bm, i32c(c, p->bn));
+        }
+        aj_kb_for_end(kb);
+    }
+    aj_kb_for_end(kb);
+    store_rows(c, dk, p->d, "dk", aj_attn_slice_base(kb, "dk", bidx, hkv), n0, kcount, 1.0);
+    store_rows(c, dv, p->dv, "dv", aj_attn_slice_base(kb, "dv", bidx, hkv), n0, kcount, 1.0);
+    const aj_kernel_layout layout = {
+        .grid = {{AJ_EXTENT_SEQ_K, p->bn}, {AJ_EXTENT_HEADS_KV, 1}, {AJ_EXTENT_BATCH, 1}},
+        .schedule = {p->bm, p->bn, 1, 1},
+    };
+    aj_kb_finish(kb, &layout);
+}
+
+/* dbias rows m0.. and keys n0.. of pair (bidx, h) += dS (= on the first
+ * pair) */
+static void emit_dbias(cbwd *c, LLVMValueRef bidx, LLVMValueRef h, LLVMValueRef first,
+                       LLVMValueRef m0, LLVMValueRef rows, LLVMValueRef n0, LLVMValueRef kcount)
+{
+    aj_kb *kb = c->kb;
+    LLVMBuilderRef b = c->b;
+    LLVMValueRef base = aj_attn_slice_base(kb, "dbias", bidx, h);
+    LLVMValueRef i = aj_kb_for_begin(kb, i32c(c, 0), rows, i32c(c, 1), "bi");
+    LLVMValueRef row = add(c, base, mul(c, sext64(c, add(c, m0, i)), param(c, "stride_dbias_s")));
+    LLVMValueRef j = aj_kb_for_begin(kb, i32c(c, 0), kcount, i32c(c, 1), "bj");
+    LLVMValueRef at = aj_cv_at(kb, kb->t_f32, param(c, "dbias"), add(c, row, sext64(c,
+                                                                                   add(c, n0, j))));
+    LLVMValueRef ds = fload(c, buf_at(c, c->dp, add(c, mul(c, i, i32c(c, c->p.bn)), j)));
+    /* the first pair writes: what the buffer held before is never read into
+     * the sum (a select, not an add of 0 times it) */
+    LLVMValueRef prior = LLVMBuildSelect(b, first, aj_kb_f32(kb, 0), fload(c, at), "");
+    LLVMBuildStore(b, LLVMBuildFAdd(b, prior, ds, ""), at);
+    aj_kb_for_end(kb);
+    aj_kb_for_end(kb);
+}
+
+/* stage 1: dQ of one query block of one head (and dbias with bias) */
+static void build_dq(cbwd *c)
+{
+    aj_kb *kb = c->kb;
+    LLVMBuilderRef b = c->b;
+    const cbwd_plan *p = &c->p;
+    const aj_op *op = c->op;
+    int has_bias = op->bias == AJ_BIAS_ADD;
+    static const char *const outs[] = {"dq"};
+    declare_params(kb, op, outs, 1, has_bias);
+    aj_kb_begin_stage(kb, "dq", 1);
+    alloc_buffers(c);
+    c->kn = aj_cv_buffer(kb, p->bn * p->d, "knbuf");
+    LLVMValueRef dq = aj_cv_buffer(kb, p->bm * p->d, "dqbuf");
+    LLVMValueRef h_item = item(c, 1), b_item = item(c, 2);
+    LLVMValueRef m0 = mul(c, item(c, 0), i32c(c, p->bm));
+    LLVMValueRef one = i32c(c, 1);
+    /* the (b, h) pairs this item computes: its own, or with bias the pairs
+     * folded onto its dbias slice if it owns the slice (else none) */
+    LLVMValueRef pairs_b = one, pairs_h = one, fold_b = NULL, fold_h = NULL;
+    if (has_bias) {
+        fold_b = LLVMBuildICmp(b, LLVMIntEQ, param(c, "bias_batch"), one, "");
+        fold_h = LLVMBuildICmp(b, LLVMIntEQ, param(c, "bias_heads"), one, "");
+        LLVMValueRef owner = LLVMBuildAnd(b, LLVMBuildOr(b, LLVMBuildNot(b, fold_b, ""),
+                                          LLVMBuildICmp(b, LLVMIntEQ, b_item, i32c(c, 0), ""),
+                                          ""),
+                                          LLVMBuildOr(b, LLVMBuildNot(b, fold_h, ""),
+                                          LLVMBuildICmp(b, LLVMIntEQ, h_item, i32c(c, 0), ""),
+                                          ""), "owner");
+        pairs_b = LLVMBuildSelect(b, owner, LLVMBuildSelect(b, fold_b, param(c, "batch"), one,
+                                                            ""), i32c(c, 0), "");
+        pairs_h = LLVMBuildSelect(b, fold_h, param(c, "heads_q"), one, "");
+    }
+    LLVMValueRef pb = aj_kb_for_begin(kb, i32c(c, 0), pairs_b, one, "pb");
+    LLVMValueRef ph = aj_kb_for_begin(kb, i32c(c, 0), pairs_h, one, "ph");
+    {
+        LLVMValueRef bidx = has_bias ? LLVMBuildSelect(b, fold_b, pb, b_item, "") : b_item;
+        LLVMValueRef h = has_bias ? LLVMBuildSelect(b, fold_h, ph, h_item, "") : h_item;
+        set_head(c, bidx, h);
+        LLVMValueRef rows = rows_from(c, m0);
+        LLVMValueRef hkv = LLVMBuildSDiv(b, h, LLVMBuildSDiv(b, param(c, "heads_q"),
+                                                             param(c, "heads_kv"), ""), "");
+        load_query_side(c, bidx, h, m0, rows);
+        zero_buffer(c, dq, p->bm * p->d);
+        LLVMValueRef n_begin = i32c(c, 0), n_end;
+        if (has_bias)   /* every key block: dbias is written everywhere */
+            n_end = LLVMBuildSDiv(b, add(c, c->at.seq_k, i32c(c, p->bn - 1)), i32c(c, p->bn), "");
+        else
+            aj_cpu_key_blocks(&c->at, p->bn, m0, add(c, m0, LLVMBuildSub(b, rows, one, "")),
+                              &n_begin, &n_end);
+        LLVMValueRef k_base = aj_attn_slice_base(kb, "k", bidx, hkv);
+        LLVMValueRef v_base = aj_attn_slice_base(kb, "v", bidx, hkv);
+        LLVMValueRef n = aj_kb_for_begin(kb, n_begin, n_end, one, "n");
+        {
+            LLVMValueRef n0 = mul(c, n, i32c(c, p->bn));
+            LLVMValueRef kcount = aj_kb_smin(kb, i32c(c, p->bn), LLVMBuildSub(b, c->at.seq_k,
+                                                                              n0, ""));
+            aj_cpu_load_cols(kb, c->kt, p->d, p->bn, "k", p->dtype, k_base,
+                             param(c, "stride_k_s"), n0, kcount);
+            aj_cpu_load_rows(kb, c->kn, p->d, "k", p->dtype, k_base, param(c, "stride_k_s"), n0,
+                             kcount, i32c(c, p->bn), 1.0);
+            aj_cpu_load_cols(kb, c->vt, p->dv, p->bn, "v", p->dtype, v_base,
+                             param(c, "stride_v_s"), n0, kcount);
+            aj_cpu_gemm_nt(kb, p->w, c->s, c->q, p->d, c->kt, p->bn, i32c(c, p->bm));
+            aj_cpu_gemm_nt(kb, p->w, c->dp, c->dob, p->dv, c->vt, p->bn, i32c(c, p->bm));
+            emit_probabilities(c, m0, n0);
+            aj_cpu_gemm_acc(kb, p->d, dq, NULL, c->dp, p->bn, 1, c->kn, p->bn, i32c(c, p->bm));
+            if (has_bias)
+                emit_dbias(c, bidx, h, LLVMBuildAnd(b, LLVMBuildICmp(b, LLVMIntEQ, pb,
+                                                                     i32c(c, 0), ""),
+                                                    LLVMBuildICmp(b, LLVMIntEQ, ph, i32c(c, 0),
+                                                                  ""), ""),
+                           m0, rows, n0, kcount);
+        }
+        aj_kb_for_end(kb);
+        store_rows(c, dq, p->d, "dq", aj_attn_slice_base(kb, "dq", bidx, h), m0, rows,
+                   aj_op_scale(op));
+    }
+    aj_kb_for_end(kb);
+    aj_kb_for_end(kb);
+    const aj_kernel_layout layout = {
+        .grid = {{AJ_EXTENT_SEQ_Q, p->bm}, {AJ_EXTENT_HEADS_Q, 1}, {AJ_EXTENT_BATCH, 1}},
+        .schedule = {p->bm, p->bn, 1, 1},
+    };
+    aj_kb_finish(kb, &layout);
+}
+
+static aj_status cbwd_build(aj_kb *kb, const aj_op *op, void *user)
+{
+    cbwd c;
+    memset(&c, 0, sizeof c);
+    c.kb = kb;
+    c.b = kb->b;
+    c.op = op;
+    aj_status st = plan_kernel(kb->ctx, op, &c.p);
+    if (st != AJ_OK)
+        return st;
+    build_dkdv(&c);
+    build_dq(&c);
+    return kb->st;
+}
+
+const aj_template aj_template_cpu_bwd_flash = {
+    .name = "cpu_bwd",
+    .kind = AJ_KIND_BACKWARD,
+    .variant = AJ_VARIANT_FLASH,
+    .check = cbwd_check,
+    .build = cbwd_build,
+    .targets = 1u << AJ_TARGET_CPU,
+};
+
+const aj_template aj_template_cpu_bwd_efficient = {
+    .name = "cpu_bwd",
+    .kind = AJ_KIND_BACKWARD,
+    .variant = AJ_VARIANT_EFFICIENT,
+    .check = cbwd_check,
+    .build = cbwd_build,
+    .targets = 1u << AJ_TARGET_CPU,
+};

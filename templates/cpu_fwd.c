@@ -1,0 +1,463 @@
+/*
+ * cpu_fwd.c -- the forward kernel of the cpu target (both variants).
+ *
+ * One call computes one work item: block_m query rows of one (batch,
+ * head), the x, y, z of a GPU launch's CTA.  The runtime runs the items of
+ * the grid on its thread pool (runtime/cpu).
+ *
+ *   grid = (ceil(Sq / block_m), Hq, B)     one host thread per item
+ *
+ * Per item, on the stack (f32, 64-byte aligned):
+ *
+ *   Q  [bm][D]    the rows, widened and pre-scaled once
+ *   Kt [D][bn]    the key block transposed: keys run along the vector lanes
+ *   V  [bn][Dv]   the value block, widened
+ *   S  [bm][bn]   scores, then probabilities in place
+ *   O  [bm][Dv]   the output accumulator; m, l, alpha [bm] the row statistics
+ *
+ * For each key block the mask can see (tile skipping with the global
+ * positions of attn_common), with W = the host's floats per register:
+ *
+ *   S = Q Kt     register tiles of RM rows x CN*W keys: per d, CN vector
+ *                loads of Kt, RM broadcasts of Q, RM*CN FMAs
+ *
+ *                 Kt[d][j0 .. j0+CN*W)  ──────►
+ *          Q[i0][d]   │ acc[0][0] .. acc[0][CN-1]
+ *          ...        │ ...
+ *          Q[i0+RM-1] │ acc[RM-1][..]
+ *
+ *   softmax      per row, W keys at a time: score mods, mask, running max
+ *                (log2 units), P = 2^(s - m) by a polynomial, row sum
+ *   O += P V     register tiles of RM rows x CV*VW output columns; the
+ *                tile is rescaled by alpha = 2^(m_old - m_new) on load
+ *
+ * then O / l and LSE = (m + log2 l) ln 2 (merged into o_acc and lse with
+ * accumulate), as the GPU templates do; rows that see no key get O = 0 and
+ * LSE = -inf.
+ *
+ * Options: bias (a broadcastable [B, Hq, Sq, Sk] added to the scaled score
+ * before softcap and alibi), softcap, alibi, dropout (Philox keep mask of
+ * attn_common, after the statistics), accumulate.  Launch contract as the
+ * GPU templates: Sq, Sk < 2^30, any i64 offsets.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "templates/cpu_attn.h"
+#include "templates/template.h"
+
+#define RM AJ_CPU_RM
+#define CN AJ_CPU_CN
+#define MAX_BLOCK 256
+
+typedef struct cfwd_plan {
+    aj_dtype dtype;
+    int d, dv;
+    int w;            /* floats per vector register */
+    int vw;           /* output-column vector width */
+    int bm, bn;
+} cfwd_plan;
+
+static aj_status plan_kernel(aj_ctx *ctx, const aj_op *op, cfwd_plan *p)
+{
+    memset(p, 0, sizeof *p);
+    p->dtype = op->dtype;
+    p->d = op->head_dim;
+    p->dv = aj_op_dv(op);
+    p->w = aj_cpu_vector_width();
+    /* head dims are multiples of 8: 8-wide output vectors always divide */
+    p->vw = p->dv % p->w == 0 ? p->w : 8;
+    const aj_schedule *s = &op->schedule;
+    if (s->warps != 0 || s->stages != 0)
+        return aj_fail(ctx, AJ_ERR_UNSUPPORTED, "schedule %s = %d: the cpu target has no "
+                       "warps or pipeline stages (leave them unset)",
+                       s->warps ? "warps" : "stages", s->warps ? s->warps : s->stages);
+    /* the verifier allows powers of two 16..256: multiples of RM, each */
+    p->bm = s->block_m ? s->block_m : 128;
+    p->bn = s->block_n ? s->block_n : 64 > CN * p->w ? 64 : CN * p->w;
+    if (p->bn % (CN * p->w))
+        return aj_fail(ctx, AJ_ERR_UNSUPPORTED, "schedule block_n = %d: the cpu forward "
+                       "needs a multiple of %d on this host (%d-float vectors)", p->bn,
+                       CN * p->w, p->w);
+    return AJ_OK;
+}
+
+static aj_status cfwd_check(aj_ctx *ctx, const aj_op *op, aj_target target)
+{
+    aj_status st = aj_attn_check_layout_and_dims(ctx, op, "cpu forward");
+    if (st != AJ_OK)
+        return st;
+    cfwd_plan plan;
+    return plan_kernel(ctx, op, &plan);
+}
+
+/* ---------------------------------------------------------------- build */
+
+typedef struct cfwd {
+    aj_kb *kb;
+    LLVMBuilderRef b;
+    const aj_op *op;
+    cfwd_plan p;
+    aj_cpu_attn at;                 /* scores: mods, mask */
+    LLVMValueRef m0, rows, rows_pad;  /* i32: first row, rows of the item, rounded to RM */
+    aj_attn_dropout drop;
+    LLVMValueRef q, kt, v, s, o;    /* the stack buffers */
+    LLVMValueRef m, l, alpha;
+} cfwd;
+
+static LLVMValueRef param(cfwd *c, const char *name)
+{
+    return aj_kb_param(c->kb, name);
+}
+
+static LLVMValueRef i32c(cfwd *c, int64_t v)
+{
+    return aj_kb_i32(c->kb, v);
+}
+
+static LLVMValueRef sext64(cfwd *c, LLVMValueRef v)
+{
+    return LLVMBuildSExt(c->b, v, c->kb->t_i64, "");
+}
+
+static LLVMValueRef add(cfwd *c, LLVMValueRef a, LLVMValueRef b)
+{
+    return LLVMBuildAdd(c->b, a, b, "");
+}
+
+static LLVMValueRef mul(cfwd *c, LLVMValueRef a, LLVMValueRef b)
+{
+    return LLVMBuildMul(c->b, a, b, "");
+}
+
+static LLVMValueRef buf_at(cfwd *c, LLVMValueRef buf, LLVMValueRef index)
+{
+    return aj_cpu_buf_at(c->kb, buf, index);
+}
+
+static LLVMValueRef tensor_at(cfwd *c, const char *t, aj_dtype dtype, LLVMValueRef elem)
+{
+    return aj_cpu_tensor_at(c->kb, t, dtype, elem);
+}
+
+static LLVMValueRef vload(cfwd *c, LLVMValueRef ptr, int n)
+{
+    return aj_cpu_vload(c->kb, ptr, n);
+}
+
+static void vstore(cfwd *c, LLVMValueRef v, LLVMValueRef ptr)
+{
+    aj_cpu_vstore(c->kb, v, ptr);
+}
+
+static LLVMValueRef fload(cfwd *c, LLVMValueRef ptr)
+{
+    return aj_cpu_fload(c->kb, ptr);
+}
+
+/* The output tensor: o, or the f32 o_acc of accumulate kernels. */
+static const char *out_name(const aj_op *op)
+{
+    return op->accumulate ? "o_acc" : "o";
+}
+
+static void declare_params(aj_kb *kb, const aj_op *op)
+{
+    const char *const ptrs[] = {"q", "k", "v", out_name(op), "lse"};
+    for (int i = 0; i < 5; i++)
+        aj_kb_add_param(kb, ptrs[i], AJ_PARAM_PTR);
+    if (op->score_mod.kind == AJ_SCORE_MOD_ALIBI)
+        aj_kb_add_param(kb, "alibi_slopes", AJ_PARAM_PTR);
+    if (op->bias == AJ_BIAS_ADD)
+        aj_kb_add_param(kb, "bias", AJ_PARAM_PTR);
+    static const char *const strides[] = {
+        "stride_q_b", "stride_q_h", "stride_q_s", "stride_k_b", "stride_k_h",
+        "stride_k_s", "stride_v_b", "stride_v_h", "stride_v_s",
+        "stride_lse_b", "stride_lse_h"};
+    for (size_t i = 0; i < sizeof strides / sizeof strides[0]; i++)
+        aj_kb_add_param(kb, strides[i], AJ_PARAM_I64);
+    char name[32];
+    for (int i = 0; i < 3; i++) {
+        snprintf(name, sizeof name, "stride_%s_%c", out_name(op), "bhs"[i]);
+        aj_kb_add_param(kb, name, AJ_PARAM_I64);
+    }
+    if (op->bias == AJ_BIAS_ADD) {
+        aj_kb_add_param(kb, "stride_bias_b", AJ_PARAM_I64);
+        aj_kb_add_param(kb, "stride_bias_h", AJ_PARAM_I64);
+        aj_kb_add_param(kb, "stride_bias_s", AJ_PARAM_I64);
+    }
+    if (op->dropout > 0) {
+        aj_kb_add_param(kb, "dropout_seed", AJ_PARAM_I64);
+        aj_kb_add_param(kb, "dropout_offset", AJ_PARAM_I64);
+    }
+    aj_kb_add_param(kb, "heads_q", AJ_PARAM_I32);
+    aj_kb_add_param(kb, "heads_kv", AJ_PARAM_I32);
+    aj_kb_add_param(kb, "seq_q", AJ_PARAM_I32);
+    aj_kb_add_param(kb, "seq_k", AJ_PARAM_I32);
+    aj_kb_add_param(kb, "q_offset", AJ_PARAM_I64);
+    aj_kb_add_param(kb, "kv_offset", AJ_PARAM_I64);
+    aj_kb_add_param(kb, "mask_shift", AJ_PARAM_I64);
+}
+
+/* The online softmax of each row over this key block: S becomes P,
+ * m and l move on, alpha[i] = 2^(m_old - m_new) rescales O. */
+static void emit_softmax(cfwd *c, LLVMValueRef n0)
+{
+    aj_kb *kb = c->kb;
+    LLVMBuilderRef b = c->b;
+    const cfwd_plan *p = &c->p;
+    int w = p->w, nv = p->bn / w;
+    LLVMTypeRef vt = aj_cv_type(kb, w);
+    LLVMValueRef ninf = aj_cv_splat(kb, aj_kb_f32(kb, -INFINITY), w);
+    LLVMValueRef i = aj_kb_for_begin(kb, i32c(c, 0), c->rows_pad, i32c(c, 1), "pi");
+    LLVMValueRef ig = add(c, c->m0, i);   /* the row's local index in the call */
+    LLVMValueRef srow = mul(c, i, i32c(c, p->bn));
+    LLVMValueRef s[MAX_BLOCK / 4];
+    LLVMValueRef mx = ninf;
+    for (int n = 0; n < nv; n++) {
+        LLVMValueRef jv = LLVMBuildAdd(b, aj_cv_splat(kb, add(c, n0, i32c(c, n * w)), w),
+                                       aj_cv_iota(kb, w), "");
+        s[n] = aj_cpu_scores(&c->at, vload(c, buf_at(c, c->s, add(c, srow, i32c(c, n * w))),
+                                           w), ig, jv);
+        mx = aj_cv_max(kb, mx, s[n]);
+    }
+    LLVMValueRef m_old = fload(c, buf_at(c, c->m, i));
+    LLVMValueRef m_new = aj_cv_max(kb, m_old, aj_cv_hmax(kb, mx, w));
+    /* a row that has seen no key yet subtracts 0, not -inf */
+    LLVMValueRef none = LLVMBuildFCmp(b, LLVMRealOEQ, m_new, aj_kb_f32(kb, -INFINITY), "");
+    LLVMValueRef m_use = LLVMBuildSelect(b, none, aj_kb_f32(kb, 0), m_new, "");
+    LLVMValueRef mv = aj_cv_splat(kb, m_use, w);
+    LLVMValueRef sum = LLVMConstNull(vt);
+    for (int n = 0; n < nv; n++) {
+        LLVMValueRef pv = aj_cv_exp2(kb, LLVMBuildFSub(b, s[n], mv, ""), w);
+        vstore(c, pv, buf_at(c, c->s, add(c, srow, i32c(c, n * w))));
+        sum = LLVMBuildFAdd(b, sum, pv, "");
+    }
+    LLVMValueRef alpha = LLVMBuildExtractElement(b, aj_cv_exp2(kb, aj_cv_splat(kb,
+                                                 LLVMBuildFSub(b, m_old, m_use, ""), w), w),
+                                                 i32c(c, 0), "alpha");
+    LLVMValueRef l = fload(c, buf_at(c, c->l, i));
+    LLVMBuildStore(b, aj_cv_fma(kb, l, alpha, aj_cv_hsum(kb, sum, w)), buf_at(c, c->l, i));
+    LLVMBuildStore(b, m_new, buf_at(c, c->m, i));
+    LLVMBuildStore(b, alpha, buf_at(c, c->alpha, i));
+    aj_kb_for_end(kb);
+}
+
+/* P *= keep / (1 - p) for the rows and keys of the block in range. */
+static void emit_dropout(cfwd *c, LLVMValueRef n0, LLVMValueRef kcount)
+{
+    aj_kb *kb = c->kb;
+    LLVMBuilderRef b = c->b;
+    double p = c->op->dropout;
+    LLVMValueRef i = aj_kb_for_begin(kb, i32c(c, 0), c->rows, i32c(c, 1), "di");
+    LLVMValueRef j = aj_kb_for_begin(kb, i32c(c, 0), kcount, i32c(c, 1), "dj");
+    LLVMValueRef keep = aj_attn_dropout_keep(kb, &c->drop, p, add(c, c->m0, i), add(c, n0, j));
+    LLVMValueRef at = buf_at(c, c->s, add(c, mul(c, i, i32c(c, c->p.bn)), j));
+    LLVMValueRef kept = LLVMBuildFMul(b, fload(c, at), aj_kb_f32(kb, 1.0 / (1.0 - p)), "");
+    LLVMBuildStore(b, LLVMBuildSelect(b, keep, kept, aj_kb_f32(kb, 0), ""), at);
+    aj_kb_for_end(kb);
+    aj_kb_for_end(kb);
+}
+
+/* log2 / exp2 of one f32, through LLVM's intrinsics (libm on the host) */
+static LLVMValueRef scalar_math(cfwd *c, const char *name, LLVMValueRef x)
+{
+    LLVMTypeRef t = c->kb->t_f32;
+    unsigned id = LLVMLookupIntrinsicID(name, strlen(name));
+    LLVMValueRef fn = LLVMGetIntrinsicDeclaration(c->kb->mod, id, &t, 1);
+    return LLVMBuildCall2(c->b, LLVMIntrinsicGetType(c->kb->llctx, id, &t, 1), fn, &x, 1, "");
+}
+
+/*
+ * accumulate: the weights that merge this call's row (L_new, log2 units)
+ * into the prior LSE read from lse (DESIGN.md "Merge of two partials"):
+ * L = log2(2^L_p + 2^L_new), w_p = 2^(L_p - L), w_new = 2^(L_new - L);
+ * both -inf gives weights 0 and LSE -inf.
+ */
+static void emit_merge_weights(cfwd *c, LLVMValueRef lse_prior, LLVMValueRef l2_new,
+                               LLVMValueRef *w_prior, LLVMValueRef *w_new, LLVMValueRef *lse_out)
+{
+    aj_kb *kb = c->kb;
+    LLVMBuilderRef b = c->b;
+    LLVMValueRef l2_prior = LLVMBuildFMul(b, lse_prior, aj_kb_f32(kb, AJ_LOG2E), "");
+    LLVMValueRef ninf = aj_kb_f32(kb, -INFINITY);
+    LLVMValueRef mx = aj_cv_max(kb, l2_prior, l2_new);
+    LLVMValueRef none = LLVMBuildFCmp(b, LLVMRealOEQ, mx, ninf, "");
+    LLVMValueRef mx_use = LLVMBuildSelect(b, none, aj_kb_f32(kb, 0), mx, "");
+    LLVMValueRef sum = LLVMBuildFAdd(b, scalar_math(c, "llvm.exp2", LLVMBuildFSub(b, l2_prior,
+                                                    mx_use, "")),
+                                     scalar_math(c, "llvm.exp2", LLVMBuildFSub(b, l2_new,
+                                                 mx_use, "")), "");
+    LLVMValueRef l2 = LLVMBuildFAdd(b, mx_use, scalar_math(c, "llvm.log2", sum), "");
+    LLVMValueRef l2_use = LLVMBuildSelect(b, none, aj_kb_f32(kb, 0), l2, "");
+    *w_prior = scalar_math(c, "llvm.exp2", LLVMBuildFSub(b, l2_prior, l2_use, ""));
+    *w_new = scalar_math(c, "llvm.exp2", LLVMBuildFSub(b, l2_new, l2_use, ""));
+    *lse_out = LLVMBuildSelect(b, none, ninf, LLVMBuildFMul(b, l2, aj_kb_f32(kb, AJ_LN2), ""), "");
+}
+
+/* O / l and LSE of each row in range, merged into the prior with
+ * accumulate. */
+static void emit_epilogue(cfwd *c, LLVMValueRef o_base, LLVMValueRef lse_base)
+{
+    aj_kb *kb = c->kb;
+    LLVMBuilderRef b = c->b;
+    const cfwd_plan *p = &c->p;
+    int accumulate = c->op->accumulate;
+    const char *out = out_name(c->op);
+    aj_dtype out_dtype = accumulate ? AJ_DTYPE_F32 : p->dtype;
+    char stride_s[32];
+    snprintf(stride_s, sizeof stride_s, "stride_%s_s", out);
+    int vw = p->vw;
+    LLVMValueRef i = aj_kb_for_begin(kb, i32c(c, 0), c->rows, i32c(c, 1), "ei");
+    LLVMValueRef ig = sext64(c, add(c, c->m0, i));
+    LLVMValueRef lsum = fload(c, buf_at(c, c->l, i));
+    /* lsum is 0 only for a row that saw no key; NaN counts as seen */
+    LLVMValueRef seen = LLVMBuildFCmp(b, LLVMRealUNE, lsum, aj_kb_f32(kb, 0), "");
+    LLVMValueRef inv = LLVMBuildSelect(b, seen, LLVMBuildFDiv(b, aj_kb_f32(kb, 1), lsum, ""),
+                                       aj_kb_f32(kb, 0), "");
+    LLVMValueRef l2 = LLVMBuildFAdd(b, fload(c, buf_at(c, c->m, i)),
+                                    scalar_math(c, "llvm.log2", lsum), "");
+    l2 = LLVMBuildSelect(b, seen, l2, aj_kb_f32(kb, -INFINITY), "");
+    LLVMValueRef lse = LLVMBuildFMul(b, l2, aj_kb_f32(kb, AJ_LN2), "");
+    LLVMValueRef lse_ptr = aj_cv_at(kb, kb->t_f32, param(c, "lse"), add(c, lse_base, ig));
+    LLVMValueRef orow = add(c, o_base, mul(c, ig, param(c, stride_s)));
+    LLVMValueRef w_prior = NULL, scale_new = inv;
+    if (accumulate) {
+        LLVMValueRef w_new;
+        emit_merge_weights(c, fload(c, lse_ptr), l2, &w_prior, &w_new, &lse);
+        scale_new = LLVMBuildFMul(b, w_new, inv, "");
+    }
+    LLVMValueRef sv = aj_cv_splat(kb, scale_new, vw);
+    for (int d = 0; d < p->dv; d += vw) {
+        LLVMValueRef val = LLVMBuildFMul(b, vload(c, buf_at(c, c->o, add(c, mul(c, i,
+                                         i32c(c, p->dv)), i32c(c, d))), vw), sv, "");
+        LLVMValueRef at = tensor_at(c, out, out_dtype, add(c, orow, aj_kb_i64(kb, d)));
+        if (accumulate) {
+            /* a prior of weight 0 adds nothing, whatever its O holds */
+            LLVMValueRef prior = LLVMBuildFMul(b, aj_cv_load(kb, at, AJ_DTYPE_F32, vw),
+                                               aj_cv_splat(kb, w_prior, vw), "");
+            LLVMValueRef zero_w = LLVMBuildFCmp(b, LLVMRealOEQ, w_prior, aj_kb_f32(kb, 0), "");
+            prior = LLVMBuildSelect(b, zero_w, LLVMConstNull(aj_cv_type(kb, vw)), prior, "");
+            val = LLVMBuildFAdd(b, val, prior, "");
+        }
+        aj_cv_store(kb, val, at, out_dtype, vw);
+    }
+    LLVMBuildStore(b, lse, lse_ptr);
+    aj_kb_for_end(kb);
+}
+
+/* Statistics and accumulator of every row start empty. */
+static void emit_init_rows(cfwd *c)
+{
+    aj_kb *kb = c->kb;
+    const cfwd_plan *p = &c->p;
+    LLVMValueRef i = aj_kb_for_begin(kb, i32c(c, 0), i32c(c, p->bm), i32c(c, 1), "zi");
+    LLVMBuildStore(c->b, aj_kb_f32(kb, -INFINITY), buf_at(c, c->m, i));
+    LLVMBuildStore(c->b, aj_kb_f32(kb, 0), buf_at(c, c->l, i));
+    LLVMBuildStore(c->b, aj_kb_f32(kb, 0), buf_at(c, c->alpha, i));
+    for (int d = 0; d < p->dv; d += 8)
+        vstore(c, LLVMConstNull(aj_cv_type(kb, 8)), buf_at(c, c->o, add(c, mul(c, i,
+                                                       i32c(c, p->dv)), i32c(c, d))));
+    aj_kb_for_end(kb);
+}
+
+static aj_status cfwd_build(aj_kb *kb, const aj_op *op, void *user)
+{
+    cfwd c;
+    memset(&c, 0, sizeof c);
+    c.kb = kb;
+    c.b = kb->b;
+    c.op = op;
+    aj_status st = plan_kernel(kb->ctx, op, &c.p);
+    if (st != AJ_OK)
+        return st;
+    const cfwd_plan *p = &c.p;
+    LLVMBuilderRef b = kb->b;
+    /* without score mods, Q takes scale log2 e once, and scores need no
+     * multiply; the mods see the scaled score in natural units */
+    int log2e_in_q = op->score_mod.kind == AJ_SCORE_MOD_NONE && op->bias == AJ_BIAS_NONE;
+
+    declare_params(kb, op);
+    aj_kb_begin(kb, 1);
+    c.q = aj_cv_buffer(kb, p->bm * p->d, "qbuf");
+    c.kt = aj_cv_buffer(kb, p->d * p->bn, "ktbuf");
+    c.v = aj_cv_buffer(kb, p->bn * p->dv, "vbuf");
+    c.s = aj_cv_buffer(kb, p->bm * p->bn, "sbuf");
+    c.o = aj_cv_buffer(kb, p->bm * p->dv, "obuf");
+    c.m = aj_cv_buffer(kb, p->bm, "mrow");
+    c.l = aj_cv_buffer(kb, p->bm, "lrow");
+    c.alpha = aj_cv_buffer(kb, p->bm, "alpha");
+
+    LLVMValueRef item[3];
+    for (int d = 0; d < 3; d++)
+        item[d] = LLVMBuildLoad2(b, kb->t_i32, aj_cv_at(kb, kb->t_i32, kb->work_item,
+                                                         i32c(&c, d)), "");
+    LLVMValueRef h = item[1], bidx = item[2];
+    c.m0 = LLVMBuildMul(b, item[0], i32c(&c, p->bm), "m0");
+    aj_cpu_attn_init(&c.at, kb, op, log2e_in_q, bidx, h);
+    c.rows = aj_kb_smin(kb, i32c(&c, p->bm), LLVMBuildSub(b, c.at.seq_q, c.m0, ""));
+    c.rows_pad = LLVMBuildAnd(b, add(&c, c.rows, i32c(&c, RM - 1)), i32c(&c, -RM), "rows_pad");
+    LLVMValueRef group = LLVMBuildSDiv(b, param(&c, "heads_q"), param(&c, "heads_kv"), "");
+    LLVMValueRef hkv = LLVMBuildSDiv(b, h, group, "hkv");
+    if (op->dropout > 0)
+        c.drop = aj_attn_dropout_stream(kb, param(&c, "dropout_seed"),
+                                        param(&c, "dropout_offset"), param(&c, "q_offset"),
+                                        param(&c, "kv_offset"), bidx, param(&c, "heads_q"), h);
+    LLVMValueRef q_base = aj_attn_slice_base(kb, "q", bidx, h);
+    LLVMValueRef k_base = aj_attn_slice_base(kb, "k", bidx, hkv);
+    LLVMValueRef v_base = aj_attn_slice_base(kb, "v", bidx, hkv);
+    LLVMValueRef o_base = aj_attn_slice_base(kb, out_name(op), bidx, h);
+    LLVMValueRef lse_base = aj_attn_slice_base(kb, "lse", bidx, h);
+
+    emit_init_rows(&c);
+    double q_scale = aj_op_scale(op) * (log2e_in_q ? AJ_LOG2E : 1.0);
+    aj_cpu_load_rows(kb, c.q, p->d, "q", p->dtype, q_base, param(&c, "stride_q_s"), c.m0,
+                     c.rows, c.rows_pad, q_scale);
+    LLVMValueRef n_begin, n_end;
+    aj_cpu_key_blocks(&c.at, p->bn, c.m0, add(&c, c.m0, LLVMBuildSub(b, c.rows, i32c(&c, 1), "")),
+                      &n_begin, &n_end);
+    LLVMValueRef n = aj_kb_for_begin(kb, n_begin, n_end, i32c(&c, 1), "n");
+    {
+        LLVMValueRef n0 = LLVMBuildMul(b, n, i32c(&c, p->bn), "n0");
+        LLVMValueRef kcount = aj_kb_smin(kb, i32c(&c, p->bn), LLVMBuildSub(b, c.at.seq_k, n0,
+                                                                           ""));
+        /* keys past Sk are zero: masked anyway, and 0 * V must not meet a
+         * stale NaN */
+        aj_cpu_load_cols(kb, c.kt, p->d, p->bn, "k", p->dtype, k_base, param(&c, "stride_k_s"),
+                         n0, kcount);
+        aj_cpu_load_rows(kb, c.v, p->dv, "v", p->dtype, v_base, param(&c, "stride_v_s"), n0,
+                         kcount, i32c(&c, p->bn), 1.0);
+        aj_cpu_gemm_nt(kb, p->w, c.s, c.q, p->d, c.kt, p->bn, c.rows_pad);
+        emit_softmax(&c, n0);
+        if (op->dropout > 0)
+            emit_dropout(&c, n0, kcount);
+        aj_cpu_gemm_acc(kb, p->dv, c.o, c.alpha, c.s, p->bn, 1, c.v, p->bn, c.rows_pad);
+    }
+    aj_kb_for_end(kb);
+    emit_epilogue(&c, o_base, lse_base);
+    const aj_kernel_layout layout = {
+        .grid = {{AJ_EXTENT_SEQ_Q, p->bm}, {AJ_EXTENT_HEADS_Q, 1}, {AJ_EXTENT_BATCH, 1}},
+        .schedule = {p->bm, p->bn, 1, 1},
+    };
+    aj_kb_finish(kb, &layout);
+    return kb->st;
+}
+
+const aj_template aj_template_cpu_fwd_flash = {
+    .name = "cpu_fwd",
+    .kind = AJ_KIND_FORWARD,
+    .variant = AJ_VARIANT_FLASH,
+    .check = cfwd_check,
+    .build = cfwd_build,
+    .targets = 1u << AJ_TARGET_CPU,
+};
+
+const aj_template aj_template_cpu_fwd_efficient = {
+    .name = "cpu_fwd",
+    .kind = AJ_KIND_FORWARD,
+    .variant = AJ_VARIANT_EFFICIENT,
+    .check = cfwd_check,
+    .build = cfwd_build,
+    .targets = 1u << AJ_TARGET_CPU,
+};

@@ -1,0 +1,186 @@
+/*
+ * cpu_vec.c -- vector helpers of the cpu templates (cpu_vec.h).
+ */
+#include "templates/cpu_vec.h"
+
+#include <string.h>
+
+LLVMTypeRef aj_cv_type(aj_kb *kb, int n)
+{
+    return LLVMVectorType(kb->t_f32, (unsigned)n);
+}
+
+LLVMValueRef aj_cv_splat(aj_kb *kb, LLVMValueRef v, int n)
+{
+    LLVMTypeRef vt = LLVMVectorType(LLVMTypeOf(v), (unsigned)n);
+    LLVMValueRef one = LLVMBuildInsertElement(kb->b, LLVMGetPoison(vt), v, aj_kb_i32(kb, 0), "");
+    LLVMValueRef zeros = LLVMConstNull(LLVMVectorType(kb->t_i32, (unsigned)n));
+    return LLVMBuildShuffleVector(kb->b, one, LLVMGetPoison(vt), zeros, "");
+}
+
+LLVMValueRef aj_cv_iota(aj_kb *kb, int n)
+{
+    LLVMValueRef lanes[64];
+    for (int i = 0; i < n; i++)
+        lanes[i] = aj_kb_i32(kb, i);
+    return LLVMConstVector(lanes, (unsigned)n);
+}
+
+/* A call of an intrinsic overloaded on the type of its first argument. */
+static LLVMValueRef call_overloaded(aj_kb *kb, const char *name, LLVMValueRef *args, int n)
+{
+    LLVMTypeRef t = LLVMTypeOf(args[0]);
+    unsigned id = LLVMLookupIntrinsicID(name, strlen(name));
+    LLVMValueRef fn = LLVMGetIntrinsicDeclaration(kb->mod, id, &t, 1);
+    return LLVMBuildCall2(kb->b, LLVMIntrinsicGetType(kb->llctx, id, &t, 1), fn, args,
+                          (unsigned)n, "");
+}
+
+LLVMValueRef aj_cv_fma(aj_kb *kb, LLVMValueRef a, LLVMValueRef b, LLVMValueRef c)
+{
+    LLVMValueRef args[3] = {a, b, c};
+    return call_overloaded(kb, "llvm.fmuladd", args, 3);
+}
+
+LLVMValueRef aj_cv_max(aj_kb *kb, LLVMValueRef a, LLVMValueRef b)
+{
+    LLVMValueRef args[2] = {a, b};
+    return call_overloaded(kb, "llvm.maxnum", args, 2);
+}
+
+/* Halves the vector until one lane is left, combining the halves. */
+static LLVMValueRef reduce(aj_kb *kb, LLVMValueRef v, int n, int is_max)
+{
+    while (n > 1) {
+        LLVMValueRef lo[32], hi[32];
+        for (int i = 0; i < n / 2; i++) {
+            lo[i] = aj_kb_i32(kb, i);
+            hi[i] = aj_kb_i32(kb, n / 2 + i);
+        }
+        LLVMValueRef a = LLVMBuildShuffleVector(kb->b, v, LLVMGetPoison(LLVMTypeOf(v)),
+                                                LLVMConstVector(lo, (unsigned)(n / 2)), "");
+        LLVMValueRef c = LLVMBuildShuffleVector(kb->b, v, LLVMGetPoison(LLVMTypeOf(v)),
+                                                LLVMConstVector(hi, (unsigned)(n / 2)), "");
+        v = is_max ? aj_cv_max(kb, a, c) : LLVMBuildFAdd(kb->b, a, c, "");
+        n /= 2;
+    }
+    return LLVMBuildExtractElement(kb->b, v, aj_kb_i32(kb, 0), "");
+}
+
+LLVMValueRef aj_cv_hmax(aj_kb *kb, LLVMValueRef v, int n)
+{
+    return reduce(kb, v, n, 1);
+}
+
+LLVMValueRef aj_cv_hsum(aj_kb *kb, LLVMValueRef v, int n)
+{
+    return reduce(kb, v, n, 0);
+}
+
+LLVMValueRef aj_cv_exp2(aj_kb *kb, LLVMValueRef x, int n)
+{
+    LLVMBuilderRef b = kb->b;
+    LLVMTypeRef vi = LLVMVectorType(kb->t_i32, (unsigned)n);
+    LLVMValueRef lo = aj_cv_splat(kb, aj_kb_f32(kb, -126.0), n);
+    LLVMValueRef hi = aj_cv_splat(kb, aj_kb_f32(kb, 127.0), n);
+    /* compares, not min/max, so that NaN passes through */
+    LLVMValueRef tiny = LLVMBuildFCmp(b, LLVMRealOLT, x, lo, "");
+    LLVMValueRef xc = LLVMBuildSelect(b, tiny, lo, x, "");
+    xc = LLVMBuildSelect(b, LLVMBuildFCmp(b, LLVMRealOGT, xc, hi, ""), hi, xc, "");
+    LLVMValueRef k = call_overloaded(kb, "llvm.rint", &xc, 1);
+    LLVMValueRef f = LLVMBuildFSub(b, xc, k, "");
+    /* (ln 2)^i / i!, highest first */
+    static const double c[7] = {1.5403530393381606e-4, 1.3333558146428443e-3,
+                                9.6181291076284772e-3, 5.5504108664821580e-2,
+                                2.4022650695910071e-1, 6.9314718055994531e-1, 1.0};
+    LLVMValueRef p = aj_cv_splat(kb, aj_kb_f32(kb, c[0]), n);
+    for (int i = 1; i < 7; i++)
+        p = aj_cv_fma(kb, p, f, aj_cv_splat(kb, aj_kb_f32(kb, c[i]), n));
+    LLVMValueRef e = LLVMBuildFPToSI(b, k, vi, "");
+    e = LLVMBuildShl(b, LLVMBuildAdd(b, e, aj_cv_splat(kb, aj_kb_i32(kb, 127), n), ""),
+                     aj_cv_splat(kb, aj_kb_i32(kb, 23), n), "");
+    LLVMValueRef r = LLVMBuildFMul(b, p, LLVMBuildBitCast(b, e, aj_cv_type(kb, n), ""), "");
+    return LLVMBuildSelect(b, tiny, LLVMConstNull(aj_cv_type(kb, n)), r, "");
+}
+
+LLVMValueRef aj_cv_tanh(aj_kb *kb, LLVMValueRef x, int n)
+{
+    LLVMBuilderRef b = kb->b;
+    LLVMValueRef ax = call_overloaded(kb, "llvm.fabs", &x, 1);
+    LLVMValueRef one = aj_cv_splat(kb, aj_kb_f32(kb, 1.0), n);
+    LLVMValueRef ex = aj_cv_exp2(kb, LLVMBuildFMul(b, ax, aj_cv_splat(kb, aj_kb_f32(kb,
+                                 2.0 * AJ_LOG2E), n), ""), n);
+    LLVMValueRef r = LLVMBuildFSub(b, one, LLVMBuildFDiv(b, aj_cv_splat(kb, aj_kb_f32(kb, 2.0),
+                                   n), LLVMBuildFAdd(b, ex, one, ""), ""), "");
+    LLVMValueRef neg = LLVMBuildFCmp(b, LLVMRealOLT, x, LLVMConstNull(aj_cv_type(kb, n)), "");
+    return LLVMBuildSelect(b, neg, LLVMBuildFNeg(b, r, ""), r, "");
+}
+
+LLVMValueRef aj_cv_load(aj_kb *kb, LLVMValueRef ptr, aj_dtype dtype, int n)
+{
+    LLVMBuilderRef b = kb->b;
+    LLVMValueRef v;
+    switch (dtype) {
+    case AJ_DTYPE_F16:
+        v = LLVMBuildLoad2(b, LLVMVectorType(LLVMHalfTypeInContext(kb->llctx), (unsigned)n),
+                           ptr, "");
+        LLVMSetAlignment(v, 2);
+        return LLVMBuildFPExt(b, v, aj_cv_type(kb, n), "");
+    case AJ_DTYPE_BF16: {
+        /* bf16 is the top half of an f32: widening is exact bit moving */
+        v = LLVMBuildLoad2(b, LLVMVectorType(kb->t_i16, (unsigned)n), ptr, "");
+        LLVMSetAlignment(v, 2);
+        LLVMTypeRef vi = LLVMVectorType(kb->t_i32, (unsigned)n);
+        LLVMValueRef w = LLVMBuildShl(b, LLVMBuildZExt(b, v, vi, ""),
+                                      aj_cv_splat(kb, aj_kb_i32(kb, 16), n), "");
+        return LLVMBuildBitCast(b, w, aj_cv_type(kb, n), "");
+    }
+    default:
+        v = LLVMBuildLoad2(b, aj_cv_type(kb, n), ptr, "");
+        LLVMSetAlignment(v, 4);
+        return v;
+    }
+}
+
+void aj_cv_store(aj_kb *kb, LLVMValueRef v, LLVMValueRef ptr, aj_dtype dtype, int n)
+{
+    LLVMBuilderRef b = kb->b;
+    LLVMValueRef out = v;
+    unsigned align = 4;
+    if (dtype == AJ_DTYPE_F16) {
+        out = LLVMBuildFPTrunc(b, v, LLVMVectorType(LLVMHalfTypeInContext(kb->llctx),
+                                                    (unsigned)n), "");
+        align = 2;
+    } else if (dtype == AJ_DTYPE_BF16) {
+        /* round to nearest even on the bits: add 0x7fff plus the lowest
+         * kept bit, keep the top half; NaN becomes a quiet NaN */
+        LLVMTypeRef vi = LLVMVectorType(kb->t_i32, (unsigned)n);
+        LLVMValueRef bits = LLVMBuildBitCast(b, v, vi, "");
+        LLVMValueRef s16 = aj_cv_splat(kb, aj_kb_i32(kb, 16), n);
+        LLVMValueRef odd = LLVMBuildAnd(b, LLVMBuildLShr(b, bits, s16, ""),
+                                        aj_cv_splat(kb, aj_kb_i32(kb, 1), n), "");
+        LLVMValueRef r = LLVMBuildAdd(b, bits, LLVMBuildAdd(b, odd,
+                                      aj_cv_splat(kb, aj_kb_i32(kb, 0x7fff), n), ""), "");
+        r = LLVMBuildLShr(b, r, s16, "");
+        LLVMValueRef qnan = LLVMBuildOr(b, LLVMBuildLShr(b, bits, s16, ""),
+                                        aj_cv_splat(kb, aj_kb_i32(kb, 0x40), n), "");
+        LLVMValueRef nan = LLVMBuildFCmp(b, LLVMRealUNO, v, v, "");
+        r = LLVMBuildSelect(b, nan, qnan, r, "");
+        out = LLVMBuildTrunc(b, r, LLVMVectorType(kb->t_i16, (unsigned)n), "");
+        align = 2;
+    }
+    LLVMValueRef st = LLVMBuildStore(b, out, ptr);
+    LLVMSetAlignment(st, align);
+}
+
+LLVMValueRef aj_cv_at(aj_kb *kb, LLVMTypeRef elem, LLVMValueRef ptr, LLVMValueRef index)
+{
+    return LLVMBuildGEP2(kb->b, elem, ptr, &index, 1, "");
+}
+
+LLVMValueRef aj_cv_buffer(aj_kb *kb, int n, const char *name)
+{
+    LLVMValueRef buf = aj_kb_var(kb, LLVMArrayType(kb->t_f32, (unsigned)n), NULL, name);
+    LLVMSetAlignment(buf, 64);
+    return buf;
+}

@@ -1,0 +1,290 @@
+/*
+ * test_cpu_forward.c -- the cpu target's forward kernel against the float64
+ * reference: the sim matrix (dtype x head dim x mask, lengths, GQA,
+ * offsets and empty rows, magnitudes, head_dim_v, score mods, strides,
+ * schedules), both variants, longer sequences (S up to 2048), and the
+ * same bits from 1, 2 or 3 threads.  Tolerances as sim's (sim_harness.c),
+ * which the polynomial exp2 (relative error < 1.2e-7) meets.  About 20 s
+ * on one core.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "sim_harness.h"
+
+static aj_ctx *ctx;
+static aj_device *dev;
+static int cases_run;
+
+static void run_variant(const fwd_case *c, const fwd_options *x, const char *variant)
+{
+    fwd_result r = fwd_run_case_variant(ctx, dev, c, x, variant);
+    cases_run++;
+    CHECK_MSG(r.status == AJ_OK, "%s: %s (%s)", c->label, aj_status_str(r.status),
+              aj_last_error(ctx));
+    if (r.status != AJ_OK)
+        return;
+    CHECK_MSG(r.max_err_o <= 1.0, "%s: O error %.3g x tolerance", c->label, r.max_err_o);
+    CHECK_MSG(r.max_err_lse <= 1.0, "%s: LSE error %.3g x tolerance", c->label, r.max_err_lse);
+    CHECK_MSG(r.exact_empty_rows, "%s: a row without keys is not O = 0, LSE = -inf", c->label);
+    printf("%-58s O %.3f LSE %.3f empty rows %4lld  %8.2f ms\n", c->label, r.max_err_o,
+           r.max_err_lse, (long long)r.rows_without_keys, r.seconds * 1e3);
+}
+
+static void run_with(const fwd_case *c, const fwd_options *x)
+{
+    run_variant(c, x, NULL);
+}
+
+static void run(const fwd_case *c)
+{
+    run_with(c, NULL);
+}
+
+static fwd_case base(const char *label, aj_dtype dtype, int d, const char *mask)
+{
+    fwd_case c;
+    memset(&c, 0, sizeof c);
+    c.label = label;
+    c.dtype = dtype;
+    c.d = d;
+    c.mask = mask;
+    c.b = 1;
+    c.hq = 2;
+    c.hkv = 1;
+    c.sq = 67;
+    c.sk = 83;
+    c.magnitude = 1.0;
+    c.seed = 42;
+    return c;
+}
+
+/* dtype x head dim x mask, GQA 2:1, Sq != Sk with tails, both variants */
+static void test_matrix(void)
+{
+    static const aj_dtype dtypes[] = {AJ_DTYPE_F16, AJ_DTYPE_BF16, AJ_DTYPE_F32};
+    static const int dims[] = {32, 64, 96, 128, 256};
+    static const char *const masks[] = {"none", "causal(top_left)", "causal(bottom_right)",
+                                        "window(20, 5, bottom_right)"};
+    char label[128];
+    for (int t = 0; t < 3; t++)
+        for (int d = 0; d < 5; d++)
+            for (int m = 0; m < 4; m++) {
+                const char *variant = (t + d + m) % 2 ? "flash" : "efficient";
+                snprintf(label, sizeof label, "%s %s d%d %s", variant,
+                         aj_dtype_name(dtypes[t]), dims[d], masks[m]);
+                fwd_case c = base(label, dtypes[t], dims[d], masks[m]);
+                c.seed = (uint64_t)(t * 100 + d * 10 + m + 1);
+                run_variant(&c, NULL, variant);
+            }
+}
+
+/* lengths 1, 17, 127, 129, 300 on both sides, both causal alignments */
+static void test_lengths(void)
+{
+    static const int lens[] = {1, 17, 127, 129, 300};
+    char label[128];
+    for (int i = 0; i < 5; i++)
+        for (int j = 0; j < 5; j++) {
+            const char *mask = (i + j) % 2 ? "causal(bottom_right)" : "causal(top_left)";
+            snprintf(label, sizeof label, "f16 d64 Sq %d Sk %d %s", lens[i], lens[j], mask);
+            fwd_case c = base(label, AJ_DTYPE_F16, 64, mask);
+            c.sq = lens[i];
+            c.sk = lens[j];
+            c.seed = (uint64_t)(i * 5 + j + 7);
+            run(&c);
+        }
+}
+
+static void test_gqa(void)
+{
+    static const int ratios[][2] = {{4, 4}, {4, 2}, {8, 2}, {8, 1}};
+    char label[128];
+    for (int i = 0; i < 4; i++) {
+        snprintf(label, sizeof label, "bf16 d64 GQA Hq %d Hkv %d, batch 2", ratios[i][0],
+                 ratios[i][1]);
+        fwd_case c = base(label, AJ_DTYPE_BF16, 64, "causal(bottom_right)");
+        c.hq = ratios[i][0];
+        c.hkv = ratios[i][1];
+        c.b = 2;
+        c.sq = 40;
+        c.sk = 72;
+        run(&c);
+    }
+}
+
+/* global positions: a shard of a longer sequence masks as the whole would */
+static void test_offsets_and_empty_rows(void)
+{
+    fwd_case c = base("f32 d64 causal, q_offset 300 kv_offset 256", AJ_DTYPE_F32, 64,
+                      "causal(top_left)");
+    c.q_offset = 300;
+    c.kv_offset = 256;
+    run(&c);
+
+    c = base("f16 d64 causal, queries before every key: all rows empty", AJ_DTYPE_F16, 64,
+             "causal(top_left)");
+    c.kv_offset = 1000;
+    run(&c);
+
+    c = base("bf16 d128 bottom_right Sq 100 > Sk 40: leading rows empty", AJ_DTYPE_BF16, 128,
+             "causal(bottom_right)");
+    c.sq = 100;
+    c.sk = 40;
+    run(&c);
+
+    c = base("f16 d64 bottom_right with totals (shard of 4096 x 4096)", AJ_DTYPE_F16, 64,
+             "causal(bottom_right)");
+    c.q_offset = 2048;
+    c.kv_offset = 1024;
+    c.sq_total = 4096;
+    c.sk_total = 4096;
+    run(&c);
+
+    c = base("f32 d32 window(8, 8) at offsets around 2^40", AJ_DTYPE_F32, 32, "window(8, 8)");
+    c.q_offset = (int64_t)1 << 40;
+    c.kv_offset = ((int64_t)1 << 40) + 30;
+    run(&c);
+
+    c = base("f16 d64 window, negative offsets", AJ_DTYPE_F16, 64, "window(10, 3, bottom_right)");
+    c.q_offset = -50;
+    c.kv_offset = -70;
+    run(&c);
+
+    c = base("f16 d64 Sk = 0: every row empty", AJ_DTYPE_F16, 64, "none");
+    c.sk = 0;
+    run(&c);
+}
+
+static void test_magnitude(void)
+{
+    fwd_case c = base("f16 d64 scores ~1e4", AJ_DTYPE_F16, 64, "none");
+    c.magnitude = 100.0;
+    run(&c);
+    c = base("bf16 d128 scores ~1e4, causal", AJ_DTYPE_BF16, 128, "causal(top_left)");
+    c.magnitude = 100.0;
+    run(&c);
+    c = base("f32 d64 scores ~1e4, window", AJ_DTYPE_F32, 64, "window(16, 0)");
+    c.magnitude = 100.0;
+    run(&c);
+}
+
+static void test_variants(void)
+{
+    fwd_case c = base("bf16 d192 dv128 causal", AJ_DTYPE_BF16, 192, "causal(top_left)");
+    c.dv = 128;
+    run(&c);
+    c = base("f16 d64 dv128", AJ_DTYPE_F16, 64, "none");
+    c.dv = 128;
+    run(&c);
+    c = base("f32 d8 dv24 (odd output vectors)", AJ_DTYPE_F32, 8, "causal(top_left)");
+    c.dv = 24;
+    run(&c);
+    c = base("bf16 d128 softcap(30) causal", AJ_DTYPE_BF16, 128, "causal(top_left)");
+    c.score_mod = "softcap(30.0)";
+    c.magnitude = 4.0;
+    run(&c);
+    c = base("flash f16 d64 softcap(5) window", AJ_DTYPE_F16, 64, "window(30, 0)");
+    c.score_mod = "softcap(5.0)";
+    c.magnitude = 3.0;
+    run_variant(&c, NULL, "flash");
+    c = base("f32 d64 alibi causal(bottom_right)", AJ_DTYPE_F32, 64, "causal(bottom_right)");
+    c.score_mod = "alibi";
+    run(&c);
+    c = base("f16 d64 BSHD strides, batch 2", AJ_DTYPE_F16, 64, "causal(top_left)");
+    c.bshd = 1;
+    c.b = 2;
+    c.hq = 4;
+    c.hkv = 2;
+    run(&c);
+    c = base("f16 d96 schedule (block_m 32, block_n 32)", AJ_DTYPE_F16, 96,
+             "causal(bottom_right)");
+    c.schedule = "(block_m = 32, block_n = 32)";
+    run(&c);
+    c = base("bf16 d64 schedule (block_m 16, block_n 256)", AJ_DTYPE_BF16, 64, "window(40, 40)");
+    c.schedule = "(block_m = 16, block_n = 256)";
+    run(&c);
+    c = base("f32 d256 schedule (block_m 256, block_n 64)", AJ_DTYPE_F32, 256, "none");
+    c.schedule = "(block_m = 256, block_n = 64)";
+    c.sq = 300;
+    run(&c);
+}
+
+/* bias (broadcast and full), dropout */
+static void test_bias_dropout(void)
+{
+    fwd_options x;
+    memset(&x, 0, sizeof x);
+    fwd_case c = base("f16 d64 bias [1, Hq, Sq, Sk] causal", AJ_DTYPE_F16, 64, "causal(top_left)");
+    x.bias_shape[0] = 1;
+    x.bias_shape[1] = c.hq;
+    x.bias_shape[2] = c.sq;
+    x.bias_shape[3] = c.sk;
+    x.bias_magnitude = 2.0;
+    run_with(&c, &x);
+    c = base("bf16 d128 bias [B, 1, Sq, Sk] stride 0, softcap", AJ_DTYPE_BF16, 128, "none");
+    c.b = 2;
+    c.score_mod = "softcap(20.0)";
+    x.bias_shape[0] = 2;
+    x.bias_shape[1] = 1;
+    x.bias_stride0 = 1;
+    run_with(&c, &x);
+    memset(&x, 0, sizeof x);
+    c = base("f32 d64 dropout 0.2 causal", AJ_DTYPE_F32, 64, "causal(top_left)");
+    x.dropout = 0.2;
+    x.drop_seed = 0x1234567890abcdefULL;
+    x.drop_offset = 77;
+    run_with(&c, &x);
+    c = base("f16 d128 dropout 0.5 window, offsets", AJ_DTYPE_F16, 128, "window(50, 10)");
+    c.q_offset = 1000;
+    c.kv_offset = 990;
+    x.dropout = 0.5;
+    x.drop_seed = 99;
+    x.drop_offset = (uint64_t)1 << 33;
+    run_with(&c, &x);
+}
+
+/* the cheap target takes longer sequences than sim can */
+static void test_long(void)
+{
+    fwd_case c = base("bf16 d128 S 2048 causal", AJ_DTYPE_BF16, 128, "causal(top_left)");
+    c.hq = 1;
+    c.sq = 2048;
+    c.sk = 2048;
+    run(&c);
+    c = base("f16 d64 Sq 1000 Sk 2048 bottom_right", AJ_DTYPE_F16, 64, "causal(bottom_right)");
+    c.hq = 1;
+    c.sq = 1000;
+    c.sk = 2048;
+    run(&c);
+    c = base("f32 d128 S 1024 window(256, 0)", AJ_DTYPE_F32, 128, "window(256, 0)");
+    c.hq = 1;
+    c.sq = 1024;
+    c.sk = 1024;
+    run(&c);
+}
+
+int main(void)
+{
+    CHECK(aj_ctx_create(NULL, &ctx) == AJ_OK);
+    CHECK_STATUS(ctx, aj_device_open(ctx, AJ_DEVICE_CPU, 0, &dev), AJ_OK);
+    if (!dev)
+        return check_report();
+    CHECK(aj_device_target(dev) == AJ_TARGET_CPU);
+    printf("device %s\n", aj_device_name(dev));
+    test_matrix();
+    test_lengths();
+    test_gqa();
+    test_offsets_and_empty_rows();
+    test_magnitude();
+    test_variants();
+    test_bias_dropout();
+    test_long();
+    printf("%d cases\n", cases_run);
+    fwd_cache_clear();
+    aj_device_close(dev);
+    aj_ctx_destroy(ctx);
+    return check_report();
+}
