@@ -129,7 +129,6 @@ int main(int argc, char **argv)
     /* 2. use it: a compile that names the device gets the tuned schedule */
     aj_compile_options copt = AJ_COMPILE_OPTIONS_INIT;
     copt.device = dev;
-    copt.emit = kind == AJ_DEVICE_SIM ? AJ_EMIT_LLVM_IR : AJ_EMIT_PTX;
     if (aj_compile(ctx, op, &copt, &tuned) != AJ_OK) {
         rc = fail(ctx, "compile");
         goto out;

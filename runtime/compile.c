@@ -20,8 +20,10 @@ static aj_status read_options(aj_ctx *ctx, const aj_compile_options *in,
 {
     const aj_compile_options defaults = AJ_COMPILE_OPTIONS_INIT;
     *out = defaults;
-    if (!in)
+    if (!in) {
+        out->emit = AJ_EMIT_PTX;   /* the default target is sm_80 */
         return AJ_OK;
+    }
     if (in->struct_size < offsetof(aj_compile_options, emit) ||
         in->struct_size > sizeof *in)
         return aj_fail(ctx, AJ_ERR_INVALID_ARG,
@@ -36,6 +38,8 @@ static aj_status read_options(aj_ctx *ctx, const aj_compile_options *in,
     if ((unsigned)out->emit >= AJ_EMIT_COUNT)
         return aj_fail(ctx, AJ_ERR_INVALID_ARG,
                        "aj_compile: options->emit = %d is not an emit kind", (int)out->emit);
+    if (out->emit == AJ_EMIT_AUTO)
+        out->emit = aj_target_is_nvptx(out->target) ? AJ_EMIT_PTX : AJ_EMIT_LLVM_IR;
     if (out->opt_level < 0 || out->opt_level > 3)
         return aj_fail(ctx, AJ_ERR_INVALID_ARG,
                        "aj_compile: options->opt_level = %d is outside 0..3", out->opt_level);
@@ -54,7 +58,8 @@ static aj_status check_op(aj_ctx *ctx, const aj_op *op)
     return st == AJ_OK ? AJ_OK : aj_fail(ctx, st, "%s", msg);
 }
 
-static const char *const emit_names[AJ_EMIT_COUNT] = {"ptx", "llvm", "bc"};
+/* (AJ_EMIT_AUTO is resolved by read_options before a key is made) */
+static const char *const emit_names[AJ_EMIT_COUNT] = {"ptx", "llvm", "bc", "auto"};
 
 static aj_status compile_one(aj_ctx *ctx, aj_kernel_cache *cache, const aj_op *op,
                              const aj_compile_options *opt, aj_kernel **out);

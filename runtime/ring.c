@@ -323,10 +323,6 @@ static aj_status compile_variant(const ring_plan *p, const aj_op *op, int masked
         AJ_TRY(aj_op_set_mask_none(v));
     aj_compile_options opt = AJ_COMPILE_OPTIONS_INIT;
     opt.device = p->dev;   /* its target, and its tuned schedule if there is one */
-    opt.target = aj_device_target(p->dev);
-    /* GPU targets load PTX; host targets JIT the LLVM IR */
-    opt.emit = opt.target == AJ_TARGET_SM_80 || opt.target == AJ_TARGET_SM_90 ||
-               opt.target == AJ_TARGET_SM_90A ? AJ_EMIT_PTX : AJ_EMIT_LLVM_IR;
     AJ_TRY(aj_compile(p->ctx, v, &opt, out));
 done:
     aj_op_destroy(v);

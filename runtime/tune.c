@@ -38,6 +38,8 @@ static const int32_t space_stages[] = {1, 2, 3};
 
 #define SPACE_SIZE (1 + AJ_COUNT_OF(space_block_m) * AJ_COUNT_OF(space_block_n) *         \
                         AJ_COUNT_OF(space_warps) * AJ_COUNT_OF(space_stages))
+/* cpu: thread counts 1, 2, 4, ... up to the device's, and the device's */
+#define MAX_WORKER_CHOICES 12
 
 static double now_s(void)
 {
@@ -354,6 +356,9 @@ static void defaults_for(const aj_device *dev, aj_tune_options *o)
         b = 4;
         h = 16;
         s = 4096;
+    } else if (dev->kind == AJ_DEVICE_CPU) {
+        h = 8;
+        s = 2048;
     }
     if (!o->batch)
         o->batch = b;
@@ -431,6 +436,37 @@ static void prune_by_driver(aj_ctx *ctx, aj_device *dev, const aj_kernel *k, aj_
     }
 }
 
+/* cpu: each kernel that survived pruning becomes one candidate per thread
+ * count (1, 2, 4, ... and the device's own count); the pruned stay one
+ * entry each.  Rewrites res / job_of in place from the back; returns the
+ * new count and updates *alive. */
+static int expand_workers(const aj_device *dev, aj_tune_result *res, int *job_of, int n,
+                          int *alive)
+{
+    int32_t choices[MAX_WORKER_CHOICES], nc = 0, most = aj_device_workers(dev);
+    for (int32_t w = 1; w < most && nc < MAX_WORKER_CHOICES - 1; w *= 2)
+        choices[nc++] = w;
+    choices[nc++] = most;
+    int total = 0;
+    for (int i = 0; i < n; i++)
+        total += res[i].status == AJ_OK ? nc : 1;
+    int out = total;
+    for (int i = n - 1; i >= 0; i--) {
+        aj_tune_result r = res[i];
+        int copies = r.status == AJ_OK ? nc : 1;
+        for (int c = copies - 1; c >= 0; c--) {
+            res[--out] = r;
+            res[out].workers = r.status == AJ_OK ? choices[c] : 0;
+            /* the default schedule on the device's own thread count is
+             * the baseline */
+            res[out].is_default = r.is_default && choices[c] == most;
+            job_of[out] = i;
+        }
+    }
+    *alive *= nc;
+    return total;
+}
+
 aj_status aj_tune(aj_ctx *ctx, aj_device *dev, const aj_op *op,
                   const aj_tune_options *options, aj_tune_result **results, int32_t *count)
 {
@@ -451,27 +487,33 @@ aj_status aj_tune(aj_ctx *ctx, aj_device *dev, const aj_op *op,
     aj_op *ops[N] = {0};
     aj_tune_result *res = NULL;
     aj_compile_job *jobs = NULL;
+    int *job_of = NULL;                /* result -> the compile job of its kernel */
+    const int cpu = dev->kind == AJ_DEVICE_CPU;
+    const int workers_before = cpu ? aj_device_workers(dev) : 0;
     problem prob = {0};
     int have_problem = 0;
     aj_tune_options o;
     double t_start = now_s();
     AJ_TRY(read_tune_options(ctx, dev, options, &o));
-    res = calloc(N, sizeof *res);
+    res = calloc(N * MAX_WORKER_CHOICES, sizeof *res);
+    job_of = calloc(N * MAX_WORKER_CHOICES, sizeof *job_of);
     jobs = calloc(N, sizeof *jobs);
-    if (!res || !jobs) {
+    if (!res || !jobs || !job_of) {
         st = aj_fail(ctx, AJ_ERR_OUT_OF_MEMORY, "aj_tune: out of memory");
         goto done;
     }
 
-    /* the space: the template's default first, then every combination */
+    /* the space: the template's default first, then every combination (the
+     * cpu target has tiles, but no warps or pipeline stages) */
     int n = 0;
     res[n++].is_default = true;
     for (size_t a = 0; a < AJ_COUNT_OF(space_block_m); a++)
         for (size_t b = 0; b < AJ_COUNT_OF(space_block_n); b++)
-            for (size_t w = 0; w < AJ_COUNT_OF(space_warps); w++)
-                for (size_t s = 0; s < AJ_COUNT_OF(space_stages); s++)
-                    res[n++].requested = (aj_schedule){space_block_m[a], space_block_n[b],
-                                                       space_warps[w], space_stages[s]};
+            for (size_t w = 0; w < (cpu ? 1 : AJ_COUNT_OF(space_warps)); w++)
+                for (size_t s = 0; s < (cpu ? 1 : AJ_COUNT_OF(space_stages)); s++)
+                    res[n++].requested = (aj_schedule){
+                        space_block_m[a], space_block_n[b], cpu ? 0 : space_warps[w],
+                        cpu ? 0 : space_stages[s]};
     for (int i = 0; i < n; i++) {
         AJ_TRY(aj_op_clone(op, &ops[i]));
         aj_op_set_schedule(ops[i], &res[i].requested);
@@ -479,7 +521,6 @@ aj_status aj_tune(aj_ctx *ctx, aj_device *dev, const aj_op *op,
     }
     aj_compile_options copt = AJ_COMPILE_OPTIONS_INIT;
     copt.target = aj_device_target(dev);
-    copt.emit = dev->cuda ? AJ_EMIT_PTX : AJ_EMIT_LLVM_IR;
     aj_compile_many(ctx, jobs, (size_t)n, &copt, o.compile_workers);
 
     /* prune: rejected by the template, by the driver, or the same kernel as
@@ -506,6 +547,10 @@ aj_status aj_tune(aj_ctx *ctx, aj_device *dev, const aj_op *op,
             prune_by_driver(ctx, dev, jobs[i].kernel, r);
         alive += r->status == AJ_OK;
     }
+    for (int i = 0; i < n; i++)
+        job_of[i] = i;
+    if (cpu)
+        n = expand_workers(dev, res, job_of, n, &alive);
     char what[160];
     snprintf(what, sizeof what, "compiled %d candidates: %d to time", n, alive);
     progress(&o, 0, alive, what);
@@ -527,7 +572,9 @@ aj_status aj_tune(aj_ctx *ctx, aj_device *dev, const aj_op *op,
                      o.budget_s);
             continue;
         }
-        prob.kernel = jobs[i].kernel;
+        prob.kernel = jobs[job_of[i]].kernel;
+        if (cpu)
+            aj_device_set_workers(dev, r->workers);
         aj_status rs = AJ_OK;
         double ms = 0;
         for (int w = 0; w < o.warmup && rs == AJ_OK; w++)
@@ -546,9 +593,13 @@ aj_status aj_tune(aj_ctx *ctx, aj_device *dev, const aj_op *op,
                                               samples[o.repeats / 2]);
         r->timed = true;
         timed++;
-        snprintf(what, sizeof what, "block_m %d block_n %d warps %d stages %d: %.3f ms",
-                 r->schedule.block_m, r->schedule.block_n, r->schedule.warps,
-                 r->schedule.stages, r->median_ms);
+        if (cpu)
+            snprintf(what, sizeof what, "block_m %d block_n %d threads %d: %.3f ms",
+                     r->schedule.block_m, r->schedule.block_n, r->workers, r->median_ms);
+        else
+            snprintf(what, sizeof what, "block_m %d block_n %d warps %d stages %d: %.3f ms",
+                     r->schedule.block_m, r->schedule.block_n, r->schedule.warps,
+                     r->schedule.stages, r->median_ms);
         progress(&o, timed, alive, what);
     }
     free(samples);
@@ -565,13 +616,18 @@ aj_status aj_tune(aj_ctx *ctx, aj_device *dev, const aj_op *op,
         goto done;
     }
     if (!o.no_persist) {
-        aj_tune_entry best = {res[0].schedule, res[0].workers, res[0].median_ms};
+        /* the request, not the template's resolution of it: the default
+         * stays "default" (all 0), and a target that resolves fields it
+         * does not take (cpu: warps, stages) gets back what it accepts */
+        aj_tune_entry best = {res[0].requested, res[0].workers, res[0].median_ms};
         AJ_TRY(db_store(ctx, dev, op, &best));
     }
     *results = res;
     *count = kept;
     res = NULL;
 done:
+    if (cpu)
+        aj_device_set_workers(dev, workers_before);
     if (have_problem)
         problem_free(&prob);
     for (int i = 0; i < N; i++) {
@@ -580,6 +636,7 @@ done:
             aj_kernel_destroy(jobs[i].kernel);
     }
     free(jobs);
+    free(job_of);
     free(res);
     return st;
 }

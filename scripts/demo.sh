@@ -46,11 +46,11 @@ echo "== ring attention on 2 CPU ranks (zigzag shards, K/V rotating over MPI),"
 echo "   forward and backward, checked against the same op on one rank"
 spec=$root/examples/ring/causal_f16_d64.aj
 for t in q:1 k:2 v:3 do:4; do
-  perl "$root/scripts/npy_random.pl" "$out/${t%%:*}.npy" "${t##*:}" 1 2 128 64
+  perl "$root/scripts/npy_random.pl" "$out/${t%%:*}.npy" "${t##*:}" 1 4 1024 64
 done
 # mpirun refuses root unless told; 2 ranks on 2 cores need no oversubscription,
 # but more ranks than cores do
 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 \
-OMPI_MCA_mpi_yield_when_idle=1 mpirun -np 2 "$aj" ring "$spec" --device sim --layout zigzag \
+OMPI_MCA_mpi_yield_when_idle=1 mpirun -np 2 "$aj" ring "$spec" --device cpu --layout zigzag \
   --in q="$out/q.npy" --in k="$out/k.npy" --in v="$out/v.npy" --out o="$out/o.npy" \
   --grad --in do="$out/do.npy" --out dq="$out/dq.npy" --check --workers 1

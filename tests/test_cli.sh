@@ -81,7 +81,7 @@ fi
 # the ranked table, the CSV, the database under AJ_CACHE_DIR
 printf 'attention forward efficient {\n  dtype = f32\n  head_dim = 16\n}\n' > "$tmp/tune.aj"
 expect 1 "tune needs --device" "$aj" tune "$tmp/tune.aj"
-expect 1 "--device takes sim or cuda, not 'tpu'" "$aj" tune "$tmp/tune.aj" --device tpu
+expect 1 "--device takes sim, cpu or cuda, not 'tpu'" "$aj" tune "$tmp/tune.aj" --device tpu
 expect 1 "--budget-s takes seconds > 0" "$aj" tune "$tmp/tune.aj" --device sim --budget-s -1
 expect 1 "--seq takes 1..16777216" "$aj" tune "$tmp/tune.aj" --device sim --seq 0
 expect 2 "merge ops have no schedule" "$aj" tune "$specs/../../tests/fuzz/corpus/ir/merge.aj" --device sim

@@ -117,10 +117,6 @@ static void test_unsupported(aj_ctx *ctx)
          "schedule = (block_m = 16, warps = 8) }", AJ_TARGET_SM_80, "row groups"},
         {"attention forward efficient { dtype = f32 head_dim = 256 "
          "schedule = (block_m = 128, block_n = 128) }", AJ_TARGET_SM_90, "registers"},
-        {"attention forward efficient { dtype = f16 head_dim = 64 }", AJ_TARGET_SIM,
-         "emit ptx needs a GPU target"},
-        {"attention forward efficient { dtype = f16 head_dim = 64 }", AJ_TARGET_CPU,
-         "emit ptx needs a GPU target; cpu kernels"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         aj_status st = compile_text(ctx, cases[i].text, cases[i].target);
@@ -128,6 +124,38 @@ static void test_unsupported(aj_ctx *ctx)
                   aj_last_error(ctx));
         CHECK_ERROR(ctx, cases[i].needle);
     }
+}
+
+/* AJ_EMIT_AUTO (the default) gives each target its own form; PTX asked
+ * for a host target is refused. */
+static void test_emit_forms(aj_ctx *ctx)
+{
+    static const struct {
+        aj_target target;
+        aj_emit want;
+        const char *ptx_error;
+    } targets[] = {
+        {AJ_TARGET_SM_90, AJ_EMIT_PTX, NULL},
+        {AJ_TARGET_SIM, AJ_EMIT_LLVM_IR, "emit ptx needs a GPU target; sim kernels"},
+        {AJ_TARGET_CPU, AJ_EMIT_LLVM_IR, "emit ptx needs a GPU target; cpu kernels"},
+    };
+    aj_op *op = parse(ctx, "dtype = f16\nhead_dim = 64");
+    for (size_t i = 0; i < sizeof targets / sizeof targets[0]; i++) {
+        aj_compile_options opt = AJ_COMPILE_OPTIONS_INIT;
+        CHECK(opt.emit == AJ_EMIT_AUTO);
+        opt.target = targets[i].target;
+        aj_kernel *k = NULL;
+        CHECK_STATUS(ctx, aj_compile(ctx, op, &opt, &k), AJ_OK);
+        CHECK_MSG(aj_kernel_emit(k) == targets[i].want, "%s: emit %d",
+                  aj_target_name(targets[i].target), (int)aj_kernel_emit(k));
+        aj_kernel_destroy(k);
+        if (!targets[i].ptx_error)
+            continue;
+        opt.emit = AJ_EMIT_PTX;
+        CHECK_STATUS(ctx, aj_compile(ctx, op, &opt, &k), AJ_ERR_UNSUPPORTED);
+        CHECK_ERROR(ctx, targets[i].ptx_error);
+    }
+    aj_op_destroy(op);
 }
 
 static void test_bad_arguments(aj_ctx *ctx)
@@ -343,6 +371,7 @@ int main(void)
     aj_ctx *ctx = NULL;
     CHECK(aj_ctx_create(NULL, &ctx) == AJ_OK);
     test_intrinsic_table(ctx);
+    test_emit_forms(ctx);
     test_bad_arguments(ctx);
     test_unsupported(ctx);
     test_emission(ctx);

@@ -123,7 +123,7 @@ static void test_tune_and_reuse(void)
     aj_schedule s;
     int32_t workers = -1;
     CHECK_STATUS(ctx, aj_tune_lookup(ctx, dev, op, &s, &workers), AJ_OK);
-    CHECK(same_schedule(&s, &r[0].schedule));
+    CHECK(same_schedule(&s, &r[0].requested));
     CHECK(workers == 0);
 
     aj_ctx *later = new_ctx(AJ_CACHE_DEFAULT);   /* as another process would */
@@ -216,6 +216,56 @@ static void test_budget_and_persistence(void)
     aj_ctx_destroy(ctx);
 }
 
+/* The cpu device: tiles crossed with thread counts, the default flagged at
+ * the device's own count, the winner's count in the database. */
+static void test_cpu(void)
+{
+    aj_ctx *ctx = new_ctx(AJ_CACHE_DEFAULT);
+    aj_device *dev = NULL;
+    CHECK_STATUS(ctx, aj_device_open(ctx, AJ_DEVICE_CPU, 0, &dev), AJ_OK);
+    CHECK_STATUS(ctx, aj_device_set_workers(dev, 2), AJ_OK);
+    aj_op *op = parse(ctx, spec_f32);
+    aj_tune_options o = small_problem();
+    o.seq_q = 256;
+    aj_tune_result *r = NULL;
+    int32_t n = 0;
+    CHECK_STATUS(ctx, aj_tune(ctx, dev, op, &o, &r, &n), AJ_OK);
+    int timed = 0, one = 0, two = 0, defaults = 0;
+    for (int32_t i = 0; i < n; i++) {
+        if (!r[i].timed)
+            continue;
+        timed++;
+        one += r[i].workers == 1;
+        two += r[i].workers == 2;
+        CHECK(r[i].requested.warps == 0 && r[i].requested.stages == 0);
+        if (r[i].is_default) {
+            defaults++;
+            CHECK(r[i].workers == 2);
+        }
+    }
+    CHECK(timed > 8 && one == two && one + two == timed);
+    CHECK(defaults == 1);
+    CHECK(aj_device_workers(dev) == 2);   /* restored after the run */
+    aj_schedule s;
+    int32_t workers = 0;
+    CHECK_STATUS(ctx, aj_tune_lookup(ctx, dev, op, &s, &workers), AJ_OK);
+    CHECK(same_schedule(&s, &r[0].requested) && workers == r[0].workers);
+    /* and a compile for the device takes the tuned tiles */
+    aj_compile_options copt = AJ_COMPILE_OPTIONS_INIT;
+    copt.device = dev;
+    aj_kernel *k = NULL;
+    CHECK_STATUS(ctx, aj_compile(ctx, op, &copt, &k), AJ_OK);
+    aj_launch_info li;
+    aj_kernel_launch_info(k, &li);
+    CHECK(li.schedule.block_m == r[0].schedule.block_m &&
+          li.schedule.block_n == r[0].schedule.block_n);
+    aj_kernel_destroy(k);
+    aj_free(r);
+    aj_op_destroy(op);
+    aj_device_close(dev);
+    aj_ctx_destroy(ctx);
+}
+
 static void test_errors(void)
 {
     aj_ctx *ctx = new_ctx(AJ_CACHE_MEMORY);
@@ -281,6 +331,7 @@ int main(void)
     }
     test_tune_and_reuse();
     test_budget_and_persistence();
+    test_cpu();
     test_errors();
     char cmd[128];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", cache_dir);

@@ -23,7 +23,7 @@ const char cli_usage_text[] =
     "          [--seed N] [--offset N] [--workers N] [--no-cache]\n"
     "                           run a forward op on BHSD .npy tensors (f32 or f16);\n"
     "                           accumulate ops: --in o_acc=F --in lse=F --out o_acc=F\n"
-    "  tune SPEC --device sim|cuda [--budget-s N] [--csv FILE] [--batch N] [--heads N]\n"
+    "  tune SPEC --device sim|cpu|cuda [--budget-s N] [--csv FILE] [--batch N] [--heads N]\n"
     "          [--heads-kv N] [--seq N] [--seq-k N] [--warmup N] [--repeats N]\n"
     "          [--workers N] [--no-persist]\n"
     "                           time the template's schedules on the device, rank them,\n"

@@ -159,21 +159,16 @@ static int parse_ring_args(int argc, char **argv, ring_opts *o)
     return CLI_EXIT_OK;
 }
 
-/* sim and cuda are devices of every build; cpu is not one of this one's. */
-static int device_kind(const char *name, int me, aj_device_kind *out)
+static int device_kind(const char *name, aj_device_kind *out)
 {
-    if (strcmp(name, "sim") == 0) {
+    if (strcmp(name, "sim") == 0)
         *out = AJ_DEVICE_SIM;
-    } else if (strcmp(name, "cuda") == 0) {
+    else if (strcmp(name, "cpu") == 0)
+        *out = AJ_DEVICE_CPU;
+    else if (strcmp(name, "cuda") == 0)
         *out = AJ_DEVICE_CUDA;
-    } else if (strcmp(name, "cpu") == 0) {
-        if (me == 0)
-            fprintf(stderr, "attnjit: ring: --device cpu is not available in this build of "
-                "attnjit; use --device sim\n");
-        return CLI_EXIT_INPUT;
-    } else {
+    else
         return cli_usage("--device takes sim, cpu or cuda, not '%s'", name);
-    }
     return CLI_EXIT_OK;
 }
 
@@ -404,7 +399,6 @@ static int check_single_rank(aj_ctx *ctx, aj_device *dev, const aj_op *fop,
     const double rtol = info->dtype == AJ_DTYPE_F32 ? 1e-4 : info->dtype == AJ_DTYPE_F16 ? 4e-3 : 3e-2;
     aj_compile_options opt = AJ_COMPILE_OPTIONS_INIT;
     opt.target = aj_device_target(dev);
-    opt.emit = opt.target == AJ_TARGET_SIM ? AJ_EMIT_LLVM_IR : AJ_EMIT_PTX;
     aj_kernel *fk = NULL, *bk = NULL;
     aj_tensor t[R_IN_COUNT] = {{0}}, r[R_OUT_COUNT] = {{0}};
     int rc = CLI_EXIT_OK;
@@ -532,7 +526,7 @@ int cli_ring(aj_ctx *ctx, int argc, char **argv)
             rc = cli_report(ctx, st);
     }
     if (rc == CLI_EXIT_OK)
-        rc = device_kind(o.device, me, &kind);
+        rc = device_kind(o.device, &kind);
     if (rc == CLI_EXIT_OK && (info.score_mod == AJ_SCORE_MOD_ALIBI) != (o.in[R_ALIBI] != NULL))
         rc = cli_usage("%s", o.in[R_ALIBI] ? "--in alibi_slopes given, but the op has no alibi"
                                            : "the op uses alibi: give --in alibi_slopes=FILE");

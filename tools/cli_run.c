@@ -305,7 +305,6 @@ int cli_run(aj_ctx *ctx, int argc, char **argv)
         st = aj_device_set_workers(dev, o.workers);
     aj_compile_options copt = AJ_COMPILE_OPTIONS_INIT;
     copt.target = aj_device_target(dev);
-    copt.emit = o.device == AJ_DEVICE_CUDA ? AJ_EMIT_PTX : AJ_EMIT_LLVM_IR;
     copt.bypass_cache = o.no_cache;
     double t0 = now_ms();
     if (st == AJ_OK)

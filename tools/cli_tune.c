@@ -2,7 +2,7 @@
  * cli_tune.c -- `attnjit tune`: tune an op's schedule on a device, show the
  * ranking, keep the best in the tuning database.
  *
- *   attnjit tune SPEC --device sim|cuda [--budget-s N] [--csv FILE]
+ *   attnjit tune SPEC --device sim|cpu|cuda [--budget-s N] [--csv FILE]
  *       [--batch N] [--heads N] [--heads-kv N] [--seq N] [--seq-k N]
  *       [--warmup N] [--repeats N] [--workers N] [--no-persist]
  *
@@ -72,10 +72,12 @@ static int parse_args(int argc, char **argv, tune_args *t)
         } else if (strcmp(a, "--device") == 0 && v) {
             if (strcmp(v, "sim") == 0)
                 t->device = AJ_DEVICE_SIM;
+            else if (strcmp(v, "cpu") == 0)
+                t->device = AJ_DEVICE_CPU;
             else if (strcmp(v, "cuda") == 0)
                 t->device = AJ_DEVICE_CUDA;
             else
-                return cli_usage("--device takes sim or cuda, not '%s'", v);
+                return cli_usage("--device takes sim, cpu or cuda, not '%s'", v);
             i++;
         } else if (strcmp(a, "--budget-s") == 0 && v) {
             char *end;
@@ -106,7 +108,7 @@ static int parse_args(int argc, char **argv, tune_args *t)
     if (!t->spec)
         return cli_usage("tune needs a SPEC%s", "");
     if (t->device == AJ_DEVICE_KIND_COUNT)
-        return cli_usage("tune needs --device (sim or cuda)%s", "");
+        return cli_usage("tune needs --device (sim, cpu or cuda)%s", "");
     return CLI_EXIT_OK;
 }
 
@@ -136,8 +138,12 @@ static void print_table(const aj_tune_result *r, int32_t n)
     for (int32_t i = 0; i < n; i++)
         if (r[i].is_default && r[i].timed)
             base = r[i].median_ms;
-    printf("| rank | block_m | block_n | warps | stages | median (ms) | min (ms) | vs default |\n");
-    printf("|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+    int threads = 0;   /* cpu: the thread count is tuned too */
+    for (int32_t i = 0; i < n; i++)
+        threads |= r[i].workers > 0;
+    printf("| rank | block_m | block_n | %s | median (ms) | min (ms) | vs default |\n",
+           threads ? "threads" : "warps | stages");
+    printf("|---:|---:|---:|---:|%s---:|---:|---:|\n", threads ? "" : "---:|");
     int32_t pruned = 0, untimed = 0;
     for (int32_t i = 0; i < n; i++) {
         if (!r[i].timed) {
@@ -148,9 +154,14 @@ static void print_table(const aj_tune_result *r, int32_t n)
         char vs[32] = "";
         if (base > 0)
             snprintf(vs, sizeof vs, "%.2fx", base / r[i].median_ms);
-        printf("| %d | %d | %d | %d | %d | %.3f | %.3f | %s%s |\n", i + 1,
-               r[i].schedule.block_m, r[i].schedule.block_n, r[i].schedule.warps,
-               r[i].schedule.stages, r[i].median_ms, r[i].min_ms, vs,
+        char middle[32];
+        if (threads)
+            snprintf(middle, sizeof middle, "%d", r[i].workers);
+        else
+            snprintf(middle, sizeof middle, "%d | %d", r[i].schedule.warps,
+                     r[i].schedule.stages);
+        printf("| %d | %d | %d | %s | %.3f | %.3f | %s%s |\n", i + 1, r[i].schedule.block_m,
+               r[i].schedule.block_n, middle, r[i].median_ms, r[i].min_ms, vs,
                r[i].is_default ? " (default)" : "");
     }
     if (untimed)

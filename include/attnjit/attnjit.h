@@ -290,6 +290,10 @@ typedef enum aj_emit {
     AJ_EMIT_PTX = 0,       /* PTX text (GPU targets) */
     AJ_EMIT_LLVM_IR = 1,   /* optimised LLVM IR text */
     AJ_EMIT_BITCODE = 2,   /* optimised LLVM bitcode */
+    /* the target's own form, and the default: PTX for GPU targets, LLVM IR
+     * for sim and cpu (whose kernels are host code, JIT-compiled in
+     * process); a kernel reports the form it was given (aj_kernel_emit) */
+    AJ_EMIT_AUTO = 3,
     AJ_EMIT_COUNT
 } aj_emit;
 
@@ -315,7 +319,7 @@ typedef struct aj_compile_options {
 } aj_compile_options;
 
 #define AJ_COMPILE_OPTIONS_INIT \
-    { sizeof(aj_compile_options), AJ_TARGET_SM_80, AJ_EMIT_PTX, 2, NULL, false, NULL }
+    { sizeof(aj_compile_options), AJ_TARGET_SM_80, AJ_EMIT_AUTO, 2, NULL, false, NULL }
 
 /* A compiled kernel: code plus what a launcher needs to know. */
 typedef struct aj_kernel aj_kernel;

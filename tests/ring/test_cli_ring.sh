@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # test_cli_ring.sh MPIEXEC ATTNJIT ROOT -- `attnjit ring` under mpirun: a
-# 2-rank zigzag ring, forward and backward, on sim, checked by --check
+# 2-rank zigzag ring, forward and backward, on sim and on cpu, checked by --check
 # against the same op run on one rank, and its error messages.  ~20 s.
 set -uo pipefail
 mpiexec=$1 aj=$2 root=$3
@@ -42,9 +42,18 @@ rc=$?
 want 0 "o 0"
 [ -s o2.npy ] || { echo "FAIL: o2.npy not written"; fails=$((fails + 1)); }
 
-"$mpiexec" -n 2 "$aj" ring "$spec" --device cpu "${io[@]}" --out o=o.npy >out.txt 2>&1
+# the cpu device: native kernels on each rank, forward and backward, zigzag,
+# checked against one rank on the same device
+"$mpiexec" -n 2 "$aj" ring "$spec" --device cpu --layout zigzag "${io[@]}" --out o=o3.npy \
+  --grad --in do=do.npy --out dq=dq3.npy --check --workers 1 >out.txt 2>&1
 rc=$?
-want 2 "ring: --device cpu is not available in this build of attnjit"
+want 0 "of the tolerance: match"
+want 0 "ring: 2 ranks, zigzag, p2p, forward + backward, on "
+[ -s o3.npy ] && [ -s dq3.npy ] || { echo "FAIL: cpu ring outputs not written"; fails=$((fails + 1)); }
+
+"$mpiexec" -n 1 "$aj" ring "$spec" --device tpu "${io[@]}" --out o=o.npy >out.txt 2>&1
+rc=$?
+want 1 "--device takes sim, cpu or cuda, not 'tpu'"
 
 "$mpiexec" -n 3 "$aj" ring "$spec" --device sim "${io[@]}" --out o=o.npy >out.txt 2>&1
 rc=$?
