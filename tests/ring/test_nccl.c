@@ -12,7 +12,8 @@
  * reduce-scatter against a float64 sum; the caller's communicator used
  * and never destroyed; a stuck exchange and a stuck collective ending in
  * AJ_ERR_COMM within the timeout with ncclCommAbort; NCCL's async error;
- * a failing ncclCommInitRank; MPI not initialised.  About a second.
+ * a failing ncclCommInitRank; a unique id that never comes; MPI not
+ * initialised.  About a second.
  */
 #include <dlfcn.h>
 #include <math.h>
@@ -254,6 +255,28 @@ static void check_nccl_errors(void)
         CHECK_LOGGED("CommAbort comm=own");
         aj_comm_destroy(comm);
     }
+
+    /* rank 0 stays away: the others' unique id never comes (over a
+     * communicator of its own, where rank 0 completes the broadcast
+     * afterwards, so that nothing is left pending) */
+    MPI_Comm side;
+    MPI_Comm_dup(MPI_COMM_WORLD, &side);
+    if (rank != 0) {
+        aj_comm_config late = cc;
+        late.mpi_comm = &side;
+        late.timeout_s = 0.3;
+        comm = NULL;
+        CHECK_STATUS(ctx, open_nccl(&late, &comm), AJ_ERR_COMM);
+        snprintf(text, sizeof text, "aj_comm_create: rank %d: the NCCL unique id from rank 0 "
+                 "did not come within the comm timeout of 0.3 s", rank);
+        CHECK_ERROR(ctx, text);
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (rank == 0) {
+        char id[128] = "";
+        MPI_Bcast(id, sizeof id, MPI_BYTE, 0, side);
+    }
+    MPI_Comm_free(&side);
 
     setenv("FAKE_NCCL_MODE", "init_fails", 1);
     comm = NULL;
