@@ -136,9 +136,16 @@ typedef struct nccl_state {
     nccl_slot slots[NCCL_SLOTS];
 } nccl_state;
 
-/* aj_comm_req.impl: the slot's index, then the host buffer that receives. */
-static_assert(sizeof(int) + sizeof(void *) <= sizeof(((aj_comm_req *)0)->impl),
-              "aj_comm_req.impl must hold a slot index and a pointer");
+/* An exchange in flight, in aj_comm_req.impl: its slot, and where the
+ * bytes go when it completes. */
+typedef struct nccl_req {
+    int slot;
+    void *recv;
+    size_t bytes;
+} nccl_req;
+
+static_assert(sizeof(nccl_req) <= sizeof(((aj_comm_req *)0)->impl),
+              "aj_comm_req.impl must hold an nccl_req");
 
 static nccl_state *state_of(aj_comm *comm)
 {
@@ -329,24 +336,24 @@ static aj_status nccl_exchange_start(aj_comm *comm, const void *send, void *recv
     pop_ctx(comm);
     if (st == AJ_OK) {
         slot->busy = true;
-        memcpy(req->impl, &index, sizeof index);
-        /* where exchange_test delivers the bytes */
-        memcpy(req->impl + sizeof(int), &recv, sizeof recv);
+        const nccl_req r = {index, recv, bytes};
+        memcpy(req->impl, &r, sizeof r);
     }
 done:
     return st;
 }
 
-static nccl_slot *slot_of(aj_comm *comm, const aj_comm_req *req)
+static nccl_req req_of(const aj_comm_req *req)
 {
-    int index;
-    memcpy(&index, req->impl, sizeof index);
-    return &state_of(comm)->slots[index];
+    nccl_req r;
+    memcpy(&r, req->impl, sizeof r);
+    return r;
 }
 
 static aj_status nccl_exchange_test(aj_comm *comm, aj_comm_req *req, bool *done)
 {
-    nccl_slot *slot = slot_of(comm, req);
+    const nccl_req r = req_of(req);
+    nccl_slot *slot = &state_of(comm)->slots[r.slot];
     *done = false;
     aj_status st = check_usable(comm, "an exchange");
     if (st != AJ_OK)
@@ -355,9 +362,7 @@ static aj_status nccl_exchange_test(aj_comm *comm, aj_comm_req *req, bool *done)
     st = poll_slot(comm, slot, "an exchange", done);
     pop_ctx(comm);
     if (st == AJ_OK && *done) {
-        void *recv;
-        memcpy(&recv, req->impl + sizeof(int), sizeof recv);
-        memcpy(recv, slot->host_recv, req->bytes);
+        memcpy(r.recv, slot->host_recv, r.bytes);
         slot->busy = false;
     }
 done:
@@ -366,8 +371,8 @@ done:
 
 static void nccl_exchange_cancel(aj_comm *comm, aj_comm_req *req)
 {
-    nccl_slot *slot = slot_of(comm, req);
     nccl_state *s = state_of(comm);
+    nccl_slot *slot = &s->slots[req_of(req).slot];
     /* Done already: nothing to stop.  Otherwise the NCCL kernels wait for
      * a peer that is not coming, and only an abort ends them. */
     if (!s->aborted && push_ctx(comm) == AJ_OK) {
@@ -407,10 +412,10 @@ static aj_status collective(aj_comm *comm, const void *send, size_t send_bytes, 
         if (st == AJ_OK && !finished) {
             if (aj_now() - start > comm->timeout_s) {
                 abort_comm(s);
-                st = aj_fail(comm->ctx, AJ_ERR_COMM, "NCCL: rank %d: %s (%zu bytes from each "
-                             "of %d ranks) got no answer within the comm timeout of %g s; a "
-                             "peer has stopped or died", comm->rank, what, send_bytes,
-                             comm->size, comm->timeout_s);
+                st = aj_fail(comm->ctx, AJ_ERR_COMM, "NCCL: rank %d: %s (%zu bytes sent, "
+                             "%zu received, %d ranks) got no answer within the comm timeout "
+                             "of %g s; a peer has stopped or died", comm->rank, what,
+                             send_bytes, recv_bytes, comm->size, comm->timeout_s);
                 break;
             }
             aj_comm_pause();

@@ -15,7 +15,8 @@
  *   CommAbort comm=own / CommDestroy comm=own
  *
  * FAKE_NCCL_MODE: "init_fails" (ncclCommInitRank answers ncclSystemError),
- * "async_error" (ncclCommGetAsyncError reports ncclRemoteError).
+ * "async_error" (ncclCommGetAsyncError reports ncclRemoteError),
+ * "bad_comm" (ncclCommUserRank answers ncclInvalidArgument).
  */
 #include <mpi.h>
 #include <stdarg.h>
@@ -24,7 +25,7 @@
 #include <string.h>
 #include <unistd.h>
 
-enum { SUCCESS = 0, SYSTEM_ERROR = 2, INVALID_USAGE = 5, REMOTE_ERROR = 6 };
+enum { SUCCESS = 0, SYSTEM_ERROR = 2, INVALID_ARGUMENT = 4, INVALID_USAGE = 5, REMOTE_ERROR = 6 };
 enum { OWN = 0x4f574e, CALLER = 0x43414c };
 enum { TAG = 30303, MAX_PENDING = 8 };
 
@@ -110,6 +111,7 @@ const char *ncclGetErrorString(int result);
 const char *ncclGetErrorString(int result)
 {
     return result == SYSTEM_ERROR ? "unhandled system error (fake)"
+         : result == INVALID_ARGUMENT ? "invalid argument (fake)"
          : result == REMOTE_ERROR ? "remote process exited or there was a network error (fake)"
                                   : "fake NCCL error";
 }
@@ -150,6 +152,8 @@ int ncclCommCount(const fake_comm *comm, int *count)
 int ncclCommUserRank(const fake_comm *comm, int *rank);
 int ncclCommUserRank(const fake_comm *comm, int *rank)
 {
+    if (mode_is("bad_comm"))
+        return INVALID_ARGUMENT;
     *rank = comm->rank;
     return SUCCESS;
 }

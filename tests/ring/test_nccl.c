@@ -12,6 +12,7 @@
  * reduce-scatter against a float64 sum; the caller's communicator used
  * and never destroyed; a stuck exchange and a stuck collective ending in
  * AJ_ERR_COMM within the timeout with ncclCommAbort; NCCL's async error;
+ * a caller's communicator NCCL rejects; a third exchange in flight;
  * a failing ncclCommInitRank; a unique id that never comes; MPI not
  * initialised.  About a second.
  */
@@ -126,6 +127,25 @@ static void check_own_comm(void)
              "Recv count=%zu type=0 peer=%d comm=own\nGroupEnd\n", bytes, to, bytes, from);
     CHECK_LOGGED(line);
 
+    /* the ring has at most two exchanges in flight; a third is a bug */
+    aj_comm_req reqs[3] = {{.what = "K/V"}, {.what = "dK/dV"}, {.what = "more"}};
+    unsigned char out[3], in[3];
+    for (int i = 0; i < 3; i++)
+        out[i] = (unsigned char)(10 * rank + i + 1);
+    for (int i = 0; i < 2; i++) {
+        CHECK_STATUS(ctx, comm->engine->exchange_start(comm, &out[i], &in[i], 1, to, from, i,
+                                                       &reqs[i]), AJ_OK);
+        reqs[i].active = true;
+    }
+    CHECK_STATUS(ctx, comm->engine->exchange_start(comm, &out[2], &in[2], 1, to, from, 2,
+                                                   &reqs[2]), AJ_ERR_INTERNAL);
+    snprintf(line, sizeof line, "NCCL: rank %d: more than 2 exchanges in flight", rank);
+    CHECK_ERROR(ctx, line);
+    for (int i = 0; i < 2; i++) {
+        CHECK_STATUS(ctx, aj_comm_wait(comm, &reqs[i], "test", NULL), AJ_OK);
+        CHECK_MSG(in[i] == 10 * from + i + 1, "rank %d: exchange %d got %d", rank, i, in[i]);
+    }
+
     unsigned char mine[24], all[MAX_P * 24];
     for (size_t i = 0; i < sizeof mine; i++)
         mine[i] = pattern(rank + 7, i);
@@ -225,8 +245,9 @@ static void check_stuck(void)
         const double start = aj_now();
         CHECK_STATUS(ctx, comm->engine->allgather(comm, mine, all, sizeof mine), AJ_ERR_COMM);
         const double waited = aj_now() - start;
-        snprintf(text, sizeof text, "NCCL: rank %d: ncclAllGather (24 bytes from each of %d "
-                 "ranks) got no answer within the comm timeout of 0.3 s", rank, size);
+        snprintf(text, sizeof text, "NCCL: rank %d: ncclAllGather (24 bytes sent, %d "
+                 "received, %d ranks) got no answer within the comm timeout of 0.3 s", rank,
+                 24 * size, size);
         CHECK_ERROR(ctx, text);
         CHECK_MSG(waited >= 0.3 && waited < 3, "rank %d: waited %g s", rank, waited);
         CHECK_LOGGED("CommAbort comm=own");
@@ -277,6 +298,14 @@ static void check_nccl_errors(void)
         char id[128] = "";
         MPI_Bcast(id, sizeof id, MPI_BYTE, 0, side);
     }
+
+    setenv("FAKE_NCCL_MODE", "bad_comm", 1);
+    aj_comm_config theirs = cc;
+    theirs.nccl_comm = caller_comm();
+    comm = NULL;
+    CHECK_STATUS(ctx, open_nccl(&theirs, &comm), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "aj_comm_create: config->nccl_comm is not a usable NCCL communicator: "
+                "invalid argument (fake)");
 
     setenv("FAKE_NCCL_MODE", "init_fails", 1);
     comm = NULL;
