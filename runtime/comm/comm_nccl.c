@@ -217,7 +217,8 @@ static void free_buffers(const aj_cuda *cu, nccl_slot *slot)
     slot->send_cap = slot->recv_cap = 0;
 }
 
-/* Grows a slot to hold `send` and `recv` bytes (in the pushed context). */
+/* Grows a slot to hold `send` and `recv` bytes (in the pushed context);
+ * neither side shrinks, so a slot that alternates stays allocated. */
 static aj_status reserve(aj_comm *comm, nccl_slot *slot, size_t send, size_t recv)
 {
     nccl_state *s = state_of(comm);
@@ -226,8 +227,13 @@ static aj_status reserve(aj_comm *comm, nccl_slot *slot, size_t send, size_t rec
     if (!slot->done)
         AJ_CU_TRY(comm->ctx, cu, cu->EventCreate(&slot->done, AJ_CU_EVENT_DISABLE_TIMING),
                   "NCCL staging: cuEventCreate");
+    /* the driver refuses 0-byte allocations: an empty transfer gets 1 */
+    send += send == 0;
+    recv += recv == 0;
     if (send <= slot->send_cap && recv <= slot->recv_cap)
         return AJ_OK;
+    send = send > slot->send_cap ? send : slot->send_cap;
+    recv = recv > slot->recv_cap ? recv : slot->recv_cap;
     free_buffers(cu, slot);
     AJ_CU_TRY(comm->ctx, cu, cu->MemAllocHost(&slot->host_send, send),
               "NCCL staging: cuMemAllocHost");

@@ -82,6 +82,8 @@ CUresult cuGetErrorString(CUresult r, const char **s)
 CUresult cuMemAlloc_v2(unsigned long long *p, size_t bytes);
 CUresult cuMemAlloc_v2(unsigned long long *p, size_t bytes)
 {
+    if (bytes == 0)
+        return 1;   /* CUDA_ERROR_INVALID_VALUE, as the driver answers */
     void *m = malloc(bytes);
     *p = (unsigned long long)(uintptr_t)m;
     return m ? 0 : 2;   /* CUDA_ERROR_OUT_OF_MEMORY */
@@ -112,6 +114,8 @@ CUresult cuMemFreeHost(void *p)
 CUresult cuMemcpyHtoDAsync_v2(unsigned long long dst, const void *src, size_t n, void *s);
 CUresult cuMemcpyHtoDAsync_v2(unsigned long long dst, const void *src, size_t n, void *s)
 {
+    if (!dst || !src)
+        return 1;   /* CUDA_ERROR_INVALID_VALUE */
     memcpy((void *)(uintptr_t)dst, src, n);
     return 0;
 }
@@ -119,6 +123,8 @@ CUresult cuMemcpyHtoDAsync_v2(unsigned long long dst, const void *src, size_t n,
 CUresult cuMemcpyDtoHAsync_v2(void *dst, unsigned long long src, size_t n, void *s);
 CUresult cuMemcpyDtoHAsync_v2(void *dst, unsigned long long src, size_t n, void *s)
 {
+    if (!dst || !src)
+        return 1;
     memcpy(dst, (const void *)(uintptr_t)src, n);
     return 0;
 }

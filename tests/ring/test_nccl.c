@@ -7,8 +7,9 @@
  * vtable, as runtime/ring.c drives it.
  *
  * Covers: the unique id made on rank 0 only and every rank's
- * ncclCommInitRank with it; an exchange's GroupStart/Send/Recv/GroupEnd
- * (peers, byte counts) and the bytes that arrive; all-gather and the f32
+ * ncclCommInitRank with it; an empty exchange; an exchange's
+ * GroupStart/Send/Recv/GroupEnd (peers, byte counts) and the bytes that
+ * arrive; all-gather and the f32
  * reduce-scatter against a float64 sum; the caller's communicator used
  * and never destroyed; a stuck exchange and a stuck collective ending in
  * AJ_ERR_COMM within the timeout with ncclCommAbort; NCCL's async error;
@@ -117,6 +118,9 @@ static void check_own_comm(void)
     const size_t bytes = 1000;
     unsigned char recv[1000];
     const int to = (rank + 1) % size, from = (rank + size - 1) % size;
+    /* an empty block first, while the slot is new (the driver refuses
+     * 0-byte allocations) */
+    CHECK_STATUS(ctx, exchange(comm, 0, recv, NULL), AJ_OK);
     CHECK_STATUS(ctx, exchange(comm, bytes, recv, NULL), AJ_OK);
     size_t wrong = 0;
     for (size_t i = 0; i < bytes; i++)
