@@ -15,7 +15,7 @@
  * AJ_ERR_COMM within the timeout with ncclCommAbort; NCCL's async error;
  * a caller's communicator NCCL rejects; a third exchange in flight;
  * a failing ncclCommInitRank; a unique id that never comes; MPI not
- * initialised.  About a second.
+ * initialised.  About 1.5 s (3 s under ASAN).
  */
 #include <dlfcn.h>
 #include <math.h>
