@@ -39,8 +39,8 @@
  * engine moves it; the kernels read the current K/V block and write O's
  * f32 accumulator and the gradient parts in device memory.  On sim and cpu
  * device memory is host memory and the copies between them are memcpy;
- * on a GPU they stage through the host (the NCCL engine, which would keep
- * everything on the GPU, is not there yet).
+ * on a GPU they stage through the host (the NCCL engine, too, is handed
+ * host buffers and stages them through device memory: docs/ring.md).
  *
  * Per (Q chunk, K/V chunk) pair the mask's visible band decides: skip
  * (no pair visible: nothing launched), full (all visible: the kernel

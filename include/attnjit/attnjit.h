@@ -649,8 +649,8 @@ aj_status aj_merge(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
 
 typedef enum aj_comm_kind {
     AJ_COMM_MPI = 0,           /* CPU ranks: MPI nonblocking send/recv */
-    AJ_COMM_NCCL = 1,          /* GPUs: NCCL send/recv on a comm stream (not
-                                  complete: see aj_comm_create) */
+    AJ_COMM_NCCL = 1,          /* GPUs: NCCL send/recv on a comm stream,
+                                  staged through host memory (docs/ring.md) */
     AJ_COMM_KIND_COUNT
 } aj_comm_kind;
 
@@ -685,10 +685,11 @@ typedef struct aj_comm aj_comm;
  * (NCCL needs a cuda device; MPI accepts any and stages cuda memory
  * through the host).  AJ_ERR_NO_DEVICE if libnccl.so.2 cannot be loaded;
  * AJ_ERR_COMM if MPI is not initialised or a peer does not join within
- * the timeout.  The NCCL engine does not exchange buffers yet: with
- * libnccl.so.2 and a cuda device it answers AJ_ERR_UNSUPPORTED (use
- * AJ_COMM_MPI).  The comm keeps pointers to ctx and dev, which must
- * outlive it; *out is freed with aj_comm_destroy(). */
+ * the timeout.  The NCCL engine has not run on a GPU yet (docs/ring.md);
+ * on a timeout or NCCL error it aborts the NCCL communicator, the
+ * caller's nccl_comm too, which is otherwise never destroyed.  The comm
+ * keeps pointers to ctx and dev, which must outlive it; *out is freed
+ * with aj_comm_destroy(). */
 aj_status aj_comm_create(aj_ctx *ctx, aj_device *dev, const aj_comm_config *config,
                          aj_comm **out);
 /* Frees the comm; requests still in flight after a failure are cancelled.

@@ -27,7 +27,8 @@ typedef struct aj_comm_req {
     _Alignas(16) unsigned char impl[64];
 } aj_comm_req;
 
-/* A transport.  Buffers are host memory for MPI, device memory for NCCL. */
+/* A transport.  Buffers are host memory (the NCCL engine stages them
+ * through device memory itself). */
 typedef struct aj_comm_engine {
     const char *name;
     /* Starts sending `bytes` of `send` to rank `to` and receiving as many
@@ -70,5 +71,12 @@ aj_status aj_comm_wait(aj_comm *comm, aj_comm_req *req, const char *fn, double *
 /* The engines' constructors: fill comm->engine, comm->impl, rank, size. */
 aj_status aj_comm_mpi_open(aj_comm *comm, const aj_comm_config *config);
 aj_status aj_comm_nccl_open(aj_comm *comm, const aj_comm_config *config);
+/* The NCCL engine on the driver `cu` and context `cuctx` (NULL: the
+ * current one), without an aj_device: what aj_comm_nccl_open calls for a
+ * cuda device, and what tests/ring/test_nccl.c drives on a stand-in
+ * libcuda that cannot open one. */
+struct aj_cuda;
+aj_status aj_comm_nccl_open_on(aj_comm *comm, const aj_comm_config *config,
+                               const struct aj_cuda *cu, void *cuctx);
 
 #endif /* AJ_RUNTIME_COMM_COMM_H */

@@ -41,6 +41,10 @@ enum {
     AJ_CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75,
     AJ_CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76,
     AJ_CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN = 97,
+    /* cuEventQuery: the work before the event is still running */
+    AJ_CUDA_ERROR_NOT_READY = 600,
+    AJ_CU_STREAM_NON_BLOCKING = 1,
+    AJ_CU_EVENT_DISABLE_TIMING = 2,
 };
 
 /* X(field, "exported symbol", return, (parameters)) -- one row per
@@ -69,14 +73,23 @@ enum {
       (CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,    \
        unsigned bz, unsigned smem, CUstream stream, void **params, void **extra))        \
     X(StreamSynchronize, "cuStreamSynchronize", (CUstream stream))                       \
+    X(StreamCreate, "cuStreamCreate", (CUstream *stream, unsigned flags))                \
+    X(StreamDestroy, "cuStreamDestroy_v2", (CUstream stream))                            \
     X(MemAlloc, "cuMemAlloc_v2", (CUdeviceptr *ptr, size_t bytes))                       \
     X(MemFree, "cuMemFree_v2", (CUdeviceptr ptr))                                        \
+    X(MemAllocHost, "cuMemAllocHost_v2", (void **ptr, size_t bytes))                     \
+    X(MemFreeHost, "cuMemFreeHost", (void *ptr))                                         \
     X(MemcpyHtoD, "cuMemcpyHtoD_v2", (CUdeviceptr dst, const void *src, size_t bytes))   \
     X(MemcpyDtoH, "cuMemcpyDtoH_v2", (void *dst, CUdeviceptr src, size_t bytes))         \
+    X(MemcpyHtoDAsync, "cuMemcpyHtoDAsync_v2",                                           \
+      (CUdeviceptr dst, const void *src, size_t bytes, CUstream stream))                 \
+    X(MemcpyDtoHAsync, "cuMemcpyDtoHAsync_v2",                                           \
+      (void *dst, CUdeviceptr src, size_t bytes, CUstream stream))                       \
     X(MemsetD8, "cuMemsetD8_v2", (CUdeviceptr dst, unsigned char value, size_t n))       \
     X(EventCreate, "cuEventCreate", (CUevent *event, unsigned flags))                    \
     X(EventRecord, "cuEventRecord", (CUevent event, CUstream stream))                    \
     X(EventSynchronize, "cuEventSynchronize", (CUevent event))                           \
+    X(EventQuery, "cuEventQuery", (CUevent event))                                       \
     X(EventElapsedTime, "cuEventElapsedTime", (float *ms, CUevent start, CUevent end))   \
     X(EventDestroy, "cuEventDestroy_v2", (CUevent event))                                \
     X(GetErrorName, "cuGetErrorName", (CUresult error, const char **name))               \

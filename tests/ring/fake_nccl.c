@@ -1,27 +1,264 @@
 /*
- * fake_nccl.c -- a stand-in libnccl.so.2 that exports the symbols attnjit
- * resolves and does nothing, so the NCCL engine's checks after a
- * successful load run on machines without NCCL.
+ * fake_nccl.c -- a stand-in libnccl.so.2 for machines without NCCL or a
+ * GPU.  It exports what attnjit resolves, moves the bytes over MPI (the
+ * tests run it under mpirun; "device" memory is host memory in the
+ * stand-in libcuda), and records every call in a log the test reads back
+ * through fake_nccl_log(), one line per call:
+ *
+ *   GetUniqueId
+ *   CommInitRank nranks=2 rank=0 id=fake-nccl-id-1234
+ *   GroupStart / GroupEnd
+ *   Send count=64 type=0 peer=1 comm=own      (own: made by CommInitRank,
+ *   Recv count=64 type=0 peer=1 comm=own       caller: fake_nccl_caller_comm)
+ *   AllGather count=8 type=0 comm=own
+ *   ReduceScatter count=4 type=7 op=0 comm=own
+ *   CommAbort comm=own / CommDestroy comm=own
+ *
+ * FAKE_NCCL_MODE: "init_fails" (ncclCommInitRank answers ncclSystemError),
+ * "async_error" (ncclCommGetAsyncError reports ncclRemoteError),
+ * "bad_comm" (ncclCommUserRank answers ncclInvalidArgument).
  */
+#include <mpi.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+enum { SUCCESS = 0, SYSTEM_ERROR = 2, INVALID_ARGUMENT = 4, INVALID_USAGE = 5, REMOTE_ERROR = 6 };
+enum { OWN = 0x4f574e, CALLER = 0x43414c };
+enum { TAG = 30303, MAX_PENDING = 8 };
+
+typedef struct fake_comm {
+    int magic, rank, nranks;
+} fake_comm;
+
+typedef struct pending {
+    int is_send, peer;
+    void *buf;
+    size_t bytes;
+} pending;
+
+static char log_text[1 << 16];
+static size_t log_len;
+static pending group[MAX_PENDING];
+static int group_depth, num_pending;
+static fake_comm caller_comm = {CALLER, 0, 0};
+
+static int mode_is(const char *m)
+{
+    const char *v = getenv("FAKE_NCCL_MODE");
+    return v && strcmp(v, m) == 0;
+}
+
+static void note(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(log_text + log_len, sizeof log_text - log_len, fmt, ap);
+    va_end(ap);
+    if (n > 0 && log_len + (size_t)n + 1 < sizeof log_text) {
+        log_len += (size_t)n;
+        log_text[log_len++] = '\n';
+        log_text[log_len] = '\0';
+    }
+}
+
+static const char *who(const fake_comm *c)
+{
+    return c->magic == OWN ? "own" : c->magic == CALLER ? "caller" : "bad";
+}
+
+static size_t type_size(int type)
+{
+    return type == 7 ? 4 : 1;   /* ncclFloat32, else the byte types */
+}
+
+/* ---- what the test reads */
+
+const char *fake_nccl_log(void);
+const char *fake_nccl_log(void)
+{
+    return log_text;
+}
+
+void fake_nccl_log_clear(void);
+void fake_nccl_log_clear(void)
+{
+    log_len = 0;
+    log_text[0] = '\0';
+}
+
+/* A communicator "the caller made", over MPI_COMM_WORLD. */
+void *fake_nccl_caller_comm(void);
+void *fake_nccl_caller_comm(void)
+{
+    MPI_Comm_rank(MPI_COMM_WORLD, &caller_comm.rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &caller_comm.nranks);
+    return &caller_comm;
+}
+
+/* ---- the NCCL API */
+
 int ncclGetVersion(int *version);
 int ncclGetVersion(int *version)
 {
-    *version = 0;
-    return 0;
+    *version = 22000;
+    return SUCCESS;
 }
 
-#define FAKE(name)    \
-    int name(void);   \
-    int name(void) { return 1; }
-FAKE(ncclGetUniqueId)
-FAKE(ncclCommInitRank)
-FAKE(ncclCommDestroy)
-FAKE(ncclCommAbort)
-FAKE(ncclCommGetAsyncError)
-FAKE(ncclGetErrorString)
-FAKE(ncclGroupStart)
-FAKE(ncclGroupEnd)
-FAKE(ncclSend)
-FAKE(ncclRecv)
-FAKE(ncclAllGather)
-FAKE(ncclReduceScatter)
+const char *ncclGetErrorString(int result);
+const char *ncclGetErrorString(int result)
+{
+    return result == SYSTEM_ERROR ? "unhandled system error (fake)"
+         : result == INVALID_ARGUMENT ? "invalid argument (fake)"
+         : result == REMOTE_ERROR ? "remote process exited or there was a network error (fake)"
+                                  : "fake NCCL error";
+}
+
+typedef struct { char internal[128]; } fake_id;
+
+int ncclGetUniqueId(fake_id *id);
+int ncclGetUniqueId(fake_id *id)
+{
+    memset(id, 0, sizeof *id);
+    snprintf(id->internal, sizeof id->internal, "fake-nccl-id-%ld", (long)getpid());
+    note("GetUniqueId");
+    return SUCCESS;
+}
+
+int ncclCommInitRank(fake_comm **comm, int nranks, fake_id id, int rank);
+int ncclCommInitRank(fake_comm **comm, int nranks, fake_id id, int rank)
+{
+    id.internal[sizeof id.internal - 1] = '\0';
+    note("CommInitRank nranks=%d rank=%d id=%s", nranks, rank, id.internal);
+    if (mode_is("init_fails"))
+        return SYSTEM_ERROR;
+    fake_comm *c = malloc(sizeof *c);
+    if (!c)
+        return SYSTEM_ERROR;
+    *c = (fake_comm){OWN, rank, nranks};
+    *comm = c;
+    return SUCCESS;
+}
+
+int ncclCommCount(const fake_comm *comm, int *count);
+int ncclCommCount(const fake_comm *comm, int *count)
+{
+    *count = comm->nranks;
+    return SUCCESS;
+}
+
+int ncclCommUserRank(const fake_comm *comm, int *rank);
+int ncclCommUserRank(const fake_comm *comm, int *rank)
+{
+    if (mode_is("bad_comm"))
+        return INVALID_ARGUMENT;
+    *rank = comm->rank;
+    return SUCCESS;
+}
+
+static int finish(fake_comm *comm, const char *what)
+{
+    note("%s comm=%s", what, who(comm));
+    if (comm->magic == OWN)
+        free(comm);
+    return SUCCESS;
+}
+
+int ncclCommDestroy(fake_comm *comm);
+int ncclCommDestroy(fake_comm *comm)
+{
+    return finish(comm, "CommDestroy");
+}
+
+int ncclCommAbort(fake_comm *comm);
+int ncclCommAbort(fake_comm *comm)
+{
+    return finish(comm, "CommAbort");
+}
+
+int ncclCommGetAsyncError(const fake_comm *comm, int *result);
+int ncclCommGetAsyncError(const fake_comm *comm, int *result)
+{
+    *result = mode_is("async_error") ? REMOTE_ERROR : SUCCESS;
+    return SUCCESS;
+}
+
+int ncclGroupStart(void);
+int ncclGroupStart(void)
+{
+    note("GroupStart");
+    group_depth++;
+    return SUCCESS;
+}
+
+/* The group's sends and receives, all at once, over MPI. */
+int ncclGroupEnd(void);
+int ncclGroupEnd(void)
+{
+    note("GroupEnd");
+    if (group_depth == 0)
+        return INVALID_USAGE;
+    if (--group_depth > 0)
+        return SUCCESS;
+    MPI_Request r[MAX_PENDING];
+    for (int i = 0; i < num_pending; i++) {
+        const pending *p = &group[i];
+        if (p->is_send)
+            MPI_Isend(p->buf, (int)p->bytes, MPI_BYTE, p->peer, TAG, MPI_COMM_WORLD, &r[i]);
+        else
+            MPI_Irecv(p->buf, (int)p->bytes, MPI_BYTE, p->peer, TAG, MPI_COMM_WORLD, &r[i]);
+    }
+    MPI_Waitall(num_pending, r, MPI_STATUSES_IGNORE);
+    num_pending = 0;
+    return SUCCESS;
+}
+
+static int queue(int is_send, void *buf, size_t count, int type, int peer,
+                 const fake_comm *comm)
+{
+    note("%s count=%zu type=%d peer=%d comm=%s", is_send ? "Send" : "Recv", count, type, peer,
+         who(comm));
+    if (group_depth == 0 || num_pending == MAX_PENDING)
+        return INVALID_USAGE;   /* the engine always groups its pair */
+    group[num_pending++] = (pending){is_send, peer, buf, count * type_size(type)};
+    return SUCCESS;
+}
+
+int ncclSend(const void *buf, size_t count, int type, int peer, const fake_comm *comm,
+             void *stream);
+int ncclSend(const void *buf, size_t count, int type, int peer, const fake_comm *comm,
+             void *stream)
+{
+    return queue(1, (void *)buf, count, type, peer, comm);
+}
+
+int ncclRecv(void *buf, size_t count, int type, int peer, const fake_comm *comm, void *stream);
+int ncclRecv(void *buf, size_t count, int type, int peer, const fake_comm *comm, void *stream)
+{
+    return queue(0, buf, count, type, peer, comm);
+}
+
+int ncclAllGather(const void *send, void *recv, size_t count, int type,
+                  const fake_comm *comm, void *stream);
+int ncclAllGather(const void *send, void *recv, size_t count, int type,
+                  const fake_comm *comm, void *stream)
+{
+    note("AllGather count=%zu type=%d comm=%s", count, type, who(comm));
+    int bytes = (int)(count * type_size(type));
+    MPI_Allgather(send, bytes, MPI_BYTE, recv, bytes, MPI_BYTE, MPI_COMM_WORLD);
+    return SUCCESS;
+}
+
+int ncclReduceScatter(const void *send, void *recv, size_t count, int type, int op,
+                      const fake_comm *comm, void *stream);
+int ncclReduceScatter(const void *send, void *recv, size_t count, int type, int op,
+                      const fake_comm *comm, void *stream)
+{
+    note("ReduceScatter count=%zu type=%d op=%d comm=%s", count, type, op, who(comm));
+    if (type != 7 || op != 0)
+        return INVALID_USAGE;   /* the stand-in sums floats only */
+    MPI_Reduce_scatter_block(send, recv, (int)count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+    return SUCCESS;
+}
