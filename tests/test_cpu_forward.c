@@ -2,8 +2,10 @@
  * test_cpu_forward.c -- the cpu target's forward kernel against the float64
  * reference: the sim matrix (dtype x head dim x mask, lengths, GQA,
  * offsets and empty rows, magnitudes, head_dim_v, score mods, strides,
- * schedules), both variants, longer sequences (S up to 2048), and the
- * same bits from 1, 2 or 3 threads.  Tolerances as sim's (sim_harness.c),
+ * schedules), both variants, longer sequences (S up to 2048), layout =
+ * varlen (sequences of very different lengths, empty ones, masks per
+ * sequence, GQA, alibi, dropout, totals), and the same bits from 1, 2 or
+ * 3 threads.  Tolerances as sim's (sim_harness.c),
  * which the polynomial exp2 (relative error < 1.2e-7) meets.  About 20 s
  * on one core.
  */
@@ -18,9 +20,9 @@ static aj_ctx *ctx;
 static aj_device *dev;
 static int cases_run;
 
-static void run_variant(const fwd_case *c, const fwd_options *x, const char *variant)
+static void run_ext(const fwd_case *c, const fwd_options *x, const fwd_run_options *how)
 {
-    fwd_result r = fwd_run_case_variant(ctx, dev, c, x, variant);
+    fwd_result r = fwd_run_case_ext(ctx, dev, c, x, how);
     cases_run++;
     CHECK_MSG(r.status == AJ_OK, "%s: %s (%s)", c->label, aj_status_str(r.status),
               aj_last_error(ctx));
@@ -31,6 +33,14 @@ static void run_variant(const fwd_case *c, const fwd_options *x, const char *var
     CHECK_MSG(r.exact_empty_rows, "%s: a row without keys is not O = 0, LSE = -inf", c->label);
     printf("%-58s O %.3f LSE %.3f empty rows %4lld  %8.2f ms\n", c->label, r.max_err_o,
            r.max_err_lse, (long long)r.rows_without_keys, r.seconds * 1e3);
+}
+
+static void run_variant(const fwd_case *c, const fwd_options *x, const char *variant)
+{
+    fwd_run_options how = {0};
+    how.variant = variant && strcmp(variant, "flash") == 0 ? AJ_VARIANT_FLASH
+                                                          : AJ_VARIANT_EFFICIENT;
+    run_ext(c, x, &how);
 }
 
 static void run_with(const fwd_case *c, const fwd_options *x)
@@ -246,6 +256,54 @@ static void test_bias_dropout(void)
     run_with(&c, &x);
 }
 
+/* packed sequences of very different lengths (empty ones on either side,
+ * one longer than a block), each masked with its own lengths, both
+ * variants; then offsets, totals, alibi and dropout per sequence (the
+ * stream's batch index is the sequence's) */
+static void test_varlen(void)
+{
+    static const int32_t lq[] = {1, 130, 0, 17, 65, 300}, lk[] = {33, 65, 7, 0, 140, 290};
+    static const char *const masks[] = {"none", "causal(top_left)", "causal(bottom_right)",
+                                        "window(20, 4, bottom_right)"};
+    static const aj_dtype dtypes[] = {AJ_DTYPE_F16, AJ_DTYPE_BF16, AJ_DTYPE_F32, AJ_DTYPE_F16};
+    char label[128];
+    for (int m = 0; m < 4; m++) {
+        fwd_run_options how = {.seqlens_q = lq, .seqlens_k = lk};
+        how.variant = m % 2 ? AJ_VARIANT_FLASH : AJ_VARIANT_EFFICIENT;
+        snprintf(label, sizeof label, "%s %s d%d varlen B6 GQA 4:2 %s",
+                 m % 2 ? "flash" : "efficient", aj_dtype_name(dtypes[m]), m < 2 ? 64 : 128,
+                 masks[m]);
+        fwd_case c = base(label, dtypes[m], m < 2 ? 64 : 128, masks[m]);
+        c.b = 6;
+        c.hq = 4;
+        c.hkv = 2;
+        c.seed = (uint64_t)(m + 100);
+        run_ext(&c, NULL, &how);
+    }
+    fwd_run_options how = {.seqlens_q = lq, .seqlens_k = lk};
+    fwd_options x;
+    memset(&x, 0, sizeof x);
+    x.dropout = 0.25;
+    x.drop_seed = 99;
+    x.drop_offset = 3;
+    fwd_case c = base("f16 d96 varlen alibi dropout causal(bottom_right) totals", AJ_DTYPE_F16,
+                      96, "causal(bottom_right)");
+    c.b = 6;
+    c.score_mod = "alibi";
+    c.q_offset = 30;
+    c.kv_offset = 10;
+    c.sq_total = 400;
+    c.sk_total = 350;
+    run_ext(&c, &x, &how);
+    c = base("bf16 d64 varlen softcap(10) window(8, 8) block_m 16", AJ_DTYPE_BF16, 64,
+             "window(8, 8)");
+    c.b = 6;
+    c.score_mod = "softcap(10.0)";
+    c.magnitude = 3.0;
+    c.schedule = "(block_m = 16, block_n = 32)";
+    run_ext(&c, NULL, &how);
+}
+
 /* the cheap target takes longer sequences than sim can */
 static void test_long(void)
 {
@@ -281,6 +339,7 @@ int main(void)
     test_magnitude();
     test_variants();
     test_bias_dropout();
+    test_varlen();
     test_long();
     printf("%d cases\n", cases_run);
     fwd_cache_clear();
