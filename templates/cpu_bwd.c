@@ -225,10 +225,10 @@ static LLVMValueRef item(cbwd *c, int d)
 }
 
 /*
- * The query side of rows m0 .. m0 + bm - 1 of (bidx, h) (set_head's): Q (scaled), dO,
- * LSE in log2 units and Delta = dO . O.  Rows past Sq get Q = dO = 0 and
- * LSE = +inf (so P = 0); a row whose LSE is -inf saw no key in the
- * forward and gets 0, so that its P = 2^(-inf - 0) = 0.
+ * The query side of rows m0 .. m0 + bm - 1 of (bidx, h), set_head's: Q
+ * (scaled), dO, LSE in log2 units and Delta = dO . O.  Rows past Sq get
+ * Q = dO = 0 and LSE = +inf (so P = 0); a row whose LSE is -inf saw no key
+ * in the forward and gets 0, so that its P = 2^(-inf - 0) = 0.
  */
 static void load_query_side(cbwd *c, LLVMValueRef bidx, LLVMValueRef h, LLVMValueRef m0,
                             LLVMValueRef rows)
