@@ -4,6 +4,7 @@
 #include "templates/cpu_attn.h"
 
 #include <math.h>
+#include <stdio.h>
 
 #define RM AJ_CPU_RM
 #define CN AJ_CPU_CN
@@ -54,6 +55,73 @@ static LLVMValueRef shuffle8(aj_kb *kb, LLVMValueRef x, LLVMValueRef y, const in
     return LLVMBuildShuffleVector(kb->b, x, y, LLVMConstVector(mask, 8), "");
 }
 
+aj_status aj_cpu_check_layout(aj_ctx *ctx, const aj_op *op, const char *who)
+{
+    if (op->layout == AJ_LAYOUT_VARLEN && op->bias == AJ_BIAS_ADD)
+        return aj_fail(ctx, AJ_ERR_UNSUPPORTED, "bias = add with layout = varlen: %s supports "
+                       "a bias on layout = padded only", who);
+    return aj_attn_check_dims(ctx, op, who);
+}
+
+void aj_cpu_add_seq_params(aj_kb *kb, const aj_op *op)
+{
+    if (op->layout == AJ_LAYOUT_VARLEN) {
+        aj_kb_add_param(kb, "cu_seqlens_q", AJ_PARAM_PTR);
+        aj_kb_add_param(kb, "cu_seqlens_k", AJ_PARAM_PTR);
+        aj_kb_add_param(kb, "sq_total", AJ_PARAM_I64);
+        aj_kb_add_param(kb, "sk_total", AJ_PARAM_I64);
+    } else {
+        aj_kb_add_param(kb, "seq_q", AJ_PARAM_I32);
+        aj_kb_add_param(kb, "seq_k", AJ_PARAM_I32);
+        aj_kb_add_param(kb, "mask_shift", AJ_PARAM_I64);
+    }
+}
+
+/* cu_seqlens array `name` at index i (host memory on the cpu device) */
+static LLVMValueRef load_cu(aj_kb *kb, const char *name, LLVMValueRef i)
+{
+    return LLVMBuildLoad2(kb->b, kb->t_i32, aj_cv_at(kb, kb->t_i32, aj_kb_param(kb, name), i),
+                          "");
+}
+
+void aj_cpu_seq_of(aj_kb *kb, const aj_op *op, LLVMValueRef bidx, aj_cpu_seq *s)
+{
+    LLVMBuilderRef b = kb->b;
+    if (op->layout != AJ_LAYOUT_VARLEN) {
+        s->len_q = aj_kb_param(kb, "seq_q");
+        s->len_k = aj_kb_param(kb, "seq_k");
+        s->start_q = s->start_k = aj_kb_i64(kb, 0);
+        s->shift = aj_kb_param(kb, "mask_shift");
+        return;
+    }
+    LLVMValueRef next = add(kb, bidx, i32c(kb, 1));
+    LLVMValueRef q0 = load_cu(kb, "cu_seqlens_q", bidx);
+    LLVMValueRef k0 = load_cu(kb, "cu_seqlens_k", bidx);
+    s->len_q = LLVMBuildSub(b, load_cu(kb, "cu_seqlens_q", next), q0, "seq_q");
+    s->len_k = LLVMBuildSub(b, load_cu(kb, "cu_seqlens_k", next), k0, "seq_k");
+    s->start_q = sext64(kb, q0);
+    s->start_k = sext64(kb, k0);
+    s->shift = aj_kb_i64(kb, 0);
+    if (op->mask.kind == AJ_MASK_NONE || op->mask.align != AJ_ALIGN_BOTTOM_RIGHT)
+        return;
+    LLVMValueRef totals[2] = {aj_kb_param(kb, "sq_total"), aj_kb_param(kb, "sk_total")};
+    LLVMValueRef own[2] = {sext64(kb, s->len_q), sext64(kb, s->len_k)};
+    for (int x = 0; x < 2; x++) {
+        LLVMValueRef zero = LLVMBuildICmp(b, LLVMIntEQ, totals[x], aj_kb_i64(kb, 0), "");
+        totals[x] = LLVMBuildSelect(b, zero, own[x], totals[x], "");
+    }
+    s->shift = LLVMBuildSub(b, totals[1], totals[0], "shift");
+}
+
+LLVMValueRef aj_cpu_seq_base(aj_kb *kb, const char *t, LLVMValueRef bidx, LLVMValueRef h,
+                             LLVMValueRef start)
+{
+    char stride[32];
+    snprintf(stride, sizeof stride, "stride_%s_s", t);
+    return LLVMBuildAdd(kb->b, aj_attn_slice_base(kb, t, bidx, h),
+                        LLVMBuildMul(kb->b, start, aj_kb_param(kb, stride), ""), "");
+}
+
 void aj_cpu_attn_init(aj_cpu_attn *a, aj_kb *kb, const aj_op *op, int log2e_in_q,
                       LLVMValueRef bidx, LLVMValueRef h)
 {
@@ -62,11 +130,9 @@ void aj_cpu_attn_init(aj_cpu_attn *a, aj_kb *kb, const aj_op *op, int log2e_in_q
     a->op = op;
     a->w = aj_cpu_vector_width();
     a->log2e_in_q = log2e_in_q;
-    a->seq_q = aj_kb_param(kb, "seq_q");
-    a->seq_k = aj_kb_param(kb, "seq_k");
+    aj_cpu_seq_of(kb, op, bidx, &a->seq);
     a->qk_offset = LLVMBuildSub(b, aj_kb_param(kb, "q_offset"), aj_kb_param(kb, "kv_offset"), "");
-    a->mask = aj_attn_mask_offsets(kb, &op->mask,
-                                   add(kb, a->qk_offset, aj_kb_param(kb, "mask_shift")));
+    a->mask = aj_attn_mask_offsets(kb, &op->mask, add(kb, a->qk_offset, a->seq.shift));
     a->slope = NULL;
     a->bias_base = NULL;
     if (op->score_mod.kind == AJ_SCORE_MOD_ALIBI)
@@ -287,10 +353,10 @@ LLVMValueRef aj_cpu_scores(aj_cpu_attn *a, LLVMValueRef s, LLVMValueRef ig, LLVM
     if (op->bias == AJ_BIAS_ADD) {
         /* rows past Sq and keys past Sk read the last row / key: in bounds,
          * and masked or never stored */
-        LLVMValueRef ic = aj_kb_smin(kb, ig, LLVMBuildSub(b, a->seq_q, i32c(kb, 1), ""));
+        LLVMValueRef ic = aj_kb_smin(kb, ig, LLVMBuildSub(b, a->seq.len_q, i32c(kb, 1), ""));
         LLVMValueRef row = add(kb, a->bias_base, mul(kb, sext64(kb, ic),
                                                      aj_kb_param(kb, "stride_bias_s")));
-        LLVMValueRef last = LLVMBuildSub(b, a->seq_k, i32c(kb, 1), "");
+        LLVMValueRef last = LLVMBuildSub(b, a->seq.len_k, i32c(kb, 1), "");
         LLVMValueRef bv = LLVMGetPoison(aj_cv_type(kb, w));
         for (int e = 0; e < w; e++) {
             LLVMValueRef j = aj_kb_smin(kb, LLVMBuildExtractElement(b, jv, i32c(kb, e), ""), last);
@@ -318,7 +384,7 @@ LLVMValueRef aj_cpu_scores(aj_cpu_attn *a, LLVMValueRef s, LLVMValueRef ig, LLVM
     }
     if (!a->log2e_in_q)
         s = LLVMBuildFMul(b, s, aj_cv_splat(kb, aj_kb_f32(kb, AJ_LOG2E), w), "");
-    LLVMValueRef vis = LLVMBuildICmp(b, LLVMIntSLT, jv, aj_cv_splat(kb, a->seq_k, w), "");
+    LLVMValueRef vis = LLVMBuildICmp(b, LLVMIntSLT, jv, aj_cv_splat(kb, a->seq.len_k, w), "");
     if (a->mask.hi_off)
         vis = LLVMBuildAnd(b, vis, LLVMBuildICmp(b, LLVMIntSLE, jv, aj_cv_splat(kb,
                            add(kb, ig, a->mask.hi_off), w), ""), "");
@@ -335,7 +401,7 @@ void aj_cpu_rows_for_keys(aj_cpu_attn *a, LLVMValueRef j0, LLVMValueRef j1,
     LLVMBuilderRef b = kb->b;
     /* j <= i + hi_off  <=>  i >= j - hi_off;  j >= i + lo_off  <=>  i <= j - lo_off */
     LLVMValueRef lo = i32c(kb, 0);
-    LLVMValueRef hi = LLVMBuildSub(b, a->seq_q, i32c(kb, 1), "");
+    LLVMValueRef hi = LLVMBuildSub(b, a->seq.len_q, i32c(kb, 1), "");
     if (a->mask.hi_off)
         lo = aj_kb_smax(kb, lo, LLVMBuildSub(b, j0, a->mask.hi_off, ""));
     if (a->mask.lo_off)
@@ -351,7 +417,7 @@ void aj_cpu_key_blocks(aj_cpu_attn *a, int bn, LLVMValueRef i0, LLVMValueRef i1,
     aj_kb *kb = a->kb;
     LLVMBuilderRef b = kb->b;
     LLVMValueRef j_lo = aj_attn_row_key_lo(kb, &a->mask, i0);
-    LLVMValueRef j_hi = aj_attn_row_key_hi(kb, &a->mask, a->seq_k, i1);
+    LLVMValueRef j_hi = aj_attn_row_key_hi(kb, &a->mask, a->seq.len_k, i1);
     LLVMValueRef n = i32c(kb, bn);
     LLVMValueRef empty = LLVMBuildICmp(b, LLVMIntSLT, j_hi, j_lo, "");
     *begin = LLVMBuildSelect(b, empty, i32c(kb, 0), LLVMBuildSDiv(b, j_lo, n, ""), "n_begin");

@@ -23,13 +23,39 @@
 #define AJ_CPU_RM 4   /* rows of a register tile */
 #define AJ_CPU_CN 2   /* key vectors of a gemm_nt tile */
 
+/*
+ * The sequence a work item of batch index bidx computes.  Padded: the
+ * seq_q / seq_k / mask_shift parameters and starts 0.  layout = varlen:
+ * sequence bidx of the packed tensors, whose rows start at cu_seqlens[bidx]
+ * (runtime/launch.c binds the tensors as padded views of batch stride 0),
+ * with bottom_right's shift from sq_total / sk_total, each 0 meaning the
+ * sequence's own length -- as the flash templates.
+ */
+typedef struct aj_cpu_seq {
+    LLVMValueRef len_q, len_k;       /* i32 */
+    LLVMValueRef start_q, start_k;   /* i64: first packed row, 0 when padded */
+    LLVMValueRef shift;              /* i64: the mask's shift */
+} aj_cpu_seq;
+
+/* Layout and head dims of an op for the cpu kernel `who`: both layouts,
+ * but no bias with varlen (no template defines a bias over packed
+ * sequences: the flash ones have no bias, the efficient ones no varlen). */
+aj_status aj_cpu_check_layout(aj_ctx *ctx, const aj_op *op, const char *who);
+/* The parameters aj_cpu_seq_of reads, for the op's layout. */
+void aj_cpu_add_seq_params(aj_kb *kb, const aj_op *op);
+void aj_cpu_seq_of(aj_kb *kb, const aj_op *op, LLVMValueRef bidx, aj_cpu_seq *s);
+/* Element offset of row 0 of slice (bidx, h) of tensor t in the sequence:
+ * the slice base plus `start` rows of stride_<t>_s. */
+LLVMValueRef aj_cpu_seq_base(aj_kb *kb, const char *t, LLVMValueRef bidx, LLVMValueRef h,
+                             LLVMValueRef start);
+
 /* What a kernel's scores depend on, set up once per work item. */
 typedef struct aj_cpu_attn {
     aj_kb *kb;
     const aj_op *op;
     int w;                       /* floats per vector */
     int log2e_in_q;              /* Q carries scale log2 e: scores need no multiply */
-    LLVMValueRef seq_q, seq_k;   /* i32 */
+    aj_cpu_seq seq;              /* of batch index bidx */
     aj_attn_mask mask;
     LLVMValueRef qk_offset;      /* i64: q_offset - kv_offset (alibi) */
     LLVMValueRef slope;          /* f32 (alibi) */
@@ -37,7 +63,7 @@ typedef struct aj_cpu_attn {
 } aj_cpu_attn;
 
 /* Sets the fields from the kernel parameters for query head h of batch
- * bidx (bias_base and slope follow h). */
+ * (varlen: sequence) bidx (bias_base and slope follow h). */
 void aj_cpu_attn_init(aj_cpu_attn *a, aj_kb *kb, const aj_op *op, int log2e_in_q,
                       LLVMValueRef bidx, LLVMValueRef h);
 

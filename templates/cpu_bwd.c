@@ -26,6 +26,10 @@
  * atomics, the same bits on any thread count.  Rows that see no key get
  * dQ = 0, keys no row sees dK = dV = 0.
  *
+ * layout = varlen: each item's sequence from cu_seqlens (aj_cpu_seq_of);
+ * the grids cover max_seqlen_q / _k, and items past their sequence's end
+ * do nothing.
+ *
  * bias = add: dbias (f32, the bias's shape) = dS summed over the bias's
  * broadcast dims.  The dq item of query block m at (b, h) = (0 if the bias
  * broadcasts over batch else b, 0 if over heads else h) owns dbias rows of
@@ -75,7 +79,7 @@ static aj_status plan_kernel(aj_ctx *ctx, const aj_op *op, cbwd_plan *p)
 
 static aj_status cbwd_check(aj_ctx *ctx, const aj_op *op, aj_target target)
 {
-    aj_status st = aj_attn_check_layout_and_dims(ctx, op, "cpu backward");
+    aj_status st = aj_cpu_check_layout(ctx, op, "cpu backward");
     if (st != AJ_OK)
         return st;
     cbwd_plan plan;
@@ -164,11 +168,9 @@ static void declare_params(aj_kb *kb, const aj_op *op, const char *const *outs, 
     aj_kb_add_param(kb, "stride_lse_h", AJ_PARAM_I64);
     aj_kb_add_param(kb, "heads_q", AJ_PARAM_I32);
     aj_kb_add_param(kb, "heads_kv", AJ_PARAM_I32);
-    aj_kb_add_param(kb, "seq_q", AJ_PARAM_I32);
-    aj_kb_add_param(kb, "seq_k", AJ_PARAM_I32);
     aj_kb_add_param(kb, "q_offset", AJ_PARAM_I64);
     aj_kb_add_param(kb, "kv_offset", AJ_PARAM_I64);
-    aj_kb_add_param(kb, "mask_shift", AJ_PARAM_I64);
+    aj_cpu_add_seq_params(kb, op);
     if (op->bias == AJ_BIAS_ADD) {
         aj_kb_add_param(kb, "bias", AJ_PARAM_PTR);
         aj_kb_add_param(kb, "stride_bias_b", AJ_PARAM_I64);
@@ -223,10 +225,10 @@ static LLVMValueRef item(cbwd *c, int d)
 }
 
 /*
- * The query side of rows m0 .. m0 + bm - 1 of (bidx, h): Q (scaled), dO,
- * LSE in log2 units and Delta = dO . O.  Rows past Sq get Q = dO = 0 and
- * LSE = +inf (so P = 0); a row whose LSE is -inf saw no key in the
- * forward and gets 0, so that its P = 2^(-inf - 0) = 0.
+ * The query side of rows m0 .. m0 + bm - 1 of (bidx, h), set_head's: Q
+ * (scaled), dO, LSE in log2 units and Delta = dO . O.  Rows past Sq get
+ * Q = dO = 0 and LSE = +inf (so P = 0); a row whose LSE is -inf saw no key
+ * in the forward and gets 0, so that its P = 2^(-inf - 0) = 0.
  */
 static void load_query_side(cbwd *c, LLVMValueRef bidx, LLVMValueRef h, LLVMValueRef m0,
                             LLVMValueRef rows)
@@ -235,12 +237,13 @@ static void load_query_side(cbwd *c, LLVMValueRef bidx, LLVMValueRef h, LLVMValu
     LLVMBuilderRef b = c->b;
     const cbwd_plan *p = &c->p;
     LLVMValueRef bm = i32c(c, p->bm);
-    aj_cpu_load_rows(kb, c->q, p->d, "q", p->dtype, aj_attn_slice_base(kb, "q", bidx, h),
+    LLVMValueRef start = c->at.seq.start_q;
+    aj_cpu_load_rows(kb, c->q, p->d, "q", p->dtype, aj_cpu_seq_base(kb, "q", bidx, h, start),
                      param(c, "stride_q_s"), m0, rows, bm, aj_op_scale(c->op));
-    aj_cpu_load_rows(kb, c->dob, p->dv, "do", p->dtype, aj_attn_slice_base(kb, "do", bidx, h),
+    aj_cpu_load_rows(kb, c->dob, p->dv, "do", p->dtype, aj_cpu_seq_base(kb, "do", bidx, h, start),
                      param(c, "stride_do_s"), m0, rows, bm, 1.0);
-    LLVMValueRef o_base = aj_attn_slice_base(kb, "o", bidx, h);
-    LLVMValueRef lse_base = aj_attn_slice_base(kb, "lse", bidx, h);
+    LLVMValueRef o_base = aj_cpu_seq_base(kb, "o", bidx, h, start);
+    LLVMValueRef lse_base = add(c, aj_attn_slice_base(kb, "lse", bidx, h), start);
     LLVMValueRef i = aj_kb_for_begin(kb, i32c(c, 0), bm, i32c(c, 1), "qs");
     aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntSLT, i, rows, ""));
     {
@@ -364,7 +367,7 @@ static void zero_buffer(cbwd *c, LLVMValueRef buf, int n)
 
 static LLVMValueRef rows_from(cbwd *c, LLVMValueRef m0)
 {
-    return aj_kb_smin(c->kb, i32c(c, c->p.bm), LLVMBuildSub(c->b, c->at.seq_q, m0, ""));
+    return aj_kb_smin(c->kb, i32c(c, c->p.bm), LLVMBuildSub(c->b, c->at.seq.len_q, m0, ""));
 }
 
 /* stage 0: dK and dV of one key block of one kv head */
@@ -381,10 +384,14 @@ static void build_dkdv(cbwd *c)
     LLVMValueRef dv = aj_cv_buffer(kb, p->bn * p->dv, "dvbuf");
     LLVMValueRef hkv = item(c, 1), bidx = item(c, 2);
     LLVMValueRef n0 = mul(c, item(c, 0), i32c(c, p->bn));
-    LLVMValueRef seq_k = param(c, "seq_k");
-    LLVMValueRef kcount = aj_kb_smin(kb, i32c(c, p->bn), LLVMBuildSub(b, seq_k, n0, ""));
-    LLVMValueRef k_base = aj_attn_slice_base(kb, "k", bidx, hkv);
-    LLVMValueRef v_base = aj_attn_slice_base(kb, "v", bidx, hkv);
+    aj_cpu_seq seq;
+    aj_cpu_seq_of(kb, c->op, bidx, &seq);
+    /* varlen: the grid covers the longest sequence; items past this one's
+     * end have nothing to do */
+    aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntSLT, n0, seq.len_k, ""));
+    LLVMValueRef kcount = aj_kb_smin(kb, i32c(c, p->bn), LLVMBuildSub(b, seq.len_k, n0, ""));
+    LLVMValueRef k_base = aj_cpu_seq_base(kb, "k", bidx, hkv, seq.start_k);
+    LLVMValueRef v_base = aj_cpu_seq_base(kb, "v", bidx, hkv, seq.start_k);
     aj_cpu_load_cols(kb, c->kt, p->d, p->bn, "k", p->dtype, k_base, param(c, "stride_k_s"), n0,
                      kcount);
     aj_cpu_load_cols(kb, c->vt, p->dv, p->bn, "v", p->dtype, v_base, param(c, "stride_v_s"), n0,
@@ -419,8 +426,11 @@ static void build_dkdv(cbwd *c)
         aj_kb_for_end(kb);
     }
     aj_kb_for_end(kb);
-    store_rows(c, dk, p->d, "dk", aj_attn_slice_base(kb, "dk", bidx, hkv), n0, kcount, 1.0);
-    store_rows(c, dv, p->dv, "dv", aj_attn_slice_base(kb, "dv", bidx, hkv), n0, kcount, 1.0);
+    store_rows(c, dk, p->d, "dk", aj_cpu_seq_base(kb, "dk", bidx, hkv, seq.start_k), n0, kcount,
+               1.0);
+    store_rows(c, dv, p->dv, "dv", aj_cpu_seq_base(kb, "dv", bidx, hkv, seq.start_k), n0, kcount,
+               1.0);
+    aj_kb_if_end(kb);
     const aj_kernel_layout layout = {
         .grid = {{AJ_EXTENT_SEQ_K, p->bn}, {AJ_EXTENT_HEADS_KV, 1}, {AJ_EXTENT_BATCH, 1}},
         .schedule = {p->bm, p->bn, 1, 1},
@@ -489,6 +499,7 @@ static void build_dq(cbwd *c)
         LLVMValueRef bidx = has_bias ? LLVMBuildSelect(b, fold_b, pb, b_item, "") : b_item;
         LLVMValueRef h = has_bias ? LLVMBuildSelect(b, fold_h, ph, h_item, "") : h_item;
         set_head(c, bidx, h);
+        aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntSLT, m0, c->at.seq.len_q, ""));
         LLVMValueRef rows = rows_from(c, m0);
         LLVMValueRef hkv = LLVMBuildSDiv(b, h, LLVMBuildSDiv(b, param(c, "heads_q"),
                                                              param(c, "heads_kv"), ""), "");
@@ -496,16 +507,17 @@ static void build_dq(cbwd *c)
         zero_buffer(c, dq, p->bm * p->d);
         LLVMValueRef n_begin = i32c(c, 0), n_end;
         if (has_bias)   /* every key block: dbias is written everywhere */
-            n_end = LLVMBuildSDiv(b, add(c, c->at.seq_k, i32c(c, p->bn - 1)), i32c(c, p->bn), "");
+            n_end = LLVMBuildSDiv(b, add(c, c->at.seq.len_k, i32c(c, p->bn - 1)),
+                                  i32c(c, p->bn), "");
         else
             aj_cpu_key_blocks(&c->at, p->bn, m0, add(c, m0, LLVMBuildSub(b, rows, one, "")),
                               &n_begin, &n_end);
-        LLVMValueRef k_base = aj_attn_slice_base(kb, "k", bidx, hkv);
-        LLVMValueRef v_base = aj_attn_slice_base(kb, "v", bidx, hkv);
+        LLVMValueRef k_base = aj_cpu_seq_base(kb, "k", bidx, hkv, c->at.seq.start_k);
+        LLVMValueRef v_base = aj_cpu_seq_base(kb, "v", bidx, hkv, c->at.seq.start_k);
         LLVMValueRef n = aj_kb_for_begin(kb, n_begin, n_end, one, "n");
         {
             LLVMValueRef n0 = mul(c, n, i32c(c, p->bn));
-            LLVMValueRef kcount = aj_kb_smin(kb, i32c(c, p->bn), LLVMBuildSub(b, c->at.seq_k,
+            LLVMValueRef kcount = aj_kb_smin(kb, i32c(c, p->bn), LLVMBuildSub(b, c->at.seq.len_k,
                                                                               n0, ""));
             aj_cpu_load_cols(kb, c->kt, p->d, p->bn, "k", p->dtype, k_base,
                              param(c, "stride_k_s"), n0, kcount);
@@ -525,8 +537,9 @@ static void build_dq(cbwd *c)
                            m0, rows, n0, kcount);
         }
         aj_kb_for_end(kb);
-        store_rows(c, dq, p->d, "dq", aj_attn_slice_base(kb, "dq", bidx, h), m0, rows,
-                   aj_op_scale(op));
+        store_rows(c, dq, p->d, "dq", aj_cpu_seq_base(kb, "dq", bidx, h, c->at.seq.start_q), m0,
+                   rows, aj_op_scale(op));
+        aj_kb_if_end(kb);
     }
     aj_kb_for_end(kb);
     aj_kb_for_end(kb);

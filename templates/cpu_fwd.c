@@ -37,8 +37,10 @@
  *
  * Options: bias (a broadcastable [B, Hq, Sq, Sk] added to the scaled score
  * before softcap and alibi), softcap, alibi, dropout (Philox keep mask of
- * attn_common, after the statistics), accumulate.  Launch contract as the
- * GPU templates: Sq, Sk < 2^30, any i64 offsets.
+ * attn_common, after the statistics), accumulate, layout = varlen (the
+ * item's sequence from cu_seqlens, aj_cpu_seq_of; grid over max_seqlen_q
+ * and the sequences).  Launch contract as the GPU templates: Sq, Sk <
+ * 2^30, any i64 offsets.
  */
 #include <math.h>
 #include <stdio.h>
@@ -85,7 +87,7 @@ static aj_status plan_kernel(aj_ctx *ctx, const aj_op *op, cfwd_plan *p)
 
 static aj_status cfwd_check(aj_ctx *ctx, const aj_op *op, aj_target target)
 {
-    aj_status st = aj_attn_check_layout_and_dims(ctx, op, "cpu forward");
+    aj_status st = aj_cpu_check_layout(ctx, op, "cpu forward");
     if (st != AJ_OK)
         return st;
     cfwd_plan plan;
@@ -193,11 +195,9 @@ static void declare_params(aj_kb *kb, const aj_op *op)
     }
     aj_kb_add_param(kb, "heads_q", AJ_PARAM_I32);
     aj_kb_add_param(kb, "heads_kv", AJ_PARAM_I32);
-    aj_kb_add_param(kb, "seq_q", AJ_PARAM_I32);
-    aj_kb_add_param(kb, "seq_k", AJ_PARAM_I32);
     aj_kb_add_param(kb, "q_offset", AJ_PARAM_I64);
     aj_kb_add_param(kb, "kv_offset", AJ_PARAM_I64);
-    aj_kb_add_param(kb, "mask_shift", AJ_PARAM_I64);
+    aj_cpu_add_seq_params(kb, op);
 }
 
 /* The online softmax of each row over this key block: S becomes P,
@@ -396,7 +396,11 @@ static aj_status cfwd_build(aj_kb *kb, const aj_op *op, void *user)
     LLVMValueRef h = item[1], bidx = item[2];
     c.m0 = LLVMBuildMul(b, item[0], i32c(&c, p->bm), "m0");
     aj_cpu_attn_init(&c.at, kb, op, log2e_in_q, bidx, h);
-    c.rows = aj_kb_smin(kb, i32c(&c, p->bm), LLVMBuildSub(b, c.at.seq_q, c.m0, ""));
+    const aj_cpu_seq *seq = &c.at.seq;
+    /* varlen: the grid covers the longest sequence; items past this one's
+     * end have nothing to do */
+    aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntSLT, c.m0, seq->len_q, ""));
+    c.rows = aj_kb_smin(kb, i32c(&c, p->bm), LLVMBuildSub(b, seq->len_q, c.m0, ""));
     c.rows_pad = LLVMBuildAnd(b, add(&c, c.rows, i32c(&c, RM - 1)), i32c(&c, -RM), "rows_pad");
     LLVMValueRef group = LLVMBuildSDiv(b, param(&c, "heads_q"), param(&c, "heads_kv"), "");
     LLVMValueRef hkv = LLVMBuildSDiv(b, h, group, "hkv");
@@ -404,11 +408,11 @@ static aj_status cfwd_build(aj_kb *kb, const aj_op *op, void *user)
         c.drop = aj_attn_dropout_stream(kb, param(&c, "dropout_seed"),
                                         param(&c, "dropout_offset"), param(&c, "q_offset"),
                                         param(&c, "kv_offset"), bidx, param(&c, "heads_q"), h);
-    LLVMValueRef q_base = aj_attn_slice_base(kb, "q", bidx, h);
-    LLVMValueRef k_base = aj_attn_slice_base(kb, "k", bidx, hkv);
-    LLVMValueRef v_base = aj_attn_slice_base(kb, "v", bidx, hkv);
-    LLVMValueRef o_base = aj_attn_slice_base(kb, out_name(op), bidx, h);
-    LLVMValueRef lse_base = aj_attn_slice_base(kb, "lse", bidx, h);
+    LLVMValueRef q_base = aj_cpu_seq_base(kb, "q", bidx, h, seq->start_q);
+    LLVMValueRef k_base = aj_cpu_seq_base(kb, "k", bidx, hkv, seq->start_k);
+    LLVMValueRef v_base = aj_cpu_seq_base(kb, "v", bidx, hkv, seq->start_k);
+    LLVMValueRef o_base = aj_cpu_seq_base(kb, out_name(op), bidx, h, seq->start_q);
+    LLVMValueRef lse_base = add(&c, aj_attn_slice_base(kb, "lse", bidx, h), seq->start_q);
 
     emit_init_rows(&c);
     double q_scale = aj_op_scale(op) * (log2e_in_q ? AJ_LOG2E : 1.0);
@@ -420,7 +424,7 @@ static aj_status cfwd_build(aj_kb *kb, const aj_op *op, void *user)
     LLVMValueRef n = aj_kb_for_begin(kb, n_begin, n_end, i32c(&c, 1), "n");
     {
         LLVMValueRef n0 = LLVMBuildMul(b, n, i32c(&c, p->bn), "n0");
-        LLVMValueRef kcount = aj_kb_smin(kb, i32c(&c, p->bn), LLVMBuildSub(b, c.at.seq_k, n0,
+        LLVMValueRef kcount = aj_kb_smin(kb, i32c(&c, p->bn), LLVMBuildSub(b, seq->len_k, n0,
                                                                            ""));
         /* keys past Sk are zero: masked anyway, and 0 * V must not meet a
          * stale NaN */
@@ -436,6 +440,7 @@ static aj_status cfwd_build(aj_kb *kb, const aj_op *op, void *user)
     }
     aj_kb_for_end(kb);
     emit_epilogue(&c, o_base, lse_base);
+    aj_kb_if_end(kb);
     const aj_kernel_layout layout = {
         .grid = {{AJ_EXTENT_SEQ_Q, p->bm}, {AJ_EXTENT_HEADS_Q, 1}, {AJ_EXTENT_BATCH, 1}},
         .schedule = {p->bm, p->bn, 1, 1},

@@ -2,11 +2,14 @@
  * test_cpu_forward.c -- the cpu target's forward kernel against the float64
  * reference: the sim matrix (dtype x head dim x mask, lengths, GQA,
  * offsets and empty rows, magnitudes, head_dim_v, score mods, strides,
- * schedules), both variants, longer sequences (S up to 2048), and the
- * same bits from 1, 2 or 3 threads.  Tolerances as sim's (sim_harness.c),
+ * schedules), both variants, longer sequences (S up to 2048), layout =
+ * varlen (sequences of very different lengths, empty ones, masks per
+ * sequence, GQA, alibi, dropout, totals), and the same bits from 1, 2 or
+ * 3 threads.  Tolerances as sim's (sim_harness.c),
  * which the polynomial exp2 (relative error < 1.2e-7) meets.  About 20 s
  * on one core.
  */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,9 +21,9 @@ static aj_ctx *ctx;
 static aj_device *dev;
 static int cases_run;
 
-static void run_variant(const fwd_case *c, const fwd_options *x, const char *variant)
+static void run_ext(const fwd_case *c, const fwd_options *x, const fwd_run_options *how)
 {
-    fwd_result r = fwd_run_case_variant(ctx, dev, c, x, variant);
+    fwd_result r = fwd_run_case_ext(ctx, dev, c, x, how);
     cases_run++;
     CHECK_MSG(r.status == AJ_OK, "%s: %s (%s)", c->label, aj_status_str(r.status),
               aj_last_error(ctx));
@@ -31,6 +34,14 @@ static void run_variant(const fwd_case *c, const fwd_options *x, const char *var
     CHECK_MSG(r.exact_empty_rows, "%s: a row without keys is not O = 0, LSE = -inf", c->label);
     printf("%-58s O %.3f LSE %.3f empty rows %4lld  %8.2f ms\n", c->label, r.max_err_o,
            r.max_err_lse, (long long)r.rows_without_keys, r.seconds * 1e3);
+}
+
+static void run_variant(const fwd_case *c, const fwd_options *x, const char *variant)
+{
+    fwd_run_options how = {0};
+    how.variant = variant && strcmp(variant, "flash") == 0 ? AJ_VARIANT_FLASH
+                                                          : AJ_VARIANT_EFFICIENT;
+    run_ext(c, x, &how);
 }
 
 static void run_with(const fwd_case *c, const fwd_options *x)
@@ -246,6 +257,216 @@ static void test_bias_dropout(void)
     run_with(&c, &x);
 }
 
+/* packed sequences of very different lengths (empty ones on either side,
+ * one longer than a block), each masked with its own lengths, both
+ * variants; then offsets, totals, alibi and dropout per sequence (the
+ * stream's batch index is the sequence's) */
+static void test_varlen(void)
+{
+    static const int32_t lq[] = {1, 130, 0, 17, 65, 300}, lk[] = {33, 65, 7, 0, 140, 290};
+    static const char *const masks[] = {"none", "causal(top_left)", "causal(bottom_right)",
+                                        "window(20, 4, bottom_right)"};
+    static const aj_dtype dtypes[] = {AJ_DTYPE_F16, AJ_DTYPE_BF16, AJ_DTYPE_F32, AJ_DTYPE_F16};
+    char label[128];
+    for (int m = 0; m < 4; m++) {
+        fwd_run_options how = {.seqlens_q = lq, .seqlens_k = lk};
+        how.variant = m % 2 ? AJ_VARIANT_FLASH : AJ_VARIANT_EFFICIENT;
+        snprintf(label, sizeof label, "%s %s d%d varlen B6 GQA 4:2 %s",
+                 m % 2 ? "flash" : "efficient", aj_dtype_name(dtypes[m]), m < 2 ? 64 : 128,
+                 masks[m]);
+        fwd_case c = base(label, dtypes[m], m < 2 ? 64 : 128, masks[m]);
+        c.b = 6;
+        c.hq = 4;
+        c.hkv = 2;
+        c.seed = (uint64_t)(m + 100);
+        run_ext(&c, NULL, &how);
+    }
+    fwd_run_options how = {.seqlens_q = lq, .seqlens_k = lk};
+    fwd_options x;
+    memset(&x, 0, sizeof x);
+    x.dropout = 0.25;
+    x.drop_seed = 99;
+    x.drop_offset = 3;
+    fwd_case c = base("f16 d96 varlen alibi dropout causal(bottom_right) totals", AJ_DTYPE_F16,
+                      96, "causal(bottom_right)");
+    c.b = 6;
+    c.score_mod = "alibi";
+    c.q_offset = 30;
+    c.kv_offset = 10;
+    c.sq_total = 400;
+    c.sk_total = 350;
+    run_ext(&c, &x, &how);
+    c = base("bf16 d64 varlen softcap(10) window(8, 8) block_m 16", AJ_DTYPE_BF16, 64,
+             "window(8, 8)");
+    c.b = 6;
+    c.score_mod = "softcap(10.0)";
+    c.magnitude = 3.0;
+    c.schedule = "(block_m = 16, block_n = 32)";
+    run_ext(&c, NULL, &how);
+}
+
+/* A device copy of host memory (freed by the caller). */
+static void *to_device(const void *host, size_t bytes)
+{
+    void *p = NULL;
+    CHECK_STATUS(ctx, aj_device_alloc(dev, bytes ? bytes : 16, &p), AJ_OK);
+    if (p && bytes)
+        CHECK_STATUS(ctx, aj_device_copy_to(dev, p, host, bytes), AJ_OK);
+    return p;
+}
+
+/*
+ * accumulate with varlen: o_acc and lse of packed sequences built up by two
+ * calls, over the first and the second half of each sequence's keys (one
+ * sequence has no key in the first half, one none at all), from o_acc =
+ * NaN and lse = -inf, against the reference over all keys.  No mask, so
+ * that the positions within a part do not matter.
+ */
+enum { VA_B = 4, VA_HQ = 2, VA_HKV = 1, VA_D = 32 };
+
+static void test_varlen_accumulate(void)
+{
+    static const int32_t lq[VA_B] = {5, 0, 40, 7}, lk[VA_B] = {30, 1, 70, 0};
+    int32_t cu_q[VA_B + 1] = {0}, cu_k[VA_B + 1] = {0}, cu_part[2][VA_B + 1] = {{0}};
+    int max_q = 0, max_part = 0;
+    for (int b = 0; b < VA_B; b++) {
+        int half = lk[b] / 2;
+        cu_q[b + 1] = cu_q[b] + lq[b];
+        cu_k[b + 1] = cu_k[b] + lk[b];
+        cu_part[0][b + 1] = cu_part[0][b] + half;
+        cu_part[1][b + 1] = cu_part[1][b] + lk[b] - half;
+        max_q = lq[b] > max_q ? lq[b] : max_q;
+        max_part = lk[b] - half > max_part ? lk[b] - half : max_part;
+    }
+    const int tq = cu_q[VA_B], tk = cu_k[VA_B];
+    const size_t qn = (size_t)tq * VA_HQ * VA_D, kn = (size_t)tk * VA_HKV * VA_D;
+    float *q = malloc(qn * sizeof *q), *k = malloc(kn * sizeof *k), *v = malloc(kn * sizeof *v);
+    float *part_k = malloc(kn * sizeof *part_k), *part_v = malloc(kn * sizeof *part_v);
+    float *o_acc = malloc(qn * sizeof *o_acc), *lse = malloc((size_t)VA_HQ * tq * sizeof *lse);
+    double *qd = malloc(qn * sizeof *qd), *kd = malloc(kn * sizeof *kd);
+    double *vd = malloc(kn * sizeof *vd), *o_ref = malloc(qn * sizeof *o_ref);
+    double *lse_ref = malloc((size_t)VA_HQ * tq * sizeof *lse_ref);
+    uint64_t rng = 2024;
+    float *const ins[3] = {q, k, v};
+    double *const ref_ins[3] = {qd, kd, vd};
+    const size_t counts[3] = {qn, kn, kn};
+    for (int t = 0; t < 3; t++)
+        for (size_t i = 0; i < counts[t]; i++) {
+            rng = rng * 6364136223846793005ULL + 1442695040888963407ULL;
+            ins[t][i] = (float)((double)(rng >> 11) / 9007199254740992.0 * 2.0 - 1.0);
+            ref_ins[t][i] = ins[t][i];
+        }
+    for (size_t i = 0; i < qn; i++)
+        o_acc[i] = NAN;
+    for (int i = 0; i < VA_HQ * tq; i++)
+        lse[i] = -INFINITY;
+
+    const char *spec = "attention forward efficient { dtype = f32 head_dim = 32 "
+                       "layout = varlen accumulate = true }";
+    aj_op *op = NULL;
+    aj_kernel *kernel = NULL;
+    CHECK_STATUS(ctx, aj_op_parse(ctx, spec, strlen(spec), "varlen accumulate", &op), AJ_OK);
+    aj_compile_options opt = AJ_COMPILE_OPTIONS_INIT;
+    opt.target = AJ_TARGET_CPU;
+    if (op)
+        CHECK_STATUS(ctx, aj_compile(ctx, op, &opt, &kernel), AJ_OK);
+    aj_op_destroy(op);
+    const size_t row = VA_HKV * VA_D * sizeof(float);
+    void *dq = to_device(q, qn * sizeof *q), *dacc = to_device(o_acc, qn * sizeof *o_acc);
+    void *dlse = to_device(lse, (size_t)VA_HQ * tq * sizeof *lse);
+    void *dcu_q = to_device(cu_q, sizeof cu_q);
+    for (int part = 0; part < 2 && kernel; part++) {
+        /* this part's keys of every sequence, packed */
+        for (int b = 0; b < VA_B; b++) {
+            size_t from = (size_t)cu_k[b] + (part ? (size_t)(lk[b] / 2) : 0);
+            size_t n = (size_t)(cu_part[part][b + 1] - cu_part[part][b]);
+            memcpy(part_k + (size_t)cu_part[part][b] * VA_HKV * VA_D, k + from * VA_HKV * VA_D,
+                   n * row);
+            memcpy(part_v + (size_t)cu_part[part][b] * VA_HKV * VA_D, v + from * VA_HKV * VA_D,
+                   n * row);
+        }
+        int tpart = cu_part[part][VA_B];
+        void *dk = to_device(part_k, (size_t)tpart * row);
+        void *dv = to_device(part_v, (size_t)tpart * row);
+        void *dcu_k = to_device(cu_part[part], sizeof cu_part[part]);
+        aj_fwd_args a = AJ_FWD_ARGS_INIT;
+        a.q = (aj_tensor){dq, AJ_DTYPE_F32, 3, {tq, VA_HQ, VA_D}, {VA_HQ * VA_D, VA_D, 1}};
+        a.k = (aj_tensor){dk, AJ_DTYPE_F32, 3, {tpart, VA_HKV, VA_D}, {VA_HKV * VA_D, VA_D, 1}};
+        a.v = a.k;
+        a.v.data = dv;
+        a.o_acc = a.q;
+        a.o_acc.data = dacc;
+        a.lse = (aj_tensor){dlse, AJ_DTYPE_F32, 2, {VA_HQ, tq}, {tq, 1}};
+        a.cu_seqlens_q = dcu_q;
+        a.cu_seqlens_k = dcu_k;
+        a.batch = VA_B;
+        a.max_seqlen_q = max_q;
+        a.max_seqlen_k = max_part;
+        CHECK_STATUS(ctx, aj_forward(ctx, dev, kernel, &a), AJ_OK);
+        CHECK_STATUS(ctx, aj_device_synchronize(dev, NULL), AJ_OK);
+        aj_device_free(dev, dk);
+        aj_device_free(dev, dv);
+        aj_device_free(dev, dcu_k);
+    }
+    CHECK_STATUS(ctx, aj_device_copy_from(dev, o_acc, dacc, qn * sizeof *o_acc), AJ_OK);
+    CHECK_STATUS(ctx, aj_device_copy_from(dev, lse, dlse, (size_t)VA_HQ * tq * sizeof *lse),
+                 AJ_OK);
+
+    ref_problem p;
+    memset(&p, 0, sizeof p);
+    p.B = VA_B;
+    p.Hq = VA_HQ;
+    p.Hkv = VA_HKV;
+    p.D = p.Dv = VA_D;
+    p.cu_q = cu_q;
+    p.cu_k = cu_k;
+    ref_forward(&p, qd, kd, vd, o_ref, lse_ref);
+    fwd_tolerance tol = fwd_tolerance_for(AJ_DTYPE_F32);
+    double err_o = 0, err_lse = 0;
+    int empty_rows = 0, exact = 1;
+    for (int h = 0; h < VA_HQ; h++)
+        for (int t = 0; t < tq; t++) {
+            double lr = lse_ref[h * tq + t], lg = lse[h * tq + t];
+            int empty = isinf(lr) && lr < 0;
+            empty_rows += empty;
+            if (empty)
+                exact &= isinf(lg) && lg < 0;
+            else
+                err_lse = fmax(err_lse, fabs(lg - lr) / (tol.lse_atol + tol.lse_rtol * fabs(lr)));
+            for (int x = 0; x < VA_D; x++) {
+                size_t at = ((size_t)t * VA_HQ + (size_t)h) * VA_D + (size_t)x;
+                if (empty)
+                    exact &= o_acc[at] == 0.0f;
+                err_o = fmax(err_o, fabs(o_acc[at] - o_ref[at]) /
+                                    (tol.o_atol + tol.o_rtol * fabs(o_ref[at])));
+            }
+        }
+    cases_run++;
+    CHECK_MSG(err_o <= 1.0, "varlen accumulate: O error %.3g x tolerance", err_o);
+    CHECK_MSG(err_lse <= 1.0, "varlen accumulate: LSE error %.3g x tolerance", err_lse);
+    CHECK_MSG(exact, "varlen accumulate: a row without keys is not O = 0, LSE = -inf");
+    CHECK_MSG(empty_rows == 7 * VA_HQ, "varlen accumulate: %d rows without keys, want %d",
+              empty_rows, 7 * VA_HQ);
+    printf("%-58s O %.3f LSE %.3f empty rows %4d\n", "f32 d32 varlen accumulate, 2 key halves",
+           err_o, err_lse, empty_rows);
+    void *const bufs[4] = {dq, dacc, dlse, dcu_q};
+    for (int i = 0; i < 4; i++)
+        aj_device_free(dev, bufs[i]);
+    aj_kernel_destroy(kernel);
+    free(q);
+    free(k);
+    free(v);
+    free(part_k);
+    free(part_v);
+    free(o_acc);
+    free(lse);
+    free(qd);
+    free(kd);
+    free(vd);
+    free(o_ref);
+    free(lse_ref);
+}
+
 /* the cheap target takes longer sequences than sim can */
 static void test_long(void)
 {
@@ -281,6 +502,8 @@ int main(void)
     test_magnitude();
     test_variants();
     test_bias_dropout();
+    test_varlen();
+    test_varlen_accumulate();
     test_long();
     printf("%d cases\n", cases_run);
     fwd_cache_clear();
