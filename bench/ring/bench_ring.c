@@ -3,7 +3,7 @@
  * compute.
  *
  *   mpirun -np P bench_ring [--len L[,L...]] [--heads H] [--dim D]
- *                           [--tflops T[,T...]] [--workers N]
+ *                           [--tflops T[,T...]] [--workers N] [--device cpu|sim]
  *
  * Part 1, measured on this machine's CPU ranks: a ring forward (p2p) per
  * per-rank length L, no mask (contiguous) and causal (zigzag), each run
@@ -170,6 +170,7 @@ int main(int argc, char **argv)
     MPI_Comm_size(MPI_COMM_WORLD, &size);
     double lens[MAX_LIST] = {64, 256}, tflops[MAX_LIST] = {25, 100, 400};
     int nl = 2, nt = 3, heads = 2, dim = 64, workers = 1;
+    aj_device_kind kind = AJ_DEVICE_CPU;
     for (int i = 1; i + 1 < argc; i += 2) {
         if (strcmp(argv[i], "--len") == 0)
             nl = parse_list(argv[i + 1], lens);
@@ -181,13 +182,15 @@ int main(int argc, char **argv)
             dim = atoi(argv[i + 1]);
         else if (strcmp(argv[i], "--workers") == 0)
             workers = atoi(argv[i + 1]);
+        else if (strcmp(argv[i], "--device") == 0)
+            kind = strcmp(argv[i + 1], "sim") == 0 ? AJ_DEVICE_SIM : AJ_DEVICE_CPU;
     }
     aj_ctx *ctx = NULL;
     aj_device *dev = NULL;
     aj_comm *comm = NULL;
     aj_comm_config cc = AJ_COMM_CONFIG_INIT;
     int failed = aj_ctx_create(NULL, &ctx) != AJ_OK ||
-                 aj_device_open(ctx, AJ_DEVICE_SIM, 0, &dev) != AJ_OK ||
+                 aj_device_open(ctx, kind, 0, &dev) != AJ_OK ||
                  aj_device_set_workers(dev, workers) != AJ_OK ||
                  aj_comm_create(ctx, dev, &cc, &comm) != AJ_OK;
     if (failed)
