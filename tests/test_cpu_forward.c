@@ -1,13 +1,13 @@
 /*
- * test_cpu_forward.c -- the cpu target's forward kernel against the float64
- * reference: the sim matrix (dtype x head dim x mask, lengths, GQA,
- * offsets and empty rows, magnitudes, head_dim_v, score mods, strides,
- * schedules), both variants, longer sequences (S up to 2048), layout =
- * varlen (sequences of very different lengths, empty ones, masks per
- * sequence, GQA, alibi, dropout, totals), and the same bits from 1, 2 or
- * 3 threads.  Tolerances as sim's (sim_harness.c),
- * which the polynomial exp2 (relative error < 1.2e-7) meets.  About 20 s
- * on one core.
+ * test_cpu_forward.c -- what the cpu target's forward adds to the matrix it
+ * shares with sim (`test_sim_forward cpu`, ctest's
+ * test_cpu_forward_matrix): the cpu's own schedules and odd output widths,
+ * both variants, bias and dropout, longer sequences (S up to 2048), layout
+ * = varlen (sequences of very different lengths, empty ones, masks per
+ * sequence, GQA, alibi, dropout, totals, accumulate), and the same bits
+ * from 1, 2 or 3 threads, against the float64 reference.  Tolerances as
+ * sim's (sim_harness.c), which the polynomial exp2 (relative error
+ * < 1.2e-7) meets.
  */
 #include <math.h>
 #include <stdio.h>
@@ -70,116 +70,6 @@ static fwd_case base(const char *label, aj_dtype dtype, int d, const char *mask)
     c.magnitude = 1.0;
     c.seed = 42;
     return c;
-}
-
-/* dtype x head dim x mask, GQA 2:1, Sq != Sk with tails, both variants */
-static void test_matrix(void)
-{
-    static const aj_dtype dtypes[] = {AJ_DTYPE_F16, AJ_DTYPE_BF16, AJ_DTYPE_F32};
-    static const int dims[] = {32, 64, 96, 128, 256};
-    static const char *const masks[] = {"none", "causal(top_left)", "causal(bottom_right)",
-                                        "window(20, 5, bottom_right)"};
-    char label[128];
-    for (int t = 0; t < 3; t++)
-        for (int d = 0; d < 5; d++)
-            for (int m = 0; m < 4; m++) {
-                const char *variant = (t + d + m) % 2 ? "flash" : "efficient";
-                snprintf(label, sizeof label, "%s %s d%d %s", variant,
-                         aj_dtype_name(dtypes[t]), dims[d], masks[m]);
-                fwd_case c = base(label, dtypes[t], dims[d], masks[m]);
-                c.seed = (uint64_t)(t * 100 + d * 10 + m + 1);
-                run_variant(&c, NULL, variant);
-            }
-}
-
-/* lengths 1, 17, 127, 129, 300 on both sides, both causal alignments */
-static void test_lengths(void)
-{
-    static const int lens[] = {1, 17, 127, 129, 300};
-    char label[128];
-    for (int i = 0; i < 5; i++)
-        for (int j = 0; j < 5; j++) {
-            const char *mask = (i + j) % 2 ? "causal(bottom_right)" : "causal(top_left)";
-            snprintf(label, sizeof label, "f16 d64 Sq %d Sk %d %s", lens[i], lens[j], mask);
-            fwd_case c = base(label, AJ_DTYPE_F16, 64, mask);
-            c.sq = lens[i];
-            c.sk = lens[j];
-            c.seed = (uint64_t)(i * 5 + j + 7);
-            run(&c);
-        }
-}
-
-static void test_gqa(void)
-{
-    static const int ratios[][2] = {{4, 4}, {4, 2}, {8, 2}, {8, 1}};
-    char label[128];
-    for (int i = 0; i < 4; i++) {
-        snprintf(label, sizeof label, "bf16 d64 GQA Hq %d Hkv %d, batch 2", ratios[i][0],
-                 ratios[i][1]);
-        fwd_case c = base(label, AJ_DTYPE_BF16, 64, "causal(bottom_right)");
-        c.hq = ratios[i][0];
-        c.hkv = ratios[i][1];
-        c.b = 2;
-        c.sq = 40;
-        c.sk = 72;
-        run(&c);
-    }
-}
-
-/* global positions: a shard of a longer sequence masks as the whole would */
-static void test_offsets_and_empty_rows(void)
-{
-    fwd_case c = base("f32 d64 causal, q_offset 300 kv_offset 256", AJ_DTYPE_F32, 64,
-                      "causal(top_left)");
-    c.q_offset = 300;
-    c.kv_offset = 256;
-    run(&c);
-
-    c = base("f16 d64 causal, queries before every key: all rows empty", AJ_DTYPE_F16, 64,
-             "causal(top_left)");
-    c.kv_offset = 1000;
-    run(&c);
-
-    c = base("bf16 d128 bottom_right Sq 100 > Sk 40: leading rows empty", AJ_DTYPE_BF16, 128,
-             "causal(bottom_right)");
-    c.sq = 100;
-    c.sk = 40;
-    run(&c);
-
-    c = base("f16 d64 bottom_right with totals (shard of 4096 x 4096)", AJ_DTYPE_F16, 64,
-             "causal(bottom_right)");
-    c.q_offset = 2048;
-    c.kv_offset = 1024;
-    c.sq_total = 4096;
-    c.sk_total = 4096;
-    run(&c);
-
-    c = base("f32 d32 window(8, 8) at offsets around 2^40", AJ_DTYPE_F32, 32, "window(8, 8)");
-    c.q_offset = (int64_t)1 << 40;
-    c.kv_offset = ((int64_t)1 << 40) + 30;
-    run(&c);
-
-    c = base("f16 d64 window, negative offsets", AJ_DTYPE_F16, 64, "window(10, 3, bottom_right)");
-    c.q_offset = -50;
-    c.kv_offset = -70;
-    run(&c);
-
-    c = base("f16 d64 Sk = 0: every row empty", AJ_DTYPE_F16, 64, "none");
-    c.sk = 0;
-    run(&c);
-}
-
-static void test_magnitude(void)
-{
-    fwd_case c = base("f16 d64 scores ~1e4", AJ_DTYPE_F16, 64, "none");
-    c.magnitude = 100.0;
-    run(&c);
-    c = base("bf16 d128 scores ~1e4, causal", AJ_DTYPE_BF16, 128, "causal(top_left)");
-    c.magnitude = 100.0;
-    run(&c);
-    c = base("f32 d64 scores ~1e4, window", AJ_DTYPE_F32, 64, "window(16, 0)");
-    c.magnitude = 100.0;
-    run(&c);
 }
 
 static void test_variants(void)
@@ -495,11 +385,6 @@ int main(void)
         return check_report();
     CHECK(aj_device_target(dev) == AJ_TARGET_CPU);
     printf("device %s\n", aj_device_name(dev));
-    test_matrix();
-    test_lengths();
-    test_gqa();
-    test_offsets_and_empty_rows();
-    test_magnitude();
     test_variants();
     test_bias_dropout();
     test_varlen();

@@ -8,6 +8,9 @@
  * reference (f32 2e-5 + 5e-5, f16 1e-3 + 2e-3, bf16 8e-3 + 1.6e-2: the
  * output's own rounding dominates), LSE within 1e-4 + 1e-5 |ref|; rows that
  * see no key must give exactly O = 0 and LSE = -inf.
+ *
+ * `test_sim_forward cpu` runs the same matrix on the cpu device (ctest's
+ * test_cpu_forward_matrix); test_cpu_forward adds what is the cpu's own.
  */
 #include <stdio.h>
 #include <string.h>
@@ -18,10 +21,13 @@
 static aj_ctx *ctx;
 static aj_device *dev;
 static int cases_run;
+/* `test_sim_forward cpu` runs the same cases on the cpu device, where one
+ * kernel serves both variants: the matrix then alternates them */
+static int on_cpu;
 
-static void run(const fwd_case *c)
+static void run_variant(const fwd_case *c, const char *variant)
 {
-    fwd_result r = fwd_run_case(ctx, dev, c);
+    fwd_result r = fwd_run_case_variant(ctx, dev, c, NULL, variant);
     cases_run++;
     CHECK_MSG(r.status == AJ_OK, "%s: %s (%s)", c->label, aj_status_str(r.status),
               aj_last_error(ctx));
@@ -53,6 +59,11 @@ static fwd_case base(const char *label, aj_dtype dtype, int d, const char *mask)
     return c;
 }
 
+static void run(const fwd_case *c)
+{
+    run_variant(c, NULL);
+}
+
 /* dtype x head dim x mask, GQA 2:1, Sq != Sk with tails */
 static void test_matrix(void)
 {
@@ -64,11 +75,12 @@ static void test_matrix(void)
     for (int t = 0; t < 3; t++)
         for (int d = 0; d < 5; d++)
             for (int m = 0; m < 4; m++) {
-                snprintf(label, sizeof label, "%s d%d %s", aj_dtype_name(dtypes[t]), dims[d],
-                         masks[m]);
+                const char *variant = on_cpu && (t + d + m) % 2 ? "flash" : "efficient";
+                snprintf(label, sizeof label, "%s %s d%d %s", variant, aj_dtype_name(dtypes[t]),
+                         dims[d], masks[m]);
                 fwd_case c = base(label, dtypes[t], dims[d], masks[m]);
                 c.seed = (uint64_t)(t * 100 + d * 10 + m + 1);
-                run(&c);
+                run_variant(&c, variant);
             }
 }
 
@@ -200,10 +212,12 @@ static void test_variants(void)
     run(&c);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+    on_cpu = argc > 1 && strcmp(argv[1], "cpu") == 0;
     CHECK(aj_ctx_create(NULL, &ctx) == AJ_OK);
-    CHECK_STATUS(ctx, aj_device_open(ctx, AJ_DEVICE_SIM, 0, &dev), AJ_OK);
+    CHECK_STATUS(ctx, aj_device_open(ctx, on_cpu ? AJ_DEVICE_CPU : AJ_DEVICE_SIM, 0, &dev),
+                 AJ_OK);
     if (!dev)
         return check_report();
     test_matrix();
@@ -211,7 +225,8 @@ int main(void)
     test_gqa();
     test_offsets_and_empty_rows();
     test_magnitude();
-    test_variants();
+    if (!on_cpu)   /* warps and SIMT schedules; test_cpu_forward has the cpu's own */
+        test_variants();
     printf("%d cases\n", cases_run);
     fwd_cache_clear();
     aj_device_close(dev);
