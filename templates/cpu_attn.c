@@ -63,6 +63,23 @@ aj_status aj_cpu_check_layout(aj_ctx *ctx, const aj_op *op, const char *who)
     return aj_attn_check_dims(ctx, op, who);
 }
 
+aj_status aj_cpu_plan_tiles(aj_ctx *ctx, const aj_op *op, const char *who, int w, int default_bm,
+                            int *bm, int *bn)
+{
+    const aj_schedule *s = &op->schedule;
+    if (s->warps != 0 || s->stages != 0)
+        return aj_fail(ctx, AJ_ERR_UNSUPPORTED, "schedule %s = %d: the cpu target has no "
+                       "warps or pipeline stages (leave them unset)",
+                       s->warps ? "warps" : "stages", s->warps ? s->warps : s->stages);
+    /* the verifier allows powers of two 16..256: multiples of RM, each */
+    *bm = s->block_m ? s->block_m : default_bm;
+    *bn = s->block_n ? s->block_n : 64 > CN * w ? 64 : CN * w;
+    if (*bn % (CN * w))
+        return aj_fail(ctx, AJ_ERR_UNSUPPORTED, "schedule block_n = %d: the %s needs a "
+                       "multiple of %d on this host (%d-float vectors)", *bn, who, CN * w, w);
+    return AJ_OK;
+}
+
 void aj_cpu_add_seq_params(aj_kb *kb, const aj_op *op)
 {
     if (op->layout == AJ_LAYOUT_VARLEN) {

@@ -41,6 +41,12 @@ typedef struct aj_cpu_seq {
  * but no bias with varlen (no template defines a bias over packed
  * sequences: the flash ones have no bias, the efficient ones no varlen). */
 aj_status aj_cpu_check_layout(aj_ctx *ctx, const aj_op *op, const char *who);
+/* The tiles of the cpu kernel `who` on w-float vectors: block_m (default_bm
+ * when the schedule leaves it unset) and block_n (a multiple of CN vectors,
+ * default 64 or one such multiple); warps and stages, which the cpu target
+ * does not have, are AJ_ERR_UNSUPPORTED. */
+aj_status aj_cpu_plan_tiles(aj_ctx *ctx, const aj_op *op, const char *who, int w, int default_bm,
+                            int *bm, int *bn);
 /* The parameters aj_cpu_seq_of reads, for the op's layout. */
 void aj_cpu_add_seq_params(aj_kb *kb, const aj_op *op);
 void aj_cpu_seq_of(aj_kb *kb, const aj_op *op, LLVMValueRef bidx, aj_cpu_seq *s);

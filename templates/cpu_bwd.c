@@ -62,19 +62,7 @@ static aj_status plan_kernel(aj_ctx *ctx, const aj_op *op, cbwd_plan *p)
     p->d = op->head_dim;
     p->dv = aj_op_dv(op);
     p->w = aj_cpu_vector_width();
-    const aj_schedule *s = &op->schedule;
-    if (s->warps != 0 || s->stages != 0)
-        return aj_fail(ctx, AJ_ERR_UNSUPPORTED, "schedule %s = %d: the cpu target has no "
-                       "warps or pipeline stages (leave them unset)",
-                       s->warps ? "warps" : "stages", s->warps ? s->warps : s->stages);
-    /* the verifier allows powers of two 16..256: multiples of RM, each */
-    p->bm = s->block_m ? s->block_m : 64;
-    p->bn = s->block_n ? s->block_n : 64 > CN * p->w ? 64 : CN * p->w;
-    if (p->bn % (CN * p->w))
-        return aj_fail(ctx, AJ_ERR_UNSUPPORTED, "schedule block_n = %d: the cpu backward "
-                       "needs a multiple of %d on this host (%d-float vectors)", p->bn,
-                       CN * p->w, p->w);
-    return AJ_OK;
+    return aj_cpu_plan_tiles(ctx, op, "cpu backward", p->w, 64, &p->bm, &p->bn);
 }
 
 static aj_status cbwd_check(aj_ctx *ctx, const aj_op *op, aj_target target)
