@@ -3,6 +3,7 @@
  */
 #include "codegen/kbuilder.h"
 
+#include <llvm-c/DebugInfo.h>
 #include <llvm-c/Target.h>
 
 #include <math.h>
@@ -275,6 +276,29 @@ LLVMValueRef aj_kb_for_begin(aj_kb *kb, LLVMValueRef begin, LLVMValueRef end,
     return s->var;
 }
 
+void aj_kb_loop_no_unroll(aj_kb *kb)
+{
+    struct aj_kb_scope *s = top_scope(kb, 1);
+    if (s)
+        s->no_unroll = 1;
+}
+
+/* !llvm.loop !0 on the back edge, !0 = distinct !{!0, !{"llvm.loop.unroll.disable"}}:
+ * the loop ID refers to itself, so it is made through a temporary node. */
+static void mark_no_unroll(aj_kb *kb, LLVMValueRef back_edge)
+{
+    static const char disable[] = "llvm.loop.unroll.disable";
+    LLVMMetadataRef tmp = LLVMTemporaryMDNode(kb->llctx, NULL, 0);
+    LLVMMetadataRef hint = LLVMMDStringInContext2(kb->llctx, disable, sizeof disable - 1);
+    LLVMMetadataRef hint_node = LLVMMDNodeInContext2(kb->llctx, &hint, 1);
+    LLVMMetadataRef ops[2] = {tmp, hint_node};
+    LLVMMetadataRef id = LLVMMDNodeInContext2(kb->llctx, ops, 2);
+    LLVMMetadataReplaceAllUsesWith(tmp, id);
+    static const char kind[] = "llvm.loop";
+    LLVMSetMetadata(back_edge, LLVMGetMDKindIDInContext(kb->llctx, kind, sizeof kind - 1),
+                    LLVMMetadataAsValue(kb->llctx, id));
+}
+
 void aj_kb_for_end(aj_kb *kb)
 {
     struct aj_kb_scope *s = top_scope(kb, 1);
@@ -284,7 +308,9 @@ void aj_kb_for_end(aj_kb *kb)
     LLVMPositionBuilderAtEnd(kb->b, s->latch);
     LLVMValueRef next = LLVMBuildNSWAdd(kb->b, s->var, s->step, "");
     LLVMAddIncoming(s->var, &next, &s->latch, 1);
-    LLVMBuildBr(kb->b, s->head);
+    LLVMValueRef back = LLVMBuildBr(kb->b, s->head);
+    if (s->no_unroll)
+        mark_no_unroll(kb, back);
     LLVMPositionBuilderAtEnd(kb->b, s->exit);
     kb->depth--;
 }

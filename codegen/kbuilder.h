@@ -108,6 +108,7 @@ typedef struct aj_kb {
     /* structured control flow: a stack of open loops and ifs */
     struct aj_kb_scope {
         int is_loop;
+        int no_unroll;      /* aj_kb_loop_no_unroll */
         LLVMBasicBlockRef head, body, latch, exit, else_bb;
         LLVMValueRef var, end, step;
     } scopes[AJ_KB_MAX_NEST];
@@ -179,6 +180,9 @@ void aj_kb_set(aj_kb *kb, LLVMValueRef var, LLVMValueRef value);
  * type of begin).  The body is emitted between begin and end calls. */
 LLVMValueRef aj_kb_for_begin(aj_kb *kb, LLVMValueRef begin, LLVMValueRef end,
                              LLVMValueRef step, const char *name);
+/* Asks that the innermost open loop stay a loop: neither LLVM nor ptxas
+ * (`.pragma "nounroll"`) unrolls it. */
+void aj_kb_loop_no_unroll(aj_kb *kb);
 void aj_kb_for_end(aj_kb *kb);
 /* if (cond) { ... } [else { ... }] */
 void aj_kb_if_begin(aj_kb *kb, LLVMValueRef cond);

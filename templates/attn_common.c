@@ -28,6 +28,34 @@ aj_status aj_attn_check_dims(aj_ctx *ctx, const aj_op *op, const char *who)
     return AJ_OK;
 }
 
+/* The op's schedule with its unset fields taken from `dflt`. */
+static aj_schedule complete_schedule(const aj_schedule *given, const aj_schedule *dflt)
+{
+    aj_schedule s = *given;
+    if (!s.block_m)
+        s.block_m = dflt->block_m;
+    if (!s.block_n)
+        s.block_n = dflt->block_n;
+    if (!s.warps)
+        s.warps = dflt->warps;
+    if (!s.stages)
+        s.stages = dflt->stages;
+    return s;
+}
+
+aj_status aj_attn_plan_schedule(aj_ctx *ctx, const aj_op *op, aj_target target,
+                                const aj_schedule *candidates, int n, aj_attn_plan_fn plan,
+                                void *out)
+{
+    for (int i = 0; i < n; i++) {
+        aj_schedule s = complete_schedule(&op->schedule, &candidates[i]);
+        if (plan(NULL, op, target, &s, out) == AJ_OK)
+            return AJ_OK;
+    }
+    aj_schedule first = complete_schedule(&op->schedule, &candidates[0]);
+    return plan(ctx, op, target, &first, out);
+}
+
 LLVMValueRef aj_attn_slice_base(aj_kb *kb, const char *t, LLVMValueRef b, LLVMValueRef h)
 {
     char sb[32], sh[32];

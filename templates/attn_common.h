@@ -18,6 +18,23 @@ aj_status aj_attn_check_layout_and_dims(aj_ctx *ctx, const aj_op *op, const char
  * take both layouts. */
 aj_status aj_attn_check_dims(aj_ctx *ctx, const aj_op *op, const char *who);
 
+/*
+ * The default-schedule rule of the GPU templates.  `plan` is a template's
+ * model of one concrete schedule (registers, shared memory, tiling): it
+ * fills the template's plan struct and returns AJ_OK, or
+ * AJ_ERR_UNSUPPORTED with a message naming the limit (into ctx; ctx may
+ * be NULL to probe).  aj_attn_plan_schedule completes the op's schedule
+ * (its fields left at 0) from each of `candidates` in turn, in the
+ * template's order of preference, and keeps the first one `plan` accepts,
+ * so a default is by construction a schedule the template's own check
+ * takes.  When none is accepted it reports the first candidate's refusal.
+ */
+typedef aj_status (*aj_attn_plan_fn)(aj_ctx *ctx, const aj_op *op, aj_target target,
+                                     const aj_schedule *s, void *plan);
+aj_status aj_attn_plan_schedule(aj_ctx *ctx, const aj_op *op, aj_target target,
+                                const aj_schedule *candidates, int n, aj_attn_plan_fn plan,
+                                void *out);
+
 /* Element offset (i64) of slice (b, h) of the tensor whose batch and head
  * strides are the kernel parameters stride_<t>_b and stride_<t>_h. */
 LLVMValueRef aj_attn_slice_base(aj_kb *kb, const char *t, LLVMValueRef b, LLVMValueRef h);

@@ -39,7 +39,9 @@
  *   grid = (ceil(Sq / block_m), Hq, B)
  *
  * Both kernels: threads form R = T / G row groups of G lanes; G divides
- * the columns of each tile (block_m or block_n, D / 4, Dv / 4).  Rows that
+ * the score columns of each tile (block_m or block_n) and, where it can
+ * (group_lanes), D / 4 and Dv / 4; otherwise the last 4-wide chunks of a
+ * head dim belong to only some lanes.  Rows that
  * see no key get zero gradients; keys no row sees get dK = dV = 0.
  * Masks use the forward's i32 bound scheme (offsets clamped to +-2^30).
  *
@@ -80,54 +82,72 @@
 typedef struct ebwd_plan {
     aj_dtype dtype;
     int d, dv;
+    int wd, wdv;   /* D and Dv rounded up to whole 4G-column chunks */
     int bm, bn, warps, threads;
     int g, r;
 } ebwd_plan;
 
 static int max_i(int a, int b) { return a > b ? a : b; }
 
-/* Lanes per row group: the widest that splits both tiles' score columns
- * and both head dims' 4-wide chunks evenly. */
+/* Lanes per row group.  The widest that splits both tiles' score columns
+ * and both head dims' 4-wide chunks evenly; where that leaves a lane more
+ * than 16 columns of a head dim (odd multiples of 8 past 64), the widest
+ * that splits the score columns and still gives every lane a chunk of the
+ * wider head dim: the last chunks are then owned by only some lanes (the
+ * shared-memory tiles are padded to whole chunks, the stores skip the pad
+ * columns). */
 static int group_lanes(int bm, int bn, int d, int dv)
 {
     int g = 16;
     while (g > 1 && (bm % g != 0 || bn % g != 0 || d % (4 * g) != 0 || dv % (4 * g) != 0))
         g /= 2;
+    if (max_i(d, dv) / g <= 16)
+        return g;
+    g = 16;
+    while (g > 1 && (bm % g != 0 || bn % g != 0 || 4 * g > max_i(d, dv)))
+        g /= 2;
     return g;
 }
 
+static int round_up(int x, int step)
+{
+    return (x + step - 1) / step * step;
+}
+
 /* Registers of per-thread state of each kernel (dkdv: rows are keys,
- * columns queries; dq: rows are queries, columns keys). */
-static int dkdv_regs(const ebwd_plan *p)
+ * columns queries; dq: rows are queries, columns keys), each score
+ * element a thread owns counting `per_elem` more for its option work. */
+static int dkdv_regs(const ebwd_plan *p, int per_elem)
 {
     int rk = p->bn / p->r, cq = p->bm / p->g;
-    return rk * (p->d / p->g + p->dv / p->g + 2 * cq) + 4 * (rk + cq);
+    return rk * (p->wd / p->g + p->wdv / p->g + (2 + per_elem) * cq) + 4 * (rk + cq);
 }
 
-static int dq_regs(const ebwd_plan *p)
+static int dq_regs(const ebwd_plan *p, int per_elem)
 {
     int rm = p->bm / p->r, cn = p->bn / p->g;
-    return rm * (p->d / p->g + 2 * cn + 2) + 4 * (rm + cn);
+    return rm * (p->wd / p->g + (2 + per_elem) * cn + 2) + 4 * (rm + cn);
 }
 
-/* Defaults: 32 x 32 tiles on 4 warps; past head dim 128, 16 keys per
- * block on 8 warps keep the dK and dV accumulators (one key row per
- * thread) and dQ's (two query rows) clear of spills. */
-static aj_status plan_kernel(aj_ctx *ctx, const aj_op *op, aj_target target, ebwd_plan *p)
+/* Bias (its load, dbias) and dropout (Philox) keep about two more values
+ * in flight per score element each. */
+static int option_regs_per_element(const aj_op *op)
 {
+    return 2 * (op->bias == AJ_BIAS_ADD) + 2 * (op->dropout > 0);
+}
+
+/* The template's model of one schedule (aj_attn_plan_fn). */
+static aj_status plan_schedule(aj_ctx *ctx, const aj_op *op, aj_target target,
+                               const aj_schedule *s, void *out)
+{
+    ebwd_plan *p = out;
     memset(p, 0, sizeof *p);
     p->dtype = op->dtype;
     p->d = op->head_dim;
     p->dv = aj_op_dv(op);
-    const aj_schedule *s = &op->schedule;
-    p->bm = s->block_m ? s->block_m : 32;
-    p->bn = s->block_n ? s->block_n : max_i(p->d, p->dv) > 128 ? 16 : 32;
-    p->g = group_lanes(p->bm, p->bn, p->d, p->dv);
-    p->warps = s->warps ? s->warps : max_i(p->d, p->dv) > 128 ? 8 : 4;
-    if (!s->warps)   /* every row group owns at least one row of each kernel */
-        while (p->warps > 1 && (p->bm % (p->warps * 32 / p->g) != 0 ||
-                                p->bn % (p->warps * 32 / p->g) != 0))
-            p->warps /= 2;
+    p->bm = s->block_m;
+    p->bn = s->block_n;
+    p->warps = s->warps;
     if (s->stages > 1)
         return aj_fail(ctx, AJ_ERR_UNSUPPORTED,
                        "schedule: stages = %d is not supported by efficient backward "
@@ -140,6 +160,9 @@ static aj_status plan_kernel(aj_ctx *ctx, const aj_op *op, aj_target target, ebw
         return aj_fail(ctx, AJ_ERR_UNSUPPORTED,
                        "schedule: efficient backward supports block_m and block_n up to 128 "
                        "and up to 8 warps (got %d, %d, %d)", p->bm, p->bn, p->warps);
+    p->g = group_lanes(p->bm, p->bn, p->d, p->dv);
+    p->wd = round_up(p->d, 4 * p->g);
+    p->wdv = round_up(p->dv, 4 * p->g);
     p->threads = p->warps * 32;
     p->r = p->threads / p->g;
     if (p->bm % p->r != 0 || p->bn % p->r != 0)
@@ -147,16 +170,17 @@ static aj_status plan_kernel(aj_ctx *ctx, const aj_op *op, aj_target target, ebw
                        "schedule: block_m = %d and block_n = %d must be multiples of the %d "
                        "row groups of %d warps at head_dim %d/%d", p->bm, p->bn, p->r,
                        p->warps, p->d, p->dv);
-    int regs = max_i(dkdv_regs(p), dq_regs(p));
+    int per_elem = option_regs_per_element(op);
+    int regs = max_i(dkdv_regs(p, per_elem), dq_regs(p, per_elem));
     if (p->bn / p->r > MAX_ROWS || p->bm / p->r > MAX_ROWS || p->bm / p->g > MAX_COLS ||
-        p->bn / p->g > MAX_COLS || max_i(p->d, p->dv) / p->g > MAX_OUT || regs > REG_BUDGET)
+        p->bn / p->g > MAX_COLS || max_i(p->wd, p->wdv) / p->g > MAX_OUT || regs > REG_BUDGET)
         return aj_fail(ctx, AJ_ERR_UNSUPPORTED,
                        "schedule: block_m = %d, block_n = %d, warps = %d needs about %d "
                        "registers of state per thread at head_dim %d/%d (budget %d); "
                        "use smaller tiles or more warps", p->bm, p->bn, p->warps, regs,
                        p->d, p->dv, REG_BUDGET);
     /* dkdv holds the most: K, V, Q, dO, P^T, dS^T and the row statistics */
-    int64_t floats = (int64_t)(p->bn + p->bm) * (p->d + 4 + p->dv + 4) +
+    int64_t floats = (int64_t)(p->bn + p->bm) * (p->wd + 4 + p->wdv + 4) +
                      2 * (int64_t)p->bn * (p->bm + 4) + 2 * p->bm;
     if (4 * floats > aj_target_smem_limit(target))
         return aj_fail(ctx, AJ_ERR_UNSUPPORTED,
@@ -165,6 +189,22 @@ static aj_status plan_kernel(aj_ctx *ctx, const aj_op *op, aj_target target, ebw
                        (long long)(4 * floats), p->d, p->dv, aj_target_name(target),
                        aj_target_smem_limit(target));
     return AJ_OK;
+}
+
+/* Schedules in order of preference: 32 x 32 tiles on 4 warps; past head
+ * dim 128, 16 keys per block on 8 warps keep the dK and dV accumulators
+ * (one key row per thread) and dQ's (two query rows) clear of spills;
+ * smaller tiles and fewer warps where a lane owns more columns or more
+ * option work. */
+static aj_status plan_kernel(aj_ctx *ctx, const aj_op *op, aj_target target, ebwd_plan *p)
+{
+    int wide = max_i(op->head_dim, aj_op_dv(op)) > 128;
+    const aj_schedule candidates[] = {
+        {32, wide ? 16 : 32, wide ? 8 : 4, 1}, {32, 32, 2, 1}, {32, 16, 4, 1}, {16, 16, 2, 1},
+        {32, 32, 1, 1}, {16, 16, 1, 1}, {8, 8, 1, 1},
+    };
+    return aj_attn_plan_schedule(ctx, op, target, candidates,
+                                 (int)(sizeof candidates / sizeof candidates[0]), plan_schedule, p);
 }
 
 static aj_status ebwd_check(aj_ctx *ctx, const aj_op *op, aj_target target)
@@ -355,6 +395,11 @@ static void block_range(ebwd *e, LLVMValueRef lo, LLVMValueRef hi, int per,
 /*
  * acc[k][t] = sum_x A[arow[k]][x] * B[bcol[t]][x] over x < width, both
  * tiles f32 in shared memory with pitches lda and ldb.
+ *
+ * The loop over x takes 8 columns a trip (two 4-wide loads per row; head
+ * dims are multiples of 8) and is kept a loop: unrolled further, ptxas
+ * keeps every trip's loads in flight and runs out of registers (spills at
+ * 255 with bias and dropout), where the loop needs ~60% of them.
  */
 static void emit_dots(ebwd *e, LLVMValueRef acc[MAX_ROWS][MAX_COLS], int nr,
                       const LLVMValueRef *arow, int32_t a_smem, int lda, int nc,
@@ -365,25 +410,29 @@ static void emit_dots(ebwd *e, LLVMValueRef acc[MAX_ROWS][MAX_COLS], int nr,
     for (int k = 0; k < nr; k++)
         for (int t = 0; t < nc; t++)
             aj_kb_set(kb, acc[k][t], aj_kb_f32(kb, 0));
-    LLVMValueRef x4 = aj_kb_for_begin(kb, i32c(e, 0), i32c(e, width / 4), i32c(e, 1), "x4");
-    LLVMValueRef col = LLVMBuildShl(b, x4, i32c(e, 2), "");
-    LLVMValueRef av[MAX_ROWS], bv[MAX_COLS];
-    for (int k = 0; k < nr; k++)
-        av[k] = aj_smem_load4(kb, a_smem, LLVMBuildAdd(b, LLVMBuildMul(b, arow[k],
-                              i32c(e, lda), ""), col, ""));
-    for (int t = 0; t < nc; t++)
-        bv[t] = aj_smem_load4(kb, b_smem, LLVMBuildAdd(b, LLVMBuildMul(b, bcol[t],
-                              i32c(e, ldb), ""), col, ""));
-    for (int k = 0; k < nr; k++)
-        for (int t = 0; t < nc; t++) {
-            LLVMValueRef a = aj_kb_get(kb, acc[k][t]);
-            for (int c = 0; c < 4; c++) {
-                LLVMValueRef idx = i32c(e, c);
-                a = aj_kb_fma(kb, LLVMBuildExtractElement(b, av[k], idx, ""),
-                              LLVMBuildExtractElement(b, bv[t], idx, ""), a);
+    LLVMValueRef x8 = aj_kb_for_begin(kb, i32c(e, 0), i32c(e, width / 8), i32c(e, 1), "x8");
+    aj_kb_loop_no_unroll(kb);
+    for (int half = 0; half < 2; half++) {
+        LLVMValueRef col = LLVMBuildAdd(b, LLVMBuildShl(b, x8, i32c(e, 3), ""),
+                                        i32c(e, 4 * half), "");
+        LLVMValueRef av[MAX_ROWS], bv[MAX_COLS];
+        for (int k = 0; k < nr; k++)
+            av[k] = aj_smem_load4(kb, a_smem, LLVMBuildAdd(b, LLVMBuildMul(b, arow[k],
+                                  i32c(e, lda), ""), col, ""));
+        for (int t = 0; t < nc; t++)
+            bv[t] = aj_smem_load4(kb, b_smem, LLVMBuildAdd(b, LLVMBuildMul(b, bcol[t],
+                                  i32c(e, ldb), ""), col, ""));
+        for (int k = 0; k < nr; k++)
+            for (int t = 0; t < nc; t++) {
+                LLVMValueRef a = aj_kb_get(kb, acc[k][t]);
+                for (int c = 0; c < 4; c++) {
+                    LLVMValueRef idx = i32c(e, c);
+                    a = aj_kb_fma(kb, LLVMBuildExtractElement(b, av[k], idx, ""),
+                                  LLVMBuildExtractElement(b, bv[t], idx, ""), a);
+                }
+                aj_kb_set(kb, acc[k][t], a);
             }
-            aj_kb_set(kb, acc[k][t], a);
-        }
+    }
     aj_kb_for_end(kb);
 }
 
@@ -399,6 +448,7 @@ static void emit_accumulate(ebwd *e, LLVMValueRef out[MAX_ROWS][MAX_OUT], int nr
     LLVMBuilderRef b = e->b;
     int chunks = width / (4 * e->p.g);
     LLVMValueRef x4 = aj_kb_for_begin(kb, i32c(e, 0), i32c(e, len / 4), i32c(e, 1), "x4");
+    aj_kb_loop_no_unroll(kb);   /* as emit_dots: unrolled, ptxas spills */
     LLVMValueRef x0 = LLVMBuildShl(b, x4, i32c(e, 2), "");
     LLVMValueRef av[MAX_ROWS];
     for (int k = 0; k < nr; k++)
@@ -465,8 +515,15 @@ static void emit_row_stats(ebwd *e, LLVMValueRef ic, LLVMValueRef o_base, LLVMVa
     LLVMValueRef drow = LLVMBuildAdd(b, do_base, LLVMBuildMul(b, i64, stride_s(e, "do"), ""), "");
     LLVMValueRef lane_col = sext64(e, LLVMBuildShl(b, e->lane, i32c(e, 2), ""));
     LLVMValueRef sum = aj_kb_f32(kb, 0);
-    for (int u = 0; u < e->p.dv / (4 * e->p.g); u++) {
+    for (int u = 0; u < e->p.wdv / (4 * e->p.g); u++) {
         LLVMValueRef col = LLVMBuildAdd(b, lane_col, aj_kb_i64(kb, 4 * e->p.g * u), "");
+        /* a pad chunk past Dv reads the row's last chunk and adds nothing */
+        LLVMValueRef owned = NULL;
+        if (4 * e->p.g * (u + 1) > e->p.dv) {
+            owned = LLVMBuildICmp(b, LLVMIntSLT, col, aj_kb_i64(kb, e->p.dv), "");
+            col = LLVMBuildSelect(b, owned, col, aj_kb_i64(kb, e->p.dv - 4), "");
+        }
+        LLVMValueRef before = sum;
         LLVMValueRef ov = aj_global_load4(kb, prm(e, "o"), LLVMBuildAdd(b, orow, col, ""),
                                           e->p.dtype);
         LLVMValueRef dv = aj_global_load4(kb, prm(e, "do"), LLVMBuildAdd(b, drow, col, ""),
@@ -474,6 +531,8 @@ static void emit_row_stats(ebwd *e, LLVMValueRef ic, LLVMValueRef o_base, LLVMVa
         for (int x = 0; x < 4; x++)
             sum = aj_kb_fma(kb, LLVMBuildExtractElement(b, ov, i32c(e, x), ""),
                             LLVMBuildExtractElement(b, dv, i32c(e, x), ""), sum);
+        if (owned)
+            sum = LLVMBuildSelect(b, owned, sum, before, "");
     }
     *delta = aj_kb_group_sum(kb, sum, e->p.g);
     LLVMValueRef at = LLVMBuildMul(b, LLVMBuildAdd(b, lse_base, i64, ""), aj_kb_i64(kb, 4), "");
@@ -492,8 +551,12 @@ static void emit_store_row(ebwd *e, const char *t, LLVMValueRef base, LLVMValueR
     LLVMValueRef rowoff = LLVMBuildAdd(b, base, LLVMBuildMul(b, sext64(e, row), stride_s(e, t),
                                                              ""), "");
     LLVMValueRef lane_col = sext64(e, LLVMBuildShl(b, e->lane, i32c(e, 2), ""));
-    for (int u = 0; u < width / (4 * e->p.g); u++) {
+    for (int u = 0; u < (width + 4 * e->p.g - 1) / (4 * e->p.g); u++) {
         LLVMValueRef col = LLVMBuildAdd(b, lane_col, aj_kb_i64(kb, 4 * e->p.g * u), "");
+        /* a last chunk past the width holds pad columns: never stored */
+        int partial = 4 * e->p.g * (u + 1) > width;
+        if (partial)
+            aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntSLT, col, aj_kb_i64(kb, width), ""));
         LLVMValueRef vals[4];
         for (int x = 0; x < 4; x++) {
             vals[x] = aj_kb_get(kb, acc[4 * u + x]);
@@ -501,6 +564,8 @@ static void emit_store_row(ebwd *e, const char *t, LLVMValueRef base, LLVMValueR
                 vals[x] = LLVMBuildFMul(b, vals[x], aj_kb_f32(kb, mult), "");
         }
         aj_global_store4(kb, prm(e, t), LLVMBuildAdd(b, rowoff, col, ""), vals, e->p.dtype);
+        if (partial)
+            aj_kb_if_end(kb);
     }
     aj_kb_if_end(kb);
 }
@@ -550,8 +615,8 @@ static void build_dkdv(aj_kb *kb, const aj_op *op, const ebwd_plan *plan)
     setup(&e, kb, op, plan);
     const ebwd_plan *p = &e.p;
     LLVMBuilderRef b = kb->b;
-    int rk = p->bn / p->r, cq = p->bm / p->g, ldk = p->d + 4, ldv = p->dv + 4;
-    int ldq = p->d + 4, ldo = p->dv + 4, ldp = p->bm + 4;
+    int rk = p->bn / p->r, cq = p->bm / p->g, ldk = p->wd + 4, ldv = p->wdv + 4;
+    int ldq = p->wd + 4, ldo = p->wdv + 4, ldp = p->bm + 4;
     int32_t smem_k = aj_kb_smem_reserve(kb, 4 * p->bn * ldk);
     int32_t smem_v = aj_kb_smem_reserve(kb, 4 * p->bn * ldv);
     int32_t smem_q = aj_kb_smem_reserve(kb, 4 * p->bm * ldq);
@@ -567,9 +632,9 @@ static void build_dkdv(aj_kb *kb, const aj_op *op, const ebwd_plan *plan)
             s_acc[k][t] = aj_kb_var(kb, kb->t_f32, NULL, "s");
             dp_acc[k][t] = aj_kb_var(kb, kb->t_f32, NULL, "dp");
         }
-        for (int c = 0; c < p->d / p->g; c++)
+        for (int c = 0; c < p->wd / p->g; c++)
             dk[k][c] = zero_var(kb, "dk");
-        for (int c = 0; c < p->dv / p->g; c++)
+        for (int c = 0; c < p->wdv / p->g; c++)
             dv[k][c] = zero_var(kb, "dv");
     }
 
@@ -661,8 +726,8 @@ static void build_dkdv(aj_kb *kb, const aj_op *op, const ebwd_plan *plan)
             }
         }
         aj_kb_barrier(kb);   /* P^T and dS^T complete */
-        emit_accumulate(&e, dv, rk, keys, smem_p, ldp, p->bm, smem_do, ldo, p->dv);
-        emit_accumulate(&e, dk, rk, keys, smem_ds, ldp, p->bm, smem_q, ldq, p->d);
+        emit_accumulate(&e, dv, rk, keys, smem_p, ldp, p->bm, smem_do, ldo, p->wdv);
+        emit_accumulate(&e, dk, rk, keys, smem_ds, ldp, p->bm, smem_q, ldq, p->wd);
     }
     aj_kb_for_end(kb);
     aj_kb_for_end(kb);
@@ -694,7 +759,7 @@ static void build_dq(aj_kb *kb, const aj_op *op, const ebwd_plan *plan)
     const ebwd_plan *p = &e.p;
     LLVMBuilderRef b = kb->b;
     int rm = p->bm / p->r, cn = p->bn / p->g;
-    int ldq = p->d + 4, ldo = p->dv + 4, ldk = p->d + 4, ldv = p->dv + 4, lds = p->bn + 4;
+    int ldq = p->wd + 4, ldo = p->wdv + 4, ldk = p->wd + 4, ldv = p->wdv + 4, lds = p->bn + 4;
     int32_t smem_q = aj_kb_smem_reserve(kb, 4 * p->bm * ldq);
     int32_t smem_do = aj_kb_smem_reserve(kb, 4 * p->bm * ldo);
     int32_t smem_k = aj_kb_smem_reserve(kb, 4 * p->bn * ldk);
@@ -708,7 +773,7 @@ static void build_dq(aj_kb *kb, const aj_op *op, const ebwd_plan *plan)
             s_acc[k][t] = aj_kb_var(kb, kb->t_f32, NULL, "s");
             dp_acc[k][t] = aj_kb_var(kb, kb->t_f32, NULL, "dp");
         }
-        for (int c = 0; c < p->d / p->g; c++)
+        for (int c = 0; c < p->wd / p->g; c++)
             dq[k][c] = zero_var(kb, "dq");
     }
 
@@ -745,7 +810,7 @@ static void build_dq(aj_kb *kb, const aj_op *op, const ebwd_plan *plan)
         first = LLVMBuildICmp(b, LLVMIntEQ, x, zero, "first");
         aj_kb_barrier(kb);   /* the previous pair's readers of Q, dO, dS are done */
         for (int k = 0; k < rm; k++)
-            for (int c = 0; c < p->d / p->g; c++)
+            for (int c = 0; c < p->wd / p->g; c++)
                 aj_kb_set(kb, dq[k][c], aj_kb_f32(kb, 0));
     }
     LLVMValueRef hkv = LLVMBuildSDiv(b, h, group_size, "hkv");
@@ -818,7 +883,7 @@ static void build_dq(aj_kb *kb, const aj_op *op, const ebwd_plan *plan)
                     emit_dbias_add(&e, dbias_row[k], gi[k], j, ds, first);
             }
         aj_kb_barrier(kb);   /* dS complete */
-        emit_accumulate(&e, dq, rm, rows, smem_ds, lds, p->bn, smem_k, ldk, p->d);
+        emit_accumulate(&e, dq, rm, rows, smem_ds, lds, p->bn, smem_k, ldk, p->wd);
     }
     aj_kb_for_end(kb);
 

@@ -9,7 +9,8 @@
  * Threads form R = T / G row groups of G lanes.  Group g owns rows
  * g, g+R, g+2R, ... (rm of them); lane l of a group owns key columns
  * l, l+G, ... of the score tile (cn of them) and output columns
- * 4l..4l+3, 4l+4G.., ... (cv of them), so a row's softmax statistics are
+ * 4l..4l+3, 4l+4G.., ... (cv of them; where G does not divide Dv / 4
+ * the last chunk belongs to only some lanes), so a row's softmax statistics are
  * reduced with G-lane butterflies and never leave the warp:
  *
  *              keys (block_n) ──►             out cols (Dv) ──►
@@ -69,48 +70,43 @@ typedef struct efwd_plan {
 
 static int max_i(int a, int b) { return a > b ? a : b; }
 
-/* Defaults: 32 x 32 tiles keep a thread's accumulators small (4 rows of
- * at most 8 + 2 values; 8 warps halve the rows past head dim 128) so that
- * ptxas needs no spills on sm_80 or sm_90. */
-static void default_schedule(int width, int *bm, int *bn, int *warps)
-{
-    *bm = 32;
-    *bn = 32;
-    *warps = width > 128 ? 8 : 4;
-}
-
-/* Lanes per row group: the widest that splits the key columns and the
- * 4-wide output column chunks evenly. */
+/* Lanes per row group.  The widest that splits the key columns and the
+ * 4-wide output column chunks evenly; where that leaves a lane more than
+ * 16 output columns (Dv an odd multiple of 8 past 64), the widest that
+ * splits the key columns and still gives every lane a chunk, the last
+ * chunks then owned by only some lanes (see cv_chunks). */
 static int row_group_lanes(int bn, int dv)
 {
     int g = 16;
     while (g > 1 && (bn % g != 0 || dv % (4 * g) != 0))
         g /= 2;
+    if (dv / g <= 16)
+        return g;
+    g = 16;
+    while (g > 1 && (bn % g != 0 || 4 * g > dv))
+        g /= 2;
     return g;
 }
 
-static aj_status plan_kernel(aj_ctx *ctx, const aj_op *op, aj_target target,
-                             efwd_plan *p)
+/* Output column chunks per lane: ceil(Dv / 4G); chunk u of lane l holds
+ * columns 4l + 4Gu .. +3, stored only where they are < Dv. */
+static int cv_chunks(int g, int dv)
 {
+    return (dv + 4 * g - 1) / (4 * g);
+}
+
+/* The template's model of one schedule (aj_attn_plan_fn). */
+static aj_status plan_schedule(aj_ctx *ctx, const aj_op *op, aj_target target,
+                               const aj_schedule *s, void *out)
+{
+    efwd_plan *p = out;
     memset(p, 0, sizeof *p);
     p->dtype = op->dtype;
     p->d = op->head_dim;
     p->dv = aj_op_dv(op);
-    default_schedule(max_i(p->d, p->dv), &p->bm, &p->bn, &p->warps);
-    const aj_schedule *s = &op->schedule;
-    if (s->block_m)
-        p->bm = s->block_m;
-    if (s->block_n)
-        p->bn = s->block_n;
-    if (s->warps) {
-        p->warps = s->warps;
-    } else {
-        /* narrow value heads make narrow row groups: fewer warps then,
-         * so that every row group still owns at least one row */
-        int g = row_group_lanes(p->bn, p->dv);
-        while (p->warps > 1 && p->bm % (p->warps * 32 / g) != 0)
-            p->warps /= 2;
-    }
+    p->bm = s->block_m;
+    p->bn = s->block_n;
+    p->warps = s->warps;
     if (s->stages > 1)
         return aj_fail(ctx, AJ_ERR_UNSUPPORTED,
                        "schedule: stages = %d is not supported by efficient forward "
@@ -133,7 +129,7 @@ static aj_status plan_kernel(aj_ctx *ctx, const aj_op *op, aj_target target,
                        p->warps, p->dv);
     p->rm = p->bm / p->r;
     p->cn = p->bn / p->g;
-    p->cv = p->dv / p->g;
+    p->cv = 4 * cv_chunks(p->g, p->dv);
     int regs = p->rm * (p->cn + p->cv + 2) + 4 * (p->rm + p->cn);
     if (p->rm > MAX_RM || p->cn > MAX_CN || p->cv > MAX_CV || regs > REG_BUDGET)
         return aj_fail(ctx, AJ_ERR_UNSUPPORTED,
@@ -143,7 +139,8 @@ static aj_status plan_kernel(aj_ctx *ctx, const aj_op *op, aj_target target,
                        p->d, p->dv, REG_BUDGET);
 
     p->ldq = p->d + 4;
-    p->ldkv = max_i(p->d, p->dv) + 4;
+    /* the V tile's rows cover every lane's chunks, owned or not */
+    p->ldkv = max_i(p->d, p->g * p->cv) + 4;
     p->ldp = p->bn + 4;
     int64_t bytes = 4 * ((int64_t)p->bm * p->ldq + (int64_t)p->bn * p->ldkv +
                          (int64_t)p->bm * p->ldp);
@@ -154,6 +151,23 @@ static aj_status plan_kernel(aj_ctx *ctx, const aj_op *op, aj_target target,
                        (long long)bytes, p->d, p->dv, aj_target_name(target),
                        aj_target_smem_limit(target));
     return AJ_OK;
+}
+
+/* Schedules in order of preference: 32 x 32 tiles keep a thread's
+ * accumulators small (4 rows of at most 8 + 2 values; 8 warps halve the
+ * rows past head dim 128) so that ptxas needs no spills on sm_80 or
+ * sm_90; narrower key tiles and fewer warps where the output columns a
+ * lane owns leave less room. */
+static aj_status plan_kernel(aj_ctx *ctx, const aj_op *op, aj_target target, efwd_plan *p)
+{
+    int wide = max_i(op->head_dim, aj_op_dv(op)) > 128;
+    const aj_schedule candidates[] = {
+        {32, 32, wide ? 8 : 4, 1}, {32, 32, wide ? 4 : 2, 1}, {32, 32, 1, 1},
+        {64, 16, 4, 1},            {32, 16, 2, 1},            {16, 16, 1, 1},
+        {16, 8, 1, 1},
+    };
+    return aj_attn_plan_schedule(ctx, op, target, candidates,
+                                 (int)(sizeof candidates / sizeof candidates[0]), plan_schedule, p);
 }
 
 static aj_status efwd_check(aj_ctx *ctx, const aj_op *op, aj_target target)
@@ -524,6 +538,10 @@ static void emit_epilogue(efwd *e, LLVMValueRef o_base, LLVMValueRef lse_base)
         aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntSLT, i, e->seq_q, ""));
         for (int u = 0; u < p->cv / 4; u++) {
             LLVMValueRef col = LLVMBuildAdd(b, lane_col, aj_kb_i64(kb, 4 * p->g * u), "");
+            /* a last chunk past Dv holds pad columns: never stored */
+            int partial = 4 * p->g * (u + 1) > p->dv;
+            if (partial)
+                aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntSLT, col, aj_kb_i64(kb, p->dv), ""));
             LLVMValueRef at = LLVMBuildAdd(b, orow, col, "");
             LLVMValueRef prior = accumulate ? aj_global_load4(kb, p64(e, out), at, AJ_DTYPE_F32)
                                             : NULL;
@@ -540,6 +558,8 @@ static void emit_epilogue(efwd *e, LLVMValueRef o_base, LLVMValueRef lse_base)
                 }
             }
             aj_global_store4(kb, p64(e, out), at, vals, out_dtype);
+            if (partial)
+                aj_kb_if_end(kb);
         }
         aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntEQ, e->lane, aj_kb_i32(kb, 0), ""));
         aj_kb_store(kb, lse, lse_ptr, 4);

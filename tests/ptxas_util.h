@@ -7,11 +7,15 @@
 #ifndef AJ_TESTS_PTXAS_UTIL_H
 #define AJ_TESTS_PTXAS_UTIL_H
 
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
+
+#include "attnjit/attnjit.h"
 
 typedef struct ptxas_result {
     int exit_code;
@@ -95,6 +99,48 @@ static inline int ptxas_entry(const ptxas_result *r, const char *entry, ptxas_re
     out->spill_loads = ptxas_field(at, "bytes spill loads");
     out->stack_frame = ptxas_field(at, "bytes stack frame");
     return 0;
+}
+
+/* ptxas runs of a batch, shared by worker threads (ptxas is a process of
+ * its own, so this is where a multi-core machine saves time). */
+typedef struct ptxas_batch {
+    const char *ptxas, *arch;
+    aj_compile_job *jobs;
+    ptxas_result *results;
+    int n;
+    atomic_int next;
+} ptxas_batch;
+
+static inline void *ptxas_worker(void *arg)
+{
+    ptxas_batch *batch = arg;
+    for (int i; (i = atomic_fetch_add(&batch->next, 1)) < batch->n;) {
+        if (!batch->jobs[i].kernel)
+            continue;
+        size_t len;
+        const char *ptx = aj_kernel_code(batch->jobs[i].kernel, &len);
+        ptxas_run(batch->ptxas, batch->arch, ptx, len, &batch->results[i]);
+    }
+    return NULL;
+}
+
+/* Assembles the kernels of `jobs` (those that compiled) for `arch` on as
+ * many threads as the machine has cores. */
+static inline void ptxas_assemble_all(const char *ptxas, const char *arch,
+                                      aj_compile_job *jobs, ptxas_result *results, int n)
+{
+    ptxas_batch batch = {ptxas, arch, jobs, results, n, 0};
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    int workers = cores < 1 ? 1 : cores > 16 ? 16 : (int)cores;
+    pthread_t threads[16];
+    int started = 0;
+    for (; started < workers; started++)
+        if (pthread_create(&threads[started], NULL, ptxas_worker, &batch) != 0)
+            break;
+    if (started == 0)
+        ptxas_worker(&batch);
+    for (int i = 0; i < started; i++)
+        pthread_join(threads[i], NULL);
 }
 
 #endif /* AJ_TESTS_PTXAS_UTIL_H */

@@ -122,47 +122,6 @@ static void check_examples(aj_ctx *ctx, const char *dir)
     CHECK_MSG(seen >= 8, "only %d example specs in %s", seen, dir);
 }
 
-/* ptxas runs of a batch, shared by worker threads (ptxas is a process of
- * its own, so this is where a multi-core machine saves time). */
-typedef struct ptxas_batch {
-    const char *arch;
-    aj_compile_job *jobs;
-    ptxas_result *results;
-    int n;
-    atomic_int next;
-} ptxas_batch;
-
-static void *ptxas_worker(void *arg)
-{
-    ptxas_batch *batch = arg;
-    for (int i; (i = atomic_fetch_add(&batch->next, 1)) < batch->n;) {
-        if (!batch->jobs[i].kernel)
-            continue;
-        size_t len;
-        const char *ptx = aj_kernel_code(batch->jobs[i].kernel, &len);
-        ptxas_run(ptxas, batch->arch, ptx, len, &batch->results[i]);
-    }
-    return NULL;
-}
-
-/* Assembles the kernels of `jobs` on as many threads as the machine has
- * cores. */
-static void assemble_all(const char *arch, aj_compile_job *jobs, ptxas_result *results, int n)
-{
-    ptxas_batch batch = {arch, jobs, results, n, 0};
-    long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    int workers = cores < 1 ? 1 : cores > 16 ? 16 : (int)cores;
-    pthread_t threads[16];
-    int started = 0;
-    for (; started < workers; started++)
-        if (pthread_create(&threads[started], NULL, ptxas_worker, &batch) != 0)
-            break;
-    if (started == 0)
-        ptxas_worker(&batch);
-    for (int i = 0; i < started; i++)
-        pthread_join(threads[i], NULL);
-}
-
 /* The flash forward: every head dim (and 192/128) x dtype x mask at its
  * default schedule, then the options that add registers (dropout's
  * Philox, alibi, accumulate, varlen), compiled together by
@@ -234,7 +193,7 @@ static void check_flash_forward(aj_ctx *ctx, aj_target target, const char *arch)
     opt.target = target;
     CHECK_STATUS(ctx, aj_compile_many(ctx, jobs, (size_t)n, &opt, 0), AJ_OK);
     if (have_ptxas)
-        assemble_all(arch, jobs, results, n);
+        ptxas_assemble_all(ptxas, arch, jobs, results, n);
     for (int i = 0; i < n; i++) {
         CHECK_MSG(jobs[i].status == AJ_OK, "%s: %s", labels[i], jobs[i].message);
         if (jobs[i].kernel)

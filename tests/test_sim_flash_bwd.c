@@ -27,6 +27,7 @@
 #include "check.h"
 #include "ref.h"
 #include "bwd_tensors.h"
+#include "sweep_cases.h"
 
 static aj_ctx *ctx;
 static aj_device *dev;
@@ -35,6 +36,7 @@ static int cases_run;
 
 typedef struct fb_case {
     const char *label;
+    aj_variant variant;        /* AJ_VARIANT_EFFICIENT, else flash */
     aj_dtype dtype;
     int d, dv;
     const char *mask;          /* IR text */
@@ -77,9 +79,10 @@ static aj_kernel *compile(const fb_case *c)
 {
     char spec[640];
     snprintf(spec, sizeof spec,
-             "attention backward flash {\n  dtype = %s\n  head_dim = %d\n"
+             "attention backward %s {\n  dtype = %s\n  head_dim = %d\n"
              "  head_dim_v = %d\n  mask = %s\n  score_mod = %s\n  dropout = %.17g\n"
              "  layout = %s\n  deterministic = %s\n%s%s%s}\n",
+             c->variant == AJ_VARIANT_EFFICIENT ? "efficient" : "flash",
              aj_dtype_name(c->dtype), c->d, c->dv ? c->dv : c->d, c->mask,
              c->score_mod ? c->score_mod : "none", c->dropout, c->lens_q ? "varlen" : "padded",
              c->deterministic ? "true" : "false", c->schedule ? "  schedule = " : "",
@@ -641,13 +644,66 @@ static void test_varlen_errors(void)
     aj_kernel_destroy(k);
 }
 
-/* test_sim_flash_bwd [cuda | cpu]: on the sim device (ctest), on a GPU
- * (tests/gpu/run.sh), where no GPU means exit 77, "skipped", or the varlen
- * part on the cpu device. */
+/* The backward half of the head-dim sweep (test_default_schedules.c runs
+ * the forward half): every SWEEP_SAMPLE_STRIDE-th case of
+ * tests/sweep_cases.h that is a backward op, both variants, on this
+ * device, B1 H2, lengths 17..40 from the case's index.  Bias cases run
+ * without the bias here (their dbias is test_sim_backward's); the
+ * template's claim decides which cases a device takes (flash f32: none). */
+#define SWEEP_SAMPLE_STRIDE 37
+
+static void test_sweep_sample(void)
+{
+    int ran = 0;
+    for (int i = 0; i < SWEEP_COUNT; i += SWEEP_SAMPLE_STRIDE) {
+        sweep_case s = sweep_case_at(i);
+        if (s.kind != AJ_KIND_BACKWARD)
+            continue;
+        s.bias = 0;
+        char spec[512], label[160];
+        sweep_spec(&s, spec, sizeof spec);
+        sweep_label(&s, label, sizeof label);
+        aj_op *op = NULL;
+        aj_kernel *probe = NULL;
+        CHECK_MSG(aj_op_parse(ctx, spec, strlen(spec), label, &op) == AJ_OK, "%s: %s", label,
+                  aj_last_error(ctx));
+        aj_compile_options opt = AJ_COMPILE_OPTIONS_INIT;
+        opt.target = aj_device_target(dev);
+        aj_status st = op ? aj_compile(ctx, op, &opt, &probe) : AJ_ERR_INVALID_ARG;
+        aj_op_destroy(op);
+        aj_kernel_destroy(probe);
+        if (st != AJ_OK) {   /* declined: the accept sweep fails refused defaults */
+            CHECK_MSG(strncmp(aj_last_error(ctx), "schedule:", 9) != 0, "%s: %s", label,
+                      aj_last_error(ctx));
+            continue;
+        }
+        fb_case c = base(label, s.dtype, s.d, s.mask);
+        c.variant = s.variant;
+        c.dv = s.dv;
+        c.score_mod = strcmp(s.score_mod, "none") ? s.score_mod : NULL;
+        c.hkv = i % 2 ? 1 : 2;
+        c.sq = 17 + i % 24;
+        c.sk = 17 + (i / 24) % 24;
+        c.seed = (uint64_t)i;
+        c.deterministic = s.variant == AJ_VARIANT_FLASH && i % 3 == 0;
+        run(&c);
+        ran++;
+    }
+    printf("sweep: %d backward cases on %s against the reference\n", ran,
+           aj_target_name(aj_device_target(dev)));
+}
+
+static void run_suite(int cpu);
+
+/* test_sim_flash_bwd [cuda | cpu | sim] [sweep]: on the sim device (ctest),
+ * on a GPU (tests/gpu/run.sh), where no GPU means exit 77, "skipped", or
+ * the varlen part on the cpu device; with `sweep`, the backward half of
+ * the head-dim sweep instead. */
 int main(int argc, char **argv)
 {
     int gpu = argc > 1 && strcmp(argv[1], "cuda") == 0;
     int cpu = argc > 1 && strcmp(argv[1], "cpu") == 0;
+    int sweep = argc > 2 && strcmp(argv[2], "sweep") == 0;
     on_cpu = cpu;
     CHECK(aj_ctx_create(NULL, &ctx) == AJ_OK);
     aj_status st = aj_device_open(ctx, gpu ? AJ_DEVICE_CUDA : cpu ? AJ_DEVICE_CPU : AJ_DEVICE_SIM,
@@ -660,6 +716,19 @@ int main(int argc, char **argv)
     CHECK_STATUS(ctx, st, AJ_OK);
     if (!dev)
         return check_report();
+    if (sweep) {
+        test_sweep_sample();
+    } else {
+        run_suite(cpu);
+    }
+    printf("%d cases\n", cases_run);
+    aj_device_close(dev);
+    aj_ctx_destroy(ctx);
+    return check_report();
+}
+
+static void run_suite(int cpu)
+{
     if (!cpu) {
         test_matrix();
         test_shapes();
@@ -673,8 +742,4 @@ int main(int argc, char **argv)
     if (!cpu)
         test_workspace();
     test_varlen_errors();
-    printf("%d cases\n", cases_run);
-    aj_device_close(dev);
-    aj_ctx_destroy(ctx);
-    return check_report();
 }

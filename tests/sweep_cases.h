@@ -1,0 +1,107 @@
+/*
+ * sweep_cases.h -- the one generator of the head-dim sweep's cases
+ * (test_default_schedules.c, and the backward sample of
+ * test_sim_flash_bwd.c): every op of
+ *
+ *   kind (forward, backward) x variant (flash, efficient) x dtype
+ *   x head dim 8..256 step 8 x mask {none, causal bottom_right, window}
+ *   x score mod {none, softcap, alibi} x bias {none, add}
+ *
+ * numbered 0 .. SWEEP_COUNT - 1, so a test can walk all of them, shard
+ * them or draw a spread-out sample by index.  Cases the IR itself rejects
+ * (flash with bias) are part of the numbering; sweep_spec() says so.
+ *
+ * Header-only with static functions (tests include it where they need it).
+ */
+#ifndef AJ_TESTS_SWEEP_CASES_H
+#define AJ_TESTS_SWEEP_CASES_H
+
+#include <stdio.h>
+
+#include "attnjit/attnjit.h"
+
+#define SWEEP_DIM_STEP 8
+#define SWEEP_DIM_MAX 256
+#define SWEEP_DIMS (SWEEP_DIM_MAX / SWEEP_DIM_STEP)
+
+static const char *const sweep_masks[] = {"none", "causal(bottom_right)",
+                                          "window(12, 3, bottom_right)"};
+static const char *const sweep_mods[] = {"none", "softcap(20.0)", "alibi"};
+static const aj_dtype sweep_dtypes[] = {AJ_DTYPE_F16, AJ_DTYPE_BF16, AJ_DTYPE_F32};
+
+#define SWEEP_N_MASKS ((int)(sizeof sweep_masks / sizeof sweep_masks[0]))
+#define SWEEP_N_MODS ((int)(sizeof sweep_mods / sizeof sweep_mods[0]))
+#define SWEEP_N_DTYPES ((int)(sizeof sweep_dtypes / sizeof sweep_dtypes[0]))
+#define SWEEP_COUNT (2 * 2 * SWEEP_N_DTYPES * SWEEP_DIMS * SWEEP_N_MASKS * SWEEP_N_MODS * 2)
+
+typedef struct sweep_case {
+    aj_kind kind;          /* AJ_KIND_FORWARD or AJ_KIND_BACKWARD */
+    aj_variant variant;
+    aj_dtype dtype;
+    int d, dv;
+    const char *mask, *score_mod;
+    int bias;
+    /* options beyond the main product, off unless a caller sets them */
+    double dropout;
+    int accumulate, deterministic, varlen;
+} sweep_case;
+
+/* Case `index` of the main product (dv = d, no further options). */
+static inline sweep_case sweep_case_at(int index)
+{
+    sweep_case c = {0};
+    c.bias = index % 2;
+    index /= 2;
+    c.score_mod = sweep_mods[index % SWEEP_N_MODS];
+    index /= SWEEP_N_MODS;
+    c.mask = sweep_masks[index % SWEEP_N_MASKS];
+    index /= SWEEP_N_MASKS;
+    c.d = c.dv = SWEEP_DIM_STEP * (1 + index % SWEEP_DIMS);
+    index /= SWEEP_DIMS;
+    c.dtype = sweep_dtypes[index % SWEEP_N_DTYPES];
+    index /= SWEEP_N_DTYPES;
+    c.variant = index % 2 ? AJ_VARIANT_EFFICIENT : AJ_VARIANT_FLASH;
+    index /= 2;
+    c.kind = index % 2 ? AJ_KIND_BACKWARD : AJ_KIND_FORWARD;
+    return c;
+}
+
+/* Whether the IR accepts the case at all (the verifier's rules, not a
+ * template's): bias is the efficient variant's, accumulate the forward's,
+ * deterministic the backward's. */
+static inline int sweep_case_valid(const sweep_case *c)
+{
+    if (c->bias && c->variant != AJ_VARIANT_EFFICIENT)
+        return 0;
+    if (c->accumulate && c->kind != AJ_KIND_FORWARD)
+        return 0;
+    if (c->deterministic && c->kind != AJ_KIND_BACKWARD)
+        return 0;
+    return 1;
+}
+
+/* The case's IR text; returns its length (>= cap: did not fit). */
+static inline int sweep_spec(const sweep_case *c, char *buf, size_t cap)
+{
+    return snprintf(buf, cap,
+                    "attention %s %s {\n  dtype = %s\n  head_dim = %d\n  head_dim_v = %d\n"
+                    "  mask = %s\n  score_mod = %s\n  bias = %s\n  dropout = %g\n"
+                    "  layout = %s\n%s%s}\n",
+                    aj_kind_name(c->kind), aj_variant_name(c->variant),
+                    aj_dtype_name(c->dtype), c->d, c->dv, c->mask, c->score_mod,
+                    c->bias ? "add" : "none", c->dropout, c->varlen ? "varlen" : "padded",
+                    c->accumulate ? "  accumulate = true\n" : "",
+                    c->deterministic ? "  deterministic = true\n" : "");
+}
+
+/* A short label: "bwd efficient bf16 d72/72 causal(bottom_right) alibi bias". */
+static inline void sweep_label(const sweep_case *c, char *buf, size_t cap)
+{
+    snprintf(buf, cap, "%s %s %s d%d/%d %s %s%s%s%s%s", c->kind == AJ_KIND_FORWARD ? "fwd" : "bwd",
+             aj_variant_name(c->variant), aj_dtype_name(c->dtype), c->d, c->dv, c->mask,
+             c->score_mod, c->bias ? " bias" : "", c->dropout > 0 ? " dropout" : "",
+             c->accumulate ? " accumulate" : c->deterministic ? " deterministic" : "",
+             c->varlen ? " varlen" : "");
+}
+
+#endif /* AJ_TESTS_SWEEP_CASES_H */
