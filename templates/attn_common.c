@@ -28,32 +28,42 @@ aj_status aj_attn_check_dims(aj_ctx *ctx, const aj_op *op, const char *who)
     return AJ_OK;
 }
 
-/* The op's schedule with its unset fields taken from `dflt`. */
-static aj_schedule complete_schedule(const aj_schedule *given, const aj_schedule *dflt)
+/* The op's schedule with its unset fields taken from the candidate. */
+static aj_schedule complete_fieldwise(aj_schedule s, const aj_schedule *given)
 {
-    aj_schedule s = *given;
-    if (!s.block_m)
-        s.block_m = dflt->block_m;
-    if (!s.block_n)
-        s.block_n = dflt->block_n;
-    if (!s.warps)
-        s.warps = dflt->warps;
-    if (!s.stages)
-        s.stages = dflt->stages;
+    if (given->block_m)
+        s.block_m = given->block_m;
+    if (given->block_n)
+        s.block_n = given->block_n;
+    if (given->warps)
+        s.warps = given->warps;
+    if (given->stages)
+        s.stages = given->stages;
     return s;
 }
 
 aj_status aj_attn_plan_schedule(aj_ctx *ctx, const aj_op *op, aj_target target,
-                                const aj_schedule *candidates, int n, aj_attn_plan_fn plan,
-                                void *out)
+                                const aj_attn_schedule_rule *rule, void *plan)
 {
-    for (int i = 0; i < n; i++) {
-        aj_schedule s = complete_schedule(&op->schedule, &candidates[i]);
-        if (plan(NULL, op, target, &s, out) == AJ_OK)
+    aj_schedule (*complete)(aj_schedule, const aj_schedule *) =
+        rule->complete ? rule->complete : complete_fieldwise;
+    int best = -1, best_state = 0;
+    for (int i = 0; i < rule->n; i++) {
+        aj_schedule s = complete(rule->candidates[i], &op->schedule);
+        if (rule->plan(NULL, op, target, &s, plan) != AJ_OK)
+            continue;
+        if (!rule->state)
             return AJ_OK;
+        int state = rule->state(plan);
+        if (state <= rule->state_goal)
+            return AJ_OK;
+        if (best < 0 || state < best_state) {
+            best = i;
+            best_state = state;
+        }
     }
-    aj_schedule first = complete_schedule(&op->schedule, &candidates[0]);
-    return plan(ctx, op, target, &first, out);
+    aj_schedule s = complete(rule->candidates[best < 0 ? 0 : best], &op->schedule);
+    return rule->plan(ctx, op, target, &s, plan);
 }
 
 LLVMValueRef aj_attn_slice_base(aj_kb *kb, const char *t, LLVMValueRef b, LLVMValueRef h)

@@ -24,16 +24,30 @@ aj_status aj_attn_check_dims(aj_ctx *ctx, const aj_op *op, const char *who);
  * fills the template's plan struct and returns AJ_OK, or
  * AJ_ERR_UNSUPPORTED with a message naming the limit (into ctx; ctx may
  * be NULL to probe).  aj_attn_plan_schedule completes the op's schedule
- * (its fields left at 0) from each of `candidates` in turn, in the
- * template's order of preference, and keeps the first one `plan` accepts,
- * so a default is by construction a schedule the template's own check
- * takes.  When none is accepted it reports the first candidate's refusal.
+ * (its fields left at 0) from each candidate in turn, in the template's
+ * order of preference, and keeps the first one `plan` accepts, so a
+ * default is by construction a schedule the template's own check takes.
+ * With `state`, a candidate must also keep state(plan) <= state_goal; if
+ * none does, the accepted one with the least state wins.  When no
+ * candidate is accepted, the first one's refusal is reported.
  */
 typedef aj_status (*aj_attn_plan_fn)(aj_ctx *ctx, const aj_op *op, aj_target target,
                                      const aj_schedule *s, void *plan);
+
+typedef struct aj_attn_schedule_rule {
+    const aj_schedule *candidates;
+    int n;
+    aj_attn_plan_fn plan;
+    /* optional: the op's fields over a candidate (NULL: each field the op
+     * sets replaces the candidate's) */
+    aj_schedule (*complete)(aj_schedule candidate, const aj_schedule *given);
+    /* optional: a plan's per-thread state, and the most a default keeps */
+    int (*state)(const void *plan);
+    int state_goal;
+} aj_attn_schedule_rule;
+
 aj_status aj_attn_plan_schedule(aj_ctx *ctx, const aj_op *op, aj_target target,
-                                const aj_schedule *candidates, int n, aj_attn_plan_fn plan,
-                                void *out);
+                                const aj_attn_schedule_rule *rule, void *plan);
 
 /* Element offset (i64) of slice (b, h) of the tensor whose batch and head
  * strides are the kernel parameters stride_<t>_b and stride_<t>_h. */

@@ -166,8 +166,12 @@ static aj_status plan_kernel(aj_ctx *ctx, const aj_op *op, aj_target target, efw
         {64, 16, 4, 1},            {32, 16, 2, 1},            {16, 16, 1, 1},
         {16, 8, 1, 1},
     };
-    return aj_attn_plan_schedule(ctx, op, target, candidates,
-                                 (int)(sizeof candidates / sizeof candidates[0]), plan_schedule, p);
+    const aj_attn_schedule_rule rule = {
+        .candidates = candidates,
+        .n = (int)(sizeof candidates / sizeof candidates[0]),
+        .plan = plan_schedule,
+    };
+    return aj_attn_plan_schedule(ctx, op, target, &rule, p);
 }
 
 static aj_status efwd_check(aj_ctx *ctx, const aj_op *op, aj_target target)

@@ -43,8 +43,11 @@
  *   │   │ w1 w1 w1 w1 │              │ w1 w1 │ w3 w3 │
  *   ▼   │ w2 ...      │
  *
- * Tiles in shared memory keep rows of (width + 8) elements, so the eight
- * 16-byte rows one ldmatrix reads fall in different banks.  An operand
+ * Tiles in shared memory keep rows of aj_mma_tile_ld(width) elements
+ * (tile_io.h): the width rounded up to 16, the pad columns zero, so that
+ * a reduction over a head dim that is an odd multiple of 8 steps 16 at a
+ * time, then 8 more so that the eight 16-byte rows one ldmatrix reads fall
+ * in different banks.  An operand
  * whose reduction dim runs down the tile's rows (dO in dV += P^T dO, which
  * sums over dO's rows) is read with ldmatrix .trans; see warp_mma.
  *
@@ -57,10 +60,12 @@
 
 #include "templates/attn_common.h"
 #include "templates/template.h"
+#include "templates/tile_io.h"
 
 #define MAX_MT 4          /* 16-row strips a warp owns in one product */
 #define MAX_NT 32         /* 8-column tiles a warp owns in one product */
 #define STATE_BUDGET 192  /* f32 accumulators per thread, all products live at once */
+#define DEFAULT_STATE 88  /* the most a default schedule takes where a candidate fits */
 #define DELTA_ROWS 128    /* query rows per CTA of the delta and convert kernels */
 
 static const int block_values[] = {16, 32, 64, 128};
@@ -71,17 +76,39 @@ typedef struct fbwd_plan {
     int d, dv;
     int bm, bn, warps, threads, stages;
     int deterministic;
+    int state;         /* f32 accumulators per thread (accumulator_state) */
 } fbwd_plan;
 
 /* How the warps of a CTA tile an M x N product (see the header). */
 typedef struct warp_grid {
     int wm;        /* warps down M (each owns mt strips of 16 rows) */
     int mt, nt;    /* a warp's 16-row strips and 8-column tiles */
+    int n;         /* the product's columns */
+    int cols;      /* columns the warps cover: n, or aj_mma_k_width(n) */
 } warp_grid;
+
+/*
+ * The warp grid of an M x N product, 0 when the warps cannot tile it.
+ * Where they cannot split N's 8-column tiles evenly (N = 72: 9 tiles over
+ * 2 or 4 warps), they cover aj_mma_k_width(N) columns instead: every
+ * product with a head dim for N takes its B operand from a Q, K or dO
+ * tile whose pad columns are zero (tile_io.h), so the pad tile sums to
+ * zero, and it is never stored.
+ */
+static int warp_grid_cols(int m, int n, int warps, warp_grid *g);
 
 static int warp_grid_for(int m, int n, int warps, warp_grid *g)
 {
+    g->n = n;
+    if (warp_grid_cols(m, n, warps, g))
+        return 1;
+    return aj_mma_k_width(n) != n && warp_grid_cols(m, aj_mma_k_width(n), warps, g);
+}
+
+static int warp_grid_cols(int m, int n, int warps, warp_grid *g)
+{
     int strips = m / 16, wn;
+    g->cols = n;
     if (m % 16 != 0)
         return 0;
     if (strips >= warps) {
@@ -111,10 +138,11 @@ static int in_list(int v, const int *list, int n)
     return 0;
 }
 
-/* Bytes of shared memory each kernel asks for. */
+/* Bytes of shared memory each kernel asks for (tile rows as tile_io.h lays
+ * them out). */
 static int32_t tile_bytes(int rows, int width)
 {
-    return 2 * rows * (width + 8);
+    return 2 * rows * aj_mma_tile_ld(width);
 }
 
 static int32_t dkdv_smem(const fbwd_plan *p)
@@ -131,45 +159,70 @@ static int32_t dq_smem(const fbwd_plan *p)
            tile_bytes(p->bm, p->bn) + 8 * p->bm;
 }
 
-/* f32 accumulators per thread of each kernel, all live at once. */
-static int dkdv_state(const fbwd_plan *p)
+/* The products of the kernels, M x N: S^T and dP^T, dV, dK, dQacc (dkdv);
+ * S and dP, dQ (dq). */
+enum { PROD_ST, PROD_DV, PROD_DK, PROD_DQ, PROD_S, N_PRODS };
+
+static void product_dims(const fbwd_plan *p, int prod, int *m, int *n)
 {
-    int64_t n = (int64_t)p->bn * (p->d + p->dv) + 2 * (int64_t)p->bn * p->bm;
-    if (!p->deterministic)
-        n += (int64_t)p->bm * p->d;
-    return (int)(n / p->threads);
+    const int dims[N_PRODS][2] = {{p->bn, p->bm}, {p->bn, p->dv}, {p->bn, p->d},
+                                  {p->bm, p->d}, {p->bm, p->bn}};
+    *m = dims[prod][0];
+    *n = dims[prod][1];
 }
 
-static int dq_state(const fbwd_plan *p)
+/* f32 accumulators per thread of the kernel that holds the most, all
+ * products of a kernel live at once: dkdv holds S^T, dP^T, dK, dV (and
+ * dQacc without determinism), dq holds S, dP and dQ. */
+static int accumulator_state(const fbwd_plan *p, const warp_grid g[N_PRODS])
 {
-    return (int)(((int64_t)p->bm * p->d + 2 * (int64_t)p->bm * p->bn) / p->threads);
+    int per[N_PRODS];
+    for (int i = 0; i < N_PRODS; i++)
+        per[i] = 4 * g[i].mt * g[i].nt;
+    int dkdv = 2 * per[PROD_ST] + per[PROD_DV] + per[PROD_DK] +
+               (p->deterministic ? 0 : per[PROD_DQ]);
+    int dq = 2 * per[PROD_S] + per[PROD_DQ];
+    return dkdv > dq ? dkdv : dq;
 }
 
 /*
- * Defaults by the larger head dim, sized so that ptxas spills nothing
- * (the dK/dV kernel holds dK and dV, block_n x (D + Dv) f32 over the
- * CTA, besides S^T and dP^T):
- *
- *   head dim    block_m  block_n  warps
- *   <= 64          64       64      4
- *   <= 128         32       64      8
- *   > 128          32       32      8
- *
- * Two stages wherever the shared memory of the target allows.
+ * Default schedules, most preferred first, each with 2 stages and then 1
+ * (for targets short of shared memory): 64 x 64 tiles on 4 warps, 8 warps
+ * on narrower query tiles, narrower key blocks; the last take one 16-row
+ * strip per warp over the padded head dims, so that some candidate tiles
+ * every head dim within STATE_BUDGET.
  */
-static aj_status plan_kernel(aj_ctx *ctx, const aj_op *op, aj_target target, fbwd_plan *p)
+static const aj_schedule default_candidates[] = {
+    {.block_m = 64, .block_n = 64, .warps = 4, .stages = 2},
+    {.block_m = 64, .block_n = 64, .warps = 4, .stages = 1},
+    {.block_m = 32, .block_n = 64, .warps = 8, .stages = 2},
+    {.block_m = 32, .block_n = 64, .warps = 8, .stages = 1},
+    {.block_m = 32, .block_n = 32, .warps = 8, .stages = 2},
+    {.block_m = 32, .block_n = 32, .warps = 8, .stages = 1},
+    {.block_m = 64, .block_n = 32, .warps = 4, .stages = 2},
+    {.block_m = 64, .block_n = 32, .warps = 4, .stages = 1},
+    {.block_m = 32, .block_n = 32, .warps = 4, .stages = 2},
+    {.block_m = 32, .block_n = 32, .warps = 4, .stages = 1},
+    {.block_m = 16, .block_n = 16, .warps = 2, .stages = 2},
+    {.block_m = 16, .block_n = 16, .warps = 2, .stages = 1},
+};
+
+/* The plan of schedule `s`, or AJ_ERR_UNSUPPORTED naming the limit it
+ * breaks (the message on ctx, which may be NULL). */
+static aj_status plan_schedule(aj_ctx *ctx, const aj_op *op, aj_target target,
+                               const aj_schedule *sched, void *out)
 {
+    fbwd_plan *p = out;
+    aj_schedule s = *sched;
     memset(p, 0, sizeof *p);
     p->dtype = op->dtype;
     p->d = op->head_dim;
     p->dv = aj_op_dv(op);
     p->deterministic = op->deterministic;
-    int big = p->d > p->dv ? p->d : p->dv;
-    const aj_schedule *s = &op->schedule;
-    p->bm = s->block_m ? s->block_m : big > 64 ? 32 : 64;
-    p->bn = s->block_n ? s->block_n : big > 128 ? 32 : 64;
-    p->warps = s->warps ? s->warps : big > 64 ? 8 : 4;
-    p->stages = s->stages ? s->stages : 2;
+    p->bm = s.block_m;
+    p->bn = s.block_n;
+    p->warps = s.warps;
+    p->stages = s.stages;
     if (!in_list(p->bm, block_values, 4) || !in_list(p->bn, block_values, 4))
         return aj_fail(ctx, AJ_ERR_UNSUPPORTED,
                        "schedule: block_m = %d, block_n = %d: flash backward supports "
@@ -178,27 +231,22 @@ static aj_status plan_kernel(aj_ctx *ctx, const aj_op *op, aj_target target, fbw
         return aj_fail(ctx, AJ_ERR_UNSUPPORTED,
                        "schedule: warps = %d: flash backward supports 1, 2, 4 or 8",
                        p->warps);
-    if (p->stages > 2)
+    if (p->stages < 1 || p->stages > 2)
         return aj_fail(ctx, AJ_ERR_UNSUPPORTED,
                        "schedule: stages = %d: flash backward supports 1 or 2", p->stages);
     p->threads = 32 * p->warps;
-    if (!s->stages && (dkdv_smem(p) > aj_target_smem_limit(target) ||
-                       dq_smem(p) > aj_target_smem_limit(target)))
-        p->stages = 1;
-    /* every product's warp grid: S^T and dP^T, dV, dK, dQacc; S and dP, dQ */
-    const int prods[6][2] = {{p->bn, p->bm}, {p->bn, p->dv}, {p->bn, p->d},
-                             {p->bm, p->d}, {p->bm, p->bn}, {p->bm, p->d}};
-    for (int i = 0; i < 6; i++) {
-        warp_grid g;
-        if (!warp_grid_for(prods[i][0], prods[i][1], p->warps, &g))
+    warp_grid g[N_PRODS];
+    for (int i = 0; i < N_PRODS; i++) {
+        int m, n;
+        product_dims(p, i, &m, &n);
+        if (!warp_grid_for(m, n, p->warps, &g[i]))
             return aj_fail(ctx, AJ_ERR_UNSUPPORTED,
                            "schedule: block_m = %d, block_n = %d, warps = %d cannot tile a "
                            "%d x %d product at head_dim %d/%d (each warp takes 1 to %d whole "
                            "16-row strips and 1 to %d whole 8-column tiles); use the defaults",
-                           p->bm, p->bn, p->warps, prods[i][0], prods[i][1], p->d, p->dv,
-                           MAX_MT, MAX_NT);
+                           p->bm, p->bn, p->warps, m, n, p->d, p->dv, MAX_MT, MAX_NT);
     }
-    int state = dkdv_state(p) > dq_state(p) ? dkdv_state(p) : dq_state(p);
+    int state = p->state = accumulator_state(p, g);
     if (state > STATE_BUDGET)
         return aj_fail(ctx, AJ_ERR_UNSUPPORTED,
                        "schedule: block_m = %d, block_n = %d, warps = %d needs %d f32 "
@@ -215,6 +263,32 @@ static aj_status plan_kernel(aj_ctx *ctx, const aj_op *op, aj_target target, fbw
     return AJ_OK;
 }
 
+/*
+ * The op's schedule over a default candidate: the first that plan_schedule
+ * accepts with at most DEFAULT_STATE accumulators per thread, else the
+ * accepted one with the fewest; when none fits, the first one's failure
+ * (aj_attn_plan_schedule).  The headroom below STATE_BUDGET is for what
+ * the accumulator count leaves out (mma fragments, the element pass's
+ * dropout and score-mod values): ptxas spills at the budget's edge where
+ * the defaults must not.
+ */
+static int plan_state(const void *plan)
+{
+    return ((const fbwd_plan *)plan)->state;
+}
+
+static aj_status plan_kernel(aj_ctx *ctx, const aj_op *op, aj_target target, fbwd_plan *p)
+{
+    const aj_attn_schedule_rule rule = {
+        .candidates = default_candidates,
+        .n = (int)(sizeof default_candidates / sizeof default_candidates[0]),
+        .plan = plan_schedule,
+        .state = plan_state,
+        .state_goal = DEFAULT_STATE,
+    };
+    return aj_attn_plan_schedule(ctx, op, target, &rule, p);
+}
+
 static aj_status fbwd_check(aj_ctx *ctx, const aj_op *op, aj_target target)
 {
     if (op->dtype == AJ_DTYPE_F32)
@@ -224,13 +298,6 @@ static aj_status fbwd_check(aj_ctx *ctx, const aj_op *op, aj_target target)
     aj_status st = aj_attn_check_dims(ctx, op, "flash backward");
     if (st != AJ_OK)
         return st;
-    int dims[2] = {op->head_dim, aj_op_dv(op)};
-    const char *names[2] = {"head_dim", "head_dim_v"};
-    for (int i = 0; i < 2; i++)
-        if (dims[i] % 16 != 0)
-            return aj_fail(ctx, AJ_ERR_UNSUPPORTED,
-                           "%s = %d: flash backward supports multiples of 16 up to 256",
-                           names[i], dims[i]);
     fbwd_plan plan;
     return plan_kernel(ctx, op, target, &plan);
 }
@@ -439,7 +506,14 @@ static LLVMValueRef tile_ptr(fbwd *f, smem_tile tile, LLVMValueRef row, LLVMValu
 static smem_tile reserve_tile(fbwd *f, int rows, int width, int copies)
 {
     int32_t off = aj_kb_smem_reserve(f->kb, copies * tile_bytes(rows, width));
-    return (smem_tile){i32c(f, off), width + 8};
+    return (smem_tile){i32c(f, off), aj_mma_tile_ld(width)};
+}
+
+/* The pad columns of `rows` rows (every copy) of a tile, zeroed before
+ * the kernel's first barrier; see aj_mma_tile_zero_pad. */
+static void zero_pads(fbwd *f, smem_tile tile, int rows, int width)
+{
+    aj_mma_tile_zero_pad(f->kb, tile.off, rows, width, f->tid, f->p.threads);
 }
 
 /* Copy `which` (0 or 1) of a double-buffered tile. */
@@ -541,7 +615,9 @@ typedef struct operand {
 } operand;
 
 /*
- * acc += A B over k = 0 .. kdim - 1 for the warp's part of the product.
+ * acc += A B over k = 0 .. kdim - 1 for the warp's part of the product,
+ * in steps of 16: a kdim that is an odd multiple of 8 (a head dim) ends
+ * in the zero pad columns of both operands' tiles.
  * One ldmatrix .x4 loads a 16 x 16 A fragment or the B fragments of two
  * 8-column tiles; lane 8 m + r addresses row r of 8 x 8 matrix m:
  *
@@ -557,7 +633,8 @@ static void warp_mma(fbwd *f, warp_acc *acc, int kdim, const operand *A, const o
     LLVMValueRef l8 = LLVMBuildAnd(b, LLVMBuildLShr(b, f->lane, i32c(f, 3), ""), i32c(f, 1), "");
     LLVMValueRef l16 = LLVMBuildLShr(b, f->lane, i32c(f, 4), "");
     LLVMValueRef e8 = LLVMBuildShl(b, l8, i32c(f, 3), ""), e16 = LLVMBuildShl(b, l16, i32c(f, 3), "");
-    LLVMValueRef ks = aj_kb_for_begin(kb, i32c(f, 0), i32c(f, kdim / 16), i32c(f, 1), "ks");
+    LLVMValueRef ks = aj_kb_for_begin(kb, i32c(f, 0), i32c(f, aj_mma_k_width(kdim) / 16),
+                                      i32c(f, 1), "ks");
     LLVMValueRef k0 = LLVMBuildShl(b, ks, i32c(f, 4), "k0");
     LLVMValueRef af[MAX_MT][4], bf[MAX_NT][2];
     for (int a = 0; a < g->mt; a++) {
@@ -613,9 +690,19 @@ static LLVMValueRef pack2(fbwd *f, LLVMValueRef lo, LLVMValueRef hi)
     return LLVMBuildOr(b, l, LLVMBuildShl(b, h, i32c(f, 16), ""), "");
 }
 
+/* Whether the warp's column tile c lies inside the product (NULL: every
+ * warp's does).  Only the pad tile of a grid that covers more columns
+ * than the product has lies outside; the test is uniform over the warp. */
+static LLVMValueRef acc_tile_inside(fbwd *f, const warp_acc *acc, int c)
+{
+    if (acc->g.cols == acc->g.n)
+        return NULL;
+    return slt(f, add(f, acc->col0, i32c(f, 8 * c)), i32c(f, acc->g.n));
+}
+
 /* Stores the accumulators (times `mult`) to rows of tensor t: product row
  * r is tensor row row0 + r of the slice at element `base`, skipped at or
- * past `limit`; columns are the head dim. */
+ * past `limit`; columns are the head dim, exactly. */
 static void store_acc(fbwd *f, const warp_acc *acc, const char *t, LLVMValueRef base,
                       LLVMValueRef row0, LLVMValueRef limit, double mult)
 {
@@ -626,6 +713,9 @@ static void store_acc(fbwd *f, const warp_acc *acc, const char *t, LLVMValueRef 
             aj_kb_if_begin(kb, slt(f, row, limit));
             LLVMValueRef rbase = add(f, base, mul(f, sext64(f, row), stride_s(f, t)));
             for (int c = 0; c < acc->g.nt; c++) {
+                LLVMValueRef inside = acc_tile_inside(f, acc, c);
+                if (inside)
+                    aj_kb_if_begin(kb, inside);
                 LLVMValueRef v[2];
                 for (int x = 0; x < 2; x++) {
                     v[x] = aj_kb_get(kb, acc->v[a][c][2 * half + x]);
@@ -635,6 +725,8 @@ static void store_acc(fbwd *f, const warp_acc *acc, const char *t, LLVMValueRef 
                 LLVMValueRef elem = add(f, rbase, sext64(f, acc_col(f, acc, c, 0)));
                 aj_kb_store(kb, pack2(f, v[0], v[1]),
                             aj_kb_gptr_offset(kb, prm(f, t), mul(f, elem, aj_kb_i64(kb, 2))), 4);
+                if (inside)
+                    aj_kb_if_end(kb);
             }
             aj_kb_if_end(kb);
         }
@@ -804,6 +896,10 @@ static void build_dkdv(aj_kb *kb, const aj_op *op, const fbwd_plan *plan)
     smem_tile dot = reserve_tile(&f, p->bm, p->dv, p->stages);
     smem_tile ptt = reserve_tile(&f, p->bn, p->bm, 1), dst = reserve_tile(&f, p->bn, p->bm, 1);
     int32_t stats = aj_kb_smem_reserve(kb, 8 * p->bm);
+    zero_pads(&f, kt, p->bn, p->d);
+    zero_pads(&f, vt, p->bn, p->dv);
+    zero_pads(&f, qt, p->stages * p->bm, p->d);
+    zero_pads(&f, dot, p->stages * p->bm, p->dv);
 
     warp_acc s, dp, dk, dv, dq;
     acc_init(&f, &s, p->bn, p->bm, "s");
@@ -906,9 +1002,14 @@ static void build_dkdv(aj_kb *kb, const aj_op *op, const fbwd_plan *plan)
                     LLVMValueRef row = add(&f, dq_row0, mul(&f, sext64(&f, i),
                                                             aj_kb_i64(kb, p->d)));
                     for (int c = 0; c < dq.g.nt; c++) {
+                        LLVMValueRef inside = acc_tile_inside(&f, &dq, c);
+                        if (inside)
+                            aj_kb_if_begin(kb, inside);
                         LLVMValueRef at = add(&f, row, sext64(&f, acc_col(&f, &dq, c, r)));
                         LLVMValueRef args[2] = {ws_ptr(&f, at), aj_kb_get(kb, dq.v[a][c][r])};
                         aj_kb_intrinsic(kb, AJ_INTR_RED_ADD_F32, args);
+                        if (inside)
+                            aj_kb_if_end(kb);
                     }
                     aj_kb_if_end(kb);
                 }
@@ -944,6 +1045,10 @@ static void build_dq(aj_kb *kb, const aj_op *op, const fbwd_plan *plan)
     smem_tile vt = reserve_tile(&f, p->bn, p->dv, p->stages);
     smem_tile dst = reserve_tile(&f, p->bm, p->bn, 1);
     int32_t stats = aj_kb_smem_reserve(kb, 8 * p->bm);
+    zero_pads(&f, qt, p->bm, p->d);
+    zero_pads(&f, dot, p->bm, p->dv);
+    zero_pads(&f, kt, p->stages * p->bn, p->d);
+    zero_pads(&f, vt, p->stages * p->bn, p->dv);
 
     warp_acc s, dp, dq;
     acc_init(&f, &s, p->bm, p->bn, "s");

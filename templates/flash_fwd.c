@@ -34,10 +34,16 @@
  *     a[0] = pack(s[2kk][0..1])   a[2] = pack(s[2kk+1][0..1])    row g
  *     a[1] = pack(s[2kk][2..3])   a[3] = pack(s[2kk+1][2..3])    row g + 8
  *
- * Shared memory (dtype elements, rows padded by 8 so that the 8 rows an
- * ldmatrix reads fall in different banks):
+ * Shared memory (dtype elements, rows of aj_mma_tile_ld(width), tile_io.h:
+ * D or Dv rounded up to 16, then 8 more so that the 8 rows an ldmatrix
+ * reads fall in different banks):
  *
- *   Q [block_m][D + 8] | K [stages][block_n][D + 8] | V [stages][block_n][Dv + 8]
+ *   Q [block_m][ld(D)] | K [stages][block_n][ld(D)] | V [stages][block_n][ld(Dv)]
+ *
+ * Q K^T steps through D 16 at a time; where D is an odd multiple of 8 the
+ * last step reads the 8 zero pad columns of Q and K.  P V's n8 tiles cover
+ * Dv exactly (the last one alone by ldmatrix.x2.trans when Dv / 8 is odd),
+ * so V's pad columns are never read.
  *
  * Key tiles that no row of the CTA sees are never loaded; tiles wholly
  * inside every row's visible band skip the element mask.  Rows that see no
@@ -54,11 +60,11 @@
 
 #include "templates/attn_common.h"
 #include "templates/template.h"
+#include "templates/tile_io.h"
 
 #define MAX_MT 2                /* m-tiles (16 rows) per warp */
 #define MAX_NT 16               /* n8 tiles of a key tile: block_n <= 128 */
 #define MAX_VT 32               /* n8 tiles of the output: Dv <= 256 */
-#define PAD 8                   /* elements of padding per shared-memory row */
 
 /* The schedule values the template implements (docs/ir.md), warps first:
  * a block_m left out is derived from them. */
@@ -84,43 +90,32 @@ typedef struct ffwd_plan {
     int32_t smem_q, smem_k, smem_v;  /* byte offsets in shared memory */
 } ffwd_plan;
 
-/* Defaults: 16 rows per warp, so that O (Dv / 2 floats per lane), S
- * (block_n / 2) and the statistics stay far enough below 255 registers
- * for ptxas to need no spills with every option on (dropout's Philox,
- * alibi, accumulate); 8 warps share each K/V tile up to head dim 128, and
- * narrower key tiles make room for the wider O past 64. */
-static void default_schedule(int d, int dv, aj_schedule *s)
-{
-    int width = d > dv ? d : dv;
-    s->stages = 2;
-    if (width <= 64) {
-        s->block_m = 128;
-        s->warps = 8;
-        s->block_n = 64;
-    } else if (width <= 128) {
-        s->block_m = 128;
-        s->warps = 8;
-        s->block_n = 32;
-    } else {
-        s->block_m = 64;
-        s->warps = 4;
-        s->block_n = 32;
-    }
-}
+/*
+ * Default schedules, most preferred first: 16 rows per warp, so that O
+ * (Dv / 2 floats per lane), S (block_n / 2) and the statistics stay far
+ * enough below 255 registers for ptxas to need no spills with every option
+ * on (dropout's Philox, alibi, accumulate); 8 warps share each K/V tile,
+ * and narrower key tiles make room for a wider O.  The default is the
+ * first that plan_schedule accepts (the state budget, the target's shared
+ * memory), with any schedule field the op gives put over it; the last
+ * ones fit every head dim on every target.
+ */
+static const aj_schedule default_candidates[] = {
+    {.block_m = 128, .block_n = 64, .warps = 8, .stages = 2},
+    {.block_m = 128, .block_n = 32, .warps = 8, .stages = 2},
+    {.block_m = 64, .block_n = 32, .warps = 4, .stages = 2},
+    {.block_m = 64, .block_n = 32, .warps = 4, .stages = 1},
+};
 
-static aj_status plan_kernel(aj_ctx *ctx, const aj_op *op, aj_target target, ffwd_plan *p)
+/* `given`'s fields over candidate `s`: a block_m or warps given alone
+ * brings the other with it, 16 rows per warp (at most 4 warps), as the
+ * candidates have. */
+static aj_schedule merge_schedule(aj_schedule s, const aj_schedule *given)
 {
-    memset(p, 0, sizeof *p);
-    p->dtype = op->dtype;
-    p->d = op->head_dim;
-    p->dv = aj_op_dv(op);
-    aj_schedule s;
-    default_schedule(p->d, p->dv, &s);
-    const aj_schedule *given = &op->schedule;
     if (given->block_m)
         s.block_m = given->block_m;
     else if (given->warps)
-        s.block_m = 16 * given->warps;   /* 16 rows per warp, as the defaults */
+        s.block_m = 16 * given->warps;
     if (given->block_n)
         s.block_n = given->block_n;
     if (given->warps)
@@ -129,6 +124,20 @@ static aj_status plan_kernel(aj_ctx *ctx, const aj_op *op, aj_target target, ffw
         s.warps = s.block_m / 16 < 4 ? s.block_m / 16 : 4;
     if (given->stages)
         s.stages = given->stages;
+    return s;
+}
+
+/* The plan of schedule `s`, or AJ_ERR_UNSUPPORTED naming the limit it
+ * breaks (the message on ctx, which may be NULL). */
+static aj_status plan_schedule(aj_ctx *ctx, const aj_op *op, aj_target target,
+                               const aj_schedule *sched, void *out)
+{
+    ffwd_plan *p = out;
+    aj_schedule s = *sched;
+    memset(p, 0, sizeof *p);
+    p->dtype = op->dtype;
+    p->d = op->head_dim;
+    p->dv = aj_op_dv(op);
 #define CHECK_VALUE(field, allowed, ok)                                                    \
     {                                                                                      \
         int v = s.field;                                                                   \
@@ -155,9 +164,9 @@ static aj_status plan_kernel(aj_ctx *ctx, const aj_op *op, aj_target target, ffw
                        "schedule: block_m = %d, block_n = %d, warps = %d keeps %d f32 values "
                        "per thread at head_dim_v %d (budget %d); use fewer rows per warp or "
                        "a smaller block_n", p->bm, p->bn, p->warps, state, p->dv, STATE_BUDGET);
-    p->ldq = p->d + PAD;
-    p->ldk = p->d + PAD;
-    p->ldv = p->dv + PAD;
+    p->ldq = aj_mma_tile_ld(p->d);
+    p->ldk = aj_mma_tile_ld(p->d);
+    p->ldv = aj_mma_tile_ld(p->dv);
     int64_t elems = (int64_t)p->bm * p->ldq +
                     (int64_t)p->stages * p->bn * (p->ldk + p->ldv);
     int64_t bytes = 2 * elems;
@@ -170,6 +179,19 @@ static aj_status plan_kernel(aj_ctx *ctx, const aj_op *op, aj_target target, ffw
     return AJ_OK;
 }
 
+/* The op's schedule over the first default candidate that fits; when none
+ * does, the first one's failure (attn_common.h). */
+static aj_status plan_kernel(aj_ctx *ctx, const aj_op *op, aj_target target, ffwd_plan *p)
+{
+    const aj_attn_schedule_rule rule = {
+        .candidates = default_candidates,
+        .n = (int)(sizeof default_candidates / sizeof default_candidates[0]),
+        .plan = plan_schedule,
+        .complete = merge_schedule,
+    };
+    return aj_attn_plan_schedule(ctx, op, target, &rule, p);
+}
+
 static aj_status ffwd_check(aj_ctx *ctx, const aj_op *op, aj_target target)
 {
     if (op->dtype == AJ_DTYPE_F32)
@@ -179,13 +201,6 @@ static aj_status ffwd_check(aj_ctx *ctx, const aj_op *op, aj_target target)
     aj_status st = aj_attn_check_dims(ctx, op, "flash forward");
     if (st != AJ_OK)
         return st;
-    int dims[2] = {op->head_dim, aj_op_dv(op)};
-    const char *names[2] = {"head_dim", "head_dim_v"};
-    for (int i = 0; i < 2; i++)
-        if (dims[i] % 16 != 0)
-            return aj_fail(ctx, AJ_ERR_UNSUPPORTED,
-                           "%s = %d: flash forward supports multiples of 16 up to 256 "
-                           "(its mma steps 16 wide)", names[i], dims[i]);
     ffwd_plan plan;
     return plan_kernel(ctx, op, target, &plan);
 }
@@ -439,7 +454,7 @@ static void emit_qk(ffwd *e, LLVMValueRef kbase)
             for (int c = 0; c < 4; c++)
                 acc[mi][j][c] = aj_kb_f32(kb, 0);
     LLVMValueRef kt = add(e, kbase, e->k_lane);
-    for (int kk = 0; kk < p->d / 16; kk++) {
+    for (int kk = 0; kk < aj_mma_k_width(p->d) / 16; kk++) {
         LLVMValueRef a[MAX_MT][4];
         for (int mi = 0; mi < p->mt; mi++)
             aj_kb_ldmatrix(kb, 4, 0, smem_at(e, e->q_lane, 2 * (16 * mi * p->ldq + 16 * kk)),
@@ -615,11 +630,17 @@ static void emit_softmax_pv(ffwd *e, LLVMValueRef n0, LLVMValueRef vbase)
             a[mi][3] = pack2(e, pf[mi][2 * kk + 1][2], pf[mi][2 * kk + 1][3]);
         }
         for (int v = 0; v < p->dv / 8; v += 2) {
+            /* two n8 tiles per ldmatrix; an odd last one alone (lanes 0-15's
+             * addresses are those of its two 8x8 matrices) */
+            int pair = v + 1 < p->dv / 8;
             LLVMValueRef vf[4];
-            aj_kb_ldmatrix(kb, 4, 1, smem_at(e, vt, 2 * (16 * kk * p->ldv + 8 * v)), vf);
+            aj_kb_ldmatrix(kb, pair ? 4 : 2, 1, smem_at(e, vt, 2 * (16 * kk * p->ldv + 8 * v)),
+                           vf);
             for (int mi = 0; mi < p->mt; mi++) {
                 aj_kb_mma_m16n8k16(kb, p->dtype, a[mi], &vf[0], acc[mi][v], acc[mi][v]);
-                aj_kb_mma_m16n8k16(kb, p->dtype, a[mi], &vf[2], acc[mi][v + 1], acc[mi][v + 1]);
+                if (pair)
+                    aj_kb_mma_m16n8k16(kb, p->dtype, a[mi], &vf[2], acc[mi][v + 1],
+                                       acc[mi][v + 1]);
             }
         }
     }
@@ -847,6 +868,9 @@ static aj_status ffwd_build(aj_kb *kb, const aj_op *op, void *user)
     LLVMValueRef n_begin, n_end, lo_max, hi_min;
     key_tile_range(&e, &n_begin, &n_end, &lo_max, &hi_min);
 
+    /* Q's and the K slots' pad columns, before the barrier of the first tile */
+    aj_mma_tile_zero_pad(kb, i32c(&e, p->smem_q), p->bm, p->d, e.tid, p->threads);
+    aj_mma_tile_zero_pad(kb, i32c(&e, p->smem_k), p->stages * p->bn, p->d, e.tid, p->threads);
     /* prologue: Q with the first tile's group, then tiles up to stages - 1 */
     load_tile_async(&e, "q", q_src, prm(&e, "stride_q_s"), e.m0, e.seq_q, p->bm, p->d,
                     i32c(&e, e.p.smem_q), p->ldq);

@@ -126,3 +126,26 @@ LLVMValueRef aj_global_load4(aj_kb *kb, LLVMValueRef ptr, LLVMValueRef elem,
                                   (unsigned)(4 * aj_dtype_size(dtype)));
     return widen(kb, raw, 4, dtype);
 }
+
+void aj_mma_tile_zero_pad(aj_kb *kb, LLVMValueRef smem_off, int rows, int width,
+                          LLVMValueRef tid, int threads)
+{
+    if (aj_mma_k_width(width) == width)
+        return;
+    LLVMBuilderRef b = kb->b;
+    int ld = aj_mma_tile_ld(width);
+    LLVMValueRef zero = LLVMConstNull(vec_type(kb->t_i32, 4));   /* the 8 pad elements */
+    for (int x = 0; x * threads < rows; x++) {
+        LLVMValueRef r = LLVMBuildAdd(b, tid, aj_kb_i32(kb, (int64_t)x * threads), "");
+        int guard = (x + 1) * threads > rows;
+        if (guard)
+            aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntSLT, r, aj_kb_i32(kb, rows), ""));
+        LLVMValueRef elem = LLVMBuildAdd(b, LLVMBuildMul(b, r, aj_kb_i32(kb, ld), ""),
+                                         aj_kb_i32(kb, width), "");
+        LLVMValueRef at = LLVMBuildAdd(b, smem_off, LLVMBuildShl(b, elem, aj_kb_i32(kb, 1), ""),
+                                       "");
+        aj_kb_store(kb, zero, aj_kb_smem_ptr(kb, at), 16);
+        if (guard)
+            aj_kb_if_end(kb);
+    }
+}

@@ -40,4 +40,42 @@ LLVMValueRef aj_global_load4(aj_kb *kb, LLVMValueRef ptr, LLVMValueRef elem,
 void aj_global_store4(aj_kb *kb, LLVMValueRef ptr, LLVMValueRef elem,
                       LLVMValueRef vals[4], aj_dtype dtype);
 
+/*
+ * Tiles of 16-bit elements that feed mma.sync m16n8k16 through ldmatrix
+ * (the flash templates).  An mma steps 16 elements along its reduction
+ * (K) dim, so a tile whose width is a K dim (Q, K over D; dO, V over Dv)
+ * is read as ceil(width / 16) steps; for a width that is an odd multiple
+ * of 8 the last step reads 8 pad columns, which must hold zeros (a NaN
+ * there would turn the dot product into NaN).  Rows are laid out
+ *
+ *   | width data columns | 0..7 zero pad columns | 8 bank pad columns |
+ *   <----- aj_mma_k_width(width) ----->
+ *   <----------------- aj_mma_tile_ld(width) ----------------------->
+ *
+ * so the pitch in 16-byte chunks is odd and the eight 16-byte rows one
+ * ldmatrix reads fall in different banks.
+ */
+enum { AJ_MMA_K = 16 };
+
+/* The width an mma reduction over `width` (a multiple of 8) steps through. */
+static inline int aj_mma_k_width(int width)
+{
+    return (width + AJ_MMA_K - 1) / AJ_MMA_K * AJ_MMA_K;
+}
+
+/* Row pitch, in elements, of an mma tile of `width` columns. */
+static inline int aj_mma_tile_ld(int width)
+{
+    return aj_mma_k_width(width) + 8;
+}
+
+/* Zeroes the pad columns [width, aj_mma_k_width(width)) of `rows`
+ * consecutive rows of pitch aj_mma_tile_ld(width) from shared byte offset
+ * `smem_off` (no code when width is a multiple of 16); the `threads`
+ * threads of the CTA share the 16-byte stores.  cp.async copies of a tile
+ * write its data columns only, so pads written once before the first
+ * barrier stay zero however often the tile is refilled. */
+void aj_mma_tile_zero_pad(aj_kb *kb, LLVMValueRef smem_off, int rows, int width,
+                          LLVMValueRef tid, int threads);
+
 #endif /* AJ_TEMPLATES_TILE_IO_H */

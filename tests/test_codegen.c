@@ -45,8 +45,8 @@ static void test_unsupported(aj_ctx *ctx)
     } cases[] = {
         {"attention backward flash { dtype = f32 head_dim = 64 }", AJ_TARGET_SM_80,
          "dtype = f32: flash backward runs on tensor cores"},
-        {"attention backward flash { dtype = f16 head_dim = 40 }", AJ_TARGET_SM_80,
-         "head_dim = 40: flash backward supports multiples of 16"},
+        {"attention backward flash { dtype = f16 head_dim = 36 }", AJ_TARGET_SM_80,
+         "head_dim = 36: flash backward supports multiples of 8 up to 256"},
         {"attention backward flash { dtype = bf16 head_dim = 64 head_dim_v = 264 }",
          AJ_TARGET_SM_80, "head_dim_v = 264: flash backward"},
         {"attention backward flash { dtype = f16 head_dim = 64 schedule = (block_m = 256) }",
@@ -74,8 +74,8 @@ static void test_unsupported(aj_ctx *ctx)
          "forward efficient` for f32"},
         {"attention forward flash { dtype = f16 head_dim = 100 }", AJ_TARGET_SM_80,
          "head_dim = 100: flash forward supports multiples of 8 up to 256"},
-        {"attention forward flash { dtype = bf16 head_dim = 64 head_dim_v = 72 }",
-         AJ_TARGET_SM_80, "head_dim_v = 72: flash forward supports multiples of 16 up to 256"},
+        {"attention forward flash { dtype = bf16 head_dim = 64 head_dim_v = 76 }",
+         AJ_TARGET_SM_80, "head_dim_v = 76: flash forward supports multiples of 8 up to 256"},
         {"attention forward flash { dtype = f16 head_dim = 64 schedule = (block_m = 256) }",
          AJ_TARGET_SM_80, "schedule: block_m = 256 is not supported by flash forward "
          "(allowed: 16, 32, 64 or 128)"},

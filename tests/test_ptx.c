@@ -161,7 +161,15 @@ static void check_flash_forward(aj_ctx *ctx, aj_target target, const char *arch)
     };
     static const char *const flash_masks[] = {"none", "causal(top_left)",
                                               "window(128, 0, bottom_right)"};
-    enum { N_MATRIX = 2 * 7 * 3, N = N_MATRIX + 7 };
+    /* every head dim that is an odd multiple of 8, and D != Dv with them,
+     * once each, dtype and mask rotating */
+    enum { N_ODD = 16 + 3 };
+    int odd_dims[N_ODD][2];
+    for (int i = 0; i < 16; i++)
+        odd_dims[i][0] = odd_dims[i][1] = 8 + 16 * i;
+    static const int odd_pairs[3][2] = {{40, 24}, {72, 136}, {248, 8}};
+    memcpy(odd_dims[16], odd_pairs, sizeof odd_pairs);
+    enum { N_MATRIX = 2 * 7 * 3, N = N_MATRIX + 7 + N_ODD };
     static char labels[N][128], specs[N][512];
     static aj_compile_job jobs[N];
     static aj_op *ops[N];
@@ -181,6 +189,14 @@ static void check_flash_forward(aj_ctx *ctx, aj_target target, const char *arch)
         snprintf(specs[n], sizeof specs[n], "attention forward flash {\n %s\n}\n",
                  flash_extra[i][1]);
         snprintf(labels[n], sizeof labels[n], "%s", flash_extra[i][0]);
+    }
+    for (int i = 0; i < N_ODD; i++, n++) {
+        const char *dt = dtypes[i % 2], *mask = flash_masks[i % 3];
+        snprintf(specs[n], sizeof specs[n],
+                 "attention forward flash {\n dtype = %s\n head_dim = %d\n"
+                 " head_dim_v = %d\n mask = %s\n}\n", dt, odd_dims[i][0], odd_dims[i][1], mask);
+        snprintf(labels[n], sizeof labels[n], "flash %s d%d/%d %s", dt, odd_dims[i][0],
+                 odd_dims[i][1], mask);
     }
     for (int i = 0; i < n; i++) {
         ops[i] = NULL;
@@ -232,7 +248,12 @@ static void check_stages(const char *label, const char *arch, aj_kernel *k)
  * The flash backward's default schedules: each head dim on both GPU
  * targets, deterministic (delta, dkdv, dq) and atomic (delta, dkdv,
  * dq_convert) modules, the dtypes and masks rotating; then the options
- * that add code to the element pass (softcap, alibi, dropout, varlen).
+ * that add code to the element pass (softcap, alibi, dropout, varlen);
+ * then head dims that are odd multiples of 8 or need a warp grid over the
+ * padded width (80, 176), one mode each.  Not yet here because their
+ * defaults still spill: D = Dv in 112, 120, 136, 144, 200, 208, 232, 240
+ * (most split their head-dim tiles over 4 warps only, at more accumulators
+ * per thread) and D != Dv pairs far apart (72/136, 248/8).
  * Compiled in parallel with aj_compile_many, then assembled one by one.
  */
 static void check_flash_bwd(aj_ctx *ctx)
@@ -247,7 +268,8 @@ static void check_flash_bwd(aj_ctx *ctx)
         "dtype = bf16 head_dim = 256 dropout = 0.2 deterministic = true "
         "mask = window(64, 0, bottom_right)",
     };
-    enum { PER_ARCH = 14 + 3, N = 2 * PER_ARCH };
+    static const int odd_dims[10] = {8, 24, 40, 72, 80, 88, 152, 176, 216, 248};
+    enum { PER_ARCH = 14 + 3 + 10, N = 2 * PER_ARCH };
     char labels[N][96], specs[N][320];
     aj_op *ops[N] = {0};
     aj_compile_job jobs[N];
@@ -267,6 +289,15 @@ static void check_flash_bwd(aj_ctx *ctx)
             int x = a * PER_ARCH + 14 + i;
             snprintf(specs[x], sizeof specs[x], "attention backward flash { %s }", extras[i]);
             snprintf(labels[x], sizeof labels[x], "flash bwd extra %d", i);
+        }
+        for (int i = 0; i < 10; i++) {
+            int x = a * PER_ARCH + 17 + i, det = (i + a) % 2;
+            const char *dt = dtypes[i % 2], *mask = masks[(i + a) % 4];
+            snprintf(specs[x], sizeof specs[x], "attention backward flash { dtype = %s "
+                     "head_dim = %d mask = %s deterministic = %s }", dt, odd_dims[i], mask,
+                     det ? "true" : "false");
+            snprintf(labels[x], sizeof labels[x], "flash bwd %s d%d %s%s", dt, odd_dims[i],
+                     det ? "det " : "", mask);
         }
     }
     for (int x = 0; x < N; x++) {

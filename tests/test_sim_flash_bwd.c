@@ -4,6 +4,7 @@
  *
  * Covers: f16 and bf16 at every head dim the template targets (32, 64,
  * 96, 128, 192, 256 and 192/128) under the four mask kinds with tails;
+ * head dims that are odd multiples of 8 (8 .. 248, D != Dv both ways);
  * position offsets; GQA 2:1 and 4:1; varlen batches of very different
  * lengths (one of them empty); softcap and alibi; dropout with the
  * forward's stream; deterministic mode bitwise equal over repeated runs
@@ -297,33 +298,55 @@ static fb_case base(const char *label, aj_dtype dtype, int d, const char *mask)
                      .hkv = 1, .sq = 37, .sk = 70, .seed = 11, .deterministic = 1};
 }
 
-/* dtypes x head dims x masks (rotating; every mask at d 64), GQA 2:1,
- * tails in both lengths; deterministic and atomic dq alternate */
+static const char *const matrix_masks[4] = {"none", "causal(top_left)", "causal(bottom_right)",
+                                            "window(20, 5, top_left)"};
+
+/* One case of a head-dim sweep at (d, dv) under mask m, GQA 2:1, tails in
+ * both lengths (shorter ones past head dim 128); `label` is the caller's
+ * buffer. */
+static void run_dims_case(char *label, size_t cap, aj_dtype dtype, int d, int dv, int m,
+                          int det)
+{
+    snprintf(label, cap, "%s d%d/%d %s%s", aj_dtype_name(dtype), d, dv, matrix_masks[m],
+             det ? "" : " atomic dq");
+    fb_case c = base(label, dtype, d, matrix_masks[m]);
+    c.dv = dv;
+    c.deterministic = det;
+    c.sq = d > 128 || dv > 128 ? 21 : 37;
+    c.sk = d > 128 || dv > 128 ? 40 : 70;
+    run(&c);
+}
+
+/* dtypes x head dims x masks (rotating; every mask at d 64); deterministic
+ * and atomic dq alternate */
 static void test_matrix(void)
 {
     static const aj_dtype dtypes[2] = {AJ_DTYPE_F16, AJ_DTYPE_BF16};
     static const int dims[7][2] = {{32, 32},   {64, 64},   {96, 96}, {128, 128},
                                    {192, 192}, {256, 256}, {192, 128}};
-    static const char *const masks[4] = {"none", "causal(top_left)", "causal(bottom_right)",
-                                         "window(20, 5, top_left)"};
-    char labels[40][96];
-    int n = 0;
+    char label[96];
     for (int t = 0; t < 2; t++)
         for (int d = 0; d < 7; d++)
-            for (int m = 0; m < 4; m++) {
-                if (dims[d][0] != 64 && m != (t + d) % 4)
-                    continue;
-                int det = (t + d + m) % 2;
-                snprintf(labels[n], sizeof labels[n], "%s d%d/%d %s%s", aj_dtype_name(dtypes[t]),
-                         dims[d][0], dims[d][1], masks[m], det ? "" : " atomic dq");
-                fb_case c = base(labels[n], dtypes[t], dims[d][0], masks[m]);
-                c.dv = dims[d][1];
-                c.deterministic = det;
-                c.sq = dims[d][0] >= 192 ? 21 : 37;
-                c.sk = dims[d][0] >= 192 ? 40 : 70;
-                run(&c);
-                n++;
-            }
+            for (int m = 0; m < 4; m++)
+                if (dims[d][0] == 64 || m == (t + d) % 4)
+                    run_dims_case(label, sizeof label, dtypes[t], dims[d][0], dims[d][1], m,
+                                  (t + d + m) % 2);
+}
+
+/* head dims that are not multiples of 16: S = Q K^T and dP = dO V^T end in
+ * the zero pad columns of their tiles, dK, dQ and dV have an odd number of
+ * n8 tiles, or (200, and 136 of 72/136: an odd count over 2 warp columns)
+ * a warp grid over the padded width, whose pad tile is never stored (200
+ * runs with atomic dq: nor added to dQacc); D != Dv both ways; masks,
+ * dtypes and the dq mode rotating */
+static void test_odd_dims(void)
+{
+    static const int dims[][2] = {{8, 8}, {24, 24}, {40, 40}, {72, 72}, {80, 80},
+                                  {200, 200}, {40, 24}, {72, 136}, {248, 8}};
+    char label[96];
+    for (int d = 0; d < 9; d++)
+        run_dims_case(label, sizeof label, d % 2 ? AJ_DTYPE_BF16 : AJ_DTYPE_F16, dims[d][0],
+                      dims[d][1], (d + d / 4) % 4, (d / 2) % 2);
 }
 
 static void test_shapes(void)
@@ -731,6 +754,7 @@ static void run_suite(int cpu)
 {
     if (!cpu) {
         test_matrix();
+        test_odd_dims();
         test_shapes();
         test_offsets();
         test_score_mods();

@@ -4,7 +4,8 @@
  *
  * A covering design rather than the full product, to stay within about a
  * minute on one core: every head dim (32 .. 256 and 192/128) meets every
- * mask once, the dtypes alternating, with lengths that leave tails on both
+ * mask once, head dims that are odd multiples of 8 (8 .. 248, D != Dv) one
+ * mask each, the dtypes alternating, with lengths that leave tails on both
  * sides (1, 17, 65, 130); then GQA, batches, BSHD strides, position offsets
  * and totals, softcap, alibi, dropout (exact keep mask: the reference's
  * Philox stream), every supported schedule field value, accumulate chained
@@ -67,28 +68,46 @@ static fwd_case base(const char *label, aj_dtype dtype, int d, const char *mask)
     return c;
 }
 
-/* head dim x mask, dtypes alternating, lengths rotating through tails */
+static const char *const matrix_masks[] = {"none", "causal(top_left)", "causal(bottom_right)",
+                                           "window(40, 7, bottom_right)"};
+
+/* Case i of a head-dim sweep at (d, dv) under mask m: dtypes alternating,
+ * lengths rotating through tails. */
+static void run_dims_case(int i, int d, int dv, int m)
+{
+    static const int lens[][2] = {{65, 130}, {130, 65}, {17, 65}, {1, 17}};
+    char label[128];
+    aj_dtype dt = (i + m) % 2 ? AJ_DTYPE_BF16 : AJ_DTYPE_F16;
+    const int *len = lens[(i + m) % 4];
+    snprintf(label, sizeof label, "%s d%d/%d %s Sq %d Sk %d", aj_dtype_name(dt), d, dv,
+             matrix_masks[m], len[0], len[1]);
+    fwd_case c = base(label, dt, d, matrix_masks[m]);
+    c.dv = dv;
+    c.sq = len[0];
+    c.sk = len[1];
+    c.seed = (uint64_t)(10 * i + m + 1);
+    run(&c);
+}
+
+/* head dim x mask */
 static void test_matrix(void)
 {
     static const int dims[][2] = {{32, 32}, {64, 64}, {96, 96}, {128, 128}, {192, 192},
                                   {256, 256}, {192, 128}};
-    static const char *const masks[] = {"none", "causal(top_left)", "causal(bottom_right)",
-                                        "window(40, 7, bottom_right)"};
-    static const int lens[][2] = {{65, 130}, {130, 65}, {17, 65}, {1, 17}};
-    char label[128];
     for (int d = 0; d < 7; d++)
-        for (int m = 0; m < 4; m++) {
-            aj_dtype dt = (d + m) % 2 ? AJ_DTYPE_BF16 : AJ_DTYPE_F16;
-            const int *len = lens[(d + m) % 4];
-            snprintf(label, sizeof label, "%s d%d/%d %s Sq %d Sk %d", aj_dtype_name(dt),
-                     dims[d][0], dims[d][1], masks[m], len[0], len[1]);
-            fwd_case c = base(label, dt, dims[d][0], masks[m]);
-            c.dv = dims[d][1];
-            c.sq = len[0];
-            c.sk = len[1];
-            c.seed = (uint64_t)(10 * d + m + 1);
-            run(&c);
-        }
+        for (int m = 0; m < 4; m++)
+            run_dims_case(d, dims[d][0], dims[d][1], m);
+}
+
+/* head dims that are not multiples of 16 (Q K^T's last mma step reads the
+ * zero pad columns of Q and K; an odd number of n8 tiles of O), D != Dv
+ * both ways, one mask each: each mask meets both dtypes */
+static void test_odd_dims(void)
+{
+    static const int dims[][2] = {{8, 8}, {24, 24}, {40, 40}, {72, 72}, {200, 200},
+                                  {40, 24}, {72, 136}, {248, 8}};
+    for (int d = 0; d < 8; d++)
+        run_dims_case(d, dims[d][0], dims[d][1], (d + d / 4) % 4);
 }
 
 /* GQA 4:1 and MQA over a batch of 2, BSHD strides, large inputs */
@@ -402,6 +421,7 @@ int main(void)
     if (!dev)
         return check_report();
     test_matrix();
+    test_odd_dims();
     test_heads_and_layout();
     test_offsets();
     test_score_mods();

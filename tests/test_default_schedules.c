@@ -1,0 +1,306 @@
+/*
+ * test_default_schedules.c -- every default schedule is one its own
+ * template accepts (issue 14's sweep).
+ *
+ *   accept   every case of tests/sweep_cases.h (kind x variant x dtype x
+ *            head dim 8..256 step 8 x mask x score mod x bias), each also
+ *            with dropout, with accumulate (forward) or deterministic
+ *            (backward), and with layout = varlen, and every (D, Dv) pair
+ *            of the range: on sm_80, sm_90, sm_90a, sim and cpu the op's
+ *            template either declines the op as a whole (a claim: "flash
+ *            forward runs on f16 / bf16", "layout = varlen: ...") or its
+ *            default schedule passes its own check.  A refusal that blames
+ *            the schedule ("schedule: ...") of an op given no schedule is
+ *            a failure.
+ *   ptxas    `ptxas [shard/shards]`: the GPU kernels of the sweep at their
+ *            default schedules through ptxas for sm_80 and sm_90 with no
+ *            spill bytes (see assemble_sweep for which cases).
+ *   numeric  `numeric`: a spread-out sample of the forward cases on sim
+ *            and cpu against the float64 reference, B1 H2, S 17..40 (the
+ *            backward sample runs in test_sim_flash_bwd sweep).
+ */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "ptxas_util.h"
+#include "sim_harness.h"
+#include "sweep_cases.h"
+#include "templates/template.h"
+
+static const aj_target all_targets[] = {AJ_TARGET_SM_80, AJ_TARGET_SM_90, AJ_TARGET_SM_90A,
+                                        AJ_TARGET_SIM, AJ_TARGET_CPU};
+#define N_TARGETS ((int)(sizeof all_targets / sizeof all_targets[0]))
+
+static aj_op *parse_case(aj_ctx *ctx, const sweep_case *c)
+{
+    char spec[512], label[160];
+    sweep_spec(c, spec, sizeof spec);
+    sweep_label(c, label, sizeof label);
+    aj_op *op = NULL;
+    aj_status st = aj_op_parse(ctx, spec, strlen(spec), label, &op);
+    CHECK_MSG(st == AJ_OK, "%s: the IR rejects a sweep case: %s", label, aj_last_error(ctx));
+    return op;
+}
+
+/* ---------------------------------------------------------------- accept */
+
+typedef struct accept_counts {
+    int ops, accepted, declined;
+} accept_counts;
+
+/* Whether the op's template on `target` takes the op with its default
+ * schedule (1) or declines the op as a whole (0); a default that its own
+ * check refuses fails the test. */
+static int template_takes(aj_ctx *ctx, const aj_op *op, aj_target target, const char *label)
+{
+    const aj_template *tmpl;
+    if (aj_template_find(ctx, op, target, &tmpl) != AJ_OK)
+        return 0;
+    if (tmpl->check(ctx, op, target) == AJ_OK)
+        return 1;
+    const char *msg = aj_last_error(ctx);
+    CHECK_MSG(strncmp(msg, "schedule:", 9) != 0, "%s on %s: default refused: %s", label,
+              aj_target_name(target), msg);
+    return 0;
+}
+
+static void accept_case(aj_ctx *ctx, const sweep_case *c, accept_counts *n)
+{
+    if (!sweep_case_valid(c))
+        return;
+    aj_op *op = parse_case(ctx, c);
+    if (!op)
+        return;
+    char label[160];
+    sweep_label(c, label, sizeof label);
+    n->ops++;
+    for (int t = 0; t < N_TARGETS; t++) {
+        if (template_takes(ctx, op, all_targets[t], label))
+            n->accepted++;
+        else
+            n->declined++;
+    }
+    aj_op_destroy(op);
+}
+
+static void test_accept(aj_ctx *ctx)
+{
+    accept_counts n = {0};
+    for (int i = 0; i < SWEEP_COUNT; i++) {
+        sweep_case c = sweep_case_at(i);
+        accept_case(ctx, &c, &n);
+        sweep_case x = c;
+        x.dropout = 0.25;
+        accept_case(ctx, &x, &n);
+        x = c;
+        x.accumulate = c.kind == AJ_KIND_FORWARD;
+        x.deterministic = c.kind == AJ_KIND_BACKWARD;
+        accept_case(ctx, &x, &n);
+        x = c;
+        x.varlen = !c.bias;
+        if (x.varlen)
+            accept_case(ctx, &x, &n);
+    }
+    /* every (D, Dv) pair, both kinds and variants, every dtype */
+    for (int kind = 0; kind < 2; kind++)
+        for (int var = 0; var < 2; var++)
+            for (int t = 0; t < SWEEP_N_DTYPES; t++)
+                for (int d = SWEEP_DIM_STEP; d <= SWEEP_DIM_MAX; d += SWEEP_DIM_STEP)
+                    for (int dv = SWEEP_DIM_STEP; dv <= SWEEP_DIM_MAX; dv += SWEEP_DIM_STEP) {
+                        sweep_case c = {.kind = kind ? AJ_KIND_BACKWARD : AJ_KIND_FORWARD,
+                                        .variant = var ? AJ_VARIANT_EFFICIENT : AJ_VARIANT_FLASH,
+                                        .dtype = sweep_dtypes[t], .d = d, .dv = dv,
+                                        .mask = sweep_masks[(d + dv) / 8 % SWEEP_N_MASKS],
+                                        .score_mod = sweep_mods[d / 8 % SWEEP_N_MODS]};
+                        accept_case(ctx, &c, &n);
+                    }
+    printf("accept: %d ops x %d targets: %d defaults accepted, %d declined by the template's "
+           "claim, 0 defaults refused by their own check expected\n",
+           n.ops, N_TARGETS, n.accepted, n.declined);
+}
+
+/* ---------------------------------------------------------------- ptxas */
+
+/* The option sets each (kind, variant, dtype, head dim) is assembled
+ * with: none; the most registers a forward or backward can need (window
+ * bounds, alibi's distances, bias, dropout's Philox, accumulate's merge);
+ * and softcap's tanh with a causal mask. */
+static sweep_case with_options(sweep_case c, int set)
+{
+    int eff = c.variant == AJ_VARIANT_EFFICIENT;
+    switch (set) {
+    case 0:
+        c.mask = sweep_masks[0];
+        c.score_mod = sweep_mods[0];
+        break;
+    case 1:
+        c.mask = sweep_masks[2];
+        c.score_mod = sweep_mods[2];
+        c.bias = eff;
+        c.dropout = 0.1;
+        c.accumulate = c.kind == AJ_KIND_FORWARD;
+        break;
+    default:
+        c.mask = sweep_masks[1];
+        c.score_mod = sweep_mods[1];
+        c.bias = eff;
+        c.deterministic = c.kind == AJ_KIND_BACKWARD;
+        break;
+    }
+    return c;
+}
+
+#define PTXAS_SETS 3
+
+/* Every (kind, variant, dtype, head dim) of the sweep in PTXAS_SETS
+ * option sets, compiled for sm_80 and sm_90 at the default schedule and
+ * assembled: every kernel of the module with 0 spill bytes.  The mask and
+ * mod products in between change no schedule (defaults depend on the
+ * dtype, head dims and kind only) and fewer registers than set 1. */
+static void test_ptxas(aj_ctx *ctx, int shard, int shards)
+{
+    char ptxas[1024];
+    if (!ptxas_find(ptxas, sizeof ptxas)) {
+        printf("SKIP ptxas sweep: ptxas is not on PATH or in /usr/local/cuda/bin\n");
+        return;
+    }
+    enum { MAX_JOBS = 2 * 2 * SWEEP_N_DTYPES * SWEEP_DIMS * PTXAS_SETS };
+    static aj_compile_job jobs[MAX_JOBS];
+    static aj_op *ops[MAX_JOBS];
+    static char labels[MAX_JOBS][160];
+    static ptxas_result results[MAX_JOBS];
+    static const struct { aj_target target; const char *arch; } archs[2] = {
+        {AJ_TARGET_SM_80, "sm_80"}, {AJ_TARGET_SM_90, "sm_90"}};
+    for (int a = 0; a < 2; a++) {
+        int n = 0, slot = 0;
+        /* the main product with mask, mod and bias at their first values
+         * is every (kind, variant, dtype, dim) once */
+        for (int i = 0; i < SWEEP_COUNT; i += 2 * SWEEP_N_MODS * SWEEP_N_MASKS)
+            for (int set = 0; set < PTXAS_SETS; set++, slot++) {
+                if (slot % shards != shard)
+                    continue;
+                sweep_case c = with_options(sweep_case_at(i), set);
+                sweep_label(&c, labels[n], sizeof labels[n]);
+                aj_op *op = parse_case(ctx, &c);
+                if (!op)
+                    continue;
+                if (!template_takes(ctx, op, archs[a].target, labels[n])) {
+                    aj_op_destroy(op);
+                    continue;
+                }
+                ops[n] = op;
+                memset(&jobs[n], 0, sizeof jobs[n]);
+                jobs[n].op = op;
+                n++;
+            }
+        aj_compile_options opt = AJ_COMPILE_OPTIONS_INIT;
+        opt.target = archs[a].target;
+        aj_compile_many(ctx, jobs, (size_t)n, &opt, 0);
+        ptxas_assemble_all(ptxas, archs[a].arch, jobs, results, n);
+        int most_regs = 0;
+        for (int j = 0; j < n; j++) {
+            CHECK_MSG(jobs[j].status == AJ_OK, "%s %s: %s", labels[j], archs[a].arch,
+                      jobs[j].message);
+            if (jobs[j].status != AJ_OK)
+                continue;
+            CHECK_MSG(results[j].exit_code == 0, "%s %s: ptxas failed:\n%s", labels[j],
+                      archs[a].arch, results[j].log);
+            for (int st = 0; st < aj_kernel_num_stages(jobs[j].kernel); st++) {
+                ptxas_result r;
+                const char *entry = aj_kernel_stage_entry(jobs[j].kernel, st);
+                CHECK_MSG(ptxas_entry(&results[j], entry, &r) == 0,
+                          "%s %s: no ptxas report for %s", labels[j], archs[a].arch, entry);
+                CHECK_MSG(r.spill_stores == 0 && r.spill_loads == 0,
+                          "%s %s (%s): spills %d/%d bytes, %d registers", labels[j],
+                          archs[a].arch, entry, r.spill_stores, r.spill_loads, r.registers);
+                most_regs = r.registers > most_regs ? r.registers : most_regs;
+            }
+            aj_kernel_destroy(jobs[j].kernel);
+            aj_op_destroy(ops[j]);
+        }
+        printf("ptxas %s: %d kernels of shard %d/%d assembled, at most %d registers\n",
+               archs[a].arch, n, shard, shards, most_regs);
+    }
+}
+
+/* ---------------------------------------------------------------- numeric */
+
+/* Every SWEEP_SAMPLE_STRIDE-th case of the product: a prime stride walks
+ * through every head dim, dtype, mask, mod and bias in turn. */
+#define SWEEP_SAMPLE_STRIDE 37
+
+/* One forward sweep case on `dev`, B1 H2, lengths 17..40 from the index;
+ * 0 where the device's template declines the op (flash f32 on sim). */
+static int run_forward_sample(aj_ctx *ctx, aj_device *dev, int index, const sweep_case *c)
+{
+    char label[160];
+    sweep_label(c, label, sizeof label);
+    aj_op *op = parse_case(ctx, c);
+    int takes = op && template_takes(ctx, op, aj_device_target(dev), label);
+    aj_op_destroy(op);
+    if (!takes)
+        return 0;
+    fwd_case fc = {.label = label, .dtype = c->dtype, .d = c->d, .dv = c->dv, .mask = c->mask,
+                   .score_mod = c->score_mod, .b = 1, .hq = 2, .hkv = index % 2 ? 1 : 2,
+                   .sq = 17 + index % 24, .sk = 17 + (index / 24) % 24, .seed = (uint64_t)index};
+    fwd_options x = {0};
+    if (c->bias) {
+        x.bias_shape[0] = 1;
+        x.bias_shape[1] = 2;
+        x.bias_shape[2] = fc.sq;
+        x.bias_shape[3] = fc.sk;
+        x.bias_magnitude = 1.0;
+    }
+    fwd_run_options run = {.variant = c->variant};
+    fwd_result r = fwd_run_case_ext(ctx, dev, &fc, &x, &run);
+    CHECK_MSG(r.status == AJ_OK, "%s on %s: %s", label, aj_target_name(aj_device_target(dev)),
+              aj_last_error(ctx));
+    if (r.status != AJ_OK)
+        return 1;
+    CHECK_MSG(r.max_err_o <= 1.0 && r.max_err_lse <= 1.0,
+              "%s on %s: o %.3g, lse %.3g of the tolerance", label,
+              aj_target_name(aj_device_target(dev)), r.max_err_o, r.max_err_lse);
+    CHECK_MSG(r.exact_empty_rows, "%s: a row without keys is not O = 0, LSE = -inf", label);
+    return 1;
+}
+
+static void test_numeric(aj_ctx *ctx)
+{
+    static const aj_device_kind kinds[2] = {AJ_DEVICE_SIM, AJ_DEVICE_CPU};
+    for (int d = 0; d < 2; d++) {
+        aj_device *dev;
+        CHECK_STATUS(ctx, aj_device_open(ctx, kinds[d], 0, &dev), AJ_OK);
+        int ran = 0;
+        for (int i = 0; i < SWEEP_COUNT; i += SWEEP_SAMPLE_STRIDE) {
+            sweep_case c = sweep_case_at(i);
+            if (c.kind != AJ_KIND_FORWARD || !sweep_case_valid(&c))
+                continue;
+            ran += run_forward_sample(ctx, dev, i, &c);
+        }
+        printf("numeric: %d forward sweep cases on %s against the reference\n", ran,
+               aj_target_name(aj_device_target(dev)));
+        fwd_cache_clear();
+        aj_device_close(dev);
+    }
+}
+
+/* ---------------------------------------------------------------- main */
+
+int main(int argc, char **argv)
+{
+    aj_ctx *ctx;
+    CHECK(aj_ctx_create(NULL, &ctx) == AJ_OK);
+    const char *mode = argc > 1 ? argv[1] : "accept";
+    if (strcmp(mode, "accept") == 0)
+        test_accept(ctx);
+    else if (strcmp(mode, "numeric") == 0)
+        test_numeric(ctx);
+    else if (strcmp(mode, "ptxas") == 0)
+        test_ptxas(ctx, argc > 3 ? atoi(argv[2]) : 0, argc > 3 ? atoi(argv[3]) : 1);
+    aj_ctx_destroy(ctx);
+    return check_report();
+}
