@@ -475,43 +475,37 @@ typedef struct launch_args {
     aj_merge_args merge;
 } launch_args;
 
+/* The fields aj_fwd_args and aj_bwd_args share, by name. */
+#define FILL_SHARED_ARGS(a, t, o)                                               \
+    do {                                                                        \
+        (a).q = (t)[T_Q];                                                       \
+        (a).k = (t)[T_K];                                                       \
+        (a).v = (t)[T_V];                                                       \
+        (a).o = (t)[T_O];                                                       \
+        (a).lse = (t)[T_LSE];                                                   \
+        (a).alibi_slopes = (t)[T_ALIBI];                                        \
+        (a).bias = (t)[T_BIAS];                                                 \
+        (a).q_offset = (o)->q_offset;                                           \
+        (a).kv_offset = (o)->kv_offset;                                         \
+        (a).sq_total = (o)->sq_total;                                           \
+        (a).sk_total = (o)->sk_total;                                           \
+        (a).seed = (o)->seed;                                                   \
+        (a).offset = (o)->offset;                                               \
+    } while (0)
+
 static void fill_args(const aj_tensor *t, const run_opts *o, launch_args *a)
 {
     a->fwd = (aj_fwd_args)AJ_FWD_ARGS_INIT;
-    a->fwd.q = t[T_Q];
-    a->fwd.k = t[T_K];
-    a->fwd.v = t[T_V];
-    a->fwd.o = t[T_O];
-    a->fwd.lse = t[T_LSE];
-    a->fwd.alibi_slopes = t[T_ALIBI];
-    a->fwd.bias = t[T_BIAS];
+    FILL_SHARED_ARGS(a->fwd, t, o);
     a->fwd.o_acc = t[T_O_ACC];
-    a->fwd.q_offset = o->q_offset;
-    a->fwd.kv_offset = o->kv_offset;
-    a->fwd.sq_total = o->sq_total;
-    a->fwd.sk_total = o->sk_total;
-    a->fwd.seed = o->seed;
-    a->fwd.offset = o->offset;
 
     a->bwd = (aj_bwd_args)AJ_BWD_ARGS_INIT;
-    a->bwd.q = t[T_Q];
-    a->bwd.k = t[T_K];
-    a->bwd.v = t[T_V];
-    a->bwd.o = t[T_O];
-    a->bwd.lse = t[T_LSE];
+    FILL_SHARED_ARGS(a->bwd, t, o);
     a->bwd.do_ = t[T_DO];
     a->bwd.dq = t[T_DQ];
     a->bwd.dk = t[T_DK];
     a->bwd.dv = t[T_DV];
-    a->bwd.alibi_slopes = t[T_ALIBI];
-    a->bwd.bias = t[T_BIAS];
     a->bwd.dbias = t[T_DBIAS];
-    a->bwd.q_offset = o->q_offset;
-    a->bwd.kv_offset = o->kv_offset;
-    a->bwd.sq_total = o->sq_total;
-    a->bwd.sk_total = o->sk_total;
-    a->bwd.seed = o->seed;
-    a->bwd.offset = o->offset;
 
     a->merge = (aj_merge_args)AJ_MERGE_ARGS_INIT;
     a->merge.o1 = t[T_O1];
