@@ -93,5 +93,34 @@ expect 0 "(default)" cat "$tmp/tune.out"
 expect 0 "rank,block_m,block_n,warps,stages" cat "$tmp/tune.csv"
 expect 0 "schedule " cat "$tmp"/cache/tuning/*.tune
 
+# docs/cli.md's run examples, as written: every "$ " command of its ```sh
+# blocks that runs `attnjit run` or scripts/npy_random.pl (continuation
+# lines joined), in order, from a directory that holds the repository's
+# examples/ and scripts/
+root=$(cd "$specs/../.." && pwd)
+mkdir "$tmp/docs"
+ln -s "$root/examples" "$root/scripts" "$tmp/docs/"
+awk '/^```sh$/ { sh = 1; next }
+     /^```/    { sh = 0 }
+     sh && (more || /^\$ /) {
+         cmd = more ? cmd " " $0 : substr($0, 3)
+         more = sub(/ *\\$/, "", cmd)
+         if (!more) print cmd
+     }' "$root/docs/cli.md" | grep -E '^(attnjit run|perl scripts/npy_random.pl) ' > "$tmp/docs.sh"
+runs=0
+while IFS= read -r cmd; do
+    case $cmd in
+    attnjit*) runs=$((runs + 1))
+              expect 0 " ms, run " bash -c "cd '$tmp/docs' && '$aj'${cmd#attnjit}" ;;
+    *)        expect 0 "" bash -c "cd '$tmp/docs' && $cmd" ;;
+    esac
+done < "$tmp/docs.sh"
+if [ "$runs" -ge 4 ]; then passed=$((passed + 1)); else
+    echo "FAIL: docs/cli.md gave $runs attnjit run examples, want the backward and merge ones"
+    failed=$((failed + 1)); fi
+for f in dq dk dv o_all lse_all; do
+    expect 0 "NUMPY" head -c 6 "$tmp/docs/$f.npy"
+done
+
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

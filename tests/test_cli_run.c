@@ -1,7 +1,8 @@
 /*
  * test_cli_run.c -- `attnjit run` end to end: .npy tensors in, the kernel on
- * the sim device and on the cpu device, .npy results out, compared with the float64 reference;
- * then the command's errors, each with its exit code and message.
+ * the sim device and on the cpu device, .npy results out, compared with the float64 reference
+ * (forward, accumulate, bias, backward of both variants, merge); then the
+ * command's errors, each with its exit code and message.
  *
  *   test_cli_run ATTNJIT_BINARY
  */
@@ -56,16 +57,85 @@ static double uniform(void)
     return (double)(rng >> 11) / 9007199254740992.0 * 2 - 1;
 }
 
+/* x rounded to f16, as f32 (what a .npy holds) and as double (what the
+ * reference reads). */
+static void round_to_f16(double x, float *f, double *d)
+{
+    uint16_t h;
+    float x32 = (float)x;
+    aj_convert(&x32, AJ_DTYPE_F32, &h, AJ_DTYPE_F16, 1);
+    aj_convert(&h, AJ_DTYPE_F16, f, AJ_DTYPE_F32, 1);
+    *d = *f;
+}
+
 /* Random f32 values exactly representable in f16, in both forms. */
 static void random_f16_values(float *f, double *d, size_t n)
 {
-    for (size_t i = 0; i < n; i++) {
-        uint16_t h;
-        float x = (float)uniform();
-        aj_convert(&x, AJ_DTYPE_F32, &h, AJ_DTYPE_F16, 1);
-        aj_convert(&h, AJ_DTYPE_F16, &f[i], AJ_DTYPE_F32, 1);
-        d[i] = f[i];
+    for (size_t i = 0; i < n; i++)
+        round_to_f16(uniform(), &f[i], &d[i]);
+}
+
+/* DIR/PREFIXNAME.npy: the file of tensor NAME in the test that uses PREFIX */
+static char *tensor_path(const char *prefix, const char *name)
+{
+    char file[128];
+    snprintf(file, sizeof file, "%s%s.npy", prefix, name);
+    return path(file);
+}
+
+static void write_tensor(const char *prefix, const char *name, const float *f, int rank,
+                         const int64_t *shape)
+{
+    char err[512];
+    CHECK_MSG(npy_write_f32(tensor_path(prefix, name), f, rank, shape, err, sizeof err) == NPY_OK,
+              "%s: %s", name, err);
+}
+
+/* "run SPEC --device DEVICE --in q=F ... --out dq=F ... EXTRA" with each
+ * name of the space-separated lists bound to its tensor_path(). */
+static void run_command(char *args, size_t cap, const char *spec, const char *device,
+                        const char *prefix, const char *ins, const char *outs,
+                        const char *extra)
+{
+    snprintf(args, cap, "run '%s' --device %s %s", path(spec), device, extra);
+    const char *lists[2] = {ins, outs};
+    for (int l = 0; l < 2; l++)
+        for (const char *s = lists[l]; *s;) {
+            size_t n = strcspn(s, " ");
+            char name[32];
+            snprintf(name, sizeof name, "%.*s", (int)n, s);
+            size_t len = strlen(args);
+            snprintf(args + len, cap - len, " --%s %s='%s'", l ? "out" : "in", name,
+                     tensor_path(prefix, name));
+            s += n + (s[n] == ' ');
+        }
+}
+
+/* A result file against the reference, norm-wise: max |got - ref| /
+ * (atol + rtol max |ref|) over the finite references (<= 1 passes); an
+ * infinite reference must come back exactly; a wrong shape or a NaN gives
+ * infinity. */
+static double result_error(const char *prefix, const char *name, const double *ref, int rank,
+                           const int64_t *shape, double atol, double rtol)
+{
+    npy_array a;
+    char err[512];
+    if (npy_read_f32(tensor_path(prefix, name), &a, err, sizeof err) != NPY_OK) {
+        CHECK_MSG(0, "%s: %s", name, err);
+        return INFINITY;
     }
+    int same = a.rank == rank;
+    for (int i = 0; same && i < rank; i++)
+        same = a.shape[i] == shape[i];
+    double most = 0, worst = 0;
+    for (size_t i = 0; same && i < a.count; i++)
+        most = isinf(ref[i]) ? most : fmax(most, fabs(ref[i]));
+    for (size_t i = 0; same && i < a.count; i++) {
+        double e = isinf(ref[i]) ? (a.f32[i] == ref[i] ? 0 : INFINITY) : fabs(a.f32[i] - ref[i]);
+        worst = e == e ? fmax(worst, e) : INFINITY;
+    }
+    npy_free(&a);
+    return same ? worst / (atol + rtol * most) : INFINITY;
 }
 
 static void test_run_matches_reference(const char *device)
@@ -233,6 +303,113 @@ static void test_accumulate_and_bias(void)
     npy_free(&l);
 }
 
+/* f16 results against the float64 reference: test_sim_backward's pair */
+static const double f16_atol = 1e-3, f16_rtol = 4e-3;
+
+/* A backward through the CLI with GQA (4 query heads on 2 kv heads): the
+ * reference forward's O (rounded to f16) and LSE (f32) with a random dO in,
+ * dQ, dK, dV out, each against ref_backward.  The efficient variant adds a
+ * bias broadcast over the batch and checks dBias (the sum over it); the
+ * flash variant runs with the workspace run allocates. */
+static void test_backward_matches_reference(const char *device, const char *variant)
+{
+    enum { B = 2, HQ = 4, HKV = 2, SQ = 24, SK = 40, D = 16 };
+    enum { NQ = B * HQ * SQ * D, NK = B * HKV * SK * D, NB = HQ * SQ * SK };
+    int with_bias = strcmp(variant, "efficient") == 0;
+    const char *mask = with_bias ? "causal(bottom_right)" : "causal(top_left)";
+    char spec[256];
+    snprintf(spec, sizeof spec, "attention backward %s {\n  dtype = f16\n  head_dim = 16\n"
+             "  mask = %s\n  bias = %s\n}\n", variant, mask, with_bias ? "add" : "none");
+    write_text(path("bwd_case.aj"), spec);
+    static float q[NQ], k[NK], v[NK], dout[NQ], o[NQ], lse[B * HQ * SQ], bias[NB];
+    static double qd[NQ], kd[NK], vd[NK], dd[NQ], od[NQ], lsed[B * HQ * SQ], bd[NB];
+    static double dq[NQ], dk[NK], dv[NK], dbias[NB];
+    random_f16_values(q, qd, NQ);
+    random_f16_values(k, kd, NK);
+    random_f16_values(v, vd, NK);
+    random_f16_values(dout, dd, NQ);
+    random_f16_values(bias, bd, NB);
+    ref_problem p;
+    memset(&p, 0, sizeof p);
+    p.B = B, p.Hq = HQ, p.Hkv = HKV, p.Sq = SQ, p.Sk = SK, p.D = D, p.Dv = D;
+    p.mask = AJ_MASK_CAUSAL;
+    p.align = with_bias ? AJ_ALIGN_BOTTOM_RIGHT : AJ_ALIGN_TOP_LEFT;
+    p.q_offset = 5;
+    p.kv_offset = 3;
+    if (with_bias) {
+        p.bias = bd;
+        p.bias_shape[0] = 1, p.bias_shape[1] = HQ, p.bias_shape[2] = SQ, p.bias_shape[3] = SK;
+    }
+    ref_forward(&p, qd, kd, vd, od, lsed);
+    for (size_t i = 0; i < NQ; i++)   /* O as the f16 forward gives it */
+        round_to_f16(od[i], &o[i], &od[i]);
+    for (size_t i = 0; i < B * HQ * SQ; i++) {
+        lse[i] = (float)lsed[i];
+        lsed[i] = lse[i];
+    }
+    ref_backward(&p, qd, kd, vd, od, lsed, dd, dq, dk, dv, with_bias ? dbias : NULL);
+
+    int64_t qs[4] = {B, HQ, SQ, D}, ks[4] = {B, HKV, SK, D}, ls[3] = {B, HQ, SQ},
+            bs[4] = {1, HQ, SQ, SK};
+    write_tensor("b_", "q", q, 4, qs);
+    write_tensor("b_", "k", k, 4, ks);
+    write_tensor("b_", "v", v, 4, ks);
+    write_tensor("b_", "o", o, 4, qs);
+    write_tensor("b_", "lse", lse, 3, ls);
+    write_tensor("b_", "do", dout, 4, qs);
+    write_tensor("b_", "bias", bias, 4, bs);
+    char args[4096], err[2048];
+    run_command(args, sizeof args, "bwd_case.aj", device, "b_",
+                with_bias ? "q k v o lse do bias" : "q k v o lse do",
+                with_bias ? "dq dk dv dbias" : "dq dk dv", "--q-offset 5 --kv-offset 3");
+    int rc = run_cli(args, err, sizeof err);
+    CHECK_MSG(rc == 0, "backward %s on %s exited %d: %s", variant, device, rc, err);
+    CHECK_MSG(strstr(err, "compile ") && strstr(err, " ms, run "), "no summary: %s", err);
+    double e_dq = result_error("b_", "dq", dq, 4, qs, f16_atol, f16_rtol);
+    double e_dk = result_error("b_", "dk", dk, 4, ks, f16_atol, f16_rtol);
+    double e_dv = result_error("b_", "dv", dv, 4, ks, f16_atol, f16_rtol);
+    double e_db = with_bias ? result_error("b_", "dbias", dbias, 4, bs, f16_atol, f16_rtol) : 0;
+    CHECK_MSG(e_dq <= 1 && e_dk <= 1 && e_dv <= 1 && e_db <= 1,
+              "backward %s on %s: dq %.3g dk %.3g dv %.3g dbias %.3g x tolerance", variant,
+              device, e_dq, e_dk, e_dv, e_db);
+    printf("attnjit run backward %s on %s: dq %.3f dk %.3f dv %.3f dbias %.3f of tolerance\n",
+           variant, device, e_dq, e_dk, e_dv, e_db);
+}
+
+/* A merge through the CLI against ref_merge, with rows where one side or
+ * both are empty (lse = -inf, o holding garbage). */
+static void test_merge_matches_reference(const char *device)
+{
+    enum { B = 2, H = 3, S = 20, DV = 16, ROWS = B * H * S, N = ROWS * DV };
+    write_text(path("merge.aj"), "attention merge {\n  dtype = f16\n  head_dim_v = 16\n}\n");
+    static float o1[N], o2[N], lse1[ROWS], lse2[ROWS];
+    static double o1d[N], o2d[N], lse1d[ROWS], lse2d[ROWS], o[N], lse[ROWS];
+    random_f16_values(o1, o1d, N);
+    random_f16_values(o2, o2d, N);
+    for (int r = 0; r < ROWS; r++) {
+        lse1[r] = r % 7 == 0 || r % 5 == 0 ? -INFINITY : (float)(4 * uniform());
+        lse2[r] = r % 7 == 0 || r % 3 == 0 ? -INFINITY : (float)(4 * uniform());
+        lse1d[r] = lse1[r];
+        lse2d[r] = lse2[r];
+    }
+    ref_merge(ROWS, DV, o1d, lse1d, o2d, lse2d, o, lse);
+    int64_t os[4] = {B, H, S, DV}, ls[3] = {B, H, S};
+    write_tensor("m_", "o1", o1, 4, os);
+    write_tensor("m_", "o2", o2, 4, os);
+    write_tensor("m_", "lse1", lse1, 3, ls);
+    write_tensor("m_", "lse2", lse2, 3, ls);
+    char args[4096], err[2048];
+    run_command(args, sizeof args, "merge.aj", device, "m_", "o1 lse1 o2 lse2", "o lse", "");
+    int rc = run_cli(args, err, sizeof err);
+    CHECK_MSG(rc == 0, "merge on %s exited %d: %s", device, rc, err);
+    CHECK_MSG(strstr(err, "compile ") && strstr(err, " ms, run "), "no summary: %s", err);
+    double e_o = result_error("m_", "o", o, 4, os, f16_atol, f16_rtol);
+    double e_lse = result_error("m_", "lse", lse, 3, ls, 1e-5, 1e-5);
+    CHECK_MSG(e_o <= 1 && e_lse <= 1, "merge on %s: o %.3g lse %.3g x tolerance", device, e_o,
+              e_lse);
+    printf("attnjit run merge on %s: o %.3f lse %.3f of tolerance\n", device, e_o, e_lse);
+}
+
 static void test_run_errors(void)
 {
     static const struct {
@@ -240,41 +417,93 @@ static void test_run_errors(void)
         int code;
         const char *needle;
     } cases[] = {
-        {"run OP --device sim --in q=Q --in v=V --out o=O", 1, "run needs --in k=FILE"},
+        {"run OP --device sim --in q=Q --in v=V --out o=O", 1,
+         "attnjit: a forward op needs --in k=FILE (B, Hkv, Sk, D)\n"},
         {"run OP --device gpu --in q=Q --in k=K --in v=V --out o=O", 1,
          "--device takes sim, cpu or cuda"},
         {"run OP --in q=Q --in k=K --in v=V --out o=O", 1, "run needs --device"},
-        {"run OP --device sim --in q=Q --in k=K --in v=V", 1, "at least one --out"},
+        {"run OP --device sim --in q=Q --in k=K --in v=V", 1,
+         "attnjit: run needs at least one --out: a forward op gives o, lse\n"},
         {"run OP --device sim --in q=Q --in k=K --in v=V --in q=Q --out o=O", 1,
          "q given twice"},
-        {"run OP --device sim --in x=Q --in k=K --in v=V --out o=O", 1, "unknown tensor 'x'"},
-        {"run OP --device sim --in q=Q --in k=K --in v=V --out q=O", 1, "is an input"},
+        {"run OP --device sim --in x=Q --in k=K --in v=V --out o=O", 1,
+         "attnjit: unknown tensor 'x' (run's tensors: q, k, v, alibi_slopes, bias, o, lse, "
+         "o_acc, do, dq, dk, dv, dbias, o1, lse1, o2, lse2)\n"},
+        {"run OP --device sim --in q=Q --in k=K --in v=V --out q=O", 1,
+         "attnjit: 'q' is an input of forward ops, not an output\n"},
         {"run OP --device sim --in q=Q --in k=K --in v=V --out o=O --q-offset ten", 1,
          "--q-offset takes an integer"},
         {"run OP --device sim --in q=Q --in k=K32 --in v=V --out o=O", 2, "k.shape[3] = 32"},
         {"run OP --device sim --in q=Q --in k=TRUNC --in v=V --out o=O", 2, "truncated"},
         {"run OP --device sim --in q=Q --in k=MISSING --in v=V --out o=O", 2, "k:"},
-        {"run OP --device sim --in q=Q3 --in k=K --in v=V --out o=O", 2, "has 3 dimensions"},
+        {"run OP --device sim --in q=Q3 --in k=K --in v=V --out o=O", 2,
+         "has 3 dimensions, want 4 (B, Hq, Sq, D)\n"},
         {"run OP --device sim --in q=Q --in k=K --in v=V --out o=/nonexistent/dir/o.npy", 2,
          "cannot open for writing"},
-        {"run BWD --device sim --in q=Q --in k=K --in v=V --out o=O", 2, "AJ_ERR_UNSUPPORTED"},
-        /* run is a forward: a backward kernel is refused at launch */
-        {"run BWDE --device sim --in q=Q --in k=K --in v=V --out o=O", 2,
-         "computes a backward op"},
+        {"run BWD --device sim --in q=Q --in k=K --in v=V --in o=Q --in lse=L --in do=Q "
+         "--out dq=O", 2, "AJ_ERR_UNSUPPORTED"},
         {"run ALIBI --device sim --in q=Q --in k=K --in v=V --out o=O", 1,
-         "give --in alibi_slopes"},
+         "attnjit: a forward op with alibi needs --in alibi_slopes=FILE (Hq)\n"},
         {"run OP --device sim --in q=Q --in k=K --in v=V --in alibi_slopes=S --out o=O", 1,
-         "has no alibi"},
+         "attnjit: --in alibi_slopes given, but the op has no alibi\n"},
         {"run OP --device sim --in q=Q --in k=K --in v=V --in bias=Q --out o=O", 1,
-         "the op has no bias"},
+         "attnjit: --in bias given, but the op has no bias\n"},
         {"run OP --device sim --in q=Q --in k=K --in v=V --in o_acc=Q --out o=O", 1,
-         "does not accumulate"},
+         "attnjit: 'o_acc' is an input of accumulating forward ops; this spec is a forward "
+         "op\n"},
         {"run OP --device sim --in q=Q --in k=K --in v=V --out o_acc=O", 1,
-         "only ops with accumulate = true write one"},
+         "attnjit: 'o_acc' is an output of accumulating forward ops; this spec is a forward "
+         "op\n"},
         {"run ACC --device sim --in q=Q --in k=K --in v=V --out o=O", 1,
-         "give the prior result"},
+         "attnjit: 'o' is an output of forward and merge ops; this spec is an accumulating "
+         "forward op (accumulate = true)\n"},
+        {"run ACC --device sim --in q=Q --in k=K --in v=V --out o_acc=O", 1,
+         "attnjit: an accumulating forward op (accumulate = true) needs --in lse=FILE "
+         "(B, Hq, Sq)\n"},
         {"run OP --device sim --in q=Q --in k=K --in v=V --out o=O --seed -3", 1,
          "--seed takes a non-negative integer"},
+        /* the tensors of the other kinds, given to a forward */
+        {"run OP --device sim --in q=Q --in k=K --in v=V --out dq=O", 1,
+         "attnjit: 'dq' is an output of backward ops; this spec is a forward op\n"},
+        {"run OP --device sim --in q=Q --in k=K --in v=V --in o=Q --out o=O", 1,
+         "attnjit: 'o' is an output of forward ops, not an input (it is an input of backward "
+         "ops)\n"},
+        {"run OP --device sim --in q=Q --in k=K --in v=V --in lse=L --out o=O", 1,
+         "attnjit: 'lse' is an output of forward ops, not an input (it is an input of "
+         "accumulating forward and backward ops)\n"},
+        {"run OP --device sim --in q=Q --in k=K --in v=V --in o2=Q --out o=O", 1,
+         "attnjit: 'o2' is an input of merge ops; this spec is a forward op\n"},
+        /* backward */
+        {"run BWDE --device sim --in q=Q --in k=K --in v=V --in o=Q --in lse=L --out dq=O", 1,
+         "attnjit: a backward op needs --in do=FILE (B, Hq, Sq, Dv)\n"},
+        {"run BWDE --device sim --in q=Q --in k=K --in v=V --in o=Q --in lse=L --in do=Q", 1,
+         "attnjit: run needs at least one --out: a backward op gives dq, dk, dv\n"},
+        {"run BWDE --device sim --in q=Q --in k=K --in v=V --in o=Q --in lse=L --in do=Q "
+         "--out o=O", 1,
+         "attnjit: 'o' is an input of backward ops, not an output (it is an output of forward "
+         "and merge ops)\n"},
+        {"run BWDE --device sim --in q=Q --in k=K --in v=V --in o=Q --in lse=L --in do=Q "
+         "--in o1=Q --out dq=O", 1,
+         "attnjit: 'o1' is an input of merge ops; this spec is a backward op\n"},
+        {"run BWDE --device sim --in q=Q --in k=K --in v=V --in o=Q --in lse=L --in do=Q "
+         "--out dbias=O", 1, "attnjit: --out dbias given, but the op has no bias\n"},
+        {"run BWDE --device sim --in q=Q --in k=K --in v=V --in o=Q --in lse=L --in do=D9 "
+         "--out dq=O", 2,
+         "attnjit: aj_backward: do.shape[2] = 9, want 8 (q's length) [AJ_ERR_INVALID_ARG]\n"},
+        /* merge */
+        {"run MERGE --device sim --in q=Q --in o1=Q --in lse1=L --in o2=Q --in lse2=L "
+         "--out o=O", 1,
+         "attnjit: 'q' is an input of forward and backward ops; this spec is a merge op\n"},
+        {"run MERGE --device sim --in o1=Q --in lse1=L --in o2=Q --out o=O", 1,
+         "attnjit: a merge op needs --in lse2=FILE (B, H, S)\n"},
+        {"run MERGE --device sim --in o1=Q --in lse1=L --in o2=Q --in lse2=L --out dq=O", 1,
+         "attnjit: 'dq' is an output of backward ops; this spec is a merge op\n"},
+        {"run MERGE --device sim --in o1=Q --in lse1=L --in o2=Q --in lse2=L", 1,
+         "attnjit: run needs at least one --out: a merge op gives o, lse\n"},
+        {"run MERGE --device sim --in o1=Q --in lse1=Q --in o2=Q --in lse2=L --out o=O", 2,
+         "has 4 dimensions, want 3 (B, H, S)\n"},
+        {"run MERGE --device sim --in o1=Q --in lse1=L --in o2=D9 --in lse2=L --out o=O", 2,
+         "attnjit: aj_merge: o2.shape[2] = 9, want 8 (o1's length) [AJ_ERR_INVALID_ARG]\n"},
     };
     /* the files the cases name */
     char err[2048];
@@ -283,14 +512,18 @@ static void test_run_errors(void)
     write_text(path("alibi.aj"), "attention forward efficient {\n dtype = f16\n head_dim = 16\n"
                                  " score_mod = alibi\n}\n");
     write_text(path("op16.aj"), "attention forward efficient {\n dtype = f16\n head_dim = 16\n}\n");
+    write_text(path("merge16.aj"), "attention merge {\n dtype = f16\n head_dim_v = 16\n}\n");
     write_text(path("acc16.aj"), "attention forward efficient {\n dtype = f16\n head_dim = 16\n"
                                  " accumulate = true\n}\n");
     static float zeros[2 * 2 * 8 * 32];
-    int64_t s16[4] = {1, 2, 8, 16}, s32[4] = {1, 2, 8, 32}, s3[3] = {2, 8, 16}, sh[1] = {2};
+    int64_t s16[4] = {1, 2, 8, 16}, s32[4] = {1, 2, 8, 32}, s3[3] = {2, 8, 16}, sh[1] = {2},
+            s9[4] = {1, 2, 9, 16}, sl[3] = {1, 2, 8};
     npy_write_f32(path("q16.npy"), zeros, 4, s16, err, sizeof err);
     npy_write_f32(path("k32.npy"), zeros, 4, s32, err, sizeof err);
     npy_write_f32(path("q3.npy"), zeros, 3, s3, err, sizeof err);
     npy_write_f32(path("s.npy"), zeros, 1, sh, err, sizeof err);
+    npy_write_f32(path("d9.npy"), zeros, 4, s9, err, sizeof err);
+    npy_write_f32(path("l3.npy"), zeros, 3, sl, err, sizeof err);
     FILE *f = fopen(path("trunc.npy"), "w");
     fputs("\x93NUMPY\x01", f);
     fclose(f);
@@ -307,11 +540,14 @@ static void test_run_errors(void)
             else if (strcmp(word, "BWDE") == 0) sub = path("bwde.aj");
             else if (strcmp(word, "ALIBI") == 0) sub = path("alibi.aj");
             else if (strcmp(word, "ACC") == 0) sub = path("acc16.aj");
+            else if (strcmp(word, "MERGE") == 0) sub = path("merge16.aj");
             else if (strcmp(word, "Q") == 0 || strcmp(word, "K") == 0 || strcmp(word, "V") == 0)
                 sub = path("q16.npy");
             else if (strcmp(word, "K32") == 0) sub = path("k32.npy");
             else if (strcmp(word, "Q3") == 0) sub = path("q3.npy");
             else if (strcmp(word, "S") == 0) sub = path("s.npy");
+            else if (strcmp(word, "D9") == 0) sub = path("d9.npy");
+            else if (strcmp(word, "L") == 0) sub = path("l3.npy");
             else if (strcmp(word, "TRUNC") == 0) sub = path("trunc.npy");
             else if (strcmp(word, "MISSING") == 0) sub = path("missing.npy");
             else if (strcmp(word, "O") == 0) sub = path("out.npy");
@@ -353,6 +589,12 @@ int main(int argc, char **argv)
     test_run_matches_reference("sim");
     test_run_matches_reference("cpu");
     test_accumulate_and_bias();
+    for (int d = 0; d < 2; d++) {
+        const char *device = d ? "cpu" : "sim";
+        test_backward_matches_reference(device, "efficient");
+        test_backward_matches_reference(device, "flash");
+        test_merge_matches_reference(device);
+    }
     test_run_errors();
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);

@@ -44,8 +44,10 @@ int cli_check(aj_ctx *ctx, int argc, char **argv);
 typedef struct cli_run_opts {
     const char *spec;
     aj_device_kind device;
-    /* files by tensor: q, k, v, alibi_slopes, bias, o, lse, o_acc */
-    const char *in[8], *out[8];
+    /* files by tensor, in the order of cli_run.c's RUN_TENSORS: q, k, v,
+     * alibi_slopes, bias, o, lse, o_acc, do, dq, dk, dv, dbias, o1, lse1,
+     * o2, lse2 */
+    const char *in[17], *out[17];
     int64_t q_offset, kv_offset, sq_total, sk_total;
     uint64_t seed, offset;
     int workers;

@@ -1,17 +1,22 @@
 /*
  * cli_run.c -- `attnjit run`: compile an op for a device, run it on tensors
- * read from .npy files, write the results as .npy.
+ * read from .npy files, write the results as .npy.  Every op kind runs:
  *
- *   attnjit run SPEC --device sim|cpu|cuda --in q=q.npy --in k=k.npy --in v=v.npy
- *       [--in alibi_slopes=s.npy] [--in bias=b.npy] --out o=o.npy [--out lse=lse.npy]
- *       [--q-offset N] [--kv-offset N] [--sq-total N] [--sk-total N]
- *       [--seed N] [--offset N] [--workers N] [--no-cache]
+ *   forward   --in q= --in k= --in v= [--in alibi_slopes=] [--in bias=]
+ *             --out o= [--out lse=]
+ *             (accumulate = true: --in o_acc= --in lse= --out o_acc= [--out lse=])
+ *   backward  --in q= --in k= --in v= --in o= --in lse= --in do=
+ *             [--in alibi_slopes=] [--in bias=] --out dq= --out dk= --out dv=
+ *             [--out dbias=]
+ *   merge     --in o1= --in lse1= --in o2= --in lse2= --out o= [--out lse=]
  *
- * Ops with accumulate = true read a prior result and write the merged one:
- *       --in o_acc=prior_o.npy --in lse=prior_lse.npy --out o_acc=F --out lse=F
+ * with [--q-offset N] [--kv-offset N] [--sq-total N] [--sk-total N]
+ * [--seed N] [--offset N] [--workers N] [--no-cache].  Which tensors a kind
+ * takes and gives is one table (RUN_TENSORS); parsing, the checks, loading,
+ * allocating and writing all read it.
  *
- * Inputs are BHSD (B, H, S, D) arrays of f32 or f16 (f8 is accepted too),
- * converted to the op's dtype (o_acc and lse stay f32); outputs are f32.
+ * Inputs are arrays of f32 or f16 (f8 is accepted too), converted to the
+ * op's dtype (alibi_slopes, lse, o_acc stay f32); outputs are f32.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -22,17 +27,96 @@
 #include "tools/cli.h"
 #include "tools/npy.h"
 
-enum { T_Q, T_K, T_V, T_ALIBI, T_BIAS, T_O, T_LSE, T_O_ACC, T_COUNT };
-static const char *const tensor_names[T_COUNT] = {"q", "k", "v", "alibi_slopes", "bias",
-                                                  "o", "lse", "o_acc"};
-/* what each tensor may be given as; which of these an op needs is checked
- * once the op is known */
-static const int may_be_input[T_COUNT] = {1, 1, 1, 1, 1, 0, 1, 1};
-static const int may_be_output[T_COUNT] = {0, 0, 0, 0, 0, 1, 1, 1};
+/* The op kinds as run tells them apart: an accumulating forward takes and
+ * gives other tensors than a plain one, so it is a kind of its own here. */
+enum { K_FORWARD, K_ACCUMULATE, K_BACKWARD, K_MERGE, K_COUNT };
+
+/* A tensor's role in one kind: read (IN), written (OUT) or both.  An op of
+ * the kind needs each of its inputs that it uses (see `used when`). */
+enum { IN = 1, OUT = 2 };
+
+/* When an op uses a tensor at all. */
+enum { USED_ALWAYS, USED_WITH_ALIBI, USED_WITH_BIAS };
+
+/* An output's shape: that of another tensor, or (B, H, S) of the kind's
+ * rows tensor with (LIKE_ROWS_WIDTH) the last dim of its width tensor. */
+enum { LIKE_NONE = -1, LIKE_ROWS = -2, LIKE_ROWS_WIDTH = -3 };
+
+/* Every tensor run knows: its role in each kind, when an op uses it, its
+ * rank, whether it stays f32, the shape an output takes, and its shape as
+ * messages name it. */
+#define RUN_TENSORS(X)                                                                        \
+    /* id    name            forward accumulate backward merge used when         rank f32     \
+     *   like             shape                                                    */         \
+    X(Q,     "q",            IN,     IN,        IN,      0,    USED_ALWAYS,      4,   0,      \
+      LIKE_NONE,       "B, Hq, Sq, D")                                                        \
+    X(K,     "k",            IN,     IN,        IN,      0,    USED_ALWAYS,      4,   0,      \
+      LIKE_NONE,       "B, Hkv, Sk, D")                                                       \
+    X(V,     "v",            IN,     IN,        IN,      0,    USED_ALWAYS,      4,   0,      \
+      LIKE_NONE,       "B, Hkv, Sk, Dv")                                                      \
+    X(ALIBI, "alibi_slopes", IN,     IN,        IN,      0,    USED_WITH_ALIBI,  1,   1,      \
+      LIKE_NONE,       "Hq")                                                                  \
+    X(BIAS,  "bias",         IN,     IN,        IN,      0,    USED_WITH_BIAS,   4,   0,      \
+      LIKE_NONE,       "B or 1, Hq or 1, Sq, Sk")                                             \
+    X(O,     "o",            OUT,    0,         IN,      OUT,  USED_ALWAYS,      4,   0,      \
+      LIKE_ROWS_WIDTH, "B, Hq, Sq, Dv")                                                       \
+    X(LSE,   "lse",          OUT,    IN | OUT,  IN,      OUT,  USED_ALWAYS,      3,   1,      \
+      LIKE_ROWS,       "B, Hq, Sq")                                                           \
+    X(O_ACC, "o_acc",        0,      IN | OUT,  0,       0,    USED_ALWAYS,      4,   1,      \
+      LIKE_NONE,       "B, Hq, Sq, Dv")                                                       \
+    X(DO,    "do",           0,      0,         IN,      0,    USED_ALWAYS,      4,   0,      \
+      LIKE_NONE,       "B, Hq, Sq, Dv")                                                       \
+    X(DQ,    "dq",           0,      0,         OUT,     0,    USED_ALWAYS,      4,   0,      \
+      T_Q,             "B, Hq, Sq, D")                                                        \
+    X(DK,    "dk",           0,      0,         OUT,     0,    USED_ALWAYS,      4,   0,      \
+      T_K,             "B, Hkv, Sk, D")                                                       \
+    X(DV,    "dv",           0,      0,         OUT,     0,    USED_ALWAYS,      4,   0,      \
+      T_V,             "B, Hkv, Sk, Dv")                                                      \
+    X(DBIAS, "dbias",        0,      0,         OUT,     0,    USED_WITH_BIAS,   4,   1,      \
+      T_BIAS,          "bias's shape")                                                        \
+    X(O1,    "o1",           0,      0,         0,       IN,   USED_ALWAYS,      4,   0,      \
+      LIKE_NONE,       "B, H, S, Dv")                                                         \
+    X(LSE1,  "lse1",         0,      0,         0,       IN,   USED_ALWAYS,      3,   1,      \
+      LIKE_NONE,       "B, H, S")                                                             \
+    X(O2,    "o2",           0,      0,         0,       IN,   USED_ALWAYS,      4,   0,      \
+      LIKE_NONE,       "B, H, S, Dv")                                                         \
+    X(LSE2,  "lse2",         0,      0,         0,       IN,   USED_ALWAYS,      3,   1,      \
+      LIKE_NONE,       "B, H, S")
+
+#define TENSOR_ID(id, ...) T_##id,
+enum { RUN_TENSORS(TENSOR_ID) T_COUNT };
+#undef TENSOR_ID
+
+static const struct run_tensor {
+    const char *name;
+    unsigned char role[K_COUNT];
+    unsigned char used;
+    unsigned char rank;
+    unsigned char f32;   /* f32 whatever the op's dtype */
+    signed char like;    /* outputs: LIKE_* or the tensor whose shape it takes */
+    const char *shape;   /* as messages name it */
+} tensors[T_COUNT] = {
+#define TENSOR_ROW(id, nm, fwd, acc, bwd, mrg, use, rk, f, lk, sh) \
+    [T_##id] = {nm, {fwd, acc, bwd, mrg}, use, rk, f, lk, sh},
+    RUN_TENSORS(TENSOR_ROW)
+#undef TENSOR_ROW
+};
+
+static const struct run_kind {
+    const char *plural;     /* "backward" as in "an input of backward ops" */
+    const char *singular;   /* "a backward op" */
+    int rows, width;        /* what LIKE_ROWS and LIKE_ROWS_WIDTH read */
+} kinds[K_COUNT] = {
+    [K_FORWARD] = {"forward", "a forward op", T_Q, T_V},
+    [K_ACCUMULATE] = {"accumulating forward",
+                      "an accumulating forward op (accumulate = true)", T_Q, T_V},
+    [K_BACKWARD] = {"backward", "a backward op", T_Q, T_V},
+    [K_MERGE] = {"merge", "a merge op", T_O1, T_O1},
+};
 
 typedef cli_run_opts run_opts;
 _Static_assert(sizeof ((run_opts *)0)->in / sizeof(char *) == T_COUNT,
-               "cli_run_opts.in must hold every tensor");
+               "cli_run_opts.in must hold every tensor of RUN_TENSORS");
 
 static int parse_i64(const char *flag, const char *s, int64_t *out)
 {
@@ -56,32 +140,29 @@ static int parse_u64(const char *flag, const char *s, uint64_t *out)
     return CLI_EXIT_OK;
 }
 
-/* NAME=FILE for --in / --out */
+/* NAME=FILE for --in / --out; whether the op's kind takes NAME that way is
+ * checked once the op is known (check_tensors). */
 static int parse_binding(const char *flag, const char *arg, int want_input, run_opts *o)
 {
     const char *eq = strchr(arg, '=');
     if (!eq || eq == arg || !eq[1])
         return cli_usage("%s takes NAME=FILE", flag);
     for (int t = 0; t < T_COUNT; t++) {
-        if (strlen(tensor_names[t]) != (size_t)(eq - arg) ||
-            strncmp(tensor_names[t], arg, (size_t)(eq - arg)) != 0)
+        if (strlen(tensors[t].name) != (size_t)(eq - arg) ||
+            strncmp(tensors[t].name, arg, (size_t)(eq - arg)) != 0)
             continue;
-        if (!(want_input ? may_be_input[t] : may_be_output[t])) {
-            fprintf(stderr, "attnjit: '%s' is %s of a forward op, not %s\n", tensor_names[t],
-                    want_input ? "an output" : "an input", want_input ? "an input" : "an output");
-            return CLI_EXIT_USAGE;
-        }
         const char **slot = want_input ? &o->in[t] : &o->out[t];
         if (*slot) {
-            fprintf(stderr, "attnjit: %s %s given twice\n", flag, tensor_names[t]);
+            fprintf(stderr, "attnjit: %s %s given twice\n", flag, tensors[t].name);
             return CLI_EXIT_USAGE;
         }
         *slot = eq + 1;
         return CLI_EXIT_OK;
     }
-    fprintf(stderr, "attnjit: unknown tensor '%.*s' (forward takes q, k, v, alibi_slopes, "
-            "bias, and for accumulate o_acc and lse; it gives o, lse, o_acc)\n",
-            (int)(eq - arg), arg);
+    fprintf(stderr, "attnjit: unknown tensor '%.*s' (run's tensors:", (int)(eq - arg), arg);
+    for (int t = 0; t < T_COUNT; t++)
+        fprintf(stderr, "%s %s", t ? "," : "", tensors[t].name);
+    fprintf(stderr, ")\n");
     return CLI_EXIT_USAGE;
 }
 
@@ -146,14 +227,120 @@ int cli_parse_run_args(int argc, char **argv, run_opts *o)
         return cli_usage("run needs a SPEC file%s", "");
     if (o->device == AJ_DEVICE_KIND_COUNT)
         return cli_usage("run needs --device (sim, cpu or cuda)%s", "");
-    for (int t = T_Q; t <= T_V; t++)
-        if (!o->in[t]) {
-            fprintf(stderr, "attnjit: run needs --in %s=FILE\n", tensor_names[t]);
+    return CLI_EXIT_OK;
+}
+
+/* ---------------------------------------------------------------- checks */
+
+static int kind_of(const aj_op_info *info)
+{
+    switch (info->kind) {
+    case AJ_KIND_BACKWARD:
+        return K_BACKWARD;
+    case AJ_KIND_MERGE:
+        return K_MERGE;
+    default:
+        return info->accumulate ? K_ACCUMULATE : K_FORWARD;
+    }
+}
+
+static const char *const used_feature[] = {
+    [USED_ALWAYS] = "", [USED_WITH_ALIBI] = "alibi", [USED_WITH_BIAS] = "bias"};
+
+static int op_uses(const aj_op_info *info, int t)
+{
+    switch (tensors[t].used) {
+    case USED_WITH_ALIBI:
+        return info->score_mod == AJ_SCORE_MOD_ALIBI;
+    case USED_WITH_BIAS:
+        return info->bias == AJ_BIAS_ADD;
+    default:
+        return 1;
+    }
+}
+
+static const char *role_noun(int dir)
+{
+    return dir == IN ? "an input" : "an output";
+}
+
+/* "forward and backward": the kinds in which tensor t has role `dir` (an
+ * accumulating forward left out where a plain one says the same); the
+ * number of kinds named. */
+static int list_kinds(char *buf, size_t cap, int t, int dir)
+{
+    int named[K_COUNT], n = 0;
+    for (int k = 0; k < K_COUNT; k++)
+        if ((tensors[t].role[k] & dir) &&
+            !(k == K_ACCUMULATE && (tensors[t].role[K_FORWARD] & dir)))
+            named[n++] = k;
+    buf[0] = '\0';
+    for (int i = 0; i < n; i++) {
+        size_t len = strlen(buf);
+        snprintf(buf + len, cap - len, "%s%s", i == 0 ? "" : i == n - 1 ? " and " : ", ",
+                 kinds[named[i]].plural);
+    }
+    return n;
+}
+
+/* Tensor t given as `dir` to an op of `kind`, which does not take it so. */
+static int refuse_role(int t, int dir, int kind)
+{
+    int other = dir == IN ? OUT : IN;
+    char where[160];
+    if (tensors[t].role[kind] & other) {
+        fprintf(stderr, "attnjit: '%s' is %s of %s ops, not %s", tensors[t].name,
+                role_noun(other), kinds[kind].plural, role_noun(dir));
+        if (list_kinds(where, sizeof where, t, dir))
+            fprintf(stderr, " (it is %s of %s ops)", role_noun(dir), where);
+        fprintf(stderr, "\n");
+        return CLI_EXIT_USAGE;
+    }
+    int named = list_kinds(where, sizeof where, t, dir) ? dir : other;
+    list_kinds(where, sizeof where, t, named);
+    fprintf(stderr, "attnjit: '%s' is %s of %s ops; this spec is %s\n", tensors[t].name,
+            role_noun(named), where, kinds[kind].singular);
+    return CLI_EXIT_USAGE;
+}
+
+/* The tensors the op uses given (inputs all, outputs at least one), in the
+ * roles its kind gives them, and no others; a message if not. */
+static int check_tensors(const aj_op_info *info, int kind, const run_opts *o)
+{
+    int outputs = 0;
+    for (int t = 0; t < T_COUNT; t++) {
+        int role = tensors[t].role[kind];
+        for (int dir = IN; dir <= OUT; dir++) {
+            const char *file = dir == IN ? o->in[t] : o->out[t];
+            if (!file)
+                continue;
+            if (!(role & dir))
+                return refuse_role(t, dir, kind);
+            if (!op_uses(info, t)) {
+                fprintf(stderr, "attnjit: --%s %s given, but the op has no %s\n",
+                        dir == IN ? "in" : "out", tensors[t].name, used_feature[tensors[t].used]);
+                return CLI_EXIT_USAGE;
+            }
+            outputs += dir == OUT;
+        }
+        if ((role & IN) && op_uses(info, t) && !o->in[t]) {
+            const char *with = used_feature[tensors[t].used];
+            fprintf(stderr, "attnjit: %s%s%s needs --in %s=FILE (%s)\n", kinds[kind].singular,
+                    with[0] ? " with " : "", with, tensors[t].name, tensors[t].shape);
             return CLI_EXIT_USAGE;
         }
-    if (!o->out[T_O] && !o->out[T_LSE] && !o->out[T_O_ACC])
-        return cli_usage("run needs at least one --out (o=FILE, lse=FILE or o_acc=FILE)%s", "");
-    return CLI_EXIT_OK;
+    }
+    if (outputs)
+        return CLI_EXIT_OK;
+    fprintf(stderr, "attnjit: run needs at least one --out: %s gives", kinds[kind].singular);
+    const char *sep = " ";
+    for (int t = 0; t < T_COUNT; t++)
+        if ((tensors[t].role[kind] & OUT) && op_uses(info, t)) {
+            fprintf(stderr, "%s%s", sep, tensors[t].name);
+            sep = ", ";
+        }
+    fprintf(stderr, "\n");
+    return CLI_EXIT_USAGE;
 }
 
 /* ---------------------------------------------------------------- tensors */
@@ -186,28 +373,59 @@ static int alloc_tensor(host_buffer *h, aj_dtype dtype, int rank, const int64_t 
     return CLI_EXIT_OK;
 }
 
-/* Reads an input .npy of the expected rank and converts it to `dtype`. */
-static int load_input(const char *name, const char *path, int rank, aj_dtype dtype,
-                      host_buffer *h)
+static aj_dtype dtype_of(const aj_op_info *info, int t)
+{
+    return tensors[t].f32 ? AJ_DTYPE_F32 : info->dtype;
+}
+
+/* Reads input t from `path` (of the rank the table gives) and converts it
+ * to its dtype. */
+static int load_input(const aj_op_info *info, int t, const char *path, host_buffer *h)
 {
     npy_array a;
     char err[512];
+    const char *name = tensors[t].name;
     npy_status ns = npy_read_f32(path, &a, err, sizeof err);
     if (ns != NPY_OK) {
         fprintf(stderr, "attnjit: %s: %s\n", name, err);
         return ns == NPY_ERR_OUT_OF_MEMORY ? CLI_EXIT_INTERNAL : CLI_EXIT_INPUT;
     }
     int rc = CLI_EXIT_OK;
-    if (a.rank != rank) {
+    if (a.rank != tensors[t].rank) {
         fprintf(stderr, "attnjit: %s: %s has %d dimensions, want %d (%s)\n", name, path, a.rank,
-                rank, rank == 4 ? "B, H, S, D" : "H");
+                tensors[t].rank, tensors[t].shape);
         rc = CLI_EXIT_INPUT;
     }
+    aj_dtype dtype = dtype_of(info, t);
     if (rc == CLI_EXIT_OK)
-        rc = alloc_tensor(h, dtype, rank, a.shape);
+        rc = alloc_tensor(h, dtype, a.rank, a.shape);
     if (rc == CLI_EXIT_OK)
         aj_convert(a.f32, AJ_DTYPE_F32, h->mem, dtype, a.count);
     npy_free(&a);
+    return rc;
+}
+
+/* Every input given, and every output the op writes that is not also an
+ * input (o_acc, an accumulating forward's lse) zero-filled in the shape
+ * its `like` names. */
+static int host_tensors(const aj_op_info *info, int kind, const run_opts *o, host_buffer *buf)
+{
+    int rc = CLI_EXIT_OK;
+    for (int t = 0; t < T_COUNT && rc == CLI_EXIT_OK; t++)
+        if (o->in[t])
+            rc = load_input(info, t, o->in[t], &buf[t]);
+    const aj_tensor *rows = &buf[kinds[kind].rows].t, *width = &buf[kinds[kind].width].t;
+    for (int t = 0; t < T_COUNT && rc == CLI_EXIT_OK; t++) {
+        if (!(tensors[t].role[kind] & OUT) || !op_uses(info, t) || buf[t].mem)
+            continue;
+        int like = tensors[t].like;
+        const aj_tensor *from = like >= 0 ? &buf[like].t : rows;
+        int64_t shape[4] = {from->shape[0], from->shape[1], from->shape[2], from->shape[3]};
+        if (like == LIKE_ROWS_WIDTH)
+            shape[3] = width->shape[3];
+        rc = alloc_tensor(&buf[t], dtype_of(info, t), like >= 0 ? from->rank : tensors[t].rank,
+                          shape);
+    }
     return rc;
 }
 
@@ -247,38 +465,87 @@ static double now_ms(void)
     return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
 }
 
-/* The tensors this op needs given, and no others; a message if not. */
-static int check_op_tensors(const aj_op_info *info, const run_opts *o)
+/* ---------------------------------------------------------------- launch */
+
+/* The argument structs of the three entry points, filled from the device
+ * tensors (one a kind does not use stays empty). */
+typedef struct launch_args {
+    aj_fwd_args fwd;
+    aj_bwd_args bwd;
+    aj_merge_args merge;
+} launch_args;
+
+/* The fields aj_fwd_args and aj_bwd_args share, by name. */
+#define FILL_SHARED_ARGS(a, t, o)                                               \
+    do {                                                                        \
+        (a).q = (t)[T_Q];                                                       \
+        (a).k = (t)[T_K];                                                       \
+        (a).v = (t)[T_V];                                                       \
+        (a).o = (t)[T_O];                                                       \
+        (a).lse = (t)[T_LSE];                                                   \
+        (a).alibi_slopes = (t)[T_ALIBI];                                        \
+        (a).bias = (t)[T_BIAS];                                                 \
+        (a).q_offset = (o)->q_offset;                                           \
+        (a).kv_offset = (o)->kv_offset;                                         \
+        (a).sq_total = (o)->sq_total;                                           \
+        (a).sk_total = (o)->sk_total;                                           \
+        (a).seed = (o)->seed;                                                   \
+        (a).offset = (o)->offset;                                               \
+    } while (0)
+
+static void fill_args(const aj_tensor *t, const run_opts *o, launch_args *a)
 {
-    struct rule {
-        int needed, given;
-        const char *need, *refuse;
-    } rules[] = {
-        {info->score_mod == AJ_SCORE_MOD_ALIBI, o->in[T_ALIBI] != NULL,
-         "the op uses alibi: give --in alibi_slopes=FILE (f32, H)",
-         "--in alibi_slopes given, but the op has no alibi"},
-        {info->bias == AJ_BIAS_ADD, o->in[T_BIAS] != NULL,
-         "the op adds a bias: give --in bias=FILE (B or 1, H or 1, Sq, Sk)",
-         "--in bias given, but the op has no bias"},
-        {info->accumulate, o->in[T_O_ACC] != NULL,
-         "the op accumulates: give the prior result as --in o_acc=FILE --in lse=FILE",
-         "--in o_acc given, but the op does not accumulate (accumulate = false)"},
-        {info->accumulate, o->in[T_LSE] != NULL,
-         "the op accumulates: give the prior result as --in o_acc=FILE --in lse=FILE",
-         "--in lse is a prior result: only ops with accumulate = true read one"},
-        {!info->accumulate, o->out[T_O] != NULL, "",
-         "an accumulate op writes its output to o_acc: use --out o_acc=FILE, not --out o"},
-        {info->accumulate, o->out[T_O_ACC] != NULL, "",
-         "--out o_acc: only ops with accumulate = true write one"},
-    };
-    for (size_t i = 0; i < sizeof rules / sizeof rules[0]; i++) {
-        const struct rule *r = &rules[i];
-        if (r->given == r->needed || (!r->given && !r->need[0]))
-            continue;
-        fprintf(stderr, "attnjit: %s\n", r->given ? r->refuse : r->need);
-        return CLI_EXIT_USAGE;
+    a->fwd = (aj_fwd_args)AJ_FWD_ARGS_INIT;
+    FILL_SHARED_ARGS(a->fwd, t, o);
+    a->fwd.o_acc = t[T_O_ACC];
+
+    a->bwd = (aj_bwd_args)AJ_BWD_ARGS_INIT;
+    FILL_SHARED_ARGS(a->bwd, t, o);
+    a->bwd.do_ = t[T_DO];
+    a->bwd.dq = t[T_DQ];
+    a->bwd.dk = t[T_DK];
+    a->bwd.dv = t[T_DV];
+    a->bwd.dbias = t[T_DBIAS];
+
+    a->merge = (aj_merge_args)AJ_MERGE_ARGS_INIT;
+    a->merge.o1 = t[T_O1];
+    a->merge.lse1 = t[T_LSE1];
+    a->merge.o2 = t[T_O2];
+    a->merge.lse2 = t[T_LSE2];
+    a->merge.o = t[T_O];
+    a->merge.lse = t[T_LSE];
+}
+
+/* Runs the kernel and waits for it; the time in *run_ms.  A backward's
+ * workspace is allocated before and freed after, outside the time. */
+static aj_status launch(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel, int kind,
+                        launch_args *a, double *run_ms)
+{
+    aj_status st = AJ_OK;
+    if (kind == K_BACKWARD) {
+        st = aj_backward_workspace_size(ctx, kernel, &a->bwd, &a->bwd.workspace_bytes);
+        if (st == AJ_OK && a->bwd.workspace_bytes)
+            st = aj_device_alloc(dev, a->bwd.workspace_bytes, &a->bwd.workspace);
     }
-    return CLI_EXIT_OK;
+    double t0 = now_ms();
+    if (st == AJ_OK) {
+        switch (kind) {
+        case K_BACKWARD:
+            st = aj_backward(ctx, dev, kernel, &a->bwd);
+            break;
+        case K_MERGE:
+            st = aj_merge(ctx, dev, kernel, &a->merge);
+            break;
+        default:
+            st = aj_forward(ctx, dev, kernel, &a->fwd);
+            break;
+        }
+    }
+    if (st == AJ_OK)
+        st = aj_device_synchronize(dev, NULL);
+    *run_ms = now_ms() - t0;
+    aj_device_free(dev, a->bwd.workspace);
+    return st;
 }
 
 /* ---------------------------------------------------------------- command */
@@ -300,6 +567,10 @@ int cli_run(aj_ctx *ctx, int argc, char **argv)
         goto done;
     aj_op_info info;
     aj_op_get_info(op, &info);
+    int kind = kind_of(&info);
+    rc = check_tensors(&info, kind, &o);
+    if (rc != CLI_EXIT_OK)
+        goto done;
     aj_status st = aj_device_open(ctx, o.device, 0, &dev);
     if (st == AJ_OK)
         st = aj_device_set_workers(dev, o.workers);
@@ -314,28 +585,7 @@ int cli_run(aj_ctx *ctx, int argc, char **argv)
         rc = cli_report(ctx, st);
         goto done;
     }
-
-    static const aj_dtype f32 = AJ_DTYPE_F32;
-    rc = check_op_tensors(&info, &o);
-    for (int t = T_Q; t <= T_V && rc == CLI_EXIT_OK; t++)
-        rc = load_input(tensor_names[t], o.in[t], 4, info.dtype, &buf[t]);
-    if (rc == CLI_EXIT_OK && o.in[T_ALIBI])
-        rc = load_input("alibi_slopes", o.in[T_ALIBI], 1, f32, &buf[T_ALIBI]);
-    if (rc == CLI_EXIT_OK && o.in[T_BIAS])
-        rc = load_input("bias", o.in[T_BIAS], 4, info.dtype, &buf[T_BIAS]);
-    if (rc != CLI_EXIT_OK)
-        goto done;
-    const aj_tensor *q = &buf[T_Q].t, *v = &buf[T_V].t;
-    int64_t o_shape[4] = {q->shape[0], q->shape[1], q->shape[2], v->shape[3]};
-    if (info.accumulate) {   /* the prior result, overwritten in place */
-        rc = load_input("o_acc", o.in[T_O_ACC], 4, f32, &buf[T_O_ACC]);
-        if (rc == CLI_EXIT_OK)
-            rc = load_input("lse", o.in[T_LSE], 3, f32, &buf[T_LSE]);
-    } else {
-        rc = alloc_tensor(&buf[T_O], info.dtype, 4, o_shape);
-        if (rc == CLI_EXIT_OK)
-            rc = alloc_tensor(&buf[T_LSE], f32, 3, o_shape);
-    }
+    rc = host_tensors(&info, kind, &o, buf);
     if (rc != CLI_EXIT_OK)
         goto done;
 
@@ -354,31 +604,13 @@ int cli_run(aj_ctx *ctx, int argc, char **argv)
             st = aj_device_copy_to(dev, device_mem[t], buf[t].mem, bytes[t]);
         on_device[t].data = device_mem[t];
     }
-    aj_fwd_args a = AJ_FWD_ARGS_INIT;
-    a.q = on_device[T_Q];
-    a.k = on_device[T_K];
-    a.v = on_device[T_V];
-    a.o = on_device[T_O];
-    a.lse = on_device[T_LSE];
-    a.alibi_slopes = on_device[T_ALIBI];
-    a.bias = on_device[T_BIAS];
-    a.o_acc = on_device[T_O_ACC];
-    a.seed = o.seed;
-    a.offset = o.offset;
-    a.q_offset = o.q_offset;
-    a.kv_offset = o.kv_offset;
-    a.sq_total = o.sq_total;
-    a.sk_total = o.sk_total;
+    launch_args args;
+    fill_args(on_device, &o, &args);
     double run_ms = 0;
-    if (st == AJ_OK) {
-        double t1 = now_ms();
-        st = aj_forward(ctx, dev, kernel, &a);
-        if (st == AJ_OK)
-            st = aj_device_synchronize(dev, NULL);
-        run_ms = now_ms() - t1;
-    }
-    for (int t = T_O; t <= T_O_ACC && st == AJ_OK; t++)
-        if (device_mem[t])
+    if (st == AJ_OK)
+        st = launch(ctx, dev, kernel, kind, &args, &run_ms);
+    for (int t = 0; t < T_COUNT && st == AJ_OK; t++)
+        if ((tensors[t].role[kind] & OUT) && device_mem[t])
             st = aj_device_copy_from(dev, buf[t].mem, device_mem[t], bytes[t]);
     for (int t = 0; t < T_COUNT; t++)
         aj_device_free(dev, device_mem[t]);
@@ -386,9 +618,9 @@ int cli_run(aj_ctx *ctx, int argc, char **argv)
         rc = cli_report(ctx, st);
         goto done;
     }
-    for (int t = T_O; t <= T_O_ACC && rc == CLI_EXIT_OK; t++)
+    for (int t = 0; t < T_COUNT && rc == CLI_EXIT_OK; t++)
         if (o.out[t])
-            rc = write_output(tensor_names[t], o.out[t], &buf[t]);
+            rc = write_output(tensors[t].name, o.out[t], &buf[t]);
     fprintf(stderr, "attnjit: %s on %s: compile %.1f ms, run %.1f ms", aj_kernel_entry(kernel),
             aj_device_name(dev), compiled - t0, run_ms);
     if (o.device == AJ_DEVICE_SIM)

@@ -43,7 +43,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         int rc = cli_parse_run_args(argc, argv, &o);
         if (rc != 0 && rc != 1)
             abort();
-        if (rc == 0 && (!o.spec || !o.in[0] || !o.in[1] || !o.in[2]))
+        if (rc == 0 && (!o.spec || o.device == AJ_DEVICE_KIND_COUNT))
             abort();
     }
     free(buf);
