@@ -336,6 +336,20 @@ static size_t balanced_sum(char *buf, size_t cap, int leaves)
     return n;
 }
 
+/* "  mask = expr(((k <= q)))" with `levels` parentheses (expr's own one
+ * included). */
+static void nested_mask(char *body, size_t cap, int levels)
+{
+    size_t n = (size_t)snprintf(body, cap, "  mask = expr");
+
+    for (int i = 0; i < levels; i++)
+        body[n++] = '(';
+    n += (size_t)snprintf(body + n, cap - n, "k <= q");
+    for (int i = 0; i < levels; i++)
+        body[n++] = ')';
+    snprintf(body + n, cap - n, "\n");
+}
+
 /* Nesting, node count: stated limits, checked with their messages. */
 static void test_limits(void)
 {
@@ -344,24 +358,12 @@ static void test_limits(void)
     aj_status st;
     aj_op *op;
 
-    /* 32 levels of parentheses pass, 33 do not */
-    n = (size_t)snprintf(body, sizeof body, "  mask = expr(");
-    for (int i = 0; i < 31; i++)
-        body[n++] = '(';
-    n += (size_t)snprintf(body + n, sizeof body - n, "k <= q");
-    for (int i = 0; i < 31; i++)
-        body[n++] = ')';
-    snprintf(body + n, sizeof body - n, ")\n");
+    /* 32 levels of parentheses inside expr( ) pass, 33 do not */
+    nested_mask(body, sizeof body, 1 + 32);
     op = parse_body(body, &st);
     CHECK_MSG(st == AJ_OK, "%s", aj_last_error(ctx));
     aj_op_destroy(op);
-    n = (size_t)snprintf(body, sizeof body, "  mask = expr(");
-    for (int i = 0; i < 33; i++)
-        body[n++] = '(';
-    n += (size_t)snprintf(body + n, sizeof body - n, "k <= q");
-    for (int i = 0; i < 33; i++)
-        body[n++] = ')';
-    snprintf(body + n, sizeof body - n, ")\n");
+    nested_mask(body, sizeof body, 1 + 33);
     expect_error(body, AJ_ERR_VERIFY,
                  "t.aj:4:47: the expression nests deeper than 32 levels");
 
@@ -435,24 +437,38 @@ static void test_builder(void)
     CHECK_ERROR(ctx, "aj_op_set_mask_expr: 2:3: unknown tensor 'd'");
     aj_op_destroy(op);
 
-    CHECK(aj_op_create(ctx, AJ_KIND_FORWARD, AJ_VARIANT_FLASH, &op) == AJ_OK);
-    CHECK_STATUS(ctx, aj_op_set_mask_expr(op, NULL), AJ_ERR_INVALID_ARG);
-    CHECK_ERROR(ctx, "aj_op_set_mask_expr: text is NULL");
-    aj_op_destroy(op);
-    CHECK(aj_op_create(ctx, AJ_KIND_FORWARD, AJ_VARIANT_FLASH, &op) == AJ_OK);
-    CHECK_STATUS(ctx, aj_op_set_mask_expr(op, "score > 0.0"), AJ_ERR_VERIFY);
-    CHECK_ERROR(ctx, "aj_op_set_mask_expr: 1:1: 'score' is only defined in a score_mod");
-    aj_op_destroy(op);
-    CHECK(aj_op_create(ctx, AJ_KIND_FORWARD, AJ_VARIANT_FLASH, &op) == AJ_OK);
-    CHECK_STATUS(ctx, aj_op_set_score_mod_expr(op, "q < k"), AJ_ERR_VERIFY);
-    CHECK_ERROR(ctx, "aj_op_set_score_mod_expr: 1:1: the score_mod expression must be a "
-                     "number, got bool");
-    aj_op_destroy(op);
-    CHECK(aj_op_create(ctx, AJ_KIND_FORWARD, AJ_VARIANT_FLASH, &op) == AJ_OK);
-    CHECK_STATUS(ctx, aj_op_set_mask_expr(op, "k <= q)"), AJ_ERR_PARSE);
-    CHECK_ERROR(ctx, "aj_op_set_mask_expr: 1:7: expected an operator or the end of the "
-                     "expression, found ')'");
-    aj_op_destroy(op);
+    /* setters on a fresh op */
+    const struct {
+        aj_kind kind;
+        bool score_mod;
+        const char *text;
+        aj_status st;
+        const char *msg;
+    } sets[] = {
+        { AJ_KIND_FORWARD, false, NULL, AJ_ERR_INVALID_ARG,
+          "aj_op_set_mask_expr: text is NULL" },
+        { AJ_KIND_FORWARD, false, "score > 0.0", AJ_ERR_VERIFY,
+          "aj_op_set_mask_expr: 1:1: 'score' is only defined in a score_mod" },
+        { AJ_KIND_FORWARD, true, "q < k", AJ_ERR_VERIFY, "aj_op_set_score_mod_expr: 1:1: "
+          "the score_mod expression must be a number, got bool" },
+        { AJ_KIND_FORWARD, false, "k <= q)", AJ_ERR_PARSE, "aj_op_set_mask_expr: 1:7: "
+          "expected an operator or the end of the expression, found ')'" },
+        { AJ_KIND_MERGE, false, "k <= q", AJ_ERR_VERIFY, "aj_op_set_mask_expr: mask does "
+          "not apply to merge ops (merge takes only dtype, head_dim_v and target)" },
+        { AJ_KIND_MERGE, true, "score", AJ_ERR_VERIFY, "aj_op_set_score_mod_expr: "
+          "score_mod does not apply to merge ops (merge takes only dtype, head_dim_v and "
+          "target)" },
+    };
+    for (size_t i = 0; i < sizeof sets / sizeof sets[0]; i++) {
+        CHECK(aj_op_create(ctx, sets[i].kind, sets[i].kind == AJ_KIND_MERGE
+                               ? AJ_VARIANT_NONE : AJ_VARIANT_FLASH, &op) == AJ_OK);
+        CHECK_STATUS(ctx, sets[i].score_mod ? aj_op_set_score_mod_expr(op, sets[i].text)
+                                            : aj_op_set_mask_expr(op, sets[i].text),
+                     sets[i].st);
+        CHECK_MSG(strcmp(aj_last_error(ctx), sets[i].msg) == 0, "set %zu: %s", i,
+                  aj_last_error(ctx));
+        aj_op_destroy(op);
+    }
 
     /* declarations */
     const struct {
@@ -501,10 +517,6 @@ static void test_builder(void)
     CHECK_ERROR(ctx, "aj_op_declare_tensor: tensor 'd' is declared twice");
     aj_op_destroy(op);
 
-    CHECK(aj_op_create(ctx, AJ_KIND_MERGE, AJ_VARIANT_NONE, &op) == AJ_OK);
-    CHECK_STATUS(ctx, aj_op_set_mask_expr(op, "k <= q"), AJ_ERR_VERIFY);
-    CHECK_ERROR(ctx, "aj_op_set_mask_expr: mask does not apply to merge ops");
-    aj_op_destroy(op);
     CHECK(aj_op_create(ctx, AJ_KIND_MERGE, AJ_VARIANT_NONE, &op) == AJ_OK);
     CHECK_STATUS(ctx, aj_op_declare_tensor(op, "d", AJ_SIDE_I32, 1), AJ_ERR_VERIFY);
     CHECK_ERROR(ctx, "aj_op_declare_tensor: tensors does not apply to merge ops");
