@@ -54,6 +54,7 @@ const char *const aj_mask_names[] = {
     [AJ_MASK_NONE] = "none",
     [AJ_MASK_CAUSAL] = "causal",
     [AJ_MASK_WINDOW] = "window",
+    [AJ_MASK_EXPR] = "expr",
 };
 static_assert(AJ_COUNT_OF(aj_mask_names) == AJ_MASK_COUNT, "mask names");
 
@@ -67,6 +68,7 @@ const char *const aj_score_mod_names[] = {
     [AJ_SCORE_MOD_NONE] = "none",
     [AJ_SCORE_MOD_SOFTCAP] = "softcap",
     [AJ_SCORE_MOD_ALIBI] = "alibi",
+    [AJ_SCORE_MOD_EXPR] = "expr",
 };
 static_assert(AJ_COUNT_OF(aj_score_mod_names) == AJ_SCORE_MOD_COUNT,
               "score_mod names");
@@ -278,10 +280,32 @@ aj_status aj_op_set_head_dims(aj_op *op, int32_t head_dim, int32_t head_dim_v)
     return set_field(op, __func__, &cand, AJ_FIELD_HEAD_DIM_V);
 }
 
+/* Rebuilds cand's arena with only the tree of the expression field that
+ * is not `field` (which is being replaced), so replaced expressions leave
+ * no nodes behind. */
+static void drop_expr(aj_op *cand, aj_field field)
+{
+    const aj_expr old = cand->expr;
+    uint16_t *keep = field == AJ_FIELD_MASK ? &cand->score_mod.root
+                                            : &cand->mask.root;
+    bool kept = field == AJ_FIELD_MASK
+                    ? cand->score_mod.kind == AJ_SCORE_MOD_EXPR
+                    : cand->mask.kind == AJ_MASK_EXPR;
+
+    bool copied;
+
+    cand->expr.count = 0;
+    /* The kept tree came from this arena, so it fits. */
+    copied = !kept || aj_expr_copy(&cand->expr, &old, *keep, keep);
+    assert(copied);
+    (void)copied;
+}
+
 static aj_status set_mask(aj_op *op, const char *fn, aj_mask_spec mask)
 {
     aj_op cand = *op;
 
+    drop_expr(&cand, AJ_FIELD_MASK);
     cand.mask = mask;
     return set_field(op, fn, &cand, AJ_FIELD_MASK);
 }
@@ -313,8 +337,83 @@ static aj_status set_score_mod(aj_op *op, const char *fn,
 {
     aj_op cand = *op;
 
+    drop_expr(&cand, AJ_FIELD_SCORE_MOD);
     cand.score_mod = score_mod;
     return set_field(op, fn, &cand, AJ_FIELD_SCORE_MOD);
+}
+
+/* Parses text as the mask (field MASK) or score_mod expression of a
+ * candidate and sets it. */
+static aj_status set_expr(aj_op *op, const char *fn, aj_field field,
+                          const char *text)
+{
+    const bool score_mod = field == AJ_FIELD_SCORE_MOD;
+    char msg[sizeof op->sticky_msg - 64];
+    aj_op cand;
+    uint16_t root;
+    aj_status st;
+
+    if (!text)
+        return op_fail(op, AJ_ERR_INVALID_ARG, "%s: text is NULL", fn);
+    if (op->kind == AJ_KIND_MERGE) {
+        aj_merge_misfit_msg(field, msg, sizeof msg);
+        return op_fail(op, AJ_ERR_VERIFY, "%s: %s", fn, msg);
+    }
+    cand = *op;
+    drop_expr(&cand, field);
+    st = aj_expr_parse(&cand, score_mod, text, strlen(text), &root, msg,
+                       sizeof msg);
+    if (st != AJ_OK)
+        return op_fail(op, st, "%s: %s", fn, msg);
+    if (score_mod)
+        cand.score_mod = (aj_score_mod_spec){ .kind = AJ_SCORE_MOD_EXPR,
+                                              .root = root };
+    else
+        cand.mask = (aj_mask_spec){ .kind = AJ_MASK_EXPR, .root = root };
+    return set_field(op, fn, &cand, field);
+}
+
+aj_status aj_op_set_mask_expr(aj_op *op, const char *text)
+{
+    AJ_OP_ARG(op);
+    return set_expr(op, __func__, AJ_FIELD_MASK, text);
+}
+
+aj_status aj_op_set_score_mod_expr(aj_op *op, const char *text)
+{
+    AJ_OP_ARG(op);
+    return set_expr(op, __func__, AJ_FIELD_SCORE_MOD, text);
+}
+
+aj_status aj_op_declare_tensor(aj_op *op, const char *name,
+                               aj_side_dtype dtype, int32_t rank)
+{
+    aj_op cand;
+
+    AJ_OP_ARG(op);
+    if (!name)
+        return op_fail(op, AJ_ERR_INVALID_ARG, "%s: name is NULL", __func__);
+    if (op->tensor_count == AJ_OP_TENSORS_MAX)
+        return op_fail(op, AJ_ERR_VERIFY, "%s: more than %d tensors",
+                       __func__, AJ_OP_TENSORS_MAX);
+    if (strlen(name) > AJ_OP_TENSOR_NAME_MAX)
+        return op_fail(op, AJ_ERR_INVALID_ARG, "%s: tensor name '%.40s...' is "
+                       "longer than %d characters", __func__, name,
+                       AJ_OP_TENSOR_NAME_MAX);
+    cand = *op;
+    snprintf(cand.tensors[cand.tensor_count].name,
+             sizeof cand.tensors[0].name, "%s", name);
+    cand.tensors[cand.tensor_count].dtype = dtype;
+    cand.tensors[cand.tensor_count].rank = rank;
+    cand.tensor_count++;
+    return set_field(op, __func__, &cand, AJ_FIELD_TENSORS);
+}
+
+aj_expr_scope aj_op_expr_scope(const aj_op *op, bool score_mod)
+{
+    return (aj_expr_scope){ .tensors = op->tensors,
+                            .count = op->tensor_count,
+                            .score = score_mod };
 }
 
 aj_status aj_op_set_score_mod_none(aj_op *op)
@@ -454,9 +553,9 @@ static bool field_is_default(const aj_op *op, aj_field field);
 static aj_status check_enum(const char *what, int value, int count,
                             char *msg, size_t cap);
 static aj_status check_header(const aj_op *op, char *msg, size_t cap);
-static aj_status check_mask(const aj_mask_spec *mask, char *msg, size_t cap);
-static aj_status check_score_mod(const aj_score_mod_spec *mod, char *msg,
-                                 size_t cap);
+static aj_status check_tensors(const aj_op *op, char *msg, size_t cap);
+static aj_status check_mask(const aj_op *op, char *msg, size_t cap);
+static aj_status check_score_mod(const aj_op *op, char *msg, size_t cap);
 static aj_status check_dropout(double p, char *msg, size_t cap);
 static aj_status check_schedule(const aj_schedule *s, char *msg, size_t cap);
 
@@ -482,10 +581,12 @@ aj_status aj_op_check_field(const aj_op *op, aj_field field, char *msg,
         return op->head_dim_v == 0 ||
                        aj_head_dim_ok("head_dim_v", op->head_dim_v, msg, cap)
                    ? AJ_OK : AJ_ERR_INVALID_ARG;
+    case AJ_FIELD_TENSORS:
+        return check_tensors(op, msg, cap);
     case AJ_FIELD_MASK:
-        return check_mask(&op->mask, msg, cap);
+        return check_mask(op, msg, cap);
     case AJ_FIELD_SCORE_MOD:
-        return check_score_mod(&op->score_mod, msg, cap);
+        return check_score_mod(op, msg, cap);
     case AJ_FIELD_SCALE:
         return op->scale == AJ_SCALE_DEFAULT || aj_scale_ok(op->scale, msg, cap)
                    ? AJ_OK : AJ_ERR_INVALID_ARG;
@@ -548,6 +649,7 @@ static bool field_is_default(const aj_op *op, aj_field field)
     case AJ_FIELD_DTYPE:         return op->dtype == AJ_DTYPE_F32;
     case AJ_FIELD_HEAD_DIM:      return op->head_dim == AJ_DEFAULT_HEAD_DIM;
     case AJ_FIELD_HEAD_DIM_V:    return op->head_dim_v == 0;
+    case AJ_FIELD_TENSORS:       return op->tensor_count == 0;
     case AJ_FIELD_MASK:          return op->mask.kind == AJ_MASK_NONE;
     case AJ_FIELD_SCORE_MOD:     return op->score_mod.kind == AJ_SCORE_MOD_NONE;
     case AJ_FIELD_SCALE:         return op->scale == AJ_SCALE_DEFAULT;
@@ -630,14 +732,76 @@ static aj_status check_window_bound(const char *what, int64_t bound,
     return AJ_ERR_INVALID_ARG;
 }
 
-static aj_status check_mask(const aj_mask_spec *mask, char *msg, size_t cap)
+static bool is_identifier(const char *name)
 {
+    if (!((name[0] >= 'a' && name[0] <= 'z') ||
+          (name[0] >= 'A' && name[0] <= 'Z') || name[0] == '_'))
+        return false;
+    for (const char *c = name + 1; *c; c++)
+        if (!((*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') ||
+              (*c >= '0' && *c <= '9') || *c == '_'))
+            return false;
+    return true;
+}
+
+/* Each declaration: an identifier that is not reserved nor taken, a dtype,
+ * a rank of 1..4. */
+static aj_status check_tensors(const aj_op *op, char *msg, size_t cap)
+{
+    if (op->tensor_count < 0 || op->tensor_count > AJ_OP_TENSORS_MAX) {
+        snprintf(msg, cap, "tensor count %d is out of range (want 0..%d)",
+                 (int)op->tensor_count, AJ_OP_TENSORS_MAX);
+        return AJ_ERR_INVALID_ARG;
+    }
+    for (int i = 0; i < op->tensor_count; i++) {
+        const aj_tensor_decl *t = &op->tensors[i];
+        const char *end = memchr(t->name, '\0', sizeof t->name);
+        size_t len = end ? (size_t)(end - t->name) : sizeof t->name;
+
+        if (len == sizeof t->name || !is_identifier(t->name)) {
+            snprintf(msg, cap, "tensor name '%.*s' is not an identifier of "
+                     "1..%d characters", (int)len, t->name,
+                     AJ_OP_TENSOR_NAME_MAX);
+            return AJ_ERR_INVALID_ARG;
+        }
+        if (aj_expr_name_reserved(t->name, len)) {
+            snprintf(msg, cap, "tensor name '%s' is reserved (a variable, "
+                     "function, keyword or launch tensor)", t->name);
+            return AJ_ERR_INVALID_ARG;
+        }
+        for (int j = 0; j < i; j++) {
+            if (strcmp(op->tensors[j].name, t->name) == 0) {
+                snprintf(msg, cap, "tensor '%s' is declared twice", t->name);
+                return AJ_ERR_INVALID_ARG;
+            }
+        }
+        if ((unsigned)t->dtype >= AJ_SIDE_DTYPE_COUNT) {
+            snprintf(msg, cap, "tensor '%s' has dtype %d, out of range "
+                     "(want i32 or f32)", t->name, (int)t->dtype);
+            return AJ_ERR_INVALID_ARG;
+        }
+        if (t->rank < 1 || t->rank > AJ_EXPR_RANK_MAX) {
+            snprintf(msg, cap, "tensor '%s' has rank %d, out of range (want "
+                     "1..%d)", t->name, (int)t->rank, AJ_EXPR_RANK_MAX);
+            return AJ_ERR_INVALID_ARG;
+        }
+    }
+    return AJ_OK;
+}
+
+static aj_status check_mask(const aj_op *op, char *msg, size_t cap)
+{
+    const aj_mask_spec *mask = &op->mask;
+    const aj_expr_scope scope = aj_op_expr_scope(op, false);
     aj_status st;
 
     if ((st = check_enum("mask", (int)mask->kind, AJ_MASK_COUNT, msg, cap)))
         return st;
     if (mask->kind == AJ_MASK_NONE)
         return AJ_OK;
+    if (mask->kind == AJ_MASK_EXPR)
+        return aj_expr_check(&op->expr, mask->root, &scope, AJ_EXPR_BOOL,
+                             "the mask", msg, cap) ? AJ_OK : AJ_ERR_INVALID_ARG;
     if ((st = check_enum("mask align", (int)mask->align, AJ_ALIGN_COUNT, msg,
                          cap)))
         return st;
@@ -648,15 +812,20 @@ static aj_status check_mask(const aj_mask_spec *mask, char *msg, size_t cap)
     return check_window_bound("right", mask->right, msg, cap);
 }
 
-static aj_status check_score_mod(const aj_score_mod_spec *mod, char *msg,
-                                 size_t cap)
+static aj_status check_score_mod(const aj_op *op, char *msg, size_t cap)
 {
+    const aj_score_mod_spec *mod = &op->score_mod;
+    const aj_expr_scope scope = aj_op_expr_scope(op, true);
     char num[AJ_NUMBER_MAX];
     aj_status st;
 
     if ((st = check_enum("score_mod", (int)mod->kind, AJ_SCORE_MOD_COUNT, msg,
                          cap)))
         return st;
+    if (mod->kind == AJ_SCORE_MOD_EXPR)
+        return aj_expr_check(&op->expr, mod->root, &scope, AJ_EXPR_FLOAT,
+                             "the score_mod", msg, cap) ? AJ_OK
+                                                        : AJ_ERR_INVALID_ARG;
     if (mod->kind != AJ_SCORE_MOD_SOFTCAP ||
         (isfinite(mod->softcap) && mod->softcap > 0))
         return AJ_OK;

@@ -18,6 +18,7 @@
 
 #include "attnjit/attnjit.h"
 #include "ir/diag.h"
+#include "ir/expr.h"
 
 /* Defaults and limits of the op's fields (docs/ir.md). */
 #define AJ_DEFAULT_HEAD_DIM 64
@@ -28,11 +29,13 @@ typedef struct aj_mask_spec {
     aj_mask_kind kind;
     aj_align align;        /* causal and window */
     int64_t left, right;   /* window only; both >= 0 */
+    uint16_t root;         /* expr only: its tree in aj_op.expr */
 } aj_mask_spec;
 
 typedef struct aj_score_mod_spec {
     aj_score_mod kind;
     double softcap;        /* softcap only; finite, > 0 */
+    uint16_t root;         /* expr only: its tree in aj_op.expr */
 } aj_score_mod_spec;
 
 struct aj_op {
@@ -52,6 +55,13 @@ struct aj_op {
     bool deterministic;    /* backward only */
     aj_schedule schedule;  /* 0 fields: template default */
     aj_target target;      /* AJ_TARGET_ANY: not pinned */
+
+    /* Side tensors, in declaration order, and the nodes of the mask and
+     * score_mod expressions (ir/expr.h); only the trees at the two roots
+     * are live, a setter that replaces an expression drops its nodes. */
+    int32_t tensor_count;
+    aj_tensor_decl tensors[AJ_OP_TENSORS_MAX];
+    aj_expr expr;
 
     /* First builder error, kept until the op is destroyed. */
     aj_status sticky;
@@ -81,6 +91,7 @@ double aj_op_scale(const aj_op *op);
     X(DTYPE, "dtype")                     \
     X(HEAD_DIM, "head_dim")               \
     X(HEAD_DIM_V, "head_dim_v")           \
+    X(TENSORS, "tensors")                 \
     X(MASK, "mask")                       \
     X(SCORE_MOD, "score_mod")             \
     X(SCALE, "scale")                     \
@@ -146,9 +157,24 @@ bool aj_scale_ok(double scale, char *msg, size_t cap);
 
 /* ---------------------------------------------------------------- text */
 
-/* Longest canonical text of an op, terminating NUL included (the longest
- * possible form is under 700 bytes). */
-#define AJ_CANONICAL_MAX 1024
+/* Longest canonical text of an op, terminating NUL included: under 700
+ * bytes of fixed fields, 8 tensor declarations of under 48 bytes, and
+ * under 40 bytes per expression node (the longest: a load of rank 4, a
+ * number, a clamp). */
+#define AJ_CANONICAL_MAX 16384
+
+/* The scope an op's mask (score_mod false) or score_mod expression is
+ * typed in: the op's tensors, and `score` for the score_mod. */
+aj_expr_scope aj_op_expr_scope(const aj_op *op, bool score_mod);
+
+/* Parses `text` (len bytes), an expression of the op's mask (score_mod
+ * false) or score_mod, into op->expr, typed against op's tensors; the root
+ * in *root.  The bool / float result rule is aj_op_check_field's.  On
+ * failure msg holds "LINE:COL: what" (positions within text) and the
+ * status is AJ_ERR_PARSE (syntax) or AJ_ERR_VERIFY (types, names,
+ * limits). */
+aj_status aj_expr_parse(aj_op *op, bool score_mod, const char *text,
+                        size_t len, uint16_t *root, char *msg, size_t cap);
 
 /* Writes the canonical text of op into buf (NUL-terminated) and its length,
  * without the NUL, into *len.  AJ_ERR_INTERNAL if it does not fit. */

@@ -34,6 +34,9 @@ typedef enum tok_kind {
     TOK_IDENT,     /* [A-Za-z_][A-Za-z0-9_]* */
     TOK_NUMBER,    /* a lexeme the NUMBER grammar accepts */
     TOK_LBRACE, TOK_RBRACE, TOK_LPAREN, TOK_RPAREN, TOK_EQUALS, TOK_COMMA,
+    TOK_LBRACKET, TOK_RBRACKET, TOK_COLON,
+    TOK_QUESTION,  /* in an expression only */
+    TOK_OP,        /* in an expression only: an operator of aj_expr_ops */
 } tok_kind;
 
 typedef struct token {
@@ -43,14 +46,32 @@ typedef struct token {
     aj_pos pos;
 } token;
 
-typedef struct parser {
-    aj_ctx *ctx;
-    const char *name;          /* for messages: "name:LINE:COL: ..." */
-    const char *src;
-    size_t len, at;            /* the lexer's cursor: src[at] ... */
+/* Where the lexer stands: enough to come back to a place in the text. */
+typedef struct lex_state {
+    size_t at;                 /* the lexer's cursor: src[at] ... */
     aj_pos cur;                /* ... and its position */
     token tok;                 /* the current (lookahead) token */
+    bool in_expr;              /* '+' and '-' are operators, not signs */
+} lex_state;
+
+/* An `expr(E)` seen in the body and parsed after it, once every tensor is
+ * declared, wherever the `tensors` field was written. */
+typedef struct deferred_expr {
+    bool set;
+    lex_state start;           /* at E's first token */
+} deferred_expr;
+
+typedef struct parser {
+    aj_ctx *ctx;               /* NULL: messages go to msg_out as "L:C: ..." */
+    char *msg_out;
+    size_t msg_cap;
+    const char *name;          /* for messages: "name:LINE:COL: ..." */
+    const char *src;
+    size_t len;
+    lex_state lx;
     aj_op *op;
+    deferred_expr deferred[2]; /* [0] mask, [1] score_mod */
+    int depth;                 /* of the expression being parsed */
     aj_pos header;             /* where 'attention' was written */
     aj_pos open, close;        /* the body's braces */
     aj_pos field_at[AJ_FIELD_COUNT];
@@ -63,6 +84,7 @@ static aj_status parse_body(parser *p);
 static aj_status parse_field(parser *p);
 static aj_status parse_value(parser *p, aj_field field);
 static aj_status check_required(parser *p);
+static aj_status parse_deferred(parser *p);
 static aj_status verify(parser *p);
 static aj_status next(parser *p);
 static aj_status fail_at(parser *p, aj_status st, aj_pos pos,
@@ -85,7 +107,7 @@ aj_status aj_op_parse(aj_ctx *ctx, const char *text, size_t len,
     p.name = name ? name : "<input>";
     p.src = text;
     p.len = len;
-    p.cur = (aj_pos){ 1, 1 };
+    p.lx.cur = (aj_pos){ 1, 1 };
 
     if (len > AJ_SPEC_MAX)
         return aj_fail(ctx, AJ_ERR_PARSE,
@@ -115,12 +137,13 @@ static aj_status parse_spec(parser *p)
     AJ_TRY(parse_header(p));
     AJ_TRY(parse_body(p));
     AJ_TRY(check_required(p));
-    if (p->tok.kind != TOK_END) {
+    if (p->lx.tok.kind != TOK_END) {
         char buf[64];
-        return fail_at(p, AJ_ERR_PARSE, p->tok.pos,
+        return fail_at(p, AJ_ERR_PARSE, p->lx.tok.pos,
                        "unexpected %s after the closing '}' (a spec holds "
-                       "one op)", describe(&p->tok, buf, sizeof buf));
+                       "one op)", describe(&p->lx.tok, buf, sizeof buf));
     }
+    AJ_TRY(parse_deferred(p));
     AJ_TRY(verify(p));
 done:
     return st;
@@ -151,8 +174,8 @@ static aj_status expected(parser *p, const char *what)
 {
     char buf[64];
 
-    return fail_at(p, AJ_ERR_PARSE, p->tok.pos, "expected %s, found %s", what,
-                   describe(&p->tok, buf, sizeof buf));
+    return fail_at(p, AJ_ERR_PARSE, p->lx.tok.pos, "expected %s, found %s", what,
+                   describe(&p->lx.tok, buf, sizeof buf));
 }
 
 static const char *punct_text(tok_kind kind)
@@ -164,9 +187,14 @@ static const char *punct_text(tok_kind kind)
     case TOK_RPAREN: return "')'";
     case TOK_EQUALS: return "'='";
     case TOK_COMMA:  return "','";
+    case TOK_LBRACKET: return "'['";
+    case TOK_RBRACKET: return "']'";
+    case TOK_COLON:  return "':'";
+    case TOK_QUESTION: return "'?'";
     case TOK_END:
     case TOK_IDENT:
-    case TOK_NUMBER: break;
+    case TOK_NUMBER:
+    case TOK_OP:     break;
     }
     return "?";
 }
@@ -176,11 +204,11 @@ static aj_status expect(parser *p, tok_kind kind, const char *after)
 {
     char buf[64];
 
-    if (p->tok.kind == kind)
+    if (p->lx.tok.kind == kind)
         return next(p);
-    return fail_at(p, AJ_ERR_PARSE, p->tok.pos, "expected %s after %s, "
+    return fail_at(p, AJ_ERR_PARSE, p->lx.tok.pos, "expected %s after %s, "
                    "found %s", punct_text(kind), after,
-                   describe(&p->tok, buf, sizeof buf));
+                   describe(&p->lx.tok, buf, sizeof buf));
 }
 
 /* ---------------------------------------------------------------- header */
@@ -209,7 +237,7 @@ static aj_status parse_choice(parser *p, const char *const *names, int count,
     char list[160], msg[256];
 
     for (int i = 0; i < count; i++) {
-        if (is_word(&p->tok, names[i])) {
+        if (is_word(&p->lx.tok, names[i])) {
             *out = i;
             return next(p);
         }
@@ -227,27 +255,27 @@ static aj_status parse_header(parser *p)
     int kind = 0, variant = AJ_VARIANT_NONE;
     aj_status st = AJ_OK;
 
-    if (p->tok.kind == TOK_END)
-        return fail_at(p, AJ_ERR_PARSE, p->tok.pos,
+    if (p->lx.tok.kind == TOK_END)
+        return fail_at(p, AJ_ERR_PARSE, p->lx.tok.pos,
                        "empty spec: expected 'attention KIND VARIANT {'");
-    if (!is_word(&p->tok, "attention"))
+    if (!is_word(&p->lx.tok, "attention"))
         return expected(p, "'attention' to start the spec");
-    p->header = p->tok.pos;
+    p->header = p->lx.tok.pos;
     AJ_TRY(next(p));
     AJ_TRY(parse_choice(p, aj_kind_names, AJ_KIND_COUNT, "an op kind", NULL,
                         &kind));
-    if (kind == AJ_KIND_MERGE && (is_word(&p->tok, "flash") ||
-                                  is_word(&p->tok, "efficient")))
-        return fail_at(p, AJ_ERR_PARSE, p->tok.pos,
+    if (kind == AJ_KIND_MERGE && (is_word(&p->lx.tok, "flash") ||
+                                  is_word(&p->lx.tok, "efficient")))
+        return fail_at(p, AJ_ERR_PARSE, p->lx.tok.pos,
                        "merge ops take no variant, found %s",
-                       describe(&p->tok, buf, sizeof buf));
+                       describe(&p->lx.tok, buf, sizeof buf));
     if (kind != AJ_KIND_MERGE) {
         /* Skip "none": it is the merge's variant and never written. */
         AJ_TRY(parse_choice(p, aj_variant_names + 1, AJ_VARIANT_COUNT - 1,
                             "a variant", NULL, &variant));
         variant += 1;
     }
-    p->open = p->tok.pos;
+    p->open = p->lx.tok.pos;
     AJ_TRY(expect(p, TOK_LBRACE, "the header"));
     AJ_TRY(aj_op_create(p->ctx, (aj_kind)kind, (aj_variant)variant, &p->op));
 done:
@@ -262,18 +290,18 @@ static aj_status parse_body(parser *p)
     aj_status st = AJ_OK;
 
     for (;;) {
-        if (p->tok.kind == TOK_RBRACE) {
-            p->close = p->tok.pos;
+        if (p->lx.tok.kind == TOK_RBRACE) {
+            p->close = p->lx.tok.pos;
             return next(p);
         }
-        if (p->tok.kind == TOK_END)
-            return fail_at(p, AJ_ERR_PARSE, p->tok.pos,
+        if (p->lx.tok.kind == TOK_END)
+            return fail_at(p, AJ_ERR_PARSE, p->lx.tok.pos,
                            "expected '}' to close the '{' at %d:%d, found "
                            "end of input", p->open.line, p->open.col);
-        if (p->tok.kind != TOK_IDENT)
-            return fail_at(p, AJ_ERR_PARSE, p->tok.pos,
+        if (p->lx.tok.kind != TOK_IDENT)
+            return fail_at(p, AJ_ERR_PARSE, p->lx.tok.pos,
                            "expected a field name or '}', found %s",
-                           describe(&p->tok, buf, sizeof buf));
+                           describe(&p->lx.tok, buf, sizeof buf));
         AJ_TRY(parse_field(p));
     }
 done:
@@ -284,7 +312,7 @@ done:
 static aj_status parse_field(parser *p)
 {
     const bool merge = p->op->kind == AJ_KIND_MERGE;
-    token name = p->tok;
+    token name = p->lx.tok;
     char buf[64], list[256], msg[256];
     aj_field field = AJ_FIELD_COUNT;
     int n = 0;
@@ -326,6 +354,8 @@ done:
 static aj_status parse_int(parser *p, int64_t max, int64_t *out);
 static aj_status parse_number(parser *p, double *out);
 static aj_status parse_head_dim(parser *p, aj_field field, int32_t *out);
+static aj_status parse_tensors(parser *p);
+static aj_status defer_expr(parser *p, deferred_expr *d);
 static aj_status parse_mask(parser *p, aj_mask_spec *mask);
 static aj_status parse_score_mod(parser *p, aj_score_mod_spec *mod);
 static aj_status parse_scale(parser *p, double *scale);
@@ -350,6 +380,9 @@ static aj_status parse_value(parser *p, aj_field field)
         break;
     case AJ_FIELD_HEAD_DIM_V:
         AJ_TRY(parse_head_dim(p, field, &op->head_dim_v));
+        break;
+    case AJ_FIELD_TENSORS:
+        AJ_TRY(parse_tensors(p));
         break;
     case AJ_FIELD_MASK:
         AJ_TRY(parse_mask(p, &op->mask));
@@ -391,7 +424,7 @@ static aj_status parse_value(parser *p, aj_field field)
         break;
     case AJ_FIELD_HEADER:
     case AJ_FIELD_COUNT:
-        st = fail_at(p, AJ_ERR_INTERNAL, p->tok.pos, "no value for field %d",
+        st = fail_at(p, AJ_ERR_INTERNAL, p->lx.tok.pos, "no value for field %d",
                      (int)field);
         break;
     }
@@ -416,24 +449,104 @@ done:
     return st;
 }
 
-/* mask = none | causal(ALIGN) | window(LEFT, RIGHT [, ALIGN]) */
+/* tensors = "(" NAME ":" DTYPE "[" RANK "]" { "," ... } ")".  The rules
+ * on names and ranks are the verifier's; here only what the op can hold. */
+static aj_status parse_tensors(parser *p)
+{
+    aj_op *op = p->op;
+    aj_status st = AJ_OK;
+
+    AJ_TRY(expect(p, TOK_LPAREN, "'tensors ='"));
+    for (;;) {
+        aj_tensor_decl *t = &op->tensors[op->tensor_count];
+        token name = p->lx.tok;
+        int64_t rank;
+        int dtype = 0;
+
+        if (name.kind != TOK_IDENT)
+            return expected(p, "a tensor name");
+        if (op->tensor_count == AJ_OP_TENSORS_MAX)
+            return fail_at(p, AJ_ERR_VERIFY, name.pos, "more than %d tensors",
+                           AJ_OP_TENSORS_MAX);
+        if (name.len > AJ_OP_TENSOR_NAME_MAX)
+            return fail_at(p, AJ_ERR_VERIFY, name.pos,
+                           "tensor name '%.*s' is longer than %d characters",
+                           (int)name.len, name.text, AJ_OP_TENSOR_NAME_MAX);
+        memcpy(t->name, name.text, name.len);
+        t->name[name.len] = '\0';
+        AJ_TRY(next(p));
+        AJ_TRY(expect(p, TOK_COLON, "the tensor name"));
+        AJ_TRY(parse_choice(p, aj_side_dtype_names, AJ_SIDE_DTYPE_COUNT,
+                            "a tensor dtype", NULL, &dtype));
+        AJ_TRY(expect(p, TOK_LBRACKET, "the tensor dtype"));
+        AJ_TRY(parse_int(p, INT32_MAX, &rank));
+        AJ_TRY(expect(p, TOK_RBRACKET, "the tensor rank"));
+        t->dtype = (aj_side_dtype)dtype;
+        t->rank = (int32_t)rank;
+        op->tensor_count++;
+        if (p->lx.tok.kind == TOK_RPAREN)
+            return next(p);
+        if (p->lx.tok.kind != TOK_COMMA)
+            return expected(p, "',' or ')' in the tensors");
+        AJ_TRY(next(p));
+    }
+done:
+    return st;
+}
+
+/* "(" E ")" after 'expr': E is skipped (its tokens lexed, its parentheses
+ * matched) and parsed by parse_deferred once the body is read. */
+static aj_status defer_expr(parser *p, deferred_expr *d)
+{
+    aj_pos open = p->lx.tok.pos;
+    int depth = 1;
+    char buf[64];
+    aj_status st = AJ_OK;
+
+    if (p->lx.tok.kind != TOK_LPAREN)
+        return expected(p, "'(' after 'expr'");
+    p->lx.in_expr = true;
+    AJ_TRY(next(p));
+    d->set = true;
+    d->start = p->lx;
+    for (;;) {
+        if (p->lx.tok.kind == TOK_END || p->lx.tok.kind == TOK_RBRACE)
+            return fail_at(p, AJ_ERR_PARSE, p->lx.tok.pos,
+                           "expected ')' to close the 'expr(' at %d:%d, "
+                           "found %s", open.line, open.col,
+                           describe(&p->lx.tok, buf, sizeof buf));
+        if (p->lx.tok.kind == TOK_LPAREN)
+            depth++;
+        if (p->lx.tok.kind == TOK_RPAREN && --depth == 0) {
+            p->lx.in_expr = false;
+            return next(p);
+        }
+        AJ_TRY(next(p));
+    }
+done:
+    return st;
+}
+
+/* mask = none | causal(ALIGN) | window(LEFT, RIGHT [, ALIGN]) | expr(E) */
 static aj_status parse_mask(parser *p, aj_mask_spec *mask)
 {
     static const char *const forms =
-        "none, causal(top_left), causal(bottom_right), window(LEFT, RIGHT) "
-        "or window(LEFT, RIGHT, bottom_right)";
-    aj_pos at = p->tok.pos;
+        "none, causal(top_left), causal(bottom_right), window(LEFT, RIGHT), "
+        "window(LEFT, RIGHT, bottom_right) or expr(E)";
+    aj_pos at = p->lx.tok.pos;
     int kind = 0, align = AJ_ALIGN_TOP_LEFT;
     aj_status st = AJ_OK;
 
     AJ_TRY(parse_choice(p, aj_mask_names, AJ_MASK_COUNT, "a mask", forms,
                         &kind));
-    *mask = (aj_mask_spec){ .kind = (aj_mask_kind)kind };
+    *mask = (aj_mask_spec){ .kind = (aj_mask_kind)kind, .root = AJ_EXPR_NONE };
     if (kind == AJ_MASK_NONE)
         return AJ_OK;
+    if (kind == AJ_MASK_EXPR)
+        return defer_expr(p, &p->deferred[0]);
     /* Frameworks disagree on where a plain causal mask's diagonal sits when
      * Sq != Sk, so the text form makes the user say which one. */
-    if (kind == AJ_MASK_CAUSAL && p->tok.kind != TOK_LPAREN)
+    if (kind == AJ_MASK_CAUSAL && p->lx.tok.kind != TOK_LPAREN)
         return fail_at(p, AJ_ERR_PARSE, at,
                        "bare 'causal' is ambiguous: write causal(top_left) "
                        "(PyTorch is_causal) or causal(bottom_right) "
@@ -444,7 +557,7 @@ static aj_status parse_mask(parser *p, aj_mask_spec *mask)
         AJ_TRY(parse_int(p, INT64_MAX, &mask->left));
         AJ_TRY(expect(p, TOK_COMMA, "the window's left size"));
         AJ_TRY(parse_int(p, INT64_MAX, &mask->right));
-        if (p->tok.kind == TOK_COMMA) {
+        if (p->lx.tok.kind == TOK_COMMA) {
             AJ_TRY(next(p));
             AJ_TRY(parse_choice(p, aj_align_names, AJ_ALIGN_COUNT,
                                 "an alignment", NULL, &align));
@@ -460,15 +573,19 @@ done:
     return st;
 }
 
-/* score_mod = none | softcap(NUMBER) | alibi */
+/* score_mod = none | softcap(NUMBER) | alibi | expr(E) */
 static aj_status parse_score_mod(parser *p, aj_score_mod_spec *mod)
 {
     int kind = 0;
     aj_status st = AJ_OK;
 
     AJ_TRY(parse_choice(p, aj_score_mod_names, AJ_SCORE_MOD_COUNT,
-                        "a score_mod", "none, softcap(C) or alibi", &kind));
-    *mod = (aj_score_mod_spec){ .kind = (aj_score_mod)kind };
+                        "a score_mod", "none, softcap(C), alibi or expr(E)",
+                        &kind));
+    *mod = (aj_score_mod_spec){ .kind = (aj_score_mod)kind,
+                                .root = AJ_EXPR_NONE };
+    if (kind == AJ_SCORE_MOD_EXPR)
+        return defer_expr(p, &p->deferred[1]);
     if (kind != AJ_SCORE_MOD_SOFTCAP)
         return AJ_OK;
     AJ_TRY(expect(p, TOK_LPAREN, "'softcap'"));
@@ -487,11 +604,11 @@ static aj_status parse_scale(parser *p, double *scale)
     double v;
     aj_status st = AJ_OK;
 
-    if (is_word(&p->tok, "default")) {
+    if (is_word(&p->lx.tok, "default")) {
         *scale = AJ_SCALE_DEFAULT;
         return next(p);
     }
-    if (p->tok.kind != TOK_NUMBER)
+    if (p->lx.tok.kind != TOK_NUMBER)
         return expected(p, "a scale (default or a number)");
     AJ_TRY(parse_number(p, &v));
     if (!aj_scale_ok(v, msg, sizeof msg))
@@ -514,14 +631,14 @@ static aj_status parse_schedule(parser *p, aj_schedule *schedule)
     aj_status st = AJ_OK;
 
     *schedule = (aj_schedule){ 0 };
-    if (is_word(&p->tok, "default"))
+    if (is_word(&p->lx.tok, "default"))
         return next(p);
-    if (p->tok.kind != TOK_LPAREN)
+    if (p->lx.tok.kind != TOK_LPAREN)
         return expected(p, "a schedule (default or (block_m = N, block_n = N, "
                            "warps = N, stages = N))");
     AJ_TRY(next(p));
     for (;;) {
-        aj_pos at = p->tok.pos;
+        aj_pos at = p->lx.tok.pos;
         int64_t v;
         int key = 0;
 
@@ -535,12 +652,359 @@ static aj_status parse_schedule(parser *p, aj_schedule *schedule)
         AJ_TRY(expect(p, TOK_EQUALS, quoted));
         AJ_TRY(parse_int(p, INT32_MAX, &v));
         *slots[key] = (int32_t)v;
-        if (p->tok.kind == TOK_RPAREN)
+        if (p->lx.tok.kind == TOK_RPAREN)
             return next(p);
-        if (p->tok.kind != TOK_COMMA)
+        if (p->lx.tok.kind != TOK_COMMA)
             return expected(p, "',' or ')' in the schedule");
         AJ_TRY(next(p));
     }
+done:
+    return st;
+}
+
+/* ---------------------------------------------------------------- expressions */
+
+/*
+ * E by precedence climbing over aj_expr_ops (C's precedence):
+ *
+ *   ternary = binary(2) [ "?" ternary ":" ternary ]
+ *   binary(P) = unary { INFIX-of-precedence->=P binary(prec+1) }
+ *   unary   = ("-" | "!") unary | primary
+ *   primary = NUMBER | true | false | inf | VARIABLE | "(" ternary ")"
+ *           | FUNCTION "(" ternary { "," ternary } ")"
+ *           | TENSOR "[" ternary { "," ternary } "]"
+ *
+ * Nodes are typed and folded as they are made (aj_expr_add); a type
+ * error is reported at the operator, function or tensor it concerns.
+ */
+typedef struct expr_parser {
+    parser *p;
+    aj_expr_scope scope;
+} expr_parser;
+
+static aj_status parse_ternary(expr_parser *ep, uint16_t *out);
+static bool all_digits(const token *t);
+
+/* aj_expr_add, with its complaint placed at `at`. */
+static aj_status add_node(expr_parser *ep, aj_pos at, aj_expr_op op,
+                          const uint16_t *args, int n,
+                          const aj_expr_node *leaf, uint16_t *out)
+{
+    char msg[256];
+
+    if (aj_expr_add(&ep->p->op->expr, &ep->scope, op, args, n, leaf, out,
+                    msg, sizeof msg))
+        return AJ_OK;
+    return fail_at(ep->p, AJ_ERR_VERIFY, at, "%s", msg);
+}
+
+/* Counts one level of nesting (a parenthesis, a prefix operator, an
+ * argument list) and refuses the one past the limit. */
+static aj_status enter(expr_parser *ep)
+{
+    if (++ep->p->depth <= AJ_EXPR_DEPTH_MAX)
+        return AJ_OK;
+    return fail_at(ep->p, AJ_ERR_VERIFY, ep->p->lx.tok.pos,
+                   "the expression nests deeper than %d levels",
+                   AJ_EXPR_DEPTH_MAX);
+}
+
+/* The operator of `form` the current token spells, or AJ_EXPR_OP_COUNT. */
+static aj_expr_op token_op(const parser *p, aj_expr_form form)
+{
+    if (p->lx.tok.kind != TOK_OP)
+        return AJ_EXPR_OP_COUNT;
+    for (int op = 0; op < AJ_EXPR_OP_COUNT; op++) {
+        const char *spelling = aj_expr_ops[op].spelling;
+        if (aj_expr_ops[op].form == form &&
+            strlen(spelling) == p->lx.tok.len &&
+            memcmp(spelling, p->lx.tok.text, p->lx.tok.len) == 0)
+            return (aj_expr_op)op;
+    }
+    return AJ_EXPR_OP_COUNT;
+}
+
+/* ARG { "," ARG } CLOSE into args (at most `max`); the count in *n. */
+static aj_status parse_args(expr_parser *ep, tok_kind close, const char *what,
+                            uint16_t *args, int max, int *n)
+{
+    uint16_t ignored;
+    aj_status st = AJ_OK;
+
+    *n = 0;
+    AJ_TRY(enter(ep));
+    AJ_TRY(next(ep->p));
+    for (;;) {
+        AJ_TRY(parse_ternary(ep, *n < max ? &args[*n] : &ignored));
+        (*n)++;
+        if (ep->p->lx.tok.kind == close)
+            break;
+        if (ep->p->lx.tok.kind != TOK_COMMA) {
+            char msg[128];
+            snprintf(msg, sizeof msg, "',' or %s in %s", punct_text(close),
+                     what);
+            return expected(ep->p, msg);
+        }
+        AJ_TRY(next(ep->p));
+    }
+    ep->p->depth--;
+    AJ_TRY(next(ep->p));
+done:
+    return st;
+}
+
+/* A name: keyword, variable, call or load. */
+static aj_status parse_name(expr_parser *ep, uint16_t *out)
+{
+    parser *p = ep->p;
+    const token name = p->lx.tok;
+    aj_expr_node leaf = { .op = AJ_EXPR_LIT, .type = AJ_EXPR_BOOL };
+    uint16_t args[AJ_EXPR_RANK_MAX];
+    char shown[64], what[96];
+    int n = 0;
+    aj_status st = AJ_OK;
+
+    AJ_TRY(next(p));
+    if (is_word(&name, "true") || is_word(&name, "false")) {
+        leaf.u.i = is_word(&name, "true");
+        return add_node(ep, name.pos, AJ_EXPR_LIT, NULL, 0, &leaf, out);
+    }
+    if (is_word(&name, "inf")) {
+        leaf.type = AJ_EXPR_FLOAT;
+        leaf.u.f = INFINITY;
+        return add_node(ep, name.pos, AJ_EXPR_LIT, NULL, 0, &leaf, out);
+    }
+    for (int v = 0; v < AJ_VAR_COUNT; v++) {
+        if (is_word(&name, aj_expr_var_names[v])) {
+            leaf = (aj_expr_node){ .op = AJ_EXPR_VAR, .u.var = v };
+            return add_node(ep, name.pos, AJ_EXPR_VAR, NULL, 0, &leaf, out);
+        }
+    }
+    describe(&name, shown, sizeof shown);
+    if (p->lx.tok.kind == TOK_LPAREN) {
+        for (int op = 0; op < AJ_EXPR_OP_COUNT; op++) {
+            if (aj_expr_ops[op].form == AJ_FORM_CALL &&
+                is_word(&name, aj_expr_ops[op].spelling)) {
+                snprintf(what, sizeof what, "the arguments of %s", shown);
+                AJ_TRY(parse_args(ep, TOK_RPAREN, what, args,
+                                  AJ_EXPR_RANK_MAX, &n));
+                return add_node(ep, name.pos, (aj_expr_op)op, args, n, NULL,
+                                out);
+            }
+        }
+        return fail_at(p, AJ_ERR_PARSE, name.pos, "unknown function %s "
+                       "(functions: min, max, abs, clamp, exp, log, tanh, "
+                       "sqrt, floor)", shown);
+    }
+    for (int t = 0; t < ep->scope.count; t++) {
+        if (!is_word(&name, ep->scope.tensors[t].name))
+            continue;
+        if (p->lx.tok.kind != TOK_LBRACKET)
+            return fail_at(p, AJ_ERR_PARSE, name.pos, "tensor %s is read "
+                           "with indices: %s[...]", shown, ep->scope.tensors[t].name);
+        snprintf(what, sizeof what, "the indices of %s", shown);
+        AJ_TRY(parse_args(ep, TOK_RBRACKET, what, args, AJ_EXPR_RANK_MAX,
+                          &n));
+        if (n != ep->scope.tensors[t].rank)
+            return fail_at(p, AJ_ERR_VERIFY, name.pos, "tensor %s has rank "
+                           "%d, read with %d ind%s", shown,
+                           (int)ep->scope.tensors[t].rank, n,
+                           n == 1 ? "ex" : "ices");
+        leaf = (aj_expr_node){ .op = AJ_EXPR_LOAD, .u.tensor = t };
+        return add_node(ep, name.pos, AJ_EXPR_LOAD, args, n, &leaf, out);
+    }
+    if (p->lx.tok.kind == TOK_LBRACKET)
+        return fail_at(p, AJ_ERR_PARSE, name.pos, "unknown tensor %s (declare "
+                       "it in 'tensors')", shown);
+    return fail_at(p, AJ_ERR_PARSE, name.pos, "unknown name %s (variables: "
+                   "b, h, q, k, sq, sk, score)", shown);
+done:
+    return st;
+}
+
+/* An integer (i64) or float (f32) literal. */
+static aj_status parse_literal(expr_parser *ep, uint16_t *out)
+{
+    const token t = ep->p->lx.tok;
+    aj_expr_node leaf = { .op = AJ_EXPR_LIT, .type = AJ_EXPR_INT };
+    char shown[64];
+    aj_status st = AJ_OK;
+
+    if (all_digits(&t)) {
+        AJ_TRY(parse_int(ep->p, INT64_MAX, &leaf.u.i));
+    } else {
+        leaf.type = AJ_EXPR_FLOAT;
+        AJ_TRY(parse_number(ep->p, &leaf.u.f));
+        if (isinf((float)leaf.u.f))
+            return fail_at(ep->p, AJ_ERR_VERIFY, t.pos, "number %s is out "
+                           "of f32 range", describe(&t, shown, sizeof shown));
+    }
+    return add_node(ep, t.pos, AJ_EXPR_LIT, NULL, 0, &leaf, out);
+done:
+    return st;
+}
+
+static aj_status parse_primary(expr_parser *ep, uint16_t *out)
+{
+    parser *p = ep->p;
+    aj_status st = AJ_OK;
+
+    switch (p->lx.tok.kind) {
+    case TOK_NUMBER:
+        return parse_literal(ep, out);
+    case TOK_IDENT:
+        return parse_name(ep, out);
+    case TOK_LPAREN: {
+        aj_pos open = p->lx.tok.pos;
+        char buf[64];
+
+        AJ_TRY(enter(ep));
+        AJ_TRY(next(p));
+        AJ_TRY(parse_ternary(ep, out));
+        if (p->lx.tok.kind != TOK_RPAREN)
+            return fail_at(p, AJ_ERR_PARSE, p->lx.tok.pos, "expected ')' to "
+                           "close the '(' at %d:%d, found %s", open.line,
+                           open.col, describe(&p->lx.tok, buf, sizeof buf));
+        p->depth--;
+        return next(p);
+    }
+    default:
+        return expected(p, "an expression");
+    }
+done:
+    return st;
+}
+
+static aj_status parse_unary(expr_parser *ep, uint16_t *out)
+{
+    aj_expr_op op = token_op(ep->p, AJ_FORM_PREFIX);
+    aj_pos at = ep->p->lx.tok.pos;
+    uint16_t arg;
+    aj_status st = AJ_OK;
+
+    if (op == AJ_EXPR_OP_COUNT)
+        return parse_primary(ep, out);
+    AJ_TRY(enter(ep));
+    AJ_TRY(next(ep->p));
+    AJ_TRY(parse_unary(ep, &arg));
+    ep->p->depth--;
+    AJ_TRY(add_node(ep, at, op, &arg, 1, NULL, out));
+done:
+    return st;
+}
+
+static aj_status parse_binary(expr_parser *ep, int min_prec, uint16_t *out)
+{
+    aj_status st = AJ_OK;
+
+    AJ_TRY(parse_unary(ep, out));
+    for (;;) {
+        aj_expr_op op = token_op(ep->p, AJ_FORM_INFIX);
+        aj_pos at = ep->p->lx.tok.pos;
+        uint16_t args[2] = { *out, 0 };
+
+        if (op == AJ_EXPR_OP_COUNT || aj_expr_ops[op].prec < min_prec)
+            break;
+        AJ_TRY(next(ep->p));
+        AJ_TRY(parse_binary(ep, aj_expr_ops[op].prec + 1, &args[1]));
+        AJ_TRY(add_node(ep, at, op, args, 2, NULL, out));
+    }
+done:
+    return st;
+}
+
+static aj_status parse_ternary(expr_parser *ep, uint16_t *out)
+{
+    parser *p = ep->p;
+    uint16_t args[3];
+    aj_pos at;
+    aj_status st = AJ_OK;
+
+    AJ_TRY(parse_binary(ep, aj_expr_ops[AJ_EXPR_SELECT].prec + 1, &args[0]));
+    if (p->lx.tok.kind != TOK_QUESTION) {
+        *out = args[0];
+        return AJ_OK;
+    }
+    at = p->lx.tok.pos;
+    AJ_TRY(enter(ep));
+    AJ_TRY(next(p));
+    AJ_TRY(parse_ternary(ep, &args[1]));
+    AJ_TRY(expect(p, TOK_COLON, "the '?' arm"));
+    AJ_TRY(parse_ternary(ep, &args[2]));
+    p->depth--;
+    AJ_TRY(add_node(ep, at, AJ_EXPR_SELECT, args, 3, NULL, out));
+done:
+    return st;
+}
+
+/* The whole E of the mask (a bool) or the score_mod (a number, made a
+ * float), ending at `end`. */
+static aj_status parse_expr_root(parser *p, bool score_mod, tok_kind end,
+                                 uint16_t *root)
+{
+    expr_parser ep = { p, aj_op_expr_scope(p->op, score_mod) };
+    const aj_pos at = p->lx.tok.pos;
+    aj_expr_type type;
+    char buf[64];
+    aj_status st = AJ_OK;
+
+    p->depth = 0;
+    AJ_TRY(parse_ternary(&ep, root));
+    if (p->lx.tok.kind != end)
+        return fail_at(p, AJ_ERR_PARSE, p->lx.tok.pos, "expected an operator "
+                       "or %s, found %s", end == TOK_END ? "the end of the "
+                       "expression" : punct_text(end),
+                       describe(&p->lx.tok, buf, sizeof buf));
+    type = (aj_expr_type)p->op->expr.nodes[*root].type;
+    if (!score_mod && type != AJ_EXPR_BOOL)
+        return fail_at(p, AJ_ERR_VERIFY, at, "the mask expression must be a "
+                       "bool, got %s", aj_expr_type_names[type]);
+    if (score_mod && type == AJ_EXPR_BOOL)
+        return fail_at(p, AJ_ERR_VERIFY, at, "the score_mod expression must "
+                       "be a number, got bool");
+    if (score_mod && type == AJ_EXPR_INT)
+        AJ_TRY(add_node(&ep, at, AJ_EXPR_TO_FLOAT, root, 1, NULL, root));
+done:
+    return st;
+}
+
+/* The expressions deferred by defer_expr, mask first; the tensors are
+ * checked first, since the expressions are typed against them. */
+static aj_status parse_deferred(parser *p)
+{
+    char msg[AJ_ERROR_TEXT_MAX / 2];
+    aj_status st = AJ_OK;
+
+    if (aj_op_check_field(p->op, AJ_FIELD_TENSORS, msg, sizeof msg) != AJ_OK)
+        return fail_at(p, AJ_ERR_VERIFY, p->field_at[AJ_FIELD_TENSORS], "%s",
+                       msg);
+    for (int i = 0; i < 2; i++) {
+        if (!p->deferred[i].set)
+            continue;
+        p->lx = p->deferred[i].start;
+        AJ_TRY(parse_expr_root(p, i == 1, TOK_RPAREN,
+                               i ? &p->op->score_mod.root : &p->op->mask.root));
+    }
+done:
+    return st;
+}
+
+aj_status aj_expr_parse(aj_op *op, bool score_mod, const char *text,
+                        size_t len, uint16_t *root, char *msg, size_t cap)
+{
+    parser p;
+    aj_status st = AJ_OK;
+
+    memset(&p, 0, sizeof p);
+    p.msg_out = msg;
+    p.msg_cap = cap;
+    p.src = text;
+    p.len = len;
+    p.op = op;
+    p.lx.cur = (aj_pos){ 1, 1 };
+    p.lx.in_expr = true;
+    AJ_TRY(next(&p));
+    AJ_TRY(parse_expr_root(&p, score_mod, TOK_END, root));
 done:
     return st;
 }
@@ -563,7 +1027,7 @@ static bool all_digits(const token *t)
 /* An unsigned decimal integer no larger than max. */
 static aj_status parse_int(parser *p, int64_t max, int64_t *out)
 {
-    const token *t = &p->tok;
+    const token *t = &p->lx.tok;
     int64_t v = 0;
 
     if (t->kind != TOK_NUMBER || !all_digits(t))
@@ -592,7 +1056,7 @@ static aj_status parse_int(parser *p, int64_t max, int64_t *out)
  */
 static aj_status parse_number(parser *p, double *out)
 {
-    const token *t = &p->tok;
+    const token *t = &p->lx.tok;
     char buf[AJ_NUMBER_LEXEME_MAX + 16], shown[64];
     size_t i = 0, n = 0;
     long exp10 = 0;
@@ -691,6 +1155,10 @@ static aj_status fail_at(parser *p, aj_status st, aj_pos pos,
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
+    if (!p->ctx) {
+        snprintf(p->msg_out, p->msg_cap, "%d:%d: %s", pos.line, pos.col, msg);
+        return st;
+    }
     return aj_fail(p->ctx, st, "%s:%d:%d: %s", p->name, pos.line, pos.col,
                    msg);
 }
@@ -721,32 +1189,35 @@ static bool is_ident_char(char c)
     return is_ident_start(c) || is_digit(c);
 }
 
-static bool is_number_start(char c)
+/* In an expression '+' and '-' are operators; elsewhere they sign a
+ * number. */
+static bool is_number_start(const parser *p, char c)
 {
-    return is_digit(c) || c == '.' || c == '+' || c == '-';
+    return is_digit(c) || c == '.' ||
+           (!p->lx.in_expr && (c == '+' || c == '-'));
 }
 
 /* Moves the cursor over n bytes of one line. */
 static void advance(parser *p, size_t n)
 {
-    p->at += n;
-    p->cur.col += (int)n;
+    p->lx.at += n;
+    p->lx.cur.col += (int)n;
 }
 
 /* Whitespace and '#' comments, up to the next token. */
 static void skip_blank(parser *p)
 {
-    while (p->at < p->len) {
-        char c = p->src[p->at];
+    while (p->lx.at < p->len) {
+        char c = p->src[p->lx.at];
 
         if (c == '\n') {
-            p->at++;
-            p->cur = (aj_pos){ p->cur.line + 1, 1 };
+            p->lx.at++;
+            p->lx.cur = (aj_pos){ p->lx.cur.line + 1, 1 };
         } else if (c == ' ' || c == '\t' || c == '\r' || c == '\f' ||
                    c == '\v') {
             advance(p, 1);
         } else if (c == '#') {
-            while (p->at < p->len && p->src[p->at] != '\n')
+            while (p->lx.at < p->len && p->src[p->lx.at] != '\n')
                 advance(p, 1);
         } else {
             return;
@@ -788,8 +1259,8 @@ static bool number_grammar_ok(const char *s, size_t len)
  * continues it only right after an exponent's 'e'. */
 static size_t number_extent(const parser *p)
 {
-    const char *s = p->src + p->at;
-    size_t n = 1, left = p->len - p->at;
+    const char *s = p->src + p->lx.at;
+    size_t n = 1, left = p->len - p->lx.at;
 
     while (n < left) {
         char c = s[n];
@@ -812,28 +1283,53 @@ static tok_kind punct_kind(char c)
     case ')': return TOK_RPAREN;
     case '=': return TOK_EQUALS;
     case ',': return TOK_COMMA;
+    case '[': return TOK_LBRACKET;
+    case ']': return TOK_RBRACKET;
+    case ':': return TOK_COLON;
     default:  return TOK_END;
     }
 }
 
-/* Reads the next token into p->tok. */
+/* Length of the operator of aj_expr_ops that s starts with (the longest
+ * one: "<=" before "<"), or 0. */
+static size_t operator_len(const char *s, size_t left)
+{
+    size_t best = 0;
+
+    for (int op = 0; op < AJ_EXPR_OP_COUNT; op++) {
+        const aj_expr_op_info *info = &aj_expr_ops[op];
+        size_t n = strlen(info->spelling);
+
+        if ((info->form == AJ_FORM_INFIX || info->form == AJ_FORM_PREFIX) &&
+            n > best && n <= left && memcmp(s, info->spelling, n) == 0)
+            best = n;
+    }
+    return best;
+}
+
+/* Reads the next token into p->lx.tok. */
 static aj_status next(parser *p)
 {
-    token *t = &p->tok;
+    token *t = &p->lx.tok;
     const char *s;
     char c;
 
     skip_blank(p);
-    s = p->src + p->at;
-    *t = (token){ TOK_END, s, 0, p->cur };
-    if (p->at == p->len)
+    s = p->src + p->lx.at;
+    *t = (token){ TOK_END, s, 0, p->lx.cur };
+    if (p->lx.at == p->len)
         return AJ_OK;
     c = s[0];
     if (is_ident_start(c)) {
         t->kind = TOK_IDENT;
-        while (t->len < p->len - p->at && is_ident_char(s[t->len]))
+        while (t->len < p->len - p->lx.at && is_ident_char(s[t->len]))
             t->len++;
-    } else if (is_number_start(c)) {
+    } else if (p->lx.in_expr && (t->len = operator_len(s, p->len - p->lx.at))) {
+        t->kind = TOK_OP;
+    } else if (p->lx.in_expr && c == '?') {
+        t->kind = TOK_QUESTION;
+        t->len = 1;
+    } else if (is_number_start(p, c)) {
         t->kind = TOK_NUMBER;
         t->len = number_extent(p);
         if (!number_grammar_ok(s, t->len)) {

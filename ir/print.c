@@ -86,6 +86,10 @@ aj_status aj_op_canonical(const aj_op *op, char *buf, size_t cap, size_t *len)
     for (int f = AJ_FIELD_HEADER + 1; f < AJ_FIELD_COUNT; f++) {
         if (op->kind == AJ_KIND_MERGE && !aj_field_in_merge((aj_field)f))
             continue;
+        /* No tensors: the field is left out, so that an op without
+         * expressions prints (and hashes) as it did before they existed. */
+        if (f == AJ_FIELD_TENSORS && op->tensor_count == 0)
+            continue;
         emit(&t, "  %s = ", aj_field_names[f]);
         print_value(&t, op, (aj_field)f);
         emit(&t, "\n");
@@ -120,8 +124,33 @@ static void emit_number(text_buf *t, double value)
     emit(t, "%s", num);
 }
 
-static void print_mask(text_buf *t, const aj_mask_spec *mask)
+static void emit_text(void *sink, const char *text)
 {
+    emit(sink, "%s", text);
+}
+
+/* expr(E) for the tree at root. */
+static void print_expr(text_buf *t, const aj_op *op, uint16_t root)
+{
+    emit(t, "expr(");
+    aj_expr_print(&op->expr, root, op->tensors, emit_text, t);
+    emit(t, ")");
+}
+
+/* (NAME: DTYPE[RANK], ...) */
+static void print_tensors(text_buf *t, const aj_op *op)
+{
+    for (int i = 0; i < op->tensor_count; i++)
+        emit(t, "%s%s: %s[%d]", i ? ", " : "(", op->tensors[i].name,
+             aj_side_dtype_names[op->tensors[i].dtype],
+             (int)op->tensors[i].rank);
+    emit(t, ")");
+}
+
+static void print_mask(text_buf *t, const aj_op *op)
+{
+    const aj_mask_spec *mask = &op->mask;
+
     switch (mask->kind) {
     case AJ_MASK_CAUSAL:
         emit(t, "causal(%s)", aj_align_names[mask->align]);
@@ -133,6 +162,9 @@ static void print_mask(text_buf *t, const aj_mask_spec *mask)
         if (mask->align != AJ_ALIGN_TOP_LEFT)
             emit(t, ", %s", aj_align_names[mask->align]);
         emit(t, ")");
+        return;
+    case AJ_MASK_EXPR:
+        print_expr(t, op, mask->root);
         return;
     case AJ_MASK_NONE:
     case AJ_MASK_COUNT:
@@ -174,10 +206,17 @@ static void print_value(text_buf *t, const aj_op *op, aj_field field)
     case AJ_FIELD_HEAD_DIM_V:
         emit(t, "%d", (int)aj_op_dv(op));
         return;
+    case AJ_FIELD_TENSORS:
+        print_tensors(t, op);
+        return;
     case AJ_FIELD_MASK:
-        print_mask(t, &op->mask);
+        print_mask(t, op);
         return;
     case AJ_FIELD_SCORE_MOD:
+        if (op->score_mod.kind == AJ_SCORE_MOD_EXPR) {
+            print_expr(t, op, op->score_mod.root);
+            return;
+        }
         emit(t, "%s", aj_score_mod_names[op->score_mod.kind]);
         if (op->score_mod.kind == AJ_SCORE_MOD_SOFTCAP) {
             emit(t, "(");

@@ -200,6 +200,11 @@ static aj_status plan_common(ring_plan *p, aj_ctx *ctx, aj_device *dev, aj_comm 
     if (p->op.bias != AJ_BIAS_NONE)
         return aj_fail(ctx, AJ_ERR_UNSUPPORTED, "%s: bias = add: the ring does not shard a "
                        "bias tensor", p->fn);
+    /* classify() knows the built-in masks' shapes only. */
+    if (p->op.mask == AJ_MASK_EXPR || p->op.score_mod == AJ_SCORE_MOD_EXPR)
+        return aj_fail(ctx, AJ_ERR_UNSUPPORTED, "%s: %s = expr(...): the ring does not "
+                       "classify expression blocks yet", p->fn,
+                       p->op.mask == AJ_MASK_EXPR ? "mask" : "score_mod");
     if (p->op.accumulate)
         return aj_fail(ctx, AJ_ERR_INVALID_ARG, "%s: accumulate = true: the ring sets it on "
                        "its own kernels; pass the plain forward op", p->fn);

@@ -56,6 +56,10 @@ static void check_problem(const ref_problem *p)
         ref_fail("mask kind out of range");
     if ((int)p->align < 0 || (int)p->align >= AJ_ALIGN_COUNT)
         ref_fail("align out of range");
+    if ((p->mask == AJ_MASK_EXPR || p->score_expr) && !p->expr)
+        ref_fail("an expression mask or score_mod needs expr");
+    if (p->score_expr && (p->softcap != 0.0 || p->alibi_slopes))
+        ref_fail("a score_mod expression replaces softcap and alibi");
     if (!(p->softcap >= 0.0) || !isfinite(p->softcap))
         ref_fail("softcap must be 0 (none) or a finite positive cap");
     if (!(p->dropout_p >= 0.0 && p->dropout_p < 1.0))
@@ -76,6 +80,7 @@ typedef struct ref_slice {
     int64_t h;       /* query head */
     int64_t hk;      /* kv head it reads: h / (Hq / Hkv) */
     int64_t sq, sk;  /* query and key counts of this sequence */
+    int64_t sq_total, sk_total;
     int64_t shift;   /* mask diagonal: 0 or sk_total - sq_total */
     double scale;    /* resolved: never 0 */
 } ref_slice;
@@ -90,11 +95,10 @@ static ref_slice make_slice(const ref_problem *p, int64_t b, int64_t h)
         sl.sq = p->Sq;
         sl.sk = p->Sk;
     }
-    if (p->align == AJ_ALIGN_BOTTOM_RIGHT) {
-        int64_t sq_total = p->sq_total ? p->sq_total : sl.sq;
-        int64_t sk_total = p->sk_total ? p->sk_total : sl.sk;
-        sl.shift = sk_total - sq_total;
-    }
+    sl.sq_total = p->sq_total ? p->sq_total : sl.sq;
+    sl.sk_total = p->sk_total ? p->sk_total : sl.sk;
+    if (p->align == AJ_ALIGN_BOTTOM_RIGHT)
+        sl.shift = sl.sk_total - sl.sq_total;
     sl.scale = p->scale != 0.0 ? p->scale : 1.0 / sqrt((double)p->D);
     return sl;
 }
@@ -149,6 +153,17 @@ static double dot(const double *x, const double *y, int n)
     return acc;
 }
 
+/* The point (i, j) of the slice as the expression interpreter sees it. */
+static aj_expr_env expr_env(const ref_problem *p, const ref_slice *sl,
+                            int64_t i, int64_t j, double score)
+{
+    return (aj_expr_env){
+        .b = sl->b, .h = sl->h, .q = p->q_offset + i, .k = p->kv_offset + j,
+        .sq = sl->sq_total, .sk = sl->sk_total, .score = score,
+        .tensors = p->tensors, .tensor_count = p->tensor_count,
+    };
+}
+
 /* Whether key j is visible from query i, on global positions. */
 static bool visible(const ref_problem *p, const ref_slice *sl, int64_t i,
                     int64_t j)
@@ -161,29 +176,70 @@ static bool visible(const ref_problem *p, const ref_slice *sl, int64_t i,
         return kv_pos <= diag;
     case AJ_MASK_WINDOW:
         return diag - p->window_left <= kv_pos && kv_pos <= diag + p->window_right;
+    case AJ_MASK_EXPR: {
+        aj_expr_env env = expr_env(p, sl, i, j, 0.0);
+        return aj_expr_eval_bool(p->expr, p->mask_root, &env);
+    }
     default:
         return true;
     }
 }
 
+/* The final score for the pre-softcap score t, and ds/dt in *g. */
+static double score_of(const ref_problem *p, const ref_slice *sl, int64_t i,
+                       int64_t j, double t, double *g)
+{
+    if (p->score_expr) {
+        aj_expr_env env = expr_env(p, sl, i, j, t);
+        return aj_expr_eval_grad(p->expr, p->score_root, &env, g);
+    }
+    double s = t;
+    *g = 1.0;
+    if (p->softcap != 0.0) {
+        double th = tanh(t / p->softcap);
+        s = p->softcap * th;
+        *g = 1.0 - th * th;
+    }
+    if (p->alibi_slopes) {
+        int64_t dist = (p->q_offset + i) - (p->kv_offset + j);
+        s -= p->alibi_slopes[sl->h] * (double)llabs(dist);
+    }
+    return s;
+}
+
+bool ref_visible(const ref_problem *p, int64_t b, int64_t h, int64_t i,
+                 int64_t j)
+{
+    ref_slice sl = make_slice(p, b, h);
+    return visible(p, &sl, i, j);
+}
+
+double ref_score(const ref_problem *p, int64_t b, int64_t h, int64_t i,
+                 int64_t j, double t, double *ds_dt)
+{
+    ref_slice sl = make_slice(p, b, h);
+    double g;
+    double s = score_of(p, &sl, i, j, t, &g);
+    if (ds_dt)
+        *ds_dt = g;
+    return s;
+}
+
 /* Scores of query row i against every key of the slice:
- *   t[j] = scale * q.k + bias            (the pre-softcap score)
- *   s[j] = softcap(t) - alibi distance   (the final score; -inf if hidden) */
+ *   t    = scale * q.k + bias            (the pre-softcap score)
+ *   s[j] = softcap(t) - alibi distance, or the score_mod expression at t
+ *          (the final score; -inf if hidden)
+ *   g[j] = ds/dt                         (for the backward's chain rule) */
 static void row_scores(const ref_problem *p, const ref_slice *sl,
                        const double *q, const double *k, int64_t i,
-                       double *t, double *s)
+                       double *g, double *s)
 {
     const double *qi = q + q_row_at(p, sl, i, p->D);
     for (int64_t j = 0; j < sl->sk; j++) {
         double tj = sl->scale * dot(qi, k + k_row_at(p, sl, j, p->D), p->D);
         if (p->bias)
             tj += p->bias[bias_at(p, sl, i, j)];
-        double sj = p->softcap != 0.0 ? p->softcap * tanh(tj / p->softcap) : tj;
-        if (p->alibi_slopes) {
-            int64_t dist = (p->q_offset + i) - (p->kv_offset + j);
-            sj -= p->alibi_slopes[sl->h] * (double)llabs(dist);
-        }
-        t[j] = tj;
+        double sj = score_of(p, sl, i, j, tj, &g[j]);
         s[j] = visible(p, sl, i, j) ? sj : -INFINITY;
     }
 }
@@ -238,7 +294,7 @@ void ref_forward(const ref_problem *p, const double *q, const double *k,
                  const double *v, double *o, double *lse)
 {
     check_problem(p);
-    double *t = alloc_row(max_keys(p));
+    double *g = alloc_row(max_keys(p));
     double *s = alloc_row(max_keys(p));
     for (int64_t b = 0; b < p->B; b++) {
         for (int64_t h = 0; h < p->Hq; h++) {
@@ -246,7 +302,7 @@ void ref_forward(const ref_problem *p, const double *q, const double *k,
             for (int64_t i = 0; i < sl.sq; i++) {
                 double *oi = o + q_row_at(p, &sl, i, p->Dv);
                 memset(oi, 0, (size_t)p->Dv * sizeof *oi);
-                row_scores(p, &sl, q, k, i, t, s);
+                row_scores(p, &sl, q, k, i, g, s);
 
                 /* LSE, stably: max first.  A max of -inf means no key is
                  * visible (or every visible score is -inf): O = 0, LSE = -inf.
@@ -291,7 +347,7 @@ void ref_forward(const ref_problem *p, const double *q, const double *k,
             }
         }
     }
-    free(t);
+    free(g);
     free(s);
 }
 
@@ -307,13 +363,15 @@ void ref_forward(const ref_problem *p, const double *q, const double *k,
  *     dP_ij   = m_ij (dO_i . v_j)               (gradient w.r.t. P_ij)
  *     Delta_i = dO_i . O_i  =  sum_j P_ij dP_ij
  *     dS_ij   = P_ij (dP_ij - Delta_i)          (softmax backward)
- *     dT_ij   = dS_ij * (1 - tanh^2(t_ij / C))  (softcap chain; dT = dS without)
+ *     dT_ij   = dS_ij * ds_ij/dt_ij             (softcap: 1 - tanh^2(t_ij / C);
+ *                                               an expression: its derivative;
+ *                                               1 without)
  *     dQ_i   += scale * dT_ij k_j
  *     dK_j   += scale * dT_ij q_i
  *     dBias  += dT_ij at bias[b,h,i,j]          (summed over broadcast dims)
  *
  * Alibi and the mask are constants added to s, so they have no gradient of
- * their own; a hidden key has P_ij = 0 and so contributes nothing, and a
+ * their own, and no gradient flows to an expression's side tensors; a hidden key has P_ij = 0 and so contributes nothing, and a
  * row with LSE = -inf contributes nothing at all.  dK and dV sum over the
  * query heads of a GQA group simply because every head of the group adds
  * into the same kv-head rows.  Delta is computed from the given O (as a
@@ -335,7 +393,7 @@ void ref_backward(const ref_problem *p, const double *q, const double *k,
         memset(dbias, 0, (size_t)n * sizeof *dbias);
     }
 
-    double *t = alloc_row(max_keys(p));
+    double *g = alloc_row(max_keys(p));
     double *s = alloc_row(max_keys(p));
     for (int64_t b = 0; b < p->B; b++) {
         for (int64_t h = 0; h < p->Hq; h++) {
@@ -344,7 +402,7 @@ void ref_backward(const ref_problem *p, const double *q, const double *k,
                 double row_lse = lse[lse_at(p, &sl, i)];
                 if (row_lse == -INFINITY)
                     continue;
-                row_scores(p, &sl, q, k, i, t, s);
+                row_scores(p, &sl, q, k, i, g, s);
                 const double *qi = q + q_row_at(p, &sl, i, p->D);
                 const double *oi = o + q_row_at(p, &sl, i, p->Dv);
                 const double *doi = dout + q_row_at(p, &sl, i, p->Dv);
@@ -366,11 +424,7 @@ void ref_backward(const ref_problem *p, const double *q, const double *k,
 
                     double dpij = m * dot(doi, vj, p->Dv);
                     double dsij = pij * (dpij - delta);
-                    double dtij = dsij;
-                    if (p->softcap != 0.0) {
-                        double th = tanh(t[j] / p->softcap);
-                        dtij = dsij * (1.0 - th * th);
-                    }
+                    double dtij = dsij * g[j];
                     for (int c = 0; c < p->D; c++) {
                         dqi[c] += sl.scale * dtij * kj[c];
                         dkj[c] += sl.scale * dtij * qi[c];
@@ -381,7 +435,7 @@ void ref_backward(const ref_problem *p, const double *q, const double *k,
             }
         }
     }
-    free(t);
+    free(g);
     free(s);
 }
 

@@ -13,7 +13,8 @@
  *     t = scale * q_i . k_j  +  bias[b,h,i,j]          (pre-softcap score)
  *     u = softcap ? C * tanh(t / C) : t
  *     s = u - slope[h] * |q_pos - kv_pos|              (alibi, if slopes given)
- *     s = -inf where the mask hides kv_pos from q_pos
+ *     s = E(score = t)                     (a score_mod expression instead)
+ *     s = -inf where the mask (built-in or expression) hides kv_pos from q_pos
  *
  *     shift = 0 (top_left) or sk_total - sq_total (bottom_right)
  *     causal:            kv_pos <= q_pos + shift
@@ -33,6 +34,7 @@
 #include <stdint.h>
 
 #include "attnjit/attnjit.h"
+#include "ir/expr.h"
 
 typedef struct ref_problem {
     int B, Hq, Hkv, D, Dv;
@@ -48,7 +50,7 @@ typedef struct ref_problem {
      * Sq and Sk are unused.  Row i of sequence b has q_pos = q_offset + i
      * (positions restart at every sequence); b is the sequence index. */
     const int32_t *cu_q, *cu_k;
-    aj_mask_kind mask;              /* AJ_MASK_NONE / CAUSAL / WINDOW */
+    aj_mask_kind mask;              /* AJ_MASK_NONE / CAUSAL / WINDOW / EXPR */
     aj_align align;                 /* top_left: shift 0; bottom_right: shift =
                                        sk_total - sq_total */
     int64_t window_left, window_right;
@@ -66,7 +68,27 @@ typedef struct ref_problem {
     int64_t bias_shape[4];
     double dropout_p;               /* 0 means none; else 0 < p < 1 */
     uint64_t seed, offset;          /* the dropout stream */
+    /* Expressions, evaluated by ir/expr.h's interpreter at b, h, q = q_pos,
+     * k = kv_pos, sq = sq_total, sk = sk_total (the defaults above), and
+     * score = t: `expr` holds the nodes (an op's arena); mask_root is read
+     * when mask == AJ_MASK_EXPR, score_root when score_expr is set (then
+     * softcap and alibi_slopes must be unset).  tensors[0 .. tensor_count-1]
+     * are the side tensors in declaration order (out of range reads 0). */
+    const aj_expr *expr;
+    uint16_t mask_root, score_root;
+    bool score_expr;
+    const aj_expr_tensor *tensors;
+    int tensor_count;
 } ref_problem;
+
+/* Whether key j is visible from query i of sequence b, query head h, and
+ * the final score s_ij for the pre-softcap score t, with ds/dt in *ds_dt
+ * (may be NULL): the two steps every entry point below takes, exposed so
+ * tests can compare forms position by position. */
+bool ref_visible(const ref_problem *p, int64_t b, int64_t h, int64_t i,
+                 int64_t j);
+double ref_score(const ref_problem *p, int64_t b, int64_t h, int64_t i,
+                 int64_t j, double t, double *ds_dt);
 
 /* Forward: writes o and lse (shapes above); lse may be NULL. */
 void ref_forward(const ref_problem *p, const double *q, const double *k,

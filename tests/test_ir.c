@@ -523,7 +523,7 @@ static const bad_spec bad_specs[] = {
     /* fields */
     { FWD REQ "  maks = none\n}", 0, AJ_ERR_PARSE,
       "t.aj:4:3: unknown field 'maks' (expected one of dtype, head_dim, head_dim_v, "
-      "mask, score_mod, scale, dropout, bias, layout, accumulate, deterministic, "
+      "tensors, mask, score_mod, scale, dropout, bias, layout, accumulate, deterministic, "
       "schedule or target)" },
     { MERGE "  dtype = f16\n  head_dimv = 64\n}", 0, AJ_ERR_PARSE,
       "t.aj:3:3: unknown field 'head_dimv' (expected one of dtype, head_dim_v or target)" },
@@ -557,13 +557,15 @@ static const bad_spec bad_specs[] = {
       "t.aj:4:17: expected an alignment (top_left or bottom_right), found 'top'" },
     { FWD REQ "  mask = sliding(4, 4)\n}", 0, AJ_ERR_PARSE,
       "t.aj:4:10: expected a mask (none, causal(top_left), causal(bottom_right), "
-      "window(LEFT, RIGHT) or window(LEFT, RIGHT, bottom_right)), found 'sliding'" },
+      "window(LEFT, RIGHT), window(LEFT, RIGHT, bottom_right) or expr(E)), found "
+      "'sliding'" },
     { FWD REQ "  mask = window(4 5)\n}", 0, AJ_ERR_PARSE,
       "t.aj:4:19: expected ',' after the window's left size, found '5'" },
     { FWD REQ "  mask = window(4, 5\n}", 0, AJ_ERR_PARSE,
       "t.aj:5:1: expected ')' after the window, found '}'" },
     { FWD REQ "  score_mod = tanh\n}", 0, AJ_ERR_PARSE,
-      "t.aj:4:15: expected a score_mod (none, softcap(C) or alibi), found 'tanh'" },
+      "t.aj:4:15: expected a score_mod (none, softcap(C), alibi or expr(E)), found "
+      "'tanh'" },
     { FWD REQ "  score_mod = softcap\n}", 0, AJ_ERR_PARSE,
       "t.aj:5:1: expected '(' after 'softcap', found '}'" },
     { FWD REQ "  score_mod = softcap(inf)\n}", 0, AJ_ERR_PARSE,
@@ -787,14 +789,14 @@ static void test_verifier_direct(aj_ctx *ctx)
     CHECK(strcmp(msg, "backward ops need variant flash or efficient, got none") == 0);
     op->variant = AJ_VARIANT_EFFICIENT;
 
-    op->mask = (aj_mask_spec){ AJ_MASK_WINDOW, AJ_ALIGN_TOP_LEFT, -1, 0 };
+    op->mask = (aj_mask_spec){ .kind = AJ_MASK_WINDOW, .left = -1 };
     CHECK(aj_op_check(op, &field, msg, sizeof msg) == AJ_ERR_VERIFY);
     CHECK(field == AJ_FIELD_MASK);
     CHECK(strcmp(msg, "window left -1 is out of range (want 0..2147483647)") == 0);
     /* aj_op_verify runs the same rules when no setter failed. */
     CHECK_STATUS(ctx, aj_op_verify(op), AJ_ERR_VERIFY);
     CHECK_ERROR(ctx, "aj_op_verify: window left -1 is out of range");
-    op->mask = (aj_mask_spec){ AJ_MASK_NONE, AJ_ALIGN_TOP_LEFT, 0, 0 };
+    op->mask = (aj_mask_spec){ .kind = AJ_MASK_NONE };
 
     op->schedule.stages = -1;
     CHECK(aj_op_check(op, &field, msg, sizeof msg) == AJ_ERR_VERIFY);

@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "ir/op.h"
 #include "ref.h"
 
 /* ---------------------------------------------------------------- helpers */
@@ -1154,6 +1155,181 @@ static void test_dropout_forward(void)
     free_data(&d);
 }
 
+/* ---------------------------------------------------------------- expressions */
+
+/* A built-in op written as the expressions aj_expr_builtin_text gives for
+ * it (with `slopes: f32[1]` declared for alibi); NULL on failure. */
+static aj_op *builtin_as_expr(aj_ctx *ctx, const aj_op *builtin)
+{
+    char text[256];
+    bool slopes = false;
+    aj_op *op = NULL;
+
+    CHECK(aj_op_create(ctx, AJ_KIND_FORWARD, AJ_VARIANT_FLASH, &op) == AJ_OK);
+    CHECK(aj_expr_builtin_text(builtin, false, text, sizeof text, &slopes));
+    if (text[0])
+        CHECK_STATUS(ctx, aj_op_set_mask_expr(op, text), AJ_OK);
+    CHECK(aj_expr_builtin_text(builtin, true, text, sizeof text, &slopes));
+    if (slopes)
+        CHECK(aj_op_declare_tensor(op, "slopes", AJ_SIDE_F32, 1) == AJ_OK);
+    if (text[0])
+        CHECK_STATUS(ctx, aj_op_set_score_mod_expr(op, text), AJ_OK);
+    return op;
+}
+
+/* The reference problem of the built-in forms of op (softcap, slopes). */
+static void set_builtins(ref_problem *p, const aj_op *op, const double *slopes)
+{
+    p->mask = op->mask.kind;
+    p->align = op->mask.align;
+    p->window_left = op->mask.left;
+    p->window_right = op->mask.right;
+    p->softcap = op->score_mod.kind == AJ_SCORE_MOD_SOFTCAP ? op->score_mod.softcap : 0.0;
+    p->alibi_slopes = op->score_mod.kind == AJ_SCORE_MOD_ALIBI ? slopes : NULL;
+}
+
+/* The same problem through op's expressions. */
+static void set_exprs(ref_problem *p, const aj_op *op, const aj_expr_tensor *tensors)
+{
+    p->expr = &op->expr;
+    p->mask = op->mask.kind;
+    p->mask_root = op->mask.root;
+    p->score_expr = op->score_mod.kind == AJ_SCORE_MOD_EXPR;
+    p->score_root = op->score_mod.root;
+    p->tensors = tensors;
+    p->tensor_count = op->tensor_count;
+}
+
+static bool close_to(double a, double b, double tol)
+{
+    return fabs(a - b) <= tol * (1.0 + fabs(a));
+}
+
+/*
+ * Every built-in mask and score_mod equals the expression
+ * aj_expr_builtin_text gives for it: visibility exactly and scores (and
+ * ds/dt) to f32 rounding, position by position over a shard with offsets
+ * and Sq != Sk; then the whole forward and backward agree.
+ */
+static void test_builtin_expressions(void)
+{
+    static const char *const masks[] = {
+        "none", "causal(top_left)", "causal(bottom_right)", "window(3, 1)",
+        "window(2, 0, bottom_right)",
+    };
+    static const char *const mods[] = { "none", "softcap(1.5)", "alibi" };
+    static const double slopes[4] = { 0.5, 0.25, 0.125, 0.0625 };
+    static const float slopes_f32[4] = { 0.5f, 0.25f, 0.125f, 0.0625f };
+    const aj_expr_tensor tensors[] = { { slopes_f32, AJ_SIDE_F32, 1, { 4 }, { 1 } } };
+    const double ts[] = { -3.25, -0.5, 0.0, 0.75, 2.5 };
+    aj_ctx *ctx = NULL;
+
+    CHECK(aj_ctx_create(NULL, &ctx) == AJ_OK);
+    for (size_t m = 0; m < sizeof masks / sizeof masks[0]; m++) {
+        for (size_t s = 0; s < sizeof mods / sizeof mods[0]; s++) {
+            char spec[512], what[128];
+            aj_op *builtin = NULL, *expr;
+            snprintf(spec, sizeof spec, "attention forward flash {\n  dtype = f32\n"
+                     "  head_dim = 4\n  mask = %s\n  score_mod = %s\n}\n", masks[m], mods[s]);
+            snprintf(what, sizeof what, "%s + %s", masks[m], mods[s]);
+            CHECK_STATUS(ctx, aj_op_parse(ctx, spec, strlen(spec), what, &builtin), AJ_OK);
+            if (!builtin)
+                continue;
+            expr = builtin_as_expr(ctx, builtin);
+
+            ref_problem pb = problem(2, 4, 2, 5, 7, 4, 3), pe;
+            pb.q_offset = 3;
+            pb.kv_offset = 1;
+            pb.sq_total = 9;
+            pb.sk_total = 12;
+            pb.scale = 0.8;
+            pe = pb;
+            set_builtins(&pb, builtin, slopes);
+            set_exprs(&pe, expr, tensors);
+            int bad = 0;
+            for (int b = 0; b < pb.B; b++)
+                for (int h = 0; h < pb.Hq; h++)
+                    for (int i = 0; i < pb.Sq; i++)
+                        for (int j = 0; j < pb.Sk; j++) {
+                            bad += ref_visible(&pb, b, h, i, j) != ref_visible(&pe, b, h, i, j);
+                            for (size_t t = 0; t < sizeof ts / sizeof ts[0]; t++) {
+                                double gb, ge;
+                                double sb = ref_score(&pb, b, h, i, j, ts[t], &gb);
+                                double se = ref_score(&pe, b, h, i, j, ts[t], &ge);
+                                bad += !close_to(sb, se, 1e-6) || !close_to(gb, ge, 1e-6);
+                            }
+                        }
+            CHECK_MSG(bad == 0, "%s: %d positions differ from the expression", what, bad);
+
+            /* forward and backward through the expressions */
+            attn_data db = make_data(&pb, 1.0), de = make_data(&pe, 1.0);
+            memcpy(de.q, db.q, (size_t)n_q(&pb, pb.D) * sizeof *db.q);
+            memcpy(de.k, db.k, (size_t)n_k(&pb, pb.D) * sizeof *db.k);
+            memcpy(de.v, db.v, (size_t)n_k(&pb, pb.Dv) * sizeof *db.v);
+            forward(&pb, &db);
+            forward(&pe, &de);
+            CHECK_MSG(max_diff(db.o, de.o, n_q(&pb, pb.Dv)) < 1e-5 &&
+                      max_diff(db.lse, de.lse, n_q(&pb, 1)) < 1e-5, "%s: forward differs", what);
+            double *dout = randoms(n_q(&pb, pb.Dv), 1.0);
+            double *g[2][3];
+            for (int r = 0; r < 2; r++) {
+                g[r][0] = zeros(n_q(&pb, pb.D));
+                g[r][1] = zeros(n_k(&pb, pb.D));
+                g[r][2] = zeros(n_k(&pb, pb.Dv));
+            }
+            ref_backward(&pb, db.q, db.k, db.v, db.o, db.lse, dout, g[0][0], g[0][1], g[0][2], NULL);
+            ref_backward(&pe, de.q, de.k, de.v, de.o, de.lse, dout, g[1][0], g[1][1], g[1][2], NULL);
+            CHECK_MSG(max_diff(g[0][0], g[1][0], n_q(&pb, pb.D)) < 1e-5 &&
+                      max_diff(g[0][1], g[1][1], n_k(&pb, pb.D)) < 1e-5 &&
+                      max_diff(g[0][2], g[1][2], n_k(&pb, pb.Dv)) < 1e-5 &&
+                      max_abs(g[0][0], n_q(&pb, pb.D)) > 0.0,
+                      "%s: backward differs", what);
+            for (int r = 0; r < 2; r++)
+                for (int c = 0; c < 3; c++)
+                    free(g[r][c]);
+            free(dout);
+            free_data(&db);
+            free_data(&de);
+            aj_op_destroy(expr);
+            aj_op_destroy(builtin);
+        }
+    }
+    aj_ctx_destroy(ctx);
+}
+
+/* A document mask from a side tensor, whose last position lies outside
+ * the tensor (reads 0), in the reference against the rule by hand. */
+static void test_document_mask(void)
+{
+    static const int32_t doc[2][5] = { { 1, 1, 2, 2, 2 }, { 1, 2, 2, 3, 0 } };
+    const aj_expr_tensor tensors[] = { { doc, AJ_SIDE_I32, 2, { 2, 5 }, { 5, 1 } } };
+    aj_ctx *ctx = NULL;
+    aj_op *op = NULL;
+
+    CHECK(aj_ctx_create(NULL, &ctx) == AJ_OK);
+    CHECK(aj_op_create(ctx, AJ_KIND_FORWARD, AJ_VARIANT_FLASH, &op) == AJ_OK);
+    CHECK(aj_op_declare_tensor(op, "doc", AJ_SIDE_I32, 2) == AJ_OK);
+    CHECK_STATUS(ctx, aj_op_set_mask_expr(op, "doc[b, q] == doc[b, k] && k <= q"), AJ_OK);
+    ref_problem p = problem(2, 1, 1, 6, 6, 2, 2);
+    set_exprs(&p, op, tensors);
+    int bad = 0;
+    for (int b = 0; b < 2; b++)
+        for (int i = 0; i < 6; i++)
+            for (int j = 0; j < 6; j++) {
+                int di = i < 5 ? doc[b][i] : 0, dj = j < 5 ? doc[b][j] : 0;
+                bad += ref_visible(&p, b, 0, i, j) != (di == dj && j <= i);
+            }
+    CHECK_MSG(bad == 0, "document mask: %d positions wrong", bad);
+    /* the rows see their own documents only: O row 5 of batch 1 (doc 0,
+     * outside the tensor) sees keys 4 and 5, whose doc is 0 too */
+    attn_data d = make_data(&p, 1.0);
+    forward(&p, &d);
+    CHECK(all_finite(d.o, n_q(&p, p.Dv)) && lse_sane(d.lse, n_q(&p, 1)));
+    free_data(&d);
+    aj_op_destroy(op);
+    aj_ctx_destroy(ctx);
+}
+
 int main(void)
 {
     test_philox_known_answers();
@@ -1171,5 +1347,7 @@ int main(void)
     test_merge();
     test_backward_finite_differences();
     test_dropout_forward();
+    test_builtin_expressions();
+    test_document_mask();
     return check_report();
 }

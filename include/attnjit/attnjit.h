@@ -138,6 +138,7 @@ typedef enum aj_mask_kind {
     AJ_MASK_NONE = 0,
     AJ_MASK_CAUSAL = 1,
     AJ_MASK_WINDOW = 2,
+    AJ_MASK_EXPR = 3,          /* mask = expr(E): aj_op_set_mask_expr */
     AJ_MASK_COUNT
 } aj_mask_kind;
 
@@ -154,6 +155,7 @@ typedef enum aj_score_mod {
     AJ_SCORE_MOD_NONE = 0,
     AJ_SCORE_MOD_SOFTCAP = 1,  /* s = C * tanh(s / C) */
     AJ_SCORE_MOD_ALIBI = 2,    /* s -= slope[h] * |q_pos - kv_pos| */
+    AJ_SCORE_MOD_EXPR = 3,     /* score_mod = expr(E): aj_op_set_score_mod_expr */
     AJ_SCORE_MOD_COUNT
 } aj_score_mod;
 
@@ -178,6 +180,17 @@ typedef enum aj_target {
     AJ_TARGET_CPU = 5,
     AJ_TARGET_COUNT
 } aj_target;
+
+/* Element type of a side tensor (`tensors = (NAME: i32[RANK], ...)`). */
+typedef enum aj_side_dtype {
+    AJ_SIDE_I32 = 0,
+    AJ_SIDE_F32 = 1,
+    AJ_SIDE_DTYPE_COUNT
+} aj_side_dtype;
+
+/* Side tensors per op, and the longest name of one (docs/ir.md). */
+#define AJ_OP_TENSORS_MAX 8
+#define AJ_OP_TENSOR_NAME_MAX 31
 
 /* Tile schedule.  A field of 0 lets the template choose. */
 typedef struct aj_schedule {
@@ -218,6 +231,19 @@ aj_status aj_op_set_mask_window(aj_op *op, int64_t left, int64_t right,
 aj_status aj_op_set_score_mod_none(aj_op *op);
 aj_status aj_op_set_softcap(aj_op *op, double cap);
 aj_status aj_op_set_alibi(aj_op *op);
+/* Expressions (docs/ir.md, "Expressions").  aj_op_declare_tensor adds a
+ * side input the expressions may read, after those declared before; name
+ * is copied (an identifier of 1..AJ_OP_TENSOR_NAME_MAX characters that is
+ * not a variable, function, keyword or launch tensor name, and not
+ * declared already), rank is 1..4.  Declarations are never removed.
+ * aj_op_set_mask_expr and aj_op_set_score_mod_expr parse `text`, the E of
+ * `mask = expr(E)` / `score_mod = expr(E)` (NUL-terminated, copied into the
+ * op as nodes; the caller keeps its string), against the tensors declared
+ * so far.  Their messages place an error at "LINE:COL" within text. */
+aj_status aj_op_declare_tensor(aj_op *op, const char *name,
+                               aj_side_dtype dtype, int32_t rank);
+aj_status aj_op_set_mask_expr(aj_op *op, const char *text);
+aj_status aj_op_set_score_mod_expr(aj_op *op, const char *text);
 /* A finite positive scale, or AJ_SCALE_DEFAULT. */
 aj_status aj_op_set_scale(aj_op *op, double scale);
 aj_status aj_op_set_dropout(aj_op *op, double p);

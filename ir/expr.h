@@ -1,0 +1,332 @@
+/*
+ * expr.h -- expressions of the op: `mask = expr(E)`, `score_mod = expr(E)`
+ * and the side tensors they read (`tensors = (doc: i32[2])`).
+ *
+ * An op holds its expressions in one arena of nodes (aj_expr, a fixed array
+ * inside the op, so the op stays a value that memcpy copies).  Nodes refer
+ * to their operands by small integer ids into that array; an operand's id
+ * is always smaller than its user's, so the arena is a topologically sorted
+ * forest and a walk from a root never loops.  The op keeps one root per
+ * expression field (aj_mask_spec.root, aj_score_mod_spec.root).
+ *
+ *   mask = expr(doc[b, q] == doc[b, k] && k <= q)
+ *
+ *   id  op    type   args        value
+ *    0  VAR   int                var = B
+ *    1  VAR   int                var = Q
+ *    2  LOAD  int    0 1         tensor = 0 (doc)
+ *    3  VAR   int                var = B
+ *    4  VAR   int                var = K
+ *    5  LOAD  int    3 4         tensor = 0
+ *    6  EQ    bool   2 5
+ *    7  VAR   int                var = K
+ *    8  VAR   int                var = Q
+ *    9  LE    bool   7 8
+ *   10  AND   bool   6 9                            <- mask root
+ *
+ * Every node is typed when it is made (aj_expr_add): bool, int (i64) or
+ * float (f32).  Where an operator mixes int and float, the int operand is
+ * wrapped in an explicit TO_FLOAT node, so a consumer never promotes on its
+ * own: each operator's operands have exactly the types its row in
+ * AJ_EXPR_OP_LIST says, given the node's own type.  Nodes whose operands
+ * are all literals are folded into a literal as they are made, with the
+ * evaluator's own arithmetic (a fold never makes a NaN or -0.0: such a node
+ * is kept as written, so the printed form still says what it computes).
+ *
+ * Semantics (docs/ir.md, "Expressions"), the same on every target:
+ *   - int is i64 with two's-complement wrap-around; `/` and `%` floor
+ *     toward -inf (-7 / 2 == -4, -7 % 2 == 1); x / 0 == 0 and x % 0 == 0.
+ *   - float is f32: every float operation is rounded to f32 (the evaluator
+ *     computes in double and rounds after each node).  A float literal
+ *     keeps the double it was written as (for printing) and means its f32
+ *     rounding.
+ *   - a load whose index lies outside the tensor reads 0.
+ */
+#ifndef AJ_IR_EXPR_H
+#define AJ_IR_EXPR_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "attnjit/attnjit.h"
+
+/* Limits (docs/ir.md): nodes of both expressions of an op together, depth
+ * of one expression's tree (and of its parentheses), side tensors per op
+ * and the length of a tensor's name. */
+#define AJ_EXPR_NODES_MAX 256
+#define AJ_EXPR_DEPTH_MAX 32
+#define AJ_EXPR_TENSORS_MAX AJ_OP_TENSORS_MAX
+#define AJ_EXPR_NAME_MAX AJ_OP_TENSOR_NAME_MAX
+#define AJ_EXPR_RANK_MAX 4
+
+/* No node: the root of a field that holds no expression. */
+#define AJ_EXPR_NONE UINT16_MAX
+
+typedef enum aj_expr_type {
+    AJ_EXPR_BOOL = 0,
+    AJ_EXPR_INT = 1,      /* i64 */
+    AJ_EXPR_FLOAT = 2,    /* f32 */
+    AJ_EXPR_TYPE_COUNT
+} aj_expr_type;
+
+/* How a node's type follows from its operands' (aj_expr_add). */
+typedef enum aj_expr_rule {
+    AJ_RULE_LEAF,      /* LIT, VAR: the type is given */
+    AJ_RULE_LOAD,      /* int indices; the tensor's element type */
+    AJ_RULE_CONVERT,   /* int -> float */
+    AJ_RULE_ARITH,     /* numbers, promoted to one type; that type */
+    AJ_RULE_INT,       /* ints; int */
+    AJ_RULE_SAME,      /* one number; its type (neg, abs, floor) */
+    AJ_RULE_MATH,      /* one number, promoted to float; float */
+    AJ_RULE_ORDER,     /* numbers, promoted; bool */
+    AJ_RULE_EQUAL,     /* numbers (promoted) or bools; bool */
+    AJ_RULE_LOGIC,     /* bools; bool */
+    AJ_RULE_SELECT,    /* bool, then numbers (promoted) or bools */
+} aj_expr_rule;
+
+/* How the printer writes a node (and the parser reads it). */
+typedef enum aj_expr_form {
+    AJ_FORM_ATOM,      /* literal, variable, load */
+    AJ_FORM_HIDDEN,    /* not written: prints its operand */
+    AJ_FORM_PREFIX,    /* SPELLING operand */
+    AJ_FORM_INFIX,     /* left SPELLING right, left-associative */
+    AJ_FORM_CALL,      /* SPELLING(args) */
+    AJ_FORM_SELECT,    /* c ? a : b, right-associative */
+} aj_expr_form;
+
+/*
+ * Every operator: enum name, spelling, form, C precedence (higher binds
+ * tighter; only infix, prefix and select use it), operand count (LOAD: the
+ * tensor's rank, given per node), typing rule.
+ */
+#define AJ_EXPR_OP_LIST(X)                                 \
+    X(LIT,      "",      AJ_FORM_ATOM,   9, 0, AJ_RULE_LEAF)   \
+    X(VAR,      "",      AJ_FORM_ATOM,   9, 0, AJ_RULE_LEAF)   \
+    X(LOAD,     "",      AJ_FORM_ATOM,   9, 0, AJ_RULE_LOAD)   \
+    X(TO_FLOAT, "",      AJ_FORM_HIDDEN, 9, 1, AJ_RULE_CONVERT) \
+    X(NEG,      "-",     AJ_FORM_PREFIX, 8, 1, AJ_RULE_SAME)   \
+    X(NOT,      "!",     AJ_FORM_PREFIX, 8, 1, AJ_RULE_LOGIC)  \
+    X(MUL,      "*",     AJ_FORM_INFIX,  7, 2, AJ_RULE_ARITH)  \
+    X(DIV,      "/",     AJ_FORM_INFIX,  7, 2, AJ_RULE_ARITH)  \
+    X(MOD,      "%",     AJ_FORM_INFIX,  7, 2, AJ_RULE_INT)    \
+    X(ADD,      "+",     AJ_FORM_INFIX,  6, 2, AJ_RULE_ARITH)  \
+    X(SUB,      "-",     AJ_FORM_INFIX,  6, 2, AJ_RULE_ARITH)  \
+    X(LT,       "<",     AJ_FORM_INFIX,  5, 2, AJ_RULE_ORDER)  \
+    X(LE,       "<=",    AJ_FORM_INFIX,  5, 2, AJ_RULE_ORDER)  \
+    X(GT,       ">",     AJ_FORM_INFIX,  5, 2, AJ_RULE_ORDER)  \
+    X(GE,       ">=",    AJ_FORM_INFIX,  5, 2, AJ_RULE_ORDER)  \
+    X(EQ,       "==",    AJ_FORM_INFIX,  4, 2, AJ_RULE_EQUAL)  \
+    X(NE,       "!=",    AJ_FORM_INFIX,  4, 2, AJ_RULE_EQUAL)  \
+    X(AND,      "&&",    AJ_FORM_INFIX,  3, 2, AJ_RULE_LOGIC)  \
+    X(OR,       "||",    AJ_FORM_INFIX,  2, 2, AJ_RULE_LOGIC)  \
+    X(SELECT,   "?",     AJ_FORM_SELECT, 1, 3, AJ_RULE_SELECT) \
+    X(MIN,      "min",   AJ_FORM_CALL,   9, 2, AJ_RULE_ARITH)  \
+    X(MAX,      "max",   AJ_FORM_CALL,   9, 2, AJ_RULE_ARITH)  \
+    X(ABS,      "abs",   AJ_FORM_CALL,   9, 1, AJ_RULE_SAME)   \
+    X(CLAMP,    "clamp", AJ_FORM_CALL,   9, 3, AJ_RULE_ARITH)  \
+    X(EXP,      "exp",   AJ_FORM_CALL,   9, 1, AJ_RULE_MATH)   \
+    X(LOG,      "log",   AJ_FORM_CALL,   9, 1, AJ_RULE_MATH)   \
+    X(TANH,     "tanh",  AJ_FORM_CALL,   9, 1, AJ_RULE_MATH)   \
+    X(SQRT,     "sqrt",  AJ_FORM_CALL,   9, 1, AJ_RULE_MATH)   \
+    X(FLOOR,    "floor", AJ_FORM_CALL,   9, 1, AJ_RULE_SAME)
+
+typedef enum aj_expr_op {
+#define AJ_EXPR_OP_ENUM(e, spelling, form, prec, arity, rule) AJ_EXPR_##e,
+    AJ_EXPR_OP_LIST(AJ_EXPR_OP_ENUM)
+#undef AJ_EXPR_OP_ENUM
+    AJ_EXPR_OP_COUNT
+} aj_expr_op;
+
+typedef struct aj_expr_op_info {
+    const char *spelling;
+    aj_expr_form form;
+    int prec;
+    int arity;
+    aj_expr_rule rule;
+} aj_expr_op_info;
+
+/* Indexed by aj_expr_op. */
+extern const aj_expr_op_info aj_expr_ops[AJ_EXPR_OP_COUNT];
+
+/* The variables, in the order of aj_expr_env's fields. */
+#define AJ_EXPR_VAR_LIST(X) \
+    X(B, "b")               \
+    X(H, "h")               \
+    X(Q, "q")               \
+    X(K, "k")               \
+    X(SQ, "sq")             \
+    X(SK, "sk")             \
+    X(SCORE, "score")
+
+typedef enum aj_expr_var {
+#define AJ_EXPR_VAR_ENUM(e, name) AJ_VAR_##e,
+    AJ_EXPR_VAR_LIST(AJ_EXPR_VAR_ENUM)
+#undef AJ_EXPR_VAR_ENUM
+    AJ_VAR_COUNT
+} aj_expr_var;
+
+extern const char *const aj_expr_var_names[AJ_VAR_COUNT];
+extern const char *const aj_expr_type_names[AJ_EXPR_TYPE_COUNT];
+extern const char *const aj_side_dtype_names[AJ_SIDE_DTYPE_COUNT];
+
+/*
+ * One node.  `op` and `type` are aj_expr_op and aj_expr_type.  `args`
+ * holds the operand ids (aj_expr_ops[op].arity of them; a LOAD has its
+ * tensor's rank of them, one index each); unused slots are AJ_EXPR_NONE.  The payload
+ * by op:
+ *   LIT   type INT: i; FLOAT: f (the double as written or folded; its f32
+ *         rounding is the value); BOOL: i is 0 or 1
+ *   VAR   var (aj_expr_var)
+ *   LOAD  tensor (index into the op's tensor declarations)
+ */
+typedef struct aj_expr_node {
+    uint8_t op;
+    uint8_t type;
+    uint16_t args[AJ_EXPR_RANK_MAX];
+    union {
+        int64_t i;
+        double f;
+        int32_t var;
+        int32_t tensor;
+    } u;
+} aj_expr_node;
+
+/* The arena: nodes[0 .. count-1]. */
+typedef struct aj_expr {
+    uint16_t count;
+    aj_expr_node nodes[AJ_EXPR_NODES_MAX];
+} aj_expr;
+
+/* How many operands the node has (a LOAD: its indices). */
+int aj_expr_arity(const aj_expr_node *n);
+
+/* A side tensor's declaration: `NAME: DTYPE[RANK]`. */
+typedef struct aj_tensor_decl {
+    char name[AJ_EXPR_NAME_MAX + 1];
+    aj_side_dtype dtype;
+    int32_t rank;
+} aj_tensor_decl;
+
+/* The tensors an expression may read. */
+typedef struct aj_expr_scope {
+    const aj_tensor_decl *tensors;
+    int count;
+    bool score;        /* `score` is in scope (score_mod only) */
+} aj_expr_scope;
+
+/* ---------------------------------------------------------------- build */
+
+/*
+ * Appends a node `op` over operands args[0 .. n-1] (ids into e), typing it
+ * by its rule: inserts TO_FLOAT where an int meets a float, folds it when
+ * every operand is a literal.  For LIT give the type and payload in `leaf`
+ * (args unused); for VAR leaf->u.var; for LOAD leaf->u.tensor (n must be
+ * the tensor's rank).  Returns true with the new node's id in *out; false
+ * with a sentence in msg on a type error, a bad operand count, or when the
+ * arena or the depth limit is full.
+ */
+bool aj_expr_add(aj_expr *e, const aj_expr_scope *scope, aj_expr_op op,
+                 const uint16_t *args, int n, const aj_expr_node *leaf,
+                 uint16_t *out, char *msg, size_t cap);
+
+/* Copies the tree at `root` of src to the end of dst; its new root in
+ * *out.  False if dst has no room. */
+bool aj_expr_copy(aj_expr *dst, const aj_expr *src, uint16_t root,
+                  uint16_t *out);
+
+/* Checks the tree at `root` the way the verifier must for an op poked into
+ * by hand: ids in range and below their user's, ops, operand counts,
+ * types as aj_expr_add would give them, tensors and `score` in scope, the
+ * depth limit, and the result type `want` (bool for a mask, float for a
+ * score_mod).  `what` names the field in messages. */
+bool aj_expr_check(const aj_expr *e, uint16_t root, const aj_expr_scope *scope,
+                   aj_expr_type want, const char *what, char *msg, size_t cap);
+
+/* Depth of the tree at `root` (a leaf is 1). */
+int aj_expr_depth(const aj_expr *e, uint16_t root);
+
+/* Writes the canonical spelling of the tree at `root` (minimal parentheses
+ * by precedence, numbers by aj_format_number) with `emit`.  Parsing it
+ * gives back the same tree. */
+void aj_expr_print(const aj_expr *e, uint16_t root,
+                   const aj_tensor_decl *tensors,
+                   void (*emit)(void *sink, const char *text), void *sink);
+
+/* A name a side tensor may not take: a variable, a function, a keyword
+ * (true false inf expr none) or a tensor name of the launch API (q k v o
+ * lse do dq dk dv bias dbias alibi_slopes o1 lse1 o2 lse2 cu_seqlens_q
+ * cu_seqlens_k k_cache v_cache block_table seqlens_k k_scale v_scale). */
+bool aj_expr_name_reserved(const char *name, size_t len);
+
+/* ---------------------------------------------------------------- eval */
+
+/* A side tensor as the evaluator reads it: element (i0, ..., iR-1) is at
+ * data[sum i_d * strides[d]] (strides in elements), int32_t or float by
+ * dtype.  An index outside 0 .. sizes[d]-1 reads 0. */
+typedef struct aj_expr_tensor {
+    const void *data;
+    aj_side_dtype dtype;
+    int32_t rank;
+    int64_t sizes[AJ_EXPR_RANK_MAX];
+    int64_t strides[AJ_EXPR_RANK_MAX];
+} aj_expr_tensor;
+
+/* The point an expression is evaluated at: the variables, and the side
+ * tensors in declaration order (tensors[i] for declaration i). */
+typedef struct aj_expr_env {
+    int64_t b, h, q, k, sq, sk;
+    double score;                  /* rounded to f32 when read */
+    const aj_expr_tensor *tensors;
+    int tensor_count;
+} aj_expr_env;
+
+/* A value of an expression: b, i or f by the node's type. */
+typedef union aj_expr_scalar {
+    bool b;
+    int64_t i;
+    float f;
+} aj_expr_scalar;
+
+/* The value of the tree at `root` at env. */
+aj_expr_scalar aj_expr_eval(const aj_expr *e, uint16_t root,
+                            const aj_expr_env *env);
+
+/* A mask's value at env. */
+bool aj_expr_eval_bool(const aj_expr *e, uint16_t root,
+                       const aj_expr_env *env);
+
+/* A numeric expression's value at env, as a double (an int result is
+ * converted; a float result is the exact f32 value). */
+double aj_expr_eval_f64(const aj_expr *e, uint16_t root,
+                        const aj_expr_env *env);
+
+/* A score_mod's value at env and, in *d_score, its derivative with
+ * respect to `score` (forward mode: every node carries a dual number; int
+ * and bool nodes and loads have derivative 0, a select, min, max or clamp
+ * the derivative of the operand it picks, floor 0).  The derivative is
+ * computed in double from the f32 values. */
+double aj_expr_eval_grad(const aj_expr *e, uint16_t root,
+                         const aj_expr_env *env, double *d_score);
+
+/* ---------------------------------------------------------------- built-ins */
+
+/*
+ * The expression a built-in mask or score_mod of `op` equals, as text for
+ * aj_op_set_mask_expr / aj_op_set_score_mod_expr ("" for none; false for an
+ * expression field, which is its own text, or a too small buffer):
+ *
+ *   causal(top_left)           k <= q
+ *   causal(bottom_right)       k <= q + (sk - sq)
+ *   window(L, R)               q - L <= k && k <= q + R
+ *   window(L, R, bottom_right) q + (sk - sq) - L <= k && k <= q + (sk - sq) + R
+ *   softcap(C)                 C * tanh(score / C)
+ *   alibi                      score - slopes[h] * abs(q - k)
+ *
+ * alibi reads its slopes from a side tensor `slopes: f32[1]` (its
+ * alibi_slopes), which *needs_slopes says the caller must declare.
+ */
+bool aj_expr_builtin_text(const aj_op *op, bool score_mod, char *buf,
+                          size_t cap, bool *needs_slopes);
+
+#endif /* AJ_IR_EXPR_H */
