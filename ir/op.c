@@ -915,6 +915,12 @@ aj_status aj_op_get_info(const aj_op *op, aj_op_info *out)
         .deterministic = op->deterministic,
         .schedule = op->schedule,
         .target = op->target,
+        .num_tensors = op->tensor_count,
     };
+    for (int i = 0; i < op->tensor_count; i++) {
+        snprintf(out->tensors[i].name, sizeof out->tensors[i].name, "%s", op->tensors[i].name);
+        out->tensors[i].dtype = op->tensors[i].dtype;
+        out->tensors[i].rank = op->tensors[i].rank;
+    }
     return AJ_OK;
 }

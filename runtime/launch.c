@@ -13,6 +13,7 @@
 
 #include "runtime/runtime.h"
 #include "runtime/sim/emulator.h"
+#include "templates/score.h"
 
 #define MAX_SEQ ((int64_t)1 << 30)
 #define MAX_GRID_YZ 65535
@@ -370,9 +371,93 @@ typedef struct binding {
     aj_arg_value value;
 } binding;
 
-/* Fills values / args for stage `stage`'s parameters from the table. */
+/* The parameters of score.h's programs (the totals, alibi's slopes' size
+ * and stride, each side tensor's pointer, sizes and strides) and the sim
+ * buffers of the side tensors. */
+#define SCORE_BINDINGS (4 + AJ_OP_TENSORS_MAX * (1 + 2 * 4))
+typedef struct score_bindings {
+    binding b[SCORE_BINDINGS];
+    char names[SCORE_BINDINGS][AJ_OP_TENSOR_NAME_MAX + 16];
+    int n;
+    aj_sim_buffer buffers[AJ_OP_TENSORS_MAX];
+    int nb;
+} score_bindings;
+
+static void score_bind(score_bindings *sb, const char *name, aj_param_type type,
+                       aj_arg_value value)
+{
+    snprintf(sb->names[sb->n], sizeof sb->names[0], "%s", name);
+    sb->b[sb->n] = (binding){sb->names[sb->n], type, value};
+    sb->n++;
+}
+
+static void score_bind_dims(score_bindings *sb, const char *tensor, int rank,
+                            const int64_t *shape, const int64_t *strides)
+{
+    char name[AJ_OP_TENSOR_NAME_MAX + 16];
+    for (int d = 0; d < rank; d++) {
+        aj_score_param_name(name, sizeof name, tensor, 's', d);
+        score_bind(sb, name, AJ_PARAM_I64, (aj_arg_value){.i64 = shape[d]});
+        aj_score_param_name(name, sizeof name, tensor, 't', d);
+        score_bind(sb, name, AJ_PARAM_I64, (aj_arg_value){.i64 = strides[d]});
+    }
+}
+
+/* Checks the side tensors of a launch against the op's declarations and
+ * binds them, as `fn` in messages. */
+static aj_status bind_scores(aj_ctx *ctx, const char *fn, const aj_op_info *op,
+                             const aj_side_tensor *side, int32_t num_side,
+                             const aj_tensor *slopes, int64_t sq_total, int64_t sk_total,
+                             score_bindings *sb)
+{
+    memset(sb, 0, sizeof *sb);
+    score_bind(sb, "seq_q_total", AJ_PARAM_I64, (aj_arg_value){.i64 = sq_total});
+    score_bind(sb, "seq_k_total", AJ_PARAM_I64, (aj_arg_value){.i64 = sk_total});
+    score_bind_dims(sb, "alibi_slopes", 1, slopes->shape, slopes->strides);
+    AJ_CHECK_ARG(ctx, num_side >= 0 && (num_side == 0 || side),
+                 "%s: side is NULL with num_side = %d", fn, num_side);
+    for (int i = 0; i < num_side; i++) {
+        int known = 0;
+        for (int d = 0; d < op->num_tensors; d++)
+            known |= side[i].name && strcmp(side[i].name, op->tensors[d].name) == 0;
+        AJ_CHECK_ARG(ctx, known, "%s: side[%d] ('%s') is not a tensor the op declares", fn, i,
+                     side[i].name ? side[i].name : "(null)");
+    }
+    for (int d = 0; d < op->num_tensors; d++) {
+        const aj_side_decl *decl = &op->tensors[d];
+        const aj_side_tensor *t = NULL;
+        for (int i = 0; i < num_side && !t; i++)
+            if (strcmp(side[i].name, decl->name) == 0)
+                t = &side[i];
+        static const char *const dts[2] = {"i32", "f32"};
+        AJ_CHECK_ARG(ctx, t, "%s: side tensor '%s' (%s[%d]) is not given", fn, decl->name,
+                     dts[decl->dtype], decl->rank);
+        AJ_CHECK_ARG(ctx, t->dtype == decl->dtype && t->rank == decl->rank,
+                     "%s: side tensor '%s' is %s[%d]; the op declares %s[%d]", fn, decl->name,
+                     (unsigned)t->dtype < 2 ? dts[t->dtype] : "?", t->rank, dts[decl->dtype],
+                     decl->rank);
+        AJ_CHECK_ARG(ctx, t->data, "%s: side tensor '%s' has no data", fn, decl->name);
+        int64_t last = 0;
+        for (int k = 0; k < t->rank; k++) {
+            AJ_CHECK_ARG(ctx, t->shape[k] >= 1, "%s: side tensor '%s' has shape[%d] = %lld; "
+                         "every dim must be at least 1", fn, decl->name, k,
+                         (long long)t->shape[k]);
+            AJ_CHECK_ARG(ctx, t->strides[k] >= 0, "%s: side tensor '%s' has stride[%d] = %lld; "
+                         "strides must not be negative", fn, decl->name, k,
+                         (long long)t->strides[k]);
+            last += (t->shape[k] - 1) * t->strides[k];
+        }
+        score_bind(sb, decl->name, AJ_PARAM_PTR, (aj_arg_value){.ptr = (void *)t->data});
+        score_bind_dims(sb, decl->name, t->rank, t->shape, t->strides);
+        sb->buffers[sb->nb++] = (aj_sim_buffer){decl->name, t->data, (size_t)(last + 1) * 4};
+    }
+    return AJ_OK;
+}
+
+/* Fills values / args for stage `stage`'s parameters from the table, then
+ * from the score programs' bindings (may be NULL). */
 static aj_status bind(aj_ctx *ctx, const aj_kernel *kernel, int stage, const binding *table,
-                      int n, aj_arg_value *values, void **args)
+                      int n, const score_bindings *scores, aj_arg_value *values, void **args)
 {
     aj_launch_info li;
     aj_kernel_stage_info(kernel, stage, &li);
@@ -381,6 +466,9 @@ static aj_status bind(aj_ctx *ctx, const aj_kernel *kernel, int stage, const bin
         for (int j = 0; j < n && !b; j++)
             if (strcmp(table[j].name, li.params[i].name) == 0)
                 b = &table[j];
+        for (int j = 0; scores && j < scores->n && !b; j++)
+            if (strcmp(scores->b[j].name, li.params[i].name) == 0)
+                b = &scores->b[j];
         if (!b || b->type != li.params[i].type)
             return aj_fail(ctx, AJ_ERR_INTERNAL, "kernel %s: no launch value for parameter "
                            "'%s'", aj_kernel_stage_entry(kernel, stage), li.params[i].name);
@@ -533,15 +621,22 @@ aj_status aj_forward(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
         {"cu_seqlens_k", AJ_PARAM_PTR, {.ptr = (void *)a->cu_seqlens_k}},
         I64("sq_total", a->sq_total), I64("sk_total", a->sk_total),
     };
+    static _Thread_local score_bindings scores;
+    st = bind_scores(ctx, FWD, op, a->side, a->num_side, &a->alibi_slopes, sq_total, sk_total,
+                     &scores);
     aj_arg_value values[AJ_KB_MAX_PARAMS];
     void *argv[AJ_KB_MAX_PARAMS];
-    st = bind(ctx, kernel, 0, table, (int)(sizeof table / sizeof table[0]), values, argv);
+    if (st == AJ_OK)
+        st = bind(ctx, kernel, 0, table, (int)(sizeof table / sizeof table[0]), &scores, values,
+                  argv);
     if (st != AJ_OK)
         return st;
 
     int elem = elem_size(op->dtype);
-    aj_sim_buffer buffers[10];
+    aj_sim_buffer buffers[10 + AJ_OP_TENSORS_MAX];
     int nb = 0;
+    for (int i = 0; i < scores.nb; i++)
+        buffers[nb++] = scores.buffers[i];
     buffers[nb++] = sim_buffer("q", &a->q, elem);
     buffers[nb++] = sim_buffer("k", &a->k, elem);
     buffers[nb++] = sim_buffer("v", &a->v, elem);
@@ -915,9 +1010,16 @@ static aj_status run_backward(aj_ctx *ctx, aj_device *dev, const aj_kernel *kern
         I32("bias_heads", a->bias.shape[1]),
         I64("dropout_seed", (int64_t)a->seed), I64("dropout_offset", (int64_t)a->offset),
     };
+    static _Thread_local score_bindings scores;
+    st = bind_scores(ctx, BWD, op, a->side, a->num_side, &a->alibi_slopes, sq_total, sk_total,
+                     &scores);
+    if (st != AJ_OK)
+        return st;
     int elem = elem_size(op->dtype);
-    aj_sim_buffer buffers[15];
+    aj_sim_buffer buffers[15 + AJ_OP_TENSORS_MAX];
     int nb = 0;
+    for (int i = 0; i < scores.nb; i++)
+        buffers[nb++] = scores.buffers[i];
     if (w->bytes)
         buffers[nb++] = (aj_sim_buffer){"workspace", ws, w->bytes};
     if (op->layout == AJ_LAYOUT_VARLEN) {   /* int32, as wide as f32 */
@@ -951,7 +1053,8 @@ static aj_status run_backward(aj_ctx *ctx, aj_device *dev, const aj_kernel *kern
             continue;
         aj_arg_value values[AJ_KB_MAX_PARAMS];
         void *argv[AJ_KB_MAX_PARAMS];
-        st = bind(ctx, kernel, s, table, (int)(sizeof table / sizeof table[0]), values, argv);
+        st = bind(ctx, kernel, s, table, (int)(sizeof table / sizeof table[0]), &scores, values,
+                  argv);
         if (st == AJ_OK)
             st = run_kernel(ctx, dev, kernel, s, &sz, argv, buffers, nb, a->stream);
         if (st != AJ_OK)
@@ -1040,7 +1143,7 @@ aj_status aj_merge(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
     };
     aj_arg_value values[AJ_KB_MAX_PARAMS];
     void *argv[AJ_KB_MAX_PARAMS];
-    st = bind(ctx, kernel, 0, table, (int)(sizeof table / sizeof table[0]), values, argv);
+    st = bind(ctx, kernel, 0, table, (int)(sizeof table / sizeof table[0]), NULL, values, argv);
     if (st != AJ_OK)
         return st;
     int elem = elem_size(op->dtype);

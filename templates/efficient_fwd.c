@@ -49,6 +49,7 @@
 #include <string.h>
 
 #include "templates/attn_common.h"
+#include "templates/score.h"
 #include "templates/template.h"
 #include "templates/tile_io.h"
 
@@ -180,7 +181,9 @@ static aj_status efwd_check(aj_ctx *ctx, const aj_op *op, aj_target target)
     if (st != AJ_OK)
         return st;
     efwd_plan plan;
-    return plan_kernel(ctx, op, target, &plan);
+    static _Thread_local aj_score_prog prog;
+    st = plan_kernel(ctx, op, target, &plan);
+    return st != AJ_OK ? st : aj_score_prog_init(ctx, op, &prog);
 }
 
 /* ---------------------------------------------------------------- build */
@@ -194,9 +197,8 @@ typedef struct efwd {
     LLVMValueRef tid, lane, group;  /* i32 */
     LLVMValueRef m0;                /* i32: first query row of the CTA */
     LLVMValueRef seq_q, seq_k;      /* i32 */
-    aj_attn_mask mask;              /* visible keys of row i (attn_common.h) */
-    LLVMValueRef qk_offset;         /* i64: q_offset - kv_offset (alibi) */
-    LLVMValueRef slope;             /* f32: alibi slope of this head */
+    const aj_score_prog *prog;      /* the mask and score_mod (score.h) */
+    aj_score sc;                    /* ... at this CTA's (b, h) */
     LLVMValueRef bias_row;          /* i64: element offset of bias row i (bias) */
     aj_attn_dropout drop;           /* the dropout stream of this (b, h) */
     LLVMValueRef bias_base;         /* i64: element offset of bias slice (b, h) */
@@ -212,13 +214,11 @@ static const char *out_name(const aj_op *op)
     return op->accumulate ? "o_acc" : "o";
 }
 
-static void declare_params(aj_kb *kb, const aj_op *op)
+static void declare_params(aj_kb *kb, const aj_op *op, const aj_score_prog *prog)
 {
     const char *const ptrs[] = {"q", "k", "v", out_name(op), "lse"};
     for (int i = 0; i < 5; i++)
         aj_kb_add_param(kb, ptrs[i], AJ_PARAM_PTR);
-    if (op->score_mod.kind == AJ_SCORE_MOD_ALIBI)
-        aj_kb_add_param(kb, "alibi_slopes", AJ_PARAM_PTR);
     if (op->bias == AJ_BIAS_ADD)
         aj_kb_add_param(kb, "bias", AJ_PARAM_PTR);
     static const char *const strides[] = {
@@ -247,11 +247,10 @@ static void declare_params(aj_kb *kb, const aj_op *op)
     aj_kb_add_param(kb, "heads_kv", AJ_PARAM_I32);
     aj_kb_add_param(kb, "seq_q", AJ_PARAM_I32);
     aj_kb_add_param(kb, "seq_k", AJ_PARAM_I32);
-    /* global positions: q_pos = q_offset + i, kv_pos = kv_offset + j;
-     * mask_shift = 0 (top_left) or Sk_total - Sq_total (bottom_right) */
+    /* global positions: q_pos = q_offset + i, kv_pos = kv_offset + j */
     aj_kb_add_param(kb, "q_offset", AJ_PARAM_I64);
     aj_kb_add_param(kb, "kv_offset", AJ_PARAM_I64);
-    aj_kb_add_param(kb, "mask_shift", AJ_PARAM_I64);
+    aj_score_add_params(kb, prog);
 }
 
 static LLVMValueRef p64(efwd *e, const char *name)
@@ -283,14 +282,27 @@ static void key_block_range(efwd *e, LLVMValueRef *n_begin, LLVMValueRef *n_end)
     LLVMBuilderRef b = e->b;
     LLVMValueRef rows = aj_kb_smin(kb, aj_kb_i32(kb, e->p.bm), LLVMBuildSub(b, e->seq_q, e->m0, ""));
     LLVMValueRef i_hi = LLVMBuildAdd(b, e->m0, LLVMBuildSub(b, rows, aj_kb_i32(kb, 1), ""), "");
-    LLVMValueRef j_lo = aj_attn_row_key_lo(e->kb, &e->mask, e->m0);
-    LLVMValueRef j_hi = aj_attn_row_key_hi(e->kb, &e->mask, e->seq_k, i_hi);
+    LLVMValueRef j_lo, j_hi;
+    aj_score_key_range(&e->sc, e->m0, i_hi, e->seq_k, &j_lo, &j_hi);
     LLVMValueRef bn = aj_kb_i32(kb, e->p.bn);
     LLVMValueRef begin = LLVMBuildSDiv(b, j_lo, bn, "");
     LLVMValueRef end = LLVMBuildSDiv(b, LLVMBuildAdd(b, j_hi, bn, ""), bn, "");
     LLVMValueRef empty = LLVMBuildICmp(b, LLVMIntSLT, j_hi, j_lo, "");
     *n_begin = LLVMBuildSelect(b, empty, aj_kb_i32(kb, 0), begin, "n_begin");
     *n_end = LLVMBuildSelect(b, empty, aj_kb_i32(kb, 0), end, "n_end");
+}
+
+/* The class of the tile of this CTA's rows and the key block at n0. */
+static LLVMValueRef block_class(efwd *e, LLVMValueRef n0)
+{
+    aj_kb *kb = e->kb;
+    LLVMBuilderRef b = e->b;
+    LLVMValueRef one = aj_kb_i32(kb, 1);
+    LLVMValueRef i1 = LLVMBuildSub(b, aj_kb_smin(kb, LLVMBuildAdd(b, e->m0, aj_kb_i32(kb, e->p.bm), ""),
+                                                 e->seq_q), one, "");
+    LLVMValueRef j1 = LLVMBuildSub(b, aj_kb_smin(kb, LLVMBuildAdd(b, n0, aj_kb_i32(kb, e->p.bn), ""),
+                                                 e->seq_k), one, "");
+    return aj_score_tile_class(&e->sc, e->m0, i1, n0, j1);
 }
 
 /* acc[k][t] = sum_d Q[row_k][d] * K[key_t][d], read from shared memory */
@@ -326,7 +338,7 @@ static void emit_qk(efwd *e)
 }
 
 /* The score of (row i, key j) in log2 units, or -inf where masked; the
- * row's visible keys are [j_lo, j_hi] (j_lo NULL: from 0). */
+ * band shows row i keys [j_lo, j_hi] (j_lo NULL: from 0). */
 static LLVMValueRef emit_score(efwd *e, LLVMValueRef acc, LLVMValueRef i, LLVMValueRef j,
                                LLVMValueRef j_lo, LLVMValueRef j_hi)
 {
@@ -335,7 +347,7 @@ static LLVMValueRef emit_score(efwd *e, LLVMValueRef acc, LLVMValueRef i, LLVMVa
     const aj_op *op = e->op;
     double scale = aj_op_scale(op);
     LLVMValueRef s;
-    if (op->score_mod.kind == AJ_SCORE_MOD_NONE && op->bias == AJ_BIAS_NONE) {
+    if (!aj_score_has_mod(e->prog) && op->bias == AJ_BIAS_NONE) {
         s = LLVMBuildFMul(b, acc, aj_kb_f32(kb, scale * AJ_LOG2E), "");
     } else {
         s = LLVMBuildFMul(b, acc, aj_kb_f32(kb, scale), "");
@@ -349,24 +361,14 @@ static LLVMValueRef emit_score(efwd *e, LLVMValueRef acc, LLVMValueRef i, LLVMVa
                                           (unsigned)aj_dtype_size(op->dtype));
             s = LLVMBuildFAdd(b, s, aj_kb_to_f32(kb, raw, op->dtype), "");
         }
-        if (op->score_mod.kind == AJ_SCORE_MOD_SOFTCAP) {
-            double cap = op->score_mod.softcap;
-            s = LLVMBuildFMul(b, aj_attn_tanh(kb, LLVMBuildFMul(b, s, aj_kb_f32(kb, 1.0 / cap), "")),
-                              aj_kb_f32(kb, cap), "");
-        } else if (op->score_mod.kind == AJ_SCORE_MOD_ALIBI) {
-            /* alibi: s -= slope * |q_pos - kv_pos|, positions in i64 */
-            LLVMValueRef dist = LLVMBuildAdd(b, LLVMBuildSub(b, sext64(e, i), sext64(e, j), ""),
-                                             e->qk_offset, "");
-            LLVMValueRef neg = LLVMBuildICmp(b, LLVMIntSLT, dist, aj_kb_i64(kb, 0), "");
-            dist = LLVMBuildSelect(b, neg, LLVMBuildNeg(b, dist, ""), dist, "");
-            LLVMValueRef fd = LLVMBuildSIToFP(b, dist, kb->t_f32, "");
-            s = LLVMBuildFSub(b, s, LLVMBuildFMul(b, e->slope, fd, ""), "");
-        }
+        s = aj_score_mod_value(&e->sc, s, i, j);
         s = LLVMBuildFMul(b, s, aj_kb_f32(kb, AJ_LOG2E), "");
     }
     LLVMValueRef visible = LLVMBuildICmp(b, LLVMIntSLE, j, j_hi, "");
     if (j_lo)
         visible = LLVMBuildAnd(b, visible, LLVMBuildICmp(b, LLVMIntSGE, j, j_lo, ""), "");
+    if (aj_score_has_rest(e->prog))
+        visible = LLVMBuildAnd(b, visible, aj_score_visible_rest(&e->sc, i, j), "");
     return LLVMBuildSelect(b, visible, s, aj_kb_f32(kb, -INFINITY), "");
 }
 
@@ -386,8 +388,8 @@ static void emit_softmax(efwd *e, LLVMValueRef n0)
             e->bias_row = LLVMBuildAdd(b, e->bias_base, LLVMBuildMul(b, sext64(e, ic),
                                        p64(e, "stride_bias_s"), ""), "");
         }
-        LLVMValueRef j_hi = aj_attn_row_key_hi(kb, &e->mask, e->seq_k, i);
-        LLVMValueRef j_lo = e->mask.lo_off ? aj_attn_row_key_lo(kb, &e->mask, i) : NULL;
+        LLVMValueRef j_hi = aj_score_row_hi(&e->sc, e->seq_k, i);
+        LLVMValueRef j_lo = e->sc.lo_off ? aj_score_row_lo(&e->sc, i) : NULL;
         LLVMValueRef s[MAX_CN];
         LLVMValueRef mx = aj_kb_f32(kb, -INFINITY);
         for (int t = 0; t < p->cn; t++) {
@@ -584,8 +586,13 @@ static aj_status efwd_build(aj_kb *kb, const aj_op *op, void *user)
         return st;
     const efwd_plan *p = &e.p;
     LLVMBuilderRef b = kb->b;
+    static _Thread_local aj_score_prog prog;
+    st = aj_score_prog_init(kb->ctx, op, &prog);
+    if (st != AJ_OK)
+        return st;
+    e.prog = &prog;
 
-    declare_params(kb, op);
+    declare_params(kb, op, &prog);
     aj_kb_begin(kb, p->threads);
     e.p.smem_q = aj_kb_smem_reserve(kb, 4 * p->bm * p->ldq);
     e.p.smem_kv = aj_kb_smem_reserve(kb, 4 * p->bn * p->ldkv);
@@ -611,13 +618,9 @@ static aj_status efwd_build(aj_kb *kb, const aj_op *op, void *user)
     e.seq_k = p64(&e, "seq_k");
     LLVMValueRef group_size = LLVMBuildSDiv(b, p64(&e, "heads_q"), p64(&e, "heads_kv"), "");
     LLVMValueRef hkv = LLVMBuildSDiv(b, h, group_size, "hkv");
-    e.qk_offset = LLVMBuildSub(b, p64(&e, "q_offset"), p64(&e, "kv_offset"), "");
-    e.mask = aj_attn_mask_offsets(kb, &op->mask,
-                                  LLVMBuildAdd(b, e.qk_offset, p64(&e, "mask_shift"), "delta"));
-    if (op->score_mod.kind == AJ_SCORE_MOD_ALIBI) {
-        LLVMValueRef at = LLVMBuildMul(b, sext64(&e, h), aj_kb_i64(kb, 4), "");
-        e.slope = aj_kb_load(kb, kb->t_f32, aj_kb_gptr_offset(kb, p64(&e, "alibi_slopes"), at), 4);
-    }
+    aj_score_begin(&e.sc, kb, &prog, 0, bidx, h, p64(&e, "q_offset"), p64(&e, "kv_offset"),
+                   prog.reads_totals ? p64(&e, "seq_q_total") : NULL,
+                   prog.reads_totals ? p64(&e, "seq_k_total") : NULL);
 
     if (op->bias == AJ_BIAS_ADD)
         e.bias_base = aj_attn_slice_base(e.kb, "bias", bidx, h);
@@ -643,6 +646,9 @@ static aj_status efwd_build(aj_kb *kb, const aj_op *op, void *user)
     LLVMValueRef n = aj_kb_for_begin(kb, n_begin, n_end, aj_kb_i32(kb, 1), "n");
     {
         LLVMValueRef n0 = LLVMBuildMul(b, n, aj_kb_i32(kb, p->bn), "n0");
+        if (aj_score_has_rest(&prog))   /* the same class in every thread */
+            aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntNE, block_class(&e, n0),
+                                             aj_kb_i32(kb, AJ_TILE_SKIP), ""));
         aj_kb_barrier(kb);   /* previous block's readers of K/V and P are done */
         aj_tile_src ksrc = {p64(&e, "k"), k_base, p64(&e, "stride_k_s"), n0, e.seq_k, p->dtype};
         aj_tile_load_f32(kb, &ksrc, p->bn, p->d, p->smem_kv, p->ldkv, e.tid, p->threads);
@@ -654,6 +660,8 @@ static aj_status efwd_build(aj_kb *kb, const aj_op *op, void *user)
         aj_tile_load_f32(kb, &vsrc, p->bn, p->dv, p->smem_kv, p->ldkv, e.tid, p->threads);
         aj_kb_barrier(kb);
         emit_pv(&e);
+        if (aj_score_has_rest(&prog))
+            aj_kb_if_end(kb);
     }
     aj_kb_for_end(kb);
     emit_epilogue(&e, o_base, lse_base);
@@ -671,4 +679,5 @@ const aj_template aj_template_efficient_fwd = {
     .variant = AJ_VARIANT_EFFICIENT,
     .check = efwd_check,
     .build = efwd_build,
+    .programs = true,
 };

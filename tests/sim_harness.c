@@ -4,6 +4,8 @@
  */
 #include "sim_harness.h"
 
+#include "ir/op.h"
+
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,7 +27,7 @@ fwd_tolerance fwd_tolerance_for(aj_dtype dtype)
 /* ---------------------------------------------------------------- kernels */
 
 typedef struct cached_kernel {
-    char spec[512];
+    char spec[2048];
     aj_kernel *kernel;
 } cached_kernel;
 
@@ -160,12 +162,25 @@ static void write_spec(const fwd_case *c, const fwd_options *x, const fwd_run_op
     snprintf(spec, cap,
              "attention forward %s {\n  dtype = %s\n  head_dim = %d\n"
              "  head_dim_v = %d\n  mask = %s\n  score_mod = %s\n  schedule = %s\n"
-             "  bias = %s\n  dropout = %.17g\n  layout = %s\n  accumulate = %s\n}\n",
+             "  bias = %s\n  dropout = %.17g\n  layout = %s\n  accumulate = %s\n%s%s%s}\n",
              run->variant == AJ_VARIANT_FLASH ? "flash" : "efficient",
              aj_dtype_name(c->dtype), c->d, c->dv ? c->dv : c->d, c->mask,
              c->score_mod ? c->score_mod : "none", c->schedule ? c->schedule : "default",
              x->bias_shape[3] ? "add" : "none", x->dropout,
-             run->seqlens_q ? "varlen" : "padded", run->accumulate_parts > 0 ? "true" : "false");
+             run->seqlens_q ? "varlen" : "padded", run->accumulate_parts > 0 ? "true" : "false",
+             x->tensors ? "  tensors = " : "", x->tensors ? x->tensors : "",
+             x->tensors ? "\n" : "");
+}
+
+/* The side tensors of a case as the reference's interpreter reads them. */
+static void expr_tensors(const fwd_options *x, aj_expr_tensor *out)
+{
+    for (int i = 0; i < x->num_side; i++) {
+        const aj_side_tensor *t = &x->side[i];
+        out[i] = (aj_expr_tensor){t->data, t->dtype, t->rank, {0}, {0}};
+        memcpy(out[i].sizes, t->shape, sizeof t->shape);
+        memcpy(out[i].strides, t->strides, sizeof t->strides);
+    }
 }
 
 /* The bias of a case: random values rounded to the dtype, with the
@@ -220,6 +235,24 @@ static void reference_problem(const fwd_case *c, const fwd_options *x, ref_probl
     p->dropout_p = x->dropout;
     p->seed = x->drop_seed;
     p->offset = x->drop_offset;
+}
+
+/* The reference reads expression masks and score_mods from the parsed op
+ * (the interpreter over the same nodes the kernel compiled). */
+static void reference_expressions(const aj_op *op, const aj_expr_tensor *tensors, int count,
+                                  ref_problem *p)
+{
+    p->expr = &op->expr;
+    if (op->mask.kind == AJ_MASK_EXPR) {
+        p->mask = AJ_MASK_EXPR;
+        p->mask_root = op->mask.root;
+    }
+    if (op->score_mod.kind == AJ_SCORE_MOD_EXPR) {
+        p->score_expr = true;
+        p->score_root = op->score_mod.root;
+    }
+    p->tensors = tensors;
+    p->tensor_count = count;
 }
 
 /* Bytes a tensor spans (its data is contiguous in every layout used here). */
@@ -281,6 +314,21 @@ static void to_device(aj_device *dev, aj_status *st, const void *host, size_t by
         *st = aj_device_copy_to(dev, *dev_ptr, host, bytes);
 }
 
+/* Side tensors in device memory (data copied); *st keeps the first failure. */
+static void side_to_device(aj_device *dev, aj_status *st, const fwd_options *x,
+                           aj_side_tensor *out)
+{
+    for (int i = 0; i < x->num_side; i++) {
+        out[i] = x->side[i];
+        size_t n = 1;
+        for (int d = 0; d < out[i].rank; d++)
+            n += (size_t)((out[i].shape[d] - 1) * out[i].strides[d]);
+        void *p = NULL;
+        to_device(dev, st, x->side[i].data, n * 4, &p);
+        out[i].data = p;
+    }
+}
+
 /* Runs the launch(es) of a case: one call, or accumulate calls over
  * `parts` key blocks in turn. */
 static aj_status launch(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel, const fwd_case *c,
@@ -316,7 +364,7 @@ fwd_result fwd_run_case_ext(aj_ctx *ctx, aj_device *dev, const fwd_case *c,
         run = &no_run;
     fwd_result r;
     memset(&r, 0, sizeof r);
-    char spec[640];
+    char spec[2048];
     write_spec(c, opts, run, spec, sizeof spec);
     aj_kernel *kernel = NULL;
     r.status = kernel_for(ctx, aj_device_target(dev), spec, &kernel);
@@ -414,6 +462,10 @@ fwd_result fwd_run_case_ext(aj_ctx *ctx, aj_device *dev, const fwd_case *c,
         bytes[i] = moved[i]->data ? device_bytes(moved[i]) : 0;
         to_device(dev, &r.status, host[i], bytes[i], &moved[i]->data);
     }
+    aj_side_tensor side_dev[AJ_OP_TENSORS_MAX];
+    side_to_device(dev, &r.status, opts, side_dev);
+    a.side = side_dev;
+    a.num_side = opts->num_side;
     void *cu_dev[2] = {NULL, NULL};
     if (varlen) {
         size_t cu_bytes = ((size_t)c->b + 1) * sizeof(int32_t);
@@ -439,6 +491,9 @@ fwd_result fwd_run_case_ext(aj_ctx *ctx, aj_device *dev, const fwd_case *c,
     for (int i = 0; i < 2; i++)
         if (cu_dev[i])
             aj_device_free(dev, cu_dev[i]);
+    for (int i = 0; i < opts->num_side; i++)
+        if (side_dev[i].data)
+            aj_device_free(dev, (void *)side_dev[i].data);
     const aj_tensor *got_o = accumulate ? &o_acc.t : &o.t;
     if (varlen)
         to_packed(&o.t);
@@ -446,6 +501,13 @@ fwd_result fwd_run_case_ext(aj_ctx *ctx, aj_device *dev, const fwd_case *c,
     if (r.status == AJ_OK) {
         ref_problem p;
         reference_problem(c, opts, &p, slopes_ref);
+        aj_op *op = NULL;
+        aj_expr_tensor tensors[AJ_OP_TENSORS_MAX];
+        if (strncmp(c->mask, "expr", 4) == 0 || (c->score_mod && strncmp(c->score_mod, "expr", 4) == 0)) {
+            expr_tensors(opts, tensors);
+            if (aj_op_parse(ctx, spec, strlen(spec), "case", &op) == AJ_OK)
+                reference_expressions(op, tensors, opts->num_side, &p);
+        }
         if (varlen) {
             p.cu_q = cu_q;
             p.cu_k = cu_k;
@@ -491,6 +553,7 @@ fwd_result fwd_run_case_ext(aj_ctx *ctx, aj_device *dev, const fwd_case *c,
         }
         free(o_ref);
         free(lse_ref);
+        aj_op_destroy(op);
     }
     free_tensor(&q);
     free_tensor(&k);

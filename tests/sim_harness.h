@@ -38,6 +38,12 @@ typedef struct fwd_options {
     double bias_magnitude;
     double dropout;            /* dropout = p when > 0, with this stream: */
     uint64_t drop_seed, drop_offset;
+    /* expressions (c->mask or c->score_mod "expr(...)"): the `tensors`
+     * field's text ("(doc: i32[2])", NULL: none) and the side tensors in
+     * host memory, which the harness copies to the device */
+    const char *tensors;
+    const aj_side_tensor *side;
+    int num_side;
 } fwd_options;
 
 typedef struct fwd_result {

@@ -250,11 +250,14 @@ static void test_emission(aj_ctx *ctx)
           li.schedule.stages == 1);
     /* Q tile 32x132, K/V tile 32x132, P 32x36, all f32 */
     CHECK(li.dynamic_smem == 4 * (32 * 132 + 32 * 132 + 32 * 36));
-    CHECK(li.num_params == 26);
+    /* bottom_right's program reads the totals (score.h) */
+    CHECK(li.num_params == 27);
     CHECK(strcmp(li.params[0].name, "q") == 0 && li.params[0].type == AJ_PARAM_PTR);
     CHECK(strcmp(li.params[4].name, "lse") == 0);
     CHECK(strcmp(li.params[5].name, "stride_q_b") == 0 && li.params[5].type == AJ_PARAM_I64);
-    CHECK(strcmp(li.params[25].name, "mask_shift") == 0);
+    CHECK(strcmp(li.params[24].name, "kv_offset") == 0);
+    CHECK(strcmp(li.params[25].name, "seq_q_total") == 0 && li.params[25].type == AJ_PARAM_I64);
+    CHECK(strcmp(li.params[26].name, "seq_k_total") == 0);
     CHECK(aj_kernel_launch_info(NULL, &li) == AJ_ERR_INVALID_ARG);
 done:
     aj_kernel_destroy(ptx);

@@ -509,8 +509,9 @@ static void test_bias(void)
         snprintf(labels[i], sizeof labels[i], "%s d64 %s, %s", aj_dtype_name(dtypes[i]),
                  masks[i], shapes[i].label);
         fwd_case c = base(labels[i], dtypes[i], 64, masks[i]);
-        fwd_options x = {{shapes[i].full_b ? c.b : 1, shapes[i].full_h ? c.hq : 1, c.sq, c.sk},
-                         shapes[i].stride0, 3.0, 0, 0, 0};
+        fwd_options x = {.bias_shape = {shapes[i].full_b ? c.b : 1, shapes[i].full_h ? c.hq : 1,
+                                        c.sq, c.sk},
+                         .bias_stride0 = shapes[i].stride0, .bias_magnitude = 3.0};
         c.seed = (uint64_t)i + 20;
         run_case(&c, &x);
     }
@@ -518,31 +519,34 @@ static void test_bias(void)
                       AJ_DTYPE_BF16, 128, "causal(top_left)");
     c.score_mod = "softcap(5.0)";
     c.magnitude = 2.0;
-    fwd_options x = {{c.b, 1, c.sq, c.sk}, 0, 4.0, 0, 0, 0};
+    fwd_options x = {.bias_shape = {c.b, 1, c.sq, c.sk}, .bias_magnitude = 4.0};
     run_case(&c, &x);
     c = base("f32 d32 bias [1, Hq, Sq, Sk] + alibi, q_offset 20", AJ_DTYPE_F32, 32,
              "causal(bottom_right)");
     c.score_mod = "alibi";
     c.q_offset = 20;
-    x = (fwd_options){{1, c.hq, c.sq, c.sk}, 1, 2.0, 0, 0, 0};
+    x = (fwd_options){.bias_shape = {1, c.hq, c.sq, c.sk}, .bias_stride0 = 1,
+                      .bias_magnitude = 2.0};
     run_case(&c, &x);
 }
 
 static void test_dropout(void)
 {
     fwd_case c = base("f16 d64 dropout 0.1 causal", AJ_DTYPE_F16, 64, "causal(top_left)");
-    fwd_options x = {{0, 0, 0, 0}, 0, 0, 0.1, 1234, 0};
+    fwd_options x = {.dropout = 0.1, .drop_seed = 1234};
     run_case(&c, &x);
     c = base("bf16 d64 dropout 0.5, window, offsets, 64-bit seed/offset", AJ_DTYPE_BF16, 64,
              "window(20, 4, bottom_right)");
     c.q_offset = 300;
     c.kv_offset = 280;
-    x = (fwd_options){{0, 0, 0, 0}, 0, 0, 0.5, 0xdeadbeefcafef00dull, 0x0000000500000010ull};
+    x = (fwd_options){.dropout = 0.5, .drop_seed = 0xdeadbeefcafef00dull,
+                      .drop_offset = 0x0000000500000010ull};
     run_case(&c, &x);
     c = base("f32 d32 dropout 0.3 + bias [1, 1, Sq, Sk], GQA 4:2", AJ_DTYPE_F32, 32, "none");
     c.hq = 4;
     c.hkv = 2;
-    x = (fwd_options){{1, 1, c.sq, c.sk}, 1, 1.0, 0.3, 99, 7};
+    x = (fwd_options){.bias_shape = {1, 1, c.sq, c.sk}, .bias_stride0 = 1,
+                      .bias_magnitude = 1.0, .dropout = 0.3, .drop_seed = 99, .drop_offset = 7};
     run_case(&c, &x);
 }
 

@@ -192,6 +192,28 @@ typedef enum aj_side_dtype {
 #define AJ_OP_TENSORS_MAX 8
 #define AJ_OP_TENSOR_NAME_MAX 31
 
+/* A side tensor an op declares (aj_op_info.tensors). */
+typedef struct aj_side_decl {
+    char name[AJ_OP_TENSOR_NAME_MAX + 1];
+    aj_side_dtype dtype;
+    int32_t rank;
+} aj_side_decl;
+
+/* A side tensor passed to a launch by name (aj_fwd_args.side): the data of
+ * declaration `name` in device memory, `dtype` and `rank` as declared,
+ * every dim at least 1, strides in elements (any, 0 included).  The
+ * expressions read element (i0, ..., iR-1) at sum i_d strides[d]; an index
+ * outside shape reads 0.  The name is not copied: it must outlive the
+ * call. */
+typedef struct aj_side_tensor {
+    const char *name;
+    const void *data;
+    aj_side_dtype dtype;
+    int32_t rank;
+    int64_t shape[4];
+    int64_t strides[4];
+} aj_side_tensor;
+
 /* Tile schedule.  A field of 0 lets the template choose. */
 typedef struct aj_schedule {
     int32_t block_m;   /* query rows per CTA */
@@ -281,6 +303,9 @@ typedef struct aj_op_info {
     bool deterministic;
     aj_schedule schedule;  /* as given; 0 fields = template default */
     aj_target target;
+    /* the side tensors its expressions read, in declaration order */
+    int32_t num_tensors;
+    aj_side_decl tensors[AJ_OP_TENSORS_MAX];
 } aj_op_info;
 
 aj_status aj_op_get_info(const aj_op *op, aj_op_info *out);
@@ -567,6 +592,10 @@ typedef struct aj_fwd_args {
     const int32_t *cu_seqlens_q, *cu_seqlens_k;
     int32_t batch;
     int32_t max_seqlen_q, max_seqlen_k;
+    /* The op's side tensors (`tensors = (...)`), one per declaration, in
+     * any order; NULL / 0 for ops that declare none. */
+    const aj_side_tensor *side;
+    int32_t num_side;
 } aj_fwd_args;
 
 #define AJ_FWD_ARGS_INIT { .struct_size = sizeof(aj_fwd_args) }
@@ -626,6 +655,10 @@ typedef struct aj_bwd_args {
      * Kernels that need none ignore both fields. */
     void *workspace;
     size_t workspace_bytes;
+    /* The op's side tensors, as aj_fwd_args.side (no gradient flows to
+     * them). */
+    const aj_side_tensor *side;
+    int32_t num_side;
 } aj_bwd_args;
 
 #define AJ_BWD_ARGS_INIT { .struct_size = sizeof(aj_bwd_args) }

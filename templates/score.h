@@ -1,0 +1,171 @@
+/*
+ * score.h -- the one home of attention semantics (DESIGN.md): what a
+ * score becomes and which keys a query sees, for every template and target.
+ *
+ * An op's mask and score_mod are programs in the IR's expression language
+ * (ir/expr.h).  The built-in forms are the programs aj_expr_builtin_text
+ * spells (causal(bottom_right) is `k <= q + (sk - sq)`, softcap(C) is
+ * `C * tanh(score / C)`, ...), so a template meets one kind of mask and one
+ * kind of score_mod, never an enum:
+ *
+ *   compile time   aj_score_prog_init   the programs, d(score_mod)/d(score)
+ *                                       by symbolic differentiation, and the
+ *                                       mask split into a band and the rest
+ *   kernel         aj_score_add_params  the parameters the programs read
+ *                  aj_score_begin       per-CTA values (b, h, origins, totals)
+ *                  aj_score_mod_value   the modified score of (i, j)
+ *                  aj_score_mod_grad    ... and its derivative (backward)
+ *                  aj_score_visible     whether key j is visible to row i
+ *                  aj_score_key_range   keys rows [i0, i1] may see
+ *                  aj_score_tile_class  skip / partial / full of a tile
+ *   host           aj_score_host_class  the same class on the host (ring)
+ *
+ * The band: the conjuncts of the mask that bound k by q plus a value that
+ * does not depend on the position,
+ *
+ *     k >= q + lo      k <= q + hi        (lo, hi over b, h, sq, sk, literals)
+ *
+ * which is every built-in mask; in local indices (q = q_origin + i,
+ * k = k_origin + j) they become j >= i + lo_off and j <= i + hi_off with
+ * offsets computed once per CTA and clamped to +-2^30, so that per element
+ * the test runs in i32 (0 <= i, j < 2^30 is the launch contract).  The
+ * rest of the mask is evaluated per element as written, and per tile by
+ * interval arithmetic over the tile's positions, which is exact for sums
+ * and differences of positions, floor division by a constant and
+ * comparisons of them (chunked and prefix masks), and says "partial" where
+ * it cannot tell (a load at a position range: data-dependent masks).
+ *
+ * Positions, totals and b, h are i64 in the programs; local indices i, j
+ * are i32 (scalar), or j an <W x i32> (the cpu kernels' vectors: every
+ * value is then computed per lane).
+ */
+#ifndef AJ_TEMPLATES_SCORE_H
+#define AJ_TEMPLATES_SCORE_H
+
+#include "codegen/kbuilder.h"
+#include "ir/expr.h"
+#include "ir/op.h"
+
+/* Tile classes. */
+typedef enum aj_tile_class {
+    AJ_TILE_SKIP = 0,      /* no element visible: the tile is not visited */
+    AJ_TILE_PARTIAL = 1,   /* some may be: test each element */
+    AJ_TILE_FULL = 2,      /* every element (inside the lengths) visible */
+} aj_tile_class;
+
+/* The programs of an op (a value; no pointers into the op). */
+typedef struct aj_score_prog {
+    aj_expr e;
+    /* side tensors the programs read, in load order: the op's declared
+     * tensors, then alibi's slopes (named "alibi_slopes") */
+    aj_tensor_decl tensors[AJ_OP_TENSORS_MAX + 1];
+    int tensor_count;
+    uint16_t mod;          /* score_mod, AJ_EXPR_NONE: the identity */
+    uint16_t dmod;         /* d mod / d score, AJ_EXPR_NONE: 1 */
+    uint16_t band_lo;      /* k >= q + band_lo, AJ_EXPR_NONE: unbounded */
+    uint16_t band_hi;      /* k <= q + band_hi, AJ_EXPR_NONE: unbounded */
+    uint16_t rest;         /* the other conjuncts, AJ_EXPR_NONE: none */
+    bool reads_totals;     /* sq or sk appear: the kernel takes the totals */
+    bool rest_reads_tensors; /* the rest's tile classes cannot be told from positions */
+} aj_score_prog;
+
+/* Builds the programs of `op` (verified).  AJ_ERR_UNSUPPORTED when the
+ * derivative does not fit the node arena (the message says so). */
+aj_status aj_score_prog_init(aj_ctx *ctx, const aj_op *op, aj_score_prog *p);
+
+/* Whether the op has a mask (anything but `none`) / a score_mod. */
+static inline bool aj_score_has_mask(const aj_score_prog *p)
+{
+    return p->band_lo != AJ_EXPR_NONE || p->band_hi != AJ_EXPR_NONE ||
+           p->rest != AJ_EXPR_NONE;
+}
+
+static inline bool aj_score_has_mod(const aj_score_prog *p)
+{
+    return p->mod != AJ_EXPR_NONE;
+}
+
+/*
+ * Kernel parameters the programs read (declared with the kernel's others):
+ * "seq_q_total", "seq_k_total" (i64) when they use sq or sk, and per side
+ * tensor NAME: "NAME" (ptr), "NAME_size<d>" and "NAME_stride<d>" (i64,
+ * elements) for each dim d.  runtime/launch.c binds them by these names
+ * (aj_score_param_name).
+ */
+void aj_score_add_params(aj_kb *kb, const aj_score_prog *p);
+
+/* The name of a side tensor's size (what = 's') or stride ('t') param. */
+void aj_score_param_name(char *buf, size_t cap, const char *tensor, char what, int dim);
+
+/* What the kernel knows per CTA (or per work item): the programs' inputs
+ * that do not change along a tile. */
+typedef struct aj_score {
+    aj_kb *kb;
+    const aj_score_prog *p;
+    int lanes;                   /* 0: scalar; W: j and results are <W x ...> */
+    LLVMValueRef b, h;           /* i64 */
+    LLVMValueRef q_origin;       /* i64: q = q_origin + i */
+    LLVMValueRef k_origin;       /* i64: k = k_origin + j */
+    LLVMValueRef sq, sk;         /* i64 totals (NULL when unused) */
+    LLVMValueRef lo_off, hi_off; /* i32 band offsets, NULL: unbounded */
+} aj_score;
+
+/*
+ * Per-CTA set-up: b and h (i32 or i64), the origins (i64), the totals (i64,
+ * NULL when the program does not read them: aj_score_prog.reads_totals).
+ * lanes = 0 for scalar code (GPU targets, sim), W for the cpu kernels.
+ */
+void aj_score_begin(aj_score *s, aj_kb *kb, const aj_score_prog *p, int lanes, LLVMValueRef b,
+                    LLVMValueRef h, LLVMValueRef q_origin, LLVMValueRef k_origin,
+                    LLVMValueRef sq, LLVMValueRef sk);
+
+/* The score_mod of `score` (f32; or <W x float>) at row i, key j (local). */
+LLVMValueRef aj_score_mod_value(aj_score *s, LLVMValueRef score, LLVMValueRef i, LLVMValueRef j);
+/* The same and, in *d, d mod / d score. */
+LLVMValueRef aj_score_mod_grad(aj_score *s, LLVMValueRef score, LLVMValueRef i, LLVMValueRef j,
+                               LLVMValueRef *d);
+
+/* Whether the mask shows key j to row i (i1 or <W x i1>).  Keys at or past
+ * the key length are the caller's to hide. */
+LLVMValueRef aj_score_visible(aj_score *s, LLVMValueRef i, LLVMValueRef j);
+/* The same, given that the band holds (a tile the band fully covers). */
+LLVMValueRef aj_score_visible_rest(aj_score *s, LLVMValueRef i, LLVMValueRef j);
+/* Whether the mask has conjuncts beyond its band. */
+static inline bool aj_score_has_rest(const aj_score_prog *p)
+{
+    return p->rest != AJ_EXPR_NONE;
+}
+
+/* Keys the band shows some row of [i0, i1]: [*j_lo, *j_hi] (i32, local),
+ * clamped to [0, seq_k - 1]; empty when *j_hi < *j_lo. */
+void aj_score_key_range(aj_score *s, LLVMValueRef i0, LLVMValueRef i1, LLVMValueRef seq_k,
+                        LLVMValueRef *j_lo, LLVMValueRef *j_hi);
+/* Rows the band shows some key of [j0, j1]: [*i_lo, *i_hi], clamped to
+ * [0, seq_q - 1]. */
+void aj_score_row_range(aj_score *s, LLVMValueRef j0, LLVMValueRef j1, LLVMValueRef seq_q,
+                        LLVMValueRef *i_lo, LLVMValueRef *i_hi);
+/* Band offsets for row i: j <= i + hi_off, j >= i + lo_off (NULL: none). */
+static inline LLVMValueRef aj_score_row_hi(aj_score *s, LLVMValueRef seq_k, LLVMValueRef i)
+{
+    LLVMValueRef hi = LLVMBuildSub(s->kb->b, seq_k, aj_kb_i32(s->kb, 1), "");
+    return s->hi_off ? aj_kb_smin(s->kb, hi, LLVMBuildAdd(s->kb->b, i, s->hi_off, "")) : hi;
+}
+static inline LLVMValueRef aj_score_row_lo(aj_score *s, LLVMValueRef i)
+{
+    LLVMValueRef lo = aj_kb_i32(s->kb, 0);
+    return s->lo_off ? aj_kb_smax(s->kb, lo, LLVMBuildAdd(s->kb->b, i, s->lo_off, "")) : lo;
+}
+
+/* The class (i32 aj_tile_class) of rows [i0, i1] x keys [j0, j1] (local,
+ * inclusive, inside the lengths): the band's exactly, then the rest's by
+ * interval arithmetic (scalar mode only). */
+LLVMValueRef aj_score_tile_class(aj_score *s, LLVMValueRef i0, LLVMValueRef i1,
+                                 LLVMValueRef j0, LLVMValueRef j1);
+
+/* Host: the class of q in [q0, q1] x k in [k0, k1] (global positions) at
+ * batch b, head h (h < 0: any head) with totals sq, sk; loads count as
+ * unknown.  The same arithmetic as aj_score_tile_class. */
+aj_tile_class aj_score_host_class(const aj_score_prog *p, int64_t b, int64_t h, int64_t q0,
+                                  int64_t q1, int64_t k0, int64_t k1, int64_t sq, int64_t sk);
+
+#endif /* AJ_TEMPLATES_SCORE_H */

@@ -1,0 +1,356 @@
+/*
+ * score_cases.h -- score programs for the tests (test_score.c, the backward
+ * sample in test_sim_backward.c): the example specs' fields, side tensor
+ * data made up for a declaration, and a generator of random well-typed
+ * expressions that shrinks a failing one.
+ *
+ * Header-only with static functions.
+ */
+#ifndef AJ_TESTS_SCORE_CASES_H
+#define AJ_TESTS_SCORE_CASES_H
+
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "attnjit/attnjit.h"
+
+/* ---------------------------------------------------------------- fields */
+
+/* The value of `field = VALUE` in a spec's text (up to the end of its line
+ * or a comment), "" when absent. */
+static void spec_field(const char *text, const char *field, char *out, size_t cap)
+{
+    out[0] = '\0';
+    size_t n = strlen(field);
+    for (const char *line = text; line && *line; line = strchr(line, '\n') ? strchr(line, '\n') + 1 : NULL) {
+        const char *p = line;
+        while (*p == ' ' || *p == '\t')
+            p++;
+        if (strncmp(p, field, n) != 0 || (p[n] != ' ' && p[n] != '='))
+            continue;
+        p = strchr(p, '=');
+        if (!p)
+            continue;
+        p++;
+        while (*p == ' ')
+            p++;
+        size_t len = strcspn(p, "#\n");
+        while (len && p[len - 1] == ' ')
+            len--;
+        snprintf(out, cap, "%.*s", (int)len, p);
+        return;
+    }
+}
+
+/* ---------------------------------------------------------------- side data */
+
+/* Host data of the side tensors of a case. */
+typedef struct side_data {
+    aj_side_tensor t[AJ_OP_TENSORS_MAX];
+    void *mem[AJ_OP_TENSORS_MAX];
+    int n;
+} side_data;
+
+static uint64_t score_rand(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);   /* splitmix64 */
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+/* Data for each declaration of `op` for a problem of batch B, Hq heads and
+ * sequence length S: doc (B, S) sorted document ids; prefix (B) lengths in
+ * 0..S; rel (Hq, 65) and slopes (Hq) as their examples read them; any
+ * other tensor 7 per dim, i32 in -2..9 or f32 in [-1, 1]. */
+static void side_make(const aj_op_info *op, int B, int H, int S, uint64_t seed, side_data *d)
+{
+    memset(d, 0, sizeof *d);
+    uint64_t rng = seed;
+    for (int i = 0; i < op->num_tensors; i++) {
+        const aj_side_decl *decl = &op->tensors[i];
+        aj_side_tensor *t = &d->t[d->n];
+        t->name = decl->name;
+        t->dtype = decl->dtype;
+        t->rank = decl->rank;
+        for (int k = 0; k < decl->rank; k++)
+            t->shape[k] = 7;
+        if (strcmp(decl->name, "doc") == 0 && decl->rank == 2)
+            t->shape[0] = B, t->shape[1] = S;
+        else if (strcmp(decl->name, "prefix") == 0 && decl->rank == 1)
+            t->shape[0] = B;
+        else if (strcmp(decl->name, "rel") == 0 && decl->rank == 2)
+            t->shape[0] = H, t->shape[1] = 65;
+        else if (strcmp(decl->name, "slopes") == 0 && decl->rank == 1)
+            t->shape[0] = H;
+        int64_t n = 1;
+        for (int k = decl->rank - 1; k >= 0; k--) {
+            t->strides[k] = n;
+            n *= t->shape[k];
+        }
+        d->mem[d->n] = calloc((size_t)n, 4);
+        int32_t *iv = d->mem[d->n];
+        float *fv = d->mem[d->n];
+        for (int64_t e = 0; e < n; e++) {
+            uint64_t r = score_rand(&rng);
+            if (strcmp(decl->name, "doc") == 0)   /* a new document now and then */
+                iv[e] = e % S == 0 ? 0 : iv[e - 1] + (r % 9 == 0);
+            else if (strcmp(decl->name, "prefix") == 0)
+                iv[e] = (int32_t)(r % (uint64_t)(S + 1));
+            else if (strcmp(decl->name, "slopes") == 0)
+                fv[e] = (float)pow(2.0, -8.0 * (double)(e + 1) / (double)H);
+            else if (decl->dtype == AJ_SIDE_I32)
+                iv[e] = (int32_t)(r % 12) - 2;
+            else
+                fv[e] = (float)((double)(r >> 11) / 9007199254740992.0 * 2.0 - 1.0);
+        }
+        t->data = d->mem[d->n];
+        d->n++;
+    }
+}
+
+static void side_free(side_data *d)
+{
+    for (int i = 0; i < d->n; i++)
+        free(d->mem[i]);
+    d->n = 0;
+}
+
+/* ---------------------------------------------------------------- random */
+
+/*
+ * Random expressions as trees, so that a failing one can shrink: a node is
+ * an operator over up to 3 children or a leaf of text.  Types: 'b' bool,
+ * 'i' int, 'f' float.  The generator keeps values tame (no exp of large
+ * numbers, no log or sqrt of negatives) so that the reference and the
+ * kernels meet no NaN of their own making; a score_mod stays within a few
+ * units of the score.
+ */
+#define RX_MAX 512
+
+typedef struct rx_node {
+    char type;
+    const char *fmt;          /* printf-like: %0 %1 %2 are the children */
+    int kids[3], nkids;
+    char leaf[24];
+} rx_node;
+
+typedef struct rx_tree {
+    rx_node n[RX_MAX];
+    int count;
+    uint64_t rng;
+    bool score;               /* `score` may appear */
+} rx_tree;
+
+static int rx_add(rx_tree *t, char type, const char *fmt, int nk, int a, int b, int c)
+{
+    if (t->count == RX_MAX)
+        return -1;
+    rx_node *n = &t->n[t->count];
+    memset(n, 0, sizeof *n);
+    n->type = type;
+    n->fmt = fmt;
+    n->nkids = nk;
+    n->kids[0] = a, n->kids[1] = b, n->kids[2] = c;
+    return t->count++;
+}
+
+static int rx_leaf(rx_tree *t, char type, const char *text)
+{
+    int id = rx_add(t, type, NULL, 0, -1, -1, -1);
+    if (id >= 0)
+        snprintf(t->n[id].leaf, sizeof t->n[id].leaf, "%s", text);
+    return id;
+}
+
+static int rx_pick(rx_tree *t, int n)
+{
+    return (int)(score_rand(&t->rng) % (uint64_t)n);
+}
+
+static int rx_gen(rx_tree *t, char type, int depth);
+
+/* the smallest expression of a type: what a shrink puts in a node's place */
+static int rx_simplest(rx_tree *t, char type)
+{
+    return rx_leaf(t, type, type == 'b' ? "true" : type == 'i' ? "k" : t->score ? "score" : "0.5");
+}
+
+static int rx_int(rx_tree *t, int depth)
+{
+    static const char *const vars[] = {"q", "k", "b", "h", "sq", "sk"};
+    char lit[24];
+    if (depth <= 0 || rx_pick(t, 4) == 0) {
+        switch (rx_pick(t, 4)) {
+        case 0:
+            snprintf(lit, sizeof lit, "%d", rx_pick(t, 19) - 6);
+            return rx_leaf(t, 'i', lit);
+        case 1:   /* a load mostly in range (7 x 7), sometimes past it */
+            return rx_leaf(t, 'i', rx_pick(t, 2) ? "ti[h, k % 8]" : "ti[b + 1, q % 9 - 1]");
+        default:
+            return rx_leaf(t, 'i', vars[rx_pick(t, 6)]);
+        }
+    }
+    static const char *const bin[] = {"(%0 + %1)", "(%0 - %1)", "min(%0, %1)", "max(%0, %1)"};
+    switch (rx_pick(t, 8)) {
+    case 0: case 1: case 2:
+        return rx_add(t, 'i', bin[rx_pick(t, 4)], 2, rx_int(t, depth - 1), rx_int(t, depth - 1), -1);
+    case 3: {   /* floor division and modulo by a small literal of either sign */
+        static const char *const dm[] = {"(%0 / 3)", "(%0 % 5)", "(%0 / -4)", "(%0 % -3)", "(%0 * 2)"};
+        return rx_add(t, 'i', dm[rx_pick(t, 5)], 1, rx_int(t, depth - 1), -1, -1);
+    }
+    case 4:
+        return rx_add(t, 'i', "abs(%0)", 1, rx_int(t, depth - 1), -1, -1);
+    case 5:
+        return rx_add(t, 'i', "clamp(%0, %1, %2)", 3, rx_int(t, depth - 1), rx_int(t, 0),
+                      rx_int(t, 0));
+    case 6:
+        return rx_add(t, 'i', "(%0 ? %1 : %2)", 3, rx_gen(t, 'b', depth - 1),
+                      rx_int(t, depth - 1), rx_int(t, depth - 1));
+    default:   /* a load, in or out of range */
+        return rx_add(t, 'i', "ti[%0, %1]", 2, rx_int(t, depth - 1), rx_int(t, depth - 1), -1);
+    }
+}
+
+static int rx_float(rx_tree *t, int depth)
+{
+    char lit[24];
+    if (depth <= 0 || rx_pick(t, 5) == 0) {
+        int pick = rx_pick(t, 3);
+        if (t->score && pick == 0)
+            return rx_leaf(t, 'f', "score");
+        if (pick == 1)
+            return rx_leaf(t, 'f', rx_pick(t, 2) ? "tf[q - k]" : "tf[(q + k) % 9]");
+        snprintf(lit, sizeof lit, "%.2f", (double)(rx_pick(t, 41) - 20) / 10.0);
+        return rx_leaf(t, 'f', lit);
+    }
+    switch (rx_pick(t, 9)) {
+    case 0: case 1:
+        return rx_add(t, 'f', rx_pick(t, 2) ? "(%0 + %1)" : "(%0 - %1)", 2,
+                      rx_float(t, depth - 1), rx_float(t, depth - 1), -1);
+    case 2:
+        return rx_add(t, 'f', "(%0 * tanh(%1))", 2, rx_float(t, depth - 1),
+                      rx_float(t, depth - 1), -1);
+    case 3: {
+        static const char *const un[] = {"tanh(%0)", "abs(%0)", "floor(%0)",
+                                         "exp(-abs(%0))", "log(abs(%0) + 1.0)",
+                                         "sqrt(abs(%0))", "-%0"};
+        return rx_add(t, 'f', un[rx_pick(t, 7)], 1, rx_float(t, depth - 1), -1, -1);
+    }
+    case 4:
+        return rx_add(t, 'f', rx_pick(t, 2) ? "min(%0, %1)" : "max(%0, %1)", 2,
+                      rx_float(t, depth - 1), rx_float(t, depth - 1), -1);
+    case 5:   /* ints promote; keep them small */
+        return rx_add(t, 'f', "(0.05 * %0)", 1, rx_int(t, depth - 1), -1, -1);
+    case 6:
+        return rx_add(t, 'f', "(%0 ? %1 : %2)", 3, rx_gen(t, 'b', depth - 1),
+                      rx_float(t, depth - 1), rx_float(t, depth - 1));
+    case 7:
+        return rx_add(t, 'f', "clamp(%0, -2.0, 2.0)", 1, rx_float(t, depth - 1), -1, -1);
+    default:
+        return rx_add(t, 'f', "tf[%0]", 1, rx_int(t, depth - 1), -1, -1);
+    }
+}
+
+static int rx_bool(rx_tree *t, int depth)
+{
+    static const char *const cmp[] = {"(%0 < %1)", "(%0 <= %1)", "(%0 > %1)", "(%0 >= %1)",
+                                      "(%0 == %1)", "(%0 != %1)"};
+    if (depth <= 0 || rx_pick(t, 5) == 0)
+        return rx_add(t, 'b', cmp[rx_pick(t, 6)], 2, rx_int(t, 1), rx_int(t, 1), -1);
+    switch (rx_pick(t, 6)) {
+    case 0: case 1:
+        return rx_add(t, 'b', rx_pick(t, 2) ? "(%0 && %1)" : "(%0 || %1)", 2,
+                      rx_bool(t, depth - 1), rx_bool(t, depth - 1), -1);
+    case 2:
+        return rx_add(t, 'b', "!%0", 1, rx_bool(t, depth - 1), -1, -1);
+    case 3:
+        return rx_add(t, 'b', cmp[rx_pick(t, 6)], 2, rx_float(t, depth - 1),
+                      rx_float(t, depth - 1), -1);
+    default:
+        return rx_add(t, 'b', cmp[rx_pick(t, 6)], 2, rx_int(t, depth - 1),
+                      rx_int(t, depth - 1), -1);
+    }
+}
+
+static int rx_gen(rx_tree *t, char type, int depth)
+{
+    int id = type == 'b' ? rx_bool(t, depth) : type == 'i' ? rx_int(t, depth) : rx_float(t, depth);
+    return id < 0 ? rx_simplest(t, type) : id;
+}
+
+static void rx_print(const rx_tree *t, int id, char *out, size_t cap)
+{
+    const rx_node *n = &t->n[id];
+    if (!n->fmt) {
+        snprintf(out, cap, "%s", n->leaf);
+        return;
+    }
+    size_t len = 0;
+    out[0] = '\0';
+    for (const char *f = n->fmt; *f && len + 1 < cap; f++) {
+        if (f[0] == '%' && f[1] >= '0' && f[1] <= '2') {
+            rx_print(t, n->kids[f[1] - '0'], out + len, cap - len);
+            len += strlen(out + len);
+            f++;
+        } else {
+            out[len++] = *f;
+            out[len] = '\0';
+        }
+    }
+}
+
+/* A mask with a causal floor (so that most rows keep keys) or a random
+ * score_mod that stays near the score. */
+static void rx_expression(rx_tree *t, int root, bool score_mod, char *out, size_t cap)
+{
+    char body[4096];
+    rx_print(t, root, body, sizeof body);
+    if (score_mod)
+        snprintf(out, cap, "expr(score + 0.5 * tanh(%s))", body);
+    else
+        snprintf(out, cap, "expr(k <= q && (%s || k + 2 >= q))", body);
+}
+
+/*
+ * Shrinks a failing expression: replaces one node at a time by the
+ * simplest leaf of its type (a subtree by one of its children of the same
+ * type first) and keeps the change while `still_fails` says the
+ * expression fails.  Returns the root of the smallest failing tree.
+ */
+static int rx_shrink(rx_tree *t, int root, bool (*still_fails)(rx_tree *, int, void *),
+                     void *user)
+{
+    for (bool changed = true; changed;) {
+        changed = false;
+        for (int id = 0; id < t->count && !changed; id++) {
+            rx_node *n = &t->n[id];
+            if (!n->fmt)
+                continue;
+            rx_node saved = *n;
+            for (int c = 0; c <= n->nkids && !changed; c++) {
+                /* c < nkids: the node becomes its child c; c == nkids: a leaf */
+                if (c < saved.nkids) {
+                    if (t->n[saved.kids[c]].type != saved.type)
+                        continue;
+                    *n = t->n[saved.kids[c]];
+                } else {
+                    int leaf = rx_simplest(t, saved.type);
+                    if (leaf < 0)
+                        break;
+                    *n = t->n[leaf];
+                }
+                if (still_fails(t, root, user))
+                    changed = true;
+                else
+                    *n = saved;
+            }
+        }
+    }
+    return root;
+}
+
+#endif /* AJ_TESTS_SCORE_CASES_H */
