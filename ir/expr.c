@@ -253,7 +253,7 @@ static uint16_t fold(aj_expr *e, uint16_t id, int n)
     }
     for (int i = 0; i < AJ_EXPR_RANK_MAX; i++)
         lit.args[i] = AJ_EXPR_NONE;
-    if (id - lowest == n) {
+    if (id - lowest == n && !e->shared) {
         e->count = lowest;
         return append(e, lit);
     }
@@ -290,8 +290,16 @@ bool aj_expr_add(aj_expr *e, const aj_expr_scope *scope, aj_expr_op op,
     for (int i = 0; i < n; i++) {
         if (want[i] == types[i])
             continue;
-        if (e->nodes[ids[i]].op == AJ_EXPR_LIT) {
+        if (e->nodes[ids[i]].op == AJ_EXPR_LIT && !e->shared) {
             lit_to_float(&e->nodes[ids[i]]);
+            continue;
+        }
+        if (e->nodes[ids[i]].op == AJ_EXPR_LIT) {
+            if (arena_full(e, msg, cap))
+                return false;
+            aj_expr_node copy = e->nodes[ids[i]];
+            lit_to_float(&copy);
+            ids[i] = append(e, copy);
             continue;
         }
         if (arena_full(e, msg, cap))

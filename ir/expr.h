@@ -192,9 +192,13 @@ typedef struct aj_expr_node {
     } u;
 } aj_expr_node;
 
-/* The arena: nodes[0 .. count-1]. */
+/* The arena: nodes[0 .. count-1].  `shared` marks an arena whose nodes
+ * may be operands of several nodes (a score program, templates/score.c): a
+ * fold then never drops the nodes below it and an int literal meeting a
+ * float is converted into a new node, not in place. */
 typedef struct aj_expr {
     uint16_t count;
+    bool shared;
     aj_expr_node nodes[AJ_EXPR_NODES_MAX];
 } aj_expr;
 

@@ -3,6 +3,8 @@
  */
 #include "templates/attn_common.h"
 
+#include "templates/score.h"
+
 #include <math.h>
 #include <stdio.h>
 
@@ -204,6 +206,40 @@ void aj_attn_bwd_p_ds(aj_kb *kb, const aj_attn_bwd_scores *sc, LLVMValueRef qk,
     if (th)   /* softcap chain: d/dt C tanh(t / C) = 1 - tanh^2 */
         ds = LLVMBuildFMul(b, ds, LLVMBuildFSub(b, aj_kb_f32(kb, 1.0),
                                                  LLVMBuildFMul(b, th, th, ""), ""), "");
+    *p_out = pd;
+    *ds_out = ds;
+}
+
+void aj_attn_bwd_p_ds_prog(aj_kb *kb, const aj_op *op, aj_score *sc, LLVMValueRef qk,
+                           LLVMValueRef dp, LLVMValueRef i, LLVMValueRef j, LLVMValueRef lse2,
+                           LLVMValueRef delta, LLVMValueRef visible, LLVMValueRef bias,
+                           LLVMValueRef keep, LLVMValueRef *p_out, LLVMValueRef *ds_out)
+{
+    LLVMBuilderRef b = kb->b;
+    double scale = aj_op_scale(op);
+    LLVMValueRef s2, dmod = NULL;
+    if (!aj_score_has_mod(sc->p) && !bias) {
+        s2 = LLVMBuildFMul(b, qk, aj_kb_f32(kb, scale * AJ_LOG2E), "");
+    } else {
+        LLVMValueRef t = LLVMBuildFMul(b, qk, aj_kb_f32(kb, scale), "");
+        if (bias)   /* t = scale q.k + bias, before the score_mod */
+            t = LLVMBuildFAdd(b, t, bias, "");
+        LLVMValueRef s = aj_score_has_mod(sc->p) ? aj_score_mod_grad(sc, t, i, j, &dmod) : t;
+        s2 = LLVMBuildFMul(b, s, aj_kb_f32(kb, AJ_LOG2E), "");
+    }
+    /* hidden elements never reach the exp: a row without keys has
+     * LSE = -inf and would give -inf - -inf */
+    LLVMValueRef pr = aj_kb_exp2(kb, LLVMBuildFSub(b, s2, lse2, ""));
+    pr = LLVMBuildSelect(b, visible, pr, aj_kb_f32(kb, 0), "");
+    LLVMValueRef pd = pr;
+    if (keep) {   /* m = keep / (1 - p) scales P for dV and dO . v for dP */
+        LLVMValueRef inv = aj_kb_f32(kb, 1.0 / (1.0 - op->dropout)), zero = aj_kb_f32(kb, 0);
+        pd = LLVMBuildSelect(b, keep, LLVMBuildFMul(b, pr, inv, ""), zero, "");
+        dp = LLVMBuildSelect(b, keep, LLVMBuildFMul(b, dp, inv, ""), zero, "");
+    }
+    LLVMValueRef ds = LLVMBuildFMul(b, pr, LLVMBuildFSub(b, dp, delta, ""), "");
+    if (dmod)   /* the chain through the score_mod; 0 where hidden, whatever mod' is */
+        ds = LLVMBuildSelect(b, visible, LLVMBuildFMul(b, ds, dmod, ""), aj_kb_f32(kb, 0), "");
     *p_out = pd;
     *ds_out = ds;
 }

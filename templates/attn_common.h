@@ -122,4 +122,19 @@ void aj_attn_bwd_p_ds(aj_kb *kb, const aj_attn_bwd_scores *sc, LLVMValueRef qk,
                       LLVMValueRef delta, LLVMValueRef visible, LLVMValueRef bias,
                       LLVMValueRef keep, LLVMValueRef *p_out, LLVMValueRef *ds_out);
 
+/*
+ * The same from the op's score program (templates/score.h): the score_mod
+ * and its derivative d mod / d t come from `sc` at (i, j):
+ *
+ *   t = scale q.k [+ bias];  s = mod(t);  P = exp(s - LSE) where `visible`
+ *   dS = P (dP m - Delta) mod'(t)
+ *
+ * i and j are local indices (i32).
+ */
+struct aj_score;
+void aj_attn_bwd_p_ds_prog(aj_kb *kb, const aj_op *op, struct aj_score *sc, LLVMValueRef qk,
+                           LLVMValueRef dp, LLVMValueRef i, LLVMValueRef j, LLVMValueRef lse2,
+                           LLVMValueRef delta, LLVMValueRef visible, LLVMValueRef bias,
+                           LLVMValueRef keep, LLVMValueRef *p_out, LLVMValueRef *ds_out);
+
 #endif /* AJ_TEMPLATES_ATTN_COMMON_H */

@@ -3,7 +3,7 @@
  * kernels of one module run in order.  Both recompute the probabilities
  * from Q, K and the forward's LSE instead of storing them:
  *
- *   S_ij  = scale q_i . k_j  ->  softcap, alibi, mask  (as the forward)
+ *   S_ij  = scale q_i . k_j  ->  score_mod, mask  (score.h, as the forward)
  *   P_ij  = exp(S_ij - LSE_i)                    (0 where hidden)
  *   dP_ij = dO_i . v_j        Delta_i = dO_i . O_i
  *   dS_ij = P_ij (dP_ij - Delta_i) [* (1 - tanh^2(t_ij / C)) with softcap]
@@ -71,6 +71,7 @@
 #include <string.h>
 
 #include "templates/attn_common.h"
+#include "templates/score.h"
 #include "templates/template.h"
 #include "templates/tile_io.h"
 
@@ -217,7 +218,9 @@ static aj_status ebwd_check(aj_ctx *ctx, const aj_op *op, aj_target target)
     if (st != AJ_OK)
         return st;
     ebwd_plan plan;
-    return plan_kernel(ctx, op, target, &plan);
+    static _Thread_local aj_score_prog prog;
+    st = plan_kernel(ctx, op, target, &plan);
+    return st != AJ_OK ? st : aj_score_prog_init(ctx, op, &prog);
 }
 
 /* ---------------------------------------------------------------- shared */
@@ -230,9 +233,8 @@ typedef struct ebwd {
     ebwd_plan p;
     LLVMValueRef tid, lane, group;  /* i32 */
     LLVMValueRef seq_q, seq_k;      /* i32 */
-    aj_attn_mask mask;              /* visible keys of row i (attn_common.h) */
-    LLVMValueRef qk_offset;         /* i64: q_offset - kv_offset (alibi) */
-    LLVMValueRef slope;             /* f32: alibi slope of the current head */
+    const aj_score_prog *prog;      /* the mask and score_mod (score.h) */
+    aj_score sc;                    /* ... at the current (b, h) */
     LLVMValueRef bias_base;         /* i64: element offset of bias slice (b, h) (bias) */
     aj_attn_dropout drop;           /* the dropout stream of this (b, h) */
 } ebwd;
@@ -257,8 +259,8 @@ static const char *const bhs = "bhs";
 /* q, k, v, o, lse, do (inputs) and the stage's outputs, with strides;
  * with `dbias` (the dq stage of a bias op) also dbias, its strides and the
  * broadcast sizes that fold (b, h) pairs onto its slices. */
-static void declare_params(aj_kb *kb, const aj_op *op, const char *const *outs, int nouts,
-                           int dbias)
+static void declare_params(aj_kb *kb, const aj_op *op, const aj_score_prog *prog,
+                           const char *const *outs, int nouts, int dbias)
 {
     const char *const in[] = {"q", "k", "v", "o", "do"};
     for (int i = 0; i < 5; i++)
@@ -266,8 +268,6 @@ static void declare_params(aj_kb *kb, const aj_op *op, const char *const *outs, 
     aj_kb_add_param(kb, "lse", AJ_PARAM_PTR);
     for (int i = 0; i < nouts; i++)
         aj_kb_add_param(kb, outs[i], AJ_PARAM_PTR);
-    if (op->score_mod.kind == AJ_SCORE_MOD_ALIBI)
-        aj_kb_add_param(kb, "alibi_slopes", AJ_PARAM_PTR);
     char name[32];
     for (int t = 0; t < 5 + nouts; t++)
         for (int i = 0; i < 3; i++) {
@@ -282,7 +282,7 @@ static void declare_params(aj_kb *kb, const aj_op *op, const char *const *outs, 
     aj_kb_add_param(kb, "seq_k", AJ_PARAM_I32);
     aj_kb_add_param(kb, "q_offset", AJ_PARAM_I64);
     aj_kb_add_param(kb, "kv_offset", AJ_PARAM_I64);
-    aj_kb_add_param(kb, "mask_shift", AJ_PARAM_I64);
+    aj_score_add_params(kb, prog);
     if (op->bias == AJ_BIAS_ADD) {
         /* 0 for a broadcast (size-1) dim */
         aj_kb_add_param(kb, "bias", AJ_PARAM_PTR);
@@ -312,36 +312,34 @@ static LLVMValueRef stride_s(ebwd *e, const char *t)
     return prm(e, name);
 }
 
-/* Thread layout, mask offsets and alibi distance base shared by both
- * kernels. */
-static void setup(ebwd *e, aj_kb *kb, const aj_op *op, const ebwd_plan *p)
+/* Thread layout shared by both kernels. */
+static void setup(ebwd *e, aj_kb *kb, const aj_op *op, const ebwd_plan *p,
+                  const aj_score_prog *prog)
 {
     memset(e, 0, sizeof *e);
     e->kb = kb;
     e->b = kb->b;
     e->op = op;
     e->p = *p;
+    e->prog = prog;
     e->tid = aj_kb_thread_id(kb);
     e->lane = LLVMBuildAnd(e->b, e->tid, i32c(e, p->g - 1), "lane");
     e->group = LLVMBuildUDiv(e->b, e->tid, i32c(e, p->g), "group");
     e->seq_q = prm(e, "seq_q");
     e->seq_k = prm(e, "seq_k");
-    e->qk_offset = LLVMBuildSub(e->b, prm(e, "q_offset"), prm(e, "kv_offset"), "");
-    LLVMValueRef delta = LLVMBuildAdd(e->b, e->qk_offset, prm(e, "mask_shift"), "delta");
-    e->mask = aj_attn_mask_offsets(kb, &op->mask, delta);
 }
 
-/* Per-(batch, query head) state: the alibi slope, the bias slice and the
- * dropout stream's key and counter bases, as the forward sets them. */
+/* Per-(batch, query head) state: the score program's, the bias slice and
+ * the dropout stream's key and counter bases, as the forward sets them.
+ * The band (score.h) does not depend on the head, so the ranges a kernel
+ * computes before its head loop hold for every head. */
 static void set_head(ebwd *e, LLVMValueRef bidx, LLVMValueRef h)
 {
     aj_kb *kb = e->kb;
-    LLVMBuilderRef b = e->b;
-    if (e->op->score_mod.kind == AJ_SCORE_MOD_ALIBI) {
-        LLVMValueRef at = LLVMBuildMul(b, sext64(e, h), aj_kb_i64(kb, 4), "");
-        e->slope = aj_kb_load(kb, kb->t_f32, aj_kb_gptr_offset(kb, prm(e, "alibi_slopes"), at),
-                              4);
-    }
+    const aj_score_prog *prog = e->prog;
+    aj_score_begin(&e->sc, kb, prog, 0, bidx, h, prm(e, "q_offset"), prm(e, "kv_offset"),
+                   prog->reads_totals ? prm(e, "seq_q_total") : NULL,
+                   prog->reads_totals ? prm(e, "seq_k_total") : NULL);
     if (e->op->bias == AJ_BIAS_ADD)
         e->bias_base = aj_attn_slice_base(e->kb, "bias", bidx, h);
     if (e->op->dropout > 0) {
@@ -490,17 +488,37 @@ static void emit_p_ds(ebwd *e, LLVMValueRef qk, LLVMValueRef dp, LLVMValueRef i,
                       LLVMValueRef visible, LLVMValueRef bias, LLVMValueRef keep,
                       LLVMValueRef *p_out, LLVMValueRef *ds_out)
 {
-    const aj_attn_bwd_scores sc = {e->op, e->qk_offset, e->slope};
-    aj_attn_bwd_p_ds(e->kb, &sc, qk, dp, i, j, lse2, delta, visible, bias, keep, p_out, ds_out);
+    aj_attn_bwd_p_ds_prog(e->kb, e->op, &e->sc, qk, dp, i, j, lse2, delta, visible, bias, keep,
+                          p_out, ds_out);
 }
 
-/* Whether row i sees key j: j_lo(i) <= j <= j_hi(i). */
-static LLVMValueRef emit_visible(ebwd *e, LLVMValueRef j, LLVMValueRef j_lo, LLVMValueRef j_hi)
+/* Whether row i sees key j: j_lo(i) <= j <= j_hi(i) (the band), and the
+ * rest of the mask. */
+static LLVMValueRef emit_visible(ebwd *e, LLVMValueRef i, LLVMValueRef j, LLVMValueRef j_lo,
+                                 LLVMValueRef j_hi)
 {
     LLVMValueRef v = LLVMBuildICmp(e->b, LLVMIntSLE, j, j_hi, "");
-    if (e->mask.lo_off)
+    if (e->sc.lo_off)
         v = LLVMBuildAnd(e->b, v, LLVMBuildICmp(e->b, LLVMIntSGE, j, j_lo, ""), "");
+    if (aj_score_has_rest(e->prog))
+        v = LLVMBuildAnd(e->b, v, aj_score_visible_rest(&e->sc, i, j), "");
     return v;
+}
+
+/* Whether the tile of rows [i0, i0 + bm) and keys [j0, j0 + bn) (clamped
+ * to the lengths) has a visible element: always true without a mask rest
+ * (the band's ranges are the loops' bounds already). */
+static LLVMValueRef emit_tile_live(ebwd *e, LLVMValueRef i0, LLVMValueRef j0)
+{
+    aj_kb *kb = e->kb;
+    LLVMBuilderRef b = e->b;
+    LLVMValueRef one = i32c(e, 1);
+    LLVMValueRef i1 = LLVMBuildSub(b, aj_kb_smin(kb, LLVMBuildAdd(b, i0, i32c(e, e->p.bm), ""),
+                                                 e->seq_q), one, "");
+    LLVMValueRef j1 = LLVMBuildSub(b, aj_kb_smin(kb, LLVMBuildAdd(b, j0, i32c(e, e->p.bn), ""),
+                                                 e->seq_k), one, "");
+    return LLVMBuildICmp(b, LLVMIntNE, aj_score_tile_class(&e->sc, i0, i1, j0, j1),
+                         i32c(e, AJ_TILE_SKIP), "");
 }
 
 /*
@@ -610,13 +628,14 @@ static void emit_dbias_add(ebwd *e, LLVMValueRef row_off, LLVMValueRef i, LLVMVa
 
 /* ---------------------------------------------------------------- dkdv */
 
-static void build_dkdv(aj_kb *kb, const aj_op *op, const ebwd_plan *plan)
+static void build_dkdv(aj_kb *kb, const aj_op *op, const ebwd_plan *plan,
+                       const aj_score_prog *prog)
 {
     static const char *const outs[] = {"dk", "dv"};
-    declare_params(kb, op, outs, 2, 0);
+    declare_params(kb, op, prog, outs, 2, 0);
     aj_kb_begin_stage(kb, "dkdv", plan->threads);
     ebwd e;
-    setup(&e, kb, op, plan);
+    setup(&e, kb, op, plan, prog);
     const ebwd_plan *p = &e.p;
     LLVMBuilderRef b = kb->b;
     int rk = p->bn / p->r, cq = p->bm / p->g, ldk = p->wd + 4, ldv = p->wdv + 4;
@@ -661,15 +680,12 @@ static void build_dkdv(aj_kb *kb, const aj_op *op, const ebwd_plan *plan)
                         stride_s(&e, "v"), n0, e.seq_k, p->dtype};
     aj_tile_load_f32(kb, &vsrc, p->bn, p->dv, smem_v, ldv, e.tid, p->threads);
 
-    /* query rows that see a key of this block: j - hi_off <= i <= j - lo_off */
+    /* query rows the band shows a key of this block (for every head) */
+    set_head(&e, bidx, LLVMBuildMul(b, hkv, group_size, ""));
     LLVMValueRef j_last = LLVMBuildSub(b, aj_kb_smin(kb, LLVMBuildAdd(b, n0, i32c(&e, p->bn), ""),
                                                      e.seq_k), i32c(&e, 1), "");
-    LLVMValueRef i_lo = i32c(&e, 0);
-    if (e.mask.hi_off)
-        i_lo = aj_kb_smax(kb, i_lo, LLVMBuildSub(b, n0, e.mask.hi_off, ""));
-    LLVMValueRef i_hi = LLVMBuildSub(b, e.seq_q, i32c(&e, 1), "");
-    if (e.mask.lo_off)
-        i_hi = aj_kb_smin(kb, i_hi, LLVMBuildSub(b, j_last, e.mask.lo_off, ""));
+    LLVMValueRef i_lo, i_hi;
+    aj_score_row_range(&e.sc, n0, j_last, e.seq_q, &i_lo, &i_hi);
     LLVMValueRef m_begin, m_end;
     block_range(&e, i_lo, i_hi, p->bm, &m_begin, &m_end);
 
@@ -683,6 +699,8 @@ static void build_dkdv(aj_kb *kb, const aj_op *op, const ebwd_plan *plan)
     LLVMValueRef m = aj_kb_for_begin(kb, m_begin, m_end, i32c(&e, 1), "m");
     {
         LLVMValueRef m0 = LLVMBuildMul(b, m, i32c(&e, p->bm), "m0");
+        if (aj_score_has_rest(prog))   /* the same in every thread */
+            aj_kb_if_begin(kb, emit_tile_live(&e, m0, n0));
         aj_kb_barrier(kb);   /* the previous step's readers are done */
         aj_tile_src qsrc = {prm(&e, "q"), q_base, stride_s(&e, "q"), m0, e.seq_q, p->dtype};
         aj_tile_load_f32(kb, &qsrc, p->bm, p->d, smem_q, ldq, e.tid, p->threads);
@@ -710,10 +728,10 @@ static void build_dkdv(aj_kb *kb, const aj_op *op, const ebwd_plan *plan)
         for (int t = 0; t < cq; t++) {
             LLVMValueRef i = LLVMBuildAdd(b, m0, qcols[t], "");
             /* rows past Sq see nothing (their Q and dO tiles are zeros) */
-            LLVMValueRef j_hi = aj_attn_row_key_hi(kb, &e.mask, e.seq_k, i);
+            LLVMValueRef j_hi = aj_score_row_hi(&e.sc, e.seq_k, i);
             j_hi = LLVMBuildSelect(b, LLVMBuildICmp(b, LLVMIntSLT, i, e.seq_q, ""), j_hi,
                                    i32c(&e, -1), "");
-            LLVMValueRef j_lo = e.mask.lo_off ? aj_attn_row_key_lo(kb, &e.mask, i) : NULL;
+            LLVMValueRef j_lo = e.sc.lo_off ? aj_score_row_lo(&e.sc, i) : NULL;
             LLVMValueRef lse2 = smem_load1(&e, smem_stats, qcols[t]);
             LLVMValueRef delta = smem_load1(&e, smem_stats, LLVMBuildAdd(b, qcols[t],
                                                                        i32c(&e, p->bm), ""));
@@ -721,7 +739,7 @@ static void build_dkdv(aj_kb *kb, const aj_op *op, const ebwd_plan *plan)
                 LLVMValueRef j = LLVMBuildAdd(b, n0, keys[k], "");
                 LLVMValueRef pr, ds;
                 emit_p_ds(&e, aj_kb_get(kb, s_acc[k][t]), aj_kb_get(kb, dp_acc[k][t]), i, j,
-                          lse2, delta, emit_visible(&e, j, j_lo, j_hi), emit_bias_at(&e, i, j),
+                          lse2, delta, emit_visible(&e, i, j, j_lo, j_hi), emit_bias_at(&e, i, j),
                           emit_keep(&e, i, j), &pr, &ds);
                 LLVMValueRef idx = LLVMBuildAdd(b, LLVMBuildMul(b, keys[k], i32c(&e, ldp), ""),
                                                 qcols[t], "");
@@ -732,6 +750,8 @@ static void build_dkdv(aj_kb *kb, const aj_op *op, const ebwd_plan *plan)
         aj_kb_barrier(kb);   /* P^T and dS^T complete */
         emit_accumulate(&e, dv, rk, keys, smem_p, ldp, p->bm, smem_do, ldo, p->wdv);
         emit_accumulate(&e, dk, rk, keys, smem_ds, ldp, p->bm, smem_q, ldq, p->wd);
+        if (aj_score_has_rest(prog))
+            aj_kb_if_end(kb);
     }
     aj_kb_for_end(kb);
     aj_kb_for_end(kb);
@@ -752,14 +772,15 @@ static void build_dkdv(aj_kb *kb, const aj_op *op, const ebwd_plan *plan)
 
 /* ---------------------------------------------------------------- dq */
 
-static void build_dq(aj_kb *kb, const aj_op *op, const ebwd_plan *plan)
+static void build_dq(aj_kb *kb, const aj_op *op, const ebwd_plan *plan,
+                     const aj_score_prog *prog)
 {
     static const char *const outs[] = {"dq"};
     int has_bias = op->bias == AJ_BIAS_ADD;
-    declare_params(kb, op, outs, 1, has_bias);
+    declare_params(kb, op, prog, outs, 1, has_bias);
     aj_kb_begin_stage(kb, "dq", plan->threads);
     ebwd e;
-    setup(&e, kb, op, plan);
+    setup(&e, kb, op, plan, prog);
     const ebwd_plan *p = &e.p;
     LLVMBuilderRef b = kb->b;
     int rm = p->bm / p->r, cn = p->bn / p->g;
@@ -842,8 +863,8 @@ static void build_dq(aj_kb *kb, const aj_op *op, const ebwd_plan *plan)
         gi[k] = LLVMBuildAdd(b, m0, rows[k], "");
         emit_row_stats(&e, aj_kb_smin(kb, gi[k], last), o_base, do_base, lse_base, &lse2[k],
                        &delta[k]);
-        j_hi[k] = aj_attn_row_key_hi(kb, &e.mask, e.seq_k, gi[k]);
-        j_lo[k] = e.mask.lo_off ? aj_attn_row_key_lo(kb, &e.mask, gi[k]) : NULL;
+        j_hi[k] = aj_score_row_hi(&e.sc, e.seq_k, gi[k]);
+        j_lo[k] = e.sc.lo_off ? aj_score_row_lo(&e.sc, gi[k]) : NULL;
         if (has_bias)
             dbias_row[k] = LLVMBuildAdd(b, dbias_base, LLVMBuildMul(b, sext64(&e, gi[k]),
                                         prm(&e, "stride_dbias_s"), ""), "");
@@ -861,11 +882,17 @@ static void build_dq(aj_kb *kb, const aj_op *op, const ebwd_plan *plan)
                                             LLVMBuildSub(b, e.seq_q, m0, ""));
         LLVMValueRef i_last = LLVMBuildAdd(b, m0, LLVMBuildSub(b, rows_here, i32c(&e, 1), ""),
                                            "");
-        block_range(&e, aj_attn_row_key_lo(kb, &e.mask, m0), aj_attn_row_key_hi(kb, &e.mask, e.seq_k, i_last), p->bn, &n_begin, &n_end);
+        LLVMValueRef j_lo_all, j_hi_all;
+        aj_score_key_range(&e.sc, m0, i_last, e.seq_k, &j_lo_all, &j_hi_all);
+        block_range(&e, j_lo_all, j_hi_all, p->bn, &n_begin, &n_end);
     }
     LLVMValueRef n = aj_kb_for_begin(kb, n_begin, n_end, i32c(&e, 1), "n");
     {
         LLVMValueRef n0 = LLVMBuildMul(b, n, i32c(&e, p->bn), "n0");
+        /* with bias every block is visited: hidden elements get dbias = 0 */
+        int skips = aj_score_has_rest(prog) && !has_bias;
+        if (skips)
+            aj_kb_if_begin(kb, emit_tile_live(&e, m0, n0));
         aj_kb_barrier(kb);   /* the previous block's readers of K, V, dS are done */
         aj_tile_src ksrc = {prm(&e, "k"), k_base, stride_s(&e, "k"), n0, e.seq_k, p->dtype};
         aj_tile_load_f32(kb, &ksrc, p->bn, p->d, smem_k, ldk, e.tid, p->threads);
@@ -879,7 +906,7 @@ static void build_dq(aj_kb *kb, const aj_op *op, const ebwd_plan *plan)
                 LLVMValueRef j = LLVMBuildAdd(b, n0, kcols[t], "");
                 LLVMValueRef pr, ds;
                 emit_p_ds(&e, aj_kb_get(kb, s_acc[k][t]), aj_kb_get(kb, dp_acc[k][t]), gi[k],
-                          j, lse2[k], delta[k], emit_visible(&e, j, j_lo[k], j_hi[k]),
+                          j, lse2[k], delta[k], emit_visible(&e, gi[k], j, j_lo[k], j_hi[k]),
                           emit_bias_at(&e, gi[k], j), emit_keep(&e, gi[k], j), &pr, &ds);
                 aj_smem_store1(kb, smem_ds, LLVMBuildAdd(b, LLVMBuildMul(b, rows[k],
                                i32c(&e, lds), ""), kcols[t], ""), ds);
@@ -888,6 +915,8 @@ static void build_dq(aj_kb *kb, const aj_op *op, const ebwd_plan *plan)
             }
         aj_kb_barrier(kb);   /* dS complete */
         emit_accumulate(&e, dq, rm, rows, smem_ds, lds, p->bn, smem_k, ldk, p->wd);
+        if (skips)
+            aj_kb_if_end(kb);
     }
     aj_kb_for_end(kb);
 
@@ -910,8 +939,12 @@ static aj_status ebwd_build(aj_kb *kb, const aj_op *op, void *user)
     aj_status st = plan_kernel(kb->ctx, op, kb->target, &plan);
     if (st != AJ_OK)
         return st;
-    build_dkdv(kb, op, &plan);
-    build_dq(kb, op, &plan);
+    static _Thread_local aj_score_prog prog;
+    st = aj_score_prog_init(kb->ctx, op, &prog);
+    if (st != AJ_OK)
+        return st;
+    build_dkdv(kb, op, &plan, &prog);
+    build_dq(kb, op, &plan, &prog);
     return kb->st;
 }
 
@@ -921,4 +954,5 @@ const aj_template aj_template_efficient_bwd = {
     .variant = AJ_VARIANT_EFFICIENT,
     .check = ebwd_check,
     .build = ebwd_build,
+    .programs = true,
 };

@@ -358,14 +358,19 @@ static void split_conjuncts(const aj_score_prog *p, uint16_t id, uint16_t *out, 
     }
 }
 
+/* A band bound reads no tensor and no head (so that the band of a CTA's
+ * rows holds for every query head it walks): `loads` marks both. */
 static void split_band(builder *bd, uint16_t mask)
 {
     aj_score_prog *p = bd->p;
     static _Thread_local bool positional[AJ_EXPR_NODES_MAX], reads_k[AJ_EXPR_NODES_MAX],
-        loads[AJ_EXPR_NODES_MAX];
+        loads[AJ_EXPR_NODES_MAX], reads_h[AJ_EXPR_NODES_MAX];
     mark_reads(p, AJ_VAR_Q, positional);
     mark_reads(p, AJ_VAR_K, reads_k);
     mark_loads(p, loads);
+    mark_reads(p, AJ_VAR_H, reads_h);
+    for (int i = 0; i < p->e.count; i++)
+        loads[i] = loads[i] || reads_h[i];
     for (int i = 0; i < p->e.count; i++)
         positional[i] = positional[i] || reads_k[i];
     uint16_t conj[AJ_EXPR_NODES_MAX];
@@ -387,6 +392,7 @@ static void split_band(builder *bd, uint16_t mask)
 aj_status aj_score_prog_init(aj_ctx *ctx, const aj_op *op, aj_score_prog *p)
 {
     memset(p, 0, sizeof *p);
+    p->e.shared = true;
     p->mod = p->dmod = p->band_lo = p->band_hi = p->rest = NONE;
     p->tensor_count = op->tensor_count;
     memcpy(p->tensors, op->tensors, sizeof op->tensors[0] * (size_t)op->tensor_count);

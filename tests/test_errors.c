@@ -553,8 +553,7 @@ static void test_expression_ops_refused(void)
 {
     static const char *const specs[][2] = {
         {"attention forward flash { dtype = f16 head_dim = 16 mask = expr(k <= q) }", "mask"},
-        {"attention backward flash { dtype = f16 head_dim = 16 mask = expr(k <= q) }", "mask"},
-        {"attention backward efficient { dtype = f32 head_dim = 16 "
+        {"attention backward flash { dtype = f16 head_dim = 16 "
          "score_mod = expr(score * 2.0) }", "score_mod"},
     };
     const aj_target targets[] = {AJ_TARGET_SIM, AJ_TARGET_SM_80};
