@@ -55,6 +55,7 @@
 #include "ir/diag.h"
 #include "runtime/comm/comm.h"
 #include "runtime/ring.h"
+#include "templates/score.h"
 
 enum { TAG_KV = 1, TAG_DKV = 2 };
 
@@ -83,35 +84,27 @@ typedef struct ring_plan {
     size_t elem;                 /* bytes per element of the op's dtype */
     size_t k_elems, v_elems;     /* one K, V shard */
     aj_ring_stats *stats;
+    aj_score_prog prog;          /* the op's mask and score_mod (templates/score.h) */
 } ring_plan;
 
 /* ---------------------------------------------------------------- masks */
 
-/* Which of a block's (query, key) pairs the mask shows.  Row q sees keys
- * lo(q) .. hi(q) with lo(q) = q + shift - left and hi(q) = q + shift +
- * right (causal: no lo, right = 0); both grow with q, so the block
- * [q0, q1] x [k0, k1] has a visible pair iff some q in [q0, q1] has
- * hi(q) >= k0 and lo(q) <= k1, and is all visible iff lo(q1) <= k0 and
- * hi(q0) >= k1. */
-static block_kind classify(const aj_op_info *op, int64_t q0, int64_t nq, int64_t k0,
-                           int64_t nk, int64_t sq, int64_t sk)
+/* Which of a block's (query, key) pairs the mask shows, for every batch
+ * index and head: the class the kernels' own tile classification gives
+ * (templates/score.h), so a skipped block is one no kernel would touch and
+ * a full block runs the kernel without the mask. */
+static block_kind classify(const ring_plan *p, int64_t q0, int64_t nq, int64_t k0, int64_t nk)
 {
     if (nq == 0 || nk == 0)
         return BLOCK_SKIP;
-    if (op->mask == AJ_MASK_NONE)
+    if (!aj_score_has_mask(&p->prog))
         return BLOCK_FULL;
-    const int64_t shift = op->mask_align == AJ_ALIGN_BOTTOM_RIGHT ? sk - sq : 0;
-    const int64_t q1 = q0 + nq - 1, k1 = k0 + nk - 1;
-    const int64_t hi_off = shift + (op->mask == AJ_MASK_WINDOW ? op->window_right : 0);
-    const int has_lo = op->mask == AJ_MASK_WINDOW;
-    const int64_t lo_off = shift - (has_lo ? op->window_left : 0);
-    int64_t first = q0 > k0 - hi_off ? q0 : k0 - hi_off;          /* hi(q) >= k0 */
-    int64_t last = has_lo && k1 - lo_off < q1 ? k1 - lo_off : q1;  /* lo(q) <= k1 */
-    if (first > last)
-        return BLOCK_SKIP;
-    if ((!has_lo || q1 + lo_off <= k0) && q0 + hi_off >= k1)
-        return BLOCK_FULL;
-    return BLOCK_PARTIAL;
+    switch (aj_score_host_class(&p->prog, -1, -1, q0, q0 + nq - 1, k0, k0 + nk - 1, p->sq,
+                                p->sk)) {
+    case AJ_TILE_SKIP: return BLOCK_SKIP;
+    case AJ_TILE_FULL: return BLOCK_FULL;
+    default: return BLOCK_PARTIAL;
+    }
 }
 
 /* ---------------------------------------------------------------- tensors */
@@ -200,11 +193,12 @@ static aj_status plan_common(ring_plan *p, aj_ctx *ctx, aj_device *dev, aj_comm 
     if (p->op.bias != AJ_BIAS_NONE)
         return aj_fail(ctx, AJ_ERR_UNSUPPORTED, "%s: bias = add: the ring does not shard a "
                        "bias tensor", p->fn);
-    /* classify() knows the built-in masks' shapes only. */
-    if (p->op.mask == AJ_MASK_EXPR || p->op.score_mod == AJ_SCORE_MOD_EXPR)
-        return aj_fail(ctx, AJ_ERR_UNSUPPORTED, "%s: %s = expr(...): the ring does not "
-                       "classify expression blocks yet", p->fn,
-                       p->op.mask == AJ_MASK_EXPR ? "mask" : "score_mod");
+    if (p->op.num_tensors > 0)
+        return aj_fail(ctx, AJ_ERR_UNSUPPORTED, "%s: tensors = (%s ...): the ring does not "
+                       "pass side tensors to its kernels yet", p->fn, p->op.tensors[0].name);
+    st = aj_score_prog_init(ctx, op, &p->prog);
+    if (st != AJ_OK)
+        return st;
     if (p->op.accumulate)
         return aj_fail(ctx, AJ_ERR_INVALID_ARG, "%s: accumulate = true: the ring sets it on "
                        "its own kernels; pass the plain forward op", p->fn);
@@ -493,8 +487,8 @@ static aj_status fwd_block(ring_plan *p, const ring_kernels *kern, const aj_ring
     kv_tensors(p, kv, &k, &v);
     for (int i = 0; i < p->nq; i++)
         for (int j = 0; j < nk; j++) {
-            block_kind kind = classify(&p->op, p->qc[i].global, p->qc[i].len, kc[j].global,
-                                       kc[j].len, p->sq, p->sk);
+            block_kind kind = classify(p, p->qc[i].global, p->qc[i].len, kc[j].global,
+                                       kc[j].len);
             count_block(p, kind);
             if (kind == BLOCK_SKIP)
                 continue;
@@ -674,8 +668,8 @@ static aj_status bwd_block(ring_plan *p, const ring_kernels *kern, const aj_ring
     float *dk_acc = dkv, *dv_acc = dkv + p->k_elems;
     for (int i = 0; i < p->nq; i++)
         for (int j = 0; j < nk; j++) {
-            block_kind kind = classify(&p->op, p->qc[i].global, p->qc[i].len, kc[j].global,
-                                       kc[j].len, p->sq, p->sk);
+            block_kind kind = classify(p, p->qc[i].global, p->qc[i].len, kc[j].global,
+                                       kc[j].len);
             count_block(p, kind);
             if (kind == BLOCK_SKIP)
                 continue;

@@ -1137,7 +1137,7 @@ typedef struct hval {
 typedef struct hctx {
     const aj_score_prog *p;
     aj_expr_env env;       /* b, h, sq, sk; q and k unused */
-    bool any_head;         /* h unknown */
+    bool any_batch, any_head;   /* b, h unknown */
     int64_t q0, q1, k0, k1;
     hval memo[AJ_EXPR_NODES_MAX];
     bool done[AJ_EXPR_NODES_MAX];
@@ -1201,7 +1201,8 @@ static hval hv_compute(hctx *h, uint16_t id)
         return hv_unknown();
     if (op == AJ_EXPR_LIT || (op == AJ_EXPR_VAR && n->u.var != AJ_VAR_Q &&
                               n->u.var != AJ_VAR_K)) {
-        if (op == AJ_EXPR_VAR && n->u.var == AJ_VAR_H && h->any_head)
+        if (op == AJ_EXPR_VAR && ((n->u.var == AJ_VAR_H && h->any_head) ||
+                                  (n->u.var == AJ_VAR_B && h->any_batch)))
             return hv_unknown();
         return hv_point(n, aj_expr_eval(&h->p->e, id, &h->env));
     }
@@ -1364,7 +1365,8 @@ aj_tile_class aj_score_host_class(const aj_score_prog *p, int64_t b, int64_t h, 
     static _Thread_local hctx c;
     memset(&c, 0, sizeof c);
     c.p = p;
-    c.env = (aj_expr_env){.b = b, .h = h < 0 ? 0 : h, .sq = sq, .sk = sk};
+    c.env = (aj_expr_env){.b = b < 0 ? 0 : b, .h = h < 0 ? 0 : h, .sq = sq, .sk = sk};
+    c.any_batch = b < 0;
     c.any_head = h < 0;
     c.q0 = q0, c.q1 = q1, c.k0 = k0, c.k1 = k1;
     bool skip = false, full = true;

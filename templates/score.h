@@ -163,7 +163,7 @@ LLVMValueRef aj_score_tile_class(aj_score *s, LLVMValueRef i0, LLVMValueRef i1,
                                  LLVMValueRef j0, LLVMValueRef j1);
 
 /* Host: the class of q in [q0, q1] x k in [k0, k1] (global positions) at
- * batch b, head h (h < 0: any head) with totals sq, sk; loads count as
+ * batch b, head h (b < 0, h < 0: any) with totals sq, sk; loads count as
  * unknown.  The same arithmetic as aj_score_tile_class. */
 aj_tile_class aj_score_host_class(const aj_score_prog *p, int64_t b, int64_t h, int64_t q0,
                                   int64_t q1, int64_t k0, int64_t k1, int64_t sq, int64_t sk);
