@@ -901,6 +901,77 @@ static LLVMValueRef fminmax(aj_kb *kb, int is_min, LLVMValueRef a, LLVMValueRef 
     return call_intrinsic(kb, is_min ? "llvm.minnum" : "llvm.maxnum", args, 2);
 }
 
+/*
+ * A load over a box of indices: the hull of the values inside the tensor,
+ * and 0 where the box reaches past it.  Boxes of more than SCAN_MAX
+ * elements are not read: unknown.  (A document mask's doc[b, q] over a
+ * tile's rows is a box of block_m elements.)
+ */
+#define SCAN_MAX 4096
+
+static ival iv_load(iemitter *m, const aj_expr_node *n, const ival *idx)
+{
+    aj_kb *kb = m->pt.s->kb;
+    LLVMBuilderRef b = kb->b;
+    const aj_tensor_decl *d = &m->pt.s->p->tensors[n->u.tensor];
+    int fl = d->dtype == AJ_SIDE_F32;
+    LLVMValueRef zero64 = aj_kb_i64(kb, 0), one64 = aj_kb_i64(kb, 1);
+    LLVMValueRef outside = LLVMConstInt(kb->t_i1, 0, 0), count = one64;
+    LLVMValueRef lo[AJ_EXPR_RANK_MAX], ext[AJ_EXPR_RANK_MAX], stride[AJ_EXPR_RANK_MAX];
+    char name[64];
+    for (int k = 0; k < d->rank; k++) {
+        aj_score_param_name(name, sizeof name, d->name, 's', k);
+        LLVMValueRef size = aj_kb_param(kb, name);
+        aj_score_param_name(name, sizeof name, d->name, 't', k);
+        stride[k] = aj_kb_param(kb, name);
+        outside = LLVMBuildOr(b, outside, LLVMBuildOr(b,
+                              LLVMBuildICmp(b, LLVMIntSLT, idx[k].lo, zero64, ""),
+                              LLVMBuildICmp(b, LLVMIntSGE, idx[k].hi, size, ""), ""), "");
+        lo[k] = aj_kb_smax(kb, idx[k].lo, zero64);
+        LLVMValueRef hi = aj_kb_smin(kb, idx[k].hi, LLVMBuildSub(b, size, one64, ""));
+        ext[k] = aj_kb_smax(kb, LLVMBuildAdd(b, LLVMBuildSub(b, hi, lo[k], ""), one64, ""),
+                            zero64);
+        /* products of extents past SCAN_MAX stop mattering: saturate */
+        count = aj_kb_smin(kb, LLVMBuildMul(b, count, aj_kb_smin(kb, ext[k],
+                                                                 aj_kb_i64(kb, SCAN_MAX + 1)),
+                                            ""), aj_kb_i64(kb, SCAN_MAX + 1));
+    }
+    LLVMTypeRef vt = fl ? kb->t_f32 : kb->t_i64;
+    LLVMValueRef top = fl ? aj_kb_f32(kb, INFINITY) : aj_kb_i64(kb, INT64_MAX);
+    LLVMValueRef bottom = fl ? aj_kb_f32(kb, -INFINITY) : aj_kb_i64(kb, INT64_MIN);
+    LLVMValueRef vmin = aj_kb_var(kb, vt, top, "scan_min");
+    LLVMValueRef vmax = aj_kb_var(kb, vt, bottom, "scan_max");
+    LLVMValueRef small = LLVMBuildICmp(b, LLVMIntSLE, count, aj_kb_i64(kb, SCAN_MAX), "");
+    LLVMValueRef t = aj_kb_for_begin(kb, zero64, LLVMBuildSelect(b, small, count, zero64, ""),
+                                     one64, "scan");
+    {
+        LLVMValueRef at = zero64, rest = t;
+        for (int k = d->rank - 1; k >= 0; k--) {
+            LLVMValueRef e = aj_kb_smax(kb, ext[k], one64);
+            LLVMValueRef i = LLVMBuildAdd(b, lo[k], LLVMBuildSRem(b, rest, e, ""), "");
+            rest = LLVMBuildSDiv(b, rest, e, "");
+            at = LLVMBuildAdd(b, at, LLVMBuildMul(b, i, stride[k], ""), "");
+        }
+        LLVMValueRef v = aj_kb_load(kb, fl ? kb->t_f32 : kb->t_i32,
+                                    aj_kb_gptr_offset(kb, aj_kb_param(kb, d->name),
+                                                      LLVMBuildShl(b, at, aj_kb_i64(kb, 2), "")),
+                                    4);
+        if (!fl)
+            v = LLVMBuildSExt(b, v, kb->t_i64, "");
+        LLVMValueRef mn = aj_kb_get(kb, vmin), mx = aj_kb_get(kb, vmax);
+        aj_kb_set(kb, vmin, fl ? fminmax(kb, 1, mn, v) : aj_kb_smin(kb, mn, v));
+        aj_kb_set(kb, vmax, fl ? fminmax(kb, 0, mx, v) : aj_kb_smax(kb, mx, v));
+    }
+    aj_kb_for_end(kb);
+    LLVMValueRef z = fl ? aj_kb_f32(kb, 0) : zero64;
+    LLVMValueRef mn = aj_kb_get(kb, vmin), mx = aj_kb_get(kb, vmax);
+    mn = sel(kb, outside, fl ? fminmax(kb, 1, mn, z) : aj_kb_smin(kb, mn, z), mn);
+    mx = sel(kb, outside, fl ? fminmax(kb, 0, mx, z) : aj_kb_smax(kb, mx, z), mx);
+    ival u = iv_unknown(kb, fl ? AJ_EXPR_FLOAT : AJ_EXPR_INT);
+    return (ival){sel(kb, small, mn, u.lo), sel(kb, small, mx, u.hi)};
+}
+
+
 static ival iv_minmax(aj_kb *kb, aj_expr_type t, int is_min, ival a, ival b)
 {
     if (t == AJ_EXPR_FLOAT)
@@ -963,12 +1034,12 @@ static ival iv_compute(iemitter *m, uint16_t id)
     }
     if (op == AJ_EXPR_VAR)
         return n->u.var == AJ_VAR_Q ? (ival){m->q0, m->q1} : (ival){m->k0, m->k1};
-    if (op == AJ_EXPR_LOAD)
-        return iv_unknown(kb, t);
-    ival x[3];
+    ival x[AJ_EXPR_RANK_MAX];
     int ar = aj_expr_arity(n);
     for (int i = 0; i < ar; i++)
         x[i] = iv_node(m, n->args[i]);
+    if (op == AJ_EXPR_LOAD)
+        return iv_load(m, n, x);
     aj_expr_type at = (aj_expr_type)m->pt.s->p->e.nodes[n->args[0]].type;
     int fl = t == AJ_EXPR_FLOAT;
     switch (op) {
@@ -1137,6 +1208,7 @@ typedef struct hval {
 typedef struct hctx {
     const aj_score_prog *p;
     aj_expr_env env;       /* b, h, sq, sk; q and k unused */
+    const aj_expr_tensor *tensors;   /* NULL: loads are unknown */
     bool any_batch, any_head;   /* b, h unknown */
     int64_t q0, q1, k0, k1;
     hval memo[AJ_EXPR_NODES_MAX];
@@ -1189,6 +1261,43 @@ static bool ult(bool fl, const hval *a, int a_hi, const hval *b, int b_hi, bool 
 
 static hval hv_node(hctx *h, uint16_t id);
 
+/* iv_load's rule on host data. */
+static hval hv_load(const aj_expr_tensor *t, const hval *idx)
+{
+    bool fl = t->dtype == AJ_SIDE_F32, outside = false;
+    int64_t lo[AJ_EXPR_RANK_MAX], ext[AJ_EXPR_RANK_MAX], count = 1;
+    for (int k = 0; k < t->rank; k++) {
+        outside = outside || idx[k].lo < 0 || idx[k].hi >= t->sizes[k];
+        lo[k] = idx[k].lo < 0 ? 0 : idx[k].lo;
+        int64_t hi = idx[k].hi < t->sizes[k] - 1 ? idx[k].hi : t->sizes[k] - 1;
+        ext[k] = hi - lo[k] + 1 > 0 ? hi - lo[k] + 1 : 0;
+        count *= ext[k] < SCAN_MAX + 1 ? ext[k] : SCAN_MAX + 1;
+        count = count < SCAN_MAX + 1 ? count : SCAN_MAX + 1;
+    }
+    if (count > SCAN_MAX)
+        return hv_unknown();
+    hval r = {INT64_MAX, INT64_MIN, INFINITY, -INFINITY, false, false};
+    for (int64_t e = 0; e < count; e++) {
+        int64_t at = 0, rest = e;
+        for (int k = t->rank - 1; k >= 0; k--) {
+            at += (lo[k] + rest % ext[k]) * t->strides[k];
+            rest /= ext[k];
+        }
+        if (fl) {
+            float v = ((const float *)t->data)[at];
+            r.flo = fminf(r.flo, v), r.fhi = fmaxf(r.fhi, v);
+        } else {
+            int64_t v = ((const int32_t *)t->data)[at];
+            r.lo = v < r.lo ? v : r.lo, r.hi = v > r.hi ? v : r.hi;
+        }
+    }
+    if (outside) {
+        r.flo = fminf(r.flo, 0), r.fhi = fmaxf(r.fhi, 0);
+        r.lo = r.lo < 0 ? r.lo : 0, r.hi = r.hi > 0 ? r.hi : 0;
+    }
+    return r;
+}
+
 /* Leaves are points (h unknown for any head; loads unknown: the host has
  * no tensor data), so a tree that reads no position comes out a point. */
 static hval hv_compute(hctx *h, uint16_t id)
@@ -1197,7 +1306,7 @@ static hval hv_compute(hctx *h, uint16_t id)
     aj_expr_op op = (aj_expr_op)n->op;
     aj_expr_type t = (aj_expr_type)n->type;
     bool fl = t == AJ_EXPR_FLOAT;
-    if (op == AJ_EXPR_LOAD)
+    if (op == AJ_EXPR_LOAD && !h->tensors)
         return hv_unknown();
     if (op == AJ_EXPR_LIT || (op == AJ_EXPR_VAR && n->u.var != AJ_VAR_Q &&
                               n->u.var != AJ_VAR_K)) {
@@ -1209,10 +1318,12 @@ static hval hv_compute(hctx *h, uint16_t id)
     if (op == AJ_EXPR_VAR)
         return n->u.var == AJ_VAR_Q ? (hval){.lo = h->q0, .hi = h->q1}
                                     : (hval){.lo = h->k0, .hi = h->k1};
-    hval x[3];
+    hval x[AJ_EXPR_RANK_MAX];
     int ar = aj_expr_arity(n);
     for (int i = 0; i < ar; i++)
         x[i] = hv_node(h, n->args[i]);
+    if (op == AJ_EXPR_LOAD)
+        return hv_load(&h->tensors[n->u.tensor], x);
     aj_expr_type at = (aj_expr_type)h->p->e.nodes[n->args[0]].type;
     bool point1 = ar > 1 && (at == AJ_EXPR_FLOAT ? x[1].flo == x[1].fhi : x[1].lo == x[1].hi);
     bool point0 = at == AJ_EXPR_FLOAT ? x[0].flo == x[0].fhi : x[0].lo == x[0].hi;
@@ -1359,14 +1470,16 @@ static hval hv_node(hctx *h, uint16_t id)
     return h->memo[id];
 }
 
-aj_tile_class aj_score_host_class(const aj_score_prog *p, int64_t b, int64_t h, int64_t q0,
-                                  int64_t q1, int64_t k0, int64_t k1, int64_t sq, int64_t sk)
+aj_tile_class aj_score_host_class(const aj_score_prog *p, const aj_expr_tensor *tensors,
+                                  int64_t b, int64_t h, int64_t q0, int64_t q1, int64_t k0,
+                                  int64_t k1, int64_t sq, int64_t sk)
 {
     static _Thread_local hctx c;
     memset(&c, 0, sizeof c);
     c.p = p;
     c.env = (aj_expr_env){.b = b < 0 ? 0 : b, .h = h < 0 ? 0 : h, .sq = sq, .sk = sk};
     c.any_batch = b < 0;
+    c.tensors = tensors;
     c.any_head = h < 0;
     c.q0 = q0, c.q1 = q1, c.k0 = k0, c.k1 = k1;
     bool skip = false, full = true;

@@ -32,8 +32,10 @@
  * rest of the mask is evaluated per element as written, and per tile by
  * interval arithmetic over the tile's positions, which is exact for sums
  * and differences of positions, floor division by a constant and
- * comparisons of them (chunked and prefix masks), and says "partial" where
- * it cannot tell (a load at a position range: data-dependent masks).
+ * comparisons of them (chunked and prefix masks); a load over a range of
+ * positions reads the tensor over that box (up to 4096 elements) and takes
+ * the hull of its values, which decides a document mask's tiles; where it
+ * cannot tell it says "partial".
  *
  * Positions, totals and b, h are i64 in the programs; local indices i, j
  * are i32 (scalar), or j an <W x i32> (the cpu kernels' vectors: every
@@ -163,9 +165,11 @@ LLVMValueRef aj_score_tile_class(aj_score *s, LLVMValueRef i0, LLVMValueRef i1,
                                  LLVMValueRef j0, LLVMValueRef j1);
 
 /* Host: the class of q in [q0, q1] x k in [k0, k1] (global positions) at
- * batch b, head h (b < 0, h < 0: any) with totals sq, sk; loads count as
- * unknown.  The same arithmetic as aj_score_tile_class. */
-aj_tile_class aj_score_host_class(const aj_score_prog *p, int64_t b, int64_t h, int64_t q0,
-                                  int64_t q1, int64_t k0, int64_t k1, int64_t sq, int64_t sk);
+ * batch b, head h (b < 0, h < 0: any) with totals sq, sk, reading the side
+ * tensors in host memory (in the program's tensor order; NULL: loads are
+ * unknown).  The same arithmetic as aj_score_tile_class. */
+aj_tile_class aj_score_host_class(const aj_score_prog *p, const aj_expr_tensor *tensors,
+                                  int64_t b, int64_t h, int64_t q0, int64_t q1, int64_t k0,
+                                  int64_t k1, int64_t sq, int64_t sk);
 
 #endif /* AJ_TEMPLATES_SCORE_H */

@@ -233,11 +233,13 @@ static void test_builtins(void)
 /* ---------------------------------------------------------------- classes */
 
 /* Position-by-position class of a tile (the reference interpreter). */
-static aj_tile_class brute_class(const aj_op *op, int64_t b, int64_t h, int64_t q0, int64_t q1,
-                                 int64_t k0, int64_t k1, int64_t sq, int64_t sk)
+static aj_tile_class brute_class(const aj_op *op, const aj_expr_tensor *tensors, int64_t b,
+                                 int64_t h, int64_t q0, int64_t q1, int64_t k0, int64_t k1,
+                                 int64_t sq, int64_t sk)
 {
     bool any = false, all = true;
-    aj_expr_env env = {.b = b, .h = h, .sq = sq, .sk = sk};
+    aj_expr_env env = {.b = b, .h = h, .sq = sq, .sk = sk, .tensors = tensors,
+                       .tensor_count = tensors ? 1 : 0};
     for (int64_t q = q0; q <= q1; q++)
         for (int64_t k = k0; k <= k1; k++) {
             env.q = q, env.k = k;
@@ -250,7 +252,9 @@ static aj_tile_class brute_class(const aj_op *op, int64_t b, int64_t h, int64_t 
 
 static void test_classes(void)
 {
-    /* exact: bands, chunks, sinks; sound only: the others */
+    /* exact: bands, chunks, documents aligned with the tiles; sound only:
+     * the others.  doc[0, t]: documents of 20 tokens (aligned), then of 7
+     * (straddling tiles) past 50; seg[t] the same as f32. */
     static const struct { const char *mask; bool exact; } masks[] = {
         {"k <= q", true},
         {"k <= q + (sk - sq)", true},
@@ -260,12 +264,20 @@ static void test_classes(void)
         {"k % 7 == q % 7", false},
         {"abs(q - k) * 2 <= 11 || k == 0", false},
         {"min(q, 40) >= k - 3", false},
+        {"doc[b, q] == doc[b, k] && k <= q", false},
+        {"doc[b, min(q, 49)] == doc[b, min(k, 49)]", true},
+        {"doc[b, q + 200] == doc[b, k]", false},
+        {"doc[b, q] != doc[b, k] || k >= q", false},
     };
+    static int32_t doc[90];
+    for (int t = 0; t < 90; t++)
+        doc[t] = t < 50 ? t / 20 : 3 + (t - 50) / 7;
+    const aj_expr_tensor doc_t = {doc, AJ_SIDE_I32, 2, {1, 90}, {90, 1}};
     int counts[3] = {0, 0, 0}, brute[3] = {0, 0, 0};
     for (size_t m = 0; m < sizeof masks / sizeof masks[0]; m++) {
         char spec[512];
         snprintf(spec, sizeof spec, "attention forward efficient { dtype = f16 head_dim = 16 "
-                 "mask = expr(%s) }", masks[m].mask);
+                 "tensors = (doc: i32[2]) mask = expr(%s) }", masks[m].mask);
         aj_op *op = NULL;
         CHECK_STATUS(ctx, aj_op_parse(ctx, spec, strlen(spec), "classes", &op), AJ_OK);
         if (!op)
@@ -276,8 +288,10 @@ static void test_classes(void)
         for (int tq = 0; tq < 7; tq++)
             for (int tk = 0; tk < 9; tk++) {
                 int64_t q0 = tq * 10, k0 = tk * 10;
-                aj_tile_class got = aj_score_host_class(&prog, 0, 1, q0, q0 + 9, k0, k0 + 9, sq, sk);
-                aj_tile_class want = brute_class(op, 0, 1, q0, q0 + 9, k0, k0 + 9, sq, sk);
+                aj_tile_class got = aj_score_host_class(&prog, &doc_t, 0, 1, q0, q0 + 9, k0,
+                                                        k0 + 9, sq, sk);
+                aj_tile_class want = brute_class(op, &doc_t, 0, 1, q0, q0 + 9, k0, k0 + 9, sq,
+                                                 sk);
                 counts[got]++;
                 brute[want]++;
                 if (masks[m].exact)
