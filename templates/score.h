@@ -48,12 +48,7 @@
 #include "ir/expr.h"
 #include "ir/op.h"
 
-/* Tile classes. */
-typedef enum aj_tile_class {
-    AJ_TILE_SKIP = 0,      /* no element visible: the tile is not visited */
-    AJ_TILE_PARTIAL = 1,   /* some may be: test each element */
-    AJ_TILE_FULL = 2,      /* every element (inside the lengths) visible */
-} aj_tile_class;
+/* Tile classes: aj_tile_class (attnjit.h). */
 
 /* The programs of an op (a value; no pointers into the op). */
 typedef struct aj_score_prog {

@@ -106,7 +106,7 @@ awk '/^```sh$/ { sh = 1; next }
          cmd = more ? cmd " " $0 : substr($0, 3)
          more = sub(/ *\\$/, "", cmd)
          if (!more) print cmd
-     }' "$root/docs/cli.md" | grep -E '^(attnjit run|perl scripts/npy_random.pl) ' > "$tmp/docs.sh"
+     }' "$root/docs/cli.md" | grep -E '^(attnjit run|perl scripts/npy_(random|docs).pl) ' > "$tmp/docs.sh"
 runs=0
 while IFS= read -r cmd; do
     case $cmd in
@@ -118,9 +118,24 @@ done < "$tmp/docs.sh"
 if [ "$runs" -ge 4 ]; then passed=$((passed + 1)); else
     echo "FAIL: docs/cli.md gave $runs attnjit run examples, want the backward and merge ones"
     failed=$((failed + 1)); fi
-for f in dq dk dv o_all lse_all; do
+for f in dq dk dv o_all lse_all o_doc; do
     expect 0 "NUMPY" head -c 6 "$tmp/docs/$f.npy"
 done
+# -v's tile counts of the document mask: 8 documents of one 32 x 32 tile
+# each per head, causal inside: 16 partial tiles, the other 112 skipped
+expect 0 "tiles of 32 x 32: 112 skipped, 16 partial, 0 full" bash -c \
+    "cd '$tmp/docs' && '$aj' run examples/scores/document_mask.aj --device sim -v \
+     --in q=dq.npy --in k=dk.npy --in v=dv.npy --in doc=doc.npy --out o=o_doc.npy"
+# side tensors' errors name the tensor
+expect 1 "the op declares tensors = (doc: i32[2] ...); give --in doc=FILE" bash -c \
+    "cd '$tmp/docs' && '$aj' run examples/scores/document_mask.aj --device sim \
+     --in q=dq.npy --in k=dk.npy --in v=dv.npy --out o=o_doc.npy"
+expect 1 "unknown tensor 'dok': not one of run's" bash -c \
+    "cd '$tmp/docs' && '$aj' run examples/scores/document_mask.aj --device sim \
+     --in q=dq.npy --in k=dk.npy --in v=dv.npy --in doc=doc.npy --in dok=doc.npy --out o=o.npy"
+expect 2 "doc (i32[2]): dq.npy: dtype '<f4' is not int32; expected '<i4'" bash -c \
+    "cd '$tmp/docs' && '$aj' run examples/scores/document_mask.aj --device sim \
+     --in q=dq.npy --in k=dk.npy --in v=dv.npy --in doc=dq.npy --out o=o.npy"
 
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

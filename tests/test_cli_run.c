@@ -427,8 +427,11 @@ static void test_run_errors(void)
         {"run OP --device sim --in q=Q --in k=K --in v=V --in q=Q --out o=O", 1,
          "q given twice"},
         {"run OP --device sim --in x=Q --in k=K --in v=V --out o=O", 1,
-         "attnjit: unknown tensor 'x' (run's tensors: q, k, v, alibi_slopes, bias, o, lse, "
-         "o_acc, do, dq, dk, dv, dbias, o1, lse1, o2, lse2)\n"},
+         "attnjit: unknown tensor 'x': not one of run's (q, k, v, alibi_slopes, bias, o, lse, "
+         "o_acc, do, dq, dk, dv, dbias, o1, lse1, o2, lse2) nor a side tensor the op "
+         "declares\n"},
+        {"run OP --device sim --in q=Q --in k=K --in v=V --out x=O", 1,
+         "attnjit: unknown tensor 'x' (run's outputs: o, lse, o_acc, dq, dk, dv, dbias)\n"},
         {"run OP --device sim --in q=Q --in k=K --in v=V --out q=O", 1,
          "attnjit: 'q' is an input of forward ops, not an output\n"},
         {"run OP --device sim --in q=Q --in k=K --in v=V --out o=O --q-offset ten", 1,

@@ -52,6 +52,12 @@ typedef struct cli_run_opts {
     uint64_t seed, offset;
     int workers;
     int no_cache;
+    int verbose;             /* -v: the launch's tile classes */
+    /* --in NAME=FILE for names not in the table: the op's side tensors
+     * (checked against its declarations once the op is read) */
+    const char *side_name[AJ_OP_TENSORS_MAX], *side_file[AJ_OP_TENSORS_MAX];
+    size_t side_len[AJ_OP_TENSORS_MAX];
+    int num_side;
 } cli_run_opts;
 
 int cli_parse_run_args(int argc, char **argv, cli_run_opts *out);

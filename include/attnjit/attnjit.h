@@ -606,6 +606,46 @@ typedef struct aj_fwd_args {
 aj_status aj_forward(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
                      const aj_fwd_args *args);
 
+/*
+ * Tile classes (docs/ir.md, "Block sparsity").  A kernel cuts the
+ * attention matrix of each (batch, head) into tiles of block_m query rows
+ * by block_n keys (its schedule) and classifies each by its mask, with the
+ * rule of templates/score.h (interval arithmetic over the tile's positions
+ * and the side tensors' values): skipped tiles are never visited, full
+ * tiles run without per-element mask tests.  A block mask holds the classes
+ * of every tile of a launch, for a padded forward op, its sizes, offsets,
+ * totals and side tensors (aj_fwd_args); the kernels classify their tiles
+ * themselves by the same rule, so a block mask is for knowing the
+ * sparsity (counts, per-tile classes), and it can be kept and read for as
+ * long as those arguments hold (it copies what it reads).
+ */
+typedef enum aj_tile_class {
+    AJ_TILE_SKIP = 0,      /* no element visible: not visited */
+    AJ_TILE_PARTIAL = 1,   /* some may be: each element tested */
+    AJ_TILE_FULL = 2,      /* every element (inside the lengths) visible */
+    AJ_TILE_CLASS_COUNT
+} aj_tile_class;
+
+typedef struct aj_block_mask aj_block_mask;
+
+typedef struct aj_tile_counts {
+    int64_t tiles[AJ_TILE_CLASS_COUNT];   /* by aj_tile_class */
+    int32_t block_m, block_n;             /* the kernel's tile */
+} aj_tile_counts;
+
+/* Classifies the tiles of kernel (compiled from op) for a launch with
+ * `args` on dev (the side tensors are read back from the device).  *out is
+ * freed with aj_block_mask_destroy. */
+aj_status aj_block_mask_create(aj_ctx *ctx, aj_device *dev, const aj_op *op,
+                               const aj_kernel *kernel, const aj_fwd_args *args,
+                               aj_block_mask **out);
+void aj_block_mask_destroy(aj_block_mask *mask);
+/* How many tiles of each class, over every (batch, head). */
+aj_status aj_block_mask_counts(const aj_block_mask *mask, aj_tile_counts *out);
+/* The class of the tile of query block m and key block n of (b, h). */
+aj_status aj_block_mask_class(const aj_block_mask *mask, int64_t b, int64_t h, int64_t m,
+                              int64_t n, aj_tile_class *out);
+
 /* Arguments of a backward pass (kernels of `attention backward efficient`
  * and `attention backward flash`).
  * Shapes as aj_fwd_args:
