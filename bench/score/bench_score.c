@@ -1,0 +1,229 @@
+/*
+ * bench_score.c -- what score programs cost, each against its baseline in
+ * the same run, interleaved (bench/README.md):
+ *
+ *   causal as an expression   `mask = expr(k <= q)` vs `causal(top_left)`
+ *   document mask             8 equal documents (causal inside each) vs
+ *                             the same op unmasked: the tiles across
+ *                             documents are skipped
+ *   block mask                aj_block_mask_create at S vs one forward of
+ *                             the document mask at S
+ *
+ * bench_score [--device cpu|sim] [--variant efficient|flash] [--seq S]
+ *             [--mask-seq S] [--heads H] [--dim D] [--repeat N]
+ * Defaults: cpu, S 4096 for the first two, 8192 for the block mask, B1 H4
+ * d64 bf16, 5 repeats (the median is reported).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "attnjit/attnjit.h"
+
+static aj_ctx *ctx;
+static aj_device *dev;
+static const char *variant = "efficient";
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double median(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+static void die(const char *what)
+{
+    fprintf(stderr, "bench_score: %s: %s\n", what, aj_last_error(ctx));
+    exit(1);
+}
+
+/* One problem: its op, kernel, device tensors and arguments. */
+typedef struct problem {
+    aj_op *op;
+    aj_kernel *kernel;
+    void *mem[6];
+    int32_t *doc_host;
+    aj_side_tensor side;
+    aj_fwd_args args;
+} problem;
+
+static void *device_tensor(size_t bytes, const void *init)
+{
+    void *p = NULL;
+    if (aj_device_alloc(dev, bytes, &p) != AJ_OK)
+        die("alloc");
+    if (init && aj_device_copy_to(dev, p, init, bytes) != AJ_OK)
+        die("copy");
+    return p;
+}
+
+static void problem_make(problem *p, const char *fields, int S, int H, int D)
+{
+    memset(p, 0, sizeof *p);
+    char spec[512];
+    snprintf(spec, sizeof spec, "attention forward %s { dtype = bf16 head_dim = %d %s }",
+             variant, D, fields);
+    if (aj_op_parse(ctx, spec, strlen(spec), "bench", &p->op) != AJ_OK)
+        die(spec);
+    aj_compile_options opt = AJ_COMPILE_OPTIONS_INIT;
+    opt.target = aj_device_target(dev);
+    if (aj_compile(ctx, p->op, &opt, &p->kernel) != AJ_OK)
+        die(spec);
+    size_t n = (size_t)H * S * D;
+    uint16_t *init = malloc(n * 2);
+    uint64_t x = 12345;
+    for (size_t i = 0; i < n; i++) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        float f = (float)((double)(x >> 40) / 16777216.0 - 0.5);
+        aj_convert(&f, AJ_DTYPE_F32, &init[i], AJ_DTYPE_BF16, 1);
+    }
+    aj_tensor *ts[4] = {&p->args.q, &p->args.k, &p->args.v, &p->args.o};
+    p->args = (aj_fwd_args)AJ_FWD_ARGS_INIT;
+    for (int t = 0; t < 4; t++) {
+        p->mem[t] = device_tensor(n * 2, t < 3 ? init : NULL);
+        *ts[t] = (aj_tensor){p->mem[t], AJ_DTYPE_BF16, 4, {1, H, S, D},
+                             {(int64_t)H * S * D, (int64_t)S * D, D, 1}};
+    }
+    p->mem[4] = device_tensor((size_t)H * S * 4, NULL);
+    p->args.lse = (aj_tensor){p->mem[4], AJ_DTYPE_F32, 3, {1, H, S}, {(int64_t)H * S, S, 1}};
+    free(init);
+    /* 8 equal documents, for the ops that declare `doc` */
+    p->doc_host = malloc((size_t)S * sizeof *p->doc_host);
+    for (int t = 0; t < S; t++)
+        p->doc_host[t] = t / (S / 8);
+    p->mem[5] = device_tensor((size_t)S * 4, p->doc_host);
+    p->side = (aj_side_tensor){"doc", p->mem[5], AJ_SIDE_I32, 2, {1, S}, {S, 1}};
+    aj_op_info info;
+    aj_op_get_info(p->op, &info);
+    if (info.num_tensors) {
+        p->args.side = &p->side;
+        p->args.num_side = 1;
+    }
+}
+
+static void problem_free(problem *p)
+{
+    for (int i = 0; i < 6; i++)
+        aj_device_free(dev, p->mem[i]);
+    free(p->doc_host);
+    aj_kernel_destroy(p->kernel);
+    aj_op_destroy(p->op);
+}
+
+static double run_once(problem *p)
+{
+    double t0 = now_s();
+    if (aj_forward(ctx, dev, p->kernel, &p->args) != AJ_OK ||
+        aj_device_synchronize(dev, NULL) != AJ_OK)
+        die("forward");
+    return now_s() - t0;
+}
+
+/* Medians of a and b timed in turn (a, b, a, b, ...) after one warm-up each. */
+static void interleave(problem *a, problem *b, int repeat, double *ta, double *tb)
+{
+    double xa[64], xb[64];
+    run_once(a);
+    run_once(b);
+    for (int r = 0; r < repeat; r++) {
+        xa[r] = run_once(a);
+        xb[r] = run_once(b);
+    }
+    *ta = median(xa, repeat);
+    *tb = median(xb, repeat);
+}
+
+int main(int argc, char **argv)
+{
+    const char *device = "cpu";
+    int S = 4096, SM = 8192, H = 4, D = 64, repeat = 5;
+    for (int i = 1; i + 1 < argc; i += 2) {
+        if (strcmp(argv[i], "--device") == 0)
+            device = argv[i + 1];
+        else if (strcmp(argv[i], "--seq") == 0)
+            S = atoi(argv[i + 1]);
+        else if (strcmp(argv[i], "--mask-seq") == 0)
+            SM = atoi(argv[i + 1]);
+        else if (strcmp(argv[i], "--heads") == 0)
+            H = atoi(argv[i + 1]);
+        else if (strcmp(argv[i], "--dim") == 0)
+            D = atoi(argv[i + 1]);
+        else if (strcmp(argv[i], "--repeat") == 0)
+            repeat = atoi(argv[i + 1]);
+        else if (strcmp(argv[i], "--variant") == 0)
+            variant = argv[i + 1];
+    }
+    if (repeat < 1 || repeat > 64 || S < 8 || SM < 8) {
+        fprintf(stderr, "bench_score: --repeat 1..64, --seq and --mask-seq >= 8\n");
+        return 2;
+    }
+    if (aj_ctx_create(NULL, &ctx) != AJ_OK)
+        return 1;
+    if (aj_device_open(ctx, strcmp(device, "sim") == 0 ? AJ_DEVICE_SIM : AJ_DEVICE_CPU, 0,
+                       &dev) != AJ_OK)
+        die("device");
+    printf("bench_score on %s: %s forward, B1 H%d d%d bf16, median of %d, interleaved\n\n",
+           aj_device_name(dev), variant, H, D, repeat);
+    printf("| case | S | baseline ms | case ms | case / baseline |\n|---|---|---|---|---|\n");
+
+    problem builtin, expr;
+    problem_make(&builtin, "mask = causal(top_left)", S, H, D);
+    problem_make(&expr, "mask = expr(k <= q)", S, H, D);
+    double tb, te;
+    interleave(&builtin, &expr, repeat, &tb, &te);
+    printf("| causal as expr(k <= q) vs causal(top_left) | %d | %.2f | %.2f | %.3f |\n", S,
+           tb * 1e3, te * 1e3, te / tb);
+    problem_free(&builtin);
+    problem_free(&expr);
+
+    problem plain, doc;
+    problem_make(&plain, "", S, H, D);
+    problem_make(&doc, "tensors = (doc: i32[2]) mask = expr(doc[b, q] == doc[b, k] && k <= q)",
+                 S, H, D);
+    double tp, td;
+    interleave(&plain, &doc, repeat, &tp, &td);
+    printf("| document mask, 8 equal documents, vs unmasked | %d | %.2f | %.2f | %.3f |\n", S,
+           tp * 1e3, td * 1e3, td / tp);
+    problem_free(&plain);
+    problem_free(&doc);
+
+    problem big;
+    problem_make(&big, "tensors = (doc: i32[2]) mask = expr(doc[b, q] == doc[b, k] && k <= q)",
+                 SM, H, D);
+    double xf[64], xm[64];
+    aj_tile_counts counts;
+    run_once(&big);
+    for (int r = 0; r < repeat; r++) {
+        xf[r] = run_once(&big);
+        double t0 = now_s();
+        aj_block_mask *m = NULL;
+        if (aj_block_mask_create(ctx, dev, big.op, big.kernel, &big.args, &m) != AJ_OK)
+            die("block mask");
+        xm[r] = now_s() - t0;
+        aj_block_mask_counts(m, &counts);
+        aj_block_mask_destroy(m);
+    }
+    double tf = median(xf, repeat), tm = median(xm, repeat);
+    printf("| block mask (%lld skip, %lld partial, %lld full tiles of %d x %d) vs one forward "
+           "| %d | %.2f | %.2f | %.3f |\n",
+           (long long)counts.tiles[AJ_TILE_SKIP], (long long)counts.tiles[AJ_TILE_PARTIAL],
+           (long long)counts.tiles[AJ_TILE_FULL], counts.block_m, counts.block_n, SM, tf * 1e3,
+           tm * 1e3, tm / tf);
+    problem_free(&big);
+    aj_device_close(dev);
+    aj_ctx_destroy(ctx);
+    return 0;
+}
