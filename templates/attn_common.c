@@ -162,6 +162,32 @@ LLVMValueRef aj_attn_dropout_keep(aj_kb *kb, const aj_attn_dropout *d, double p,
     return LLVMBuildICmp(b, LLVMIntUGE, u24, aj_kb_i32(kb, (int64_t)threshold), "keep");
 }
 
+/* P = exp2(s2 - lse2) where visible, dropped P m for dV, and
+ * dS = P (dP m - Delta) times the score_mod's derivative `chain` (NULL: 1;
+ * 0 where hidden, whatever the derivative is there). */
+static void p_ds_from_score(aj_kb *kb, const aj_op *op, LLVMValueRef s2, LLVMValueRef dp,
+                            LLVMValueRef lse2, LLVMValueRef delta, LLVMValueRef visible,
+                            LLVMValueRef keep, LLVMValueRef chain, LLVMValueRef *p_out,
+                            LLVMValueRef *ds_out)
+{
+    LLVMBuilderRef b = kb->b;
+    /* hidden elements never reach the exp: a row without keys has
+     * LSE = -inf and would give -inf - -inf */
+    LLVMValueRef pr = aj_kb_exp2(kb, LLVMBuildFSub(b, s2, lse2, ""));
+    pr = LLVMBuildSelect(b, visible, pr, aj_kb_f32(kb, 0), "");
+    LLVMValueRef pd = pr;
+    if (keep) {   /* m = keep / (1 - p) scales P for dV and dO . v for dP */
+        LLVMValueRef inv = aj_kb_f32(kb, 1.0 / (1.0 - op->dropout)), zero = aj_kb_f32(kb, 0);
+        pd = LLVMBuildSelect(b, keep, LLVMBuildFMul(b, pr, inv, ""), zero, "");
+        dp = LLVMBuildSelect(b, keep, LLVMBuildFMul(b, dp, inv, ""), zero, "");
+    }
+    LLVMValueRef ds = LLVMBuildFMul(b, pr, LLVMBuildFSub(b, dp, delta, ""), "");
+    if (chain)
+        ds = LLVMBuildSelect(b, visible, LLVMBuildFMul(b, ds, chain, ""), aj_kb_f32(kb, 0), "");
+    *p_out = pd;
+    *ds_out = ds;
+}
+
 void aj_attn_bwd_p_ds(aj_kb *kb, const aj_attn_bwd_scores *sc, LLVMValueRef qk,
                       LLVMValueRef dp, LLVMValueRef i, LLVMValueRef j, LLVMValueRef lse2,
                       LLVMValueRef delta, LLVMValueRef visible, LLVMValueRef bias,
@@ -192,22 +218,10 @@ void aj_attn_bwd_p_ds(aj_kb *kb, const aj_attn_bwd_scores *sc, LLVMValueRef qk,
         }
         s2 = LLVMBuildFMul(b, s, aj_kb_f32(kb, AJ_LOG2E), "");
     }
-    /* hidden elements never reach the exp: a row without keys has
-     * LSE = -inf and would give -inf - -inf */
-    LLVMValueRef pr = aj_kb_exp2(kb, LLVMBuildFSub(b, s2, lse2, ""));
-    pr = LLVMBuildSelect(b, visible, pr, aj_kb_f32(kb, 0), "");
-    LLVMValueRef pd = pr;
-    if (keep) {   /* m = keep / (1 - p) scales P for dV and dO . v for dP */
-        LLVMValueRef inv = aj_kb_f32(kb, 1.0 / (1.0 - op->dropout)), zero = aj_kb_f32(kb, 0);
-        pd = LLVMBuildSelect(b, keep, LLVMBuildFMul(b, pr, inv, ""), zero, "");
-        dp = LLVMBuildSelect(b, keep, LLVMBuildFMul(b, dp, inv, ""), zero, "");
-    }
-    LLVMValueRef ds = LLVMBuildFMul(b, pr, LLVMBuildFSub(b, dp, delta, ""), "");
+    LLVMValueRef chain = NULL;
     if (th)   /* softcap chain: d/dt C tanh(t / C) = 1 - tanh^2 */
-        ds = LLVMBuildFMul(b, ds, LLVMBuildFSub(b, aj_kb_f32(kb, 1.0),
-                                                 LLVMBuildFMul(b, th, th, ""), ""), "");
-    *p_out = pd;
-    *ds_out = ds;
+        chain = LLVMBuildFSub(b, aj_kb_f32(kb, 1.0), LLVMBuildFMul(b, th, th, ""), "");
+    p_ds_from_score(kb, op, s2, dp, lse2, delta, visible, keep, chain, p_out, ds_out);
 }
 
 void aj_attn_bwd_p_ds_prog(aj_kb *kb, const aj_op *op, aj_score *sc, LLVMValueRef qk,
@@ -227,19 +241,5 @@ void aj_attn_bwd_p_ds_prog(aj_kb *kb, const aj_op *op, aj_score *sc, LLVMValueRe
         LLVMValueRef s = aj_score_has_mod(sc->p) ? aj_score_mod_grad(sc, t, i, j, &dmod) : t;
         s2 = LLVMBuildFMul(b, s, aj_kb_f32(kb, AJ_LOG2E), "");
     }
-    /* hidden elements never reach the exp: a row without keys has
-     * LSE = -inf and would give -inf - -inf */
-    LLVMValueRef pr = aj_kb_exp2(kb, LLVMBuildFSub(b, s2, lse2, ""));
-    pr = LLVMBuildSelect(b, visible, pr, aj_kb_f32(kb, 0), "");
-    LLVMValueRef pd = pr;
-    if (keep) {   /* m = keep / (1 - p) scales P for dV and dO . v for dP */
-        LLVMValueRef inv = aj_kb_f32(kb, 1.0 / (1.0 - op->dropout)), zero = aj_kb_f32(kb, 0);
-        pd = LLVMBuildSelect(b, keep, LLVMBuildFMul(b, pr, inv, ""), zero, "");
-        dp = LLVMBuildSelect(b, keep, LLVMBuildFMul(b, dp, inv, ""), zero, "");
-    }
-    LLVMValueRef ds = LLVMBuildFMul(b, pr, LLVMBuildFSub(b, dp, delta, ""), "");
-    if (dmod)   /* the chain through the score_mod; 0 where hidden, whatever mod' is */
-        ds = LLVMBuildSelect(b, visible, LLVMBuildFMul(b, ds, dmod, ""), aj_kb_f32(kb, 0), "");
-    *p_out = pd;
-    *ds_out = ds;
+    p_ds_from_score(kb, op, s2, dp, lse2, delta, visible, keep, dmod, p_out, ds_out);
 }

@@ -5,13 +5,13 @@
  * usage: test_ir SPEC_DIR   (every *.aj file in SPEC_DIR must parse and
  *                            print back to itself)
  */
-#include <dirent.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "check.h"
+#include "spec_dir.h"
 #include "ir/op.h"
 
 /* ---------------------------------------------------------------- helpers */
@@ -166,47 +166,20 @@ static void test_valid_specs(aj_ctx *ctx)
     }
 }
 
-static bool ends_with(const char *s, const char *suffix)
+/* Every *.aj file under dir parses and prints back to itself. */
+static void round_trip_file(const char *name, const char *path, const char *text, size_t len,
+                            void *user)
 {
-    size_t n = strlen(s), m = strlen(suffix);
-
-    return n >= m && strcmp(s + n - m, suffix) == 0;
+    (void)name;
+    CHECK_MSG(text != NULL, "cannot read %s", path);
+    if (text)
+        check_round_trip(user, text, len, path);
 }
 
-/* Every *.aj file under dir parses and prints back to itself. */
 static void test_spec_dir(aj_ctx *ctx, const char *dir)
 {
-    DIR *d = opendir(dir);
-    struct dirent *e;
-    int files = 0;
-
-    CHECK_MSG(d != NULL, "cannot open spec directory %s", dir);
-    if (!d)
-        return;
-    while ((e = readdir(d)) != NULL) {
-        char path[4096], *text;
-        FILE *f;
-        long size;
-
-        if (!ends_with(e->d_name, ".aj"))
-            continue;
-        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
-        f = fopen(path, "rb");
-        CHECK_MSG(f != NULL, "cannot open %s", path);
-        if (!f)
-            continue;
-        fseek(f, 0, SEEK_END);
-        size = ftell(f);
-        rewind(f);
-        text = malloc((size_t)size + 1);
-        CHECK(text && fread(text, 1, (size_t)size, f) == (size_t)size);
-        fclose(f);
-        if (text)
-            check_round_trip(ctx, text, (size_t)size, path);
-        free(text);
-        files++;
-    }
-    closedir(d);
+    int files = spec_dir_each(dir, round_trip_file, ctx);
+    CHECK_MSG(files >= 0, "cannot open spec directory %s", dir);
     printf("%s: %d example spec(s)\n", dir, files);
 }
 

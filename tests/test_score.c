@@ -17,7 +17,6 @@
  * test_score DEVICE [examples | random N | builtins | classes]...:
  * DEVICE is sim or cpu; with no section named, all of them.
  */
-#include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,6 +24,7 @@
 #include "check.h"
 #include "score_cases.h"
 #include "sim_harness.h"
+#include "spec_dir.h"
 #include "templates/score.h"
 
 static aj_ctx *ctx;
@@ -72,41 +72,34 @@ static bool run_fields(const char *label, aj_dtype dtype, int d, const char *ten
 
 /* ---------------------------------------------------------------- examples */
 
+/* long enough for a 128-token chunk and a 64-key window to matter */
+static void run_example(const char *name, const char *path, const char *text, size_t len,
+                        void *user)
+{
+    int *seen = user;
+    aj_op *op = NULL;
+    CHECK_MSG(text != NULL, "cannot read %s", path);
+    if (!text)
+        return;
+    CHECK_STATUS(ctx, aj_op_parse(ctx, text, len, name, &op), AJ_OK);
+    if (!op)
+        return;
+    aj_op_info info;
+    aj_op_get_info(op, &info);
+    aj_op_destroy(op);
+    char tensors[512], mask[1024], mod[1024];
+    spec_field(text, "tensors", tensors, sizeof tensors);
+    spec_field(text, "mask", mask, sizeof mask);
+    spec_field(text, "score_mod", mod, sizeof mod);
+    run_fields(name, info.dtype, info.head_dim, tensors, mask[0] ? mask : "none",
+               mod[0] ? mod : "none", 2, 2, 150, 7 + (uint64_t)*seen, true);
+    (*seen)++;
+}
+
 static void test_examples(const char *dir)
 {
-    DIR *d = opendir(dir);
-    CHECK_MSG(d != NULL, "cannot open %s", dir);
-    if (!d)
-        return;
     int seen = 0;
-    for (struct dirent *ent; (ent = readdir(d));) {
-        size_t n = strlen(ent->d_name);
-        if (n < 4 || strcmp(ent->d_name + n - 3, ".aj") != 0)
-            continue;
-        char path[1024], text[4096];
-        snprintf(path, sizeof path, "%s/%s", dir, ent->d_name);
-        FILE *f = fopen(path, "rb");
-        size_t len = f ? fread(text, 1, sizeof text - 1, f) : 0;
-        if (f)
-            fclose(f);
-        text[len] = '\0';
-        aj_op *op = NULL;
-        CHECK_STATUS(ctx, aj_op_parse(ctx, text, len, ent->d_name, &op), AJ_OK);
-        if (!op)
-            continue;
-        aj_op_info info;
-        aj_op_get_info(op, &info);
-        aj_op_destroy(op);
-        char tensors[512], mask[1024], mod[1024];
-        spec_field(text, "tensors", tensors, sizeof tensors);
-        spec_field(text, "mask", mask, sizeof mask);
-        spec_field(text, "score_mod", mod, sizeof mod);
-        /* long enough for a 128-token chunk and a 64-key window to matter */
-        run_fields(ent->d_name, info.dtype, info.head_dim, tensors, mask[0] ? mask : "none",
-                   mod[0] ? mod : "none", 2, 2, 150, 7 + (uint64_t)seen, true);
-        seen++;
-    }
-    closedir(d);
+    CHECK_MSG(spec_dir_each(dir, run_example, &seen) >= 0, "cannot open %s", dir);
     CHECK_MSG(seen >= 7, "only %d example specs in %s", seen, dir);
     printf("examples: %d specs on %s\n", seen, aj_target_name(aj_device_target(dev)));
 }
