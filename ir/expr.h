@@ -265,23 +265,16 @@ bool aj_expr_name_reserved(const char *name, size_t len);
 
 /* ---------------------------------------------------------------- eval */
 
-/* A side tensor as the evaluator reads it: element (i0, ..., iR-1) is at
- * data[sum i_d * strides[d]] (strides in elements), int32_t or float by
- * dtype.  An index outside 0 .. sizes[d]-1 reads 0. */
-typedef struct aj_expr_tensor {
-    const void *data;
-    aj_side_dtype dtype;
-    int32_t rank;
-    int64_t sizes[AJ_EXPR_RANK_MAX];
-    int64_t strides[AJ_EXPR_RANK_MAX];
-} aj_expr_tensor;
+/* Side tensors are read as the public aj_side_tensor (attnjit.h) says:
+ * element (i0, ..., iR-1) at data[sum i_d strides[d]], int32_t or float by
+ * dtype, 0 for an index outside 0 .. shape[d]-1. */
 
 /* The point an expression is evaluated at: the variables, and the side
  * tensors in declaration order (tensors[i] for declaration i). */
 typedef struct aj_expr_env {
     int64_t b, h, q, k, sq, sk;
     double score;                  /* rounded to f32 when read */
-    const aj_expr_tensor *tensors;
+    const aj_side_tensor *tensors;
     int tensor_count;
 } aj_expr_env;
 

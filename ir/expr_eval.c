@@ -98,7 +98,7 @@ static int64_t floor_mod(int64_t a, int64_t b)
 static aj_expr_scalar load(const aj_expr_env *env, int tensor,
                            const int64_t *idx, int rank)
 {
-    const aj_expr_tensor *t;
+    const aj_side_tensor *t;
     int64_t at = 0;
     aj_expr_scalar zero = { .i = 0 }, v;
 
@@ -106,7 +106,7 @@ static aj_expr_scalar load(const aj_expr_env *env, int tensor,
         return zero;
     t = &env->tensors[tensor];
     for (int d = 0; d < rank; d++) {
-        if (idx[d] < 0 || idx[d] >= t->sizes[d])
+        if (idx[d] < 0 || idx[d] >= t->shape[d])
             return zero;
         at += idx[d] * t->strides[d];
     }

@@ -19,7 +19,7 @@ struct aj_block_mask {
 /* The side tensors' data in host memory, in the program's tensor order
  * (alibi's slopes last), read back from the device. */
 static aj_status side_to_host(aj_ctx *ctx, aj_device *dev, const aj_score_prog *p,
-                              const aj_fwd_args *a, aj_expr_tensor *out, void **mem)
+                              const aj_fwd_args *a, aj_side_tensor *out, void **mem)
 {
     for (int t = 0; t < p->tensor_count; t++) {
         const aj_tensor_decl *d = &p->tensors[t];
@@ -46,9 +46,8 @@ static aj_status side_to_host(aj_ctx *ctx, aj_device *dev, const aj_score_prog *
         aj_status st = aj_device_copy_from(dev, mem[t], given->data, bytes);
         if (st != AJ_OK)
             return st;
-        out[t] = (aj_expr_tensor){mem[t], given->dtype, given->rank, {0}, {0}};
-        memcpy(out[t].sizes, given->shape, sizeof given->shape);
-        memcpy(out[t].strides, given->strides, sizeof given->strides);
+        out[t] = *given;
+        out[t].data = mem[t];
     }
     return AJ_OK;
 }
@@ -94,7 +93,7 @@ aj_status aj_block_mask_create(aj_ctx *ctx, aj_device *dev, const aj_op *op,
     int64_t planes_b = m->per_batch ? m->batch : 1, planes_h = m->per_head ? m->heads : 1;
     size_t n = (size_t)(planes_b * planes_h * m->rows * m->cols);
     m->classes = malloc(n ? n : 1);
-    aj_expr_tensor tensors[AJ_OP_TENSORS_MAX + 1];
+    aj_side_tensor tensors[AJ_OP_TENSORS_MAX + 1];
     void *mem[AJ_OP_TENSORS_MAX + 1] = {0};
     st = m->classes ? side_to_host(ctx, dev, &prog, args, tensors, mem)
                     : aj_fail(ctx, AJ_ERR_OUT_OF_MEMORY, "aj_block_mask_create: out of memory");

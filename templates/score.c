@@ -1208,7 +1208,7 @@ typedef struct hval {
 typedef struct hctx {
     const aj_score_prog *p;
     aj_expr_env env;       /* b, h, sq, sk; q and k unused */
-    const aj_expr_tensor *tensors;   /* NULL: loads are unknown */
+    const aj_side_tensor *tensors;   /* NULL: loads are unknown */
     bool any_batch, any_head;   /* b, h unknown */
     int64_t q0, q1, k0, k1;
     hval memo[AJ_EXPR_NODES_MAX];
@@ -1262,14 +1262,14 @@ static bool ult(bool fl, const hval *a, int a_hi, const hval *b, int b_hi, bool 
 static hval hv_node(hctx *h, uint16_t id);
 
 /* iv_load's rule on host data. */
-static hval hv_load(const aj_expr_tensor *t, const hval *idx)
+static hval hv_load(const aj_side_tensor *t, const hval *idx)
 {
     bool fl = t->dtype == AJ_SIDE_F32, outside = false;
     int64_t lo[AJ_EXPR_RANK_MAX], ext[AJ_EXPR_RANK_MAX], count = 1;
     for (int k = 0; k < t->rank; k++) {
-        outside = outside || idx[k].lo < 0 || idx[k].hi >= t->sizes[k];
+        outside = outside || idx[k].lo < 0 || idx[k].hi >= t->shape[k];
         lo[k] = idx[k].lo < 0 ? 0 : idx[k].lo;
-        int64_t hi = idx[k].hi < t->sizes[k] - 1 ? idx[k].hi : t->sizes[k] - 1;
+        int64_t hi = idx[k].hi < t->shape[k] - 1 ? idx[k].hi : t->shape[k] - 1;
         ext[k] = hi - lo[k] + 1 > 0 ? hi - lo[k] + 1 : 0;
         count *= ext[k] < SCAN_MAX + 1 ? ext[k] : SCAN_MAX + 1;
         count = count < SCAN_MAX + 1 ? count : SCAN_MAX + 1;
@@ -1470,7 +1470,7 @@ static hval hv_node(hctx *h, uint16_t id)
     return h->memo[id];
 }
 
-aj_tile_class aj_score_host_class(const aj_score_prog *p, const aj_expr_tensor *tensors,
+aj_tile_class aj_score_host_class(const aj_score_prog *p, const aj_side_tensor *tensors,
                                   int64_t b, int64_t h, int64_t q0, int64_t q1, int64_t k0,
                                   int64_t k1, int64_t sq, int64_t sk)
 {

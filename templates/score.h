@@ -163,7 +163,7 @@ LLVMValueRef aj_score_tile_class(aj_score *s, LLVMValueRef i0, LLVMValueRef i1,
  * batch b, head h (b < 0, h < 0: any) with totals sq, sk, reading the side
  * tensors in host memory (in the program's tensor order; NULL: loads are
  * unknown).  The same arithmetic as aj_score_tile_class. */
-aj_tile_class aj_score_host_class(const aj_score_prog *p, const aj_expr_tensor *tensors,
+aj_tile_class aj_score_host_class(const aj_score_prog *p, const aj_side_tensor *tensors,
                                   int64_t b, int64_t h, int64_t q0, int64_t q1, int64_t k0,
                                   int64_t k1, int64_t sq, int64_t sk);
 

@@ -77,7 +77,7 @@ typedef struct ref_problem {
     const aj_expr *expr;
     uint16_t mask_root, score_root;
     bool score_expr;
-    const aj_expr_tensor *tensors;
+    const aj_side_tensor *tensors;
     int tensor_count;
 } ref_problem;
 

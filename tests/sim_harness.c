@@ -172,17 +172,6 @@ static void write_spec(const fwd_case *c, const fwd_options *x, const fwd_run_op
              x->tensors ? "\n" : "");
 }
 
-/* The side tensors of a case as the reference's interpreter reads them. */
-static void expr_tensors(const fwd_options *x, aj_expr_tensor *out)
-{
-    for (int i = 0; i < x->num_side; i++) {
-        const aj_side_tensor *t = &x->side[i];
-        out[i] = (aj_expr_tensor){t->data, t->dtype, t->rank, {0}, {0}};
-        memcpy(out[i].sizes, t->shape, sizeof t->shape);
-        memcpy(out[i].strides, t->strides, sizeof t->strides);
-    }
-}
-
 /* The bias of a case: random values rounded to the dtype, with the
  * reference's contiguous double image (NULL without bias). */
 static void make_bias(const fwd_case *c, const fwd_options *x, host_tensor *h,
@@ -239,7 +228,7 @@ static void reference_problem(const fwd_case *c, const fwd_options *x, ref_probl
 
 /* The reference reads expression masks and score_mods from the parsed op
  * (the interpreter over the same nodes the kernel compiled). */
-static void reference_expressions(const aj_op *op, const aj_expr_tensor *tensors, int count,
+static void reference_expressions(const aj_op *op, const aj_side_tensor *tensors, int count,
                                   ref_problem *p)
 {
     p->expr = &op->expr;
@@ -502,11 +491,10 @@ fwd_result fwd_run_case_ext(aj_ctx *ctx, aj_device *dev, const fwd_case *c,
         ref_problem p;
         reference_problem(c, opts, &p, slopes_ref);
         aj_op *op = NULL;
-        aj_expr_tensor tensors[AJ_OP_TENSORS_MAX];
-        if (strncmp(c->mask, "expr", 4) == 0 || (c->score_mod && strncmp(c->score_mod, "expr", 4) == 0)) {
-            expr_tensors(opts, tensors);
+        if (strncmp(c->mask, "expr", 4) == 0 ||
+            (c->score_mod && strncmp(c->score_mod, "expr", 4) == 0)) {
             if (aj_op_parse(ctx, spec, strlen(spec), "case", &op) == AJ_OK)
-                reference_expressions(op, tensors, opts->num_side, &p);
+                reference_expressions(op, opts->side, opts->num_side, &p);
         }
         if (varlen) {
             p.cu_q = cu_q;

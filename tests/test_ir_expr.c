@@ -578,9 +578,9 @@ static double eval_at(const char *e, double *grad)
 {
     static const float w[] = { 10, 20, 30 };
     static const int32_t d[] = { 1, 2, 3, 4 };
-    const aj_expr_tensor tensors[] = {
-        { w, AJ_SIDE_F32, 1, { 3 }, { 1 } },
-        { d, AJ_SIDE_I32, 2, { 2, 2 }, { 2, 1 } },
+    const aj_side_tensor tensors[] = {
+        { "w", w, AJ_SIDE_F32, 1, { 3 }, { 1 } },
+        { "d", d, AJ_SIDE_I32, 2, { 2, 2 }, { 2, 1 } },
     };
     const aj_expr_env env = { .b = 0, .h = 1, .q = 5, .k = 2, .sq = 8, .sk = 9,
                               .score = 0.5, .tensors = tensors, .tensor_count = 2 };

@@ -1189,7 +1189,7 @@ static void set_builtins(ref_problem *p, const aj_op *op, const double *slopes)
 }
 
 /* The same problem through op's expressions. */
-static void set_exprs(ref_problem *p, const aj_op *op, const aj_expr_tensor *tensors)
+static void set_exprs(ref_problem *p, const aj_op *op, const aj_side_tensor *tensors)
 {
     p->expr = &op->expr;
     p->mask = op->mask.kind;
@@ -1220,7 +1220,7 @@ static void test_builtin_expressions(void)
     static const char *const mods[] = { "none", "softcap(1.5)", "alibi" };
     static const double slopes[4] = { 0.5, 0.25, 0.125, 0.0625 };
     static const float slopes_f32[4] = { 0.5f, 0.25f, 0.125f, 0.0625f };
-    const aj_expr_tensor tensors[] = { { slopes_f32, AJ_SIDE_F32, 1, { 4 }, { 1 } } };
+    const aj_side_tensor tensors[] = { { "slopes", slopes_f32, AJ_SIDE_F32, 1, { 4 }, { 1 } } };
     const double ts[] = { -3.25, -0.5, 0.0, 0.75, 2.5 };
     aj_ctx *ctx = NULL;
 
@@ -1302,7 +1302,7 @@ static void test_builtin_expressions(void)
 static void test_document_mask(void)
 {
     static const int32_t doc[2][5] = { { 1, 1, 2, 2, 2 }, { 1, 2, 2, 3, 0 } };
-    const aj_expr_tensor tensors[] = { { doc, AJ_SIDE_I32, 2, { 2, 5 }, { 5, 1 } } };
+    const aj_side_tensor tensors[] = { { "doc", doc, AJ_SIDE_I32, 2, { 2, 5 }, { 5, 1 } } };
     aj_ctx *ctx = NULL;
     aj_op *op = NULL;
 

@@ -226,7 +226,7 @@ static void test_builtins(void)
 /* ---------------------------------------------------------------- classes */
 
 /* Position-by-position class of a tile (the reference interpreter). */
-static aj_tile_class brute_class(const aj_op *op, const aj_expr_tensor *tensors, int64_t b,
+static aj_tile_class brute_class(const aj_op *op, const aj_side_tensor *tensors, int64_t b,
                                  int64_t h, int64_t q0, int64_t q1, int64_t k0, int64_t k1,
                                  int64_t sq, int64_t sk)
 {
@@ -265,7 +265,7 @@ static void test_classes(void)
     static int32_t doc[90];
     for (int t = 0; t < 90; t++)
         doc[t] = t < 50 ? t / 20 : 3 + (t - 50) / 7;
-    const aj_expr_tensor doc_t = {doc, AJ_SIDE_I32, 2, {1, 90}, {90, 1}};
+    const aj_side_tensor doc_t = {"doc", doc, AJ_SIDE_I32, 2, {1, 90}, {90, 1}};
     int counts[3] = {0, 0, 0}, brute[3] = {0, 0, 0};
     for (size_t m = 0; m < sizeof masks / sizeof masks[0]; m++) {
         char spec[512];
