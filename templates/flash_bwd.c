@@ -76,7 +76,8 @@ typedef struct fbwd_plan {
     int d, dv;
     int bm, bn, warps, threads, stages;
     int deterministic;
-    int state;         /* f32 accumulators per thread (accumulator_state) */
+    int state;         /* f32 accumulators per thread (thread_state) */
+    int default_state; /* state with the element pass's option work (thread_state) */
 } fbwd_plan;
 
 /* How the warps of a CTA tile an M x N product (see the header). */
@@ -165,17 +166,18 @@ static void product_dims(const fbwd_plan *p, int prod, int *m, int *n)
     *n = dims[prod][1];
 }
 
-/* f32 accumulators per thread of the kernel that holds the most, all
- * products of a kernel live at once: dkdv holds S^T, dP^T, dK, dV (and
- * dQacc without determinism), dq holds S, dP and dQ. */
-static int accumulator_state(const fbwd_plan *p, const warp_grid g[N_PRODS])
+/* Per-thread state of the kernel that holds the most, all products of a
+ * kernel live at once: dkdv holds S^T, dP^T, dK, dV (and dQacc without
+ * determinism), dq holds S, dP and dQ: f32 accumulators, each score
+ * element a thread owns counting `per_elem` more for its option work. */
+static int thread_state(const fbwd_plan *p, const warp_grid g[N_PRODS], int per_elem)
 {
     int per[N_PRODS];
     for (int i = 0; i < N_PRODS; i++)
         per[i] = 4 * g[i].mt * g[i].nt;
-    int dkdv = 2 * per[PROD_ST] + per[PROD_DV] + per[PROD_DK] +
+    int dkdv = (2 + per_elem) * per[PROD_ST] + per[PROD_DV] + per[PROD_DK] +
                (p->deterministic ? 0 : per[PROD_DQ]);
-    int dq = 2 * per[PROD_S] + per[PROD_DQ];
+    int dq = (2 + per_elem) * per[PROD_S] + per[PROD_DQ];
     return dkdv > dq ? dkdv : dq;
 }
 
@@ -240,7 +242,8 @@ static aj_status plan_schedule(aj_ctx *ctx, const aj_op *op, aj_target target,
                            "16-row strips and 1 to %d whole 8-column tiles); use the defaults",
                            p->bm, p->bn, p->warps, m, n, p->d, p->dv, MAX_MT, MAX_NT);
     }
-    int state = p->state = accumulator_state(p, g);
+    int state = p->state = thread_state(p, g, 0);
+    p->default_state = thread_state(p, g, aj_attn_option_regs_per_element(op));
     if (state > STATE_BUDGET)
         return aj_fail(ctx, AJ_ERR_UNSUPPORTED,
                        "schedule: block_m = %d, block_n = %d, warps = %d needs %d f32 "
@@ -259,16 +262,16 @@ static aj_status plan_schedule(aj_ctx *ctx, const aj_op *op, aj_target target,
 
 /*
  * The op's schedule over a default candidate: the first that plan_schedule
- * accepts with at most DEFAULT_STATE accumulators per thread, else the
- * accepted one with the fewest; when none fits, the first one's failure
+ * accepts with at most DEFAULT_STATE of state per thread (accumulators and
+ * the element pass's option work, thread_state), else the accepted one
+ * with the least; when none fits, the first one's failure
  * (aj_attn_plan_schedule).  The headroom below STATE_BUDGET is for what
- * the accumulator count leaves out (mma fragments, the element pass's
- * dropout and score-mod values): ptxas spills at the budget's edge where
- * the defaults must not.
+ * the count leaves out (mma fragments, addresses, score-mod values):
+ * ptxas spills at the budget's edge where the defaults must not.
  */
 static int plan_state(const void *plan)
 {
-    return ((const fbwd_plan *)plan)->state;
+    return ((const fbwd_plan *)plan)->default_state;
 }
 
 static aj_status plan_kernel(aj_ctx *ctx, const aj_op *op, aj_target target, fbwd_plan *p)
