@@ -68,6 +68,11 @@ aj_status aj_attn_plan_schedule(aj_ctx *ctx, const aj_op *op, aj_target target,
     return rule->plan(ctx, op, target, &s, plan);
 }
 
+int aj_attn_option_regs_per_element(const aj_op *op)
+{
+    return 2 * (op->bias == AJ_BIAS_ADD) + 2 * (op->dropout > 0);
+}
+
 LLVMValueRef aj_attn_slice_base(aj_kb *kb, const char *t, LLVMValueRef b, LLVMValueRef h)
 {
     char sb[32], sh[32];

@@ -49,6 +49,12 @@ typedef struct aj_attn_schedule_rule {
 aj_status aj_attn_plan_schedule(aj_ctx *ctx, const aj_op *op, aj_target target,
                                 const aj_attn_schedule_rule *rule, void *plan);
 
+/* Registers the op's per-score-element work keeps in flight beyond the
+ * score: about two each for dropout's Philox and for bias (its load).
+ * The compilers interleave it over every score element a thread owns, so
+ * a state model counts it per element. */
+int aj_attn_option_regs_per_element(const aj_op *op);
+
 /* Element offset (i64) of slice (b, h) of the tensor whose batch and head
  * strides are the kernel parameters stride_<t>_b and stride_<t>_h. */
 LLVMValueRef aj_attn_slice_base(aj_kb *kb, const char *t, LLVMValueRef b, LLVMValueRef h);

@@ -76,57 +76,52 @@ typedef struct fbwd_plan {
     int d, dv;
     int bm, bn, warps, threads, stages;
     int deterministic;
-    int state;         /* f32 accumulators per thread (accumulator_state) */
+    int state;         /* f32 accumulators per thread (thread_state) */
+    int default_state; /* state with the element pass's option work (thread_state) */
 } fbwd_plan;
 
 /* How the warps of a CTA tile an M x N product (see the header). */
 typedef struct warp_grid {
-    int wm;        /* warps down M (each owns mt strips of 16 rows) */
-    int mt, nt;    /* a warp's 16-row strips and 8-column tiles */
+    int wm, wn;    /* warps down M (each owns mt strips of 16 rows), across N */
+    int mt, nt;    /* a warp's 16-row strips, and the most 8-column tiles it owns */
     int n;         /* the product's columns */
-    int cols;      /* columns the warps cover: n, or aj_mma_k_width(n) */
 } warp_grid;
 
 /*
  * The warp grid of an M x N product, 0 when the warps cannot tile it.
- * Where they cannot split N's 8-column tiles evenly (N = 72: 9 tiles over
- * 2 or 4 warps), they cover aj_mma_k_width(N) columns instead: every
- * product with a head dim for N takes its B operand from a Q, K or dO
- * tile whose pad columns are zero (tile_io.h), so the pad tile sums to
- * zero, and it is never stored.
+ * M splits evenly into 16-row strips; N's T = n / 8 column tiles are
+ * dealt to the wn warp columns in shares that differ by at most one, the
+ * longer ones first (warp column c owns tiles ceil(c T / wn) up to
+ * ceil((c + 1) T / wn)), so that N = 232 (29 tiles) splits over 4 warp
+ * columns as 8, 7, 7, 7, and N = 8 over 4 as 1, 0, 0, 0 (D = 8 beside
+ * Dv = 256 needs 8 warps).  Every warp computes nt tiles ending at its
+ * share's end; a short share's first one is its neighbour's last tile,
+ * computed again and never stored (acc_tile_inside), so that the warp's
+ * tiles stay one run of columns from one origin (warp_mma's addresses):
+ *
+ *   tiles   0 .. 7 | 8 .. 14 | 15 .. 21 | 22 .. 28
+ *   warp c0 [0, 8)   c1 [7, 15)  c2 [14, 22)  c3 [21, 29)
  */
-static int warp_grid_cols(int m, int n, int warps, warp_grid *g);
-
 static int warp_grid_for(int m, int n, int warps, warp_grid *g)
 {
+    int strips = m / 16;
     g->n = n;
-    if (warp_grid_cols(m, n, warps, g))
-        return 1;
-    return aj_mma_k_width(n) != n && warp_grid_cols(m, aj_mma_k_width(n), warps, g);
-}
-
-static int warp_grid_cols(int m, int n, int warps, warp_grid *g)
-{
-    int strips = m / 16, wn;
-    g->cols = n;
-    if (m % 16 != 0)
+    if (m % 16 != 0 || n % 8 != 0)
         return 0;
     if (strips >= warps) {
         if (strips % warps != 0)
             return 0;
         g->wm = warps;
         g->mt = strips / warps;
-        wn = 1;
+        g->wn = 1;
     } else {
         if (warps % strips != 0)
             return 0;
         g->wm = strips;
         g->mt = 1;
-        wn = warps / strips;
+        g->wn = warps / strips;
     }
-    if (n % (8 * wn) != 0)
-        return 0;
-    g->nt = n / 8 / wn;
+    g->nt = (n / 8 + g->wn - 1) / g->wn;
     return g->mt <= MAX_MT && g->nt <= MAX_NT;
 }
 
@@ -171,26 +166,27 @@ static void product_dims(const fbwd_plan *p, int prod, int *m, int *n)
     *n = dims[prod][1];
 }
 
-/* f32 accumulators per thread of the kernel that holds the most, all
- * products of a kernel live at once: dkdv holds S^T, dP^T, dK, dV (and
- * dQacc without determinism), dq holds S, dP and dQ. */
-static int accumulator_state(const fbwd_plan *p, const warp_grid g[N_PRODS])
+/* Per-thread state of the kernel that holds the most, all products of a
+ * kernel live at once: dkdv holds S^T, dP^T, dK, dV (and dQacc without
+ * determinism), dq holds S, dP and dQ: f32 accumulators, each score
+ * element a thread owns counting `per_elem` more for its option work. */
+static int thread_state(const fbwd_plan *p, const warp_grid g[N_PRODS], int per_elem)
 {
     int per[N_PRODS];
     for (int i = 0; i < N_PRODS; i++)
         per[i] = 4 * g[i].mt * g[i].nt;
-    int dkdv = 2 * per[PROD_ST] + per[PROD_DV] + per[PROD_DK] +
+    int dkdv = (2 + per_elem) * per[PROD_ST] + per[PROD_DV] + per[PROD_DK] +
                (p->deterministic ? 0 : per[PROD_DQ]);
-    int dq = 2 * per[PROD_S] + per[PROD_DQ];
+    int dq = (2 + per_elem) * per[PROD_S] + per[PROD_DQ];
     return dkdv > dq ? dkdv : dq;
 }
 
 /*
  * Default schedules, most preferred first, each with 2 stages and then 1
  * (for targets short of shared memory): 64 x 64 tiles on 4 warps, 8 warps
- * on narrower query tiles, narrower key blocks; the last take one 16-row
- * strip per warp over the padded head dims, so that some candidate tiles
- * every head dim within STATE_BUDGET.
+ * on narrower query tiles, narrower key blocks (32 x 32 on 8 warps keeps
+ * every head dim within STATE_BUDGET); the last, 16 x 16 tiles on 2
+ * warps, need the least shared memory.
  */
 static const aj_schedule default_candidates[] = {
     {.block_m = 64, .block_n = 64, .warps = 4, .stages = 2},
@@ -246,7 +242,8 @@ static aj_status plan_schedule(aj_ctx *ctx, const aj_op *op, aj_target target,
                            "16-row strips and 1 to %d whole 8-column tiles); use the defaults",
                            p->bm, p->bn, p->warps, m, n, p->d, p->dv, MAX_MT, MAX_NT);
     }
-    int state = p->state = accumulator_state(p, g);
+    int state = p->state = thread_state(p, g, 0);
+    p->default_state = thread_state(p, g, aj_attn_option_regs_per_element(op));
     if (state > STATE_BUDGET)
         return aj_fail(ctx, AJ_ERR_UNSUPPORTED,
                        "schedule: block_m = %d, block_n = %d, warps = %d needs %d f32 "
@@ -265,16 +262,16 @@ static aj_status plan_schedule(aj_ctx *ctx, const aj_op *op, aj_target target,
 
 /*
  * The op's schedule over a default candidate: the first that plan_schedule
- * accepts with at most DEFAULT_STATE accumulators per thread, else the
- * accepted one with the fewest; when none fits, the first one's failure
+ * accepts with at most DEFAULT_STATE of state per thread (accumulators and
+ * the element pass's option work, thread_state), else the accepted one
+ * with the least; when none fits, the first one's failure
  * (aj_attn_plan_schedule).  The headroom below STATE_BUDGET is for what
- * the accumulator count leaves out (mma fragments, the element pass's
- * dropout and score-mod values): ptxas spills at the budget's edge where
- * the defaults must not.
+ * the count leaves out (mma fragments, addresses, score-mod values):
+ * ptxas spills at the budget's edge where the defaults must not.
  */
 static int plan_state(const void *plan)
 {
-    return ((const fbwd_plan *)plan)->state;
+    return ((const fbwd_plan *)plan)->default_state;
 }
 
 static aj_status plan_kernel(aj_ctx *ctx, const aj_op *op, aj_target target, fbwd_plan *p)
@@ -555,27 +552,39 @@ static void load_tile(fbwd *f, const char *t, LLVMValueRef base, LLVMValueRef ro
     }
 }
 
-/* The first row and column of this warp's part of an M x N product. */
-static void warp_origin(fbwd *f, const warp_grid *g, LLVMValueRef *row0, LLVMValueRef *col0)
-{
-    LLVMValueRef wr = LLVMBuildURem(f->b, f->warp, i32c(f, g->wm), "");
-    LLVMValueRef wc = LLVMBuildUDiv(f->b, f->warp, i32c(f, g->wm), "");
-    *row0 = mul(f, wr, i32c(f, 16 * g->mt));
-    *col0 = mul(f, wc, i32c(f, 8 * g->nt));
-}
-
 /* A warp's accumulators: acc[a][c][r], strip a, column tile c, register r
  * of the mma C fragment (aj_kb_mma_m16n8k16). */
 typedef struct warp_acc {
     warp_grid g;
     LLVMValueRef row0, col0;   /* i32: the warp's first output row, column */
+    LLVMValueRef col_own;      /* i32: the first column of the warp's share */
     LLVMValueRef v[MAX_MT][MAX_NT][4];
 } warp_acc;
+
+/* ceil(c T / wn), in columns: the first column of warp column c's share. */
+static LLVMValueRef share_start(fbwd *f, const warp_grid *g, LLVMValueRef c)
+{
+    LLVMValueRef t = add(f, mul(f, c, i32c(f, g->n / 8)), i32c(f, g->wn - 1));
+    return mul(f, LLVMBuildUDiv(f->b, t, i32c(f, g->wn), ""), i32c(f, 8));
+}
+
+/* The first row and column of this warp's part of an M x N product, and
+ * where its share starts (warp_grid_for). */
+static void warp_origin(fbwd *f, warp_acc *acc)
+{
+    const warp_grid *g = &acc->g;
+    LLVMValueRef wr = LLVMBuildURem(f->b, f->warp, i32c(f, g->wm), "");
+    LLVMValueRef wc = LLVMBuildUDiv(f->b, f->warp, i32c(f, g->wm), "");
+    acc->row0 = mul(f, wr, i32c(f, 16 * g->mt));
+    acc->col_own = share_start(f, g, wc);
+    LLVMValueRef end = share_start(f, g, add(f, wc, i32c(f, 1)));
+    acc->col0 = LLVMBuildSub(f->b, end, i32c(f, 8 * g->nt), "");
+}
 
 static void acc_init(fbwd *f, warp_acc *acc, int m, int n, const char *name)
 {
     warp_grid_for(m, n, f->p.warps, &acc->g);
-    warp_origin(f, &acc->g, &acc->row0, &acc->col0);
+    warp_origin(f, acc);
     for (int a = 0; a < acc->g.mt; a++)
         for (int c = 0; c < acc->g.nt; c++)
             for (int r = 0; r < 4; r++)
@@ -690,14 +699,14 @@ static LLVMValueRef pack2(fbwd *f, LLVMValueRef lo, LLVMValueRef hi)
     return LLVMBuildOr(b, l, LLVMBuildShl(b, h, i32c(f, 16), ""), "");
 }
 
-/* Whether the warp's column tile c lies inside the product (NULL: every
- * warp's does).  Only the pad tile of a grid that covers more columns
- * than the product has lies outside; the test is uniform over the warp. */
+/* Whether the warp's column tile c is one of its share (NULL: every
+ * warp's is); only a short share's first tile is not (warp_grid_for).
+ * The test is uniform over the warp. */
 static LLVMValueRef acc_tile_inside(fbwd *f, const warp_acc *acc, int c)
 {
-    if (acc->g.cols == acc->g.n)
+    if (c > 0 || acc->g.n / 8 % acc->g.wn == 0)
         return NULL;
-    return slt(f, add(f, acc->col0, i32c(f, 8 * c)), i32c(f, acc->g.n));
+    return LLVMBuildICmp(f->b, LLVMIntSGE, acc->col0, acc->col_own, "");
 }
 
 /* Stores the accumulators (times `mult`) to rows of tensor t: product row

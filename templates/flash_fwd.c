@@ -88,7 +88,9 @@ typedef struct ffwd_plan {
     int mt;                        /* m-tiles per warp */
     int ldq, ldk, ldv;             /* shared-memory row pitches, in elements */
     int32_t smem_q, smem_k, smem_v;  /* byte offsets in shared memory */
+    int default_state;             /* the state with the score tile's option work */
 } ffwd_plan;
+
 
 /*
  * Default schedules, most preferred first: 16 rows per warp, so that O
@@ -97,8 +99,10 @@ typedef struct ffwd_plan {
  * on (dropout's Philox, alibi, accumulate); 8 warps share each K/V tile,
  * and narrower key tiles make room for a wider O.  The default is the
  * first that plan_schedule accepts (the state budget, the target's shared
- * memory), with any schedule field the op gives put over it; the last
- * ones fit every head dim on every target.
+ * memory) whose state with the option work on S (default_state) is within
+ * the budget too, else the accepted one with the least, with any schedule
+ * field the op gives put over it; the last ones fit every head dim on
+ * every target.
  */
 static const aj_schedule default_candidates[] = {
     {.block_m = 128, .block_n = 64, .warps = 8, .stages = 2},
@@ -159,6 +163,7 @@ static aj_status plan_schedule(aj_ctx *ctx, const aj_op *op, aj_target target,
     p->threads = 32 * p->warps;
     p->mt = p->bm / (16 * p->warps);
     int state = p->mt * (p->dv / 2 + p->bn / 2 + 4);
+    p->default_state = state + p->mt * p->bn / 2 * aj_attn_option_regs_per_element(op);
     if (state > STATE_BUDGET)
         return aj_fail(ctx, AJ_ERR_UNSUPPORTED,
                        "schedule: block_m = %d, block_n = %d, warps = %d keeps %d f32 values "
@@ -179,8 +184,13 @@ static aj_status plan_schedule(aj_ctx *ctx, const aj_op *op, aj_target target,
     return AJ_OK;
 }
 
-/* The op's schedule over the first default candidate that fits; when none
- * does, the first one's failure (attn_common.h). */
+static int plan_state(const void *plan)
+{
+    return ((const ffwd_plan *)plan)->default_state;
+}
+
+/* The op's schedule over the default candidates (see them); when none
+ * fits, the first one's failure (attn_common.h). */
 static aj_status plan_kernel(aj_ctx *ctx, const aj_op *op, aj_target target, ffwd_plan *p)
 {
     const aj_attn_schedule_rule rule = {
@@ -188,6 +198,8 @@ static aj_status plan_kernel(aj_ctx *ctx, const aj_op *op, aj_target target, ffw
         .n = (int)(sizeof default_candidates / sizeof default_candidates[0]),
         .plan = plan_schedule,
         .complete = merge_schedule,
+        .state = plan_state,
+        .state_goal = STATE_BUDGET,
     };
     return aj_attn_plan_schedule(ctx, op, target, &rule, p);
 }

@@ -56,8 +56,8 @@ static void test_unsupported(aj_ctx *ctx)
         {"attention backward flash { dtype = f16 head_dim = 64 schedule = (stages = 3) }",
          AJ_TARGET_SM_80, "stages = 3: flash backward supports 1 or 2"},
         {"attention backward flash { dtype = f16 head_dim = 64 "
-         "schedule = (block_m = 16, block_n = 16, warps = 8) }", AJ_TARGET_SM_80,
-         "cannot tile a 16 x 16 product"},
+         "schedule = (block_m = 128, block_n = 16, warps = 1) }", AJ_TARGET_SM_80,
+         "cannot tile a 128 x 64 product"},
         {"attention backward flash { dtype = f16 head_dim = 256 "
          "schedule = (block_m = 64, block_n = 64, warps = 4) }", AJ_TARGET_SM_90,
          "448 f32 accumulators per thread"},

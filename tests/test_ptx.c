@@ -237,12 +237,13 @@ static void check_stages(const char *label, const char *arch, aj_kernel *k)
  * targets, deterministic (delta, dkdv, dq) and atomic (delta, dkdv,
  * dq_convert) modules, the dtypes and masks rotating; then the options
  * that add code to the element pass (softcap, alibi, dropout, varlen);
- * then head dims that are odd multiples of 8 or need a warp grid over the
- * padded width (80, 176), one mode each.  Not yet here because their
- * defaults still spill: D = Dv in 112, 120, 136, 144, 200, 208, 232, 240
- * (most split their head-dim tiles over 4 warps only, at more accumulators
- * per thread) and D != Dv pairs far apart (72/136, 248/8).
- * Compiled in parallel with aj_compile_many, then assembled one by one.
+ * then head dims that are odd multiples of 8 or split their tiles over
+ * the warps unevenly (80, 176), one mode each.  Every D = Dv of the range
+ * is test_sweep_ptxas's.  Not yet here because their defaults still spill
+ * with some masks: D != Dv pairs far apart (72/136, 248/8, 8/256: a
+ * product of many n8 tiles per warp beside a narrow one, whose mma
+ * fragments the state model does not count).  Compiled in parallel with
+ * aj_compile_many, then assembled one by one.
  */
 static void check_flash_bwd(aj_ctx *ctx)
 {

@@ -335,10 +335,10 @@ static void test_matrix(void)
 
 /* head dims that are not multiples of 16: S = Q K^T and dP = dO V^T end in
  * the zero pad columns of their tiles, dK, dQ and dV have an odd number of
- * n8 tiles, or (200, and 136 of 72/136: an odd count over 2 warp columns)
- * a warp grid over the padded width, whose pad tile is never stored (200
- * runs with atomic dq: nor added to dQacc); D != Dv both ways; masks,
- * dtypes and the dq mode rotating */
+ * n8 tiles, or (72, 200, and 136 of 72/136: counts that do not split over
+ * the warp columns) uneven warp shares, whose recomputed tile is never
+ * stored (200 runs with atomic dq: nor added to dQacc); D != Dv both ways;
+ * masks, dtypes and the dq mode rotating */
 static void test_odd_dims(void)
 {
     static const int dims[][2] = {{8, 8}, {24, 24}, {40, 40}, {72, 72}, {80, 80},
@@ -446,6 +446,14 @@ static void test_schedules(void)
     c = base("bf16 d128 schedule (128, 16, 8 warps, 2 stages), atomic dq", AJ_DTYPE_BF16, 128,
              "window(8, 8, top_left)");
     c.schedule = "(block_m = 128, block_n = 16, warps = 8, stages = 2)";
+    c.deterministic = 0;
+    run(&c);
+    /* dK, dV (3 tiles over 2 warp columns) and dQacc (over 4: one share
+     * empty) in uneven shares, with dropout, as the default at d 24 has them */
+    c = base("f16 d24 schedule (32, 64, 8 warps), dropout 0.1, atomic dq", AJ_DTYPE_F16, 24,
+             "causal(bottom_right)");
+    c.schedule = "(block_m = 32, block_n = 64, warps = 8, stages = 2)";
+    c.dropout = 0.1;
     c.deterministic = 0;
     run(&c);
 }
