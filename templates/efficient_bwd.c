@@ -130,13 +130,6 @@ static int dq_regs(const ebwd_plan *p, int per_elem)
     return rm * (p->wd / p->g + (2 + per_elem) * cn + 2) + 4 * (rm + cn);
 }
 
-/* Bias (its load, dbias) and dropout (Philox) keep about two more values
- * in flight per score element each. */
-static int option_regs_per_element(const aj_op *op)
-{
-    return 2 * (op->bias == AJ_BIAS_ADD) + 2 * (op->dropout > 0);
-}
-
 /* The template's model of one schedule (aj_attn_plan_fn). */
 static aj_status plan_schedule(aj_ctx *ctx, const aj_op *op, aj_target target,
                                const aj_schedule *s, void *out)
@@ -171,7 +164,7 @@ static aj_status plan_schedule(aj_ctx *ctx, const aj_op *op, aj_target target,
                        "schedule: block_m = %d and block_n = %d must be multiples of the %d "
                        "row groups of %d warps at head_dim %d/%d", p->bm, p->bn, p->r,
                        p->warps, p->d, p->dv);
-    int per_elem = option_regs_per_element(op);
+    int per_elem = aj_attn_option_regs_per_element(op);
     int regs = max_i(dkdv_regs(p, per_elem), dq_regs(p, per_elem));
     if (p->bn / p->r > MAX_ROWS || p->bm / p->r > MAX_ROWS || p->bm / p->g > MAX_COLS ||
         p->bn / p->g > MAX_COLS || max_i(p->wd, p->wdv) / p->g > MAX_OUT || regs > REG_BUDGET)
