@@ -13,12 +13,15 @@
  * its errors.  Sizes are small: the emulator runs every GPU thread.  With
  * the argument `cuda` the same cases run on a GPU (tests/gpu/run.sh); with
  * `cpu` the varlen cases and checks run on the cpu target's kernels
- * (ctest test_cpu_varlen_bwd).
+ * (ctest test_cpu_varlen_bwd); `cpu scores` runs score programs backward
+ * on them (ctest test_score_bwd_cpu): the examples/scores specs and random
+ * masks and score_mods (tests/score_cases.h), a failing one shrunk.
  *
  * O and LSE come from ref_forward, rounded as a forward kernel stores
  * them, and the reference backward is fed the same rounded values.  Each
  * output is checked norm-wise, max |got - ref| <= atol + rtol max |ref|.
  */
+#include <dirent.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,6 +31,8 @@
 #include "check.h"
 #include "ref.h"
 #include "bwd_tensors.h"
+#include "score_cases.h"
+#include "sim_harness.h"
 #include "sweep_cases.h"
 
 static aj_ctx *ctx;
@@ -42,6 +47,8 @@ typedef struct fb_case {
     int d, dv;
     const char *mask;          /* IR text */
     const char *score_mod;     /* IR text, "none" if NULL */
+    const char *tensors;       /* the `tensors` field's text, NULL: none; their data
+                                  comes from score_cases.h's side_make */
     const char *schedule;      /* IR text, the default if NULL */
     int deterministic;
     int b, hq, hkv, sq, sk;
@@ -76,29 +83,41 @@ static void make(tensor *x, aj_dtype dtype, int rank, const int64_t *shape)
 
 /* ---------------------------------------------------------------- cases */
 
-static aj_kernel *compile(const fb_case *c)
+/* The op of a case (NULL, a failed CHECK, when it does not parse). */
+static aj_op *parse(const fb_case *c)
 {
-    char spec[640];
+    static char spec[20000];   /* random expressions run long */
     snprintf(spec, sizeof spec,
              "attention backward %s {\n  dtype = %s\n  head_dim = %d\n"
              "  head_dim_v = %d\n  mask = %s\n  score_mod = %s\n  dropout = %.17g\n"
-             "  layout = %s\n  deterministic = %s\n%s%s%s}\n",
+             "  layout = %s\n  deterministic = %s\n%s%s%s%s%s%s}\n",
              c->variant == AJ_VARIANT_EFFICIENT ? "efficient" : "flash",
              aj_dtype_name(c->dtype), c->d, c->dv ? c->dv : c->d, c->mask,
              c->score_mod ? c->score_mod : "none", c->dropout, c->lens_q ? "varlen" : "padded",
              c->deterministic ? "true" : "false", c->schedule ? "  schedule = " : "",
-             c->schedule ? c->schedule : "", c->schedule ? "\n" : "");
+             c->schedule ? c->schedule : "", c->schedule ? "\n" : "",
+             c->tensors ? "  tensors = " : "", c->tensors ? c->tensors : "",
+             c->tensors ? "\n" : "");
     aj_op *op = NULL;
-    aj_kernel *k = NULL;
     CHECK_MSG(aj_op_parse(ctx, spec, strlen(spec), c->label, &op) == AJ_OK, "%s: %s", c->label,
               aj_last_error(ctx));
+    return op;
+}
+
+static aj_kernel *compile(const aj_op *op, const fb_case *c)
+{
+    aj_kernel *k = NULL;
     aj_compile_options opt = AJ_COMPILE_OPTIONS_INIT;
     opt.target = aj_device_target(dev);
     if (op)
         CHECK_MSG(aj_compile(ctx, op, &opt, &k) == AJ_OK, "%s: %s", c->label,
                   aj_last_error(ctx));
-    aj_op_destroy(op);
     return k;
+}
+
+static bool is_expr(const char *field)
+{
+    return field && strncmp(field, "expr", 4) == 0;
 }
 
 /* Runs `a` again on `workers` emulator threads and wants the bits of
@@ -125,9 +144,12 @@ static void run(const fb_case *c)
     cases_run++;
     clock_t t0 = clock();
     int dv = c->dv ? c->dv : c->d;
-    aj_kernel *kernel = compile(c);
-    if (!kernel)
+    aj_op *op = parse(c);
+    aj_kernel *kernel = compile(op, c);
+    if (!kernel) {
+        aj_op_destroy(op);
         return;
+    }
     int varlen = c->lens_q != NULL;
     int32_t cu_q[17] = {0}, cu_k[17] = {0};
     int max_q = 0, max_k = 0;
@@ -205,9 +227,24 @@ static void run(const fb_case *c)
         }
         p.alibi_slopes = slopes;
         slopes_t = (aj_tensor){slopes_f, AJ_DTYPE_F32, 1, {c->hq}, {1}};
-    } else if (c->score_mod) {
+    } else if (c->score_mod && !is_expr(c->score_mod)) {
         CHECK(sscanf(c->score_mod, "softcap(%lf)", &p.softcap) == 1);
     }
+    /* expressions: side tensors made up for the declarations (as long as
+     * the longest sequence), the reference reading the op's own nodes */
+    side_data side = {.n = 0};
+    aj_expr_tensor side_ref[AJ_OP_TENSORS_MAX];
+    aj_side_tensor side_dev[AJ_OP_TENSORS_MAX];
+    aj_op_info info;   /* side.t's names point into it */
+    if (is_expr(c->mask) || is_expr(c->score_mod)) {
+        aj_op_get_info(op, &info);
+        int longest = varlen ? (max_q > max_k ? max_q : max_k) : (c->sq > c->sk ? c->sq : c->sk);
+        side_make(&info, c->b, c->hq, longest, c->seed, &side);
+        ref_use_expressions(&p, op, side.t, side.n, side_ref);
+    }
+    aj_status side_st = AJ_OK;
+    side_to_device(dev, &side_st, side.t, side.n, side_dev);
+    CHECK_MSG(side_st == AJ_OK, "%s: side tensors: %s", c->label, aj_last_error(ctx));
     p.dropout_p = c->dropout;
     p.seed = c->drop_seed;
     p.offset = c->drop_offset;
@@ -226,6 +263,8 @@ static void run(const fb_case *c)
     a.dk = dk.t;
     a.dv = dvt.t;
     a.alibi_slopes = slopes_t;
+    a.side = side_dev;
+    a.num_side = side.n;
     a.q_offset = c->q_offset;
     a.kv_offset = c->kv_offset;
     a.sq_total = c->sq_total;
@@ -288,7 +327,10 @@ static void run(const fb_case *c)
     for (int i = 0; i < 2; i++)
         if (cu_dev[i])
             aj_device_free(dev, cu_dev[i]);
+    side_free_device(dev, side_dev, side.n);
+    side_free(&side);
     aj_kernel_destroy(kernel);
+    aj_op_destroy(op);
     printf("  %-60s %.2f s\n", c->label, (double)(clock() - t0) / CLOCKS_PER_SEC);
 }
 
@@ -716,17 +758,142 @@ static void test_sweep_sample(void)
            aj_target_name(aj_device_target(dev)));
 }
 
+/* ---------------------------------------------------------------- scores */
+
+/* Every spec of examples/scores ($AJ_SCORE_EXAMPLES) as a backward op of
+ * its dtype, head dim, tensors, mask and score_mod: B 2, GQA 2:1, lengths
+ * past a 128-token chunk and a 64-key window; then a document mask over
+ * the bottom-right diagonal of varlen sequences, whose totals are each
+ * sequence's own. */
+static void test_score_examples(void)
+{
+    const char *dir = getenv("AJ_SCORE_EXAMPLES") ? getenv("AJ_SCORE_EXAMPLES")
+                                                   : "examples/scores";
+    DIR *d = opendir(dir);
+    CHECK_MSG(d != NULL, "cannot open %s", dir);
+    if (!d)
+        return;
+    int seen = 0;
+    for (struct dirent *ent; (ent = readdir(d));) {
+        size_t n = strlen(ent->d_name);
+        if (n < 4 || strcmp(ent->d_name + n - 3, ".aj") != 0)
+            continue;
+        char path[1024], text[4096];
+        snprintf(path, sizeof path, "%s/%s", dir, ent->d_name);
+        FILE *f = fopen(path, "rb");
+        size_t len = f ? fread(text, 1, sizeof text - 1, f) : 0;
+        if (f)
+            fclose(f);
+        text[len] = '\0';
+        aj_op *op = NULL;
+        CHECK_STATUS(ctx, aj_op_parse(ctx, text, len, ent->d_name, &op), AJ_OK);
+        if (!op)
+            continue;
+        aj_op_info info;
+        aj_op_get_info(op, &info);
+        aj_op_destroy(op);
+        char tensors[512], mask[1024], mod[1024];
+        spec_field(text, "tensors", tensors, sizeof tensors);
+        spec_field(text, "mask", mask, sizeof mask);
+        spec_field(text, "score_mod", mod, sizeof mod);
+        fb_case c = base(ent->d_name, info.dtype, info.head_dim, mask[0] ? mask : "none");
+        c.variant = AJ_VARIANT_EFFICIENT;
+        c.score_mod = mod[0] ? mod : NULL;
+        c.tensors = tensors[0] ? tensors : NULL;
+        c.b = 2;
+        c.hq = 4;
+        c.hkv = 2;
+        c.sq = 150;
+        c.sk = 160;
+        c.seed = 21 + (uint64_t)seen;
+        run(&c);
+        seen++;
+    }
+    closedir(d);
+    CHECK_MSG(seen >= 7, "only %d example specs in %s", seen, dir);
+    static const int lq[3] = {40, 0, 23}, lk[3] = {45, 9, 70};
+    fb_case c = base("varlen x3 document mask, bottom_right by expression", AJ_DTYPE_BF16, 32,
+                     "expr(doc[b, q] == doc[b, k] && k <= q + (sk - sq))");
+    c.tensors = "(doc: i32[2])";
+    c.b = 3;
+    c.lens_q = lq;
+    c.lens_k = lk;
+    run(&c);
+}
+
+/* A random case's probe: whether it fails, its failures left uncounted
+ * (their messages still print: a shrink runs only once a case has
+ * failed). */
+typedef struct score_probe {
+    fb_case c;
+    bool score_mod;
+    char text[8192];
+} score_probe;
+
+static bool score_probe_fails(rx_tree *t, int root, void *user)
+{
+    score_probe *pr = user;
+    rx_expression(t, root, pr->score_mod, pr->text, sizeof pr->text);
+    if (pr->score_mod)
+        pr->c.score_mod = pr->text;
+    else
+        pr->c.mask = pr->text;
+    int passed = check_passed, failed = check_failed;
+    run(&pr->c);
+    bool fails = check_failed > failed;
+    check_passed = passed;
+    check_failed = failed;
+    return fails;
+}
+
+/* `count` random masks and score_mods (alternating) over b, h, q, k, sq,
+ * sk, score and two small side tensors, with a position offset and GQA
+ * 2:1; a failing one shrinks to a small expression that is reported. */
+static void test_score_random(int count)
+{
+    int failed = 0;
+    for (int i = 0; i < count; i++) {
+        static rx_tree t;
+        memset(&t, 0, sizeof t);
+        t.rng = 0xbacc0000u + (uint64_t)i;
+        static score_probe pr;
+        char label[64];
+        snprintf(label, sizeof label, "random %s %d", i % 2 ? "score_mod" : "mask", i);
+        pr.score_mod = i % 2 == 1;
+        pr.c = base(label, AJ_DTYPE_F16, 16, "causal(top_left)");
+        pr.c.tensors = "(ti: i32[2], tf: f32[1])";
+        pr.c.b = 2;
+        pr.c.sq = 23;
+        pr.c.sk = 30;
+        pr.c.q_offset = 3;
+        pr.c.seed = (uint64_t)i + 1;
+        t.score = pr.score_mod;
+        int root = rx_gen(&t, pr.score_mod ? 'f' : 'b', 4);
+        if (!score_probe_fails(&t, root, &pr))
+            continue;
+        failed++;
+        root = rx_shrink(&t, root, score_probe_fails, &pr);
+        rx_expression(&t, root, pr.score_mod, pr.text, sizeof pr.text);
+        CHECK_MSG(0, "random backward case %d fails; shrunk to:\n  tensors = %s\n  %s = %s", i,
+                  pr.c.tensors, pr.score_mod ? "score_mod" : "mask", pr.text);
+    }
+    printf("random: %d expressions backward on %s, %d failed\n", count,
+           aj_target_name(aj_device_target(dev)), failed);
+}
+
 static void run_suite(int cpu);
 
-/* test_sim_flash_bwd [cuda | cpu | sim] [sweep]: on the sim device (ctest),
- * on a GPU (tests/gpu/run.sh), where no GPU means exit 77, "skipped", or
- * the varlen part on the cpu device; with `sweep`, the backward half of
- * the head-dim sweep instead. */
+/* test_sim_flash_bwd [cuda | cpu | sim] [sweep | scores]: on the sim device
+ * (ctest), on a GPU (tests/gpu/run.sh), where no GPU means exit 77,
+ * "skipped", or the varlen part on the cpu device; with `sweep`, the
+ * backward half of the head-dim sweep instead, with `scores` the score
+ * programs' sample (templates that compile them only: the cpu ones). */
 int main(int argc, char **argv)
 {
     int gpu = argc > 1 && strcmp(argv[1], "cuda") == 0;
     int cpu = argc > 1 && strcmp(argv[1], "cpu") == 0;
     int sweep = argc > 2 && strcmp(argv[2], "sweep") == 0;
+    int scores = argc > 2 && strcmp(argv[2], "scores") == 0;
     on_cpu = cpu;
     CHECK(aj_ctx_create(NULL, &ctx) == AJ_OK);
     aj_status st = aj_device_open(ctx, gpu ? AJ_DEVICE_CUDA : cpu ? AJ_DEVICE_CPU : AJ_DEVICE_SIM,
@@ -741,6 +908,9 @@ int main(int argc, char **argv)
         return check_report();
     if (sweep) {
         test_sweep_sample();
+    } else if (scores) {
+        test_score_examples();
+        test_score_random(24);
     } else {
         run_suite(cpu);
     }
