@@ -12,7 +12,6 @@
  * checked for its entry and .version, and the assembly is skipped with a
  * printed reason.
  */
-#include <dirent.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -21,6 +20,7 @@
 
 #include "check.h"
 #include "ptxas_util.h"
+#include "spec_files.h"
 
 static const char *const dtypes[] = {"f16", "bf16", "f32"};
 static const int dims[] = {32, 64, 96, 128, 256};
@@ -94,31 +94,18 @@ static void check_kernel(const char *label, aj_kernel *k, aj_target target, cons
     aj_kernel_destroy(k);
 }
 
+static void check_example(const char *name, const char *text, size_t len, void *ctx)
+{
+    (void)len;
+    for (size_t a = 0; a < 2; a++)
+        check_spec(ctx, name, text, a == 0 ? AJ_TARGET_SM_80 : AJ_TARGET_SM_90, archs[a]);
+}
+
 /* Every example spec a user copies from compiles and assembles too. */
 static void check_examples(aj_ctx *ctx, const char *dir)
 {
-    DIR *d = opendir(dir);
-    CHECK_MSG(d != NULL, "cannot open %s", dir);
-    if (!d)
-        return;
-    int seen = 0;
-    for (struct dirent *ent; (ent = readdir(d));) {
-        size_t n = strlen(ent->d_name);
-        if (n < 4 || strcmp(ent->d_name + n - 3, ".aj") != 0)
-            continue;
-        char path[1024], text[4096];
-        snprintf(path, sizeof path, "%s/%s", dir, ent->d_name);
-        FILE *f = fopen(path, "rb");
-        size_t len = f ? fread(text, 1, sizeof text - 1, f) : 0;
-        if (f)
-            fclose(f);
-        text[len] = '\0';
-        for (size_t a = 0; a < 2; a++)
-            check_spec(ctx, ent->d_name, text, a == 0 ? AJ_TARGET_SM_80 : AJ_TARGET_SM_90,
-                       archs[a]);
-        seen++;
-    }
-    closedir(d);
+    int seen = spec_files_each(dir, check_example, ctx);
+    CHECK_MSG(seen >= 0, "cannot open %s", dir);
     CHECK_MSG(seen >= 8, "only %d example specs in %s", seen, dir);
 }
 

@@ -21,7 +21,6 @@
  * them, and the reference backward is fed the same rounded values.  Each
  * output is checked norm-wise, max |got - ref| <= atol + rtol max |ref|.
  */
-#include <dirent.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -765,51 +764,29 @@ static void test_sweep_sample(void)
  * past a 128-token chunk and a 64-key window; then a document mask over
  * the bottom-right diagonal of varlen sequences, whose totals are each
  * sequence's own. */
+static void run_score_example(const char *name, const score_example *ex, int index, void *user)
+{
+    (void)user;
+    fb_case c = base(name, ex->info.dtype, ex->info.head_dim, ex->mask);
+    c.variant = AJ_VARIANT_EFFICIENT;
+    c.score_mod = strcmp(ex->mod, "none") ? ex->mod : NULL;
+    c.tensors = ex->tensors[0] ? ex->tensors : NULL;
+    c.b = 2;
+    c.hq = 4;
+    c.hkv = 2;
+    c.sq = 150;
+    c.sk = 160;
+    c.seed = 21 + (uint64_t)index;
+    run(&c);
+}
+
 static void test_score_examples(void)
 {
-    const char *dir = getenv("AJ_SCORE_EXAMPLES") ? getenv("AJ_SCORE_EXAMPLES")
-                                                   : "examples/scores";
-    DIR *d = opendir(dir);
-    CHECK_MSG(d != NULL, "cannot open %s", dir);
-    if (!d)
-        return;
-    int seen = 0;
-    for (struct dirent *ent; (ent = readdir(d));) {
-        size_t n = strlen(ent->d_name);
-        if (n < 4 || strcmp(ent->d_name + n - 3, ".aj") != 0)
-            continue;
-        char path[1024], text[4096];
-        snprintf(path, sizeof path, "%s/%s", dir, ent->d_name);
-        FILE *f = fopen(path, "rb");
-        size_t len = f ? fread(text, 1, sizeof text - 1, f) : 0;
-        if (f)
-            fclose(f);
-        text[len] = '\0';
-        aj_op *op = NULL;
-        CHECK_STATUS(ctx, aj_op_parse(ctx, text, len, ent->d_name, &op), AJ_OK);
-        if (!op)
-            continue;
-        aj_op_info info;
-        aj_op_get_info(op, &info);
-        aj_op_destroy(op);
-        char tensors[512], mask[1024], mod[1024];
-        spec_field(text, "tensors", tensors, sizeof tensors);
-        spec_field(text, "mask", mask, sizeof mask);
-        spec_field(text, "score_mod", mod, sizeof mod);
-        fb_case c = base(ent->d_name, info.dtype, info.head_dim, mask[0] ? mask : "none");
-        c.variant = AJ_VARIANT_EFFICIENT;
-        c.score_mod = mod[0] ? mod : NULL;
-        c.tensors = tensors[0] ? tensors : NULL;
-        c.b = 2;
-        c.hq = 4;
-        c.hkv = 2;
-        c.sq = 150;
-        c.sk = 160;
-        c.seed = 21 + (uint64_t)seen;
-        run(&c);
-        seen++;
-    }
-    closedir(d);
+    const char *dir = score_examples_dir();
+    int seen = 0, files = score_examples_each(ctx, dir, run_score_example, NULL, &seen);
+    CHECK_MSG(files >= 0, "cannot open %s", dir);
+    CHECK_MSG(seen == files, "%d of %d specs in %s parse: %s", seen, files, dir,
+              aj_last_error(ctx));
     CHECK_MSG(seen >= 7, "only %d example specs in %s", seen, dir);
     static const int lq[3] = {40, 0, 23}, lk[3] = {45, 9, 70};
     fb_case c = base("varlen x3 document mask, bottom_right by expression", AJ_DTYPE_BF16, 32,
@@ -821,62 +798,56 @@ static void test_score_examples(void)
     run(&c);
 }
 
-/* A random case's probe: whether it fails, its failures left uncounted
- * (their messages still print: a shrink runs only once a case has
- * failed). */
-typedef struct score_probe {
-    fb_case c;
-    bool score_mod;
-    char text[8192];
-} score_probe;
+static const char *const random_tensors = "(ti: i32[2], tf: f32[1])";
 
-static bool score_probe_fails(rx_tree *t, int root, void *user)
+/* Random case t->index with the tree at root: B 2, GQA 2:1, a position
+ * offset, two small side tensors; `text` holds the expression. */
+static fb_case random_case(rx_tree *t, int root, char *text, size_t cap, char *label,
+                           size_t label_cap)
 {
-    score_probe *pr = user;
-    rx_expression(t, root, pr->score_mod, pr->text, sizeof pr->text);
-    if (pr->score_mod)
-        pr->c.score_mod = pr->text;
-    else
-        pr->c.mask = pr->text;
+    rx_expression(t, root, t->score, text, cap);
+    snprintf(label, label_cap, "random %s %d", t->score ? "score_mod" : "mask", t->index);
+    fb_case c = base(label, AJ_DTYPE_F16, 16, t->score ? "causal(top_left)" : text);
+    c.score_mod = t->score ? text : NULL;
+    c.tensors = random_tensors;
+    c.b = 2;
+    c.sq = 23;
+    c.sk = 30;
+    c.q_offset = 3;
+    c.seed = (uint64_t)t->index + 1;
+    return c;
+}
+
+/* Whether a random case fails, its failures left uncounted (their
+ * messages still print: a shrink probes only once a case has failed). */
+static bool random_fails(rx_tree *t, int root, void *user)
+{
+    (void)user;
+    static char text[8192], label[64];
+    fb_case c = random_case(t, root, text, sizeof text, label, sizeof label);
     int passed = check_passed, failed = check_failed;
-    run(&pr->c);
+    run(&c);
     bool fails = check_failed > failed;
     check_passed = passed;
     check_failed = failed;
     return fails;
 }
 
-/* `count` random masks and score_mods (alternating) over b, h, q, k, sq,
- * sk, score and two small side tensors, with a position offset and GQA
- * 2:1; a failing one shrinks to a small expression that is reported. */
+static void random_failed(rx_tree *t, int root, void *user)
+{
+    (void)user;
+    char text[8192];
+    rx_expression(t, root, t->score, text, sizeof text);
+    CHECK_MSG(0, "random backward case %d fails; shrunk to:\n  tensors = %s\n  %s = %s",
+              t->index, random_tensors, t->score ? "score_mod" : "mask", text);
+}
+
+/* `count` random masks and score_mods (score_cases.h's rx_cases) over b,
+ * h, q, k, sq, sk, score and two small side tensors backward. */
 static void test_score_random(int count)
 {
-    int failed = 0;
-    for (int i = 0; i < count; i++) {
-        static rx_tree t;
-        memset(&t, 0, sizeof t);
-        t.rng = 0xbacc0000u + (uint64_t)i;
-        static score_probe pr;
-        char label[64];
-        snprintf(label, sizeof label, "random %s %d", i % 2 ? "score_mod" : "mask", i);
-        pr.score_mod = i % 2 == 1;
-        pr.c = base(label, AJ_DTYPE_F16, 16, "causal(top_left)");
-        pr.c.tensors = "(ti: i32[2], tf: f32[1])";
-        pr.c.b = 2;
-        pr.c.sq = 23;
-        pr.c.sk = 30;
-        pr.c.q_offset = 3;
-        pr.c.seed = (uint64_t)i + 1;
-        t.score = pr.score_mod;
-        int root = rx_gen(&t, pr.score_mod ? 'f' : 'b', 4);
-        if (!score_probe_fails(&t, root, &pr))
-            continue;
-        failed++;
-        root = rx_shrink(&t, root, score_probe_fails, &pr);
-        rx_expression(&t, root, pr.score_mod, pr.text, sizeof pr.text);
-        CHECK_MSG(0, "random backward case %d fails; shrunk to:\n  tensors = %s\n  %s = %s", i,
-                  pr.c.tensors, pr.score_mod ? "score_mod" : "mask", pr.text);
-    }
+    static rx_tree t;
+    int failed = rx_cases(&t, count, 0xbacc0000u, random_fails, random_failed, NULL);
     printf("random: %d expressions backward on %s, %d failed\n", count,
            aj_target_name(aj_device_target(dev)), failed);
 }
