@@ -55,12 +55,14 @@ static LLVMValueRef shuffle8(aj_kb *kb, LLVMValueRef x, LLVMValueRef y, const in
     return LLVMBuildShuffleVector(kb->b, x, y, LLVMConstVector(mask, 8), "");
 }
 
-aj_status aj_cpu_check_layout(aj_ctx *ctx, const aj_op *op, const char *who)
+aj_status aj_cpu_check_op(aj_ctx *ctx, const aj_op *op, const char *who)
 {
     if (op->layout == AJ_LAYOUT_VARLEN && op->bias == AJ_BIAS_ADD)
         return aj_fail(ctx, AJ_ERR_UNSUPPORTED, "bias = add with layout = varlen: %s supports "
                        "a bias on layout = padded only", who);
-    return aj_attn_check_dims(ctx, op, who);
+    aj_status st = aj_attn_check_dims(ctx, op, who);
+    static _Thread_local aj_score_prog prog;   /* large for a stack */
+    return st != AJ_OK ? st : aj_score_prog_init(ctx, op, &prog);
 }
 
 aj_status aj_cpu_plan_tiles(aj_ctx *ctx, const aj_op *op, const char *who, int w, int default_bm,
@@ -80,7 +82,7 @@ aj_status aj_cpu_plan_tiles(aj_ctx *ctx, const aj_op *op, const char *who, int w
     return AJ_OK;
 }
 
-void aj_cpu_add_seq_params(aj_kb *kb, const aj_op *op)
+void aj_cpu_add_seq_params(aj_kb *kb, const aj_op *op, const aj_score_prog *prog)
 {
     if (op->layout == AJ_LAYOUT_VARLEN) {
         aj_kb_add_param(kb, "cu_seqlens_q", AJ_PARAM_PTR);
@@ -90,8 +92,8 @@ void aj_cpu_add_seq_params(aj_kb *kb, const aj_op *op)
     } else {
         aj_kb_add_param(kb, "seq_q", AJ_PARAM_I32);
         aj_kb_add_param(kb, "seq_k", AJ_PARAM_I32);
-        aj_kb_add_param(kb, "mask_shift", AJ_PARAM_I64);
     }
+    aj_score_add_params(kb, prog);
 }
 
 /* cu_seqlens array `name` at index i (host memory on the cpu device) */
@@ -101,14 +103,19 @@ static LLVMValueRef load_cu(aj_kb *kb, const char *name, LLVMValueRef i)
                           "");
 }
 
-void aj_cpu_seq_of(aj_kb *kb, const aj_op *op, LLVMValueRef bidx, aj_cpu_seq *s)
+void aj_cpu_seq_of(aj_kb *kb, const aj_op *op, const aj_score_prog *prog, LLVMValueRef bidx,
+                   aj_cpu_seq *s)
 {
     LLVMBuilderRef b = kb->b;
+    s->sq = s->sk = NULL;
     if (op->layout != AJ_LAYOUT_VARLEN) {
         s->len_q = aj_kb_param(kb, "seq_q");
         s->len_k = aj_kb_param(kb, "seq_k");
         s->start_q = s->start_k = aj_kb_i64(kb, 0);
-        s->shift = aj_kb_param(kb, "mask_shift");
+        if (prog->reads_totals) {
+            s->sq = aj_kb_param(kb, "seq_q_total");
+            s->sk = aj_kb_param(kb, "seq_k_total");
+        }
         return;
     }
     LLVMValueRef next = add(kb, bidx, i32c(kb, 1));
@@ -118,8 +125,7 @@ void aj_cpu_seq_of(aj_kb *kb, const aj_op *op, LLVMValueRef bidx, aj_cpu_seq *s)
     s->len_k = LLVMBuildSub(b, load_cu(kb, "cu_seqlens_k", next), k0, "seq_k");
     s->start_q = sext64(kb, q0);
     s->start_k = sext64(kb, k0);
-    s->shift = aj_kb_i64(kb, 0);
-    if (op->mask.kind == AJ_MASK_NONE || op->mask.align != AJ_ALIGN_BOTTOM_RIGHT)
+    if (!prog->reads_totals)
         return;
     LLVMValueRef totals[2] = {aj_kb_param(kb, "sq_total"), aj_kb_param(kb, "sk_total")};
     LLVMValueRef own[2] = {sext64(kb, s->len_q), sext64(kb, s->len_k)};
@@ -127,7 +133,8 @@ void aj_cpu_seq_of(aj_kb *kb, const aj_op *op, LLVMValueRef bidx, aj_cpu_seq *s)
         LLVMValueRef zero = LLVMBuildICmp(b, LLVMIntEQ, totals[x], aj_kb_i64(kb, 0), "");
         totals[x] = LLVMBuildSelect(b, zero, own[x], totals[x], "");
     }
-    s->shift = LLVMBuildSub(b, totals[1], totals[0], "shift");
+    s->sq = totals[0];
+    s->sk = totals[1];
 }
 
 LLVMValueRef aj_cpu_seq_base(aj_kb *kb, const char *t, LLVMValueRef bidx, LLVMValueRef h,
@@ -139,21 +146,18 @@ LLVMValueRef aj_cpu_seq_base(aj_kb *kb, const char *t, LLVMValueRef bidx, LLVMVa
                         LLVMBuildMul(kb->b, start, aj_kb_param(kb, stride), ""), "");
 }
 
-void aj_cpu_attn_init(aj_cpu_attn *a, aj_kb *kb, const aj_op *op, int log2e_in_q,
-                      LLVMValueRef bidx, LLVMValueRef h)
+void aj_cpu_attn_init(aj_cpu_attn *a, aj_kb *kb, const aj_op *op, const aj_score_prog *prog,
+                      int log2e_in_q, LLVMValueRef bidx, LLVMValueRef h)
 {
-    LLVMBuilderRef b = kb->b;
     a->kb = kb;
     a->op = op;
+    a->prog = prog;
     a->w = aj_cpu_vector_width();
     a->log2e_in_q = log2e_in_q;
-    aj_cpu_seq_of(kb, op, bidx, &a->seq);
-    a->qk_offset = LLVMBuildSub(b, aj_kb_param(kb, "q_offset"), aj_kb_param(kb, "kv_offset"), "");
-    a->mask = aj_attn_mask_offsets(kb, &op->mask, add(kb, a->qk_offset, a->seq.shift));
-    a->slope = NULL;
+    aj_cpu_seq_of(kb, op, prog, bidx, &a->seq);
+    aj_score_begin(&a->sc, kb, prog, a->w, bidx, h, aj_kb_param(kb, "q_offset"),
+                   aj_kb_param(kb, "kv_offset"), a->seq.sq, a->seq.sk);
     a->bias_base = NULL;
-    if (op->score_mod.kind == AJ_SCORE_MOD_ALIBI)
-        a->slope = aj_cpu_fload(kb, aj_cv_at(kb, kb->t_f32, aj_kb_param(kb, "alibi_slopes"), h));
     if (op->bias == AJ_BIAS_ADD)
         a->bias_base = aj_attn_slice_base(kb, "bias", bidx, h);
 }
@@ -361,7 +365,8 @@ void aj_cpu_gemm_acc(aj_kb *kb, int ncols, LLVMValueRef c, LLVMValueRef rscale,
     aj_kb_for_end(kb);
 }
 
-LLVMValueRef aj_cpu_scores(aj_cpu_attn *a, LLVMValueRef s, LLVMValueRef ig, LLVMValueRef jv)
+LLVMValueRef aj_cpu_scores(aj_cpu_attn *a, LLVMValueRef s, LLVMValueRef ig, LLVMValueRef jv,
+                           LLVMValueRef *dmod)
 {
     aj_kb *kb = a->kb;
     LLVMBuilderRef b = kb->b;
@@ -384,60 +389,60 @@ LLVMValueRef aj_cpu_scores(aj_cpu_attn *a, LLVMValueRef s, LLVMValueRef ig, LLVM
         }
         s = LLVMBuildFAdd(b, s, bv, "");
     }
-    if (op->score_mod.kind == AJ_SCORE_MOD_SOFTCAP) {
-        double cap = op->score_mod.softcap;
-        s = LLVMBuildFMul(b, s, aj_cv_splat(kb, aj_kb_f32(kb, 1.0 / cap), w), "");
-        s = LLVMBuildFMul(b, aj_cv_tanh(kb, s, w), aj_cv_splat(kb, aj_kb_f32(kb, cap), w), "");
-    } else if (op->score_mod.kind == AJ_SCORE_MOD_ALIBI) {
-        /* s -= slope |q_pos - kv_pos|, the distance in i64 */
-        LLVMTypeRef v64 = LLVMVectorType(kb->t_i64, (unsigned)w);
-        LLVMValueRef dist = LLVMBuildSub(b, aj_cv_splat(kb, add(kb, sext64(kb, ig), a->qk_offset),
-                                                        w),
-                                         LLVMBuildSExt(b, jv, v64, ""), "");
-        LLVMValueRef neg = LLVMBuildICmp(b, LLVMIntSLT, dist, LLVMConstNull(v64), "");
-        dist = LLVMBuildSelect(b, neg, LLVMBuildNeg(b, dist, ""), dist, "");
-        LLVMValueRef fd = LLVMBuildSIToFP(b, dist, aj_cv_type(kb, w), "");
-        s = LLVMBuildFSub(b, s, LLVMBuildFMul(b, aj_cv_splat(kb, a->slope, w), fd, ""), "");
-    }
+    LLVMValueRef d = NULL;
+    if (aj_score_has_mod(a->prog))
+        s = dmod ? aj_score_mod_grad(&a->sc, s, ig, jv, &d) : aj_score_mod_value(&a->sc, s, ig, jv);
     if (!a->log2e_in_q)
         s = LLVMBuildFMul(b, s, aj_cv_splat(kb, aj_kb_f32(kb, AJ_LOG2E), w), "");
     LLVMValueRef vis = LLVMBuildICmp(b, LLVMIntSLT, jv, aj_cv_splat(kb, a->seq.len_k, w), "");
-    if (a->mask.hi_off)
-        vis = LLVMBuildAnd(b, vis, LLVMBuildICmp(b, LLVMIntSLE, jv, aj_cv_splat(kb,
-                           add(kb, ig, a->mask.hi_off), w), ""), "");
-    if (a->mask.lo_off)
-        vis = LLVMBuildAnd(b, vis, LLVMBuildICmp(b, LLVMIntSGE, jv, aj_cv_splat(kb,
-                           add(kb, ig, a->mask.lo_off), w), ""), "");
+    vis = LLVMBuildAnd(b, vis, aj_score_visible(&a->sc, ig, jv), "");
+    if (dmod)
+        *dmod = d ? LLVMBuildSelect(b, vis, d, LLVMConstNull(aj_cv_type(kb, w)), "") : NULL;
     return LLVMBuildSelect(b, vis, s, aj_cv_splat(kb, aj_kb_f32(kb, -INFINITY), w), "");
 }
 
-void aj_cpu_rows_for_keys(aj_cpu_attn *a, LLVMValueRef j0, LLVMValueRef j1,
-                          LLVMValueRef *i_lo, LLVMValueRef *i_hi)
+void aj_cpu_blocks(aj_kb *kb, int size, LLVMValueRef lo, LLVMValueRef hi, LLVMValueRef *begin,
+                   LLVMValueRef *end)
 {
-    aj_kb *kb = a->kb;
     LLVMBuilderRef b = kb->b;
-    /* j <= i + hi_off  <=>  i >= j - hi_off;  j >= i + lo_off  <=>  i <= j - lo_off */
-    LLVMValueRef lo = i32c(kb, 0);
-    LLVMValueRef hi = LLVMBuildSub(b, a->seq.len_q, i32c(kb, 1), "");
-    if (a->mask.hi_off)
-        lo = aj_kb_smax(kb, lo, LLVMBuildSub(b, j0, a->mask.hi_off, ""));
-    if (a->mask.lo_off)
-        hi = aj_kb_smin(kb, hi, LLVMBuildSub(b, LLVMBuildSub(b, j1, i32c(kb, 1), ""),
-                                             a->mask.lo_off, ""));
-    *i_lo = lo;
-    *i_hi = hi;
+    LLVMValueRef n = i32c(kb, size);
+    LLVMValueRef empty = LLVMBuildICmp(b, LLVMIntSLT, hi, lo, "");
+    *begin = LLVMBuildSelect(b, empty, i32c(kb, 0), LLVMBuildSDiv(b, lo, n, ""), "blk_begin");
+    *end = LLVMBuildSelect(b, empty, i32c(kb, 0), LLVMBuildSDiv(b, add(kb, hi, n), n, ""),
+                           "blk_end");
 }
 
 void aj_cpu_key_blocks(aj_cpu_attn *a, int bn, LLVMValueRef i0, LLVMValueRef i1,
                        LLVMValueRef *begin, LLVMValueRef *end)
 {
+    LLVMValueRef j_lo, j_hi;
+    aj_score_key_range(&a->sc, i0, i1, a->seq.len_k, &j_lo, &j_hi);
+    aj_cpu_blocks(a->kb, bn, j_lo, j_hi, begin, end);
+}
+
+void aj_cpu_row_blocks(aj_cpu_attn *a, int bm, LLVMValueRef j0, LLVMValueRef j1,
+                       LLVMValueRef *begin, LLVMValueRef *end)
+{
+    LLVMValueRef i_lo, i_hi;
+    aj_score_row_range(&a->sc, j0, j1, a->seq.len_q, &i_lo, &i_hi);
+    aj_cpu_blocks(a->kb, bm, i_lo, i_hi, begin, end);
+}
+
+void aj_cpu_skip_begin(aj_cpu_attn *a, LLVMValueRef i0, LLVMValueRef rows, LLVMValueRef j0,
+                       LLVMValueRef keys)
+{
+    if (!aj_score_has_rest(a->prog))
+        return;   /* the band ranges hold no skip tile */
     aj_kb *kb = a->kb;
     LLVMBuilderRef b = kb->b;
-    LLVMValueRef j_lo = aj_attn_row_key_lo(kb, &a->mask, i0);
-    LLVMValueRef j_hi = aj_attn_row_key_hi(kb, &a->mask, a->seq.len_k, i1);
-    LLVMValueRef n = i32c(kb, bn);
-    LLVMValueRef empty = LLVMBuildICmp(b, LLVMIntSLT, j_hi, j_lo, "");
-    *begin = LLVMBuildSelect(b, empty, i32c(kb, 0), LLVMBuildSDiv(b, j_lo, n, ""), "n_begin");
-    *end = LLVMBuildSelect(b, empty, i32c(kb, 0), LLVMBuildSDiv(b, add(kb, j_hi, n), n, ""),
-                           "n_end");
+    LLVMValueRef one = i32c(kb, 1);
+    LLVMValueRef cls = aj_score_tile_class(&a->sc, i0, LLVMBuildSub(b, add(kb, i0, rows), one, ""),
+                                           j0, LLVMBuildSub(b, add(kb, j0, keys), one, ""));
+    aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntNE, cls, i32c(kb, AJ_TILE_SKIP), ""));
+}
+
+void aj_cpu_skip_end(aj_cpu_attn *a)
+{
+    if (aj_score_has_rest(a->prog))
+        aj_kb_if_end(a->kb);
 }

@@ -3,7 +3,8 @@
  * stack buffers filled from tensors (widened, optionally transposed), two
  * register-tiled matrix products, and the score of a (row, key) pair with
  * its mods and mask -- one definition each, so the backward recomputes
- * exactly the forward's probabilities.
+ * exactly the forward's probabilities.  The mask and score_mod are the
+ * op's score programs (score.h), read through nothing else.
  *
  * Register tiles, W = floats per vector (cpu_vec.h):
  *
@@ -19,37 +20,43 @@
 #include "codegen/codegen.h"
 #include "templates/attn_common.h"
 #include "templates/cpu_vec.h"
+#include "templates/score.h"
 
 #define AJ_CPU_RM 4   /* rows of a register tile */
 #define AJ_CPU_CN 2   /* key vectors of a gemm_nt tile */
 
 /*
  * The sequence a work item of batch index bidx computes.  Padded: the
- * seq_q / seq_k / mask_shift parameters and starts 0.  layout = varlen:
+ * seq_q / seq_k parameters, starts 0, and the programs' totals
+ * seq_q_total / seq_k_total (aj_score_add_params).  layout = varlen:
  * sequence bidx of the packed tensors, whose rows start at cu_seqlens[bidx]
  * (runtime/launch.c binds the tensors as padded views of batch stride 0),
- * with bottom_right's shift from sq_total / sk_total, each 0 meaning the
- * sequence's own length -- as the flash templates.
+ * with the totals from sq_total / sk_total, each 0 meaning the sequence's
+ * own length -- as the flash templates.
  */
 typedef struct aj_cpu_seq {
     LLVMValueRef len_q, len_k;       /* i32 */
     LLVMValueRef start_q, start_k;   /* i64: first packed row, 0 when padded */
-    LLVMValueRef shift;              /* i64: the mask's shift */
+    LLVMValueRef sq, sk;             /* i64 totals, NULL when the programs read none */
 } aj_cpu_seq;
 
-/* Layout and head dims of an op for the cpu kernel `who`: both layouts,
- * but no bias with varlen (no template defines a bias over packed
- * sequences: the flash ones have no bias, the efficient ones no varlen). */
-aj_status aj_cpu_check_layout(aj_ctx *ctx, const aj_op *op, const char *who);
+/* Layout, head dims and score programs of an op for the cpu kernel `who`:
+ * both layouts, but no bias with varlen (no template defines a bias over
+ * packed sequences: the flash ones have no bias, the efficient ones no
+ * varlen). */
+aj_status aj_cpu_check_op(aj_ctx *ctx, const aj_op *op, const char *who);
 /* The tiles of the cpu kernel `who` on w-float vectors: block_m (default_bm
  * when the schedule leaves it unset) and block_n (a multiple of CN vectors,
  * default 64 or one such multiple); warps and stages, which the cpu target
  * does not have, are AJ_ERR_UNSUPPORTED. */
 aj_status aj_cpu_plan_tiles(aj_ctx *ctx, const aj_op *op, const char *who, int w, int default_bm,
                             int *bm, int *bn);
-/* The parameters aj_cpu_seq_of reads, for the op's layout. */
-void aj_cpu_add_seq_params(aj_kb *kb, const aj_op *op);
-void aj_cpu_seq_of(aj_kb *kb, const aj_op *op, LLVMValueRef bidx, aj_cpu_seq *s);
+/* The parameters aj_cpu_seq_of and the programs read, for the op's
+ * layout (varlen kernels take their totals from sq_total / sk_total; the
+ * programs' seq_q_total / seq_k_total are declared but unread there). */
+void aj_cpu_add_seq_params(aj_kb *kb, const aj_op *op, const aj_score_prog *prog);
+void aj_cpu_seq_of(aj_kb *kb, const aj_op *op, const aj_score_prog *prog, LLVMValueRef bidx,
+                   aj_cpu_seq *s);
 /* Element offset of row 0 of slice (bidx, h) of tensor t in the sequence:
  * the slice base plus `start` rows of stride_<t>_s. */
 LLVMValueRef aj_cpu_seq_base(aj_kb *kb, const char *t, LLVMValueRef bidx, LLVMValueRef h,
@@ -59,19 +66,26 @@ LLVMValueRef aj_cpu_seq_base(aj_kb *kb, const char *t, LLVMValueRef bidx, LLVMVa
 typedef struct aj_cpu_attn {
     aj_kb *kb;
     const aj_op *op;
+    const aj_score_prog *prog;   /* the op's mask and score_mod */
     int w;                       /* floats per vector */
     int log2e_in_q;              /* Q carries scale log2 e: scores need no multiply */
     aj_cpu_seq seq;              /* of batch index bidx */
-    aj_attn_mask mask;
-    LLVMValueRef qk_offset;      /* i64: q_offset - kv_offset (alibi) */
-    LLVMValueRef slope;          /* f32 (alibi) */
+    aj_score sc;                 /* the programs at (bidx, h), W lanes */
     LLVMValueRef bias_base;      /* i64: element offset of bias slice (b, h) (bias) */
 } aj_cpu_attn;
 
+/* Whether Q can carry scale log2 e for `prog`: no score_mod and no bias
+ * need the score in natural units. */
+static inline int aj_cpu_log2e_in_q(const aj_op *op, const aj_score_prog *prog)
+{
+    return !aj_score_has_mod(prog) && op->bias == AJ_BIAS_NONE;
+}
+
 /* Sets the fields from the kernel parameters for query head h of batch
- * (varlen: sequence) bidx (bias_base and slope follow h). */
-void aj_cpu_attn_init(aj_cpu_attn *a, aj_kb *kb, const aj_op *op, int log2e_in_q,
-                      LLVMValueRef bidx, LLVMValueRef h);
+ * (varlen: sequence) bidx; positions are q_offset + i and kv_offset + j
+ * of the sequence. */
+void aj_cpu_attn_init(aj_cpu_attn *a, aj_kb *kb, const aj_op *op, const aj_score_prog *prog,
+                      int log2e_in_q, LLVMValueRef bidx, LLVMValueRef h);
 
 /* <n x float> and f32 loads and stores of the stack buffers (4-byte
  * alignment: tiles start anywhere in a row) */
@@ -106,16 +120,32 @@ void aj_cpu_gemm_acc(aj_kb *kb, int ncols, LLVMValueRef c, LLVMValueRef rscale,
                      LLVMValueRef m_end);
 
 /* The W scores (log2 units) of row ig for keys jv (both local indices of
- * the call; jv an <W x i32>) from s = the scaled q.k: bias, softcap,
- * alibi, the factor log2 e, then -inf where the mask or Sk hides a key. */
-LLVMValueRef aj_cpu_scores(aj_cpu_attn *a, LLVMValueRef s, LLVMValueRef ig, LLVMValueRef jv);
+ * the call; jv an <W x i32>) from s = the scaled q.k: bias, the
+ * score_mod, the factor log2 e, then -inf where the mask or Sk hides a
+ * key.  With dmod (the backward), *dmod = d score_mod / d score per key,
+ * 0 where hidden (so that dS = 0 there whatever the derivative is), or
+ * NULL when the op has no score_mod (the derivative is 1). */
+LLVMValueRef aj_cpu_scores(aj_cpu_attn *a, LLVMValueRef s, LLVMValueRef ig, LLVMValueRef jv,
+                           LLVMValueRef *dmod);
 
-/* Query rows that may see keys [j0, j1) (local): [*i_lo, *i_hi], clamped to
- * [0, Sq - 1]; empty when *i_hi < *i_lo. */
-void aj_cpu_rows_for_keys(aj_cpu_attn *a, LLVMValueRef j0, LLVMValueRef j1,
-                          LLVMValueRef *i_lo, LLVMValueRef *i_hi);
-/* Key blocks of bn keys [*begin, *end) that rows [i0, i1] may see. */
+/* Blocks of `size` [*begin, *end) holding indices [lo, hi] (i32); empty
+ * when hi < lo. */
+void aj_cpu_blocks(aj_kb *kb, int size, LLVMValueRef lo, LLVMValueRef hi, LLVMValueRef *begin,
+                   LLVMValueRef *end);
+/* Key blocks of bn keys [*begin, *end) that the band shows rows [i0, i1]. */
 void aj_cpu_key_blocks(aj_cpu_attn *a, int bn, LLVMValueRef i0, LLVMValueRef i1,
                        LLVMValueRef *begin, LLVMValueRef *end);
+/* Row blocks of bm rows [*begin, *end) that the band shows keys [j0, j1]. */
+void aj_cpu_row_blocks(aj_cpu_attn *a, int bm, LLVMValueRef j0, LLVMValueRef j1,
+                       LLVMValueRef *begin, LLVMValueRef *end);
+
+/* Tiles inside the band ranges may still hold no visible key where the
+ * mask has more than its band (a document mask, a chunked one):
+ * aj_cpu_skip_begin opens a block that runs only when rows [i0, i0 +
+ * rows) x keys [j0, j0 + keys) (rows, keys >= 1) are not a skip tile,
+ * aj_cpu_skip_end closes it; both do nothing for a band-only mask. */
+void aj_cpu_skip_begin(aj_cpu_attn *a, LLVMValueRef i0, LLVMValueRef rows, LLVMValueRef j0,
+                       LLVMValueRef keys);
+void aj_cpu_skip_end(aj_cpu_attn *a);
 
 #endif /* AJ_TEMPLATES_CPU_ATTN_H */

@@ -6,14 +6,19 @@
  *
  *   P_ij  = 2^(s_ij - LSE_i log2 e)      (s in log2 units, -inf where hidden)
  *   dP_ij = z_ij dO_i . v_j              z = keep / (1 - p) with dropout, else 1
- *   dS_ij = P_ij (dP_ij - Delta_i) [(1 - tanh^2) with softcap],  Delta_i = dO_i . O_i
+ *   dS_ij = P_ij (dP_ij - Delta_i) m'_ij,   Delta_i = dO_i . O_i
+ *
+ * m' = d score_mod / d score (score.h's derivative of the program; 1
+ * without a score_mod); side tensors take no gradient.
  *
  *   stage 0, dkdv: one item per (key block of bn keys, kv head, batch)
  *                  dV_j = sum_i z_ij P_ij dO_i      dK_j = scale sum_i dS_ij q_i
  *                  over the query heads of the group and the query blocks of
- *                  bm rows that can see the keys (GQA summed in the item)
+ *                  bm rows that can see the keys (GQA summed in the item;
+ *                  skip tiles of the mask not visited)
  *   stage 1, dq:   one item per (query block, head, batch)
  *                  dQ_i = scale sum_j dS_ij k_j over the visible key blocks
+ *                  (likewise without skip tiles)
  *
  * Both per block, on the stack (f32):
  *
@@ -67,7 +72,7 @@ static aj_status plan_kernel(aj_ctx *ctx, const aj_op *op, cbwd_plan *p)
 
 static aj_status cbwd_check(aj_ctx *ctx, const aj_op *op, aj_target target)
 {
-    aj_status st = aj_cpu_check_layout(ctx, op, "cpu backward");
+    aj_status st = aj_cpu_check_op(ctx, op, "cpu backward");
     if (st != AJ_OK)
         return st;
     cbwd_plan plan;
@@ -80,6 +85,7 @@ typedef struct cbwd {
     aj_kb *kb;
     LLVMBuilderRef b;
     const aj_op *op;
+    const aj_score_prog *prog;   /* the mask and score_mod */
     cbwd_plan p;
     aj_cpu_attn at;              /* of the current (b, h) */
     aj_attn_dropout drop;        /* of the current (b, h) */
@@ -135,8 +141,8 @@ static void vstore(cbwd *c, LLVMValueRef v, LLVMValueRef ptr)
  * `dbias` (the dq stage of a bias op) dbias, its strides and the sizes
  * that fold (b, h) pairs onto its slices -- the names runtime/launch.c
  * binds, as the efficient backward's. */
-static void declare_params(aj_kb *kb, const aj_op *op, const char *const *outs, int nouts,
-                           int dbias)
+static void declare_params(aj_kb *kb, const aj_op *op, const aj_score_prog *prog,
+                           const char *const *outs, int nouts, int dbias)
 {
     const char *const in[] = {"q", "k", "v", "o", "do"};
     for (int i = 0; i < 5; i++)
@@ -144,8 +150,6 @@ static void declare_params(aj_kb *kb, const aj_op *op, const char *const *outs, 
     aj_kb_add_param(kb, "lse", AJ_PARAM_PTR);
     for (int i = 0; i < nouts; i++)
         aj_kb_add_param(kb, outs[i], AJ_PARAM_PTR);
-    if (op->score_mod.kind == AJ_SCORE_MOD_ALIBI)
-        aj_kb_add_param(kb, "alibi_slopes", AJ_PARAM_PTR);
     char name[32];
     for (int t = 0; t < 5 + nouts; t++)
         for (int i = 0; i < 3; i++) {
@@ -158,7 +162,7 @@ static void declare_params(aj_kb *kb, const aj_op *op, const char *const *outs, 
     aj_kb_add_param(kb, "heads_kv", AJ_PARAM_I32);
     aj_kb_add_param(kb, "q_offset", AJ_PARAM_I64);
     aj_kb_add_param(kb, "kv_offset", AJ_PARAM_I64);
-    aj_cpu_add_seq_params(kb, op);
+    aj_cpu_add_seq_params(kb, op, prog);
     if (op->bias == AJ_BIAS_ADD) {
         aj_kb_add_param(kb, "bias", AJ_PARAM_PTR);
         aj_kb_add_param(kb, "stride_bias_b", AJ_PARAM_I64);
@@ -199,7 +203,7 @@ static void alloc_buffers(cbwd *c)
 /* Scores and the dropout stream of query head h of batch bidx. */
 static void set_head(cbwd *c, LLVMValueRef bidx, LLVMValueRef h)
 {
-    aj_cpu_attn_init(&c->at, c->kb, c->op, 0, bidx, h);
+    aj_cpu_attn_init(&c->at, c->kb, c->op, c->prog, 0, bidx, h);
     if (c->op->dropout > 0)
         c->drop = aj_attn_dropout_stream(c->kb, param(c, "dropout_seed"),
                                          param(c, "dropout_offset"), param(c, "q_offset"),
@@ -297,7 +301,8 @@ static void emit_probabilities(cbwd *c, LLVMValueRef m0, LLVMValueRef n0)
         LLVMValueRef at = add(c, row, i32c(c, n * w));
         LLVMValueRef jv = LLVMBuildAdd(b, aj_cv_splat(kb, add(c, n0, i32c(c, n * w)), w),
                                        aj_cv_iota(kb, w), "");
-        LLVMValueRef s2 = aj_cpu_scores(&c->at, vload(c, buf_at(c, c->s, at), w), ig, jv);
+        LLVMValueRef dmod;
+        LLVMValueRef s2 = aj_cpu_scores(&c->at, vload(c, buf_at(c, c->s, at), w), ig, jv, &dmod);
         LLVMValueRef pv = aj_cv_exp2(kb, LLVMBuildFSub(b, s2, lse, ""), w);
         LLVMValueRef dpv = vload(c, buf_at(c, c->dp, at), w);
         LLVMValueRef pz = pv;
@@ -307,18 +312,8 @@ static void emit_probabilities(cbwd *c, LLVMValueRef m0, LLVMValueRef n0)
             dpv = LLVMBuildFMul(b, dpv, z, "");
         }
         LLVMValueRef ds = LLVMBuildFMul(b, pv, LLVMBuildFSub(b, dpv, delta, ""), "");
-        if (op->score_mod.kind == AJ_SCORE_MOD_SOFTCAP) {
-            /* t = tanh(s / C) = s2 / (C log2 e); hidden keys (s2 = -inf,
-             * P = 0) take the factor 0, not -inf */
-            LLVMValueRef t = LLVMBuildFMul(b, s2, aj_cv_splat(kb, aj_kb_f32(kb,
-                                           1.0 / (op->score_mod.softcap * AJ_LOG2E)), w), "");
-            LLVMValueRef f = LLVMBuildFSub(b, aj_cv_splat(kb, aj_kb_f32(kb, 1.0), w),
-                                           LLVMBuildFMul(b, t, t, ""), "");
-            LLVMValueRef hidden = LLVMBuildFCmp(b, LLVMRealOEQ, s2, aj_cv_splat(kb,
-                                                aj_kb_f32(kb, -INFINITY), w), "");
-            f = LLVMBuildSelect(b, hidden, LLVMConstNull(aj_cv_type(kb, w)), f, "");
-            ds = LLVMBuildFMul(b, ds, f, "");
-        }
+        if (dmod)   /* the chain rule through the score_mod (0 where hidden) */
+            ds = LLVMBuildFMul(b, ds, dmod, "");
         vstore(c, pz, buf_at(c, c->s, at));
         vstore(c, ds, buf_at(c, c->dp, at));
     }
@@ -365,7 +360,7 @@ static void build_dkdv(cbwd *c)
     LLVMBuilderRef b = c->b;
     const cbwd_plan *p = &c->p;
     static const char *const outs[] = {"dk", "dv"};
-    declare_params(kb, c->op, outs, 2, 0);
+    declare_params(kb, c->op, c->prog, outs, 2, 0);
     aj_kb_begin_stage(kb, "dkdv", 1);
     alloc_buffers(c);
     LLVMValueRef dk = aj_cv_buffer(kb, p->bn * p->d, "dkbuf");
@@ -373,7 +368,7 @@ static void build_dkdv(cbwd *c)
     LLVMValueRef hkv = item(c, 1), bidx = item(c, 2);
     LLVMValueRef n0 = mul(c, item(c, 0), i32c(c, p->bn));
     aj_cpu_seq seq;
-    aj_cpu_seq_of(kb, c->op, bidx, &seq);
+    aj_cpu_seq_of(kb, c->op, c->prog, bidx, &seq);
     /* varlen: the grid covers the longest sequence; items past this one's
      * end have nothing to do */
     aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntSLT, n0, seq.len_k, ""));
@@ -391,18 +386,16 @@ static void build_dkdv(cbwd *c)
     {
         LLVMValueRef h = add(c, mul(c, hkv, group), g);
         set_head(c, bidx, h);
-        LLVMValueRef i_lo, i_hi;
-        aj_cpu_rows_for_keys(&c->at, n0, add(c, n0, kcount), &i_lo, &i_hi);
+        LLVMValueRef m_begin, m_end;
+        aj_cpu_row_blocks(&c->at, p->bm, n0, LLVMBuildSub(b, add(c, n0, kcount), i32c(c, 1), ""),
+                          &m_begin, &m_end);
         LLVMValueRef bm = i32c(c, p->bm);
-        LLVMValueRef none = LLVMBuildICmp(b, LLVMIntSLT, i_hi, i_lo, "");
-        LLVMValueRef m_begin = LLVMBuildSelect(b, none, i32c(c, 0), LLVMBuildSDiv(b, i_lo, bm, ""),
-                                               "");
-        LLVMValueRef m_end = LLVMBuildSelect(b, none, i32c(c, 0), LLVMBuildSDiv(b, add(c, i_hi,
-                                             bm), bm, ""), "");
         LLVMValueRef m = aj_kb_for_begin(kb, m_begin, m_end, i32c(c, 1), "m");
         {
             LLVMValueRef m0 = mul(c, m, bm);
-            load_query_side(c, bidx, h, m0, rows_from(c, m0));
+            LLVMValueRef rows = rows_from(c, m0);
+            aj_cpu_skip_begin(&c->at, m0, rows, n0, kcount);
+            load_query_side(c, bidx, h, m0, rows);
             aj_cpu_gemm_nt(kb, p->w, c->s, c->q, p->d, c->kt, p->bn, bm);
             aj_cpu_gemm_nt(kb, p->w, c->dp, c->dob, p->dv, c->vt, p->bn, bm);
             emit_probabilities(c, m0, n0);
@@ -410,6 +403,7 @@ static void build_dkdv(cbwd *c)
             aj_cpu_gemm_acc(kb, p->dv, dv, NULL, c->s, 1, p->bn, c->dob, p->bm,
                             i32c(c, p->bn));
             aj_cpu_gemm_acc(kb, p->d, dk, NULL, c->dp, 1, p->bn, c->q, p->bm, i32c(c, p->bn));
+            aj_cpu_skip_end(&c->at);
         }
         aj_kb_for_end(kb);
     }
@@ -457,7 +451,7 @@ static void build_dq(cbwd *c)
     const aj_op *op = c->op;
     int has_bias = op->bias == AJ_BIAS_ADD;
     static const char *const outs[] = {"dq"};
-    declare_params(kb, op, outs, 1, has_bias);
+    declare_params(kb, op, c->prog, outs, 1, has_bias);
     aj_kb_begin_stage(kb, "dq", 1);
     alloc_buffers(c);
     c->kn = aj_cv_buffer(kb, p->bn * p->d, "knbuf");
@@ -507,6 +501,8 @@ static void build_dq(cbwd *c)
             LLVMValueRef n0 = mul(c, n, i32c(c, p->bn));
             LLVMValueRef kcount = aj_kb_smin(kb, i32c(c, p->bn), LLVMBuildSub(b, c->at.seq.len_k,
                                                                               n0, ""));
+            if (!has_bias)   /* with bias every tile writes its dbias */
+                aj_cpu_skip_begin(&c->at, m0, rows, n0, kcount);
             aj_cpu_load_cols(kb, c->kt, p->d, p->bn, "k", p->dtype, k_base,
                              param(c, "stride_k_s"), n0, kcount);
             aj_cpu_load_rows(kb, c->kn, p->d, "k", p->dtype, k_base, param(c, "stride_k_s"), n0,
@@ -523,6 +519,8 @@ static void build_dq(cbwd *c)
                                                     LLVMBuildICmp(b, LLVMIntEQ, ph, i32c(c, 0),
                                                                   ""), ""),
                            m0, rows, n0, kcount);
+            if (!has_bias)
+                aj_cpu_skip_end(&c->at);
         }
         aj_kb_for_end(kb);
         store_rows(c, dq, p->d, "dq", aj_cpu_seq_base(kb, "dq", bidx, h, c->at.seq.start_q), m0,
@@ -548,6 +546,11 @@ static aj_status cbwd_build(aj_kb *kb, const aj_op *op, void *user)
     aj_status st = plan_kernel(kb->ctx, op, &c.p);
     if (st != AJ_OK)
         return st;
+    static _Thread_local aj_score_prog prog;   /* large for a stack */
+    st = aj_score_prog_init(kb->ctx, op, &prog);
+    if (st != AJ_OK)
+        return st;
+    c.prog = &prog;
     build_dkdv(&c);
     build_dq(&c);
     return kb->st;
@@ -560,6 +563,7 @@ const aj_template aj_template_cpu_bwd_flash = {
     .check = cbwd_check,
     .build = cbwd_build,
     .targets = 1u << AJ_TARGET_CPU,
+    .programs = true,
 };
 
 const aj_template aj_template_cpu_bwd_efficient = {
@@ -569,4 +573,5 @@ const aj_template aj_template_cpu_bwd_efficient = {
     .check = cbwd_check,
     .build = cbwd_build,
     .targets = 1u << AJ_TARGET_CPU,
+    .programs = true,
 };

@@ -15,8 +15,9 @@
  *   S  [bm][bn]   scores, then probabilities in place
  *   O  [bm][Dv]   the output accumulator; m, l, alpha [bm] the row statistics
  *
- * For each key block the mask can see (tile skipping with the global
- * positions of attn_common), with W = the host's floats per register:
+ * For each key block the band of the mask can see, but skip tiles (score.h:
+ * the class of the item's rows x the block), with W = the host's floats
+ * per register:
  *
  *   S = Q Kt     register tiles of RM rows x CN*W keys: per d, CN vector
  *                loads of Kt, RM broadcasts of Q, RM*CN FMAs
@@ -26,7 +27,7 @@
  *          ...        │ ...
  *          Q[i0+RM-1] │ acc[RM-1][..]
  *
- *   softmax      per row, W keys at a time: score mods, mask, running max
+ *   softmax      per row, W keys at a time: score_mod, mask, running max
  *                (log2 units), P = 2^(s - m) by a polynomial, row sum
  *   O += P V     register tiles of RM rows x CV*VW output columns; the
  *                tile is rescaled by alpha = 2^(m_old - m_new) on load
@@ -36,7 +37,8 @@
  * LSE = -inf.
  *
  * Options: bias (a broadcastable [B, Hq, Sq, Sk] added to the scaled score
- * before softcap and alibi), softcap, alibi, dropout (Philox keep mask of
+ * before the score_mod), any mask and score_mod (built-in or expression:
+ * the op's score programs), dropout (Philox keep mask of
  * attn_common, after the statistics), accumulate, layout = varlen (the
  * item's sequence from cu_seqlens, aj_cpu_seq_of; grid over max_seqlen_q
  * and the sequences).  Launch contract as the GPU templates: Sq, Sk <
@@ -75,7 +77,7 @@ static aj_status plan_kernel(aj_ctx *ctx, const aj_op *op, cfwd_plan *p)
 
 static aj_status cfwd_check(aj_ctx *ctx, const aj_op *op, aj_target target)
 {
-    aj_status st = aj_cpu_check_layout(ctx, op, "cpu forward");
+    aj_status st = aj_cpu_check_op(ctx, op, "cpu forward");
     if (st != AJ_OK)
         return st;
     cfwd_plan plan;
@@ -89,7 +91,7 @@ typedef struct cfwd {
     LLVMBuilderRef b;
     const aj_op *op;
     cfwd_plan p;
-    aj_cpu_attn at;                 /* scores: mods, mask */
+    aj_cpu_attn at;                 /* scores: score_mod, mask */
     LLVMValueRef m0, rows, rows_pad;  /* i32: first row, rows of the item, rounded to RM */
     aj_attn_dropout drop;
     LLVMValueRef q, kt, v, s, o;    /* the stack buffers */
@@ -152,13 +154,11 @@ static const char *out_name(const aj_op *op)
     return op->accumulate ? "o_acc" : "o";
 }
 
-static void declare_params(aj_kb *kb, const aj_op *op)
+static void declare_params(aj_kb *kb, const aj_op *op, const aj_score_prog *prog)
 {
     const char *const ptrs[] = {"q", "k", "v", out_name(op), "lse"};
     for (int i = 0; i < 5; i++)
         aj_kb_add_param(kb, ptrs[i], AJ_PARAM_PTR);
-    if (op->score_mod.kind == AJ_SCORE_MOD_ALIBI)
-        aj_kb_add_param(kb, "alibi_slopes", AJ_PARAM_PTR);
     if (op->bias == AJ_BIAS_ADD)
         aj_kb_add_param(kb, "bias", AJ_PARAM_PTR);
     static const char *const strides[] = {
@@ -185,7 +185,7 @@ static void declare_params(aj_kb *kb, const aj_op *op)
     aj_kb_add_param(kb, "heads_kv", AJ_PARAM_I32);
     aj_kb_add_param(kb, "q_offset", AJ_PARAM_I64);
     aj_kb_add_param(kb, "kv_offset", AJ_PARAM_I64);
-    aj_cpu_add_seq_params(kb, op);
+    aj_cpu_add_seq_params(kb, op, prog);
 }
 
 /* The online softmax of each row over this key block: S becomes P,
@@ -207,7 +207,7 @@ static void emit_softmax(cfwd *c, LLVMValueRef n0)
         LLVMValueRef jv = LLVMBuildAdd(b, aj_cv_splat(kb, add(c, n0, i32c(c, n * w)), w),
                                        aj_cv_iota(kb, w), "");
         s[n] = aj_cpu_scores(&c->at, vload(c, buf_at(c, c->s, add(c, srow, i32c(c, n * w))),
-                                           w), ig, jv);
+                                           w), ig, jv, NULL);
         mx = aj_cv_max(kb, mx, s[n]);
     }
     LLVMValueRef m_old = fload(c, buf_at(c, c->m, i));
@@ -362,11 +362,15 @@ static aj_status cfwd_build(aj_kb *kb, const aj_op *op, void *user)
         return st;
     const cfwd_plan *p = &c.p;
     LLVMBuilderRef b = kb->b;
-    /* without score mods, Q takes scale log2 e once, and scores need no
-     * multiply; the mods see the scaled score in natural units */
-    int log2e_in_q = op->score_mod.kind == AJ_SCORE_MOD_NONE && op->bias == AJ_BIAS_NONE;
+    static _Thread_local aj_score_prog prog;   /* large for a stack */
+    st = aj_score_prog_init(kb->ctx, op, &prog);
+    if (st != AJ_OK)
+        return st;
+    /* without a score_mod, Q takes scale log2 e once, and scores need no
+     * multiply; the score_mod sees the scaled score in natural units */
+    int log2e_in_q = aj_cpu_log2e_in_q(op, &prog);
 
-    declare_params(kb, op);
+    declare_params(kb, op, &prog);
     aj_kb_begin(kb, 1);
     c.q = aj_cv_buffer(kb, p->bm * p->d, "qbuf");
     c.kt = aj_cv_buffer(kb, p->d * p->bn, "ktbuf");
@@ -383,7 +387,7 @@ static aj_status cfwd_build(aj_kb *kb, const aj_op *op, void *user)
                                                          i32c(&c, d)), "");
     LLVMValueRef h = item[1], bidx = item[2];
     c.m0 = LLVMBuildMul(b, item[0], i32c(&c, p->bm), "m0");
-    aj_cpu_attn_init(&c.at, kb, op, log2e_in_q, bidx, h);
+    aj_cpu_attn_init(&c.at, kb, op, &prog, log2e_in_q, bidx, h);
     const aj_cpu_seq *seq = &c.at.seq;
     /* varlen: the grid covers the longest sequence; items past this one's
      * end have nothing to do */
@@ -414,6 +418,7 @@ static aj_status cfwd_build(aj_kb *kb, const aj_op *op, void *user)
         LLVMValueRef n0 = LLVMBuildMul(b, n, i32c(&c, p->bn), "n0");
         LLVMValueRef kcount = aj_kb_smin(kb, i32c(&c, p->bn), LLVMBuildSub(b, seq->len_k, n0,
                                                                            ""));
+        aj_cpu_skip_begin(&c.at, c.m0, c.rows, n0, kcount);
         /* keys past Sk are zero: masked anyway, and 0 * V must not meet a
          * stale NaN */
         aj_cpu_load_cols(kb, c.kt, p->d, p->bn, "k", p->dtype, k_base, param(&c, "stride_k_s"),
@@ -425,6 +430,7 @@ static aj_status cfwd_build(aj_kb *kb, const aj_op *op, void *user)
         if (op->dropout > 0)
             emit_dropout(&c, n0, kcount);
         aj_cpu_gemm_acc(kb, p->dv, c.o, c.alpha, c.s, p->bn, 1, c.v, p->bn, c.rows_pad);
+        aj_cpu_skip_end(&c.at);
     }
     aj_kb_for_end(kb);
     emit_epilogue(&c, o_base, lse_base);
@@ -444,6 +450,7 @@ const aj_template aj_template_cpu_fwd_flash = {
     .check = cfwd_check,
     .build = cfwd_build,
     .targets = 1u << AJ_TARGET_CPU,
+    .programs = true,
 };
 
 const aj_template aj_template_cpu_fwd_efficient = {
@@ -453,4 +460,5 @@ const aj_template aj_template_cpu_fwd_efficient = {
     .check = cfwd_check,
     .build = cfwd_build,
     .targets = 1u << AJ_TARGET_CPU,
+    .programs = true,
 };

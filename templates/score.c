@@ -34,6 +34,30 @@ static const aj_expr_node *node(const aj_score_prog *p, uint16_t id)
     return &p->e.nodes[id];
 }
 
+/* A literal node, a copy of leaf. */
+static uint16_t add_leaf(builder *bd, aj_expr_node leaf)
+{
+    uint16_t id = NONE;
+    char msg[128];
+    if (bd->ok && !aj_expr_add(&bd->p->e, &bd->scope, AJ_EXPR_LIT, NULL, 0, &leaf, &id, msg,
+                               sizeof msg))
+        bd->ok = false;
+    return bd->ok ? id : NONE;
+}
+
+static uint16_t lit(builder *bd, aj_expr_type type, double v)
+{
+    aj_expr_node leaf = {.op = AJ_EXPR_LIT, .type = (uint8_t)type};
+    if (type == AJ_EXPR_FLOAT)
+        leaf.u.f = v;
+    else
+        leaf.u.i = (int64_t)v;
+    return add_leaf(bd, leaf);
+}
+
+/* A node over args.  The arena is `shared` (aj_expr): a fold never takes
+ * back the slots of literals that other nodes still use (the derivative's
+ * zero and one), and an int literal meeting a float is converted by copy. */
 static uint16_t mk(builder *bd, aj_expr_op op, const uint16_t *args, int n)
 {
     uint16_t id = NONE;
@@ -47,21 +71,6 @@ static uint16_t mk2(builder *bd, aj_expr_op op, uint16_t a, uint16_t b)
 {
     uint16_t args[2] = {a, b};
     return mk(bd, op, args, 2);
-}
-
-static uint16_t lit(builder *bd, aj_expr_type type, double v)
-{
-    aj_expr_node leaf = {.op = AJ_EXPR_LIT, .type = (uint8_t)type};
-    if (type == AJ_EXPR_FLOAT)
-        leaf.u.f = v;
-    else
-        leaf.u.i = (int64_t)v;
-    uint16_t id = NONE;
-    char msg[128];
-    if (bd->ok && !aj_expr_add(&bd->p->e, &bd->scope, AJ_EXPR_LIT, NULL, 0, &leaf, &id, msg,
-                               sizeof msg))
-        bd->ok = false;
-    return bd->ok ? id : NONE;
 }
 
 static bool is_lit(const aj_score_prog *p, uint16_t id, double v)
@@ -458,13 +467,21 @@ void aj_score_add_params(aj_kb *kb, const aj_score_prog *p)
 
 /* ---------------------------------------------------------------- emit */
 
-/* One emission: values of the nodes reached so far at one point (i, j). */
+/*
+ * One emission: values of the nodes reached so far at one point (i, j).
+ * With lanes, a node that reads neither k nor the score has one value for
+ * every lane (alibi's slopes[h], doc[b, q]): it is emitted once as a
+ * scalar and splat, so a vector costs one load of it, not one per lane.
+ */
 typedef struct emitter {
     aj_score *s;
     int lanes;                 /* 0: scalar */
     LLVMValueRef i, j;         /* i32, j maybe <lanes x i32> */
     LLVMValueRef score;        /* f32 or vector, NULL outside score_mod */
-    LLVMValueRef memo[AJ_EXPR_NODES_MAX];
+    LLVMValueRef *memo;        /* vmemo, or umemo while a uniform node is emitted */
+    LLVMValueRef vmemo[AJ_EXPR_NODES_MAX];
+    LLVMValueRef umemo[AJ_EXPR_NODES_MAX];   /* scalar values of uniform nodes */
+    bool varies[AJ_EXPR_NODES_MAX];          /* lanes: reads k or score */
 } emitter;
 
 static LLVMTypeRef lane_type(emitter *m, LLVMTypeRef scalar)
@@ -572,22 +589,39 @@ static LLVMValueRef emit_load(emitter *m, const aj_expr_node *n)
     return out;
 }
 
+/* A cpu_vec.h function on this emission's lanes; a scalar (a uniform
+ * node, a tile's bounds) goes through it as a one-lane vector. */
+static LLVMValueRef host_math(emitter *m, LLVMValueRef (*fn)(aj_kb *, LLVMValueRef, int),
+                              LLVMValueRef x)
+{
+    aj_kb *kb = m->s->kb;
+    if (m->lanes)
+        return fn(kb, x, m->lanes);
+    LLVMValueRef zero = aj_kb_i32(kb, 0);
+    LLVMValueRef v = LLVMBuildInsertElement(kb->b, LLVMGetPoison(aj_cv_type(kb, 1)), x, zero, "");
+    return LLVMBuildExtractElement(kb->b, fn(kb, v, 1), zero, "");
+}
+
+/* exp, log, tanh: the cpu kernels' own (s->lanes: a host target, also for
+ * scalars there), else the GPU targets' intrinsics; sqrt and floor are
+ * LLVM's everywhere. */
 static LLVMValueRef emit_math(emitter *m, aj_expr_op op, LLVMValueRef a)
 {
     aj_kb *kb = m->s->kb;
     LLVMBuilderRef b = kb->b;
+    bool host = m->s->lanes > 0;
     LLVMValueRef log2e = splat(m, aj_kb_f32(kb, AJ_LOG2E)), ln2 = splat(m, aj_kb_f32(kb, AJ_LN2));
     switch (op) {
     case AJ_EXPR_EXP: {
         LLVMValueRef x = LLVMBuildFMul(b, a, log2e, "");
-        return m->lanes ? aj_cv_exp2(kb, x, m->lanes) : aj_kb_exp2(kb, x);
+        return host ? host_math(m, aj_cv_exp2, x) : aj_kb_exp2(kb, x);
     }
     case AJ_EXPR_LOG: {
-        LLVMValueRef l2 = m->lanes ? call_intrinsic(kb, "llvm.log2", &a, 1) : aj_kb_log2(kb, a);
+        LLVMValueRef l2 = host ? call_intrinsic(kb, "llvm.log2", &a, 1) : aj_kb_log2(kb, a);
         return LLVMBuildFMul(b, l2, ln2, "");
     }
     case AJ_EXPR_TANH:
-        return m->lanes ? aj_cv_tanh(kb, a, m->lanes) : aj_attn_tanh(kb, a);
+        return host ? host_math(m, aj_cv_tanh, a) : aj_attn_tanh(kb, a);
     case AJ_EXPR_SQRT:
         return call_intrinsic(kb, "llvm.sqrt", &a, 1);
     default:   /* floor */
@@ -661,6 +695,16 @@ static LLVMValueRef emit_node(emitter *m, uint16_t id)
 {
     if (m->memo[id])
         return m->memo[id];
+    if (m->lanes && !m->varies[id]) {
+        int lanes = m->lanes;
+        m->lanes = 0;
+        m->memo = m->umemo;
+        LLVMValueRef v = emit_node(m, id);
+        m->lanes = lanes;
+        m->memo = m->vmemo;
+        m->memo[id] = splat(m, v);
+        return m->memo[id];
+    }
     aj_kb *kb = m->s->kb;
     LLVMBuilderRef b = kb->b;
     const aj_expr_node *n = &m->s->p->e.nodes[id];
@@ -719,6 +763,14 @@ static void emitter_init(emitter *m, aj_score *s, int lanes, LLVMValueRef i, LLV
     m->i = i;
     m->j = j;
     m->score = score;
+    m->memo = m->vmemo;
+    if (lanes) {
+        static _Thread_local bool reads_score[AJ_EXPR_NODES_MAX];
+        mark_reads(s->p, AJ_VAR_K, m->varies);
+        mark_reads(s->p, AJ_VAR_SCORE, reads_score);
+        for (int n = 0; n < s->p->e.count; n++)
+            m->varies[n] = m->varies[n] || reads_score[n];
+    }
 }
 
 static LLVMValueRef clamp_to_i32(aj_kb *kb, LLVMValueRef v64)

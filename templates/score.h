@@ -38,8 +38,9 @@
  * cannot tell it says "partial".
  *
  * Positions, totals and b, h are i64 in the programs; local indices i, j
- * are i32 (scalar), or j an <W x i32> (the cpu kernels' vectors: every
- * value is then computed per lane).
+ * are i32 (scalar), or j an <W x i32> (the cpu kernels' vectors: a value
+ * that reads k or the score is computed per lane, any other once and
+ * splat; i stays a scalar).
  */
 #ifndef AJ_TEMPLATES_SCORE_H
 #define AJ_TEMPLATES_SCORE_H
@@ -155,7 +156,8 @@ static inline LLVMValueRef aj_score_row_lo(aj_score *s, LLVMValueRef i)
 
 /* The class (i32 aj_tile_class) of rows [i0, i1] x keys [j0, j1] (local,
  * inclusive, inside the lengths): the band's exactly, then the rest's by
- * interval arithmetic (scalar mode only). */
+ * interval arithmetic.  The bounds are scalar i32 and so is the class,
+ * whatever s->lanes (a vector kernel classes its tiles in scalar code). */
 LLVMValueRef aj_score_tile_class(aj_score *s, LLVMValueRef i0, LLVMValueRef i1,
                                  LLVMValueRef j0, LLVMValueRef j1);
 

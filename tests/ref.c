@@ -13,6 +13,8 @@
  */
 #include "ref.h"
 
+#include "ir/op.h"
+
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -524,4 +526,19 @@ void ref_philox4x32_10(const uint32_t ctr[4], const uint32_t key[2],
         x[3] = y3;
     }
     memcpy(out, x, sizeof x);
+}
+
+void ref_use_expressions(ref_problem *p, const aj_op *op, const aj_side_tensor *side, int count)
+{
+    p->expr = &op->expr;
+    if (op->mask.kind == AJ_MASK_EXPR) {
+        p->mask = AJ_MASK_EXPR;
+        p->mask_root = op->mask.root;
+    }
+    if (op->score_mod.kind == AJ_SCORE_MOD_EXPR) {
+        p->score_expr = true;
+        p->score_root = op->score_mod.root;
+    }
+    p->tensors = side;
+    p->tensor_count = count;
 }

@@ -81,6 +81,12 @@ typedef struct ref_problem {
     int tensor_count;
 } ref_problem;
 
+/* The expression fields of p from a parsed op whose mask or score_mod (or
+ * both) is expr(...): the interpreter reads the op's nodes, the ones the
+ * kernel compiled.  side[0 .. count-1] are the op's side tensors in host
+ * memory, in declaration order.  p keeps pointers into op and side. */
+void ref_use_expressions(ref_problem *p, const aj_op *op, const aj_side_tensor *side, int count);
+
 /* Whether key j is visible from query i of sequence b, query head h, and
  * the final score s_ij for the pre-softcap score t, with ds/dt in *ds_dt
  * (may be NULL): the two steps every entry point below takes, exposed so

@@ -1,6 +1,6 @@
 /*
  * score_cases.h -- score programs for the tests (test_score.c, the backward
- * sample in test_sim_backward.c): the example specs' fields, side tensor
+ * sample in test_sim_flash_bwd.c): the example specs' fields, side tensor
  * data made up for a declaration, and a generator of random well-typed
  * expressions that shrinks a failing one.
  *
@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "attnjit/attnjit.h"
+#include "spec_dir.h"
 
 /* ---------------------------------------------------------------- fields */
 
@@ -43,6 +44,65 @@ static void spec_field(const char *text, const char *field, char *out, size_t ca
         snprintf(out, cap, "%.*s", (int)len, p);
         return;
     }
+}
+
+/* The folder of the examples/scores specs: $AJ_SCORE_EXAMPLES, else
+ * examples/scores of the working directory. */
+static const char *score_examples_dir(void)
+{
+    const char *dir = getenv("AJ_SCORE_EXAMPLES");
+    return dir ? dir : "examples/scores";
+}
+
+/* An examples/scores spec: its op's info, and the text of its tensors
+ * ("" when absent), mask and score_mod ("none" when absent) fields. */
+typedef struct score_example {
+    aj_op_info info;
+    char tensors[512], mask[1024], mod[1024];
+} score_example;
+
+typedef void (*score_example_fn)(const char *name, const score_example *ex, int index,
+                                 void *user);
+
+typedef struct score_walk {
+    aj_ctx *ctx;
+    score_example_fn fn;
+    void *user;
+    int parsed;
+} score_walk;
+
+static void score_walk_file(const char *name, const char *path, const char *text, size_t len,
+                            void *walk)
+{
+    (void)path;
+    score_walk *w = walk;
+    static score_example ex;
+    aj_op *op = NULL;
+    if (!text || aj_op_parse(w->ctx, text, len, name, &op) != AJ_OK)
+        return;
+    aj_op_get_info(op, &ex.info);
+    aj_op_destroy(op);
+    spec_field(text, "tensors", ex.tensors, sizeof ex.tensors);
+    spec_field(text, "mask", ex.mask, sizeof ex.mask);
+    spec_field(text, "score_mod", ex.mod, sizeof ex.mod);
+    if (!ex.mask[0])
+        snprintf(ex.mask, sizeof ex.mask, "none");
+    if (!ex.mod[0])
+        snprintf(ex.mod, sizeof ex.mod, "none");
+    w->fn(name, &ex, w->parsed++, w->user);
+}
+
+/* Calls fn for every spec file of dir that parses (index: 0, 1, ... in
+ * the order they come); returns the number of spec files, -1 when dir
+ * cannot be opened, and in *parsed how many parsed (the parser's last
+ * message on ctx). */
+static int score_examples_each(aj_ctx *ctx, const char *dir, score_example_fn fn, void *user,
+                               int *parsed)
+{
+    score_walk w = {ctx, fn, user, 0};
+    int files = spec_dir_each(dir, score_walk_file, &w);
+    *parsed = w.parsed;
+    return files;
 }
 
 /* ---------------------------------------------------------------- side data */
@@ -142,7 +202,8 @@ typedef struct rx_tree {
     rx_node n[RX_MAX];
     int count;
     uint64_t rng;
-    bool score;               /* `score` may appear */
+    bool score;               /* `score` may appear: a score_mod, else a mask */
+    int index;                /* the case's number (rx_cases) */
 } rx_tree;
 
 static int rx_add(rx_tree *t, char type, const char *fmt, int nk, int a, int b, int c)
@@ -351,6 +412,32 @@ static int rx_shrink(rx_tree *t, int root, bool (*still_fails)(rx_tree *, int, v
         }
     }
     return root;
+}
+
+typedef bool (*rx_fails_fn)(rx_tree *t, int root, void *user);
+
+/*
+ * `count` random cases in *t: case i (t->index) is a mask for even i and
+ * a score_mod for odd i (t->score), a tree of depth 4 drawn from seed + i.
+ * Each one that `fails` shrinks and goes to `failed` with the root of its
+ * smallest failing tree.  Returns how many failed.
+ */
+static int rx_cases(rx_tree *t, int count, uint64_t seed, rx_fails_fn fails,
+                    void (*failed)(rx_tree *t, int root, void *user), void *user)
+{
+    int n = 0;
+    for (int i = 0; i < count; i++) {
+        memset(t, 0, sizeof *t);
+        t->rng = seed + (uint64_t)i;
+        t->index = i;
+        t->score = i % 2 == 1;
+        int root = rx_gen(t, t->score ? 'f' : 'b', 4);
+        if (!fails(t, root, user))
+            continue;
+        n++;
+        failed(t, rx_shrink(t, root, fails, user), user);
+    }
+    return n;
 }
 
 #endif /* AJ_TESTS_SCORE_CASES_H */

@@ -226,24 +226,6 @@ static void reference_problem(const fwd_case *c, const fwd_options *x, ref_probl
     p->offset = x->drop_offset;
 }
 
-/* The reference reads expression masks and score_mods from the parsed op
- * (the interpreter over the same nodes the kernel compiled). */
-static void reference_expressions(const aj_op *op, const aj_side_tensor *tensors, int count,
-                                  ref_problem *p)
-{
-    p->expr = &op->expr;
-    if (op->mask.kind == AJ_MASK_EXPR) {
-        p->mask = AJ_MASK_EXPR;
-        p->mask_root = op->mask.root;
-    }
-    if (op->score_mod.kind == AJ_SCORE_MOD_EXPR) {
-        p->score_expr = true;
-        p->score_root = op->score_mod.root;
-    }
-    p->tensors = tensors;
-    p->tensor_count = count;
-}
-
 /* Bytes a tensor spans (its data is contiguous in every layout used here). */
 static size_t device_bytes(const aj_tensor *t)
 {
@@ -303,19 +285,25 @@ static void to_device(aj_device *dev, aj_status *st, const void *host, size_t by
         *st = aj_device_copy_to(dev, *dev_ptr, host, bytes);
 }
 
-/* Side tensors in device memory (data copied); *st keeps the first failure. */
-static void side_to_device(aj_device *dev, aj_status *st, const fwd_options *x,
-                           aj_side_tensor *out)
+void side_to_device(aj_device *dev, aj_status *st, const aj_side_tensor *side, int n,
+                    aj_side_tensor *out)
 {
-    for (int i = 0; i < x->num_side; i++) {
-        out[i] = x->side[i];
-        size_t n = 1;
+    for (int i = 0; i < n; i++) {
+        out[i] = side[i];
+        size_t elems = 1;
         for (int d = 0; d < out[i].rank; d++)
-            n += (size_t)((out[i].shape[d] - 1) * out[i].strides[d]);
+            elems += (size_t)((out[i].shape[d] - 1) * out[i].strides[d]);
         void *p = NULL;
-        to_device(dev, st, x->side[i].data, n * 4, &p);
+        to_device(dev, st, side[i].data, elems * 4, &p);
         out[i].data = p;
     }
+}
+
+void side_free_device(aj_device *dev, aj_side_tensor *t, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (t[i].data)
+            aj_device_free(dev, (void *)t[i].data);
 }
 
 /* Runs the launch(es) of a case: one call, or accumulate calls over
@@ -452,7 +440,7 @@ fwd_result fwd_run_case_ext(aj_ctx *ctx, aj_device *dev, const fwd_case *c,
         to_device(dev, &r.status, host[i], bytes[i], &moved[i]->data);
     }
     aj_side_tensor side_dev[AJ_OP_TENSORS_MAX];
-    side_to_device(dev, &r.status, opts, side_dev);
+    side_to_device(dev, &r.status, opts->side, opts->num_side, side_dev);
     a.side = side_dev;
     a.num_side = opts->num_side;
     void *cu_dev[2] = {NULL, NULL};
@@ -480,9 +468,7 @@ fwd_result fwd_run_case_ext(aj_ctx *ctx, aj_device *dev, const fwd_case *c,
     for (int i = 0; i < 2; i++)
         if (cu_dev[i])
             aj_device_free(dev, cu_dev[i]);
-    for (int i = 0; i < opts->num_side; i++)
-        if (side_dev[i].data)
-            aj_device_free(dev, (void *)side_dev[i].data);
+    side_free_device(dev, side_dev, opts->num_side);
     const aj_tensor *got_o = accumulate ? &o_acc.t : &o.t;
     if (varlen)
         to_packed(&o.t);
@@ -494,7 +480,7 @@ fwd_result fwd_run_case_ext(aj_ctx *ctx, aj_device *dev, const fwd_case *c,
         if (strncmp(c->mask, "expr", 4) == 0 ||
             (c->score_mod && strncmp(c->score_mod, "expr", 4) == 0)) {
             if (aj_op_parse(ctx, spec, strlen(spec), "case", &op) == AJ_OK)
-                reference_expressions(op, opts->side, opts->num_side, &p);
+                ref_use_expressions(&p, op, opts->side, opts->num_side);
         }
         if (varlen) {
             p.cu_q = cu_q;

@@ -92,6 +92,14 @@ typedef struct fwd_run_options {
 fwd_result fwd_run_case_ext(aj_ctx *ctx, aj_device *dev, const fwd_case *c,
                             const fwd_options *x, const fwd_run_options *run);
 
+/* Copies of n side tensors (host memory) in device memory: out[i] is
+ * side[i] with its data on dev; *st keeps the first failure (a failed copy
+ * leaves its data NULL).  side_free_device frees what side_to_device
+ * allocated. */
+void side_to_device(aj_device *dev, aj_status *st, const aj_side_tensor *side, int n,
+                    aj_side_tensor *out);
+void side_free_device(aj_device *dev, aj_side_tensor *t, int n);
+
 /* Frees the kernels fwd_run_case compiled. */
 void fwd_cache_clear(void);
 

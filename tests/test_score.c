@@ -72,81 +72,58 @@ static bool run_fields(const char *label, aj_dtype dtype, int d, const char *ten
 
 /* ---------------------------------------------------------------- examples */
 
-/* long enough for a 128-token chunk and a 64-key window to matter */
-static void run_example(const char *name, const char *path, const char *text, size_t len,
-                        void *user)
+static void run_example(const char *name, const score_example *ex, int index, void *user)
 {
-    int *seen = user;
-    aj_op *op = NULL;
-    CHECK_MSG(text != NULL, "cannot read %s", path);
-    if (!text)
-        return;
-    CHECK_STATUS(ctx, aj_op_parse(ctx, text, len, name, &op), AJ_OK);
-    if (!op)
-        return;
-    aj_op_info info;
-    aj_op_get_info(op, &info);
-    aj_op_destroy(op);
-    char tensors[512], mask[1024], mod[1024];
-    spec_field(text, "tensors", tensors, sizeof tensors);
-    spec_field(text, "mask", mask, sizeof mask);
-    spec_field(text, "score_mod", mod, sizeof mod);
-    run_fields(name, info.dtype, info.head_dim, tensors, mask[0] ? mask : "none",
-               mod[0] ? mod : "none", 2, 2, 150, 7 + (uint64_t)*seen, true);
-    (*seen)++;
+    (void)user;
+    /* long enough for a 128-token chunk and a 64-key window to matter */
+    run_fields(name, ex->info.dtype, ex->info.head_dim, ex->tensors, ex->mask, ex->mod, 2, 2,
+               150, 7 + (uint64_t)index, true);
 }
 
 static void test_examples(const char *dir)
 {
-    int seen = 0;
-    CHECK_MSG(spec_dir_each(dir, run_example, &seen) >= 0, "cannot open %s", dir);
+    int seen = 0, files = score_examples_each(ctx, dir, run_example, NULL, &seen);
+    CHECK_MSG(files >= 0, "cannot open %s", dir);
+    CHECK_MSG(seen == files, "%d of %d specs in %s parse: %s", seen, files, dir,
+              aj_last_error(ctx));
     CHECK_MSG(seen >= 7, "only %d example specs in %s", seen, dir);
     printf("examples: %d specs on %s\n", seen, aj_target_name(aj_device_target(dev)));
 }
 
 /* ---------------------------------------------------------------- random */
 
-typedef struct random_case {
-    int index;
-    bool score_mod;
-} random_case;
-
 static const char *const random_tensors = "(ti: i32[2], tf: f32[1])";
+
+/* Random case t->index with the tree at root; whether it passed. */
+static bool random_run(rx_tree *t, int root, bool report)
+{
+    char e[8192], label[64];
+    rx_expression(t, root, t->score, e, sizeof e);
+    snprintf(label, sizeof label, "random %d%s", t->index, report ? " (shrunk)" : "");
+    return run_fields(label, AJ_DTYPE_F32, 16, random_tensors, t->score ? "causal(top_left)" : e,
+                      t->score ? e : "none", 2, 2, 23, (uint64_t)t->index, report);
+}
 
 static bool random_fails(rx_tree *t, int root, void *user)
 {
-    const random_case *rc = user;
-    char e[8192], label[64];
-    rx_expression(t, root, rc->score_mod, e, sizeof e);
-    snprintf(label, sizeof label, "random %d", rc->index);
-    return !run_fields(label, AJ_DTYPE_F32, 16, random_tensors, rc->score_mod ? "causal(top_left)" : e,
-                       rc->score_mod ? e : "none", 2, 2, 23, (uint64_t)rc->index, false);
+    (void)user;
+    return !random_run(t, root, false);
+}
+
+static void random_failed(rx_tree *t, int root, void *user)
+{
+    (void)user;
+    char e[8192];
+    rx_expression(t, root, t->score, e, sizeof e);
+    CHECK_MSG(0, "random case %d fails; shrunk to:\n  tensors = %s\n  %s = %s", t->index,
+              random_tensors, t->score ? "score_mod" : "mask", e);
+    random_run(t, root, true);
 }
 
 static void test_random(int count)
 {
-    int failed = 0;
-    for (int i = 0; i < count; i++) {
-        static rx_tree t;
-        memset(&t, 0, sizeof t);
-        t.rng = 0x5eed0000u + (uint64_t)i;
-        random_case rc = {i, i % 2 == 1};
-        t.score = rc.score_mod;
-        int root = rx_gen(&t, rc.score_mod ? 'f' : 'b', 4);
-        if (!random_fails(&t, root, &rc))
-            continue;
-        failed++;
-        root = rx_shrink(&t, root, random_fails, &rc);
-        char e[8192];
-        rx_expression(&t, root, rc.score_mod, e, sizeof e);
-        CHECK_MSG(0, "random case %d fails; shrunk to:\n  tensors = %s\n  %s = %s", i,
-                  random_tensors, rc.score_mod ? "score_mod" : "mask", e);
-        char label[32];
-        snprintf(label, sizeof label, "random %d (shrunk)", i);
-        run_fields(label, AJ_DTYPE_F32, 16, random_tensors,
-                   rc.score_mod ? "causal(top_left)" : e, rc.score_mod ? e : "none", 2, 2, 23,
-                   (uint64_t)i, true);
-    }
+    static rx_tree t;
+    int failed = rx_cases(&t, count, 0x5eed0000u, random_fails, random_failed, NULL);
     printf("random: %d expressions on %s, %d failed\n", count,
            aj_target_name(aj_device_target(dev)), failed);
 }
@@ -311,8 +288,7 @@ int main(int argc, char **argv)
                  AJ_OK);
     if (!dev)
         return check_report();
-    const char *examples = getenv("AJ_SCORE_EXAMPLES") ? getenv("AJ_SCORE_EXAMPLES")
-                                                        : "examples/scores";
+    const char *examples = score_examples_dir();
     bool all = argc <= 2;
     for (int i = 2; i <= argc; i++) {
         const char *what = i < argc ? argv[i] : NULL;

@@ -13,7 +13,9 @@
  * its errors.  Sizes are small: the emulator runs every GPU thread.  With
  * the argument `cuda` the same cases run on a GPU (tests/gpu/run.sh); with
  * `cpu` the varlen cases and checks run on the cpu target's kernels
- * (ctest test_cpu_varlen_bwd).
+ * (ctest test_cpu_varlen_bwd); `cpu scores` runs score programs backward
+ * on them (ctest test_score_bwd_cpu): the examples/scores specs and random
+ * masks and score_mods (tests/score_cases.h), a failing one shrunk.
  *
  * O and LSE come from ref_forward, rounded as a forward kernel stores
  * them, and the reference backward is fed the same rounded values.  Each
@@ -28,6 +30,8 @@
 #include "check.h"
 #include "ref.h"
 #include "bwd_tensors.h"
+#include "score_cases.h"
+#include "sim_harness.h"
 #include "sweep_cases.h"
 
 static aj_ctx *ctx;
@@ -42,6 +46,8 @@ typedef struct fb_case {
     int d, dv;
     const char *mask;          /* IR text */
     const char *score_mod;     /* IR text, "none" if NULL */
+    const char *tensors;       /* the `tensors` field's text, NULL: none; their data
+                                  comes from score_cases.h's side_make */
     const char *schedule;      /* IR text, the default if NULL */
     int deterministic;
     int b, hq, hkv, sq, sk;
@@ -76,29 +82,41 @@ static void make(tensor *x, aj_dtype dtype, int rank, const int64_t *shape)
 
 /* ---------------------------------------------------------------- cases */
 
-static aj_kernel *compile(const fb_case *c)
+/* The op of a case (NULL, a failed CHECK, when it does not parse). */
+static aj_op *parse(const fb_case *c)
 {
-    char spec[640];
+    static char spec[20000];   /* random expressions run long */
     snprintf(spec, sizeof spec,
              "attention backward %s {\n  dtype = %s\n  head_dim = %d\n"
              "  head_dim_v = %d\n  mask = %s\n  score_mod = %s\n  dropout = %.17g\n"
-             "  layout = %s\n  deterministic = %s\n%s%s%s}\n",
+             "  layout = %s\n  deterministic = %s\n%s%s%s%s%s%s}\n",
              c->variant == AJ_VARIANT_EFFICIENT ? "efficient" : "flash",
              aj_dtype_name(c->dtype), c->d, c->dv ? c->dv : c->d, c->mask,
              c->score_mod ? c->score_mod : "none", c->dropout, c->lens_q ? "varlen" : "padded",
              c->deterministic ? "true" : "false", c->schedule ? "  schedule = " : "",
-             c->schedule ? c->schedule : "", c->schedule ? "\n" : "");
+             c->schedule ? c->schedule : "", c->schedule ? "\n" : "",
+             c->tensors ? "  tensors = " : "", c->tensors ? c->tensors : "",
+             c->tensors ? "\n" : "");
     aj_op *op = NULL;
-    aj_kernel *k = NULL;
     CHECK_MSG(aj_op_parse(ctx, spec, strlen(spec), c->label, &op) == AJ_OK, "%s: %s", c->label,
               aj_last_error(ctx));
+    return op;
+}
+
+static aj_kernel *compile(const aj_op *op, const fb_case *c)
+{
+    aj_kernel *k = NULL;
     aj_compile_options opt = AJ_COMPILE_OPTIONS_INIT;
     opt.target = aj_device_target(dev);
     if (op)
         CHECK_MSG(aj_compile(ctx, op, &opt, &k) == AJ_OK, "%s: %s", c->label,
                   aj_last_error(ctx));
-    aj_op_destroy(op);
     return k;
+}
+
+static bool is_expr(const char *field)
+{
+    return field && strncmp(field, "expr", 4) == 0;
 }
 
 /* Runs `a` again on `workers` emulator threads and wants the bits of
@@ -125,9 +143,12 @@ static void run(const fb_case *c)
     cases_run++;
     clock_t t0 = clock();
     int dv = c->dv ? c->dv : c->d;
-    aj_kernel *kernel = compile(c);
-    if (!kernel)
+    aj_op *op = parse(c);
+    aj_kernel *kernel = compile(op, c);
+    if (!kernel) {
+        aj_op_destroy(op);
         return;
+    }
     int varlen = c->lens_q != NULL;
     int32_t cu_q[17] = {0}, cu_k[17] = {0};
     int max_q = 0, max_k = 0;
@@ -205,9 +226,23 @@ static void run(const fb_case *c)
         }
         p.alibi_slopes = slopes;
         slopes_t = (aj_tensor){slopes_f, AJ_DTYPE_F32, 1, {c->hq}, {1}};
-    } else if (c->score_mod) {
+    } else if (c->score_mod && !is_expr(c->score_mod)) {
         CHECK(sscanf(c->score_mod, "softcap(%lf)", &p.softcap) == 1);
     }
+    /* expressions: side tensors made up for the declarations (as long as
+     * the longest sequence), the reference reading the op's own nodes */
+    side_data side = {.n = 0};
+    aj_side_tensor side_dev[AJ_OP_TENSORS_MAX];
+    aj_op_info info;   /* side.t's names point into it */
+    if (is_expr(c->mask) || is_expr(c->score_mod)) {
+        aj_op_get_info(op, &info);
+        int longest = varlen ? (max_q > max_k ? max_q : max_k) : (c->sq > c->sk ? c->sq : c->sk);
+        side_make(&info, c->b, c->hq, longest, c->seed, &side);
+        ref_use_expressions(&p, op, side.t, side.n);
+    }
+    aj_status side_st = AJ_OK;
+    side_to_device(dev, &side_st, side.t, side.n, side_dev);
+    CHECK_MSG(side_st == AJ_OK, "%s: side tensors: %s", c->label, aj_last_error(ctx));
     p.dropout_p = c->dropout;
     p.seed = c->drop_seed;
     p.offset = c->drop_offset;
@@ -226,6 +261,8 @@ static void run(const fb_case *c)
     a.dk = dk.t;
     a.dv = dvt.t;
     a.alibi_slopes = slopes_t;
+    a.side = side_dev;
+    a.num_side = side.n;
     a.q_offset = c->q_offset;
     a.kv_offset = c->kv_offset;
     a.sq_total = c->sq_total;
@@ -288,7 +325,10 @@ static void run(const fb_case *c)
     for (int i = 0; i < 2; i++)
         if (cu_dev[i])
             aj_device_free(dev, cu_dev[i]);
+    side_free_device(dev, side_dev, side.n);
+    side_free(&side);
     aj_kernel_destroy(kernel);
+    aj_op_destroy(op);
     printf("  %-60s %.2f s\n", c->label, (double)(clock() - t0) / CLOCKS_PER_SEC);
 }
 
@@ -680,13 +720,16 @@ static void test_varlen_errors(void)
  * tests/sweep_cases.h that is a backward op, both variants, on this
  * device, B1 H2, lengths 17..40 from the case's index.  Bias cases run
  * without the bias here (their dbias is test_sim_backward's); the
- * template's claim decides which cases a device takes (flash f32: none). */
+ * template's claim decides which cases a device takes (flash f32: none).
+ * On cpu, where one kernel serves both variants and a backward takes about
+ * a second to compile, every other case of the sample. */
 #define SWEEP_SAMPLE_STRIDE 37
 
 static void test_sweep_sample(void)
 {
     int ran = 0;
-    for (int i = 0; i < SWEEP_COUNT; i += SWEEP_SAMPLE_STRIDE) {
+    int stride = on_cpu ? 2 * SWEEP_SAMPLE_STRIDE : SWEEP_SAMPLE_STRIDE;
+    for (int i = 0; i < SWEEP_COUNT; i += stride) {
         sweep_case s = sweep_case_at(i);
         if (s.kind != AJ_KIND_BACKWARD)
             continue;
@@ -724,17 +767,114 @@ static void test_sweep_sample(void)
            aj_target_name(aj_device_target(dev)));
 }
 
+/* ---------------------------------------------------------------- scores */
+
+/* Every spec of examples/scores ($AJ_SCORE_EXAMPLES) as a backward op of
+ * its dtype, head dim, tensors, mask and score_mod: B 2, GQA 2:1, lengths
+ * past a 128-token chunk and a 64-key window; then a document mask over
+ * the bottom-right diagonal of varlen sequences, whose totals are each
+ * sequence's own. */
+static void run_score_example(const char *name, const score_example *ex, int index, void *user)
+{
+    (void)user;
+    fb_case c = base(name, ex->info.dtype, ex->info.head_dim, ex->mask);
+    c.variant = AJ_VARIANT_EFFICIENT;
+    c.score_mod = strcmp(ex->mod, "none") ? ex->mod : NULL;
+    c.tensors = ex->tensors[0] ? ex->tensors : NULL;
+    c.b = 2;
+    c.hq = 4;
+    c.hkv = 2;
+    c.sq = 150;
+    c.sk = 160;
+    c.seed = 21 + (uint64_t)index;
+    run(&c);
+}
+
+static void test_score_examples(void)
+{
+    const char *dir = score_examples_dir();
+    int seen = 0, files = score_examples_each(ctx, dir, run_score_example, NULL, &seen);
+    CHECK_MSG(files >= 0, "cannot open %s", dir);
+    CHECK_MSG(seen == files, "%d of %d specs in %s parse: %s", seen, files, dir,
+              aj_last_error(ctx));
+    CHECK_MSG(seen >= 7, "only %d example specs in %s", seen, dir);
+    static const int lq[3] = {40, 0, 23}, lk[3] = {45, 9, 70};
+    fb_case c = base("varlen x3 document mask, bottom_right by expression", AJ_DTYPE_BF16, 32,
+                     "expr(doc[b, q] == doc[b, k] && k <= q + (sk - sq))");
+    c.tensors = "(doc: i32[2])";
+    c.b = 3;
+    c.lens_q = lq;
+    c.lens_k = lk;
+    run(&c);
+}
+
+static const char *const random_tensors = "(ti: i32[2], tf: f32[1])";
+
+/* Random case t->index with the tree at root: B 2, GQA 2:1, a position
+ * offset, two small side tensors; `text` holds the expression. */
+static fb_case random_case(rx_tree *t, int root, char *text, size_t cap, char *label,
+                           size_t label_cap)
+{
+    rx_expression(t, root, t->score, text, cap);
+    snprintf(label, label_cap, "random %s %d", t->score ? "score_mod" : "mask", t->index);
+    fb_case c = base(label, AJ_DTYPE_F16, 16, t->score ? "causal(top_left)" : text);
+    c.score_mod = t->score ? text : NULL;
+    c.tensors = random_tensors;
+    c.b = 2;
+    c.sq = 23;
+    c.sk = 30;
+    c.q_offset = 3;
+    c.seed = (uint64_t)t->index + 1;
+    return c;
+}
+
+/* Whether a random case fails, its failures left uncounted (their
+ * messages still print: a shrink probes only once a case has failed). */
+static bool random_fails(rx_tree *t, int root, void *user)
+{
+    (void)user;
+    static char text[8192], label[64];
+    fb_case c = random_case(t, root, text, sizeof text, label, sizeof label);
+    int passed = check_passed, failed = check_failed;
+    run(&c);
+    bool fails = check_failed > failed;
+    check_passed = passed;
+    check_failed = failed;
+    return fails;
+}
+
+static void random_failed(rx_tree *t, int root, void *user)
+{
+    (void)user;
+    char text[8192];
+    rx_expression(t, root, t->score, text, sizeof text);
+    CHECK_MSG(0, "random backward case %d fails; shrunk to:\n  tensors = %s\n  %s = %s",
+              t->index, random_tensors, t->score ? "score_mod" : "mask", text);
+}
+
+/* `count` random masks and score_mods (score_cases.h's rx_cases) over b,
+ * h, q, k, sq, sk, score and two small side tensors backward. */
+static void test_score_random(int count)
+{
+    static rx_tree t;
+    int failed = rx_cases(&t, count, 0xbacc0000u, random_fails, random_failed, NULL);
+    printf("random: %d expressions backward on %s, %d failed\n", count,
+           aj_target_name(aj_device_target(dev)), failed);
+}
+
 static void run_suite(int cpu);
 
-/* test_sim_flash_bwd [cuda | cpu | sim] [sweep]: on the sim device (ctest),
- * on a GPU (tests/gpu/run.sh), where no GPU means exit 77, "skipped", or
- * the varlen part on the cpu device; with `sweep`, the backward half of
- * the head-dim sweep instead. */
+/* test_sim_flash_bwd [cuda | cpu | sim] [sweep | scores]: on the sim device
+ * (ctest), on a GPU (tests/gpu/run.sh), where no GPU means exit 77,
+ * "skipped", or the varlen part on the cpu device; with `sweep`, the
+ * backward half of the head-dim sweep instead, with `scores` the score
+ * programs' sample (templates that compile them only: the cpu ones). */
 int main(int argc, char **argv)
 {
     int gpu = argc > 1 && strcmp(argv[1], "cuda") == 0;
     int cpu = argc > 1 && strcmp(argv[1], "cpu") == 0;
     int sweep = argc > 2 && strcmp(argv[2], "sweep") == 0;
+    int scores = argc > 2 && strcmp(argv[2], "scores") == 0;
     on_cpu = cpu;
     CHECK(aj_ctx_create(NULL, &ctx) == AJ_OK);
     aj_status st = aj_device_open(ctx, gpu ? AJ_DEVICE_CUDA : cpu ? AJ_DEVICE_CPU : AJ_DEVICE_SIM,
@@ -749,6 +889,9 @@ int main(int argc, char **argv)
         return check_report();
     if (sweep) {
         test_sweep_sample();
+    } else if (scores) {
+        test_score_examples();
+        test_score_random(24);
     } else {
         run_suite(cpu);
     }
