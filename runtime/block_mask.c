@@ -88,8 +88,10 @@ aj_status aj_block_mask_create(aj_ctx *ctx, aj_device *dev, const aj_op *op,
     m->cols = (sk + bn - 1) / bn;
     m->counts.block_m = (int32_t)bm;
     m->counts.block_n = (int32_t)bn;
-    /* a plane per batch index (head) only where the mask can tell them apart */
-    m->per_batch = m->per_head = prog.rest != AJ_EXPR_NONE;
+    /* a plane per batch index (head) only where the mask can tell them
+     * apart (a side tensor is read at b's and h's of the mask's own) */
+    m->per_batch = prog.mask_reads_b;
+    m->per_head = prog.mask_reads_h;
     int64_t planes_b = m->per_batch ? m->batch : 1, planes_h = m->per_head ? m->heads : 1;
     size_t n = (size_t)(planes_b * planes_h * m->rows * m->cols);
     m->classes = malloc(n ? n : 1);
@@ -97,6 +99,9 @@ aj_status aj_block_mask_create(aj_ctx *ctx, aj_device *dev, const aj_op *op,
     void *mem[AJ_OP_TENSORS_MAX + 1] = {0};
     st = m->classes ? side_to_host(ctx, dev, &prog, args, tensors, mem)
                     : aj_fail(ctx, AJ_ERR_OUT_OF_MEMORY, "aj_block_mask_create: out of memory");
+    aj_score_cache *cache = calloc(1, sizeof *cache);
+    if (!cache && st == AJ_OK)
+        st = aj_fail(ctx, AJ_ERR_OUT_OF_MEMORY, "aj_block_mask_create: out of memory");
     int64_t sq_total = args->sq_total ? args->sq_total : sq;
     int64_t sk_total = args->sk_total ? args->sk_total : sk;
     for (int64_t b = 0; b < planes_b && st == AJ_OK; b++)
@@ -108,7 +113,7 @@ aj_status aj_block_mask_create(aj_ctx *ctx, aj_device *dev, const aj_op *op,
                     int64_t k1 = args->kv_offset + (c + 1 < m->cols ? (c + 1) * bn : sk) - 1;
                     aj_tile_class cls =
                         aj_score_has_mask(&prog)
-                            ? aj_score_host_class(&prog, tensors, m->per_batch ? b : -1,
+                            ? aj_score_host_class(&prog, tensors, cache, m->per_batch ? b : -1,
                                                   m->per_head ? h : -1, q0, q1, k0, k1, sq_total,
                                                   sk_total)
                             : AJ_TILE_FULL;
@@ -116,6 +121,7 @@ aj_status aj_block_mask_create(aj_ctx *ctx, aj_device *dev, const aj_op *op,
                     m->counts.tiles[cls] += (m->per_batch ? 1 : m->batch) *
                                             (m->per_head ? 1 : m->heads);
                 }
+    free(cache);
     for (int t = 0; t < AJ_OP_TENSORS_MAX + 1; t++)
         free(mem[t]);
     if (st != AJ_OK) {

@@ -99,7 +99,7 @@ static block_kind classify(const ring_plan *p, int64_t q0, int64_t nq, int64_t k
         return BLOCK_SKIP;
     if (!aj_score_has_mask(&p->prog))
         return BLOCK_FULL;
-    switch (aj_score_host_class(&p->prog, NULL, -1, -1, q0, q0 + nq - 1, k0, k0 + nk - 1, p->sq,
+    switch (aj_score_host_class(&p->prog, NULL, NULL, -1, -1, q0, q0 + nq - 1, k0, k0 + nk - 1, p->sq,
                                 p->sk)) {
     case AJ_TILE_SKIP: return BLOCK_SKIP;
     case AJ_TILE_FULL: return BLOCK_FULL;

@@ -436,6 +436,17 @@ aj_status aj_score_prog_init(aj_ctx *ctx, const aj_op *op, aj_score_prog *p)
     }
     mark_loads(p, loads);
     p->rest_reads_tensors = p->rest != NONE && loads[p->rest];
+    /* which mask classes differ by batch index or head */
+    static _Thread_local bool rb[AJ_EXPR_NODES_MAX], rh[AJ_EXPR_NODES_MAX];
+    mark_reads(p, AJ_VAR_B, rb);
+    mark_reads(p, AJ_VAR_H, rh);
+    uint16_t mask_roots[3] = {p->band_lo, p->band_hi, p->rest};
+    for (int r = 0; r < 3; r++) {
+        if (mask_roots[r] == NONE)
+            continue;
+        p->mask_reads_b = p->mask_reads_b || rb[mask_roots[r]];
+        p->mask_reads_h = p->mask_reads_h || rh[mask_roots[r]];
+    }
     return AJ_OK;
 }
 
@@ -1263,6 +1274,7 @@ typedef struct hctx {
     const aj_side_tensor *tensors;   /* NULL: loads are unknown */
     bool any_batch, any_head;   /* b, h unknown */
     int64_t q0, q1, k0, k1;
+    aj_score_cache *cache;   /* NULL: none */
     hval memo[AJ_EXPR_NODES_MAX];
     bool done[AJ_EXPR_NODES_MAX];
 } hctx;
@@ -1312,6 +1324,32 @@ static bool ult(bool fl, const hval *a, int a_hi, const hval *b, int b_hi, bool 
 }
 
 static hval hv_node(hctx *h, uint16_t id);
+
+static hval hv_load(const aj_side_tensor *t, const hval *idx);
+
+/* A load's hull from the cache, or read and kept there: the tiles of a
+ * row (column) of a block mask scan the same query (key) box. */
+static hval hv_load_cached(aj_score_cache *cache, int tensor, const aj_side_tensor *t,
+                           const hval *idx)
+{
+    if (!cache)
+        return hv_load(t, idx);
+    uint64_t key = (uint64_t)tensor * 0x9e3779b97f4a7c15ull;
+    for (int k = 0; k < t->rank; k++)
+        key = (key ^ (uint64_t)idx[k].lo) * 0xbf58476d1ce4e5b9ull ^ (uint64_t)idx[k].hi;
+    aj_score_cache_entry *e = &cache->entries[(key >> 32) % AJ_SCORE_CACHE_SIZE];
+    bool hit = e->used && e->tensor == tensor;
+    for (int k = 0; hit && k < t->rank; k++)
+        hit = e->lo[k] == idx[k].lo && e->hi[k] == idx[k].hi;
+    if (!hit) {
+        hval v = hv_load(t, idx);
+        *e = (aj_score_cache_entry){.used = true, .tensor = tensor, .ilo = v.lo, .ihi = v.hi,
+                                    .flo = v.flo, .fhi = v.fhi};
+        for (int k = 0; k < t->rank; k++)
+            e->lo[k] = idx[k].lo, e->hi[k] = idx[k].hi;
+    }
+    return (hval){e->ilo, e->ihi, e->flo, e->fhi, false, false};
+}
 
 /* iv_load's rule on host data. */
 static hval hv_load(const aj_side_tensor *t, const hval *idx)
@@ -1375,7 +1413,7 @@ static hval hv_compute(hctx *h, uint16_t id)
     for (int i = 0; i < ar; i++)
         x[i] = hv_node(h, n->args[i]);
     if (op == AJ_EXPR_LOAD)
-        return hv_load(&h->tensors[n->u.tensor], x);
+        return hv_load_cached(h->cache, n->u.tensor, &h->tensors[n->u.tensor], x);
     aj_expr_type at = (aj_expr_type)h->p->e.nodes[n->args[0]].type;
     bool point1 = ar > 1 && (at == AJ_EXPR_FLOAT ? x[1].flo == x[1].fhi : x[1].lo == x[1].hi);
     bool point0 = at == AJ_EXPR_FLOAT ? x[0].flo == x[0].fhi : x[0].lo == x[0].hi;
@@ -1523,12 +1561,13 @@ static hval hv_node(hctx *h, uint16_t id)
 }
 
 aj_tile_class aj_score_host_class(const aj_score_prog *p, const aj_side_tensor *tensors,
-                                  int64_t b, int64_t h, int64_t q0, int64_t q1, int64_t k0,
-                                  int64_t k1, int64_t sq, int64_t sk)
+                                  aj_score_cache *cache, int64_t b, int64_t h, int64_t q0,
+                                  int64_t q1, int64_t k0, int64_t k1, int64_t sq, int64_t sk)
 {
     static _Thread_local hctx c;
-    memset(&c, 0, sizeof c);
+    memset(c.done, 0, (size_t)p->e.count * sizeof c.done[0]);
     c.p = p;
+    c.cache = cache;
     c.env = (aj_expr_env){.b = b < 0 ? 0 : b, .h = h < 0 ? 0 : h, .sq = sq, .sk = sk};
     c.any_batch = b < 0;
     c.tensors = tensors;

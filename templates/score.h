@@ -65,6 +65,7 @@ typedef struct aj_score_prog {
     uint16_t rest;         /* the other conjuncts, AJ_EXPR_NONE: none */
     bool reads_totals;     /* sq or sk appear: the kernel takes the totals */
     bool rest_reads_tensors; /* the rest's tile classes cannot be told from positions */
+    bool mask_reads_b, mask_reads_h;   /* classes may differ by batch index, head */
 } aj_score_prog;
 
 /* Builds the programs of `op` (verified).  AJ_ERR_UNSUPPORTED when the
@@ -161,12 +162,28 @@ static inline LLVMValueRef aj_score_row_lo(aj_score *s, LLVMValueRef i)
 LLVMValueRef aj_score_tile_class(aj_score *s, LLVMValueRef i0, LLVMValueRef i1,
                                  LLVMValueRef j0, LLVMValueRef j1);
 
+/* Hulls of loads over index boxes already read (aj_score_host_class): a
+ * caller classifying many tiles of one launch keeps one, zeroed first,
+ * for as long as the tensors' data does not change. */
+#define AJ_SCORE_CACHE_SIZE 2048
+typedef struct aj_score_cache_entry {
+    bool used;
+    int tensor;
+    int64_t lo[AJ_EXPR_RANK_MAX], hi[AJ_EXPR_RANK_MAX];
+    int64_t ilo, ihi;
+    float flo, fhi;
+} aj_score_cache_entry;
+typedef struct aj_score_cache {
+    aj_score_cache_entry entries[AJ_SCORE_CACHE_SIZE];
+} aj_score_cache;
+
 /* Host: the class of q in [q0, q1] x k in [k0, k1] (global positions) at
  * batch b, head h (b < 0, h < 0: any) with totals sq, sk, reading the side
  * tensors in host memory (in the program's tensor order; NULL: loads are
- * unknown).  The same arithmetic as aj_score_tile_class. */
+ * unknown) through `cache` (may be NULL).  The same arithmetic as
+ * aj_score_tile_class. */
 aj_tile_class aj_score_host_class(const aj_score_prog *p, const aj_side_tensor *tensors,
-                                  int64_t b, int64_t h, int64_t q0, int64_t q1, int64_t k0,
-                                  int64_t k1, int64_t sq, int64_t sk);
+                                  aj_score_cache *cache, int64_t b, int64_t h, int64_t q0,
+                                  int64_t q1, int64_t k0, int64_t k1, int64_t sq, int64_t sk);
 
 #endif /* AJ_TEMPLATES_SCORE_H */

@@ -258,7 +258,7 @@ static void test_classes(void)
         for (int tq = 0; tq < 7; tq++)
             for (int tk = 0; tk < 9; tk++) {
                 int64_t q0 = tq * 10, k0 = tk * 10;
-                aj_tile_class got = aj_score_host_class(&prog, &doc_t, 0, 1, q0, q0 + 9, k0,
+                aj_tile_class got = aj_score_host_class(&prog, &doc_t, NULL, 0, 1, q0, q0 + 9, k0,
                                                         k0 + 9, sq, sk);
                 aj_tile_class want = brute_class(op, &doc_t, 0, 1, q0, q0 + 9, k0, k0 + 9, sq,
                                                  sk);
