@@ -668,3 +668,12 @@ void aj_kb_philox4x32_10(aj_kb *kb, const LLVMValueRef ctr[4],
     for (int i = 0; i < 4; i++)
         out[i] = x[i];
 }
+
+LLVMValueRef aj_kb_call_overloaded(aj_kb *kb, const char *name, LLVMValueRef *args, int n)
+{
+    LLVMTypeRef t = LLVMTypeOf(args[0]);
+    unsigned id = LLVMLookupIntrinsicID(name, strlen(name));
+    LLVMValueRef fn = LLVMGetIntrinsicDeclaration(kb->mod, id, &t, 1);
+    return LLVMBuildCall2(kb->b, LLVMIntrinsicGetType(kb->llctx, id, &t, 1), fn, args,
+                          (unsigned)n, "");
+}

@@ -165,6 +165,10 @@ const char *aj_intrinsic_name(enum aj_intrinsic_id id);
 /* The emulator symbols the sim lowering may call (one per table row). */
 size_t aj_intrinsic_sim_symbols(const char **names, size_t cap);
 
+/* A call of the LLVM intrinsic `name` (llvm.sqrt, llvm.fabs, ...)
+ * overloaded on the type of its first argument; args has n values. */
+LLVMValueRef aj_kb_call_overloaded(aj_kb *kb, const char *name, LLVMValueRef *args, int n);
+
 /* constants */
 LLVMValueRef aj_kb_i32(aj_kb *kb, int64_t v);
 LLVMValueRef aj_kb_i64(aj_kb *kb, int64_t v);

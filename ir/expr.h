@@ -205,12 +205,9 @@ typedef struct aj_expr {
 /* How many operands the node has (a LOAD: its indices). */
 int aj_expr_arity(const aj_expr_node *n);
 
-/* A side tensor's declaration: `NAME: DTYPE[RANK]`. */
-typedef struct aj_tensor_decl {
-    char name[AJ_EXPR_NAME_MAX + 1];
-    aj_side_dtype dtype;
-    int32_t rank;
-} aj_tensor_decl;
+/* A side tensor's declaration, `NAME: DTYPE[RANK]`: the public
+ * aj_side_decl (attnjit.h), which aj_op_info hands out. */
+typedef aj_side_decl aj_tensor_decl;
 
 /* The tensors an expression may read. */
 typedef struct aj_expr_scope {

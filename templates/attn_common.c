@@ -87,11 +87,7 @@ LLVMValueRef aj_attn_slice_base(aj_kb *kb, const char *t, LLVMValueRef b, LLVMVa
 LLVMValueRef aj_attn_tanh(aj_kb *kb, LLVMValueRef x)
 {
     LLVMBuilderRef b = kb->b;
-    LLVMTypeRef t = kb->t_f32;
-    unsigned id = LLVMLookupIntrinsicID("llvm.fabs", 9);
-    LLVMValueRef fabs_fn = LLVMGetIntrinsicDeclaration(kb->mod, id, &t, 1);
-    LLVMValueRef ax = LLVMBuildCall2(b, LLVMIntrinsicGetType(kb->llctx, id, &t, 1), fabs_fn,
-                                     &x, 1, "");
+    LLVMValueRef ax = aj_kb_call_overloaded(kb, "llvm.fabs", &x, 1);
     LLVMValueRef ex = aj_kb_exp2(kb, LLVMBuildFMul(b, ax, aj_kb_f32(kb, 2.0 * AJ_LOG2E), ""));
     LLVMValueRef r = LLVMBuildFSub(b, aj_kb_f32(kb, 1.0),
                                    LLVMBuildFDiv(b, aj_kb_f32(kb, 2.0),

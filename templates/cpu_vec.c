@@ -26,26 +26,16 @@ LLVMValueRef aj_cv_iota(aj_kb *kb, int n)
     return LLVMConstVector(lanes, (unsigned)n);
 }
 
-/* A call of an intrinsic overloaded on the type of its first argument. */
-static LLVMValueRef call_overloaded(aj_kb *kb, const char *name, LLVMValueRef *args, int n)
-{
-    LLVMTypeRef t = LLVMTypeOf(args[0]);
-    unsigned id = LLVMLookupIntrinsicID(name, strlen(name));
-    LLVMValueRef fn = LLVMGetIntrinsicDeclaration(kb->mod, id, &t, 1);
-    return LLVMBuildCall2(kb->b, LLVMIntrinsicGetType(kb->llctx, id, &t, 1), fn, args,
-                          (unsigned)n, "");
-}
-
 LLVMValueRef aj_cv_fma(aj_kb *kb, LLVMValueRef a, LLVMValueRef b, LLVMValueRef c)
 {
     LLVMValueRef args[3] = {a, b, c};
-    return call_overloaded(kb, "llvm.fmuladd", args, 3);
+    return aj_kb_call_overloaded(kb, "llvm.fmuladd", args, 3);
 }
 
 LLVMValueRef aj_cv_max(aj_kb *kb, LLVMValueRef a, LLVMValueRef b)
 {
     LLVMValueRef args[2] = {a, b};
-    return call_overloaded(kb, "llvm.maxnum", args, 2);
+    return aj_kb_call_overloaded(kb, "llvm.maxnum", args, 2);
 }
 
 /* Halves the vector until one lane is left, combining the halves. */
@@ -87,7 +77,7 @@ LLVMValueRef aj_cv_exp2(aj_kb *kb, LLVMValueRef x, int n)
     LLVMValueRef tiny = LLVMBuildFCmp(b, LLVMRealOLT, x, lo, "");
     LLVMValueRef xc = LLVMBuildSelect(b, tiny, lo, x, "");
     xc = LLVMBuildSelect(b, LLVMBuildFCmp(b, LLVMRealOGT, xc, hi, ""), hi, xc, "");
-    LLVMValueRef k = call_overloaded(kb, "llvm.rint", &xc, 1);
+    LLVMValueRef k = aj_kb_call_overloaded(kb, "llvm.rint", &xc, 1);
     LLVMValueRef f = LLVMBuildFSub(b, xc, k, "");
     /* (ln 2)^i / i!, highest first */
     static const double c[7] = {1.5403530393381606e-4, 1.3333558146428443e-3,
@@ -106,7 +96,7 @@ LLVMValueRef aj_cv_exp2(aj_kb *kb, LLVMValueRef x, int n)
 LLVMValueRef aj_cv_tanh(aj_kb *kb, LLVMValueRef x, int n)
 {
     LLVMBuilderRef b = kb->b;
-    LLVMValueRef ax = call_overloaded(kb, "llvm.fabs", &x, 1);
+    LLVMValueRef ax = aj_kb_call_overloaded(kb, "llvm.fabs", &x, 1);
     LLVMValueRef one = aj_cv_splat(kb, aj_kb_f32(kb, 1.0), n);
     LLVMValueRef ex = aj_cv_exp2(kb, LLVMBuildFMul(b, ax, aj_cv_splat(kb, aj_kb_f32(kb,
                                  2.0 * AJ_LOG2E), n), ""), n);

@@ -512,15 +512,6 @@ static LLVMValueRef splat(emitter *m, LLVMValueRef v)
                                                                (unsigned)m->lanes)), "");
 }
 
-static LLVMValueRef call_intrinsic(aj_kb *kb, const char *name, LLVMValueRef *args, int n)
-{
-    LLVMTypeRef t = LLVMTypeOf(args[0]);
-    unsigned id = LLVMLookupIntrinsicID(name, strlen(name));
-    LLVMValueRef fn = LLVMGetIntrinsicDeclaration(kb->mod, id, &t, 1);
-    return LLVMBuildCall2(kb->b, LLVMIntrinsicGetType(kb->llctx, id, &t, 1), fn, args,
-                          (unsigned)n, "");
-}
-
 /* x / y and x % y flooring toward -inf, x / 0 == x % 0 == 0, as
  * ir/expr_eval.c (a divisor of 0 or -1 never reaches sdiv / srem). */
 static LLVMValueRef floor_divmod(emitter *m, LLVMValueRef x, LLVMValueRef y, int want_mod)
@@ -628,15 +619,15 @@ static LLVMValueRef emit_math(emitter *m, aj_expr_op op, LLVMValueRef a)
         return host ? host_math(m, aj_cv_exp2, x) : aj_kb_exp2(kb, x);
     }
     case AJ_EXPR_LOG: {
-        LLVMValueRef l2 = host ? call_intrinsic(kb, "llvm.log2", &a, 1) : aj_kb_log2(kb, a);
+        LLVMValueRef l2 = host ? aj_kb_call_overloaded(kb, "llvm.log2", &a, 1) : aj_kb_log2(kb, a);
         return LLVMBuildFMul(b, l2, ln2, "");
     }
     case AJ_EXPR_TANH:
         return host ? host_math(m, aj_cv_tanh, a) : aj_attn_tanh(kb, a);
     case AJ_EXPR_SQRT:
-        return call_intrinsic(kb, "llvm.sqrt", &a, 1);
+        return aj_kb_call_overloaded(kb, "llvm.sqrt", &a, 1);
     default:   /* floor */
-        return call_intrinsic(kb, "llvm.floor", &a, 1);
+        return aj_kb_call_overloaded(kb, "llvm.floor", &a, 1);
     }
 }
 
@@ -753,7 +744,7 @@ static LLVMValueRef emit_node(emitter *m, uint16_t id)
         case AJ_EXPR_MAX: v = pick(m, t, 0, x[0], x[1]); break;
         case AJ_EXPR_CLAMP: v = pick(m, t, 1, pick(m, t, 0, x[0], x[1]), x[2]); break;
         case AJ_EXPR_ABS:
-            v = fl ? call_intrinsic(kb, "llvm.fabs", x, 1)
+            v = fl ? aj_kb_call_overloaded(kb, "llvm.fabs", x, 1)
                    : LLVMBuildSelect(b, LLVMBuildICmp(b, LLVMIntSLT, x[0], LLVMConstNull(LLVMTypeOf(x[0])), ""),
                                      LLVMBuildNeg(b, x[0], ""), x[0], "");
             break;
@@ -934,7 +925,7 @@ static LLVMValueRef sel(aj_kb *kb, LLVMValueRef c, LLVMValueRef a, LLVMValueRef 
 static LLVMValueRef sat(aj_kb *kb, const char *name, LLVMValueRef a, LLVMValueRef b)
 {
     LLVMValueRef args[2] = {a, b};
-    LLVMValueRef v = call_intrinsic(kb, name, args, 2);
+    LLVMValueRef v = aj_kb_call_overloaded(kb, name, args, 2);
     v = aj_kb_smin(kb, v, aj_kb_i64(kb, UNKNOWN_INT));
     return aj_kb_smax(kb, v, aj_kb_i64(kb, -UNKNOWN_INT));
 }
@@ -961,7 +952,7 @@ static ival iv_node(iemitter *m, uint16_t id);
 static LLVMValueRef fminmax(aj_kb *kb, int is_min, LLVMValueRef a, LLVMValueRef b)
 {
     LLVMValueRef args[2] = {a, b};
-    return call_intrinsic(kb, is_min ? "llvm.minnum" : "llvm.maxnum", args, 2);
+    return aj_kb_call_overloaded(kb, is_min ? "llvm.minnum" : "llvm.maxnum", args, 2);
 }
 
 /*
@@ -1185,8 +1176,8 @@ static ival iv_compute(iemitter *m, uint16_t id)
     case AJ_EXPR_CLAMP: return iv_minmax(kb, t, 1, iv_minmax(kb, t, 0, x[0], x[1]), x[2]);
     case AJ_EXPR_ABS: {
         if (fl) {
-            LLVMValueRef alo = call_intrinsic(kb, "llvm.fabs", &x[0].lo, 1);
-            LLVMValueRef ahi = call_intrinsic(kb, "llvm.fabs", &x[0].hi, 1);
+            LLVMValueRef alo = aj_kb_call_overloaded(kb, "llvm.fabs", &x[0].lo, 1);
+            LLVMValueRef ahi = aj_kb_call_overloaded(kb, "llvm.fabs", &x[0].hi, 1);
             LLVMValueRef straddle = LLVMBuildAnd(b, LLVMBuildFCmp(b, LLVMRealOLT, x[0].lo, aj_kb_f32(kb, 0), ""),
                                                  LLVMBuildFCmp(b, LLVMRealOGT, x[0].hi, aj_kb_f32(kb, 0), ""), "");
             return (ival){sel(kb, straddle, aj_kb_f32(kb, 0), fminmax(kb, 1, alo, ahi)),
