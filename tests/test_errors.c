@@ -546,6 +546,68 @@ static void test_devices_and_helpers(void)
     CHECK(aj_convert(NULL, AJ_DTYPE_F32, NULL, AJ_DTYPE_F16, 0) == AJ_OK);
 }
 
+/* Side tensors of an expression op: each declared one given, no other,
+ * of the declared dtype and rank, with every dim at least 1; a block mask
+ * is for padded forward ops. */
+static void test_side_tensor_arguments(void)
+{
+    const char *spec = "attention forward efficient { dtype = f16 head_dim = 16 "
+                       "tensors = (doc: i32[2]) mask = expr(doc[b, q] == doc[b, k]) }";
+    aj_kernel *kr = compile(spec);
+    aj_op *op = NULL;
+    CHECK_STATUS(ctx, aj_op_parse(ctx, spec, strlen(spec), "t", &op), AJ_OK);
+    static int32_t doc[B * SK];
+    const aj_side_tensor good = {"doc", doc, AJ_SIDE_I32, 2, {B, SK}, {SK, 1}};
+    aj_side_tensor side[2] = {good, good};
+    aj_fwd_args a = good_args();
+    a.side = side;
+    a.num_side = 1;
+    CHECK_STATUS(ctx, aj_forward(ctx, dev, kr, &a), AJ_OK);
+    static const struct { int field; int64_t value; const char *want; } cases[] = {
+        {0, 0, "aj_forward: side tensor 'doc' (i32[2]) is not given"},
+        {1, 0, "aj_forward: side[0] ('dok') is not a tensor the op declares"},
+        {2, 0, "aj_forward: side tensor 'doc' is f32[2]; the op declares i32[2]"},
+        {3, 1, "aj_forward: side tensor 'doc' is i32[1]; the op declares i32[2]"},
+        {4, 0, "aj_forward: side tensor 'doc' has shape[1] = 0; every dim must be at least 1"},
+        {5, 0, "aj_forward: side tensor 'doc' has no data"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        side[0] = good;
+        a.num_side = 1;
+        switch (cases[i].field) {
+        case 0: a.num_side = 0; break;
+        case 1: side[0].name = "dok"; break;
+        case 2: side[0].dtype = AJ_SIDE_F32; break;
+        case 3: side[0].rank = 1; break;
+        case 4: side[0].shape[1] = 0; break;
+        default: side[0].data = NULL; break;
+        }
+        CHECK_STATUS(ctx, aj_forward(ctx, dev, kr, &a), AJ_ERR_INVALID_ARG);
+        CHECK_ERROR(ctx, cases[i].want);
+    }
+    side[0] = good;
+    a.num_side = 1;
+    aj_block_mask *m = NULL;
+    aj_tile_counts counts;
+    CHECK_STATUS(ctx, aj_block_mask_create(ctx, dev, op, kr, &a, &m), AJ_OK);
+    CHECK(aj_block_mask_counts(m, &counts) == AJ_OK &&
+          counts.tiles[AJ_TILE_SKIP] + counts.tiles[AJ_TILE_PARTIAL] +
+                  counts.tiles[AJ_TILE_FULL] > 0);
+    aj_tile_class cls;
+    CHECK(aj_block_mask_class(m, 0, 0, 0, 0, &cls) == AJ_OK && cls == AJ_TILE_FULL);
+    CHECK(aj_block_mask_class(m, 0, 0, 0, 99, &cls) == AJ_ERR_INVALID_ARG);
+    aj_block_mask_destroy(m);
+    aj_op *merge = NULL;
+    const char *mspec = "attention merge { dtype = f16 head_dim_v = 16 }";
+    CHECK_STATUS(ctx, aj_op_parse(ctx, mspec, strlen(mspec), "t", &merge), AJ_OK);
+    CHECK_STATUS(ctx, aj_block_mask_create(ctx, dev, merge, merge_kernel, &a, &m),
+                 AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "block masks are for padded forward ops");
+    aj_op_destroy(merge);
+    aj_op_destroy(op);
+    aj_kernel_destroy(kr);
+}
+
 /* Templates that do not compile expressions yet refuse them with
  * AJ_ERR_UNSUPPORTED naming the field and the template, never with a
  * wrong kernel. */
@@ -602,6 +664,7 @@ int main(void)
         test_empty_tensors();
         test_non_finite_inputs();
         test_devices_and_helpers();
+        test_side_tensor_arguments();
     }
     test_expression_ops_refused();
     aj_kernel_destroy(kernel);
