@@ -13,6 +13,8 @@
  */
 #include "ref.h"
 
+#include "ir/op.h"
+
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -205,6 +207,22 @@ static double score_of(const ref_problem *p, const ref_slice *sl, int64_t i,
         s -= p->alibi_slopes[sl->h] * (double)llabs(dist);
     }
     return s;
+}
+
+void ref_use_expressions(ref_problem *p, const aj_op *op, const aj_side_tensor *tensors,
+                         int count)
+{
+    p->expr = &op->expr;
+    if (op->mask.kind == AJ_MASK_EXPR) {
+        p->mask = AJ_MASK_EXPR;
+        p->mask_root = op->mask.root;
+    }
+    if (op->score_mod.kind == AJ_SCORE_MOD_EXPR) {
+        p->score_expr = true;
+        p->score_root = op->score_mod.root;
+    }
+    p->tensors = tensors;
+    p->tensor_count = count;
 }
 
 bool ref_visible(const ref_problem *p, int64_t b, int64_t h, int64_t i,

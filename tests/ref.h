@@ -90,6 +90,13 @@ bool ref_visible(const ref_problem *p, int64_t b, int64_t h, int64_t i,
 double ref_score(const ref_problem *p, int64_t b, int64_t h, int64_t i,
                  int64_t j, double t, double *ds_dt);
 
+/* Points p's expression fields at the parsed op's nodes (the interpreter
+ * then runs the programs the kernel compiled): its expression mask and
+ * score_mod where it has them, and the side tensors (host memory, in
+ * declaration order).  The op must outlive p's use. */
+void ref_use_expressions(ref_problem *p, const aj_op *op, const aj_side_tensor *tensors,
+                         int count);
+
 /* Forward: writes o and lse (shapes above); lse may be NULL. */
 void ref_forward(const ref_problem *p, const double *q, const double *k,
                  const double *v, double *o, double *lse);

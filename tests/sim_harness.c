@@ -226,24 +226,6 @@ static void reference_problem(const fwd_case *c, const fwd_options *x, ref_probl
     p->offset = x->drop_offset;
 }
 
-/* The reference reads expression masks and score_mods from the parsed op
- * (the interpreter over the same nodes the kernel compiled). */
-static void reference_expressions(const aj_op *op, const aj_side_tensor *tensors, int count,
-                                  ref_problem *p)
-{
-    p->expr = &op->expr;
-    if (op->mask.kind == AJ_MASK_EXPR) {
-        p->mask = AJ_MASK_EXPR;
-        p->mask_root = op->mask.root;
-    }
-    if (op->score_mod.kind == AJ_SCORE_MOD_EXPR) {
-        p->score_expr = true;
-        p->score_root = op->score_mod.root;
-    }
-    p->tensors = tensors;
-    p->tensor_count = count;
-}
-
 /* Bytes a tensor spans (its data is contiguous in every layout used here). */
 static size_t device_bytes(const aj_tensor *t)
 {
@@ -494,7 +476,7 @@ fwd_result fwd_run_case_ext(aj_ctx *ctx, aj_device *dev, const fwd_case *c,
         if (strncmp(c->mask, "expr", 4) == 0 ||
             (c->score_mod && strncmp(c->score_mod, "expr", 4) == 0)) {
             if (aj_op_parse(ctx, spec, strlen(spec), "case", &op) == AJ_OK)
-                reference_expressions(op, opts->side, opts->num_side, &p);
+                ref_use_expressions(&p, op, opts->side, opts->num_side);
         }
         if (varlen) {
             p.cu_q = cu_q;

@@ -10,7 +10,9 @@
  * forward's stream; deterministic mode bitwise equal over repeated runs
  * and over different emulator worker counts; the atomic (deterministic =
  * false) mode within tolerance; explicit schedules; the workspace API and
- * its errors.  Sizes are small: the emulator runs every GPU thread.  With
+ * its errors; expression masks and score_mods (the examples/scores specs
+ * and random score_mods of tests/score_cases.h) with their side tensors.
+ * Sizes are small: the emulator runs every GPU thread.  With
  * the argument `cuda` the same cases run on a GPU (tests/gpu/run.sh); with
  * `cpu` the varlen cases and checks run on the cpu target's kernels
  * (ctest test_cpu_varlen_bwd).
@@ -28,6 +30,8 @@
 #include "check.h"
 #include "ref.h"
 #include "bwd_tensors.h"
+#include "score_cases.h"
+#include "spec_dir.h"
 #include "sweep_cases.h"
 
 static aj_ctx *ctx;
@@ -52,6 +56,7 @@ typedef struct fb_case {
     uint64_t drop_seed, drop_offset;
     const int *lens_q, *lens_k;  /* varlen when set: b sequence lengths each */
     int repeat;                /* deterministic: rerun on 1 and 3 workers, same bits */
+    const char *tensors;       /* expressions: the tensors field, "(doc: i32[2])"; NULL: none */
 } fb_case;
 
 /* The tensor cores round P and dS to the dtype before the dV, dK and dQ
@@ -76,18 +81,25 @@ static void make(tensor *x, aj_dtype dtype, int rank, const int64_t *shape)
 
 /* ---------------------------------------------------------------- cases */
 
-static aj_kernel *compile(const fb_case *c)
+static void case_spec(const fb_case *c, char *spec, size_t cap)
 {
-    char spec[640];
-    snprintf(spec, sizeof spec,
+    snprintf(spec, cap,
              "attention backward %s {\n  dtype = %s\n  head_dim = %d\n"
              "  head_dim_v = %d\n  mask = %s\n  score_mod = %s\n  dropout = %.17g\n"
-             "  layout = %s\n  deterministic = %s\n%s%s%s}\n",
+             "  layout = %s\n  deterministic = %s\n%s%s%s%s%s%s}\n",
              c->variant == AJ_VARIANT_EFFICIENT ? "efficient" : "flash",
              aj_dtype_name(c->dtype), c->d, c->dv ? c->dv : c->d, c->mask,
              c->score_mod ? c->score_mod : "none", c->dropout, c->lens_q ? "varlen" : "padded",
              c->deterministic ? "true" : "false", c->schedule ? "  schedule = " : "",
-             c->schedule ? c->schedule : "", c->schedule ? "\n" : "");
+             c->schedule ? c->schedule : "", c->schedule ? "\n" : "",
+             c->tensors ? "  tensors = " : "", c->tensors ? c->tensors : "",
+             c->tensors ? "\n" : "");
+}
+
+static aj_kernel *compile(const fb_case *c)
+{
+    char spec[8192];
+    case_spec(c, spec, sizeof spec);
     aj_op *op = NULL;
     aj_kernel *k = NULL;
     CHECK_MSG(aj_op_parse(ctx, spec, strlen(spec), c->label, &op) == AJ_OK, "%s: %s", c->label,
@@ -118,6 +130,51 @@ static void rerun_same_bits(const fb_case *c, const aj_kernel *kernel, const aj_
                   "%s: %s differs on a rerun with %d workers", c->label, names[t], workers);
     }
     CHECK(aj_device_set_workers(dev, 0) == AJ_OK);
+}
+
+/* An expression case's inputs: the parsed op (whose nodes the reference
+ * interprets) and its side tensors (side_make's data), on the host for the
+ * reference and on the device for the kernel. */
+typedef struct expr_inputs {
+    aj_op *op;
+    side_data side;
+    aj_side_tensor dev[AJ_OP_TENSORS_MAX];
+} expr_inputs;
+
+static void expr_inputs_begin(const fb_case *c, ref_problem *p, expr_inputs *x)
+{
+    memset(x, 0, sizeof *x);
+    int expr = c->tensors || strncmp(c->mask, "expr", 4) == 0 ||
+               (c->score_mod && strncmp(c->score_mod, "expr", 4) == 0);
+    if (!expr)
+        return;
+    char spec[8192];
+    case_spec(c, spec, sizeof spec);
+    if (aj_op_parse(ctx, spec, strlen(spec), c->label, &x->op) != AJ_OK)
+        return;
+    aj_op_info info;
+    aj_op_get_info(x->op, &info);
+    side_make(&info, c->b, c->hq, c->sq > c->sk ? c->sq : c->sk, c->seed, &x->side);
+    for (int i = 0; i < x->side.n; i++) {
+        const aj_side_tensor *t = &x->side.t[i];
+        size_t bytes = 4;
+        for (int d = 0; d < t->rank; d++)
+            bytes += (size_t)((t->shape[d] - 1) * t->strides[d]) * 4;
+        void *mem = NULL;
+        CHECK(aj_device_alloc(dev, bytes, &mem) == AJ_OK);
+        CHECK(aj_device_copy_to(dev, mem, t->data, bytes) == AJ_OK);
+        x->dev[i] = *t;
+        x->dev[i].data = mem;
+    }
+    ref_use_expressions(p, x->op, x->side.t, x->side.n);
+}
+
+static void expr_inputs_end(expr_inputs *x)
+{
+    for (int i = 0; i < x->side.n; i++)
+        aj_device_free(dev, (void *)x->dev[i].data);
+    side_free(&x->side);
+    aj_op_destroy(x->op);
 }
 
 static void run(const fb_case *c)
@@ -205,9 +262,11 @@ static void run(const fb_case *c)
         }
         p.alibi_slopes = slopes;
         slopes_t = (aj_tensor){slopes_f, AJ_DTYPE_F32, 1, {c->hq}, {1}};
-    } else if (c->score_mod) {
+    } else if (c->score_mod && strncmp(c->score_mod, "expr", 4) != 0) {
         CHECK(sscanf(c->score_mod, "softcap(%lf)", &p.softcap) == 1);
     }
+    expr_inputs ex;
+    expr_inputs_begin(c, &p, &ex);
     p.dropout_p = c->dropout;
     p.seed = c->drop_seed;
     p.offset = c->drop_offset;
@@ -226,6 +285,8 @@ static void run(const fb_case *c)
     a.dk = dk.t;
     a.dv = dvt.t;
     a.alibi_slopes = slopes_t;
+    a.side = ex.dev;
+    a.num_side = ex.side.n;
     a.q_offset = c->q_offset;
     a.kv_offset = c->kv_offset;
     a.sq_total = c->sq_total;
@@ -288,6 +349,7 @@ static void run(const fb_case *c)
     for (int i = 0; i < 2; i++)
         if (cu_dev[i])
             aj_device_free(dev, cu_dev[i]);
+    expr_inputs_end(&ex);
     aj_kernel_destroy(kernel);
     printf("  %-60s %.2f s\n", c->label, (double)(clock() - t0) / CLOCKS_PER_SEC);
 }
@@ -489,6 +551,67 @@ static void test_varlen(void)
     c.drop_offset = 12;
     c.repeat = 1;
     run(&c);
+}
+
+/* Expression masks and score_mods through the flash backward: every
+ * examples/scores spec (its dtype, head dim and fields; long enough for a
+ * 128-token chunk and a 64-key window to matter) and random score_mods
+ * over a causal mask, f16 at head dim 16. */
+static void run_expr_example(const char *name, const char *path, const char *text, size_t len,
+                             void *user)
+{
+    int *seen = user;
+    aj_op *op = NULL;
+    CHECK_MSG(text != NULL, "cannot read %s", path);
+    if (!text || aj_op_parse(ctx, text, len, name, &op) != AJ_OK) {
+        CHECK_MSG(0, "%s: %s", name, aj_last_error(ctx));
+        return;
+    }
+    aj_op_info info;
+    aj_op_get_info(op, &info);
+    aj_op_destroy(op);
+    char tensors[512], mask[1024], mod[1024];
+    spec_field(text, "tensors", tensors, sizeof tensors);
+    spec_field(text, "mask", mask, sizeof mask);
+    spec_field(text, "score_mod", mod, sizeof mod);
+    fb_case c = base(name, info.dtype, info.head_dim, mask[0] ? mask : "none");
+    c.score_mod = mod[0] ? mod : NULL;
+    c.tensors = tensors[0] ? tensors : NULL;
+    c.b = 2;
+    c.hkv = 2;
+    c.sq = c.sk = 150;
+    c.seed = 7 + (uint64_t)*seen;
+    run(&c);
+    (*seen)++;
+}
+
+static void test_expressions(void)
+{
+    const char *dir = getenv("AJ_SCORE_EXAMPLES") ? getenv("AJ_SCORE_EXAMPLES")
+                                                   : "examples/scores";
+    int seen = 0;
+    CHECK_MSG(spec_dir_each(dir, run_expr_example, &seen) >= 0, "cannot open %s", dir);
+    CHECK_MSG(seen >= 7, "only %d example specs in %s", seen, dir);
+    enum { RANDOM_MODS = 12 };
+    for (int i = 0; i < RANDOM_MODS; i++) {
+        static rx_tree t;
+        memset(&t, 0, sizeof t);
+        t.rng = 0xbac0000u + (uint64_t)i;
+        t.score = true;
+        int root = rx_gen(&t, 'f', 4);
+        char e[8192], label[32];
+        rx_expression(&t, root, true, e, sizeof e);
+        snprintf(label, sizeof label, "random score_mod %d", i);
+        fb_case c = base(label, AJ_DTYPE_F16, 16, "causal(top_left)");
+        c.score_mod = e;
+        c.tensors = "(ti: i32[2], tf: f32[1])";
+        c.hkv = 2;
+        c.sq = 23;
+        c.sk = 30;
+        c.seed = (uint64_t)i + 1;
+        c.deterministic = i % 2;
+        run(&c);
+    }
 }
 
 /* Valid arguments of a small problem (padded, or varlen of two sequences
@@ -769,6 +892,7 @@ static void run_suite(int cpu)
         test_dropout();
         test_deterministic();
         test_schedules();
+        test_expressions();
     }
     test_varlen();
     if (!cpu)
