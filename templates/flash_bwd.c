@@ -790,8 +790,15 @@ static void emit_p_ds_tiles(fbwd *f, const warp_acc *s, const warp_acc *dp, int 
                 LLVMValueRef pr = acc_row(f, s, a, r), pc = acc_col(f, s, c, r);
                 LLVMValueRef il = rows_are_keys ? pc : pr, jl = rows_are_keys ? pr : pc;
                 LLVMValueRef i = add(f, m0, il), j = add(f, n0, jl);
-                LLVMValueRef vis = LLVMBuildAnd(f->b, slt(f, i, f->seq_q), slt(f, j, f->seq_k), "");
-                vis = LLVMBuildAnd(f->b, vis, aj_score_visible(&f->sc, i, j), "");
+                LLVMValueRef vis = LLVMBuildAnd(f->b, slt(f, i, f->seq_q),
+                                                LLVMBuildICmp(f->b, LLVMIntSLE, j,
+                                                              aj_score_row_hi(&f->sc, f->seq_k, i),
+                                                              ""), "");
+                if (f->sc.lo_off)
+                    vis = LLVMBuildAnd(f->b, vis, LLVMBuildICmp(f->b, LLVMIntSGE, j,
+                                       aj_score_row_lo(&f->sc, i), ""), "");
+                if (aj_score_has_rest(f->prog))
+                    vis = LLVMBuildAnd(f->b, vis, aj_score_visible_rest(&f->sc, i, j), "");
                 LLVMValueRef keep = f->op->dropout > 0
                                         ? aj_attn_dropout_keep(kb, &f->drop, f->op->dropout, i, j)
                                         : NULL;

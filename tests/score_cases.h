@@ -45,6 +45,37 @@ static void spec_field(const char *text, const char *field, char *out, size_t ca
     }
 }
 
+/* An example spec's parts: the dtype and head dim its op has, and the text
+ * of its tensors field ("" when absent), mask and score_mod ("none" when
+ * absent).  False when there is no text or it does not parse (the
+ * message on ctx). */
+typedef struct score_example {
+    aj_dtype dtype;
+    int head_dim;
+    char tensors[512], mask[1024], mod[1024];
+} score_example;
+
+static inline bool score_example_read(aj_ctx *ctx, const char *name, const char *text,
+                                      size_t len, score_example *x)
+{
+    aj_op *op = NULL;
+    if (!text || aj_op_parse(ctx, text, len, name, &op) != AJ_OK)
+        return false;
+    aj_op_info info;
+    aj_op_get_info(op, &info);
+    x->dtype = info.dtype;
+    x->head_dim = info.head_dim;
+    aj_op_destroy(op);
+    spec_field(text, "tensors", x->tensors, sizeof x->tensors);
+    spec_field(text, "mask", x->mask, sizeof x->mask);
+    spec_field(text, "score_mod", x->mod, sizeof x->mod);
+    if (!x->mask[0])
+        snprintf(x->mask, sizeof x->mask, "none");
+    if (!x->mod[0])
+        snprintf(x->mod, sizeof x->mod, "none");
+    return true;
+}
+
 /* ---------------------------------------------------------------- side data */
 
 /* Host data of the side tensors of a case. */

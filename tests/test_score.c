@@ -86,22 +86,13 @@ static void run_example(const char *name, const char *path, const char *text, si
                         void *user)
 {
     int *seen = user;
-    aj_op *op = NULL;
-    CHECK_MSG(text != NULL, "cannot read %s", path);
-    if (!text)
+    static score_example x;
+    if (!score_example_read(ctx, name, text, len, &x)) {
+        CHECK_MSG(0, "%s: %s", path, text ? aj_last_error(ctx) : "cannot read");
         return;
-    CHECK_STATUS(ctx, aj_op_parse(ctx, text, len, name, &op), AJ_OK);
-    if (!op)
-        return;
-    aj_op_info info;
-    aj_op_get_info(op, &info);
-    aj_op_destroy(op);
-    char tensors[512], mask[1024], mod[1024];
-    spec_field(text, "tensors", tensors, sizeof tensors);
-    spec_field(text, "mask", mask, sizeof mask);
-    spec_field(text, "score_mod", mod, sizeof mod);
-    run_fields(name, info.dtype, info.head_dim, tensors, mask[0] ? mask : "none",
-               mod[0] ? mod : "none", 2, 2, 150, 7 + (uint64_t)*seen, true);
+    }
+    run_fields(name, x.dtype, x.head_dim, x.tensors, x.mask, x.mod, 2, 2, 150,
+               7 + (uint64_t)*seen, true);
     (*seen)++;
 }
 

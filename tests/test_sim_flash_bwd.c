@@ -561,22 +561,14 @@ static void run_expr_example(const char *name, const char *path, const char *tex
                              void *user)
 {
     int *seen = user;
-    aj_op *op = NULL;
-    CHECK_MSG(text != NULL, "cannot read %s", path);
-    if (!text || aj_op_parse(ctx, text, len, name, &op) != AJ_OK) {
-        CHECK_MSG(0, "%s: %s", name, aj_last_error(ctx));
+    static score_example x;
+    if (!score_example_read(ctx, name, text, len, &x)) {
+        CHECK_MSG(0, "%s: %s", path, text ? aj_last_error(ctx) : "cannot read");
         return;
     }
-    aj_op_info info;
-    aj_op_get_info(op, &info);
-    aj_op_destroy(op);
-    char tensors[512], mask[1024], mod[1024];
-    spec_field(text, "tensors", tensors, sizeof tensors);
-    spec_field(text, "mask", mask, sizeof mask);
-    spec_field(text, "score_mod", mod, sizeof mod);
-    fb_case c = base(name, info.dtype, info.head_dim, mask[0] ? mask : "none");
-    c.score_mod = mod[0] ? mod : NULL;
-    c.tensors = tensors[0] ? tensors : NULL;
+    fb_case c = base(name, x.dtype, x.head_dim, x.mask);
+    c.score_mod = strcmp(x.mod, "none") != 0 ? x.mod : NULL;
+    c.tensors = x.tensors[0] ? x.tensors : NULL;
     c.b = 2;
     c.hkv = 2;
     c.sq = c.sk = 150;
@@ -592,6 +584,14 @@ static void test_expressions(void)
     int seen = 0;
     CHECK_MSG(spec_dir_each(dir, run_expr_example, &seen) >= 0, "cannot open %s", dir);
     CHECK_MSG(seen >= 7, "only %d example specs in %s", seen, dir);
+    /* one stage: each step takes its tile's class as it issues the copies */
+    fb_case d = base("f16 d32 document mask, schedule (32, 32, 2 warps, 1 stage)", AJ_DTYPE_F16,
+                     32, "expr(doc[b, q] == doc[b, k] && k <= q)");
+    d.tensors = "(doc: i32[2])";
+    d.schedule = "(block_m = 32, block_n = 32, warps = 2, stages = 1)";
+    d.b = 2;
+    d.sq = d.sk = 150;
+    run(&d);
     enum { RANDOM_MODS = 12 };
     for (int i = 0; i < RANDOM_MODS; i++) {
         static rx_tree t;
