@@ -84,6 +84,35 @@ LLVMValueRef aj_attn_slice_base(aj_kb *kb, const char *t, LLVMValueRef b, LLVMVa
     return LLVMBuildAdd(kb->b, off, LLVMBuildMul(kb->b, h64, aj_kb_param(kb, sh), ""), "");
 }
 
+void aj_attn_add_varlen_total_params(aj_kb *kb, const aj_score_prog *prog)
+{
+    if (prog->reads_totals) {
+        aj_kb_add_param(kb, "sq_total", AJ_PARAM_I64);
+        aj_kb_add_param(kb, "sk_total", AJ_PARAM_I64);
+    }
+}
+
+void aj_attn_score_totals(aj_kb *kb, const aj_score_prog *prog, aj_layout layout,
+                          LLVMValueRef seq_q, LLVMValueRef seq_k, LLVMValueRef *sq,
+                          LLVMValueRef *sk)
+{
+    *sq = *sk = NULL;
+    if (!prog->reads_totals)
+        return;
+    if (layout != AJ_LAYOUT_VARLEN) {
+        *sq = aj_kb_param(kb, "seq_q_total");
+        *sk = aj_kb_param(kb, "seq_k_total");
+        return;
+    }
+    LLVMValueRef given[2] = {aj_kb_param(kb, "sq_total"), aj_kb_param(kb, "sk_total")};
+    LLVMValueRef own[2] = {seq_q, seq_k}, *out[2] = {sq, sk};
+    for (int x = 0; x < 2; x++) {
+        LLVMValueRef zero = LLVMBuildICmp(kb->b, LLVMIntEQ, given[x], aj_kb_i64(kb, 0), "");
+        *out[x] = LLVMBuildSelect(kb->b, zero, LLVMBuildSExt(kb->b, own[x], kb->t_i64, ""),
+                                  given[x], "");
+    }
+}
+
 LLVMValueRef aj_attn_tanh(aj_kb *kb, LLVMValueRef x)
 {
     LLVMBuilderRef b = kb->b;
@@ -187,42 +216,6 @@ static void p_ds_from_score(aj_kb *kb, const aj_op *op, LLVMValueRef s2, LLVMVal
         ds = LLVMBuildSelect(b, visible, LLVMBuildFMul(b, ds, chain, ""), aj_kb_f32(kb, 0), "");
     *p_out = pd;
     *ds_out = ds;
-}
-
-void aj_attn_bwd_p_ds(aj_kb *kb, const aj_attn_bwd_scores *sc, LLVMValueRef qk,
-                      LLVMValueRef dp, LLVMValueRef i, LLVMValueRef j, LLVMValueRef lse2,
-                      LLVMValueRef delta, LLVMValueRef visible, LLVMValueRef bias,
-                      LLVMValueRef keep, LLVMValueRef *p_out, LLVMValueRef *ds_out)
-{
-    LLVMBuilderRef b = kb->b;
-    const aj_op *op = sc->op;
-    double scale = aj_op_scale(op);
-    LLVMValueRef s2, th = NULL;
-    if (op->score_mod.kind == AJ_SCORE_MOD_NONE && !bias) {
-        s2 = LLVMBuildFMul(b, qk, aj_kb_f32(kb, scale * AJ_LOG2E), "");
-    } else {
-        LLVMValueRef s = LLVMBuildFMul(b, qk, aj_kb_f32(kb, scale), "");
-        if (bias)   /* t = scale q.k + bias, before softcap and alibi */
-            s = LLVMBuildFAdd(b, s, bias, "");
-        if (op->score_mod.kind == AJ_SCORE_MOD_SOFTCAP) {
-            double cap = op->score_mod.softcap;
-            th = aj_attn_tanh(kb, LLVMBuildFMul(b, s, aj_kb_f32(kb, 1.0 / cap), ""));
-            s = LLVMBuildFMul(b, th, aj_kb_f32(kb, cap), "");
-        } else if (op->score_mod.kind == AJ_SCORE_MOD_ALIBI) {
-            /* alibi: s -= slope * |q_pos - kv_pos|, positions in i64 */
-            LLVMValueRef dist = LLVMBuildAdd(b, LLVMBuildSub(b, LLVMBuildSExt(b, i, kb->t_i64, ""), LLVMBuildSExt(b, j, kb->t_i64, ""), ""),
-                                             sc->qk_offset, "");
-            LLVMValueRef neg = LLVMBuildICmp(b, LLVMIntSLT, dist, aj_kb_i64(kb, 0), "");
-            dist = LLVMBuildSelect(b, neg, LLVMBuildNeg(b, dist, ""), dist, "");
-            LLVMValueRef fd = LLVMBuildSIToFP(b, dist, kb->t_f32, "");
-            s = LLVMBuildFSub(b, s, LLVMBuildFMul(b, sc->slope, fd, ""), "");
-        }
-        s2 = LLVMBuildFMul(b, s, aj_kb_f32(kb, AJ_LOG2E), "");
-    }
-    LLVMValueRef chain = NULL;
-    if (th)   /* softcap chain: d/dt C tanh(t / C) = 1 - tanh^2 */
-        chain = LLVMBuildFSub(b, aj_kb_f32(kb, 1.0), LLVMBuildFMul(b, th, th, ""), "");
-    p_ds_from_score(kb, op, s2, dp, lse2, delta, visible, keep, chain, p_out, ds_out);
 }
 
 void aj_attn_bwd_p_ds_prog(aj_kb *kb, const aj_op *op, aj_score *sc, LLVMValueRef qk,

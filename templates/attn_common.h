@@ -59,6 +59,20 @@ int aj_attn_option_regs_per_element(const aj_op *op);
  * strides are the kernel parameters stride_<t>_b and stride_<t>_h. */
 LLVMValueRef aj_attn_slice_base(aj_kb *kb, const char *t, LLVMValueRef b, LLVMValueRef h);
 
+/*
+ * The totals the score programs read (score.h's sq, sk; i64), NULL where
+ * they read none: for layout = padded the parameters seq_q_total and
+ * seq_k_total (aj_score_add_params); for varlen the parameters sq_total
+ * and sk_total, where 0 stands for the sequence's own length seq_q or
+ * seq_k (i32), so that each sequence aligns bottom_right to its own end.
+ * A varlen kernel declares those two with aj_attn_add_varlen_total_params.
+ */
+struct aj_score_prog;
+void aj_attn_add_varlen_total_params(aj_kb *kb, const struct aj_score_prog *prog);
+void aj_attn_score_totals(aj_kb *kb, const struct aj_score_prog *prog, aj_layout layout,
+                          LLVMValueRef seq_q, LLVMValueRef seq_k, LLVMValueRef *sq,
+                          LLVMValueRef *sk);
+
 /* tanh(x) = sign(x) (1 - 2 / (2^(2|x| log2 e) + 1)): accurate to ~1e-7
  * absolute, unlike tanh.approx.f32 (2^-11 relative). */
 LLVMValueRef aj_attn_tanh(aj_kb *kb, LLVMValueRef x);
@@ -106,36 +120,17 @@ LLVMValueRef aj_attn_dropout_keep(aj_kb *kb, const aj_attn_dropout *d, double p,
 
 /*
  * The backward's recomputed probability and score gradient of one element
- * (row i, key j) of the current (b, h), from q.k (`qk`), dO.v (`dp`), the
- * row's LSE in log2 units and Delta:
+ * (row i, key j; local indices, i32) of the current (b, h), from q.k
+ * (`qk`), dO.v (`dp`), the row's LSE in log2 units and Delta; the
+ * score_mod and its derivative d mod / d t come from the op's score
+ * programs `sc` (templates/score.h) at (i, j):
  *
- *   t = scale q.k [+ bias];  s = softcap ? C tanh(t / C) : t;  s -= alibi
- *   P = exp(s - LSE) where `visible`, else 0
- *   dS = P (dP m - Delta) [* (1 - tanh^2)]      m = keep / (1 - p)
+ *   t = scale q.k [+ bias];  s = mod(t);  P = exp(s - LSE) where `visible`
+ *   dS = P (dP m - Delta) mod'(t)        m = keep / (1 - p)
  *
  * `bias` (NULL: none) is bias[b,h,i,j], `keep` (NULL: no dropout) the
  * forward's keep decision.  *p_out is the dropped P m (dV's factor); dS is
  * the gradient of t without the scale (dbias).
- */
-typedef struct aj_attn_bwd_scores {
-    const aj_op *op;
-    LLVMValueRef qk_offset;   /* i64: q_offset - kv_offset (alibi distances) */
-    LLVMValueRef slope;       /* f32: the head's alibi slope (alibi only) */
-} aj_attn_bwd_scores;
-
-void aj_attn_bwd_p_ds(aj_kb *kb, const aj_attn_bwd_scores *sc, LLVMValueRef qk,
-                      LLVMValueRef dp, LLVMValueRef i, LLVMValueRef j, LLVMValueRef lse2,
-                      LLVMValueRef delta, LLVMValueRef visible, LLVMValueRef bias,
-                      LLVMValueRef keep, LLVMValueRef *p_out, LLVMValueRef *ds_out);
-
-/*
- * The same from the op's score program (templates/score.h): the score_mod
- * and its derivative d mod / d t come from `sc` at (i, j):
- *
- *   t = scale q.k [+ bias];  s = mod(t);  P = exp(s - LSE) where `visible`
- *   dS = P (dP m - Delta) mod'(t)
- *
- * i and j are local indices (i32).
  */
 struct aj_score;
 void aj_attn_bwd_p_ds_prog(aj_kb *kb, const aj_op *op, struct aj_score *sc, LLVMValueRef qk,

@@ -474,7 +474,7 @@ static void emit_accumulate(ebwd *e, LLVMValueRef out[MAX_ROWS][MAX_OUT], int nr
     aj_kb_for_end(kb);
 }
 
-/* P and dS of (row i, key j): attn_common.h's aj_attn_bwd_p_ds with this
+/* P and dS of (row i, key j): attn_common.h's aj_attn_bwd_p_ds_prog with this
  * kernel's head state. */
 static void emit_p_ds(ebwd *e, LLVMValueRef qk, LLVMValueRef dp, LLVMValueRef i,
                       LLVMValueRef j, LLVMValueRef lse2, LLVMValueRef delta,

@@ -5,8 +5,8 @@
  * module run in order.  Like the efficient backward it recomputes the
  * probabilities from Q, K and the forward's LSE:
  *
- *   S_ij  = scale q_i . k_j -> softcap, alibi, mask   P_ij = exp(S_ij - LSE_i)
- *   dP_ij = dO_i . v_j      Delta_i = dO_i . O_i     dS_ij = P_ij (dP_ij - Delta_i)
+ *   S_ij  = scale q_i . k_j -> score_mod, mask        P_ij = exp(S_ij - LSE_i)
+ *   dP_ij = dO_i . v_j      Delta_i = dO_i . O_i     dS_ij = P_ij (dP_ij - Delta_i) mod'
  *   dV_j = sum_i P_ij dO_i   dK_j = scale sum_i dS_ij q_i   dQ_i = scale sum_j dS_ij k_j
  *
  *   deterministic = true:   delta -> dkdv -> dq
@@ -52,13 +52,17 @@
  * sums over dO's rows) is read with ldmatrix .trans; see warp_mma.
  *
  * Rows that see no key get dQ = 0; keys no row sees get dK = dV = 0.
- * Masks, dropout and score mods are attn_common.h's, as in every template.
+ * The mask and score_mod are the op's score programs (score.h), built-in
+ * or expressions alike: the band bounds the tiles each kernel walks, and
+ * where the mask has more than its band, tiles whose class is skip are
+ * neither loaded nor computed.  Dropout is attn_common.h's.
  * Launch contract: Sq, Sk < 2^30; the workspace of aj_backward_workspace_size.
  */
 #include <stdio.h>
 #include <string.h>
 
 #include "templates/attn_common.h"
+#include "templates/score.h"
 #include "templates/template.h"
 #include "templates/tile_io.h"
 
@@ -296,7 +300,9 @@ static aj_status fbwd_check(aj_ctx *ctx, const aj_op *op, aj_target target)
     if (st != AJ_OK)
         return st;
     fbwd_plan plan;
-    return plan_kernel(ctx, op, target, &plan);
+    static _Thread_local aj_score_prog prog;
+    st = plan_kernel(ctx, op, target, &plan);
+    return st != AJ_OK ? st : aj_score_prog_init(ctx, op, &prog);
 }
 
 /* ---------------------------------------------------------------- shared */
@@ -318,8 +324,9 @@ typedef struct fbwd {
     LLVMValueRef bidx;                    /* i32: batch (varlen: sequence) */
     LLVMValueRef seq_q, seq_k;            /* i32: this sequence's lengths */
     LLVMValueRef q_start, k_start;        /* i64: first packed row (varlen), else 0 */
-    aj_attn_mask mask;
-    aj_attn_bwd_scores sc;
+    const aj_score_prog *prog;            /* the mask and score_mod (score.h) */
+    LLVMValueRef sq, sk;                  /* i64: the programs' totals (NULL: unread) */
+    aj_score sc;                          /* the programs at the current (b, h) */
     aj_attn_dropout drop;
 } fbwd;
 
@@ -358,19 +365,16 @@ static const char *const bhs = "bhs";
 
 /* Every kernel of the module takes the same parameters; each reads what
  * it needs. */
-static void declare_params(aj_kb *kb, const aj_op *op)
+static void declare_params(aj_kb *kb, const aj_op *op, const aj_score_prog *prog)
 {
     for (int i = 0; i < 8; i++)
         aj_kb_add_param(kb, tensors[i], AJ_PARAM_PTR);
     aj_kb_add_param(kb, "lse", AJ_PARAM_PTR);
     aj_kb_add_param(kb, "workspace", AJ_PARAM_PTR);
-    if (op->score_mod.kind == AJ_SCORE_MOD_ALIBI)
-        aj_kb_add_param(kb, "alibi_slopes", AJ_PARAM_PTR);
     if (op->layout == AJ_LAYOUT_VARLEN) {
         aj_kb_add_param(kb, "cu_seqlens_q", AJ_PARAM_PTR);
         aj_kb_add_param(kb, "cu_seqlens_k", AJ_PARAM_PTR);
-        aj_kb_add_param(kb, "sq_total", AJ_PARAM_I64);
-        aj_kb_add_param(kb, "sk_total", AJ_PARAM_I64);
+        aj_attn_add_varlen_total_params(kb, prog);
     }
     char name[32];
     for (int t = 0; t < 8; t++)
@@ -392,11 +396,11 @@ static void declare_params(aj_kb *kb, const aj_op *op)
     aj_kb_add_param(kb, "seq_k", AJ_PARAM_I32);
     aj_kb_add_param(kb, "q_offset", AJ_PARAM_I64);
     aj_kb_add_param(kb, "kv_offset", AJ_PARAM_I64);
-    aj_kb_add_param(kb, "mask_shift", AJ_PARAM_I64);
     if (op->dropout > 0) {
         aj_kb_add_param(kb, "dropout_seed", AJ_PARAM_I64);
         aj_kb_add_param(kb, "dropout_offset", AJ_PARAM_I64);
     }
+    aj_score_add_params(kb, prog);
 }
 
 static LLVMValueRef stride_s(fbwd *f, const char *t)
@@ -414,21 +418,22 @@ static LLVMValueRef load_i32_at(fbwd *f, const char *array, LLVMValueRef idx)
 }
 
 /* Thread layout and the batch (or sequence) of the CTA: lengths, packed
- * starts and the mask offsets that follow from them. */
-static void setup(fbwd *f, aj_kb *kb, const aj_op *op, const fbwd_plan *p)
+ * starts and the programs' totals that follow from them. */
+static void setup(fbwd *f, aj_kb *kb, const aj_op *op, const fbwd_plan *p,
+                  const aj_score_prog *prog)
 {
     memset(f, 0, sizeof *f);
     f->kb = kb;
     f->b = kb->b;
     f->op = op;
     f->p = *p;
+    f->prog = prog;
     f->tid = aj_kb_thread_id(kb);
     f->warp = LLVMBuildLShr(f->b, f->tid, i32c(f, 5), "warp");
     f->lane = LLVMBuildAnd(f->b, f->tid, i32c(f, 31), "lane");
     f->g = LLVMBuildLShr(f->b, f->lane, i32c(f, 2), "g");
     f->t = LLVMBuildAnd(f->b, f->lane, i32c(f, 3), "t");
     f->bidx = aj_kb_block_id(kb, 2);
-    LLVMValueRef shift = prm(f, "mask_shift");
     if (op->layout == AJ_LAYOUT_VARLEN) {
         LLVMValueRef next = add(f, f->bidx, i32c(f, 1));
         LLVMValueRef q0 = load_i32_at(f, "cu_seqlens_q", f->bidx);
@@ -437,35 +442,22 @@ static void setup(fbwd *f, aj_kb *kb, const aj_op *op, const fbwd_plan *p)
         f->seq_k = LLVMBuildSub(f->b, load_i32_at(f, "cu_seqlens_k", next), k0, "seq_k");
         f->q_start = sext64(f, q0);
         f->k_start = sext64(f, k0);
-        if (op->mask.align == AJ_ALIGN_BOTTOM_RIGHT) {
-            /* totals of 0 are each sequence's own lengths */
-            LLVMValueRef zero = aj_kb_i64(kb, 0);
-            LLVMValueRef sqt = prm(f, "sq_total"), skt = prm(f, "sk_total");
-            sqt = LLVMBuildSelect(f->b, LLVMBuildICmp(f->b, LLVMIntEQ, sqt, zero, ""),
-                                  sext64(f, f->seq_q), sqt, "");
-            skt = LLVMBuildSelect(f->b, LLVMBuildICmp(f->b, LLVMIntEQ, skt, zero, ""),
-                                  sext64(f, f->seq_k), skt, "");
-            shift = LLVMBuildSub(f->b, skt, sqt, "shift");
-        }
     } else {
         f->seq_q = prm(f, "seq_q");
         f->seq_k = prm(f, "seq_k");
         f->q_start = f->k_start = aj_kb_i64(kb, 0);
     }
-    f->sc.op = op;
-    f->sc.qk_offset = LLVMBuildSub(f->b, prm(f, "q_offset"), prm(f, "kv_offset"), "");
-    f->mask = aj_attn_mask_offsets(kb, &op->mask, add(f, f->sc.qk_offset, shift));
+    aj_attn_score_totals(kb, prog, op->layout, f->seq_q, f->seq_k, &f->sq, &f->sk);
 }
 
-/* Per-(batch, query head) state: alibi slope and dropout stream. */
+/* Per-(batch, query head) state: the score programs' and the dropout
+ * stream.  The band (score.h) does not depend on the head, so the ranges
+ * a kernel computes before its head loop hold for every head. */
 static void set_head(fbwd *f, LLVMValueRef h)
 {
     aj_kb *kb = f->kb;
-    if (f->op->score_mod.kind == AJ_SCORE_MOD_ALIBI) {
-        LLVMValueRef at = mul(f, sext64(f, h), aj_kb_i64(kb, 4));
-        f->sc.slope = aj_kb_load(kb, kb->t_f32,
-                                 aj_kb_gptr_offset(kb, prm(f, "alibi_slopes"), at), 4);
-    }
+    aj_score_begin(&f->sc, kb, f->prog, 0, f->bidx, h, prm(f, "q_offset"), prm(f, "kv_offset"),
+                   f->sq, f->sk);
     if (f->op->dropout > 0)
         f->drop = aj_attn_dropout_stream(kb, prm(f, "dropout_seed"), prm(f, "dropout_offset"),
                                          prm(f, "q_offset"), prm(f, "kv_offset"), f->bidx,
@@ -800,19 +792,20 @@ static void emit_p_ds_tiles(fbwd *f, const warp_acc *s, const warp_acc *dp, int 
                 LLVMValueRef i = add(f, m0, il), j = add(f, n0, jl);
                 LLVMValueRef vis = LLVMBuildAnd(f->b, slt(f, i, f->seq_q),
                                                 LLVMBuildICmp(f->b, LLVMIntSLE, j,
-                                                              aj_attn_row_key_hi(kb, &f->mask,
-                                                                                 f->seq_k, i),
+                                                              aj_score_row_hi(&f->sc, f->seq_k, i),
                                                               ""), "");
-                if (f->mask.lo_off)
+                if (f->sc.lo_off)
                     vis = LLVMBuildAnd(f->b, vis, LLVMBuildICmp(f->b, LLVMIntSGE, j,
-                                       aj_attn_row_key_lo(kb, &f->mask, i), ""), "");
+                                       aj_score_row_lo(&f->sc, i), ""), "");
+                if (aj_score_has_rest(f->prog))
+                    vis = LLVMBuildAnd(f->b, vis, aj_score_visible_rest(&f->sc, i, j), "");
                 LLVMValueRef keep = f->op->dropout > 0
                                         ? aj_attn_dropout_keep(kb, &f->drop, f->op->dropout, i, j)
                                         : NULL;
-                aj_attn_bwd_p_ds(kb, &f->sc, aj_kb_get(kb, s->v[a][c][r]),
-                                 aj_kb_get(kb, dp->v[a][c][r]), i, j, stat_at(f, stats, il),
-                                 stat_at(f, stats, add(f, il, i32c(f, bm))), vis, NULL, keep,
-                                 &pv[r], &dv[r]);
+                aj_attn_bwd_p_ds_prog(kb, f->op, &f->sc, aj_kb_get(kb, s->v[a][c][r]),
+                                      aj_kb_get(kb, dp->v[a][c][r]), i, j, stat_at(f, stats, il),
+                                      stat_at(f, stats, add(f, il, i32c(f, bm))), vis, NULL, keep,
+                                      &pv[r], &dv[r]);
             }
             for (int half = 0; half < 2; half++) {
                 LLVMValueRef row = acc_row(f, s, a, 2 * half), col = acc_col(f, s, c, 0);
@@ -837,18 +830,74 @@ static void block_range(fbwd *f, LLVMValueRef lo, LLVMValueRef hi, int per,
                            LLVMBuildSDiv(b, add(f, hi, i32c(f, per)), i32c(f, per), ""), "");
 }
 
+/* The class (score.h) of query rows [m0, m0 + block_m) by keys [n0, n0 +
+ * block_n), both inside the sequence, at the current head. */
+static LLVMValueRef tile_class(fbwd *f, LLVMValueRef m0, LLVMValueRef n0)
+{
+    aj_kb *kb = f->kb;
+    LLVMValueRef one = i32c(f, 1);
+    LLVMValueRef i1 = aj_kb_smin(kb, add(f, m0, i32c(f, f->p.bm)), f->seq_q);
+    LLVMValueRef j1 = aj_kb_smin(kb, add(f, n0, i32c(f, f->p.bn)), f->seq_k);
+    return aj_score_tile_class(&f->sc, m0, LLVMBuildSub(f->b, i1, one, ""), n0,
+                               LLVMBuildSub(f->b, j1, one, ""));
+}
+
+/*
+ * Where the mask has more than its band, a kernel's steps skip the tiles
+ * whose class is skip: issue_begin opens the block that issues the copies
+ * of the tile at (m0, n0) when `in` holds and, with `cls` (an i32 var,
+ * NULL: no gating), only when its class is not skip, the class kept in
+ * cls for the step that computes the tile; issue_end closes it.
+ */
+static void issue_begin(fbwd *f, LLVMValueRef in, LLVMValueRef m0, LLVMValueRef n0,
+                        LLVMValueRef cls)
+{
+    aj_kb *kb = f->kb;
+    if (cls)
+        aj_kb_set(kb, cls, i32c(f, AJ_TILE_SKIP));
+    aj_kb_if_begin(kb, in);
+    if (cls) {
+        LLVMValueRef c = tile_class(f, m0, n0);
+        aj_kb_set(kb, cls, c);
+        aj_kb_if_begin(kb, LLVMBuildICmp(f->b, LLVMIntNE, c, i32c(f, AJ_TILE_SKIP), ""));
+    }
+}
+
+static void issue_end(fbwd *f, LLVMValueRef cls)
+{
+    if (cls)
+        aj_kb_if_end(f->kb);
+    aj_kb_if_end(f->kb);
+}
+
+/* Opens the step's work on a tile whose class (cls's value) is not skip;
+ * the class is the same in every thread.  NULL: no gating. */
+static void step_begin(fbwd *f, LLVMValueRef cls_value)
+{
+    if (cls_value)
+        aj_kb_if_begin(f->kb, LLVMBuildICmp(f->b, LLVMIntNE, cls_value,
+                                            i32c(f, AJ_TILE_SKIP), ""));
+}
+
+static void step_end(fbwd *f, LLVMValueRef cls_value)
+{
+    if (cls_value)
+        aj_kb_if_end(f->kb);
+}
+
 /* ---------------------------------------------------------------- delta */
 
 /* Delta_i = dO_i . O_i (f32) into the workspace, one thread per row;
  * without determinism also zeroes the row's dQacc. */
-static void build_delta(aj_kb *kb, const aj_op *op, const fbwd_plan *plan)
+static void build_delta(aj_kb *kb, const aj_op *op, const fbwd_plan *plan,
+                        const aj_score_prog *prog)
 {
-    declare_params(kb, op);
+    declare_params(kb, op, prog);
     aj_kb_begin_stage(kb, "delta", DELTA_ROWS);
     fbwd f;
     fbwd_plan p1 = *plan;
     p1.threads = DELTA_ROWS;
-    setup(&f, kb, op, &p1);
+    setup(&f, kb, op, &p1, prog);
     LLVMBuilderRef b = kb->b;
     LLVMValueRef h = aj_kb_block_id(kb, 1);
     LLVMValueRef i = add(&f, mul(&f, aj_kb_block_id(kb, 0), i32c(&f, DELTA_ROWS)), f.tid);
@@ -892,12 +941,13 @@ static void build_delta(aj_kb *kb, const aj_op *op, const fbwd_plan *plan)
 
 /* ---------------------------------------------------------------- dkdv */
 
-static void build_dkdv(aj_kb *kb, const aj_op *op, const fbwd_plan *plan)
+static void build_dkdv(aj_kb *kb, const aj_op *op, const fbwd_plan *plan,
+                       const aj_score_prog *prog)
 {
-    declare_params(kb, op);
+    declare_params(kb, op, prog);
     aj_kb_begin_stage(kb, "dkdv", plan->threads);
     fbwd f;
-    setup(&f, kb, op, plan);
+    setup(&f, kb, op, plan, prog);
     const fbwd_plan *p = &f.p;
     LLVMBuilderRef b = kb->b;
     smem_tile kt = reserve_tile(&f, p->bn, p->d, 1), vt = reserve_tile(&f, p->bn, p->dv, 1);
@@ -929,15 +979,12 @@ static void build_dkdv(aj_kb *kb, const aj_op *op, const fbwd_plan *plan)
     load_tile(&f, "v", v_base, n0, f.seq_k, p->bn, p->dv, vt);
     aj_kb_cp_async_commit(kb);
 
-    /* query rows that see a key of this block: j - hi_off <= i <= j - lo_off */
+    /* query rows the band shows a key of this block (for every head) */
+    set_head(&f, mul(&f, hkv, group));
     LLVMValueRef j_last = LLVMBuildSub(b, aj_kb_smin(kb, add(&f, n0, i32c(&f, p->bn)), f.seq_k),
                                        i32c(&f, 1), "");
-    LLVMValueRef i_lo = i32c(&f, 0);
-    if (f.mask.hi_off)
-        i_lo = aj_kb_smax(kb, i_lo, LLVMBuildSub(b, n0, f.mask.hi_off, ""));
-    LLVMValueRef i_hi = LLVMBuildSub(b, f.seq_q, i32c(&f, 1), "");
-    if (f.mask.lo_off)
-        i_hi = aj_kb_smin(kb, i_hi, LLVMBuildSub(b, j_last, f.mask.lo_off, ""));
+    LLVMValueRef i_lo, i_hi;
+    aj_score_row_range(&f.sc, n0, j_last, f.seq_q, &i_lo, &i_hi);
     LLVMValueRef m_begin, m_end;
     block_range(&f, i_lo, i_hi, p->bm, &m_begin, &m_end);
 
@@ -950,37 +997,44 @@ static void build_dkdv(aj_kb *kb, const aj_op *op, const fbwd_plan *plan)
     if (!p->deterministic)
         dq_row0 = add(&f, prm(&f, "ws_dq_offset"), mul(&f, ws_row0(&f, h),
                                                      aj_kb_i64(kb, p->d)));
+    /* with a mask rest: the class of the tile whose copy was issued last */
+    LLVMValueRef cls = aj_score_has_rest(prog) ? aj_kb_var(kb, kb->t_i32, NULL, "cls") : NULL;
     if (p->stages == 2) {   /* the first tile's copy; each step issues the next */
-        aj_kb_if_begin(kb, slt(&f, m_begin, m_end));
         LLVMValueRef m0 = mul(&f, m_begin, i32c(&f, p->bm));
+        issue_begin(&f, slt(&f, m_begin, m_end), m0, n0, cls);
         load_tile(&f, "q", q_base, m0, f.seq_q, p->bm, p->d, qt);
         load_tile(&f, "do", do_base, m0, f.seq_q, p->bm, p->dv, dot);
-        aj_kb_if_end(kb);
+        issue_end(&f, cls);
         aj_kb_cp_async_commit(kb);
     }
     LLVMValueRef m = aj_kb_for_begin(kb, m_begin, m_end, i32c(&f, 1), "m");
     {
         LLVMValueRef m0 = mul(&f, m, i32c(&f, p->bm));
         smem_tile q_cur = qt, do_cur = dot;
+        LLVMValueRef cls_m = cls && p->stages == 2 ? aj_kb_get(kb, cls) : NULL;
         if (p->stages == 2) {
             LLVMValueRef cur = LLVMBuildAnd(b, LLVMBuildSub(b, m, m_begin, ""), i32c(&f, 1), "");
             LLVMValueRef nxt = LLVMBuildXor(b, cur, i32c(&f, 1), "");
             q_cur = tile_copy(&f, qt, p->bm, cur);
             do_cur = tile_copy(&f, dot, p->bm, cur);
             LLVMValueRef mn = add(&f, m, i32c(&f, 1));
-            aj_kb_if_begin(kb, slt(&f, mn, m_end));
             LLVMValueRef mn0 = mul(&f, mn, i32c(&f, p->bm));
+            issue_begin(&f, slt(&f, mn, m_end), mn0, n0, cls);
             load_tile(&f, "q", q_base, mn0, f.seq_q, p->bm, p->d, tile_copy(&f, qt, p->bm, nxt));
             load_tile(&f, "do", do_base, mn0, f.seq_q, p->bm, p->dv,
                       tile_copy(&f, dot, p->bm, nxt));
-            aj_kb_if_end(kb);
+            issue_end(&f, cls);
             aj_kb_cp_async_commit(kb);
             aj_kb_cp_async_wait(kb, 1);
         } else {
+            issue_begin(&f, LLVMConstInt(kb->t_i1, 1, 0), m0, n0, cls);
             load_tile(&f, "q", q_base, m0, f.seq_q, p->bm, p->d, qt);
             load_tile(&f, "do", do_base, m0, f.seq_q, p->bm, p->dv, dot);
+            issue_end(&f, cls);
+            cls_m = cls ? aj_kb_get(kb, cls) : NULL;
             aj_kb_cp_async_wait_all(kb);
         }
+        step_begin(&f, cls_m);
         load_stats(&f, h, m0, p->bm, stats);
         aj_kb_barrier(kb);   /* K, V, Q, dO and the stats are in */
 
@@ -1024,6 +1078,7 @@ static void build_dkdv(aj_kb *kb, const aj_op *op, const fbwd_plan *plan)
                 }
         }
         aj_kb_barrier(kb);   /* this step's readers are done before the next copies */
+        step_end(&f, cls_m);
     }
     aj_kb_for_end(kb);
     aj_kb_for_end(kb);
@@ -1041,12 +1096,13 @@ static void build_dkdv(aj_kb *kb, const aj_op *op, const fbwd_plan *plan)
 
 /* ---------------------------------------------------------------- dq */
 
-static void build_dq(aj_kb *kb, const aj_op *op, const fbwd_plan *plan)
+static void build_dq(aj_kb *kb, const aj_op *op, const fbwd_plan *plan,
+                     const aj_score_prog *prog)
 {
-    declare_params(kb, op);
+    declare_params(kb, op, prog);
     aj_kb_begin_stage(kb, "dq", plan->threads);
     fbwd f;
-    setup(&f, kb, op, plan);
+    setup(&f, kb, op, plan, prog);
     const fbwd_plan *p = &f.p;
     LLVMBuilderRef b = kb->b;
     smem_tile qt = reserve_tile(&f, p->bm, p->d, 1), dot = reserve_tile(&f, p->bm, p->dv, 1);
@@ -1079,39 +1135,46 @@ static void build_dq(aj_kb *kb, const aj_op *op, const fbwd_plan *plan)
 
     LLVMValueRef rows_here = aj_kb_smin(kb, i32c(&f, p->bm), LLVMBuildSub(b, f.seq_q, m0, ""));
     LLVMValueRef i_last = add(&f, m0, LLVMBuildSub(b, rows_here, i32c(&f, 1), ""));
-    LLVMValueRef n_begin, n_end;
-    block_range(&f, aj_attn_row_key_lo(kb, &f.mask, m0),
-                aj_attn_row_key_hi(kb, &f.mask, f.seq_k, i_last), p->bn, &n_begin, &n_end);
+    LLVMValueRef n_begin, n_end, j_lo, j_hi;
+    aj_score_key_range(&f.sc, m0, i_last, f.seq_k, &j_lo, &j_hi);
+    block_range(&f, j_lo, j_hi, p->bn, &n_begin, &n_end);
+    /* with a mask rest: the class of the tile whose copy was issued last */
+    LLVMValueRef cls = aj_score_has_rest(prog) ? aj_kb_var(kb, kb->t_i32, NULL, "cls") : NULL;
     if (p->stages == 2) {
-        aj_kb_if_begin(kb, slt(&f, n_begin, n_end));
         LLVMValueRef n0 = mul(&f, n_begin, i32c(&f, p->bn));
+        issue_begin(&f, slt(&f, n_begin, n_end), m0, n0, cls);
         load_tile(&f, "k", k_base, n0, f.seq_k, p->bn, p->d, kt);
         load_tile(&f, "v", v_base, n0, f.seq_k, p->bn, p->dv, vt);
-        aj_kb_if_end(kb);
+        issue_end(&f, cls);
         aj_kb_cp_async_commit(kb);
     }
     LLVMValueRef n = aj_kb_for_begin(kb, n_begin, n_end, i32c(&f, 1), "n");
     {
         LLVMValueRef n0 = mul(&f, n, i32c(&f, p->bn));
         smem_tile k_cur = kt, v_cur = vt;
+        LLVMValueRef cls_n = cls && p->stages == 2 ? aj_kb_get(kb, cls) : NULL;
         if (p->stages == 2) {
             LLVMValueRef cur = LLVMBuildAnd(b, LLVMBuildSub(b, n, n_begin, ""), i32c(&f, 1), "");
             LLVMValueRef nxt = LLVMBuildXor(b, cur, i32c(&f, 1), "");
             k_cur = tile_copy(&f, kt, p->bn, cur);
             v_cur = tile_copy(&f, vt, p->bn, cur);
             LLVMValueRef nn = add(&f, n, i32c(&f, 1));
-            aj_kb_if_begin(kb, slt(&f, nn, n_end));
             LLVMValueRef nn0 = mul(&f, nn, i32c(&f, p->bn));
+            issue_begin(&f, slt(&f, nn, n_end), m0, nn0, cls);
             load_tile(&f, "k", k_base, nn0, f.seq_k, p->bn, p->d, tile_copy(&f, kt, p->bn, nxt));
             load_tile(&f, "v", v_base, nn0, f.seq_k, p->bn, p->dv, tile_copy(&f, vt, p->bn, nxt));
-            aj_kb_if_end(kb);
+            issue_end(&f, cls);
             aj_kb_cp_async_commit(kb);
             aj_kb_cp_async_wait(kb, 1);
         } else {
+            issue_begin(&f, LLVMConstInt(kb->t_i1, 1, 0), m0, n0, cls);
             load_tile(&f, "k", k_base, n0, f.seq_k, p->bn, p->d, kt);
             load_tile(&f, "v", v_base, n0, f.seq_k, p->bn, p->dv, vt);
+            issue_end(&f, cls);
+            cls_n = cls ? aj_kb_get(kb, cls) : NULL;
             aj_kb_cp_async_wait_all(kb);
         }
+        step_begin(&f, cls_n);
         aj_kb_barrier(kb);   /* Q, dO, stats (first step), K and V are in */
 
         /* S = Q K^T, dP = dO V^T: B[d][key] = K(key, d) */
@@ -1128,6 +1191,7 @@ static void build_dq(aj_kb *kb, const aj_op *op, const fbwd_plan *plan)
         operand dsa = {dst, 0, i32c(&f, 0)}, kbk = {k_cur, 1, i32c(&f, 0)};
         warp_mma(&f, &dq, p->bn, &dsa, &kbk);
         aj_kb_barrier(kb);   /* this step's readers are done before the next copies */
+        step_end(&f, cls_n);
     }
     aj_kb_for_end(kb);
     aj_kb_cp_async_wait_all(kb);
@@ -1143,14 +1207,15 @@ static void build_dq(aj_kb *kb, const aj_op *op, const fbwd_plan *plan)
 /* ---------------------------------------------------------------- dq_convert */
 
 /* dQ = scale dQacc in the op's dtype, one thread per query row. */
-static void build_dq_convert(aj_kb *kb, const aj_op *op, const fbwd_plan *plan)
+static void build_dq_convert(aj_kb *kb, const aj_op *op, const fbwd_plan *plan,
+                             const aj_score_prog *prog)
 {
-    declare_params(kb, op);
+    declare_params(kb, op, prog);
     aj_kb_begin_stage(kb, "dq_convert", DELTA_ROWS);
     fbwd f;
     fbwd_plan p1 = *plan;
     p1.threads = DELTA_ROWS;
-    setup(&f, kb, op, &p1);
+    setup(&f, kb, op, &p1, prog);
     LLVMBuilderRef b = kb->b;
     LLVMValueRef h = aj_kb_block_id(kb, 1);
     LLVMValueRef i = add(&f, mul(&f, aj_kb_block_id(kb, 0), i32c(&f, DELTA_ROWS)), f.tid);
@@ -1189,12 +1254,16 @@ static aj_status fbwd_build(aj_kb *kb, const aj_op *op, void *user)
     aj_status st = plan_kernel(kb->ctx, op, kb->target, &plan);
     if (st != AJ_OK)
         return st;
-    build_delta(kb, op, &plan);
-    build_dkdv(kb, op, &plan);
+    static _Thread_local aj_score_prog prog;
+    st = aj_score_prog_init(kb->ctx, op, &prog);
+    if (st != AJ_OK)
+        return st;
+    build_delta(kb, op, &plan, &prog);
+    build_dkdv(kb, op, &plan, &prog);
     if (plan.deterministic)
-        build_dq(kb, op, &plan);
+        build_dq(kb, op, &plan, &prog);
     else
-        build_dq_convert(kb, op, &plan);
+        build_dq_convert(kb, op, &plan, &prog);
     return kb->st;
 }
 
@@ -1204,4 +1273,5 @@ const aj_template aj_template_flash_bwd = {
     .variant = AJ_VARIANT_FLASH,
     .check = fbwd_check,
     .build = fbwd_build,
+    .programs = true,
 };

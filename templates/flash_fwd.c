@@ -15,7 +15,8 @@
  *     landed; barrier
  *     S = Q K^T        mma.m16n8k16, A = Q by ldmatrix.x4, B = K rows by
  *                      ldmatrix.x4 (a K row is a column of K^T)
- *     scale, softcap, alibi; the element mask on boundary tiles only
+ *     scale, score_mod; the element mask on tiles the mask does not show
+ *                      in full (score.h's tile class)
  *     online softmax   row max / row sum over the 4 lanes of a quad
  *     O = O alpha + P V   A = P repacked from S's registers, B = V by
  *                      ldmatrix.x4.trans
@@ -45,26 +46,30 @@
  * Dv exactly (the last one alone by ldmatrix.x2.trans when Dv / 8 is odd),
  * so V's pad columns are never read.
  *
- * Key tiles that no row of the CTA sees are never loaded; tiles wholly
- * inside every row's visible band skip the element mask.  Rows that see no
- * key end with O = 0 and LSE = -inf.
+ * The mask and score_mod are the op's score programs (score.h), built-in
+ * or expressions alike.  Key tiles outside the CTA's band are never
+ * visited; where the mask has more than its band, tiles whose class is
+ * skip are neither loaded nor computed; tiles of class full skip the
+ * element mask.  Rows that see no key end with O = 0 and LSE = -inf.
  *
- * Options: softcap and alibi (score_mod), dropout (the efficient forward's
- * Philox stream, attn_common.h), accumulate (merge into a prior o_acc /
- * lse), layout = varlen (cu_seqlens; each CTA reads its sequence's bounds
- * and rows past the sequence do nothing).
+ * Options: dropout (the efficient forward's Philox stream, attn_common.h),
+ * accumulate (merge into a prior o_acc / lse), layout = varlen (cu_seqlens;
+ * each CTA reads its sequence's bounds, rows past the sequence do nothing,
+ * and the programs' totals are the sequence's).
  */
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "templates/attn_common.h"
+#include "templates/score.h"
 #include "templates/template.h"
 #include "templates/tile_io.h"
 
 #define MAX_MT 2                /* m-tiles (16 rows) per warp */
 #define MAX_NT 16               /* n8 tiles of a key tile: block_n <= 128 */
 #define MAX_VT 32               /* n8 tiles of the output: Dv <= 256 */
+#define MAX_STAGES 3
 
 /* The schedule values the template implements (docs/ir.md), warps first:
  * a block_m left out is derived from them. */
@@ -72,7 +77,7 @@
     X(warps, "1, 2, 4 or 8", v == 1 || v == 2 || v == 4 || v == 8)             \
     X(block_m, "16, 32, 64 or 128", v == 16 || v == 32 || v == 64 || v == 128) \
     X(block_n, "16, 32, 64 or 128", v == 16 || v == 32 || v == 64 || v == 128) \
-    X(stages, "1, 2 or 3", v >= 1 && v <= 3)
+    X(stages, "1, 2 or 3", v >= 1 && v <= MAX_STAGES)
 
 /* The most f32 values of per-thread state (O, S, statistics) a schedule
  * may keep: the default at head dim 256 (148) assembles without spills on
@@ -214,7 +219,9 @@ static aj_status ffwd_check(aj_ctx *ctx, const aj_op *op, aj_target target)
     if (st != AJ_OK)
         return st;
     ffwd_plan plan;
-    return plan_kernel(ctx, op, target, &plan);
+    static _Thread_local aj_score_prog prog;
+    st = plan_kernel(ctx, op, target, &plan);
+    return st != AJ_OK ? st : aj_score_prog_init(ctx, op, &prog);
 }
 
 /* ---------------------------------------------------------------- build */
@@ -228,9 +235,8 @@ typedef struct ffwd {
     LLVMValueRef wrow;              /* i32: the warp's first local row */
     LLVMValueRef m0;                /* i32: first query row of the CTA */
     LLVMValueRef seq_q, seq_k;      /* i32: this sequence's lengths */
-    aj_attn_mask mask;
-    LLVMValueRef qk_offset;         /* i64: q_offset - kv_offset (alibi) */
-    LLVMValueRef slope;             /* f32: alibi slope of this head */
+    const aj_score_prog *prog;      /* the mask and score_mod (score.h) */
+    aj_score sc;                    /* ... at this CTA's (b, h) */
     aj_attn_dropout drop;
     LLVMValueRef k_src, v_src;      /* i64: element offsets of the K / V slices */
     /* i32 byte offsets of this lane's ldmatrix row addresses: Q's (with
@@ -251,13 +257,11 @@ static int varlen(const ffwd *e)
     return e->op->layout == AJ_LAYOUT_VARLEN;
 }
 
-static void declare_params(aj_kb *kb, const aj_op *op)
+static void declare_params(aj_kb *kb, const aj_op *op, const aj_score_prog *prog)
 {
     const char *const ptrs[] = {"q", "k", "v", out_name(op), "lse"};
     for (int i = 0; i < 5; i++)
         aj_kb_add_param(kb, ptrs[i], AJ_PARAM_PTR);
-    if (op->score_mod.kind == AJ_SCORE_MOD_ALIBI)
-        aj_kb_add_param(kb, "alibi_slopes", AJ_PARAM_PTR);
     if (op->layout == AJ_LAYOUT_VARLEN) {
         aj_kb_add_param(kb, "cu_seqlens_q", AJ_PARAM_PTR);
         aj_kb_add_param(kb, "cu_seqlens_k", AJ_PARAM_PTR);
@@ -285,15 +289,12 @@ static void declare_params(aj_kb *kb, const aj_op *op)
     aj_kb_add_param(kb, "q_offset", AJ_PARAM_I64);
     aj_kb_add_param(kb, "kv_offset", AJ_PARAM_I64);
     if (op->layout == AJ_LAYOUT_VARLEN) {
-        /* the lengths are per sequence, and so is bottom_right's shift
-         * when a total is 0 */
-        aj_kb_add_param(kb, "sq_total", AJ_PARAM_I64);
-        aj_kb_add_param(kb, "sk_total", AJ_PARAM_I64);
+        aj_attn_add_varlen_total_params(kb, prog);
     } else {
         aj_kb_add_param(kb, "seq_q", AJ_PARAM_I32);
         aj_kb_add_param(kb, "seq_k", AJ_PARAM_I32);
-        aj_kb_add_param(kb, "mask_shift", AJ_PARAM_I64);
     }
+    aj_score_add_params(kb, prog);
 }
 
 static LLVMValueRef prm(ffwd *e, const char *name)
@@ -404,28 +405,58 @@ static void load_kv_tile(ffwd *e, LLVMValueRef n, LLVMValueRef n_begin)
                     p->ldv);
 }
 
-/* Key-tile range [n_begin, n_end) holding a key visible to some row of this
- * CTA (empty when none is), and the bounds that make a tile interior: a
- * tile from n0 is visible in full to every row when lo_max <= n0 and
- * n0 + block_n - 1 <= hi_min. */
-static void key_tile_range(ffwd *e, LLVMValueRef *n_begin, LLVMValueRef *n_end,
-                           LLVMValueRef *lo_max, LLVMValueRef *hi_min)
+/* The CTA's last row that the sequence has. */
+static LLVMValueRef last_row(ffwd *e)
 {
-    aj_kb *kb = e->kb;
+    LLVMValueRef rows = aj_kb_smin(e->kb, i32c(e, e->p.bm), LLVMBuildSub(e->b, e->seq_q, e->m0, ""));
+    return add(e, e->m0, LLVMBuildSub(e->b, rows, i32c(e, 1), ""));
+}
+
+/* Key-tile range [n_begin, n_end) holding a key that the band shows some
+ * row of this CTA (empty when it shows none). */
+static void key_tile_range(ffwd *e, LLVMValueRef *n_begin, LLVMValueRef *n_end)
+{
     LLVMBuilderRef b = e->b;
-    LLVMValueRef rows = aj_kb_smin(kb, i32c(e, e->p.bm), LLVMBuildSub(b, e->seq_q, e->m0, ""));
-    LLVMValueRef i_hi = add(e, e->m0, LLVMBuildSub(b, rows, i32c(e, 1), ""));
-    /* the bands of causal and window masks move right with the row */
-    LLVMValueRef j_lo = aj_attn_row_key_lo(kb, &e->mask, e->m0);
-    LLVMValueRef j_hi = aj_attn_row_key_hi(kb, &e->mask, e->seq_k, i_hi);
-    *lo_max = aj_attn_row_key_lo(kb, &e->mask, i_hi);
-    *hi_min = aj_attn_row_key_hi(kb, &e->mask, e->seq_k, e->m0);
+    LLVMValueRef j_lo, j_hi;
+    aj_score_key_range(&e->sc, e->m0, last_row(e), e->seq_k, &j_lo, &j_hi);
     LLVMValueRef bn = i32c(e, e->p.bn);
     LLVMValueRef begin = LLVMBuildSDiv(b, j_lo, bn, "");
     LLVMValueRef end = LLVMBuildSDiv(b, add(e, j_hi, bn), bn, "");
     LLVMValueRef empty = LLVMBuildICmp(b, LLVMIntSLT, j_hi, j_lo, "");
     *n_begin = LLVMBuildSelect(b, empty, i32c(e, 0), begin, "n_begin");
     *n_end = LLVMBuildSelect(b, empty, i32c(e, 0), end, "n_end");
+}
+
+/* The class (score.h) of the CTA's rows by the keys of the tile at n0
+ * inside the sequence. */
+static LLVMValueRef tile_class(ffwd *e, LLVMValueRef n0)
+{
+    LLVMValueRef n1 = aj_kb_smin(e->kb, add(e, n0, i32c(e, e->p.bn)), e->seq_k);
+    return aj_score_tile_class(&e->sc, e->m0, last_row(e), n0,
+                               LLVMBuildSub(e->b, n1, i32c(e, 1), ""));
+}
+
+/* Whether the copy of key tile n is issued: tiles past n_end are not, and
+ * where the mask has more than its band (score.h), neither are tiles of
+ * class skip; their class goes into *cls (i32 var; NULL: none kept).  The
+ * caller commits the group, empty or not. */
+static void issue_kv_tile(ffwd *e, LLVMValueRef n, LLVMValueRef n_begin, LLVMValueRef n_end,
+                          LLVMValueRef cls)
+{
+    aj_kb *kb = e->kb;
+    LLVMBuilderRef b = e->b;
+    if (cls)
+        aj_kb_set(kb, cls, i32c(e, AJ_TILE_SKIP));
+    aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntSLT, n, n_end, ""));
+    if (cls) {
+        LLVMValueRef c = tile_class(e, LLVMBuildMul(b, n, i32c(e, e->p.bn), ""));
+        aj_kb_set(kb, cls, c);
+        aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntNE, c, i32c(e, AJ_TILE_SKIP), ""));
+    }
+    load_kv_tile(e, n, n_begin);
+    if (cls)
+        aj_kb_if_end(kb);
+    aj_kb_if_end(kb);
 }
 
 /*
@@ -499,43 +530,29 @@ static LLVMValueRef elem_key(ffwd *e, int j, int c)
     return add(e, LLVMBuildShl(e->b, e->t, i32c(e, 1), ""), i32c(e, 8 * j + (c & 1)));
 }
 
-/* The scores in log2 units: scale, then softcap or alibi (tests/ref.h's
- * order). */
+/* The scores in log2 units: scale q.k, then the score_mod (score.h). */
 static void emit_score_mods(ffwd *e, LLVMValueRef n0)
 {
     aj_kb *kb = e->kb;
     LLVMBuilderRef b = e->b;
-    const aj_op *op = e->op;
-    double scale = aj_op_scale(op);
-    int plain = op->score_mod.kind == AJ_SCORE_MOD_NONE;
+    double scale = aj_op_scale(e->op);
+    int plain = !aj_score_has_mod(e->prog);
     for (int mi = 0; mi < e->p.mt; mi++)
         for (int j = 0; j < e->p.bn / 8; j++)
             for (int c = 0; c < 4; c++) {
                 LLVMValueRef s = aj_kb_get(kb, e->s[mi][j][c]);
                 s = LLVMBuildFMul(b, s, aj_kb_f32(kb, plain ? scale * AJ_LOG2E : scale), "");
-                if (op->score_mod.kind == AJ_SCORE_MOD_SOFTCAP) {
-                    double cap = op->score_mod.softcap;
-                    s = LLVMBuildFMul(b, aj_attn_tanh(kb, LLVMBuildFMul(b, s,
-                                      aj_kb_f32(kb, 1.0 / cap), "")), aj_kb_f32(kb, cap), "");
-                } else if (op->score_mod.kind == AJ_SCORE_MOD_ALIBI) {
-                    /* s -= slope |q_pos - kv_pos|, positions in i64 */
-                    LLVMValueRef i = add(e, e->m0, elem_row(e, mi, c));
-                    LLVMValueRef jj = add(e, n0, elem_key(e, j, c));
-                    LLVMValueRef dist = add(e, LLVMBuildSub(b, sext64(e, i), sext64(e, jj), ""),
-                                            e->qk_offset);
-                    LLVMValueRef neg = LLVMBuildICmp(b, LLVMIntSLT, dist, aj_kb_i64(kb, 0), "");
-                    dist = LLVMBuildSelect(b, neg, LLVMBuildNeg(b, dist, ""), dist, "");
-                    LLVMValueRef fd = LLVMBuildSIToFP(b, dist, kb->t_f32, "");
-                    s = LLVMBuildFSub(b, s, LLVMBuildFMul(b, e->slope, fd, ""), "");
-                }
-                if (!plain)
+                if (!plain) {
+                    s = aj_score_mod_value(&e->sc, s, add(e, e->m0, elem_row(e, mi, c)),
+                                           add(e, n0, elem_key(e, j, c)));
                     s = LLVMBuildFMul(b, s, aj_kb_f32(kb, AJ_LOG2E), "");
+                }
                 aj_kb_set(kb, e->s[mi][j][c], s);
             }
 }
 
-/* -inf for the elements a boundary tile hides: keys past Sk or outside the
- * row's band. */
+/* -inf for the elements a tile that is not full hides: keys past Sk, outside
+ * the row's band or where the rest of the mask is false. */
 static void emit_element_mask(ffwd *e, LLVMValueRef n0)
 {
     aj_kb *kb = e->kb;
@@ -544,16 +561,18 @@ static void emit_element_mask(ffwd *e, LLVMValueRef n0)
         for (int half = 0; half < 2; half++) {
             LLVMValueRef i = add(e, e->m0, elem_row(e, mi, 2 * half));
             /* in tile-local keys */
-            LLVMValueRef hi = LLVMBuildSub(b, aj_attn_row_key_hi(kb, &e->mask, e->seq_k, i),
-                                           n0, "");
-            LLVMValueRef lo = e->mask.lo_off ? LLVMBuildSub(b, aj_attn_row_key_lo(kb, &e->mask, i),
-                                                            n0, "") : NULL;
+            LLVMValueRef hi = LLVMBuildSub(b, aj_score_row_hi(&e->sc, e->seq_k, i), n0, "");
+            LLVMValueRef lo = e->sc.lo_off ? LLVMBuildSub(b, aj_score_row_lo(&e->sc, i), n0, "")
+                                           : NULL;
             for (int j = 0; j < e->p.bn / 8; j++)
                 for (int c = 2 * half; c < 2 * half + 2; c++) {
                     LLVMValueRef key = elem_key(e, j, c);
                     LLVMValueRef vis = LLVMBuildICmp(b, LLVMIntSLE, key, hi, "");
                     if (lo)
                         vis = LLVMBuildAnd(b, vis, LLVMBuildICmp(b, LLVMIntSGE, key, lo, ""), "");
+                    if (aj_score_has_rest(e->prog))
+                        vis = LLVMBuildAnd(b, vis, aj_score_visible_rest(&e->sc, i,
+                                                                         add(e, n0, key)), "");
                     LLVMValueRef s = aj_kb_get(kb, e->s[mi][j][c]);
                     aj_kb_set(kb, e->s[mi][j][c], LLVMBuildSelect(b, vis, s,
                               aj_kb_f32(kb, -INFINITY), ""));
@@ -774,22 +793,6 @@ static LLVMValueRef load_cu(ffwd *e, const char *name, LLVMValueRef idx)
     return aj_kb_load(e->kb, e->kb->t_i32, aj_kb_gptr_offset(e->kb, prm(e, name), at), 4);
 }
 
-/* The mask shift of a varlen sequence: 0 for top_left; for bottom_right
- * sk_total - sq_total, a total of 0 meaning the sequence's own length. */
-static LLVMValueRef varlen_shift(ffwd *e)
-{
-    LLVMBuilderRef b = e->b;
-    if (e->op->mask.kind == AJ_MASK_NONE || e->op->mask.align != AJ_ALIGN_BOTTOM_RIGHT)
-        return aj_kb_i64(e->kb, 0);
-    LLVMValueRef totals[2] = {prm(e, "sq_total"), prm(e, "sk_total")};
-    LLVMValueRef own[2] = {sext64(e, e->seq_q), sext64(e, e->seq_k)};
-    for (int x = 0; x < 2; x++) {
-        LLVMValueRef zero = LLVMBuildICmp(b, LLVMIntEQ, totals[x], aj_kb_i64(e->kb, 0), "");
-        totals[x] = LLVMBuildSelect(b, zero, own[x], totals[x], "");
-    }
-    return LLVMBuildSub(b, totals[1], totals[0], "shift");
-}
-
 static aj_status ffwd_build(aj_kb *kb, const aj_op *op, void *user)
 {
     (void)user;
@@ -803,8 +806,13 @@ static aj_status ffwd_build(aj_kb *kb, const aj_op *op, void *user)
         return st;
     const ffwd_plan *p = &e.p;
     LLVMBuilderRef b = kb->b;
+    static _Thread_local aj_score_prog prog;
+    st = aj_score_prog_init(kb->ctx, op, &prog);
+    if (st != AJ_OK)
+        return st;
+    e.prog = &prog;
 
-    declare_params(kb, op);
+    declare_params(kb, op, &prog);
     aj_kb_begin(kb, p->threads);
     e.p.smem_q = aj_kb_smem_reserve(kb, 2 * p->bm * p->ldq);
     e.p.smem_k = aj_kb_smem_reserve(kb, 2 * p->stages * p->bn * p->ldk);
@@ -833,7 +841,6 @@ static aj_status ffwd_build(aj_kb *kb, const aj_op *op, void *user)
     LLVMValueRef bidx = aj_kb_block_id(kb, 2);
     e.m0 = LLVMBuildMul(b, mblk, i32c(&e, p->bm), "m0");
     LLVMValueRef q_start = aj_kb_i64(kb, 0), k_start = aj_kb_i64(kb, 0);
-    LLVMValueRef shift;
     if (varlen(&e)) {
         LLVMValueRef next = add(&e, bidx, i32c(&e, 1));
         LLVMValueRef q0 = load_cu(&e, "cu_seqlens_q", bidx);
@@ -842,23 +849,19 @@ static aj_status ffwd_build(aj_kb *kb, const aj_op *op, void *user)
         e.seq_k = LLVMBuildSub(b, load_cu(&e, "cu_seqlens_k", next), k0, "seq_k");
         q_start = sext64(&e, q0);
         k_start = sext64(&e, k0);
-        shift = varlen_shift(&e);
     } else {
         e.seq_q = prm(&e, "seq_q");
         e.seq_k = prm(&e, "seq_k");
-        shift = prm(&e, "mask_shift");
     }
     /* the grid covers the longest sequence; the CTAs past this one's end
      * have nothing to do */
     aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntSLT, e.m0, e.seq_q, ""));
     LLVMValueRef group_size = LLVMBuildSDiv(b, prm(&e, "heads_q"), prm(&e, "heads_kv"), "");
     LLVMValueRef hkv = LLVMBuildSDiv(b, h, group_size, "hkv");
-    e.qk_offset = LLVMBuildSub(b, prm(&e, "q_offset"), prm(&e, "kv_offset"), "");
-    e.mask = aj_attn_mask_offsets(kb, &op->mask, add(&e, e.qk_offset, shift));
-    if (op->score_mod.kind == AJ_SCORE_MOD_ALIBI) {
-        LLVMValueRef at = LLVMBuildMul(b, sext64(&e, h), aj_kb_i64(kb, 4), "");
-        e.slope = aj_kb_load(kb, kb->t_f32, aj_kb_gptr_offset(kb, prm(&e, "alibi_slopes"), at), 4);
-    }
+    LLVMValueRef sq, sk;
+    aj_attn_score_totals(kb, &prog, op->layout, e.seq_q, e.seq_k, &sq, &sk);
+    aj_score_begin(&e.sc, kb, &prog, 0, bidx, h, prm(&e, "q_offset"), prm(&e, "kv_offset"), sq,
+                   sk);
     if (op->dropout > 0)
         e.drop = aj_attn_dropout_stream(kb, prm(&e, "dropout_seed"), prm(&e, "dropout_offset"),
                                         prm(&e, "q_offset"), prm(&e, "kv_offset"), bidx,
@@ -877,8 +880,14 @@ static aj_status ffwd_build(aj_kb *kb, const aj_op *op, void *user)
     LLVMValueRef lse_base = add(&e, aj_attn_slice_base(kb, "lse", bidx, h), q_start);
 
     lane_addresses(&e);
-    LLVMValueRef n_begin, n_end, lo_max, hi_min;
-    key_tile_range(&e, &n_begin, &n_end, &lo_max, &hi_min);
+    LLVMValueRef n_begin, n_end;
+    key_tile_range(&e, &n_begin, &n_end);
+    /* with a mask rest, the classes of the tiles in flight: ahead[s] is
+     * tile n + s's, taken when its copy was issued (issue_kv_tile) */
+    int gated = aj_score_has_rest(&prog);
+    LLVMValueRef ahead[MAX_STAGES];
+    for (int s = 0; gated && s < p->stages; s++)
+        ahead[s] = aj_kb_var(kb, kb->t_i32, i32c(&e, AJ_TILE_SKIP), "cls");
 
     /* Q's and the K slots' pad columns, before the barrier of the first tile */
     aj_mma_tile_zero_pad(kb, i32c(&e, p->smem_q), p->bm, p->d, e.tid, p->threads);
@@ -887,10 +896,8 @@ static aj_status ffwd_build(aj_kb *kb, const aj_op *op, void *user)
     load_tile_async(&e, "q", q_src, prm(&e, "stride_q_s"), e.m0, e.seq_q, p->bm, p->d,
                     i32c(&e, e.p.smem_q), p->ldq);
     for (int s = 0; s < p->stages - 1; s++) {
-        LLVMValueRef n = add(&e, n_begin, i32c(&e, s));
-        aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntSLT, n, n_end, ""));
-        load_kv_tile(&e, n, n_begin);
-        aj_kb_if_end(kb);
+        issue_kv_tile(&e, add(&e, n_begin, i32c(&e, s)), n_begin, n_end,
+                      gated ? ahead[s] : NULL);
         aj_kb_cp_async_commit(kb);
     }
     LLVMValueRef n = aj_kb_for_begin(kb, n_begin, n_end, i32c(&e, 1), "n");
@@ -898,10 +905,8 @@ static aj_status ffwd_build(aj_kb *kb, const aj_op *op, void *user)
         /* refill the slot the previous iteration freed, then wait for tile n:
          * every iteration commits one group, empty or not, so that
          * stages - 1 pending groups always means "tile n has landed" */
-        LLVMValueRef ahead = add(&e, n, i32c(&e, p->stages - 1));
-        aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntSLT, ahead, n_end, ""));
-        load_kv_tile(&e, ahead, n_begin);
-        aj_kb_if_end(kb);
+        issue_kv_tile(&e, add(&e, n, i32c(&e, p->stages - 1)), n_begin, n_end,
+                      gated ? ahead[p->stages - 1] : NULL);
         aj_kb_cp_async_commit(kb);
         aj_kb_cp_async_wait(kb, p->stages - 1);
         aj_kb_barrier(kb);
@@ -912,15 +917,23 @@ static aj_status ffwd_build(aj_kb *kb, const aj_op *op, void *user)
         LLVMValueRef vbase = add(&e, i32c(&e, p->smem_v), LLVMBuildMul(b, slot,
                                  i32c(&e, 2 * p->bn * p->ldv), ""));
         LLVMValueRef n0 = LLVMBuildMul(b, n, i32c(&e, p->bn), "n0");
+        LLVMValueRef cls = gated ? aj_kb_get(kb, ahead[0]) : tile_class(&e, n0);
+        if (gated) {   /* the ring moves on; the class is the same in every thread */
+            for (int s = 0; s + 1 < p->stages; s++)
+                aj_kb_set(kb, ahead[s], aj_kb_get(kb, ahead[s + 1]));
+            aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntNE, cls, i32c(&e, AJ_TILE_SKIP), ""));
+        }
         emit_qk(&e, kbase);
         emit_score_mods(&e, n0);
-        LLVMValueRef interior = LLVMBuildAnd(b,
-            LLVMBuildICmp(b, LLVMIntSGE, n0, lo_max, ""),
-            LLVMBuildICmp(b, LLVMIntSLE, add(&e, n0, i32c(&e, p->bn - 1)), hi_min, ""), "interior");
-        aj_kb_if_begin(kb, LLVMBuildNot(b, interior, ""));
+        LLVMValueRef full = LLVMBuildAnd(b,
+            LLVMBuildICmp(b, LLVMIntEQ, cls, i32c(&e, AJ_TILE_FULL), ""),
+            LLVMBuildICmp(b, LLVMIntSLE, add(&e, n0, i32c(&e, p->bn)), e.seq_k, ""), "full");
+        aj_kb_if_begin(kb, LLVMBuildNot(b, full, ""));
         emit_element_mask(&e, n0);
         aj_kb_if_end(kb);
         emit_softmax_pv(&e, n0, vbase);
+        if (gated)
+            aj_kb_if_end(kb);
         aj_kb_barrier(kb);   /* every warp is done with the slot */
     }
     aj_kb_for_end(kb);
@@ -942,4 +955,5 @@ const aj_template aj_template_flash_fwd = {
     .variant = AJ_VARIANT_FLASH,
     .check = ffwd_check,
     .build = ffwd_build,
+    .programs = true,
 };

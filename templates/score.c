@@ -421,6 +421,10 @@ aj_status aj_score_prog_init(aj_ctx *ctx, const aj_op *op, aj_score_prog *p)
             memo[i] = NONE;
         uint16_t zero = lit(&bd, AJ_EXPR_FLOAT, 0), one = lit(&bd, AJ_EXPR_FLOAT, 1);
         p->dmod = diff(&bd, p->mod, reads_score, memo, zero, one);
+        /* a derivative of 1 (alibi, biases) is "none": the backward then
+         * skips the chain rule's multiply and select per element */
+        if (p->dmod != NONE && is_lit(p, p->dmod, 1))
+            p->dmod = NONE;
     }
     if (mask != NONE)
         split_band(&bd, mask);
@@ -695,6 +699,8 @@ static LLVMValueRef emit_leaf(emitter *m, const aj_expr_node *n)
 
 static LLVMValueRef emit_node(emitter *m, uint16_t id)
 {
+    if (!m->memo[id] && m->s->loads[id])
+        m->memo[id] = splat(m, m->s->loads[id]);
     if (m->memo[id])
         return m->memo[id];
     if (m->lanes && !m->varies[id]) {
@@ -809,6 +815,19 @@ void aj_score_begin(aj_score *s, aj_kb *kb, const aj_score_prog *p, int lanes, L
         s->hi_off = clamp_to_i32(kb, LLVMBuildAdd(kb->b, delta, emit_node(&m, p->band_hi), ""));
     if (p->band_lo != NONE)
         s->lo_off = clamp_to_i32(kb, LLVMBuildAdd(kb->b, delta, emit_node(&m, p->band_lo), ""));
+    /* loads that stay the same over the CTA's tiles, read here once: no
+     * key loop then keeps their addresses and bounds live */
+    static _Thread_local bool varies[AJ_EXPR_NODES_MAX], reads[AJ_EXPR_NODES_MAX];
+    memset(varies, 0, sizeof varies);
+    const int vars[3] = {AJ_VAR_Q, AJ_VAR_K, AJ_VAR_SCORE};
+    for (int v = 0; v < 3; v++) {
+        mark_reads(p, vars[v], reads);
+        for (int id = 0; id < p->e.count; id++)
+            varies[id] = varies[id] || reads[id];
+    }
+    for (int id = 0; id < p->e.count; id++)
+        if (node(p, id)->op == AJ_EXPR_LOAD && !varies[id])
+            s->loads[id] = emit_node(&m, id);
 }
 
 LLVMValueRef aj_score_mod_value(aj_score *s, LLVMValueRef score, LLVMValueRef i, LLVMValueRef j)

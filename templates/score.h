@@ -107,6 +107,9 @@ typedef struct aj_score {
     LLVMValueRef k_origin;       /* i64: k = k_origin + j */
     LLVMValueRef sq, sk;         /* i64 totals (NULL when unused) */
     LLVMValueRef lo_off, hi_off; /* i32 band offsets, NULL: unbounded */
+    /* the values of the loads that read no position or score (alibi's
+     * slopes[h]), emitted once here (scalar), by node; NULL elsewhere */
+    LLVMValueRef loads[AJ_EXPR_NODES_MAX];
 } aj_score;
 
 /*

@@ -382,8 +382,8 @@ static void rx_expression(rx_tree *t, int root, bool score_mod, char *out, size_
  * type first) and keeps the change while `still_fails` says the
  * expression fails.  Returns the root of the smallest failing tree.
  */
-static int rx_shrink(rx_tree *t, int root, bool (*still_fails)(rx_tree *, int, void *),
-                     void *user)
+static inline int rx_shrink(rx_tree *t, int root, bool (*still_fails)(rx_tree *, int, void *),
+                            void *user)
 {
     for (bool changed = true; changed;) {
         changed = false;

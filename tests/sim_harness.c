@@ -58,10 +58,14 @@ static aj_status kernel_for(aj_ctx *ctx, aj_target target, const char *spec, aj_
                                                                    : AJ_EMIT_PTX;
     st = aj_compile(ctx, op, &opt, out);
     aj_op_destroy(op);
-    if (st == AJ_OK && cache_len < (int)(sizeof cache / sizeof cache[0])) {
-        snprintf(cache[cache_len].spec, sizeof cache[0].spec, "%s", spec);
-        cache[cache_len++].kernel = *out;
-    }
+    if (st != AJ_OK)
+        return st;
+    /* the cache owns every kernel it hands out; when full it starts over
+     * (no caller holds a kernel past its case) */
+    if (cache_len == (int)(sizeof cache / sizeof cache[0]))
+        fwd_cache_clear();
+    snprintf(cache[cache_len].spec, sizeof cache[0].spec, "%s", spec);
+    cache[cache_len++].kernel = *out;
     return st;
 }
 

@@ -14,8 +14,10 @@
  *              position-by-position count: never wrong, and exact for the
  *              band masks and the chunked mask
  *
- * test_score DEVICE [examples | random N | builtins | classes]...:
- * DEVICE is sim or cpu; with no section named, all of them.
+ * test_score DEVICE [VARIANT] [examples | random N | builtins | classes]...:
+ * DEVICE is sim or cpu, VARIANT efficient (the default) or flash (whose
+ * kernels take f16 / bf16 only: the random and builtin cases run in f16
+ * there); with no section named, all of them.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,15 +33,22 @@ static aj_ctx *ctx;
 static aj_device *dev;
 static const char *variant_name = "efficient";
 
+/* The most precise dtype the variant runs: the cases' dtype where the
+ * spec does not fix one. */
+static aj_dtype case_dtype(void)
+{
+    return strcmp(variant_name, "flash") == 0 ? AJ_DTYPE_F16 : AJ_DTYPE_F32;
+}
+
 /* One forward case from spec fields; returns whether it passed. */
 static bool run_fields(const char *label, aj_dtype dtype, int d, const char *tensors,
                        const char *mask, const char *mod, int B, int H, int S, uint64_t seed,
                        bool report)
 {
     char spec[4096];
-    snprintf(spec, sizeof spec, "attention forward efficient { dtype = %s head_dim = %d %s%s "
-             "mask = %s score_mod = %s }", aj_dtype_name(dtype), d, tensors[0] ? "tensors = " : "",
-             tensors, mask, mod);
+    snprintf(spec, sizeof spec, "attention forward %s { dtype = %s head_dim = %d %s%s "
+             "mask = %s score_mod = %s }", variant_name, aj_dtype_name(dtype), d,
+             tensors[0] ? "tensors = " : "", tensors, mask, mod);
     aj_op *op = NULL;
     if (aj_op_parse(ctx, spec, strlen(spec), label, &op) != AJ_OK) {
         CHECK_MSG(0, "%s: %s", label, aj_last_error(ctx));
@@ -100,7 +109,7 @@ static bool random_run(rx_tree *t, int root, bool report)
     char e[8192], label[64];
     rx_expression(t, root, t->score, e, sizeof e);
     snprintf(label, sizeof label, "random %d%s", t->index, report ? " (shrunk)" : "");
-    return run_fields(label, AJ_DTYPE_F32, 16, random_tensors, t->score ? "causal(top_left)" : e,
+    return run_fields(label, case_dtype(), 16, random_tensors, t->score ? "causal(top_left)" : e,
                       t->score ? e : "none", 2, 2, 23, (uint64_t)t->index, report);
 }
 
@@ -124,8 +133,8 @@ static void test_random(int count)
 {
     static rx_tree t;
     int failed = rx_cases(&t, count, 0x5eed0000u, random_fails, random_failed, NULL);
-    printf("random: %d expressions on %s, %d failed\n", count,
-           aj_target_name(aj_device_target(dev)), failed);
+    printf("random: %d expressions, %s forward in %s on %s, %d failed\n", count, variant_name,
+           aj_dtype_name(case_dtype()), aj_target_name(aj_device_target(dev)), failed);
 }
 
 /* ---------------------------------------------------------------- builtins */
@@ -141,11 +150,14 @@ static void test_builtins(void)
         {"causal(top_left)", "softcap(7.0)", "causal(top_left)", "expr(7.0 * tanh(score / 7.0))"},
     };
     for (size_t i = 0; i < sizeof pairs / sizeof pairs[0]; i++) {
-        float *o[2];
+        const aj_dtype dt = case_dtype();
+        const size_t elem = dt == AJ_DTYPE_F32 ? 4 : 2;
+        void *o[2];
         for (int w = 0; w < 2; w++) {
             char spec[1024];
-            snprintf(spec, sizeof spec, "attention forward %s { dtype = f32 head_dim = 32 mask = %s "
-                     "score_mod = %s }", variant_name, pairs[i][2 * w], pairs[i][2 * w + 1]);
+            snprintf(spec, sizeof spec, "attention forward %s { dtype = %s head_dim = 32 "
+                     "mask = %s score_mod = %s }", variant_name, aj_dtype_name(dt),
+                     pairs[i][2 * w], pairs[i][2 * w + 1]);
             aj_op *op = NULL;
             aj_kernel *k = NULL;
             CHECK_STATUS(ctx, aj_op_parse(ctx, spec, strlen(spec), "builtin", &op), AJ_OK);
@@ -156,7 +168,8 @@ static void test_builtins(void)
             enum { B = 1, H = 2, S = 37, D = 32 };
             size_t n = (size_t)B * H * S * D;
             float *q = malloc(n * 4), *kk = malloc(n * 4), *v = malloc(n * 4);
-            o[w] = calloc(n, 4);
+            void *staged = malloc(n * elem);
+            o[w] = calloc(n, elem);
             float *lse = calloc((size_t)B * H * S, 4);
             uint64_t rng = 3;
             for (size_t e = 0; e < n; e++) {
@@ -165,20 +178,23 @@ static void test_builtins(void)
                 v[e] = (float)((double)(score_rand(&rng) >> 11) / 9007199254740992.0 - 0.5);
             }
             void *dq, *dk, *dv, *dout, *dlse;
-            aj_device_alloc(dev, n * 4, &dq);
-            aj_device_alloc(dev, n * 4, &dk);
-            aj_device_alloc(dev, n * 4, &dv);
-            aj_device_alloc(dev, n * 4, &dout);
+            aj_device_alloc(dev, n * elem, &dq);
+            aj_device_alloc(dev, n * elem, &dk);
+            aj_device_alloc(dev, n * elem, &dv);
+            aj_device_alloc(dev, n * elem, &dout);
             aj_device_alloc(dev, (size_t)B * H * S * 4, &dlse);
-            aj_device_copy_to(dev, dq, q, n * 4);
-            aj_device_copy_to(dev, dk, kk, n * 4);
-            aj_device_copy_to(dev, dv, v, n * 4);
+            const float *host[3] = {q, kk, v};
+            void *dev_in[3] = {dq, dk, dv};
+            for (int t = 0; t < 3; t++) {
+                aj_convert(host[t], AJ_DTYPE_F32, staged, dt, n);
+                aj_device_copy_to(dev, dev_in[t], staged, n * elem);
+            }
             aj_fwd_args a = AJ_FWD_ARGS_INIT;
             const int64_t shape[4] = {B, H, S, D}, strides[4] = {H * S * D, S * D, D, 1};
             aj_tensor *ts[4] = {&a.q, &a.k, &a.v, &a.o};
             void *ptrs[4] = {dq, dk, dv, dout};
             for (int t = 0; t < 4; t++) {
-                *ts[t] = (aj_tensor){ptrs[t], AJ_DTYPE_F32, 4, {0}, {0}};
+                *ts[t] = (aj_tensor){ptrs[t], dt, 4, {0}, {0}};
                 memcpy(ts[t]->shape, shape, sizeof shape);
                 memcpy(ts[t]->strides, strides, sizeof strides);
             }
@@ -186,15 +202,15 @@ static void test_builtins(void)
             a.sk_total = S + 5;   /* bottom_right over a longer key total */
             a.kv_offset = 5;
             CHECK_STATUS(ctx, aj_forward(ctx, dev, k, &a), AJ_OK);
-            aj_device_copy_from(dev, o[w], dout, n * 4);
+            aj_device_copy_from(dev, o[w], dout, n * elem);
             void *all[5] = {dq, dk, dv, dout, dlse};
             for (int t = 0; t < 5; t++)
                 aj_device_free(dev, all[t]);
-            free(q), free(kk), free(v), free(lse);
+            free(q), free(kk), free(v), free(lse), free(staged);
             aj_kernel_destroy(k);
         }
         size_t n = (size_t)2 * 37 * 32;
-        CHECK_MSG(memcmp(o[0], o[1], n * 4) == 0, "%s / %s differs from %s / %s", pairs[i][0],
+        CHECK_MSG(memcmp(o[0], o[1], n * elem) == 0, "%s / %s differs from %s / %s", pairs[i][0],
                   pairs[i][1], pairs[i][2], pairs[i][3]);
         free(o[0]), free(o[1]);
     }
@@ -282,6 +298,9 @@ static void test_classes(void)
 int main(int argc, char **argv)
 {
     const char *device = argc > 1 ? argv[1] : "sim";
+    int first = 2;   /* the first section argument */
+    if (argc > 2 && (strcmp(argv[2], "flash") == 0 || strcmp(argv[2], "efficient") == 0))
+        variant_name = argv[first++];
     CHECK(aj_ctx_create(NULL, &ctx) == AJ_OK);
     CHECK_STATUS(ctx, aj_device_open(ctx, strcmp(device, "cpu") == 0 ? AJ_DEVICE_CPU
                                                                        : AJ_DEVICE_SIM, 0, &dev),
@@ -289,8 +308,8 @@ int main(int argc, char **argv)
     if (!dev)
         return check_report();
     const char *examples = score_examples_dir();
-    bool all = argc <= 2;
-    for (int i = 2; i <= argc; i++) {
+    bool all = argc <= first;
+    for (int i = first; i <= argc; i++) {
         const char *what = i < argc ? argv[i] : NULL;
         if (all || (what && strcmp(what, "examples") == 0))
             test_examples(examples);

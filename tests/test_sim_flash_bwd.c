@@ -10,7 +10,9 @@
  * forward's stream; deterministic mode bitwise equal over repeated runs
  * and over different emulator worker counts; the atomic (deterministic =
  * false) mode within tolerance; explicit schedules; the workspace API and
- * its errors.  Sizes are small: the emulator runs every GPU thread.  With
+ * its errors; expression masks and score_mods (the examples/scores specs
+ * and random score_mods of tests/score_cases.h) with their side tensors.
+ * Sizes are small: the emulator runs every GPU thread.  With
  * the argument `cuda` the same cases run on a GPU (tests/gpu/run.sh); with
  * `cpu` the varlen cases and checks run on the cpu target's kernels
  * (ctest test_cpu_varlen_bwd); `cpu scores` runs score programs backward
@@ -531,6 +533,28 @@ static void test_varlen(void)
     run(&c);
 }
 
+/* Expression masks and score_mods through the flash backward (the
+ * scores section below, with the flash variant), and a document mask at
+ * one pipeline stage: each step takes its tile's class as it issues the
+ * copies. */
+static void test_score_examples(void);
+static void test_score_random(int count);
+static aj_variant score_variant = AJ_VARIANT_EFFICIENT;
+
+static void test_expressions(void)
+{
+    score_variant = AJ_VARIANT_FLASH;
+    test_score_examples();
+    test_score_random(12);
+    fb_case d = base("f16 d32 document mask, schedule (32, 32, 2 warps, 1 stage)", AJ_DTYPE_F16,
+                     32, "expr(doc[b, q] == doc[b, k] && k <= q)");
+    d.tensors = "(doc: i32[2])";
+    d.schedule = "(block_m = 32, block_n = 32, warps = 2, stages = 1)";
+    d.b = 2;
+    d.sq = d.sk = 150;
+    run(&d);
+}
+
 /* Valid arguments of a small problem (padded, or varlen of two sequences
  * 5 + 7 queries and 9 + 3 keys) for the error checks below. */
 typedef struct err_setup {
@@ -778,7 +802,7 @@ static void run_score_example(const char *name, const score_example *ex, int ind
 {
     (void)user;
     fb_case c = base(name, ex->info.dtype, ex->info.head_dim, ex->mask);
-    c.variant = AJ_VARIANT_EFFICIENT;
+    c.variant = score_variant;
     c.score_mod = strcmp(ex->mod, "none") ? ex->mod : NULL;
     c.tensors = ex->tensors[0] ? ex->tensors : NULL;
     c.b = 2;
@@ -801,6 +825,7 @@ static void test_score_examples(void)
     static const int lq[3] = {40, 0, 23}, lk[3] = {45, 9, 70};
     fb_case c = base("varlen x3 document mask, bottom_right by expression", AJ_DTYPE_BF16, 32,
                      "expr(doc[b, q] == doc[b, k] && k <= q + (sk - sq))");
+    c.variant = score_variant;
     c.tensors = "(doc: i32[2])";
     c.b = 3;
     c.lens_q = lq;
@@ -818,6 +843,7 @@ static fb_case random_case(rx_tree *t, int root, char *text, size_t cap, char *l
     rx_expression(t, root, t->score, text, cap);
     snprintf(label, label_cap, "random %s %d", t->score ? "score_mod" : "mask", t->index);
     fb_case c = base(label, AJ_DTYPE_F16, 16, t->score ? "causal(top_left)" : text);
+    c.variant = score_variant;
     c.score_mod = t->score ? text : NULL;
     c.tensors = random_tensors;
     c.b = 2;
@@ -868,7 +894,7 @@ static void run_suite(int cpu);
  * (ctest), on a GPU (tests/gpu/run.sh), where no GPU means exit 77,
  * "skipped", or the varlen part on the cpu device; with `sweep`, the
  * backward half of the head-dim sweep instead, with `scores` the score
- * programs' sample (templates that compile them only: the cpu ones). */
+ * programs' sample (on sim the flash variant's also runs in the suite). */
 int main(int argc, char **argv)
 {
     int gpu = argc > 1 && strcmp(argv[1], "cuda") == 0;
@@ -912,6 +938,7 @@ static void run_suite(int cpu)
         test_dropout();
         test_deterministic();
         test_schedules();
+        test_expressions();
     }
     test_varlen();
     if (!cpu)
