@@ -8,7 +8,6 @@
 #include <math.h>
 #include <stdio.h>
 
-#define OFFSET_CLAMP (1 << 30)
 
 aj_status aj_attn_check_layout_and_dims(aj_ctx *ctx, const aj_op *op, const char *who)
 {
@@ -124,42 +123,6 @@ LLVMValueRef aj_attn_tanh(aj_kb *kb, LLVMValueRef x)
                                                  ""), "");
     LLVMValueRef neg = LLVMBuildFCmp(b, LLVMRealOLT, x, aj_kb_f32(kb, 0), "");
     return LLVMBuildSelect(b, neg, LLVMBuildFNeg(b, r, ""), r, "");
-}
-
-static LLVMValueRef clamp_to_i32(aj_kb *kb, LLVMValueRef v64)
-{
-    v64 = aj_kb_smin(kb, v64, aj_kb_i64(kb, OFFSET_CLAMP));
-    v64 = aj_kb_smax(kb, v64, aj_kb_i64(kb, -OFFSET_CLAMP));
-    return LLVMBuildTrunc(kb->b, v64, kb->t_i32, "");
-}
-
-aj_attn_mask aj_attn_mask_offsets(aj_kb *kb, const aj_mask_spec *mask, LLVMValueRef delta)
-{
-    aj_attn_mask m = {NULL, NULL};
-    if (mask->kind == AJ_MASK_NONE)
-        return m;
-    int64_t right = mask->kind == AJ_MASK_WINDOW ? mask->right : 0;
-    m.hi_off = clamp_to_i32(kb, LLVMBuildAdd(kb->b, delta, aj_kb_i64(kb, right), ""));
-    if (mask->kind == AJ_MASK_WINDOW)
-        m.lo_off = clamp_to_i32(kb, LLVMBuildSub(kb->b, delta, aj_kb_i64(kb, mask->left), ""));
-    return m;
-}
-
-LLVMValueRef aj_attn_row_key_hi(aj_kb *kb, const aj_attn_mask *m, LLVMValueRef seq_k,
-                                LLVMValueRef i)
-{
-    LLVMValueRef hi = LLVMBuildSub(kb->b, seq_k, aj_kb_i32(kb, 1), "");
-    if (m->hi_off)
-        hi = aj_kb_smin(kb, hi, LLVMBuildAdd(kb->b, i, m->hi_off, ""));
-    return hi;
-}
-
-LLVMValueRef aj_attn_row_key_lo(aj_kb *kb, const aj_attn_mask *m, LLVMValueRef i)
-{
-    LLVMValueRef lo = aj_kb_i32(kb, 0);
-    if (m->lo_off)
-        lo = aj_kb_smax(kb, lo, LLVMBuildAdd(kb->b, i, m->lo_off, ""));
-    return lo;
 }
 
 aj_attn_dropout aj_attn_dropout_stream(aj_kb *kb, LLVMValueRef seed, LLVMValueRef offset,

@@ -1,8 +1,9 @@
 /*
- * attn_common.h -- pieces of attention math every template emits the same
- * way: soft-capping's tanh, the mask's visible-key bounds, and the dropout
- * stream.  One definition each, so forward and backward can never
- * disagree on a score, a mask or a dropped element.
+ * attn_common.h -- pieces every template emits the same way: the default-
+ * schedule rule, tanh, the dropout stream and the backward's P and dS from
+ * a score program.  One definition each, so forward and backward can never
+ * disagree on a score or a dropped element (masks and score mods
+ * themselves live in score.h).
  */
 #ifndef AJ_TEMPLATES_ATTN_COMMON_H
 #define AJ_TEMPLATES_ATTN_COMMON_H
@@ -76,27 +77,6 @@ void aj_attn_score_totals(aj_kb *kb, const struct aj_score_prog *prog, aj_layout
 /* tanh(x) = sign(x) (1 - 2 / (2^(2|x| log2 e) + 1)): accurate to ~1e-7
  * absolute, unlike tanh.approx.f32 (2^-11 relative). */
 LLVMValueRef aj_attn_tanh(aj_kb *kb, LLVMValueRef x);
-
-/*
- * Mask bounds.  In local indices a key j is visible to row i when
- *   causal:  j <= i + delta
- *   window:  i + delta - left <= j <= i + delta + right
- * with delta = q_offset + shift - kv_offset (i64), and always 0 <= j < Sk.
- * The offsets are clamped to +-2^30 once per CTA so that the per-element
- * tests run in i32: with 0 <= i, j < 2^30 (the launch contract) a clamped
- * offset admits exactly the keys the true one does.
- */
-typedef struct aj_attn_mask {
-    LLVMValueRef hi_off;   /* i32, NULL without a mask: j <= i + hi_off */
-    LLVMValueRef lo_off;   /* i32, NULL but for windows: j >= i + lo_off */
-} aj_attn_mask;
-
-aj_attn_mask aj_attn_mask_offsets(aj_kb *kb, const aj_mask_spec *mask, LLVMValueRef delta);
-/* Last visible key of row i (below 0: none): min(Sk - 1, i + hi_off). */
-LLVMValueRef aj_attn_row_key_hi(aj_kb *kb, const aj_attn_mask *m, LLVMValueRef seq_k,
-                                LLVMValueRef i);
-/* First visible key of row i: max(0, i + lo_off). */
-LLVMValueRef aj_attn_row_key_lo(aj_kb *kb, const aj_attn_mask *m, LLVMValueRef i);
 
 /*
  * The dropout stream of one (batch, query head): Philox4x32-10 with key
