@@ -563,7 +563,6 @@ const aj_template aj_template_cpu_bwd_flash = {
     .check = cbwd_check,
     .build = cbwd_build,
     .targets = 1u << AJ_TARGET_CPU,
-    .programs = true,
 };
 
 const aj_template aj_template_cpu_bwd_efficient = {
@@ -573,5 +572,4 @@ const aj_template aj_template_cpu_bwd_efficient = {
     .check = cbwd_check,
     .build = cbwd_build,
     .targets = 1u << AJ_TARGET_CPU,
-    .programs = true,
 };

@@ -450,7 +450,6 @@ const aj_template aj_template_cpu_fwd_flash = {
     .check = cfwd_check,
     .build = cfwd_build,
     .targets = 1u << AJ_TARGET_CPU,
-    .programs = true,
 };
 
 const aj_template aj_template_cpu_fwd_efficient = {
@@ -460,5 +459,4 @@ const aj_template aj_template_cpu_fwd_efficient = {
     .check = cfwd_check,
     .build = cfwd_build,
     .targets = 1u << AJ_TARGET_CPU,
-    .programs = true,
 };

@@ -947,5 +947,4 @@ const aj_template aj_template_efficient_bwd = {
     .variant = AJ_VARIANT_EFFICIENT,
     .check = ebwd_check,
     .build = ebwd_build,
-    .programs = true,
 };

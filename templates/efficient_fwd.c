@@ -679,5 +679,4 @@ const aj_template aj_template_efficient_fwd = {
     .variant = AJ_VARIANT_EFFICIENT,
     .check = efwd_check,
     .build = efwd_build,
-    .programs = true,
 };

@@ -1273,5 +1273,4 @@ const aj_template aj_template_flash_bwd = {
     .variant = AJ_VARIANT_FLASH,
     .check = fbwd_check,
     .build = fbwd_build,
-    .programs = true,
 };

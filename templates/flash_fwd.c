@@ -955,5 +955,4 @@ const aj_template aj_template_flash_fwd = {
     .variant = AJ_VARIANT_FLASH,
     .check = ffwd_check,
     .build = ffwd_build,
-    .programs = true,
 };

@@ -23,17 +23,10 @@ static const aj_template *const templates[] = {
 aj_status aj_template_find(aj_ctx *ctx, const aj_op *op, aj_target target,
                            const aj_template **out)
 {
-    bool expr = op->mask.kind == AJ_MASK_EXPR || op->score_mod.kind == AJ_SCORE_MOD_EXPR;
     for (size_t i = 0; i < sizeof templates / sizeof templates[0]; i++) {
         unsigned targets = templates[i]->targets ? templates[i]->targets : GPU_AND_SIM_TARGETS;
         if (templates[i]->kind == op->kind && templates[i]->variant == op->variant &&
             (targets & (1u << target))) {
-            if (expr && !templates[i]->programs)
-                return aj_fail(ctx, AJ_ERR_UNSUPPORTED, "%s = expr(...): the %s template "
-                               "does not compile expressions yet (use a built-in %s)",
-                               op->mask.kind == AJ_MASK_EXPR ? "mask" : "score_mod",
-                               templates[i]->name,
-                               op->mask.kind == AJ_MASK_EXPR ? "mask" : "score_mod");
             *out = templates[i];
             return AJ_OK;
         }

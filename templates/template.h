@@ -21,8 +21,6 @@ typedef struct aj_template {
     /* the targets it builds for, a mask of (1u << aj_target); 0 means the
      * GPU targets and sim (sm_80, sm_90, sm_90a, sim) */
     unsigned targets;
-    /* it reads the mask and score_mod through score.h, so expressions too */
-    bool programs;
 } aj_template;
 
 /* The template for the op's kind and variant on `target`;
