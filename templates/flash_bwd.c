@@ -69,7 +69,7 @@
 #define MAX_MT 4          /* 16-row strips a warp owns in one product */
 #define MAX_NT 32         /* 8-column tiles a warp owns in one product */
 #define STATE_BUDGET 192  /* f32 accumulators per thread, all products live at once */
-#define DEFAULT_STATE 88  /* the most a default schedule takes where a candidate fits */
+#define DEFAULT_STATE 104 /* the most a default schedule takes where a candidate fits */
 #define DELTA_ROWS 128    /* query rows per CTA of the delta and convert kernels */
 
 static const int block_values[] = {16, 32, 64, 128};
@@ -185,6 +185,20 @@ static int thread_state(const fbwd_plan *p, const warp_grid g[N_PRODS], int per_
     return dkdv > dq ? dkdv : dq;
 }
 
+/* Registers of mma fragments a warp holds while it computes its widest
+ * product: 2 per 8-column B tile, 4 per 16-row A strip.  A product of
+ * many n8 tiles per warp (dV of 64 x 256 on 8 warps: 16) holds them all
+ * through its k-loop, beside every accumulator. */
+static int fragment_regs(const warp_grid g[N_PRODS])
+{
+    int most = 0;
+    for (int i = 0; i < N_PRODS; i++) {
+        int f = 2 * g[i].nt + 4 * g[i].mt;
+        most = f > most ? f : most;
+    }
+    return most;
+}
+
 /*
  * Default schedules, most preferred first, each with 2 stages and then 1
  * (for targets short of shared memory): 64 x 64 tiles on 4 warps, 8 warps
@@ -247,7 +261,8 @@ static aj_status plan_schedule(aj_ctx *ctx, const aj_op *op, aj_target target,
                            p->bm, p->bn, p->warps, m, n, p->d, p->dv, MAX_MT, MAX_NT);
     }
     int state = p->state = thread_state(p, g, 0);
-    p->default_state = thread_state(p, g, aj_attn_option_regs_per_element(op));
+    p->default_state = thread_state(p, g, aj_attn_option_regs_per_element(op)) +
+                       fragment_regs(g);
     if (state > STATE_BUDGET)
         return aj_fail(ctx, AJ_ERR_UNSUPPORTED,
                        "schedule: block_m = %d, block_n = %d, warps = %d needs %d f32 "
@@ -266,12 +281,14 @@ static aj_status plan_schedule(aj_ctx *ctx, const aj_op *op, aj_target target,
 
 /*
  * The op's schedule over a default candidate: the first that plan_schedule
- * accepts with at most DEFAULT_STATE of state per thread (accumulators and
- * the element pass's option work, thread_state), else the accepted one
- * with the least; when none fits, the first one's failure
- * (aj_attn_plan_schedule).  The headroom below STATE_BUDGET is for what
- * the count leaves out (mma fragments, addresses, score-mod values):
- * ptxas spills at the budget's edge where the defaults must not.
+ * accepts with at most DEFAULT_STATE of state per thread (accumulators,
+ * the element pass's option work, thread_state, and the widest product's
+ * mma fragments, fragment_regs), else the accepted one with the least;
+ * when none fits, the first one's failure (aj_attn_plan_schedule).  The
+ * headroom below STATE_BUDGET is for what the count leaves out
+ * (addresses, score-mod values): ptxas spills at the budget's edge where
+ * the defaults must not.  The fragments matter for D != Dv far apart
+ * (8/256 took 32 x 64 tiles and spilled 56 bytes; now 32 x 32, none).
  */
 static int plan_state(const void *plan)
 {
