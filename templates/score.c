@@ -152,17 +152,17 @@ static aj_status add_field(aj_ctx *ctx, const aj_op *op, bool score_mod, aj_scor
 
 /* d node / d score into memo (NONE until made), zero where the node does
  * not read the score.  The rules of aj_expr_eval_grad, written as nodes. */
-static uint16_t diff(builder *bd, uint16_t id, const bool *reads_score, uint16_t *memo,
+static uint16_t diff(builder *bd, uint16_t id, const uint16_t *reads, uint16_t *memo,
                      uint16_t zero, uint16_t one)
 {
     const aj_score_prog *p = bd->p;
     const aj_expr_node *n = node(p, id);
-    if (!reads_score[id] || n->type != AJ_EXPR_FLOAT)
+    if (!(reads[id] & AJ_SCORE_READS(AJ_VAR_SCORE)) || n->type != AJ_EXPR_FLOAT)
         return zero;
     if (memo[id] != NONE)
         return memo[id];
     uint16_t a = n->args[0], b = n->args[1], c = n->args[2];
-#define D(x) diff(bd, (x), reads_score, memo, zero, one)
+#define D(x) diff(bd, (x), reads, memo, zero, one)
     uint16_t d = zero;
     switch ((aj_expr_op)n->op) {
     case AJ_EXPR_VAR:
@@ -240,44 +240,36 @@ static uint16_t diff(builder *bd, uint16_t id, const bool *reads_score, uint16_t
 
 /* ---------------------------------------------------------------- band */
 
-/* Which nodes read a variable `var` (their trees contain it). */
-static void mark_reads(const aj_score_prog *p, int var, bool *out)
+/* What each node's tree reads (aj_score_prog.reads): AJ_SCORE_READS(var) per
+ * variable, AJ_SCORE_READS_LOAD for a load; operands have smaller ids, so one pass
+ * in id order. */
+static void mark_reads(const aj_score_prog *p, uint16_t *out)
 {
     for (int id = 0; id < p->e.count; id++) {
         const aj_expr_node *n = node(p, id);
-        out[id] = n->op == AJ_EXPR_VAR && n->u.var == var;
+        out[id] = n->op == AJ_EXPR_VAR ? AJ_SCORE_READS(n->u.var)
+                : n->op == AJ_EXPR_LOAD ? AJ_SCORE_READS_LOAD : 0;
         for (int i = 0; i < aj_expr_arity(n); i++)
-            out[id] = out[id] || out[n->args[i]];
+            out[id] |= out[n->args[i]];
     }
 }
 
-static void mark_loads(const aj_score_prog *p, bool *out)
-{
-    for (int id = 0; id < p->e.count; id++) {
-        const aj_expr_node *n = node(p, id);
-        out[id] = n->op == AJ_EXPR_LOAD;
-        for (int i = 0; i < aj_expr_arity(n); i++)
-            out[id] = out[id] || out[n->args[i]];
-    }
-}
-
-/* An int node as cq q + ck k + rest (rest NONE: 0, reading no position and
- * no tensor); false where it is not such a sum. */
+/* An int node as cq q + ck k + rest (rest NONE: 0, reading no position,
+ * tensor or head); false where it is not such a sum. */
 typedef struct linear {
     int cq, ck;
     uint16_t rest;
 } linear;
 
-static bool linearize(builder *bd, uint16_t id, const bool *positional, const bool *loads,
-                      linear *out)
+static bool linearize(builder *bd, uint16_t id, const uint16_t *reads, linear *out)
 {
     const aj_score_prog *p = bd->p;
     const aj_expr_node *n = node(p, id);
     *out = (linear){0, 0, NONE};
     if (n->type != AJ_EXPR_INT)
         return false;
-    if (!positional[id]) {
-        if (loads[id])
+    if (!(reads[id] & AJ_SCORE_READS_POSITION)) {
+        if (reads[id] & (AJ_SCORE_READS_LOAD | AJ_SCORE_READS(AJ_VAR_H)))
             return false;
         out->rest = id;
         return true;
@@ -289,15 +281,15 @@ static bool linearize(builder *bd, uint16_t id, const bool *positional, const bo
         out->ck = n->u.var == AJ_VAR_K;
         return true;
     case AJ_EXPR_NEG:
-        if (!linearize(bd, n->args[0], positional, loads, &a))
+        if (!linearize(bd, n->args[0], reads, &a))
             return false;
         *out = (linear){-a.cq, -a.ck,
                         a.rest == NONE ? NONE : mk(bd, AJ_EXPR_NEG, &a.rest, 1)};
         return true;
     case AJ_EXPR_ADD:
     case AJ_EXPR_SUB: {
-        if (!linearize(bd, n->args[0], positional, loads, &a) ||
-            !linearize(bd, n->args[1], positional, loads, &b))
+        if (!linearize(bd, n->args[0], reads, &a) ||
+            !linearize(bd, n->args[1], reads, &b))
             return false;
         int sign = n->op == AJ_EXPR_ADD ? 1 : -1;
         out->cq = a.cq + sign * b.cq;
@@ -316,7 +308,7 @@ static bool linearize(builder *bd, uint16_t id, const bool *positional, const bo
 }
 
 /* Tries a conjunct as band bounds: lo / hi (NONE: not bounded by it). */
-static bool band_bounds(builder *bd, uint16_t id, const bool *positional, const bool *loads,
+static bool band_bounds(builder *bd, uint16_t id, const uint16_t *reads,
                         uint16_t *lo, uint16_t *hi)
 {
     const aj_expr_node *n = node(bd->p, id);
@@ -326,8 +318,8 @@ static bool band_bounds(builder *bd, uint16_t id, const bool *positional, const 
         op != AJ_EXPR_EQ)
         return false;
     linear a, b;
-    if (!linearize(bd, n->args[0], positional, loads, &a) ||
-        !linearize(bd, n->args[1], positional, loads, &b))
+    if (!linearize(bd, n->args[0], reads, &a) ||
+        !linearize(bd, n->args[1], reads, &b))
         return false;
     /* a - b = ck k + cq q + r  (op)  0 */
     int ck = a.ck - b.ck, cq = a.cq - b.cq;
@@ -368,26 +360,18 @@ static void split_conjuncts(const aj_score_prog *p, uint16_t id, uint16_t *out, 
 }
 
 /* A band bound reads no tensor and no head (so that the band of a CTA's
- * rows holds for every query head it walks): `loads` marks both. */
+ * rows holds for every query head it walks). */
 static void split_band(builder *bd, uint16_t mask)
 {
     aj_score_prog *p = bd->p;
-    static _Thread_local bool positional[AJ_EXPR_NODES_MAX], reads_k[AJ_EXPR_NODES_MAX],
-        loads[AJ_EXPR_NODES_MAX], reads_h[AJ_EXPR_NODES_MAX];
-    mark_reads(p, AJ_VAR_Q, positional);
-    mark_reads(p, AJ_VAR_K, reads_k);
-    mark_loads(p, loads);
-    mark_reads(p, AJ_VAR_H, reads_h);
-    for (int i = 0; i < p->e.count; i++)
-        loads[i] = loads[i] || reads_h[i];
-    for (int i = 0; i < p->e.count; i++)
-        positional[i] = positional[i] || reads_k[i];
+    static _Thread_local uint16_t reads[AJ_EXPR_NODES_MAX];
+    mark_reads(p, reads);
     uint16_t conj[AJ_EXPR_NODES_MAX];
     int n = 0;
     split_conjuncts(p, mask, conj, &n);
     for (int c = 0; c < n && bd->ok; c++) {
         uint16_t lo, hi;
-        if (band_bounds(bd, conj[c], positional, loads, &lo, &hi)) {
+        if (band_bounds(bd, conj[c], reads, &lo, &hi)) {
             if (lo != NONE)
                 p->band_lo = p->band_lo == NONE ? lo : mk2(bd, AJ_EXPR_MAX, p->band_lo, lo);
             if (hi != NONE)
@@ -414,13 +398,12 @@ aj_status aj_score_prog_init(aj_ctx *ctx, const aj_op *op, aj_score_prog *p)
     builder bd = {p, {p->tensors, AJ_OP_TENSORS_MAX + 1, true}, true};
     bd.scope.count = p->tensor_count;
     if (p->mod != NONE) {
-        static _Thread_local bool reads_score[AJ_EXPR_NODES_MAX];
-        static _Thread_local uint16_t memo[AJ_EXPR_NODES_MAX];
-        mark_reads(p, AJ_VAR_SCORE, reads_score);
+        static _Thread_local uint16_t reads[AJ_EXPR_NODES_MAX], memo[AJ_EXPR_NODES_MAX];
+        mark_reads(p, reads);
         for (int i = 0; i < AJ_EXPR_NODES_MAX; i++)
             memo[i] = NONE;
         uint16_t zero = lit(&bd, AJ_EXPR_FLOAT, 0), one = lit(&bd, AJ_EXPR_FLOAT, 1);
-        p->dmod = diff(&bd, p->mod, reads_score, memo, zero, one);
+        p->dmod = diff(&bd, p->mod, reads, memo, zero, one);
         /* a derivative of 1 (alibi, biases) is "none": the backward then
          * skips the chain rule's multiply and select per element */
         if (p->dmod != NONE && is_lit(p, p->dmod, 1))
@@ -431,25 +414,19 @@ aj_status aj_score_prog_init(aj_ctx *ctx, const aj_op *op, aj_score_prog *p)
     if (!bd.ok)
         return aj_fail(ctx, AJ_ERR_UNSUPPORTED, "the score program and its derivative do not "
                        "fit %d nodes; write a shorter mask or score_mod", AJ_EXPR_NODES_MAX);
-    static _Thread_local bool reads[AJ_EXPR_NODES_MAX], loads[AJ_EXPR_NODES_MAX];
-    for (int v = AJ_VAR_SQ; v <= AJ_VAR_SK; v++) {
-        mark_reads(p, v, reads);
-        uint16_t roots[5] = {p->mod, p->dmod, p->band_lo, p->band_hi, p->rest};
-        for (int r = 0; r < 5; r++)
-            p->reads_totals = p->reads_totals || (roots[r] != NONE && reads[roots[r]]);
-    }
-    mark_loads(p, loads);
-    p->rest_reads_tensors = p->rest != NONE && loads[p->rest];
+    mark_reads(p, p->reads);
+    uint16_t roots[5] = {p->mod, p->dmod, p->band_lo, p->band_hi, p->rest};
+    for (int r = 0; r < 5; r++)
+        p->reads_totals = p->reads_totals ||
+                          (roots[r] != NONE &&
+                           (p->reads[roots[r]] & (AJ_SCORE_READS(AJ_VAR_SQ) | AJ_SCORE_READS(AJ_VAR_SK))));
+    p->rest_reads_tensors = p->rest != NONE && (p->reads[p->rest] & AJ_SCORE_READS_LOAD);
     /* which mask classes differ by batch index or head */
-    static _Thread_local bool rb[AJ_EXPR_NODES_MAX], rh[AJ_EXPR_NODES_MAX];
-    mark_reads(p, AJ_VAR_B, rb);
-    mark_reads(p, AJ_VAR_H, rh);
-    uint16_t mask_roots[3] = {p->band_lo, p->band_hi, p->rest};
-    for (int r = 0; r < 3; r++) {
-        if (mask_roots[r] == NONE)
+    for (int r = 2; r < 5; r++) {
+        if (roots[r] == NONE)
             continue;
-        p->mask_reads_b = p->mask_reads_b || rb[mask_roots[r]];
-        p->mask_reads_h = p->mask_reads_h || rh[mask_roots[r]];
+        p->mask_reads_b = p->mask_reads_b || (p->reads[roots[r]] & AJ_SCORE_READS(AJ_VAR_B));
+        p->mask_reads_h = p->mask_reads_h || (p->reads[roots[r]] & AJ_SCORE_READS(AJ_VAR_H));
     }
     return AJ_OK;
 }
@@ -496,7 +473,6 @@ typedef struct emitter {
     LLVMValueRef *memo;        /* vmemo, or umemo while a uniform node is emitted */
     LLVMValueRef vmemo[AJ_EXPR_NODES_MAX];
     LLVMValueRef umemo[AJ_EXPR_NODES_MAX];   /* scalar values of uniform nodes */
-    bool varies[AJ_EXPR_NODES_MAX];          /* lanes: reads k or score */
 } emitter;
 
 static LLVMTypeRef lane_type(emitter *m, LLVMTypeRef scalar)
@@ -703,7 +679,7 @@ static LLVMValueRef emit_node(emitter *m, uint16_t id)
         m->memo[id] = splat(m, m->s->loads[id]);
     if (m->memo[id])
         return m->memo[id];
-    if (m->lanes && !m->varies[id]) {
+    if (m->lanes && !(m->s->p->reads[id] & (AJ_SCORE_READS(AJ_VAR_K) | AJ_SCORE_READS(AJ_VAR_SCORE)))) {
         int lanes = m->lanes;
         m->lanes = 0;
         m->memo = m->umemo;
@@ -772,13 +748,6 @@ static void emitter_init(emitter *m, aj_score *s, int lanes, LLVMValueRef i, LLV
     m->j = j;
     m->score = score;
     m->memo = m->vmemo;
-    if (lanes) {
-        static _Thread_local bool reads_score[AJ_EXPR_NODES_MAX];
-        mark_reads(s->p, AJ_VAR_K, m->varies);
-        mark_reads(s->p, AJ_VAR_SCORE, reads_score);
-        for (int n = 0; n < s->p->e.count; n++)
-            m->varies[n] = m->varies[n] || reads_score[n];
-    }
 }
 
 static LLVMValueRef clamp_to_i32(aj_kb *kb, LLVMValueRef v64)
@@ -817,16 +786,9 @@ void aj_score_begin(aj_score *s, aj_kb *kb, const aj_score_prog *p, int lanes, L
         s->lo_off = clamp_to_i32(kb, LLVMBuildAdd(kb->b, delta, emit_node(&m, p->band_lo), ""));
     /* loads that stay the same over the CTA's tiles, read here once: no
      * key loop then keeps their addresses and bounds live */
-    static _Thread_local bool varies[AJ_EXPR_NODES_MAX], reads[AJ_EXPR_NODES_MAX];
-    memset(varies, 0, sizeof varies);
-    const int vars[3] = {AJ_VAR_Q, AJ_VAR_K, AJ_VAR_SCORE};
-    for (int v = 0; v < 3; v++) {
-        mark_reads(p, vars[v], reads);
-        for (int id = 0; id < p->e.count; id++)
-            varies[id] = varies[id] || reads[id];
-    }
     for (int id = 0; id < p->e.count; id++)
-        if (node(p, id)->op == AJ_EXPR_LOAD && !varies[id])
+        if (node(p, id)->op == AJ_EXPR_LOAD &&
+            !(p->reads[id] & (AJ_SCORE_READS_POSITION | AJ_SCORE_READS(AJ_VAR_SCORE))))
             s->loads[id] = emit_node(&m, id);
 }
 
@@ -921,11 +883,16 @@ typedef struct ival {
 
 typedef struct iemitter {
     emitter pt;                       /* point values */
-    const bool *positional;
     LLVMValueRef q0, q1, k0, k1;      /* i64 global positions of the tile */
     ival memo[AJ_EXPR_NODES_MAX];
     bool done[AJ_EXPR_NODES_MAX];
 } iemitter;
+
+/* Whether a node's tree reads a position (it is a range over a tile). */
+static bool is_positional(const iemitter *m, uint16_t id)
+{
+    return m->pt.s->p->reads[id] & AJ_SCORE_READS_POSITION;
+}
 
 static ival iv_unknown(aj_kb *kb, aj_expr_type t)
 {
@@ -1099,7 +1066,7 @@ static ival iv_compute(iemitter *m, uint16_t id)
     const aj_expr_node *n = &m->pt.s->p->e.nodes[id];
     aj_expr_op op = (aj_expr_op)n->op;
     aj_expr_type t = (aj_expr_type)n->type;
-    if (!m->positional[id]) {
+    if (!is_positional(m, id)) {
         LLVMValueRef v = emit_node(&m->pt, id);
         if (t == AJ_EXPR_BOOL)
             return (ival){LLVMBuildNot(b, v, ""), v};
@@ -1135,7 +1102,7 @@ static ival iv_compute(iemitter *m, uint16_t id)
     case AJ_EXPR_MUL:
     case AJ_EXPR_DIV: {
         /* by a point only (the other side may be the point for a product) */
-        int point = !m->positional[n->args[1]] ? 1 : op == AJ_EXPR_MUL && !m->positional[n->args[0]] ? 0 : -1;
+        int point = !is_positional(m, n->args[1]) ? 1 : op == AJ_EXPR_MUL && !is_positional(m, n->args[0]) ? 0 : -1;
         if (point < 0)
             return iv_unknown(kb, t);
         ival r = x[1 - point];
@@ -1159,7 +1126,7 @@ static ival iv_compute(iemitter *m, uint16_t id)
         return (ival){aj_kb_smin(kb, a1, a2), aj_kb_smax(kb, a1, a2)};
     }
     case AJ_EXPR_MOD: {
-        if (m->positional[n->args[1]])
+        if (is_positional(m, n->args[1]))
             return iv_unknown(kb, t);
         LLVMValueRef c = x[1].lo;
         LLVMValueRef r0 = floor_divmod(&m->pt, x[0].lo, c, 1), r1 = floor_divmod(&m->pt, x[0].hi, c, 1);
@@ -1249,14 +1216,8 @@ LLVMValueRef aj_score_tile_class(aj_score *s, LLVMValueRef i0, LLVMValueRef i1,
     }
     if (s->p->rest != NONE) {
         static _Thread_local iemitter m;
-        static _Thread_local bool positional[AJ_EXPR_NODES_MAX], reads_k[AJ_EXPR_NODES_MAX];
-        mark_reads(s->p, AJ_VAR_Q, positional);
-        mark_reads(s->p, AJ_VAR_K, reads_k);
-        for (int i = 0; i < s->p->e.count; i++)
-            positional[i] = positional[i] || reads_k[i];
         memset(&m, 0, sizeof m);
         emitter_init(&m.pt, s, 0, aj_kb_i32(kb, 0), aj_kb_i32(kb, 0), NULL);
-        m.positional = positional;
         m.q0 = LLVMBuildAdd(b, s->q_origin, to_i64(kb, i0), "");
         m.q1 = LLVMBuildAdd(b, s->q_origin, to_i64(kb, i1), "");
         m.k0 = LLVMBuildAdd(b, s->k_origin, to_i64(kb, j0), "");

@@ -66,7 +66,13 @@ typedef struct aj_score_prog {
     bool reads_totals;     /* sq or sk appear: the kernel takes the totals */
     bool rest_reads_tensors; /* the rest's tile classes cannot be told from positions */
     bool mask_reads_b, mask_reads_h;   /* classes may differ by batch index, head */
+    /* what each node's tree reads: AJ_SCORE_READS(var) bits, AJ_SCORE_READS_LOAD */
+    uint16_t reads[AJ_EXPR_NODES_MAX];
 } aj_score_prog;
+
+#define AJ_SCORE_READS(var) ((uint16_t)(1u << (var)))
+#define AJ_SCORE_READS_LOAD ((uint16_t)(1u << AJ_VAR_COUNT))
+#define AJ_SCORE_READS_POSITION (AJ_SCORE_READS(AJ_VAR_Q) | AJ_SCORE_READS(AJ_VAR_K))
 
 /* Builds the programs of `op` (verified).  AJ_ERR_UNSUPPORTED when the
  * derivative does not fit the node arena (the message says so). */
