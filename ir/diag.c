@@ -56,14 +56,17 @@ aj_status aj_ctx_create(const aj_ctx_config *config, aj_ctx **out)
      * status alone tells the caller which rule failed. */
     if (!out)
         return aj_fail(NULL, AJ_ERR_INVALID_ARG, "aj_ctx_create: out is NULL");
-    /* The first version of the struct ended before cache_mode. */
-    if (config && config->struct_size < offsetof(aj_ctx_config, cache_mode))
-        return aj_fail(NULL, AJ_ERR_INVALID_ARG,
-                       "aj_ctx_create: config->struct_size %zu is smaller "
-                       "than any aj_ctx_config (use AJ_CTX_CONFIG_INIT)",
-                       config->struct_size);
-    if (config && ((int)config->log_level < AJ_LOG_ERROR ||
-                   (int)config->log_level > AJ_LOG_DEBUG))
+    /* The first version of the struct ended with log_level; the fields a
+     * caller's version lacks get their defaults. */
+    aj_ctx_config cfg = defaults;
+    if (config) {
+        aj_status st = AJ_READ_STRUCT(NULL, "aj_ctx_create: config", config, aj_ctx_config,
+                                      log_level, AJ_CTX_CONFIG_INIT, &cfg);
+        if (st != AJ_OK)
+            return st;
+    }
+    config = &cfg;
+    if ((int)config->log_level < AJ_LOG_ERROR || (int)config->log_level > AJ_LOG_DEBUG)
         return aj_fail(NULL, AJ_ERR_INVALID_ARG,
                        "aj_ctx_create: config->log_level %d is out of range",
                        (int)config->log_level);
@@ -71,15 +74,7 @@ aj_status aj_ctx_create(const aj_ctx_config *config, aj_ctx **out)
     ctx = calloc(1, sizeof *ctx);
     if (!ctx)
         return AJ_ERR_OUT_OF_MEMORY;
-    /* Copy the fields both sides know: a prefix of the caller's struct
-     * (built against an older or newer header), defaults for the rest. */
-    ctx->config = defaults;
-    if (config) {
-        size_t n = config->struct_size < sizeof ctx->config ? config->struct_size
-                                                            : sizeof ctx->config;
-        memcpy(&ctx->config, config, n);
-    }
-    ctx->config.struct_size = sizeof(aj_ctx_config);
+    ctx->config = cfg;
     if ((unsigned)ctx->config.cache_mode >= AJ_CACHE_MODE_COUNT) {
         free(ctx);
         return aj_fail(NULL, AJ_ERR_INVALID_ARG, "aj_ctx_create: config->cache_mode %d is "
@@ -148,6 +143,28 @@ void aj_log(aj_ctx *ctx, aj_log_level level, const char *fmt, ...)
     vsnprintf(text, sizeof text, fmt, ap);
     va_end(ap);
     ctx->config.log_fn(ctx->config.log_user, level, text);
+}
+
+/* ---------------------------------------------------------------- versioned structs */
+
+aj_status aj_read_struct(aj_ctx *ctx, const char *what, const void *in, size_t min_size,
+                         const void *defaults, size_t size, void *out, const char *init)
+{
+    AJ_CHECK_ARG(ctx, in, "%s is NULL", what);
+    size_t given;
+    memcpy(&given, in, sizeof given);
+    AJ_CHECK_ARG(ctx, given >= min_size,
+                 "%s->struct_size = %zu is smaller than any version of the struct (at least "
+                 "%zu); start from %s", what, given, min_size, init);
+    const unsigned char *bytes = in;
+    for (size_t i = size; i < given; i++)
+        AJ_CHECK_ARG(ctx, bytes[i] == 0,
+                     "%s->struct_size = %zu: a newer struct than this attnjit's (%zu bytes) "
+                     "with a field it does not know set (byte %zu)", what, given, size, i);
+    memcpy(out, defaults, size);
+    memcpy(out, in, given < size ? given : size);
+    memcpy(out, &size, sizeof size);
+    return AJ_OK;
 }
 
 /* ---------------------------------------------------------------- misc */

@@ -9,6 +9,7 @@
 #define AJ_IR_DIAG_H
 
 #include <stdarg.h>
+#include <stddef.h>
 
 #include "attnjit/attnjit.h"
 
@@ -58,5 +59,28 @@ void aj_log(aj_ctx *ctx, aj_log_level level, const char *fmt, ...)
         if (!(cond))                                                  \
             return aj_fail((ctx), AJ_ERR_INVALID_ARG, __VA_ARGS__);   \
     } while (0)
+
+/*
+ * Versioned argument structs: the one rule for every public struct that
+ * starts with `size_t struct_size` (attnjit.h, "Versioned structs").  A
+ * caller built against an older header passes a smaller struct; one built
+ * against a newer header a larger one.  aj_read_struct accepts
+ *   min_size <= struct_size <= size      (min_size: the end of the struct's
+ *                                         required fields)
+ *   struct_size > size                   if every byte past `size` is 0
+ *                                         (fields this attnjit does not know,
+ *                                         left at their defaults)
+ * and copies the bytes both sides know over `defaults` into `out` (`size`
+ * bytes), whose struct_size it sets to `size`.  Anything else fails with
+ * AJ_ERR_INVALID_ARG naming `what` ("aj_forward: args") and `init`. */
+aj_status aj_read_struct(aj_ctx *ctx, const char *what, const void *in, size_t min_size,
+                         const void *defaults, size_t size, void *out, const char *init);
+
+/* aj_read_struct for struct `type` whose required fields end with field
+ * `last_required`, with the defaults of initializer macro `init`. */
+#define AJ_READ_STRUCT(ctx, what, in, type, last_required, init, out)                        \
+    aj_read_struct((ctx), (what), (in),                                                     \
+                   offsetof(type, last_required) + sizeof(((type *)0)->last_required),      \
+                   &(type)init, sizeof(type), (out), #init)
 
 #endif /* AJ_IR_DIAG_H */

@@ -24,12 +24,11 @@ static aj_status read_options(aj_ctx *ctx, const aj_compile_options *in,
         out->emit = AJ_EMIT_PTX;   /* the default target is sm_80 */
         return AJ_OK;
     }
-    if (in->struct_size < offsetof(aj_compile_options, emit) ||
-        in->struct_size > sizeof *in)
-        return aj_fail(ctx, AJ_ERR_INVALID_ARG,
-                       "aj_compile: options->struct_size = %zu; start from "
-                       "AJ_COMPILE_OPTIONS_INIT", in->struct_size);
-    memcpy(out, in, in->struct_size);
+    /* the first version of the struct ended with target */
+    aj_status st = AJ_READ_STRUCT(ctx, "aj_compile: options", in, aj_compile_options, target,
+                                  AJ_COMPILE_OPTIONS_INIT, out);
+    if (st != AJ_OK)
+        return st;
     if (out->device)
         out->target = aj_device_target(out->device);
     if ((unsigned)out->target >= AJ_TARGET_COUNT || out->target == AJ_TARGET_ANY)

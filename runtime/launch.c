@@ -541,20 +541,14 @@ static int64_t broadcast_stride(const aj_tensor *t, int i)
     return t->shape[i] == 1 ? 0 : t->strides[i];
 }
 
-/* The checks every launch entry point starts with, reported as `fn`.
- * Every args struct begins with its struct_size. */
+/* The checks every launch entry point starts with, reported as `fn`; the
+ * entry point then reads its args struct (AJ_READ_STRUCT). */
 static aj_status check_launch(aj_ctx *ctx, const char *fn, aj_device *dev,
-                              const aj_kernel *kernel, const void *args, size_t args_size,
-                              const char *init, aj_kind kind)
+                              const aj_kernel *kernel, const void *args, aj_kind kind)
 {
     AJ_CHECK_ARG(ctx, dev, "%s: dev is NULL", fn);
     AJ_CHECK_ARG(ctx, kernel, "%s: kernel is NULL", fn);
     AJ_CHECK_ARG(ctx, args, "%s: args is NULL", fn);
-    size_t given;
-    memcpy(&given, args, sizeof given);
-    AJ_CHECK_ARG(ctx, given == args_size,
-                 "%s: args->struct_size = %zu, want %zu; start from %s", fn, given, args_size,
-                 init);
     AJ_CHECK_ARG(ctx, kernel->op.kind == kind, "%s: kernel %s computes a %s op", fn,
                  aj_kernel_entry(kernel), aj_kind_name(kernel->op.kind));
     AJ_CHECK_ARG(ctx, kernel->target == aj_device_target(dev),
@@ -564,14 +558,18 @@ static aj_status check_launch(aj_ctx *ctx, const char *fn, aj_device *dev,
 }
 
 aj_status aj_forward(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
-                     const aj_fwd_args *args)
+                     const aj_fwd_args *given)
 {
     if (!ctx)
         return AJ_ERR_INVALID_ARG;
-    aj_status st = check_launch(ctx, "aj_forward", dev, kernel, args, sizeof *args,
-                                "AJ_FWD_ARGS_INIT", AJ_KIND_FORWARD);
+    aj_fwd_args read;
+    aj_status st = check_launch(ctx, "aj_forward", dev, kernel, given, AJ_KIND_FORWARD);
+    if (st == AJ_OK)
+        st = AJ_READ_STRUCT(ctx, "aj_forward: args", given, aj_fwd_args, lse, AJ_FWD_ARGS_INIT,
+                            &read);
     if (st != AJ_OK)
         return st;
+    const aj_fwd_args *args = &read;
     const aj_op_info *op = &kernel->op;
     fwd_sizes sz;
     int varlen = op->layout == AJ_LAYOUT_VARLEN;
@@ -874,17 +872,20 @@ static bwd_workspace workspace_layout(const aj_kernel *kernel, const bwd_call *c
 }
 
 aj_status aj_backward_workspace_size(aj_ctx *ctx, const aj_kernel *kernel,
-                                     const aj_bwd_args *args, size_t *bytes)
+                                     const aj_bwd_args *given, size_t *bytes)
 {
     if (!ctx)
         return AJ_ERR_INVALID_ARG;
     const char *fn = "aj_backward_workspace_size";
     AJ_CHECK_ARG(ctx, kernel, "%s: kernel is NULL", fn);
-    AJ_CHECK_ARG(ctx, args, "%s: args is NULL", fn);
+    AJ_CHECK_ARG(ctx, given, "%s: args is NULL", fn);
     AJ_CHECK_ARG(ctx, bytes, "%s: bytes is NULL", fn);
-    AJ_CHECK_ARG(ctx, args->struct_size == sizeof *args,
-                 "%s: args->struct_size = %zu, want %zu; start from AJ_BWD_ARGS_INIT", fn,
-                 args->struct_size, sizeof *args);
+    aj_bwd_args read;
+    aj_status rs = AJ_READ_STRUCT(ctx, "aj_backward_workspace_size: args", given, aj_bwd_args,
+                                  dv, AJ_BWD_ARGS_INIT, &read);
+    if (rs != AJ_OK)
+        return rs;
+    const aj_bwd_args *args = &read;
     AJ_CHECK_ARG(ctx, kernel->op.kind == AJ_KIND_BACKWARD, "%s: kernel %s computes a %s op",
                  fn, aj_kernel_entry(kernel), aj_kind_name(kernel->op.kind));
     bwd_call call;
@@ -924,14 +925,18 @@ static aj_status bind_workspace(aj_ctx *ctx, aj_device *dev, const aj_bwd_args *
 }
 
 aj_status aj_backward(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
-                      const aj_bwd_args *args)
+                      const aj_bwd_args *given)
 {
     if (!ctx)
         return AJ_ERR_INVALID_ARG;
-    aj_status st = check_launch(ctx, "aj_backward", dev, kernel, args, sizeof *args,
-                                "AJ_BWD_ARGS_INIT", AJ_KIND_BACKWARD);
+    aj_bwd_args read;
+    aj_status st = check_launch(ctx, "aj_backward", dev, kernel, given, AJ_KIND_BACKWARD);
+    if (st == AJ_OK)
+        st = AJ_READ_STRUCT(ctx, "aj_backward: args", given, aj_bwd_args, dv, AJ_BWD_ARGS_INIT,
+                            &read);
     if (st != AJ_OK)
         return st;
+    const aj_bwd_args *args = &read;
     const aj_op_info *op = &kernel->op;
     bwd_call call;
     st = check_backward(ctx, op, args, &call);
@@ -1111,14 +1116,18 @@ done:
 }
 
 aj_status aj_merge(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
-                   const aj_merge_args *args)
+                   const aj_merge_args *given)
 {
     if (!ctx)
         return AJ_ERR_INVALID_ARG;
-    aj_status st = check_launch(ctx, "aj_merge", dev, kernel, args, sizeof *args,
-                                "AJ_MERGE_ARGS_INIT", AJ_KIND_MERGE);
+    aj_merge_args read;
+    aj_status st = check_launch(ctx, "aj_merge", dev, kernel, given, AJ_KIND_MERGE);
+    if (st == AJ_OK)
+        st = AJ_READ_STRUCT(ctx, "aj_merge: args", given, aj_merge_args, lse,
+                            AJ_MERGE_ARGS_INIT, &read);
     if (st != AJ_OK)
         return st;
+    const aj_merge_args *args = &read;
     const aj_op_info *op = &kernel->op;
     fwd_sizes sz;
     st = check_merge(ctx, op, args, &sz);

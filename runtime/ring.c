@@ -525,10 +525,6 @@ static aj_status plan_forward(ring_plan *p, aj_ctx *ctx, aj_device *dev, aj_comm
                               const aj_op *op, const aj_ring_fwd_args *a,
                               aj_ring_stats *stats)
 {
-    AJ_CHECK_ARG(ctx, a, "%s: args is NULL", p->fn);
-    AJ_CHECK_ARG(ctx, a->struct_size == sizeof(aj_ring_fwd_args),
-                 "%s: args->struct_size = %zu, want %zu (use AJ_RING_FWD_ARGS_INIT)", p->fn,
-                 a->struct_size, sizeof(aj_ring_fwd_args));
     aj_status st = AJ_OK;
     AJ_TRY(plan_common(p, ctx, dev, comm, op, AJ_KIND_FORWARD, a->layout, a->rotate, &a->q,
                        &a->k, &a->v, stats));
@@ -540,10 +536,16 @@ done:
 }
 
 aj_status aj_ring_forward(aj_ctx *ctx, aj_device *dev, aj_comm *comm, const aj_op *op,
-                          const aj_ring_fwd_args *args, aj_ring_stats *stats)
+                          const aj_ring_fwd_args *given, aj_ring_stats *stats)
 {
     if (!ctx)
         return AJ_ERR_INVALID_ARG;
+    aj_ring_fwd_args read;
+    aj_status rs = AJ_READ_STRUCT(ctx, "aj_ring_forward: args", given, aj_ring_fwd_args, lse,
+                                  AJ_RING_FWD_ARGS_INIT, &read);
+    if (rs != AJ_OK)
+        return rs;
+    const aj_ring_fwd_args *args = &read;
     aj_ring_stats local_stats = {0};
     ring_plan p = {.fn = "aj_ring_forward"};
     ring_kernels kern = {0};
@@ -714,10 +716,6 @@ static aj_status plan_backward(ring_plan *p, aj_ctx *ctx, aj_device *dev, aj_com
                                const aj_op *op, const aj_ring_bwd_args *a,
                                aj_ring_stats *stats)
 {
-    AJ_CHECK_ARG(ctx, a, "%s: args is NULL", p->fn);
-    AJ_CHECK_ARG(ctx, a->struct_size == sizeof(aj_ring_bwd_args),
-                 "%s: args->struct_size = %zu, want %zu (use AJ_RING_BWD_ARGS_INIT)", p->fn,
-                 a->struct_size, sizeof(aj_ring_bwd_args));
     aj_status st = AJ_OK;
     AJ_TRY(plan_common(p, ctx, dev, comm, op, AJ_KIND_BACKWARD, a->layout, a->rotate, &a->q,
                        &a->k, &a->v, stats));
@@ -735,10 +733,16 @@ done:
 }
 
 aj_status aj_ring_backward(aj_ctx *ctx, aj_device *dev, aj_comm *comm, const aj_op *op,
-                           const aj_ring_bwd_args *args, aj_ring_stats *stats)
+                           const aj_ring_bwd_args *given, aj_ring_stats *stats)
 {
     if (!ctx)
         return AJ_ERR_INVALID_ARG;
+    aj_ring_bwd_args read;
+    aj_status rs = AJ_READ_STRUCT(ctx, "aj_ring_backward: args", given, aj_ring_bwd_args, dv,
+                                  AJ_RING_BWD_ARGS_INIT, &read);
+    if (rs != AJ_OK)
+        return rs;
+    const aj_ring_bwd_args *args = &read;
     aj_ring_stats local_stats = {0};
     ring_plan p = {.fn = "aj_ring_backward"};
     ring_kernels kern = {0};

@@ -381,10 +381,11 @@ static aj_status read_tune_options(aj_ctx *ctx, const aj_device *dev,
 {
     *o = (aj_tune_options)AJ_TUNE_OPTIONS_INIT;
     if (in) {
-        AJ_CHECK_ARG(ctx, in->struct_size == sizeof *in,
-                     "aj_tune: options->struct_size = %zu, want %zu; start from "
-                     "AJ_TUNE_OPTIONS_INIT", in->struct_size, sizeof *in);
-        *o = *in;
+        /* every field is optional: the first version held the sizes */
+        aj_status st = AJ_READ_STRUCT(ctx, "aj_tune: options", in, aj_tune_options, seq_k,
+                                      AJ_TUNE_OPTIONS_INIT, o);
+        if (st != AJ_OK)
+            return st;
     }
     const struct {
         const char *name;

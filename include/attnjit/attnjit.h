@@ -16,6 +16,13 @@
  *    through the callback in aj_ctx_config, if one is set.
  *  - A context may be shared by threads only if they do not fail at the same
  *    time; give each thread its own context for independent error text.
+ *  - Versioned structs: a struct that starts with `size_t struct_size` is
+ *    started from its *_INIT macro, which sets struct_size to the size of
+ *    the struct the caller was built against.  attnjit accepts an older,
+ *    smaller struct (at least its first version: the end of its required
+ *    fields, q..lse for aj_fwd_args) and gives the fields that version lacks
+ *    their defaults; it accepts a newer, larger one whose fields unknown to
+ *    it are all 0.  Any other struct_size is AJ_ERR_INVALID_ARG.
  */
 #ifndef ATTNJIT_H
 #define ATTNJIT_H

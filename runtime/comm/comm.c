@@ -28,17 +28,20 @@ void aj_comm_pause(void)
     nanosleep(&nap, NULL);
 }
 
-aj_status aj_comm_create(aj_ctx *ctx, aj_device *dev, const aj_comm_config *config,
+aj_status aj_comm_create(aj_ctx *ctx, aj_device *dev, const aj_comm_config *given,
                          aj_comm **out)
 {
     if (!ctx)
         return AJ_ERR_INVALID_ARG;
     AJ_CHECK_ARG(ctx, out, "aj_comm_create: out is NULL");
     AJ_CHECK_ARG(ctx, dev, "aj_comm_create: dev is NULL");
-    AJ_CHECK_ARG(ctx, config, "aj_comm_create: config is NULL");
-    AJ_CHECK_ARG(ctx, config->struct_size == sizeof(aj_comm_config),
-                 "aj_comm_create: config->struct_size = %zu, want %zu (use "
-                 "AJ_COMM_CONFIG_INIT)", config->struct_size, sizeof(aj_comm_config));
+    AJ_CHECK_ARG(ctx, given, "aj_comm_create: config is NULL");
+    aj_comm_config read;
+    aj_status rs = AJ_READ_STRUCT(ctx, "aj_comm_create: config", given, aj_comm_config, kind,
+                                  AJ_COMM_CONFIG_INIT, &read);
+    if (rs != AJ_OK)
+        return rs;
+    const aj_comm_config *config = &read;
     AJ_CHECK_ARG(ctx, (unsigned)config->kind < AJ_COMM_KIND_COUNT,
                  "aj_comm_create: config->kind = %d is not a comm kind", (int)config->kind);
     AJ_CHECK_ARG(ctx, config->timeout_s >= 0 && config->timeout_s < 1e9,
