@@ -1,0 +1,178 @@
+"""ctypes declarations of attnjit.h: the structs and functions the package
+calls, and where libattnjit.so.0 is found.
+
+The structs mirror the C ones field for field; attnjit's versioned-struct
+rule (attnjit.h, "Versioned structs") lets this module keep working against
+a newer library, and tests/python/test_capi.py compares every layout with
+the C compiler's.
+"""
+import ctypes
+import os
+
+c_size_t = ctypes.c_size_t
+c_int = ctypes.c_int          # C enums
+i32, i64, u64 = ctypes.c_int32, ctypes.c_int64, ctypes.c_uint64
+c_double, c_bool, c_char_p, c_void_p = ctypes.c_double, ctypes.c_bool, ctypes.c_char_p, ctypes.c_void_p
+
+# enums (attnjit.h)
+OK = 0
+STATUS_NAMES = ("AJ_OK", "AJ_ERR_INVALID_ARG", "AJ_ERR_PARSE", "AJ_ERR_VERIFY",
+                "AJ_ERR_UNSUPPORTED", "AJ_ERR_CODEGEN", "AJ_ERR_NO_DEVICE", "AJ_ERR_IO",
+                "AJ_ERR_OUT_OF_MEMORY", "AJ_ERR_INTERNAL", "AJ_ERR_KERNEL_FAULT", "AJ_ERR_COMM")
+DTYPE_F16, DTYPE_BF16, DTYPE_F32 = 0, 1, 2
+SIDE_I32, SIDE_F32 = 0, 1
+CACHE_DEFAULT, CACHE_MEMORY, CACHE_OFF = 0, 1, 2
+DEVICE_SIM, DEVICE_CUDA, DEVICE_CPU = 0, 1, 2
+EMIT_NAMES = ("ptx", "llvm_ir", "bitcode", "auto")
+EXTENT_NAMES = ("one", "batch", "heads_q", "heads_kv", "seq_q", "seq_k")
+PARAM_TYPE_NAMES = ("ptr", "i32", "i64", "f32")
+TARGET_NAMES = ("any", "sm_80", "sm_90", "sm_90a", "sim", "cpu")
+
+
+class Tensor(ctypes.Structure):
+    _fields_ = [("data", c_void_p), ("dtype", c_int), ("rank", i32),
+                ("shape", i64 * 4), ("strides", i64 * 4)]
+
+
+class SideTensor(ctypes.Structure):
+    _fields_ = [("name", c_char_p), ("data", c_void_p), ("dtype", c_int), ("rank", i32),
+                ("shape", i64 * 4), ("strides", i64 * 4)]
+
+
+class Schedule(ctypes.Structure):
+    _fields_ = [("block_m", i32), ("block_n", i32), ("warps", i32), ("stages", i32)]
+
+
+class CtxConfig(ctypes.Structure):
+    _fields_ = [("struct_size", c_size_t), ("log_fn", c_void_p), ("log_user", c_void_p),
+                ("log_level", c_int), ("cache_mode", c_int), ("cache_dir", c_char_p),
+                ("cache_max_bytes", u64)]
+
+
+class CompileOptions(ctypes.Structure):
+    _fields_ = [("struct_size", c_size_t), ("target", c_int), ("emit", c_int),
+                ("opt_level", c_int), ("dump_after", c_char_p), ("bypass_cache", c_bool),
+                ("device", c_void_p)]
+
+
+class FwdArgs(ctypes.Structure):
+    _fields_ = [("struct_size", c_size_t),
+                ("q", Tensor), ("k", Tensor), ("v", Tensor), ("o", Tensor), ("lse", Tensor),
+                ("alibi_slopes", Tensor),
+                ("q_offset", i64), ("kv_offset", i64), ("sq_total", i64), ("sk_total", i64),
+                ("stream", c_void_p), ("bias", Tensor), ("o_acc", Tensor),
+                ("seed", u64), ("offset", u64),
+                ("cu_seqlens_q", c_void_p), ("cu_seqlens_k", c_void_p),
+                ("batch", i32), ("max_seqlen_q", i32), ("max_seqlen_k", i32),
+                ("side", ctypes.POINTER(SideTensor)), ("num_side", i32)]
+
+
+class BwdArgs(ctypes.Structure):
+    _fields_ = [("struct_size", c_size_t),
+                ("q", Tensor), ("k", Tensor), ("v", Tensor), ("o", Tensor), ("lse", Tensor),
+                ("do_", Tensor), ("dq", Tensor), ("dk", Tensor), ("dv", Tensor),
+                ("alibi_slopes", Tensor),
+                ("q_offset", i64), ("kv_offset", i64), ("sq_total", i64), ("sk_total", i64),
+                ("stream", c_void_p), ("bias", Tensor), ("dbias", Tensor),
+                ("seed", u64), ("offset", u64),
+                ("cu_seqlens_q", c_void_p), ("cu_seqlens_k", c_void_p),
+                ("batch", i32), ("max_seqlen_q", i32), ("max_seqlen_k", i32),
+                ("workspace", c_void_p), ("workspace_bytes", c_size_t),
+                ("side", ctypes.POINTER(SideTensor)), ("num_side", i32)]
+
+
+class GridDim(ctypes.Structure):
+    _fields_ = [("extent", c_int), ("per_block", i32)]
+
+
+class ParamInfo(ctypes.Structure):
+    _fields_ = [("name", c_char_p), ("type", c_int)]
+
+
+class LaunchInfo(ctypes.Structure):
+    _fields_ = [("block", i32 * 3), ("grid", GridDim * 3), ("dynamic_smem", i32),
+                ("num_params", i32), ("params", ctypes.POINTER(ParamInfo)),
+                ("schedule", Schedule)]
+
+
+PROGRESS_FN = ctypes.CFUNCTYPE(None, c_void_p, i32, i32, c_char_p)
+
+
+class TuneOptions(ctypes.Structure):
+    _fields_ = [("struct_size", c_size_t), ("batch", i32), ("heads_q", i32),
+                ("heads_kv", i32), ("seq_q", i32), ("seq_k", i32), ("budget_s", c_double),
+                ("warmup", i32), ("repeats", i32), ("compile_workers", i32),
+                ("no_persist", c_bool), ("progress", PROGRESS_FN), ("progress_user", c_void_p)]
+
+
+class TuneResult(ctypes.Structure):
+    _fields_ = [("requested", Schedule), ("schedule", Schedule), ("workers", i32),
+                ("status", c_int), ("timed", c_bool), ("message", ctypes.c_char * 256),
+                ("median_ms", c_double), ("min_ms", c_double), ("is_default", c_bool)]
+
+
+STRUCTS = {"aj_tensor": Tensor, "aj_side_tensor": SideTensor, "aj_schedule": Schedule,
+           "aj_ctx_config": CtxConfig, "aj_compile_options": CompileOptions,
+           "aj_fwd_args": FwdArgs, "aj_bwd_args": BwdArgs, "aj_launch_info": LaunchInfo,
+           "aj_tune_options": TuneOptions, "aj_tune_result": TuneResult}
+
+P = c_void_p
+PP = ctypes.POINTER(c_void_p)
+_SIGNATURES = {
+    "aj_status_str": (c_char_p, [c_int]),
+    "aj_ctx_create": (c_int, [ctypes.POINTER(CtxConfig), PP]),
+    "aj_ctx_destroy": (None, [P]),
+    "aj_last_error": (c_char_p, [P]),
+    "aj_free": (None, [P]),
+    "aj_version_string": (c_char_p, []),
+    "aj_llvm_version": (c_char_p, []),
+    "aj_op_parse": (c_int, [P, c_char_p, c_size_t, c_char_p, PP]),
+    "aj_op_destroy": (None, [P]),
+    "aj_op_print": (c_int, [P, PP]),
+    "aj_op_hash": (c_int, [P, ctypes.c_char * 17]),
+    "aj_target_from_name": (c_int, [P, c_char_p, ctypes.POINTER(c_int)]),
+    "aj_compile": (c_int, [P, P, ctypes.POINTER(CompileOptions), PP]),
+    "aj_kernel_destroy": (None, [P]),
+    "aj_kernel_code": (c_void_p, [P, ctypes.POINTER(c_size_t)]),
+    "aj_kernel_emit": (c_int, [P]),
+    "aj_kernel_target": (c_int, [P]),
+    "aj_kernel_num_stages": (i32, [P]),
+    "aj_kernel_stage_info": (c_int, [P, i32, ctypes.POINTER(LaunchInfo)]),
+    "aj_kernel_stage_entry": (c_char_p, [P, i32]),
+    "aj_device_open": (c_int, [P, c_int, c_int, PP]),
+    "aj_device_close": (None, [P]),
+    "aj_device_name": (c_char_p, [P]),
+    "aj_device_target": (c_int, [P]),
+    "aj_forward": (c_int, [P, P, P, ctypes.POINTER(FwdArgs)]),
+    "aj_backward": (c_int, [P, P, P, ctypes.POINTER(BwdArgs)]),
+    "aj_backward_workspace_size": (c_int, [P, P, ctypes.POINTER(BwdArgs),
+                                           ctypes.POINTER(c_size_t)]),
+    "aj_tune": (c_int, [P, P, P, ctypes.POINTER(TuneOptions),
+                        ctypes.POINTER(ctypes.POINTER(TuneResult)), ctypes.POINTER(i32)]),
+}
+
+
+def _find_library():
+    """$AJ_LIBRARY, else the libattnjit.so.0 installed inside the package."""
+    path = os.environ.get("AJ_LIBRARY")
+    if path:
+        return path
+    here = os.path.dirname(os.path.abspath(__file__))
+    for name in ("libattnjit.so.0", "libattnjit.so"):
+        candidate = os.path.join(here, name)
+        if os.path.exists(candidate):
+            return candidate
+    raise ImportError("attnjit: libattnjit.so.0 is not beside %s (install the package with "
+                      "`pip install .`, or point AJ_LIBRARY at a built libattnjit.so)" % here)
+
+
+def load():
+    lib = ctypes.CDLL(_find_library())
+    for name, (restype, argtypes) in _SIGNATURES.items():
+        fn = getattr(lib, name)
+        fn.restype = restype
+        fn.argtypes = argtypes
+    return lib
+
+
+lib = load()

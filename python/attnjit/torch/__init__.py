@@ -1,0 +1,16 @@
+"""attnjit for PyTorch (docs/python.md).
+
+    attnjit.torch.attention(q, k, v, *, causal=False, window=None, softcap=None,
+                            alibi_slopes=None, bias=None, scale=None,
+                            dropout_p=0.0, mask=None, score_mod=None,
+                            tensors=None, variant=None, return_lse=False)
+
+q, k, v in SDPA's (B, H, S, D) layout, any strides, GQA when H_q is a
+multiple of H_kv.  The forward and the backward are torch.library custom
+ops (attnjit::attention_fwd, attnjit::attention_bwd) with autograd and fake
+implementations, so torch.compile(fullgraph=True) traces a model that uses
+them without graph breaks.
+"""
+from ._ops import attention, kernel_cache_size
+
+__all__ = ["attention", "kernel_cache_size"]

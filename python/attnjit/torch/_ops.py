@@ -1,0 +1,394 @@
+"""attnjit.torch.attention: the op description (IR text), the two custom ops
+and their binding to aj_forward / aj_backward.
+
+    attention(q, k, v, ...)            options -> IR body (docs/ir.md fields)
+      -> attnjit::attention_fwd        (o, lse)   aj_forward
+      <- attnjit::attention_bwd        (dq, dk, dv, dbias)   aj_backward
+
+The IR body (every field but the header) travels through the ops as a
+string; each op names its kind and variant, compiles the op on first use
+per (op, device) and keeps the kernel (the C library's kernel cache also
+keeps it on disk).  Tensors bind to the C argument structs by field name;
+side tensors by their declared names.
+"""
+import ctypes
+import math
+import threading
+from typing import List, Optional, Tuple
+
+import torch
+
+import attnjit
+from attnjit import _capi
+from attnjit._capi import lib as _lib
+
+_AJ_DTYPE = {torch.float16: _capi.DTYPE_F16, torch.bfloat16: _capi.DTYPE_BF16,
+             torch.float32: _capi.DTYPE_F32}
+_IR_DTYPE = {torch.float16: "f16", torch.bfloat16: "bf16", torch.float32: "f32"}
+_WINDOW_MAX = 2**31 - 1
+_ALIGN = ("top_left", "bottom_right")
+
+
+def _fail(message):
+    return attnjit.InvalidArgError(1, "attnjit.torch.attention: " + message)
+
+
+# ---------------------------------------------------------------- the op description
+
+def _side_decl(name, t):
+    if not name.isidentifier():
+        raise _fail("tensors: %r is not an identifier" % (name,))
+    if not 1 <= t.dim() <= 4:
+        raise _fail("tensors[%r] has %d dims; side tensors have 1 to 4" % (name, t.dim()))
+    kind = "f32" if t.is_floating_point() else "i32"
+    return "%s: %s[%d]" % (name, kind, t.dim())
+
+
+def _positional_mask(causal, window):
+    """The built-in mask as IR (None for none), and as an expression."""
+    align = None
+    if causal:
+        align = "top_left" if causal is True else causal
+        if align not in _ALIGN:
+            raise _fail("causal = %r; want False, True, 'top_left' or 'bottom_right'" % (causal,))
+    if window is None:
+        if align is None:
+            return None, None
+        shift = "" if align == "top_left" else " + (sk - sq)"
+        return "causal(%s)" % align, "k <= q%s" % shift
+    try:
+        left, right = window
+    except (TypeError, ValueError):
+        raise _fail("window = %r; want (left, right)" % (window,)) from None
+    left = _WINDOW_MAX if left is None or left < 0 else int(left)
+    right = _WINDOW_MAX if right is None or right < 0 else int(right)
+    if align is not None:
+        right = 0       # causal and a window: FlashAttention's window_size=(left, 0)
+    align = align or "top_left"
+    shift = "" if align == "top_left" else " + (sk - sq)"
+    suffix = "" if align == "top_left" else ", bottom_right"
+    return ("window(%d, %d%s)" % (left, right, suffix),
+            "q%s - %d <= k && k <= q%s + %d" % (shift, left, shift, right))
+
+
+def _body(dtype, d, dv, causal, window, softcap, alibi, has_bias, scale, dropout_p, mask,
+          score_mod, side_decls):
+    """The IR fields (docs/ir.md) of the op these options describe."""
+    fields = ["dtype = %s" % _IR_DTYPE[dtype], "head_dim = %d" % d, "head_dim_v = %d" % dv]
+    decls = list(side_decls)
+    builtin, as_expr = _positional_mask(causal, window)
+    if mask is not None:
+        fields.append("mask = expr(%s)" % (mask if as_expr is None
+                                           else "(%s) && (%s)" % (mask, as_expr)))
+    elif builtin is not None:
+        fields.append("mask = " + builtin)
+    mods = [m for m in (softcap is not None, alibi, score_mod is not None) if m]
+    if len(mods) > 1:
+        if score_mod is not None:
+            raise _fail("score_mod cannot be combined with softcap or alibi_slopes: write "
+                        "them into the expression (docs/ir.md, 'Expressions')")
+        # softcap, then alibi (DESIGN.md); alibi's slopes as a side tensor
+        decls.append("aj_alibi_slopes: f32[1]")
+        c = repr(float(softcap))
+        fields.append("score_mod = expr(%s * tanh(score / %s) - aj_alibi_slopes[h] * "
+                      "abs(q - k))" % (c, c))
+    elif softcap is not None:
+        fields.append("score_mod = softcap(%r)" % float(softcap))
+    elif alibi:
+        fields.append("score_mod = alibi")
+    elif score_mod is not None:
+        fields.append("score_mod = expr(%s)" % score_mod)
+    if scale is not None:
+        fields.append("scale = %r" % float(scale))
+    if dropout_p:
+        fields.append("dropout = %r" % float(dropout_p))
+    if has_bias:
+        fields.append("bias = add")
+    if decls:
+        fields.insert(0, "tensors = (%s)" % ", ".join(decls))
+    return "\n  ".join(fields)
+
+
+def _spec(kind, variant, body):
+    return "attention %s %s {\n  %s\n}\n" % (kind, variant, body)
+
+
+# ---------------------------------------------------------------- kernels per (op, device)
+
+_kernels = {}
+_kernels_lock = threading.Lock()
+_verified = set()
+
+
+def kernel_cache_size():
+    """The kernels compiled so far in this process (one per op and device)."""
+    return len(_kernels)
+
+
+def _verify(variant, body):
+    """Parses and verifies both ops at trace or first-call time, so a bad
+    option raises attnjit.ParseError / VerifyError where it is written."""
+    key = (variant, body)
+    if key not in _verified:
+        for kind in ("forward", "backward"):
+            spec = _spec(kind, variant, body)
+            try:
+                attnjit.check(spec)
+            except attnjit.Error as e:
+                # the message's LINE:COL point into the op these options made
+                listing = "".join("%4d | %s\n" % (i + 1, line)
+                                  for i, line in enumerate(spec.splitlines()))
+                raise type(e)(e.code, "%s\n(the op built from the options:)\n%s"
+                              % (e.message, listing)) from None
+        _verified.add(key)
+
+
+def _device_of(t):
+    if t.device.type == "cpu":
+        return attnjit.device("cpu"), None
+    if t.device.type == "cuda":
+        index = t.device.index if t.device.index is not None else torch.cuda.current_device()
+        return attnjit.device("cuda", index), torch.cuda.current_stream(t.device).cuda_stream
+    raise _fail("tensors on %s: attnjit runs on cpu and cuda" % t.device)
+
+
+def _kernel(kind, variant, body, dev):
+    key = (kind, variant, body, dev.value)
+    k = _kernels.get(key)
+    if k is None:
+        with _kernels_lock:
+            k = _kernels.get(key)
+            if k is None:
+                op = attnjit.Op(_spec(kind, variant, body), "attnjit.torch.attention")
+                opts = _capi.CompileOptions(struct_size=ctypes.sizeof(_capi.CompileOptions),
+                                            emit=3, opt_level=2, device=dev)
+                ptr = ctypes.c_void_p()
+                ctx = attnjit._ctx
+                with ctx.lock:
+                    ctx.check(_lib.aj_compile(ctx.ptr, op.ptr, ctypes.byref(opts),
+                                              ctypes.byref(ptr)))
+                k = _kernels[key] = attnjit.Kernel(ptr, op)
+    return k
+
+
+# ---------------------------------------------------------------- binding
+
+def _bind(t):
+    """An aj_tensor viewing torch tensor t (which the caller keeps alive)."""
+    n = t.dim()
+    shape = tuple(t.shape) + (0,) * (4 - n)
+    strides = tuple(t.stride()) + (0,) * (4 - n)
+    return _capi.Tensor(t.data_ptr(), _AJ_DTYPE[t.dtype], n, shape, strides)
+
+
+def _bind_side(names, side):
+    if not side:
+        return None, 0
+    arr = (_capi.SideTensor * len(side))()
+    for a, name, t in zip(arr, names, side):
+        n = t.dim()
+        a.name = name
+        a.data = t.data_ptr()
+        a.dtype = _capi.SIDE_F32 if t.dtype == torch.float32 else _capi.SIDE_I32
+        a.rank = n
+        a.shape = tuple(t.shape) + (1,) * (4 - n)
+        a.strides = tuple(t.stride()) + (0,) * (4 - n)
+    return arr, len(side)
+
+
+def _side_names(body):
+    """The declared side tensors' names, in order, from the body's tensors
+    field (the order the ops receive them in)."""
+    if not body.startswith("tensors = ("):
+        return []
+    decls = body[len("tensors = ("):body.index(")")]
+    return [d.split(":")[0].strip().encode() for d in decls.split(",")]
+
+
+def _aligned(t, traced=False):
+    """t, or a contiguous copy where it breaks the C rules (unit stride on
+    the last dim; 16-byte aligned strides and, unless traced, data)."""
+    es = t.element_size()
+    if (t.stride(-1) == 1 and all(t.stride(i) * es % 16 == 0 for i in range(t.dim() - 1))
+            and (traced or t.data_ptr() % 16 == 0)):
+        return t
+    return t.contiguous()
+
+
+def _launch(fn, kernel, dev, args):
+    ctx = attnjit._ctx
+    code = fn(ctx.ptr, dev, kernel.ptr, ctypes.byref(args))
+    if code != _capi.OK:
+        with ctx.lock:
+            ctx.check(code)
+
+
+def _seed(rng):
+    if rng is None:
+        return 0, 0
+    seed, offset = rng.tolist()
+    return seed, offset
+
+
+@torch.library.custom_op("attnjit::attention_fwd", mutates_args=())
+def _attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                   bias: Optional[torch.Tensor], alibi_slopes: Optional[torch.Tensor],
+                   side: List[torch.Tensor], rng: Optional[torch.Tensor], variant: str,
+                   body: str) -> Tuple[torch.Tensor, torch.Tensor]:
+    dev, stream = _device_of(q)
+    kernel = _kernel("forward", variant, body, dev)
+    q, k, v = _aligned(q), _aligned(k), _aligned(v)
+    B, Hq, Sq, _ = q.shape
+    o = torch.empty((B, Hq, Sq, v.shape[-1]), dtype=q.dtype, device=q.device)
+    lse = torch.empty((B, Hq, Sq), dtype=torch.float32, device=q.device)
+    a = _capi.FwdArgs(struct_size=ctypes.sizeof(_capi.FwdArgs), q=_bind(q), k=_bind(k),
+                      v=_bind(v), o=_bind(o), lse=_bind(lse), stream=stream)
+    if bias is not None:
+        a.bias = _bind(bias)
+    if alibi_slopes is not None:
+        a.alibi_slopes = _bind(alibi_slopes)
+    a.seed, a.offset = _seed(rng)
+    side_arr, a.num_side = _bind_side(_side_names(body), side)
+    a.side = side_arr
+    _launch(_lib.aj_forward, kernel, dev, a)
+    return o, lse
+
+
+@_attention_fwd.register_fake
+def _attention_fwd_fake(q, k, v, bias, alibi_slopes, side, rng, variant, body):
+    _verify(variant, body)
+    B, Hq, Sq, _ = q.shape
+    return (q.new_empty((B, Hq, Sq, v.shape[-1])),
+            q.new_empty((B, Hq, Sq), dtype=torch.float32))
+
+
+@torch.library.custom_op("attnjit::attention_bwd", mutates_args=())
+def _attention_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                   o: torch.Tensor, lse: torch.Tensor, bias: Optional[torch.Tensor],
+                   alibi_slopes: Optional[torch.Tensor], side: List[torch.Tensor],
+                   rng: Optional[torch.Tensor], variant: str,
+                   body: str) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    dev, stream = _device_of(q)
+    kernel = _kernel("backward", variant, body, dev)
+    q, k, v, do = _aligned(q), _aligned(k), _aligned(v), _aligned(do)
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    dbias = (torch.empty(bias.shape, dtype=torch.float32, device=q.device) if bias is not None
+             else q.new_empty((0,), dtype=torch.float32))
+    a = _capi.BwdArgs(struct_size=ctypes.sizeof(_capi.BwdArgs), q=_bind(q), k=_bind(k),
+                      v=_bind(v), o=_bind(o), lse=_bind(lse), do_=_bind(do),
+                      dq=_bind(dq), dk=_bind(dk), dv=_bind(dv), stream=stream)
+    if bias is not None:
+        a.bias = _bind(bias)
+        a.dbias = _bind(dbias)
+    if alibi_slopes is not None:
+        a.alibi_slopes = _bind(alibi_slopes)
+    a.seed, a.offset = _seed(rng)
+    side_arr, a.num_side = _bind_side(_side_names(body), side)
+    a.side = side_arr
+    workspace = None
+    if stream is not None:
+        # cuda: the workspace comes from torch's allocator, on torch's stream
+        nbytes = ctypes.c_size_t()
+        ctx = attnjit._ctx
+        with ctx.lock:
+            ctx.check(_lib.aj_backward_workspace_size(ctx.ptr, kernel.ptr, ctypes.byref(a),
+                                                      ctypes.byref(nbytes)))
+        if nbytes.value:
+            workspace = torch.empty(nbytes.value, dtype=torch.uint8, device=q.device)
+            a.workspace, a.workspace_bytes = workspace.data_ptr(), nbytes.value
+    _launch(_lib.aj_backward, kernel, dev, a)
+    return dq, dk, dv, dbias
+
+
+@_attention_bwd.register_fake
+def _attention_bwd_fake(do, q, k, v, o, lse, bias, alibi_slopes, side, rng, variant, body):
+    dbias = (q.new_empty(bias.shape, dtype=torch.float32) if bias is not None
+             else q.new_empty((0,), dtype=torch.float32))
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), dbias
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, bias, alibi_slopes, side, rng, variant, body = inputs
+    o, lse = output
+    ctx.save_for_backward(q, k, v, o, lse, bias, alibi_slopes, rng, *side)
+    ctx.variant, ctx.body = variant, body
+    ctx.mark_non_differentiable(lse)
+
+
+def _backward(ctx, do, dlse):
+    q, k, v, o, lse, bias, alibi_slopes, rng, *side = ctx.saved_tensors
+    dq, dk, dv, dbias = torch.ops.attnjit.attention_bwd(do, q, k, v, o, lse, bias, alibi_slopes,
+                                                       side, rng, ctx.variant, ctx.body)
+    dbias = dbias.to(bias.dtype) if bias is not None else None
+    # one gradient per input: q, k, v, bias, alibi_slopes, side, rng, variant, body
+    return dq, dk, dv, dbias, None, [None] * len(side), None, None, None
+
+
+_attention_fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+# ---------------------------------------------------------------- the entry point
+
+def attention(q, k, v, *, causal=False, window=None, softcap=None, alibi_slopes=None,
+              bias=None, scale=None, dropout_p=0.0, mask=None, score_mod=None, tensors=None,
+              variant=None, return_lse=False):
+    """Attention over q (B, Hq, Sq, D), k (B, Hkv, Sk, D), v (B, Hkv, Sk, Dv):
+    returns o (B, Hq, Sq, Dv), and with return_lse also lse (B, Hq, Sq),
+    float32, natural log, -inf for a row that sees no key (whose o is 0).
+
+    causal: False, True (= "top_left", PyTorch's is_causal) or "bottom_right"
+    (FlashAttention's).  window=(left, right): keys q+shift-left ..
+    q+shift+right (None or -1: unbounded); with causal, right is 0.
+    softcap=C: s = C tanh(s / C).  alibi_slopes: (Hq,) float32.  bias:
+    added to the scaled score, broadcastable to (B, Hq, Sq, Sk) with its
+    last two dims full (efficient variant, chosen when bias is given).
+    mask / score_mod: an IR expression E (docs/ir.md) over b, h, q, k, sq,
+    sk (and score), reading the side tensors in `tensors` by name (int
+    tensors as i32, float ones as f32).  dropout_p: Philox dropout seeded
+    from torch's RNG.  lse carries no gradient."""
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        raise _fail("q, k and v must be 4-D (B, H, S, D); got %d, %d and %d dims"
+                    % (q.dim(), k.dim(), v.dim()))
+    if q.dtype not in _AJ_DTYPE:
+        raise _fail("q.dtype = %s; attnjit computes in float16, bfloat16 and float32" % q.dtype)
+    if k.dtype != q.dtype or v.dtype != q.dtype:
+        raise _fail("k (%s) and v (%s) must have q's dtype %s" % (k.dtype, v.dtype, q.dtype))
+    if not 0.0 <= dropout_p < 1.0:
+        raise _fail("dropout_p = %r; want 0 <= p < 1" % (dropout_p,))
+    variant = variant or ("efficient" if bias is not None else "flash")
+    if variant not in ("flash", "efficient"):
+        raise _fail("variant = %r; want 'flash' or 'efficient'" % (variant,))
+    tensors = dict(tensors or {})
+    side, decls = [], []
+    for name, t in tensors.items():
+        decls.append(_side_decl(name, t))
+        side.append(t.to(device=q.device, dtype=torch.float32 if t.is_floating_point()
+                         else torch.int32))
+    alibi = alibi_slopes is not None
+    if alibi:
+        alibi_slopes = alibi_slopes.to(device=q.device, dtype=torch.float32).contiguous()
+    if bias is not None:
+        if bias.dim() > 4:
+            raise _fail("bias has %d dims; want at most 4" % bias.dim())
+        bias = _aligned_bias(bias.to(q.dtype))
+    body = _body(q.dtype, q.shape[-1], v.shape[-1], causal, window, softcap, alibi,
+                 bias is not None, scale, dropout_p, mask, score_mod, decls)
+    if "aj_alibi_slopes" in body:          # softcap and alibi: slopes as a side tensor
+        side.append(alibi_slopes)
+        alibi_slopes = None
+    rng = None
+    if dropout_p:
+        rng = torch.randint(0, 2**62, (2,), dtype=torch.int64)
+    if not torch.compiler.is_compiling():
+        _verify(variant, body)     # (traced: the fake implementation verifies)
+    q, k, v = _aligned(q, True), _aligned(k, True), _aligned(v, True)
+    o, lse = torch.ops.attnjit.attention_fwd(q, k, v, bias, alibi_slopes, side, rng, variant,
+                                             body)
+    return (o, lse) if return_lse else o
+
+
+def _aligned_bias(bias):
+    """bias as (B or 1, H or 1, Sq, Sk) with a unit-stride last dim."""
+    while bias.dim() < 4:
+        bias = bias.unsqueeze(0)
+    return bias if bias.stride(-1) == 1 else bias.contiguous()

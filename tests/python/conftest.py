@@ -1,0 +1,8 @@
+"""pytest set-up for the attnjit Python tests (run by scripts/setup.sh test
+in its virtual environment; see docs/python.md).  The kernel cache stays in
+memory, as in the C tests."""
+import os
+import sys
+
+os.environ.setdefault("AJ_CACHE", "memory")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
