@@ -3,8 +3,9 @@
 # builds, then runs the demo or the tests.
 #
 #   scripts/setup.sh demo    build everything and run the demo
-#   scripts/setup.sh test    build everything and run the test suite, then the
-#                            unit and numeric tests again under ASan + UBSan
+#   scripts/setup.sh test    build everything and run the test suite, the Python
+#                            package's tests (in a virtual environment it makes),
+#                            then the unit and numeric tests again under ASan + UBSan
 #
 # Idempotent: packages already present are not reinstalled and the build
 # directory is reused.  Without root, it prints the apt-get line to run.
@@ -19,7 +20,7 @@ esac
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${AJ_BUILD_DIR:-$root/build}
 packages=(cmake make gcc g++ llvm-19-dev libzstd-dev zlib1g-dev libxxhash-dev
-          libopenmpi-dev openmpi-bin)
+          libopenmpi-dev openmpi-bin pkg-config python3 python3-venv)
 
 missing=()
 for p in "${packages[@]}"; do
@@ -47,6 +48,18 @@ if [ "$mode" = demo ]; then
 fi
 echo "== running the tests"
 ctest --test-dir "$build" --output-on-failure -j"$jobs"
+
+# The Python package (docs/python.md): a virtual environment in the build
+# directory with torch from the Python package index (its CUDA wheels: the
+# index has no CPU-only build), the package installed by `pip install .`
+# (which builds libattnjit.so.0 with CMake), then its tests.
+venv=$build/venv
+echo "== the Python package in $venv"
+[ -x "$venv/bin/python" ] || python3 -m venv "$venv"
+pip=("$venv/bin/python" -m pip install -q --disable-pip-version-check)
+"${pip[@]}" torch pytest numpy
+CMAKE_BUILD_PARALLEL_LEVEL=$jobs "${pip[@]}" --config-settings=build-dir="$build/python-build" "$root"
+(cd "$build" && "$venv/bin/python" -m pytest -q "$root/tests/python")
 
 # The same unit and numeric tests again under AddressSanitizer (with
 # LeakSanitizer) and UndefinedBehaviorSanitizer: any report fails the run.

@@ -26,6 +26,7 @@ _AJ_DTYPE = {torch.float16: _capi.DTYPE_F16, torch.bfloat16: _capi.DTYPE_BF16,
              torch.float32: _capi.DTYPE_F32}
 _IR_DTYPE = {torch.float16: "f16", torch.bfloat16: "bf16", torch.float32: "f32"}
 _WINDOW_MAX = 2**31 - 1
+_FWD_SIZE, _BWD_SIZE = ctypes.sizeof(_capi.FwdArgs), ctypes.sizeof(_capi.BwdArgs)
 _ALIGN = ("top_left", "bottom_right")
 
 
@@ -173,12 +174,14 @@ def _kernel(kind, variant, body, dev):
 
 # ---------------------------------------------------------------- binding
 
-def _bind(t):
-    """An aj_tensor viewing torch tensor t (which the caller keeps alive)."""
-    n = t.dim()
-    shape = tuple(t.shape) + (0,) * (4 - n)
-    strides = tuple(t.stride()) + (0,) * (4 - n)
-    return _capi.Tensor(t.data_ptr(), _AJ_DTYPE[t.dtype], n, shape, strides)
+def _put(field, t):
+    """Points aj_tensor `field` (of an args struct) at torch tensor t, which
+    the caller keeps alive; fills it in place (cheaper than a new struct)."""
+    field.data = t.data_ptr()
+    field.dtype = _AJ_DTYPE[t.dtype]
+    n = field.rank = t.dim()
+    field.shape[:n] = t.shape
+    field.strides[:n] = t.stride()
 
 
 def _bind_side(names, side):
@@ -209,8 +212,11 @@ def _aligned(t, traced=False):
     """t, or a contiguous copy where it breaks the C rules (unit stride on
     the last dim; 16-byte aligned strides and, unless traced, data)."""
     es = t.element_size()
-    if (t.stride(-1) == 1 and all(t.stride(i) * es % 16 == 0 for i in range(t.dim() - 1))
-            and (traced or t.data_ptr() % 16 == 0)):
+    if not traced and t.data_ptr() % 16:
+        return t.contiguous() if not t.is_contiguous() else t.clone()
+    if t.is_contiguous() and t.shape[-1] * es % 16 == 0:
+        return t       # every stride a multiple of the last dim's bytes
+    if t.stride(-1) == 1 and all(t.stride(i) * es % 16 == 0 for i in range(t.dim() - 1)):
         return t
     return t.contiguous()
 
@@ -241,12 +247,13 @@ def _attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     B, Hq, Sq, _ = q.shape
     o = torch.empty((B, Hq, Sq, v.shape[-1]), dtype=q.dtype, device=q.device)
     lse = torch.empty((B, Hq, Sq), dtype=torch.float32, device=q.device)
-    a = _capi.FwdArgs(struct_size=ctypes.sizeof(_capi.FwdArgs), q=_bind(q), k=_bind(k),
-                      v=_bind(v), o=_bind(o), lse=_bind(lse), stream=stream)
+    a = _capi.FwdArgs(struct_size=_FWD_SIZE, stream=stream)
+    for field, t in ((a.q, q), (a.k, k), (a.v, v), (a.o, o), (a.lse, lse)):
+        _put(field, t)
     if bias is not None:
-        a.bias = _bind(bias)
+        _put(a.bias, bias)
     if alibi_slopes is not None:
-        a.alibi_slopes = _bind(alibi_slopes)
+        _put(a.alibi_slopes, alibi_slopes)
     a.seed, a.offset = _seed(rng)
     side_arr, a.num_side = _bind_side(_side_names(body), side)
     a.side = side_arr
@@ -274,14 +281,15 @@ def _attention_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     dbias = (torch.empty(bias.shape, dtype=torch.float32, device=q.device) if bias is not None
              else q.new_empty((0,), dtype=torch.float32))
-    a = _capi.BwdArgs(struct_size=ctypes.sizeof(_capi.BwdArgs), q=_bind(q), k=_bind(k),
-                      v=_bind(v), o=_bind(o), lse=_bind(lse), do_=_bind(do),
-                      dq=_bind(dq), dk=_bind(dk), dv=_bind(dv), stream=stream)
+    a = _capi.BwdArgs(struct_size=_BWD_SIZE, stream=stream)
+    for field, t in ((a.q, q), (a.k, k), (a.v, v), (a.o, o), (a.lse, lse), (a.do_, do),
+                     (a.dq, dq), (a.dk, dk), (a.dv, dv)):
+        _put(field, t)
     if bias is not None:
-        a.bias = _bind(bias)
-        a.dbias = _bind(dbias)
+        _put(a.bias, bias)
+        _put(a.dbias, dbias)
     if alibi_slopes is not None:
-        a.alibi_slopes = _bind(alibi_slopes)
+        _put(a.alibi_slopes, alibi_slopes)
     a.seed, a.offset = _seed(rng)
     side_arr, a.num_side = _bind_side(_side_names(body), side)
     a.side = side_arr
