@@ -76,11 +76,27 @@ void aj_log(aj_ctx *ctx, aj_log_level level, const char *fmt, ...)
 aj_status aj_read_struct(aj_ctx *ctx, const char *what, const void *in, size_t min_size,
                          const void *defaults, size_t size, void *out, const char *init);
 
+/* The end of field `field` of struct `type`: a first version's size. */
+#define AJ_STRUCT_END(type, field) (offsetof(type, field) + sizeof(((type *)0)->field))
+
 /* aj_read_struct for struct `type` whose required fields end with field
  * `last_required`, with the defaults of initializer macro `init`. */
 #define AJ_READ_STRUCT(ctx, what, in, type, last_required, init, out)                        \
-    aj_read_struct((ctx), (what), (in),                                                     \
-                   offsetof(type, last_required) + sizeof(((type *)0)->last_required),      \
-                   &(type)init, sizeof(type), (out), #init)
+    aj_read_struct((ctx), (what), (in), AJ_STRUCT_END(type, last_required), &(type)init,     \
+                   sizeof(type), (out), #init)
+
+/* In a public entry point: reads the caller's struct `given` into a local
+ * copy and declares `const type *name` pointing at it; returns the
+ * failure from the enclosing function. */
+#define AJ_READ_STRUCT_OR_RETURN(ctx, what, given, type, last_required, init, name)           \
+    type name##_read_;                                                                      \
+    do {                                                                                    \
+        aj_status read_st_ = aj_read_struct((ctx), (what), (given),                          \
+                                            AJ_STRUCT_END(type, last_required), &(type)init, \
+                                            sizeof(type), &name##_read_, #init);             \
+        if (read_st_ != AJ_OK)                                                              \
+            return read_st_;                                                                \
+    } while (0);                                                                            \
+    const type *name = &name##_read_
 
 #endif /* AJ_IR_DIAG_H */

@@ -562,14 +562,11 @@ aj_status aj_forward(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
 {
     if (!ctx)
         return AJ_ERR_INVALID_ARG;
-    aj_fwd_args read;
     aj_status st = check_launch(ctx, "aj_forward", dev, kernel, given, AJ_KIND_FORWARD);
-    if (st == AJ_OK)
-        st = AJ_READ_STRUCT(ctx, "aj_forward: args", given, aj_fwd_args, lse, AJ_FWD_ARGS_INIT,
-                            &read);
     if (st != AJ_OK)
         return st;
-    const aj_fwd_args *args = &read;
+    AJ_READ_STRUCT_OR_RETURN(ctx, "aj_forward: args", given, aj_fwd_args, lse, AJ_FWD_ARGS_INIT,
+                             args);
     const aj_op_info *op = &kernel->op;
     fwd_sizes sz;
     int varlen = op->layout == AJ_LAYOUT_VARLEN;
@@ -880,12 +877,8 @@ aj_status aj_backward_workspace_size(aj_ctx *ctx, const aj_kernel *kernel,
     AJ_CHECK_ARG(ctx, kernel, "%s: kernel is NULL", fn);
     AJ_CHECK_ARG(ctx, given, "%s: args is NULL", fn);
     AJ_CHECK_ARG(ctx, bytes, "%s: bytes is NULL", fn);
-    aj_bwd_args read;
-    aj_status rs = AJ_READ_STRUCT(ctx, "aj_backward_workspace_size: args", given, aj_bwd_args,
-                                  dv, AJ_BWD_ARGS_INIT, &read);
-    if (rs != AJ_OK)
-        return rs;
-    const aj_bwd_args *args = &read;
+    AJ_READ_STRUCT_OR_RETURN(ctx, "aj_backward_workspace_size: args", given, aj_bwd_args, dv,
+                             AJ_BWD_ARGS_INIT, args);
     AJ_CHECK_ARG(ctx, kernel->op.kind == AJ_KIND_BACKWARD, "%s: kernel %s computes a %s op",
                  fn, aj_kernel_entry(kernel), aj_kind_name(kernel->op.kind));
     bwd_call call;
@@ -929,14 +922,11 @@ aj_status aj_backward(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
 {
     if (!ctx)
         return AJ_ERR_INVALID_ARG;
-    aj_bwd_args read;
     aj_status st = check_launch(ctx, "aj_backward", dev, kernel, given, AJ_KIND_BACKWARD);
-    if (st == AJ_OK)
-        st = AJ_READ_STRUCT(ctx, "aj_backward: args", given, aj_bwd_args, dv, AJ_BWD_ARGS_INIT,
-                            &read);
     if (st != AJ_OK)
         return st;
-    const aj_bwd_args *args = &read;
+    AJ_READ_STRUCT_OR_RETURN(ctx, "aj_backward: args", given, aj_bwd_args, dv, AJ_BWD_ARGS_INIT,
+                             args);
     const aj_op_info *op = &kernel->op;
     bwd_call call;
     st = check_backward(ctx, op, args, &call);
@@ -1120,14 +1110,11 @@ aj_status aj_merge(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
 {
     if (!ctx)
         return AJ_ERR_INVALID_ARG;
-    aj_merge_args read;
     aj_status st = check_launch(ctx, "aj_merge", dev, kernel, given, AJ_KIND_MERGE);
-    if (st == AJ_OK)
-        st = AJ_READ_STRUCT(ctx, "aj_merge: args", given, aj_merge_args, lse,
-                            AJ_MERGE_ARGS_INIT, &read);
     if (st != AJ_OK)
         return st;
-    const aj_merge_args *args = &read;
+    AJ_READ_STRUCT_OR_RETURN(ctx, "aj_merge: args", given, aj_merge_args, lse,
+                             AJ_MERGE_ARGS_INIT, args);
     const aj_op_info *op = &kernel->op;
     fwd_sizes sz;
     st = check_merge(ctx, op, args, &sz);

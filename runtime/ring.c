@@ -540,12 +540,8 @@ aj_status aj_ring_forward(aj_ctx *ctx, aj_device *dev, aj_comm *comm, const aj_o
 {
     if (!ctx)
         return AJ_ERR_INVALID_ARG;
-    aj_ring_fwd_args read;
-    aj_status rs = AJ_READ_STRUCT(ctx, "aj_ring_forward: args", given, aj_ring_fwd_args, lse,
-                                  AJ_RING_FWD_ARGS_INIT, &read);
-    if (rs != AJ_OK)
-        return rs;
-    const aj_ring_fwd_args *args = &read;
+    AJ_READ_STRUCT_OR_RETURN(ctx, "aj_ring_forward: args", given, aj_ring_fwd_args, lse,
+                             AJ_RING_FWD_ARGS_INIT, args);
     aj_ring_stats local_stats = {0};
     ring_plan p = {.fn = "aj_ring_forward"};
     ring_kernels kern = {0};
@@ -737,12 +733,8 @@ aj_status aj_ring_backward(aj_ctx *ctx, aj_device *dev, aj_comm *comm, const aj_
 {
     if (!ctx)
         return AJ_ERR_INVALID_ARG;
-    aj_ring_bwd_args read;
-    aj_status rs = AJ_READ_STRUCT(ctx, "aj_ring_backward: args", given, aj_ring_bwd_args, dv,
-                                  AJ_RING_BWD_ARGS_INIT, &read);
-    if (rs != AJ_OK)
-        return rs;
-    const aj_ring_bwd_args *args = &read;
+    AJ_READ_STRUCT_OR_RETURN(ctx, "aj_ring_backward: args", given, aj_ring_bwd_args, dv,
+                             AJ_RING_BWD_ARGS_INIT, args);
     aj_ring_stats local_stats = {0};
     ring_plan p = {.fn = "aj_ring_backward"};
     ring_kernels kern = {0};

@@ -17,9 +17,7 @@
 #include <string.h>
 
 #include "check.h"
-
-/* The end of a struct's required fields: its first version's size. */
-#define END_OF(type, field) (offsetof(type, field) + sizeof(((type *)0)->field))
+#include "ir/diag.h"   /* AJ_STRUCT_END: the end of the required fields */
 
 /* A copy of the first `size` bytes of `full` (0 past its end) in a block
  * of exactly `size` bytes, with struct_size = size. */
@@ -127,12 +125,18 @@ static aj_status call_ctx(problem *p, const void *s, float *result)
     return st;
 }
 
+/* The forward op every call below compiles or tunes. */
+static aj_status parse_forward(problem *p, aj_op **op)
+{
+    const char *text = "attention forward flash { dtype = f32 head_dim = 16 }";
+    return aj_op_parse(p->ctx, text, strlen(text), "test", op);
+}
+
 static aj_status call_compile(problem *p, const void *s, float *result)
 {
     aj_op *op = NULL;
     aj_kernel *kernel = NULL;
-    const char *text = "attention forward flash { dtype = f32 head_dim = 16 }";
-    aj_status st = aj_op_parse(p->ctx, text, strlen(text), "test", &op);
+    aj_status st = parse_forward(p, &op);
     if (st == AJ_OK)
         st = aj_compile(p->ctx, op, s, &kernel);
     if (st == AJ_OK)
@@ -142,28 +146,27 @@ static aj_status call_compile(problem *p, const void *s, float *result)
     return st;
 }
 
+/* A launch's status; on success its output copied to result. */
+static aj_status keep_output(aj_status st, const float *out, float *result)
+{
+    if (st == AJ_OK)
+        memcpy(result, out, ROWS * D * sizeof(float));
+    return st;
+}
+
 static aj_status call_forward(problem *p, const void *s, float *result)
 {
-    aj_status st = aj_forward(p->ctx, p->dev, p->fwd, s);
-    if (st == AJ_OK)
-        memcpy(result, p->o, ROWS * D * sizeof(float));
-    return st;
+    return keep_output(aj_forward(p->ctx, p->dev, p->fwd, s), p->o, result);
 }
 
 static aj_status call_backward(problem *p, const void *s, float *result)
 {
-    aj_status st = aj_backward(p->ctx, p->dev, p->bwd, s);
-    if (st == AJ_OK)
-        memcpy(result, p->dq, ROWS * D * sizeof(float));
-    return st;
+    return keep_output(aj_backward(p->ctx, p->dev, p->bwd, s), p->dq, result);
 }
 
 static aj_status call_merge(problem *p, const void *s, float *result)
 {
-    aj_status st = aj_merge(p->ctx, p->dev, p->merge, s);
-    if (st == AJ_OK)
-        memcpy(result, p->o, ROWS * D * sizeof(float));
-    return st;
+    return keep_output(aj_merge(p->ctx, p->dev, p->merge, s), p->o, result);
 }
 
 /* aj_tune, aj_comm_create and the ring need more than this process has
@@ -174,8 +177,7 @@ static aj_status call_tune(problem *p, const void *s, float *result)
     aj_op *op = NULL;
     aj_tune_result *results = NULL;
     int32_t count = 0;
-    const char *text = "attention forward flash { dtype = f32 head_dim = 16 }";
-    aj_status st = aj_op_parse(p->ctx, text, strlen(text), "test", &op);
+    aj_status st = parse_forward(p, &op);
     if (st == AJ_OK)
         st = aj_tune(p->ctx, p->dev, op, s, &results, &count);
     aj_free(results);
@@ -288,23 +290,23 @@ int main(void)
 
     const versioned structs[] = {
         {"aj_ctx_create: config", "AJ_CTX_CONFIG_INIT", sizeof ctx_config,
-         END_OF(aj_ctx_config, log_level), &ctx_config, call_ctx, 0},
+         AJ_STRUCT_END(aj_ctx_config, log_level), &ctx_config, call_ctx, 0},
         {"aj_compile: options", "AJ_COMPILE_OPTIONS_INIT", sizeof compile,
-         END_OF(aj_compile_options, target), &compile, call_compile, 0},
-        {"aj_forward: args", "AJ_FWD_ARGS_INIT", sizeof fwd, END_OF(aj_fwd_args, lse), &fwd,
+         AJ_STRUCT_END(aj_compile_options, target), &compile, call_compile, 0},
+        {"aj_forward: args", "AJ_FWD_ARGS_INIT", sizeof fwd, AJ_STRUCT_END(aj_fwd_args, lse), &fwd,
          call_forward, ROWS * D},
-        {"aj_backward: args", "AJ_BWD_ARGS_INIT", sizeof bwd, END_OF(aj_bwd_args, dv), &bwd,
+        {"aj_backward: args", "AJ_BWD_ARGS_INIT", sizeof bwd, AJ_STRUCT_END(aj_bwd_args, dv), &bwd,
          call_backward, ROWS * D},
-        {"aj_merge: args", "AJ_MERGE_ARGS_INIT", sizeof merge, END_OF(aj_merge_args, lse),
+        {"aj_merge: args", "AJ_MERGE_ARGS_INIT", sizeof merge, AJ_STRUCT_END(aj_merge_args, lse),
          &merge, call_merge, ROWS * D},
         {"aj_tune: options", "AJ_TUNE_OPTIONS_INIT", sizeof tune,
-         END_OF(aj_tune_options, seq_k), &tune, call_tune, 0},
+         AJ_STRUCT_END(aj_tune_options, seq_k), &tune, call_tune, 0},
         {"aj_comm_create: config", "AJ_COMM_CONFIG_INIT", sizeof comm,
-         END_OF(aj_comm_config, kind), &comm, call_comm, 0},
+         AJ_STRUCT_END(aj_comm_config, kind), &comm, call_comm, 0},
         {"aj_ring_forward: args", "AJ_RING_FWD_ARGS_INIT", sizeof ring_fwd,
-         END_OF(aj_ring_fwd_args, lse), &ring_fwd, call_ring_forward, 0},
+         AJ_STRUCT_END(aj_ring_fwd_args, lse), &ring_fwd, call_ring_forward, 0},
         {"aj_ring_backward: args", "AJ_RING_BWD_ARGS_INIT", sizeof ring_bwd,
-         END_OF(aj_ring_bwd_args, dv), &ring_bwd, call_ring_backward, 0},
+         AJ_STRUCT_END(aj_ring_bwd_args, dv), &ring_bwd, call_ring_backward, 0},
     };
     for (size_t i = 0; i < sizeof structs / sizeof structs[0]; i++)
         check_struct(&p, &structs[i]);

@@ -36,12 +36,8 @@ aj_status aj_comm_create(aj_ctx *ctx, aj_device *dev, const aj_comm_config *give
     AJ_CHECK_ARG(ctx, out, "aj_comm_create: out is NULL");
     AJ_CHECK_ARG(ctx, dev, "aj_comm_create: dev is NULL");
     AJ_CHECK_ARG(ctx, given, "aj_comm_create: config is NULL");
-    aj_comm_config read;
-    aj_status rs = AJ_READ_STRUCT(ctx, "aj_comm_create: config", given, aj_comm_config, kind,
-                                  AJ_COMM_CONFIG_INIT, &read);
-    if (rs != AJ_OK)
-        return rs;
-    const aj_comm_config *config = &read;
+    AJ_READ_STRUCT_OR_RETURN(ctx, "aj_comm_create: config", given, aj_comm_config, kind,
+                             AJ_COMM_CONFIG_INIT, config);
     AJ_CHECK_ARG(ctx, (unsigned)config->kind < AJ_COMM_KIND_COUNT,
                  "aj_comm_create: config->kind = %d is not a comm kind", (int)config->kind);
     AJ_CHECK_ARG(ctx, config->timeout_s >= 0 && config->timeout_s < 1e9,

@@ -229,11 +229,16 @@ def _launch(fn, kernel, dev, args):
             ctx.check(code)
 
 
-def _seed(rng):
-    if rng is None:
-        return 0, 0
-    seed, offset = rng.tolist()
-    return seed, offset
+def _bind_rest(a, alibi_slopes, rng, side, body):
+    """The fields aj_fwd_args and aj_bwd_args share past the main tensors:
+    alibi slopes, the dropout stream, side tensors by name.  Returns the
+    side tensor array, which must live until the call returns."""
+    if alibi_slopes is not None:
+        _put(a.alibi_slopes, alibi_slopes)
+    if rng is not None:
+        a.seed, a.offset = rng.tolist()
+    side_arr, a.num_side = _bind_side(_side_names(body), side)
+    a.side = side_arr
 
 
 @torch.library.custom_op("attnjit::attention_fwd", mutates_args=())
@@ -252,11 +257,7 @@ def _attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         _put(field, t)
     if bias is not None:
         _put(a.bias, bias)
-    if alibi_slopes is not None:
-        _put(a.alibi_slopes, alibi_slopes)
-    a.seed, a.offset = _seed(rng)
-    side_arr, a.num_side = _bind_side(_side_names(body), side)
-    a.side = side_arr
+    _bind_rest(a, alibi_slopes, rng, side, body)
     _launch(_lib.aj_forward, kernel, dev, a)
     return o, lse
 
@@ -288,11 +289,7 @@ def _attention_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.
     if bias is not None:
         _put(a.bias, bias)
         _put(a.dbias, dbias)
-    if alibi_slopes is not None:
-        _put(a.alibi_slopes, alibi_slopes)
-    a.seed, a.offset = _seed(rng)
-    side_arr, a.num_side = _bind_side(_side_names(body), side)
-    a.side = side_arr
+    _bind_rest(a, alibi_slopes, rng, side, body)
     workspace = None
     if stream is not None:
         # cuda: the workspace comes from torch's allocator, on torch's stream
