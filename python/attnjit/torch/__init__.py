@@ -12,5 +12,6 @@ implementations, so torch.compile(fullgraph=True) traces a model that uses
 them without graph breaks.
 """
 from ._ops import attention, kernel_cache_size
+from ._ring import ring_attention, shard, unshard
 
-__all__ = ["attention", "kernel_cache_size"]
+__all__ = ["attention", "kernel_cache_size", "ring_attention", "shard", "unshard"]

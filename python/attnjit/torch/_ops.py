@@ -241,48 +241,44 @@ def _bind_rest(a, alibi_slopes, rng, side, body):
     a.side = side_arr
 
 
-@torch.library.custom_op("attnjit::attention_fwd", mutates_args=())
-def _attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                   bias: Optional[torch.Tensor], alibi_slopes: Optional[torch.Tensor],
-                   side: List[torch.Tensor], rng: Optional[torch.Tensor], variant: str,
-                   body: str) -> Tuple[torch.Tensor, torch.Tensor]:
+class Positions:
+    """Where a launch's rows and keys sit in the whole sequence (a ring
+    shard's): global offsets of row 0 and key 0, and the totals."""
+    __slots__ = ("q_offset", "kv_offset", "sq_total", "sk_total")
+
+    def __init__(self, q_offset=0, kv_offset=0, sq_total=0, sk_total=0):
+        self.q_offset, self.kv_offset = q_offset, kv_offset
+        self.sq_total, self.sk_total = sq_total, sk_total
+
+
+_WHOLE = Positions()
+
+
+def forward_into(q, k, v, o, lse, bias, alibi_slopes, side, rng, variant, body,
+                 at=_WHOLE, o_acc=None):
+    """aj_forward of the op `body` on torch tensors, writing o and lse (or,
+    with o_acc, merging into o_acc and lse: an op with accumulate = true)."""
     dev, stream = _device_of(q)
     kernel = _kernel("forward", variant, body, dev)
-    q, k, v = _aligned(q), _aligned(k), _aligned(v)
-    B, Hq, Sq, _ = q.shape
-    o = torch.empty((B, Hq, Sq, v.shape[-1]), dtype=q.dtype, device=q.device)
-    lse = torch.empty((B, Hq, Sq), dtype=torch.float32, device=q.device)
-    a = _capi.FwdArgs(struct_size=_FWD_SIZE, stream=stream)
-    for field, t in ((a.q, q), (a.k, k), (a.v, v), (a.o, o), (a.lse, lse)):
+    a = _capi.FwdArgs(struct_size=_FWD_SIZE, stream=stream, q_offset=at.q_offset,
+                      kv_offset=at.kv_offset, sq_total=at.sq_total, sk_total=at.sk_total)
+    for field, t in ((a.q, q), (a.k, k), (a.v, v), (a.lse, lse)):
         _put(field, t)
+    _put(a.o if o_acc is None else a.o_acc, o if o_acc is None else o_acc)
     if bias is not None:
         _put(a.bias, bias)
     _bind_rest(a, alibi_slopes, rng, side, body)
     _launch(_lib.aj_forward, kernel, dev, a)
-    return o, lse
 
 
-@_attention_fwd.register_fake
-def _attention_fwd_fake(q, k, v, bias, alibi_slopes, side, rng, variant, body):
-    _verify(variant, body)
-    B, Hq, Sq, _ = q.shape
-    return (q.new_empty((B, Hq, Sq, v.shape[-1])),
-            q.new_empty((B, Hq, Sq), dtype=torch.float32))
-
-
-@torch.library.custom_op("attnjit::attention_bwd", mutates_args=())
-def _attention_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                   o: torch.Tensor, lse: torch.Tensor, bias: Optional[torch.Tensor],
-                   alibi_slopes: Optional[torch.Tensor], side: List[torch.Tensor],
-                   rng: Optional[torch.Tensor], variant: str,
-                   body: str) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def backward_into(do, q, k, v, o, lse, dq, dk, dv, bias, dbias, alibi_slopes, side, rng,
+                  variant, body, at=_WHOLE):
+    """aj_backward of the op `body` on torch tensors, writing dq, dk, dv
+    (and dbias with a bias)."""
     dev, stream = _device_of(q)
     kernel = _kernel("backward", variant, body, dev)
-    q, k, v, do = _aligned(q), _aligned(k), _aligned(v), _aligned(do)
-    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    dbias = (torch.empty(bias.shape, dtype=torch.float32, device=q.device) if bias is not None
-             else q.new_empty((0,), dtype=torch.float32))
-    a = _capi.BwdArgs(struct_size=_BWD_SIZE, stream=stream)
+    a = _capi.BwdArgs(struct_size=_BWD_SIZE, stream=stream, q_offset=at.q_offset,
+                      kv_offset=at.kv_offset, sq_total=at.sq_total, sk_total=at.sk_total)
     for field, t in ((a.q, q), (a.k, k), (a.v, v), (a.o, o), (a.lse, lse), (a.do_, do),
                      (a.dq, dq), (a.dk, dk), (a.dv, dv)):
         _put(field, t)
@@ -302,6 +298,41 @@ def _attention_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.
             workspace = torch.empty(nbytes.value, dtype=torch.uint8, device=q.device)
             a.workspace, a.workspace_bytes = workspace.data_ptr(), nbytes.value
     _launch(_lib.aj_backward, kernel, dev, a)
+
+
+@torch.library.custom_op("attnjit::attention_fwd", mutates_args=())
+def _attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                   bias: Optional[torch.Tensor], alibi_slopes: Optional[torch.Tensor],
+                   side: List[torch.Tensor], rng: Optional[torch.Tensor], variant: str,
+                   body: str) -> Tuple[torch.Tensor, torch.Tensor]:
+    q, k, v = _aligned(q), _aligned(k), _aligned(v)
+    B, Hq, Sq, _ = q.shape
+    o = torch.empty((B, Hq, Sq, v.shape[-1]), dtype=q.dtype, device=q.device)
+    lse = torch.empty((B, Hq, Sq), dtype=torch.float32, device=q.device)
+    forward_into(q, k, v, o, lse, bias, alibi_slopes, side, rng, variant, body)
+    return o, lse
+
+
+@_attention_fwd.register_fake
+def _attention_fwd_fake(q, k, v, bias, alibi_slopes, side, rng, variant, body):
+    _verify(variant, body)
+    B, Hq, Sq, _ = q.shape
+    return (q.new_empty((B, Hq, Sq, v.shape[-1])),
+            q.new_empty((B, Hq, Sq), dtype=torch.float32))
+
+
+@torch.library.custom_op("attnjit::attention_bwd", mutates_args=())
+def _attention_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                   o: torch.Tensor, lse: torch.Tensor, bias: Optional[torch.Tensor],
+                   alibi_slopes: Optional[torch.Tensor], side: List[torch.Tensor],
+                   rng: Optional[torch.Tensor], variant: str,
+                   body: str) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    q, k, v, do = _aligned(q), _aligned(k), _aligned(v), _aligned(do)
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    dbias = (torch.empty(bias.shape, dtype=torch.float32, device=q.device) if bias is not None
+             else q.new_empty((0,), dtype=torch.float32))
+    backward_into(do, q, k, v, o, lse, dq, dk, dv, bias, dbias if bias is not None else None,
+                  alibi_slopes, side, rng, variant, body)
     return dq, dk, dv, dbias
 
 
@@ -351,6 +382,25 @@ def attention(q, k, v, *, causal=False, window=None, softcap=None, alibi_slopes=
     sk (and score), reading the side tensors in `tensors` by name (int
     tensors as i32, float ones as f32).  dropout_p: Philox dropout seeded
     from torch's RNG.  lse carries no gradient."""
+    q, k, v, bias, alibi_slopes, side, rng, variant, body = _prepare(
+        q, k, v, causal, window, softcap, alibi_slopes, bias, scale, dropout_p, mask, score_mod,
+        tensors, variant)
+    o, lse = torch.ops.attnjit.attention_fwd(q, k, v, bias, alibi_slopes, side, rng, variant,
+                                             body)
+    return (o, lse) if return_lse else o
+
+
+def _aligned_bias(bias):
+    """bias as (B or 1, H or 1, Sq, Sk) with a unit-stride last dim."""
+    while bias.dim() < 4:
+        bias = bias.unsqueeze(0)
+    return bias if bias.stride(-1) == 1 else bias.contiguous()
+
+
+def _prepare(q, k, v, causal, window, softcap, alibi_slopes, bias, scale, dropout_p, mask,
+             score_mod, tensors, variant):
+    """The checks and conversions attention() and ring_attention() share:
+    the tensors as the ops take them and the op's IR body."""
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         raise _fail("q, k and v must be 4-D (B, H, S, D); got %d, %d and %d dims"
                     % (q.dim(), k.dim(), v.dim()))
@@ -387,13 +437,4 @@ def attention(q, k, v, *, causal=False, window=None, softcap=None, alibi_slopes=
     if not torch.compiler.is_compiling():
         _verify(variant, body)     # (traced: the fake implementation verifies)
     q, k, v = _aligned(q, True), _aligned(k, True), _aligned(v, True)
-    o, lse = torch.ops.attnjit.attention_fwd(q, k, v, bias, alibi_slopes, side, rng, variant,
-                                             body)
-    return (o, lse) if return_lse else o
-
-
-def _aligned_bias(bias):
-    """bias as (B or 1, H or 1, Sq, Sk) with a unit-stride last dim."""
-    while bias.dim() < 4:
-        bias = bias.unsqueeze(0)
-    return bias if bias.stride(-1) == 1 else bias.contiguous()
+    return q, k, v, bias, alibi_slopes, side, rng, variant, body

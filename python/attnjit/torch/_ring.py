@@ -1,0 +1,212 @@
+"""Ring attention (context parallelism) over torch.distributed: each rank
+holds a shard of the sequence; K/V blocks travel to every rank while
+attnjit's kernels compute, and partial results merge by log-sum-exp.
+
+    rank r, P ranks, p2p rotation (forward; the backward also sends the
+    dK/dV sums along with their block, one more hop brings them home):
+
+    step 0: compute(q_r, kv_r)          send kv_r -> r+1, recv kv_{r-1}
+    step 1: compute(q_r, kv_{r-1})      send kv_{r-1} -> r+1, recv kv_{r-2}
+    ...                                 (the next block is in flight while
+    step P-1: compute(q_r, kv_{r+1})     the current one is computed)
+
+What is computed per (query chunk, key chunk) pair is the C runtime's
+(docs/ring.md): the forward merges into an f32 O and the LSE with the
+accumulate mode at the pair's global offsets and totals (masks, windows,
+bottom_right, side tensors and dropout stay exact on every shard; tiles a
+mask hides are skipped by the kernels), the backward runs with the ring's
+global O and LSE.  Python does the exchange only.
+"""
+import torch
+import torch.distributed as dist
+
+from . import _ops
+
+LAYOUTS = ("zigzag", "contiguous")
+
+
+def _fail(fn, message):
+    from attnjit import InvalidArgError
+    return InvalidArgError(1, "attnjit.torch.%s: %s" % (fn, message))
+
+
+def _chunks(fn, layout, rank, world, local_len):
+    """This rank's chunks: (start in the shard, length, global start)."""
+    if layout not in LAYOUTS:
+        raise _fail(fn, "layout = %r; want 'zigzag' or 'contiguous'" % (layout,))
+    if layout == "contiguous":
+        return ((0, local_len, rank * local_len),)
+    if local_len % 2:
+        raise _fail(fn, "a zigzag shard of %d positions: the sequence must divide by 2P = %d"
+                    % (local_len, 2 * world))
+    c = local_len // 2
+    return ((0, c, rank * c), (c, c, (2 * world - 1 - rank) * c))
+
+
+def shard(x, dim, rank, world_size, layout="zigzag"):
+    """Rank `rank`'s shard of the whole tensor x along dim (as aj_shard):
+    contiguous: positions [r S/P, (r+1) S/P); zigzag: chunks r and 2P-1-r
+    of 2P, which balances causal work."""
+    S = x.shape[dim]
+    parts = world_size if layout == "contiguous" else 2 * world_size
+    if S % parts:
+        raise _fail("shard", "a sequence of %d positions does not divide into %d %s chunks "
+                    "(pad it and mask the padding)" % (S, parts, layout))
+    return torch.cat([x.narrow(dim, g, n)
+                      for _, n, g in _chunks("shard", layout, rank, world_size,
+                                             S // world_size)], dim)
+
+
+def unshard(x, dim, rank, world_size, layout="zigzag", out=None):
+    """The inverse (as aj_unshard): writes rank `rank`'s shard x into its
+    positions of `out` (the whole tensor; zeros of the right shape when
+    None) and returns out.  Calling it with every rank's shard (from an
+    all_gather) rebuilds the whole tensor."""
+    L = x.shape[dim]
+    if out is None:
+        shape = list(x.shape)
+        shape[dim] = L * world_size
+        out = x.new_zeros(shape)
+    for s, n, g in _chunks("unshard", layout, rank, world_size, L):
+        out.narrow(dim, g, n).copy_(x.narrow(dim, s, n))
+    return out
+
+
+class _Ring:
+    """One ring call's fixed facts: the group, ranks, layout, op."""
+
+    def __init__(self, group, layout, rotate, variant, body, alibi, side, rng, lq, lk):
+        self.group = group
+        self.world = dist.get_world_size(group)
+        self.rank = dist.get_rank(group)
+        self.layout, self.rotate = layout, rotate
+        self.variant, self.body = variant, body
+        self.alibi, self.side, self.rng = alibi, side, rng
+        self.sq, self.sk = lq * self.world, lk * self.world
+        self.q_chunks = _chunks("ring_attention", layout, self.rank, self.world, lq)
+        self.lk = lk
+
+    def peer(self, r):
+        return dist.get_global_rank(self.group, r % self.world) if self.group else r % self.world
+
+    def pairs(self, src):
+        """(query chunk, key chunk of block src, their positions) per pair."""
+        for qs, qn, qg in self.q_chunks:
+            for ks, kn, kg in _chunks("ring_attention", self.layout, src, self.world, self.lk):
+                yield (slice(qs, qs + qn), slice(ks, ks + kn),
+                       _ops.Positions(qg, kg, self.sq, self.sk))
+
+    def exchange(self, tensors):
+        """Sends `tensors` to the next rank and receives their like from
+        the previous one; returns (received, wait)."""
+        recv = [torch.empty_like(t) for t in tensors]
+        ops = [dist.P2POp(dist.isend, t, self.peer(self.rank + 1), self.group) for t in tensors]
+        ops += [dist.P2POp(dist.irecv, t, self.peer(self.rank - 1), self.group) for t in recv]
+        reqs = dist.batch_isend_irecv(ops)
+
+        def wait():
+            for r in reqs:
+                r.wait()
+            return recv
+        return wait
+
+    def blocks(self, k, v):
+        """(block owner, k, v) for every block, in ring order; p2p posts
+        the next block's exchange before yielding the current one."""
+        if self.rotate == "allgather":
+            ks = [torch.empty_like(k) for _ in range(self.world)]
+            vs = [torch.empty_like(v) for _ in range(self.world)]
+            dist.all_gather(ks, k, group=self.group)
+            dist.all_gather(vs, v, group=self.group)
+            for step in range(self.world):
+                src = (self.rank - step) % self.world
+                yield src, ks[src], vs[src]
+            return
+        for step in range(self.world):
+            wait = self.exchange([k, v]) if step < self.world - 1 else None
+            yield (self.rank - step) % self.world, k, v
+            if wait:
+                k, v = wait()
+
+    def forward(self, q, k, v):
+        B, Hq, lq, _ = q.shape
+        o_acc = torch.zeros((B, Hq, lq, v.shape[-1]), dtype=torch.float32, device=q.device)
+        lse = torch.full((B, Hq, lq), float("-inf"), dtype=torch.float32, device=q.device)
+        body = self.body + "\n  accumulate = true"
+        for src, kb, vb in self.blocks(k, v):
+            for qi, ki, at in self.pairs(src):
+                _ops.forward_into(q[:, :, qi], kb[:, :, ki], vb[:, :, ki], None, lse[:, :, qi],
+                                  None, self.alibi, self.side, self.rng, self.variant, body,
+                                  at=at, o_acc=o_acc[:, :, qi])
+        return o_acc.to(q.dtype), lse
+
+    def backward(self, do, q, k, v, o, lse):
+        dq_acc = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+        gathered = self.rotate == "allgather"
+        # dK/dV sums: per block (allgather), or the travelling block's (p2p)
+        dkv = [[torch.zeros(t.shape, dtype=torch.float32, device=q.device) for t in (k, v)]
+               for _ in range(self.world if gathered else 1)]
+        for step, (src, kb, vb) in enumerate(self.blocks(k, v)):
+            acc = dkv[src if gathered else 0]
+            for qi, ki, at in self.pairs(src):
+                dq = torch.empty_like(q[:, :, qi])
+                dk, dv = torch.empty_like(kb[:, :, ki]), torch.empty_like(vb[:, :, ki])
+                _ops.backward_into(do[:, :, qi], q[:, :, qi], kb[:, :, ki], vb[:, :, ki],
+                                   o[:, :, qi], lse[:, :, qi], dq, dk, dv, None, None,
+                                   self.alibi, self.side, self.rng, self.variant, self.body,
+                                   at=at)
+                dq_acc[:, :, qi] += dq
+                acc[0][:, :, ki] += dk
+                acc[1][:, :, ki] += dv
+            if not gathered and self.world > 1:
+                dkv[0] = self.exchange(acc)()      # the sums travel with their block
+        if gathered:
+            for acc in dkv:
+                for t in acc:
+                    dist.all_reduce(t, group=self.group)
+            mine = dkv[self.rank]
+        else:
+            mine = dkv[0]          # after P hops, this rank's own block's sums
+        return dq_acc.to(q.dtype), mine[0].to(k.dtype), mine[1].to(v.dtype)
+
+
+class _RingFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, ring, q, k, v):
+        o, lse = ring.forward(q, k, v)
+        ctx.ring = ring
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.mark_non_differentiable(lse)
+        return o, lse
+
+    @staticmethod
+    def backward(ctx, do, dlse):
+        q, k, v, o, lse = ctx.saved_tensors
+        dq, dk, dv = ctx.ring.backward(do.contiguous(), q, k, v, o, lse)
+        return None, dq, dk, dv
+
+
+def ring_attention(q, k, v, *, group=None, layout="zigzag", rotate="p2p", causal=False,
+                   window=None, softcap=None, alibi_slopes=None, scale=None, dropout_p=0.0,
+                   mask=None, score_mod=None, tensors=None, variant=None, return_lse=False):
+    """attention() over a sequence sharded across the ranks of `group`:
+    q, k, v are this rank's shards (shard(x, 2, rank, P, layout)); returns
+    this rank's shard of o (and lse).  rotate: "p2p" (K/V to the next rank,
+    P-1 exchanges overlapped with compute) or "allgather" (one all-gather;
+    the backward all-reduces dK/dV).  Side tensors in `tensors` hold the
+    whole sequence (positions are global).  No bias."""
+    if not dist.is_available() or not dist.is_initialized():
+        raise _fail("ring_attention", "torch.distributed is not initialised "
+                    "(init_process_group first)")
+    if rotate not in ("p2p", "allgather"):
+        raise _fail("ring_attention", "rotate = %r; want 'p2p' or 'allgather'" % (rotate,))
+    q, k, v, _, alibi_slopes, side, rng, variant, body = _ops._prepare(
+        q, k, v, causal, window, softcap, alibi_slopes, None, scale, dropout_p, mask,
+        score_mod, tensors, variant)
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    if rng is not None:       # one dropout stream for the whole sequence
+        dist.broadcast(rng, src=dist.get_global_rank(group, 0) if group else 0, group=group)
+    ring = _Ring(group, layout, rotate, variant, body, alibi_slopes, side, rng, q.shape[2],
+                 k.shape[2])
+    o, lse = _RingFunction.apply(ring, q, k, v)
+    return (o, lse) if return_lse else o
