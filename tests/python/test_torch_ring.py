@@ -87,3 +87,62 @@ def test_shard_errors():
         at.shard(torch.zeros(2, 20), 1, 0, 4)
     with pytest.raises(attnjit.InvalidArgError, match="not initialised"):
         at.ring_attention(*(torch.zeros(1, 1, 8, 16) for _ in range(3)))
+
+
+class _Block(torch.nn.Module):
+    """A model written for one device: SDPA with is_causal and GQA."""
+
+    def __init__(self):
+        super().__init__()
+        self.qkv = torch.nn.Linear(32, 64)
+        self.out = torch.nn.Linear(32, 32)
+
+    def forward(self, x):
+        B, S, _ = x.shape
+        q, k, v = self.qkv(x).split([32, 16, 16], dim=-1)
+        q = q.view(B, S, 4, 8).transpose(1, 2)
+        k = k.view(B, S, 2, 8).transpose(1, 2)
+        v = v.view(B, S, 2, 8).transpose(1, 2)
+        o = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                                             enable_gqa=True)
+        return x + self.out(o.transpose(1, 2).reshape(B, S, 32))
+
+
+def _cp_worker(rank, world, init_file):
+    dist.init_process_group("gloo", init_method="file://" + init_file, rank=rank,
+                            world_size=world)
+    try:
+        torch.manual_seed(0)
+        model, x = _Block(), torch.randn(2, 8 * 2 * world, 32)
+        whole = x.clone()
+        model(x).square().sum().backward()              # one device: torch's own SDPA
+        want = [p.grad.clone() for p in model.parameters()]
+        model.zero_grad()
+        pos = torch.arange(x.shape[1])
+        with at.context_parallel(buffers=(x, pos), buffer_seq_dims=(1, 0),
+                                 no_restore_buffers=(pos,)):
+            assert x.shape[1] == 16 and pos.shape[0] == 16
+            model(x).square().sum().backward()          # this rank's tokens
+        for p in model.parameters():
+            dist.all_reduce(p.grad)
+        for p, w in zip(model.parameters(), want):
+            torch.testing.assert_close(p.grad, w, atol=1e-4, rtol=1e-4)
+        assert torch.equal(x, whole), "x is restored"
+        import attnjit
+        with at.context_parallel(buffers=(x,), buffer_seq_dims=(1,)):
+            q = torch.zeros(1, 2, 16, 8)
+            try:
+                torch.nn.functional.scaled_dot_product_attention(
+                    q, q, q, attn_mask=torch.ones(16, 16, dtype=torch.bool))
+                raise AssertionError("attn_mask under context_parallel did not raise")
+            except attnjit.InvalidArgError as e:
+                assert "attn_mask cannot be sharded" in e.message
+        assert torch.equal(pos, at.shard(torch.arange(whole.shape[1]), 0, rank, world)), \
+            "pos stays sharded"
+    finally:
+        dist.destroy_process_group()
+
+
+def test_context_parallel_training_step_equals_one_device():
+    with tempfile.TemporaryDirectory() as tmp:
+        mp.spawn(_cp_worker, args=(2, os.path.join(tmp, "init")), nprocs=2, join=True)

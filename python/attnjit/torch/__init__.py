@@ -10,8 +10,15 @@ multiple of H_kv.  The forward and the backward are torch.library custom
 ops (attnjit::attention_fwd, attnjit::attention_bwd) with autograd and fake
 implementations, so torch.compile(fullgraph=True) traces a model that uses
 them without graph breaks.
+
+    attnjit.torch.ring_attention(q, k, v, *, group=None, layout="zigzag",
+                                 rotate="p2p", ...)      this rank's shards
+    attnjit.torch.shard(x, dim, rank, world_size, layout) / unshard(...)
+    with attnjit.torch.context_parallel(buffers=..., buffer_seq_dims=...):
+        ...    # every F.scaled_dot_product_attention runs as ring attention
 """
 from ._ops import attention, kernel_cache_size
-from ._ring import ring_attention, shard, unshard
+from ._ring import context_parallel, ring_attention, shard, unshard
 
-__all__ = ["attention", "kernel_cache_size", "ring_attention", "shard", "unshard"]
+__all__ = ["attention", "context_parallel", "kernel_cache_size", "ring_attention", "shard",
+           "unshard"]

@@ -210,3 +210,74 @@ def ring_attention(q, k, v, *, group=None, layout="zigzag", rotate="p2p", causal
                  k.shape[2])
     o, lse = _RingFunction.apply(ring, q, k, v)
     return (o, lse) if return_lse else o
+
+
+class _ContextParallelMode(torch.overrides.TorchFunctionMode):
+    """Runs every scaled_dot_product_attention call as ring attention on
+    the shards (is_causal, scale, dropout_p and enable_gqa as SDPA takes
+    them)."""
+
+    def __init__(self, group, layout):
+        super().__init__()
+        self.group, self.layout = group, layout
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is not torch.nn.functional.scaled_dot_product_attention:
+            return func(*args, **kwargs)
+        names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale",
+                 "enable_gqa")
+        call = dict(zip(names, args), **kwargs)
+        if call.get("attn_mask") is not None:
+            raise _fail("context_parallel", "scaled_dot_product_attention's attn_mask cannot "
+                        "be sharded; call attnjit.torch.ring_attention with mask= (an IR "
+                        "expression over global positions) or bias-free options instead")
+        q, k, v = call["query"], call["key"], call["value"]
+        if q.shape[1] != k.shape[1] and not call.get("enable_gqa", False):
+            raise _fail("context_parallel", "q has %d heads and k %d: pass enable_gqa=True, "
+                        "as scaled_dot_product_attention needs" % (q.shape[1], k.shape[1]))
+        return ring_attention(q, k, v, group=self.group, layout=self.layout,
+                              causal=bool(call.get("is_causal", False)),
+                              scale=call.get("scale"), dropout_p=call.get("dropout_p", 0.0))
+
+
+class context_parallel:  # noqa: N801 (used as a function, like torch's)
+    """with attnjit.torch.context_parallel(buffers=(x, pos), buffer_seq_dims=(1, 0)):
+    shards each buffer in place along its sequence dim on entry (this
+    rank's part, by `layout`); inside, every
+    torch.nn.functional.scaled_dot_product_attention call runs as
+    ring_attention over `group`; on exit, restores the buffers not in
+    no_restore_buffers.  A model written for one device runs unchanged."""
+
+    def __init__(self, group=None, buffers=(), buffer_seq_dims=(), no_restore_buffers=(),
+                 layout="zigzag"):
+        if len(buffers) != len(buffer_seq_dims):
+            raise _fail("context_parallel", "%d buffers but %d buffer_seq_dims"
+                        % (len(buffers), len(buffer_seq_dims)))
+        self.group, self.layout = group, layout
+        self.buffers, self.dims = list(buffers), list(buffer_seq_dims)
+        self.keep = [not any(b is n for n in no_restore_buffers) for b in self.buffers]
+        self.saved = []
+        self.mode = None
+
+    def __enter__(self):
+        if not dist.is_available() or not dist.is_initialized():
+            raise _fail("context_parallel", "torch.distributed is not initialised")
+        world, rank = dist.get_world_size(self.group), dist.get_rank(self.group)
+        with torch.no_grad():
+            for buf, dim, keep in zip(self.buffers, self.dims, self.keep):
+                part = shard(buf, dim, rank, world, self.layout)
+                self.saved.append(buf.clone() if keep else None)
+                buf.resize_(part.shape).copy_(part)
+        self.mode = _ContextParallelMode(self.group, self.layout)
+        self.mode.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self.mode.__exit__(*exc)
+        with torch.no_grad():
+            for buf, whole in zip(self.buffers, self.saved):
+                if whole is not None:
+                    buf.resize_(whole.shape).copy_(whole)
+        self.saved = []
+        return False
