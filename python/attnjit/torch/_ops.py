@@ -12,7 +12,6 @@ keeps it on disk).  Tensors bind to the C argument structs by field name;
 side tensors by their declared names.
 """
 import ctypes
-import math
 import threading
 from typing import List, Optional, Tuple
 
