@@ -13,7 +13,9 @@ with a GPU and torch:
      attnjit's efficient and flash forward from gpu_check.json (rows keyed
      by kernel, d, S and causal) and the ratio of the faster one.
 
-Writes torch_compare.json and torch_compare.md to --out.
+Writes torch_compare.json and torch_compare.md to --out.  torch and numpy
+are imported where they are used, so that speed_table (the speed table
+from rows) runs without them (tests/gpu/test_torch_compare.py).
 """
 import argparse
 import glob
@@ -22,17 +24,11 @@ import math
 import os
 import sys
 
-import numpy as np
-import torch
-import torch.nn.functional as F
-
-try:
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-except ImportError:  # older torch
-    SDPBackend = None
-
 
 def check_dumped(dump_dir):
+    import numpy as np
+    import torch
+    import torch.nn.functional as F
     rows = []
     for q_path in sorted(glob.glob(os.path.join(dump_dir, "*.q.npy"))):
         name = os.path.basename(q_path)[: -len(".q.npy")]
@@ -58,6 +54,7 @@ def check_dumped(dump_dir):
 
 
 def time_ms(fn, reps):
+    import torch
     for _ in range(3):
         fn()
     torch.cuda.synchronize()
@@ -74,6 +71,12 @@ def time_ms(fn, reps):
 
 
 def bench_torch(quick):
+    import torch
+    import torch.nn.functional as F
+    try:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+    except ImportError:  # older torch
+        SDPBackend = None
     backends = {}
     if SDPBackend is not None:
         backends = {"flash": SDPBackend.FLASH_ATTENTION,
@@ -109,6 +112,31 @@ def bench_torch(quick):
     return rows
 
 
+def speed_table(torch_rows, attnjit_rows):
+    """The speed table's markdown lines: per torch row, attnjit's efficient
+    and flash forward at the same (d, S, causal) -- gpu_check's rows are
+    keyed by kernel too, so one variant never stands in for the other."""
+    ours = {(r["kernel"], r["d"], r["S"], r["causal"]): r for r in attnjit_rows}
+
+    def tflops(kernel, r):
+        mine = ours.get((kernel, r["d"], r["S"], r["causal"]))
+        return mine["tflops"] if mine else float("nan")
+
+    md = ["| d | S | causal | attnjit efficient fwd | attnjit flash fwd | torch backend | fwd | "
+          "bwd | best attnjit / torch fwd |",
+          "|---:|---:|---|---:|---:|---|---:|---:|---:|"]
+    for r in torch_rows:
+        eff, flash = tflops("efficient_fwd", r), tflops("flash_fwd", r)
+        best = max((x for x in (eff, flash) if not math.isnan(x)), default=float("nan"))
+        head = f"| {r['d']} | {r['S']} | {r['causal']} | {eff:.1f} | {flash:.1f} | {r['backend']} | "
+        if "error" in r:
+            md.append(head + f"- | - | ({r['error']}) |")
+        else:
+            md.append(head + f"{r['fwd_tflops']:.1f} | {r['bwd_tflops']:.1f} | "
+                      f"{best / r['fwd_tflops']:.2f} |")
+    return md
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--dump", required=True)
@@ -124,31 +152,15 @@ def main():
             attnjit = json.load(f).get("forward_speed", [])
     except (OSError, ValueError):
         attnjit = []
-    ours = {(r["kernel"], r["d"], r["S"], r["causal"]): r for r in attnjit}
-
-    def tflops(kernel, r):
-        mine = ours.get((kernel, r["d"], r["S"], r["causal"]))
-        return mine["tflops"] if mine else float("nan")
-
+    import torch
     md = [f"# attnjit against PyTorch {torch.__version__} SDPA on {torch.cuda.get_device_name()}",
           "", "## Correctness (attnjit on the GPU against torch)", "",
           "| case | max abs err O | tol | max abs err LSE | ok |", "|---|---:|---:|---:|---|"]
     for r in checks:
         md.append(f"| {r['case']} | {r['max_abs_err_o']:.2e} | {r['tol_o']:.0e} | "
                   f"{r['max_abs_err_lse']:.2e} | {'yes' if r['ok'] else 'NO'} |")
-    md += ["", "## Speed, bf16, B*S = 16k tokens, hidden 2048 (TFLOP/s)", "",
-           "| d | S | causal | attnjit efficient fwd | attnjit flash fwd | torch backend | fwd | "
-           "bwd | best attnjit / torch fwd |",
-           "|---:|---:|---|---:|---:|---|---:|---:|---:|"]
-    for r in torch_rows:
-        eff, flash = tflops("efficient_fwd", r), tflops("flash_fwd", r)
-        best = max((x for x in (eff, flash) if not math.isnan(x)), default=float("nan"))
-        head = f"| {r['d']} | {r['S']} | {r['causal']} | {eff:.1f} | {flash:.1f} | {r['backend']} | "
-        if "error" in r:
-            md.append(head + f"- | - | ({r['error']}) |")
-        else:
-            md.append(head + f"{r['fwd_tflops']:.1f} | {r['bwd_tflops']:.1f} | "
-                      f"{best / r['fwd_tflops']:.2f} |")
+    md += ["", "## Speed, bf16, B*S = 16k tokens, hidden 2048 (TFLOP/s)", ""]
+    md += speed_table(torch_rows, attnjit)
     with open(os.path.join(args.out, "torch_compare.md"), "w") as f:
         f.write("\n".join(md) + "\n")
     with open(os.path.join(args.out, "torch_compare.json"), "w") as f:
