@@ -48,8 +48,11 @@ aj_status aj_attn_plan_schedule(aj_ctx *ctx, const aj_op *op, aj_target target,
 {
     aj_schedule (*complete)(aj_schedule, const aj_schedule *) =
         rule->complete ? rule->complete : complete_fieldwise;
-    int best = -1, best_state = 0;
+    int n_main = rule->n_main > 0 ? rule->n_main : rule->n;
+    int best = -1, best_state = 0, first_in_limit = -1;
     for (int i = 0; i < rule->n; i++) {
+        if (i == n_main && first_in_limit >= 0)
+            break;
         aj_schedule s = complete(rule->candidates[i], &op->schedule);
         if (rule->plan(NULL, op, target, &s, plan) != AJ_OK)
             continue;
@@ -58,11 +61,15 @@ aj_status aj_attn_plan_schedule(aj_ctx *ctx, const aj_op *op, aj_target target,
         int state = rule->state(plan);
         if (state <= rule->state_goal)
             return AJ_OK;
+        if (first_in_limit < 0 && state <= rule->state_limit)
+            first_in_limit = i;
         if (best < 0 || state < best_state) {
             best = i;
             best_state = state;
         }
     }
+    if (first_in_limit >= 0)
+        best = first_in_limit;
     aj_schedule s = complete(rule->candidates[best < 0 ? 0 : best], &op->schedule);
     return rule->plan(ctx, op, target, &s, plan);
 }
@@ -70,6 +77,11 @@ aj_status aj_attn_plan_schedule(aj_ctx *ctx, const aj_op *op, aj_target target,
 int aj_attn_option_regs_per_element(const aj_op *op)
 {
     return 2 * (op->bias == AJ_BIAS_ADD) + 2 * (op->dropout > 0);
+}
+
+int aj_attn_score_mod_regs_per_element(const aj_op *op)
+{
+    return op->score_mod.kind == AJ_SCORE_MOD_SOFTCAP || op->score_mod.kind == AJ_SCORE_MOD_EXPR;
 }
 
 LLVMValueRef aj_attn_slice_base(aj_kb *kb, const char *t, LLVMValueRef b, LLVMValueRef h)

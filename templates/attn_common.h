@@ -29,7 +29,9 @@ aj_status aj_attn_check_dims(aj_ctx *ctx, const aj_op *op, const char *who);
  * order of preference, and keeps the first one `plan` accepts, so a
  * default is by construction a schedule the template's own check takes.
  * With `state`, a candidate must also keep state(plan) <= state_goal; if
- * none does, the accepted one with the least state wins.  When no
+ * none of the first n_main (all, when 0) does, the first of them within
+ * state_limit (when set) wins; else the first of the rest within the goal,
+ * else the accepted one with the least state.  When no
  * candidate is accepted, the first one's refusal is reported.
  */
 typedef aj_status (*aj_attn_plan_fn)(aj_ctx *ctx, const aj_op *op, aj_target target,
@@ -45,6 +47,8 @@ typedef struct aj_attn_schedule_rule {
     /* optional: a plan's per-thread state, and the most a default keeps */
     int (*state)(const void *plan);
     int state_goal;
+    int state_limit; /* optional (0: none): past the goal, the first within it */
+    int n_main;      /* optional (0: n): candidates before the last resorts */
 } aj_attn_schedule_rule;
 
 aj_status aj_attn_plan_schedule(aj_ctx *ctx, const aj_op *op, aj_target target,
@@ -55,6 +59,12 @@ aj_status aj_attn_plan_schedule(aj_ctx *ctx, const aj_op *op, aj_target target,
  * The compilers interleave it over every score element a thread owns, so
  * a state model counts it per element. */
 int aj_attn_option_regs_per_element(const aj_op *op);
+
+/* One more per score element for a score mod's own temporaries (softcap's
+ * tanh; an expression's, which may call tanh, exp or log): the flash
+ * templates' default rules count it (softcap at head dims 200..256 beside
+ * Dv 224 spilled without), their checks do not. */
+int aj_attn_score_mod_regs_per_element(const aj_op *op);
 
 /* Element offset (i64) of slice (b, h) of the tensor whose batch and head
  * strides are the kernel parameters stride_<t>_b and stride_<t>_h. */

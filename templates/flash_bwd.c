@@ -70,6 +70,8 @@
 #define MAX_NT 32         /* 8-column tiles a warp owns in one product */
 #define STATE_BUDGET 192  /* f32 accumulators per thread, all products live at once */
 #define DEFAULT_STATE 104 /* the most a default schedule takes where a candidate fits */
+#define DEFAULT_LIMIT 128 /* past DEFAULT_STATE, the most before the least-state one */
+#define PHILOX_STATE 32   /* dropout's Philox keys, counters and outputs per thread */
 #define DELTA_ROWS 128    /* query rows per CTA of the delta and convert kernels */
 
 static const int block_values[] = {16, 32, 64, 128};
@@ -203,8 +205,9 @@ static int fragment_regs(const warp_grid g[N_PRODS])
  * Default schedules, most preferred first, each with 2 stages and then 1
  * (for targets short of shared memory): 64 x 64 tiles on 4 warps, 8 warps
  * on narrower query tiles, narrower key blocks (32 x 32 on 8 warps keeps
- * every head dim within STATE_BUDGET); the last, 16 x 16 tiles on 2
- * warps, need the least shared memory.
+ * every head dim within STATE_BUDGET); 16 x 16 tiles on 8 warps keep the
+ * least state per thread (large D, Dv with dropout); the last, 16 x 16
+ * tiles on 2 warps, need the least shared memory.
  */
 static const aj_schedule default_candidates[] = {
     {.block_m = 64, .block_n = 64, .warps = 4, .stages = 2},
@@ -217,6 +220,9 @@ static const aj_schedule default_candidates[] = {
     {.block_m = 64, .block_n = 32, .warps = 4, .stages = 1},
     {.block_m = 32, .block_n = 32, .warps = 4, .stages = 2},
     {.block_m = 32, .block_n = 32, .warps = 4, .stages = 1},
+#define N_MAIN_CANDIDATES 10 /* the rest are last resorts (aj_attn_plan_schedule) */
+    {.block_m = 16, .block_n = 16, .warps = 8, .stages = 2},
+    {.block_m = 16, .block_n = 16, .warps = 8, .stages = 1},
     {.block_m = 16, .block_n = 16, .warps = 2, .stages = 2},
     {.block_m = 16, .block_n = 16, .warps = 2, .stages = 1},
 };
@@ -261,8 +267,10 @@ static aj_status plan_schedule(aj_ctx *ctx, const aj_op *op, aj_target target,
                            p->bm, p->bn, p->warps, m, n, p->d, p->dv, MAX_MT, MAX_NT);
     }
     int state = p->state = thread_state(p, g, 0);
-    p->default_state = thread_state(p, g, aj_attn_option_regs_per_element(op)) +
-                       fragment_regs(g);
+    p->default_state = thread_state(p, g,
+                                    aj_attn_option_regs_per_element(op) +
+                                        aj_attn_score_mod_regs_per_element(op)) +
+                       fragment_regs(g) + (op->dropout > 0 ? PHILOX_STATE : 0);
     if (state > STATE_BUDGET)
         return aj_fail(ctx, AJ_ERR_UNSUPPORTED,
                        "schedule: block_m = %d, block_n = %d, warps = %d needs %d f32 "
@@ -283,12 +291,16 @@ static aj_status plan_schedule(aj_ctx *ctx, const aj_op *op, aj_target target,
  * The op's schedule over a default candidate: the first that plan_schedule
  * accepts with at most DEFAULT_STATE of state per thread (accumulators,
  * the element pass's option work, thread_state, and the widest product's
- * mma fragments, fragment_regs), else the accepted one with the least;
- * when none fits, the first one's failure (aj_attn_plan_schedule).  The
- * headroom below STATE_BUDGET is for what the count leaves out
- * (addresses, score-mod values): ptxas spills at the budget's edge where
- * the defaults must not.  The fragments matter for D != Dv far apart
- * (8/256 took 32 x 64 tiles and spilled 56 bytes; now 32 x 32, none).
+ * mma fragments, fragment_regs, and dropout's Philox state), else the
+ * first within DEFAULT_LIMIT, else the accepted one with the least (16 x 16
+ * on 8 warps); when none fits, the first one's failure
+ * (aj_attn_plan_schedule).  The headroom below STATE_BUDGET is for what
+ * the count leaves out (addresses, score-mod values): ptxas spills at the
+ * budget's edge where the defaults must not.  The fragments matter for
+ * D != Dv far apart (8/256 took 32 x 64 tiles and spilled 56 bytes; now
+ * 32 x 32, none); the limit keeps 32 x 32 for head dim 256 without
+ * dropout (248 registers on sm_90, no spills) where dropout at 208/88
+ * spilled on it and takes 16 x 16 on 8 warps.
  */
 static int plan_state(const void *plan)
 {
@@ -303,6 +315,8 @@ static aj_status plan_kernel(aj_ctx *ctx, const aj_op *op, aj_target target, fbw
         .plan = plan_schedule,
         .state = plan_state,
         .state_goal = DEFAULT_STATE,
+        .state_limit = DEFAULT_LIMIT,
+        .n_main = N_MAIN_CANDIDATES,
     };
     return aj_attn_plan_schedule(ctx, op, target, &rule, p);
 }

@@ -168,7 +168,9 @@ static aj_status plan_schedule(aj_ctx *ctx, const aj_op *op, aj_target target,
     p->threads = 32 * p->warps;
     p->mt = p->bm / (16 * p->warps);
     int state = p->mt * (p->dv / 2 + p->bn / 2 + 4);
-    p->default_state = state + p->mt * p->bn / 2 * aj_attn_option_regs_per_element(op);
+    p->default_state = state + p->mt * p->bn / 2 *
+                                   (aj_attn_option_regs_per_element(op) +
+                                    aj_attn_score_mod_regs_per_element(op));
     if (state > STATE_BUDGET)
         return aj_fail(ctx, AJ_ERR_UNSUPPORTED,
                        "schedule: block_m = %d, block_n = %d, warps = %d keeps %d f32 values "

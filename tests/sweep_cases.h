@@ -66,6 +66,34 @@ static inline sweep_case sweep_case_at(int index)
     return c;
 }
 
+/* The (D, Dv) pairs of the range, numbered 0 .. SWEEP_PAIRS - 1 row by
+ * row (D major).  Pair `index` with D != Dv or D == Dv alike. */
+#define SWEEP_PAIRS (SWEEP_DIMS * SWEEP_DIMS)
+
+/* A number that mixes D and Dv, for rotating the other axes of a pair. */
+static inline int sweep_pair_mix(int index)
+{
+    return index / SWEEP_DIMS + index % SWEEP_DIMS;
+}
+
+/* Case `combo` (0..3: kind x variant) of pair `index`: dtype, mask and
+ * mod rotate with sweep_pair_mix so a strided walk sees each of them. */
+static inline sweep_case sweep_pair_case(int index, int combo)
+{
+    sweep_case c = {0};
+    int mix = sweep_pair_mix(index);
+    c.d = SWEEP_DIM_STEP * (1 + index / SWEEP_DIMS);
+    c.dv = SWEEP_DIM_STEP * (1 + index % SWEEP_DIMS);
+    c.kind = combo / 2 ? AJ_KIND_BACKWARD : AJ_KIND_FORWARD;
+    c.variant = combo % 2 ? AJ_VARIANT_EFFICIENT : AJ_VARIANT_FLASH;
+    c.dtype = sweep_dtypes[(mix + combo) % SWEEP_N_DTYPES];
+    if (c.variant == AJ_VARIANT_FLASH && c.dtype == AJ_DTYPE_F32)
+        c.dtype = AJ_DTYPE_BF16;   /* flash runs on f16 / bf16 */
+    c.mask = sweep_masks[(mix / 3) % SWEEP_N_MASKS];
+    c.score_mod = sweep_mods[(mix / 9) % SWEEP_N_MODS];
+    return c;
+}
+
 /* Whether the IR accepts the case at all (the verifier's rules, not a
  * template's): bias is the efficient variant's, accumulate the forward's,
  * deterministic the backward's. */

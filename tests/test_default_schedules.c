@@ -12,9 +12,11 @@
  *            default schedule passes its own check.  A refusal that blames
  *            the schedule ("schedule: ...") of an op given no schedule is
  *            a failure.
- *   ptxas    `ptxas [shard/shards]`: the GPU kernels of the sweep at their
+ *   ptxas    `ptxas [SHARD SHARDS]`: the GPU kernels of the sweep at their
  *            default schedules through ptxas for sm_80 and sm_90 with no
- *            spill bytes (see assemble_sweep for which cases).
+ *            spill bytes (main_cases); `ptxas pairs [STRIDE [SHARD
+ *            SHARDS]]`: the same for (D, Dv) pairs with D != Dv, every
+ *            STRIDE-th pair (default PAIR_STRIDE; 1 is all of them).
  *   numeric  `numeric`: a spread-out sample of the forward cases on sim
  *            and cpu against the float64 reference, B1 H2, S 17..40 (the
  *            backward sample runs in test_sim_flash_bwd sweep).
@@ -156,47 +158,74 @@ static sweep_case with_options(sweep_case c, int set)
 
 #define PTXAS_SETS 3
 
-/* Every (kind, variant, dtype, head dim) of the sweep in PTXAS_SETS
- * option sets, compiled for sm_80 and sm_90 at the default schedule and
- * assembled: every kernel of the module with 0 spill bytes.  The mask and
- * mod products in between change no schedule (defaults depend on the
- * dtype, head dims and kind only) and fewer registers than set 1. */
-static void test_ptxas(aj_ctx *ctx, int shard, int shards)
+/* The main product's cases for ptxas: every (kind, variant, dtype, head
+ * dim) of the sweep in PTXAS_SETS option sets.  The mask and mod products
+ * in between change no schedule (defaults depend on the dtype, head dims
+ * and kind only) and fewer registers than set 1. */
+static int main_cases(sweep_case *out)
+{
+    int n = 0;
+    /* the main product with mask, mod and bias at their first values is
+     * every (kind, variant, dtype, dim) once */
+    for (int i = 0; i < SWEEP_COUNT; i += 2 * SWEEP_N_MODS * SWEEP_N_MASKS)
+        for (int set = 0; set < PTXAS_SETS; set++)
+            out[n++] = with_options(sweep_case_at(i), set);
+    return n;
+}
+
+/* Every `stride`-th (D, Dv) pair with D != Dv, each in the four (kind,
+ * variant) combinations, in an option set that rotates with the pair: a
+ * stride prime to the dim count walks through every D and Dv. */
+static int pair_cases(sweep_case *out, int stride)
+{
+    int n = 0;
+    for (int i = 0; i < SWEEP_PAIRS; i += stride) {
+        if (i / SWEEP_DIMS == i % SWEEP_DIMS)
+            continue;
+        for (int combo = 0; combo < 4; combo++)
+            out[n++] = with_options(sweep_pair_case(i, combo),
+                                    (sweep_pair_mix(i) / 3 + combo) % PTXAS_SETS);
+    }
+    return n;
+}
+
+/* `cases` compiled for sm_80 and sm_90 at the default schedule and
+ * assembled (those of shard `shard` of `shards`): every kernel of the
+ * module with 0 spill bytes. */
+static void assemble_cases(aj_ctx *ctx, const sweep_case *cases, int count, int shard,
+                           int shards)
 {
     char ptxas[1024];
     if (!ptxas_find(ptxas, sizeof ptxas)) {
         printf("SKIP ptxas sweep: ptxas is not on PATH or in /usr/local/cuda/bin\n");
         return;
     }
-    enum { MAX_JOBS = 2 * 2 * SWEEP_N_DTYPES * SWEEP_DIMS * PTXAS_SETS };
-    static aj_compile_job jobs[MAX_JOBS];
-    static aj_op *ops[MAX_JOBS];
-    static char labels[MAX_JOBS][160];
-    static ptxas_result results[MAX_JOBS];
+    aj_compile_job *jobs = calloc((size_t)count, sizeof *jobs);
+    aj_op **ops = calloc((size_t)count, sizeof *ops);
+    char(*labels)[160] = calloc((size_t)count, sizeof *labels);
+    ptxas_result *results = calloc((size_t)count, sizeof *results);
+    CHECK(jobs && ops && labels && results);
     static const struct { aj_target target; const char *arch; } archs[2] = {
         {AJ_TARGET_SM_80, "sm_80"}, {AJ_TARGET_SM_90, "sm_90"}};
-    for (int a = 0; a < 2; a++) {
-        int n = 0, slot = 0;
-        /* the main product with mask, mod and bias at their first values
-         * is every (kind, variant, dtype, dim) once */
-        for (int i = 0; i < SWEEP_COUNT; i += 2 * SWEEP_N_MODS * SWEEP_N_MASKS)
-            for (int set = 0; set < PTXAS_SETS; set++, slot++) {
-                if (slot % shards != shard)
-                    continue;
-                sweep_case c = with_options(sweep_case_at(i), set);
-                sweep_label(&c, labels[n], sizeof labels[n]);
-                aj_op *op = parse_case(ctx, &c);
-                if (!op)
-                    continue;
-                if (!template_takes(ctx, op, archs[a].target, labels[n])) {
-                    aj_op_destroy(op);
-                    continue;
-                }
-                ops[n] = op;
-                memset(&jobs[n], 0, sizeof jobs[n]);
-                jobs[n].op = op;
-                n++;
+    for (int a = 0; a < 2 && jobs && ops && labels && results; a++) {
+        int n = 0;
+        for (int slot = 0; slot < count; slot++) {
+            if (slot % shards != shard)
+                continue;
+            const sweep_case *c = &cases[slot];
+            sweep_label(c, labels[n], sizeof labels[n]);
+            aj_op *op = parse_case(ctx, c);
+            if (!op)
+                continue;
+            if (!template_takes(ctx, op, archs[a].target, labels[n])) {
+                aj_op_destroy(op);
+                continue;
             }
+            ops[n] = op;
+            memset(&jobs[n], 0, sizeof jobs[n]);
+            jobs[n].op = op;
+            n++;
+        }
         aj_compile_options opt = AJ_COMPILE_OPTIONS_INIT;
         opt.target = archs[a].target;
         aj_compile_many(ctx, jobs, (size_t)n, &opt, 0);
@@ -225,6 +254,33 @@ static void test_ptxas(aj_ctx *ctx, int shard, int shards)
         printf("ptxas %s: %d kernels of shard %d/%d assembled, at most %d registers\n",
                archs[a].arch, n, shard, shards, most_regs);
     }
+    free(jobs);
+    free(ops);
+    free(labels);
+    free(results);
+}
+
+/* `ptxas [shard shards]`: the main product; `ptxas pairs [stride [shard
+ * shards]]`: the (D, Dv) pairs, every PAIR_STRIDE-th by default, every
+ * one with stride 1. */
+#define PAIR_STRIDE 15
+
+static void test_ptxas(aj_ctx *ctx, int argc, char **argv)
+{
+    static sweep_case cases[4 * SWEEP_PAIRS + 2 * 2 * SWEEP_N_DTYPES * SWEEP_DIMS * PTXAS_SETS];
+    int pairs = argc > 2 && strcmp(argv[2], "pairs") == 0;
+    int at = 2 + pairs;
+    int stride = pairs && argc > at ? atoi(argv[at++]) : PAIR_STRIDE;
+    int shard = argc > at + 1 ? atoi(argv[at]) : 0;
+    int shards = argc > at + 1 ? atoi(argv[at + 1]) : 1;
+    if (stride < 1 || shards < 1 || shard < 0 || shard >= shards) {
+        CHECK_MSG(0, "usage: ptxas [pairs [STRIDE]] [SHARD SHARDS]");
+        return;
+    }
+    int n = pairs ? pair_cases(cases, stride) : main_cases(cases);
+    if (pairs)
+        printf("ptxas pairs: every %d-th (D, Dv) pair with D != Dv, %d cases\n", stride, n);
+    assemble_cases(ctx, cases, n, shard, shards);
 }
 
 /* ---------------------------------------------------------------- numeric */
@@ -300,7 +356,7 @@ int main(int argc, char **argv)
     else if (strcmp(mode, "numeric") == 0)
         test_numeric(ctx);
     else if (strcmp(mode, "ptxas") == 0)
-        test_ptxas(ctx, argc > 3 ? atoi(argv[2]) : 0, argc > 3 ? atoi(argv[3]) : 1);
+        test_ptxas(ctx, argc, argv);
     aj_ctx_destroy(ctx);
     return check_report();
 }

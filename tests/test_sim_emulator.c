@@ -6,9 +6,11 @@
  * written out here: shfl.sync in every mode with clamps and segments,
  * vote.sync, mma.sync m16n8k16 (f16, bf16) against a float64 product,
  * ldmatrix x1/x2/x4 with and without .trans, cp.async with its
- * delayed visibility, and red.add.f32 as a host atomic across workers.  Deliberately broken kernels show that every
- * detector fires (bounds, alignment, barrier divergence, deadlock) with a
- * message naming what went wrong, and none hangs.
+ * delayed visibility, and red.add.f32 as a host atomic across workers.
+ * Deliberately broken kernels show that every detector fires (bounds,
+ * alignment, barrier divergence, deadlock, and the strict mode's
+ * shared-memory races under several seeds) with a message naming what went
+ * wrong, and none hangs.
  *
  * Every kernel is also compiled for sm_80 and sm_90 and, where ptxas is
  * found, assembled, which proves the nvptx lowering of the same table rows.
@@ -31,6 +33,7 @@ static aj_ctx *ctx;
 static aj_op *op;             /* any op: aj_codegen_run only hands it over */
 static char ptxas[1024];
 static int have_ptxas, ptx_kernels, ptx_assembled;
+static uint64_t sim_seed;     /* the strict schedule's seed run() passes; 0: the default */
 
 /* ---------------------------------------------------------------- harness */
 
@@ -104,11 +107,18 @@ static void check_ptx(const test_kernel *k)
     }
 }
 
+static aj_status run_sim(const test_kernel *k, void *const *bufs, const size_t *bytes);
+
 /* Compiles k for sim (and checks its PTX) and runs one CTA over the
  * buffers, named after k's parameters. */
 static aj_status run(const test_kernel *k, void *const *bufs, const size_t *bytes)
 {
     check_ptx(k);
+    return run_sim(k, bufs, bytes);
+}
+
+static aj_status run_sim(const test_kernel *k, void *const *bufs, const size_t *bytes)
+{
     aj_kernel *kern = compile(k, AJ_TARGET_SIM);
     if (!kern)
         return AJ_ERR_CODEGEN;
@@ -130,6 +140,7 @@ static aj_status run(const test_kernel *k, void *const *bufs, const size_t *byte
         .buffers = buffers,
         .num_buffers = n,
         .workers = 1,
+        .seed = sim_seed,
     };
     aj_status st = aj_sim_run(ctx, &launch);
     aj_kernel_destroy(kern);
@@ -676,6 +687,126 @@ static void test_red_add(void)
     aj_kernel_destroy(kern);
 }
 
+/* ---------------------------------------------------------------- races */
+
+/*
+ * Strict mode's race detector.  Each kernel exchanges shared memory between
+ * threads; `variant` picks the synchronisation between the write and the
+ * read:
+ */
+enum sync_kind { SYNC_NONE, SYNC_BARRIER, SYNC_WARP };
+
+static void sync_threads(aj_kb *kb, enum sync_kind sync)
+{
+    if (sync == SYNC_BARRIER) {
+        aj_kb_barrier(kb);
+    } else if (sync == SYNC_WARP) {
+        LLVMValueRef mask = c32(kb, -1);
+        aj_kb_intrinsic(kb, AJ_INTR_BAR_WARP_SYNC, &mask);
+    }
+}
+
+/* Thread t stores in[t] at word t and reads word t ^ partner:
+ * out[t] = in[t ^ partner] (partner 1: a lane of the same warp, 32: the
+ * same lane of the other warp). */
+static void exchange_body(aj_kb *kb, const test_kernel *k)
+{
+    int partner = k->variant >> 4;
+    LLVMValueRef tid = aj_kb_thread_id(kb);
+    LLVMValueRef v = gload(kb, kb->t_f32, "in", tid);
+    aj_kb_store(kb, v, aj_kb_smem_ptr(kb, mul(kb, tid, c32(kb, 4))), 4);
+    sync_threads(kb, (enum sync_kind)(k->variant & 15));
+    LLVMValueRef other = LLVMBuildXor(kb->b, tid, c32(kb, partner), "");
+    gstore(kb, aj_kb_load(kb, kb->t_f32, aj_kb_smem_ptr(kb, mul(kb, other, c32(kb, 4))), 4),
+           "out", tid);
+}
+
+/* Thread t copies in[4t .. 4t+3] with cp.async into slot t, waits for it,
+ * and reads slot t ^ 1: out[t] = in[4 (t ^ 1)]; variant 1 adds the
+ * barrier after the wait.  Variant 2: a correct exchange, then a second
+ * copy into slot t with no barrier after the neighbour's read of it. */
+static void cp_async_exchange_body(aj_kb *kb, const test_kernel *k)
+{
+    LLVMValueRef tid = aj_kb_thread_id(kb);
+    LLVMValueRef slot = aj_kb_smem_ptr(kb, mul(kb, tid, c32(kb, 16)));
+    LLVMValueRef src = gaddr(kb, "in", mul(kb, tid, c32(kb, 4)), 4);
+    aj_kb_cp_async_16(kb, slot, src, NULL);
+    aj_kb_cp_async_wait_all(kb);
+    if (k->variant >= 1)
+        aj_kb_barrier(kb);
+    LLVMValueRef other = LLVMBuildXor(kb->b, tid, c32(kb, 1), "");
+    gstore(kb, aj_kb_load(kb, kb->t_f32, aj_kb_smem_ptr(kb, mul(kb, other, c32(kb, 16))), 4),
+           "out", tid);
+    if (k->variant == 2) {
+        aj_kb_cp_async_16(kb, slot, src, NULL);
+        aj_kb_cp_async_wait_all(kb);
+    }
+}
+
+#define RACE_SEEDS 6
+
+static void test_races(void)
+{
+    static const struct {
+        test_kernel k;
+        const char *needle;   /* NULL: race-free, out[t] = in[partner(t)] */
+        const char *op;       /* what the race message names: either of the accesses */
+    } cases[] = {
+        {{"t_race_lanes", 32, 256, {"in", "out"}, exchange_body, 1 << 4 | SYNC_NONE, {0}},
+         "shared-memory race: ", "store"},
+        {{"t_race_lanes_barrier", 32, 256, {"in", "out"}, exchange_body,
+          1 << 4 | SYNC_BARRIER, {"bar.sync"}}, NULL, NULL},
+        {{"t_race_lanes_warp_sync", 32, 256, {"in", "out"}, exchange_body, 1 << 4 | SYNC_WARP,
+          {"bar.warp.sync"}}, NULL, NULL},
+        {{"t_race_warps_warp_sync", 64, 256, {"in", "out"}, exchange_body,
+          32 << 4 | SYNC_WARP, {0}}, "shared-memory race: ", "store"},
+        {{"t_race_warps_barrier", 64, 256, {"in", "out"}, exchange_body,
+          32 << 4 | SYNC_BARRIER, {0}}, NULL, NULL},
+        {{"t_race_cp_async", 32, 512, {"in", "out"}, cp_async_exchange_body, 0, {0}},
+         "shared-memory race: ", "cp.async"},
+        {{"t_race_cp_async_barrier", 32, 512, {"in", "out"}, cp_async_exchange_body, 1, {0}},
+         NULL, NULL},
+        {{"t_race_cp_async_reuse", 32, 512, {"in", "out"}, cp_async_exchange_body, 2, {0}},
+         "shared-memory race: ", "cp.async"},
+    };
+    static float in[128], out[64];
+    for (int i = 0; i < 128; i++)
+        in[i] = 0.5f * (float)i + 1.0f;
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const test_kernel *k = &cases[i].k;
+        check_ptx(k);
+        /* the race shows whichever thread runs first: every seed finds it */
+        for (sim_seed = 1; sim_seed <= RACE_SEEDS; sim_seed++) {
+            for (int t = 0; t < 64; t++)
+                out[t] = NAN;
+            void *bufs[] = {in, out};
+            size_t bytes[] = {sizeof in, sizeof out};
+            aj_status st = run_sim(k, bufs, bytes);
+            if (!cases[i].needle) {
+                CHECK_MSG(st == AJ_OK, "%s, seed %llu: %s", k->name,
+                          (unsigned long long)sim_seed, aj_last_error(ctx));
+                int partner = k->body == exchange_body ? k->variant >> 4 : 1;
+                int scale = k->body == exchange_body ? 1 : 4;
+                for (int t = 0; t < k->threads; t++)
+                    CHECK_MSG(out[t] == in[scale * (t ^ partner)], "%s, thread %d: %g, want %g",
+                              k->name, t, out[t], in[scale * (t ^ partner)]);
+                continue;
+            }
+            CHECK_MSG(st == AJ_ERR_KERNEL_FAULT, "%s, seed %llu: %s, want a race", k->name,
+                      (unsigned long long)sim_seed, aj_status_str(st));
+            char seed[64];
+            snprintf(seed, sizeof seed, "AJ_SIM_SEED=%llu reproduces",
+                     (unsigned long long)sim_seed);
+            CHECK_ERROR(ctx, cases[i].needle);
+            CHECK_ERROR(ctx, cases[i].op);
+            CHECK_ERROR(ctx, k->name);
+            CHECK_ERROR(ctx, "with no barrier in between");
+            CHECK_ERROR(ctx, seed);
+        }
+    }
+    sim_seed = 0;
+}
+
 /* ---------------------------------------------------------------- detectors */
 
 static void oob_load_body(aj_kb *kb, const test_kernel *k)
@@ -779,39 +910,54 @@ static void red_add_oob_body(aj_kb *kb, const test_kernel *k)
     aj_kb_intrinsic(kb, AJ_INTR_RED_ADD_F32, args);
 }
 
+/* The fault names one thread of [lo, hi] as the one at fault. */
+static void check_faulting_thread(const char *kernel, int lo, int hi)
+{
+    const char *at = strstr(aj_last_error(ctx), "): thread ");
+    int tid = -1;
+    CHECK_MSG(at && sscanf(at, "): thread %d:", &tid) == 1 && tid >= lo && tid <= hi,
+              "%s: the fault should name one of threads %d..%d: %s", kernel, lo, hi,
+              aj_last_error(ctx));
+}
+
 static void test_detectors(void)
 {
+    /* faulty: the threads that fault; the strict emulator's random order
+     * decides which of them faults first and is named */
     static const struct {
         test_kernel k;
+        int faulty[2];
         const char *needles[4];
     } cases[] = {
-        {{"t_oob_load", 32, 0, {"in", "out"}, oob_load_body, 0, {0}},
-         {"thread 31:", "out-of-bounds global load of 4 bytes", "past the end of 'in'"}},
-        {{"t_oob_store", 32, 0, {"in", "out"}, oob_store_body, 0, {0}},
-         {"thread 24:", "out-of-bounds global store of 4 bytes", "past the end of 'out'"}},
-        {{"t_oob_shared", 32, 128, {"in", "out"}, oob_shared_body, 0, {0}},
-         {"thread 31:", "out-of-bounds shared store of 4 bytes at offset 128"}},
-        {{"t_misaligned", 32, 0, {"in", "out"}, misaligned_body, 0, {0}},
-         {"thread 0:", "misaligned global load of 4 bytes"}},
+        {{"t_oob_load", 32, 0, {"in", "out"}, oob_load_body, 0, {0}}, {31, 31},
+         {"out-of-bounds global load of 4 bytes", "past the end of 'in'"}},
+        {{"t_oob_store", 32, 0, {"in", "out"}, oob_store_body, 0, {0}}, {24, 31},
+         {"out-of-bounds global store of 4 bytes", "past the end of 'out'"}},
+        {{"t_oob_shared", 32, 128, {"in", "out"}, oob_shared_body, 0, {0}}, {31, 31},
+         {"out-of-bounds shared store of 4 bytes at offset 128"}},
+        {{"t_misaligned", 32, 0, {"in", "out"}, misaligned_body, 0, {0}}, {0, 31},
+         {"misaligned global load of 4 bytes"}},
         {{"t_barrier_divergence", 32, 0, {"in", "out"}, barrier_divergence_body, 0, {0}},
+         {-1, -1},
          {"barrier divergence: thread 0 waits at barrier", "thread 16 at barrier"}},
-        {{"t_barrier_exited", 32, 0, {"in", "out"}, barrier_exited_body, 0, {0}},
+        {{"t_barrier_exited", 32, 0, {"in", "out"}, barrier_exited_body, 0, {0}}, {-1, -1},
          {"barrier divergence: thread 0", "thread 16 never reaches (it has exited)"}},
-        {{"t_shfl_exited", 32, 0, {"in", "out"}, shfl_exited_body, 0, {0}},
+        {{"t_shfl_exited", 32, 0, {"in", "out"}, shfl_exited_body, 0, {0}}, {-1, -1},
          {"deadlock: thread 0 waits in shfl.sync.idx (membermask 0xffffffff)",
           "lanes 0xffff0000", "lane 16 has exited"}},
         {{"t_shfl_outside_mask", 32, 0, {"in", "out"}, shfl_outside_mask_body, 0, {0}},
+         {-1, -1},
          {"thread 0: shfl.sync.idx reads lane 16", "not in its membermask 0x0000ffff"}},
         {{"t_mma_missing_lanes", 32, 0, {"in", "out"}, mma_missing_lanes_body, 0, {0}},
+         {-1, -1},
          {"deadlock: thread 0 waits in mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32",
           "all 32 lanes", "lane 16 has exited"}},
-        {{"t_cp_async_oob", 32, 512, {"in", "out"}, cp_async_oob_body, 0, {0}},
-         {"thread 8:", "out-of-bounds global cp.async read of 16 bytes", "past the end of 'in'"}},
-        {{"t_red_add_oob", 32, 0, {"in", "out"}, red_add_oob_body, 0, {0}},
-         {"thread 24:", "out-of-bounds global red.add of 4 bytes", "past the end of 'out'"}},
+        {{"t_cp_async_oob", 32, 512, {"in", "out"}, cp_async_oob_body, 0, {0}}, {8, 31},
+         {"out-of-bounds global cp.async read of 16 bytes", "past the end of 'in'"}},
+        {{"t_red_add_oob", 32, 0, {"in", "out"}, red_add_oob_body, 0, {0}}, {24, 31},
+         {"out-of-bounds global red.add of 4 bytes", "past the end of 'out'"}},
         {{"t_ldmatrix_misaligned", 32, 512, {"in", "out"}, ldmatrix_misaligned_body, 0, {0}},
-         {"thread 0:", "misaligned shared ldmatrix row read of 16 bytes",
-          "16-byte alignment"}},
+         {0, 7}, {"misaligned shared ldmatrix row read of 16 bytes", "16-byte alignment"}},
     };
     /* in and out apart, so that an access past one does not land in the other */
     static float memory[256];
@@ -827,11 +973,14 @@ static void test_detectors(void)
         CHECK_ERROR(ctx, kernel_name);
         for (int n = 0; n < 4 && cases[i].needles[n]; n++)
             CHECK_ERROR(ctx, cases[i].needles[n]);
+        if (cases[i].faulty[0] >= 0)
+            check_faulting_thread(cases[i].k.name, cases[i].faulty[0], cases[i].faulty[1]);
     }
 }
 
 int main(void)
 {
+    setenv("AJ_SIM_STRICT", "1", 1);   /* test_races needs the detector */
     CHECK(aj_ctx_create(NULL, &ctx) == AJ_OK);
     static const char spec[] = "attention forward efficient { dtype = f16 head_dim = 64 }";
     CHECK_STATUS(ctx, aj_op_parse(ctx, spec, strlen(spec), "t.aj", &op), AJ_OK);
@@ -849,6 +998,7 @@ int main(void)
     test_cp_async();
     test_red_add();
     test_detectors();
+    test_races();
 
     printf("PTX: %d kernels generated, %d assembled by ptxas (sm_80, sm_90)\n", ptx_kernels,
            ptx_assembled);

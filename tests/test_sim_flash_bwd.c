@@ -498,6 +498,27 @@ static void test_schedules(void)
     c.dropout = 0.1;
     c.deterministic = 0;
     run(&c);
+    /* the last resort of the default rule: 16 x 16 tiles on 8 warps, where
+     * most warps' shares of the 16-column products are empty, as 208/88
+     * with dropout takes by default */
+    c = base("bf16 d208/88 default (16, 16, 8 warps), window alibi dropout 0.1", AJ_DTYPE_BF16,
+             208, "window(12, 3, bottom_right)");
+    c.dv = 88;
+    c.score_mod = "alibi";
+    c.dropout = 0.1;
+    c.sq = 37;
+    c.sk = 45;
+    run(&c);
+    c.label = "f16 d40/24 schedule (16, 16, 8 warps, 1 stage), causal, atomic dq";
+    c.dtype = AJ_DTYPE_F16;
+    c.d = 40;
+    c.dv = 24;
+    c.mask = "causal(bottom_right)";
+    c.score_mod = NULL;
+    c.dropout = 0;
+    c.deterministic = 0;
+    c.schedule = "(block_m = 16, block_n = 16, warps = 8, stages = 1)";
+    run(&c);
 }
 
 /* packed sequences of very different lengths, one of them empty */

@@ -44,6 +44,13 @@ static void load_driver(void)
     }
     AJ_CUDA_FUNCTIONS(AJ_CUDA_RESOLVE)
 #undef AJ_CUDA_RESOLVE
+    /* cuda.h maps cuEventElapsedTime to cuEventElapsedTime_v2 since CUDA 12.8
+     * (the same signature); the table's v1 name is the floor for older
+     * drivers, and a driver that has _v2 is called by it, as CUDA 13's
+     * headers would */
+    void *elapsed_v2 = dlsym(h, "cuEventElapsedTime_v2");
+    if (elapsed_v2)
+        memcpy(&driver.EventElapsedTime, &elapsed_v2, sizeof elapsed_v2);
     CUresult r = driver.Init(0);
     if (r != AJ_CUDA_SUCCESS) {
         const char *name = "?";

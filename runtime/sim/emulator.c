@@ -26,6 +26,32 @@
  * The emulator is stricter than the hardware where the hardware's result is
  * undefined: a collective that names a lane that exited, or a shuffle that
  * reads a lane outside its membermask, is an error, not a garbage value.
+ *
+ * Strict mode (the default; AJ_SIM_STRICT=0 turns it off) adds two things
+ * a fixed schedule would hide:
+ *   - order: each sweep visits the ready fibers in a random order, and a
+ *     fiber may be preempted at any shared-memory access, so lanes of a
+ *     warp interleave between synchronisation points.  The order comes
+ *     from a seed (AJ_SIM_SEED, or aj_sim_launch.seed) and the CTA's index,
+ *     so it does not depend on which worker runs the CTA, and every fault
+ *     message names the seed.
+ *   - races: a shadow per 2 bytes of shared memory remembers who wrote it and
+ *     who read it, stamped with a per-worker sync counter:
+ *
+ *         seq ──► +1 at every bar.sync release and bar.warp.sync completion
+ *         last_barrier = seq after the latest bar.sync (and at CTA start)
+ *         warp_synced[t][l] = seq after the latest bar.warp.sync of t with lane l
+ *
+ *     An access at stamp s by thread w is ordered before thread t's if
+ *     s < last_barrier, or w and t share a warp and s < warp_synced[t][w].
+ *     A read of a byte another thread wrote, unordered, is a race (RAW);
+ *     so is a write of a byte another thread read, unordered (WAR), which
+ *     catches the same bug when the reader happens to run first.  A
+ *     cp.async destination counts as written by the issuing thread from
+ *     the issue (never ordered while in flight) and again when its wait
+ *     lands it, so only a barrier after the wait makes the data visible
+ *     to other threads.  Other warp collectives (shfl, vote, mma,
+ *     ldmatrix) order nothing, as in the PTX memory model.
  */
 #define _GNU_SOURCE
 #include "runtime/sim/emulator.h"
@@ -39,6 +65,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
 #include <ucontext.h>
 #include <unistd.h>
 
@@ -55,6 +82,7 @@ enum warp_op {
     OP_VOTE_BALLOT, OP_VOTE_ALL, OP_VOTE_ANY,
     OP_MMA_F16, OP_MMA_BF16,
     OP_LDMATRIX,
+    OP_BAR_WARP_SYNC,
 };
 
 /* One lane's part in a warp-collective call: operands in, results out. */
@@ -89,10 +117,33 @@ typedef struct sim_thread {
     cp_async_copy *copies;     /* pending, in issue order */
     int num_copies, cap_copies;
     int64_t groups_committed;
+    uint32_t warp_synced[WARP];  /* strict: seq of the last bar.warp.sync with each lane */
     ucontext_t uc;
     char *stack;               /* STACK_BYTES, with a guard page below */
     void *asan_fake_stack;     /* AddressSanitizer's fiber bookkeeping */
 } sim_thread;
+
+/* What last wrote a shared-memory byte (strict mode's race messages). */
+enum write_kind { W_STORE, W_CP_ASYNC_IN_FLIGHT, W_CP_ASYNC_LANDED };
+
+/* Strict mode's record of one granule of shared memory (see the top of the
+ * file). */
+typedef struct smem_shadow {
+    uint32_t write_stamp;      /* 0: not written; UINT32_MAX: a cp.async in flight */
+    uint32_t read_stamp;
+    uint32_t reader_lanes;     /* the readers' lanes, when they share one warp */
+    int16_t writer;
+    int16_t reader_a, reader_b;   /* the first reader; the first from a second warp */
+    int8_t reader_warp;        /* READERS_NONE, READERS_SEVERAL or the readers' warp */
+    uint8_t write_kind;
+} smem_shadow;
+
+enum { READERS_NONE = -1, READERS_SEVERAL = -2 };
+#define STAMP_IN_FLIGHT UINT32_MAX
+#define PREEMPT_EVERY 32
+/* The shadow's unit: 2 bytes, the narrowest shared access the templates
+ * make (f16 / bf16); a 1-byte access counts as one to its whole granule. */
+#define GRANULE 2
 
 typedef struct sim_worker {
     aj_sim_launch *launch;
@@ -100,6 +151,13 @@ typedef struct sim_worker {
     sim_thread *threads;
     int32_t ctaid[3];
     uint8_t *smem;
+    /* strict mode: the shadow of smem, the sync counters and the CTA's
+     * random schedule */
+    smem_shadow *shadow;
+    uint32_t seq, last_barrier;
+    uint64_t rng;
+    uint32_t preempt_countdown;
+    int *order;
     ucontext_t sched;
     int faulted;
     uint64_t instructions;
@@ -116,6 +174,8 @@ typedef struct sim_run {
     atomic_long next_cta;
     long num_ctas;
     atomic_int stop;
+    int strict;                /* AJ_SIM_STRICT: random order and race detection */
+    uint64_t seed;
     pthread_mutex_t lock;
     char error[1024];          /* first fault, under lock */
     int have_error;
@@ -133,6 +193,7 @@ static const char *warp_op_name(const warp_call *c)
         [OP_VOTE_ANY] = "vote.sync.any.pred",
         [OP_MMA_F16] = "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32",
         [OP_MMA_BF16] = "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32",
+        [OP_BAR_WARP_SYNC] = "bar.warp.sync",
     };
     static const char *const ldmatrix_names[2][3] = {   /* [trans][x1, x2, x4] */
         {"ldmatrix.sync.aligned.m8n8.x1.shared.b16", "ldmatrix.sync.aligned.m8n8.x2.shared.b16",
@@ -160,8 +221,12 @@ static void record_fault(sim_worker *w, const char *fmt, ...)
         va_list ap;
         va_start(ap, fmt);
         if (n > 0 && (size_t)n < sizeof run->error)
-            vsnprintf(run->error + n, sizeof run->error - (size_t)n, fmt, ap);
+            n += vsnprintf(run->error + n, sizeof run->error - (size_t)n, fmt, ap);
         va_end(ap);
+        if (run->strict && n > 0 && (size_t)n < sizeof run->error)
+            snprintf(run->error + n, sizeof run->error - (size_t)n,
+                     " (strict sim, seed %llu: AJ_SIM_SEED=%llu reproduces the schedule)",
+                     (unsigned long long)run->seed, (unsigned long long)run->seed);
         run->have_error = 1;
     }
     pthread_mutex_unlock(&run->lock);
@@ -296,6 +361,156 @@ static void check_global_bounds(sim_thread *t, const char *op, uintptr_t a, int3
     fault_in_thread(t, msg);
 }
 
+/* ---------------------------------------------------------------- strict mode */
+
+static size_t shadow_granules(const aj_sim_launch *launch)
+{
+    return ((size_t)launch->smem_bytes + GRANULE - 1) / GRANULE + 1;
+}
+
+/* xorshift64*: the worker's schedule randomness, seeded per CTA */
+static uint32_t next_random(sim_worker *w)
+{
+    w->rng ^= w->rng >> 12;
+    w->rng ^= w->rng << 25;
+    w->rng ^= w->rng >> 27;
+    return (uint32_t)((w->rng * 0x2545f4914f6cdd1dull) >> 32);
+}
+
+/* Whether thread t's access follows one thread `other` made at `stamp`. */
+static int ordered_after(const sim_thread *t, int other, uint32_t stamp)
+{
+    const sim_worker *w = t->w;
+    if (stamp < w->last_barrier)
+        return 1;
+    return other / WARP == t->tid / WARP && stamp < t->warp_synced[other % WARP];
+}
+
+static void report_race(sim_thread *t, const char *op, int bytes, uintptr_t offset,
+                        int other, const char *what_other)
+{
+    char msg[512];
+    snprintf(msg, sizeof msg, "shared-memory race: %s of %d bytes at offset %llu %s thread "
+             "%d with no barrier in between (bar.sync, or bar.warp.sync within a warp)", op,
+             bytes, (unsigned long long)offset, what_other, other);
+    fault_in_thread(t, msg);
+}
+
+/* The first reader of shadow s, since the last barrier, that t's write
+ * does not follow; -1 if none. */
+static int unordered_reader(const sim_thread *t, const smem_shadow *s)
+{
+    if (s->reader_warp == READERS_NONE || s->read_stamp < t->w->last_barrier)
+        return -1;
+    int warp = t->tid / WARP;
+    if (s->reader_warp == READERS_SEVERAL)
+        return s->reader_a / WARP != warp ? s->reader_a : s->reader_b;
+    if (s->reader_warp != warp)
+        return s->reader_a;
+    uint32_t lanes = s->reader_lanes & ~(1u << (t->tid % WARP));
+    for (; lanes; lanes &= lanes - 1) {
+        int lane = __builtin_ctz(lanes);
+        if (s->read_stamp >= t->warp_synced[lane])
+            return warp * WARP + lane;
+    }
+    return -1;
+}
+
+/* Thread t reads [a, a + bytes) of shared memory. */
+static void shadow_read(sim_thread *t, const char *op, uintptr_t a, int bytes)
+{
+    sim_worker *w = t->w;
+    uintptr_t offset = a - (uintptr_t)w->smem;
+    int warp = t->tid / WARP;
+    uintptr_t end = (offset + (uintptr_t)bytes + GRANULE - 1) / GRANULE;
+    for (uintptr_t g = offset / GRANULE; g < end; g++) {
+        smem_shadow *s = &w->shadow[g];
+        if (s->write_stamp && s->writer != t->tid && !ordered_after(t, s->writer, s->write_stamp))
+            report_race(t, op, bytes, offset, s->writer,
+                        s->write_kind == W_CP_ASYNC_IN_FLIGHT
+                            ? "reads a cp.async destination still in flight, issued by"
+                        : s->write_kind == W_CP_ASYNC_LANDED
+                            ? "reads cp.async data landed by the wait of"
+                            : "reads what was stored by");
+        if (s->reader_warp == READERS_NONE || s->read_stamp < w->last_barrier) {
+            s->reader_warp = (int8_t)warp;
+            s->reader_lanes = 0;
+            s->reader_a = (int16_t)t->tid;
+        } else if (s->reader_warp >= 0 && s->reader_warp != warp) {
+            s->reader_warp = READERS_SEVERAL;
+            s->reader_b = (int16_t)t->tid;
+        }
+        s->reader_lanes |= 1u << (t->tid % WARP);
+        s->read_stamp = w->seq;
+    }
+}
+
+/* Thread t writes [a, a + bytes) of shared memory, at `stamp`. */
+static void shadow_write(sim_thread *t, const char *op, uintptr_t a, int bytes,
+                         enum write_kind kind, uint32_t stamp)
+{
+    sim_worker *w = t->w;
+    uintptr_t offset = a - (uintptr_t)w->smem;
+    uintptr_t end = (offset + (uintptr_t)bytes + GRANULE - 1) / GRANULE;
+    for (uintptr_t g = offset / GRANULE; g < end; g++) {
+        smem_shadow *s = &w->shadow[g];
+        int reader = unordered_reader(t, s);
+        if (reader >= 0)
+            report_race(t, op, bytes, offset, reader, "overwrites what was read by");
+        s->write_stamp = stamp;
+        s->writer = (int16_t)t->tid;
+        s->write_kind = (uint8_t)kind;
+        s->reader_warp = READERS_NONE;
+    }
+}
+
+/* A bar.sync released (or the CTA starts): every access so far is ordered
+ * before every later one. */
+static void shadow_barrier(sim_worker *w)
+{
+    w->last_barrier = ++w->seq;
+}
+
+/* Lanes `group` of the warp at `base` completed a bar.warp.sync. */
+static void shadow_warp_sync(sim_worker *w, int base, uint32_t group)
+{
+    uint32_t stamp = ++w->seq;
+    for (uint32_t a = group; a; a &= a - 1)
+        for (uint32_t b = group; b; b &= b - 1)
+            w->threads[base + __builtin_ctz(a)].warp_synced[__builtin_ctz(b)] = stamp;
+}
+
+/* A new CTA: a barrier (nothing of the last CTA is visible) and its own
+ * schedule.  Stamps only grow; before they could wrap, the shadow starts
+ * over. */
+static void strict_cta_start(sim_worker *w, long cta)
+{
+    if (w->seq > UINT32_MAX / 2) {
+        memset(w->shadow, 0, shadow_granules(w->launch) * sizeof *w->shadow);
+        w->seq = 0;
+        for (int i = 0; i < w->launch->block_threads; i++)
+            memset(w->threads[i].warp_synced, 0, sizeof w->threads[i].warp_synced);
+    }
+    shadow_barrier(w);
+    uint64_t z = w->run->seed + (uint64_t)cta * 0x9e3779b97f4a7c15ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;   /* splitmix64's finaliser */
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    w->rng = (z ^ (z >> 31)) | 1;
+    w->preempt_countdown = 1 + next_random(w) % (2 * PREEMPT_EVERY);
+}
+
+/* Strict mode: between two accesses of shared memory another lane may run
+ * (every PREEMPT_EVERY-th access on average, at random, hands the worker
+ * back to the scheduler; a fiber switch costs more than an access). */
+static void maybe_preempt(sim_thread *t)
+{
+    sim_worker *w = t->w;
+    if (--w->preempt_countdown > 0)
+        return;
+    w->preempt_countdown = 1 + next_random(w) % (2 * PREEMPT_EVERY);
+    yield_to_scheduler(t, T_READY, t->site);
+}
+
 /* Every load and store of the kernel: natural alignment (up to 16 bytes)
  * and bounds; bit 0 of `flags` = store, bit 1 = shared memory. */
 static void sim_check(sim_thread *t, int64_t addr, int32_t bytes, int32_t flags)
@@ -306,10 +521,18 @@ static void sim_check(sim_thread *t, int64_t addr, int32_t bytes, int32_t flags)
     if (align & (align - 1))
         align = 1;
     check_alignment(t, op, a, bytes, align, flags);
-    if (flags & ACCESS_SHARED)
-        check_shared_bounds(t, op, a, bytes);
-    else
+    if (!(flags & ACCESS_SHARED)) {
         check_global_bounds(t, op, a, bytes);
+        return;
+    }
+    check_shared_bounds(t, op, a, bytes);
+    if (!t->w->shadow)
+        return;
+    maybe_preempt(t);
+    if (flags & ACCESS_STORE)
+        shadow_write(t, "store", a, bytes, W_STORE, t->w->seq);
+    else
+        shadow_read(t, "load", a, bytes);
 }
 
 /* ---------------------------------------------------------------- intrinsics */
@@ -384,6 +607,13 @@ VOTE(sim_vote_all, OP_VOTE_ALL)
 VOTE(sim_vote_any, OP_VOTE_ANY)
 #undef VOTE
 
+/* bar.warp.sync: the lanes of the membermask meet; their shared-memory
+ * accesses before it are ordered before those after (strict mode) */
+static void sim_bar_warp_sync(sim_thread *t, int32_t site, int32_t mask)
+{
+    join_warp_call(t, site, OP_BAR_WARP_SYNC, (uint32_t)mask);
+}
+
 /* mma.sync.aligned: the whole warp, all 32 lanes; d is the out-pointer of
  * a multi-result row */
 #define MMA(name, op)                                                                   \
@@ -411,6 +641,8 @@ static void ldmatrix(sim_thread *t, int32_t site, int count, int trans, const ui
     if (t->tid % WARP < 8 * count) {
         check_alignment(t, "ldmatrix row read", (uintptr_t)row, 16, 16, ACCESS_SHARED);
         check_shared_bounds(t, "ldmatrix row read", (uintptr_t)row, 16);
+        if (t->w->shadow)
+            shadow_read(t, "ldmatrix row read", (uintptr_t)row, 16);
     }
     t->call.in.ldmatrix.row = row;
     t->call.in.ldmatrix.count = count;
@@ -452,6 +684,9 @@ static void cp_async(sim_thread *t, uint8_t *dst, const uint8_t *src, int32_t sr
     check_alignment(t, "cp.async read", (uintptr_t)src, 16, 16, 0);
     if (src_bytes > 0)
         check_global_bounds(t, "cp.async read", (uintptr_t)src, src_bytes);
+    if (t->w->shadow)
+        shadow_write(t, "cp.async write", (uintptr_t)dst, 16, W_CP_ASYNC_IN_FLIGHT,
+                     STAMP_IN_FLIGHT);
     if (t->num_copies == t->cap_copies) {
         int cap = t->cap_copies ? 2 * t->cap_copies : 16;
         cp_async_copy *grown = realloc(t->copies, (size_t)cap * sizeof *grown);
@@ -489,9 +724,12 @@ static void land_copies(sim_thread *t, int64_t group_limit)
     int kept = 0;
     for (int i = 0; i < t->num_copies; i++) {
         cp_async_copy *c = &t->copies[i];
-        if (c->group < group_limit)
+        if (c->group < group_limit) {
             memcpy(c->dst, c->data, sizeof c->data);
-        else
+            if (t->w->shadow)
+                shadow_write(t, "cp.async write", (uintptr_t)c->dst, (int)sizeof c->data,
+                             W_CP_ASYNC_LANDED, t->w->seq);
+        } else
             t->copies[kept++] = *c;
     }
     t->num_copies = kept;
@@ -552,6 +790,7 @@ static const aj_host_symbol symbols[] = {
     SYM("aj_sim_vote_ballot", sim_vote_ballot),
     SYM("aj_sim_vote_all", sim_vote_all),
     SYM("aj_sim_vote_any", sim_vote_any),
+    SYM("aj_sim_bar_warp_sync", sim_bar_warp_sync),
     SYM("aj_sim_mma_m16n8k16_f16", sim_mma_m16n8k16_f16),
     SYM("aj_sim_mma_m16n8k16_bf16", sim_mma_m16n8k16_bf16),
     SYM("aj_sim_ldmatrix_x1", sim_ldmatrix_x1),
@@ -742,6 +981,10 @@ static int complete_warp_call(sim_worker *w, sim_thread *warp, int base, uint32_
     case OP_LDMATRIX:
         complete_ldmatrix(warp);
         break;
+    case OP_BAR_WARP_SYNC:
+        if (w->shadow)
+            shadow_warp_sync(w, base, group);
+        break;
     }
     return 1;
 }
@@ -795,6 +1038,8 @@ static int settle_barrier(sim_worker *w, int nthreads)
             return 0;
     for (int i = 0; i < nthreads; i++)
         w->threads[i].state = T_READY;
+    if (w->shadow)
+        shadow_barrier(w);
     return nthreads;
 }
 
@@ -886,18 +1131,38 @@ static __attribute__((noinline)) void prepare_fiber(sim_thread *t)
                 (unsigned)(p >> 32));
 }
 
-static void run_cta(sim_worker *w)
+/* The order of the next sweep: 0..n-1, or in strict mode a random
+ * permutation (Fisher-Yates). */
+static void sweep_order(sim_worker *w, int n)
+{
+    for (int i = 0; i < n; i++)
+        w->order[i] = i;
+    if (!w->shadow)
+        return;
+    for (int i = n - 1; i > 0; i--) {
+        int j = (int)(next_random(w) % (uint32_t)(i + 1));
+        int k = w->order[i];
+        w->order[i] = w->order[j];
+        w->order[j] = k;
+    }
+}
+
+static void run_cta(sim_worker *w, long cta)
 {
     int n = w->launch->block_threads;
     memset(w->smem, 0xff, (size_t)w->launch->smem_bytes);   /* NaN: unwritten reads show */
+    if (w->shadow)
+        strict_cta_start(w, cta);
     for (int i = 0; i < n; i++)
         prepare_fiber(&w->threads[i]);
     for (;;) {
         int ran = 0;
+        sweep_order(w, n);
         for (int i = 0; i < n && !w->faulted; i++) {
-            if (w->threads[i].state != T_READY)
+            sim_thread *t = &w->threads[w->order[i]];
+            if (t->state != T_READY)
                 continue;
-            switch_to_fiber(w, &w->threads[i]);
+            switch_to_fiber(w, t);
             ran++;
         }
         if (w->faulted)
@@ -933,7 +1198,7 @@ static void *worker_main(void *arg)
         w->ctaid[0] = (int32_t)(c % grid[0]);
         w->ctaid[1] = (int32_t)(c / grid[0] % grid[1]);
         w->ctaid[2] = (int32_t)(c / grid[0] / grid[1]);
-        run_cta(w);
+        run_cta(w, c);
     }
     return NULL;
 }
@@ -950,6 +1215,8 @@ static void free_worker(sim_worker *w, int nthreads)
         }
     free(w->threads);
     free(w->smem);
+    free(w->shadow);
+    free(w->order);
 }
 
 static int init_worker(sim_worker *w, sim_run *run, int nthreads)
@@ -959,7 +1226,10 @@ static int init_worker(sim_worker *w, sim_run *run, int nthreads)
     w->run = run;
     w->threads = calloc((size_t)nthreads, sizeof *w->threads);
     w->smem = aligned_alloc(16, ((size_t)run->launch->smem_bytes + 15) / 16 * 16 + 16);
-    if (!w->threads || !w->smem)
+    w->order = malloc((size_t)nthreads * sizeof *w->order);
+    if (run->strict)
+        w->shadow = calloc(shadow_granules(run->launch), sizeof *w->shadow);
+    if (!w->threads || !w->smem || !w->order || (run->strict && !w->shadow))
         return -1;
     size_t page = (size_t)getpagesize();
     for (int i = 0; i < nthreads; i++) {
@@ -976,6 +1246,25 @@ static int init_worker(sim_worker *w, sim_run *run, int nthreads)
         t->stack = m + page;
     }
     return 0;
+}
+
+/* Strict unless AJ_SIM_STRICT=0; the seed is the launch's, else
+ * AJ_SIM_SEED's (a number, or `random` for one from the clock), else 1. */
+static void sim_strictness(const aj_sim_launch *launch, int *strict, uint64_t *seed)
+{
+    const char *env = getenv("AJ_SIM_STRICT");
+    *strict = !(env && strcmp(env, "0") == 0);
+    *seed = launch->seed;
+    env = getenv("AJ_SIM_SEED");
+    if (!*seed && env && strcmp(env, "random") == 0) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        *seed = (uint64_t)ts.tv_sec * 1000000007ull + (uint64_t)ts.tv_nsec;
+    } else if (!*seed && env && *env) {
+        *seed = strtoull(env, NULL, 0);
+    }
+    if (!*seed)
+        *seed = 1;
 }
 
 aj_status aj_sim_run(aj_ctx *ctx, aj_sim_launch *launch)
@@ -1003,6 +1292,7 @@ aj_status aj_sim_run(aj_ctx *ctx, aj_sim_launch *launch)
     run.num_ctas = ctas;
     atomic_init(&run.next_cta, 0);
     atomic_init(&run.stop, 0);
+    sim_strictness(launch, &run.strict, &run.seed);
     pthread_mutex_init(&run.lock, NULL);
     sim_worker w[MAX_WORKERS];
     pthread_t tids[MAX_WORKERS];

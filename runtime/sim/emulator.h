@@ -13,6 +13,14 @@
  * against the buffers of the launch (and alignment), and detects barrier
  * divergence and deadlock; each becomes an error naming the kernel, CTA,
  * thread and address, never a crash or a hang.
+ *
+ * Strict mode (the default; the environment's AJ_SIM_STRICT=0 turns it off)
+ * runs the threads between synchronisation points in a random order from a
+ * seed (aj_sim_launch.seed, else AJ_SIM_SEED: a number or `random`; the
+ * fault message names it) and reports shared-memory races: a read of what
+ * another thread wrote, or a write of what another thread read, with no
+ * bar.sync (or bar.warp.sync between lanes of one warp) in between; cp.async
+ * data counts as written by the thread that waits for it.
  */
 #ifndef AJ_RUNTIME_SIM_EMULATOR_H
 #define AJ_RUNTIME_SIM_EMULATOR_H
@@ -38,6 +46,7 @@ typedef struct aj_sim_launch {
     const aj_sim_buffer *buffers;
     int num_buffers;
     int workers;                  /* host threads; 0: one per core, at most 16 */
+    uint64_t seed;                /* strict mode's schedule; 0: AJ_SIM_SEED, else 1 */
     uint64_t instructions;        /* out: emulated thread-instructions */
 } aj_sim_launch;
 

@@ -2,20 +2,26 @@
  * gpu_check.c -- the checks only a GPU can run, in one go (tests/gpu/run.sh
  * calls it; docs/gpu.md says how).
  *
- *   gpu_check [--out DIR] [--quick] [--dump DIR]
+ *   gpu_check [--family F] [--out DIR] [--quick] [--dump DIR] [--specs DIR]
  *
- *   1. correctness: every template x dtype x head dim x mask at moderate
- *      sizes on the GPU against the float64 reference (on this machine's
- *      CPUs), with the tolerances of the sim tests;
- *   2. speed: the forward kernels at B*S = 16k tokens, hidden 2048
- *      (H = 2048 / d), S in 512..16k, d in 64/128/256, causal and not;
- *      TFLOP/s counted as FlashAttention counts them (4 B S^2 D H, halved
- *      for causal), median of timed launches after warm-up;
- *   3. start-up: compiling the example specs for this GPU with an empty
- *      kernel cache (cold, in parallel) and again from the cache (warm).
+ *   1. correctness (families efficient_fwd, flash_fwd): every template x
+ *      dtype x head dim x mask at moderate sizes on the GPU against the
+ *      float64 reference (on this machine's CPUs), with the tolerances of
+ *      the sim tests;
+ *   2. speed (bench): the forward kernels, bf16, at B*S = 16k tokens,
+ *      hidden 2048 (H = 2048 / d), S in 1k..16k, d 64 and 128, causal and
+ *      not; TFLOP/s counted as FlashAttention counts them (4 B S^2 D H,
+ *      halved for causal), the median of launches timed with CUDA events
+ *      after warm-up; and each kernel's registers and local (spill) bytes
+ *      per thread as the driver reports them (cuFuncGetAttribute);
+ *   3. start-up (startup): compiling the example specs for this GPU with an
+ *      empty kernel cache (cold, in parallel) and again from the cache.
  *
- * Prints markdown tables; with --out, also writes gpu_check.json and
- * gpu_check.md there.  --dump writes a few cases' tensors as .npy for
+ * --family runs one of them (or `dump`, or `all`, the default), so that
+ * tests/gpu/run.sh can give each its own process: a kernel fault leaves
+ * the CUDA context unusable, and must not take the other checks with it.
+ * Prints markdown tables; with --out, also writes gpu_check[_F].json and
+ * gpu_check[_F].md there.  --dump writes a few cases' tensors as .npy for
  * tests/gpu/torch_compare.py.  Exit status: 0 if every check passed, 1 if
  * one failed, 77 (ctest's "skipped") where there is no usable GPU.
  */
@@ -28,9 +34,11 @@
 #include <sys/stat.h>
 #include <time.h>
 
+#include "runtime/cuda/cuda_api.h"
 #include "sim_harness.h"
 #include "tools/npy.h"
 
+/* wall clock: compile times (kernels are timed with CUDA events) */
 static double now_ms(void)
 {
     struct timespec ts;
@@ -63,18 +71,50 @@ static void say(const char *fmt, ...)
 
 /* ---------------------------------------------------------------- 1 */
 
-static int check_correctness(aj_ctx *ctx, aj_device *dev, int quick)
+static const aj_dtype dtypes[] = {AJ_DTYPE_F16, AJ_DTYPE_BF16, AJ_DTYPE_F32};
+static const char *const masks[] = {"none", "causal(top_left)", "causal(bottom_right)",
+                                    "window(64, 0, bottom_right)"};
+
+static void correctness_header(aj_device *dev, const char *family, const char *key)
 {
-    static const aj_dtype dtypes[] = {AJ_DTYPE_F16, AJ_DTYPE_BF16, AJ_DTYPE_F32};
-    static const int dims[] = {32, 64, 96, 128, 256};
-    static const char *const masks[] = {"none", "causal(top_left)", "causal(bottom_right)",
-                                        "window(64, 0, bottom_right)"};
-    int failed = 0, cases = 0;
-    say("\n## Correctness on %s against the float64 reference\n\n", aj_device_name(dev));
+    say("\n## Correctness of %s on %s against the float64 reference\n\n", family,
+        aj_device_name(dev));
     say("| case | status | O error / tol | LSE error / tol | empty rows |\n"
         "|---|---|---:|---:|---:|\n");
     if (json)
-        fprintf(json, "  \"correctness\": [\n");
+        fprintf(json, ",\n  \"%s\": [\n", key);
+}
+
+/* One row of the table and of the JSON; 1 if the case failed. */
+static int report_case(aj_ctx *ctx, const char *label, const fwd_result *r, int first)
+{
+    int ok = r->status == AJ_OK && r->max_err_o <= 1 && r->max_err_lse <= 1 &&
+             r->exact_empty_rows;
+    say("| %s | %s | %.3f | %.3f | %lld |\n", label,
+        r->status == AJ_OK ? (ok ? "ok" : "WRONG") : aj_status_str(r->status), r->max_err_o,
+        r->max_err_lse, (long long)r->rows_without_keys);
+    if (r->status != AJ_OK)
+        fprintf(stderr, "gpu_check: %s: %s\n", label, aj_last_error(ctx));
+    if (json)
+        fprintf(json, "%s    {\"case\": \"%s\", \"ok\": %s, \"err_o\": %.6g, \"err_lse\": %.6g}",
+                first ? "" : ",\n", label, ok ? "true" : "false", r->max_err_o, r->max_err_lse);
+    return !ok;
+}
+
+static int correctness_footer(int cases, int failed)
+{
+    if (json)
+        fprintf(json, "\n  ]");
+    say("\n%d cases, %d failed\n", cases, failed);
+    return failed;
+}
+
+/* the efficient forward: f16 / bf16 / f32 x head dims x masks */
+static int check_efficient_fwd(aj_ctx *ctx, aj_device *dev, int quick)
+{
+    static const int dims[] = {32, 64, 96, 128, 256};
+    int failed = 0, cases = 0;
+    correctness_header(dev, "the efficient forward", "correctness_efficient_fwd");
     for (int t = 0; t < 3; t++)
         for (int d = 0; d < 5; d++)
             for (int m = 0; m < 4; m++) {
@@ -87,25 +127,20 @@ static int check_correctness(aj_ctx *ctx, aj_device *dev, int quick)
                               2, 8, 2, 257, 300, 0, 0, 0, 0, 1.0, 0,
                               (uint64_t)(100 * t + 10 * d + m + 1)};
                 fwd_result r = fwd_run_case(ctx, dev, &c);
-                int ok = r.status == AJ_OK && r.max_err_o <= 1 && r.max_err_lse <= 1 &&
-                         r.exact_empty_rows;
-                failed += !ok;
-                cases++;
-                say("| %s | %s | %.3f | %.3f | %lld |\n", label,
-                    r.status == AJ_OK ? (ok ? "ok" : "WRONG") : aj_status_str(r.status),
-                    r.max_err_o, r.max_err_lse, (long long)r.rows_without_keys);
-                if (r.status != AJ_OK)
-                    fprintf(stderr, "gpu_check: %s: %s\n", label, aj_last_error(ctx));
-                if (json)
-                    fprintf(json, "    {\"case\": \"%s\", \"ok\": %s, \"err_o\": %.6g, "
-                            "\"err_lse\": %.6g}%s\n", label, ok ? "true" : "false",
-                            r.max_err_o, r.max_err_lse, "," );
+                failed += report_case(ctx, label, &r, cases++ == 0);
             }
-    /* the flash forward: f16 / bf16 x its head dims x the masks, then
-     * accumulate over 3 key blocks and a varlen batch */
+    return correctness_footer(cases, failed);
+}
+
+/* the flash forward: f16 / bf16 x its head dims x the masks, then
+ * accumulate over 3 key blocks and a varlen batch */
+static int check_flash_fwd(aj_ctx *ctx, aj_device *dev, int quick)
+{
     static const int flash_dims[][2] = {{32, 32}, {64, 64}, {96, 96}, {128, 128},
                                         {192, 192}, {256, 256}, {192, 128}};
     static const int32_t lq[] = {1, 300, 0, 129}, lk[] = {257, 64, 5, 0};
+    int failed = 0, cases = 0;
+    correctness_header(dev, "the flash forward", "correctness_flash_fwd");
     for (int t = 0; t < 2; t++)
         for (int d = 0; d < 7; d++)
             for (int m = 0; m < 6; m++) {
@@ -126,24 +161,9 @@ static int check_correctness(aj_ctx *ctx, aj_device *dev, int quick)
                               NULL, NULL, m == 5 ? 4 : 2, 8, 2, 257, 300, 0, 0, 0, 0, 1.0, 0,
                               (uint64_t)(1000 + 100 * t + 10 * d + m)};
                 fwd_result r = fwd_run_case_ext(ctx, dev, &c, NULL, &how);
-                int ok = r.status == AJ_OK && r.max_err_o <= 1 && r.max_err_lse <= 1 &&
-                         r.exact_empty_rows;
-                failed += !ok;
-                cases++;
-                say("| %s | %s | %.3f | %.3f | %lld |\n", label,
-                    r.status == AJ_OK ? (ok ? "ok" : "WRONG") : aj_status_str(r.status),
-                    r.max_err_o, r.max_err_lse, (long long)r.rows_without_keys);
-                if (r.status != AJ_OK)
-                    fprintf(stderr, "gpu_check: %s: %s\n", label, aj_last_error(ctx));
-                if (json)
-                    fprintf(json, "    {\"case\": \"%s\", \"ok\": %s, \"err_o\": %.6g, "
-                            "\"err_lse\": %.6g},\n", label, ok ? "true" : "false",
-                            r.max_err_o, r.max_err_lse);
+                failed += report_case(ctx, label, &r, cases++ == 0);
             }
-    if (json)
-        fprintf(json, "    {\"cases\": %d, \"failed\": %d}\n  ],\n", cases, failed);
-    say("\n%d cases, %d failed\n", cases, failed);
-    return failed;
+    return correctness_footer(cases, failed);
 }
 
 /* ---------------------------------------------------------------- 2 */
@@ -171,27 +191,136 @@ static aj_tensor dev_tensor(void *p, aj_dtype dt, int64_t b, int64_t h, int64_t 
     return t;
 }
 
+/*
+ * CUDA events and the driver's view of a kernel, through attnjit's own
+ * table of driver entry points (runtime/cuda/cuda_api.h), on the primary
+ * context of GPU 0: the context aj_device_open(ctx, AJ_DEVICE_CUDA, 0, ..)
+ * launches in, on the same (default) stream, so the events bracket just
+ * the launch.
+ */
+typedef struct gpu_clock {
+    const aj_cuda *cu;
+    CUdevice device;
+    CUcontext primary;
+    CUevent start, end;
+} gpu_clock;
+
+static aj_status clock_open(aj_ctx *ctx, gpu_clock *c)
+{
+    memset(c, 0, sizeof *c);
+    aj_status st = aj_cuda_get(ctx, &c->cu);
+    if (st != AJ_OK)
+        return st;
+    const aj_cuda *cu = c->cu;
+    CUcontext popped;
+    AJ_CU_TRY(ctx, cu, cu->DeviceGet(&c->device, 0), "cuDeviceGet");
+    AJ_CU_TRY(ctx, cu, cu->DevicePrimaryCtxRetain(&c->primary, c->device),
+              "cuDevicePrimaryCtxRetain");
+    AJ_CU_TRY(ctx, cu, cu->CtxPushCurrent(c->primary), "cuCtxPushCurrent");
+    CUresult r = cu->EventCreate(&c->start, 0);
+    if (r == AJ_CUDA_SUCCESS)
+        r = cu->EventCreate(&c->end, 0);
+    cu->CtxPopCurrent(&popped);
+    AJ_CU_TRY(ctx, cu, r, "cuEventCreate");
+done:
+    return st;
+}
+
+static void clock_close(gpu_clock *c)
+{
+    const aj_cuda *cu = c->cu;
+    if (!c->primary)
+        return;
+    CUcontext popped;
+    if (cu->CtxPushCurrent(c->primary) == AJ_CUDA_SUCCESS) {
+        if (c->start)
+            cu->EventDestroy(c->start);
+        if (c->end)
+            cu->EventDestroy(c->end);
+        cu->CtxPopCurrent(&popped);
+    }
+    cu->DevicePrimaryCtxRelease(c->device);
+}
+
+/* One aj_forward on the default stream, timed by events around it. */
+static aj_status time_forward(aj_ctx *ctx, gpu_clock *c, aj_device *dev, const aj_kernel *k,
+                              const aj_fwd_args *a, double *ms)
+{
+    const aj_cuda *cu = c->cu;
+    aj_status st = AJ_OK;
+    CUcontext popped;
+    float elapsed = 0;
+    AJ_CU_TRY(ctx, cu, cu->CtxPushCurrent(c->primary), "cuCtxPushCurrent");
+    CUresult r = cu->EventRecord(c->start, NULL);
+    if (r == AJ_CUDA_SUCCESS) {
+        st = aj_forward(ctx, dev, k, a);
+        r = cu->EventRecord(c->end, NULL);
+    }
+    if (r == AJ_CUDA_SUCCESS)
+        r = cu->EventSynchronize(c->end);
+    if (r == AJ_CUDA_SUCCESS)
+        r = cu->EventElapsedTime(&elapsed, c->start, c->end);
+    cu->CtxPopCurrent(&popped);
+    if (st == AJ_OK)
+        AJ_CU_TRY(ctx, cu, r, "CUDA event timing");
+    *ms = elapsed;
+done:
+    return st;
+}
+
+/* Registers and local memory (spills) per thread of the kernel's first
+ * stage, as the driver reports them after loading its PTX; -1 if it
+ * cannot say. */
+static void kernel_resources(gpu_clock *c, const aj_kernel *k, int *regs, int *local)
+{
+    const aj_cuda *cu = c->cu;
+    *regs = *local = -1;
+    size_t len;
+    const void *ptx = aj_kernel_code(k, &len);
+    CUcontext popped;
+    CUmodule mod;
+    CUfunction fn;
+    if (!ptx || cu->CtxPushCurrent(c->primary) != AJ_CUDA_SUCCESS)
+        return;
+    if (cu->ModuleLoadDataEx(&mod, ptx, 0, NULL, NULL) == AJ_CUDA_SUCCESS) {
+        if (cu->ModuleGetFunction(&fn, mod, aj_kernel_stage_entry(k, 0)) == AJ_CUDA_SUCCESS) {
+            cu->FuncGetAttribute(regs, AJ_CU_FUNC_ATTRIBUTE_NUM_REGS, fn);
+            cu->FuncGetAttribute(local, AJ_CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, fn);
+        }
+        cu->ModuleUnload(mod);
+    }
+    cu->CtxPopCurrent(&popped);
+}
+
 static int benchmark(aj_ctx *ctx, aj_device *dev, int quick)
 {
-    static const int seqs[] = {512, 1024, 2048, 4096, 8192, 16384};
-    static const int dims[] = {64, 128, 256};
-    const int tokens = 16384, hidden = 2048, reps = quick ? 3 : 10;
-    say("\n## Forward speed on %s (bf16, B*S = 16k tokens, hidden 2048)\n\n",
+    static const int seqs[] = {1024, 2048, 4096, 8192, 16384};
+    static const int dims[] = {64, 128};
+    const int tokens = 16384, hidden = 2048, reps = quick ? 5 : 10;
+    gpu_clock clock;
+    if (clock_open(ctx, &clock) != AJ_OK) {
+        fprintf(stderr, "gpu_check: CUDA events: %s\n", aj_last_error(ctx));
+        return 1;
+    }
+    say("\n## Forward speed on %s (bf16, B*S = 16k tokens, hidden 2048, CUDA events)\n\n",
         aj_device_name(dev));
-    say("| kernel | d | S | B x H | causal | median (ms) | TFLOP/s |\n"
-        "|---|---:|---:|---|---|---:|---:|\n");
+    say("| kernel | d | S | B x H | causal | median (ms) | TFLOP/s | registers | local bytes |\n"
+        "|---|---:|---:|---|---|---:|---:|---:|---:|\n");
     if (json)
-        fprintf(json, "  \"forward_speed\": [\n");
+        fprintf(json, ",\n  \"forward_speed\": [\n");
     int failed = 0, first = 1;
     static const char *const variants[] = {"efficient", "flash"};
     for (int vi = 0; vi < 2; vi++) {
-        for (int di = 0; di < 3; di++)
-            for (int si = 0; si < 6; si++)
+        for (int di = 0; di < 2; di++)
+            for (int si = 0; si < 5; si++)
                 for (int causal = 0; causal < 2; causal++) {
                     int d = dims[di], s = seqs[si], h = hidden / d, b = tokens / s;
                     if (quick && si % 2)
                         continue;
                     aj_kernel *k = compile_for(ctx, dev, variants[vi], AJ_DTYPE_BF16, d, causal);
+                    int regs = -1, local = -1;
+                    if (k)
+                        kernel_resources(&clock, k, &regs, &local);
                     size_t n = (size_t)b * h * s * d * 2;
                     void *q = NULL, *kk = NULL, *v = NULL, *o = NULL, *lse = NULL;
                     aj_status st = k ? AJ_OK : AJ_ERR_CODEGEN;
@@ -219,31 +348,27 @@ static int benchmark(aj_ctx *ctx, aj_device *dev, int quick)
                                         {(int64_t)h * s, s, 1, 0}};
                     double times[16];
                     for (int r = 0; r < 3 && st == AJ_OK; r++)   /* warm-up, module load */
-                        st = aj_forward(ctx, dev, k, &a);
-                    if (st == AJ_OK)
-                        st = aj_device_synchronize(dev, NULL);
-                    for (int r = 0; r < reps && st == AJ_OK; r++) {
-                        double t0 = now_ms();
-                        st = aj_forward(ctx, dev, k, &a);
-                        if (st == AJ_OK)
-                            st = aj_device_synchronize(dev, NULL);
-                        times[r] = now_ms() - t0;
-                    }
+                        st = time_forward(ctx, &clock, dev, k, &a, &times[0]);
+                    for (int r = 0; r < reps && st == AJ_OK; r++)
+                        st = time_forward(ctx, &clock, dev, k, &a, &times[r]);
                     double flops = 4.0 * b * (double)s * s * d * h / (causal ? 2 : 1);
                     if (st == AJ_OK) {
                         qsort(times, (size_t)reps, sizeof times[0], cmp_double);
                         double ms = times[reps / 2];
-                        say("| %s fwd | %d | %d | %d x %d | %s | %.3f | %.1f |\n", variants[vi], d,
-                            s, b, h, causal ? "yes" : "no", ms, flops / ms / 1e9);
+                        say("| %s fwd | %d | %d | %d x %d | %s | %.3f | %.1f | %d | %d |\n",
+                            variants[vi], d, s, b, h, causal ? "yes" : "no", ms,
+                            flops / ms / 1e9, regs, local);
                         if (json)
                             fprintf(json, "%s    {\"kernel\": \"%s_fwd\", \"d\": %d, \"S\": %d, "
                                     "\"B\": %d, \"H\": %d, \"causal\": %s, \"ms\": %.4f, "
-                                    "\"tflops\": %.3f}", first ? "" : ",\n", variants[vi], d, s,
-                                    b, h, causal ? "true" : "false", ms, flops / ms / 1e9);
+                                    "\"tflops\": %.3f, \"registers\": %d, \"local_bytes\": %d}",
+                                    first ? "" : ",\n", variants[vi], d, s, b, h,
+                                    causal ? "true" : "false", ms, flops / ms / 1e9, regs, local);
                         first = 0;
                     } else {
-                        say("| %s fwd | %d | %d | %d x %d | %s | %s | - |\n", variants[vi], d, s,
-                            b, h, causal ? "yes" : "no", aj_status_str(st));
+                        say("| %s fwd | %d | %d | %d x %d | %s | %s | - | %d | %d |\n",
+                            variants[vi], d, s, b, h, causal ? "yes" : "no", aj_status_str(st),
+                            regs, local);
                         fprintf(stderr, "gpu_check: d%d S%d: %s\n", d, s, aj_last_error(ctx));
                         failed++;
                     }
@@ -255,9 +380,9 @@ static int benchmark(aj_ctx *ctx, aj_device *dev, int quick)
                     aj_kernel_destroy(k);
                 }
     }
+    clock_close(&clock);
     if (json)
-        fprintf(json, "\n  ],\n");
-    say("\nBackward kernels do not exist yet; the backward table follows when they do.\n");
+        fprintf(json, "\n  ]");
     return failed;
 }
 
@@ -321,7 +446,7 @@ static int startup(aj_device *dev, const char *specs_dir)
         "\nwarm is %.0fx faster\n", n, aj_target_name(aj_device_target(dev)), ms[0],
         ms[0] / (n ? n : 1), ms[1], ms[1] / (n ? n : 1), ms[0] / (ms[1] > 0 ? ms[1] : 1));
     if (json)
-        fprintf(json, "  \"startup\": {\"specs\": %d, \"cold_ms\": %.2f, \"warm_ms\": %.2f}\n",
+        fprintf(json, ",\n  \"startup\": {\"specs\": %d, \"cold_ms\": %.2f, \"warm_ms\": %.2f}",
                 n, ms[0], ms[1]);
     for (int i = 0; i < n; i++)
         free(texts[i]);
@@ -404,9 +529,12 @@ static int dump_cases(aj_ctx *ctx, aj_device *dev, const char *dir)
     return failed;
 }
 
+static const char *const families[] = {"all", "efficient_fwd", "flash_fwd", "bench", "startup",
+                                       "dump"};
+
 int main(int argc, char **argv)
 {
-    const char *out_dir = NULL, *dump_dir = NULL, *specs = "examples/specs";
+    const char *out_dir = NULL, *dump_dir = NULL, *specs = "examples/specs", *family = "all";
     int quick = 0;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--out") == 0 && i + 1 < argc)
@@ -415,13 +543,25 @@ int main(int argc, char **argv)
             dump_dir = argv[++i];
         else if (strcmp(argv[i], "--specs") == 0 && i + 1 < argc)
             specs = argv[++i];
+        else if (strcmp(argv[i], "--family") == 0 && i + 1 < argc)
+            family = argv[++i];
         else if (strcmp(argv[i], "--quick") == 0)
             quick = 1;
         else {
-            fprintf(stderr, "usage: gpu_check [--out DIR] [--dump DIR] [--specs DIR] [--quick]\n");
+            fprintf(stderr, "usage: gpu_check [--family all|efficient_fwd|flash_fwd|bench|"
+                    "startup|dump] [--out DIR] [--dump DIR] [--specs DIR] [--quick]\n");
             return 2;
         }
     }
+    int known = 0;
+    for (size_t i = 0; i < sizeof families / sizeof families[0]; i++)
+        known |= strcmp(family, families[i]) == 0;
+    if (!known || (strcmp(family, "dump") == 0 && !dump_dir)) {
+        fprintf(stderr, "gpu_check: %s\n", known ? "--family dump needs --dump DIR"
+                                                 : "unknown --family");
+        return 2;
+    }
+    int all = strcmp(family, "all") == 0;
     aj_ctx_config cfg = AJ_CTX_CONFIG_INIT;
     cfg.cache_mode = AJ_CACHE_MEMORY;
     aj_ctx *ctx = NULL;
@@ -433,25 +573,33 @@ int main(int argc, char **argv)
         return 77;
     }
     if (out_dir) {
-        char path[1024];
+        char path[1024], suffix[64] = "";
+        if (!all)
+            snprintf(suffix, sizeof suffix, "_%s", family);
         mkdir(out_dir, 0755);
-        snprintf(path, sizeof path, "%s/gpu_check.json", out_dir);
+        snprintf(path, sizeof path, "%s/gpu_check%s.json", out_dir, suffix);
         json = fopen(path, "w");
-        snprintf(path, sizeof path, "%s/gpu_check.md", out_dir);
+        snprintf(path, sizeof path, "%s/gpu_check%s.md", out_dir, suffix);
         md = fopen(path, "w");
     }
     if (json)
-        fprintf(json, "{\n  \"device\": \"%s\",\n  \"target\": \"%s\",\n", aj_device_name(dev),
-                aj_target_name(aj_device_target(dev)));
-    say("# attnjit GPU check: %s (%s), attnjit %s, LLVM %s\n", aj_device_name(dev),
+        fprintf(json, "{\n  \"device\": \"%s\",\n  \"target\": \"%s\",\n  \"family\": \"%s\"",
+                aj_device_name(dev), aj_target_name(aj_device_target(dev)), family);
+    say("# attnjit GPU check (%s): %s (%s), attnjit %s, LLVM %s\n", family, aj_device_name(dev),
         aj_target_name(aj_device_target(dev)), aj_version_string(), aj_llvm_version());
-    int failed = check_correctness(ctx, dev, quick);
-    if (dump_dir)
+    int failed = 0;
+    if (all || strcmp(family, "efficient_fwd") == 0)
+        failed += check_efficient_fwd(ctx, dev, quick);
+    if (all || strcmp(family, "flash_fwd") == 0)
+        failed += check_flash_fwd(ctx, dev, quick);
+    if (dump_dir && (all || strcmp(family, "dump") == 0))
         failed += dump_cases(ctx, dev, dump_dir);
-    failed += benchmark(ctx, dev, quick);
-    failed += startup(dev, specs);
+    if (all || strcmp(family, "bench") == 0)
+        failed += benchmark(ctx, dev, quick);
+    if (all || strcmp(family, "startup") == 0)
+        failed += startup(dev, specs);
     if (json) {
-        fprintf(json, "  ,\"failed\": %d\n}\n", failed);
+        fprintf(json, ",\n  \"failed\": %d\n}\n", failed);
         fclose(json);
     }
     if (md)
