@@ -72,6 +72,7 @@
 #define DEFAULT_STATE 104 /* the most a default schedule takes where a candidate fits */
 #define DEFAULT_LIMIT 128 /* past DEFAULT_STATE, the most before the least-state one */
 #define PHILOX_STATE 32   /* dropout's Philox keys, counters and outputs per thread */
+#define UNEVEN_SHARE 4    /* a product dealt to warps in uneven shares (warp_grid_for) */
 #define DELTA_ROWS 128    /* query rows per CTA of the delta and convert kernels */
 
 static const int block_values[] = {16, 32, 64, 128};
@@ -201,6 +202,18 @@ static int fragment_regs(const warp_grid g[N_PRODS])
     return most;
 }
 
+/* Registers the uneven shares cost (the share bounds, the inside test of
+ * a short share's first tile): ptxas needs more at 232/248 on 32 x 32
+ * tiles (29 and 31 tiles over 4 warp columns; 4 bytes spilled) than at
+ * 256/256 (32 each; 248 registers, none). */
+static int uneven_regs(const warp_grid g[N_PRODS])
+{
+    int regs = 0;
+    for (int i = 0; i < N_PRODS; i++)
+        regs += (g[i].n / 8) % g[i].wn != 0 ? UNEVEN_SHARE : 0;
+    return regs;
+}
+
 /*
  * Default schedules, most preferred first, each with 2 stages and then 1
  * (for targets short of shared memory): 64 x 64 tiles on 4 warps, 8 warps
@@ -270,7 +283,7 @@ static aj_status plan_schedule(aj_ctx *ctx, const aj_op *op, aj_target target,
     p->default_state = thread_state(p, g,
                                     aj_attn_option_regs_per_element(op) +
                                         aj_attn_score_mod_regs_per_element(op)) +
-                       fragment_regs(g) + (op->dropout > 0 ? PHILOX_STATE : 0);
+                       fragment_regs(g) + uneven_regs(g) + (op->dropout > 0 ? PHILOX_STATE : 0);
     if (state > STATE_BUDGET)
         return aj_fail(ctx, AJ_ERR_UNSUPPORTED,
                        "schedule: block_m = %d, block_n = %d, warps = %d needs %d f32 "
@@ -291,7 +304,8 @@ static aj_status plan_schedule(aj_ctx *ctx, const aj_op *op, aj_target target,
  * The op's schedule over a default candidate: the first that plan_schedule
  * accepts with at most DEFAULT_STATE of state per thread (accumulators,
  * the element pass's option work, thread_state, and the widest product's
- * mma fragments, fragment_regs, and dropout's Philox state), else the
+ * mma fragments, fragment_regs, uneven shares, uneven_regs, and dropout's
+ * Philox state), else the
  * first within DEFAULT_LIMIT, else the accepted one with the least (16 x 16
  * on 8 warps); when none fits, the first one's failure
  * (aj_attn_plan_schedule).  The headroom below STATE_BUDGET is for what
