@@ -71,7 +71,10 @@ static aj_status verify_module(aj_ctx *ctx, LLVMModuleRef mod, const char *stage
  * the default -- runs the handful of passes that matter for such code
  * (promote to registers, CSE, combine, hoist) and leaves unrolling to the
  * templates; it costs a fifth of LLVM's default<O3> (level 3) and gave the
- * same or fewer registers in ptxas on the efficient forward kernels.
+ * same or fewer registers in ptxas on the efficient forward kernels.  The
+ * cpu kernels (explicit vectors, register tiles, loops over columns) ran
+ * as fast with it as with default<O3> (bench/README.md, "bench/cpu --jit"),
+ * whose unrolling only multiplied their code and the x86 backend's time.
  */
 static const char *const pipelines[4] = {
     "function(sroa)",
@@ -82,12 +85,9 @@ static const char *const pipelines[4] = {
 };
 
 static aj_status optimize(aj_ctx *ctx, LLVMModuleRef mod, LLVMTargetMachineRef tm,
-                          int opt_level, aj_target target)
+                          int opt_level)
 {
-    /* cpu kernels are loops over explicit vectors that want LLVM's full
-     * scheduling, unrolling and instruction selection: default<O3> */
-    const char *pipeline = target == AJ_TARGET_CPU && opt_level >= 2 ? pipelines[3]
-                                                                       : pipelines[opt_level];
+    const char *pipeline = pipelines[opt_level];
     LLVMPassBuilderOptionsRef pbo = LLVMCreatePassBuilderOptions();
     LLVMErrorRef err = LLVMRunPasses(mod, pipeline, tm, pbo);
     LLVMDisposePassBuilderOptions(pbo);
@@ -229,7 +229,7 @@ aj_status aj_codegen_run(aj_ctx *ctx, const aj_op *op,
 
     /* stage: optimize */
     t0 = now_ms();
-    AJ_TRY(optimize(ctx, kb.mod, tm, options->opt_level, options->target));
+    AJ_TRY(optimize(ctx, kb.mod, tm, options->opt_level));
     if (sim)
         aj_sim_count_instructions(kb.mod);
     t1 = now_ms();

@@ -182,18 +182,23 @@ void aj_cpu_load_rows(aj_kb *kb, LLVMValueRef buf, int width, const char *t, aj_
     LLVMValueRef dst = mul(kb, r, i32c(kb, width));
     aj_kb_if_begin(kb, LLVMBuildICmp(kb->b, LLVMIntSLT, r, count, ""));
     LLVMValueRef row = add(kb, base, mul(kb, sext64(kb, add(kb, r0, r)), stride_s));
-    for (int c = 0; c < width; c += 8) {
-        LLVMValueRef x = aj_cv_load(kb, aj_cpu_tensor_at(kb, t, dtype, add(kb, row,
-                                    aj_kb_i64(kb, c))), dtype, 8);
-        if (scale != 1.0)
-            x = LLVMBuildFMul(kb->b, x, vscale, "");
-        aj_cpu_vstore(kb, x, aj_cpu_buf_at(kb, buf, add(kb, dst, i32c(kb, c))));
-    }
+    LLVMValueRef c = aj_kb_for_begin(kb, i32c(kb, 0), i32c(kb, width), i32c(kb, 8), "lrc");
+    LLVMValueRef x = aj_cv_load(kb, aj_cpu_tensor_at(kb, t, dtype, add(kb, row, sext64(kb, c))),
+                                dtype, 8);
+    if (scale != 1.0)
+        x = LLVMBuildFMul(kb->b, x, vscale, "");
+    aj_cpu_vstore(kb, x, aj_cpu_buf_at(kb, buf, add(kb, dst, c)));
+    aj_kb_for_end(kb);
     aj_kb_else(kb);
-    for (int c = 0; c < width; c += 8)
-        aj_cpu_vstore(kb, LLVMConstNull(aj_cv_type(kb, 8)), aj_cpu_buf_at(kb, buf, add(kb, dst,
-                                                                              i32c(kb, c))));
+    aj_cpu_zero(kb, aj_cpu_buf_at(kb, buf, dst), width);
     aj_kb_if_end(kb);
+    aj_kb_for_end(kb);
+}
+
+void aj_cpu_zero(aj_kb *kb, LLVMValueRef ptr, int n)
+{
+    LLVMValueRef c = aj_kb_for_begin(kb, i32c(kb, 0), i32c(kb, n), i32c(kb, 8), "zero");
+    aj_cpu_vstore(kb, LLVMConstNull(aj_cv_type(kb, 8)), aj_cpu_buf_at(kb, ptr, c));
     aj_kb_for_end(kb);
 }
 
@@ -235,7 +240,8 @@ void aj_cpu_load_cols(aj_kb *kb, LLVMValueRef buf, int width, int n, const char 
 {
     LLVMBuilderRef b = kb->b;
     /* groups of 8 rows: whole ones by 8 x 8 transposes, the group holding
-     * the tail row by row (n is a multiple of 8) */
+     * the tail row by row (n is a multiple of 8); columns 8 at a time, in
+     * a loop (one transpose of code, not width / 8) */
     LLVMValueRef r8 = aj_kb_for_begin(kb, i32c(kb, 0), i32c(kb, n), i32c(kb, 8), "lc8");
     aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntSLE, add(kb, r8, i32c(kb, 8)), count, ""));
     {
@@ -243,32 +249,33 @@ void aj_cpu_load_cols(aj_kb *kb, LLVMValueRef buf, int width, int n, const char 
         for (int e = 0; e < 8; e++)
             rows[e] = add(kb, base, mul(kb, sext64(kb, add(kb, r0, add(kb, r8, i32c(kb, e)))),
                                         stride_s));
-        for (int c = 0; c < width; c += 8) {
-            LLVMValueRef a[8], out[8];
-            for (int e = 0; e < 8; e++)
-                a[e] = aj_cv_load(kb, aj_cpu_tensor_at(kb, t, dtype, add(kb, rows[e],
-                                  aj_kb_i64(kb, c))), dtype, 8);
-            transpose8(kb, a, out);
-            for (int j = 0; j < 8; j++)
-                aj_cpu_vstore(kb, out[j], aj_cpu_buf_at(kb, buf, add(kb, i32c(kb, (c + j) * n),
-                                                                     r8)));
-        }
-    }
-    aj_kb_else(kb);
-    LLVMValueRef r = aj_kb_for_begin(kb, r8, add(kb, r8, i32c(kb, 8)), i32c(kb, 1), "lc");
-    aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntSLT, r, count, ""));
-    LLVMValueRef row = add(kb, base, mul(kb, sext64(kb, add(kb, r0, r)), stride_s));
-    for (int c = 0; c < width; c += 8) {
-        LLVMValueRef x = aj_cv_load(kb, aj_cpu_tensor_at(kb, t, dtype, add(kb, row,
-                                    aj_kb_i64(kb, c))), dtype, 8);
+        LLVMValueRef c = aj_kb_for_begin(kb, i32c(kb, 0), i32c(kb, width), i32c(kb, 8), "lcc");
+        LLVMValueRef a[8], out[8];
         for (int e = 0; e < 8; e++)
-            LLVMBuildStore(b, LLVMBuildExtractElement(b, x, i32c(kb, e), ""),
-                           aj_cpu_buf_at(kb, buf, add(kb, i32c(kb, (c + e) * n), r)));
+            a[e] = aj_cv_load(kb, aj_cpu_tensor_at(kb, t, dtype, add(kb, rows[e],
+                              sext64(kb, c))), dtype, 8);
+        transpose8(kb, a, out);
+        LLVMValueRef at = add(kb, mul(kb, c, i32c(kb, n)), r8);
+        for (int j = 0; j < 8; j++)
+            aj_cpu_vstore(kb, out[j], aj_cpu_buf_at(kb, buf, add(kb, at, i32c(kb, j * n))));
+        aj_kb_for_end(kb);
     }
     aj_kb_else(kb);
-    for (int c = 0; c < width; c++)
-        LLVMBuildStore(b, aj_kb_f32(kb, 0), aj_cpu_buf_at(kb, buf, add(kb, i32c(kb, c * n), r)));
-    aj_kb_if_end(kb);
+    /* rows past count read the last row (count >= 1 where a block is
+     * loaded: in bounds) and store 0 */
+    LLVMValueRef r = aj_kb_for_begin(kb, r8, add(kb, r8, i32c(kb, 8)), i32c(kb, 1), "lc");
+    LLVMValueRef in = LLVMBuildICmp(b, LLVMIntSLT, r, count, "");
+    LLVMValueRef rc = aj_kb_smin(kb, r, LLVMBuildSub(b, count, i32c(kb, 1), ""));
+    LLVMValueRef row = add(kb, base, mul(kb, sext64(kb, add(kb, r0, rc)), stride_s));
+    LLVMValueRef c = aj_kb_for_begin(kb, i32c(kb, 0), i32c(kb, width), i32c(kb, 8), "lct");
+    LLVMValueRef x = aj_cv_load(kb, aj_cpu_tensor_at(kb, t, dtype, add(kb, row, sext64(kb, c))),
+                                dtype, 8);
+    x = LLVMBuildSelect(b, in, x, LLVMConstNull(aj_cv_type(kb, 8)), "");
+    for (int e = 0; e < 8; e++)
+        LLVMBuildStore(b, LLVMBuildExtractElement(b, x, i32c(kb, e), ""),
+                       aj_cpu_buf_at(kb, buf, add(kb, mul(kb, add(kb, c, i32c(kb, e)),
+                                                           i32c(kb, n)), r)));
+    aj_kb_for_end(kb);
     aj_kb_for_end(kb);
     aj_kb_if_end(kb);
     aj_kb_for_end(kb);

@@ -97,13 +97,16 @@ LLVMValueRef aj_cpu_buf_at(aj_kb *kb, LLVMValueRef buf, LLVMValueRef index);
 /* &t[elem] of tensor parameter t of `dtype`, elem i64 */
 LLVMValueRef aj_cpu_tensor_at(aj_kb *kb, const char *t, aj_dtype dtype, LLVMValueRef elem);
 
+/* ptr[0..n) = 0 (n a multiple of 8), in a loop */
+void aj_cpu_zero(aj_kb *kb, LLVMValueRef ptr, int n);
 /* buf[r][0..width) = scale * t[base + (r0 + r) stride_s + 0..width) for
  * r < count, 0 for count <= r < rows (width a multiple of 8). */
 void aj_cpu_load_rows(aj_kb *kb, LLVMValueRef buf, int width, const char *t, aj_dtype dtype,
                       LLVMValueRef base, LLVMValueRef stride_s, LLVMValueRef r0,
                       LLVMValueRef count, LLVMValueRef rows, double scale);
 /* buf[c][r] = t[base + (r0 + r) stride_s + c] for r < count, 0 for
- * count <= r < n: the rows transposed, so that they run along vectors. */
+ * count <= r < n (count >= 1): the rows transposed, so that they run
+ * along vectors. */
 void aj_cpu_load_cols(aj_kb *kb, LLVMValueRef buf, int width, int n, const char *t,
                       aj_dtype dtype, LLVMValueRef base, LLVMValueRef stride_s,
                       LLVMValueRef r0, LLVMValueRef count);

@@ -246,15 +246,15 @@ static void load_query_side(cbwd *c, LLVMValueRef bidx, LLVMValueRef h, LLVMValu
         LLVMBuildStore(b, LLVMBuildSelect(b, empty, aj_kb_f32(kb, 0), l2, ""),
                        buf_at(c, c->lse2, i));
         LLVMValueRef orow = add(c, o_base, mul(c, ig, param(c, "stride_o_s")));
-        LLVMValueRef acc = LLVMConstNull(aj_cv_type(kb, 8));
-        for (int x = 0; x < p->dv; x += 8) {
-            LLVMValueRef ov = aj_cv_load(kb, aj_cpu_tensor_at(kb, "o", p->dtype, add(c, orow,
-                                         aj_kb_i64(kb, x))), p->dtype, 8);
-            LLVMValueRef dv = vload(c, buf_at(c, c->dob, add(c, mul(c, i, i32c(c, p->dv)),
-                                                             i32c(c, x))), 8);
-            acc = aj_cv_fma(kb, ov, dv, acc);
-        }
-        LLVMBuildStore(b, aj_cv_hsum(kb, acc, 8), buf_at(c, c->delta, i));
+        LLVMValueRef acc = aj_kb_var(kb, aj_cv_type(kb, 8), NULL, "delta");
+        aj_kb_set(kb, acc, LLVMConstNull(aj_cv_type(kb, 8)));
+        LLVMValueRef x = aj_kb_for_begin(kb, i32c(c, 0), i32c(c, p->dv), i32c(c, 8), "dx");
+        LLVMValueRef ov = aj_cv_load(kb, aj_cpu_tensor_at(kb, "o", p->dtype, add(c, orow,
+                                     sext64(c, x))), p->dtype, 8);
+        LLVMValueRef dv = vload(c, buf_at(c, c->dob, add(c, mul(c, i, i32c(c, p->dv)), x)), 8);
+        aj_kb_set(kb, acc, aj_cv_fma(kb, ov, dv, aj_kb_get(kb, acc)));
+        aj_kb_for_end(kb);
+        LLVMBuildStore(b, aj_cv_hsum(kb, aj_kb_get(kb, acc), 8), buf_at(c, c->delta, i));
     }
     aj_kb_else(kb);
     LLVMBuildStore(b, aj_kb_f32(kb, INFINITY), buf_at(c, c->lse2, i));
@@ -330,22 +330,14 @@ static void store_rows(cbwd *c, LLVMValueRef buf, int width, const char *t, LLVM
     snprintf(stride, sizeof stride, "stride_%s_s", t);
     LLVMValueRef r = aj_kb_for_begin(kb, i32c(c, 0), count, i32c(c, 1), "sr");
     LLVMValueRef row = add(c, base, mul(c, sext64(c, add(c, r0, r)), param(c, stride)));
-    for (int x = 0; x < width; x += 8) {
-        LLVMValueRef v = vload(c, buf_at(c, buf, add(c, mul(c, r, i32c(c, width)), i32c(c, x))),
-                               8);
-        if (scale != 1.0)
-            v = LLVMBuildFMul(c->b, v, aj_cv_splat(kb, aj_kb_f32(kb, scale), 8), "");
-        aj_cv_store(kb, v, aj_cpu_tensor_at(kb, t, c->p.dtype, add(c, row, aj_kb_i64(kb, x))),
-                    c->p.dtype, 8);
-    }
+    LLVMValueRef x = aj_kb_for_begin(kb, i32c(c, 0), i32c(c, width), i32c(c, 8), "srx");
+    LLVMValueRef v = vload(c, buf_at(c, buf, add(c, mul(c, r, i32c(c, width)), x)), 8);
+    if (scale != 1.0)
+        v = LLVMBuildFMul(c->b, v, aj_cv_splat(kb, aj_kb_f32(kb, scale), 8), "");
+    aj_cv_store(kb, v, aj_cpu_tensor_at(kb, t, c->p.dtype, add(c, row, sext64(c, x))),
+                c->p.dtype, 8);
     aj_kb_for_end(kb);
-}
-
-static void zero_buffer(cbwd *c, LLVMValueRef buf, int n)
-{
-    LLVMValueRef i = aj_kb_for_begin(c->kb, i32c(c, 0), i32c(c, n), i32c(c, 8), "zb");
-    vstore(c, LLVMConstNull(aj_cv_type(c->kb, 8)), buf_at(c, buf, i));
-    aj_kb_for_end(c->kb);
+    aj_kb_for_end(kb);
 }
 
 static LLVMValueRef rows_from(cbwd *c, LLVMValueRef m0)
@@ -379,8 +371,8 @@ static void build_dkdv(cbwd *c)
                      kcount);
     aj_cpu_load_cols(kb, c->vt, p->dv, p->bn, "v", p->dtype, v_base, param(c, "stride_v_s"), n0,
                      kcount);
-    zero_buffer(c, dk, p->bn * p->d);
-    zero_buffer(c, dv, p->bn * p->dv);
+    aj_cpu_zero(kb, dk, p->bn * p->d);
+    aj_cpu_zero(kb, dv, p->bn * p->dv);
     LLVMValueRef group = LLVMBuildSDiv(b, param(c, "heads_q"), param(c, "heads_kv"), "");
     LLVMValueRef g = aj_kb_for_begin(kb, i32c(c, 0), group, i32c(c, 1), "g");
     {
@@ -486,7 +478,7 @@ static void build_dq(cbwd *c)
         LLVMValueRef hkv = LLVMBuildSDiv(b, h, LLVMBuildSDiv(b, param(c, "heads_q"),
                                                              param(c, "heads_kv"), ""), "");
         load_query_side(c, bidx, h, m0, rows);
-        zero_buffer(c, dq, p->bm * p->d);
+        aj_cpu_zero(kb, dq, p->bm * p->d);
         LLVMValueRef n_begin = i32c(c, 0), n_end;
         if (has_bias)   /* every key block: dbias is written everywhere */
             n_end = LLVMBuildSDiv(b, add(c, c->at.seq.len_k, i32c(c, p->bn - 1)),

@@ -317,20 +317,20 @@ static void emit_epilogue(cfwd *c, LLVMValueRef o_base, LLVMValueRef lse_base)
         scale_new = LLVMBuildFMul(b, w_new, inv, "");
     }
     LLVMValueRef sv = aj_cv_splat(kb, scale_new, vw);
-    for (int d = 0; d < p->dv; d += vw) {
-        LLVMValueRef val = LLVMBuildFMul(b, vload(c, buf_at(c, c->o, add(c, mul(c, i,
-                                         i32c(c, p->dv)), i32c(c, d))), vw), sv, "");
-        LLVMValueRef at = tensor_at(c, out, out_dtype, add(c, orow, aj_kb_i64(kb, d)));
-        if (accumulate) {
-            /* a prior of weight 0 adds nothing, whatever its O holds */
-            LLVMValueRef prior = LLVMBuildFMul(b, aj_cv_load(kb, at, AJ_DTYPE_F32, vw),
-                                               aj_cv_splat(kb, w_prior, vw), "");
-            LLVMValueRef zero_w = LLVMBuildFCmp(b, LLVMRealOEQ, w_prior, aj_kb_f32(kb, 0), "");
-            prior = LLVMBuildSelect(b, zero_w, LLVMConstNull(aj_cv_type(kb, vw)), prior, "");
-            val = LLVMBuildFAdd(b, val, prior, "");
-        }
-        aj_cv_store(kb, val, at, out_dtype, vw);
+    LLVMValueRef d = aj_kb_for_begin(kb, i32c(c, 0), i32c(c, p->dv), i32c(c, vw), "ed");
+    LLVMValueRef val = LLVMBuildFMul(b, vload(c, buf_at(c, c->o, add(c, mul(c, i,
+                                     i32c(c, p->dv)), d)), vw), sv, "");
+    LLVMValueRef at = tensor_at(c, out, out_dtype, add(c, orow, sext64(c, d)));
+    if (accumulate) {
+        /* a prior of weight 0 adds nothing, whatever its O holds */
+        LLVMValueRef prior = LLVMBuildFMul(b, aj_cv_load(kb, at, AJ_DTYPE_F32, vw),
+                                           aj_cv_splat(kb, w_prior, vw), "");
+        LLVMValueRef zero_w = LLVMBuildFCmp(b, LLVMRealOEQ, w_prior, aj_kb_f32(kb, 0), "");
+        prior = LLVMBuildSelect(b, zero_w, LLVMConstNull(aj_cv_type(kb, vw)), prior, "");
+        val = LLVMBuildFAdd(b, val, prior, "");
     }
+    aj_cv_store(kb, val, at, out_dtype, vw);
+    aj_kb_for_end(kb);
     LLVMBuildStore(b, lse, lse_ptr);
     aj_kb_for_end(kb);
 }
@@ -344,10 +344,8 @@ static void emit_init_rows(cfwd *c)
     LLVMBuildStore(c->b, aj_kb_f32(kb, -INFINITY), buf_at(c, c->m, i));
     LLVMBuildStore(c->b, aj_kb_f32(kb, 0), buf_at(c, c->l, i));
     LLVMBuildStore(c->b, aj_kb_f32(kb, 0), buf_at(c, c->alpha, i));
-    for (int d = 0; d < p->dv; d += 8)
-        vstore(c, LLVMConstNull(aj_cv_type(kb, 8)), buf_at(c, c->o, add(c, mul(c, i,
-                                                       i32c(c, p->dv)), i32c(c, d))));
     aj_kb_for_end(kb);
+    aj_cpu_zero(kb, c->o, p->bm * p->dv);
 }
 
 static aj_status cfwd_build(aj_kb *kb, const aj_op *op, void *user)

@@ -4,6 +4,7 @@
  *
  *   bench_cpu [--quick | --full] [--workers N] [--dtype f16|bf16|f32]
  *             [--heads H] [--repeat R] [--csv FILE]
+ *   bench_cpu --jit [-O 0..3] [--seq S] [--compiles N] [...]
  *
  * Per problem (B 1, H heads, Sq = Sk = S, d = Dv, causal or not): the
  * best of R forward launches after one warm-up, then the same for the
@@ -26,6 +27,12 @@
  *           short.  It is what a user without attnjit writes first.
  *
  * --quick (the default): S 512, 1024, 2048.  --full: S 512 .. 8192.
+ *
+ * --jit: what a kernel costs to make and what it then runs at, per pass
+ * and head dim (64, 128, 256; causal and not) at one S (default 2048):
+ * the median of N cold compiles (cache bypassed; default 5), at the opt
+ * level -O (default 2), and the best of R launches.  Two builds or two
+ * levels are compared by running this twice, interleaved.
  */
 #include <math.h>
 #include <pthread.h>
@@ -219,11 +226,13 @@ typedef struct config {
     aj_dtype dtype;
     int heads, repeat, workers, full;
     const char *csv;
+    int jit, opt_level, compiles, seq;   /* --jit mode */
 } config;
 
-static aj_status compile_op(aj_ctx *ctx, const char *kind, aj_dtype dtype, int d, int causal,
-                            aj_kernel **out)
+static aj_status compile_once(aj_ctx *ctx, const config *cfg, const char *kind, int d,
+                              int causal, aj_kernel **out)
 {
+    aj_dtype dtype = cfg->dtype;
     char spec[256];
     snprintf(spec, sizeof spec, "attention %s flash { dtype = %s head_dim = %d mask = %s }",
              kind, aj_dtype_name(dtype), d, causal ? "causal(top_left)" : "none");
@@ -234,8 +243,36 @@ static aj_status compile_op(aj_ctx *ctx, const char *kind, aj_dtype dtype, int d
     aj_compile_options opt = AJ_COMPILE_OPTIONS_INIT;
     opt.target = AJ_TARGET_CPU;
     opt.emit = AJ_EMIT_LLVM_IR;
+    opt.opt_level = cfg->opt_level;
+    opt.bypass_cache = cfg->jit;
     st = aj_compile(ctx, op, &opt, out);
     aj_op_destroy(op);
+    return st;
+}
+
+/* Compiles the pass; with cfg->jit, cfg->compiles times afresh, *ms the
+ * median (the last kernel kept). */
+static aj_status compile_op(aj_ctx *ctx, const config *cfg, const char *kind, int d, int causal,
+                            aj_kernel **out, double *ms)
+{
+    int n = cfg->jit ? cfg->compiles : 1;
+    double times[64];
+    aj_status st = AJ_OK;
+    *out = NULL;
+    for (int i = 0; i < n && st == AJ_OK; i++) {
+        aj_kernel_destroy(*out);
+        *out = NULL;
+        double t0 = now_s();
+        st = compile_once(ctx, cfg, kind, d, causal, out);
+        times[i] = (now_s() - t0) * 1e3;
+    }
+    for (int i = 1; i < n; i++)   /* insertion sort: n is small */
+        for (int j = i; j > 0 && times[j] < times[j - 1]; j--) {
+            double t = times[j];
+            times[j] = times[j - 1];
+            times[j - 1] = t;
+        }
+    *ms = n % 2 ? times[n / 2] : 0.5 * (times[n / 2 - 1] + times[n / 2]);
     return st;
 }
 
@@ -291,8 +328,9 @@ static int bench_one(aj_ctx *ctx, aj_device *dev, const config *cfg, int s, int 
                      peak_kernel pk, FILE *csv)
 {
     aj_kernel *kernel = NULL, *bwd = NULL;
-    if (compile_op(ctx, "forward", cfg->dtype, d, causal, &kernel) != AJ_OK ||
-        compile_op(ctx, "backward", cfg->dtype, d, causal, &bwd) != AJ_OK) {
+    double ms_fwd = 0, ms_bwd = 0;
+    if (compile_op(ctx, cfg, "forward", d, causal, &kernel, &ms_fwd) != AJ_OK ||
+        compile_op(ctx, cfg, "backward", d, causal, &bwd, &ms_bwd) != AJ_OK) {
         fprintf(stderr, "bench_cpu: compile: %s\n", aj_last_error(ctx));
         aj_kernel_destroy(kernel);
         return 1;
@@ -330,7 +368,10 @@ static int bench_one(aj_ctx *ctx, aj_device *dev, const config *cfg, int s, int 
     double flops = 4.0 * h * (double)s * s * d * (causal ? 0.5 : 1.0);
     double t = time_pass(ctx, dev, kernel, &a, NULL, cfg->repeat);
     int failed = t < 0;
-    if (!failed) {
+    if (!failed && cfg->jit) {
+        printf("| forward  | %3d | %-6s | -O%d | %8.1f | %9.2f | %8.1f |\n", d,
+               causal ? "causal" : "none", cfg->opt_level, ms_fwd, t * 1e3, flops / t / 1e9);
+    } else if (!failed) {
         /* the machine may be shared: its peak now, right beside the kernel */
         double peak = measure_peak(pk, aj_device_workers(dev));
         /* baseline: head 0, about 32 rows spread over the sequence */
@@ -353,7 +394,11 @@ static int bench_one(aj_ctx *ctx, aj_device *dev, const config *cfg, int s, int 
         g.dv = tensor(dv, cfg->dtype, h, s, d);
         t = time_pass(ctx, dev, bwd, NULL, &g, cfg->repeat);
         failed = t < 0;
-        if (!failed)
+        if (!failed && cfg->jit)
+            printf("| backward | %3d | %-6s | -O%d | %8.1f | %9.2f | %8.1f |\n", d,
+                   causal ? "causal" : "none", cfg->opt_level, ms_bwd, t * 1e3,
+                   2.5 * flops / t / 1e9);
+        else if (!failed)
             print_row(cfg, csv, "backward", s, d, causal, 2.5 * flops, t,
                       measure_peak(pk, aj_device_workers(dev)), 0);
     }
@@ -378,13 +423,14 @@ static int bench_one(aj_ctx *ctx, aj_device *dev, const config *cfg, int s, int 
 static int usage(void)
 {
     fprintf(stderr, "usage: bench_cpu [--quick | --full] [--workers N] [--dtype f16|bf16|f32] "
-                    "[--heads H] [--repeat R] [--csv FILE]\n");
+                    "[--heads H] [--repeat R] [--csv FILE]\n"
+                    "       bench_cpu --jit [-O 0..3] [--seq S] [--compiles N] [...]\n");
     return 1;
 }
 
 int main(int argc, char **argv)
 {
-    config cfg = {AJ_DTYPE_BF16, 8, 5, 0, 0, NULL};
+    config cfg = {AJ_DTYPE_BF16, 8, 5, 0, 0, NULL, 0, 2, 5, 2048};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *next = i + 1 < argc ? argv[i + 1] : NULL;
         if (strcmp(a, "--quick") == 0) {
@@ -397,6 +443,14 @@ int main(int argc, char **argv)
             cfg.heads = atoi(argv[++i]);
         } else if (strcmp(a, "--repeat") == 0 && next) {
             cfg.repeat = atoi(argv[++i]);
+        } else if (strcmp(a, "--jit") == 0) {
+            cfg.jit = 1;
+        } else if (strcmp(a, "-O") == 0 && next) {
+            cfg.opt_level = atoi(argv[++i]);
+        } else if (strcmp(a, "--compiles") == 0 && next) {
+            cfg.compiles = atoi(argv[++i]);
+        } else if (strcmp(a, "--seq") == 0 && next) {
+            cfg.seq = atoi(argv[++i]);
         } else if (strcmp(a, "--csv") == 0 && next) {
             cfg.csv = argv[++i];
         } else if (strcmp(a, "--dtype") == 0 && next) {
@@ -413,7 +467,9 @@ int main(int argc, char **argv)
             return usage();
         }
     }
-    if (cfg.heads < 1 || cfg.repeat < 1 || cfg.workers < 0 || cfg.workers > 256)
+    if (cfg.heads < 1 || cfg.repeat < 1 || cfg.workers < 0 || cfg.workers > 256 ||
+        cfg.opt_level < 0 || cfg.opt_level > 3 || cfg.compiles < 1 || cfg.compiles > 64 ||
+        cfg.seq < 1)
         return usage();
 
     aj_ctx *ctx = NULL;
@@ -434,6 +490,20 @@ int main(int argc, char **argv)
     if (cfg.csv && !csv) {
         fprintf(stderr, "bench_cpu: cannot write %s\n", cfg.csv);
         return 1;
+    }
+    if (cfg.jit) {
+        printf("cpu: %s, %d threads; %s, B 1, H %d, S %d; compile: median of %d, cache "
+               "bypassed; run: best of %d\n\n| pass | d | mask | opt | compile ms | run ms | "
+               "GFLOP/s |\n|---|---:|---|---|---:|---:|---:|\n", aj_device_name(dev), threads,
+               aj_dtype_name(cfg.dtype), cfg.heads, cfg.seq, cfg.compiles, cfg.repeat);
+        int failed = 0;
+        static const int jit_dims[] = {64, 128, 256};
+        for (int di = 0; di < 3; di++)
+            for (int causal = 0; causal < 2; causal++)
+                failed |= bench_one(ctx, dev, &cfg, cfg.seq, jit_dims[di], causal, pk, NULL);
+        aj_device_close(dev);
+        aj_ctx_destroy(ctx);
+        return failed;
     }
     if (csv)
         fprintf(csv, "pass,dtype,heads,seq,head_dim,mask,ms,gflops,peak_gflops,"
