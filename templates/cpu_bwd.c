@@ -231,9 +231,9 @@ static void load_query_side(cbwd *c, LLVMValueRef bidx, LLVMValueRef h, LLVMValu
     LLVMValueRef bm = i32c(c, p->bm);
     LLVMValueRef start = c->at.seq.start_q;
     aj_cpu_load_rows(kb, c->q, p->d, "q", p->dtype, aj_cpu_seq_base(kb, "q", bidx, h, start),
-                     param(c, "stride_q_s"), m0, rows, bm, aj_op_scale(c->op));
+                     param(c, "stride_q_s"), m0, rows, bm, aj_op_scale(c->op), 0);
     aj_cpu_load_rows(kb, c->dob, p->dv, "do", p->dtype, aj_cpu_seq_base(kb, "do", bidx, h, start),
-                     param(c, "stride_do_s"), m0, rows, bm, 1.0);
+                     param(c, "stride_do_s"), m0, rows, bm, 1.0, 0);
     LLVMValueRef o_base = aj_cpu_seq_base(kb, "o", bidx, h, start);
     LLVMValueRef lse_base = add(c, aj_attn_slice_base(kb, "lse", bidx, h), start);
     LLVMValueRef i = aj_kb_for_begin(kb, i32c(c, 0), bm, i32c(c, 1), "qs");
@@ -368,9 +368,9 @@ static void build_dkdv(cbwd *c)
     LLVMValueRef k_base = aj_cpu_seq_base(kb, "k", bidx, hkv, seq.start_k);
     LLVMValueRef v_base = aj_cpu_seq_base(kb, "v", bidx, hkv, seq.start_k);
     aj_cpu_load_cols(kb, c->kt, p->d, p->bn, "k", p->dtype, k_base, param(c, "stride_k_s"), n0,
-                     kcount);
+                     kcount, 0);
     aj_cpu_load_cols(kb, c->vt, p->dv, p->bn, "v", p->dtype, v_base, param(c, "stride_v_s"), n0,
-                     kcount);
+                     kcount, 0);
     aj_cpu_zero(kb, dk, p->bn * p->d);
     aj_cpu_zero(kb, dv, p->bn * p->dv);
     LLVMValueRef group = LLVMBuildSDiv(b, param(c, "heads_q"), param(c, "heads_kv"), "");
@@ -388,13 +388,13 @@ static void build_dkdv(cbwd *c)
             LLVMValueRef rows = rows_from(c, m0);
             aj_cpu_skip_begin(&c->at, m0, rows, n0, kcount);
             load_query_side(c, bidx, h, m0, rows);
-            aj_cpu_gemm_nt(kb, p->w, c->s, c->q, p->d, c->kt, p->bn, bm);
-            aj_cpu_gemm_nt(kb, p->w, c->dp, c->dob, p->dv, c->vt, p->bn, bm);
+            aj_cpu_gemm_nt(kb, p->w, c->s, c->q, p->d, c->kt, p->bn, bm, 0);
+            aj_cpu_gemm_nt(kb, p->w, c->dp, c->dob, p->dv, c->vt, p->bn, bm, 0);
             emit_probabilities(c, m0, n0);
             /* dV += (z P)^T dO, dK += dS^T Q: P^T read with strides (1, bn) */
             aj_cpu_gemm_acc(kb, p->dv, dv, NULL, c->s, 1, p->bn, c->dob, p->bm,
-                            i32c(c, p->bn));
-            aj_cpu_gemm_acc(kb, p->d, dk, NULL, c->dp, 1, p->bn, c->q, p->bm, i32c(c, p->bn));
+                            i32c(c, p->bn), 0);
+            aj_cpu_gemm_acc(kb, p->d, dk, NULL, c->dp, 1, p->bn, c->q, p->bm, i32c(c, p->bn), 0);
             aj_cpu_skip_end(&c->at);
         }
         aj_kb_for_end(kb);
@@ -496,15 +496,15 @@ static void build_dq(cbwd *c)
             if (!has_bias)   /* with bias every tile writes its dbias */
                 aj_cpu_skip_begin(&c->at, m0, rows, n0, kcount);
             aj_cpu_load_cols(kb, c->kt, p->d, p->bn, "k", p->dtype, k_base,
-                             param(c, "stride_k_s"), n0, kcount);
+                             param(c, "stride_k_s"), n0, kcount, 0);
             aj_cpu_load_rows(kb, c->kn, p->d, "k", p->dtype, k_base, param(c, "stride_k_s"), n0,
-                             kcount, i32c(c, p->bn), 1.0);
+                             kcount, i32c(c, p->bn), 1.0, 0);
             aj_cpu_load_cols(kb, c->vt, p->dv, p->bn, "v", p->dtype, v_base,
-                             param(c, "stride_v_s"), n0, kcount);
-            aj_cpu_gemm_nt(kb, p->w, c->s, c->q, p->d, c->kt, p->bn, i32c(c, p->bm));
-            aj_cpu_gemm_nt(kb, p->w, c->dp, c->dob, p->dv, c->vt, p->bn, i32c(c, p->bm));
+                             param(c, "stride_v_s"), n0, kcount, 0);
+            aj_cpu_gemm_nt(kb, p->w, c->s, c->q, p->d, c->kt, p->bn, i32c(c, p->bm), 0);
+            aj_cpu_gemm_nt(kb, p->w, c->dp, c->dob, p->dv, c->vt, p->bn, i32c(c, p->bm), 0);
             emit_probabilities(c, m0, n0);
-            aj_cpu_gemm_acc(kb, p->d, dq, NULL, c->dp, p->bn, 1, c->kn, p->bn, i32c(c, p->bm));
+            aj_cpu_gemm_acc(kb, p->d, dq, NULL, c->dp, p->bn, 1, c->kn, p->bn, i32c(c, p->bm), 0);
             if (has_bias)
                 emit_dbias(c, bidx, h, LLVMBuildAnd(b, LLVMBuildICmp(b, LLVMIntEQ, pb,
                                                                      i32c(c, 0), ""),
