@@ -4,6 +4,7 @@
  *   op ──► build (template writes its kernels with aj_kb) ──► verify
  *      ──► optimize (default<On> on the target machine) ──► verify
  *      ──► emit (PTX | LLVM IR text | bitcode) ──► aj_kernel
+ *          (sim, cpu: also host object code, loaded into an LLJIT)
  *
  * aj_codegen_run() calls the stages in this order; with the options'
  * dump_after set to a stage name, the module after that stage goes to the
@@ -64,14 +65,24 @@ aj_status aj_sim_target_machine(aj_ctx *ctx, int opt_level, LLVMTargetMachineRef
 /* Adds <stage entry>.entry, the emulator's way into a stage's kernel. */
 void aj_sim_add_entry(aj_kb *kb, const aj_kb_stage *stage);
 void aj_sim_count_instructions(LLVMModuleRef mod);
-/* JIT-compiles mod and fills each of the kernel's stages' host_entry. */
-aj_status aj_sim_jit(aj_ctx *ctx, LLVMOrcThreadSafeContextRef tsctx, LLVMModuleRef mod,
-                     const aj_host_symbol *symbols, size_t nsymbols, aj_kernel *kernel);
-void aj_sim_jit_dispose(void *jit);
+/* Loads kernel->object into a new LLJIT (kernel->jit), binding `symbols`,
+ * and fills each stage's host_entry (sim and cpu). */
+aj_status aj_host_jit(aj_ctx *ctx, aj_kernel *kernel, const aj_host_symbol *symbols,
+                      size_t nsymbols);
+void aj_host_jit_dispose(void *jit);
 
 /* cpu target (cpu.c).  Its kernels are host functions built like sim
  * kernels (the same <entry>.entry(ptr item, ptr args) wrapper and JIT),
  * with the work item in place of the thread state. */
+/* The CPU host code is compiled for: LLVM's name of the host CPU and its
+ * feature string ("+avx2,-avx512f,...") less what AJ_CPU_ISA (native |
+ * avx512 | avx2) masks; AJ_ERR_INVALID_ARG for another AJ_CPU_ISA.  *name
+ * is freed with LLVMDisposeMessage, *features with free. */
+aj_status aj_host_cpu(aj_ctx *ctx, char **name, char **features);
+/* "cpu <name> <xxh3 of the features>": what cached host code depends on */
+void aj_host_cpu_id(char *out, size_t cap);
+/* Whether the features of aj_host_cpu enable f ("avx512bf16") */
+int aj_cpu_has_feature(const char *f);
 /* floats per SIMD register of this host: 16 with AVX-512, 8 with AVX, else 4 */
 int aj_cpu_vector_width(void);
 /* The C library functions cpu kernels may call (scalar exp2, log2 and the
@@ -99,7 +110,9 @@ struct aj_kernel {
     aj_kernel_stage *stages;
     aj_compile_stats stats;
     aj_op_info op;               /* what the kernel computes, for launches */
-    void *jit;                   /* sim, cpu: the LLJIT that owns the code */
+    char *object;                /* sim, cpu: the host object code (ELF) */
+    size_t object_size;
+    void *jit;                   /* sim, cpu: the LLJIT that runs the object */
 };
 
 /* Makes a kernel that owns a copy of code and of the stages' launch
@@ -111,11 +124,13 @@ aj_status aj_kernel_new(aj_ctx *ctx, const aj_kb_stage *stages, int num_stages,
 /* Adds a reference (released by aj_kernel_destroy). */
 aj_kernel *aj_kernel_retain(aj_kernel *kernel);
 
-/* A kernel's code and launch contract as bytes, for the disk cache; sim
- * kernels (host code in a JIT) have no byte form.  *out is malloc'd. */
+/* A kernel's code (and a host kernel's object code) and launch contract as
+ * bytes, for the disk cache.  *out is malloc'd. */
 aj_status aj_kernel_serialize(aj_ctx *ctx, const aj_kernel *kernel, uint8_t **out,
                               size_t *size);
-/* The inverse; AJ_ERR_IO if the bytes are not a kernel of this build. */
+/* The inverse, cpu kernels loaded into their JIT; AJ_ERR_IO if the bytes
+ * are not a kernel of this build, AJ_ERR_CODEGEN if the object does not
+ * link. */
 aj_status aj_kernel_deserialize(aj_ctx *ctx, const uint8_t *data, size_t size,
                                 aj_kernel **out);
 

@@ -42,13 +42,6 @@ void aj_kb_dispose(aj_kb *kb)
     kb->mod = NULL;
 }
 
-LLVMModuleRef aj_kb_take_module(aj_kb *kb)
-{
-    LLVMModuleRef m = kb->mod;
-    kb->mod = NULL;
-    return m;
-}
-
 aj_status aj_kb_fail(aj_kb *kb, aj_status st, const char *fmt, ...)
 {
     if (kb->st != AJ_OK)

@@ -121,10 +121,8 @@ typedef struct aj_kb {
 /* Sets up a builder for a new module; the caller owns llctx. */
 aj_status aj_kb_init(aj_kb *kb, aj_ctx *ctx, LLVMContextRef llctx,
                      aj_target target, const char *module_name);
-/* Frees the builder; the module too unless it was taken with aj_kb_take. */
+/* Frees the builder and the module. */
 void aj_kb_dispose(aj_kb *kb);
-/* Hands the module to the caller (who disposes of it). */
-LLVMModuleRef aj_kb_take_module(aj_kb *kb);
 
 /* Records the first failure and returns it. */
 aj_status aj_kb_fail(aj_kb *kb, aj_status st, const char *fmt, ...)

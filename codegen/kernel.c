@@ -66,7 +66,8 @@ void aj_kernel_destroy(aj_kernel *kernel)
 {
     if (!kernel || atomic_fetch_sub(&kernel->refs, 1) != 1)
         return;
-    aj_sim_jit_dispose(kernel->jit);
+    aj_host_jit_dispose(kernel->jit);
+    free(kernel->object);
     free(kernel->code);
     free(kernel->stages);
     free(kernel);
@@ -140,16 +141,18 @@ aj_status aj_kernel_compile_stats(const aj_kernel *kernel, aj_compile_stats *out
  *
  *   u32 KERNEL_FORMAT  u32 sizeof(aj_op_info)  u32 sizeof(aj_launch_info)
  *   u32 target  u32 emit  aj_op_info  i32 num_stages  stage*
- *   u64 code_size   code
+ *   u64 code_size   code   u64 object_size   object
  *
  * with, per stage,
  *
  *   str entry   i32 block[3]   {i32 extent, i32 per_block}[3]
  *   i32 dynamic_smem   aj_schedule   i32 num_params   {str name, u32 type}*
  *
- * where str is u32 length + bytes.  Format 2 added the stages.
+ * where str is u32 length + bytes, and object is a host kernel's object
+ * code (object_size 0 for GPU kernels).  Format 2 added the stages, 3 the
+ * object code.
  */
-#define KERNEL_FORMAT 2u
+#define KERNEL_FORMAT 3u
 
 typedef struct byte_writer {
     uint8_t *buf;
@@ -188,8 +191,6 @@ static void put_str(byte_writer *w, const char *s)
 
 aj_status aj_kernel_serialize(aj_ctx *ctx, const aj_kernel *k, uint8_t **out, size_t *size)
 {
-    if (k->jit)
-        return aj_fail(ctx, AJ_ERR_INVALID_ARG, "sim and cpu kernels have no byte form");
     byte_writer w = {0};
     put_u32(&w, KERNEL_FORMAT);
     put_u32(&w, sizeof(aj_op_info));
@@ -214,6 +215,9 @@ aj_status aj_kernel_serialize(aj_ctx *ctx, const aj_kernel *k, uint8_t **out, si
     uint64_t n = k->code_size;
     put(&w, &n, 8);
     put(&w, k->code, k->code_size);
+    uint64_t nobj = k->object_size;
+    put(&w, &nobj, 8);
+    put(&w, k->object, k->object_size);
     if (w.failed) {
         free(w.buf);
         return aj_fail(ctx, AJ_ERR_OUT_OF_MEMORY, "out of memory serialising a kernel");
@@ -296,14 +300,44 @@ aj_status aj_kernel_deserialize(aj_ctx *ctx, const uint8_t *data, size_t size,
         r.failed = 1;
     for (int s = 0; s < num_stages && !r.failed; s++)
         get_stage(&r, &stages[s]);
-    uint64_t code_size = 0;
+    uint64_t code_size = 0, object_size = 0;
     get(&r, &code_size, 8);
-    if (r.failed || code_size != (uint64_t)(r.end - r.p) || (unsigned)target >= AJ_TARGET_COUNT ||
-        (unsigned)emit >= AJ_EMIT_COUNT)
+    const uint8_t *code = r.p;
+    if (!r.failed && code_size <= (uint64_t)(r.end - r.p))
+        r.p += code_size;
+    else
+        r.failed = 1;
+    get(&r, &object_size, 8);
+    int host = target == AJ_TARGET_CPU || target == AJ_TARGET_SIM;
+    if (r.failed || object_size != (uint64_t)(r.end - r.p) || (unsigned)target >= AJ_TARGET_COUNT ||
+        (unsigned)emit >= AJ_EMIT_COUNT || host != (object_size != 0))
         return aj_fail(ctx, AJ_ERR_IO, "not a kernel of this attnjit build");
-    aj_status st = aj_kernel_new(ctx, stages, num_stages, target, emit, r.p, (size_t)code_size,
-                                 out);
-    if (st == AJ_OK)
-        (*out)->op = op;
-    return st;
+    /* sim kernels call into the emulator, which codegen does not know: only
+     * cpu kernels are loaded from bytes */
+    if (target == AJ_TARGET_SIM)
+        return aj_fail(ctx, AJ_ERR_UNSUPPORTED, "sim kernels are not loaded from bytes");
+    aj_kernel *k = NULL;
+    aj_status st = aj_kernel_new(ctx, stages, num_stages, target, emit, code, (size_t)code_size,
+                                 &k);
+    if (st != AJ_OK)
+        return st;
+    k->op = op;
+    if (host) {
+        k->object = malloc((size_t)object_size);
+        if (!k->object) {
+            aj_kernel_destroy(k);
+            return aj_fail(ctx, AJ_ERR_OUT_OF_MEMORY, "out of memory for a kernel's object code");
+        }
+        memcpy(k->object, r.p, (size_t)object_size);
+        k->object_size = (size_t)object_size;
+        size_t nsyms = 0;
+        const aj_host_symbol *syms = aj_cpu_symbols(&nsyms);
+        st = aj_host_jit(ctx, k, syms, nsyms);
+        if (st != AJ_OK) {
+            aj_kernel_destroy(k);
+            return st;
+        }
+    }
+    *out = k;
+    return AJ_OK;
 }

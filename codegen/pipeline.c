@@ -71,7 +71,10 @@ static aj_status verify_module(aj_ctx *ctx, LLVMModuleRef mod, const char *stage
  * the default -- runs the handful of passes that matter for such code
  * (promote to registers, CSE, combine, hoist) and leaves unrolling to the
  * templates; it costs a fifth of LLVM's default<O3> (level 3) and gave the
- * same or fewer registers in ptxas on the efficient forward kernels.
+ * same or fewer registers in ptxas on the efficient forward kernels.  The
+ * cpu kernels (explicit vectors, register tiles, loops over columns) ran
+ * as fast with it as with default<O3> (bench/README.md, "bench/cpu --jit"),
+ * whose unrolling only multiplied their code and the x86 backend's time.
  */
 static const char *const pipelines[4] = {
     "function(sroa)",
@@ -82,12 +85,9 @@ static const char *const pipelines[4] = {
 };
 
 static aj_status optimize(aj_ctx *ctx, LLVMModuleRef mod, LLVMTargetMachineRef tm,
-                          int opt_level, aj_target target)
+                          int opt_level)
 {
-    /* cpu kernels are loops over explicit vectors that want LLVM's full
-     * scheduling, unrolling and instruction selection: default<O3> */
-    const char *pipeline = target == AJ_TARGET_CPU && opt_level >= 2 ? pipelines[3]
-                                                                       : pipelines[opt_level];
+    const char *pipeline = pipelines[opt_level];
     LLVMPassBuilderOptionsRef pbo = LLVMCreatePassBuilderOptions();
     LLVMErrorRef err = LLVMRunPasses(mod, pipeline, tm, pbo);
     LLVMDisposePassBuilderOptions(pbo);
@@ -98,6 +98,19 @@ static aj_status optimize(aj_ctx *ctx, LLVMModuleRef mod, LLVMTargetMachineRef t
         return st;
     }
     return AJ_OK;
+}
+
+/* A malloc'd, NUL-terminated copy of buf, which this disposes. */
+static aj_status take_buffer(aj_ctx *ctx, LLVMMemoryBufferRef buf, char **code, size_t *size)
+{
+    *size = LLVMGetBufferSize(buf);
+    *code = malloc(*size + 1);
+    if (*code) {
+        memcpy(*code, LLVMGetBufferStart(buf), *size);
+        (*code)[*size] = '\0';
+    }
+    LLVMDisposeMemoryBuffer(buf);
+    return *code ? AJ_OK : aj_fail(ctx, AJ_ERR_OUT_OF_MEMORY, "out of memory");
 }
 
 /* Emits the requested form into a malloc'd buffer. */
@@ -127,12 +140,21 @@ static aj_status emit(aj_ctx *ctx, LLVMModuleRef mod, LLVMTargetMachineRef tm,
     default:
         return aj_fail(ctx, AJ_ERR_INVALID_ARG, "options->emit: unknown value %d", (int)what);
     }
-    *size = LLVMGetBufferSize(buf);
-    *code = malloc(*size + 1);
-    if (*code)
-        memcpy(*code, LLVMGetBufferStart(buf), *size);
-    LLVMDisposeMemoryBuffer(buf);
-    return *code ? AJ_OK : aj_fail(ctx, AJ_ERR_OUT_OF_MEMORY, "out of memory");
+    return take_buffer(ctx, buf, code, size);
+}
+
+/* Host object code (ELF on Linux) for the JIT and the disk cache. */
+static aj_status emit_object(aj_ctx *ctx, LLVMModuleRef mod, LLVMTargetMachineRef tm,
+                             char **code, size_t *size)
+{
+    LLVMMemoryBufferRef buf = NULL;
+    char *err = NULL;
+    if (LLVMTargetMachineEmitToMemoryBuffer(tm, mod, LLVMObjectFile, &err, &buf)) {
+        aj_status st = aj_fail(ctx, AJ_ERR_CODEGEN, "object code emission failed: %s", err);
+        LLVMDisposeMessage(err);
+        return st;
+    }
+    return take_buffer(ctx, buf, code, size);
 }
 
 aj_status aj_codegen_run(aj_ctx *ctx, const aj_op *op,
@@ -143,16 +165,14 @@ aj_status aj_codegen_run(aj_ctx *ctx, const aj_op *op,
 {
     aj_status st = AJ_OK;
     int sim = options->target == AJ_TARGET_SIM;
-    int host = sim || options->target == AJ_TARGET_CPU;   /* JIT-compiled for this machine */
-    /* host modules go to the JIT, which wants them in a thread-safe context */
-    LLVMOrcThreadSafeContextRef tsctx = host ? LLVMOrcCreateNewThreadSafeContext() : NULL;
-    LLVMContextRef llctx = host ? LLVMOrcThreadSafeContextGetContext(tsctx) : LLVMContextCreate();
+    int host = sim || options->target == AJ_TARGET_CPU;   /* JIT-loaded on this machine */
+    LLVMContextRef llctx = LLVMContextCreate();
     LLVMTargetMachineRef tm = NULL;
     LLVMTargetDataRef layout_data = NULL;
     aj_kb kb;
     aj_kernel *kernel = NULL;
-    char *code = NULL;
-    size_t code_size = 0;
+    char *code = NULL, *object = NULL;
+    size_t code_size = 0, object_size = 0;
     aj_compile_stats stats;
     double t0 = now_ms(), t1;
     memset(&stats, 0, sizeof stats);
@@ -209,7 +229,7 @@ aj_status aj_codegen_run(aj_ctx *ctx, const aj_op *op,
 
     /* stage: optimize */
     t0 = now_ms();
-    AJ_TRY(optimize(ctx, kb.mod, tm, options->opt_level, options->target));
+    AJ_TRY(optimize(ctx, kb.mod, tm, options->opt_level));
     if (sim)
         aj_sim_count_instructions(kb.mod);
     t1 = now_ms();
@@ -217,14 +237,20 @@ aj_status aj_codegen_run(aj_ctx *ctx, const aj_op *op,
     stats.ir_instructions = count_instructions(kb.mod);
     dump_stage(ctx, options, "optimize", kb.mod);
 
-    /* stage: emit (sim, cpu: also JIT-compile for the host) */
+    /* stage: emit (sim, cpu: the IR first, then host object code, which
+     * the JIT loads and the disk cache keeps) */
     t0 = now_ms();
     AJ_TRY(emit(ctx, kb.mod, tm, options->emit, &code, &code_size));
+    if (host)
+        AJ_TRY(emit_object(ctx, kb.mod, tm, &object, &object_size));
     AJ_TRY(aj_kernel_new(ctx, kb.stages, kb.num_stages, options->target, options->emit,
                          code, code_size, &kernel));
-    if (host)
-        AJ_TRY(aj_sim_jit(ctx, tsctx, aj_kb_take_module(&kb), host_symbols,
-                          num_host_symbols, kernel));
+    if (host) {
+        kernel->object = object;
+        kernel->object_size = object_size;
+        object = NULL;
+        AJ_TRY(aj_host_jit(ctx, kernel, host_symbols, num_host_symbols));
+    }
     stats.emit_ms = now_ms() - t0;
     kernel->stats = stats;
     *out = kernel;
@@ -232,14 +258,12 @@ aj_status aj_codegen_run(aj_ctx *ctx, const aj_op *op,
 done:
     aj_kernel_destroy(kernel);
     free(code);
+    free(object);
     aj_kb_dispose(&kb);
     if (layout_data)
         LLVMDisposeTargetData(layout_data);
     if (tm)
         LLVMDisposeTargetMachine(tm);
-    if (host)
-        LLVMOrcDisposeThreadSafeContext(tsctx);
-    else
-        LLVMContextDispose(llctx);
+    LLVMContextDispose(llctx);
     return st;
 }

@@ -11,6 +11,9 @@
  *   count   every basic block adds its instruction count to the thread's
  *           first field (uint64_t), after optimisation, so the emulator can
  *           report emulated thread-instructions
+ *   jit     the module becomes host object code, loaded into an LLJIT
+ *           (the cpu target's kernels take the same road, and keep the
+ *           object in the disk cache)
  */
 #include <pthread.h>
 #include <stdio.h>
@@ -31,17 +34,26 @@ static void host_init(void)
     host_ready = !LLVMInitializeNativeTarget() && !LLVMInitializeNativeAsmPrinter();
 }
 
-aj_status aj_sim_target_machine(aj_ctx *ctx, int opt_level, LLVMTargetMachineRef *out)
+/* LLVM's host target, registered once per process (the target machine and
+ * the JIT both need it) */
+static aj_status host_target_ready(aj_ctx *ctx)
 {
     pthread_once(&host_once, host_init);
-    if (!host_ready)
-        return aj_fail(ctx, AJ_ERR_CODEGEN, "the host target is not available in this LLVM");
+    return host_ready ? AJ_OK : aj_fail(ctx, AJ_ERR_CODEGEN, "the host target is not "
+                                        "available in this LLVM");
+}
+
+aj_status aj_sim_target_machine(aj_ctx *ctx, int opt_level, LLVMTargetMachineRef *out)
+{
+    if (host_target_ready(ctx) != AJ_OK)
+        return AJ_ERR_CODEGEN;
+    char *cpu = NULL, *features = NULL;
+    aj_status st = aj_host_cpu(ctx, &cpu, &features);
+    if (st != AJ_OK)
+        return st;
     char *triple = LLVMGetDefaultTargetTriple();
-    char *cpu = LLVMGetHostCPUName();
-    char *features = LLVMGetHostCPUFeatures();
     LLVMTargetRef t = NULL;
     char *err = NULL;
-    aj_status st = AJ_OK;
     if (LLVMGetTargetFromTriple(triple, &t, &err)) {
         st = aj_fail(ctx, AJ_ERR_CODEGEN, "host target %s unavailable: %s", triple, err);
         LLVMDisposeMessage(err);
@@ -56,7 +68,7 @@ aj_status aj_sim_target_machine(aj_ctx *ctx, int opt_level, LLVMTargetMachineRef
     }
     LLVMDisposeMessage(triple);
     LLVMDisposeMessage(cpu);
-    LLVMDisposeMessage(features);
+    free(features);
     return st;
 }
 
@@ -125,23 +137,26 @@ static aj_status orc_error(aj_ctx *ctx, LLVMErrorRef err, const char *what)
 }
 
 /*
- * JIT-compiles `mod` (owned by tsctx's context; this call takes it) and
- * resolves <entry>.entry of every stage.  The emulator's functions are defined in the JIT
- * as absolute symbols, so nothing depends on what the process exports.
+ * Loads the kernel's object code into a new LLJIT and resolves
+ * <entry>.entry of every stage.  The host functions the code may call are
+ * defined in the JIT as absolute symbols, so nothing depends on what the
+ * process exports.  The object came from this process's codegen or from
+ * the disk cache (whose key pins the CPU and the features it was built for).
  */
-aj_status aj_sim_jit(aj_ctx *ctx, LLVMOrcThreadSafeContextRef tsctx, LLVMModuleRef mod,
-                     const aj_host_symbol *symbols, size_t nsymbols, aj_kernel *kernel)
+aj_status aj_host_jit(aj_ctx *ctx, aj_kernel *kernel, const aj_host_symbol *symbols,
+                      size_t nsymbols)
 {
+    if (!kernel->object)
+        return aj_fail(ctx, AJ_ERR_INTERNAL, "a host kernel without object code");
+    if (host_target_ready(ctx) != AJ_OK)
+        return AJ_ERR_CODEGEN;
     LLVMOrcLLJITRef jit = NULL;
     LLVMErrorRef err = LLVMOrcCreateLLJIT(&jit, LLVMOrcCreateLLJITBuilder());
-    if (err) {
-        LLVMDisposeModule(mod);
-        return orc_error(ctx, err, "cannot create the sim JIT");
-    }
+    if (err)
+        return orc_error(ctx, err, "cannot create the host JIT");
     LLVMOrcCSymbolMapPairs pairs = calloc(nsymbols ? nsymbols : 1, sizeof *pairs);
     if (!pairs) {
-        LLVMDisposeModule(mod);
-        LLVMOrcDisposeLLJIT(jit);
+        aj_host_jit_dispose(jit);
         return aj_fail(ctx, AJ_ERR_OUT_OF_MEMORY, "out of memory");
     }
     for (size_t i = 0; i < nsymbols; i++) {
@@ -155,14 +170,15 @@ aj_status aj_sim_jit(aj_ctx *ctx, LLVMOrcThreadSafeContextRef tsctx, LLVMModuleR
     err = LLVMOrcJITDylibDefine(jd, LLVMOrcAbsoluteSymbols(pairs, nsymbols));
     free(pairs);
     if (err) {
-        LLVMDisposeModule(mod);
-        LLVMOrcDisposeLLJIT(jit);
-        return orc_error(ctx, err, "cannot define the emulator symbols");
+        aj_host_jit_dispose(jit);
+        return orc_error(ctx, err, "cannot define the host symbols");
     }
-    err = LLVMOrcLLJITAddLLVMIRModule(jit, jd, LLVMOrcCreateNewThreadSafeModule(mod, tsctx));
+    LLVMMemoryBufferRef obj = LLVMCreateMemoryBufferWithMemoryRangeCopy(
+        kernel->object, kernel->object_size, "aj-kernel.o");
+    err = LLVMOrcLLJITAddObjectFile(jit, jd, obj);
     if (err) {
-        LLVMOrcDisposeLLJIT(jit);
-        return orc_error(ctx, err, "cannot add the kernel to the sim JIT");
+        aj_host_jit_dispose(jit);
+        return orc_error(ctx, err, "cannot add the kernel's object code to the JIT");
     }
     for (int s = 0; s < kernel->num_stages; s++) {
         char name[160];
@@ -170,8 +186,8 @@ aj_status aj_sim_jit(aj_ctx *ctx, LLVMOrcThreadSafeContextRef tsctx, LLVMModuleR
         LLVMOrcExecutorAddress addr = 0;
         err = LLVMOrcLLJITLookup(jit, &addr, name);
         if (err) {
-            LLVMOrcDisposeLLJIT(jit);
-            return orc_error(ctx, err, "sim JIT compilation failed");
+            aj_host_jit_dispose(jit);
+            return orc_error(ctx, err, "linking the kernel's object code failed");
         }
         kernel->stages[s].host_entry = (aj_host_entry_fn)(uintptr_t)addr;
     }
@@ -179,7 +195,7 @@ aj_status aj_sim_jit(aj_ctx *ctx, LLVMOrcThreadSafeContextRef tsctx, LLVMModuleR
     return AJ_OK;
 }
 
-void aj_sim_jit_dispose(void *jit)
+void aj_host_jit_dispose(void *jit)
 {
     if (jit) {
         LLVMErrorRef err = LLVMOrcDisposeLLJIT((LLVMOrcLLJITRef)jit);

@@ -3,9 +3,11 @@
  *
  * A compile is keyed by the op's canonical hash, the target, the opt level,
  * the emitted form, the LLVM and attnjit versions and a digest of the
- * sources that generate code (runtime/compile.c builds the key), so no
- * build of attnjit ever reads kernels another build wrote.  Memory entries hold a reference to the kernel; disk
- * entries are files
+ * sources that generate code, so no build of attnjit ever reads kernels
+ * another build wrote; then by its entry kind (a row of entry_kinds below:
+ * what else the code depends on, and whether it may go to disk).
+ * aj_cache_key is the one place a key is made.  Memory entries hold a
+ * reference to the kernel; disk entries are files
  *
  *     <dir>/<xxh3-64 of the key>.ajk:
  *         "AJKC"  u32 format  u32 key length  key  u64 payload length
@@ -37,6 +39,53 @@
 #define ENTRY_FORMAT 1u
 #define MAX_ENTRY_BYTES ((size_t)256 << 20)
 #define DEFAULT_MAX_BYTES ((uint64_t)1 << 30)
+
+/* ---------------------------------------------------------------- keys */
+
+/*
+ * Entry kinds: per kind of compiled code, the targets it serves, what the
+ * code depends on beyond every key's fields (optional), and whether its
+ * entries go to disk.  A new kind of code (cubin beside PTX) is a new row.
+ */
+typedef struct entry_kind {
+    const char *name;
+    bool (*serves)(aj_target target);
+    void (*depends)(char *out, size_t cap);   /* optional */
+    bool disk;
+} entry_kind;
+
+static bool serves_cpu(aj_target t) { return t == AJ_TARGET_CPU; }
+static bool serves_sim(aj_target t) { return t == AJ_TARGET_SIM; }
+
+static const entry_kind entry_kinds[] = {
+    /* PTX text: portable across GPUs of the target, loaded by the driver */
+    {"ptx", aj_target_is_nvptx, NULL, true},
+    /* host object code for this CPU and its features (AJ_CPU_ISA included) */
+    {"cpu-object", serves_cpu, aj_host_cpu_id, true},
+    /* host code that calls into this process's emulator: memory only */
+    {"sim-object", serves_sim, aj_host_cpu_id, false},
+};
+
+/* (AJ_EMIT_AUTO is resolved before a key is made) */
+static const char *const emit_names[AJ_EMIT_COUNT] = {"ptx", "llvm", "bc", "auto"};
+
+void aj_cache_key(const char *op_hash, const aj_compile_options *opt, char *key, size_t cap,
+                  int *use_disk)
+{
+    const entry_kind *kind = NULL;
+    for (size_t i = 0; i < sizeof entry_kinds / sizeof entry_kinds[0] && !kind; i++)
+        if (entry_kinds[i].serves(opt->target))
+            kind = &entry_kinds[i];
+    char depends[256] = "";
+    if (kind && kind->depends)
+        kind->depends(depends, sizeof depends);
+    /* AJ_CODEGEN_ID: a digest of the IR, codegen and template sources */
+    snprintf(key, cap, "aj-kernel|%s|%s|O%d|%s|llvm %s|attnjit %s+%s|%s|%s", op_hash,
+             aj_target_name(opt->target), opt->opt_level, emit_names[opt->emit],
+             aj_llvm_version(), aj_version_string(), AJ_CODEGEN_ID, kind ? kind->name : "-",
+             depends);
+    *use_disk = kind && kind->disk;
+}
 
 typedef struct mem_entry {
     char *key;

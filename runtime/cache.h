@@ -8,6 +8,14 @@
 
 typedef struct aj_kernel_cache aj_kernel_cache;
 
+#define AJ_CACHE_KEY_MAX 512
+
+/* The cache key of a compile of the op whose canonical hash is op_hash
+ * (options resolved: no AJ_EMIT_AUTO), and whether its entry may go to
+ * disk.  The one place a key is derived (see cache.c). */
+void aj_cache_key(const char *op_hash, const aj_compile_options *opt, char *key, size_t cap,
+                  int *use_disk);
+
 /* The context's cache, made on first use; NULL with AJ_CACHE_OFF (or when
  * out of memory: then nothing is cached). */
 aj_kernel_cache *aj_cache_of(aj_ctx *ctx);

@@ -57,9 +57,6 @@ static aj_status check_op(aj_ctx *ctx, const aj_op *op)
     return st == AJ_OK ? AJ_OK : aj_fail(ctx, st, "%s", msg);
 }
 
-/* (AJ_EMIT_AUTO is resolved by read_options before a key is made) */
-static const char *const emit_names[AJ_EMIT_COUNT] = {"ptx", "llvm", "bc", "auto"};
-
 static aj_status compile_one(aj_ctx *ctx, aj_kernel_cache *cache, const aj_op *op,
                              const aj_compile_options *opt, aj_kernel **out);
 
@@ -88,7 +85,7 @@ static aj_status compile_one(aj_ctx *ctx, aj_kernel_cache *cache, const aj_op *o
     aj_status st = AJ_OK;
     const aj_template *tmpl = NULL;
     char hash[AJ_HASH_HEX_LEN + 1];
-    char entry[64], key[256];
+    char entry[64], key[AJ_CACHE_KEY_MAX];
 
     AJ_TRY(check_op(ctx, op));
     if (opt->device && aj_op_schedule_is_default(op))
@@ -104,14 +101,9 @@ static aj_status compile_one(aj_ctx *ctx, aj_kernel_cache *cache, const aj_op *o
     AJ_TRY(tmpl->check(ctx, op, opt->target));
     AJ_TRY(aj_op_hash(op, hash));
 
-    /* the key: what the compile reads, and the versions that produce it
-     * (AJ_CODEGEN_ID: a digest of the IR, codegen and template sources) */
-    snprintf(key, sizeof key, "aj-kernel|%s|%s|O%d|%s|llvm %s|attnjit %s+%s", hash,
-             aj_target_name(opt->target), opt->opt_level, emit_names[opt->emit],
-             aj_llvm_version(), aj_version_string(), AJ_CODEGEN_ID);
+    int use_disk = 0;
+    aj_cache_key(hash, opt, key, sizeof key, &use_disk);
     int cached = cache && !opt->bypass_cache && !opt->dump_after;
-    /* sim and cpu code lives in a JIT */
-    int use_disk = opt->target != AJ_TARGET_SIM && opt->target != AJ_TARGET_CPU;
     if (cached && (*out = aj_cache_lookup(ctx, cache, key, use_disk)))
         goto done;
 

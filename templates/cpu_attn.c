@@ -173,27 +173,47 @@ LLVMValueRef aj_cpu_tensor_at(aj_kb *kb, const char *t, aj_dtype dtype, LLVMValu
     return aj_cv_at(kb, et, aj_kb_param(kb, t), elem);
 }
 
+/* 8 values of row `row` of tensor t from column 8 c: widened to <8 x
+ * float>, or with pairs the raw words of bf16 columns 16 c .. 16 c + 15
+ * (<8 x i32>) */
+static LLVMValueRef load8(aj_kb *kb, const char *t, aj_dtype dtype, int pairs, LLVMValueRef row,
+                          LLVMValueRef c)
+{
+    if (!pairs)
+        return aj_cv_load(kb, aj_cpu_tensor_at(kb, t, dtype, add(kb, row, sext64(kb, c))), dtype,
+                          8);
+    LLVMValueRef at = aj_cpu_tensor_at(kb, t, AJ_DTYPE_BF16, add(kb, row, sext64(kb,
+                                       add(kb, c, c))));
+    LLVMValueRef v = LLVMBuildLoad2(kb->b, LLVMVectorType(kb->t_i32, 8), at, "");
+    LLVMSetAlignment(v, 2);
+    return v;
+}
+
 void aj_cpu_load_rows(aj_kb *kb, LLVMValueRef buf, int width, const char *t, aj_dtype dtype,
                       LLVMValueRef base, LLVMValueRef stride_s, LLVMValueRef r0,
-                      LLVMValueRef count, LLVMValueRef rows, double scale)
+                      LLVMValueRef count, LLVMValueRef rows, double scale, int pairs)
 {
     LLVMValueRef vscale = aj_cv_splat(kb, aj_kb_f32(kb, scale), 8);
     LLVMValueRef r = aj_kb_for_begin(kb, i32c(kb, 0), rows, i32c(kb, 1), "lr");
     LLVMValueRef dst = mul(kb, r, i32c(kb, width));
     aj_kb_if_begin(kb, LLVMBuildICmp(kb->b, LLVMIntSLT, r, count, ""));
     LLVMValueRef row = add(kb, base, mul(kb, sext64(kb, add(kb, r0, r)), stride_s));
-    for (int c = 0; c < width; c += 8) {
-        LLVMValueRef x = aj_cv_load(kb, aj_cpu_tensor_at(kb, t, dtype, add(kb, row,
-                                    aj_kb_i64(kb, c))), dtype, 8);
-        if (scale != 1.0)
-            x = LLVMBuildFMul(kb->b, x, vscale, "");
-        aj_cpu_vstore(kb, x, aj_cpu_buf_at(kb, buf, add(kb, dst, i32c(kb, c))));
-    }
+    LLVMValueRef c = aj_kb_for_begin(kb, i32c(kb, 0), i32c(kb, width), i32c(kb, 8), "lrc");
+    LLVMValueRef x = load8(kb, t, dtype, pairs, row, c);
+    if (scale != 1.0)
+        x = LLVMBuildFMul(kb->b, x, vscale, "");
+    aj_cpu_vstore(kb, x, aj_cpu_buf_at(kb, buf, add(kb, dst, c)));
+    aj_kb_for_end(kb);
     aj_kb_else(kb);
-    for (int c = 0; c < width; c += 8)
-        aj_cpu_vstore(kb, LLVMConstNull(aj_cv_type(kb, 8)), aj_cpu_buf_at(kb, buf, add(kb, dst,
-                                                                              i32c(kb, c))));
+    aj_cpu_zero(kb, aj_cpu_buf_at(kb, buf, dst), width);
     aj_kb_if_end(kb);
+    aj_kb_for_end(kb);
+}
+
+void aj_cpu_zero(aj_kb *kb, LLVMValueRef ptr, int n)
+{
+    LLVMValueRef c = aj_kb_for_begin(kb, i32c(kb, 0), i32c(kb, n), i32c(kb, 8), "zero");
+    aj_cpu_vstore(kb, LLVMConstNull(aj_cv_type(kb, 8)), aj_cpu_buf_at(kb, ptr, c));
     aj_kb_for_end(kb);
 }
 
@@ -231,11 +251,13 @@ static void transpose8(aj_kb *kb, LLVMValueRef a[8], LLVMValueRef out[8])
 
 void aj_cpu_load_cols(aj_kb *kb, LLVMValueRef buf, int width, int n, const char *t,
                       aj_dtype dtype, LLVMValueRef base, LLVMValueRef stride_s,
-                      LLVMValueRef r0, LLVMValueRef count)
+                      LLVMValueRef r0, LLVMValueRef count, int pairs)
 {
     LLVMBuilderRef b = kb->b;
-    /* groups of 8 rows: whole ones by 8 x 8 transposes, the group holding
-     * the tail row by row (n is a multiple of 8) */
+    /* groups of 8 rows: whole ones by 8 x 8 transposes (of floats or of
+     * words: shuffles move bits), the group holding the tail row by row (n
+     * is a multiple of 8); columns 8 at a time, in a loop (one transpose of
+     * code, not width / 8) */
     LLVMValueRef r8 = aj_kb_for_begin(kb, i32c(kb, 0), i32c(kb, n), i32c(kb, 8), "lc8");
     aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntSLE, add(kb, r8, i32c(kb, 8)), count, ""));
     {
@@ -243,39 +265,98 @@ void aj_cpu_load_cols(aj_kb *kb, LLVMValueRef buf, int width, int n, const char 
         for (int e = 0; e < 8; e++)
             rows[e] = add(kb, base, mul(kb, sext64(kb, add(kb, r0, add(kb, r8, i32c(kb, e)))),
                                         stride_s));
-        for (int c = 0; c < width; c += 8) {
-            LLVMValueRef a[8], out[8];
-            for (int e = 0; e < 8; e++)
-                a[e] = aj_cv_load(kb, aj_cpu_tensor_at(kb, t, dtype, add(kb, rows[e],
-                                  aj_kb_i64(kb, c))), dtype, 8);
-            transpose8(kb, a, out);
-            for (int j = 0; j < 8; j++)
-                aj_cpu_vstore(kb, out[j], aj_cpu_buf_at(kb, buf, add(kb, i32c(kb, (c + j) * n),
-                                                                     r8)));
-        }
-    }
-    aj_kb_else(kb);
-    LLVMValueRef r = aj_kb_for_begin(kb, r8, add(kb, r8, i32c(kb, 8)), i32c(kb, 1), "lc");
-    aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntSLT, r, count, ""));
-    LLVMValueRef row = add(kb, base, mul(kb, sext64(kb, add(kb, r0, r)), stride_s));
-    for (int c = 0; c < width; c += 8) {
-        LLVMValueRef x = aj_cv_load(kb, aj_cpu_tensor_at(kb, t, dtype, add(kb, row,
-                                    aj_kb_i64(kb, c))), dtype, 8);
+        LLVMValueRef c = aj_kb_for_begin(kb, i32c(kb, 0), i32c(kb, width), i32c(kb, 8), "lcc");
+        LLVMValueRef a[8], out[8];
         for (int e = 0; e < 8; e++)
-            LLVMBuildStore(b, LLVMBuildExtractElement(b, x, i32c(kb, e), ""),
-                           aj_cpu_buf_at(kb, buf, add(kb, i32c(kb, (c + e) * n), r)));
+            a[e] = load8(kb, t, dtype, pairs, rows[e], c);
+        transpose8(kb, a, out);
+        LLVMValueRef at = add(kb, mul(kb, c, i32c(kb, n)), r8);
+        for (int j = 0; j < 8; j++)
+            aj_cpu_vstore(kb, out[j], aj_cpu_buf_at(kb, buf, add(kb, at, i32c(kb, j * n))));
+        aj_kb_for_end(kb);
     }
     aj_kb_else(kb);
-    for (int c = 0; c < width; c++)
-        LLVMBuildStore(b, aj_kb_f32(kb, 0), aj_cpu_buf_at(kb, buf, add(kb, i32c(kb, c * n), r)));
-    aj_kb_if_end(kb);
+    /* rows past count read the last row (count >= 1 where a block is
+     * loaded: in bounds) and store 0 */
+    LLVMValueRef r = aj_kb_for_begin(kb, r8, add(kb, r8, i32c(kb, 8)), i32c(kb, 1), "lc");
+    LLVMValueRef in = LLVMBuildICmp(b, LLVMIntSLT, r, count, "");
+    LLVMValueRef rc = aj_kb_smin(kb, r, LLVMBuildSub(b, count, i32c(kb, 1), ""));
+    LLVMValueRef row = add(kb, base, mul(kb, sext64(kb, add(kb, r0, rc)), stride_s));
+    LLVMValueRef c = aj_kb_for_begin(kb, i32c(kb, 0), i32c(kb, width), i32c(kb, 8), "lct");
+    LLVMValueRef x = load8(kb, t, dtype, pairs, row, c);
+    x = LLVMBuildSelect(b, in, x, LLVMConstNull(LLVMTypeOf(x)), "");
+    for (int e = 0; e < 8; e++)
+        LLVMBuildStore(b, LLVMBuildExtractElement(b, x, i32c(kb, e), ""),
+                       aj_cpu_buf_at(kb, buf, add(kb, mul(kb, add(kb, c, i32c(kb, e)),
+                                                           i32c(kb, n)), r)));
+    aj_kb_for_end(kb);
     aj_kb_for_end(kb);
     aj_kb_if_end(kb);
     aj_kb_for_end(kb);
 }
 
+void aj_cpu_load_row_pairs(aj_kb *kb, LLVMValueRef buf, int width, int n, const char *t,
+                           LLVMValueRef base, LLVMValueRef stride_s, LLVMValueRef r0,
+                           LLVMValueRef count)
+{
+    LLVMBuilderRef b = kb->b;
+    LLVMTypeRef v8 = LLVMVectorType(kb->t_i16, 8);
+    LLVMValueRef zip[16];
+    for (int i = 0; i < 8; i++) {
+        zip[2 * i] = i32c(kb, i);
+        zip[2 * i + 1] = i32c(kb, 8 + i);
+    }
+    LLVMValueRef mask = LLVMConstVector(zip, 16);
+    /* rows past count read the last row (count >= 1) and give 0 */
+    LLVMValueRef last = LLVMBuildSub(b, count, i32c(kb, 1), "");
+    LLVMValueRef r = aj_kb_for_begin(kb, i32c(kb, 0), i32c(kb, n), i32c(kb, 2), "rp");
+    LLVMValueRef rr[2], in[2];
+    for (int h = 0; h < 2; h++) {
+        LLVMValueRef ri = add(kb, r, i32c(kb, h));
+        in[h] = LLVMBuildICmp(b, LLVMIntSLT, ri, count, "");
+        rr[h] = add(kb, base, mul(kb, sext64(kb, add(kb, r0, aj_kb_smin(kb, ri, last))),
+                                  stride_s));
+    }
+    LLVMValueRef dst = mul(kb, r, i32c(kb, width / 2));
+    LLVMValueRef c = aj_kb_for_begin(kb, i32c(kb, 0), i32c(kb, width), i32c(kb, 8), "rpc");
+    LLVMValueRef x[2];
+    for (int h = 0; h < 2; h++) {
+        x[h] = LLVMBuildLoad2(b, v8, aj_cpu_tensor_at(kb, t, AJ_DTYPE_BF16,
+                              add(kb, rr[h], sext64(kb, c))), "");
+        LLVMSetAlignment(x[h], 2);
+        x[h] = LLVMBuildSelect(b, in[h], x[h], LLVMConstNull(v8), "");
+    }
+    LLVMValueRef pairs = LLVMBuildShuffleVector(b, x[0], x[1], mask, "");
+    LLVMValueRef st = LLVMBuildStore(b, pairs, aj_cpu_buf_at(kb, buf, add(kb, dst, c)));
+    LLVMSetAlignment(st, 4);
+    aj_kb_for_end(kb);
+    aj_kb_for_end(kb);
+}
+
+/* One step of a register tile: acc + a (f32, broadcast) * b, or with pairs
+ * acc + the dot products of the bf16 pair a (one word, broadcast) with
+ * the pairs of b (words). */
+static LLVMValueRef tile_step(aj_kb *kb, int pairs, int w, LLVMValueRef a_at, LLVMValueRef b,
+                              LLVMValueRef acc)
+{
+    if (!pairs)
+        return aj_cv_fma(kb, aj_cv_splat(kb, aj_cpu_fload(kb, a_at), w), b, acc);
+    LLVMValueRef word = LLVMBuildLoad2(kb->b, kb->t_i32, a_at, "");
+    return aj_cv_dot_bf16(kb, acc, aj_cv_splat(kb, word, w), b, w);
+}
+
+/* w lanes at ptr: floats, or with pairs words */
+static LLVMValueRef tile_load(aj_kb *kb, int pairs, LLVMValueRef ptr, int w)
+{
+    if (!pairs)
+        return aj_cpu_vload(kb, ptr, w);
+    LLVMValueRef v = LLVMBuildLoad2(kb->b, LLVMVectorType(kb->t_i32, (unsigned)w), ptr, "");
+    LLVMSetAlignment(v, 4);
+    return v;
+}
+
 void aj_cpu_gemm_nt(aj_kb *kb, int w, LLVMValueRef c, LLVMValueRef a, int k, LLVMValueRef bt,
-                    int n, LLVMValueRef m_end)
+                    int n, LLVMValueRef m_end, int pairs)
 {
     LLVMTypeRef vt = aj_cv_type(kb, w);
     LLVMValueRef acc[RM][CN];
@@ -292,12 +373,12 @@ void aj_cpu_gemm_nt(aj_kb *kb, int w, LLVMValueRef c, LLVMValueRef a, int k, LLV
         LLVMValueRef bv[CN];
         LLVMValueRef brow = add(kb, mul(kb, d, i32c(kb, n)), j0);
         for (int x = 0; x < CN; x++)
-            bv[x] = aj_cpu_vload(kb, aj_cpu_buf_at(kb, bt, add(kb, brow, i32c(kb, x * w))), w);
+            bv[x] = tile_load(kb, pairs, aj_cpu_buf_at(kb, bt, add(kb, brow, i32c(kb, x * w))), w);
         for (int r = 0; r < RM; r++) {
             LLVMValueRef ai = add(kb, mul(kb, add(kb, i0, i32c(kb, r)), i32c(kb, k)), d);
-            LLVMValueRef ab = aj_cv_splat(kb, aj_cpu_fload(kb, aj_cpu_buf_at(kb, a, ai)), w);
             for (int x = 0; x < CN; x++)
-                aj_kb_set(kb, acc[r][x], aj_cv_fma(kb, ab, bv[x], aj_kb_get(kb, acc[r][x])));
+                aj_kb_set(kb, acc[r][x], tile_step(kb, pairs, w, aj_cpu_buf_at(kb, a, ai), bv[x],
+                                                   aj_kb_get(kb, acc[r][x])));
         }
     }
     aj_kb_for_end(kb);
@@ -313,7 +394,7 @@ void aj_cpu_gemm_nt(aj_kb *kb, int w, LLVMValueRef c, LLVMValueRef a, int k, LLV
 
 void aj_cpu_gemm_acc(aj_kb *kb, int ncols, LLVMValueRef c, LLVMValueRef rscale,
                      LLVMValueRef p, int ldp_m, int ldp_k, LLVMValueRef b, int kn,
-                     LLVMValueRef m_end)
+                     LLVMValueRef m_end, int pairs)
 {
     /* output vectors: the host's width where it divides the row, else 8
      * (head dims are multiples of 8); two per tile where they pair up */
@@ -340,18 +421,20 @@ void aj_cpu_gemm_acc(aj_kb *kb, int ncols, LLVMValueRef c, LLVMValueRef rscale,
             aj_kb_set(kb, acc[r][x], v);
         }
     }
-    LLVMValueRef k = aj_kb_for_begin(kb, i32c(kb, 0), i32c(kb, kn), i32c(kb, 1), "ack");
+    LLVMValueRef k = aj_kb_for_begin(kb, i32c(kb, 0), i32c(kb, pairs ? kn / 2 : kn), i32c(kb, 1),
+                                     "ack");
     {
         LLVMValueRef bv[2];
         LLVMValueRef brow = add(kb, mul(kb, k, i32c(kb, ncols)), c0);
         for (int x = 0; x < cv; x++)
-            bv[x] = aj_cpu_vload(kb, aj_cpu_buf_at(kb, b, add(kb, brow, i32c(kb, x * vw))), vw);
+            bv[x] = tile_load(kb, pairs, aj_cpu_buf_at(kb, b, add(kb, brow, i32c(kb, x * vw))),
+                              vw);
         LLVMValueRef pk = mul(kb, k, i32c(kb, ldp_k));
         for (int r = 0; r < RM; r++) {
             LLVMValueRef pi = add(kb, mul(kb, add(kb, i0, i32c(kb, r)), i32c(kb, ldp_m)), pk);
-            LLVMValueRef pb = aj_cv_splat(kb, aj_cpu_fload(kb, aj_cpu_buf_at(kb, p, pi)), vw);
             for (int x = 0; x < cv; x++)
-                aj_kb_set(kb, acc[r][x], aj_cv_fma(kb, pb, bv[x], aj_kb_get(kb, acc[r][x])));
+                aj_kb_set(kb, acc[r][x], tile_step(kb, pairs, vw, aj_cpu_buf_at(kb, p, pi), bv[x],
+                                                   aj_kb_get(kb, acc[r][x])));
         }
     }
     aj_kb_for_end(kb);

@@ -97,27 +97,53 @@ LLVMValueRef aj_cpu_buf_at(aj_kb *kb, LLVMValueRef buf, LLVMValueRef index);
 /* &t[elem] of tensor parameter t of `dtype`, elem i64 */
 LLVMValueRef aj_cpu_tensor_at(aj_kb *kb, const char *t, aj_dtype dtype, LLVMValueRef elem);
 
+/* ptr[0..n) = 0 (n a multiple of 8), in a loop */
+void aj_cpu_zero(aj_kb *kb, LLVMValueRef ptr, int n);
+/*
+ * Operands in bf16 pairs (the `pairs` argument below; where the host has
+ * AVX512-BF16): a buffer of 32-bit words, each two bf16 of neighbouring
+ * elements along the product's sum (the lower index in the low half), so
+ * that one vdpbf16ps multiplies two pairs per f32 lane:
+ *
+ *   Q  [bm][D/2]   row i: (q[i][0], q[i][1]) (q[i][2], q[i][3]) ...  = the
+ *                  row's own bytes
+ *   Kt [D/2][bn]   word (d, j): (k[j][2d], k[j][2d+1]): the rows' words
+ *                  transposed (aj_cpu_load_cols with pairs)
+ *   P  [bm][bn/2]  row i: (p[i][0], p[i][1]) ...: P rounded to bf16
+ *   V  [bn/2][Dv]  word (j, c): (v[2j][c], v[2j+1][c]): two rows zipped
+ *                  (aj_cpu_load_row_pairs)
+ */
+
 /* buf[r][0..width) = scale * t[base + (r0 + r) stride_s + 0..width) for
- * r < count, 0 for count <= r < rows (width a multiple of 8). */
+ * r < count, 0 for count <= r < rows (width a multiple of 8); with pairs
+ * (bf16 t, scale 1) the row's words: width = columns / 2. */
 void aj_cpu_load_rows(aj_kb *kb, LLVMValueRef buf, int width, const char *t, aj_dtype dtype,
                       LLVMValueRef base, LLVMValueRef stride_s, LLVMValueRef r0,
-                      LLVMValueRef count, LLVMValueRef rows, double scale);
+                      LLVMValueRef count, LLVMValueRef rows, double scale, int pairs);
 /* buf[c][r] = t[base + (r0 + r) stride_s + c] for r < count, 0 for
- * count <= r < n: the rows transposed, so that they run along vectors. */
+ * count <= r < n (count >= 1): the rows transposed, so that they run
+ * along vectors; with pairs (bf16 t) c counts words, width = columns / 2. */
 void aj_cpu_load_cols(aj_kb *kb, LLVMValueRef buf, int width, int n, const char *t,
                       aj_dtype dtype, LLVMValueRef base, LLVMValueRef stride_s,
-                      LLVMValueRef r0, LLVMValueRef count);
+                      LLVMValueRef r0, LLVMValueRef count, int pairs);
+/* buf[r / 2][c] = the bf16 pair (t[r0 + r][c], t[r0 + r + 1][c]) for even
+ * r < n, c < width (a multiple of 8); rows count <= r are 0 (count >= 1). */
+void aj_cpu_load_row_pairs(aj_kb *kb, LLVMValueRef buf, int width, int n, const char *t,
+                           LLVMValueRef base, LLVMValueRef stride_s, LLVMValueRef r0,
+                           LLVMValueRef count);
 
 /* C[m][0..n) = sum_k A[m][k] Bt[k][0..n) for m < m_end (a multiple of RM,
- * i32); n a multiple of CN*W. */
+ * i32); n a multiple of CN*W.  With pairs, A and Bt are words and k counts
+ * them (vdpbf16ps in place of the FMAs). */
 void aj_cpu_gemm_nt(aj_kb *kb, int w, LLVMValueRef c, LLVMValueRef a, int k, LLVMValueRef bt,
-                    int n, LLVMValueRef m_end);
+                    int n, LLVMValueRef m_end, int pairs);
 /* C[m][0..ncols) = rscale[m] C[m][..] (C[m][..] if rscale is NULL)
  *                 + sum_{k < kn} P[m ldp_m + k ldp_k] B[k][0..ncols)
- * for m < m_end (a multiple of RM, i32). */
+ * for m < m_end (a multiple of RM, i32).  With pairs, P and B are words
+ * (P [m][kn/2], ldp_* in words; B [kn/2][ncols]). */
 void aj_cpu_gemm_acc(aj_kb *kb, int ncols, LLVMValueRef c, LLVMValueRef rscale,
                      LLVMValueRef p, int ldp_m, int ldp_k, LLVMValueRef b, int kn,
-                     LLVMValueRef m_end);
+                     LLVMValueRef m_end, int pairs);
 
 /* The W scores (log2 units) of row ig for keys jv (both local indices of
  * the call; jv an <W x i32>) from s = the scaled q.k: bias, the

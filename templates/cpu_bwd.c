@@ -231,9 +231,9 @@ static void load_query_side(cbwd *c, LLVMValueRef bidx, LLVMValueRef h, LLVMValu
     LLVMValueRef bm = i32c(c, p->bm);
     LLVMValueRef start = c->at.seq.start_q;
     aj_cpu_load_rows(kb, c->q, p->d, "q", p->dtype, aj_cpu_seq_base(kb, "q", bidx, h, start),
-                     param(c, "stride_q_s"), m0, rows, bm, aj_op_scale(c->op));
+                     param(c, "stride_q_s"), m0, rows, bm, aj_op_scale(c->op), 0);
     aj_cpu_load_rows(kb, c->dob, p->dv, "do", p->dtype, aj_cpu_seq_base(kb, "do", bidx, h, start),
-                     param(c, "stride_do_s"), m0, rows, bm, 1.0);
+                     param(c, "stride_do_s"), m0, rows, bm, 1.0, 0);
     LLVMValueRef o_base = aj_cpu_seq_base(kb, "o", bidx, h, start);
     LLVMValueRef lse_base = add(c, aj_attn_slice_base(kb, "lse", bidx, h), start);
     LLVMValueRef i = aj_kb_for_begin(kb, i32c(c, 0), bm, i32c(c, 1), "qs");
@@ -246,15 +246,15 @@ static void load_query_side(cbwd *c, LLVMValueRef bidx, LLVMValueRef h, LLVMValu
         LLVMBuildStore(b, LLVMBuildSelect(b, empty, aj_kb_f32(kb, 0), l2, ""),
                        buf_at(c, c->lse2, i));
         LLVMValueRef orow = add(c, o_base, mul(c, ig, param(c, "stride_o_s")));
-        LLVMValueRef acc = LLVMConstNull(aj_cv_type(kb, 8));
-        for (int x = 0; x < p->dv; x += 8) {
-            LLVMValueRef ov = aj_cv_load(kb, aj_cpu_tensor_at(kb, "o", p->dtype, add(c, orow,
-                                         aj_kb_i64(kb, x))), p->dtype, 8);
-            LLVMValueRef dv = vload(c, buf_at(c, c->dob, add(c, mul(c, i, i32c(c, p->dv)),
-                                                             i32c(c, x))), 8);
-            acc = aj_cv_fma(kb, ov, dv, acc);
-        }
-        LLVMBuildStore(b, aj_cv_hsum(kb, acc, 8), buf_at(c, c->delta, i));
+        LLVMValueRef acc = aj_kb_var(kb, aj_cv_type(kb, 8), NULL, "delta");
+        aj_kb_set(kb, acc, LLVMConstNull(aj_cv_type(kb, 8)));
+        LLVMValueRef x = aj_kb_for_begin(kb, i32c(c, 0), i32c(c, p->dv), i32c(c, 8), "dx");
+        LLVMValueRef ov = aj_cv_load(kb, aj_cpu_tensor_at(kb, "o", p->dtype, add(c, orow,
+                                     sext64(c, x))), p->dtype, 8);
+        LLVMValueRef dv = vload(c, buf_at(c, c->dob, add(c, mul(c, i, i32c(c, p->dv)), x)), 8);
+        aj_kb_set(kb, acc, aj_cv_fma(kb, ov, dv, aj_kb_get(kb, acc)));
+        aj_kb_for_end(kb);
+        LLVMBuildStore(b, aj_cv_hsum(kb, aj_kb_get(kb, acc), 8), buf_at(c, c->delta, i));
     }
     aj_kb_else(kb);
     LLVMBuildStore(b, aj_kb_f32(kb, INFINITY), buf_at(c, c->lse2, i));
@@ -330,22 +330,14 @@ static void store_rows(cbwd *c, LLVMValueRef buf, int width, const char *t, LLVM
     snprintf(stride, sizeof stride, "stride_%s_s", t);
     LLVMValueRef r = aj_kb_for_begin(kb, i32c(c, 0), count, i32c(c, 1), "sr");
     LLVMValueRef row = add(c, base, mul(c, sext64(c, add(c, r0, r)), param(c, stride)));
-    for (int x = 0; x < width; x += 8) {
-        LLVMValueRef v = vload(c, buf_at(c, buf, add(c, mul(c, r, i32c(c, width)), i32c(c, x))),
-                               8);
-        if (scale != 1.0)
-            v = LLVMBuildFMul(c->b, v, aj_cv_splat(kb, aj_kb_f32(kb, scale), 8), "");
-        aj_cv_store(kb, v, aj_cpu_tensor_at(kb, t, c->p.dtype, add(c, row, aj_kb_i64(kb, x))),
-                    c->p.dtype, 8);
-    }
+    LLVMValueRef x = aj_kb_for_begin(kb, i32c(c, 0), i32c(c, width), i32c(c, 8), "srx");
+    LLVMValueRef v = vload(c, buf_at(c, buf, add(c, mul(c, r, i32c(c, width)), x)), 8);
+    if (scale != 1.0)
+        v = LLVMBuildFMul(c->b, v, aj_cv_splat(kb, aj_kb_f32(kb, scale), 8), "");
+    aj_cv_store(kb, v, aj_cpu_tensor_at(kb, t, c->p.dtype, add(c, row, sext64(c, x))),
+                c->p.dtype, 8);
     aj_kb_for_end(kb);
-}
-
-static void zero_buffer(cbwd *c, LLVMValueRef buf, int n)
-{
-    LLVMValueRef i = aj_kb_for_begin(c->kb, i32c(c, 0), i32c(c, n), i32c(c, 8), "zb");
-    vstore(c, LLVMConstNull(aj_cv_type(c->kb, 8)), buf_at(c, buf, i));
-    aj_kb_for_end(c->kb);
+    aj_kb_for_end(kb);
 }
 
 static LLVMValueRef rows_from(cbwd *c, LLVMValueRef m0)
@@ -376,11 +368,11 @@ static void build_dkdv(cbwd *c)
     LLVMValueRef k_base = aj_cpu_seq_base(kb, "k", bidx, hkv, seq.start_k);
     LLVMValueRef v_base = aj_cpu_seq_base(kb, "v", bidx, hkv, seq.start_k);
     aj_cpu_load_cols(kb, c->kt, p->d, p->bn, "k", p->dtype, k_base, param(c, "stride_k_s"), n0,
-                     kcount);
+                     kcount, 0);
     aj_cpu_load_cols(kb, c->vt, p->dv, p->bn, "v", p->dtype, v_base, param(c, "stride_v_s"), n0,
-                     kcount);
-    zero_buffer(c, dk, p->bn * p->d);
-    zero_buffer(c, dv, p->bn * p->dv);
+                     kcount, 0);
+    aj_cpu_zero(kb, dk, p->bn * p->d);
+    aj_cpu_zero(kb, dv, p->bn * p->dv);
     LLVMValueRef group = LLVMBuildSDiv(b, param(c, "heads_q"), param(c, "heads_kv"), "");
     LLVMValueRef g = aj_kb_for_begin(kb, i32c(c, 0), group, i32c(c, 1), "g");
     {
@@ -396,13 +388,13 @@ static void build_dkdv(cbwd *c)
             LLVMValueRef rows = rows_from(c, m0);
             aj_cpu_skip_begin(&c->at, m0, rows, n0, kcount);
             load_query_side(c, bidx, h, m0, rows);
-            aj_cpu_gemm_nt(kb, p->w, c->s, c->q, p->d, c->kt, p->bn, bm);
-            aj_cpu_gemm_nt(kb, p->w, c->dp, c->dob, p->dv, c->vt, p->bn, bm);
+            aj_cpu_gemm_nt(kb, p->w, c->s, c->q, p->d, c->kt, p->bn, bm, 0);
+            aj_cpu_gemm_nt(kb, p->w, c->dp, c->dob, p->dv, c->vt, p->bn, bm, 0);
             emit_probabilities(c, m0, n0);
             /* dV += (z P)^T dO, dK += dS^T Q: P^T read with strides (1, bn) */
             aj_cpu_gemm_acc(kb, p->dv, dv, NULL, c->s, 1, p->bn, c->dob, p->bm,
-                            i32c(c, p->bn));
-            aj_cpu_gemm_acc(kb, p->d, dk, NULL, c->dp, 1, p->bn, c->q, p->bm, i32c(c, p->bn));
+                            i32c(c, p->bn), 0);
+            aj_cpu_gemm_acc(kb, p->d, dk, NULL, c->dp, 1, p->bn, c->q, p->bm, i32c(c, p->bn), 0);
             aj_cpu_skip_end(&c->at);
         }
         aj_kb_for_end(kb);
@@ -486,7 +478,7 @@ static void build_dq(cbwd *c)
         LLVMValueRef hkv = LLVMBuildSDiv(b, h, LLVMBuildSDiv(b, param(c, "heads_q"),
                                                              param(c, "heads_kv"), ""), "");
         load_query_side(c, bidx, h, m0, rows);
-        zero_buffer(c, dq, p->bm * p->d);
+        aj_cpu_zero(kb, dq, p->bm * p->d);
         LLVMValueRef n_begin = i32c(c, 0), n_end;
         if (has_bias)   /* every key block: dbias is written everywhere */
             n_end = LLVMBuildSDiv(b, add(c, c->at.seq.len_k, i32c(c, p->bn - 1)),
@@ -504,15 +496,15 @@ static void build_dq(cbwd *c)
             if (!has_bias)   /* with bias every tile writes its dbias */
                 aj_cpu_skip_begin(&c->at, m0, rows, n0, kcount);
             aj_cpu_load_cols(kb, c->kt, p->d, p->bn, "k", p->dtype, k_base,
-                             param(c, "stride_k_s"), n0, kcount);
+                             param(c, "stride_k_s"), n0, kcount, 0);
             aj_cpu_load_rows(kb, c->kn, p->d, "k", p->dtype, k_base, param(c, "stride_k_s"), n0,
-                             kcount, i32c(c, p->bn), 1.0);
+                             kcount, i32c(c, p->bn), 1.0, 0);
             aj_cpu_load_cols(kb, c->vt, p->dv, p->bn, "v", p->dtype, v_base,
-                             param(c, "stride_v_s"), n0, kcount);
-            aj_cpu_gemm_nt(kb, p->w, c->s, c->q, p->d, c->kt, p->bn, i32c(c, p->bm));
-            aj_cpu_gemm_nt(kb, p->w, c->dp, c->dob, p->dv, c->vt, p->bn, i32c(c, p->bm));
+                             param(c, "stride_v_s"), n0, kcount, 0);
+            aj_cpu_gemm_nt(kb, p->w, c->s, c->q, p->d, c->kt, p->bn, i32c(c, p->bm), 0);
+            aj_cpu_gemm_nt(kb, p->w, c->dp, c->dob, p->dv, c->vt, p->bn, i32c(c, p->bm), 0);
             emit_probabilities(c, m0, n0);
-            aj_cpu_gemm_acc(kb, p->d, dq, NULL, c->dp, p->bn, 1, c->kn, p->bn, i32c(c, p->bm));
+            aj_cpu_gemm_acc(kb, p->d, dq, NULL, c->dp, p->bn, 1, c->kn, p->bn, i32c(c, p->bm), 0);
             if (has_bias)
                 emit_dbias(c, bidx, h, LLVMBuildAnd(b, LLVMBuildICmp(b, LLVMIntEQ, pb,
                                                                      i32c(c, 0), ""),

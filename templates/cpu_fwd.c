@@ -61,6 +61,7 @@ typedef struct cfwd_plan {
     int w;            /* floats per vector register */
     int vw;           /* output-column vector width */
     int bm, bn;
+    int pairs;        /* bf16 products by vdpbf16ps: Q, Kt, P, V in pairs (cpu_attn.h) */
 } cfwd_plan;
 
 static aj_status plan_kernel(aj_ctx *ctx, const aj_op *op, cfwd_plan *p)
@@ -72,6 +73,9 @@ static aj_status plan_kernel(aj_ctx *ctx, const aj_op *op, cfwd_plan *p)
     p->w = aj_cpu_vector_width();
     /* head dims are multiples of 8: 8-wide output vectors always divide */
     p->vw = p->dv % p->w == 0 ? p->w : 8;
+    /* the transposes of K move 8 words (16 bf16) at a time */
+    p->pairs = p->dtype == AJ_DTYPE_BF16 && p->w == 16 && p->d % 16 == 0 &&
+               aj_cpu_has_feature("avx512bf16");
     return aj_cpu_plan_tiles(ctx, op, "cpu forward", p->w, 128, &p->bm, &p->bn);
 }
 
@@ -95,6 +99,8 @@ typedef struct cfwd {
     LLVMValueRef m0, rows, rows_pad;  /* i32: first row, rows of the item, rounded to RM */
     aj_attn_dropout drop;
     LLVMValueRef q, kt, v, s, o;    /* the stack buffers */
+    LLVMValueRef pw;                /* pairs: P in bf16 pairs */
+    double q_scale;                 /* pairs: the scale S takes (Q stays bf16) */
     LLVMValueRef m, l, alpha;
 } cfwd;
 
@@ -206,8 +212,10 @@ static void emit_softmax(cfwd *c, LLVMValueRef n0)
     for (int n = 0; n < nv; n++) {
         LLVMValueRef jv = LLVMBuildAdd(b, aj_cv_splat(kb, add(c, n0, i32c(c, n * w)), w),
                                        aj_cv_iota(kb, w), "");
-        s[n] = aj_cpu_scores(&c->at, vload(c, buf_at(c, c->s, add(c, srow, i32c(c, n * w))),
-                                           w), ig, jv, NULL);
+        LLVMValueRef qk = vload(c, buf_at(c, c->s, add(c, srow, i32c(c, n * w))), w);
+        if (p->pairs)
+            qk = LLVMBuildFMul(b, qk, aj_cv_splat(kb, aj_kb_f32(kb, c->q_scale), w), "");
+        s[n] = aj_cpu_scores(&c->at, qk, ig, jv, NULL);
         mx = aj_cv_max(kb, mx, s[n]);
     }
     LLVMValueRef m_old = fload(c, buf_at(c, c->m, i));
@@ -217,9 +225,15 @@ static void emit_softmax(cfwd *c, LLVMValueRef n0)
     LLVMValueRef m_use = LLVMBuildSelect(b, none, aj_kb_f32(kb, 0), m_new, "");
     LLVMValueRef mv = aj_cv_splat(kb, m_use, w);
     LLVMValueRef sum = LLVMConstNull(vt);
+    /* pairs without dropout: P goes straight to bf16 (emit_round_p's work) */
+    int round_here = p->pairs && c->op->dropout == 0;
     for (int n = 0; n < nv; n++) {
         LLVMValueRef pv = aj_cv_exp2(kb, LLVMBuildFSub(b, s[n], mv, ""), w);
-        vstore(c, pv, buf_at(c, c->s, add(c, srow, i32c(c, n * w))));
+        LLVMValueRef at = add(c, srow, i32c(c, n * w));
+        if (round_here)
+            aj_cv_store(kb, pv, aj_cv_at(kb, kb->t_i16, c->pw, at), AJ_DTYPE_BF16, w);
+        else
+            vstore(c, pv, buf_at(c, c->s, at));
         sum = LLVMBuildFAdd(b, sum, pv, "");
     }
     LLVMValueRef alpha = LLVMBuildExtractElement(b, aj_cv_exp2(kb, aj_cv_splat(kb,
@@ -245,6 +259,21 @@ static void emit_dropout(cfwd *c, LLVMValueRef n0, LLVMValueRef kcount)
     LLVMValueRef kept = LLVMBuildFMul(b, fload(c, at), aj_kb_f32(kb, 1.0 / (1.0 - p)), "");
     LLVMBuildStore(b, LLVMBuildSelect(b, keep, kept, aj_kb_f32(kb, 0), ""), at);
     aj_kb_for_end(kb);
+    aj_kb_for_end(kb);
+}
+
+/* pairs: P rounded to bf16 (nearest even), the first operand of P V, after
+ * dropout (without dropout, emit_softmax rounds it as it makes it) */
+static void emit_round_p(cfwd *c)
+{
+    aj_kb *kb = c->kb;
+    int w = c->p.w, bn = c->p.bn;
+    LLVMValueRef i = aj_kb_for_begin(kb, i32c(c, 0), c->rows_pad, i32c(c, 1), "ri");
+    for (int n = 0; n < bn; n += w) {
+        LLVMValueRef at = add(c, mul(c, i, i32c(c, bn)), i32c(c, n));
+        aj_cv_store(kb, vload(c, buf_at(c, c->s, at), w), aj_cv_at(kb, kb->t_i16, c->pw, at),
+                    AJ_DTYPE_BF16, w);
+    }
     aj_kb_for_end(kb);
 }
 
@@ -317,20 +346,20 @@ static void emit_epilogue(cfwd *c, LLVMValueRef o_base, LLVMValueRef lse_base)
         scale_new = LLVMBuildFMul(b, w_new, inv, "");
     }
     LLVMValueRef sv = aj_cv_splat(kb, scale_new, vw);
-    for (int d = 0; d < p->dv; d += vw) {
-        LLVMValueRef val = LLVMBuildFMul(b, vload(c, buf_at(c, c->o, add(c, mul(c, i,
-                                         i32c(c, p->dv)), i32c(c, d))), vw), sv, "");
-        LLVMValueRef at = tensor_at(c, out, out_dtype, add(c, orow, aj_kb_i64(kb, d)));
-        if (accumulate) {
-            /* a prior of weight 0 adds nothing, whatever its O holds */
-            LLVMValueRef prior = LLVMBuildFMul(b, aj_cv_load(kb, at, AJ_DTYPE_F32, vw),
-                                               aj_cv_splat(kb, w_prior, vw), "");
-            LLVMValueRef zero_w = LLVMBuildFCmp(b, LLVMRealOEQ, w_prior, aj_kb_f32(kb, 0), "");
-            prior = LLVMBuildSelect(b, zero_w, LLVMConstNull(aj_cv_type(kb, vw)), prior, "");
-            val = LLVMBuildFAdd(b, val, prior, "");
-        }
-        aj_cv_store(kb, val, at, out_dtype, vw);
+    LLVMValueRef d = aj_kb_for_begin(kb, i32c(c, 0), i32c(c, p->dv), i32c(c, vw), "ed");
+    LLVMValueRef val = LLVMBuildFMul(b, vload(c, buf_at(c, c->o, add(c, mul(c, i,
+                                     i32c(c, p->dv)), d)), vw), sv, "");
+    LLVMValueRef at = tensor_at(c, out, out_dtype, add(c, orow, sext64(c, d)));
+    if (accumulate) {
+        /* a prior of weight 0 adds nothing, whatever its O holds */
+        LLVMValueRef prior = LLVMBuildFMul(b, aj_cv_load(kb, at, AJ_DTYPE_F32, vw),
+                                           aj_cv_splat(kb, w_prior, vw), "");
+        LLVMValueRef zero_w = LLVMBuildFCmp(b, LLVMRealOEQ, w_prior, aj_kb_f32(kb, 0), "");
+        prior = LLVMBuildSelect(b, zero_w, LLVMConstNull(aj_cv_type(kb, vw)), prior, "");
+        val = LLVMBuildFAdd(b, val, prior, "");
     }
+    aj_cv_store(kb, val, at, out_dtype, vw);
+    aj_kb_for_end(kb);
     LLVMBuildStore(b, lse, lse_ptr);
     aj_kb_for_end(kb);
 }
@@ -344,10 +373,8 @@ static void emit_init_rows(cfwd *c)
     LLVMBuildStore(c->b, aj_kb_f32(kb, -INFINITY), buf_at(c, c->m, i));
     LLVMBuildStore(c->b, aj_kb_f32(kb, 0), buf_at(c, c->l, i));
     LLVMBuildStore(c->b, aj_kb_f32(kb, 0), buf_at(c, c->alpha, i));
-    for (int d = 0; d < p->dv; d += 8)
-        vstore(c, LLVMConstNull(aj_cv_type(kb, 8)), buf_at(c, c->o, add(c, mul(c, i,
-                                                       i32c(c, p->dv)), i32c(c, d))));
     aj_kb_for_end(kb);
+    aj_cpu_zero(kb, c->o, p->bm * p->dv);
 }
 
 static aj_status cfwd_build(aj_kb *kb, const aj_op *op, void *user)
@@ -372,10 +399,14 @@ static aj_status cfwd_build(aj_kb *kb, const aj_op *op, void *user)
 
     declare_params(kb, op, &prog);
     aj_kb_begin(kb, 1);
-    c.q = aj_cv_buffer(kb, p->bm * p->d, "qbuf");
-    c.kt = aj_cv_buffer(kb, p->d * p->bn, "ktbuf");
-    c.v = aj_cv_buffer(kb, p->bn * p->dv, "vbuf");
+    /* pairs: Q, Kt and V hold two bf16 per f32 slot */
+    int per_slot = p->pairs ? 2 : 1;
+    c.q = aj_cv_buffer(kb, p->bm * p->d / per_slot, "qbuf");
+    c.kt = aj_cv_buffer(kb, p->d * p->bn / per_slot, "ktbuf");
+    c.v = aj_cv_buffer(kb, p->bn * p->dv / per_slot, "vbuf");
     c.s = aj_cv_buffer(kb, p->bm * p->bn, "sbuf");
+    if (p->pairs)
+        c.pw = aj_cv_buffer(kb, p->bm * p->bn / 2, "pbuf");
     c.o = aj_cv_buffer(kb, p->bm * p->dv, "obuf");
     c.m = aj_cv_buffer(kb, p->bm, "mrow");
     c.l = aj_cv_buffer(kb, p->bm, "lrow");
@@ -408,8 +439,10 @@ static aj_status cfwd_build(aj_kb *kb, const aj_op *op, void *user)
 
     emit_init_rows(&c);
     double q_scale = aj_op_scale(op) * (log2e_in_q ? AJ_LOG2E : 1.0);
-    aj_cpu_load_rows(kb, c.q, p->d, "q", p->dtype, q_base, param(&c, "stride_q_s"), c.m0,
-                     c.rows, c.rows_pad, q_scale);
+    /* pairs: Q stays bf16 and the scores take the scale */
+    c.q_scale = q_scale;
+    aj_cpu_load_rows(kb, c.q, p->d / per_slot, "q", p->dtype, q_base, param(&c, "stride_q_s"),
+                     c.m0, c.rows, c.rows_pad, p->pairs ? 1.0 : q_scale, p->pairs);
     LLVMValueRef n_begin, n_end;
     aj_cpu_key_blocks(&c.at, p->bn, c.m0, add(&c, c.m0, LLVMBuildSub(b, c.rows, i32c(&c, 1), "")),
                       &n_begin, &n_end);
@@ -421,15 +454,22 @@ static aj_status cfwd_build(aj_kb *kb, const aj_op *op, void *user)
         aj_cpu_skip_begin(&c.at, c.m0, c.rows, n0, kcount);
         /* keys past Sk are zero: masked anyway, and 0 * V must not meet a
          * stale NaN */
-        aj_cpu_load_cols(kb, c.kt, p->d, p->bn, "k", p->dtype, k_base, param(&c, "stride_k_s"),
-                         n0, kcount);
-        aj_cpu_load_rows(kb, c.v, p->dv, "v", p->dtype, v_base, param(&c, "stride_v_s"), n0,
-                         kcount, i32c(&c, p->bn), 1.0);
-        aj_cpu_gemm_nt(kb, p->w, c.s, c.q, p->d, c.kt, p->bn, c.rows_pad);
+        aj_cpu_load_cols(kb, c.kt, p->d / per_slot, p->bn, "k", p->dtype, k_base,
+                         param(&c, "stride_k_s"), n0, kcount, p->pairs);
+        if (p->pairs)
+            aj_cpu_load_row_pairs(kb, c.v, p->dv, p->bn, "v", v_base, param(&c, "stride_v_s"),
+                                  n0, kcount);
+        else
+            aj_cpu_load_rows(kb, c.v, p->dv, "v", p->dtype, v_base, param(&c, "stride_v_s"), n0,
+                             kcount, i32c(&c, p->bn), 1.0, 0);
+        aj_cpu_gemm_nt(kb, p->w, c.s, c.q, p->d / per_slot, c.kt, p->bn, c.rows_pad, p->pairs);
         emit_softmax(&c, n0);
         if (op->dropout > 0)
             emit_dropout(&c, n0, kcount);
-        aj_cpu_gemm_acc(kb, p->dv, c.o, c.alpha, c.s, p->bn, 1, c.v, p->bn, c.rows_pad);
+        if (p->pairs && op->dropout > 0)
+            emit_round_p(&c);
+        aj_cpu_gemm_acc(kb, p->dv, c.o, c.alpha, p->pairs ? c.pw : c.s, p->bn / per_slot, 1, c.v,
+                        p->bn, c.rows_pad, p->pairs);
         aj_cpu_skip_end(&c.at);
     }
     aj_kb_for_end(kb);

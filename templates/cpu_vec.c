@@ -32,6 +32,22 @@ LLVMValueRef aj_cv_fma(aj_kb *kb, LLVMValueRef a, LLVMValueRef b, LLVMValueRef c
     return aj_kb_call_overloaded(kb, "llvm.fmuladd", args, 3);
 }
 
+LLVMValueRef aj_cv_dot_bf16(aj_kb *kb, LLVMValueRef acc, LLVMValueRef a, LLVMValueRef b, int n)
+{
+    const char *name = n == 16 ? "llvm.x86.avx512bf16.dpbf16ps.512"
+                               : "llvm.x86.avx512bf16.dpbf16ps.256";
+    unsigned id = LLVMLookupIntrinsicID(name, strlen(name));
+    if (id == 0 || (n != 16 && n != 8)) {
+        aj_kb_fail(kb, AJ_ERR_INTERNAL, "%s is not an intrinsic of this LLVM", name);
+        return acc;
+    }
+    LLVMTypeRef pairs = LLVMVectorType(LLVMBFloatTypeInContext(kb->llctx), (unsigned)(2 * n));
+    LLVMValueRef args[3] = {acc, LLVMBuildBitCast(kb->b, a, pairs, ""),
+                            LLVMBuildBitCast(kb->b, b, pairs, "")};
+    LLVMValueRef fn = LLVMGetIntrinsicDeclaration(kb->mod, id, NULL, 0);
+    return LLVMBuildCall2(kb->b, LLVMIntrinsicGetType(kb->llctx, id, NULL, 0), fn, args, 3, "");
+}
+
 LLVMValueRef aj_cv_max(aj_kb *kb, LLVMValueRef a, LLVMValueRef b)
 {
     LLVMValueRef args[2] = {a, b};

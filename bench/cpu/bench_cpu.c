@@ -4,6 +4,8 @@
  *
  *   bench_cpu [--quick | --full] [--workers N] [--dtype f16|bf16|f32]
  *             [--heads H] [--repeat R] [--csv FILE]
+ *   bench_cpu --jit [-O 0..3] [--seq S] [--compiles N] [...]
+ *   bench_cpu --dtypes [--heads H] [--repeat R] [--workers N]
  *
  * Per problem (B 1, H heads, Sq = Sk = S, d = Dv, causal or not): the
  * best of R forward launches after one warm-up, then the same for the
@@ -26,6 +28,15 @@
  *           short.  It is what a user without attnjit writes first.
  *
  * --quick (the default): S 512, 1024, 2048.  --full: S 512 .. 8192.
+ *
+ * --jit: what a kernel costs to make and what it then runs at, per pass
+ * and head dim (64, 128, 256; causal and not) at one S (default 2048):
+ * the median of N cold compiles (cache bypassed; default 5), at the opt
+ * level -O (default 2), and the best of R launches.  Two builds or two
+ * levels are compared by running this twice, interleaved.
+ *
+ * --dtypes: the forward in f32 against bf16 (d 64, 128; S 1024 .. 4096),
+ * see bench_dtypes.
  */
 #include <math.h>
 #include <pthread.h>
@@ -219,11 +230,14 @@ typedef struct config {
     aj_dtype dtype;
     int heads, repeat, workers, full;
     const char *csv;
+    int jit, opt_level, compiles, seq;   /* --jit mode */
+    int dtypes;                          /* --dtypes mode */
 } config;
 
-static aj_status compile_op(aj_ctx *ctx, const char *kind, aj_dtype dtype, int d, int causal,
-                            aj_kernel **out)
+static aj_status compile_once(aj_ctx *ctx, const config *cfg, const char *kind, int d,
+                              int causal, aj_kernel **out)
 {
+    aj_dtype dtype = cfg->dtype;
     char spec[256];
     snprintf(spec, sizeof spec, "attention %s flash { dtype = %s head_dim = %d mask = %s }",
              kind, aj_dtype_name(dtype), d, causal ? "causal(top_left)" : "none");
@@ -234,8 +248,36 @@ static aj_status compile_op(aj_ctx *ctx, const char *kind, aj_dtype dtype, int d
     aj_compile_options opt = AJ_COMPILE_OPTIONS_INIT;
     opt.target = AJ_TARGET_CPU;
     opt.emit = AJ_EMIT_LLVM_IR;
+    opt.opt_level = cfg->opt_level;
+    opt.bypass_cache = cfg->jit;
     st = aj_compile(ctx, op, &opt, out);
     aj_op_destroy(op);
+    return st;
+}
+
+/* Compiles the pass; with cfg->jit, cfg->compiles times afresh, *ms the
+ * median (the last kernel kept). */
+static aj_status compile_op(aj_ctx *ctx, const config *cfg, const char *kind, int d, int causal,
+                            aj_kernel **out, double *ms)
+{
+    int n = cfg->jit ? cfg->compiles : 1;
+    double times[64];
+    aj_status st = AJ_OK;
+    *out = NULL;
+    for (int i = 0; i < n && st == AJ_OK; i++) {
+        aj_kernel_destroy(*out);
+        *out = NULL;
+        double t0 = now_s();
+        st = compile_once(ctx, cfg, kind, d, causal, out);
+        times[i] = (now_s() - t0) * 1e3;
+    }
+    for (int i = 1; i < n; i++)   /* insertion sort: n is small */
+        for (int j = i; j > 0 && times[j] < times[j - 1]; j--) {
+            double t = times[j];
+            times[j] = times[j - 1];
+            times[j - 1] = t;
+        }
+    *ms = n % 2 ? times[n / 2] : 0.5 * (times[n / 2 - 1] + times[n / 2]);
     return st;
 }
 
@@ -285,106 +327,189 @@ static double time_pass(aj_ctx *ctx, aj_device *dev, const aj_kernel *k, const a
     return best;
 }
 
+/* One problem's tensors on the device: Q, K, V random in [-1, 1] (the f32
+ * values kept for the baseline), O, LSE, and dQ, dK, dV for the backward. */
+typedef struct problem {
+    aj_device *dev;
+    float *qf, *kf, *vf, *of;
+    void *q, *k, *v, *o, *lse, *dq, *dk, *dv;
+    aj_fwd_args fwd;
+    aj_bwd_args bwd;   /* dO = Q's values; the forward's O and LSE */
+} problem;
+
+static void problem_init(problem *pr, aj_device *dev, aj_dtype dtype, int h, int s, int d)
+{
+    memset(pr, 0, sizeof *pr);
+    pr->dev = dev;
+    size_t n = (size_t)h * s * d, esize = dtype == AJ_DTYPE_F32 ? 4 : 2;
+    pr->qf = malloc(n * 4);
+    pr->kf = malloc(n * 4);
+    pr->vf = malloc(n * 4);
+    pr->of = malloc(n * 4);
+    void **bufs[7] = {&pr->q, &pr->k, &pr->v, &pr->o, &pr->dq, &pr->dk, &pr->dv};
+    for (int i = 0; i < 7; i++)
+        aj_device_alloc(dev, n * esize, bufs[i]);
+    aj_device_alloc(dev, (size_t)h * s * 4, &pr->lse);
+    uint64_t rng = 0x9e3779b97f4a7c15ull;
+    float *srcs[3] = {pr->qf, pr->kf, pr->vf};
+    for (int t = 0; t < 3; t++)
+        for (size_t i = 0; i < n; i++) {
+            rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+            srcs[t][i] = (float)((double)(rng >> 40) / (double)(1 << 24) * 2.0 - 1.0);
+        }
+    aj_convert(pr->qf, AJ_DTYPE_F32, pr->q, dtype, n);
+    aj_convert(pr->kf, AJ_DTYPE_F32, pr->k, dtype, n);
+    aj_convert(pr->vf, AJ_DTYPE_F32, pr->v, dtype, n);
+    aj_fwd_args a = AJ_FWD_ARGS_INIT;
+    a.q = tensor(pr->q, dtype, h, s, d);
+    a.k = tensor(pr->k, dtype, h, s, d);
+    a.v = tensor(pr->v, dtype, h, s, d);
+    a.o = tensor(pr->o, dtype, h, s, d);
+    a.lse = (aj_tensor){pr->lse, AJ_DTYPE_F32, 3, {1, h, s, 0}, {(int64_t)h * s, s, 1, 0}};
+    pr->fwd = a;
+    aj_bwd_args g = AJ_BWD_ARGS_INIT;
+    g.q = a.q;
+    g.k = a.k;
+    g.v = a.v;
+    g.o = a.o;
+    g.lse = a.lse;
+    g.do_ = a.q;
+    g.dq = tensor(pr->dq, dtype, h, s, d);
+    g.dk = tensor(pr->dk, dtype, h, s, d);
+    g.dv = tensor(pr->dv, dtype, h, s, d);
+    pr->bwd = g;
+}
+
+static void problem_free(problem *pr)
+{
+    void *bufs[8] = {pr->q, pr->k, pr->v, pr->o, pr->lse, pr->dq, pr->dk, pr->dv};
+    for (int i = 0; i < 8; i++)
+        aj_device_free(pr->dev, bufs[i]);
+    free(pr->qf);
+    free(pr->kf);
+    free(pr->vf);
+    free(pr->of);
+}
+
 /* Runs one problem, forward then backward; prints their rows; 0 on
  * success. */
 static int bench_one(aj_ctx *ctx, aj_device *dev, const config *cfg, int s, int d, int causal,
                      peak_kernel pk, FILE *csv)
 {
     aj_kernel *kernel = NULL, *bwd = NULL;
-    if (compile_op(ctx, "forward", cfg->dtype, d, causal, &kernel) != AJ_OK ||
-        compile_op(ctx, "backward", cfg->dtype, d, causal, &bwd) != AJ_OK) {
+    double ms_fwd = 0, ms_bwd = 0;
+    if (compile_op(ctx, cfg, "forward", d, causal, &kernel, &ms_fwd) != AJ_OK ||
+        compile_op(ctx, cfg, "backward", d, causal, &bwd, &ms_bwd) != AJ_OK) {
         fprintf(stderr, "bench_cpu: compile: %s\n", aj_last_error(ctx));
         aj_kernel_destroy(kernel);
         return 1;
     }
     int h = cfg->heads;
-    size_t n = (size_t)h * s * d, esize = cfg->dtype == AJ_DTYPE_F32 ? 4 : 2;
-    float *qf = malloc(n * 4), *kf = malloc(n * 4), *vf = malloc(n * 4), *of = malloc(n * 4);
-    void *q = NULL, *k = NULL, *v = NULL, *o = NULL, *lse = NULL, *dq = NULL, *dk = NULL,
-         *dv = NULL;
-    aj_device_alloc(dev, n * esize, &q);
-    aj_device_alloc(dev, n * esize, &k);
-    aj_device_alloc(dev, n * esize, &v);
-    aj_device_alloc(dev, n * esize, &o);
-    aj_device_alloc(dev, n * esize, &dq);
-    aj_device_alloc(dev, n * esize, &dk);
-    aj_device_alloc(dev, n * esize, &dv);
-    aj_device_alloc(dev, (size_t)h * s * 4, &lse);
-    uint64_t rng = 0x9e3779b97f4a7c15ull;
-    float *srcs[3] = {qf, kf, vf};
-    for (int t = 0; t < 3; t++)
-        for (size_t i = 0; i < n; i++) {
-            rng = rng * 6364136223846793005ull + 1442695040888963407ull;
-            srcs[t][i] = (float)((double)(rng >> 40) / (double)(1 << 24) * 2.0 - 1.0);
-        }
-    aj_convert(qf, AJ_DTYPE_F32, q, cfg->dtype, n);
-    aj_convert(kf, AJ_DTYPE_F32, k, cfg->dtype, n);
-    aj_convert(vf, AJ_DTYPE_F32, v, cfg->dtype, n);
-    aj_fwd_args a = AJ_FWD_ARGS_INIT;
-    a.q = tensor(q, cfg->dtype, h, s, d);
-    a.k = tensor(k, cfg->dtype, h, s, d);
-    a.v = tensor(v, cfg->dtype, h, s, d);
-    a.o = tensor(o, cfg->dtype, h, s, d);
-    a.lse = (aj_tensor){lse, AJ_DTYPE_F32, 3, {1, h, s, 0}, {(int64_t)h * s, s, 1, 0}};
-
+    problem pr;
+    problem_init(&pr, dev, cfg->dtype, h, s, d);
     double flops = 4.0 * h * (double)s * s * d * (causal ? 0.5 : 1.0);
-    double t = time_pass(ctx, dev, kernel, &a, NULL, cfg->repeat);
+    double t = time_pass(ctx, dev, kernel, &pr.fwd, NULL, cfg->repeat);
     int failed = t < 0;
-    if (!failed) {
+    if (!failed && cfg->jit) {
+        printf("| forward  | %3d | %-6s | -O%d | %8.1f | %9.2f | %8.1f |\n", d,
+               causal ? "causal" : "none", cfg->opt_level, ms_fwd, t * 1e3, flops / t / 1e9);
+    } else if (!failed) {
         /* the machine may be shared: its peak now, right beside the kernel */
         double peak = measure_peak(pk, aj_device_workers(dev));
         /* baseline: head 0, about 32 rows spread over the sequence */
         int stride = s / 32 > 0 ? s / 32 : 1;
         double t0 = now_s();
-        double bflops = baseline_rows(qf, kf, vf, of, s, d, causal, stride);
+        double bflops = baseline_rows(pr.qf, pr.kf, pr.vf, pr.of, s, d, causal, stride);
         print_row(cfg, csv, "forward", s, d, causal, flops, t, peak, bflops / (now_s() - t0) / 1e9);
     }
     if (!failed) {
-        /* dO: q's values; the forward's O and LSE */
-        aj_bwd_args g = AJ_BWD_ARGS_INIT;
-        g.q = a.q;
-        g.k = a.k;
-        g.v = a.v;
-        g.o = a.o;
-        g.lse = a.lse;
-        g.do_ = a.q;
-        g.dq = tensor(dq, cfg->dtype, h, s, d);
-        g.dk = tensor(dk, cfg->dtype, h, s, d);
-        g.dv = tensor(dv, cfg->dtype, h, s, d);
-        t = time_pass(ctx, dev, bwd, NULL, &g, cfg->repeat);
+        t = time_pass(ctx, dev, bwd, NULL, &pr.bwd, cfg->repeat);
         failed = t < 0;
-        if (!failed)
+        if (!failed && cfg->jit)
+            printf("| backward | %3d | %-6s | -O%d | %8.1f | %9.2f | %8.1f |\n", d,
+                   causal ? "causal" : "none", cfg->opt_level, ms_bwd, t * 1e3,
+                   2.5 * flops / t / 1e9);
+        else if (!failed)
             print_row(cfg, csv, "backward", s, d, causal, 2.5 * flops, t,
                       measure_peak(pk, aj_device_workers(dev)), 0);
     }
     fflush(stdout);
-    aj_device_free(dev, q);
-    aj_device_free(dev, k);
-    aj_device_free(dev, v);
-    aj_device_free(dev, o);
-    aj_device_free(dev, lse);
-    aj_device_free(dev, dq);
-    aj_device_free(dev, dk);
-    aj_device_free(dev, dv);
-    free(qf);
-    free(kf);
-    free(vf);
-    free(of);
+    problem_free(&pr);
     aj_kernel_destroy(kernel);
     aj_kernel_destroy(bwd);
+    return failed;
+}
+
+static int host_has_avx512bf16(void)
+{
+#ifdef HAVE_X86
+    return __builtin_cpu_supports("avx512bf16");
+#else
+    return 0;
+#endif
+}
+
+/*
+ * --dtypes: the forward in f32, in bf16 as this host runs it, and in bf16
+ * compiled with AJ_CPU_ISA=avx512 (widened to f32: what a host without
+ * AVX512-BF16 runs), launched in turn R times each, best of each.
+ */
+static int bench_dtypes(aj_ctx *ctx, aj_device *dev, const config *cfg, int s, int d,
+                        int causal)
+{
+    enum { F32, BF16, BF16_WIDE, KINDS };
+    static const aj_dtype dtypes[KINDS] = {AJ_DTYPE_F32, AJ_DTYPE_BF16, AJ_DTYPE_BF16};
+    config one = *cfg;
+    one.jit = 0;
+    aj_kernel *k[KINDS] = {0};
+    problem pr[KINDS];
+    double best[KINDS], ms;
+    int failed = 0;
+    for (int i = 0; i < KINDS; i++) {
+        one.dtype = dtypes[i];
+        if (i == BF16_WIDE)
+            setenv("AJ_CPU_ISA", "avx512", 1);
+        failed |= compile_op(ctx, &one, "forward", d, causal, &k[i], &ms) != AJ_OK;
+        unsetenv("AJ_CPU_ISA");
+        problem_init(&pr[i], dev, dtypes[i], cfg->heads, s, d);
+        best[i] = -1;
+    }
+    if (failed)
+        fprintf(stderr, "bench_cpu: compile: %s\n", aj_last_error(ctx));
+    for (int r = 0; r < cfg->repeat && !failed; r++)
+        for (int i = 0; i < KINDS && !failed; i++) {
+            double t = time_pass(ctx, dev, k[i], &pr[i].fwd, NULL, 1);
+            failed = t < 0;
+            if (best[i] < 0 || t < best[i])
+                best[i] = t;
+        }
+    if (!failed) {
+        double flops = 4.0 * cfg->heads * (double)s * s * d * (causal ? 0.5 : 1.0);
+        printf("| %5d | %3d | %-6s | %8.2f | %8.2f | %8.2f | %6.1f | %6.1f | %5.2fx | %5.2fx |\n",
+               s, d, causal ? "causal" : "none", best[F32] * 1e3, best[BF16] * 1e3,
+               best[BF16_WIDE] * 1e3, flops / best[F32] / 1e9, flops / best[BF16] / 1e9,
+               best[F32] / best[BF16], best[BF16_WIDE] / best[BF16]);
+        fflush(stdout);
+    }
+    for (int i = 0; i < KINDS; i++) {
+        problem_free(&pr[i]);
+        aj_kernel_destroy(k[i]);
+    }
     return failed;
 }
 
 static int usage(void)
 {
     fprintf(stderr, "usage: bench_cpu [--quick | --full] [--workers N] [--dtype f16|bf16|f32] "
-                    "[--heads H] [--repeat R] [--csv FILE]\n");
+                    "[--heads H] [--repeat R] [--csv FILE]\n"
+                    "       bench_cpu --jit [-O 0..3] [--seq S] [--compiles N] [...]\n"
+                    "       bench_cpu --dtypes [--heads H] [--repeat R] [--workers N]\n");
     return 1;
 }
 
 int main(int argc, char **argv)
 {
-    config cfg = {AJ_DTYPE_BF16, 8, 5, 0, 0, NULL};
+    config cfg = {AJ_DTYPE_BF16, 8, 5, 0, 0, NULL, 0, 2, 5, 2048, 0};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *next = i + 1 < argc ? argv[i + 1] : NULL;
         if (strcmp(a, "--quick") == 0) {
@@ -397,6 +522,16 @@ int main(int argc, char **argv)
             cfg.heads = atoi(argv[++i]);
         } else if (strcmp(a, "--repeat") == 0 && next) {
             cfg.repeat = atoi(argv[++i]);
+        } else if (strcmp(a, "--dtypes") == 0) {
+            cfg.dtypes = 1;
+        } else if (strcmp(a, "--jit") == 0) {
+            cfg.jit = 1;
+        } else if (strcmp(a, "-O") == 0 && next) {
+            cfg.opt_level = atoi(argv[++i]);
+        } else if (strcmp(a, "--compiles") == 0 && next) {
+            cfg.compiles = atoi(argv[++i]);
+        } else if (strcmp(a, "--seq") == 0 && next) {
+            cfg.seq = atoi(argv[++i]);
         } else if (strcmp(a, "--csv") == 0 && next) {
             cfg.csv = argv[++i];
         } else if (strcmp(a, "--dtype") == 0 && next) {
@@ -413,7 +548,9 @@ int main(int argc, char **argv)
             return usage();
         }
     }
-    if (cfg.heads < 1 || cfg.repeat < 1 || cfg.workers < 0 || cfg.workers > 256)
+    if (cfg.heads < 1 || cfg.repeat < 1 || cfg.workers < 0 || cfg.workers > 256 ||
+        cfg.opt_level < 0 || cfg.opt_level > 3 || cfg.compiles < 1 || cfg.compiles > 64 ||
+        cfg.seq < 1)
         return usage();
 
     aj_ctx *ctx = NULL;
@@ -434,6 +571,37 @@ int main(int argc, char **argv)
     if (cfg.csv && !csv) {
         fprintf(stderr, "bench_cpu: cannot write %s\n", cfg.csv);
         return 1;
+    }
+    if (cfg.dtypes) {
+        printf("cpu: %s, %d threads; flash forward, B 1, H %d; f32, bf16 (vdpbf16ps where the "
+               "host has it: %s) and bf16 widened (AJ_CPU_ISA=avx512), launched in turn, best "
+               "of %d\n\n| S | d | mask | f32 ms | bf16 ms | bf16 widened ms | f32 GFLOP/s | "
+               "bf16 GFLOP/s | bf16 vs f32 | vs widened |\n|---:|---:|---|---:|---:|---:|---:|"
+               "---:|---:|---:|\n", aj_device_name(dev), threads, cfg.heads,
+               host_has_avx512bf16() ? "yes" : "no", cfg.repeat);
+        static const int seqs[] = {1024, 2048, 4096};
+        int failed = 0;
+        for (int di = 0; di < 2; di++)
+            for (int causal = 0; causal < 2; causal++)
+                for (int si = 0; si < 3; si++)
+                    failed |= bench_dtypes(ctx, dev, &cfg, seqs[si], di ? 128 : 64, causal);
+        aj_device_close(dev);
+        aj_ctx_destroy(ctx);
+        return failed;
+    }
+    if (cfg.jit) {
+        printf("cpu: %s, %d threads; %s, B 1, H %d, S %d; compile: median of %d, cache "
+               "bypassed; run: best of %d\n\n| pass | d | mask | opt | compile ms | run ms | "
+               "GFLOP/s |\n|---|---:|---|---|---:|---:|---:|\n", aj_device_name(dev), threads,
+               aj_dtype_name(cfg.dtype), cfg.heads, cfg.seq, cfg.compiles, cfg.repeat);
+        int failed = 0;
+        static const int jit_dims[] = {64, 128, 256};
+        for (int di = 0; di < 3; di++)
+            for (int causal = 0; causal < 2; causal++)
+                failed |= bench_one(ctx, dev, &cfg, cfg.seq, jit_dims[di], causal, pk, NULL);
+        aj_device_close(dev);
+        aj_ctx_destroy(ctx);
+        return failed;
     }
     if (csv)
         fprintf(csv, "pass,dtype,heads,seq,head_dim,mask,ms,gflops,peak_gflops,"

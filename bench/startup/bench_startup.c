@@ -2,13 +2,15 @@
  * bench_startup.c -- what specialising kernels at start-up costs, with an
  * empty kernel cache (cold) and with a filled one (warm).
  *
- *   bench_startup [--target sm_80|sm_90|sm_90a] [--workers N]
+ *   bench_startup [--target sm_80|sm_90|sm_90a|cpu] [--workers N]
  *
  * The set: every dtype x head dim x mask of the efficient forward examples
  * (3 x 5 x 4 = 60 kernels).  Cold: a fresh cache directory, compiled with
  * aj_compile_many on N workers (default one per core).  Warm: a new
  * context on the same directory, as a process started again would see it
- * (disk hits).  In-process: the same context again (memory hits).
+ * (disk hits).  In-process: the same context again (memory hits).  For
+ * cpu the disk entries hold host object code, which a warm start loads
+ * into a JIT without compiling.
  */
 #include <stdio.h>
 #include <stdlib.h>
