@@ -26,4 +26,10 @@ typedef union aj_arg_value {
     float f32;
 } aj_arg_value;
 
+/* The sources of templates/params.def (a bit per aj_param_source) that
+ * the launch entry point of `kind` fills (launch.c): every parameter of
+ * the table its kernels declare reads one of them, else it is a side
+ * tensor's (or alibi's slopes'), bound by name. */
+uint64_t aj_launch_sources(aj_kind kind);
+
 #endif /* AJ_RUNTIME_RUNTIME_H */
