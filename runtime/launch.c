@@ -437,6 +437,22 @@ static void score_bind_tensor(score_bindings *sb, const char *tensor, const void
     sb->buffers[sb->nb++] = (aj_sim_buffer){stored, data, (size_t)extent_bytes(&t, 4)};
 }
 
+aj_status aj_side_check_names(aj_ctx *ctx, const char *fn, const aj_op_info *op,
+                              const aj_side_tensor *side, int32_t num_side)
+{
+    AJ_CHECK_ARG(ctx, num_side >= 0 && (num_side == 0 || side),
+                 "%s: num_side = %d with side %s; want a count of 0 or more, and the "
+                 "tensors when it is not 0", fn, num_side, side ? "given" : "NULL");
+    for (int i = 0; i < num_side; i++) {
+        int known = 0;
+        for (int d = 0; d < op->num_tensors; d++)
+            known |= side[i].name && strcmp(side[i].name, op->tensors[d].name) == 0;
+        AJ_CHECK_ARG(ctx, known, "%s: side[%d] ('%s') is not a tensor the op declares", fn, i,
+                     side[i].name ? side[i].name : "(null)");
+    }
+    return AJ_OK;
+}
+
 /* Checks the side tensors of a launch against the op's declarations and
  * binds them and alibi's slopes, as `fn` in messages. */
 static aj_status bind_scores(aj_ctx *ctx, const char *fn, const aj_op_info *op,
@@ -446,15 +462,9 @@ static aj_status bind_scores(aj_ctx *ctx, const char *fn, const aj_op_info *op,
     memset(sb, 0, sizeof *sb);
     if (op->score_mod == AJ_SCORE_MOD_ALIBI)
         score_bind_tensor(sb, "alibi_slopes", slopes->data, 1, slopes->shape, slopes->strides);
-    AJ_CHECK_ARG(ctx, num_side >= 0 && (num_side == 0 || side),
-                 "%s: side is NULL with num_side = %d", fn, num_side);
-    for (int i = 0; i < num_side; i++) {
-        int known = 0;
-        for (int d = 0; d < op->num_tensors; d++)
-            known |= side[i].name && strcmp(side[i].name, op->tensors[d].name) == 0;
-        AJ_CHECK_ARG(ctx, known, "%s: side[%d] ('%s') is not a tensor the op declares", fn, i,
-                     side[i].name ? side[i].name : "(null)");
-    }
+    aj_status st = aj_side_check_names(ctx, fn, op, side, num_side);
+    if (st != AJ_OK)
+        return st;
     for (int d = 0; d < op->num_tensors; d++) {
         const aj_side_decl *decl = &op->tensors[d];
         const aj_side_tensor *t = NULL;

@@ -898,7 +898,8 @@ typedef struct aj_ring_stats {
  * (q [B, Hq, Sq/P, D], k [B, Hkv, Sk/P, D], v [B, Hkv, Sk/P, Dv], o and
  * lse likewise), in the device's memory.  Global positions and the
  * bottom_right totals (Sq, Sk) follow from the layout and the rank.  The
- * op is a padded `attention forward flash` or `efficient` without bias;
+ * op is a padded `attention forward flash` or `efficient` without bias
+ * (expressions and side tensors included);
  * the ring compiles its kernels (accumulate = true, masked and unmasked)
  * for the device (its target, and its tuned schedule if aj_tune recorded
  * one) through the context's kernel cache.  o is written in
@@ -910,6 +911,19 @@ typedef struct aj_ring_fwd_args {
     aj_shard_layout layout;
     aj_ring_rotate rotate;
     uint64_t seed, offset;           /* dropout > 0 only */
+    /* the op's side tensors (tensors = (...)), by name, in the device's
+     * memory: whole, not sharded -- the same on every rank, indexed by
+     * global positions as the expressions read them (docs/ring.md).
+     * Added in version 2 of the struct: a caller built against the first
+     * (struct_size up to rotate's seed and offset) passes none. */
+    const aj_side_tensor *side;
+    int32_t num_side;
+    /* optional (version 2): launch n's tile classes (as aj_block_mask_counts
+     * of the launch: the cost of classifying every tile on the host) into
+     * launch_tiles[n] for n < launch_tiles_cap, in launch order (this
+     * rank's stats.launches of them); NULL: not counted */
+    aj_tile_counts *launch_tiles;
+    int32_t launch_tiles_cap;
 } aj_ring_fwd_args;
 
 #define AJ_RING_FWD_ARGS_INIT { .struct_size = sizeof(aj_ring_fwd_args) }
@@ -935,6 +949,8 @@ typedef struct aj_ring_bwd_args {
     aj_shard_layout layout;
     aj_ring_rotate rotate;
     uint64_t seed, offset;
+    const aj_side_tensor *side;      /* as aj_ring_fwd_args (version 2) */
+    int32_t num_side;
 } aj_ring_bwd_args;
 
 #define AJ_RING_BWD_ARGS_INIT { .struct_size = sizeof(aj_ring_bwd_args) }
