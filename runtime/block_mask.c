@@ -16,33 +16,43 @@ struct aj_block_mask {
     uint8_t *classes;
 };
 
-/* The side tensors' data in host memory, in the program's tensor order
- * (alibi's slopes last), read back from the device. */
-static aj_status side_to_host(aj_ctx *ctx, aj_device *dev, const aj_score_prog *p,
-                              const aj_fwd_args *a, aj_side_tensor *out, void **mem)
+aj_status aj_side_to_host(aj_ctx *ctx, aj_device *dev, const char *fn,
+                          const aj_score_prog *p, const aj_side_tensor *side, int32_t num_side,
+                          const aj_tensor *slopes, aj_side_tensor *out, void **mem)
 {
     for (int t = 0; t < p->tensor_count; t++) {
         const aj_tensor_decl *d = &p->tensors[t];
         const aj_side_tensor *given = NULL;
-        aj_side_tensor slopes = {0};
+        aj_side_tensor as_side = {0};
         if (strcmp(d->name, "alibi_slopes") == 0) {
-            slopes = (aj_side_tensor){"alibi_slopes", a->alibi_slopes.data, AJ_SIDE_F32, 1,
-                                      {a->alibi_slopes.shape[0]}, {a->alibi_slopes.strides[0]}};
-            given = &slopes;
+            as_side = (aj_side_tensor){"alibi_slopes", slopes->data, AJ_SIDE_F32, 1,
+                                       {slopes->shape[0]}, {slopes->strides[0]}};
+            given = &as_side;
         }
-        for (int i = 0; i < a->num_side && !given; i++)
-            if (a->side[i].name && strcmp(a->side[i].name, d->name) == 0)
-                given = &a->side[i];
+        for (int i = 0; side && i < num_side && !given; i++)
+            if (side[i].name && strcmp(side[i].name, d->name) == 0)
+                given = &side[i];
         if (!given || !given->data)
-            return aj_fail(ctx, AJ_ERR_INVALID_ARG, "aj_block_mask_create: side tensor '%s' "
-                           "is not given", d->name);
+            return aj_fail(ctx, AJ_ERR_INVALID_ARG, "%s: side tensor '%s' is not given", fn,
+                           d->name);
+        if (given->rank != d->rank || given->dtype != d->dtype)
+            return aj_fail(ctx, AJ_ERR_INVALID_ARG, "%s: side tensor '%s' is %s[%d]; the op "
+                           "declares %s[%d]", fn, d->name,
+                           given->dtype == AJ_SIDE_I32 ? "i32" : "f32", given->rank,
+                           d->dtype == AJ_SIDE_I32 ? "i32" : "f32", d->rank);
         int64_t last = 0;
-        for (int k = 0; k < given->rank; k++)
+        for (int k = 0; k < given->rank; k++) {
+            if (given->shape[k] < 1 || given->strides[k] < 0)
+                return aj_fail(ctx, AJ_ERR_INVALID_ARG, "%s: side tensor '%s' has shape[%d] "
+                               "= %lld, stride %lld; want a size of at least 1 and a stride "
+                               "of at least 0", fn, d->name, k, (long long)given->shape[k],
+                               (long long)given->strides[k]);
             last += (given->shape[k] - 1) * given->strides[k];
+        }
         size_t bytes = (size_t)(last + 1) * 4;
         mem[t] = malloc(bytes);
         if (!mem[t])
-            return aj_fail(ctx, AJ_ERR_OUT_OF_MEMORY, "aj_block_mask_create: out of memory");
+            return aj_fail(ctx, AJ_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
         aj_status st = aj_device_copy_from(dev, mem[t], given->data, bytes);
         if (st != AJ_OK)
             return st;
@@ -97,7 +107,8 @@ aj_status aj_block_mask_create(aj_ctx *ctx, aj_device *dev, const aj_op *op,
     m->classes = malloc(n ? n : 1);
     aj_side_tensor tensors[AJ_OP_TENSORS_MAX + 1];
     void *mem[AJ_OP_TENSORS_MAX + 1] = {0};
-    st = m->classes ? side_to_host(ctx, dev, &prog, args, tensors, mem)
+    st = m->classes ? aj_side_to_host(ctx, dev, "aj_block_mask_create", &prog, args->side,
+                                      args->num_side, &args->alibi_slopes, tensors, mem)
                     : aj_fail(ctx, AJ_ERR_OUT_OF_MEMORY, "aj_block_mask_create: out of memory");
     aj_score_cache *cache = calloc(1, sizeof *cache);
     if (!cache && st == AJ_OK)

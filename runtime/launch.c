@@ -13,6 +13,7 @@
 
 #include "runtime/runtime.h"
 #include "runtime/sim/emulator.h"
+#include "templates/params.h"
 #include "templates/score.h"
 
 #define MAX_SEQ ((int64_t)1 << 30)
@@ -365,21 +366,47 @@ static aj_tensor padded_view(const aj_tensor *t)
 
 /* ---------------------------------------------------------------- binding */
 
+/*
+ * The values of a launch: params.def's sources, which each entry point
+ * fills from its checked arguments.  A kernel parameter's value follows
+ * from its catalogue row (templates/params.h); the score programs' side
+ * tensors (and alibi's slopes) bind by their names.
+ */
+typedef struct launch_values {
+    aj_tensor tensor[AJ_PSRC_COUNT];
+    int64_t scalar[AJ_PSRC_COUNT];
+    uint64_t given;   /* a bit per source filled */
+} launch_values;
+
+_Static_assert(AJ_PSRC_COUNT <= 64, "launch_values.given holds a bit per source");
+
+static void put_tensor(launch_values *v, aj_param_source s, const aj_tensor *t)
+{
+    v->tensor[s] = *t;
+    v->given |= 1ull << s;
+}
+
+static void put_scalar(launch_values *v, aj_param_source s, int64_t x)
+{
+    v->scalar[s] = x;
+    v->given |= 1ull << s;
+}
+
 typedef struct binding {
     const char *name;
     aj_param_type type;
     aj_arg_value value;
 } binding;
 
-/* The parameters of score.h's programs (the totals, alibi's slopes' size
- * and stride, each side tensor's pointer, sizes and strides) and the sim
- * buffers of the side tensors. */
-#define SCORE_BINDINGS (4 + AJ_OP_TENSORS_MAX * (1 + 2 * 4))
+/* The parameters of score.h's programs that are not in the catalogue
+ * (alibi's slopes and each side tensor: pointer, sizes and strides) and
+ * their sim buffers. */
+#define SCORE_BINDINGS ((AJ_OP_TENSORS_MAX + 1) * (1 + 2 * 4))
 typedef struct score_bindings {
     binding b[SCORE_BINDINGS];
     char names[SCORE_BINDINGS][AJ_OP_TENSOR_NAME_MAX + 16];
     int n;
-    aj_sim_buffer buffers[AJ_OP_TENSORS_MAX];
+    aj_sim_buffer buffers[AJ_OP_TENSORS_MAX + 1];
     int nb;
 } score_bindings;
 
@@ -391,31 +418,31 @@ static void score_bind(score_bindings *sb, const char *name, aj_param_type type,
     sb->n++;
 }
 
-static void score_bind_dims(score_bindings *sb, const char *tensor, int rank,
-                            const int64_t *shape, const int64_t *strides)
+/* A score tensor's pointer, sizes and strides, and its sim buffer. */
+static void score_bind_tensor(score_bindings *sb, const char *tensor, const void *data,
+                              int rank, const int64_t *shape, const int64_t *strides)
 {
     char name[AJ_OP_TENSOR_NAME_MAX + 16];
+    const char *stored = sb->names[sb->n];   /* the name a sim fault reports */
+    score_bind(sb, tensor, AJ_PARAM_PTR, (aj_arg_value){.ptr = (void *)data});
+    aj_tensor t = {(void *)data, AJ_DTYPE_F32, rank, {0}, {0}};
     for (int d = 0; d < rank; d++) {
         aj_score_param_name(name, sizeof name, tensor, 's', d);
         score_bind(sb, name, AJ_PARAM_I64, (aj_arg_value){.i64 = shape[d]});
         aj_score_param_name(name, sizeof name, tensor, 't', d);
         score_bind(sb, name, AJ_PARAM_I64, (aj_arg_value){.i64 = strides[d]});
+        t.shape[d] = shape[d];
+        t.strides[d] = strides[d];
     }
+    sb->buffers[sb->nb++] = (aj_sim_buffer){stored, data, (size_t)extent_bytes(&t, 4)};
 }
 
-/* Checks the side tensors of a launch against the op's declarations and
- * binds them, as `fn` in messages. */
-static aj_status bind_scores(aj_ctx *ctx, const char *fn, const aj_op_info *op,
-                             const aj_side_tensor *side, int32_t num_side,
-                             const aj_tensor *slopes, int64_t sq_total, int64_t sk_total,
-                             score_bindings *sb)
+aj_status aj_side_check_names(aj_ctx *ctx, const char *fn, const aj_op_info *op,
+                              const aj_side_tensor *side, int32_t num_side)
 {
-    memset(sb, 0, sizeof *sb);
-    score_bind(sb, "seq_q_total", AJ_PARAM_I64, (aj_arg_value){.i64 = sq_total});
-    score_bind(sb, "seq_k_total", AJ_PARAM_I64, (aj_arg_value){.i64 = sk_total});
-    score_bind_dims(sb, "alibi_slopes", 1, slopes->shape, slopes->strides);
     AJ_CHECK_ARG(ctx, num_side >= 0 && (num_side == 0 || side),
-                 "%s: side is NULL with num_side = %d", fn, num_side);
+                 "%s: num_side = %d with side %s; want a count of 0 or more, and the "
+                 "tensors when it is not 0", fn, num_side, side ? "given" : "NULL");
     for (int i = 0; i < num_side; i++) {
         int known = 0;
         for (int d = 0; d < op->num_tensors; d++)
@@ -423,6 +450,21 @@ static aj_status bind_scores(aj_ctx *ctx, const char *fn, const aj_op_info *op,
         AJ_CHECK_ARG(ctx, known, "%s: side[%d] ('%s') is not a tensor the op declares", fn, i,
                      side[i].name ? side[i].name : "(null)");
     }
+    return AJ_OK;
+}
+
+/* Checks the side tensors of a launch against the op's declarations and
+ * binds them and alibi's slopes, as `fn` in messages. */
+static aj_status bind_scores(aj_ctx *ctx, const char *fn, const aj_op_info *op,
+                             const aj_side_tensor *side, int32_t num_side,
+                             const aj_tensor *slopes, score_bindings *sb)
+{
+    memset(sb, 0, sizeof *sb);
+    if (op->score_mod == AJ_SCORE_MOD_ALIBI)
+        score_bind_tensor(sb, "alibi_slopes", slopes->data, 1, slopes->shape, slopes->strides);
+    aj_status st = aj_side_check_names(ctx, fn, op, side, num_side);
+    if (st != AJ_OK)
+        return st;
     for (int d = 0; d < op->num_tensors; d++) {
         const aj_side_decl *decl = &op->tensors[d];
         const aj_side_tensor *t = NULL;
@@ -437,7 +479,6 @@ static aj_status bind_scores(aj_ctx *ctx, const char *fn, const aj_op_info *op,
                      (unsigned)t->dtype < 2 ? dts[t->dtype] : "?", t->rank, dts[decl->dtype],
                      decl->rank);
         AJ_CHECK_ARG(ctx, t->data, "%s: side tensor '%s' has no data", fn, decl->name);
-        int64_t last = 0;
         for (int k = 0; k < t->rank; k++) {
             AJ_CHECK_ARG(ctx, t->shape[k] >= 1, "%s: side tensor '%s' has shape[%d] = %lld; "
                          "every dim must be at least 1", fn, decl->name, k,
@@ -445,42 +486,140 @@ static aj_status bind_scores(aj_ctx *ctx, const char *fn, const aj_op_info *op,
             AJ_CHECK_ARG(ctx, t->strides[k] >= 0, "%s: side tensor '%s' has stride[%d] = %lld; "
                          "strides must not be negative", fn, decl->name, k,
                          (long long)t->strides[k]);
-            last += (t->shape[k] - 1) * t->strides[k];
         }
-        score_bind(sb, decl->name, AJ_PARAM_PTR, (aj_arg_value){.ptr = (void *)t->data});
-        score_bind_dims(sb, decl->name, t->rank, t->shape, t->strides);
-        sb->buffers[sb->nb++] = (aj_sim_buffer){decl->name, t->data, (size_t)(last + 1) * 4};
+        score_bind_tensor(sb, decl->name, t->data, t->rank, t->shape, t->strides);
     }
     return AJ_OK;
 }
 
-/* Fills values / args for stage `stage`'s parameters from the table, then
- * from the score programs' bindings (may be NULL). */
-static aj_status bind(aj_ctx *ctx, const aj_kernel *kernel, int stage, const binding *table,
-                      int n, const score_bindings *scores, aj_arg_value *values, void **args)
+/* The value of catalogue parameter `p`; 0 when its source is not given. */
+static int param_value(const aj_param_row *p, const launch_values *v, aj_arg_value *out)
+{
+    if (!(v->given & (1ull << p->source)))
+        return 0;
+    const aj_tensor *t = &v->tensor[p->source];
+    int64_t x = 0;
+    switch (p->how) {
+    case AJ_PHOW_DATA: out->ptr = t->data; return 1;
+    case AJ_PHOW_STRIDE: x = t->strides[p->dim]; break;
+    case AJ_PHOW_BSTRIDE: x = t->shape[p->dim] == 1 ? 0 : t->strides[p->dim]; break;
+    case AJ_PHOW_SHAPE: x = t->shape[p->dim]; break;
+    case AJ_PHOW_SCALAR: x = v->scalar[p->source]; break;
+    }
+    if (p->type == AJ_PARAM_I32)
+        out->i32 = (int32_t)x;
+    else
+        out->i64 = x;
+    return 1;
+}
+
+/* A kernel's bound arguments, and the memory its pointers may touch (sim). */
+typedef struct bound_args {
+    aj_arg_value values[AJ_KB_MAX_PARAMS];
+    void *argv[AJ_KB_MAX_PARAMS];
+    aj_sim_buffer buffers[AJ_KB_MAX_PARAMS + AJ_OP_TENSORS_MAX + 1];
+    int nb;
+} bound_args;
+
+/* Binds stage `stage`'s parameters, each by its name: from the catalogue
+ * and `v`, else from the score programs' bindings (may be NULL). */
+static aj_status bind(aj_ctx *ctx, const aj_kernel *kernel, int stage, const launch_values *v,
+                      const score_bindings *scores, bound_args *out)
 {
     aj_launch_info li;
     aj_kernel_stage_info(kernel, stage, &li);
+    out->nb = 0;
     for (int i = 0; i < li.num_params; i++) {
-        const binding *b = NULL;
-        for (int j = 0; j < n && !b; j++)
-            if (strcmp(table[j].name, li.params[i].name) == 0)
-                b = &table[j];
-        for (int j = 0; scores && j < scores->n && !b; j++)
-            if (strcmp(scores->b[j].name, li.params[i].name) == 0)
-                b = &scores->b[j];
-        if (!b || b->type != li.params[i].type)
+        const char *name = li.params[i].name;
+        const aj_param_row *p = aj_param_find(name);
+        int found = 0;
+        if (p) {
+            found = p->type == li.params[i].type && param_value(p, v, &out->values[i]);
+            if (found && p->how == AJ_PHOW_DATA) {
+                const aj_tensor *t = &v->tensor[p->source];
+                out->buffers[out->nb++] = (aj_sim_buffer){
+                    name, t->data, (size_t)extent_bytes(t, elem_size(t->dtype))};
+            }
+        }
+        for (int j = 0; !p && scores && j < scores->n && !found; j++)
+            if (strcmp(scores->b[j].name, name) == 0 && scores->b[j].type == li.params[i].type) {
+                out->values[i] = scores->b[j].value;
+                found = 1;
+            }
+        if (!found)
             return aj_fail(ctx, AJ_ERR_INTERNAL, "kernel %s: no launch value for parameter "
-                           "'%s'", aj_kernel_stage_entry(kernel, stage), li.params[i].name);
-        values[i] = b->value;
-        args[i] = &values[i];
+                           "'%s'", aj_kernel_stage_entry(kernel, stage), name);
+        out->argv[i] = &out->values[i];
     }
+    for (int j = 0; scores && j < scores->nb; j++)
+        out->buffers[out->nb++] = scores->buffers[j];
     return AJ_OK;
 }
 
-#define PTR(n, t) {n, AJ_PARAM_PTR, {.ptr = (t).data}}
-#define I64(n, v) {n, AJ_PARAM_I64, {.i64 = (v)}}
-#define I32(n, v) {n, AJ_PARAM_I32, {.i32 = (int32_t)(v)}}
+/* What every attention launch fills: q, k, v, lse, the sizes, offsets,
+ * totals and the dropout stream. */
+static void attention_values(const aj_tensor *q, const aj_tensor *k, const aj_tensor *v_,
+                             const aj_tensor *lse, const fwd_sizes *sz, int64_t q_offset,
+                             int64_t kv_offset, int64_t sq_given, int64_t sk_given,
+                             int64_t sq_total, int64_t sk_total, uint64_t seed, uint64_t offset,
+                             const int32_t *cu_q, const int32_t *cu_k, int32_t batch,
+                             launch_values *v)
+{
+    v->given = 0;
+    put_tensor(v, AJ_PSRC_q, q);
+    put_tensor(v, AJ_PSRC_k, k);
+    put_tensor(v, AJ_PSRC_v, v_);
+    put_tensor(v, AJ_PSRC_lse, lse);
+    /* int32 offsets, as 4-byte elements */
+    const aj_tensor cu[2] = {{(void *)cu_q, AJ_DTYPE_F32, 1, {batch + 1}, {1}},
+                             {(void *)cu_k, AJ_DTYPE_F32, 1, {batch + 1}, {1}}};
+    put_tensor(v, AJ_PSRC_cu_seqlens_q, &cu[0]);
+    put_tensor(v, AJ_PSRC_cu_seqlens_k, &cu[1]);
+    put_scalar(v, AJ_PSRC_heads_q, sz->heads_q);
+    put_scalar(v, AJ_PSRC_heads_kv, sz->heads_kv);
+    put_scalar(v, AJ_PSRC_seq_q, sz->seq_q);
+    put_scalar(v, AJ_PSRC_seq_k, sz->seq_k);
+    put_scalar(v, AJ_PSRC_batch, sz->batch);
+    put_scalar(v, AJ_PSRC_q_offset, q_offset);
+    put_scalar(v, AJ_PSRC_kv_offset, kv_offset);
+    put_scalar(v, AJ_PSRC_sq_total, sq_given);
+    put_scalar(v, AJ_PSRC_sk_total, sk_given);
+    put_scalar(v, AJ_PSRC_seq_q_total, sq_total);
+    put_scalar(v, AJ_PSRC_seq_k_total, sk_total);
+    put_scalar(v, AJ_PSRC_dropout_seed, (int64_t)seed);
+    put_scalar(v, AJ_PSRC_dropout_offset, (int64_t)offset);
+}
+
+/* A forward's values (a: the padded views of its arguments). */
+static void forward_values(const aj_fwd_args *a, const fwd_sizes *sz, int64_t sq_total,
+                           int64_t sk_total, launch_values *v)
+{
+    attention_values(&a->q, &a->k, &a->v, &a->lse, sz, a->q_offset, a->kv_offset, a->sq_total,
+                     a->sk_total, sq_total, sk_total, a->seed, a->offset, a->cu_seqlens_q,
+                     a->cu_seqlens_k, a->batch, v);
+    put_tensor(v, AJ_PSRC_o, &a->o);
+    put_tensor(v, AJ_PSRC_o_acc, &a->o_acc);
+    put_tensor(v, AJ_PSRC_bias, &a->bias);
+}
+
+typedef struct bwd_workspace bwd_workspace;
+
+/* A backward's values (a: the padded views of its arguments), with the
+ * workspace `ws` of layout w. */
+static void backward_values(const aj_bwd_args *a, const fwd_sizes *sz, int64_t sq_total,
+                            int64_t sk_total, const bwd_workspace *w, void *ws,
+                            launch_values *v);
+
+static void merge_values(const aj_merge_args *a, const fwd_sizes *sz, launch_values *v)
+{
+    v->given = 0;
+    const aj_tensor *t[6] = {&a->o1, &a->o2, &a->o, &a->lse1, &a->lse2, &a->lse};
+    const aj_param_source src[6] = {AJ_PSRC_o1, AJ_PSRC_o2, AJ_PSRC_o, AJ_PSRC_lse1,
+                                    AJ_PSRC_lse2, AJ_PSRC_lse};
+    for (int i = 0; i < 6; i++)
+        put_tensor(v, src[i], t[i]);
+    put_scalar(v, AJ_PSRC_seq_q, sz->seq_q);
+}
 
 static int64_t grid_extent(aj_extent e, const fwd_sizes *sz)
 {
@@ -529,18 +668,6 @@ static aj_status run_kernel(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel
     return st;
 }
 
-/* A sim buffer for tensor t of elements of `elem` bytes. */
-static aj_sim_buffer sim_buffer(const char *name, const aj_tensor *t, int elem)
-{
-    return (aj_sim_buffer){name, t->data, (size_t)extent_bytes(t, elem)};
-}
-
-/* The stride of dim i of a tensor that may broadcast there: 0 at size 1. */
-static int64_t broadcast_stride(const aj_tensor *t, int i)
-{
-    return t->shape[i] == 1 ? 0 : t->strides[i];
-}
-
 /* The checks every launch entry point starts with, reported as `fn`; the
  * entry point then reads its args struct (AJ_READ_STRUCT). */
 static aj_status check_launch(aj_ctx *ctx, const char *fn, aj_device *dev,
@@ -582,7 +709,6 @@ aj_status aj_forward(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
 
     int64_t sq_total = args->sq_total ? args->sq_total : sz.seq_q;
     int64_t sk_total = args->sk_total ? args->sk_total : sz.seq_k;
-    int64_t shift = op->mask_align == AJ_ALIGN_BOTTOM_RIGHT ? sk_total - sq_total : 0;
     /* varlen: the packed tensors as padded views, so one table binds both */
     aj_fwd_args as_padded = *args;
     if (varlen) {
@@ -591,63 +717,17 @@ aj_status aj_forward(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
         for (int i = 0; i < 6; i++)
             *packed[i] = padded_view(packed[i]);
     }
-    const aj_fwd_args *a = &as_padded;
-    const binding table[] = {
-        PTR("q", a->q), PTR("k", a->k), PTR("v", a->v), PTR("o", a->o), PTR("lse", a->lse),
-        PTR("alibi_slopes", a->alibi_slopes),
-        I64("stride_q_b", a->q.strides[0]), I64("stride_q_h", a->q.strides[1]),
-        I64("stride_q_s", a->q.strides[2]), I64("stride_k_b", a->k.strides[0]),
-        I64("stride_k_h", a->k.strides[1]), I64("stride_k_s", a->k.strides[2]),
-        I64("stride_v_b", a->v.strides[0]), I64("stride_v_h", a->v.strides[1]),
-        I64("stride_v_s", a->v.strides[2]), I64("stride_o_b", a->o.strides[0]),
-        I64("stride_o_h", a->o.strides[1]), I64("stride_o_s", a->o.strides[2]),
-        I64("stride_lse_b", a->lse.strides[0]), I64("stride_lse_h", a->lse.strides[1]),
-        I32("heads_q", sz.heads_q), I32("heads_kv", sz.heads_kv),
-        I32("seq_q", sz.seq_q), I32("seq_k", sz.seq_k),
-        I64("q_offset", a->q_offset), I64("kv_offset", a->kv_offset),
-        I64("mask_shift", shift),
-        PTR("bias", a->bias), I64("stride_bias_b", broadcast_stride(&a->bias, 0)),
-        I64("stride_bias_h", broadcast_stride(&a->bias, 1)),
-        I64("stride_bias_s", a->bias.strides[2]),
-        PTR("o_acc", a->o_acc), I64("stride_o_acc_b", a->o_acc.strides[0]),
-        I64("stride_o_acc_h", a->o_acc.strides[1]), I64("stride_o_acc_s", a->o_acc.strides[2]),
-        I64("dropout_seed", (int64_t)a->seed), I64("dropout_offset", (int64_t)a->offset),
-        {"cu_seqlens_q", AJ_PARAM_PTR, {.ptr = (void *)a->cu_seqlens_q}},
-        {"cu_seqlens_k", AJ_PARAM_PTR, {.ptr = (void *)a->cu_seqlens_k}},
-        I64("sq_total", a->sq_total), I64("sk_total", a->sk_total),
-    };
     static _Thread_local score_bindings scores;
-    st = bind_scores(ctx, FWD, op, a->side, a->num_side, &a->alibi_slopes, sq_total, sk_total,
-                     &scores);
-    aj_arg_value values[AJ_KB_MAX_PARAMS];
-    void *argv[AJ_KB_MAX_PARAMS];
+    static _Thread_local bound_args bound;
+    launch_values v;
+    forward_values(&as_padded, &sz, sq_total, sk_total, &v);
+    st = bind_scores(ctx, FWD, op, args->side, args->num_side, &args->alibi_slopes, &scores);
     if (st == AJ_OK)
-        st = bind(ctx, kernel, 0, table, (int)(sizeof table / sizeof table[0]), &scores, values,
-                  argv);
+        st = bind(ctx, kernel, 0, &v, &scores, &bound);
     if (st != AJ_OK)
         return st;
-
-    int elem = elem_size(op->dtype);
-    aj_sim_buffer buffers[10 + AJ_OP_TENSORS_MAX];
-    int nb = 0;
-    for (int i = 0; i < scores.nb; i++)
-        buffers[nb++] = scores.buffers[i];
-    buffers[nb++] = sim_buffer("q", &a->q, elem);
-    buffers[nb++] = sim_buffer("k", &a->k, elem);
-    buffers[nb++] = sim_buffer("v", &a->v, elem);
-    buffers[nb++] = op->accumulate ? sim_buffer("o_acc", &a->o_acc, 4)
-                                   : sim_buffer("o", &a->o, elem);
-    buffers[nb++] = sim_buffer("lse", &a->lse, 4);
-    if (op->score_mod == AJ_SCORE_MOD_ALIBI)
-        buffers[nb++] = sim_buffer("alibi_slopes", &a->alibi_slopes, 4);
-    if (op->bias == AJ_BIAS_ADD)
-        buffers[nb++] = sim_buffer("bias", &a->bias, elem);
-    if (varlen) {
-        size_t cu_bytes = ((size_t)a->batch + 1) * sizeof(int32_t);
-        buffers[nb++] = (aj_sim_buffer){"cu_seqlens_q", a->cu_seqlens_q, cu_bytes};
-        buffers[nb++] = (aj_sim_buffer){"cu_seqlens_k", a->cu_seqlens_k, cu_bytes};
-    }
-    return run_kernel(ctx, dev, kernel, 0, &sz, argv, buffers, nb, args->stream);
+    return run_kernel(ctx, dev, kernel, 0, &sz, bound.argv, bound.buffers, bound.nb,
+                      args->stream);
 }
 
 /* ---------------------------------------------------------------- backward */
@@ -846,10 +926,10 @@ static int kernel_takes(const aj_kernel *kernel, const char *name)
  *
  * rows = B Hq Sq (varlen: Hq Tq); dq_offset is rows rounded up to 16 bytes.
  */
-typedef struct bwd_workspace {
+struct bwd_workspace {
     int64_t stride_b, stride_h, dq_offset;
     size_t bytes;
-} bwd_workspace;
+};
 
 static bwd_workspace workspace_layout(const aj_kernel *kernel, const bwd_call *call)
 {
@@ -866,6 +946,25 @@ static bwd_workspace workspace_layout(const aj_kernel *kernel, const bwd_call *c
     int64_t floats = w.dq_offset + (kernel->op.deterministic ? 0 : rows * kernel->op.head_dim);
     w.bytes = (size_t)floats * 4;
     return w;
+}
+
+static void backward_values(const aj_bwd_args *a, const fwd_sizes *sz, int64_t sq_total,
+                            int64_t sk_total, const bwd_workspace *w, void *ws,
+                            launch_values *v)
+{
+    attention_values(&a->q, &a->k, &a->v, &a->lse, sz, a->q_offset, a->kv_offset, a->sq_total,
+                     a->sk_total, sq_total, sk_total, a->seed, a->offset, a->cu_seqlens_q,
+                     a->cu_seqlens_k, a->batch, v);
+    const aj_tensor *t[7] = {&a->o, &a->do_, &a->dq, &a->dk, &a->dv, &a->bias, &a->dbias};
+    const aj_param_source src[7] = {AJ_PSRC_o, AJ_PSRC_do, AJ_PSRC_dq, AJ_PSRC_dk, AJ_PSRC_dv,
+                                    AJ_PSRC_bias, AJ_PSRC_dbias};
+    for (int i = 0; i < 7; i++)
+        put_tensor(v, src[i], t[i]);
+    const aj_tensor ws_t = {ws, AJ_DTYPE_F32, 1, {(int64_t)(w->bytes / 4)}, {1}};
+    put_tensor(v, AJ_PSRC_workspace, &ws_t);
+    put_scalar(v, AJ_PSRC_stride_ws_b, w->stride_b);
+    put_scalar(v, AJ_PSRC_stride_ws_h, w->stride_h);
+    put_scalar(v, AJ_PSRC_ws_dq_offset, w->dq_offset);
 }
 
 aj_status aj_backward_workspace_size(aj_ctx *ctx, const aj_kernel *kernel,
@@ -965,77 +1064,14 @@ static aj_status run_backward(aj_ctx *ctx, aj_device *dev, const aj_kernel *kern
     aj_status st = AJ_OK;
     int64_t sq_total = args->sq_total ? args->sq_total : sz.seq_q;
     int64_t sk_total = args->sk_total ? args->sk_total : sz.seq_k;
-    int64_t shift = op->mask_align == AJ_ALIGN_BOTTOM_RIGHT ? sk_total - sq_total : 0;
     const aj_bwd_args *a = args;
-    const aj_tensor ws_t = {ws, AJ_DTYPE_F32, 1, {(int64_t)(w->bytes / 4)}, {1}};
-    const aj_tensor cu_q = {(void *)a->cu_seqlens_q, AJ_DTYPE_F32, 1, {a->batch + 1}, {1}};
-    const aj_tensor cu_k = {(void *)a->cu_seqlens_k, AJ_DTYPE_F32, 1, {a->batch + 1}, {1}};
-    const binding table[] = {
-        PTR("workspace", ws_t), I64("stride_ws_b", w->stride_b),
-        I64("stride_ws_h", w->stride_h), I64("ws_dq_offset", w->dq_offset),
-        PTR("cu_seqlens_q", cu_q), PTR("cu_seqlens_k", cu_k),
-        I64("sq_total", a->sq_total), I64("sk_total", a->sk_total),
-        PTR("q", a->q), PTR("k", a->k), PTR("v", a->v), PTR("o", a->o), PTR("do", a->do_),
-        PTR("lse", a->lse), PTR("dq", a->dq), PTR("dk", a->dk), PTR("dv", a->dv),
-        PTR("alibi_slopes", a->alibi_slopes),
-        I64("stride_q_b", a->q.strides[0]), I64("stride_q_h", a->q.strides[1]),
-        I64("stride_q_s", a->q.strides[2]), I64("stride_k_b", a->k.strides[0]),
-        I64("stride_k_h", a->k.strides[1]), I64("stride_k_s", a->k.strides[2]),
-        I64("stride_v_b", a->v.strides[0]), I64("stride_v_h", a->v.strides[1]),
-        I64("stride_v_s", a->v.strides[2]), I64("stride_o_b", a->o.strides[0]),
-        I64("stride_o_h", a->o.strides[1]), I64("stride_o_s", a->o.strides[2]),
-        I64("stride_do_b", a->do_.strides[0]), I64("stride_do_h", a->do_.strides[1]),
-        I64("stride_do_s", a->do_.strides[2]), I64("stride_dq_b", a->dq.strides[0]),
-        I64("stride_dq_h", a->dq.strides[1]), I64("stride_dq_s", a->dq.strides[2]),
-        I64("stride_dk_b", a->dk.strides[0]), I64("stride_dk_h", a->dk.strides[1]),
-        I64("stride_dk_s", a->dk.strides[2]), I64("stride_dv_b", a->dv.strides[0]),
-        I64("stride_dv_h", a->dv.strides[1]), I64("stride_dv_s", a->dv.strides[2]),
-        I64("stride_lse_b", a->lse.strides[0]), I64("stride_lse_h", a->lse.strides[1]),
-        I32("heads_q", sz.heads_q), I32("heads_kv", sz.heads_kv),
-        I32("seq_q", sz.seq_q), I32("seq_k", sz.seq_k),
-        I64("q_offset", a->q_offset), I64("kv_offset", a->kv_offset),
-        I64("mask_shift", shift),
-        PTR("bias", a->bias), I64("stride_bias_b", broadcast_stride(&a->bias, 0)),
-        I64("stride_bias_h", broadcast_stride(&a->bias, 1)),
-        I64("stride_bias_s", a->bias.strides[2]),
-        PTR("dbias", a->dbias), I64("stride_dbias_b", broadcast_stride(&a->dbias, 0)),
-        I64("stride_dbias_h", broadcast_stride(&a->dbias, 1)),
-        I64("stride_dbias_s", a->dbias.strides[2]),
-        I32("batch", sz.batch), I32("bias_batch", a->bias.shape[0]),
-        I32("bias_heads", a->bias.shape[1]),
-        I64("dropout_seed", (int64_t)a->seed), I64("dropout_offset", (int64_t)a->offset),
-    };
     static _Thread_local score_bindings scores;
-    st = bind_scores(ctx, BWD, op, a->side, a->num_side, &a->alibi_slopes, sq_total, sk_total,
-                     &scores);
+    static _Thread_local bound_args bound;
+    launch_values v;
+    backward_values(a, &sz, sq_total, sk_total, w, ws, &v);
+    st = bind_scores(ctx, BWD, op, a->side, a->num_side, &a->alibi_slopes, &scores);
     if (st != AJ_OK)
         return st;
-    int elem = elem_size(op->dtype);
-    aj_sim_buffer buffers[15 + AJ_OP_TENSORS_MAX];
-    int nb = 0;
-    for (int i = 0; i < scores.nb; i++)
-        buffers[nb++] = scores.buffers[i];
-    if (w->bytes)
-        buffers[nb++] = (aj_sim_buffer){"workspace", ws, w->bytes};
-    if (op->layout == AJ_LAYOUT_VARLEN) {   /* int32, as wide as f32 */
-        buffers[nb++] = sim_buffer("cu_seqlens_q", &cu_q, 4);
-        buffers[nb++] = sim_buffer("cu_seqlens_k", &cu_k, 4);
-    }
-    buffers[nb++] = sim_buffer("q", &a->q, elem);
-    buffers[nb++] = sim_buffer("k", &a->k, elem);
-    buffers[nb++] = sim_buffer("v", &a->v, elem);
-    buffers[nb++] = sim_buffer("o", &a->o, elem);
-    buffers[nb++] = sim_buffer("do", &a->do_, elem);
-    buffers[nb++] = sim_buffer("lse", &a->lse, 4);
-    buffers[nb++] = sim_buffer("dq", &a->dq, elem);
-    buffers[nb++] = sim_buffer("dk", &a->dk, elem);
-    buffers[nb++] = sim_buffer("dv", &a->dv, elem);
-    if (op->score_mod == AJ_SCORE_MOD_ALIBI)
-        buffers[nb++] = sim_buffer("alibi_slopes", &a->alibi_slopes, 4);
-    if (op->bias == AJ_BIAS_ADD) {
-        buffers[nb++] = sim_buffer("bias", &a->bias, elem);
-        buffers[nb++] = sim_buffer("dbias", &a->dbias, 4);
-    }
     /* the stages in order; an empty grid (no key or no query) is skipped */
     uint64_t instructions = 0;
     for (int s = 0; s < kernel->num_stages; s++) {
@@ -1046,12 +1082,10 @@ static aj_status run_backward(aj_ctx *ctx, aj_device *dev, const aj_kernel *kern
             empty |= grid_extent(li.grid[d].extent, &sz) == 0;
         if (empty)
             continue;
-        aj_arg_value values[AJ_KB_MAX_PARAMS];
-        void *argv[AJ_KB_MAX_PARAMS];
-        st = bind(ctx, kernel, s, table, (int)(sizeof table / sizeof table[0]), &scores, values,
-                  argv);
+        st = bind(ctx, kernel, s, &v, &scores, &bound);
         if (st == AJ_OK)
-            st = run_kernel(ctx, dev, kernel, s, &sz, argv, buffers, nb, a->stream);
+            st = run_kernel(ctx, dev, kernel, s, &sz, bound.argv, bound.buffers, bound.nb,
+                            a->stream);
         if (st != AJ_OK)
             return st;
         instructions += dev->last_instructions;
@@ -1123,30 +1157,30 @@ aj_status aj_merge(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
     if (sz.batch == 0 || sz.heads_q == 0 || sz.seq_q == 0)
         return AJ_OK;   /* no row: nothing to launch */
 
-    const aj_merge_args *a = args;
-    const binding table[] = {
-        PTR("o1", a->o1), PTR("o2", a->o2), PTR("o", a->o),
-        PTR("lse1", a->lse1), PTR("lse2", a->lse2), PTR("lse", a->lse),
-        I64("stride_o1_b", a->o1.strides[0]), I64("stride_o1_h", a->o1.strides[1]),
-        I64("stride_o1_s", a->o1.strides[2]), I64("stride_o2_b", a->o2.strides[0]),
-        I64("stride_o2_h", a->o2.strides[1]), I64("stride_o2_s", a->o2.strides[2]),
-        I64("stride_o_b", a->o.strides[0]), I64("stride_o_h", a->o.strides[1]),
-        I64("stride_o_s", a->o.strides[2]),
-        I64("stride_lse1_b", a->lse1.strides[0]), I64("stride_lse1_h", a->lse1.strides[1]),
-        I64("stride_lse2_b", a->lse2.strides[0]), I64("stride_lse2_h", a->lse2.strides[1]),
-        I64("stride_lse_b", a->lse.strides[0]), I64("stride_lse_h", a->lse.strides[1]),
-        I32("seq_q", sz.seq_q),
-    };
-    aj_arg_value values[AJ_KB_MAX_PARAMS];
-    void *argv[AJ_KB_MAX_PARAMS];
-    st = bind(ctx, kernel, 0, table, (int)(sizeof table / sizeof table[0]), NULL, values, argv);
+    static _Thread_local bound_args bound;
+    launch_values v;
+    merge_values(args, &sz, &v);
+    st = bind(ctx, kernel, 0, &v, NULL, &bound);
     if (st != AJ_OK)
         return st;
-    int elem = elem_size(op->dtype);
-    const aj_sim_buffer buffers[6] = {
-        sim_buffer("o1", &a->o1, elem), sim_buffer("o2", &a->o2, elem),
-        sim_buffer("o", &a->o, elem), sim_buffer("lse1", &a->lse1, 4),
-        sim_buffer("lse2", &a->lse2, 4), sim_buffer("lse", &a->lse, 4),
-    };
-    return run_kernel(ctx, dev, kernel, 0, &sz, argv, buffers, 6, a->stream);
+    return run_kernel(ctx, dev, kernel, 0, &sz, bound.argv, bound.buffers, bound.nb,
+                      args->stream);
+}
+
+uint64_t aj_launch_sources(aj_kind kind)
+{
+    launch_values v = {.given = 0};
+    const fwd_sizes sz = {0};
+    if (kind == AJ_KIND_FORWARD) {
+        const aj_fwd_args a = AJ_FWD_ARGS_INIT;
+        forward_values(&a, &sz, 0, 0, &v);
+    } else if (kind == AJ_KIND_BACKWARD) {
+        const aj_bwd_args a = AJ_BWD_ARGS_INIT;
+        const bwd_workspace w = {0, 0, 0, 0};
+        backward_values(&a, &sz, 0, 0, &w, NULL, &v);
+    } else if (kind == AJ_KIND_MERGE) {
+        const aj_merge_args a = AJ_MERGE_ARGS_INIT;
+        merge_values(&a, &sz, &v);
+    }
+    return v.given;
 }

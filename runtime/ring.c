@@ -49,12 +49,14 @@
  */
 #include <math.h>
 #include <stdio.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "ir/diag.h"
 #include "runtime/comm/comm.h"
 #include "runtime/ring.h"
+#include "runtime/runtime.h"
 #include "templates/score.h"
 
 enum { TAG_KV = 1, TAG_DKV = 2 };
@@ -62,9 +64,10 @@ enum { TAG_KV = 1, TAG_DKV = 2 };
 typedef enum block_kind { BLOCK_SKIP, BLOCK_FULL, BLOCK_PARTIAL } block_kind;
 
 /* The masked kernel, and the same op without its mask for full blocks
- * (NULL when the op has no mask). */
+ * (NULL when the op has no mask), with the ops they compute. */
 typedef struct ring_kernels {
     aj_kernel *masked, *unmasked;
+    aj_op *masked_op, *unmasked_op;
 } ring_kernels;
 
 /* What a ring call knows once its arguments check out. */
@@ -85,6 +88,11 @@ typedef struct ring_plan {
     size_t k_elems, v_elems;     /* one K, V shard */
     aj_ring_stats *stats;
     aj_score_prog prog;          /* the op's mask and score_mod (templates/score.h) */
+    /* the side tensors in host memory, in the programs' order, for the
+     * blocks' classes; their buffers, and the classes' load cache */
+    aj_side_tensor host_side[AJ_OP_TENSORS_MAX + 1];
+    void *host_mem[AJ_OP_TENSORS_MAX + 1];
+    aj_score_cache *cache;
 } ring_plan;
 
 /* ---------------------------------------------------------------- masks */
@@ -99,12 +107,21 @@ static block_kind classify(const ring_plan *p, int64_t q0, int64_t nq, int64_t k
         return BLOCK_SKIP;
     if (!aj_score_has_mask(&p->prog))
         return BLOCK_FULL;
-    switch (aj_score_host_class(&p->prog, NULL, NULL, -1, -1, q0, q0 + nq - 1, k0, k0 + nk - 1, p->sq,
-                                p->sk)) {
-    case AJ_TILE_SKIP: return BLOCK_SKIP;
-    case AJ_TILE_FULL: return BLOCK_FULL;
-    default: return BLOCK_PARTIAL;
-    }
+    /* a mask that tells batch indices (heads) apart, through a side
+     * tensor, is classed per b (h): the block is skipped where every one
+     * skips it, full where every one sees all of it */
+    const int64_t nb = p->prog.mask_reads_b ? p->B : 1, nh = p->prog.mask_reads_h ? p->Hq : 1;
+    int skip = 1, full = 1;
+    for (int64_t b = 0; b < nb && (skip || full); b++)
+        for (int64_t h = 0; h < nh && (skip || full); h++) {
+            aj_tile_class c = aj_score_host_class(&p->prog, p->host_side, p->cache,
+                                                  p->prog.mask_reads_b ? b : -1,
+                                                  p->prog.mask_reads_h ? h : -1, q0,
+                                                  q0 + nq - 1, k0, k0 + nk - 1, p->sq, p->sk);
+            skip &= c == AJ_TILE_SKIP;
+            full &= c == AJ_TILE_FULL;
+        }
+    return skip ? BLOCK_SKIP : full ? BLOCK_FULL : BLOCK_PARTIAL;
 }
 
 /* ---------------------------------------------------------------- tensors */
@@ -193,9 +210,6 @@ static aj_status plan_common(ring_plan *p, aj_ctx *ctx, aj_device *dev, aj_comm 
     if (p->op.bias != AJ_BIAS_NONE)
         return aj_fail(ctx, AJ_ERR_UNSUPPORTED, "%s: bias = add: the ring does not shard a "
                        "bias tensor", p->fn);
-    if (p->op.num_tensors > 0)
-        return aj_fail(ctx, AJ_ERR_UNSUPPORTED, "%s: tensors = (%s ...): the ring does not "
-                       "pass side tensors to its kernels yet", p->fn, p->op.tensors[0].name);
     st = aj_score_prog_init(ctx, op, &p->prog);
     if (st != AJ_OK)
         return st;
@@ -245,6 +259,28 @@ done:
     return st;
 }
 
+/* The side tensors (whole on every rank: the kernels read them at global
+ * positions) in host memory, for the blocks' classes. */
+static aj_status plan_side(ring_plan *p, const aj_side_tensor *side, int32_t num_side,
+                           const aj_tensor *slopes)
+{
+    aj_status st = aj_side_check_names(p->ctx, p->fn, &p->op, side, num_side);
+    if (st != AJ_OK || p->prog.tensor_count == 0)
+        return st;
+    p->cache = calloc(1, sizeof *p->cache);
+    if (!p->cache)
+        return aj_fail(p->ctx, AJ_ERR_OUT_OF_MEMORY, "%s: out of memory", p->fn);
+    return aj_side_to_host(p->ctx, p->dev, p->fn, &p->prog, side, num_side, slopes,
+                           p->host_side, p->host_mem);
+}
+
+static void plan_free(ring_plan *p)
+{
+    for (int t = 0; t < AJ_OP_TENSORS_MAX + 1; t++)
+        free(p->host_mem[t]);
+    free(p->cache);
+}
+
 /* A collective's failure, with the ring call's name in front of the
  * engine's message ("aj_ring_forward: MPI: rank 0: MPI_Iallgather got no
  * answer ..."). */
@@ -258,10 +294,23 @@ static aj_status collective_status(const ring_plan *p, aj_status st)
 }
 
 /* What every rank's call must agree on, in the order of call_fields. */
-enum { CALL_FIELDS = 12 };
+enum { CALL_FIELDS = 13 };
 static const char *const call_fields[CALL_FIELDS] = {
     "kind", "batch", "q heads", "kv heads", "q length", "k length", "head_dim",
-    "head_dim_v", "layout", "rotate", "seed", "offset"};
+    "head_dim_v", "layout", "rotate", "seed", "offset", "side tensor shapes (a digest)"};
+
+/* A digest (FNV-1a) of the side tensors' shapes: ranks whose side tensors
+ * differ in size would read different data at the same positions. */
+static int64_t side_shapes_digest(const ring_plan *p)
+{
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (int t = 0; t < p->prog.tensor_count; t++)
+        for (int k = 0; k < p->host_side[t].rank; k++) {
+            h ^= (uint64_t)p->host_side[t].shape[k];
+            h *= 0x100000001b3ull;
+        }
+    return (int64_t)h;
+}
 
 typedef struct ring_call {
     int64_t v[CALL_FIELDS];
@@ -276,7 +325,8 @@ static aj_status agree_on_call(ring_plan *p, const aj_op *op, aj_ring_rotate rot
                                uint64_t seed, uint64_t offset)
 {
     ring_call mine = {.v = {p->op.kind, p->B, p->Hq, p->Hkv, p->lq, p->lk, p->D, p->Dv,
-                            p->layout, rotate, (int64_t)seed, (int64_t)offset}};
+                            p->layout, rotate, (int64_t)seed, (int64_t)offset,
+                            side_shapes_digest(p)}};
     if (p->op.dropout == 0)
         mine.v[10] = mine.v[11] = 0;   /* no dropout: the stream is unused */
     aj_status st = aj_op_hash(op, mine.hash);
@@ -311,29 +361,27 @@ static aj_status agree_on_call(ring_plan *p, const aj_op *op, aj_ring_rotate rot
 /* One variant of the op compiled for the device: with or without its
  * mask, accumulate-mode for the forward. */
 static aj_status compile_variant(const ring_plan *p, const aj_op *op, int masked,
-                                 aj_kernel **out)
+                                 aj_op **v, aj_kernel **out)
 {
-    aj_op *v = NULL;
     aj_status st = AJ_OK;
-    AJ_TRY(aj_op_clone(op, &v));
+    AJ_TRY(aj_op_clone(op, v));
     if (p->op.kind == AJ_KIND_FORWARD)
-        AJ_TRY(aj_op_set_accumulate(v, true));
+        AJ_TRY(aj_op_set_accumulate(*v, true));
     if (!masked)
-        AJ_TRY(aj_op_set_mask_none(v));
+        AJ_TRY(aj_op_set_mask_none(*v));
     aj_compile_options opt = AJ_COMPILE_OPTIONS_INIT;
     opt.device = p->dev;   /* its target, and its tuned schedule if there is one */
-    AJ_TRY(aj_compile(p->ctx, v, &opt, out));
+    AJ_TRY(aj_compile(p->ctx, *v, &opt, out));
 done:
-    aj_op_destroy(v);
     return st;
 }
 
 static aj_status compile_kernels(const ring_plan *p, const aj_op *op, ring_kernels *k)
 {
     const double t0 = aj_now();
-    aj_status st = compile_variant(p, op, 1, &k->masked);
+    aj_status st = compile_variant(p, op, 1, &k->masked_op, &k->masked);
     if (st == AJ_OK && p->op.mask != AJ_MASK_NONE)
-        st = compile_variant(p, op, 0, &k->unmasked);
+        st = compile_variant(p, op, 0, &k->unmasked_op, &k->unmasked);
     p->stats->compile_s += aj_now() - t0;
     return st;
 }
@@ -342,6 +390,26 @@ static void free_kernels(ring_kernels *k)
 {
     aj_kernel_destroy(k->masked);
     aj_kernel_destroy(k->unmasked);
+    aj_op_destroy(k->masked_op);
+    aj_op_destroy(k->unmasked_op);
+}
+
+/* Launch n's tiles (aj_ring_fwd_args.launch_tiles): the classes of the
+ * kernel's own tiles for the launch `f`. */
+static aj_status count_launch_tiles(const ring_plan *p, const ring_kernels *k, block_kind kind,
+                                    const aj_ring_fwd_args *a, const aj_fwd_args *f)
+{
+    const int32_t n = p->stats->launches - 1;
+    if (!a->launch_tiles || n >= a->launch_tiles_cap)
+        return AJ_OK;
+    int full = kind == BLOCK_FULL && k->unmasked;
+    aj_block_mask *m = NULL;
+    aj_status st = aj_block_mask_create(p->ctx, p->dev, full ? k->unmasked_op : k->masked_op,
+                                        full ? k->unmasked : k->masked, f, &m);
+    if (st == AJ_OK)
+        st = aj_block_mask_counts(m, &a->launch_tiles[n]);
+    aj_block_mask_destroy(m);
+    return st;
 }
 
 /* Host buffers the kernels read: 64-byte aligned, sizes rounded up. */
@@ -500,6 +568,8 @@ static aj_status fwd_block(ring_plan *p, const ring_kernels *kern, const aj_ring
             f.lse = seq_view(&a->lse, &p->qc[i]);
             f.o_acc = seq_view(o_acc, &p->qc[i]);
             f.alibi_slopes = a->alibi_slopes;
+            f.side = a->side;
+            f.num_side = a->num_side;
             f.q_offset = p->qc[i].global;
             f.kv_offset = kc[j].global;
             f.sq_total = p->sq;
@@ -509,6 +579,7 @@ static aj_status fwd_block(ring_plan *p, const ring_kernels *kern, const aj_ring
             double t0 = aj_now();
             AJ_TRY(aj_forward(p->ctx, p->dev, kernel_for(kern, kind), &f));
             p->stats->compute_s += aj_now() - t0;
+            AJ_TRY(count_launch_tiles(p, kern, kind, a, &f));
             AJ_TRY(exchange_progress(p, req));
         }
     /* a GPU runs the launches asynchronously: their time is compute too */
@@ -530,6 +601,11 @@ static aj_status plan_forward(ring_plan *p, aj_ctx *ctx, aj_device *dev, aj_comm
                        &a->k, &a->v, stats));
     AJ_TRY(check_shard(p, "o", &a->o, p->op.dtype, 4, (int64_t[]){p->B, p->Hq, p->lq, p->Dv}));
     AJ_TRY(check_shard(p, "lse", &a->lse, AJ_DTYPE_F32, 3, (int64_t[]){p->B, p->Hq, p->lq}));
+    AJ_TRY(plan_side(p, a->side, a->num_side, &a->alibi_slopes));
+    AJ_CHECK_ARG(ctx, a->launch_tiles_cap >= 0 && (a->launch_tiles_cap == 0 || a->launch_tiles),
+                 "%s: launch_tiles_cap = %d with launch_tiles %s; want a count of 0 or more, "
+                 "and the array when it is not 0", p->fn, a->launch_tiles_cap,
+                 a->launch_tiles ? "given" : "NULL");
     AJ_TRY(agree_on_call(p, op, a->rotate, a->seed, a->offset));
 done:
     return st;
@@ -603,6 +679,7 @@ done:
     if (req.active)
         comm->engine->exchange_cancel(comm, &req);
     free_kernels(&kern);
+    plan_free(&p);
     free(kv[0]);
     free(kv[1]);
     free(gathered);
@@ -683,6 +760,8 @@ static aj_status bwd_block(ring_plan *p, const ring_kernels *kern, const aj_ring
             b.dk = dense(parts->dk, dt, 4, (int64_t[]){p->B, p->Hkv, ck, p->D});
             b.dv = dense(parts->dv, dt, 4, (int64_t[]){p->B, p->Hkv, ck, p->Dv});
             b.alibi_slopes = a->alibi_slopes;
+            b.side = a->side;
+            b.num_side = a->num_side;
             b.q_offset = p->qc[i].global;
             b.kv_offset = kc[j].global;
             b.sq_total = p->sq;
@@ -723,6 +802,7 @@ static aj_status plan_backward(ring_plan *p, aj_ctx *ctx, aj_device *dev, aj_com
     AJ_TRY(check_shard(p, "dq", &a->dq, dt, 4, (int64_t[]){p->B, p->Hq, p->lq, p->D}));
     AJ_TRY(check_shard(p, "dk", &a->dk, dt, 4, (int64_t[]){p->B, p->Hkv, p->lk, p->D}));
     AJ_TRY(check_shard(p, "dv", &a->dv, dt, 4, (int64_t[]){p->B, p->Hkv, p->lk, p->Dv}));
+    AJ_TRY(plan_side(p, a->side, a->num_side, &a->alibi_slopes));
     AJ_TRY(agree_on_call(p, op, a->rotate, a->seed, a->offset));
 done:
     return st;
@@ -841,6 +921,7 @@ done:
         if (reqs[i].active)
             comm->engine->exchange_cancel(comm, &reqs[i]);
     free_kernels(&kern);
+    plan_free(&p);
     void *host[] = {kv[0], kv[1], acc[0], acc[1], step, dq_acc, gathered, all_dkv, typed,
                     parts.dq_h, parts.dk_h, parts.dv_h, parts.scratch};
     for (size_t i = 0; i < sizeof host / sizeof host[0]; i++)

@@ -26,4 +26,26 @@ typedef union aj_arg_value {
     float f32;
 } aj_arg_value;
 
+/* The sources of templates/params.def (a bit per aj_param_source) that
+ * the launch entry point of `kind` fills (launch.c): every parameter of
+ * the table its kernels declare reads one of them, else it is a side
+ * tensor's (or alibi's slopes'), bound by name. */
+uint64_t aj_launch_sources(aj_kind kind);
+
+/* Every side[i] names a tensor the op declares (errors name `fn`). */
+aj_status aj_side_check_names(aj_ctx *ctx, const char *fn, const aj_op_info *op,
+                              const aj_side_tensor *side, int32_t num_side);
+
+/* The side tensors a score program reads (templates/score.h: the op's
+ * declared tensors in order, then alibi's `slopes`), each found by name in
+ * side[0 .. num_side - 1] and checked against its declaration, read back
+ * from the device into host memory: out[t] over mem[t] (malloc'ed; the
+ * caller frees mem[0 .. p->tensor_count - 1], zeroed first, whatever the
+ * status).  Errors name `fn`. */
+struct aj_score_prog;
+aj_status aj_side_to_host(aj_ctx *ctx, aj_device *dev, const char *fn,
+                          const struct aj_score_prog *p, const aj_side_tensor *side,
+                          int32_t num_side, const aj_tensor *slopes, aj_side_tensor *out,
+                          void **mem);
+
 #endif /* AJ_RUNTIME_RUNTIME_H */

@@ -95,14 +95,6 @@ LLVMValueRef aj_attn_slice_base(aj_kb *kb, const char *t, LLVMValueRef b, LLVMVa
     return LLVMBuildAdd(kb->b, off, LLVMBuildMul(kb->b, h64, aj_kb_param(kb, sh), ""), "");
 }
 
-void aj_attn_add_varlen_total_params(aj_kb *kb, const aj_score_prog *prog)
-{
-    if (prog->reads_totals) {
-        aj_kb_add_param(kb, "sq_total", AJ_PARAM_I64);
-        aj_kb_add_param(kb, "sk_total", AJ_PARAM_I64);
-    }
-}
-
 void aj_attn_score_totals(aj_kb *kb, const aj_score_prog *prog, aj_layout layout,
                           LLVMValueRef seq_q, LLVMValueRef seq_k, LLVMValueRef *sq,
                           LLVMValueRef *sk)

@@ -73,13 +73,11 @@ LLVMValueRef aj_attn_slice_base(aj_kb *kb, const char *t, LLVMValueRef b, LLVMVa
 /*
  * The totals the score programs read (score.h's sq, sk; i64), NULL where
  * they read none: for layout = padded the parameters seq_q_total and
- * seq_k_total (aj_score_add_params); for varlen the parameters sq_total
- * and sk_total, where 0 stands for the sequence's own length seq_q or
- * seq_k (i32), so that each sequence aligns bottom_right to its own end.
- * A varlen kernel declares those two with aj_attn_add_varlen_total_params.
+ * seq_k_total; for varlen the parameters sq_total and sk_total, where 0
+ * stands for the sequence's own length seq_q or seq_k (i32), so that each
+ * sequence aligns bottom_right to its own end (params.def declares them).
  */
 struct aj_score_prog;
-void aj_attn_add_varlen_total_params(aj_kb *kb, const struct aj_score_prog *prog);
 void aj_attn_score_totals(aj_kb *kb, const struct aj_score_prog *prog, aj_layout layout,
                           LLVMValueRef seq_q, LLVMValueRef seq_k, LLVMValueRef *sq,
                           LLVMValueRef *sk);

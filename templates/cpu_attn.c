@@ -82,20 +82,6 @@ aj_status aj_cpu_plan_tiles(aj_ctx *ctx, const aj_op *op, const char *who, int w
     return AJ_OK;
 }
 
-void aj_cpu_add_seq_params(aj_kb *kb, const aj_op *op, const aj_score_prog *prog)
-{
-    if (op->layout == AJ_LAYOUT_VARLEN) {
-        aj_kb_add_param(kb, "cu_seqlens_q", AJ_PARAM_PTR);
-        aj_kb_add_param(kb, "cu_seqlens_k", AJ_PARAM_PTR);
-        aj_kb_add_param(kb, "sq_total", AJ_PARAM_I64);
-        aj_kb_add_param(kb, "sk_total", AJ_PARAM_I64);
-    } else {
-        aj_kb_add_param(kb, "seq_q", AJ_PARAM_I32);
-        aj_kb_add_param(kb, "seq_k", AJ_PARAM_I32);
-    }
-    aj_score_add_params(kb, prog);
-}
-
 /* cu_seqlens array `name` at index i (host memory on the cpu device) */
 static LLVMValueRef load_cu(aj_kb *kb, const char *name, LLVMValueRef i)
 {

@@ -28,7 +28,7 @@
 /*
  * The sequence a work item of batch index bidx computes.  Padded: the
  * seq_q / seq_k parameters, starts 0, and the programs' totals
- * seq_q_total / seq_k_total (aj_score_add_params).  layout = varlen:
+ * seq_q_total / seq_k_total (params.def).  layout = varlen:
  * sequence bidx of the packed tensors, whose rows start at cu_seqlens[bidx]
  * (runtime/launch.c binds the tensors as padded views of batch stride 0),
  * with the totals from sq_total / sk_total, each 0 meaning the sequence's
@@ -51,10 +51,9 @@ aj_status aj_cpu_check_op(aj_ctx *ctx, const aj_op *op, const char *who);
  * does not have, are AJ_ERR_UNSUPPORTED. */
 aj_status aj_cpu_plan_tiles(aj_ctx *ctx, const aj_op *op, const char *who, int w, int default_bm,
                             int *bm, int *bn);
-/* The parameters aj_cpu_seq_of and the programs read, for the op's
- * layout (varlen kernels take their totals from sq_total / sk_total; the
+/* The sequence from the parameters params.def gives the op's layout
+ * (varlen kernels take their totals from sq_total / sk_total; the
  * programs' seq_q_total / seq_k_total are declared but unread there). */
-void aj_cpu_add_seq_params(aj_kb *kb, const aj_op *op, const aj_score_prog *prog);
 void aj_cpu_seq_of(aj_kb *kb, const aj_op *op, const aj_score_prog *prog, LLVMValueRef bidx,
                    aj_cpu_seq *s);
 /* Element offset of row 0 of slice (bidx, h) of tensor t in the sequence:

@@ -137,53 +137,6 @@ static void vstore(cbwd *c, LLVMValueRef v, LLVMValueRef ptr)
     aj_cpu_vstore(c->kb, v, ptr);
 }
 
-/* q, k, v, o, do, lse and the stage's outputs with their strides; with
- * `dbias` (the dq stage of a bias op) dbias, its strides and the sizes
- * that fold (b, h) pairs onto its slices -- the names runtime/launch.c
- * binds, as the efficient backward's. */
-static void declare_params(aj_kb *kb, const aj_op *op, const aj_score_prog *prog,
-                           const char *const *outs, int nouts, int dbias)
-{
-    const char *const in[] = {"q", "k", "v", "o", "do"};
-    for (int i = 0; i < 5; i++)
-        aj_kb_add_param(kb, in[i], AJ_PARAM_PTR);
-    aj_kb_add_param(kb, "lse", AJ_PARAM_PTR);
-    for (int i = 0; i < nouts; i++)
-        aj_kb_add_param(kb, outs[i], AJ_PARAM_PTR);
-    char name[32];
-    for (int t = 0; t < 5 + nouts; t++)
-        for (int i = 0; i < 3; i++) {
-            snprintf(name, sizeof name, "stride_%s_%c", t < 5 ? in[t] : outs[t - 5], "bhs"[i]);
-            aj_kb_add_param(kb, name, AJ_PARAM_I64);
-        }
-    aj_kb_add_param(kb, "stride_lse_b", AJ_PARAM_I64);
-    aj_kb_add_param(kb, "stride_lse_h", AJ_PARAM_I64);
-    aj_kb_add_param(kb, "heads_q", AJ_PARAM_I32);
-    aj_kb_add_param(kb, "heads_kv", AJ_PARAM_I32);
-    aj_kb_add_param(kb, "q_offset", AJ_PARAM_I64);
-    aj_kb_add_param(kb, "kv_offset", AJ_PARAM_I64);
-    aj_cpu_add_seq_params(kb, op, prog);
-    if (op->bias == AJ_BIAS_ADD) {
-        aj_kb_add_param(kb, "bias", AJ_PARAM_PTR);
-        aj_kb_add_param(kb, "stride_bias_b", AJ_PARAM_I64);
-        aj_kb_add_param(kb, "stride_bias_h", AJ_PARAM_I64);
-        aj_kb_add_param(kb, "stride_bias_s", AJ_PARAM_I64);
-    }
-    if (dbias) {
-        aj_kb_add_param(kb, "dbias", AJ_PARAM_PTR);
-        aj_kb_add_param(kb, "stride_dbias_b", AJ_PARAM_I64);
-        aj_kb_add_param(kb, "stride_dbias_h", AJ_PARAM_I64);
-        aj_kb_add_param(kb, "stride_dbias_s", AJ_PARAM_I64);
-        aj_kb_add_param(kb, "batch", AJ_PARAM_I32);
-        aj_kb_add_param(kb, "bias_batch", AJ_PARAM_I32);   /* 1 or batch */
-        aj_kb_add_param(kb, "bias_heads", AJ_PARAM_I32);   /* 1 or heads_q */
-    }
-    if (op->dropout > 0) {
-        aj_kb_add_param(kb, "dropout_seed", AJ_PARAM_I64);
-        aj_kb_add_param(kb, "dropout_offset", AJ_PARAM_I64);
-    }
-}
-
 /* The stack buffers both stages use. */
 static void alloc_buffers(cbwd *c)
 {
@@ -351,8 +304,7 @@ static void build_dkdv(cbwd *c)
     aj_kb *kb = c->kb;
     LLVMBuilderRef b = c->b;
     const cbwd_plan *p = &c->p;
-    static const char *const outs[] = {"dk", "dv"};
-    declare_params(kb, c->op, c->prog, outs, 2, 0);
+    aj_params_declare(kb, AJ_KSIG_CPU_BWD_DKDV, c->op, c->prog);
     aj_kb_begin_stage(kb, "dkdv", 1);
     alloc_buffers(c);
     LLVMValueRef dk = aj_cv_buffer(kb, p->bn * p->d, "dkbuf");
@@ -442,8 +394,7 @@ static void build_dq(cbwd *c)
     const cbwd_plan *p = &c->p;
     const aj_op *op = c->op;
     int has_bias = op->bias == AJ_BIAS_ADD;
-    static const char *const outs[] = {"dq"};
-    declare_params(kb, op, c->prog, outs, 1, has_bias);
+    aj_params_declare(kb, AJ_KSIG_CPU_BWD_DQ, op, c->prog);
     aj_kb_begin_stage(kb, "dq", 1);
     alloc_buffers(c);
     c->kn = aj_cv_buffer(kb, p->bn * p->d, "knbuf");
@@ -555,6 +506,7 @@ const aj_template aj_template_cpu_bwd_flash = {
     .check = cbwd_check,
     .build = cbwd_build,
     .targets = 1u << AJ_TARGET_CPU,
+    .stage_sigs = {AJ_KSIG_CPU_BWD_DKDV, AJ_KSIG_CPU_BWD_DQ},
 };
 
 const aj_template aj_template_cpu_bwd_efficient = {
@@ -564,4 +516,5 @@ const aj_template aj_template_cpu_bwd_efficient = {
     .check = cbwd_check,
     .build = cbwd_build,
     .targets = 1u << AJ_TARGET_CPU,
+    .stage_sigs = {AJ_KSIG_CPU_BWD_DKDV, AJ_KSIG_CPU_BWD_DQ},
 };

@@ -160,40 +160,6 @@ static const char *out_name(const aj_op *op)
     return op->accumulate ? "o_acc" : "o";
 }
 
-static void declare_params(aj_kb *kb, const aj_op *op, const aj_score_prog *prog)
-{
-    const char *const ptrs[] = {"q", "k", "v", out_name(op), "lse"};
-    for (int i = 0; i < 5; i++)
-        aj_kb_add_param(kb, ptrs[i], AJ_PARAM_PTR);
-    if (op->bias == AJ_BIAS_ADD)
-        aj_kb_add_param(kb, "bias", AJ_PARAM_PTR);
-    static const char *const strides[] = {
-        "stride_q_b", "stride_q_h", "stride_q_s", "stride_k_b", "stride_k_h",
-        "stride_k_s", "stride_v_b", "stride_v_h", "stride_v_s",
-        "stride_lse_b", "stride_lse_h"};
-    for (size_t i = 0; i < sizeof strides / sizeof strides[0]; i++)
-        aj_kb_add_param(kb, strides[i], AJ_PARAM_I64);
-    char name[32];
-    for (int i = 0; i < 3; i++) {
-        snprintf(name, sizeof name, "stride_%s_%c", out_name(op), "bhs"[i]);
-        aj_kb_add_param(kb, name, AJ_PARAM_I64);
-    }
-    if (op->bias == AJ_BIAS_ADD) {
-        aj_kb_add_param(kb, "stride_bias_b", AJ_PARAM_I64);
-        aj_kb_add_param(kb, "stride_bias_h", AJ_PARAM_I64);
-        aj_kb_add_param(kb, "stride_bias_s", AJ_PARAM_I64);
-    }
-    if (op->dropout > 0) {
-        aj_kb_add_param(kb, "dropout_seed", AJ_PARAM_I64);
-        aj_kb_add_param(kb, "dropout_offset", AJ_PARAM_I64);
-    }
-    aj_kb_add_param(kb, "heads_q", AJ_PARAM_I32);
-    aj_kb_add_param(kb, "heads_kv", AJ_PARAM_I32);
-    aj_kb_add_param(kb, "q_offset", AJ_PARAM_I64);
-    aj_kb_add_param(kb, "kv_offset", AJ_PARAM_I64);
-    aj_cpu_add_seq_params(kb, op, prog);
-}
-
 /* The online softmax of each row over this key block: S becomes P,
  * m and l move on, alpha[i] = 2^(m_old - m_new) rescales O. */
 static void emit_softmax(cfwd *c, LLVMValueRef n0)
@@ -397,7 +363,7 @@ static aj_status cfwd_build(aj_kb *kb, const aj_op *op, void *user)
      * multiply; the score_mod sees the scaled score in natural units */
     int log2e_in_q = aj_cpu_log2e_in_q(op, &prog);
 
-    declare_params(kb, op, &prog);
+    aj_params_declare(kb, AJ_KSIG_CPU_FWD, op, &prog);
     aj_kb_begin(kb, 1);
     /* pairs: Q, Kt and V hold two bf16 per f32 slot */
     int per_slot = p->pairs ? 2 : 1;
@@ -490,6 +456,7 @@ const aj_template aj_template_cpu_fwd_flash = {
     .check = cfwd_check,
     .build = cfwd_build,
     .targets = 1u << AJ_TARGET_CPU,
+    .stage_sigs = {AJ_KSIG_CPU_FWD},
 };
 
 const aj_template aj_template_cpu_fwd_efficient = {
@@ -499,4 +466,5 @@ const aj_template aj_template_cpu_fwd_efficient = {
     .check = cfwd_check,
     .build = cfwd_build,
     .targets = 1u << AJ_TARGET_CPU,
+    .stage_sigs = {AJ_KSIG_CPU_FWD},
 };

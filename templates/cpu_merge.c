@@ -33,29 +33,6 @@ static aj_status cmerge_check(aj_ctx *ctx, const aj_op *op, aj_target target)
     return AJ_OK;
 }
 
-/* the names runtime/launch.c binds, as the GPU merge's */
-static void declare_params(aj_kb *kb)
-{
-    static const char *const o_names[] = {"o1", "o2", "o"};
-    static const char *const lse_names[] = {"lse1", "lse2", "lse"};
-    char name[32];
-    for (int i = 0; i < 3; i++) {
-        aj_kb_add_param(kb, o_names[i], AJ_PARAM_PTR);
-        aj_kb_add_param(kb, lse_names[i], AJ_PARAM_PTR);
-    }
-    for (int i = 0; i < 3; i++)
-        for (const char *d = "bhs"; *d; d++) {
-            snprintf(name, sizeof name, "stride_%s_%c", o_names[i], *d);
-            aj_kb_add_param(kb, name, AJ_PARAM_I64);
-        }
-    for (int i = 0; i < 3; i++)
-        for (const char *d = "bh"; *d; d++) {
-            snprintf(name, sizeof name, "stride_%s_%c", lse_names[i], *d);
-            aj_kb_add_param(kb, name, AJ_PARAM_I64);
-        }
-    aj_kb_add_param(kb, "seq_q", AJ_PARAM_I32);
-}
-
 static LLVMValueRef scalar_math(aj_kb *kb, const char *name, LLVMValueRef x)
 {
     LLVMTypeRef t = kb->t_f32;
@@ -88,7 +65,7 @@ static aj_status cmerge_build(aj_kb *kb, const aj_op *op, void *user)
     int dv = aj_op_dv(op);
     int w = aj_cpu_vector_width();
     int vw = dv % w == 0 ? w : 8;
-    declare_params(kb);
+    aj_params_declare(kb, AJ_KSIG_MERGE, op, NULL);
     aj_kb_begin(kb, 1);
     LLVMValueRef it[3];
     for (int d = 0; d < 3; d++)
@@ -155,4 +132,5 @@ const aj_template aj_template_cpu_merge = {
     .check = cmerge_check,
     .build = cmerge_build,
     .targets = 1u << AJ_TARGET_CPU,
+    .stage_sigs = {AJ_KSIG_MERGE},
 };

@@ -247,57 +247,6 @@ static LLVMValueRef sext64(ebwd *e, LLVMValueRef v)
     return LLVMBuildSExt(e->b, v, e->kb->t_i64, "");
 }
 
-static const char *const bhs = "bhs";
-
-/* q, k, v, o, lse, do (inputs) and the stage's outputs, with strides;
- * with `dbias` (the dq stage of a bias op) also dbias, its strides and the
- * broadcast sizes that fold (b, h) pairs onto its slices. */
-static void declare_params(aj_kb *kb, const aj_op *op, const aj_score_prog *prog,
-                           const char *const *outs, int nouts, int dbias)
-{
-    const char *const in[] = {"q", "k", "v", "o", "do"};
-    for (int i = 0; i < 5; i++)
-        aj_kb_add_param(kb, in[i], AJ_PARAM_PTR);
-    aj_kb_add_param(kb, "lse", AJ_PARAM_PTR);
-    for (int i = 0; i < nouts; i++)
-        aj_kb_add_param(kb, outs[i], AJ_PARAM_PTR);
-    char name[32];
-    for (int t = 0; t < 5 + nouts; t++)
-        for (int i = 0; i < 3; i++) {
-            snprintf(name, sizeof name, "stride_%s_%c", t < 5 ? in[t] : outs[t - 5], bhs[i]);
-            aj_kb_add_param(kb, name, AJ_PARAM_I64);
-        }
-    aj_kb_add_param(kb, "stride_lse_b", AJ_PARAM_I64);
-    aj_kb_add_param(kb, "stride_lse_h", AJ_PARAM_I64);
-    aj_kb_add_param(kb, "heads_q", AJ_PARAM_I32);
-    aj_kb_add_param(kb, "heads_kv", AJ_PARAM_I32);
-    aj_kb_add_param(kb, "seq_q", AJ_PARAM_I32);
-    aj_kb_add_param(kb, "seq_k", AJ_PARAM_I32);
-    aj_kb_add_param(kb, "q_offset", AJ_PARAM_I64);
-    aj_kb_add_param(kb, "kv_offset", AJ_PARAM_I64);
-    aj_score_add_params(kb, prog);
-    if (op->bias == AJ_BIAS_ADD) {
-        /* 0 for a broadcast (size-1) dim */
-        aj_kb_add_param(kb, "bias", AJ_PARAM_PTR);
-        aj_kb_add_param(kb, "stride_bias_b", AJ_PARAM_I64);
-        aj_kb_add_param(kb, "stride_bias_h", AJ_PARAM_I64);
-        aj_kb_add_param(kb, "stride_bias_s", AJ_PARAM_I64);
-    }
-    if (dbias) {
-        aj_kb_add_param(kb, "dbias", AJ_PARAM_PTR);
-        aj_kb_add_param(kb, "stride_dbias_b", AJ_PARAM_I64);
-        aj_kb_add_param(kb, "stride_dbias_h", AJ_PARAM_I64);
-        aj_kb_add_param(kb, "stride_dbias_s", AJ_PARAM_I64);
-        aj_kb_add_param(kb, "batch", AJ_PARAM_I32);
-        aj_kb_add_param(kb, "bias_batch", AJ_PARAM_I32);   /* 1 or batch */
-        aj_kb_add_param(kb, "bias_heads", AJ_PARAM_I32);   /* 1 or heads_q */
-    }
-    if (op->dropout > 0) {
-        aj_kb_add_param(kb, "dropout_seed", AJ_PARAM_I64);
-        aj_kb_add_param(kb, "dropout_offset", AJ_PARAM_I64);
-    }
-}
-
 static LLVMValueRef stride_s(ebwd *e, const char *t)
 {
     char name[32];
@@ -624,8 +573,7 @@ static void emit_dbias_add(ebwd *e, LLVMValueRef row_off, LLVMValueRef i, LLVMVa
 static void build_dkdv(aj_kb *kb, const aj_op *op, const ebwd_plan *plan,
                        const aj_score_prog *prog)
 {
-    static const char *const outs[] = {"dk", "dv"};
-    declare_params(kb, op, prog, outs, 2, 0);
+    aj_params_declare(kb, AJ_KSIG_EFFICIENT_BWD_DKDV, op, prog);
     aj_kb_begin_stage(kb, "dkdv", plan->threads);
     ebwd e;
     setup(&e, kb, op, plan, prog);
@@ -768,9 +716,8 @@ static void build_dkdv(aj_kb *kb, const aj_op *op, const ebwd_plan *plan,
 static void build_dq(aj_kb *kb, const aj_op *op, const ebwd_plan *plan,
                      const aj_score_prog *prog)
 {
-    static const char *const outs[] = {"dq"};
     int has_bias = op->bias == AJ_BIAS_ADD;
-    declare_params(kb, op, prog, outs, 1, has_bias);
+    aj_params_declare(kb, AJ_KSIG_EFFICIENT_BWD_DQ, op, prog);
     aj_kb_begin_stage(kb, "dq", plan->threads);
     ebwd e;
     setup(&e, kb, op, plan, prog);
@@ -947,4 +894,5 @@ const aj_template aj_template_efficient_bwd = {
     .variant = AJ_VARIANT_EFFICIENT,
     .check = ebwd_check,
     .build = ebwd_build,
+    .stage_sigs = {AJ_KSIG_EFFICIENT_BWD_DKDV, AJ_KSIG_EFFICIENT_BWD_DQ},
 };

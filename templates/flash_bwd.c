@@ -405,49 +405,6 @@ static LLVMValueRef slt(fbwd *f, LLVMValueRef a, LLVMValueRef b)
     return LLVMBuildICmp(f->b, LLVMIntSLT, a, b, "");
 }
 
-static const char *const tensors[] = {"q", "k", "v", "o", "do", "dq", "dk", "dv"};
-static const char *const bhs = "bhs";
-
-/* Every kernel of the module takes the same parameters; each reads what
- * it needs. */
-static void declare_params(aj_kb *kb, const aj_op *op, const aj_score_prog *prog)
-{
-    for (int i = 0; i < 8; i++)
-        aj_kb_add_param(kb, tensors[i], AJ_PARAM_PTR);
-    aj_kb_add_param(kb, "lse", AJ_PARAM_PTR);
-    aj_kb_add_param(kb, "workspace", AJ_PARAM_PTR);
-    if (op->layout == AJ_LAYOUT_VARLEN) {
-        aj_kb_add_param(kb, "cu_seqlens_q", AJ_PARAM_PTR);
-        aj_kb_add_param(kb, "cu_seqlens_k", AJ_PARAM_PTR);
-        aj_attn_add_varlen_total_params(kb, prog);
-    }
-    char name[32];
-    for (int t = 0; t < 8; t++)
-        for (int i = 0; i < 3; i++) {
-            snprintf(name, sizeof name, "stride_%s_%c", tensors[t], bhs[i]);
-            aj_kb_add_param(kb, name, AJ_PARAM_I64);
-        }
-    aj_kb_add_param(kb, "stride_lse_b", AJ_PARAM_I64);
-    aj_kb_add_param(kb, "stride_lse_h", AJ_PARAM_I64);
-    /* workspace rows: Delta_i of (b, h, i) at b stride_ws_b + h stride_ws_h
-     * + i (+ the sequence's first packed row), dQacc rows of head_dim
-     * floats at ws_dq_offset + D times that */
-    aj_kb_add_param(kb, "stride_ws_b", AJ_PARAM_I64);
-    aj_kb_add_param(kb, "stride_ws_h", AJ_PARAM_I64);
-    aj_kb_add_param(kb, "ws_dq_offset", AJ_PARAM_I64);
-    aj_kb_add_param(kb, "heads_q", AJ_PARAM_I32);
-    aj_kb_add_param(kb, "heads_kv", AJ_PARAM_I32);
-    aj_kb_add_param(kb, "seq_q", AJ_PARAM_I32);
-    aj_kb_add_param(kb, "seq_k", AJ_PARAM_I32);
-    aj_kb_add_param(kb, "q_offset", AJ_PARAM_I64);
-    aj_kb_add_param(kb, "kv_offset", AJ_PARAM_I64);
-    if (op->dropout > 0) {
-        aj_kb_add_param(kb, "dropout_seed", AJ_PARAM_I64);
-        aj_kb_add_param(kb, "dropout_offset", AJ_PARAM_I64);
-    }
-    aj_score_add_params(kb, prog);
-}
-
 static LLVMValueRef stride_s(fbwd *f, const char *t)
 {
     char name[32];
@@ -937,7 +894,7 @@ static void step_end(fbwd *f, LLVMValueRef cls_value)
 static void build_delta(aj_kb *kb, const aj_op *op, const fbwd_plan *plan,
                         const aj_score_prog *prog)
 {
-    declare_params(kb, op, prog);
+    aj_params_declare(kb, AJ_KSIG_FLASH_BWD, op, prog);
     aj_kb_begin_stage(kb, "delta", DELTA_ROWS);
     fbwd f;
     fbwd_plan p1 = *plan;
@@ -989,7 +946,7 @@ static void build_delta(aj_kb *kb, const aj_op *op, const fbwd_plan *plan,
 static void build_dkdv(aj_kb *kb, const aj_op *op, const fbwd_plan *plan,
                        const aj_score_prog *prog)
 {
-    declare_params(kb, op, prog);
+    aj_params_declare(kb, AJ_KSIG_FLASH_BWD, op, prog);
     aj_kb_begin_stage(kb, "dkdv", plan->threads);
     fbwd f;
     setup(&f, kb, op, plan, prog);
@@ -1144,7 +1101,7 @@ static void build_dkdv(aj_kb *kb, const aj_op *op, const fbwd_plan *plan,
 static void build_dq(aj_kb *kb, const aj_op *op, const fbwd_plan *plan,
                      const aj_score_prog *prog)
 {
-    declare_params(kb, op, prog);
+    aj_params_declare(kb, AJ_KSIG_FLASH_BWD, op, prog);
     aj_kb_begin_stage(kb, "dq", plan->threads);
     fbwd f;
     setup(&f, kb, op, plan, prog);
@@ -1255,7 +1212,7 @@ static void build_dq(aj_kb *kb, const aj_op *op, const fbwd_plan *plan,
 static void build_dq_convert(aj_kb *kb, const aj_op *op, const fbwd_plan *plan,
                              const aj_score_prog *prog)
 {
-    declare_params(kb, op, prog);
+    aj_params_declare(kb, AJ_KSIG_FLASH_BWD, op, prog);
     aj_kb_begin_stage(kb, "dq_convert", DELTA_ROWS);
     fbwd f;
     fbwd_plan p1 = *plan;
@@ -1318,4 +1275,5 @@ const aj_template aj_template_flash_bwd = {
     .variant = AJ_VARIANT_FLASH,
     .check = fbwd_check,
     .build = fbwd_build,
+    .stage_sigs = {AJ_KSIG_FLASH_BWD, AJ_KSIG_FLASH_BWD, AJ_KSIG_FLASH_BWD},
 };

@@ -264,46 +264,6 @@ static int varlen(const ffwd *e)
     return e->op->layout == AJ_LAYOUT_VARLEN;
 }
 
-static void declare_params(aj_kb *kb, const aj_op *op, const aj_score_prog *prog)
-{
-    const char *const ptrs[] = {"q", "k", "v", out_name(op), "lse"};
-    for (int i = 0; i < 5; i++)
-        aj_kb_add_param(kb, ptrs[i], AJ_PARAM_PTR);
-    if (op->layout == AJ_LAYOUT_VARLEN) {
-        aj_kb_add_param(kb, "cu_seqlens_q", AJ_PARAM_PTR);
-        aj_kb_add_param(kb, "cu_seqlens_k", AJ_PARAM_PTR);
-    }
-    /* varlen binds the batch strides to 0 and the packed row strides to
-     * stride_*_s, so one slice formula serves both layouts */
-    static const char *const strides[] = {
-        "stride_q_b", "stride_q_h", "stride_q_s", "stride_k_b", "stride_k_h",
-        "stride_k_s", "stride_v_b", "stride_v_h", "stride_v_s",
-        "stride_lse_b", "stride_lse_h"};
-    for (size_t i = 0; i < sizeof strides / sizeof strides[0]; i++)
-        aj_kb_add_param(kb, strides[i], AJ_PARAM_I64);
-    static const char *const dims = "bhs";
-    char name[32];
-    for (int i = 0; i < 3; i++) {
-        snprintf(name, sizeof name, "stride_%s_%c", out_name(op), dims[i]);
-        aj_kb_add_param(kb, name, AJ_PARAM_I64);
-    }
-    if (op->dropout > 0) {
-        aj_kb_add_param(kb, "dropout_seed", AJ_PARAM_I64);
-        aj_kb_add_param(kb, "dropout_offset", AJ_PARAM_I64);
-    }
-    aj_kb_add_param(kb, "heads_q", AJ_PARAM_I32);
-    aj_kb_add_param(kb, "heads_kv", AJ_PARAM_I32);
-    aj_kb_add_param(kb, "q_offset", AJ_PARAM_I64);
-    aj_kb_add_param(kb, "kv_offset", AJ_PARAM_I64);
-    if (op->layout == AJ_LAYOUT_VARLEN) {
-        aj_attn_add_varlen_total_params(kb, prog);
-    } else {
-        aj_kb_add_param(kb, "seq_q", AJ_PARAM_I32);
-        aj_kb_add_param(kb, "seq_k", AJ_PARAM_I32);
-    }
-    aj_score_add_params(kb, prog);
-}
-
 static LLVMValueRef prm(ffwd *e, const char *name)
 {
     return aj_kb_param(e->kb, name);
@@ -819,7 +779,7 @@ static aj_status ffwd_build(aj_kb *kb, const aj_op *op, void *user)
         return st;
     e.prog = &prog;
 
-    declare_params(kb, op, &prog);
+    aj_params_declare(kb, AJ_KSIG_FLASH_FWD, op, &prog);
     aj_kb_begin(kb, p->threads);
     e.p.smem_q = aj_kb_smem_reserve(kb, 2 * p->bm * p->ldq);
     e.p.smem_k = aj_kb_smem_reserve(kb, 2 * p->stages * p->bn * p->ldk);
@@ -962,4 +922,5 @@ const aj_template aj_template_flash_fwd = {
     .variant = AJ_VARIANT_FLASH,
     .check = ffwd_check,
     .build = ffwd_build,
+    .stage_sigs = {AJ_KSIG_FLASH_FWD},
 };

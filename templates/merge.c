@@ -76,28 +76,6 @@ static LLVMValueRef row_offset(aj_kb *kb, const char *t, LLVMValueRef b, LLVMVal
     return LLVMBuildAdd(bld, off, s, "");
 }
 
-static void declare_params(aj_kb *kb)
-{
-    static const char *const o_names[] = {"o1", "o2", "o"};
-    static const char *const lse_names[] = {"lse1", "lse2", "lse"};
-    char name[32];
-    for (int i = 0; i < 3; i++) {
-        aj_kb_add_param(kb, o_names[i], AJ_PARAM_PTR);
-        aj_kb_add_param(kb, lse_names[i], AJ_PARAM_PTR);
-    }
-    for (int i = 0; i < 3; i++)
-        for (const char *d = "bhs"; *d; d++) {
-            snprintf(name, sizeof name, "stride_%s_%c", o_names[i], *d);
-            aj_kb_add_param(kb, name, AJ_PARAM_I64);
-        }
-    for (int i = 0; i < 3; i++)
-        for (const char *d = "bh"; *d; d++) {
-            snprintf(name, sizeof name, "stride_%s_%c", lse_names[i], *d);
-            aj_kb_add_param(kb, name, AJ_PARAM_I64);
-        }
-    aj_kb_add_param(kb, "seq_q", AJ_PARAM_I32);
-}
-
 /* f32 pointer to lse tensor t at element offset `at` */
 static LLVMValueRef lse_ptr(aj_kb *kb, const char *t, LLVMValueRef at)
 {
@@ -120,7 +98,7 @@ static aj_status merge_build(aj_kb *kb, const aj_op *op, void *user)
     int dv = aj_op_dv(op);
     int g = merge_lanes(dv);
     int rows = MERGE_THREADS / g;
-    declare_params(kb);
+    aj_params_declare(kb, AJ_KSIG_MERGE, op, NULL);
     aj_kb_begin(kb, MERGE_THREADS);
 
     LLVMValueRef tid = aj_kb_thread_id(kb);
@@ -198,4 +176,5 @@ const aj_template aj_template_merge = {
     .variant = AJ_VARIANT_NONE,
     .check = merge_check,
     .build = merge_build,
+    .stage_sigs = {AJ_KSIG_MERGE},
 };

@@ -438,25 +438,6 @@ void aj_score_param_name(char *buf, size_t cap, const char *tensor, char what, i
     snprintf(buf, cap, "%s_%s%d", tensor, what == 's' ? "size" : "stride", dim);
 }
 
-void aj_score_add_params(aj_kb *kb, const aj_score_prog *p)
-{
-    if (p->reads_totals) {
-        aj_kb_add_param(kb, "seq_q_total", AJ_PARAM_I64);
-        aj_kb_add_param(kb, "seq_k_total", AJ_PARAM_I64);
-    }
-    char name[64];
-    for (int t = 0; t < p->tensor_count; t++) {
-        const aj_tensor_decl *d = &p->tensors[t];
-        aj_kb_add_param(kb, d->name, AJ_PARAM_PTR);
-        for (int i = 0; i < d->rank; i++) {
-            aj_score_param_name(name, sizeof name, d->name, 's', i);
-            aj_kb_add_param(kb, name, AJ_PARAM_I64);
-            aj_score_param_name(name, sizeof name, d->name, 't', i);
-            aj_kb_add_param(kb, name, AJ_PARAM_I64);
-        }
-    }
-}
-
 /* ---------------------------------------------------------------- emit */
 
 /*

@@ -11,7 +11,7 @@
  *   compile time   aj_score_prog_init   the programs, d(score_mod)/d(score)
  *                                       by symbolic differentiation, and the
  *                                       mask split into a band and the rest
- *   kernel         aj_score_add_params  the parameters the programs read
+ *   kernel         (params.def)         the parameters the programs read
  *                  aj_score_begin       per-CTA values (b, h, origins, totals)
  *                  aj_score_mod_value   the modified score of (i, j)
  *                  aj_score_mod_grad    ... and its derivative (backward)
@@ -91,15 +91,13 @@ static inline bool aj_score_has_mod(const aj_score_prog *p)
 }
 
 /*
- * Kernel parameters the programs read (declared with the kernel's others):
- * "seq_q_total", "seq_k_total" (i64) when they use sq or sk, and per side
- * tensor NAME: "NAME" (ptr), "NAME_size<d>" and "NAME_stride<d>" (i64,
- * elements) for each dim d.  runtime/launch.c binds them by these names
- * (aj_score_param_name).
- */
-void aj_score_add_params(aj_kb *kb, const aj_score_prog *p);
-
-/* The name of a side tensor's size (what = 's') or stride ('t') param. */
+ * Kernel parameters the programs read (params.def declares them with the
+ * kernel's others): "seq_q_total", "seq_k_total" (i64) when they use sq or
+ * sk, and per side tensor NAME: "NAME" (ptr), "NAME_size<d>" and
+ * "NAME_stride<d>" (i64, elements) for each dim d.  runtime/launch.c binds
+ * them by these names.
+ *
+ * The name of a side tensor's size (what = 's') or stride ('t') param. */
 void aj_score_param_name(char *buf, size_t cap, const char *tensor, char what, int dim);
 
 /* What the kernel knows per CTA (or per work item): the programs' inputs

@@ -10,6 +10,7 @@
 #define AJ_TEMPLATES_TEMPLATE_H
 
 #include "codegen/codegen.h"
+#include "templates/params.h"
 
 typedef struct aj_template {
     const char *name;          /* also the kernel name's prefix */
@@ -21,6 +22,9 @@ typedef struct aj_template {
     /* the targets it builds for, a mask of (1u << aj_target); 0 means the
      * GPU targets and sim (sm_80, sm_90, sm_90a, sim) */
     unsigned targets;
+    /* each stage's parameter list (params.def), in launch order; the rest
+     * AJ_KSIG_NONE */
+    aj_kernel_sig stage_sigs[AJ_KB_MAX_STAGES];
 } aj_template;
 
 /* The template for the op's kind and variant on `target`;

@@ -46,14 +46,6 @@ static void spec_field(const char *text, const char *field, char *out, size_t ca
     }
 }
 
-/* The folder of the examples/scores specs: $AJ_SCORE_EXAMPLES, else
- * examples/scores of the working directory. */
-static const char *score_examples_dir(void)
-{
-    const char *dir = getenv("AJ_SCORE_EXAMPLES");
-    return dir ? dir : "examples/scores";
-}
-
 /* An examples/scores spec: its op's info, and the text of its tensors
  * ("" when absent), mask and score_mod ("none" when absent) fields. */
 typedef struct score_example {

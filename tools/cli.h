@@ -40,6 +40,42 @@ int cli_parse_compile_args(aj_ctx *ctx, int argc, char **argv, cli_compile_opts 
 int cli_compile(aj_ctx *ctx, int argc, char **argv);
 int cli_check(aj_ctx *ctx, int argc, char **argv);
 
+/* --in NAME=FILE for a name a command does not know: the op's side
+ * tensors, checked against its declarations once the op is read
+ * (cli_side.c). */
+typedef struct cli_side_opts {
+    const char *name[AJ_OP_TENSORS_MAX], *file[AJ_OP_TENSORS_MAX];
+    size_t len[AJ_OP_TENSORS_MAX];   /* of name, up to its '=' */
+    int n;
+} cli_side_opts;
+
+/* arg is NAME=FILE; flag ("--in") and cmd ("run") name them in messages. */
+int cli_side_add(cli_side_opts *s, const char *cmd, const char *flag, const char *arg);
+/* Each side tensor the op declares given, and no other; known[0 ..
+ * nknown - 1] are cmd's own tensor names, for the message. */
+int cli_side_check(const aj_op_info *info, const cli_side_opts *s, const char *cmd,
+                   const char *const *known, int nknown);
+
+/* The op's side tensors in host memory, in declaration order: t[i] over
+ * mem[i] (malloc'ed), contiguous. */
+typedef struct cli_side_buffers {
+    aj_side_tensor t[AJ_OP_TENSORS_MAX];
+    void *mem[AJ_OP_TENSORS_MAX];
+    int n;
+} cli_side_buffers;
+
+/* Reads them from their files (i32 or f32 .npy of the declared rank). */
+int cli_side_load(const aj_op_info *info, const cli_side_opts *s, cli_side_buffers *side);
+/* Appends one over `data` (taken over) of `shape`. */
+void cli_side_set(cli_side_buffers *side, const aj_side_decl *decl, const int64_t *shape,
+                  void *data);
+size_t cli_side_bytes(const aj_side_tensor *t);
+/* Copies of them in the device's memory (on_device[i]: side->t[i]'s). */
+aj_status cli_side_to_device(aj_device *dev, const cli_side_buffers *side,
+                             aj_side_tensor *on_device);
+/* Frees the host buffers and the device copies (on_device may be NULL). */
+void cli_side_free(aj_device *dev, cli_side_buffers *side, aj_side_tensor *on_device);
+
 /* `attnjit run`'s arguments, parsed without acting on them. */
 typedef struct cli_run_opts {
     const char *spec;
@@ -53,11 +89,7 @@ typedef struct cli_run_opts {
     int workers;
     int no_cache;
     int verbose;             /* -v: the launch's tile classes */
-    /* --in NAME=FILE for names not in the table: the op's side tensors
-     * (checked against its declarations once the op is read) */
-    const char *side_name[AJ_OP_TENSORS_MAX], *side_file[AJ_OP_TENSORS_MAX];
-    size_t side_len[AJ_OP_TENSORS_MAX];
-    int num_side;
+    cli_side_opts side;      /* --in NAME=FILE for names not in the table */
 } cli_run_opts;
 
 int cli_parse_run_args(int argc, char **argv, cli_run_opts *out);

@@ -4,14 +4,16 @@
  *
  *   mpirun -np P attnjit ring SPEC --device sim|cpu|cuda
  *       [--layout contiguous|zigzag] [--rotate p2p|allgather]
- *       --in q=F --in k=F --in v=F [--in alibi_slopes=F] --out o=F [--out lse=F]
+ *       --in q=F --in k=F --in v=F [--in alibi_slopes=F] [--in NAME=F (side
+ *       tensors)] --out o=F [--out lse=F]
  *       [--grad --in do=F --out dq=F --out dk=F --out dv=F]
- *       [--seed N] [--offset N] [--timeout S] [--workers N] [--check]
+ *       [--seed N] [--offset N] [--timeout S] [--workers N] [--check] [-v]
  *
  * Rank 0 reads the full tensors, sends every rank its shard, gathers the
  * results and writes them; every rank's timings are printed by rank 0.
  * --check runs the same op on rank 0 alone (aj_forward / aj_backward on
- * the full tensors) and compares.
+ * the full tensors) and compares.  Side tensors go whole to every rank;
+ * -v prints each forward launch's tiles (skipped, partial, full).
  *
  *   rank 0                     ranks 1 .. P-1
  *   read .npy, shard  ------>  receive shards
@@ -40,7 +42,8 @@ typedef struct ring_opts {
     aj_shard_layout layout;
     aj_ring_rotate rotate;
     const char *in[R_IN_COUNT], *out[R_OUT_COUNT];
-    int grad, check, workers;
+    cli_side_opts side;      /* --in NAME=FILE for the op's side tensors */
+    int grad, check, workers, verbose;
     uint64_t seed, offset;
     double timeout_s;
 } ring_opts;
@@ -48,7 +51,7 @@ typedef struct ring_opts {
 /* ---------------------------------------------------------------- options */
 
 static int bind(const char *flag, const char *arg, const char *const *names, int n,
-                const char **slots)
+                const char **slots, cli_side_opts *side)
 {
     const char *eq = strchr(arg, '=');
     if (!eq || eq == arg || !eq[1])
@@ -63,8 +66,12 @@ static int bind(const char *flag, const char *arg, const char *const *names, int
             slots[t] = eq + 1;
             return CLI_EXIT_OK;
         }
+    /* any other input names a side tensor; the op says which it has */
+    if (side)
+        return cli_side_add(side, "ring", flag, arg);
     fprintf(stderr, "attnjit: ring: unknown %s tensor '%.*s' (inputs: q, k, v, do, "
-            "alibi_slopes; outputs: o, lse, dq, dk, dv)\n", flag, (int)(eq - arg), arg);
+            "alibi_slopes and the op's side tensors; outputs: o, lse, dq, dk, dv)\n", flag,
+            (int)(eq - arg), arg);
     return CLI_EXIT_USAGE;
 }
 
@@ -89,6 +96,10 @@ static int parse_ring_args(int argc, char **argv, ring_opts *o)
         int rc = CLI_EXIT_OK;
         if (strcmp(a, "--grad") == 0 || strcmp(a, "--check") == 0) {
             *(a[2] == 'g' ? &o->grad : &o->check) = 1;
+            continue;
+        }
+        if (strcmp(a, "-v") == 0) {
+            o->verbose = 1;
             continue;
         }
         if (a[0] != '-' || !a[1]) {
@@ -118,9 +129,9 @@ static int parse_ring_args(int argc, char **argv, ring_opts *o)
             else
                 return cli_usage("--rotate takes p2p or allgather, not '%s'", v);
         } else if (strcmp(a, "--in") == 0) {
-            rc = bind(a, v, in_names, R_IN_COUNT, o->in);
+            rc = bind(a, v, in_names, R_IN_COUNT, o->in, &o->side);
         } else if (strcmp(a, "--out") == 0) {
-            rc = bind(a, v, out_names, R_OUT_COUNT, o->out);
+            rc = bind(a, v, out_names, R_OUT_COUNT, o->out, NULL);
         } else if (strcmp(a, "--seed") == 0 || strcmp(a, "--offset") == 0) {
             char *end;
             errno = 0;
@@ -323,32 +334,39 @@ static int gather(aj_ctx *ctx, const ring_opts *o, ring_tensor *x, int me, int s
 
 /* ---------------------------------------------------------------- check */
 
-/* The backward op of a forward op: the same fields. */
-static aj_status backward_of(aj_ctx *ctx, const aj_op_info *f, aj_op **out)
+/* The backward op of a forward op: its canonical text with the header
+ * `attention backward efficient` and the default schedule (the forward's
+ * tiles need not suit the backward), so every field -- expressions and
+ * side tensors included -- carries over. */
+static aj_status backward_of(aj_ctx *ctx, const aj_op *fop, aj_op **out)
 {
-    aj_op *op = NULL;
-    aj_status st = aj_op_create(ctx, AJ_KIND_BACKWARD, AJ_VARIANT_EFFICIENT, &op);
+    char *text = NULL;
+    aj_status st = aj_op_print(fop, &text);
     if (st != AJ_OK)
         return st;
-    aj_op_set_dtype(op, f->dtype);
-    aj_op_set_head_dims(op, f->head_dim, f->head_dim_v);
-    if (f->mask == AJ_MASK_CAUSAL)
-        aj_op_set_mask_causal(op, f->mask_align);
-    else if (f->mask == AJ_MASK_WINDOW)
-        aj_op_set_mask_window(op, f->window_left, f->window_right, f->mask_align);
-    if (f->score_mod == AJ_SCORE_MOD_SOFTCAP)
-        aj_op_set_softcap(op, f->softcap);
-    else if (f->score_mod == AJ_SCORE_MOD_ALIBI)
-        aj_op_set_alibi(op);
-    aj_op_set_scale(op, f->scale_is_default ? AJ_SCALE_DEFAULT : f->scale);
-    aj_op_set_dropout(op, f->dropout);
-    st = aj_op_verify(op);
-    if (st != AJ_OK) {
-        aj_op_destroy(op);
-        return st;
+    const char *body = strchr(text, '{');
+    size_t len = strlen(text) + 64;
+    char *bwd = malloc(len);
+    if (!bwd || !body) {
+        free(bwd);
+        aj_free(text);
+        return AJ_ERR_OUT_OF_MEMORY;
     }
-    *out = op;
-    return AJ_OK;
+    int n = snprintf(bwd, len, "attention backward efficient ");
+    for (const char *line = body; *line;) {
+        const char *end = strchr(line, '\n');
+        size_t l = end ? (size_t)(end - line + 1) : strlen(line);
+        if (strncmp(line, "  schedule = ", 13) != 0) {
+            memcpy(bwd + n, line, l);
+            n += (int)l;
+        }
+        line += l;
+    }
+    bwd[n] = '\0';
+    st = aj_op_parse(ctx, bwd, (size_t)n, "backward of the spec", out);
+    free(bwd);
+    aj_free(text);
+    return st;
 }
 
 /* A contiguous full-size tensor of `dtype` over new memory, from f32. */
@@ -392,7 +410,8 @@ static double mismatch(const aj_tensor *single, const float *ring, size_t n, dou
  * gathered results. */
 static int check_single_rank(aj_ctx *ctx, aj_device *dev, const aj_op *fop,
                              const aj_op *bop, const aj_op_info *info, ring_tensor *in,
-                             ring_tensor *out, int grad, uint64_t seed, uint64_t offset)
+                             ring_tensor *out, int grad, uint64_t seed, uint64_t offset,
+                             const aj_side_tensor *side, int num_side)
 {
     /* both sides round to the dtype; the ring adds f32 partial merges */
     const double atol = info->dtype == AJ_DTYPE_F32 ? 1e-5 : info->dtype == AJ_DTYPE_F16 ? 2e-3 : 1.6e-2;
@@ -420,6 +439,8 @@ static int check_single_rank(aj_ctx *ctx, aj_device *dev, const aj_op *fop,
         a.alibi_slopes = t[R_ALIBI];
         a.seed = seed;
         a.offset = offset;
+        a.side = side;
+        a.num_side = num_side;
         st = aj_forward(ctx, dev, fk, &a);
     }
     if (st == AJ_OK && grad) {
@@ -438,6 +459,8 @@ static int check_single_rank(aj_ctx *ctx, aj_device *dev, const aj_op *fop,
         b.alibi_slopes = t[R_ALIBI];
         b.seed = seed;
         b.offset = offset;
+        b.side = side;
+        b.num_side = num_side;
         st = aj_backward(ctx, dev, bk, &b);
     }
     if (st != AJ_OK) {
@@ -492,6 +515,66 @@ static void print_stats(const char *dir, const aj_ring_stats *s, int me, int siz
     free(all);
 }
 
+/* Rank 0 prints each rank's launches' tiles (aj_ring_fwd_args.launch_tiles),
+ * as `attnjit run -v` prints its launch's. */
+static void print_tiles(const aj_tile_counts *tiles, int cap, int launches, int me, int size)
+{
+    enum { PER = 5 };   /* skipped, partial, full, block_m, block_n */
+    int64_t *mine = calloc((size_t)cap * PER + 1, sizeof *mine);
+    int64_t *all = me == 0 ? calloc((size_t)(cap * PER + 1) * (size_t)size, sizeof *all) : NULL;
+    if (!mine || (me == 0 && !all)) {
+        free(mine);
+        free(all);
+        return;
+    }
+    mine[0] = launches < cap ? launches : cap;
+    for (int i = 0; tiles && i < mine[0]; i++) {
+        const int64_t row[PER] = {tiles[i].tiles[AJ_TILE_SKIP], tiles[i].tiles[AJ_TILE_PARTIAL],
+                                  tiles[i].tiles[AJ_TILE_FULL], tiles[i].block_m,
+                                  tiles[i].block_n};
+        memcpy(mine + 1 + PER * i, row, sizeof row);
+    }
+    MPI_Gather(mine, cap * PER + 1, MPI_INT64_T, all, cap * PER + 1, MPI_INT64_T, 0,
+               MPI_COMM_WORLD);
+    for (int r = 0; me == 0 && r < size; r++) {
+        const int64_t *x = all + (size_t)(cap * PER + 1) * (size_t)r;
+        for (int i = 0; i < x[0]; i++) {
+            const int64_t *t = x + 1 + PER * i;
+            printf("rank %d launch %d: tiles of %lld x %lld: %lld skipped, %lld partial, "
+                   "%lld full\n", r, i, (long long)t[3], (long long)t[4], (long long)t[0],
+                   (long long)t[1], (long long)t[2]);
+        }
+    }
+    free(mine);
+    free(all);
+}
+
+/* Rank 0's side tensors to every rank: whole, not sharded (the kernels
+ * read them at global positions). */
+static int broadcast_side(const aj_op_info *info, cli_side_buffers *side, int me)
+{
+    for (int d = 0; d < info->num_tensors; d++) {
+        int64_t shape[4] = {0};
+        if (me == 0)
+            memcpy(shape, side->t[d].shape, sizeof shape);
+        MPI_Bcast(shape, 4, MPI_INT64_T, 0, MPI_COMM_WORLD);
+        if (me != 0) {
+            size_t n = 4;
+            for (int k = 0; k < info->tensors[d].rank; k++)
+                n *= (size_t)shape[k];
+            void *data = malloc(n ? n : 4);
+            if (!data) {
+                fprintf(stderr, "attnjit: out of memory for side tensor %s\n",
+                        info->tensors[d].name);
+                return CLI_EXIT_INTERNAL;
+            }
+            cli_side_set(side, &info->tensors[d], shape, data);
+        }
+        MPI_Bcast(side->mem[d], (int)cli_side_bytes(&side->t[d]), MPI_BYTE, 0, MPI_COMM_WORLD);
+    }
+    return CLI_EXIT_OK;
+}
+
 /* ---------------------------------------------------------------- command */
 
 int cli_ring(aj_ctx *ctx, int argc, char **argv)
@@ -516,12 +599,15 @@ int cli_ring(aj_ctx *ctx, int argc, char **argv)
     memset(out, 0, sizeof out);
     aj_op_info info = {0};
     aj_device_kind kind = AJ_DEVICE_SIM;
+    cli_side_buffers side = {0};
+    aj_side_tensor side_dev[AJ_OP_TENSORS_MAX] = {{0}};
+    aj_tile_counts *tiles = NULL;
 
     rc = cli_load_op(ctx, o.spec, &fop);
     if (rc == CLI_EXIT_OK)
         aj_op_get_info(fop, &info);
     if (rc == CLI_EXIT_OK && o.grad) {
-        aj_status st = backward_of(ctx, &info, &bop);
+        aj_status st = backward_of(ctx, fop, &bop);
         if (st != AJ_OK)
             rc = cli_report(ctx, st);
     }
@@ -530,11 +616,18 @@ int cli_ring(aj_ctx *ctx, int argc, char **argv)
     if (rc == CLI_EXIT_OK && (info.score_mod == AJ_SCORE_MOD_ALIBI) != (o.in[R_ALIBI] != NULL))
         rc = cli_usage("%s", o.in[R_ALIBI] ? "--in alibi_slopes given, but the op has no alibi"
                                            : "the op uses alibi: give --in alibi_slopes=FILE");
+    if (rc == CLI_EXIT_OK)
+        rc = cli_side_check(&info, &o.side, "ring", in_names, R_IN_COUNT);
     if (rc == CLI_EXIT_OK && me == 0)
         for (int t = 0; t < R_IN_COUNT && rc == CLI_EXIT_OK; t++)
             if (o.in[t])
                 rc = read_input(in_names[t], o.in[t], t == R_ALIBI ? 1 : 4, &in[t]);
+    if (rc == CLI_EXIT_OK && me == 0)
+        rc = cli_side_load(&info, &o.side, &side);
     if ((rc = agree(rc)) != CLI_EXIT_OK)
+        goto done;
+    rc = agree(broadcast_side(&info, &side, me));
+    if (rc != CLI_EXIT_OK)
         goto done;
 
     /* every rank learns the shapes from rank 0 */
@@ -581,9 +674,20 @@ int cli_ring(aj_ctx *ctx, int argc, char **argv)
     cc.timeout_s = o.timeout_s;
     if (st == AJ_OK)
         st = aj_comm_create(ctx, dev, &cc, &comm);
+    if (st == AJ_OK)
+        st = cli_side_to_device(dev, &side, side_dev);
+    /* -v: each launch's tiles; a rank launches at most its 2 query chunks
+     * against 2 key chunks of every rank */
+    const int tiles_cap = 4 * size;
+    if (st == AJ_OK && o.verbose && !(tiles = calloc((size_t)tiles_cap, sizeof *tiles)))
+        st = AJ_ERR_OUT_OF_MEMORY;
     aj_ring_stats fs = {0}, bs = {0};
     if (st == AJ_OK) {
         aj_ring_fwd_args a = AJ_RING_FWD_ARGS_INIT;
+        a.side = side_dev;
+        a.num_side = side.n;
+        a.launch_tiles = tiles;
+        a.launch_tiles_cap = tiles ? tiles_cap : 0;
         a.q = in[R_Q].t;
         a.k = in[R_K].t;
         a.v = in[R_V].t;
@@ -598,6 +702,8 @@ int cli_ring(aj_ctx *ctx, int argc, char **argv)
     }
     if (st == AJ_OK && o.grad) {
         aj_ring_bwd_args b = AJ_RING_BWD_ARGS_INIT;
+        b.side = side_dev;
+        b.num_side = side.n;
         b.q = in[R_Q].t;
         b.k = in[R_K].t;
         b.v = in[R_V].t;
@@ -629,6 +735,8 @@ int cli_ring(aj_ctx *ctx, int argc, char **argv)
                o.rotate == AJ_ROTATE_P2P ? "p2p" : "all-gather",
                o.grad ? "forward + backward" : "forward", aj_device_name(dev));
     print_stats("forward", &fs, me, size);
+    if (o.verbose)
+        print_tiles(tiles, tiles_cap, fs.launches, me, size);
     if (o.grad)
         print_stats("backward", &bs, me, size);
     if (me == 0) {
@@ -644,11 +752,13 @@ int cli_ring(aj_ctx *ctx, int argc, char **argv)
         }
         if (rc == CLI_EXIT_OK && o.check)
             rc = check_single_rank(ctx, dev, fop, bop, &info, in, out, o.grad, o.seed,
-                                   o.offset);
+                                   o.offset, side_dev, side.n);
     }
     rc = agree(rc);
 done:
     aj_comm_destroy(comm);
+    cli_side_free(dev, &side, side_dev);
+    free(tiles);
     for (int t = 0; t < R_IN_COUNT; t++)
         free_tensor(&in[t]);
     for (int t = 0; t < R_OUT_COUNT; t++)

@@ -169,20 +169,8 @@ static int parse_binding(const char *flag, const char *arg, int want_input, run_
         return CLI_EXIT_OK;
     }
     /* any other input names a side tensor; the op says which it has */
-    if (want_input) {
-        size_t len = (size_t)(eq - arg);
-        for (int i = 0; i < o->num_side; i++)
-            if (o->side_len[i] == len && strncmp(o->side_name[i], arg, len) == 0) {
-                fprintf(stderr, "attnjit: %s %.*s given twice\n", flag, (int)len, arg);
-                return CLI_EXIT_USAGE;
-            }
-        if (o->num_side == AJ_OP_TENSORS_MAX)
-            return cli_usage("run takes at most %s side tensors", "8 (AJ_OP_TENSORS_MAX)");
-        o->side_name[o->num_side] = arg;
-        o->side_len[o->num_side] = len;
-        o->side_file[o->num_side++] = eq + 1;
-        return CLI_EXIT_OK;
-    }
+    if (want_input)
+        return cli_side_add(&o->side, "run", flag, arg);
     fprintf(stderr, "attnjit: unknown tensor '%.*s' (run's outputs:", (int)(eq - arg), arg);
     for (int t = 0, n = 0; t < T_COUNT; t++)
         if (may_be_output(t))
@@ -332,48 +320,15 @@ static int refuse_role(int t, int dir, int kind)
     return CLI_EXIT_USAGE;
 }
 
-/* Each side tensor the op declares given, and no other. */
-static int check_side(const aj_op_info *info, const run_opts *o)
-{
-    for (int i = 0; i < o->num_side; i++) {
-        int declared = 0;
-        for (int d = 0; d < info->num_tensors; d++)
-            declared |= strlen(info->tensors[d].name) == o->side_len[i] &&
-                        strncmp(info->tensors[d].name, o->side_name[i], o->side_len[i]) == 0;
-        if (declared)
-            continue;
-        fprintf(stderr, "attnjit: unknown tensor '%.*s': not one of run's (", (int)o->side_len[i],
-                o->side_name[i]);
-        for (int t = 0; t < T_COUNT; t++)
-            fprintf(stderr, "%s%s", t ? ", " : "", tensors[t].name);
-        fprintf(stderr, ") nor a side tensor the op declares");
-        for (int d = 0; d < info->num_tensors; d++)
-            fprintf(stderr, "%s%s", d ? ", " : " (", info->tensors[d].name);
-        fprintf(stderr, "%s\n", info->num_tensors ? ")" : "");
-        return CLI_EXIT_USAGE;
-    }
-    for (int d = 0; d < info->num_tensors; d++) {
-        int given = 0;
-        for (int i = 0; i < o->num_side; i++)
-            given |= strlen(info->tensors[d].name) == o->side_len[i] &&
-                     strncmp(info->tensors[d].name, o->side_name[i], o->side_len[i]) == 0;
-        if (!given) {
-            fprintf(stderr, "attnjit: the op declares tensors = (%s: %s[%d] ...); give --in "
-                    "%s=FILE\n", info->tensors[d].name,
-                    info->tensors[d].dtype == AJ_SIDE_I32 ? "i32" : "f32",
-                    info->tensors[d].rank, info->tensors[d].name);
-            return CLI_EXIT_USAGE;
-        }
-    }
-    return CLI_EXIT_OK;
-}
-
 /* The tensors the op uses given (inputs all, outputs at least one), in the
  * roles its kind gives them, and no others; a message if not. */
 static int check_tensors(const aj_op_info *info, int kind, const run_opts *o)
 {
     int outputs = 0;
-    int rc = check_side(info, o);
+    const char *known[T_COUNT];
+    for (int t = 0; t < T_COUNT; t++)
+        known[t] = tensors[t].name;
+    int rc = cli_side_check(info, &o->side, "run", known, T_COUNT);
     if (rc != CLI_EXIT_OK)
         return rc;
     for (int t = 0; t < T_COUNT; t++) {
@@ -495,63 +450,6 @@ static int host_tensors(const aj_op_info *info, int kind, const run_opts *o, hos
                           shape);
     }
     return rc;
-}
-
-/* The op's side tensors read from their files (i32 or f32 .npy of the
- * declared rank), in declaration order, in host memory. */
-typedef struct side_buffers {
-    aj_side_tensor t[AJ_OP_TENSORS_MAX];
-    void *mem[AJ_OP_TENSORS_MAX];
-    int n;
-} side_buffers;
-
-static int load_side(const aj_op_info *info, const run_opts *o, side_buffers *side)
-{
-    memset(side, 0, sizeof *side);
-    for (int d = 0; d < info->num_tensors; d++) {
-        const aj_side_decl *decl = &info->tensors[d];
-        const char *path = NULL;
-        for (int i = 0; i < o->num_side && !path; i++)
-            if (strlen(decl->name) == o->side_len[i] &&
-                strncmp(decl->name, o->side_name[i], o->side_len[i]) == 0)
-                path = o->side_file[i];
-        npy_array a;
-        char err[512];
-        npy_status ns = decl->dtype == AJ_SIDE_I32 ? npy_read_i32(path, &a, err, sizeof err)
-                                                   : npy_read_f32(path, &a, err, sizeof err);
-        if (ns != NPY_OK) {
-            fprintf(stderr, "attnjit: %s (%s[%d]): %s\n", decl->name,
-                    decl->dtype == AJ_SIDE_I32 ? "i32" : "f32", decl->rank, err);
-            return ns == NPY_ERR_OUT_OF_MEMORY ? CLI_EXIT_INTERNAL : CLI_EXIT_INPUT;
-        }
-        if (a.rank != decl->rank) {
-            fprintf(stderr, "attnjit: %s: %s has %d dimensions; the op declares %s: %s[%d]\n",
-                    decl->name, path, a.rank, decl->name,
-                    decl->dtype == AJ_SIDE_I32 ? "i32" : "f32", decl->rank);
-            npy_free(&a);
-            return CLI_EXIT_INPUT;
-        }
-        aj_side_tensor *t = &side->t[side->n];
-        *t = (aj_side_tensor){decl->name, NULL, decl->dtype, decl->rank, {0}, {0}};
-        int64_t stride = 1;
-        for (int k = a.rank - 1; k >= 0; k--) {
-            t->shape[k] = a.shape[k];
-            t->strides[k] = stride;
-            stride *= a.shape[k];
-        }
-        /* the data itself, taken over from the array */
-        side->mem[side->n] = decl->dtype == AJ_SIDE_I32 ? (void *)a.i32 : (void *)a.f32;
-        t->data = side->mem[side->n];
-        side->n++;
-    }
-    return CLI_EXIT_OK;
-}
-
-static void free_side(side_buffers *side)
-{
-    for (int i = 0; i < side->n; i++)
-        free(side->mem[i]);
-    side->n = 0;
 }
 
 static int write_output(const char *name, const char *path, const host_buffer *h)
@@ -686,8 +584,8 @@ int cli_run(aj_ctx *ctx, int argc, char **argv)
     aj_kernel *kernel = NULL;
     host_buffer buf[T_COUNT];
     memset(buf, 0, sizeof buf);
-    side_buffers side = {0};
-    aj_side_tensor side_dev[AJ_OP_TENSORS_MAX];
+    cli_side_buffers side = {0};
+    aj_side_tensor side_dev[AJ_OP_TENSORS_MAX] = {{0}};
 
     rc = cli_load_op(ctx, o.spec, &op);
     if (rc != CLI_EXIT_OK)
@@ -714,7 +612,7 @@ int cli_run(aj_ctx *ctx, int argc, char **argv)
     }
     rc = host_tensors(&info, kind, &o, buf);
     if (rc == CLI_EXIT_OK)
-        rc = load_side(&info, &o, &side);
+        rc = cli_side_load(&info, &o.side, &side);
     if (rc != CLI_EXIT_OK)
         goto done;
 
@@ -733,19 +631,8 @@ int cli_run(aj_ctx *ctx, int argc, char **argv)
             st = aj_device_copy_to(dev, device_mem[t], buf[t].mem, bytes[t]);
         on_device[t].data = device_mem[t];
     }
-    for (int i = 0; i < side.n; i++) {
-        side_dev[i] = side.t[i];
-        side_dev[i].data = NULL;
-        size_t sb = 4;
-        for (int k = 0; k < side.t[i].rank; k++)
-            sb *= (size_t)side.t[i].shape[k];
-        void *p = NULL;
-        if (st == AJ_OK)
-            st = aj_device_alloc(dev, sb, &p);
-        if (st == AJ_OK)
-            st = aj_device_copy_to(dev, p, side.t[i].data, sb);
-        side_dev[i].data = p;
-    }
+    if (st == AJ_OK)
+        st = cli_side_to_device(dev, &side, side_dev);
     launch_args args;
     fill_args(on_device, &o, &args);
     args.fwd.side = args.bwd.side = side_dev;
@@ -767,8 +654,6 @@ int cli_run(aj_ctx *ctx, int argc, char **argv)
     }
     for (int t = 0; t < T_COUNT; t++)
         aj_device_free(dev, device_mem[t]);
-    for (int i = 0; i < side.n; i++)
-        aj_device_free(dev, (void *)side_dev[i].data);
     if (st != AJ_OK) {
         rc = cli_report(ctx, st);
         goto done;
@@ -787,7 +672,7 @@ int cli_run(aj_ctx *ctx, int argc, char **argv)
                 tiles.block_m, tiles.block_n, (long long)tiles.tiles[AJ_TILE_SKIP],
                 (long long)tiles.tiles[AJ_TILE_PARTIAL], (long long)tiles.tiles[AJ_TILE_FULL]);
 done:
-    free_side(&side);
+    cli_side_free(dev, &side, side_dev);
     for (int t = 0; t < T_COUNT; t++)
         free(buf[t].mem);
     aj_kernel_destroy(kernel);

@@ -457,6 +457,48 @@ typedef struct aj_param_info {
     aj_param_type type;
 } aj_param_info;
 
+/* What a kernel parameter is (aj_op_kernel_params). */
+typedef enum aj_param_role {
+    AJ_ROLE_INPUT = 0,     /* a tensor the kernel reads (side tensors too) */
+    AJ_ROLE_OUTPUT = 1,    /* a tensor it writes */
+    AJ_ROLE_INOUT = 2,     /* a tensor it reads and writes (o_acc, lse of accumulate) */
+    AJ_ROLE_WORKSPACE = 3, /* scratch the launch allocates (aj_backward_workspace_size) */
+    AJ_ROLE_INDEX = 4,     /* int32 offsets: cu_seqlens_q, cu_seqlens_k */
+    AJ_ROLE_STRIDE = 5,    /* a tensor's stride, in elements */
+    AJ_ROLE_SIZE = 6,      /* a problem size (heads_q, seq_q) or a tensor's size */
+    AJ_ROLE_OFFSET = 7,    /* a position or element offset (q_offset, kv_offset) */
+    AJ_ROLE_SEED = 8,      /* dropout's seed and offset */
+    AJ_ROLE_TOTAL = 9,     /* a total length (sq_total, seq_q_total) */
+    AJ_ROLE_COUNT
+} aj_param_role;
+
+/* One kernel parameter as the parameter table (templates/params.def)
+ * describes it. */
+typedef struct aj_param_desc {
+    char name[48];         /* "q", "stride_q_b", "doc_size0", ... */
+    aj_param_type type;
+    aj_param_role role;
+    char tensor[32];       /* the tensor a pointer, stride or size belongs to
+                              ("q", a side tensor's name); "" for a scalar */
+    int32_t dim;           /* the dim of a stride or tensor size, else -1 */
+} aj_param_desc;
+
+/*
+ * The parameters, in call order, of stage `stage` of the kernel that
+ * aj_compile would build for `op` on `target`: what aj_kernel_stage_info
+ * reports after the compile, known without compiling, so that a binding
+ * (the Python layer, an embedding compiler) can be written by name.  Fills
+ * params[0 .. min(*count, cap) - 1] and sets *count to the number of
+ * parameters; num_stages (may be NULL) gets the kernel's stage count.
+ * AJ_ERR_INVALID_ARG for a NULL op or count, params NULL with cap > 0, or
+ * a stage outside 0 .. num_stages - 1; AJ_ERR_UNSUPPORTED when no template
+ * implements the op on the target; an op that does not verify returns
+ * aj_op_verify's status (its message on the op's context).
+ */
+aj_status aj_op_kernel_params(aj_ctx *ctx, const aj_op *op, aj_target target, int32_t stage,
+                              aj_param_desc *params, int32_t cap, int32_t *count,
+                              int32_t *num_stages);
+
 typedef struct aj_launch_info {
     int32_t block[3];          /* threads per CTA */
     aj_grid_dim grid[3];       /* x, y, z */
@@ -863,7 +905,8 @@ typedef struct aj_ring_stats {
  * (q [B, Hq, Sq/P, D], k [B, Hkv, Sk/P, D], v [B, Hkv, Sk/P, Dv], o and
  * lse likewise), in the device's memory.  Global positions and the
  * bottom_right totals (Sq, Sk) follow from the layout and the rank.  The
- * op is a padded `attention forward flash` or `efficient` without bias;
+ * op is a padded `attention forward flash` or `efficient` without bias
+ * (expressions and side tensors included);
  * the ring compiles its kernels (accumulate = true, masked and unmasked)
  * for the device (its target, and its tuned schedule if aj_tune recorded
  * one) through the context's kernel cache.  o is written in
@@ -875,6 +918,19 @@ typedef struct aj_ring_fwd_args {
     aj_shard_layout layout;
     aj_ring_rotate rotate;
     uint64_t seed, offset;           /* dropout > 0 only */
+    /* the op's side tensors (tensors = (...)), by name, in the device's
+     * memory: whole, not sharded -- the same on every rank, indexed by
+     * global positions as the expressions read them (docs/ring.md).
+     * Added in version 2 of the struct: a caller built against the first
+     * (struct_size up to rotate's seed and offset) passes none. */
+    const aj_side_tensor *side;
+    int32_t num_side;
+    /* optional (version 2): launch n's tile classes (as aj_block_mask_counts
+     * of the launch: the cost of classifying every tile on the host) into
+     * launch_tiles[n] for n < launch_tiles_cap, in launch order (this
+     * rank's stats.launches of them); NULL: not counted */
+    aj_tile_counts *launch_tiles;
+    int32_t launch_tiles_cap;
 } aj_ring_fwd_args;
 
 #define AJ_RING_FWD_ARGS_INIT { .struct_size = sizeof(aj_ring_fwd_args) }
@@ -900,6 +956,8 @@ typedef struct aj_ring_bwd_args {
     aj_shard_layout layout;
     aj_ring_rotate rotate;
     uint64_t seed, offset;
+    const aj_side_tensor *side;      /* as aj_ring_fwd_args (version 2) */
+    int32_t num_side;
 } aj_ring_bwd_args;
 
 #define AJ_RING_BWD_ARGS_INIT { .struct_size = sizeof(aj_ring_bwd_args) }

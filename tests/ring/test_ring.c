@@ -58,27 +58,43 @@ typedef struct ring_case {
     int alibi;
     double dropout;               /* p, with seed 7 and offset 3 */
     int flash;                    /* the flash variant's kernels (tensor cores) */
+    /* side tensors (issue 15): a document mask over doc: i32[B, S] (each
+     * document doc_len tokens; Sq = Sk), and / or a relative bias over
+     * rel: f32[Hq, 9], both whole on every rank */
+    int doc_len;
+    int rel;
 } ring_case;
+
+#define DOC_MASK "expr(doc[b, q] == doc[b, k] && k <= q)"
+#define REL_BIAS "expr(score + rel[h, clamp(q - k, -4, 4) + 4])"
 
 static const ring_case cases[] = {
     {"f32 causal top_left, contiguous, p2p", AJ_DTYPE_F32, AJ_MASK_CAUSAL,
-     AJ_ALIGN_TOP_LEFT, 0, 0, 2, 2, 8, 8, AJ_SHARD_CONTIGUOUS, AJ_ROTATE_P2P, 0, 0, 0},
+     AJ_ALIGN_TOP_LEFT, 0, 0, 2, 2, 8, 8, AJ_SHARD_CONTIGUOUS, AJ_ROTATE_P2P, 0, 0, 0, 0, 0},
     {"f32 causal top_left, zigzag, p2p, GQA", AJ_DTYPE_F32, AJ_MASK_CAUSAL,
-     AJ_ALIGN_TOP_LEFT, 0, 0, 2, 1, 8, 8, AJ_SHARD_ZIGZAG, AJ_ROTATE_P2P, 0, 0, 0},
+     AJ_ALIGN_TOP_LEFT, 0, 0, 2, 1, 8, 8, AJ_SHARD_ZIGZAG, AJ_ROTATE_P2P, 0, 0, 0, 0, 0},
     {"f16 causal bottom_right (Sk = 2 Sq), zigzag, p2p", AJ_DTYPE_F16, AJ_MASK_CAUSAL,
-     AJ_ALIGN_BOTTOM_RIGHT, 0, 0, 2, 1, 4, 8, AJ_SHARD_ZIGZAG, AJ_ROTATE_P2P, 0, 0, 0},
+     AJ_ALIGN_BOTTOM_RIGHT, 0, 0, 2, 1, 4, 8, AJ_SHARD_ZIGZAG, AJ_ROTATE_P2P, 0, 0, 0, 0, 0},
     {"bf16 no mask, GQA 4:2, contiguous, all-gather", AJ_DTYPE_BF16, AJ_MASK_NONE,
-     AJ_ALIGN_TOP_LEFT, 0, 0, 4, 2, 8, 8, AJ_SHARD_CONTIGUOUS, AJ_ROTATE_ALLGATHER, 0, 0, 0},
+     AJ_ALIGN_TOP_LEFT, 0, 0, 4, 2, 8, 8, AJ_SHARD_CONTIGUOUS, AJ_ROTATE_ALLGATHER, 0, 0, 0, 0, 0},
     {"f32 window(3, 2), zigzag, all-gather", AJ_DTYPE_F32, AJ_MASK_WINDOW,
-     AJ_ALIGN_TOP_LEFT, 3, 2, 2, 2, 8, 8, AJ_SHARD_ZIGZAG, AJ_ROTATE_ALLGATHER, 0, 0, 0},
+     AJ_ALIGN_TOP_LEFT, 3, 2, 2, 2, 8, 8, AJ_SHARD_ZIGZAG, AJ_ROTATE_ALLGATHER, 0, 0, 0, 0, 0},
     {"f16 window(5, 0, bottom_right) + alibi (Sq = 2 Sk), contiguous, p2p", AJ_DTYPE_F16,
      AJ_MASK_WINDOW, AJ_ALIGN_BOTTOM_RIGHT, 5, 0, 2, 1, 8, 4, AJ_SHARD_CONTIGUOUS,
-     AJ_ROTATE_P2P, 1, 0, 0},
+     AJ_ROTATE_P2P, 1, 0, 0, 0, 0},
     {"f32 causal top_left + dropout 0.25, zigzag, p2p", AJ_DTYPE_F32, AJ_MASK_CAUSAL,
-     AJ_ALIGN_TOP_LEFT, 0, 0, 2, 2, 8, 8, AJ_SHARD_ZIGZAG, AJ_ROTATE_P2P, 0, 0.25, 0},
+     AJ_ALIGN_TOP_LEFT, 0, 0, 2, 2, 8, 8, AJ_SHARD_ZIGZAG, AJ_ROTATE_P2P, 0, 0.25, 0, 0, 0},
     {"bf16 flash causal bottom_right + dropout 0.1, zigzag, p2p, GQA", AJ_DTYPE_BF16,
      AJ_MASK_CAUSAL, AJ_ALIGN_BOTTOM_RIGHT, 0, 0, 2, 1, 16, 16, AJ_SHARD_ZIGZAG,
-     AJ_ROTATE_P2P, 0, 0.1, 1},
+     AJ_ROTATE_P2P, 0, 0.1, 1, 0, 0},
+    {"f32 document mask (documents of 5), zigzag, p2p", AJ_DTYPE_F32, AJ_MASK_NONE,
+     AJ_ALIGN_TOP_LEFT, 0, 0, 2, 1, 8, 8, AJ_SHARD_ZIGZAG, AJ_ROTATE_P2P, 0, 0, 0, 5, 0},
+    {"f16 causal + relative bias table, contiguous, all-gather", AJ_DTYPE_F16,
+     AJ_MASK_CAUSAL, AJ_ALIGN_TOP_LEFT, 0, 0, 2, 2, 8, 8, AJ_SHARD_CONTIGUOUS,
+     AJ_ROTATE_ALLGATHER, 0, 0, 0, 0, 1},
+    {"bf16 flash document mask (documents of 3) + relative bias, contiguous, p2p",
+     AJ_DTYPE_BF16, AJ_MASK_NONE, AJ_ALIGN_TOP_LEFT, 0, 0, 2, 2, 16, 16, AJ_SHARD_CONTIGUOUS,
+     AJ_ROTATE_P2P, 0, 0, 1, 3, 1},
 };
 
 /* ---------------------------------------------------------------- data */
@@ -200,16 +216,6 @@ static void tolerance_for(aj_dtype dtype, double *atol, double *rtol)
 
 /* ---------------------------------------------------------------- blocks */
 
-static int visible(const ring_case *c, int64_t sq, int64_t sk, int64_t i, int64_t j)
-{
-    const int64_t shift = c->align == AJ_ALIGN_BOTTOM_RIGHT ? sk - sq : 0;
-    switch (c->mask) {
-    case AJ_MASK_CAUSAL: return j <= i + shift;
-    case AJ_MASK_WINDOW: return i + shift - c->left <= j && j <= i + shift + c->right;
-    default: return 1;
-    }
-}
-
 /* The global positions of rank r's chunks: starts[] of chunk length len. */
 static int chunks_of(const ring_case *c, int r, int64_t seq, int64_t starts[2], int64_t *len)
 {
@@ -226,7 +232,8 @@ static int chunks_of(const ring_case *c, int r, int64_t seq, int64_t starts[2], 
 
 /* The blocks this rank launches: each (its Q chunk, any K/V chunk) pair,
  * position by position. */
-static void expected_blocks(const ring_case *c, int *full, int *partial, int *skipped)
+static void expected_blocks(const ring_case *c, const ref_problem *pr, int *full, int *partial,
+                            int *skipped)
 {
     const int64_t sq = (int64_t)c->lq * size, sk = (int64_t)c->lk * size;
     int64_t qs[2], ks[2], ql, kl;
@@ -239,7 +246,7 @@ static void expected_blocks(const ring_case *c, int *full, int *partial, int *sk
                 int64_t seen = 0;
                 for (int64_t i = qs[a]; i < qs[a] + ql; i++)
                     for (int64_t j = ks[b]; j < ks[b] + kl; j++)
-                        seen += visible(c, sq, sk, i, j);
+                        seen += ref_visible(pr, 0, 0, i, j);
                 if (seen == 0)
                     ++*skipped;
                 else if (seen == ql * kl)
@@ -262,11 +269,15 @@ static aj_op *parse_op(const ring_case *c, const char *kind)
         snprintf(mask, sizeof mask, "window(%lld, %lld%s)", (long long)c->left,
                  (long long)c->right, c->align == AJ_ALIGN_BOTTOM_RIGHT ? ", bottom_right" : "");
     else
-        snprintf(mask, sizeof mask, "none");
-    snprintf(text, sizeof text, "attention %s %s { dtype = %s head_dim = %d mask = %s "
+        snprintf(mask, sizeof mask, "%s", c->doc_len ? DOC_MASK : "none");
+    char tensors[64] = "";
+    if (c->doc_len || c->rel)
+        snprintf(tensors, sizeof tensors, "tensors = (%s%s%s)", c->doc_len ? "doc: i32[2]" : "",
+                 c->doc_len && c->rel ? ", " : "", c->rel ? "rel: f32[2]" : "");
+    snprintf(text, sizeof text, "attention %s %s { dtype = %s head_dim = %d %s mask = %s "
              "score_mod = %s dropout = %g }", kind, c->flash ? "flash" : "efficient",
-             aj_dtype_name(c->dtype), HEAD_DIM, mask, c->alibi ? "alibi" : "none",
-             c->dropout);
+             aj_dtype_name(c->dtype), HEAD_DIM, tensors, mask,
+             c->alibi ? "alibi" : c->rel ? REL_BIAS : "none", c->dropout);
     aj_op *op = NULL;
     CHECK_STATUS(ctx, aj_op_parse(ctx, text, strlen(text), c->label, &op), AJ_OK);
     return op;
@@ -287,6 +298,21 @@ static void run_case(const ring_case *c)
     double slopes_ref[8];
     for (int h = 0; h < c->hq; h++)
         slopes_ref[h] = slopes[h] = 0.25f * (float)(h + 1);
+    /* the side tensors, whole on every rank: doc[0, t] = t / doc_len, rel
+     * in [-1, 1] */
+    aj_side_tensor side[2];
+    int nside = 0;
+    int32_t *doc = alloc64((size_t)sq * 4);
+    float *rel = alloc64((size_t)c->hq * 9 * 4);
+    for (int64_t t = 0; t < sq; t++)
+        doc[t] = c->doc_len ? (int32_t)(t / c->doc_len) : 0;
+    for (int i = 0; i < c->hq * 9; i++)
+        rel[i] = (float)((double)(next_random(&rng) >> 11) * 0x1p-52 * 2.0 - 1.0);
+    if (c->doc_len)
+        side[nside++] = (aj_side_tensor){"doc", doc, AJ_SIDE_I32, 2, {B, sq}, {sq, 1}};
+    if (c->rel)
+        side[nside++] = (aj_side_tensor){"rel", rel, AJ_SIDE_F32, 2, {c->hq, 9}, {9, 1}};
+    aj_op *fop = parse_op(c, "forward"), *bop = parse_op(c, "backward");
 
     /* the reference, unsharded */
     ref_problem pr = {.B = (int)B, .Hq = c->hq, .Hkv = c->hkv, .D = (int)D, .Dv = (int)D,
@@ -294,6 +320,8 @@ static void run_case(const ring_case *c)
                       .window_left = c->left, .window_right = c->right,
                       .alibi_slopes = c->alibi ? slopes_ref : NULL,
                       .dropout_p = c->dropout, .seed = 7, .offset = 3};
+    if (nside)
+        ref_use_expressions(&pr, fop, side, nside);
     const size_t nq = q.n, nk = k.n, rows = (size_t)(B * c->hq * sq);
     double *o_ref = calloc(nq, sizeof(double)), *lse_ref = calloc(rows, sizeof(double));
     double *dq_ref = calloc(nq, sizeof(double)), *dk_ref = calloc(nk, sizeof(double));
@@ -318,7 +346,6 @@ static void run_case(const ring_case *c)
     void *dk_s = alloc64(nk_s * es), *dv_s = alloc64(nk_s * es);
     float *lse_s = alloc64((size_t)(oq * lq) * 4);
 
-    aj_op *fop = parse_op(c, "forward"), *bop = parse_op(c, "backward");
     aj_comm *comm = NULL;
     aj_comm_config cc = AJ_COMM_CONFIG_INIT;
     cc.timeout_s = 60;
@@ -335,6 +362,8 @@ static void run_case(const ring_case *c)
     fa.rotate = c->rotate;
     fa.seed = 7;
     fa.offset = 3;
+    fa.side = side;
+    fa.num_side = nside;
     aj_ring_stats fs = {0}, bs = {0};
     CHECK_STATUS(ctx, aj_ring_forward(ctx, dev, comm, fop, &fa, &fs), AJ_OK);
 
@@ -346,12 +375,17 @@ static void run_case(const ring_case *c)
               rank, c->label);
 
     int full, partial, skipped;
-    expected_blocks(c, &full, &partial, &skipped);
+    expected_blocks(c, &pr, &full, &partial, &skipped);
     const int p2p = c->rotate == AJ_ROTATE_P2P;
     CHECK_MSG(fs.rotations == (p2p ? size - 1 : size > 1), "rank %d: %s: %d forward "
               "rotations", rank, c->label, fs.rotations);
-    CHECK_MSG(fs.full_blocks == full && fs.partial_blocks == partial &&
-              fs.skipped_blocks == skipped && fs.launches == full + partial,
+    /* a mask over positions has exact classes; one that reads a side
+     * tensor sound ones (a skipped block sees nothing, a full one all) */
+    const int exact = !c->doc_len;
+    CHECK_MSG(fs.launches == fs.full_blocks + fs.partial_blocks &&
+                  fs.launches + fs.skipped_blocks == full + partial + skipped &&
+                  (exact ? fs.full_blocks == full && fs.skipped_blocks == skipped
+                         : fs.full_blocks <= full && fs.skipped_blocks <= skipped),
               "rank %d: %s: blocks full/partial/skipped %d/%d/%d, want %d/%d/%d", rank,
               c->label, fs.full_blocks, fs.partial_blocks, fs.skipped_blocks, full, partial,
               skipped);
@@ -371,6 +405,8 @@ static void run_case(const ring_case *c)
     ba.rotate = c->rotate;
     ba.seed = 7;
     ba.offset = 3;
+    ba.side = side;
+    ba.num_side = nside;
     CHECK_STATUS(ctx, aj_ring_backward(ctx, dev, comm, bop, &ba, &bs), AJ_OK);
     const char *names[3] = {"dQ", "dK", "dV"};
     const void *got[3] = {dq_s, dk_s, dv_s};
@@ -385,7 +421,7 @@ static void run_case(const ring_case *c)
               "rank %d: %s: %d backward rotations", rank, c->label, bs.rotations);
     if (p2p && size > 1)
         CHECK(fs.rotations + bs.rotations == 3 * size - 2);
-    CHECK(bs.launches == full + partial && bs.skipped_blocks == skipped);
+    CHECK(bs.launches == fs.launches && bs.skipped_blocks == fs.skipped_blocks);
     if (rank == 0)
         printf("%-66s P=%d fwd %.3f s (comm %.4f, exposed %.4f) bwd %.3f s, %d launches, "
                "%d skipped\n", c->label, size, fs.total_s, fs.comm_s, fs.exposed_comm_s,
@@ -394,7 +430,7 @@ static void run_case(const ring_case *c)
     aj_comm_destroy(comm);
     aj_op_destroy(fop);
     aj_op_destroy(bop);
-    void *bufs[] = {q_s, k_s, v_s, do_s, o_ref_s, lse_ref_s, dq_ref_s, dk_ref_s, dv_ref_s,
+    void *bufs[] = {doc, rel, q_s, k_s, v_s, do_s, o_ref_s, lse_ref_s, dq_ref_s, dk_ref_s, dv_ref_s,
                     o_s, dq_s, dk_s, dv_s, lse_s, o_ref, lse_ref, dq_ref, dk_ref, dv_ref};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         free(bufs[i]);
@@ -455,7 +491,7 @@ static void run_faulty_peer(peer_fault fault)
            aj_last_error(ctx));
 
     const ring_case c = {"silent", AJ_DTYPE_F32, AJ_MASK_NONE, AJ_ALIGN_TOP_LEFT, 0, 0,
-                         1, 1, 8, 8, AJ_SHARD_CONTIGUOUS, AJ_ROTATE_P2P, 0, 0, 0};
+                         1, 1, 8, 8, AJ_SHARD_CONTIGUOUS, AJ_ROTATE_P2P, 0, 0, 0, 0, 0};
     aj_op *op = parse_op(&c, "forward");
     void *m = alloc64(8 * HEAD_DIM * 4);
     aj_ring_fwd_args fa = AJ_RING_FWD_ARGS_INIT;
@@ -487,7 +523,7 @@ static void run_mismatch(void)
     cc.timeout_s = 30;
     CHECK_STATUS(ctx, aj_comm_create(ctx, dev, &cc, &comm), AJ_OK);
     const ring_case c = {"mismatch", AJ_DTYPE_F32, AJ_MASK_CAUSAL, AJ_ALIGN_TOP_LEFT, 0, 0,
-                         1, 1, 8, 8, AJ_SHARD_CONTIGUOUS, AJ_ROTATE_P2P, 0, 0, 0};
+                         1, 1, 8, 8, AJ_SHARD_CONTIGUOUS, AJ_ROTATE_P2P, 0, 0, 0, 0, 0};
     aj_op *op = parse_op(&c, "forward");
     void *m = alloc64(8 * HEAD_DIM * 4);
     aj_ring_fwd_args fa = AJ_RING_FWD_ARGS_INIT;
@@ -501,7 +537,7 @@ static void run_mismatch(void)
     /* another op (causal vs none) on rank 1 */
     fa.layout = AJ_SHARD_CONTIGUOUS;
     const ring_case none = {"none", AJ_DTYPE_F32, AJ_MASK_NONE, AJ_ALIGN_TOP_LEFT, 0, 0,
-                            1, 1, 8, 8, AJ_SHARD_CONTIGUOUS, AJ_ROTATE_P2P, 0, 0, 0};
+                            1, 1, 8, 8, AJ_SHARD_CONTIGUOUS, AJ_ROTATE_P2P, 0, 0, 0, 0, 0};
     aj_op *other = parse_op(&none, "forward");
     CHECK_STATUS(ctx, aj_ring_forward(ctx, dev, comm, rank == 1 ? other : op, &fa, NULL),
                  AJ_ERR_INVALID_ARG);

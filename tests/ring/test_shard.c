@@ -6,6 +6,7 @@
  * the argument checks of aj_ring_forward / aj_ring_backward.  One rank.
  */
 #include <mpi.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -205,7 +206,35 @@ static void check_ring_errors(aj_device *dev)
     fa.struct_size = 4;
     CHECK_STATUS(ctx, aj_ring_forward(ctx, dev, comm, fwd, &fa, NULL), AJ_ERR_INVALID_ARG);
     CHECK_ERROR(ctx, "args->struct_size = 4");
+    /* version 1 of the struct (no side tensors) is still accepted */
+    fa.struct_size = offsetof(aj_ring_fwd_args, side);
+    fa.side = (const aj_side_tensor *)1;   /* beyond version 1: never read */
+    CHECK_STATUS(ctx, aj_ring_forward(ctx, dev, comm, fwd, &fa, NULL), AJ_OK);
+    fa.side = NULL;
     fa.struct_size = sizeof fa;
+    /* side tensors: each the op declares, checked before any work */
+    aj_op *doc = parse("attention forward efficient { dtype = f32 head_dim = 8 "
+                       "tensors = (doc: i32[2]) mask = expr(doc[b, q] == doc[b, k]) }");
+    CHECK_STATUS(ctx, aj_ring_forward(ctx, dev, comm, doc, &fa, NULL), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "aj_ring_forward: side tensor 'doc' is not given");
+    int32_t ids[6] = {0, 0, 1, 1, 1, 2};
+    aj_side_tensor side = {"doc", ids, AJ_SIDE_F32, 2, {1, 6}, {6, 1}};
+    fa.side = &side;
+    fa.num_side = 1;
+    CHECK_STATUS(ctx, aj_ring_forward(ctx, dev, comm, doc, &fa, NULL), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "aj_ring_forward: side tensor 'doc' is f32[2]; the op declares i32[2]");
+    side.name = "docs";
+    CHECK_STATUS(ctx, aj_ring_forward(ctx, dev, comm, doc, &fa, NULL), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "aj_ring_forward: side[0] ('docs') is not a tensor the op declares");
+    side.name = "doc";
+    side.dtype = AJ_SIDE_I32;
+    CHECK_STATUS(ctx, aj_ring_forward(ctx, dev, comm, doc, &fa, NULL), AJ_OK);
+    fa.num_side = -1;
+    CHECK_STATUS(ctx, aj_ring_forward(ctx, dev, comm, doc, &fa, NULL), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "aj_ring_forward: num_side = -1 with side given; want a count of 0 or more");
+    fa.num_side = 0;
+    fa.side = NULL;
+    aj_op_destroy(doc);
     fa.rotate = (aj_ring_rotate)9;
     CHECK_STATUS(ctx, aj_ring_forward(ctx, dev, comm, fwd, &fa, NULL), AJ_ERR_INVALID_ARG);
     CHECK_ERROR(ctx, "aj_ring_forward: rotate = 9 is not a rotate method");

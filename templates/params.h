@@ -1,0 +1,74 @@
+/*
+ * params.h -- the kernel parameter contract (params.def) as C: each
+ * kernel ABI's parameter list for an op, which templates declare and
+ * aj_op_kernel_params reports, and the catalogue runtime/launch.c binds
+ * values from.
+ */
+#ifndef AJ_TEMPLATES_PARAMS_H
+#define AJ_TEMPLATES_PARAMS_H
+
+#include "codegen/kbuilder.h"
+#include "ir/op.h"
+
+struct aj_score_prog;
+
+/* The kernel ABIs: one per template and stage whose parameters differ. */
+typedef enum aj_kernel_sig {
+    AJ_KSIG_NONE = 0,
+    AJ_KSIG_FLASH_FWD,
+    AJ_KSIG_FLASH_BWD,
+    AJ_KSIG_EFFICIENT_FWD,
+    AJ_KSIG_EFFICIENT_BWD_DKDV,
+    AJ_KSIG_EFFICIENT_BWD_DQ,
+    AJ_KSIG_CPU_FWD,
+    AJ_KSIG_CPU_BWD_DKDV,
+    AJ_KSIG_CPU_BWD_DQ,
+    AJ_KSIG_MERGE,
+    AJ_KSIG_COUNT
+} aj_kernel_sig;
+
+/* The values a launch fills: tensors, then scalars. */
+typedef enum aj_param_source {
+#define AJ_PSOURCE(name, kind) AJ_PSRC_##name,
+#include "templates/params.def"
+    AJ_PSRC_COUNT
+} aj_param_source;
+
+/* How a parameter's value follows from its source. */
+typedef enum aj_param_how {
+    AJ_PHOW_DATA,      /* the tensor's data pointer */
+    AJ_PHOW_STRIDE,    /* its stride `dim` */
+    AJ_PHOW_BSTRIDE,   /* the same, 0 where the dim has size 1 (broadcast) */
+    AJ_PHOW_SHAPE,     /* its size `dim` */
+    AJ_PHOW_SCALAR,    /* the scalar */
+} aj_param_how;
+
+/* A row of the catalogue: every parameter name a template may declare,
+ * except the side tensors' (score.h). */
+typedef struct aj_param_row {
+    const char *name;
+    aj_param_type type;
+    aj_param_how how;
+    aj_param_source source;
+    int dim;
+} aj_param_row;
+
+/* Whether a source is a tensor (else a scalar). */
+bool aj_param_source_is_tensor(aj_param_source s);
+/* Its name ("q", "heads_q"). */
+const char *aj_param_source_name(aj_param_source s);
+
+/* The catalogue row named `name`, or NULL (a side tensor's parameter). */
+const aj_param_row *aj_param_find(const char *name);
+
+/* The parameters of kernel ABI `sig` for `op` (verified) and its score
+ * programs, in call order: fills out[0 .. min(count, cap) - 1], returns
+ * count. */
+int aj_params_list(aj_kernel_sig sig, const aj_op *op, const struct aj_score_prog *prog,
+                   aj_param_desc *out, int cap);
+
+/* Declares them on the kernel builder (before aj_kb_begin[_stage]). */
+void aj_params_declare(aj_kb *kb, aj_kernel_sig sig, const aj_op *op,
+                       const struct aj_score_prog *prog);
+
+#endif /* AJ_TEMPLATES_PARAMS_H */
