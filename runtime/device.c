@@ -152,6 +152,51 @@ aj_status aj_device_synchronize(aj_device *dev, void *stream)
     return dev->cuda ? aj_cuda_synchronize(dev->ctx, dev->cuda, stream) : AJ_OK;
 }
 
+/* ---------------------------------------------------------------- streams */
+
+aj_status aj_device_stream_create(aj_device *dev, void **stream)
+{
+    *stream = NULL;
+    return dev->cuda ? aj_cuda_stream_create(dev->ctx, dev->cuda, stream) : AJ_OK;
+}
+
+void aj_device_stream_destroy(aj_device *dev, void *stream)
+{
+    if (dev->cuda)
+        aj_cuda_stream_destroy(dev->cuda, stream);
+}
+
+aj_status aj_device_copy_async(aj_device *dev, void *dst, const void *src, size_t bytes,
+                               int to_device, void *stream)
+{
+    if (bytes == 0)
+        return AJ_OK;
+    if (dev->cuda)
+        return aj_cuda_copy_async(dev->ctx, dev->cuda, dst, src, bytes, to_device, stream);
+    memmove(dst, src, bytes);
+    return AJ_OK;
+}
+
+aj_status aj_device_wait(aj_device *dev, void *stream, double timeout_s, const char *what)
+{
+    return dev->cuda ? aj_cuda_wait(dev->ctx, dev->cuda, stream, timeout_s, what) : AJ_OK;
+}
+
+aj_status aj_device_scratch(aj_device *dev, void *stream, size_t bytes, void **out)
+{
+    if (dev->cuda)
+        return aj_cuda_scratch(dev->ctx, dev->cuda, stream, bytes, out);
+    return aj_device_alloc(dev, bytes, out);
+}
+
+void aj_device_scratch_release(aj_device *dev, void *stream, void *ptr)
+{
+    if (dev->cuda)
+        aj_cuda_scratch_release(dev->cuda, stream);
+    else
+        aj_device_free(dev, ptr);
+}
+
 aj_status aj_device_set_workers(aj_device *dev, int workers)
 {
     if (!dev)

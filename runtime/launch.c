@@ -899,23 +899,25 @@ static aj_status run_backward(aj_ctx *ctx, aj_device *dev, const aj_kernel *kern
                               const aj_bwd_args *args, const fwd_sizes *sz,
                               const bwd_workspace *w, void *ws);
 
-/* The workspace a launch uses: the caller's, checked, or *owned, which
- * the caller of this frees. */
+/* The workspace a launch uses: the caller's, checked, or (*scratch set)
+ * the device's scratch for the call's stream, which the caller of this
+ * releases once the launches are queued: no allocation after the first
+ * call of a size, no synchronisation, no free (aj_device_scratch). */
 static aj_status bind_workspace(aj_ctx *ctx, aj_device *dev, const aj_bwd_args *a,
-                                const bwd_workspace *w, void **ws, void **owned)
+                                const bwd_workspace *w, void **ws, int *scratch)
 {
     *ws = a->workspace;
-    *owned = NULL;
+    *scratch = 0;
     if (w->bytes == 0)
         return AJ_OK;
     if (!a->workspace) {
-        aj_status st = aj_device_alloc(dev, w->bytes, owned);
-        *ws = *owned;
+        aj_status st = aj_device_scratch(dev, a->stream, w->bytes, ws);
+        *scratch = st == AJ_OK;
         return st;
     }
     if (a->workspace_bytes < w->bytes)
         return aj_fail(ctx, AJ_ERR_INVALID_ARG, "%s: workspace_bytes = %zu, want at least %zu "
-                       "(aj_backward_workspace_size; or NULL workspace to have one allocated)",
+                       "(aj_backward_workspace_size; or NULL workspace to use the device's)",
                        BWD, a->workspace_bytes, w->bytes);
     if ((uintptr_t)a->workspace % 16)
         return aj_fail(ctx, AJ_ERR_INVALID_ARG, "%s: workspace = %p is not 16-byte aligned",
@@ -946,17 +948,13 @@ aj_status aj_backward(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
         return AJ_OK;   /* no gradient element: nothing to launch */
 
     bwd_workspace w = workspace_layout(kernel, &call);
-    void *ws = NULL, *owned = NULL;
-    st = bind_workspace(ctx, dev, args, &w, &ws, &owned);
+    void *ws = NULL;
+    int scratch = 0;
+    st = bind_workspace(ctx, dev, args, &w, &ws, &scratch);
     if (st == AJ_OK)
         st = run_backward(ctx, dev, kernel, &call.view, sz, &w, ws);
-    if (owned) {
-        /* the launches may still be running on the GPU */
-        aj_status sync = dev->cuda ? aj_device_synchronize(dev, args->stream) : AJ_OK;
-        aj_status freed = aj_device_free(dev, owned);
-        if (st == AJ_OK)
-            st = sync != AJ_OK ? sync : freed;
-    }
+    if (scratch)
+        aj_device_scratch_release(dev, args->stream, ws);
     return st;
 }
 

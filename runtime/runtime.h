@@ -18,6 +18,21 @@ struct aj_device {
     aj_cpu_device *cpu;          /* cpu */
 };
 
+/* Stream-ordered work for launch.c and ring.c, on any device (see
+ * cuda_device.h for cuda; sim and cpu run their work synchronously: their
+ * streams are NULL, copies are memmove, waits return at once). */
+aj_status aj_device_stream_create(aj_device *dev, void **stream);
+void aj_device_stream_destroy(aj_device *dev, void *stream);
+aj_status aj_device_copy_async(aj_device *dev, void *dst, const void *src, size_t bytes,
+                               int to_device, void *stream);
+aj_status aj_device_wait(aj_device *dev, void *stream, double timeout_s, const char *what);
+/* Scratch memory for work on `stream`, released with
+ * aj_device_scratch_release once that work is queued: cuda's is owned by
+ * the device and reused (aj_cuda_scratch); sim's and cpu's is host memory
+ * of the call's own. */
+aj_status aj_device_scratch(aj_device *dev, void *stream, size_t bytes, void **out);
+void aj_device_scratch_release(aj_device *dev, void *stream, void *ptr);
+
 /* One kernel argument, addressed the way kernelParams are. */
 typedef union aj_arg_value {
     void *ptr;

@@ -690,8 +690,12 @@ typedef struct aj_bwd_args {
      * deterministic = false, the f32 dQ sums): at least
      * aj_backward_workspace_size() bytes, 16-byte aligned, not overlapping
      * any tensor; its contents on entry do not matter and on return are
-     * unspecified.  NULL: aj_backward allocates one on the device and frees
-     * it before returning (for cuda, after synchronising `stream`).
+     * unspecified.  NULL: the device's own: for cuda a buffer per stream
+     * (up to 16 streams at a time) that grows when a call needs more and is
+     * reused, in stream order, by later calls -- after the first call of a
+     * size nothing is allocated and nothing synchronises, so the call can
+     * be captured in a CUDA graph; sim and cpu use host memory of the
+     * call's own.
      * Kernels that need none ignore both fields. */
     void *workspace;
     size_t workspace_bytes;

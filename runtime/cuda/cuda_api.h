@@ -86,6 +86,8 @@ enum {
     X(MemcpyDtoHAsync, "cuMemcpyDtoHAsync_v2",                                           \
       (void *dst, CUdeviceptr src, size_t bytes, CUstream stream))                       \
     X(MemsetD8, "cuMemsetD8_v2", (CUdeviceptr dst, unsigned char value, size_t n))       \
+    X(MemFreeAsync, "cuMemFreeAsync", (CUdeviceptr ptr, CUstream stream))                \
+    X(StreamWaitEvent, "cuStreamWaitEvent", (CUstream stream, CUevent event, unsigned flags))\
     X(EventCreate, "cuEventCreate", (CUevent *event, unsigned flags))                    \
     X(EventRecord, "cuEventRecord", (CUevent event, CUstream stream))                    \
     X(EventSynchronize, "cuEventSynchronize", (CUevent event))                           \

@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "runtime/cuda/cuda_device.h"
 
@@ -112,6 +113,7 @@ aj_status aj_cuda_device_open(aj_ctx *ctx, int index, void *user_context,
         return aj_fail(ctx, AJ_ERR_OUT_OF_MEMORY, "out of memory");
     d->cu = cu;
     pthread_mutex_init(&d->lock, NULL);
+    pthread_mutex_init(&d->scratch_lock, NULL);
     if (user_context) {
         d->cuctx = (CUcontext)user_context;
         AJ_CU_TRY(ctx, cu, cu->CtxPushCurrent(d->cuctx), "cuCtxPushCurrent");
@@ -163,6 +165,12 @@ void aj_cuda_device_close(aj_cuda_device *d)
     if (d->cuctx && d->cu->CtxPushCurrent(d->cuctx) == AJ_CUDA_SUCCESS) {
         for (size_t i = 0; i < d->num_loaded; i++)
             d->cu->ModuleUnload(d->loaded[i].mod);
+        for (int i = 0; i < AJ_CUDA_SCRATCH_SLOTS; i++) {
+            if (d->scratch[i].ptr)
+                d->cu->MemFree(d->scratch[i].ptr);
+            if (d->scratch[i].used)
+                d->cu->EventDestroy(d->scratch[i].used);
+        }
         CUcontext popped;
         d->cu->CtxPopCurrent(&popped);
     }
@@ -170,6 +178,7 @@ void aj_cuda_device_close(aj_cuda_device *d)
         d->cu->DevicePrimaryCtxRelease(d->dev);
     free(d->loaded);
     pthread_mutex_destroy(&d->lock);
+    pthread_mutex_destroy(&d->scratch_lock);
     free(d);
 }
 
@@ -333,6 +342,166 @@ aj_status aj_cuda_synchronize(aj_ctx *ctx, aj_cuda_device *d, void *stream)
         WITH_CONTEXT(d, d->cu->CtxSynchronize(), "cuCtxSynchronize");
 done:
     return st;
+}
+
+/* ---------------------------------------------------------------- streams */
+
+aj_status aj_cuda_stream_create(aj_ctx *ctx, aj_cuda_device *d, void **stream)
+{
+    aj_status st = AJ_OK;
+    CUstream s = NULL;
+    WITH_CONTEXT(d, d->cu->StreamCreate(&s, AJ_CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+    *stream = s;
+done:
+    return st;
+}
+
+void aj_cuda_stream_destroy(aj_cuda_device *d, void *stream)
+{
+    CUcontext popped;
+    if (stream && d->cu->CtxPushCurrent(d->cuctx) == AJ_CUDA_SUCCESS) {
+        d->cu->StreamDestroy((CUstream)stream);   /* its work finishes first */
+        d->cu->CtxPopCurrent(&popped);
+    }
+}
+
+aj_status aj_cuda_copy_async(aj_ctx *ctx, aj_cuda_device *d, void *dst, const void *src,
+                             size_t bytes, int to_device, void *stream)
+{
+    aj_status st = AJ_OK;
+    if (to_device)
+        WITH_CONTEXT(d, d->cu->MemcpyHtoDAsync((CUdeviceptr)(uintptr_t)dst, src, bytes,
+                                               (CUstream)stream), "cuMemcpyHtoDAsync");
+    else
+        WITH_CONTEXT(d, d->cu->MemcpyDtoHAsync(dst, (CUdeviceptr)(uintptr_t)src, bytes,
+                                               (CUstream)stream), "cuMemcpyDtoHAsync");
+done:
+    return st;
+}
+
+static double seconds_now(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+aj_status aj_cuda_wait(aj_ctx *ctx, aj_cuda_device *d, void *stream, double timeout_s,
+                       const char *what)
+{
+    aj_status st = AJ_OK;
+    const aj_cuda *cu = d->cu;
+    CUevent done_event = NULL;
+    int pushed = 0;
+    AJ_CU_TRY(ctx, cu, cu->CtxPushCurrent(d->cuctx), "cuCtxPushCurrent");
+    pushed = 1;
+    AJ_CU_TRY(ctx, cu, cu->EventCreate(&done_event, AJ_CU_EVENT_DISABLE_TIMING),
+              "cuEventCreate");
+    AJ_CU_TRY(ctx, cu, cu->EventRecord(done_event, (CUstream)stream), "cuEventRecord");
+    const double start = seconds_now();
+    for (;;) {
+        CUresult r = cu->EventQuery(done_event);
+        if (r == AJ_CUDA_SUCCESS)
+            break;
+        if (r != AJ_CUDA_ERROR_NOT_READY)
+            AJ_CU_TRY(ctx, cu, r, what);
+        if (seconds_now() - start > timeout_s) {
+            st = aj_fail(ctx, AJ_ERR_COMM, "%s did not finish within the comm timeout of "
+                         "%g s; the GPU work waits on a peer that has stopped or died", what,
+                         timeout_s);
+            goto done;
+        }
+        const struct timespec pause = {0, 20000};   /* 20 us: the host core for others */
+        nanosleep(&pause, NULL);
+    }
+done:
+    if (done_event)
+        cu->EventDestroy(done_event);
+    if (pushed) {
+        CUcontext popped;
+        cu->CtxPopCurrent(&popped);
+    }
+    return st;
+}
+
+/* ---------------------------------------------------------------- scratch */
+
+/* The slot for `stream`: its own, else the least recently used idle one. */
+static aj_cuda_scratch_slot *scratch_slot(aj_cuda_device *d, CUstream stream)
+{
+    aj_cuda_scratch_slot *best = NULL;
+    for (int i = 0; i < AJ_CUDA_SCRATCH_SLOTS; i++) {
+        aj_cuda_scratch_slot *s = &d->scratch[i];
+        if (s->busy)
+            continue;
+        if (s->ptr && s->stream == stream)
+            return s;
+        if (!best || s->last_use < best->last_use)
+            best = s;
+    }
+    return best;
+}
+
+aj_status aj_cuda_scratch(aj_ctx *ctx, aj_cuda_device *d, void *stream, size_t bytes,
+                          void **out)
+{
+    aj_status st = AJ_OK;
+    const aj_cuda *cu = d->cu;
+    const CUstream s = (CUstream)stream;
+    int pushed = 0;
+    pthread_mutex_lock(&d->scratch_lock);
+    aj_cuda_scratch_slot *slot = scratch_slot(d, s);
+    if (!slot) {
+        st = aj_fail(ctx, AJ_ERR_UNSUPPORTED, "more than %d launches without a workspace are "
+                     "in flight at once on this device; pass a workspace "
+                     "(aj_backward_workspace_size)", AJ_CUDA_SCRATCH_SLOTS);
+        goto done;
+    }
+    AJ_CU_TRY(ctx, cu, cu->CtxPushCurrent(d->cuctx), "cuCtxPushCurrent");
+    pushed = 1;
+    if (!slot->used)
+        AJ_CU_TRY(ctx, cu, cu->EventCreate(&slot->used, AJ_CU_EVENT_DISABLE_TIMING),
+                  "cuEventCreate");
+    /* another stream's buffer: its work on it comes first */
+    if (slot->ptr && slot->stream != s)
+        AJ_CU_TRY(ctx, cu, cu->StreamWaitEvent(s, slot->used, 0), "cuStreamWaitEvent");
+    slot->stream = s;
+    if (slot->bytes < bytes) {
+        if (slot->ptr)
+            AJ_CU_TRY(ctx, cu, cu->MemFreeAsync(slot->ptr, s), "cuMemFreeAsync");
+        slot->ptr = 0;
+        slot->bytes = 0;
+        AJ_CU_TRY(ctx, cu, cu->MemAlloc(&slot->ptr, bytes ? bytes : 1), "cuMemAlloc");
+        slot->bytes = bytes;
+    }
+    slot->busy = 1;
+    slot->last_use = ++d->scratch_clock;
+    *out = (void *)(uintptr_t)slot->ptr;
+done:
+    if (pushed) {
+        CUcontext popped;
+        cu->CtxPopCurrent(&popped);
+    }
+    pthread_mutex_unlock(&d->scratch_lock);
+    return st;
+}
+
+void aj_cuda_scratch_release(aj_cuda_device *d, void *stream)
+{
+    pthread_mutex_lock(&d->scratch_lock);
+    for (int i = 0; i < AJ_CUDA_SCRATCH_SLOTS; i++) {
+        aj_cuda_scratch_slot *slot = &d->scratch[i];
+        if (!slot->busy || slot->stream != (CUstream)stream)
+            continue;
+        CUcontext popped;
+        if (d->cu->CtxPushCurrent(d->cuctx) == AJ_CUDA_SUCCESS) {
+            d->cu->EventRecord(slot->used, (CUstream)stream);
+            d->cu->CtxPopCurrent(&popped);
+        }
+        slot->busy = 0;
+        break;
+    }
+    pthread_mutex_unlock(&d->scratch_lock);
 }
 
 /* ---------------------------------------------------------------- tuning */

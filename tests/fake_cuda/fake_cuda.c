@@ -404,6 +404,14 @@ CUresult cuStreamWaitEvent(void *s, void *e, unsigned flags)
     return sticky;
 }
 
+/* stream-ordered: the stand-in's streams are done when queued */
+CUresult cuMemFreeAsync(CUdeviceptr p, void *s);
+CUresult cuMemFreeAsync(CUdeviceptr p, void *s)
+{
+    note("MemFreeAsync stream=%d", stream_id(s));
+    return untrack((uintptr_t)p, 0);
+}
+
 CUresult cuEventCreate(void **e, unsigned flags);
 CUresult cuEventCreate(void **e, unsigned flags)
 {
