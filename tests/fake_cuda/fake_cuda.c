@@ -43,6 +43,7 @@
  *   EventRecord event=2 stream=1 / StreamWaitEvent stream=2 event=1
  *   DevicePrimaryCtxRetain dev=1 / LinkComplete / ModuleLoadData cubin
  *
+ * (and, with FAKE_CUDA_LOG=PREFIX, into the file PREFIX.PID at exit)
  * Streams and events are done at once (the work is done when queued).
  */
 #include <stdarg.h>
@@ -107,6 +108,22 @@ const char *fake_cuda_log(void);
 const char *fake_cuda_log(void)
 {
     return log_text;
+}
+
+/* FAKE_CUDA_LOG=PREFIX: the log is also written to PREFIX.PID at exit,
+ * for tests that run attnjit as a program (test_cli_ring.sh). */
+__attribute__((destructor)) static void write_log(void)
+{
+    const char *prefix = getenv("FAKE_CUDA_LOG");
+    if (!prefix || !*prefix)
+        return;
+    char path[512];
+    snprintf(path, sizeof path, "%s.%ld", prefix, (long)getpid());
+    FILE *f = fopen(path, "w");
+    if (f) {
+        fputs(log_text, f);
+        fclose(f);
+    }
 }
 
 void fake_cuda_log_clear(void);
