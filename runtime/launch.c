@@ -298,50 +298,6 @@ done:
     return st;
 }
 
-/* cu_seqlens_q and _k (device memory, read back here, so that a bad
- * offset is an error rather than an out-of-bounds read in the kernel):
- * batch + 1 offsets from 0, non-decreasing, ending at Tq (Tk), no
- * sequence longer than max_seqlen_q (_k). */
-static aj_status check_cu_seqlens(aj_ctx *ctx, const char *fn, aj_device *dev,
-                                  const int32_t *cu_q, const int32_t *cu_k, int32_t batch,
-                                  int64_t tq, int64_t tk, int32_t max_q, int32_t max_k)
-{
-    const char *const names[2] = {"cu_seqlens_q", "cu_seqlens_k"};
-    const int32_t *arrays[2] = {cu_q, cu_k};
-    const int64_t totals[2] = {tq, tk};
-    const int32_t longest[2] = {max_q, max_k};
-    size_t n = (size_t)batch + 1;
-    int32_t *host = malloc(n * sizeof *host);
-    if (!host)
-        return aj_fail(ctx, AJ_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
-    aj_status st = AJ_OK;
-    for (int t = 0; t < 2 && st == AJ_OK; t++) {
-        st = aj_device_copy_from(dev, host, arrays[t], n * sizeof *host);
-        if (st != AJ_OK)
-            break;
-        if (host[0] != 0)
-            st = aj_fail(ctx, AJ_ERR_INVALID_ARG, "%s: %s[0] = %d, want 0", fn, names[t],
-                         host[0]);
-        for (size_t b = 1; b < n && st == AJ_OK; b++) {
-            int64_t len = (int64_t)host[b] - host[b - 1];
-            if (len < 0)
-                st = aj_fail(ctx, AJ_ERR_INVALID_ARG, "%s: %s[%zu] = %d is below %s[%zu] = "
-                             "%d; cu_seqlens must not decrease", fn, names[t], b, host[b],
-                             names[t], b - 1, host[b - 1]);
-            else if (len > longest[t])
-                st = aj_fail(ctx, AJ_ERR_INVALID_ARG, "%s: sequence %zu has %lld %s in %s, "
-                             "more than max_seqlen_%c = %d", fn, b - 1, (long long)len,
-                             t ? "keys" : "queries", names[t], t ? 'k' : 'q', longest[t]);
-        }
-        if (st == AJ_OK && host[n - 1] != totals[t])
-            st = aj_fail(ctx, AJ_ERR_INVALID_ARG, "%s: %s[%d] = %d, want %lld (%s's tokens)",
-                         fn, names[t], batch, host[n - 1], (long long)totals[t],
-                         t ? "k" : "q");
-    }
-    free(host);
-    return st;
-}
-
 /* A packed [T, H, D] tensor as the [1, H, T, D] view the padded binding
  * reads (batch stride 0); lse [Hq, Tq] as [1, Hq, Tq]; a tensor the op
  * does not use (o or o_acc, left empty) as it is. */
@@ -481,6 +437,12 @@ static aj_status bind(aj_ctx *ctx, const aj_kernel *kernel, int stage, const bin
 #define PTR(n, t) {n, AJ_PARAM_PTR, {.ptr = (t).data}}
 #define I64(n, v) {n, AJ_PARAM_I64, {.i64 = (v)}}
 #define I32(n, v) {n, AJ_PARAM_I32, {.i32 = (int32_t)(v)}}
+/* The varlen sequence lookup's sizes and the device's status word
+ * (templates/attn_common.h; "batch" is bound with the other sizes). */
+#define VARLEN_SIZES(dev, tokens_q, tokens_k, args)                                     \
+    I32("tokens_q", tokens_q), I32("tokens_k", tokens_k),                               \
+    I32("max_seqlen_q", (args)->max_seqlen_q), I32("max_seqlen_k", (args)->max_seqlen_k), \
+    {"varlen_status", AJ_PARAM_PTR, {.ptr = (dev)->status}}
 
 static int64_t grid_extent(aj_extent e, const fwd_sizes *sz)
 {
@@ -576,10 +538,6 @@ aj_status aj_forward(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
     fwd_sizes sz;
     int varlen = op->layout == AJ_LAYOUT_VARLEN;
     st = varlen ? check_forward_varlen(ctx, op, args, &sz) : check_forward(ctx, op, args, &sz);
-    if (st == AJ_OK && varlen)
-        st = check_cu_seqlens(ctx, FWD, dev, args->cu_seqlens_q, args->cu_seqlens_k,
-                              args->batch, args->q.shape[0], args->k.shape[0],
-                              args->max_seqlen_q, args->max_seqlen_k);
     if (st != AJ_OK)
         return st;
     if (sz.batch == 0 || sz.heads_q == 0 || sz.seq_q == 0)
@@ -620,6 +578,7 @@ aj_status aj_forward(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
         {"cu_seqlens_q", AJ_PARAM_PTR, {.ptr = (void *)a->cu_seqlens_q}},
         {"cu_seqlens_k", AJ_PARAM_PTR, {.ptr = (void *)a->cu_seqlens_k}},
         I64("sq_total", a->sq_total), I64("sk_total", a->sk_total),
+        VARLEN_SIZES(dev, args->q.shape[0], args->k.shape[0], args), I32("batch", sz.batch),
     };
     static _Thread_local score_bindings scores;
     st = bind_scores(ctx, FWD, op, a->side, a->num_side, &a->alibi_slopes, sq_total, sk_total,
@@ -651,8 +610,10 @@ aj_status aj_forward(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
         size_t cu_bytes = ((size_t)a->batch + 1) * sizeof(int32_t);
         buffers[nb++] = (aj_sim_buffer){"cu_seqlens_q", a->cu_seqlens_q, cu_bytes};
         buffers[nb++] = (aj_sim_buffer){"cu_seqlens_k", a->cu_seqlens_k, cu_bytes};
+        buffers[nb++] = (aj_sim_buffer){"varlen_status", dev->status, sizeof(uint32_t)};
     }
-    return run_kernel(ctx, dev, kernel, 0, &sz, argv, buffers, nb, args->stream);
+    st = run_kernel(ctx, dev, kernel, 0, &sz, argv, buffers, nb, args->stream);
+    return st == AJ_OK && varlen ? aj_device_launched(dev, FWD) : st;
 }
 
 /* ---------------------------------------------------------------- backward */
@@ -711,7 +672,7 @@ done:
 
 /* layout = varlen: q, dq [Tq, Hq, D], k, dk [Tk, Hkv, D], v, dv [Tk, Hkv, Dv],
  * o, do [Tq, Hq, Dv], lse [Hq, Tq] (aj_fwd_args); cu_seqlens_* are checked
- * against Tq and Tk at launch (check_cu_seqlens), where they can be read. */
+ * against Tq and Tk by the kernels (templates/attn_common.h), on the device. */
 static aj_status check_backward_varlen(aj_ctx *ctx, const aj_op_info *op,
                                        const aj_bwd_args *a, bwd_call *call)
 {
@@ -937,10 +898,6 @@ aj_status aj_backward(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
     const aj_op_info *op = &kernel->op;
     bwd_call call;
     st = check_backward(ctx, op, args, &call);
-    if (st == AJ_OK && op->layout == AJ_LAYOUT_VARLEN)
-        st = check_cu_seqlens(ctx, BWD, dev, args->cu_seqlens_q, args->cu_seqlens_k,
-                              args->batch, args->q.shape[0], args->k.shape[0],
-                              args->max_seqlen_q, args->max_seqlen_k);
     if (st != AJ_OK)
         return st;
     const fwd_sizes *sz = &call.sz;
@@ -955,7 +912,7 @@ aj_status aj_backward(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
         st = run_backward(ctx, dev, kernel, &call.view, sz, &w, ws);
     if (scratch)
         aj_device_scratch_release(dev, args->stream, ws);
-    return st;
+    return st == AJ_OK && op->layout == AJ_LAYOUT_VARLEN ? aj_device_launched(dev, BWD) : st;
 }
 
 /* Binds and runs the stages of a checked backward launch. */
@@ -1007,6 +964,7 @@ static aj_status run_backward(aj_ctx *ctx, aj_device *dev, const aj_kernel *kern
         I32("batch", sz.batch), I32("bias_batch", a->bias.shape[0]),
         I32("bias_heads", a->bias.shape[1]),
         I64("dropout_seed", (int64_t)a->seed), I64("dropout_offset", (int64_t)a->offset),
+        VARLEN_SIZES(dev, a->q.shape[2], a->k.shape[2], a),   /* packed: [B, H, T, D] views */
     };
     static _Thread_local score_bindings scores;
     st = bind_scores(ctx, BWD, op, a->side, a->num_side, &a->alibi_slopes, sq_total, sk_total,
@@ -1023,6 +981,7 @@ static aj_status run_backward(aj_ctx *ctx, aj_device *dev, const aj_kernel *kern
     if (op->layout == AJ_LAYOUT_VARLEN) {   /* int32, as wide as f32 */
         buffers[nb++] = sim_buffer("cu_seqlens_q", &cu_q, 4);
         buffers[nb++] = sim_buffer("cu_seqlens_k", &cu_k, 4);
+        buffers[nb++] = (aj_sim_buffer){"varlen_status", dev->status, sizeof(uint32_t)};
     }
     buffers[nb++] = sim_buffer("q", &a->q, elem);
     buffers[nb++] = sim_buffer("k", &a->k, elem);

@@ -16,6 +16,9 @@ struct aj_device {
     uint64_t last_instructions;  /* sim */
     aj_cuda_device *cuda;        /* cuda */
     aj_cpu_device *cpu;          /* cpu */
+    /* device memory: the u32 the varlen kernels record a bad cu_seqlens
+     * in (templates/attn_common.h), AJ_VARLEN_STATUS_CLEAR while none */
+    uint32_t *status;
 };
 
 /* Stream-ordered work for launch.c and ring.c, on any device (see
@@ -26,6 +29,11 @@ void aj_device_stream_destroy(aj_device *dev, void *stream);
 aj_status aj_device_copy_async(aj_device *dev, void *dst, const void *src, size_t bytes,
                                int to_device, void *stream);
 aj_status aj_device_wait(aj_device *dev, void *stream, double timeout_s, const char *what);
+/* After a varlen launch: on devices that run launches synchronously (sim,
+ * cpu) the fault its kernels recorded, now, as AJ_ERR_INVALID_ARG naming
+ * `fn`; on cuda AJ_OK (aj_device_synchronize reports it). */
+aj_status aj_device_launched(aj_device *dev, const char *fn);
+
 /* Scratch memory for work on `stream`, released with
  * aj_device_scratch_release once that work is queued: cuda's is owned by
  * the device and reused (aj_cuda_scratch); sim's and cpu's is host memory

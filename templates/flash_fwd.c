@@ -262,10 +262,8 @@ static void declare_params(aj_kb *kb, const aj_op *op, const aj_score_prog *prog
     const char *const ptrs[] = {"q", "k", "v", out_name(op), "lse"};
     for (int i = 0; i < 5; i++)
         aj_kb_add_param(kb, ptrs[i], AJ_PARAM_PTR);
-    if (op->layout == AJ_LAYOUT_VARLEN) {
-        aj_kb_add_param(kb, "cu_seqlens_q", AJ_PARAM_PTR);
-        aj_kb_add_param(kb, "cu_seqlens_k", AJ_PARAM_PTR);
-    }
+    if (op->layout == AJ_LAYOUT_VARLEN)
+        aj_attn_add_varlen_params(kb);
     /* varlen binds the batch strides to 0 and the packed row strides to
      * stride_*_s, so one slice formula serves both layouts */
     static const char *const strides[] = {
@@ -786,13 +784,6 @@ static void emit_epilogue(ffwd *e, LLVMValueRef o_base, LLVMValueRef lse_base)
         }
 }
 
-/* An i32 element of a cu_seqlens array. */
-static LLVMValueRef load_cu(ffwd *e, const char *name, LLVMValueRef idx)
-{
-    LLVMValueRef at = LLVMBuildMul(e->b, sext64(e, idx), aj_kb_i64(e->kb, 4), "");
-    return aj_kb_load(e->kb, e->kb->t_i32, aj_kb_gptr_offset(e->kb, prm(e, name), at), 4);
-}
-
 static aj_status ffwd_build(aj_kb *kb, const aj_op *op, void *user)
 {
     (void)user;
@@ -842,13 +833,12 @@ static aj_status ffwd_build(aj_kb *kb, const aj_op *op, void *user)
     e.m0 = LLVMBuildMul(b, mblk, i32c(&e, p->bm), "m0");
     LLVMValueRef q_start = aj_kb_i64(kb, 0), k_start = aj_kb_i64(kb, 0);
     if (varlen(&e)) {
-        LLVMValueRef next = add(&e, bidx, i32c(&e, 1));
-        LLVMValueRef q0 = load_cu(&e, "cu_seqlens_q", bidx);
-        LLVMValueRef k0 = load_cu(&e, "cu_seqlens_k", bidx);
-        e.seq_q = LLVMBuildSub(b, load_cu(&e, "cu_seqlens_q", next), q0, "seq_q");
-        e.seq_k = LLVMBuildSub(b, load_cu(&e, "cu_seqlens_k", next), k0, "seq_k");
-        q_start = sext64(&e, q0);
-        k_start = sext64(&e, k0);
+        aj_attn_varlen_seq seq;
+        aj_attn_varlen_seq_of(kb, bidx, &seq);
+        e.seq_q = seq.len_q;
+        e.seq_k = seq.len_k;
+        q_start = seq.start_q;
+        k_start = seq.start_k;
     } else {
         e.seq_q = prm(&e, "seq_q");
         e.seq_k = prm(&e, "seq_k");

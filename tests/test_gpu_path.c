@@ -171,6 +171,39 @@ static void check_backward_workspace(void *stream)
     aj_kernel_destroy(k);
 }
 
+/* A varlen forward reads cu_seqlens on the device only: no copy back to
+ * the host, nothing but the launch on the stream. */
+static void check_varlen_async(void *stream)
+{
+    aj_kernel *k = compile("attention forward flash { dtype = f16 head_dim = 64 "
+                           "layout = varlen }");
+    const int32_t cu[3] = {0, 24, 64};
+    const int64_t ts3[3] = {S, H, D}, ls[2] = {H, S}, cs[1] = {3};
+    aj_fwd_args a = AJ_FWD_ARGS_INIT;
+    a.q = dev_tensor(AJ_DTYPE_F16, 3, ts3);
+    a.k = dev_tensor(AJ_DTYPE_F16, 3, ts3);
+    a.v = dev_tensor(AJ_DTYPE_F16, 3, ts3);
+    a.o = dev_tensor(AJ_DTYPE_F16, 3, ts3);
+    a.lse = dev_tensor(AJ_DTYPE_F32, 2, ls);
+    aj_tensor cq = dev_tensor(AJ_DTYPE_F32, 1, cs), ck = dev_tensor(AJ_DTYPE_F32, 1, cs);
+    CHECK_STATUS(ctx, aj_device_copy_to(dev, cq.data, cu, sizeof cu), AJ_OK);
+    CHECK_STATUS(ctx, aj_device_copy_to(dev, ck.data, cu, sizeof cu), AJ_OK);
+    a.cu_seqlens_q = cq.data;
+    a.cu_seqlens_k = ck.data;
+    a.batch = 2;
+    a.max_seqlen_q = a.max_seqlen_k = 40;
+    a.stream = stream;
+    cuda_log_clear();
+    CHECK_STATUS(ctx, aj_forward(ctx, dev, k, &a), AJ_OK);
+    CHECK_LOG_HAS("LaunchKernel");
+    CHECK_LOG_LACKS("MemcpyDtoH");
+    CHECK_LOG_LACKS("Synchronize");
+    CHECK_LOG_LACKS("stream=0");
+    CHECK_STATUS(ctx, aj_device_synchronize(dev, stream), AJ_OK);
+    free_tensors((aj_tensor *[]){&a.q, &a.k, &a.v, &a.o, &a.lse, &cq, &ck}, 7);
+    aj_kernel_destroy(k);
+}
+
 /* Host memory handed to a kernel: the launch is queued (as on a GPU), the
  * fault comes at the next synchronising call, as AJ_ERR_KERNEL_FAULT.  It
  * poisons the context, so it comes last. */
@@ -197,6 +230,7 @@ static int run_launch(void)
     CHECK(stream_create(&stream, 1) == 0);
     check_forward_stream(stream);
     check_backward_workspace(stream);
+    check_varlen_async(stream);
     check_host_memory_faults(stream);
     return check_report();
 }

@@ -520,7 +520,9 @@ aj_status aj_device_alloc(aj_device *dev, size_t bytes, void **out);
 aj_status aj_device_free(aj_device *dev, void *ptr);
 aj_status aj_device_copy_to(aj_device *dev, void *dst, const void *host_src, size_t bytes);
 aj_status aj_device_copy_from(aj_device *dev, void *host_dst, const void *src, size_t bytes);
-/* Waits for the work queued on `stream` (a CUstream; NULL: all of it). */
+/* Waits for the work queued on `stream` (a CUstream; NULL: all of it).
+ * cuda: then reports, as AJ_ERR_INVALID_ARG, bad cu_seqlens a varlen
+ * kernel found since the last report (docs/ir.md, "varlen"). */
 aj_status aj_device_synchronize(aj_device *dev, void *stream);
 /* sim: host threads that run CTAs; cpu: the thread pool's size, the
  * threads that run a launch's work items (0, the default: the cores this
