@@ -7,10 +7,13 @@
  * build of attnjit ever reads kernels another build wrote.  Memory entries hold a reference to the kernel; disk
  * entries are files
  *
- *     <dir>/<xxh3-64 of the key>.ajk:
+ *     <dir>/<xxh3-64 of the key>.<suffix of the entry's kind>:
  *         "AJKC"  u32 format  u32 key length  key  u64 payload length
- *         u64 xxh3-64 of the payload   payload (aj_kernel_serialize)
+ *         u64 xxh3-64 of the payload   payload
  *
+ * The payload is the kind's: an aj_kernel (aj_kernel_serialize, .ajk) or
+ * a cubin the driver's linker made from a kernel's PTX (.cubin, keyed by
+ * the PTX's hash, the compute capability and the driver version).
  * written to a temporary name and renamed into place, so a reader sees a
  * whole entry or none, and two processes writing the same key both leave a
  * valid one.  An entry that fails any check is deleted and rebuilt, never
@@ -37,6 +40,26 @@
 #define ENTRY_FORMAT 1u
 #define MAX_ENTRY_BYTES ((size_t)256 << 20)
 #define DEFAULT_MAX_BYTES ((uint64_t)1 << 30)
+
+/* The entry kinds, as data: key prefix, file suffix, and the versions of
+ * what produces the content besides attnjit's own. */
+static const struct {
+    const char *prefix, *suffix;
+    int llvm;                   /* LLVM made it */
+} entry_kinds[AJ_CACHE_KIND_COUNT] = {
+    [AJ_CACHE_KERNEL] = {"aj-kernel", "ajk", 1},
+    [AJ_CACHE_CUBIN] = {"aj-cubin", "cubin", 0},
+};
+
+void aj_cache_key(aj_cache_kind kind, const char *fields, char *out, size_t cap)
+{
+    /* AJ_CODEGEN_ID: a digest of the IR, codegen and template sources */
+    char llvm[64] = "";
+    if (entry_kinds[kind].llvm)
+        snprintf(llvm, sizeof llvm, "llvm %s|", aj_llvm_version());
+    snprintf(out, cap, "%s|%s|%sattnjit %s+%s", entry_kinds[kind].prefix, fields, llvm,
+             aj_version_string(), AJ_CODEGEN_ID);
+}
 
 typedef struct mem_entry {
     char *key;
@@ -165,10 +188,21 @@ aj_status aj_cache_get_stats(aj_ctx *ctx, aj_cache_stats *out)
 
 /* ---------------------------------------------------------------- disk */
 
-static void entry_path(const aj_kernel_cache *c, const char *key, char *out, size_t cap)
+static void entry_path(const aj_kernel_cache *c, aj_cache_kind kind, const char *key,
+                       char *out, size_t cap)
 {
-    snprintf(out, cap, "%s/%016llx.ajk", c->dir,
-             (unsigned long long)XXH3_64bits(key, strlen(key)));
+    snprintf(out, cap, "%s/%016llx.%s", c->dir,
+             (unsigned long long)XXH3_64bits(key, strlen(key)), entry_kinds[kind].suffix);
+}
+
+/* Whether a file name is a cache entry's, of any kind. */
+static int is_entry_name(const char *name)
+{
+    const char *dot = strrchr(name, '.');
+    for (int k = 0; dot && k < AJ_CACHE_KIND_COUNT; k++)
+        if (strcmp(dot + 1, entry_kinds[k].suffix) == 0)
+            return 1;
+    return 0;
 }
 
 static uint8_t *read_whole(const char *path, size_t *len)
@@ -223,32 +257,66 @@ static const uint8_t *check_entry(const uint8_t *buf, size_t len, const char *ke
     return p;
 }
 
-static aj_kernel *disk_lookup(aj_ctx *ctx, aj_kernel_cache *c, const char *key)
+static void discard(aj_ctx *ctx, aj_kernel_cache *c, const char *path)
 {
-    char path[600];
-    entry_path(c, key, path, sizeof path);
+    aj_log(ctx, AJ_LOG_WARN, "kernel cache: %s is damaged; removed, the entry is rebuilt",
+           path);
+    unlink(path);
+    pthread_mutex_lock(&c->lock);
+    c->stats.corrupt_entries++;
+    pthread_mutex_unlock(&c->lock);
+}
+
+/* A valid entry's payload, moved to the front of its buffer (the caller
+ * frees it), with *path its file. */
+static uint8_t *read_entry(aj_ctx *ctx, aj_kernel_cache *c, aj_cache_kind kind,
+                           const char *key, size_t *plen, char *path, size_t path_cap)
+{
+    entry_path(c, kind, key, path, path_cap);
     size_t len = 0;
     uint8_t *buf = read_whole(path, &len);
     if (!buf)
         return NULL;
-    size_t plen = 0;
     int corrupt = 0;
-    const uint8_t *payload = check_entry(buf, len, key, &plen, &corrupt);
-    aj_kernel *k = NULL;
-    if (payload && aj_kernel_deserialize(ctx, payload, plen, &k) != AJ_OK)
-        corrupt = 1;
-    free(buf);
-    if (corrupt) {
-        aj_log(ctx, AJ_LOG_WARN, "kernel cache: %s is damaged; removed, the kernel is rebuilt",
-               path);
-        unlink(path);
-        pthread_mutex_lock(&c->lock);
-        c->stats.corrupt_entries++;
-        pthread_mutex_unlock(&c->lock);
+    const uint8_t *payload = check_entry(buf, len, key, plen, &corrupt);
+    if (!payload) {
+        free(buf);
+        if (corrupt)
+            discard(ctx, c, path);
         return NULL;
     }
-    if (k)
-        utimensat(AT_FDCWD, path, NULL, 0);   /* recently used */
+    memmove(buf, payload, *plen);
+    utimensat(AT_FDCWD, path, NULL, 0);   /* recently used */
+    return buf;
+}
+
+uint8_t *aj_cache_blob_lookup(aj_ctx *ctx, aj_kernel_cache *c, aj_cache_kind kind,
+                              const char *key, size_t *len)
+{
+    char path[600];
+    if (!c || !c->disk)
+        return NULL;
+    uint8_t *data = read_entry(ctx, c, kind, key, len, path, sizeof path);
+    pthread_mutex_lock(&c->lock);
+    if (data)
+        c->stats.disk_hits++;
+    else
+        c->stats.misses++;
+    pthread_mutex_unlock(&c->lock);
+    return data;
+}
+
+static aj_kernel *disk_lookup(aj_ctx *ctx, aj_kernel_cache *c, const char *key)
+{
+    char path[600];
+    size_t plen = 0;
+    uint8_t *payload = read_entry(ctx, c, AJ_CACHE_KERNEL, key, &plen, path, sizeof path);
+    aj_kernel *k = NULL;
+    if (payload && aj_kernel_deserialize(ctx, payload, plen, &k) != AJ_OK) {
+        k = NULL;
+        discard(ctx, c, path);
+    }
+    free(payload);
     return k;
 }
 
@@ -292,7 +360,7 @@ static void evict(aj_kernel_cache *c)
     uint64_t total = 0;
     for (struct dirent *e; (e = readdir(d));) {
         size_t len = strlen(e->d_name);
-        if (len < 5 || len >= sizeof files[0].name || strcmp(e->d_name + len - 4, ".ajk") != 0)
+        if (len >= sizeof files[0].name || !is_entry_name(e->d_name))
             continue;
         char path[600];
         struct stat sb;
@@ -325,14 +393,13 @@ static void evict(aj_kernel_cache *c)
     free(files);
 }
 
-static void disk_store(aj_ctx *ctx, aj_kernel_cache *c, const char *key, const aj_kernel *k)
+void aj_cache_blob_store(aj_ctx *ctx, aj_kernel_cache *c, aj_cache_kind kind,
+                         const char *key, const void *payload, size_t plen)
 {
-    uint8_t *payload = NULL;
-    size_t plen = 0;
-    if (aj_kernel_serialize(ctx, k, &payload, &plen) != AJ_OK)
+    if (!c || !c->disk)
         return;
     char path[600], temp[700];
-    entry_path(c, key, path, sizeof path);
+    entry_path(c, kind, key, path, sizeof path);
     pthread_mutex_lock(&c->lock);
     unsigned serial = c->temp_counter++;
     pthread_mutex_unlock(&c->lock);
@@ -348,7 +415,6 @@ static void disk_store(aj_ctx *ctx, aj_kernel_cache *c, const char *key, const a
         bad = 1;
     if (!bad && rename(temp, path) != 0)
         bad = 1;
-    free(payload);
     if (bad) {
         aj_log(ctx, AJ_LOG_WARN, "kernel cache: cannot write %s: %s", path, strerror(errno));
         unlink(temp);
@@ -358,6 +424,16 @@ static void disk_store(aj_ctx *ctx, aj_kernel_cache *c, const char *key, const a
     c->stats.disk_writes++;
     evict(c);
     pthread_mutex_unlock(&c->lock);
+}
+
+static void disk_store(aj_ctx *ctx, aj_kernel_cache *c, const char *key, const aj_kernel *k)
+{
+    uint8_t *payload = NULL;
+    size_t plen = 0;
+    if (aj_kernel_serialize(ctx, k, &payload, &plen) != AJ_OK)
+        return;
+    aj_cache_blob_store(ctx, c, AJ_CACHE_KERNEL, key, payload, plen);
+    free(payload);
 }
 
 /* ---------------------------------------------------------------- lookup */

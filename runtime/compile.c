@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "runtime/cache.h"
+#include "runtime/runtime.h"
 #include "runtime/sim/emulator.h"
 #include "runtime/tune.h"
 #include "templates/template.h"
@@ -105,11 +106,11 @@ static aj_status compile_one(aj_ctx *ctx, aj_kernel_cache *cache, const aj_op *o
     AJ_TRY(tmpl->check(ctx, op, opt->target));
     AJ_TRY(aj_op_hash(op, hash));
 
-    /* the key: what the compile reads, and the versions that produce it
-     * (AJ_CODEGEN_ID: a digest of the IR, codegen and template sources) */
-    snprintf(key, sizeof key, "aj-kernel|%s|%s|O%d|%s|llvm %s|attnjit %s+%s", hash,
-             aj_target_name(opt->target), opt->opt_level, emit_names[opt->emit],
-             aj_llvm_version(), aj_version_string(), AJ_CODEGEN_ID);
+    /* the key: what the compile reads (and the versions that produce it) */
+    char fields[128];
+    snprintf(fields, sizeof fields, "%s|%s|O%d|%s", hash, aj_target_name(opt->target),
+             opt->opt_level, emit_names[opt->emit]);
+    aj_cache_key(AJ_CACHE_KERNEL, fields, key, sizeof key);
     int cached = cache && !opt->bypass_cache && !opt->dump_after;
     /* sim and cpu code lives in a JIT */
     int use_disk = opt->target != AJ_TARGET_SIM && opt->target != AJ_TARGET_CPU;
@@ -178,6 +179,10 @@ static void *batch_worker(void *arg)
                                   "NULL", i);
         } else {
             job->status = compile_one(ctx, b->cache, job->op, b->opt, &job->kernel);
+            /* and the driver's JIT, here in parallel, not at the first launch */
+            if (job->status == AJ_OK && b->opt->device)
+                job->status = aj_device_load_kernel(ctx, (aj_device *)b->opt->device,
+                                                    job->kernel);
         }
         if (job->status != AJ_OK)
             snprintf(job->message, sizeof job->message, "%s", aj_last_error(ctx));

@@ -204,6 +204,11 @@ static aj_status take_status(aj_device *dev, const char *fn)
                    "which skipped it)", fn, fault, seq);
 }
 
+aj_status aj_device_load_kernel(aj_ctx *ctx, aj_device *dev, const aj_kernel *k)
+{
+    return dev->cuda ? aj_cuda_load(ctx, dev->cuda, k) : AJ_OK;
+}
+
 aj_status aj_device_launched(aj_device *dev, const char *fn)
 {
     return dev->cuda ? AJ_OK : take_status(dev, fn);

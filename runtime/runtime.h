@@ -29,6 +29,11 @@ void aj_device_stream_destroy(aj_device *dev, void *stream);
 aj_status aj_device_copy_async(aj_device *dev, void *dst, const void *src, size_t bytes,
                                int to_device, void *stream);
 aj_status aj_device_wait(aj_device *dev, void *stream, double timeout_s, const char *what);
+/* Loads a compiled kernel on the device now, as its first launch would
+ * (cuda: its module, from a cached cubin or the driver's JIT); AJ_OK for
+ * devices that load nothing. */
+aj_status aj_device_load_kernel(aj_ctx *ctx, aj_device *dev, const aj_kernel *k);
+
 /* After a varlen launch: on devices that run launches synchronously (sim,
  * cpu) the fault its kernels recorded, now, as AJ_ERR_INVALID_ARG naming
  * `fn`; on cuda AJ_OK (aj_device_synchronize reports it). */

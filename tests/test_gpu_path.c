@@ -13,6 +13,12 @@
  *                          forward with no copy back to the host; host
  *                          memory handed to a kernel: AJ_ERR_KERNEL_FAULT
  *                          at the next synchronising call
+ *   test_gpu_path sass     (AJ_CACHE unset) a kernel's first load links its
+ *                          PTX to a cubin (cuLinkComplete) and stores it
+ *                          in the disk cache; aj_compile_many with the
+ *                          device loads each kernel on its worker; a new
+ *                          context (a later process) loads the cached
+ *                          cubin (cuModuleLoadData) without the linker
  *   test_gpu_path ring     (mpirun) the ring forward and backward on a cuda
  *                          device: launches on the ring's own stream,
  *                          never a context synchronisation, nothing
@@ -235,6 +241,81 @@ static int run_launch(void)
     return check_report();
 }
 
+/* ---------------------------------------------------------------- sass */
+
+static int count_files(const char *dir, const char *suffix)
+{
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "ls %s | grep -c '\\.%s$'", dir, suffix);
+    FILE *p = popen(cmd, "r");
+    int n = 0;
+    if (p) {
+        if (fscanf(p, "%d", &n) != 1)
+            n = 0;
+        pclose(p);
+    }
+    return n;
+}
+
+static int run_sass(void)
+{
+    char dir[] = "/tmp/aj_sass_XXXXXX";
+    CHECK(mkdtemp(dir) != NULL);
+    aj_ctx_config cfg = AJ_CTX_CONFIG_INIT;
+    cfg.cache_dir = dir;
+    static const char *const specs[3] = {
+        "attention forward flash { dtype = f16 head_dim = 64 }",
+        "attention forward flash { dtype = bf16 head_dim = 64 }",
+        "attention forward flash { dtype = f16 head_dim = 128 }",
+    };
+    for (int run = 0; run < 2; run++) {   /* cold, then as a new process would */
+        CHECK(aj_ctx_create(&cfg, &ctx) == AJ_OK);
+        CHECK_STATUS(ctx, aj_device_open(ctx, AJ_DEVICE_CUDA, 0, &dev), AJ_OK);
+        if (!dev)
+            return check_report();
+        bind_fake();
+        cuda_log_clear();
+        /* the first by a launch, the others by aj_compile_many's workers */
+        aj_kernel *k = compile(specs[0]);
+        aj_fwd_args a = fwd_args(NULL);
+        CHECK_STATUS(ctx, aj_forward(ctx, dev, k, &a), AJ_OK);
+        aj_op *ops[2] = {NULL, NULL};
+        aj_compile_job jobs[2];
+        memset(jobs, 0, sizeof jobs);
+        for (int i = 0; i < 2; i++) {
+            CHECK_STATUS(ctx, aj_op_parse(ctx, specs[i + 1], strlen(specs[i + 1]), "spec",
+                                          &ops[i]), AJ_OK);
+            jobs[i].op = ops[i];
+        }
+        aj_compile_options opt = AJ_COMPILE_OPTIONS_INIT;
+        opt.device = dev;
+        opt.target = aj_device_target(dev);
+        CHECK_STATUS(ctx, aj_compile_many(ctx, jobs, 2, &opt, 2), AJ_OK);
+        const int linked = count(cuda_log(), "LinkComplete");
+        const int loaded = count(cuda_log(), "ModuleLoadData cubin");
+        CHECK_MSG(loaded == 3, "run %d: %d cubins loaded, want 3:\n%s", run, loaded,
+                  cuda_log());
+        CHECK_MSG(linked == (run == 0 ? 3 : 0), "run %d: %d PTX linked, want %d:\n%s", run,
+                  linked, run == 0 ? 3 : 0, cuda_log());
+        CHECK_LOG_LACKS("ModuleLoadDataEx");
+        CHECK_MSG(count_files(dir, "cubin") == 3, "%d cubins in %s, want 3",
+                  count_files(dir, "cubin"), dir);
+        CHECK_STATUS(ctx, aj_device_synchronize(dev, NULL), AJ_OK);
+        for (int i = 0; i < 2; i++) {
+            aj_kernel_destroy(jobs[i].kernel);
+            aj_op_destroy(ops[i]);
+        }
+        free_tensors((aj_tensor *[]){&a.q, &a.k, &a.v, &a.o, &a.lse}, 5);
+        aj_kernel_destroy(k);
+        aj_device_close(dev);
+        aj_ctx_destroy(ctx);
+    }
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    CHECK(system(cmd) == 0);
+    return check_report();
+}
+
 /* ---------------------------------------------------------------- ring */
 
 /* The log between the first launch and the last. */
@@ -321,8 +402,10 @@ int main(int argc, char **argv)
 {
     const char *what = argc > 1 ? argv[1] : "";
     const int ring = strcmp(what, "ring") == 0, stuck = strcmp(what, "stuck") == 0;
+    if (strcmp(what, "sass") == 0)
+        return run_sass();
     if (!ring && !stuck && strcmp(what, "launch") != 0) {
-        fprintf(stderr, "usage: test_gpu_path launch|ring|stuck\n");
+        fprintf(stderr, "usage: test_gpu_path launch|sass|ring|stuck\n");
         return 2;
     }
     if (ring || stuck)

@@ -395,7 +395,10 @@ typedef struct aj_compile_job {
 } aj_compile_job;
 
 /* Compiles `n` ops on `workers` threads (0: one per core), one LLVM context
- * per compile, results in request order.  A bad op fails alone, with its
+ * per compile, results in request order.  With options->device a cuda
+ * device, each kernel is also loaded there on its worker: its cubin from
+ * the disk cache, else the driver's PTX JIT (stored for later runs), so
+ * first launches do not pay it.  A bad op fails alone, with its
  * own status and message.  Returns AJ_OK when every job succeeded, else
  * the status of the first failing job (the context's message counts the
  * failures).  The ops must not be changed while this runs. */

@@ -58,6 +58,11 @@ void aj_cuda_device_close(aj_cuda_device *d);
 aj_status aj_cuda_launch(aj_ctx *ctx, aj_cuda_device *d, const aj_kernel *k, int stage,
                          const int32_t grid[3], void **args, void *stream);
 
+/* Loads a PTX kernel's module now (a cubin from the disk cache, else the
+ * driver's JIT, stored for later runs), as its first launch would;
+ * AJ_OK for kernels that are not PTX. */
+aj_status aj_cuda_load(aj_ctx *ctx, aj_cuda_device *d, const aj_kernel *k);
+
 aj_status aj_cuda_alloc(aj_ctx *ctx, aj_cuda_device *d, size_t bytes, void **out);
 aj_status aj_cuda_free(aj_ctx *ctx, aj_cuda_device *d, void *ptr);
 aj_status aj_cuda_copy(aj_ctx *ctx, aj_cuda_device *d, void *dst, const void *src,

@@ -16,6 +16,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "runtime/cache.h"
 #include "runtime/cuda/cuda_device.h"
 
 /* ---------------------------------------------------------------- driver */
@@ -182,81 +183,171 @@ void aj_cuda_device_close(aj_cuda_device *d)
     free(d);
 }
 
+/* ---------------------------------------------------------------- modules */
+
+/*
+ * A kernel's module comes from a cubin (SASS): the disk cache's, for this
+ * PTX, compute capability and driver, else the driver's linker's
+ * (cuLinkCreate / cuLinkAddData / cuLinkComplete: the PTX JIT, ptxas in
+ * the driver), which is then stored for later processes.  All of it runs
+ * outside the device's lock, so aj_compile_many's workers JIT in parallel
+ * and launches of loaded kernels go on meanwhile.
+ */
+static aj_status link_cubin(aj_ctx *ctx, aj_cuda_device *d, const aj_kernel *k,
+                            const char *key, CUmodule *mod)
+{
+    aj_status st = AJ_OK;
+    const aj_cuda *cu = d->cu;
+    const char *name = k->stages[0].entry;
+    char error_log[8192] = "", info_log[4096] = "";
+    int options[4] = {AJ_CU_JIT_ERROR_LOG_BUFFER, AJ_CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES,
+                      AJ_CU_JIT_INFO_LOG_BUFFER, AJ_CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES};
+    void *values[4] = {error_log, (void *)(uintptr_t)sizeof error_log, info_log,
+                       (void *)(uintptr_t)sizeof info_log};
+    CUlinkState link = NULL;
+    void *cubin = NULL;
+    size_t cubin_bytes = 0;
+    AJ_CU_TRY(ctx, cu, cu->LinkCreate(4, options, values, &link), "cuLinkCreate");
+    CUresult r = cu->LinkAddData(link, AJ_CU_JIT_INPUT_PTX, (void *)k->code,
+                                 strlen((const char *)k->code) + 1, name, 0, NULL, NULL);
+    if (r == AJ_CUDA_SUCCESS)
+        r = cu->LinkComplete(link, &cubin, &cubin_bytes);
+    if (r != AJ_CUDA_SUCCESS) {
+        st = aj_cuda_fail(ctx, cu, r, "compiling the kernel's PTX");
+        aj_fail(ctx, st, "compiling %s's PTX for %s: %s", name, d->name, error_log);
+        goto done;
+    }
+    if (info_log[0])
+        aj_log(ctx, AJ_LOG_DEBUG, "CUDA JIT for %s: %s", name, info_log);
+    AJ_CU_TRY(ctx, cu, cu->ModuleLoadData(mod, cubin), "cuModuleLoadData");
+    aj_cache_blob_store(ctx, aj_cache_of(ctx), AJ_CACHE_CUBIN, key, cubin, cubin_bytes);
+done:
+    if (link)
+        cu->LinkDestroy(link);   /* frees the cubin */
+    return st;
+}
+
+static aj_status load_module(aj_ctx *ctx, aj_cuda_device *d, const aj_kernel *k,
+                             CUmodule *mod)
+{
+    char fields[128], key[256];
+    snprintf(fields, sizeof fields, "ptx %016llx|sm_%d%d|driver %d",
+             (unsigned long long)k->code_hash, d->cc_major, d->cc_minor,
+             d->cu->driver_version);
+    aj_cache_key(AJ_CACHE_CUBIN, fields, key, sizeof key);
+    size_t bytes = 0;
+    uint8_t *cubin = aj_cache_blob_lookup(ctx, aj_cache_of(ctx), AJ_CACHE_CUBIN, key, &bytes);
+    if (cubin) {
+        CUresult r = d->cu->ModuleLoadData(mod, cubin);
+        free(cubin);
+        if (r == AJ_CUDA_SUCCESS)
+            return AJ_OK;
+        aj_log(ctx, AJ_LOG_WARN, "kernel cache: the driver refused the cached cubin of %s; "
+               "compiling its PTX again", k->stages[0].entry);
+    }
+    return link_cubin(ctx, d, k, key, mod);
+}
+
+/* The functions of a loaded module, with the >48 KiB shared-memory opt-in. */
+static aj_status module_functions(aj_ctx *ctx, aj_cuda_device *d, const aj_kernel *k,
+                                  CUmodule mod, CUfunction *fns)
+{
+    const aj_cuda *cu = d->cu;
+    for (int s = 0; s < k->num_stages; s++) {
+        const aj_kernel_stage *ks = &k->stages[s];
+        CUresult r = cu->ModuleGetFunction(&fns[s], mod, ks->entry);
+        if (r != AJ_CUDA_SUCCESS)
+            return aj_cuda_fail(ctx, cu, r, "cuModuleGetFunction");
+        /* more than 48 KiB of dynamic shared memory must be asked for */
+        if (ks->launch.dynamic_smem <= 48 * 1024)
+            continue;
+        if (ks->launch.dynamic_smem > d->smem_optin)
+            return aj_fail(ctx, AJ_ERR_UNSUPPORTED, "%s needs %d bytes of shared memory; %s "
+                           "allows %d per block", ks->entry, ks->launch.dynamic_smem, d->name,
+                           d->smem_optin);
+        r = cu->FuncSetAttribute(fns[s], AJ_CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                 ks->launch.dynamic_smem);
+        if (r != AJ_CUDA_SUCCESS)
+            return aj_cuda_fail(ctx, cu, r, "raising the dynamic shared memory limit");
+    }
+    return AJ_OK;
+}
+
+/* The kernel's entry in d->loaded (under the lock), or NULL. */
+static aj_cuda_loaded *find_loaded(aj_cuda_device *d, const aj_kernel *k)
+{
+    for (size_t i = 0; i < d->num_loaded; i++)
+        if (d->loaded[i].code_hash == k->code_hash &&
+            strcmp(d->loaded[i].entry, k->stages[0].entry) == 0)
+            return &d->loaded[i];
+    return NULL;
+}
+
 /* The loaded function of a kernel's stage (one module per kernel and
- * device, holding every stage), loading it with the JIT's error and info
- * logs captured. */
+ * device, holding every stage), loading it on first use (the context
+ * pushed).  Two threads loading one kernel at once both load it; the
+ * second to finish unloads its copy. */
 static aj_status function_for(aj_ctx *ctx, aj_cuda_device *d, const aj_kernel *k, int stage,
                               CUfunction *out)
 {
     aj_status st = AJ_OK;
-    const aj_cuda *cu = d->cu;
     pthread_mutex_lock(&d->lock);
-    for (size_t i = 0; i < d->num_loaded; i++)
-        if (d->loaded[i].code_hash == k->code_hash &&
-            strcmp(d->loaded[i].entry, k->stages[0].entry) == 0) {
-            *out = d->loaded[i].fns[stage];
-            goto done;
-        }
+    aj_cuda_loaded *hit = find_loaded(d, k);
+    if (hit)
+        *out = hit->fns[stage];
+    pthread_mutex_unlock(&d->lock);
+    if (hit)
+        return AJ_OK;
+
+    CUmodule mod = NULL;
+    CUfunction fns[AJ_KB_MAX_STAGES] = {0};
+    st = load_module(ctx, d, k, &mod);
+    if (st == AJ_OK)
+        st = module_functions(ctx, d, k, mod, fns);
+    if (st != AJ_OK) {
+        if (mod)
+            d->cu->ModuleUnload(mod);
+        return st;
+    }
+    pthread_mutex_lock(&d->lock);
+    if ((hit = find_loaded(d, k))) {   /* another thread was first */
+        d->cu->ModuleUnload(mod);
+        *out = hit->fns[stage];
+        goto done;
+    }
     if (d->num_loaded == d->cap_loaded) {
         size_t cap = d->cap_loaded ? d->cap_loaded * 2 : 16;
         void *bigger = realloc(d->loaded, cap * sizeof *d->loaded);
         if (!bigger) {
+            d->cu->ModuleUnload(mod);
             st = aj_fail(ctx, AJ_ERR_OUT_OF_MEMORY, "out of memory");
             goto done;
         }
         d->loaded = bigger;
         d->cap_loaded = cap;
     }
-    char error_log[8192] = "", info_log[4096] = "";
-    int options[4] = {AJ_CU_JIT_ERROR_LOG_BUFFER, AJ_CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES,
-                      AJ_CU_JIT_INFO_LOG_BUFFER, AJ_CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES};
-    void *values[4] = {error_log, (void *)(uintptr_t)sizeof error_log, info_log,
-                       (void *)(uintptr_t)sizeof info_log};
-    CUmodule mod = NULL;
-    CUfunction fns[AJ_KB_MAX_STAGES] = {0};
-    const char *name = k->stages[0].entry;
-    CUresult r = cu->ModuleLoadDataEx(&mod, k->code, 4, options, values);
-    if (r != AJ_CUDA_SUCCESS) {
-        st = aj_cuda_fail(ctx, cu, r, "loading the kernel's PTX");
-        aj_fail(ctx, st, "loading %s's PTX on %s: %s", name, d->name, error_log);
-        goto done;
-    }
-    if (info_log[0])
-        aj_log(ctx, AJ_LOG_DEBUG, "CUDA JIT for %s: %s", name, info_log);
-    for (int s = 0; s < k->num_stages; s++) {
-        const aj_kernel_stage *ks = &k->stages[s];
-        r = cu->ModuleGetFunction(&fns[s], mod, ks->entry);
-        if (r != AJ_CUDA_SUCCESS) {
-            cu->ModuleUnload(mod);
-            st = aj_cuda_fail(ctx, cu, r, "cuModuleGetFunction");
-            goto done;
-        }
-        /* more than 48 KiB of dynamic shared memory must be asked for */
-        if (ks->launch.dynamic_smem <= 48 * 1024)
-            continue;
-        if (ks->launch.dynamic_smem > d->smem_optin) {
-            cu->ModuleUnload(mod);
-            st = aj_fail(ctx, AJ_ERR_UNSUPPORTED, "%s needs %d bytes of shared memory; %s "
-                         "allows %d per block", ks->entry, ks->launch.dynamic_smem, d->name,
-                         d->smem_optin);
-            goto done;
-        }
-        r = cu->FuncSetAttribute(fns[s], AJ_CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                                 ks->launch.dynamic_smem);
-        if (r != AJ_CUDA_SUCCESS) {
-            cu->ModuleUnload(mod);
-            st = aj_cuda_fail(ctx, cu, r, "raising the dynamic shared memory limit");
-            goto done;
-        }
-    }
     aj_cuda_loaded *slot = &d->loaded[d->num_loaded++];
-    snprintf(slot->entry, sizeof slot->entry, "%s", name);
+    snprintf(slot->entry, sizeof slot->entry, "%s", k->stages[0].entry);
     slot->code_hash = k->code_hash;
     slot->mod = mod;
     memcpy(slot->fns, fns, sizeof slot->fns);
     *out = fns[stage];
 done:
     pthread_mutex_unlock(&d->lock);
+    return st;
+}
+
+aj_status aj_cuda_load(aj_ctx *ctx, aj_cuda_device *d, const aj_kernel *k)
+{
+    aj_status st = AJ_OK;
+    if (k->emit != AJ_EMIT_PTX)
+        return AJ_OK;   /* nothing the driver loads */
+    AJ_CU_TRY(ctx, d->cu, d->cu->CtxPushCurrent(d->cuctx), "cuCtxPushCurrent");
+    CUfunction fn = NULL;
+    st = function_for(ctx, d, k, 0, &fn);
+    CUcontext popped;
+    d->cu->CtxPopCurrent(&popped);
+done:
     return st;
 }
 
