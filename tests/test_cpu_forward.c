@@ -205,6 +205,20 @@ static void *to_device(const void *host, size_t bytes)
     return p;
 }
 
+/* The cpu kernel of an op's text, or NULL (the failure checked). */
+static aj_kernel *compile_cpu(const char *spec)
+{
+    aj_op *op = NULL;
+    aj_kernel *kernel = NULL;
+    CHECK_STATUS(ctx, aj_op_parse(ctx, spec, strlen(spec), "spec", &op), AJ_OK);
+    aj_compile_options opt = AJ_COMPILE_OPTIONS_INIT;
+    opt.target = AJ_TARGET_CPU;
+    if (op)
+        CHECK_STATUS(ctx, aj_compile(ctx, op, &opt, &kernel), AJ_OK);
+    aj_op_destroy(op);
+    return kernel;
+}
+
 /*
  * accumulate with varlen: o_acc and lse of packed sequences built up by two
  * calls, over the first and the second half of each sequence's keys (one
@@ -251,16 +265,8 @@ static void test_varlen_accumulate(void)
     for (int i = 0; i < VA_HQ * tq; i++)
         lse[i] = -INFINITY;
 
-    const char *spec = "attention forward efficient { dtype = f32 head_dim = 32 "
-                       "layout = varlen accumulate = true }";
-    aj_op *op = NULL;
-    aj_kernel *kernel = NULL;
-    CHECK_STATUS(ctx, aj_op_parse(ctx, spec, strlen(spec), "varlen accumulate", &op), AJ_OK);
-    aj_compile_options opt = AJ_COMPILE_OPTIONS_INIT;
-    opt.target = AJ_TARGET_CPU;
-    if (op)
-        CHECK_STATUS(ctx, aj_compile(ctx, op, &opt, &kernel), AJ_OK);
-    aj_op_destroy(op);
+    aj_kernel *kernel = compile_cpu("attention forward efficient { dtype = f32 head_dim = 32 "
+                                    "layout = varlen accumulate = true }");
     const size_t row = VA_HKV * VA_D * sizeof(float);
     void *dq = to_device(q, qn * sizeof *q), *dacc = to_device(o_acc, qn * sizeof *o_acc);
     void *dlse = to_device(lse, (size_t)VA_HQ * tq * sizeof *lse);
@@ -382,15 +388,8 @@ static void test_long(void)
  * skipped, and the next good call is clean. */
 static void test_varlen_bad_offsets(void)
 {
-    const char *spec = "attention forward flash { dtype = f32 head_dim = 32 layout = varlen }";
-    aj_op *op = NULL;
-    aj_kernel *kernel = NULL;
-    CHECK_STATUS(ctx, aj_op_parse(ctx, spec, strlen(spec), "varlen", &op), AJ_OK);
-    aj_compile_options opt = AJ_COMPILE_OPTIONS_INIT;
-    opt.target = AJ_TARGET_CPU;
-    if (op)
-        CHECK_STATUS(ctx, aj_compile(ctx, op, &opt, &kernel), AJ_OK);
-    aj_op_destroy(op);
+    aj_kernel *kernel = compile_cpu("attention forward flash { dtype = f32 head_dim = 32 "
+                                    "layout = varlen }");
     if (!kernel)
         return;
     enum { T = 6, H = 2, D = 32 };

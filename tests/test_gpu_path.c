@@ -356,13 +356,10 @@ static int run_ring(int stuck)
     aj_op *fop = NULL, *bop = NULL;
     CHECK_STATUS(ctx, aj_op_parse(ctx, fspec, strlen(fspec), "f", &fop), AJ_OK);
     CHECK_STATUS(ctx, aj_op_parse(ctx, bspec, strlen(bspec), "b", &bop), AJ_OK);
-    const int64_t qs[4] = {B, H, S, D}, ls[3] = {B, H, S};
+    const int64_t qs[4] = {B, H, S, D};
+    const aj_fwd_args shards = fwd_args(NULL);   /* this rank's */
     aj_ring_fwd_args f = AJ_RING_FWD_ARGS_INIT;
-    f.q = dev_tensor(AJ_DTYPE_F16, 4, qs);
-    f.k = dev_tensor(AJ_DTYPE_F16, 4, qs);
-    f.v = dev_tensor(AJ_DTYPE_F16, 4, qs);
-    f.o = dev_tensor(AJ_DTYPE_F16, 4, qs);
-    f.lse = dev_tensor(AJ_DTYPE_F32, 3, ls);
+    f.q = shards.q, f.k = shards.k, f.v = shards.v, f.o = shards.o, f.lse = shards.lse;
     f.layout = AJ_SHARD_ZIGZAG;
     const double t0 = MPI_Wtime();
     cuda_log_clear();

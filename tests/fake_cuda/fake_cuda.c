@@ -53,6 +53,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "stand_in_log.h"
+
 typedef int CUresult;
 typedef unsigned long long CUdeviceptr;
 
@@ -87,23 +89,6 @@ static int stuck(void)
 
 /* ---------------------------------------------------------------- log */
 
-static char log_text[1 << 20];
-static size_t log_len;
-
-static void note(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static void note(const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(log_text + log_len, sizeof log_text - log_len, fmt, ap);
-    va_end(ap);
-    if (n > 0 && log_len + (size_t)n + 1 < sizeof log_text) {
-        log_len += (size_t)n;
-        log_text[log_len++] = '\n';
-        log_text[log_len] = '\0';
-    }
-}
-
 const char *fake_cuda_log(void);
 const char *fake_cuda_log(void)
 {
@@ -129,8 +114,7 @@ __attribute__((destructor)) static void write_log(void)
 void fake_cuda_log_clear(void);
 void fake_cuda_log_clear(void)
 {
-    log_len = 0;
-    log_text[0] = '\0';
+    log_clear();
 }
 
 /* A blocking wait for work that never ends. */

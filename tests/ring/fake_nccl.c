@@ -30,6 +30,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "stand_in_log.h"
+
 enum { SUCCESS = 0, IN_PROGRESS = 7, SYSTEM_ERROR = 2, INVALID_ARGUMENT = 4, INVALID_USAGE = 5, REMOTE_ERROR = 6 };
 enum { OWN = 0x4f574e, CALLER = 0x43414c };
 enum { TAG = 30303, MAX_PENDING = 8 };
@@ -44,8 +46,6 @@ typedef struct pending {
     size_t bytes;
 } pending;
 
-static char log_text[1 << 16];
-static size_t log_len;
 static pending group[MAX_PENDING];
 static int group_depth, num_pending;
 static fake_comm caller_comm = {CALLER, 0, 0};
@@ -55,8 +55,6 @@ static int mode_is(const char *m)
     const char *v = getenv("FAKE_NCCL_MODE");
     return v && strcmp(v, m) == 0;
 }
-
-static void note(const char *fmt, ...);
 
 /* Nonblocking mode: the work ncclGroupEnd or a collective left in
  * progress, done when ncclCommGetAsyncError has been polled enough. */
@@ -80,19 +78,6 @@ static int defer(void (*run)(const void *), const void *args, size_t bytes)
     return IN_PROGRESS;
 }
 
-static void note(const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(log_text + log_len, sizeof log_text - log_len, fmt, ap);
-    va_end(ap);
-    if (n > 0 && log_len + (size_t)n + 1 < sizeof log_text) {
-        log_len += (size_t)n;
-        log_text[log_len++] = '\n';
-        log_text[log_len] = '\0';
-    }
-}
-
 static const char *who(const fake_comm *c)
 {
     return c->magic == OWN ? "own" : c->magic == CALLER ? "caller" : "bad";
@@ -114,8 +99,7 @@ const char *fake_nccl_log(void)
 void fake_nccl_log_clear(void);
 void fake_nccl_log_clear(void)
 {
-    log_len = 0;
-    log_text[0] = '\0';
+    log_clear();
 }
 
 /* A communicator "the caller made", over MPI_COMM_WORLD. */
