@@ -404,6 +404,13 @@ void aj_kb_store(aj_kb *kb, LLVMValueRef value, LLVMValueRef ptr,
     LLVMSetAlignment(st, align);
 }
 
+void aj_kb_atomic_umin_i32(aj_kb *kb, LLVMValueRef ptr, LLVMValueRef value)
+{
+    sim_check_access(kb, kb->t_i32, ptr, 1);
+    LLVMBuildAtomicRMW(kb->b, LLVMAtomicRMWBinOpUMin, ptr, value, LLVMAtomicOrderingMonotonic,
+                       0);
+}
+
 /* ---------------------------------------------------------------- GPU ops */
 
 LLVMValueRef aj_kb_thread_id(aj_kb *kb)

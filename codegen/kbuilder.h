@@ -208,6 +208,9 @@ LLVMValueRef aj_kb_load(aj_kb *kb, LLVMTypeRef type, LLVMValueRef ptr,
                         unsigned align);
 void aj_kb_store(aj_kb *kb, LLVMValueRef value, LLVMValueRef ptr,
                  unsigned align);
+/* *ptr = min(*ptr, value) for an i32 in global memory, unsigned and
+ * atomic (atom.global.min.u32 on nvptx; checked like a store on sim). */
+void aj_kb_atomic_umin_i32(aj_kb *kb, LLVMValueRef ptr, LLVMValueRef value);
 
 /* GPU helpers built on the table */
 LLVMValueRef aj_kb_thread_id(aj_kb *kb);

@@ -584,7 +584,7 @@ bool aj_expr_name_reserved(const char *name, size_t len)
         "q", "k", "v", "o", "lse", "do", "dq", "dk", "dv", "bias", "dbias",
         "alibi_slopes", "o1", "lse1", "o2", "lse2", "cu_seqlens_q",
         "cu_seqlens_k", "k_cache", "v_cache", "block_table", "seqlens_k",
-        "k_scale", "v_scale",
+        "k_scale", "v_scale", "varlen_status",
     };
     const char *names[AJ_COUNT_OF(reserved) + AJ_VAR_COUNT + AJ_EXPR_OP_COUNT];
     size_t count = 0;

@@ -257,7 +257,8 @@ void aj_expr_print(const aj_expr *e, uint16_t root,
 /* A name a side tensor may not take: a variable, a function, a keyword
  * (true false inf expr none) or a tensor name of the launch API (q k v o
  * lse do dq dk dv bias dbias alibi_slopes o1 lse1 o2 lse2 cu_seqlens_q
- * cu_seqlens_k k_cache v_cache block_table seqlens_k k_scale v_scale). */
+ * cu_seqlens_k k_cache v_cache block_table seqlens_k k_scale v_scale) or
+ * of its kernels (varlen_status). */
 bool aj_expr_name_reserved(const char *name, size_t len);
 
 /* ---------------------------------------------------------------- eval */

@@ -1,19 +1,25 @@
 /*
  * cache.c -- the kernel cache: in memory per context, and on disk.
  *
- * A compile is keyed by the op's canonical hash, the target, the opt level,
- * the emitted form, the LLVM and attnjit versions and a digest of the
- * sources that generate code, so no build of attnjit ever reads kernels
- * another build wrote; then by its entry kind (a row of entry_kinds below:
- * what else the code depends on, and whether it may go to disk).
- * aj_cache_key is the one place a key is made.  Memory entries hold a
- * reference to the kernel; disk entries are files
+ * Every entry has a kind, a row of entry_kinds below: PTX, cpu object
+ * code, sim object code (the kernels a compile makes) and cubins (what the
+ * driver's linker makes of a kernel's PTX).  A key (aj_cache_key, the one
+ * place a key is made) is the kind, its fields (a compile: the op's
+ * canonical hash, the target, the opt level, the emitted form; a cubin:
+ * the PTX's hash, the compute capability, the driver version), what the
+ * kind's code depends on (the host CPU for host code), the LLVM version
+ * where LLVM made it, and attnjit's version and a digest of the sources
+ * that generate code, so no build of attnjit ever reads entries another
+ * build wrote.  Memory entries hold a reference to a kernel; disk entries
+ * (the kinds whose row allows it: not sim's, which calls into this
+ * process) are files
  *
- *     <dir>/<xxh3-64 of the key>.ajk:
+ *     <dir>/<xxh3-64 of the key>.<suffix of the entry's kind>:
  *         "AJKC"  u32 format  u32 key length  key  u64 payload length
- *         u64 xxh3-64 of the payload   payload (aj_kernel_serialize)
+ *         u64 xxh3-64 of the payload   payload
  *
- * written to a temporary name and renamed into place, so a reader sees a
+ * with the kind's payload: an aj_kernel (aj_kernel_serialize, .ajk) or a
+ * cubin (.cubin), written to a temporary name and renamed into place, so a reader sees a
  * whole entry or none, and two processes writing the same key both leave a
  * valid one.  An entry that fails any check is deleted and rebuilt, never
  * used.  Hits refresh the file's time; past the size cap the least recently
@@ -43,48 +49,53 @@
 /* ---------------------------------------------------------------- keys */
 
 /*
- * Entry kinds: per kind of compiled code, the targets it serves, what the
- * code depends on beyond every key's fields (optional), and whether its
- * entries go to disk.  A new kind of code (cubin beside PTX) is a new row.
+ * Entry kinds, one row each: the targets whose compiles make it (none for
+ * a cubin, which the driver's linker makes from a kernel's PTX), what its
+ * content depends on beyond the key's fields (optional), whether LLVM made
+ * it, whether it may go to disk, and its file suffix.  A new kind of code
+ * is a new row.
  */
-typedef struct entry_kind {
-    const char *name;
-    bool (*serves)(aj_target target);
-    void (*depends)(char *out, size_t cap);   /* optional */
-    bool disk;
-} entry_kind;
-
 static bool serves_cpu(aj_target t) { return t == AJ_TARGET_CPU; }
 static bool serves_sim(aj_target t) { return t == AJ_TARGET_SIM; }
 
-static const entry_kind entry_kinds[] = {
+static const struct {
+    const char *name;
+    bool (*serves)(aj_target target);        /* NULL: not a compile's */
+    void (*depends)(char *out, size_t cap);   /* optional */
+    bool llvm, disk;
+    const char *suffix;
+} entry_kinds[AJ_CACHE_KIND_COUNT] = {
     /* PTX text: portable across GPUs of the target, loaded by the driver */
-    {"ptx", aj_target_is_nvptx, NULL, true},
+    [AJ_CACHE_PTX] = {"ptx", aj_target_is_nvptx, NULL, true, true, "ajk"},
     /* host object code for this CPU and its features (AJ_CPU_ISA included) */
-    {"cpu-object", serves_cpu, aj_host_cpu_id, true},
+    [AJ_CACHE_CPU_OBJECT] = {"cpu-object", serves_cpu, aj_host_cpu_id, true, true, "ajk"},
     /* host code that calls into this process's emulator: memory only */
-    {"sim-object", serves_sim, aj_host_cpu_id, false},
+    [AJ_CACHE_SIM_OBJECT] = {"sim-object", serves_sim, aj_host_cpu_id, true, false, "ajk"},
+    /* a GPU's machine code, keyed by the PTX's hash, the compute capability
+     * and the driver version (the fields): disk only */
+    [AJ_CACHE_CUBIN] = {"cubin", NULL, NULL, false, true, "cubin"},
 };
 
-/* (AJ_EMIT_AUTO is resolved before a key is made) */
-static const char *const emit_names[AJ_EMIT_COUNT] = {"ptx", "llvm", "bc", "auto"};
-
-void aj_cache_key(const char *op_hash, const aj_compile_options *opt, char *key, size_t cap,
-                  int *use_disk)
+aj_cache_kind aj_cache_kind_of(aj_target target)
 {
-    const entry_kind *kind = NULL;
-    for (size_t i = 0; i < sizeof entry_kinds / sizeof entry_kinds[0] && !kind; i++)
-        if (entry_kinds[i].serves(opt->target))
-            kind = &entry_kinds[i];
-    char depends[256] = "";
-    if (kind && kind->depends)
-        kind->depends(depends, sizeof depends);
+    for (int k = 0; k < AJ_CACHE_KIND_COUNT; k++)
+        if (entry_kinds[k].serves && entry_kinds[k].serves(target))
+            return (aj_cache_kind)k;
+    return AJ_CACHE_NONE;
+}
+
+int aj_cache_key(aj_cache_kind kind, const char *fields, char *out, size_t cap)
+{
+    const int known = kind != AJ_CACHE_NONE;
+    char depends[256] = "", llvm[64] = "";
+    if (known && entry_kinds[kind].depends)
+        entry_kinds[kind].depends(depends, sizeof depends);
+    if (known && entry_kinds[kind].llvm)
+        snprintf(llvm, sizeof llvm, "llvm %s|", aj_llvm_version());
     /* AJ_CODEGEN_ID: a digest of the IR, codegen and template sources */
-    snprintf(key, cap, "aj-kernel|%s|%s|O%d|%s|llvm %s|attnjit %s+%s|%s|%s", op_hash,
-             aj_target_name(opt->target), opt->opt_level, emit_names[opt->emit],
-             aj_llvm_version(), aj_version_string(), AJ_CODEGEN_ID, kind ? kind->name : "-",
-             depends);
-    *use_disk = kind && kind->disk;
+    snprintf(out, cap, "aj-%s|%s|%sattnjit %s+%s|%s", known ? entry_kinds[kind].name : "-",
+             fields, llvm, aj_version_string(), AJ_CODEGEN_ID, depends);
+    return known && entry_kinds[kind].disk;
 }
 
 typedef struct mem_entry {
@@ -214,10 +225,21 @@ aj_status aj_cache_get_stats(aj_ctx *ctx, aj_cache_stats *out)
 
 /* ---------------------------------------------------------------- disk */
 
-static void entry_path(const aj_kernel_cache *c, const char *key, char *out, size_t cap)
+static void entry_path(const aj_kernel_cache *c, aj_cache_kind kind, const char *key,
+                       char *out, size_t cap)
 {
-    snprintf(out, cap, "%s/%016llx.ajk", c->dir,
-             (unsigned long long)XXH3_64bits(key, strlen(key)));
+    snprintf(out, cap, "%s/%016llx.%s", c->dir,
+             (unsigned long long)XXH3_64bits(key, strlen(key)), entry_kinds[kind].suffix);
+}
+
+/* Whether a file name is a cache entry's, of any kind. */
+static int is_entry_name(const char *name)
+{
+    const char *dot = strrchr(name, '.');
+    for (int k = 0; dot && k < AJ_CACHE_KIND_COUNT; k++)
+        if (strcmp(dot + 1, entry_kinds[k].suffix) == 0)
+            return 1;
+    return 0;
 }
 
 static uint8_t *read_whole(const char *path, size_t *len)
@@ -272,32 +294,67 @@ static const uint8_t *check_entry(const uint8_t *buf, size_t len, const char *ke
     return p;
 }
 
-static aj_kernel *disk_lookup(aj_ctx *ctx, aj_kernel_cache *c, const char *key)
+static void discard(aj_ctx *ctx, aj_kernel_cache *c, const char *path)
 {
-    char path[600];
-    entry_path(c, key, path, sizeof path);
+    aj_log(ctx, AJ_LOG_WARN, "kernel cache: %s is damaged; removed, the entry is rebuilt",
+           path);
+    unlink(path);
+    pthread_mutex_lock(&c->lock);
+    c->stats.corrupt_entries++;
+    pthread_mutex_unlock(&c->lock);
+}
+
+/* A valid entry's payload, moved to the front of its buffer (the caller
+ * frees it), with *path its file. */
+static uint8_t *read_entry(aj_ctx *ctx, aj_kernel_cache *c, aj_cache_kind kind,
+                           const char *key, size_t *plen, char *path, size_t path_cap)
+{
+    entry_path(c, kind, key, path, path_cap);
     size_t len = 0;
     uint8_t *buf = read_whole(path, &len);
     if (!buf)
         return NULL;
-    size_t plen = 0;
     int corrupt = 0;
-    const uint8_t *payload = check_entry(buf, len, key, &plen, &corrupt);
-    aj_kernel *k = NULL;
-    if (payload && aj_kernel_deserialize(ctx, payload, plen, &k) != AJ_OK)
-        corrupt = 1;
-    free(buf);
-    if (corrupt) {
-        aj_log(ctx, AJ_LOG_WARN, "kernel cache: %s is damaged; removed, the kernel is rebuilt",
-               path);
-        unlink(path);
-        pthread_mutex_lock(&c->lock);
-        c->stats.corrupt_entries++;
-        pthread_mutex_unlock(&c->lock);
+    const uint8_t *payload = check_entry(buf, len, key, plen, &corrupt);
+    if (!payload) {
+        free(buf);
+        if (corrupt)
+            discard(ctx, c, path);
         return NULL;
     }
-    if (k)
-        utimensat(AT_FDCWD, path, NULL, 0);   /* recently used */
+    memmove(buf, payload, *plen);
+    utimensat(AT_FDCWD, path, NULL, 0);   /* recently used */
+    return buf;
+}
+
+uint8_t *aj_cache_blob_lookup(aj_ctx *ctx, aj_kernel_cache *c, aj_cache_kind kind,
+                              const char *key, size_t *len)
+{
+    char path[600];
+    if (!c || !c->disk)
+        return NULL;
+    uint8_t *data = read_entry(ctx, c, kind, key, len, path, sizeof path);
+    pthread_mutex_lock(&c->lock);
+    if (data)
+        c->stats.disk_hits++;
+    else
+        c->stats.misses++;
+    pthread_mutex_unlock(&c->lock);
+    return data;
+}
+
+static aj_kernel *disk_lookup(aj_ctx *ctx, aj_kernel_cache *c, aj_cache_kind kind,
+                              const char *key)
+{
+    char path[600];
+    size_t plen = 0;
+    uint8_t *payload = read_entry(ctx, c, kind, key, &plen, path, sizeof path);
+    aj_kernel *k = NULL;
+    if (payload && aj_kernel_deserialize(ctx, payload, plen, &k) != AJ_OK) {
+        k = NULL;
+        discard(ctx, c, path);
+    }
+    free(payload);
     return k;
 }
 
@@ -341,7 +398,7 @@ static void evict(aj_kernel_cache *c)
     uint64_t total = 0;
     for (struct dirent *e; (e = readdir(d));) {
         size_t len = strlen(e->d_name);
-        if (len < 5 || len >= sizeof files[0].name || strcmp(e->d_name + len - 4, ".ajk") != 0)
+        if (len >= sizeof files[0].name || !is_entry_name(e->d_name))
             continue;
         char path[600];
         struct stat sb;
@@ -374,14 +431,13 @@ static void evict(aj_kernel_cache *c)
     free(files);
 }
 
-static void disk_store(aj_ctx *ctx, aj_kernel_cache *c, const char *key, const aj_kernel *k)
+void aj_cache_blob_store(aj_ctx *ctx, aj_kernel_cache *c, aj_cache_kind kind,
+                         const char *key, const void *payload, size_t plen)
 {
-    uint8_t *payload = NULL;
-    size_t plen = 0;
-    if (aj_kernel_serialize(ctx, k, &payload, &plen) != AJ_OK)
+    if (!c || !c->disk)
         return;
     char path[600], temp[700];
-    entry_path(c, key, path, sizeof path);
+    entry_path(c, kind, key, path, sizeof path);
     pthread_mutex_lock(&c->lock);
     unsigned serial = c->temp_counter++;
     pthread_mutex_unlock(&c->lock);
@@ -397,7 +453,6 @@ static void disk_store(aj_ctx *ctx, aj_kernel_cache *c, const char *key, const a
         bad = 1;
     if (!bad && rename(temp, path) != 0)
         bad = 1;
-    free(payload);
     if (bad) {
         aj_log(ctx, AJ_LOG_WARN, "kernel cache: cannot write %s: %s", path, strerror(errno));
         unlink(temp);
@@ -409,9 +464,23 @@ static void disk_store(aj_ctx *ctx, aj_kernel_cache *c, const char *key, const a
     pthread_mutex_unlock(&c->lock);
 }
 
+static void disk_store(aj_ctx *ctx, aj_kernel_cache *c, aj_cache_kind kind, const char *key,
+                       const aj_kernel *k)
+{
+    uint8_t *payload = NULL;
+    size_t plen = 0;
+    if (aj_kernel_serialize(ctx, k, &payload, &plen) != AJ_OK)
+        return;
+    aj_cache_blob_store(ctx, c, kind, key, payload, plen);
+    free(payload);
+}
+
 /* ---------------------------------------------------------------- lookup */
 
-aj_kernel *aj_cache_lookup(aj_ctx *ctx, aj_kernel_cache *c, const char *key, int use_disk)
+static void memory_store(aj_kernel_cache *c, const char *key, aj_kernel *k);
+
+aj_kernel *aj_cache_lookup(aj_ctx *ctx, aj_kernel_cache *c, aj_cache_kind kind,
+                           const char *key)
 {
     aj_kernel *k = NULL;
     pthread_mutex_lock(&c->lock);
@@ -421,14 +490,14 @@ aj_kernel *aj_cache_lookup(aj_ctx *ctx, aj_kernel_cache *c, const char *key, int
     if (k)
         c->stats.memory_hits++;
     pthread_mutex_unlock(&c->lock);
-    if (k || !use_disk || !c->disk)
+    if (k || kind == AJ_CACHE_NONE || !entry_kinds[kind].disk || !c->disk)
         goto done;
-    k = disk_lookup(ctx, c, key);
+    k = disk_lookup(ctx, c, kind, key);
     if (k) {
         pthread_mutex_lock(&c->lock);
         c->stats.disk_hits++;
         pthread_mutex_unlock(&c->lock);
-        aj_cache_store(ctx, c, key, k, 0);   /* and keep it in memory */
+        memory_store(c, key, k);   /* and keep it in memory */
     }
 done:
     if (!k) {
@@ -439,8 +508,7 @@ done:
     return k;
 }
 
-void aj_cache_store(aj_ctx *ctx, aj_kernel_cache *c, const char *key, aj_kernel *k,
-                    int use_disk)
+static void memory_store(aj_kernel_cache *c, const char *key, aj_kernel *k)
 {
     pthread_mutex_lock(&c->lock);
     int present = 0;
@@ -462,8 +530,14 @@ void aj_cache_store(aj_ctx *ctx, aj_kernel_cache *c, const char *key, aj_kernel 
         }
     }
     pthread_mutex_unlock(&c->lock);
-    if (use_disk && c->disk)
-        disk_store(ctx, c, key, k);
+}
+
+void aj_cache_store(aj_ctx *ctx, aj_kernel_cache *c, aj_cache_kind kind, const char *key,
+                    aj_kernel *k)
+{
+    memory_store(c, key, k);
+    if (kind != AJ_CACHE_NONE && entry_kinds[kind].disk && c->disk)
+        disk_store(ctx, c, kind, key, k);
 }
 
 const char *aj_cache_disk_dir(const aj_kernel_cache *c)

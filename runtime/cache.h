@@ -10,23 +10,50 @@ typedef struct aj_kernel_cache aj_kernel_cache;
 
 #define AJ_CACHE_KEY_MAX 512
 
-/* The cache key of a compile of the op whose canonical hash is op_hash
- * (options resolved: no AJ_EMIT_AUTO), and whether its entry may go to
- * disk.  The one place a key is derived (see cache.c). */
-void aj_cache_key(const char *op_hash, const aj_compile_options *opt, char *key, size_t cap,
-                  int *use_disk);
-
 /* The context's cache, made on first use; NULL with AJ_CACHE_OFF (or when
  * out of memory: then nothing is cached). */
 aj_kernel_cache *aj_cache_of(aj_ctx *ctx);
 
-/* A new reference to the kernel cached under `key`, from memory, else (if
- * use_disk) from disk; NULL on a miss.  Thread-safe. */
-aj_kernel *aj_cache_lookup(aj_ctx *ctx, aj_kernel_cache *c, const char *key, int use_disk);
+/* What a cache entry holds: a row of cache.c's entry_kinds (its key
+ * prefix, what its content depends on, whether it goes to disk, its file
+ * suffix).  PTX, cpu and sim kernels are aj_kernels (sim in memory only);
+ * a cubin is the driver linker's output for one PTX (disk only). */
+typedef enum aj_cache_kind {
+    AJ_CACHE_NONE = -1,   /* a target no row serves: memory only */
+    AJ_CACHE_PTX = 0,
+    AJ_CACHE_CPU_OBJECT,
+    AJ_CACHE_SIM_OBJECT,
+    AJ_CACHE_CUBIN,
+    AJ_CACHE_KIND_COUNT
+} aj_cache_kind;
 
-/* Keeps a reference in memory and, if use_disk, writes the disk entry. */
-void aj_cache_store(aj_ctx *ctx, aj_kernel_cache *c, const char *key, aj_kernel *k,
-                    int use_disk);
+/* The kind of entry a compile for `target` makes. */
+aj_cache_kind aj_cache_kind_of(aj_target target);
+
+/* The key of an entry of `kind`: the kind, `fields` (what decides the
+ * content: op hash, target, options; PTX hash, compute capability, driver
+ * version), what the kind's content depends on (the host CPU for host
+ * code) and the versions of what produces it.  The one place keys are
+ * made.  Returns whether entries of the kind may go to disk. */
+int aj_cache_key(aj_cache_kind kind, const char *fields, char *out, size_t cap);
+
+/* A new reference to the kernel cached under `key`, from memory, else (if
+ * the kind goes to disk) from disk; NULL on a miss.  Thread-safe. */
+aj_kernel *aj_cache_lookup(aj_ctx *ctx, aj_kernel_cache *c, aj_cache_kind kind,
+                           const char *key);
+
+/* Keeps a reference in memory and, if the kind goes to disk, writes the
+ * disk entry. */
+void aj_cache_store(aj_ctx *ctx, aj_kernel_cache *c, aj_cache_kind kind, const char *key,
+                    aj_kernel *k);
+
+/* Raw entries on disk: the bytes stored under `key` (malloc'd, the caller
+ * frees), or NULL on a miss or without a disk cache; a damaged entry is
+ * removed and counted.  Thread-safe. */
+uint8_t *aj_cache_blob_lookup(aj_ctx *ctx, aj_kernel_cache *c, aj_cache_kind kind,
+                              const char *key, size_t *len);
+void aj_cache_blob_store(aj_ctx *ctx, aj_kernel_cache *c, aj_cache_kind kind,
+                         const char *key, const void *data, size_t len);
 
 /* The disk cache's directory, or NULL when the cache is in memory only. */
 const char *aj_cache_disk_dir(const aj_kernel_cache *c);

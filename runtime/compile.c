@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "runtime/cache.h"
+#include "runtime/runtime.h"
 #include "runtime/sim/emulator.h"
 #include "runtime/tune.h"
 #include "templates/template.h"
@@ -57,6 +58,9 @@ static aj_status check_op(aj_ctx *ctx, const aj_op *op)
     return st == AJ_OK ? AJ_OK : aj_fail(ctx, st, "%s", msg);
 }
 
+/* (AJ_EMIT_AUTO is resolved by read_options before a key is made) */
+static const char *const emit_names[AJ_EMIT_COUNT] = {"ptx", "llvm", "bc", "auto"};
+
 static aj_status compile_one(aj_ctx *ctx, aj_kernel_cache *cache, const aj_op *op,
                              const aj_compile_options *opt, aj_kernel **out);
 
@@ -101,10 +105,14 @@ static aj_status compile_one(aj_ctx *ctx, aj_kernel_cache *cache, const aj_op *o
     AJ_TRY(tmpl->check(ctx, op, opt->target));
     AJ_TRY(aj_op_hash(op, hash));
 
-    int use_disk = 0;
-    aj_cache_key(hash, opt, key, sizeof key, &use_disk);
+    /* the key: what the compile reads (and the versions that produce it) */
+    char fields[128];
+    snprintf(fields, sizeof fields, "%s|%s|O%d|%s", hash, aj_target_name(opt->target),
+             opt->opt_level, emit_names[opt->emit]);
+    aj_cache_kind kind = aj_cache_kind_of(opt->target);
+    aj_cache_key(kind, fields, key, sizeof key);
     int cached = cache && !opt->bypass_cache && !opt->dump_after;
-    if (cached && (*out = aj_cache_lookup(ctx, cache, key, use_disk)))
+    if (cached && (*out = aj_cache_lookup(ctx, cache, kind, key)))
         goto done;
 
     snprintf(entry, sizeof entry, "aj_%s_%s", tmpl->name, hash);
@@ -114,7 +122,7 @@ static aj_status compile_one(aj_ctx *ctx, aj_kernel_cache *cache, const aj_op *o
     AJ_TRY(aj_codegen_run(ctx, op, opt, entry, tmpl->build, NULL, syms, nsyms, out));
     aj_op_get_info(op, &(*out)->op);
     if (cached)
-        aj_cache_store(ctx, cache, key, *out, use_disk);
+        aj_cache_store(ctx, cache, kind, key, *out);
 done:
     return st;
 }
@@ -169,6 +177,10 @@ static void *batch_worker(void *arg)
                                   "NULL", i);
         } else {
             job->status = compile_one(ctx, b->cache, job->op, b->opt, &job->kernel);
+            /* and the driver's JIT, here in parallel, not at the first launch */
+            if (job->status == AJ_OK && b->opt->device)
+                job->status = aj_device_load_kernel(ctx, (aj_device *)b->opt->device,
+                                                    job->kernel);
         }
         if (job->status != AJ_OK)
             snprintf(job->message, sizeof job->message, "%s", aj_last_error(ctx));

@@ -3,10 +3,17 @@
  * for at run time (runtime/cuda); without it every other device keeps
  * working.
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "runtime/runtime.h"
+#include "templates/attn_common.h"
+
+static aj_status set_status(aj_device *dev, uint32_t value)
+{
+    return aj_device_copy_to(dev, dev->status, &value, sizeof value);
+}
 
 static aj_status new_device(aj_ctx *ctx, aj_device_kind kind, int index,
                             aj_cuda_device *cuda, aj_device **out)
@@ -20,6 +27,15 @@ static aj_status new_device(aj_ctx *ctx, aj_device_kind kind, int index,
     dev->kind = kind;
     dev->index = index;
     dev->cuda = cuda;
+    void *status = NULL;
+    aj_status st = aj_device_alloc(dev, sizeof *dev->status, &status);
+    dev->status = status;
+    if (st == AJ_OK)
+        st = set_status(dev, AJ_VARLEN_STATUS_CLEAR);
+    if (st != AJ_OK) {
+        aj_device_close(dev);
+        return st;
+    }
     *out = dev;
     return AJ_OK;
 }
@@ -72,6 +88,7 @@ void aj_device_close(aj_device *dev)
 {
     if (!dev)
         return;
+    aj_device_free(dev, dev->status);
     aj_cuda_device_close(dev->cuda);
     aj_cpu_device_close(dev->cpu);
     free(dev);
@@ -145,11 +162,111 @@ aj_status aj_device_copy_from(aj_device *dev, void *host_dst, const void *src, s
     return copy(dev, host_dst, src, bytes, 0);
 }
 
+/* The fault recorded in the status word (cleared again), as `fn`'s
+ * AJ_ERR_INVALID_ARG. */
+static aj_status take_status(aj_device *dev, const char *fn)
+{
+    uint32_t code = AJ_VARLEN_STATUS_CLEAR;
+    aj_status st = aj_device_copy_from(dev, &code, dev->status, sizeof code);
+    if (st != AJ_OK || code == AJ_VARLEN_STATUS_CLEAR)
+        return st;
+    st = set_status(dev, AJ_VARLEN_STATUS_CLEAR);
+    if (st != AJ_OK)
+        return st;
+    const unsigned seq = code >> 4, next = seq + 1;
+    const char c = code & 8 ? 'k' : 'q';
+    const char *what = c == 'k' ? "keys" : "queries";
+    char fault[160];
+    switch ((aj_varlen_fault)(code & 7)) {
+    case AJ_VARLEN_FIRST_NOT_ZERO:
+        snprintf(fault, sizeof fault, "cu_seqlens_%c[0] is not 0", c);
+        break;
+    case AJ_VARLEN_DECREASING:
+        snprintf(fault, sizeof fault, "cu_seqlens_%c[%u] is below cu_seqlens_%c[%u]; offsets "
+                 "must not decrease", c, next, c, seq);
+        break;
+    case AJ_VARLEN_OUT_OF_RANGE:
+        snprintf(fault, sizeof fault, "cu_seqlens_%c[%u] or [%u] is outside 0 .. T%c (%c's "
+                 "tokens)", c, seq, next, c, c);
+        break;
+    case AJ_VARLEN_TOO_LONG:
+        snprintf(fault, sizeof fault, "sequence %u has more %s than max_seqlen_%c", seq, what,
+                 c);
+        break;
+    case AJ_VARLEN_LAST_NOT_TOTAL:
+        snprintf(fault, sizeof fault, "cu_seqlens_%c[%u] is not T%c (%c's tokens)", c, next, c,
+                 c);
+        break;
+    default:
+        snprintf(fault, sizeof fault, "fault code %u", code & 7);
+    }
+    return aj_fail(dev->ctx, AJ_ERR_INVALID_ARG, "%s: %s (found by the kernel of sequence %u, "
+                   "which skipped it)", fn, fault, seq);
+}
+
+aj_status aj_device_load_kernel(aj_ctx *ctx, aj_device *dev, const aj_kernel *k)
+{
+    return dev->cuda ? aj_cuda_load(ctx, dev->cuda, k) : AJ_OK;
+}
+
+aj_status aj_device_launched(aj_device *dev, const char *fn)
+{
+    return dev->cuda ? AJ_OK : take_status(dev, fn);
+}
+
 aj_status aj_device_synchronize(aj_device *dev, void *stream)
 {
     if (!dev)
         return AJ_ERR_INVALID_ARG;
-    return dev->cuda ? aj_cuda_synchronize(dev->ctx, dev->cuda, stream) : AJ_OK;
+    if (!dev->cuda)
+        return AJ_OK;   /* sim and cpu reported it at the launch */
+    aj_status st = aj_cuda_synchronize(dev->ctx, dev->cuda, stream);
+    return st == AJ_OK ? take_status(dev, "a varlen launch") : st;
+}
+
+/* ---------------------------------------------------------------- streams */
+
+aj_status aj_device_stream_create(aj_device *dev, void **stream)
+{
+    *stream = NULL;
+    return dev->cuda ? aj_cuda_stream_create(dev->ctx, dev->cuda, stream) : AJ_OK;
+}
+
+void aj_device_stream_destroy(aj_device *dev, void *stream)
+{
+    if (dev->cuda)
+        aj_cuda_stream_destroy(dev->cuda, stream);
+}
+
+aj_status aj_device_copy_async(aj_device *dev, void *dst, const void *src, size_t bytes,
+                               int to_device, void *stream)
+{
+    if (bytes == 0)
+        return AJ_OK;
+    if (dev->cuda)
+        return aj_cuda_copy_async(dev->ctx, dev->cuda, dst, src, bytes, to_device, stream);
+    memmove(dst, src, bytes);
+    return AJ_OK;
+}
+
+aj_status aj_device_wait(aj_device *dev, void *stream, double timeout_s, const char *what)
+{
+    return dev->cuda ? aj_cuda_wait(dev->ctx, dev->cuda, stream, timeout_s, what) : AJ_OK;
+}
+
+aj_status aj_device_scratch(aj_device *dev, void *stream, size_t bytes, void **out)
+{
+    if (dev->cuda)
+        return aj_cuda_scratch(dev->ctx, dev->cuda, stream, bytes, out);
+    return aj_device_alloc(dev, bytes, out);
+}
+
+void aj_device_scratch_release(aj_device *dev, void *stream, void *ptr)
+{
+    if (dev->cuda)
+        aj_cuda_scratch_release(dev->cuda, stream);
+    else
+        aj_device_free(dev, ptr);
 }
 
 aj_status aj_device_set_workers(aj_device *dev, int workers)

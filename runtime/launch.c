@@ -299,50 +299,6 @@ done:
     return st;
 }
 
-/* cu_seqlens_q and _k (device memory, read back here, so that a bad
- * offset is an error rather than an out-of-bounds read in the kernel):
- * batch + 1 offsets from 0, non-decreasing, ending at Tq (Tk), no
- * sequence longer than max_seqlen_q (_k). */
-static aj_status check_cu_seqlens(aj_ctx *ctx, const char *fn, aj_device *dev,
-                                  const int32_t *cu_q, const int32_t *cu_k, int32_t batch,
-                                  int64_t tq, int64_t tk, int32_t max_q, int32_t max_k)
-{
-    const char *const names[2] = {"cu_seqlens_q", "cu_seqlens_k"};
-    const int32_t *arrays[2] = {cu_q, cu_k};
-    const int64_t totals[2] = {tq, tk};
-    const int32_t longest[2] = {max_q, max_k};
-    size_t n = (size_t)batch + 1;
-    int32_t *host = malloc(n * sizeof *host);
-    if (!host)
-        return aj_fail(ctx, AJ_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
-    aj_status st = AJ_OK;
-    for (int t = 0; t < 2 && st == AJ_OK; t++) {
-        st = aj_device_copy_from(dev, host, arrays[t], n * sizeof *host);
-        if (st != AJ_OK)
-            break;
-        if (host[0] != 0)
-            st = aj_fail(ctx, AJ_ERR_INVALID_ARG, "%s: %s[0] = %d, want 0", fn, names[t],
-                         host[0]);
-        for (size_t b = 1; b < n && st == AJ_OK; b++) {
-            int64_t len = (int64_t)host[b] - host[b - 1];
-            if (len < 0)
-                st = aj_fail(ctx, AJ_ERR_INVALID_ARG, "%s: %s[%zu] = %d is below %s[%zu] = "
-                             "%d; cu_seqlens must not decrease", fn, names[t], b, host[b],
-                             names[t], b - 1, host[b - 1]);
-            else if (len > longest[t])
-                st = aj_fail(ctx, AJ_ERR_INVALID_ARG, "%s: sequence %zu has %lld %s in %s, "
-                             "more than max_seqlen_%c = %d", fn, b - 1, (long long)len,
-                             t ? "keys" : "queries", names[t], t ? 'k' : 'q', longest[t]);
-        }
-        if (st == AJ_OK && host[n - 1] != totals[t])
-            st = aj_fail(ctx, AJ_ERR_INVALID_ARG, "%s: %s[%d] = %d, want %lld (%s's tokens)",
-                         fn, names[t], batch, host[n - 1], (long long)totals[t],
-                         t ? "k" : "q");
-    }
-    free(host);
-    return st;
-}
-
 /* A packed [T, H, D] tensor as the [1, H, T, D] view the padded binding
  * reads (batch stride 0); lse [Hq, Tq] as [1, Hq, Tq]; a tensor the op
  * does not use (o or o_acc, left empty) as it is. */
@@ -557,13 +513,15 @@ static aj_status bind(aj_ctx *ctx, const aj_kernel *kernel, int stage, const lau
 }
 
 /* What every attention launch fills: q, k, v, lse, the sizes, offsets,
- * totals and the dropout stream. */
+ * totals, the dropout stream, and varlen's offsets and the device's status
+ * word (templates/attn_common.h: a u32 the kernels record a cu_seqlens
+ * fault in, bound as one 4-byte element). */
 static void attention_values(const aj_tensor *q, const aj_tensor *k, const aj_tensor *v_,
                              const aj_tensor *lse, const fwd_sizes *sz, int64_t q_offset,
                              int64_t kv_offset, int64_t sq_given, int64_t sk_given,
                              int64_t sq_total, int64_t sk_total, uint64_t seed, uint64_t offset,
                              const int32_t *cu_q, const int32_t *cu_k, int32_t batch,
-                             launch_values *v)
+                             void *status, launch_values *v)
 {
     v->given = 0;
     put_tensor(v, AJ_PSRC_q, q);
@@ -575,6 +533,8 @@ static void attention_values(const aj_tensor *q, const aj_tensor *k, const aj_te
                              {(void *)cu_k, AJ_DTYPE_F32, 1, {batch + 1}, {1}}};
     put_tensor(v, AJ_PSRC_cu_seqlens_q, &cu[0]);
     put_tensor(v, AJ_PSRC_cu_seqlens_k, &cu[1]);
+    const aj_tensor status_word = {status, AJ_DTYPE_F32, 1, {1}, {1}};
+    put_tensor(v, AJ_PSRC_varlen_status, &status_word);
     put_scalar(v, AJ_PSRC_heads_q, sz->heads_q);
     put_scalar(v, AJ_PSRC_heads_kv, sz->heads_kv);
     put_scalar(v, AJ_PSRC_seq_q, sz->seq_q);
@@ -592,11 +552,11 @@ static void attention_values(const aj_tensor *q, const aj_tensor *k, const aj_te
 
 /* A forward's values (a: the padded views of its arguments). */
 static void forward_values(const aj_fwd_args *a, const fwd_sizes *sz, int64_t sq_total,
-                           int64_t sk_total, launch_values *v)
+                           int64_t sk_total, void *status, launch_values *v)
 {
     attention_values(&a->q, &a->k, &a->v, &a->lse, sz, a->q_offset, a->kv_offset, a->sq_total,
                      a->sk_total, sq_total, sk_total, a->seed, a->offset, a->cu_seqlens_q,
-                     a->cu_seqlens_k, a->batch, v);
+                     a->cu_seqlens_k, a->batch, status, v);
     put_tensor(v, AJ_PSRC_o, &a->o);
     put_tensor(v, AJ_PSRC_o_acc, &a->o_acc);
     put_tensor(v, AJ_PSRC_bias, &a->bias);
@@ -608,7 +568,7 @@ typedef struct bwd_workspace bwd_workspace;
  * workspace `ws` of layout w. */
 static void backward_values(const aj_bwd_args *a, const fwd_sizes *sz, int64_t sq_total,
                             int64_t sk_total, const bwd_workspace *w, void *ws,
-                            launch_values *v);
+                            void *status, launch_values *v);
 
 static void merge_values(const aj_merge_args *a, const fwd_sizes *sz, launch_values *v)
 {
@@ -698,10 +658,6 @@ aj_status aj_forward(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
     fwd_sizes sz;
     int varlen = op->layout == AJ_LAYOUT_VARLEN;
     st = varlen ? check_forward_varlen(ctx, op, args, &sz) : check_forward(ctx, op, args, &sz);
-    if (st == AJ_OK && varlen)
-        st = check_cu_seqlens(ctx, FWD, dev, args->cu_seqlens_q, args->cu_seqlens_k,
-                              args->batch, args->q.shape[0], args->k.shape[0],
-                              args->max_seqlen_q, args->max_seqlen_k);
     if (st != AJ_OK)
         return st;
     if (sz.batch == 0 || sz.heads_q == 0 || sz.seq_q == 0)
@@ -720,14 +676,15 @@ aj_status aj_forward(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
     static _Thread_local score_bindings scores;
     static _Thread_local bound_args bound;
     launch_values v;
-    forward_values(&as_padded, &sz, sq_total, sk_total, &v);
+    forward_values(&as_padded, &sz, sq_total, sk_total, dev->status, &v);
     st = bind_scores(ctx, FWD, op, args->side, args->num_side, &args->alibi_slopes, &scores);
     if (st == AJ_OK)
         st = bind(ctx, kernel, 0, &v, &scores, &bound);
     if (st != AJ_OK)
         return st;
-    return run_kernel(ctx, dev, kernel, 0, &sz, bound.argv, bound.buffers, bound.nb,
-                      args->stream);
+    st = run_kernel(ctx, dev, kernel, 0, &sz, bound.argv, bound.buffers, bound.nb,
+                    args->stream);
+    return st == AJ_OK && varlen ? aj_device_launched(dev, FWD) : st;
 }
 
 /* ---------------------------------------------------------------- backward */
@@ -786,7 +743,7 @@ done:
 
 /* layout = varlen: q, dq [Tq, Hq, D], k, dk [Tk, Hkv, D], v, dv [Tk, Hkv, Dv],
  * o, do [Tq, Hq, Dv], lse [Hq, Tq] (aj_fwd_args); cu_seqlens_* are checked
- * against Tq and Tk at launch (check_cu_seqlens), where they can be read. */
+ * against Tq and Tk by the kernels (templates/attn_common.h), on the device. */
 static aj_status check_backward_varlen(aj_ctx *ctx, const aj_op_info *op,
                                        const aj_bwd_args *a, bwd_call *call)
 {
@@ -950,11 +907,11 @@ static bwd_workspace workspace_layout(const aj_kernel *kernel, const bwd_call *c
 
 static void backward_values(const aj_bwd_args *a, const fwd_sizes *sz, int64_t sq_total,
                             int64_t sk_total, const bwd_workspace *w, void *ws,
-                            launch_values *v)
+                            void *status, launch_values *v)
 {
     attention_values(&a->q, &a->k, &a->v, &a->lse, sz, a->q_offset, a->kv_offset, a->sq_total,
                      a->sk_total, sq_total, sk_total, a->seed, a->offset, a->cu_seqlens_q,
-                     a->cu_seqlens_k, a->batch, v);
+                     a->cu_seqlens_k, a->batch, status, v);
     const aj_tensor *t[7] = {&a->o, &a->do_, &a->dq, &a->dk, &a->dv, &a->bias, &a->dbias};
     const aj_param_source src[7] = {AJ_PSRC_o, AJ_PSRC_do, AJ_PSRC_dq, AJ_PSRC_dk, AJ_PSRC_dv,
                                     AJ_PSRC_bias, AJ_PSRC_dbias};
@@ -992,23 +949,25 @@ static aj_status run_backward(aj_ctx *ctx, aj_device *dev, const aj_kernel *kern
                               const aj_bwd_args *args, const fwd_sizes *sz,
                               const bwd_workspace *w, void *ws);
 
-/* The workspace a launch uses: the caller's, checked, or *owned, which
- * the caller of this frees. */
+/* The workspace a launch uses: the caller's, checked, or (*scratch set)
+ * the device's scratch for the call's stream, which the caller of this
+ * releases once the launches are queued: no allocation after the first
+ * call of a size, no synchronisation, no free (aj_device_scratch). */
 static aj_status bind_workspace(aj_ctx *ctx, aj_device *dev, const aj_bwd_args *a,
-                                const bwd_workspace *w, void **ws, void **owned)
+                                const bwd_workspace *w, void **ws, int *scratch)
 {
     *ws = a->workspace;
-    *owned = NULL;
+    *scratch = 0;
     if (w->bytes == 0)
         return AJ_OK;
     if (!a->workspace) {
-        aj_status st = aj_device_alloc(dev, w->bytes, owned);
-        *ws = *owned;
+        aj_status st = aj_device_scratch(dev, a->stream, w->bytes, ws);
+        *scratch = st == AJ_OK;
         return st;
     }
     if (a->workspace_bytes < w->bytes)
         return aj_fail(ctx, AJ_ERR_INVALID_ARG, "%s: workspace_bytes = %zu, want at least %zu "
-                       "(aj_backward_workspace_size; or NULL workspace to have one allocated)",
+                       "(aj_backward_workspace_size; or NULL workspace to use the device's)",
                        BWD, a->workspace_bytes, w->bytes);
     if ((uintptr_t)a->workspace % 16)
         return aj_fail(ctx, AJ_ERR_INVALID_ARG, "%s: workspace = %p is not 16-byte aligned",
@@ -1029,10 +988,6 @@ aj_status aj_backward(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
     const aj_op_info *op = &kernel->op;
     bwd_call call;
     st = check_backward(ctx, op, args, &call);
-    if (st == AJ_OK && op->layout == AJ_LAYOUT_VARLEN)
-        st = check_cu_seqlens(ctx, BWD, dev, args->cu_seqlens_q, args->cu_seqlens_k,
-                              args->batch, args->q.shape[0], args->k.shape[0],
-                              args->max_seqlen_q, args->max_seqlen_k);
     if (st != AJ_OK)
         return st;
     const fwd_sizes *sz = &call.sz;
@@ -1040,18 +995,14 @@ aj_status aj_backward(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
         return AJ_OK;   /* no gradient element: nothing to launch */
 
     bwd_workspace w = workspace_layout(kernel, &call);
-    void *ws = NULL, *owned = NULL;
-    st = bind_workspace(ctx, dev, args, &w, &ws, &owned);
+    void *ws = NULL;
+    int scratch = 0;
+    st = bind_workspace(ctx, dev, args, &w, &ws, &scratch);
     if (st == AJ_OK)
         st = run_backward(ctx, dev, kernel, &call.view, sz, &w, ws);
-    if (owned) {
-        /* the launches may still be running on the GPU */
-        aj_status sync = dev->cuda ? aj_device_synchronize(dev, args->stream) : AJ_OK;
-        aj_status freed = aj_device_free(dev, owned);
-        if (st == AJ_OK)
-            st = sync != AJ_OK ? sync : freed;
-    }
-    return st;
+    if (scratch)
+        aj_device_scratch_release(dev, args->stream, ws);
+    return st == AJ_OK && op->layout == AJ_LAYOUT_VARLEN ? aj_device_launched(dev, BWD) : st;
 }
 
 /* Binds and runs the stages of a checked backward launch. */
@@ -1068,7 +1019,7 @@ static aj_status run_backward(aj_ctx *ctx, aj_device *dev, const aj_kernel *kern
     static _Thread_local score_bindings scores;
     static _Thread_local bound_args bound;
     launch_values v;
-    backward_values(a, &sz, sq_total, sk_total, w, ws, &v);
+    backward_values(a, &sz, sq_total, sk_total, w, ws, dev->status, &v);
     st = bind_scores(ctx, BWD, op, a->side, a->num_side, &a->alibi_slopes, &scores);
     if (st != AJ_OK)
         return st;
@@ -1173,11 +1124,11 @@ uint64_t aj_launch_sources(aj_kind kind)
     const fwd_sizes sz = {0};
     if (kind == AJ_KIND_FORWARD) {
         const aj_fwd_args a = AJ_FWD_ARGS_INIT;
-        forward_values(&a, &sz, 0, 0, &v);
+        forward_values(&a, &sz, 0, 0, NULL, &v);
     } else if (kind == AJ_KIND_BACKWARD) {
         const aj_bwd_args a = AJ_BWD_ARGS_INIT;
         const bwd_workspace w = {0, 0, 0, 0};
-        backward_values(&a, &sz, 0, 0, &w, NULL, &v);
+        backward_values(&a, &sz, 0, 0, &w, NULL, NULL, &v);
     } else if (kind == AJ_KIND_MERGE) {
         const aj_merge_args a = AJ_MERGE_ARGS_INIT;
         merge_values(&a, &sz, &v);

@@ -93,6 +93,7 @@ typedef struct ring_plan {
     aj_side_tensor host_side[AJ_OP_TENSORS_MAX + 1];
     void *host_mem[AJ_OP_TENSORS_MAX + 1];
     aj_score_cache *cache;
+    void *stream;                /* the ring's own compute stream (NULL: sim, cpu) */
 } ring_plan;
 
 /* ---------------------------------------------------------------- masks */
@@ -427,7 +428,13 @@ static aj_status alloc_host(const ring_plan *p, size_t bytes, int zero, void **o
 
 /* Device memory: the buffers the kernels read and write.  On sim (and
  * cpu) it is host memory and the copies are memcpy; on a GPU they stage
- * through the host, where MPI moves the bytes. */
+ * through the host, where MPI moves the bytes.
+ *
+ * Every copy and launch goes on the ring's own stream, in order; the host
+ * waits for that stream only where it reads what the GPU wrote, by
+ * polling an event under the comm's timeout (ring_wait) -- never a
+ * whole-context synchronisation, which would also wait for the NCCL
+ * engine's stream and, with a dead peer, hang inside the driver. */
 static aj_status dev_alloc(const ring_plan *p, size_t bytes, void **out)
 {
     return aj_device_alloc(p->dev, bytes ? bytes : 64, out);
@@ -435,12 +442,22 @@ static aj_status dev_alloc(const ring_plan *p, size_t bytes, void **out)
 
 static aj_status to_dev(const ring_plan *p, void *dst, const void *src, size_t bytes)
 {
-    return bytes ? aj_device_copy_to(p->dev, dst, src, bytes) : AJ_OK;
+    return aj_device_copy_async(p->dev, dst, src, bytes, 1, p->stream);
 }
 
+/* Queued only: the bytes are there after ring_wait. */
 static aj_status from_dev(const ring_plan *p, void *dst, const void *src, size_t bytes)
 {
-    return bytes ? aj_device_copy_from(p->dev, dst, src, bytes) : AJ_OK;
+    return aj_device_copy_async(p->dev, dst, src, bytes, 0, p->stream);
+}
+
+/* Waits for the work queued on the ring's stream, at most the comm's
+ * timeout (AJ_ERR_COMM past it). */
+static aj_status ring_wait(const ring_plan *p, const char *what)
+{
+    char label[160];
+    snprintf(label, sizeof label, "%s: %s", p->fn, what);
+    return aj_device_wait(p->dev, p->stream, p->comm->timeout_s, label);
 }
 
 /* This rank's K and V, packed (K, then V) into a host buffer: the block
@@ -451,17 +468,18 @@ static aj_status pack_kv(const ring_plan *p, const aj_tensor *k, const aj_tensor
     aj_status st = from_dev(p, kv, k->data, p->k_elems * p->elem);
     if (st == AJ_OK)
         st = from_dev(p, (char *)kv + p->k_elems * p->elem, v->data, p->v_elems * p->elem);
-    return st;
+    return st == AJ_OK ? ring_wait(p, "copying K and V to the host") : st;
 }
 
-/* An f32 host buffer, rounded to the op's dtype, into device memory. */
+/* An f32 host buffer, rounded to the op's dtype, into device memory
+ * (waited for: `scratch` is reused). */
 static aj_status store_rounded(const ring_plan *p, const float *src, size_t count, void *dst,
                                void *scratch)
 {
     aj_status st = aj_convert(src, AJ_DTYPE_F32, scratch, p->op.dtype, count);
     if (st == AJ_OK)
         st = to_dev(p, dst, scratch, count * p->elem);
-    return st;
+    return st == AJ_OK ? ring_wait(p, "storing the results") : st;
 }
 
 /* ---------------------------------------------------------------- comm */
@@ -576,15 +594,17 @@ static aj_status fwd_block(ring_plan *p, const ring_kernels *kern, const aj_ring
             f.sk_total = p->sk;
             f.seed = a->seed;
             f.offset = a->offset;
+            f.stream = p->stream;
             double t0 = aj_now();
             AJ_TRY(aj_forward(p->ctx, p->dev, kernel_for(kern, kind), &f));
             p->stats->compute_s += aj_now() - t0;
             AJ_TRY(count_launch_tiles(p, kern, kind, a, &f));
             AJ_TRY(exchange_progress(p, req));
         }
-    /* a GPU runs the launches asynchronously: their time is compute too */
+    /* a GPU runs the launches asynchronously: their time is compute too,
+     * and the K/V buffer copied in is the next exchange's */
     const double t0 = aj_now();
-    AJ_TRY(aj_device_synchronize(p->dev, NULL));
+    AJ_TRY(ring_wait(p, "the step's kernels"));
     p->stats->compute_s += aj_now() - t0;
 done:
     return st;
@@ -628,6 +648,7 @@ aj_status aj_ring_forward(aj_ctx *ctx, aj_device *dev, aj_comm *comm, const aj_o
     const double start = aj_now();
     AJ_TRY(plan_forward(&p, ctx, dev, comm, op, args, &local_stats));
     AJ_TRY(compile_kernels(&p, op, &kern));
+    AJ_TRY(aj_device_stream_create(dev, &p.stream));
 
     const size_t kv_bytes = (p.k_elems + p.v_elems) * p.elem;
     const size_t rows = (size_t)(p.B * p.Hq * p.lq), o_count = rows * (size_t)p.Dv;
@@ -636,6 +657,7 @@ aj_status aj_ring_forward(aj_ctx *ctx, aj_device *dev, aj_comm *comm, const aj_o
     AJ_TRY(alloc_host(&p, o_count * p.elem, 0, &typed_o));
     AJ_TRY(dev_alloc(&p, o_count * sizeof(float), &o_acc_dev));
     AJ_TRY(to_dev(&p, o_acc_dev, host_o, o_count * sizeof(float)));
+    AJ_TRY(ring_wait(&p, "clearing the accumulator"));   /* host_o is reused */
     for (size_t i = 0; i < rows; i++)
         ((float *)host_o)[i] = -INFINITY;
     AJ_TRY(to_dev(&p, args->lse.data, host_o, rows * sizeof(float)));
@@ -674,10 +696,12 @@ aj_status aj_ring_forward(aj_ctx *ctx, aj_device *dev, aj_comm *comm, const aj_o
         }
     }
     AJ_TRY(from_dev(&p, host_o, o_acc_dev, o_count * sizeof(float)));
+    AJ_TRY(ring_wait(&p, "the last step's kernels"));
     AJ_TRY(store_rounded(&p, host_o, o_count, args->o.data, typed_o));
 done:
     if (req.active)
         comm->engine->exchange_cancel(comm, &req);
+    aj_device_stream_destroy(dev, p.stream);
     free_kernels(&kern);
     plan_free(&p);
     free(kv[0]);
@@ -768,11 +792,13 @@ static aj_status bwd_block(ring_plan *p, const ring_kernels *kern, const aj_ring
             b.sk_total = p->sk;
             b.seed = a->seed;
             b.offset = a->offset;
+            b.stream = p->stream;
             double t0 = aj_now();
             AJ_TRY(aj_backward(p->ctx, p->dev, kernel_for(kern, kind), &b));
             AJ_TRY(from_dev(p, parts->dq_h, parts->dq, parts->dq_bytes));
             AJ_TRY(from_dev(p, parts->dk_h, parts->dk, parts->dk_bytes));
             AJ_TRY(from_dev(p, parts->dv_h, parts->dv, parts->dv_bytes));
+            AJ_TRY(ring_wait(p, "the block's kernels"));
             AJ_TRY(add_rows(dq_acc, p->lq, p->qc[i].local, parts->dq_h, dt, p->B * p->Hq, cq,
                             p->D, parts->scratch));
             AJ_TRY(add_rows(dk_acc, p->lk, kc[j].local, parts->dk_h, dt, p->B * p->Hkv, ck,
@@ -828,6 +854,7 @@ aj_status aj_ring_backward(aj_ctx *ctx, aj_device *dev, aj_comm *comm, const aj_
     const double start = aj_now();
     AJ_TRY(plan_backward(&p, ctx, dev, comm, op, args, &local_stats));
     AJ_TRY(compile_kernels(&p, op, &kern));
+    AJ_TRY(aj_device_stream_create(dev, &p.stream));
 
     const size_t kv_bytes = (p.k_elems + p.v_elems) * p.elem;
     const size_t dkv_count = p.k_elems + p.v_elems;
@@ -920,6 +947,7 @@ done:
     for (int i = 0; i < 2; i++)
         if (reqs[i].active)
             comm->engine->exchange_cancel(comm, &reqs[i]);
+    aj_device_stream_destroy(dev, p.stream);
     free_kernels(&kern);
     plan_free(&p);
     void *host[] = {kv[0], kv[1], acc[0], acc[1], step, dq_acc, gathered, all_dkv, typed,

@@ -16,7 +16,35 @@ struct aj_device {
     uint64_t last_instructions;  /* sim */
     aj_cuda_device *cuda;        /* cuda */
     aj_cpu_device *cpu;          /* cpu */
+    /* device memory: the u32 the varlen kernels record a bad cu_seqlens
+     * in (templates/attn_common.h), AJ_VARLEN_STATUS_CLEAR while none */
+    uint32_t *status;
 };
+
+/* Stream-ordered work for launch.c and ring.c, on any device (see
+ * cuda_device.h for cuda; sim and cpu run their work synchronously: their
+ * streams are NULL, copies are memmove, waits return at once). */
+aj_status aj_device_stream_create(aj_device *dev, void **stream);
+void aj_device_stream_destroy(aj_device *dev, void *stream);
+aj_status aj_device_copy_async(aj_device *dev, void *dst, const void *src, size_t bytes,
+                               int to_device, void *stream);
+aj_status aj_device_wait(aj_device *dev, void *stream, double timeout_s, const char *what);
+/* Loads a compiled kernel on the device now, as its first launch would
+ * (cuda: its module, from a cached cubin or the driver's JIT); AJ_OK for
+ * devices that load nothing. */
+aj_status aj_device_load_kernel(aj_ctx *ctx, aj_device *dev, const aj_kernel *k);
+
+/* After a varlen launch: on devices that run launches synchronously (sim,
+ * cpu) the fault its kernels recorded, now, as AJ_ERR_INVALID_ARG naming
+ * `fn`; on cuda AJ_OK (aj_device_synchronize reports it). */
+aj_status aj_device_launched(aj_device *dev, const char *fn);
+
+/* Scratch memory for work on `stream`, released with
+ * aj_device_scratch_release once that work is queued: cuda's is owned by
+ * the device and reused (aj_cuda_scratch); sim's and cpu's is host memory
+ * of the call's own. */
+aj_status aj_device_scratch(aj_device *dev, void *stream, size_t bytes, void **out);
+void aj_device_scratch_release(aj_device *dev, void *stream, void *ptr);
 
 /* One kernel argument, addressed the way kernelParams are. */
 typedef union aj_arg_value {

@@ -7,6 +7,7 @@
 
 #include <math.h>
 #include <stdio.h>
+#include <string.h>
 
 
 aj_status aj_attn_check_layout_and_dims(aj_ctx *ctx, const aj_op *op, const char *who)
@@ -93,6 +94,83 @@ LLVMValueRef aj_attn_slice_base(aj_kb *kb, const char *t, LLVMValueRef b, LLVMVa
     LLVMValueRef h64 = LLVMBuildSExt(kb->b, h, kb->t_i64, "");
     LLVMValueRef off = LLVMBuildMul(kb->b, b64, aj_kb_param(kb, sb), "");
     return LLVMBuildAdd(kb->b, off, LLVMBuildMul(kb->b, h64, aj_kb_param(kb, sh), ""), "");
+}
+
+static LLVMValueRef load_offset(aj_kb *kb, const char *array, LLVMValueRef idx)
+{
+    LLVMValueRef at = LLVMBuildMul(kb->b, LLVMBuildSExt(kb->b, idx, kb->t_i64, ""),
+                                   aj_kb_i64(kb, 4), "");
+    return aj_kb_load(kb, kb->t_i32, aj_kb_gptr_offset(kb, aj_kb_param(kb, array), at), 4);
+}
+
+/* The fault of sequence b's offsets lo = cu[b], hi = cu[b + 1] (i32 0 if
+ * none); the first of aj_varlen_fault's order wins. */
+static LLVMValueRef offsets_fault(aj_kb *kb, LLVMValueRef bidx, LLVMValueRef lo,
+                                  LLVMValueRef hi, LLVMValueRef total, LLVMValueRef longest)
+{
+    LLVMBuilderRef b = kb->b;
+    LLVMValueRef zero = aj_kb_i32(kb, 0);
+    LLVMValueRef last = LLVMBuildICmp(b, LLVMIntEQ, bidx,
+                                      LLVMBuildSub(b, aj_kb_param(kb, "batch"),
+                                                   aj_kb_i32(kb, 1), ""), "");
+    const struct {
+        aj_varlen_fault fault;
+        LLVMValueRef when;
+    } rules[] = {   /* lowest priority first: each later one overrides */
+        {AJ_VARLEN_LAST_NOT_TOTAL,
+         LLVMBuildAnd(b, last, LLVMBuildICmp(b, LLVMIntNE, hi, total, ""), "")},
+        {AJ_VARLEN_TOO_LONG,
+         LLVMBuildICmp(b, LLVMIntSGT, LLVMBuildSub(b, hi, lo, ""), longest, "")},
+        {AJ_VARLEN_OUT_OF_RANGE,
+         LLVMBuildOr(b, LLVMBuildICmp(b, LLVMIntSLT, lo, zero, ""),
+                     LLVMBuildICmp(b, LLVMIntSGT, hi, total, ""), "")},
+        {AJ_VARLEN_DECREASING, LLVMBuildICmp(b, LLVMIntSLT, hi, lo, "")},
+        {AJ_VARLEN_FIRST_NOT_ZERO,
+         LLVMBuildAnd(b, LLVMBuildICmp(b, LLVMIntEQ, bidx, zero, ""),
+                      LLVMBuildICmp(b, LLVMIntNE, lo, zero, ""), "")},
+    };
+    LLVMValueRef fault = zero;
+    for (size_t i = 0; i < sizeof rules / sizeof rules[0]; i++)
+        fault = LLVMBuildSelect(b, rules[i].when, aj_kb_i32(kb, rules[i].fault), fault, "");
+    return fault;
+}
+
+void aj_attn_varlen_seq_of(aj_kb *kb, LLVMValueRef bidx, aj_attn_varlen_seq *out)
+{
+    LLVMBuilderRef b = kb->b;
+    LLVMValueRef next = LLVMBuildAdd(b, bidx, aj_kb_i32(kb, 1), "");
+    LLVMValueRef lo[2], hi[2], fault[2];
+    static const char *const arrays[2] = {"cu_seqlens_q", "cu_seqlens_k"};
+    static const char *const totals[2] = {"tokens_q", "tokens_k"};
+    static const char *const longest[2] = {"max_seqlen_q", "max_seqlen_k"};
+    for (int w = 0; w < 2; w++) {
+        lo[w] = load_offset(kb, arrays[w], bidx);
+        hi[w] = load_offset(kb, arrays[w], next);
+        fault[w] = offsets_fault(kb, bidx, lo[w], hi[w], aj_kb_param(kb, totals[w]),
+                                 aj_kb_param(kb, longest[w]));
+    }
+    LLVMValueRef zero = aj_kb_i32(kb, 0);
+    LLVMValueRef bad_q = LLVMBuildICmp(b, LLVMIntNE, fault[0], zero, "");
+    LLVMValueRef bad = LLVMBuildOr(b, bad_q, LLVMBuildICmp(b, LLVMIntNE, fault[1], zero, ""),
+                                   "varlen_bad");
+    aj_kb_if_begin(kb, bad);
+    {
+        /* AJ_VARLEN_STATUS(b, which, fault), q's fault first */
+        LLVMValueRef seq = LLVMBuildShl(b, bidx, aj_kb_i32(kb, 4), "");
+        LLVMValueRef code_q = LLVMBuildOr(b, seq, fault[0], "");
+        LLVMValueRef code_k = LLVMBuildOr(b, LLVMBuildOr(b, seq, aj_kb_i32(kb, 8), ""),
+                                          fault[1], "");
+        aj_kb_atomic_umin_i32(kb, aj_kb_param(kb, "varlen_status"),
+                              LLVMBuildSelect(b, bad_q, code_q, code_k, ""));
+    }
+    aj_kb_if_end(kb);
+    LLVMValueRef *lens[2] = {&out->len_q, &out->len_k};
+    LLVMValueRef *starts[2] = {&out->start_q, &out->start_k};
+    for (int w = 0; w < 2; w++) {
+        *lens[w] = LLVMBuildSelect(b, bad, zero, LLVMBuildSub(b, hi[w], lo[w], ""),
+                                   w ? "seq_k" : "seq_q");
+        *starts[w] = LLVMBuildSExt(b, LLVMBuildSelect(b, bad, zero, lo[w], ""), kb->t_i64, "");
+    }
 }
 
 void aj_attn_score_totals(aj_kb *kb, const aj_score_prog *prog, aj_layout layout,

@@ -71,6 +71,40 @@ int aj_attn_score_mod_regs_per_element(const aj_op *op);
 LLVMValueRef aj_attn_slice_base(aj_kb *kb, const char *t, LLVMValueRef b, LLVMValueRef h);
 
 /*
+ * layout = varlen: sequence b's rows and keys come from cu_seqlens, read
+ * and checked on the device, so a launch needs no copy back to the host.
+ * The parameters (params.def's AJ_PSIG_CU_SEQLENS): cu_seqlens_q,
+ * cu_seqlens_k (i32 [batch + 1]), tokens_q, tokens_k (Tq, Tk), max_seqlen_q,
+ * max_seqlen_k, batch (i32) and varlen_status (a u32 in device memory,
+ * AJ_VARLEN_STATUS_CLEAR while no kernel found a fault).  Each CTA of
+ * sequence b checks its pair of offsets per array; a fault is recorded as
+ * AJ_VARLEN_STATUS(b, which, fault) by an atomic unsigned min, so the
+ * lowest sequence's fault wins whatever order the CTAs run in, and the
+ * sequence is taken as empty (no row, no key): nothing is read out of
+ * bounds.  The runtime reports the word (runtime/device.c).
+ */
+typedef enum aj_varlen_fault {
+    AJ_VARLEN_OK = 0,
+    AJ_VARLEN_FIRST_NOT_ZERO = 1,   /* cu_seqlens[0] != 0 */
+    AJ_VARLEN_DECREASING = 2,       /* cu_seqlens[b + 1] < cu_seqlens[b] */
+    AJ_VARLEN_OUT_OF_RANGE = 3,     /* an offset below 0 or above T */
+    AJ_VARLEN_TOO_LONG = 4,         /* a sequence longer than max_seqlen */
+    AJ_VARLEN_LAST_NOT_TOTAL = 5,   /* cu_seqlens[batch] != T */
+    AJ_VARLEN_FAULT_COUNT
+} aj_varlen_fault;
+
+#define AJ_VARLEN_STATUS_CLEAR 0xffffffffu
+#define AJ_VARLEN_STATUS(b, which, fault) \
+    ((uint32_t)(b) << 4 | (uint32_t)(which) << 3 | (uint32_t)(fault))
+
+typedef struct aj_attn_varlen_seq {
+    LLVMValueRef start_q, start_k;   /* i64: the sequence's first row, key */
+    LLVMValueRef len_q, len_k;       /* i32: its lengths (0 after a fault) */
+} aj_attn_varlen_seq;
+
+void aj_attn_varlen_seq_of(aj_kb *kb, LLVMValueRef bidx, aj_attn_varlen_seq *out);
+
+/*
  * The totals the score programs read (score.h's sq, sk; i64), NULL where
  * they read none: for layout = padded the parameters seq_q_total and
  * seq_k_total; for varlen the parameters sq_total and sk_total, where 0

@@ -82,13 +82,6 @@ aj_status aj_cpu_plan_tiles(aj_ctx *ctx, const aj_op *op, const char *who, int w
     return AJ_OK;
 }
 
-/* cu_seqlens array `name` at index i (host memory on the cpu device) */
-static LLVMValueRef load_cu(aj_kb *kb, const char *name, LLVMValueRef i)
-{
-    return LLVMBuildLoad2(kb->b, kb->t_i32, aj_cv_at(kb, kb->t_i32, aj_kb_param(kb, name), i),
-                          "");
-}
-
 void aj_cpu_seq_of(aj_kb *kb, const aj_op *op, const aj_score_prog *prog, LLVMValueRef bidx,
                    aj_cpu_seq *s)
 {
@@ -104,13 +97,12 @@ void aj_cpu_seq_of(aj_kb *kb, const aj_op *op, const aj_score_prog *prog, LLVMVa
         }
         return;
     }
-    LLVMValueRef next = add(kb, bidx, i32c(kb, 1));
-    LLVMValueRef q0 = load_cu(kb, "cu_seqlens_q", bidx);
-    LLVMValueRef k0 = load_cu(kb, "cu_seqlens_k", bidx);
-    s->len_q = LLVMBuildSub(b, load_cu(kb, "cu_seqlens_q", next), q0, "seq_q");
-    s->len_k = LLVMBuildSub(b, load_cu(kb, "cu_seqlens_k", next), k0, "seq_k");
-    s->start_q = sext64(kb, q0);
-    s->start_k = sext64(kb, k0);
+    aj_attn_varlen_seq seq;
+    aj_attn_varlen_seq_of(kb, bidx, &seq);
+    s->len_q = seq.len_q;
+    s->len_k = seq.len_k;
+    s->start_q = seq.start_q;
+    s->start_k = seq.start_k;
     if (!prog->reads_totals)
         return;
     LLVMValueRef totals[2] = {aj_kb_param(kb, "sq_total"), aj_kb_param(kb, "sk_total")};

@@ -412,13 +412,6 @@ static LLVMValueRef stride_s(fbwd *f, const char *t)
     return prm(f, name);
 }
 
-/* i32 element `idx` of an int32 array parameter. */
-static LLVMValueRef load_i32_at(fbwd *f, const char *array, LLVMValueRef idx)
-{
-    LLVMValueRef at = mul(f, sext64(f, idx), aj_kb_i64(f->kb, 4));
-    return aj_kb_load(f->kb, f->kb->t_i32, aj_kb_gptr_offset(f->kb, prm(f, array), at), 4);
-}
-
 /* Thread layout and the batch (or sequence) of the CTA: lengths, packed
  * starts and the programs' totals that follow from them. */
 static void setup(fbwd *f, aj_kb *kb, const aj_op *op, const fbwd_plan *p,
@@ -437,13 +430,12 @@ static void setup(fbwd *f, aj_kb *kb, const aj_op *op, const fbwd_plan *p,
     f->t = LLVMBuildAnd(f->b, f->lane, i32c(f, 3), "t");
     f->bidx = aj_kb_block_id(kb, 2);
     if (op->layout == AJ_LAYOUT_VARLEN) {
-        LLVMValueRef next = add(f, f->bidx, i32c(f, 1));
-        LLVMValueRef q0 = load_i32_at(f, "cu_seqlens_q", f->bidx);
-        LLVMValueRef k0 = load_i32_at(f, "cu_seqlens_k", f->bidx);
-        f->seq_q = LLVMBuildSub(f->b, load_i32_at(f, "cu_seqlens_q", next), q0, "seq_q");
-        f->seq_k = LLVMBuildSub(f->b, load_i32_at(f, "cu_seqlens_k", next), k0, "seq_k");
-        f->q_start = sext64(f, q0);
-        f->k_start = sext64(f, k0);
+        aj_attn_varlen_seq seq;
+        aj_attn_varlen_seq_of(kb, f->bidx, &seq);
+        f->seq_q = seq.len_q;
+        f->seq_k = seq.len_k;
+        f->q_start = seq.start_q;
+        f->k_start = seq.start_k;
     } else {
         f->seq_q = prm(f, "seq_q");
         f->seq_k = prm(f, "seq_k");

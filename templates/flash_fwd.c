@@ -753,13 +753,6 @@ static void emit_epilogue(ffwd *e, LLVMValueRef o_base, LLVMValueRef lse_base)
         }
 }
 
-/* An i32 element of a cu_seqlens array. */
-static LLVMValueRef load_cu(ffwd *e, const char *name, LLVMValueRef idx)
-{
-    LLVMValueRef at = LLVMBuildMul(e->b, sext64(e, idx), aj_kb_i64(e->kb, 4), "");
-    return aj_kb_load(e->kb, e->kb->t_i32, aj_kb_gptr_offset(e->kb, prm(e, name), at), 4);
-}
-
 static aj_status ffwd_build(aj_kb *kb, const aj_op *op, void *user)
 {
     (void)user;
@@ -809,13 +802,12 @@ static aj_status ffwd_build(aj_kb *kb, const aj_op *op, void *user)
     e.m0 = LLVMBuildMul(b, mblk, i32c(&e, p->bm), "m0");
     LLVMValueRef q_start = aj_kb_i64(kb, 0), k_start = aj_kb_i64(kb, 0);
     if (varlen(&e)) {
-        LLVMValueRef next = add(&e, bidx, i32c(&e, 1));
-        LLVMValueRef q0 = load_cu(&e, "cu_seqlens_q", bidx);
-        LLVMValueRef k0 = load_cu(&e, "cu_seqlens_k", bidx);
-        e.seq_q = LLVMBuildSub(b, load_cu(&e, "cu_seqlens_q", next), q0, "seq_q");
-        e.seq_k = LLVMBuildSub(b, load_cu(&e, "cu_seqlens_k", next), k0, "seq_k");
-        q_start = sext64(&e, q0);
-        k_start = sext64(&e, k0);
+        aj_attn_varlen_seq seq;
+        aj_attn_varlen_seq_of(kb, bidx, &seq);
+        e.seq_q = seq.len_q;
+        e.seq_k = seq.len_k;
+        q_start = seq.start_q;
+        k_start = seq.start_k;
     } else {
         e.seq_q = prm(&e, "seq_q");
         e.seq_k = prm(&e, "seq_k");

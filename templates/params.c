@@ -41,6 +41,7 @@ typedef enum aj_param_when {
     AJ_PWHEN_ALWAYS,
     AJ_PWHEN_PADDED,
     AJ_PWHEN_VARLEN,
+    AJ_PWHEN_VARLEN_UNBIASED, /* varlen, and bias != add */
     AJ_PWHEN_VARLEN_TOTALS,   /* varlen, and the score programs read sq or sk */
     AJ_PWHEN_TOTALS,          /* the score programs read sq or sk */
     AJ_PWHEN_BIAS,
@@ -86,6 +87,8 @@ static bool op_has(aj_param_when when, const aj_op *op, const aj_score_prog *pro
     case AJ_PWHEN_ALWAYS: return true;
     case AJ_PWHEN_PADDED: return op->layout != AJ_LAYOUT_VARLEN;
     case AJ_PWHEN_VARLEN: return op->layout == AJ_LAYOUT_VARLEN;
+    case AJ_PWHEN_VARLEN_UNBIASED:
+        return op->layout == AJ_LAYOUT_VARLEN && op->bias != AJ_BIAS_ADD;
     case AJ_PWHEN_VARLEN_TOTALS: return op->layout == AJ_LAYOUT_VARLEN && prog->reads_totals;
     case AJ_PWHEN_TOTALS: return prog->reads_totals;
     case AJ_PWHEN_BIAS: return op->bias == AJ_BIAS_ADD;

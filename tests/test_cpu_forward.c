@@ -205,6 +205,20 @@ static void *to_device(const void *host, size_t bytes)
     return p;
 }
 
+/* The cpu kernel of an op's text, or NULL (the failure checked). */
+static aj_kernel *compile_cpu(const char *spec)
+{
+    aj_op *op = NULL;
+    aj_kernel *kernel = NULL;
+    CHECK_STATUS(ctx, aj_op_parse(ctx, spec, strlen(spec), "spec", &op), AJ_OK);
+    aj_compile_options opt = AJ_COMPILE_OPTIONS_INIT;
+    opt.target = AJ_TARGET_CPU;
+    if (op)
+        CHECK_STATUS(ctx, aj_compile(ctx, op, &opt, &kernel), AJ_OK);
+    aj_op_destroy(op);
+    return kernel;
+}
+
 /*
  * accumulate with varlen: o_acc and lse of packed sequences built up by two
  * calls, over the first and the second half of each sequence's keys (one
@@ -251,16 +265,8 @@ static void test_varlen_accumulate(void)
     for (int i = 0; i < VA_HQ * tq; i++)
         lse[i] = -INFINITY;
 
-    const char *spec = "attention forward efficient { dtype = f32 head_dim = 32 "
-                       "layout = varlen accumulate = true }";
-    aj_op *op = NULL;
-    aj_kernel *kernel = NULL;
-    CHECK_STATUS(ctx, aj_op_parse(ctx, spec, strlen(spec), "varlen accumulate", &op), AJ_OK);
-    aj_compile_options opt = AJ_COMPILE_OPTIONS_INIT;
-    opt.target = AJ_TARGET_CPU;
-    if (op)
-        CHECK_STATUS(ctx, aj_compile(ctx, op, &opt, &kernel), AJ_OK);
-    aj_op_destroy(op);
+    aj_kernel *kernel = compile_cpu("attention forward efficient { dtype = f32 head_dim = 32 "
+                                    "layout = varlen accumulate = true }");
     const size_t row = VA_HKV * VA_D * sizeof(float);
     void *dq = to_device(q, qn * sizeof *q), *dacc = to_device(o_acc, qn * sizeof *o_acc);
     void *dlse = to_device(lse, (size_t)VA_HQ * tq * sizeof *lse);
@@ -377,6 +383,48 @@ static void test_long(void)
     run(&c);
 }
 
+/* Bad cu_seqlens found by the cpu kernels themselves (no host read-back):
+ * the call answers AJ_ERR_INVALID_ARG naming the offsets, the sequence is
+ * skipped, and the next good call is clean. */
+static void test_varlen_bad_offsets(void)
+{
+    aj_kernel *kernel = compile_cpu("attention forward flash { dtype = f32 head_dim = 32 "
+                                    "layout = varlen }");
+    if (!kernel)
+        return;
+    enum { T = 6, H = 2, D = 32 };
+    static float zeros[T * H * D], lse[H * T];
+    const int32_t good[3] = {0, 2, T}, down[3] = {0, 4, 3}, long_k[3] = {0, 1, T};
+    void *x = to_device(zeros, sizeof zeros), *o = to_device(zeros, sizeof zeros);
+    void *dl = to_device(lse, sizeof lse);
+    void *cu[3] = {to_device(good, sizeof good), to_device(down, sizeof down),
+                   to_device(long_k, sizeof long_k)};
+    aj_fwd_args a = AJ_FWD_ARGS_INIT;
+    a.q = (aj_tensor){x, AJ_DTYPE_F32, 3, {T, H, D}, {H * D, D, 1}};
+    a.k = a.v = a.q;
+    a.o = a.q;
+    a.o.data = o;
+    a.lse = (aj_tensor){dl, AJ_DTYPE_F32, 2, {H, T}, {T, 1}};
+    a.batch = 2;
+    a.max_seqlen_q = a.max_seqlen_k = 4;
+    a.cu_seqlens_q = a.cu_seqlens_k = cu[0];
+    CHECK_STATUS(ctx, aj_forward(ctx, dev, kernel, &a), AJ_OK);
+    a.cu_seqlens_q = cu[1];
+    CHECK_STATUS(ctx, aj_forward(ctx, dev, kernel, &a), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "aj_forward: cu_seqlens_q[2] is below cu_seqlens_q[1]; offsets must not "
+                     "decrease (found by the kernel of sequence 1, which skipped it)");
+    a.cu_seqlens_q = cu[0];
+    a.cu_seqlens_k = cu[2];   /* sequence 1 has 5 keys, max_seqlen_k 4 */
+    CHECK_STATUS(ctx, aj_forward(ctx, dev, kernel, &a), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "aj_forward: sequence 1 has more keys than max_seqlen_k");
+    a.cu_seqlens_k = cu[0];
+    CHECK_STATUS(ctx, aj_forward(ctx, dev, kernel, &a), AJ_OK);
+    void *all[] = {x, o, dl, cu[0], cu[1], cu[2]};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        aj_device_free(dev, all[i]);
+    aj_kernel_destroy(kernel);
+}
+
 int main(void)
 {
     CHECK(aj_ctx_create(NULL, &ctx) == AJ_OK);
@@ -389,6 +437,7 @@ int main(void)
     test_bias_dropout();
     test_varlen();
     test_varlen_accumulate();
+    test_varlen_bad_offsets();
     test_long();
     printf("%d cases\n", cases_run);
     fwd_cache_clear();

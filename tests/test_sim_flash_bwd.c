@@ -731,18 +731,19 @@ static void test_varlen_errors(void)
     a = e.a;
     a.max_seqlen_k = 8;
     CHECK_STATUS(ctx, aj_backward(ctx, dev, k, &a), AJ_ERR_INVALID_ARG);
-    CHECK_ERROR(ctx, "sequence 0 has 9 keys in cu_seqlens_k, more than max_seqlen_k = 8");
+    CHECK_ERROR(ctx, "sequence 0 has more keys than max_seqlen_k");
     a = e.a;
     a.batch = 1;   /* cu_seqlens_q[1] = 5 is not Tq */
     CHECK_STATUS(ctx, aj_backward(ctx, dev, k, &a), AJ_ERR_INVALID_ARG);
-    CHECK_ERROR(ctx, "cu_seqlens_q[1] = 5, want 12 (q's tokens)");
+    CHECK_ERROR(ctx, "cu_seqlens_q[1] is not Tq (q's tokens)");
     static const int32_t down[3] = {0, 9, 7}, shifted[3] = {1, 5, 12};
     CHECK(aj_device_copy_to(dev, e.cu[1], down, sizeof down) == AJ_OK);
     CHECK_STATUS(ctx, aj_backward(ctx, dev, k, &e.a), AJ_ERR_INVALID_ARG);
-    CHECK_ERROR(ctx, "cu_seqlens_k[2] = 7 is below cu_seqlens_k[1] = 9");
+    CHECK_ERROR(ctx, "cu_seqlens_k[2] is below cu_seqlens_k[1]; offsets must not decrease "
+                     "(found by the kernel of sequence 1");
     CHECK(aj_device_copy_to(dev, e.cu[0], shifted, sizeof shifted) == AJ_OK);
     CHECK_STATUS(ctx, aj_backward(ctx, dev, k, &e.a), AJ_ERR_INVALID_ARG);
-    CHECK_ERROR(ctx, "cu_seqlens_q[0] = 1, want 0");
+    CHECK_ERROR(ctx, "cu_seqlens_q[0] is not 0");
     a = e.a;
     a.lse.shape[1] = 11;
     CHECK_STATUS(ctx, aj_backward(ctx, dev, k, &a), AJ_ERR_INVALID_ARG);

@@ -34,7 +34,7 @@ const char cli_usage_text[] =
     "  ring SPEC --device sim|cpu|cuda [--layout contiguous|zigzag] [--rotate p2p|allgather]\n"
     "          --in q=F --in k=F --in v=F [--in alibi_slopes=F] [--in NAME=F] --out o=F\n"
     "          [--out lse=F] [--grad --in do=F --out dq=F --out dk=F --out dv=F] [--seed N]\n"
-    "          [--offset N] [--timeout S] [--workers N] [--check] [-v]\n"
+    "          [--offset N] [--timeout S] [--workers N] [--device-index N] [--check] [-v]\n"
     "                           ring attention over MPI ranks (run under mpirun -np P);\n"
     "                           side tensors (--in NAME=F) go whole to every rank;\n"
     "                           --check compares with a single-rank run; -v prints each\n"

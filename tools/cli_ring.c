@@ -7,8 +7,13 @@
  *       --in q=F --in k=F --in v=F [--in alibi_slopes=F] [--in NAME=F (side
  *       tensors)] --out o=F [--out lse=F]
  *       [--grad --in do=F --out dq=F --out dk=F --out dv=F]
- *       [--seed N] [--offset N] [--timeout S] [--workers N] [--check] [-v]
+ *       [--seed N] [--offset N] [--timeout S] [--workers N] [--device-index N] [--check]
+ *       [-v]
  *
+ * Each rank opens device --device-index of its kind; for cuda the default
+ * is the rank's index among the ranks of its node (one GPU per rank).
+ * The shards live in the device's memory (copied there from the host and
+ * back), as the ring and the launches take them.
  * Rank 0 reads the full tensors, sends every rank its shard, gathers the
  * results and writes them; every rank's timings are printed by rank 0.
  * --check runs the same op on rank 0 alone (aj_forward / aj_backward on
@@ -44,6 +49,7 @@ typedef struct ring_opts {
     const char *in[R_IN_COUNT], *out[R_OUT_COUNT];
     cli_side_opts side;      /* --in NAME=FILE for the op's side tensors */
     int grad, check, workers, verbose;
+    int device_index;             /* -1: the node-local rank for cuda, else 0 */
     uint64_t seed, offset;
     double timeout_s;
 } ring_opts;
@@ -91,6 +97,7 @@ static int parse_number(const char *flag, const char *s, double lo, double hi, d
 static int parse_ring_args(int argc, char **argv, ring_opts *o)
 {
     memset(o, 0, sizeof *o);
+    o->device_index = -1;
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
         int rc = CLI_EXIT_OK;
@@ -144,6 +151,9 @@ static int parse_ring_args(int argc, char **argv, ring_opts *o)
         } else if (strcmp(a, "--workers") == 0) {
             rc = parse_number(a, v, 0, 1024, &num);
             o->workers = (int)num;
+        } else if (strcmp(a, "--device-index") == 0) {
+            rc = parse_number(a, v, 0, 1024, &num);
+            o->device_index = (int)num;
         } else {
             return cli_usage("unknown option '%s' for ring", a);
         }
@@ -191,8 +201,8 @@ typedef struct ring_tensor {
     int rank;
     int64_t shape[4];
     float *full, *shard;
-    void *typed;              /* the shard in the op's dtype (lse: f32) */
-    aj_tensor t;              /* over typed, with the shard's shape */
+    void *typed;              /* the shard in the op's dtype (lse: f32), host */
+    aj_tensor t;              /* the shard's shape; data in the device's memory */
 } ring_tensor;
 
 static size_t count_of(int rank, const int64_t *shape)
@@ -244,11 +254,58 @@ static int alloc_shard(ring_tensor *x, aj_dtype dtype, int size)
     return CLI_EXIT_OK;
 }
 
-static void free_tensor(ring_tensor *x)
+static size_t elem_of(aj_dtype dtype)
 {
+    return dtype == AJ_DTYPE_F32 ? 4 : 2;
+}
+
+/* `bytes` of host memory (NULL: none, the memory is an output) into new
+ * device memory, *out. */
+static aj_status upload(aj_device *dev, const void *host, size_t bytes, void **out)
+{
+    aj_status st = aj_device_alloc(dev, bytes, out);
+    if (st == AJ_OK && host)
+        st = aj_device_copy_to(dev, *out, host, bytes);
+    return st;
+}
+
+/* The shard's device memory: a copy of typed (inputs), or room for a
+ * result (outputs). */
+static aj_status shard_to_device(aj_device *dev, ring_tensor *x, int input)
+{
+    const size_t bytes = count_of(x->rank, x->t.shape) * elem_of(x->t.dtype);
+    x->t.data = NULL;
+    return upload(dev, input ? x->typed : NULL, bytes, &x->t.data);
+}
+
+/* A result shard back into typed, for gathering. */
+static aj_status shard_from_device(aj_device *dev, ring_tensor *x)
+{
+    const size_t bytes = count_of(x->rank, x->t.shape) * elem_of(x->t.dtype);
+    return aj_device_copy_from(dev, x->typed, x->t.data, bytes);
+}
+
+static void free_tensor(aj_device *dev, ring_tensor *x)
+{
+    if (x->t.data != x->typed)
+        aj_device_free(dev, x->t.data);
     free(x->full);
     free(x->shard);
     free(x->typed);
+}
+
+/* The rank's index among the ranks of its node (collective): with one
+ * GPU per rank, the GPU it opens. */
+static int node_local_rank(void)
+{
+    MPI_Comm node;
+    int local = 0;
+    if (MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node) !=
+        MPI_SUCCESS)
+        return 0;
+    MPI_Comm_rank(node, &local);
+    MPI_Comm_free(&node);
+    return local;
 }
 
 /* Rank 0: reads a .npy input of the expected rank. */
@@ -424,11 +481,24 @@ static int check_single_rank(aj_ctx *ctx, aj_device *dev, const aj_op *fop,
     aj_status st = aj_compile(ctx, fop, &opt, &fk);
     if (st == AJ_OK && grad)
         st = aj_compile(ctx, bop, &opt, &bk);
+    /* host copies (h) and the device's (t, r), as the launches take them */
+    void *th[R_IN_COUNT] = {NULL}, *rh[R_OUT_COUNT] = {NULL};
     for (int i = 0; i < R_IN_COUNT; i++)
         if (in[i].full)
             t[i] = full_typed(&in[i], in[i].full, i == R_ALIBI ? AJ_DTYPE_F32 : info->dtype);
     r[R_O] = full_typed(&out[R_O], NULL, info->dtype);
     r[R_LSE] = full_typed(&out[R_LSE], NULL, AJ_DTYPE_F32);
+    if (grad)
+        for (int i = R_DQ; i <= R_DV; i++)
+            r[i] = full_typed(&out[i], NULL, info->dtype);
+    for (int i = 0; i < R_IN_COUNT && st == AJ_OK; i++)
+        if ((th[i] = t[i].data))
+            st = upload(dev, th[i], count_of(in[i].rank, in[i].shape) * elem_of(t[i].dtype),
+                        &t[i].data);
+    for (int i = 0; i < R_OUT_COUNT && st == AJ_OK; i++)
+        if ((rh[i] = r[i].data))
+            st = upload(dev, NULL, count_of(out[i].rank, out[i].shape) * elem_of(r[i].dtype),
+                        &r[i].data);
     if (st == AJ_OK) {
         aj_fwd_args a = AJ_FWD_ARGS_INIT;
         a.q = t[R_Q];
@@ -444,8 +514,6 @@ static int check_single_rank(aj_ctx *ctx, aj_device *dev, const aj_op *fop,
         st = aj_forward(ctx, dev, fk, &a);
     }
     if (st == AJ_OK && grad) {
-        for (int i = R_DQ; i <= R_DV; i++)
-            r[i] = full_typed(&out[i], NULL, info->dtype);
         aj_bwd_args b = AJ_BWD_ARGS_INIT;
         b.q = t[R_Q];
         b.k = t[R_K];
@@ -463,6 +531,16 @@ static int check_single_rank(aj_ctx *ctx, aj_device *dev, const aj_op *fop,
         b.num_side = num_side;
         st = aj_backward(ctx, dev, bk, &b);
     }
+    for (int i = 0; i < R_OUT_COUNT && st == AJ_OK; i++)
+        if (rh[i])
+            st = aj_device_copy_from(dev, rh[i], r[i].data,
+                                     count_of(out[i].rank, out[i].shape) * elem_of(r[i].dtype));
+    for (int i = 0; i < R_OUT_COUNT; i++)   /* the host copies, compared below */
+        if (rh[i]) {
+            if (r[i].data != rh[i])
+                aj_device_free(dev, r[i].data);
+            r[i].data = rh[i];
+        }
     if (st != AJ_OK) {
         rc = cli_report(ctx, st);
     } else {
@@ -476,8 +554,11 @@ static int check_single_rank(aj_ctx *ctx, aj_device *dev, const aj_op *fop,
         }
         printf(" of the tolerance: %s\n", rc == CLI_EXIT_OK ? "match" : "MISMATCH");
     }
-    for (int i = 0; i < R_IN_COUNT; i++)
-        free(t[i].data);
+    for (int i = 0; i < R_IN_COUNT; i++) {
+        if (th[i] && t[i].data != th[i])
+            aj_device_free(dev, t[i].data);
+        free(th[i]);
+    }
     for (int i = 0; i < R_OUT_COUNT; i++)
         free(r[i].data);
     aj_kernel_destroy(fk);
@@ -667,9 +748,16 @@ int cli_ring(aj_ctx *ctx, int argc, char **argv)
     if ((rc = agree(rc)) != CLI_EXIT_OK)
         goto done;
 
-    aj_status st = aj_device_open(ctx, kind, 0, &dev);
+    const int index = o.device_index >= 0 ? o.device_index
+                      : kind == AJ_DEVICE_CUDA ? node_local_rank() : 0;
+    aj_status st = aj_device_open(ctx, kind, index, &dev);
     if (st == AJ_OK)
         st = aj_device_set_workers(dev, o.workers);
+    for (int t = 0; t < R_IN_COUNT && st == AJ_OK; t++)
+        if (in[t].rank)
+            st = shard_to_device(dev, &in[t], 1);
+    for (int t = 0; t < (o.grad ? R_OUT_COUNT : R_DQ) && st == AJ_OK; t++)
+        st = shard_to_device(dev, &out[t], 0);
     aj_comm_config cc = AJ_COMM_CONFIG_INIT;
     cc.timeout_s = o.timeout_s;
     if (st == AJ_OK)
@@ -724,6 +812,9 @@ int cli_ring(aj_ctx *ctx, int argc, char **argv)
         fprintf(stderr, "attnjit: rank %d of %d: ", me, size);
         rc = cli_report(ctx, st);
     }
+    for (int t = 0; t < (o.grad ? R_OUT_COUNT : R_DQ) && rc == CLI_EXIT_OK; t++)
+        if ((st = shard_from_device(dev, &out[t])) != AJ_OK)
+            rc = cli_report(ctx, st);
     if ((rc = agree(rc)) != CLI_EXIT_OK)
         goto done;
 
@@ -760,9 +851,9 @@ done:
     cli_side_free(dev, &side, side_dev);
     free(tiles);
     for (int t = 0; t < R_IN_COUNT; t++)
-        free_tensor(&in[t]);
+        free_tensor(dev, &in[t]);
     for (int t = 0; t < R_OUT_COUNT; t++)
-        free_tensor(&out[t]);
+        free_tensor(dev, &out[t]);
     aj_device_close(dev);
     aj_op_destroy(fop);
     aj_op_destroy(bop);

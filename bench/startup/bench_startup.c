@@ -11,6 +11,13 @@
  * (disk hits).  In-process: the same context again (memory hits).  For
  * cpu the disk entries hold host object code, which a warm start loads
  * into a JIT without compiling.
+ *
+ * On a GPU (cuda device 0) it then times each kernel's way to a loaded
+ * module, one at a time: cold (IR -> PTX -> the driver's linker -> cubin
+ * -> loaded, on an empty cache) and warm (kernel and cubin from the disk
+ * cache -> loaded, as a new process: new context and device), through
+ * aj_compile_many with options.device, which loads each kernel.  Without
+ * a GPU it prints a line saying so.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,6 +35,7 @@ static double now_ms(void)
 }
 
 enum { MAX_OPS = 64 };
+static char labels[MAX_OPS][64];   /* "f16 d64 causal(top_left)" */
 
 static int build_ops(aj_ctx *ctx, aj_op **ops)
 {
@@ -42,6 +50,8 @@ static int build_ops(aj_ctx *ctx, aj_op **ops)
                 char text[256];
                 snprintf(text, sizeof text, "attention forward efficient { dtype = %s "
                          "head_dim = %d mask = %s }", dtypes[t], dims[d], masks[m]);
+                snprintf(labels[n], sizeof labels[n], "%s d%d %s", dtypes[t], dims[d],
+                         masks[m]);
                 if (aj_op_parse(ctx, text, strlen(text), "startup", &ops[n]) != AJ_OK) {
                     fprintf(stderr, "bench_startup: %s\n", aj_last_error(ctx));
                     exit(1);
@@ -70,6 +80,70 @@ static double compile_set(aj_ctx *ctx, aj_target target, int workers, aj_op **op
         return -1;
     }
     return ms;
+}
+
+/* One kernel compiled and loaded on a fresh device of a fresh context on
+ * the cache directory `dir`: ms, or -1 on a failure. */
+static double load_one(const char *dir, const aj_op *op)
+{
+    aj_ctx_config cfg = AJ_CTX_CONFIG_INIT;
+    cfg.cache_dir = dir;
+    aj_ctx *ctx = NULL;
+    aj_device *dev = NULL;
+    double ms = -1;
+    if (aj_ctx_create(&cfg, &ctx) != AJ_OK || aj_device_open(ctx, AJ_DEVICE_CUDA, 0, &dev) != AJ_OK)
+        goto done;
+    aj_compile_job job = {.op = op};
+    aj_compile_options opt = AJ_COMPILE_OPTIONS_INIT;
+    opt.device = dev;
+    opt.target = aj_device_target(dev);
+    double t0 = now_ms();
+    aj_status st = aj_compile_many(ctx, &job, 1, &opt, 1);
+    if (st == AJ_OK)
+        ms = now_ms() - t0;
+    else
+        fprintf(stderr, "bench_startup: %s\n", aj_last_error(ctx));
+    aj_kernel_destroy(job.kernel);
+done:
+    aj_device_close(dev);
+    aj_ctx_destroy(ctx);
+    return ms;
+}
+
+/* The GPU part: cold and warm per kernel (see the top of the file). */
+static int gpu_per_kernel(aj_op **ops, int n)
+{
+    aj_ctx *probe = NULL;
+    aj_device *dev = NULL;
+    aj_ctx_create(NULL, &probe);
+    if (aj_device_open(probe, AJ_DEVICE_CUDA, 0, &dev) != AJ_OK) {
+        printf("\nGPU cold/warm per kernel: skipped: %s\n", aj_last_error(probe));
+        aj_ctx_destroy(probe);
+        return 0;
+    }
+    printf("\nGPU %s: per kernel, cold (IR -> PTX -> cubin -> loaded) and warm (cubin from "
+           "disk -> loaded)\n\n| kernel | cold (ms) | warm (ms) | cold / warm |\n"
+           "|---|---:|---:|---:|\n", aj_device_name(dev));
+    aj_device_close(dev);
+    aj_ctx_destroy(probe);
+    char dir[] = "/tmp/aj_startup_gpu_XXXXXX";
+    if (!mkdtemp(dir))
+        return 1;
+    int failed = 0;
+    double sum_cold = 0, sum_warm = 0;
+    for (int i = 0; i < n && !failed; i++) {
+        double cold = load_one(dir, ops[i]), warm = load_one(dir, ops[i]);
+        failed = cold < 0 || warm < 0;
+        printf("| %s | %.1f | %.2f | %.0fx |\n", labels[i], cold, warm, cold / warm);
+        sum_cold += cold;
+        sum_warm += warm;
+    }
+    printf("| all %d | %.1f | %.1f | %.0fx |\n", n, sum_cold, sum_warm, sum_cold / sum_warm);
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    if (system(cmd) != 0)
+        fprintf(stderr, "could not remove %s\n", dir);
+    return failed;
 }
 
 int main(int argc, char **argv)
@@ -118,6 +192,7 @@ int main(int argc, char **argv)
     printf("| warm: same process, memory cache | %.2f | %.4f | %.0fx faster |\n", t_mem,
            t_mem / n, t_cold / t_mem);
     printf("\ndisk hits %llu of %d; entries in %s\n", (unsigned long long)s.disk_hits, n, dir);
+    int gpu_failed = gpu_per_kernel(ops, n);
     for (int i = 0; i < n; i++)
         aj_op_destroy(ops[i]);
     aj_ctx_destroy(cold);
@@ -126,5 +201,5 @@ int main(int argc, char **argv)
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
     if (system(cmd) != 0)
         fprintf(stderr, "could not remove %s\n", dir);
-    return t_cold < 0 || t_warm < 0 || t_mem < 0;
+    return t_cold < 0 || t_warm < 0 || t_mem < 0 || gpu_failed;
 }

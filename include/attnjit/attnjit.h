@@ -402,7 +402,10 @@ typedef struct aj_compile_job {
 } aj_compile_job;
 
 /* Compiles `n` ops on `workers` threads (0: one per core), one LLVM context
- * per compile, results in request order.  A bad op fails alone, with its
+ * per compile, results in request order.  With options->device a cuda
+ * device, each kernel is also loaded there on its worker: its cubin from
+ * the disk cache, else the driver's PTX JIT (stored for later runs), so
+ * first launches do not pay it.  A bad op fails alone, with its
  * own status and message.  Returns AJ_OK when every job succeeded, else
  * the status of the first failing job (the context's message counts the
  * failures).  The ops must not be changed while this runs. */
@@ -569,7 +572,9 @@ aj_status aj_device_alloc(aj_device *dev, size_t bytes, void **out);
 aj_status aj_device_free(aj_device *dev, void *ptr);
 aj_status aj_device_copy_to(aj_device *dev, void *dst, const void *host_src, size_t bytes);
 aj_status aj_device_copy_from(aj_device *dev, void *host_dst, const void *src, size_t bytes);
-/* Waits for the work queued on `stream` (a CUstream; NULL: all of it). */
+/* Waits for the work queued on `stream` (a CUstream; NULL: all of it).
+ * cuda: then reports, as AJ_ERR_INVALID_ARG, bad cu_seqlens a varlen
+ * kernel found since the last report (docs/ir.md, "varlen"). */
 aj_status aj_device_synchronize(aj_device *dev, void *stream);
 /* sim: host threads that run CTAs; cpu: the thread pool's size, the
  * threads that run a launch's work items (0, the default: the cores this
@@ -739,8 +744,12 @@ typedef struct aj_bwd_args {
      * deterministic = false, the f32 dQ sums): at least
      * aj_backward_workspace_size() bytes, 16-byte aligned, not overlapping
      * any tensor; its contents on entry do not matter and on return are
-     * unspecified.  NULL: aj_backward allocates one on the device and frees
-     * it before returning (for cuda, after synchronising `stream`).
+     * unspecified.  NULL: the device's own: for cuda a buffer per stream
+     * (up to 16 streams at a time) that grows when a call needs more and is
+     * reused, in stream order, by later calls -- after the first call of a
+     * size nothing is allocated and nothing synchronises, so the call can
+     * be captured in a CUDA graph; sim and cpu use host memory of the
+     * call's own.
      * Kernels that need none ignore both fields. */
     void *workspace;
     size_t workspace_bytes;

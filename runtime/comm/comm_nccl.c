@@ -249,6 +249,34 @@ done:
     return st;
 }
 
+/* A nonblocking communicator (the caller's, made with config.blocking =
+ * 0) answers ncclInProgress from ncclGroupEnd and the collectives: their
+ * work is not on the stream yet, so nothing that depends on it may be
+ * queued until ncclCommGetAsyncError stops answering ncclInProgress
+ * (nccl.h).  Polled under the comm's deadline, as every wait is. */
+static aj_status wait_in_progress(aj_comm *comm, const char *what)
+{
+    nccl_state *s = state_of(comm);
+    const double start = aj_now();
+    for (;;) {
+        int async = NCCL_SUCCESS;
+        int r = nccl.CommGetAsyncError(s->comm, &async);
+        if (r != NCCL_SUCCESS)
+            return nccl_fail(comm, r, "ncclCommGetAsyncError");
+        if (async == NCCL_SUCCESS)
+            return AJ_OK;
+        if (async != NCCL_IN_PROGRESS)
+            return nccl_fail(comm, async, what);
+        if (aj_now() - start > comm->timeout_s) {
+            abort_comm(s);
+            return aj_fail(comm->ctx, AJ_ERR_COMM, "NCCL: rank %d: %s stayed in progress "
+                           "(ncclInProgress) past the comm timeout of %g s", comm->rank, what,
+                           comm->timeout_s);
+        }
+        aj_comm_pause();
+    }
+}
+
 /* Queues: pinned send -> device, the NCCL calls `post` makes, device ->
  * pinned recv, the event.  `bytes` were already copied into host_send. */
 typedef int (*post_fn)(nccl_state *s, nccl_slot *slot, const void *args);
@@ -264,6 +292,8 @@ static aj_status enqueue(aj_comm *comm, nccl_slot *slot, size_t send_bytes, size
     int r = post(s, slot, args);
     if (r != NCCL_SUCCESS && r != NCCL_IN_PROGRESS)
         return nccl_fail(comm, r, what);
+    if (r == NCCL_IN_PROGRESS)
+        AJ_TRY(wait_in_progress(comm, what));
     AJ_CU_TRY(comm->ctx, cu, cu->MemcpyDtoHAsync(slot->host_recv, slot->dev_recv, recv_bytes,
                                                  s->stream), "NCCL staging: cuMemcpyDtoHAsync");
     AJ_CU_TRY(comm->ctx, cu, cu->EventRecord(slot->done, s->stream),

@@ -22,6 +22,7 @@ typedef struct CUmod_st *CUmodule;
 typedef struct CUfunc_st *CUfunction;
 typedef struct CUstream_st *CUstream;
 typedef struct CUevent_st *CUevent;
+typedef struct CUlinkState_st *CUlinkState;
 
 enum {
     AJ_CUDA_SUCCESS = 0,
@@ -41,6 +42,8 @@ enum {
     AJ_CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75,
     AJ_CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76,
     AJ_CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN = 97,
+    /* CUjitInputType */
+    AJ_CU_JIT_INPUT_PTX = 1,
     /* cuEventQuery: the work before the event is still running */
     AJ_CUDA_ERROR_NOT_READY = 600,
     AJ_CU_STREAM_NON_BLOCKING = 1,
@@ -62,8 +65,14 @@ enum {
     X(CtxPopCurrent, "cuCtxPopCurrent_v2", (CUcontext *ctx))                             \
     X(CtxGetDevice, "cuCtxGetDevice", (CUdevice *dev))                                   \
     X(CtxSynchronize, "cuCtxSynchronize", (void))                                        \
-    X(ModuleLoadDataEx, "cuModuleLoadDataEx",                                            \
-      (CUmodule *mod, const void *image, unsigned n, int *options, void **values))        \
+    X(ModuleLoadData, "cuModuleLoadData", (CUmodule *mod, const void *image))            \
+    X(LinkCreate, "cuLinkCreate_v2",                                                     \
+      (unsigned n, int *options, void **values, CUlinkState *state))                     \
+    X(LinkAddData, "cuLinkAddData_v2",                                                   \
+      (CUlinkState state, int type, void *data, size_t size, const char *name,           \
+       unsigned n, int *options, void **values))                                         \
+    X(LinkComplete, "cuLinkComplete", (CUlinkState state, void **cubin, size_t *size))   \
+    X(LinkDestroy, "cuLinkDestroy", (CUlinkState state))                                 \
     X(ModuleUnload, "cuModuleUnload", (CUmodule mod))                                    \
     X(ModuleGetFunction, "cuModuleGetFunction", (CUfunction *f, CUmodule mod,            \
                                                  const char *name))                      \
@@ -86,6 +95,8 @@ enum {
     X(MemcpyDtoHAsync, "cuMemcpyDtoHAsync_v2",                                           \
       (void *dst, CUdeviceptr src, size_t bytes, CUstream stream))                       \
     X(MemsetD8, "cuMemsetD8_v2", (CUdeviceptr dst, unsigned char value, size_t n))       \
+    X(MemFreeAsync, "cuMemFreeAsync", (CUdeviceptr ptr, CUstream stream))                \
+    X(StreamWaitEvent, "cuStreamWaitEvent", (CUstream stream, CUevent event, unsigned flags))\
     X(EventCreate, "cuEventCreate", (CUevent *event, unsigned flags))                    \
     X(EventRecord, "cuEventRecord", (CUevent event, CUstream stream))                    \
     X(EventSynchronize, "cuEventSynchronize", (CUevent event))                           \

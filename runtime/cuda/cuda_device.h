@@ -18,6 +18,19 @@ typedef struct aj_cuda_loaded {
     CUfunction fns[AJ_KB_MAX_STAGES];
 } aj_cuda_loaded;
 
+/* A scratch buffer the device owns, for one stream at a time (see
+ * aj_cuda_scratch). */
+typedef struct aj_cuda_scratch_slot {
+    CUstream stream;
+    CUdeviceptr ptr;
+    size_t bytes;
+    CUevent used;                /* recorded after the last work that used it */
+    uint64_t last_use;           /* for picking the least recently used */
+    int busy;                    /* between aj_cuda_scratch and _release */
+} aj_cuda_scratch_slot;
+
+enum { AJ_CUDA_SCRATCH_SLOTS = 16 };
+
 typedef struct aj_cuda_device {
     const aj_cuda *cu;
     CUdevice dev;
@@ -29,6 +42,9 @@ typedef struct aj_cuda_device {
     pthread_mutex_t lock;        /* guards loaded */
     aj_cuda_loaded *loaded;
     size_t num_loaded, cap_loaded;
+    pthread_mutex_t scratch_lock;   /* guards scratch and scratch_clock */
+    aj_cuda_scratch_slot scratch[AJ_CUDA_SCRATCH_SLOTS];
+    uint64_t scratch_clock;
 } aj_cuda_device;
 
 /* GPU `index` on its primary context, or the device of `user_context` (a
@@ -42,11 +58,41 @@ void aj_cuda_device_close(aj_cuda_device *d);
 aj_status aj_cuda_launch(aj_ctx *ctx, aj_cuda_device *d, const aj_kernel *k, int stage,
                          const int32_t grid[3], void **args, void *stream);
 
+/* Loads a PTX kernel's module now (a cubin from the disk cache, else the
+ * driver's JIT, stored for later runs), as its first launch would;
+ * AJ_OK for kernels that are not PTX. */
+aj_status aj_cuda_load(aj_ctx *ctx, aj_cuda_device *d, const aj_kernel *k);
+
 aj_status aj_cuda_alloc(aj_ctx *ctx, aj_cuda_device *d, size_t bytes, void **out);
 aj_status aj_cuda_free(aj_ctx *ctx, aj_cuda_device *d, void *ptr);
 aj_status aj_cuda_copy(aj_ctx *ctx, aj_cuda_device *d, void *dst, const void *src,
                        size_t bytes, int to_device);
 aj_status aj_cuda_synchronize(aj_ctx *ctx, aj_cuda_device *d, void *stream);
+
+/* Stream-ordered work, never a whole-context synchronisation: a
+ * non-blocking stream of the device's own; a copy queued on `stream` (the
+ * host side pageable or pinned); a wait for the work queued on `stream`
+ * so far, by polling an event, that gives up after timeout_s seconds with
+ * AJ_ERR_COMM ("`what` did not finish within ...": a peer's work it
+ * depends on has stopped) rather than block inside the driver. */
+aj_status aj_cuda_stream_create(aj_ctx *ctx, aj_cuda_device *d, void **stream);
+void aj_cuda_stream_destroy(aj_cuda_device *d, void *stream);
+aj_status aj_cuda_copy_async(aj_ctx *ctx, aj_cuda_device *d, void *dst, const void *src,
+                             size_t bytes, int to_device, void *stream);
+aj_status aj_cuda_wait(aj_ctx *ctx, aj_cuda_device *d, void *stream, double timeout_s,
+                       const char *what);
+
+/* A scratch buffer of at least `bytes` for work queued on `stream`,
+ * owned by the device and reused across calls: one per stream, for up to
+ * AJ_CUDA_SCRATCH_SLOTS streams, grown (never shrunk) when a call needs
+ * more, the old buffer freed in stream order (cuMemFreeAsync).  A slot
+ * that last served another stream is taken over after that stream's work
+ * on it (cuStreamWaitEvent).  No call synchronises; a call after the first
+ * of its size allocates nothing.  aj_cuda_scratch_release(stream) after
+ * queueing the work that uses it. */
+aj_status aj_cuda_scratch(aj_ctx *ctx, aj_cuda_device *d, void *stream, size_t bytes,
+                          void **out);
+void aj_cuda_scratch_release(aj_cuda_device *d, void *stream);
 
 /* What the driver made of a kernel's stage (loading it on first use):
  * registers and local-memory (spill) bytes per thread, and the most

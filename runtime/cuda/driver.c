@@ -14,7 +14,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
+#include "runtime/cache.h"
 #include "runtime/cuda/cuda_device.h"
 
 /* ---------------------------------------------------------------- driver */
@@ -119,6 +121,7 @@ aj_status aj_cuda_device_open(aj_ctx *ctx, int index, void *user_context,
         return aj_fail(ctx, AJ_ERR_OUT_OF_MEMORY, "out of memory");
     d->cu = cu;
     pthread_mutex_init(&d->lock, NULL);
+    pthread_mutex_init(&d->scratch_lock, NULL);
     if (user_context) {
         d->cuctx = (CUcontext)user_context;
         AJ_CU_TRY(ctx, cu, cu->CtxPushCurrent(d->cuctx), "cuCtxPushCurrent");
@@ -170,6 +173,12 @@ void aj_cuda_device_close(aj_cuda_device *d)
     if (d->cuctx && d->cu->CtxPushCurrent(d->cuctx) == AJ_CUDA_SUCCESS) {
         for (size_t i = 0; i < d->num_loaded; i++)
             d->cu->ModuleUnload(d->loaded[i].mod);
+        for (int i = 0; i < AJ_CUDA_SCRATCH_SLOTS; i++) {
+            if (d->scratch[i].ptr)
+                d->cu->MemFree(d->scratch[i].ptr);
+            if (d->scratch[i].used)
+                d->cu->EventDestroy(d->scratch[i].used);
+        }
         CUcontext popped;
         d->cu->CtxPopCurrent(&popped);
     }
@@ -177,84 +186,175 @@ void aj_cuda_device_close(aj_cuda_device *d)
         d->cu->DevicePrimaryCtxRelease(d->dev);
     free(d->loaded);
     pthread_mutex_destroy(&d->lock);
+    pthread_mutex_destroy(&d->scratch_lock);
     free(d);
 }
 
+/* ---------------------------------------------------------------- modules */
+
+/*
+ * A kernel's module comes from a cubin (SASS): the disk cache's, for this
+ * PTX, compute capability and driver, else the driver's linker's
+ * (cuLinkCreate / cuLinkAddData / cuLinkComplete: the PTX JIT, ptxas in
+ * the driver), which is then stored for later processes.  All of it runs
+ * outside the device's lock, so aj_compile_many's workers JIT in parallel
+ * and launches of loaded kernels go on meanwhile.
+ */
+static aj_status link_cubin(aj_ctx *ctx, aj_cuda_device *d, const aj_kernel *k,
+                            const char *key, CUmodule *mod)
+{
+    aj_status st = AJ_OK;
+    const aj_cuda *cu = d->cu;
+    const char *name = k->stages[0].entry;
+    char error_log[8192] = "", info_log[4096] = "";
+    int options[4] = {AJ_CU_JIT_ERROR_LOG_BUFFER, AJ_CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES,
+                      AJ_CU_JIT_INFO_LOG_BUFFER, AJ_CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES};
+    void *values[4] = {error_log, (void *)(uintptr_t)sizeof error_log, info_log,
+                       (void *)(uintptr_t)sizeof info_log};
+    CUlinkState link = NULL;
+    void *cubin = NULL;
+    size_t cubin_bytes = 0;
+    AJ_CU_TRY(ctx, cu, cu->LinkCreate(4, options, values, &link), "cuLinkCreate");
+    CUresult r = cu->LinkAddData(link, AJ_CU_JIT_INPUT_PTX, (void *)k->code,
+                                 strlen((const char *)k->code) + 1, name, 0, NULL, NULL);
+    if (r == AJ_CUDA_SUCCESS)
+        r = cu->LinkComplete(link, &cubin, &cubin_bytes);
+    if (r != AJ_CUDA_SUCCESS) {
+        st = aj_cuda_fail(ctx, cu, r, "compiling the kernel's PTX");
+        aj_fail(ctx, st, "compiling %s's PTX for %s: %s", name, d->name, error_log);
+        goto done;
+    }
+    if (info_log[0])
+        aj_log(ctx, AJ_LOG_DEBUG, "CUDA JIT for %s: %s", name, info_log);
+    AJ_CU_TRY(ctx, cu, cu->ModuleLoadData(mod, cubin), "cuModuleLoadData");
+    aj_cache_blob_store(ctx, aj_cache_of(ctx), AJ_CACHE_CUBIN, key, cubin, cubin_bytes);
+done:
+    if (link)
+        cu->LinkDestroy(link);   /* frees the cubin */
+    return st;
+}
+
+static aj_status load_module(aj_ctx *ctx, aj_cuda_device *d, const aj_kernel *k,
+                             CUmodule *mod)
+{
+    char fields[128], key[256];
+    snprintf(fields, sizeof fields, "ptx %016llx|sm_%d%d|driver %d",
+             (unsigned long long)k->code_hash, d->cc_major, d->cc_minor,
+             d->cu->driver_version);
+    aj_cache_key(AJ_CACHE_CUBIN, fields, key, sizeof key);
+    size_t bytes = 0;
+    uint8_t *cubin = aj_cache_blob_lookup(ctx, aj_cache_of(ctx), AJ_CACHE_CUBIN, key, &bytes);
+    if (cubin) {
+        CUresult r = d->cu->ModuleLoadData(mod, cubin);
+        free(cubin);
+        if (r == AJ_CUDA_SUCCESS)
+            return AJ_OK;
+        aj_log(ctx, AJ_LOG_WARN, "kernel cache: the driver refused the cached cubin of %s; "
+               "compiling its PTX again", k->stages[0].entry);
+    }
+    return link_cubin(ctx, d, k, key, mod);
+}
+
+/* The functions of a loaded module, with the >48 KiB shared-memory opt-in. */
+static aj_status module_functions(aj_ctx *ctx, aj_cuda_device *d, const aj_kernel *k,
+                                  CUmodule mod, CUfunction *fns)
+{
+    const aj_cuda *cu = d->cu;
+    for (int s = 0; s < k->num_stages; s++) {
+        const aj_kernel_stage *ks = &k->stages[s];
+        CUresult r = cu->ModuleGetFunction(&fns[s], mod, ks->entry);
+        if (r != AJ_CUDA_SUCCESS)
+            return aj_cuda_fail(ctx, cu, r, "cuModuleGetFunction");
+        /* more than 48 KiB of dynamic shared memory must be asked for */
+        if (ks->launch.dynamic_smem <= 48 * 1024)
+            continue;
+        if (ks->launch.dynamic_smem > d->smem_optin)
+            return aj_fail(ctx, AJ_ERR_UNSUPPORTED, "%s needs %d bytes of shared memory; %s "
+                           "allows %d per block", ks->entry, ks->launch.dynamic_smem, d->name,
+                           d->smem_optin);
+        r = cu->FuncSetAttribute(fns[s], AJ_CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                 ks->launch.dynamic_smem);
+        if (r != AJ_CUDA_SUCCESS)
+            return aj_cuda_fail(ctx, cu, r, "raising the dynamic shared memory limit");
+    }
+    return AJ_OK;
+}
+
+/* The kernel's entry in d->loaded (under the lock), or NULL. */
+static aj_cuda_loaded *find_loaded(aj_cuda_device *d, const aj_kernel *k)
+{
+    for (size_t i = 0; i < d->num_loaded; i++)
+        if (d->loaded[i].code_hash == k->code_hash &&
+            strcmp(d->loaded[i].entry, k->stages[0].entry) == 0)
+            return &d->loaded[i];
+    return NULL;
+}
+
 /* The loaded function of a kernel's stage (one module per kernel and
- * device, holding every stage), loading it with the JIT's error and info
- * logs captured. */
+ * device, holding every stage), loading it on first use (the context
+ * pushed).  Two threads loading one kernel at once both load it; the
+ * second to finish unloads its copy. */
 static aj_status function_for(aj_ctx *ctx, aj_cuda_device *d, const aj_kernel *k, int stage,
                               CUfunction *out)
 {
     aj_status st = AJ_OK;
-    const aj_cuda *cu = d->cu;
     pthread_mutex_lock(&d->lock);
-    for (size_t i = 0; i < d->num_loaded; i++)
-        if (d->loaded[i].code_hash == k->code_hash &&
-            strcmp(d->loaded[i].entry, k->stages[0].entry) == 0) {
-            *out = d->loaded[i].fns[stage];
-            goto done;
-        }
+    aj_cuda_loaded *hit = find_loaded(d, k);
+    if (hit)
+        *out = hit->fns[stage];
+    pthread_mutex_unlock(&d->lock);
+    if (hit)
+        return AJ_OK;
+
+    CUmodule mod = NULL;
+    CUfunction fns[AJ_KB_MAX_STAGES] = {0};
+    st = load_module(ctx, d, k, &mod);
+    if (st == AJ_OK)
+        st = module_functions(ctx, d, k, mod, fns);
+    if (st != AJ_OK) {
+        if (mod)
+            d->cu->ModuleUnload(mod);
+        return st;
+    }
+    pthread_mutex_lock(&d->lock);
+    if ((hit = find_loaded(d, k))) {   /* another thread was first */
+        d->cu->ModuleUnload(mod);
+        *out = hit->fns[stage];
+        goto done;
+    }
     if (d->num_loaded == d->cap_loaded) {
         size_t cap = d->cap_loaded ? d->cap_loaded * 2 : 16;
         void *bigger = realloc(d->loaded, cap * sizeof *d->loaded);
         if (!bigger) {
+            d->cu->ModuleUnload(mod);
             st = aj_fail(ctx, AJ_ERR_OUT_OF_MEMORY, "out of memory");
             goto done;
         }
         d->loaded = bigger;
         d->cap_loaded = cap;
     }
-    char error_log[8192] = "", info_log[4096] = "";
-    int options[4] = {AJ_CU_JIT_ERROR_LOG_BUFFER, AJ_CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES,
-                      AJ_CU_JIT_INFO_LOG_BUFFER, AJ_CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES};
-    void *values[4] = {error_log, (void *)(uintptr_t)sizeof error_log, info_log,
-                       (void *)(uintptr_t)sizeof info_log};
-    CUmodule mod = NULL;
-    CUfunction fns[AJ_KB_MAX_STAGES] = {0};
-    const char *name = k->stages[0].entry;
-    CUresult r = cu->ModuleLoadDataEx(&mod, k->code, 4, options, values);
-    if (r != AJ_CUDA_SUCCESS) {
-        st = aj_cuda_fail(ctx, cu, r, "loading the kernel's PTX");
-        aj_fail(ctx, st, "loading %s's PTX on %s: %s", name, d->name, error_log);
-        goto done;
-    }
-    if (info_log[0])
-        aj_log(ctx, AJ_LOG_DEBUG, "CUDA JIT for %s: %s", name, info_log);
-    for (int s = 0; s < k->num_stages; s++) {
-        const aj_kernel_stage *ks = &k->stages[s];
-        r = cu->ModuleGetFunction(&fns[s], mod, ks->entry);
-        if (r != AJ_CUDA_SUCCESS) {
-            cu->ModuleUnload(mod);
-            st = aj_cuda_fail(ctx, cu, r, "cuModuleGetFunction");
-            goto done;
-        }
-        /* more than 48 KiB of dynamic shared memory must be asked for */
-        if (ks->launch.dynamic_smem <= 48 * 1024)
-            continue;
-        if (ks->launch.dynamic_smem > d->smem_optin) {
-            cu->ModuleUnload(mod);
-            st = aj_fail(ctx, AJ_ERR_UNSUPPORTED, "%s needs %d bytes of shared memory; %s "
-                         "allows %d per block", ks->entry, ks->launch.dynamic_smem, d->name,
-                         d->smem_optin);
-            goto done;
-        }
-        r = cu->FuncSetAttribute(fns[s], AJ_CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                                 ks->launch.dynamic_smem);
-        if (r != AJ_CUDA_SUCCESS) {
-            cu->ModuleUnload(mod);
-            st = aj_cuda_fail(ctx, cu, r, "raising the dynamic shared memory limit");
-            goto done;
-        }
-    }
     aj_cuda_loaded *slot = &d->loaded[d->num_loaded++];
-    snprintf(slot->entry, sizeof slot->entry, "%s", name);
+    snprintf(slot->entry, sizeof slot->entry, "%s", k->stages[0].entry);
     slot->code_hash = k->code_hash;
     slot->mod = mod;
     memcpy(slot->fns, fns, sizeof slot->fns);
     *out = fns[stage];
 done:
     pthread_mutex_unlock(&d->lock);
+    return st;
+}
+
+aj_status aj_cuda_load(aj_ctx *ctx, aj_cuda_device *d, const aj_kernel *k)
+{
+    aj_status st = AJ_OK;
+    if (k->emit != AJ_EMIT_PTX)
+        return AJ_OK;   /* nothing the driver loads */
+    AJ_CU_TRY(ctx, d->cu, d->cu->CtxPushCurrent(d->cuctx), "cuCtxPushCurrent");
+    CUfunction fn = NULL;
+    st = function_for(ctx, d, k, 0, &fn);
+    CUcontext popped;
+    d->cu->CtxPopCurrent(&popped);
+done:
     return st;
 }
 
@@ -340,6 +440,166 @@ aj_status aj_cuda_synchronize(aj_ctx *ctx, aj_cuda_device *d, void *stream)
         WITH_CONTEXT(d, d->cu->CtxSynchronize(), "cuCtxSynchronize");
 done:
     return st;
+}
+
+/* ---------------------------------------------------------------- streams */
+
+aj_status aj_cuda_stream_create(aj_ctx *ctx, aj_cuda_device *d, void **stream)
+{
+    aj_status st = AJ_OK;
+    CUstream s = NULL;
+    WITH_CONTEXT(d, d->cu->StreamCreate(&s, AJ_CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+    *stream = s;
+done:
+    return st;
+}
+
+void aj_cuda_stream_destroy(aj_cuda_device *d, void *stream)
+{
+    CUcontext popped;
+    if (stream && d->cu->CtxPushCurrent(d->cuctx) == AJ_CUDA_SUCCESS) {
+        d->cu->StreamDestroy((CUstream)stream);   /* its work finishes first */
+        d->cu->CtxPopCurrent(&popped);
+    }
+}
+
+aj_status aj_cuda_copy_async(aj_ctx *ctx, aj_cuda_device *d, void *dst, const void *src,
+                             size_t bytes, int to_device, void *stream)
+{
+    aj_status st = AJ_OK;
+    if (to_device)
+        WITH_CONTEXT(d, d->cu->MemcpyHtoDAsync((CUdeviceptr)(uintptr_t)dst, src, bytes,
+                                               (CUstream)stream), "cuMemcpyHtoDAsync");
+    else
+        WITH_CONTEXT(d, d->cu->MemcpyDtoHAsync(dst, (CUdeviceptr)(uintptr_t)src, bytes,
+                                               (CUstream)stream), "cuMemcpyDtoHAsync");
+done:
+    return st;
+}
+
+static double seconds_now(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+aj_status aj_cuda_wait(aj_ctx *ctx, aj_cuda_device *d, void *stream, double timeout_s,
+                       const char *what)
+{
+    aj_status st = AJ_OK;
+    const aj_cuda *cu = d->cu;
+    CUevent done_event = NULL;
+    int pushed = 0;
+    AJ_CU_TRY(ctx, cu, cu->CtxPushCurrent(d->cuctx), "cuCtxPushCurrent");
+    pushed = 1;
+    AJ_CU_TRY(ctx, cu, cu->EventCreate(&done_event, AJ_CU_EVENT_DISABLE_TIMING),
+              "cuEventCreate");
+    AJ_CU_TRY(ctx, cu, cu->EventRecord(done_event, (CUstream)stream), "cuEventRecord");
+    const double start = seconds_now();
+    for (;;) {
+        CUresult r = cu->EventQuery(done_event);
+        if (r == AJ_CUDA_SUCCESS)
+            break;
+        if (r != AJ_CUDA_ERROR_NOT_READY)
+            AJ_CU_TRY(ctx, cu, r, what);
+        if (seconds_now() - start > timeout_s) {
+            st = aj_fail(ctx, AJ_ERR_COMM, "%s did not finish within the comm timeout of "
+                         "%g s; the GPU work waits on a peer that has stopped or died", what,
+                         timeout_s);
+            goto done;
+        }
+        const struct timespec pause = {0, 20000};   /* 20 us: the host core for others */
+        nanosleep(&pause, NULL);
+    }
+done:
+    if (done_event)
+        cu->EventDestroy(done_event);
+    if (pushed) {
+        CUcontext popped;
+        cu->CtxPopCurrent(&popped);
+    }
+    return st;
+}
+
+/* ---------------------------------------------------------------- scratch */
+
+/* The slot for `stream`: its own, else the least recently used idle one. */
+static aj_cuda_scratch_slot *scratch_slot(aj_cuda_device *d, CUstream stream)
+{
+    aj_cuda_scratch_slot *best = NULL;
+    for (int i = 0; i < AJ_CUDA_SCRATCH_SLOTS; i++) {
+        aj_cuda_scratch_slot *s = &d->scratch[i];
+        if (s->busy)
+            continue;
+        if (s->ptr && s->stream == stream)
+            return s;
+        if (!best || s->last_use < best->last_use)
+            best = s;
+    }
+    return best;
+}
+
+aj_status aj_cuda_scratch(aj_ctx *ctx, aj_cuda_device *d, void *stream, size_t bytes,
+                          void **out)
+{
+    aj_status st = AJ_OK;
+    const aj_cuda *cu = d->cu;
+    const CUstream s = (CUstream)stream;
+    int pushed = 0;
+    pthread_mutex_lock(&d->scratch_lock);
+    aj_cuda_scratch_slot *slot = scratch_slot(d, s);
+    if (!slot) {
+        st = aj_fail(ctx, AJ_ERR_UNSUPPORTED, "more than %d launches without a workspace are "
+                     "in flight at once on this device; pass a workspace "
+                     "(aj_backward_workspace_size)", AJ_CUDA_SCRATCH_SLOTS);
+        goto done;
+    }
+    AJ_CU_TRY(ctx, cu, cu->CtxPushCurrent(d->cuctx), "cuCtxPushCurrent");
+    pushed = 1;
+    if (!slot->used)
+        AJ_CU_TRY(ctx, cu, cu->EventCreate(&slot->used, AJ_CU_EVENT_DISABLE_TIMING),
+                  "cuEventCreate");
+    /* another stream's buffer: its work on it comes first */
+    if (slot->ptr && slot->stream != s)
+        AJ_CU_TRY(ctx, cu, cu->StreamWaitEvent(s, slot->used, 0), "cuStreamWaitEvent");
+    slot->stream = s;
+    if (slot->bytes < bytes) {
+        if (slot->ptr)
+            AJ_CU_TRY(ctx, cu, cu->MemFreeAsync(slot->ptr, s), "cuMemFreeAsync");
+        slot->ptr = 0;
+        slot->bytes = 0;
+        AJ_CU_TRY(ctx, cu, cu->MemAlloc(&slot->ptr, bytes ? bytes : 1), "cuMemAlloc");
+        slot->bytes = bytes;
+    }
+    slot->busy = 1;
+    slot->last_use = ++d->scratch_clock;
+    *out = (void *)(uintptr_t)slot->ptr;
+done:
+    if (pushed) {
+        CUcontext popped;
+        cu->CtxPopCurrent(&popped);
+    }
+    pthread_mutex_unlock(&d->scratch_lock);
+    return st;
+}
+
+void aj_cuda_scratch_release(aj_cuda_device *d, void *stream)
+{
+    pthread_mutex_lock(&d->scratch_lock);
+    for (int i = 0; i < AJ_CUDA_SCRATCH_SLOTS; i++) {
+        aj_cuda_scratch_slot *slot = &d->scratch[i];
+        if (!slot->busy || slot->stream != (CUstream)stream)
+            continue;
+        CUcontext popped;
+        if (d->cu->CtxPushCurrent(d->cuctx) == AJ_CUDA_SUCCESS) {
+            d->cu->EventRecord(slot->used, (CUstream)stream);
+            d->cu->CtxPopCurrent(&popped);
+        }
+        slot->busy = 0;
+        break;
+    }
+    pthread_mutex_unlock(&d->scratch_lock);
 }
 
 /* ---------------------------------------------------------------- tuning */

@@ -1,21 +1,74 @@
 /*
- * fake_cuda.c -- a stand-in libcuda.so.1 for testing how attnjit loads the
- * CUDA driver on machines without a GPU.  FAKE_CUDA_MODE picks what it
- * pretends: "no_device" (cuInit fails with CUDA_ERROR_NO_DEVICE),
- * "no_gpus" (initialises, 0 devices), "old_gpu" (one compute-capability
- * 7.5 device).  Built with FAKE_CUDA_OLD_DRIVER it lacks cuLaunchKernel,
- * like a driver too old for attnjit.
+ * fake_cuda.c -- a stand-in libcuda.so.1 for testing attnjit's GPU path on
+ * machines without a GPU.  It cannot run a kernel, but it holds attnjit to
+ * the driver's rules and records what attnjit asked of it.
  *
- * For the NCCL engine's tests (tests/ring/test_nccl.c) it also keeps
- * "device" memory in host memory, copies with memcpy, and has streams and
- * events that are done at once -- or never, in mode "stuck", where every
- * event stays CUDA_ERROR_NOT_READY like a kernel waiting on a dead peer.
+ * FAKE_CUDA_MODE picks what it pretends:
+ *   "no_device"  cuInit fails with CUDA_ERROR_NO_DEVICE (the default)
+ *   "no_gpus"    initialises, 0 devices (the NCCL engine's tests use its
+ *                memory, streams and events without an aj_device)
+ *   "old_gpu"    one compute-capability 7.5 device
+ *   "gpu"        FAKE_CUDA_GPUS (default 1) compute-capability 9.0 devices
+ *                with 227 KiB of opt-in shared memory, as an H100/H200
+ *   "stuck"      as no_gpus, but no event ever completes
+ *                (CUDA_ERROR_NOT_READY), like work waiting on a dead peer
+ * FAKE_CUDA_STUCK=1 makes any mode's GPU work never end: events stay
+ * CUDA_ERROR_NOT_READY and cuCtxSynchronize, cuStreamSynchronize and
+ * cuEventSynchronize block (for FAKE_CUDA_HANG_S seconds, default 3600),
+ * as the driver does for a kernel that waits on a peer that died.
+ * Built with FAKE_CUDA_OLD_DRIVER it lacks cuLaunchKernel, like a driver
+ * too old for attnjit.
+ *
+ * What it enforces, as the driver does:
+ *   - device memory comes from cuMemAlloc and is told apart from host
+ *     memory by a registry of allocations.  A copy whose device side is not
+ *     device memory fails with CUDA_ERROR_INVALID_VALUE; a kernel given an
+ *     8-byte parameter that points into pageable host memory (a mapping of
+ *     /proc/self/maps outside the registry) faults: the launch returns
+ *     CUDA_SUCCESS and the
+ *     context is poisoned, every later call answering
+ *     CUDA_ERROR_ILLEGAL_ADDRESS (a fault is sticky, as on a GPU).
+ *   - an async copy from or to pageable host memory is logged "staged":
+ *     the real driver makes it synchronous.
+ *   - parameters are sized by the module's PTX (.u32/.u64 ...).
+ * What it records: one line per call in a log the tests read through
+ * fake_cuda_log() (dlsym), with the stream each operation went to
+ * (stream=0 is the legacy default stream, stream=N the N-th created):
+ *
+ *   MemAlloc bytes=64 / MemFree / MemAllocHost bytes=64
+ *   MemcpyHtoD bytes=64 (synchronous) / MemcpyDtoH bytes=64
+ *   MemcpyHtoDAsync bytes=64 stream=1 [staged]
+ *   LaunchKernel fn=NAME grid=4,2,1 stream=1
+ *   CtxSynchronize / StreamSynchronize stream=1 / EventSynchronize event=2
+ *   EventRecord event=2 stream=1 / StreamWaitEvent stream=2 event=1
+ *   DevicePrimaryCtxRetain dev=1 / LinkComplete / ModuleLoadData cubin
+ *
+ * (and, with FAKE_CUDA_LOG=PREFIX, into the file PREFIX.PID at exit)
+ * Streams and events are done at once (the work is done when queued).
  */
+#include <stdarg.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
+
+#include "stand_in_log.h"
 
 typedef int CUresult;
+typedef unsigned long long CUdeviceptr;
+
+enum {
+    SUCCESS = 0,
+    INVALID_VALUE = 1,
+    OUT_OF_MEMORY = 2,
+    NO_DEVICE = 100,
+    INVALID_IMAGE = 200,
+    INVALID_HANDLE = 400,
+    NOT_FOUND = 500,
+    NOT_READY = 600,
+    ILLEGAL_ADDRESS = 700,
+};
 
 static const char *mode(void)
 {
@@ -23,159 +76,701 @@ static const char *mode(void)
     return m ? m : "no_device";
 }
 
+static int mode_is(const char *m)
+{
+    return strcmp(mode(), m) == 0;
+}
+
+static int stuck(void)
+{
+    const char *s = getenv("FAKE_CUDA_STUCK");
+    return mode_is("stuck") || (s && strcmp(s, "1") == 0);
+}
+
+/* ---------------------------------------------------------------- log */
+
+const char *fake_cuda_log(void);
+const char *fake_cuda_log(void)
+{
+    return log_text;
+}
+
+/* FAKE_CUDA_LOG=PREFIX: the log is also written to PREFIX.PID at exit,
+ * for tests that run attnjit as a program (test_cli_ring.sh). */
+__attribute__((destructor)) static void write_log(void)
+{
+    const char *prefix = getenv("FAKE_CUDA_LOG");
+    if (!prefix || !*prefix)
+        return;
+    char path[512];
+    snprintf(path, sizeof path, "%s.%ld", prefix, (long)getpid());
+    FILE *f = fopen(path, "w");
+    if (f) {
+        fputs(log_text, f);
+        fclose(f);
+    }
+}
+
+void fake_cuda_log_clear(void);
+void fake_cuda_log_clear(void)
+{
+    log_clear();
+}
+
+/* A blocking wait for work that never ends. */
+static void hang(const char *what)
+{
+    if (!stuck())
+        return;
+    note("%s HANGS", what);
+    const char *s = getenv("FAKE_CUDA_HANG_S");
+    sleep(s ? (unsigned)atoi(s) : 3600);
+}
+
+/* ---------------------------------------------------------------- memory */
+
+typedef struct region {
+    uintptr_t base;
+    size_t bytes;
+    int pinned;               /* cuMemAllocHost: host memory the GPU can map */
+} region;
+
+enum { MAX_REGIONS = 4096 };
+static region regions[MAX_REGIONS];
+static int num_regions;
+static CUresult sticky;       /* a kernel fault poisons the context */
+
+static const region *find(uintptr_t p, size_t bytes)
+{
+    for (int i = 0; i < num_regions; i++)
+        if (p >= regions[i].base && p + bytes <= regions[i].base + regions[i].bytes)
+            return &regions[i];
+    return NULL;
+}
+
+static int is_device(uintptr_t p, size_t bytes)
+{
+    const region *r = find(p, bytes);
+    return r && !r->pinned;
+}
+
+static int is_pinned(const void *p, size_t bytes)
+{
+    const region *r = find((uintptr_t)p, bytes);
+    return r && r->pinned;
+}
+
+static CUresult track(void *m, size_t bytes, int pinned)
+{
+    if (!m)
+        return OUT_OF_MEMORY;
+    if (num_regions == MAX_REGIONS) {
+        free(m);
+        return OUT_OF_MEMORY;
+    }
+    regions[num_regions++] = (region){(uintptr_t)m, bytes, pinned};
+    return SUCCESS;
+}
+
+static CUresult untrack(uintptr_t p, int pinned)
+{
+    for (int i = 0; i < num_regions; i++)
+        if (regions[i].base == p && regions[i].pinned == pinned) {
+            regions[i] = regions[--num_regions];
+            free((void *)p);
+            return SUCCESS;
+        }
+    return INVALID_VALUE;
+}
+
+/* ---------------------------------------------------------------- init */
+
 CUresult cuInit(unsigned flags);
 CUresult cuInit(unsigned flags)
 {
-    return strcmp(mode(), "no_device") == 0 ? 100 : 0;
+    (void)flags;
+    return mode_is("no_device") ? NO_DEVICE : SUCCESS;
 }
 
 CUresult cuDriverGetVersion(int *v);
 CUresult cuDriverGetVersion(int *v)
 {
-    *v = 12040;
-    return 0;
+    *v = 13000;
+    return SUCCESS;
+}
+
+static int gpu_count(void)
+{
+    if (mode_is("old_gpu"))
+        return 1;
+    if (!mode_is("gpu"))
+        return 0;
+    const char *n = getenv("FAKE_CUDA_GPUS");
+    return n ? atoi(n) : 1;
 }
 
 CUresult cuDeviceGetCount(int *n);
 CUresult cuDeviceGetCount(int *n)
 {
-    *n = strcmp(mode(), "old_gpu") == 0 ? 1 : 0;
-    return 0;
+    *n = gpu_count();
+    return SUCCESS;
 }
 
 CUresult cuDeviceGet(int *d, int i);
 CUresult cuDeviceGet(int *d, int i)
 {
+    if (i < 0 || i >= gpu_count())
+        return 101;   /* CUDA_ERROR_INVALID_DEVICE */
     *d = i;
-    return 0;
+    return SUCCESS;
 }
 
 CUresult cuDeviceGetName(char *name, int len, int d);
 CUresult cuDeviceGetName(char *name, int len, int d)
 {
-    strncpy(name, "Fake GPU T4", (size_t)len);
-    return 0;
+    (void)d;
+    snprintf(name, (size_t)len, "%s", mode_is("gpu") ? "Fake GPU H200" : "Fake GPU T4");
+    return SUCCESS;
 }
 
 CUresult cuDeviceGetAttribute(int *v, int attrib, int d);
 CUresult cuDeviceGetAttribute(int *v, int attrib, int d)
 {
-    *v = attrib == 75 ? 7 : attrib == 76 ? 5 : 65536;
-    return 0;
+    (void)d;
+    const int gpu = mode_is("gpu");
+    switch (attrib) {
+    case 16: *v = gpu ? 132 : 40; break;         /* MULTIPROCESSOR_COUNT */
+    case 75: *v = gpu ? 9 : 7; break;            /* COMPUTE_CAPABILITY_MAJOR */
+    case 76: *v = gpu ? 0 : 5; break;            /* COMPUTE_CAPABILITY_MINOR */
+    case 97: *v = gpu ? 232448 : 65536; break;   /* MAX_SHARED_MEMORY_PER_BLOCK_OPTIN */
+    default: *v = 65536;
+    }
+    return SUCCESS;
 }
 
 CUresult cuGetErrorName(CUresult r, const char **s);
 CUresult cuGetErrorName(CUresult r, const char **s)
 {
-    *s = r == 100 ? "CUDA_ERROR_NO_DEVICE" : "CUDA_ERROR_UNKNOWN";
-    return 0;
+    *s = r == NO_DEVICE ? "CUDA_ERROR_NO_DEVICE" : r == INVALID_VALUE ? "CUDA_ERROR_INVALID_VALUE"
+       : r == ILLEGAL_ADDRESS ? "CUDA_ERROR_ILLEGAL_ADDRESS" : r == NOT_READY
+       ? "CUDA_ERROR_NOT_READY" : "CUDA_ERROR_UNKNOWN";
+    return SUCCESS;
 }
 
 CUresult cuGetErrorString(CUresult r, const char **s);
 CUresult cuGetErrorString(CUresult r, const char **s)
 {
-    *s = r == 100 ? "no CUDA-capable device is detected" : "unknown error";
-    return 0;
+    *s = r == NO_DEVICE ? "no CUDA-capable device is detected"
+       : r == INVALID_VALUE ? "invalid argument"
+       : r == ILLEGAL_ADDRESS ? "an illegal memory access was encountered" : "unknown error";
+    return SUCCESS;
 }
 
-/* device memory is host memory; a copy is done when it is queued */
-CUresult cuMemAlloc_v2(unsigned long long *p, size_t bytes);
-CUresult cuMemAlloc_v2(unsigned long long *p, size_t bytes)
+/* ---------------------------------------------------------------- context */
+
+static int primary_context[16];
+
+CUresult cuDevicePrimaryCtxRetain(void **ctx, int dev);
+CUresult cuDevicePrimaryCtxRetain(void **ctx, int dev)
+{
+    if (dev < 0 || dev >= 16 || dev >= gpu_count())
+        return 101;
+    note("DevicePrimaryCtxRetain dev=%d", dev);
+    *ctx = &primary_context[dev];
+    return SUCCESS;
+}
+
+CUresult cuDevicePrimaryCtxRelease_v2(int dev);
+CUresult cuDevicePrimaryCtxRelease_v2(int dev)
+{
+    (void)dev;
+    return SUCCESS;
+}
+
+static void *current;
+
+CUresult cuCtxPushCurrent_v2(void *ctx);
+CUresult cuCtxPushCurrent_v2(void *ctx)
+{
+    current = ctx;
+    return SUCCESS;
+}
+
+CUresult cuCtxPopCurrent_v2(void **ctx);
+CUresult cuCtxPopCurrent_v2(void **ctx)
+{
+    if (ctx)
+        *ctx = current;
+    return SUCCESS;
+}
+
+CUresult cuCtxGetDevice(int *dev);
+CUresult cuCtxGetDevice(int *dev)
+{
+    *dev = current ? (int)((int *)current - primary_context) : 0;
+    return SUCCESS;
+}
+
+CUresult cuCtxSynchronize(void);
+CUresult cuCtxSynchronize(void)
+{
+    note("CtxSynchronize");
+    hang("CtxSynchronize");
+    return sticky;
+}
+
+/* ---------------------------------------------------------------- memory */
+
+CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t bytes);
+CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t bytes)
 {
     if (bytes == 0)
-        return 1;   /* CUDA_ERROR_INVALID_VALUE, as the driver answers */
+        return INVALID_VALUE;   /* as the driver answers */
+    if (sticky)
+        return sticky;
+    note("MemAlloc bytes=%zu", bytes);
     void *m = malloc(bytes);
-    *p = (unsigned long long)(uintptr_t)m;
-    return m ? 0 : 2;   /* CUDA_ERROR_OUT_OF_MEMORY */
+    *p = (CUdeviceptr)(uintptr_t)m;
+    return track(m, bytes, 0);
 }
 
-CUresult cuMemFree_v2(unsigned long long p);
-CUresult cuMemFree_v2(unsigned long long p)
+CUresult cuMemFree_v2(CUdeviceptr p);
+CUresult cuMemFree_v2(CUdeviceptr p)
 {
-    free((void *)(uintptr_t)p);
-    return 0;
+    note("MemFree");
+    return untrack((uintptr_t)p, 0);
 }
 
-/* pinned host memory is host memory */
 CUresult cuMemAllocHost_v2(void **p, size_t bytes);
 CUresult cuMemAllocHost_v2(void **p, size_t bytes)
 {
-    *p = malloc(bytes);
-    return *p ? 0 : 2;
+    note("MemAllocHost bytes=%zu", bytes);
+    *p = malloc(bytes ? bytes : 1);
+    return track(*p, bytes ? bytes : 1, 1);
 }
 
 CUresult cuMemFreeHost(void *p);
 CUresult cuMemFreeHost(void *p)
 {
-    free(p);
-    return 0;
+    return untrack((uintptr_t)p, 1);
 }
 
-CUresult cuMemcpyHtoDAsync_v2(unsigned long long dst, const void *src, size_t n, void *s);
-CUresult cuMemcpyHtoDAsync_v2(unsigned long long dst, const void *src, size_t n, void *s)
+/* ---------------------------------------------------------------- streams */
+
+/* A stream or event is a small number: its place in creation order. */
+typedef struct handle {
+    int id;
+} handle;
+
+static int next_stream = 1, next_event = 1;
+
+static int stream_id(const void *s)
 {
-    if (!dst || !src)
-        return 1;   /* CUDA_ERROR_INVALID_VALUE */
-    memcpy((void *)(uintptr_t)dst, src, n);
-    return 0;
+    return s ? ((const handle *)s)->id : 0;
 }
-
-CUresult cuMemcpyDtoHAsync_v2(void *dst, unsigned long long src, size_t n, void *s);
-CUresult cuMemcpyDtoHAsync_v2(void *dst, unsigned long long src, size_t n, void *s)
-{
-    if (!dst || !src)
-        return 1;
-    memcpy(dst, (const void *)(uintptr_t)src, n);
-    return 0;
-}
-
-/* streams and events are tokens: the work they order is already done */
-static int token;
 
 CUresult cuStreamCreate(void **s, unsigned flags);
 CUresult cuStreamCreate(void **s, unsigned flags)
 {
-    *s = &token;
-    return 0;
+    handle *h = malloc(sizeof *h);
+    if (!h)
+        return OUT_OF_MEMORY;
+    h->id = next_stream++;
+    note("StreamCreate stream=%d flags=%u", h->id, flags);
+    *s = h;
+    return SUCCESS;
+}
+
+CUresult cuStreamDestroy_v2(void *s);
+CUresult cuStreamDestroy_v2(void *s)
+{
+    note("StreamDestroy stream=%d", stream_id(s));
+    free(s);
+    return SUCCESS;
+}
+
+CUresult cuStreamSynchronize(void *s);
+CUresult cuStreamSynchronize(void *s)
+{
+    note("StreamSynchronize stream=%d", stream_id(s));
+    hang("StreamSynchronize");
+    return sticky;
+}
+
+CUresult cuStreamWaitEvent(void *s, void *e, unsigned flags);
+CUresult cuStreamWaitEvent(void *s, void *e, unsigned flags)
+{
+    (void)flags;
+    note("StreamWaitEvent stream=%d event=%d", stream_id(s), stream_id(e));
+    return sticky;
+}
+
+/* stream-ordered: the stand-in's streams are done when queued */
+CUresult cuMemFreeAsync(CUdeviceptr p, void *s);
+CUresult cuMemFreeAsync(CUdeviceptr p, void *s)
+{
+    note("MemFreeAsync stream=%d", stream_id(s));
+    return untrack((uintptr_t)p, 0);
 }
 
 CUresult cuEventCreate(void **e, unsigned flags);
 CUresult cuEventCreate(void **e, unsigned flags)
 {
-    *e = &token;
-    return 0;
+    (void)flags;
+    handle *h = malloc(sizeof *h);
+    if (!h)
+        return OUT_OF_MEMORY;
+    h->id = next_event++;
+    *e = h;
+    return SUCCESS;
+}
+
+CUresult cuEventDestroy_v2(void *e);
+CUresult cuEventDestroy_v2(void *e)
+{
+    free(e);
+    return SUCCESS;
+}
+
+CUresult cuEventRecord(void *e, void *s);
+CUresult cuEventRecord(void *e, void *s)
+{
+    note("EventRecord event=%d stream=%d", stream_id(e), stream_id(s));
+    return sticky;
 }
 
 CUresult cuEventQuery(void *e);
 CUresult cuEventQuery(void *e)
 {
-    return strcmp(mode(), "stuck") == 0 ? 600 : 0;   /* CUDA_ERROR_NOT_READY */
+    (void)e;
+    if (sticky)
+        return sticky;
+    return stuck() ? NOT_READY : SUCCESS;
 }
 
-#define OK(name) CUresult name(void); CUresult name(void) { return 0; }
-OK(cuCtxPushCurrent_v2)
-OK(cuCtxPopCurrent_v2)
-OK(cuStreamDestroy_v2)
-OK(cuEventRecord)
-OK(cuEventDestroy_v2)
+CUresult cuEventSynchronize(void *e);
+CUresult cuEventSynchronize(void *e)
+{
+    note("EventSynchronize event=%d", stream_id(e));
+    hang("EventSynchronize");
+    return sticky;
+}
 
-/* the rest are never reached in these scenarios, but must exist */
-#define STUB(name) CUresult name(void); CUresult name(void) { return 999; }
-STUB(cuDevicePrimaryCtxRetain)
-STUB(cuDevicePrimaryCtxRelease_v2)
-STUB(cuCtxGetDevice)
-STUB(cuCtxSynchronize)
-STUB(cuModuleLoadDataEx)
-STUB(cuModuleUnload)
-STUB(cuModuleGetFunction)
-STUB(cuFuncSetAttribute)
-STUB(cuFuncGetAttribute)
-STUB(cuStreamSynchronize)
-STUB(cuMemcpyHtoD_v2)
-STUB(cuMemcpyDtoH_v2)
-STUB(cuMemsetD8_v2)
-STUB(cuEventSynchronize)
-STUB(cuEventElapsedTime)
-#ifndef FAKE_CUDA_OLD_DRIVER
-STUB(cuLaunchKernel)
+CUresult cuEventElapsedTime_v2(float *ms, void *start, void *end);
+CUresult cuEventElapsedTime_v2(float *ms, void *start, void *end)
+{
+    (void)start, (void)end;
+    *ms = 1.0f;
+    return sticky;
+}
+
+CUresult cuEventElapsedTime(float *ms, void *start, void *end);
+CUresult cuEventElapsedTime(float *ms, void *start, void *end)
+{
+    return cuEventElapsedTime_v2(ms, start, end);
+}
+
+/* ---------------------------------------------------------------- copies */
+
+/* A copy's device side must be device memory (else INVALID_VALUE); an
+ * async copy's host side in pageable memory is "staged" (synchronous). */
+static CUresult copy(const char *what, void *dst, const void *src, size_t n, int dst_dev,
+                     int src_dev, const void *stream, int async)
+{
+    if (sticky)
+        return sticky;
+    if (!dst || !src)
+        return INVALID_VALUE;
+    if ((dst_dev && !is_device((uintptr_t)dst, n)) || (src_dev && !is_device((uintptr_t)src, n))) {
+        note("%s bytes=%zu REJECTED: the device side is not device memory", what, n);
+        return INVALID_VALUE;
+    }
+    int staged = async && ((!dst_dev && !is_pinned(dst, n)) || (!src_dev && !is_pinned(src, n)));
+    if (async)
+        note("%s bytes=%zu stream=%d%s", what, n, stream_id(stream), staged ? " staged" : "");
+    else
+        note("%s bytes=%zu", what, n);
+    memmove(dst, src, n);
+    return SUCCESS;
+}
+
+CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t n);
+CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t n)
+{
+    return copy("MemcpyHtoD", (void *)(uintptr_t)dst, src, n, 1, 0, NULL, 0);
+}
+
+CUresult cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t n);
+CUresult cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t n)
+{
+    return copy("MemcpyDtoH", dst, (const void *)(uintptr_t)src, n, 0, 1, NULL, 0);
+}
+
+CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t n, void *s);
+CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t n, void *s)
+{
+    return copy("MemcpyHtoDAsync", (void *)(uintptr_t)dst, src, n, 1, 0, s, 1);
+}
+
+CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t n, void *s);
+CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t n, void *s)
+{
+    return copy("MemcpyDtoHAsync", dst, (const void *)(uintptr_t)src, n, 0, 1, s, 1);
+}
+
+CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t n, void *s);
+CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t n, void *s)
+{
+    return copy("MemcpyDtoDAsync", (void *)(uintptr_t)dst, (const void *)(uintptr_t)src, n, 1,
+                1, s, 1);
+}
+
+CUresult cuMemsetD8_v2(CUdeviceptr dst, unsigned char value, size_t n);
+CUresult cuMemsetD8_v2(CUdeviceptr dst, unsigned char value, size_t n)
+{
+    if (sticky)
+        return sticky;
+    if (!is_device((uintptr_t)dst, n))
+        return INVALID_VALUE;
+    note("MemsetD8 bytes=%zu", n);
+    memset((void *)(uintptr_t)dst, value, n);
+    return SUCCESS;
+}
+
+CUresult cuMemsetD32Async(CUdeviceptr dst, unsigned value, size_t n, void *s);
+CUresult cuMemsetD32Async(CUdeviceptr dst, unsigned value, size_t n, void *s)
+{
+    if (sticky)
+        return sticky;
+    if (!is_device((uintptr_t)dst, n * 4))
+        return INVALID_VALUE;
+    note("MemsetD32Async words=%zu stream=%d", n, stream_id(s));
+    for (size_t i = 0; i < n; i++)
+        memcpy((char *)(uintptr_t)dst + 4 * i, &value, 4);
+    return SUCCESS;
+}
+
+/* ---------------------------------------------------------------- modules */
+
+/* A module: the PTX it was made from (a "cubin" from the linker is the
+ * PTX behind a tag).  A function: the module and its entry's name. */
+typedef struct module {
+    char *ptx;
+} module;
+
+typedef struct function {
+    module *mod;
+    char name[128];
+} function;
+
+static const char cubin_tag[] = "FAKE-CUBIN\n";
+
+static CUresult load(module **out, const char *image, const char *how)
+{
+    if (sticky)
+        return sticky;
+    if (!image || (strncmp(image, cubin_tag, sizeof cubin_tag - 1) != 0 &&
+                   !strstr(image, ".entry")))
+        return INVALID_IMAGE;
+    note("%s", how);
+    module *m = malloc(sizeof *m);
+    if (!m)
+        return OUT_OF_MEMORY;
+    m->ptx = strdup(image);
+    *out = m;
+    return SUCCESS;
+}
+
+CUresult cuModuleLoadDataEx(module **mod, const void *image, unsigned n, int *options,
+                            void **values);
+CUresult cuModuleLoadDataEx(module **mod, const void *image, unsigned n, int *options,
+                            void **values)
+{
+    (void)n, (void)options, (void)values;
+    const char *text = image;
+    return load(mod, image, strncmp(text, cubin_tag, sizeof cubin_tag - 1) == 0
+                                ? "ModuleLoadDataEx cubin" : "ModuleLoadDataEx ptx");
+}
+
+CUresult cuModuleLoadData(module **mod, const void *image);
+CUresult cuModuleLoadData(module **mod, const void *image)
+{
+    const char *text = image;
+    return load(mod, image, strncmp(text, cubin_tag, sizeof cubin_tag - 1) == 0
+                                ? "ModuleLoadData cubin" : "ModuleLoadData ptx");
+}
+
+CUresult cuModuleUnload(module *m);
+CUresult cuModuleUnload(module *m)
+{
+    if (m)
+        free(m->ptx);
+    free(m);
+    return SUCCESS;
+}
+
+/* The `.entry NAME(` of a module's PTX, or NULL. */
+static const char *entry_of(const module *m, const char *name)
+{
+    size_t len = strlen(name);
+    for (const char *p = strstr(m->ptx, ".entry "); p; p = strstr(p + 1, ".entry ")) {
+        const char *n = p + 7;
+        while (*n == ' ')
+            n++;
+        if (strncmp(n, name, len) == 0 && (n[len] == '(' || n[len] == ' ' || n[len] == '\n'))
+            return n + len;
+    }
+    return NULL;
+}
+
+CUresult cuModuleGetFunction(function **f, module *m, const char *name);
+CUresult cuModuleGetFunction(function **f, module *m, const char *name)
+{
+    if (!m || !entry_of(m, name))
+        return NOT_FOUND;
+    function *fn = malloc(sizeof *fn);
+    if (!fn)
+        return OUT_OF_MEMORY;
+    fn->mod = m;
+    snprintf(fn->name, sizeof fn->name, "%s", name);
+    *f = fn;   /* lives with the process, as the stand-in's modules' do */
+    return SUCCESS;
+}
+
+CUresult cuFuncSetAttribute(function *f, int attrib, int value);
+CUresult cuFuncSetAttribute(function *f, int attrib, int value)
+{
+    (void)f, (void)attrib, (void)value;
+    return SUCCESS;
+}
+
+CUresult cuFuncGetAttribute(int *value, int attrib, function *f);
+CUresult cuFuncGetAttribute(int *value, int attrib, function *f)
+{
+    (void)f;
+    *value = attrib == 0 ? 1024 : attrib == 4 ? 128 : 0;   /* threads, registers, spills */
+    return SUCCESS;
+}
+
+#ifndef FAKE_CUDA_OLD_DRIVER   /* a driver without cuLaunchKernel */
+/* The byte size of each `.param` of an entry (4 or 8; LLVM's PTX for the
+ * CUDA driver interface does not mark pointers: a pointer is an 8-byte
+ * value that lies in memory, see host_memory). */
+static int parse_params(const char *p, int *bytes, int max)
+{
+    int n = 0;
+    const char *end = strchr(p, ')');
+    for (const char *q = strstr(p, ".param"); q && q < end && n < max;
+         q = strstr(q + 1, ".param")) {
+        const char *type = q + 6;
+        while (*type == ' ')
+            type++;
+        bytes[n++] = strncmp(type + 2, "32", 2) == 0 ? 4 : 8;   /* .u32 .b32 .f32 .s32 */
+    }
+    return n;
+}
+
+/* Whether v is an address of this process's host memory (a mapping in
+ * /proc/self/maps): a GPU given it faults. */
+static int host_memory(uintptr_t v)
+{
+    FILE *f = fopen("/proc/self/maps", "r");
+    if (!f)
+        return 0;
+    char line[512];
+    int found = 0;
+    while (!found && fgets(line, sizeof line, f)) {
+        unsigned long lo = 0, hi = 0;
+        if (sscanf(line, "%lx-%lx", &lo, &hi) == 2)
+            found = v >= lo && v < hi;
+    }
+    fclose(f);
+    return found;
+}
+
+CUresult cuLaunchKernel(function *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                        unsigned by, unsigned bz, unsigned smem, void *stream, void **params,
+                        void **extra);
+CUresult cuLaunchKernel(function *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                        unsigned by, unsigned bz, unsigned smem, void *stream, void **params,
+                        void **extra)
+{
+    (void)bx, (void)by, (void)bz, (void)smem, (void)extra;
+    if (sticky)
+        return sticky;
+    if (!f || gx == 0 || gy == 0 || gz == 0 || gy > 65535 || gz > 65535)
+        return INVALID_VALUE;
+    note("LaunchKernel fn=%s grid=%u,%u,%u stream=%d", f->name, gx, gy, gz, stream_id(stream));
+    int bytes[256];
+    int n = parse_params(entry_of(f->mod, f->name), bytes, 256);
+    for (int i = 0; i < n; i++) {
+        if (bytes[i] != 8)
+            continue;
+        uintptr_t v;
+        memcpy(&v, params[i], sizeof v);
+        if (v == 0 || find(v, 1) || !host_memory(v))
+            continue;   /* NULL, device or pinned memory, or not an address */
+        note("FAULT: %s parameter %d = %p is host memory, not device memory", f->name, i,
+             (void *)v);
+        sticky = ILLEGAL_ADDRESS;   /* reported by the next synchronising call */
+    }
+    return SUCCESS;
+}
 #endif
+
+/* ---------------------------------------------------------------- linker */
+
+/* cuLinkCreate / AddData / Complete: the "cubin" is the PTX behind a tag,
+ * owned by the link state as the driver's is. */
+typedef struct link_state {
+    char *image;
+} link_state;
+
+CUresult cuLinkCreate_v2(unsigned n, int *options, void **values, link_state **out);
+CUresult cuLinkCreate_v2(unsigned n, int *options, void **values, link_state **out)
+{
+    (void)n, (void)options, (void)values;
+    if (sticky)
+        return sticky;
+    link_state *s = calloc(1, sizeof *s);
+    if (!s)
+        return OUT_OF_MEMORY;
+    *out = s;
+    return SUCCESS;
+}
+
+CUresult cuLinkAddData_v2(link_state *s, int type, void *data, size_t size, const char *name,
+                          unsigned n, int *options, void **values);
+CUresult cuLinkAddData_v2(link_state *s, int type, void *data, size_t size, const char *name,
+                          unsigned n, int *options, void **values)
+{
+    (void)name, (void)n, (void)options, (void)values;
+    if (type != 1 || !strstr(data, ".entry"))   /* CU_JIT_INPUT_PTX */
+        return 218;   /* CUDA_ERROR_INVALID_PTX */
+    s->image = malloc(sizeof cubin_tag + size);
+    if (!s->image)
+        return OUT_OF_MEMORY;
+    memcpy(s->image, cubin_tag, sizeof cubin_tag - 1);
+    memcpy(s->image + sizeof cubin_tag - 1, data, size);
+    s->image[sizeof cubin_tag - 1 + size] = '\0';
+    return SUCCESS;
+}
+
+CUresult cuLinkComplete(link_state *s, void **cubin, size_t *size);
+CUresult cuLinkComplete(link_state *s, void **cubin, size_t *size)
+{
+    if (!s->image)
+        return INVALID_VALUE;
+    note("LinkComplete");
+    *cubin = s->image;
+    *size = strlen(s->image) + 1;
+    return SUCCESS;
+}
+
+CUresult cuLinkDestroy(link_state *s);
+CUresult cuLinkDestroy(link_state *s)
+{
+    free(s->image);
+    free(s);
+    return SUCCESS;
+}

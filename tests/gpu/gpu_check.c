@@ -282,7 +282,7 @@ static void kernel_resources(gpu_clock *c, const aj_kernel *k, int *regs, int *l
     CUfunction fn;
     if (!ptx || cu->CtxPushCurrent(c->primary) != AJ_CUDA_SUCCESS)
         return;
-    if (cu->ModuleLoadDataEx(&mod, ptx, 0, NULL, NULL) == AJ_CUDA_SUCCESS) {
+    if (cu->ModuleLoadData(&mod, ptx) == AJ_CUDA_SUCCESS) {
         if (cu->ModuleGetFunction(&fn, mod, aj_kernel_stage_entry(k, 0)) == AJ_CUDA_SUCCESS) {
             cu->FuncGetAttribute(regs, AJ_CU_FUNC_ATTRIBUTE_NUM_REGS, fn);
             cu->FuncGetAttribute(local, AJ_CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, fn);

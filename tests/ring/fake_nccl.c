@@ -16,7 +16,12 @@
  *
  * FAKE_NCCL_MODE: "init_fails" (ncclCommInitRank answers ncclSystemError),
  * "async_error" (ncclCommGetAsyncError reports ncclRemoteError),
- * "bad_comm" (ncclCommUserRank answers ncclInvalidArgument).
+ * "bad_comm" (ncclCommUserRank answers ncclInvalidArgument),
+ * "nonblocking" (a communicator made with config.blocking = 0: ncclGroupEnd
+ * and a collective answer ncclInProgress and their work is not queued
+ * yet -- here, the bytes do not move -- until ncclCommGetAsyncError,
+ * polled, has answered ncclInProgress twice and then ncclSuccess; logged
+ * "GroupEnd in progress" and "GetAsyncError done").
  */
 #include <mpi.h>
 #include <stdarg.h>
@@ -25,7 +30,9 @@
 #include <string.h>
 #include <unistd.h>
 
-enum { SUCCESS = 0, SYSTEM_ERROR = 2, INVALID_ARGUMENT = 4, INVALID_USAGE = 5, REMOTE_ERROR = 6 };
+#include "stand_in_log.h"
+
+enum { SUCCESS = 0, IN_PROGRESS = 7, SYSTEM_ERROR = 2, INVALID_ARGUMENT = 4, INVALID_USAGE = 5, REMOTE_ERROR = 6 };
 enum { OWN = 0x4f574e, CALLER = 0x43414c };
 enum { TAG = 30303, MAX_PENDING = 8 };
 
@@ -39,8 +46,6 @@ typedef struct pending {
     size_t bytes;
 } pending;
 
-static char log_text[1 << 16];
-static size_t log_len;
 static pending group[MAX_PENDING];
 static int group_depth, num_pending;
 static fake_comm caller_comm = {CALLER, 0, 0};
@@ -51,17 +56,26 @@ static int mode_is(const char *m)
     return v && strcmp(v, m) == 0;
 }
 
-static void note(const char *fmt, ...)
+/* Nonblocking mode: the work ncclGroupEnd or a collective left in
+ * progress, done when ncclCommGetAsyncError has been polled enough. */
+typedef struct deferred {
+    int polls_left;
+    void (*run)(const void *args);
+    unsigned char args[64];
+} deferred;
+
+static deferred later;
+
+static int defer(void (*run)(const void *), const void *args, size_t bytes)
 {
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(log_text + log_len, sizeof log_text - log_len, fmt, ap);
-    va_end(ap);
-    if (n > 0 && log_len + (size_t)n + 1 < sizeof log_text) {
-        log_len += (size_t)n;
-        log_text[log_len++] = '\n';
-        log_text[log_len] = '\0';
+    if (!mode_is("nonblocking")) {
+        run(args);
+        return SUCCESS;
     }
+    later.polls_left = 2;
+    later.run = run;
+    memcpy(later.args, args, bytes);
+    return IN_PROGRESS;
 }
 
 static const char *who(const fake_comm *c)
@@ -85,8 +99,7 @@ const char *fake_nccl_log(void)
 void fake_nccl_log_clear(void);
 void fake_nccl_log_clear(void)
 {
-    log_len = 0;
-    log_text[0] = '\0';
+    log_clear();
 }
 
 /* A communicator "the caller made", over MPI_COMM_WORLD. */
@@ -181,7 +194,13 @@ int ncclCommAbort(fake_comm *comm)
 int ncclCommGetAsyncError(const fake_comm *comm, int *result);
 int ncclCommGetAsyncError(const fake_comm *comm, int *result)
 {
-    *result = mode_is("async_error") ? REMOTE_ERROR : SUCCESS;
+    (void)comm;
+    if (later.run && --later.polls_left < 0) {
+        later.run(later.args);
+        later.run = NULL;
+        note("GetAsyncError done");
+    }
+    *result = mode_is("async_error") ? REMOTE_ERROR : later.run ? IN_PROGRESS : SUCCESS;
     return SUCCESS;
 }
 
@@ -194,6 +213,8 @@ int ncclGroupStart(void)
 }
 
 /* The group's sends and receives, all at once, over MPI. */
+static void run_group(const void *args);
+
 int ncclGroupEnd(void);
 int ncclGroupEnd(void)
 {
@@ -202,6 +223,15 @@ int ncclGroupEnd(void)
         return INVALID_USAGE;
     if (--group_depth > 0)
         return SUCCESS;
+    int r = defer(run_group, NULL, 0);
+    if (r == IN_PROGRESS)
+        note("GroupEnd in progress");
+    return r;
+}
+
+static void run_group(const void *args)
+{
+    (void)args;
     MPI_Request r[MAX_PENDING];
     for (int i = 0; i < num_pending; i++) {
         const pending *p = &group[i];
@@ -212,7 +242,6 @@ int ncclGroupEnd(void)
     }
     MPI_Waitall(num_pending, r, MPI_STATUSES_IGNORE);
     num_pending = 0;
-    return SUCCESS;
 }
 
 static int queue(int is_send, void *buf, size_t count, int type, int peer,
@@ -240,15 +269,34 @@ int ncclRecv(void *buf, size_t count, int type, int peer, const fake_comm *comm,
     return queue(0, buf, count, type, peer, comm);
 }
 
+typedef struct collective_args {
+    const void *send;
+    void *recv;
+    size_t count;
+} collective_args;
+
+static void run_allgather(const void *args)
+{
+    const collective_args *a = args;
+    MPI_Allgather(a->send, (int)a->count, MPI_BYTE, a->recv, (int)a->count, MPI_BYTE,
+                  MPI_COMM_WORLD);
+}
+
+static void run_reduce_scatter(const void *args)
+{
+    const collective_args *a = args;
+    MPI_Reduce_scatter_block(a->send, a->recv, (int)a->count, MPI_FLOAT, MPI_SUM,
+                             MPI_COMM_WORLD);
+}
+
 int ncclAllGather(const void *send, void *recv, size_t count, int type,
                   const fake_comm *comm, void *stream);
 int ncclAllGather(const void *send, void *recv, size_t count, int type,
                   const fake_comm *comm, void *stream)
 {
     note("AllGather count=%zu type=%d comm=%s", count, type, who(comm));
-    int bytes = (int)(count * type_size(type));
-    MPI_Allgather(send, bytes, MPI_BYTE, recv, bytes, MPI_BYTE, MPI_COMM_WORLD);
-    return SUCCESS;
+    const collective_args a = {send, recv, count * type_size(type)};
+    return defer(run_allgather, &a, sizeof a);
 }
 
 int ncclReduceScatter(const void *send, void *recv, size_t count, int type, int op,
@@ -259,6 +307,6 @@ int ncclReduceScatter(const void *send, void *recv, size_t count, int type, int 
     note("ReduceScatter count=%zu type=%d op=%d comm=%s", count, type, op, who(comm));
     if (type != 7 || op != 0)
         return INVALID_USAGE;   /* the stand-in sums floats only */
-    MPI_Reduce_scatter_block(send, recv, (int)count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
-    return SUCCESS;
+    const collective_args a = {send, recv, count};
+    return defer(run_reduce_scatter, &a, sizeof a);
 }

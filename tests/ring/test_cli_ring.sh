@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# test_cli_ring.sh MPIEXEC ATTNJIT ROOT -- `attnjit ring` under mpirun: a
-# 2-rank zigzag ring, forward and backward, on sim and on cpu, checked by --check
-# against the same op run on one rank, and its error messages.  ~20 s.
+# test_cli_ring.sh MPIEXEC ATTNJIT ROOT FAKE_CUDA_DIR -- `attnjit ring` under
+# mpirun: a 2-rank zigzag ring, forward and backward, on sim and on cpu,
+# checked by --check against the same op run on one rank; on cuda over the
+# stand-in libcuda (tests/fake_cuda); and its error messages.  ~20 s.
 set -uo pipefail
-mpiexec=$1 aj=$2 root=$3
+mpiexec=$1 aj=$2 root=$3 fake_cuda=$4
 spec=$root/examples/ring/causal_f16_d64.aj
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
@@ -78,6 +79,27 @@ want 1 "unknown tensor 'dok': not one of ring's (q, k, v, do, alibi_slopes) nor 
   --in doc=rel.npy --out o=o.npy >out.txt 2>&1
 rc=$?
 want 2 "doc (i32[2]): rel.npy: dtype '<f4' is not int32"
+# cuda, on the stand-in libcuda with 2 GPUs: it runs no kernel (the numbers
+# are not checked: sim and cpu above are), but it rejects a copy whose
+# device side is host memory and faults a kernel handed host memory, and
+# logs which GPU each rank opened: rank r opens GPU r, and the ring and the
+# --check run hand the device only device memory
+LD_LIBRARY_PATH=$fake_cuda FAKE_CUDA_MODE=gpu FAKE_CUDA_GPUS=2 FAKE_CUDA_LOG=$dir/cuda \
+  "$mpiexec" -n 2 "$aj" ring "$spec" --device cuda --layout zigzag "${io[@]}" --out o=o6.npy \
+  --grad --in do=do.npy --out dq=dq6.npy --check >out.txt 2>&1
+rc=$?
+[ $rc -eq 0 ] || [ $rc -eq 2 ] || { echo "FAIL: cuda ring exit $rc"; cat out.txt; fails=$((fails + 1)); }
+want $rc "ring: 2 ranks, zigzag, p2p, forward + backward, on Fake GPU H200"
+want $rc "single-rank check"
+cat "$dir"/cuda.* >cuda.txt 2>/dev/null
+for gpu in 0 1; do
+  grep -q "DevicePrimaryCtxRetain dev=$gpu" cuda.txt ||
+    { echo "FAIL: no rank opened GPU $gpu:"; grep DevicePrimary cuda.txt; fails=$((fails + 1)); }
+done
+if grep -E "FAULT|REJECTED" cuda.txt; then
+  echo "FAIL: host memory handed to the GPU (above)"
+  fails=$((fails + 1))
+fi
 
 "$mpiexec" -n 1 "$aj" ring "$spec" --device tpu "${io[@]}" --out o=o.npy >out.txt 2>&1
 rc=$?

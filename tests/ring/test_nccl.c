@@ -13,7 +13,8 @@
  * reduce-scatter against a float64 sum; the caller's communicator used
  * and never destroyed; a stuck exchange and a stuck collective ending in
  * AJ_ERR_COMM within the timeout with ncclCommAbort; NCCL's async error;
- * a caller's communicator NCCL rejects; a third exchange in flight;
+ * a caller's communicator NCCL rejects; a third exchange in flight; a
+ * nonblocking communicator (ncclInProgress);
  * a failing ncclCommInitRank; a unique id that never comes; MPI not
  * initialised.  About 1.5 s (3 s under ASAN).
  */
@@ -181,6 +182,19 @@ static void check_own_comm(void)
     aj_comm_destroy(comm);
     CHECK_LOGGED("CommDestroy comm=own");
     CHECK_NOT_LOGGED("CommAbort");
+}
+
+/* A nonblocking communicator: ncclGroupEnd and the collectives answer
+ * ncclInProgress and the stand-in moves the bytes only once
+ * ncclCommGetAsyncError has been polled to ncclSuccess, so an engine that
+ * queued its copy back before then would hand on stale bytes. */
+static void check_nonblocking(void)
+{
+    setenv("FAKE_NCCL_MODE", "nonblocking", 1);
+    check_own_comm();
+    CHECK_LOGGED("GroupEnd in progress");
+    CHECK_LOGGED("GetAsyncError done");
+    unsetenv("FAKE_NCCL_MODE");
 }
 
 /* The caller's communicator and stream: used, never made or destroyed. */
@@ -361,6 +375,7 @@ int main(int argc, char **argv)
     CHECK_MSG(size >= 2 && size <= MAX_P, "run with 2 to %d ranks, not %d", MAX_P, size);
     if (size >= 2 && size <= MAX_P) {
         check_own_comm();
+        check_nonblocking();
         check_caller_comm();
         check_stuck();
         check_nccl_errors();

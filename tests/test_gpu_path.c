@@ -1,0 +1,421 @@
+/*
+ * test_gpu_path.c -- attnjit's GPU path on the stand-in libcuda
+ * (tests/fake_cuda, FAKE_CUDA_MODE=gpu): it cannot run kernels, but it
+ * tells device memory from host memory, poisons the context when a kernel
+ * is handed host memory, and logs every call with the stream it went to.
+ * So these tests check the protocol, not numbers (sim and cpu check those
+ * against the float64 reference):
+ *
+ *   test_gpu_path launch   a forward on the caller's stream with nothing
+ *                          else queued or synchronised; a backward without
+ *                          a workspace twice: no allocation, free or
+ *                          synchronisation on the second call; a varlen
+ *                          forward with no copy back to the host; host
+ *                          memory handed to a kernel: AJ_ERR_KERNEL_FAULT
+ *                          at the next synchronising call
+ *   test_gpu_path sass     (AJ_CACHE unset) a kernel's first load links its
+ *                          PTX to a cubin (cuLinkComplete) and stores it
+ *                          in the disk cache; aj_compile_many with the
+ *                          device loads each kernel on its worker; a new
+ *                          context (a later process) loads the cached
+ *                          cubin (cuModuleLoadData) without the linker
+ *   test_gpu_path ring     (mpirun) the ring forward and backward on a cuda
+ *                          device: launches on the ring's own stream,
+ *                          never a context synchronisation, nothing
+ *                          allocated or freed between the first launch and
+ *                          the last
+ *   test_gpu_path stuck    (mpirun, FAKE_CUDA_STUCK=1: GPU work never ends)
+ *                          the ring fails with AJ_ERR_COMM within its
+ *                          timeout instead of hanging in the driver
+ */
+#include <dlfcn.h>
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+
+static aj_ctx *ctx;
+static aj_device *dev;
+static const char *(*cuda_log)(void);
+static void (*cuda_log_clear)(void);
+static int (*stream_create)(void **stream, unsigned flags);
+
+/* The stand-in's log hooks and cuStreamCreate, from the libcuda.so.1
+ * attnjit loaded. */
+static void bind_fake(void)
+{
+    void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    CHECK_MSG(h, "libcuda.so.1 is not loaded: %s", dlerror());
+    if (!h)
+        exit(check_report());
+    *(void **)&cuda_log = dlsym(h, "fake_cuda_log");
+    *(void **)&cuda_log_clear = dlsym(h, "fake_cuda_log_clear");
+    *(void **)&stream_create = dlsym(h, "cuStreamCreate");
+    CHECK_MSG(cuda_log && cuda_log_clear && stream_create,
+              "libcuda.so.1 is not the stand-in (tests/fake_cuda)");
+    if (!cuda_log || !cuda_log_clear || !stream_create)
+        exit(check_report());
+}
+
+static int count(const char *log, const char *what)
+{
+    int n = 0;
+    for (const char *p = strstr(log, what); p; p = strstr(p + 1, what))
+        n++;
+    return n;
+}
+
+#define CHECK_LOG_HAS(what)                                                             \
+    CHECK_MSG(count(cuda_log(), what) > 0, "the driver log lacks \"%s\":\n%s", (what),  \
+              cuda_log())
+#define CHECK_LOG_LACKS(what)                                                           \
+    CHECK_MSG(count(cuda_log(), what) == 0, "the driver log has \"%s\":\n%s", (what),   \
+              cuda_log())
+
+static aj_kernel *compile(const char *spec)
+{
+    aj_op *op = NULL;
+    aj_kernel *k = NULL;
+    CHECK_STATUS(ctx, aj_op_parse(ctx, spec, strlen(spec), "spec", &op), AJ_OK);
+    aj_compile_options opt = AJ_COMPILE_OPTIONS_INIT;
+    opt.device = dev;
+    opt.target = aj_device_target(dev);
+    CHECK_STATUS(ctx, aj_compile(ctx, op, &opt, &k), AJ_OK);
+    aj_op_destroy(op);
+    if (!k)
+        exit(check_report());
+    return k;
+}
+
+/* A contiguous tensor in device memory (zeroed). */
+static aj_tensor dev_tensor(aj_dtype dtype, int rank, const int64_t *shape)
+{
+    aj_tensor t = {.dtype = dtype, .rank = rank};
+    int64_t n = 1;
+    for (int i = rank - 1; i >= 0; i--) {
+        t.shape[i] = shape[i];
+        t.strides[i] = n;
+        n *= shape[i];
+    }
+    size_t bytes = (size_t)n * (dtype == AJ_DTYPE_F32 ? 4 : 2);
+    CHECK_STATUS(ctx, aj_device_alloc(dev, bytes, &t.data), AJ_OK);
+    void *zero = calloc(1, bytes);
+    CHECK_STATUS(ctx, aj_device_copy_to(dev, t.data, zero, bytes), AJ_OK);
+    free(zero);
+    return t;
+}
+
+enum { B = 1, H = 2, S = 64, D = 64 };
+
+static aj_fwd_args fwd_args(void *stream)
+{
+    aj_fwd_args a = AJ_FWD_ARGS_INIT;
+    const int64_t qs[4] = {B, H, S, D}, ls[3] = {B, H, S};
+    a.q = dev_tensor(AJ_DTYPE_F16, 4, qs);
+    a.k = dev_tensor(AJ_DTYPE_F16, 4, qs);
+    a.v = dev_tensor(AJ_DTYPE_F16, 4, qs);
+    a.o = dev_tensor(AJ_DTYPE_F16, 4, qs);
+    a.lse = dev_tensor(AJ_DTYPE_F32, 3, ls);
+    a.stream = stream;
+    return a;
+}
+
+static void free_tensors(aj_tensor *const *ts, int n)
+{
+    for (int i = 0; i < n; i++)
+        aj_device_free(dev, ts[i]->data);
+}
+
+/* A forward on the caller's stream queues its launch there and nothing
+ * else: no synchronisation, no copy, no allocation. */
+static void check_forward_stream(void *stream)
+{
+    aj_kernel *k = compile("attention forward flash { dtype = f16 head_dim = 64 }");
+    aj_fwd_args a = fwd_args(stream);
+    cuda_log_clear();
+    CHECK_STATUS(ctx, aj_forward(ctx, dev, k, &a), AJ_OK);
+    CHECK_LOG_HAS("LaunchKernel");
+    CHECK_LOG_HAS("stream=1");
+    CHECK_LOG_LACKS("stream=0");
+    CHECK_LOG_LACKS("Synchronize");
+    CHECK_LOG_LACKS("Memcpy");
+    CHECK_LOG_LACKS("MemAlloc");
+    CHECK_LOG_LACKS("FAULT");
+    CHECK_STATUS(ctx, aj_device_synchronize(dev, stream), AJ_OK);
+    free_tensors((aj_tensor *[]){&a.q, &a.k, &a.v, &a.o, &a.lse}, 5);
+    aj_kernel_destroy(k);
+}
+
+/* aj_backward without a workspace, twice on one stream: the device keeps
+ * one and reuses it, so neither call synchronises or frees, and the
+ * second allocates nothing. */
+static void check_backward_workspace(void *stream)
+{
+    aj_kernel *k = compile("attention backward flash { dtype = f16 head_dim = 64 }");
+    const int64_t qs[4] = {B, H, S, D}, ls[3] = {B, H, S};
+    aj_bwd_args a = AJ_BWD_ARGS_INIT;
+    aj_tensor *ts[] = {&a.q, &a.k, &a.v, &a.o, &a.do_, &a.dq, &a.dk, &a.dv};
+    for (int i = 0; i < 8; i++)
+        *ts[i] = dev_tensor(AJ_DTYPE_F16, 4, qs);
+    a.lse = dev_tensor(AJ_DTYPE_F32, 3, ls);
+    a.stream = stream;
+    for (int call = 0; call < 2; call++) {
+        cuda_log_clear();
+        CHECK_STATUS(ctx, aj_backward(ctx, dev, k, &a), AJ_OK);
+        CHECK_LOG_HAS("LaunchKernel");
+        CHECK_LOG_LACKS("stream=0");
+        CHECK_LOG_LACKS("Synchronize");
+        CHECK_LOG_LACKS("MemFree");
+        if (call == 1)
+            CHECK_LOG_LACKS("MemAlloc");
+    }
+    CHECK_STATUS(ctx, aj_device_synchronize(dev, stream), AJ_OK);
+    free_tensors(ts, 8);
+    aj_device_free(dev, a.lse.data);
+    aj_kernel_destroy(k);
+}
+
+/* A varlen forward reads cu_seqlens on the device only: no copy back to
+ * the host, nothing but the launch on the stream. */
+static void check_varlen_async(void *stream)
+{
+    aj_kernel *k = compile("attention forward flash { dtype = f16 head_dim = 64 "
+                           "layout = varlen }");
+    const int32_t cu[3] = {0, 24, 64};
+    const int64_t ts3[3] = {S, H, D}, ls[2] = {H, S}, cs[1] = {3};
+    aj_fwd_args a = AJ_FWD_ARGS_INIT;
+    a.q = dev_tensor(AJ_DTYPE_F16, 3, ts3);
+    a.k = dev_tensor(AJ_DTYPE_F16, 3, ts3);
+    a.v = dev_tensor(AJ_DTYPE_F16, 3, ts3);
+    a.o = dev_tensor(AJ_DTYPE_F16, 3, ts3);
+    a.lse = dev_tensor(AJ_DTYPE_F32, 2, ls);
+    aj_tensor cq = dev_tensor(AJ_DTYPE_F32, 1, cs), ck = dev_tensor(AJ_DTYPE_F32, 1, cs);
+    CHECK_STATUS(ctx, aj_device_copy_to(dev, cq.data, cu, sizeof cu), AJ_OK);
+    CHECK_STATUS(ctx, aj_device_copy_to(dev, ck.data, cu, sizeof cu), AJ_OK);
+    a.cu_seqlens_q = cq.data;
+    a.cu_seqlens_k = ck.data;
+    a.batch = 2;
+    a.max_seqlen_q = a.max_seqlen_k = 40;
+    a.stream = stream;
+    cuda_log_clear();
+    CHECK_STATUS(ctx, aj_forward(ctx, dev, k, &a), AJ_OK);
+    CHECK_LOG_HAS("LaunchKernel");
+    CHECK_LOG_LACKS("MemcpyDtoH");
+    CHECK_LOG_LACKS("Synchronize");
+    CHECK_LOG_LACKS("stream=0");
+    CHECK_STATUS(ctx, aj_device_synchronize(dev, stream), AJ_OK);
+    free_tensors((aj_tensor *[]){&a.q, &a.k, &a.v, &a.o, &a.lse, &cq, &ck}, 7);
+    aj_kernel_destroy(k);
+}
+
+/* Host memory handed to a kernel: the launch is queued (as on a GPU), the
+ * fault comes at the next synchronising call, as AJ_ERR_KERNEL_FAULT.  It
+ * poisons the context, so it comes last. */
+static void check_host_memory_faults(void *stream)
+{
+    aj_kernel *k = compile("attention forward flash { dtype = f16 head_dim = 64 }");
+    aj_fwd_args a = fwd_args(stream);
+    void *device_q = a.q.data;
+    void *host_q = aligned_alloc(64, (size_t)B * H * S * D * 2);
+    a.q.data = host_q;
+    CHECK_STATUS(ctx, aj_forward(ctx, dev, k, &a), AJ_OK);
+    CHECK_LOG_HAS("FAULT");
+    CHECK_STATUS(ctx, aj_device_synchronize(dev, stream), AJ_ERR_KERNEL_FAULT);
+    CHECK_ERROR(ctx, "CUDA_ERROR_ILLEGAL_ADDRESS");
+    free(host_q);
+    a.q.data = device_q;
+    free_tensors((aj_tensor *[]){&a.q, &a.k, &a.v, &a.o, &a.lse}, 5);
+    aj_kernel_destroy(k);
+}
+
+static int run_launch(void)
+{
+    void *stream = NULL;
+    CHECK(stream_create(&stream, 1) == 0);
+    check_forward_stream(stream);
+    check_backward_workspace(stream);
+    check_varlen_async(stream);
+    check_host_memory_faults(stream);
+    return check_report();
+}
+
+/* ---------------------------------------------------------------- sass */
+
+static int count_files(const char *dir, const char *suffix)
+{
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "ls %s | grep -c '\\.%s$'", dir, suffix);
+    FILE *p = popen(cmd, "r");
+    int n = 0;
+    if (p) {
+        if (fscanf(p, "%d", &n) != 1)
+            n = 0;
+        pclose(p);
+    }
+    return n;
+}
+
+static int run_sass(void)
+{
+    char dir[] = "/tmp/aj_sass_XXXXXX";
+    CHECK(mkdtemp(dir) != NULL);
+    aj_ctx_config cfg = AJ_CTX_CONFIG_INIT;
+    cfg.cache_dir = dir;
+    static const char *const specs[3] = {
+        "attention forward flash { dtype = f16 head_dim = 64 }",
+        "attention forward flash { dtype = bf16 head_dim = 64 }",
+        "attention forward flash { dtype = f16 head_dim = 128 }",
+    };
+    for (int run = 0; run < 2; run++) {   /* cold, then as a new process would */
+        CHECK(aj_ctx_create(&cfg, &ctx) == AJ_OK);
+        CHECK_STATUS(ctx, aj_device_open(ctx, AJ_DEVICE_CUDA, 0, &dev), AJ_OK);
+        if (!dev)
+            return check_report();
+        bind_fake();
+        cuda_log_clear();
+        /* the first by a launch, the others by aj_compile_many's workers */
+        aj_kernel *k = compile(specs[0]);
+        aj_fwd_args a = fwd_args(NULL);
+        CHECK_STATUS(ctx, aj_forward(ctx, dev, k, &a), AJ_OK);
+        aj_op *ops[2] = {NULL, NULL};
+        aj_compile_job jobs[2];
+        memset(jobs, 0, sizeof jobs);
+        for (int i = 0; i < 2; i++) {
+            CHECK_STATUS(ctx, aj_op_parse(ctx, specs[i + 1], strlen(specs[i + 1]), "spec",
+                                          &ops[i]), AJ_OK);
+            jobs[i].op = ops[i];
+        }
+        aj_compile_options opt = AJ_COMPILE_OPTIONS_INIT;
+        opt.device = dev;
+        opt.target = aj_device_target(dev);
+        CHECK_STATUS(ctx, aj_compile_many(ctx, jobs, 2, &opt, 2), AJ_OK);
+        const int linked = count(cuda_log(), "LinkComplete");
+        const int loaded = count(cuda_log(), "ModuleLoadData cubin");
+        CHECK_MSG(loaded == 3, "run %d: %d cubins loaded, want 3:\n%s", run, loaded,
+                  cuda_log());
+        CHECK_MSG(linked == (run == 0 ? 3 : 0), "run %d: %d PTX linked, want %d:\n%s", run,
+                  linked, run == 0 ? 3 : 0, cuda_log());
+        CHECK_LOG_LACKS("ModuleLoadDataEx");
+        CHECK_MSG(count_files(dir, "cubin") == 3, "%d cubins in %s, want 3",
+                  count_files(dir, "cubin"), dir);
+        CHECK_STATUS(ctx, aj_device_synchronize(dev, NULL), AJ_OK);
+        for (int i = 0; i < 2; i++) {
+            aj_kernel_destroy(jobs[i].kernel);
+            aj_op_destroy(ops[i]);
+        }
+        free_tensors((aj_tensor *[]){&a.q, &a.k, &a.v, &a.o, &a.lse}, 5);
+        aj_kernel_destroy(k);
+        aj_device_close(dev);
+        aj_ctx_destroy(ctx);
+    }
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    CHECK(system(cmd) == 0);
+    return check_report();
+}
+
+/* ---------------------------------------------------------------- ring */
+
+/* The log between the first launch and the last. */
+static void check_between_launches(const char *what)
+{
+    const char *log = cuda_log();
+    const char *first = strstr(log, "LaunchKernel");
+    const char *last = first;
+    for (const char *p = first; p; p = strstr(p + 1, "LaunchKernel"))
+        last = p;
+    CHECK_MSG(first, "%s: no launch:\n%s", what, log);
+    if (!first)
+        return;
+    char *span = strndup(first, (size_t)(last - first));
+    const char *bad[] = {"MemAlloc", "MemFree", "CtxSynchronize", "stream=0 ", "FAULT",
+                         "REJECTED"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+        CHECK_MSG(!strstr(span, bad[i]), "%s: \"%s\" between the launches:\n%s", what,
+                  bad[i], span);
+    free(span);
+}
+
+static int run_ring(int stuck)
+{
+    int rank = 0, size = 1;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    aj_comm_config cc = AJ_COMM_CONFIG_INIT;
+    cc.timeout_s = stuck ? 2 : 60;
+    aj_comm *comm = NULL;
+    CHECK_STATUS(ctx, aj_comm_create(ctx, dev, &cc, &comm), AJ_OK);
+    if (!comm)
+        return check_report();
+    const char *fspec = "attention forward flash { dtype = f16 head_dim = 64 "
+                        "mask = causal(top_left) }";
+    const char *bspec = "attention backward flash { dtype = f16 head_dim = 64 "
+                        "mask = causal(top_left) }";
+    aj_op *fop = NULL, *bop = NULL;
+    CHECK_STATUS(ctx, aj_op_parse(ctx, fspec, strlen(fspec), "f", &fop), AJ_OK);
+    CHECK_STATUS(ctx, aj_op_parse(ctx, bspec, strlen(bspec), "b", &bop), AJ_OK);
+    const int64_t qs[4] = {B, H, S, D};
+    const aj_fwd_args shards = fwd_args(NULL);   /* this rank's */
+    aj_ring_fwd_args f = AJ_RING_FWD_ARGS_INIT;
+    f.q = shards.q, f.k = shards.k, f.v = shards.v, f.o = shards.o, f.lse = shards.lse;
+    f.layout = AJ_SHARD_ZIGZAG;
+    const double t0 = MPI_Wtime();
+    cuda_log_clear();
+    aj_status st = aj_ring_forward(ctx, dev, comm, fop, &f, NULL);
+    if (stuck) {
+        CHECK_STATUS(ctx, st, AJ_ERR_COMM);
+        CHECK_ERROR(ctx, "timeout");
+        double waited = MPI_Wtime() - t0;
+        CHECK_MSG(waited < 30, "the stuck ring took %.1f s to fail", waited);
+    } else {
+        CHECK_STATUS(ctx, st, AJ_OK);
+        CHECK_LOG_LACKS("CtxSynchronize");
+        check_between_launches("aj_ring_forward");
+        aj_ring_bwd_args b = AJ_RING_BWD_ARGS_INIT;
+        b.q = f.q, b.k = f.k, b.v = f.v, b.o = f.o, b.lse = f.lse;
+        b.do_ = dev_tensor(AJ_DTYPE_F16, 4, qs);
+        b.dq = dev_tensor(AJ_DTYPE_F16, 4, qs);
+        b.dk = dev_tensor(AJ_DTYPE_F16, 4, qs);
+        b.dv = dev_tensor(AJ_DTYPE_F16, 4, qs);
+        b.layout = AJ_SHARD_ZIGZAG;
+        for (int call = 0; call < 2; call++) {
+            cuda_log_clear();
+            CHECK_STATUS(ctx, aj_ring_backward(ctx, dev, comm, bop, &b, NULL), AJ_OK);
+            CHECK_LOG_LACKS("CtxSynchronize");
+            check_between_launches("aj_ring_backward");
+        }
+        free_tensors((aj_tensor *[]){&b.do_, &b.dq, &b.dk, &b.dv}, 4);
+    }
+    free_tensors((aj_tensor *[]){&f.q, &f.k, &f.v, &f.o, &f.lse}, 5);
+    aj_comm_destroy(comm);
+    aj_op_destroy(fop);
+    aj_op_destroy(bop);
+    return check_report();
+}
+
+int main(int argc, char **argv)
+{
+    const char *what = argc > 1 ? argv[1] : "";
+    const int ring = strcmp(what, "ring") == 0, stuck = strcmp(what, "stuck") == 0;
+    if (strcmp(what, "sass") == 0)
+        return run_sass();
+    if (!ring && !stuck && strcmp(what, "launch") != 0) {
+        fprintf(stderr, "usage: test_gpu_path launch|sass|ring|stuck\n");
+        return 2;
+    }
+    if (ring || stuck)
+        MPI_Init(&argc, &argv);
+    CHECK(aj_ctx_create(NULL, &ctx) == AJ_OK);
+    CHECK_STATUS(ctx, aj_device_open(ctx, AJ_DEVICE_CUDA, 0, &dev), AJ_OK);
+    if (!dev)
+        return check_report();
+    bind_fake();
+    int rc = ring || stuck ? run_ring(stuck) : run_launch();
+    aj_device_close(dev);
+    aj_ctx_destroy(ctx);
+    if (ring || stuck)
+        MPI_Finalize();
+    return rc;
+}
