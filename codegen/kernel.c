@@ -162,8 +162,8 @@ typedef struct byte_writer {
 
 static void put(byte_writer *w, const void *p, size_t n)
 {
-    if (w->failed)
-        return;
+    if (w->failed || n == 0)
+        return;   /* an empty section may come as (NULL, 0) */
     if (w->len + n > w->cap) {
         size_t cap = w->cap ? w->cap * 2 : 4096;
         while (cap < w->len + n)
