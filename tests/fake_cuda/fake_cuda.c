@@ -554,14 +554,18 @@ CUresult cuMemsetD32Async(CUdeviceptr dst, unsigned value, size_t n, void *s)
 
 /* A module: the PTX it was made from (a "cubin" from the linker is the
  * PTX behind a tag).  A function: the module and its entry's name. */
+typedef struct function function;
+
 typedef struct module {
     char *ptx;
+    function *functions;   /* handed out by cuModuleGetFunction, freed with the module */
 } module;
 
-typedef struct function {
+struct function {
     module *mod;
     char name[128];
-} function;
+    function *next;
+};
 
 static const char cubin_tag[] = "FAKE-CUBIN\n";
 
@@ -573,7 +577,7 @@ static CUresult load(module **out, const char *image, const char *how)
                    !strstr(image, ".entry")))
         return INVALID_IMAGE;
     note("%s", how);
-    module *m = malloc(sizeof *m);
+    module *m = calloc(1, sizeof *m);
     if (!m)
         return OUT_OF_MEMORY;
     m->ptx = strdup(image);
@@ -603,8 +607,14 @@ CUresult cuModuleLoadData(module **mod, const void *image)
 CUresult cuModuleUnload(module *m);
 CUresult cuModuleUnload(module *m)
 {
-    if (m)
+    if (m) {
         free(m->ptx);
+        while (m->functions) {
+            function *next = m->functions->next;
+            free(m->functions);
+            m->functions = next;
+        }
+    }
     free(m);
     return SUCCESS;
 }
@@ -633,7 +643,9 @@ CUresult cuModuleGetFunction(function **f, module *m, const char *name)
         return OUT_OF_MEMORY;
     fn->mod = m;
     snprintf(fn->name, sizeof fn->name, "%s", name);
-    *f = fn;   /* lives with the process, as the stand-in's modules' do */
+    fn->next = m->functions;   /* lives as long as its module, as the driver's do */
+    m->functions = fn;
+    *f = fn;
     return SUCCESS;
 }
 

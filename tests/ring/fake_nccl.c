@@ -74,7 +74,8 @@ static int defer(void (*run)(const void *), const void *args, size_t bytes)
     }
     later.polls_left = 2;
     later.run = run;
-    memcpy(later.args, args, bytes);
+    if (bytes)   /* ncclGroupEnd defers a call without arguments (NULL, 0) */
+        memcpy(later.args, args, bytes);
     return IN_PROGRESS;
 }
 
