@@ -654,6 +654,24 @@ static void count_block(ring_plan *p, aj_ring_block kind)
         p->stats->partial_blocks++;
 }
 
+/* The launch fields aj_fwd_args and aj_bwd_args share, for pair x of the
+ * ring call p with arguments a (aj_ring_fwd_args or aj_ring_bwd_args):
+ * the pair's global positions and the call's totals, side inputs,
+ * dropout stream and stream. */
+#define SET_PAIR_LAUNCH(l, p, a, x)           \
+    do {                                      \
+        (l).alibi_slopes = (a)->alibi_slopes; \
+        (l).side = (a)->side;                 \
+        (l).num_side = (a)->num_side;         \
+        (l).q_offset = (x)->q.global;         \
+        (l).kv_offset = (x)->k.global;        \
+        (l).sq_total = (p)->sq;               \
+        (l).sk_total = (p)->sk;               \
+        (l).seed = (a)->seed;                 \
+        (l).offset = (a)->offset;             \
+        (l).stream = (p)->stream;             \
+    } while (0)
+
 /* Q (all chunks) against the K/V block of ring step `step`, merged into
  * the f32 accumulator o_acc and args->lse. */
 static aj_status fwd_block(ring_plan *p, const ring_kernels *kern, const aj_ring_fwd_args *a,
@@ -677,16 +695,7 @@ static aj_status fwd_block(ring_plan *p, const ring_kernels *kern, const aj_ring
         f.o = seq_view(&a->o, &x->q);
         f.lse = seq_view(&a->lse, &x->q);
         f.o_acc = seq_view(o_acc, &x->q);
-        f.alibi_slopes = a->alibi_slopes;
-        f.side = a->side;
-        f.num_side = a->num_side;
-        f.q_offset = x->q.global;
-        f.kv_offset = x->k.global;
-        f.sq_total = p->sq;
-        f.sk_total = p->sk;
-        f.seed = a->seed;
-        f.offset = a->offset;
-        f.stream = p->stream;
+        SET_PAIR_LAUNCH(f, p, a, x);
         double t0 = aj_now();
         AJ_TRY(aj_forward(p->ctx, p->dev, kernel_for(kern, x->block), &f));
         p->stats->compute_s += aj_now() - t0;
@@ -873,16 +882,7 @@ static aj_status bwd_block(ring_plan *p, const ring_kernels *kern, const aj_ring
         b.dq = dense(parts->dq, dt, 4, (int64_t[]){p->B, p->Hq, cq, p->D});
         b.dk = dense(parts->dk, dt, 4, (int64_t[]){p->B, p->Hkv, ck, p->D});
         b.dv = dense(parts->dv, dt, 4, (int64_t[]){p->B, p->Hkv, ck, p->Dv});
-        b.alibi_slopes = a->alibi_slopes;
-        b.side = a->side;
-        b.num_side = a->num_side;
-        b.q_offset = x->q.global;
-        b.kv_offset = x->k.global;
-        b.sq_total = p->sq;
-        b.sk_total = p->sk;
-        b.seed = a->seed;
-        b.offset = a->offset;
-        b.stream = p->stream;
+        SET_PAIR_LAUNCH(b, p, a, x);
         double t0 = aj_now();
         AJ_TRY(aj_backward(p->ctx, p->dev, kernel_for(kern, x->block), &b));
         AJ_TRY(from_dev(p, parts->dq_h, parts->dq, parts->dq_bytes));
