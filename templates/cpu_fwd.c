@@ -51,7 +51,6 @@
 #include "templates/cpu_attn.h"
 #include "templates/template.h"
 
-#define RM AJ_CPU_RM
 #define CN AJ_CPU_CN
 #define MAX_BLOCK 256
 
@@ -390,7 +389,8 @@ static aj_status cfwd_build(aj_kb *kb, const aj_op *op, void *user)
      * end have nothing to do */
     aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntSLT, c.m0, seq->len_q, ""));
     c.rows = aj_kb_smin(kb, i32c(&c, p->bm), LLVMBuildSub(b, seq->len_q, c.m0, ""));
-    c.rows_pad = LLVMBuildAnd(b, add(&c, c.rows, i32c(&c, RM - 1)), i32c(&c, -RM), "rows_pad");
+    const int rm = aj_cpu_tile_rows();
+    c.rows_pad = LLVMBuildAnd(b, add(&c, c.rows, i32c(&c, rm - 1)), i32c(&c, -rm), "rows_pad");
     LLVMValueRef group = LLVMBuildSDiv(b, param(&c, "heads_q"), param(&c, "heads_kv"), "");
     LLVMValueRef hkv = LLVMBuildSDiv(b, h, group, "hkv");
     if (op->dropout > 0)
