@@ -204,14 +204,8 @@ int cli_parse_run_args(int argc, char **argv, run_opts *o)
             return cli_usage("%s needs a value", a);
         const char *v = argv[++i];
         if (strcmp(a, "--device") == 0) {
-            if (strcmp(v, "sim") == 0)
-                o->device = AJ_DEVICE_SIM;
-            else if (strcmp(v, "cpu") == 0)
-                o->device = AJ_DEVICE_CPU;
-            else if (strcmp(v, "cuda") == 0)
-                o->device = AJ_DEVICE_CUDA;
-            else
-                return cli_usage("--device takes sim, cpu or cuda, not '%s'", v);
+            if (cli_device_kind(v, &o->device) != CLI_EXIT_OK)
+                return CLI_EXIT_USAGE;
         } else if (strcmp(a, "--in") == 0) {
             rc = parse_binding(a, v, 1, o);
         } else if (strcmp(a, "--out") == 0) {
@@ -663,7 +657,8 @@ int cli_run(aj_ctx *ctx, int argc, char **argv)
             rc = write_output(tensors[t].name, o.out[t], &buf[t]);
     fprintf(stderr, "attnjit: %s on %s: compile %.1f ms, run %.1f ms", aj_kernel_entry(kernel),
             aj_device_name(dev), compiled - t0, run_ms);
-    if (o.device == AJ_DEVICE_SIM)
+    aj_device_caps caps = AJ_DEVICE_CAPS_INIT;
+    if (aj_device_get_caps(dev, &caps) == AJ_OK && caps.counts_instructions)
         fprintf(stderr, ", %llu emulated thread-instructions",
                 (unsigned long long)aj_device_last_instructions(dev));
     fprintf(stderr, "\n");

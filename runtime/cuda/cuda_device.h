@@ -36,7 +36,7 @@ typedef struct aj_cuda_device {
     CUdevice dev;
     CUcontext cuctx;
     int owns_primary;            /* retained the primary context: release it */
-    int cc_major, cc_minor, smem_optin;
+    int cc_major, cc_minor, smem_optin, sm_count;
     aj_target target;            /* what its kernels are compiled for */
     char name[128];
     pthread_mutex_t lock;        /* guards loaded */
@@ -68,6 +68,11 @@ aj_status aj_cuda_free(aj_ctx *ctx, aj_cuda_device *d, void *ptr);
 aj_status aj_cuda_copy(aj_ctx *ctx, aj_cuda_device *d, void *dst, const void *src,
                        size_t bytes, int to_device);
 aj_status aj_cuda_synchronize(aj_ctx *ctx, aj_cuda_device *d, void *stream);
+/* Pinned host memory (cuMemAllocHost): copies between it and the device
+ * are asynchronous, where pageable memory makes the driver stage them
+ * synchronously. */
+aj_status aj_cuda_host_alloc(aj_ctx *ctx, aj_cuda_device *d, size_t bytes, void **out);
+void aj_cuda_host_free(aj_cuda_device *d, void *ptr);
 
 /* Stream-ordered work, never a whole-context synchronisation: a
  * non-blocking stream of the device's own; a copy queued on `stream` (the

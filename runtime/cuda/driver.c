@@ -146,6 +146,8 @@ aj_status aj_cuda_device_open(aj_ctx *ctx, int index, void *user_context,
     AJ_CU_TRY(ctx, cu, cu->DeviceGetAttribute(&d->smem_optin,
               AJ_CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, d->dev),
               "cuDeviceGetAttribute");
+    AJ_CU_TRY(ctx, cu, cu->DeviceGetAttribute(&d->sm_count,
+              AJ_CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, d->dev), "cuDeviceGetAttribute");
     if (d->cc_major < 8) {
         st = aj_fail(ctx, AJ_ERR_NO_DEVICE, "%s has compute capability %d.%d; attnjit's "
                      "kernels need 8.0 (sm_80) or newer", d->name, d->cc_major, d->cc_minor);
@@ -440,6 +442,23 @@ aj_status aj_cuda_synchronize(aj_ctx *ctx, aj_cuda_device *d, void *stream)
         WITH_CONTEXT(d, d->cu->CtxSynchronize(), "cuCtxSynchronize");
 done:
     return st;
+}
+
+aj_status aj_cuda_host_alloc(aj_ctx *ctx, aj_cuda_device *d, size_t bytes, void **out)
+{
+    aj_status st = AJ_OK;
+    WITH_CONTEXT(d, d->cu->MemAllocHost(out, bytes ? bytes : 1), "cuMemAllocHost");
+done:
+    return st;
+}
+
+void aj_cuda_host_free(aj_cuda_device *d, void *ptr)
+{
+    CUcontext popped;
+    if (ptr && d->cu->CtxPushCurrent(d->cuctx) == AJ_CUDA_SUCCESS) {
+        d->cu->MemFreeHost(ptr);
+        d->cu->CtxPopCurrent(&popped);
+    }
 }
 
 /* ---------------------------------------------------------------- streams */
