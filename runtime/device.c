@@ -346,13 +346,24 @@ uint64_t aj_device_last_instructions(const aj_device *dev)
  * Device memory is host memory; copies are memmove and every call runs to
  * completion, so streams are NULL and waits return at once. */
 
-static aj_status host_alloc(aj_device *dev, size_t bytes, void **out)
+/* 64-byte aligned, the size rounded up, and 64 bytes more. */
+static aj_status aligned_host(aj_device *dev, size_t bytes, const char *what, void **out)
 {
     void *p = aligned_alloc(64, (bytes + 63) / 64 * 64 + 64);
     if (!p)
-        return aj_fail(dev->ctx, AJ_ERR_OUT_OF_MEMORY, "aj_device_alloc: %zu bytes", bytes);
+        return aj_fail(dev->ctx, AJ_ERR_OUT_OF_MEMORY, "%s: %zu bytes", what, bytes);
     *out = p;
     return AJ_OK;
+}
+
+static aj_status host_alloc(aj_device *dev, size_t bytes, void **out)
+{
+    return aligned_host(dev, bytes, "aj_device_alloc", out);
+}
+
+static aj_status host_buffer_alloc(aj_device *dev, size_t bytes, void **out)
+{
+    return aligned_host(dev, bytes, "host buffers", out);
 }
 
 static aj_status host_free(aj_device *dev, void *ptr)
@@ -444,7 +455,7 @@ static aj_status host_load_kernel(aj_ctx *ctx, aj_device *dev, const aj_kernel *
 /* The slots sim and cpu share: host memory, no streams. */
 #define HOST_MEMORY_OPS                                                 \
     .alloc = host_alloc, .free = host_free,                             \
-    .host_alloc = host_alloc, .host_free = host_free_void,              \
+    .host_alloc = host_buffer_alloc, .host_free = host_free_void,              \
     .copy = host_copy, .copy_async = host_copy_async,                   \
     .stream_create = host_stream_create,                                \
     .stream_destroy = host_stream_destroy,                              \
