@@ -180,6 +180,7 @@ typedef struct problem {
     aj_fwd_args fwd;
     aj_bwd_args bwd;
     const aj_kernel *kernel;   /* the candidate being timed */
+    void *stream;              /* the tuner's own: the launches and their events */
     aj_ctx *ctx;
 } problem;
 
@@ -238,6 +239,7 @@ static aj_status problem_init(aj_ctx *ctx, aj_device *dev, const aj_op *op,
     memset(p, 0, sizeof *p);
     p->ctx = ctx;
     p->dev = dev;
+    AJ_TRY(aj_device_stream_create(dev, &p->stream));
     aj_op_get_info(op, &p->op);
     const aj_op_info *oi = &p->op;
     int64_t B = o->batch, Hq = o->heads_q, Hk = o->heads_kv, Sq = o->seq_q, Sk = o->seq_k;
@@ -264,6 +266,7 @@ static aj_status problem_init(aj_ctx *ctx, aj_device *dev, const aj_op *op,
         a->alibi_slopes = slopes;
         a->bias = bias;
         a->seed = 1;
+        a->stream = p->stream;
         if (oi->accumulate)
             AJ_TRY(new_tensor(p, AJ_DTYPE_F32, 4, (int64_t[]){B, Hq, Sq, Dv}, -1, 1, &a->o_acc));
         else
@@ -292,6 +295,7 @@ static aj_status problem_init(aj_ctx *ctx, aj_device *dev, const aj_op *op,
     a->bias = bias;
     a->dbias = dbias;
     a->seed = 1;
+    a->stream = p->stream;
 done:
     return st;
 }
@@ -301,6 +305,8 @@ static void problem_free(problem *p)
     for (int i = 0; i < p->nbufs; i++)
         aj_device_free(p->dev, p->bufs[i]);
     p->nbufs = 0;
+    aj_device_stream_destroy(p->dev, p->stream);
+    p->stream = NULL;
 }
 
 /* One launch of the candidate (queued, for cuda). */
@@ -312,11 +318,11 @@ static aj_status problem_run(void *user)
     return aj_backward(p->ctx, p->dev, p->kernel, &p->bwd);
 }
 
-/* Milliseconds of one launch: CUDA events on a GPU, else the wall clock
- * around the (synchronous) launch. */
+/* Milliseconds of one launch on the tuner's stream: CUDA events on a GPU,
+ * else the wall clock around the (synchronous) launch. */
 static aj_status time_once(problem *p, double *ms)
 {
-    return aj_device_time(p->dev, NULL, problem_run, p, ms);
+    return aj_device_time(p->dev, p->stream, problem_run, p, ms);
 }
 
 /* ---------------------------------------------------------------- tuner */
