@@ -615,7 +615,9 @@ static void check_own_stream(const char *log, const char *call, const char *what
  * it runs no kernel, so the numbers are not checked; it logs each driver
  * call with its stream): the launches, the timing events and the wait go
  * to a stream of the run's own -- never the legacy default stream, never
- * a whole-context cuCtxSynchronize -- and the time comes from events. */
+ * a whole-context cuCtxSynchronize -- and the time comes from events,
+ * through cuEventElapsedTime_v2 (CUDA 13's name for it), not the v1 entry
+ * point. */
 static void test_run_cuda_streams(void)
 {
     enum { B = 1, H = 2, S = 64, D = 64, N = B * H * S * D };
@@ -642,6 +644,8 @@ static void test_run_cuda_streams(void)
         check_own_stream(log, "LaunchKernel", what);
         check_own_stream(log, "EventRecord", what);
         check_own_stream(log, "StreamSynchronize", what);
+        CHECK_MSG(strstr(log, "EventElapsedTime_v2") && !strstr(log, "EventElapsedTime v1"),
+                  "%s: the time is not from cuEventElapsedTime_v2:\n%s", what, log);
         CHECK_MSG(!strstr(log, "CtxSynchronize") && !strstr(log, "FAULT"),
                   "%s: a context synchronisation or a fault:\n%s", what, log);
         printf("attnjit run %s: launches, events and the wait on the run's own stream\n",
