@@ -341,6 +341,26 @@ uint64_t aj_device_last_instructions(const aj_device *dev)
     return dev ? dev->last_instructions : 0;
 }
 
+/* A kind's aj_device_caps: what every device of it is, its flags a set of
+ * these. */
+enum {
+    HOST_MEMORY = 1,
+    STREAMS = 2,
+    INDEXED = 4,
+    SIMT = 8,
+    WORKER_THREADS = 16,
+    COUNTS_INSTRUCTIONS = 32,
+};
+
+#define KIND_CAPS(kind_, name_, target_, flags_)                                          \
+    {                                                                                     \
+        .struct_size = sizeof(aj_device_caps), .kind = (kind_), .kind_name = (name_),     \
+        .target = (target_), .host_memory = ((flags_) & HOST_MEMORY) != 0,                \
+        .streams = ((flags_) & STREAMS) != 0, .indexed = ((flags_) & INDEXED) != 0,       \
+        .simt = ((flags_) & SIMT) != 0, .worker_threads = ((flags_) & WORKER_THREADS) != 0, \
+        .counts_instructions = ((flags_) & COUNTS_INSTRUCTIONS) != 0,                     \
+    }
+
 /* ------------------------------------------------- host memory (sim, cpu)
  *
  * Device memory is host memory; copies are memmove and every call runs to
@@ -465,6 +485,12 @@ static aj_status host_load_kernel(aj_ctx *ctx, aj_device *dev, const aj_kernel *
     .load_kernel = host_load_kernel,                                    \
     .stage_resources = NULL
 
+/* The kind's target, for the kinds whose devices all have one (sim, cpu). */
+static aj_target kind_target(const aj_device *dev)
+{
+    return dev->ops->kind_caps.target;
+}
+
 /* ---------------------------------------------------------------- sim */
 
 static aj_status sim_open(aj_device *dev, int index, void *cu_context)
@@ -478,11 +504,6 @@ static aj_status sim_open(aj_device *dev, int index, void *cu_context)
 static void sim_close(aj_device *dev)
 {
     (void)dev;
-}
-
-static aj_target sim_target(const aj_device *dev)
-{
-    return dev->ops->kind_caps.target;
 }
 
 static const char *sim_name(const aj_device *dev)
@@ -519,23 +540,13 @@ static aj_status sim_launch(aj_ctx *ctx, aj_device *dev, const aj_device_launch 
 }
 
 static const aj_device_ops sim_ops = {
-    .kind_caps = {
-        .struct_size = sizeof(aj_device_caps),
-        .kind = AJ_DEVICE_SIM,
-        .kind_name = "sim",
-        .target = AJ_TARGET_SIM,
-        .host_memory = true,
-        .streams = false,
-        .indexed = false,
-        .simt = true,
-        .worker_threads = false,
-        .counts_instructions = true,
-    },
+    .kind_caps = KIND_CAPS(AJ_DEVICE_SIM, "sim", AJ_TARGET_SIM,
+                           HOST_MEMORY | SIMT | COUNTS_INSTRUCTIONS),
     .tune_batch = 1, .tune_heads = 2, .tune_seq = 128,
     HOST_MEMORY_OPS,
     .open = sim_open,
     .close = sim_close,
-    .target = sim_target,
+    .target = kind_target,
     .device_name = sim_name,
     .caps = sim_caps,
     .launch = sim_launch,
@@ -557,11 +568,6 @@ static void cpu_close(aj_device *dev)
     aj_cpu_device_close(dev->cpu);
 }
 
-static aj_target cpu_target(const aj_device *dev)
-{
-    return dev->ops->kind_caps.target;
-}
-
 static const char *cpu_name(const aj_device *dev)
 {
     return dev->cpu->name;
@@ -580,23 +586,12 @@ static aj_status cpu_launch(aj_ctx *ctx, aj_device *dev, const aj_device_launch 
 }
 
 static const aj_device_ops cpu_ops = {
-    .kind_caps = {
-        .struct_size = sizeof(aj_device_caps),
-        .kind = AJ_DEVICE_CPU,
-        .kind_name = "cpu",
-        .target = AJ_TARGET_CPU,
-        .host_memory = true,
-        .streams = false,
-        .indexed = false,
-        .simt = false,
-        .worker_threads = true,
-        .counts_instructions = false,
-    },
+    .kind_caps = KIND_CAPS(AJ_DEVICE_CPU, "cpu", AJ_TARGET_CPU, HOST_MEMORY | WORKER_THREADS),
     .tune_batch = 1, .tune_heads = 8, .tune_seq = 2048,
     HOST_MEMORY_OPS,
     .open = cpu_open,
     .close = cpu_close,
-    .target = cpu_target,
+    .target = kind_target,
     .device_name = cpu_name,
     .caps = cpu_caps,
     .launch = cpu_launch,
@@ -720,18 +715,7 @@ static aj_status cuda_stage_resources(aj_ctx *ctx, aj_device *dev, const aj_kern
 }
 
 static const aj_device_ops cuda_ops = {
-    .kind_caps = {
-        .struct_size = sizeof(aj_device_caps),
-        .kind = AJ_DEVICE_CUDA,
-        .kind_name = "cuda",
-        .target = AJ_TARGET_ANY,
-        .host_memory = false,
-        .streams = true,
-        .indexed = true,
-        .simt = true,
-        .worker_threads = false,
-        .counts_instructions = false,
-    },
+    .kind_caps = KIND_CAPS(AJ_DEVICE_CUDA, "cuda", AJ_TARGET_ANY, STREAMS | INDEXED | SIMT),
     .tune_batch = 4, .tune_heads = 16, .tune_seq = 4096,
     .open = cuda_open,
     .close = cuda_close,
