@@ -507,17 +507,12 @@ static aj_status count_launch_tiles(const ring_plan *p, const ring_kernels *k,
     return st;
 }
 
-/* Host buffers the kernels read: 64-byte aligned, sizes rounded up. */
+/* Host buffers: what travels between ranks and what the copies on the
+ * ring's stream read and write -- the device's host memory, pinned on a
+ * GPU so those copies are asynchronous (and reused across calls). */
 static aj_status alloc_host(const ring_plan *p, size_t bytes, int zero, void **out)
 {
-    size_t n = (bytes + 63) / 64 * 64;
-    void *m = aligned_alloc(64, n ? n : 64);
-    if (!m)
-        return aj_fail(p->ctx, AJ_ERR_OUT_OF_MEMORY, "%s: %zu bytes of buffers", p->fn, bytes);
-    if (zero)
-        memset(m, 0, n ? n : 64);
-    *out = m;
-    return AJ_OK;
+    return aj_device_host_alloc(p->dev, bytes ? bytes : 64, zero, out);
 }
 
 /* Device memory: the buffers the kernels read and write.  On sim (and
@@ -805,11 +800,9 @@ done:
     aj_device_stream_destroy(dev, p.stream);
     free_kernels(&kern);
     plan_free(&p);
-    free(kv[0]);
-    free(kv[1]);
-    free(gathered);
-    free(host_o);
-    free(typed_o);
+    void *host[] = {kv[0], kv[1], gathered, host_o, typed_o};
+    for (size_t i = 0; i < sizeof host / sizeof host[0]; i++)
+        aj_device_host_free(dev, host[i]);
     if (kv_dev)
         aj_device_free(dev, kv_dev);
     if (o_acc_dev)
@@ -1043,7 +1036,7 @@ done:
     void *host[] = {kv[0], kv[1], acc[0], acc[1], step, dq_acc, gathered, all_dkv, typed,
                     parts.dq_h, parts.dk_h, parts.dv_h, parts.scratch};
     for (size_t i = 0; i < sizeof host / sizeof host[0]; i++)
-        free(host[i]);
+        aj_device_host_free(dev, host[i]);
     void *device[] = {kv_dev, parts.dq, parts.dk, parts.dv};
     for (size_t i = 0; i < sizeof device / sizeof device[0]; i++)
         if (device[i])

@@ -587,6 +587,60 @@ int aj_device_workers(const aj_device *dev);
  * instructions executed, summed over GPU threads); 0 elsewhere. */
 uint64_t aj_device_last_instructions(const aj_device *dev);
 
+/* Streams: a stream of the device's own, for the work of aj_forward /
+ * aj_backward / aj_merge (args->stream) and aj_device_synchronize.  cuda:
+ * a non-blocking CUstream (ordered with nothing else: not the legacy
+ * default stream); sim and cpu run every call to completion, so their
+ * stream is NULL.  aj_device_stream_destroy lets queued work finish. */
+aj_status aj_device_stream_create(aj_device *dev, void **stream);
+void aj_device_stream_destroy(aj_device *dev, void *stream);
+/* The device time, in *ms, of the work run(user) queues on `stream`:
+ * between two CUDA events on cuda (waiting for the second), the wall
+ * clock around the call on sim and cpu.  run's failure is returned. */
+aj_status aj_device_time(aj_device *dev, void *stream, aj_status (*run)(void *user),
+                         void *user, double *ms);
+
+/* What a device kind is and what a device of it can do, so callers ask
+ * instead of checking the kind (docs/api.md, "Devices and launches").
+ * Versioned: start from AJ_DEVICE_CAPS_INIT. */
+typedef struct aj_device_caps {
+    size_t struct_size;
+    aj_device_kind kind;
+    const char *kind_name;        /* "sim", "cuda", "cpu" (static) */
+    aj_target target;             /* its kernels' target; AJ_TARGET_ANY for a
+                                     cuda kind not opened (it is the GPU's) */
+    bool host_memory;             /* device memory is host memory the caller may
+                                     read and write directly */
+    bool streams;                 /* calls queue work on streams and return
+                                     before it is done; false: every call runs
+                                     to completion (streams are NULL) */
+    bool indexed;                 /* a host may have several, by index (one per
+                                     GPU); false: index 0 only */
+    bool simt;                    /* kernels run as blocks of warps: schedules
+                                     have warps and pipeline stages */
+    bool worker_threads;          /* runs on host threads: aj_device_set_workers
+                                     sets how many, aj_tune tunes the count */
+    bool counts_instructions;     /* aj_device_last_instructions counts */
+    int32_t max_shared_bytes;     /* shared memory a block may use (the opt-in
+                                     maximum on cuda); 0: no shared memory */
+    int32_t multiprocessors;      /* SMs (cuda), cores this process may use
+                                     (cpu, sim's default workers); 0 unopened */
+    int32_t cc_major, cc_minor;   /* compute capability (cuda), else 0 */
+    int32_t driver_version;       /* cuDriverGetVersion (cuda, 13000 = 13.0), else 0 */
+} aj_device_caps;
+
+#define AJ_DEVICE_CAPS_INIT { .struct_size = sizeof(aj_device_caps) }
+
+/* dev's capabilities.  AJ_ERR_INVALID_ARG for a NULL dev or caps, or a
+ * struct_size smaller than this, the struct's first version; a newer,
+ * larger struct keeps its struct_size and has the fields it adds zeroed. */
+aj_status aj_device_get_caps(const aj_device *dev, aj_device_caps *caps);
+/* A kind's capabilities without opening a device (what depends on the
+ * device itself is 0); AJ_ERR_INVALID_ARG for a value that is not a kind. */
+aj_status aj_device_kind_caps(aj_device_kind kind, aj_device_caps *caps);
+/* "sim", "cuda", "cpu"; NULL for a value that is not a kind. */
+const char *aj_device_kind_name(aj_device_kind kind);
+
 /* ---------------------------------------------------------------- launch */
 
 /* A strided view of memory the caller owns: device memory for cuda, host
