@@ -83,6 +83,20 @@ static aj_status compile_tuned(aj_ctx *ctx, aj_kernel_cache *cache, const aj_op 
 }
 
 /* Compiles one op, reporting on ctx, consulting `cache` (may be NULL). */
+/* Gives the kernel a copy of the op it computes (aj_kernel.source), once:
+ * a kernel from the cache may already have one, or get one from another
+ * thread first. */
+static aj_status keep_source(aj_ctx *ctx, aj_kernel *k, const aj_op *op)
+{
+    aj_op *copy = NULL;
+    if (aj_op_clone(op, &copy) != AJ_OK)
+        return aj_fail(ctx, AJ_ERR_OUT_OF_MEMORY, "aj_compile: out of memory");
+    aj_op *none = NULL;
+    if (!atomic_compare_exchange_strong(&k->source, &none, copy))
+        aj_op_destroy(copy);
+    return AJ_OK;
+}
+
 static aj_status compile_one(aj_ctx *ctx, aj_kernel_cache *cache, const aj_op *op,
                              const aj_compile_options *opt, aj_kernel **out)
 {
@@ -124,6 +138,8 @@ static aj_status compile_one(aj_ctx *ctx, aj_kernel_cache *cache, const aj_op *o
     if (cached)
         aj_cache_store(ctx, cache, kind, key, *out);
 done:
+    if (st == AJ_OK && !atomic_load(&(*out)->source))
+        st = keep_source(ctx, *out, op);
     return st;
 }
 

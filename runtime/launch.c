@@ -448,6 +448,61 @@ static aj_status bind_scores(aj_ctx *ctx, const char *fn, const aj_op_info *op,
     return AJ_OK;
 }
 
+/* Whether some stage of the kernel takes parameter `name`. */
+static int kernel_takes(const aj_kernel *kernel, const char *name)
+{
+    for (int s = 0; s < kernel->num_stages; s++) {
+        aj_launch_info li;
+        aj_kernel_stage_info(kernel, s, &li);
+        for (int i = 0; i < li.num_params; i++)
+            if (strcmp(li.params[i].name, name) == 0)
+                return 1;
+    }
+    return 0;
+}
+
+/*
+ * The block mask of a padded launch whose kernel reads one (score.h,
+ * aj_score_prog.block_mask): `given` after checking it against the launch,
+ * else one built here on dev (*built, which the caller destroys after the
+ * launch), else, for a kernel loaded from bytes that has no op to build it
+ * from, none (the kernels then class their tiles by interval arithmetic).
+ */
+static aj_status bind_block_mask(aj_ctx *ctx, const char *fn, aj_device *dev,
+                                 const aj_kernel *kernel, const aj_block_mask_shape *launch,
+                                 const aj_block_mask *given, const aj_side_tensor *side,
+                                 int32_t num_side, const aj_tensor *slopes, launch_values *v,
+                                 aj_block_mask **built)
+{
+    *built = NULL;
+    if (!kernel_takes(kernel, "block_mask"))
+        return AJ_OK;
+    const aj_op *source = atomic_load(&((aj_kernel *)kernel)->source);
+    static _Thread_local aj_score_prog prog;
+    aj_status st = source ? aj_score_prog_init(ctx, source, &prog) : AJ_OK;
+    if (st == AJ_OK && !given && source) {
+        aj_launch_info li;
+        aj_kernel_stage_info(kernel, 0, &li);
+        aj_block_mask_shape shape = *launch;
+        shape.block_m = li.schedule.block_m > 0 ? li.schedule.block_m : 64;
+        shape.block_n = li.schedule.block_n > 0 ? li.schedule.block_n : 64;
+        st = aj_block_mask_build(ctx, dev, fn, &prog, &shape, side, num_side, slopes, built);
+        given = *built;
+    }
+    if (st != AJ_OK || !given)
+        return st;
+    aj_tensor classes;
+    int64_t bm, bn;
+    st = aj_block_mask_view(ctx, fn, given, dev, source ? &prog : NULL, launch, &classes, &bm,
+                            &bn);
+    if (st != AJ_OK)
+        return st;
+    put_tensor(v, AJ_PSRC_block_mask, &classes);
+    put_scalar(v, AJ_PSRC_block_mask_bm, bm);
+    put_scalar(v, AJ_PSRC_block_mask_bn, bn);
+    return AJ_OK;
+}
+
 /* The value of catalogue parameter `p`; 0 when its source is not given. */
 static int param_value(const aj_param_row *p, const launch_values *v, aj_arg_value *out)
 {
@@ -548,6 +603,11 @@ static void attention_values(const aj_tensor *q, const aj_tensor *k, const aj_te
     put_scalar(v, AJ_PSRC_seq_k_total, sk_total);
     put_scalar(v, AJ_PSRC_dropout_seed, (int64_t)seed);
     put_scalar(v, AJ_PSRC_dropout_offset, (int64_t)offset);
+    /* no block mask until bind_block_mask gives one */
+    const aj_tensor no_mask = {NULL, AJ_DTYPE_F32, 4, {1, 1, 1, 1}, {0, 0, 0, 0}};
+    put_tensor(v, AJ_PSRC_block_mask, &no_mask);
+    put_scalar(v, AJ_PSRC_block_mask_bm, 1);
+    put_scalar(v, AJ_PSRC_block_mask_bn, 1);
 }
 
 /* A forward's values (a: the padded views of its arguments). */
@@ -678,12 +738,18 @@ aj_status aj_forward(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
     launch_values v;
     forward_values(&as_padded, &sz, sq_total, sk_total, dev->status, &v);
     st = bind_scores(ctx, FWD, op, args->side, args->num_side, &args->alibi_slopes, &scores);
+    aj_block_mask *built = NULL;
+    const aj_block_mask_shape shape = {sz.batch, sz.heads_q, sz.seq_q, sz.seq_k, args->q_offset,
+                                       args->kv_offset, sq_total, sk_total, 0, 0};
+    if (st == AJ_OK)
+        st = bind_block_mask(ctx, FWD, dev, kernel, &shape, args->block_mask, args->side,
+                             args->num_side, &args->alibi_slopes, &v, &built);
     if (st == AJ_OK)
         st = bind(ctx, kernel, 0, &v, &scores, &bound);
-    if (st != AJ_OK)
-        return st;
-    st = run_kernel(ctx, dev, kernel, 0, &sz, bound.argv, bound.buffers, bound.nb,
-                    args->stream);
+    if (st == AJ_OK)
+        st = run_kernel(ctx, dev, kernel, 0, &sz, bound.argv, bound.buffers, bound.nb,
+                        args->stream);
+    aj_block_mask_destroy(built);
     return st == AJ_OK && varlen ? aj_device_launched(dev, FWD) : st;
 }
 
@@ -861,19 +927,6 @@ done:
     return st;
 }
 
-/* Whether some stage of the kernel takes parameter `name`. */
-static int kernel_takes(const aj_kernel *kernel, const char *name)
-{
-    for (int s = 0; s < kernel->num_stages; s++) {
-        aj_launch_info li;
-        aj_kernel_stage_info(kernel, s, &li);
-        for (int i = 0; i < li.num_params; i++)
-            if (strcmp(li.params[i].name, name) == 0)
-                return 1;
-    }
-    return 0;
-}
-
 /*
  * The workspace of kernels that take one (the flash backward), in f32
  * elements:
@@ -1005,6 +1058,10 @@ aj_status aj_backward(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
     return st == AJ_OK && op->layout == AJ_LAYOUT_VARLEN ? aj_device_launched(dev, BWD) : st;
 }
 
+static aj_status run_stages(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
+                            const aj_bwd_args *a, const fwd_sizes *szp, const launch_values *v,
+                            const score_bindings *scores);
+
 /* Binds and runs the stages of a checked backward launch. */
 static aj_status run_backward(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
                               const aj_bwd_args *args, const fwd_sizes *szp,
@@ -1017,13 +1074,30 @@ static aj_status run_backward(aj_ctx *ctx, aj_device *dev, const aj_kernel *kern
     int64_t sk_total = args->sk_total ? args->sk_total : sz.seq_k;
     const aj_bwd_args *a = args;
     static _Thread_local score_bindings scores;
-    static _Thread_local bound_args bound;
     launch_values v;
     backward_values(a, &sz, sq_total, sk_total, w, ws, dev->status, &v);
     st = bind_scores(ctx, BWD, op, a->side, a->num_side, &a->alibi_slopes, &scores);
-    if (st != AJ_OK)
-        return st;
-    /* the stages in order; an empty grid (no key or no query) is skipped */
+    aj_block_mask *built = NULL;
+    const aj_block_mask_shape shape = {sz.batch, sz.heads_q, sz.seq_q, sz.seq_k, a->q_offset,
+                                       a->kv_offset, sq_total, sk_total, 0, 0};
+    if (st == AJ_OK)
+        st = bind_block_mask(ctx, BWD, dev, kernel, &shape, a->block_mask, a->side, a->num_side,
+                             &a->alibi_slopes, &v, &built);
+    if (st == AJ_OK)
+        st = run_stages(ctx, dev, kernel, a, &sz, &v, &scores);
+    aj_block_mask_destroy(built);
+    return st;
+}
+
+/* Runs the stages of a bound backward launch in order; an empty grid (no
+ * key or no query) is skipped. */
+static aj_status run_stages(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
+                            const aj_bwd_args *a, const fwd_sizes *szp, const launch_values *v,
+                            const score_bindings *scores)
+{
+    const fwd_sizes sz = *szp;
+    static _Thread_local bound_args bound;
+    aj_status st = AJ_OK;
     uint64_t instructions = 0;
     for (int s = 0; s < kernel->num_stages; s++) {
         aj_launch_info li;
@@ -1033,7 +1107,7 @@ static aj_status run_backward(aj_ctx *ctx, aj_device *dev, const aj_kernel *kern
             empty |= grid_extent(li.grid[d].extent, &sz) == 0;
         if (empty)
             continue;
-        st = bind(ctx, kernel, s, &v, &scores, &bound);
+        st = bind(ctx, kernel, s, v, scores, &bound);
         if (st == AJ_OK)
             st = run_kernel(ctx, dev, kernel, s, &sz, bound.argv, bound.buffers, bound.nb,
                             a->stream);

@@ -76,4 +76,29 @@ aj_status aj_side_to_host(aj_ctx *ctx, aj_device *dev, const char *fn,
                           int32_t num_side, const aj_tensor *slopes, aj_side_tensor *out,
                           void **mem);
 
+/* What a block mask is built for (block_mask.c): a padded launch's sizes,
+ * position offsets and resolved totals, and the tile it classes. */
+typedef struct aj_block_mask_shape {
+    int64_t batch, heads, seq_q, seq_k;
+    int64_t q_offset, kv_offset, sq_total, sk_total;
+    int32_t block_m, block_n;
+} aj_block_mask_shape;
+
+/* Builds the block mask of score programs `p` for `shape` on dev, reading
+ * the side tensors (and alibi's slopes) back from it; errors name fn.
+ * *out is freed with aj_block_mask_destroy. */
+aj_status aj_block_mask_build(aj_ctx *ctx, aj_device *dev, const char *fn,
+                              const struct aj_score_prog *p, const aj_block_mask_shape *shape,
+                              const aj_side_tensor *side, int32_t num_side,
+                              const aj_tensor *slopes, aj_block_mask **out);
+
+/* Checks mask `m` against a launch on dev of programs `p` (NULL: not
+ * known, a kernel loaded from bytes) with `launch`'s sizes (its tile is
+ * the mask's business: the kernels read any), naming the first thing that
+ * differs; gives the classes as the kernels' tensor and the mask's tile. */
+aj_status aj_block_mask_view(aj_ctx *ctx, const char *fn, const aj_block_mask *m,
+                             const aj_device *dev, const struct aj_score_prog *p,
+                             const aj_block_mask_shape *launch, aj_tensor *classes,
+                             int64_t *block_m, int64_t *block_n);
+
 #endif /* AJ_RUNTIME_RUNTIME_H */

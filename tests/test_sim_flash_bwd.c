@@ -845,6 +845,17 @@ static void test_score_examples(void)
               aj_last_error(ctx));
     CHECK_MSG(seen >= 7, "only %d example specs in %s", seen, dir);
     static const int lq[3] = {40, 0, 23}, lk[3] = {45, 9, 70};
+    /* a mask interval arithmetic cannot class: the launches build its
+     * block mask (runtime/block_mask.c), exact per tile */
+    fb_case nl = base("nonlinear mask, block mask built by the launch", AJ_DTYPE_BF16, 32,
+                      "expr((q * k) % 3 != 0 || k <= q)");
+    nl.variant = score_variant;
+    nl.b = 2;
+    nl.hq = 4;
+    nl.hkv = 2;
+    nl.sq = 150;
+    nl.sk = 160;
+    run(&nl);
     fb_case c = base("varlen x3 document mask, bottom_right by expression", AJ_DTYPE_BF16, 32,
                      "expr(doc[b, q] == doc[b, k] && k <= q + (sk - sq))");
     c.variant = score_variant;

@@ -600,6 +600,9 @@ typedef struct aj_tensor {
     int64_t strides[4];
 } aj_tensor;
 
+/* The tile classes of a launch (aj_block_mask_create, below). */
+typedef struct aj_block_mask aj_block_mask;
+
 /* Arguments of a forward pass.  Shapes (BHSD, as PyTorch SDPA):
  *   q [B, Hq, Sq, D]    k [B, Hkv, Sk, D]    v [B, Hkv, Sk, Dv]
  *   o [B, Hq, Sq, Dv]   lse [B, Hq, Sq] (f32)
@@ -650,6 +653,12 @@ typedef struct aj_fwd_args {
      * any order; NULL / 0 for ops that declare none. */
     const aj_side_tensor *side;
     int32_t num_side;
+    /* Optional (added in version 2; a smaller struct has none): the tile
+     * classes of this launch (aj_block_mask_create), for an op whose mask
+     * interval arithmetic cannot class (docs/ir.md, "Block sparsity").
+     * NULL: such a launch builds one itself, each call.  Ignored by ops
+     * that need none. */
+    const aj_block_mask *block_mask;
 } aj_fwd_args;
 
 #define AJ_FWD_ARGS_INIT { .struct_size = sizeof(aj_fwd_args) }
@@ -679,8 +688,6 @@ typedef enum aj_tile_class {
     AJ_TILE_FULL = 2,      /* every element (inside the lengths) visible */
     AJ_TILE_CLASS_COUNT
 } aj_tile_class;
-
-typedef struct aj_block_mask aj_block_mask;
 
 typedef struct aj_tile_counts {
     int64_t tiles[AJ_TILE_CLASS_COUNT];   /* by aj_tile_class */
@@ -757,6 +764,9 @@ typedef struct aj_bwd_args {
      * them). */
     const aj_side_tensor *side;
     int32_t num_side;
+    /* Optional (version 2): as aj_fwd_args.block_mask; the forward's mask
+     * serves (the kernels read it in any tile size). */
+    const aj_block_mask *block_mask;
 } aj_bwd_args;
 
 #define AJ_BWD_ARGS_INIT { .struct_size = sizeof(aj_bwd_args) }
