@@ -820,18 +820,24 @@ static void test_sweep_sample(void)
  * past a 128-token chunk and a 64-key window; then a document mask over
  * the bottom-right diagonal of varlen sequences, whose totals are each
  * sequence's own. */
-static void run_score_example(const char *name, const score_example *ex, int index, void *user)
+static fb_case score_case(const char *name, aj_dtype dtype, int d, const char *mask)
 {
-    (void)user;
-    fb_case c = base(name, ex->info.dtype, ex->info.head_dim, ex->mask);
+    fb_case c = base(name, dtype, d, mask);
     c.variant = score_variant;
-    c.score_mod = strcmp(ex->mod, "none") ? ex->mod : NULL;
-    c.tensors = ex->tensors[0] ? ex->tensors : NULL;
     c.b = 2;
     c.hq = 4;
     c.hkv = 2;
     c.sq = 150;
     c.sk = 160;
+    return c;
+}
+
+static void run_score_example(const char *name, const score_example *ex, int index, void *user)
+{
+    (void)user;
+    fb_case c = score_case(name, ex->info.dtype, ex->info.head_dim, ex->mask);
+    c.score_mod = strcmp(ex->mod, "none") ? ex->mod : NULL;
+    c.tensors = ex->tensors[0] ? ex->tensors : NULL;
     c.seed = 21 + (uint64_t)index;
     run(&c);
 }
@@ -847,14 +853,8 @@ static void test_score_examples(void)
     static const int lq[3] = {40, 0, 23}, lk[3] = {45, 9, 70};
     /* a mask interval arithmetic cannot class: the launches build its
      * block mask (runtime/block_mask.c), exact per tile */
-    fb_case nl = base("nonlinear mask, block mask built by the launch", AJ_DTYPE_BF16, 32,
-                      "expr((q * k) % 3 != 0 || k <= q)");
-    nl.variant = score_variant;
-    nl.b = 2;
-    nl.hq = 4;
-    nl.hkv = 2;
-    nl.sq = 150;
-    nl.sk = 160;
+    fb_case nl = score_case("nonlinear mask, block mask built by the launch", AJ_DTYPE_BF16,
+                            32, "expr((q * k) % 3 != 0 || k <= q)");
     run(&nl);
     fb_case c = base("varlen x3 document mask, bottom_right by expression", AJ_DTYPE_BF16, 32,
                      "expr(doc[b, q] == doc[b, k] && k <= q + (sk - sq))");

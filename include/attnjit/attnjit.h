@@ -677,10 +677,13 @@ aj_status aj_forward(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
  * and the side tensors' values): skipped tiles are never visited, full
  * tiles run without per-element mask tests.  A block mask holds the classes
  * of every tile of a launch, for a padded forward op, its sizes, offsets,
- * totals and side tensors (aj_fwd_args); the kernels classify their tiles
- * themselves by the same rule, so a block mask is for knowing the
- * sparsity (counts, per-tile classes), and it can be kept and read for as
- * long as those arguments hold (it copies what it reads).
+ * totals and side tensors (aj_fwd_args), exact (tiles the intervals leave
+ * partial are tested element by element), on the host and on its device.
+ * Kernels of masks the intervals cannot class from positions (loads,
+ * products of positions) read it: pass it in aj_fwd_args.block_mask and
+ * aj_bwd_args.block_mask, for every call with those arguments (a launch
+ * given none builds its own); others classify their tiles themselves.
+ * It can be kept for as long as the side tensors keep their values.
  */
 typedef enum aj_tile_class {
     AJ_TILE_SKIP = 0,      /* no element visible: not visited */
@@ -694,9 +697,10 @@ typedef struct aj_tile_counts {
     int32_t block_m, block_n;             /* the kernel's tile */
 } aj_tile_counts;
 
-/* Classifies the tiles of kernel (compiled from op) for a launch with
- * `args` on dev (the side tensors are read back from the device).  *out is
- * freed with aj_block_mask_destroy. */
+/* Classifies the tiles of kernel (compiled from op, a padded forward) for
+ * a launch with `args` on dev (the side tensors are read back from the
+ * device; the classes stay on it for the kernels).  *out is freed with
+ * aj_block_mask_destroy, after the last launch that reads it. */
 aj_status aj_block_mask_create(aj_ctx *ctx, aj_device *dev, const aj_op *op,
                                const aj_kernel *kernel, const aj_fwd_args *args,
                                aj_block_mask **out);
