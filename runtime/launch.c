@@ -464,37 +464,51 @@ static int kernel_takes(const aj_kernel *kernel, const char *name)
 /*
  * The block mask of a padded launch whose kernel reads one (score.h,
  * aj_score_prog.block_mask): `given` after checking it against the launch,
- * else one built here on dev (*built, which the caller destroys after the
- * launch), else, for a kernel loaded from bytes that has no op to build it
- * from, none (the kernels then class their tiles by interval arithmetic).
+ * else one built here: the builder kernel queued on the launch's stream
+ * ahead of it, into scratch (*scratch, which the caller releases once
+ * the launch is queued); else, for a kernel loaded from bytes that has
+ * no op to build it from, none (the kernels then class their tiles by
+ * interval arithmetic).
  */
 static aj_status bind_block_mask(aj_ctx *ctx, const char *fn, aj_device *dev,
                                  const aj_kernel *kernel, const aj_block_mask_shape *launch,
                                  const aj_block_mask *given, const aj_side_tensor *side,
-                                 int32_t num_side, const aj_tensor *slopes, launch_values *v,
-                                 aj_block_mask **built)
+                                 int32_t num_side, const aj_tensor *slopes, void *stream,
+                                 launch_values *v, void **scratch)
 {
-    *built = NULL;
+    *scratch = NULL;
     if (!kernel_takes(kernel, "block_mask"))
         return AJ_OK;
     const aj_op *source = atomic_load(&((aj_kernel *)kernel)->source);
     static _Thread_local aj_score_prog prog;
     aj_status st = source ? aj_score_prog_init(ctx, source, &prog) : AJ_OK;
-    if (st == AJ_OK && !given && source) {
+    aj_tensor classes;
+    int64_t bm, bn;
+    if (st == AJ_OK && given) {
+        st = aj_block_mask_view(ctx, fn, given, dev, source ? &prog : NULL, launch, &classes,
+                                &bm, &bn);
+    } else if (st == AJ_OK && source) {
         aj_launch_info li;
         aj_kernel_stage_info(kernel, 0, &li);
         aj_block_mask_shape shape = *launch;
-        shape.block_m = li.schedule.block_m > 0 ? li.schedule.block_m : 64;
-        shape.block_n = li.schedule.block_n > 0 ? li.schedule.block_n : 64;
-        st = aj_block_mask_build(ctx, dev, fn, &prog, &shape, side, num_side, slopes, built);
-        given = *built;
-    }
-    if (st != AJ_OK || !given)
+        shape.block_m = li.schedule.block_m;
+        shape.block_n = li.schedule.block_n;
+        bm = shape.block_m;
+        bn = shape.block_n;
+        classes = aj_block_mask_tensor(&prog, &shape, NULL);
+        aj_kernel *builder = NULL;
+        st = aj_compile_block_mask(ctx, kernel, source, &builder);
+        if (st == AJ_OK)
+            st = aj_device_scratch(dev, stream, (size_t)(classes.shape[0] *
+                                                         classes.strides[0] * 4), scratch);
+        classes.data = *scratch;
+        if (st == AJ_OK)
+            st = aj_block_mask_launch(ctx, dev, fn, builder, &shape, &classes, side, num_side,
+                                      slopes, stream);
+        aj_kernel_destroy(builder);
+    } else {
         return st;
-    aj_tensor classes;
-    int64_t bm, bn;
-    st = aj_block_mask_view(ctx, fn, given, dev, source ? &prog : NULL, launch, &classes, &bm,
-                            &bn);
+    }
     if (st != AJ_OK)
         return st;
     put_tensor(v, AJ_PSRC_block_mask, &classes);
@@ -738,19 +752,45 @@ aj_status aj_forward(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
     launch_values v;
     forward_values(&as_padded, &sz, sq_total, sk_total, dev->status, &v);
     st = bind_scores(ctx, FWD, op, args->side, args->num_side, &args->alibi_slopes, &scores);
-    aj_block_mask *built = NULL;
+    void *scratch = NULL;
     const aj_block_mask_shape shape = {sz.batch, sz.heads_q, sz.seq_q, sz.seq_k, args->q_offset,
                                        args->kv_offset, sq_total, sk_total, 0, 0};
     if (st == AJ_OK)
         st = bind_block_mask(ctx, FWD, dev, kernel, &shape, args->block_mask, args->side,
-                             args->num_side, &args->alibi_slopes, &v, &built);
+                             args->num_side, &args->alibi_slopes, args->stream, &v, &scratch);
     if (st == AJ_OK)
         st = bind(ctx, kernel, 0, &v, &scores, &bound);
     if (st == AJ_OK)
         st = run_kernel(ctx, dev, kernel, 0, &sz, bound.argv, bound.buffers, bound.nb,
                         args->stream);
-    aj_block_mask_destroy(built);
+    if (scratch)
+        aj_device_scratch_release(dev, args->stream, scratch);
     return st == AJ_OK && varlen ? aj_device_launched(dev, FWD) : st;
+}
+
+aj_status aj_block_mask_launch(aj_ctx *ctx, aj_device *dev, const char *fn,
+                               const aj_kernel *builder, const aj_block_mask_shape *shape,
+                               const aj_tensor *classes, const aj_side_tensor *side,
+                               int32_t num_side, const aj_tensor *slopes, void *stream)
+{
+    /* its own bindings: a launch that builds its mask keeps its own */
+    static _Thread_local score_bindings scores;
+    static _Thread_local bound_args bound;
+    launch_values v = {.given = 0};
+    put_tensor(&v, AJ_PSRC_block_mask, classes);
+    put_scalar(&v, AJ_PSRC_seq_q, shape->seq_q);
+    put_scalar(&v, AJ_PSRC_seq_k, shape->seq_k);
+    put_scalar(&v, AJ_PSRC_q_offset, shape->q_offset);
+    put_scalar(&v, AJ_PSRC_kv_offset, shape->kv_offset);
+    put_scalar(&v, AJ_PSRC_seq_q_total, shape->sq_total);
+    put_scalar(&v, AJ_PSRC_seq_k_total, shape->sk_total);
+    const fwd_sizes sz = {shape->batch, shape->heads, shape->heads, shape->seq_q, shape->seq_k};
+    aj_status st = bind_scores(ctx, fn, &builder->op, side, num_side, slopes, &scores);
+    if (st == AJ_OK)
+        st = bind(ctx, builder, 0, &v, &scores, &bound);
+    if (st == AJ_OK)
+        st = run_kernel(ctx, dev, builder, 0, &sz, bound.argv, bound.buffers, bound.nb, stream);
+    return st;
 }
 
 /* ---------------------------------------------------------------- backward */
@@ -1077,15 +1117,16 @@ static aj_status run_backward(aj_ctx *ctx, aj_device *dev, const aj_kernel *kern
     launch_values v;
     backward_values(a, &sz, sq_total, sk_total, w, ws, dev->status, &v);
     st = bind_scores(ctx, BWD, op, a->side, a->num_side, &a->alibi_slopes, &scores);
-    aj_block_mask *built = NULL;
+    void *scratch = NULL;
     const aj_block_mask_shape shape = {sz.batch, sz.heads_q, sz.seq_q, sz.seq_k, a->q_offset,
                                        a->kv_offset, sq_total, sk_total, 0, 0};
     if (st == AJ_OK)
         st = bind_block_mask(ctx, BWD, dev, kernel, &shape, a->block_mask, a->side, a->num_side,
-                             &a->alibi_slopes, &v, &built);
+                             &a->alibi_slopes, a->stream, &v, &scratch);
     if (st == AJ_OK)
         st = run_stages(ctx, dev, kernel, a, &sz, &v, &scores);
-    aj_block_mask_destroy(built);
+    if (scratch)
+        aj_device_scratch_release(dev, a->stream, scratch);
     return st;
 }
 

@@ -84,13 +84,24 @@ typedef struct aj_block_mask_shape {
     int32_t block_m, block_n;
 } aj_block_mask_shape;
 
-/* Builds the block mask of score programs `p` for `shape` on dev, reading
- * the side tensors (and alibi's slopes) back from it; errors name fn.
- * *out is freed with aj_block_mask_destroy. */
-aj_status aj_block_mask_build(aj_ctx *ctx, aj_device *dev, const char *fn,
-                              const struct aj_score_prog *p, const aj_block_mask_shape *shape,
-                              const aj_side_tensor *side, int32_t num_side,
-                              const aj_tensor *slopes, aj_block_mask **out);
+/* The classes of a block mask of programs `p` for `shape` as the
+ * kernels' tensor over `data`: i32 [planes_b, planes_h, rows, cols]
+ * (a plane per batch index, head, only where the mask reads b, h). */
+aj_tensor aj_block_mask_tensor(const struct aj_score_prog *p, const aj_block_mask_shape *shape,
+                               void *data);
+
+/* The block-mask builder (templates/block_mask.c) of kernel's tile for op,
+ * compiled for the kernel's target through the cache (compile.c). */
+aj_status aj_compile_block_mask(aj_ctx *ctx, const aj_kernel *kernel, const aj_op *op,
+                                aj_kernel **out);
+
+/* Queues `builder` on dev's `stream`: the classes of `shape`'s tiles into
+ * `classes` (aj_block_mask_tensor's layout), reading the side tensors
+ * (and alibi's slopes) in place (launch.c).  Errors name fn. */
+aj_status aj_block_mask_launch(aj_ctx *ctx, aj_device *dev, const char *fn,
+                               const aj_kernel *builder, const aj_block_mask_shape *shape,
+                               const aj_tensor *classes, const aj_side_tensor *side,
+                               int32_t num_side, const aj_tensor *slopes, void *stream);
 
 /* Checks mask `m` against a launch on dev of programs `p` (NULL: not
  * known, a kernel loaded from bytes) with `launch`'s sizes (its tile is

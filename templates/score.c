@@ -625,14 +625,15 @@ static LLVMValueRef host_math(emitter *m, LLVMValueRef (*fn)(aj_kb *, LLVMValueR
     return LLVMBuildExtractElement(kb->b, fn(kb, v, 1), zero, "");
 }
 
-/* exp, log, tanh: the cpu kernels' own (s->lanes: a host target, also for
- * scalars there), else the GPU targets' intrinsics; sqrt and floor are
- * LLVM's everywhere. */
+/* exp, log, tanh: the cpu kernels' own (on the cpu target, for vectors
+ * and scalars alike: a kernel of scalar code there, the block-mask
+ * builder, computes what the vector kernels do), else the GPU targets'
+ * intrinsics; sqrt and floor are LLVM's everywhere. */
 static LLVMValueRef emit_math(emitter *m, aj_expr_op op, LLVMValueRef a)
 {
     aj_kb *kb = m->s->kb;
     LLVMBuilderRef b = kb->b;
-    bool host = m->s->lanes > 0;
+    bool host = m->s->lanes > 0 || kb->target == AJ_TARGET_CPU;
     LLVMValueRef log2e = splat(m, aj_kb_f32(kb, AJ_LOG2E)), ln2 = splat(m, aj_kb_f32(kb, AJ_LN2));
     switch (op) {
     case AJ_EXPR_EXP: {

@@ -678,7 +678,7 @@ aj_status aj_forward(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
  * tiles run without per-element mask tests.  A block mask holds the classes
  * of every tile of a launch, for a padded forward op, its sizes, offsets,
  * totals and side tensors (aj_fwd_args), exact (tiles the intervals leave
- * partial are tested element by element), on the host and on its device.
+ * partial are tested element by element), built and kept on its device.
  * Kernels of masks the intervals cannot class from positions (loads,
  * products of positions) read it: pass it in aj_fwd_args.block_mask and
  * aj_bwd_args.block_mask, for every call with those arguments (a launch
@@ -698,14 +698,17 @@ typedef struct aj_tile_counts {
 } aj_tile_counts;
 
 /* Classifies the tiles of kernel (compiled from op, a padded forward) for
- * a launch with `args` on dev (the side tensors are read back from the
- * device; the classes stay on it for the kernels).  *out is freed with
- * aj_block_mask_destroy, after the last launch that reads it. */
+ * a launch with `args` on dev: a generated kernel queued on args->stream
+ * reads the side tensors in place and leaves the classes on the device
+ * for the kernels.  *out is freed with aj_block_mask_destroy, after the
+ * last launch that reads it. */
 aj_status aj_block_mask_create(aj_ctx *ctx, aj_device *dev, const aj_op *op,
                                const aj_kernel *kernel, const aj_fwd_args *args,
                                aj_block_mask **out);
 void aj_block_mask_destroy(aj_block_mask *mask);
-/* How many tiles of each class, over every (batch, head). */
+/* How many tiles of each class, over every (batch, head).  The first
+ * query (this or aj_block_mask_class) waits for the build and copies the
+ * classes to the host, once; queries of one mask are thread-safe. */
 aj_status aj_block_mask_counts(const aj_block_mask *mask, aj_tile_counts *out);
 /* The class of the tile of query block m and key block n of (b, h). */
 aj_status aj_block_mask_class(const aj_block_mask *mask, int64_t b, int64_t h, int64_t m,
