@@ -117,9 +117,11 @@ struct aj_kernel {
      * launch that builds a block mask reads its score programs; set once
      * (runtime/compile.c), shared kernels race to set the same op */
     _Atomic(aj_op *) source;
-    /* the block-mask builder of `source` (runtime/compile.c,
-     * aj_compile_block_mask), a reference, once compiled */
+    /* the first block-mask builder compiled for it (runtime/compile.c,
+     * aj_compile_block_mask), a reference, and its mask's hash (set
+     * first, once) */
     _Atomic(aj_kernel *) mask_builder;
+    _Atomic(uint64_t) mask_builder_hash;
 };
 
 /* Makes a kernel that owns a copy of code and of the stages' launch

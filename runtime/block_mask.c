@@ -177,7 +177,7 @@ aj_status aj_block_mask_create(aj_ctx *ctx, aj_device *dev, const aj_op *op,
     m->stream = args->stream;
     aj_kernel *builder = NULL;
     int64_t bytes = m->classes.shape[0] * m->classes.strides[0] * 4;
-    st = aj_compile_block_mask(ctx, kernel, op, &builder);
+    st = aj_compile_block_mask(ctx, kernel, op, m->mask_hash, &builder);
     if (st == AJ_OK && bytes)
         st = aj_device_alloc(dev, (size_t)bytes, &m->classes.data);
     if (st == AJ_OK && bytes)

@@ -166,15 +166,16 @@ aj_status aj_compile(aj_ctx *ctx, const aj_op *op,
 }
 
 /* The block-mask builder of `kernel`'s tile for op (block_mask.c), for
- * the kernel's target; kept on the kernel when op is the kernel's own
- * (the implicit build of each launch then compiles once). */
+ * the kernel's target; the first one is kept on the kernel with its mask's
+ * hash, and serves every later call for a mask of that hash (the implicit
+ * build of each launch, aj_block_mask_create for the kernel's op) without
+ * a look-up. */
 aj_status aj_compile_block_mask(aj_ctx *ctx, const aj_kernel *kernel, const aj_op *op,
-                                aj_kernel **out)
+                                uint64_t mask_hash, aj_kernel **out)
 {
     aj_kernel *k = (aj_kernel *)kernel;
-    int own = op == atomic_load(&k->source);
-    aj_kernel *kept = own ? atomic_load(&k->mask_builder) : NULL;
-    if (kept) {
+    aj_kernel *kept = atomic_load(&k->mask_builder);
+    if (kept && atomic_load(&k->mask_builder_hash) == mask_hash) {
         *out = aj_kernel_retain(kept);
         return AJ_OK;
     }
@@ -187,8 +188,12 @@ aj_status aj_compile_block_mask(aj_ctx *ctx, const aj_kernel *kernel, const aj_o
     opt.emit = kernel->emit;
     aj_status st = compile_one(ctx, aj_cache_of(ctx), &tiled, &opt, &aj_template_block_mask,
                                out);
-    if (st != AJ_OK || !own)
+    if (st != AJ_OK || kept)
         return st;
+    /* the hash goes first: a reader that sees the builder sees its hash */
+    uint64_t unset = 0;
+    if (!atomic_compare_exchange_strong(&k->mask_builder_hash, &unset, mask_hash))
+        return AJ_OK;
     aj_kernel *none = NULL;
     aj_kernel *mine = aj_kernel_retain(*out);
     if (!atomic_compare_exchange_strong(&k->mask_builder, &none, mine))

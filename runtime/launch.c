@@ -497,7 +497,7 @@ static aj_status bind_block_mask(aj_ctx *ctx, const char *fn, aj_device *dev,
         bn = shape.block_n;
         classes = aj_block_mask_tensor(&prog, &shape, NULL);
         aj_kernel *builder = NULL;
-        st = aj_compile_block_mask(ctx, kernel, source, &builder);
+        st = aj_compile_block_mask(ctx, kernel, source, aj_score_mask_hash(&prog), &builder);
         if (st == AJ_OK)
             st = aj_device_scratch(dev, stream, (size_t)(classes.shape[0] *
                                                          classes.strides[0] * 4), scratch);

@@ -90,10 +90,11 @@ typedef struct aj_block_mask_shape {
 aj_tensor aj_block_mask_tensor(const struct aj_score_prog *p, const aj_block_mask_shape *shape,
                                void *data);
 
-/* The block-mask builder (templates/block_mask.c) of kernel's tile for op,
- * compiled for the kernel's target through the cache (compile.c). */
+/* The block-mask builder (templates/block_mask.c) of kernel's tile for op
+ * (whose aj_score_mask_hash is mask_hash), compiled for the kernel's
+ * target through the cache, or the one kept on the kernel (compile.c). */
 aj_status aj_compile_block_mask(aj_ctx *ctx, const aj_kernel *kernel, const aj_op *op,
-                                aj_kernel **out);
+                                uint64_t mask_hash, aj_kernel **out);
 
 /* Queues `builder` on dev's `stream`: the classes of `shape`'s tiles into
  * `classes` (aj_block_mask_tensor's layout), reading the side tensors

@@ -42,7 +42,8 @@ static aj_status block_mask_check(aj_ctx *ctx, const aj_op *op, aj_target target
 }
 
 /* The tile's class, exact: any visible element and all visible, over
- * rows [i0, i1] x keys [j0, j1]. */
+ * rows [i0, i1] x keys [j0, j1], row by row until one visible and one
+ * hidden element are seen (a band's diagonal tile: its first row). */
 static LLVMValueRef tile_by_elements(aj_score *s, LLVMValueRef i0, LLVMValueRef i1,
                                      LLVMValueRef j0, LLVMValueRef j1)
 {
@@ -52,11 +53,14 @@ static LLVMValueRef tile_by_elements(aj_score *s, LLVMValueRef i0, LLVMValueRef 
     LLVMValueRef any = aj_kb_var(kb, kb->t_i1, LLVMConstInt(kb->t_i1, 0, 0), "any");
     LLVMValueRef all = aj_kb_var(kb, kb->t_i1, LLVMConstInt(kb->t_i1, 1, 0), "all");
     LLVMValueRef i = aj_kb_for_begin(kb, i0, LLVMBuildAdd(b, i1, one, ""), one, "ei");
+    aj_kb_if_begin(kb, LLVMBuildOr(b, LLVMBuildNot(b, aj_kb_get(kb, any), ""),
+                                   aj_kb_get(kb, all), "undecided"));
     LLVMValueRef j = aj_kb_for_begin(kb, j0, LLVMBuildAdd(b, j1, one, ""), one, "ej");
     LLVMValueRef vis = aj_score_visible(s, i, j);
     aj_kb_set(kb, any, LLVMBuildOr(b, aj_kb_get(kb, any), vis, ""));
     aj_kb_set(kb, all, LLVMBuildAnd(b, aj_kb_get(kb, all), vis, ""));
     aj_kb_for_end(kb);
+    aj_kb_if_end(kb);
     aj_kb_for_end(kb);
     LLVMValueRef cls = LLVMBuildSelect(b, aj_kb_get(kb, all), aj_kb_i32(kb, AJ_TILE_FULL),
                                        aj_kb_i32(kb, AJ_TILE_PARTIAL), "");
@@ -100,6 +104,8 @@ static aj_status block_mask_build(aj_kb *kb, const aj_op *op, void *user)
     LLVMValueRef i0 = LLVMBuildMul(b, item[0], aj_kb_i32(kb, bm), "i0");
     LLVMValueRef i1 = LLVMBuildSub(b, aj_kb_smin(kb, LLVMBuildAdd(b, i0, aj_kb_i32(kb, bm), ""),
                                                  seq_q), one, "i1");
+    /* the rows' side of the intervals (doc[b, q]'s hull) once for the row */
+    aj_score_fix_rows(&s, i0, i1);
     LLVMValueRef cols = LLVMBuildSDiv(b, LLVMBuildAdd(b, seq_k, aj_kb_i32(kb, bn - 1), ""),
                                       aj_kb_i32(kb, bn), "cols");
     LLVMValueRef row = LLVMBuildAdd(

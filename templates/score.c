@@ -1034,15 +1034,22 @@ static ival iv_load(iemitter *m, const aj_expr_node *n, const ival *idx)
     LLVMValueRef vmin = aj_kb_var(kb, vt, top, "scan_min");
     LLVMValueRef vmax = aj_kb_var(kb, vt, bottom, "scan_max");
     LLVMValueRef small = LLVMBuildICmp(b, LLVMIntSLE, count, aj_kb_i64(kb, SCAN_MAX), "");
-    LLVMValueRef t = aj_kb_for_begin(kb, zero64, LLVMBuildSelect(b, small, count, zero64, ""),
-                                     one64, "scan");
+    /* the box's indices as an odometer (no division per element): the
+     * last dim turns fastest */
+    LLVMValueRef cur[AJ_EXPR_RANK_MAX];
+    for (int k = 0; k < d->rank; k++)
+        cur[k] = aj_kb_var(kb, kb->t_i64, lo[k], "scan_at");
+    aj_kb_for_begin(kb, zero64, LLVMBuildSelect(b, small, count, zero64, ""), one64, "scan");
     {
-        LLVMValueRef at = zero64, rest = t;
+        LLVMValueRef at = zero64, carry = LLVMConstInt(kb->t_i1, 1, 0);
         for (int k = d->rank - 1; k >= 0; k--) {
-            LLVMValueRef e = aj_kb_smax(kb, ext[k], one64);
-            LLVMValueRef i = LLVMBuildAdd(b, lo[k], LLVMBuildSRem(b, rest, e, ""), "");
-            rest = LLVMBuildSDiv(b, rest, e, "");
+            LLVMValueRef i = aj_kb_get(kb, cur[k]);
             at = LLVMBuildAdd(b, at, LLVMBuildMul(b, i, stride[k], ""), "");
+            LLVMValueRef next = LLVMBuildAdd(b, i, LLVMBuildZExt(b, carry, kb->t_i64, ""), "");
+            LLVMValueRef wrap = LLVMBuildICmp(b, LLVMIntSGE, LLVMBuildSub(b, next, lo[k], ""),
+                                              ext[k], "");
+            aj_kb_set(kb, cur[k], sel(kb, wrap, lo[k], next));
+            carry = wrap;
         }
         LLVMValueRef v = aj_kb_load(kb, fl ? kb->t_f32 : kb->t_i32,
                                     aj_kb_gptr_offset(kb, aj_kb_param(kb, d->name),
@@ -1246,20 +1253,50 @@ static ival iv_node(iemitter *m, uint16_t id)
     return m->memo[id];
 }
 
+/* An interval emitter over rows [i0, i1] x keys [j0, j1], holding the
+ * fixed rows' intervals (aj_score_fix_rows) where there are some. */
+static void iemitter_init(iemitter *m, aj_score *s, LLVMValueRef i0, LLVMValueRef i1,
+                          LLVMValueRef j0, LLVMValueRef j1)
+{
+    aj_kb *kb = s->kb;
+    LLVMBuilderRef b = kb->b;
+    memset(m, 0, sizeof *m);
+    emitter_init(&m->pt, s, 0, aj_kb_i32(kb, 0), aj_kb_i32(kb, 0), NULL);
+    m->q0 = LLVMBuildAdd(b, s->q_origin, to_i64(kb, i0), "");
+    m->q1 = LLVMBuildAdd(b, s->q_origin, to_i64(kb, i1), "");
+    m->k0 = LLVMBuildAdd(b, s->k_origin, to_i64(kb, j0), "");
+    m->k1 = LLVMBuildAdd(b, s->k_origin, to_i64(kb, j1), "");
+    for (int id = 0; id < s->p->e.count; id++)
+        if (s->row_lo[id]) {
+            m->memo[id] = (ival){s->row_lo[id], s->row_hi[id]};
+            m->done[id] = true;
+        }
+}
+
+void aj_score_fix_rows(aj_score *s, LLVMValueRef i0, LLVMValueRef i1)
+{
+    const aj_score_prog *p = s->p;
+    if (p->rest == NONE)
+        return;
+    static _Thread_local iemitter m;
+    iemitter_init(&m, s, i0, i1, aj_kb_i32(s->kb, 0), aj_kb_i32(s->kb, 0));
+    for (int id = 0; id < p->e.count; id++)
+        if ((p->reads[id] & AJ_SCORE_READS(AJ_VAR_Q)) &&
+            !(p->reads[id] & (AJ_SCORE_READS(AJ_VAR_K) | AJ_SCORE_READS(AJ_VAR_SCORE)))) {
+            ival v = iv_node(&m, (uint16_t)id);
+            s->row_lo[id] = v.lo;
+            s->row_hi[id] = v.hi;
+        }
+}
+
 /* The rest's class by interval arithmetic: *skip where it cannot hold,
  * *full where it must. */
 static void interval_tile_class(aj_score *s, LLVMValueRef i0, LLVMValueRef i1, LLVMValueRef j0,
                                 LLVMValueRef j1, LLVMValueRef *skip, LLVMValueRef *full)
 {
-    aj_kb *kb = s->kb;
-    LLVMBuilderRef b = kb->b;
+    LLVMBuilderRef b = s->kb->b;
     static _Thread_local iemitter m;
-    memset(&m, 0, sizeof m);
-    emitter_init(&m.pt, s, 0, aj_kb_i32(kb, 0), aj_kb_i32(kb, 0), NULL);
-    m.q0 = LLVMBuildAdd(b, s->q_origin, to_i64(kb, i0), "");
-    m.q1 = LLVMBuildAdd(b, s->q_origin, to_i64(kb, i1), "");
-    m.k0 = LLVMBuildAdd(b, s->k_origin, to_i64(kb, j0), "");
-    m.k1 = LLVMBuildAdd(b, s->k_origin, to_i64(kb, j1), "");
+    iemitter_init(&m, s, i0, i1, j0, j1);
     ival r = iv_node(&m, s->p->rest);
     *skip = LLVMBuildNot(b, r.hi, "");
     *full = LLVMBuildNot(b, r.lo, "");
@@ -1343,14 +1380,22 @@ LLVMValueRef aj_score_tile_class(aj_score *s, LLVMValueRef i0, LLVMValueRef i1,
         full = LLVMBuildAnd(b, full, LLVMBuildICmp(b, LLVMIntSGE, j0,
                                                    LLVMBuildAdd(b, i1, s->lo_off, ""), ""), "");
     }
-    if (s->p->rest != NONE) {
+    LLVMValueRef skip_cls = aj_kb_i32(kb, AJ_TILE_SKIP), full_cls = aj_kb_i32(kb, AJ_TILE_FULL);
+    LLVMValueRef partial_cls = aj_kb_i32(kb, AJ_TILE_PARTIAL);
+    if (s->p->rest == NONE)
+        return sel(kb, skip, skip_cls, sel(kb, full, full_cls, partial_cls));
+    /* the rest only where the band leaves the tile: its loads' hulls are
+     * the costly part of a class */
+    LLVMValueRef cls = aj_kb_var(kb, kb->t_i32, skip_cls, "tile_class");
+    aj_kb_if_begin(kb, LLVMBuildNot(b, skip, ""));
+    {
         LLVMValueRef rest_skip, rest_full;
         rest_tile_class(s, i0, i1, j0, j1, &rest_skip, &rest_full);
-        skip = LLVMBuildOr(b, skip, rest_skip, "");
         full = LLVMBuildAnd(b, full, rest_full, "");
+        aj_kb_set(kb, cls, sel(kb, rest_skip, skip_cls, sel(kb, full, full_cls, partial_cls)));
     }
-    return sel(kb, skip, aj_kb_i32(kb, AJ_TILE_SKIP),
-               sel(kb, full, aj_kb_i32(kb, AJ_TILE_FULL), aj_kb_i32(kb, AJ_TILE_PARTIAL)));
+    aj_kb_if_end(kb);
+    return aj_kb_get(kb, cls);
 }
 
 /* ---------------------------------------------------------------- host */

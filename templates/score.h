@@ -128,6 +128,9 @@ typedef struct aj_score {
      * given, classes by interval arithmetic), the (b, h) plane's first
      * element, the row stride and its tile (i64) */
     LLVMValueRef mask_classes, mask_plane, mask_stride_m, mask_bm, mask_bn;
+    /* aj_score_fix_rows: the intervals of the nodes that read q but not
+     * k over the fixed rows (lo, hi by node; NULL: not fixed) */
+    LLVMValueRef row_lo[AJ_EXPR_NODES_MAX], row_hi[AJ_EXPR_NODES_MAX];
 } aj_score;
 
 /*
@@ -184,6 +187,13 @@ static inline LLVMValueRef aj_score_row_lo(aj_score *s, LLVMValueRef i)
  * whatever s->lanes (a vector kernel classes its tiles in scalar code). */
 LLVMValueRef aj_score_tile_class(aj_score *s, LLVMValueRef i0, LLVMValueRef i1,
                                  LLVMValueRef j0, LLVMValueRef j1);
+
+/* For a kernel that classes many tiles of rows [i0, i1] (local, scalar
+ * i32): emits here, once, the intervals of the rest's nodes that read q
+ * and not k (a document mask's hull of doc[b, q] over the rows), which
+ * aj_score_tile_class then takes for every tile of those rows; its later
+ * calls must have these rows. */
+void aj_score_fix_rows(aj_score *s, LLVMValueRef i0, LLVMValueRef i1);
 
 /* Hulls of loads over index boxes already read (aj_score_host_class): a
  * caller classifying many tiles of one launch keeps one, zeroed first,
