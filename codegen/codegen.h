@@ -113,6 +113,15 @@ struct aj_kernel {
     char *object;                /* sim, cpu: the host object code (ELF) */
     size_t object_size;
     void *jit;                   /* sim, cpu: the LLJIT that runs the object */
+    /* the op it was compiled from (NULL: loaded from bytes), owned: a
+     * launch that builds a block mask reads its score programs; set once
+     * (runtime/compile.c), shared kernels race to set the same op */
+    _Atomic(aj_op *) source;
+    /* the first block-mask builder compiled for it (runtime/compile.c,
+     * aj_compile_block_mask), a reference, and its mask's hash (set
+     * first, once) */
+    _Atomic(aj_kernel *) mask_builder;
+    _Atomic(uint64_t) mask_builder_hash;
 };
 
 /* Makes a kernel that owns a copy of code and of the stages' launch

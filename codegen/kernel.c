@@ -67,6 +67,8 @@ void aj_kernel_destroy(aj_kernel *kernel)
     if (!kernel || atomic_fetch_sub(&kernel->refs, 1) != 1)
         return;
     aj_host_jit_dispose(kernel->jit);
+    aj_op_destroy(atomic_load(&kernel->source));
+    aj_kernel_destroy(atomic_load(&kernel->mask_builder));
     free(kernel->object);
     free(kernel->code);
     free(kernel->stages);

@@ -1,20 +1,27 @@
 /*
- * block_mask.c -- the tile classes of a launch (attnjit.h, aj_block_mask),
- * by templates/score.h's host classification: the rule the kernels apply
- * to their own tiles.
+ * block_mask.c -- the tile classes of a launch (attnjit.h, aj_block_mask):
+ * built on the launch's device by the kernel of templates/block_mask.c
+ * (score.h's one rule, exact: interval classes, then the elements of the
+ * tiles those leave partial), kept in device memory for the kernels,
+ * which read the classes of their tiles from it (score.h,
+ * aj_score_tile_class) where the op takes one (aj_score_prog.block_mask),
+ * and read back to the host only when asked (aj_block_mask_counts,
+ * aj_block_mask_class).
+ *
+ * Layout: classes[((pb * planes_h + ph) * rows + m) * cols + n] (i32
+ * aj_tile_class), a plane per batch index (head) only where the mask reads
+ * b (h); the kernels see it as a [planes_b, planes_h, rows, cols] tensor
+ * whose size-1 dims broadcast.
+ *
+ * (aj_side_to_host, first below, reads side tensors back for the ring's
+ * host classes.)
  */
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "runtime/runtime.h"
 #include "templates/score.h"
-
-struct aj_block_mask {
-    int64_t batch, heads, rows, cols;   /* classes[((b H + h) rows + m) cols + n] */
-    int per_batch, per_head;            /* 0: one plane serves every b (h) */
-    aj_tile_counts counts;
-    uint8_t *classes;
-};
 
 aj_status aj_side_to_host(aj_ctx *ctx, aj_device *dev, const char *fn,
                           const aj_score_prog *p, const aj_side_tensor *side, int32_t num_side,
@@ -62,6 +69,65 @@ aj_status aj_side_to_host(aj_ctx *ctx, aj_device *dev, const char *fn,
     return AJ_OK;
 }
 
+struct aj_block_mask {
+    aj_block_mask_shape shape;          /* what it was built for */
+    uint64_t mask_hash;                 /* aj_score_mask_hash of its op */
+    aj_tensor classes;                  /* on dev (aj_block_mask_tensor) */
+    aj_device *dev;
+    void *stream;                       /* the build's */
+    pthread_mutex_t lock;               /* the host copy, made once */
+    int32_t *host;                      /* NULL until a query */
+    aj_tile_counts counts;
+};
+
+aj_tensor aj_block_mask_tensor(const struct aj_score_prog *p, const aj_block_mask_shape *shape,
+                               void *data)
+{
+    int64_t rows = (shape->seq_q + shape->block_m - 1) / shape->block_m;
+    int64_t cols = (shape->seq_k + shape->block_n - 1) / shape->block_n;
+    int64_t planes_b = p->mask_reads_b ? shape->batch : 1;
+    int64_t planes_h = p->mask_reads_h ? shape->heads : 1;
+    return (aj_tensor){data, AJ_DTYPE_F32, 4, {planes_b, planes_h, rows, cols},
+                       {planes_h * rows * cols, rows * cols, cols, 1}};
+}
+
+/* Names the first field of `want` that `got` differs in. */
+static aj_status check_shape(aj_ctx *ctx, const char *fn, const aj_block_mask_shape *got,
+                             const aj_block_mask_shape *want)
+{
+#define SAME(field)                                                                           \
+    AJ_CHECK_ARG(ctx, got->field == want->field, "%s: block_mask was built for " #field        \
+                 " = %lld; this launch has %lld", fn, (long long)got->field,                   \
+                 (long long)want->field)
+    SAME(batch);
+    SAME(heads);
+    SAME(seq_q);
+    SAME(seq_k);
+    SAME(q_offset);
+    SAME(kv_offset);
+    SAME(sq_total);
+    SAME(sk_total);
+#undef SAME
+    return AJ_OK;
+}
+
+aj_status aj_block_mask_view(aj_ctx *ctx, const char *fn, const aj_block_mask *m,
+                             const aj_device *dev, const aj_score_prog *p,
+                             const aj_block_mask_shape *launch, aj_tensor *classes,
+                             int64_t *block_m, int64_t *block_n)
+{
+    AJ_CHECK_ARG(ctx, m->dev == dev, "%s: block_mask was built on another device", fn);
+    aj_status st = check_shape(ctx, fn, &m->shape, launch);
+    if (st != AJ_OK)
+        return st;
+    AJ_CHECK_ARG(ctx, !p || aj_score_mask_hash(p) == m->mask_hash,
+                 "%s: block_mask was built for an op with another mask", fn);
+    *classes = m->classes;
+    *block_m = m->shape.block_m;
+    *block_n = m->shape.block_n;
+    return AJ_OK;
+}
+
 aj_status aj_block_mask_create(aj_ctx *ctx, aj_device *dev, const aj_op *op,
                                const aj_kernel *kernel, const aj_fwd_args *args,
                                aj_block_mask **out)
@@ -75,11 +141,15 @@ aj_status aj_block_mask_create(aj_ctx *ctx, aj_device *dev, const aj_op *op,
     aj_op_get_info(op, &info);
     AJ_CHECK_ARG(ctx, info.kind == AJ_KIND_FORWARD && info.layout == AJ_LAYOUT_PADDED,
                  "aj_block_mask_create: the op is `attention %s %s` with layout = %s; block "
-                 "masks are for padded forward ops", aj_kind_name(info.kind),
-                 aj_variant_name(info.variant), info.layout == AJ_LAYOUT_PADDED ? "padded" : "varlen");
+                 "masks are for padded forward ops (the backward reads its forward's)",
+                 aj_kind_name(info.kind), aj_variant_name(info.variant),
+                 info.layout == AJ_LAYOUT_PADDED ? "padded" : "varlen");
     AJ_CHECK_ARG(ctx, args->q.rank == 4 && args->k.rank == 4,
                  "aj_block_mask_create: q and k must be [B, H, S, D] (ranks %d, %d)",
                  args->q.rank, args->k.rank);
+    AJ_CHECK_ARG(ctx, kernel->target == aj_device_target(dev),
+                 "aj_block_mask_create: kernel compiled for %s cannot run on a %s device",
+                 aj_target_name(kernel->target), aj_target_name(aj_device_target(dev)));
     aj_launch_info li;
     aj_kernel_stage_info(kernel, 0, &li);
     static _Thread_local aj_score_prog prog;
@@ -89,52 +159,32 @@ aj_status aj_block_mask_create(aj_ctx *ctx, aj_device *dev, const aj_op *op,
     aj_block_mask *m = calloc(1, sizeof *m);
     if (!m)
         return aj_fail(ctx, AJ_ERR_OUT_OF_MEMORY, "aj_block_mask_create: out of memory");
-    int64_t sq = args->q.shape[2], sk = args->k.shape[2];
-    int64_t bm = li.schedule.block_m > 0 ? li.schedule.block_m : 64;
-    int64_t bn = li.schedule.block_n > 0 ? li.schedule.block_n : 64;
-    m->batch = args->q.shape[0];
-    m->heads = args->q.shape[1];
-    m->rows = (sq + bm - 1) / bm;
-    m->cols = (sk + bn - 1) / bn;
-    m->counts.block_m = (int32_t)bm;
-    m->counts.block_n = (int32_t)bn;
-    /* a plane per batch index (head) only where the mask can tell them
-     * apart (a side tensor is read at b's and h's of the mask's own) */
-    m->per_batch = prog.mask_reads_b;
-    m->per_head = prog.mask_reads_h;
-    int64_t planes_b = m->per_batch ? m->batch : 1, planes_h = m->per_head ? m->heads : 1;
-    size_t n = (size_t)(planes_b * planes_h * m->rows * m->cols);
-    m->classes = malloc(n ? n : 1);
-    aj_side_tensor tensors[AJ_OP_TENSORS_MAX + 1];
-    void *mem[AJ_OP_TENSORS_MAX + 1] = {0};
-    st = m->classes ? aj_side_to_host(ctx, dev, "aj_block_mask_create", &prog, args->side,
-                                      args->num_side, &args->alibi_slopes, tensors, mem)
-                    : aj_fail(ctx, AJ_ERR_OUT_OF_MEMORY, "aj_block_mask_create: out of memory");
-    aj_score_cache *cache = calloc(1, sizeof *cache);
-    if (!cache && st == AJ_OK)
-        st = aj_fail(ctx, AJ_ERR_OUT_OF_MEMORY, "aj_block_mask_create: out of memory");
-    int64_t sq_total = args->sq_total ? args->sq_total : sq;
-    int64_t sk_total = args->sk_total ? args->sk_total : sk;
-    for (int64_t b = 0; b < planes_b && st == AJ_OK; b++)
-        for (int64_t h = 0; h < planes_h; h++)
-            for (int64_t r = 0; r < m->rows; r++)
-                for (int64_t c = 0; c < m->cols; c++) {
-                    int64_t q0 = args->q_offset + r * bm, k0 = args->kv_offset + c * bn;
-                    int64_t q1 = args->q_offset + (r + 1 < m->rows ? (r + 1) * bm : sq) - 1;
-                    int64_t k1 = args->kv_offset + (c + 1 < m->cols ? (c + 1) * bn : sk) - 1;
-                    aj_tile_class cls =
-                        aj_score_has_mask(&prog)
-                            ? aj_score_host_class(&prog, tensors, cache, m->per_batch ? b : -1,
-                                                  m->per_head ? h : -1, q0, q1, k0, k1, sq_total,
-                                                  sk_total)
-                            : AJ_TILE_FULL;
-                    m->classes[((b * planes_h + h) * m->rows + r) * m->cols + c] = (uint8_t)cls;
-                    m->counts.tiles[cls] += (m->per_batch ? 1 : m->batch) *
-                                            (m->per_head ? 1 : m->heads);
-                }
-    free(cache);
-    for (int t = 0; t < AJ_OP_TENSORS_MAX + 1; t++)
-        free(mem[t]);
+    pthread_mutex_init(&m->lock, NULL);
+    m->shape = (aj_block_mask_shape){
+        .batch = args->q.shape[0], .heads = args->q.shape[1],
+        .seq_q = args->q.shape[2], .seq_k = args->k.shape[2],
+        .q_offset = args->q_offset, .kv_offset = args->kv_offset,
+        .sq_total = args->sq_total ? args->sq_total : args->q.shape[2],
+        .sk_total = args->sk_total ? args->sk_total : args->k.shape[2],
+        .block_m = li.schedule.block_m > 0 ? li.schedule.block_m : 64,
+        .block_n = li.schedule.block_n > 0 ? li.schedule.block_n : 64,
+    };
+    m->mask_hash = aj_score_mask_hash(&prog);
+    m->classes = aj_block_mask_tensor(&prog, &m->shape, NULL);
+    m->counts.block_m = m->shape.block_m;
+    m->counts.block_n = m->shape.block_n;
+    m->dev = dev;
+    m->stream = args->stream;
+    aj_kernel *builder = NULL;
+    int64_t bytes = m->classes.shape[0] * m->classes.strides[0] * 4;
+    st = aj_compile_block_mask(ctx, kernel, op, m->mask_hash, &builder);
+    if (st == AJ_OK && bytes)
+        st = aj_device_alloc(dev, (size_t)bytes, &m->classes.data);
+    if (st == AJ_OK && bytes)
+        st = aj_block_mask_launch(ctx, dev, "aj_block_mask_create", builder, &m->shape,
+                                  &m->classes, args->side, args->num_side, &args->alibi_slopes,
+                                  args->stream);
+    aj_kernel_destroy(builder);
     if (st != AJ_OK) {
         aj_block_mask_destroy(m);
         return st;
@@ -147,26 +197,65 @@ void aj_block_mask_destroy(aj_block_mask *mask)
 {
     if (!mask)
         return;
-    free(mask->classes);
+    if (mask->classes.data)
+        aj_device_free(mask->dev, mask->classes.data);
+    pthread_mutex_destroy(&mask->lock);
+    free(mask->host);
     free(mask);
+}
+
+/* The host copy of the classes and their counts, made on the first query
+ * (after the build's stream has run it). */
+static aj_status read_back(aj_block_mask *m)
+{
+    pthread_mutex_lock(&m->lock);
+    aj_status st = AJ_OK;
+    const aj_tensor *t = &m->classes;
+    int64_t n = t->shape[0] * t->strides[0];
+    if (!m->host) {
+        int32_t *host = malloc(n ? (size_t)n * sizeof *host : 1);
+        st = host ? aj_device_synchronize(m->dev, m->stream) : AJ_ERR_OUT_OF_MEMORY;
+        if (st == AJ_OK)
+            st = aj_device_copy_from(m->dev, host, t->data, (size_t)n * sizeof *host);
+        /* a plane that serves every batch index (head) counts for each */
+        int64_t times = (t->shape[0] == 1 ? m->shape.batch : 1) *
+                        (t->shape[1] == 1 ? m->shape.heads : 1);
+        for (int64_t i = 0; st == AJ_OK && i < n; i++)
+            if ((uint32_t)host[i] < AJ_TILE_CLASS_COUNT)
+                m->counts.tiles[host[i]] += times;
+        if (st == AJ_OK)
+            m->host = host;
+        else
+            free(host);
+    }
+    pthread_mutex_unlock(&m->lock);
+    return st;
 }
 
 aj_status aj_block_mask_counts(const aj_block_mask *mask, aj_tile_counts *out)
 {
     if (!mask || !out)
         return AJ_ERR_INVALID_ARG;
-    *out = mask->counts;
-    return AJ_OK;
+    aj_status st = read_back((aj_block_mask *)mask);
+    if (st == AJ_OK)
+        *out = mask->counts;
+    return st;
 }
 
 aj_status aj_block_mask_class(const aj_block_mask *mask, int64_t b, int64_t h, int64_t m,
                               int64_t n, aj_tile_class *out)
 {
-    if (!mask || !out || b < 0 || b >= mask->batch || h < 0 || h >= mask->heads || m < 0 ||
-        m >= mask->rows || n < 0 || n >= mask->cols)
+    if (!mask || !out)
         return AJ_ERR_INVALID_ARG;
-    int64_t pb = mask->per_batch ? b : 0, ph = mask->per_head ? h : 0;
-    int64_t planes_h = mask->per_head ? mask->heads : 1;
-    *out = (aj_tile_class)mask->classes[((pb * planes_h + ph) * mask->rows + m) * mask->cols + n];
+    const aj_tensor *t = &mask->classes;
+    if (b < 0 || b >= mask->shape.batch || h < 0 || h >= mask->shape.heads || m < 0 ||
+        m >= t->shape[2] || n < 0 || n >= t->shape[3])
+        return AJ_ERR_INVALID_ARG;
+    aj_status st = read_back((aj_block_mask *)mask);
+    if (st != AJ_OK)
+        return st;
+    int64_t pb = t->shape[0] == 1 ? 0 : b, ph = t->shape[1] == 1 ? 0 : h;
+    *out = (aj_tile_class)mask->host[pb * t->strides[0] + ph * t->strides[1] +
+                                     m * t->strides[2] + n];
     return AJ_OK;
 }

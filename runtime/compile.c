@@ -62,7 +62,8 @@ static aj_status check_op(aj_ctx *ctx, const aj_op *op)
 static const char *const emit_names[AJ_EMIT_COUNT] = {"ptx", "llvm", "bc", "auto"};
 
 static aj_status compile_one(aj_ctx *ctx, aj_kernel_cache *cache, const aj_op *op,
-                             const aj_compile_options *opt, aj_kernel **out);
+                             const aj_compile_options *opt, const aj_template *forced,
+                             aj_kernel **out);
 
 /* An op with the default schedule, compiled for a device: with the schedule
  * the tuning database holds for it there, else as it is. */
@@ -73,18 +74,35 @@ static aj_status compile_tuned(aj_ctx *ctx, aj_kernel_cache *cache, const aj_op 
     plain.device = NULL;
     aj_tune_entry best;
     if (aj_tune_db_lookup(ctx, opt->device, op, &best) != AJ_OK)
-        return compile_one(ctx, cache, op, &plain, out);
+        return compile_one(ctx, cache, op, &plain, NULL, out);
     aj_op tuned = *op;
     tuned.schedule = best.schedule;
     aj_log(ctx, AJ_LOG_INFO, "tuned schedule for %s: block_m %d, block_n %d, warps %d, "
            "stages %d", aj_device_name(opt->device), best.schedule.block_m,
            best.schedule.block_n, best.schedule.warps, best.schedule.stages);
-    return compile_one(ctx, cache, &tuned, &plain, out);
+    return compile_one(ctx, cache, &tuned, &plain, NULL, out);
 }
 
-/* Compiles one op, reporting on ctx, consulting `cache` (may be NULL). */
+/* Gives the kernel a copy of the op it computes (aj_kernel.source), once:
+ * a kernel from the cache may already have one, or get one from another
+ * thread first. */
+static aj_status keep_source(aj_ctx *ctx, aj_kernel *k, const aj_op *op)
+{
+    aj_op *copy = NULL;
+    if (aj_op_clone(op, &copy) != AJ_OK)
+        return aj_fail(ctx, AJ_ERR_OUT_OF_MEMORY, "aj_compile: out of memory");
+    aj_op *none = NULL;
+    if (!atomic_compare_exchange_strong(&k->source, &none, copy))
+        aj_op_destroy(copy);
+    return AJ_OK;
+}
+
+/* Compiles one op, reporting on ctx, consulting `cache` (may be NULL),
+ * with the template of its kind and variant, or `forced` (not NULL: the
+ * block-mask builder, which the key then names). */
 static aj_status compile_one(aj_ctx *ctx, aj_kernel_cache *cache, const aj_op *op,
-                             const aj_compile_options *opt, aj_kernel **out)
+                             const aj_compile_options *opt, const aj_template *forced,
+                             aj_kernel **out)
 {
     aj_status st = AJ_OK;
     const aj_template *tmpl = NULL;
@@ -101,14 +119,18 @@ static aj_status compile_one(aj_ctx *ctx, aj_kernel_cache *cache, const aj_op *o
         goto done;
     }
     AJ_TRY(aj_codegen_target_supported(ctx, opt->target));
-    AJ_TRY(aj_template_find(ctx, op, opt->target, &tmpl));
+    if (forced)
+        tmpl = forced;
+    else
+        AJ_TRY(aj_template_find(ctx, op, opt->target, &tmpl));
     AJ_TRY(tmpl->check(ctx, op, opt->target));
     AJ_TRY(aj_op_hash(op, hash));
 
     /* the key: what the compile reads (and the versions that produce it) */
     char fields[128];
-    snprintf(fields, sizeof fields, "%s|%s|O%d|%s", hash, aj_target_name(opt->target),
-             opt->opt_level, emit_names[opt->emit]);
+    snprintf(fields, sizeof fields, "%s|%s|O%d|%s%s%s", hash, aj_target_name(opt->target),
+             opt->opt_level, emit_names[opt->emit], forced ? "|" : "",
+             forced ? forced->name : "");
     aj_cache_kind kind = aj_cache_kind_of(opt->target);
     aj_cache_key(kind, fields, key, sizeof key);
     int cached = cache && !opt->bypass_cache && !opt->dump_after;
@@ -124,6 +146,8 @@ static aj_status compile_one(aj_ctx *ctx, aj_kernel_cache *cache, const aj_op *o
     if (cached)
         aj_cache_store(ctx, cache, kind, key, *out);
 done:
+    if (st == AJ_OK && !atomic_load(&(*out)->source))
+        st = keep_source(ctx, *out, op);
     return st;
 }
 
@@ -138,7 +162,43 @@ aj_status aj_compile(aj_ctx *ctx, const aj_op *op,
     aj_status st = read_options(ctx, options, &opt);
     if (st != AJ_OK)
         return st;
-    return compile_one(ctx, aj_cache_of(ctx), op, &opt, out);
+    return compile_one(ctx, aj_cache_of(ctx), op, &opt, NULL, out);
+}
+
+/* The block-mask builder of `kernel`'s tile for op (block_mask.c), for
+ * the kernel's target; the first one is kept on the kernel with its mask's
+ * hash, and serves every later call for a mask of that hash (the implicit
+ * build of each launch, aj_block_mask_create for the kernel's op) without
+ * a look-up. */
+aj_status aj_compile_block_mask(aj_ctx *ctx, const aj_kernel *kernel, const aj_op *op,
+                                uint64_t mask_hash, aj_kernel **out)
+{
+    aj_kernel *k = (aj_kernel *)kernel;
+    aj_kernel *kept = atomic_load(&k->mask_builder);
+    if (kept && atomic_load(&k->mask_builder_hash) == mask_hash) {
+        *out = aj_kernel_retain(kept);
+        return AJ_OK;
+    }
+    aj_launch_info li;
+    aj_kernel_stage_info(kernel, 0, &li);
+    aj_op tiled = *op;
+    tiled.schedule = li.schedule;
+    aj_compile_options opt = AJ_COMPILE_OPTIONS_INIT;
+    opt.target = kernel->target;
+    opt.emit = kernel->emit;
+    aj_status st = compile_one(ctx, aj_cache_of(ctx), &tiled, &opt, &aj_template_block_mask,
+                               out);
+    if (st != AJ_OK || kept)
+        return st;
+    /* the hash goes first: a reader that sees the builder sees its hash */
+    uint64_t unset = 0;
+    if (!atomic_compare_exchange_strong(&k->mask_builder_hash, &unset, mask_hash))
+        return AJ_OK;
+    aj_kernel *none = NULL;
+    aj_kernel *mine = aj_kernel_retain(*out);
+    if (!atomic_compare_exchange_strong(&k->mask_builder, &none, mine))
+        aj_kernel_destroy(mine);
+    return AJ_OK;
 }
 
 /* ---------------------------------------------------------------- many */
@@ -176,7 +236,7 @@ static void *batch_worker(void *arg)
             job->status = aj_fail(ctx, AJ_ERR_INVALID_ARG, "aj_compile_many: jobs[%zu].op is "
                                   "NULL", i);
         } else {
-            job->status = compile_one(ctx, b->cache, job->op, b->opt, &job->kernel);
+            job->status = compile_one(ctx, b->cache, job->op, b->opt, NULL, &job->kernel);
             /* and the driver's JIT, here in parallel, not at the first launch */
             if (job->status == AJ_OK && b->opt->device)
                 job->status = aj_device_load_kernel(ctx, (aj_device *)b->opt->device,

@@ -447,6 +447,75 @@ static aj_status bind_scores(aj_ctx *ctx, const char *fn, const aj_op_info *op,
     return AJ_OK;
 }
 
+/* Whether some stage of the kernel takes parameter `name`. */
+static int kernel_takes(const aj_kernel *kernel, const char *name)
+{
+    for (int s = 0; s < kernel->num_stages; s++) {
+        aj_launch_info li;
+        aj_kernel_stage_info(kernel, s, &li);
+        for (int i = 0; i < li.num_params; i++)
+            if (strcmp(li.params[i].name, name) == 0)
+                return 1;
+    }
+    return 0;
+}
+
+/*
+ * The block mask of a padded launch whose kernel reads one (score.h,
+ * aj_score_prog.block_mask): `given` after checking it against the launch,
+ * else one built here: the builder kernel queued on the launch's stream
+ * ahead of it, into scratch (*scratch, which the caller releases once
+ * the launch is queued); else, for a kernel loaded from bytes that has
+ * no op to build it from, none (the kernels then class their tiles by
+ * interval arithmetic).
+ */
+static aj_status bind_block_mask(aj_ctx *ctx, const char *fn, aj_device *dev,
+                                 const aj_kernel *kernel, const aj_block_mask_shape *launch,
+                                 const aj_block_mask *given, const aj_side_tensor *side,
+                                 int32_t num_side, const aj_tensor *slopes, void *stream,
+                                 launch_values *v, void **scratch)
+{
+    *scratch = NULL;
+    if (!kernel_takes(kernel, "block_mask"))
+        return AJ_OK;
+    const aj_op *source = atomic_load(&((aj_kernel *)kernel)->source);
+    static _Thread_local aj_score_prog prog;
+    aj_status st = source ? aj_score_prog_init(ctx, source, &prog) : AJ_OK;
+    aj_tensor classes;
+    int64_t bm, bn;
+    if (st == AJ_OK && given) {
+        st = aj_block_mask_view(ctx, fn, given, dev, source ? &prog : NULL, launch, &classes,
+                                &bm, &bn);
+    } else if (st == AJ_OK && source) {
+        aj_launch_info li;
+        aj_kernel_stage_info(kernel, 0, &li);
+        aj_block_mask_shape shape = *launch;
+        shape.block_m = li.schedule.block_m;
+        shape.block_n = li.schedule.block_n;
+        bm = shape.block_m;
+        bn = shape.block_n;
+        classes = aj_block_mask_tensor(&prog, &shape, NULL);
+        aj_kernel *builder = NULL;
+        st = aj_compile_block_mask(ctx, kernel, source, aj_score_mask_hash(&prog), &builder);
+        if (st == AJ_OK)
+            st = aj_device_scratch(dev, stream, (size_t)(classes.shape[0] *
+                                                         classes.strides[0] * 4), scratch);
+        classes.data = *scratch;
+        if (st == AJ_OK)
+            st = aj_block_mask_launch(ctx, dev, fn, builder, &shape, &classes, side, num_side,
+                                      slopes, stream);
+        aj_kernel_destroy(builder);
+    } else {
+        return st;
+    }
+    if (st != AJ_OK)
+        return st;
+    put_tensor(v, AJ_PSRC_block_mask, &classes);
+    put_scalar(v, AJ_PSRC_block_mask_bm, bm);
+    put_scalar(v, AJ_PSRC_block_mask_bn, bn);
+    return AJ_OK;
+}
+
 /* The value of catalogue parameter `p`; 0 when its source is not given. */
 static int param_value(const aj_param_row *p, const launch_values *v, aj_arg_value *out)
 {
@@ -547,6 +616,11 @@ static void attention_values(const aj_tensor *q, const aj_tensor *k, const aj_te
     put_scalar(v, AJ_PSRC_seq_k_total, sk_total);
     put_scalar(v, AJ_PSRC_dropout_seed, (int64_t)seed);
     put_scalar(v, AJ_PSRC_dropout_offset, (int64_t)offset);
+    /* no block mask until bind_block_mask gives one */
+    const aj_tensor no_mask = {NULL, AJ_DTYPE_F32, 4, {1, 1, 1, 1}, {0, 0, 0, 0}};
+    put_tensor(v, AJ_PSRC_block_mask, &no_mask);
+    put_scalar(v, AJ_PSRC_block_mask_bm, 1);
+    put_scalar(v, AJ_PSRC_block_mask_bn, 1);
 }
 
 /* A forward's values (a: the padded views of its arguments). */
@@ -666,13 +740,45 @@ aj_status aj_forward(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
     launch_values v;
     forward_values(&as_padded, &sz, sq_total, sk_total, dev->status, &v);
     st = bind_scores(ctx, FWD, op, args->side, args->num_side, &args->alibi_slopes, &scores);
+    void *scratch = NULL;
+    const aj_block_mask_shape shape = {sz.batch, sz.heads_q, sz.seq_q, sz.seq_k, args->q_offset,
+                                       args->kv_offset, sq_total, sk_total, 0, 0};
+    if (st == AJ_OK)
+        st = bind_block_mask(ctx, FWD, dev, kernel, &shape, args->block_mask, args->side,
+                             args->num_side, &args->alibi_slopes, args->stream, &v, &scratch);
     if (st == AJ_OK)
         st = bind(ctx, kernel, 0, &v, &scores, &bound);
-    if (st != AJ_OK)
-        return st;
-    st = run_kernel(ctx, dev, kernel, 0, &sz, bound.argv, bound.buffers, bound.nb,
-                    args->stream);
+    if (st == AJ_OK)
+        st = run_kernel(ctx, dev, kernel, 0, &sz, bound.argv, bound.buffers, bound.nb,
+                        args->stream);
+    if (scratch)
+        aj_device_scratch_release(dev, args->stream, scratch);
     return st == AJ_OK && varlen ? aj_device_launched(dev, FWD) : st;
+}
+
+aj_status aj_block_mask_launch(aj_ctx *ctx, aj_device *dev, const char *fn,
+                               const aj_kernel *builder, const aj_block_mask_shape *shape,
+                               const aj_tensor *classes, const aj_side_tensor *side,
+                               int32_t num_side, const aj_tensor *slopes, void *stream)
+{
+    /* its own bindings: a launch that builds its mask keeps its own */
+    static _Thread_local score_bindings scores;
+    static _Thread_local bound_args bound;
+    launch_values v = {.given = 0};
+    put_tensor(&v, AJ_PSRC_block_mask, classes);
+    put_scalar(&v, AJ_PSRC_seq_q, shape->seq_q);
+    put_scalar(&v, AJ_PSRC_seq_k, shape->seq_k);
+    put_scalar(&v, AJ_PSRC_q_offset, shape->q_offset);
+    put_scalar(&v, AJ_PSRC_kv_offset, shape->kv_offset);
+    put_scalar(&v, AJ_PSRC_seq_q_total, shape->sq_total);
+    put_scalar(&v, AJ_PSRC_seq_k_total, shape->sk_total);
+    const fwd_sizes sz = {shape->batch, shape->heads, shape->heads, shape->seq_q, shape->seq_k};
+    aj_status st = bind_scores(ctx, fn, &builder->op, side, num_side, slopes, &scores);
+    if (st == AJ_OK)
+        st = bind(ctx, builder, 0, &v, &scores, &bound);
+    if (st == AJ_OK)
+        st = run_kernel(ctx, dev, builder, 0, &sz, bound.argv, bound.buffers, bound.nb, stream);
+    return st;
 }
 
 /* ---------------------------------------------------------------- backward */
@@ -849,19 +955,6 @@ done:
     return st;
 }
 
-/* Whether some stage of the kernel takes parameter `name`. */
-static int kernel_takes(const aj_kernel *kernel, const char *name)
-{
-    for (int s = 0; s < kernel->num_stages; s++) {
-        aj_launch_info li;
-        aj_kernel_stage_info(kernel, s, &li);
-        for (int i = 0; i < li.num_params; i++)
-            if (strcmp(li.params[i].name, name) == 0)
-                return 1;
-    }
-    return 0;
-}
-
 /*
  * The workspace of kernels that take one (the flash backward), in f32
  * elements:
@@ -993,6 +1086,10 @@ aj_status aj_backward(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
     return st == AJ_OK && op->layout == AJ_LAYOUT_VARLEN ? aj_device_launched(dev, BWD) : st;
 }
 
+static aj_status run_stages(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
+                            const aj_bwd_args *a, const fwd_sizes *szp, const launch_values *v,
+                            const score_bindings *scores);
+
 /* Binds and runs the stages of a checked backward launch. */
 static aj_status run_backward(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
                               const aj_bwd_args *args, const fwd_sizes *szp,
@@ -1005,13 +1102,31 @@ static aj_status run_backward(aj_ctx *ctx, aj_device *dev, const aj_kernel *kern
     int64_t sk_total = args->sk_total ? args->sk_total : sz.seq_k;
     const aj_bwd_args *a = args;
     static _Thread_local score_bindings scores;
-    static _Thread_local bound_args bound;
     launch_values v;
     backward_values(a, &sz, sq_total, sk_total, w, ws, dev->status, &v);
     st = bind_scores(ctx, BWD, op, a->side, a->num_side, &a->alibi_slopes, &scores);
-    if (st != AJ_OK)
-        return st;
-    /* the stages in order; an empty grid (no key or no query) is skipped */
+    void *scratch = NULL;
+    const aj_block_mask_shape shape = {sz.batch, sz.heads_q, sz.seq_q, sz.seq_k, a->q_offset,
+                                       a->kv_offset, sq_total, sk_total, 0, 0};
+    if (st == AJ_OK)
+        st = bind_block_mask(ctx, BWD, dev, kernel, &shape, a->block_mask, a->side, a->num_side,
+                             &a->alibi_slopes, a->stream, &v, &scratch);
+    if (st == AJ_OK)
+        st = run_stages(ctx, dev, kernel, a, &sz, &v, &scores);
+    if (scratch)
+        aj_device_scratch_release(dev, a->stream, scratch);
+    return st;
+}
+
+/* Runs the stages of a bound backward launch in order; an empty grid (no
+ * key or no query) is skipped. */
+static aj_status run_stages(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
+                            const aj_bwd_args *a, const fwd_sizes *szp, const launch_values *v,
+                            const score_bindings *scores)
+{
+    const fwd_sizes sz = *szp;
+    static _Thread_local bound_args bound;
+    aj_status st = AJ_OK;
     uint64_t instructions = 0;
     for (int s = 0; s < kernel->num_stages; s++) {
         aj_launch_info li;
@@ -1021,7 +1136,7 @@ static aj_status run_backward(aj_ctx *ctx, aj_device *dev, const aj_kernel *kern
             empty |= grid_extent(li.grid[d].extent, &sz) == 0;
         if (empty)
             continue;
-        st = bind(ctx, kernel, s, &v, &scores, &bound);
+        st = bind(ctx, kernel, s, v, scores, &bound);
         if (st == AJ_OK)
             st = run_kernel(ctx, dev, kernel, s, &sz, bound.argv, bound.buffers, bound.nb,
                             a->stream);

@@ -160,4 +160,41 @@ aj_status aj_side_to_host(aj_ctx *ctx, aj_device *dev, const char *fn,
                           int32_t num_side, const aj_tensor *slopes, aj_side_tensor *out,
                           void **mem);
 
+/* What a block mask is built for (block_mask.c): a padded launch's sizes,
+ * position offsets and resolved totals, and the tile it classes. */
+typedef struct aj_block_mask_shape {
+    int64_t batch, heads, seq_q, seq_k;
+    int64_t q_offset, kv_offset, sq_total, sk_total;
+    int32_t block_m, block_n;
+} aj_block_mask_shape;
+
+/* The classes of a block mask of programs `p` for `shape` as the
+ * kernels' tensor over `data`: i32 [planes_b, planes_h, rows, cols]
+ * (a plane per batch index, head, only where the mask reads b, h). */
+aj_tensor aj_block_mask_tensor(const struct aj_score_prog *p, const aj_block_mask_shape *shape,
+                               void *data);
+
+/* The block-mask builder (templates/block_mask.c) of kernel's tile for op
+ * (whose aj_score_mask_hash is mask_hash), compiled for the kernel's
+ * target through the cache, or the one kept on the kernel (compile.c). */
+aj_status aj_compile_block_mask(aj_ctx *ctx, const aj_kernel *kernel, const aj_op *op,
+                                uint64_t mask_hash, aj_kernel **out);
+
+/* Queues `builder` on dev's `stream`: the classes of `shape`'s tiles into
+ * `classes` (aj_block_mask_tensor's layout), reading the side tensors
+ * (and alibi's slopes) in place (launch.c).  Errors name fn. */
+aj_status aj_block_mask_launch(aj_ctx *ctx, aj_device *dev, const char *fn,
+                               const aj_kernel *builder, const aj_block_mask_shape *shape,
+                               const aj_tensor *classes, const aj_side_tensor *side,
+                               int32_t num_side, const aj_tensor *slopes, void *stream);
+
+/* Checks mask `m` against a launch on dev of programs `p` (NULL: not
+ * known, a kernel loaded from bytes) with `launch`'s sizes (its tile is
+ * the mask's business: the kernels read any), naming the first thing that
+ * differs; gives the classes as the kernels' tensor and the mask's tile. */
+aj_status aj_block_mask_view(aj_ctx *ctx, const char *fn, const aj_block_mask *m,
+                             const aj_device *dev, const struct aj_score_prog *p,
+                             const aj_block_mask_shape *launch, aj_tensor *classes,
+                             int64_t *block_m, int64_t *block_n);
+
 #endif /* AJ_RUNTIME_RUNTIME_H */

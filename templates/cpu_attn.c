@@ -134,6 +134,9 @@ void aj_cpu_attn_init(aj_cpu_attn *a, aj_kb *kb, const aj_op *op, const aj_score
     aj_cpu_seq_of(kb, op, prog, bidx, &a->seq);
     aj_score_begin(&a->sc, kb, prog, a->w, bidx, h, aj_kb_param(kb, "q_offset"),
                    aj_kb_param(kb, "kv_offset"), a->seq.sq, a->seq.sk);
+    a->tile_full = aj_score_has_mask(prog) ? aj_kb_var(kb, kb->t_i1, LLVMConstInt(kb->t_i1, 0, 0),
+                                                       "tile_full")
+                                           : NULL;
     a->bias_base = NULL;
     if (op->bias == AJ_BIAS_ADD)
         a->bias_base = aj_attn_slice_base(kb, "bias", bidx, h);
@@ -457,7 +460,13 @@ LLVMValueRef aj_cpu_scores(aj_cpu_attn *a, LLVMValueRef s, LLVMValueRef ig, LLVM
     if (!a->log2e_in_q)
         s = LLVMBuildFMul(b, s, aj_cv_splat(kb, aj_kb_f32(kb, AJ_LOG2E), w), "");
     LLVMValueRef vis = LLVMBuildICmp(b, LLVMIntSLT, jv, aj_cv_splat(kb, a->seq.len_k, w), "");
-    vis = LLVMBuildAnd(b, vis, aj_score_visible(&a->sc, ig, jv), "");
+    if (a->tile_full) {   /* a full tile: the key length alone */
+        LLVMValueRef masked = aj_kb_var(kb, LLVMTypeOf(vis), vis, "vis");
+        aj_kb_if_begin(kb, LLVMBuildNot(b, aj_kb_get(kb, a->tile_full), ""));
+        aj_kb_set(kb, masked, LLVMBuildAnd(b, vis, aj_score_visible(&a->sc, ig, jv), ""));
+        aj_kb_if_end(kb);
+        vis = aj_kb_get(kb, masked);
+    }
     if (dmod)
         *dmod = d ? LLVMBuildSelect(b, vis, d, LLVMConstNull(aj_cv_type(kb, w)), "") : NULL;
     return LLVMBuildSelect(b, vis, s, aj_cv_splat(kb, aj_kb_f32(kb, -INFINITY), w), "");
@@ -493,18 +502,23 @@ void aj_cpu_row_blocks(aj_cpu_attn *a, int bm, LLVMValueRef j0, LLVMValueRef j1,
 void aj_cpu_skip_begin(aj_cpu_attn *a, LLVMValueRef i0, LLVMValueRef rows, LLVMValueRef j0,
                        LLVMValueRef keys)
 {
-    if (!aj_score_has_rest(a->prog))
-        return;   /* the band ranges hold no skip tile */
+    if (!a->tile_full)
+        return;   /* no mask: every tile is full */
     aj_kb *kb = a->kb;
     LLVMBuilderRef b = kb->b;
     LLVMValueRef one = i32c(kb, 1);
     LLVMValueRef cls = aj_score_tile_class(&a->sc, i0, LLVMBuildSub(b, add(kb, i0, rows), one, ""),
                                            j0, LLVMBuildSub(b, add(kb, j0, keys), one, ""));
-    aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntNE, cls, i32c(kb, AJ_TILE_SKIP), ""));
+    aj_kb_set(kb, a->tile_full, LLVMBuildICmp(b, LLVMIntEQ, cls, i32c(kb, AJ_TILE_FULL), ""));
+    if (aj_score_has_rest(a->prog))   /* the band ranges hold no skip tile */
+        aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntNE, cls, i32c(kb, AJ_TILE_SKIP), ""));
 }
 
 void aj_cpu_skip_end(aj_cpu_attn *a)
 {
+    if (!a->tile_full)
+        return;
     if (aj_score_has_rest(a->prog))
         aj_kb_if_end(a->kb);
+    aj_kb_set(a->kb, a->tile_full, LLVMConstInt(a->kb->t_i1, 0, 0));
 }

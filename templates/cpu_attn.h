@@ -82,6 +82,9 @@ typedef struct aj_cpu_attn {
     aj_cpu_seq seq;              /* of batch index bidx */
     aj_score sc;                 /* the programs at (bidx, h), W lanes */
     LLVMValueRef bias_base;      /* i64: element offset of bias slice (b, h) (bias) */
+    /* i1 variable (ops with a mask): the tile aj_cpu_skip_begin opened is
+     * full, so aj_cpu_scores tests no element against the mask */
+    LLVMValueRef tile_full;
 } aj_cpu_attn;
 
 /* Whether Q can carry scale log2 e for `prog`: no score_mod and no bias
@@ -178,8 +181,10 @@ void aj_cpu_row_blocks(aj_cpu_attn *a, int bm, LLVMValueRef j0, LLVMValueRef j1,
 /* Tiles inside the band ranges may still hold no visible key where the
  * mask has more than its band (a document mask, a chunked one):
  * aj_cpu_skip_begin opens a block that runs only when rows [i0, i0 +
- * rows) x keys [j0, j0 + keys) (rows, keys >= 1) are not a skip tile,
- * aj_cpu_skip_end closes it; both do nothing for a band-only mask. */
+ * rows) x keys [j0, j0 + keys) (rows, keys >= 1) are not a skip tile
+ * (a band-only mask has none: no block), and records whether the tile
+ * is full (aj_cpu_scores then tests no element against the mask);
+ * aj_cpu_skip_end closes it. */
 void aj_cpu_skip_begin(aj_cpu_attn *a, LLVMValueRef i0, LLVMValueRef rows, LLVMValueRef j0,
                        LLVMValueRef keys);
 void aj_cpu_skip_end(aj_cpu_attn *a);

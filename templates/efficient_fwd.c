@@ -205,6 +205,7 @@ typedef struct efwd {
     LLVMValueRef acc[MAX_RM][MAX_CN];    /* vars: Q K^T partial sums */
     LLVMValueRef o[MAX_RM][MAX_CV];      /* vars: output accumulators */
     LLVMValueRef m[MAX_RM], l[MAX_RM];   /* vars: running max (log2), sum */
+    int full_tile;                  /* emitting a full tile's code: no mask test */
 } efwd;
 
 /* The output tensor: o (the op's dtype), or o_acc (f32, read and written)
@@ -328,7 +329,7 @@ static LLVMValueRef emit_score(efwd *e, LLVMValueRef acc, LLVMValueRef i, LLVMVa
     LLVMValueRef visible = LLVMBuildICmp(b, LLVMIntSLE, j, j_hi, "");
     if (j_lo)
         visible = LLVMBuildAnd(b, visible, LLVMBuildICmp(b, LLVMIntSGE, j, j_lo, ""), "");
-    if (aj_score_has_rest(e->prog))
+    if (aj_score_has_rest(e->prog) && !e->full_tile)
         visible = LLVMBuildAnd(b, visible, aj_score_visible_rest(&e->sc, i, j), "");
     return LLVMBuildSelect(b, visible, s, aj_kb_f32(kb, -INFINITY), "");
 }
@@ -349,8 +350,10 @@ static void emit_softmax(efwd *e, LLVMValueRef n0)
             e->bias_row = LLVMBuildAdd(b, e->bias_base, LLVMBuildMul(b, sext64(e, ic),
                                        p64(e, "stride_bias_s"), ""), "");
         }
-        LLVMValueRef j_hi = aj_score_row_hi(&e->sc, e->seq_k, i);
-        LLVMValueRef j_lo = e->sc.lo_off ? aj_score_row_lo(&e->sc, i) : NULL;
+        /* a full tile: the key length alone */
+        LLVMValueRef j_hi = e->full_tile ? LLVMBuildSub(b, e->seq_k, aj_kb_i32(kb, 1), "")
+                                         : aj_score_row_hi(&e->sc, e->seq_k, i);
+        LLVMValueRef j_lo = e->sc.lo_off && !e->full_tile ? aj_score_row_lo(&e->sc, i) : NULL;
         LLVMValueRef s[MAX_CN];
         LLVMValueRef mx = aj_kb_f32(kb, -INFINITY);
         for (int t = 0; t < p->cn; t++) {
@@ -607,15 +610,25 @@ static aj_status efwd_build(aj_kb *kb, const aj_op *op, void *user)
     LLVMValueRef n = aj_kb_for_begin(kb, n_begin, n_end, aj_kb_i32(kb, 1), "n");
     {
         LLVMValueRef n0 = LLVMBuildMul(b, n, aj_kb_i32(kb, p->bn), "n0");
-        if (aj_score_has_rest(&prog))   /* the same class in every thread */
-            aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntNE, block_class(&e, n0),
-                                             aj_kb_i32(kb, AJ_TILE_SKIP), ""));
+        /* the same class in every thread */
+        LLVMValueRef cls = aj_score_has_mask(&prog) ? block_class(&e, n0) : NULL;
+        if (aj_score_has_rest(&prog))
+            aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntNE, cls, aj_kb_i32(kb, AJ_TILE_SKIP), ""));
         aj_kb_barrier(kb);   /* previous block's readers of K/V and P are done */
         aj_tile_src ksrc = {p64(&e, "k"), k_base, p64(&e, "stride_k_s"), n0, e.seq_k, p->dtype};
         aj_tile_load_f32(kb, &ksrc, p->bn, p->d, p->smem_kv, p->ldkv, e.tid, p->threads);
         aj_kb_barrier(kb);
         emit_qk(&e);
+        if (cls) {   /* a full tile's scores test no element against the mask */
+            aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntEQ, cls, aj_kb_i32(kb, AJ_TILE_FULL), ""));
+            e.full_tile = 1;
+            emit_softmax(&e, n0);
+            e.full_tile = 0;
+            aj_kb_else(kb);
+        }
         emit_softmax(&e, n0);
+        if (cls)
+            aj_kb_if_end(kb);
         aj_kb_barrier(kb);   /* K fully read; P fully written */
         aj_tile_src vsrc = {p64(&e, "v"), v_base, p64(&e, "stride_v_s"), n0, e.seq_k, p->dtype};
         aj_tile_load_f32(kb, &vsrc, p->bn, p->dv, p->smem_kv, p->ldkv, e.tid, p->threads);

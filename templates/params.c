@@ -48,6 +48,7 @@ typedef enum aj_param_when {
     AJ_PWHEN_DROPOUT,
     AJ_PWHEN_PLAIN,           /* accumulate = false */
     AJ_PWHEN_ACCUMULATE,
+    AJ_PWHEN_BLOCK_MASK,      /* the kernels read tile classes from a block mask */
 } aj_param_when;
 
 static const struct sig_row {
@@ -95,6 +96,7 @@ static bool op_has(aj_param_when when, const aj_op *op, const aj_score_prog *pro
     case AJ_PWHEN_DROPOUT: return op->dropout > 0;
     case AJ_PWHEN_PLAIN: return !op->accumulate;
     case AJ_PWHEN_ACCUMULATE: return op->accumulate;
+    case AJ_PWHEN_BLOCK_MASK: return prog->block_mask;
     }
     return false;
 }

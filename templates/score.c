@@ -240,6 +240,33 @@ static uint16_t diff(builder *bd, uint16_t id, const uint16_t *reads, uint16_t *
 
 /* ---------------------------------------------------------------- band */
 
+/* Whether the interval rules (iv_compute below) bound node `root` over a
+ * tile by its positions alone: no load (its values are data), no product
+ * of two position-dependent operands, no quotient or remainder by one
+ * (those are "unknown").  The rest of a mask that fails this takes a
+ * block mask (aj_score_prog.block_mask).  Operands have smaller ids: one
+ * pass in id order. */
+static bool interval_bounds(const aj_score_prog *p, uint16_t root)
+{
+    static _Thread_local bool ok[AJ_EXPR_NODES_MAX];
+    for (int id = 0; id <= root; id++) {
+        const aj_expr_node *n = node(p, id);
+        ok[id] = true;
+        if (!(p->reads[id] & AJ_SCORE_READS_POSITION))
+            continue;
+        bool by_position = (n->op == AJ_EXPR_MOD || n->op == AJ_EXPR_DIV)
+                               ? (p->reads[n->args[1]] & AJ_SCORE_READS_POSITION) != 0
+                           : n->op == AJ_EXPR_MUL
+                               ? (p->reads[n->args[0]] & AJ_SCORE_READS_POSITION) &&
+                                     (p->reads[n->args[1]] & AJ_SCORE_READS_POSITION)
+                               : false;
+        ok[id] = n->op != AJ_EXPR_LOAD && !by_position;
+        for (int i = 0; i < aj_expr_arity(n) && ok[id]; i++)
+            ok[id] = ok[n->args[i]];
+    }
+    return ok[root];
+}
+
 /* What each node's tree reads (aj_score_prog.reads): AJ_SCORE_READS(var) per
  * variable, AJ_SCORE_READS_LOAD for a load; operands have smaller ids, so one pass
  * in id order. */
@@ -421,6 +448,8 @@ aj_status aj_score_prog_init(aj_ctx *ctx, const aj_op *op, aj_score_prog *p)
                           (roots[r] != NONE &&
                            (p->reads[roots[r]] & (AJ_SCORE_READS(AJ_VAR_SQ) | AJ_SCORE_READS(AJ_VAR_SK))));
     p->rest_reads_tensors = p->rest != NONE && (p->reads[p->rest] & AJ_SCORE_READS_LOAD);
+    p->block_mask = p->rest != NONE && !interval_bounds(p, p->rest) &&
+                    op->layout == AJ_LAYOUT_PADDED;
     /* which mask classes differ by batch index or head */
     for (int r = 2; r < 5; r++) {
         if (roots[r] == NONE)
@@ -429,6 +458,37 @@ aj_status aj_score_prog_init(aj_ctx *ctx, const aj_op *op, aj_score_prog *p)
         p->mask_reads_h = p->mask_reads_h || (p->reads[roots[r]] & AJ_SCORE_READS(AJ_VAR_H));
     }
     return AJ_OK;
+}
+
+static uint64_t mix(uint64_t h, uint64_t v)
+{
+    h ^= v + 0x9e3779b97f4a7c15u + (h << 6) + (h >> 2);
+    return h * 0x100000001b3u;
+}
+
+uint64_t aj_score_mask_hash(const aj_score_prog *p)
+{
+    static _Thread_local uint64_t hs[AJ_EXPR_NODES_MAX];
+    for (int id = 0; id < p->e.count; id++) {
+        const aj_expr_node *n = node(p, id);
+        uint64_t leaf = n->op == AJ_EXPR_LIT ? (uint64_t)n->u.i
+                      : n->op == AJ_EXPR_VAR ? (uint64_t)n->u.var
+                      : n->op == AJ_EXPR_LOAD ? (uint64_t)n->u.tensor : 0;
+        uint64_t h = mix(mix(n->op, n->type), leaf);
+        for (int a = 0; a < aj_expr_arity(n); a++)
+            h = mix(h, hs[n->args[a]]);
+        hs[id] = h;
+    }
+    uint64_t h = 0xcbf29ce484222325u;
+    const uint16_t roots[3] = {p->band_lo, p->band_hi, p->rest};
+    for (int r = 0; r < 3; r++)
+        h = mix(h, roots[r] == NONE ? 0 : hs[roots[r]]);
+    for (int t = 0; t < p->tensor_count; t++) {
+        for (const char *c = p->tensors[t].name; *c; c++)
+            h = mix(h, (uint8_t)*c);
+        h = mix(mix(h, (uint64_t)p->tensors[t].dtype), (uint64_t)p->tensors[t].rank);
+    }
+    return h;
 }
 
 /* ---------------------------------------------------------------- params */
@@ -565,14 +625,15 @@ static LLVMValueRef host_math(emitter *m, LLVMValueRef (*fn)(aj_kb *, LLVMValueR
     return LLVMBuildExtractElement(kb->b, fn(kb, v, 1), zero, "");
 }
 
-/* exp, log, tanh: the cpu kernels' own (s->lanes: a host target, also for
- * scalars there), else the GPU targets' intrinsics; sqrt and floor are
- * LLVM's everywhere. */
+/* exp, log, tanh: the cpu kernels' own (on the cpu target, for vectors
+ * and scalars alike: a kernel of scalar code there, the block-mask
+ * builder, computes what the vector kernels do), else the GPU targets'
+ * intrinsics; sqrt and floor are LLVM's everywhere. */
 static LLVMValueRef emit_math(emitter *m, aj_expr_op op, LLVMValueRef a)
 {
     aj_kb *kb = m->s->kb;
     LLVMBuilderRef b = kb->b;
-    bool host = m->s->lanes > 0;
+    bool host = m->s->lanes > 0 || kb->target == AJ_TARGET_CPU;
     LLVMValueRef log2e = splat(m, aj_kb_f32(kb, AJ_LOG2E)), ln2 = splat(m, aj_kb_f32(kb, AJ_LN2));
     switch (op) {
     case AJ_EXPR_EXP: {
@@ -771,6 +832,16 @@ void aj_score_begin(aj_score *s, aj_kb *kb, const aj_score_prog *p, int lanes, L
         if (node(p, id)->op == AJ_EXPR_LOAD &&
             !(p->reads[id] & (AJ_SCORE_READS_POSITION | AJ_SCORE_READS(AJ_VAR_SCORE))))
             s->loads[id] = emit_node(&m, id);
+    if (p->block_mask) {
+        LLVMBuilderRef bd = kb->b;
+        s->mask_classes = aj_kb_param(kb, "block_mask");
+        s->mask_plane = LLVMBuildAdd(bd, LLVMBuildMul(bd, s->b, aj_kb_param(kb, "block_mask_stride_b"), ""),
+                                     LLVMBuildMul(bd, s->h, aj_kb_param(kb, "block_mask_stride_h"), ""),
+                                     "mask_plane");
+        s->mask_stride_m = aj_kb_param(kb, "block_mask_stride_m");
+        s->mask_bm = aj_kb_param(kb, "block_mask_bm");
+        s->mask_bn = aj_kb_param(kb, "block_mask_bn");
+    }
 }
 
 LLVMValueRef aj_score_mod_value(aj_score *s, LLVMValueRef score, LLVMValueRef i, LLVMValueRef j)
@@ -963,15 +1034,22 @@ static ival iv_load(iemitter *m, const aj_expr_node *n, const ival *idx)
     LLVMValueRef vmin = aj_kb_var(kb, vt, top, "scan_min");
     LLVMValueRef vmax = aj_kb_var(kb, vt, bottom, "scan_max");
     LLVMValueRef small = LLVMBuildICmp(b, LLVMIntSLE, count, aj_kb_i64(kb, SCAN_MAX), "");
-    LLVMValueRef t = aj_kb_for_begin(kb, zero64, LLVMBuildSelect(b, small, count, zero64, ""),
-                                     one64, "scan");
+    /* the box's indices as an odometer (no division per element): the
+     * last dim turns fastest */
+    LLVMValueRef cur[AJ_EXPR_RANK_MAX];
+    for (int k = 0; k < d->rank; k++)
+        cur[k] = aj_kb_var(kb, kb->t_i64, lo[k], "scan_at");
+    aj_kb_for_begin(kb, zero64, LLVMBuildSelect(b, small, count, zero64, ""), one64, "scan");
     {
-        LLVMValueRef at = zero64, rest = t;
+        LLVMValueRef at = zero64, carry = LLVMConstInt(kb->t_i1, 1, 0);
         for (int k = d->rank - 1; k >= 0; k--) {
-            LLVMValueRef e = aj_kb_smax(kb, ext[k], one64);
-            LLVMValueRef i = LLVMBuildAdd(b, lo[k], LLVMBuildSRem(b, rest, e, ""), "");
-            rest = LLVMBuildSDiv(b, rest, e, "");
+            LLVMValueRef i = aj_kb_get(kb, cur[k]);
             at = LLVMBuildAdd(b, at, LLVMBuildMul(b, i, stride[k], ""), "");
+            LLVMValueRef next = LLVMBuildAdd(b, i, LLVMBuildZExt(b, carry, kb->t_i64, ""), "");
+            LLVMValueRef wrap = LLVMBuildICmp(b, LLVMIntSGE, LLVMBuildSub(b, next, lo[k], ""),
+                                              ext[k], "");
+            aj_kb_set(kb, cur[k], sel(kb, wrap, lo[k], next));
+            carry = wrap;
         }
         LLVMValueRef v = aj_kb_load(kb, fl ? kb->t_f32 : kb->t_i32,
                                     aj_kb_gptr_offset(kb, aj_kb_param(kb, d->name),
@@ -1175,6 +1253,113 @@ static ival iv_node(iemitter *m, uint16_t id)
     return m->memo[id];
 }
 
+/* An interval emitter over rows [i0, i1] x keys [j0, j1], holding the
+ * fixed rows' intervals (aj_score_fix_rows) where there are some. */
+static void iemitter_init(iemitter *m, aj_score *s, LLVMValueRef i0, LLVMValueRef i1,
+                          LLVMValueRef j0, LLVMValueRef j1)
+{
+    aj_kb *kb = s->kb;
+    LLVMBuilderRef b = kb->b;
+    memset(m, 0, sizeof *m);
+    emitter_init(&m->pt, s, 0, aj_kb_i32(kb, 0), aj_kb_i32(kb, 0), NULL);
+    m->q0 = LLVMBuildAdd(b, s->q_origin, to_i64(kb, i0), "");
+    m->q1 = LLVMBuildAdd(b, s->q_origin, to_i64(kb, i1), "");
+    m->k0 = LLVMBuildAdd(b, s->k_origin, to_i64(kb, j0), "");
+    m->k1 = LLVMBuildAdd(b, s->k_origin, to_i64(kb, j1), "");
+    for (int id = 0; id < s->p->e.count; id++)
+        if (s->row_lo[id]) {
+            m->memo[id] = (ival){s->row_lo[id], s->row_hi[id]};
+            m->done[id] = true;
+        }
+}
+
+void aj_score_fix_rows(aj_score *s, LLVMValueRef i0, LLVMValueRef i1)
+{
+    const aj_score_prog *p = s->p;
+    if (p->rest == NONE)
+        return;
+    static _Thread_local iemitter m;
+    iemitter_init(&m, s, i0, i1, aj_kb_i32(s->kb, 0), aj_kb_i32(s->kb, 0));
+    for (int id = 0; id < p->e.count; id++)
+        if ((p->reads[id] & AJ_SCORE_READS(AJ_VAR_Q)) &&
+            !(p->reads[id] & (AJ_SCORE_READS(AJ_VAR_K) | AJ_SCORE_READS(AJ_VAR_SCORE)))) {
+            ival v = iv_node(&m, (uint16_t)id);
+            s->row_lo[id] = v.lo;
+            s->row_hi[id] = v.hi;
+        }
+}
+
+/* The rest's class by interval arithmetic: *skip where it cannot hold,
+ * *full where it must. */
+static void interval_tile_class(aj_score *s, LLVMValueRef i0, LLVMValueRef i1, LLVMValueRef j0,
+                                LLVMValueRef j1, LLVMValueRef *skip, LLVMValueRef *full)
+{
+    LLVMBuilderRef b = s->kb->b;
+    static _Thread_local iemitter m;
+    iemitter_init(&m, s, i0, i1, j0, j1);
+    ival r = iv_node(&m, s->p->rest);
+    *skip = LLVMBuildNot(b, r.hi, "");
+    *full = LLVMBuildNot(b, r.lo, "");
+}
+
+/*
+ * The rest's class where the op takes a block mask: rows [i0, i1] x keys
+ * [j0, j1] meet the mask's tiles [i0 / bm, i1 / bm] x [j0 / bn, j1 / bn]
+ * (its tile need not be the kernel's); the range is skip where each of
+ * them is, full where each is, else partial:
+ *
+ *          j0/bn     j1/bn
+ *   i0/bm  [S] [S] [P]        all S: skip    all F: full
+ *   i1/bm  [S] [S] [S]        else (a P, or S beside F): partial
+ *
+ * With no mask given (a NULL pointer: a kernel loaded from bytes, whose
+ * launch cannot build one) the interval rules decide.
+ */
+static void rest_tile_class(aj_score *s, LLVMValueRef i0, LLVMValueRef i1, LLVMValueRef j0,
+                            LLVMValueRef j1, LLVMValueRef *skip, LLVMValueRef *full)
+{
+    if (!s->p->block_mask) {
+        interval_tile_class(s, i0, i1, j0, j1, skip, full);
+        return;
+    }
+    aj_kb *kb = s->kb;
+    LLVMBuilderRef b = kb->b;
+    LLVMValueRef t1 = LLVMConstInt(kb->t_i1, 1, 0);
+    LLVMValueRef all_skip = aj_kb_var(kb, kb->t_i1, t1, "mask_skip");
+    LLVMValueRef all_full = aj_kb_var(kb, kb->t_i1, t1, "mask_full");
+    aj_kb_if_begin(kb, LLVMBuildIsNotNull(b, s->mask_classes, ""));
+    {
+        aj_kb_set(kb, all_skip, t1);
+        aj_kb_set(kb, all_full, t1);
+        LLVMValueRef one = aj_kb_i64(kb, 1);
+        LLVMValueRef r0 = LLVMBuildSDiv(b, to_i64(kb, i0), s->mask_bm, "");
+        LLVMValueRef r1 = LLVMBuildAdd(b, LLVMBuildSDiv(b, to_i64(kb, i1), s->mask_bm, ""), one, "");
+        LLVMValueRef c0 = LLVMBuildSDiv(b, to_i64(kb, j0), s->mask_bn, "");
+        LLVMValueRef c1 = LLVMBuildAdd(b, LLVMBuildSDiv(b, to_i64(kb, j1), s->mask_bn, ""), one, "");
+        LLVMValueRef r = aj_kb_for_begin(kb, r0, r1, one, "mask_r");
+        LLVMValueRef row = LLVMBuildAdd(b, s->mask_plane, LLVMBuildMul(b, r, s->mask_stride_m, ""), "");
+        LLVMValueRef c = aj_kb_for_begin(kb, c0, c1, one, "mask_c");
+        LLVMValueRef at = LLVMBuildShl(b, LLVMBuildAdd(b, row, c, ""), aj_kb_i64(kb, 2), "");
+        LLVMValueRef cls = aj_kb_load(kb, kb->t_i32, aj_kb_gptr_offset(kb, s->mask_classes, at), 4);
+        LLVMValueRef is_skip = LLVMBuildICmp(b, LLVMIntEQ, cls, aj_kb_i32(kb, AJ_TILE_SKIP), "");
+        LLVMValueRef is_full = LLVMBuildICmp(b, LLVMIntEQ, cls, aj_kb_i32(kb, AJ_TILE_FULL), "");
+        aj_kb_set(kb, all_skip, LLVMBuildAnd(b, aj_kb_get(kb, all_skip), is_skip, ""));
+        aj_kb_set(kb, all_full, LLVMBuildAnd(b, aj_kb_get(kb, all_full), is_full, ""));
+        aj_kb_for_end(kb);
+        aj_kb_for_end(kb);
+    }
+    aj_kb_else(kb);
+    {
+        LLVMValueRef iskip, ifull;
+        interval_tile_class(s, i0, i1, j0, j1, &iskip, &ifull);
+        aj_kb_set(kb, all_skip, iskip);
+        aj_kb_set(kb, all_full, ifull);
+    }
+    aj_kb_if_end(kb);
+    *skip = aj_kb_get(kb, all_skip);
+    *full = aj_kb_get(kb, all_full);
+}
+
 LLVMValueRef aj_score_tile_class(aj_score *s, LLVMValueRef i0, LLVMValueRef i1,
                                  LLVMValueRef j0, LLVMValueRef j1)
 {
@@ -1195,20 +1380,22 @@ LLVMValueRef aj_score_tile_class(aj_score *s, LLVMValueRef i0, LLVMValueRef i1,
         full = LLVMBuildAnd(b, full, LLVMBuildICmp(b, LLVMIntSGE, j0,
                                                    LLVMBuildAdd(b, i1, s->lo_off, ""), ""), "");
     }
-    if (s->p->rest != NONE) {
-        static _Thread_local iemitter m;
-        memset(&m, 0, sizeof m);
-        emitter_init(&m.pt, s, 0, aj_kb_i32(kb, 0), aj_kb_i32(kb, 0), NULL);
-        m.q0 = LLVMBuildAdd(b, s->q_origin, to_i64(kb, i0), "");
-        m.q1 = LLVMBuildAdd(b, s->q_origin, to_i64(kb, i1), "");
-        m.k0 = LLVMBuildAdd(b, s->k_origin, to_i64(kb, j0), "");
-        m.k1 = LLVMBuildAdd(b, s->k_origin, to_i64(kb, j1), "");
-        ival r = iv_node(&m, s->p->rest);
-        skip = LLVMBuildOr(b, skip, LLVMBuildNot(b, r.hi, ""), "");
-        full = LLVMBuildAnd(b, full, LLVMBuildNot(b, r.lo, ""), "");
+    LLVMValueRef skip_cls = aj_kb_i32(kb, AJ_TILE_SKIP), full_cls = aj_kb_i32(kb, AJ_TILE_FULL);
+    LLVMValueRef partial_cls = aj_kb_i32(kb, AJ_TILE_PARTIAL);
+    if (s->p->rest == NONE)
+        return sel(kb, skip, skip_cls, sel(kb, full, full_cls, partial_cls));
+    /* the rest only where the band leaves the tile: its loads' hulls are
+     * the costly part of a class */
+    LLVMValueRef cls = aj_kb_var(kb, kb->t_i32, skip_cls, "tile_class");
+    aj_kb_if_begin(kb, LLVMBuildNot(b, skip, ""));
+    {
+        LLVMValueRef rest_skip, rest_full;
+        rest_tile_class(s, i0, i1, j0, j1, &rest_skip, &rest_full);
+        full = LLVMBuildAnd(b, full, rest_full, "");
+        aj_kb_set(kb, cls, sel(kb, rest_skip, skip_cls, sel(kb, full, full_cls, partial_cls)));
     }
-    return sel(kb, skip, aj_kb_i32(kb, AJ_TILE_SKIP),
-               sel(kb, full, aj_kb_i32(kb, AJ_TILE_FULL), aj_kb_i32(kb, AJ_TILE_PARTIAL)));
+    aj_kb_if_end(kb);
+    return aj_kb_get(kb, cls);
 }
 
 /* ---------------------------------------------------------------- host */

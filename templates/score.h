@@ -65,6 +65,11 @@ typedef struct aj_score_prog {
     uint16_t rest;         /* the other conjuncts, AJ_EXPR_NONE: none */
     bool reads_totals;     /* sq or sk appear: the kernel takes the totals */
     bool rest_reads_tensors; /* the rest's tile classes cannot be told from positions */
+    /* the rest is one interval arithmetic cannot bound (a load: data; a
+     * product, quotient or remainder of two positions), in a padded op:
+     * the kernels take a block mask (params.def's block_mask) and read the
+     * classes of their tiles from it */
+    bool block_mask;
     bool mask_reads_b, mask_reads_h;   /* classes may differ by batch index, head */
     /* what each node's tree reads: AJ_SCORE_READS(var) bits, AJ_SCORE_READS_LOAD */
     uint16_t reads[AJ_EXPR_NODES_MAX];
@@ -77,6 +82,11 @@ typedef struct aj_score_prog {
 /* Builds the programs of `op` (verified).  AJ_ERR_UNSUPPORTED when the
  * derivative does not fit the node arena (the message says so). */
 aj_status aj_score_prog_init(aj_ctx *ctx, const aj_op *op, aj_score_prog *p);
+
+/* A hash of the mask's programs (band and rest) and the tensors they may
+ * read: equal for two ops whose masks are the same program (a forward and
+ * its backward), so a block mask can tell the op it was built for. */
+uint64_t aj_score_mask_hash(const aj_score_prog *p);
 
 /* Whether the op has a mask (anything but `none`) / a score_mod. */
 static inline bool aj_score_has_mask(const aj_score_prog *p)
@@ -114,6 +124,13 @@ typedef struct aj_score {
     /* the values of the loads that read no position or score (alibi's
      * slopes[h]), emitted once here (scalar), by node; NULL elsewhere */
     LLVMValueRef loads[AJ_EXPR_NODES_MAX];
+    /* the block mask (prog.block_mask): its classes (NULL pointer: none
+     * given, classes by interval arithmetic), the (b, h) plane's first
+     * element, the row stride and its tile (i64) */
+    LLVMValueRef mask_classes, mask_plane, mask_stride_m, mask_bm, mask_bn;
+    /* aj_score_fix_rows: the intervals of the nodes that read q but not
+     * k over the fixed rows (lo, hi by node; NULL: not fixed) */
+    LLVMValueRef row_lo[AJ_EXPR_NODES_MAX], row_hi[AJ_EXPR_NODES_MAX];
 } aj_score;
 
 /*
@@ -164,10 +181,19 @@ static inline LLVMValueRef aj_score_row_lo(aj_score *s, LLVMValueRef i)
 
 /* The class (i32 aj_tile_class) of rows [i0, i1] x keys [j0, j1] (local,
  * inclusive, inside the lengths): the band's exactly, then the rest's by
- * interval arithmetic.  The bounds are scalar i32 and so is the class,
+ * interval arithmetic, or, where the op takes a block mask and the launch
+ * gives one, from the mask's tiles that cover the range (skip where all
+ * are, full where all are: the mask's tile need not be the kernel's).  The bounds are scalar i32 and so is the class,
  * whatever s->lanes (a vector kernel classes its tiles in scalar code). */
 LLVMValueRef aj_score_tile_class(aj_score *s, LLVMValueRef i0, LLVMValueRef i1,
                                  LLVMValueRef j0, LLVMValueRef j1);
+
+/* For a kernel that classes many tiles of rows [i0, i1] (local, scalar
+ * i32): emits here, once, the intervals of the rest's nodes that read q
+ * and not k (a document mask's hull of doc[b, q] over the rows), which
+ * aj_score_tile_class then takes for every tile of those rows; its later
+ * calls must have these rows. */
+void aj_score_fix_rows(aj_score *s, LLVMValueRef i0, LLVMValueRef i1);
 
 /* Hulls of loads over index boxes already read (aj_score_host_class): a
  * caller classifying many tiles of one launch keeps one, zeroed first,

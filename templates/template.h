@@ -43,5 +43,8 @@ extern const aj_template aj_template_cpu_fwd_efficient;
 extern const aj_template aj_template_cpu_bwd_flash;
 extern const aj_template aj_template_cpu_bwd_efficient;
 extern const aj_template aj_template_cpu_merge;
+/* the block-mask builder (block_mask.c): not looked up by kind; the
+ * runtime compiles an op's mask with it (aj_compile_block_mask) */
+extern const aj_template aj_template_block_mask;
 
 #endif /* AJ_TEMPLATES_TEMPLATE_H */

@@ -20,6 +20,8 @@
 
 #include "check.h"
 #include "ptxas_util.h"
+#include "runtime/runtime.h"
+#include "templates/score.h"
 #include "spec_dir.h"
 
 static const char *const dtypes[] = {"f16", "bf16", "f32"};
@@ -108,6 +110,37 @@ static void check_examples(aj_ctx *ctx, const char *dir)
 {
     int seen = spec_dir_each(dir, check_example, ctx);
     CHECK_MSG(seen >= 8, "only %d example specs in %s", seen, dir);
+}
+
+/* The block-mask builders (templates/block_mask.c) of the masks that
+ * take one (a load, a product of positions) and of a band, at the tile of
+ * the forward kernel they serve. */
+static void check_block_mask_builders(aj_ctx *ctx, aj_target target, const char *arch)
+{
+    static const char *const mask_exprs[] = {"expr(doc[b, q] == doc[b, k] && k <= q)",
+                                             "expr((q * k) % 3 != 0 || k <= q)",
+                                             "causal(top_left)"};
+    for (size_t m = 0; m < sizeof mask_exprs / sizeof mask_exprs[0]; m++) {
+        char spec[256], label[128];
+        snprintf(spec, sizeof spec, "attention forward flash { dtype = bf16 head_dim = 64 "
+                 "tensors = (doc: i32[2]) mask = %s }", mask_exprs[m]);
+        snprintf(label, sizeof label, "block mask builder %s", mask_exprs[m]);
+        aj_op *op = NULL;
+        aj_kernel *k = NULL, *builder = NULL;
+        CHECK_STATUS(ctx, aj_op_parse(ctx, spec, strlen(spec), label, &op), AJ_OK);
+        aj_compile_options opt = AJ_COMPILE_OPTIONS_INIT;
+        opt.target = target;
+        if (op)
+            CHECK_STATUS(ctx, aj_compile(ctx, op, &opt, &k), AJ_OK);
+        static aj_score_prog prog;
+        if (k && aj_score_prog_init(ctx, op, &prog) == AJ_OK)
+            CHECK_STATUS(ctx, aj_compile_block_mask(ctx, k, op, aj_score_mask_hash(&prog),
+                                                    &builder), AJ_OK);
+        if (builder)
+            check_kernel(label, builder, target, arch, NULL);
+        aj_kernel_destroy(k);
+        aj_op_destroy(op);
+    }
 }
 
 /* The flash forward: every head dim (and 192/128) x dtype x mask at its
@@ -406,6 +439,7 @@ int main(int argc, char **argv)
             check_spec(ctx, bwd_extra[i][0], spec, target, archs[a]);
         }
         check_flash_forward(ctx, target, archs[a]);
+        check_block_mask_builders(ctx, target, archs[a]);
         /* the merge kernel */
         static const char *const merges[][2] = {
             {"merge f16 dv64", "dtype = f16 head_dim_v = 64"},

@@ -13,8 +13,11 @@
  *   classes    tile classes (host interval arithmetic) against a
  *              position-by-position count: never wrong, and exact for the
  *              band masks and the chunked mask
+ *   blockmask  masks interval arithmetic cannot class read a block mask:
+ *              built by the launch or passed (and reused), exact per tile,
+ *              refused for other sizes
  *
- * test_score DEVICE [VARIANT] [examples | random N | builtins | classes]...:
+ * test_score DEVICE [VARIANT] [examples | random N | builtins | classes | blockmask]...:
  * DEVICE is sim or cpu, VARIANT efficient (the default) or flash (whose
  * kernels take f16 / bf16 only: the random and builtin cases run in f16
  * there); with no section named, all of them.
@@ -141,6 +144,75 @@ static void test_random(int count)
 
 /* The built-ins and the expressions aj_expr_builtin_text says they are:
  * the same program, so the same outputs, bit for bit. */
+/* A forward's device tensors: q, k, v of seeded values in [-0.5, 0.5)
+ * (dtype dt, [B, H, S, D] contiguous), o and lse, bound in f->a. */
+typedef struct dev_fwd {
+    aj_fwd_args a;
+    void *mem[5];
+    size_t n, elem;
+} dev_fwd;
+
+static void dev_fwd_make(dev_fwd *f, aj_dtype dt, int B, int H, int S, int D)
+{
+    f->elem = dt == AJ_DTYPE_F32 ? 4 : 2;
+    f->n = (size_t)B * H * S * D;
+    void *staged = malloc(f->n * f->elem);
+    uint64_t rng = 3;
+    for (int t = 0; t < 5; t++)
+        aj_device_alloc(dev, t < 4 ? f->n * f->elem : (size_t)B * H * S * 4, &f->mem[t]);
+    /* q, k, v drawn element by element, interleaved */
+    float *qkv[3] = {malloc(f->n * 4), malloc(f->n * 4), malloc(f->n * 4)};
+    for (size_t e = 0; e < f->n; e++)
+        for (int t = 0; t < 3; t++)
+            qkv[t][e] = (float)((double)(score_rand(&rng) >> 11) / 9007199254740992.0 - 0.5);
+    for (int t = 0; t < 3; t++) {
+        aj_convert(qkv[t], AJ_DTYPE_F32, staged, dt, f->n);
+        aj_device_copy_to(dev, f->mem[t], staged, f->n * f->elem);
+        free(qkv[t]);
+    }
+    free(staged);
+    f->a = (aj_fwd_args)AJ_FWD_ARGS_INIT;
+    const int64_t shape[4] = {B, H, S, D}, strides[4] = {H * S * D, S * D, D, 1};
+    aj_tensor *ts[4] = {&f->a.q, &f->a.k, &f->a.v, &f->a.o};
+    for (int t = 0; t < 4; t++) {
+        *ts[t] = (aj_tensor){f->mem[t], dt, 4, {0}, {0}};
+        memcpy(ts[t]->shape, shape, sizeof shape);
+        memcpy(ts[t]->strides, strides, sizeof strides);
+    }
+    f->a.lse = (aj_tensor){f->mem[4], AJ_DTYPE_F32, 3, {B, H, S}, {H * S, S, 1}};
+}
+
+/* o, read back (malloc'ed). */
+static void *dev_fwd_output(const dev_fwd *f)
+{
+    void *o = malloc(f->n * f->elem);
+    aj_device_copy_from(dev, o, f->mem[3], f->n * f->elem);
+    return o;
+}
+
+static void dev_fwd_free(dev_fwd *f)
+{
+    for (int t = 0; t < 5; t++)
+        aj_device_free(dev, f->mem[t]);
+}
+
+/* The op of `spec` compiled for the device (NULL on failure, reported). */
+static aj_kernel *compile_spec(const char *label, const char *spec, aj_op **op_out)
+{
+    aj_op *op = NULL;
+    aj_kernel *k = NULL;
+    CHECK_STATUS(ctx, aj_op_parse(ctx, spec, strlen(spec), label, &op), AJ_OK);
+    aj_compile_options opt = AJ_COMPILE_OPTIONS_INIT;
+    opt.target = aj_device_target(dev);
+    if (op)
+        CHECK_STATUS(ctx, aj_compile(ctx, op, &opt, &k), AJ_OK);
+    if (op_out)
+        *op_out = op;
+    else
+        aj_op_destroy(op);
+    return k;
+}
+
 static void test_builtins(void)
 {
     static const char *const pairs[][4] = {
@@ -151,66 +223,25 @@ static void test_builtins(void)
     };
     for (size_t i = 0; i < sizeof pairs / sizeof pairs[0]; i++) {
         const aj_dtype dt = case_dtype();
-        const size_t elem = dt == AJ_DTYPE_F32 ? 4 : 2;
         void *o[2];
+        size_t bytes = 0;
         for (int w = 0; w < 2; w++) {
             char spec[1024];
             snprintf(spec, sizeof spec, "attention forward %s { dtype = %s head_dim = 32 "
                      "mask = %s score_mod = %s }", variant_name, aj_dtype_name(dt),
                      pairs[i][2 * w], pairs[i][2 * w + 1]);
-            aj_op *op = NULL;
-            aj_kernel *k = NULL;
-            CHECK_STATUS(ctx, aj_op_parse(ctx, spec, strlen(spec), "builtin", &op), AJ_OK);
-            aj_compile_options opt = AJ_COMPILE_OPTIONS_INIT;
-            opt.target = aj_device_target(dev);
-            CHECK_STATUS(ctx, aj_compile(ctx, op, &opt, &k), AJ_OK);
-            aj_op_destroy(op);
-            enum { B = 1, H = 2, S = 37, D = 32 };
-            size_t n = (size_t)B * H * S * D;
-            float *q = malloc(n * 4), *kk = malloc(n * 4), *v = malloc(n * 4);
-            void *staged = malloc(n * elem);
-            o[w] = calloc(n, elem);
-            float *lse = calloc((size_t)B * H * S, 4);
-            uint64_t rng = 3;
-            for (size_t e = 0; e < n; e++) {
-                q[e] = (float)((double)(score_rand(&rng) >> 11) / 9007199254740992.0 - 0.5);
-                kk[e] = (float)((double)(score_rand(&rng) >> 11) / 9007199254740992.0 - 0.5);
-                v[e] = (float)((double)(score_rand(&rng) >> 11) / 9007199254740992.0 - 0.5);
-            }
-            void *dq, *dk, *dv, *dout, *dlse;
-            aj_device_alloc(dev, n * elem, &dq);
-            aj_device_alloc(dev, n * elem, &dk);
-            aj_device_alloc(dev, n * elem, &dv);
-            aj_device_alloc(dev, n * elem, &dout);
-            aj_device_alloc(dev, (size_t)B * H * S * 4, &dlse);
-            const float *host[3] = {q, kk, v};
-            void *dev_in[3] = {dq, dk, dv};
-            for (int t = 0; t < 3; t++) {
-                aj_convert(host[t], AJ_DTYPE_F32, staged, dt, n);
-                aj_device_copy_to(dev, dev_in[t], staged, n * elem);
-            }
-            aj_fwd_args a = AJ_FWD_ARGS_INIT;
-            const int64_t shape[4] = {B, H, S, D}, strides[4] = {H * S * D, S * D, D, 1};
-            aj_tensor *ts[4] = {&a.q, &a.k, &a.v, &a.o};
-            void *ptrs[4] = {dq, dk, dv, dout};
-            for (int t = 0; t < 4; t++) {
-                *ts[t] = (aj_tensor){ptrs[t], dt, 4, {0}, {0}};
-                memcpy(ts[t]->shape, shape, sizeof shape);
-                memcpy(ts[t]->strides, strides, sizeof strides);
-            }
-            a.lse = (aj_tensor){dlse, AJ_DTYPE_F32, 3, {B, H, S}, {H * S, S, 1}};
-            a.sk_total = S + 5;   /* bottom_right over a longer key total */
-            a.kv_offset = 5;
-            CHECK_STATUS(ctx, aj_forward(ctx, dev, k, &a), AJ_OK);
-            aj_device_copy_from(dev, o[w], dout, n * elem);
-            void *all[5] = {dq, dk, dv, dout, dlse};
-            for (int t = 0; t < 5; t++)
-                aj_device_free(dev, all[t]);
-            free(q), free(kk), free(v), free(lse), free(staged);
+            aj_kernel *k = compile_spec("builtin", spec, NULL);
+            dev_fwd f;
+            dev_fwd_make(&f, dt, 1, 2, 37, 32);
+            f.a.sk_total = 37 + 5;   /* bottom_right over a longer key total */
+            f.a.kv_offset = 5;
+            CHECK_STATUS(ctx, aj_forward(ctx, dev, k, &f.a), AJ_OK);
+            o[w] = dev_fwd_output(&f);
+            bytes = f.n * f.elem;
+            dev_fwd_free(&f);
             aj_kernel_destroy(k);
         }
-        size_t n = (size_t)2 * 37 * 32;
-        CHECK_MSG(memcmp(o[0], o[1], n * elem) == 0, "%s / %s differs from %s / %s", pairs[i][0],
+        CHECK_MSG(memcmp(o[0], o[1], bytes) == 0, "%s / %s differs from %s / %s", pairs[i][0],
                   pairs[i][1], pairs[i][2], pairs[i][3]);
         free(o[0]), free(o[1]);
     }
@@ -295,6 +326,144 @@ static void test_classes(void)
            counts[0], counts[1], counts[2], brute[0], brute[1], brute[2]);
 }
 
+/* ---------------------------------------------------------------- block masks */
+
+/*
+ * Masks interval arithmetic cannot class take a block mask
+ * (score.h: aj_score_prog.block_mask): the launch builds one when none is
+ * passed, and a passed one (aj_block_mask_create) gives the same output,
+ * call after call; its tile classes equal a position-by-position count;
+ * one built for other sizes is refused with a message naming the size.
+ * Masks of positions alone keep their in-kernel classes.
+ */
+static void test_block_masks(void)
+{
+    static const struct { const char *mask; bool takes; } masks[] = {
+        {"(q * k) % 3 != 0 || k <= q", true},
+        {"doc[b, q] == doc[b, k] && k <= q", true},
+        {"k % (q + 1) == 0", true},
+        {"q / 16 == k / 16 && k <= q", false},
+        {"k <= q", false},
+    };
+    enum { B = 2, H = 2, S = 150, D = 32 };
+    static int32_t doc[B * S];
+    for (int t = 0; t < B * S; t++)
+        doc[t] = t < S ? t / 20 : (t - S) / 9;
+    const aj_side_tensor doc_host = {"doc", doc, AJ_SIDE_I32, 2, {B, S}, {S, 1}};
+    aj_side_tensor doc_dev;
+    aj_status st = AJ_OK;
+    side_to_device(dev, &st, &doc_host, 1, &doc_dev);
+    CHECK_STATUS(ctx, st, AJ_OK);
+    const aj_dtype dt = case_dtype();
+    for (size_t m = 0; m < sizeof masks / sizeof masks[0]; m++) {
+        const char *mask = masks[m].mask;
+        char spec[512], fields[256];
+        snprintf(spec, sizeof spec, "attention forward %s { dtype = %s head_dim = %d "
+                 "tensors = (doc: i32[2]) mask = expr(%s) }", variant_name, aj_dtype_name(dt),
+                 D, mask);
+        aj_op *op = NULL;
+        aj_kernel *k = compile_spec("block mask", spec, &op);
+        if (!k) {
+            aj_op_destroy(op);
+            continue;
+        }
+        static aj_score_prog prog;
+        CHECK_STATUS(ctx, aj_score_prog_init(ctx, op, &prog), AJ_OK);
+        CHECK_MSG(prog.block_mask == masks[m].takes, "%s: takes a block mask: %d, want %d",
+                  mask, prog.block_mask, masks[m].takes);
+        /* against the float64 reference, with the mask the launch builds */
+        snprintf(fields, sizeof fields, "expr(%s)", mask);
+        run_fields(mask, dt, D, "(doc: i32[2])", fields, "none", B, H, 150, 5 + m, true);
+
+        dev_fwd f;
+        dev_fwd_make(&f, dt, B, H, S, D);
+        f.a.side = &doc_dev;
+        f.a.num_side = 1;
+        CHECK_STATUS(ctx, aj_forward(ctx, dev, k, &f.a), AJ_OK);
+        void *implicit = dev_fwd_output(&f);
+        aj_block_mask *bm = NULL;
+        CHECK_STATUS(ctx, aj_block_mask_create(ctx, dev, op, k, &f.a, &bm), AJ_OK);
+        f.a.block_mask = bm;
+        for (int call = 0; bm && call < 2; call++) {   /* one mask, reused */
+            CHECK_STATUS(ctx, aj_forward(ctx, dev, k, &f.a), AJ_OK);
+            void *passed = dev_fwd_output(&f);
+            CHECK_MSG(memcmp(implicit, passed, f.n * f.elem) == 0,
+                      "%s: call %d with a passed block mask differs from the launch's own",
+                      mask, call);
+            free(passed);
+        }
+        if (bm && strstr(mask, "doc[")) {
+            /* the kernels read the mask: one built from other documents
+             * (each token its own) skips tiles this one shows */
+            static int32_t own[B * S];
+            for (int t = 0; t < B * S; t++)
+                own[t] = t;
+            const aj_side_tensor own_host = {"doc", own, AJ_SIDE_I32, 2, {B, S}, {S, 1}};
+            aj_side_tensor own_dev;
+            side_to_device(dev, &st, &own_host, 1, &own_dev);
+            aj_block_mask *other = NULL;
+            f.a.side = &own_dev;
+            CHECK_STATUS(ctx, aj_block_mask_create(ctx, dev, op, k, &f.a, &other), AJ_OK);
+            f.a.side = &doc_dev;
+            f.a.block_mask = other;
+            CHECK_STATUS(ctx, aj_forward(ctx, dev, k, &f.a), AJ_OK);
+            void *wrong = dev_fwd_output(&f);
+            CHECK_MSG(memcmp(implicit, wrong, f.n * f.elem) != 0,
+                      "%s: a mask of other documents does not change the output", mask);
+            free(wrong);
+            f.a.block_mask = bm;
+            aj_block_mask_destroy(other);
+            side_free_device(dev, &own_dev, 1);
+        }
+        aj_tile_counts counts = {0};
+        if (bm)
+            aj_block_mask_counts(bm, &counts);
+        int64_t rows = (S + counts.block_m - 1) / counts.block_m;
+        int64_t cols = (S + counts.block_n - 1) / counts.block_n, seen[3] = {0, 0, 0};
+        for (int b = 0; bm && b < B; b++)
+            for (int h = 0; h < H; h++)
+                for (int64_t r = 0; r < rows; r++)
+                    for (int64_t c = 0; c < cols; c++) {
+                        int64_t q0 = r * counts.block_m, k0 = c * counts.block_n;
+                        int64_t q1 = q0 + counts.block_m > S ? S - 1 : q0 + counts.block_m - 1;
+                        int64_t k1 = k0 + counts.block_n > S ? S - 1 : k0 + counts.block_n - 1;
+                        aj_tile_class got = AJ_TILE_CLASS_COUNT;
+                        aj_block_mask_class(bm, b, h, r, c, &got);
+                        aj_tile_class want = brute_class(op, &doc_host, b, h, q0, q1, k0, k1, S, S);
+                        if (got < AJ_TILE_CLASS_COUNT)
+                            seen[got]++;
+                        CHECK_MSG(got == want, "%s: b %d tile (%lld, %lld): class %d, "
+                                  "position by position %d", mask, b, (long long)r,
+                                  (long long)c, got, want);
+                    }
+        for (int c = 0; bm && c < 3; c++)
+            CHECK_MSG(seen[c] == counts.tiles[c], "%s: %lld tiles of class %d, counts say %lld",
+                      mask, (long long)seen[c], c, (long long)counts.tiles[c]);
+        if (bm && masks[m].takes) {
+            /* built for kv_offset 0: a launch at another offset is refused */
+            f.a.kv_offset = 5;
+            CHECK_STATUS(ctx, aj_forward(ctx, dev, k, &f.a), AJ_ERR_INVALID_ARG);
+            CHECK_ERROR(ctx, "aj_forward: block_mask was built for kv_offset = 0; this launch "
+                        "has 5");
+            f.a.kv_offset = 0;
+            f.a.q = (aj_tensor){f.a.q.data, dt, 4, {B, H, S - 1, D}, {H * S * D, S * D, D, 1}};
+            f.a.o.shape[2] = S - 1;
+            f.a.lse.shape[2] = S - 1;
+            CHECK_STATUS(ctx, aj_forward(ctx, dev, k, &f.a), AJ_ERR_INVALID_ARG);
+            CHECK_ERROR(ctx, "aj_forward: block_mask was built for seq_q = 150; this launch "
+                        "has 149");
+        }
+        printf("block mask %s: skip / partial / full %lld / %lld / %lld\n", mask,
+               (long long)counts.tiles[0], (long long)counts.tiles[1], (long long)counts.tiles[2]);
+        aj_block_mask_destroy(bm);
+        free(implicit);
+        dev_fwd_free(&f);
+        aj_kernel_destroy(k);
+        aj_op_destroy(op);
+    }
+    side_free_device(dev, &doc_dev, 1);
+}
+
 int main(int argc, char **argv)
 {
     const char *device = argc > 1 ? argv[1] : "sim";
@@ -319,6 +488,8 @@ int main(int argc, char **argv)
             test_builtins();
         if (all || (what && strcmp(what, "classes") == 0))
             test_classes();
+        if (all || (what && strcmp(what, "blockmask") == 0))
+            test_block_masks();
         if (all)
             break;
     }

@@ -60,6 +60,7 @@ typedef struct fb_case {
     uint64_t drop_seed, drop_offset;
     const int *lens_q, *lens_k;  /* varlen when set: b sequence lengths each */
     int repeat;                /* deterministic: rerun on 1 and 3 workers, same bits */
+    int pass_mask;             /* rerun with the forward's aj_block_mask_create: same bits */
 } fb_case;
 
 /* The tensor cores round P and dS to the dtype before the dV, dK and dQ
@@ -114,6 +115,72 @@ static aj_kernel *compile(const aj_op *op, const fb_case *c)
         CHECK_MSG(aj_compile(ctx, op, &opt, &k) == AJ_OK, "%s: %s", c->label,
                   aj_last_error(ctx));
     return k;
+}
+
+/* Runs `a` again with the block mask aj_block_mask_create builds for the
+ * forward of c's op (its own tile: the backward reads any) and wants the
+ * bits the launch's own mask gave; a mask built for another q_offset is
+ * refused. */
+static void rerun_passed_mask(const fb_case *c, const aj_kernel *kernel, const aj_bwd_args *a,
+                              tensor *const *outs)
+{
+    static const char *const names[3] = {"dq", "dk", "dv"};
+    char spec[2048];
+    snprintf(spec, sizeof spec, "attention forward %s { dtype = %s head_dim = %d "
+             "head_dim_v = %d mask = %s score_mod = %s %s%s }",
+             c->variant == AJ_VARIANT_EFFICIENT ? "efficient" : "flash",
+             aj_dtype_name(c->dtype), c->d, c->dv ? c->dv : c->d, c->mask,
+             c->score_mod ? c->score_mod : "none", c->tensors ? "tensors = " : "",
+             c->tensors ? c->tensors : "");
+    aj_op *fwd = NULL;
+    CHECK_STATUS(ctx, aj_op_parse(ctx, spec, strlen(spec), c->label, &fwd), AJ_OK);
+    aj_kernel *fk = compile(fwd, c);
+    aj_fwd_args f = AJ_FWD_ARGS_INIT;
+    f.q = a->q;
+    f.k = a->k;
+    f.v = a->v;
+    f.o = a->o;
+    f.lse = a->lse;
+    f.alibi_slopes = a->alibi_slopes;
+    f.side = a->side;
+    f.num_side = a->num_side;
+    f.q_offset = a->q_offset;
+    f.kv_offset = a->kv_offset;
+    f.sq_total = a->sq_total;
+    f.sk_total = a->sk_total;
+    aj_block_mask *bm = NULL;
+    if (fk)
+        CHECK_STATUS(ctx, aj_block_mask_create(ctx, dev, fwd, fk, &f, &bm), AJ_OK);
+    void *first[3];
+    for (int t = 0; bm && t < 3; t++) {
+        first[t] = malloc(tensor_bytes(outs[t]) + 1);
+        CHECK(aj_device_copy_from(dev, first[t], outs[t]->t.data, tensor_bytes(outs[t])) ==
+              AJ_OK);
+        poison(outs[t]);
+    }
+    aj_bwd_args passed = *a;
+    passed.block_mask = bm;
+    if (bm)
+        CHECK_STATUS(ctx, aj_backward(ctx, dev, kernel, &passed), AJ_OK);
+    for (int t = 0; bm && t < 3; t++) {
+        CHECK(aj_device_copy_from(dev, outs[t]->host, outs[t]->t.data,
+                                  tensor_bytes(outs[t])) == AJ_OK);
+        CHECK_MSG(memcmp(first[t], outs[t]->host, tensor_bytes(outs[t])) == 0,
+                  "%s: %s with a passed block mask differs from the launch's own", c->label,
+                  names[t]);
+        free(first[t]);
+    }
+    if (bm) {
+        passed.q_offset = a->q_offset + 1;
+        CHECK_STATUS(ctx, aj_backward(ctx, dev, kernel, &passed), AJ_ERR_INVALID_ARG);
+        char want[128];
+        snprintf(want, sizeof want, "aj_backward: block_mask was built for q_offset = %lld; "
+                 "this launch has %lld", (long long)a->q_offset, (long long)a->q_offset + 1);
+        CHECK_ERROR(ctx, want);
+    }
+    aj_block_mask_destroy(bm);
+    aj_kernel_destroy(fk);
+    aj_op_destroy(fwd);
 }
 
 static bool is_expr(const char *field)
@@ -305,6 +372,8 @@ static void run(const fb_case *c)
             CHECK_MSG(got[0][row * (size_t)c->d + (size_t)x] == 0.0,
                       "%s: dq row %zu (no visible key) is not 0", c->label, r);
     }
+    if (c->pass_mask && st == AJ_OK)
+        rerun_passed_mask(c, kernel, &a, outs);
     if (c->repeat && st == AJ_OK) {
         void *first[3];
         for (int t = 0; t < 3; t++) {
@@ -820,18 +889,24 @@ static void test_sweep_sample(void)
  * past a 128-token chunk and a 64-key window; then a document mask over
  * the bottom-right diagonal of varlen sequences, whose totals are each
  * sequence's own. */
-static void run_score_example(const char *name, const score_example *ex, int index, void *user)
+static fb_case score_case(const char *name, aj_dtype dtype, int d, const char *mask)
 {
-    (void)user;
-    fb_case c = base(name, ex->info.dtype, ex->info.head_dim, ex->mask);
+    fb_case c = base(name, dtype, d, mask);
     c.variant = score_variant;
-    c.score_mod = strcmp(ex->mod, "none") ? ex->mod : NULL;
-    c.tensors = ex->tensors[0] ? ex->tensors : NULL;
     c.b = 2;
     c.hq = 4;
     c.hkv = 2;
     c.sq = 150;
     c.sk = 160;
+    return c;
+}
+
+static void run_score_example(const char *name, const score_example *ex, int index, void *user)
+{
+    (void)user;
+    fb_case c = score_case(name, ex->info.dtype, ex->info.head_dim, ex->mask);
+    c.score_mod = strcmp(ex->mod, "none") ? ex->mod : NULL;
+    c.tensors = ex->tensors[0] ? ex->tensors : NULL;
     c.seed = 21 + (uint64_t)index;
     run(&c);
 }
@@ -845,6 +920,16 @@ static void test_score_examples(void)
               aj_last_error(ctx));
     CHECK_MSG(seen >= 7, "only %d example specs in %s", seen, dir);
     static const int lq[3] = {40, 0, 23}, lk[3] = {45, 9, 70};
+    /* a mask interval arithmetic cannot class: the launches build its
+     * block mask (runtime/block_mask.c), exact per tile */
+    fb_case nl = score_case("nonlinear mask, block mask built by the launch", AJ_DTYPE_BF16,
+                            32, "expr((q * k) % 3 != 0 || k <= q)");
+    run(&nl);
+    fb_case doc = score_case("document mask, the forward's block mask passed", AJ_DTYPE_BF16, 32,
+                             "expr(doc[b, q] == doc[b, k] && k <= q)");
+    doc.tensors = "(doc: i32[2])";
+    doc.pass_mask = 1;
+    run(&doc);
     fb_case c = base("varlen x3 document mask, bottom_right by expression", AJ_DTYPE_BF16, 32,
                      "expr(doc[b, q] == doc[b, k] && k <= q + (sk - sq))");
     c.variant = score_variant;

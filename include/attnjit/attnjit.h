@@ -654,6 +654,9 @@ typedef struct aj_tensor {
     int64_t strides[4];
 } aj_tensor;
 
+/* The tile classes of a launch (aj_block_mask_create, below). */
+typedef struct aj_block_mask aj_block_mask;
+
 /* Arguments of a forward pass.  Shapes (BHSD, as PyTorch SDPA):
  *   q [B, Hq, Sq, D]    k [B, Hkv, Sk, D]    v [B, Hkv, Sk, Dv]
  *   o [B, Hq, Sq, Dv]   lse [B, Hq, Sq] (f32)
@@ -704,6 +707,12 @@ typedef struct aj_fwd_args {
      * any order; NULL / 0 for ops that declare none. */
     const aj_side_tensor *side;
     int32_t num_side;
+    /* Optional (added in version 2; a smaller struct has none): the tile
+     * classes of this launch (aj_block_mask_create), for an op whose mask
+     * interval arithmetic cannot class (docs/ir.md, "Block sparsity").
+     * NULL: such a launch builds one itself, each call.  Ignored by ops
+     * that need none. */
+    const aj_block_mask *block_mask;
 } aj_fwd_args;
 
 #define AJ_FWD_ARGS_INIT { .struct_size = sizeof(aj_fwd_args) }
@@ -722,10 +731,13 @@ aj_status aj_forward(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
  * and the side tensors' values): skipped tiles are never visited, full
  * tiles run without per-element mask tests.  A block mask holds the classes
  * of every tile of a launch, for a padded forward op, its sizes, offsets,
- * totals and side tensors (aj_fwd_args); the kernels classify their tiles
- * themselves by the same rule, so a block mask is for knowing the
- * sparsity (counts, per-tile classes), and it can be kept and read for as
- * long as those arguments hold (it copies what it reads).
+ * totals and side tensors (aj_fwd_args), exact (tiles the intervals leave
+ * partial are tested element by element), built and kept on its device.
+ * Kernels of masks the intervals cannot class from positions (loads,
+ * products of positions) read it: pass it in aj_fwd_args.block_mask and
+ * aj_bwd_args.block_mask, for every call with those arguments (a launch
+ * given none builds its own); others classify their tiles themselves.
+ * It can be kept for as long as the side tensors keep their values.
  */
 typedef enum aj_tile_class {
     AJ_TILE_SKIP = 0,      /* no element visible: not visited */
@@ -734,21 +746,23 @@ typedef enum aj_tile_class {
     AJ_TILE_CLASS_COUNT
 } aj_tile_class;
 
-typedef struct aj_block_mask aj_block_mask;
-
 typedef struct aj_tile_counts {
     int64_t tiles[AJ_TILE_CLASS_COUNT];   /* by aj_tile_class */
     int32_t block_m, block_n;             /* the kernel's tile */
 } aj_tile_counts;
 
-/* Classifies the tiles of kernel (compiled from op) for a launch with
- * `args` on dev (the side tensors are read back from the device).  *out is
- * freed with aj_block_mask_destroy. */
+/* Classifies the tiles of kernel (compiled from op, a padded forward) for
+ * a launch with `args` on dev: a generated kernel queued on args->stream
+ * reads the side tensors in place and leaves the classes on the device
+ * for the kernels.  *out is freed with aj_block_mask_destroy, after the
+ * last launch that reads it. */
 aj_status aj_block_mask_create(aj_ctx *ctx, aj_device *dev, const aj_op *op,
                                const aj_kernel *kernel, const aj_fwd_args *args,
                                aj_block_mask **out);
 void aj_block_mask_destroy(aj_block_mask *mask);
-/* How many tiles of each class, over every (batch, head). */
+/* How many tiles of each class, over every (batch, head).  The first
+ * query (this or aj_block_mask_class) waits for the build and copies the
+ * classes to the host, once; queries of one mask are thread-safe. */
 aj_status aj_block_mask_counts(const aj_block_mask *mask, aj_tile_counts *out);
 /* The class of the tile of query block m and key block n of (b, h). */
 aj_status aj_block_mask_class(const aj_block_mask *mask, int64_t b, int64_t h, int64_t m,
@@ -811,6 +825,9 @@ typedef struct aj_bwd_args {
      * them). */
     const aj_side_tensor *side;
     int32_t num_side;
+    /* Optional (version 2): as aj_fwd_args.block_mask; the forward's mask
+     * serves (the kernels read it in any tile size). */
+    const aj_block_mask *block_mask;
 } aj_bwd_args;
 
 #define AJ_BWD_ARGS_INIT { .struct_size = sizeof(aj_bwd_args) }
