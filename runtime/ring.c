@@ -93,6 +93,8 @@ typedef struct ring_plan {
     void *host_mem[AJ_OP_TENSORS_MAX + 1];
     aj_score_cache *cache;
     void *stream;                /* the ring's own compute stream (NULL: sim, cpu) */
+    bool host_memory;            /* device memory is host memory (sim, cpu): the
+                                    kernels read the travelling buffers in place */
 } ring_plan;
 
 /* ---------------------------------------------------------------- masks */
@@ -277,6 +279,11 @@ static aj_status plan_common(ring_plan *p, aj_ctx *ctx, aj_device *dev, aj_comm 
         return aj_fail(ctx, AJ_ERR_INVALID_ARG, "%s: comm was created for another device",
                        p->fn);
     p->dev = dev;
+    aj_device_caps caps = AJ_DEVICE_CAPS_INIT;
+    st = aj_device_get_caps(dev, &caps);
+    if (st != AJ_OK)
+        return st;
+    p->host_memory = caps.host_memory;
     p->comm = comm;
     p->layout = layout;
     p->rank = comm->rank;
@@ -534,6 +541,15 @@ static aj_status to_dev(const ring_plan *p, void *dst, const void *src, size_t b
     return aj_device_copy_async(p->dev, dst, src, bytes, 1, p->stream);
 }
 
+/* The K/V block of a ring step as the kernels read it: where it arrived
+ * (host memory devices), else its copy in `staged` (device memory). */
+static aj_status visiting_block(const ring_plan *p, void *staged, const void *arrived,
+                                size_t bytes, const void **out)
+{
+    *out = p->host_memory ? arrived : staged;
+    return p->host_memory ? AJ_OK : to_dev(p, staged, arrived, bytes);
+}
+
 /* Queued only: the bytes are there after ring_wait. */
 static aj_status from_dev(const ring_plan *p, void *dst, const void *src, size_t bytes)
 {
@@ -569,6 +585,26 @@ static aj_status store_rounded(const ring_plan *p, const float *src, size_t coun
     if (st == AJ_OK)
         st = to_dev(p, dst, scratch, count * p->elem);
     return st == AJ_OK ? ring_wait(p, "storing the results") : st;
+}
+
+/* The f32 accumulator `acc` (rows x Dv, host memory), rounded into `dst`
+ * (the op's dtype); rows whose `lse` is -inf saw no key and get O = 0,
+ * whatever the accumulator holds there. */
+static aj_status store_rows(const ring_plan *p, const float *acc, const float *lse,
+                            size_t rows, void *dst)
+{
+    const size_t dv = (size_t)p->Dv;
+    for (size_t r = 0; r < rows; r++) {
+        char *out = (char *)dst + r * dv * p->elem;
+        if (lse[r] == -INFINITY) {
+            memset(out, 0, dv * p->elem);
+            continue;
+        }
+        aj_status st = aj_convert(acc + r * dv, AJ_DTYPE_F32, out, p->op.dtype, dv);
+        if (st != AJ_OK)
+            return st;
+    }
+    return AJ_OK;
 }
 
 /* ---------------------------------------------------------------- comm */
@@ -739,6 +775,7 @@ aj_status aj_ring_forward(aj_ctx *ctx, aj_device *dev, aj_comm *comm, const aj_o
     ring_kernels kern = {0};
     void *kv[2] = {NULL, NULL}, *gathered = NULL, *host_o = NULL, *typed_o = NULL;  /* host */
     void *kv_dev = NULL, *o_acc_dev = NULL;                                          /* device */
+    const void *block = NULL;   /* the visiting K/V block the kernels read */
     aj_comm_req req = {0};
     aj_status st = AJ_OK;
     const double start = aj_now();
@@ -748,20 +785,31 @@ aj_status aj_ring_forward(aj_ctx *ctx, aj_device *dev, aj_comm *comm, const aj_o
 
     const size_t kv_bytes = (p.k_elems + p.v_elems) * p.elem;
     const size_t rows = (size_t)(p.B * p.Hq * p.lq), o_count = rows * (size_t)p.Dv;
-    /* the f32 accumulator starts at O = 0, LSE = -inf (every row empty) */
-    AJ_TRY(alloc_host(&p, o_count * sizeof(float), 1, &host_o));
-    AJ_TRY(alloc_host(&p, o_count * p.elem, 0, &typed_o));
+    /* the f32 accumulator starts empty: LSE = -inf on every row.  Its O is
+     * then never read; in host memory it is left as it is (rows no launch
+     * reaches are written as 0 at the end), on a GPU cleared. */
     AJ_TRY(dev_alloc(&p, o_count * sizeof(float), &o_acc_dev));
-    AJ_TRY(to_dev(&p, o_acc_dev, host_o, o_count * sizeof(float)));
-    AJ_TRY(ring_wait(&p, "clearing the accumulator"));   /* host_o is reused */
-    for (size_t i = 0; i < rows; i++)
-        ((float *)host_o)[i] = -INFINITY;
-    AJ_TRY(to_dev(&p, args->lse.data, host_o, rows * sizeof(float)));
+    if (p.host_memory) {
+        for (size_t i = 0; i < rows; i++)
+            ((float *)args->lse.data)[i] = -INFINITY;
+    } else {
+        AJ_TRY(alloc_host(&p, o_count * sizeof(float), 1, &host_o));
+        AJ_TRY(alloc_host(&p, o_count * p.elem, 0, &typed_o));
+        AJ_TRY(to_dev(&p, o_acc_dev, host_o, o_count * sizeof(float)));
+        AJ_TRY(ring_wait(&p, "clearing the accumulator"));   /* host_o is reused */
+        for (size_t i = 0; i < rows; i++)
+            ((float *)host_o)[i] = -INFINITY;
+        AJ_TRY(to_dev(&p, args->lse.data, host_o, rows * sizeof(float)));
+        AJ_TRY(ring_wait(&p, "clearing the accumulator"));
+    }
     const aj_tensor o_acc = dense(o_acc_dev, AJ_DTYPE_F32, 4,
                                   (int64_t[]){p.B, p.Hq, p.lq, p.Dv});
     AJ_TRY(alloc_host(&p, kv_bytes, 0, &kv[0]));
     AJ_TRY(pack_kv(&p, &args->k, &args->v, kv[0]));
-    AJ_TRY(dev_alloc(&p, kv_bytes, &kv_dev));
+    /* where device memory is host memory the kernels read each visiting
+     * block where it arrived; a GPU's kernels read a device copy of it */
+    if (!p.host_memory)
+        AJ_TRY(dev_alloc(&p, kv_bytes, &kv_dev));
 
     if (args->rotate == AJ_ROTATE_P2P) {
         AJ_TRY(alloc_host(&p, kv_bytes, 0, &kv[1]));
@@ -770,8 +818,8 @@ aj_status aj_ring_forward(aj_ctx *ctx, aj_device *dev, aj_comm *comm, const aj_o
             if (s < p.size - 1)
                 AJ_TRY(exchange_start(&p, &req, "K/V", kv[cur], kv[cur ^ 1], kv_bytes,
                                       TAG_KV));
-            AJ_TRY(to_dev(&p, kv_dev, kv[cur], kv_bytes));
-            AJ_TRY(fwd_block(&p, &kern, args, kv_dev, s, &o_acc, &req));
+            AJ_TRY(visiting_block(&p, kv_dev, kv[cur], kv_bytes, &block));
+            AJ_TRY(fwd_block(&p, &kern, args, block, s, &o_acc, &req));
             AJ_TRY(exchange_finish(&p, &req));
             cur ^= 1;
         }
@@ -787,13 +835,17 @@ aj_status aj_ring_forward(aj_ctx *ctx, aj_device *dev, aj_comm *comm, const aj_o
         }
         for (int s = 0; s < p.size; s++) {
             const size_t at = (size_t)step_src(&p, s) * kv_bytes;
-            AJ_TRY(to_dev(&p, kv_dev, (char *)gathered + at, kv_bytes));
-            AJ_TRY(fwd_block(&p, &kern, args, kv_dev, s, &o_acc, &req));
+            AJ_TRY(visiting_block(&p, kv_dev, (char *)gathered + at, kv_bytes, &block));
+            AJ_TRY(fwd_block(&p, &kern, args, block, s, &o_acc, &req));
         }
     }
-    AJ_TRY(from_dev(&p, host_o, o_acc_dev, o_count * sizeof(float)));
-    AJ_TRY(ring_wait(&p, "the last step's kernels"));
-    AJ_TRY(store_rounded(&p, host_o, o_count, args->o.data, typed_o));
+    if (p.host_memory) {
+        AJ_TRY(store_rows(&p, o_acc_dev, args->lse.data, rows, args->o.data));
+    } else {
+        AJ_TRY(from_dev(&p, host_o, o_acc_dev, o_count * sizeof(float)));
+        AJ_TRY(ring_wait(&p, "the last step's kernels"));
+        AJ_TRY(store_rounded(&p, host_o, o_count, args->o.data, typed_o));
+    }
 done:
     if (req.active)
         comm->engine->exchange_cancel(comm, &req);
