@@ -67,7 +67,8 @@ class FwdArgs(ctypes.Structure):
                 ("seed", u64), ("offset", u64),
                 ("cu_seqlens_q", c_void_p), ("cu_seqlens_k", c_void_p),
                 ("batch", i32), ("max_seqlen_q", i32), ("max_seqlen_k", i32),
-                ("side", ctypes.POINTER(SideTensor)), ("num_side", i32)]
+                ("side", ctypes.POINTER(SideTensor)), ("num_side", i32),
+                ("block_mask", c_void_p)]
 
 
 class BwdArgs(ctypes.Structure):
@@ -81,7 +82,8 @@ class BwdArgs(ctypes.Structure):
                 ("cu_seqlens_q", c_void_p), ("cu_seqlens_k", c_void_p),
                 ("batch", i32), ("max_seqlen_q", i32), ("max_seqlen_k", i32),
                 ("workspace", c_void_p), ("workspace_bytes", c_size_t),
-                ("side", ctypes.POINTER(SideTensor)), ("num_side", i32)]
+                ("side", ctypes.POINTER(SideTensor)), ("num_side", i32),
+                ("block_mask", c_void_p)]
 
 
 class GridDim(ctypes.Structure):

@@ -3,6 +3,7 @@ and the ctypes structs' layouts against the C compiler's."""
 import os
 import shutil
 import subprocess
+import tempfile
 
 import pytest
 
@@ -72,7 +73,7 @@ def test_struct_layouts_match_c():
             lines.append('printf("%s.%s %%zu\\n", offsetof(%s, %s));'
                          % (cname, field[0], cname, field[0]))
     lines.append("return 0; }")
-    tmp = os.environ.get("PYTEST_TMP", "/tmp")
+    tmp = os.environ.get("PYTEST_TMP") or tempfile.mkdtemp(prefix="aj_layout")
     src, exe = os.path.join(tmp, "aj_layout.c"), os.path.join(tmp, "aj_layout")
     with open(src, "w") as f:
         f.write("\n".join(lines))
