@@ -548,11 +548,6 @@ void aj_kb_cp_async_wait_all(aj_kb *kb)
 
 /* ---------------------------------------------------------------- dtypes */
 
-int aj_dtype_size(aj_dtype dtype)
-{
-    return dtype == AJ_DTYPE_F32 ? 4 : 2;
-}
-
 LLVMTypeRef aj_kb_storage_type(aj_kb *kb, aj_dtype dtype)
 {
     return dtype == AJ_DTYPE_F32 ? kb->t_f32 : kb->t_i16;

@@ -27,6 +27,10 @@ aj_status aj_template_find(aj_ctx *ctx, const aj_op *op, aj_target target,
         unsigned targets = templates[i]->targets ? templates[i]->targets : GPU_AND_SIM_TARGETS;
         if (templates[i]->kind == op->kind && templates[i]->variant == op->variant &&
             (targets & (1u << target))) {
+            if (op->layout == AJ_LAYOUT_PAGED && !templates[i]->paged)
+                return aj_fail(ctx, AJ_ERR_UNSUPPORTED, "%s %s: layout = paged is not "
+                               "implemented for target %s yet", aj_kind_name(op->kind),
+                               aj_variant_name(op->variant), aj_target_name(target));
             *out = templates[i];
             return AJ_OK;
         }

@@ -138,6 +138,10 @@ typedef enum aj_dtype {
     AJ_DTYPE_F16 = 0,
     AJ_DTYPE_BF16 = 1,
     AJ_DTYPE_F32 = 2,
+    /* 8-bit floats: the elements of a paged KV cache only (kv_dtype), with
+     * a per-tensor f32 scale; an op's dtype is one of the three above */
+    AJ_DTYPE_F8E4M3 = 3,       /* OCP e4m3fn: no inf, max 448 */
+    AJ_DTYPE_F8E5M2 = 4,       /* OCP e5m2: inf and NaN as in IEEE */
     AJ_DTYPE_COUNT
 } aj_dtype;
 
@@ -175,6 +179,7 @@ typedef enum aj_bias {
 typedef enum aj_layout {
     AJ_LAYOUT_PADDED = 0,      /* Q[B,H,S,D] with run-time strides */
     AJ_LAYOUT_VARLEN = 1,      /* Q[T,H,D] with cu_seqlens */
+    AJ_LAYOUT_PAGED = 2,       /* forward: K/V in caches of pages (aj_fwd_args.paged) */
     AJ_LAYOUT_COUNT
 } aj_layout;
 
@@ -282,6 +287,15 @@ aj_status aj_op_set_accumulate(aj_op *op, bool accumulate);
 aj_status aj_op_set_deterministic(aj_op *op, bool deterministic);
 aj_status aj_op_set_schedule(aj_op *op, const aj_schedule *schedule);
 aj_status aj_op_set_target(aj_op *op, aj_target target);
+/* layout = paged only: the KV caches' element type (f16, bf16, f32,
+ * f8e4m3, f8e5m2); until set, the op's dtype. */
+aj_status aj_op_set_kv_dtype(aj_op *op, aj_dtype kv_dtype);
+/* layout = paged only: the number of parts the key range of a sequence is
+ * split into (split-KV), 1..AJ_SPLITS_MAX; 0 lets the launch choose from
+ * the batch, heads, lengths and the device's cores.  The text form's
+ * `schedule = (splits = N)`. */
+#define AJ_SPLITS_MAX 64
+aj_status aj_op_set_splits(aj_op *op, int32_t splits);
 
 /* Checks the op as a whole (sticky builder error first, then every rule of
  * docs/ir.md).  Returns AJ_OK or AJ_ERR_VERIFY / AJ_ERR_INVALID_ARG with
@@ -313,6 +327,8 @@ typedef struct aj_op_info {
     /* the side tensors its expressions read, in declaration order */
     int32_t num_tensors;
     aj_side_decl tensors[AJ_OP_TENSORS_MAX];
+    aj_dtype kv_dtype;     /* resolved: the dtype unless layout = paged set it */
+    int32_t splits;        /* as given; 0 = chosen at launch */
 } aj_op_info;
 
 aj_status aj_op_get_info(const aj_op *op, aj_op_info *out);
@@ -977,7 +993,8 @@ aj_status aj_ring_backward(aj_ctx *ctx, aj_device *dev, aj_comm *comm, const aj_
                            const aj_ring_bwd_args *args, aj_ring_stats *stats);
 
 /* Converts `count` elements between dtypes, rounding to nearest even (as
- * the kernels do).  src and dst must not overlap unless they are equal and
+ * the kernels do; to an f8 dtype saturating at its largest finite, as PTX's
+ * cvt.rn.satfinite).  src and dst must not overlap unless they are equal and
  * the element sizes match.  AJ_ERR_INVALID_ARG for a bad dtype or NULL. */
 aj_status aj_convert(const void *src, aj_dtype src_dtype, void *dst, aj_dtype dst_dtype,
                      size_t count);
