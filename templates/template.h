@@ -42,6 +42,8 @@ extern const aj_template aj_template_flash_fwd;
 /* cpu: one kernel serves both variants, so each is registered twice */
 extern const aj_template aj_template_cpu_fwd_flash;
 extern const aj_template aj_template_cpu_fwd_efficient;
+extern const aj_template aj_template_cpu_fwd_paged_flash;
+extern const aj_template aj_template_cpu_fwd_paged_efficient;
 extern const aj_template aj_template_cpu_bwd_flash;
 extern const aj_template aj_template_cpu_bwd_efficient;
 extern const aj_template aj_template_cpu_merge;

@@ -455,6 +455,7 @@ typedef enum aj_extent {
     AJ_EXTENT_HEADS_KV = 3,
     AJ_EXTENT_SEQ_Q = 4,
     AJ_EXTENT_SEQ_K = 5,
+    AJ_EXTENT_SPLITS = 6,      /* layout = paged: the split-KV parts of a launch */
     AJ_EXTENT_COUNT
 } aj_extent;
 
@@ -666,6 +667,23 @@ typedef struct aj_fwd_args {
      * any order; NULL / 0 for ops that declare none. */
     const aj_side_tensor *side;
     int32_t num_side;
+    /* layout = paged only (docs/ir.md "paged"); k and v stay empty, q, o
+     * and lse are padded [B, Hq, Sq, D], [B, Hq, Sq, Dv], [B, Hq, Sq].
+     * k_cache [num_pages, page_size, Hkv, D] and v_cache [num_pages,
+     * page_size, Hkv, Dv] of the op's kv_dtype (any strides, unit last);
+     * block_table: int32 [B, max_pages], contiguous, row b the pages of
+     * sequence b in order; seqlens_k: int32 [B], sequence b's keys (0 ..
+     * max_pages page_size); all in device memory.  The queries are the
+     * last Sq positions of their sequence.  k_scale, v_scale: f32 tensors
+     * of one element that the stored K and V are multiplied by, f8
+     * kv_dtype only (required there).  A bad page index or length is
+     * found by the kernel (AJ_ERR_INVALID_ARG naming the sequence, as
+     * varlen's offsets).  q_offset, kv_offset and the totals must be 0. */
+    aj_tensor k_cache, v_cache;
+    const int32_t *block_table;
+    int32_t max_pages;
+    const int32_t *seqlens_k;
+    aj_tensor k_scale, v_scale;
 } aj_fwd_args;
 
 #define AJ_FWD_ARGS_INIT { .struct_size = sizeof(aj_fwd_args) }
