@@ -276,7 +276,7 @@ void aj_kb_cp_async_wait_all(aj_kb *kb);
 LLVMTypeRef aj_kb_storage_type(aj_kb *kb, aj_dtype dtype); /* i8, i16 or f32 */
 LLVMValueRef aj_kb_to_f32(aj_kb *kb, LLVMValueRef v, aj_dtype dtype);
 LLVMValueRef aj_kb_from_f32(aj_kb *kb, LLVMValueRef v, aj_dtype dtype);
-/* (the element sizes: aj_dtype_size, ir/dtype.h) */
+/* (the element sizes: aj_dtype_size, attnjit.h) */
 
 /* arithmetic shorthands (f32 and integer) */
 LLVMValueRef aj_kb_fmax(aj_kb *kb, LLVMValueRef a, LLVMValueRef b);

@@ -126,6 +126,8 @@ uint8_t aj_f32_to_f8e5m2(float f) { return f8_encode(&e5m2, f); }
 
 int aj_dtype_size(aj_dtype dtype)
 {
+    if ((unsigned)dtype >= AJ_DTYPE_COUNT)
+        return 0;
     return dtype == AJ_DTYPE_F32 ? 4 : dtype >= AJ_DTYPE_F8E4M3 ? 1 : 2;
 }
 

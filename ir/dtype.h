@@ -21,7 +21,6 @@ float aj_f8e4m3_to_f32(uint8_t b);
 uint8_t aj_f32_to_f8e4m3(float f);
 float aj_f8e5m2_to_f32(uint8_t b);
 uint8_t aj_f32_to_f8e5m2(float f);
-/* Bytes per element of a dtype (1, 2 or 4). */
-int aj_dtype_size(aj_dtype dtype);
+/* (bytes per element: aj_dtype_size, attnjit.h) */
 
 #endif /* AJ_IR_DTYPE_H */

@@ -92,7 +92,7 @@ static inline aj_status paged_fill(aj_device *dev, aj_dtype dtype, size_t n, dou
         st = aj_convert(stored, dtype, f, AJ_DTYPE_F32, n);
     for (size_t i = 0; st == AJ_OK && i < n; i++)
         ref[i] = (double)f[i];
-    size_t bytes = n * (size_t)(dtype == AJ_DTYPE_F32 ? 4 : dtype >= AJ_DTYPE_F8E4M3 ? 1 : 2);
+    size_t bytes = n * (size_t)aj_dtype_size(dtype);
     if (st == AJ_OK)
         st = aj_device_alloc(dev, bytes ? bytes : 16, dev_mem);
     if (st == AJ_OK)
@@ -214,7 +214,7 @@ static inline paged_result paged_run(aj_ctx *ctx, aj_device *dev, const aj_kerne
         r.status = paged_fill(dev, c->kv_dtype, rows * c->d, 1.0, k_scale, &seed, &mem[1], kc);
     if (r.status == AJ_OK)
         r.status = paged_fill(dev, c->kv_dtype, rows * dv, 1.0, v_scale, &seed, &mem[2], vc);
-    size_t o_bytes = no * (size_t)(c->dtype == AJ_DTYPE_F32 ? 4 : 2);
+    size_t o_bytes = no * (size_t)aj_dtype_size(c->dtype);
     size_t lse_n = (size_t)c->b * c->hq * c->sq;
     float scales[2] = {(float)k_scale, (float)v_scale};
     const size_t sizes[5] = {o_bytes + 16, lse_n * 4 + 16, (size_t)c->b * max_pages * 4 + 16,

@@ -1017,6 +1017,10 @@ aj_status aj_ring_backward(aj_ctx *ctx, aj_device *dev, aj_comm *comm, const aj_
 aj_status aj_convert(const void *src, aj_dtype src_dtype, void *dst, aj_dtype dst_dtype,
                      size_t count);
 
+/* Bytes per element of a dtype: 4, 2 or 1 (the f8 dtypes); 0 for a value
+ * outside the enum. */
+int aj_dtype_size(aj_dtype dtype);
+
 /* ---------------------------------------------------------------- tuning */
 
 /* The problem a tuning run times, and how.  Start from AJ_TUNE_OPTIONS_INIT;
