@@ -185,9 +185,16 @@ static LLVMValueRef load8(aj_kb *kb, const char *t, aj_dtype dtype, int pairs, L
 
 LLVMValueRef aj_cpu_row_at(aj_kb *kb, const aj_cpu_rows *src, LLVMValueRef p)
 {
+    LLVMBuilderRef b = kb->b;
+    if (src->per_head) {
+        aj_cpu_rows one = *src;
+        LLVMValueRef head = LLVMBuildUDiv(b, p, src->per_head, "");
+        one.per_head = NULL;
+        one.base = add(kb, src->base, mul(kb, sext64(kb, head), src->stride_h));
+        return aj_cpu_row_at(kb, &one, LLVMBuildURem(b, p, src->per_head, ""));
+    }
     if (!src->pages)
         return add(kb, src->base, mul(kb, sext64(kb, p), src->stride_s));
-    LLVMBuilderRef b = kb->b;
     LLVMValueRef slot = LLVMBuildUDiv(b, p, src->page_size, "");
     LLVMValueRef in_page = LLVMBuildURem(b, p, src->page_size, "");
     LLVMValueRef page = LLVMBuildLoad2(b, kb->t_i32, aj_cv_at(kb, kb->t_i32, src->pages, slot),

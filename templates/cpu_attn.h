@@ -120,13 +120,17 @@ void aj_cpu_zero(aj_kb *kb, LLVMValueRef ptr, int n);
  *
  *   base + pages[p / page_size] stride_page + (p % page_size) stride_s
  *
- * with base the kv head's offset (layout = paged, docs/ir.md).
+ * with base the kv head's offset (layout = paged, docs/ir.md).  With
+ * per_head set (the query heads of a KV head packed into one row block),
+ * row p is row p % per_head of head p / per_head, heads stride_h apart.
  */
 typedef struct aj_cpu_rows {
     LLVMValueRef base, stride_s;    /* i64 */
     LLVMValueRef pages;             /* paged: pointer to i32; NULL: padded */
     LLVMValueRef page_size;         /* i32 (paged) */
     LLVMValueRef stride_page;       /* i64 (paged) */
+    LLVMValueRef per_head;          /* i32 rows per head, NULL: one head */
+    LLVMValueRef stride_h;          /* i64 (per_head) */
 } aj_cpu_rows;
 
 /* The element offset of row p (i32) of src. */

@@ -104,6 +104,10 @@ typedef struct cfwd {
     LLVMValueRef pw;                /* pairs: P in bf16 pairs */
     double q_scale;                 /* pairs: the scale S takes (Q stays bf16) */
     LLVMValueRef k_scale, v_scale;  /* f32 factors of S and O (f8 caches), else NULL */
+    /* packed heads (paged GQA): rows per head (i32), else NULL; the row
+     * block's query rows for the band and tile classes are then all of
+     * [0, per_head) */
+    LLVMValueRef per_head;
     const char *k_name, *v_name;    /* the K and V tensors: k, v or the caches */
     LLVMValueRef m, l, alpha;
 } cfwd;
@@ -116,6 +120,7 @@ typedef struct cfwd_out {
     aj_dtype dtype;
     int accumulate;
     LLVMValueRef o_base, o_stride, lse_base;   /* i64 */
+    LLVMValueRef o_head, lse_head;  /* packed heads: i64 strides of a head */
 } cfwd_out;
 
 static LLVMValueRef param(cfwd *c, const char *name)
@@ -186,6 +191,8 @@ static void emit_softmax(cfwd *c, LLVMValueRef n0)
     LLVMValueRef ninf = aj_cv_splat(kb, aj_kb_f32(kb, -INFINITY), w);
     LLVMValueRef i = aj_kb_for_begin(kb, i32c(c, 0), c->rows_pad, i32c(c, 1), "pi");
     LLVMValueRef ig = add(c, c->m0, i);   /* the row's local index in the call */
+    if (c->per_head)
+        ig = LLVMBuildURem(b, ig, c->per_head, "");   /* its query row */
     LLVMValueRef srow = mul(c, i, i32c(c, p->bn));
     LLVMValueRef s[MAX_BLOCK / 4];
     LLVMValueRef mx = ninf;
@@ -308,6 +315,13 @@ static void emit_epilogue(cfwd *c, const cfwd_out *to)
     int vw = p->vw;
     LLVMValueRef i = aj_kb_for_begin(kb, i32c(c, 0), c->rows, i32c(c, 1), "ei");
     LLVMValueRef ig = sext64(c, add(c, c->m0, i));
+    LLVMValueRef orow = add(c, to->o_base, mul(c, ig, to->o_stride)), lse_at = ig;
+    if (c->per_head) {   /* row ig is query row qi of the block's head-th head */
+        LLVMValueRef per = sext64(c, c->per_head);
+        LLVMValueRef head = LLVMBuildUDiv(b, ig, per, ""), qi = LLVMBuildURem(b, ig, per, "");
+        orow = add(c, add(c, to->o_base, mul(c, head, to->o_head)), mul(c, qi, to->o_stride));
+        lse_at = add(c, mul(c, head, to->lse_head), qi);
+    }
     LLVMValueRef lsum = fload(c, buf_at(c, c->l, i));
     /* lsum is 0 only for a row that saw no key; NaN counts as seen */
     LLVMValueRef seen = LLVMBuildFCmp(b, LLVMRealUNE, lsum, aj_kb_f32(kb, 0), "");
@@ -319,8 +333,9 @@ static void emit_epilogue(cfwd *c, const cfwd_out *to)
                                     scalar_math(c, "llvm.log2", lsum), "");
     l2 = LLVMBuildSelect(b, seen, l2, aj_kb_f32(kb, -INFINITY), "");
     LLVMValueRef lse = LLVMBuildFMul(b, l2, aj_kb_f32(kb, AJ_LN2), "");
-    LLVMValueRef lse_ptr = aj_cv_at(kb, kb->t_f32, param(c, to->lse), add(c, to->lse_base, ig));
-    LLVMValueRef orow = add(c, to->o_base, mul(c, ig, to->o_stride));
+    LLVMValueRef lse_ptr = aj_cv_at(kb, kb->t_f32, param(c, to->lse), add(c, to->lse_base,
+                                                                          lse_at));
+
     LLVMValueRef w_prior = NULL, scale_new = inv;
     if (accumulate) {
         LLVMValueRef w_new;
@@ -383,9 +398,12 @@ static void emit_row_block(cfwd *c, const cfwd_block *blk, int log2e_in_q)
     c->q_scale = q_scale;
     aj_cpu_load_rows(kb, c->q, p->d / per_slot, "q", p->dtype, &blk->q, c->m0, c->rows,
                      c->rows_pad, p->pairs ? 1.0 : q_scale, p->pairs);
+    /* the query rows the block holds: m0 .., or every row of a packed head */
+    LLVMValueRef pos0 = c->per_head ? i32c(c, 0) : c->m0;
+    LLVMValueRef pos_rows = c->per_head ? c->per_head : c->rows;
     LLVMValueRef n_begin, n_end;
-    aj_cpu_key_blocks(&c->at, p->bn, c->m0, add(c, c->m0, LLVMBuildSub(b, c->rows, i32c(c, 1),
-                                                                       "")),
+    aj_cpu_key_blocks(&c->at, p->bn, pos0, add(c, pos0, LLVMBuildSub(b, pos_rows, i32c(c, 1),
+                                                                     "")),
                       &n_begin, &n_end);
     n_begin = aj_kb_smax(kb, n_begin, blk->k_first);
     n_end = aj_kb_smin(kb, n_end, blk->k_end);
@@ -394,7 +412,7 @@ static void emit_row_block(cfwd *c, const cfwd_block *blk, int log2e_in_q)
         LLVMValueRef n0 = LLVMBuildMul(b, n, i32c(c, p->bn), "n0");
         LLVMValueRef kcount = aj_kb_smin(kb, i32c(c, p->bn), LLVMBuildSub(b, seq->len_k, n0,
                                                                           ""));
-        aj_cpu_skip_begin(&c->at, c->m0, c->rows, n0, kcount);
+        aj_cpu_skip_begin(&c->at, pos0, pos_rows, n0, kcount);
         /* keys past Sk are zero: masked anyway, and 0 * V must not meet a
          * stale NaN */
         aj_cpu_load_cols(kb, c->kt, p->d / per_slot, p->bn, c->k_name,
@@ -488,7 +506,7 @@ static void build_dense(cfwd *c, const aj_score_prog *prog, int log2e_in_q)
         .k_end = i32c(c, INT32_MAX),
         .out = {out, "lse", op->accumulate ? AJ_DTYPE_F32 : p->dtype, op->accumulate,
                 aj_cpu_seq_base(kb, out, bidx, h, seq->start_q), param(c, stride_s),
-                add(c, aj_attn_slice_base(kb, "lse", bidx, h), seq->start_q)},
+                add(c, aj_attn_slice_base(kb, "lse", bidx, h), seq->start_q), NULL, NULL},
     };
     emit_row_block(c, &blk, log2e_in_q);
     aj_kb_if_end(kb);
@@ -517,6 +535,18 @@ static LLVMValueRef paged_lse_at(cfwd *c)
                                    sext64(c, param(c, "heads_q"))),
                             mul(c, sext64(c, param(c, "splits")), sext64(c, param(c, "seq_q"))));
     return mul(c, rows, aj_kb_i64(c->kb, c->p.dv));
+}
+
+/* Whether the score programs read the head (then each query head is its
+ * own row block). */
+static int programs_read_h(const aj_score_prog *prog)
+{
+    const uint16_t roots[4] = {prog->mod, prog->band_lo, prog->band_hi, prog->rest};
+    for (int i = 0; i < 4; i++)
+        if (roots[i] != AJ_EXPR_NONE &&
+            (prog->reads[roots[i]] & (AJ_SCORE_READS(AJ_VAR_H) | AJ_SCORE_READS_LOAD)))
+            return 1;
+    return 0;
 }
 
 /*
@@ -573,12 +603,46 @@ static void build_paged_parts(cfwd *c, const aj_score_prog *prog, int log2e_in_q
         .k_end = end,
     };
     cfwd_out direct = {"o", "lse", p->dtype, 0, aj_attn_slice_base(kb, "o", bidx, h),
-                       param(c, "stride_o_s"), aj_attn_slice_base(kb, "lse", bidx, h)};
+                       param(c, "stride_o_s"), aj_attn_slice_base(kb, "lse", bidx, h), NULL,
+                       NULL};
     LLVMValueRef row0 = paged_part_row(c, bidx, h, part);
     cfwd_out partial = {"workspace", "workspace", AJ_DTYPE_F32, 0,
                         mul(c, row0, aj_kb_i64(kb, p->dv)), aj_kb_i64(kb, p->dv),
-                        add(c, paged_lse_at(c), row0)};
+                        add(c, paged_lse_at(c), row0), NULL, NULL};
     LLVMValueRef one = LLVMBuildICmp(b, LLVMIntEQ, splits, i32c(c, 1), "");
+    /* GQA packing: where the programs do not read h and the group's rows
+     * fit one block, the item of the group's first head takes all of its
+     * heads' rows (the KV read once, the register tiles full), the others
+     * return */
+    LLVMValueRef pack = NULL;
+    if (!programs_read_h(prog)) {
+        pack = LLVMBuildICmp(b, LLVMIntSLE, mul(c, group, seq->len_q), i32c(c, p->bm), "pack");
+        aj_kb_if_begin(kb, pack);
+        aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntEQ, LLVMBuildSRem(b, h, group, ""),
+                                         i32c(c, 0), ""));
+        cfwd_block packed = blk;
+        packed.q.per_head = seq->len_q;
+        packed.q.stride_h = param(c, "stride_q_h");
+        cfwd_out heads[2] = {direct, partial};
+        heads[0].o_head = param(c, "stride_o_h");
+        heads[0].lse_head = param(c, "stride_lse_h");
+        heads[1].o_head = mul(c, mul(c, sext64(c, splits), sext64(c, seq->len_q)),
+                              aj_kb_i64(kb, p->dv));
+        heads[1].lse_head = mul(c, sext64(c, splits), sext64(c, seq->len_q));
+        c->per_head = seq->len_q;
+        c->m0 = i32c(c, 0);
+        c->rows = mul(c, group, seq->len_q);
+        aj_kb_if_begin(kb, one);
+        packed.out = heads[0];
+        emit_row_block(c, &packed, log2e_in_q);
+        aj_kb_else(kb);
+        packed.out = heads[1];
+        emit_row_block(c, &packed, log2e_in_q);
+        aj_kb_if_end(kb);
+        c->per_head = NULL;
+        aj_kb_if_end(kb);
+        aj_kb_else(kb);
+    }
     LLVMValueRef mb = aj_kb_for_begin(kb, i32c(c, 0), seq->len_q, i32c(c, p->bm), "mb");
     c->m0 = mb;
     c->rows = aj_kb_smin(kb, i32c(c, p->bm), LLVMBuildSub(b, seq->len_q, mb, ""));
@@ -590,6 +654,8 @@ static void build_paged_parts(cfwd *c, const aj_score_prog *prog, int log2e_in_q
     emit_row_block(c, &blk, log2e_in_q);
     aj_kb_if_end(kb);
     aj_kb_for_end(kb);
+    if (pack)
+        aj_kb_if_end(kb);
     const aj_kernel_layout layout = {
         .grid = {{AJ_EXTENT_SPLITS, 1}, {AJ_EXTENT_HEADS_Q, 1}, {AJ_EXTENT_BATCH, 1}},
         .schedule = {p->bm, p->bn, 1, 1},

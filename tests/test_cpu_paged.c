@@ -4,7 +4,8 @@
  * -- page sizes 1, 16, 64 (and 256), pages in order, shuffled and shared
  * between sequences, Sq 1..16, GQA 1:1 .. 8:1, head dims 64, 128, 256 and
  * (192, 128), f16 / bf16 queries with f16, bf16, f8e4m3 and f8e5m2
- * caches, masks and softcap, sequences of length 0 -- then every split
+ * caches, masks and softcap, sequences of length 0, query heads packed per
+ * KV head and not (a group too long for one block) -- then every split
  * count 1..16 of one problem against the reference and against each other,
  * and the faults the kernel finds (a page outside the cache, a length
  * beyond the table, a negative length), each named by its sequence.
@@ -103,6 +104,17 @@ static void test_sweep(void)
         c.dv = dims[i][1];
         c.mask = AJ_MASK_CAUSAL;
         c.sq = 4;
+        run(&c);
+    }
+    /* a group whose rows do not fit one block (8 x 17 > 128): one item per
+     * query head, the path alibi and head-reading expressions take */
+    for (int sq = 16; sq <= 17; sq++) {
+        paged_case c = base(AJ_DTYPE_BF16, AJ_DTYPE_BF16, 64, lens, 4);
+        c.hkv = 1;
+        c.hq = 8;
+        c.sq = sq;
+        c.mask = AJ_MASK_CAUSAL;
+        c.splits = 3;
         run(&c);
     }
     /* window and softcap on absolute positions; all sequences empty */
