@@ -51,6 +51,27 @@ typedef struct paged_result {
     double seconds;             /* the aj_forward call */
 } paged_result;
 
+/* A case of b sequences of these lengths: Hq 4, Hkv 2, Sq 1, page size
+ * 16, pages shuffled, no mask, the launch's split count. */
+static inline paged_case paged_base(aj_dtype dtype, aj_dtype kv_dtype, int d,
+                                    const int32_t *seqlens, int b)
+{
+    paged_case c;
+    memset(&c, 0, sizeof c);
+    c.dtype = dtype;
+    c.kv_dtype = kv_dtype;
+    c.d = d;
+    c.b = b;
+    c.hq = 4;
+    c.hkv = 2;
+    c.sq = 1;
+    c.page_size = 16;
+    c.seqlens = seqlens;
+    c.pages = PAGED_SHUFFLED;
+    c.seed = 7;
+    return c;
+}
+
 /* "bf16/e4m3 d128 ps16 gqa 4:1 sq 2 causal shuffled splits 4" */
 static inline void paged_label(const paged_case *c, char *buf, size_t cap)
 {

@@ -41,23 +41,7 @@ static void run(const paged_case *c)
     printf("%-72s O %.3f LSE %.3f %8.2f ms\n", label, r.err_o, r.err_lse, r.seconds * 1e3);
 }
 
-static paged_case base(aj_dtype dtype, aj_dtype kv_dtype, int d, const int32_t *lens, int b)
-{
-    paged_case c;
-    memset(&c, 0, sizeof c);
-    c.dtype = dtype;
-    c.kv_dtype = kv_dtype;
-    c.d = d;
-    c.b = b;
-    c.hq = 4;
-    c.hkv = 2;
-    c.sq = 1;
-    c.page_size = 16;
-    c.seqlens = lens;
-    c.pages = PAGED_SHUFFLED;
-    c.seed = 7;
-    return c;
-}
+
 
 /* Each dimension over its advertised range, the others at a base. */
 static void test_sweep(void)
@@ -68,7 +52,7 @@ static void test_sweep(void)
                                     AJ_DTYPE_F8E5M2};
     for (int i = 0; i < 2; i++)
         for (int j = 0; j < 4; j++) {
-            paged_case c = base(qs[i], kvs[j], 64, lens, 4);
+            paged_case c = paged_base(qs[i], kvs[j], 64, lens, 4);
             c.mask = AJ_MASK_CAUSAL;
             c.sq = 3;
             run(&c);
@@ -77,7 +61,7 @@ static void test_sweep(void)
     static const int layouts[3] = {PAGED_IN_ORDER, PAGED_SHUFFLED, PAGED_SHARED_PREFIX};
     for (int i = 0; i < 4; i++)
         for (int j = 0; j < 3; j++) {
-            paged_case c = base(AJ_DTYPE_BF16, AJ_DTYPE_BF16, 64, lens, 4);
+            paged_case c = paged_base(AJ_DTYPE_BF16, AJ_DTYPE_BF16, 64, lens, 4);
             c.page_size = page_sizes[i];
             c.pages = layouts[j];
             c.sq = 2;
@@ -85,14 +69,14 @@ static void test_sweep(void)
         }
     static const int sqs[5] = {1, 2, 5, 8, 16};
     for (int i = 0; i < 5; i++) {
-        paged_case c = base(AJ_DTYPE_F16, AJ_DTYPE_F16, 128, lens, 4);
+        paged_case c = paged_base(AJ_DTYPE_F16, AJ_DTYPE_F16, 128, lens, 4);
         c.sq = sqs[i];
         c.mask = AJ_MASK_CAUSAL;
         run(&c);
     }
     static const int groups[4] = {1, 2, 4, 8};
     for (int i = 0; i < 4; i++) {
-        paged_case c = base(AJ_DTYPE_BF16, AJ_DTYPE_F8E4M3, 128, lens, 4);
+        paged_case c = paged_base(AJ_DTYPE_BF16, AJ_DTYPE_F8E4M3, 128, lens, 4);
         c.hkv = groups[i] == 8 ? 1 : 2;
         c.hq = c.hkv * groups[i];
         c.sq = 2;
@@ -100,7 +84,7 @@ static void test_sweep(void)
     }
     static const int dims[4][2] = {{64, 64}, {128, 128}, {256, 256}, {192, 128}};
     for (int i = 0; i < 4; i++) {
-        paged_case c = base(AJ_DTYPE_BF16, AJ_DTYPE_BF16, dims[i][0], lens, 4);
+        paged_case c = paged_base(AJ_DTYPE_BF16, AJ_DTYPE_BF16, dims[i][0], lens, 4);
         c.dv = dims[i][1];
         c.mask = AJ_MASK_CAUSAL;
         c.sq = 4;
@@ -109,7 +93,7 @@ static void test_sweep(void)
     /* a group whose rows do not fit one block (8 x 17 > 128): one item per
      * query head, the path alibi and head-reading expressions take */
     for (int sq = 16; sq <= 17; sq++) {
-        paged_case c = base(AJ_DTYPE_BF16, AJ_DTYPE_BF16, 64, lens, 4);
+        paged_case c = paged_base(AJ_DTYPE_BF16, AJ_DTYPE_BF16, 64, lens, 4);
         c.hkv = 1;
         c.hq = 8;
         c.sq = sq;
@@ -118,7 +102,7 @@ static void test_sweep(void)
         run(&c);
     }
     /* window and softcap on absolute positions; all sequences empty */
-    paged_case c = base(AJ_DTYPE_F16, AJ_DTYPE_F8E5M2, 64, lens, 4);
+    paged_case c = paged_base(AJ_DTYPE_F16, AJ_DTYPE_F8E5M2, 64, lens, 4);
     c.mask = AJ_MASK_WINDOW;
     c.left = 20;
     c.right = 0;
@@ -128,7 +112,7 @@ static void test_sweep(void)
     c.softcap = 5.0;
     run(&c);
     static const int32_t empty[2] = {0, 0};
-    c = base(AJ_DTYPE_BF16, AJ_DTYPE_BF16, 64, empty, 2);
+    c = paged_base(AJ_DTYPE_BF16, AJ_DTYPE_BF16, 64, empty, 2);
     run(&c);
 }
 
@@ -138,7 +122,7 @@ static void test_splits(void)
 {
     static const int32_t lens[3] = {1000, 3, 517};
     for (int s = 1; s <= 16; s++) {
-        paged_case c = base(AJ_DTYPE_BF16, AJ_DTYPE_BF16, 128, lens, 3);
+        paged_case c = paged_base(AJ_DTYPE_BF16, AJ_DTYPE_BF16, 128, lens, 3);
         c.splits = s;
         c.sq = 2;
         c.mask = AJ_MASK_CAUSAL;
@@ -146,7 +130,7 @@ static void test_splits(void)
         run(&c);
     }
     /* the launch's own choice (here: 0) */
-    paged_case c = base(AJ_DTYPE_F16, AJ_DTYPE_F8E4M3, 64, lens, 1);
+    paged_case c = paged_base(AJ_DTYPE_F16, AJ_DTYPE_F8E4M3, 64, lens, 1);
     run(&c);
 }
 
@@ -170,7 +154,7 @@ static void test_faults(void)
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         for (int splits = 1; splits <= 3; splits += 2) {
-            paged_case c = base(AJ_DTYPE_F16, AJ_DTYPE_F16, 64, cases[i].lens, 3);
+            paged_case c = paged_base(AJ_DTYPE_F16, AJ_DTYPE_F16, 64, cases[i].lens, 3);
             c.fault = cases[i].fault;
             c.fault_seq = cases[i].seq;
             c.splits = splits;
@@ -198,7 +182,7 @@ static void test_faults(void)
 static void test_errors(void)
 {
     static const int32_t lens[1] = {10};
-    paged_case c = base(AJ_DTYPE_F16, AJ_DTYPE_F16, 64, lens, 1);
+    paged_case c = paged_base(AJ_DTYPE_F16, AJ_DTYPE_F16, 64, lens, 1);
     aj_device *sim = NULL;
     aj_kernel *kernel = NULL;
     if (aj_device_open(ctx, AJ_DEVICE_SIM, 0, &sim) == AJ_OK) {

@@ -148,19 +148,12 @@ static void decode_free(aj_device *dev, decode *d)
     aj_kernel_destroy(d->kernel);
 }
 
+/* Hq 32, Hkv 8, d 128, bf16, page 16, decode */
 static paged_case decode_case(int b, const int32_t *lens, int splits)
 {
-    paged_case c;
-    memset(&c, 0, sizeof c);
-    c.dtype = c.kv_dtype = AJ_DTYPE_BF16;
-    c.d = 128;
-    c.b = b;
+    paged_case c = paged_base(AJ_DTYPE_BF16, AJ_DTYPE_BF16, 128, lens, b);
     c.hq = 32;
     c.hkv = 8;
-    c.sq = 1;
-    c.page_size = 16;
-    c.seqlens = lens;
-    c.pages = PAGED_SHUFFLED;
     c.splits = splits;
     return c;
 }
