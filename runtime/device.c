@@ -1,34 +1,62 @@
 /*
- * device.c -- opening devices, and their memory.  The CUDA driver is looked
- * for at run time (runtime/cuda); without it every other device keeps
- * working.
+ * device.c -- devices: every aj_device_* call, through the table of the
+ * device's kind (runtime.h, aj_device_ops); the tables of sim, cpu and
+ * cuda at the end.  The CUDA driver is looked for at run time
+ * (runtime/cuda); without it every other device keeps working.
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "runtime/runtime.h"
 #include "templates/attn_common.h"
+
+static const aj_device_ops sim_ops, cpu_ops, cuda_ops;
+
+const aj_device_ops *aj_device_ops_of(aj_device_kind kind)
+{
+    static const aj_device_ops *const all[] = {
+        [AJ_DEVICE_SIM] = &sim_ops,
+        [AJ_DEVICE_CUDA] = &cuda_ops,
+        [AJ_DEVICE_CPU] = &cpu_ops,
+    };
+    _Static_assert(sizeof all / sizeof all[0] == AJ_DEVICE_KIND_COUNT,
+                   "a table per device kind");
+    return (unsigned)kind < AJ_DEVICE_KIND_COUNT ? all[kind] : NULL;
+}
+
+const char *aj_device_kind_name(aj_device_kind kind)
+{
+    const aj_device_ops *ops = aj_device_ops_of(kind);
+    return ops ? ops->kind_caps.kind_name : NULL;
+}
+
+aj_cuda_device *aj_device_cuda(const aj_device *dev)
+{
+    return dev ? dev->cuda : NULL;
+}
+
+/* ---------------------------------------------------------------- open */
 
 static aj_status set_status(aj_device *dev, uint32_t value)
 {
     return aj_device_copy_to(dev, dev->status, &value, sizeof value);
 }
 
-static aj_status new_device(aj_ctx *ctx, aj_device_kind kind, int index,
-                            aj_cuda_device *cuda, aj_device **out)
+static aj_status open_device(aj_ctx *ctx, const aj_device_ops *ops, int index,
+                             void *cu_context, aj_device **out)
 {
     aj_device *dev = calloc(1, sizeof *dev);
-    if (!dev) {
-        aj_cuda_device_close(cuda);
+    if (!dev)
         return aj_fail(ctx, AJ_ERR_OUT_OF_MEMORY, "out of memory");
-    }
     dev->ctx = ctx;
-    dev->kind = kind;
+    dev->ops = ops;
     dev->index = index;
-    dev->cuda = cuda;
+    aj_status st = ops->open(dev, index, cu_context);
     void *status = NULL;
-    aj_status st = aj_device_alloc(dev, sizeof *dev->status, &status);
+    if (st == AJ_OK)
+        st = aj_device_alloc(dev, sizeof *dev->status, &status);
     dev->status = status;
     if (st == AJ_OK)
         st = set_status(dev, AJ_VARLEN_STATUS_CLEAR);
@@ -45,32 +73,10 @@ aj_status aj_device_open(aj_ctx *ctx, aj_device_kind kind, int index, aj_device 
     if (!ctx)
         return AJ_ERR_INVALID_ARG;
     AJ_CHECK_ARG(ctx, out, "aj_device_open: out is NULL");
-    AJ_CHECK_ARG(ctx, (unsigned)kind < AJ_DEVICE_KIND_COUNT,
-                 "aj_device_open: kind = %d is not a device kind", (int)kind);
+    const aj_device_ops *ops = aj_device_ops_of(kind);
+    AJ_CHECK_ARG(ctx, ops, "aj_device_open: kind = %d is not a device kind", (int)kind);
     AJ_CHECK_ARG(ctx, index >= 0, "aj_device_open: index = %d is negative", index);
-    if (kind == AJ_DEVICE_CUDA) {
-        aj_cuda_device *cuda = NULL;
-        aj_status st = aj_cuda_device_open(ctx, index, NULL, &cuda);
-        return st == AJ_OK ? new_device(ctx, kind, index, cuda, out) : st;
-    }
-    if (kind == AJ_DEVICE_CPU) {
-        if (index != 0)
-            return aj_fail(ctx, AJ_ERR_NO_DEVICE, "aj_device_open: the cpu device has index 0 "
-                           "only (its threads are set with aj_device_set_workers), not %d",
-                           index);
-        aj_cpu_device *cpu = NULL;
-        aj_status st = aj_cpu_device_open(ctx, &cpu);
-        if (st == AJ_OK)
-            st = new_device(ctx, kind, index, NULL, out);
-        if (st == AJ_OK)
-            (*out)->cpu = cpu;
-        else
-            aj_cpu_device_close(cpu);
-        return st;
-    }
-    AJ_CHECK_ARG(ctx, index == 0, "aj_device_open: the sim device has index 0 only, not %d",
-                 index);
-    return new_device(ctx, kind, index, NULL, out);
+    return open_device(ctx, ops, index, NULL, out);
 }
 
 aj_status aj_device_open_context(aj_ctx *ctx, void *cu_context, aj_device **out)
@@ -79,63 +85,96 @@ aj_status aj_device_open_context(aj_ctx *ctx, void *cu_context, aj_device **out)
         return AJ_ERR_INVALID_ARG;
     AJ_CHECK_ARG(ctx, out, "aj_device_open_context: out is NULL");
     AJ_CHECK_ARG(ctx, cu_context, "aj_device_open_context: cu_context is NULL");
-    aj_cuda_device *cuda = NULL;
-    aj_status st = aj_cuda_device_open(ctx, 0, cu_context, &cuda);
-    return st == AJ_OK ? new_device(ctx, AJ_DEVICE_CUDA, 0, cuda, out) : st;
+    return open_device(ctx, &cuda_ops, 0, cu_context, out);
 }
 
 void aj_device_close(aj_device *dev)
 {
     if (!dev)
         return;
-    aj_device_free(dev, dev->status);
-    aj_cuda_device_close(dev->cuda);
-    aj_cpu_device_close(dev->cpu);
+    if (dev->status)
+        dev->ops->free(dev, dev->status);
+    dev->ops->close(dev);
     free(dev);
 }
 
 aj_target aj_device_target(const aj_device *dev)
 {
-    if (!dev)
-        return AJ_TARGET_ANY;
-    if (dev->cpu)
-        return AJ_TARGET_CPU;
-    return dev->cuda ? dev->cuda->target : AJ_TARGET_SIM;
+    return dev ? dev->ops->target(dev) : AJ_TARGET_ANY;
 }
 
 const char *aj_device_name(const aj_device *dev)
 {
-    if (!dev)
-        return "";
-    if (dev->cpu)
-        return dev->cpu->name;
-    return dev->cuda ? dev->cuda->name : "sim";
+    return dev ? dev->ops->device_name(dev) : "";
 }
+
+/* ---------------------------------------------------------------- caps */
+
+/* Copies `full` into the caller's struct of out->struct_size bytes (this
+ * first version or a newer, larger one: the fields it adds are zeroed). */
+static int write_caps(const aj_device_caps *full, aj_device_caps *out)
+{
+    const size_t given = out->struct_size;
+    if (given < sizeof *full)
+        return 0;
+    memcpy(out, full, sizeof *full);
+    memset((char *)out + sizeof *full, 0, given - sizeof *full);
+    out->struct_size = given;
+    return 1;
+}
+
+aj_status aj_device_kind_caps(aj_device_kind kind, aj_device_caps *caps)
+{
+    const aj_device_ops *ops = aj_device_ops_of(kind);
+    if (!ops || !caps)
+        return AJ_ERR_INVALID_ARG;
+    return write_caps(&ops->kind_caps, caps) ? AJ_OK : AJ_ERR_INVALID_ARG;
+}
+
+aj_status aj_device_get_caps(const aj_device *dev, aj_device_caps *caps)
+{
+    if (!dev)
+        return AJ_ERR_INVALID_ARG;
+    AJ_CHECK_ARG(dev->ctx, caps, "aj_device_get_caps: caps is NULL");
+    aj_device_caps full = dev->ops->kind_caps;
+    full.target = dev->ops->target(dev);
+    dev->ops->caps(dev, &full);
+    AJ_CHECK_ARG(dev->ctx, write_caps(&full, caps),
+                 "aj_device_get_caps: caps->struct_size = %zu is smaller than any version of "
+                 "the struct (at least %zu); start from AJ_DEVICE_CAPS_INIT", caps->struct_size,
+                 sizeof full);
+    return AJ_OK;
+}
+
+/* ---------------------------------------------------------------- memory */
 
 aj_status aj_device_alloc(aj_device *dev, size_t bytes, void **out)
 {
     if (!dev)
         return AJ_ERR_INVALID_ARG;
     AJ_CHECK_ARG(dev->ctx, out, "aj_device_alloc: out is NULL");
-    if (dev->cuda)
-        return aj_cuda_alloc(dev->ctx, dev->cuda, bytes, out);
-    void *p = aligned_alloc(64, (bytes + 63) / 64 * 64 + 64);
-    if (!p)
-        return aj_fail(dev->ctx, AJ_ERR_OUT_OF_MEMORY, "aj_device_alloc: %zu bytes", bytes);
-    *out = p;
-    return AJ_OK;
+    return dev->ops->alloc(dev, bytes, out);
 }
 
 aj_status aj_device_free(aj_device *dev, void *ptr)
 {
     if (!dev)
         return AJ_ERR_INVALID_ARG;
-    if (!ptr)
-        return AJ_OK;
-    if (dev->cuda)
-        return aj_cuda_free(dev->ctx, dev->cuda, ptr);
-    free(ptr);
-    return AJ_OK;
+    return ptr ? dev->ops->free(dev, ptr) : AJ_OK;
+}
+
+aj_status aj_device_host_alloc(aj_device *dev, size_t bytes, int zero, void **out)
+{
+    aj_status st = dev->ops->host_alloc(dev, bytes, out);
+    if (st == AJ_OK && zero)
+        memset(*out, 0, bytes);
+    return st;
+}
+
+void aj_device_host_free(aj_device *dev, void *ptr)
+{
+    if (ptr)
+        dev->ops->host_free(dev, ptr);
 }
 
 static aj_status copy(aj_device *dev, void *dst, const void *src, size_t bytes, int to_device)
@@ -144,12 +183,7 @@ static aj_status copy(aj_device *dev, void *dst, const void *src, size_t bytes, 
         return AJ_ERR_INVALID_ARG;
     AJ_CHECK_ARG(dev->ctx, (dst && src) || bytes == 0, "aj_device_copy_%s: NULL pointer",
                  to_device ? "to" : "from");
-    if (bytes == 0)
-        return AJ_OK;
-    if (dev->cuda)
-        return aj_cuda_copy(dev->ctx, dev->cuda, dst, src, bytes, to_device);
-    memmove(dst, src, bytes);
-    return AJ_OK;
+    return bytes == 0 ? AJ_OK : dev->ops->copy(dev, dst, src, bytes, to_device);
 }
 
 aj_status aj_device_copy_to(aj_device *dev, void *dst, const void *host_src, size_t bytes)
@@ -161,6 +195,24 @@ aj_status aj_device_copy_from(aj_device *dev, void *host_dst, const void *src, s
 {
     return copy(dev, host_dst, src, bytes, 0);
 }
+
+aj_status aj_device_copy_async(aj_device *dev, void *dst, const void *src, size_t bytes,
+                               int to_device, void *stream)
+{
+    return bytes == 0 ? AJ_OK : dev->ops->copy_async(dev, dst, src, bytes, to_device, stream);
+}
+
+aj_status aj_device_scratch(aj_device *dev, void *stream, size_t bytes, void **out)
+{
+    return dev->ops->scratch(dev, stream, bytes, out);
+}
+
+void aj_device_scratch_release(aj_device *dev, void *stream, void *ptr)
+{
+    dev->ops->scratch_release(dev, stream, ptr);
+}
+
+/* ---------------------------------------------------------------- work */
 
 /* The fault recorded in the status word (cleared again), as `fn`'s
  * AJ_ERR_INVALID_ARG. */
@@ -214,67 +266,65 @@ static aj_status take_status(aj_device *dev, const char *fn)
 
 aj_status aj_device_load_kernel(aj_ctx *ctx, aj_device *dev, const aj_kernel *k)
 {
-    return dev->cuda ? aj_cuda_load(ctx, dev->cuda, k) : AJ_OK;
+    return dev->ops->load_kernel(ctx, dev, k);
+}
+
+aj_status aj_device_launch_stage(aj_ctx *ctx, aj_device *dev, const aj_device_launch *l)
+{
+    return dev->ops->launch(ctx, dev, l);
+}
+
+aj_status aj_device_stage_resources(aj_ctx *ctx, aj_device *dev, const aj_kernel *k, int stage,
+                                    aj_cuda_resources *out)
+{
+    if (!dev->ops->stage_resources)
+        return aj_fail(ctx, AJ_ERR_UNSUPPORTED, "%s has no driver to report what a kernel "
+                       "uses", aj_device_name(dev));
+    return dev->ops->stage_resources(ctx, dev, k, stage, out);
 }
 
 aj_status aj_device_launched(aj_device *dev, const char *fn)
 {
-    return dev->cuda ? AJ_OK : take_status(dev, fn);
+    return dev->ops->kind_caps.streams ? AJ_OK : take_status(dev, fn);
 }
 
 aj_status aj_device_synchronize(aj_device *dev, void *stream)
 {
     if (!dev)
         return AJ_ERR_INVALID_ARG;
-    if (!dev->cuda)
+    if (!dev->ops->kind_caps.streams)
         return AJ_OK;   /* sim and cpu reported it at the launch */
-    aj_status st = aj_cuda_synchronize(dev->ctx, dev->cuda, stream);
+    aj_status st = dev->ops->synchronize(dev, stream);
     return st == AJ_OK ? take_status(dev, "a varlen launch") : st;
 }
 
-/* ---------------------------------------------------------------- streams */
-
 aj_status aj_device_stream_create(aj_device *dev, void **stream)
 {
+    if (!dev)
+        return AJ_ERR_INVALID_ARG;
+    AJ_CHECK_ARG(dev->ctx, stream, "aj_device_stream_create: stream is NULL");
     *stream = NULL;
-    return dev->cuda ? aj_cuda_stream_create(dev->ctx, dev->cuda, stream) : AJ_OK;
+    return dev->ops->stream_create(dev, stream);
 }
 
 void aj_device_stream_destroy(aj_device *dev, void *stream)
 {
-    if (dev->cuda)
-        aj_cuda_stream_destroy(dev->cuda, stream);
-}
-
-aj_status aj_device_copy_async(aj_device *dev, void *dst, const void *src, size_t bytes,
-                               int to_device, void *stream)
-{
-    if (bytes == 0)
-        return AJ_OK;
-    if (dev->cuda)
-        return aj_cuda_copy_async(dev->ctx, dev->cuda, dst, src, bytes, to_device, stream);
-    memmove(dst, src, bytes);
-    return AJ_OK;
+    if (dev && stream)
+        dev->ops->stream_destroy(dev, stream);
 }
 
 aj_status aj_device_wait(aj_device *dev, void *stream, double timeout_s, const char *what)
 {
-    return dev->cuda ? aj_cuda_wait(dev->ctx, dev->cuda, stream, timeout_s, what) : AJ_OK;
+    return dev->ops->wait(dev, stream, timeout_s, what);
 }
 
-aj_status aj_device_scratch(aj_device *dev, void *stream, size_t bytes, void **out)
+aj_status aj_device_time(aj_device *dev, void *stream, aj_status (*run)(void *user),
+                         void *user, double *ms)
 {
-    if (dev->cuda)
-        return aj_cuda_scratch(dev->ctx, dev->cuda, stream, bytes, out);
-    return aj_device_alloc(dev, bytes, out);
-}
-
-void aj_device_scratch_release(aj_device *dev, void *stream, void *ptr)
-{
-    if (dev->cuda)
-        aj_cuda_scratch_release(dev->cuda, stream);
-    else
-        aj_device_free(dev, ptr);
+    if (!dev)
+        return AJ_ERR_INVALID_ARG;
+    AJ_CHECK_ARG(dev->ctx, run && ms, "aj_device_time: run or ms is NULL");
+    return dev->ops->time(dev, stream, run, user, ms);
 }
 
 aj_status aj_device_set_workers(aj_device *dev, int workers)
@@ -289,7 +339,7 @@ aj_status aj_device_set_workers(aj_device *dev, int workers)
 
 int aj_device_workers(const aj_device *dev)
 {
-    if (!dev || !dev->cpu)
+    if (!dev || !dev->ops->kind_caps.worker_threads)
         return 0;
     return dev->workers ? dev->workers : aj_cpu_default_workers();
 }
@@ -298,3 +348,402 @@ uint64_t aj_device_last_instructions(const aj_device *dev)
 {
     return dev ? dev->last_instructions : 0;
 }
+
+/* A kind's aj_device_caps: what every device of it is, its flags a set of
+ * these. */
+enum {
+    HOST_MEMORY = 1,
+    STREAMS = 2,
+    INDEXED = 4,
+    SIMT = 8,
+    WORKER_THREADS = 16,
+    COUNTS_INSTRUCTIONS = 32,
+};
+
+#define KIND_CAPS(kind_, name_, target_, flags_)                                          \
+    {                                                                                     \
+        .struct_size = sizeof(aj_device_caps), .kind = (kind_), .kind_name = (name_),     \
+        .target = (target_), .host_memory = ((flags_) & HOST_MEMORY) != 0,                \
+        .streams = ((flags_) & STREAMS) != 0, .indexed = ((flags_) & INDEXED) != 0,       \
+        .simt = ((flags_) & SIMT) != 0, .worker_threads = ((flags_) & WORKER_THREADS) != 0, \
+        .counts_instructions = ((flags_) & COUNTS_INSTRUCTIONS) != 0,                     \
+    }
+
+/* ------------------------------------------------- host memory (sim, cpu)
+ *
+ * Device memory is host memory; copies are memmove and every call runs to
+ * completion, so streams are NULL and waits return at once. */
+
+/* 64-byte aligned, the size rounded up, and 64 bytes more. */
+static aj_status aligned_host(aj_device *dev, size_t bytes, const char *what, void **out)
+{
+    void *p = aligned_alloc(64, (bytes + 63) / 64 * 64 + 64);
+    if (!p)
+        return aj_fail(dev->ctx, AJ_ERR_OUT_OF_MEMORY, "%s: %zu bytes", what, bytes);
+    *out = p;
+    return AJ_OK;
+}
+
+static aj_status host_alloc(aj_device *dev, size_t bytes, void **out)
+{
+    return aligned_host(dev, bytes, "aj_device_alloc", out);
+}
+
+static aj_status host_buffer_alloc(aj_device *dev, size_t bytes, void **out)
+{
+    return aligned_host(dev, bytes, "host buffers", out);
+}
+
+static aj_status host_free(aj_device *dev, void *ptr)
+{
+    (void)dev;
+    free(ptr);
+    return AJ_OK;
+}
+
+static void host_free_void(aj_device *dev, void *ptr)
+{
+    host_free(dev, ptr);
+}
+
+static aj_status host_copy(aj_device *dev, void *dst, const void *src, size_t bytes,
+                           int to_device)
+{
+    (void)dev, (void)to_device;
+    memmove(dst, src, bytes);
+    return AJ_OK;
+}
+
+static aj_status host_copy_async(aj_device *dev, void *dst, const void *src, size_t bytes,
+                                 int to_device, void *stream)
+{
+    (void)stream;
+    return host_copy(dev, dst, src, bytes, to_device);
+}
+
+static aj_status host_stream_create(aj_device *dev, void **stream)
+{
+    (void)dev;
+    *stream = NULL;
+    return AJ_OK;
+}
+
+static void host_stream_destroy(aj_device *dev, void *stream)
+{
+    (void)dev, (void)stream;
+}
+
+static aj_status host_synchronize(aj_device *dev, void *stream)
+{
+    (void)dev, (void)stream;
+    return AJ_OK;
+}
+
+static aj_status host_wait(aj_device *dev, void *stream, double timeout_s, const char *what)
+{
+    (void)dev, (void)stream, (void)timeout_s, (void)what;
+    return AJ_OK;
+}
+
+static double seconds_now(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+static aj_status host_time(aj_device *dev, void *stream, aj_status (*run)(void *user),
+                           void *user, double *ms)
+{
+    (void)dev, (void)stream;
+    const double t0 = seconds_now();
+    aj_status st = run(user);
+    *ms = (seconds_now() - t0) * 1e3;
+    return st;
+}
+
+static aj_status host_scratch(aj_device *dev, void *stream, size_t bytes, void **out)
+{
+    (void)stream;
+    return host_alloc(dev, bytes, out);
+}
+
+static void host_scratch_release(aj_device *dev, void *stream, void *ptr)
+{
+    (void)stream;
+    host_free(dev, ptr);
+}
+
+static aj_status host_load_kernel(aj_ctx *ctx, aj_device *dev, const aj_kernel *k)
+{
+    (void)ctx, (void)dev, (void)k;
+    return AJ_OK;   /* the JIT made its host code at compile time */
+}
+
+/* The slots sim and cpu share: host memory, no streams. */
+#define HOST_MEMORY_OPS                                                 \
+    .alloc = host_alloc, .free = host_free,                             \
+    .host_alloc = host_buffer_alloc, .host_free = host_free_void,              \
+    .copy = host_copy, .copy_async = host_copy_async,                   \
+    .stream_create = host_stream_create,                                \
+    .stream_destroy = host_stream_destroy,                              \
+    .synchronize = host_synchronize, .wait = host_wait,                 \
+    .time = host_time, .scratch = host_scratch,                         \
+    .scratch_release = host_scratch_release,                            \
+    .load_kernel = host_load_kernel,                                    \
+    .stage_resources = NULL
+
+/* The kind's target, for the kinds whose devices all have one (sim, cpu). */
+static aj_target kind_target(const aj_device *dev)
+{
+    return dev->ops->kind_caps.target;
+}
+
+/* ---------------------------------------------------------------- sim */
+
+static aj_status sim_open(aj_device *dev, int index, void *cu_context)
+{
+    (void)cu_context;
+    AJ_CHECK_ARG(dev->ctx, index == 0, "aj_device_open: the sim device has index 0 only, "
+                 "not %d", index);
+    return AJ_OK;
+}
+
+static void sim_close(aj_device *dev)
+{
+    (void)dev;
+}
+
+static const char *sim_name(const aj_device *dev)
+{
+    (void)dev;
+    return "sim";
+}
+
+static void sim_caps(const aj_device *dev, aj_device_caps *c)
+{
+    (void)dev;
+    c->max_shared_bytes = aj_target_smem_limit(AJ_TARGET_SIM);
+    c->multiprocessors = aj_cpu_default_workers();
+}
+
+static aj_status sim_launch(aj_ctx *ctx, aj_device *dev, const aj_device_launch *l)
+{
+    aj_launch_info li;
+    aj_kernel_stage_info(l->kernel, l->stage, &li);
+    aj_sim_launch launch = {
+        .kernel_name = aj_kernel_stage_entry(l->kernel, l->stage),
+        .entry = l->kernel->stages[l->stage].host_entry,
+        .grid = {l->grid[0], l->grid[1], l->grid[2]},
+        .block_threads = li.block[0],
+        .smem_bytes = li.dynamic_smem,
+        .args = l->argv,
+        .buffers = l->buffers,
+        .num_buffers = l->num_buffers,
+        .workers = dev->workers,
+    };
+    aj_status st = aj_sim_run(ctx, &launch);
+    dev->last_instructions = launch.instructions;
+    return st;
+}
+
+static const aj_device_ops sim_ops = {
+    .kind_caps = KIND_CAPS(AJ_DEVICE_SIM, "sim", AJ_TARGET_SIM,
+                           HOST_MEMORY | SIMT | COUNTS_INSTRUCTIONS),
+    .tune_batch = 1, .tune_heads = 2, .tune_seq = 128,
+    HOST_MEMORY_OPS,
+    .open = sim_open,
+    .close = sim_close,
+    .target = kind_target,
+    .device_name = sim_name,
+    .caps = sim_caps,
+    .launch = sim_launch,
+};
+
+/* ---------------------------------------------------------------- cpu */
+
+static aj_status cpu_open(aj_device *dev, int index, void *cu_context)
+{
+    (void)cu_context;
+    if (index != 0)
+        return aj_fail(dev->ctx, AJ_ERR_NO_DEVICE, "aj_device_open: the cpu device has index 0 "
+                       "only (its threads are set with aj_device_set_workers), not %d", index);
+    return aj_cpu_device_open(dev->ctx, &dev->cpu);
+}
+
+static void cpu_close(aj_device *dev)
+{
+    aj_cpu_device_close(dev->cpu);
+}
+
+static const char *cpu_name(const aj_device *dev)
+{
+    return dev->cpu->name;
+}
+
+static void cpu_caps(const aj_device *dev, aj_device_caps *c)
+{
+    (void)dev;
+    c->multiprocessors = aj_cpu_default_workers();
+}
+
+static aj_status cpu_launch(aj_ctx *ctx, aj_device *dev, const aj_device_launch *l)
+{
+    return aj_cpu_launch(ctx, dev->cpu, dev->workers, l->kernel->stages[l->stage].host_entry,
+                         l->grid, l->argv);
+}
+
+static const aj_device_ops cpu_ops = {
+    .kind_caps = KIND_CAPS(AJ_DEVICE_CPU, "cpu", AJ_TARGET_CPU, HOST_MEMORY | WORKER_THREADS),
+    .tune_batch = 1, .tune_heads = 8, .tune_seq = 2048,
+    HOST_MEMORY_OPS,
+    .open = cpu_open,
+    .close = cpu_close,
+    .target = kind_target,
+    .device_name = cpu_name,
+    .caps = cpu_caps,
+    .launch = cpu_launch,
+};
+
+/* ---------------------------------------------------------------- cuda */
+
+static aj_status cuda_open(aj_device *dev, int index, void *cu_context)
+{
+    return aj_cuda_device_open(dev->ctx, index, cu_context, &dev->cuda);
+}
+
+static void cuda_close(aj_device *dev)
+{
+    aj_cuda_device_close(dev->cuda);
+}
+
+static aj_target cuda_target(const aj_device *dev)
+{
+    return dev->cuda->target;
+}
+
+static const char *cuda_name(const aj_device *dev)
+{
+    return dev->cuda->name;
+}
+
+static void cuda_caps(const aj_device *dev, aj_device_caps *c)
+{
+    const aj_cuda_device *d = dev->cuda;
+    c->max_shared_bytes = d->smem_optin;
+    c->multiprocessors = d->sm_count;
+    c->cc_major = d->cc_major;
+    c->cc_minor = d->cc_minor;
+    c->driver_version = d->cu->driver_version;
+}
+
+static aj_status cuda_alloc(aj_device *dev, size_t bytes, void **out)
+{
+    return aj_cuda_alloc(dev->ctx, dev->cuda, bytes, out);
+}
+
+static aj_status cuda_free(aj_device *dev, void *ptr)
+{
+    return aj_cuda_free(dev->ctx, dev->cuda, ptr);
+}
+
+static aj_status cuda_host_alloc(aj_device *dev, size_t bytes, void **out)
+{
+    return aj_cuda_host_alloc(dev->ctx, dev->cuda, bytes, out);
+}
+
+static void cuda_host_free(aj_device *dev, void *ptr)
+{
+    aj_cuda_host_free(dev->cuda, ptr);
+}
+
+static aj_status cuda_copy(aj_device *dev, void *dst, const void *src, size_t bytes,
+                           int to_device)
+{
+    return aj_cuda_copy(dev->ctx, dev->cuda, dst, src, bytes, to_device);
+}
+
+static aj_status cuda_copy_async(aj_device *dev, void *dst, const void *src, size_t bytes,
+                                 int to_device, void *stream)
+{
+    return aj_cuda_copy_async(dev->ctx, dev->cuda, dst, src, bytes, to_device, stream);
+}
+
+static aj_status cuda_stream_create(aj_device *dev, void **stream)
+{
+    return aj_cuda_stream_create(dev->ctx, dev->cuda, stream);
+}
+
+static void cuda_stream_destroy(aj_device *dev, void *stream)
+{
+    aj_cuda_stream_destroy(dev->cuda, stream);
+}
+
+static aj_status cuda_synchronize(aj_device *dev, void *stream)
+{
+    return aj_cuda_synchronize(dev->ctx, dev->cuda, stream);
+}
+
+static aj_status cuda_wait(aj_device *dev, void *stream, double timeout_s, const char *what)
+{
+    return aj_cuda_wait(dev->ctx, dev->cuda, stream, timeout_s, what);
+}
+
+static aj_status cuda_time(aj_device *dev, void *stream, aj_status (*run)(void *user),
+                           void *user, double *ms)
+{
+    return aj_cuda_time(dev->ctx, dev->cuda, stream, run, user, ms);
+}
+
+static aj_status cuda_scratch(aj_device *dev, void *stream, size_t bytes, void **out)
+{
+    return aj_cuda_scratch(dev->ctx, dev->cuda, stream, bytes, out);
+}
+
+static void cuda_scratch_release(aj_device *dev, void *stream, void *ptr)
+{
+    (void)ptr;   /* the device keeps it for the stream's next call */
+    aj_cuda_scratch_release(dev->cuda, stream);
+}
+
+static aj_status cuda_load_kernel(aj_ctx *ctx, aj_device *dev, const aj_kernel *k)
+{
+    return aj_cuda_load(ctx, dev->cuda, k);
+}
+
+static aj_status cuda_launch(aj_ctx *ctx, aj_device *dev, const aj_device_launch *l)
+{
+    return aj_cuda_launch(ctx, dev->cuda, l->kernel, l->stage, l->grid, l->argv, l->stream);
+}
+
+static aj_status cuda_stage_resources(aj_ctx *ctx, aj_device *dev, const aj_kernel *k,
+                                      int stage, aj_cuda_resources *out)
+{
+    return aj_cuda_stage_resources(ctx, dev->cuda, k, stage, out);
+}
+
+static const aj_device_ops cuda_ops = {
+    .kind_caps = KIND_CAPS(AJ_DEVICE_CUDA, "cuda", AJ_TARGET_ANY, STREAMS | INDEXED | SIMT),
+    .tune_batch = 4, .tune_heads = 16, .tune_seq = 4096,
+    .open = cuda_open,
+    .close = cuda_close,
+    .target = cuda_target,
+    .device_name = cuda_name,
+    .caps = cuda_caps,
+    .alloc = cuda_alloc,
+    .free = cuda_free,
+    .host_alloc = cuda_host_alloc,
+    .host_free = cuda_host_free,
+    .copy = cuda_copy,
+    .copy_async = cuda_copy_async,
+    .stream_create = cuda_stream_create,
+    .stream_destroy = cuda_stream_destroy,
+    .synchronize = cuda_synchronize,
+    .wait = cuda_wait,
+    .time = cuda_time,
+    .scratch = cuda_scratch,
+    .scratch_release = cuda_scratch_release,
+    .load_kernel = cuda_load_kernel,
+    .launch = cuda_launch,
+    .stage_resources = cuda_stage_resources,
+};

@@ -13,7 +13,6 @@
 #include <unistd.h>
 
 #include "runtime/runtime.h"
-#include "runtime/sim/emulator.h"
 #include "templates/params.h"
 #include "templates/score.h"
 
@@ -684,38 +683,27 @@ static int64_t grid_extent(aj_extent e, const fwd_sizes *sz)
 }
 
 /* Runs stage `stage` of the bound kernel over the grid its launch info
- * asks for: on the GPU, or on sim with `buffers` as the memory its
- * accesses may touch. */
+ * asks for, on `stream` (sim: with `buffers` as the memory its accesses
+ * may touch). */
 static aj_status run_kernel(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel, int stage,
                             const fwd_sizes *sz, void **argv, const aj_sim_buffer *buffers,
                             int num_buffers, void *stream)
 {
     aj_launch_info li;
     aj_kernel_stage_info(kernel, stage, &li);
-    int32_t grid[3];
-    for (int d = 0; d < 3; d++) {
-        int64_t e = grid_extent(li.grid[d].extent, sz);
-        grid[d] = (int32_t)((e + li.grid[d].per_block - 1) / li.grid[d].per_block);
-    }
-    if (dev->cuda)
-        return aj_cuda_launch(ctx, dev->cuda, kernel, stage, grid, argv, stream);
-    if (dev->cpu)
-        return aj_cpu_launch(ctx, dev->cpu, dev->workers, kernel->stages[stage].host_entry,
-                             grid, argv);
-    aj_sim_launch launch = {
-        .kernel_name = aj_kernel_stage_entry(kernel, stage),
-        .entry = kernel->stages[stage].host_entry,
-        .grid = {grid[0], grid[1], grid[2]},
-        .block_threads = li.block[0],
-        .smem_bytes = li.dynamic_smem,
-        .args = argv,
+    aj_device_launch l = {
+        .kernel = kernel,
+        .stage = stage,
+        .argv = argv,
         .buffers = buffers,
         .num_buffers = num_buffers,
-        .workers = dev->workers,
+        .stream = stream,
     };
-    aj_status st = aj_sim_run(ctx, &launch);
-    dev->last_instructions = launch.instructions;
-    return st;
+    for (int d = 0; d < 3; d++) {
+        int64_t e = grid_extent(li.grid[d].extent, sz);
+        l.grid[d] = (int32_t)((e + li.grid[d].per_block - 1) / li.grid[d].per_block);
+    }
+    return aj_device_launch_stage(ctx, dev, &l);
 }
 
 /* The checks every launch entry point starts with, reported as `fn`; the

@@ -61,8 +61,6 @@
 
 enum { TAG_KV = 1, TAG_DKV = 2 };
 
-typedef enum block_kind { BLOCK_SKIP, BLOCK_FULL, BLOCK_PARTIAL } block_kind;
-
 /* The masked kernel, and the same op without its mask for full blocks
  * (NULL when the op has no mask), with the ops they compute. */
 typedef struct ring_kernels {
@@ -78,6 +76,7 @@ typedef struct ring_plan {
     const char *fn;
     aj_op_info op;
     aj_shard_layout layout;
+    aj_ring_rotate rotate;
     int rank, size;
     int64_t B, Hq, Hkv, D, Dv;
     int64_t lq, lk;              /* this rank's lengths */
@@ -102,12 +101,13 @@ typedef struct ring_plan {
  * index and head: the class the kernels' own tile classification gives
  * (templates/score.h), so a skipped block is one no kernel would touch and
  * a full block runs the kernel without the mask. */
-static block_kind classify(const ring_plan *p, int64_t q0, int64_t nq, int64_t k0, int64_t nk)
+static aj_ring_block classify(const ring_plan *p, int64_t q0, int64_t nq, int64_t k0,
+                              int64_t nk)
 {
     if (nq == 0 || nk == 0)
-        return BLOCK_SKIP;
+        return AJ_RING_BLOCK_SKIP;
     if (!aj_score_has_mask(&p->prog))
-        return BLOCK_FULL;
+        return AJ_RING_BLOCK_FULL;
     /* a mask that tells batch indices (heads) apart, through a side
      * tensor, is classed per b (h): the block is skipped where every one
      * skips it, full where every one sees all of it */
@@ -122,7 +122,33 @@ static block_kind classify(const ring_plan *p, int64_t q0, int64_t nq, int64_t k
             skip &= c == AJ_TILE_SKIP;
             full &= c == AJ_TILE_FULL;
         }
-    return skip ? BLOCK_SKIP : full ? BLOCK_FULL : BLOCK_PARTIAL;
+    return skip ? AJ_RING_BLOCK_SKIP : full ? AJ_RING_BLOCK_FULL : AJ_RING_BLOCK_PARTIAL;
+}
+
+/* The rank whose K/V block a step computes with: p2p receives them from
+ * rank r-1 one by one (r, r-1, r-2, ...); all-gather has them all and
+ * goes in rank order. */
+static int step_src(const ring_plan *p, int step)
+{
+    return p->rotate == AJ_ROTATE_P2P ? (p->rank + p->size - step) % p->size : step;
+}
+
+/* The step's (query chunk, key chunk) pairs, in launch order, with their
+ * classes: the ring's schedule (aj_ring_plan), which the forward and the
+ * backward both follow. */
+static aj_status plan_step(const ring_plan *p, int step, aj_ring_pair pairs[4], int *n)
+{
+    const int src = step_src(p, step);
+    aj_shard_chunk kc[2];
+    int nk = 0;
+    aj_status st = aj_shard_chunks(p->ctx, p->fn, p->layout, src, p->size, p->sk, kc, &nk);
+    *n = 0;
+    for (int i = 0; i < p->nq && st == AJ_OK; i++)
+        for (int j = 0; j < nk; j++)
+            pairs[(*n)++] = (aj_ring_pair){
+                .step = step, .src = src, .q = p->qc[i], .k = kc[j],
+                .block = classify(p, p->qc[i].global, p->qc[i].len, kc[j].global, kc[j].len)};
+    return st;
 }
 
 /* ---------------------------------------------------------------- tensors */
@@ -182,6 +208,50 @@ static aj_status check_shard(const ring_plan *p, const char *name, const aj_tens
 
 /* ---------------------------------------------------------------- set-up */
 
+/* The op's checks (a padded forward or backward without bias, as the
+ * ring takes it) and its mask program. */
+static aj_status plan_op(ring_plan *p, const aj_op *op)
+{
+    AJ_CHECK_ARG(p->ctx, op, "%s: op is NULL", p->fn);
+    AJ_CHECK_ARG(p->ctx, (unsigned)p->rotate < AJ_ROTATE_COUNT,
+                 "%s: rotate = %d is not a rotate method", p->fn, (int)p->rotate);
+    aj_status st = aj_op_verify(op);
+    if (st != AJ_OK)
+        return st;
+    aj_op_get_info(op, &p->op);
+    if (p->op.kind != AJ_KIND_FORWARD && p->op.kind != AJ_KIND_BACKWARD)
+        return aj_fail(p->ctx, AJ_ERR_INVALID_ARG, "%s: the op is `attention %s`; want a "
+                       "forward or backward op", p->fn, aj_kind_name(p->op.kind));
+    if (p->op.layout != AJ_LAYOUT_PADDED)
+        return aj_fail(p->ctx, AJ_ERR_UNSUPPORTED, "%s: layout = varlen: the ring shards "
+                       "padded tensors only", p->fn);
+    if (p->op.bias != AJ_BIAS_NONE)
+        return aj_fail(p->ctx, AJ_ERR_UNSUPPORTED, "%s: bias = add: the ring does not shard "
+                       "a bias tensor", p->fn);
+    st = aj_score_prog_init(p->ctx, op, &p->prog);
+    if (st != AJ_OK)
+        return st;
+    if (p->op.accumulate)
+        return aj_fail(p->ctx, AJ_ERR_INVALID_ARG, "%s: accumulate = true: the ring sets it "
+                       "on its own kernels; pass the plain forward op", p->fn);
+    return AJ_OK;
+}
+
+/* The global lengths and this rank's query chunks, from the shard
+ * lengths; the key lengths must split likewise. */
+static aj_status plan_chunks(ring_plan *p)
+{
+    p->sq = p->lq * p->size;
+    p->sk = p->lk * p->size;
+    aj_status st = aj_shard_chunks(p->ctx, p->fn, p->layout, p->rank, p->size, p->sq, p->qc,
+                                   &p->nq);
+    aj_shard_chunk kc[2];
+    int nk = 0;
+    return st == AJ_OK ? aj_shard_chunks(p->ctx, p->fn, p->layout, p->rank, p->size, p->sk,
+                                         kc, &nk)
+                       : st;
+}
+
 /* The checks both directions share: handles, the op, q, k, v and the
  * shapes they imply. */
 static aj_status plan_common(ring_plan *p, aj_ctx *ctx, aj_device *dev, aj_comm *comm,
@@ -191,36 +261,21 @@ static aj_status plan_common(ring_plan *p, aj_ctx *ctx, aj_device *dev, aj_comm 
 {
     AJ_CHECK_ARG(ctx, dev, "%s: dev is NULL", p->fn);
     AJ_CHECK_ARG(ctx, comm, "%s: comm is NULL", p->fn);
-    AJ_CHECK_ARG(ctx, op, "%s: op is NULL", p->fn);
     AJ_CHECK_ARG(ctx, (unsigned)layout < AJ_SHARD_LAYOUT_COUNT,
                  "%s: layout = %d is not a shard layout", p->fn, (int)layout);
-    AJ_CHECK_ARG(ctx, (unsigned)rotate < AJ_ROTATE_COUNT,
-                 "%s: rotate = %d is not a rotate method", p->fn, (int)rotate);
-    aj_status st = aj_op_verify(op);
+    p->ctx = ctx;
+    p->rotate = rotate;
+    aj_status st = plan_op(p, op);
     if (st != AJ_OK)
         return st;
-    aj_op_get_info(op, &p->op);
     if (p->op.kind != kind)
         return aj_fail(ctx, AJ_ERR_INVALID_ARG, "%s: the op is `attention %s %s`; want "
                        "`attention %s flash` or `attention %s efficient`", p->fn,
                        aj_kind_name(p->op.kind), aj_variant_name(p->op.variant),
                        aj_kind_name(kind), aj_kind_name(kind));
-    if (p->op.layout != AJ_LAYOUT_PADDED)
-        return aj_fail(ctx, AJ_ERR_UNSUPPORTED, "%s: layout = varlen: the ring shards padded "
-                       "tensors only", p->fn);
-    if (p->op.bias != AJ_BIAS_NONE)
-        return aj_fail(ctx, AJ_ERR_UNSUPPORTED, "%s: bias = add: the ring does not shard a "
-                       "bias tensor", p->fn);
-    st = aj_score_prog_init(ctx, op, &p->prog);
-    if (st != AJ_OK)
-        return st;
-    if (p->op.accumulate)
-        return aj_fail(ctx, AJ_ERR_INVALID_ARG, "%s: accumulate = true: the ring sets it on "
-                       "its own kernels; pass the plain forward op", p->fn);
     if (comm->dev != dev)
         return aj_fail(ctx, AJ_ERR_INVALID_ARG, "%s: comm was created for another device",
                        p->fn);
-    p->ctx = ctx;
     p->dev = dev;
     p->comm = comm;
     p->layout = layout;
@@ -248,12 +303,7 @@ static aj_status plan_common(ring_plan *p, aj_ctx *ctx, aj_device *dev, aj_comm 
                      (long long)p->Hq, (long long)p->Hkv);
         goto done;
     }
-    p->sq = p->lq * p->size;
-    p->sk = p->lk * p->size;
-    AJ_TRY(aj_shard_chunks(ctx, p->fn, layout, p->rank, p->size, p->sq, p->qc, &p->nq));
-    aj_shard_chunk kc[2];
-    int nk = 0;
-    AJ_TRY(aj_shard_chunks(ctx, p->fn, layout, p->rank, p->size, p->sk, kc, &nk));
+    AJ_TRY(plan_chunks(p));
     p->k_elems = (size_t)(p->B * p->Hkv * p->lk * p->D);
     p->v_elems = (size_t)(p->B * p->Hkv * p->lk * p->Dv);
 done:
@@ -280,6 +330,49 @@ static void plan_free(ring_plan *p)
     for (int t = 0; t < AJ_OP_TENSORS_MAX + 1; t++)
         free(p->host_mem[t]);
     free(p->cache);
+}
+
+/* ---------------------------------------------------------------- the plan */
+
+aj_status aj_ring_plan(aj_ctx *ctx, aj_device *dev, const aj_op *op,
+                       const aj_ring_plan_args *given, aj_ring_pair *pairs, int32_t cap,
+                       int32_t *count)
+{
+    if (!ctx)
+        return AJ_ERR_INVALID_ARG;
+    AJ_READ_STRUCT_OR_RETURN(ctx, "aj_ring_plan: args", given, aj_ring_plan_args, seq_k,
+                             AJ_RING_PLAN_ARGS_INIT, args);
+    ring_plan p = {.fn = "aj_ring_plan", .ctx = ctx, .dev = dev, .layout = args->layout,
+                   .rotate = args->rotate, .rank = args->rank, .size = args->size,
+                   .B = args->batch, .Hq = args->heads_q, .lq = args->seq_q,
+                   .lk = args->seq_k};
+    AJ_CHECK_ARG(ctx, dev, "aj_ring_plan: dev is NULL");
+    AJ_CHECK_ARG(ctx, count, "aj_ring_plan: count is NULL");
+    AJ_CHECK_ARG(ctx, cap >= 0 && (cap == 0 || pairs), "aj_ring_plan: cap = %d with pairs "
+                 "%s; want a count of 0 or more, and the array when it is not 0", cap,
+                 pairs ? "given" : "NULL");
+    AJ_CHECK_ARG(ctx, args->batch >= 1 && args->heads_q >= 1, "aj_ring_plan: batch = %lld, "
+                 "heads_q = %lld; want at least 1", (long long)args->batch,
+                 (long long)args->heads_q);
+    AJ_CHECK_ARG(ctx, args->seq_q >= 0 && args->seq_k >= 0, "aj_ring_plan: seq_q = %lld, "
+                 "seq_k = %lld; want lengths of 0 or more", (long long)args->seq_q,
+                 (long long)args->seq_k);
+    aj_status st = AJ_OK;
+    AJ_TRY(plan_op(&p, op));
+    AJ_TRY(plan_chunks(&p));
+    AJ_TRY(plan_side(&p, args->side, args->num_side, &args->alibi_slopes));
+    *count = 0;
+    for (int s = 0; s < p.size; s++) {
+        aj_ring_pair step[4];
+        int n = 0;
+        AJ_TRY(plan_step(&p, s, step, &n));
+        for (int i = 0; i < n; i++, ++*count)
+            if (*count < cap)
+                pairs[*count] = step[i];
+    }
+done:
+    plan_free(&p);
+    return st;
 }
 
 /* A collective's failure, with the ring call's name in front of the
@@ -397,13 +490,14 @@ static void free_kernels(ring_kernels *k)
 
 /* Launch n's tiles (aj_ring_fwd_args.launch_tiles): the classes of the
  * kernel's own tiles for the launch `f`. */
-static aj_status count_launch_tiles(const ring_plan *p, const ring_kernels *k, block_kind kind,
-                                    const aj_ring_fwd_args *a, const aj_fwd_args *f)
+static aj_status count_launch_tiles(const ring_plan *p, const ring_kernels *k,
+                                    aj_ring_block kind, const aj_ring_fwd_args *a,
+                                    const aj_fwd_args *f)
 {
     const int32_t n = p->stats->launches - 1;
     if (!a->launch_tiles || n >= a->launch_tiles_cap)
         return AJ_OK;
-    int full = kind == BLOCK_FULL && k->unmasked;
+    int full = kind == AJ_RING_BLOCK_FULL && k->unmasked;
     aj_block_mask *m = NULL;
     aj_status st = aj_block_mask_create(p->ctx, p->dev, full ? k->unmasked_op : k->masked_op,
                                         full ? k->unmasked : k->masked, f, &m);
@@ -413,17 +507,12 @@ static aj_status count_launch_tiles(const ring_plan *p, const ring_kernels *k, b
     return st;
 }
 
-/* Host buffers the kernels read: 64-byte aligned, sizes rounded up. */
+/* Host buffers: what travels between ranks and what the copies on the
+ * ring's stream read and write -- the device's host memory, pinned on a
+ * GPU so those copies are asynchronous (and reused across calls). */
 static aj_status alloc_host(const ring_plan *p, size_t bytes, int zero, void **out)
 {
-    size_t n = (bytes + 63) / 64 * 64;
-    void *m = aligned_alloc(64, n ? n : 64);
-    if (!m)
-        return aj_fail(p->ctx, AJ_ERR_OUT_OF_MEMORY, "%s: %zu bytes of buffers", p->fn, bytes);
-    if (zero)
-        memset(m, 0, n ? n : 64);
-    *out = m;
-    return AJ_OK;
+    return aj_device_host_alloc(p->dev, bytes ? bytes : 64, zero, out);
 }
 
 /* Device memory: the buffers the kernels read and write.  On sim (and
@@ -542,65 +631,72 @@ static void kv_tensors(const ring_plan *p, const void *kv, aj_tensor *k, aj_tens
                (int64_t[]){p->B, p->Hkv, p->lk, p->Dv});
 }
 
-static const aj_kernel *kernel_for(const ring_kernels *k, block_kind kind)
+static const aj_kernel *kernel_for(const ring_kernels *k, aj_ring_block kind)
 {
-    return kind == BLOCK_FULL && k->unmasked ? k->unmasked : k->masked;
+    return kind == AJ_RING_BLOCK_FULL && k->unmasked ? k->unmasked : k->masked;
 }
 
-static void count_block(ring_plan *p, block_kind kind)
+static void count_block(ring_plan *p, aj_ring_block kind)
 {
-    if (kind == BLOCK_SKIP) {
+    if (kind == AJ_RING_BLOCK_SKIP) {
         p->stats->skipped_blocks++;
         return;
     }
     p->stats->launches++;
-    if (kind == BLOCK_FULL)
+    if (kind == AJ_RING_BLOCK_FULL)
         p->stats->full_blocks++;
     else
         p->stats->partial_blocks++;
 }
 
-/* Q (all chunks) against the K/V block of rank `src`, merged into the
- * f32 accumulator o_acc and args->lse. */
+/* The launch fields aj_fwd_args and aj_bwd_args share, for pair x of the
+ * ring call p with arguments a (aj_ring_fwd_args or aj_ring_bwd_args):
+ * the pair's global positions and the call's totals, side inputs,
+ * dropout stream and stream. */
+#define SET_PAIR_LAUNCH(l, p, a, x)           \
+    do {                                      \
+        (l).alibi_slopes = (a)->alibi_slopes; \
+        (l).side = (a)->side;                 \
+        (l).num_side = (a)->num_side;         \
+        (l).q_offset = (x)->q.global;         \
+        (l).kv_offset = (x)->k.global;        \
+        (l).sq_total = (p)->sq;               \
+        (l).sk_total = (p)->sk;               \
+        (l).seed = (a)->seed;                 \
+        (l).offset = (a)->offset;             \
+        (l).stream = (p)->stream;             \
+    } while (0)
+
+/* Q (all chunks) against the K/V block of ring step `step`, merged into
+ * the f32 accumulator o_acc and args->lse. */
 static aj_status fwd_block(ring_plan *p, const ring_kernels *kern, const aj_ring_fwd_args *a,
-                           const void *kv, int src, const aj_tensor *o_acc, aj_comm_req *req)
+                           const void *kv, int step, const aj_tensor *o_acc, aj_comm_req *req)
 {
-    aj_shard_chunk kc[2];
-    int nk = 0;
+    aj_ring_pair pairs[4];
+    int n = 0;
     aj_status st = AJ_OK;
-    AJ_TRY(aj_shard_chunks(p->ctx, p->fn, p->layout, src, p->size, p->sk, kc, &nk));
+    AJ_TRY(plan_step(p, step, pairs, &n));
     aj_tensor k, v;
     kv_tensors(p, kv, &k, &v);
-    for (int i = 0; i < p->nq; i++)
-        for (int j = 0; j < nk; j++) {
-            block_kind kind = classify(p, p->qc[i].global, p->qc[i].len, kc[j].global,
-                                       kc[j].len);
-            count_block(p, kind);
-            if (kind == BLOCK_SKIP)
-                continue;
-            aj_fwd_args f = AJ_FWD_ARGS_INIT;
-            f.q = seq_view(&a->q, &p->qc[i]);
-            f.k = seq_view(&k, &kc[j]);
-            f.v = seq_view(&v, &kc[j]);
-            f.o = seq_view(&a->o, &p->qc[i]);
-            f.lse = seq_view(&a->lse, &p->qc[i]);
-            f.o_acc = seq_view(o_acc, &p->qc[i]);
-            f.alibi_slopes = a->alibi_slopes;
-            f.side = a->side;
-            f.num_side = a->num_side;
-            f.q_offset = p->qc[i].global;
-            f.kv_offset = kc[j].global;
-            f.sq_total = p->sq;
-            f.sk_total = p->sk;
-            f.seed = a->seed;
-            f.offset = a->offset;
-            f.stream = p->stream;
-            double t0 = aj_now();
-            AJ_TRY(aj_forward(p->ctx, p->dev, kernel_for(kern, kind), &f));
-            p->stats->compute_s += aj_now() - t0;
-            AJ_TRY(count_launch_tiles(p, kern, kind, a, &f));
-            AJ_TRY(exchange_progress(p, req));
-        }
+    for (int i = 0; i < n; i++) {
+        const aj_ring_pair *x = &pairs[i];
+        count_block(p, x->block);
+        if (x->block == AJ_RING_BLOCK_SKIP)
+            continue;
+        aj_fwd_args f = AJ_FWD_ARGS_INIT;
+        f.q = seq_view(&a->q, &x->q);
+        f.k = seq_view(&k, &x->k);
+        f.v = seq_view(&v, &x->k);
+        f.o = seq_view(&a->o, &x->q);
+        f.lse = seq_view(&a->lse, &x->q);
+        f.o_acc = seq_view(o_acc, &x->q);
+        SET_PAIR_LAUNCH(f, p, a, x);
+        double t0 = aj_now();
+        AJ_TRY(aj_forward(p->ctx, p->dev, kernel_for(kern, x->block), &f));
+        p->stats->compute_s += aj_now() - t0;
+        AJ_TRY(count_launch_tiles(p, kern, x->block, a, &f));
+        AJ_TRY(exchange_progress(p, req));
+    }
     /* a GPU runs the launches asynchronously: their time is compute too,
      * and the K/V buffer copied in is the next exchange's */
     const double t0 = aj_now();
@@ -671,12 +767,11 @@ aj_status aj_ring_forward(aj_ctx *ctx, aj_device *dev, aj_comm *comm, const aj_o
         AJ_TRY(alloc_host(&p, kv_bytes, 0, &kv[1]));
         int cur = 0;
         for (int s = 0; s < p.size; s++) {
-            const int src = (p.rank + p.size - s) % p.size;
             if (s < p.size - 1)
                 AJ_TRY(exchange_start(&p, &req, "K/V", kv[cur], kv[cur ^ 1], kv_bytes,
                                       TAG_KV));
             AJ_TRY(to_dev(&p, kv_dev, kv[cur], kv_bytes));
-            AJ_TRY(fwd_block(&p, &kern, args, kv_dev, src, &o_acc, &req));
+            AJ_TRY(fwd_block(&p, &kern, args, kv_dev, s, &o_acc, &req));
             AJ_TRY(exchange_finish(&p, &req));
             cur ^= 1;
         }
@@ -690,9 +785,10 @@ aj_status aj_ring_forward(aj_ctx *ctx, aj_device *dev, aj_comm *comm, const aj_o
         } else {
             memcpy(gathered, kv[0], kv_bytes);
         }
-        for (int src = 0; src < p.size; src++) {
-            AJ_TRY(to_dev(&p, kv_dev, (char *)gathered + (size_t)src * kv_bytes, kv_bytes));
-            AJ_TRY(fwd_block(&p, &kern, args, kv_dev, src, &o_acc, &req));
+        for (int s = 0; s < p.size; s++) {
+            const size_t at = (size_t)step_src(&p, s) * kv_bytes;
+            AJ_TRY(to_dev(&p, kv_dev, (char *)gathered + at, kv_bytes));
+            AJ_TRY(fwd_block(&p, &kern, args, kv_dev, s, &o_acc, &req));
         }
     }
     AJ_TRY(from_dev(&p, host_o, o_acc_dev, o_count * sizeof(float)));
@@ -704,11 +800,9 @@ done:
     aj_device_stream_destroy(dev, p.stream);
     free_kernels(&kern);
     plan_free(&p);
-    free(kv[0]);
-    free(kv[1]);
-    free(gathered);
-    free(host_o);
-    free(typed_o);
+    void *host[] = {kv[0], kv[1], gathered, host_o, typed_o};
+    for (size_t i = 0; i < sizeof host / sizeof host[0]; i++)
+        aj_device_host_free(dev, host[i]);
     if (kv_dev)
         aj_device_free(dev, kv_dev);
     if (o_acc_dev)
@@ -751,64 +845,53 @@ typedef struct bwd_parts {
     float *scratch;
 } bwd_parts;
 
-/* Q against the K/V block of rank `src`: dQ parts into dq_acc, the
- * block's dK/dV parts into dkv (f32, K part then V part, as kv). */
+/* Q against the K/V block of ring step `step`: dQ parts into dq_acc,
+ * the block's dK/dV parts into dkv (f32, K part then V part, as kv). */
 static aj_status bwd_block(ring_plan *p, const ring_kernels *kern, const aj_ring_bwd_args *a,
-                           const void *kv, int src, float *dq_acc, float *dkv,
+                           const void *kv, int step, float *dq_acc, float *dkv,
                            const bwd_parts *parts, aj_comm_req *reqs, int nreqs)
 {
-    aj_shard_chunk kc[2];
-    int nk = 0;
+    aj_ring_pair pairs[4];
+    int n = 0;
     aj_status st = AJ_OK;
-    AJ_TRY(aj_shard_chunks(p->ctx, p->fn, p->layout, src, p->size, p->sk, kc, &nk));
+    AJ_TRY(plan_step(p, step, pairs, &n));
     aj_tensor k, v;
     kv_tensors(p, kv, &k, &v);
     const aj_dtype dt = p->op.dtype;
     float *dk_acc = dkv, *dv_acc = dkv + p->k_elems;
-    for (int i = 0; i < p->nq; i++)
-        for (int j = 0; j < nk; j++) {
-            block_kind kind = classify(p, p->qc[i].global, p->qc[i].len, kc[j].global,
-                                       kc[j].len);
-            count_block(p, kind);
-            if (kind == BLOCK_SKIP)
-                continue;
-            const int64_t cq = p->qc[i].len, ck = kc[j].len;
-            aj_bwd_args b = AJ_BWD_ARGS_INIT;
-            b.q = seq_view(&a->q, &p->qc[i]);
-            b.k = seq_view(&k, &kc[j]);
-            b.v = seq_view(&v, &kc[j]);
-            b.o = seq_view(&a->o, &p->qc[i]);
-            b.lse = seq_view(&a->lse, &p->qc[i]);
-            b.do_ = seq_view(&a->do_, &p->qc[i]);
-            b.dq = dense(parts->dq, dt, 4, (int64_t[]){p->B, p->Hq, cq, p->D});
-            b.dk = dense(parts->dk, dt, 4, (int64_t[]){p->B, p->Hkv, ck, p->D});
-            b.dv = dense(parts->dv, dt, 4, (int64_t[]){p->B, p->Hkv, ck, p->Dv});
-            b.alibi_slopes = a->alibi_slopes;
-            b.side = a->side;
-            b.num_side = a->num_side;
-            b.q_offset = p->qc[i].global;
-            b.kv_offset = kc[j].global;
-            b.sq_total = p->sq;
-            b.sk_total = p->sk;
-            b.seed = a->seed;
-            b.offset = a->offset;
-            b.stream = p->stream;
-            double t0 = aj_now();
-            AJ_TRY(aj_backward(p->ctx, p->dev, kernel_for(kern, kind), &b));
-            AJ_TRY(from_dev(p, parts->dq_h, parts->dq, parts->dq_bytes));
-            AJ_TRY(from_dev(p, parts->dk_h, parts->dk, parts->dk_bytes));
-            AJ_TRY(from_dev(p, parts->dv_h, parts->dv, parts->dv_bytes));
-            AJ_TRY(ring_wait(p, "the block's kernels"));
-            AJ_TRY(add_rows(dq_acc, p->lq, p->qc[i].local, parts->dq_h, dt, p->B * p->Hq, cq,
-                            p->D, parts->scratch));
-            AJ_TRY(add_rows(dk_acc, p->lk, kc[j].local, parts->dk_h, dt, p->B * p->Hkv, ck,
-                            p->D, parts->scratch));
-            AJ_TRY(add_rows(dv_acc, p->lk, kc[j].local, parts->dv_h, dt, p->B * p->Hkv, ck,
-                            p->Dv, parts->scratch));
-            p->stats->compute_s += aj_now() - t0;
-            for (int r = 0; r < nreqs; r++)
-                AJ_TRY(exchange_progress(p, &reqs[r]));
-        }
+    for (int i = 0; i < n; i++) {
+        const aj_ring_pair *x = &pairs[i];
+        count_block(p, x->block);
+        if (x->block == AJ_RING_BLOCK_SKIP)
+            continue;
+        const int64_t cq = x->q.len, ck = x->k.len;
+        aj_bwd_args b = AJ_BWD_ARGS_INIT;
+        b.q = seq_view(&a->q, &x->q);
+        b.k = seq_view(&k, &x->k);
+        b.v = seq_view(&v, &x->k);
+        b.o = seq_view(&a->o, &x->q);
+        b.lse = seq_view(&a->lse, &x->q);
+        b.do_ = seq_view(&a->do_, &x->q);
+        b.dq = dense(parts->dq, dt, 4, (int64_t[]){p->B, p->Hq, cq, p->D});
+        b.dk = dense(parts->dk, dt, 4, (int64_t[]){p->B, p->Hkv, ck, p->D});
+        b.dv = dense(parts->dv, dt, 4, (int64_t[]){p->B, p->Hkv, ck, p->Dv});
+        SET_PAIR_LAUNCH(b, p, a, x);
+        double t0 = aj_now();
+        AJ_TRY(aj_backward(p->ctx, p->dev, kernel_for(kern, x->block), &b));
+        AJ_TRY(from_dev(p, parts->dq_h, parts->dq, parts->dq_bytes));
+        AJ_TRY(from_dev(p, parts->dk_h, parts->dk, parts->dk_bytes));
+        AJ_TRY(from_dev(p, parts->dv_h, parts->dv, parts->dv_bytes));
+        AJ_TRY(ring_wait(p, "the block's kernels"));
+        AJ_TRY(add_rows(dq_acc, p->lq, x->q.local, parts->dq_h, dt, p->B * p->Hq, cq, p->D,
+                        parts->scratch));
+        AJ_TRY(add_rows(dk_acc, p->lk, x->k.local, parts->dk_h, dt, p->B * p->Hkv, ck, p->D,
+                        parts->scratch));
+        AJ_TRY(add_rows(dv_acc, p->lk, x->k.local, parts->dv_h, dt, p->B * p->Hkv, ck, p->Dv,
+                        parts->scratch));
+        p->stats->compute_s += aj_now() - t0;
+        for (int r = 0; r < nreqs; r++)
+            AJ_TRY(exchange_progress(p, &reqs[r]));
+    }
 done:
     return st;
 }
@@ -887,14 +970,13 @@ aj_status aj_ring_backward(aj_ctx *ctx, aj_device *dev, aj_comm *comm, const aj_
         AJ_TRY(alloc_host(&p, dkv_count * sizeof(float), 0, &step));
         int kc = 0, ac = 0;
         for (int s = 0; s < p.size; s++) {
-            const int src = (p.rank + p.size - s) % p.size;
             if (s < p.size - 1)
                 AJ_TRY(exchange_start(&p, &reqs[0], "K/V", kv[kc], kv[kc ^ 1], kv_bytes,
                                       TAG_KV));
             AJ_TRY(to_dev(&p, kv_dev, kv[kc], kv_bytes));
             memset(step, 0, dkv_count * sizeof(float));
-            AJ_TRY(bwd_block(&p, &kern, args, kv_dev, src, dq_acc, step, &parts, reqs, 2));
-            /* acc[ac]: block src's accumulator, fresh at step 0, else just
+            AJ_TRY(bwd_block(&p, &kern, args, kv_dev, s, dq_acc, step, &parts, reqs, 2));
+            /* acc[ac]: the step's block's accumulator, fresh at step 0, else just
              * received from rank r-1 */
             AJ_TRY(exchange_finish(&p, &reqs[1]));
             double t0 = aj_now();
@@ -925,10 +1007,11 @@ aj_status aj_ring_backward(aj_ctx *ctx, aj_device *dev, aj_comm *comm, const aj_
         } else {
             memcpy(gathered, kv[0], kv_bytes);
         }
-        for (int src = 0; src < p.size; src++) {
-            AJ_TRY(to_dev(&p, kv_dev, (char *)gathered + (size_t)src * kv_bytes, kv_bytes));
-            AJ_TRY(bwd_block(&p, &kern, args, kv_dev, src, dq_acc,
-                             (float *)all_dkv + (size_t)src * dkv_count, &parts, reqs, 0));
+        for (int s = 0; s < p.size; s++) {
+            const size_t src = (size_t)step_src(&p, s);
+            AJ_TRY(to_dev(&p, kv_dev, (char *)gathered + src * kv_bytes, kv_bytes));
+            AJ_TRY(bwd_block(&p, &kern, args, kv_dev, s, dq_acc,
+                             (float *)all_dkv + src * dkv_count, &parts, reqs, 0));
         }
         if (p.size > 1) {
             double t0 = aj_now();
@@ -953,7 +1036,7 @@ done:
     void *host[] = {kv[0], kv[1], acc[0], acc[1], step, dq_acc, gathered, all_dkv, typed,
                     parts.dq_h, parts.dk_h, parts.dv_h, parts.scratch};
     for (size_t i = 0; i < sizeof host / sizeof host[0]; i++)
-        free(host[i]);
+        aj_device_host_free(dev, host[i]);
     void *device[] = {kv_dev, parts.dq, parts.dk, parts.dv};
     for (size_t i = 0; i < sizeof device / sizeof device[0]; i++)
         if (device[i])

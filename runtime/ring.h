@@ -8,12 +8,6 @@
 
 #include "attnjit/attnjit.h"
 
-/* One contiguous run of a rank's positions: `len` positions starting at
- * global position `global`, stored from local position `local`. */
-typedef struct aj_shard_chunk {
-    int64_t global, local, len;
-} aj_shard_chunk;
-
 /* Rank `rank`'s chunks of a `seq`-long sequence (1 contiguous, 2 zigzag);
  * AJ_ERR_INVALID_ARG, naming `fn`, if seq does not split evenly. */
 aj_status aj_shard_chunks(aj_ctx *ctx, const char *fn, aj_shard_layout layout, int rank,

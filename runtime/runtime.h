@@ -7,28 +7,112 @@
 #include "codegen/codegen.h"
 #include "runtime/cpu/cpu_device.h"
 #include "runtime/cuda/cuda_device.h"
+#include "runtime/sim/emulator.h"
+
+/*
+ * Devices: one vtable per kind (device.c: sim, cpu, cuda), filled with
+ * designated initializers, and the capabilities callers ask instead of
+ * checking the kind.  Nothing outside device.c reads a kind's own state
+ * (dev->cuda, dev->cpu); launch, ring, tune and the CLI go through the
+ * aj_device_* calls below, which go through dev->ops.
+ *
+ *   aj_forward --> launch.c --> aj_device_launch_stage --> ops->launch
+ *                                                     sim:  aj_sim_run
+ *                                                     cpu:  aj_cpu_launch
+ *                                                     cuda: aj_cuda_launch
+ */
+
+/* One stage of a bound kernel, as every kind launches it. */
+typedef struct aj_device_launch {
+    const aj_kernel *kernel;
+    int stage;
+    int32_t grid[3];
+    void **argv;                  /* kernelParams */
+    const aj_sim_buffer *buffers; /* sim: the memory its accesses may touch */
+    int num_buffers;
+    void *stream;                 /* cuda */
+} aj_device_launch;
+
+typedef struct aj_device_ops {
+    /* what every device of the kind is and can do (aj_device_kind_caps:
+     * kind, kind_name -- "sim", "cuda", "cpu", as --device takes it --,
+     * target, the flags); the numbers of a device come from caps() */
+    aj_device_caps kind_caps;
+    /* aj_tune's default problem: a size that keeps the kind busy a few ms */
+    int32_t tune_batch, tune_heads, tune_seq;
+
+    /* index is checked against 0 by the kinds that have one device */
+    aj_status (*open)(aj_device *dev, int index, void *cu_context);
+    void (*close)(aj_device *dev);
+    aj_target (*target)(const aj_device *dev);
+    const char *(*device_name)(const aj_device *dev);
+    /* the device's numbers in *out, which holds kind_caps */
+    void (*caps)(const aj_device *dev, aj_device_caps *out);
+
+    aj_status (*alloc)(aj_device *dev, size_t bytes, void **out);
+    aj_status (*free)(aj_device *dev, void *ptr);
+    /* host memory the device copies to and from asynchronously (cuda:
+     * pinned) */
+    aj_status (*host_alloc)(aj_device *dev, size_t bytes, void **out);
+    void (*host_free)(aj_device *dev, void *ptr);
+    aj_status (*copy)(aj_device *dev, void *dst, const void *src, size_t bytes, int to_device);
+    aj_status (*copy_async)(aj_device *dev, void *dst, const void *src, size_t bytes,
+                            int to_device, void *stream);
+
+    aj_status (*stream_create)(aj_device *dev, void **stream);
+    void (*stream_destroy)(aj_device *dev, void *stream);
+    aj_status (*synchronize)(aj_device *dev, void *stream);
+    aj_status (*wait)(aj_device *dev, void *stream, double timeout_s, const char *what);
+    aj_status (*time)(aj_device *dev, void *stream, aj_status (*run)(void *user), void *user,
+                      double *ms);
+    aj_status (*scratch)(aj_device *dev, void *stream, size_t bytes, void **out);
+    void (*scratch_release)(aj_device *dev, void *stream, void *ptr);
+
+    aj_status (*load_kernel)(aj_ctx *ctx, aj_device *dev, const aj_kernel *k);
+    aj_status (*launch)(aj_ctx *ctx, aj_device *dev, const aj_device_launch *l);
+    /* optional (NULL: the device reports nothing): what the driver made
+     * of a stage, for aj_tune's pruning */
+    aj_status (*stage_resources)(aj_ctx *ctx, aj_device *dev, const aj_kernel *k, int stage,
+                                 aj_cuda_resources *out);
+} aj_device_ops;
+
+/* The table of a kind; NULL for a value that is not one. */
+const aj_device_ops *aj_device_ops_of(aj_device_kind kind);
 
 struct aj_device {
     aj_ctx *ctx;
-    aj_device_kind kind;
+    const aj_device_ops *ops;
     int index;
     int workers;                 /* sim, cpu (0: the default) */
     uint64_t last_instructions;  /* sim */
-    aj_cuda_device *cuda;        /* cuda */
-    aj_cpu_device *cpu;          /* cpu */
+    aj_cuda_device *cuda;        /* cuda's own state: device.c's, and aj_device_cuda */
+    aj_cpu_device *cpu;          /* cpu's own state: device.c's */
     /* device memory: the u32 the varlen kernels record a bad cu_seqlens
      * in (templates/attn_common.h), AJ_VARLEN_STATUS_CLEAR while none */
     uint32_t *status;
 };
 
+/* The CUDA device under dev, for what needs the driver itself (the NCCL
+ * engine's context); NULL for other kinds. */
+aj_cuda_device *aj_device_cuda(const aj_device *dev);
+
 /* Stream-ordered work for launch.c and ring.c, on any device (see
  * cuda_device.h for cuda; sim and cpu run their work synchronously: their
- * streams are NULL, copies are memmove, waits return at once). */
-aj_status aj_device_stream_create(aj_device *dev, void **stream);
-void aj_device_stream_destroy(aj_device *dev, void *stream);
+ * streams are NULL, copies are memmove, waits return at once).  Streams
+ * themselves: aj_device_stream_create / _destroy (attnjit.h). */
 aj_status aj_device_copy_async(aj_device *dev, void *dst, const void *src, size_t bytes,
                                int to_device, void *stream);
 aj_status aj_device_wait(aj_device *dev, void *stream, double timeout_s, const char *what);
+/* Host memory for copies on the device's streams: pinned on cuda (so an
+ * async copy is one), plain elsewhere; zeroed when `zero`. */
+aj_status aj_device_host_alloc(aj_device *dev, size_t bytes, int zero, void **out);
+void aj_device_host_free(aj_device *dev, void *ptr);
+/* Runs one stage of a bound kernel (launch.c fills l). */
+aj_status aj_device_launch_stage(aj_ctx *ctx, aj_device *dev, const aj_device_launch *l);
+/* What the driver made of a kernel's stage; AJ_ERR_UNSUPPORTED on
+ * devices that have no driver to ask (ops->stage_resources NULL). */
+aj_status aj_device_stage_resources(aj_ctx *ctx, aj_device *dev, const aj_kernel *k, int stage,
+                                    aj_cuda_resources *out);
 /* Loads a compiled kernel on the device now, as its first launch would
  * (cuda: its module, from a cached cubin or the driver's JIT); AJ_OK for
  * devices that load nothing. */

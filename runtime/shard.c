@@ -1,5 +1,6 @@
 /*
- * shard.c -- aj_shard and aj_unshard: a rank's positions of a sequence.
+ * shard.c -- aj_shard, aj_unshard and aj_shard_get_chunks: a rank's positions
+ * of a sequence.
  *
  * Contiguous: rank r of P holds [r S/P, (r+1) S/P).  Zigzag (head-tail)
  * cuts S into 2P chunks and gives rank r chunks r and 2P-1-r, so that
@@ -41,6 +42,17 @@ aj_status aj_shard_chunks(aj_ctx *ctx, const char *fn, aj_shard_layout layout, i
         *num_chunks = 2;
     }
     return AJ_OK;
+}
+
+aj_status aj_shard_get_chunks(aj_ctx *ctx, aj_shard_layout layout, int rank, int size,
+                              int64_t seq, aj_shard_chunk chunks[2], int *num_chunks)
+{
+    if (!ctx)
+        return AJ_ERR_INVALID_ARG;
+    AJ_CHECK_ARG(ctx, chunks && num_chunks, "aj_shard_get_chunks: chunks and num_chunks must "
+                 "not be NULL");
+    return aj_shard_chunks(ctx, "aj_shard_get_chunks", layout, rank, size, seq, chunks,
+                           num_chunks);
 }
 
 /* Copies the chunks between the full tensor and the shard, either way. */

@@ -65,11 +65,11 @@ static int db_path(aj_ctx *ctx, const aj_device *dev, const aj_op *op, char *pat
     memset(&plain.schedule, 0, sizeof plain.schedule);
     if (aj_op_hash(&plain, op_hash) != AJ_OK)
         return -1;
-    int driver = 0;
-    if (dev->cuda)
-        driver = dev->cuda->cu->driver_version;
-    snprintf(device_line, line_cap, "%d|%s|%s|driver %d", (int)dev->kind, aj_device_name(dev),
-             aj_target_name(aj_device_target(dev)), driver);
+    aj_device_caps caps = AJ_DEVICE_CAPS_INIT;
+    if (aj_device_get_caps(dev, &caps) != AJ_OK)
+        return -1;
+    snprintf(device_line, line_cap, "%d|%s|%s|driver %d", (int)caps.kind, aj_device_name(dev),
+             aj_target_name(caps.target), caps.driver_version);
     unsigned long long key = XXH3_64bits(device_line, strlen(device_line));
     snprintf(path, cap, "%s/tuning/%s-%016llx.tune", dir, op_hash, key);
     return 0;
@@ -180,6 +180,7 @@ typedef struct problem {
     aj_fwd_args fwd;
     aj_bwd_args bwd;
     const aj_kernel *kernel;   /* the candidate being timed */
+    void *stream;              /* the tuner's own: the launches and their events */
     aj_ctx *ctx;
 } problem;
 
@@ -238,6 +239,7 @@ static aj_status problem_init(aj_ctx *ctx, aj_device *dev, const aj_op *op,
     memset(p, 0, sizeof *p);
     p->ctx = ctx;
     p->dev = dev;
+    AJ_TRY(aj_device_stream_create(dev, &p->stream));
     aj_op_get_info(op, &p->op);
     const aj_op_info *oi = &p->op;
     int64_t B = o->batch, Hq = o->heads_q, Hk = o->heads_kv, Sq = o->seq_q, Sk = o->seq_k;
@@ -264,6 +266,7 @@ static aj_status problem_init(aj_ctx *ctx, aj_device *dev, const aj_op *op,
         a->alibi_slopes = slopes;
         a->bias = bias;
         a->seed = 1;
+        a->stream = p->stream;
         if (oi->accumulate)
             AJ_TRY(new_tensor(p, AJ_DTYPE_F32, 4, (int64_t[]){B, Hq, Sq, Dv}, -1, 1, &a->o_acc));
         else
@@ -292,6 +295,7 @@ static aj_status problem_init(aj_ctx *ctx, aj_device *dev, const aj_op *op,
     a->bias = bias;
     a->dbias = dbias;
     a->seed = 1;
+    a->stream = p->stream;
 done:
     return st;
 }
@@ -301,6 +305,8 @@ static void problem_free(problem *p)
     for (int i = 0; i < p->nbufs; i++)
         aj_device_free(p->dev, p->bufs[i]);
     p->nbufs = 0;
+    aj_device_stream_destroy(p->dev, p->stream);
+    p->stream = NULL;
 }
 
 /* One launch of the candidate (queued, for cuda). */
@@ -312,16 +318,11 @@ static aj_status problem_run(void *user)
     return aj_backward(p->ctx, p->dev, p->kernel, &p->bwd);
 }
 
-/* Milliseconds of one launch: CUDA events on a GPU, else the wall clock
- * around the (synchronous) launch. */
+/* Milliseconds of one launch on the tuner's stream: CUDA events on a GPU,
+ * else the wall clock around the (synchronous) launch. */
 static aj_status time_once(problem *p, double *ms)
 {
-    if (p->dev->cuda)
-        return aj_cuda_time(p->ctx, p->dev->cuda, NULL, problem_run, p, ms);
-    double t0 = now_s();
-    aj_status st = problem_run(p);
-    *ms = (now_s() - t0) * 1e3;
-    return st;
+    return aj_device_time(p->dev, p->stream, problem_run, p, ms);
 }
 
 /* ---------------------------------------------------------------- tuner */
@@ -351,15 +352,7 @@ static int cmp_result(const void *a, const void *b)
 
 static void defaults_for(const aj_device *dev, aj_tune_options *o)
 {
-    int32_t b = 1, h = 2, s = 128;
-    if (dev->cuda) {
-        b = 4;
-        h = 16;
-        s = 4096;
-    } else if (dev->kind == AJ_DEVICE_CPU) {
-        h = 8;
-        s = 2048;
-    }
+    const int32_t b = dev->ops->tune_batch, h = dev->ops->tune_heads, s = dev->ops->tune_seq;
     if (!o->batch)
         o->batch = b;
     if (!o->heads_q)
@@ -419,7 +412,7 @@ static void prune_by_driver(aj_ctx *ctx, aj_device *dev, const aj_kernel *k, aj_
 {
     for (int s = 0; s < aj_kernel_num_stages(k) && r->status == AJ_OK; s++) {
         aj_cuda_resources res;
-        aj_status st = aj_cuda_stage_resources(ctx, dev->cuda, k, s, &res);
+        aj_status st = aj_device_stage_resources(ctx, dev, k, s, &res);
         int threads = k->stages[s].launch.block[0] * k->stages[s].launch.block[1] *
                       k->stages[s].launch.block[2];
         if (st != AJ_OK) {
@@ -489,8 +482,10 @@ aj_status aj_tune(aj_ctx *ctx, aj_device *dev, const aj_op *op,
     aj_tune_result *res = NULL;
     aj_compile_job *jobs = NULL;
     int *job_of = NULL;                /* result -> the compile job of its kernel */
-    const int cpu = dev->kind == AJ_DEVICE_CPU;
-    const int workers_before = cpu ? aj_device_workers(dev) : 0;
+    aj_device_caps caps = AJ_DEVICE_CAPS_INIT;
+    aj_device_get_caps(dev, &caps);
+    const int simt = caps.simt, threads = caps.worker_threads;
+    const int workers_before = threads ? aj_device_workers(dev) : 0;
     problem prob = {0};
     int have_problem = 0;
     aj_tune_options o;
@@ -510,11 +505,11 @@ aj_status aj_tune(aj_ctx *ctx, aj_device *dev, const aj_op *op,
     res[n++].is_default = true;
     for (size_t a = 0; a < AJ_COUNT_OF(space_block_m); a++)
         for (size_t b = 0; b < AJ_COUNT_OF(space_block_n); b++)
-            for (size_t w = 0; w < (cpu ? 1 : AJ_COUNT_OF(space_warps)); w++)
-                for (size_t s = 0; s < (cpu ? 1 : AJ_COUNT_OF(space_stages)); s++)
+            for (size_t w = 0; w < (simt ? AJ_COUNT_OF(space_warps) : 1); w++)
+                for (size_t s = 0; s < (simt ? AJ_COUNT_OF(space_stages) : 1); s++)
                     res[n++].requested = (aj_schedule){
-                        space_block_m[a], space_block_n[b], cpu ? 0 : space_warps[w],
-                        cpu ? 0 : space_stages[s]};
+                        space_block_m[a], space_block_n[b], simt ? space_warps[w] : 0,
+                        simt ? space_stages[s] : 0};
     for (int i = 0; i < n; i++) {
         AJ_TRY(aj_op_clone(op, &ops[i]));
         aj_op_set_schedule(ops[i], &res[i].requested);
@@ -544,13 +539,13 @@ aj_status aj_tune(aj_ctx *ctx, aj_device *dev, const aj_op *op,
                 r->message[0] = '\0';
                 break;
             }
-        if (r->status == AJ_OK && dev->cuda)
+        if (r->status == AJ_OK && dev->ops->stage_resources)
             prune_by_driver(ctx, dev, jobs[i].kernel, r);
         alive += r->status == AJ_OK;
     }
     for (int i = 0; i < n; i++)
         job_of[i] = i;
-    if (cpu)
+    if (threads)
         n = expand_workers(dev, res, job_of, n, &alive);
     char what[160];
     snprintf(what, sizeof what, "compiled %d candidates: %d to time", n, alive);
@@ -574,7 +569,7 @@ aj_status aj_tune(aj_ctx *ctx, aj_device *dev, const aj_op *op,
             continue;
         }
         prob.kernel = jobs[job_of[i]].kernel;
-        if (cpu)
+        if (threads)
             aj_device_set_workers(dev, r->workers);
         aj_status rs = AJ_OK;
         double ms = 0;
@@ -594,7 +589,7 @@ aj_status aj_tune(aj_ctx *ctx, aj_device *dev, const aj_op *op,
                                               samples[o.repeats / 2]);
         r->timed = true;
         timed++;
-        if (cpu)
+        if (threads)
             snprintf(what, sizeof what, "block_m %d block_n %d threads %d: %.3f ms",
                      r->schedule.block_m, r->schedule.block_n, r->workers, r->median_ms);
         else
@@ -627,7 +622,7 @@ aj_status aj_tune(aj_ctx *ctx, aj_device *dev, const aj_op *op,
     *count = kept;
     res = NULL;
 done:
-    if (cpu)
+    if (threads)
         aj_device_set_workers(dev, workers_before);
     if (have_problem)
         problem_free(&prob);

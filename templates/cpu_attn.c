@@ -6,7 +6,6 @@
 #include <math.h>
 #include <stdio.h>
 
-#define RM AJ_CPU_RM
 #define CN AJ_CPU_CN
 
 static LLVMValueRef i32c(aj_kb *kb, int64_t v)
@@ -370,7 +369,8 @@ void aj_cpu_gemm_nt(aj_kb *kb, int w, LLVMValueRef c, LLVMValueRef a, int k, LLV
                     int n, LLVMValueRef m_end, int pairs)
 {
     LLVMTypeRef vt = aj_cv_type(kb, w);
-    LLVMValueRef acc[RM][CN];
+    const int RM = aj_cpu_tile_rows();
+    LLVMValueRef acc[AJ_CPU_RM_MAX][CN];
     for (int r = 0; r < RM; r++)
         for (int x = 0; x < CN; x++)
             acc[r][x] = aj_kb_var(kb, vt, NULL, "nt");
@@ -413,7 +413,8 @@ void aj_cpu_gemm_acc(aj_kb *kb, int ncols, LLVMValueRef c, LLVMValueRef rscale,
     int vw = ncols % w == 0 ? w : 8;
     int cv = (ncols / vw) % 2 == 0 ? 2 : 1;
     LLVMTypeRef vt = aj_cv_type(kb, vw);
-    LLVMValueRef acc[RM][2];
+    const int RM = aj_cpu_tile_rows();
+    LLVMValueRef acc[AJ_CPU_RM_MAX][2];
     for (int r = 0; r < RM; r++)
         for (int x = 0; x < cv; x++)
             acc[r][x] = aj_kb_var(kb, vt, NULL, "acc");

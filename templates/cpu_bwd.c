@@ -50,7 +50,6 @@
 #include "templates/cpu_attn.h"
 #include "templates/template.h"
 
-#define RM AJ_CPU_RM
 #define CN AJ_CPU_CN
 
 typedef struct cbwd_plan {

@@ -51,7 +51,6 @@
 #include "templates/cpu_attn.h"
 #include "templates/template.h"
 
-#define RM AJ_CPU_RM
 #define CN AJ_CPU_CN
 #define MAX_BLOCK 256
 
@@ -391,7 +390,8 @@ static void emit_row_block(cfwd *c, const cfwd_block *blk, int log2e_in_q)
     const cfwd_plan *p = &c->p;
     const aj_cpu_seq *seq = &c->at.seq;
     int per_slot = p->pairs ? 2 : 1;
-    c->rows_pad = LLVMBuildAnd(b, add(c, c->rows, i32c(c, RM - 1)), i32c(c, -RM), "rows_pad");
+    const int rm = aj_cpu_tile_rows();
+    c->rows_pad = LLVMBuildAnd(b, add(c, c->rows, i32c(c, rm - 1)), i32c(c, -rm), "rows_pad");
     emit_init_rows(c);
     double q_scale = aj_op_scale(c->op) * (log2e_in_q ? AJ_LOG2E : 1.0);
     /* pairs: Q stays bf16 and the scores take the scale */

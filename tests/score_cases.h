@@ -46,7 +46,7 @@ static void spec_field(const char *text, const char *field, char *out, size_t ca
     }
 }
 
-/* An examples/scores spec: its op's info, and the text of its tensors
+/* An examples/specs/scores spec: its op's info, and the text of its tensors
  * ("" when absent), mask and score_mod ("none" when absent) fields. */
 typedef struct score_example {
     aj_op_info info;

@@ -49,12 +49,12 @@ static int spec_dir_each(const char *dir,
     return files;
 }
 
-/* The folder of the examples/scores specs: $AJ_SCORE_EXAMPLES, else
- * examples/scores of the working directory. */
+/* The folder of the examples/specs/scores specs: $AJ_SCORE_EXAMPLES, else
+ * examples/specs/scores of the working directory. */
 static inline const char *score_examples_dir(void)
 {
     const char *dir = getenv("AJ_SCORE_EXAMPLES");
-    return dir ? dir : "examples/scores";
+    return dir ? dir : "examples/specs/scores";
 }
 
 #endif /* AJ_TESTS_SPEC_DIR_H */

@@ -124,17 +124,17 @@ done
 # -v's tile counts of the document mask: 8 documents of one 32 x 32 tile
 # each per head, causal inside: 16 partial tiles, the other 112 skipped
 expect 0 "tiles of 32 x 32: 112 skipped, 16 partial, 0 full" bash -c \
-    "cd '$tmp/docs' && '$aj' run examples/scores/document_mask.aj --device sim -v \
+    "cd '$tmp/docs' && '$aj' run examples/specs/scores/document_mask.aj --device sim -v \
      --in q=dq.npy --in k=dk.npy --in v=dv.npy --in doc=doc.npy --out o=o_doc.npy"
 # side tensors' errors name the tensor
 expect 1 "the op declares tensors = (doc: i32[2] ...); give --in doc=FILE" bash -c \
-    "cd '$tmp/docs' && '$aj' run examples/scores/document_mask.aj --device sim \
+    "cd '$tmp/docs' && '$aj' run examples/specs/scores/document_mask.aj --device sim \
      --in q=dq.npy --in k=dk.npy --in v=dv.npy --out o=o_doc.npy"
 expect 1 "unknown tensor 'dok': not one of run's" bash -c \
-    "cd '$tmp/docs' && '$aj' run examples/scores/document_mask.aj --device sim \
+    "cd '$tmp/docs' && '$aj' run examples/specs/scores/document_mask.aj --device sim \
      --in q=dq.npy --in k=dk.npy --in v=dv.npy --in doc=doc.npy --in dok=doc.npy --out o=o.npy"
 expect 2 "doc (i32[2]): dq.npy: dtype '<f4' is not int32; expected '<i4'" bash -c \
-    "cd '$tmp/docs' && '$aj' run examples/scores/document_mask.aj --device sim \
+    "cd '$tmp/docs' && '$aj' run examples/specs/scores/document_mask.aj --device sim \
      --in q=dq.npy --in k=dk.npy --in v=dv.npy --in doc=dq.npy --out o=o.npy"
 
 echo "$passed passed, $failed failed"

@@ -696,16 +696,118 @@ static void test_paged(void)
     }
 }
 
+/* The stand-in libcuda's log of the run that had FAKE_CUDA_LOG=prefix (it
+ * writes PREFIX.PID at exit). */
+static const char *driver_log(const char *prefix)
+{
+    static char log[1 << 20];
+    char cmd[1400], file[700];
+    snprintf(cmd, sizeof cmd, "cat '%s'.* > '%s.txt'", prefix, prefix);
+    CHECK(system(cmd) == 0);
+    snprintf(file, sizeof file, "%s.txt", prefix);
+    FILE *f = fopen(file, "r");
+    size_t n = f ? fread(log, 1, sizeof log - 1, f) : 0;
+    log[n] = '\0';
+    if (f)
+        fclose(f);
+    return log;
+}
+
+/* Every line of `log` that starts with `call` names a stream other than
+ * the legacy default (stream=0); at least one such line. */
+static void check_own_stream(const char *log, const char *call, const char *what)
+{
+    int lines = 0;
+    for (const char *l = log; *l; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : l + strlen(l)) {
+        if (strncmp(l, call, strlen(call)) != 0)
+            continue;
+        lines++;
+        const char *s = strstr(l, "stream=");
+        CHECK_MSG(s && s < strchr(l, '\n') && atoi(s + 7) != 0, "%s: %.*s", what,
+                  (int)strcspn(l, "\n"), l);
+    }
+    CHECK_MSG(lines > 0, "%s: no %s in the driver log:\n%s", what, call, log);
+}
+
+/* `attnjit run --device cuda` on the stand-in libcuda (FAKE_CUDA_MODE=gpu:
+ * it runs no kernel, so the numbers are not checked; it logs each driver
+ * call with its stream): the launches, the timing events and the wait go
+ * to a stream of the run's own -- never the legacy default stream, never
+ * a whole-context cuCtxSynchronize -- and the time comes from events,
+ * through cuEventElapsedTime_v2 (CUDA 13's name for it), not the v1 entry
+ * point. */
+static void test_run_cuda_streams(void)
+{
+    enum { B = 1, H = 2, S = 64, D = 64, N = B * H * S * D };
+    static float q[N], lse[B * H * S];
+    const int64_t qs[4] = {B, H, S, D}, ls[3] = {B, H, S};
+    const char *names[] = {"q", "k", "v", "o", "do"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        write_tensor("g_", names[i], q, 4, qs);
+    write_tensor("g_", "lse", lse, 3, ls);
+    const char *specs[2] = {"attention forward flash { dtype = f16 head_dim = 64 }\n",
+                            "attention backward flash { dtype = f16 head_dim = 64 }\n"};
+    const char *ins[2] = {"q k v", "q k v o lse do"}, *outs[2] = {"o lse", "dq dk dv"};
+    for (int i = 0; i < 2; i++) {
+        write_text(path("gpu.aj"), specs[i]);
+        char prefix[600], args[4096], err[4096];
+        snprintf(prefix, sizeof prefix, "%s", path(i ? "cuda_bwd" : "cuda_fwd"));
+        setenv("FAKE_CUDA_LOG", prefix, 1);
+        run_command(args, sizeof args, "gpu.aj", "cuda", "g_", ins[i], outs[i], "");
+        int rc = run_cli(args, err, sizeof err);
+        unsetenv("FAKE_CUDA_LOG");
+        const char *what = i ? "run backward on cuda" : "run forward on cuda";
+        CHECK_MSG(rc == 0, "%s: exit %d: %s", what, rc, err);
+        const char *log = driver_log(prefix);
+        check_own_stream(log, "LaunchKernel", what);
+        check_own_stream(log, "EventRecord", what);
+        check_own_stream(log, "StreamSynchronize", what);
+        CHECK_MSG(strstr(log, "EventElapsedTime_v2") && !strstr(log, "EventElapsedTime v1"),
+                  "%s: the time is not from cuEventElapsedTime_v2:\n%s", what, log);
+        CHECK_MSG(!strstr(log, "CtxSynchronize") && !strstr(log, "FAULT"),
+                  "%s: a context synchronisation or a fault:\n%s", what, log);
+        printf("attnjit run %s: launches, events and the wait on the run's own stream\n",
+               what + 4);
+    }
+}
+
+/* `attnjit tune --device cuda` on the stand-in: every candidate's launch
+ * and its timing events on the tuner's own stream, no context
+ * synchronisation (the stand-in's events all measure 1 ms). */
+static void test_tune_cuda_streams(void)
+{
+    write_text(path("gpu.aj"), "attention forward flash { dtype = f16 head_dim = 64 }\n");
+    char args[2048], err[1 << 16], prefix[600];
+    snprintf(prefix, sizeof prefix, "%s", path("cuda_tune"));
+    setenv("FAKE_CUDA_LOG", prefix, 1);
+    snprintf(args, sizeof args, "tune '%s' --device cuda --seq 64 --batch 1 --heads 1 "
+             "--repeats 1 --warmup 1 --no-persist", path("gpu.aj"));
+    int rc = run_cli(args, err, sizeof err);
+    unsetenv("FAKE_CUDA_LOG");
+    CHECK_MSG(rc == 0, "tune on cuda: exit %d: %s", rc, err);
+    const char *log = driver_log(prefix);
+    check_own_stream(log, "LaunchKernel", "tune on cuda");
+    check_own_stream(log, "EventRecord", "tune on cuda");
+    CHECK_MSG(!strstr(log, "CtxSynchronize") && !strstr(log, "FAULT"),
+              "tune on cuda: a context synchronisation or a fault");
+    printf("attnjit tune on cuda: launches and events on the tuner's own stream\n");
+}
+
 int main(int argc, char **argv)
 {
-    if (argc != 2) {
-        fprintf(stderr, "usage: test_cli_run ATTNJIT\n");
+    if (argc != 2 && !(argc == 3 && strcmp(argv[2], "cuda") == 0)) {
+        fprintf(stderr, "usage: test_cli_run ATTNJIT [cuda]\n");
         return 2;
     }
     aj = argv[1];
     if (!mkdtemp(dir)) {
         perror("mkdtemp");
         return 2;
+    }
+    if (argc == 3) {
+        test_run_cuda_streams();
+        test_tune_cuda_streams();
+        return check_report();
     }
     test_run_matches_reference("sim");
     test_run_matches_reference("cpu");

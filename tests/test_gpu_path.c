@@ -23,7 +23,9 @@
  *                          device: launches on the ring's own stream,
  *                          never a context synchronisation, nothing
  *                          allocated or freed between the first launch and
- *                          the last
+ *                          the last; host buffers pinned (no copy staged
+ *                          through pageable memory), and a second call
+ *                          pins nothing (the device reuses the blocks)
  *   test_gpu_path stuck    (mpirun, FAKE_CUDA_STUCK=1: GPU work never ends)
  *                          the ring fails with AJ_ERR_COMM within its
  *                          timeout instead of hanging in the driver
@@ -372,6 +374,8 @@ static int run_ring(int stuck)
     } else {
         CHECK_STATUS(ctx, st, AJ_OK);
         CHECK_LOG_LACKS("CtxSynchronize");
+        CHECK_LOG_LACKS(" staged");   /* host buffers pinned: copies stay async */
+        CHECK_LOG_HAS("MemAllocHost");
         check_between_launches("aj_ring_forward");
         aj_ring_bwd_args b = AJ_RING_BWD_ARGS_INIT;
         b.q = f.q, b.k = f.k, b.v = f.v, b.o = f.o, b.lse = f.lse;
@@ -384,6 +388,9 @@ static int run_ring(int stuck)
             cuda_log_clear();
             CHECK_STATUS(ctx, aj_ring_backward(ctx, dev, comm, bop, &b, NULL), AJ_OK);
             CHECK_LOG_LACKS("CtxSynchronize");
+            CHECK_LOG_LACKS(" staged");
+            if (call == 1)   /* the first call's pinned buffers, reused */
+                CHECK_LOG_LACKS("MemAllocHost");
             check_between_launches("aj_ring_backward");
         }
         free_tensors((aj_tensor *[]){&b.do_, &b.dq, &b.dk, &b.dv}, 4);

@@ -2,7 +2,7 @@
  * test_score.c -- score programs (templates/score.h) against the float64
  * reference, whose interpreter evaluates the same parsed expressions:
  *
- *   examples   every spec of examples/scores (document mask, prefix LM,
+ *   examples   every spec of examples/specs/scores (document mask, prefix LM,
  *              sliding window with sinks, chunked local, T5 relative bias,
  *              ALiBi and softcap as expressions) forward on the device
  *   random     well-typed random masks and score_mods over b, h, q, k,

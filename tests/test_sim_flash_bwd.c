@@ -10,13 +10,13 @@
  * forward's stream; deterministic mode bitwise equal over repeated runs
  * and over different emulator worker counts; the atomic (deterministic =
  * false) mode within tolerance; explicit schedules; the workspace API and
- * its errors; expression masks and score_mods (the examples/scores specs
+ * its errors; expression masks and score_mods (the examples/specs/scores specs
  * and random score_mods of tests/score_cases.h) with their side tensors.
  * Sizes are small: the emulator runs every GPU thread.  With
  * the argument `cuda` the same cases run on a GPU (tests/gpu/run.sh); with
  * `cpu` the varlen cases and checks run on the cpu target's kernels
  * (ctest test_cpu_varlen_bwd); `cpu scores` runs score programs backward
- * on them (ctest test_score_bwd_cpu): the examples/scores specs and random
+ * on them (ctest test_score_bwd_cpu): the examples/specs/scores specs and random
  * masks and score_mods (tests/score_cases.h), a failing one shrunk.
  *
  * O and LSE come from ref_forward, rounded as a forward kernel stores
@@ -815,7 +815,7 @@ static void test_sweep_sample(void)
 
 /* ---------------------------------------------------------------- scores */
 
-/* Every spec of examples/scores ($AJ_SCORE_EXAMPLES) as a backward op of
+/* Every spec of examples/specs/scores ($AJ_SCORE_EXAMPLES) as a backward op of
  * its dtype, head dim, tensors, mask and score_mod: B 2, GQA 2:1, lengths
  * past a 128-token chunk and a 64-key window; then a document mask over
  * the bottom-right diagonal of varlen sequences, whose totals are each

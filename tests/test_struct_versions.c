@@ -203,6 +203,23 @@ static aj_status call_ring_backward(problem *p, const void *s, float *result)
     return aj_ring_backward(p->ctx, p->dev, NULL, NULL, s, NULL);
 }
 
+/* A causal ring's schedule: the pairs' classes, and their count last. */
+static aj_status call_ring_plan(problem *p, const void *s, float *result)
+{
+    const char *text = "attention forward flash { dtype = f32 head_dim = 16 mask = causal(top_left) }";
+    aj_op *op = NULL;
+    aj_ring_pair pairs[8];
+    int32_t count = 0;
+    aj_status st = aj_op_parse(p->ctx, text, strlen(text), "test", &op);
+    if (st == AJ_OK)
+        st = aj_ring_plan(p->ctx, p->dev, op, s, pairs, 8, &count);
+    for (int i = 0; st == AJ_OK && i < count && i < 8; i++)
+        result[i] = (float)pairs[i].block;
+    result[8] = (float)count;
+    aj_op_destroy(op);
+    return st;
+}
+
 /* What an accepted struct's call gives when it cannot run here. */
 static const char *accepted_message(const versioned *v)
 {
@@ -287,6 +304,11 @@ int main(void)
     aj_comm_config comm = AJ_COMM_CONFIG_INIT;
     aj_ring_fwd_args ring_fwd = AJ_RING_FWD_ARGS_INIT;
     aj_ring_bwd_args ring_bwd = AJ_RING_BWD_ARGS_INIT;
+    aj_ring_plan_args ring_plan = AJ_RING_PLAN_ARGS_INIT;
+    ring_plan.layout = AJ_SHARD_ZIGZAG;
+    ring_plan.size = 2;
+    ring_plan.batch = ring_plan.heads_q = 1;
+    ring_plan.seq_q = ring_plan.seq_k = 4;
 
     const versioned structs[] = {
         {"aj_ctx_create: config", "AJ_CTX_CONFIG_INIT", sizeof ctx_config,
@@ -307,6 +329,8 @@ int main(void)
          AJ_STRUCT_END(aj_ring_fwd_args, lse), &ring_fwd, call_ring_forward, 0},
         {"aj_ring_backward: args", "AJ_RING_BWD_ARGS_INIT", sizeof ring_bwd,
          AJ_STRUCT_END(aj_ring_bwd_args, dv), &ring_bwd, call_ring_backward, 0},
+        {"aj_ring_plan: args", "AJ_RING_PLAN_ARGS_INIT", sizeof ring_plan,
+         AJ_STRUCT_END(aj_ring_plan_args, seq_k), &ring_plan, call_ring_plan, 8},
     };
     for (size_t i = 0; i < sizeof structs / sizeof structs[0]; i++)
         check_struct(&p, &structs[i]);

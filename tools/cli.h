@@ -27,6 +27,9 @@ int cli_exit_for(aj_status st);
 int cli_report(aj_ctx *ctx, aj_status st);
 int cli_read_file(const char *path, char **data, size_t *len);
 int cli_load_op(aj_ctx *ctx, const char *path, aj_op **op);
+/* --device NAME: the kind aj_device_kind_name calls NAME, else the usage
+ * (exit 1). */
+int cli_device_kind(const char *name, aj_device_kind *out);
 
 /* `attnjit compile` and `attnjit check` */
 typedef struct cli_compile_opts {

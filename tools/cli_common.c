@@ -133,3 +133,12 @@ int cli_load_op(aj_ctx *ctx, const char *path, aj_op **op)
     return st == AJ_OK ? CLI_EXIT_OK : cli_report(ctx, st);
 }
 
+int cli_device_kind(const char *name, aj_device_kind *out)
+{
+    for (int k = 0; k < AJ_DEVICE_KIND_COUNT; k++)
+        if (strcmp(name, aj_device_kind_name((aj_device_kind)k)) == 0) {
+            *out = (aj_device_kind)k;
+            return CLI_EXIT_OK;
+        }
+    return cli_usage("--device takes sim, cpu or cuda, not '%s'", name);
+}

@@ -180,19 +180,6 @@ static int parse_ring_args(int argc, char **argv, ring_opts *o)
     return CLI_EXIT_OK;
 }
 
-static int device_kind(const char *name, aj_device_kind *out)
-{
-    if (strcmp(name, "sim") == 0)
-        *out = AJ_DEVICE_SIM;
-    else if (strcmp(name, "cpu") == 0)
-        *out = AJ_DEVICE_CPU;
-    else if (strcmp(name, "cuda") == 0)
-        *out = AJ_DEVICE_CUDA;
-    else
-        return cli_usage("--device takes sim, cpu or cuda, not '%s'", name);
-    return CLI_EXIT_OK;
-}
-
 /* ---------------------------------------------------------------- data */
 
 /* A tensor of the run: full (rank 0 only) and this rank's shard, both
@@ -693,7 +680,7 @@ int cli_ring(aj_ctx *ctx, int argc, char **argv)
             rc = cli_report(ctx, st);
     }
     if (rc == CLI_EXIT_OK)
-        rc = device_kind(o.device, &kind);
+        rc = cli_device_kind(o.device, &kind);
     if (rc == CLI_EXIT_OK && (info.score_mod == AJ_SCORE_MOD_ALIBI) != (o.in[R_ALIBI] != NULL))
         rc = cli_usage("%s", o.in[R_ALIBI] ? "--in alibi_slopes given, but the op has no alibi"
                                            : "the op uses alibi: give --in alibi_slopes=FILE");
@@ -748,8 +735,10 @@ int cli_ring(aj_ctx *ctx, int argc, char **argv)
     if ((rc = agree(rc)) != CLI_EXIT_OK)
         goto done;
 
+    aj_device_caps kind_caps = AJ_DEVICE_CAPS_INIT;
+    aj_device_kind_caps(kind, &kind_caps);
     const int index = o.device_index >= 0 ? o.device_index
-                      : kind == AJ_DEVICE_CUDA ? node_local_rank() : 0;
+                      : kind_caps.indexed ? node_local_rank() : 0;
     aj_status st = aj_device_open(ctx, kind, index, &dev);
     if (st == AJ_OK)
         st = aj_device_set_workers(dev, o.workers);

@@ -226,14 +226,8 @@ int cli_parse_run_args(int argc, char **argv, run_opts *o)
             return cli_usage("%s needs a value", a);
         const char *v = argv[++i];
         if (strcmp(a, "--device") == 0) {
-            if (strcmp(v, "sim") == 0)
-                o->device = AJ_DEVICE_SIM;
-            else if (strcmp(v, "cpu") == 0)
-                o->device = AJ_DEVICE_CPU;
-            else if (strcmp(v, "cuda") == 0)
-                o->device = AJ_DEVICE_CUDA;
-            else
-                return cli_usage("--device takes sim, cpu or cuda, not '%s'", v);
+            if (cli_device_kind(v, &o->device) != CLI_EXIT_OK)
+                return CLI_EXIT_USAGE;
         } else if (strcmp(a, "--in") == 0) {
             rc = parse_binding(a, v, 1, o);
         } else if (strcmp(a, "--out") == 0) {
@@ -636,35 +630,50 @@ static void fill_args(const aj_tensor *t, const run_opts *o, launch_args *a)
     a->merge.lse = t[T_LSE];
 }
 
-/* Runs the kernel and waits for it; the time in *run_ms.  A backward's
- * workspace is allocated before and freed after, outside the time. */
+/* One launch of the kernel, for aj_device_time. */
+typedef struct launch_call {
+    aj_ctx *ctx;
+    aj_device *dev;
+    const aj_kernel *kernel;
+    int kind;
+    launch_args *a;
+} launch_call;
+
+static aj_status launch_once(void *user)
+{
+    const launch_call *c = user;
+    switch (c->kind) {
+    case K_BACKWARD:
+        return aj_backward(c->ctx, c->dev, c->kernel, &c->a->bwd);
+    case K_MERGE:
+        return aj_merge(c->ctx, c->dev, c->kernel, &c->a->merge);
+    default:
+        return aj_forward(c->ctx, c->dev, c->kernel, &c->a->fwd);
+    }
+}
+
+/* Runs the kernel on a stream of its own and waits for that stream (not
+ * the whole device: a GPU shared with other work is not stalled); the
+ * device time in *run_ms (CUDA events on a GPU).  A backward's workspace
+ * is allocated before and freed after, outside the time. */
 static aj_status launch(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel, int kind,
                         launch_args *a, double *run_ms)
 {
-    aj_status st = AJ_OK;
-    if (kind == K_BACKWARD) {
+    void *stream = NULL;
+    aj_status st = aj_device_stream_create(dev, &stream);
+    a->fwd.stream = a->bwd.stream = a->merge.stream = stream;
+    if (st == AJ_OK && kind == K_BACKWARD) {
         st = aj_backward_workspace_size(ctx, kernel, &a->bwd, &a->bwd.workspace_bytes);
         if (st == AJ_OK && a->bwd.workspace_bytes)
             st = aj_device_alloc(dev, a->bwd.workspace_bytes, &a->bwd.workspace);
     }
-    double t0 = now_ms();
-    if (st == AJ_OK) {
-        switch (kind) {
-        case K_BACKWARD:
-            st = aj_backward(ctx, dev, kernel, &a->bwd);
-            break;
-        case K_MERGE:
-            st = aj_merge(ctx, dev, kernel, &a->merge);
-            break;
-        default:
-            st = aj_forward(ctx, dev, kernel, &a->fwd);
-            break;
-        }
-    }
+    launch_call call = {ctx, dev, kernel, kind, a};
     if (st == AJ_OK)
-        st = aj_device_synchronize(dev, NULL);
-    *run_ms = now_ms() - t0;
+        st = aj_device_time(dev, stream, launch_once, &call, run_ms);
+    if (st == AJ_OK)
+        st = aj_device_synchronize(dev, stream);
     aj_device_free(dev, a->bwd.workspace);
+    aj_device_stream_destroy(dev, stream);
     return st;
 }
 
@@ -766,7 +775,8 @@ int cli_run(aj_ctx *ctx, int argc, char **argv)
             rc = write_output(tensors[t].name, o.out[t], &buf[t]);
     fprintf(stderr, "attnjit: %s on %s: compile %.1f ms, run %.1f ms", aj_kernel_entry(kernel),
             aj_device_name(dev), compiled - t0, run_ms);
-    if (o.device == AJ_DEVICE_SIM)
+    aj_device_caps caps = AJ_DEVICE_CAPS_INIT;
+    if (aj_device_get_caps(dev, &caps) == AJ_OK && caps.counts_instructions)
         fprintf(stderr, ", %llu emulated thread-instructions",
                 (unsigned long long)aj_device_last_instructions(dev));
     fprintf(stderr, "\n");

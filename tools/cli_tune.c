@@ -70,14 +70,8 @@ static int parse_args(int argc, char **argv, tune_args *t)
                 return CLI_EXIT_USAGE;
             i++;
         } else if (strcmp(a, "--device") == 0 && v) {
-            if (strcmp(v, "sim") == 0)
-                t->device = AJ_DEVICE_SIM;
-            else if (strcmp(v, "cpu") == 0)
-                t->device = AJ_DEVICE_CPU;
-            else if (strcmp(v, "cuda") == 0)
-                t->device = AJ_DEVICE_CUDA;
-            else
-                return cli_usage("--device takes sim, cpu or cuda, not '%s'", v);
+            if (cli_device_kind(v, &t->device) != CLI_EXIT_OK)
+                return CLI_EXIT_USAGE;
             i++;
         } else if (strcmp(a, "--budget-s") == 0 && v) {
             char *end;

@@ -3,11 +3,13 @@ forward + backward, interleaved in one run; and the Python layer's per-call
 overhead over the C call it makes (aj_forward through ctypes with the
 arguments already bound).
 
-    python bench/python/bench_attention.py [--seqs 1024,2048,4096] [--repeats 3]
+    python bench/python/bench_attention.py [--seqs 1024,2048,4096] [--heads 4/4,8/2]
+        [--dims 64,128] [--dtypes float32,bfloat16] [--causal causal,none] [--repeats 3]
 
-Prints a markdown table: times are medians of `repeats` runs, each pair of
-(attnjit, SDPA) runs back to back; ratio = SDPA time / attnjit time (above
-1: attnjit is faster).
+Prints a markdown table: times are per-call medians of `repeats` samples,
+each sample a run of calls of about 0.1 s, attnjit's and SDPA's samples
+alternating; ratio = SDPA time / attnjit time (above 1: attnjit is
+faster).
 """
 import argparse
 import ctypes
@@ -29,43 +31,54 @@ def timed(fn):
     return time.perf_counter() - t0
 
 
-def pair(fn_a, fn_b, repeats):
-    """Medians of fn_a and fn_b, run alternately after one warm-up each."""
-    fn_a(), fn_b()
+def pair(fn_a, fn_b, repeats, sample_s=0.1):
+    """Per-call medians of fn_a and fn_b, run alternately after one warm-up
+    each.  Each sample runs a side back to back for about sample_s seconds
+    (at least once), so that neither side pays for the other's thread pool
+    still spinning down (torch's OpenMP threads spin after a parallel
+    region; on 2 cores that lands on the next call)."""
+    counts = [max(1, int(sample_s / max(timed(f), 1e-6))) for f in (fn_a, fn_b)]
     a, b = [], []
     for _ in range(repeats):
-        a.append(timed(fn_a))
-        b.append(timed(fn_b))
+        for f, n, out in ((fn_a, counts[0], a), (fn_b, counts[1], b)):
+            out.append(timed(lambda: [f() for _ in range(n)]) / n)
     return statistics.median(a), statistics.median(b)
 
 
 def throughput(args):
-    print("| dtype | D | S | pass | attnjit ms | SDPA ms | SDPA / attnjit |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
-    B, H = args.batch, args.heads
-    for dtype in (torch.bfloat16, torch.float32):
-        for D in (64, 128):
-            for S in args.seqs:
-                g = torch.Generator().manual_seed(0)
-                q, k, v = (torch.randn(B, H, S, D, generator=g).to(dtype).requires_grad_()
-                           for _ in range(3))
-                do = torch.randn(B, H, S, D, generator=g).to(dtype)
+    print("| dtype | heads q/kv | D | S | mask | pass | attnjit ms | SDPA ms | SDPA / attnjit |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    B = args.batch
+    for dtype in args.dtypes:
+        for hq, hkv in args.heads:
+            for D in args.dims:
+                for S in args.seqs:
+                    for causal in args.causal:
+                        throughput_row(args, B, hq, hkv, D, S, dtype, causal)
 
-                def fwd(f):
-                    with torch.no_grad():
-                        f(q, k, v)
 
-                def fwd_bwd(f):
-                    f(q, k, v).backward(do)
+def throughput_row(args, B, hq, hkv, D, S, dtype, causal):
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(B, hq, S, D, generator=g).to(dtype).requires_grad_()
+    k, v = (torch.randn(B, hkv, S, D, generator=g).to(dtype).requires_grad_() for _ in range(2))
+    do = torch.randn(B, hq, S, D, generator=g).to(dtype)
+    gqa = hq != hkv
 
-                ours = lambda q, k, v: at.attention(q, k, v, causal=True)  # noqa: E731
-                sdpa = lambda q, k, v: F.scaled_dot_product_attention(  # noqa: E731
-                    q, k, v, is_causal=True)
-                for name, run in (("fwd", fwd), ("fwd+bwd", fwd_bwd)):
-                    a, b = pair(lambda: run(ours), lambda: run(sdpa), args.repeats)
-                    print("| %s | %d | %d | %s | %.1f | %.1f | %.2f |" % (
-                        str(dtype).replace("torch.", ""), D, S, name, a * 1e3, b * 1e3, b / a),
-                        flush=True)
+    def fwd(f):
+        with torch.no_grad():
+            f(q, k, v)
+
+    def fwd_bwd(f):
+        f(q, k, v).backward(do)
+
+    ours = lambda q, k, v: at.attention(q, k, v, causal=causal)  # noqa: E731
+    sdpa = lambda q, k, v: F.scaled_dot_product_attention(  # noqa: E731
+        q, k, v, is_causal=causal, enable_gqa=gqa)
+    for name, run in (("fwd", fwd), ("fwd+bwd", fwd_bwd)):
+        a, b = pair(lambda: run(ours), lambda: run(sdpa), args.repeats)
+        print("| %s | %d/%d | %d | %d | %s | %s | %.1f | %.1f | %.2f |" % (
+            str(dtype).replace("torch.", ""), hq, hkv, D, S, "causal" if causal else "none",
+            name, a * 1e3, b * 1e3, b / a), flush=True)
 
 
 def overhead(args):
@@ -108,12 +121,19 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seqs", default="1024,2048,4096")
     p.add_argument("--batch", type=int, default=1)
-    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--heads", default="4/4,8/2", help="query/kv head pairs (8/2: GQA)")
+    p.add_argument("--dims", default="64,128")
+    p.add_argument("--dtypes", default="float32,bfloat16")
+    p.add_argument("--causal", default="causal,none")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--calls", type=int, default=500)
     p.add_argument("--only", choices=("throughput", "overhead"))
     args = p.parse_args()
     args.seqs = [int(s) for s in args.seqs.split(",")]
+    args.heads = [tuple(int(x) for x in h.split("/")) for h in args.heads.split(",")]
+    args.dims = [int(d) for d in args.dims.split(",")]
+    args.dtypes = [getattr(torch, d) for d in args.dtypes.split(",")]
+    args.causal = [c == "causal" for c in args.causal.split(",")]
     print("torch %s, %d threads; attnjit %s on %s\n" % (
         torch.__version__, torch.get_num_threads(), attnjit.__version__,
         _capi.lib.aj_device_name(attnjit.device("cpu")).decode()))

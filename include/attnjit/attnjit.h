@@ -604,6 +604,60 @@ int aj_device_workers(const aj_device *dev);
  * instructions executed, summed over GPU threads); 0 elsewhere. */
 uint64_t aj_device_last_instructions(const aj_device *dev);
 
+/* Streams: a stream of the device's own, for the work of aj_forward /
+ * aj_backward / aj_merge (args->stream) and aj_device_synchronize.  cuda:
+ * a non-blocking CUstream (ordered with nothing else: not the legacy
+ * default stream); sim and cpu run every call to completion, so their
+ * stream is NULL.  aj_device_stream_destroy lets queued work finish. */
+aj_status aj_device_stream_create(aj_device *dev, void **stream);
+void aj_device_stream_destroy(aj_device *dev, void *stream);
+/* The device time, in *ms, of the work run(user) queues on `stream`:
+ * between two CUDA events on cuda (waiting for the second), the wall
+ * clock around the call on sim and cpu.  run's failure is returned. */
+aj_status aj_device_time(aj_device *dev, void *stream, aj_status (*run)(void *user),
+                         void *user, double *ms);
+
+/* What a device kind is and what a device of it can do, so callers ask
+ * instead of checking the kind (docs/api.md, "Devices and launches").
+ * Versioned: start from AJ_DEVICE_CAPS_INIT. */
+typedef struct aj_device_caps {
+    size_t struct_size;
+    aj_device_kind kind;
+    const char *kind_name;        /* "sim", "cuda", "cpu" (static) */
+    aj_target target;             /* its kernels' target; AJ_TARGET_ANY for a
+                                     cuda kind not opened (it is the GPU's) */
+    bool host_memory;             /* device memory is host memory the caller may
+                                     read and write directly */
+    bool streams;                 /* calls queue work on streams and return
+                                     before it is done; false: every call runs
+                                     to completion (streams are NULL) */
+    bool indexed;                 /* a host may have several, by index (one per
+                                     GPU); false: index 0 only */
+    bool simt;                    /* kernels run as blocks of warps: schedules
+                                     have warps and pipeline stages */
+    bool worker_threads;          /* runs on host threads: aj_device_set_workers
+                                     sets how many, aj_tune tunes the count */
+    bool counts_instructions;     /* aj_device_last_instructions counts */
+    int32_t max_shared_bytes;     /* shared memory a block may use (the opt-in
+                                     maximum on cuda); 0: no shared memory */
+    int32_t multiprocessors;      /* SMs (cuda), cores this process may use
+                                     (cpu, sim's default workers); 0 unopened */
+    int32_t cc_major, cc_minor;   /* compute capability (cuda), else 0 */
+    int32_t driver_version;       /* cuDriverGetVersion (cuda, 13000 = 13.0), else 0 */
+} aj_device_caps;
+
+#define AJ_DEVICE_CAPS_INIT { .struct_size = sizeof(aj_device_caps) }
+
+/* dev's capabilities.  AJ_ERR_INVALID_ARG for a NULL dev or caps, or a
+ * struct_size smaller than this, the struct's first version; a newer,
+ * larger struct keeps its struct_size and has the fields it adds zeroed. */
+aj_status aj_device_get_caps(const aj_device *dev, aj_device_caps *caps);
+/* A kind's capabilities without opening a device (what depends on the
+ * device itself is 0); AJ_ERR_INVALID_ARG for a value that is not a kind. */
+aj_status aj_device_kind_caps(aj_device_kind kind, aj_device_caps *caps);
+/* "sim", "cuda", "cpu"; NULL for a value that is not a kind. */
+const char *aj_device_kind_name(aj_device_kind kind);
+
 /* ---------------------------------------------------------------- launch */
 
 /* A strided view of memory the caller owns: device memory for cuda, host
@@ -928,6 +982,20 @@ aj_status aj_shard(aj_ctx *ctx, aj_shard_layout layout, int rank, int size,
 aj_status aj_unshard(aj_ctx *ctx, aj_shard_layout layout, int rank, int size,
                      const aj_seq_shape *full, const void *shard, void *dst);
 
+/* One contiguous run of a rank's positions: `len` positions from global
+ * position `global`, stored in the shard from local position `local`. */
+typedef struct aj_shard_chunk {
+    int64_t global, local, len;
+} aj_shard_chunk;
+
+/* Rank `rank`'s chunks of a `seq`-long sequence, in local order, into
+ * chunks[] (1 contiguous, 2 zigzag) and their number into *num_chunks:
+ * the rule aj_shard, aj_unshard and the ring follow, for a caller that
+ * moves the positions itself (attnjit.torch.shard).  AJ_ERR_INVALID_ARG,
+ * as aj_shard, when seq does not split evenly. */
+aj_status aj_shard_get_chunks(aj_ctx *ctx, aj_shard_layout layout, int rank, int size,
+                              int64_t seq, aj_shard_chunk chunks[2], int *num_chunks);
+
 /* What one ring call did and where its time went (wall clock). */
 typedef struct aj_ring_stats {
     int32_t rotations;       /* buffer exchanges with the neighbours (p2p:
@@ -1009,6 +1077,58 @@ typedef struct aj_ring_bwd_args {
  * `efficient`, matching the forward's fields). */
 aj_status aj_ring_backward(aj_ctx *ctx, aj_device *dev, aj_comm *comm, const aj_op *op,
                            const aj_ring_bwd_args *args, aj_ring_stats *stats);
+
+/* What the ring does with one (query chunk, key chunk) pair, from the
+ * op's mask at the pair's global positions (the kernels' own tile
+ * classes, templates/score.c): nothing visible, no launch; everything
+ * visible, the op without its mask; else the op. */
+typedef enum aj_ring_block {
+    AJ_RING_BLOCK_SKIP = 0,
+    AJ_RING_BLOCK_FULL = 1,
+    AJ_RING_BLOCK_PARTIAL = 2,
+    AJ_RING_BLOCK_COUNT
+} aj_ring_block;
+
+/* One pair of a ring call, in the order the ring visits them: at ring
+ * step `step` this rank holds the K/V block of rank `src`, and computes
+ * its query chunk q against that block's key chunk k (q.local is in this
+ * rank's shard, k.local in src's; the globals are the launch's q_offset
+ * and kv_offset, the totals P seq_q and P seq_k).  A forward merges
+ * every launch into its f32 accumulator (accumulate = true), in order. */
+typedef struct aj_ring_pair {
+    int32_t step, src;
+    aj_shard_chunk q, k;
+    aj_ring_block block;
+} aj_ring_pair;
+
+/* The facts a ring call's plan depends on.  Start from
+ * AJ_RING_PLAN_ARGS_INIT. */
+typedef struct aj_ring_plan_args {
+    size_t struct_size;
+    aj_shard_layout layout;
+    aj_ring_rotate rotate;
+    int32_t rank, size;              /* this rank of `size` */
+    int64_t batch, heads_q;          /* q's B and Hq (masks that read b or h) */
+    int64_t seq_q, seq_k;            /* this rank's shard lengths: Sq/P, Sk/P */
+    /* optional: as aj_ring_fwd_args, in the memory of aj_ring_plan's dev */
+    aj_tensor alibi_slopes;
+    const aj_side_tensor *side;
+    int32_t num_side;
+} aj_ring_plan_args;
+
+#define AJ_RING_PLAN_ARGS_INIT { .struct_size = sizeof(aj_ring_plan_args) }
+
+/* The ring's schedule for rank args->rank, as aj_ring_forward and
+ * aj_ring_backward follow it: every (query chunk, key chunk) pair of
+ * every step (P of them contiguous, 4P zigzag), skipped ones included,
+ * in order, for a caller that runs the exchange itself
+ * (attnjit.torch.ring_attention).  op: the forward or backward op as the
+ * ring takes it; dev: where the side tensors are.  Writes the first
+ * min(cap, count) pairs to `pairs` (NULL when cap is 0) and the count to
+ * *count.  No communication. */
+aj_status aj_ring_plan(aj_ctx *ctx, aj_device *dev, const aj_op *op,
+                       const aj_ring_plan_args *args, aj_ring_pair *pairs, int32_t cap,
+                       int32_t *count);
 
 /* Converts `count` elements between dtypes, rounding to nearest even (as
  * the kernels do; to an f8 dtype saturating at its largest finite, as PTX's

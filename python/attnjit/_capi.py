@@ -3,7 +3,7 @@ calls, and where libattnjit.so.0 is found.
 
 The structs mirror the C ones field for field; attnjit's versioned-struct
 rule (attnjit.h, "Versioned structs") lets this module keep working against
-a newer library, and tests/python/test_capi.py compares every layout with
+a newer library, and tests/python/test_api.py compares every layout with
 the C compiler's.
 """
 import ctypes
@@ -27,6 +27,9 @@ EMIT_NAMES = ("ptx", "llvm_ir", "bitcode", "auto")
 EXTENT_NAMES = ("one", "batch", "heads_q", "heads_kv", "seq_q", "seq_k")
 PARAM_TYPE_NAMES = ("ptr", "i32", "i64", "f32")
 TARGET_NAMES = ("any", "sm_80", "sm_90", "sm_90a", "sim", "cpu")
+SHARD_LAYOUTS = ("contiguous", "zigzag")
+RING_ROTATES = ("p2p", "allgather")
+RING_BLOCK_SKIP, RING_BLOCK_FULL, RING_BLOCK_PARTIAL = 0, 1, 2
 
 
 class Tensor(ctypes.Structure):
@@ -95,6 +98,28 @@ class LaunchInfo(ctypes.Structure):
                 ("schedule", Schedule)]
 
 
+class ShardChunk(ctypes.Structure):
+    # "global" is a Python keyword: read it with chunk_tuple
+    _fields_ = [("global", i64), ("local", i64), ("len", i64)]
+
+
+def chunk_tuple(c):
+    """An aj_shard_chunk as (global, local, len)."""
+    return getattr(c, "global"), c.local, c.len
+
+
+class RingPair(ctypes.Structure):
+    _fields_ = [("step", i32), ("src", i32), ("q", ShardChunk), ("k", ShardChunk),
+                ("block", c_int)]
+
+
+class RingPlanArgs(ctypes.Structure):
+    _fields_ = [("struct_size", c_size_t), ("layout", c_int), ("rotate", c_int),
+                ("rank", i32), ("size", i32), ("batch", i64), ("heads_q", i64),
+                ("seq_q", i64), ("seq_k", i64), ("alibi_slopes", Tensor),
+                ("side", ctypes.POINTER(SideTensor)), ("num_side", i32)]
+
+
 PROGRESS_FN = ctypes.CFUNCTYPE(None, c_void_p, i32, i32, c_char_p)
 
 
@@ -114,7 +139,9 @@ class TuneResult(ctypes.Structure):
 STRUCTS = {"aj_tensor": Tensor, "aj_side_tensor": SideTensor, "aj_schedule": Schedule,
            "aj_ctx_config": CtxConfig, "aj_compile_options": CompileOptions,
            "aj_fwd_args": FwdArgs, "aj_bwd_args": BwdArgs, "aj_launch_info": LaunchInfo,
-           "aj_tune_options": TuneOptions, "aj_tune_result": TuneResult}
+           "aj_tune_options": TuneOptions, "aj_tune_result": TuneResult,
+           "aj_shard_chunk": ShardChunk, "aj_ring_pair": RingPair,
+           "aj_ring_plan_args": RingPlanArgs}
 
 P = c_void_p
 PP = ctypes.POINTER(c_void_p)
@@ -130,6 +157,7 @@ _SIGNATURES = {
     "aj_op_destroy": (None, [P]),
     "aj_op_print": (c_int, [P, PP]),
     "aj_op_hash": (c_int, [P, ctypes.c_char * 17]),
+    "aj_op_set_mask_none": (c_int, [P]),
     "aj_target_from_name": (c_int, [P, c_char_p, ctypes.POINTER(c_int)]),
     "aj_compile": (c_int, [P, P, ctypes.POINTER(CompileOptions), PP]),
     "aj_kernel_destroy": (None, [P]),
@@ -149,6 +177,10 @@ _SIGNATURES = {
                                            ctypes.POINTER(c_size_t)]),
     "aj_tune": (c_int, [P, P, P, ctypes.POINTER(TuneOptions),
                         ctypes.POINTER(ctypes.POINTER(TuneResult)), ctypes.POINTER(i32)]),
+    "aj_shard_get_chunks": (c_int, [P, c_int, c_int, c_int, i64, ctypes.POINTER(ShardChunk),
+                                    ctypes.POINTER(c_int)]),
+    "aj_ring_plan": (c_int, [P, P, P, ctypes.POINTER(RingPlanArgs), ctypes.POINTER(RingPair),
+                             i32, ctypes.POINTER(i32)]),
 }
 
 

@@ -635,8 +635,9 @@ aj_status aj_comm_nccl_open(aj_comm *comm, const aj_comm_config *config)
     pthread_once(&load_once, load_nccl);
     if (!nccl_ok)
         return aj_fail(comm->ctx, AJ_ERR_NO_DEVICE, "aj_comm_create: %s", nccl_error);
-    if (comm->dev->kind != AJ_DEVICE_CUDA)
+    const aj_cuda_device *cuda = aj_device_cuda(comm->dev);
+    if (!cuda)
         return aj_fail(comm->ctx, AJ_ERR_INVALID_ARG, "aj_comm_create: the NCCL engine needs "
                        "a cuda device, not %s; use AJ_COMM_MPI", aj_device_name(comm->dev));
-    return aj_comm_nccl_open_on(comm, config, comm->dev->cuda->cu, comm->dev->cuda->cuctx);
+    return aj_comm_nccl_open_on(comm, config, cuda->cu, cuda->cuctx);
 }

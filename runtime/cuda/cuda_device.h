@@ -31,12 +31,22 @@ typedef struct aj_cuda_scratch_slot {
 
 enum { AJ_CUDA_SCRATCH_SLOTS = 16 };
 
+/* A block of pinned host memory the device keeps for reuse (see
+ * aj_cuda_host_alloc). */
+typedef struct aj_cuda_pinned {
+    void *ptr;
+    size_t bytes;
+    int busy;
+} aj_cuda_pinned;
+
+enum { AJ_CUDA_PINNED_BLOCKS = 32 };
+
 typedef struct aj_cuda_device {
     const aj_cuda *cu;
     CUdevice dev;
     CUcontext cuctx;
     int owns_primary;            /* retained the primary context: release it */
-    int cc_major, cc_minor, smem_optin;
+    int cc_major, cc_minor, smem_optin, sm_count;
     aj_target target;            /* what its kernels are compiled for */
     char name[128];
     pthread_mutex_t lock;        /* guards loaded */
@@ -45,6 +55,8 @@ typedef struct aj_cuda_device {
     pthread_mutex_t scratch_lock;   /* guards scratch and scratch_clock */
     aj_cuda_scratch_slot scratch[AJ_CUDA_SCRATCH_SLOTS];
     uint64_t scratch_clock;
+    pthread_mutex_t pinned_lock;    /* guards pinned */
+    aj_cuda_pinned pinned[AJ_CUDA_PINNED_BLOCKS];
 } aj_cuda_device;
 
 /* GPU `index` on its primary context, or the device of `user_context` (a
@@ -68,6 +80,14 @@ aj_status aj_cuda_free(aj_ctx *ctx, aj_cuda_device *d, void *ptr);
 aj_status aj_cuda_copy(aj_ctx *ctx, aj_cuda_device *d, void *dst, const void *src,
                        size_t bytes, int to_device);
 aj_status aj_cuda_synchronize(aj_ctx *ctx, aj_cuda_device *d, void *stream);
+/* Pinned host memory (cuMemAllocHost): copies between it and the device
+ * are asynchronous, where pageable memory makes the driver stage them
+ * synchronously.  Pinning is slow (the pages are locked and mapped), so
+ * the device keeps up to AJ_CUDA_PINNED_BLOCKS blocks: a freed block
+ * waits for the next call that fits in it (the smallest that fits), and
+ * a call after the first of its sizes pins nothing. */
+aj_status aj_cuda_host_alloc(aj_ctx *ctx, aj_cuda_device *d, size_t bytes, void **out);
+void aj_cuda_host_free(aj_cuda_device *d, void *ptr);
 
 /* Stream-ordered work, never a whole-context synchronisation: a
  * non-blocking stream of the device's own; a copy queued on `stream` (the

@@ -122,6 +122,7 @@ aj_status aj_cuda_device_open(aj_ctx *ctx, int index, void *user_context,
     d->cu = cu;
     pthread_mutex_init(&d->lock, NULL);
     pthread_mutex_init(&d->scratch_lock, NULL);
+    pthread_mutex_init(&d->pinned_lock, NULL);
     if (user_context) {
         d->cuctx = (CUcontext)user_context;
         AJ_CU_TRY(ctx, cu, cu->CtxPushCurrent(d->cuctx), "cuCtxPushCurrent");
@@ -146,6 +147,8 @@ aj_status aj_cuda_device_open(aj_ctx *ctx, int index, void *user_context,
     AJ_CU_TRY(ctx, cu, cu->DeviceGetAttribute(&d->smem_optin,
               AJ_CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, d->dev),
               "cuDeviceGetAttribute");
+    AJ_CU_TRY(ctx, cu, cu->DeviceGetAttribute(&d->sm_count,
+              AJ_CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, d->dev), "cuDeviceGetAttribute");
     if (d->cc_major < 8) {
         st = aj_fail(ctx, AJ_ERR_NO_DEVICE, "%s has compute capability %d.%d; attnjit's "
                      "kernels need 8.0 (sm_80) or newer", d->name, d->cc_major, d->cc_minor);
@@ -179,6 +182,9 @@ void aj_cuda_device_close(aj_cuda_device *d)
             if (d->scratch[i].used)
                 d->cu->EventDestroy(d->scratch[i].used);
         }
+        for (int i = 0; i < AJ_CUDA_PINNED_BLOCKS; i++)
+            if (d->pinned[i].ptr)
+                d->cu->MemFreeHost(d->pinned[i].ptr);
         CUcontext popped;
         d->cu->CtxPopCurrent(&popped);
     }
@@ -187,6 +193,7 @@ void aj_cuda_device_close(aj_cuda_device *d)
     free(d->loaded);
     pthread_mutex_destroy(&d->lock);
     pthread_mutex_destroy(&d->scratch_lock);
+    pthread_mutex_destroy(&d->pinned_lock);
     free(d);
 }
 
@@ -440,6 +447,66 @@ aj_status aj_cuda_synchronize(aj_ctx *ctx, aj_cuda_device *d, void *stream)
         WITH_CONTEXT(d, d->cu->CtxSynchronize(), "cuCtxSynchronize");
 done:
     return st;
+}
+
+aj_status aj_cuda_host_alloc(aj_ctx *ctx, aj_cuda_device *d, size_t bytes, void **out)
+{
+    aj_status st = AJ_OK;
+    if (!bytes)
+        bytes = 1;
+    /* the smallest idle block that fits; else an empty entry, or the
+     * smallest idle block (too small: it makes room) */
+    pthread_mutex_lock(&d->pinned_lock);
+    aj_cuda_pinned *fit = NULL, *room = NULL;
+    for (int i = 0; i < AJ_CUDA_PINNED_BLOCKS; i++) {
+        aj_cuda_pinned *b = &d->pinned[i];
+        if (b->busy)
+            continue;
+        if (b->ptr && b->bytes >= bytes && (!fit || b->bytes < fit->bytes))
+            fit = b;
+        if (!room || (room->ptr && (!b->ptr || b->bytes < room->bytes)))
+            room = b;
+    }
+    if (fit) {
+        fit->busy = 1;
+        *out = fit->ptr;
+        pthread_mutex_unlock(&d->pinned_lock);
+        return AJ_OK;
+    }
+    if (room)
+        room->busy = 1;   /* ours while the lock is dropped for the driver */
+    pthread_mutex_unlock(&d->pinned_lock);
+    void *old = room ? room->ptr : NULL, *p = NULL;
+    if (old)
+        WITH_CONTEXT(d, d->cu->MemFreeHost(old), "cuMemFreeHost");
+    WITH_CONTEXT(d, d->cu->MemAllocHost(&p, bytes), "cuMemAllocHost");
+    *out = p;
+done:
+    if (room) {
+        pthread_mutex_lock(&d->pinned_lock);
+        room->ptr = st == AJ_OK ? p : NULL;
+        room->bytes = st == AJ_OK ? bytes : 0;
+        room->busy = st == AJ_OK;
+        pthread_mutex_unlock(&d->pinned_lock);
+    }
+    return st;
+}
+
+void aj_cuda_host_free(aj_cuda_device *d, void *ptr)
+{
+    pthread_mutex_lock(&d->pinned_lock);
+    for (int i = 0; i < AJ_CUDA_PINNED_BLOCKS; i++)
+        if (d->pinned[i].ptr == ptr && d->pinned[i].busy) {
+            d->pinned[i].busy = 0;   /* kept for the next call */
+            pthread_mutex_unlock(&d->pinned_lock);
+            return;
+        }
+    pthread_mutex_unlock(&d->pinned_lock);
+    CUcontext popped;   /* every entry was busy when it was pinned */
+    if (ptr && d->cu->CtxPushCurrent(d->cuctx) == AJ_CUDA_SUCCESS) {
+        d->cu->MemFreeHost(ptr);
+        d->cu->CtxPopCurrent(&popped);
+    }
 }
 
 /* ---------------------------------------------------------------- streams */

@@ -41,6 +41,7 @@
  *   LaunchKernel fn=NAME grid=4,2,1 stream=1
  *   CtxSynchronize / StreamSynchronize stream=1 / EventSynchronize event=2
  *   EventRecord event=2 stream=1 / StreamWaitEvent stream=2 event=1
+ *   EventElapsedTime_v2 start=1 end=2 (or " v1": the old entry point)
  *   DevicePrimaryCtxRetain dev=1 / LinkComplete / ModuleLoadData cubin
  *
  * (and, with FAKE_CUDA_LOG=PREFIX, into the file PREFIX.PID at exit)
@@ -456,18 +457,25 @@ CUresult cuEventSynchronize(void *e)
     return sticky;
 }
 
+/* Both entry points, told apart in the log: CUDA 13's cuda.h maps the
+ * name to _v2, the one attnjit must bind where the driver has it. */
+static CUresult elapsed(float *ms, const void *start, const void *end, const char *which)
+{
+    note("EventElapsedTime%s start=%d end=%d", which, stream_id(start), stream_id(end));
+    *ms = 1.0f;
+    return sticky;
+}
+
 CUresult cuEventElapsedTime_v2(float *ms, void *start, void *end);
 CUresult cuEventElapsedTime_v2(float *ms, void *start, void *end)
 {
-    (void)start, (void)end;
-    *ms = 1.0f;
-    return sticky;
+    return elapsed(ms, start, end, "_v2");
 }
 
 CUresult cuEventElapsedTime(float *ms, void *start, void *end);
 CUresult cuEventElapsedTime(float *ms, void *start, void *end)
 {
-    return cuEventElapsedTime_v2(ms, start, end);
+    return elapsed(ms, start, end, " v1");
 }
 
 /* ---------------------------------------------------------------- copies */

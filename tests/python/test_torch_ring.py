@@ -1,8 +1,11 @@
 """attnjit.torch.ring_attention over torch.distributed (gloo, 2 and 3
 ranks in processes of their own) equals one rank's attention, forward (o,
 lse) and backward (dq, dk, dv), for both layouts and rotations, masks,
-GQA, an expression mask with a side tensor, and dropout; shard / unshard
-round-trip."""
+GQA, an expression mask with a side tensor, and dropout; its kernel
+launches are the C ring's (a pair with nothing visible is not launched,
+one with everything visible runs without the mask: the counts
+tests/ring/test_ring.c asserts for aj_ring_forward, from the same
+position-by-position oracle); shard / unshard round-trip."""
 import os
 import tempfile
 
@@ -13,9 +16,12 @@ import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
 import attnjit.torch as at  # noqa: E402
+from attnjit.torch import _ops  # noqa: E402
+from reference import visible  # noqa: E402
 
 CASES = [  # (layout, rotate, dtype, options)
     ("zigzag", "p2p", torch.float32, dict(causal=True)),
+    ("contiguous", "p2p", torch.float32, dict(causal=True)),
     ("contiguous", "p2p", torch.float32, dict(causal="bottom_right", window=(9, None))),
     ("zigzag", "allgather", torch.bfloat16, dict(causal=True, softcap=20.0)),
     ("contiguous", "allgather", torch.float32, dict()),
@@ -25,9 +31,63 @@ CASES = [  # (layout, rotate, dtype, options)
 TOL = {torch.float32: 2e-5, torch.bfloat16: 2e-2}
 
 
+def _record_launches():
+    """Wraps the kernel calls: the ring's (those given positions) go to
+    log[kind] as (q_offset, kv_offset, masked)."""
+    log = {"forward": [], "backward": []}
+
+    def wrap(kind, fn):
+        def call(*args, **kw):
+            if "at" in kw:
+                log[kind].append((kw["at"].q_offset, kw["at"].kv_offset, kw.get("masked", True)))
+            return fn(*args, **kw)
+        return call
+    _ops.forward_into = wrap("forward", _ops.forward_into)
+    _ops.backward_into = wrap("backward", _ops.backward_into)
+    return log
+
+
+def _chunk_starts(layout, r, world, S):
+    """Rank r's chunks of an S-long sequence as (global start, length): its
+    shard of the positions, cut into 1 (contiguous) or 2 (zigzag) runs."""
+    pos = at.shard(torch.arange(S), 0, r, world, layout)
+    n = 1 if layout == "contiguous" else 2
+    return [(int(c[0]), len(c)) for c in pos.chunk(n)]
+
+
+def _check_launches(log, seen, layout, rotate, rank, world, what):
+    """The launches equal the oracle's: every (query chunk, key chunk) pair
+    with a visible key, in the C ring's order (step s: block r-s for p2p,
+    block s for all-gather), masked unless every key is visible; with a
+    side tensor the classes need only be sound (as test_ring.c's)."""
+    S, exact = seen.shape[-1], "mask" not in what
+    owner = {}
+    want = []
+    for step in range(world):
+        src = (rank - step) % world if rotate == "p2p" else step
+        for q0, qn in _chunk_starts(layout, rank, world, S):
+            for k0, kn in _chunk_starts(layout, src, world, S):
+                owner[k0] = step
+                pair = seen[..., q0:q0 + qn, k0:k0 + kn]
+                if pair.any():
+                    want.append((q0, k0, not bool(pair.all())))
+    got = log["forward"]
+    assert log["backward"] == got, "%s: the backward launches %s, the forward %s" % (
+        what, log["backward"], got)
+    assert [owner[k] for _, k, _ in got] == sorted(owner[k] for _, k, _ in got), \
+        "%s: launches %s are not in ring order" % (what, got)
+    if exact:
+        assert got == want, "%s: launches %s, want %s" % (what, got, want)
+    else:
+        full = {(q, k) for q, k, masked in want if not masked}
+        assert {(q, k) for q, k, _ in want} <= {(q, k) for q, k, _ in got}, what
+        assert all(masked or (q, k) in full for q, k, masked in got), what
+
+
 def _worker(rank, world, init_file):
     dist.init_process_group("gloo", init_method="file://" + init_file, rank=rank,
                             world_size=world)
+    log = _record_launches()
     try:
         S = 8 * 2 * world
         for layout, rotate, dtype, opts in CASES:
@@ -35,20 +95,26 @@ def _worker(rank, world, init_file):
             q, k, v = (torch.randn(2, h, S, 32, generator=g).to(dtype) for h in (4, 2, 2))
             do = torch.randn(2, 4, S, 32, generator=g).to(dtype)
             opts = dict(opts)
+            doc_mask = None
             if "mask" in opts:
                 doc = torch.tensor([[0] * (S // 3) + [1] * (S - S // 3), [0] * S],
                                    dtype=torch.int32)
                 opts["tensors"] = {"doc": doc}
+                doc_mask = lambda b, h, q, k, sq, sk: (doc[b, q] == doc[b, k]) & (k <= q)  # noqa: E731
             leaves = [t.clone().requires_grad_() for t in (q, k, v)]
             torch.manual_seed(5)
             o, lse = at.attention(*leaves, return_lse=True, **opts)
             o.backward(do)
             parts = [at.shard(t, 2, rank, world, layout).requires_grad_() for t in (q, k, v)]
             torch.manual_seed(5 + rank)      # rank 0's stream is broadcast to all
+            log["forward"].clear()
+            log["backward"].clear()
             ro, rlse = at.ring_attention(*parts, layout=layout, rotate=rotate,
                                          return_lse=True, **opts)
             ro.backward(at.shard(do, 2, rank, world, layout))
             what = "%s %s %s %s rank %d/%d" % (layout, rotate, dtype, opts, rank, world)
+            seen = visible(2, 4, S, S, opts.get("causal", False), opts.get("window"), doc_mask)
+            _check_launches(log, seen, layout, rotate, rank, world, what)
             tol = TOL[dtype]
             torch.testing.assert_close(ro, at.shard(o, 2, rank, world, layout), atol=tol,
                                        rtol=tol, msg=lambda m: what + ": o: " + m)
@@ -83,7 +149,7 @@ def test_shard_unshard_round_trip(layout):
 
 def test_shard_errors():
     import attnjit
-    with pytest.raises(attnjit.InvalidArgError, match="does not divide into 8 zigzag chunks"):
+    with pytest.raises(attnjit.InvalidArgError, match="attnjit.torch.shard: aj_shard_get_chunks: a sequence of 20 positions does not split into 8 equal zigzag chunks over 4 ranks"):
         at.shard(torch.zeros(2, 20), 1, 0, 4)
     with pytest.raises(attnjit.InvalidArgError, match="not initialised"):
         at.ring_attention(*(torch.zeros(1, 1, 8, 16) for _ in range(3)))

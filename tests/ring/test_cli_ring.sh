@@ -56,26 +56,26 @@ want 0 "ring: 2 ranks, zigzag, p2p, forward + backward, on "
 # table, forward and backward, against one rank; -v prints each launch's tiles
 perl "$root/scripts/npy_docs.pl" doc.npy 1 32 5
 perl "$root/scripts/npy_random.pl" rel.npy 5 2 65
-"$mpiexec" -n 2 "$aj" ring "$root/examples/scores/document_mask.aj" --device sim \
+"$mpiexec" -n 2 "$aj" ring "$root/examples/specs/scores/document_mask.aj" --device sim \
   --layout zigzag "${io[@]}" --in doc=doc.npy --out o=o4.npy --grad --in do=do.npy \
   --out dq=dq4.npy --check --workers 1 -v >out.txt 2>&1
 rc=$?
 want 0 "of the tolerance: match"
 want 0 "rank 1 launch 0: tiles of "
-"$mpiexec" -n 2 "$aj" ring "$root/examples/scores/t5_relative_bias.aj" --device cpu "${io[@]}" \
+"$mpiexec" -n 2 "$aj" ring "$root/examples/specs/scores/t5_relative_bias.aj" --device cpu "${io[@]}" \
   --in rel=rel.npy --out o=o5.npy --grad --in do=do.npy --out dk=dk5.npy --check \
   --workers 1 >out.txt 2>&1
 rc=$?
 want 0 "of the tolerance: match"
-"$mpiexec" -n 1 "$aj" ring "$root/examples/scores/document_mask.aj" --device sim "${io[@]}" \
+"$mpiexec" -n 1 "$aj" ring "$root/examples/specs/scores/document_mask.aj" --device sim "${io[@]}" \
   --out o=o.npy >out.txt 2>&1
 rc=$?
 want 1 "the op declares tensors = (doc: i32[2] ...); give --in doc=FILE"
-"$mpiexec" -n 1 "$aj" ring "$root/examples/scores/document_mask.aj" --device sim "${io[@]}" \
+"$mpiexec" -n 1 "$aj" ring "$root/examples/specs/scores/document_mask.aj" --device sim "${io[@]}" \
   --in doc=doc.npy --in dok=doc.npy --out o=o.npy >out.txt 2>&1
 rc=$?
 want 1 "unknown tensor 'dok': not one of ring's (q, k, v, do, alibi_slopes) nor a side tensor"
-"$mpiexec" -n 1 "$aj" ring "$root/examples/scores/document_mask.aj" --device sim "${io[@]}" \
+"$mpiexec" -n 1 "$aj" ring "$root/examples/specs/scores/document_mask.aj" --device sim "${io[@]}" \
   --in doc=rel.npy --out o=o.npy >out.txt 2>&1
 rc=$?
 want 2 "doc (i32[2]): rel.npy: dtype '<f4' is not int32"

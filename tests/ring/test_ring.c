@@ -257,6 +257,36 @@ static void expected_blocks(const ring_case *c, const ref_problem *pr, int *full
     }
 }
 
+/* aj_ring_plan's classes are the ring's: as many launches, full and
+ * skipped pairs as the call counted. */
+static void check_plan(const ring_case *c, const aj_op *op, const aj_ring_fwd_args *fa,
+                       const aj_ring_stats *s)
+{
+    aj_ring_plan_args a = AJ_RING_PLAN_ARGS_INIT;
+    a.layout = c->layout;
+    a.rotate = c->rotate;
+    a.rank = rank;
+    a.size = size;
+    a.batch = fa->q.shape[0];
+    a.heads_q = c->hq;
+    a.seq_q = c->lq;
+    a.seq_k = c->lk;
+    a.alibi_slopes = fa->alibi_slopes;
+    a.side = fa->side;
+    a.num_side = fa->num_side;
+    aj_ring_pair pairs[16];
+    int32_t count = 0, n[AJ_RING_BLOCK_COUNT] = {0};
+    CHECK_STATUS(ctx, aj_ring_plan(ctx, dev, op, &a, pairs, 16, &count), AJ_OK);
+    for (int i = 0; i < count && i < 16; i++)
+        n[pairs[i].block]++;
+    CHECK_MSG(count <= 16 && n[AJ_RING_BLOCK_FULL] == s->full_blocks &&
+                  n[AJ_RING_BLOCK_PARTIAL] == s->partial_blocks &&
+                  n[AJ_RING_BLOCK_SKIP] == s->skipped_blocks,
+              "rank %d: %s: aj_ring_plan full/partial/skipped %d/%d/%d, the ring's %d/%d/%d",
+              rank, c->label, n[AJ_RING_BLOCK_FULL], n[AJ_RING_BLOCK_PARTIAL],
+              n[AJ_RING_BLOCK_SKIP], s->full_blocks, s->partial_blocks, s->skipped_blocks);
+}
+
 /* ---------------------------------------------------------------- a case */
 
 static aj_op *parse_op(const ring_case *c, const char *kind)
@@ -422,6 +452,8 @@ static void run_case(const ring_case *c)
     if (p2p && size > 1)
         CHECK(fs.rotations + bs.rotations == 3 * size - 2);
     CHECK(bs.launches == fs.launches && bs.skipped_blocks == fs.skipped_blocks);
+    check_plan(c, fop, &fa, &fs);
+    check_plan(c, bop, &fa, &bs);
     if (rank == 0)
         printf("%-66s P=%d fwd %.3f s (comm %.4f, exposed %.4f) bwd %.3f s, %d launches, "
                "%d skipped\n", c->label, size, fs.total_s, fs.comm_s, fs.exposed_comm_s,

@@ -3,7 +3,9 @@
  * and the error paths of the ring API: shard arguments, aj_comm_create
  * (MPI not initialised or already finalized, bad config, NCCL missing --
  * ctest runs this with an LD_LIBRARY_PATH that holds no libnccl.so.2) and
- * the argument checks of aj_ring_forward / aj_ring_backward.  One rank.
+ * the argument checks of aj_ring_forward / aj_ring_backward; the chunks
+ * aj_shard_get_chunks gives and the ring's schedule aj_ring_plan gives,
+ * and their errors.  One rank.
  */
 #include <mpi.h>
 #include <stddef.h>
@@ -43,6 +45,19 @@ static void check_positions(aj_shard_layout layout, int size)
         }
         CHECK_MSG(ok, "%s P=%d rank %d: wrong positions",
                   layout == AJ_SHARD_ZIGZAG ? "zigzag" : "contiguous", size, r);
+        /* the chunks name the same positions, in local order */
+        aj_shard_chunk c[2];
+        int n = 0;
+        CHECK_STATUS(ctx, aj_shard_get_chunks(ctx, layout, r, size, seq, c, &n), AJ_OK);
+        int64_t covered = 0;
+        for (int j = 0; j < n; j++) {
+            CHECK(c[j].local == covered);
+            for (int64_t i = 0; i < c[j].len; i++)
+                ok &= shard[c[j].local + i] == c[j].global + i;
+            covered += c[j].len;
+        }
+        CHECK_MSG(ok && covered == local && n == (layout == AJ_SHARD_ZIGZAG ? 2 : 1),
+                  "P=%d rank %d: aj_shard_get_chunks names other positions", size, r);
         CHECK_STATUS(ctx, aj_unshard(ctx, layout, r, size, &shape, shard, back), AJ_OK);
     }
     CHECK(memcmp(full, back, (size_t)seq * sizeof full[0]) == 0);
@@ -105,6 +120,15 @@ static void check_shard_errors(void)
     CHECK_STATUS(ctx, aj_shard(ctx, AJ_SHARD_CONTIGUOUS, 0, 2, &shape, buf, buf),
                  AJ_ERR_INVALID_ARG);
     CHECK_ERROR(ctx, "aj_shard: full->elem_size is 0");
+    aj_shard_chunk c[2];
+    int n = 0;
+    CHECK_STATUS(ctx, aj_shard_get_chunks(ctx, AJ_SHARD_ZIGZAG, 0, 4, 20, c, &n),
+                 AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "aj_shard_get_chunks: a sequence of 20 positions does not split into 8 "
+                "equal zigzag chunks over 4 ranks");
+    CHECK_STATUS(ctx, aj_shard_get_chunks(ctx, AJ_SHARD_ZIGZAG, 0, 4, 24, NULL, &n),
+                 AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "aj_shard_get_chunks: chunks and num_chunks must not be NULL");
 }
 
 static void check_comm_errors(aj_device *dev)
@@ -147,6 +171,73 @@ static aj_tensor dense4(void *data, aj_dtype dt, int64_t b, int64_t h, int64_t s
 {
     return (aj_tensor){.data = data, .dtype = dt, .rank = 4, .shape = {b, h, s, d},
                        .strides = {h * s * d, s * d, d, 1}};
+}
+
+/* The ring's schedule for a causal mask, P = 2, zigzag (chunks of 8 of a
+ * 32-long sequence: rank 0 holds 0..7 and 24..31, rank 1 8..23): rank 0
+ * computes with its own block, then rank 1's, and of the 8 pairs skips
+ * the 3 that lie above the diagonal. */
+static void check_ring_plan(aj_device *dev)
+{
+    aj_op *causal = parse("attention forward flash { dtype = f32 head_dim = 8 "
+                          "mask = causal(top_left) }");
+    aj_ring_plan_args a = AJ_RING_PLAN_ARGS_INIT;
+    a.layout = AJ_SHARD_ZIGZAG;
+    a.rank = 0;
+    a.size = 2;
+    a.batch = a.heads_q = 1;
+    a.seq_q = a.seq_k = 16;
+    aj_ring_pair pairs[8];
+    int32_t count = 0;
+    CHECK_STATUS(ctx, aj_ring_plan(ctx, dev, causal, &a, pairs, 8, &count), AJ_OK);
+    const struct { int step, src; int64_t q, k; aj_ring_block block; } want[8] = {
+        {0, 0, 0, 0, AJ_RING_BLOCK_PARTIAL},  {0, 0, 0, 24, AJ_RING_BLOCK_SKIP},
+        {0, 0, 24, 0, AJ_RING_BLOCK_FULL},    {0, 0, 24, 24, AJ_RING_BLOCK_PARTIAL},
+        {1, 1, 0, 8, AJ_RING_BLOCK_SKIP},     {1, 1, 0, 16, AJ_RING_BLOCK_SKIP},
+        {1, 1, 24, 8, AJ_RING_BLOCK_FULL},    {1, 1, 24, 16, AJ_RING_BLOCK_FULL}};
+    CHECK(count == 8);
+    for (int i = 0; i < 8 && i < count; i++)
+        CHECK_MSG(pairs[i].step == want[i].step && pairs[i].src == want[i].src &&
+                      pairs[i].q.global == want[i].q && pairs[i].k.global == want[i].k &&
+                      pairs[i].q.len == 8 && pairs[i].k.len == 8 &&
+                      pairs[i].q.local == (want[i].q ? 8 : 0) &&
+                      pairs[i].k.local == (want[i].k == 0 || want[i].k == 8 ? 0 : 8) &&
+                      pairs[i].block == want[i].block,
+                  "pair %d: step %d src %d q %lld k %lld class %d", i, pairs[i].step,
+                  pairs[i].src, (long long)pairs[i].q.global, (long long)pairs[i].k.global,
+                  pairs[i].block);
+    /* all-gather goes in rank order: rank 1 starts with rank 0's block;
+     * a short array gets the first pairs and the whole count */
+    a.rotate = AJ_ROTATE_ALLGATHER;
+    a.rank = 1;
+    CHECK_STATUS(ctx, aj_ring_plan(ctx, dev, causal, &a, pairs, 2, &count), AJ_OK);
+    CHECK(count == 8 && pairs[0].src == 0 && pairs[1].src == 0 && pairs[0].q.global == 8);
+    CHECK_STATUS(ctx, aj_ring_plan(ctx, dev, causal, &a, NULL, 0, &count), AJ_OK);
+    CHECK(count == 8);
+
+    CHECK_STATUS(ctx, aj_ring_plan(ctx, NULL, causal, &a, NULL, 0, &count), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "aj_ring_plan: dev is NULL");
+    CHECK_STATUS(ctx, aj_ring_plan(ctx, dev, causal, &a, NULL, 2, &count), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "aj_ring_plan: cap = 2 with pairs NULL");
+    a.seq_q = 9;
+    CHECK_STATUS(ctx, aj_ring_plan(ctx, dev, causal, &a, NULL, 0, &count), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "aj_ring_plan: a sequence of 18 positions does not split into 4 equal "
+                "zigzag chunks");
+    a.seq_q = 16;
+    a.batch = 0;
+    CHECK_STATUS(ctx, aj_ring_plan(ctx, dev, causal, &a, NULL, 0, &count), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "aj_ring_plan: batch = 0, heads_q = 1; want at least 1");
+    a.batch = 1;
+    aj_op *merge = parse("attention merge { dtype = f32 head_dim_v = 8 }");
+    CHECK_STATUS(ctx, aj_ring_plan(ctx, dev, merge, &a, NULL, 0, &count), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "aj_ring_plan: the op is `attention merge`; want a forward or backward op");
+    aj_op *doc = parse("attention forward flash { dtype = f32 head_dim = 8 "
+                       "tensors = (doc: i32[2]) mask = expr(doc[b, q] == doc[b, k]) }");
+    CHECK_STATUS(ctx, aj_ring_plan(ctx, dev, doc, &a, NULL, 0, &count), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "aj_ring_plan: side tensor 'doc' is not given");
+    aj_op_destroy(doc);
+    aj_op_destroy(merge);
+    aj_op_destroy(causal);
 }
 
 static void check_ring_errors(aj_device *dev)
@@ -291,6 +382,7 @@ int main(int argc, char **argv)
             check_round_trip((aj_shard_layout)l, size);
         }
     check_shard_errors();
+    check_ring_plan(dev);
     check_comm_errors(dev);
     check_ring_errors(dev);
     CHECK_MSG(!leak_check_before_finalize(), "leaks (LeakSanitizer's report above)");

@@ -122,7 +122,7 @@ _verified = set()
 
 def kernel_cache_size():
     """The kernels compiled so far in this process (one per op and device)."""
-    return len(_kernels)
+    return len({id(k) for k in _kernels.values()})
 
 
 def _verify(variant, body):
@@ -152,14 +152,24 @@ def _device_of(t):
     raise _fail("tensors on %s: attnjit runs on cpu and cuda" % t.device)
 
 
-def _kernel(kind, variant, body, dev):
-    key = (kind, variant, body, dev.value)
+def _kernel(kind, variant, body, dev, masked=True):
+    """The op's kernel for dev; masked=False: the op without its mask (as
+    the C ring runs a block that sees every key), the op's own kernel when
+    it has no mask."""
+    key = (kind, variant, body, dev.value, masked)
     k = _kernels.get(key)
     if k is None:
+        op = attnjit.Op(_spec(kind, variant, body), "attnjit.torch.attention")
+        if not masked:
+            whole = op.hash()
+            with attnjit._ctx.lock:
+                attnjit._ctx.check(_lib.aj_op_set_mask_none(op.ptr))
+            if op.hash() == whole:
+                k = _kernels[key] = _kernel(kind, variant, body, dev)
+                return k
         with _kernels_lock:
             k = _kernels.get(key)
             if k is None:
-                op = attnjit.Op(_spec(kind, variant, body), "attnjit.torch.attention")
                 opts = _capi.CompileOptions(struct_size=ctypes.sizeof(_capi.CompileOptions),
                                             emit=3, opt_level=2, device=dev)
                 ptr = ctypes.c_void_p()
@@ -254,11 +264,12 @@ _WHOLE = Positions()
 
 
 def forward_into(q, k, v, o, lse, bias, alibi_slopes, side, rng, variant, body,
-                 at=_WHOLE, o_acc=None):
+                 at=_WHOLE, o_acc=None, masked=True):
     """aj_forward of the op `body` on torch tensors, writing o and lse (or,
-    with o_acc, merging into o_acc and lse: an op with accumulate = true)."""
+    with o_acc, merging into o_acc and lse: an op with accumulate = true);
+    masked=False runs the op without its mask."""
     dev, stream = _device_of(q)
-    kernel = _kernel("forward", variant, body, dev)
+    kernel = _kernel("forward", variant, body, dev, masked)
     a = _capi.FwdArgs(struct_size=_FWD_SIZE, stream=stream, q_offset=at.q_offset,
                       kv_offset=at.kv_offset, sq_total=at.sq_total, sk_total=at.sk_total)
     for field, t in ((a.q, q), (a.k, k), (a.v, v), (a.lse, lse)):
@@ -271,11 +282,11 @@ def forward_into(q, k, v, o, lse, bias, alibi_slopes, side, rng, variant, body,
 
 
 def backward_into(do, q, k, v, o, lse, dq, dk, dv, bias, dbias, alibi_slopes, side, rng,
-                  variant, body, at=_WHOLE):
+                  variant, body, at=_WHOLE, masked=True):
     """aj_backward of the op `body` on torch tensors, writing dq, dk, dv
-    (and dbias with a bias)."""
+    (and dbias with a bias); masked=False runs the op without its mask."""
     dev, stream = _device_of(q)
-    kernel = _kernel("backward", variant, body, dev)
+    kernel = _kernel("backward", variant, body, dev, masked)
     a = _capi.BwdArgs(struct_size=_BWD_SIZE, stream=stream, q_offset=at.q_offset,
                       kv_offset=at.kv_offset, sq_total=at.sq_total, sk_total=at.sk_total)
     for field, t in ((a.q, q), (a.k, k), (a.v, v), (a.o, o), (a.lse, lse), (a.do_, do),

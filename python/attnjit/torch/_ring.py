@@ -10,51 +10,65 @@ attnjit's kernels compute, and partial results merge by log-sum-exp.
     ...                                 (the next block is in flight while
     step P-1: compute(q_r, kv_{r+1})     the current one is computed)
 
-What is computed per (query chunk, key chunk) pair is the C runtime's
-(docs/ring.md): the forward merges into an f32 O and the LSE with the
-accumulate mode at the pair's global offsets and totals (masks, windows,
-bottom_right, side tensors and dropout stay exact on every shard; tiles a
-mask hides are skipped by the kernels), the backward runs with the ring's
-global O and LSE.  Python does the exchange only.
+The schedule is the C runtime's (aj_ring_plan, docs/ring.md): which block
+each step computes with, and per (query chunk, key chunk) pair whether it
+is skipped (nothing visible: no launch), full (the kernel without the
+mask) or partial (the masked kernel).  The forward merges every launch
+into an f32 O and the LSE with the accumulate mode at the pair's global
+offsets and totals (masks, windows, bottom_right, side tensors and
+dropout stay exact on every shard), the backward runs with the ring's
+global O and LSE.  The chunks of a shard are the C rule's too
+(aj_shard_get_chunks).  Python does the exchange only.
 """
+import ctypes
+
 import torch
 import torch.distributed as dist
 
+import attnjit
+from attnjit import _capi
+from attnjit._capi import lib as _lib
+
 from . import _ops
 
-LAYOUTS = ("zigzag", "contiguous")
+_RING_PLAN_ARGS_SIZE = ctypes.sizeof(_capi.RingPlanArgs)
 
 
 def _fail(fn, message):
-    from attnjit import InvalidArgError
-    return InvalidArgError(1, "attnjit.torch.%s: %s" % (fn, message))
+    return attnjit.InvalidArgError(1, "attnjit.torch.%s: %s" % (fn, message))
 
 
-def _chunks(fn, layout, rank, world, local_len):
-    """This rank's chunks: (start in the shard, length, global start)."""
-    if layout not in LAYOUTS:
+def _layout(fn, layout):
+    if layout not in _capi.SHARD_LAYOUTS:
         raise _fail(fn, "layout = %r; want 'zigzag' or 'contiguous'" % (layout,))
-    if layout == "contiguous":
-        return ((0, local_len, rank * local_len),)
-    if local_len % 2:
-        raise _fail(fn, "a zigzag shard of %d positions: the sequence must divide by 2P = %d"
-                    % (local_len, 2 * world))
-    c = local_len // 2
-    return ((0, c, rank * c), (c, c, (2 * world - 1 - rank) * c))
+    return _capi.SHARD_LAYOUTS.index(layout)
+
+
+def _check(fn, code):
+    """Raises the C error of a failing call, named for the Python entry."""
+    if code != _capi.OK:
+        ctx = attnjit._ctx
+        message = _lib.aj_last_error(ctx.ptr).decode(errors="replace")
+        raise attnjit.error_for(code, "attnjit.torch.%s: %s" % (fn, message))
+
+
+def _chunks(fn, layout, rank, world, seq):
+    """Rank `rank`'s chunks of a `seq`-long sequence, (global, local, len)
+    each: the C rule (aj_shard_get_chunks)."""
+    chunks, n = (_capi.ShardChunk * 2)(), ctypes.c_int()
+    ctx = attnjit._ctx
+    with ctx.lock:
+        _check(fn, _lib.aj_shard_get_chunks(ctx.ptr, _layout(fn, layout), rank, world, seq,
+                                            chunks, ctypes.byref(n)))
+    return [_capi.chunk_tuple(c) for c in chunks[:n.value]]
 
 
 def shard(x, dim, rank, world_size, layout="zigzag"):
     """Rank `rank`'s shard of the whole tensor x along dim (as aj_shard):
     contiguous: positions [r S/P, (r+1) S/P); zigzag: chunks r and 2P-1-r
     of 2P, which balances causal work."""
-    S = x.shape[dim]
-    parts = world_size if layout == "contiguous" else 2 * world_size
-    if S % parts:
-        raise _fail("shard", "a sequence of %d positions does not divide into %d %s chunks "
-                    "(pad it and mask the padding)" % (S, parts, layout))
-    return torch.cat([x.narrow(dim, g, n)
-                      for _, n, g in _chunks("shard", layout, rank, world_size,
-                                             S // world_size)], dim)
+    return torch.cat([x.narrow(dim, g, n) for g, _, n in
+                      _chunks("shard", layout, rank, world_size, x.shape[dim])], dim)
 
 
 def unshard(x, dim, rank, world_size, layout="zigzag", out=None):
@@ -67,34 +81,68 @@ def unshard(x, dim, rank, world_size, layout="zigzag", out=None):
         shape = list(x.shape)
         shape[dim] = L * world_size
         out = x.new_zeros(shape)
-    for s, n, g in _chunks("unshard", layout, rank, world_size, L):
+    for g, s, n in _chunks("unshard", layout, rank, world_size, L * world_size):
         out.narrow(dim, g, n).copy_(x.narrow(dim, s, n))
     return out
 
 
-class _Ring:
-    """One ring call's fixed facts: the group, ranks, layout, op."""
+_BLOCK_NAMES = ("skip", "full", "partial")
 
-    def __init__(self, group, layout, rotate, variant, body, alibi, side, rng, lq, lk):
+
+def _plan(q, variant, body, alibi, side, layout, rotate, rank, world, lk):
+    """aj_ring_plan of the forward op `body`: [(src, [pair, ...]) per step]."""
+    op = attnjit.Op(_ops._spec("forward", variant, body), "attnjit.torch.ring_attention")
+    dev, _ = _ops._device_of(q)
+    B, Hq, lq, _ = q.shape
+    a = _capi.RingPlanArgs(struct_size=_RING_PLAN_ARGS_SIZE, layout=_layout(
+        "ring_attention", layout), rotate=_capi.RING_ROTATES.index(rotate), rank=rank,
+        size=world, batch=B, heads_q=Hq, seq_q=lq, seq_k=lk)
+    if alibi is not None:
+        _ops._put(a.alibi_slopes, alibi)
+    side_arr, a.num_side = _ops._bind_side(_ops._side_names(body), side)
+    a.side = side_arr
+    cap = 4 * world
+    pairs, count = (_capi.RingPair * cap)(), _capi.i32()
+    ctx = attnjit._ctx
+    with ctx.lock:
+        _check("ring_attention", _lib.aj_ring_plan(ctx.ptr, dev, op.ptr, ctypes.byref(a),
+                                                   pairs, cap, ctypes.byref(count)))
+    steps = [(s, []) for s in range(world)]
+    for p in pairs[:count.value]:
+        if not steps[p.step][1]:
+            steps[p.step] = (p.src, steps[p.step][1])
+        steps[p.step][1].append({"q": _capi.chunk_tuple(p.q), "k": _capi.chunk_tuple(p.k),
+                                 "block": _BLOCK_NAMES[p.block]})
+    return steps
+
+
+class _Ring:
+    """One ring call's fixed facts: the group, ranks, op, and the C ring's
+    schedule for them."""
+
+    def __init__(self, group, layout, rotate, variant, body, alibi, side, rng, q, lk):
         self.group = group
         self.world = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
-        self.layout, self.rotate = layout, rotate
+        self.rotate = rotate
         self.variant, self.body = variant, body
         self.alibi, self.side, self.rng = alibi, side, rng
-        self.sq, self.sk = lq * self.world, lk * self.world
-        self.q_chunks = _chunks("ring_attention", layout, self.rank, self.world, lq)
-        self.lk = lk
+        self.sq, self.sk = q.shape[2] * self.world, lk * self.world
+        self.steps = _plan(q, variant, body, alibi, side, layout, rotate, self.rank,
+                           self.world, lk)
 
     def peer(self, r):
         return dist.get_global_rank(self.group, r % self.world) if self.group else r % self.world
 
-    def pairs(self, src):
-        """(query chunk, key chunk of block src, their positions) per pair."""
-        for qs, qn, qg in self.q_chunks:
-            for ks, kn, kg in _chunks("ring_attention", self.layout, src, self.world, self.lk):
-                yield (slice(qs, qs + qn), slice(ks, ks + kn),
-                       _ops.Positions(qg, kg, self.sq, self.sk))
+    def launches(self, pairs):
+        """(query slice, key slice, positions, masked) of each pair the plan
+        does not skip: a full pair runs the kernel without the mask."""
+        for p in pairs:
+            if p["block"] == "skip":
+                continue
+            (qg, qs, qn), (kg, ks, kn) = p["q"], p["k"]
+            yield (slice(qs, qs + qn), slice(ks, ks + kn),
+                   _ops.Positions(qg, kg, self.sq, self.sk), p["block"] == "partial")
 
     def exchange(self, tensors):
         """Sends `tensors` to the next rank and receives their like from
@@ -111,20 +159,21 @@ class _Ring:
         return wait
 
     def blocks(self, k, v):
-        """(block owner, k, v) for every block, in ring order; p2p posts
-        the next block's exchange before yielding the current one."""
+        """(block owner, its pairs, k, v) for every step of the plan; p2p
+        posts the next block's exchange before yielding the current one
+        (the plan's src at step s is then rank r-s, whose block has made s
+        hops)."""
         if self.rotate == "allgather":
             ks = [torch.empty_like(k) for _ in range(self.world)]
             vs = [torch.empty_like(v) for _ in range(self.world)]
             dist.all_gather(ks, k, group=self.group)
             dist.all_gather(vs, v, group=self.group)
-            for step in range(self.world):
-                src = (self.rank - step) % self.world
-                yield src, ks[src], vs[src]
+            for src, pairs in self.steps:
+                yield src, pairs, ks[src], vs[src]
             return
-        for step in range(self.world):
+        for step, (src, pairs) in enumerate(self.steps):
             wait = self.exchange([k, v]) if step < self.world - 1 else None
-            yield (self.rank - step) % self.world, k, v
+            yield src, pairs, k, v
             if wait:
                 k, v = wait()
 
@@ -133,11 +182,11 @@ class _Ring:
         o_acc = torch.zeros((B, Hq, lq, v.shape[-1]), dtype=torch.float32, device=q.device)
         lse = torch.full((B, Hq, lq), float("-inf"), dtype=torch.float32, device=q.device)
         body = self.body + "\n  accumulate = true"
-        for src, kb, vb in self.blocks(k, v):
-            for qi, ki, at in self.pairs(src):
+        for _, pairs, kb, vb in self.blocks(k, v):
+            for qi, ki, at, masked in self.launches(pairs):
                 _ops.forward_into(q[:, :, qi], kb[:, :, ki], vb[:, :, ki], None, lse[:, :, qi],
                                   None, self.alibi, self.side, self.rng, self.variant, body,
-                                  at=at, o_acc=o_acc[:, :, qi])
+                                  at=at, o_acc=o_acc[:, :, qi], masked=masked)
         return o_acc.to(q.dtype), lse
 
     def backward(self, do, q, k, v, o, lse):
@@ -146,15 +195,15 @@ class _Ring:
         # dK/dV sums: per block (allgather), or the travelling block's (p2p)
         dkv = [[torch.zeros(t.shape, dtype=torch.float32, device=q.device) for t in (k, v)]
                for _ in range(self.world if gathered else 1)]
-        for step, (src, kb, vb) in enumerate(self.blocks(k, v)):
+        for src, pairs, kb, vb in self.blocks(k, v):
             acc = dkv[src if gathered else 0]
-            for qi, ki, at in self.pairs(src):
+            for qi, ki, at, masked in self.launches(pairs):
                 dq = torch.empty_like(q[:, :, qi])
                 dk, dv = torch.empty_like(kb[:, :, ki]), torch.empty_like(vb[:, :, ki])
                 _ops.backward_into(do[:, :, qi], q[:, :, qi], kb[:, :, ki], vb[:, :, ki],
                                    o[:, :, qi], lse[:, :, qi], dq, dk, dv, None, None,
                                    self.alibi, self.side, self.rng, self.variant, self.body,
-                                   at=at)
+                                   at=at, masked=masked)
                 dq_acc[:, :, qi] += dq
                 acc[0][:, :, ki] += dk
                 acc[1][:, :, ki] += dv
@@ -206,8 +255,7 @@ def ring_attention(q, k, v, *, group=None, layout="zigzag", rotate="p2p", causal
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     if rng is not None:       # one dropout stream for the whole sequence
         dist.broadcast(rng, src=dist.get_global_rank(group, 0) if group else 0, group=group)
-    ring = _Ring(group, layout, rotate, variant, body, alibi_slopes, side, rng, q.shape[2],
-                 k.shape[2])
+    ring = _Ring(group, layout, rotate, variant, body, alibi_slopes, side, rng, q, k.shape[2])
     o, lse = _RingFunction.apply(ring, q, k, v)
     return (o, lse) if return_lse else o
 
