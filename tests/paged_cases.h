@@ -35,6 +35,7 @@ typedef struct paged_case {
     aj_mask_kind mask;          /* none, causal, window */
     int64_t left, right;        /* window */
     double softcap;             /* 0: none */
+    int alibi;                  /* score_mod = alibi, slope of head h 2^-(h + 1) / 2 */
     int b, hq, hkv, sq;
     int page_size;
     const int32_t *seqlens;     /* b lengths */
@@ -80,10 +81,11 @@ static inline void paged_label(const paged_case *c, char *buf, size_t cap)
     size_t n = strlen(buf);
     if (c->dv && c->dv != c->d)
         n += (size_t)snprintf(buf + n, cap - n, "/%d", c->dv);
-    snprintf(buf + n, cap - n, " ps%d gqa %d:1 b%d sq %d %s%s %s splits %d", c->page_size,
+    snprintf(buf + n, cap - n, " ps%d gqa %d:1 b%d sq %d %s%s%s %s splits %d", c->page_size,
              c->hq / c->hkv, c->b, c->sq,
              c->mask == AJ_MASK_CAUSAL ? "causal" : c->mask == AJ_MASK_WINDOW ? "window" : "none",
-             c->softcap ? " softcap" : "", layouts[c->pages], c->splits);
+             c->softcap ? " softcap" : "", c->alibi ? " alibi" : "", layouts[c->pages],
+             c->splits);
 }
 
 static inline uint64_t paged_rand(uint64_t *s)
@@ -159,6 +161,8 @@ static inline aj_status paged_compile(aj_ctx *ctx, aj_device *dev, const paged_c
         aj_op_set_mask_window(op, c->left, c->right, AJ_ALIGN_BOTTOM_RIGHT);
     if (c->softcap)
         aj_op_set_softcap(op, c->softcap);
+    if (c->alibi)
+        aj_op_set_alibi(op);
     aj_compile_options opt = AJ_COMPILE_OPTIONS_INIT;
     opt.target = aj_device_target(dev);
     st = aj_compile(ctx, op, &opt, kernel);
@@ -226,7 +230,13 @@ static inline paged_result paged_run(aj_ctx *ctx, aj_device *dev, const aj_kerne
     double *lse_ref = malloc(((size_t)c->b * c->hq * c->sq + 1) * sizeof *lse_ref);
     float *o = malloc((no + 1) * sizeof *o);
     float *lse = malloc(((size_t)c->b * c->hq * c->sq + 1) * sizeof *lse);
-    void *mem[8] = {0};
+    void *mem[9] = {0};
+    double slopes[64];
+    float slopes_f[64];
+    for (int h = 0; h < c->hq && h < 64; h++) {
+        slopes_f[h] = (float)(pow(2.0, -(h + 1) / 2.0));
+        slopes[h] = slopes_f[h];
+    }
     if (!table || !q || !kc || !vc || !o_ref || !lse_ref || !o || !lse)
         r.status = AJ_ERR_OUT_OF_MEMORY;
     if (r.status == AJ_OK)
@@ -258,6 +268,10 @@ static inline paged_result paged_run(aj_ctx *ctx, aj_device *dev, const aj_kerne
     free(lens);
     if (r.status == AJ_OK)
         r.status = aj_device_copy_to(dev, mem[7], scales, sizeof scales);
+    if (r.status == AJ_OK && c->alibi)
+        r.status = aj_device_alloc(dev, (size_t)c->hq * 4, &mem[8]);
+    if (r.status == AJ_OK && c->alibi)
+        r.status = aj_device_copy_to(dev, mem[8], slopes_f, (size_t)c->hq * 4);
     if (r.status == AJ_OK) {
         aj_fwd_args a = AJ_FWD_ARGS_INIT;
         const int64_t qs[4] = {c->b, c->hq, c->sq, c->d}, os[4] = {c->b, c->hq, c->sq, dv};
@@ -271,6 +285,9 @@ static inline paged_result paged_run(aj_ctx *ctx, aj_device *dev, const aj_kerne
         a.block_table = mem[5];
         a.max_pages = max_pages;
         a.seqlens_k = mem[6];
+        const int64_t heads[1] = {c->hq};
+        if (c->alibi)
+            a.alibi_slopes = paged_tensor(mem[8], AJ_DTYPE_F32, 1, heads);
         if (f8) {
             a.k_scale = paged_tensor(mem[7], AJ_DTYPE_F32, 1, one);
             a.v_scale = paged_tensor((float *)mem[7] + 1, AJ_DTYPE_F32, 1, one);
@@ -300,6 +317,7 @@ static inline paged_result paged_run(aj_ctx *ctx, aj_device *dev, const aj_kerne
         p.align = AJ_ALIGN_BOTTOM_RIGHT;
         p.window_left = c->left, p.window_right = c->right;
         p.softcap = c->softcap;
+        p.alibi_slopes = c->alibi ? slopes : NULL;
         ref_paged pg = {num_pages, c->page_size, max_pages, kc, vc, table, c->seqlens,
                         k_scale, v_scale};
         ref_paged_forward(&p, &pg, q, o_ref, lse_ref);
@@ -322,7 +340,7 @@ static inline paged_result paged_run(aj_ctx *ctx, aj_device *dev, const aj_kerne
             }
         }
     }
-    for (int i = 0; i < 8; i++)
+    for (int i = 0; i < 9; i++)
         aj_device_free(dev, mem[i]);
     free(o_host);
     free(table);

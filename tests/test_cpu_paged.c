@@ -4,7 +4,7 @@
  * -- page sizes 1, 16, 64 (and 256), pages in order, shuffled and shared
  * between sequences, Sq 1..16, GQA 1:1 .. 8:1, head dims 64, 128, 256 and
  * (192, 128), f16 / bf16 queries with f16, bf16, f8e4m3 and f8e5m2
- * caches, masks and softcap, sequences of length 0, query heads packed per
+ * caches, masks, softcap and alibi, sequences of length 0, query heads packed per
  * KV head and not (a group too long for one block) -- then every split
  * count 1..16 of one problem against the reference and against each other,
  * and the faults the kernel finds (a page outside the cache, a length
@@ -110,6 +110,12 @@ static void test_sweep(void)
     run(&c);
     c.mask = AJ_MASK_NONE;
     c.softcap = 5.0;
+    run(&c);
+    /* alibi reads the head: each query head its own row block */
+    c.softcap = 0;
+    c.alibi = 1;
+    c.mask = AJ_MASK_CAUSAL;
+    c.hq = 8;
     run(&c);
     static const int32_t empty[2] = {0, 0};
     c = paged_base(AJ_DTYPE_BF16, AJ_DTYPE_BF16, 64, empty, 2);
