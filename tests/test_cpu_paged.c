@@ -210,7 +210,8 @@ static void test_errors(void)
 
 int main(void)
 {
-    if (aj_ctx_create(NULL, &ctx) != AJ_OK || aj_device_open(ctx, AJ_DEVICE_CPU, 0, &dev) != AJ_OK) {
+    if (aj_ctx_create(NULL, &ctx) != AJ_OK ||
+        aj_device_open(ctx, AJ_DEVICE_CPU, 0, &dev) != AJ_OK) {
         printf("FAIL: no cpu device\n");
         return 1;
     }

@@ -496,8 +496,8 @@ static const bad_spec bad_specs[] = {
     /* fields */
     { FWD REQ "  maks = none\n}", 0, AJ_ERR_PARSE,
       "t.aj:4:3: unknown field 'maks' (expected one of dtype, head_dim, head_dim_v, "
-      "tensors, mask, score_mod, scale, dropout, bias, layout, kv_dtype, accumulate, deterministic, "
-      "schedule or target)" },
+      "tensors, mask, score_mod, scale, dropout, bias, layout, kv_dtype, accumulate, "
+      "deterministic, schedule or target)" },
     { MERGE "  dtype = f16\n  head_dimv = 64\n}", 0, AJ_ERR_PARSE,
       "t.aj:3:3: unknown field 'head_dimv' (expected one of dtype, head_dim_v or target)" },
     { FWD REQ "  dtype = bf16\n}", 0, AJ_ERR_PARSE,
@@ -624,7 +624,8 @@ static const bad_spec bad_specs[] = {
       "t.aj:4:3: mask does not apply to merge ops (merge takes only dtype, "
       "head_dim_v and target)" },
     { MERGE "  head_dim = 64\n  dtype = f16\n}", 0, AJ_ERR_VERIFY,
-      "t.aj:2:3: head_dim does not apply to merge ops" },    /* paged KV: a forward, without the training-only inputs */
+      "t.aj:2:3: head_dim does not apply to merge ops" },
+    /* paged KV: a forward, without the training-only inputs */
     { "attention backward flash {\n" REQ "  layout = paged\n}", 0, AJ_ERR_VERIFY,
       "t.aj:4:3: layout = paged applies only to forward ops, not backward (a KV cache is "
       "read, not differentiated)" },

@@ -56,7 +56,7 @@ enum { LIKE_NONE = -1, LIKE_ROWS = -2, LIKE_ROWS_WIDTH = -3 };
  * it (for messages), its rank, its elements (EL_*), the shape an output
  * takes, and its shape as messages name it. */
 #define RUN_TENSORS(X)                                                                        \
-    /* id    name            forward accumulate backward merge with          rank el         \
+    /* id    name            forward accumulate backward merge with          rank el          \
      *   like             shape                                                    */         \
     X(Q,     "q",            IN,     IN,        IN,      0,    WITH_NONE,    4,   EL_OP,      \
       LIKE_NONE,       "B, Hq, Sq, D")                                                        \
@@ -64,15 +64,15 @@ enum { LIKE_NONE = -1, LIKE_ROWS = -2, LIKE_ROWS_WIDTH = -3 };
       LIKE_NONE,       "B, Hkv, Sk, D")                                                       \
     X(V,     "v",            IN,     IN,        IN,      0,    WITH_NONE,    4,   EL_OP,      \
       LIKE_NONE,       "B, Hkv, Sk, Dv")                                                      \
-    X(ALIBI, "alibi_slopes", IN,     IN,        IN,      0,    WITH_ALIBI,   1,   EL_F32,      \
+    X(ALIBI, "alibi_slopes", IN,     IN,        IN,      0,    WITH_ALIBI,   1,   EL_F32,     \
       LIKE_NONE,       "Hq")                                                                  \
     X(BIAS,  "bias",         IN,     IN,        IN,      0,    WITH_BIAS,    4,   EL_OP,      \
       LIKE_NONE,       "B or 1, Hq or 1, Sq, Sk")                                             \
     X(O,     "o",            OUT,    0,         IN,      OUT,  WITH_NONE,    4,   EL_OP,      \
       LIKE_ROWS_WIDTH, "B, Hq, Sq, Dv")                                                       \
-    X(LSE,   "lse",          OUT,    IN | OUT,  IN,      OUT,  WITH_NONE,    3,   EL_F32,      \
+    X(LSE,   "lse",          OUT,    IN | OUT,  IN,      OUT,  WITH_NONE,    3,   EL_F32,     \
       LIKE_ROWS,       "B, Hq, Sq")                                                           \
-    X(O_ACC, "o_acc",        0,      IN | OUT,  0,       0,    WITH_NONE,    4,   EL_F32,      \
+    X(O_ACC, "o_acc",        0,      IN | OUT,  0,       0,    WITH_NONE,    4,   EL_F32,     \
       LIKE_NONE,       "B, Hq, Sq, Dv")                                                       \
     X(DO,    "do",           0,      0,         IN,      0,    WITH_NONE,    4,   EL_OP,      \
       LIKE_NONE,       "B, Hq, Sq, Dv")                                                       \
@@ -82,27 +82,27 @@ enum { LIKE_NONE = -1, LIKE_ROWS = -2, LIKE_ROWS_WIDTH = -3 };
       T_K,             "B, Hkv, Sk, D")                                                       \
     X(DV,    "dv",           0,      0,         OUT,     0,    WITH_NONE,    4,   EL_OP,      \
       T_V,             "B, Hkv, Sk, Dv")                                                      \
-    X(DBIAS, "dbias",        0,      0,         OUT,     0,    WITH_BIAS,    4,   EL_F32,      \
+    X(DBIAS, "dbias",        0,      0,         OUT,     0,    WITH_BIAS,    4,   EL_F32,     \
       T_BIAS,          "bias's shape")                                                        \
     X(O1,    "o1",           0,      0,         0,       IN,   WITH_NONE,    4,   EL_OP,      \
       LIKE_NONE,       "B, H, S, Dv")                                                         \
-    X(LSE1,  "lse1",         0,      0,         0,       IN,   WITH_NONE,    3,   EL_F32,      \
+    X(LSE1,  "lse1",         0,      0,         0,       IN,   WITH_NONE,    3,   EL_F32,     \
       LIKE_NONE,       "B, H, S")                                                             \
     X(O2,    "o2",           0,      0,         0,       IN,   WITH_NONE,    4,   EL_OP,      \
       LIKE_NONE,       "B, H, S, Dv")                                                         \
-    X(LSE2,  "lse2",         0,      0,         0,       IN,   WITH_NONE,    3,   EL_F32,      \
+    X(LSE2,  "lse2",         0,      0,         0,       IN,   WITH_NONE,    3,   EL_F32,     \
       LIKE_NONE,       "B, H, S")                                                             \
-    X(K_CACHE, "k_cache",    IN,     0,         0,       0,    WITH_PAGED,   4,   EL_KV,       \
+    X(K_CACHE, "k_cache",    IN,     0,         0,       0,    WITH_PAGED,   4,   EL_KV,      \
       LIKE_NONE,       "num_pages, page_size, Hkv, D")                                        \
-    X(V_CACHE, "v_cache",    IN,     0,         0,       0,    WITH_PAGED,   4,   EL_KV,       \
+    X(V_CACHE, "v_cache",    IN,     0,         0,       0,    WITH_PAGED,   4,   EL_KV,      \
       LIKE_NONE,       "num_pages, page_size, Hkv, Dv")                                       \
-    X(TABLE, "block_table",  IN,     0,         0,       0,    WITH_PAGED,   2,   EL_I32,      \
+    X(TABLE, "block_table",  IN,     0,         0,       0,    WITH_PAGED,   2,   EL_I32,     \
       LIKE_NONE,       "B, max_pages")                                                        \
-    X(SEQLENS, "seqlens_k",  IN,     0,         0,       0,    WITH_PAGED,   1,   EL_I32,      \
+    X(SEQLENS, "seqlens_k",  IN,     0,         0,       0,    WITH_PAGED,   1,   EL_I32,     \
       LIKE_NONE,       "B")                                                                   \
-    X(K_SCALE, "k_scale",    IN,     0,         0,       0,    WITH_F8,      1,   EL_F32,      \
+    X(K_SCALE, "k_scale",    IN,     0,         0,       0,    WITH_F8,      1,   EL_F32,     \
       LIKE_NONE,       "1")                                                                   \
-    X(V_SCALE, "v_scale",    IN,     0,         0,       0,    WITH_F8,      1,   EL_F32,      \
+    X(V_SCALE, "v_scale",    IN,     0,         0,       0,    WITH_F8,      1,   EL_F32,     \
       LIKE_NONE,       "1")
 
 #define TENSOR_ID(id, ...) T_##id,
