@@ -10,7 +10,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "runtime/runtime.h"
 #include "templates/params.h"
@@ -371,14 +370,17 @@ done:
 }
 
 /* Split-KV parts of a paged launch: the op's schedule, else enough that
- * the (parts, Hq, B) items give every core two, each part at least 4
- * pages of 64 keys' worth (a part has a fixed cost: its partial's write
- * and merge), at most 16. */
+ * the (parts, Hq, B) items give every core (the device's workers, else
+ * its multiprocessors: aj_device_caps) two, each part at least 256 keys
+ * (a part has a fixed cost: its partial's write and merge), at most 16. */
 static int64_t paged_splits(const aj_op_info *op, const aj_device *dev, const fwd_sizes *sz)
 {
     if (op->splits)
         return op->splits;
-    long cores = dev->workers > 0 ? dev->workers : sysconf(_SC_NPROCESSORS_ONLN);
+    aj_device_caps caps = AJ_DEVICE_CAPS_INIT;
+    long cores = dev->workers;
+    if (cores <= 0 && aj_device_get_caps(dev, &caps) == AJ_OK)
+        cores = caps.multiprocessors;
     int64_t items = sz->batch * sz->heads_q, want = 2 * (cores > 0 ? cores : 1);
     int64_t by_length = sz->seq_k / 256;
     int64_t splits = items >= want ? 1 : (want + items - 1) / items;
