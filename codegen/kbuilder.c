@@ -548,14 +548,9 @@ void aj_kb_cp_async_wait_all(aj_kb *kb)
 
 /* ---------------------------------------------------------------- dtypes */
 
-int aj_dtype_size(aj_dtype dtype)
-{
-    return dtype == AJ_DTYPE_F32 ? 4 : 2;
-}
-
 LLVMTypeRef aj_kb_storage_type(aj_kb *kb, aj_dtype dtype)
 {
-    return dtype == AJ_DTYPE_F32 ? kb->t_f32 : kb->t_i16;
+    return dtype == AJ_DTYPE_F32 ? kb->t_f32 : dtype >= AJ_DTYPE_F8E4M3 ? kb->t_i8 : kb->t_i16;
 }
 
 LLVMValueRef aj_kb_to_f32(aj_kb *kb, LLVMValueRef v, aj_dtype dtype)

@@ -22,6 +22,7 @@
 
 #include "attnjit/attnjit.h"
 #include "ir/diag.h"
+#include "ir/dtype.h"
 
 enum aj_intrinsic_id {
 #define AJ_INTRINSIC(id, kind, text, cons, sync, nres, res, nargs, args, sim) \
@@ -272,10 +273,10 @@ void aj_kb_cp_async_wait(aj_kb *kb, int pending_groups);
 void aj_kb_cp_async_wait_all(aj_kb *kb);
 
 /* element conversions between a storage dtype and f32 */
-LLVMTypeRef aj_kb_storage_type(aj_kb *kb, aj_dtype dtype); /* i16 or f32 */
+LLVMTypeRef aj_kb_storage_type(aj_kb *kb, aj_dtype dtype); /* i8, i16 or f32 */
 LLVMValueRef aj_kb_to_f32(aj_kb *kb, LLVMValueRef v, aj_dtype dtype);
 LLVMValueRef aj_kb_from_f32(aj_kb *kb, LLVMValueRef v, aj_dtype dtype);
-int aj_dtype_size(aj_dtype dtype);
+/* (the element sizes: aj_dtype_size, attnjit.h) */
 
 /* arithmetic shorthands (f32 and integer) */
 LLVMValueRef aj_kb_fmax(aj_kb *kb, LLVMValueRef a, LLVMValueRef b);

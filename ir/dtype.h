@@ -8,9 +8,19 @@
 
 #include <stdint.h>
 
+#include "attnjit/attnjit.h"
+
 float aj_f16_to_f32(uint16_t h);
 uint16_t aj_f32_to_f16(float f);
 float aj_bf16_to_f32(uint16_t h);
 uint16_t aj_f32_to_bf16(float f);
+/* The 8-bit floats of a KV cache (OCP FP8): e4m3fn (bias 7, no inf,
+ * S.1111.111 is NaN, saturating at +-448 when encoding) and e5m2 (bias
+ * 15, IEEE-like inf and NaN). */
+float aj_f8e4m3_to_f32(uint8_t b);
+uint8_t aj_f32_to_f8e4m3(float f);
+float aj_f8e5m2_to_f32(uint8_t b);
+uint8_t aj_f32_to_f8e5m2(float f);
+/* (bytes per element: aj_dtype_size, attnjit.h) */
 
 #endif /* AJ_IR_DTYPE_H */

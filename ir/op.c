@@ -47,6 +47,8 @@ const char *const aj_dtype_names[] = {
     [AJ_DTYPE_F16] = "f16",
     [AJ_DTYPE_BF16] = "bf16",
     [AJ_DTYPE_F32] = "f32",
+    [AJ_DTYPE_F8E4M3] = "f8e4m3",
+    [AJ_DTYPE_F8E5M2] = "f8e5m2",
 };
 static_assert(AJ_COUNT_OF(aj_dtype_names) == AJ_DTYPE_COUNT, "dtype names");
 
@@ -82,6 +84,7 @@ static_assert(AJ_COUNT_OF(aj_bias_names) == AJ_BIAS_COUNT, "bias names");
 const char *const aj_layout_names[] = {
     [AJ_LAYOUT_PADDED] = "padded",
     [AJ_LAYOUT_VARLEN] = "varlen",
+    [AJ_LAYOUT_PAGED] = "paged",
 };
 static_assert(AJ_COUNT_OF(aj_layout_names) == AJ_LAYOUT_COUNT,
               "layout names");
@@ -479,6 +482,27 @@ aj_status aj_op_set_layout(aj_op *op, aj_layout layout)
     return set_field(op, __func__, &cand, AJ_FIELD_LAYOUT);
 }
 
+aj_status aj_op_set_kv_dtype(aj_op *op, aj_dtype kv_dtype)
+{
+    aj_op cand;
+
+    AJ_OP_ARG(op);
+    cand = *op;
+    cand.kv_dtype = kv_dtype;
+    cand.kv_dtype_set = true;
+    return set_field(op, __func__, &cand, AJ_FIELD_KV_DTYPE);
+}
+
+aj_status aj_op_set_splits(aj_op *op, int32_t splits)
+{
+    aj_op cand;
+
+    AJ_OP_ARG(op);
+    cand = *op;
+    cand.splits = splits;
+    return set_field(op, __func__, &cand, AJ_FIELD_SCHEDULE);
+}
+
 aj_status aj_op_set_accumulate(aj_op *op, bool accumulate)
 {
     aj_op cand;
@@ -558,6 +582,8 @@ static aj_status check_mask(const aj_op *op, char *msg, size_t cap);
 static aj_status check_score_mod(const aj_op *op, char *msg, size_t cap);
 static aj_status check_dropout(double p, char *msg, size_t cap);
 static aj_status check_schedule(const aj_schedule *s, char *msg, size_t cap);
+static aj_status check_layout(const aj_op *op, char *msg, size_t cap);
+static aj_status check_splits(const aj_op *op, char *msg, size_t cap);
 
 aj_status aj_op_check_field(const aj_op *op, aj_field field, char *msg,
                             size_t cap)
@@ -573,7 +599,8 @@ aj_status aj_op_check_field(const aj_op *op, aj_field field, char *msg,
     case AJ_FIELD_HEADER:
         return check_header(op, msg, cap);
     case AJ_FIELD_DTYPE:
-        return check_enum("dtype", (int)op->dtype, AJ_DTYPE_COUNT, msg, cap);
+        /* the f8 dtypes are a KV cache's (kv_dtype), not an op's */
+        return check_enum("dtype", (int)op->dtype, AJ_DTYPE_F8E4M3, msg, cap);
     case AJ_FIELD_HEAD_DIM:
         return aj_head_dim_ok("head_dim", op->head_dim, msg, cap)
                    ? AJ_OK : AJ_ERR_INVALID_ARG;
@@ -602,11 +629,26 @@ aj_status aj_op_check_field(const aj_op *op, aj_field field, char *msg,
         }
         return AJ_OK;
     case AJ_FIELD_LAYOUT:
-        return check_enum("layout", (int)op->layout, AJ_LAYOUT_COUNT, msg, cap);
+        return check_layout(op, msg, cap);
+    case AJ_FIELD_KV_DTYPE:
+        if ((st = check_enum("kv_dtype", (int)op->kv_dtype, AJ_DTYPE_COUNT, msg, cap)))
+            return st;
+        if (op->kv_dtype_set && op->layout != AJ_LAYOUT_PAGED) {
+            snprintf(msg, cap, "kv_dtype applies only to layout = paged (the "
+                               "element type of its KV caches), not %s",
+                     aj_layout_names[op->layout]);
+            return AJ_ERR_VERIFY;
+        }
+        return AJ_OK;
     case AJ_FIELD_ACCUMULATE:
         if (op->accumulate && op->kind != AJ_KIND_FORWARD) {
             snprintf(msg, cap, "accumulate = true applies only to forward "
                                "ops, not %s", aj_kind_names[op->kind]);
+            return AJ_ERR_VERIFY;
+        }
+        if (op->accumulate && op->layout == AJ_LAYOUT_PAGED) {
+            snprintf(msg, cap, "accumulate = true does not apply to layout = "
+                               "paged (split-KV merges its own partials)");
             return AJ_ERR_VERIFY;
         }
         return AJ_OK;
@@ -618,7 +660,9 @@ aj_status aj_op_check_field(const aj_op *op, aj_field field, char *msg,
         }
         return AJ_OK;
     case AJ_FIELD_SCHEDULE:
-        return check_schedule(&op->schedule, msg, cap);
+        if ((st = check_schedule(&op->schedule, msg, cap)))
+            return st;
+        return check_splits(op, msg, cap);
     case AJ_FIELD_TARGET:
         return check_enum("target", (int)op->target, AJ_TARGET_COUNT, msg, cap);
     case AJ_FIELD_COUNT:
@@ -656,11 +700,11 @@ static bool field_is_default(const aj_op *op, aj_field field)
     case AJ_FIELD_DROPOUT:       return op->dropout == 0.0;
     case AJ_FIELD_BIAS:          return op->bias == AJ_BIAS_NONE;
     case AJ_FIELD_LAYOUT:        return op->layout == AJ_LAYOUT_PADDED;
+    case AJ_FIELD_KV_DTYPE:      return !op->kv_dtype_set;
     case AJ_FIELD_ACCUMULATE:    return !op->accumulate;
     case AJ_FIELD_DETERMINISTIC: return !op->deterministic;
     case AJ_FIELD_SCHEDULE:
-        return op->schedule.block_m == 0 && op->schedule.block_n == 0 &&
-               op->schedule.warps == 0 && op->schedule.stages == 0;
+        return aj_op_schedule_is_default(op) && op->splits == 0;
     case AJ_FIELD_TARGET:        return op->target == AJ_TARGET_ANY;
     case AJ_FIELD_COUNT:         break;
     }
@@ -882,6 +926,48 @@ static aj_status check_schedule(const aj_schedule *s, char *msg, size_t cap)
     return AJ_OK;
 }
 
+/* Paged KV is an inference layout: a forward without the training-only
+ * inputs (bias, dropout). */
+static aj_status check_layout(const aj_op *op, char *msg, size_t cap)
+{
+    aj_status st;
+
+    if ((st = check_enum("layout", (int)op->layout, AJ_LAYOUT_COUNT, msg, cap)))
+        return st;
+    if (op->layout != AJ_LAYOUT_PAGED)
+        return AJ_OK;
+    if (op->kind != AJ_KIND_FORWARD) {
+        snprintf(msg, cap, "layout = paged applies only to forward ops, not %s "
+                           "(a KV cache is read, not differentiated)",
+                 aj_kind_names[op->kind]);
+        return AJ_ERR_VERIFY;
+    }
+    if (op->bias == AJ_BIAS_ADD) {
+        snprintf(msg, cap, "layout = paged takes no bias (bias = add)");
+        return AJ_ERR_VERIFY;
+    }
+    if (op->dropout > 0) {
+        snprintf(msg, cap, "layout = paged takes no dropout (an inference layout)");
+        return AJ_ERR_VERIFY;
+    }
+    return AJ_OK;
+}
+
+static aj_status check_splits(const aj_op *op, char *msg, size_t cap)
+{
+    if (op->splits < 0 || op->splits > AJ_SPLITS_MAX) {
+        snprintf(msg, cap, "schedule splits %d is out of range (want 0..%d)",
+                 (int)op->splits, AJ_SPLITS_MAX);
+        return AJ_ERR_INVALID_ARG;
+    }
+    if (op->splits && op->layout != AJ_LAYOUT_PAGED) {
+        snprintf(msg, cap, "schedule splits applies only to layout = paged, "
+                           "not %s", aj_layout_names[op->layout]);
+        return AJ_ERR_VERIFY;
+    }
+    return AJ_OK;
+}
+
 /* ---------------------------------------------------------------- info */
 
 double aj_op_scale(const aj_op *op)
@@ -916,6 +1002,8 @@ aj_status aj_op_get_info(const aj_op *op, aj_op_info *out)
         .schedule = op->schedule,
         .target = op->target,
         .num_tensors = op->tensor_count,
+        .kv_dtype = aj_op_kv_dtype(op),
+        .splits = op->splits,
     };
     for (int i = 0; i < op->tensor_count; i++) {
         snprintf(out->tensors[i].name, sizeof out->tensors[i].name, "%s", op->tensors[i].name);

@@ -51,6 +51,9 @@ struct aj_op {
     double dropout;        /* 0 <= p < 1 */
     aj_bias bias;
     aj_layout layout;
+    aj_dtype kv_dtype;     /* paged only, when kv_dtype_set; else dtype */
+    bool kv_dtype_set;
+    int32_t splits;        /* paged only: 0 = chosen at launch */
     bool accumulate;       /* forward only */
     bool deterministic;    /* backward only */
     aj_schedule schedule;  /* 0 fields: template default */
@@ -81,6 +84,12 @@ static inline bool aj_op_schedule_is_default(const aj_op *op)
            op->schedule.warps == 0 && op->schedule.stages == 0;
 }
 
+/* Effective kv_dtype: the op's, or its dtype. */
+static inline aj_dtype aj_op_kv_dtype(const aj_op *op)
+{
+    return op->kv_dtype_set ? op->kv_dtype : op->dtype;
+}
+
 /* Effective scale: the op's, or 1/sqrt(head_dim). */
 double aj_op_scale(const aj_op *op);
 
@@ -98,6 +107,7 @@ double aj_op_scale(const aj_op *op);
     X(DROPOUT, "dropout")                 \
     X(BIAS, "bias")                       \
     X(LAYOUT, "layout")                   \
+    X(KV_DTYPE, "kv_dtype")               \
     X(ACCUMULATE, "accumulate")           \
     X(DETERMINISTIC, "deterministic")     \
     X(SCHEDULE, "schedule")               \

@@ -359,7 +359,7 @@ static aj_status defer_expr(parser *p, deferred_expr *d);
 static aj_status parse_mask(parser *p, aj_mask_spec *mask);
 static aj_status parse_score_mod(parser *p, aj_score_mod_spec *mod);
 static aj_status parse_scale(parser *p, double *scale);
-static aj_status parse_schedule(parser *p, aj_schedule *schedule);
+static aj_status parse_schedule(parser *p, aj_schedule *schedule, int32_t *splits);
 
 static const char *const bool_names[] = { "false", "true" };
 
@@ -371,7 +371,8 @@ static aj_status parse_value(parser *p, aj_field field)
 
     switch (field) {
     case AJ_FIELD_DTYPE:
-        AJ_TRY(parse_choice(p, aj_dtype_names, AJ_DTYPE_COUNT, "a dtype",
+        /* the f8 dtypes are kv_dtype's only */
+        AJ_TRY(parse_choice(p, aj_dtype_names, AJ_DTYPE_F8E4M3, "a dtype",
                             NULL, &v));
         op->dtype = (aj_dtype)v;
         break;
@@ -406,6 +407,12 @@ static aj_status parse_value(parser *p, aj_field field)
                             NULL, &v));
         op->layout = (aj_layout)v;
         break;
+    case AJ_FIELD_KV_DTYPE:
+        AJ_TRY(parse_choice(p, aj_dtype_names, AJ_DTYPE_COUNT, "a KV dtype",
+                            NULL, &v));
+        op->kv_dtype = (aj_dtype)v;
+        op->kv_dtype_set = true;
+        break;
     case AJ_FIELD_ACCUMULATE:
         AJ_TRY(parse_choice(p, bool_names, 2, "a boolean", NULL, &v));
         op->accumulate = v;
@@ -415,7 +422,7 @@ static aj_status parse_value(parser *p, aj_field field)
         op->deterministic = v;
         break;
     case AJ_FIELD_SCHEDULE:
-        AJ_TRY(parse_schedule(p, &op->schedule));
+        AJ_TRY(parse_schedule(p, &op->schedule, &op->splits));
         break;
     case AJ_FIELD_TARGET:
         AJ_TRY(parse_choice(p, aj_target_names, AJ_TARGET_COUNT, "a target",
@@ -620,17 +627,18 @@ done:
 }
 
 /* schedule = default | "(" KEY "=" INT { "," KEY "=" INT } ")" */
-static aj_status parse_schedule(parser *p, aj_schedule *schedule)
+static aj_status parse_schedule(parser *p, aj_schedule *schedule, int32_t *splits)
 {
     static const char *const keys[] = { "block_m", "block_n", "warps",
-                                        "stages" };
+                                        "stages", "splits" };
     int32_t *slots[] = { &schedule->block_m, &schedule->block_n,
-                         &schedule->warps, &schedule->stages };
-    bool seen[4] = { false };
+                         &schedule->warps, &schedule->stages, splits };
+    bool seen[5] = { false };
     char quoted[16];
     aj_status st = AJ_OK;
 
     *schedule = (aj_schedule){ 0 };
+    *splits = 0;
     if (is_word(&p->lx.tok, "default"))
         return next(p);
     if (p->lx.tok.kind != TOK_LPAREN)

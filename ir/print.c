@@ -90,6 +90,9 @@ aj_status aj_op_canonical(const aj_op *op, char *buf, size_t cap, size_t *len)
          * expressions prints (and hashes) as it did before they existed. */
         if (f == AJ_FIELD_TENSORS && op->tensor_count == 0)
             continue;
+        /* Likewise kv_dtype, which only the paged layout has. */
+        if (f == AJ_FIELD_KV_DTYPE && op->layout != AJ_LAYOUT_PAGED)
+            continue;
         emit(&t, "  %s = ", aj_field_names[f]);
         print_value(&t, op, (aj_field)f);
         emit(&t, "\n");
@@ -174,11 +177,11 @@ static void print_mask(text_buf *t, const aj_op *op)
 }
 
 /* "default", or the non-zero keys in a fixed order. */
-static void print_schedule(text_buf *t, const aj_schedule *s)
+static void print_schedule(text_buf *t, const aj_schedule *s, int32_t splits)
 {
     const struct { const char *key; int32_t value; } keys[] = {
         { "block_m", s->block_m }, { "block_n", s->block_n },
-        { "warps", s->warps }, { "stages", s->stages },
+        { "warps", s->warps }, { "stages", s->stages }, { "splits", splits },
     };
     int written = 0;
 
@@ -239,6 +242,9 @@ static void print_value(text_buf *t, const aj_op *op, aj_field field)
     case AJ_FIELD_LAYOUT:
         emit(t, "%s", aj_layout_names[op->layout]);
         return;
+    case AJ_FIELD_KV_DTYPE:
+        emit(t, "%s", aj_dtype_names[aj_op_kv_dtype(op)]);
+        return;
     case AJ_FIELD_ACCUMULATE:
         emit(t, "%s", op->accumulate ? "true" : "false");
         return;
@@ -246,7 +252,7 @@ static void print_value(text_buf *t, const aj_op *op, aj_field field)
         emit(t, "%s", op->deterministic ? "true" : "false");
         return;
     case AJ_FIELD_SCHEDULE:
-        print_schedule(t, &op->schedule);
+        print_schedule(t, &op->schedule, op->splits);
         return;
     case AJ_FIELD_TARGET:
         emit(t, "%s", aj_target_names[op->target]);

@@ -249,6 +249,14 @@ static aj_status take_status(aj_device *dev, const char *fn)
         snprintf(fault, sizeof fault, "cu_seqlens_%c[%u] is not T%c (%c's tokens)", c, next, c,
                  c);
         break;
+    case AJ_PAGED_BAD_PAGE:
+        snprintf(fault, sizeof fault, "block_table row %u holds a page outside 0 .. "
+                 "num_pages - 1 (k_cache.shape[0])", seq);
+        break;
+    case AJ_PAGED_BAD_LENGTH:
+        snprintf(fault, sizeof fault, "seqlens_k[%u] is negative or beyond its block_table "
+                 "row (max_pages x page_size keys)", seq);
+        break;
     default:
         snprintf(fault, sizeof fault, "fault code %u", code & 7);
     }

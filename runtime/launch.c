@@ -33,7 +33,7 @@ static int64_t extent_bytes(const aj_tensor *t, int elem)
 
 static int elem_size(aj_dtype d)
 {
-    return d == AJ_DTYPE_F32 ? 4 : 2;
+    return aj_dtype_size(d);
 }
 
 #define FWD "aj_forward"
@@ -89,6 +89,7 @@ static aj_status check_dim(aj_ctx *ctx, const char *fn, const char *name, int i,
 /* The problem sizes a forward call implies, once its arguments check out. */
 typedef struct fwd_sizes {
     int64_t batch, heads_q, heads_kv, seq_q, seq_k;
+    int64_t splits;   /* layout = paged: split-KV parts (else 1) */
 } fwd_sizes;
 
 /* What forward and backward calls share: q, k, v and the sizes they
@@ -296,6 +297,96 @@ static aj_status check_forward_varlen(aj_ctx *ctx, const aj_op_info *op, const a
     AJ_TRY(check_dim(ctx, FWD, "lse", 1, a->lse.shape[1], tq, "q's total length"));
 done:
     return st;
+}
+
+/*
+ * layout = paged (aj_fwd_args): q [B, Hq, Sq, D], o [B, Hq, Sq, Dv], lse
+ * [B, Hq, Sq], the caches [num_pages, page_size, Hkv, D or Dv] of the
+ * op's kv_dtype, block_table [B, max_pages] and seqlens_k [B] (their
+ * values are the kernel's to check), the f8 caches' scales.  seq_k is the
+ * longest a sequence may be: max_pages page_size.
+ */
+static aj_status check_forward_paged(aj_ctx *ctx, const aj_op_info *op, const aj_fwd_args *a,
+                                     fwd_sizes *sz)
+{
+    aj_status st = AJ_OK;
+    AJ_CHECK_ARG(ctx, !a->k.data && !a->v.data && !a->cu_seqlens_q && !a->cu_seqlens_k &&
+                 !a->q_offset && !a->kv_offset && !a->sq_total && !a->sk_total,
+                 "%s: k, v, cu_seqlens, offsets and totals are not for layout = paged "
+                 "kernels (the keys are k_cache and v_cache; positions follow seqlens_k)", FWD);
+    AJ_TRY(check_tensor(ctx, FWD, "q", &a->q, 4, op->dtype, 1));
+    AJ_TRY(check_tensor(ctx, FWD, "k_cache", &a->k_cache, 4, op->kv_dtype, 0));
+    AJ_TRY(check_tensor(ctx, FWD, "v_cache", &a->v_cache, 4, op->kv_dtype, 0));
+    const aj_tensor *kc = &a->k_cache;
+    sz->batch = a->q.shape[0];
+    sz->heads_q = a->q.shape[1];
+    sz->seq_q = a->q.shape[2];
+    sz->heads_kv = kc->shape[2];
+    AJ_TRY(check_dim(ctx, FWD, "q", 3, a->q.shape[3], op->head_dim, "the op's head_dim"));
+    AJ_TRY(check_dim(ctx, FWD, "k_cache", 3, kc->shape[3], op->head_dim, "the op's head_dim"));
+    for (int i = 0; i < 3; i++)
+        AJ_TRY(check_dim(ctx, FWD, "v_cache", i, a->v_cache.shape[i], kc->shape[i],
+                         "k_cache's"));
+    AJ_TRY(check_dim(ctx, FWD, "v_cache", 3, a->v_cache.shape[3], op->head_dim_v,
+                     "the op's head_dim_v"));
+    AJ_CHECK_ARG(ctx, kc->shape[1] >= 1 && kc->shape[1] <= 256 && kc->shape[0] <= INT32_MAX,
+                 "%s: k_cache.shape = (%lld, %lld, ...); page_size must be 1 .. 256 and "
+                 "num_pages fit int32", FWD, (long long)kc->shape[0], (long long)kc->shape[1]);
+    AJ_CHECK_ARG(ctx, sz->heads_kv >= 1 && sz->heads_q % sz->heads_kv == 0,
+                 "%s: q has %lld heads and k_cache %lld; the query heads must be a multiple "
+                 "of the key/value heads (GQA)", FWD, (long long)sz->heads_q,
+                 (long long)sz->heads_kv);
+    AJ_CHECK_ARG(ctx, sz->batch <= MAX_GRID_YZ && sz->heads_q <= MAX_GRID_YZ &&
+                 sz->seq_q < MAX_SEQ, "%s: batch = %lld, heads = %lld, Sq = %lld exceed "
+                 "the grid (%d, %d, 2^30 - 1)", FWD, (long long)sz->batch,
+                 (long long)sz->heads_q, (long long)sz->seq_q, MAX_GRID_YZ, MAX_GRID_YZ);
+    AJ_CHECK_ARG(ctx, (a->block_table || sz->batch == 0) && (a->seqlens_k || sz->batch == 0) &&
+                 a->max_pages >= 1 && (int64_t)a->max_pages * kc->shape[1] < MAX_SEQ,
+                 "%s: block_table = %p, seqlens_k = %p, max_pages = %d; layout = paged needs "
+                 "both tables and 1 .. 2^30 / page_size pages per sequence", FWD,
+                 (const void *)a->block_table, (const void *)a->seqlens_k, a->max_pages);
+    AJ_CHECK_ARG(ctx, (uintptr_t)a->block_table % 4 == 0 && (uintptr_t)a->seqlens_k % 4 == 0,
+                 "%s: block_table = %p, seqlens_k = %p; int32 arrays must be 4-byte aligned",
+                 FWD, (const void *)a->block_table, (const void *)a->seqlens_k);
+    sz->seq_k = (int64_t)a->max_pages * kc->shape[1];
+    if (op->kv_dtype >= AJ_DTYPE_F8E4M3) {
+        AJ_TRY(check_tensor(ctx, FWD, "k_scale", &a->k_scale, 1, AJ_DTYPE_F32, 0));
+        AJ_TRY(check_dim(ctx, FWD, "k_scale", 0, a->k_scale.shape[0], 1, "one scale per "
+                         "tensor"));
+        AJ_TRY(check_tensor(ctx, FWD, "v_scale", &a->v_scale, 1, AJ_DTYPE_F32, 0));
+        AJ_TRY(check_dim(ctx, FWD, "v_scale", 0, a->v_scale.shape[0], 1, "one scale per "
+                         "tensor"));
+    }
+    if (op->score_mod == AJ_SCORE_MOD_ALIBI) {
+        AJ_TRY(check_tensor(ctx, FWD, "alibi_slopes", &a->alibi_slopes, 1, AJ_DTYPE_F32, 0));
+        AJ_TRY(check_dim(ctx, FWD, "alibi_slopes", 0, a->alibi_slopes.shape[0], sz->heads_q,
+                         "q's heads"));
+    }
+    AJ_TRY(check_rows(ctx, FWD, "o", &a->o, op->dtype, op->head_dim_v, "the op's head_dim_v",
+                      sz));
+    AJ_TRY(check_lse(ctx, FWD, &a->lse, sz));
+done:
+    return st;
+}
+
+/* Split-KV parts of a paged launch: the op's schedule, else enough that
+ * the (parts, Hq, B) items give every core (the device's workers, else
+ * its multiprocessors: aj_device_caps) two, each part at least 256 keys
+ * (a part has a fixed cost: its partial's write and merge), at most 16. */
+static int64_t paged_splits(const aj_op_info *op, const aj_device *dev, const fwd_sizes *sz)
+{
+    if (op->splits)
+        return op->splits;
+    aj_device_caps caps = AJ_DEVICE_CAPS_INIT;
+    long cores = dev->workers;
+    if (cores <= 0 && aj_device_get_caps(dev, &caps) == AJ_OK)
+        cores = caps.multiprocessors;
+    int64_t items = sz->batch * sz->heads_q, want = 2 * (cores > 0 ? cores : 1);
+    int64_t by_length = sz->seq_k / 256;
+    int64_t splits = items >= want ? 1 : (want + items - 1) / items;
+    if (splits > by_length)
+        splits = by_length;
+    return splits < 1 ? 1 : splits > 16 ? 16 : splits;
 }
 
 /* A packed [T, H, D] tensor as the [1, H, T, D] view the padded binding
@@ -662,6 +753,7 @@ static int64_t grid_extent(aj_extent e, const fwd_sizes *sz)
     case AJ_EXTENT_HEADS_KV: return sz->heads_kv;
     case AJ_EXTENT_SEQ_Q: return sz->seq_q;
     case AJ_EXTENT_SEQ_K: return sz->seq_k;
+    case AJ_EXTENT_SPLITS: return sz->splits;
     default: return 1;
     }
 }
@@ -706,6 +798,67 @@ static aj_status check_launch(aj_ctx *ctx, const char *fn, aj_device *dev,
     return AJ_OK;
 }
 
+/*
+ * A paged forward: stage 0 over (splits, Hq, B); with splits > 1 the
+ * parts' (O, LSE) go to a workspace of the device's scratch, laid out
+ *
+ *   O   [B][Hq][splits][Sq][Dv]   f32, each part's normalised output
+ *   LSE [B][Hq][splits][Sq]       f32, after it
+ *
+ * and stage 1 merges them into o and lse (the merge contract).
+ */
+static aj_status forward_paged(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
+                               const aj_fwd_args *a)
+{
+    const aj_op_info *op = &kernel->op;
+    fwd_sizes sz = {.splits = 1};
+    aj_status st = check_forward_paged(ctx, op, a, &sz);
+    if (st != AJ_OK || sz.batch == 0 || sz.heads_q == 0 || sz.seq_q == 0)
+        return st;
+    sz.splits = paged_splits(op, dev, &sz);
+    size_t rows = (size_t)(sz.batch * sz.heads_q * sz.splits * sz.seq_q);
+    size_t ws_bytes = sz.splits > 1 ? rows * (size_t)(op->head_dim_v + 1) * 4 : 0;
+    void *ws = NULL;
+    if (ws_bytes)
+        st = aj_device_scratch(dev, a->stream, ws_bytes, &ws);
+    static _Thread_local score_bindings scores;
+    static _Thread_local bound_args bound;
+    launch_values v = {.given = 0};
+    const aj_tensor i32s[2] = {
+        {(void *)a->block_table, AJ_DTYPE_F32, 2, {sz.batch, a->max_pages}, {a->max_pages, 1}},
+        {(void *)a->seqlens_k, AJ_DTYPE_F32, 1, {sz.batch}, {1}}};
+    const aj_tensor status_word = {dev->status, AJ_DTYPE_F32, 1, {1}, {1}};
+    const aj_tensor ws_t = {ws, AJ_DTYPE_F32, 1, {(int64_t)(ws_bytes / 4)}, {1}};
+    put_tensor(&v, AJ_PSRC_q, &a->q);
+    put_tensor(&v, AJ_PSRC_o, &a->o);
+    put_tensor(&v, AJ_PSRC_lse, &a->lse);
+    put_tensor(&v, AJ_PSRC_k_cache, &a->k_cache);
+    put_tensor(&v, AJ_PSRC_v_cache, &a->v_cache);
+    put_tensor(&v, AJ_PSRC_block_table, &i32s[0]);
+    put_tensor(&v, AJ_PSRC_seqlens_k, &i32s[1]);
+    put_tensor(&v, AJ_PSRC_k_scale, &a->k_scale);
+    put_tensor(&v, AJ_PSRC_v_scale, &a->v_scale);
+    put_tensor(&v, AJ_PSRC_varlen_status, &status_word);
+    put_tensor(&v, AJ_PSRC_workspace, &ws_t);
+    put_scalar(&v, AJ_PSRC_heads_q, sz.heads_q);
+    put_scalar(&v, AJ_PSRC_heads_kv, sz.heads_kv);
+    put_scalar(&v, AJ_PSRC_seq_q, sz.seq_q);
+    put_scalar(&v, AJ_PSRC_batch, sz.batch);
+    put_scalar(&v, AJ_PSRC_max_pages, a->max_pages);
+    put_scalar(&v, AJ_PSRC_splits, sz.splits);
+    if (st == AJ_OK)
+        st = bind_scores(ctx, FWD, op, a->side, a->num_side, &a->alibi_slopes, &scores);
+    for (int s = 0; st == AJ_OK && s < (sz.splits > 1 ? 2 : 1); s++) {
+        st = bind(ctx, kernel, s, &v, &scores, &bound);
+        if (st == AJ_OK)
+            st = run_kernel(ctx, dev, kernel, s, &sz, bound.argv, bound.buffers, bound.nb,
+                            a->stream);
+    }
+    if (ws)
+        aj_device_scratch_release(dev, a->stream, ws);
+    return st == AJ_OK ? aj_device_launched(dev, FWD) : st;
+}
+
 aj_status aj_forward(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
                      const aj_fwd_args *given)
 {
@@ -717,8 +870,10 @@ aj_status aj_forward(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
     AJ_READ_STRUCT_OR_RETURN(ctx, "aj_forward: args", given, aj_fwd_args, lse, AJ_FWD_ARGS_INIT,
                              args);
     const aj_op_info *op = &kernel->op;
-    fwd_sizes sz;
+    fwd_sizes sz = {.splits = 1};
     int varlen = op->layout == AJ_LAYOUT_VARLEN;
+    if (op->layout == AJ_LAYOUT_PAGED)
+        return forward_paged(ctx, dev, kernel, args);
     st = varlen ? check_forward_varlen(ctx, op, args, &sz) : check_forward(ctx, op, args, &sz);
     if (st != AJ_OK)
         return st;
@@ -772,7 +927,7 @@ aj_status aj_block_mask_launch(aj_ctx *ctx, aj_device *dev, const char *fn,
     put_scalar(&v, AJ_PSRC_kv_offset, shape->kv_offset);
     put_scalar(&v, AJ_PSRC_seq_q_total, shape->sq_total);
     put_scalar(&v, AJ_PSRC_seq_k_total, shape->sk_total);
-    const fwd_sizes sz = {shape->batch, shape->heads, shape->heads, shape->seq_q, shape->seq_k};
+    const fwd_sizes sz = {shape->batch, shape->heads, shape->heads, shape->seq_q, shape->seq_k, 1};
     aj_status st = bind_scores(ctx, fn, &builder->op, side, num_side, slopes, &scores);
     if (st == AJ_OK)
         st = bind(ctx, builder, 0, &v, &scores, &bound);
@@ -1204,7 +1359,7 @@ aj_status aj_merge(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
     AJ_READ_STRUCT_OR_RETURN(ctx, "aj_merge: args", given, aj_merge_args, lse,
                              AJ_MERGE_ARGS_INIT, args);
     const aj_op_info *op = &kernel->op;
-    fwd_sizes sz;
+    fwd_sizes sz = {.splits = 1};
     st = check_merge(ctx, op, args, &sz);
     if (st != AJ_OK)
         return st;

@@ -173,6 +173,46 @@ void aj_attn_varlen_seq_of(aj_kb *kb, LLVMValueRef bidx, aj_attn_varlen_seq *out
     }
 }
 
+/* Records AJ_VARLEN_STATUS(bidx, k, fault) where `bad`. */
+static void record_k_fault(aj_kb *kb, LLVMValueRef bad, LLVMValueRef bidx, aj_varlen_fault fault)
+{
+    LLVMBuilderRef b = kb->b;
+    aj_kb_if_begin(kb, bad);
+    LLVMValueRef code = LLVMBuildOr(b, LLVMBuildShl(b, bidx, aj_kb_i32(kb, 4), ""),
+                                    aj_kb_i32(kb, 8 | fault), "");
+    aj_kb_atomic_umin_i32(kb, aj_kb_param(kb, "varlen_status"), code);
+    aj_kb_if_end(kb);
+}
+
+LLVMValueRef aj_attn_paged_len(aj_kb *kb, LLVMValueRef bidx)
+{
+    LLVMBuilderRef b = kb->b;
+    LLVMValueRef len = load_offset(kb, "seqlens_k", bidx);
+    LLVMValueRef most = LLVMBuildMul(b, aj_kb_param(kb, "max_pages"),
+                                     aj_kb_param(kb, "page_size"), "");
+    /* unsigned: a negative length is above any most */
+    LLVMValueRef bad = LLVMBuildICmp(b, LLVMIntUGT, len, most, "len_bad");
+    record_k_fault(kb, bad, bidx, AJ_PAGED_BAD_LENGTH);
+    return LLVMBuildSelect(b, bad, aj_kb_i32(kb, 0), len, "seq_len");
+}
+
+LLVMValueRef aj_attn_paged_pages_ok(aj_kb *kb, LLVMValueRef bidx, LLVMValueRef first,
+                                    LLVMValueRef end)
+{
+    LLVMBuilderRef b = kb->b;
+    LLVMValueRef row = LLVMBuildMul(b, bidx, aj_kb_param(kb, "max_pages"), "");
+    LLVMValueRef flag = aj_kb_var(kb, kb->t_i32, aj_kb_i32(kb, 0), "pages_bad");
+    LLVMValueRef slot = aj_kb_for_begin(kb, first, end, aj_kb_i32(kb, 1), "slot");
+    LLVMValueRef page = load_offset(kb, "block_table", LLVMBuildAdd(b, row, slot, ""));
+    LLVMValueRef bad = LLVMBuildICmp(b, LLVMIntUGE, page, aj_kb_param(kb, "num_pages"), "");
+    aj_kb_set(kb, flag, LLVMBuildOr(b, aj_kb_get(kb, flag), LLVMBuildZExt(b, bad, kb->t_i32, ""),
+                                    ""));
+    aj_kb_for_end(kb);
+    LLVMValueRef any = LLVMBuildICmp(b, LLVMIntNE, aj_kb_get(kb, flag), aj_kb_i32(kb, 0), "");
+    record_k_fault(kb, any, bidx, AJ_PAGED_BAD_PAGE);
+    return LLVMBuildNot(b, any, "pages_ok");
+}
+
 void aj_attn_score_totals(aj_kb *kb, const aj_score_prog *prog, aj_layout layout,
                           LLVMValueRef seq_q, LLVMValueRef seq_k, LLVMValueRef *sq,
                           LLVMValueRef *sk)

@@ -90,6 +90,9 @@ typedef enum aj_varlen_fault {
     AJ_VARLEN_OUT_OF_RANGE = 3,     /* an offset below 0 or above T */
     AJ_VARLEN_TOO_LONG = 4,         /* a sequence longer than max_seqlen */
     AJ_VARLEN_LAST_NOT_TOTAL = 5,   /* cu_seqlens[batch] != T */
+    /* layout = paged (which = k): the same word, the same rule */
+    AJ_PAGED_BAD_PAGE = 6,          /* a block_table entry outside 0 .. num_pages - 1 */
+    AJ_PAGED_BAD_LENGTH = 7,        /* seqlens_k[b] < 0 or > max_pages page_size */
     AJ_VARLEN_FAULT_COUNT
 } aj_varlen_fault;
 
@@ -103,6 +106,18 @@ typedef struct aj_attn_varlen_seq {
 } aj_attn_varlen_seq;
 
 void aj_attn_varlen_seq_of(aj_kb *kb, LLVMValueRef bidx, aj_attn_varlen_seq *out);
+
+/*
+ * layout = paged: sequence b's length seqlens_k[b] (i32), checked against
+ * 0 .. max_pages page_size, and whether block-table slots [first, end)
+ * of its row (i32) all hold pages in 0 .. num_pages - 1 (i1).  A fault
+ * goes to the status word as varlen's (which = k: AJ_PAGED_BAD_LENGTH,
+ * AJ_PAGED_BAD_PAGE); a bad length reads as 0.  Parameters: seqlens_k,
+ * block_table, max_pages, page_size, num_pages, varlen_status.
+ */
+LLVMValueRef aj_attn_paged_len(aj_kb *kb, LLVMValueRef bidx);
+LLVMValueRef aj_attn_paged_pages_ok(aj_kb *kb, LLVMValueRef bidx, LLVMValueRef first,
+                                    LLVMValueRef end);
 
 /*
  * The totals the score programs read (score.h's sq, sk; i64), NULL where

@@ -86,6 +86,16 @@ void aj_cpu_seq_of(aj_kb *kb, const aj_op *op, const aj_score_prog *prog, LLVMVa
 {
     LLVMBuilderRef b = kb->b;
     s->sq = s->sk = NULL;
+    if (op->layout == AJ_LAYOUT_PAGED) {
+        /* the queries are the last of the sequence's positions; both
+         * totals are its length */
+        s->len_q = aj_kb_param(kb, "seq_q");
+        s->len_k = aj_attn_paged_len(kb, bidx);
+        s->start_q = s->start_k = aj_kb_i64(kb, 0);
+        if (prog->reads_totals)
+            s->sq = s->sk = sext64(kb, s->len_k);
+        return;
+    }
     if (op->layout != AJ_LAYOUT_VARLEN) {
         s->len_q = aj_kb_param(kb, "seq_q");
         s->len_k = aj_kb_param(kb, "seq_k");
@@ -132,8 +142,15 @@ void aj_cpu_attn_init(aj_cpu_attn *a, aj_kb *kb, const aj_op *op, const aj_score
     a->w = aj_cpu_vector_width();
     a->log2e_in_q = log2e_in_q;
     aj_cpu_seq_of(kb, op, prog, bidx, &a->seq);
-    aj_score_begin(&a->sc, kb, prog, a->w, bidx, h, aj_kb_param(kb, "q_offset"),
-                   aj_kb_param(kb, "kv_offset"), a->seq.sq, a->seq.sk);
+    LLVMValueRef q_offset, kv_offset;
+    if (op->layout == AJ_LAYOUT_PAGED) {
+        q_offset = sext64(kb, LLVMBuildSub(kb->b, a->seq.len_k, a->seq.len_q, ""));
+        kv_offset = aj_kb_i64(kb, 0);
+    } else {
+        q_offset = aj_kb_param(kb, "q_offset");
+        kv_offset = aj_kb_param(kb, "kv_offset");
+    }
+    aj_score_begin(&a->sc, kb, prog, a->w, bidx, h, q_offset, kv_offset, a->seq.sq, a->seq.sk);
     a->tile_full = aj_score_has_mask(prog) ? aj_kb_var(kb, kb->t_i1, LLVMConstInt(kb->t_i1, 0, 0),
                                                        "tile_full")
                                            : NULL;
@@ -149,8 +166,7 @@ LLVMValueRef aj_cpu_buf_at(aj_kb *kb, LLVMValueRef buf, LLVMValueRef index)
 
 LLVMValueRef aj_cpu_tensor_at(aj_kb *kb, const char *t, aj_dtype dtype, LLVMValueRef elem)
 {
-    LLVMTypeRef et = dtype == AJ_DTYPE_F32 ? kb->t_f32 : kb->t_i16;
-    return aj_cv_at(kb, et, aj_kb_param(kb, t), elem);
+    return aj_cv_at(kb, aj_kb_storage_type(kb, dtype), aj_kb_param(kb, t), elem);
 }
 
 /* 8 values of row `row` of tensor t from column 8 c: widened to <8 x
@@ -169,15 +185,35 @@ static LLVMValueRef load8(aj_kb *kb, const char *t, aj_dtype dtype, int pairs, L
     return v;
 }
 
+LLVMValueRef aj_cpu_row_at(aj_kb *kb, const aj_cpu_rows *src, LLVMValueRef p)
+{
+    LLVMBuilderRef b = kb->b;
+    if (src->per_head) {
+        aj_cpu_rows one = *src;
+        LLVMValueRef head = LLVMBuildUDiv(b, p, src->per_head, "");
+        one.per_head = NULL;
+        one.base = add(kb, src->base, mul(kb, sext64(kb, head), src->stride_h));
+        return aj_cpu_row_at(kb, &one, LLVMBuildURem(b, p, src->per_head, ""));
+    }
+    if (!src->pages)
+        return add(kb, src->base, mul(kb, sext64(kb, p), src->stride_s));
+    LLVMValueRef slot = LLVMBuildUDiv(b, p, src->page_size, "");
+    LLVMValueRef in_page = LLVMBuildURem(b, p, src->page_size, "");
+    LLVMValueRef page = LLVMBuildLoad2(b, kb->t_i32, aj_cv_at(kb, kb->t_i32, src->pages, slot),
+                                       "page");
+    return add(kb, add(kb, src->base, mul(kb, sext64(kb, page), src->stride_page)),
+               mul(kb, sext64(kb, in_page), src->stride_s));
+}
+
 void aj_cpu_load_rows(aj_kb *kb, LLVMValueRef buf, int width, const char *t, aj_dtype dtype,
-                      LLVMValueRef base, LLVMValueRef stride_s, LLVMValueRef r0,
-                      LLVMValueRef count, LLVMValueRef rows, double scale, int pairs)
+                      const aj_cpu_rows *src, LLVMValueRef r0, LLVMValueRef count,
+                      LLVMValueRef rows, double scale, int pairs)
 {
     LLVMValueRef vscale = aj_cv_splat(kb, aj_kb_f32(kb, scale), 8);
     LLVMValueRef r = aj_kb_for_begin(kb, i32c(kb, 0), rows, i32c(kb, 1), "lr");
     LLVMValueRef dst = mul(kb, r, i32c(kb, width));
     aj_kb_if_begin(kb, LLVMBuildICmp(kb->b, LLVMIntSLT, r, count, ""));
-    LLVMValueRef row = add(kb, base, mul(kb, sext64(kb, add(kb, r0, r)), stride_s));
+    LLVMValueRef row = aj_cpu_row_at(kb, src, add(kb, r0, r));
     LLVMValueRef c = aj_kb_for_begin(kb, i32c(kb, 0), i32c(kb, width), i32c(kb, 8), "lrc");
     LLVMValueRef x = load8(kb, t, dtype, pairs, row, c);
     if (scale != 1.0)
@@ -230,8 +266,8 @@ static void transpose8(aj_kb *kb, LLVMValueRef a[8], LLVMValueRef out[8])
 }
 
 void aj_cpu_load_cols(aj_kb *kb, LLVMValueRef buf, int width, int n, const char *t,
-                      aj_dtype dtype, LLVMValueRef base, LLVMValueRef stride_s,
-                      LLVMValueRef r0, LLVMValueRef count, int pairs)
+                      aj_dtype dtype, const aj_cpu_rows *src, LLVMValueRef r0,
+                      LLVMValueRef count, int pairs)
 {
     LLVMBuilderRef b = kb->b;
     /* groups of 8 rows: whole ones by 8 x 8 transposes (of floats or of
@@ -243,8 +279,7 @@ void aj_cpu_load_cols(aj_kb *kb, LLVMValueRef buf, int width, int n, const char 
     {
         LLVMValueRef rows[8];
         for (int e = 0; e < 8; e++)
-            rows[e] = add(kb, base, mul(kb, sext64(kb, add(kb, r0, add(kb, r8, i32c(kb, e)))),
-                                        stride_s));
+            rows[e] = aj_cpu_row_at(kb, src, add(kb, r0, add(kb, r8, i32c(kb, e))));
         LLVMValueRef c = aj_kb_for_begin(kb, i32c(kb, 0), i32c(kb, width), i32c(kb, 8), "lcc");
         LLVMValueRef a[8], out[8];
         for (int e = 0; e < 8; e++)
@@ -261,7 +296,7 @@ void aj_cpu_load_cols(aj_kb *kb, LLVMValueRef buf, int width, int n, const char 
     LLVMValueRef r = aj_kb_for_begin(kb, r8, add(kb, r8, i32c(kb, 8)), i32c(kb, 1), "lc");
     LLVMValueRef in = LLVMBuildICmp(b, LLVMIntSLT, r, count, "");
     LLVMValueRef rc = aj_kb_smin(kb, r, LLVMBuildSub(b, count, i32c(kb, 1), ""));
-    LLVMValueRef row = add(kb, base, mul(kb, sext64(kb, add(kb, r0, rc)), stride_s));
+    LLVMValueRef row = aj_cpu_row_at(kb, src, add(kb, r0, rc));
     LLVMValueRef c = aj_kb_for_begin(kb, i32c(kb, 0), i32c(kb, width), i32c(kb, 8), "lct");
     LLVMValueRef x = load8(kb, t, dtype, pairs, row, c);
     x = LLVMBuildSelect(b, in, x, LLVMConstNull(LLVMTypeOf(x)), "");
@@ -276,8 +311,7 @@ void aj_cpu_load_cols(aj_kb *kb, LLVMValueRef buf, int width, int n, const char 
 }
 
 void aj_cpu_load_row_pairs(aj_kb *kb, LLVMValueRef buf, int width, int n, const char *t,
-                           LLVMValueRef base, LLVMValueRef stride_s, LLVMValueRef r0,
-                           LLVMValueRef count)
+                           const aj_cpu_rows *src, LLVMValueRef r0, LLVMValueRef count)
 {
     LLVMBuilderRef b = kb->b;
     LLVMTypeRef v8 = LLVMVectorType(kb->t_i16, 8);
@@ -294,8 +328,7 @@ void aj_cpu_load_row_pairs(aj_kb *kb, LLVMValueRef buf, int width, int n, const 
     for (int h = 0; h < 2; h++) {
         LLVMValueRef ri = add(kb, r, i32c(kb, h));
         in[h] = LLVMBuildICmp(b, LLVMIntSLT, ri, count, "");
-        rr[h] = add(kb, base, mul(kb, sext64(kb, add(kb, r0, aj_kb_smin(kb, ri, last))),
-                                  stride_s));
+        rr[h] = aj_cpu_row_at(kb, src, add(kb, r0, aj_kb_smin(kb, ri, last)));
     }
     LLVMValueRef dst = mul(kb, r, i32c(kb, width / 2));
     LLVMValueRef c = aj_kb_for_begin(kb, i32c(kb, 0), i32c(kb, width), i32c(kb, 8), "rpc");

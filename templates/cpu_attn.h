@@ -96,7 +96,7 @@ static inline int aj_cpu_log2e_in_q(const aj_op *op, const aj_score_prog *prog)
 
 /* Sets the fields from the kernel parameters for query head h of batch
  * (varlen: sequence) bidx; positions are q_offset + i and kv_offset + j
- * of the sequence. */
+ * of the sequence (paged: len_k - len_q + i and j). */
 void aj_cpu_attn_init(aj_cpu_attn *a, aj_kb *kb, const aj_op *op, const aj_score_prog *prog,
                       int log2e_in_q, LLVMValueRef bidx, LLVMValueRef h);
 
@@ -127,23 +127,45 @@ void aj_cpu_zero(aj_kb *kb, LLVMValueRef ptr, int n);
  *                  (aj_cpu_load_row_pairs)
  */
 
-/* buf[r][0..width) = scale * t[base + (r0 + r) stride_s + 0..width) for
+/*
+ * Where row p (i32, a position in the sequence) of a tensor's slice is:
+ * padded, base + p stride_s; paged (pages set), row p % page_size of page
+ * pages[p / page_size] (the sequence's block-table row, i32):
+ *
+ *   base + pages[p / page_size] stride_page + (p % page_size) stride_s
+ *
+ * with base the kv head's offset (layout = paged, docs/ir.md).  With
+ * per_head set (the query heads of a KV head packed into one row block),
+ * row p is row p % per_head of head p / per_head, heads stride_h apart.
+ */
+typedef struct aj_cpu_rows {
+    LLVMValueRef base, stride_s;    /* i64 */
+    LLVMValueRef pages;             /* paged: pointer to i32; NULL: padded */
+    LLVMValueRef page_size;         /* i32 (paged) */
+    LLVMValueRef stride_page;       /* i64 (paged) */
+    LLVMValueRef per_head;          /* i32 rows per head, NULL: one head */
+    LLVMValueRef stride_h;          /* i64 (per_head) */
+} aj_cpu_rows;
+
+/* The element offset of row p (i32) of src. */
+LLVMValueRef aj_cpu_row_at(aj_kb *kb, const aj_cpu_rows *src, LLVMValueRef p);
+
+/* buf[r][0..width) = scale * t[row (r0 + r) of src + 0..width) for
  * r < count, 0 for count <= r < rows (width a multiple of 8); with pairs
  * (bf16 t, scale 1) the row's words: width = columns / 2. */
 void aj_cpu_load_rows(aj_kb *kb, LLVMValueRef buf, int width, const char *t, aj_dtype dtype,
-                      LLVMValueRef base, LLVMValueRef stride_s, LLVMValueRef r0,
-                      LLVMValueRef count, LLVMValueRef rows, double scale, int pairs);
-/* buf[c][r] = t[base + (r0 + r) stride_s + c] for r < count, 0 for
- * count <= r < n (count >= 1): the rows transposed, so that they run
- * along vectors; with pairs (bf16 t) c counts words, width = columns / 2. */
+                      const aj_cpu_rows *src, LLVMValueRef r0, LLVMValueRef count,
+                      LLVMValueRef rows, double scale, int pairs);
+/* buf[c][r] = t[row (r0 + r) of src + c] for r < count, 0 for count <= r
+ * < n (count >= 1): the rows transposed, so that they run along vectors;
+ * with pairs (bf16 t) c counts words, width = columns / 2. */
 void aj_cpu_load_cols(aj_kb *kb, LLVMValueRef buf, int width, int n, const char *t,
-                      aj_dtype dtype, LLVMValueRef base, LLVMValueRef stride_s,
-                      LLVMValueRef r0, LLVMValueRef count, int pairs);
+                      aj_dtype dtype, const aj_cpu_rows *src, LLVMValueRef r0,
+                      LLVMValueRef count, int pairs);
 /* buf[r / 2][c] = the bf16 pair (t[r0 + r][c], t[r0 + r + 1][c]) for even
  * r < n, c < width (a multiple of 8); rows count <= r are 0 (count >= 1). */
 void aj_cpu_load_row_pairs(aj_kb *kb, LLVMValueRef buf, int width, int n, const char *t,
-                           LLVMValueRef base, LLVMValueRef stride_s, LLVMValueRef r0,
-                           LLVMValueRef count);
+                           const aj_cpu_rows *src, LLVMValueRef r0, LLVMValueRef count);
 
 /* C[m][0..n) = sum_k A[m][k] Bt[k][0..n) for m < m_end (a multiple of RM,
  * i32); n a multiple of CN*W.  With pairs, A and Bt are words and k counts

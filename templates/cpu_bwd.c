@@ -182,10 +182,12 @@ static void load_query_side(cbwd *c, LLVMValueRef bidx, LLVMValueRef h, LLVMValu
     const cbwd_plan *p = &c->p;
     LLVMValueRef bm = i32c(c, p->bm);
     LLVMValueRef start = c->at.seq.start_q;
-    aj_cpu_load_rows(kb, c->q, p->d, "q", p->dtype, aj_cpu_seq_base(kb, "q", bidx, h, start),
-                     param(c, "stride_q_s"), m0, rows, bm, aj_op_scale(c->op), 0);
-    aj_cpu_load_rows(kb, c->dob, p->dv, "do", p->dtype, aj_cpu_seq_base(kb, "do", bidx, h, start),
-                     param(c, "stride_do_s"), m0, rows, bm, 1.0, 0);
+    const aj_cpu_rows q_rows = {.base = aj_cpu_seq_base(kb, "q", bidx, h, start),
+                                .stride_s = param(c, "stride_q_s")};
+    const aj_cpu_rows do_rows = {.base = aj_cpu_seq_base(kb, "do", bidx, h, start),
+                                 .stride_s = param(c, "stride_do_s")};
+    aj_cpu_load_rows(kb, c->q, p->d, "q", p->dtype, &q_rows, m0, rows, bm, aj_op_scale(c->op), 0);
+    aj_cpu_load_rows(kb, c->dob, p->dv, "do", p->dtype, &do_rows, m0, rows, bm, 1.0, 0);
     LLVMValueRef o_base = aj_cpu_seq_base(kb, "o", bidx, h, start);
     LLVMValueRef lse_base = add(c, aj_attn_slice_base(kb, "lse", bidx, h), start);
     LLVMValueRef i = aj_kb_for_begin(kb, i32c(c, 0), bm, i32c(c, 1), "qs");
@@ -318,10 +320,10 @@ static void build_dkdv(cbwd *c)
     LLVMValueRef kcount = aj_kb_smin(kb, i32c(c, p->bn), LLVMBuildSub(b, seq.len_k, n0, ""));
     LLVMValueRef k_base = aj_cpu_seq_base(kb, "k", bidx, hkv, seq.start_k);
     LLVMValueRef v_base = aj_cpu_seq_base(kb, "v", bidx, hkv, seq.start_k);
-    aj_cpu_load_cols(kb, c->kt, p->d, p->bn, "k", p->dtype, k_base, param(c, "stride_k_s"), n0,
-                     kcount, 0);
-    aj_cpu_load_cols(kb, c->vt, p->dv, p->bn, "v", p->dtype, v_base, param(c, "stride_v_s"), n0,
-                     kcount, 0);
+    const aj_cpu_rows k_rows = {.base = k_base, .stride_s = param(c, "stride_k_s")};
+    const aj_cpu_rows v_rows = {.base = v_base, .stride_s = param(c, "stride_v_s")};
+    aj_cpu_load_cols(kb, c->kt, p->d, p->bn, "k", p->dtype, &k_rows, n0, kcount, 0);
+    aj_cpu_load_cols(kb, c->vt, p->dv, p->bn, "v", p->dtype, &v_rows, n0, kcount, 0);
     aj_cpu_zero(kb, dk, p->bn * p->d);
     aj_cpu_zero(kb, dv, p->bn * p->dv);
     LLVMValueRef group = LLVMBuildSDiv(b, param(c, "heads_q"), param(c, "heads_kv"), "");
@@ -445,12 +447,12 @@ static void build_dq(cbwd *c)
                                                                               n0, ""));
             if (!has_bias)   /* with bias every tile writes its dbias */
                 aj_cpu_skip_begin(&c->at, m0, rows, n0, kcount);
-            aj_cpu_load_cols(kb, c->kt, p->d, p->bn, "k", p->dtype, k_base,
-                             param(c, "stride_k_s"), n0, kcount, 0);
-            aj_cpu_load_rows(kb, c->kn, p->d, "k", p->dtype, k_base, param(c, "stride_k_s"), n0,
-                             kcount, i32c(c, p->bn), 1.0, 0);
-            aj_cpu_load_cols(kb, c->vt, p->dv, p->bn, "v", p->dtype, v_base,
-                             param(c, "stride_v_s"), n0, kcount, 0);
+            const aj_cpu_rows k_rows = {.base = k_base, .stride_s = param(c, "stride_k_s")};
+            const aj_cpu_rows v_rows = {.base = v_base, .stride_s = param(c, "stride_v_s")};
+            aj_cpu_load_cols(kb, c->kt, p->d, p->bn, "k", p->dtype, &k_rows, n0, kcount, 0);
+            aj_cpu_load_rows(kb, c->kn, p->d, "k", p->dtype, &k_rows, n0, kcount, i32c(c, p->bn),
+                             1.0, 0);
+            aj_cpu_load_cols(kb, c->vt, p->dv, p->bn, "v", p->dtype, &v_rows, n0, kcount, 0);
             aj_cpu_gemm_nt(kb, p->w, c->s, c->q, p->d, c->kt, p->bn, i32c(c, p->bm), 0);
             aj_cpu_gemm_nt(kb, p->w, c->dp, c->dob, p->dv, c->vt, p->bn, i32c(c, p->bm), 0);
             emit_probabilities(c, m0, n0);

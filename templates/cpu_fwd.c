@@ -56,6 +56,7 @@
 
 typedef struct cfwd_plan {
     aj_dtype dtype;
+    aj_dtype kv_dtype;    /* of K and V: dtype, or a paged cache's */
     int d, dv;
     int w;            /* floats per vector register */
     int vw;           /* output-column vector width */
@@ -67,14 +68,15 @@ static aj_status plan_kernel(aj_ctx *ctx, const aj_op *op, cfwd_plan *p)
 {
     memset(p, 0, sizeof *p);
     p->dtype = op->dtype;
+    p->kv_dtype = aj_op_kv_dtype(op);
     p->d = op->head_dim;
     p->dv = aj_op_dv(op);
     p->w = aj_cpu_vector_width();
     /* head dims are multiples of 8: 8-wide output vectors always divide */
     p->vw = p->dv % p->w == 0 ? p->w : 8;
     /* the transposes of K move 8 words (16 bf16) at a time */
-    p->pairs = p->dtype == AJ_DTYPE_BF16 && p->w == 16 && p->d % 16 == 0 &&
-               aj_cpu_has_feature("avx512bf16");
+    p->pairs = p->dtype == AJ_DTYPE_BF16 && p->kv_dtype == AJ_DTYPE_BF16 && p->w == 16 &&
+               p->d % 16 == 0 && aj_cpu_has_feature("avx512bf16");
     return aj_cpu_plan_tiles(ctx, op, "cpu forward", p->w, 128, &p->bm, &p->bn);
 }
 
@@ -100,8 +102,25 @@ typedef struct cfwd {
     LLVMValueRef q, kt, v, s, o;    /* the stack buffers */
     LLVMValueRef pw;                /* pairs: P in bf16 pairs */
     double q_scale;                 /* pairs: the scale S takes (Q stays bf16) */
+    LLVMValueRef k_scale, v_scale;  /* f32 factors of S and O (f8 caches), else NULL */
+    /* packed heads (paged GQA): rows per head (i32), else NULL; the row
+     * block's query rows for the band and tile classes are then all of
+     * [0, per_head) */
+    LLVMValueRef per_head;
+    const char *k_name, *v_name;    /* the K and V tensors: k, v or the caches */
     LLVMValueRef m, l, alpha;
 } cfwd;
+
+/* Where a row block's results go: O rows of `o` (dtype, row stride
+ * o_stride from o_base) and LSE at lse_base + row of `lse`; accumulate
+ * merges them into the prior there. */
+typedef struct cfwd_out {
+    const char *o, *lse;            /* tensor parameters */
+    aj_dtype dtype;
+    int accumulate;
+    LLVMValueRef o_base, o_stride, lse_base;   /* i64 */
+    LLVMValueRef o_head, lse_head;  /* packed heads: i64 strides of a head */
+} cfwd_out;
 
 static LLVMValueRef param(cfwd *c, const char *name)
 {
@@ -171,6 +190,8 @@ static void emit_softmax(cfwd *c, LLVMValueRef n0)
     LLVMValueRef ninf = aj_cv_splat(kb, aj_kb_f32(kb, -INFINITY), w);
     LLVMValueRef i = aj_kb_for_begin(kb, i32c(c, 0), c->rows_pad, i32c(c, 1), "pi");
     LLVMValueRef ig = add(c, c->m0, i);   /* the row's local index in the call */
+    if (c->per_head)
+        ig = LLVMBuildURem(b, ig, c->per_head, "");   /* its query row */
     LLVMValueRef srow = mul(c, i, i32c(c, p->bn));
     LLVMValueRef s[MAX_BLOCK / 4];
     LLVMValueRef mx = ninf;
@@ -180,6 +201,8 @@ static void emit_softmax(cfwd *c, LLVMValueRef n0)
         LLVMValueRef qk = vload(c, buf_at(c, c->s, add(c, srow, i32c(c, n * w))), w);
         if (p->pairs)
             qk = LLVMBuildFMul(b, qk, aj_cv_splat(kb, aj_kb_f32(kb, c->q_scale), w), "");
+        if (c->k_scale)
+            qk = LLVMBuildFMul(b, qk, aj_cv_splat(kb, c->k_scale, w), "");
         s[n] = aj_cpu_scores(&c->at, qk, ig, jv, NULL);
         mx = aj_cv_max(kb, mx, s[n]);
     }
@@ -278,32 +301,40 @@ static void emit_merge_weights(cfwd *c, LLVMValueRef lse_prior, LLVMValueRef l2_
     *lse_out = LLVMBuildSelect(b, none, ninf, LLVMBuildFMul(b, l2, aj_kb_f32(kb, AJ_LN2), ""), "");
 }
 
-/* O / l and LSE of each row in range, merged into the prior with
- * accumulate. */
-static void emit_epilogue(cfwd *c, LLVMValueRef o_base, LLVMValueRef lse_base)
+/* O / l (times v_scale) and LSE of each row in range, to `to`, merged
+ * into the prior with accumulate. */
+static void emit_epilogue(cfwd *c, const cfwd_out *to)
 {
     aj_kb *kb = c->kb;
     LLVMBuilderRef b = c->b;
     const cfwd_plan *p = &c->p;
-    int accumulate = c->op->accumulate;
-    const char *out = out_name(c->op);
-    aj_dtype out_dtype = accumulate ? AJ_DTYPE_F32 : p->dtype;
-    char stride_s[32];
-    snprintf(stride_s, sizeof stride_s, "stride_%s_s", out);
+    int accumulate = to->accumulate;
+    const char *out = to->o;
+    aj_dtype out_dtype = to->dtype;
     int vw = p->vw;
     LLVMValueRef i = aj_kb_for_begin(kb, i32c(c, 0), c->rows, i32c(c, 1), "ei");
     LLVMValueRef ig = sext64(c, add(c, c->m0, i));
+    LLVMValueRef orow = add(c, to->o_base, mul(c, ig, to->o_stride)), lse_at = ig;
+    if (c->per_head) {   /* row ig is query row qi of the block's head-th head */
+        LLVMValueRef per = sext64(c, c->per_head);
+        LLVMValueRef head = LLVMBuildUDiv(b, ig, per, ""), qi = LLVMBuildURem(b, ig, per, "");
+        orow = add(c, add(c, to->o_base, mul(c, head, to->o_head)), mul(c, qi, to->o_stride));
+        lse_at = add(c, mul(c, head, to->lse_head), qi);
+    }
     LLVMValueRef lsum = fload(c, buf_at(c, c->l, i));
     /* lsum is 0 only for a row that saw no key; NaN counts as seen */
     LLVMValueRef seen = LLVMBuildFCmp(b, LLVMRealUNE, lsum, aj_kb_f32(kb, 0), "");
     LLVMValueRef inv = LLVMBuildSelect(b, seen, LLVMBuildFDiv(b, aj_kb_f32(kb, 1), lsum, ""),
                                        aj_kb_f32(kb, 0), "");
+    if (c->v_scale)
+        inv = LLVMBuildFMul(b, inv, c->v_scale, "");
     LLVMValueRef l2 = LLVMBuildFAdd(b, fload(c, buf_at(c, c->m, i)),
                                     scalar_math(c, "llvm.log2", lsum), "");
     l2 = LLVMBuildSelect(b, seen, l2, aj_kb_f32(kb, -INFINITY), "");
     LLVMValueRef lse = LLVMBuildFMul(b, l2, aj_kb_f32(kb, AJ_LN2), "");
-    LLVMValueRef lse_ptr = aj_cv_at(kb, kb->t_f32, param(c, "lse"), add(c, lse_base, ig));
-    LLVMValueRef orow = add(c, o_base, mul(c, ig, param(c, stride_s)));
+    LLVMValueRef lse_ptr = aj_cv_at(kb, kb->t_f32, param(c, to->lse), add(c, to->lse_base,
+                                                                          lse_at));
+
     LLVMValueRef w_prior = NULL, scale_new = inv;
     if (accumulate) {
         LLVMValueRef w_new;
@@ -342,6 +373,378 @@ static void emit_init_rows(cfwd *c)
     aj_cpu_zero(kb, c->o, p->bm * p->dv);
 }
 
+/* The K and V rows of one query head's block, and where its results go. */
+typedef struct cfwd_block {
+    aj_cpu_rows q, k, v;            /* q's rows; the keys' and values' */
+    LLVMValueRef k_first, k_end;    /* i32: key blocks of bn it may visit, [first, end) */
+    cfwd_out out;
+} cfwd_block;
+
+/* Rows m0 .. m0 + rows of the item (c->m0, c->rows set): Q loaded and
+ * scaled, then each key block of [k_first, k_end) the band of the rows can
+ * see, but skip tiles (score.h), then the epilogue. */
+static void emit_row_block(cfwd *c, const cfwd_block *blk, int log2e_in_q)
+{
+    aj_kb *kb = c->kb;
+    LLVMBuilderRef b = c->b;
+    const cfwd_plan *p = &c->p;
+    const aj_cpu_seq *seq = &c->at.seq;
+    int per_slot = p->pairs ? 2 : 1;
+    const int rm = aj_cpu_tile_rows();
+    c->rows_pad = LLVMBuildAnd(b, add(c, c->rows, i32c(c, rm - 1)), i32c(c, -rm), "rows_pad");
+    emit_init_rows(c);
+    double q_scale = aj_op_scale(c->op) * (log2e_in_q ? AJ_LOG2E : 1.0);
+    /* pairs: Q stays bf16 and the scores take the scale */
+    c->q_scale = q_scale;
+    aj_cpu_load_rows(kb, c->q, p->d / per_slot, "q", p->dtype, &blk->q, c->m0, c->rows,
+                     c->rows_pad, p->pairs ? 1.0 : q_scale, p->pairs);
+    /* the query rows the block holds: m0 .., or every row of a packed head */
+    LLVMValueRef pos0 = c->per_head ? i32c(c, 0) : c->m0;
+    LLVMValueRef pos_rows = c->per_head ? c->per_head : c->rows;
+    LLVMValueRef n_begin, n_end;
+    aj_cpu_key_blocks(&c->at, p->bn, pos0, add(c, pos0, LLVMBuildSub(b, pos_rows, i32c(c, 1),
+                                                                     "")),
+                      &n_begin, &n_end);
+    n_begin = aj_kb_smax(kb, n_begin, blk->k_first);
+    n_end = aj_kb_smin(kb, n_end, blk->k_end);
+    LLVMValueRef n = aj_kb_for_begin(kb, n_begin, n_end, i32c(c, 1), "n");
+    {
+        LLVMValueRef n0 = LLVMBuildMul(b, n, i32c(c, p->bn), "n0");
+        LLVMValueRef kcount = aj_kb_smin(kb, i32c(c, p->bn), LLVMBuildSub(b, seq->len_k, n0,
+                                                                          ""));
+        aj_cpu_skip_begin(&c->at, pos0, pos_rows, n0, kcount);
+        /* keys past Sk are zero: masked anyway, and 0 * V must not meet a
+         * stale NaN */
+        aj_cpu_load_cols(kb, c->kt, p->d / per_slot, p->bn, c->k_name,
+                         p->kv_dtype, &blk->k, n0, kcount, p->pairs);
+        if (p->pairs)
+            aj_cpu_load_row_pairs(kb, c->v, p->dv, p->bn, c->v_name, &blk->v, n0, kcount);
+        else
+            aj_cpu_load_rows(kb, c->v, p->dv, c->v_name, p->kv_dtype, &blk->v, n0, kcount,
+                             i32c(c, p->bn), 1.0, 0);
+        aj_cpu_gemm_nt(kb, p->w, c->s, c->q, p->d / per_slot, c->kt, p->bn, c->rows_pad,
+                       p->pairs);
+        emit_softmax(c, n0);
+        if (c->op->dropout > 0)
+            emit_dropout(c, n0, kcount);
+        if (p->pairs && c->op->dropout > 0)
+            emit_round_p(c);
+        aj_cpu_gemm_acc(kb, p->dv, c->o, c->alpha, p->pairs ? c->pw : c->s, p->bn / per_slot, 1,
+                        c->v, p->bn, c->rows_pad, p->pairs);
+        aj_cpu_skip_end(&c->at);
+    }
+    aj_kb_for_end(kb);
+    emit_epilogue(c, &blk->out);
+}
+
+/* The stack buffers of a forward item. */
+static void alloc_buffers(cfwd *c)
+{
+    aj_kb *kb = c->kb;
+    const cfwd_plan *p = &c->p;
+    /* pairs: Q, Kt and V hold two bf16 per f32 slot */
+    int per_slot = p->pairs ? 2 : 1;
+    c->q = aj_cv_buffer(kb, p->bm * p->d / per_slot, "qbuf");
+    c->kt = aj_cv_buffer(kb, p->d * p->bn / per_slot, "ktbuf");
+    c->v = aj_cv_buffer(kb, p->bn * p->dv / per_slot, "vbuf");
+    c->s = aj_cv_buffer(kb, p->bm * p->bn, "sbuf");
+    if (p->pairs)
+        c->pw = aj_cv_buffer(kb, p->bm * p->bn / 2, "pbuf");
+    c->o = aj_cv_buffer(kb, p->bm * p->dv, "obuf");
+    c->m = aj_cv_buffer(kb, p->bm, "mrow");
+    c->l = aj_cv_buffer(kb, p->bm, "lrow");
+    c->alpha = aj_cv_buffer(kb, p->bm, "alpha");
+}
+
+/* The work item's (x, y, z). */
+static void work_item(cfwd *c, LLVMValueRef item[3])
+{
+    for (int d = 0; d < 3; d++)
+        item[d] = LLVMBuildLoad2(c->b, c->kb->t_i32, aj_cv_at(c->kb, c->kb->t_i32,
+                                                               c->kb->work_item, i32c(c, d)),
+                                 "");
+}
+
+/* layout = padded and varlen: items (ceil(Sq / bm), Hq, B), one row block
+ * each over every key block. */
+static void build_dense(cfwd *c, const aj_score_prog *prog, int log2e_in_q)
+{
+    aj_kb *kb = c->kb;
+    LLVMBuilderRef b = c->b;
+    const aj_op *op = c->op;
+    const cfwd_plan *p = &c->p;
+    aj_params_declare(kb, AJ_KSIG_CPU_FWD, op, prog);
+    aj_kb_begin(kb, 1);
+    alloc_buffers(c);
+    LLVMValueRef item[3];
+    work_item(c, item);
+    LLVMValueRef h = item[1], bidx = item[2];
+    c->m0 = LLVMBuildMul(b, item[0], i32c(c, p->bm), "m0");
+    aj_cpu_attn_init(&c->at, kb, op, prog, log2e_in_q, bidx, h);
+    const aj_cpu_seq *seq = &c->at.seq;
+    /* varlen: the grid covers the longest sequence; items past this one's
+     * end have nothing to do */
+    aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntSLT, c->m0, seq->len_q, ""));
+    c->rows = aj_kb_smin(kb, i32c(c, p->bm), LLVMBuildSub(b, seq->len_q, c->m0, ""));
+    LLVMValueRef group = LLVMBuildSDiv(b, param(c, "heads_q"), param(c, "heads_kv"), "");
+    LLVMValueRef hkv = LLVMBuildSDiv(b, h, group, "hkv");
+    if (op->dropout > 0)
+        c->drop = aj_attn_dropout_stream(kb, param(c, "dropout_seed"),
+                                         param(c, "dropout_offset"), param(c, "q_offset"),
+                                         param(c, "kv_offset"), bidx, param(c, "heads_q"), h);
+    const char *out = out_name(op);
+    char stride_s[32];
+    snprintf(stride_s, sizeof stride_s, "stride_%s_s", out);
+    cfwd_block blk = {
+        .q = {.base = aj_cpu_seq_base(kb, "q", bidx, h, seq->start_q),
+              .stride_s = param(c, "stride_q_s")},
+        .k = {.base = aj_cpu_seq_base(kb, "k", bidx, hkv, seq->start_k),
+              .stride_s = param(c, "stride_k_s")},
+        .v = {.base = aj_cpu_seq_base(kb, "v", bidx, hkv, seq->start_k),
+              .stride_s = param(c, "stride_v_s")},
+        .k_first = i32c(c, 0),
+        .k_end = i32c(c, INT32_MAX),
+        .out = {out, "lse", op->accumulate ? AJ_DTYPE_F32 : p->dtype, op->accumulate,
+                aj_cpu_seq_base(kb, out, bidx, h, seq->start_q), param(c, stride_s),
+                add(c, aj_attn_slice_base(kb, "lse", bidx, h), seq->start_q), NULL, NULL},
+    };
+    emit_row_block(c, &blk, log2e_in_q);
+    aj_kb_if_end(kb);
+    const aj_kernel_layout layout = {
+        .grid = {{AJ_EXTENT_SEQ_Q, p->bm}, {AJ_EXTENT_HEADS_Q, 1}, {AJ_EXTENT_BATCH, 1}},
+        .schedule = {p->bm, p->bn, 1, 1},
+    };
+    aj_kb_finish(kb, &layout);
+}
+
+/* Element offsets into the paged workspace (runtime/launch.c):
+ * partial row r = ((b Hq + h) splits + part) Sq + i has O at r Dv and LSE
+ * at rows Dv + r, rows = B Hq splits Sq. */
+static LLVMValueRef paged_part_row(cfwd *c, LLVMValueRef bidx, LLVMValueRef h,
+                                   LLVMValueRef part)
+{
+    LLVMValueRef bh = add(c, mul(c, sext64(c, bidx), sext64(c, param(c, "heads_q"))),
+                          sext64(c, h));
+    LLVMValueRef bhs = add(c, mul(c, bh, sext64(c, param(c, "splits"))), sext64(c, part));
+    return mul(c, bhs, sext64(c, param(c, "seq_q")));
+}
+
+static LLVMValueRef paged_lse_at(cfwd *c)
+{
+    LLVMValueRef rows = mul(c, mul(c, sext64(c, param(c, "batch")),
+                                   sext64(c, param(c, "heads_q"))),
+                            mul(c, sext64(c, param(c, "splits")), sext64(c, param(c, "seq_q"))));
+    return mul(c, rows, aj_kb_i64(c->kb, c->p.dv));
+}
+
+/* Whether the score programs read the head (then each query head is its
+ * own row block). */
+static int programs_read_h(const aj_score_prog *prog)
+{
+    const uint16_t roots[4] = {prog->mod, prog->band_lo, prog->band_hi, prog->rest};
+    for (int i = 0; i < 4; i++)
+        if (roots[i] != AJ_EXPR_NONE &&
+            (prog->reads[roots[i]] & (AJ_SCORE_READS(AJ_VAR_H) | AJ_SCORE_READS_LOAD)))
+            return 1;
+    return 0;
+}
+
+/*
+ * layout = paged, stage 0: items (splits, Hq, B).  Part s of sequence b
+ * takes key blocks [s per, (s + 1) per), per = ceil(blocks / splits), of
+ * its seqlens_k[b] keys, gathered through its block-table row (pages
+ * checked first), for all Sq rows in blocks of bm; with one part it
+ * writes o and lse, else its partial to the workspace.
+ */
+static void build_paged_parts(cfwd *c, const aj_score_prog *prog, int log2e_in_q)
+{
+    aj_kb *kb = c->kb;
+    LLVMBuilderRef b = c->b;
+    const aj_op *op = c->op;
+    const cfwd_plan *p = &c->p;
+    aj_params_declare(kb, AJ_KSIG_CPU_PAGED_FWD, op, prog);
+    aj_kb_begin_stage(kb, "parts", 1);
+    alloc_buffers(c);
+    LLVMValueRef item[3];
+    work_item(c, item);
+    LLVMValueRef part = item[0], h = item[1], bidx = item[2];
+    aj_cpu_attn_init(&c->at, kb, op, prog, log2e_in_q, bidx, h);
+    const aj_cpu_seq *seq = &c->at.seq;
+    if (aj_op_kv_dtype(op) >= AJ_DTYPE_F8E4M3) {
+        c->k_scale = aj_kb_load(kb, kb->t_f32, param(c, "k_scale"), 4);
+        c->v_scale = aj_kb_load(kb, kb->t_f32, param(c, "v_scale"), 4);
+    }
+    LLVMValueRef splits = param(c, "splits"), bn = i32c(c, p->bn);
+    LLVMValueRef blocks = LLVMBuildSDiv(b, add(c, seq->len_k, i32c(c, p->bn - 1)), bn, "");
+    LLVMValueRef per = LLVMBuildSDiv(b, add(c, blocks, LLVMBuildSub(b, splits, i32c(c, 1), "")),
+                                     splits, "per");
+    LLVMValueRef first = mul(c, part, per);
+    LLVMValueRef end = aj_kb_smin(kb, add(c, first, per), blocks);
+    /* the pages of keys [first bn, min(end bn, len_k)) */
+    LLVMValueRef ps = param(c, "page_size");
+    LLVMValueRef key_end = aj_kb_smin(kb, mul(c, end, bn), seq->len_k);
+    LLVMValueRef key_first = aj_kb_smin(kb, mul(c, first, bn), key_end);
+    LLVMValueRef ok = aj_attn_paged_pages_ok(kb, bidx, LLVMBuildSDiv(b, key_first, ps, ""),
+                                             LLVMBuildSDiv(b, add(c, key_end,
+                                                           LLVMBuildSub(b, ps, i32c(c, 1), "")),
+                                                           ps, ""));
+    end = LLVMBuildSelect(b, ok, end, first, "part_end");
+    LLVMValueRef group = LLVMBuildSDiv(b, param(c, "heads_q"), param(c, "heads_kv"), "");
+    LLVMValueRef hkv = sext64(c, LLVMBuildSDiv(b, h, group, "hkv"));
+    LLVMValueRef pages = aj_cv_at(kb, kb->t_i32, param(c, "block_table"),
+                                  mul(c, sext64(c, bidx), sext64(c, param(c, "max_pages"))));
+    cfwd_block blk = {
+        .q = {.base = aj_attn_slice_base(kb, "q", bidx, h), .stride_s = param(c, "stride_q_s")},
+        .k = {mul(c, hkv, param(c, "stride_k_cache_h")), param(c, "stride_k_cache_s"), pages,
+              ps, param(c, "stride_k_cache_page")},
+        .v = {mul(c, hkv, param(c, "stride_v_cache_h")), param(c, "stride_v_cache_s"), pages,
+              ps, param(c, "stride_v_cache_page")},
+        .k_first = first,
+        .k_end = end,
+    };
+    cfwd_out direct = {"o", "lse", p->dtype, 0, aj_attn_slice_base(kb, "o", bidx, h),
+                       param(c, "stride_o_s"), aj_attn_slice_base(kb, "lse", bidx, h), NULL,
+                       NULL};
+    LLVMValueRef row0 = paged_part_row(c, bidx, h, part);
+    cfwd_out partial = {"workspace", "workspace", AJ_DTYPE_F32, 0,
+                        mul(c, row0, aj_kb_i64(kb, p->dv)), aj_kb_i64(kb, p->dv),
+                        add(c, paged_lse_at(c), row0), NULL, NULL};
+    LLVMValueRef one = LLVMBuildICmp(b, LLVMIntEQ, splits, i32c(c, 1), "");
+    /* GQA packing: where the programs do not read h and the group's rows
+     * fit one block, the item of the group's first head takes all of its
+     * heads' rows (the KV read once, the register tiles full), the others
+     * return */
+    LLVMValueRef pack = NULL;
+    if (!programs_read_h(prog)) {
+        pack = LLVMBuildICmp(b, LLVMIntSLE, mul(c, group, seq->len_q), i32c(c, p->bm), "pack");
+        aj_kb_if_begin(kb, pack);
+        aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntEQ, LLVMBuildSRem(b, h, group, ""),
+                                         i32c(c, 0), ""));
+        cfwd_block packed = blk;
+        packed.q.per_head = seq->len_q;
+        packed.q.stride_h = param(c, "stride_q_h");
+        cfwd_out heads[2] = {direct, partial};
+        heads[0].o_head = param(c, "stride_o_h");
+        heads[0].lse_head = param(c, "stride_lse_h");
+        heads[1].o_head = mul(c, mul(c, sext64(c, splits), sext64(c, seq->len_q)),
+                              aj_kb_i64(kb, p->dv));
+        heads[1].lse_head = mul(c, sext64(c, splits), sext64(c, seq->len_q));
+        c->per_head = seq->len_q;
+        c->m0 = i32c(c, 0);
+        c->rows = mul(c, group, seq->len_q);
+        aj_kb_if_begin(kb, one);
+        packed.out = heads[0];
+        emit_row_block(c, &packed, log2e_in_q);
+        aj_kb_else(kb);
+        packed.out = heads[1];
+        emit_row_block(c, &packed, log2e_in_q);
+        aj_kb_if_end(kb);
+        c->per_head = NULL;
+        aj_kb_if_end(kb);
+        aj_kb_else(kb);
+    }
+    LLVMValueRef mb = aj_kb_for_begin(kb, i32c(c, 0), seq->len_q, i32c(c, p->bm), "mb");
+    c->m0 = mb;
+    c->rows = aj_kb_smin(kb, i32c(c, p->bm), LLVMBuildSub(b, seq->len_q, mb, ""));
+    aj_kb_if_begin(kb, one);
+    blk.out = direct;
+    emit_row_block(c, &blk, log2e_in_q);
+    aj_kb_else(kb);
+    blk.out = partial;
+    emit_row_block(c, &blk, log2e_in_q);
+    aj_kb_if_end(kb);
+    aj_kb_for_end(kb);
+    if (pack)
+        aj_kb_if_end(kb);
+    const aj_kernel_layout layout = {
+        .grid = {{AJ_EXTENT_SPLITS, 1}, {AJ_EXTENT_HEADS_Q, 1}, {AJ_EXTENT_BATCH, 1}},
+        .schedule = {p->bm, p->bn, 1, 1},
+    };
+    aj_kb_finish(kb, &layout);
+}
+
+/* exp / log of one f32 */
+static LLVMValueRef scalar_exp(cfwd *c, LLVMValueRef x)
+{
+    return scalar_math(c, "llvm.exp", x);
+}
+
+/*
+ * layout = paged, stage 1 (splits > 1): items (1, Hq, B) merge the parts
+ * of each row by log-sum-exp (DESIGN.md "Merge of two partials", over
+ * splits parts): LSE = m + log sum_s exp(LSE_s - m), O = sum_s exp(LSE_s -
+ * LSE) O_s; no part with a key gives O = 0, LSE = -inf.
+ */
+static void build_paged_merge(cfwd *c, const aj_score_prog *prog)
+{
+    aj_kb *kb = c->kb;
+    LLVMBuilderRef b = c->b;
+    const cfwd_plan *p = &c->p;
+    int dv = p->dv;
+    aj_params_declare(kb, AJ_KSIG_CPU_PAGED_MERGE, c->op, prog);
+    aj_kb_begin_stage(kb, "merge", 1);
+    LLVMValueRef acc = aj_cv_buffer(kb, dv, "macc");
+    LLVMValueRef mx = aj_kb_var(kb, kb->t_f32, NULL, "mx");
+    LLVMValueRef sum = aj_kb_var(kb, kb->t_f32, NULL, "sum");
+    LLVMValueRef item[3];
+    work_item(c, item);
+    LLVMValueRef h = item[1], bidx = item[2];
+    LLVMValueRef splits = param(c, "splits"), sq = sext64(c, param(c, "seq_q"));
+    LLVMValueRef row0 = paged_part_row(c, bidx, h, i32c(c, 0));
+    LLVMValueRef lse_at = add(c, paged_lse_at(c), row0);
+    LLVMValueRef ninf = aj_kb_f32(kb, -INFINITY);
+    LLVMValueRef o_base = aj_attn_slice_base(kb, "o", bidx, h);
+    LLVMValueRef lse_base = aj_attn_slice_base(kb, "lse", bidx, h);
+    LLVMValueRef i = aj_kb_for_begin(kb, aj_kb_i64(kb, 0), sq, aj_kb_i64(kb, 1), "mi");
+    aj_kb_set(kb, mx, ninf);
+    LLVMValueRef s = aj_kb_for_begin(kb, i32c(c, 0), splits, i32c(c, 1), "ms");
+    LLVMValueRef part_lse = aj_cpu_fload(kb, aj_cv_at(kb, kb->t_f32, param(c, "workspace"),
+                                         add(c, lse_at, add(c, mul(c, sext64(c, s), sq), i))));
+    aj_kb_set(kb, mx, aj_cv_max(kb, aj_kb_get(kb, mx), part_lse));
+    aj_kb_for_end(kb);
+    LLVMValueRef none = LLVMBuildFCmp(b, LLVMRealOEQ, aj_kb_get(kb, mx), ninf, "");
+    LLVMValueRef m_use = LLVMBuildSelect(b, none, aj_kb_f32(kb, 0), aj_kb_get(kb, mx), "");
+    aj_kb_set(kb, sum, aj_kb_f32(kb, 0));
+    aj_cpu_zero(kb, acc, dv);
+    s = aj_kb_for_begin(kb, i32c(c, 0), splits, i32c(c, 1), "ms");
+    {
+        LLVMValueRef r = add(c, mul(c, sext64(c, s), sq), i);
+        LLVMValueRef e = scalar_exp(c, LLVMBuildFSub(b, aj_cpu_fload(kb, aj_cv_at(kb, kb->t_f32,
+                                     param(c, "workspace"), add(c, lse_at, r))), m_use, ""));
+        aj_kb_set(kb, sum, LLVMBuildFAdd(b, aj_kb_get(kb, sum), e, ""));
+        /* O_s weighted by exp(LSE_s - m); / sum below.  A part without a
+         * key has weight 0 and O_s = 0. */
+        LLVMValueRef ev = aj_cv_splat(kb, e, 8);
+        LLVMValueRef orow = mul(c, add(c, row0, r), aj_kb_i64(kb, dv));
+        LLVMValueRef d = aj_kb_for_begin(kb, i32c(c, 0), i32c(c, dv), i32c(c, 8), "md");
+        LLVMValueRef at = aj_cpu_buf_at(kb, acc, d);
+        LLVMValueRef part_o = aj_cv_load(kb, aj_cv_at(kb, kb->t_f32, param(c, "workspace"),
+                                                      add(c, orow, sext64(c, d))),
+                                         AJ_DTYPE_F32, 8);
+        aj_cpu_vstore(kb, aj_cv_fma(kb, part_o, ev, aj_cpu_vload(kb, at, 8)), at);
+        aj_kb_for_end(kb);
+    }
+    aj_kb_for_end(kb);
+    LLVMValueRef total = aj_kb_get(kb, sum);
+    LLVMValueRef inv = LLVMBuildSelect(b, none, aj_kb_f32(kb, 0),
+                                       LLVMBuildFDiv(b, aj_kb_f32(kb, 1), total, ""), "");
+    LLVMValueRef lse = LLVMBuildSelect(b, none, ninf, LLVMBuildFAdd(b, m_use,
+                                       scalar_math(c, "llvm.log", total), ""), "");
+    LLVMValueRef orow = add(c, o_base, mul(c, i, param(c, "stride_o_s")));
+    LLVMValueRef d = aj_kb_for_begin(kb, i32c(c, 0), i32c(c, dv), i32c(c, 8), "mo");
+    LLVMValueRef val = LLVMBuildFMul(b, aj_cpu_vload(kb, aj_cpu_buf_at(kb, acc, d), 8),
+                                     aj_cv_splat(kb, inv, 8), "");
+    aj_cv_store(kb, val, tensor_at(c, "o", p->dtype, add(c, orow, sext64(c, d))), p->dtype, 8);
+    aj_kb_for_end(kb);
+    LLVMBuildStore(b, lse, aj_cv_at(kb, kb->t_f32, param(c, "lse"), add(c, lse_base, i)));
+    aj_kb_for_end(kb);
+    const aj_kernel_layout layout = {
+        .grid = {{AJ_EXTENT_ONE, 1}, {AJ_EXTENT_HEADS_Q, 1}, {AJ_EXTENT_BATCH, 1}},
+        .schedule = {p->bm, p->bn, 1, 1},
+    };
+    aj_kb_finish(kb, &layout);
+}
+
 static aj_status cfwd_build(aj_kb *kb, const aj_op *op, void *user)
 {
     cfwd c;
@@ -352,8 +755,6 @@ static aj_status cfwd_build(aj_kb *kb, const aj_op *op, void *user)
     aj_status st = plan_kernel(kb->ctx, op, &c.p);
     if (st != AJ_OK)
         return st;
-    const cfwd_plan *p = &c.p;
-    LLVMBuilderRef b = kb->b;
     static _Thread_local aj_score_prog prog;   /* large for a stack */
     st = aj_score_prog_init(kb->ctx, op, &prog);
     if (st != AJ_OK)
@@ -361,91 +762,16 @@ static aj_status cfwd_build(aj_kb *kb, const aj_op *op, void *user)
     /* without a score_mod, Q takes scale log2 e once, and scores need no
      * multiply; the score_mod sees the scaled score in natural units */
     int log2e_in_q = aj_cpu_log2e_in_q(op, &prog);
-
-    aj_params_declare(kb, AJ_KSIG_CPU_FWD, op, &prog);
-    aj_kb_begin(kb, 1);
-    /* pairs: Q, Kt and V hold two bf16 per f32 slot */
-    int per_slot = p->pairs ? 2 : 1;
-    c.q = aj_cv_buffer(kb, p->bm * p->d / per_slot, "qbuf");
-    c.kt = aj_cv_buffer(kb, p->d * p->bn / per_slot, "ktbuf");
-    c.v = aj_cv_buffer(kb, p->bn * p->dv / per_slot, "vbuf");
-    c.s = aj_cv_buffer(kb, p->bm * p->bn, "sbuf");
-    if (p->pairs)
-        c.pw = aj_cv_buffer(kb, p->bm * p->bn / 2, "pbuf");
-    c.o = aj_cv_buffer(kb, p->bm * p->dv, "obuf");
-    c.m = aj_cv_buffer(kb, p->bm, "mrow");
-    c.l = aj_cv_buffer(kb, p->bm, "lrow");
-    c.alpha = aj_cv_buffer(kb, p->bm, "alpha");
-
-    LLVMValueRef item[3];
-    for (int d = 0; d < 3; d++)
-        item[d] = LLVMBuildLoad2(b, kb->t_i32, aj_cv_at(kb, kb->t_i32, kb->work_item,
-                                                         i32c(&c, d)), "");
-    LLVMValueRef h = item[1], bidx = item[2];
-    c.m0 = LLVMBuildMul(b, item[0], i32c(&c, p->bm), "m0");
-    aj_cpu_attn_init(&c.at, kb, op, &prog, log2e_in_q, bidx, h);
-    const aj_cpu_seq *seq = &c.at.seq;
-    /* varlen: the grid covers the longest sequence; items past this one's
-     * end have nothing to do */
-    aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntSLT, c.m0, seq->len_q, ""));
-    c.rows = aj_kb_smin(kb, i32c(&c, p->bm), LLVMBuildSub(b, seq->len_q, c.m0, ""));
-    const int rm = aj_cpu_tile_rows();
-    c.rows_pad = LLVMBuildAnd(b, add(&c, c.rows, i32c(&c, rm - 1)), i32c(&c, -rm), "rows_pad");
-    LLVMValueRef group = LLVMBuildSDiv(b, param(&c, "heads_q"), param(&c, "heads_kv"), "");
-    LLVMValueRef hkv = LLVMBuildSDiv(b, h, group, "hkv");
-    if (op->dropout > 0)
-        c.drop = aj_attn_dropout_stream(kb, param(&c, "dropout_seed"),
-                                        param(&c, "dropout_offset"), param(&c, "q_offset"),
-                                        param(&c, "kv_offset"), bidx, param(&c, "heads_q"), h);
-    LLVMValueRef q_base = aj_cpu_seq_base(kb, "q", bidx, h, seq->start_q);
-    LLVMValueRef k_base = aj_cpu_seq_base(kb, "k", bidx, hkv, seq->start_k);
-    LLVMValueRef v_base = aj_cpu_seq_base(kb, "v", bidx, hkv, seq->start_k);
-    LLVMValueRef o_base = aj_cpu_seq_base(kb, out_name(op), bidx, h, seq->start_q);
-    LLVMValueRef lse_base = add(&c, aj_attn_slice_base(kb, "lse", bidx, h), seq->start_q);
-
-    emit_init_rows(&c);
-    double q_scale = aj_op_scale(op) * (log2e_in_q ? AJ_LOG2E : 1.0);
-    /* pairs: Q stays bf16 and the scores take the scale */
-    c.q_scale = q_scale;
-    aj_cpu_load_rows(kb, c.q, p->d / per_slot, "q", p->dtype, q_base, param(&c, "stride_q_s"),
-                     c.m0, c.rows, c.rows_pad, p->pairs ? 1.0 : q_scale, p->pairs);
-    LLVMValueRef n_begin, n_end;
-    aj_cpu_key_blocks(&c.at, p->bn, c.m0, add(&c, c.m0, LLVMBuildSub(b, c.rows, i32c(&c, 1), "")),
-                      &n_begin, &n_end);
-    LLVMValueRef n = aj_kb_for_begin(kb, n_begin, n_end, i32c(&c, 1), "n");
-    {
-        LLVMValueRef n0 = LLVMBuildMul(b, n, i32c(&c, p->bn), "n0");
-        LLVMValueRef kcount = aj_kb_smin(kb, i32c(&c, p->bn), LLVMBuildSub(b, seq->len_k, n0,
-                                                                           ""));
-        aj_cpu_skip_begin(&c.at, c.m0, c.rows, n0, kcount);
-        /* keys past Sk are zero: masked anyway, and 0 * V must not meet a
-         * stale NaN */
-        aj_cpu_load_cols(kb, c.kt, p->d / per_slot, p->bn, "k", p->dtype, k_base,
-                         param(&c, "stride_k_s"), n0, kcount, p->pairs);
-        if (p->pairs)
-            aj_cpu_load_row_pairs(kb, c.v, p->dv, p->bn, "v", v_base, param(&c, "stride_v_s"),
-                                  n0, kcount);
-        else
-            aj_cpu_load_rows(kb, c.v, p->dv, "v", p->dtype, v_base, param(&c, "stride_v_s"), n0,
-                             kcount, i32c(&c, p->bn), 1.0, 0);
-        aj_cpu_gemm_nt(kb, p->w, c.s, c.q, p->d / per_slot, c.kt, p->bn, c.rows_pad, p->pairs);
-        emit_softmax(&c, n0);
-        if (op->dropout > 0)
-            emit_dropout(&c, n0, kcount);
-        if (p->pairs && op->dropout > 0)
-            emit_round_p(&c);
-        aj_cpu_gemm_acc(kb, p->dv, c.o, c.alpha, p->pairs ? c.pw : c.s, p->bn / per_slot, 1, c.v,
-                        p->bn, c.rows_pad, p->pairs);
-        aj_cpu_skip_end(&c.at);
+    if (op->layout == AJ_LAYOUT_PAGED) {
+        c.k_name = "k_cache";
+        c.v_name = "v_cache";
+        build_paged_parts(&c, &prog, log2e_in_q);
+        build_paged_merge(&c, &prog);
+    } else {
+        c.k_name = "k";
+        c.v_name = "v";
+        build_dense(&c, &prog, log2e_in_q);
     }
-    aj_kb_for_end(kb);
-    emit_epilogue(&c, o_base, lse_base);
-    aj_kb_if_end(kb);
-    const aj_kernel_layout layout = {
-        .grid = {{AJ_EXTENT_SEQ_Q, p->bm}, {AJ_EXTENT_HEADS_Q, 1}, {AJ_EXTENT_BATCH, 1}},
-        .schedule = {p->bm, p->bn, 1, 1},
-    };
-    aj_kb_finish(kb, &layout);
     return kb->st;
 }
 
@@ -467,4 +793,27 @@ const aj_template aj_template_cpu_fwd_efficient = {
     .build = cfwd_build,
     .targets = 1u << AJ_TARGET_CPU,
     .stage_sigs = {AJ_KSIG_CPU_FWD},
+};
+
+/* layout = paged: the same build, split-KV parts and their merge */
+const aj_template aj_template_cpu_fwd_paged_flash = {
+    .name = "cpu_paged",
+    .kind = AJ_KIND_FORWARD,
+    .variant = AJ_VARIANT_FLASH,
+    .check = cfwd_check,
+    .build = cfwd_build,
+    .targets = 1u << AJ_TARGET_CPU,
+    .paged = true,
+    .stage_sigs = {AJ_KSIG_CPU_PAGED_FWD, AJ_KSIG_CPU_PAGED_MERGE},
+};
+
+const aj_template aj_template_cpu_fwd_paged_efficient = {
+    .name = "cpu_paged",
+    .kind = AJ_KIND_FORWARD,
+    .variant = AJ_VARIANT_EFFICIENT,
+    .check = cfwd_check,
+    .build = cfwd_build,
+    .targets = 1u << AJ_TARGET_CPU,
+    .paged = true,
+    .stage_sigs = {AJ_KSIG_CPU_PAGED_FWD, AJ_KSIG_CPU_PAGED_MERGE},
 };

@@ -49,6 +49,7 @@ typedef enum aj_param_when {
     AJ_PWHEN_PLAIN,           /* accumulate = false */
     AJ_PWHEN_ACCUMULATE,
     AJ_PWHEN_BLOCK_MASK,      /* the kernels read tile classes from a block mask */
+    AJ_PWHEN_F8_KV,           /* layout = paged with an f8 kv_dtype */
 } aj_param_when;
 
 static const struct sig_row {
@@ -86,7 +87,7 @@ static bool op_has(aj_param_when when, const aj_op *op, const aj_score_prog *pro
 {
     switch (when) {
     case AJ_PWHEN_ALWAYS: return true;
-    case AJ_PWHEN_PADDED: return op->layout != AJ_LAYOUT_VARLEN;
+    case AJ_PWHEN_PADDED: return op->layout == AJ_LAYOUT_PADDED;
     case AJ_PWHEN_VARLEN: return op->layout == AJ_LAYOUT_VARLEN;
     case AJ_PWHEN_VARLEN_UNBIASED:
         return op->layout == AJ_LAYOUT_VARLEN && op->bias != AJ_BIAS_ADD;
@@ -97,6 +98,8 @@ static bool op_has(aj_param_when when, const aj_op *op, const aj_score_prog *pro
     case AJ_PWHEN_PLAIN: return !op->accumulate;
     case AJ_PWHEN_ACCUMULATE: return op->accumulate;
     case AJ_PWHEN_BLOCK_MASK: return prog->block_mask;
+    case AJ_PWHEN_F8_KV:
+        return op->layout == AJ_LAYOUT_PAGED && aj_op_kv_dtype(op) >= AJ_DTYPE_F8E4M3;
     }
     return false;
 }

@@ -11,6 +11,8 @@ static const aj_template *const templates[] = {
     &aj_template_flash_fwd,
     &aj_template_cpu_fwd_flash,
     &aj_template_cpu_fwd_efficient,
+    &aj_template_cpu_fwd_paged_flash,
+    &aj_template_cpu_fwd_paged_efficient,
     &aj_template_cpu_bwd_flash,
     &aj_template_cpu_bwd_efficient,
     &aj_template_cpu_merge,
@@ -26,11 +28,16 @@ aj_status aj_template_find(aj_ctx *ctx, const aj_op *op, aj_target target,
     for (size_t i = 0; i < sizeof templates / sizeof templates[0]; i++) {
         unsigned targets = templates[i]->targets ? templates[i]->targets : GPU_AND_SIM_TARGETS;
         if (templates[i]->kind == op->kind && templates[i]->variant == op->variant &&
-            (targets & (1u << target))) {
+            (targets & (1u << target)) &&
+            templates[i]->paged == (op->layout == AJ_LAYOUT_PAGED)) {
             *out = templates[i];
             return AJ_OK;
         }
     }
+    if (op->layout == AJ_LAYOUT_PAGED)
+        return aj_fail(ctx, AJ_ERR_UNSUPPORTED, "%s %s: layout = paged is not implemented "
+                       "for target %s yet (cpu has it)", aj_kind_name(op->kind),
+                       aj_variant_name(op->variant), aj_target_name(target));
     return aj_fail(ctx, AJ_ERR_UNSUPPORTED, "%s %s: no template implements this kind and "
                    "variant for target %s yet", aj_kind_name(op->kind),
                    aj_variant_name(op->variant), aj_target_name(target));

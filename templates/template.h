@@ -22,6 +22,8 @@ typedef struct aj_template {
     /* the targets it builds for, a mask of (1u << aj_target); 0 means the
      * GPU targets and sim (sm_80, sm_90, sm_90a, sim) */
     unsigned targets;
+    /* whether it builds layout = paged (K/V gathered through a page table) */
+    bool paged;
     /* each stage's parameter list (params.def), in launch order; the rest
      * AJ_KSIG_NONE */
     aj_kernel_sig stage_sigs[AJ_KB_MAX_STAGES];
@@ -40,6 +42,8 @@ extern const aj_template aj_template_flash_fwd;
 /* cpu: one kernel serves both variants, so each is registered twice */
 extern const aj_template aj_template_cpu_fwd_flash;
 extern const aj_template aj_template_cpu_fwd_efficient;
+extern const aj_template aj_template_cpu_fwd_paged_flash;
+extern const aj_template aj_template_cpu_fwd_paged_efficient;
 extern const aj_template aj_template_cpu_bwd_flash;
 extern const aj_template aj_template_cpu_bwd_efficient;
 extern const aj_template aj_template_cpu_merge;

@@ -84,6 +84,7 @@ typedef struct ref_slice {
     int64_t sq, sk;  /* query and key counts of this sequence */
     int64_t sq_total, sk_total;
     int64_t shift;   /* mask diagonal: 0 or sk_total - sq_total */
+    int64_t q_base;  /* position of row 0 past q_offset: 0, or sk - sq (queries_last) */
     double scale;    /* resolved: never 0 */
 } ref_slice;
 
@@ -99,6 +100,10 @@ static ref_slice make_slice(const ref_problem *p, int64_t b, int64_t h)
     }
     sl.sq_total = p->sq_total ? p->sq_total : sl.sq;
     sl.sk_total = p->sk_total ? p->sk_total : sl.sk;
+    if (p->queries_last) {
+        sl.q_base = sl.sk - sl.sq;
+        sl.sq_total = sl.sk_total = sl.sk;
+    }
     if (p->align == AJ_ALIGN_BOTTOM_RIGHT)
         sl.shift = sl.sk_total - sl.sq_total;
     sl.scale = p->scale != 0.0 ? p->scale : 1.0 / sqrt((double)p->D);
@@ -160,7 +165,8 @@ static aj_expr_env expr_env(const ref_problem *p, const ref_slice *sl,
                             int64_t i, int64_t j, double score)
 {
     return (aj_expr_env){
-        .b = sl->b, .h = sl->h, .q = p->q_offset + i, .k = p->kv_offset + j,
+        .b = sl->b, .h = sl->h, .q = p->q_offset + sl->q_base + i,
+        .k = p->kv_offset + j,
         .sq = sl->sq_total, .sk = sl->sk_total, .score = score,
         .tensors = p->tensors, .tensor_count = p->tensor_count,
     };
@@ -170,7 +176,7 @@ static aj_expr_env expr_env(const ref_problem *p, const ref_slice *sl,
 static bool visible(const ref_problem *p, const ref_slice *sl, int64_t i,
                     int64_t j)
 {
-    int64_t q_pos = p->q_offset + i;
+    int64_t q_pos = p->q_offset + sl->q_base + i;
     int64_t kv_pos = p->kv_offset + j;
     int64_t diag = q_pos + sl->shift;
     switch (p->mask) {
@@ -203,7 +209,7 @@ static double score_of(const ref_problem *p, const ref_slice *sl, int64_t i,
         *g = 1.0 - th * th;
     }
     if (p->alibi_slopes) {
-        int64_t dist = (p->q_offset + i) - (p->kv_offset + j);
+        int64_t dist = (p->q_offset + sl->q_base + i) - (p->kv_offset + j);
         s -= p->alibi_slopes[sl->h] * (double)llabs(dist);
     }
     return s;
@@ -253,7 +259,7 @@ static double dropout_factor(const ref_problem *p, const ref_slice *sl,
     if (p->dropout_p == 0.0)
         return 1.0;
     bool keep = ref_dropout_keep(p->seed, p->offset, sl->b, sl->h, p->Hq,
-                                 p->q_offset + i, p->kv_offset + j, p->dropout_p);
+                                 p->q_offset + sl->q_base + i, p->kv_offset + j, p->dropout_p);
     return keep ? 1.0 / (1.0 - p->dropout_p) : 0.0;
 }
 
@@ -541,4 +547,77 @@ void ref_use_expressions(ref_problem *p, const aj_op *op, const aj_side_tensor *
     }
     p->tensors = side;
     p->tensor_count = count;
+}
+
+/* ---------------------------------------------------------------- paged */
+
+void ref_paged_forward(const ref_problem *p, const ref_paged *pg, const double *q,
+                       double *o, double *lse)
+{
+    if (p->bias || p->dropout_p != 0.0 || p->cu_q || p->Sq < 0)
+        ref_fail("a paged forward takes padded queries and no bias or dropout");
+    int B = p->B, Sq = p->Sq, D = p->D, Dv = p->Dv;
+    int32_t *cu_q = malloc((size_t)(B + 1) * sizeof *cu_q);
+    int32_t *cu_k = malloc((size_t)(B + 1) * sizeof *cu_k);
+    if (!cu_q || !cu_k)
+        ref_fail("out of memory");
+    cu_q[0] = cu_k[0] = 0;
+    for (int b = 0; b < B; b++) {
+        int32_t len = pg->seqlens_k[b];
+        if (len < 0 || len > (int64_t)pg->max_pages * pg->page_size)
+            ref_fail("seqlens_k[b] must be in 0 .. max_pages * page_size");
+        cu_q[b + 1] = cu_q[b] + Sq;
+        cu_k[b + 1] = cu_k[b] + len;
+    }
+    int64_t tq = cu_q[B], tk = cu_k[B];
+    double *kp = calloc((size_t)(tk * p->Hkv * D + 1), sizeof *kp);
+    double *vp = calloc((size_t)(tk * p->Hkv * Dv + 1), sizeof *vp);
+    double *qp = calloc((size_t)(tq * p->Hq * D + 1), sizeof *qp);
+    double *op = calloc((size_t)(tq * p->Hq * Dv + 1), sizeof *op);
+    double *lp = calloc((size_t)(tq * p->Hq + 1), sizeof *lp);
+    if (!kp || !vp || !qp || !op || !lp)
+        ref_fail("out of memory");
+    /* gather: key j of sequence b from its page, dequantised */
+    for (int b = 0; b < B; b++)
+        for (int64_t j = 0; j < pg->seqlens_k[b]; j++) {
+            int32_t page = pg->block_table[(int64_t)b * pg->max_pages + j / pg->page_size];
+            if (page < 0 || page >= pg->num_pages)
+                ref_fail("a block_table entry is outside the cache");
+            int64_t row = (int64_t)page * pg->page_size + j % pg->page_size;
+            for (int hk = 0; hk < p->Hkv; hk++) {
+                for (int c = 0; c < D; c++)
+                    kp[((cu_k[b] + j) * p->Hkv + hk) * D + c] =
+                        pg->k_scale * pg->k_cache[(row * p->Hkv + hk) * D + c];
+                for (int c = 0; c < Dv; c++)
+                    vp[((cu_k[b] + j) * p->Hkv + hk) * Dv + c] =
+                        pg->v_scale * pg->v_cache[(row * p->Hkv + hk) * Dv + c];
+            }
+        }
+    /* BHSD <-> THD for the queries and outputs, [B][Hq][Sq] <-> [Hq][Tq] */
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < p->Hq; h++)
+            for (int i = 0; i < Sq; i++)
+                memcpy(&qp[((int64_t)(cu_q[b] + i) * p->Hq + h) * D],
+                       &q[(((int64_t)b * p->Hq + h) * Sq + i) * D], (size_t)D * sizeof *q);
+    ref_problem v = *p;
+    v.cu_q = cu_q;
+    v.cu_k = cu_k;
+    v.queries_last = true;
+    ref_forward(&v, qp, kp, vp, op, lp);
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < p->Hq; h++)
+            for (int i = 0; i < Sq; i++) {
+                int64_t at = ((int64_t)b * p->Hq + h) * Sq + i;
+                memcpy(&o[at * Dv], &op[((int64_t)(cu_q[b] + i) * p->Hq + h) * Dv],
+                       (size_t)Dv * sizeof *o);
+                if (lse)
+                    lse[at] = lp[(int64_t)h * tq + cu_q[b] + i];
+            }
+    free(cu_q);
+    free(cu_k);
+    free(kp);
+    free(vp);
+    free(qp);
+    free(op);
+    free(lp);
 }

@@ -79,7 +79,34 @@ typedef struct ref_problem {
     bool score_expr;
     const aj_side_tensor *tensors;
     int tensor_count;
+    /* Varlen only: each sequence's queries are the last of its keys (the
+     * paged layout, ref_paged_forward): row i of sequence b has q_pos =
+     * q_offset + len_k(b) - len_q(b) + i, and both totals are len_k(b),
+     * so the shift is 0 whatever the alignment. */
+    bool queries_last;
 } ref_problem;
+
+/*
+ * A paged KV cache (docs/ir.md "paged"): k_cache [num_pages][page_size]
+ * [Hkv][D] and v_cache [..][Dv] hold the stored values (an f8 cache's
+ * codes decoded, not yet scaled), key position p of sequence b is row p %
+ * page_size of page block_table[b][p / page_size], seqlens_k[b] keys.
+ */
+typedef struct ref_paged {
+    int num_pages, page_size, max_pages;
+    const double *k_cache, *v_cache;
+    const int32_t *block_table;   /* [B][max_pages] */
+    const int32_t *seqlens_k;     /* [B] */
+    double k_scale, v_scale;      /* the dequantisation factors (1 for f16 / bf16) */
+} ref_paged;
+
+/* The forward over a paged cache: p gives B, Hq, Hkv, D, Dv, Sq (q
+ * [B][Hq][Sq][D], o [B][Hq][Sq][Dv], lse [B][Hq][Sq]) and the mask, mods
+ * and expressions (no bias, no dropout); the keys are gathered through
+ * the table and scaled, then it is ref_forward over the sequences with
+ * queries_last. */
+void ref_paged_forward(const ref_problem *p, const ref_paged *pg, const double *q,
+                       double *o, double *lse);
 
 /* The expression fields of p from a parsed op whose mask or score_mod (or
  * both) is expr(...): the interpreter reads the op's nodes, the ones the

@@ -428,7 +428,8 @@ static void test_run_errors(void)
          "q given twice"},
         {"run OP --device sim --in x=Q --in k=K --in v=V --out o=O", 1,
          "attnjit: unknown tensor 'x': not one of run's (q, k, v, alibi_slopes, bias, o, lse, "
-         "o_acc, do, dq, dk, dv, dbias, o1, lse1, o2, lse2) nor a side tensor the op "
+         "o_acc, do, dq, dk, dv, dbias, o1, lse1, o2, lse2, k_cache, v_cache, block_table, "
+         "seqlens_k, k_scale, v_scale) nor a side tensor the op "
          "declares\n"},
         {"run OP --device sim --in q=Q --in k=K --in v=V --out x=O", 1,
          "attnjit: unknown tensor 'x' (run's outputs: o, lse, o_acc, dq, dk, dv, dbias)\n"},
@@ -578,6 +579,123 @@ static void test_run_errors(void)
     CHECK_MSG(strstr(err, "no GPU found") || strstr(err, "use the sim device"), "cuda: %s", err);
 }
 
+/* An array of bytes as numpy's np.save writes a uint8 one (format 1.0). */
+static void write_u8(const char *p, const uint8_t *data, int rank, const int64_t *shape)
+{
+    char dict[128], dims[96] = "";
+    for (int i = 0; i < rank; i++) {
+        size_t n = strlen(dims);
+        snprintf(dims + n, sizeof dims - n, "%lld,%s", (long long)shape[i],
+                 rank > 1 && i < rank - 1 ? " " : "");
+    }
+    if (rank > 1)
+        dims[strlen(dims) - 1] = '\0';
+    int len = snprintf(dict, sizeof dict, "{'descr': '|u1', 'fortran_order': False, "
+                       "'shape': (%s), }", dims);
+    int total = (10 + len + 1 + 63) / 64 * 64;
+    FILE *f = fopen(p, "wb");
+    unsigned char head[10] = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0,
+                              (unsigned char)((total - 10) & 0xff),
+                              (unsigned char)((total - 10) >> 8)};
+    fwrite(head, 1, 10, f);
+    fputs(dict, f);
+    for (int i = 10 + len; i < total - 1; i++)
+        fputc(' ', f);
+    fputc('\n', f);
+    size_t n = 1;
+    for (int i = 0; i < rank; i++)
+        n *= (size_t)shape[i];
+    fwrite(data, 1, n, f);
+    fclose(f);
+}
+
+/* layout = paged through the CLI: f16 and f8e4m3 caches (the codes as a
+ * uint8 .npy, with k_scale and v_scale), shuffled pages, a causal decode
+ * of Sq = 2, GQA 2:1, a sequence of length 0, against the reference. */
+static void test_paged(void)
+{
+    enum { B = 3, HQ = 4, HKV = 2, SQ = 2, D = 16, PS = 4, MAXP = 5, NP = 12 };
+    const int32_t lens[B] = {17, 0, 9};
+    int32_t table[B * MAXP] = {0};
+    int next = NP - 1;
+    for (int b = 0; b < B; b++)
+        for (int n = 0; n < (lens[b] + PS - 1) / PS; n++)
+            table[b * MAXP + n] = next--;   /* descending: never contiguous */
+    const int64_t qs[4] = {B, HQ, SQ, D}, cs[4] = {NP, PS, HKV, D}, ts[2] = {B, MAXP},
+                  ls[1] = {B}, one[1] = {1};
+    size_t nq = B * HQ * SQ * D, nc = NP * PS * HKV * D;
+    float *qf = malloc(nq * sizeof *qf), *cf[2] = {malloc(nc * 4), malloc(nc * 4)};
+    double *q = malloc(nq * sizeof *q), *cache[2] = {malloc(nc * 8), malloc(nc * 8)};
+    double *o = malloc(nq * sizeof *o), *lse = malloc(B * HQ * SQ * sizeof *lse);
+    uint8_t *codes = malloc(nc);
+    random_f16_values(qf, q, nq);
+    write_tensor("p_", "q", qf, 4, qs);
+    char err[4096], args[4096];
+    CHECK(npy_write_i32(tensor_path("p_", "block_table"), table, 2, ts, err, sizeof err) ==
+          NPY_OK);
+    CHECK(npy_write_i32(tensor_path("p_", "seqlens_k"), lens, 1, ls, err, sizeof err) ==
+          NPY_OK);
+    for (int f8 = 0; f8 < 2; f8++) {
+        const char *kv = f8 ? "f8e4m3" : "f16";
+        const float scales[2] = {f8 ? 0.0625f : 1.0f, f8 ? 0.125f : 1.0f};
+        char spec[256];
+        snprintf(spec, sizeof spec, "attention forward flash {\n dtype = f16\n head_dim = %d\n"
+                 " mask = causal(bottom_right)\n layout = paged\n kv_dtype = %s\n}\n", D, kv);
+        write_text(path("paged.aj"), spec);
+        for (int t = 0; t < 2; t++) {
+            const char *name = t ? "v_cache" : "k_cache";
+            if (!f8) {
+                random_f16_values(cf[t], cache[t], nc);
+                write_tensor("p_", name, cf[t], 4, cs);
+                continue;
+            }
+            for (size_t i = 0; i < nc; i++) {
+                float x = (float)(uniform() * 12.0);
+                aj_convert(&x, AJ_DTYPE_F32, &codes[i], AJ_DTYPE_F8E4M3, 1);
+                aj_convert(&codes[i], AJ_DTYPE_F8E4M3, &x, AJ_DTYPE_F32, 1);
+                cache[t][i] = x;
+            }
+            write_u8(tensor_path("p_", name), codes, 4, cs);
+            write_tensor("p_", t ? "v_scale" : "k_scale", &scales[t], 1, one);
+        }
+        ref_problem p = {.B = B, .Hq = HQ, .Hkv = HKV, .D = D, .Dv = D, .Sq = SQ,
+                         .mask = AJ_MASK_CAUSAL, .align = AJ_ALIGN_BOTTOM_RIGHT};
+        ref_paged pg = {NP, PS, MAXP, cache[0], cache[1], table, lens, scales[0], scales[1]};
+        ref_paged_forward(&p, &pg, q, o, lse);
+        run_command(args, sizeof args, "paged.aj", "cpu", "p_",
+                    f8 ? "q k_cache v_cache block_table seqlens_k k_scale v_scale"
+                       : "q k_cache v_cache block_table seqlens_k", "o lse", "");
+        int rc = run_cli(args, err, sizeof err);
+        CHECK_MSG(rc == 0, "paged %s exited %d: %s", kv, rc, err);
+        double e_o = result_error("p_", "o", o, 4, qs, f16_atol, f16_rtol);
+        double e_lse = result_error("p_", "lse", lse, 3, qs, 1e-4, 1e-5);
+        CHECK_MSG(e_o <= 1 && e_lse <= 1, "paged %s: o %.3g lse %.3g x tolerance", kv, e_o,
+                  e_lse);
+        printf("attnjit run paged (%s cache) on cpu: o %.3f lse %.3f of tolerance\n", kv, e_o,
+               e_lse);
+    }
+    /* a padded tensor given to a paged op, and a missing scale */
+    run_command(args, sizeof args, "paged.aj", "cpu", "p_",
+                "q k_cache v_cache block_table seqlens_k k_scale", "o", "");
+    CHECK(run_cli(args, err, sizeof err) == 1);
+    CHECK_MSG(strstr(err, "attnjit: a forward op with f8 kv_dtype needs --in v_scale=FILE (1)"),
+              "%s", err);
+    run_command(args, sizeof args, "paged.aj", "cpu", "p_",
+                "q k_cache v_cache block_table seqlens_k k_scale v_scale k", "o", "");
+    CHECK(run_cli(args, err, sizeof err) == 1);
+    CHECK_MSG(strstr(err, "attnjit: --in k given, but the op's kernel does not take it"), "%s",
+              err);
+    free(qf);
+    free(q);
+    free(o);
+    free(lse);
+    free(codes);
+    for (int t = 0; t < 2; t++) {
+        free(cf[t]);
+        free(cache[t]);
+    }
+}
+
 /* The stand-in libcuda's log of the run that had FAKE_CUDA_LOG=prefix (it
  * writes PREFIX.PID at exit). */
 static const char *driver_log(const char *prefix)
@@ -701,6 +819,7 @@ int main(int argc, char **argv)
         test_merge_matches_reference(device);
     }
     test_run_errors();
+    test_paged();
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
     if (system(cmd) != 0)

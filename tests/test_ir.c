@@ -496,8 +496,8 @@ static const bad_spec bad_specs[] = {
     /* fields */
     { FWD REQ "  maks = none\n}", 0, AJ_ERR_PARSE,
       "t.aj:4:3: unknown field 'maks' (expected one of dtype, head_dim, head_dim_v, "
-      "tensors, mask, score_mod, scale, dropout, bias, layout, accumulate, deterministic, "
-      "schedule or target)" },
+      "tensors, mask, score_mod, scale, dropout, bias, layout, kv_dtype, accumulate, "
+      "deterministic, schedule or target)" },
     { MERGE "  dtype = f16\n  head_dimv = 64\n}", 0, AJ_ERR_PARSE,
       "t.aj:3:3: unknown field 'head_dimv' (expected one of dtype, head_dim_v or target)" },
     { FWD REQ "  dtype = bf16\n}", 0, AJ_ERR_PARSE,
@@ -561,14 +561,14 @@ static const bad_spec bad_specs[] = {
     { FWD REQ "  bias = mul\n}", 0, AJ_ERR_PARSE,
       "t.aj:4:10: expected a bias (none or add), found 'mul'" },
     { FWD REQ "  layout = packed\n}", 0, AJ_ERR_PARSE,
-      "t.aj:4:12: expected a layout (padded or varlen), found 'packed'" },
+      "t.aj:4:12: expected a layout (padded, varlen or paged), found 'packed'" },
     { FWD REQ "  accumulate = yes\n}", 0, AJ_ERR_PARSE,
       "t.aj:4:16: expected a boolean (false or true), found 'yes'" },
     { FWD REQ "  schedule = fast\n}", 0, AJ_ERR_PARSE,
       "t.aj:4:14: expected a schedule (default or (block_m = N, block_n = N, "
       "warps = N, stages = N)), found 'fast'" },
     { FWD REQ "  schedule = ()\n}", 0, AJ_ERR_PARSE,
-      "t.aj:4:15: expected a schedule key (block_m, block_n, warps or stages), found ')'" },
+      "t.aj:4:15: expected a schedule key (block_m, block_n, warps, stages or splits), found ')'" },
     { FWD REQ "  schedule = (block_m = 64, block_m = 64)\n}", 0, AJ_ERR_PARSE,
       "t.aj:4:29: duplicate schedule key 'block_m'" },
     { FWD REQ "  schedule = (warps = 4 stages = 2)\n}", 0, AJ_ERR_PARSE,
@@ -625,6 +625,27 @@ static const bad_spec bad_specs[] = {
       "head_dim_v and target)" },
     { MERGE "  head_dim = 64\n  dtype = f16\n}", 0, AJ_ERR_VERIFY,
       "t.aj:2:3: head_dim does not apply to merge ops" },
+    /* paged KV: a forward, without the training-only inputs */
+    { "attention backward flash {\n" REQ "  layout = paged\n}", 0, AJ_ERR_VERIFY,
+      "t.aj:4:3: layout = paged applies only to forward ops, not backward (a KV cache is "
+      "read, not differentiated)" },
+    { EFF REQ "  bias = add\n  layout = paged\n}", 0, AJ_ERR_VERIFY,
+      "t.aj:5:3: layout = paged takes no bias (bias = add)" },
+    { FWD REQ "  dropout = 0.1\n  layout = paged\n}", 0, AJ_ERR_VERIFY,
+      "t.aj:5:3: layout = paged takes no dropout (an inference layout)" },
+    { FWD REQ "  layout = paged\n  accumulate = true\n}", 0, AJ_ERR_VERIFY,
+      "t.aj:5:3: accumulate = true does not apply to layout = paged" },
+    { FWD REQ "  kv_dtype = f8e4m3\n}", 0, AJ_ERR_VERIFY,
+      "t.aj:4:3: kv_dtype applies only to layout = paged (the element type of its KV "
+      "caches), not padded" },
+    { FWD REQ "  layout = paged\n  kv_dtype = f4\n}", 0, AJ_ERR_PARSE,
+      "t.aj:5:14: expected a KV dtype (f16, bf16, f32, f8e4m3 or f8e5m2), found 'f4'" },
+    { FWD "  dtype = f8e4m3\n  head_dim = 64\n}", 0, AJ_ERR_PARSE,
+      "t.aj:2:11: expected a dtype (f16, bf16 or f32), found 'f8e4m3'" },
+    { FWD REQ "  schedule = (splits = 4)\n}", 0, AJ_ERR_VERIFY,
+      "t.aj:4:3: schedule splits applies only to layout = paged, not padded" },
+    { FWD REQ "  layout = paged\n  schedule = (splits = 65)\n}", 0, AJ_ERR_VERIFY,
+      "t.aj:5:3: schedule splits 65 is out of range (want 0..64)" },
 };
 
 static void test_bad_specs(aj_ctx *ctx)
@@ -796,6 +817,110 @@ static void test_verifier_direct(aj_ctx *ctx)
 
 /* ---------------------------------------------------------------- setters */
 
+/* layout = paged with kv_dtype and splits: builder, text and hash agree;
+ * kv_dtype prints only for paged ops, so the others hash as before. */
+static void test_paged(aj_ctx *ctx)
+{
+    static const char text[] =
+        "attention forward flash {\n  dtype = bf16\n  head_dim = 128\n  layout = paged\n"
+        "  kv_dtype = f8e5m2\n  schedule = (splits = 8)\n}\n";
+    aj_op *built = NULL, *parsed = NULL, *plain = NULL;
+    char hb[AJ_HASH_HEX_LEN + 1], hp[AJ_HASH_HEX_LEN + 1];
+    char *printed = NULL;
+    aj_op_info info;
+
+    CHECK(aj_op_create(ctx, AJ_KIND_FORWARD, AJ_VARIANT_FLASH, &built) == AJ_OK);
+    CHECK(aj_op_parse(ctx, text, strlen(text), "p.aj", &parsed) == AJ_OK);
+    if (!built || !parsed)
+        goto done;
+    CHECK(aj_op_set_dtype(built, AJ_DTYPE_BF16) == AJ_OK);
+    CHECK(aj_op_set_head_dims(built, 128, 0) == AJ_OK);
+    CHECK(aj_op_set_layout(built, AJ_LAYOUT_PAGED) == AJ_OK);
+    CHECK(aj_op_get_info(built, &info) == AJ_OK);
+    CHECK(info.kv_dtype == AJ_DTYPE_BF16 && info.splits == 0);   /* defaults */
+    CHECK(aj_op_set_kv_dtype(built, AJ_DTYPE_F8E5M2) == AJ_OK);
+    CHECK(aj_op_set_splits(built, 8) == AJ_OK);
+    CHECK(aj_op_verify(built) == AJ_OK);
+    CHECK(aj_op_get_info(built, &info) == AJ_OK);
+    CHECK(info.layout == AJ_LAYOUT_PAGED && info.kv_dtype == AJ_DTYPE_F8E5M2 &&
+          info.splits == 8);
+    CHECK(aj_op_hash(built, hb) == AJ_OK && aj_op_hash(parsed, hp) == AJ_OK);
+    CHECK_MSG(strcmp(hb, hp) == 0, "built %s, parsed %s", hb, hp);
+    CHECK(aj_op_print(parsed, &printed) == AJ_OK);
+    CHECK_MSG(printed && strstr(printed, "  layout = paged\n  kv_dtype = f8e5m2\n") &&
+              strstr(printed, "  schedule = (splits = 8)\n"), "printed: %s", printed);
+    /* a different kv_dtype or split count is a different kernel */
+    CHECK(aj_op_set_kv_dtype(built, AJ_DTYPE_F8E4M3) == AJ_OK);
+    CHECK(aj_op_hash(built, hb) == AJ_OK && strcmp(hb, hp) != 0);
+    /* setters refuse what the verifier refuses, naming the value */
+    CHECK_STATUS(ctx, aj_op_set_splits(built, -1), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "aj_op_set_splits: schedule splits -1 is out of range (want 0..64)");
+    CHECK(aj_op_create(ctx, AJ_KIND_FORWARD, AJ_VARIANT_FLASH, &plain) == AJ_OK);
+    if (plain) {
+        CHECK_STATUS(ctx, aj_op_set_kv_dtype(plain, AJ_DTYPE_F8E4M3), AJ_ERR_VERIFY);
+        CHECK_ERROR(ctx, "aj_op_set_kv_dtype: kv_dtype applies only to layout = paged");
+        aj_free(printed);
+        printed = NULL;
+        CHECK(aj_op_print(plain, &printed) == AJ_OK);
+        CHECK(printed && !strstr(printed, "kv_dtype"));
+    }
+done:
+    aj_free(printed);
+    aj_op_destroy(plain);
+    aj_op_destroy(parsed);
+    aj_op_destroy(built);
+}
+
+/* The f8 KV dtypes: every code reads back through aj_convert, known
+ * values, nearest-even rounding and saturation. */
+static void test_f8_convert(void)
+{
+    static const struct { aj_dtype t; uint8_t code; float value; } known[] = {
+        { AJ_DTYPE_F8E4M3, 0x7e, 448.0f }, { AJ_DTYPE_F8E4M3, 0x08, 0.015625f },
+        { AJ_DTYPE_F8E4M3, 0x01, 0.001953125f }, { AJ_DTYPE_F8E4M3, 0xb8, -1.0f },
+        { AJ_DTYPE_F8E5M2, 0x7b, 57344.0f }, { AJ_DTYPE_F8E5M2, 0x01, 1.52587890625e-05f },
+        { AJ_DTYPE_F8E5M2, 0x3c, 1.0f },
+    };
+    static const struct { aj_dtype t; float in, out; } rounds[] = {
+        { AJ_DTYPE_F8E4M3, 17.0f, 16.0f },     /* a tie goes to the even mantissa */
+        { AJ_DTYPE_F8E4M3, 19.0f, 20.0f },
+        { AJ_DTYPE_F8E4M3, 1e6f, 448.0f },     /* saturates */
+        { AJ_DTYPE_F8E4M3, -INFINITY, -448.0f },
+        { AJ_DTYPE_F8E5M2, 1e9f, 57344.0f },
+        { AJ_DTYPE_F8E5M2, 5.0f, 5.0f },
+    };
+    for (int t = AJ_DTYPE_F8E4M3; t <= AJ_DTYPE_F8E5M2; t++) {
+        for (int c = 0; c < 256; c++) {
+            uint8_t code = (uint8_t)c, back = 0;
+            float f = 0;
+            CHECK(aj_convert(&code, (aj_dtype)t, &f, AJ_DTYPE_F32, 1) == AJ_OK);
+            CHECK(aj_convert(&f, AJ_DTYPE_F32, &back, (aj_dtype)t, 1) == AJ_OK);
+            if (isnan(f))
+                continue;
+            if (isinf(f))    /* e5m2's inf saturates on the way back */
+                CHECK(back == (code & 0x80 ? 0xfb : 0x7b));
+            else
+                CHECK_MSG(back == code || (f == 0 && (back & 0x7f) == 0),
+                          "%s code 0x%02x -> %g -> 0x%02x", aj_dtype_name((aj_dtype)t), c, f,
+                          back);
+        }
+    }
+    for (size_t i = 0; i < sizeof known / sizeof known[0]; i++) {
+        float f = 0;
+        CHECK(aj_convert(&known[i].code, known[i].t, &f, AJ_DTYPE_F32, 1) == AJ_OK);
+        CHECK_MSG(f == known[i].value, "%s 0x%02x = %g, want %g", aj_dtype_name(known[i].t),
+                  known[i].code, f, known[i].value);
+    }
+    for (size_t i = 0; i < sizeof rounds / sizeof rounds[0]; i++) {
+        uint8_t code = 0;
+        float f = 0;
+        CHECK(aj_convert(&rounds[i].in, AJ_DTYPE_F32, &code, rounds[i].t, 1) == AJ_OK);
+        CHECK(aj_convert(&code, rounds[i].t, &f, AJ_DTYPE_F32, 1) == AJ_OK);
+        CHECK_MSG(f == rounds[i].out, "%s(%g) = %g, want %g", aj_dtype_name(rounds[i].t),
+                  rounds[i].in, f, rounds[i].out);
+    }
+}
+
 static void test_setter_errors(aj_ctx *ctx)
 {
     aj_schedule bad_block = { .block_m = -16 };
@@ -822,7 +947,7 @@ static void test_setter_errors(aj_ctx *ctx)
     CHECK_STATUS(ctx, aj_op_set_bias(fwd, (aj_bias)2), AJ_ERR_INVALID_ARG);
     CHECK_ERROR(ctx, "aj_op_set_bias: bias 2 is out of range (want 0..1)");
     CHECK_STATUS(ctx, aj_op_set_layout(fwd, (aj_layout)9), AJ_ERR_INVALID_ARG);
-    CHECK_ERROR(ctx, "aj_op_set_layout: layout 9 is out of range (want 0..1)");
+    CHECK_ERROR(ctx, "aj_op_set_layout: layout 9 is out of range (want 0..2)");
     CHECK_STATUS(ctx, aj_op_set_target(fwd, AJ_TARGET_COUNT), AJ_ERR_INVALID_ARG);
     CHECK_ERROR(ctx, "aj_op_set_target: target 6 is out of range (want 0..5)");
 
@@ -1184,6 +1309,8 @@ int main(int argc, char **argv)
     test_mutations(ctx);
     test_verifier_direct(ctx);
     test_setter_errors(ctx);
+    test_paged(ctx);
+    test_f8_convert();
     test_sticky(ctx);
     test_null_args(ctx);
     aj_ctx_destroy(ctx);

@@ -1330,6 +1330,77 @@ static void test_document_mask(void)
     aj_ctx_destroy(ctx);
 }
 
+/* ---------------------------------------------------------------- paged */
+
+/*
+ * A paged cache equals the padded problem whose queries sit at q_offset =
+ * Sk - Sq: each batch's K/V rows scattered over shuffled pages of a cache
+ * with spare pages, scaled by k_scale / v_scale, causal (top_left) and
+ * alibi on absolute positions; one sequence of length 0 (O = 0, LSE =
+ * -inf), whose padded twin is a batch with every key masked.
+ */
+static void test_paged(void)
+{
+    const int B = 2, Hq = 4, Hkv = 2, Sq = 3, Sk = 11, D = 4, Dv = 3;
+    const int page_sizes[] = {1, 4, 16};
+    for (size_t ps_i = 0; ps_i < sizeof page_sizes / sizeof page_sizes[0]; ps_i++) {
+        int ps = page_sizes[ps_i], per_seq = (Sk + ps - 1) / ps;
+        int num_pages = B * per_seq + 3, max_pages = per_seq + 1;
+        double slopes[4] = {0.5, 0.25, 0.125, 0.0625};
+        ref_problem g = problem(B, Hq, Hkv, Sq, Sk, D, Dv);
+        g.mask = AJ_MASK_CAUSAL;
+        g.alibi_slopes = slopes;
+        g.q_offset = Sk - Sq;
+        attn_data d = make_data(&g, 1.5);
+        forward(&g, &d);
+
+        /* pages in reverse order of use, so that no sequence's are contiguous */
+        double *kc = zeros((int64_t)num_pages * ps * Hkv * D);
+        double *vc = zeros((int64_t)num_pages * ps * Hkv * Dv);
+        int32_t *table = calloc((size_t)(B * max_pages), sizeof *table);
+        int32_t lens[2] = {Sk, Sk};
+        const double k_scale = 0.5, v_scale = 4.0;
+        for (int b = 0; b < B; b++)
+            for (int n = 0; n < per_seq; n++)
+                table[b * max_pages + n] = num_pages - 1 - (b * per_seq + n);
+        for (int b = 0; b < B; b++)
+            for (int j = 0; j < Sk; j++)
+                for (int hk = 0; hk < Hkv; hk++) {
+                    int64_t row = (int64_t)table[b * max_pages + j / ps] * ps + j % ps;
+                    for (int c = 0; c < D; c++)
+                        kc[(row * Hkv + hk) * D + c] =
+                            d.k[(((int64_t)b * Hkv + hk) * Sk + j) * D + c] / k_scale;
+                    for (int c = 0; c < Dv; c++)
+                        vc[(row * Hkv + hk) * Dv + c] =
+                            d.v[(((int64_t)b * Hkv + hk) * Sk + j) * Dv + c] / v_scale;
+                }
+        ref_paged pg = {num_pages, ps, max_pages, kc, vc, table, lens, k_scale, v_scale};
+        ref_problem pp = g;
+        pp.q_offset = 0;
+        double *o = zeros(n_q(&g, Dv)), *lse = zeros(n_q(&g, 1));
+        ref_paged_forward(&pp, &pg, d.q, o, lse);
+        CHECK_MSG(max_diff(o, d.o, n_q(&g, Dv)) < 1e-13, "page_size %d: o", ps);
+        CHECK_MSG(max_diff(lse, d.lse, n_q(&g, 1)) < 1e-13, "page_size %d: lse", ps);
+
+        /* sequence 1 empty: its rows see nothing */
+        lens[1] = 0;
+        ref_paged_forward(&pp, &pg, d.q, o, lse);
+        int64_t half = n_q(&g, 1) / 2;
+        CHECK(max_diff(lse, d.lse, half) < 1e-13);
+        for (int64_t r = half; r < 2 * half; r++) {
+            CHECK(lse[r] == -INFINITY);
+            for (int c = 0; c < Dv; c++)
+                CHECK(o[r * Dv + c] == 0.0);
+        }
+        free(o);
+        free(lse);
+        free(kc);
+        free(vc);
+        free(table);
+        free_data(&d);
+    }
+}
+
 int main(void)
 {
     test_philox_known_answers();
@@ -1349,5 +1420,6 @@ int main(void)
     test_dropout_forward();
     test_builtin_expressions();
     test_document_mask();
+    test_paged();
     return check_report();
 }

@@ -281,6 +281,35 @@ static void check_struct(problem *p, const versioned *v)
     free(got);
 }
 
+/* aj_fwd_args as callers built it before layout = paged (struct_size up
+ * to num_side): a padded call computes what today's does, and a paged
+ * kernel called so sees no cache and says which. */
+static void check_fwd_before_paged(problem *p, const aj_fwd_args *fwd)
+{
+    const size_t size = offsetof(aj_fwd_args, k_cache);
+    printf("aj_forward: args before the paged fields (%zu bytes)\n", size);
+    float *want = calloc(ROWS * D, sizeof(float)), *got = calloc(ROWS * D, sizeof(float));
+    void *s = sized_copy(fwd, sizeof *fwd, size);
+    CHECK(call_forward(p, fwd, want) == AJ_OK);
+    CHECK(call_forward(p, s, got) == AJ_OK);
+    CHECK(memcmp(want, got, ROWS * D * sizeof(float)) == 0);
+    free(s);
+    aj_kernel *paged = compile_text(p->ctx, "attention forward flash { dtype = f32 "
+                                            "head_dim = 16 layout = paged }");
+    aj_fwd_args pa = AJ_FWD_ARGS_INIT;
+    pa.q = fwd->q, pa.o = fwd->o, pa.lse = fwd->lse;
+    s = sized_copy(&pa, sizeof pa, size);
+    CHECK(paged != NULL);
+    if (paged) {
+        CHECK_STATUS(p->ctx, aj_forward(p->ctx, p->dev, paged, s), AJ_ERR_INVALID_ARG);
+        CHECK_ERROR(p->ctx, "aj_forward: k_cache.rank = 0, want 4");
+    }
+    aj_kernel_destroy(paged);
+    free(s);
+    free(want);
+    free(got);
+}
+
 int main(void)
 {
     problem p = {0};
@@ -334,6 +363,7 @@ int main(void)
     };
     for (size_t i = 0; i < sizeof structs / sizeof structs[0]; i++)
         check_struct(&p, &structs[i]);
+    check_fwd_before_paged(&p, &fwd);
 
     problem_close(&p);
     return check_report();

@@ -9,14 +9,21 @@
  *             [--in alibi_slopes=] [--in bias=] --out dq= --out dk= --out dv=
  *             [--out dbias=]
  *   merge     --in o1= --in lse1= --in o2= --in lse2= --out o= [--out lse=]
+ *   paged     --in q= --in k_cache= --in v_cache= --in block_table= --in seqlens_k=
+ *             [--in k_scale= --in v_scale=] --out o= [--out lse=]   (a forward
+ *             with layout = paged: the caches in place of k and v)
  *
  * with [--q-offset N] [--kv-offset N] [--sq-total N] [--sk-total N]
  * [--seed N] [--offset N] [--workers N] [--no-cache].  Which tensors a kind
  * takes and gives is one table (RUN_TENSORS); parsing, the checks, loading,
- * allocating and writing all read it.
+ * allocating and writing all read it.  Which of them a given op uses is
+ * the kernel parameter table's answer (aj_op_kernel_params), so run, the
+ * launcher and the templates cannot disagree.
  *
  * Inputs are arrays of f32 or f16 (f8 is accepted too), converted to the
- * op's dtype (alibi_slopes, lse, o_acc stay f32); outputs are f32.
+ * op's dtype (alibi_slopes, lse, o_acc, the scales stay f32; the caches
+ * take its kv_dtype, whose f8 codes come as uint8 arrays); block_table and
+ * seqlens_k are int32 arrays; outputs are f32.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -32,56 +39,71 @@
 enum { K_FORWARD, K_ACCUMULATE, K_BACKWARD, K_MERGE, K_COUNT };
 
 /* A tensor's role in one kind: read (IN), written (OUT) or both.  An op of
- * the kind needs each of its inputs that it uses (see `used when`). */
+ * the kind needs each of its inputs that its kernel takes (kernel_tensors). */
 enum { IN = 1, OUT = 2 };
 
-/* When an op uses a tensor at all. */
-enum { USED_ALWAYS, USED_WITH_ALIBI, USED_WITH_BIAS };
+/* The feature of an op that brings a tensor, as messages name it. */
+enum { WITH_NONE, WITH_ALIBI, WITH_BIAS, WITH_PAGED, WITH_F8 };
+
+/* A tensor's elements: the op's dtype, f32, the op's kv_dtype, int32. */
+enum { EL_OP, EL_F32, EL_KV, EL_I32 };
 
 /* An output's shape: that of another tensor, or (B, H, S) of the kind's
  * rows tensor with (LIKE_ROWS_WIDTH) the last dim of its width tensor. */
 enum { LIKE_NONE = -1, LIKE_ROWS = -2, LIKE_ROWS_WIDTH = -3 };
 
-/* Every tensor run knows: its role in each kind, when an op uses it, its
- * rank, whether it stays f32, the shape an output takes, and its shape as
- * messages name it. */
+/* Every tensor run knows: its role in each kind, the feature that brings
+ * it (for messages), its rank, its elements (EL_*), the shape an output
+ * takes, and its shape as messages name it. */
 #define RUN_TENSORS(X)                                                                        \
-    /* id    name            forward accumulate backward merge used when         rank f32     \
+    /* id    name            forward accumulate backward merge with          rank el          \
      *   like             shape                                                    */         \
-    X(Q,     "q",            IN,     IN,        IN,      0,    USED_ALWAYS,      4,   0,      \
+    X(Q,     "q",            IN,     IN,        IN,      0,    WITH_NONE,    4,   EL_OP,      \
       LIKE_NONE,       "B, Hq, Sq, D")                                                        \
-    X(K,     "k",            IN,     IN,        IN,      0,    USED_ALWAYS,      4,   0,      \
+    X(K,     "k",            IN,     IN,        IN,      0,    WITH_NONE,    4,   EL_OP,      \
       LIKE_NONE,       "B, Hkv, Sk, D")                                                       \
-    X(V,     "v",            IN,     IN,        IN,      0,    USED_ALWAYS,      4,   0,      \
+    X(V,     "v",            IN,     IN,        IN,      0,    WITH_NONE,    4,   EL_OP,      \
       LIKE_NONE,       "B, Hkv, Sk, Dv")                                                      \
-    X(ALIBI, "alibi_slopes", IN,     IN,        IN,      0,    USED_WITH_ALIBI,  1,   1,      \
+    X(ALIBI, "alibi_slopes", IN,     IN,        IN,      0,    WITH_ALIBI,   1,   EL_F32,     \
       LIKE_NONE,       "Hq")                                                                  \
-    X(BIAS,  "bias",         IN,     IN,        IN,      0,    USED_WITH_BIAS,   4,   0,      \
+    X(BIAS,  "bias",         IN,     IN,        IN,      0,    WITH_BIAS,    4,   EL_OP,      \
       LIKE_NONE,       "B or 1, Hq or 1, Sq, Sk")                                             \
-    X(O,     "o",            OUT,    0,         IN,      OUT,  USED_ALWAYS,      4,   0,      \
+    X(O,     "o",            OUT,    0,         IN,      OUT,  WITH_NONE,    4,   EL_OP,      \
       LIKE_ROWS_WIDTH, "B, Hq, Sq, Dv")                                                       \
-    X(LSE,   "lse",          OUT,    IN | OUT,  IN,      OUT,  USED_ALWAYS,      3,   1,      \
+    X(LSE,   "lse",          OUT,    IN | OUT,  IN,      OUT,  WITH_NONE,    3,   EL_F32,     \
       LIKE_ROWS,       "B, Hq, Sq")                                                           \
-    X(O_ACC, "o_acc",        0,      IN | OUT,  0,       0,    USED_ALWAYS,      4,   1,      \
+    X(O_ACC, "o_acc",        0,      IN | OUT,  0,       0,    WITH_NONE,    4,   EL_F32,     \
       LIKE_NONE,       "B, Hq, Sq, Dv")                                                       \
-    X(DO,    "do",           0,      0,         IN,      0,    USED_ALWAYS,      4,   0,      \
+    X(DO,    "do",           0,      0,         IN,      0,    WITH_NONE,    4,   EL_OP,      \
       LIKE_NONE,       "B, Hq, Sq, Dv")                                                       \
-    X(DQ,    "dq",           0,      0,         OUT,     0,    USED_ALWAYS,      4,   0,      \
+    X(DQ,    "dq",           0,      0,         OUT,     0,    WITH_NONE,    4,   EL_OP,      \
       T_Q,             "B, Hq, Sq, D")                                                        \
-    X(DK,    "dk",           0,      0,         OUT,     0,    USED_ALWAYS,      4,   0,      \
+    X(DK,    "dk",           0,      0,         OUT,     0,    WITH_NONE,    4,   EL_OP,      \
       T_K,             "B, Hkv, Sk, D")                                                       \
-    X(DV,    "dv",           0,      0,         OUT,     0,    USED_ALWAYS,      4,   0,      \
+    X(DV,    "dv",           0,      0,         OUT,     0,    WITH_NONE,    4,   EL_OP,      \
       T_V,             "B, Hkv, Sk, Dv")                                                      \
-    X(DBIAS, "dbias",        0,      0,         OUT,     0,    USED_WITH_BIAS,   4,   1,      \
+    X(DBIAS, "dbias",        0,      0,         OUT,     0,    WITH_BIAS,    4,   EL_F32,     \
       T_BIAS,          "bias's shape")                                                        \
-    X(O1,    "o1",           0,      0,         0,       IN,   USED_ALWAYS,      4,   0,      \
+    X(O1,    "o1",           0,      0,         0,       IN,   WITH_NONE,    4,   EL_OP,      \
       LIKE_NONE,       "B, H, S, Dv")                                                         \
-    X(LSE1,  "lse1",         0,      0,         0,       IN,   USED_ALWAYS,      3,   1,      \
+    X(LSE1,  "lse1",         0,      0,         0,       IN,   WITH_NONE,    3,   EL_F32,     \
       LIKE_NONE,       "B, H, S")                                                             \
-    X(O2,    "o2",           0,      0,         0,       IN,   USED_ALWAYS,      4,   0,      \
+    X(O2,    "o2",           0,      0,         0,       IN,   WITH_NONE,    4,   EL_OP,      \
       LIKE_NONE,       "B, H, S, Dv")                                                         \
-    X(LSE2,  "lse2",         0,      0,         0,       IN,   USED_ALWAYS,      3,   1,      \
-      LIKE_NONE,       "B, H, S")
+    X(LSE2,  "lse2",         0,      0,         0,       IN,   WITH_NONE,    3,   EL_F32,     \
+      LIKE_NONE,       "B, H, S")                                                             \
+    X(K_CACHE, "k_cache",    IN,     0,         0,       0,    WITH_PAGED,   4,   EL_KV,      \
+      LIKE_NONE,       "num_pages, page_size, Hkv, D")                                        \
+    X(V_CACHE, "v_cache",    IN,     0,         0,       0,    WITH_PAGED,   4,   EL_KV,      \
+      LIKE_NONE,       "num_pages, page_size, Hkv, Dv")                                       \
+    X(TABLE, "block_table",  IN,     0,         0,       0,    WITH_PAGED,   2,   EL_I32,     \
+      LIKE_NONE,       "B, max_pages")                                                        \
+    X(SEQLENS, "seqlens_k",  IN,     0,         0,       0,    WITH_PAGED,   1,   EL_I32,     \
+      LIKE_NONE,       "B")                                                                   \
+    X(K_SCALE, "k_scale",    IN,     0,         0,       0,    WITH_F8,      1,   EL_F32,     \
+      LIKE_NONE,       "1")                                                                   \
+    X(V_SCALE, "v_scale",    IN,     0,         0,       0,    WITH_F8,      1,   EL_F32,     \
+      LIKE_NONE,       "1")
 
 #define TENSOR_ID(id, ...) T_##id,
 enum { RUN_TENSORS(TENSOR_ID) T_COUNT };
@@ -90,9 +112,9 @@ enum { RUN_TENSORS(TENSOR_ID) T_COUNT };
 static const struct run_tensor {
     const char *name;
     unsigned char role[K_COUNT];
-    unsigned char used;
+    unsigned char with;
     unsigned char rank;
-    unsigned char f32;   /* f32 whatever the op's dtype */
+    unsigned char el;    /* EL_*: its elements */
     signed char like;    /* outputs: LIKE_* or the tensor whose shape it takes */
     const char *shape;   /* as messages name it */
 } tensors[T_COUNT] = {
@@ -255,19 +277,45 @@ static int kind_of(const aj_op_info *info)
     }
 }
 
-static const char *const used_feature[] = {
-    [USED_ALWAYS] = "", [USED_WITH_ALIBI] = "alibi", [USED_WITH_BIAS] = "bias"};
+static const char *const with_feature[] = {
+    [WITH_NONE] = "", [WITH_ALIBI] = "alibi", [WITH_BIAS] = "bias",
+    [WITH_PAGED] = "paged layout", [WITH_F8] = "f8 kv_dtype"};
 
-static int op_uses(const aj_op_info *info, int t)
+/* The target whose kernel parameters say what an op on a device of `kind`
+ * takes (every GPU architecture's kernel takes the same tensors). */
+static aj_target params_target(aj_device_kind kind)
 {
-    switch (tensors[t].used) {
-    case USED_WITH_ALIBI:
-        return info->score_mod == AJ_SCORE_MOD_ALIBI;
-    case USED_WITH_BIAS:
-        return info->bias == AJ_BIAS_ADD;
+    switch (kind) {
+    case AJ_DEVICE_SIM:
+        return AJ_TARGET_SIM;
+    case AJ_DEVICE_CPU:
+        return AJ_TARGET_CPU;
     default:
-        return 1;
+        return AJ_TARGET_SM_80;
     }
+}
+
+/* uses[t]: whether some stage of the op's kernel on the device has tensor
+ * t as a parameter (aj_op_kernel_params: the parameter table). */
+static aj_status kernel_tensors(aj_ctx *ctx, const aj_op *op, aj_device_kind device,
+                                unsigned char *uses)
+{
+    aj_param_desc params[256];
+    int32_t count = 0, stages = 1;
+    memset(uses, 0, T_COUNT);
+    for (int32_t s = 0; s < stages; s++) {
+        aj_status st = aj_op_kernel_params(ctx, op, params_target(device), s, params,
+                                           (int32_t)(sizeof params / sizeof params[0]), &count,
+                                           &stages);
+        if (st != AJ_OK)
+            return st;
+        for (int32_t i = 0; i < count && i < (int32_t)(sizeof params / sizeof params[0]); i++)
+            for (int t = 0; t < T_COUNT; t++)
+                if ((params[i].role <= AJ_ROLE_INOUT || params[i].role == AJ_ROLE_INDEX) &&
+                    strcmp(params[i].name, tensors[t].name) == 0)
+                    uses[t] = 1;
+    }
+    return AJ_OK;
 }
 
 static const char *role_noun(int dir)
@@ -314,9 +362,11 @@ static int refuse_role(int t, int dir, int kind)
     return CLI_EXIT_USAGE;
 }
 
-/* The tensors the op uses given (inputs all, outputs at least one), in the
- * roles its kind gives them, and no others; a message if not. */
-static int check_tensors(const aj_op_info *info, int kind, const run_opts *o)
+/* The tensors the op uses (uses[t]) given (inputs all, outputs at least
+ * one), in the roles its kind gives them, and no others; a message if
+ * not. */
+static int check_tensors(const aj_op_info *info, int kind, const unsigned char *uses,
+                         const run_opts *o)
 {
     int outputs = 0;
     const char *known[T_COUNT];
@@ -333,15 +383,17 @@ static int check_tensors(const aj_op_info *info, int kind, const run_opts *o)
                 continue;
             if (!(role & dir))
                 return refuse_role(t, dir, kind);
-            if (!op_uses(info, t)) {
-                fprintf(stderr, "attnjit: --%s %s given, but the op has no %s\n",
-                        dir == IN ? "in" : "out", tensors[t].name, used_feature[tensors[t].used]);
+            if (!uses[t]) {
+                const char *with = with_feature[tensors[t].with];
+                fprintf(stderr, "attnjit: --%s %s given, but %s%s\n", dir == IN ? "in" : "out",
+                        tensors[t].name, with[0] ? "the op has no " : "the op's kernel does "
+                        "not take it", with);
                 return CLI_EXIT_USAGE;
             }
             outputs += dir == OUT;
         }
-        if ((role & IN) && op_uses(info, t) && !o->in[t]) {
-            const char *with = used_feature[tensors[t].used];
+        if ((role & IN) && uses[t] && !o->in[t]) {
+            const char *with = with_feature[tensors[t].with];
             fprintf(stderr, "attnjit: %s%s%s needs --in %s=FILE (%s)\n", kinds[kind].singular,
                     with[0] ? " with " : "", with, tensors[t].name, tensors[t].shape);
             return CLI_EXIT_USAGE;
@@ -352,7 +404,7 @@ static int check_tensors(const aj_op_info *info, int kind, const run_opts *o)
     fprintf(stderr, "attnjit: run needs at least one --out: %s gives", kinds[kind].singular);
     const char *sep = " ";
     for (int t = 0; t < T_COUNT; t++)
-        if ((tensors[t].role[kind] & OUT) && op_uses(info, t)) {
+        if ((tensors[t].role[kind] & OUT) && uses[t]) {
             fprintf(stderr, "%s%s", sep, tensors[t].name);
             sep = ", ";
         }
@@ -377,7 +429,7 @@ static int alloc_tensor(host_buffer *h, aj_dtype dtype, int rank, const int64_t 
         h->t.strides[i] = (int64_t)n;
         n *= (size_t)shape[i];
     }
-    size_t bytes = n * (dtype == AJ_DTYPE_F32 ? 4 : 2);
+    size_t bytes = n * (size_t)aj_dtype_size(dtype);
     h->mem = aligned_alloc(64, (bytes + 63) / 64 * 64 + 64);
     if (!h->mem) {
         fprintf(stderr, "attnjit: out of memory for a %zu-byte tensor\n", bytes);
@@ -390,9 +442,40 @@ static int alloc_tensor(host_buffer *h, aj_dtype dtype, int rank, const int64_t 
     return CLI_EXIT_OK;
 }
 
+/* The dtype tensor t is stored in (int32 as 4-byte f32 elements, as the
+ * launch binds int32 arrays). */
 static aj_dtype dtype_of(const aj_op_info *info, int t)
 {
-    return tensors[t].f32 ? AJ_DTYPE_F32 : info->dtype;
+    switch (tensors[t].el) {
+    case EL_OP: return info->dtype;
+    case EL_KV: return info->kv_dtype;
+    default: return AJ_DTYPE_F32;
+    }
+}
+
+/* Whether input t is read as integers: int32 tables, an f8 cache's codes. */
+static int read_as_int(const aj_op_info *info, int t)
+{
+    return tensors[t].el == EL_I32 || (tensors[t].el == EL_KV && info->kv_dtype >=
+                                                                      AJ_DTYPE_F8E4M3);
+}
+
+/* Integers into h: int32 as they are, f8 codes (0..255) as bytes. */
+static int store_ints(const aj_op_info *info, int t, const npy_array *a, host_buffer *h)
+{
+    if (tensors[t].el == EL_I32) {
+        memcpy(h->mem, a->i32, a->count * sizeof *a->i32);
+        return CLI_EXIT_OK;
+    }
+    for (size_t i = 0; i < a->count; i++) {
+        if (a->i32[i] < 0 || a->i32[i] > 255) {
+            fprintf(stderr, "attnjit: %s: element %zu is %d; an %s cache holds byte codes "
+                    "(uint8)\n", tensors[t].name, i, a->i32[i], aj_dtype_name(info->kv_dtype));
+            return CLI_EXIT_INPUT;
+        }
+        ((unsigned char *)h->mem)[i] = (unsigned char)a->i32[i];
+    }
+    return CLI_EXIT_OK;
 }
 
 /* Reads input t from `path` (of the rank the table gives) and converts it
@@ -402,7 +485,9 @@ static int load_input(const aj_op_info *info, int t, const char *path, host_buff
     npy_array a;
     char err[512];
     const char *name = tensors[t].name;
-    npy_status ns = npy_read_f32(path, &a, err, sizeof err);
+    int ints = read_as_int(info, t);
+    npy_status ns = ints ? npy_read_i32(path, &a, err, sizeof err)
+                         : npy_read_f32(path, &a, err, sizeof err);
     if (ns != NPY_OK) {
         fprintf(stderr, "attnjit: %s: %s\n", name, err);
         return ns == NPY_ERR_OUT_OF_MEMORY ? CLI_EXIT_INTERNAL : CLI_EXIT_INPUT;
@@ -416,7 +501,9 @@ static int load_input(const aj_op_info *info, int t, const char *path, host_buff
     aj_dtype dtype = dtype_of(info, t);
     if (rc == CLI_EXIT_OK)
         rc = alloc_tensor(h, dtype, a.rank, a.shape);
-    if (rc == CLI_EXIT_OK)
+    if (rc == CLI_EXIT_OK && ints)
+        rc = store_ints(info, t, &a, h);
+    else if (rc == CLI_EXIT_OK)
         aj_convert(a.f32, AJ_DTYPE_F32, h->mem, dtype, a.count);
     npy_free(&a);
     return rc;
@@ -425,15 +512,18 @@ static int load_input(const aj_op_info *info, int t, const char *path, host_buff
 /* Every input given, and every output the op writes that is not also an
  * input (o_acc, an accumulating forward's lse) zero-filled in the shape
  * its `like` names. */
-static int host_tensors(const aj_op_info *info, int kind, const run_opts *o, host_buffer *buf)
+static int host_tensors(const aj_op_info *info, int kind, const unsigned char *uses,
+                        const run_opts *o, host_buffer *buf)
 {
     int rc = CLI_EXIT_OK;
     for (int t = 0; t < T_COUNT && rc == CLI_EXIT_OK; t++)
         if (o->in[t])
             rc = load_input(info, t, o->in[t], &buf[t]);
     const aj_tensor *rows = &buf[kinds[kind].rows].t, *width = &buf[kinds[kind].width].t;
+    if (!buf[kinds[kind].width].mem && buf[T_V_CACHE].mem)
+        width = &buf[T_V_CACHE].t;   /* paged: V's width is its cache's */
     for (int t = 0; t < T_COUNT && rc == CLI_EXIT_OK; t++) {
-        if (!(tensors[t].role[kind] & OUT) || !op_uses(info, t) || buf[t].mem)
+        if (!(tensors[t].role[kind] & OUT) || !uses[t] || buf[t].mem)
             continue;
         int like = tensors[t].like;
         const aj_tensor *from = like >= 0 ? &buf[like].t : rows;
@@ -469,7 +559,7 @@ static int write_output(const char *name, const char *path, const host_buffer *h
 
 static size_t tensor_bytes(const aj_tensor *t)
 {
-    size_t n = t->dtype == AJ_DTYPE_F32 ? 4 : 2;
+    size_t n = (size_t)aj_dtype_size(t->dtype);
     for (int i = 0; i < t->rank; i++)
         n *= (size_t)t->shape[i];
     return t->rank ? n : 0;
@@ -515,6 +605,13 @@ static void fill_args(const aj_tensor *t, const run_opts *o, launch_args *a)
     a->fwd = (aj_fwd_args)AJ_FWD_ARGS_INIT;
     FILL_SHARED_ARGS(a->fwd, t, o);
     a->fwd.o_acc = t[T_O_ACC];
+    a->fwd.k_cache = t[T_K_CACHE];
+    a->fwd.v_cache = t[T_V_CACHE];
+    a->fwd.block_table = t[T_TABLE].data;
+    a->fwd.max_pages = (int32_t)t[T_TABLE].shape[1];
+    a->fwd.seqlens_k = t[T_SEQLENS].data;
+    a->fwd.k_scale = t[T_K_SCALE];
+    a->fwd.v_scale = t[T_V_SCALE];
 
     a->bwd = (aj_bwd_args)AJ_BWD_ARGS_INIT;
     FILL_SHARED_ARGS(a->bwd, t, o);
@@ -602,10 +699,16 @@ int cli_run(aj_ctx *ctx, int argc, char **argv)
     aj_op_info info;
     aj_op_get_info(op, &info);
     int kind = kind_of(&info);
-    rc = check_tensors(&info, kind, &o);
+    unsigned char uses[T_COUNT];
+    aj_status st = kernel_tensors(ctx, op, o.device, uses);
+    if (st != AJ_OK) {
+        rc = cli_report(ctx, st);
+        goto done;
+    }
+    rc = check_tensors(&info, kind, uses, &o);
     if (rc != CLI_EXIT_OK)
         goto done;
-    aj_status st = aj_device_open(ctx, o.device, 0, &dev);
+    st = aj_device_open(ctx, o.device, 0, &dev);
     if (st == AJ_OK)
         st = aj_device_set_workers(dev, o.workers);
     aj_compile_options copt = AJ_COMPILE_OPTIONS_INIT;
@@ -619,7 +722,7 @@ int cli_run(aj_ctx *ctx, int argc, char **argv)
         rc = cli_report(ctx, st);
         goto done;
     }
-    rc = host_tensors(&info, kind, &o, buf);
+    rc = host_tensors(&info, kind, uses, &o, buf);
     if (rc == CLI_EXIT_OK)
         rc = cli_side_load(&info, &o.side, &side);
     if (rc != CLI_EXIT_OK)

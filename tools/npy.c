@@ -48,7 +48,7 @@ enum { GROWTH_AXIS_MAX_DIGITS = 21 };
 enum { ARRAY_ALIGN = 64 };
 
 /* The dtypes attnjit reads, as numpy spells them after the byte order. */
-typedef enum npy_dtype { DTYPE_F2, DTYPE_F4, DTYPE_F8, DTYPE_I4, DTYPE_COUNT } npy_dtype;
+typedef enum npy_dtype { DTYPE_F2, DTYPE_F4, DTYPE_F8, DTYPE_I4, DTYPE_U1, DTYPE_COUNT } npy_dtype;
 
 static const struct dtype_info {
     const char *code;
@@ -59,6 +59,7 @@ static const struct dtype_info {
     [DTYPE_F4] = {"f4", 4, 1},
     [DTYPE_F8] = {"f8", 8, 1},
     [DTYPE_I4] = {"i4", 4, 0},
+    [DTYPE_U1] = {"u1", 1, 0},   /* f8 KV-cache codes, widened to int32 */
 };
 
 /* What the caller asked for: float32 (from any float dtype) or int32 as is. */
@@ -707,12 +708,13 @@ static npy_status check_header(npy_header *h, element_want want, const report *r
                 h->dtype = (npy_dtype)d;
     if (h->dtype == DTYPE_COUNT)
         return fail(rep, NPY_ERR_UNSUPPORTED,
-                    "unsupported dtype '%s' (attnjit reads '<f2', '<f4', '<f8' and '<i4')", descr);
+                    "unsupported dtype '%s' (attnjit reads '<f2', '<f4', '<f8', '<i4' and '|u1')",
+                    descr);
     if (want == WANT_F32 && !dtype_table[h->dtype].is_float)
         return fail(rep, NPY_ERR_UNSUPPORTED,
                     "dtype '%s' is an integer array; expected floats ('<f2', '<f4' or '<f8')",
                     descr);
-    if (want == WANT_I32 && h->dtype != DTYPE_I4)
+    if (want == WANT_I32 && h->dtype != DTYPE_I4 && h->dtype != DTYPE_U1)
         return fail(rep, NPY_ERR_UNSUPPORTED, "dtype '%s' is not int32; expected '<i4'", descr);
     if (h->fortran_order)
         return fail(rep, NPY_ERR_UNSUPPORTED,
@@ -768,6 +770,10 @@ static npy_status convert_elements(const npy_header *h, const unsigned char *raw
             uint32_t bits = (uint32_t)load_le(raw + 4 * i, 4);
             memcpy(&out->i32[first + i], &bits, sizeof bits);
         }
+        break;
+    case DTYPE_U1:
+        for (size_t i = 0; i < n; i++)
+            out->i32[first + i] = raw[i];
         break;
     case DTYPE_COUNT:
         break;

@@ -3,8 +3,9 @@
  *
  * The tool's tensors (q, k, v, o, lse, ..., see DESIGN.md "Tensor names")
  * travel as .npy files.  The reader takes format versions 1.0, 2.0 and 3.0
- * and the dtypes '<f2', '<f4', '<f8' (converted to float32) and '<i4' (kept
- * as int32, for cu_seqlens).  It validates every byte it relies on: a file
+ * and the dtypes '<f2', '<f4', '<f8' (converted to float32), '<i4' (kept
+ * as int32, for cu_seqlens) and '|u1' (widened to int32: an f8 KV cache's
+ * codes).  It validates every byte it relies on: a file
  * that is malformed, truncated, longer than its header says, or beyond the
  * limits below is an error with a one-line message, never a crash or a
  * silently different array.
@@ -51,9 +52,9 @@ typedef enum npy_status {
 typedef struct npy_array {
     int rank;
     int64_t shape[NPY_MAX_RANK];
-    char dtype[4];  /* the stored dtype without its byte order: "f2", "f4", "f8", "i4" */
+    char dtype[4];  /* the stored dtype without its byte order: "f2", "f4", "f8", "i4", "u1" */
     float *f32;     /* the data as float32 (from f2, f4, f8); NULL for int arrays */
-    int32_t *i32;   /* the data of an i4 array; NULL for float arrays */
+    int32_t *i32;   /* the data of an i4 or u1 array; NULL for float arrays */
     size_t count;
 } npy_array;
 
@@ -64,7 +65,7 @@ typedef struct npy_array {
  *     "q.npy: truncated data: header promises 4096 bytes, file has 100"
  * npy_read_f32 takes f2, f4 and f8 (f2 widens exactly; f8 rounds to
  * nearest, and a finite f8 value beyond float32's range is an error rather
- * than an infinity).  npy_read_i32 takes i4 only.  Each names the dtype it
+ * than an infinity).  npy_read_i32 takes i4 and u1.  Each names the dtype it
  * found when it refuses one.
  */
 npy_status npy_read_f32(const char *path, npy_array *out, char *err, size_t errcap);

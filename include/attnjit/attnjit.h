@@ -138,6 +138,10 @@ typedef enum aj_dtype {
     AJ_DTYPE_F16 = 0,
     AJ_DTYPE_BF16 = 1,
     AJ_DTYPE_F32 = 2,
+    /* 8-bit floats: the elements of a paged KV cache only (kv_dtype), with
+     * a per-tensor f32 scale; an op's dtype is one of the three above */
+    AJ_DTYPE_F8E4M3 = 3,       /* OCP e4m3fn: no inf, max 448 */
+    AJ_DTYPE_F8E5M2 = 4,       /* OCP e5m2: inf and NaN as in IEEE */
     AJ_DTYPE_COUNT
 } aj_dtype;
 
@@ -175,6 +179,7 @@ typedef enum aj_bias {
 typedef enum aj_layout {
     AJ_LAYOUT_PADDED = 0,      /* Q[B,H,S,D] with run-time strides */
     AJ_LAYOUT_VARLEN = 1,      /* Q[T,H,D] with cu_seqlens */
+    AJ_LAYOUT_PAGED = 2,       /* forward: K/V in caches of pages (aj_fwd_args.paged) */
     AJ_LAYOUT_COUNT
 } aj_layout;
 
@@ -282,6 +287,15 @@ aj_status aj_op_set_accumulate(aj_op *op, bool accumulate);
 aj_status aj_op_set_deterministic(aj_op *op, bool deterministic);
 aj_status aj_op_set_schedule(aj_op *op, const aj_schedule *schedule);
 aj_status aj_op_set_target(aj_op *op, aj_target target);
+/* layout = paged only: the KV caches' element type (f16, bf16, f32,
+ * f8e4m3, f8e5m2); until set, the op's dtype. */
+aj_status aj_op_set_kv_dtype(aj_op *op, aj_dtype kv_dtype);
+/* layout = paged only: the number of parts the key range of a sequence is
+ * split into (split-KV), 1..AJ_SPLITS_MAX; 0 lets the launch choose from
+ * the batch, heads, lengths and the device's cores.  The text form's
+ * `schedule = (splits = N)`. */
+#define AJ_SPLITS_MAX 64
+aj_status aj_op_set_splits(aj_op *op, int32_t splits);
 
 /* Checks the op as a whole (sticky builder error first, then every rule of
  * docs/ir.md).  Returns AJ_OK or AJ_ERR_VERIFY / AJ_ERR_INVALID_ARG with
@@ -313,6 +327,8 @@ typedef struct aj_op_info {
     /* the side tensors its expressions read, in declaration order */
     int32_t num_tensors;
     aj_side_decl tensors[AJ_OP_TENSORS_MAX];
+    aj_dtype kv_dtype;     /* resolved: the dtype unless layout = paged set it */
+    int32_t splits;        /* as given; 0 = chosen at launch */
 } aj_op_info;
 
 aj_status aj_op_get_info(const aj_op *op, aj_op_info *out);
@@ -439,6 +455,7 @@ typedef enum aj_extent {
     AJ_EXTENT_HEADS_KV = 3,
     AJ_EXTENT_SEQ_Q = 4,
     AJ_EXTENT_SEQ_K = 5,
+    AJ_EXTENT_SPLITS = 6,      /* layout = paged: the split-KV parts of a launch */
     AJ_EXTENT_COUNT
 } aj_extent;
 
@@ -713,6 +730,23 @@ typedef struct aj_fwd_args {
      * NULL: such a launch builds one itself, each call.  Ignored by ops
      * that need none. */
     const aj_block_mask *block_mask;
+    /* Version 3.  layout = paged only (docs/ir.md "paged"); k and v stay empty, q, o
+     * and lse are padded [B, Hq, Sq, D], [B, Hq, Sq, Dv], [B, Hq, Sq].
+     * k_cache [num_pages, page_size, Hkv, D] and v_cache [num_pages,
+     * page_size, Hkv, Dv] of the op's kv_dtype (any strides, unit last);
+     * block_table: int32 [B, max_pages], contiguous, row b the pages of
+     * sequence b in order; seqlens_k: int32 [B], sequence b's keys (0 ..
+     * max_pages page_size); all in device memory.  The queries are the
+     * last Sq positions of their sequence.  k_scale, v_scale: f32 tensors
+     * of one element that the stored K and V are multiplied by, f8
+     * kv_dtype only (required there).  A bad page index or length is
+     * found by the kernel (AJ_ERR_INVALID_ARG naming the sequence, as
+     * varlen's offsets).  q_offset, kv_offset and the totals must be 0. */
+    aj_tensor k_cache, v_cache;
+    const int32_t *block_table;
+    int32_t max_pages;
+    const int32_t *seqlens_k;
+    aj_tensor k_scale, v_scale;
 } aj_fwd_args;
 
 #define AJ_FWD_ARGS_INIT { .struct_size = sizeof(aj_fwd_args) }
@@ -1114,10 +1148,15 @@ aj_status aj_ring_plan(aj_ctx *ctx, aj_device *dev, const aj_op *op,
                        int32_t *count);
 
 /* Converts `count` elements between dtypes, rounding to nearest even (as
- * the kernels do).  src and dst must not overlap unless they are equal and
+ * the kernels do; to an f8 dtype saturating at its largest finite, as PTX's
+ * cvt.rn.satfinite).  src and dst must not overlap unless they are equal and
  * the element sizes match.  AJ_ERR_INVALID_ARG for a bad dtype or NULL. */
 aj_status aj_convert(const void *src, aj_dtype src_dtype, void *dst, aj_dtype dst_dtype,
                      size_t count);
+
+/* Bytes per element of a dtype: 4, 2 or 1 (the f8 dtypes); 0 for a value
+ * outside the enum. */
+int aj_dtype_size(aj_dtype dtype);
 
 /* ---------------------------------------------------------------- tuning */
 

@@ -68,7 +68,10 @@ class FwdArgs(ctypes.Structure):
                 ("cu_seqlens_q", c_void_p), ("cu_seqlens_k", c_void_p),
                 ("batch", i32), ("max_seqlen_q", i32), ("max_seqlen_k", i32),
                 ("side", ctypes.POINTER(SideTensor)), ("num_side", i32),
-                ("block_mask", c_void_p)]
+                ("block_mask", c_void_p),
+                ("k_cache", Tensor), ("v_cache", Tensor), ("block_table", c_void_p),
+                ("max_pages", i32), ("seqlens_k", c_void_p),
+                ("k_scale", Tensor), ("v_scale", Tensor)]
 
 
 class BwdArgs(ctypes.Structure):

@@ -1,0 +1,357 @@
+/*
+ * paged_cases.h -- one paged-KV forward problem (layout = paged) run on a
+ * device and checked against the float64 reference (tests, bench/decode).
+ *
+ * A case says the sizes, dtypes, page size, each sequence's length and
+ * how its pages are laid out: in order, shuffled over the cache, or with
+ * every sequence sharing sequence 0's leading full pages (prefix
+ * sharing).  Every page of the cache (a few spare ones too) holds random
+ * values, stored in the cache's dtype (f8: value / scale, rounded), and
+ * the reference reads the stored values back, so any difference is the
+ * kernel's own.
+ */
+#ifndef AJ_TESTS_PAGED_CASES_H
+#define AJ_TESTS_PAGED_CASES_H
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "attnjit/attnjit.h"
+#include "ref.h"
+#include "sim_harness.h"
+
+enum { PAGED_IN_ORDER, PAGED_SHUFFLED, PAGED_SHARED_PREFIX };
+
+/* A fault the device is given in sequence fault_seq: a block-table entry
+ * of num_pages (outside the cache), or a length one past its table row. */
+enum { PAGED_NO_FAULT, PAGED_FAULT_PAGE, PAGED_FAULT_LENGTH };
+
+typedef struct paged_case {
+    aj_dtype dtype, kv_dtype;
+    int d, dv;                  /* dv 0: d */
+    aj_mask_kind mask;          /* none, causal, window */
+    int64_t left, right;        /* window */
+    double softcap;             /* 0: none */
+    int alibi;                  /* score_mod = alibi, slope of head h 2^-(h + 1) / 2 */
+    int b, hq, hkv, sq;
+    int page_size;
+    const int32_t *seqlens;     /* b lengths */
+    int pages;                  /* PAGED_* */
+    int splits;                 /* the schedule's; 0: the launch's choice */
+    uint64_t seed;
+    int fault, fault_seq;       /* PAGED_*: what the device gets wrong (no reference) */
+} paged_case;
+
+typedef struct paged_result {
+    aj_status status;
+    double err_o, err_lse;      /* max error / tolerance (<= 1 passes) */
+    int exact_empty;            /* rows without keys are exactly O = 0, LSE = -inf */
+    double seconds;             /* the aj_forward call */
+} paged_result;
+
+/* A case of b sequences of these lengths: Hq 4, Hkv 2, Sq 1, page size
+ * 16, pages shuffled, no mask, the launch's split count. */
+static inline paged_case paged_base(aj_dtype dtype, aj_dtype kv_dtype, int d,
+                                    const int32_t *seqlens, int b)
+{
+    paged_case c;
+    memset(&c, 0, sizeof c);
+    c.dtype = dtype;
+    c.kv_dtype = kv_dtype;
+    c.d = d;
+    c.b = b;
+    c.hq = 4;
+    c.hkv = 2;
+    c.sq = 1;
+    c.page_size = 16;
+    c.seqlens = seqlens;
+    c.pages = PAGED_SHUFFLED;
+    c.seed = 7;
+    return c;
+}
+
+/* "bf16/e4m3 d128 ps16 gqa 4:1 sq 2 causal shuffled splits 4" */
+static inline void paged_label(const paged_case *c, char *buf, size_t cap)
+{
+    static const char *const layouts[] = {"in order", "shuffled", "shared prefix"};
+    snprintf(buf, cap, "%s/%s d%d", aj_dtype_name(c->dtype), aj_dtype_name(c->kv_dtype), c->d);
+    size_t n = strlen(buf);
+    if (c->dv && c->dv != c->d)
+        n += (size_t)snprintf(buf + n, cap - n, "/%d", c->dv);
+    snprintf(buf + n, cap - n, " ps%d gqa %d:1 b%d sq %d %s%s%s %s splits %d", c->page_size,
+             c->hq / c->hkv, c->b, c->sq,
+             c->mask == AJ_MASK_CAUSAL ? "causal" : c->mask == AJ_MASK_WINDOW ? "window" : "none",
+             c->softcap ? " softcap" : "", c->alibi ? " alibi" : "", layouts[c->pages],
+             c->splits);
+}
+
+static inline uint64_t paged_rand(uint64_t *s)
+{
+    *s = *s * 6364136223846793005ull + 1442695040888963407ull;
+    return *s >> 33;
+}
+
+static inline double paged_uniform(uint64_t *s)
+{
+    return (double)paged_rand(s) / (double)(1ull << 31) * 2.0 - 1.0;
+}
+
+/* n values uniform in [-amp, amp] / scale stored as dtype into dev_mem
+ * (allocated), read back into ref (times scale). */
+static inline aj_status paged_fill(aj_device *dev, aj_dtype dtype, size_t n, double amp,
+                                   double scale, uint64_t *seed, void **dev_mem, double *ref)
+{
+    float *f = malloc((n ? n : 1) * sizeof *f);
+    unsigned char *stored = malloc((n ? n : 1) * 4);
+    aj_status st = f && stored ? AJ_OK : AJ_ERR_OUT_OF_MEMORY;
+    for (size_t i = 0; st == AJ_OK && i < n; i++)
+        f[i] = (float)(amp * paged_uniform(seed) / scale);
+    if (st == AJ_OK)
+        st = aj_convert(f, AJ_DTYPE_F32, stored, dtype, n);
+    if (st == AJ_OK)
+        st = aj_convert(stored, dtype, f, AJ_DTYPE_F32, n);
+    for (size_t i = 0; st == AJ_OK && i < n; i++)
+        ref[i] = (double)f[i];
+    size_t bytes = n * (size_t)aj_dtype_size(dtype);
+    if (st == AJ_OK)
+        st = aj_device_alloc(dev, bytes ? bytes : 16, dev_mem);
+    if (st == AJ_OK)
+        st = aj_device_copy_to(dev, *dev_mem, stored, bytes);
+    free(f);
+    free(stored);
+    return st;
+}
+
+/* A contiguous tensor over device memory. */
+static inline aj_tensor paged_tensor(void *data, aj_dtype dtype, int rank, const int64_t *shape)
+{
+    aj_tensor t;
+    memset(&t, 0, sizeof t);
+    t.data = data;
+    t.dtype = dtype;
+    t.rank = rank;
+    int64_t stride = 1;
+    for (int i = rank - 1; i >= 0; i--) {
+        t.shape[i] = shape[i];
+        t.strides[i] = stride;
+        stride *= shape[i];
+    }
+    return t;
+}
+
+/* The op of a case (kernel cached by the caller if it likes). */
+static inline aj_status paged_compile(aj_ctx *ctx, aj_device *dev, const paged_case *c,
+                                      aj_kernel **kernel)
+{
+    aj_op *op = NULL;
+    aj_status st = aj_op_create(ctx, AJ_KIND_FORWARD, AJ_VARIANT_FLASH, &op);
+    if (st != AJ_OK)
+        return st;
+    aj_op_set_dtype(op, c->dtype);
+    aj_op_set_head_dims(op, c->d, c->dv);
+    aj_op_set_layout(op, AJ_LAYOUT_PAGED);
+    aj_op_set_kv_dtype(op, c->kv_dtype);
+    aj_op_set_splits(op, c->splits);
+    if (c->mask == AJ_MASK_CAUSAL)
+        aj_op_set_mask_causal(op, AJ_ALIGN_BOTTOM_RIGHT);
+    if (c->mask == AJ_MASK_WINDOW)
+        aj_op_set_mask_window(op, c->left, c->right, AJ_ALIGN_BOTTOM_RIGHT);
+    if (c->softcap)
+        aj_op_set_softcap(op, c->softcap);
+    if (c->alibi)
+        aj_op_set_alibi(op);
+    aj_compile_options opt = AJ_COMPILE_OPTIONS_INIT;
+    opt.target = aj_device_target(dev);
+    st = aj_compile(ctx, op, &opt, kernel);
+    aj_op_destroy(op);
+    return st;
+}
+
+/* The block table of a case: row b's pages, and the cache's page count. */
+static inline int32_t *paged_table(const paged_case *c, uint64_t *seed, int *max_pages,
+                                   int *num_pages)
+{
+    int most = 1, total = 0;
+    for (int b = 0; b < c->b; b++) {
+        int n = (c->seqlens[b] + c->page_size - 1) / c->page_size;
+        most = n > most ? n : most;
+        total += n;
+    }
+    *max_pages = most + 1;              /* a spare slot: never read */
+    *num_pages = total + 3;             /* spare pages: never read */
+    int32_t *table = calloc((size_t)(c->b * *max_pages), sizeof *table);
+    int32_t *order = malloc((size_t)*num_pages * sizeof *order);
+    if (!table || !order) {
+        free(table);
+        free(order);
+        return NULL;
+    }
+    for (int i = 0; i < *num_pages; i++)
+        order[i] = i;
+    if (c->pages != PAGED_IN_ORDER)
+        for (int i = *num_pages - 1; i > 0; i--) {
+            int j = (int)(paged_rand(seed) % (uint64_t)(i + 1));
+            int32_t t = order[i];
+            order[i] = order[j];
+            order[j] = t;
+        }
+    int next = 0;
+    for (int b = 0; b < c->b; b++) {
+        int n = (c->seqlens[b] + c->page_size - 1) / c->page_size;
+        int shared = 0;
+        if (c->pages == PAGED_SHARED_PREFIX && b > 0) {
+            int full0 = c->seqlens[0] / c->page_size, fullb = c->seqlens[b] / c->page_size;
+            shared = full0 < fullb ? full0 : fullb;
+        }
+        for (int p = 0; p < n; p++)
+            table[b * *max_pages + p] = p < shared ? table[p] : order[next++];
+    }
+    free(order);
+    return table;
+}
+
+/* Runs case c with `kernel` (paged_compile's) on dev and checks it. */
+static inline paged_result paged_run(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
+                                     const paged_case *c)
+{
+    paged_result r = {AJ_OK, 0, 0, 1, 0};
+    uint64_t seed = c->seed ? c->seed : 1;
+    int dv = c->dv ? c->dv : c->d, max_pages = 0, num_pages = 0;
+    int32_t *table = paged_table(c, &seed, &max_pages, &num_pages);
+    int f8 = c->kv_dtype >= AJ_DTYPE_F8E4M3;
+    const double k_scale = f8 ? 1.0 / 64 : 1.0, v_scale = f8 ? 1.0 / 32 : 1.0;
+    size_t nq = (size_t)c->b * c->hq * c->sq * c->d, no = (size_t)c->b * c->hq * c->sq * dv;
+    size_t rows = (size_t)num_pages * c->page_size * c->hkv;
+    double *q = malloc(nq * sizeof *q), *kc = malloc(rows * c->d * sizeof *kc);
+    double *vc = malloc(rows * dv * sizeof *vc), *o_ref = malloc((no + 1) * sizeof *o_ref);
+    double *lse_ref = malloc(((size_t)c->b * c->hq * c->sq + 1) * sizeof *lse_ref);
+    float *o = malloc((no + 1) * sizeof *o);
+    float *lse = malloc(((size_t)c->b * c->hq * c->sq + 1) * sizeof *lse);
+    void *mem[9] = {0};
+    double slopes[64];
+    float slopes_f[64];
+    for (int h = 0; h < c->hq && h < 64; h++) {
+        slopes_f[h] = (float)(pow(2.0, -(h + 1) / 2.0));
+        slopes[h] = slopes_f[h];
+    }
+    if (!table || !q || !kc || !vc || !o_ref || !lse_ref || !o || !lse)
+        r.status = AJ_ERR_OUT_OF_MEMORY;
+    if (r.status == AJ_OK)
+        r.status = paged_fill(dev, c->dtype, nq, 1.0, 1.0, &seed, &mem[0], q);
+    if (r.status == AJ_OK)
+        r.status = paged_fill(dev, c->kv_dtype, rows * c->d, 1.0, k_scale, &seed, &mem[1], kc);
+    if (r.status == AJ_OK)
+        r.status = paged_fill(dev, c->kv_dtype, rows * dv, 1.0, v_scale, &seed, &mem[2], vc);
+    size_t o_bytes = no * (size_t)aj_dtype_size(c->dtype);
+    size_t lse_n = (size_t)c->b * c->hq * c->sq;
+    float scales[2] = {(float)k_scale, (float)v_scale};
+    const size_t sizes[5] = {o_bytes + 16, lse_n * 4 + 16, (size_t)c->b * max_pages * 4 + 16,
+                             (size_t)c->b * 4 + 16, 16};
+    for (int i = 0; i < 5 && r.status == AJ_OK; i++)
+        r.status = aj_device_alloc(dev, sizes[i], &mem[3 + i]);
+    int32_t *lens = malloc((size_t)c->b * 4 + 4);
+    if (r.status == AJ_OK && !lens)
+        r.status = AJ_ERR_OUT_OF_MEMORY;
+    if (r.status == AJ_OK) {
+        memcpy(lens, c->seqlens, (size_t)c->b * 4);
+        if (c->fault == PAGED_FAULT_PAGE)
+            table[c->fault_seq * max_pages] = num_pages;
+        if (c->fault == PAGED_FAULT_LENGTH)
+            lens[c->fault_seq] = max_pages * c->page_size + 1;
+        r.status = aj_device_copy_to(dev, mem[5], table, (size_t)c->b * max_pages * 4);
+    }
+    if (r.status == AJ_OK)
+        r.status = aj_device_copy_to(dev, mem[6], lens, (size_t)c->b * 4);
+    free(lens);
+    if (r.status == AJ_OK)
+        r.status = aj_device_copy_to(dev, mem[7], scales, sizeof scales);
+    if (r.status == AJ_OK && c->alibi)
+        r.status = aj_device_alloc(dev, (size_t)c->hq * 4, &mem[8]);
+    if (r.status == AJ_OK && c->alibi)
+        r.status = aj_device_copy_to(dev, mem[8], slopes_f, (size_t)c->hq * 4);
+    if (r.status == AJ_OK) {
+        aj_fwd_args a = AJ_FWD_ARGS_INIT;
+        const int64_t qs[4] = {c->b, c->hq, c->sq, c->d}, os[4] = {c->b, c->hq, c->sq, dv};
+        const int64_t ks[4] = {num_pages, c->page_size, c->hkv, c->d};
+        const int64_t vs[4] = {num_pages, c->page_size, c->hkv, dv}, one[1] = {1};
+        a.q = paged_tensor(mem[0], c->dtype, 4, qs);
+        a.k_cache = paged_tensor(mem[1], c->kv_dtype, 4, ks);
+        a.v_cache = paged_tensor(mem[2], c->kv_dtype, 4, vs);
+        a.o = paged_tensor(mem[3], c->dtype, 4, os);
+        a.lse = paged_tensor(mem[4], AJ_DTYPE_F32, 3, qs);
+        a.block_table = mem[5];
+        a.max_pages = max_pages;
+        a.seqlens_k = mem[6];
+        const int64_t heads[1] = {c->hq};
+        if (c->alibi)
+            a.alibi_slopes = paged_tensor(mem[8], AJ_DTYPE_F32, 1, heads);
+        if (f8) {
+            a.k_scale = paged_tensor(mem[7], AJ_DTYPE_F32, 1, one);
+            a.v_scale = paged_tensor((float *)mem[7] + 1, AJ_DTYPE_F32, 1, one);
+        }
+        struct timespec t0, t1;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        r.status = aj_forward(ctx, dev, kernel, &a);
+        if (r.status == AJ_OK)
+            r.status = aj_device_synchronize(dev, NULL);
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        r.seconds = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
+    }
+    void *o_host = malloc(o_bytes + 16);
+    if (r.status == AJ_OK && !o_host)
+        r.status = AJ_ERR_OUT_OF_MEMORY;
+    if (r.status == AJ_OK)
+        r.status = aj_device_copy_from(dev, o_host, mem[3], o_bytes);
+    if (r.status == AJ_OK)
+        r.status = aj_device_copy_from(dev, lse, mem[4], lse_n * 4);
+    if (r.status == AJ_OK)
+        r.status = aj_convert(o_host, c->dtype, o, AJ_DTYPE_F32, no);
+    if (r.status == AJ_OK && c->fault == PAGED_NO_FAULT) {
+        ref_problem p;
+        memset(&p, 0, sizeof p);
+        p.B = c->b, p.Hq = c->hq, p.Hkv = c->hkv, p.D = c->d, p.Dv = dv, p.Sq = c->sq;
+        p.mask = c->mask;
+        p.align = AJ_ALIGN_BOTTOM_RIGHT;
+        p.window_left = c->left, p.window_right = c->right;
+        p.softcap = c->softcap;
+        p.alibi_slopes = c->alibi ? slopes : NULL;
+        ref_paged pg = {num_pages, c->page_size, max_pages, kc, vc, table, c->seqlens,
+                        k_scale, v_scale};
+        ref_paged_forward(&p, &pg, q, o_ref, lse_ref);
+        fwd_tolerance tol = fwd_tolerance_for(c->dtype);
+        for (size_t i = 0; i < lse_n; i++) {
+            double want = lse_ref[i], got = lse[i];
+            if (want == -INFINITY) {
+                int exact = got == -INFINITY;
+                for (int e = 0; e < dv; e++)
+                    exact &= o[i * dv + e] == 0.0f;
+                r.exact_empty &= exact;
+                continue;
+            }
+            double e = fabs(got - want) / (tol.lse_atol + tol.lse_rtol * fabs(want));
+            r.err_lse = e > r.err_lse || isnan(e) ? e : r.err_lse;
+            for (int x = 0; x < dv; x++) {
+                double w = o_ref[i * dv + x];
+                double eo = fabs(o[i * dv + x] - w) / (tol.o_atol + tol.o_rtol * fabs(w));
+                r.err_o = eo > r.err_o || isnan(eo) ? eo : r.err_o;
+            }
+        }
+    }
+    for (int i = 0; i < 9; i++)
+        aj_device_free(dev, mem[i]);
+    free(o_host);
+    free(table);
+    free(q);
+    free(kc);
+    free(vc);
+    free(o_ref);
+    free(lse_ref);
+    free(o);
+    free(lse);
+    return r;
+}
+
+#endif /* AJ_TESTS_PAGED_CASES_H */

@@ -1,0 +1,225 @@
+/*
+ * test_cpu_paged.c -- layout = paged on the cpu target against the float64
+ * reference (tests/paged_cases.h): a sweep over what docs/ir.md advertises
+ * -- page sizes 1, 16, 64 (and 256), pages in order, shuffled and shared
+ * between sequences, Sq 1..16, GQA 1:1 .. 8:1, head dims 64, 128, 256 and
+ * (192, 128), f16 / bf16 queries with f16, bf16, f8e4m3 and f8e5m2
+ * caches, masks, softcap and alibi, sequences of length 0, query heads packed per
+ * KV head and not (a group too long for one block) -- then every split
+ * count 1..16 of one problem against the reference and against each other,
+ * and the faults the kernel finds (a page outside the cache, a length
+ * beyond the table, a negative length), each named by its sequence.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "paged_cases.h"
+
+static aj_ctx *ctx;
+static aj_device *dev;
+
+static void run(const paged_case *c)
+{
+    char label[160];
+    paged_label(c, label, sizeof label);
+    aj_kernel *kernel = NULL;
+    aj_status st = paged_compile(ctx, dev, c, &kernel);
+    CHECK_MSG(st == AJ_OK, "%s: compile: %s (%s)", label, aj_status_str(st), aj_last_error(ctx));
+    if (st != AJ_OK)
+        return;
+    paged_result r = paged_run(ctx, dev, kernel, c);
+    aj_kernel_destroy(kernel);
+    CHECK_MSG(r.status == AJ_OK, "%s: %s (%s)", label, aj_status_str(r.status),
+              aj_last_error(ctx));
+    if (r.status != AJ_OK)
+        return;
+    CHECK_MSG(r.err_o <= 1.0 && r.err_lse <= 1.0, "%s: O %.3g LSE %.3g x tolerance", label,
+              r.err_o, r.err_lse);
+    CHECK_MSG(r.exact_empty, "%s: a row without keys is not O = 0, LSE = -inf", label);
+    printf("%-72s O %.3f LSE %.3f %8.2f ms\n", label, r.err_o, r.err_lse, r.seconds * 1e3);
+}
+
+
+
+/* Each dimension over its advertised range, the others at a base. */
+static void test_sweep(void)
+{
+    static const int32_t lens[4] = {37, 0, 130, 5};
+    static const aj_dtype qs[2] = {AJ_DTYPE_F16, AJ_DTYPE_BF16};
+    static const aj_dtype kvs[4] = {AJ_DTYPE_F16, AJ_DTYPE_BF16, AJ_DTYPE_F8E4M3,
+                                    AJ_DTYPE_F8E5M2};
+    for (int i = 0; i < 2; i++)
+        for (int j = 0; j < 4; j++) {
+            paged_case c = paged_base(qs[i], kvs[j], 64, lens, 4);
+            c.mask = AJ_MASK_CAUSAL;
+            c.sq = 3;
+            run(&c);
+        }
+    static const int page_sizes[4] = {1, 16, 64, 256};
+    static const int layouts[3] = {PAGED_IN_ORDER, PAGED_SHUFFLED, PAGED_SHARED_PREFIX};
+    for (int i = 0; i < 4; i++)
+        for (int j = 0; j < 3; j++) {
+            paged_case c = paged_base(AJ_DTYPE_BF16, AJ_DTYPE_BF16, 64, lens, 4);
+            c.page_size = page_sizes[i];
+            c.pages = layouts[j];
+            c.sq = 2;
+            run(&c);
+        }
+    static const int sqs[5] = {1, 2, 5, 8, 16};
+    for (int i = 0; i < 5; i++) {
+        paged_case c = paged_base(AJ_DTYPE_F16, AJ_DTYPE_F16, 128, lens, 4);
+        c.sq = sqs[i];
+        c.mask = AJ_MASK_CAUSAL;
+        run(&c);
+    }
+    static const int groups[4] = {1, 2, 4, 8};
+    for (int i = 0; i < 4; i++) {
+        paged_case c = paged_base(AJ_DTYPE_BF16, AJ_DTYPE_F8E4M3, 128, lens, 4);
+        c.hkv = groups[i] == 8 ? 1 : 2;
+        c.hq = c.hkv * groups[i];
+        c.sq = 2;
+        run(&c);
+    }
+    static const int dims[4][2] = {{64, 64}, {128, 128}, {256, 256}, {192, 128}};
+    for (int i = 0; i < 4; i++) {
+        paged_case c = paged_base(AJ_DTYPE_BF16, AJ_DTYPE_BF16, dims[i][0], lens, 4);
+        c.dv = dims[i][1];
+        c.mask = AJ_MASK_CAUSAL;
+        c.sq = 4;
+        run(&c);
+    }
+    /* a group whose rows do not fit one block (8 x 17 > 128): one item per
+     * query head, the path alibi and head-reading expressions take */
+    for (int sq = 16; sq <= 17; sq++) {
+        paged_case c = paged_base(AJ_DTYPE_BF16, AJ_DTYPE_BF16, 64, lens, 4);
+        c.hkv = 1;
+        c.hq = 8;
+        c.sq = sq;
+        c.mask = AJ_MASK_CAUSAL;
+        c.splits = 3;
+        run(&c);
+    }
+    /* window and softcap on absolute positions; all sequences empty */
+    paged_case c = paged_base(AJ_DTYPE_F16, AJ_DTYPE_F8E5M2, 64, lens, 4);
+    c.mask = AJ_MASK_WINDOW;
+    c.left = 20;
+    c.right = 0;
+    c.sq = 6;
+    run(&c);
+    c.mask = AJ_MASK_NONE;
+    c.softcap = 5.0;
+    run(&c);
+    /* alibi reads the head: each query head its own row block */
+    c.softcap = 0;
+    c.alibi = 1;
+    c.mask = AJ_MASK_CAUSAL;
+    c.hq = 8;
+    run(&c);
+    static const int32_t empty[2] = {0, 0};
+    c = paged_base(AJ_DTYPE_BF16, AJ_DTYPE_BF16, 64, empty, 2);
+    run(&c);
+}
+
+/* Every split count of one long problem: each against the reference, and
+ * the same as one part within the tolerance. */
+static void test_splits(void)
+{
+    static const int32_t lens[3] = {1000, 3, 517};
+    for (int s = 1; s <= 16; s++) {
+        paged_case c = paged_base(AJ_DTYPE_BF16, AJ_DTYPE_BF16, 128, lens, 3);
+        c.splits = s;
+        c.sq = 2;
+        c.mask = AJ_MASK_CAUSAL;
+        c.hq = 8;
+        run(&c);
+    }
+    /* the launch's own choice (here: 0) */
+    paged_case c = paged_base(AJ_DTYPE_F16, AJ_DTYPE_F8E4M3, 64, lens, 1);
+    run(&c);
+}
+
+/* What the kernel finds, as the call's AJ_ERR_INVALID_ARG naming the
+ * sequence; the device is clean again for the next call. */
+static void test_faults(void)
+{
+    static const int32_t lens[3] = {40, 70, 9}, negative[3] = {40, -5, 9};
+    static const struct {
+        const int32_t *lens;
+        int fault, seq;
+        const char *message;
+    } cases[] = {
+        {lens, PAGED_FAULT_PAGE, 2, "aj_forward: block_table row 2 holds a page outside 0 .. "
+         "num_pages - 1 (k_cache.shape[0]) (found by the kernel of sequence 2, which skipped "
+         "it)"},
+        {lens, PAGED_FAULT_LENGTH, 1, "aj_forward: seqlens_k[1] is negative or beyond its "
+         "block_table row (max_pages x page_size keys)"},
+        {negative, PAGED_NO_FAULT, 0, "aj_forward: seqlens_k[1] is negative or beyond its "
+         "block_table row"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        for (int splits = 1; splits <= 3; splits += 2) {
+            paged_case c = paged_base(AJ_DTYPE_F16, AJ_DTYPE_F16, 64, cases[i].lens, 3);
+            c.fault = cases[i].fault;
+            c.fault_seq = cases[i].seq;
+            c.splits = splits;
+            aj_kernel *kernel = NULL;
+            if (paged_compile(ctx, dev, &c, &kernel) != AJ_OK) {
+                CHECK_MSG(0, "fault case %zu: compile: %s", i, aj_last_error(ctx));
+                continue;
+            }
+            paged_result r = paged_run(ctx, dev, kernel, &c);
+            CHECK_MSG(r.status == AJ_ERR_INVALID_ARG, "fault case %zu splits %d: %s", i, splits,
+                      aj_status_str(r.status));
+            CHECK_MSG(strstr(aj_last_error(ctx), cases[i].message), "fault case %zu: \"%s\"",
+                      i, aj_last_error(ctx));
+            c.fault = PAGED_NO_FAULT;
+            c.seqlens = lens;
+            r = paged_run(ctx, dev, kernel, &c);
+            CHECK_MSG(r.status == AJ_OK && r.err_o <= 1 && r.err_lse <= 1,
+                      "after fault case %zu: %s", i, aj_last_error(ctx));
+            aj_kernel_destroy(kernel);
+        }
+}
+
+/* The targets without a paged template say so; the host checks name the
+ * argument. */
+static void test_errors(void)
+{
+    static const int32_t lens[1] = {10};
+    paged_case c = paged_base(AJ_DTYPE_F16, AJ_DTYPE_F16, 64, lens, 1);
+    aj_device *sim = NULL;
+    aj_kernel *kernel = NULL;
+    if (aj_device_open(ctx, AJ_DEVICE_SIM, 0, &sim) == AJ_OK) {
+        CHECK_STATUS(ctx, paged_compile(ctx, sim, &c, &kernel), AJ_ERR_UNSUPPORTED);
+        CHECK_ERROR(ctx, "forward flash: layout = paged is not implemented for target sim yet "
+                         "(cpu has it)");
+        aj_device_close(sim);
+    }
+    CHECK(paged_compile(ctx, dev, &c, &kernel) == AJ_OK);
+    aj_fwd_args a = AJ_FWD_ARGS_INIT;
+    CHECK_STATUS(ctx, aj_forward(ctx, dev, kernel, &a), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "aj_forward: q.rank = 0, want 4");
+    a.q_offset = 3;
+    CHECK_STATUS(ctx, aj_forward(ctx, dev, kernel, &a), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "aj_forward: k, v, cu_seqlens, offsets and totals are not for layout = "
+                     "paged kernels");
+    aj_kernel_destroy(kernel);
+}
+
+int main(void)
+{
+    if (aj_ctx_create(NULL, &ctx) != AJ_OK ||
+        aj_device_open(ctx, AJ_DEVICE_CPU, 0, &dev) != AJ_OK) {
+        printf("FAIL: no cpu device\n");
+        return 1;
+    }
+    test_sweep();
+    test_splits();
+    test_faults();
+    test_errors();
+    aj_device_close(dev);
+    aj_ctx_destroy(ctx);
+    return check_report();
+}
