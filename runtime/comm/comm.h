@@ -4,7 +4,8 @@
  *
  * The ring needs three things from a transport: a neighbour exchange it
  * can start, poll while kernels run, and wait for with a deadline; an
- * all-gather; and a float sum reduce-scatter.  Every wait is bounded by
+ * all-gather; and a float sum reduce-scatter.  Ulysses (ulysses.c) needs
+ * an all-to-all with a count per peer.  Every wait is bounded by
  * the comm's timeout, so a silent peer becomes AJ_ERR_COMM, never a hang.
  */
 #ifndef AJ_RUNTIME_COMM_COMM_H
@@ -46,6 +47,12 @@ typedef struct aj_comm_engine {
      * [size][count] f32. */
     aj_status (*reduce_scatter_f32)(aj_comm *comm, const float *send, float *recv,
                                     size_t count);
+    /* Rank d gets send_bytes[d] bytes from send + send_off[d]; from rank s
+     * arrive recv_bytes[s] bytes at recv + recv_off[s] (arrays of size
+     * entries; a rank's own part is copied too). */
+    aj_status (*alltoallv)(aj_comm *comm, const void *send, const size_t *send_bytes,
+                           const size_t *send_off, void *recv, const size_t *recv_bytes,
+                           const size_t *recv_off);
     void (*destroy)(aj_comm *comm);
 } aj_comm_engine;
 
