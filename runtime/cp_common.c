@@ -145,15 +145,10 @@ aj_status aj_cp_collective_status(aj_ctx *ctx, const char *fn, aj_status st)
     return aj_fail(ctx, st, "%s: %s", fn, engine_message);
 }
 
-typedef struct cp_call {
-    int64_t v[AJ_CP_CALL_FIELDS_MAX];
-    char hash[AJ_HASH_HEX_LEN + 8];
-} cp_call;
-
 aj_status aj_cp_agree(aj_ctx *ctx, aj_comm *comm, const char *fn, const aj_op *op, int n,
                       const char *const *names, const int64_t *values, int64_t *all_values)
 {
-    cp_call mine;
+    aj_cp_call mine;
     memset(&mine, 0, sizeof mine);
     memcpy(mine.v, values, (size_t)n * sizeof *values);
     aj_status st = aj_op_hash(op, mine.hash);
@@ -161,7 +156,7 @@ aj_status aj_cp_agree(aj_ctx *ctx, aj_comm *comm, const char *fn, const aj_op *o
         memcpy(all_values, values, (size_t)n * sizeof *values);
     if (st != AJ_OK || comm->size == 1)
         return st;
-    cp_call *all = calloc((size_t)comm->size, sizeof *all);
+    aj_cp_call *all = calloc((size_t)comm->size, sizeof *all);
     if (!all)
         return aj_fail(ctx, AJ_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
     st = aj_cp_collective_status(ctx, fn, comm->engine->allgather(comm, &mine, all,

@@ -69,6 +69,10 @@ aj_status aj_cp_collective_status(aj_ctx *ctx, const char *fn, aj_status st);
  * and are told so.  all_values (may be NULL) gets [size][n]: every rank's
  * values, whatever the status. */
 enum { AJ_CP_CALL_FIELDS_MAX = 16 };
+typedef struct aj_cp_call {      /* what each rank sends: the same size for every method */
+    int64_t v[AJ_CP_CALL_FIELDS_MAX];
+    char hash[AJ_HASH_HEX_LEN + 8];
+} aj_cp_call;
 aj_status aj_cp_agree(aj_ctx *ctx, struct aj_comm *comm, const char *fn, const aj_op *op,
                       int n, const char *const *names, const int64_t *values,
                       int64_t *all_values);

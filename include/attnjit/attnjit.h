@@ -926,6 +926,11 @@ aj_status aj_comm_create(aj_ctx *ctx, aj_device *dev, const aj_comm_config *conf
 void aj_comm_destroy(aj_comm *comm);
 int aj_comm_rank(const aj_comm *comm);   /* -1 for NULL */
 int aj_comm_size(const aj_comm *comm);   /* -1 for NULL */
+/* The payload bytes this rank has handed its transport for other ranks
+ * since the comm was made (exchanges, collectives and all-to-alls; a
+ * rank's part for itself does not count): what the ring and Ulysses move
+ * per rank, for the formulas in docs/ring.md.  0 for NULL. */
+uint64_t aj_comm_bytes_sent(const aj_comm *comm);
 
 /* How a sequence is split over P ranks.  Any length S: cut into n chunks
  * (n = P contiguous, 2P zigzag), chunk c holds S/n positions, one more for

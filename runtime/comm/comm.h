@@ -13,6 +13,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "attnjit/attnjit.h"
 
@@ -63,7 +64,28 @@ struct aj_comm {
     void *impl;                /* the engine's state */
     int rank, size;
     double timeout_s;
+    uint64_t bytes_sent;       /* aj_comm_bytes_sent: the engines count */
 };
+
+/* What an engine hands its transport for other ranks: counted when an
+ * operation is posted (aj_comm_bytes_sent). */
+static inline void aj_comm_count_sent(aj_comm *comm, uint64_t bytes)
+{
+    comm->bytes_sent += bytes;
+}
+/* The same for a collective in which every rank sends `each` bytes to
+ * every other. */
+static inline void aj_comm_count_collective(aj_comm *comm, uint64_t each)
+{
+    comm->bytes_sent += each * (uint64_t)(comm->size - 1);
+}
+/* The same for an all-to-all: every part but the rank's own. */
+static inline void aj_comm_count_alltoall(aj_comm *comm, const size_t *send_bytes)
+{
+    for (int peer = 0; peer < comm->size; peer++)
+        if (peer != comm->rank)
+            comm->bytes_sent += send_bytes[peer];
+}
 
 /* Seconds on a monotonic clock. */
 double aj_now(void);

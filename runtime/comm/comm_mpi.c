@@ -90,6 +90,8 @@ static aj_status mpi_exchange_start(aj_comm *comm, const void *send, void *recv,
         MPI_Request_free(&r[0]);
         return mpi_fail(comm, rc, "MPI_Isend");
     }
+    if (to != comm->rank)
+        aj_comm_count_sent(comm, bytes);
     return AJ_OK;
 }
 
@@ -123,6 +125,7 @@ static aj_status mpi_allgather(aj_comm *comm, const void *send, void *recv, size
                             mpi_comm_of(comm), &r);
     if (rc != MPI_SUCCESS)
         return mpi_fail(comm, rc, "MPI_Iallgather");
+    aj_comm_count_collective(comm, bytes);
     return mpi_wait_one(comm, &r, "MPI_Iallgather");
 }
 
@@ -137,6 +140,7 @@ static aj_status mpi_reduce_scatter_f32(aj_comm *comm, const float *send, float 
                                        mpi_comm_of(comm), &r);
     if (rc != MPI_SUCCESS)
         return mpi_fail(comm, rc, "MPI_Ireduce_scatter_block");
+    aj_comm_count_collective(comm, count * sizeof(float));
     return mpi_wait_one(comm, &r, "MPI_Ireduce_scatter_block");
 }
 
@@ -170,6 +174,8 @@ static aj_status mpi_alltoallv(aj_comm *comm, const void *send, const size_t *se
         MPI_Request r = MPI_REQUEST_NULL;
         int rc = MPI_Ialltoallv(send, sc, sd, MPI_BYTE, recv, rc_, rd, MPI_BYTE,
                                 mpi_comm_of(comm), &r);
+        if (rc == MPI_SUCCESS)
+            aj_comm_count_alltoall(comm, send_bytes);
         st = rc != MPI_SUCCESS ? mpi_fail(comm, rc, "MPI_Ialltoallv")
                                : mpi_wait_one(comm, &r, "MPI_Ialltoallv");
     }

@@ -371,6 +371,8 @@ static aj_status nccl_exchange_start(aj_comm *comm, const void *send, void *recv
     }
     pop_ctx(comm);
     if (st == AJ_OK) {
+        if (to != comm->rank)
+            aj_comm_count_sent(comm, bytes);
         slot->busy = true;
         const nccl_req r = {index, recv, bytes};
         memcpy(req->impl, &r, sizeof r);
@@ -473,6 +475,7 @@ static int post_allgather(nccl_state *s, nccl_slot *slot, const void *args)
 
 static aj_status nccl_allgather(aj_comm *comm, const void *send, void *recv, size_t bytes)
 {
+    aj_comm_count_collective(comm, bytes);
     return collective(comm, send, bytes, recv, bytes * (size_t)comm->size, post_allgather,
                       &bytes, "ncclAllGather");
 }
@@ -487,6 +490,7 @@ static int post_reduce_scatter(nccl_state *s, nccl_slot *slot, const void *args)
 static aj_status nccl_reduce_scatter_f32(aj_comm *comm, const float *send, float *recv,
                                          size_t count)
 {
+    aj_comm_count_collective(comm, count * sizeof(float));
     return collective(comm, send, count * sizeof(float) * (size_t)comm->size, recv,
                       count * sizeof(float), post_reduce_scatter, &count,
                       "ncclReduceScatter");
@@ -532,6 +536,7 @@ static aj_status nccl_alltoallv(aj_comm *comm, const void *send, const size_t *s
                                 const size_t *recv_off)
 {
     const alltoallv_args a = {comm->size, send_bytes, send_off, recv_bytes, recv_off};
+    aj_comm_count_alltoall(comm, send_bytes);
     return collective(comm, send, span(comm->size, send_bytes, send_off), recv,
                       span(comm->size, recv_bytes, recv_off), post_alltoallv, &a,
                       "an all-to-all (ncclGroupStart/ncclSend/ncclRecv per peer/ncclGroupEnd)");

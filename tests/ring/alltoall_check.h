@@ -1,7 +1,8 @@
 /*
  * alltoall_check.h -- an engine's all-to-all (aj_comm_engine.alltoallv)
  * with a different byte count per (sender, receiver) pair, gaps between
- * the parts and an empty part, checked byte by byte: shared by the MPI
+ * the parts and an empty part, checked byte by byte, and the bytes it
+ * counts as sent (aj_comm_bytes_sent): shared by the MPI
  * engine's test (test_ring) and the NCCL engine's (test_nccl).
  */
 #ifndef AJ_TESTS_RING_ALLTOALL_CHECK_H
@@ -43,7 +44,15 @@ static aj_status alltoall_check(aj_comm *comm)
     for (int peer = 0; peer < n; peer++)
         for (size_t i = 0; i < c[peer]; i++)
             send[c[n + peer] + i] = alltoall_check_byte(me, peer, i);
+    const uint64_t sent_before = aj_comm_bytes_sent(comm);
     aj_status st = comm->engine->alltoallv(comm, send, c, c + n, recv, c + 2 * n, c + 3 * n);
+    uint64_t want_sent = 0;   /* every part but the rank's own */
+    for (int peer = 0; peer < n; peer++)
+        want_sent += peer == me ? 0 : c[peer];
+    CHECK_MSG(aj_comm_bytes_sent(comm) - sent_before == want_sent, "rank %d: all-to-all "
+              "counted %llu bytes sent, want %llu", me,
+              (unsigned long long)(aj_comm_bytes_sent(comm) - sent_before),
+              (unsigned long long)want_sent);
     size_t wrong = 0;
     for (int peer = 0; peer < n && st == AJ_OK; peer++)
         for (size_t i = 0; i < c[2 * n + peer]; i++)

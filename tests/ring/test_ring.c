@@ -40,6 +40,7 @@
 #include "ring/alltoall_check.h"
 #include "ring/leak_check.h"
 #include "runtime/comm/comm.h"
+#include "runtime/ring.h"   /* aj_cp_call: the opening agreement's bytes */
 
 #define HEAD_DIM 16
 
@@ -379,6 +380,24 @@ static void check_ring_blocks(const ring_case *c, const ref_problem *pr, const a
               skipped);
 }
 
+/* The bytes a Ulysses call sends from this rank (docs/ring.md): the
+ * opening agreement, then each all-to-all's parts for the other ranks --
+ * in, this rank's positions of the other ranks' heads; out, the other
+ * ranks' positions of this rank's heads. */
+static uint64_t ulysses_bytes(const ring_case *c, int64_t sq, int64_t sk, int backward)
+{
+    const int64_t e = (int64_t)elem_size(c->dtype), D = HEAD_DIM, B = 1, P = size;
+    const int64_t lq = aj_shard_length(c->layout, rank, size, sq);
+    const int64_t lk = aj_shard_length(c->layout, rank, size, sk);
+    /* bytes per position and rank-sized head group: q-like and k-like */
+    const int64_t q_in = backward ? c->hq * (3 * D * e + 4) : c->hq * D * e;
+    const int64_t q_out = backward ? c->hq * D * e : c->hq * (D * e + 4);
+    const int64_t k_in = c->hkv * 2 * D * e, k_out = backward ? c->hkv * 2 * D * e : 0;
+    const int64_t in = B * (P - 1) * (lq * q_in + lk * k_in) / P;
+    const int64_t out = B * ((sq - lq) * q_out + (sk - lk) * k_out) / P;
+    return (uint64_t)(in + out) + (uint64_t)(P - 1) * sizeof(aj_cp_call);
+}
+
 /* An MPI comm over every rank with the timeout (s). */
 static aj_comm *open_comm(double timeout_s)
 {
@@ -498,7 +517,9 @@ static void run_case(const ring_case *c)
     fa.side = side;
     fa.num_side = nside;
     aj_ring_stats fs = {0}, bs = {0};
+    const uint64_t sent_before = aj_comm_bytes_sent(comm);
     CHECK_STATUS(ctx, aj_ring_forward(ctx, dev, comm, fop, &fa, &fs), AJ_OK);
+    const uint64_t fwd_sent = aj_comm_bytes_sent(comm) - sent_before;
 
     double atol, rtol;
     tolerance_for(dt, &atol, &rtol);
@@ -534,6 +555,7 @@ static void run_case(const ring_case *c)
     ba.side = side;
     ba.num_side = nside;
     CHECK_STATUS(ctx, aj_ring_backward(ctx, dev, comm, bop, &ba, &bs), AJ_OK);
+    const uint64_t bwd_sent = aj_comm_bytes_sent(comm) - sent_before - fwd_sent;
     const char *names[3] = {"dQ", "dK", "dV"};
     const void *got[3] = {dq_s, dk_s, dv_s};
     const double *want[3] = {dq_ref_s, dk_ref_s, dv_ref_s};
@@ -547,6 +569,12 @@ static void run_case(const ring_case *c)
     if (ulysses) {
         CHECK_MSG(bs.rotations == 2 * (size > 1) && bs.launches == 1, "rank %d: %s: %d "
                   "backward all-to-alls", rank, c->label, bs.rotations);
+        CHECK_MSG(fwd_sent == ulysses_bytes(c, sq, sk, 0) &&
+                      bwd_sent == ulysses_bytes(c, sq, sk, 1),
+                  "rank %d: %s: sent %llu + %llu bytes, the formula %llu + %llu", rank,
+                  c->label, (unsigned long long)fwd_sent, (unsigned long long)bwd_sent,
+                  (unsigned long long)ulysses_bytes(c, sq, sk, 0),
+                  (unsigned long long)ulysses_bytes(c, sq, sk, 1));
     } else {
         const int p2p = c->rotate == AJ_ROTATE_P2P;
         CHECK_MSG(bs.rotations == (p2p ? (size > 1 ? 2 * size - 1 : 0) : 2 * (size > 1)),
