@@ -186,19 +186,12 @@ aj_status aj_cp_agree(aj_ctx *ctx, aj_comm *comm, const char *fn, const aj_op *o
 
 aj_status aj_cp_check_lengths(aj_ctx *ctx, const char *fn, aj_shard_layout layout, int size,
                               const int64_t *all, int stride, int field_q, int field_k,
-                              bool even, int64_t *sq, int64_t *sk)
+                              int64_t *sq, int64_t *sk)
 {
     *sq = *sk = 0;
     for (int r = 0; r < size; r++) {
         *sq += all[(size_t)r * (size_t)stride + (size_t)field_q];
         *sk += all[(size_t)r * (size_t)stride + (size_t)field_k];
-    }
-    aj_shard_chunk c[2];
-    int n = 0;
-    for (int t = 0; t < 2 && even; t++) {
-        aj_status st = aj_shard_chunks(ctx, fn, layout, 0, size, t ? *sk : *sq, c, &n);
-        if (st != AJ_OK)
-            return st;
     }
     for (int r = 0; r < size; r++) {
         const int64_t lq = all[(size_t)r * (size_t)stride + (size_t)field_q];

@@ -80,11 +80,12 @@ typedef struct ring_plan {
     int rank, size;
     int64_t B, Hq, Hkv, D, Dv;
     int64_t lq, lk;              /* this rank's lengths */
-    int64_t sq, sk;              /* the global lengths: size * lq, size * lk */
+    int64_t sq, sk;              /* the global lengths: the sums of every rank's */
+    int64_t lk_max;              /* the longest K/V shard: the size of a block's slot */
     aj_shard_chunk qc[2];        /* this rank's query chunks */
     int nq;
     size_t elem;                 /* bytes per element of the op's dtype */
-    size_t k_elems, v_elems;     /* one K, V shard */
+    size_t k_elems, v_elems;     /* a K, V slot of the buffers that travel (lk_max long) */
     aj_ring_stats *stats;
     aj_score_prog prog;          /* the op's mask and score_mod (templates/score.h) */
     /* the side tensors in host memory, in the programs' order, for the
@@ -141,7 +142,7 @@ static aj_status plan_step(const ring_plan *p, int step, aj_ring_pair pairs[4], 
     const int src = step_src(p, step);
     aj_shard_chunk kc[2];
     int nk = 0;
-    aj_status st = aj_shard_chunks(p->ctx, p->fn, p->layout, src, p->size, p->sk, kc, &nk);
+    aj_status st = aj_shard_chunks_any(p->ctx, p->fn, p->layout, src, p->size, p->sk, kc, &nk);
     *n = 0;
     for (int i = 0; i < p->nq && st == AJ_OK; i++)
         for (int j = 0; j < nk; j++)
@@ -185,23 +186,27 @@ static aj_status plan_op(ring_plan *p, const aj_op *op)
     return aj_cp_check_op(p->ctx, p->fn, op, &p->op, &p->prog);
 }
 
-/* The global lengths and this rank's query chunks, from the shard
- * lengths; the key lengths must split likewise. */
-static aj_status plan_chunks(ring_plan *p)
+/* The global lengths, this rank's query chunks and the K/V slots: any
+ * length, every rank's shard aj_shard_length of the totals.  The buffers
+ * that travel hold a block in a slot of the longest shard's size; a
+ * block's own length (kv_tensors) bounds what the kernels read, so the
+ * slot's tail is never attended. */
+static aj_status plan_chunks(ring_plan *p, int64_t sq, int64_t sk)
 {
-    p->sq = p->lq * p->size;
-    p->sk = p->lk * p->size;
-    aj_status st = aj_shard_chunks(p->ctx, p->fn, p->layout, p->rank, p->size, p->sq, p->qc,
-                                   &p->nq);
-    aj_shard_chunk kc[2];
-    int nk = 0;
-    return st == AJ_OK ? aj_shard_chunks(p->ctx, p->fn, p->layout, p->rank, p->size, p->sk,
-                                         kc, &nk)
-                       : st;
+    p->sq = sq;
+    p->sk = sk;
+    p->lk_max = 0;
+    for (int r = 0; r < p->size; r++) {
+        const int64_t l = aj_shard_length(p->layout, r, p->size, sk);
+        p->lk_max = l > p->lk_max ? l : p->lk_max;
+    }
+    p->k_elems = (size_t)(p->B * p->Hkv * p->lk_max * p->D);
+    p->v_elems = (size_t)(p->B * p->Hkv * p->lk_max * p->Dv);
+    return aj_shard_chunks_any(p->ctx, p->fn, p->layout, p->rank, p->size, sq, p->qc, &p->nq);
 }
 
 /* The checks both directions share: handles, the op, q, k, v and the
- * shapes they imply. */
+ * shapes they imply (the lengths and chunks wait for the agreement). */
 static aj_status plan_common(ring_plan *p, aj_ctx *ctx, aj_device *dev, aj_comm *comm,
                              const aj_op *op, aj_kind kind, aj_shard_layout layout,
                              aj_ring_rotate rotate, const aj_tensor *q, const aj_tensor *k,
@@ -212,8 +217,8 @@ static aj_status plan_common(ring_plan *p, aj_ctx *ctx, aj_device *dev, aj_comm 
     AJ_CHECK_ARG(ctx, (unsigned)rotate < AJ_ROTATE_COUNT,
                  "%s: rotate = %d is not a rotate method", p->fn, (int)rotate);
     aj_cp_shapes sh;
-    aj_status st = aj_cp_check_call(ctx, p->fn, dev, comm, op, kind, layout, q, k, v, &p->op,
-                                    &p->prog, &sh);
+    const aj_status st = aj_cp_check_call(ctx, p->fn, dev, comm, op, kind, layout, q, k, v,
+                                          &p->op, &p->prog, &sh);
     if (st != AJ_OK)
         return st;
     p->dev = dev;
@@ -230,11 +235,7 @@ static aj_status plan_common(ring_plan *p, aj_ctx *ctx, aj_device *dev, aj_comm 
     p->Dv = sh.Dv;
     p->lq = sh.lq;
     p->lk = sh.lk;
-    AJ_TRY(plan_chunks(p));
-    p->k_elems = (size_t)(p->B * p->Hkv * p->lk * p->D);
-    p->v_elems = (size_t)(p->B * p->Hkv * p->lk * p->Dv);
-done:
-    return st;
+    return AJ_OK;
 }
 
 /* The side tensors (whole on every rank: the kernels read them at global
@@ -286,7 +287,12 @@ aj_status aj_ring_plan(aj_ctx *ctx, aj_device *dev, const aj_op *op,
                  (long long)args->seq_k);
     aj_status st = AJ_OK;
     AJ_TRY(plan_op(&p, op));
-    AJ_TRY(plan_chunks(&p));
+    /* one rank's lengths tell the totals only when every shard is as long */
+    aj_shard_chunk c[2];
+    int nc = 0;
+    AJ_TRY(aj_shard_chunks(ctx, p.fn, p.layout, p.rank, p.size, p.lq * p.size, c, &nc));
+    AJ_TRY(aj_shard_chunks(ctx, p.fn, p.layout, p.rank, p.size, p.lk * p.size, c, &nc));
+    AJ_TRY(plan_chunks(&p, p.lq * p.size, p.lk * p.size));
     AJ_TRY(plan_side(&p, args->side, args->num_side, &args->alibi_slopes));
     *count = 0;
     for (int s = 0; s < p.size; s++) {
@@ -308,8 +314,7 @@ static aj_status collective_status(const ring_plan *p, aj_status st)
 }
 
 /* What every rank's call must agree on, in the order of call_fields;
- * NULL names: the rank's own lengths, which must split the totals
- * evenly. */
+ * NULL names: the rank's own lengths, the shards of the totals. */
 enum { CALL_FIELDS = 14, FIELD_LQ = 5, FIELD_LK = 6 };
 static const char *const call_fields[CALL_FIELDS] = {
     "method", "kind", "batch", "q heads", "kv heads", NULL, NULL, "head_dim",
@@ -329,7 +334,7 @@ static int64_t side_shapes_digest(const ring_plan *p)
 }
 
 /* Every rank's call must match rank 0's (aj_cp_agree), its lengths the
- * even split of the totals. */
+ * layout's shards of the totals; then the plan's lengths and chunks. */
 static aj_status agree_on_call(ring_plan *p, const aj_op *op, aj_ring_rotate rotate,
                                uint64_t seed, uint64_t offset)
 {
@@ -345,9 +350,9 @@ static aj_status agree_on_call(ring_plan *p, const aj_op *op, aj_ring_rotate rot
     int64_t sq = 0, sk = 0;
     if (st == AJ_OK)
         st = aj_cp_check_lengths(p->ctx, p->fn, p->layout, p->size, all, CALL_FIELDS,
-                                 FIELD_LQ, FIELD_LK, true, &sq, &sk);
+                                 FIELD_LQ, FIELD_LK, &sq, &sk);
     free(all);
-    return st;
+    return st == AJ_OK ? plan_chunks(p, sq, sk) : st;
 }
 
 /* One variant of the op compiled for the device: with or without its
@@ -450,9 +455,11 @@ static aj_status ring_wait(const ring_plan *p, const char *what)
 static aj_status pack_kv(const ring_plan *p, const aj_tensor *k, const aj_tensor *v,
                          void *kv)
 {
-    aj_status st = from_dev(p, kv, k->data, p->k_elems * p->elem);
+    const size_t rows = (size_t)(p->B * p->Hkv * p->lk);
+    aj_status st = from_dev(p, kv, k->data, rows * (size_t)p->D * p->elem);
     if (st == AJ_OK)
-        st = from_dev(p, (char *)kv + p->k_elems * p->elem, v->data, p->v_elems * p->elem);
+        st = from_dev(p, (char *)kv + p->k_elems * p->elem, v->data,
+                      rows * (size_t)p->Dv * p->elem);
     return st == AJ_OK ? ring_wait(p, "copying K and V to the host") : st;
 }
 
@@ -519,12 +526,19 @@ static void count_collective(ring_plan *p, double start)
 
 /* ---------------------------------------------------------------- blocks */
 
-/* K and V of one rank's shard inside a K/V buffer (K, then V). */
-static void kv_tensors(const ring_plan *p, const void *kv, aj_tensor *k, aj_tensor *v)
+/* Rank src's K/V shard length: the rows of its block. */
+static int64_t block_len(const ring_plan *p, int src)
 {
-    *k = aj_cp_dense((void *)kv, p->op.dtype, 4, (int64_t[]){p->B, p->Hkv, p->lk, p->D});
+    return aj_shard_length(p->layout, src, p->size, p->sk);
+}
+
+/* K and V of rank src's shard inside a K/V buffer (K's slot, then V's). */
+static void kv_tensors(const ring_plan *p, const void *kv, int src, aj_tensor *k, aj_tensor *v)
+{
+    const int64_t l = block_len(p, src);
+    *k = aj_cp_dense((void *)kv, p->op.dtype, 4, (int64_t[]){p->B, p->Hkv, l, p->D});
     *v = aj_cp_dense((char *)kv + p->k_elems * p->elem, p->op.dtype, 4,
-               (int64_t[]){p->B, p->Hkv, p->lk, p->Dv});
+                     (int64_t[]){p->B, p->Hkv, l, p->Dv});
 }
 
 static const aj_kernel *kernel_for(const ring_kernels *k, aj_ring_block kind)
@@ -573,7 +587,7 @@ static aj_status fwd_block(ring_plan *p, const ring_kernels *kern, const aj_ring
     aj_status st = AJ_OK;
     AJ_TRY(plan_step(p, step, pairs, &n));
     aj_tensor k, v;
-    kv_tensors(p, kv, &k, &v);
+    kv_tensors(p, kv, step_src(p, step), &k, &v);
     for (int i = 0; i < n; i++) {
         const aj_ring_pair *x = &pairs[i];
         count_block(p, x->block);
@@ -758,7 +772,8 @@ static aj_status bwd_block(ring_plan *p, const ring_kernels *kern, const aj_ring
     aj_status st = AJ_OK;
     AJ_TRY(plan_step(p, step, pairs, &n));
     aj_tensor k, v;
-    kv_tensors(p, kv, &k, &v);
+    const int64_t lk = block_len(p, step_src(p, step));
+    kv_tensors(p, kv, step_src(p, step), &k, &v);
     const aj_dtype dt = p->op.dtype;
     float *dk_acc = dkv, *dv_acc = dkv + p->k_elems;
     for (int i = 0; i < n; i++) {
@@ -786,9 +801,9 @@ static aj_status bwd_block(ring_plan *p, const ring_kernels *kern, const aj_ring
         AJ_TRY(ring_wait(p, "the block's kernels"));
         AJ_TRY(add_rows(dq_acc, p->lq, x->q.local, parts->dq_h, dt, p->B * p->Hq, cq, p->D,
                         parts->scratch));
-        AJ_TRY(add_rows(dk_acc, p->lk, x->k.local, parts->dk_h, dt, p->B * p->Hkv, ck, p->D,
+        AJ_TRY(add_rows(dk_acc, lk, x->k.local, parts->dk_h, dt, p->B * p->Hkv, ck, p->D,
                         parts->scratch));
-        AJ_TRY(add_rows(dv_acc, p->lk, x->k.local, parts->dv_h, dt, p->B * p->Hkv, ck, p->Dv,
+        AJ_TRY(add_rows(dv_acc, lk, x->k.local, parts->dv_h, dt, p->B * p->Hkv, ck, p->Dv,
                         parts->scratch));
         p->stats->compute_s += aj_now() - t0;
         for (int r = 0; r < nreqs; r++)
@@ -850,7 +865,9 @@ aj_status aj_ring_backward(aj_ctx *ctx, aj_device *dev, aj_comm *comm, const aj_
     const size_t kv_bytes = (p.k_elems + p.v_elems) * p.elem;
     const size_t dkv_count = p.k_elems + p.v_elems;
     const size_t dq_count = (size_t)(p.B * p.Hq * p.lq * p.D);
-    const int64_t cq = p.qc[0].len, ck = p.lk / p.nq;
+    /* the parts of the longest chunks (the first S % n chunks are one longer) */
+    const int64_t chunks = p.nq * p.size;
+    const int64_t cq = (p.sq + chunks - 1) / chunks, ck = (p.sk + chunks - 1) / chunks;
     const int64_t width = p.D > p.Dv ? p.D : p.Dv;
     const int64_t chunk = cq > ck ? cq : ck;
     parts.dq_bytes = (size_t)(p.B * p.Hq * cq * p.D) * p.elem;
@@ -932,8 +949,9 @@ aj_status aj_ring_backward(aj_ctx *ctx, aj_device *dev, aj_comm *comm, const aj_
         }
     }
     AJ_TRY(store_rounded(&p, dq_acc, dq_count, args->dq.data, typed));
-    AJ_TRY(store_rounded(&p, own, p.k_elems, args->dk.data, typed));
-    AJ_TRY(store_rounded(&p, own + p.k_elems, p.v_elems, args->dv.data, typed));
+    const size_t rows = (size_t)(p.B * p.Hkv * p.lk);   /* this rank's block, home */
+    AJ_TRY(store_rounded(&p, own, rows * (size_t)p.D, args->dk.data, typed));
+    AJ_TRY(store_rounded(&p, own + p.k_elems, rows * (size_t)p.Dv, args->dv.data, typed));
 done:
     for (int i = 0; i < 2; i++)
         if (reqs[i].active)

@@ -15,8 +15,9 @@
  * layout, rank or size. */
 aj_status aj_shard_chunks_any(aj_ctx *ctx, const char *fn, aj_shard_layout layout, int rank,
                               int size, int64_t seq, aj_shard_chunk chunks[2], int *num_chunks);
-/* The same, for the ring method: AJ_ERR_INVALID_ARG, naming `fn`, if seq
- * does not split evenly. */
+/* The same where one rank's length must tell the totals (aj_ring_plan,
+ * aj_shard_get_chunks): AJ_ERR_INVALID_ARG, naming `fn`, if seq does not
+ * split evenly. */
 aj_status aj_shard_chunks(aj_ctx *ctx, const char *fn, aj_shard_layout layout, int rank,
                           int size, int64_t seq, aj_shard_chunk chunks[2], int *num_chunks);
 
@@ -79,11 +80,10 @@ aj_status aj_cp_agree(aj_ctx *ctx, struct aj_comm *comm, const char *fn, const a
 
 /* The ranks' lengths, all[r * stride + field_q] and [.. + field_k] for
  * rank r (as aj_cp_agree gathers them), sum to *sq and *sk and are each
- * rank's aj_shard_length of them; `even`: the totals also split evenly
- * (the ring method).  Errors name `fn`. */
+ * rank's aj_shard_length of them.  Errors name `fn`. */
 aj_status aj_cp_check_lengths(aj_ctx *ctx, const char *fn, aj_shard_layout layout, int size,
                               const int64_t *all, int stride, int field_q, int field_k,
-                              bool even, int64_t *sq, int64_t *sk);
+                              int64_t *sq, int64_t *sk);
 
 /* method = ulysses (ulysses.c), entered from aj_ring_forward and
  * aj_ring_backward once their args are read. */

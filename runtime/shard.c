@@ -58,8 +58,9 @@ aj_status aj_shard_chunks(aj_ctx *ctx, const char *fn, aj_shard_layout layout, i
     const int64_t parts = layout == AJ_SHARD_ZIGZAG ? 2 * (int64_t)size : size;
     if (seq % parts != 0)
         return aj_fail(ctx, AJ_ERR_INVALID_ARG, "%s: a sequence of %lld positions does not "
-                       "split into %lld equal %s chunks over %d ranks; the ring method needs "
-                       "a multiple of %lld (method = ulysses takes any length: docs/ring.md)",
+                       "split into %lld equal %s chunks over %d ranks; one rank's length "
+                       "tells the totals only for a multiple of %lld (aj_ring_forward takes "
+                       "any length: docs/ring.md)",
                        fn, (long long)seq, (long long)parts,
                        layout == AJ_SHARD_ZIGZAG ? "zigzag" : "contiguous", size,
                        (long long)parts);

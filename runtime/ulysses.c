@@ -165,7 +165,7 @@ static aj_status plan_call(uly_plan *p, aj_ctx *ctx, aj_device *dev, aj_comm *co
     }
     if (st == AJ_OK)   /* every rank's lengths must be the layout's shards of the totals */
         st = aj_cp_check_lengths(ctx, p->fn, layout, p->size, all, ULY_FIELDS, FIELD_LQ,
-                                 FIELD_LK, false, &p->sq, &p->sk);
+                                 FIELD_LK, &p->sq, &p->sk);
     free(all);
 done:
     return st;

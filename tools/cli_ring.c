@@ -15,8 +15,7 @@
  * is the rank's index among the ranks of its node (one GPU per rank).
  * The shards live in the device's memory (copied there from the host and
  * back), as the ring and the launches take them.
- * --method ulysses takes any length (shards of aj_shard_length positions);
- * the ring needs a multiple of P (contiguous) or 2P (zigzag).
+ * Any length: rank r holds aj_shard_length positions.
  * Rank 0 reads the full tensors, sends every rank its shard, gathers the
  * results and writes them; every rank's timings are printed by rank 0.
  * --check runs the same op on rank 0 alone (aj_forward / aj_backward on

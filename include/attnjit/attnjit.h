@@ -958,8 +958,8 @@ typedef enum aj_ring_rotate {
 
 /* How the ranks share the attention of a sequence-sharded problem. */
 typedef enum aj_cp_method {
-    /* K/V blocks travel to every rank (rotate: p2p or all-gather); the
-     * length must split evenly: a multiple of P (contiguous) or 2P */
+    /* K/V blocks travel to every rank (rotate: p2p or all-gather); any
+     * length */
     AJ_METHOD_RING = 0,
     /* DeepSpeed Ulysses: an all-to-all turns the sequence shards into
      * head shards of the whole sequence (H_kv / P key/value heads and
@@ -1021,9 +1021,10 @@ typedef struct aj_ring_stats {
 } aj_ring_stats;
 
 /* Arguments of a ring forward: this rank's shards, laid out by `layout`
- * (q [B, Hq, Sq/P, D], k [B, Hkv, Sk/P, D], v [B, Hkv, Sk/P, Dv], o and
- * lse likewise), in the device's memory.  Global positions and the
- * bottom_right totals (Sq, Sk) follow from the layout and the rank.  The
+ * (q [B, Hq, lq, D], k [B, Hkv, lk, D], v [B, Hkv, lk, Dv], o and lse
+ * likewise, with lq = aj_shard_length(layout, rank, P, Sq): any length),
+ * in the device's memory.  The totals Sq, Sk are the sums of every rank's
+ * lengths; global positions and the bottom_right totals follow.  The
  * op is a padded `attention forward flash` or `efficient` without bias
  * (expressions and side tensors included);
  * the ring compiles its kernels (accumulate = true, masked and unmasked)

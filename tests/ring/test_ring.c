@@ -14,9 +14,9 @@
  *   mpirun -np 2 test_ring mismatch  the ranks pass different layouts,
  *                                    ops or methods: both refuse the call;
  *                                    what method = ulysses refuses
- *   mpirun -np P test_ring ulysses   method = ulysses (generated cases:
- *                                    every mask family x lengths 1 .. 7P)
- *                                    on sim ranks; ulysses-cpu on cpu ranks
+ *   mpirun -np P test_ring generated every method x mask family x lengths
+ *                                    1 .. 7P (any length) on sim ranks;
+ *                                    generated-cpu on cpu ranks
  *
  * Every rank builds the same full inputs (same seed), takes its shard with
  * aj_shard, runs the ring, and compares its shard of O, LSE, dQ, dK, dV
@@ -118,10 +118,11 @@ static const ring_case cases[] = {
      AJ_METHOD_RING, 0, 0},
 };
 
-/* Ulysses (issue 20): every mask family x lengths 1 and P .. 7P, with
- * and without a remainder (P, 2P+1, 3P-1, ...), the layouts alternating;
- * Hkv = P, GQA 2:1.  `small` (sim: slow) takes every third length. */
-enum { ULY_MASKS = 5, ULY_LENGTHS = 8, ULY_MAX_CASES = ULY_MASKS * ULY_LENGTHS };
+/* Any length (issue 20), with each method: every mask family x lengths 1
+ * and P .. 7P, with and without a remainder (P, 2P+1, 3P-1, ...), the
+ * layouts alternating; Hkv = P, GQA 2:1.  `small` (sim: slow) takes every
+ * third length. */
+enum { ULY_MASKS = 5, ULY_LENGTHS = 8, ULY_MAX_CASES = AJ_METHOD_COUNT * ULY_MASKS * ULY_LENGTHS };
 
 static const struct uly_mask {
     const char *name;
@@ -140,21 +141,22 @@ static const struct uly_mask {
     {"bf16 flash, no mask", AJ_DTYPE_BF16, AJ_MASK_NONE, AJ_ALIGN_TOP_LEFT, 0, 0, 0, 0, 0, 1},
 };
 
-static int ulysses_cases(ring_case *out, char (*labels)[112], int small)
+static int generated_cases(ring_case *out, char (*labels)[112], int small)
 {
     int n = 0;
+    for (int method = 0; method < AJ_METHOD_COUNT; method++)
     for (int m = 0; m < ULY_MASKS; m++)
         for (int len = 0; len < ULY_LENGTHS; len += small ? 3 : 1) {
             const struct uly_mask *u = &uly_masks[m];
             const int sq = len == 0 ? 1 : len * size + len % 3 - 1;
             const aj_shard_layout L = (len + m) % 2 ? AJ_SHARD_ZIGZAG : AJ_SHARD_CONTIGUOUS;
-            snprintf(labels[n], 112, "ulysses %s, %s, Sq = %d", u->name,
-                     L == AJ_SHARD_ZIGZAG ? "zigzag" : "contiguous", sq);
+            snprintf(labels[n], 112, "%s %s, %s, Sq = %d", method ? "ulysses" : "ring",
+                     u->name, L == AJ_SHARD_ZIGZAG ? "zigzag" : "contiguous", sq);
             out[n] = (ring_case){.label = labels[n], .dtype = u->dtype, .mask = u->mask,
                                    .align = u->align, .left = u->left, .right = u->right,
                                    .hq = 2 * size, .hkv = size, .layout = L,
                                    .alibi = u->alibi, .flash = u->flash, .doc_len = u->doc_len,
-                                   .method = AJ_METHOD_ULYSSES, .sq_total = sq,
+                                   .method = (aj_cp_method)method, .sq_total = sq,
                                    .sk_total = sq + u->extra_k};
             n++;
         }
@@ -288,18 +290,24 @@ static void tolerance_for(aj_dtype dtype, double *atol, double *rtol)
 
 /* ---------------------------------------------------------------- blocks */
 
-/* The global positions of rank r's chunks: starts[] of chunk length len. */
-static int chunks_of(const ring_case *c, int r, int64_t seq, int64_t starts[2], int64_t *len)
+/* The global positions of rank r's chunks, starts[] and lens[]: the
+ * sequence dealt out into n chunks (P contiguous, 2P zigzag), the first
+ * seq % n one position longer. */
+static int chunks_of(const ring_case *c, int r, int64_t seq, int64_t starts[2], int64_t lens[2])
 {
-    if (c->layout == AJ_SHARD_CONTIGUOUS) {
-        *len = seq / size;
-        starts[0] = r * *len;
-        return 1;
+    const int n = c->layout == AJ_SHARD_ZIGZAG ? 2 * size : size;
+    const int want[2] = {r, n - 1 - r};
+    int64_t at = 0;
+    for (int chunk = 0; chunk < n; chunk++) {
+        const int64_t len = seq / n + (chunk < seq % n);
+        for (int w = 0; w < 2; w++)
+            if (chunk == want[w]) {
+                starts[w] = at;
+                lens[w] = len;
+            }
+        at += len;
     }
-    *len = seq / (2 * size);
-    starts[0] = r * *len;
-    starts[1] = (2 * size - 1 - r) * *len;
-    return 2;
+    return c->layout == AJ_SHARD_ZIGZAG ? 2 : 1;
 }
 
 /* The blocks this rank launches: each (its Q chunk, any K/V chunk) pair,
@@ -307,21 +315,20 @@ static int chunks_of(const ring_case *c, int r, int64_t seq, int64_t starts[2], 
 static void expected_blocks(const ring_case *c, const ref_problem *pr, int *full, int *partial,
                             int *skipped)
 {
-    const int64_t sq = (int64_t)c->lq * size, sk = (int64_t)c->lk * size;
-    int64_t qs[2], ks[2], ql, kl;
-    int nq = chunks_of(c, rank, sq, qs, &ql);
+    int64_t qs[2], ks[2], ql[2], kl[2];
+    int nq = chunks_of(c, rank, pr->Sq, qs, ql);
     *full = *partial = *skipped = 0;
     for (int src = 0; src < size; src++) {
-        int nk = chunks_of(c, src, sk, ks, &kl);
+        int nk = chunks_of(c, src, pr->Sk, ks, kl);
         for (int a = 0; a < nq; a++)
             for (int b = 0; b < nk; b++) {
                 int64_t seen = 0;
-                for (int64_t i = qs[a]; i < qs[a] + ql; i++)
-                    for (int64_t j = ks[b]; j < ks[b] + kl; j++)
+                for (int64_t i = qs[a]; i < qs[a] + ql[a]; i++)
+                    for (int64_t j = ks[b]; j < ks[b] + kl[b]; j++)
                         seen += ref_visible(pr, 0, 0, i, j);
                 if (seen == 0)
                     ++*skipped;
-                else if (seen == ql * kl)
+                else if (seen == ql[a] * kl[b])
                     ++*full;
                 else
                     ++*partial;
@@ -341,8 +348,8 @@ static void check_plan(const ring_case *c, const aj_op *op, const aj_ring_fwd_ar
     a.size = size;
     a.batch = fa->q.shape[0];
     a.heads_q = c->hq;
-    a.seq_q = c->lq;
-    a.seq_k = c->lk;
+    a.seq_q = fa->q.shape[2];
+    a.seq_k = fa->k.shape[2];
     a.alibi_slopes = fa->alibi_slopes;
     a.side = fa->side;
     a.num_side = fa->num_side;
@@ -582,8 +589,12 @@ static void run_case(const ring_case *c)
         if (p2p && size > 1)
             CHECK(fs.rotations + bs.rotations == 3 * size - 2);
         CHECK(bs.launches == fs.launches && bs.skipped_blocks == fs.skipped_blocks);
-        check_plan(c, fop, &fa, &fs);
-        check_plan(c, bop, &fa, &bs);
+        /* aj_ring_plan takes one rank's lengths: even splits only */
+        const int parts = L == AJ_SHARD_ZIGZAG ? 2 * size : size;
+        if (sq % parts == 0 && sk % parts == 0) {
+            check_plan(c, fop, &fa, &fs);
+            check_plan(c, bop, &fa, &bs);
+        }
     }
     if (rank == 0)
         printf("%-66s P=%d fwd %.3f s (comm %.4f, exposed %.4f) bwd %.3f s, %d launches, "
@@ -813,7 +824,7 @@ int main(int argc, char **argv)
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &size);
     const char *mode = argc > 1 ? argv[1] : "cases";
-    const int on_cpu = strcmp(mode, "ulysses-cpu") == 0;
+    const int on_cpu = strcmp(mode, "generated-cpu") == 0;
     CHECK(aj_ctx_create(NULL, &ctx) == AJ_OK);
     CHECK(aj_device_open(ctx, on_cpu ? AJ_DEVICE_CPU : AJ_DEVICE_SIM, 0, &dev) == AJ_OK);
     /* ranks share the cores: one emulator thread each */
@@ -821,10 +832,10 @@ int main(int argc, char **argv)
     if (strcmp(mode, "cases") == 0) {
         for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
             run_case(&cases[i]);
-    } else if (strcmp(mode, "ulysses") == 0 || on_cpu) {
+    } else if (strcmp(mode, "generated") == 0 || on_cpu) {
         ring_case generated[ULY_MAX_CASES];
         char labels[ULY_MAX_CASES][112];
-        const int n = ulysses_cases(generated, labels, !on_cpu);
+        const int n = generated_cases(generated, labels, !on_cpu);
         for (int i = 0; i < n; i++)
             run_case(&generated[i]);
         run_alltoall();
