@@ -173,12 +173,12 @@ done:
 
 /* ---------------------------------------------------------------- memory */
 
+/* Host buffers, zeroed: pinned on cuda, so the copies to and from the
+ * device are asynchronous (a copy from pageable memory may wait for the
+ * stream inside the driver).  Freed with aj_device_host_free. */
 static aj_status alloc_host(const uly_plan *p, size_t bytes, void **out)
 {
-    *out = calloc(1, bytes ? bytes : 1);
-    return *out ? AJ_OK
-                : aj_fail(p->ctx, AJ_ERR_OUT_OF_MEMORY, "%s: %zu bytes of buffers", p->fn,
-                          bytes);
+    return aj_device_host_alloc(p->dev, bytes ? bytes : 64, 1, out);
 }
 
 /* Every copy and launch goes on the call's stream, in order; the host
@@ -307,8 +307,8 @@ static aj_status alltoall(uly_plan *p, const uly_tensor *ts, int n, int to_heads
                            : seq_block(p, &ts[i], peer, at, 0);
     }
 done:
-    free(send);
-    free(recv);
+    aj_device_host_free(p->dev, send);
+    aj_device_host_free(p->dev, recv);
     free(counts);
     return st;
 }
@@ -432,8 +432,8 @@ static aj_status finish(uly_call *c, aj_device *dev, aj_status st, aj_ring_stats
     for (int i = 0; i < c->n; i++) {
         if (c->mem[i])
             aj_device_free(dev, c->mem[i]);
-        free(c->t[i].seq);
-        free(c->t[i].heads);
+        aj_device_host_free(dev, c->t[i].seq);
+        aj_device_host_free(dev, c->t[i].heads);
     }
     aj_kernel_destroy(c->kernel);
     free(c->p.len_q);
