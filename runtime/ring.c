@@ -80,11 +80,12 @@ typedef struct ring_plan {
     int rank, size;
     int64_t B, Hq, Hkv, D, Dv;
     int64_t lq, lk;              /* this rank's lengths */
-    int64_t sq, sk;              /* the global lengths: size * lq, size * lk */
+    int64_t sq, sk;              /* the global lengths: the sums of every rank's */
+    int64_t lk_max;              /* the longest K/V shard: the size of a block's slot */
     aj_shard_chunk qc[2];        /* this rank's query chunks */
     int nq;
     size_t elem;                 /* bytes per element of the op's dtype */
-    size_t k_elems, v_elems;     /* one K, V shard */
+    size_t k_elems, v_elems;     /* a K, V slot of the buffers that travel (lk_max long) */
     aj_ring_stats *stats;
     aj_score_prog prog;          /* the op's mask and score_mod (templates/score.h) */
     /* the side tensors in host memory, in the programs' order, for the
@@ -143,7 +144,7 @@ static aj_status plan_step(const ring_plan *p, int step, aj_ring_pair pairs[4], 
     const int src = step_src(p, step);
     aj_shard_chunk kc[2];
     int nk = 0;
-    aj_status st = aj_shard_chunks(p->ctx, p->fn, p->layout, src, p->size, p->sk, kc, &nk);
+    aj_status st = aj_shard_chunks_any(p->ctx, p->fn, p->layout, src, p->size, p->sk, kc, &nk);
     *n = 0;
     for (int i = 0; i < p->nq && st == AJ_OK; i++)
         for (int j = 0; j < nk; j++)
@@ -160,19 +161,6 @@ static size_t dtype_size(aj_dtype d)
     return d == AJ_DTYPE_F32 ? 4 : 2;
 }
 
-/* A contiguous tensor over `data`. */
-static aj_tensor dense(void *data, aj_dtype dtype, int rank, const int64_t *shape)
-{
-    aj_tensor t = {.data = data, .dtype = dtype, .rank = rank};
-    int64_t stride = 1;
-    for (int i = rank - 1; i >= 0; i--) {
-        t.shape[i] = shape[i];
-        t.strides[i] = stride;
-        stride *= shape[i];
-    }
-    return t;
-}
-
 /* The view of a BHS(D) tensor's chunk of positions (dim 2). */
 static aj_tensor seq_view(const aj_tensor *t, const aj_shard_chunk *c)
 {
@@ -186,103 +174,60 @@ static aj_tensor seq_view(const aj_tensor *t, const aj_shard_chunk *c)
 static aj_status check_shard(const ring_plan *p, const char *name, const aj_tensor *t,
                              aj_dtype dtype, int rank, const int64_t *shape)
 {
-    if (t->rank != rank)
-        return aj_fail(p->ctx, AJ_ERR_INVALID_ARG, "%s: %s.rank = %d, want %d", p->fn, name,
-                       t->rank, rank);
-    if (t->dtype != dtype)
-        return aj_fail(p->ctx, AJ_ERR_INVALID_ARG, "%s: %s.dtype = %s, want %s", p->fn,
-                       name, aj_dtype_name(t->dtype) ? aj_dtype_name(t->dtype) : "(invalid)",
-                       aj_dtype_name(dtype));
-    aj_tensor want = dense(t->data, dtype, rank, shape);
-    for (int i = 0; i < rank; i++)
-        if (t->shape[i] != shape[i])
-            return aj_fail(p->ctx, AJ_ERR_INVALID_ARG, "%s: %s.shape[%d] = %lld, want %lld",
-                           p->fn, name, i, (long long)t->shape[i], (long long)shape[i]);
-    for (int i = 0; i < rank; i++)
-        if (t->strides[i] != want.strides[i] && t->shape[i] > 1)
-            return aj_fail(p->ctx, AJ_ERR_INVALID_ARG, "%s: %s.strides[%d] = %lld; ring "
-                           "shards must be contiguous (want %lld)", p->fn, name, i,
-                           (long long)t->strides[i], (long long)want.strides[i]);
-    if (!t->data)
-        return aj_fail(p->ctx, AJ_ERR_INVALID_ARG, "%s: %s.data is NULL", p->fn, name);
-    return AJ_OK;
+    return aj_cp_check_dense(p->ctx, p->fn, name, t, dtype, rank, shape);
 }
 
 /* ---------------------------------------------------------------- set-up */
 
-/* The op's checks (a padded forward or backward without bias, as the
- * ring takes it) and its mask program. */
+/* The op's checks (aj_cp_check_op) and its mask program, and the rotate
+ * method. */
 static aj_status plan_op(ring_plan *p, const aj_op *op)
 {
-    AJ_CHECK_ARG(p->ctx, op, "%s: op is NULL", p->fn);
     AJ_CHECK_ARG(p->ctx, (unsigned)p->rotate < AJ_ROTATE_COUNT,
                  "%s: rotate = %d is not a rotate method", p->fn, (int)p->rotate);
-    aj_status st = aj_op_verify(op);
-    if (st != AJ_OK)
-        return st;
-    aj_op_get_info(op, &p->op);
-    if (p->op.kind != AJ_KIND_FORWARD && p->op.kind != AJ_KIND_BACKWARD)
-        return aj_fail(p->ctx, AJ_ERR_INVALID_ARG, "%s: the op is `attention %s`; want a "
-                       "forward or backward op", p->fn, aj_kind_name(p->op.kind));
-    if (p->op.layout != AJ_LAYOUT_PADDED)
-        return aj_fail(p->ctx, AJ_ERR_UNSUPPORTED, "%s: layout = varlen: the ring shards "
-                       "padded tensors only", p->fn);
-    if (p->op.bias != AJ_BIAS_NONE)
-        return aj_fail(p->ctx, AJ_ERR_UNSUPPORTED, "%s: bias = add: the ring does not shard "
-                       "a bias tensor", p->fn);
-    st = aj_score_prog_init(p->ctx, op, &p->prog);
-    if (st != AJ_OK)
-        return st;
-    if (p->op.accumulate)
-        return aj_fail(p->ctx, AJ_ERR_INVALID_ARG, "%s: accumulate = true: the ring sets it "
-                       "on its own kernels; pass the plain forward op", p->fn);
-    return AJ_OK;
+    return aj_cp_check_op(p->ctx, p->fn, op, &p->op, &p->prog);
 }
 
-/* The global lengths and this rank's query chunks, from the shard
- * lengths; the key lengths must split likewise. */
-static aj_status plan_chunks(ring_plan *p)
+/* The global lengths, this rank's query chunks and the K/V slots: any
+ * length, every rank's shard aj_shard_length of the totals.  The buffers
+ * that travel hold a block in a slot of the longest shard's size; a
+ * block's own length (kv_tensors) bounds what the kernels read, so the
+ * slot's tail is never attended. */
+static aj_status plan_chunks(ring_plan *p, int64_t sq, int64_t sk)
 {
-    p->sq = p->lq * p->size;
-    p->sk = p->lk * p->size;
-    aj_status st = aj_shard_chunks(p->ctx, p->fn, p->layout, p->rank, p->size, p->sq, p->qc,
-                                   &p->nq);
-    aj_shard_chunk kc[2];
-    int nk = 0;
-    return st == AJ_OK ? aj_shard_chunks(p->ctx, p->fn, p->layout, p->rank, p->size, p->sk,
-                                         kc, &nk)
-                       : st;
+    p->sq = sq;
+    p->sk = sk;
+    p->lk_max = 0;
+    for (int r = 0; r < p->size; r++) {
+        const int64_t l = aj_shard_length(p->layout, r, p->size, sk);
+        p->lk_max = l > p->lk_max ? l : p->lk_max;
+    }
+    p->k_elems = (size_t)(p->B * p->Hkv * p->lk_max * p->D);
+    p->v_elems = (size_t)(p->B * p->Hkv * p->lk_max * p->Dv);
+    return aj_shard_chunks_any(p->ctx, p->fn, p->layout, p->rank, p->size, sq, p->qc, &p->nq);
 }
 
 /* The checks both directions share: handles, the op, q, k, v and the
- * shapes they imply. */
+ * shapes they imply (the lengths and chunks wait for the agreement). */
 static aj_status plan_common(ring_plan *p, aj_ctx *ctx, aj_device *dev, aj_comm *comm,
                              const aj_op *op, aj_kind kind, aj_shard_layout layout,
                              aj_ring_rotate rotate, const aj_tensor *q, const aj_tensor *k,
                              const aj_tensor *v, aj_ring_stats *stats)
 {
-    AJ_CHECK_ARG(ctx, dev, "%s: dev is NULL", p->fn);
-    AJ_CHECK_ARG(ctx, comm, "%s: comm is NULL", p->fn);
-    AJ_CHECK_ARG(ctx, (unsigned)layout < AJ_SHARD_LAYOUT_COUNT,
-                 "%s: layout = %d is not a shard layout", p->fn, (int)layout);
     p->ctx = ctx;
     p->rotate = rotate;
-    aj_status st = plan_op(p, op);
+    AJ_CHECK_ARG(ctx, (unsigned)rotate < AJ_ROTATE_COUNT,
+                 "%s: rotate = %d is not a rotate method", p->fn, (int)rotate);
+    aj_cp_shapes sh;
+    const aj_status st = aj_cp_check_call(ctx, p->fn, dev, comm, op, kind, layout, q, k, v,
+                                          &p->op, &p->prog, &sh);
     if (st != AJ_OK)
         return st;
-    if (p->op.kind != kind)
-        return aj_fail(ctx, AJ_ERR_INVALID_ARG, "%s: the op is `attention %s %s`; want "
-                       "`attention %s flash` or `attention %s efficient`", p->fn,
-                       aj_kind_name(p->op.kind), aj_variant_name(p->op.variant),
-                       aj_kind_name(kind), aj_kind_name(kind));
-    if (comm->dev != dev)
-        return aj_fail(ctx, AJ_ERR_INVALID_ARG, "%s: comm was created for another device",
-                       p->fn);
     p->dev = dev;
     aj_device_caps caps = AJ_DEVICE_CAPS_INIT;
-    st = aj_device_get_caps(dev, &caps);
-    if (st != AJ_OK)
-        return st;
+    const aj_status caps_st = aj_device_get_caps(dev, &caps);
+    if (caps_st != AJ_OK)
+        return caps_st;
     p->host_memory = caps.host_memory;
     p->comm = comm;
     p->layout = layout;
@@ -290,31 +235,14 @@ static aj_status plan_common(ring_plan *p, aj_ctx *ctx, aj_device *dev, aj_comm 
     p->size = comm->size;
     p->stats = stats;
     p->elem = dtype_size(p->op.dtype);
-    if (q->rank != 4 || k->rank != 4 || v->rank != 4)
-        return aj_fail(ctx, AJ_ERR_INVALID_ARG, "%s: q, k and v have ranks %d, %d, %d; want "
-                       "4 (BHSD)", p->fn, q->rank, k->rank, v->rank);
-    p->B = q->shape[0];
-    p->Hq = q->shape[1];
-    p->lq = q->shape[2];
-    p->D = p->op.head_dim;
-    p->Dv = p->op.head_dim_v;
-    p->Hkv = k->shape[1];
-    p->lk = k->shape[2];
-    const aj_dtype dt = p->op.dtype;
-    AJ_TRY(check_shard(p, "q", q, dt, 4, (int64_t[]){p->B, p->Hq, p->lq, p->D}));
-    AJ_TRY(check_shard(p, "k", k, dt, 4, (int64_t[]){p->B, p->Hkv, p->lk, p->D}));
-    AJ_TRY(check_shard(p, "v", v, dt, 4, (int64_t[]){p->B, p->Hkv, p->lk, p->Dv}));
-    if (p->Hkv == 0 || p->Hq % p->Hkv != 0) {
-        st = aj_fail(ctx, AJ_ERR_INVALID_ARG, "%s: q has %lld heads and k %lld; the query "
-                     "heads must be a multiple of the key/value heads (GQA)", p->fn,
-                     (long long)p->Hq, (long long)p->Hkv);
-        goto done;
-    }
-    AJ_TRY(plan_chunks(p));
-    p->k_elems = (size_t)(p->B * p->Hkv * p->lk * p->D);
-    p->v_elems = (size_t)(p->B * p->Hkv * p->lk * p->Dv);
-done:
-    return st;
+    p->B = sh.B;
+    p->Hq = sh.Hq;
+    p->Hkv = sh.Hkv;
+    p->D = sh.D;
+    p->Dv = sh.Dv;
+    p->lq = sh.lq;
+    p->lk = sh.lk;
+    return AJ_OK;
 }
 
 /* The side tensors (whole on every rank: the kernels read them at global
@@ -366,7 +294,12 @@ aj_status aj_ring_plan(aj_ctx *ctx, aj_device *dev, const aj_op *op,
                  (long long)args->seq_k);
     aj_status st = AJ_OK;
     AJ_TRY(plan_op(&p, op));
-    AJ_TRY(plan_chunks(&p));
+    /* one rank's lengths tell the totals only when every shard is as long */
+    aj_shard_chunk c[2];
+    int nc = 0;
+    AJ_TRY(aj_shard_chunks(ctx, p.fn, p.layout, p.rank, p.size, p.lq * p.size, c, &nc));
+    AJ_TRY(aj_shard_chunks(ctx, p.fn, p.layout, p.rank, p.size, p.lk * p.size, c, &nc));
+    AJ_TRY(plan_chunks(&p, p.lq * p.size, p.lk * p.size));
     AJ_TRY(plan_side(&p, args->side, args->num_side, &args->alibi_slopes));
     *count = 0;
     for (int s = 0; s < p.size; s++) {
@@ -382,22 +315,16 @@ done:
     return st;
 }
 
-/* A collective's failure, with the ring call's name in front of the
- * engine's message ("aj_ring_forward: MPI: rank 0: MPI_Iallgather got no
- * answer ..."). */
 static aj_status collective_status(const ring_plan *p, aj_status st)
 {
-    if (st == AJ_OK)
-        return st;
-    char engine_message[AJ_ERROR_TEXT_MAX];
-    snprintf(engine_message, sizeof engine_message, "%s", aj_last_error(p->ctx));
-    return aj_fail(p->ctx, st, "%s: %s", p->fn, engine_message);
+    return aj_cp_collective_status(p->ctx, p->fn, st);
 }
 
-/* What every rank's call must agree on, in the order of call_fields. */
-enum { CALL_FIELDS = 13 };
+/* What every rank's call must agree on, in the order of call_fields;
+ * NULL names: the rank's own lengths, the shards of the totals. */
+enum { CALL_FIELDS = 14, FIELD_LQ = 5, FIELD_LK = 6 };
 static const char *const call_fields[CALL_FIELDS] = {
-    "kind", "batch", "q heads", "kv heads", "q length", "k length", "head_dim",
+    "method", "kind", "batch", "q heads", "kv heads", NULL, NULL, "head_dim",
     "head_dim_v", "layout", "rotate", "seed", "offset", "side tensor shapes (a digest)"};
 
 /* A digest (FNV-1a) of the side tensors' shapes: ranks whose side tensors
@@ -413,50 +340,26 @@ static int64_t side_shapes_digest(const ring_plan *p)
     return (int64_t)h;
 }
 
-typedef struct ring_call {
-    int64_t v[CALL_FIELDS];
-    char hash[AJ_HASH_HEX_LEN + 8];
-} ring_call;
-
-/* One small all-gather before any work: ranks whose calls differ (another
- * layout, op, length, dropout stream...) would compute a wrong answer
- * without noticing, so every rank compares every call with rank 0's and
- * all fail alike. */
+/* Every rank's call must match rank 0's (aj_cp_agree), its lengths the
+ * layout's shards of the totals; then the plan's lengths and chunks. */
 static aj_status agree_on_call(ring_plan *p, const aj_op *op, aj_ring_rotate rotate,
                                uint64_t seed, uint64_t offset)
 {
-    ring_call mine = {.v = {p->op.kind, p->B, p->Hq, p->Hkv, p->lq, p->lk, p->D, p->Dv,
-                            p->layout, rotate, (int64_t)seed, (int64_t)offset,
-                            side_shapes_digest(p)}};
+    int64_t mine[CALL_FIELDS] = {AJ_METHOD_RING, p->op.kind, p->B, p->Hq, p->Hkv, p->lq, p->lk,
+                                 p->D, p->Dv, p->layout, rotate, (int64_t)seed,
+                                 (int64_t)offset, side_shapes_digest(p)};
     if (p->op.dropout == 0)
-        mine.v[10] = mine.v[11] = 0;   /* no dropout: the stream is unused */
-    aj_status st = aj_op_hash(op, mine.hash);
-    if (st != AJ_OK || p->size == 1)
-        return st;
-    ring_call *all = calloc((size_t)p->size, sizeof *all);
+        mine[11] = mine[12] = 0;   /* no dropout: the stream is unused */
+    int64_t *all = calloc((size_t)p->size * CALL_FIELDS, sizeof *all);
     if (!all)
         return aj_fail(p->ctx, AJ_ERR_OUT_OF_MEMORY, "%s: out of memory", p->fn);
-    st = collective_status(p, p->comm->engine->allgather(p->comm, &mine, all, sizeof mine));
-    for (int r = 1; r < p->size && st == AJ_OK; r++) {
-        if (strcmp(all[r].hash, all[0].hash) != 0) {
-            st = aj_fail(p->ctx, AJ_ERR_INVALID_ARG, "%s: the ranks' calls differ: rank %d's "
-                         "op has hash %s, rank 0's %s; every rank must pass the same op, "
-                         "shapes, layout, rotate method and dropout stream", p->fn, r,
-                         all[r].hash, all[0].hash);
-            break;
-        }
-        for (int f = 0; f < CALL_FIELDS; f++)
-            if (all[r].v[f] != all[0].v[f]) {
-                st = aj_fail(p->ctx, AJ_ERR_INVALID_ARG, "%s: the ranks' calls differ: rank "
-                             "%d has %s = %lld, rank 0 has %lld; every rank must pass the "
-                             "same op, shapes, layout, rotate method and dropout stream",
-                             p->fn, r, call_fields[f], (long long)all[r].v[f],
-                             (long long)all[0].v[f]);
-                break;
-            }
-    }
+    aj_status st = aj_cp_agree(p->ctx, p->comm, p->fn, op, CALL_FIELDS, call_fields, mine, all);
+    int64_t sq = 0, sk = 0;
+    if (st == AJ_OK)
+        st = aj_cp_check_lengths(p->ctx, p->fn, p->layout, p->size, all, CALL_FIELDS,
+                                 FIELD_LQ, FIELD_LK, &sq, &sk);
     free(all);
-    return st;
+    return st == AJ_OK ? plan_chunks(p, sq, sk) : st;
 }
 
 /* One variant of the op compiled for the device: with or without its
@@ -560,9 +463,7 @@ static aj_status from_dev(const ring_plan *p, void *dst, const void *src, size_t
  * timeout (AJ_ERR_COMM past it). */
 static aj_status ring_wait(const ring_plan *p, const char *what)
 {
-    char label[160];
-    snprintf(label, sizeof label, "%s: %s", p->fn, what);
-    return aj_device_wait(p->dev, p->stream, p->comm->timeout_s, label);
+    return aj_cp_wait(p->dev, p->stream, p->comm, p->fn, what);
 }
 
 /* This rank's K and V, packed (K, then V) into a host buffer: the block
@@ -570,9 +471,11 @@ static aj_status ring_wait(const ring_plan *p, const char *what)
 static aj_status pack_kv(const ring_plan *p, const aj_tensor *k, const aj_tensor *v,
                          void *kv)
 {
-    aj_status st = from_dev(p, kv, k->data, p->k_elems * p->elem);
+    const size_t rows = (size_t)(p->B * p->Hkv * p->lk);
+    aj_status st = from_dev(p, kv, k->data, rows * (size_t)p->D * p->elem);
     if (st == AJ_OK)
-        st = from_dev(p, (char *)kv + p->k_elems * p->elem, v->data, p->v_elems * p->elem);
+        st = from_dev(p, (char *)kv + p->k_elems * p->elem, v->data,
+                      rows * (size_t)p->Dv * p->elem);
     return st == AJ_OK ? ring_wait(p, "copying K and V to the host") : st;
 }
 
@@ -659,12 +562,19 @@ static void count_collective(ring_plan *p, double start)
 
 /* ---------------------------------------------------------------- blocks */
 
-/* K and V of one rank's shard inside a K/V buffer (K, then V). */
-static void kv_tensors(const ring_plan *p, const void *kv, aj_tensor *k, aj_tensor *v)
+/* Rank src's K/V shard length: the rows of its block. */
+static int64_t block_len(const ring_plan *p, int src)
 {
-    *k = dense((void *)kv, p->op.dtype, 4, (int64_t[]){p->B, p->Hkv, p->lk, p->D});
-    *v = dense((char *)kv + p->k_elems * p->elem, p->op.dtype, 4,
-               (int64_t[]){p->B, p->Hkv, p->lk, p->Dv});
+    return aj_shard_length(p->layout, src, p->size, p->sk);
+}
+
+/* K and V of rank src's shard inside a K/V buffer (K's slot, then V's). */
+static void kv_tensors(const ring_plan *p, const void *kv, int src, aj_tensor *k, aj_tensor *v)
+{
+    const int64_t l = block_len(p, src);
+    *k = aj_cp_dense((void *)kv, p->op.dtype, 4, (int64_t[]){p->B, p->Hkv, l, p->D});
+    *v = aj_cp_dense((char *)kv + p->k_elems * p->elem, p->op.dtype, 4,
+                     (int64_t[]){p->B, p->Hkv, l, p->Dv});
 }
 
 static const aj_kernel *kernel_for(const ring_kernels *k, aj_ring_block kind)
@@ -713,7 +623,7 @@ static aj_status fwd_block(ring_plan *p, const ring_kernels *kern, const aj_ring
     aj_status st = AJ_OK;
     AJ_TRY(plan_step(p, step, pairs, &n));
     aj_tensor k, v;
-    kv_tensors(p, kv, &k, &v);
+    kv_tensors(p, kv, step_src(p, step), &k, &v);
     for (int i = 0; i < n; i++) {
         const aj_ring_pair *x = &pairs[i];
         count_block(p, x->block);
@@ -770,6 +680,12 @@ aj_status aj_ring_forward(aj_ctx *ctx, aj_device *dev, aj_comm *comm, const aj_o
         return AJ_ERR_INVALID_ARG;
     AJ_READ_STRUCT_OR_RETURN(ctx, "aj_ring_forward: args", given, aj_ring_fwd_args, lse,
                              AJ_RING_FWD_ARGS_INIT, args);
+    aj_status method_st = aj_cp_check_method(ctx, "aj_ring_forward", args->method,
+                                             args->ulysses_size);
+    if (method_st != AJ_OK)
+        return method_st;
+    if (args->method == AJ_METHOD_ULYSSES)
+        return aj_ulysses_forward(ctx, dev, comm, op, args, stats);
     aj_ring_stats local_stats = {0};
     ring_plan p = {.fn = "aj_ring_forward"};
     ring_kernels kern = {0};
@@ -802,7 +718,7 @@ aj_status aj_ring_forward(aj_ctx *ctx, aj_device *dev, aj_comm *comm, const aj_o
         AJ_TRY(to_dev(&p, args->lse.data, host_o, rows * sizeof(float)));
         AJ_TRY(ring_wait(&p, "clearing the accumulator"));
     }
-    const aj_tensor o_acc = dense(o_acc_dev, AJ_DTYPE_F32, 4,
+    const aj_tensor o_acc = aj_cp_dense(o_acc_dev, AJ_DTYPE_F32, 4,
                                   (int64_t[]){p.B, p.Hq, p.lq, p.Dv});
     AJ_TRY(alloc_host(&p, kv_bytes, 0, &kv[0]));
     AJ_TRY(pack_kv(&p, &args->k, &args->v, kv[0]));
@@ -908,7 +824,8 @@ static aj_status bwd_block(ring_plan *p, const ring_kernels *kern, const aj_ring
     aj_status st = AJ_OK;
     AJ_TRY(plan_step(p, step, pairs, &n));
     aj_tensor k, v;
-    kv_tensors(p, kv, &k, &v);
+    const int64_t lk = block_len(p, step_src(p, step));
+    kv_tensors(p, kv, step_src(p, step), &k, &v);
     const aj_dtype dt = p->op.dtype;
     float *dk_acc = dkv, *dv_acc = dkv + p->k_elems;
     for (int i = 0; i < n; i++) {
@@ -924,9 +841,9 @@ static aj_status bwd_block(ring_plan *p, const ring_kernels *kern, const aj_ring
         b.o = seq_view(&a->o, &x->q);
         b.lse = seq_view(&a->lse, &x->q);
         b.do_ = seq_view(&a->do_, &x->q);
-        b.dq = dense(parts->dq, dt, 4, (int64_t[]){p->B, p->Hq, cq, p->D});
-        b.dk = dense(parts->dk, dt, 4, (int64_t[]){p->B, p->Hkv, ck, p->D});
-        b.dv = dense(parts->dv, dt, 4, (int64_t[]){p->B, p->Hkv, ck, p->Dv});
+        b.dq = aj_cp_dense(parts->dq, dt, 4, (int64_t[]){p->B, p->Hq, cq, p->D});
+        b.dk = aj_cp_dense(parts->dk, dt, 4, (int64_t[]){p->B, p->Hkv, ck, p->D});
+        b.dv = aj_cp_dense(parts->dv, dt, 4, (int64_t[]){p->B, p->Hkv, ck, p->Dv});
         SET_PAIR_LAUNCH(b, p, a, x);
         double t0 = aj_now();
         AJ_TRY(aj_backward(p->ctx, p->dev, kernel_for(kern, x->block), &b));
@@ -936,9 +853,9 @@ static aj_status bwd_block(ring_plan *p, const ring_kernels *kern, const aj_ring
         AJ_TRY(ring_wait(p, "the block's kernels"));
         AJ_TRY(add_rows(dq_acc, p->lq, x->q.local, parts->dq_h, dt, p->B * p->Hq, cq, p->D,
                         parts->scratch));
-        AJ_TRY(add_rows(dk_acc, p->lk, x->k.local, parts->dk_h, dt, p->B * p->Hkv, ck, p->D,
+        AJ_TRY(add_rows(dk_acc, lk, x->k.local, parts->dk_h, dt, p->B * p->Hkv, ck, p->D,
                         parts->scratch));
-        AJ_TRY(add_rows(dv_acc, p->lk, x->k.local, parts->dv_h, dt, p->B * p->Hkv, ck, p->Dv,
+        AJ_TRY(add_rows(dv_acc, lk, x->k.local, parts->dv_h, dt, p->B * p->Hkv, ck, p->Dv,
                         parts->scratch));
         p->stats->compute_s += aj_now() - t0;
         for (int r = 0; r < nreqs; r++)
@@ -976,6 +893,12 @@ aj_status aj_ring_backward(aj_ctx *ctx, aj_device *dev, aj_comm *comm, const aj_
         return AJ_ERR_INVALID_ARG;
     AJ_READ_STRUCT_OR_RETURN(ctx, "aj_ring_backward: args", given, aj_ring_bwd_args, dv,
                              AJ_RING_BWD_ARGS_INIT, args);
+    aj_status method_st = aj_cp_check_method(ctx, "aj_ring_backward", args->method,
+                                             args->ulysses_size);
+    if (method_st != AJ_OK)
+        return method_st;
+    if (args->method == AJ_METHOD_ULYSSES)
+        return aj_ulysses_backward(ctx, dev, comm, op, args, stats);
     aj_ring_stats local_stats = {0};
     ring_plan p = {.fn = "aj_ring_backward"};
     ring_kernels kern = {0};
@@ -994,7 +917,9 @@ aj_status aj_ring_backward(aj_ctx *ctx, aj_device *dev, aj_comm *comm, const aj_
     const size_t kv_bytes = (p.k_elems + p.v_elems) * p.elem;
     const size_t dkv_count = p.k_elems + p.v_elems;
     const size_t dq_count = (size_t)(p.B * p.Hq * p.lq * p.D);
-    const int64_t cq = p.qc[0].len, ck = p.lk / p.nq;
+    /* the parts of the longest chunks (the first S % n chunks are one longer) */
+    const int64_t chunks = p.nq * p.size;
+    const int64_t cq = (p.sq + chunks - 1) / chunks, ck = (p.sk + chunks - 1) / chunks;
     const int64_t width = p.D > p.Dv ? p.D : p.Dv;
     const int64_t chunk = cq > ck ? cq : ck;
     parts.dq_bytes = (size_t)(p.B * p.Hq * cq * p.D) * p.elem;
@@ -1076,8 +1001,9 @@ aj_status aj_ring_backward(aj_ctx *ctx, aj_device *dev, aj_comm *comm, const aj_
         }
     }
     AJ_TRY(store_rounded(&p, dq_acc, dq_count, args->dq.data, typed));
-    AJ_TRY(store_rounded(&p, own, p.k_elems, args->dk.data, typed));
-    AJ_TRY(store_rounded(&p, own + p.k_elems, p.v_elems, args->dv.data, typed));
+    const size_t rows = (size_t)(p.B * p.Hkv * p.lk);   /* this rank's block, home */
+    AJ_TRY(store_rounded(&p, own, rows * (size_t)p.D, args->dk.data, typed));
+    AJ_TRY(store_rounded(&p, own + p.k_elems, rows * (size_t)p.Dv, args->dv.data, typed));
 done:
     for (int i = 0; i < 2; i++)
         if (reqs[i].active)

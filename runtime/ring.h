@@ -4,13 +4,94 @@
 #ifndef AJ_RUNTIME_RING_H
 #define AJ_RUNTIME_RING_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "attnjit/attnjit.h"
+#include "templates/score.h"
 
-/* Rank `rank`'s chunks of a `seq`-long sequence (1 contiguous, 2 zigzag);
- * AJ_ERR_INVALID_ARG, naming `fn`, if seq does not split evenly. */
+/* Rank `rank`'s chunks of a `seq`-long sequence (1 contiguous, 2 zigzag),
+ * any length (shard.c's rule); AJ_ERR_INVALID_ARG, naming `fn`, for a bad
+ * layout, rank or size. */
+aj_status aj_shard_chunks_any(aj_ctx *ctx, const char *fn, aj_shard_layout layout, int rank,
+                              int size, int64_t seq, aj_shard_chunk chunks[2], int *num_chunks);
+/* The same where one rank's length must tell the totals (aj_ring_plan,
+ * aj_shard_get_chunks): AJ_ERR_INVALID_ARG, naming `fn`, if seq does not
+ * split evenly. */
 aj_status aj_shard_chunks(aj_ctx *ctx, const char *fn, aj_shard_layout layout, int rank,
                           int size, int64_t seq, aj_shard_chunk chunks[2], int *num_chunks);
+
+/* ---- shared by the context-parallel methods (cp_common.c) */
+
+struct aj_comm;
+
+/* A contiguous tensor of `rank` dims over `data`. */
+aj_tensor aj_cp_dense(void *data, aj_dtype dtype, int rank, const int64_t *shape);
+/* The shard `t` is `name`, contiguous, of `dtype` and `shape` (errors
+ * name `fn`). */
+aj_status aj_cp_check_dense(aj_ctx *ctx, const char *fn, const char *name, const aj_tensor *t,
+                            aj_dtype dtype, int rank, const int64_t *shape);
+/* This rank's shapes, as q, k and v give them. */
+typedef struct aj_cp_shapes {
+    int64_t B, Hq, Hkv, D, Dv;
+    int64_t lq, lk;              /* this rank's lengths */
+} aj_cp_shapes;
+
+/* The op as every method (and aj_ring_plan) takes it: a padded forward or
+ * backward op without bias or accumulate; *info, and its score programs
+ * *prog.  Errors name `fn`. */
+aj_status aj_cp_check_op(aj_ctx *ctx, const char *fn, const aj_op *op, aj_op_info *info,
+                         aj_score_prog *prog);
+/* The checks every method makes of a call: the handles, the layout, the
+ * op (aj_cp_check_op, of `kind`), and q, k, v (contiguous BHSD of the op's
+ * dtype, GQA heads: *sh).  Errors name `fn`. */
+aj_status aj_cp_check_call(aj_ctx *ctx, const char *fn, aj_device *dev, struct aj_comm *comm,
+                           const aj_op *op, aj_kind kind, aj_shard_layout layout,
+                           const aj_tensor *q, const aj_tensor *k, const aj_tensor *v,
+                           aj_op_info *info, aj_score_prog *prog, aj_cp_shapes *sh);
+/* method is a method and ulysses_size fits it (errors name `fn`). */
+aj_status aj_cp_check_method(aj_ctx *ctx, const char *fn, aj_cp_method method,
+                             int32_t ulysses_size);
+/* Waits for the work queued on `stream`, at most the comm's timeout
+ * (AJ_ERR_COMM past it; the message names `fn` and `what`). */
+aj_status aj_cp_wait(aj_device *dev, void *stream, const struct aj_comm *comm, const char *fn,
+                     const char *what);
+/* A collective's failure with the call's name in front of the engine's
+ * message ("aj_ring_forward: MPI: rank 0: MPI_Iallgather got no answer
+ * ..."); AJ_OK stays AJ_OK. */
+aj_status aj_cp_collective_status(aj_ctx *ctx, const char *fn, aj_status st);
+
+/* One small all-gather before any work: ranks whose calls differ (another
+ * layout, op, length, dropout stream...) would compute a wrong answer
+ * without noticing, so every rank compares its `n` values (named by
+ * `names`; a NULL name: a value of the rank's own, not compared) and the
+ * op's hash with rank 0's, and all fail alike.  The message is the same
+ * size for every method, so ranks calling different methods meet in it
+ * and are told so.  all_values (may be NULL) gets [size][n]: every rank's
+ * values, whatever the status. */
+enum { AJ_CP_CALL_FIELDS_MAX = 16 };
+typedef struct aj_cp_call {      /* what each rank sends: the same size for every method */
+    int64_t v[AJ_CP_CALL_FIELDS_MAX];
+    char hash[AJ_HASH_HEX_LEN + 8];
+} aj_cp_call;
+aj_status aj_cp_agree(aj_ctx *ctx, struct aj_comm *comm, const char *fn, const aj_op *op,
+                      int n, const char *const *names, const int64_t *values,
+                      int64_t *all_values);
+
+/* The ranks' lengths, all[r * stride + field_q] and [.. + field_k] for
+ * rank r (as aj_cp_agree gathers them), sum to *sq and *sk and are each
+ * rank's aj_shard_length of them.  Errors name `fn`. */
+aj_status aj_cp_check_lengths(aj_ctx *ctx, const char *fn, aj_shard_layout layout, int size,
+                              const int64_t *all, int stride, int field_q, int field_k,
+                              int64_t *sq, int64_t *sk);
+
+/* method = ulysses (ulysses.c), entered from aj_ring_forward and
+ * aj_ring_backward once their args are read. */
+aj_status aj_ulysses_forward(aj_ctx *ctx, aj_device *dev, struct aj_comm *comm,
+                             const aj_op *op, const aj_ring_fwd_args *args,
+                             aj_ring_stats *stats);
+aj_status aj_ulysses_backward(aj_ctx *ctx, aj_device *dev, struct aj_comm *comm,
+                              const aj_op *op, const aj_ring_bwd_args *args,
+                              aj_ring_stats *stats);
 
 #endif /* AJ_RUNTIME_RING_H */

@@ -1,22 +1,35 @@
 /*
- * shard.c -- aj_shard, aj_unshard and aj_shard_get_chunks: a rank's positions
- * of a sequence.
+ * shard.c -- aj_shard, aj_unshard, aj_shard_length and aj_shard_get_chunks:
+ * a rank's positions of a sequence.
  *
- * Contiguous: rank r of P holds [r S/P, (r+1) S/P).  Zigzag (head-tail)
- * cuts S into 2P chunks and gives rank r chunks r and 2P-1-r, so that
+ * Contiguous: the sequence cuts into P chunks, zigzag (head-tail) into
+ * 2P, and rank r holds chunk r (zigzag: chunks r and 2P-1-r, so that
  * under a causal mask every rank has the same number of visible
- * (query, key) pairs:
+ * (query, key) pairs):
  *
  *     chunks   0   1   2   3   4   5   6   7        P = 4
  *     rank     0   1   2   3   3   2   1   0
+ *
+ * Any length: S = n q + m (n chunks, 0 <= m < n) gives the first m
+ * chunks q + 1 positions and the others q, so the ranks' shard lengths
+ * differ by at most 1 (contiguous) or 2 (zigzag) and every even split is
+ * the familiar S/n chunks.
  */
 #include <string.h>
 
 #include "ir/diag.h"
 #include "runtime/ring.h"
 
-aj_status aj_shard_chunks(aj_ctx *ctx, const char *fn, aj_shard_layout layout, int rank,
-                          int size, int64_t seq, aj_shard_chunk chunks[2], int *num_chunks)
+/* Chunk c of n over a sequence of `seq`: its first position and length. */
+static aj_shard_chunk chunk_of(int64_t seq, int64_t n, int64_t c, int64_t local)
+{
+    const int64_t q = seq / n, m = seq % n;
+    return (aj_shard_chunk){.global = c * q + (c < m ? c : m), .local = local,
+                            .len = q + (c < m)};
+}
+
+aj_status aj_shard_chunks_any(aj_ctx *ctx, const char *fn, aj_shard_layout layout, int rank,
+                              int size, int64_t seq, aj_shard_chunk chunks[2], int *num_chunks)
 {
     AJ_CHECK_ARG(ctx, (unsigned)layout < AJ_SHARD_LAYOUT_COUNT,
                  "%s: layout = %d is not a shard layout", fn, (int)layout);
@@ -24,24 +37,45 @@ aj_status aj_shard_chunks(aj_ctx *ctx, const char *fn, aj_shard_layout layout, i
     AJ_CHECK_ARG(ctx, rank >= 0 && rank < size, "%s: rank = %d is outside 0 .. %d", fn, rank,
                  size - 1);
     AJ_CHECK_ARG(ctx, seq >= 0, "%s: seq = %lld is negative", fn, (long long)seq);
-    const int64_t parts = layout == AJ_SHARD_ZIGZAG ? 2 * (int64_t)size : size;
-    if (seq % parts != 0)
-        return aj_fail(ctx, AJ_ERR_INVALID_ARG, "%s: a sequence of %lld positions does not "
-                       "split into %lld equal %s chunks over %d ranks; pad it to a multiple "
-                       "of %lld and mask the padding (docs/ring.md)", fn, (long long)seq,
-                       (long long)parts, layout == AJ_SHARD_ZIGZAG ? "zigzag" : "contiguous",
-                       size, (long long)parts);
-    const int64_t len = seq / parts;
     if (layout == AJ_SHARD_CONTIGUOUS) {
-        chunks[0] = (aj_shard_chunk){.global = rank * len, .local = 0, .len = len};
+        chunks[0] = chunk_of(seq, size, rank, 0);
         *num_chunks = 1;
     } else {
-        chunks[0] = (aj_shard_chunk){.global = rank * len, .local = 0, .len = len};
-        chunks[1] = (aj_shard_chunk){.global = (parts - 1 - rank) * len, .local = len,
-                                     .len = len};
+        chunks[0] = chunk_of(seq, 2 * (int64_t)size, rank, 0);
+        chunks[1] = chunk_of(seq, 2 * (int64_t)size, 2 * (int64_t)size - 1 - rank,
+                             chunks[0].len);
         *num_chunks = 2;
     }
     return AJ_OK;
+}
+
+aj_status aj_shard_chunks(aj_ctx *ctx, const char *fn, aj_shard_layout layout, int rank,
+                          int size, int64_t seq, aj_shard_chunk chunks[2], int *num_chunks)
+{
+    aj_status st = aj_shard_chunks_any(ctx, fn, layout, rank, size, seq, chunks, num_chunks);
+    if (st != AJ_OK)
+        return st;
+    const int64_t parts = layout == AJ_SHARD_ZIGZAG ? 2 * (int64_t)size : size;
+    if (seq % parts != 0)
+        return aj_fail(ctx, AJ_ERR_INVALID_ARG, "%s: a sequence of %lld positions does not "
+                       "split into %lld equal %s chunks over %d ranks; one rank's length "
+                       "tells the totals only for a multiple of %lld (aj_ring_forward takes "
+                       "any length: docs/ring.md)",
+                       fn, (long long)seq, (long long)parts,
+                       layout == AJ_SHARD_ZIGZAG ? "zigzag" : "contiguous", size,
+                       (long long)parts);
+    return AJ_OK;
+}
+
+int64_t aj_shard_length(aj_shard_layout layout, int rank, int size, int64_t seq)
+{
+    aj_shard_chunk c[2];
+    int n = 0;
+    if ((unsigned)layout >= AJ_SHARD_LAYOUT_COUNT || size < 1 || rank < 0 || rank >= size ||
+        seq < 0)
+        return -1;
+    aj_shard_chunks_any(NULL, "", layout, rank, size, seq, c, &n);
+    return n == 1 ? c[0].len : c[0].len + c[1].len;
 }
 
 aj_status aj_shard_get_chunks(aj_ctx *ctx, aj_shard_layout layout, int rank, int size,
@@ -69,11 +103,11 @@ static aj_status copy_chunks(aj_ctx *ctx, const char *fn, aj_shard_layout layout
     AJ_CHECK_ARG(ctx, full->elem_size > 0, "%s: full->elem_size is 0", fn);
     aj_shard_chunk chunks[2];
     int n = 0;
-    aj_status st = aj_shard_chunks(ctx, fn, layout, rank, size, full->seq, chunks, &n);
+    aj_status st = aj_shard_chunks_any(ctx, fn, layout, rank, size, full->seq, chunks, &n);
     if (st != AJ_OK)
         return st;
     const size_t row = (size_t)full->inner * full->elem_size;
-    const int64_t local_seq = full->seq / size;
+    const int64_t local_seq = aj_shard_length(layout, rank, size, full->seq);
     for (int64_t o = 0; o < full->outer; o++)
         for (int c = 0; c < n; c++) {
             size_t g = ((size_t)o * full->seq + chunks[c].global) * row;

@@ -25,7 +25,9 @@
  *                          allocated or freed between the first launch and
  *                          the last; host buffers pinned (no copy staged
  *                          through pageable memory), and a second call
- *                          pins nothing (the device reuses the blocks)
+ *                          pins nothing (the device reuses the blocks);
+ *                          Ulysses likewise on its stream, with device
+ *                          memory only
  *   test_gpu_path stuck    (mpirun, FAKE_CUDA_STUCK=1: GPU work never ends)
  *                          the ring fails with AJ_ERR_COMM within its
  *                          timeout instead of hanging in the driver
@@ -393,6 +395,16 @@ static int run_ring(int stuck)
                 CHECK_LOG_LACKS("MemAllocHost");
             check_between_launches("aj_ring_backward");
         }
+        /* method = ulysses (H = 2 heads over 2 ranks): its one launch on
+         * the call's stream, device memory only, no synchronisation */
+        f.method = b.method = AJ_METHOD_ULYSSES;
+        cuda_log_clear();
+        CHECK_STATUS(ctx, aj_ring_forward(ctx, dev, comm, fop, &f, NULL), AJ_OK);
+        CHECK_STATUS(ctx, aj_ring_backward(ctx, dev, comm, bop, &b, NULL), AJ_OK);
+        CHECK_MSG(strstr(cuda_log(), "LaunchKernel"), "ulysses: no launch:\n%s", cuda_log());
+        const char *bad[] = {"Synchronize", "stream=0 ", "FAULT", "REJECTED"};
+        for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+            CHECK_LOG_LACKS(bad[i]);
         free_tensors((aj_tensor *[]){&b.do_, &b.dq, &b.dk, &b.dv}, 4);
     }
     free_tensors((aj_tensor *[]){&f.q, &f.k, &f.v, &f.o, &f.lse}, 5);

@@ -310,6 +310,30 @@ static void check_fwd_before_paged(problem *p, const aj_fwd_args *fwd)
     free(got);
 }
 
+/* Version 3 of the ring structs adds method and ulysses_size at the end:
+ * a caller built against version 2 (ending at launch_tiles_cap, num_side)
+ * gets the ring, whatever lies past its struct; a version 3 caller's
+ * method is read (an unknown one is named before any handle is checked). */
+static void check_ring_method_versions(problem *p)
+{
+    aj_ring_fwd_args fa = AJ_RING_FWD_ARGS_INIT;
+    aj_ring_bwd_args ba = AJ_RING_BWD_ARGS_INIT;
+    fa.method = (aj_cp_method)7;
+    ba.method = (aj_cp_method)7;
+    CHECK_STATUS(p->ctx, call_ring_forward(p, &fa, NULL), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(p->ctx, "aj_ring_forward: method = 7 is not a context-parallel method");
+    CHECK_STATUS(p->ctx, call_ring_backward(p, &ba, NULL), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(p->ctx, "aj_ring_backward: method = 7 is not a context-parallel method");
+    void *v2f = sized_copy(&fa, sizeof fa, AJ_STRUCT_END(aj_ring_fwd_args, launch_tiles_cap));
+    void *v2b = sized_copy(&ba, sizeof ba, AJ_STRUCT_END(aj_ring_bwd_args, num_side));
+    CHECK_STATUS(p->ctx, call_ring_forward(p, v2f, NULL), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(p->ctx, "aj_ring_forward: comm is NULL");
+    CHECK_STATUS(p->ctx, call_ring_backward(p, v2b, NULL), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(p->ctx, "aj_ring_backward: comm is NULL");
+    free(v2f);
+    free(v2b);
+}
+
 int main(void)
 {
     problem p = {0};
@@ -364,6 +388,7 @@ int main(void)
     for (size_t i = 0; i < sizeof structs / sizeof structs[0]; i++)
         check_struct(&p, &structs[i]);
     check_fwd_before_paged(&p, &fwd);
+    check_ring_method_versions(&p);
 
     problem_close(&p);
     return check_report();

@@ -3,6 +3,7 @@
  * tensors.
  *
  *   mpirun -np P attnjit ring SPEC --device sim|cpu|cuda
+ *       [--method ring|ulysses] [--ulysses-size U]
  *       [--layout contiguous|zigzag] [--rotate p2p|allgather]
  *       --in q=F --in k=F --in v=F [--in alibi_slopes=F] [--in NAME=F (side
  *       tensors)] --out o=F [--out lse=F]
@@ -14,6 +15,7 @@
  * is the rank's index among the ranks of its node (one GPU per rank).
  * The shards live in the device's memory (copied there from the host and
  * back), as the ring and the launches take them.
+ * Any length: rank r holds aj_shard_length positions.
  * Rank 0 reads the full tensors, sends every rank its shard, gathers the
  * results and writes them; every rank's timings are printed by rank 0.
  * --check runs the same op on rank 0 alone (aj_forward / aj_backward on
@@ -46,6 +48,8 @@ typedef struct ring_opts {
     const char *device;
     aj_shard_layout layout;
     aj_ring_rotate rotate;
+    aj_cp_method method;
+    int ulysses_size;
     const char *in[R_IN_COUNT], *out[R_OUT_COUNT];
     cli_side_opts side;      /* --in NAME=FILE for the op's side tensors */
     int grad, check, workers, verbose;
@@ -128,6 +132,16 @@ static int parse_ring_args(int argc, char **argv, ring_opts *o)
                 o->layout = AJ_SHARD_ZIGZAG;
             else
                 return cli_usage("--layout takes contiguous or zigzag, not '%s'", v);
+        } else if (strcmp(a, "--method") == 0) {
+            if (strcmp(v, "ring") == 0)
+                o->method = AJ_METHOD_RING;
+            else if (strcmp(v, "ulysses") == 0)
+                o->method = AJ_METHOD_ULYSSES;
+            else
+                return cli_usage("--method takes ring or ulysses, not '%s'", v);
+        } else if (strcmp(a, "--ulysses-size") == 0) {
+            rc = parse_number(a, v, 0, 1 << 20, &num);
+            o->ulysses_size = (int)num;
         } else if (strcmp(a, "--rotate") == 0) {
             if (strcmp(v, "p2p") == 0)
                 o->rotate = AJ_ROTATE_P2P;
@@ -217,13 +231,20 @@ static aj_seq_shape seq_shape_of(const ring_tensor *x)
     return s;
 }
 
-/* Sizes the shard (and typed copy) from the full shape. */
-static int alloc_shard(ring_tensor *x, aj_dtype dtype, int size)
+/* Rank `r`'s shard of a BHSD (or BHS) tensor: its shape. */
+static void shard_shape(const ring_opts *o, const ring_tensor *x, int r, int size,
+                        int64_t shape[4])
+{
+    memcpy(shape, x->shape, 4 * sizeof shape[0]);
+    if (x->rank >= 3)
+        shape[2] = aj_shard_length(o->layout, r, size, x->shape[2]);
+}
+
+/* Sizes this rank's shard (and typed copy) from the full shape. */
+static int alloc_shard(const ring_opts *o, ring_tensor *x, aj_dtype dtype, int me, int size)
 {
     int64_t shape[4];
-    memcpy(shape, x->shape, sizeof shape);
-    if (x->rank >= 3)
-        shape[2] /= size;
+    shard_shape(o, x, me, size, shape);
     const size_t n = count_of(x->rank, shape);
     x->shard = alloc64(n * sizeof(float));
     x->typed = alloc64(n * (dtype == AJ_DTYPE_F32 ? 4 : 2));
@@ -325,6 +346,24 @@ static int agree(int rc)
     return worst;
 }
 
+/* The elements of rank r's shard, and the most any rank's has. */
+static size_t shard_count(const ring_opts *o, const ring_tensor *x, int r, int size)
+{
+    int64_t shape[4];
+    shard_shape(o, x, r, size, shape);
+    return count_of(x->rank, shape);
+}
+
+static size_t largest_shard(const ring_opts *o, const ring_tensor *x, int size)
+{
+    size_t most = 0;
+    for (int r = 0; r < size; r++) {
+        size_t n = shard_count(o, x, r, size);
+        most = n > most ? n : most;
+    }
+    return most;
+}
+
 /* Rank 0 sends each rank its shard of x->full; the others receive. */
 static int scatter(aj_ctx *ctx, const ring_opts *o, ring_tensor *x, int me, int size)
 {
@@ -335,13 +374,17 @@ static int scatter(aj_ctx *ctx, const ring_opts *o, ring_tensor *x, int me, int 
             memcpy(x->shard, x->full, n * sizeof(float));
         MPI_Bcast(x->shard, (int)n, MPI_FLOAT, 0, MPI_COMM_WORLD);
     } else if (me == 0) {
-        for (int r = size - 1; r >= 0; r--) {
-            aj_status st = aj_shard(ctx, o->layout, r, size, &s, x->full, x->shard);
-            if (st != AJ_OK)
-                return cli_report(ctx, st);
-            if (r)
-                MPI_Send(x->shard, (int)n, MPI_FLOAT, r, 0, MPI_COMM_WORLD);
+        float *tmp = alloc64(largest_shard(o, x, size) * sizeof(float));
+        aj_status st = tmp ? AJ_OK : AJ_ERR_OUT_OF_MEMORY;
+        for (int r = size - 1; r >= 0 && st == AJ_OK; r--) {
+            st = aj_shard(ctx, o->layout, r, size, &s, x->full, r ? tmp : x->shard);
+            if (st == AJ_OK && r)
+                MPI_Send(tmp, (int)shard_count(o, x, r, size), MPI_FLOAT, r, 0,
+                         MPI_COMM_WORLD);
         }
+        free(tmp);
+        if (st != AJ_OK)
+            return cli_report(ctx, st);
     } else {
         MPI_Recv(x->shard, (int)n, MPI_FLOAT, 0, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
     }
@@ -359,8 +402,8 @@ static int gather(aj_ctx *ctx, const ring_opts *o, ring_tensor *x, int me, int s
         MPI_Send(x->shard, (int)n, MPI_FLOAT, 0, 1, MPI_COMM_WORLD);
         return CLI_EXIT_OK;
     }
-    x->full = alloc64(n * (size_t)size * sizeof(float));
-    float *tmp = alloc64(n * sizeof(float));
+    x->full = alloc64(count_of(x->rank, x->shape) * sizeof(float));
+    float *tmp = alloc64(largest_shard(o, x, size) * sizeof(float));
     if (!x->full || !tmp) {
         free(tmp);
         fprintf(stderr, "attnjit: out of memory gathering a result\n");
@@ -369,7 +412,8 @@ static int gather(aj_ctx *ctx, const ring_opts *o, ring_tensor *x, int me, int s
     aj_status st = AJ_OK;
     for (int r = 0; r < size && st == AJ_OK; r++) {
         if (r)
-            MPI_Recv(tmp, (int)n, MPI_FLOAT, r, 1, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+            MPI_Recv(tmp, (int)shard_count(o, x, r, size), MPI_FLOAT, r, 1, MPI_COMM_WORLD,
+                     MPI_STATUS_IGNORE);
         st = aj_unshard(ctx, o->layout, r, size, &s, r ? tmp : x->shard, x->full);
     }
     free(tmp);
@@ -715,20 +759,11 @@ int cli_ring(aj_ctx *ctx, int argc, char **argv)
     out[R_DQ] = (ring_tensor){.rank = 4, .shape = {q[0], q[1], q[2], q[3]}};
     out[R_DK] = (ring_tensor){.rank = 4, .shape = {k[0], k[1], k[2], k[3]}};
     out[R_DV] = (ring_tensor){.rank = 4, .shape = {v[0], v[1], v[2], v[3]}};
-    /* lengths that do not split: one message, from rank 0 (an empty
-     * outer dim makes aj_shard check the split and copy nothing) */
-    for (int t = 0; t < 2 && rc == CLI_EXIT_OK; t++) {
-        const aj_seq_shape s = {0, t ? k[2] : q[2], 1, sizeof(float)};
-        float probe = 0;
-        aj_status st = aj_shard(ctx, o.layout, 0, size, &s, &probe, &probe);
-        if (st != AJ_OK)
-            rc = me == 0 ? cli_report(ctx, st) : cli_exit_for(st);
-    }
     for (int t = 0; t < R_IN_COUNT && rc == CLI_EXIT_OK; t++)
         if (in[t].rank)
-            rc = alloc_shard(&in[t], t == R_ALIBI ? AJ_DTYPE_F32 : info.dtype, size);
+            rc = alloc_shard(&o, &in[t], t == R_ALIBI ? AJ_DTYPE_F32 : info.dtype, me, size);
     for (int t = 0; t < (o.grad ? R_OUT_COUNT : R_DQ) && rc == CLI_EXIT_OK; t++)
-        rc = alloc_shard(&out[t], t == R_LSE ? AJ_DTYPE_F32 : info.dtype, size);
+        rc = alloc_shard(&o, &out[t], t == R_LSE ? AJ_DTYPE_F32 : info.dtype, me, size);
     for (int t = 0; t < R_IN_COUNT && rc == CLI_EXIT_OK; t++)
         if (in[t].rank)
             rc = scatter(ctx, &o, &in[t], me, size);
@@ -773,6 +808,8 @@ int cli_ring(aj_ctx *ctx, int argc, char **argv)
         a.alibi_slopes = in[R_ALIBI].t;
         a.layout = o.layout;
         a.rotate = o.rotate;
+        a.method = o.method;
+        a.ulysses_size = o.ulysses_size;
         a.seed = o.seed;
         a.offset = o.offset;
         st = aj_ring_forward(ctx, dev, comm, fop, &a, &fs);
@@ -793,6 +830,8 @@ int cli_ring(aj_ctx *ctx, int argc, char **argv)
         b.alibi_slopes = in[R_ALIBI].t;
         b.layout = o.layout;
         b.rotate = o.rotate;
+        b.method = o.method;
+        b.ulysses_size = o.ulysses_size;
         b.seed = o.seed;
         b.offset = o.offset;
         st = aj_ring_backward(ctx, dev, comm, bop, &b, &bs);
@@ -810,9 +849,12 @@ int cli_ring(aj_ctx *ctx, int argc, char **argv)
     for (int t = 0; t < (o.grad ? R_OUT_COUNT : R_DQ) && rc == CLI_EXIT_OK; t++)
         rc = gather(ctx, &o, &out[t], me, size);
     if (me == 0)
-        printf("ring: %d ranks, %s, %s, %s, on %s\n", size,
+        printf("ring: %d ranks, %s%s, %s, %s, on %s\n", size,
+               o.method == AJ_METHOD_ULYSSES ? "ulysses, " : "",
                o.layout == AJ_SHARD_ZIGZAG ? "zigzag" : "contiguous",
-               o.rotate == AJ_ROTATE_P2P ? "p2p" : "all-gather",
+               o.method == AJ_METHOD_ULYSSES ? "all-to-all"
+               : o.rotate == AJ_ROTATE_P2P   ? "p2p"
+                                             : "all-gather",
                o.grad ? "forward + backward" : "forward", aj_device_name(dev));
     print_stats("forward", &fs, me, size);
     if (o.verbose)

@@ -4,6 +4,7 @@
  *
  *   mpirun -np P bench_ring [--len L[,L...]] [--heads H] [--dim D]
  *                           [--tflops T[,T...]] [--workers N] [--device cpu|sim]
+ *                           [--method ring|ulysses|both]
  *
  * Part 1, measured on this machine's CPU ranks: a ring forward (p2p) per
  * per-rank length L, no mask (contiguous) and causal (zigzag), each run
@@ -13,7 +14,18 @@
  * exposed part of the ring's comm (waiting with nothing to compute, which
  * also counts waiting for a slower peer) and the hidden share
  * 1 - exposed / transfer (0 when the ring waited longer than the
- * transfer takes alone).
+ * transfer takes alone).  With --method ulysses (or both) the same cases
+ * run as Ulysses (H must divide by P): its time against its compute-only
+ * time, its two all-to-alls (nothing overlaps them: all exposed), and the
+ * bytes each rank sent (aj_comm_bytes_sent) against the formula
+ *
+ *   ring p2p forward   (P-1) B Hkv L (D + Dv) e
+ *   Ulysses forward    (P-1)/P B L (Hq D + 2 Hkv D) e      (q, k, v in)
+ *                    + (P-1)/P B L Hq (Dv e + 4)            (o, lse out)
+ *
+ * (L: the per-rank length, e: bytes per element; measured is the formula
+ * plus the opening agreement, (P-1) x 152 bytes).  The methods take turns
+ * case by case, 5 rounds; each row is the method's median round.
  *
  * Part 2, a model for GPUs: a ring step hides its K/V exchange when the
  * block's compute takes at least as long as the transfer:
@@ -67,8 +79,9 @@ static aj_tensor dense(void *data, aj_dtype dt, int r, int64_t a, int64_t b, int
 
 /* One timed ring forward; the slowest rank's stats come back on every
  * rank. */
-static int run_case(aj_ctx *ctx, aj_device *dev, aj_comm *comm, int causal, int64_t len,
-                    int heads, int dim, aj_ring_stats *worst, double *alone_s)
+static int run_case(aj_ctx *ctx, aj_device *dev, aj_comm *comm, aj_cp_method method,
+                    int causal, int64_t len, int heads, int dim, aj_ring_stats *worst,
+                    double *alone_s, uint64_t *sent)
 {
     char text[256];
     snprintf(text, sizeof text, "attention forward efficient { dtype = f16 head_dim = %d "
@@ -97,11 +110,14 @@ static int run_case(aj_ctx *ctx, aj_device *dev, aj_comm *comm, int causal, int6
     a.o.data = o;
     a.lse = dense(lse, AJ_DTYPE_F32, 3, 1, heads, len, 0);
     a.layout = causal ? AJ_SHARD_ZIGZAG : AJ_SHARD_CONTIGUOUS;
+    a.method = method;
     aj_ring_stats s = {0};
     aj_status st = AJ_OK;
     for (int pass = 0; pass < 2 && st == AJ_OK; pass++) {   /* pass 0 compiles */
         MPI_Barrier(MPI_COMM_WORLD);
+        *sent = aj_comm_bytes_sent(comm);
         st = aj_ring_forward(ctx, dev, comm, op, &a, &s);
+        *sent = aj_comm_bytes_sent(comm) - *sent;
     }
     if (st != AJ_OK)
         fprintf(stderr, "bench_ring: rank %d: %s\n", rank, aj_last_error(ctx));
@@ -163,6 +179,30 @@ static void print_model(const double *tflops, int nt)
         }
 }
 
+/* The round whose total time is the median of n. */
+static int median_round(const aj_ring_stats *s, int n)
+{
+    for (int r = 0; r < n; r++) {
+        int below = 0, above = 0;
+        for (int o = 0; o < n; o++) {
+            below += s[o].total_s < s[r].total_s;
+            above += s[o].total_s > s[r].total_s;
+        }
+        if (below <= n / 2 && above <= n / 2)
+            return r;
+    }
+    return 0;
+}
+
+/* The formula's bytes a rank sends in one forward (header comment). */
+static double formula_bytes(aj_cp_method method, int64_t len, int heads, int dim)
+{
+    const double P = size, e = 2, L = (double)len, H = heads, D = dim;
+    if (method == AJ_METHOD_RING)
+        return (P - 1) * H * L * 2 * D * e;
+    return (P - 1) / P * L * 3 * H * D * e + (P - 1) / P * L * H * (D * e + 4);
+}
+
 int main(int argc, char **argv)
 {
     MPI_Init(&argc, &argv);
@@ -170,6 +210,7 @@ int main(int argc, char **argv)
     MPI_Comm_size(MPI_COMM_WORLD, &size);
     double lens[MAX_LIST] = {64, 256}, tflops[MAX_LIST] = {25, 100, 400};
     int nl = 2, nt = 3, heads = 2, dim = 64, workers = 1;
+    int first = AJ_METHOD_RING, last = AJ_METHOD_RING;
     aj_device_kind kind = AJ_DEVICE_CPU;
     for (int i = 1; i + 1 < argc; i += 2) {
         if (strcmp(argv[i], "--len") == 0)
@@ -184,6 +225,10 @@ int main(int argc, char **argv)
             workers = atoi(argv[i + 1]);
         else if (strcmp(argv[i], "--device") == 0)
             kind = strcmp(argv[i + 1], "sim") == 0 ? AJ_DEVICE_SIM : AJ_DEVICE_CPU;
+        else if (strcmp(argv[i], "--method") == 0) {
+            first = strcmp(argv[i + 1], "ulysses") == 0 ? AJ_METHOD_ULYSSES : AJ_METHOD_RING;
+            last = strcmp(argv[i + 1], "ring") == 0 ? AJ_METHOD_RING : AJ_METHOD_ULYSSES;
+        }
     }
     aj_ctx *ctx = NULL;
     aj_device *dev = NULL;
@@ -196,23 +241,40 @@ int main(int argc, char **argv)
     if (failed)
         fprintf(stderr, "bench_ring: rank %d: %s\n", rank, ctx ? aj_last_error(ctx) : "");
     if (!failed && rank == 0) {
-        printf("ring forward on %d CPU ranks (%s device, f16, H = %d, D = %d; the slowest "
+        printf("forward on %d CPU ranks (%s device, f16, H = %d, D = %d; the slowest "
                "rank; warm kernel cache)\n", size, aj_device_name(dev), heads, dim);
-        printf("%-20s %5s %9s %11s %12s %11s %10s %8s\n", "case", "L", "ring ms",
-               "compute ms", "transfer ms", "exposed ms", "ring/comp", "hidden");
+        printf("%-8s %-20s %5s %9s %11s %12s %11s %10s %8s %11s %11s\n", "method", "case", "L",
+               "total ms", "compute ms", "transfer ms", "exposed ms", "tot/comp", "hidden",
+               "sent B", "formula B");
     }
+    /* per case, the methods take turns (ring, ulysses, ring, ...) for
+     * ROUNDS rounds; each row is the method's median round by total time */
+    enum { ROUNDS = 5 };
     for (int c = 0; c < 2 && !failed; c++)
         for (int i = 0; i < nl && !failed; i++) {
-            aj_ring_stats s;
-            double alone = 0;
-            failed = run_case(ctx, dev, comm, c, (int64_t)lens[i], heads, dim, &s, &alone);
-            /* hidden: the share of the transfer time the ring did not wait for */
-            double hidden = alone > 0 ? 1.0 - s.exposed_comm_s / alone : 1.0;
-            if (!failed && rank == 0)
-                printf("%-20s %5.0f %9.2f %11.2f %12.3f %11.3f %10.3f %7.0f%%\n",
-                       c ? "causal, zigzag" : "no mask, contiguous", lens[i], 1e3 * s.total_s,
-                       1e3 * s.compute_s, 1e3 * alone, 1e3 * s.exposed_comm_s,
-                       s.total_s / s.compute_s, 100.0 * (hidden > 0 ? hidden : 0));
+            aj_ring_stats s[AJ_METHOD_COUNT][ROUNDS] = {{{0}}};
+            double alone[AJ_METHOD_COUNT][ROUNDS] = {{0}};
+            uint64_t sent[AJ_METHOD_COUNT] = {0};
+            for (int r = 0; r < ROUNDS && !failed; r++)
+                for (int m = first; m <= last && !failed; m++)
+                    failed = run_case(ctx, dev, comm, (aj_cp_method)m, c, (int64_t)lens[i],
+                                      heads, dim, &s[m][r], &alone[m][r], &sent[m]);
+            for (int m = first; m <= last && !failed && rank == 0; m++) {
+                const int r = median_round(s[m], ROUNDS);
+                const aj_ring_stats *x = &s[m][r];
+                /* hidden: the share of the transfer time the ring did not wait
+                 * for; Ulysses' all-to-alls overlap nothing */
+                double hidden = m == AJ_METHOD_RING && alone[m][r] > 0
+                                    ? 1.0 - x->exposed_comm_s / alone[m][r] : 0.0;
+                printf("%-8s %-20s %5.0f %9.2f %11.2f %12.3f %11.3f %10.3f %7.0f%% %11llu "
+                       "%11.0f\n", m == AJ_METHOD_RING ? "ring" : "ulysses",
+                       c ? "causal, zigzag" : "no mask, contiguous", lens[i],
+                       1e3 * x->total_s, 1e3 * x->compute_s,
+                       1e3 * (m == AJ_METHOD_RING ? alone[m][r] : x->comm_s),
+                       1e3 * x->exposed_comm_s, x->total_s / x->compute_s,
+                       100.0 * (hidden > 0 ? hidden : 0), (unsigned long long)sent[m],
+                       formula_bytes((aj_cp_method)m, (int64_t)lens[i], heads, dim));
+            }
         }
     if (!failed && rank == 0)
         print_model(tflops, nt);

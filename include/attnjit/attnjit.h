@@ -960,16 +960,27 @@ aj_status aj_comm_create(aj_ctx *ctx, aj_device *dev, const aj_comm_config *conf
 void aj_comm_destroy(aj_comm *comm);
 int aj_comm_rank(const aj_comm *comm);   /* -1 for NULL */
 int aj_comm_size(const aj_comm *comm);   /* -1 for NULL */
+/* The payload bytes this rank has handed its transport for other ranks
+ * since the comm was made (exchanges, collectives and all-to-alls; a
+ * rank's part for itself does not count): what the ring and Ulysses move
+ * per rank, for the formulas in docs/ring.md.  0 for NULL. */
+uint64_t aj_comm_bytes_sent(const aj_comm *comm);
 
-/* How a sequence is split over P ranks. */
+/* How a sequence is split over P ranks.  Any length S: cut into n chunks
+ * (n = P contiguous, 2P zigzag), chunk c holds S/n positions, one more for
+ * c < S % n (aj_shard_length gives a rank's total). */
 typedef enum aj_shard_layout {
-    /* rank r holds positions [r S/P, (r+1) S/P) */
+    /* rank r holds chunk r: positions [r S/P, (r+1) S/P) when P divides S */
     AJ_SHARD_CONTIGUOUS = 0,
-    /* 2P chunks of S/(2P); rank r holds chunks r and 2P-1-r (head and
-     * tail), which gives every rank the same causal work */
+    /* 2P chunks; rank r holds chunks r and 2P-1-r (head and tail), which
+     * gives every rank the same causal work */
     AJ_SHARD_ZIGZAG = 1,
     AJ_SHARD_LAYOUT_COUNT
 } aj_shard_layout;
+
+/* How many of a `seq`-long sequence's positions rank `rank` of `size`
+ * holds (-1 for a bad layout, rank, size or a negative seq). */
+int64_t aj_shard_length(aj_shard_layout layout, int rank, int size, int64_t seq);
 
 /* How K/V reach every rank. */
 typedef enum aj_ring_rotate {
@@ -978,6 +989,20 @@ typedef enum aj_ring_rotate {
                                   dK/dV in the backward) */
     AJ_ROTATE_COUNT
 } aj_ring_rotate;
+
+/* How the ranks share the attention of a sequence-sharded problem. */
+typedef enum aj_cp_method {
+    /* K/V blocks travel to every rank (rotate: p2p or all-gather); any
+     * length */
+    AJ_METHOD_RING = 0,
+    /* DeepSpeed Ulysses: an all-to-all turns the sequence shards into
+     * head shards of the whole sequence (H_kv / P key/value heads and
+     * their query heads per rank), the kernel runs over the whole
+     * sequence, and an all-to-all turns the result back.  H_kv must
+     * divide by P; any length. */
+    AJ_METHOD_ULYSSES = 1,
+    AJ_METHOD_COUNT
+} aj_cp_method;
 
 /* A tensor with a sequence dim, seen as [outer, seq, inner] contiguous
  * elements of elem_size bytes: outer is the product of the dims before
@@ -988,10 +1013,9 @@ typedef struct aj_seq_shape {
     size_t elem_size;
 } aj_seq_shape;
 
-/* Copies rank `rank`'s shard of `full` (full->seq positions) into `shard`
- * ([outer, seq / P, inner]).  seq must divide by P (contiguous) or 2P
- * (zigzag); otherwise AJ_ERR_INVALID_ARG saying so (pad the sequence and
- * mask the padding: docs/ring.md).  Host memory; the caller owns both. */
+/* Copies rank `rank`'s shard of `full` (full->seq positions, any length)
+ * into `shard` ([outer, aj_shard_length(...), inner]).  Host memory; the
+ * caller owns both. */
 aj_status aj_shard(aj_ctx *ctx, aj_shard_layout layout, int rank, int size,
                    const aj_seq_shape *full, const void *src, void *shard);
 /* The inverse: writes rank `rank`'s shard back into its positions of
@@ -1008,8 +1032,9 @@ typedef struct aj_shard_chunk {
 /* Rank `rank`'s chunks of a `seq`-long sequence, in local order, into
  * chunks[] (1 contiguous, 2 zigzag) and their number into *num_chunks:
  * the rule aj_shard, aj_unshard and the ring follow, for a caller that
- * moves the positions itself (attnjit.torch.shard).  AJ_ERR_INVALID_ARG,
- * as aj_shard, when seq does not split evenly. */
+ * moves the positions itself (attnjit.torch.shard).  The ring's rule:
+ * AJ_ERR_INVALID_ARG when seq does not split evenly (aj_shard takes any
+ * length, with these chunks where it does). */
 aj_status aj_shard_get_chunks(aj_ctx *ctx, aj_shard_layout layout, int rank, int size,
                               int64_t seq, aj_shard_chunk chunks[2], int *num_chunks);
 
@@ -1030,9 +1055,10 @@ typedef struct aj_ring_stats {
 } aj_ring_stats;
 
 /* Arguments of a ring forward: this rank's shards, laid out by `layout`
- * (q [B, Hq, Sq/P, D], k [B, Hkv, Sk/P, D], v [B, Hkv, Sk/P, Dv], o and
- * lse likewise), in the device's memory.  Global positions and the
- * bottom_right totals (Sq, Sk) follow from the layout and the rank.  The
+ * (q [B, Hq, lq, D], k [B, Hkv, lk, D], v [B, Hkv, lk, Dv], o and lse
+ * likewise, with lq = aj_shard_length(layout, rank, P, Sq): any length),
+ * in the device's memory.  The totals Sq, Sk are the sums of every rank's
+ * lengths; global positions and the bottom_right totals follow.  The
  * op is a padded `attention forward flash` or `efficient` without bias
  * (expressions and side tensors included);
  * the ring compiles its kernels (accumulate = true, masked and unmasked)
@@ -1059,6 +1085,10 @@ typedef struct aj_ring_fwd_args {
      * rank's stats.launches of them); NULL: not counted */
     aj_tile_counts *launch_tiles;
     int32_t launch_tiles_cap;
+    /* version 3: the method (a caller built against an older struct gets
+     * the ring) and the Ulysses degree: 0 or P (the comm's size) */
+    aj_cp_method method;
+    int32_t ulysses_size;
 } aj_ring_fwd_args;
 
 #define AJ_RING_FWD_ARGS_INIT { .struct_size = sizeof(aj_ring_fwd_args) }
@@ -1086,6 +1116,8 @@ typedef struct aj_ring_bwd_args {
     uint64_t seed, offset;
     const aj_side_tensor *side;      /* as aj_ring_fwd_args (version 2) */
     int32_t num_side;
+    aj_cp_method method;             /* as aj_ring_fwd_args (version 3) */
+    int32_t ulysses_size;
 } aj_ring_bwd_args;
 
 #define AJ_RING_BWD_ARGS_INIT { .struct_size = sizeof(aj_ring_bwd_args) }

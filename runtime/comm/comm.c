@@ -78,6 +78,11 @@ int aj_comm_size(const aj_comm *comm)
     return comm ? comm->size : -1;
 }
 
+uint64_t aj_comm_bytes_sent(const aj_comm *comm)
+{
+    return comm ? comm->bytes_sent : 0;
+}
+
 aj_status aj_comm_wait(aj_comm *comm, aj_comm_req *req, const char *fn, double *waited_s)
 {
     if (!req->active)

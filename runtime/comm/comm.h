@@ -4,7 +4,8 @@
  *
  * The ring needs three things from a transport: a neighbour exchange it
  * can start, poll while kernels run, and wait for with a deadline; an
- * all-gather; and a float sum reduce-scatter.  Every wait is bounded by
+ * all-gather; and a float sum reduce-scatter.  Ulysses (ulysses.c) needs
+ * an all-to-all with a count per peer.  Every wait is bounded by
  * the comm's timeout, so a silent peer becomes AJ_ERR_COMM, never a hang.
  */
 #ifndef AJ_RUNTIME_COMM_COMM_H
@@ -12,6 +13,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "attnjit/attnjit.h"
 
@@ -46,6 +48,12 @@ typedef struct aj_comm_engine {
      * [size][count] f32. */
     aj_status (*reduce_scatter_f32)(aj_comm *comm, const float *send, float *recv,
                                     size_t count);
+    /* Rank d gets send_bytes[d] bytes from send + send_off[d]; from rank s
+     * arrive recv_bytes[s] bytes at recv + recv_off[s] (arrays of size
+     * entries; a rank's own part is copied too). */
+    aj_status (*alltoallv)(aj_comm *comm, const void *send, const size_t *send_bytes,
+                           const size_t *send_off, void *recv, const size_t *recv_bytes,
+                           const size_t *recv_off);
     void (*destroy)(aj_comm *comm);
 } aj_comm_engine;
 
@@ -56,7 +64,28 @@ struct aj_comm {
     void *impl;                /* the engine's state */
     int rank, size;
     double timeout_s;
+    uint64_t bytes_sent;       /* aj_comm_bytes_sent: the engines count */
 };
+
+/* What an engine hands its transport for other ranks: counted when an
+ * operation is posted (aj_comm_bytes_sent). */
+static inline void aj_comm_count_sent(aj_comm *comm, uint64_t bytes)
+{
+    comm->bytes_sent += bytes;
+}
+/* The same for a collective in which every rank sends `each` bytes to
+ * every other. */
+static inline void aj_comm_count_collective(aj_comm *comm, uint64_t each)
+{
+    comm->bytes_sent += each * (uint64_t)(comm->size - 1);
+}
+/* The same for an all-to-all: every part but the rank's own. */
+static inline void aj_comm_count_alltoall(aj_comm *comm, const size_t *send_bytes)
+{
+    for (int peer = 0; peer < comm->size; peer++)
+        if (peer != comm->rank)
+            comm->bytes_sent += send_bytes[peer];
+}
 
 /* Seconds on a monotonic clock. */
 double aj_now(void);

@@ -90,6 +90,8 @@ static aj_status mpi_exchange_start(aj_comm *comm, const void *send, void *recv,
         MPI_Request_free(&r[0]);
         return mpi_fail(comm, rc, "MPI_Isend");
     }
+    if (to != comm->rank)
+        aj_comm_count_sent(comm, bytes);
     return AJ_OK;
 }
 
@@ -123,6 +125,7 @@ static aj_status mpi_allgather(aj_comm *comm, const void *send, void *recv, size
                             mpi_comm_of(comm), &r);
     if (rc != MPI_SUCCESS)
         return mpi_fail(comm, rc, "MPI_Iallgather");
+    aj_comm_count_collective(comm, bytes);
     return mpi_wait_one(comm, &r, "MPI_Iallgather");
 }
 
@@ -137,7 +140,47 @@ static aj_status mpi_reduce_scatter_f32(aj_comm *comm, const float *send, float 
                                        mpi_comm_of(comm), &r);
     if (rc != MPI_SUCCESS)
         return mpi_fail(comm, rc, "MPI_Ireduce_scatter_block");
+    aj_comm_count_collective(comm, count * sizeof(float));
     return mpi_wait_one(comm, &r, "MPI_Ireduce_scatter_block");
+}
+
+/* counts[i] and offsets[i] as MPI's ints. */
+static aj_status int_counts(aj_comm *comm, const size_t *bytes, const size_t *off, int *icount,
+                            int *ioff)
+{
+    for (int i = 0; i < comm->size; i++) {
+        aj_status st = check_count(comm, off[i] + bytes[i], "an all-to-all");
+        if (st != AJ_OK)
+            return st;
+        icount[i] = (int)bytes[i];
+        ioff[i] = (int)off[i];
+    }
+    return AJ_OK;
+}
+
+static aj_status mpi_alltoallv(aj_comm *comm, const void *send, const size_t *send_bytes,
+                               const size_t *send_off, void *recv, const size_t *recv_bytes,
+                               const size_t *recv_off)
+{
+    int *ints = malloc(4 * (size_t)comm->size * sizeof *ints);
+    if (!ints)
+        return aj_fail(comm->ctx, AJ_ERR_OUT_OF_MEMORY, "MPI: all-to-all: out of memory");
+    int *sc = ints, *sd = ints + comm->size, *rc_ = ints + 2 * comm->size,
+        *rd = ints + 3 * comm->size;
+    aj_status st = int_counts(comm, send_bytes, send_off, sc, sd);
+    if (st == AJ_OK)
+        st = int_counts(comm, recv_bytes, recv_off, rc_, rd);
+    if (st == AJ_OK) {
+        MPI_Request r = MPI_REQUEST_NULL;
+        int rc = MPI_Ialltoallv(send, sc, sd, MPI_BYTE, recv, rc_, rd, MPI_BYTE,
+                                mpi_comm_of(comm), &r);
+        if (rc == MPI_SUCCESS)
+            aj_comm_count_alltoall(comm, send_bytes);
+        st = rc != MPI_SUCCESS ? mpi_fail(comm, rc, "MPI_Ialltoallv")
+                               : mpi_wait_one(comm, &r, "MPI_Ialltoallv");
+    }
+    free(ints);
+    return st;
 }
 
 static void mpi_destroy(aj_comm *comm)
@@ -157,6 +200,7 @@ static const aj_comm_engine mpi_engine = {
     .exchange_cancel = mpi_exchange_cancel,
     .allgather = mpi_allgather,
     .reduce_scatter_f32 = mpi_reduce_scatter_f32,
+    .alltoallv = mpi_alltoallv,
     .destroy = mpi_destroy,
 };
 

@@ -371,6 +371,8 @@ static aj_status nccl_exchange_start(aj_comm *comm, const void *send, void *recv
     }
     pop_ctx(comm);
     if (st == AJ_OK) {
+        if (to != comm->rank)
+            aj_comm_count_sent(comm, bytes);
         slot->busy = true;
         const nccl_req r = {index, recv, bytes};
         memcpy(req->impl, &r, sizeof r);
@@ -473,6 +475,7 @@ static int post_allgather(nccl_state *s, nccl_slot *slot, const void *args)
 
 static aj_status nccl_allgather(aj_comm *comm, const void *send, void *recv, size_t bytes)
 {
+    aj_comm_count_collective(comm, bytes);
     return collective(comm, send, bytes, recv, bytes * (size_t)comm->size, post_allgather,
                       &bytes, "ncclAllGather");
 }
@@ -487,9 +490,56 @@ static int post_reduce_scatter(nccl_state *s, nccl_slot *slot, const void *args)
 static aj_status nccl_reduce_scatter_f32(aj_comm *comm, const float *send, float *recv,
                                          size_t count)
 {
+    aj_comm_count_collective(comm, count * sizeof(float));
     return collective(comm, send, count * sizeof(float) * (size_t)comm->size, recv,
                       count * sizeof(float), post_reduce_scatter, &count,
                       "ncclReduceScatter");
+}
+
+/* An all-to-all is a group of a send and a receive per peer (NCCL has no
+ * all-to-all of its own), on the staged buffers at the same offsets. */
+typedef struct alltoallv_args {
+    int size;
+    const size_t *send_bytes, *send_off, *recv_bytes, *recv_off;
+} alltoallv_args;
+
+static int post_alltoallv(nccl_state *s, nccl_slot *slot, const void *args)
+{
+    const alltoallv_args *a = args;
+    int r = nccl.GroupStart();
+    if (r != NCCL_SUCCESS)
+        return r;
+    for (int peer = 0; peer < a->size && r == NCCL_SUCCESS; peer++) {
+        r = nccl.Send((const void *)(uintptr_t)(slot->dev_send + a->send_off[peer]),
+                      a->send_bytes[peer], NCCL_INT8, peer, s->comm, s->stream);
+        if (r == NCCL_SUCCESS)
+            r = nccl.Recv((void *)(uintptr_t)(slot->dev_recv + a->recv_off[peer]),
+                          a->recv_bytes[peer], NCCL_INT8, peer, s->comm, s->stream);
+    }
+    /* the group is closed whatever happened inside it */
+    int end = nccl.GroupEnd();
+    return r != NCCL_SUCCESS ? r : end;
+}
+
+/* The bytes an all-to-all's side spans: its furthest part's end. */
+static size_t span(int size, const size_t *bytes, const size_t *off)
+{
+    size_t end = 0;
+    for (int i = 0; i < size; i++)
+        if (off[i] + bytes[i] > end)
+            end = off[i] + bytes[i];
+    return end;
+}
+
+static aj_status nccl_alltoallv(aj_comm *comm, const void *send, const size_t *send_bytes,
+                                const size_t *send_off, void *recv, const size_t *recv_bytes,
+                                const size_t *recv_off)
+{
+    const alltoallv_args a = {comm->size, send_bytes, send_off, recv_bytes, recv_off};
+    aj_comm_count_alltoall(comm, send_bytes);
+    return collective(comm, send, span(comm->size, send_bytes, send_off), recv,
+                      span(comm->size, recv_bytes, recv_off), post_alltoallv, &a,
+                      "an all-to-all (ncclGroupStart/ncclSend/ncclRecv per peer/ncclGroupEnd)");
 }
 
 /* --------------------------------------------------------------- life */
@@ -520,6 +570,7 @@ static const aj_comm_engine nccl_engine = {
     .exchange_cancel = nccl_exchange_cancel,
     .allgather = nccl_allgather,
     .reduce_scatter_f32 = nccl_reduce_scatter_f32,
+    .alltoallv = nccl_alltoallv,
     .destroy = nccl_destroy,
 };
 

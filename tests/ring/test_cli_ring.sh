@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # test_cli_ring.sh MPIEXEC ATTNJIT ROOT FAKE_CUDA_DIR -- `attnjit ring` under
 # mpirun: a 2-rank zigzag ring, forward and backward, on sim and on cpu,
-# checked by --check against the same op run on one rank; on cuda over the
-# stand-in libcuda (tests/fake_cuda); and its error messages.  ~20 s.
+# checked by --check against the same op run on one rank; the ring and
+# Ulysses on 3 ranks over lengths that do not split; on cuda over the stand-in
+# libcuda (tests/fake_cuda); and its error messages.  ~25 s.
 set -uo pipefail
 mpiexec=$1 aj=$2 root=$3 fake_cuda=$4
 spec=$root/examples/ring/causal_f16_d64.aj
@@ -105,9 +106,32 @@ fi
 rc=$?
 want 1 "--device takes sim, cpu or cuda, not 'tpu'"
 
-"$mpiexec" -n 3 "$aj" ring "$spec" --device sim "${io[@]}" --out o=o.npy >out.txt 2>&1
+# any length: 32 positions over 3 ranks (shards of 11, 11, 10), the ring
+"$mpiexec" -n 3 "$aj" ring "$spec" --device cpu "${io[@]}" --out o=o7.npy --grad \
+  --in do=do.npy --out dk=dk7.npy --check --workers 1 >out.txt 2>&1
 rc=$?
-want 2 "aj_shard: a sequence of 32 positions does not split into 3 equal contiguous chunks"
+want 0 "of the tolerance: match"
+want 0 "ring: 3 ranks, contiguous, p2p, forward + backward, on "
+
+# Ulysses: any length (31 over 3 ranks, zigzag: shards of 11, 10, 10), the
+# heads (6, GQA 6:3) split over the ranks, forward and backward against one rank
+for t in q:21:6 k:22:3 v:23:3 do:24:6; do
+  IFS=: read -r name seed heads <<<"$t"
+  perl "$root/scripts/npy_random.pl" "u$name.npy" "$seed" 1 "$heads" 31 64
+done
+"$mpiexec" -n 3 "$aj" ring "$spec" --device cpu --method ulysses --layout zigzag \
+  --in q=uq.npy --in k=uk.npy --in v=uv.npy --out o=uo.npy --grad --in do=udo.npy \
+  --out dq=udq.npy --out dk=udk.npy --out dv=udv.npy --check --workers 1 >out.txt 2>&1
+rc=$?
+want 0 "of the tolerance: match"
+want 0 "ring: 3 ranks, ulysses, zigzag, all-to-all, forward + backward, on "
+"$mpiexec" -n 3 "$aj" ring "$spec" --device cpu --method ulysses "${io[@]}" --out o=o.npy \
+  >out.txt 2>&1
+rc=$?
+want 2 "method = ulysses over 3 ranks needs the key/value heads (2) to divide by 3"
+"$mpiexec" -n 1 "$aj" ring "$spec" --device cpu --method hybrid "${io[@]}" >out.txt 2>&1
+rc=$?
+want 1 "--method takes ring or ulysses, not 'hybrid'"
 
 "$mpiexec" -n 2 "$aj" ring "$spec" --device sim --layout zigzag "${io[@]}" --out o=o.npy \
   --grad --out dq=dq.npy >out.txt 2>&1

@@ -9,8 +9,9 @@
  * Covers: the unique id made on rank 0 only and every rank's
  * ncclCommInitRank with it; an empty exchange; an exchange's
  * GroupStart/Send/Recv/GroupEnd (peers, byte counts) and the bytes that
- * arrive; all-gather and the f32
- * reduce-scatter against a float64 sum; the caller's communicator used
+ * arrive; all-gather, the f32
+ * reduce-scatter against a float64 sum, and the all-to-all (a group of a
+ * send and a receive per peer, uneven counts); the caller's communicator used
  * and never destroyed; a stuck exchange and a stuck collective ending in
  * AJ_ERR_COMM within the timeout with ncclCommAbort; NCCL's async error;
  * a caller's communicator NCCL rejects; a third exchange in flight; a
@@ -27,6 +28,7 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "ring/alltoall_check.h"
 #include "ring/leak_check.h"
 #include "runtime/comm/comm.h"
 #include "runtime/cuda/cuda_api.h"
@@ -179,6 +181,13 @@ static void check_own_comm(void)
     CHECK_MSG(worst < 1e-6, "rank %d: reduce-scatter off by %g", rank, worst);
     CHECK_LOGGED("ReduceScatter count=5 type=7 op=0 comm=own\n");
 
+    /* the all-to-all: a group of a send and a receive per peer */
+    CHECK_STATUS(ctx, alltoall_check(comm), AJ_OK);
+    snprintf(line, sizeof line, "Send count=%zu type=0 peer=%d comm=own\nRecv count=%zu "
+             "type=0 peer=%d comm=own\n", alltoall_check_bytes(rank, size - 1), size - 1,
+             alltoall_check_bytes(size - 1, rank), size - 1);
+    CHECK_LOGGED(line);
+
     aj_comm_destroy(comm);
     CHECK_LOGGED("CommDestroy comm=own");
     CHECK_NOT_LOGGED("CommAbort");
@@ -269,6 +278,17 @@ static void check_stuck(void)
         CHECK_ERROR(ctx, text);
         CHECK_MSG(waited >= 0.3 && waited < 3, "rank %d: waited %g s", rank, waited);
         CHECK_LOGGED("CommAbort comm=own");
+        aj_comm_destroy(comm);
+    }
+
+    comm = NULL;
+    CHECK_STATUS(ctx, open_nccl(&cc, &comm), AJ_OK);
+    if (comm) {
+        CHECK_STATUS(ctx, alltoall_check(comm), AJ_ERR_COMM);
+        snprintf(text, sizeof text, "NCCL: rank %d: an all-to-all (ncclGroupStart/ncclSend/"
+                 "ncclRecv per peer/ncclGroupEnd) (", rank);
+        CHECK_ERROR(ctx, text);
+        CHECK_ERROR(ctx, "got no answer within the comm timeout of 0.3 s");
         aj_comm_destroy(comm);
     }
     setenv("FAKE_CUDA_MODE", "no_gpus", 1);

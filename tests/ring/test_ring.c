@@ -11,8 +11,12 @@
  *                                    rank 1 exits: likewise (without
  *                                    --enable-recovery OpenMPI ends the
  *                                    whole job itself when a rank dies)
- *   mpirun -np 2 test_ring mismatch  the ranks pass different layouts or
- *                                    ops: both refuse the call
+ *   mpirun -np 2 test_ring mismatch  the ranks pass different layouts,
+ *                                    ops or methods: both refuse the call;
+ *                                    what method = ulysses refuses
+ *   mpirun -np P test_ring generated every method x mask family x lengths
+ *                                    1 .. 7P (any length) on sim ranks;
+ *                                    generated-cpu on cpu ranks
  *
  * Every rank builds the same full inputs (same seed), takes its shard with
  * aj_shard, runs the ring, and compares its shard of O, LSE, dQ, dK, dV
@@ -33,8 +37,10 @@
 
 #include "check.h"
 #include "ref.h"
+#include "ring/alltoall_check.h"
 #include "ring/leak_check.h"
 #include "runtime/comm/comm.h"
+#include "runtime/ring.h"   /* aj_cp_call: the opening agreement's bytes */
 
 #define HEAD_DIM 16
 
@@ -63,6 +69,10 @@ typedef struct ring_case {
      * rel: f32[Hq, 9], both whole on every rank */
     int doc_len;
     int rel;
+    aj_cp_method method;
+    /* total lengths, any (0: P lq and P lk); per-rank lengths then follow
+     * aj_shard_length */
+    int sq_total, sk_total;
 } ring_case;
 
 #define DOC_MASK "expr(doc[b, q] == doc[b, k] && k <= q)"
@@ -70,32 +80,88 @@ typedef struct ring_case {
 
 static const ring_case cases[] = {
     {"f32 causal top_left, contiguous, p2p", AJ_DTYPE_F32, AJ_MASK_CAUSAL,
-     AJ_ALIGN_TOP_LEFT, 0, 0, 2, 2, 8, 8, AJ_SHARD_CONTIGUOUS, AJ_ROTATE_P2P, 0, 0, 0, 0, 0},
+     AJ_ALIGN_TOP_LEFT, 0, 0, 2, 2, 8, 8, AJ_SHARD_CONTIGUOUS, AJ_ROTATE_P2P, 0, 0, 0, 0, 0,
+     AJ_METHOD_RING, 0, 0},
     {"f32 causal top_left, zigzag, p2p, GQA", AJ_DTYPE_F32, AJ_MASK_CAUSAL,
-     AJ_ALIGN_TOP_LEFT, 0, 0, 2, 1, 8, 8, AJ_SHARD_ZIGZAG, AJ_ROTATE_P2P, 0, 0, 0, 0, 0},
+     AJ_ALIGN_TOP_LEFT, 0, 0, 2, 1, 8, 8, AJ_SHARD_ZIGZAG, AJ_ROTATE_P2P, 0, 0, 0, 0, 0,
+     AJ_METHOD_RING, 0, 0},
     {"f16 causal bottom_right (Sk = 2 Sq), zigzag, p2p", AJ_DTYPE_F16, AJ_MASK_CAUSAL,
-     AJ_ALIGN_BOTTOM_RIGHT, 0, 0, 2, 1, 4, 8, AJ_SHARD_ZIGZAG, AJ_ROTATE_P2P, 0, 0, 0, 0, 0},
+     AJ_ALIGN_BOTTOM_RIGHT, 0, 0, 2, 1, 4, 8, AJ_SHARD_ZIGZAG, AJ_ROTATE_P2P, 0, 0, 0, 0, 0,
+     AJ_METHOD_RING, 0, 0},
     {"bf16 no mask, GQA 4:2, contiguous, all-gather", AJ_DTYPE_BF16, AJ_MASK_NONE,
-     AJ_ALIGN_TOP_LEFT, 0, 0, 4, 2, 8, 8, AJ_SHARD_CONTIGUOUS, AJ_ROTATE_ALLGATHER, 0, 0, 0, 0, 0},
+     AJ_ALIGN_TOP_LEFT, 0, 0, 4, 2, 8, 8, AJ_SHARD_CONTIGUOUS, AJ_ROTATE_ALLGATHER, 0, 0, 0, 0, 0,
+     AJ_METHOD_RING, 0, 0},
     {"f32 window(3, 2), zigzag, all-gather", AJ_DTYPE_F32, AJ_MASK_WINDOW,
-     AJ_ALIGN_TOP_LEFT, 3, 2, 2, 2, 8, 8, AJ_SHARD_ZIGZAG, AJ_ROTATE_ALLGATHER, 0, 0, 0, 0, 0},
+     AJ_ALIGN_TOP_LEFT, 3, 2, 2, 2, 8, 8, AJ_SHARD_ZIGZAG, AJ_ROTATE_ALLGATHER, 0, 0, 0, 0, 0,
+     AJ_METHOD_RING, 0, 0},
     {"f16 window(5, 0, bottom_right) + alibi (Sq = 2 Sk), contiguous, p2p", AJ_DTYPE_F16,
      AJ_MASK_WINDOW, AJ_ALIGN_BOTTOM_RIGHT, 5, 0, 2, 1, 8, 4, AJ_SHARD_CONTIGUOUS,
-     AJ_ROTATE_P2P, 1, 0, 0, 0, 0},
+     AJ_ROTATE_P2P, 1, 0, 0, 0, 0,
+     AJ_METHOD_RING, 0, 0},
     {"f32 causal top_left + dropout 0.25, zigzag, p2p", AJ_DTYPE_F32, AJ_MASK_CAUSAL,
-     AJ_ALIGN_TOP_LEFT, 0, 0, 2, 2, 8, 8, AJ_SHARD_ZIGZAG, AJ_ROTATE_P2P, 0, 0.25, 0, 0, 0},
+     AJ_ALIGN_TOP_LEFT, 0, 0, 2, 2, 8, 8, AJ_SHARD_ZIGZAG, AJ_ROTATE_P2P, 0, 0.25, 0, 0, 0,
+     AJ_METHOD_RING, 0, 0},
     {"bf16 flash causal bottom_right + dropout 0.1, zigzag, p2p, GQA", AJ_DTYPE_BF16,
      AJ_MASK_CAUSAL, AJ_ALIGN_BOTTOM_RIGHT, 0, 0, 2, 1, 16, 16, AJ_SHARD_ZIGZAG,
-     AJ_ROTATE_P2P, 0, 0.1, 1, 0, 0},
+     AJ_ROTATE_P2P, 0, 0.1, 1, 0, 0,
+     AJ_METHOD_RING, 0, 0},
     {"f32 document mask (documents of 5), zigzag, p2p", AJ_DTYPE_F32, AJ_MASK_NONE,
-     AJ_ALIGN_TOP_LEFT, 0, 0, 2, 1, 8, 8, AJ_SHARD_ZIGZAG, AJ_ROTATE_P2P, 0, 0, 0, 5, 0},
+     AJ_ALIGN_TOP_LEFT, 0, 0, 2, 1, 8, 8, AJ_SHARD_ZIGZAG, AJ_ROTATE_P2P, 0, 0, 0, 5, 0,
+     AJ_METHOD_RING, 0, 0},
     {"f16 causal + relative bias table, contiguous, all-gather", AJ_DTYPE_F16,
      AJ_MASK_CAUSAL, AJ_ALIGN_TOP_LEFT, 0, 0, 2, 2, 8, 8, AJ_SHARD_CONTIGUOUS,
-     AJ_ROTATE_ALLGATHER, 0, 0, 0, 0, 1},
+     AJ_ROTATE_ALLGATHER, 0, 0, 0, 0, 1,
+     AJ_METHOD_RING, 0, 0},
     {"bf16 flash document mask (documents of 3) + relative bias, contiguous, p2p",
      AJ_DTYPE_BF16, AJ_MASK_NONE, AJ_ALIGN_TOP_LEFT, 0, 0, 2, 2, 16, 16, AJ_SHARD_CONTIGUOUS,
-     AJ_ROTATE_P2P, 0, 0, 1, 3, 1},
+     AJ_ROTATE_P2P, 0, 0, 1, 3, 1,
+     AJ_METHOD_RING, 0, 0},
 };
+
+/* Any length (issue 20), with each method: every mask family x lengths 1
+ * and P .. 7P, with and without a remainder (P, 2P+1, 3P-1, ...), the
+ * layouts alternating; Hkv = P, GQA 2:1.  `small` (sim: slow) takes every
+ * third length. */
+enum { ULY_MASKS = 5, ULY_LENGTHS = 8, ULY_MAX_CASES = AJ_METHOD_COUNT * ULY_MASKS * ULY_LENGTHS };
+
+static const struct uly_mask {
+    const char *name;
+    aj_dtype dtype;
+    aj_mask_kind mask;
+    aj_align align;
+    int left, right, alibi, doc_len, extra_k, flash;
+} uly_masks[ULY_MASKS] = {
+    {"f32 causal top_left", AJ_DTYPE_F32, AJ_MASK_CAUSAL, AJ_ALIGN_TOP_LEFT, 0, 0, 0, 0, 0, 0},
+    {"f16 causal bottom_right (Sk = Sq + 3)", AJ_DTYPE_F16, AJ_MASK_CAUSAL,
+     AJ_ALIGN_BOTTOM_RIGHT, 0, 0, 0, 0, 3, 0},
+    {"f32 window(3, 1) + alibi", AJ_DTYPE_F32, AJ_MASK_WINDOW, AJ_ALIGN_TOP_LEFT, 3, 1, 1, 0, 0,
+     0},
+    {"f32 document mask (documents of 3)", AJ_DTYPE_F32, AJ_MASK_NONE, AJ_ALIGN_TOP_LEFT, 0, 0,
+     0, 3, 0, 0},
+    {"bf16 flash, no mask", AJ_DTYPE_BF16, AJ_MASK_NONE, AJ_ALIGN_TOP_LEFT, 0, 0, 0, 0, 0, 1},
+};
+
+static int generated_cases(ring_case *out, char (*labels)[112], int small)
+{
+    int n = 0;
+    for (int method = 0; method < AJ_METHOD_COUNT; method++)
+    for (int m = 0; m < ULY_MASKS; m++)
+        for (int len = 0; len < ULY_LENGTHS; len += small ? 3 : 1) {
+            const struct uly_mask *u = &uly_masks[m];
+            const int sq = len == 0 ? 1 : len * size + len % 3 - 1;
+            const aj_shard_layout L = (len + m) % 2 ? AJ_SHARD_ZIGZAG : AJ_SHARD_CONTIGUOUS;
+            snprintf(labels[n], 112, "%s %s, %s, Sq = %d", method ? "ulysses" : "ring",
+                     u->name, L == AJ_SHARD_ZIGZAG ? "zigzag" : "contiguous", sq);
+            out[n] = (ring_case){.label = labels[n], .dtype = u->dtype, .mask = u->mask,
+                                   .align = u->align, .left = u->left, .right = u->right,
+                                   .hq = 2 * size, .hkv = size, .layout = L,
+                                   .alibi = u->alibi, .flash = u->flash, .doc_len = u->doc_len,
+                                   .method = (aj_cp_method)method, .sq_total = sq,
+                                   .sk_total = sq + u->extra_k};
+            n++;
+        }
+    return n;
+}
 
 /* ---------------------------------------------------------------- data */
 
@@ -152,7 +218,7 @@ static void *take_shard(aj_shard_layout layout, const void *full, int64_t outer,
                         int64_t inner, size_t elem)
 {
     const aj_seq_shape shape = {outer, seq, inner, elem};
-    void *s = alloc64((size_t)(outer * (seq / size) * inner) * elem);
+    void *s = alloc64((size_t)(outer * aj_shard_length(layout, rank, size, seq) * inner) * elem);
     CHECK_STATUS(ctx, aj_shard(ctx, layout, rank, size, &shape, full, s), AJ_OK);
     return s;
 }
@@ -171,22 +237,30 @@ static aj_tensor view(void *data, aj_dtype dtype, int r, int64_t a, int64_t b, i
     return t;
 }
 
-/* max |got - ref| / (atol + rtol max |ref|) over a shard; NaN fails. */
+static double max_abs(const double *x, size_t n)
+{
+    double mx = 0;
+    for (size_t i = 0; i < n; i++)
+        mx = fmax(mx, fabs(x[i]));
+    return mx;
+}
+
+/* max |got - ref| / (atol + rtol max |full ref|) over a shard, relative to
+ * the whole tensor's magnitude (a shard of a few positions can be all
+ * small values); NaN fails. */
 static double shard_error(const void *got, aj_dtype dtype, const double *ref, size_t n,
-                          double atol, double rtol)
+                          double atol, double rtol, double full_max)
 {
     float *f = malloc((n + 1) * sizeof *f);
     aj_convert(got, dtype, f, AJ_DTYPE_F32, n);
-    double mx = 0, err = 0;
-    for (size_t i = 0; i < n; i++)
-        mx = fmax(mx, fabs(ref[i]));
+    double err = 0;
     for (size_t i = 0; i < n; i++) {
         double e = fabs((double)f[i] - ref[i]);
         if (!(e <= err))
             err = isnan(e) ? INFINITY : e;
     }
     free(f);
-    return err / (atol + rtol * mx);
+    return err / (atol + rtol * full_max);
 }
 
 /* LSE: element by element, -inf where the reference has it. */
@@ -216,18 +290,24 @@ static void tolerance_for(aj_dtype dtype, double *atol, double *rtol)
 
 /* ---------------------------------------------------------------- blocks */
 
-/* The global positions of rank r's chunks: starts[] of chunk length len. */
-static int chunks_of(const ring_case *c, int r, int64_t seq, int64_t starts[2], int64_t *len)
+/* The global positions of rank r's chunks, starts[] and lens[]: the
+ * sequence dealt out into n chunks (P contiguous, 2P zigzag), the first
+ * seq % n one position longer. */
+static int chunks_of(const ring_case *c, int r, int64_t seq, int64_t starts[2], int64_t lens[2])
 {
-    if (c->layout == AJ_SHARD_CONTIGUOUS) {
-        *len = seq / size;
-        starts[0] = r * *len;
-        return 1;
+    const int n = c->layout == AJ_SHARD_ZIGZAG ? 2 * size : size;
+    const int want[2] = {r, n - 1 - r};
+    int64_t at = 0;
+    for (int chunk = 0; chunk < n; chunk++) {
+        const int64_t len = seq / n + (chunk < seq % n);
+        for (int w = 0; w < 2; w++)
+            if (chunk == want[w]) {
+                starts[w] = at;
+                lens[w] = len;
+            }
+        at += len;
     }
-    *len = seq / (2 * size);
-    starts[0] = r * *len;
-    starts[1] = (2 * size - 1 - r) * *len;
-    return 2;
+    return c->layout == AJ_SHARD_ZIGZAG ? 2 : 1;
 }
 
 /* The blocks this rank launches: each (its Q chunk, any K/V chunk) pair,
@@ -235,21 +315,20 @@ static int chunks_of(const ring_case *c, int r, int64_t seq, int64_t starts[2], 
 static void expected_blocks(const ring_case *c, const ref_problem *pr, int *full, int *partial,
                             int *skipped)
 {
-    const int64_t sq = (int64_t)c->lq * size, sk = (int64_t)c->lk * size;
-    int64_t qs[2], ks[2], ql, kl;
-    int nq = chunks_of(c, rank, sq, qs, &ql);
+    int64_t qs[2], ks[2], ql[2], kl[2];
+    int nq = chunks_of(c, rank, pr->Sq, qs, ql);
     *full = *partial = *skipped = 0;
     for (int src = 0; src < size; src++) {
-        int nk = chunks_of(c, src, sk, ks, &kl);
+        int nk = chunks_of(c, src, pr->Sk, ks, kl);
         for (int a = 0; a < nq; a++)
             for (int b = 0; b < nk; b++) {
                 int64_t seen = 0;
-                for (int64_t i = qs[a]; i < qs[a] + ql; i++)
-                    for (int64_t j = ks[b]; j < ks[b] + kl; j++)
+                for (int64_t i = qs[a]; i < qs[a] + ql[a]; i++)
+                    for (int64_t j = ks[b]; j < ks[b] + kl[b]; j++)
                         seen += ref_visible(pr, 0, 0, i, j);
                 if (seen == 0)
                     ++*skipped;
-                else if (seen == ql * kl)
+                else if (seen == ql[a] * kl[b])
                     ++*full;
                 else
                     ++*partial;
@@ -269,8 +348,8 @@ static void check_plan(const ring_case *c, const aj_op *op, const aj_ring_fwd_ar
     a.size = size;
     a.batch = fa->q.shape[0];
     a.heads_q = c->hq;
-    a.seq_q = c->lq;
-    a.seq_k = c->lk;
+    a.seq_q = fa->q.shape[2];
+    a.seq_k = fa->k.shape[2];
     a.alibi_slopes = fa->alibi_slopes;
     a.side = fa->side;
     a.num_side = fa->num_side;
@@ -285,6 +364,55 @@ static void check_plan(const ring_case *c, const aj_op *op, const aj_ring_fwd_ar
               "rank %d: %s: aj_ring_plan full/partial/skipped %d/%d/%d, the ring's %d/%d/%d",
               rank, c->label, n[AJ_RING_BLOCK_FULL], n[AJ_RING_BLOCK_PARTIAL],
               n[AJ_RING_BLOCK_SKIP], s->full_blocks, s->partial_blocks, s->skipped_blocks);
+}
+
+/* The ring's rotations and launches: every block pair classified by
+ * brute force over its positions; skipped pairs must not be launched. */
+static void check_ring_blocks(const ring_case *c, const ref_problem *pr, const aj_ring_stats *fs)
+{
+    int full, partial, skipped;
+    expected_blocks(c, pr, &full, &partial, &skipped);
+    const int p2p = c->rotate == AJ_ROTATE_P2P;
+    CHECK_MSG(fs->rotations == (p2p ? size - 1 : size > 1), "rank %d: %s: %d forward "
+              "rotations", rank, c->label, fs->rotations);
+    /* a mask over positions has exact classes; one that reads a side
+     * tensor sound ones (a skipped block sees nothing, a full one all) */
+    const int exact = !c->doc_len;
+    CHECK_MSG(fs->launches == fs->full_blocks + fs->partial_blocks &&
+                  fs->launches + fs->skipped_blocks == full + partial + skipped &&
+                  (exact ? fs->full_blocks == full && fs->skipped_blocks == skipped
+                         : fs->full_blocks <= full && fs->skipped_blocks <= skipped),
+              "rank %d: %s: blocks full/partial/skipped %d/%d/%d, want %d/%d/%d", rank,
+              c->label, fs->full_blocks, fs->partial_blocks, fs->skipped_blocks, full, partial,
+              skipped);
+}
+
+/* The bytes a Ulysses call sends from this rank (docs/ring.md): the
+ * opening agreement, then each all-to-all's parts for the other ranks --
+ * in, this rank's positions of the other ranks' heads; out, the other
+ * ranks' positions of this rank's heads. */
+static uint64_t ulysses_bytes(const ring_case *c, int64_t sq, int64_t sk, int backward)
+{
+    const int64_t e = (int64_t)elem_size(c->dtype), D = HEAD_DIM, B = 1, P = size;
+    const int64_t lq = aj_shard_length(c->layout, rank, size, sq);
+    const int64_t lk = aj_shard_length(c->layout, rank, size, sk);
+    /* bytes per position and rank-sized head group: q-like and k-like */
+    const int64_t q_in = backward ? c->hq * (3 * D * e + 4) : c->hq * D * e;
+    const int64_t q_out = backward ? c->hq * D * e : c->hq * (D * e + 4);
+    const int64_t k_in = c->hkv * 2 * D * e, k_out = backward ? c->hkv * 2 * D * e : 0;
+    const int64_t in = B * (P - 1) * (lq * q_in + lk * k_in) / P;
+    const int64_t out = B * ((sq - lq) * q_out + (sk - lk) * k_out) / P;
+    return (uint64_t)(in + out) + (uint64_t)(P - 1) * sizeof(aj_cp_call);
+}
+
+/* An MPI comm over every rank with the timeout (s). */
+static aj_comm *open_comm(double timeout_s)
+{
+    aj_comm *comm = NULL;
+    aj_comm_config cc = AJ_COMM_CONFIG_INIT;
+    cc.timeout_s = timeout_s;
+    CHECK_STATUS(ctx, aj_comm_create(ctx, dev, &cc, &comm), AJ_OK);
+    return comm;
 }
 
 /* ---------------------------------------------------------------- a case */
@@ -317,8 +445,10 @@ static void run_case(const ring_case *c)
 {
     const aj_dtype dt = c->dtype;
     const size_t es = elem_size(dt);
-    const int64_t B = 1, D = HEAD_DIM, sq = (int64_t)c->lq * size, sk = (int64_t)c->lk * size;
-    uint64_t rng = 0x5eed0000u + (uint64_t)(c - cases);
+    const int64_t B = 1, D = HEAD_DIM;
+    const int64_t sq = c->sq_total ? c->sq_total : (int64_t)c->lq * size;
+    const int64_t sk = c->sk_total ? c->sk_total : (int64_t)c->lk * size;
+    uint64_t rng = 0x5eed0000u + (uint64_t)sq * 131 + (uint64_t)sk + (uint64_t)c->mask * 7;
     full_tensor q, k, v, dout;
     make_full(&q, dt, (size_t)(B * c->hq * sq * D), &rng);
     make_full(&k, dt, (size_t)(B * c->hkv * sk * D), &rng);
@@ -362,7 +492,8 @@ static void run_case(const ring_case *c)
 
     /* this rank's shards */
     const aj_shard_layout L = c->layout;
-    const int64_t oq = B * c->hq, ok = B * c->hkv, lq = c->lq, lk = c->lk;
+    const int64_t oq = B * c->hq, ok = B * c->hkv;
+    const int64_t lq = aj_shard_length(L, rank, size, sq), lk = aj_shard_length(L, rank, size, sk);
     void *q_s = take_shard(L, q.data, oq, sq, D, es), *k_s = take_shard(L, k.data, ok, sk, D, es);
     void *v_s = take_shard(L, v.data, ok, sk, D, es);
     void *do_s = take_shard(L, dout.data, oq, sq, D, es);
@@ -376,10 +507,7 @@ static void run_case(const ring_case *c)
     void *dk_s = alloc64(nk_s * es), *dv_s = alloc64(nk_s * es);
     float *lse_s = alloc64((size_t)(oq * lq) * 4);
 
-    aj_comm *comm = NULL;
-    aj_comm_config cc = AJ_COMM_CONFIG_INIT;
-    cc.timeout_s = 60;
-    CHECK_STATUS(ctx, aj_comm_create(ctx, dev, &cc, &comm), AJ_OK);
+    aj_comm *comm = open_comm(60);
 
     aj_ring_fwd_args fa = AJ_RING_FWD_ARGS_INIT;
     fa.q = view(q_s, dt, 4, B, c->hq, lq, D);
@@ -390,35 +518,30 @@ static void run_case(const ring_case *c)
     fa.alibi_slopes = view(slopes, AJ_DTYPE_F32, 1, c->hq, 0, 0, 0);
     fa.layout = L;
     fa.rotate = c->rotate;
+    fa.method = c->method;
     fa.seed = 7;
     fa.offset = 3;
     fa.side = side;
     fa.num_side = nside;
     aj_ring_stats fs = {0}, bs = {0};
+    const uint64_t sent_before = aj_comm_bytes_sent(comm);
     CHECK_STATUS(ctx, aj_ring_forward(ctx, dev, comm, fop, &fa, &fs), AJ_OK);
+    const uint64_t fwd_sent = aj_comm_bytes_sent(comm) - sent_before;
 
     double atol, rtol;
     tolerance_for(dt, &atol, &rtol);
-    double e = shard_error(o_s, dt, o_ref_s, nq_s, atol, rtol);
+    double e = shard_error(o_s, dt, o_ref_s, nq_s, atol, rtol, max_abs(o_ref, nq));
     CHECK_MSG(e <= 1.0, "rank %d: %s: O error %.3g of the tolerance", rank, c->label, e);
     CHECK_MSG(lse_matches(lse_s, lse_ref_s, (size_t)(oq * lq)), "rank %d: %s: LSE differs",
               rank, c->label);
 
-    int full, partial, skipped;
-    expected_blocks(c, &pr, &full, &partial, &skipped);
-    const int p2p = c->rotate == AJ_ROTATE_P2P;
-    CHECK_MSG(fs.rotations == (p2p ? size - 1 : size > 1), "rank %d: %s: %d forward "
-              "rotations", rank, c->label, fs.rotations);
-    /* a mask over positions has exact classes; one that reads a side
-     * tensor sound ones (a skipped block sees nothing, a full one all) */
-    const int exact = !c->doc_len;
-    CHECK_MSG(fs.launches == fs.full_blocks + fs.partial_blocks &&
-                  fs.launches + fs.skipped_blocks == full + partial + skipped &&
-                  (exact ? fs.full_blocks == full && fs.skipped_blocks == skipped
-                         : fs.full_blocks <= full && fs.skipped_blocks <= skipped),
-              "rank %d: %s: blocks full/partial/skipped %d/%d/%d, want %d/%d/%d", rank,
-              c->label, fs.full_blocks, fs.partial_blocks, fs.skipped_blocks, full, partial,
-              skipped);
+    const int ulysses = c->method == AJ_METHOD_ULYSSES;
+    if (ulysses)   /* one all-to-all each way, one launch over the whole sequence */
+        CHECK_MSG(fs.rotations == 2 * (size > 1) && fs.launches == 1 &&
+                      fs.skipped_blocks == 0, "rank %d: %s: %d forward all-to-alls, %d "
+                  "launches", rank, c->label, fs.rotations, fs.launches);
+    else
+        check_ring_blocks(c, &pr, &fs);
 
     aj_ring_bwd_args ba = AJ_RING_BWD_ARGS_INIT;
     ba.q = fa.q;
@@ -433,27 +556,46 @@ static void run_case(const ring_case *c)
     ba.alibi_slopes = fa.alibi_slopes;
     ba.layout = L;
     ba.rotate = c->rotate;
+    ba.method = c->method;
     ba.seed = 7;
     ba.offset = 3;
     ba.side = side;
     ba.num_side = nside;
     CHECK_STATUS(ctx, aj_ring_backward(ctx, dev, comm, bop, &ba, &bs), AJ_OK);
+    const uint64_t bwd_sent = aj_comm_bytes_sent(comm) - sent_before - fwd_sent;
     const char *names[3] = {"dQ", "dK", "dV"};
     const void *got[3] = {dq_s, dk_s, dv_s};
     const double *want[3] = {dq_ref_s, dk_ref_s, dv_ref_s};
     const size_t counts[3] = {nq_s, nk_s, nk_s};
+    const double full_max[3] = {max_abs(dq_ref, nq), max_abs(dk_ref, nk), max_abs(dv_ref, nk)};
     for (int t = 0; t < 3; t++) {
-        e = shard_error(got[t], dt, want[t], counts[t], atol, rtol);
+        e = shard_error(got[t], dt, want[t], counts[t], atol, rtol, full_max[t]);
         CHECK_MSG(e <= 1.0, "rank %d: %s: %s error %.3g of the tolerance", rank, c->label,
                   names[t], e);
     }
-    CHECK_MSG(bs.rotations == (p2p ? (size > 1 ? 2 * size - 1 : 0) : 2 * (size > 1)),
-              "rank %d: %s: %d backward rotations", rank, c->label, bs.rotations);
-    if (p2p && size > 1)
-        CHECK(fs.rotations + bs.rotations == 3 * size - 2);
-    CHECK(bs.launches == fs.launches && bs.skipped_blocks == fs.skipped_blocks);
-    check_plan(c, fop, &fa, &fs);
-    check_plan(c, bop, &fa, &bs);
+    if (ulysses) {
+        CHECK_MSG(bs.rotations == 2 * (size > 1) && bs.launches == 1, "rank %d: %s: %d "
+                  "backward all-to-alls", rank, c->label, bs.rotations);
+        CHECK_MSG(fwd_sent == ulysses_bytes(c, sq, sk, 0) &&
+                      bwd_sent == ulysses_bytes(c, sq, sk, 1),
+                  "rank %d: %s: sent %llu + %llu bytes, the formula %llu + %llu", rank,
+                  c->label, (unsigned long long)fwd_sent, (unsigned long long)bwd_sent,
+                  (unsigned long long)ulysses_bytes(c, sq, sk, 0),
+                  (unsigned long long)ulysses_bytes(c, sq, sk, 1));
+    } else {
+        const int p2p = c->rotate == AJ_ROTATE_P2P;
+        CHECK_MSG(bs.rotations == (p2p ? (size > 1 ? 2 * size - 1 : 0) : 2 * (size > 1)),
+                  "rank %d: %s: %d backward rotations", rank, c->label, bs.rotations);
+        if (p2p && size > 1)
+            CHECK(fs.rotations + bs.rotations == 3 * size - 2);
+        CHECK(bs.launches == fs.launches && bs.skipped_blocks == fs.skipped_blocks);
+        /* aj_ring_plan takes one rank's lengths: even splits only */
+        const int parts = L == AJ_SHARD_ZIGZAG ? 2 * size : size;
+        if (sq % parts == 0 && sk % parts == 0) {
+            check_plan(c, fop, &fa, &fs);
+            check_plan(c, bop, &fa, &bs);
+        }
+    }
     if (rank == 0)
         printf("%-66s P=%d fwd %.3f s (comm %.4f, exposed %.4f) bwd %.3f s, %d launches, "
                "%d skipped\n", c->label, size, fs.total_s, fs.comm_s, fs.exposed_comm_s,
@@ -483,27 +625,39 @@ static double seconds_since(const struct timespec *t0)
     return (double)(t1.tv_sec - t0->tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0->tv_nsec);
 }
 
+/* A wait begun at t0 that must have ended in AJ_ERR_COMM with `message`,
+ * after the 1 s timeout and within 2.5 s. */
+static void check_timed_out(const char *fault, const char *what, aj_status got,
+                            const struct timespec *t0, const char *message)
+{
+    const double waited = seconds_since(t0);
+    CHECK_MSG(got == AJ_ERR_COMM, "%s: %s, want AJ_ERR_COMM (%s)", what, aj_status_str(got),
+              aj_last_error(ctx));
+    CHECK_ERROR(ctx, message);
+    CHECK_MSG(waited >= 1.0 && waited < 2.5, "%s failed after %.2f s", what, waited);
+    printf("%s peer: %s: AJ_ERR_COMM after %.2f s: %s\n", fault, what, waited,
+           aj_last_error(ctx));
+}
+
 /* Rank 1 stops answering (sleeps, is frozen by SIGSTOP, or exits) right
  * after the comm exists.  Rank 0 must get AJ_ERR_COMM after the 1 s
- * timeout, not hang, on both kinds of wait: a neighbour exchange (the
- * comm's own interface, as the ring's K/V rotation uses it) and a
- * collective (aj_ring_forward's opening all-gather). */
+ * timeout, not hang, on every kind of wait: a neighbour exchange (the
+ * comm's own interface, as the ring's K/V rotation uses it), Ulysses'
+ * all-to-all, and a collective (aj_ring_forward's opening all-gather, with
+ * each method). */
 static void run_faulty_peer(peer_fault fault)
 {
     static const char *const names[] = {"silent", "stopped", "killed"};
     int pids[2] = {0, 0}, me = (int)getpid();
     MPI_Allgather(&me, 1, MPI_INT, pids, 1, MPI_INT, MPI_COMM_WORLD);
-    aj_comm *comm = NULL;
-    aj_comm_config cc = AJ_COMM_CONFIG_INIT;
-    cc.timeout_s = 1.0;
-    CHECK_STATUS(ctx, aj_comm_create(ctx, dev, &cc, &comm), AJ_OK);
+    aj_comm *comm = open_comm(1.0);
     if (rank == 1) {
         if (fault == PEER_STOPPED)
             raise(SIGSTOP);      /* rank 0 sends SIGCONT when done */
         else if (fault == PEER_KILLED)
             _exit(0);   /* no leak check for the dead */
         else
-            sleep(4);
+            sleep(6);   /* past rank 0's four 1 s timeouts */
         aj_comm_destroy(comm);
         return;
     }
@@ -514,30 +668,33 @@ static void run_faulty_peer(peer_fault fault)
     CHECK_STATUS(ctx, comm->engine->exchange_start(comm, send, recv, sizeof send, 1, 1, 1, &req),
                  AJ_OK);
     req.active = true;
-    CHECK_STATUS(ctx, aj_comm_wait(comm, &req, "test", NULL), AJ_ERR_COMM);
-    double waited = seconds_since(&t0);
-    CHECK_ERROR(ctx, "test: rank 0: K/V exchange (1024 bytes to rank 1, from rank 1) got no "
-                "answer within the comm timeout of 1 s; a peer has stopped or died");
-    CHECK_MSG(waited >= 1.0 && waited < 2.5, "exchange failed after %.2f s", waited);
-    printf("%s peer: exchange: AJ_ERR_COMM after %.2f s: %s\n", names[fault], waited,
-           aj_last_error(ctx));
+    check_timed_out(names[fault], "exchange", aj_comm_wait(comm, &req, "test", NULL), &t0,
+                    "test: rank 0: K/V exchange (1024 bytes to rank 1, from rank 1) got no "
+                    "answer within the comm timeout of 1 s; a peer has stopped or died");
+    /* Ulysses' all-to-all */
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    check_timed_out(names[fault], "all-to-all", alltoall_check(comm), &t0,
+                    "MPI: rank 0: MPI_Ialltoallv got no answer within the comm timeout of 1 s");
 
     const ring_case c = {"silent", AJ_DTYPE_F32, AJ_MASK_NONE, AJ_ALIGN_TOP_LEFT, 0, 0,
-                         1, 1, 8, 8, AJ_SHARD_CONTIGUOUS, AJ_ROTATE_P2P, 0, 0, 0, 0, 0};
+                         1, 1, 8, 8, AJ_SHARD_CONTIGUOUS, AJ_ROTATE_P2P, 0, 0, 0, 0, 0,
+                         AJ_METHOD_RING, 0, 0};
     aj_op *op = parse_op(&c, "forward");
-    void *m = alloc64(8 * HEAD_DIM * 4);
+    /* 2 heads: they divide over the ranks for method = ulysses */
+    void *m = alloc64(2 * 8 * HEAD_DIM * 4);
     aj_ring_fwd_args fa = AJ_RING_FWD_ARGS_INIT;
-    fa.q = view(m, AJ_DTYPE_F32, 4, 1, 1, 8, HEAD_DIM);
+    fa.q = view(m, AJ_DTYPE_F32, 4, 1, 2, 8, HEAD_DIM);
     fa.k = fa.v = fa.o = fa.q;
-    fa.lse = view(m, AJ_DTYPE_F32, 3, 1, 1, 8, 0);
-    clock_gettime(CLOCK_MONOTONIC, &t0);
-    CHECK_STATUS(ctx, aj_ring_forward(ctx, dev, comm, op, &fa, NULL), AJ_ERR_COMM);
-    waited = seconds_since(&t0);
-    CHECK_ERROR(ctx, "aj_ring_forward: MPI: rank 0: MPI_Iallgather got no answer within the "
-                "comm timeout of 1 s; a peer has stopped or died");
-    CHECK_MSG(waited >= 1.0 && waited < 2.5, "ring failed after %.2f s", waited);
-    printf("%s peer: ring: AJ_ERR_COMM after %.2f s: %s\n", names[fault], waited,
-           aj_last_error(ctx));
+    fa.lse = view(m, AJ_DTYPE_F32, 3, 1, 2, 8, 0);
+    static const char *const method_names[AJ_METHOD_COUNT] = {"ring", "ulysses"};
+    for (int method = 0; method < AJ_METHOD_COUNT; method++) {
+        fa.method = (aj_cp_method)method;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        check_timed_out(names[fault], method_names[method],
+                        aj_ring_forward(ctx, dev, comm, op, &fa, NULL), &t0,
+                        "aj_ring_forward: MPI: rank 0: MPI_Iallgather got no answer within "
+                        "the comm timeout of 1 s; a peer has stopped or died");
+    }
     if (fault == PEER_STOPPED)
         kill(pids[1], SIGCONT);
     peer_died = fault == PEER_KILLED;
@@ -550,12 +707,10 @@ static void run_faulty_peer(peer_fault fault)
  * naming the difference, instead of computing a wrong answer. */
 static void run_mismatch(void)
 {
-    aj_comm *comm = NULL;
-    aj_comm_config cc = AJ_COMM_CONFIG_INIT;
-    cc.timeout_s = 30;
-    CHECK_STATUS(ctx, aj_comm_create(ctx, dev, &cc, &comm), AJ_OK);
+    aj_comm *comm = open_comm(30);
     const ring_case c = {"mismatch", AJ_DTYPE_F32, AJ_MASK_CAUSAL, AJ_ALIGN_TOP_LEFT, 0, 0,
-                         1, 1, 8, 8, AJ_SHARD_CONTIGUOUS, AJ_ROTATE_P2P, 0, 0, 0, 0, 0};
+                         1, 1, 8, 8, AJ_SHARD_CONTIGUOUS, AJ_ROTATE_P2P, 0, 0, 0, 0, 0,
+                         AJ_METHOD_RING, 0, 0};
     aj_op *op = parse_op(&c, "forward");
     void *m = alloc64(8 * HEAD_DIM * 4);
     aj_ring_fwd_args fa = AJ_RING_FWD_ARGS_INIT;
@@ -569,7 +724,8 @@ static void run_mismatch(void)
     /* another op (causal vs none) on rank 1 */
     fa.layout = AJ_SHARD_CONTIGUOUS;
     const ring_case none = {"none", AJ_DTYPE_F32, AJ_MASK_NONE, AJ_ALIGN_TOP_LEFT, 0, 0,
-                            1, 1, 8, 8, AJ_SHARD_CONTIGUOUS, AJ_ROTATE_P2P, 0, 0, 0, 0, 0};
+                            1, 1, 8, 8, AJ_SHARD_CONTIGUOUS, AJ_ROTATE_P2P, 0, 0, 0, 0, 0,
+                            AJ_METHOD_RING, 0, 0};
     aj_op *other = parse_op(&none, "forward");
     CHECK_STATUS(ctx, aj_ring_forward(ctx, dev, comm, rank == 1 ? other : op, &fa, NULL),
                  AJ_ERR_INVALID_ARG);
@@ -580,23 +736,114 @@ static void run_mismatch(void)
     aj_comm_destroy(comm);
 }
 
+/* What method = ulysses refuses, each saying why, and ranks that call
+ * different methods. */
+static void run_ulysses_refusals(void)
+{
+    aj_comm *comm = open_comm(30);
+    ring_case c = {"refusal", AJ_DTYPE_F32, AJ_MASK_CAUSAL, AJ_ALIGN_TOP_LEFT, 0, 0,
+                   2, 1, 8, 8, AJ_SHARD_CONTIGUOUS, AJ_ROTATE_P2P, 0, 0, 0, 0, 0,
+                   AJ_METHOD_ULYSSES, 0, 0};
+    aj_op *op = parse_op(&c, "forward"), *bop = parse_op(&c, "backward");
+    c.dropout = 0.1;
+    aj_op *dropout = parse_op(&c, "forward");
+    c.dropout = 0;
+    c.rel = 1;
+    aj_op *rel = parse_op(&c, "forward");
+    void *m = alloc64(2 * 8 * HEAD_DIM * 4);
+    aj_ring_fwd_args fa = AJ_RING_FWD_ARGS_INIT;
+    fa.q = view(m, AJ_DTYPE_F32, 4, 1, 2, 8, HEAD_DIM);
+    fa.k = fa.v = view(m, AJ_DTYPE_F32, 4, 1, 1, 8, HEAD_DIM);
+    fa.o = fa.q;
+    fa.lse = view(m, AJ_DTYPE_F32, 3, 1, 2, 8, 0);
+    fa.method = AJ_METHOD_ULYSSES;
+    CHECK_STATUS(ctx, aj_ring_forward(ctx, dev, comm, op, &fa, NULL), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "aj_ring_forward: method = ulysses over 2 ranks needs the key/value heads "
+                "(1) to divide by 2: each rank computes H_kv / P of them");
+    aj_ring_bwd_args ba = AJ_RING_BWD_ARGS_INIT;
+    ba.q = ba.o = ba.do_ = ba.dq = fa.q;
+    ba.k = ba.v = ba.dk = ba.dv = fa.k;
+    ba.lse = fa.lse;
+    ba.method = AJ_METHOD_ULYSSES;
+    CHECK_STATUS(ctx, aj_ring_backward(ctx, dev, comm, bop, &ba, NULL), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "aj_ring_backward: method = ulysses over 2 ranks needs the key/value "
+                "heads (1) to divide by 2");
+    fa.k = fa.v = fa.q;
+    fa.ulysses_size = 3;
+    CHECK_STATUS(ctx, aj_ring_forward(ctx, dev, comm, op, &fa, NULL), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "aj_ring_forward: ulysses_size = 3 over 2 ranks; method = ulysses spans "
+                "every rank (0 or 2)");
+    fa.ulysses_size = 0;
+    CHECK_STATUS(ctx, aj_ring_forward(ctx, dev, comm, dropout, &fa, NULL), AJ_ERR_UNSUPPORTED);
+    CHECK_ERROR(ctx, "aj_ring_forward: dropout = 0.1 with method = ulysses: the Philox counter "
+                "holds the global head");
+    CHECK_STATUS(ctx, aj_ring_forward(ctx, dev, comm, rel, &fa, NULL), AJ_ERR_UNSUPPORTED);
+    CHECK_ERROR(ctx, "aj_ring_forward: the op's expressions read the head h");
+    fa.method = (aj_cp_method)7;
+    CHECK_STATUS(ctx, aj_ring_forward(ctx, dev, comm, op, &fa, NULL), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "aj_ring_forward: method = 7 is not a context-parallel method");
+    fa.method = AJ_METHOD_RING;
+    fa.ulysses_size = 2;
+    CHECK_STATUS(ctx, aj_ring_forward(ctx, dev, comm, op, &fa, NULL), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "aj_ring_forward: ulysses_size = 2 with method = ring; only method = "
+                "ulysses takes it");
+    /* rank 1 asks for Ulysses, rank 0 for the ring: both refuse */
+    fa.ulysses_size = 0;
+    fa.method = rank == 1 ? AJ_METHOD_ULYSSES : AJ_METHOD_RING;
+    CHECK_STATUS(ctx, aj_ring_forward(ctx, dev, comm, op, &fa, NULL), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "aj_ring_forward: the ranks' calls differ: rank 1 has method = 1, rank 0 "
+                "has 0");
+    /* shards that are not the layout's: 3 and 5 positions of 8 */
+    fa.method = AJ_METHOD_ULYSSES;
+    const int64_t l = rank == 0 ? 3 : 5;
+    fa.q = view(m, AJ_DTYPE_F32, 4, 1, 2, l, HEAD_DIM);
+    fa.k = fa.v = fa.o = fa.q;
+    fa.lse = view(m, AJ_DTYPE_F32, 3, 1, 2, l, 0);
+    CHECK_STATUS(ctx, aj_ring_forward(ctx, dev, comm, op, &fa, NULL), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "aj_ring_forward: rank 0 holds 3 query and 3 key positions; the "
+                "contiguous layout of 8 and 8 over 2 ranks gives it 4 and 4 (aj_shard_length)");
+    aj_op_destroy(op);
+    aj_op_destroy(bop);
+    aj_op_destroy(dropout);
+    aj_op_destroy(rel);
+    free(m);
+    aj_comm_destroy(comm);
+}
+
+/* The MPI engine's all-to-all (uneven counts, gaps, empty parts). */
+static void run_alltoall(void)
+{
+    aj_comm *comm = open_comm(30);
+    CHECK_STATUS(ctx, alltoall_check(comm), AJ_OK);
+    aj_comm_destroy(comm);
+}
+
 int main(int argc, char **argv)
 {
     MPI_Init(&argc, &argv);
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &size);
     const char *mode = argc > 1 ? argv[1] : "cases";
+    const int on_cpu = strcmp(mode, "generated-cpu") == 0;
     CHECK(aj_ctx_create(NULL, &ctx) == AJ_OK);
-    CHECK(aj_device_open(ctx, AJ_DEVICE_SIM, 0, &dev) == AJ_OK);
+    CHECK(aj_device_open(ctx, on_cpu ? AJ_DEVICE_CPU : AJ_DEVICE_SIM, 0, &dev) == AJ_OK);
     /* ranks share the cores: one emulator thread each */
     aj_device_set_workers(dev, 1);
     if (strcmp(mode, "cases") == 0) {
         for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
             run_case(&cases[i]);
+    } else if (strcmp(mode, "generated") == 0 || on_cpu) {
+        ring_case generated[ULY_MAX_CASES];
+        char labels[ULY_MAX_CASES][112];
+        const int n = generated_cases(generated, labels, !on_cpu);
+        for (int i = 0; i < n; i++)
+            run_case(&generated[i]);
+        run_alltoall();
     } else if (size != 2) {
         CHECK_MSG(0, "%s needs 2 ranks, not %d", mode, size);
     } else if (strcmp(mode, "mismatch") == 0) {
         run_mismatch();
+        run_ulysses_refusals();
     } else {
         run_faulty_peer(strcmp(mode, "stopped") == 0  ? PEER_STOPPED
                         : strcmp(mode, "killed") == 0 ? PEER_KILLED

@@ -1,0 +1,210 @@
+/*
+ * cp_common.c -- what the context-parallel methods (ring.c, ulysses.c)
+ * share: contiguous shard tensors, the opening agreement of the ranks'
+ * calls, and collective failures named after the call.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ir/diag.h"
+#include "runtime/comm/comm.h"
+#include "runtime/ring.h"
+#include "runtime/runtime.h"
+
+aj_tensor aj_cp_dense(void *data, aj_dtype dtype, int rank, const int64_t *shape)
+{
+    aj_tensor t = {.data = data, .dtype = dtype, .rank = rank};
+    int64_t stride = 1;
+    for (int i = rank - 1; i >= 0; i--) {
+        t.shape[i] = shape[i];
+        t.strides[i] = stride;
+        stride *= shape[i];
+    }
+    return t;
+}
+
+aj_status aj_cp_check_dense(aj_ctx *ctx, const char *fn, const char *name, const aj_tensor *t,
+                            aj_dtype dtype, int rank, const int64_t *shape)
+{
+    if (t->rank != rank)
+        return aj_fail(ctx, AJ_ERR_INVALID_ARG, "%s: %s.rank = %d, want %d", fn, name,
+                       t->rank, rank);
+    if (t->dtype != dtype)
+        return aj_fail(ctx, AJ_ERR_INVALID_ARG, "%s: %s.dtype = %s, want %s", fn, name,
+                       aj_dtype_name(t->dtype) ? aj_dtype_name(t->dtype) : "(invalid)",
+                       aj_dtype_name(dtype));
+    aj_tensor want = aj_cp_dense(t->data, dtype, rank, shape);
+    for (int i = 0; i < rank; i++)
+        if (t->shape[i] != shape[i])
+            return aj_fail(ctx, AJ_ERR_INVALID_ARG, "%s: %s.shape[%d] = %lld, want %lld", fn,
+                           name, i, (long long)t->shape[i], (long long)shape[i]);
+    for (int i = 0; i < rank; i++)
+        if (t->strides[i] != want.strides[i] && t->shape[i] > 1)
+            return aj_fail(ctx, AJ_ERR_INVALID_ARG, "%s: %s.strides[%d] = %lld; ring "
+                           "shards must be contiguous (want %lld)", fn, name, i,
+                           (long long)t->strides[i], (long long)want.strides[i]);
+    if (!t->data)
+        return aj_fail(ctx, AJ_ERR_INVALID_ARG, "%s: %s.data is NULL", fn, name);
+    return AJ_OK;
+}
+
+aj_status aj_cp_check_op(aj_ctx *ctx, const char *fn, const aj_op *op, aj_op_info *info,
+                         aj_score_prog *prog)
+{
+    AJ_CHECK_ARG(ctx, op, "%s: op is NULL", fn);
+    aj_status st = aj_op_verify(op);
+    if (st != AJ_OK)
+        return st;
+    aj_op_get_info(op, info);
+    if (info->kind != AJ_KIND_FORWARD && info->kind != AJ_KIND_BACKWARD)
+        return aj_fail(ctx, AJ_ERR_INVALID_ARG, "%s: the op is `attention %s`; want a "
+                       "forward or backward op", fn, aj_kind_name(info->kind));
+    if (info->layout != AJ_LAYOUT_PADDED)
+        return aj_fail(ctx, AJ_ERR_UNSUPPORTED, "%s: layout = varlen: the ring shards padded "
+                       "tensors only", fn);
+    if (info->bias != AJ_BIAS_NONE)
+        return aj_fail(ctx, AJ_ERR_UNSUPPORTED, "%s: bias = add: the ring does not shard a "
+                       "bias tensor", fn);
+    st = aj_score_prog_init(ctx, op, prog);
+    if (st != AJ_OK)
+        return st;
+    if (info->accumulate)
+        return aj_fail(ctx, AJ_ERR_INVALID_ARG, "%s: accumulate = true: the ring sets it on "
+                       "its own kernels; pass the plain forward op", fn);
+    return AJ_OK;
+}
+
+aj_status aj_cp_check_call(aj_ctx *ctx, const char *fn, aj_device *dev, aj_comm *comm,
+                           const aj_op *op, aj_kind kind, aj_shard_layout layout,
+                           const aj_tensor *q, const aj_tensor *k, const aj_tensor *v,
+                           aj_op_info *info, aj_score_prog *prog, aj_cp_shapes *sh)
+{
+    AJ_CHECK_ARG(ctx, dev, "%s: dev is NULL", fn);
+    AJ_CHECK_ARG(ctx, comm, "%s: comm is NULL", fn);
+    AJ_CHECK_ARG(ctx, (unsigned)layout < AJ_SHARD_LAYOUT_COUNT,
+                 "%s: layout = %d is not a shard layout", fn, (int)layout);
+    aj_status st = aj_cp_check_op(ctx, fn, op, info, prog);
+    if (st != AJ_OK)
+        return st;
+    if (info->kind != kind)
+        return aj_fail(ctx, AJ_ERR_INVALID_ARG, "%s: the op is `attention %s %s`; want "
+                       "`attention %s flash` or `attention %s efficient`", fn,
+                       aj_kind_name(info->kind), aj_variant_name(info->variant),
+                       aj_kind_name(kind), aj_kind_name(kind));
+    if (comm->dev != dev)
+        return aj_fail(ctx, AJ_ERR_INVALID_ARG, "%s: comm was created for another device",
+                       fn);
+    if (q->rank != 4 || k->rank != 4 || v->rank != 4)
+        return aj_fail(ctx, AJ_ERR_INVALID_ARG, "%s: q, k and v have ranks %d, %d, %d; want "
+                       "4 (BHSD)", fn, q->rank, k->rank, v->rank);
+    *sh = (aj_cp_shapes){.B = q->shape[0], .Hq = q->shape[1], .Hkv = k->shape[1],
+                         .D = info->head_dim, .Dv = info->head_dim_v, .lq = q->shape[2],
+                         .lk = k->shape[2]};
+    const aj_dtype dt = info->dtype;
+    st = aj_cp_check_dense(ctx, fn, "q", q, dt, 4, (int64_t[]){sh->B, sh->Hq, sh->lq, sh->D});
+    if (st == AJ_OK)
+        st = aj_cp_check_dense(ctx, fn, "k", k, dt, 4,
+                               (int64_t[]){sh->B, sh->Hkv, sh->lk, sh->D});
+    if (st == AJ_OK)
+        st = aj_cp_check_dense(ctx, fn, "v", v, dt, 4,
+                               (int64_t[]){sh->B, sh->Hkv, sh->lk, sh->Dv});
+    if (st == AJ_OK && (sh->Hkv == 0 || sh->Hq % sh->Hkv != 0))
+        st = aj_fail(ctx, AJ_ERR_INVALID_ARG, "%s: q has %lld heads and k %lld; the query "
+                     "heads must be a multiple of the key/value heads (GQA)", fn,
+                     (long long)sh->Hq, (long long)sh->Hkv);
+    return st;
+}
+
+aj_status aj_cp_check_method(aj_ctx *ctx, const char *fn, aj_cp_method method,
+                             int32_t ulysses_size)
+{
+    AJ_CHECK_ARG(ctx, (unsigned)method < AJ_METHOD_COUNT,
+                 "%s: method = %d is not a context-parallel method (ring, ulysses)", fn,
+                 (int)method);
+    AJ_CHECK_ARG(ctx, method != AJ_METHOD_RING || ulysses_size == 0,
+                 "%s: ulysses_size = %d with method = ring; only method = ulysses takes it",
+                 fn, (int)ulysses_size);
+    return AJ_OK;
+}
+
+aj_status aj_cp_wait(aj_device *dev, void *stream, const struct aj_comm *comm, const char *fn,
+                     const char *what)
+{
+    char label[160];
+    snprintf(label, sizeof label, "%s: %s", fn, what);
+    return aj_device_wait(dev, stream, comm->timeout_s, label);
+}
+
+aj_status aj_cp_collective_status(aj_ctx *ctx, const char *fn, aj_status st)
+{
+    if (st == AJ_OK)
+        return st;
+    char engine_message[AJ_ERROR_TEXT_MAX];
+    snprintf(engine_message, sizeof engine_message, "%s", aj_last_error(ctx));
+    return aj_fail(ctx, st, "%s: %s", fn, engine_message);
+}
+
+aj_status aj_cp_agree(aj_ctx *ctx, aj_comm *comm, const char *fn, const aj_op *op, int n,
+                      const char *const *names, const int64_t *values, int64_t *all_values)
+{
+    aj_cp_call mine;
+    memset(&mine, 0, sizeof mine);
+    memcpy(mine.v, values, (size_t)n * sizeof *values);
+    aj_status st = aj_op_hash(op, mine.hash);
+    if (all_values)
+        memcpy(all_values, values, (size_t)n * sizeof *values);
+    if (st != AJ_OK || comm->size == 1)
+        return st;
+    aj_cp_call *all = calloc((size_t)comm->size, sizeof *all);
+    if (!all)
+        return aj_fail(ctx, AJ_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
+    st = aj_cp_collective_status(ctx, fn, comm->engine->allgather(comm, &mine, all,
+                                                                  sizeof mine));
+    for (int r = 1; r < comm->size && st == AJ_OK; r++) {
+        if (strcmp(all[r].hash, all[0].hash) != 0) {
+            st = aj_fail(ctx, AJ_ERR_INVALID_ARG, "%s: the ranks' calls differ: rank %d's "
+                         "op has hash %s, rank 0's %s; every rank must pass the same op, "
+                         "shapes, layout, rotate method and dropout stream", fn, r,
+                         all[r].hash, all[0].hash);
+            break;
+        }
+        for (int f = 0; f < n; f++)
+            if (names[f] && all[r].v[f] != all[0].v[f]) {
+                st = aj_fail(ctx, AJ_ERR_INVALID_ARG, "%s: the ranks' calls differ: rank "
+                             "%d has %s = %lld, rank 0 has %lld; every rank must pass the "
+                             "same op, shapes, layout, rotate method and dropout stream", fn,
+                             r, names[f], (long long)all[r].v[f], (long long)all[0].v[f]);
+                break;
+            }
+    }
+    for (int r = 0; r < comm->size && all_values; r++)
+        memcpy(all_values + (size_t)r * (size_t)n, all[r].v, (size_t)n * sizeof *values);
+    free(all);
+    return st;
+}
+
+aj_status aj_cp_check_lengths(aj_ctx *ctx, const char *fn, aj_shard_layout layout, int size,
+                              const int64_t *all, int stride, int field_q, int field_k,
+                              int64_t *sq, int64_t *sk)
+{
+    *sq = *sk = 0;
+    for (int r = 0; r < size; r++) {
+        *sq += all[(size_t)r * (size_t)stride + (size_t)field_q];
+        *sk += all[(size_t)r * (size_t)stride + (size_t)field_k];
+    }
+    for (int r = 0; r < size; r++) {
+        const int64_t lq = all[(size_t)r * (size_t)stride + (size_t)field_q];
+        const int64_t lk = all[(size_t)r * (size_t)stride + (size_t)field_k];
+        const int64_t want_q = aj_shard_length(layout, r, size, *sq);
+        const int64_t want_k = aj_shard_length(layout, r, size, *sk);
+        if (lq != want_q || lk != want_k)
+            return aj_fail(ctx, AJ_ERR_INVALID_ARG, "%s: rank %d holds %lld query and %lld "
+                           "key positions; the %s layout of %lld and %lld over %d ranks gives "
+                           "it %lld and %lld (aj_shard_length)", fn, r, (long long)lq,
+                           (long long)lk, layout == AJ_SHARD_ZIGZAG ? "zigzag" : "contiguous",
+                           (long long)*sq, (long long)*sk, size, (long long)want_q,
+                           (long long)want_k);
+    }
+    return AJ_OK;
+}

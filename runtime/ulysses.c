@@ -1,0 +1,572 @@
+/*
+ * ulysses.c -- method = ulysses (DeepSpeed Ulysses): context parallelism
+ * by all-to-all, entered from aj_ring_forward and aj_ring_backward.
+ *
+ * Every rank holds a sequence shard of every head (shard.c's layouts, any
+ * length).  An all-to-all trades it for every position of P-th of the
+ * heads:
+ *
+ *   rank r before:  X[B, H, l_r, W]      its positions, every head
+ *          sends    X[:, heads of d, :, :] to each rank d
+ *          gets     from each rank s: s's positions of r's heads
+ *   rank r after:   X[B, H/P, S, W]      heads r H/P .. (r+1) H/P - 1,
+ *                                        the whole sequence in order
+ *
+ * The op's own kernel then runs once over the whole sequence (offsets 0,
+ * totals S), so every mask, score_mod, expression and side tensor sees
+ * exactly what one rank would; a second all-to-all sends the positions
+ * back.  Query head h reads key/value head h / (Hq/Hkv), and a rank gets
+ * key/value heads r Hkv/P .. and their query heads r Hq/P .., whole GQA
+ * groups: the backward's dK/dV sum over a group inside the kernel, as on
+ * one rank.  Hence Hkv must divide by P.
+ *
+ * The kernel sees heads 0 .. H/P - 1: alibi's slopes are sliced to the
+ * rank's heads; an expression that reads h, and dropout (whose Philox
+ * counter holds b Hq + h), would need the global head, which the kernels
+ * do not take: refused (AJ_ERR_UNSUPPORTED), the ring computes them.
+ *
+ * Bytes: an all-to-all of a [B, H, S, W] tensor sends (P-1)/P of the
+ * rank's B H (S/P) W shard and receives as much; forward q, k, v in and
+ * o, lse out, backward q, k, v, o, do, lse in and dq, dk, dv out
+ * (docs/ring.md has the formula per direction).
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ir/diag.h"
+#include "runtime/comm/comm.h"
+#include "runtime/ring.h"
+#include "runtime/runtime.h"
+
+/* What a Ulysses call knows once its arguments check out. */
+typedef struct uly_plan {
+    aj_ctx *ctx;
+    aj_device *dev;
+    aj_comm *comm;
+    const char *fn;
+    aj_op_info op;
+    aj_score_prog prog;
+    aj_shard_layout layout;
+    int rank, size;
+    aj_cp_shapes sh;
+    int64_t sq, sk;              /* the global lengths */
+    int64_t *len_q, *len_k;      /* every rank's lengths, [size] each */
+    int64_t hq, hkv;             /* heads per rank */
+    size_t elem;                 /* bytes per element of the op's dtype */
+    aj_ring_stats *stats;
+    void *stream;                /* the call's own compute stream (NULL: sim, cpu) */
+} uly_plan;
+
+/* One tensor through an all-to-all, in host memory: its sequence shard
+ * `seq` [B, H, l_rank, W] and its head shard `heads` [B, H/P, S, W]. */
+typedef struct uly_tensor {
+    void *seq, *heads;
+    int64_t H, W;
+    size_t elem;
+    int keys;                    /* positions of k (else of q) */
+} uly_tensor;
+
+static size_t dtype_size(aj_dtype d)
+{
+    return d == AJ_DTYPE_F32 ? 4 : 2;
+}
+
+/* ---------------------------------------------------------------- set-up */
+
+/* The call fields every rank must agree on; NULL names: the rank's own
+ * lengths.  (No dropout stream: dropout is refused.) */
+enum { ULY_FIELDS = 12, FIELD_LQ = 5, FIELD_LK = 6 };
+static const char *const uly_fields[ULY_FIELDS] = {
+    "method", "kind", "batch", "q heads", "kv heads", NULL, NULL, "head_dim", "head_dim_v",
+    "layout", "ulysses_size", "side tensor shapes (a digest)"};
+
+/* A digest (FNV-1a) of the side tensors' shapes in declaration order. */
+static int64_t side_digest(const aj_op_info *op, const aj_side_tensor *side, int32_t n)
+{
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (int t = 0; t < op->num_tensors; t++)
+        for (int32_t i = 0; i < n; i++)
+            if (strcmp(side[i].name, op->tensors[t].name) == 0)
+                for (int d = 0; d < side[i].rank; d++) {
+                    h ^= (uint64_t)side[i].shape[d];
+                    h *= 0x100000001b3ull;
+                }
+    return (int64_t)h;
+}
+
+/* Whether the programs read the head index (other than alibi's slopes,
+ * which are sliced). */
+static int reads_head(const aj_op_info *op, const aj_score_prog *prog)
+{
+    const uint16_t roots[4] = {prog->mod, prog->band_lo, prog->band_hi, prog->rest};
+    for (int i = op->score_mod == AJ_SCORE_MOD_ALIBI; i < 4; i++)
+        if (roots[i] != AJ_EXPR_NONE && (prog->reads[roots[i]] & AJ_SCORE_READS(AJ_VAR_H)))
+            return 1;
+    return 0;
+}
+
+static aj_status plan_call(uly_plan *p, aj_ctx *ctx, aj_device *dev, aj_comm *comm,
+                           const aj_op *op, aj_kind kind, aj_shard_layout layout,
+                           int32_t ulysses_size, const aj_tensor *q, const aj_tensor *k,
+                           const aj_tensor *v, const aj_side_tensor *side, int32_t num_side,
+                           aj_ring_stats *stats)
+{
+    aj_status st = aj_cp_check_call(ctx, p->fn, dev, comm, op, kind, layout, q, k, v, &p->op,
+                                    &p->prog, &p->sh);
+    if (st != AJ_OK)
+        return st;
+    p->ctx = ctx;
+    p->dev = dev;
+    p->comm = comm;
+    p->layout = layout;
+    p->rank = comm->rank;
+    p->size = comm->size;
+    p->stats = stats;
+    p->elem = dtype_size(p->op.dtype);
+    const aj_cp_shapes *sh = &p->sh;
+    AJ_CHECK_ARG(ctx, ulysses_size == 0 || ulysses_size == p->size,
+                 "%s: ulysses_size = %d over %d ranks; method = ulysses spans every rank "
+                 "(0 or %d)", p->fn, (int)ulysses_size, p->size, p->size);
+    if (sh->Hkv % p->size != 0)
+        return aj_fail(ctx, AJ_ERR_INVALID_ARG, "%s: method = ulysses over %d ranks needs "
+                       "the key/value heads (%lld) to divide by %d: each rank computes "
+                       "H_kv / P of them with their query heads; use method = ring", p->fn,
+                       p->size, (long long)sh->Hkv, p->size);
+    if (p->op.dropout > 0)
+        return aj_fail(ctx, AJ_ERR_UNSUPPORTED, "%s: dropout = %g with method = ulysses: the "
+                       "Philox counter holds the global head (b Hq + h) and the kernels "
+                       "run on a rank's heads from 0; use method = ring", p->fn,
+                       p->op.dropout);
+    if (reads_head(&p->op, &p->prog))
+        return aj_fail(ctx, AJ_ERR_UNSUPPORTED, "%s: the op's expressions read the head h: "
+                       "method = ulysses runs each rank's heads from 0; use method = ring",
+                       p->fn);
+    AJ_TRY(aj_side_check_names(ctx, p->fn, &p->op, side, num_side));
+    p->hq = sh->Hq / p->size;
+    p->hkv = sh->Hkv / p->size;
+
+    /* the opening agreement also gathers every rank's lengths */
+    const int64_t mine[ULY_FIELDS] = {AJ_METHOD_ULYSSES, p->op.kind, sh->B, sh->Hq, sh->Hkv,
+                                      sh->lq, sh->lk, sh->D, sh->Dv, layout, p->size,
+                                      side_digest(&p->op, side, num_side)};
+    int64_t *all = calloc((size_t)p->size * ULY_FIELDS, sizeof *all);
+    p->len_q = calloc(2 * (size_t)p->size, sizeof *p->len_q);
+    if (!all || !p->len_q) {
+        free(all);
+        return aj_fail(ctx, AJ_ERR_OUT_OF_MEMORY, "%s: out of memory", p->fn);
+    }
+    p->len_k = p->len_q + p->size;
+    st = aj_cp_agree(ctx, comm, p->fn, op, ULY_FIELDS, uly_fields, mine, all);
+    for (int r = 0; r < p->size; r++) {
+        p->len_q[r] = all[r * ULY_FIELDS + FIELD_LQ];
+        p->len_k[r] = all[r * ULY_FIELDS + FIELD_LK];
+    }
+    if (st == AJ_OK)   /* every rank's lengths must be the layout's shards of the totals */
+        st = aj_cp_check_lengths(ctx, p->fn, layout, p->size, all, ULY_FIELDS, FIELD_LQ,
+                                 FIELD_LK, &p->sq, &p->sk);
+    free(all);
+done:
+    return st;
+}
+
+/* ---------------------------------------------------------------- memory */
+
+/* Host buffers, zeroed: pinned on cuda, so the copies to and from the
+ * device are asynchronous (a copy from pageable memory may wait for the
+ * stream inside the driver).  Freed with aj_device_host_free. */
+static aj_status alloc_host(const uly_plan *p, size_t bytes, void **out)
+{
+    return aj_device_host_alloc(p->dev, bytes ? bytes : 64, 1, out);
+}
+
+/* Every copy and launch goes on the call's stream, in order; the host
+ * waits for it (aj_cp_wait, under the comm's timeout) where it reads what
+ * the device wrote, and before it frees or reuses what the device reads. */
+static aj_status copy(const uly_plan *p, void *dst, const void *src, size_t bytes,
+                      int to_device)
+{
+    return aj_device_copy_async(p->dev, dst, src, bytes, to_device, p->stream);
+}
+
+static aj_status wait_dev(const uly_plan *p, const char *what)
+{
+    return aj_cp_wait(p->dev, p->stream, p->comm, p->fn, what);
+}
+
+/* ---------------------------------------------------------------- all-to-all */
+
+static const int64_t *lengths_of(const uly_plan *p, const uly_tensor *t)
+{
+    return t->keys ? p->len_k : p->len_q;
+}
+
+/* Bytes of one (b, head) row block of `len` positions. */
+static size_t row_bytes(const uly_tensor *t, int64_t len)
+{
+    return (size_t)(len * t->W) * t->elem;
+}
+
+/* Between the sequence shard's heads of rank `peer` and a packed block
+ * [B, H/P, l_rank, W] at buf (either way); returns the bytes. */
+static size_t seq_block(const uly_plan *p, const uly_tensor *t, int peer, char *buf,
+                        int into_buf)
+{
+    const int64_t h = t->H / p->size, l = lengths_of(p, t)[p->rank];
+    const size_t row = row_bytes(t, l);
+    for (int64_t b = 0; b < p->sh.B; b++)
+        for (int64_t i = 0; i < h; i++) {
+            char *x = (char *)t->seq + (size_t)(b * t->H + peer * h + i) * row;
+            char *y = buf + (size_t)(b * h + i) * row;
+            memcpy(into_buf ? y : x, into_buf ? x : y, row);
+        }
+    return (size_t)(p->sh.B * h) * row;
+}
+
+/* Between the head shard's positions of rank `peer` and a packed block
+ * [B, H/P, l_peer, W] at buf (either way); returns the bytes. */
+static size_t heads_block(const uly_plan *p, const uly_tensor *t, int peer, char *buf,
+                          int into_buf)
+{
+    const int64_t h = t->H / p->size, seq = t->keys ? p->sk : p->sq;
+    const int64_t l = lengths_of(p, t)[peer];
+    aj_shard_chunk c[2];
+    int n = 0;
+    aj_shard_chunks_any(p->ctx, p->fn, p->layout, peer, p->size, seq, c, &n);
+    const size_t pos = row_bytes(t, 1);
+    for (int64_t bi = 0; bi < p->sh.B * h; bi++)
+        for (int j = 0; j < n; j++) {
+            char *x = (char *)t->heads + ((size_t)(bi * seq + c[j].global)) * pos;
+            char *y = buf + ((size_t)(bi * l + c[j].local)) * pos;
+            memcpy(into_buf ? y : x, into_buf ? x : y, (size_t)c[j].len * pos);
+        }
+    return (size_t)(p->sh.B * h) * row_bytes(t, l);
+}
+
+/* One all-to-all of n tensors, sequence shards to head shards (to_heads)
+ * or back.  The block for a peer holds each tensor's part in turn. */
+static aj_status alltoall(uly_plan *p, const uly_tensor *ts, int n, int to_heads)
+{
+    const int P = p->size;
+    size_t *counts = calloc(4 * (size_t)P, sizeof *counts);
+    if (!counts)
+        return aj_fail(p->ctx, AJ_ERR_OUT_OF_MEMORY, "%s: out of memory", p->fn);
+    size_t *send_bytes = counts, *send_off = counts + P, *recv_bytes = counts + 2 * P,
+           *recv_off = counts + 3 * P;
+    for (int peer = 0; peer < P; peer++)
+        for (int i = 0; i < n; i++) {
+            const int64_t h = ts[i].H / P;
+            const int64_t mine = lengths_of(p, &ts[i])[p->rank];
+            const int64_t theirs = lengths_of(p, &ts[i])[peer];
+            const size_t out = (size_t)(p->sh.B * h) * row_bytes(&ts[i], to_heads ? mine
+                                                                                   : theirs);
+            const size_t in = (size_t)(p->sh.B * h) * row_bytes(&ts[i], to_heads ? theirs
+                                                                                  : mine);
+            send_bytes[peer] += out;
+            recv_bytes[peer] += in;
+        }
+    size_t send_total = 0, recv_total = 0;
+    for (int peer = 0; peer < P; peer++) {
+        send_off[peer] = send_total;
+        recv_off[peer] = recv_total;
+        send_total += send_bytes[peer];
+        recv_total += recv_bytes[peer];
+    }
+    char *send = NULL, *recv = NULL;
+    aj_status st = alloc_host(p, send_total, (void **)&send);
+    if (st == AJ_OK)
+        st = alloc_host(p, recv_total, (void **)&recv);
+    if (st != AJ_OK)
+        goto done;
+    for (int peer = 0; peer < P; peer++) {
+        char *at = send + send_off[peer];
+        for (int i = 0; i < n; i++)
+            at += to_heads ? seq_block(p, &ts[i], peer, at, 1)
+                           : heads_block(p, &ts[i], peer, at, 1);
+    }
+    if (P > 1) {
+        const double t0 = aj_now();
+        st = aj_cp_collective_status(p->ctx, p->fn,
+                                     p->comm->engine->alltoallv(p->comm, send, send_bytes,
+                                                                send_off, recv, recv_bytes,
+                                                                recv_off));
+        const double t = aj_now() - t0;
+        p->stats->comm_s += t;
+        p->stats->exposed_comm_s += t;
+        p->stats->rotations++;
+        if (st != AJ_OK)
+            goto done;
+    } else {
+        memcpy(recv, send, send_total);
+    }
+    for (int peer = 0; peer < P; peer++) {
+        char *at = recv + recv_off[peer];
+        for (int i = 0; i < n; i++)
+            at += to_heads ? heads_block(p, &ts[i], peer, at, 0)
+                           : seq_block(p, &ts[i], peer, at, 0);
+    }
+done:
+    aj_device_host_free(p->dev, send);
+    aj_device_host_free(p->dev, recv);
+    free(counts);
+    return st;
+}
+
+/* ---------------------------------------------------------------- a call */
+
+/* The tensors of a call: what the kernel reads comes in (from the
+ * caller's shard `from`), what it writes goes out (to the caller's `to`). */
+typedef struct uly_io {
+    int64_t H, W;
+    int f32, keys;               /* lse (else the op's dtype); positions of k */
+    const aj_tensor *from, *to;
+} uly_io;
+
+enum { ULY_TENSORS_MAX = 9 };
+
+/* A call's state: each tensor's host shards and its head shard on the
+ * device (mem, and the kernel's view of it). */
+typedef struct uly_call {
+    uly_plan p;
+    int n, n_in;                 /* tensors; the first n_in come in */
+    uly_tensor t[ULY_TENSORS_MAX];
+    void *mem[ULY_TENSORS_MAX];
+    aj_tensor view[ULY_TENSORS_MAX];
+    const aj_tensor *to[ULY_TENSORS_MAX];
+    aj_kernel *kernel;
+    aj_ring_stats stats;
+    double start, launched;
+} uly_call;
+
+static size_t seq_bytes(const uly_plan *p, const uly_tensor *t)
+{
+    const int64_t l = (t->keys ? p->len_k : p->len_q)[p->rank];
+    return (size_t)(p->sh.B * t->H * l * t->W) * t->elem;
+}
+
+static size_t heads_bytes(const uly_plan *p, const uly_tensor *t)
+{
+    const int64_t s = t->keys ? p->sk : p->sq;
+    return (size_t)(p->sh.B * (t->H / p->size) * s * t->W) * t->elem;
+}
+
+static aj_status compile(uly_call *c, const aj_op *op)
+{
+    const double t0 = aj_now();
+    aj_compile_options opt = AJ_COMPILE_OPTIONS_INIT;
+    opt.device = c->p.dev;   /* its target, and its tuned schedule if there is one */
+    aj_status st = aj_compile(c->p.ctx, op, &opt, &c->kernel);
+    c->stats.compile_s += aj_now() - t0;
+    return st;
+}
+
+/* Everything up to the launch: the kernel, the inputs' shards to the
+ * host, the all-to-all to head shards, and the head shards (inputs and
+ * room for the outputs) in device memory. */
+static aj_status begin(uly_call *c, const aj_op *op, const uly_io *io, int n, int n_in)
+{
+    uly_plan *p = &c->p;
+    aj_status st = AJ_OK;
+    c->n = n;
+    c->n_in = n_in;
+    AJ_TRY(compile(c, op));
+    AJ_TRY(aj_device_stream_create(p->dev, &p->stream));
+    for (int i = 0; i < n; i++) {
+        uly_tensor *t = &c->t[i];
+        *t = (uly_tensor){.H = io[i].H, .W = io[i].W, .elem = io[i].f32 ? 4 : p->elem,
+                          .keys = io[i].keys};
+        c->to[i] = io[i].to;
+        AJ_TRY(alloc_host(p, seq_bytes(p, t), &t->seq));
+        AJ_TRY(alloc_host(p, heads_bytes(p, t), &t->heads));
+        if (io[i].from)
+            AJ_TRY(copy(p, t->seq, io[i].from->data, seq_bytes(p, t), 0));
+    }
+    AJ_TRY(wait_dev(p, "copying the inputs to the host"));
+    AJ_TRY(alltoall(p, c->t, n_in, 1));
+    for (int i = 0; i < n; i++) {
+        const uly_tensor *t = &c->t[i];
+        const size_t bytes = heads_bytes(p, t);
+        AJ_TRY(aj_device_alloc(p->dev, bytes ? bytes : 64, &c->mem[i]));
+        if (i < n_in)
+            AJ_TRY(copy(p, c->mem[i], t->heads, bytes, 1));
+        const int64_t shape[4] = {p->sh.B, t->H / p->size, t->keys ? p->sk : p->sq, t->W};
+        c->view[i] = aj_cp_dense(c->mem[i], io[i].f32 ? AJ_DTYPE_F32 : p->op.dtype,
+                                 io[i].f32 ? 3 : 4, shape);
+    }
+    c->launched = aj_now();
+done:
+    return st;
+}
+
+/* After the launch (launched: 1) or none (0: every output is 0): the
+ * outputs back to the host, the all-to-all to sequence shards, and into
+ * the caller's tensors. */
+static aj_status end(uly_call *c, int launched)
+{
+    uly_plan *p = &c->p;
+    aj_status st = AJ_OK;
+    for (int i = c->n_in; i < c->n && launched; i++)
+        AJ_TRY(copy(p, c->t[i].heads, c->mem[i], heads_bytes(p, &c->t[i]), 0));
+    AJ_TRY(wait_dev(p, "the kernel"));
+    if (launched) {
+        c->stats.compute_s += aj_now() - c->launched;
+        c->stats.launches++;
+        if (aj_score_has_mask(&p->prog))
+            c->stats.partial_blocks++;
+        else
+            c->stats.full_blocks++;
+    }
+    AJ_TRY(alltoall(p, c->t + c->n_in, c->n - c->n_in, 0));
+    for (int i = c->n_in; i < c->n; i++)
+        AJ_TRY(copy(p, c->to[i]->data, c->t[i].seq, seq_bytes(p, &c->t[i]), 1));
+    AJ_TRY(wait_dev(p, "storing the results"));
+done:
+    return st;
+}
+
+/* Frees the call (its stream's work is done, or failed) and reports. */
+static aj_status finish(uly_call *c, aj_device *dev, aj_status st, aj_ring_stats *stats)
+{
+    aj_device_stream_destroy(dev, c->p.stream);
+    for (int i = 0; i < c->n; i++) {
+        if (c->mem[i])
+            aj_device_free(dev, c->mem[i]);
+        aj_device_host_free(dev, c->t[i].seq);
+        aj_device_host_free(dev, c->t[i].heads);
+    }
+    aj_kernel_destroy(c->kernel);
+    free(c->p.len_q);
+    c->stats.total_s = aj_now() - c->start;
+    if (stats && st == AJ_OK)
+        *stats = c->stats;
+    return st;
+}
+
+/* alibi's slopes of this rank's query heads. */
+static aj_tensor slice_slopes(const uly_plan *p, const aj_tensor *slopes)
+{
+    aj_tensor s = *slopes;
+    if (p->op.score_mod == AJ_SCORE_MOD_ALIBI && s.data && s.rank == 1) {
+        s.data = (char *)s.data + (size_t)(p->rank * p->hq * s.strides[0]) * 4;
+        s.shape[0] = p->hq;
+    }
+    return s;
+}
+
+/* The launch's tile classes (aj_ring_fwd_args.launch_tiles). */
+static aj_status count_tiles(const uly_plan *p, const aj_op *op, const aj_kernel *kernel,
+                             const aj_fwd_args *f, aj_tile_counts *out)
+{
+    aj_block_mask *m = NULL;
+    aj_status st = aj_block_mask_create(p->ctx, p->dev, op, kernel, f, &m);
+    if (st == AJ_OK)
+        st = aj_block_mask_counts(m, out);
+    aj_block_mask_destroy(m);
+    return st;
+}
+
+/* ---------------------------------------------------------------- forward */
+
+enum { FWD_Q, FWD_K, FWD_V, FWD_O, FWD_LSE, FWD_COUNT };
+
+aj_status aj_ulysses_forward(aj_ctx *ctx, aj_device *dev, aj_comm *comm, const aj_op *op,
+                             const aj_ring_fwd_args *a, aj_ring_stats *stats)
+{
+    uly_call c = {.p = {.fn = "aj_ring_forward"}, .start = aj_now()};
+    uly_plan *p = &c.p;
+    aj_status st = AJ_OK;
+    AJ_TRY(plan_call(p, ctx, dev, comm, op, AJ_KIND_FORWARD, a->layout, a->ulysses_size, &a->q,
+                     &a->k, &a->v, a->side, a->num_side, &c.stats));
+    const aj_cp_shapes *sh = &p->sh;
+    AJ_TRY(aj_cp_check_dense(ctx, p->fn, "o", &a->o, p->op.dtype, 4,
+                             (int64_t[]){sh->B, sh->Hq, sh->lq, sh->Dv}));
+    AJ_TRY(aj_cp_check_dense(ctx, p->fn, "lse", &a->lse, AJ_DTYPE_F32, 3,
+                             (int64_t[]){sh->B, sh->Hq, sh->lq}));
+    const uly_io io[FWD_COUNT] = {
+        [FWD_Q] = {sh->Hq, sh->D, 0, 0, &a->q, NULL},
+        [FWD_K] = {sh->Hkv, sh->D, 0, 1, &a->k, NULL},
+        [FWD_V] = {sh->Hkv, sh->Dv, 0, 1, &a->v, NULL},
+        [FWD_O] = {sh->Hq, sh->Dv, 0, 0, NULL, &a->o},
+        [FWD_LSE] = {sh->Hq, 1, 1, 0, NULL, &a->lse},
+    };
+    AJ_TRY(begin(&c, op, io, FWD_COUNT, FWD_O));
+    if (p->sq > 0) {
+        aj_fwd_args f = AJ_FWD_ARGS_INIT;
+        f.q = c.view[FWD_Q];
+        f.k = c.view[FWD_K];
+        f.v = c.view[FWD_V];
+        f.o = c.view[FWD_O];
+        f.lse = c.view[FWD_LSE];
+        f.alibi_slopes = slice_slopes(p, &a->alibi_slopes);
+        f.side = a->side;
+        f.num_side = a->num_side;
+        f.stream = p->stream;
+        AJ_TRY(aj_forward(ctx, dev, c.kernel, &f));
+        if (a->launch_tiles && a->launch_tiles_cap > 0)
+            AJ_TRY(count_tiles(p, op, c.kernel, &f, &a->launch_tiles[0]));
+    }
+    AJ_TRY(end(&c, p->sq > 0));
+done:
+    return finish(&c, dev, st, stats);
+}
+
+/* ---------------------------------------------------------------- backward */
+
+enum { BWD_Q, BWD_K, BWD_V, BWD_O, BWD_DO, BWD_LSE, BWD_DQ, BWD_DK, BWD_DV, BWD_COUNT };
+
+aj_status aj_ulysses_backward(aj_ctx *ctx, aj_device *dev, aj_comm *comm, const aj_op *op,
+                              const aj_ring_bwd_args *a, aj_ring_stats *stats)
+{
+    uly_call c = {.p = {.fn = "aj_ring_backward"}, .start = aj_now()};
+    uly_plan *p = &c.p;
+    aj_status st = AJ_OK;
+    AJ_TRY(plan_call(p, ctx, dev, comm, op, AJ_KIND_BACKWARD, a->layout, a->ulysses_size,
+                     &a->q, &a->k, &a->v, a->side, a->num_side, &c.stats));
+    const aj_cp_shapes *sh = &p->sh;
+    const aj_dtype dt = p->op.dtype;
+    const int64_t rows_o[4] = {sh->B, sh->Hq, sh->lq, sh->Dv};
+    AJ_TRY(aj_cp_check_dense(ctx, p->fn, "o", &a->o, dt, 4, rows_o));
+    AJ_TRY(aj_cp_check_dense(ctx, p->fn, "do_", &a->do_, dt, 4, rows_o));
+    AJ_TRY(aj_cp_check_dense(ctx, p->fn, "lse", &a->lse, AJ_DTYPE_F32, 3,
+                             (int64_t[]){sh->B, sh->Hq, sh->lq}));
+    AJ_TRY(aj_cp_check_dense(ctx, p->fn, "dq", &a->dq, dt, 4,
+                             (int64_t[]){sh->B, sh->Hq, sh->lq, sh->D}));
+    AJ_TRY(aj_cp_check_dense(ctx, p->fn, "dk", &a->dk, dt, 4,
+                             (int64_t[]){sh->B, sh->Hkv, sh->lk, sh->D}));
+    AJ_TRY(aj_cp_check_dense(ctx, p->fn, "dv", &a->dv, dt, 4,
+                             (int64_t[]){sh->B, sh->Hkv, sh->lk, sh->Dv}));
+    const uly_io io[BWD_COUNT] = {
+        [BWD_Q] = {sh->Hq, sh->D, 0, 0, &a->q, NULL},
+        [BWD_K] = {sh->Hkv, sh->D, 0, 1, &a->k, NULL},
+        [BWD_V] = {sh->Hkv, sh->Dv, 0, 1, &a->v, NULL},
+        [BWD_O] = {sh->Hq, sh->Dv, 0, 0, &a->o, NULL},
+        [BWD_DO] = {sh->Hq, sh->Dv, 0, 0, &a->do_, NULL},
+        [BWD_LSE] = {sh->Hq, 1, 1, 0, &a->lse, NULL},
+        [BWD_DQ] = {sh->Hq, sh->D, 0, 0, NULL, &a->dq},
+        [BWD_DK] = {sh->Hkv, sh->D, 0, 1, NULL, &a->dk},
+        [BWD_DV] = {sh->Hkv, sh->Dv, 0, 1, NULL, &a->dv},
+    };
+    AJ_TRY(begin(&c, op, io, BWD_COUNT, BWD_DQ));
+    const int launch = p->sq > 0 && p->sk > 0;   /* else every gradient is 0 */
+    if (launch) {
+        aj_bwd_args b = AJ_BWD_ARGS_INIT;
+        b.q = c.view[BWD_Q];
+        b.k = c.view[BWD_K];
+        b.v = c.view[BWD_V];
+        b.o = c.view[BWD_O];
+        b.do_ = c.view[BWD_DO];
+        b.lse = c.view[BWD_LSE];
+        b.dq = c.view[BWD_DQ];
+        b.dk = c.view[BWD_DK];
+        b.dv = c.view[BWD_DV];
+        b.alibi_slopes = slice_slopes(p, &a->alibi_slopes);
+        b.side = a->side;
+        b.num_side = a->num_side;
+        b.stream = p->stream;
+        AJ_TRY(aj_backward(ctx, dev, c.kernel, &b));
+    }
+    AJ_TRY(end(&c, launch));
+done:
+    return finish(&c, dev, st, stats);
+}
