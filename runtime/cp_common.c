@@ -27,13 +27,9 @@ aj_tensor aj_cp_dense(void *data, aj_dtype dtype, int rank, const int64_t *shape
 aj_status aj_cp_check_dense(aj_ctx *ctx, const char *fn, const char *name, const aj_tensor *t,
                             aj_dtype dtype, int rank, const int64_t *shape)
 {
-    if (t->rank != rank)
-        return aj_fail(ctx, AJ_ERR_INVALID_ARG, "%s: %s.rank = %d, want %d", fn, name,
-                       t->rank, rank);
-    if (t->dtype != dtype)
-        return aj_fail(ctx, AJ_ERR_INVALID_ARG, "%s: %s.dtype = %s, want %s", fn, name,
-                       aj_dtype_name(t->dtype) ? aj_dtype_name(t->dtype) : "(invalid)",
-                       aj_dtype_name(dtype));
+    aj_status rd = aj_check_rank_dtype(ctx, fn, name, t, rank, dtype);
+    if (rd != AJ_OK)
+        return rd;
     aj_tensor want = aj_cp_dense(t->data, dtype, rank, shape);
     for (int i = 0; i < rank; i++)
         if (t->shape[i] != shape[i])

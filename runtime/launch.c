@@ -38,9 +38,8 @@ static int elem_size(aj_dtype d)
 
 #define FWD "aj_forward"
 
-/* Rank, dtype, non-negative shape and strides, unit last stride, data. */
-static aj_status check_tensor(aj_ctx *ctx, const char *fn, const char *name,
-                              const aj_tensor *t, int rank, aj_dtype dtype, int aligned)
+aj_status aj_check_rank_dtype(aj_ctx *ctx, const char *fn, const char *name,
+                              const aj_tensor *t, int rank, aj_dtype dtype)
 {
     if (t->rank != rank)
         return aj_fail(ctx, AJ_ERR_INVALID_ARG, "%s: %s.rank = %d, want %d", fn, name,
@@ -49,6 +48,16 @@ static aj_status check_tensor(aj_ctx *ctx, const char *fn, const char *name,
         return aj_fail(ctx, AJ_ERR_INVALID_ARG, "%s: %s.dtype = %s, want %s", fn, name,
                        aj_dtype_name(t->dtype) ? aj_dtype_name(t->dtype) : "(invalid)",
                        aj_dtype_name(dtype));
+    return AJ_OK;
+}
+
+/* Rank, dtype, non-negative shape and strides, unit last stride, data. */
+static aj_status check_tensor(aj_ctx *ctx, const char *fn, const char *name,
+                              const aj_tensor *t, int rank, aj_dtype dtype, int aligned)
+{
+    aj_status rd = aj_check_rank_dtype(ctx, fn, name, t, rank, dtype);
+    if (rd != AJ_OK)
+        return rd;
     for (int i = 0; i < rank; i++) {
         if (t->shape[i] < 0)
             return aj_fail(ctx, AJ_ERR_INVALID_ARG, "%s: %s.shape[%d] = %lld is "

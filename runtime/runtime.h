@@ -197,4 +197,9 @@ aj_status aj_block_mask_view(aj_ctx *ctx, const char *fn, const aj_block_mask *m
                              const aj_block_mask_shape *launch, aj_tensor *classes,
                              int64_t *block_m, int64_t *block_n);
 
+/* A tensor argument's rank and dtype (launch.c): AJ_ERR_INVALID_ARG with
+ * "FN: NAME.rank = R, want W" (or .dtype) when they differ. */
+aj_status aj_check_rank_dtype(aj_ctx *ctx, const char *fn, const char *name,
+                              const aj_tensor *t, int rank, aj_dtype dtype);
+
 #endif /* AJ_RUNTIME_RUNTIME_H */

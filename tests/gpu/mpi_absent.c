@@ -26,6 +26,7 @@ int MPI_Comm_set_errhandler(void);
 int MPI_Comm_size(void);
 int MPI_Gather(void);
 int MPI_Iallgather(void);
+int MPI_Ialltoallv(void);
 int MPI_Ibcast(void);
 int MPI_Init(void);
 int MPI_Irecv(void);
@@ -70,6 +71,7 @@ ABSENT(MPI_Comm_set_errhandler)
 ABSENT(MPI_Comm_size)
 ABSENT(MPI_Gather)
 ABSENT(MPI_Iallgather)
+ABSENT(MPI_Ialltoallv)
 ABSENT(MPI_Ibcast)
 ABSENT(MPI_Init)
 ABSENT(MPI_Irecv)
