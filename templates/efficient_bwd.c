@@ -43,7 +43,10 @@
  * (group_lanes), D / 4 and Dv / 4; otherwise the last 4-wide chunks of a
  * head dim belong to only some lanes.  Rows that
  * see no key get zero gradients; keys no row sees get dK = dV = 0.
- * Masks use the forward's i32 bound scheme (offsets clamped to +-2^30).
+ * Masks use the forward's i32 bound scheme (offsets clamped to +-2^30);
+ * tiles of class skip are not visited where the mask has more than its
+ * band, and a tile of class full inside the lengths computes P and dS
+ * with no element test (score.h's aj_score_by_tile_class).
  *
  * Options:
  *   dropout = p   both kernels recompute the forward's keep mask (the same
@@ -423,15 +426,19 @@ static void emit_accumulate(ebwd *e, LLVMValueRef out[MAX_ROWS][MAX_OUT], int nr
     aj_kb_for_end(kb);
 }
 
-/* P and dS of (row i, key j): attn_common.h's aj_attn_bwd_p_ds_prog with this
- * kernel's head state. */
-static void emit_p_ds(ebwd *e, LLVMValueRef qk, LLVMValueRef dp, LLVMValueRef i,
-                      LLVMValueRef j, LLVMValueRef lse2, LLVMValueRef delta,
-                      LLVMValueRef visible, LLVMValueRef bias, LLVMValueRef keep,
-                      LLVMValueRef *p_out, LLVMValueRef *ds_out)
+/* P and dS of (row i, key j) from the q.k and dO.v variables: attn_common.h's
+ * aj_attn_bwd_p_ds_prog with this kernel's head state, bias and dropout,
+ * visible by aj_score_visible_in_tile (`full`, rows checked against seq_q
+ * unless NULL). */
+static void emit_p_ds(ebwd *e, int full, LLVMValueRef seq_q, LLVMValueRef qk_var,
+                      LLVMValueRef dp_var, LLVMValueRef i, LLVMValueRef j, LLVMValueRef lse2,
+                      LLVMValueRef delta, LLVMValueRef *p_out, LLVMValueRef *ds_out)
 {
-    aj_attn_bwd_p_ds_prog(e->kb, e->op, &e->sc, qk, dp, i, j, lse2, delta, visible, bias, keep,
-                          p_out, ds_out);
+    aj_kb *kb = e->kb;
+    aj_attn_bwd_p_ds_prog(kb, e->op, &e->sc, aj_kb_get(kb, qk_var), aj_kb_get(kb, dp_var), i,
+                          j, lse2, delta,
+                          aj_score_visible_in_tile(&e->sc, full, seq_q, e->seq_k, i, j),
+                          emit_bias_at(e, i, j), emit_keep(e, i, j), p_out, ds_out);
 }
 
 /* The class (score.h) of the tile of rows [i0, i0 + bm) and keys [j0, j0 +
@@ -593,10 +600,9 @@ static void emit_dkdv_pass(void *user, int full)
                                                                      i32c(e, e->p.bm), ""));
         for (int k = 0; k < e->p.bn / e->p.r; k++) {
             LLVMValueRef j = LLVMBuildAdd(b, x->n0, x->keys[k], "");
-            LLVMValueRef vis = aj_score_visible_in_tile(&e->sc, full, e->seq_q, e->seq_k, i, j);
             LLVMValueRef pr, ds;
-            emit_p_ds(e, aj_kb_get(kb, x->s_acc[k][t]), aj_kb_get(kb, x->dp_acc[k][t]), i, j,
-                      lse2, delta, vis, emit_bias_at(e, i, j), emit_keep(e, i, j), &pr, &ds);
+            emit_p_ds(e, full, e->seq_q, x->s_acc[k][t], x->dp_acc[k][t], i, j, lse2, delta,
+                      &pr, &ds);
             LLVMValueRef idx = LLVMBuildAdd(b, LLVMBuildMul(b, x->keys[k], i32c(e, x->ldp), ""),
                                             x->qcols[t], "");
             aj_smem_store1(kb, x->smem_p, idx, pr);
@@ -621,21 +627,16 @@ static void emit_dq_pass(void *user, int full)
 {
     const dq_pass *x = user;
     ebwd *e = x->e;
-    aj_kb *kb = e->kb;
-    LLVMBuilderRef b = e->b;
     for (int k = 0; k < e->p.bm / e->p.r; k++)
         for (int t = 0; t < e->p.bn / e->p.g; t++) {
-            LLVMValueRef i = x->gi[k];
-            LLVMValueRef j = LLVMBuildAdd(b, x->n0, x->kcols[t], "");
+            LLVMValueRef j = LLVMBuildAdd(e->b, x->n0, x->kcols[t], "");
             LLVMValueRef pr, ds;
-            emit_p_ds(e, aj_kb_get(kb, x->s_acc[k][t]), aj_kb_get(kb, x->dp_acc[k][t]), i, j,
-                      x->lse2[k], x->delta[k],
-                      aj_score_visible_in_tile(&e->sc, full, NULL, e->seq_k, i, j),
-                      emit_bias_at(e, i, j), emit_keep(e, i, j), &pr, &ds);
-            aj_smem_store1(kb, x->smem_ds, LLVMBuildAdd(b, LLVMBuildMul(b, x->rows[k],
+            emit_p_ds(e, full, NULL, x->s_acc[k][t], x->dp_acc[k][t], x->gi[k], j, x->lse2[k],
+                      x->delta[k], &pr, &ds);
+            aj_smem_store1(e->kb, x->smem_ds, LLVMBuildAdd(e->b, LLVMBuildMul(e->b, x->rows[k],
                            i32c(e, x->lds), ""), x->kcols[t], ""), ds);
             if (x->dbias_row)
-                emit_dbias_add(e, x->dbias_row[k], i, j, ds, x->first);
+                emit_dbias_add(e, x->dbias_row[k], x->gi[k], j, ds, x->first);
         }
 }
 

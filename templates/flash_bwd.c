@@ -55,7 +55,9 @@
  * The mask and score_mod are the op's score programs (score.h), built-in
  * or expressions alike: the band bounds the tiles each kernel walks, and
  * where the mask has more than its band, tiles whose class is skip are
- * neither loaded nor computed.  Dropout is attn_common.h's.
+ * neither loaded nor computed; a tile of class full inside the lengths
+ * computes P and dS with no element test (score.h's
+ * aj_score_by_tile_class).  Dropout is attn_common.h's.
  * Launch contract: Sq, Sk < 2^30; the workspace of aj_backward_workspace_size.
  */
 #include <stdio.h>

@@ -18,6 +18,8 @@
  *                  aj_score_visible     whether key j is visible to row i
  *                  aj_score_key_range   keys rows [i0, i1] may see
  *                  aj_score_tile_class  skip / partial / full of a tile
+ *                  aj_score_by_tile_class  a tile's element pass, emitted
+ *                                       without tests for full tiles
  *   host           aj_score_host_class  the same class on the host (ring)
  *
  * The band: the conjuncts of the mask that bound k by q plus a value that
