@@ -43,7 +43,10 @@
  * (group_lanes), D / 4 and Dv / 4; otherwise the last 4-wide chunks of a
  * head dim belong to only some lanes.  Rows that
  * see no key get zero gradients; keys no row sees get dK = dV = 0.
- * Masks use the forward's i32 bound scheme (offsets clamped to +-2^30).
+ * Masks use the forward's i32 bound scheme (offsets clamped to +-2^30);
+ * tiles of class skip are not visited where the mask has more than its
+ * band, and a tile of class full inside the lengths computes P and dS
+ * with no element test (score.h's aj_score_by_tile_class).
  *
  * Options:
  *   dropout = p   both kernels recompute the forward's keep mask (the same
@@ -423,34 +426,24 @@ static void emit_accumulate(ebwd *e, LLVMValueRef out[MAX_ROWS][MAX_OUT], int nr
     aj_kb_for_end(kb);
 }
 
-/* P and dS of (row i, key j): attn_common.h's aj_attn_bwd_p_ds_prog with this
- * kernel's head state. */
-static void emit_p_ds(ebwd *e, LLVMValueRef qk, LLVMValueRef dp, LLVMValueRef i,
-                      LLVMValueRef j, LLVMValueRef lse2, LLVMValueRef delta,
-                      LLVMValueRef visible, LLVMValueRef bias, LLVMValueRef keep,
-                      LLVMValueRef *p_out, LLVMValueRef *ds_out)
+/* P and dS of (row i, key j) from the q.k and dO.v variables: attn_common.h's
+ * aj_attn_bwd_p_ds_prog with this kernel's head state, bias and dropout,
+ * visible by aj_score_visible_in_tile (`full`, rows checked against seq_q
+ * unless NULL). */
+static void emit_p_ds(ebwd *e, int full, LLVMValueRef seq_q, LLVMValueRef qk_var,
+                      LLVMValueRef dp_var, LLVMValueRef i, LLVMValueRef j, LLVMValueRef lse2,
+                      LLVMValueRef delta, LLVMValueRef *p_out, LLVMValueRef *ds_out)
 {
-    aj_attn_bwd_p_ds_prog(e->kb, e->op, &e->sc, qk, dp, i, j, lse2, delta, visible, bias, keep,
-                          p_out, ds_out);
+    aj_kb *kb = e->kb;
+    aj_attn_bwd_p_ds_prog(kb, e->op, &e->sc, aj_kb_get(kb, qk_var), aj_kb_get(kb, dp_var), i,
+                          j, lse2, delta,
+                          aj_score_visible_in_tile(&e->sc, full, seq_q, e->seq_k, i, j),
+                          emit_bias_at(e, i, j), emit_keep(e, i, j), p_out, ds_out);
 }
 
-/* Whether row i sees key j: j_lo(i) <= j <= j_hi(i) (the band), and the
- * rest of the mask. */
-static LLVMValueRef emit_visible(ebwd *e, LLVMValueRef i, LLVMValueRef j, LLVMValueRef j_lo,
-                                 LLVMValueRef j_hi)
-{
-    LLVMValueRef v = LLVMBuildICmp(e->b, LLVMIntSLE, j, j_hi, "");
-    if (e->sc.lo_off)
-        v = LLVMBuildAnd(e->b, v, LLVMBuildICmp(e->b, LLVMIntSGE, j, j_lo, ""), "");
-    if (aj_score_has_rest(e->prog))
-        v = LLVMBuildAnd(e->b, v, aj_score_visible_rest(&e->sc, i, j), "");
-    return v;
-}
-
-/* Whether the tile of rows [i0, i0 + bm) and keys [j0, j0 + bn) (clamped
- * to the lengths) has a visible element: always true without a mask rest
- * (the band's ranges are the loops' bounds already). */
-static LLVMValueRef emit_tile_live(ebwd *e, LLVMValueRef i0, LLVMValueRef j0)
+/* The class (score.h) of the tile of rows [i0, i0 + bm) and keys [j0, j0 +
+ * bn), clamped to the lengths: the same in every thread. */
+static LLVMValueRef tile_class(ebwd *e, LLVMValueRef i0, LLVMValueRef j0)
 {
     aj_kb *kb = e->kb;
     LLVMBuilderRef b = e->b;
@@ -459,8 +452,7 @@ static LLVMValueRef emit_tile_live(ebwd *e, LLVMValueRef i0, LLVMValueRef j0)
                                                  e->seq_q), one, "");
     LLVMValueRef j1 = LLVMBuildSub(b, aj_kb_smin(kb, LLVMBuildAdd(b, j0, i32c(e, e->p.bn), ""),
                                                  e->seq_k), one, "");
-    return LLVMBuildICmp(b, LLVMIntNE, aj_score_tile_class(&e->sc, i0, i1, j0, j1),
-                         i32c(e, AJ_TILE_SKIP), "");
+    return aj_score_tile_class(&e->sc, i0, i1, j0, j1);
 }
 
 /*
@@ -568,6 +560,86 @@ static void emit_dbias_add(ebwd *e, LLVMValueRef row_off, LLVMValueRef i, LLVMVa
     aj_kb_if_end(kb);
 }
 
+/* Whether the tile at (i0, j0) lies inside the lengths (i0 NULL: the
+ * keys alone). */
+static LLVMValueRef tile_inside(ebwd *e, LLVMValueRef i0, LLVMValueRef j0)
+{
+    LLVMBuilderRef b = e->b;
+    LLVMValueRef in = LLVMBuildICmp(b, LLVMIntSLE, LLVMBuildAdd(b, j0, i32c(e, e->p.bn), ""),
+                                    e->seq_k, "");
+    if (i0)
+        in = LLVMBuildAnd(b, in, LLVMBuildICmp(b, LLVMIntSLE, LLVMBuildAdd(b, i0,
+                          i32c(e, e->p.bm), ""), e->seq_q, ""), "");
+    return in;
+}
+
+/* The element passes of both kernels, as aj_score_by_tile_class's bodies
+ * (a `full` tile, inside the lengths, tests no element).
+ *
+ * dkdv: P^T and dS^T of the block's keys by the step's queries into shared
+ * memory; rows past Sq see nothing (their Q and dO tiles are zeros). */
+typedef struct dkdv_pass {
+    ebwd *e;
+    LLVMValueRef m0, n0;
+    const LLVMValueRef *keys, *qcols;
+    LLVMValueRef (*s_acc)[MAX_COLS], (*dp_acc)[MAX_COLS];
+    int32_t smem_stats, smem_p, smem_ds;
+    int ldp;
+} dkdv_pass;
+
+static void emit_dkdv_pass(void *user, int full)
+{
+    const dkdv_pass *x = user;
+    ebwd *e = x->e;
+    aj_kb *kb = e->kb;
+    LLVMBuilderRef b = e->b;
+    for (int t = 0; t < e->p.bm / e->p.g; t++) {
+        LLVMValueRef i = LLVMBuildAdd(b, x->m0, x->qcols[t], "");
+        LLVMValueRef lse2 = smem_load1(e, x->smem_stats, x->qcols[t]);
+        LLVMValueRef delta = smem_load1(e, x->smem_stats, LLVMBuildAdd(b, x->qcols[t],
+                                                                     i32c(e, e->p.bm), ""));
+        for (int k = 0; k < e->p.bn / e->p.r; k++) {
+            LLVMValueRef j = LLVMBuildAdd(b, x->n0, x->keys[k], "");
+            LLVMValueRef pr, ds;
+            emit_p_ds(e, full, e->seq_q, x->s_acc[k][t], x->dp_acc[k][t], i, j, lse2, delta,
+                      &pr, &ds);
+            LLVMValueRef idx = LLVMBuildAdd(b, LLVMBuildMul(b, x->keys[k], i32c(e, x->ldp), ""),
+                                            x->qcols[t], "");
+            aj_smem_store1(kb, x->smem_p, idx, pr);
+            aj_smem_store1(kb, x->smem_ds, idx, ds);
+        }
+    }
+}
+
+/* dq: dS of the CTA's rows by the key block into shared memory and, with
+ * bias, into dbias (hidden elements add 0). */
+typedef struct dq_pass {
+    ebwd *e;
+    LLVMValueRef n0;
+    const LLVMValueRef *rows, *kcols, *gi, *lse2, *delta, *dbias_row;
+    LLVMValueRef (*s_acc)[MAX_COLS], (*dp_acc)[MAX_COLS];
+    LLVMValueRef first;
+    int32_t smem_ds;
+    int lds;
+} dq_pass;
+
+static void emit_dq_pass(void *user, int full)
+{
+    const dq_pass *x = user;
+    ebwd *e = x->e;
+    for (int k = 0; k < e->p.bm / e->p.r; k++)
+        for (int t = 0; t < e->p.bn / e->p.g; t++) {
+            LLVMValueRef j = LLVMBuildAdd(e->b, x->n0, x->kcols[t], "");
+            LLVMValueRef pr, ds;
+            emit_p_ds(e, full, NULL, x->s_acc[k][t], x->dp_acc[k][t], x->gi[k], j, x->lse2[k],
+                      x->delta[k], &pr, &ds);
+            aj_smem_store1(e->kb, x->smem_ds, LLVMBuildAdd(e->b, LLVMBuildMul(e->b, x->rows[k],
+                           i32c(e, x->lds), ""), x->kcols[t], ""), ds);
+            if (x->dbias_row)
+                emit_dbias_add(e, x->dbias_row[k], x->gi[k], j, ds, x->first);
+        }
+}
+
 /* ---------------------------------------------------------------- dkdv */
 
 static void build_dkdv(aj_kb *kb, const aj_op *op, const ebwd_plan *plan,
@@ -640,8 +712,9 @@ static void build_dkdv(aj_kb *kb, const aj_op *op, const ebwd_plan *plan,
     LLVMValueRef m = aj_kb_for_begin(kb, m_begin, m_end, i32c(&e, 1), "m");
     {
         LLVMValueRef m0 = LLVMBuildMul(b, m, i32c(&e, p->bm), "m0");
-        if (aj_score_has_rest(prog))   /* the same in every thread */
-            aj_kb_if_begin(kb, emit_tile_live(&e, m0, n0));
+        LLVMValueRef cls = aj_score_has_mask(prog) ? tile_class(&e, m0, n0) : NULL;
+        if (aj_score_has_rest(prog))   /* the band bounds the walk already */
+            aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntNE, cls, i32c(&e, AJ_TILE_SKIP), ""));
         aj_kb_barrier(kb);   /* the previous step's readers are done */
         aj_tile_src qsrc = {prm(&e, "q"), q_base, stride_s(&e, "q"), m0, e.seq_q, p->dtype};
         aj_tile_load_f32(kb, &qsrc, p->bm, p->d, smem_q, ldq, e.tid, p->threads);
@@ -666,28 +739,9 @@ static void build_dkdv(aj_kb *kb, const aj_op *op, const ebwd_plan *plan,
         aj_kb_barrier(kb);
         emit_dots(&e, s_acc, rk, keys, smem_k, ldk, cq, qcols, smem_q, ldq, p->d);
         emit_dots(&e, dp_acc, rk, keys, smem_v, ldv, cq, qcols, smem_do, ldo, p->dv);
-        for (int t = 0; t < cq; t++) {
-            LLVMValueRef i = LLVMBuildAdd(b, m0, qcols[t], "");
-            /* rows past Sq see nothing (their Q and dO tiles are zeros) */
-            LLVMValueRef j_hi = aj_score_row_hi(&e.sc, e.seq_k, i);
-            j_hi = LLVMBuildSelect(b, LLVMBuildICmp(b, LLVMIntSLT, i, e.seq_q, ""), j_hi,
-                                   i32c(&e, -1), "");
-            LLVMValueRef j_lo = e.sc.lo_off ? aj_score_row_lo(&e.sc, i) : NULL;
-            LLVMValueRef lse2 = smem_load1(&e, smem_stats, qcols[t]);
-            LLVMValueRef delta = smem_load1(&e, smem_stats, LLVMBuildAdd(b, qcols[t],
-                                                                       i32c(&e, p->bm), ""));
-            for (int k = 0; k < rk; k++) {
-                LLVMValueRef j = LLVMBuildAdd(b, n0, keys[k], "");
-                LLVMValueRef pr, ds;
-                emit_p_ds(&e, aj_kb_get(kb, s_acc[k][t]), aj_kb_get(kb, dp_acc[k][t]), i, j,
-                          lse2, delta, emit_visible(&e, i, j, j_lo, j_hi), emit_bias_at(&e, i, j),
-                          emit_keep(&e, i, j), &pr, &ds);
-                LLVMValueRef idx = LLVMBuildAdd(b, LLVMBuildMul(b, keys[k], i32c(&e, ldp), ""),
-                                                qcols[t], "");
-                aj_smem_store1(kb, smem_p, idx, pr);
-                aj_smem_store1(kb, smem_ds, idx, ds);
-            }
-        }
+        dkdv_pass pass = {&e, m0, n0, keys, qcols, s_acc, dp_acc, smem_stats, smem_p, smem_ds,
+                          ldp};
+        aj_score_by_tile_class(kb, cls, tile_inside(&e, m0, n0), emit_dkdv_pass, &pass);
         aj_kb_barrier(kb);   /* P^T and dS^T complete */
         emit_accumulate(&e, dv, rk, keys, smem_p, ldp, p->bm, smem_do, ldo, p->wdv);
         emit_accumulate(&e, dk, rk, keys, smem_ds, ldp, p->bm, smem_q, ldq, p->wd);
@@ -797,14 +851,12 @@ static void build_dq(aj_kb *kb, const aj_op *op, const ebwd_plan *plan,
     LLVMValueRef lse_base = aj_attn_slice_base(e.kb, "lse", bidx, h);
     LLVMValueRef dbias_base = has_bias ? aj_attn_slice_base(e.kb, "dbias", bidx, h) : NULL;
     LLVMValueRef last = LLVMBuildSub(b, e.seq_q, i32c(&e, 1), "");
-    LLVMValueRef lse2[MAX_ROWS], delta[MAX_ROWS], j_lo[MAX_ROWS], j_hi[MAX_ROWS], gi[MAX_ROWS];
+    LLVMValueRef lse2[MAX_ROWS], delta[MAX_ROWS], gi[MAX_ROWS];
     LLVMValueRef dbias_row[MAX_ROWS];
     for (int k = 0; k < rm; k++) {
         gi[k] = LLVMBuildAdd(b, m0, rows[k], "");
         emit_row_stats(&e, aj_kb_smin(kb, gi[k], last), o_base, do_base, lse_base, &lse2[k],
                        &delta[k]);
-        j_hi[k] = aj_score_row_hi(&e.sc, e.seq_k, gi[k]);
-        j_lo[k] = e.sc.lo_off ? aj_score_row_lo(&e.sc, gi[k]) : NULL;
         if (has_bias)
             dbias_row[k] = LLVMBuildAdd(b, dbias_base, LLVMBuildMul(b, sext64(&e, gi[k]),
                                         prm(&e, "stride_dbias_s"), ""), "");
@@ -830,9 +882,10 @@ static void build_dq(aj_kb *kb, const aj_op *op, const ebwd_plan *plan,
     {
         LLVMValueRef n0 = LLVMBuildMul(b, n, i32c(&e, p->bn), "n0");
         /* with bias every block is visited: hidden elements get dbias = 0 */
+        LLVMValueRef cls = aj_score_has_mask(prog) ? tile_class(&e, m0, n0) : NULL;
         int skips = aj_score_has_rest(prog) && !has_bias;
         if (skips)
-            aj_kb_if_begin(kb, emit_tile_live(&e, m0, n0));
+            aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntNE, cls, i32c(&e, AJ_TILE_SKIP), ""));
         aj_kb_barrier(kb);   /* the previous block's readers of K, V, dS are done */
         aj_tile_src ksrc = {prm(&e, "k"), k_base, stride_s(&e, "k"), n0, e.seq_k, p->dtype};
         aj_tile_load_f32(kb, &ksrc, p->bn, p->d, smem_k, ldk, e.tid, p->threads);
@@ -841,18 +894,9 @@ static void build_dq(aj_kb *kb, const aj_op *op, const ebwd_plan *plan,
         aj_kb_barrier(kb);
         emit_dots(&e, s_acc, rm, rows, smem_q, ldq, cn, kcols, smem_k, ldk, p->d);
         emit_dots(&e, dp_acc, rm, rows, smem_do, ldo, cn, kcols, smem_v, ldv, p->dv);
-        for (int k = 0; k < rm; k++)
-            for (int t = 0; t < cn; t++) {
-                LLVMValueRef j = LLVMBuildAdd(b, n0, kcols[t], "");
-                LLVMValueRef pr, ds;
-                emit_p_ds(&e, aj_kb_get(kb, s_acc[k][t]), aj_kb_get(kb, dp_acc[k][t]), gi[k],
-                          j, lse2[k], delta[k], emit_visible(&e, gi[k], j, j_lo[k], j_hi[k]),
-                          emit_bias_at(&e, gi[k], j), emit_keep(&e, gi[k], j), &pr, &ds);
-                aj_smem_store1(kb, smem_ds, LLVMBuildAdd(b, LLVMBuildMul(b, rows[k],
-                               i32c(&e, lds), ""), kcols[t], ""), ds);
-                if (has_bias)
-                    emit_dbias_add(&e, dbias_row[k], gi[k], j, ds, first);
-            }
+        dq_pass pass = {&e, n0, rows, kcols, gi, lse2, delta, has_bias ? dbias_row : NULL,
+                        s_acc, dp_acc, first, smem_ds, lds};
+        aj_score_by_tile_class(kb, cls, tile_inside(&e, NULL, n0), emit_dq_pass, &pass);
         aj_kb_barrier(kb);   /* dS complete */
         emit_accumulate(&e, dq, rm, rows, smem_ds, lds, p->bn, smem_k, ldk, p->wd);
         if (skips)

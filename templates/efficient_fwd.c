@@ -205,7 +205,6 @@ typedef struct efwd {
     LLVMValueRef acc[MAX_RM][MAX_CN];    /* vars: Q K^T partial sums */
     LLVMValueRef o[MAX_RM][MAX_CV];      /* vars: output accumulators */
     LLVMValueRef m[MAX_RM], l[MAX_RM];   /* vars: running max (log2), sum */
-    int full_tile;                  /* emitting a full tile's code: no mask test */
 } efwd;
 
 /* The output tensor: o (the op's dtype), or o_acc (f32, read and written)
@@ -299,10 +298,10 @@ static void emit_qk(efwd *e)
     aj_kb_for_end(kb);
 }
 
-/* The score of (row i, key j) in log2 units, or -inf where masked; the
- * band shows row i keys [j_lo, j_hi] (j_lo NULL: from 0). */
+/* The score of (row i, key j) in log2 units, or -inf where masked (in a
+ * `full` tile: past the key length alone). */
 static LLVMValueRef emit_score(efwd *e, LLVMValueRef acc, LLVMValueRef i, LLVMValueRef j,
-                               LLVMValueRef j_lo, LLVMValueRef j_hi)
+                               int full)
 {
     aj_kb *kb = e->kb;
     LLVMBuilderRef b = e->b;
@@ -326,18 +325,14 @@ static LLVMValueRef emit_score(efwd *e, LLVMValueRef acc, LLVMValueRef i, LLVMVa
         s = aj_score_mod_value(&e->sc, s, i, j);
         s = LLVMBuildFMul(b, s, aj_kb_f32(kb, AJ_LOG2E), "");
     }
-    LLVMValueRef visible = LLVMBuildICmp(b, LLVMIntSLE, j, j_hi, "");
-    if (j_lo)
-        visible = LLVMBuildAnd(b, visible, LLVMBuildICmp(b, LLVMIntSGE, j, j_lo, ""), "");
-    if (aj_score_has_rest(e->prog) && !e->full_tile)
-        visible = LLVMBuildAnd(b, visible, aj_score_visible_rest(&e->sc, i, j), "");
+    LLVMValueRef visible = aj_score_visible_in_tile(&e->sc, full, NULL, e->seq_k, i, j);
     return LLVMBuildSelect(b, visible, s, aj_kb_f32(kb, -INFINITY), "");
 }
 
 /* Scores, online softmax update, rescale of O, P written to shared memory
  * (with dropout: the statistics take P undropped, shared memory gets
- * P keep / (1 - p)). */
-static void emit_softmax(efwd *e, LLVMValueRef n0)
+ * P keep / (1 - p)); a `full` tile tests no element against the mask. */
+static void emit_softmax(efwd *e, LLVMValueRef n0, int full)
 {
     aj_kb *kb = e->kb;
     LLVMBuilderRef b = e->b;
@@ -350,15 +345,11 @@ static void emit_softmax(efwd *e, LLVMValueRef n0)
             e->bias_row = LLVMBuildAdd(b, e->bias_base, LLVMBuildMul(b, sext64(e, ic),
                                        p64(e, "stride_bias_s"), ""), "");
         }
-        /* a full tile: the key length alone */
-        LLVMValueRef j_hi = e->full_tile ? LLVMBuildSub(b, e->seq_k, aj_kb_i32(kb, 1), "")
-                                         : aj_score_row_hi(&e->sc, e->seq_k, i);
-        LLVMValueRef j_lo = e->sc.lo_off && !e->full_tile ? aj_score_row_lo(&e->sc, i) : NULL;
         LLVMValueRef s[MAX_CN];
         LLVMValueRef mx = aj_kb_f32(kb, -INFINITY);
         for (int t = 0; t < p->cn; t++) {
             LLVMValueRef j = LLVMBuildAdd(b, n0, key_of(e, t), "");
-            s[t] = emit_score(e, aj_kb_get(kb, e->acc[k][t]), i, j, j_lo, j_hi);
+            s[t] = emit_score(e, aj_kb_get(kb, e->acc[k][t]), i, j, full);
             mx = aj_kb_fmax(kb, mx, s[t]);
         }
         mx = aj_kb_group_max(kb, mx, p->g);
@@ -387,6 +378,18 @@ static void emit_softmax(efwd *e, LLVMValueRef n0)
         for (int c = 0; c < p->cv; c++)
             aj_kb_set(kb, e->o[k][c], LLVMBuildFMul(b, aj_kb_get(kb, e->o[k][c]), alpha, ""));
     }
+}
+
+/* emit_softmax as aj_score_by_tile_class's body. */
+typedef struct efwd_tile {
+    efwd *e;
+    LLVMValueRef n0;
+} efwd_tile;
+
+static void emit_softmax_tile(void *user, int full)
+{
+    efwd_tile *t = user;
+    emit_softmax(t->e, t->n0, full);
 }
 
 /* o[k][4u+w] += sum_c P[row_k][c] * V[c][4 lane + 4 G u + w] */
@@ -619,16 +622,10 @@ static aj_status efwd_build(aj_kb *kb, const aj_op *op, void *user)
         aj_tile_load_f32(kb, &ksrc, p->bn, p->d, p->smem_kv, p->ldkv, e.tid, p->threads);
         aj_kb_barrier(kb);
         emit_qk(&e);
-        if (cls) {   /* a full tile's scores test no element against the mask */
-            aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntEQ, cls, aj_kb_i32(kb, AJ_TILE_FULL), ""));
-            e.full_tile = 1;
-            emit_softmax(&e, n0);
-            e.full_tile = 0;
-            aj_kb_else(kb);
-        }
-        emit_softmax(&e, n0);
-        if (cls)
-            aj_kb_if_end(kb);
+        efwd_tile tile = {&e, n0};
+        LLVMValueRef inside = LLVMBuildICmp(b, LLVMIntSLE, LLVMBuildAdd(b, n0,
+                                            aj_kb_i32(kb, p->bn), ""), e.seq_k, "");
+        aj_score_by_tile_class(kb, cls, inside, emit_softmax_tile, &tile);
         aj_kb_barrier(kb);   /* K fully read; P fully written */
         aj_tile_src vsrc = {p64(&e, "v"), v_base, p64(&e, "stride_v_s"), n0, e.seq_k, p->dtype};
         aj_tile_load_f32(kb, &vsrc, p->bn, p->dv, p->smem_kv, p->ldkv, e.tid, p->threads);

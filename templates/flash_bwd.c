@@ -55,7 +55,9 @@
  * The mask and score_mod are the op's score programs (score.h), built-in
  * or expressions alike: the band bounds the tiles each kernel walks, and
  * where the mask has more than its band, tiles whose class is skip are
- * neither loaded nor computed.  Dropout is attn_common.h's.
+ * neither loaded nor computed; a tile of class full inside the lengths
+ * computes P and dS with no element test (score.h's
+ * aj_score_by_tile_class).  Dropout is attn_common.h's.
  * Launch contract: Sq, Sk < 2^30; the workspace of aj_backward_workspace_size.
  */
 #include <stdio.h>
@@ -767,15 +769,32 @@ static LLVMValueRef stat_at(fbwd *f, int32_t stats, LLVMValueRef idx)
 
 /*
  * P (dropped) and dS of every element of S and dP (same warp layout) into
- * shared tiles of the dtype.  Element (r, c) of the product is query
- * m0 + (rows_are_keys ? c : r) and key n0 + (rows_are_keys ? r : c); the
- * tiles store it at (r, c) too.  `pt` may be NULL (the dq kernel keeps
- * only dS).
+ * shared tiles of the dtype, as aj_score_by_tile_class's body (a `full`
+ * tile, inside the lengths, tests no element).  Element
+ * (r, c) of the product is query m0 + (rows_are_keys ? c : r) and key
+ * n0 + (rows_are_keys ? r : c); the tiles store it at (r, c) too.  `pt`
+ * may be NULL (the dq kernel keeps only dS).
  */
-static void emit_p_ds_tiles(fbwd *f, const warp_acc *s, const warp_acc *dp, int rows_are_keys,
-                            LLVMValueRef m0, LLVMValueRef n0, int32_t stats, int bm,
-                            const smem_tile *pt, smem_tile dst)
+typedef struct p_ds_pass {
+    fbwd *f;
+    const warp_acc *s, *dp;
+    int rows_are_keys;
+    LLVMValueRef m0, n0;
+    int32_t stats;
+    const smem_tile *pt;
+    smem_tile dst;
+} p_ds_pass;
+
+static void emit_p_ds_tiles(void *user, int full)
 {
+    const p_ds_pass *x = user;
+    fbwd *f = x->f;
+    const warp_acc *s = x->s, *dp = x->dp;
+    int rows_are_keys = x->rows_are_keys, bm = f->p.bm;
+    LLVMValueRef m0 = x->m0, n0 = x->n0;
+    int32_t stats = x->stats;
+    const smem_tile *pt = x->pt;
+    smem_tile dst = x->dst;
     aj_kb *kb = f->kb;
     for (int a = 0; a < s->g.mt; a++)
         for (int c = 0; c < s->g.nt; c++) {
@@ -784,15 +803,7 @@ static void emit_p_ds_tiles(fbwd *f, const warp_acc *s, const warp_acc *dp, int 
                 LLVMValueRef pr = acc_row(f, s, a, r), pc = acc_col(f, s, c, r);
                 LLVMValueRef il = rows_are_keys ? pc : pr, jl = rows_are_keys ? pr : pc;
                 LLVMValueRef i = add(f, m0, il), j = add(f, n0, jl);
-                LLVMValueRef vis = LLVMBuildAnd(f->b, slt(f, i, f->seq_q),
-                                                LLVMBuildICmp(f->b, LLVMIntSLE, j,
-                                                              aj_score_row_hi(&f->sc, f->seq_k, i),
-                                                              ""), "");
-                if (f->sc.lo_off)
-                    vis = LLVMBuildAnd(f->b, vis, LLVMBuildICmp(f->b, LLVMIntSGE, j,
-                                       aj_score_row_lo(&f->sc, i), ""), "");
-                if (aj_score_has_rest(f->prog))
-                    vis = LLVMBuildAnd(f->b, vis, aj_score_visible_rest(&f->sc, i, j), "");
+                LLVMValueRef vis = aj_score_visible_in_tile(&f->sc, full, f->seq_q, f->seq_k, i, j);
                 LLVMValueRef keep = f->op->dropout > 0
                                         ? aj_attn_dropout_keep(kb, &f->drop, f->op->dropout, i, j)
                                         : NULL;
@@ -877,6 +888,25 @@ static void step_end(fbwd *f, LLVMValueRef cls_value)
 {
     if (cls_value)
         aj_kb_if_end(f->kb);
+}
+
+/* Whether the tile at (m0, n0) lies inside both lengths. */
+static LLVMValueRef tile_inside(fbwd *f, LLVMValueRef m0, LLVMValueRef n0)
+{
+    return LLVMBuildAnd(f->b, LLVMBuildICmp(f->b, LLVMIntSLE, add(f, m0, i32c(f, f->p.bm)),
+                                            f->seq_q, ""),
+                        LLVMBuildICmp(f->b, LLVMIntSLE, add(f, n0, i32c(f, f->p.bn)), f->seq_k,
+                                      ""), "");
+}
+
+/* The class of the step's tile for its element pass: the one issue_begin
+ * kept (cls_value, where the mask has a rest), else the band's, computed
+ * here; NULL without a mask. */
+static LLVMValueRef step_class(fbwd *f, LLVMValueRef cls_value, LLVMValueRef m0, LLVMValueRef n0)
+{
+    if (cls_value)
+        return cls_value;
+    return aj_score_has_mask(f->prog) ? tile_class(f, m0, n0) : NULL;
 }
 
 /* ---------------------------------------------------------------- delta */
@@ -1039,7 +1069,9 @@ static void build_dkdv(aj_kb *kb, const aj_op *op, const fbwd_plan *plan,
         operand va = {vt, 0, i32c(&f, 0)}, dob = {do_cur, 0, i32c(&f, 0)};
         warp_mma(&f, &s, p->d, &ka, &qb);
         warp_mma(&f, &dp, p->dv, &va, &dob);
-        emit_p_ds_tiles(&f, &s, &dp, 1, m0, n0, stats, p->bm, &ptt, dst);
+        p_ds_pass pass = {&f, &s, &dp, 1, m0, n0, stats, &ptt, dst};
+        aj_score_by_tile_class(kb, step_class(&f, cls_m, m0, n0), tile_inside(&f, m0, n0),
+                               emit_p_ds_tiles, &pass);
         aj_kb_barrier(kb);   /* P^T and dS^T are complete */
 
         /* dV += P^T dO, dK += dS^T Q: B[query][d] = tile(query, d), k-major */
@@ -1178,7 +1210,9 @@ static void build_dq(aj_kb *kb, const aj_op *op, const fbwd_plan *plan,
         operand doa = {dot, 0, i32c(&f, 0)}, vbo = {v_cur, 0, i32c(&f, 0)};
         warp_mma(&f, &s, p->d, &qa, &kbo);
         warp_mma(&f, &dp, p->dv, &doa, &vbo);
-        emit_p_ds_tiles(&f, &s, &dp, 0, m0, n0, stats, p->bm, NULL, dst);
+        p_ds_pass pass = {&f, &s, &dp, 0, m0, n0, stats, NULL, dst};
+        aj_score_by_tile_class(kb, step_class(&f, cls_n, m0, n0), tile_inside(&f, m0, n0),
+                               emit_p_ds_tiles, &pass);
         aj_kb_barrier(kb);   /* dS is complete */
 
         /* dQ += dS K: B[key][d] = K(key, d), k-major */

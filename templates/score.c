@@ -895,6 +895,42 @@ LLVMValueRef aj_score_visible(aj_score *s, LLVMValueRef i, LLVMValueRef j)
     return vis;
 }
 
+LLVMValueRef aj_score_visible_in_tile(aj_score *s, int full, LLVMValueRef seq_q,
+                                      LLVMValueRef seq_k, LLVMValueRef i, LLVMValueRef j)
+{
+    LLVMBuilderRef b = s->kb->b;
+    if (full)
+        return LLVMConstInt(s->kb->t_i1, 1, 0);
+    LLVMValueRef hi = aj_score_row_hi(s, seq_k, i);
+    if (seq_q)   /* a row past the query length: no key at or below -1 */
+        hi = LLVMBuildSelect(b, LLVMBuildICmp(b, LLVMIntSLT, i, seq_q, ""), hi,
+                             aj_kb_i32(s->kb, -1), "");
+    LLVMValueRef vis = LLVMBuildICmp(b, LLVMIntSLE, j, hi, "");
+    if (s->lo_off)
+        vis = LLVMBuildAnd(b, vis, LLVMBuildICmp(b, LLVMIntSGE, j, aj_score_row_lo(s, i), ""),
+                           "");
+    if (aj_score_has_rest(s->p))
+        vis = LLVMBuildAnd(b, vis, aj_score_visible_rest(s, i, j), "");
+    return vis;
+}
+
+void aj_score_by_tile_class(aj_kb *kb, LLVMValueRef cls, LLVMValueRef inside,
+                            aj_score_tile_body body, void *user)
+{
+    if (!cls) {
+        body(user, 0);
+        return;
+    }
+    LLVMBuilderRef b = kb->b;
+    aj_kb_if_begin(kb, LLVMBuildAnd(b, LLVMBuildICmp(b, LLVMIntEQ, cls,
+                                                     aj_kb_i32(kb, AJ_TILE_FULL), ""),
+                                    inside, "full"));
+    body(user, 1);
+    aj_kb_else(kb);
+    body(user, 0);
+    aj_kb_if_end(kb);
+}
+
 void aj_score_key_range(aj_score *s, LLVMValueRef i0, LLVMValueRef i1, LLVMValueRef seq_k,
                         LLVMValueRef *j_lo, LLVMValueRef *j_hi)
 {

@@ -18,6 +18,8 @@
  *                  aj_score_visible     whether key j is visible to row i
  *                  aj_score_key_range   keys rows [i0, i1] may see
  *                  aj_score_tile_class  skip / partial / full of a tile
+ *                  aj_score_by_tile_class  a tile's element pass, emitted
+ *                                       without tests for full tiles
  *   host           aj_score_host_class  the same class on the host (ring)
  *
  * The band: the conjuncts of the mask that bound k by q plus a value that
@@ -178,6 +180,23 @@ static inline LLVMValueRef aj_score_row_lo(aj_score *s, LLVMValueRef i)
     LLVMValueRef lo = aj_kb_i32(s->kb, 0);
     return s->lo_off ? aj_kb_smax(s->kb, lo, LLVMBuildAdd(s->kb->b, i, s->lo_off, "")) : lo;
 }
+
+/* Whether row i sees key j (scalar i32, local) in a tile whose class the
+ * emitted code knows: in a `full` one (aj_score_by_tile_class) always;
+ * otherwise where j < seq_k, i < seq_q (seq_q NULL: rows unchecked), the
+ * band and the rest of the mask hold.  Each row's bound on j is one value,
+ * so an element costs one compare beyond the rest. */
+LLVMValueRef aj_score_visible_in_tile(aj_score *s, int full, LLVMValueRef seq_q,
+                                      LLVMValueRef seq_k, LLVMValueRef i, LLVMValueRef j);
+
+/* Emits a tile's element pass by its class: body(user, 1) where `cls` (i32
+ * aj_tile_class, the same in every thread) is AJ_TILE_FULL and `inside`
+ * (i1: the tile lies inside the lengths the body tests) holds, so that
+ * the body tests no element at all; body(user, 0) elsewhere, and alone
+ * where cls is NULL (an op without a mask tests the lengths only). */
+typedef void (*aj_score_tile_body)(void *user, int full);
+void aj_score_by_tile_class(aj_kb *kb, LLVMValueRef cls, LLVMValueRef inside,
+                            aj_score_tile_body body, void *user);
 
 /* The class (i32 aj_tile_class) of rows [i0, i1] x keys [j0, j1] (local,
  * inclusive, inside the lengths): the band's exactly, then the rest's by

@@ -17,7 +17,9 @@
  * `cpu` the varlen cases and checks run on the cpu target's kernels
  * (ctest test_cpu_varlen_bwd); `cpu scores` runs score programs backward
  * on them (ctest test_score_bwd_cpu): the examples/specs/scores specs and random
- * masks and score_mods (tests/score_cases.h), a failing one shrunk.
+ * masks and score_mods (tests/score_cases.h), a failing one shrunk;
+ * `sim full` (ctest test_sim_full_tiles_bwd) checks that both variants'
+ * tiles of class full give the bits of the same mask tested per element.
  *
  * O and LSE come from ref_forward, rounded as a forward kernel stores
  * them, and the reference backward is fed the same rounded values.  Each
@@ -61,6 +63,8 @@ typedef struct fb_case {
     const int *lens_q, *lens_k;  /* varlen when set: b sequence lengths each */
     int repeat;                /* deterministic: rerun on 1 and 3 workers, same bits */
     int pass_mask;             /* rerun with the forward's aj_block_mask_create: same bits */
+    const char *twin_mask;     /* rerun with this mask, the same keys visible but no tile
+                                  the kernels can class full: same bits */
 } fb_case;
 
 /* The tensor cores round P and dS to the dtype before the dV, dK and dQ
@@ -117,6 +121,40 @@ static aj_kernel *compile(const aj_op *op, const fb_case *c)
     return k;
 }
 
+/* Copies of the outputs' bits (free_bits frees them). */
+static void save_bits(tensor *const *outs, void **first)
+{
+    for (int t = 0; t < 3; t++) {
+        first[t] = malloc(tensor_bytes(outs[t]) + 1);
+        CHECK(aj_device_copy_from(dev, first[t], outs[t]->t.data, tensor_bytes(outs[t])) ==
+              AJ_OK);
+    }
+}
+
+static void free_bits(void **first)
+{
+    for (int t = 0; t < 3; t++)
+        free(first[t]);
+}
+
+/* Poisons the outputs, runs `a` with `kernel` and wants the bits of
+ * `first`; `how` says in the message what was different about the run. */
+static void rerun_expect_bits(const fb_case *c, const aj_kernel *kernel, const aj_bwd_args *a,
+                              tensor *const *outs, void *const *first, const char *how)
+{
+    static const char *const names[3] = {"dq", "dk", "dv"};
+    for (int t = 0; t < 3; t++)
+        poison(outs[t]);
+    CHECK_MSG(aj_backward(ctx, dev, kernel, a) == AJ_OK, "%s %s: %s", c->label, how,
+              aj_last_error(ctx));
+    for (int t = 0; t < 3; t++) {
+        CHECK(aj_device_copy_from(dev, outs[t]->host, outs[t]->t.data,
+                                  tensor_bytes(outs[t])) == AJ_OK);
+        CHECK_MSG(memcmp(first[t], outs[t]->host, tensor_bytes(outs[t])) == 0,
+                  "%s: %s differs %s", c->label, names[t], how);
+    }
+}
+
 /* Runs `a` again with the block mask aj_block_mask_create builds for the
  * forward of c's op (its own tile: the backward reads any) and wants the
  * bits the launch's own mask gave; a mask built for another q_offset is
@@ -124,7 +162,6 @@ static aj_kernel *compile(const aj_op *op, const fb_case *c)
 static void rerun_passed_mask(const fb_case *c, const aj_kernel *kernel, const aj_bwd_args *a,
                               tensor *const *outs)
 {
-    static const char *const names[3] = {"dq", "dk", "dv"};
     char spec[2048];
     snprintf(spec, sizeof spec, "attention forward %s { dtype = %s head_dim = %d "
              "head_dim_v = %d mask = %s score_mod = %s %s%s }",
@@ -152,25 +189,13 @@ static void rerun_passed_mask(const fb_case *c, const aj_kernel *kernel, const a
     if (fk)
         CHECK_STATUS(ctx, aj_block_mask_create(ctx, dev, fwd, fk, &f, &bm), AJ_OK);
     void *first[3];
-    for (int t = 0; bm && t < 3; t++) {
-        first[t] = malloc(tensor_bytes(outs[t]) + 1);
-        CHECK(aj_device_copy_from(dev, first[t], outs[t]->t.data, tensor_bytes(outs[t])) ==
-              AJ_OK);
-        poison(outs[t]);
-    }
     aj_bwd_args passed = *a;
     passed.block_mask = bm;
-    if (bm)
-        CHECK_STATUS(ctx, aj_backward(ctx, dev, kernel, &passed), AJ_OK);
-    for (int t = 0; bm && t < 3; t++) {
-        CHECK(aj_device_copy_from(dev, outs[t]->host, outs[t]->t.data,
-                                  tensor_bytes(outs[t])) == AJ_OK);
-        CHECK_MSG(memcmp(first[t], outs[t]->host, tensor_bytes(outs[t])) == 0,
-                  "%s: %s with a passed block mask differs from the launch's own", c->label,
-                  names[t]);
-        free(first[t]);
-    }
     if (bm) {
+        save_bits(outs, first);
+        rerun_expect_bits(c, kernel, &passed, outs, first,
+                          "with a passed block mask from the launch's own");
+        free_bits(first);
         passed.q_offset = a->q_offset + 1;
         CHECK_STATUS(ctx, aj_backward(ctx, dev, kernel, &passed), AJ_ERR_INVALID_ARG);
         char want[128];
@@ -193,18 +218,34 @@ static bool is_expr(const char *field)
 static void rerun_same_bits(const fb_case *c, const aj_kernel *kernel, const aj_bwd_args *a,
                             tensor *const *outs, void *const *first, int workers)
 {
-    static const char *const names[3] = {"dq", "dk", "dv"};
+    char how[64];
+    snprintf(how, sizeof how, "on a rerun with %d workers", workers);
     CHECK(aj_device_set_workers(dev, workers) == AJ_OK);
-    for (int t = 0; t < 3; t++)
-        poison(outs[t]);
-    CHECK(aj_backward(ctx, dev, kernel, a) == AJ_OK);
-    for (int t = 0; t < 3; t++) {
-        CHECK(aj_device_copy_from(dev, outs[t]->host, outs[t]->t.data,
-                                  tensor_bytes(outs[t])) == AJ_OK);
-        CHECK_MSG(memcmp(first[t], outs[t]->host, tensor_bytes(outs[t])) == 0,
-                  "%s: %s differs on a rerun with %d workers", c->label, names[t], workers);
-    }
+    rerun_expect_bits(c, kernel, a, outs, first, how);
     CHECK(aj_device_set_workers(dev, 0) == AJ_OK);
+}
+
+/* Runs `a` again with c's twin mask, whose tiles the kernels test element
+ * by element, and wants the bits of the first run (on sim the instruction
+ * counts of both are printed): a tile of class full, which skips the
+ * per-element mask test, gives what the test gives. */
+static void rerun_twin_mask(const fb_case *c, const aj_bwd_args *a, tensor *const *outs)
+{
+    uint64_t full = aj_device_last_instructions(dev);
+    fb_case twin = *c;
+    twin.mask = c->twin_mask;
+    aj_op *op = parse(&twin);
+    aj_kernel *kernel = compile(op, &twin);
+    void *first[3];
+    save_bits(outs, first);
+    if (kernel) {
+        rerun_expect_bits(c, kernel, a, outs, first, "with the mask written as its twin");
+        printf("    instructions: %llu with full tiles, %llu with the twin mask\n",
+               (unsigned long long)full, (unsigned long long)aj_device_last_instructions(dev));
+    }
+    free_bits(first);
+    aj_kernel_destroy(kernel);
+    aj_op_destroy(op);
 }
 
 static void run(const fb_case *c)
@@ -374,17 +415,14 @@ static void run(const fb_case *c)
     }
     if (c->pass_mask && st == AJ_OK)
         rerun_passed_mask(c, kernel, &a, outs);
+    if (c->twin_mask && st == AJ_OK)
+        rerun_twin_mask(c, &a, outs);
     if (c->repeat && st == AJ_OK) {
         void *first[3];
-        for (int t = 0; t < 3; t++) {
-            first[t] = malloc(tensor_bytes(outs[t]) + 1);
-            CHECK(aj_device_copy_from(dev, first[t], outs[t]->t.data,
-                                      tensor_bytes(outs[t])) == AJ_OK);
-        }
+        save_bits(outs, first);
         rerun_same_bits(c, kernel, &a, outs, first, 1);
         rerun_same_bits(c, kernel, &a, outs, first, 3);
-        for (int t = 0; t < 3; t++)
-            free(first[t]);
+        free_bits(first);
     }
     for (int t = 0; t < 3; t++) {
         free(want[t]);
@@ -643,6 +681,36 @@ static void test_expressions(void)
     d.b = 2;
     d.sq = d.sk = 150;
     run(&d);
+}
+
+/* Tiles of class full skip the per-element mask test: a causal mask and a
+ * chunked one at 32-aligned lengths and tiles (tiles full, partial on the
+ * diagonal, skipped) give the bits of the same masks written with a rest
+ * the tile classes cannot decide (k % 2 is 0 or 1), whose every tile is
+ * partial; both variants. */
+static void test_full_tiles(void)
+{
+    static const struct { const char *label, *mask, *twin; } masks[2] = {
+        {"causal", "causal(top_left)", "expr(k <= q && (k % 2 == 0 || k % 2 == 1))"},
+        {"chunks of 64", "expr(q / 64 == k / 64)",
+         "expr(q / 64 == k / 64 && (k % 2 == 0 || k % 2 == 1))"},
+    };
+    static const struct { aj_variant variant; const char *name, *schedule; } variants[2] = {
+        {AJ_VARIANT_EFFICIENT, "efficient", "(block_m = 32, block_n = 32, warps = 2, stages = 1)"},
+        {AJ_VARIANT_FLASH, "flash", "(block_m = 32, block_n = 32, warps = 2, stages = 2)"},
+    };
+    for (int v = 0; v < 2; v++)
+        for (int m = 0; m < 2; m++) {
+            char label[128];
+            snprintf(label, sizeof label, "f16 d32 %s %s 128 x 128, full tiles as tested ones",
+                     variants[v].name, masks[m].label);
+            fb_case c = base(label, AJ_DTYPE_F16, 32, masks[m].mask);
+            c.variant = variants[v].variant;
+            c.schedule = variants[v].schedule;
+            c.sq = c.sk = 128;
+            c.twin_mask = masks[m].twin;
+            run(&c);
+        }
 }
 
 /* Valid arguments of a small problem (padded, or varlen of two sequences
@@ -997,17 +1065,19 @@ static void test_score_random(int count)
 
 static void run_suite(int cpu);
 
-/* test_sim_flash_bwd [cuda | cpu | sim] [sweep | scores]: on the sim device
- * (ctest), on a GPU (tests/gpu/run.sh), where no GPU means exit 77,
+/* test_sim_flash_bwd [cuda | cpu | sim] [sweep | scores | full]: on the sim
+ * device (ctest), on a GPU (tests/gpu/run.sh), where no GPU means exit 77,
  * "skipped", or the varlen part on the cpu device; with `sweep`, the
  * backward half of the head-dim sweep instead, with `scores` the score
- * programs' sample (on sim the flash variant's also runs in the suite). */
+ * programs' sample (on sim the flash variant's also runs in the suite),
+ * with `full` full tiles against tested ones (test_full_tiles). */
 int main(int argc, char **argv)
 {
     int gpu = argc > 1 && strcmp(argv[1], "cuda") == 0;
     int cpu = argc > 1 && strcmp(argv[1], "cpu") == 0;
     int sweep = argc > 2 && strcmp(argv[2], "sweep") == 0;
     int scores = argc > 2 && strcmp(argv[2], "scores") == 0;
+    int full = argc > 2 && strcmp(argv[2], "full") == 0;
     on_cpu = cpu;
     CHECK(aj_ctx_create(NULL, &ctx) == AJ_OK);
     aj_status st = aj_device_open(ctx, gpu ? AJ_DEVICE_CUDA : cpu ? AJ_DEVICE_CPU : AJ_DEVICE_SIM,
@@ -1022,6 +1092,8 @@ int main(int argc, char **argv)
         return check_report();
     if (sweep) {
         test_sweep_sample();
+    } else if (full) {
+        test_full_tiles();
     } else if (scores) {
         test_score_examples();
         test_score_random(24);
