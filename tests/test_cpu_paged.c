@@ -67,10 +67,18 @@ static void test_sweep(void)
             c.sq = 2;
             run(&c);
         }
-    static const int sqs[5] = {1, 2, 5, 8, 16};
-    for (int i = 0; i < 5; i++) {
+    /* every page size the layout takes (1..256: a launch argument, one
+     * kernel), pages shuffled */
+    for (int ps = 1; ps <= 256; ps++) {
+        paged_case c = paged_base(AJ_DTYPE_BF16, AJ_DTYPE_BF16, 64, lens, 4);
+        c.page_size = ps;
+        c.pages = PAGED_SHUFFLED;
+        c.sq = 2;
+        run(&c);
+    }
+    for (int sq = 1; sq <= 16; sq++) {
         paged_case c = paged_base(AJ_DTYPE_F16, AJ_DTYPE_F16, 128, lens, 4);
-        c.sq = sqs[i];
+        c.sq = sq;
         c.mask = AJ_MASK_CAUSAL;
         run(&c);
     }
