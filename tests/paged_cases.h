@@ -43,6 +43,7 @@ typedef struct paged_case {
     int splits;                 /* the schedule's; 0: the launch's choice */
     uint64_t seed;
     int fault, fault_seq;       /* PAGED_*: what the device gets wrong (no reference) */
+    int efficient;              /* compile the efficient variant (else flash) */
 } paged_case;
 
 typedef struct paged_result {
@@ -81,11 +82,11 @@ static inline void paged_label(const paged_case *c, char *buf, size_t cap)
     size_t n = strlen(buf);
     if (c->dv && c->dv != c->d)
         n += (size_t)snprintf(buf + n, cap - n, "/%d", c->dv);
-    snprintf(buf + n, cap - n, " ps%d gqa %d:1 b%d sq %d %s%s%s %s splits %d", c->page_size,
+    snprintf(buf + n, cap - n, " ps%d gqa %d:1 b%d sq %d %s%s%s %s splits %d%s", c->page_size,
              c->hq / c->hkv, c->b, c->sq,
              c->mask == AJ_MASK_CAUSAL ? "causal" : c->mask == AJ_MASK_WINDOW ? "window" : "none",
              c->softcap ? " softcap" : "", c->alibi ? " alibi" : "", layouts[c->pages],
-             c->splits);
+             c->splits, c->efficient ? " efficient" : "");
 }
 
 static inline uint64_t paged_rand(uint64_t *s)
@@ -147,7 +148,8 @@ static inline aj_status paged_compile(aj_ctx *ctx, aj_device *dev, const paged_c
                                       aj_kernel **kernel)
 {
     aj_op *op = NULL;
-    aj_status st = aj_op_create(ctx, AJ_KIND_FORWARD, AJ_VARIANT_FLASH, &op);
+    aj_status st = aj_op_create(ctx, AJ_KIND_FORWARD,
+                                c->efficient ? AJ_VARIANT_EFFICIENT : AJ_VARIANT_FLASH, &op);
     if (st != AJ_OK)
         return st;
     aj_op_set_dtype(op, c->dtype);

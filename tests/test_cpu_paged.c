@@ -9,6 +9,7 @@
  * count 1..16 of one problem against the reference and against each other,
  * and the faults the kernel finds (a page outside the cache, a length
  * beyond the table, a negative length), each named by its sequence.
+ * With argument "sim", the GPU kernels on the sim (test_sim below).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -191,20 +192,12 @@ static void test_faults(void)
         }
 }
 
-/* The targets without a paged template say so; the host checks name the
- * argument. */
+/* The host checks name the argument. */
 static void test_errors(void)
 {
     static const int32_t lens[1] = {10};
     paged_case c = paged_base(AJ_DTYPE_F16, AJ_DTYPE_F16, 64, lens, 1);
-    aj_device *sim = NULL;
     aj_kernel *kernel = NULL;
-    if (aj_device_open(ctx, AJ_DEVICE_SIM, 0, &sim) == AJ_OK) {
-        CHECK_STATUS(ctx, paged_compile(ctx, sim, &c, &kernel), AJ_ERR_UNSUPPORTED);
-        CHECK_ERROR(ctx, "forward flash: layout = paged is not implemented for target sim yet "
-                         "(cpu has it)");
-        aj_device_close(sim);
-    }
     CHECK(paged_compile(ctx, dev, &c, &kernel) == AJ_OK);
     aj_fwd_args a = AJ_FWD_ARGS_INIT;
     CHECK_STATUS(ctx, aj_forward(ctx, dev, kernel, &a), AJ_ERR_INVALID_ARG);
@@ -216,15 +209,79 @@ static void test_errors(void)
     aj_kernel_destroy(kernel);
 }
 
-int main(void)
+/*
+ * The sim (the GPU kernels, efficient_fwd.c's paged build, emulated):
+ * the same generator on tiny shapes, for it is slow -- page sizes 1, 16,
+ * 64 and odd ones, shuffled and shared pages, Sq 1..16, GQA 1:1 and 8:1,
+ * head dims 64, 128 and (192, 128), f16 / bf16 queries with f16 and f8
+ * caches, both variants, empty sequences, splits 1..4 (the merge stage),
+ * then the faults of test_faults.
+ */
+static void test_sim(void)
 {
+    static const int32_t lens[3] = {37, 0, 21};
+    static const int page_sizes[5] = {1, 16, 64, 7, 33};
+    for (int i = 0; i < 5; i++) {
+        paged_case c = paged_base(AJ_DTYPE_F16, AJ_DTYPE_F16, 64, lens, 3);
+        c.hq = c.hkv = 1;
+        c.page_size = page_sizes[i];
+        c.pages = i == 3 ? PAGED_SHARED_PREFIX : PAGED_SHUFFLED;
+        c.sq = i + 1;
+        c.mask = AJ_MASK_CAUSAL;
+        c.efficient = i % 2;
+        run(&c);
+    }
+    static const aj_dtype kvs[3] = {AJ_DTYPE_F8E4M3, AJ_DTYPE_F8E5M2, AJ_DTYPE_BF16};
+    for (int i = 0; i < 3; i++) {
+        paged_case c = paged_base(AJ_DTYPE_BF16, kvs[i], 64, lens, 3);
+        c.hq = 8;
+        c.hkv = i == 2 ? 8 : 1;
+        c.sq = 1;
+        run(&c);
+    }
+    static const int dims[2][2] = {{128, 128}, {192, 128}};
+    static const int32_t one[1] = {19};
+    for (int i = 0; i < 2; i++) {
+        paged_case c = paged_base(AJ_DTYPE_F16, AJ_DTYPE_F8E4M3, dims[i][0], one, 1);
+        c.dv = dims[i][1];
+        c.hq = c.hkv = 1;
+        c.sq = 16;
+        c.mask = AJ_MASK_CAUSAL;
+        run(&c);
+    }
+    static const int32_t longer[2] = {70, 45};
+    for (int s = 1; s <= 4; s++) {
+        paged_case c = paged_base(AJ_DTYPE_BF16, AJ_DTYPE_BF16, 64, longer, 2);
+        c.hq = 2;
+        c.hkv = 1;
+        c.sq = 2;
+        c.splits = s;
+        c.page_size = 8;
+        c.mask = AJ_MASK_CAUSAL;
+        run(&c);
+    }
+    static const int32_t empty[2] = {0, 0};
+    paged_case c = paged_base(AJ_DTYPE_BF16, AJ_DTYPE_BF16, 64, empty, 2);
+    c.splits = 2;
+    run(&c);
+}
+
+/* argv[1] "sim": the sim's cases and faults (test_sim_paged); else the
+ * cpu's. */
+int main(int argc, char **argv)
+{
+    int sim = argc > 1 && strcmp(argv[1], "sim") == 0;
     if (aj_ctx_create(NULL, &ctx) != AJ_OK ||
-        aj_device_open(ctx, AJ_DEVICE_CPU, 0, &dev) != AJ_OK) {
-        printf("FAIL: no cpu device\n");
+        aj_device_open(ctx, sim ? AJ_DEVICE_SIM : AJ_DEVICE_CPU, 0, &dev) != AJ_OK) {
+        printf("FAIL: no %s device\n", sim ? "sim" : "cpu");
         return 1;
     }
-    test_sweep();
-    test_splits();
+    if (sim) {
+        test_sim();
+    } else {
+        test_sweep();
+        test_splits();
+    }
     test_faults();
     test_errors();
     aj_device_close(dev);
