@@ -159,7 +159,7 @@ static aj_status plan_schedule(aj_ctx *ctx, const aj_op *op, aj_target target,
     return AJ_OK;
 }
 
-/* Schedules in order of preference: 32 x 32 tiles keep a thread's
+/* Schedules in order of preference: (padded) 32 x 32 tiles keep a thread's
  * accumulators small (4 rows of at most 8 + 2 values; 8 warps halve the
  * rows past head dim 128) so that ptxas needs no spills on sm_80 or
  * sm_90; narrower key tiles and fewer warps where the output columns a
@@ -167,14 +167,20 @@ static aj_status plan_schedule(aj_ctx *ctx, const aj_op *op, aj_target target,
 static aj_status plan_kernel(aj_ctx *ctx, const aj_op *op, aj_target target, efwd_plan *p)
 {
     int wide = max_i(op->head_dim, aj_op_dv(op)) > 128;
+    /* layout = paged (decode: Sq of 1..16 rows) first tries 16-row blocks
+     * over 64-key tiles, so that a tile's rows are mostly real queries and
+     * its loads long */
+    int paged = op->layout == AJ_LAYOUT_PAGED;
     const aj_schedule candidates[] = {
+        {16, 64, 2, 1},            {16, 64, 4, 1},            {16, 32, 4, 1},
         {32, 32, wide ? 8 : 4, 1}, {32, 32, wide ? 4 : 2, 1}, {32, 32, 1, 1},
         {64, 16, 4, 1},            {32, 16, 2, 1},            {16, 16, 1, 1},
         {16, 8, 1, 1},
     };
+    const int first = paged ? 0 : 3;
     const aj_attn_schedule_rule rule = {
-        .candidates = candidates,
-        .n = (int)(sizeof candidates / sizeof candidates[0]),
+        .candidates = candidates + first,
+        .n = (int)(sizeof candidates / sizeof candidates[0]) - first,
         .plan = plan_schedule,
     };
     return aj_attn_plan_schedule(ctx, op, target, &rule, p);

@@ -209,61 +209,14 @@ static void test_errors(void)
     aj_kernel_destroy(kernel);
 }
 
-/*
- * The sim (the GPU kernels, efficient_fwd.c's paged build, emulated):
- * the same generator on tiny shapes, for it is slow -- page sizes 1, 16,
- * 64 and odd ones, shuffled and shared pages, Sq 1..16, GQA 1:1 and 8:1,
- * head dims 64, 128 and (192, 128), f16 / bf16 queries with f16 and f8
- * caches, both variants, empty sequences, splits 1..4 (the merge stage),
- * then the faults of test_faults.
- */
+/* The sim (the GPU kernels, efficient_fwd.c's paged build, emulated):
+ * paged_gpu_cases, tiny shapes, for it is slow. */
 static void test_sim(void)
 {
-    static const int32_t lens[3] = {37, 0, 21};
-    static const int page_sizes[5] = {1, 16, 64, 7, 33};
-    for (int i = 0; i < 5; i++) {
-        paged_case c = paged_base(AJ_DTYPE_F16, AJ_DTYPE_F16, 64, lens, 3);
-        c.hq = c.hkv = 1;
-        c.page_size = page_sizes[i];
-        c.pages = i == 3 ? PAGED_SHARED_PREFIX : PAGED_SHUFFLED;
-        c.sq = i + 1;
-        c.mask = AJ_MASK_CAUSAL;
-        c.efficient = i % 2;
-        run(&c);
-    }
-    static const aj_dtype kvs[3] = {AJ_DTYPE_F8E4M3, AJ_DTYPE_F8E5M2, AJ_DTYPE_BF16};
-    for (int i = 0; i < 3; i++) {
-        paged_case c = paged_base(AJ_DTYPE_BF16, kvs[i], 64, lens, 3);
-        c.hq = 8;
-        c.hkv = i == 2 ? 8 : 1;
-        c.sq = 1;
-        run(&c);
-    }
-    static const int dims[2][2] = {{128, 128}, {192, 128}};
-    static const int32_t one[1] = {19};
-    for (int i = 0; i < 2; i++) {
-        paged_case c = paged_base(AJ_DTYPE_F16, AJ_DTYPE_F8E4M3, dims[i][0], one, 1);
-        c.dv = dims[i][1];
-        c.hq = c.hkv = 1;
-        c.sq = 16;
-        c.mask = AJ_MASK_CAUSAL;
-        run(&c);
-    }
-    static const int32_t longer[2] = {70, 45};
-    for (int s = 1; s <= 4; s++) {
-        paged_case c = paged_base(AJ_DTYPE_BF16, AJ_DTYPE_BF16, 64, longer, 2);
-        c.hq = 2;
-        c.hkv = 1;
-        c.sq = 2;
-        c.splits = s;
-        c.page_size = 8;
-        c.mask = AJ_MASK_CAUSAL;
-        run(&c);
-    }
-    static const int32_t empty[2] = {0, 0};
-    paged_case c = paged_base(AJ_DTYPE_BF16, AJ_DTYPE_BF16, 64, empty, 2);
-    c.splits = 2;
-    run(&c);
+    paged_case cases[PAGED_GPU_CASES];
+    int n = paged_gpu_cases(cases);
+    for (int i = 0; i < n; i++)
+        run(&cases[i]);
 }
 
 /* argv[1] "sim": the sim's cases and faults (test_sim_paged); else the
