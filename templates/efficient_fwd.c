@@ -149,7 +149,7 @@ static aj_status plan_schedule(aj_ctx *ctx, const aj_op *op, aj_target target,
     int64_t bytes = 4 * ((int64_t)p->bm * p->ldq + (int64_t)p->bn * p->ldkv +
                          (int64_t)p->bm * p->ldp);
     if (p->paged)
-        bytes += 2 * aj_tile_paged_rows_bytes(p->bn);   /* two tiles' row tables */
+        bytes += aj_tile_paged_rows_bytes(p->bn);   /* the tile's row table */
     if (bytes > aj_target_smem_limit(target))
         return aj_fail(ctx, AJ_ERR_UNSUPPORTED,
                        "schedule: block_m = %d, block_n = %d needs %lld bytes of shared "
@@ -603,7 +603,7 @@ static void begin_cta(efwd *e)
     p->smem_kv = aj_kb_smem_reserve(kb, 4 * p->bn * p->ldkv);
     p->smem_p = aj_kb_smem_reserve(kb, 4 * p->bm * p->ldp);
     if (p->paged)
-        p->smem_rows = aj_kb_smem_reserve(kb, 2 * aj_tile_paged_rows_bytes(p->bn));
+        p->smem_rows = aj_kb_smem_reserve(kb, aj_tile_paged_rows_bytes(p->bn));
     alloc_state(e);
     e->tid = aj_kb_thread_id(kb);
     e->lane = LLVMBuildAnd(e->b, e->tid, aj_kb_i32(kb, p->g - 1), "lane");
@@ -620,10 +620,9 @@ typedef struct efwd_kv {
 
 /*
  * Key blocks [n_begin, n_end) of the rows at e->m0.  Per block: (paged)
- * the row table of its keys into buffer n % 2 -- the readers of that
- * buffer, two blocks back, are past this block's first barrier's
- * predecessor -- then barrier, load K, barrier, S = Q K^T, softmax,
- * barrier, load V, barrier, O += P V.
+ * the row table of its keys -- its last readers, the previous block's V
+ * loads, are behind that block's last barrier -- then barrier, load K,
+ * barrier, S = Q K^T, softmax, barrier, load V, barrier, O += P V.
  */
 static void emit_key_blocks(efwd *e, efwd_kv *kv, LLVMValueRef n_begin, LLVMValueRef n_end)
 {
@@ -637,19 +636,12 @@ static void emit_key_blocks(efwd *e, efwd_kv *kv, LLVMValueRef n_begin, LLVMValu
     if (aj_score_has_rest(e->prog))
         aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntNE, cls, aj_kb_i32(kb, AJ_TILE_SKIP), ""));
     kv->k.row0 = kv->v.row0 = n0;
-    LLVMValueRef rows = NULL;
-    if (kv->bidx) {
-        LLVMValueRef odd = LLVMBuildAnd(b, n, aj_kb_i32(kb, 1), "");
-        rows = LLVMBuildAdd(b, aj_kb_i32(kb, p->smem_rows), LLVMBuildMul(b, odd,
-                            aj_kb_i32(kb, aj_tile_paged_rows_bytes(p->bn)), ""), "");
-        aj_tile_paged_rows(kb, rows, p->bn, n0, e->seq_k, kv->bidx, e->tid, p->threads);
-    }
-    aj_kb_barrier(kb);   /* previous block's readers of K/V and P are done */
+    LLVMValueRef rows = kv->bidx ? aj_kb_i32(kb, p->smem_rows) : NULL;
     if (rows)
-        aj_tile_load_paged_f32(kb, &kv->k, rows, kv->k_stride_page, p->bn, p->d, p->smem_kv,
-                               p->ldkv, e->tid, p->threads);
-    else
-        aj_tile_load_f32(kb, &kv->k, p->bn, p->d, p->smem_kv, p->ldkv, e->tid, p->threads);
+        aj_tile_paged_rows(kb, rows, p->bn, n0, e->seq_k, kv->bidx, e->tid, p->threads);
+    aj_kb_barrier(kb);   /* previous block's readers of K/V and P are done */
+    aj_tile_load_paged_f32(kb, &kv->k, rows, kv->k_stride_page, p->bn, p->d, p->smem_kv,
+                           p->ldkv, e->tid, p->threads);
     aj_kb_barrier(kb);
     emit_qk(e);
     efwd_tile tile = {e, n0};
@@ -657,11 +649,8 @@ static void emit_key_blocks(efwd *e, efwd_kv *kv, LLVMValueRef n_begin, LLVMValu
                                         ""), e->seq_k, "");
     aj_score_by_tile_class(kb, cls, inside, emit_softmax_tile, &tile);
     aj_kb_barrier(kb);   /* K fully read; P fully written */
-    if (rows)
-        aj_tile_load_paged_f32(kb, &kv->v, rows, kv->v_stride_page, p->bn, p->dv, p->smem_kv,
-                               p->ldkv, e->tid, p->threads);
-    else
-        aj_tile_load_f32(kb, &kv->v, p->bn, p->dv, p->smem_kv, p->ldkv, e->tid, p->threads);
+    aj_tile_load_paged_f32(kb, &kv->v, rows, kv->v_stride_page, p->bn, p->dv, p->smem_kv,
+                           p->ldkv, e->tid, p->threads);
     aj_kb_barrier(kb);
     emit_pv(e);
     if (aj_score_has_rest(e->prog))
@@ -796,8 +785,9 @@ static void build_paged_parts(efwd *e)
     LLVMValueRef q_base = aj_attn_slice_base(kb, "q", bidx, h);
     LLVMValueRef mb = aj_kb_for_begin(kb, aj_kb_i32(kb, 0), e->seq_q, aj_kb_i32(kb, p->bm), "mb");
     {
+        /* no barrier: the previous row block's last readers of Q (and of
+         * the row table) are behind its last key block's barriers */
         e->m0 = mb;
-        aj_kb_barrier(kb);   /* the previous row block's readers of Q are done */
         reset_state(e);
         aj_tile_src qsrc = {p64(e, "q"), q_base, p64(e, "stride_q_s"), mb, e->seq_q, p->dtype};
         aj_tile_load_f32(kb, &qsrc, p->bm, p->d, p->smem_q, p->ldq, e->tid, p->threads);

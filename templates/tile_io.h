@@ -26,7 +26,8 @@ typedef struct aj_tile_src {
  *
  *   elem_base + page[r] stride_page + in_page[r] row_stride
  *
- * page[r] = -1 reading as zero (src's row0 and rows_limit unused). */
+ * page[r] = -1 reading as zero (src's row0 and rows_limit unused).  With
+ * rows_smem NULL it is aj_tile_load_f32. */
 void aj_tile_load_paged_f32(aj_kb *kb, const aj_tile_src *src, LLVMValueRef rows_smem,
                             LLVMValueRef stride_page, int rows, int width, int32_t smem_off,
                             int ld, LLVMValueRef tid, int threads);
