@@ -397,14 +397,10 @@ int main(int argc, char **argv)
                                                   " mask = window(64, 0, bottom_right)"},
             {"f16 d256 acc+bias+dropout", "dtype = f16\n head_dim = 256\n accumulate = true\n"
                                           " bias = add\n dropout = 0.2"},
-            /* layout = paged: the split-KV parts and their merge */
+            /* layout = paged: the split-KV parts and their merge, an f8
+             * cache and the widest head dim (the most registers: 176) */
             {"paged f16/e4m3 d128 causal", "dtype = f16\n head_dim = 128\n layout = paged\n"
                                            " kv_dtype = f8e4m3\n mask = causal(bottom_right)"},
-            {"paged bf16 d64 window", "dtype = bf16\n head_dim = 64\n layout = paged\n"
-                                      " mask = window(64, 0, bottom_right)"},
-            {"paged bf16/e5m2 d192/128 softcap", "dtype = bf16\n head_dim = 192\n"
-                                                 " head_dim_v = 128\n layout = paged\n"
-                                                 " kv_dtype = f8e5m2\n score_mod = softcap(30.0)"},
             {"paged f16 d256 alibi", "dtype = f16\n head_dim = 256\n layout = paged\n"
                                      " score_mod = alibi\n mask = causal(bottom_right)"},
         };
