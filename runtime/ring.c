@@ -808,10 +808,31 @@ static aj_status add_rows(float *acc, int64_t acc_rows, int64_t row0, const void
  * up. */
 typedef struct bwd_parts {
     void *dq, *dk, *dv;              /* device */
-    void *dq_h, *dk_h, *dv_h;        /* host */
+    void *dq_h, *dk_h, *dv_h;        /* host (on host-memory devices: dq, dk, dv) */
     size_t dq_bytes, dk_bytes, dv_bytes;
     float *scratch;
 } bwd_parts;
+
+/* A gradient part of `bytes`: in device memory, and its host copy (where
+ * device memory is host memory, the same buffer: added where the kernel
+ * wrote it). */
+static aj_status alloc_part(const ring_plan *p, size_t bytes, void **dev, void **host)
+{
+    aj_status st = dev_alloc(p, bytes, dev);
+    if (st == AJ_OK && p->host_memory)
+        *host = *dev;
+    else if (st == AJ_OK)
+        st = alloc_host(p, bytes, 0, host);
+    return st;
+}
+
+/* Frees alloc_part's host copy (the device buffer is freed with the
+ * others). */
+static void free_part(const ring_plan *p, void *host)
+{
+    if (!p->host_memory)
+        aj_device_host_free(p->dev, host);
+}
 
 /* Q against the K/V block of ring step `step`: dQ parts into dq_acc,
  * the block's dK/dV parts into dkv (f32, K part then V part, as kv). */
@@ -847,9 +868,11 @@ static aj_status bwd_block(ring_plan *p, const ring_kernels *kern, const aj_ring
         SET_PAIR_LAUNCH(b, p, a, x);
         double t0 = aj_now();
         AJ_TRY(aj_backward(p->ctx, p->dev, kernel_for(kern, x->block), &b));
-        AJ_TRY(from_dev(p, parts->dq_h, parts->dq, parts->dq_bytes));
-        AJ_TRY(from_dev(p, parts->dk_h, parts->dk, parts->dk_bytes));
-        AJ_TRY(from_dev(p, parts->dv_h, parts->dv, parts->dv_bytes));
+        if (!p->host_memory) {
+            AJ_TRY(from_dev(p, parts->dq_h, parts->dq, parts->dq_bytes));
+            AJ_TRY(from_dev(p, parts->dk_h, parts->dk, parts->dk_bytes));
+            AJ_TRY(from_dev(p, parts->dv_h, parts->dv, parts->dv_bytes));
+        }
         AJ_TRY(ring_wait(p, "the block's kernels"));
         AJ_TRY(add_rows(dq_acc, p->lq, x->q.local, parts->dq_h, dt, p->B * p->Hq, cq, p->D,
                         parts->scratch));
@@ -907,6 +930,7 @@ aj_status aj_ring_backward(aj_ctx *ctx, aj_device *dev, aj_comm *comm, const aj_
     void *gathered = NULL, *all_dkv = NULL, *typed = NULL;
     bwd_parts parts = {0};
     void *kv_dev = NULL;   /* device */
+    const void *block = NULL;   /* the visiting K/V block the kernels read */
     aj_comm_req reqs[2] = {{0}, {0}};   /* K/V, dK/dV */
     aj_status st = AJ_OK;
     const double start = aj_now();
@@ -927,17 +951,15 @@ aj_status aj_ring_backward(aj_ctx *ctx, aj_device *dev, aj_comm *comm, const aj_
     parts.dv_bytes = (size_t)(p.B * p.Hkv * ck * p.Dv) * p.elem;
     AJ_TRY(alloc_host(&p, dq_count * sizeof(float), 1, &dq_acc));
     AJ_TRY(alloc_host(&p, (dq_count > dkv_count ? dq_count : dkv_count) * p.elem, 0, &typed));
-    AJ_TRY(dev_alloc(&p, parts.dq_bytes, &parts.dq));
-    AJ_TRY(dev_alloc(&p, parts.dk_bytes, &parts.dk));
-    AJ_TRY(dev_alloc(&p, parts.dv_bytes, &parts.dv));
-    AJ_TRY(alloc_host(&p, parts.dq_bytes, 0, &parts.dq_h));
-    AJ_TRY(alloc_host(&p, parts.dk_bytes, 0, &parts.dk_h));
-    AJ_TRY(alloc_host(&p, parts.dv_bytes, 0, &parts.dv_h));
+    AJ_TRY(alloc_part(&p, parts.dq_bytes, &parts.dq, &parts.dq_h));
+    AJ_TRY(alloc_part(&p, parts.dk_bytes, &parts.dk, &parts.dk_h));
+    AJ_TRY(alloc_part(&p, parts.dv_bytes, &parts.dv, &parts.dv_h));
     AJ_TRY(alloc_host(&p, (size_t)(chunk * width) * sizeof(float), 0,
                       (void **)&parts.scratch));
     AJ_TRY(alloc_host(&p, kv_bytes, 0, &kv[0]));
     AJ_TRY(pack_kv(&p, &args->k, &args->v, kv[0]));
-    AJ_TRY(dev_alloc(&p, kv_bytes, &kv_dev));
+    if (!p.host_memory)   /* as the forward: in place where device memory is host memory */
+        AJ_TRY(dev_alloc(&p, kv_bytes, &kv_dev));
 
     float *own = NULL;    /* this rank's dK/dV, f32, when done */
     if (args->rotate == AJ_ROTATE_P2P) {
@@ -950,9 +972,9 @@ aj_status aj_ring_backward(aj_ctx *ctx, aj_device *dev, aj_comm *comm, const aj_
             if (s < p.size - 1)
                 AJ_TRY(exchange_start(&p, &reqs[0], "K/V", kv[kc], kv[kc ^ 1], kv_bytes,
                                       TAG_KV));
-            AJ_TRY(to_dev(&p, kv_dev, kv[kc], kv_bytes));
+            AJ_TRY(visiting_block(&p, kv_dev, kv[kc], kv_bytes, &block));
             memset(step, 0, dkv_count * sizeof(float));
-            AJ_TRY(bwd_block(&p, &kern, args, kv_dev, s, dq_acc, step, &parts, reqs, 2));
+            AJ_TRY(bwd_block(&p, &kern, args, block, s, dq_acc, step, &parts, reqs, 2));
             /* acc[ac]: the step's block's accumulator, fresh at step 0, else just
              * received from rank r-1 */
             AJ_TRY(exchange_finish(&p, &reqs[1]));
@@ -986,8 +1008,9 @@ aj_status aj_ring_backward(aj_ctx *ctx, aj_device *dev, aj_comm *comm, const aj_
         }
         for (int s = 0; s < p.size; s++) {
             const size_t src = (size_t)step_src(&p, s);
-            AJ_TRY(to_dev(&p, kv_dev, (char *)gathered + src * kv_bytes, kv_bytes));
-            AJ_TRY(bwd_block(&p, &kern, args, kv_dev, s, dq_acc,
+            AJ_TRY(visiting_block(&p, kv_dev, (char *)gathered + src * kv_bytes, kv_bytes,
+                                  &block));
+            AJ_TRY(bwd_block(&p, &kern, args, block, s, dq_acc,
                              (float *)all_dkv + src * dkv_count, &parts, reqs, 0));
         }
         if (p.size > 1) {
@@ -1012,9 +1035,12 @@ done:
     free_kernels(&kern);
     plan_free(&p);
     void *host[] = {kv[0], kv[1], acc[0], acc[1], step, dq_acc, gathered, all_dkv, typed,
-                    parts.dq_h, parts.dk_h, parts.dv_h, parts.scratch};
+                    parts.scratch};
     for (size_t i = 0; i < sizeof host / sizeof host[0]; i++)
         aj_device_host_free(dev, host[i]);
+    free_part(&p, parts.dq_h);
+    free_part(&p, parts.dk_h);
+    free_part(&p, parts.dv_h);
     void *device[] = {kv_dev, parts.dq, parts.dk, parts.dv};
     for (size_t i = 0; i < sizeof device / sizeof device[0]; i++)
         if (device[i])
