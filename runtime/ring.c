@@ -498,13 +498,18 @@ static aj_status store_rows(const ring_plan *p, const float *acc, const float *l
                             size_t rows, void *dst)
 {
     const size_t dv = (size_t)p->Dv;
-    for (size_t r = 0; r < rows; r++) {
+    /* runs of rows alike: one conversion (or clearing) per run */
+    for (size_t r = 0, end; r < rows; r = end) {
+        const bool empty = lse[r] == -INFINITY;
+        for (end = r + 1; end < rows && (lse[end] == -INFINITY) == empty; end++)
+            ;
         char *out = (char *)dst + r * dv * p->elem;
-        if (lse[r] == -INFINITY) {
-            memset(out, 0, dv * p->elem);
+        const size_t n = (end - r) * dv;
+        if (empty) {
+            memset(out, 0, n * p->elem);
             continue;
         }
-        aj_status st = aj_convert(acc + r * dv, AJ_DTYPE_F32, out, p->op.dtype, dv);
+        aj_status st = aj_convert(acc + r * dv, AJ_DTYPE_F32, out, p->op.dtype, n);
         if (st != AJ_OK)
             return st;
     }
