@@ -27,7 +27,9 @@
  *   ring p2p backward  (P-1) B Hkv L (D + Dv) e + P B Hkv L (D + Dv) 4
  *
  * (L: the per-rank length, e: bytes per element; measured is the formula
- * plus the opening agreement, (P-1) x 152 bytes).  The methods take turns
+ * plus the opening agreement, (P-1) x 152 bytes -- the ring's formula is
+ * its message path: ranks on one node share memory and send only the
+ * agreement, docs/ring.md).  The methods take turns
  * case by case, 5 rounds; each row is the method's median round.
  *
  * Part 2, a model for GPUs: a ring step hides its K/V exchange when the
