@@ -183,6 +183,27 @@ static aj_status mpi_alltoallv(aj_comm *comm, const void *send, const size_t *se
     return st;
 }
 
+/* MPI_Comm_split has no nonblocking form: it blocks until every rank of
+ * comm calls it.  method = hybrid calls it right after the opening
+ * agreement, which every rank passed within the timeout. */
+static aj_status mpi_split(aj_comm *comm, int color, int key, aj_comm *sub)
+{
+    mpi_state *s = calloc(1, sizeof *s);
+    if (!s)
+        return aj_fail(comm->ctx, AJ_ERR_OUT_OF_MEMORY, "MPI: split: out of memory");
+    int rc = MPI_Comm_split(mpi_comm_of(comm), color, key, &s->comm);
+    if (rc != MPI_SUCCESS) {
+        free(s);
+        return mpi_fail(comm, rc, "MPI_Comm_split");
+    }
+    MPI_Comm_set_errhandler(s->comm, MPI_ERRORS_RETURN);
+    MPI_Comm_rank(s->comm, &sub->rank);
+    MPI_Comm_size(s->comm, &sub->size);
+    sub->impl = s;
+    sub->engine = comm->engine;
+    return AJ_OK;
+}
+
 static void mpi_destroy(aj_comm *comm)
 {
     mpi_state *s = comm->impl;
@@ -201,6 +222,7 @@ static const aj_comm_engine mpi_engine = {
     .allgather = mpi_allgather,
     .reduce_scatter_f32 = mpi_reduce_scatter_f32,
     .alltoallv = mpi_alltoallv,
+    .split = mpi_split,
     .destroy = mpi_destroy,
 };
 
