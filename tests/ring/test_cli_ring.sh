@@ -129,9 +129,26 @@ want 0 "ring: 3 ranks, ulysses, zigzag, all-to-all, forward + backward, on "
   >out.txt 2>&1
 rc=$?
 want 2 "method = ulysses over 3 ranks needs the key/value heads (2) to divide by 3"
-"$mpiexec" -n 1 "$aj" ring "$spec" --device cpu --method hybrid "${io[@]}" >out.txt 2>&1
+# hybrid: 4 ranks as 2 Ulysses groups of 2 and a ring of 2 across them, 30
+# positions (zigzag chunks of 4 and 3), GQA 4:2, against one rank
+for t in q:31:4 k:32:2 v:33:2 do:34:4; do
+  IFS=: read -r name seed heads <<<"$t"
+  perl "$root/scripts/npy_random.pl" "h$name.npy" "$seed" 1 "$heads" 30 64
+done
+"$mpiexec" -n 4 "$aj" ring "$spec" --device cpu --method hybrid --ulysses-size 2 \
+  --layout zigzag --in q=hq.npy --in k=hk.npy --in v=hv.npy --out o=ho.npy --grad \
+  --in do=hdo.npy --out dq=hdq.npy --out dk=hdk.npy --out dv=hdv.npy --check --workers 1 \
+  >out.txt 2>&1
 rc=$?
-want 1 "--method takes ring or ulysses, not 'hybrid'"
+want 0 "of the tolerance: match"
+want 0 "ring: 4 ranks, hybrid (2 groups of 2), zigzag, all-to-all + p2p, forward + backward, on "
+"$mpiexec" -n 2 "$aj" ring "$spec" --device cpu --method hybrid "${io[@]}" --out o=o.npy \
+  >out.txt 2>&1
+rc=$?
+want 2 "ulysses_size = 0 over 2 ranks; method = hybrid takes the size U of its Ulysses groups"
+"$mpiexec" -n 1 "$aj" ring "$spec" --device cpu --method tree "${io[@]}" >out.txt 2>&1
+rc=$?
+want 1 "--method takes ring, ulysses or hybrid, not 'tree'"
 
 "$mpiexec" -n 2 "$aj" ring "$spec" --device sim --layout zigzag "${io[@]}" --out o=o.npy \
   --grad --out dq=dq.npy >out.txt 2>&1
