@@ -4,7 +4,8 @@
  *
  *   mpirun -np P bench_ring [--len L[,L...]] [--heads H] [--dim D]
  *                           [--tflops T[,T...]] [--workers N] [--device cpu|sim]
- *                           [--method ring|ulysses|both]
+ *                           [--method ring|ulysses|hybrid|both|all]
+ *                           [--ulysses-size U]
  *
  * Part 1, measured on this machine's CPU ranks: a ring forward (p2p) per
  * per-rank length L, no mask (contiguous) and causal (zigzag), each run
@@ -22,10 +23,15 @@
  *   ring p2p forward   (P-1) B Hkv L (D + Dv) e
  *   Ulysses forward    (P-1)/P B L (Hq D + 2 Hkv D) e      (q, k, v in)
  *                    + (P-1)/P B L Hq (Dv e + 4)            (o, lse out)
+ *   hybrid forward     Ulysses' with U for P                (in the groups)
+ *                    + (R-1) B Hkv L (D + Dv) e             (the ring across)
  *
  * (L: the per-rank length, e: bytes per element; measured is the formula
- * plus the opening agreement, (P-1) x 152 bytes).  The methods take turns
- * case by case, 5 rounds; each row is the method's median round.
+ * plus the opening agreement, (P-1) x 152 bytes.  Hybrid, --method hybrid
+ * or all: P = U x R, U = --ulysses-size, default 2: its all-to-alls
+ * overlap nothing, its ring's exchanges overlap the ring's compute.)  The
+ * methods take turns case by case, 5 rounds; each row is the method's
+ * median round.
  *
  * Part 2, a model for GPUs: a ring step hides its K/V exchange when the
  * block's compute takes at least as long as the transfer:
@@ -52,6 +58,8 @@
 #define MAX_LIST 8
 
 static int rank, size;
+static int ulysses_size = 2;   /* hybrid's U */
+static const char *const method_names[AJ_METHOD_COUNT] = {"ring", "ulysses", "hybrid"};
 
 static int parse_list(const char *s, double *out)
 {
@@ -111,6 +119,7 @@ static int run_case(aj_ctx *ctx, aj_device *dev, aj_comm *comm, aj_cp_method met
     a.lse = dense(lse, AJ_DTYPE_F32, 3, 1, heads, len, 0);
     a.layout = causal ? AJ_SHARD_ZIGZAG : AJ_SHARD_CONTIGUOUS;
     a.method = method;
+    a.ulysses_size = method == AJ_METHOD_HYBRID ? ulysses_size : 0;
     aj_ring_stats s = {0};
     aj_status st = AJ_OK;
     for (int pass = 0; pass < 2 && st == AJ_OK; pass++) {   /* pass 0 compiles */
@@ -197,10 +206,12 @@ static int median_round(const aj_ring_stats *s, int n)
 /* The formula's bytes a rank sends in one forward (header comment). */
 static double formula_bytes(aj_cp_method method, int64_t len, int heads, int dim)
 {
-    const double P = size, e = 2, L = (double)len, H = heads, D = dim;
+    const double e = 2, L = (double)len, H = heads, D = dim;
+    const double U = method == AJ_METHOD_HYBRID ? ulysses_size : size, R = size / U;
     if (method == AJ_METHOD_RING)
-        return (P - 1) * H * L * 2 * D * e;
-    return (P - 1) / P * L * 3 * H * D * e + (P - 1) / P * L * H * (D * e + 4);
+        return (size - 1) * H * L * 2 * D * e;
+    const double across = method == AJ_METHOD_HYBRID ? (R - 1) * H * L * 2 * D * e : 0;
+    return (U - 1) / U * L * 3 * H * D * e + (U - 1) / U * L * H * (D * e + 4) + across;
 }
 
 int main(int argc, char **argv)
@@ -210,7 +221,7 @@ int main(int argc, char **argv)
     MPI_Comm_size(MPI_COMM_WORLD, &size);
     double lens[MAX_LIST] = {64, 256}, tflops[MAX_LIST] = {25, 100, 400};
     int nl = 2, nt = 3, heads = 2, dim = 64, workers = 1;
-    int first = AJ_METHOD_RING, last = AJ_METHOD_RING;
+    int runs[AJ_METHOD_COUNT] = {1, 0, 0};   /* which methods run */
     aj_device_kind kind = AJ_DEVICE_CPU;
     for (int i = 1; i + 1 < argc; i += 2) {
         if (strcmp(argv[i], "--len") == 0)
@@ -225,9 +236,14 @@ int main(int argc, char **argv)
             workers = atoi(argv[i + 1]);
         else if (strcmp(argv[i], "--device") == 0)
             kind = strcmp(argv[i + 1], "sim") == 0 ? AJ_DEVICE_SIM : AJ_DEVICE_CPU;
+        else if (strcmp(argv[i], "--ulysses-size") == 0)
+            ulysses_size = atoi(argv[i + 1]);
         else if (strcmp(argv[i], "--method") == 0) {
-            first = strcmp(argv[i + 1], "ulysses") == 0 ? AJ_METHOD_ULYSSES : AJ_METHOD_RING;
-            last = strcmp(argv[i + 1], "ring") == 0 ? AJ_METHOD_RING : AJ_METHOD_ULYSSES;
+            const char *m = argv[i + 1];
+            const int all = strcmp(m, "all") == 0, both = strcmp(m, "both") == 0;
+            for (int k = 0; k < AJ_METHOD_COUNT; k++)
+                runs[k] = all || strcmp(m, method_names[k]) == 0 ||
+                          (both && k != AJ_METHOD_HYBRID);
         }
     }
     aj_ctx *ctx = NULL;
@@ -256,10 +272,12 @@ int main(int argc, char **argv)
             double alone[AJ_METHOD_COUNT][ROUNDS] = {{0}};
             uint64_t sent[AJ_METHOD_COUNT] = {0};
             for (int r = 0; r < ROUNDS && !failed; r++)
-                for (int m = first; m <= last && !failed; m++)
-                    failed = run_case(ctx, dev, comm, (aj_cp_method)m, c, (int64_t)lens[i],
+                for (int m = 0; m < AJ_METHOD_COUNT && !failed; m++)
+                    failed = !runs[m] ? 0 : run_case(ctx, dev, comm, (aj_cp_method)m, c, (int64_t)lens[i],
                                       heads, dim, &s[m][r], &alone[m][r], &sent[m]);
-            for (int m = first; m <= last && !failed && rank == 0; m++) {
+            for (int m = 0; m < AJ_METHOD_COUNT && !failed && rank == 0; m++) {
+                if (!runs[m])
+                    continue;
                 const int r = median_round(s[m], ROUNDS);
                 const aj_ring_stats *x = &s[m][r];
                 /* hidden: the share of the transfer time the ring did not wait
@@ -267,7 +285,7 @@ int main(int argc, char **argv)
                 double hidden = m == AJ_METHOD_RING && alone[m][r] > 0
                                     ? 1.0 - x->exposed_comm_s / alone[m][r] : 0.0;
                 printf("%-8s %-20s %5.0f %9.2f %11.2f %12.3f %11.3f %10.3f %7.0f%% %11llu "
-                       "%11.0f\n", m == AJ_METHOD_RING ? "ring" : "ulysses",
+                       "%11.0f\n", method_names[m],
                        c ? "causal, zigzag" : "no mask, contiguous", lens[i],
                        1e3 * x->total_s, 1e3 * x->compute_s,
                        1e3 * (m == AJ_METHOD_RING ? alone[m][r] : x->comm_s),
