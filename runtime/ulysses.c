@@ -578,6 +578,18 @@ static aj_status ring_across(uly_call *c, const aj_op *op, const aj_ring_fwd_arg
 
 enum { FWD_Q, FWD_K, FWD_V, FWD_O, FWD_LSE, FWD_COUNT };
 
+/* The head shards as the forward kernel's (aj_fwd_args) or the hybrid's
+ * ring's (aj_ring_fwd_args) tensors, with the rank's alibi slopes. */
+#define SET_FWD_VIEWS(x, c, slopes)                      \
+    do {                                                 \
+        (x).q = (c).view[FWD_Q];                         \
+        (x).k = (c).view[FWD_K];                         \
+        (x).v = (c).view[FWD_V];                         \
+        (x).o = (c).view[FWD_O];                         \
+        (x).lse = (c).view[FWD_LSE];                     \
+        (x).alibi_slopes = slice_slopes(&(c).p, slopes); \
+    } while (0)
+
 aj_status aj_ulysses_forward(aj_ctx *ctx, aj_device *dev, aj_comm *comm, const aj_op *op,
                              const aj_ring_fwd_args *a, aj_ring_stats *stats)
 {
@@ -602,21 +614,11 @@ aj_status aj_ulysses_forward(aj_ctx *ctx, aj_device *dev, aj_comm *comm, const a
     AJ_TRY(begin(&c, op, io, FWD_COUNT, FWD_O));
     if (p->across) {
         aj_ring_fwd_args r = *a;
-        r.q = c.view[FWD_Q];
-        r.k = c.view[FWD_K];
-        r.v = c.view[FWD_V];
-        r.o = c.view[FWD_O];
-        r.lse = c.view[FWD_LSE];
-        r.alibi_slopes = slice_slopes(p, &a->alibi_slopes);
+        SET_FWD_VIEWS(r, c, &a->alibi_slopes);
         AJ_TRY(ring_across(&c, op, &r, NULL));
     } else if (p->sq > 0) {
         aj_fwd_args f = AJ_FWD_ARGS_INIT;
-        f.q = c.view[FWD_Q];
-        f.k = c.view[FWD_K];
-        f.v = c.view[FWD_V];
-        f.o = c.view[FWD_O];
-        f.lse = c.view[FWD_LSE];
-        f.alibi_slopes = slice_slopes(p, &a->alibi_slopes);
+        SET_FWD_VIEWS(f, c, &a->alibi_slopes);
         f.side = a->side;
         f.num_side = a->num_side;
         f.stream = p->stream;
@@ -632,6 +634,21 @@ done:
 /* ---------------------------------------------------------------- backward */
 
 enum { BWD_Q, BWD_K, BWD_V, BWD_O, BWD_DO, BWD_LSE, BWD_DQ, BWD_DK, BWD_DV, BWD_COUNT };
+
+/* The same for the backward (aj_bwd_args, aj_ring_bwd_args). */
+#define SET_BWD_VIEWS(x, c, slopes)                      \
+    do {                                                 \
+        (x).q = (c).view[BWD_Q];                         \
+        (x).k = (c).view[BWD_K];                         \
+        (x).v = (c).view[BWD_V];                         \
+        (x).o = (c).view[BWD_O];                         \
+        (x).do_ = (c).view[BWD_DO];                      \
+        (x).lse = (c).view[BWD_LSE];                     \
+        (x).dq = (c).view[BWD_DQ];                       \
+        (x).dk = (c).view[BWD_DK];                       \
+        (x).dv = (c).view[BWD_DV];                       \
+        (x).alibi_slopes = slice_slopes(&(c).p, slopes); \
+    } while (0)
 
 aj_status aj_ulysses_backward(aj_ctx *ctx, aj_device *dev, aj_comm *comm, const aj_op *op,
                               const aj_ring_bwd_args *a, aj_ring_stats *stats)
@@ -670,29 +687,11 @@ aj_status aj_ulysses_backward(aj_ctx *ctx, aj_device *dev, aj_comm *comm, const 
     const int launch = p->sq > 0 && p->sk > 0;   /* else every gradient is 0 */
     if (p->across) {
         aj_ring_bwd_args r = *a;
-        r.q = c.view[BWD_Q];
-        r.k = c.view[BWD_K];
-        r.v = c.view[BWD_V];
-        r.o = c.view[BWD_O];
-        r.do_ = c.view[BWD_DO];
-        r.lse = c.view[BWD_LSE];
-        r.dq = c.view[BWD_DQ];
-        r.dk = c.view[BWD_DK];
-        r.dv = c.view[BWD_DV];
-        r.alibi_slopes = slice_slopes(p, &a->alibi_slopes);
+        SET_BWD_VIEWS(r, c, &a->alibi_slopes);
         AJ_TRY(ring_across(&c, op, NULL, &r));
     } else if (launch) {
         aj_bwd_args b = AJ_BWD_ARGS_INIT;
-        b.q = c.view[BWD_Q];
-        b.k = c.view[BWD_K];
-        b.v = c.view[BWD_V];
-        b.o = c.view[BWD_O];
-        b.do_ = c.view[BWD_DO];
-        b.lse = c.view[BWD_LSE];
-        b.dq = c.view[BWD_DQ];
-        b.dk = c.view[BWD_DK];
-        b.dv = c.view[BWD_DV];
-        b.alibi_slopes = slice_slopes(p, &a->alibi_slopes);
+        SET_BWD_VIEWS(b, c, &a->alibi_slopes);
         b.side = a->side;
         b.num_side = a->num_side;
         b.stream = p->stream;
