@@ -1001,6 +1001,14 @@ typedef enum aj_cp_method {
      * sequence, and an all-to-all turns the result back.  H_kv must
      * divide by P; any length. */
     AJ_METHOD_ULYSSES = 1,
+    /* 2-D (USP): P = U x R ranks, U = ulysses_size.  Ulysses' all-to-all
+     * inside each group of U consecutive ranks (H_kv / U heads per rank,
+     * the group's positions), and the ring (rotate, overlap, skip rules,
+     * layout) across the R groups among the ranks at the same place in
+     * theirs.  The library splits the comm itself (MPI_Comm_split,
+     * ncclCommSplit) on the first call and keeps the parts on it.  U must
+     * divide P and H_kv; any length.  U = P is Ulysses, U = 1 the ring. */
+    AJ_METHOD_HYBRID = 2,
     AJ_METHOD_COUNT
 } aj_cp_method;
 
@@ -1086,7 +1094,8 @@ typedef struct aj_ring_fwd_args {
     aj_tile_counts *launch_tiles;
     int32_t launch_tiles_cap;
     /* version 3: the method (a caller built against an older struct gets
-     * the ring) and the Ulysses degree: 0 or P (the comm's size) */
+     * the ring) and the Ulysses degree: ulysses 0 or P (the comm's size),
+     * hybrid U (1 .. P, dividing P), ring 0 */
     aj_cp_method method;
     int32_t ulysses_size;
 } aj_ring_fwd_args;
