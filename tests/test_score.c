@@ -43,6 +43,9 @@ static aj_dtype case_dtype(void)
     return strcmp(variant_name, "flash") == 0 ? AJ_DTYPE_F16 : AJ_DTYPE_F32;
 }
 
+static void check_mask_lists(const char *label, const char *spec, aj_dtype dt, int d,
+                             const side_data *side, int B, int H, int S);
+
 /* One forward case from spec fields; returns whether it passed. */
 static bool run_fields(const char *label, aj_dtype dtype, int d, const char *tensors,
                        const char *mask, const char *mod, int B, int H, int S, uint64_t seed,
@@ -68,6 +71,7 @@ static bool run_fields(const char *label, aj_dtype dtype, int d, const char *ten
     fwd_run_options run = {.variant = strcmp(variant_name, "flash") == 0 ? AJ_VARIANT_FLASH
                                                                          : AJ_VARIANT_EFFICIENT};
     fwd_result r = fwd_run_case_ext(ctx, dev, &c, &x, &run);
+    check_mask_lists(label, spec, dtype, d, &side, B, H, S);
     side_free(&side);
     bool ok = r.status == AJ_OK && r.max_err_o <= 1.0 && r.max_err_lse <= 1.0 &&
               r.exact_empty_rows;
@@ -328,6 +332,76 @@ static void test_classes(void)
 
 /* ---------------------------------------------------------------- block masks */
 
+/* The lists of block mask `bm` (aj_block_mask_list: what the kernels
+ * walk) against a recount of its classes (aj_block_mask_class): for every
+ * (b, h), every query block's key blocks and every key block's query
+ * blocks that are not skip, in order, with their classes. */
+static void check_lists(const char *label, const aj_block_mask *bm, int B, int H, int S)
+{
+    aj_tile_counts counts;
+    CHECK_STATUS(ctx, aj_block_mask_counts(bm, &counts), AJ_OK);
+    const int64_t blocks[2] = {(S + counts.block_m - 1) / counts.block_m,
+                               (S + counts.block_n - 1) / counts.block_n};
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < H; h++)
+            for (int by_keys = 0; by_keys < 2; by_keys++)
+                for (int64_t i = 0; i < blocks[!by_keys]; i++) {
+                    int64_t got[256], n = -1, want = 0;
+                    aj_tile_class cls[256];
+                    CHECK_STATUS(ctx, aj_block_mask_list(bm, b, h, by_keys, i, got, cls, 256,
+                                                         &n), AJ_OK);
+                    for (int64_t j = 0; j < blocks[by_keys] && n <= 256; j++) {
+                        aj_tile_class c = AJ_TILE_SKIP;
+                        aj_block_mask_class(bm, b, h, by_keys ? i : j, by_keys ? j : i, &c);
+                        if (c == AJ_TILE_SKIP)
+                            continue;
+                        CHECK_MSG(want < n && got[want] == j && cls[want] == c,
+                                  "%s: b %d h %d %s block %lld: entry %lld is %lld (class %d), "
+                                  "the classes say %lld (class %d)", label, b, h,
+                                  by_keys ? "query" : "key", (long long)i, (long long)want,
+                                  want < n ? (long long)got[want] : -1LL,
+                                  want < n ? (int)cls[want] : -1, (long long)j, (int)c);
+                        want++;
+                    }
+                    CHECK_MSG(n == want, "%s: b %d h %d %s block %lld lists %lld tiles; the "
+                              "classes have %lld", label, b, h, by_keys ? "query" : "key",
+                              (long long)i, (long long)n, (long long)want);
+                }
+}
+
+/* For a case whose op takes a block mask: one built for it, its lists
+ * against its classes (check_lists). */
+static void check_mask_lists(const char *label, const char *spec, aj_dtype dt, int d,
+                             const side_data *side, int B, int H, int S)
+{
+    aj_op *op = NULL;
+    if (aj_op_parse(ctx, spec, strlen(spec), label, &op) != AJ_OK)
+        return;
+    static aj_score_prog prog;
+    if (aj_score_prog_init(ctx, op, &prog) != AJ_OK || !prog.block_mask) {
+        aj_op_destroy(op);
+        return;
+    }
+    aj_kernel *k = compile_spec(label, spec, NULL);
+    dev_fwd f;
+    dev_fwd_make(&f, dt, B, H, S, d);
+    aj_status st = AJ_OK;
+    aj_side_tensor on_dev[8];
+    side_to_device(dev, &st, side->t, side->n, on_dev);
+    f.a.side = on_dev;
+    f.a.num_side = side->n;
+    aj_block_mask *bm = NULL;
+    if (k && st == AJ_OK)
+        CHECK_STATUS(ctx, aj_block_mask_create(ctx, dev, op, k, &f.a, &bm), AJ_OK);
+    if (bm)
+        check_lists(label, bm, B, H, S);
+    aj_block_mask_destroy(bm);
+    side_free_device(dev, on_dev, side->n);
+    dev_fwd_free(&f);
+    aj_kernel_destroy(k);
+    aj_op_destroy(op);
+}
+
 /*
  * Masks interval arithmetic cannot class take a block mask
  * (score.h: aj_score_prog.block_mask): the launch builds one when none is
@@ -439,6 +513,8 @@ static void test_block_masks(void)
         for (int c = 0; bm && c < 3; c++)
             CHECK_MSG(seen[c] == counts.tiles[c], "%s: %lld tiles of class %d, counts say %lld",
                       mask, (long long)seen[c], c, (long long)counts.tiles[c]);
+        if (bm)
+            check_lists(mask, bm, B, H, S);
         if (bm && masks[m].takes) {
             /* built for kv_offset 0: a launch at another offset is refused */
             f.a.kv_offset = 5;
