@@ -7,7 +7,10 @@
  *              ALiBi and softcap as expressions) forward on the device
  *   random     well-typed random masks and score_mods over b, h, q, k,
  *              sq, sk, score and two small side tensors (loads in and out
- *              of range); a failing one shrinks to a small spec
+ *              of range); a failing one shrinks to a small spec.  On the
+ *              cpu, the block-mask lists of the examples and of every
+ *              eighth random mask that takes one equal a recount of its
+ *              classes
  *   builtins   causal / window / softcap / alibi written as expressions
  *              give the built-ins' results (the same programs)
  *   classes    tile classes (host interval arithmetic) against a
@@ -15,7 +18,9 @@
  *              band masks and the chunked mask
  *   blockmask  masks interval arithmetic cannot class read a block mask:
  *              built by the launch or passed (and reused), exact per tile,
- *              refused for other sizes
+ *              its lists the classes' non-skip tiles, the list walk's
+ *              output that of the per-tile path bit for bit, refused for
+ *              other sizes
  *
  * test_score DEVICE [VARIANT] [examples | random N | builtins | classes | blockmask]...:
  * DEVICE is sim or cpu, VARIANT efficient (the default) or flash (whose
@@ -45,6 +50,7 @@ static aj_dtype case_dtype(void)
 
 static void check_mask_lists(const char *label, const char *spec, aj_dtype dt, int d,
                              const side_data *side, int B, int H, int S);
+static int lists_checked;   /* masks whose lists check_mask_lists compared */
 
 /* One forward case from spec fields; returns whether it passed. */
 static bool run_fields(const char *label, aj_dtype dtype, int d, const char *tensors,
@@ -71,7 +77,12 @@ static bool run_fields(const char *label, aj_dtype dtype, int d, const char *ten
     fwd_run_options run = {.variant = strcmp(variant_name, "flash") == 0 ? AJ_VARIANT_FLASH
                                                                          : AJ_VARIANT_EFFICIENT};
     fwd_result r = fwd_run_case_ext(ctx, dev, &c, &x, &run);
-    check_mask_lists(label, spec, dtype, d, &side, B, H, S);
+    /* the lists (each costs a compile and a build): on the cpu, once per
+     * run (not again under AJ_CPU_ISA), for the examples and every eighth
+     * random case; the sim's in the blockmask section */
+    if (aj_device_target(dev) == AJ_TARGET_CPU && !getenv("AJ_CPU_ISA") &&
+        (report || seed % 8 == 0))
+        check_mask_lists(label, spec, dtype, d, &side, B, H, S);
     side_free(&side);
     bool ok = r.status == AJ_OK && r.max_err_o <= 1.0 && r.max_err_lse <= 1.0 &&
               r.exact_empty_rows;
@@ -139,9 +150,11 @@ static void random_failed(rx_tree *t, int root, void *user)
 static void test_random(int count)
 {
     static rx_tree t;
+    lists_checked = 0;
     int failed = rx_cases(&t, count, 0x5eed0000u, random_fails, random_failed, NULL);
-    printf("random: %d expressions, %s forward in %s on %s, %d failed\n", count, variant_name,
-           aj_dtype_name(case_dtype()), aj_target_name(aj_device_target(dev)), failed);
+    printf("random: %d expressions, %s forward in %s on %s, %d failed; the block-mask lists "
+           "of %d checked\n", count, variant_name, aj_dtype_name(case_dtype()),
+           aj_target_name(aj_device_target(dev)), failed, lists_checked);
 }
 
 /* ---------------------------------------------------------------- builtins */
@@ -393,8 +406,10 @@ static void check_mask_lists(const char *label, const char *spec, aj_dtype dt, i
     aj_block_mask *bm = NULL;
     if (k && st == AJ_OK)
         CHECK_STATUS(ctx, aj_block_mask_create(ctx, dev, op, k, &f.a, &bm), AJ_OK);
-    if (bm)
+    if (bm) {
         check_lists(label, bm, B, H, S);
+        lists_checked++;
+    }
     aj_block_mask_destroy(bm);
     side_free_device(dev, on_dev, side->n);
     dev_fwd_free(&f);
@@ -466,6 +481,36 @@ static void test_block_masks(void)
                       mask, call);
             free(passed);
         }
+        aj_tile_counts counts = {0};
+        if (bm)
+            aj_block_mask_counts(bm, &counts);
+        if (bm && counts.block_n % 2 == 0) {
+            /* a mask of tiles half as wide: the kernel classes each of its
+             * tiles from the two it covers, walking every tile of the band
+             * (no list) -- the list walk's output, bit for bit */
+            char other_spec[640];
+            snprintf(other_spec, sizeof other_spec, "%.*s schedule = (block_m = %d, block_n = "
+                     "%d) }", (int)(strrchr(spec, '}') - spec), spec, counts.block_m,
+                     counts.block_n / 2);
+            aj_op *other_op = NULL;
+            aj_kernel *other_k = compile_spec("block mask tile", other_spec, &other_op);
+            aj_block_mask *halves = NULL;
+            if (other_k)
+                CHECK_STATUS(ctx, aj_block_mask_create(ctx, dev, other_op, other_k, &f.a,
+                                                       &halves), AJ_OK);
+            f.a.block_mask = halves;
+            if (halves)
+                CHECK_STATUS(ctx, aj_forward(ctx, dev, k, &f.a), AJ_OK);
+            void *per_tile = dev_fwd_output(&f);
+            CHECK_MSG(!halves || memcmp(implicit, per_tile, f.n * f.elem) == 0,
+                      "%s: the per-tile path (a mask of %d x %d tiles) differs from the list "
+                      "walk", mask, counts.block_m, counts.block_n / 2);
+            free(per_tile);
+            f.a.block_mask = bm;
+            aj_block_mask_destroy(halves);
+            aj_kernel_destroy(other_k);
+            aj_op_destroy(other_op);
+        }
         if (bm && strstr(mask, "doc[")) {
             /* the kernels read the mask: one built from other documents
              * (each token its own) skips tiles this one shows */
@@ -489,9 +534,6 @@ static void test_block_masks(void)
             aj_block_mask_destroy(other);
             side_free_device(dev, &own_dev, 1);
         }
-        aj_tile_counts counts = {0};
-        if (bm)
-            aj_block_mask_counts(bm, &counts);
         int64_t rows = (S + counts.block_m - 1) / counts.block_m;
         int64_t cols = (S + counts.block_n - 1) / counts.block_n, seen[3] = {0, 0, 0};
         for (int b = 0; bm && b < B; b++)
