@@ -139,6 +139,16 @@ static LLVMValueRef i64v(bmask *m, LLVMValueRef v)
     return LLVMBuildSExt(m->kb->b, v, m->kb->t_i64, "");
 }
 
+/* Block `index` of `size` along a dimension of length `len`: [*lo, *hi]. */
+static void block_of(bmask *m, LLVMValueRef index, int size, LLVMValueRef len, LLVMValueRef *lo,
+                     LLVMValueRef *hi)
+{
+    LLVMBuilderRef b = m->kb->b;
+    *lo = LLVMBuildMul(b, index, aj_kb_i32(m->kb, size), "");
+    *hi = LLVMBuildSub(b, aj_kb_smin(m->kb, LLVMBuildAdd(b, *lo, aj_kb_i32(m->kb, size), ""), len),
+                       aj_kb_i32(m->kb, 1), "");
+}
+
 /* The i32 at element `at` of the mask. */
 static LLVMValueRef mask_at(bmask *m, LLVMValueRef at)
 {
@@ -194,9 +204,8 @@ static void build_hulls(aj_kb *kb, const aj_op *op, const aj_score_prog *prog,
     stage_begin(&m, kb, op, prog, by_intervals, "hulls");
     LLVMBuilderRef b = kb->b;
     aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntEQ, m.tid, aj_kb_i32(kb, 0), ""));
-    LLVMValueRef j0 = LLVMBuildMul(b, m.item[0], aj_kb_i32(kb, m.bn), "j0");
-    LLVMValueRef j1 = LLVMBuildSub(b, aj_kb_smin(kb, LLVMBuildAdd(b, j0, aj_kb_i32(kb, m.bn), ""),
-                                                 m.seq_k), aj_kb_i32(kb, 1), "j1");
+    LLVMValueRef j0, j1;
+    block_of(&m, m.item[0], m.bn, m.seq_k, &j0, &j1);
     aj_score_fix_cols(&m.s, j0, j1);
     aj_score_save_cols(&m.s, hulls_of(&m, m.item[0], aj_score_col_slots(prog)));
     aj_kb_if_end(kb);
@@ -210,19 +219,16 @@ static void build_classes(aj_kb *kb, const aj_op *op, const aj_score_prog *prog,
     bmask m;
     stage_begin(&m, kb, op, prog, by_intervals, "classes");
     LLVMBuilderRef b = kb->b;
-    LLVMValueRef one = aj_kb_i32(kb, 1);
-    LLVMValueRef i0 = LLVMBuildMul(b, m.item[0], aj_kb_i32(kb, m.bm), "i0");
-    LLVMValueRef i1 = LLVMBuildSub(b, aj_kb_smin(kb, LLVMBuildAdd(b, i0, aj_kb_i32(kb, m.bm), ""),
-                                                 m.seq_q), one, "i1");
+    LLVMValueRef i0, i1;
+    block_of(&m, m.item[0], m.bm, m.seq_q, &i0, &i1);
     /* the rows' side of the intervals (doc[b, q]'s hull) once for the row */
     aj_score_fix_rows(&m.s, i0, i1);
     LLVMValueRef row = LLVMBuildAdd(b, m.plane, LLVMBuildMul(b, i64v(&m, m.item[0]),
                                     aj_kb_param(kb, "block_mask_stride_m"), ""), "row");
     LLVMValueRef c = aj_kb_for_begin(kb, m.tid, m.cols, aj_kb_i32(kb, m.threads), "c");
     {
-        LLVMValueRef j0 = LLVMBuildMul(b, c, aj_kb_i32(kb, m.bn), "j0");
-        LLVMValueRef j1 = LLVMBuildSub(
-            b, aj_kb_smin(kb, LLVMBuildAdd(b, j0, aj_kb_i32(kb, m.bn), ""), m.seq_k), one, "j1");
+        LLVMValueRef j0, j1;
+        block_of(&m, c, m.bn, m.seq_k, &j0, &j1);
         aj_score_load_cols(&m.s, hulls_of(&m, c, aj_score_col_slots(prog)));
         LLVMValueRef cls = aj_kb_var(kb, kb->t_i32, aj_score_tile_class(&m.s, i0, i1, j0, j1),
                                      "cls");
