@@ -801,6 +801,15 @@ aj_status aj_block_mask_counts(const aj_block_mask *mask, aj_tile_counts *out);
 /* The class of the tile of query block m and key block n of (b, h). */
 aj_status aj_block_mask_class(const aj_block_mask *mask, int64_t b, int64_t h, int64_t m,
                               int64_t n, aj_tile_class *out);
+/* The list the kernels walk (docs/ir.md, "Block sparsity"): the
+ * non-skip tiles of query block `index` of (b, h) (by_keys: its key
+ * blocks, rising, as the forward and dQ visit them) or of key block
+ * `index` (!by_keys: its query blocks, as dK/dV visit them).  *count gets
+ * their number; the first `cap` go into blocks[] and classes[] (either
+ * may be NULL).  The same read-back as aj_block_mask_counts. */
+aj_status aj_block_mask_list(const aj_block_mask *mask, int64_t b, int64_t h, int by_keys,
+                             int64_t index, int64_t *blocks, aj_tile_class *classes,
+                             int64_t cap, int64_t *count);
 
 /* Arguments of a backward pass (kernels of `attention backward efficient`
  * and `attention backward flash`).
