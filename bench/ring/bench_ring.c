@@ -49,6 +49,21 @@
  * the chunk.)  The table takes the link bandwidths the issue states
  * (NVLink 450 GB/s, InfiniBand 50 GB/s per GPU) and the throughputs
  * given with --tflops, since this bench measures none on a GPU.
+ *
+ * Part 3, the methods compared on GPUs (a model, forward, bf16, D 128,
+ * non-causal, nodes of G = 8 GPUs, the largest --tflops): per GPU the
+ * attention of the whole sequence S = P L costs C = 4 H S^2 D / (P T);
+ *
+ *   ring      C/P + (P-1) max(C/P, X),  X = 2 Hkv L D e / BW   (one K/V
+ *             block; BW: InfiniBand once the ring spans nodes, else NVLink)
+ *   Ulysses   C + A(P),  A(n): its two all-to-alls among n ranks, the
+ *             bytes of the formula above, on-node ones over NVLink and
+ *             off-node ones over InfiniBand at once (the slower of the two)
+ *   hybrid    A(U) + C/R + (R-1) max(C/R, X)   with U = G over NVLink and
+ *             the ring over the R = P/G nodes (a block of U L positions and
+ *             Hkv/U heads: the same X)
+ *
+ * Ulysses needs Hkv divisible by P, hybrid by U.
  */
 #include <math.h>
 #include <mpi.h>
@@ -225,6 +240,77 @@ static void print_model(const double *tflops, int nt)
 
 enum { ROUNDS = 5 };   /* per case and method */
 
+/* Part 3 (header comment): seconds of one forward per method on P GPUs in
+ * nodes of G; -1 where the method cannot split the heads. */
+typedef struct gpu_case {
+    double P, L, H, Hkv, T;
+} gpu_case;
+
+enum { GPU_NODE = 8 };
+static const double nvlink = 450e9, infiniband = 50e9, gpu_d = 128, gpu_e = 2;
+
+/* Ulysses' two all-to-alls among n ranks (of one node when n <= G). */
+static double alltoall_s(const gpu_case *c, double n)
+{
+    const double D = gpu_d, e = gpu_e;
+    double bytes = (n - 1) / n * c->L * ((c->H + 2 * c->Hkv) * D * e + c->H * (D * e + 4));
+    double off = n > GPU_NODE ? (n - GPU_NODE) / (n - 1) : 0;
+    return fmax(bytes * (1 - off) / nvlink, bytes * off / infiniband);
+}
+
+/* The ring over r ranks, each step a block of the per-GPU compute c_s
+ * over r, exchanging x seconds of K/V. */
+static double ring_steps_s(double r, double c_s, double x)
+{
+    return c_s / r + (r - 1) * fmax(c_s / r, x);
+}
+
+static double gpu_method_s(const gpu_case *c, aj_cp_method m)
+{
+    const double S = c->P * c->L, D = gpu_d, e = gpu_e;
+    const double C = 4 * c->H * S * S * D / (c->P * c->T);
+    const double bw = c->P > GPU_NODE ? infiniband : nvlink;
+    const double X = 2 * c->Hkv * c->L * D * e;
+    if (m == AJ_METHOD_RING)
+        return ring_steps_s(c->P, C, X / bw);
+    if (m == AJ_METHOD_ULYSSES)
+        return fmod(c->Hkv, c->P) ? -1 : C + alltoall_s(c, c->P);
+    const double U = fmin(GPU_NODE, c->P), R = c->P / U;
+    if (fmod(c->Hkv, U))
+        return -1;
+    return alltoall_s(c, U) + ring_steps_s(R, C, X / (R > 1 ? infiniband : nvlink));
+}
+
+static void print_methods_model(double tflops)
+{
+    static const double gpus[] = {8, 16, 64}, lens[] = {2048, 16384};
+    static const struct { const char *name; double h, hkv; } heads[] = {
+        {"MHA 32", 32, 32}, {"GQA 32:8", 32, 8}};
+    printf("\nforward ms per method on GPUs (model: nodes of %d, NVLink %.0f GB/s inside, "
+           "InfiniBand %.0f GB/s across, %.0f TFLOP/s, bf16, D %.0f; -: heads do not "
+           "divide)\n", GPU_NODE, nvlink / 1e9, infiniband / 1e9, tflops, gpu_d);
+    printf("%-5s %-9s %7s %10s %10s %10s  %s\n", "GPUs", "heads", "L/GPU", "ring", "ulysses",
+           "hybrid", "fastest");
+    for (size_t g = 0; g < sizeof gpus / sizeof gpus[0]; g++)
+        for (size_t h = 0; h < sizeof heads / sizeof heads[0]; h++)
+            for (size_t l = 0; l < sizeof lens / sizeof lens[0]; l++) {
+                const gpu_case c = {gpus[g], lens[l], heads[h].h, heads[h].hkv, tflops * 1e12};
+                double t[AJ_METHOD_COUNT];
+                int best = 0;
+                printf("%-5.0f %-9s %7.0f", c.P, heads[h].name, c.L);
+                for (int m = 0; m < AJ_METHOD_COUNT; m++) {
+                    t[m] = gpu_method_s(&c, (aj_cp_method)m);
+                    if (t[m] < 0)
+                        printf(" %10s", "-");
+                    else
+                        printf(" %10.3f", 1e3 * t[m]);
+                    if (t[m] >= 0 && (t[best] < 0 || t[m] < t[best]))
+                        best = m;
+                }
+                printf("  %s\n", method_names[best]);
+            }
+}
+
 /* The round whose total time is the median of n. */
 static int median_round(const aj_ring_stats *s, int n)
 {
@@ -347,7 +433,10 @@ int main(int argc, char **argv)
                                   sent[m]);
             }
     if (!failed && rank == 0)
+    {
         print_model(tflops, nt);
+        print_methods_model(tflops[nt - 1]);
+    }
     aj_comm_destroy(comm);
     aj_device_close(dev);
     aj_ctx_destroy(ctx);
