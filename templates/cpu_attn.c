@@ -88,10 +88,13 @@ void aj_cpu_seq_of(aj_kb *kb, const aj_op *op, const aj_score_prog *prog, LLVMVa
     s->sq = s->sk = NULL;
     if (op->layout == AJ_LAYOUT_PAGED) {
         /* the queries are the last of the sequence's positions; both
-         * totals are its length */
+         * totals are its length.  Varlen queries: the sequence's chunk of
+         * the packed rows (seq_q: the longest chunk) */
         s->len_q = aj_kb_param(kb, "seq_q");
         s->len_k = aj_attn_paged_len(kb, bidx);
         s->start_q = s->start_k = aj_kb_i64(kb, 0);
+        if (op->q_layout == AJ_LAYOUT_VARLEN)
+            aj_attn_paged_queries(kb, bidx, s->len_k, s->len_q, &s->start_q, &s->len_q);
         if (prog->reads_totals)
             s->sq = s->sk = sext64(kb, s->len_k);
         return;

@@ -517,23 +517,32 @@ static void build_dense(cfwd *c, const aj_score_prog *prog, int log2e_in_q)
     aj_kb_finish(kb, &layout);
 }
 
-/* Element offsets into the paged workspace (runtime/launch.c):
- * partial row r = ((b Hq + h) splits + part) Sq + i has O at r Dv and LSE
- * at rows Dv + r, rows = B Hq splits Sq. */
+/* Element offsets into the paged workspace (runtime/launch.c): partial
+ * row r = ((b Hq + h) splits + part) Sq + i has O at r Dv and LSE at rows
+ * Dv + r, rows = B Hq splits Sq.  Varlen queries take the packed rows as
+ * one sequence: r = (h splits + part) T + start_q + i, rows = Hq splits T
+ * (paged_ws_len: Sq or T; the callers add start_q + i). */
+static LLVMValueRef paged_ws_len(cfwd *c)
+{
+    int varlen_q = c->op->q_layout == AJ_LAYOUT_VARLEN;
+    return sext64(c, param(c, varlen_q ? "tokens_q" : "seq_q"));
+}
+
 static LLVMValueRef paged_part_row(cfwd *c, LLVMValueRef bidx, LLVMValueRef h,
                                    LLVMValueRef part)
 {
-    LLVMValueRef bh = add(c, mul(c, sext64(c, bidx), sext64(c, param(c, "heads_q"))),
-                          sext64(c, h));
+    LLVMValueRef b = c->op->q_layout == AJ_LAYOUT_VARLEN ? aj_kb_i64(c->kb, 0) : sext64(c, bidx);
+    LLVMValueRef bh = add(c, mul(c, b, sext64(c, param(c, "heads_q"))), sext64(c, h));
     LLVMValueRef bhs = add(c, mul(c, bh, sext64(c, param(c, "splits"))), sext64(c, part));
-    return mul(c, bhs, sext64(c, param(c, "seq_q")));
+    return mul(c, bhs, paged_ws_len(c));
 }
 
 static LLVMValueRef paged_lse_at(cfwd *c)
 {
-    LLVMValueRef rows = mul(c, mul(c, sext64(c, param(c, "batch")),
-                                   sext64(c, param(c, "heads_q"))),
-                            mul(c, sext64(c, param(c, "splits")), sext64(c, param(c, "seq_q"))));
+    LLVMValueRef batch = c->op->q_layout == AJ_LAYOUT_VARLEN ? aj_kb_i64(c->kb, 1)
+                                                             : sext64(c, param(c, "batch"));
+    LLVMValueRef rows = mul(c, mul(c, batch, sext64(c, param(c, "heads_q"))),
+                            mul(c, sext64(c, param(c, "splits")), paged_ws_len(c)));
     return mul(c, rows, aj_kb_i64(c->kb, c->p.dv));
 }
 
@@ -554,7 +563,9 @@ static int programs_read_h(const aj_score_prog *prog)
  * takes key blocks [s per, (s + 1) per), per = ceil(blocks / splits), of
  * its seqlens_k[b] keys, gathered through its block-table row (pages
  * checked first), for all Sq rows in blocks of bm; with one part it
- * writes o and lse, else its partial to the workspace.
+ * writes o and lse, else its partial to the workspace.  q_layout =
+ * varlen: the rows are sequence b's chunk of the packed queries (its
+ * cu_seqlens_q pair, checked), the last of its positions.
  */
 static void build_paged_parts(cfwd *c, const aj_score_prog *prog, int log2e_in_q)
 {
@@ -594,7 +605,8 @@ static void build_paged_parts(cfwd *c, const aj_score_prog *prog, int log2e_in_q
     LLVMValueRef pages = aj_cv_at(kb, kb->t_i32, param(c, "block_table"),
                                   mul(c, sext64(c, bidx), sext64(c, param(c, "max_pages"))));
     cfwd_block blk = {
-        .q = {.base = aj_attn_slice_base(kb, "q", bidx, h), .stride_s = param(c, "stride_q_s")},
+        .q = {.base = aj_cpu_seq_base(kb, "q", bidx, h, seq->start_q),
+              .stride_s = param(c, "stride_q_s")},
         .k = {mul(c, hkv, param(c, "stride_k_cache_h")), param(c, "stride_k_cache_s"), pages,
               ps, param(c, "stride_k_cache_page")},
         .v = {mul(c, hkv, param(c, "stride_v_cache_h")), param(c, "stride_v_cache_s"), pages,
@@ -602,10 +614,10 @@ static void build_paged_parts(cfwd *c, const aj_score_prog *prog, int log2e_in_q
         .k_first = first,
         .k_end = end,
     };
-    cfwd_out direct = {"o", "lse", p->dtype, 0, aj_attn_slice_base(kb, "o", bidx, h),
-                       param(c, "stride_o_s"), aj_attn_slice_base(kb, "lse", bidx, h), NULL,
-                       NULL};
-    LLVMValueRef row0 = paged_part_row(c, bidx, h, part);
+    cfwd_out direct = {"o", "lse", p->dtype, 0, aj_cpu_seq_base(kb, "o", bidx, h, seq->start_q),
+                       param(c, "stride_o_s"),
+                       add(c, aj_attn_slice_base(kb, "lse", bidx, h), seq->start_q), NULL, NULL};
+    LLVMValueRef row0 = add(c, paged_part_row(c, bidx, h, part), seq->start_q);
     cfwd_out partial = {"workspace", "workspace", AJ_DTYPE_F32, 0,
                         mul(c, row0, aj_kb_i64(kb, p->dv)), aj_kb_i64(kb, p->dv),
                         add(c, paged_lse_at(c), row0), NULL, NULL};
@@ -616,7 +628,10 @@ static void build_paged_parts(cfwd *c, const aj_score_prog *prog, int log2e_in_q
      * return */
     LLVMValueRef pack = NULL;
     if (!programs_read_h(prog)) {
-        pack = LLVMBuildICmp(b, LLVMIntSLE, mul(c, group, seq->len_q), i32c(c, p->bm), "pack");
+        /* (a sequence without queries: nothing to pack) */
+        pack = LLVMBuildAnd(b, LLVMBuildICmp(b, LLVMIntSLE, mul(c, group, seq->len_q),
+                                             i32c(c, p->bm), ""),
+                            LLVMBuildICmp(b, LLVMIntSGT, seq->len_q, i32c(c, 0), ""), "pack");
         aj_kb_if_begin(kb, pack);
         aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntEQ, LLVMBuildSRem(b, h, group, ""),
                                          i32c(c, 0), ""));
@@ -626,9 +641,8 @@ static void build_paged_parts(cfwd *c, const aj_score_prog *prog, int log2e_in_q
         cfwd_out heads[2] = {direct, partial};
         heads[0].o_head = param(c, "stride_o_h");
         heads[0].lse_head = param(c, "stride_lse_h");
-        heads[1].o_head = mul(c, mul(c, sext64(c, splits), sext64(c, seq->len_q)),
-                              aj_kb_i64(kb, p->dv));
-        heads[1].lse_head = mul(c, sext64(c, splits), sext64(c, seq->len_q));
+        heads[1].lse_head = mul(c, sext64(c, splits), paged_ws_len(c));
+        heads[1].o_head = mul(c, heads[1].lse_head, aj_kb_i64(kb, p->dv));
         c->per_head = seq->len_q;
         c->m0 = i32c(c, 0);
         c->rows = mul(c, group, seq->len_q);
@@ -689,13 +703,21 @@ static void build_paged_merge(cfwd *c, const aj_score_prog *prog)
     LLVMValueRef item[3];
     work_item(c, item);
     LLVMValueRef h = item[1], bidx = item[2];
-    LLVMValueRef splits = param(c, "splits"), sq = sext64(c, param(c, "seq_q"));
-    LLVMValueRef row0 = paged_part_row(c, bidx, h, i32c(c, 0));
+    /* the rows of sequence bidx: Sq, or its chunk of the packed ones */
+    LLVMValueRef splits = param(c, "splits"), sq = paged_ws_len(c);
+    LLVMValueRef len_q = sq, start_q = aj_kb_i64(kb, 0);
+    if (c->op->q_layout == AJ_LAYOUT_VARLEN) {
+        aj_cpu_seq seq;
+        aj_cpu_seq_of(kb, c->op, prog, bidx, &seq);
+        len_q = sext64(c, seq.len_q);
+        start_q = seq.start_q;
+    }
+    LLVMValueRef row0 = add(c, paged_part_row(c, bidx, h, i32c(c, 0)), start_q);
     LLVMValueRef lse_at = add(c, paged_lse_at(c), row0);
     LLVMValueRef ninf = aj_kb_f32(kb, -INFINITY);
-    LLVMValueRef o_base = aj_attn_slice_base(kb, "o", bidx, h);
-    LLVMValueRef lse_base = aj_attn_slice_base(kb, "lse", bidx, h);
-    LLVMValueRef i = aj_kb_for_begin(kb, aj_kb_i64(kb, 0), sq, aj_kb_i64(kb, 1), "mi");
+    LLVMValueRef o_base = aj_cpu_seq_base(kb, "o", bidx, h, start_q);
+    LLVMValueRef lse_base = add(c, aj_attn_slice_base(kb, "lse", bidx, h), start_q);
+    LLVMValueRef i = aj_kb_for_begin(kb, aj_kb_i64(kb, 0), len_q, aj_kb_i64(kb, 1), "mi");
     aj_kb_set(kb, mx, ninf);
     LLVMValueRef s = aj_kb_for_begin(kb, i32c(c, 0), splits, i32c(c, 1), "ms");
     LLVMValueRef part_lse = aj_cpu_fload(kb, aj_cv_at(kb, kb->t_f32, param(c, "workspace"),
@@ -804,6 +826,7 @@ const aj_template aj_template_cpu_fwd_paged_flash = {
     .build = cfwd_build,
     .targets = 1u << AJ_TARGET_CPU,
     .paged = true,
+    .varlen_q = true,
     .stage_sigs = {AJ_KSIG_CPU_PAGED_FWD, AJ_KSIG_CPU_PAGED_MERGE},
 };
 
@@ -815,5 +838,6 @@ const aj_template aj_template_cpu_fwd_paged_efficient = {
     .build = cfwd_build,
     .targets = 1u << AJ_TARGET_CPU,
     .paged = true,
+    .varlen_q = true,
     .stage_sigs = {AJ_KSIG_CPU_PAGED_FWD, AJ_KSIG_CPU_PAGED_MERGE},
 };
