@@ -517,33 +517,12 @@ static void build_dense(cfwd *c, const aj_score_prog *prog, int log2e_in_q)
     aj_kb_finish(kb, &layout);
 }
 
-/* Element offsets into the paged workspace (runtime/launch.c): partial
- * row r = ((b Hq + h) splits + part) Sq + i has O at r Dv and LSE at rows
- * Dv + r, rows = B Hq splits Sq.  Varlen queries take the packed rows as
- * one sequence: r = (h splits + part) T + start_q + i, rows = Hq splits T
- * (paged_ws_len: Sq or T; the callers add start_q + i). */
+/* The rows a query head's partials span in the workspace: Sq, or T of
+ * varlen queries (aj_attn_paged_part_row_of). */
 static LLVMValueRef paged_ws_len(cfwd *c)
 {
     int varlen_q = c->op->q_layout == AJ_LAYOUT_VARLEN;
     return sext64(c, param(c, varlen_q ? "tokens_q" : "seq_q"));
-}
-
-static LLVMValueRef paged_part_row(cfwd *c, LLVMValueRef bidx, LLVMValueRef h,
-                                   LLVMValueRef part)
-{
-    LLVMValueRef b = c->op->q_layout == AJ_LAYOUT_VARLEN ? aj_kb_i64(c->kb, 0) : sext64(c, bidx);
-    LLVMValueRef bh = add(c, mul(c, b, sext64(c, param(c, "heads_q"))), sext64(c, h));
-    LLVMValueRef bhs = add(c, mul(c, bh, sext64(c, param(c, "splits"))), sext64(c, part));
-    return mul(c, bhs, paged_ws_len(c));
-}
-
-static LLVMValueRef paged_lse_at(cfwd *c)
-{
-    LLVMValueRef batch = c->op->q_layout == AJ_LAYOUT_VARLEN ? aj_kb_i64(c->kb, 1)
-                                                             : sext64(c, param(c, "batch"));
-    LLVMValueRef rows = mul(c, mul(c, batch, sext64(c, param(c, "heads_q"))),
-                            mul(c, sext64(c, param(c, "splits")), paged_ws_len(c)));
-    return mul(c, rows, aj_kb_i64(c->kb, c->p.dv));
 }
 
 /* Whether the score programs read the head (then each query head is its
@@ -617,10 +596,13 @@ static void build_paged_parts(cfwd *c, const aj_score_prog *prog, int log2e_in_q
     cfwd_out direct = {"o", "lse", p->dtype, 0, aj_cpu_seq_base(kb, "o", bidx, h, seq->start_q),
                        param(c, "stride_o_s"),
                        add(c, aj_attn_slice_base(kb, "lse", bidx, h), seq->start_q), NULL, NULL};
-    LLVMValueRef row0 = add(c, paged_part_row(c, bidx, h, part), seq->start_q);
+    LLVMValueRef lse_at;
+    LLVMValueRef row0 = add(c, aj_attn_paged_part_row_of(kb, bidx, h, part, p->dv,
+                                                         op->q_layout == AJ_LAYOUT_VARLEN,
+                                                         &lse_at), seq->start_q);
     cfwd_out partial = {"workspace", "workspace", AJ_DTYPE_F32, 0,
                         mul(c, row0, aj_kb_i64(kb, p->dv)), aj_kb_i64(kb, p->dv),
-                        add(c, paged_lse_at(c), row0), NULL, NULL};
+                        add(c, lse_at, row0), NULL, NULL};
     LLVMValueRef one = LLVMBuildICmp(b, LLVMIntEQ, splits, i32c(c, 1), "");
     /* GQA packing: where the programs do not read h and the group's rows
      * fit one block, the item of the group's first head takes all of its
@@ -712,8 +694,11 @@ static void build_paged_merge(cfwd *c, const aj_score_prog *prog)
         len_q = sext64(c, seq.len_q);
         start_q = seq.start_q;
     }
-    LLVMValueRef row0 = add(c, paged_part_row(c, bidx, h, i32c(c, 0)), start_q);
-    LLVMValueRef lse_at = add(c, paged_lse_at(c), row0);
+    LLVMValueRef lse_at;
+    LLVMValueRef row0 = add(c, aj_attn_paged_part_row_of(kb, bidx, h, i32c(c, 0), dv,
+                                                         c->op->q_layout == AJ_LAYOUT_VARLEN,
+                                                         &lse_at), start_q);
+    lse_at = add(c, lse_at, row0);
     LLVMValueRef ninf = aj_kb_f32(kb, -INFINITY);
     LLVMValueRef o_base = aj_cpu_seq_base(kb, "o", bidx, h, start_q);
     LLVMValueRef lse_base = add(c, aj_attn_slice_base(kb, "lse", bidx, h), start_q);

@@ -11,6 +11,7 @@
  * and the faults the kernel finds (a page outside the cache, a length
  * beyond the table, a negative length; varlen: decreasing cu_seqlens_q, a
  * chunk longer than its sequence), each named by its sequence.
+ * With argument "sim", the GPU kernels on the sim (test_sim below).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,6 +22,7 @@
 
 static aj_ctx *ctx;
 static aj_device *dev;
+static int on_sim;   /* the sim's kernels: no varlen queries (q_layout = varlen) yet */
 
 static int compile_case(const paged_case *c, aj_kernel **kernel)
 {
@@ -240,7 +242,7 @@ static void test_faults(void)
     /* varlen queries: the offsets, and a chunk longer than its sequence */
     static const int32_t chunks[3] = {4, 70, 9};
     /* one kernel per query layout and split count serves its cases */
-    for (int varlen = 0; varlen < 2; varlen++)
+    for (int varlen = 0; varlen < (on_sim ? 1 : 2); varlen++)
         for (int splits = 1; splits <= 3; splits += 2) {
             paged_case c = paged_base(AJ_DTYPE_F16, AJ_DTYPE_F16, 64, lens, 3);
             c.chunks = varlen ? chunks : NULL;
@@ -269,20 +271,12 @@ static void test_faults(void)
         }
 }
 
-/* The targets without a paged template say so; the host checks name the
- * argument. */
+/* The host checks name the argument. */
 static void test_errors(void)
 {
     static const int32_t lens[1] = {10};
     paged_case c = paged_base(AJ_DTYPE_F16, AJ_DTYPE_F16, 64, lens, 1);
-    aj_device *sim = NULL;
     aj_kernel *kernel = NULL;
-    if (aj_device_open(ctx, AJ_DEVICE_SIM, 0, &sim) == AJ_OK) {
-        CHECK_STATUS(ctx, paged_compile(ctx, sim, &c, &kernel), AJ_ERR_UNSUPPORTED);
-        CHECK_ERROR(ctx, "forward flash: layout = paged is not implemented for target sim yet "
-                         "(cpu has it)");
-        aj_device_close(sim);
-    }
     CHECK(paged_compile(ctx, dev, &c, &kernel) == AJ_OK);
     aj_fwd_args a = AJ_FWD_ARGS_INIT;
     CHECK_STATUS(ctx, aj_forward(ctx, dev, kernel, &a), AJ_ERR_INVALID_ARG);
@@ -295,6 +289,12 @@ static void test_errors(void)
     /* varlen queries: a packed q */
     static const int32_t chunk[1] = {3};
     c.chunks = chunk;
+    if (on_sim) {   /* the targets without them say so */
+        CHECK_STATUS(ctx, paged_compile(ctx, dev, &c, &kernel), AJ_ERR_UNSUPPORTED);
+        CHECK_ERROR(ctx, "forward flash: layout = paged with q_layout = varlen is not "
+                         "implemented for target sim yet (cpu has it)");
+        return;
+    }
     CHECK(paged_compile(ctx, dev, &c, &kernel) == AJ_OK);
     a = (aj_fwd_args)AJ_FWD_ARGS_INIT;
     CHECK_STATUS(ctx, aj_forward(ctx, dev, kernel, &a), AJ_ERR_INVALID_ARG);
@@ -302,16 +302,33 @@ static void test_errors(void)
     aj_kernel_destroy(kernel);
 }
 
-int main(void)
+/* The sim (the GPU kernels, efficient_fwd.c's paged build, emulated):
+ * paged_gpu_cases, tiny shapes, for it is slow. */
+static void test_sim(void)
 {
+    paged_case cases[PAGED_GPU_CASES];
+    int n = paged_gpu_cases(cases);
+    for (int i = 0; i < n; i++)
+        run(&cases[i]);
+}
+
+/* argv[1] "sim": the sim's cases and faults (test_sim_paged); else the
+ * cpu's. */
+int main(int argc, char **argv)
+{
+    int sim = on_sim = argc > 1 && strcmp(argv[1], "sim") == 0;
     if (aj_ctx_create(NULL, &ctx) != AJ_OK ||
-        aj_device_open(ctx, AJ_DEVICE_CPU, 0, &dev) != AJ_OK) {
-        printf("FAIL: no cpu device\n");
+        aj_device_open(ctx, sim ? AJ_DEVICE_SIM : AJ_DEVICE_CPU, 0, &dev) != AJ_OK) {
+        printf("FAIL: no %s device\n", sim ? "sim" : "cpu");
         return 1;
     }
-    test_sweep();
-    test_splits();
-    test_varlen_queries();
+    if (sim) {
+        test_sim();
+    } else {
+        test_sweep();
+        test_splits();
+        test_varlen_queries();
+    }
     test_faults();
     test_errors();
     aj_device_close(dev);
