@@ -78,6 +78,7 @@ typedef struct ring_plan {
     aj_shard_layout layout;
     aj_ring_rotate rotate;
     int rank, size;
+    int members;                 /* ranks per ring rank: 1, or method = hybrid's U */
     int64_t B, Hq, Hkv, D, Dv;
     int64_t lq, lk;              /* this rank's lengths */
     int64_t sq, sk;              /* the global lengths: the sums of every rank's */
@@ -136,6 +137,37 @@ static int step_src(const ring_plan *p, int step)
     return p->rotate == AJ_ROTATE_P2P ? (p->rank + p->size - step) % p->size : step;
 }
 
+/* Ring rank r's chunks of a `seq`-long sequence: its own shard's, or
+ * (method = hybrid) its group's (aj_shard_group_chunks). */
+static aj_status ring_chunks(const ring_plan *p, int r, int64_t seq, aj_shard_chunk c[2],
+                             int *n)
+{
+    return aj_shard_group_chunks(p->ctx, p->fn, p->layout, r, p->size, p->members, seq, c, n);
+}
+
+static int64_t ring_length(const ring_plan *p, int r, int64_t seq)
+{
+    aj_shard_chunk c[2];
+    int n = 0;
+    ring_chunks(p, r, seq, c, &n);
+    return n == 1 ? c[0].len : c[0].len + c[1].len;
+}
+
+/* The longest chunk of any ring rank: the first S % n of n chunks are one
+ * longer, and a hybrid group's run spans U of them. */
+static int64_t longest_chunk(const ring_plan *p, int64_t seq)
+{
+    int64_t most = 0;
+    for (int r = 0; r < p->size; r++) {
+        aj_shard_chunk c[2];
+        int n = 0;
+        ring_chunks(p, r, seq, c, &n);
+        for (int i = 0; i < n; i++)
+            most = c[i].len > most ? c[i].len : most;
+    }
+    return most;
+}
+
 /* The step's (query chunk, key chunk) pairs, in launch order, with their
  * classes: the ring's schedule (aj_ring_plan), which the forward and the
  * backward both follow. */
@@ -144,7 +176,7 @@ static aj_status plan_step(const ring_plan *p, int step, aj_ring_pair pairs[4], 
     const int src = step_src(p, step);
     aj_shard_chunk kc[2];
     int nk = 0;
-    aj_status st = aj_shard_chunks_any(p->ctx, p->fn, p->layout, src, p->size, p->sk, kc, &nk);
+    aj_status st = ring_chunks(p, src, p->sk, kc, &nk);
     *n = 0;
     for (int i = 0; i < p->nq && st == AJ_OK; i++)
         for (int j = 0; j < nk; j++)
@@ -199,12 +231,12 @@ static aj_status plan_chunks(ring_plan *p, int64_t sq, int64_t sk)
     p->sk = sk;
     p->lk_max = 0;
     for (int r = 0; r < p->size; r++) {
-        const int64_t l = aj_shard_length(p->layout, r, p->size, sk);
+        const int64_t l = ring_length(p, r, sk);
         p->lk_max = l > p->lk_max ? l : p->lk_max;
     }
     p->k_elems = (size_t)(p->B * p->Hkv * p->lk_max * p->D);
     p->v_elems = (size_t)(p->B * p->Hkv * p->lk_max * p->Dv);
-    return aj_shard_chunks_any(p->ctx, p->fn, p->layout, p->rank, p->size, sq, p->qc, &p->nq);
+    return ring_chunks(p, p->rank, sq, p->qc, &p->nq);
 }
 
 /* The checks both directions share: handles, the op, q, k, v and the
@@ -233,6 +265,7 @@ static aj_status plan_common(ring_plan *p, aj_ctx *ctx, aj_device *dev, aj_comm 
     p->layout = layout;
     p->rank = comm->rank;
     p->size = comm->size;
+    p->members = 1;
     p->stats = stats;
     p->elem = dtype_size(p->op.dtype);
     p->B = sh.B;
@@ -279,7 +312,7 @@ aj_status aj_ring_plan(aj_ctx *ctx, aj_device *dev, const aj_op *op,
                              AJ_RING_PLAN_ARGS_INIT, args);
     ring_plan p = {.fn = "aj_ring_plan", .ctx = ctx, .dev = dev, .layout = args->layout,
                    .rotate = args->rotate, .rank = args->rank, .size = args->size,
-                   .B = args->batch, .Hq = args->heads_q, .lq = args->seq_q,
+                   .members = 1, .B = args->batch, .Hq = args->heads_q, .lq = args->seq_q,
                    .lk = args->seq_k};
     AJ_CHECK_ARG(ctx, dev, "aj_ring_plan: dev is NULL");
     AJ_CHECK_ARG(ctx, count, "aj_ring_plan: count is NULL");
@@ -571,7 +604,7 @@ static void count_collective(ring_plan *p, double start)
 /* Rank src's K/V shard length: the rows of its block. */
 static int64_t block_len(const ring_plan *p, int src)
 {
-    return aj_shard_length(p->layout, src, p->size, p->sk);
+    return ring_length(p, src, p->sk);
 }
 
 /* K and V of rank src's shard inside a K/V buffer (K's slot, then V's). */
@@ -733,9 +766,20 @@ done:
 
 /* ---------------------------------------------------------------- forward */
 
+/* The call's lengths and chunks: agreed by the ranks, or (method =
+ * hybrid, which agreed already) the group's. */
+static aj_status plan_lengths(ring_plan *p, const aj_op *op, const aj_ring_group *group,
+                              aj_ring_rotate rotate, uint64_t seed, uint64_t offset)
+{
+    if (!group)
+        return agree_on_call(p, op, rotate, seed, offset);
+    p->members = group->members;
+    return plan_chunks(p, group->sq, group->sk);
+}
+
 static aj_status plan_forward(ring_plan *p, aj_ctx *ctx, aj_device *dev, aj_comm *comm,
                               const aj_op *op, const aj_ring_fwd_args *a,
-                              aj_ring_stats *stats)
+                              const aj_ring_group *group, aj_ring_stats *stats)
 {
     aj_status st = AJ_OK;
     AJ_TRY(plan_common(p, ctx, dev, comm, op, AJ_KIND_FORWARD, a->layout, a->rotate, &a->q,
@@ -747,7 +791,7 @@ static aj_status plan_forward(ring_plan *p, aj_ctx *ctx, aj_device *dev, aj_comm
                  "%s: launch_tiles_cap = %d with launch_tiles %s; want a count of 0 or more, "
                  "and the array when it is not 0", p->fn, a->launch_tiles_cap,
                  a->launch_tiles ? "given" : "NULL");
-    AJ_TRY(agree_on_call(p, op, a->rotate, a->seed, a->offset));
+    AJ_TRY(plan_lengths(p, op, group, a->rotate, a->seed, a->offset));
 done:
     return st;
 }
@@ -763,8 +807,15 @@ aj_status aj_ring_forward(aj_ctx *ctx, aj_device *dev, aj_comm *comm, const aj_o
                                              args->ulysses_size);
     if (method_st != AJ_OK)
         return method_st;
-    if (args->method == AJ_METHOD_ULYSSES)
+    if (args->method != AJ_METHOD_RING)
         return aj_ulysses_forward(ctx, dev, comm, op, args, stats);
+    return aj_ring_forward_group(ctx, dev, comm, op, args, NULL, stats);
+}
+
+aj_status aj_ring_forward_group(aj_ctx *ctx, aj_device *dev, aj_comm *comm, const aj_op *op,
+                                const aj_ring_fwd_args *args, const aj_ring_group *group,
+                                aj_ring_stats *stats)
+{
     aj_ring_stats local_stats = {0};
     ring_plan p = {.fn = "aj_ring_forward"};
     ring_kernels kern = {0};
@@ -775,7 +826,7 @@ aj_status aj_ring_forward(aj_ctx *ctx, aj_device *dev, aj_comm *comm, const aj_o
     aj_comm_req req = {0};
     aj_status st = AJ_OK;
     const double start = aj_now();
-    AJ_TRY(plan_forward(&p, ctx, dev, comm, op, args, &local_stats));
+    AJ_TRY(plan_forward(&p, ctx, dev, comm, op, args, group, &local_stats));
     AJ_TRY(compile_kernels(&p, op, &kern));
     AJ_TRY(aj_device_stream_create(dev, &p.stream));
 
@@ -1034,7 +1085,7 @@ done:
 
 static aj_status plan_backward(ring_plan *p, aj_ctx *ctx, aj_device *dev, aj_comm *comm,
                                const aj_op *op, const aj_ring_bwd_args *a,
-                               aj_ring_stats *stats)
+                               const aj_ring_group *group, aj_ring_stats *stats)
 {
     aj_status st = AJ_OK;
     AJ_TRY(plan_common(p, ctx, dev, comm, op, AJ_KIND_BACKWARD, a->layout, a->rotate, &a->q,
@@ -1048,7 +1099,7 @@ static aj_status plan_backward(ring_plan *p, aj_ctx *ctx, aj_device *dev, aj_com
     AJ_TRY(check_shard(p, "dk", &a->dk, dt, 4, (int64_t[]){p->B, p->Hkv, p->lk, p->D}));
     AJ_TRY(check_shard(p, "dv", &a->dv, dt, 4, (int64_t[]){p->B, p->Hkv, p->lk, p->Dv}));
     AJ_TRY(plan_side(p, a->side, a->num_side, &a->alibi_slopes));
-    AJ_TRY(agree_on_call(p, op, a->rotate, a->seed, a->offset));
+    AJ_TRY(plan_lengths(p, op, group, a->rotate, a->seed, a->offset));
 done:
     return st;
 }
@@ -1064,8 +1115,15 @@ aj_status aj_ring_backward(aj_ctx *ctx, aj_device *dev, aj_comm *comm, const aj_
                                              args->ulysses_size);
     if (method_st != AJ_OK)
         return method_st;
-    if (args->method == AJ_METHOD_ULYSSES)
+    if (args->method != AJ_METHOD_RING)
         return aj_ulysses_backward(ctx, dev, comm, op, args, stats);
+    return aj_ring_backward_group(ctx, dev, comm, op, args, NULL, stats);
+}
+
+aj_status aj_ring_backward_group(aj_ctx *ctx, aj_device *dev, aj_comm *comm, const aj_op *op,
+                                 const aj_ring_bwd_args *args, const aj_ring_group *group,
+                                 aj_ring_stats *stats)
+{
     aj_ring_stats local_stats = {0};
     ring_plan p = {.fn = "aj_ring_backward"};
     ring_kernels kern = {0};
@@ -1079,16 +1137,15 @@ aj_status aj_ring_backward(aj_ctx *ctx, aj_device *dev, aj_comm *comm, const aj_
     aj_comm_req reqs[2] = {{0}, {0}};   /* K/V, dK/dV */
     aj_status st = AJ_OK;
     const double start = aj_now();
-    AJ_TRY(plan_backward(&p, ctx, dev, comm, op, args, &local_stats));
+    AJ_TRY(plan_backward(&p, ctx, dev, comm, op, args, group, &local_stats));
     AJ_TRY(compile_kernels(&p, op, &kern));
     AJ_TRY(aj_device_stream_create(dev, &p.stream));
 
     const size_t kv_bytes = (p.k_elems + p.v_elems) * p.elem;
     const size_t dkv_count = p.k_elems + p.v_elems;
     const size_t dq_count = (size_t)(p.B * p.Hq * p.lq * p.D);
-    /* the parts of the longest chunks (the first S % n chunks are one longer) */
-    const int64_t chunks = p.nq * p.size;
-    const int64_t cq = (p.sq + chunks - 1) / chunks, ck = (p.sk + chunks - 1) / chunks;
+    /* the parts of the longest chunks */
+    const int64_t cq = longest_chunk(&p, p.sq), ck = longest_chunk(&p, p.sk);
     const int64_t width = p.D > p.Dv ? p.D : p.Dv;
     const int64_t chunk = cq > ck ? cq : ck;
     parts.dq_bytes = (size_t)(p.B * p.Hq * cq * p.D) * p.elem;

@@ -4,8 +4,8 @@
  *
  *   mpirun -np P bench_ring [--len L[,L...]] [--heads H] [--dim D]
  *                           [--tflops T[,T...]] [--workers N] [--device cpu|sim]
- *                           [--method ring|ulysses|both]
- *                           [--direction forward|backward|both]
+ *                           [--method ring|ulysses|hybrid|both|all]
+ *                           [--ulysses-size U] [--direction forward|backward|both]
  *
  * Part 1, measured on this machine's CPU ranks: a ring forward (p2p)
  * and, with --direction backward (or both), a ring backward, per
@@ -24,12 +24,16 @@
  *   ring p2p forward   (P-1) B Hkv L (D + Dv) e
  *   Ulysses forward    (P-1)/P B L (Hq D + 2 Hkv D) e      (q, k, v in)
  *                    + (P-1)/P B L Hq (Dv e + 4)            (o, lse out)
+ *   hybrid forward     Ulysses' with U for P                (in the groups)
+ *                    + (R-1) B Hkv L (D + Dv) e             (the ring across)
  *   ring p2p backward  (P-1) B Hkv L (D + Dv) e + P B Hkv L (D + Dv) 4
  *
  * (L: the per-rank length, e: bytes per element; measured is the formula
  * plus the opening agreement, (P-1) x 152 bytes -- the ring's formula is
  * its message path: ranks on one node share memory and send only the
- * agreement, docs/ring.md).  The methods take turns
+ * agreement, docs/ring.md.  Hybrid, --method hybrid or all: P = U x R,
+ * U = --ulysses-size, default 2: its all-to-alls overlap nothing, its
+ * ring's exchanges overlap the ring's compute.)  The methods take turns
  * case by case, 5 rounds; each row is the method's median round.
  *
  * Part 2, a model for GPUs: a ring step hides its K/V exchange when the
@@ -57,6 +61,8 @@
 #define MAX_LIST 8
 
 static int rank, size;
+static int ulysses_size = 2;   /* hybrid's U */
+static const char *const method_names[AJ_METHOD_COUNT] = {"ring", "ulysses", "hybrid"};
 
 static int parse_list(const char *s, double *out)
 {
@@ -145,6 +151,8 @@ static int run_case(aj_ctx *ctx, aj_device *dev, aj_comm *comm, aj_cp_method met
     b.dv.data = t[DV];
     b.layout = a.layout;
     b.method = method;
+    a.ulysses_size = method == AJ_METHOD_HYBRID ? ulysses_size : 0;
+    b.ulysses_size = a.ulysses_size;
     aj_ring_stats s = {0};
     aj_status st = backward ? aj_ring_forward(ctx, dev, comm, op, &a, &s) : AJ_OK;
     for (int pass = 0; pass < 2 && st == AJ_OK; pass++) {   /* pass 0 compiles */
@@ -237,12 +245,14 @@ static int median_round(const aj_ring_stats *s, int n)
 static double formula_bytes(aj_cp_method method, int backward, int64_t len, int heads,
                             int dim)
 {
-    const double P = size, e = 2, L = (double)len, H = heads, D = dim;
+    const double e = 2, L = (double)len, H = heads, D = dim;
+    const double U = method == AJ_METHOD_HYBRID ? ulysses_size : size, R = size / U;
     if (method == AJ_METHOD_RING)
-        return (P - 1) * H * L * 2 * D * e + (backward ? P * H * L * 2 * D * 4 : 0);
+        return (size - 1) * H * L * 2 * D * e + (backward ? size * H * L * 2 * D * 4 : 0);
     if (backward)
         return -1;
-    return (P - 1) / P * L * 3 * H * D * e + (P - 1) / P * L * H * (D * e + 4);
+    const double across = method == AJ_METHOD_HYBRID ? (R - 1) * H * L * 2 * D * e : 0;
+    return (U - 1) / U * L * 3 * H * D * e + (U - 1) / U * L * H * (D * e + 4) + across;
 }
 
 /* A case's row: the method's median round. */
@@ -256,7 +266,7 @@ static void print_row(aj_cp_method m, int backward, int causal, double len, int 
     double hidden = m == AJ_METHOD_RING && alone[r] > 0 ? 1.0 - x->exposed_comm_s / alone[r]
                                                         : 0.0;
     printf("%-8s %-9s %-20s %5.0f %9.2f %11.2f %12.3f %11.3f %10.3f %7.0f%% %11llu %11.0f\n",
-           m == AJ_METHOD_RING ? "ring" : "ulysses", backward ? "backward" : "forward",
+           method_names[m], backward ? "backward" : "forward",
            causal ? "causal, zigzag" : "no mask, contiguous", len, 1e3 * x->total_s,
            1e3 * x->compute_s, 1e3 * (m == AJ_METHOD_RING ? alone[r] : x->comm_s),
            1e3 * x->exposed_comm_s, x->total_s / x->compute_s,
@@ -271,7 +281,8 @@ int main(int argc, char **argv)
     MPI_Comm_size(MPI_COMM_WORLD, &size);
     double lens[MAX_LIST] = {64, 256}, tflops[MAX_LIST] = {25, 100, 400};
     int nl = 2, nt = 3, heads = 2, dim = 64, workers = 1;
-    int first = AJ_METHOD_RING, last = AJ_METHOD_RING, dir_first = 0, dir_last = 0;
+    int runs[AJ_METHOD_COUNT] = {1, 0, 0};   /* which methods run */
+    int dir_first = 0, dir_last = 0;
     aj_device_kind kind = AJ_DEVICE_CPU;
     for (int i = 1; i + 1 < argc; i += 2) {
         if (strcmp(argv[i], "--len") == 0)
@@ -289,9 +300,14 @@ int main(int argc, char **argv)
         else if (strcmp(argv[i], "--direction") == 0) {
             dir_first = strcmp(argv[i + 1], "backward") == 0;
             dir_last = strcmp(argv[i + 1], "forward") != 0;
-        } else if (strcmp(argv[i], "--method") == 0) {
-            first = strcmp(argv[i + 1], "ulysses") == 0 ? AJ_METHOD_ULYSSES : AJ_METHOD_RING;
-            last = strcmp(argv[i + 1], "ring") == 0 ? AJ_METHOD_RING : AJ_METHOD_ULYSSES;
+        } else if (strcmp(argv[i], "--ulysses-size") == 0)
+            ulysses_size = atoi(argv[i + 1]);
+        else if (strcmp(argv[i], "--method") == 0) {
+            const char *m = argv[i + 1];
+            const int all = strcmp(m, "all") == 0, both = strcmp(m, "both") == 0;
+            for (int k = 0; k < AJ_METHOD_COUNT; k++)
+                runs[k] = all || strcmp(m, method_names[k]) == 0 ||
+                          (both && k != AJ_METHOD_HYBRID);
         }
     }
     aj_ctx *ctx = NULL;
@@ -312,8 +328,8 @@ int main(int argc, char **argv)
                "hidden", "sent B", "formula B");
     }
     /* per case and direction, the methods take turns (ring, ulysses,
-     * ring, ...) for ROUNDS rounds; each row is the method's median round
-     * by total time */
+     * hybrid, ring, ...) for ROUNDS rounds; each row is the method's
+     * median round by total time */
     for (int d = dir_first; d <= dir_last && !failed; d++)
         for (int c = 0; c < 2 && !failed; c++)
             for (int i = 0; i < nl && !failed; i++) {
@@ -321,13 +337,14 @@ int main(int argc, char **argv)
                 double alone[AJ_METHOD_COUNT][ROUNDS] = {{0}};
                 uint64_t sent[AJ_METHOD_COUNT] = {0};
                 for (int r = 0; r < ROUNDS && !failed; r++)
-                    for (int m = first; m <= last && !failed; m++)
-                        failed = run_case(ctx, dev, comm, (aj_cp_method)m, d, c,
-                                          (int64_t)lens[i], heads, dim, &s[m][r],
-                                          &alone[m][r], &sent[m]);
-                for (int m = first; m <= last && !failed && rank == 0; m++)
-                    print_row((aj_cp_method)m, d, c, lens[i], heads, dim, s[m], alone[m],
-                              sent[m]);
+                    for (int m = 0; m < AJ_METHOD_COUNT && !failed; m++)
+                        failed = runs[m] && run_case(ctx, dev, comm, (aj_cp_method)m, d, c,
+                                                     (int64_t)lens[i], heads, dim, &s[m][r],
+                                                     &alone[m][r], &sent[m]);
+                for (int m = 0; m < AJ_METHOD_COUNT && !failed && rank == 0; m++)
+                    if (runs[m])
+                        print_row((aj_cp_method)m, d, c, lens[i], heads, dim, s[m], alone[m],
+                                  sent[m]);
             }
     if (!failed && rank == 0)
         print_model(tflops, nt);
