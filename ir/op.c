@@ -493,6 +493,16 @@ aj_status aj_op_set_kv_dtype(aj_op *op, aj_dtype kv_dtype)
     return set_field(op, __func__, &cand, AJ_FIELD_KV_DTYPE);
 }
 
+aj_status aj_op_set_q_layout(aj_op *op, aj_layout q_layout)
+{
+    aj_op cand;
+
+    AJ_OP_ARG(op);
+    cand = *op;
+    cand.q_layout = q_layout;
+    return set_field(op, __func__, &cand, AJ_FIELD_Q_LAYOUT);
+}
+
 aj_status aj_op_set_splits(aj_op *op, int32_t splits)
 {
     aj_op cand;
@@ -584,6 +594,7 @@ static aj_status check_dropout(double p, char *msg, size_t cap);
 static aj_status check_schedule(const aj_schedule *s, char *msg, size_t cap);
 static aj_status check_layout(const aj_op *op, char *msg, size_t cap);
 static aj_status check_splits(const aj_op *op, char *msg, size_t cap);
+static aj_status check_q_layout(const aj_op *op, char *msg, size_t cap);
 
 aj_status aj_op_check_field(const aj_op *op, aj_field field, char *msg,
                             size_t cap)
@@ -640,6 +651,8 @@ aj_status aj_op_check_field(const aj_op *op, aj_field field, char *msg,
             return AJ_ERR_VERIFY;
         }
         return AJ_OK;
+    case AJ_FIELD_Q_LAYOUT:
+        return check_q_layout(op, msg, cap);
     case AJ_FIELD_ACCUMULATE:
         if (op->accumulate && op->kind != AJ_KIND_FORWARD) {
             snprintf(msg, cap, "accumulate = true applies only to forward "
@@ -701,6 +714,7 @@ static bool field_is_default(const aj_op *op, aj_field field)
     case AJ_FIELD_BIAS:          return op->bias == AJ_BIAS_NONE;
     case AJ_FIELD_LAYOUT:        return op->layout == AJ_LAYOUT_PADDED;
     case AJ_FIELD_KV_DTYPE:      return !op->kv_dtype_set;
+    case AJ_FIELD_Q_LAYOUT:      return op->q_layout == AJ_LAYOUT_PADDED;
     case AJ_FIELD_ACCUMULATE:    return !op->accumulate;
     case AJ_FIELD_DETERMINISTIC: return !op->deterministic;
     case AJ_FIELD_SCHEDULE:
@@ -953,6 +967,26 @@ static aj_status check_layout(const aj_op *op, char *msg, size_t cap)
     return AJ_OK;
 }
 
+/* The queries of a paged op: padded [B, Hq, Sq, D] (the default) or
+ * varlen [T, Hq, D] with cu_seqlens_q (chunked prefill). */
+static aj_status check_q_layout(const aj_op *op, char *msg, size_t cap)
+{
+    aj_status st;
+
+    if ((st = check_enum("q_layout", (int)op->q_layout, AJ_LAYOUT_COUNT, msg, cap)))
+        return st;
+    if (op->q_layout == AJ_LAYOUT_PAGED) {
+        snprintf(msg, cap, "q_layout paged is not a query layout (want padded or varlen)");
+        return AJ_ERR_INVALID_ARG;
+    }
+    if (op->q_layout != AJ_LAYOUT_PADDED && op->layout != AJ_LAYOUT_PAGED) {
+        snprintf(msg, cap, "q_layout applies only to layout = paged (the layout of its "
+                           "queries), not %s", aj_layout_names[op->layout]);
+        return AJ_ERR_VERIFY;
+    }
+    return AJ_OK;
+}
+
 static aj_status check_splits(const aj_op *op, char *msg, size_t cap)
 {
     if (op->splits < 0 || op->splits > AJ_SPLITS_MAX) {
@@ -1004,6 +1038,7 @@ aj_status aj_op_get_info(const aj_op *op, aj_op_info *out)
         .num_tensors = op->tensor_count,
         .kv_dtype = aj_op_kv_dtype(op),
         .splits = op->splits,
+        .q_layout = op->q_layout,
     };
     for (int i = 0; i < op->tensor_count; i++) {
         snprintf(out->tensors[i].name, sizeof out->tensors[i].name, "%s", op->tensors[i].name);

@@ -54,6 +54,7 @@ struct aj_op {
     aj_dtype kv_dtype;     /* paged only, when kv_dtype_set; else dtype */
     bool kv_dtype_set;
     int32_t splits;        /* paged only: 0 = chosen at launch */
+    aj_layout q_layout;    /* paged only: padded or varlen queries */
     bool accumulate;       /* forward only */
     bool deterministic;    /* backward only */
     aj_schedule schedule;  /* 0 fields: template default */
@@ -108,6 +109,7 @@ double aj_op_scale(const aj_op *op);
     X(BIAS, "bias")                       \
     X(LAYOUT, "layout")                   \
     X(KV_DTYPE, "kv_dtype")               \
+    X(Q_LAYOUT, "q_layout")               \
     X(ACCUMULATE, "accumulate")           \
     X(DETERMINISTIC, "deterministic")     \
     X(SCHEDULE, "schedule")               \

@@ -413,6 +413,12 @@ static aj_status parse_value(parser *p, aj_field field)
         op->kv_dtype = (aj_dtype)v;
         op->kv_dtype_set = true;
         break;
+    case AJ_FIELD_Q_LAYOUT:
+        /* paged is a KV layout, not a query one */
+        AJ_TRY(parse_choice(p, aj_layout_names, AJ_LAYOUT_PAGED, "a query layout",
+                            NULL, &v));
+        op->q_layout = (aj_layout)v;
+        break;
     case AJ_FIELD_ACCUMULATE:
         AJ_TRY(parse_choice(p, bool_names, 2, "a boolean", NULL, &v));
         op->accumulate = v;

@@ -93,6 +93,10 @@ aj_status aj_op_canonical(const aj_op *op, char *buf, size_t cap, size_t *len)
         /* Likewise kv_dtype, which only the paged layout has. */
         if (f == AJ_FIELD_KV_DTYPE && op->layout != AJ_LAYOUT_PAGED)
             continue;
+        /* and q_layout, printed only for varlen queries, so that a paged
+         * op with padded ones keeps its text */
+        if (f == AJ_FIELD_Q_LAYOUT && op->q_layout == AJ_LAYOUT_PADDED)
+            continue;
         emit(&t, "  %s = ", aj_field_names[f]);
         print_value(&t, op, (aj_field)f);
         emit(&t, "\n");
@@ -244,6 +248,9 @@ static void print_value(text_buf *t, const aj_op *op, aj_field field)
         return;
     case AJ_FIELD_KV_DTYPE:
         emit(t, "%s", aj_dtype_names[aj_op_kv_dtype(op)]);
+        return;
+    case AJ_FIELD_Q_LAYOUT:
+        emit(t, "%s", aj_layout_names[op->q_layout]);
         return;
     case AJ_FIELD_ACCUMULATE:
         emit(t, "%s", op->accumulate ? "true" : "false");

@@ -253,9 +253,13 @@ static aj_status take_status(aj_device *dev, const char *fn)
         snprintf(fault, sizeof fault, "block_table row %u holds a page outside 0 .. "
                  "num_pages - 1 (k_cache.shape[0])", seq);
         break;
-    case AJ_PAGED_BAD_LENGTH:
-        snprintf(fault, sizeof fault, "seqlens_k[%u] is negative or beyond its block_table "
-                 "row (max_pages x page_size keys)", seq);
+    case AJ_PAGED_BAD_LENGTH:   /* = AJ_PAGED_QUERIES_BEYOND_KEYS where c is q */
+        if (c == 'q')
+            snprintf(fault, sizeof fault, "sequence %u has more queries (cu_seqlens_q[%u] - "
+                     "cu_seqlens_q[%u]) than keys (seqlens_k[%u])", seq, next, seq, seq);
+        else
+            snprintf(fault, sizeof fault, "seqlens_k[%u] is negative or beyond its "
+                     "block_table row (max_pages x page_size keys)", seq);
         break;
     default:
         snprintf(fault, sizeof fault, "fault code %u", code & 7);

@@ -99,6 +99,7 @@ static aj_status check_dim(aj_ctx *ctx, const char *fn, const char *name, int i,
 typedef struct fwd_sizes {
     int64_t batch, heads_q, heads_kv, seq_q, seq_k;
     int64_t splits;   /* layout = paged: split-KV parts (else 1) */
+    int64_t tokens_q; /* layout = paged: a query head's rows (Sq; varlen queries: T) */
 } fwd_sizes;
 
 /* What forward and backward calls share: q, k, v and the sizes they
@@ -181,6 +182,23 @@ static aj_status check_lse(aj_ctx *ctx, const char *fn, const aj_tensor *lse,
     AJ_TRY(check_dim(ctx, fn, "lse", 0, lse->shape[0], sz->batch, "q's batch"));
     AJ_TRY(check_dim(ctx, fn, "lse", 1, lse->shape[1], sz->heads_q, "q's heads"));
     AJ_TRY(check_dim(ctx, fn, "lse", 2, lse->shape[2], sz->seq_q, "q's length"));
+done:
+    return st;
+}
+
+/* Packed outputs: `name` [Tq, Hq, Dv] of dtype and lse [Hq, Tq] f32. */
+static aj_status check_packed_out(aj_ctx *ctx, const char *name, const aj_tensor *o,
+                                  aj_dtype dtype, int64_t width, int64_t tq,
+                                  const aj_tensor *lse, const fwd_sizes *sz)
+{
+    aj_status st = AJ_OK;
+    AJ_TRY(check_tensor(ctx, FWD, name, o, 3, dtype, 1));
+    AJ_TRY(check_dim(ctx, FWD, name, 0, o->shape[0], tq, "q's total length"));
+    AJ_TRY(check_dim(ctx, FWD, name, 1, o->shape[1], sz->heads_q, "q's heads"));
+    AJ_TRY(check_dim(ctx, FWD, name, 2, o->shape[2], width, "the op's head_dim_v"));
+    AJ_TRY(check_tensor(ctx, FWD, "lse", lse, 2, AJ_DTYPE_F32, 0));
+    AJ_TRY(check_dim(ctx, FWD, "lse", 0, lse->shape[0], sz->heads_q, "q's heads"));
+    AJ_TRY(check_dim(ctx, FWD, "lse", 1, lse->shape[1], tq, "q's total length"));
 done:
     return st;
 }
@@ -297,13 +315,8 @@ static aj_status check_forward_varlen(aj_ctx *ctx, const aj_op_info *op, const a
     }
     const char *out = op->accumulate ? "o_acc" : "o";
     const aj_tensor *o = op->accumulate ? &a->o_acc : &a->o;
-    AJ_TRY(check_tensor(ctx, FWD, out, o, 3, op->accumulate ? AJ_DTYPE_F32 : op->dtype, 1));
-    AJ_TRY(check_dim(ctx, FWD, out, 0, o->shape[0], tq, "q's total length"));
-    AJ_TRY(check_dim(ctx, FWD, out, 1, o->shape[1], sz->heads_q, "q's heads"));
-    AJ_TRY(check_dim(ctx, FWD, out, 2, o->shape[2], op->head_dim_v, "the op's head_dim_v"));
-    AJ_TRY(check_tensor(ctx, FWD, "lse", &a->lse, 2, AJ_DTYPE_F32, 0));
-    AJ_TRY(check_dim(ctx, FWD, "lse", 0, a->lse.shape[0], sz->heads_q, "q's heads"));
-    AJ_TRY(check_dim(ctx, FWD, "lse", 1, a->lse.shape[1], tq, "q's total length"));
+    AJ_TRY(check_packed_out(ctx, out, o, op->accumulate ? AJ_DTYPE_F32 : op->dtype,
+                            op->head_dim_v, tq, &a->lse, sz));
 done:
     return st;
 }
@@ -319,11 +332,13 @@ static aj_status check_forward_paged(aj_ctx *ctx, const aj_op_info *op, const aj
                                      fwd_sizes *sz)
 {
     aj_status st = AJ_OK;
-    AJ_CHECK_ARG(ctx, !a->k.data && !a->v.data && !a->cu_seqlens_q && !a->cu_seqlens_k &&
-                 !a->q_offset && !a->kv_offset && !a->sq_total && !a->sk_total,
-                 "%s: k, v, cu_seqlens, offsets and totals are not for layout = paged "
-                 "kernels (the keys are k_cache and v_cache; positions follow seqlens_k)", FWD);
-    AJ_TRY(check_tensor(ctx, FWD, "q", &a->q, 4, op->dtype, 1));
+    const int varlen_q = op->q_layout == AJ_LAYOUT_VARLEN;
+    AJ_CHECK_ARG(ctx, !a->k.data && !a->v.data && (varlen_q || !a->cu_seqlens_q) &&
+                 !a->cu_seqlens_k && !a->q_offset && !a->kv_offset && !a->sq_total &&
+                 !a->sk_total, "%s: k, v, cu_seqlens, offsets and totals are not for layout = "
+                 "paged kernels (the keys are k_cache and v_cache; positions follow "
+                 "seqlens_k)", FWD);
+    AJ_TRY(check_tensor(ctx, FWD, "q", &a->q, varlen_q ? 3 : 4, op->dtype, 1));
     AJ_TRY(check_tensor(ctx, FWD, "k_cache", &a->k_cache, 4, op->kv_dtype, 0));
     AJ_TRY(check_tensor(ctx, FWD, "v_cache", &a->v_cache, 4, op->kv_dtype, 0));
     const aj_tensor *kc = &a->k_cache;
@@ -331,7 +346,29 @@ static aj_status check_forward_paged(aj_ctx *ctx, const aj_op_info *op, const aj
     sz->heads_q = a->q.shape[1];
     sz->seq_q = a->q.shape[2];
     sz->heads_kv = kc->shape[2];
-    AJ_TRY(check_dim(ctx, FWD, "q", 3, a->q.shape[3], op->head_dim, "the op's head_dim"));
+    if (varlen_q) {
+        /* q [T, Hq, D]: batch sequences whose chunks cu_seqlens_q gives;
+         * seq_q is the longest a chunk may be (the kernel checks them) */
+        AJ_CHECK_ARG(ctx, a->cu_seqlens_q && (uintptr_t)a->cu_seqlens_q % 4 == 0,
+                     "%s: cu_seqlens_q = %p; q_layout = varlen needs it (int32, 4-byte "
+                     "aligned)", FWD, (const void *)a->cu_seqlens_q);
+        AJ_CHECK_ARG(ctx, a->batch >= 1 && a->batch <= MAX_GRID_YZ && a->q.shape[0] < MAX_SEQ &&
+                     a->max_seqlen_q >= 0 && a->max_seqlen_q < MAX_SEQ,
+                     "%s: batch = %d, T = %lld, max_seqlen_q = %d; q_layout = varlen needs 1 "
+                     "to %d sequences, T and max_seqlen_q (0: T) below 2^30", FWD, a->batch,
+                     (long long)a->q.shape[0], a->max_seqlen_q, MAX_GRID_YZ);
+        sz->batch = a->batch;
+        sz->heads_q = a->q.shape[1];
+        sz->seq_q = a->max_seqlen_q ? a->max_seqlen_q : a->q.shape[0];
+        sz->tokens_q = a->q.shape[0];
+        AJ_TRY(check_dim(ctx, FWD, "q", 2, a->q.shape[2], op->head_dim, "the op's head_dim"));
+    } else {
+        AJ_CHECK_ARG(ctx, !a->max_seqlen_q && !a->batch, "%s: batch and max_seqlen_q are for "
+                     "q_layout = varlen; this kernel's queries are padded (leave them 0)",
+                     FWD);
+        sz->tokens_q = sz->seq_q;
+        AJ_TRY(check_dim(ctx, FWD, "q", 3, a->q.shape[3], op->head_dim, "the op's head_dim"));
+    }
     AJ_TRY(check_dim(ctx, FWD, "k_cache", 3, kc->shape[3], op->head_dim, "the op's head_dim"));
     for (int i = 0; i < 3; i++)
         AJ_TRY(check_dim(ctx, FWD, "v_cache", i, a->v_cache.shape[i], kc->shape[i],
@@ -371,9 +408,14 @@ static aj_status check_forward_paged(aj_ctx *ctx, const aj_op_info *op, const aj
         AJ_TRY(check_dim(ctx, FWD, "alibi_slopes", 0, a->alibi_slopes.shape[0], sz->heads_q,
                          "q's heads"));
     }
-    AJ_TRY(check_rows(ctx, FWD, "o", &a->o, op->dtype, op->head_dim_v, "the op's head_dim_v",
-                      sz));
-    AJ_TRY(check_lse(ctx, FWD, &a->lse, sz));
+    if (varlen_q) {
+        AJ_TRY(check_packed_out(ctx, "o", &a->o, op->dtype, op->head_dim_v, sz->tokens_q,
+                                &a->lse, sz));
+    } else {
+        AJ_TRY(check_rows(ctx, FWD, "o", &a->o, op->dtype, op->head_dim_v,
+                          "the op's head_dim_v", sz));
+        AJ_TRY(check_lse(ctx, FWD, &a->lse, sz));
+    }
 done:
     return st;
 }
@@ -395,6 +437,13 @@ static int64_t paged_splits(const aj_op_info *op, const aj_device *dev, const fw
     int64_t splits = items >= want ? 1 : (want + items - 1) / items;
     if (splits > by_length)
         splits = by_length;
+    /* varlen queries (chunked prefill): the partials of all T rows must
+     * stay within 64 Mi floats */
+    if (op->q_layout == AJ_LAYOUT_VARLEN) {
+        int64_t per_part = sz->heads_q * sz->tokens_q * (op->head_dim_v + 1);
+        int64_t most = ((int64_t)1 << 26) / (per_part ? per_part : 1);
+        splits = splits > most ? most : splits;
+    }
     return splits < 1 ? 1 : splits > 16 ? 16 : splits;
 }
 
@@ -814,6 +863,8 @@ static aj_status check_launch(aj_ctx *ctx, const char *fn, aj_device *dev,
  *   O   [B][Hq][splits][Sq][Dv]   f32, each part's normalised output
  *   LSE [B][Hq][splits][Sq]       f32, after it
  *
+ * (varlen queries: B = 1 and Sq = T, each sequence at its packed rows)
+ *
  * and stage 1 merges them into o and lse (the merge contract).
  */
 static aj_status forward_paged(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
@@ -822,10 +873,11 @@ static aj_status forward_paged(aj_ctx *ctx, aj_device *dev, const aj_kernel *ker
     const aj_op_info *op = &kernel->op;
     fwd_sizes sz = {.splits = 1};
     aj_status st = check_forward_paged(ctx, op, a, &sz);
-    if (st != AJ_OK || sz.batch == 0 || sz.heads_q == 0 || sz.seq_q == 0)
+    if (st != AJ_OK || sz.batch == 0 || sz.heads_q == 0 || sz.tokens_q == 0)
         return st;
+    const int varlen_q = op->q_layout == AJ_LAYOUT_VARLEN;
     sz.splits = paged_splits(op, dev, &sz);
-    size_t rows = (size_t)(sz.batch * sz.heads_q * sz.splits * sz.seq_q);
+    size_t rows = (size_t)((varlen_q ? 1 : sz.batch) * sz.heads_q * sz.splits * sz.tokens_q);
     size_t ws_bytes = sz.splits > 1 ? rows * (size_t)(op->head_dim_v + 1) * 4 : 0;
     void *ws = NULL;
     if (ws_bytes)
@@ -838,9 +890,14 @@ static aj_status forward_paged(aj_ctx *ctx, aj_device *dev, const aj_kernel *ker
         {(void *)a->seqlens_k, AJ_DTYPE_F32, 1, {sz.batch}, {1}}};
     const aj_tensor status_word = {dev->status, AJ_DTYPE_F32, 1, {1}, {1}};
     const aj_tensor ws_t = {ws, AJ_DTYPE_F32, 1, {(int64_t)(ws_bytes / 4)}, {1}};
-    put_tensor(&v, AJ_PSRC_q, &a->q);
-    put_tensor(&v, AJ_PSRC_o, &a->o);
-    put_tensor(&v, AJ_PSRC_lse, &a->lse);
+    /* varlen queries: the packed q, o, lse as padded views (batch stride
+     * 0), cu_seqlens_q beside them */
+    const aj_tensor q = padded_view(&a->q), o = padded_view(&a->o), lse = padded_view(&a->lse);
+    const aj_tensor cu_q = {(void *)a->cu_seqlens_q, AJ_DTYPE_F32, 1, {sz.batch + 1}, {1}};
+    put_tensor(&v, AJ_PSRC_q, varlen_q ? &q : &a->q);
+    put_tensor(&v, AJ_PSRC_o, varlen_q ? &o : &a->o);
+    put_tensor(&v, AJ_PSRC_lse, varlen_q ? &lse : &a->lse);
+    put_tensor(&v, AJ_PSRC_cu_seqlens_q, &cu_q);
     put_tensor(&v, AJ_PSRC_k_cache, &a->k_cache);
     put_tensor(&v, AJ_PSRC_v_cache, &a->v_cache);
     put_tensor(&v, AJ_PSRC_block_table, &i32s[0]);
@@ -936,7 +993,8 @@ aj_status aj_block_mask_launch(aj_ctx *ctx, aj_device *dev, const char *fn,
     put_scalar(&v, AJ_PSRC_kv_offset, shape->kv_offset);
     put_scalar(&v, AJ_PSRC_seq_q_total, shape->sq_total);
     put_scalar(&v, AJ_PSRC_seq_k_total, shape->sk_total);
-    const fwd_sizes sz = {shape->batch, shape->heads, shape->heads, shape->seq_q, shape->seq_k, 1};
+    const fwd_sizes sz = {shape->batch, shape->heads, shape->heads, shape->seq_q, shape->seq_k, 1,
+                          shape->seq_q};
     aj_status st = bind_scores(ctx, fn, &builder->op, side, num_side, slopes, &scores);
     /* its stages in order: key-block hulls, classes and row lists, key-block lists */
     for (int s = 0; st == AJ_OK && s < builder->num_stages; s++) {

@@ -184,16 +184,52 @@ static void record_k_fault(aj_kb *kb, LLVMValueRef bad, LLVMValueRef bidx, aj_va
     aj_kb_if_end(kb);
 }
 
-LLVMValueRef aj_attn_paged_len(aj_kb *kb, LLVMValueRef bidx)
+/* seqlens_k[bidx] and whether it is outside 0 .. max_pages page_size */
+static LLVMValueRef paged_len_raw(aj_kb *kb, LLVMValueRef bidx, LLVMValueRef *bad)
 {
     LLVMBuilderRef b = kb->b;
     LLVMValueRef len = load_offset(kb, "seqlens_k", bidx);
     LLVMValueRef most = LLVMBuildMul(b, aj_kb_param(kb, "max_pages"),
                                      aj_kb_param(kb, "page_size"), "");
     /* unsigned: a negative length is above any most */
-    LLVMValueRef bad = LLVMBuildICmp(b, LLVMIntUGT, len, most, "len_bad");
+    *bad = LLVMBuildICmp(b, LLVMIntUGT, len, most, "len_bad");
+    return len;
+}
+
+LLVMValueRef aj_attn_paged_len(aj_kb *kb, LLVMValueRef bidx)
+{
+    LLVMValueRef bad, len = paged_len_raw(kb, bidx, &bad);
     record_k_fault(kb, bad, bidx, AJ_PAGED_BAD_LENGTH);
-    return LLVMBuildSelect(b, bad, aj_kb_i32(kb, 0), len, "seq_len");
+    return LLVMBuildSelect(kb->b, bad, aj_kb_i32(kb, 0), len, "seq_len");
+}
+
+void aj_attn_paged_queries(aj_kb *kb, LLVMValueRef bidx, LLVMValueRef len_k,
+                           LLVMValueRef longest, LLVMValueRef *start_q, LLVMValueRef *len_q)
+{
+    LLVMBuilderRef b = kb->b;
+    LLVMValueRef zero = aj_kb_i32(kb, 0);
+    LLVMValueRef lo = load_offset(kb, "cu_seqlens_q", bidx);
+    LLVMValueRef hi = load_offset(kb, "cu_seqlens_q", LLVMBuildAdd(b, bidx, aj_kb_i32(kb, 1),
+                                                                   ""));
+    LLVMValueRef fault = offsets_fault(kb, bidx, lo, hi, aj_kb_param(kb, "tokens_q"), longest);
+    LLVMValueRef len_bad;
+    paged_len_raw(kb, bidx, &len_bad);
+    /* a chunk longer than the (valid) sequence: only where the offsets
+     * themselves are right */
+    LLVMValueRef beyond = LLVMBuildAnd(b, LLVMBuildICmp(b, LLVMIntEQ, fault, zero, ""),
+                                       LLVMBuildAnd(b, LLVMBuildNot(b, len_bad, ""),
+                                                    LLVMBuildICmp(b, LLVMIntSGT,
+                                                                  LLVMBuildSub(b, hi, lo, ""),
+                                                                  len_k, ""), ""), "");
+    fault = LLVMBuildSelect(b, beyond, aj_kb_i32(kb, AJ_PAGED_QUERIES_BEYOND_KEYS), fault, "");
+    LLVMValueRef bad = LLVMBuildICmp(b, LLVMIntNE, fault, zero, "q_bad");
+    aj_kb_if_begin(kb, bad);
+    /* AJ_VARLEN_STATUS(b, q, fault) */
+    aj_kb_atomic_umin_i32(kb, aj_kb_param(kb, "varlen_status"),
+                          LLVMBuildOr(b, LLVMBuildShl(b, bidx, aj_kb_i32(kb, 4), ""), fault, ""));
+    aj_kb_if_end(kb);
+    *len_q = LLVMBuildSelect(b, bad, zero, LLVMBuildSub(b, hi, lo, ""), "seq_q");
+    *start_q = LLVMBuildSExt(b, LLVMBuildSelect(b, bad, zero, lo, ""), kb->t_i64, "");
 }
 
 LLVMValueRef aj_attn_paged_page(aj_kb *kb, LLVMValueRef bidx, LLVMValueRef slot,
@@ -231,13 +267,23 @@ void aj_attn_paged_fault(aj_kb *kb, LLVMValueRef bad, LLVMValueRef bidx)
 LLVMValueRef aj_attn_paged_part_row(aj_kb *kb, LLVMValueRef bidx, LLVMValueRef h,
                                     LLVMValueRef part, int dv, LLVMValueRef *lse_at)
 {
+    return aj_attn_paged_part_row_of(kb, bidx, h, part, dv, 0, lse_at);
+}
+
+LLVMValueRef aj_attn_paged_part_row_of(aj_kb *kb, LLVMValueRef bidx, LLVMValueRef h,
+                                       LLVMValueRef part, int dv, int varlen_q,
+                                       LLVMValueRef *lse_at)
+{
     LLVMBuilderRef b = kb->b;
     LLVMTypeRef i64 = kb->t_i64;
     LLVMValueRef hq = LLVMBuildSExt(b, aj_kb_param(kb, "heads_q"), i64, "");
     LLVMValueRef splits = LLVMBuildSExt(b, aj_kb_param(kb, "splits"), i64, "");
-    LLVMValueRef sq = LLVMBuildSExt(b, aj_kb_param(kb, "seq_q"), i64, "");
-    LLVMValueRef batch = LLVMBuildSExt(b, aj_kb_param(kb, "batch"), i64, "");
-    LLVMValueRef bh = LLVMBuildAdd(b, LLVMBuildMul(b, LLVMBuildSExt(b, bidx, i64, ""), hq, ""),
+    /* varlen queries: one sequence of T rows */
+    LLVMValueRef sq = LLVMBuildSExt(b, aj_kb_param(kb, varlen_q ? "tokens_q" : "seq_q"), i64, "");
+    LLVMValueRef batch = varlen_q ? aj_kb_i64(kb, 1)
+                                  : LLVMBuildSExt(b, aj_kb_param(kb, "batch"), i64, "");
+    LLVMValueRef bseq = varlen_q ? aj_kb_i64(kb, 0) : LLVMBuildSExt(b, bidx, i64, "");
+    LLVMValueRef bh = LLVMBuildAdd(b, LLVMBuildMul(b, bseq, hq, ""),
                                    LLVMBuildSExt(b, h, i64, ""), "");
     LLVMValueRef bhs = LLVMBuildAdd(b, LLVMBuildMul(b, bh, splits, ""),
                                     LLVMBuildSExt(b, part, i64, ""), "");

@@ -93,7 +93,11 @@ typedef enum aj_varlen_fault {
     /* layout = paged (which = k): the same word, the same rule */
     AJ_PAGED_BAD_PAGE = 6,          /* a block_table entry outside 0 .. num_pages - 1 */
     AJ_PAGED_BAD_LENGTH = 7,        /* seqlens_k[b] < 0 or > max_pages page_size */
-    AJ_VARLEN_FAULT_COUNT
+    AJ_VARLEN_FAULT_COUNT,
+    /* layout = paged with varlen queries (which = q, so the code is its
+     * own): sequence b has more queries than keys, cu_seqlens_q[b + 1] -
+     * cu_seqlens_q[b] > seqlens_k[b] */
+    AJ_PAGED_QUERIES_BEYOND_KEYS = AJ_PAGED_BAD_LENGTH
 } aj_varlen_fault;
 
 #define AJ_VARLEN_STATUS_CLEAR 0xffffffffu
@@ -118,6 +122,18 @@ void aj_attn_varlen_seq_of(aj_kb *kb, LLVMValueRef bidx, aj_attn_varlen_seq *out
 LLVMValueRef aj_attn_paged_len(aj_kb *kb, LLVMValueRef bidx);
 LLVMValueRef aj_attn_paged_pages_ok(aj_kb *kb, LLVMValueRef bidx, LLVMValueRef first,
                                     LLVMValueRef end);
+/*
+ * layout = paged, q_layout = varlen: sequence b's queries, rows
+ * cu_seqlens_q[b] .. cu_seqlens_q[b + 1] - 1 of the packed q, the last of
+ * its seqlens_k[b] positions.  The offsets are checked as varlen's (q's,
+ * against tokens_q and `longest`, i32), and the chunk against the
+ * sequence's length (AJ_PAGED_QUERIES_BEYOND_KEYS, where the length itself
+ * is valid: a bad length is its own fault); a fault reads as no query.
+ * len_k: the checked length (aj_attn_paged_len's).  Parameters: those of
+ * aj_attn_paged_len, cu_seqlens_q, tokens_q, batch.
+ */
+void aj_attn_paged_queries(aj_kb *kb, LLVMValueRef bidx, LLVMValueRef len_k,
+                           LLVMValueRef longest, LLVMValueRef *start_q, LLVMValueRef *len_q);
 /* The page in slot `slot` (i32) of sequence bidx's block-table row (i32)
  * and whether it is in 0 .. num_pages - 1 (*ok, i1), unrecorded: the GPU
  * kernels look a tile's pages up row by row and record a bad one with
@@ -132,6 +148,13 @@ void aj_attn_paged_fault(aj_kb *kb, LLVMValueRef bad, LLVMValueRef bidx);
  * offset (i64).  Parameters: heads_q, splits, seq_q, batch. */
 LLVMValueRef aj_attn_paged_part_row(aj_kb *kb, LLVMValueRef bidx, LLVMValueRef h,
                                     LLVMValueRef part, int dv, LLVMValueRef *lse_at);
+/* The same for queries of either layout: with varlen_q (q_layout =
+ * varlen) the packed rows are one sequence, r = (h splits + s) T + row
+ * (T: tokens_q; the caller adds the sequence's first packed row) and the
+ * LSE block at Hq splits T Dv. */
+LLVMValueRef aj_attn_paged_part_row_of(aj_kb *kb, LLVMValueRef bidx, LLVMValueRef h,
+                                       LLVMValueRef part, int dv, int varlen_q,
+                                       LLVMValueRef *lse_at);
 
 /*
  * The totals the score programs read (score.h's sq, sk; i64), NULL where

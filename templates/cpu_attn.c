@@ -88,10 +88,13 @@ void aj_cpu_seq_of(aj_kb *kb, const aj_op *op, const aj_score_prog *prog, LLVMVa
     s->sq = s->sk = NULL;
     if (op->layout == AJ_LAYOUT_PAGED) {
         /* the queries are the last of the sequence's positions; both
-         * totals are its length */
+         * totals are its length.  Varlen queries: the sequence's chunk of
+         * the packed rows (seq_q: the longest chunk) */
         s->len_q = aj_kb_param(kb, "seq_q");
         s->len_k = aj_attn_paged_len(kb, bidx);
         s->start_q = s->start_k = aj_kb_i64(kb, 0);
+        if (op->q_layout == AJ_LAYOUT_VARLEN)
+            aj_attn_paged_queries(kb, bidx, s->len_k, s->len_q, &s->start_q, &s->len_q);
         if (prog->reads_totals)
             s->sq = s->sk = sext64(kb, s->len_k);
         return;
@@ -185,6 +188,16 @@ static LLVMValueRef load8(aj_kb *kb, const char *t, aj_dtype dtype, int pairs, L
     return v;
 }
 
+/* The element offset of row in_page of the page in table slot `slot`. */
+static LLVMValueRef paged_row(aj_kb *kb, const aj_cpu_rows *src, LLVMValueRef slot,
+                              LLVMValueRef in_page)
+{
+    LLVMValueRef page = LLVMBuildLoad2(kb->b, kb->t_i32, aj_cv_at(kb, kb->t_i32, src->pages,
+                                                                  slot), "page");
+    return add(kb, add(kb, src->base, mul(kb, sext64(kb, page), src->stride_page)),
+               mul(kb, sext64(kb, in_page), src->stride_s));
+}
+
 LLVMValueRef aj_cpu_row_at(aj_kb *kb, const aj_cpu_rows *src, LLVMValueRef p)
 {
     LLVMBuilderRef b = kb->b;
@@ -197,12 +210,48 @@ LLVMValueRef aj_cpu_row_at(aj_kb *kb, const aj_cpu_rows *src, LLVMValueRef p)
     }
     if (!src->pages)
         return add(kb, src->base, mul(kb, sext64(kb, p), src->stride_s));
-    LLVMValueRef slot = LLVMBuildUDiv(b, p, src->page_size, "");
-    LLVMValueRef in_page = LLVMBuildURem(b, p, src->page_size, "");
-    LLVMValueRef page = LLVMBuildLoad2(b, kb->t_i32, aj_cv_at(kb, kb->t_i32, src->pages, slot),
-                                       "page");
-    return add(kb, add(kb, src->base, mul(kb, sext64(kb, page), src->stride_page)),
-               mul(kb, sext64(kb, in_page), src->stride_s));
+    return paged_row(kb, src, LLVMBuildUDiv(b, p, src->page_size, ""),
+                     LLVMBuildURem(b, p, src->page_size, ""));
+}
+
+/*
+ * Consecutive rows p, p + 1, ... of src without a division per row: the
+ * walk divides once, at its start, then steps (slot, in_page) by one row
+ * (in_page + 1, wrapping to the next slot at page_size), so a tile of a
+ * paged cache costs one division, not one per key.  Rows of a padded
+ * tensor or of packed heads take aj_cpu_row_at (no page division).
+ */
+typedef struct row_walk {
+    const aj_cpu_rows *src;
+    LLVMValueRef slot, in_page;   /* i32: the current row's (paged only) */
+    LLVMValueRef p;               /* i32: the current row (others) */
+} row_walk;
+
+static row_walk walk_begin(aj_kb *kb, const aj_cpu_rows *src, LLVMValueRef p)
+{
+    row_walk w = {src, NULL, NULL, p};
+    if (src->pages && !src->per_head) {
+        w.slot = LLVMBuildUDiv(kb->b, p, src->page_size, "slot");
+        w.in_page = LLVMBuildURem(kb->b, p, src->page_size, "in_page");
+    }
+    return w;
+}
+
+static LLVMValueRef walk_row(aj_kb *kb, const row_walk *w)
+{
+    return w->slot ? paged_row(kb, w->src, w->slot, w->in_page) : aj_cpu_row_at(kb, w->src, w->p);
+}
+
+static void walk_next(aj_kb *kb, row_walk *w)
+{
+    LLVMBuilderRef b = kb->b;
+    w->p = add(kb, w->p, i32c(kb, 1));
+    if (!w->slot)
+        return;
+    LLVMValueRef next = add(kb, w->in_page, i32c(kb, 1));
+    LLVMValueRef wrap = LLVMBuildICmp(b, LLVMIntEQ, next, w->src->page_size, "wrap");
+    w->slot = add(kb, w->slot, LLVMBuildZExt(b, wrap, kb->t_i32, ""));
+    w->in_page = LLVMBuildSelect(b, wrap, i32c(kb, 0), next, "");
 }
 
 void aj_cpu_load_rows(aj_kb *kb, LLVMValueRef buf, int width, const char *t, aj_dtype dtype,
@@ -210,10 +259,29 @@ void aj_cpu_load_rows(aj_kb *kb, LLVMValueRef buf, int width, const char *t, aj_
                       LLVMValueRef rows, double scale, int pairs)
 {
     LLVMValueRef vscale = aj_cv_splat(kb, aj_kb_f32(kb, scale), 8);
+    /* the walk's position lives in variables across the row loop */
+    row_walk w = walk_begin(kb, src, r0);
+    LLVMValueRef vars[3] = {aj_kb_var(kb, kb->t_i32, w.p, "walk_p"), NULL, NULL};
+    if (w.slot) {
+        vars[1] = aj_kb_var(kb, kb->t_i32, w.slot, "walk_slot");
+        vars[2] = aj_kb_var(kb, kb->t_i32, w.in_page, "walk_in_page");
+    }
     LLVMValueRef r = aj_kb_for_begin(kb, i32c(kb, 0), rows, i32c(kb, 1), "lr");
     LLVMValueRef dst = mul(kb, r, i32c(kb, width));
+    w.p = aj_kb_get(kb, vars[0]);
+    if (w.slot) {
+        w.slot = aj_kb_get(kb, vars[1]);
+        w.in_page = aj_kb_get(kb, vars[2]);
+    }
+    row_walk next = w;
+    walk_next(kb, &next);
+    aj_kb_set(kb, vars[0], next.p);
+    if (w.slot) {
+        aj_kb_set(kb, vars[1], next.slot);
+        aj_kb_set(kb, vars[2], next.in_page);
+    }
     aj_kb_if_begin(kb, LLVMBuildICmp(kb->b, LLVMIntSLT, r, count, ""));
-    LLVMValueRef row = aj_cpu_row_at(kb, src, add(kb, r0, r));
+    LLVMValueRef row = walk_row(kb, &w);   /* (the table is read only for rows in range) */
     LLVMValueRef c = aj_kb_for_begin(kb, i32c(kb, 0), i32c(kb, width), i32c(kb, 8), "lrc");
     LLVMValueRef x = load8(kb, t, dtype, pairs, row, c);
     if (scale != 1.0)
@@ -278,8 +346,12 @@ void aj_cpu_load_cols(aj_kb *kb, LLVMValueRef buf, int width, int n, const char 
     aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntSLE, add(kb, r8, i32c(kb, 8)), count, ""));
     {
         LLVMValueRef rows[8];
-        for (int e = 0; e < 8; e++)
-            rows[e] = aj_cpu_row_at(kb, src, add(kb, r0, add(kb, r8, i32c(kb, e))));
+        row_walk w = walk_begin(kb, src, add(kb, r0, r8));
+        for (int e = 0; e < 8; e++) {
+            rows[e] = walk_row(kb, &w);
+            if (e < 7)
+                walk_next(kb, &w);
+        }
         LLVMValueRef c = aj_kb_for_begin(kb, i32c(kb, 0), i32c(kb, width), i32c(kb, 8), "lcc");
         LLVMValueRef a[8], out[8];
         for (int e = 0; e < 8; e++)

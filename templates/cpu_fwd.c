@@ -525,6 +525,14 @@ static void build_dense(cfwd *c, const aj_score_prog *prog, int log2e_in_q)
     aj_kb_finish(kb, &layout);
 }
 
+/* The rows a query head's partials span in the workspace: Sq, or T of
+ * varlen queries (aj_attn_paged_part_row_of). */
+static LLVMValueRef paged_ws_len(cfwd *c)
+{
+    int varlen_q = c->op->q_layout == AJ_LAYOUT_VARLEN;
+    return sext64(c, param(c, varlen_q ? "tokens_q" : "seq_q"));
+}
+
 /* Whether the score programs read the head (then each query head is its
  * own row block). */
 static int programs_read_h(const aj_score_prog *prog)
@@ -542,7 +550,9 @@ static int programs_read_h(const aj_score_prog *prog)
  * takes key blocks [s per, (s + 1) per), per = ceil(blocks / splits), of
  * its seqlens_k[b] keys, gathered through its block-table row (pages
  * checked first), for all Sq rows in blocks of bm; with one part it
- * writes o and lse, else its partial to the workspace.
+ * writes o and lse, else its partial to the workspace.  q_layout =
+ * varlen: the rows are sequence b's chunk of the packed queries (its
+ * cu_seqlens_q pair, checked), the last of its positions.
  */
 static void build_paged_parts(cfwd *c, const aj_score_prog *prog, int log2e_in_q)
 {
@@ -582,7 +592,8 @@ static void build_paged_parts(cfwd *c, const aj_score_prog *prog, int log2e_in_q
     LLVMValueRef pages = aj_cv_at(kb, kb->t_i32, param(c, "block_table"),
                                   mul(c, sext64(c, bidx), sext64(c, param(c, "max_pages"))));
     cfwd_block blk = {
-        .q = {.base = aj_attn_slice_base(kb, "q", bidx, h), .stride_s = param(c, "stride_q_s")},
+        .q = {.base = aj_cpu_seq_base(kb, "q", bidx, h, seq->start_q),
+              .stride_s = param(c, "stride_q_s")},
         .k = {mul(c, hkv, param(c, "stride_k_cache_h")), param(c, "stride_k_cache_s"), pages,
               ps, param(c, "stride_k_cache_page")},
         .v = {mul(c, hkv, param(c, "stride_v_cache_h")), param(c, "stride_v_cache_s"), pages,
@@ -590,11 +601,13 @@ static void build_paged_parts(cfwd *c, const aj_score_prog *prog, int log2e_in_q
         .k_first = first,
         .k_end = end,
     };
-    cfwd_out direct = {"o", "lse", p->dtype, 0, aj_attn_slice_base(kb, "o", bidx, h),
-                       param(c, "stride_o_s"), aj_attn_slice_base(kb, "lse", bidx, h), NULL,
-                       NULL};
+    cfwd_out direct = {"o", "lse", p->dtype, 0, aj_cpu_seq_base(kb, "o", bidx, h, seq->start_q),
+                       param(c, "stride_o_s"),
+                       add(c, aj_attn_slice_base(kb, "lse", bidx, h), seq->start_q), NULL, NULL};
     LLVMValueRef lse_at;
-    LLVMValueRef row0 = aj_attn_paged_part_row(kb, bidx, h, part, p->dv, &lse_at);
+    LLVMValueRef row0 = add(c, aj_attn_paged_part_row_of(kb, bidx, h, part, p->dv,
+                                                         op->q_layout == AJ_LAYOUT_VARLEN,
+                                                         &lse_at), seq->start_q);
     cfwd_out partial = {"workspace", "workspace", AJ_DTYPE_F32, 0,
                         mul(c, row0, aj_kb_i64(kb, p->dv)), aj_kb_i64(kb, p->dv),
                         add(c, lse_at, row0), NULL, NULL};
@@ -605,7 +618,10 @@ static void build_paged_parts(cfwd *c, const aj_score_prog *prog, int log2e_in_q
      * return */
     LLVMValueRef pack = NULL;
     if (!programs_read_h(prog)) {
-        pack = LLVMBuildICmp(b, LLVMIntSLE, mul(c, group, seq->len_q), i32c(c, p->bm), "pack");
+        /* (a sequence without queries: nothing to pack) */
+        pack = LLVMBuildAnd(b, LLVMBuildICmp(b, LLVMIntSLE, mul(c, group, seq->len_q),
+                                             i32c(c, p->bm), ""),
+                            LLVMBuildICmp(b, LLVMIntSGT, seq->len_q, i32c(c, 0), ""), "pack");
         aj_kb_if_begin(kb, pack);
         aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntEQ, LLVMBuildSRem(b, h, group, ""),
                                          i32c(c, 0), ""));
@@ -615,9 +631,8 @@ static void build_paged_parts(cfwd *c, const aj_score_prog *prog, int log2e_in_q
         cfwd_out heads[2] = {direct, partial};
         heads[0].o_head = param(c, "stride_o_h");
         heads[0].lse_head = param(c, "stride_lse_h");
-        heads[1].o_head = mul(c, mul(c, sext64(c, splits), sext64(c, seq->len_q)),
-                              aj_kb_i64(kb, p->dv));
-        heads[1].lse_head = mul(c, sext64(c, splits), sext64(c, seq->len_q));
+        heads[1].lse_head = mul(c, sext64(c, splits), paged_ws_len(c));
+        heads[1].o_head = mul(c, heads[1].lse_head, aj_kb_i64(kb, p->dv));
         c->per_head = seq->len_q;
         c->m0 = i32c(c, 0);
         c->rows = mul(c, group, seq->len_q);
@@ -678,14 +693,24 @@ static void build_paged_merge(cfwd *c, const aj_score_prog *prog)
     LLVMValueRef item[3];
     work_item(c, item);
     LLVMValueRef h = item[1], bidx = item[2];
-    LLVMValueRef splits = param(c, "splits"), sq = sext64(c, param(c, "seq_q"));
+    /* the rows of sequence bidx: Sq, or its chunk of the packed ones */
+    LLVMValueRef splits = param(c, "splits"), sq = paged_ws_len(c);
+    LLVMValueRef len_q = sq, start_q = aj_kb_i64(kb, 0);
+    if (c->op->q_layout == AJ_LAYOUT_VARLEN) {
+        aj_cpu_seq seq;
+        aj_cpu_seq_of(kb, c->op, prog, bidx, &seq);
+        len_q = sext64(c, seq.len_q);
+        start_q = seq.start_q;
+    }
     LLVMValueRef lse_at;
-    LLVMValueRef row0 = aj_attn_paged_part_row(kb, bidx, h, i32c(c, 0), dv, &lse_at);
+    LLVMValueRef row0 = add(c, aj_attn_paged_part_row_of(kb, bidx, h, i32c(c, 0), dv,
+                                                         c->op->q_layout == AJ_LAYOUT_VARLEN,
+                                                         &lse_at), start_q);
     lse_at = add(c, lse_at, row0);
     LLVMValueRef ninf = aj_kb_f32(kb, -INFINITY);
-    LLVMValueRef o_base = aj_attn_slice_base(kb, "o", bidx, h);
-    LLVMValueRef lse_base = aj_attn_slice_base(kb, "lse", bidx, h);
-    LLVMValueRef i = aj_kb_for_begin(kb, aj_kb_i64(kb, 0), sq, aj_kb_i64(kb, 1), "mi");
+    LLVMValueRef o_base = aj_cpu_seq_base(kb, "o", bidx, h, start_q);
+    LLVMValueRef lse_base = add(c, aj_attn_slice_base(kb, "lse", bidx, h), start_q);
+    LLVMValueRef i = aj_kb_for_begin(kb, aj_kb_i64(kb, 0), len_q, aj_kb_i64(kb, 1), "mi");
     aj_kb_set(kb, mx, ninf);
     LLVMValueRef s = aj_kb_for_begin(kb, i32c(c, 0), splits, i32c(c, 1), "ms");
     LLVMValueRef part_lse = aj_cpu_fload(kb, aj_cv_at(kb, kb->t_f32, param(c, "workspace"),
@@ -794,6 +819,7 @@ const aj_template aj_template_cpu_fwd_paged_flash = {
     .build = cfwd_build,
     .targets = 1u << AJ_TARGET_CPU,
     .paged = true,
+    .varlen_q = true,
     .stage_sigs = {AJ_KSIG_CPU_PAGED_FWD, AJ_KSIG_CPU_PAGED_MERGE},
 };
 
@@ -805,5 +831,6 @@ const aj_template aj_template_cpu_fwd_paged_efficient = {
     .build = cfwd_build,
     .targets = 1u << AJ_TARGET_CPU,
     .paged = true,
+    .varlen_q = true,
     .stage_sigs = {AJ_KSIG_CPU_PAGED_FWD, AJ_KSIG_CPU_PAGED_MERGE},
 };

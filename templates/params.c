@@ -50,6 +50,7 @@ typedef enum aj_param_when {
     AJ_PWHEN_ACCUMULATE,
     AJ_PWHEN_BLOCK_MASK,      /* the kernels read tile classes from a block mask */
     AJ_PWHEN_F8_KV,           /* layout = paged with an f8 kv_dtype */
+    AJ_PWHEN_VARLEN_Q,        /* layout = paged with q_layout = varlen */
 } aj_param_when;
 
 static const struct sig_row {
@@ -100,6 +101,8 @@ static bool op_has(aj_param_when when, const aj_op *op, const aj_score_prog *pro
     case AJ_PWHEN_BLOCK_MASK: return prog->block_mask;
     case AJ_PWHEN_F8_KV:
         return op->layout == AJ_LAYOUT_PAGED && aj_op_kv_dtype(op) >= AJ_DTYPE_F8E4M3;
+    case AJ_PWHEN_VARLEN_Q:
+        return op->layout == AJ_LAYOUT_PAGED && op->q_layout == AJ_LAYOUT_VARLEN;
     }
     return false;
 }

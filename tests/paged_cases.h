@@ -5,7 +5,9 @@
  * A case says the sizes, dtypes, page size, each sequence's length and
  * how its pages are laid out: in order, shuffled over the cache, or with
  * every sequence sharing sequence 0's leading full pages (prefix
- * sharing).  Every page of the cache (a few spare ones too) holds random
+ * sharing).  Queries are padded (sq per sequence) or, with chunks set,
+ * varlen (q_layout = varlen, chunked prefill): sequence b's chunks[b]
+ * queries packed after the others' (paged_chunks makes such lists).  Every page of the cache (a few spare ones too) holds random
  * values, stored in the cache's dtype (f8: value / scale, rounded), and
  * the reference reads the stored values back, so any difference is the
  * kernel's own.
@@ -27,7 +29,10 @@ enum { PAGED_IN_ORDER, PAGED_SHUFFLED, PAGED_SHARED_PREFIX };
 
 /* A fault the device is given in sequence fault_seq: a block-table entry
  * of num_pages (outside the cache), or a length one past its table row. */
-enum { PAGED_NO_FAULT, PAGED_FAULT_PAGE, PAGED_FAULT_LENGTH };
+enum { PAGED_NO_FAULT, PAGED_FAULT_PAGE, PAGED_FAULT_LENGTH,
+       /* varlen queries: cu_seqlens_q[fault_seq + 1] below cu_seqlens_q[
+        * fault_seq]; seqlens_k[fault_seq] one below its chunk (>= 1) */
+       PAGED_FAULT_CU_ORDER, PAGED_FAULT_BEYOND };
 
 typedef struct paged_case {
     aj_dtype dtype, kv_dtype;
@@ -39,6 +44,7 @@ typedef struct paged_case {
     int b, hq, hkv, sq;
     int page_size;
     const int32_t *seqlens;     /* b lengths */
+    const int32_t *chunks;      /* varlen queries: b chunk lengths; NULL: sq each */
     int pages;                  /* PAGED_* */
     int splits;                 /* the schedule's; 0: the launch's choice */
     uint64_t seed;
@@ -83,11 +89,26 @@ static inline void paged_label(const paged_case *c, char *buf, size_t cap)
     size_t n = strlen(buf);
     if (c->dv && c->dv != c->d)
         n += (size_t)snprintf(buf + n, cap - n, "/%d", c->dv);
-    snprintf(buf + n, cap - n, " ps%d gqa %d:1 b%d sq %d %s%s%s %s splits %d%s", c->page_size,
-             c->hq / c->hkv, c->b, c->sq,
+    int tq = 0;
+    for (int b = 0; c->chunks && b < c->b; b++)
+        tq += c->chunks[b];
+    snprintf(buf + n, cap - n, " ps%d gqa %d:1 b%d %s %d %s%s%s %s splits %d%s", c->page_size,
+             c->hq / c->hkv, c->b, c->chunks ? "varlen T" : "sq", c->chunks ? tq : c->sq,
              c->mask == AJ_MASK_CAUSAL ? "causal" : c->mask == AJ_MASK_WINDOW ? "window" : "none",
              c->softcap ? " softcap" : "", c->alibi ? " alibi" : "", layouts[c->pages],
              c->splits, c->efficient ? " efficient" : "");
+}
+
+/* Varlen query chunks (chunked prefill), mixed per batch: sequence b
+ * gets want[(b + rot) % n] queries, at most its length (a want of -1: the
+ * whole sequence). */
+static inline void paged_chunks(const int32_t *seqlens, int b, const int *want, int n, int rot,
+                                int32_t *chunks)
+{
+    for (int i = 0; i < b; i++) {
+        int w = want[(i + rot) % n];
+        chunks[i] = w < 0 || w > seqlens[i] ? seqlens[i] : w;
+    }
 }
 
 static inline uint64_t paged_rand(uint64_t *s)
@@ -158,6 +179,8 @@ static inline aj_status paged_compile(aj_ctx *ctx, aj_device *dev, const paged_c
     aj_op_set_layout(op, AJ_LAYOUT_PAGED);
     aj_op_set_kv_dtype(op, c->kv_dtype);
     aj_op_set_splits(op, c->splits);
+    if (c->chunks)
+        aj_op_set_q_layout(op, AJ_LAYOUT_VARLEN);
     if (c->mask == AJ_MASK_CAUSAL)
         aj_op_set_mask_causal(op, AJ_ALIGN_BOTTOM_RIGHT);
     if (c->mask == AJ_MASK_WINDOW)
@@ -228,21 +251,30 @@ static inline paged_result paged_run(aj_ctx *ctx, aj_device *dev, const aj_kerne
     int32_t *table = paged_table(c, &seed, &max_pages, &num_pages);
     int f8 = c->kv_dtype >= AJ_DTYPE_F8E4M3;
     const double k_scale = f8 ? 1.0 / 64 : 1.0, v_scale = f8 ? 1.0 / 32 : 1.0;
-    size_t nq = (size_t)c->b * c->hq * c->sq * c->d, no = (size_t)c->b * c->hq * c->sq * dv;
+    /* the query rows of a head: B Sq, or T packed (cu_q) */
+    int32_t *cu_q = c->chunks ? malloc(((size_t)c->b + 1) * sizeof *cu_q) : NULL;
+    int64_t tq = (int64_t)c->b * c->sq;
+    if (cu_q) {
+        cu_q[0] = 0;
+        for (int b = 0; b < c->b; b++)
+            cu_q[b + 1] = cu_q[b] + c->chunks[b];
+        tq = cu_q[c->b];
+    }
+    size_t nq = (size_t)tq * c->hq * c->d, no = (size_t)tq * c->hq * dv;
     size_t rows = (size_t)num_pages * c->page_size * c->hkv;
     double *q = malloc(nq * sizeof *q), *kc = malloc(rows * c->d * sizeof *kc);
     double *vc = malloc(rows * dv * sizeof *vc), *o_ref = malloc((no + 1) * sizeof *o_ref);
-    double *lse_ref = malloc(((size_t)c->b * c->hq * c->sq + 1) * sizeof *lse_ref);
+    double *lse_ref = malloc(((size_t)tq * c->hq + 1) * sizeof *lse_ref);
     float *o = malloc((no + 1) * sizeof *o);
-    float *lse = malloc(((size_t)c->b * c->hq * c->sq + 1) * sizeof *lse);
-    void *mem[9] = {0};
+    float *lse = malloc(((size_t)tq * c->hq + 1) * sizeof *lse);
+    void *mem[10] = {0};
     double slopes[64];
     float slopes_f[64];
     for (int h = 0; h < c->hq && h < 64; h++) {
         slopes_f[h] = (float)(pow(2.0, -(h + 1) / 2.0));
         slopes[h] = slopes_f[h];
     }
-    if (!table || !q || !kc || !vc || !o_ref || !lse_ref || !o || !lse)
+    if (!table || !q || !kc || !vc || !o_ref || !lse_ref || !o || !lse || (c->chunks && !cu_q))
         r.status = AJ_ERR_OUT_OF_MEMORY;
     if (r.status == AJ_OK)
         r.status = paged_fill(dev, c->dtype, nq, 1.0, 1.0, &seed, &mem[0], q);
@@ -251,7 +283,7 @@ static inline paged_result paged_run(aj_ctx *ctx, aj_device *dev, const aj_kerne
     if (r.status == AJ_OK)
         r.status = paged_fill(dev, c->kv_dtype, rows * dv, 1.0, v_scale, &seed, &mem[2], vc);
     size_t o_bytes = no * (size_t)aj_dtype_size(c->dtype);
-    size_t lse_n = (size_t)c->b * c->hq * c->sq;
+    size_t lse_n = (size_t)tq * c->hq;
     float scales[2] = {(float)k_scale, (float)v_scale};
     const size_t sizes[5] = {o_bytes + 16, lse_n * 4 + 16, (size_t)c->b * max_pages * 4 + 16,
                              (size_t)c->b * 4 + 16, 16};
@@ -266,6 +298,8 @@ static inline paged_result paged_run(aj_ctx *ctx, aj_device *dev, const aj_kerne
             table[c->fault_seq * max_pages] = num_pages;
         if (c->fault == PAGED_FAULT_LENGTH)
             lens[c->fault_seq] = max_pages * c->page_size + 1;
+        if (c->fault == PAGED_FAULT_BEYOND)
+            lens[c->fault_seq] = c->chunks[c->fault_seq] - 1;
         r.status = aj_device_copy_to(dev, mem[5], table, (size_t)c->b * max_pages * 4);
     }
     if (r.status == AJ_OK)
@@ -273,6 +307,18 @@ static inline paged_result paged_run(aj_ctx *ctx, aj_device *dev, const aj_kerne
     free(lens);
     if (r.status == AJ_OK)
         r.status = aj_device_copy_to(dev, mem[7], scales, sizeof scales);
+    if (r.status == AJ_OK && cu_q) {
+        int32_t *cu = malloc(((size_t)c->b + 1) * 4);
+        r.status = cu ? aj_device_alloc(dev, ((size_t)c->b + 1) * 4, &mem[9])
+                      : AJ_ERR_OUT_OF_MEMORY;
+        if (r.status == AJ_OK) {
+            memcpy(cu, cu_q, ((size_t)c->b + 1) * 4);
+            if (c->fault == PAGED_FAULT_CU_ORDER)
+                cu[c->fault_seq + 1] = cu[c->fault_seq] - 1;
+            r.status = aj_device_copy_to(dev, mem[9], cu, ((size_t)c->b + 1) * 4);
+        }
+        free(cu);
+    }
     if (r.status == AJ_OK && c->alibi)
         r.status = aj_device_alloc(dev, (size_t)c->hq * 4, &mem[8]);
     if (r.status == AJ_OK && c->alibi)
@@ -287,6 +333,15 @@ static inline paged_result paged_run(aj_ctx *ctx, aj_device *dev, const aj_kerne
         a.v_cache = paged_tensor(mem[2], c->kv_dtype, 4, vs);
         a.o = paged_tensor(mem[3], c->dtype, 4, os);
         a.lse = paged_tensor(mem[4], AJ_DTYPE_F32, 3, qs);
+        if (cu_q) {   /* q, o [T, Hq, D or Dv], lse [Hq, T] */
+            const int64_t pq[3] = {tq, c->hq, c->d}, po[3] = {tq, c->hq, dv};
+            const int64_t pl[2] = {c->hq, tq};
+            a.q = paged_tensor(mem[0], c->dtype, 3, pq);
+            a.o = paged_tensor(mem[3], c->dtype, 3, po);
+            a.lse = paged_tensor(mem[4], AJ_DTYPE_F32, 2, pl);
+            a.cu_seqlens_q = mem[9];
+            a.batch = c->b;
+        }
         a.block_table = mem[5];
         a.max_pages = max_pages;
         a.seqlens_k = mem[6];
@@ -322,6 +377,7 @@ static inline paged_result paged_run(aj_ctx *ctx, aj_device *dev, const aj_kerne
         ref_problem p;
         memset(&p, 0, sizeof p);
         p.B = c->b, p.Hq = c->hq, p.Hkv = c->hkv, p.D = c->d, p.Dv = dv, p.Sq = c->sq;
+        p.cu_q = cu_q;
         p.mask = c->mask;
         p.align = AJ_ALIGN_BOTTOM_RIGHT;
         p.window_left = c->left, p.window_right = c->right;
@@ -333,24 +389,27 @@ static inline paged_result paged_run(aj_ctx *ctx, aj_device *dev, const aj_kerne
         fwd_tolerance tol = fwd_tolerance_for(c->dtype);
         for (size_t i = 0; i < lse_n; i++) {
             double want = lse_ref[i], got = lse[i];
+            /* o's row of lse entry i: the same index, or packed (h, t) -> (t, h) */
+            size_t at = cu_q ? (i % (size_t)tq) * (size_t)c->hq + i / (size_t)tq : i;
             if (want == -INFINITY) {
                 int exact = got == -INFINITY;
                 for (int e = 0; e < dv; e++)
-                    exact &= o[i * dv + e] == 0.0f;
+                    exact &= o[at * dv + e] == 0.0f;
                 r.exact_empty &= exact;
                 continue;
             }
             double e = fabs(got - want) / (tol.lse_atol + tol.lse_rtol * fabs(want));
             r.err_lse = e > r.err_lse || isnan(e) ? e : r.err_lse;
             for (int x = 0; x < dv; x++) {
-                double w = o_ref[i * dv + x];
-                double eo = fabs(o[i * dv + x] - w) / (tol.o_atol + tol.o_rtol * fabs(w));
+                double w = o_ref[at * dv + x];
+                double eo = fabs(o[at * dv + x] - w) / (tol.o_atol + tol.o_rtol * fabs(w));
                 r.err_o = eo > r.err_o || isnan(eo) ? eo : r.err_o;
             }
         }
     }
-    for (int i = 0; i < 9; i++)
+    for (int i = 0; i < 10; i++)
         aj_device_free(dev, mem[i]);
+    free(cu_q);
     free(o_host);
     free(table);
     free(q);

@@ -554,8 +554,9 @@ void ref_use_expressions(ref_problem *p, const aj_op *op, const aj_side_tensor *
 void ref_paged_forward(const ref_problem *p, const ref_paged *pg, const double *q,
                        double *o, double *lse)
 {
-    if (p->bias || p->dropout_p != 0.0 || p->cu_q || p->Sq < 0)
-        ref_fail("a paged forward takes padded queries and no bias or dropout");
+    const bool packed = p->cu_q != NULL;
+    if (p->bias || p->dropout_p != 0.0 || (!packed && p->Sq < 0))
+        ref_fail("a paged forward takes no bias or dropout");
     int B = p->B, Sq = p->Sq, D = p->D, Dv = p->Dv;
     int32_t *cu_q = malloc((size_t)(B + 1) * sizeof *cu_q);
     int32_t *cu_k = malloc((size_t)(B + 1) * sizeof *cu_k);
@@ -566,7 +567,9 @@ void ref_paged_forward(const ref_problem *p, const ref_paged *pg, const double *
         int32_t len = pg->seqlens_k[b];
         if (len < 0 || len > (int64_t)pg->max_pages * pg->page_size)
             ref_fail("seqlens_k[b] must be in 0 .. max_pages * page_size");
-        cu_q[b + 1] = cu_q[b] + Sq;
+        cu_q[b + 1] = packed ? p->cu_q[b + 1] : cu_q[b] + Sq;
+        if (packed && (cu_q[b + 1] < cu_q[b] || cu_q[b + 1] - cu_q[b] > len))
+            ref_fail("sequence b's queries must be 0 .. seqlens_k[b]");
         cu_k[b + 1] = cu_k[b] + len;
     }
     int64_t tq = cu_q[B], tk = cu_k[B];
@@ -593,26 +596,30 @@ void ref_paged_forward(const ref_problem *p, const ref_paged *pg, const double *
                         pg->v_scale * pg->v_cache[(row * p->Hkv + hk) * Dv + c];
             }
         }
-    /* BHSD <-> THD for the queries and outputs, [B][Hq][Sq] <-> [Hq][Tq] */
-    for (int b = 0; b < B; b++)
-        for (int h = 0; h < p->Hq; h++)
-            for (int i = 0; i < Sq; i++)
-                memcpy(&qp[((int64_t)(cu_q[b] + i) * p->Hq + h) * D],
-                       &q[(((int64_t)b * p->Hq + h) * Sq + i) * D], (size_t)D * sizeof *q);
     ref_problem v = *p;
     v.cu_q = cu_q;
     v.cu_k = cu_k;
     v.queries_last = true;
-    ref_forward(&v, qp, kp, vp, op, lp);
-    for (int b = 0; b < B; b++)
-        for (int h = 0; h < p->Hq; h++)
-            for (int i = 0; i < Sq; i++) {
-                int64_t at = ((int64_t)b * p->Hq + h) * Sq + i;
-                memcpy(&o[at * Dv], &op[((int64_t)(cu_q[b] + i) * p->Hq + h) * Dv],
-                       (size_t)Dv * sizeof *o);
-                if (lse)
-                    lse[at] = lp[(int64_t)h * tq + cu_q[b] + i];
-            }
+    if (packed) {   /* the packed layout is the varlen reference's own */
+        ref_forward(&v, q, kp, vp, o, lse);
+    } else {
+        /* BHSD <-> THD for the queries and outputs, [B][Hq][Sq] <-> [Hq][Tq] */
+        for (int b = 0; b < B; b++)
+            for (int h = 0; h < p->Hq; h++)
+                for (int i = 0; i < Sq; i++)
+                    memcpy(&qp[((int64_t)(cu_q[b] + i) * p->Hq + h) * D],
+                           &q[(((int64_t)b * p->Hq + h) * Sq + i) * D], (size_t)D * sizeof *q);
+        ref_forward(&v, qp, kp, vp, op, lp);
+        for (int b = 0; b < B; b++)
+            for (int h = 0; h < p->Hq; h++)
+                for (int i = 0; i < Sq; i++) {
+                    int64_t at = ((int64_t)b * p->Hq + h) * Sq + i;
+                    memcpy(&o[at * Dv], &op[((int64_t)(cu_q[b] + i) * p->Hq + h) * Dv],
+                           (size_t)Dv * sizeof *o);
+                    if (lse)
+                        lse[at] = lp[(int64_t)h * tq + cu_q[b] + i];
+                }
+    }
     free(cu_q);
     free(cu_k);
     free(kp);

@@ -104,7 +104,10 @@ typedef struct ref_paged {
  * [B][Hq][Sq][D], o [B][Hq][Sq][Dv], lse [B][Hq][Sq]) and the mask, mods
  * and expressions (no bias, no dropout); the keys are gathered through
  * the table and scaled, then it is ref_forward over the sequences with
- * queries_last. */
+ * queries_last.  Varlen queries (chunked prefill): with p->cu_q set, q
+ * [Tq][Hq][D], o [Tq][Hq][Dv] and lse [Hq][Tq] are packed, sequence b's
+ * queries the last cu_q[b + 1] - cu_q[b] (<= seqlens_k[b]) of its
+ * positions (Sq unused). */
 void ref_paged_forward(const ref_problem *p, const ref_paged *pg, const double *q,
                        double *o, double *lse);
 

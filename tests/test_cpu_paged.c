@@ -7,8 +7,10 @@
  * caches, masks, softcap and alibi, sequences of length 0, query heads packed per
  * KV head and not (a group too long for one block) -- then every split
  * count 1..16 of one problem against the reference and against each other,
+ * varlen queries (q_layout = varlen: chunked prefill, test_varlen_queries),
  * and the faults the kernel finds (a page outside the cache, a length
- * beyond the table, a negative length), each named by its sequence.
+ * beyond the table, a negative length; varlen: decreasing cu_seqlens_q, a
+ * chunk longer than its sequence), each named by its sequence.
  * With argument "sim", the GPU kernels on the sim (test_sim below).
  */
 #include <stdio.h>
@@ -20,18 +22,23 @@
 
 static aj_ctx *ctx;
 static aj_device *dev;
+static int on_sim;   /* the sim's kernels: no varlen queries (q_layout = varlen) yet */
 
-static void run(const paged_case *c)
+static int compile_case(const paged_case *c, aj_kernel **kernel)
 {
     char label[160];
     paged_label(c, label, sizeof label);
-    aj_kernel *kernel = NULL;
-    aj_status st = paged_compile(ctx, dev, c, &kernel);
+    aj_status st = paged_compile(ctx, dev, c, kernel);
     CHECK_MSG(st == AJ_OK, "%s: compile: %s (%s)", label, aj_status_str(st), aj_last_error(ctx));
-    if (st != AJ_OK)
-        return;
+    return st == AJ_OK;
+}
+
+/* Runs c with kernel (compile_case's) against the reference. */
+static void check_case(const aj_kernel *kernel, const paged_case *c)
+{
+    char label[160];
+    paged_label(c, label, sizeof label);
     paged_result r = paged_run(ctx, dev, kernel, c);
-    aj_kernel_destroy(kernel);
     CHECK_MSG(r.status == AJ_OK, "%s: %s (%s)", label, aj_status_str(r.status),
               aj_last_error(ctx));
     if (r.status != AJ_OK)
@@ -42,7 +49,14 @@ static void run(const paged_case *c)
     printf("%-72s O %.3f LSE %.3f %8.2f ms\n", label, r.err_o, r.err_lse, r.seconds * 1e3);
 }
 
-
+static void run(const paged_case *c)
+{
+    aj_kernel *kernel = NULL;
+    if (!compile_case(c, &kernel))
+        return;
+    check_case(kernel, c);
+    aj_kernel_destroy(kernel);
+}
 
 /* Each dimension over its advertised range, the others at a base. */
 static void test_sweep(void)
@@ -149,6 +163,56 @@ static void test_splits(void)
     run(&c);
 }
 
+/* Varlen queries over the cache (q_layout = varlen, chunked prefill):
+ * chunks of 0, 1, 7, 16, 33 queries and whole sequences, mixed per batch
+ * (each rotation gives each sequence another), page sizes 1, 16, 64 and
+ * odd ones, GQA 1:1 .. 8:1 (long chunks take the unpacked path) -- the
+ * launch's arguments, six launches per kernel -- over kernels of no mask,
+ * causal and window, f16 / bf16 queries with e4m3 and 16-bit caches,
+ * splits 1..4 and the launch's own choice (a kernel compiles in about
+ * 0.25 s: they are few). */
+static void test_varlen_queries(void)
+{
+    static const int32_t lens[6] = {37, 0, 300, 5, 64, 129};
+    static const int want[6] = {0, 1, 7, 16, 33, -1};
+    static const int page_sizes[5] = {1, 16, 64, 5, 33};
+    static const int groups[3][2] = {{4, 1}, {4, 4}, {8, 1}};
+    static const struct {
+        aj_dtype q, kv;
+        int d;
+        aj_mask_kind mask;
+        int splits;
+    } ops[6] = {
+        {AJ_DTYPE_F16, AJ_DTYPE_F8E4M3, 64, AJ_MASK_CAUSAL, 1},
+        {AJ_DTYPE_BF16, AJ_DTYPE_F8E4M3, 64, AJ_MASK_WINDOW, 2},
+        {AJ_DTYPE_F16, AJ_DTYPE_F16, 64, AJ_MASK_NONE, 3},
+        {AJ_DTYPE_BF16, AJ_DTYPE_BF16, 128, AJ_MASK_CAUSAL, 4},
+        {AJ_DTYPE_BF16, AJ_DTYPE_F8E4M3, 64, AJ_MASK_NONE, 0},
+        {AJ_DTYPE_F16, AJ_DTYPE_F8E4M3, 128, AJ_MASK_WINDOW, 3},
+    };
+    int32_t chunks[6];
+    for (int k = 0; k < 6; k++) {
+        paged_case c = paged_base(ops[k].q, ops[k].kv, ops[k].d, lens, 6);
+        c.chunks = chunks;
+        c.mask = ops[k].mask;
+        c.left = 24;
+        c.right = k % 2 ? 0 : 3;
+        c.splits = ops[k].splits;
+        aj_kernel *kernel = NULL;
+        if (!compile_case(&c, &kernel))
+            continue;
+        for (int r = 0; r < 6; r++) {
+            paged_chunks(lens, 6, want, 6, r, chunks);
+            c.page_size = page_sizes[(r + k) % 5];
+            c.hq = groups[(r + k) % 3][0];
+            c.hkv = groups[(r + k) % 3][1];
+            c.seed = 11 + (uint64_t)(6 * k + r);
+            check_case(kernel, &c);
+        }
+        aj_kernel_destroy(kernel);
+    }
+}
+
 /* What the kernel finds, as the call's AJ_ERR_INVALID_ARG naming the
  * sequence; the device is clean again for the next call. */
 static void test_faults(void)
@@ -158,36 +222,51 @@ static void test_faults(void)
         const int32_t *lens;
         int fault, seq;
         const char *message;
+        int varlen;
     } cases[] = {
         {lens, PAGED_FAULT_PAGE, 2, "aj_forward: block_table row 2 holds a page outside 0 .. "
          "num_pages - 1 (k_cache.shape[0]) (found by the kernel of sequence 2, which skipped "
-         "it)"},
+         "it)", 0},
         {lens, PAGED_FAULT_LENGTH, 1, "aj_forward: seqlens_k[1] is negative or beyond its "
-         "block_table row (max_pages x page_size keys)"},
+         "block_table row (max_pages x page_size keys)", 0},
         {negative, PAGED_NO_FAULT, 0, "aj_forward: seqlens_k[1] is negative or beyond its "
-         "block_table row"},
+         "block_table row", 0},
+        {lens, PAGED_FAULT_CU_ORDER, 1, "aj_forward: cu_seqlens_q[2] is below "
+         "cu_seqlens_q[1]; offsets must not decrease (found by the kernel of sequence 1", 1},
+        {lens, PAGED_FAULT_BEYOND, 1, "aj_forward: sequence 1 has more queries "
+         "(cu_seqlens_q[2] - cu_seqlens_q[1]) than keys (seqlens_k[1]) (found by the kernel "
+         "of sequence 1, which skipped it)", 1},
+        {negative, PAGED_NO_FAULT, 0, "aj_forward: seqlens_k[1] is negative or beyond its "
+         "block_table row", 1},
     };
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+    /* varlen queries: the offsets, and a chunk longer than its sequence */
+    static const int32_t chunks[3] = {4, 70, 9};
+    /* one kernel per query layout and split count serves its cases */
+    for (int varlen = 0; varlen < (on_sim ? 1 : 2); varlen++)
         for (int splits = 1; splits <= 3; splits += 2) {
-            paged_case c = paged_base(AJ_DTYPE_F16, AJ_DTYPE_F16, 64, cases[i].lens, 3);
-            c.fault = cases[i].fault;
-            c.fault_seq = cases[i].seq;
+            paged_case c = paged_base(AJ_DTYPE_F16, AJ_DTYPE_F16, 64, lens, 3);
+            c.chunks = varlen ? chunks : NULL;
             c.splits = splits;
             aj_kernel *kernel = NULL;
-            if (paged_compile(ctx, dev, &c, &kernel) != AJ_OK) {
-                CHECK_MSG(0, "fault case %zu: compile: %s", i, aj_last_error(ctx));
+            if (!compile_case(&c, &kernel))
                 continue;
+            for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+                if (cases[i].varlen != varlen)
+                    continue;
+                c.seqlens = cases[i].lens;
+                c.fault = cases[i].fault;
+                c.fault_seq = cases[i].seq;
+                paged_result r = paged_run(ctx, dev, kernel, &c);
+                CHECK_MSG(r.status == AJ_ERR_INVALID_ARG, "fault case %zu splits %d: %s", i,
+                          splits, aj_status_str(r.status));
+                CHECK_MSG(strstr(aj_last_error(ctx), cases[i].message),
+                          "fault case %zu: \"%s\"", i, aj_last_error(ctx));
+                c.fault = PAGED_NO_FAULT;
+                c.seqlens = lens;
+                r = paged_run(ctx, dev, kernel, &c);
+                CHECK_MSG(r.status == AJ_OK && r.err_o <= 1 && r.err_lse <= 1,
+                          "after fault case %zu: %s", i, aj_last_error(ctx));
             }
-            paged_result r = paged_run(ctx, dev, kernel, &c);
-            CHECK_MSG(r.status == AJ_ERR_INVALID_ARG, "fault case %zu splits %d: %s", i, splits,
-                      aj_status_str(r.status));
-            CHECK_MSG(strstr(aj_last_error(ctx), cases[i].message), "fault case %zu: \"%s\"",
-                      i, aj_last_error(ctx));
-            c.fault = PAGED_NO_FAULT;
-            c.seqlens = lens;
-            r = paged_run(ctx, dev, kernel, &c);
-            CHECK_MSG(r.status == AJ_OK && r.err_o <= 1 && r.err_lse <= 1,
-                      "after fault case %zu: %s", i, aj_last_error(ctx));
             aj_kernel_destroy(kernel);
         }
 }
@@ -207,6 +286,20 @@ static void test_errors(void)
     CHECK_ERROR(ctx, "aj_forward: k, v, cu_seqlens, offsets and totals are not for layout = "
                      "paged kernels");
     aj_kernel_destroy(kernel);
+    /* varlen queries: a packed q */
+    static const int32_t chunk[1] = {3};
+    c.chunks = chunk;
+    if (on_sim) {   /* the targets without them say so */
+        CHECK_STATUS(ctx, paged_compile(ctx, dev, &c, &kernel), AJ_ERR_UNSUPPORTED);
+        CHECK_ERROR(ctx, "forward flash: layout = paged with q_layout = varlen is not "
+                         "implemented for target sim yet (cpu has it)");
+        return;
+    }
+    CHECK(paged_compile(ctx, dev, &c, &kernel) == AJ_OK);
+    a = (aj_fwd_args)AJ_FWD_ARGS_INIT;
+    CHECK_STATUS(ctx, aj_forward(ctx, dev, kernel, &a), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "aj_forward: q.rank = 0, want 3");
+    aj_kernel_destroy(kernel);
 }
 
 /* The sim (the GPU kernels, efficient_fwd.c's paged build, emulated):
@@ -223,7 +316,7 @@ static void test_sim(void)
  * cpu's. */
 int main(int argc, char **argv)
 {
-    int sim = argc > 1 && strcmp(argv[1], "sim") == 0;
+    int sim = on_sim = argc > 1 && strcmp(argv[1], "sim") == 0;
     if (aj_ctx_create(NULL, &ctx) != AJ_OK ||
         aj_device_open(ctx, sim ? AJ_DEVICE_SIM : AJ_DEVICE_CPU, 0, &dev) != AJ_OK) {
         printf("FAIL: no %s device\n", sim ? "sim" : "cpu");
@@ -234,6 +327,7 @@ int main(int argc, char **argv)
     } else {
         test_sweep();
         test_splits();
+        test_varlen_queries();
     }
     test_faults();
     test_errors();

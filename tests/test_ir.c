@@ -496,8 +496,8 @@ static const bad_spec bad_specs[] = {
     /* fields */
     { FWD REQ "  maks = none\n}", 0, AJ_ERR_PARSE,
       "t.aj:4:3: unknown field 'maks' (expected one of dtype, head_dim, head_dim_v, "
-      "tensors, mask, score_mod, scale, dropout, bias, layout, kv_dtype, accumulate, "
-      "deterministic, schedule or target)" },
+      "tensors, mask, score_mod, scale, dropout, bias, layout, kv_dtype, q_layout, "
+      "accumulate, deterministic, schedule or target)" },
     { MERGE "  dtype = f16\n  head_dimv = 64\n}", 0, AJ_ERR_PARSE,
       "t.aj:3:3: unknown field 'head_dimv' (expected one of dtype, head_dim_v or target)" },
     { FWD REQ "  dtype = bf16\n}", 0, AJ_ERR_PARSE,
@@ -638,6 +638,11 @@ static const bad_spec bad_specs[] = {
     { FWD REQ "  kv_dtype = f8e4m3\n}", 0, AJ_ERR_VERIFY,
       "t.aj:4:3: kv_dtype applies only to layout = paged (the element type of its KV "
       "caches), not padded" },
+    { FWD REQ "  layout = varlen\n  q_layout = varlen\n}", 0, AJ_ERR_VERIFY,
+      "t.aj:5:3: q_layout applies only to layout = paged (the layout of its queries), not "
+      "varlen" },
+    { FWD REQ "  layout = paged\n  q_layout = paged\n}", 0, AJ_ERR_PARSE,
+      "t.aj:5:14: expected a query layout (padded or varlen), found 'paged'" },
     { FWD REQ "  layout = paged\n  kv_dtype = f4\n}", 0, AJ_ERR_PARSE,
       "t.aj:5:14: expected a KV dtype (f16, bf16, f32, f8e4m3 or f8e5m2), found 'f4'" },
     { FWD "  dtype = f8e4m3\n  head_dim = 64\n}", 0, AJ_ERR_PARSE,
@@ -849,6 +854,24 @@ static void test_paged(aj_ctx *ctx)
     CHECK(aj_op_print(parsed, &printed) == AJ_OK);
     CHECK_MSG(printed && strstr(printed, "  layout = paged\n  kv_dtype = f8e5m2\n") &&
               strstr(printed, "  schedule = (splits = 8)\n"), "printed: %s", printed);
+    /* padded queries print no q_layout (the text and hash of before);
+     * varlen ones print it after kv_dtype, and read back the same */
+    CHECK(printed && !strstr(printed, "q_layout"));
+    CHECK(aj_op_set_q_layout(built, AJ_LAYOUT_VARLEN) == AJ_OK);
+    CHECK(aj_op_get_info(built, &info) == AJ_OK && info.q_layout == AJ_LAYOUT_VARLEN);
+    aj_free(printed);
+    printed = NULL;
+    CHECK(aj_op_print(built, &printed) == AJ_OK);
+    CHECK_MSG(printed && strstr(printed, "  kv_dtype = f8e5m2\n  q_layout = varlen\n"),
+              "printed: %s", printed);
+    aj_op_destroy(parsed);
+    parsed = NULL;
+    CHECK(printed && aj_op_parse(ctx, printed, strlen(printed), "v.aj", &parsed) == AJ_OK);
+    CHECK(parsed && aj_op_hash(built, hb) == AJ_OK && aj_op_hash(parsed, hp) == AJ_OK &&
+          strcmp(hb, hp) == 0);
+    CHECK_STATUS(ctx, aj_op_set_q_layout(built, AJ_LAYOUT_PAGED), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "aj_op_set_q_layout: q_layout paged is not a query layout (want padded "
+                     "or varlen)");
     /* a different kv_dtype or split count is a different kernel */
     CHECK(aj_op_set_kv_dtype(built, AJ_DTYPE_F8E4M3) == AJ_OK);
     CHECK(aj_op_hash(built, hb) == AJ_OK && strcmp(hb, hp) != 0);

@@ -296,6 +296,10 @@ aj_status aj_op_set_kv_dtype(aj_op *op, aj_dtype kv_dtype);
  * `schedule = (splits = N)`. */
 #define AJ_SPLITS_MAX 64
 aj_status aj_op_set_splits(aj_op *op, int32_t splits);
+/* layout = paged only: the queries' layout, AJ_LAYOUT_PADDED (q [B, Hq,
+ * Sq, D], the default) or AJ_LAYOUT_VARLEN (q [T, Hq, D] with
+ * cu_seqlens_q: chunked prefill).  The text form's `q_layout`. */
+aj_status aj_op_set_q_layout(aj_op *op, aj_layout q_layout);
 
 /* Checks the op as a whole (sticky builder error first, then every rule of
  * docs/ir.md).  Returns AJ_OK or AJ_ERR_VERIFY / AJ_ERR_INVALID_ARG with
@@ -329,6 +333,7 @@ typedef struct aj_op_info {
     aj_side_decl tensors[AJ_OP_TENSORS_MAX];
     aj_dtype kv_dtype;     /* resolved: the dtype unless layout = paged set it */
     int32_t splits;        /* as given; 0 = chosen at launch */
+    aj_layout q_layout;    /* layout = paged: its queries' (else padded) */
 } aj_op_info;
 
 aj_status aj_op_get_info(const aj_op *op, aj_op_info *out);
@@ -741,7 +746,12 @@ typedef struct aj_fwd_args {
      * of one element that the stored K and V are multiplied by, f8
      * kv_dtype only (required there).  A bad page index or length is
      * found by the kernel (AJ_ERR_INVALID_ARG naming the sequence, as
-     * varlen's offsets).  q_offset, kv_offset and the totals must be 0. */
+     * varlen's offsets).  q_offset, kv_offset and the totals must be 0.
+     * q_layout = varlen (chunked prefill): q [T, Hq, D], o [T, Hq, Dv], lse
+     * [Hq, T] packed as layout = varlen's, with cu_seqlens_q (batch + 1
+     * entries), batch and max_seqlen_q (0: T); sequence b's queries are
+     * the last cu_seqlens_q[b + 1] - cu_seqlens_q[b] (at most seqlens_k[b])
+     * of its positions, checked by the kernel. */
     aj_tensor k_cache, v_cache;
     const int32_t *block_table;
     int32_t max_pages;

@@ -20,11 +20,12 @@ STATUS_NAMES = ("AJ_OK", "AJ_ERR_INVALID_ARG", "AJ_ERR_PARSE", "AJ_ERR_VERIFY",
                 "AJ_ERR_UNSUPPORTED", "AJ_ERR_CODEGEN", "AJ_ERR_NO_DEVICE", "AJ_ERR_IO",
                 "AJ_ERR_OUT_OF_MEMORY", "AJ_ERR_INTERNAL", "AJ_ERR_KERNEL_FAULT", "AJ_ERR_COMM")
 DTYPE_F16, DTYPE_BF16, DTYPE_F32 = 0, 1, 2
+DTYPE_F8E4M3, DTYPE_F8E5M2 = 3, 4      # KV caches only (kv_dtype)
 SIDE_I32, SIDE_F32 = 0, 1
 CACHE_DEFAULT, CACHE_MEMORY, CACHE_OFF = 0, 1, 2
 DEVICE_SIM, DEVICE_CUDA, DEVICE_CPU = 0, 1, 2
 EMIT_NAMES = ("ptx", "llvm_ir", "bitcode", "auto")
-EXTENT_NAMES = ("one", "batch", "heads_q", "heads_kv", "seq_q", "seq_k")
+EXTENT_NAMES = ("one", "batch", "heads_q", "heads_kv", "seq_q", "seq_k", "splits")
 PARAM_TYPE_NAMES = ("ptr", "i32", "i64", "f32")
 TARGET_NAMES = ("any", "sm_80", "sm_90", "sm_90a", "sim", "cpu")
 SHARD_LAYOUTS = ("contiguous", "zigzag")

@@ -11,6 +11,11 @@ ops (attnjit::attention_fwd, attnjit::attention_bwd) with autograd and fake
 implementations, so torch.compile(fullgraph=True) traces a model that uses
 them without graph breaks.
 
+    attnjit.torch.paged_attention(q, k_cache, v_cache, block_table, seqlens_k, *,
+                                  cu_seqlens_q=None, k_scale=None, v_scale=None,
+                                  causal=False, window=None, ...)   -> (o, lse)
+    over a paged KV cache (decode; chunked prefill with cu_seqlens_q)
+
     attnjit.torch.ring_attention(q, k, v, *, group=None, layout="zigzag",
                                  rotate="p2p", ...)      this rank's shards
     attnjit.torch.shard(x, dim, rank, world_size, layout) / unshard(...)
@@ -18,7 +23,8 @@ them without graph breaks.
         ...    # every F.scaled_dot_product_attention runs as ring attention
 """
 from ._ops import attention, kernel_cache_size
+from ._paged import paged_attention
 from ._ring import context_parallel, ring_attention, shard, unshard
 
-__all__ = ["attention", "context_parallel", "kernel_cache_size", "ring_attention", "shard",
-           "unshard"]
+__all__ = ["attention", "context_parallel", "kernel_cache_size", "paged_attention",
+           "ring_attention", "shard", "unshard"]
