@@ -150,7 +150,7 @@ static void test_sweep(void)
 static void test_splits(void)
 {
     static const int32_t lens[3] = {1000, 3, 517};
-    for (int s = 1; s <= 16; s++) {
+    for (int s = 1; s <= AJ_SPLITS_MAX; s++) {
         paged_case c = paged_base(AJ_DTYPE_BF16, AJ_DTYPE_BF16, 128, lens, 3);
         c.splits = s;
         c.sq = 2;

@@ -291,10 +291,11 @@ aj_status aj_op_set_target(aj_op *op, aj_target target);
  * f8e4m3, f8e5m2); until set, the op's dtype. */
 aj_status aj_op_set_kv_dtype(aj_op *op, aj_dtype kv_dtype);
 /* layout = paged only: the number of parts the key range of a sequence is
- * split into (split-KV), 1..AJ_SPLITS_MAX; 0 lets the launch choose from
- * the batch, heads, lengths and the device's cores.  The text form's
- * `schedule = (splits = N)`. */
-#define AJ_SPLITS_MAX 64
+ * split into (split-KV), 1..AJ_SPLITS_MAX (each count is tested against
+ * the reference; the launch heuristic chooses no more); 0 lets the launch
+ * choose from the batch, heads, lengths and the device's cores.  The text
+ * form's `schedule = (splits = N)`. */
+#define AJ_SPLITS_MAX 16
 aj_status aj_op_set_splits(aj_op *op, int32_t splits);
 /* layout = paged only: the queries' layout, AJ_LAYOUT_PADDED (q [B, Hq,
  * Sq, D], the default) or AJ_LAYOUT_VARLEN (q [T, Hq, D] with
