@@ -185,7 +185,7 @@ static aj_status plan_op(ring_plan *p, const aj_op *op)
 {
     AJ_CHECK_ARG(p->ctx, (unsigned)p->rotate < AJ_ROTATE_COUNT,
                  "%s: rotate = %d is not a rotate method", p->fn, (int)p->rotate);
-    return aj_cp_check_op(p->ctx, p->fn, op, &p->op, &p->prog);
+    return aj_cp_check_op(p->ctx, p->fn, op, 0, &p->op, &p->prog);
 }
 
 /* The global lengths, this rank's query chunks and the K/V slots: any
@@ -223,6 +223,9 @@ static aj_status plan_common(ring_plan *p, aj_ctx *ctx, aj_device *dev, aj_comm 
                                           &p->op, &p->prog, &sh);
     if (st != AJ_OK)
         return st;
+    if (sh.varlen)
+        return aj_fail(ctx, AJ_ERR_UNSUPPORTED, "%s: layout = varlen with method = ring is "
+                       "not implemented yet; use method = ulysses", p->fn);
     p->dev = dev;
     aj_device_caps caps = AJ_DEVICE_CAPS_INIT;
     const aj_status caps_st = aj_device_get_caps(dev, &caps);
