@@ -13,9 +13,11 @@
  *                                    whole job itself when a rank dies)
  *   mpirun -np 2 test_ring mismatch  the ranks pass different layouts,
  *                                    ops or methods: both refuse the call;
- *                                    what method = ulysses refuses
+ *                                    what method = ulysses and packed
+ *                                    documents (varlen) refuse
  *   mpirun -np P test_ring generated every method x mask family x lengths
- *                                    1 .. 7P (any length) on sim ranks;
+ *                                    1 .. 7P (any length), and packed
+ *                                    documents (varlen), on sim ranks;
  *                                    generated-cpu on cpu ranks
  *
  * Every rank builds the same full inputs (same seed), takes its shard with
@@ -162,13 +164,17 @@ static int generated_varlen_cases(ring_case *out, char (*labels)[112], int small
         for (int m = 0; m < (small ? 1 : VARLEN_MASKS); m++)
             for (int d = 0; d < (small ? 1 : VARLEN_SETS); d++) {
                 const aj_shard_layout L = (m + d) % 2 ? AJ_SHARD_CONTIGUOUS : AJ_SHARD_ZIGZAG;
-                snprintf(labels[n], 112, "varlen %s f16 flash %s, %s, %s",
+                const aj_ring_rotate R = d == 2 ? AJ_ROTATE_ALLGATHER : AJ_ROTATE_P2P;
+                snprintf(labels[n], 112, "varlen %s f16 flash %s, %s%s, %s",
                          method ? "ulysses" : "ring", m ? "window(2, 1)" : "causal top_left",
-                         L == AJ_SHARD_ZIGZAG ? "zigzag" : "contiguous", varlen_set_names[d]);
+                         L == AJ_SHARD_ZIGZAG ? "zigzag" : "contiguous",
+                         R == AJ_ROTATE_P2P || method ? "" : ", all-gather",
+                         varlen_set_names[d]);
                 out[n] = (ring_case){.label = labels[n], .dtype = AJ_DTYPE_F16, .flash = 1,
                                      .mask = m ? AJ_MASK_WINDOW : AJ_MASK_CAUSAL,
                                      .align = AJ_ALIGN_TOP_LEFT, .left = 2, .right = 1,
                                      .hq = 2 * size, .hkv = size, .layout = L,
+                                     .rotate = method ? AJ_ROTATE_P2P : R,
                                      .method = (aj_cp_method)method, .docs = varlen_sets[d]};
                 n++;
             }
@@ -910,6 +916,66 @@ static void run_ulysses_refusals(void)
     aj_comm_destroy(comm);
 }
 
+/* What packed documents (layout = varlen) refuse, each saying why. */
+static void run_varlen_refusals(void)
+{
+    aj_comm *comm = open_comm(30);
+    static const int docs[] = {1, 2, 5, 0};
+    static const int32_t cu[] = {0, 1, 3, 8};
+    ring_case c = {.label = "varlen refusal", .dtype = AJ_DTYPE_F16, .mask = AJ_MASK_CAUSAL,
+                   .hq = 2, .hkv = 2, .flash = 1, .docs = docs};
+    aj_op *op = parse_op(&c, "forward");
+    c.dropout = 0.1;
+    aj_op *dropout = parse_op(&c, "forward");
+    const char *reads_b = "attention forward flash { dtype = f16 head_dim = 16 layout = varlen "
+                          "mask = expr(k <= q + b) }";
+    aj_op *by_doc = NULL;
+    CHECK_STATUS(ctx, aj_op_parse(ctx, reads_b, strlen(reads_b), "b", &by_doc), AJ_OK);
+    void *m = alloc64(8 * 2 * HEAD_DIM * 2);
+    const int64_t l = rank == 0 ? 5 : 3;   /* the ring's pieces of documents 1, 2, 5 */
+    aj_ring_fwd_args fa = AJ_RING_FWD_ARGS_INIT;
+    fa.q = fa.k = fa.v = fa.o = rows_view(&c, m, AJ_DTYPE_F16, 2, l, HEAD_DIM);
+    fa.lse = rows_view(&c, m, AJ_DTYPE_F32, 2, l, 0);
+    CHECK_STATUS(ctx, aj_ring_forward(ctx, dev, comm, op, &fa, NULL), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "aj_ring_forward: layout = varlen needs cu_seqlens_q, cu_seqlens_k and "
+                "batch >= 1 (the whole packed batch's; got NULL, NULL, batch = 0)");
+    fa.cu_seqlens_q = fa.cu_seqlens_k = cu;
+    fa.batch = 3;
+    CHECK_STATUS(ctx, aj_ring_forward(ctx, dev, comm, dropout, &fa, NULL), AJ_ERR_UNSUPPORTED);
+    CHECK_ERROR(ctx, "aj_ring_forward: dropout = 0.1 with layout = varlen and method = ring: "
+                "the Philox counter holds the document's index");
+    CHECK_STATUS(ctx, aj_ring_forward(ctx, dev, comm, by_doc, &fa, NULL), AJ_ERR_UNSUPPORTED);
+    CHECK_ERROR(ctx, "aj_ring_forward: the op's expressions read the batch index b: with "
+                "layout = varlen and method = ring");
+    /* every rank holding 4 positions: not the ring's pieces */
+    fa.q = fa.k = fa.v = fa.o = rows_view(&c, m, AJ_DTYPE_F16, 2, 4, HEAD_DIM);
+    fa.lse = rows_view(&c, m, AJ_DTYPE_F32, 2, 4, 0);
+    CHECK_STATUS(ctx, aj_ring_forward(ctx, dev, comm, op, &fa, NULL), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "aj_ring_forward: rank 0 holds 4 query and 4 key positions; its pieces of "
+                "the packed documents are 5 and 5 (aj_shard_varlen_chunks, method = ring)");
+    fa.q = view(m, AJ_DTYPE_F16, 4, 1, 2, 4, HEAD_DIM);
+    CHECK_STATUS(ctx, aj_ring_forward(ctx, dev, comm, op, &fa, NULL), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "aj_ring_forward: q, k and v have ranks 4, 3, 3; want 3 (layout = varlen: "
+                "packed [T, H, D])");
+    aj_ring_plan_args pa = AJ_RING_PLAN_ARGS_INIT;
+    pa.size = 2;
+    pa.batch = pa.heads_q = 1;
+    int32_t count = 0;
+    CHECK_STATUS(ctx, aj_ring_plan(ctx, dev, op, &pa, NULL, 0, &count), AJ_ERR_UNSUPPORTED);
+    CHECK_ERROR(ctx, "aj_ring_plan: layout = varlen: one rank's lengths tell a padded batch "
+                "only");
+    const aj_seq_shape full = {1, 7, 2 * HEAD_DIM, 2};
+    CHECK_STATUS(ctx, aj_shard_varlen(ctx, AJ_METHOD_RING, AJ_SHARD_ZIGZAG, rank, size, cu, 3,
+                                      &full, m, m), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "aj_shard_varlen: full->seq = 7; the packed batch has cu_seqlens[3] = 8 "
+                "positions");
+    aj_op_destroy(op);
+    aj_op_destroy(dropout);
+    aj_op_destroy(by_doc);
+    free(m);
+    aj_comm_destroy(comm);
+}
+
 /* The MPI engine's all-to-all (uneven counts, gaps, empty parts). */
 static void run_alltoall(void)
 {
@@ -942,14 +1008,14 @@ int main(int argc, char **argv)
         char packed_labels[VARLEN_MAX_CASES][112];
         const int np = generated_varlen_cases(packed, packed_labels, !on_cpu);
         for (int i = 0; i < np; i++)
-            if (packed[i].method == AJ_METHOD_ULYSSES)
-                run_case(&packed[i]);
+            run_case(&packed[i]);
         run_alltoall();
     } else if (size != 2) {
         CHECK_MSG(0, "%s needs 2 ranks, not %d", mode, size);
     } else if (strcmp(mode, "mismatch") == 0) {
         run_mismatch();
         run_ulysses_refusals();
+        run_varlen_refusals();
     } else {
         run_faulty_peer(strcmp(mode, "stopped") == 0  ? PEER_STOPPED
                         : strcmp(mode, "killed") == 0 ? PEER_KILLED
