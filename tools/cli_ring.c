@@ -521,6 +521,19 @@ static double mismatch(const aj_tensor *single, const float *ring, size_t n, dou
     return worst;
 }
 
+/* layout = varlen: the documents of launch l (aj_fwd_args or aj_bwd_args):
+ * the offsets cu_dev in device memory, the longest document's lengths. */
+#define SET_DOCS(l, o, cu_dev, longest)        \
+    do {                                       \
+        if ((o)->batch) {                      \
+            (l).cu_seqlens_q = (cu_dev)[0];    \
+            (l).cu_seqlens_k = (cu_dev)[1];    \
+            (l).batch = (o)->batch;            \
+            (l).max_seqlen_q = (longest)[0];   \
+            (l).max_seqlen_k = (longest)[1];   \
+        }                                      \
+    } while (0)
+
 /* Rank 0: the op on the full tensors, on one device, against the ring's
  * gathered results. */
 static int check_single_rank(aj_ctx *ctx, aj_device *dev, const aj_op *fop,
@@ -576,13 +589,7 @@ static int check_single_rank(aj_ctx *ctx, aj_device *dev, const aj_op *fop,
         a.offset = offset;
         a.side = side;
         a.num_side = num_side;
-        if (o->batch) {
-            a.cu_seqlens_q = cu_dev[0];
-            a.cu_seqlens_k = cu_dev[1];
-            a.batch = o->batch;
-            a.max_seqlen_q = longest[0];
-            a.max_seqlen_k = longest[1];
-        }
+        SET_DOCS(a, o, cu_dev, longest);
         st = aj_forward(ctx, dev, fk, &a);
     }
     if (st == AJ_OK && grad) {
@@ -601,13 +608,7 @@ static int check_single_rank(aj_ctx *ctx, aj_device *dev, const aj_op *fop,
         b.offset = offset;
         b.side = side;
         b.num_side = num_side;
-        if (o->batch) {
-            b.cu_seqlens_q = cu_dev[0];
-            b.cu_seqlens_k = cu_dev[1];
-            b.batch = o->batch;
-            b.max_seqlen_q = longest[0];
-            b.max_seqlen_k = longest[1];
-        }
+        SET_DOCS(b, o, cu_dev, longest);
         st = aj_backward(ctx, dev, bk, &b);
     }
     for (int i = 0; i < R_OUT_COUNT && st == AJ_OK; i++)
