@@ -4,7 +4,7 @@
  *
  *   mpirun -np P bench_ring [--len L[,L...]] [--heads H] [--dim D]
  *                           [--tflops T[,T...]] [--workers N] [--device cpu|sim]
- *                           [--method ring|ulysses|both]
+ *                           [--method ring|ulysses|both] [--docs N]
  *
  * Part 1, measured on this machine's CPU ranks: a ring forward (p2p) per
  * per-rank length L, no mask (contiguous) and causal (zigzag), each run
@@ -25,7 +25,10 @@
  *
  * (L: the per-rank length, e: bytes per element; measured is the formula
  * plus the opening agreement, (P-1) x 152 bytes).  The methods take turns
- * case by case, 5 rounds; each row is the method's median round.
+ * case by case, 5 rounds; each row is the method's median round.  --docs N
+ * adds a third case: the same P L tokens packed as N causal documents
+ * (layout = varlen; the ring cuts each document head-tail over the
+ * ranks, Ulysses the packed axis), against the causal row's one sequence.
  *
  * Part 2, a model for GPUs: a ring step hides its K/V exchange when the
  * block's compute takes at least as long as the transfer:
@@ -80,19 +83,33 @@ static aj_tensor dense(void *data, aj_dtype dt, int r, int64_t a, int64_t b, int
 /* One timed ring forward; the slowest rank's stats come back on every
  * rank. */
 static int run_case(aj_ctx *ctx, aj_device *dev, aj_comm *comm, aj_cp_method method,
-                    int causal, int64_t len, int heads, int dim, aj_ring_stats *worst,
-                    double *alone_s, uint64_t *sent)
+                    int causal, int docs, int64_t len, int heads, int dim,
+                    aj_ring_stats *worst, double *alone_s, uint64_t *sent)
 {
     char text[256];
     snprintf(text, sizeof text, "attention forward efficient { dtype = f16 head_dim = %d "
-             "mask = %s }", dim, causal ? "causal(top_left)" : "none");
+             "mask = %s layout = %s }", dim, causal ? "causal(top_left)" : "none",
+             docs ? "varlen" : "padded");
     aj_op *op = NULL;
     if (aj_op_parse(ctx, text, strlen(text), "bench", &op) != AJ_OK)
         return 1;
-    const size_t n = (size_t)(heads * len * dim);
+    /* packed: docs documents of the P L tokens, the last one the remainder;
+     * this rank's pieces (n and lse below are sized by them) */
+    int32_t *cu = calloc((size_t)docs + 1, sizeof *cu);
+    int64_t pieces = len;
+    for (int d = 0; d < docs; d++)
+        cu[d + 1] = (int32_t)(d + 1 == docs ? len * size : (d + 1) * (len * size / docs));
+    int32_t count = 0;
+    if (docs && aj_shard_varlen_chunks(ctx, method, AJ_SHARD_ZIGZAG, rank, size, cu, docs,
+                                       NULL, 0, &count, &pieces) != AJ_OK) {
+        free(cu);
+        aj_op_destroy(op);
+        return 1;
+    }
+    const size_t n = (size_t)(heads * pieces * dim);
     uint16_t *q = aligned_alloc(64, n * 2 + 64), *k = aligned_alloc(64, n * 2 + 64);
     uint16_t *v = aligned_alloc(64, n * 2 + 64), *o = aligned_alloc(64, n * 2 + 64);
-    float *lse = aligned_alloc(64, (size_t)(heads * len) * 4 + 64);
+    float *lse = aligned_alloc(64, (size_t)(heads * pieces) * 4 + 64);
     float *f = malloc(n * sizeof *f);
     srand(17 + (unsigned)rank);
     for (size_t i = 0; i < n; i++)
@@ -101,15 +118,19 @@ static int run_case(aj_ctx *ctx, aj_device *dev, aj_comm *comm, aj_cp_method met
     aj_convert(f, AJ_DTYPE_F32, k, AJ_DTYPE_F16, n);
     aj_convert(f, AJ_DTYPE_F32, v, AJ_DTYPE_F16, n);
     aj_ring_fwd_args a = AJ_RING_FWD_ARGS_INIT;
-    a.q = dense(q, AJ_DTYPE_F16, 4, 1, heads, len, dim);
+    a.q = docs ? dense(q, AJ_DTYPE_F16, 3, pieces, heads, dim, 0)
+               : dense(q, AJ_DTYPE_F16, 4, 1, heads, len, dim);
     a.k = a.q;
     a.k.data = k;
     a.v = a.q;
     a.v.data = v;
     a.o = a.q;
     a.o.data = o;
-    a.lse = dense(lse, AJ_DTYPE_F32, 3, 1, heads, len, 0);
+    a.lse = docs ? dense(lse, AJ_DTYPE_F32, 2, heads, pieces, 0, 0)
+                 : dense(lse, AJ_DTYPE_F32, 3, 1, heads, len, 0);
     a.layout = causal ? AJ_SHARD_ZIGZAG : AJ_SHARD_CONTIGUOUS;
+    a.cu_seqlens_q = a.cu_seqlens_k = docs ? cu : NULL;
+    a.batch = docs;
     a.method = method;
     aj_ring_stats s = {0};
     aj_status st = AJ_OK;
@@ -150,6 +171,7 @@ static int run_case(aj_ctx *ctx, aj_device *dev, aj_comm *comm, aj_cp_method met
     free(o);
     free(lse);
     free(f);
+    free(cu);
     aj_op_destroy(op);
     return st != AJ_OK;
 }
@@ -209,7 +231,7 @@ int main(int argc, char **argv)
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &size);
     double lens[MAX_LIST] = {64, 256}, tflops[MAX_LIST] = {25, 100, 400};
-    int nl = 2, nt = 3, heads = 2, dim = 64, workers = 1;
+    int nl = 2, nt = 3, heads = 2, dim = 64, workers = 1, docs = 0;
     int first = AJ_METHOD_RING, last = AJ_METHOD_RING;
     aj_device_kind kind = AJ_DEVICE_CPU;
     for (int i = 1; i + 1 < argc; i += 2) {
@@ -223,6 +245,8 @@ int main(int argc, char **argv)
             dim = atoi(argv[i + 1]);
         else if (strcmp(argv[i], "--workers") == 0)
             workers = atoi(argv[i + 1]);
+        else if (strcmp(argv[i], "--docs") == 0)
+            docs = atoi(argv[i + 1]);
         else if (strcmp(argv[i], "--device") == 0)
             kind = strcmp(argv[i + 1], "sim") == 0 ? AJ_DEVICE_SIM : AJ_DEVICE_CPU;
         else if (strcmp(argv[i], "--method") == 0) {
@@ -250,15 +274,18 @@ int main(int argc, char **argv)
     /* per case, the methods take turns (ring, ulysses, ring, ...) for
      * ROUNDS rounds; each row is the method's median round by total time */
     enum { ROUNDS = 5 };
-    for (int c = 0; c < 2 && !failed; c++)
+    char packed[32];
+    snprintf(packed, sizeof packed, "causal, %d documents", docs);
+    for (int c = 0; c < (docs > 0 ? 3 : 2) && !failed; c++)
         for (int i = 0; i < nl && !failed; i++) {
             aj_ring_stats s[AJ_METHOD_COUNT][ROUNDS] = {{{0}}};
             double alone[AJ_METHOD_COUNT][ROUNDS] = {{0}};
             uint64_t sent[AJ_METHOD_COUNT] = {0};
             for (int r = 0; r < ROUNDS && !failed; r++)
                 for (int m = first; m <= last && !failed; m++)
-                    failed = run_case(ctx, dev, comm, (aj_cp_method)m, c, (int64_t)lens[i],
-                                      heads, dim, &s[m][r], &alone[m][r], &sent[m]);
+                    failed = run_case(ctx, dev, comm, (aj_cp_method)m, c > 0,
+                                      c == 2 ? docs : 0, (int64_t)lens[i], heads, dim,
+                                      &s[m][r], &alone[m][r], &sent[m]);
             for (int m = first; m <= last && !failed && rank == 0; m++) {
                 const int r = median_round(s[m], ROUNDS);
                 const aj_ring_stats *x = &s[m][r];
@@ -268,7 +295,7 @@ int main(int argc, char **argv)
                                     ? 1.0 - x->exposed_comm_s / alone[m][r] : 0.0;
                 printf("%-8s %-20s %5.0f %9.2f %11.2f %12.3f %11.3f %10.3f %7.0f%% %11llu "
                        "%11.0f\n", m == AJ_METHOD_RING ? "ring" : "ulysses",
-                       c ? "causal, zigzag" : "no mask, contiguous", lens[i],
+                       c == 2 ? packed : c ? "causal, zigzag" : "no mask, contiguous", lens[i],
                        1e3 * x->total_s, 1e3 * x->compute_s,
                        1e3 * (m == AJ_METHOD_RING ? alone[m][r] : x->comm_s),
                        1e3 * x->exposed_comm_s, x->total_s / x->compute_s,
