@@ -564,9 +564,45 @@ LLVMValueRef aj_kb_to_f32(aj_kb *kb, LLVMValueRef v, aj_dtype dtype)
         w = LLVMBuildShl(kb->b, w, aj_kb_i32(kb, 16), "");
         return LLVMBuildBitCast(kb->b, w, kb->t_f32, "");
     }
+    case AJ_DTYPE_F8E4M3:
+    case AJ_DTYPE_F8E5M2: {
+        LLVMValueRef h = aj_kb_f8_to_f16_bits(kb, v, dtype);
+        LLVMValueRef f = aj_kb_intrinsic(kb, AJ_INTR_CVT_F32_F16, &h);
+        return dtype == AJ_DTYPE_F8E5M2 ? f : LLVMBuildFMul(kb->b, f,
+                                                            aj_kb_f32(kb, AJ_F8E4M3_F16_FACTOR), "");
+    }
     default:
         return v;
     }
+}
+
+/* c as an i16 constant shaped like t (i16, or a vector of i16) */
+static LLVMValueRef i16_like(LLVMTypeRef t, unsigned c)
+{
+    LLVMValueRef one = LLVMConstInt(LLVMInt16TypeInContext(LLVMGetTypeContext(t)), c, 0);
+    if (LLVMGetTypeKind(t) != LLVMVectorTypeKind)
+        return one;
+    unsigned n = LLVMGetVectorSize(t);
+    LLVMValueRef lanes[64];
+    for (unsigned i = 0; i < n && i < 64; i++)
+        lanes[i] = one;
+    return LLVMConstVector(lanes, n);
+}
+
+LLVMValueRef aj_kb_f8_to_f16_bits(aj_kb *kb, LLVMValueRef v, aj_dtype dtype)
+{
+    LLVMBuilderRef b = kb->b;
+    LLVMTypeRef t = LLVMTypeOf(v);
+    LLVMTypeRef wide = LLVMGetTypeKind(t) == LLVMVectorTypeKind
+                           ? LLVMVectorType(kb->t_i16, LLVMGetVectorSize(t))
+                           : kb->t_i16;
+    LLVMValueRef w = LLVMBuildZExt(b, v, wide, "");
+    if (dtype == AJ_DTYPE_F8E5M2)
+        return LLVMBuildShl(b, w, i16_like(wide, 8), "");
+    LLVMValueRef sign = LLVMBuildAnd(b, w, i16_like(wide, 0x80), "");
+    LLVMValueRef mag = LLVMBuildAnd(b, w, i16_like(wide, 0x7f), "");
+    return LLVMBuildOr(b, LLVMBuildShl(b, sign, i16_like(wide, 8), ""),
+                       LLVMBuildShl(b, mag, i16_like(wide, 7), ""), "");
 }
 
 LLVMValueRef aj_kb_from_f32(aj_kb *kb, LLVMValueRef v, aj_dtype dtype)

@@ -275,6 +275,14 @@ void aj_kb_cp_async_wait_all(aj_kb *kb);
 /* element conversions between a storage dtype and f32 */
 LLVMTypeRef aj_kb_storage_type(aj_kb *kb, aj_dtype dtype); /* i8, i16 or f32 */
 LLVMValueRef aj_kb_to_f32(aj_kb *kb, LLVMValueRef v, aj_dtype dtype);
+/* An f8 byte (i8, or a vector of them) as the bits of an f16 (i16 or a
+ * vector): e5m2 is the top byte of an f16, exactly; e4m3 (magnitude bits
+ * << 7) is the f16 of 2^-8 its value, subnormals included, so its f32 is
+ * that f16's times AJ_F8E4M3_F16_FACTOR (its NaN, S.1111.111, reads as
+ * 480).  One rule for every target: aj_kb_to_f32 and the cpu vector loads
+ * widen through it. */
+#define AJ_F8E4M3_F16_FACTOR 256.0f
+LLVMValueRef aj_kb_f8_to_f16_bits(aj_kb *kb, LLVMValueRef v, aj_dtype dtype);
 LLVMValueRef aj_kb_from_f32(aj_kb *kb, LLVMValueRef v, aj_dtype dtype);
 /* (the element sizes: aj_dtype_size, attnjit.h) */
 

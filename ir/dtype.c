@@ -150,6 +150,18 @@ aj_status aj_convert(const void *src, aj_dtype src_dtype, void *dst, aj_dtype ds
     if ((unsigned)src_dtype >= AJ_DTYPE_COUNT || (unsigned)dst_dtype >= AJ_DTYPE_COUNT ||
         (count && (!src || !dst)))
         return AJ_ERR_INVALID_ARG;
+    /* rounding f32 results (the ring's O, dQ, dK, dV): one loop per pair,
+     * no per-element switch */
+    if (src_dtype == AJ_DTYPE_F32 && dst_dtype == AJ_DTYPE_F16) {
+        for (size_t i = 0; i < count; i++)
+            ((uint16_t *)dst)[i] = aj_f32_to_f16(((const float *)src)[i]);
+        return AJ_OK;
+    }
+    if (src_dtype == AJ_DTYPE_F32 && dst_dtype == AJ_DTYPE_BF16) {
+        for (size_t i = 0; i < count; i++)
+            ((uint16_t *)dst)[i] = aj_f32_to_bf16(((const float *)src)[i]);
+        return AJ_OK;
+    }
     for (size_t i = 0; i < count; i++) {
         float f = load_f32(src, src_dtype, i);
         switch (dst_dtype) {

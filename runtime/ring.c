@@ -401,11 +401,11 @@ static aj_status collective_status(const ring_plan *p, aj_status st)
 
 /* What every rank's call must agree on, in the order of call_fields;
  * NULL names: the rank's own lengths, the shards of the totals. */
-enum { CALL_FIELDS = 15, FIELD_LQ = 5, FIELD_LK = 6 };
+enum { CALL_FIELDS = 16, FIELD_LQ = 5, FIELD_LK = 6 };
 static const char *const call_fields[CALL_FIELDS] = {
     "method", "kind", "batch", "q heads", "kv heads", NULL, NULL, "head_dim",
     "head_dim_v", "layout", "rotate", "seed", "offset", "side tensor shapes (a digest)",
-    "cu_seqlens (a digest)"};
+    "host-memory device (cpu, sim: 1)", "cu_seqlens (a digest)"};
 
 /* A digest (FNV-1a) of the side tensors' shapes: ranks whose side tensors
  * differ in size would read different data at the same positions. */
@@ -427,7 +427,8 @@ static aj_status agree_on_call(ring_plan *p, const aj_op *op, aj_ring_rotate rot
 {
     int64_t mine[CALL_FIELDS] = {AJ_METHOD_RING, p->op.kind, p->B, p->Hq, p->Hkv, p->lq, p->lk,
                                  p->D, p->Dv, p->layout, rotate, (int64_t)seed,
-                                 (int64_t)offset, side_shapes_digest(p), p->docs.digest};
+                                 (int64_t)offset, side_shapes_digest(p), p->host_memory,
+                                 p->docs.digest};
     if (p->op.dropout == 0)
         mine[11] = mine[12] = 0;   /* no dropout: the stream is unused */
     int64_t *all = calloc((size_t)p->size * CALL_FIELDS, sizeof *all);
@@ -593,18 +594,25 @@ static aj_status store_rows(const ring_plan *p, const float *acc, const float *l
                             size_t rows, void *dst)
 {
     const size_t dv = (size_t)p->Dv, hq = (size_t)p->Hq, lq = (size_t)p->lq;
-    for (size_t r = 0; r < rows; r++) {
+#define ROW_EMPTY(r) (lse[p->sh.varlen ? ((r) % hq) * lq + (r) / hq : (r)] == -INFINITY)
+    /* runs of rows alike: one conversion (or clearing) per run */
+    for (size_t r = 0, end; r < rows; r = end) {
+        const bool empty = ROW_EMPTY(r);
+        for (end = r + 1; end < rows && ROW_EMPTY(end) == empty; end++)
+            ;
         char *out = (char *)dst + r * dv * p->elem;
-        if (lse[p->sh.varlen ? (r % hq) * lq + r / hq : r] == -INFINITY) {
-            memset(out, 0, dv * p->elem);
+        const size_t n = (end - r) * dv;
+        if (empty) {
+            memset(out, 0, n * p->elem);
             continue;
         }
-        aj_status st = aj_convert(acc + r * dv, AJ_DTYPE_F32, out, p->op.dtype, dv);
+        aj_status st = aj_convert(acc + r * dv, AJ_DTYPE_F32, out, p->op.dtype, n);
         if (st != AJ_OK)
             return st;
     }
     return AJ_OK;
 }
+#undef ROW_EMPTY
 
 /* ---------------------------------------------------------------- comm */
 
@@ -749,6 +757,79 @@ done:
     return st;
 }
 
+/* ---------------------------------------------------------------- shared memory */
+
+/*
+ * Where every rank is on one node and device memory is host memory, the
+ * ring needs no messages: each rank packs its K/V block into its own
+ * segment of memory every rank shares (aj_comm_shared_segments), and
+ * every step reads the block of the step's rank where it lies.  Fences
+ * order the writes and the reads:
+ *
+ *   forward    pack KV[r] -> fence -> blocks r, r-1, ... in place ->
+ *              fence (closing: nobody packs the next call's block while
+ *              a peer still reads this one; it overlaps the rounding of O)
+ *   backward   pack KV[r] -> fence -> per step s: the block's dK/dV part
+ *              into acc[s % n] -> wait for step s-1's fence -> add rank
+ *              r-1's acc[(s-1) % n] (the block's sum so far) -> fence;
+ *              after P steps rank r-1's last acc is block r's dK/dV -> fence
+ *
+ * (n = min(P, 3) accumulators per rank: rank r-1 overwrites acc[(s+1) % n]
+ * at step s+1, after its step-s fence, which rank r starts only once it
+ * has read acc[(s-1) % n].)  Elsewhere (a GPU, ranks on several nodes,
+ * the all-gather method) the ring sends messages.
+ */
+
+/* The shared segments of `bytes` per rank (an array of P, freed by the
+ * caller), or NULL: the ring sends messages.  Every rank decides alike:
+ * what it depends on, the ranks agreed on (agree_on_call). */
+static aj_status shared_segments(ring_plan *p, size_t bytes, void ***out)
+{
+    *out = NULL;
+    if (!p->host_memory || p->rotate != AJ_ROTATE_P2P || p->size < 2)
+        return AJ_OK;
+    void **seg = malloc((size_t)p->size * sizeof *seg);
+    if (!seg)
+        return aj_fail(p->ctx, AJ_ERR_OUT_OF_MEMORY, "%s: out of memory", p->fn);
+    const aj_status st = aj_comm_shared_segments(p->comm, bytes, seg);
+    if (st == AJ_OK)
+        *out = seg;
+    else
+        free(seg);
+    return st == AJ_ERR_UNSUPPORTED ? AJ_OK : st;
+}
+
+/* Starts a fence over the shared segments, waited for as an exchange. */
+static aj_status fence_start(ring_plan *p, aj_comm_req *req, const char *what)
+{
+    const int to = (p->rank + 1) % p->size, from = (p->rank + p->size - 1) % p->size;
+    *req = (aj_comm_req){.what = what, .to = to, .from = from, .posted = aj_now()};
+    aj_status st = p->comm->engine->shared_fence_start(p->comm, req);
+    req->active = st == AJ_OK;
+    return st;
+}
+
+/* The forward's steps over shared segments; the closing fence is left in
+ * flight in `req`. */
+static aj_status fwd_shared(ring_plan *p, const ring_kernels *kern, const aj_ring_fwd_args *a,
+                            void **seg, const aj_tensor *o_acc, aj_comm_req *req)
+{
+    aj_status st = AJ_OK;
+    AJ_TRY(pack_kv(p, &a->k, &a->v, seg[p->rank]));
+    AJ_TRY(fence_start(p, req, "shared K/V"));
+    for (int s = 0; s < p->size; s++) {
+        const int src = step_src(p, s);
+        if (src != p->rank) {   /* a block that arrived: a rotation */
+            AJ_TRY(exchange_finish(p, req));
+            p->stats->rotations++;
+        }
+        AJ_TRY(fwd_block(p, kern, a, seg[src], s, o_acc, req));
+    }
+    AJ_TRY(fence_start(p, req, "closing"));
+done:
+    return st;
+}
+
 /* ---------------------------------------------------------------- forward */
 
 static aj_status plan_forward(ring_plan *p, aj_ctx *ctx, aj_device *dev, aj_comm *comm,
@@ -787,6 +868,7 @@ aj_status aj_ring_forward(aj_ctx *ctx, aj_device *dev, aj_comm *comm, const aj_o
     ring_kernels kern = {0};
     void *kv[2] = {NULL, NULL}, *gathered = NULL, *host_o = NULL, *typed_o = NULL;  /* host */
     void *kv_dev = NULL, *o_acc_dev = NULL;                                          /* device */
+    void **seg = NULL;          /* the ranks' shared segments (shared_segments) */
     const void *block = NULL;   /* the visiting K/V block the kernels read */
     aj_comm_req req = {0};
     aj_status st = AJ_OK;
@@ -820,14 +902,19 @@ aj_status aj_ring_forward(aj_ctx *ctx, aj_device *dev, aj_comm *comm, const aj_o
     }
     const aj_tensor o_acc_rows = aj_cp_rows(o_acc_dev, AJ_DTYPE_F32, &p.sh, p.Hq, p.lq, p.Dv);
     const aj_tensor o_acc = aj_cp_as_padded(&o_acc_rows, &p.sh);
-    AJ_TRY(alloc_host(&p, kv_bytes, 0, &kv[0]));
-    AJ_TRY(pack_kv(&p, &args->k, &args->v, kv[0]));
+    AJ_TRY(shared_segments(&p, kv_bytes, &seg));
+    if (!seg) {
+        AJ_TRY(alloc_host(&p, kv_bytes, 0, &kv[0]));
+        AJ_TRY(pack_kv(&p, &args->k, &args->v, kv[0]));
+    }
     /* where device memory is host memory the kernels read each visiting
      * block where it arrived; a GPU's kernels read a device copy of it */
     if (!p.host_memory)
         AJ_TRY(dev_alloc(&p, kv_bytes, &kv_dev));
 
-    if (args->rotate == AJ_ROTATE_P2P) {
+    if (seg) {
+        AJ_TRY(fwd_shared(&p, &kern, &shards, seg, &o_acc, &req));
+    } else if (args->rotate == AJ_ROTATE_P2P) {
         AJ_TRY(alloc_host(&p, kv_bytes, 0, &kv[1]));
         int cur = 0;
         for (int s = 0; s < p.size; s++) {
@@ -862,9 +949,11 @@ aj_status aj_ring_forward(aj_ctx *ctx, aj_device *dev, aj_comm *comm, const aj_o
         AJ_TRY(ring_wait(&p, "the last step's kernels"));
         AJ_TRY(store_rounded(&p, host_o, o_count, args->o.data, typed_o));
     }
+    AJ_TRY(exchange_finish(&p, &req));   /* fwd_shared's closing fence */
 done:
     if (req.active)
         comm->engine->exchange_cancel(comm, &req);
+    free(seg);
     aj_device_stream_destroy(dev, p.stream);
     free_kernels(&kern);
     plan_free(&p);
@@ -925,10 +1014,31 @@ static aj_status add_part(const ring_plan *p, float *acc, int64_t acc_rows, int6
  * up. */
 typedef struct bwd_parts {
     void *dq, *dk, *dv;              /* device */
-    void *dq_h, *dk_h, *dv_h;        /* host */
+    void *dq_h, *dk_h, *dv_h;        /* host (on host-memory devices: dq, dk, dv) */
     size_t dq_bytes, dk_bytes, dv_bytes;
     float *scratch;
 } bwd_parts;
+
+/* A gradient part of `bytes`: in device memory, and its host copy (where
+ * device memory is host memory, the same buffer: added where the kernel
+ * wrote it). */
+static aj_status alloc_part(const ring_plan *p, size_t bytes, void **dev, void **host)
+{
+    aj_status st = dev_alloc(p, bytes, dev);
+    if (st == AJ_OK && p->host_memory)
+        *host = *dev;
+    else if (st == AJ_OK)
+        st = alloc_host(p, bytes, 0, host);
+    return st;
+}
+
+/* Frees alloc_part's host copy (the device buffer is freed with the
+ * others). */
+static void free_part(const ring_plan *p, void *host)
+{
+    if (!p->host_memory)
+        aj_device_host_free(p->dev, host);
+}
 
 /* Q against the K/V block of ring step `step`: dQ parts into dq_acc,
  * the block's dK/dV parts into dkv (f32, K part then V part, as kv). */
@@ -962,9 +1072,11 @@ static aj_status bwd_block(ring_plan *p, const ring_kernels *kern, const aj_ring
         SET_PAIR_LAUNCH(b, p, a, x);
         double t0 = aj_now();
         AJ_TRY(aj_backward(p->ctx, p->dev, kernel_for(kern, x->block), &b));
-        AJ_TRY(from_dev(p, parts->dq_h, parts->dq, parts->dq_bytes));
-        AJ_TRY(from_dev(p, parts->dk_h, parts->dk, parts->dk_bytes));
-        AJ_TRY(from_dev(p, parts->dv_h, parts->dv, parts->dv_bytes));
+        if (!p->host_memory) {
+            AJ_TRY(from_dev(p, parts->dq_h, parts->dq, parts->dq_bytes));
+            AJ_TRY(from_dev(p, parts->dk_h, parts->dk, parts->dk_bytes));
+            AJ_TRY(from_dev(p, parts->dv_h, parts->dv, parts->dv_bytes));
+        }
         AJ_TRY(ring_wait(p, "the block's kernels"));
         AJ_TRY(add_part(p, dq_acc, p->lq, x->q.local, parts->dq_h, p->Hq, cq, p->D,
                         parts->scratch));
@@ -976,6 +1088,63 @@ static aj_status bwd_block(ring_plan *p, const ring_kernels *kern, const aj_ring
         for (int r = 0; r < nreqs; r++)
             AJ_TRY(exchange_progress(p, &reqs[r]));
     }
+done:
+    return st;
+}
+
+/* A backward's shared segment: its K/V block, then n f32 dK/dV
+ * accumulators (the header of "shared memory"). */
+typedef struct shared_layout {
+    size_t kv_slot, dkv_count, bytes;
+    int n;
+} shared_layout;
+
+static shared_layout shared_layout_of(const ring_plan *p)
+{
+    shared_layout l = {.dkv_count = p->k_elems + p->v_elems, .n = p->size < 3 ? p->size : 3};
+    l.kv_slot = ((p->k_elems + p->v_elems) * p->elem + 63) / 64 * 64;
+    l.bytes = l.kv_slot + (size_t)l.n * l.dkv_count * sizeof(float);
+    return l;
+}
+
+/* Rank r's accumulator of step s. */
+static float *shared_acc(void **seg, const shared_layout *l, int r, int s)
+{
+    return (float *)((char *)seg[r] + l->kv_slot) + (size_t)(s % l->n) * l->dkv_count;
+}
+
+/* The backward's steps over shared segments: *own gets this rank's
+ * dK/dV sums, in rank r-1's segment (read them before the closing
+ * fence). */
+static aj_status bwd_shared(ring_plan *p, const ring_kernels *kern, const aj_ring_bwd_args *a,
+                            void **seg, const shared_layout *l, float *dq_acc,
+                            const bwd_parts *parts, aj_comm_req *req, float **own)
+{
+    const int prev = (p->rank + p->size - 1) % p->size;
+    aj_status st = AJ_OK;
+    AJ_TRY(pack_kv(p, &a->k, &a->v, seg[p->rank]));
+    AJ_TRY(fence_start(p, req, "shared K/V"));
+    for (int s = 0; s < p->size; s++) {
+        const int src = step_src(p, s);
+        p->stats->rotations += src != p->rank;   /* a block that arrived */
+        float *mine = shared_acc(seg, l, p->rank, s);
+        memset(mine, 0, l->dkv_count * sizeof(float));
+        AJ_TRY(bwd_block(p, kern, a, seg[src], s, dq_acc, mine, parts, req, 1));
+        /* step 0: the K/V fence; later: step s-1's, after which rank r-1's
+         * accumulator holds the block's sum over ranks r-s .. r-1 */
+        AJ_TRY(exchange_finish(p, req));
+        if (s > 0) {
+            const double t0 = aj_now();
+            const float *add = shared_acc(seg, l, prev, s - 1);
+            for (size_t i = 0; i < l->dkv_count; i++)
+                mine[i] += add[i];
+            p->stats->compute_s += aj_now() - t0;
+        }
+        AJ_TRY(fence_start(p, req, "shared dK/dV"));
+        p->stats->rotations++;
+    }
+    AJ_TRY(exchange_finish(p, req));
+    *own = shared_acc(seg, l, prev, p->size - 1);
 done:
     return st;
 }
@@ -1016,6 +1185,8 @@ aj_status aj_ring_backward(aj_ctx *ctx, aj_device *dev, aj_comm *comm, const aj_
     void *gathered = NULL, *all_dkv = NULL, *typed = NULL;
     bwd_parts parts = {0};
     void *kv_dev = NULL;   /* device */
+    const void *block = NULL;   /* the visiting K/V block the kernels read */
+    void **seg = NULL;          /* the ranks' shared segments (shared_segments) */
     aj_comm_req reqs[2] = {{0}, {0}};   /* K/V, dK/dV */
     aj_status st = AJ_OK;
     const double start = aj_now();
@@ -1044,20 +1215,24 @@ aj_status aj_ring_backward(aj_ctx *ctx, aj_device *dev, aj_comm *comm, const aj_
     parts.dv_bytes = (size_t)(p.B * p.Hkv * ck * p.Dv) * p.elem;
     AJ_TRY(alloc_host(&p, dq_count * sizeof(float), 1, &dq_acc));
     AJ_TRY(alloc_host(&p, (dq_count > dkv_count ? dq_count : dkv_count) * p.elem, 0, &typed));
-    AJ_TRY(dev_alloc(&p, parts.dq_bytes, &parts.dq));
-    AJ_TRY(dev_alloc(&p, parts.dk_bytes, &parts.dk));
-    AJ_TRY(dev_alloc(&p, parts.dv_bytes, &parts.dv));
-    AJ_TRY(alloc_host(&p, parts.dq_bytes, 0, &parts.dq_h));
-    AJ_TRY(alloc_host(&p, parts.dk_bytes, 0, &parts.dk_h));
-    AJ_TRY(alloc_host(&p, parts.dv_bytes, 0, &parts.dv_h));
+    AJ_TRY(alloc_part(&p, parts.dq_bytes, &parts.dq, &parts.dq_h));
+    AJ_TRY(alloc_part(&p, parts.dk_bytes, &parts.dk, &parts.dk_h));
+    AJ_TRY(alloc_part(&p, parts.dv_bytes, &parts.dv, &parts.dv_h));
     AJ_TRY(alloc_host(&p, (size_t)(chunk * width * (p.sh.varlen ? p.Hq : 1)) * sizeof(float), 0,
                       (void **)&parts.scratch));
-    AJ_TRY(alloc_host(&p, kv_bytes, 0, &kv[0]));
-    AJ_TRY(pack_kv(&p, &args->k, &args->v, kv[0]));
-    AJ_TRY(dev_alloc(&p, kv_bytes, &kv_dev));
+    const shared_layout lay = shared_layout_of(&p);
+    AJ_TRY(shared_segments(&p, lay.bytes, &seg));
+    if (!seg) {
+        AJ_TRY(alloc_host(&p, kv_bytes, 0, &kv[0]));
+        AJ_TRY(pack_kv(&p, &args->k, &args->v, kv[0]));
+    }
+    if (!p.host_memory)   /* as the forward: in place where device memory is host memory */
+        AJ_TRY(dev_alloc(&p, kv_bytes, &kv_dev));
 
     float *own = NULL;    /* this rank's dK/dV, f32, when done */
-    if (args->rotate == AJ_ROTATE_P2P) {
+    if (seg) {
+        AJ_TRY(bwd_shared(&p, &kern, &shards, seg, &lay, (float *)dq_acc, &parts, &reqs[0], &own));
+    } else if (args->rotate == AJ_ROTATE_P2P) {
         AJ_TRY(alloc_host(&p, kv_bytes, 0, &kv[1]));
         AJ_TRY(alloc_host(&p, dkv_count * sizeof(float), 1, &acc[0]));
         AJ_TRY(alloc_host(&p, dkv_count * sizeof(float), 1, &acc[1]));
@@ -1067,9 +1242,9 @@ aj_status aj_ring_backward(aj_ctx *ctx, aj_device *dev, aj_comm *comm, const aj_
             if (s < p.size - 1)
                 AJ_TRY(exchange_start(&p, &reqs[0], "K/V", kv[kc], kv[kc ^ 1], kv_bytes,
                                       TAG_KV));
-            AJ_TRY(to_dev(&p, kv_dev, kv[kc], kv_bytes));
+            AJ_TRY(visiting_block(&p, kv_dev, kv[kc], kv_bytes, &block));
             memset(step, 0, dkv_count * sizeof(float));
-            AJ_TRY(bwd_block(&p, &kern, &shards, kv_dev, s, dq_acc, step, &parts, reqs, 2));
+            AJ_TRY(bwd_block(&p, &kern, &shards, block, s, dq_acc, step, &parts, reqs, 2));
             /* acc[ac]: the step's block's accumulator, fresh at step 0, else just
              * received from rank r-1 */
             AJ_TRY(exchange_finish(&p, &reqs[1]));
@@ -1103,8 +1278,9 @@ aj_status aj_ring_backward(aj_ctx *ctx, aj_device *dev, aj_comm *comm, const aj_
         }
         for (int s = 0; s < p.size; s++) {
             const size_t src = (size_t)step_src(&p, s);
-            AJ_TRY(to_dev(&p, kv_dev, (char *)gathered + src * kv_bytes, kv_bytes));
-            AJ_TRY(bwd_block(&p, &kern, &shards, kv_dev, s, dq_acc,
+            AJ_TRY(visiting_block(&p, kv_dev, (char *)gathered + src * kv_bytes, kv_bytes,
+                                  &block));
+            AJ_TRY(bwd_block(&p, &kern, &shards, block, s, dq_acc,
                              (float *)all_dkv + src * dkv_count, &parts, reqs, 0));
         }
         if (p.size > 1) {
@@ -1117,21 +1293,28 @@ aj_status aj_ring_backward(aj_ctx *ctx, aj_device *dev, aj_comm *comm, const aj_
             own = all_dkv;
         }
     }
-    AJ_TRY(store_rounded(&p, dq_acc, dq_count, args->dq.data, typed));
     const size_t rows = (size_t)(p.B * p.Hkv * p.lk);   /* this rank's block, home */
     AJ_TRY(store_rounded(&p, own, rows * (size_t)p.D, args->dk.data, typed));
     AJ_TRY(store_rounded(&p, own + p.k_elems, rows * (size_t)p.Dv, args->dv.data, typed));
+    if (seg)   /* own was read in place: the closing fence, overlapping dQ's rounding */
+        AJ_TRY(fence_start(&p, &reqs[0], "closing"));
+    AJ_TRY(store_rounded(&p, dq_acc, dq_count, args->dq.data, typed));
+    AJ_TRY(exchange_finish(&p, &reqs[0]));
 done:
     for (int i = 0; i < 2; i++)
         if (reqs[i].active)
             comm->engine->exchange_cancel(comm, &reqs[i]);
+    free(seg);
     aj_device_stream_destroy(dev, p.stream);
     free_kernels(&kern);
     plan_free(&p);
     void *host[] = {kv[0], kv[1], acc[0], acc[1], step, dq_acc, gathered, all_dkv, typed,
-                    parts.dq_h, parts.dk_h, parts.dv_h, parts.scratch};
+                    parts.scratch};
     for (size_t i = 0; i < sizeof host / sizeof host[0]; i++)
         aj_device_host_free(dev, host[i]);
+    free_part(&p, parts.dq_h);
+    free_part(&p, parts.dk_h);
+    free_part(&p, parts.dv_h);
     void *device[] = {kv_dev, parts.dq, parts.dk, parts.dv};
     for (size_t i = 0; i < sizeof device / sizeof device[0]; i++)
         if (device[i])

@@ -39,6 +39,7 @@ if ((${#missing[@]})); then
 fi
 
 jobs=$(nproc 2>/dev/null || echo 2)
+elapsed() { printf '%dm%02ds' $((SECONDS / 60)) $((SECONDS % 60)); }
 echo "== configuring and building in $build"
 cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DAJ_WERROR=ON >/dev/null
 cmake --build "$build" -j"$jobs"
@@ -46,7 +47,7 @@ cmake --build "$build" -j"$jobs"
 if [ "$mode" = demo ]; then
   exec "$root/scripts/demo.sh" "$build"
 fi
-echo "== running the tests"
+echo "== running the tests ($(elapsed))"
 ctest --test-dir "$build" --output-on-failure -j"$jobs"
 
 # The Python package (docs/python.md): a virtual environment in the build
@@ -54,7 +55,7 @@ ctest --test-dir "$build" --output-on-failure -j"$jobs"
 # index has no CPU-only build), the package installed by `pip install .`
 # (which builds libattnjit.so.0 with CMake), then its tests.
 venv=$build/venv
-echo "== the Python package in $venv"
+echo "== the Python package in $venv ($(elapsed))"
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
 pip=("$venv/bin/python" -m pip install -q --disable-pip-version-check)
 "${pip[@]}" torch pytest numpy
@@ -64,14 +65,21 @@ CMAKE_BUILD_PARALLEL_LEVEL=$jobs "${pip[@]}" --config-settings=build-dir="$build
 # The same unit and numeric tests again under AddressSanitizer (with
 # LeakSanitizer) and UndefinedBehaviorSanitizer: any report fails the run.
 # Tests labelled `long` (the cpu kernels' large matrices, rings of 3 and 4
-# oversubscribed ranks) are left to the pass above: their host code is the
-# same as that of the shorter tests the sanitizers do run, and JIT-compiled
-# kernels carry no sanitizer instrumentation anyway.
+# oversubscribed ranks) and `cpu_isa` (the cpu tests again with the host's
+# features masked, which changes only the JIT-compiled code) are left to the
+# pass above: their host code is the same as that of the tests the
+# sanitizers do run, and JIT-compiled kernels carry no sanitizer
+# instrumentation anyway.  For the same reason the numeric tests' case
+# runners run every third case here (AJ_TEST_SAMPLE, tests/check.h): each
+# runner's host code is shared by all its cases, and the pass above ran
+# them all.
 asan=${AJ_ASAN_BUILD_DIR:-$root/build-asan}
-echo "== building with AJ_SANITIZE=ON in $asan"
+echo "== building with AJ_SANITIZE=ON in $asan ($(elapsed))"
 cmake -S "$root" -B "$asan" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DAJ_WERROR=ON -DAJ_SANITIZE=ON \
       -DAJ_BUILD_BENCH=OFF >/dev/null
 cmake --build "$asan" -j"$jobs"
-echo "== running the unit and numeric tests under the sanitizers"
+echo "== running the unit and numeric tests under the sanitizers ($(elapsed))"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-  ctest --test-dir "$asan" --output-on-failure -j"$jobs" -L "unit|numeric" -LE long
+  AJ_TEST_SAMPLE=3 ctest --test-dir "$asan" --output-on-failure -j"$jobs" -L "unit|numeric" \
+  -LE "long|cpu_isa"
+echo "== done in $(elapsed)"

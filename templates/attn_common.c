@@ -196,21 +196,55 @@ LLVMValueRef aj_attn_paged_len(aj_kb *kb, LLVMValueRef bidx)
     return LLVMBuildSelect(b, bad, aj_kb_i32(kb, 0), len, "seq_len");
 }
 
+LLVMValueRef aj_attn_paged_page(aj_kb *kb, LLVMValueRef bidx, LLVMValueRef slot,
+                                LLVMValueRef *ok)
+{
+    LLVMBuilderRef b = kb->b;
+    LLVMValueRef row = LLVMBuildMul(b, bidx, aj_kb_param(kb, "max_pages"), "");
+    LLVMValueRef page = load_offset(kb, "block_table", LLVMBuildAdd(b, row, slot, ""));
+    /* unsigned: a negative page is above any count */
+    *ok = LLVMBuildICmp(b, LLVMIntULT, page, aj_kb_param(kb, "num_pages"), "page_ok");
+    return page;
+}
+
 LLVMValueRef aj_attn_paged_pages_ok(aj_kb *kb, LLVMValueRef bidx, LLVMValueRef first,
                                     LLVMValueRef end)
 {
     LLVMBuilderRef b = kb->b;
-    LLVMValueRef row = LLVMBuildMul(b, bidx, aj_kb_param(kb, "max_pages"), "");
     LLVMValueRef flag = aj_kb_var(kb, kb->t_i32, aj_kb_i32(kb, 0), "pages_bad");
     LLVMValueRef slot = aj_kb_for_begin(kb, first, end, aj_kb_i32(kb, 1), "slot");
-    LLVMValueRef page = load_offset(kb, "block_table", LLVMBuildAdd(b, row, slot, ""));
-    LLVMValueRef bad = LLVMBuildICmp(b, LLVMIntUGE, page, aj_kb_param(kb, "num_pages"), "");
-    aj_kb_set(kb, flag, LLVMBuildOr(b, aj_kb_get(kb, flag), LLVMBuildZExt(b, bad, kb->t_i32, ""),
-                                    ""));
+    LLVMValueRef ok;
+    aj_attn_paged_page(kb, bidx, slot, &ok);
+    aj_kb_set(kb, flag, LLVMBuildOr(b, aj_kb_get(kb, flag),
+                                    LLVMBuildZExt(b, LLVMBuildNot(b, ok, ""), kb->t_i32, ""), ""));
     aj_kb_for_end(kb);
     LLVMValueRef any = LLVMBuildICmp(b, LLVMIntNE, aj_kb_get(kb, flag), aj_kb_i32(kb, 0), "");
     record_k_fault(kb, any, bidx, AJ_PAGED_BAD_PAGE);
     return LLVMBuildNot(b, any, "pages_ok");
+}
+
+void aj_attn_paged_fault(aj_kb *kb, LLVMValueRef bad, LLVMValueRef bidx)
+{
+    record_k_fault(kb, bad, bidx, AJ_PAGED_BAD_PAGE);
+}
+
+LLVMValueRef aj_attn_paged_part_row(aj_kb *kb, LLVMValueRef bidx, LLVMValueRef h,
+                                    LLVMValueRef part, int dv, LLVMValueRef *lse_at)
+{
+    LLVMBuilderRef b = kb->b;
+    LLVMTypeRef i64 = kb->t_i64;
+    LLVMValueRef hq = LLVMBuildSExt(b, aj_kb_param(kb, "heads_q"), i64, "");
+    LLVMValueRef splits = LLVMBuildSExt(b, aj_kb_param(kb, "splits"), i64, "");
+    LLVMValueRef sq = LLVMBuildSExt(b, aj_kb_param(kb, "seq_q"), i64, "");
+    LLVMValueRef batch = LLVMBuildSExt(b, aj_kb_param(kb, "batch"), i64, "");
+    LLVMValueRef bh = LLVMBuildAdd(b, LLVMBuildMul(b, LLVMBuildSExt(b, bidx, i64, ""), hq, ""),
+                                   LLVMBuildSExt(b, h, i64, ""), "");
+    LLVMValueRef bhs = LLVMBuildAdd(b, LLVMBuildMul(b, bh, splits, ""),
+                                    LLVMBuildSExt(b, part, i64, ""), "");
+    LLVMValueRef rows = LLVMBuildMul(b, LLVMBuildMul(b, batch, hq, ""),
+                                     LLVMBuildMul(b, splits, sq, ""), "");
+    *lse_at = LLVMBuildMul(b, rows, aj_kb_i64(kb, dv), "lse_at");
+    return LLVMBuildMul(b, bhs, sq, "part_row");
 }
 
 void aj_attn_score_totals(aj_kb *kb, const aj_score_prog *prog, aj_layout layout,

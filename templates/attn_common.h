@@ -118,6 +118,20 @@ void aj_attn_varlen_seq_of(aj_kb *kb, LLVMValueRef bidx, aj_attn_varlen_seq *out
 LLVMValueRef aj_attn_paged_len(aj_kb *kb, LLVMValueRef bidx);
 LLVMValueRef aj_attn_paged_pages_ok(aj_kb *kb, LLVMValueRef bidx, LLVMValueRef first,
                                     LLVMValueRef end);
+/* The page in slot `slot` (i32) of sequence bidx's block-table row (i32)
+ * and whether it is in 0 .. num_pages - 1 (*ok, i1), unrecorded: the GPU
+ * kernels look a tile's pages up row by row and record a bad one with
+ * aj_attn_paged_fault (AJ_PAGED_BAD_PAGE where `bad`). */
+LLVMValueRef aj_attn_paged_page(aj_kb *kb, LLVMValueRef bidx, LLVMValueRef slot,
+                                LLVMValueRef *ok);
+void aj_attn_paged_fault(aj_kb *kb, LLVMValueRef bad, LLVMValueRef bidx);
+/* The split-KV workspace of a paged launch (runtime/launch.c): part s of
+ * row i of (b, h) is partial row r = ((b Hq + h) splits + s) Sq + i, its
+ * O at element r Dv, its LSE at B Hq splits Sq Dv + r.  Returns the
+ * partial row of (bidx, h, part, i = 0) and *lse_at, the LSE block's
+ * offset (i64).  Parameters: heads_q, splits, seq_q, batch. */
+LLVMValueRef aj_attn_paged_part_row(aj_kb *kb, LLVMValueRef bidx, LLVMValueRef h,
+                                    LLVMValueRef part, int dv, LLVMValueRef *lse_at);
 
 /*
  * The totals the score programs read (score.h's sq, sk; i64), NULL where

@@ -517,26 +517,6 @@ static void build_dense(cfwd *c, const aj_score_prog *prog, int log2e_in_q)
     aj_kb_finish(kb, &layout);
 }
 
-/* Element offsets into the paged workspace (runtime/launch.c):
- * partial row r = ((b Hq + h) splits + part) Sq + i has O at r Dv and LSE
- * at rows Dv + r, rows = B Hq splits Sq. */
-static LLVMValueRef paged_part_row(cfwd *c, LLVMValueRef bidx, LLVMValueRef h,
-                                   LLVMValueRef part)
-{
-    LLVMValueRef bh = add(c, mul(c, sext64(c, bidx), sext64(c, param(c, "heads_q"))),
-                          sext64(c, h));
-    LLVMValueRef bhs = add(c, mul(c, bh, sext64(c, param(c, "splits"))), sext64(c, part));
-    return mul(c, bhs, sext64(c, param(c, "seq_q")));
-}
-
-static LLVMValueRef paged_lse_at(cfwd *c)
-{
-    LLVMValueRef rows = mul(c, mul(c, sext64(c, param(c, "batch")),
-                                   sext64(c, param(c, "heads_q"))),
-                            mul(c, sext64(c, param(c, "splits")), sext64(c, param(c, "seq_q"))));
-    return mul(c, rows, aj_kb_i64(c->kb, c->p.dv));
-}
-
 /* Whether the score programs read the head (then each query head is its
  * own row block). */
 static int programs_read_h(const aj_score_prog *prog)
@@ -605,10 +585,11 @@ static void build_paged_parts(cfwd *c, const aj_score_prog *prog, int log2e_in_q
     cfwd_out direct = {"o", "lse", p->dtype, 0, aj_attn_slice_base(kb, "o", bidx, h),
                        param(c, "stride_o_s"), aj_attn_slice_base(kb, "lse", bidx, h), NULL,
                        NULL};
-    LLVMValueRef row0 = paged_part_row(c, bidx, h, part);
+    LLVMValueRef lse_at;
+    LLVMValueRef row0 = aj_attn_paged_part_row(kb, bidx, h, part, p->dv, &lse_at);
     cfwd_out partial = {"workspace", "workspace", AJ_DTYPE_F32, 0,
                         mul(c, row0, aj_kb_i64(kb, p->dv)), aj_kb_i64(kb, p->dv),
-                        add(c, paged_lse_at(c), row0), NULL, NULL};
+                        add(c, lse_at, row0), NULL, NULL};
     LLVMValueRef one = LLVMBuildICmp(b, LLVMIntEQ, splits, i32c(c, 1), "");
     /* GQA packing: where the programs do not read h and the group's rows
      * fit one block, the item of the group's first head takes all of its
@@ -690,8 +671,9 @@ static void build_paged_merge(cfwd *c, const aj_score_prog *prog)
     work_item(c, item);
     LLVMValueRef h = item[1], bidx = item[2];
     LLVMValueRef splits = param(c, "splits"), sq = sext64(c, param(c, "seq_q"));
-    LLVMValueRef row0 = paged_part_row(c, bidx, h, i32c(c, 0));
-    LLVMValueRef lse_at = add(c, paged_lse_at(c), row0);
+    LLVMValueRef lse_at;
+    LLVMValueRef row0 = aj_attn_paged_part_row(kb, bidx, h, i32c(c, 0), dv, &lse_at);
+    lse_at = add(c, lse_at, row0);
     LLVMValueRef ninf = aj_kb_f32(kb, -INFINITY);
     LLVMValueRef o_base = aj_attn_slice_base(kb, "o", bidx, h);
     LLVMValueRef lse_base = aj_attn_slice_base(kb, "lse", bidx, h);

@@ -143,30 +143,15 @@ LLVMValueRef aj_cv_load(aj_kb *kb, LLVMValueRef ptr, aj_dtype dtype, int n)
     }
     case AJ_DTYPE_F8E4M3:
     case AJ_DTYPE_F8E5M2: {
-        /* e5m2 is the top byte of an f16; e4m3 (magnitude bits << 7) is
-         * an f16 of 2^-8 its value, subnormals included, then times 2^8
-         * (its NaN, S.1111.111, reads as 480) */
+        /* the bits of an f16 (aj_kb_f8_to_f16_bits), then widened */
         v = LLVMBuildLoad2(b, LLVMVectorType(kb->t_i8, (unsigned)n), ptr, "");
         LLVMSetAlignment(v, 1);
-        LLVMTypeRef vi = LLVMVectorType(kb->t_i16, (unsigned)n);
-        LLVMValueRef w = LLVMBuildZExt(b, v, vi, "");
-        if (dtype == AJ_DTYPE_F8E5M2) {
-            w = LLVMBuildShl(b, w, aj_cv_splat(kb, LLVMConstInt(kb->t_i16, 8, 0), n), "");
-        } else {
-            LLVMValueRef sign = LLVMBuildAnd(b, w, aj_cv_splat(kb, LLVMConstInt(kb->t_i16,
-                                             0x80, 0), n), "");
-            LLVMValueRef mag = LLVMBuildAnd(b, w, aj_cv_splat(kb, LLVMConstInt(kb->t_i16,
-                                            0x7f, 0), n), "");
-            w = LLVMBuildOr(b, LLVMBuildShl(b, sign, aj_cv_splat(kb, LLVMConstInt(kb->t_i16,
-                                            8, 0), n), ""),
-                            LLVMBuildShl(b, mag, aj_cv_splat(kb, LLVMConstInt(kb->t_i16, 7, 0),
-                                         n), ""), "");
-        }
-        LLVMValueRef h = LLVMBuildBitCast(b, w, LLVMVectorType(LLVMHalfTypeInContext(kb->llctx),
-                                          (unsigned)n), "");
+        LLVMValueRef h = LLVMBuildBitCast(b, aj_kb_f8_to_f16_bits(kb, v, dtype),
+                                          LLVMVectorType(LLVMHalfTypeInContext(kb->llctx),
+                                                         (unsigned)n), "");
         LLVMValueRef f = LLVMBuildFPExt(b, h, aj_cv_type(kb, n), "");
         if (dtype == AJ_DTYPE_F8E4M3)
-            f = LLVMBuildFMul(b, f, aj_cv_splat(kb, aj_kb_f32(kb, 256.0f), n), "");
+            f = LLVMBuildFMul(b, f, aj_cv_splat(kb, aj_kb_f32(kb, AJ_F8E4M3_F16_FACTOR), n), "");
         return f;
     }
     default:

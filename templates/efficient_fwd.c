@@ -58,12 +58,13 @@
 #define MAX_CV 64
 
 typedef struct efwd_plan {
-    aj_dtype dtype;
+    aj_dtype dtype, kv_dtype;      /* of Q and O; of K and V (a paged cache's) */
+    int paged;                     /* layout = paged */
     int d, dv;
     int bm, bn, warps, threads;
     int g, r, rm, cn, cv;          /* see the diagram above */
     int ldq, ldkv, ldp;            /* shared-memory row pitches, in floats */
-    int32_t smem_q, smem_kv, smem_p, smem_bytes;
+    int32_t smem_q, smem_kv, smem_p, smem_rows, smem_bytes;
 } efwd_plan;
 
 /* Registers that hold per-thread state; above this ptxas starts to spill. */
@@ -103,6 +104,8 @@ static aj_status plan_schedule(aj_ctx *ctx, const aj_op *op, aj_target target,
     efwd_plan *p = out;
     memset(p, 0, sizeof *p);
     p->dtype = op->dtype;
+    p->kv_dtype = aj_op_kv_dtype(op);
+    p->paged = op->layout == AJ_LAYOUT_PAGED;
     p->d = op->head_dim;
     p->dv = aj_op_dv(op);
     p->bm = s->block_m;
@@ -145,6 +148,8 @@ static aj_status plan_schedule(aj_ctx *ctx, const aj_op *op, aj_target target,
     p->ldp = p->bn + 4;
     int64_t bytes = 4 * ((int64_t)p->bm * p->ldq + (int64_t)p->bn * p->ldkv +
                          (int64_t)p->bm * p->ldp);
+    if (p->paged)
+        bytes += aj_tile_paged_rows_bytes(p->bn);   /* the tile's row table */
     if (bytes > aj_target_smem_limit(target))
         return aj_fail(ctx, AJ_ERR_UNSUPPORTED,
                        "schedule: block_m = %d, block_n = %d needs %lld bytes of shared "
@@ -154,7 +159,7 @@ static aj_status plan_schedule(aj_ctx *ctx, const aj_op *op, aj_target target,
     return AJ_OK;
 }
 
-/* Schedules in order of preference: 32 x 32 tiles keep a thread's
+/* Schedules in order of preference: (padded) 32 x 32 tiles keep a thread's
  * accumulators small (4 rows of at most 8 + 2 values; 8 warps halve the
  * rows past head dim 128) so that ptxas needs no spills on sm_80 or
  * sm_90; narrower key tiles and fewer warps where the output columns a
@@ -162,14 +167,20 @@ static aj_status plan_schedule(aj_ctx *ctx, const aj_op *op, aj_target target,
 static aj_status plan_kernel(aj_ctx *ctx, const aj_op *op, aj_target target, efwd_plan *p)
 {
     int wide = max_i(op->head_dim, aj_op_dv(op)) > 128;
+    /* layout = paged (decode: Sq of 1..16 rows) first tries 16-row blocks
+     * over 64-key tiles, so that a tile's rows are mostly real queries and
+     * its loads long */
+    int paged = op->layout == AJ_LAYOUT_PAGED;
     const aj_schedule candidates[] = {
+        {16, 64, 2, 1},            {16, 64, 4, 1},            {16, 32, 4, 1},
         {32, 32, wide ? 8 : 4, 1}, {32, 32, wide ? 4 : 2, 1}, {32, 32, 1, 1},
         {64, 16, 4, 1},            {32, 16, 2, 1},            {16, 16, 1, 1},
         {16, 8, 1, 1},
     };
+    const int first = paged ? 0 : 3;
     const aj_attn_schedule_rule rule = {
-        .candidates = candidates,
-        .n = (int)(sizeof candidates / sizeof candidates[0]),
+        .candidates = candidates + first,
+        .n = (int)(sizeof candidates / sizeof candidates[0]) - first,
         .plan = plan_schedule,
     };
     return aj_attn_plan_schedule(ctx, op, target, &rule, p);
@@ -177,7 +188,9 @@ static aj_status plan_kernel(aj_ctx *ctx, const aj_op *op, aj_target target, efw
 
 static aj_status efwd_check(aj_ctx *ctx, const aj_op *op, aj_target target)
 {
-    aj_status st = aj_attn_check_layout_and_dims(ctx, op, "efficient forward");
+    aj_status st = op->layout == AJ_LAYOUT_PAGED
+                       ? aj_attn_check_dims(ctx, op, "paged forward")
+                       : aj_attn_check_layout_and_dims(ctx, op, "efficient forward");
     if (st != AJ_OK)
         return st;
     efwd_plan plan;
@@ -202,6 +215,7 @@ typedef struct efwd {
     LLVMValueRef bias_row;          /* i64: element offset of bias row i (bias) */
     aj_attn_dropout drop;           /* the dropout stream of this (b, h) */
     LLVMValueRef bias_base;         /* i64: element offset of bias slice (b, h) */
+    LLVMValueRef k_scale, v_scale;  /* f32: an f8 cache's scales, else NULL */
     LLVMValueRef acc[MAX_RM][MAX_CN];    /* vars: Q K^T partial sums */
     LLVMValueRef o[MAX_RM][MAX_CV];      /* vars: output accumulators */
     LLVMValueRef m[MAX_RM], l[MAX_RM];   /* vars: running max (log2), sum */
@@ -308,6 +322,8 @@ static LLVMValueRef emit_score(efwd *e, LLVMValueRef acc, LLVMValueRef i, LLVMVa
     const aj_op *op = e->op;
     double scale = aj_op_scale(op);
     LLVMValueRef s;
+    if (e->k_scale)
+        acc = LLVMBuildFMul(b, acc, e->k_scale, "");
     if (!aj_score_has_mod(e->prog) && op->bias == AJ_BIAS_NONE) {
         s = LLVMBuildFMul(b, acc, aj_kb_f32(kb, scale * AJ_LOG2E), "");
     } else {
@@ -469,18 +485,25 @@ static void emit_merge_weights(efwd *e, LLVMValueRef lse_prior, LLVMValueRef l2_
     *lse_out = LLVMBuildSelect(b, none, ninf, LLVMBuildFMul(b, l2, aj_kb_f32(kb, AJ_LN2), ""), "");
 }
 
+/* Where the epilogue writes: row i of O at element o_base + i o_stride of
+ * tensor parameter `o` (of `dtype`), its LSE at lse_base + i of `lse`. */
+typedef struct efwd_out {
+    const char *o, *lse;
+    aj_dtype dtype;
+    LLVMValueRef o_base, o_stride, lse_base;   /* i64 */
+} efwd_out;
+
 /* O = acc / l (0 for rows that saw no key), LSE = (m + log2 l) ln 2; with
  * accumulate, both merged into the prior (O, LSE) first. */
-static void emit_epilogue(efwd *e, LLVMValueRef o_base, LLVMValueRef lse_base)
+static void emit_epilogue(efwd *e, const efwd_out *dst)
 {
     aj_kb *kb = e->kb;
     LLVMBuilderRef b = e->b;
     const efwd_plan *p = &e->p;
     int accumulate = e->op->accumulate;
-    const char *out = out_name(e->op);
-    aj_dtype out_dtype = accumulate ? AJ_DTYPE_F32 : p->dtype;
-    char stride_s[32];
-    snprintf(stride_s, sizeof stride_s, "stride_%s_s", out);
+    const char *out = dst->o;
+    aj_dtype out_dtype = dst->dtype;
+    LLVMValueRef o_base = dst->o_base, lse_base = dst->lse_base;
     LLVMValueRef lane_col = sext64(e, LLVMBuildShl(b, e->lane, aj_kb_i32(kb, 2), ""));
     LLVMValueRef last_row = LLVMBuildSub(b, e->seq_q, aj_kb_i32(kb, 1), "");
     for (int k = 0; k < p->rm; k++) {
@@ -496,17 +519,19 @@ static void emit_epilogue(efwd *e, LLVMValueRef o_base, LLVMValueRef lse_base)
         LLVMValueRef lse = LLVMBuildFMul(b, l2, aj_kb_f32(kb, AJ_LN2), "");
         /* rows past Sq read the last row: in bounds, never stored */
         LLVMValueRef ic = aj_kb_smin(kb, i, last_row);
-        LLVMValueRef lse_ptr = aj_kb_gptr_offset(kb, p64(e, "lse"), LLVMBuildMul(b,
+        LLVMValueRef lse_ptr = aj_kb_gptr_offset(kb, p64(e, dst->lse), LLVMBuildMul(b,
                                    LLVMBuildAdd(b, lse_base, sext64(e, ic), ""),
                                    aj_kb_i64(kb, 4), ""));
         LLVMValueRef orow = LLVMBuildAdd(b, o_base, LLVMBuildMul(b, sext64(e, ic),
-                                         p64(e, stride_s), ""), "");
-        LLVMValueRef w_prior = NULL, scale_new = inv;
+                                         dst->o_stride, ""), "");
+        /* an f8 cache's V scale applies to O once, not to each V */
+        LLVMValueRef w_prior = NULL;
+        LLVMValueRef scale_new = e->v_scale ? LLVMBuildFMul(b, inv, e->v_scale, "") : inv;
         if (accumulate) {
             LLVMValueRef w_new;
             emit_merge_weights(e, aj_kb_load(kb, kb->t_f32, lse_ptr, 4), l2, &w_prior, &w_new,
                                &lse);
-            scale_new = LLVMBuildFMul(b, w_new, inv, "");
+            scale_new = LLVMBuildFMul(b, w_new, scale_new, "");
         }
         aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntSLT, i, e->seq_q, ""));
         for (int u = 0; u < p->cv / 4; u++) {
@@ -541,8 +566,344 @@ static void emit_epilogue(efwd *e, LLVMValueRef o_base, LLVMValueRef lse_base)
     }
 }
 
+/* The thread's state: Q K^T sums, output accumulators, running max and
+ * sum, at their initial values (aj_kb_begin* first). */
+static void alloc_state(efwd *e)
+{
+    aj_kb *kb = e->kb;
+    const efwd_plan *p = &e->p;
+    for (int k = 0; k < p->rm; k++) {
+        for (int t = 0; t < p->cn; t++)
+            e->acc[k][t] = aj_kb_var(kb, kb->t_f32, NULL, "acc");
+        for (int c = 0; c < p->cv; c++)
+            e->o[k][c] = aj_kb_var(kb, kb->t_f32, aj_kb_f32(kb, 0), "o");
+        e->m[k] = aj_kb_var(kb, kb->t_f32, aj_kb_f32(kb, -INFINITY), "m");
+        e->l[k] = aj_kb_var(kb, kb->t_f32, aj_kb_f32(kb, 0), "l");
+    }
+}
+
+/* The initial state again, for the next row block of a paged part. */
+static void reset_state(efwd *e)
+{
+    aj_kb *kb = e->kb;
+    for (int k = 0; k < e->p.rm; k++) {
+        for (int c = 0; c < e->p.cv; c++)
+            aj_kb_set(kb, e->o[k][c], aj_kb_f32(kb, 0));
+        aj_kb_set(kb, e->m[k], aj_kb_f32(kb, -INFINITY));
+        aj_kb_set(kb, e->l[k], aj_kb_f32(kb, 0));
+    }
+}
+
+/* Thread, lane and row group; shared memory for the tiles. */
+static void begin_cta(efwd *e)
+{
+    aj_kb *kb = e->kb;
+    efwd_plan *p = &e->p;
+    p->smem_q = aj_kb_smem_reserve(kb, 4 * p->bm * p->ldq);
+    p->smem_kv = aj_kb_smem_reserve(kb, 4 * p->bn * p->ldkv);
+    p->smem_p = aj_kb_smem_reserve(kb, 4 * p->bm * p->ldp);
+    if (p->paged)
+        p->smem_rows = aj_kb_smem_reserve(kb, aj_tile_paged_rows_bytes(p->bn));
+    alloc_state(e);
+    e->tid = aj_kb_thread_id(kb);
+    e->lane = LLVMBuildAnd(e->b, e->tid, aj_kb_i32(kb, p->g - 1), "lane");
+    e->group = LLVMBuildUDiv(e->b, e->tid, aj_kb_i32(kb, p->g), "group");
+}
+
+/* The key blocks' sources (row0, or a paged tile's row table, set per
+ * block); paged: the sequence whose block-table row the tiles read. */
+typedef struct efwd_kv {
+    aj_tile_src k, v;
+    LLVMValueRef bidx;                       /* paged, else NULL */
+    LLVMValueRef k_stride_page, v_stride_page;   /* paged: i64 */
+} efwd_kv;
+
+/*
+ * Key blocks [n_begin, n_end) of the rows at e->m0.  Per block: (paged)
+ * the row table of its keys -- its last readers, the previous block's V
+ * loads, are behind that block's last barrier -- then barrier, load K,
+ * barrier, S = Q K^T, softmax, barrier, load V, barrier, O += P V.
+ */
+static void emit_key_blocks(efwd *e, efwd_kv *kv, LLVMValueRef n_begin, LLVMValueRef n_end)
+{
+    aj_kb *kb = e->kb;
+    LLVMBuilderRef b = e->b;
+    const efwd_plan *p = &e->p;
+    LLVMValueRef n = aj_kb_for_begin(kb, n_begin, n_end, aj_kb_i32(kb, 1), "n");
+    LLVMValueRef n0 = LLVMBuildMul(b, n, aj_kb_i32(kb, p->bn), "n0");
+    /* the same class in every thread */
+    LLVMValueRef cls = aj_score_has_mask(e->prog) ? block_class(e, n0) : NULL;
+    if (aj_score_has_rest(e->prog))
+        aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntNE, cls, aj_kb_i32(kb, AJ_TILE_SKIP), ""));
+    kv->k.row0 = kv->v.row0 = n0;
+    LLVMValueRef rows = kv->bidx ? aj_kb_i32(kb, p->smem_rows) : NULL;
+    if (rows)
+        aj_tile_paged_rows(kb, rows, p->bn, n0, e->seq_k, kv->bidx, e->tid, p->threads);
+    aj_kb_barrier(kb);   /* previous block's readers of K/V and P are done */
+    aj_tile_load_paged_f32(kb, &kv->k, rows, kv->k_stride_page, p->bn, p->d, p->smem_kv,
+                           p->ldkv, e->tid, p->threads);
+    aj_kb_barrier(kb);
+    emit_qk(e);
+    efwd_tile tile = {e, n0};
+    LLVMValueRef inside = LLVMBuildICmp(b, LLVMIntSLE, LLVMBuildAdd(b, n0, aj_kb_i32(kb, p->bn),
+                                        ""), e->seq_k, "");
+    aj_score_by_tile_class(kb, cls, inside, emit_softmax_tile, &tile);
+    aj_kb_barrier(kb);   /* K fully read; P fully written */
+    aj_tile_load_paged_f32(kb, &kv->v, rows, kv->v_stride_page, p->bn, p->dv, p->smem_kv,
+                           p->ldkv, e->tid, p->threads);
+    aj_kb_barrier(kb);
+    emit_pv(e);
+    if (aj_score_has_rest(e->prog))
+        aj_kb_if_end(kb);
+    aj_kb_for_end(kb);
+}
+
+/* layout = padded (and varlen's views): grid (ceil(Sq / bm), Hq, B). */
+static void build_padded(efwd *e)
+{
+    aj_kb *kb = e->kb;
+    LLVMBuilderRef b = e->b;
+    const aj_op *op = e->op;
+    const efwd_plan *p = &e->p;
+    aj_params_declare(kb, AJ_KSIG_EFFICIENT_FWD, op, e->prog);
+    aj_kb_begin(kb, p->threads);
+    begin_cta(e);
+    LLVMValueRef mblk = aj_kb_block_id(kb, 0);
+    LLVMValueRef h = aj_kb_block_id(kb, 1);
+    LLVMValueRef bidx = aj_kb_block_id(kb, 2);
+    e->m0 = LLVMBuildMul(b, mblk, aj_kb_i32(kb, p->bm), "m0");
+    e->seq_q = p64(e, "seq_q");
+    e->seq_k = p64(e, "seq_k");
+    LLVMValueRef group_size = LLVMBuildSDiv(b, p64(e, "heads_q"), p64(e, "heads_kv"), "");
+    LLVMValueRef hkv = LLVMBuildSDiv(b, h, group_size, "hkv");
+    aj_score_begin(&e->sc, kb, e->prog, 0, bidx, h, p64(e, "q_offset"), p64(e, "kv_offset"),
+                   e->prog->reads_totals ? p64(e, "seq_q_total") : NULL,
+                   e->prog->reads_totals ? p64(e, "seq_k_total") : NULL);
+
+    if (op->bias == AJ_BIAS_ADD)
+        e->bias_base = aj_attn_slice_base(kb, "bias", bidx, h);
+    if (op->dropout > 0) {
+        /* Philox key (lo32(seed), hi32(seed) ^ hi32(offset)) and counter
+         * (lo32(kv_offset) + j, lo32(q_offset) + i, lo32(b Hq + h),
+         * lo32(offset)): i32 adds wrap as lo32 of the i64 positions do */
+        e->drop = aj_attn_dropout_stream(kb, p64(e, "dropout_seed"), p64(e, "dropout_offset"),
+                                         p64(e, "q_offset"), p64(e, "kv_offset"), bidx,
+                                         p64(e, "heads_q"), h);
+    }
+    LLVMValueRef q_base = aj_attn_slice_base(kb, "q", bidx, h);
+    aj_tile_src qsrc = {p64(e, "q"), q_base, p64(e, "stride_q_s"), e->m0, e->seq_q, p->dtype};
+    aj_tile_load_f32(kb, &qsrc, p->bm, p->d, p->smem_q, p->ldq, e->tid, p->threads);
+
+    efwd_kv kv = {
+        .k = {p64(e, "k"), aj_attn_slice_base(kb, "k", bidx, hkv), p64(e, "stride_k_s"), NULL,
+              e->seq_k, p->dtype},
+        .v = {p64(e, "v"), aj_attn_slice_base(kb, "v", bidx, hkv), p64(e, "stride_v_s"), NULL,
+              e->seq_k, p->dtype},
+    };
+    LLVMValueRef n_begin, n_end;
+    key_block_range(e, &n_begin, &n_end);
+    emit_key_blocks(e, &kv, n_begin, n_end);
+    char stride_s[32];
+    snprintf(stride_s, sizeof stride_s, "stride_%s_s", out_name(op));
+    const efwd_out out = {out_name(op), "lse", op->accumulate ? AJ_DTYPE_F32 : p->dtype,
+                          aj_attn_slice_base(kb, out_name(op), bidx, h), p64(e, stride_s),
+                          aj_attn_slice_base(kb, "lse", bidx, h)};
+    emit_epilogue(e, &out);
+    const aj_kernel_layout layout = {
+        .grid = {{AJ_EXTENT_SEQ_Q, p->bm}, {AJ_EXTENT_HEADS_Q, 1}, {AJ_EXTENT_BATCH, 1}},
+        .schedule = {p->bm, p->bn, p->warps, 1},
+    };
+    aj_kb_finish(kb, &layout);
+}
+
+/*
+ * layout = paged, stage 0: grid (splits, Hq, B), one CTA per part of a
+ * (sequence, query head) -- no GQA packing: a row block holds one head's
+ * queries (score programs at one h, Q rows one stride apart).  Part s
+ * takes key blocks [s per, (s + 1) per), per = ceil(blocks / splits), of
+ * the sequence's seqlens_k[b] keys (checked: aj_attn_paged_len), each
+ * tile's rows gathered through the block table (aj_tile_paged_rows, which
+ * checks the pages it looks up), for the Sq rows in blocks of bm, the
+ * queries being the sequence's last Sq positions.  One part writes o and
+ * lse; more write their partials to the workspace (runtime/launch.c,
+ * aj_attn_paged_part_row) for stage 1.  f8 caches load as bytes and
+ * widen on the way to shared memory; k_scale multiplies the scores,
+ * v_scale the output.
+ */
+static void build_paged_parts(efwd *e)
+{
+    aj_kb *kb = e->kb;
+    LLVMBuilderRef b = e->b;
+    const aj_op *op = e->op;
+    const efwd_plan *p = &e->p;
+    aj_params_declare(kb, AJ_KSIG_CPU_PAGED_FWD, op, e->prog);
+    aj_kb_begin_stage(kb, "parts", p->threads);
+    begin_cta(e);
+    LLVMValueRef part = aj_kb_block_id(kb, 0);
+    LLVMValueRef h = aj_kb_block_id(kb, 1);
+    LLVMValueRef bidx = aj_kb_block_id(kb, 2);
+    e->seq_q = p64(e, "seq_q");
+    e->seq_k = aj_attn_paged_len(kb, bidx);
+    if (p->kv_dtype >= AJ_DTYPE_F8E4M3) {
+        e->k_scale = aj_kb_load(kb, kb->t_f32, p64(e, "k_scale"), 4);
+        e->v_scale = aj_kb_load(kb, kb->t_f32, p64(e, "v_scale"), 4);
+    }
+    /* bottom-right: query i is position len - Sq + i; the totals, where
+     * the programs read them, are the sequence's length */
+    LLVMValueRef len64 = sext64(e, e->seq_k);
+    aj_score_begin(&e->sc, kb, e->prog, 0, bidx, h,
+                   LLVMBuildSub(b, len64, sext64(e, e->seq_q), ""), aj_kb_i64(kb, 0),
+                   e->prog->reads_totals ? len64 : NULL, e->prog->reads_totals ? len64 : NULL);
+    LLVMValueRef splits = p64(e, "splits"), bn = aj_kb_i32(kb, p->bn), one = aj_kb_i32(kb, 1);
+    LLVMValueRef blocks = LLVMBuildSDiv(b, LLVMBuildAdd(b, e->seq_k, aj_kb_i32(kb, p->bn - 1),
+                                        ""), bn, "");
+    LLVMValueRef per = LLVMBuildSDiv(b, LLVMBuildAdd(b, blocks, LLVMBuildSub(b, splits, one, ""),
+                                                     ""), splits, "per");
+    LLVMValueRef first = LLVMBuildMul(b, part, per, "");
+    LLVMValueRef last = aj_kb_smin(kb, LLVMBuildAdd(b, first, per, ""), blocks);
+
+    LLVMValueRef group = LLVMBuildSDiv(b, p64(e, "heads_q"), p64(e, "heads_kv"), "");
+    LLVMValueRef hkv = sext64(e, LLVMBuildSDiv(b, h, group, "hkv"));
+    efwd_kv kv = {
+        .k = {p64(e, "k_cache"), LLVMBuildMul(b, hkv, p64(e, "stride_k_cache_h"), ""),
+              p64(e, "stride_k_cache_s"), NULL, NULL, p->kv_dtype},
+        .v = {p64(e, "v_cache"), LLVMBuildMul(b, hkv, p64(e, "stride_v_cache_h"), ""),
+              p64(e, "stride_v_cache_s"), NULL, NULL, p->kv_dtype},
+        .bidx = bidx,
+        .k_stride_page = p64(e, "stride_k_cache_page"),
+        .v_stride_page = p64(e, "stride_v_cache_page"),
+    };
+    LLVMValueRef lse_at;
+    LLVMValueRef row0 = aj_attn_paged_part_row(kb, bidx, h, part, p->dv, &lse_at);
+    const efwd_out outs[2] = {
+        {"o", "lse", p->dtype, aj_attn_slice_base(kb, "o", bidx, h), p64(e, "stride_o_s"),
+         aj_attn_slice_base(kb, "lse", bidx, h)},
+        {"workspace", "workspace", AJ_DTYPE_F32,
+         LLVMBuildMul(b, row0, aj_kb_i64(kb, p->dv), ""), aj_kb_i64(kb, p->dv),
+         LLVMBuildAdd(b, lse_at, row0, "")},
+    };
+    LLVMValueRef q_base = aj_attn_slice_base(kb, "q", bidx, h);
+    LLVMValueRef mb = aj_kb_for_begin(kb, aj_kb_i32(kb, 0), e->seq_q, aj_kb_i32(kb, p->bm), "mb");
+    {
+        /* no barrier: the previous row block's last readers of Q (and of
+         * the row table) are behind its last key block's barriers */
+        e->m0 = mb;
+        reset_state(e);
+        aj_tile_src qsrc = {p64(e, "q"), q_base, p64(e, "stride_q_s"), mb, e->seq_q, p->dtype};
+        aj_tile_load_f32(kb, &qsrc, p->bm, p->d, p->smem_q, p->ldq, e->tid, p->threads);
+        LLVMValueRef n_begin, n_end;
+        key_block_range(e, &n_begin, &n_end);
+        emit_key_blocks(e, &kv, aj_kb_smax(kb, n_begin, first), aj_kb_smin(kb, n_end, last));
+        aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntEQ, splits, one, ""));
+        emit_epilogue(e, &outs[0]);
+        aj_kb_else(kb);
+        emit_epilogue(e, &outs[1]);
+        aj_kb_if_end(kb);
+    }
+    aj_kb_for_end(kb);
+    const aj_kernel_layout layout = {
+        .grid = {{AJ_EXTENT_SPLITS, 1}, {AJ_EXTENT_HEADS_Q, 1}, {AJ_EXTENT_BATCH, 1}},
+        .schedule = {p->bm, p->bn, p->warps, 1},
+    };
+    aj_kb_finish(kb, &layout);
+}
+
+/*
+ * layout = paged, stage 1 (run for splits > 1): grid (1, Hq, B), thread t
+ * takes elements t, t + T, ... of the (Sq, Dv) rows and merges their
+ * parts by log-sum-exp (DESIGN.md "Merge of two partials", over splits
+ * parts), in log2 units:
+ *
+ *   m = max_s L_s,  w_s = 2^(L_s - m),  O = sum_s w_s O_s / sum_s w_s,
+ *   LSE = (m + log2 sum_s w_s) ln 2
+ *
+ * no part with a key (every L_s = -inf) giving O = 0, LSE = -inf; a part
+ * without a key wrote O_s = 0 and weighs 0.
+ */
+#define MERGE_THREADS 128
+static void build_paged_merge(efwd *e)
+{
+    aj_kb *kb = e->kb;
+    LLVMBuilderRef b = e->b;
+    const efwd_plan *p = &e->p;
+    aj_params_declare(kb, AJ_KSIG_CPU_PAGED_MERGE, e->op, e->prog);
+    aj_kb_begin_stage(kb, "merge", MERGE_THREADS);
+    LLVMValueRef mx = aj_kb_var(kb, kb->t_f32, NULL, "mx");
+    LLVMValueRef sum = aj_kb_var(kb, kb->t_f32, NULL, "sum");
+    LLVMValueRef acc = aj_kb_var(kb, kb->t_f32, NULL, "acc");
+    LLVMValueRef h = aj_kb_block_id(kb, 1);
+    LLVMValueRef bidx = aj_kb_block_id(kb, 2);
+    LLVMValueRef sq = p64(e, "seq_q"), splits = p64(e, "splits");
+    LLVMValueRef ws = p64(e, "workspace");
+    LLVMValueRef lse_at;
+    LLVMValueRef row0 = aj_attn_paged_part_row(kb, bidx, h, aj_kb_i32(kb, 0), p->dv, &lse_at);
+    LLVMValueRef o_base = aj_attn_slice_base(kb, "o", bidx, h);
+    LLVMValueRef lse_base = aj_attn_slice_base(kb, "lse", bidx, h);
+    LLVMValueRef ninf = aj_kb_f32(kb, -INFINITY), zero = aj_kb_f32(kb, 0);
+    LLVMValueRef elems = LLVMBuildMul(b, sq, aj_kb_i32(kb, p->dv), "");
+    LLVMValueRef x = aj_kb_for_begin(kb, aj_kb_thread_id(kb), elems,
+                                     aj_kb_i32(kb, MERGE_THREADS), "x");
+    {
+        LLVMValueRef i = LLVMBuildUDiv(b, x, aj_kb_i32(kb, p->dv), "");
+        LLVMValueRef c = LLVMBuildURem(b, x, aj_kb_i32(kb, p->dv), "");
+        /* partial row of part s: row0 + s Sq + i */
+        LLVMValueRef s = aj_kb_for_begin(kb, aj_kb_i32(kb, 0), splits, aj_kb_i32(kb, 1), "s");
+        LLVMValueRef r = sext64(e, LLVMBuildAdd(b, LLVMBuildMul(b, s, sq, ""), i, ""));
+        LLVMValueRef l2 = LLVMBuildFMul(b, aj_kb_load(kb, kb->t_f32, aj_kb_gptr_offset(kb, ws,
+                                        LLVMBuildShl(b, LLVMBuildAdd(b, lse_at, LLVMBuildAdd(b,
+                                        row0, r, ""), ""), aj_kb_i64(kb, 2), "")), 4),
+                                        aj_kb_f32(kb, AJ_LOG2E), "");
+        LLVMValueRef init = LLVMBuildICmp(b, LLVMIntEQ, s, aj_kb_i32(kb, 0), "");
+        aj_kb_set(kb, mx, LLVMBuildSelect(b, init, l2, aj_kb_fmax(kb, aj_kb_get(kb, mx), l2), ""));
+        aj_kb_for_end(kb);
+        LLVMValueRef none = LLVMBuildFCmp(b, LLVMRealOEQ, aj_kb_get(kb, mx), ninf, "");
+        LLVMValueRef m_use = LLVMBuildSelect(b, none, zero, aj_kb_get(kb, mx), "");
+        aj_kb_set(kb, sum, zero);
+        aj_kb_set(kb, acc, zero);
+        s = aj_kb_for_begin(kb, aj_kb_i32(kb, 0), splits, aj_kb_i32(kb, 1), "s");
+        r = LLVMBuildAdd(b, row0, sext64(e, LLVMBuildAdd(b, LLVMBuildMul(b, s, sq, ""), i, "")),
+                         "");
+        LLVMValueRef l2s = LLVMBuildFMul(b, aj_kb_load(kb, kb->t_f32, aj_kb_gptr_offset(kb, ws,
+                                         LLVMBuildShl(b, LLVMBuildAdd(b, lse_at, r, ""),
+                                                      aj_kb_i64(kb, 2), "")), 4),
+                                         aj_kb_f32(kb, AJ_LOG2E), "");
+        LLVMValueRef w = aj_kb_exp2(kb, LLVMBuildFSub(b, l2s, m_use, ""));
+        LLVMValueRef at = LLVMBuildAdd(b, LLVMBuildMul(b, r, aj_kb_i64(kb, p->dv), ""),
+                                       LLVMBuildZExt(b, c, kb->t_i64, ""), "");
+        LLVMValueRef part_o = aj_kb_load(kb, kb->t_f32, aj_kb_gptr_offset(kb, ws,
+                                         LLVMBuildShl(b, at, aj_kb_i64(kb, 2), "")), 4);
+        aj_kb_set(kb, sum, LLVMBuildFAdd(b, aj_kb_get(kb, sum), w, ""));
+        aj_kb_set(kb, acc, aj_kb_fma(kb, w, part_o, aj_kb_get(kb, acc)));
+        aj_kb_for_end(kb);
+        LLVMValueRef total = aj_kb_get(kb, sum);
+        LLVMValueRef val = LLVMBuildSelect(b, none, zero, LLVMBuildFDiv(b, aj_kb_get(kb, acc),
+                                           total, ""), "");
+        LLVMValueRef oat = LLVMBuildAdd(b, LLVMBuildAdd(b, o_base, LLVMBuildMul(b, sext64(e, i),
+                                        p64(e, "stride_o_s"), ""), ""),
+                                        LLVMBuildZExt(b, c, kb->t_i64, ""), "");
+        int size = aj_dtype_size(p->dtype);
+        aj_kb_store(kb, aj_kb_from_f32(kb, val, p->dtype), aj_kb_gptr_offset(kb, p64(e, "o"),
+                    LLVMBuildMul(b, oat, aj_kb_i64(kb, size), "")), (unsigned)size);
+        aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntEQ, c, aj_kb_i32(kb, 0), ""));
+        LLVMValueRef l2_all = LLVMBuildFAdd(b, m_use, aj_kb_log2(kb, total), "");
+        LLVMValueRef lse = LLVMBuildSelect(b, none, ninf, LLVMBuildFMul(b, l2_all,
+                                           aj_kb_f32(kb, AJ_LN2), ""), "");
+        LLVMValueRef lat = LLVMBuildAdd(b, lse_base, sext64(e, i), "");
+        aj_kb_store(kb, lse, aj_kb_gptr_offset(kb, p64(e, "lse"), LLVMBuildShl(b, lat,
+                    aj_kb_i64(kb, 2), "")), 4);
+        aj_kb_if_end(kb);
+    }
+    aj_kb_for_end(kb);
+    const aj_kernel_layout layout = {
+        .grid = {{AJ_EXTENT_ONE, 1}, {AJ_EXTENT_HEADS_Q, 1}, {AJ_EXTENT_BATCH, 1}},
+        .schedule = {p->bm, p->bn, MERGE_THREADS / 32, 1},
+    };
+    aj_kb_finish(kb, &layout);
+}
+
 static aj_status efwd_build(aj_kb *kb, const aj_op *op, void *user)
 {
+    (void)user;
     efwd e;
     memset(&e, 0, sizeof e);
     e.kb = kb;
@@ -551,96 +912,17 @@ static aj_status efwd_build(aj_kb *kb, const aj_op *op, void *user)
     aj_status st = plan_kernel(kb->ctx, op, kb->target, &e.p);
     if (st != AJ_OK)
         return st;
-    const efwd_plan *p = &e.p;
-    LLVMBuilderRef b = kb->b;
     static _Thread_local aj_score_prog prog;
     st = aj_score_prog_init(kb->ctx, op, &prog);
     if (st != AJ_OK)
         return st;
     e.prog = &prog;
-
-    aj_params_declare(kb, AJ_KSIG_EFFICIENT_FWD, op, &prog);
-    aj_kb_begin(kb, p->threads);
-    e.p.smem_q = aj_kb_smem_reserve(kb, 4 * p->bm * p->ldq);
-    e.p.smem_kv = aj_kb_smem_reserve(kb, 4 * p->bn * p->ldkv);
-    e.p.smem_p = aj_kb_smem_reserve(kb, 4 * p->bm * p->ldp);
-
-    for (int k = 0; k < p->rm; k++) {
-        for (int t = 0; t < p->cn; t++)
-            e.acc[k][t] = aj_kb_var(kb, kb->t_f32, NULL, "acc");
-        for (int c = 0; c < p->cv; c++)
-            e.o[k][c] = aj_kb_var(kb, kb->t_f32, aj_kb_f32(kb, 0), "o");
-        e.m[k] = aj_kb_var(kb, kb->t_f32, aj_kb_f32(kb, -INFINITY), "m");
-        e.l[k] = aj_kb_var(kb, kb->t_f32, aj_kb_f32(kb, 0), "l");
+    if (e.p.paged) {
+        build_paged_parts(&e);
+        build_paged_merge(&e);
+    } else {
+        build_padded(&e);
     }
-
-    e.tid = aj_kb_thread_id(kb);
-    e.lane = LLVMBuildAnd(b, e.tid, aj_kb_i32(kb, p->g - 1), "lane");
-    e.group = LLVMBuildUDiv(b, e.tid, aj_kb_i32(kb, p->g), "group");
-    LLVMValueRef mblk = aj_kb_block_id(kb, 0);
-    LLVMValueRef h = aj_kb_block_id(kb, 1);
-    LLVMValueRef bidx = aj_kb_block_id(kb, 2);
-    e.m0 = LLVMBuildMul(b, mblk, aj_kb_i32(kb, p->bm), "m0");
-    e.seq_q = p64(&e, "seq_q");
-    e.seq_k = p64(&e, "seq_k");
-    LLVMValueRef group_size = LLVMBuildSDiv(b, p64(&e, "heads_q"), p64(&e, "heads_kv"), "");
-    LLVMValueRef hkv = LLVMBuildSDiv(b, h, group_size, "hkv");
-    aj_score_begin(&e.sc, kb, &prog, 0, bidx, h, p64(&e, "q_offset"), p64(&e, "kv_offset"),
-                   prog.reads_totals ? p64(&e, "seq_q_total") : NULL,
-                   prog.reads_totals ? p64(&e, "seq_k_total") : NULL);
-
-    if (op->bias == AJ_BIAS_ADD)
-        e.bias_base = aj_attn_slice_base(e.kb, "bias", bidx, h);
-    if (op->dropout > 0) {
-        /* Philox key (lo32(seed), hi32(seed) ^ hi32(offset)) and counter
-         * (lo32(kv_offset) + j, lo32(q_offset) + i, lo32(b Hq + h),
-         * lo32(offset)): i32 adds wrap as lo32 of the i64 positions do */
-        e.drop = aj_attn_dropout_stream(kb, p64(&e, "dropout_seed"), p64(&e, "dropout_offset"),
-                                        p64(&e, "q_offset"), p64(&e, "kv_offset"), bidx,
-                                        p64(&e, "heads_q"), h);
-    }
-    LLVMValueRef q_base = aj_attn_slice_base(e.kb, "q", bidx, h);
-    LLVMValueRef k_base = aj_attn_slice_base(e.kb, "k", bidx, hkv);
-    LLVMValueRef v_base = aj_attn_slice_base(e.kb, "v", bidx, hkv);
-    LLVMValueRef o_base = aj_attn_slice_base(e.kb, out_name(op), bidx, h);
-    LLVMValueRef lse_base = aj_attn_slice_base(e.kb, "lse", bidx, h);
-
-    aj_tile_src qsrc = {p64(&e, "q"), q_base, p64(&e, "stride_q_s"), e.m0, e.seq_q, p->dtype};
-    aj_tile_load_f32(kb, &qsrc, p->bm, p->d, p->smem_q, p->ldq, e.tid, p->threads);
-
-    LLVMValueRef n_begin, n_end;
-    key_block_range(&e, &n_begin, &n_end);
-    LLVMValueRef n = aj_kb_for_begin(kb, n_begin, n_end, aj_kb_i32(kb, 1), "n");
-    {
-        LLVMValueRef n0 = LLVMBuildMul(b, n, aj_kb_i32(kb, p->bn), "n0");
-        /* the same class in every thread */
-        LLVMValueRef cls = aj_score_has_mask(&prog) ? block_class(&e, n0) : NULL;
-        if (aj_score_has_rest(&prog))
-            aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntNE, cls, aj_kb_i32(kb, AJ_TILE_SKIP), ""));
-        aj_kb_barrier(kb);   /* previous block's readers of K/V and P are done */
-        aj_tile_src ksrc = {p64(&e, "k"), k_base, p64(&e, "stride_k_s"), n0, e.seq_k, p->dtype};
-        aj_tile_load_f32(kb, &ksrc, p->bn, p->d, p->smem_kv, p->ldkv, e.tid, p->threads);
-        aj_kb_barrier(kb);
-        emit_qk(&e);
-        efwd_tile tile = {&e, n0};
-        LLVMValueRef inside = LLVMBuildICmp(b, LLVMIntSLE, LLVMBuildAdd(b, n0,
-                                            aj_kb_i32(kb, p->bn), ""), e.seq_k, "");
-        aj_score_by_tile_class(kb, cls, inside, emit_softmax_tile, &tile);
-        aj_kb_barrier(kb);   /* K fully read; P fully written */
-        aj_tile_src vsrc = {p64(&e, "v"), v_base, p64(&e, "stride_v_s"), n0, e.seq_k, p->dtype};
-        aj_tile_load_f32(kb, &vsrc, p->bn, p->dv, p->smem_kv, p->ldkv, e.tid, p->threads);
-        aj_kb_barrier(kb);
-        emit_pv(&e);
-        if (aj_score_has_rest(&prog))
-            aj_kb_if_end(kb);
-    }
-    aj_kb_for_end(kb);
-    emit_epilogue(&e, o_base, lse_base);
-    const aj_kernel_layout layout = {
-        .grid = {{AJ_EXTENT_SEQ_Q, p->bm}, {AJ_EXTENT_HEADS_Q, 1}, {AJ_EXTENT_BATCH, 1}},
-        .schedule = {p->bm, p->bn, p->warps, 1},
-    };
-    aj_kb_finish(kb, &layout);
     return kb->st;
 }
 
@@ -651,4 +933,27 @@ const aj_template aj_template_efficient_fwd = {
     .check = efwd_check,
     .build = efwd_build,
     .stage_sigs = {AJ_KSIG_EFFICIENT_FWD},
+};
+
+/* layout = paged, both variants: a decode kernel is bound by the K/V
+ * bytes it streams, which the SIMT FMA tiles keep up with (the flash
+ * template's mma tiles would idle on Sq <= 16 rows) */
+const aj_template aj_template_paged_fwd_flash = {
+    .name = "paged_fwd",
+    .kind = AJ_KIND_FORWARD,
+    .variant = AJ_VARIANT_FLASH,
+    .check = efwd_check,
+    .build = efwd_build,
+    .paged = true,
+    .stage_sigs = {AJ_KSIG_CPU_PAGED_FWD, AJ_KSIG_CPU_PAGED_MERGE},
+};
+
+const aj_template aj_template_paged_fwd_efficient = {
+    .name = "paged_fwd",
+    .kind = AJ_KIND_FORWARD,
+    .variant = AJ_VARIANT_EFFICIENT,
+    .check = efwd_check,
+    .build = efwd_build,
+    .paged = true,
+    .stage_sigs = {AJ_KSIG_CPU_PAGED_FWD, AJ_KSIG_CPU_PAGED_MERGE},
 };

@@ -9,6 +9,8 @@ static const aj_template *const templates[] = {
     &aj_template_flash_bwd,
     &aj_template_merge,
     &aj_template_flash_fwd,
+    &aj_template_paged_fwd_flash,
+    &aj_template_paged_fwd_efficient,
     &aj_template_cpu_fwd_flash,
     &aj_template_cpu_fwd_efficient,
     &aj_template_cpu_fwd_paged_flash,
@@ -34,10 +36,6 @@ aj_status aj_template_find(aj_ctx *ctx, const aj_op *op, aj_target target,
             return AJ_OK;
         }
     }
-    if (op->layout == AJ_LAYOUT_PAGED)
-        return aj_fail(ctx, AJ_ERR_UNSUPPORTED, "%s %s: layout = paged is not implemented "
-                       "for target %s yet (cpu has it)", aj_kind_name(op->kind),
-                       aj_variant_name(op->variant), aj_target_name(target));
     return aj_fail(ctx, AJ_ERR_UNSUPPORTED, "%s %s: no template implements this kind and "
                    "variant for target %s yet", aj_kind_name(op->kind),
                    aj_variant_name(op->variant), aj_target_name(target));

@@ -39,6 +39,10 @@ extern const aj_template aj_template_efficient_bwd;
 extern const aj_template aj_template_flash_bwd;
 extern const aj_template aj_template_merge;
 extern const aj_template aj_template_flash_fwd;
+/* layout = paged on the GPU targets and sim: one kernel (efficient_fwd.c)
+ * serves both variants */
+extern const aj_template aj_template_paged_fwd_flash;
+extern const aj_template aj_template_paged_fwd_efficient;
 /* cpu: one kernel serves both variants, so each is registered twice */
 extern const aj_template aj_template_cpu_fwd_flash;
 extern const aj_template aj_template_cpu_fwd_efficient;

@@ -3,6 +3,8 @@
  */
 #include "templates/tile_io.h"
 
+#include "templates/attn_common.h"
+
 static LLVMTypeRef vec_type(LLVMTypeRef elem, unsigned n)
 {
     return LLVMVectorType(elem, n);
@@ -69,39 +71,111 @@ static LLVMValueRef quarter(aj_kb *kb, LLVMValueRef v, unsigned lo)
  * tile exists only when its sequence is non-empty) and stores zeros, so the
  * loads need no branch.
  */
-void aj_tile_load_f32(aj_kb *kb, const aj_tile_src *src, int rows, int width,
-                      int32_t smem_off, int ld, LLVMValueRef tid, int threads)
+static void tile_load(aj_kb *kb, const aj_tile_src *src, LLVMValueRef rows_smem,
+                      LLVMValueRef stride_page, int rows, int width, int32_t smem_off, int ld,
+                      LLVMValueRef tid, int threads)
 {
     LLVMBuilderRef b = kb->b;
-    int vec = 16 / aj_dtype_size(src->dtype);       /* elements per chunk */
+    int size = aj_dtype_size(src->dtype);
+    int vec = size == 1 ? 8 : 16 / size;           /* elements per chunk */
     int chunks_per_row = width / vec;
     int total = rows * chunks_per_row;
     LLVMTypeRef elem_t = aj_kb_storage_type(kb, src->dtype);
+    LLVMTypeRef raw_t = vec_type(elem_t, (unsigned)vec);
     LLVMValueRef zero = LLVMConstNull(vec_type(kb->t_f32, (unsigned)vec));
-    LLVMValueRef last_row = LLVMBuildSub(b, src->rows_limit, aj_kb_i32(kb, 1), "");
 
     LLVMValueRef chunk = aj_kb_for_begin(kb, tid, aj_kb_i32(kb, total), aj_kb_i32(kb, threads),
                                          "chunk");
     LLVMValueRef row = LLVMBuildUDiv(b, chunk, aj_kb_i32(kb, chunks_per_row), "");
     LLVMValueRef col = LLVMBuildMul(b, LLVMBuildURem(b, chunk, aj_kb_i32(kb, chunks_per_row), ""),
                                     aj_kb_i32(kb, vec), "");
-    LLVMValueRef grow = LLVMBuildAdd(b, src->row0, row, "");
-    LLVMValueRef inside = LLVMBuildICmp(b, LLVMIntSLT, grow, src->rows_limit, "");
-    LLVMValueRef rrow = LLVMBuildSelect(b, inside, grow, last_row, "");
-    LLVMValueRef elem = LLVMBuildMul(b, LLVMBuildSExt(b, rrow, kb->t_i64, ""), src->row_stride, "");
-    elem = LLVMBuildAdd(b, elem, src->elem_base, "");
-    elem = LLVMBuildAdd(b, elem, LLVMBuildZExt(b, col, kb->t_i64, ""), "");
-    LLVMValueRef byte = LLVMBuildMul(b, elem, aj_kb_i64(kb, aj_dtype_size(src->dtype)), "");
-    LLVMValueRef raw = aj_kb_load(kb, vec_type(elem_t, (unsigned)vec),
-                                  aj_kb_gptr_offset(kb, src->ptr, byte), 16);
-    LLVMValueRef vals = LLVMBuildSelect(b, inside, widen(kb, raw, (unsigned)vec, src->dtype),
-                                        zero, "");
+    LLVMValueRef vals;
+    if (rows_smem) {
+        /* paged: the row's place from the table; a row without one reads
+         * nothing (its page may not exist) */
+        LLVMValueRef at = LLVMBuildAdd(b, rows_smem, LLVMBuildShl(b, row, aj_kb_i32(kb, 2),
+                                       ""), "");
+        LLVMValueRef page = aj_kb_load(kb, kb->t_i32, aj_kb_smem_ptr(kb, at), 4);
+        LLVMValueRef in_page = aj_kb_load(kb, kb->t_i32, aj_kb_smem_ptr(kb, LLVMBuildAdd(b, at,
+                                          aj_kb_i32(kb, 4 * rows), "")), 4);
+        LLVMValueRef var = aj_kb_var(kb, LLVMTypeOf(zero), zero, "paged_vals");
+        aj_kb_set(kb, var, zero);
+        aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntSGE, page, aj_kb_i32(kb, 0), ""));
+        LLVMValueRef elem = LLVMBuildAdd(b, LLVMBuildMul(b, LLVMBuildSExt(b, page, kb->t_i64, ""),
+                                                         stride_page, ""),
+                                         LLVMBuildMul(b, LLVMBuildSExt(b, in_page, kb->t_i64, ""),
+                                                      src->row_stride, ""), "");
+        elem = LLVMBuildAdd(b, LLVMBuildAdd(b, elem, src->elem_base, ""),
+                            LLVMBuildZExt(b, col, kb->t_i64, ""), "");
+        LLVMValueRef byte = LLVMBuildMul(b, elem, aj_kb_i64(kb, size), "");
+        LLVMValueRef raw = aj_kb_load(kb, raw_t, aj_kb_gptr_offset(kb, src->ptr, byte),
+                                      (unsigned)(vec * size));
+        aj_kb_set(kb, var, widen(kb, raw, (unsigned)vec, src->dtype));
+        aj_kb_if_end(kb);
+        vals = aj_kb_get(kb, var);
+    } else {
+        /* a row past the sequence end reads the last valid row (in bounds:
+         * a tile exists only when its sequence is non-empty), stores zeros */
+        LLVMValueRef last_row = LLVMBuildSub(b, src->rows_limit, aj_kb_i32(kb, 1), "");
+        LLVMValueRef grow = LLVMBuildAdd(b, src->row0, row, "");
+        LLVMValueRef inside = LLVMBuildICmp(b, LLVMIntSLT, grow, src->rows_limit, "");
+        LLVMValueRef rrow = LLVMBuildSelect(b, inside, grow, last_row, "");
+        LLVMValueRef elem = LLVMBuildMul(b, LLVMBuildSExt(b, rrow, kb->t_i64, ""),
+                                         src->row_stride, "");
+        elem = LLVMBuildAdd(b, elem, src->elem_base, "");
+        elem = LLVMBuildAdd(b, elem, LLVMBuildZExt(b, col, kb->t_i64, ""), "");
+        LLVMValueRef byte = LLVMBuildMul(b, elem, aj_kb_i64(kb, size), "");
+        LLVMValueRef raw = aj_kb_load(kb, raw_t, aj_kb_gptr_offset(kb, src->ptr, byte),
+                                      (unsigned)(vec * size));
+        vals = LLVMBuildSelect(b, inside, widen(kb, raw, (unsigned)vec, src->dtype), zero, "");
+    }
     LLVMValueRef sidx = LLVMBuildAdd(b, LLVMBuildMul(b, row, aj_kb_i32(kb, ld), ""), col, "");
     for (int q = 0; q < vec / 4; q++) {
         LLVMValueRef at = LLVMBuildAdd(b, sidx, aj_kb_i32(kb, q * 4), "");
         aj_kb_store(kb, vec == 4 ? vals : quarter(kb, vals, (unsigned)q * 4),
                     smem_float_ptr(kb, smem_off, at), 16);
     }
+    aj_kb_for_end(kb);
+}
+
+void aj_tile_load_f32(aj_kb *kb, const aj_tile_src *src, int rows, int width,
+                      int32_t smem_off, int ld, LLVMValueRef tid, int threads)
+{
+    tile_load(kb, src, NULL, NULL, rows, width, smem_off, ld, tid, threads);
+}
+
+void aj_tile_load_paged_f32(aj_kb *kb, const aj_tile_src *src, LLVMValueRef rows_smem,
+                            LLVMValueRef stride_page, int rows, int width, int32_t smem_off,
+                            int ld, LLVMValueRef tid, int threads)
+{
+    tile_load(kb, src, rows_smem, stride_page, rows, width, smem_off, ld, tid, threads);
+}
+
+void aj_tile_paged_rows(aj_kb *kb, LLVMValueRef smem, int rows, LLVMValueRef key0,
+                        LLVMValueRef len, LLVMValueRef bidx, LLVMValueRef tid, int threads)
+{
+    LLVMBuilderRef b = kb->b;
+    LLVMValueRef ps = aj_kb_param(kb, "page_size");
+    LLVMValueRef page = aj_kb_var(kb, kb->t_i32, aj_kb_i32(kb, -1), "row_page");
+    LLVMValueRef r = aj_kb_for_begin(kb, tid, aj_kb_i32(kb, rows), aj_kb_i32(kb, threads), "r");
+    LLVMValueRef p = LLVMBuildAdd(b, key0, r, "");
+    LLVMValueRef valid = LLVMBuildICmp(b, LLVMIntSLT, p, len, "");
+    LLVMValueRef slot = LLVMBuildUDiv(b, LLVMBuildSelect(b, valid, p, aj_kb_i32(kb, 0), ""), ps,
+                                      "slot");
+    LLVMValueRef in_page = LLVMBuildSub(b, p, LLVMBuildMul(b, slot, ps, ""), "in_page");
+    aj_kb_set(kb, page, aj_kb_i32(kb, -1));
+    aj_kb_if_begin(kb, valid);
+    {
+        LLVMValueRef ok;
+        LLVMValueRef got = aj_attn_paged_page(kb, bidx, slot, &ok);
+        aj_attn_paged_fault(kb, LLVMBuildNot(b, ok, ""), bidx);
+        aj_kb_set(kb, page, LLVMBuildSelect(b, ok, got, aj_kb_i32(kb, -1), ""));
+    }
+    aj_kb_if_end(kb);
+    LLVMValueRef at = LLVMBuildAdd(b, smem, LLVMBuildShl(b, r, aj_kb_i32(kb, 2), ""), "");
+    aj_kb_store(kb, aj_kb_get(kb, page), aj_kb_smem_ptr(kb, at), 4);
+    aj_kb_store(kb, in_page, aj_kb_smem_ptr(kb, LLVMBuildAdd(b, at, aj_kb_i32(kb, 4 * rows), "")),
+                4);
     aj_kb_for_end(kb);
 }
 

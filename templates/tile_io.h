@@ -20,8 +20,40 @@ typedef struct aj_tile_src {
     aj_dtype dtype;
 } aj_tile_src;
 
+/* layout = paged: the same copy with tile row r taken from the tile's
+ * row table at shared byte offset rows_smem (i32; aj_tile_paged_rows
+ * writes it): row in_page[r] of page page[r],
+ *
+ *   elem_base + page[r] stride_page + in_page[r] row_stride
+ *
+ * page[r] = -1 reading as zero (src's row0 and rows_limit unused).  With
+ * rows_smem NULL it is aj_tile_load_f32. */
+void aj_tile_load_paged_f32(aj_kb *kb, const aj_tile_src *src, LLVMValueRef rows_smem,
+                            LLVMValueRef stride_page, int rows, int width, int32_t smem_off,
+                            int ld, LLVMValueRef tid, int threads);
+
+/* Bytes of the row table of a paged tile of `rows` rows: i32 page[rows]
+ * then i32 in_page[rows]. */
+static inline int32_t aj_tile_paged_rows_bytes(int rows)
+{
+    return 8 * rows;
+}
+
+/*
+ * layout = paged: threads tid, tid + threads, ... < rows write the row
+ * table (at shared byte offset smem, i32) of keys key0 .. key0 + rows - 1
+ * of sequence bidx (len keys, i32): key p is row p % page_size of the
+ * page in block-table slot p / page_size -- one division per row and
+ * tile, none per element.  Keys at or past len, and pages outside the
+ * cache (recorded in the status word, aj_attn_paged_fault), get page -1.
+ * The caller puts a barrier between this and the loads that read it.
+ */
+void aj_tile_paged_rows(aj_kb *kb, LLVMValueRef smem, int rows, LLVMValueRef key0,
+                        LLVMValueRef len, LLVMValueRef bidx, LLVMValueRef tid, int threads);
+
 /* All `threads` threads cooperatively copy the tile to shared memory at
- * byte offset smem_off, row pitch `ld` floats.  width % 8 == 0. */
+ * byte offset smem_off, row pitch `ld` floats.  width % 8 == 0; f8
+ * elements load 8 at a time, the others 16 bytes. */
 void aj_tile_load_f32(aj_kb *kb, const aj_tile_src *src, int rows, int width,
                       int32_t smem_off, int ld, LLVMValueRef tid, int threads);
 

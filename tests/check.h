@@ -9,7 +9,9 @@
 #ifndef AJ_TESTS_CHECK_H
 #define AJ_TESTS_CHECK_H
 
+#include <stdbool.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "attnjit/attnjit.h"
@@ -54,8 +56,41 @@ static int check_passed, check_failed;
     CHECK_MSG(strstr(aj_last_error(ctx), (needle)) != NULL,              \
               "error \"%s\" lacks \"%s\"", aj_last_error(ctx), (needle))
 
+/* Case sampling.  The sanitizer pass of scripts/setup.sh sets
+ * AJ_TEST_SAMPLE=N: the numeric tests' case runners then run every N-th
+ * case (the first, the N+1-th, ...) and random generators 1/N of their
+ * count.  The plain pass runs them all; check_report says how many ran.
+ * The sanitizers watch the host code (IR building, launches, the sim),
+ * which every case of a runner shares. */
+static int check_sample_seen, check_sample_ran;
+
+static inline int check_sample_stride(void)
+{
+    const char *env = getenv("AJ_TEST_SAMPLE");
+    int n = env ? atoi(env) : 1;
+    return n > 1 ? n : 1;
+}
+
+/* Whether the case runner should run its next case. */
+static inline bool check_sampled(void)
+{
+    bool run = check_sample_seen++ % check_sample_stride() == 0;
+    check_sample_ran += run;
+    return run;
+}
+
+/* A random generator's count under sampling (at least 1). */
+static inline int check_sample_count(int count)
+{
+    int n = count / check_sample_stride();
+    return n > 0 ? n : 1;
+}
+
 static inline int check_report(void)
 {
+    if (check_sample_stride() > 1)
+        printf("AJ_TEST_SAMPLE=%d: %d of %d cases run\n", check_sample_stride(),
+               check_sample_ran, check_sample_seen);
     printf("%d passed, %d failed\n", check_passed, check_failed);
     return check_failed ? 1 : 0;
 }

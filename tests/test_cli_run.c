@@ -609,9 +609,10 @@ static void write_u8(const char *p, const uint8_t *data, int rank, const int64_t
     fclose(f);
 }
 
-/* layout = paged through the CLI: f16 and f8e4m3 caches (the codes as a
- * uint8 .npy, with k_scale and v_scale), shuffled pages, a causal decode
- * of Sq = 2, GQA 2:1, a sequence of length 0, against the reference. */
+/* layout = paged through the CLI on cpu and sim: f16 and f8e4m3 caches
+ * (the codes as a uint8 .npy, with k_scale and v_scale), shuffled pages, a
+ * causal decode of Sq = 2, GQA 2:1, a sequence of length 0, against the
+ * reference. */
 static void test_paged(void)
 {
     enum { B = 3, HQ = 4, HKV = 2, SQ = 2, D = 16, PS = 4, MAXP = 5, NP = 12 };
@@ -662,17 +663,20 @@ static void test_paged(void)
                          .mask = AJ_MASK_CAUSAL, .align = AJ_ALIGN_BOTTOM_RIGHT};
         ref_paged pg = {NP, PS, MAXP, cache[0], cache[1], table, lens, scales[0], scales[1]};
         ref_paged_forward(&p, &pg, q, o, lse);
-        run_command(args, sizeof args, "paged.aj", "cpu", "p_",
-                    f8 ? "q k_cache v_cache block_table seqlens_k k_scale v_scale"
-                       : "q k_cache v_cache block_table seqlens_k", "o lse", "");
-        int rc = run_cli(args, err, sizeof err);
-        CHECK_MSG(rc == 0, "paged %s exited %d: %s", kv, rc, err);
-        double e_o = result_error("p_", "o", o, 4, qs, f16_atol, f16_rtol);
-        double e_lse = result_error("p_", "lse", lse, 3, qs, 1e-4, 1e-5);
-        CHECK_MSG(e_o <= 1 && e_lse <= 1, "paged %s: o %.3g lse %.3g x tolerance", kv, e_o,
-                  e_lse);
-        printf("attnjit run paged (%s cache) on cpu: o %.3f lse %.3f of tolerance\n", kv, e_o,
-               e_lse);
+        static const char *const devices[2] = {"cpu", "sim"};
+        for (int d = 0; d < 2; d++) {
+            run_command(args, sizeof args, "paged.aj", devices[d], "p_",
+                        f8 ? "q k_cache v_cache block_table seqlens_k k_scale v_scale"
+                           : "q k_cache v_cache block_table seqlens_k", "o lse", "");
+            int rc = run_cli(args, err, sizeof err);
+            CHECK_MSG(rc == 0, "paged %s on %s exited %d: %s", kv, devices[d], rc, err);
+            double e_o = result_error("p_", "o", o, 4, qs, f16_atol, f16_rtol);
+            double e_lse = result_error("p_", "lse", lse, 3, qs, 1e-4, 1e-5);
+            CHECK_MSG(e_o <= 1 && e_lse <= 1, "paged %s on %s: o %.3g lse %.3g x tolerance",
+                      kv, devices[d], e_o, e_lse);
+            printf("attnjit run paged (%s cache) on %s: o %.3f lse %.3f of tolerance\n", kv,
+                   devices[d], e_o, e_lse);
+        }
     }
     /* a padded tensor given to a paged op, and a missing scale */
     run_command(args, sizeof args, "paged.aj", "cpu", "p_",

@@ -2,7 +2,7 @@
  * test_ptx.c -- every flash-forward, efficient-forward and efficient-backward kernel of
  * the matrix dtype x head dim x mask (plus D != Dv, the score mods, and
  * for the forward accumulate, bias and dropout, for the backward bias and
- * dropout) and the merge kernel
+ * dropout), the paged forward's parts and merge, and the merge kernel
  * compile to PTX that ptxas accepts for sm_80 and sm_90 with no spills
  * (each kernel of a multi-kernel module on its own).
  *
@@ -397,6 +397,12 @@ int main(int argc, char **argv)
                                                   " mask = window(64, 0, bottom_right)"},
             {"f16 d256 acc+bias+dropout", "dtype = f16\n head_dim = 256\n accumulate = true\n"
                                           " bias = add\n dropout = 0.2"},
+            /* layout = paged: the split-KV parts and their merge, an f8
+             * cache and the widest head dim (the most registers: 176) */
+            {"paged f16/e4m3 d128 causal", "dtype = f16\n head_dim = 128\n layout = paged\n"
+                                           " kv_dtype = f8e4m3\n mask = causal(bottom_right)"},
+            {"paged f16 d256 alibi", "dtype = f16\n head_dim = 256\n layout = paged\n"
+                                     " score_mod = alibi\n mask = causal(bottom_right)"},
         };
         for (size_t i = 0; i < sizeof extra / sizeof extra[0]; i++) {
             snprintf(spec, sizeof spec, "attention forward efficient {\n %s\n}\n", extra[i][1]);

@@ -87,6 +87,8 @@ static bool run_fields(const char *label, aj_dtype dtype, int d, const char *ten
 static void run_example(const char *name, const score_example *ex, int index, void *user)
 {
     (void)user;
+    if (!check_sampled())
+        return;
     /* long enough for a 128-token chunk and a 64-key window to matter */
     run_fields(name, ex->info.dtype, ex->info.head_dim, ex->tensors, ex->mask, ex->mod, 2, 2,
                150, 7 + (uint64_t)index, true);
@@ -135,6 +137,7 @@ static void random_failed(rx_tree *t, int root, void *user)
 static void test_random(int count)
 {
     static rx_tree t;
+    count = check_sample_count(count);
     int failed = rx_cases(&t, count, 0x5eed0000u, random_fails, random_failed, NULL);
     printf("random: %d expressions, %s forward in %s on %s, %d failed\n", count, variant_name,
            aj_dtype_name(case_dtype()), aj_target_name(aj_device_target(dev)), failed);

@@ -250,6 +250,8 @@ static void rerun_twin_mask(const fb_case *c, const aj_bwd_args *a, tensor *cons
 
 static void run(const fb_case *c)
 {
+    if (!check_sampled())
+        return;
     cases_run++;
     clock_t t0 = clock();
     int dv = c->dv ? c->dv : c->d;
@@ -1058,6 +1060,7 @@ static void random_failed(rx_tree *t, int root, void *user)
 static void test_score_random(int count)
 {
     static rx_tree t;
+    count = check_sample_count(count);
     int failed = rx_cases(&t, count, 0xbacc0000u, random_fails, random_failed, NULL);
     printf("random: %d expressions backward on %s, %d failed\n", count,
            aj_target_name(aj_device_target(dev)), failed);

@@ -25,6 +25,8 @@ static int cases_run;
 
 static void run_ext(const fwd_case *c, const fwd_options *x, const fwd_run_options *how)
 {
+    if (!check_sampled())
+        return;
     fwd_run_options flash = how ? *how : (fwd_run_options){0};
     flash.variant = AJ_VARIANT_FLASH;
     fwd_result r = fwd_run_case_ext(ctx, dev, c, x, &flash);

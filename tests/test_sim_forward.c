@@ -27,6 +27,8 @@ static int on_cpu;
 
 static void run_variant(const fwd_case *c, const char *variant)
 {
+    if (!check_sampled())
+        return;
     fwd_result r = fwd_run_case_variant(ctx, dev, c, NULL, variant);
     cases_run++;
     CHECK_MSG(r.status == AJ_OK, "%s: %s (%s)", c->label, aj_status_str(r.status),

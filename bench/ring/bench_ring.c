@@ -4,9 +4,11 @@
  *
  *   mpirun -np P bench_ring [--len L[,L...]] [--heads H] [--dim D]
  *                           [--tflops T[,T...]] [--workers N] [--device cpu|sim]
- *                           [--method ring|ulysses|both] [--docs N]
+ *                           [--method ring|ulysses|both]
+ *                           [--direction forward|backward|both]
  *
- * Part 1, measured on this machine's CPU ranks: a ring forward (p2p) per
+ * Part 1, measured on this machine's CPU ranks: a ring forward (p2p)
+ * and, with --direction backward (or both), a ring backward, per
  * per-rank length L, no mask (contiguous) and causal (zigzag), each run
  * once to warm the kernel cache and then timed.  Per case, the slowest
  * rank's ring time against its compute-only time (the kernels' own time),
@@ -22,13 +24,13 @@
  *   ring p2p forward   (P-1) B Hkv L (D + Dv) e
  *   Ulysses forward    (P-1)/P B L (Hq D + 2 Hkv D) e      (q, k, v in)
  *                    + (P-1)/P B L Hq (Dv e + 4)            (o, lse out)
+ *   ring p2p backward  (P-1) B Hkv L (D + Dv) e + P B Hkv L (D + Dv) 4
  *
  * (L: the per-rank length, e: bytes per element; measured is the formula
- * plus the opening agreement, (P-1) x 152 bytes).  The methods take turns
- * case by case, 5 rounds; each row is the method's median round.  --docs N
- * adds a third case: the same P L tokens packed as N causal documents
- * (layout = varlen; the ring cuts each document head-tail over the
- * ranks, Ulysses the packed axis), against the causal row's one sequence.
+ * plus the opening agreement, (P-1) x 152 bytes -- the ring's formula is
+ * its message path: ranks on one node share memory and send only the
+ * agreement, docs/ring.md).  The methods take turns
+ * case by case, 5 rounds; each row is the method's median round.
  *
  * Part 2, a model for GPUs: a ring step hides its K/V exchange when the
  * block's compute takes at least as long as the transfer:
@@ -80,36 +82,34 @@ static aj_tensor dense(void *data, aj_dtype dt, int r, int64_t a, int64_t b, int
     return t;
 }
 
-/* One timed ring forward; the slowest rank's stats come back on every
- * rank. */
-static int run_case(aj_ctx *ctx, aj_device *dev, aj_comm *comm, aj_cp_method method,
-                    int causal, int docs, int64_t len, int heads, int dim,
-                    aj_ring_stats *worst, double *alone_s, uint64_t *sent)
+static aj_op *parse_op(aj_ctx *ctx, const char *kind, int causal, int dim)
 {
     char text[256];
-    snprintf(text, sizeof text, "attention forward efficient { dtype = f16 head_dim = %d "
-             "mask = %s layout = %s }", dim, causal ? "causal(top_left)" : "none",
-             docs ? "varlen" : "padded");
+    snprintf(text, sizeof text, "attention %s efficient { dtype = f16 head_dim = %d "
+             "mask = %s }", kind, dim, causal ? "causal(top_left)" : "none");
     aj_op *op = NULL;
-    if (aj_op_parse(ctx, text, strlen(text), "bench", &op) != AJ_OK)
-        return 1;
-    /* packed: docs documents of the P L tokens, the last one the remainder;
-     * this rank's pieces (n and lse below are sized by them) */
-    int32_t *cu = calloc((size_t)docs + 1, sizeof *cu);
-    int64_t pieces = len;
-    for (int d = 0; d < docs; d++)
-        cu[d + 1] = (int32_t)(d + 1 == docs ? len * size : (d + 1) * (len * size / docs));
-    int32_t count = 0;
-    if (docs && aj_shard_varlen_chunks(ctx, method, AJ_SHARD_ZIGZAG, rank, size, cu, docs,
-                                       NULL, 0, &count, &pieces) != AJ_OK) {
-        free(cu);
+    return aj_op_parse(ctx, text, strlen(text), "bench", &op) == AJ_OK ? op : NULL;
+}
+
+/* One timed ring forward (backward: after an untimed forward that gives
+ * o and lse); the slowest rank's stats come back on every rank. */
+static int run_case(aj_ctx *ctx, aj_device *dev, aj_comm *comm, aj_cp_method method,
+                    int backward, int causal, int64_t len, int heads, int dim,
+                    aj_ring_stats *worst, double *alone_s, uint64_t *sent)
+{
+    aj_op *op = parse_op(ctx, "forward", causal, dim);
+    aj_op *bop = backward ? parse_op(ctx, "backward", causal, dim) : NULL;
+    if (!op || (backward && !bop)) {
         aj_op_destroy(op);
         return 1;
     }
-    const size_t n = (size_t)(heads * pieces * dim);
-    uint16_t *q = aligned_alloc(64, n * 2 + 64), *k = aligned_alloc(64, n * 2 + 64);
-    uint16_t *v = aligned_alloc(64, n * 2 + 64), *o = aligned_alloc(64, n * 2 + 64);
-    float *lse = aligned_alloc(64, (size_t)(heads * pieces) * 4 + 64);
+    const size_t n = (size_t)(heads * len * dim);
+    enum { Q, K, V, O, DO, DQ, DK, DV, TENSORS };
+    uint16_t *t[TENSORS];
+    for (int i = 0; i < TENSORS; i++)
+        t[i] = aligned_alloc(64, n * 2 + 64);
+    uint16_t *q = t[Q], *k = t[K], *v = t[V], *o = t[O];
+    float *lse = aligned_alloc(64, (size_t)(heads * len) * 4 + 64);
     float *f = malloc(n * sizeof *f);
     srand(17 + (unsigned)rank);
     for (size_t i = 0; i < n; i++)
@@ -117,27 +117,41 @@ static int run_case(aj_ctx *ctx, aj_device *dev, aj_comm *comm, aj_cp_method met
     aj_convert(f, AJ_DTYPE_F32, q, AJ_DTYPE_F16, n);
     aj_convert(f, AJ_DTYPE_F32, k, AJ_DTYPE_F16, n);
     aj_convert(f, AJ_DTYPE_F32, v, AJ_DTYPE_F16, n);
+    aj_convert(f, AJ_DTYPE_F32, t[DO], AJ_DTYPE_F16, n);
     aj_ring_fwd_args a = AJ_RING_FWD_ARGS_INIT;
-    a.q = docs ? dense(q, AJ_DTYPE_F16, 3, pieces, heads, dim, 0)
-               : dense(q, AJ_DTYPE_F16, 4, 1, heads, len, dim);
+    a.q = dense(q, AJ_DTYPE_F16, 4, 1, heads, len, dim);
     a.k = a.q;
     a.k.data = k;
     a.v = a.q;
     a.v.data = v;
     a.o = a.q;
     a.o.data = o;
-    a.lse = docs ? dense(lse, AJ_DTYPE_F32, 2, heads, pieces, 0, 0)
-                 : dense(lse, AJ_DTYPE_F32, 3, 1, heads, len, 0);
+    a.lse = dense(lse, AJ_DTYPE_F32, 3, 1, heads, len, 0);
     a.layout = causal ? AJ_SHARD_ZIGZAG : AJ_SHARD_CONTIGUOUS;
-    a.cu_seqlens_q = a.cu_seqlens_k = docs ? cu : NULL;
-    a.batch = docs;
     a.method = method;
+    aj_ring_bwd_args b = AJ_RING_BWD_ARGS_INIT;
+    b.q = a.q;
+    b.k = a.k;
+    b.v = a.v;
+    b.o = a.o;
+    b.lse = a.lse;
+    b.do_ = a.q;
+    b.do_.data = t[DO];
+    b.dq = a.q;
+    b.dq.data = t[DQ];
+    b.dk = a.q;
+    b.dk.data = t[DK];
+    b.dv = a.q;
+    b.dv.data = t[DV];
+    b.layout = a.layout;
+    b.method = method;
     aj_ring_stats s = {0};
-    aj_status st = AJ_OK;
+    aj_status st = backward ? aj_ring_forward(ctx, dev, comm, op, &a, &s) : AJ_OK;
     for (int pass = 0; pass < 2 && st == AJ_OK; pass++) {   /* pass 0 compiles */
         MPI_Barrier(MPI_COMM_WORLD);
         *sent = aj_comm_bytes_sent(comm);
-        st = aj_ring_forward(ctx, dev, comm, op, &a, &s);
+        st = backward ? aj_ring_backward(ctx, dev, comm, bop, &b, &s)
+                      : aj_ring_forward(ctx, dev, comm, op, &a, &s);
         *sent = aj_comm_bytes_sent(comm) - *sent;
     }
     if (st != AJ_OK)
@@ -150,29 +164,29 @@ static int run_case(aj_ctx *ctx, aj_device *dev, aj_comm *comm, aj_cp_method met
     MPI_Allreduce(&slowest, &who, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
     MPI_Bcast(&s, (int)sizeof s, MPI_BYTE, who, MPI_COMM_WORLD);
     *worst = s;
-    /* the same P-1 K/V exchanges with nothing to compute: the transfer
-     * time the ring has to hide (its own comm_s counts until the next
-     * poll, which on a host device is the end of the running launch) */
+    /* the same P-1 K/V exchanges (and a backward's P f32 dK/dV ones) with
+     * nothing to compute: the transfer time the ring has to hide (its own
+     * comm_s counts until the next poll, which on a host device is the end
+     * of the running launch) */
     const int to = (rank + 1) % size, from = (rank + size - 1) % size;
-    char *send = malloc(4 * n), *recv = malloc(4 * n);
-    memset(send, 0, 4 * n);
+    char *send = calloc(8, n), *recv = malloc(8 * n);
     MPI_Barrier(MPI_COMM_WORLD);
     double t0 = MPI_Wtime();
-    for (int step = 0; step < size - 1; step++)
-        MPI_Sendrecv(send, (int)(4 * n), MPI_BYTE, to, 9, recv, (int)(4 * n), MPI_BYTE, from, 9,
+    for (int step = 0; step < (backward ? 2 * size - 1 : size - 1); step++) {
+        const int bytes = (int)((step < size - 1 ? 4 : 8) * n);
+        MPI_Sendrecv(send, bytes, MPI_BYTE, to, 9, recv, bytes, MPI_BYTE, from, 9,
                      MPI_COMM_WORLD, MPI_STATUS_IGNORE);
-    double t = MPI_Wtime() - t0;
-    MPI_Allreduce(&t, alone_s, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    }
+    double tx = MPI_Wtime() - t0;
+    MPI_Allreduce(&tx, alone_s, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
     free(send);
     free(recv);
-    free(q);
-    free(k);
-    free(v);
-    free(o);
+    for (int i = 0; i < TENSORS; i++)
+        free(t[i]);
     free(lse);
     free(f);
-    free(cu);
     aj_op_destroy(op);
+    aj_op_destroy(bop);
     return st != AJ_OK;
 }
 
@@ -201,6 +215,8 @@ static void print_model(const double *tflops, int nt)
         }
 }
 
+enum { ROUNDS = 5 };   /* per case and method */
+
 /* The round whose total time is the median of n. */
 static int median_round(const aj_ring_stats *s, int n)
 {
@@ -216,13 +232,36 @@ static int median_round(const aj_ring_stats *s, int n)
     return 0;
 }
 
-/* The formula's bytes a rank sends in one forward (header comment). */
-static double formula_bytes(aj_cp_method method, int64_t len, int heads, int dim)
+/* The formula's bytes a rank sends in one call (header comment); -1:
+ * none stated (Ulysses' backward). */
+static double formula_bytes(aj_cp_method method, int backward, int64_t len, int heads,
+                            int dim)
 {
     const double P = size, e = 2, L = (double)len, H = heads, D = dim;
     if (method == AJ_METHOD_RING)
-        return (P - 1) * H * L * 2 * D * e;
+        return (P - 1) * H * L * 2 * D * e + (backward ? P * H * L * 2 * D * 4 : 0);
+    if (backward)
+        return -1;
     return (P - 1) / P * L * 3 * H * D * e + (P - 1) / P * L * H * (D * e + 4);
+}
+
+/* A case's row: the method's median round. */
+static void print_row(aj_cp_method m, int backward, int causal, double len, int heads, int dim,
+                      const aj_ring_stats *rounds, const double *alone, uint64_t sent)
+{
+    const int r = median_round(rounds, ROUNDS);
+    const aj_ring_stats *x = &rounds[r];
+    /* hidden: the share of the transfer time the ring did not wait for;
+     * Ulysses' all-to-alls overlap nothing */
+    double hidden = m == AJ_METHOD_RING && alone[r] > 0 ? 1.0 - x->exposed_comm_s / alone[r]
+                                                        : 0.0;
+    printf("%-8s %-9s %-20s %5.0f %9.2f %11.2f %12.3f %11.3f %10.3f %7.0f%% %11llu %11.0f\n",
+           m == AJ_METHOD_RING ? "ring" : "ulysses", backward ? "backward" : "forward",
+           causal ? "causal, zigzag" : "no mask, contiguous", len, 1e3 * x->total_s,
+           1e3 * x->compute_s, 1e3 * (m == AJ_METHOD_RING ? alone[r] : x->comm_s),
+           1e3 * x->exposed_comm_s, x->total_s / x->compute_s,
+           100.0 * (hidden > 0 ? hidden : 0), (unsigned long long)sent,
+           formula_bytes(m, backward, (int64_t)len, heads, dim));
 }
 
 int main(int argc, char **argv)
@@ -231,8 +270,8 @@ int main(int argc, char **argv)
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &size);
     double lens[MAX_LIST] = {64, 256}, tflops[MAX_LIST] = {25, 100, 400};
-    int nl = 2, nt = 3, heads = 2, dim = 64, workers = 1, docs = 0;
-    int first = AJ_METHOD_RING, last = AJ_METHOD_RING;
+    int nl = 2, nt = 3, heads = 2, dim = 64, workers = 1;
+    int first = AJ_METHOD_RING, last = AJ_METHOD_RING, dir_first = 0, dir_last = 0;
     aj_device_kind kind = AJ_DEVICE_CPU;
     for (int i = 1; i + 1 < argc; i += 2) {
         if (strcmp(argv[i], "--len") == 0)
@@ -245,11 +284,12 @@ int main(int argc, char **argv)
             dim = atoi(argv[i + 1]);
         else if (strcmp(argv[i], "--workers") == 0)
             workers = atoi(argv[i + 1]);
-        else if (strcmp(argv[i], "--docs") == 0)
-            docs = atoi(argv[i + 1]);
         else if (strcmp(argv[i], "--device") == 0)
             kind = strcmp(argv[i + 1], "sim") == 0 ? AJ_DEVICE_SIM : AJ_DEVICE_CPU;
-        else if (strcmp(argv[i], "--method") == 0) {
+        else if (strcmp(argv[i], "--direction") == 0) {
+            dir_first = strcmp(argv[i + 1], "backward") == 0;
+            dir_last = strcmp(argv[i + 1], "forward") != 0;
+        } else if (strcmp(argv[i], "--method") == 0) {
             first = strcmp(argv[i + 1], "ulysses") == 0 ? AJ_METHOD_ULYSSES : AJ_METHOD_RING;
             last = strcmp(argv[i + 1], "ring") == 0 ? AJ_METHOD_RING : AJ_METHOD_ULYSSES;
         }
@@ -265,44 +305,30 @@ int main(int argc, char **argv)
     if (failed)
         fprintf(stderr, "bench_ring: rank %d: %s\n", rank, ctx ? aj_last_error(ctx) : "");
     if (!failed && rank == 0) {
-        printf("forward on %d CPU ranks (%s device, f16, H = %d, D = %d; the slowest "
-               "rank; warm kernel cache)\n", size, aj_device_name(dev), heads, dim);
-        printf("%-8s %-20s %5s %9s %11s %12s %11s %10s %8s %11s %11s\n", "method", "case", "L",
-               "total ms", "compute ms", "transfer ms", "exposed ms", "tot/comp", "hidden",
-               "sent B", "formula B");
+        printf("%d CPU ranks (%s device, f16, H = %d, D = %d; the slowest rank; warm "
+               "kernel cache)\n", size, aj_device_name(dev), heads, dim);
+        printf("%-8s %-9s %-20s %5s %9s %11s %12s %11s %10s %8s %11s %11s\n", "method", "dir",
+               "case", "L", "total ms", "compute ms", "transfer ms", "exposed ms", "tot/comp",
+               "hidden", "sent B", "formula B");
     }
-    /* per case, the methods take turns (ring, ulysses, ring, ...) for
-     * ROUNDS rounds; each row is the method's median round by total time */
-    enum { ROUNDS = 5 };
-    char packed[32];
-    snprintf(packed, sizeof packed, "causal, %d documents", docs);
-    for (int c = 0; c < (docs > 0 ? 3 : 2) && !failed; c++)
-        for (int i = 0; i < nl && !failed; i++) {
-            aj_ring_stats s[AJ_METHOD_COUNT][ROUNDS] = {{{0}}};
-            double alone[AJ_METHOD_COUNT][ROUNDS] = {{0}};
-            uint64_t sent[AJ_METHOD_COUNT] = {0};
-            for (int r = 0; r < ROUNDS && !failed; r++)
-                for (int m = first; m <= last && !failed; m++)
-                    failed = run_case(ctx, dev, comm, (aj_cp_method)m, c > 0,
-                                      c == 2 ? docs : 0, (int64_t)lens[i], heads, dim,
-                                      &s[m][r], &alone[m][r], &sent[m]);
-            for (int m = first; m <= last && !failed && rank == 0; m++) {
-                const int r = median_round(s[m], ROUNDS);
-                const aj_ring_stats *x = &s[m][r];
-                /* hidden: the share of the transfer time the ring did not wait
-                 * for; Ulysses' all-to-alls overlap nothing */
-                double hidden = m == AJ_METHOD_RING && alone[m][r] > 0
-                                    ? 1.0 - x->exposed_comm_s / alone[m][r] : 0.0;
-                printf("%-8s %-20s %5.0f %9.2f %11.2f %12.3f %11.3f %10.3f %7.0f%% %11llu "
-                       "%11.0f\n", m == AJ_METHOD_RING ? "ring" : "ulysses",
-                       c == 2 ? packed : c ? "causal, zigzag" : "no mask, contiguous", lens[i],
-                       1e3 * x->total_s, 1e3 * x->compute_s,
-                       1e3 * (m == AJ_METHOD_RING ? alone[m][r] : x->comm_s),
-                       1e3 * x->exposed_comm_s, x->total_s / x->compute_s,
-                       100.0 * (hidden > 0 ? hidden : 0), (unsigned long long)sent[m],
-                       formula_bytes((aj_cp_method)m, (int64_t)lens[i], heads, dim));
+    /* per case and direction, the methods take turns (ring, ulysses,
+     * ring, ...) for ROUNDS rounds; each row is the method's median round
+     * by total time */
+    for (int d = dir_first; d <= dir_last && !failed; d++)
+        for (int c = 0; c < 2 && !failed; c++)
+            for (int i = 0; i < nl && !failed; i++) {
+                aj_ring_stats s[AJ_METHOD_COUNT][ROUNDS] = {{{0}}};
+                double alone[AJ_METHOD_COUNT][ROUNDS] = {{0}};
+                uint64_t sent[AJ_METHOD_COUNT] = {0};
+                for (int r = 0; r < ROUNDS && !failed; r++)
+                    for (int m = first; m <= last && !failed; m++)
+                        failed = run_case(ctx, dev, comm, (aj_cp_method)m, d, c,
+                                          (int64_t)lens[i], heads, dim, &s[m][r],
+                                          &alone[m][r], &sent[m]);
+                for (int m = first; m <= last && !failed && rank == 0; m++)
+                    print_row((aj_cp_method)m, d, c, lens[i], heads, dim, s[m], alone[m],
+                              sent[m]);
             }
-        }
     if (!failed && rank == 0)
         print_model(tflops, nt);
     aj_comm_destroy(comm);

@@ -83,6 +83,13 @@ uint64_t aj_comm_bytes_sent(const aj_comm *comm)
     return comm ? comm->bytes_sent : 0;
 }
 
+aj_status aj_comm_shared_segments(aj_comm *comm, size_t bytes, void **seg)
+{
+    if (comm->messages_only || !comm->engine->shared_segments)
+        return AJ_ERR_UNSUPPORTED;
+    return comm->engine->shared_segments(comm, bytes, seg);
+}
+
 aj_status aj_comm_wait(aj_comm *comm, aj_comm_req *req, const char *fn, double *waited_s)
 {
     if (!req->active)

@@ -54,6 +54,18 @@ typedef struct aj_comm_engine {
     aj_status (*alltoallv)(aj_comm *comm, const void *send, const size_t *send_bytes,
                            const size_t *send_off, void *recv, const size_t *recv_bytes,
                            const size_t *recv_off);
+    /* Optional (NULL: none): memory every rank reads in place, where the
+     * comm's ranks share one node.  Collective: every rank asks for the
+     * same `bytes`, and seg[r] gets rank r's segment (host memory, 64-byte
+     * aligned, kept until a call asks for more or the comm is destroyed;
+     * a larger one replaces it, contents lost).  AJ_ERR_UNSUPPORTED, with
+     * no error text: the ranks span nodes, and the caller sends messages
+     * instead. */
+    aj_status (*shared_segments)(aj_comm *comm, size_t bytes, void **seg);
+    /* Starts a fence over the shared segments, completed like an exchange
+     * (exchange_test, aj_comm_wait): what any rank wrote to them before
+     * starting it, every rank reads once it completed. */
+    aj_status (*shared_fence_start)(aj_comm *comm, aj_comm_req *req);
     void (*destroy)(aj_comm *comm);
 } aj_comm_engine;
 
@@ -65,7 +77,12 @@ struct aj_comm {
     int rank, size;
     double timeout_s;
     uint64_t bytes_sent;       /* aj_comm_bytes_sent: the engines count */
+    bool messages_only;        /* no shared segments even on one node (tests) */
 };
+
+/* The engine's shared segments (shared_segments), or AJ_ERR_UNSUPPORTED
+ * where it has none, the ranks span nodes or messages_only is set. */
+aj_status aj_comm_shared_segments(aj_comm *comm, size_t bytes, void **seg);
 
 /* What an engine hands its transport for other ranks: counted when an
  * operation is posted (aj_comm_bytes_sent). */

@@ -8,10 +8,14 @@
  * progresses the transfer (MPI moves rendezvous messages only inside MPI
  * calls) and turns a silent peer into AJ_ERR_COMM.  The communicator has
  * MPI_ERRORS_RETURN, so a transport failure comes back as an error code
- * instead of aborting the job.
+ * instead of aborting the job.  The exception: opening the shared-memory
+ * window (mpi_shared_segments), which MPI offers only as blocking
+ * collectives.
  */
 #include <assert.h>
 #include <limits.h>
+#include <stdbool.h>
+#include <stdint.h>
 #include <mpi.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,10 +25,25 @@
 
 typedef struct mpi_state {
     MPI_Comm comm;
+    /* the shared segments (mpi_shared_segments): whether every rank is on
+     * this node (-1: not asked yet), and the window while there is one */
+    int one_node;
+    bool has_window;
+    bool broken;               /* a wait timed out: a peer may be gone */
+    MPI_Win window;
+    size_t window_bytes;       /* each rank's segment */
+    void **segments;           /* [size] */
 } mpi_state;
 
-static_assert(2 * sizeof(MPI_Request) <= sizeof(((aj_comm_req *)0)->impl),
-              "aj_comm_req.impl must hold two MPI requests");
+/* What aj_comm_req.impl holds: an exchange's receive and send, or a
+ * fence's barrier (and MPI_REQUEST_NULL). */
+typedef struct mpi_req {
+    MPI_Request r[2];
+    bool fence;                /* on completion, the window's memory barrier */
+} mpi_req;
+
+static_assert(sizeof(mpi_req) <= sizeof(((aj_comm_req *)0)->impl),
+              "aj_comm_req.impl must hold an mpi_req");
 
 static MPI_Comm mpi_comm_of(const aj_comm *comm)
 {
@@ -53,6 +72,7 @@ static aj_status mpi_wait_one(aj_comm *comm, MPI_Request *request, const char *w
         if (flag)
             return AJ_OK;
         if (aj_now() - start > comm->timeout_s) {
+            ((mpi_state *)comm->impl)->broken = true;
             /* A collective cannot be cancelled; the request is left to
              * MPI, and the caller is told to end the job. */
             return aj_fail(comm->ctx, AJ_ERR_COMM, "MPI: rank %d: %s got no answer within "
@@ -78,8 +98,10 @@ static aj_status mpi_exchange_start(aj_comm *comm, const void *send, void *recv,
     aj_status st = check_count(comm, bytes, "an exchange");
     if (st != AJ_OK)
         return st;
-    MPI_Request *r = (MPI_Request *)req->impl;
+    mpi_req *m = (mpi_req *)req->impl;
+    MPI_Request *r = m->r;
     r[0] = r[1] = MPI_REQUEST_NULL;
+    m->fence = false;
     /* The receive first, so an eager message from `from` lands directly. */
     int rc = MPI_Irecv(recv, (int)bytes, MPI_BYTE, from, tag, mpi_comm_of(comm), &r[0]);
     if (rc != MPI_SUCCESS)
@@ -97,17 +119,25 @@ static aj_status mpi_exchange_start(aj_comm *comm, const void *send, void *recv,
 
 static aj_status mpi_exchange_test(aj_comm *comm, aj_comm_req *req, bool *done)
 {
+    mpi_req *m = (mpi_req *)req->impl;
     int flag = 0;
-    int rc = MPI_Testall(2, (MPI_Request *)req->impl, &flag, MPI_STATUSES_IGNORE);
+    int rc = MPI_Testall(2, m->r, &flag, MPI_STATUSES_IGNORE);
     if (rc != MPI_SUCCESS)
-        return mpi_fail(comm, rc, "an exchange (MPI_Testall)");
+        return mpi_fail(comm, rc, m->fence ? "a fence (MPI_Testall)"
+                                           : "an exchange (MPI_Testall)");
+    if (flag && m->fence)
+        MPI_Win_sync(((mpi_state *)comm->impl)->window);
     *done = flag != 0;
     return AJ_OK;
 }
 
 static void mpi_exchange_cancel(aj_comm *comm, aj_comm_req *req)
 {
-    MPI_Request *r = (MPI_Request *)req->impl;
+    ((mpi_state *)comm->impl)->broken = true;
+    mpi_req *m = (mpi_req *)req->impl;
+    if (m->fence)   /* a collective cannot be cancelled: left to MPI */
+        return;
+    MPI_Request *r = m->r;
     for (int i = 0; i < 2; i++)
         if (r[i] != MPI_REQUEST_NULL) {
             MPI_Cancel(&r[i]);
@@ -183,13 +213,106 @@ static aj_status mpi_alltoallv(aj_comm *comm, const void *send, const size_t *se
     return st;
 }
 
+/* ---------------------------------------------------------------- shared memory */
+
+/*
+ * Where every rank is on one node, one MPI window of shared memory
+ * (MPI_Win_allocate_shared) holds a segment per rank, which every rank
+ * reads in place: no message, no copy.  The window is opened at the first
+ * call that asks for segments (MPI_Comm_split_type and
+ * MPI_Win_allocate_shared are blocking collectives, so it is asked for
+ * only right after the ranks agreed on a call, every peer present), kept
+ * in a passive-target epoch (MPI_Win_lock_all, MPI_MODE_NOCHECK) and
+ * replaced, collectively, when a call needs larger segments.  A fence is
+ * MPI_Win_sync (this rank's writes out), a barrier polled under the
+ * deadline, and MPI_Win_sync again (the others' writes in).
+ */
+
+/* Frees the window (collective: MPI_Win_free synchronises). */
+static void free_window(mpi_state *s)
+{
+    if (!s->has_window)
+        return;
+    MPI_Win_unlock_all(s->window);
+    MPI_Win_free(&s->window);
+    s->has_window = false;
+    s->window_bytes = 0;
+}
+
+/* Whether every rank of the comm shares this node's memory. */
+static aj_status ask_one_node(aj_comm *comm, mpi_state *s)
+{
+    MPI_Comm node = MPI_COMM_NULL;
+    int rc = MPI_Comm_split_type(s->comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+    if (rc != MPI_SUCCESS)
+        return mpi_fail(comm, rc, "MPI_Comm_split_type");
+    int n = 0;
+    MPI_Comm_size(node, &n);
+    MPI_Comm_free(&node);
+    s->one_node = n == comm->size;
+    return AJ_OK;
+}
+
+static aj_status mpi_shared_segments(aj_comm *comm, size_t bytes, void **seg)
+{
+    mpi_state *s = comm->impl;
+    aj_status st = AJ_OK;
+    if (s->one_node < 0 && (st = ask_one_node(comm, s)) != AJ_OK)
+        return st;
+    if (!s->one_node)
+        return AJ_ERR_UNSUPPORTED;
+    /* whole cache lines, and one more: the window's segments start where
+     * MPI puts them, and each is used from its first 64-byte boundary on */
+    const size_t line = 64, want = (bytes + line - 1) / line * line + line;
+    if (want > s->window_bytes) {
+        free_window(s);
+        if ((st = check_count(comm, want, "a shared segment")) != AJ_OK)
+            return st;
+        void *mine = NULL;
+        int rc = MPI_Win_allocate_shared((MPI_Aint)want, 1, MPI_INFO_NULL, s->comm, &mine,
+                                         &s->window);
+        if (rc != MPI_SUCCESS)
+            return mpi_fail(comm, rc, "MPI_Win_allocate_shared");
+        MPI_Win_lock_all(MPI_MODE_NOCHECK, s->window);
+        s->has_window = true;
+        s->window_bytes = want;
+        for (int r = 0; r < comm->size && rc == MPI_SUCCESS; r++) {
+            MPI_Aint size = 0;
+            int unit = 0;
+            void *base = NULL;
+            rc = MPI_Win_shared_query(s->window, r, &size, &unit, &base);
+            s->segments[r] = (void *)(((uintptr_t)base + line - 1) / line * line);
+        }
+        if (rc != MPI_SUCCESS)
+            return mpi_fail(comm, rc, "MPI_Win_shared_query");
+    }
+    memcpy(seg, s->segments, (size_t)comm->size * sizeof *seg);
+    return AJ_OK;
+}
+
+static aj_status mpi_shared_fence_start(aj_comm *comm, aj_comm_req *req)
+{
+    mpi_state *s = comm->impl;
+    mpi_req *m = (mpi_req *)req->impl;
+    m->r[0] = m->r[1] = MPI_REQUEST_NULL;
+    m->fence = true;
+    MPI_Win_sync(s->window);
+    int rc = MPI_Ibarrier(s->comm, &m->r[0]);
+    return rc == MPI_SUCCESS ? AJ_OK : mpi_fail(comm, rc, "MPI_Ibarrier");
+}
+
 static void mpi_destroy(aj_comm *comm)
 {
     mpi_state *s = comm->impl;
     int finalized = 0;
     MPI_Finalized(&finalized);
+    /* MPI_Win_free waits for every rank: not with a peer that may be gone
+     * (the window is then left to MPI) */
+    if (!finalized && !s->broken)
+        free_window(s);
     if (!finalized)
         MPI_Comm_free(&s->comm);
+    free(s->segments);
     free(s);
 }
 
@@ -201,6 +324,8 @@ static const aj_comm_engine mpi_engine = {
     .allgather = mpi_allgather,
     .reduce_scatter_f32 = mpi_reduce_scatter_f32,
     .alltoallv = mpi_alltoallv,
+    .shared_segments = mpi_shared_segments,
+    .shared_fence_start = mpi_shared_fence_start,
     .destroy = mpi_destroy,
 };
 
@@ -222,6 +347,12 @@ aj_status aj_comm_mpi_open(aj_comm *comm, const aj_comm_config *config)
         return aj_fail(comm->ctx, AJ_ERR_OUT_OF_MEMORY, "aj_comm_create: out of memory");
     MPI_Comm_rank(parent, &comm->rank);
     MPI_Comm_size(parent, &comm->size);
+    s->one_node = -1;
+    s->segments = calloc((size_t)comm->size, sizeof *s->segments);
+    if (!s->segments) {
+        free(s);
+        return aj_fail(comm->ctx, AJ_ERR_OUT_OF_MEMORY, "aj_comm_create: out of memory");
+    }
     /* A private duplicate: the ring's tags never match the caller's
      * messages.  MPI_Comm_idup is collective, so it too waits under the
      * deadline. */
@@ -232,6 +363,7 @@ aj_status aj_comm_mpi_open(aj_comm *comm, const aj_comm_config *config)
     if (st == AJ_OK)
         st = mpi_wait_one(comm, &r, "MPI_Comm_idup (every rank must call aj_comm_create)");
     if (st != AJ_OK) {
+        free(s->segments);
         free(s);
         comm->impl = NULL;
         return st;

@@ -35,6 +35,7 @@
 #include <time.h>
 
 #include "runtime/cuda/cuda_api.h"
+#include "paged_cases.h"
 #include "sim_harness.h"
 #include "tools/npy.h"
 
@@ -529,8 +530,66 @@ static int dump_cases(aj_ctx *ctx, aj_device *dev, const char *dir)
     return failed;
 }
 
-static const char *const families[] = {"all", "efficient_fwd", "flash_fwd", "bench", "startup",
-                                       "dump"};
+/*
+ * layout = paged: paged_gpu_cases (test_sim_paged's) against the float64
+ * reference, then a decode of bench/decode's heads at a quarter of its
+ * batch (the inputs are generated and checked on the host): batch 8,
+ * context 4096, Hq 32, Hkv 8, d 128, bf16 queries and cache, page size
+ * 16, pages shuffled, with the launch's split count and unsplit (splits =
+ * 1), each the best of 10 calls (aj_forward + synchronize) and checked:
+ * the KV bytes the call must read per second, and the split speedup.
+ */
+static int check_paged(aj_ctx *ctx, aj_device *dev, int quick)
+{
+    enum { B = 8, CTX = 4096 };
+    paged_case cases[PAGED_GPU_CASES + 2];
+    int n = paged_gpu_cases(cases), failed = 0;
+    static int32_t lens[B];
+    for (int b = 0; b < B; b++)
+        lens[b] = CTX;
+    for (int unsplit = 0; unsplit < 2; unsplit++) {
+        paged_case c = paged_base(AJ_DTYPE_BF16, AJ_DTYPE_BF16, 128, lens, B);
+        c.hq = 32;
+        c.hkv = 8;
+        c.splits = unsplit;
+        c.repeat = quick ? 3 : 10;
+        cases[n++] = c;
+    }
+    correctness_header(dev, "the paged forward", "correctness_paged");
+    double best[2] = {INFINITY, INFINITY};
+    for (int i = 0; i < n; i++) {
+        char label[160];
+        paged_label(&cases[i], label, sizeof label);
+        aj_kernel *k = NULL;
+        paged_result r = {paged_compile(ctx, dev, &cases[i], &k), 0, 0, 1, 0};
+        if (r.status == AJ_OK)
+            r = paged_run(ctx, dev, k, &cases[i]);
+        aj_kernel_destroy(k);
+        fwd_result fr;
+        memset(&fr, 0, sizeof fr);
+        fr.status = r.status;
+        fr.max_err_o = r.err_o;
+        fr.max_err_lse = r.err_lse;
+        fr.exact_empty_rows = r.exact_empty;
+        failed += report_case(ctx, label, &fr, i == 0);
+        if (i >= n - 2)
+            best[i - (n - 2)] = r.status == AJ_OK ? r.seconds : NAN;
+    }
+    failed = correctness_footer(n, failed);
+    double bytes = (double)B * CTX * 8 * (128 + 128) * 2;
+    say("\n## Paged decode on %s: B %d, context %d, Hq 32, Hkv 8, d 128, bf16, page 16\n\n"
+        "| splits | ms | KV GB/s |\n|---|---:|---:|\n| launch's | %.4f | %.1f |\n"
+        "| 1 | %.4f | %.1f |\n\nsplit speedup %.2fx (aj_forward + synchronize, best of %d)\n",
+        aj_device_name(dev), B, CTX, best[0] * 1e3, bytes / best[0] * 1e-9, best[1] * 1e3,
+        bytes / best[1] * 1e-9, best[1] / best[0], quick ? 3 : 10);
+    if (json)
+        fprintf(json, ",\n  \"paged_decode\": {\"seconds_split\": %.6g, \"seconds_unsplit\": "
+                "%.6g, \"kv_bytes\": %.6g}", best[0], best[1], bytes);
+    return failed;
+}
+
+static const char *const families[] = {"all", "efficient_fwd", "flash_fwd", "paged", "bench",
+                                       "startup", "dump"};
 
 int main(int argc, char **argv)
 {
@@ -548,7 +607,7 @@ int main(int argc, char **argv)
         else if (strcmp(argv[i], "--quick") == 0)
             quick = 1;
         else {
-            fprintf(stderr, "usage: gpu_check [--family all|efficient_fwd|flash_fwd|bench|"
+            fprintf(stderr, "usage: gpu_check [--family all|efficient_fwd|flash_fwd|paged|bench|"
                     "startup|dump] [--out DIR] [--dump DIR] [--specs DIR] [--quick]\n");
             return 2;
         }
@@ -592,6 +651,8 @@ int main(int argc, char **argv)
         failed += check_efficient_fwd(ctx, dev, quick);
     if (all || strcmp(family, "flash_fwd") == 0)
         failed += check_flash_fwd(ctx, dev, quick);
+    if (all || strcmp(family, "paged") == 0)
+        failed += check_paged(ctx, dev, quick);
     if (dump_dir && (all || strcmp(family, "dump") == 0))
         failed += dump_cases(ctx, dev, dump_dir);
     if (all || strcmp(family, "bench") == 0)

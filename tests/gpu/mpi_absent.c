@@ -38,6 +38,14 @@ int MPI_Send(void);
 int MPI_Test(void);
 int MPI_Testall(void);
 int MPI_Finalize(void);
+int MPI_Comm_split_type(void);
+int MPI_Ibarrier(void);
+int MPI_Win_allocate_shared(void);
+int MPI_Win_free(void);
+int MPI_Win_lock_all(void);
+int MPI_Win_shared_query(void);
+int MPI_Win_sync(void);
+int MPI_Win_unlock_all(void);
 
 int MPI_Initialized(int *flag)
 {
@@ -83,6 +91,14 @@ ABSENT(MPI_Send)
 ABSENT(MPI_Test)
 ABSENT(MPI_Testall)
 ABSENT(MPI_Finalize)
+ABSENT(MPI_Comm_split_type)
+ABSENT(MPI_Ibarrier)
+ABSENT(MPI_Win_allocate_shared)
+ABSENT(MPI_Win_free)
+ABSENT(MPI_Win_lock_all)
+ABSENT(MPI_Win_shared_query)
+ABSENT(MPI_Win_sync)
+ABSENT(MPI_Win_unlock_all)
 #undef ABSENT
 
 /* the predefined handles: only their addresses are used */
@@ -92,6 +108,7 @@ char ompi_mpi_comm_world[64];
 char ompi_mpi_double[64];
 char ompi_mpi_errors_return[64];
 char ompi_mpi_float[64];
+char ompi_mpi_info_null[64];
 char ompi_mpi_int[64];
 char ompi_mpi_int64_t[64];
 char ompi_mpi_op_max[64];

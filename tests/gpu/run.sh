@@ -8,7 +8,7 @@
 # Every step is a process of its own under its own timeout (a kernel fault
 # leaves a CUDA context unusable: it must not take the other checks with
 # it), and the whole run stays within 540 s: the step timeouts below add up
-# to 495 s, a step never gets more than what is left of 515 s, and the two
+# to 515 s, a step never gets more than what is left of 515 s, and the two
 # probes for torch between steps take at most 20 s each.  After each
 # step $OUT/results.json (OUT defaults to build-gpu/results) is rewritten
 # whole: the steps so far with status, exit code, seconds, the step's own
@@ -116,6 +116,8 @@ if [ $? -eq 77 ]; then
 fi
 step flash_fwd 45 "$out/gpu_check_flash_fwd.json" \
   "$bin" check --family flash_fwd --out "$out" "${quick[@]}"
+step paged 20 "$out/gpu_check_paged.json" \
+  "$bin" check --family paged --out "$out" "${quick[@]}"
 step backward 45 "" "$bin" backward cuda
 step flash_bwd 60 "" "$bin" flash-bwd cuda
 step bench 100 "$out/gpu_check_bench.json" "$bin" check --family bench --out "$out" "${quick[@]}"

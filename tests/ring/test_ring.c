@@ -535,6 +535,56 @@ static aj_op *parse_op(const ring_case *c, const char *kind)
     return op;
 }
 
+/* A ring call's bytes over shared segments: the opening agreement's only. */
+static uint64_t agreement_bytes(void)
+{
+    return (uint64_t)(size - 1) * sizeof(aj_cp_call);
+}
+
+/* The case's forward and backward again with messages instead of shared
+ * segments (what the ring does across nodes, comm->messages_only): results
+ * bit for bit the same, the same rotations; the shared calls (fwd_sent,
+ * bwd_sent) sent nothing but their agreements, the message calls their
+ * blocks. */
+static void check_message_path(const ring_case *c, aj_comm *comm, aj_op *fop, aj_op *bop,
+                               const aj_ring_fwd_args *fa, const aj_ring_bwd_args *ba,
+                               const aj_ring_stats *fs, const aj_ring_stats *bs,
+                               uint64_t fwd_sent, uint64_t bwd_sent)
+{
+    aj_ring_fwd_args f = *fa;
+    aj_ring_bwd_args b = *ba;
+    const aj_tensor *shared[5] = {&fa->o, &fa->lse, &ba->dq, &ba->dk, &ba->dv};
+    aj_tensor *msg[5] = {&f.o, &f.lse, &b.dq, &b.dk, &b.dv};
+    size_t bytes[5];
+    for (int t = 0; t < 5; t++) {
+        bytes[t] = elem_size(shared[t]->dtype);
+        for (int d = 0; d < shared[t]->rank; d++)
+            bytes[t] *= (size_t)shared[t]->shape[d];
+        msg[t]->data = alloc64(bytes[t]);
+    }
+    aj_ring_stats fm = {0}, bm = {0};
+    comm->messages_only = true;
+    const uint64_t before = aj_comm_bytes_sent(comm);
+    CHECK_STATUS(ctx, aj_ring_forward(ctx, dev, comm, fop, &f, &fm), AJ_OK);
+    CHECK_STATUS(ctx, aj_ring_backward(ctx, dev, comm, bop, &b, &bm), AJ_OK);
+    comm->messages_only = false;
+    static const char *const names[5] = {"O", "LSE", "dQ", "dK", "dV"};
+    for (int t = 0; t < 5; t++) {
+        CHECK_MSG(memcmp(msg[t]->data, shared[t]->data, bytes[t]) == 0, "rank %d: %s: %s over "
+                  "messages differs from %s over shared memory", rank, c->label, names[t],
+                  names[t]);
+        free(msg[t]->data);
+    }
+    CHECK_MSG(fm.rotations == fs->rotations && bm.rotations == bs->rotations, "rank %d: %s: "
+              "rotations %d + %d over messages, %d + %d shared", rank, c->label, fm.rotations,
+              bm.rotations, fs->rotations, bs->rotations);
+    CHECK_MSG(fwd_sent == agreement_bytes() && bwd_sent == agreement_bytes() &&
+                  aj_comm_bytes_sent(comm) - before > 2 * agreement_bytes(),
+              "rank %d: %s: shared calls sent %llu + %llu bytes, message calls %llu", rank,
+              c->label, (unsigned long long)fwd_sent, (unsigned long long)bwd_sent,
+              (unsigned long long)(aj_comm_bytes_sent(comm) - before));
+}
+
 static void run_case(const ring_case *c)
 {
     const aj_dtype dt = c->dtype;
@@ -697,6 +747,12 @@ static void run_case(const ring_case *c)
         if (p2p && size > 1)
             CHECK(fs.rotations + bs.rotations == 3 * size - 2);
         CHECK(bs.launches == fs.launches && bs.skipped_blocks == fs.skipped_blocks);
+        /* cpu ranks, uneven shards (kept cheap: Sq = 2P+1, 5P+1; packed
+         * documents' pieces): p2p over shared memory against messages */
+        const int uneven = c->sq_total == 2 * size + 1 || c->sq_total == 5 * size + 1 ||
+                           c->docs;
+        if (p2p && size > 1 && uneven && aj_device_target(dev) == AJ_TARGET_CPU)
+            check_message_path(c, comm, fop, bop, &fa, &ba, &fs, &bs, fwd_sent, bwd_sent);
         /* aj_ring_plan takes one rank's lengths: even splits only */
         const int parts = L == AJ_SHARD_ZIGZAG ? 2 * size : size;
         if (!c->docs && sq % parts == 0 && sk % parts == 0) {
