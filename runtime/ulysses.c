@@ -30,6 +30,7 @@
  * o, lse out, backward q, k, v, o, do, lse in and dq, dk, dv out
  * (docs/ring.md has the formula per direction).
  */
+#include <assert.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -473,19 +474,28 @@ static aj_tensor slice_slopes(const uly_plan *p, const aj_tensor *slopes)
     return s;
 }
 
-/* layout = varlen: the launch's documents, the caller's whole batch. */
-static void set_docs(const uly_plan *p, const int32_t *cu_q, const int32_t *cu_k,
-                     const int32_t **cu_q_out, const int32_t **cu_k_out, int32_t *batch,
-                     int32_t *max_q, int32_t *max_k)
-{
-    if (!p->sh.varlen)
-        return;
-    *cu_q_out = cu_q;
-    *cu_k_out = cu_k;
-    *batch = p->docs.batch;
-    *max_q = p->docs.max_q;
-    *max_k = p->docs.max_k;
-}
+/* The launch fields aj_fwd_args and aj_bwd_args share, for the call c
+ * (plan p) with arguments a (aj_ring_fwd_args or aj_ring_bwd_args): the
+ * head shards of q, k and v (tensors 0, 1, 2 of either direction), this
+ * rank's alibi slopes, the side tensors, the stream and, layout = varlen,
+ * the caller's whole batch of documents. */
+#define SET_LAUNCH(l, c, p, a)                                      \
+    do {                                                            \
+        (l).q = (c)->view[0];                                       \
+        (l).k = (c)->view[1];                                       \
+        (l).v = (c)->view[2];                                       \
+        (l).alibi_slopes = slice_slopes(p, &(a)->alibi_slopes);     \
+        (l).side = (a)->side;                                       \
+        (l).num_side = (a)->num_side;                               \
+        (l).stream = (p)->stream;                                   \
+        if ((p)->sh.varlen) {                                       \
+            (l).cu_seqlens_q = (a)->cu_seqlens_q;                   \
+            (l).cu_seqlens_k = (a)->cu_seqlens_k;                   \
+            (l).batch = (p)->docs.batch;                            \
+            (l).max_seqlen_q = (p)->docs.max_q;                     \
+            (l).max_seqlen_k = (p)->docs.max_k;                     \
+        }                                                           \
+    } while (0)
 
 /* The launch's tile classes (aj_ring_fwd_args.launch_tiles). */
 static aj_status count_tiles(const uly_plan *p, const aj_op *op, const aj_kernel *kernel,
@@ -502,6 +512,7 @@ static aj_status count_tiles(const uly_plan *p, const aj_op *op, const aj_kernel
 /* ---------------------------------------------------------------- forward */
 
 enum { FWD_Q, FWD_K, FWD_V, FWD_O, FWD_LSE, FWD_COUNT };
+static_assert(FWD_Q == 0 && FWD_K == 1 && FWD_V == 2, "SET_LAUNCH's q, k, v");
 
 aj_status aj_ulysses_forward(aj_ctx *ctx, aj_device *dev, aj_comm *comm, const aj_op *op,
                              const aj_ring_fwd_args *a, aj_ring_stats *stats)
@@ -524,17 +535,9 @@ aj_status aj_ulysses_forward(aj_ctx *ctx, aj_device *dev, aj_comm *comm, const a
     AJ_TRY(begin(&c, op, io, FWD_COUNT, FWD_O));
     if (p->sq > 0) {
         aj_fwd_args f = AJ_FWD_ARGS_INIT;
-        f.q = c.view[FWD_Q];
-        f.k = c.view[FWD_K];
-        f.v = c.view[FWD_V];
+        SET_LAUNCH(f, &c, p, a);
         f.o = c.view[FWD_O];
         f.lse = c.view[FWD_LSE];
-        f.alibi_slopes = slice_slopes(p, &a->alibi_slopes);
-        f.side = a->side;
-        f.num_side = a->num_side;
-        f.stream = p->stream;
-        set_docs(p, a->cu_seqlens_q, a->cu_seqlens_k, &f.cu_seqlens_q, &f.cu_seqlens_k,
-                 &f.batch, &f.max_seqlen_q, &f.max_seqlen_k);
         AJ_TRY(aj_forward(ctx, dev, c.kernel, &f));
         if (a->launch_tiles && a->launch_tiles_cap > 0)
             AJ_TRY(count_tiles(p, op, c.kernel, &f, &a->launch_tiles[0]));
@@ -547,6 +550,7 @@ done:
 /* ---------------------------------------------------------------- backward */
 
 enum { BWD_Q, BWD_K, BWD_V, BWD_O, BWD_DO, BWD_LSE, BWD_DQ, BWD_DK, BWD_DV, BWD_COUNT };
+static_assert(BWD_Q == 0 && BWD_K == 1 && BWD_V == 2, "SET_LAUNCH's q, k, v");
 
 aj_status aj_ulysses_backward(aj_ctx *ctx, aj_device *dev, aj_comm *comm, const aj_op *op,
                               const aj_ring_bwd_args *a, aj_ring_stats *stats)
@@ -575,21 +579,13 @@ aj_status aj_ulysses_backward(aj_ctx *ctx, aj_device *dev, aj_comm *comm, const 
     const int launch = p->sq > 0 && p->sk > 0;   /* else every gradient is 0 */
     if (launch) {
         aj_bwd_args b = AJ_BWD_ARGS_INIT;
-        b.q = c.view[BWD_Q];
-        b.k = c.view[BWD_K];
-        b.v = c.view[BWD_V];
+        SET_LAUNCH(b, &c, p, a);
         b.o = c.view[BWD_O];
         b.do_ = c.view[BWD_DO];
         b.lse = c.view[BWD_LSE];
         b.dq = c.view[BWD_DQ];
         b.dk = c.view[BWD_DK];
         b.dv = c.view[BWD_DV];
-        b.alibi_slopes = slice_slopes(p, &a->alibi_slopes);
-        b.side = a->side;
-        b.num_side = a->num_side;
-        b.stream = p->stream;
-        set_docs(p, a->cu_seqlens_q, a->cu_seqlens_k, &b.cu_seqlens_q, &b.cu_seqlens_k,
-                 &b.batch, &b.max_seqlen_q, &b.max_seqlen_k);
         AJ_TRY(aj_backward(ctx, dev, c.kernel, &b));
     }
     AJ_TRY(end(&c, launch));
