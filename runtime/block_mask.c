@@ -8,10 +8,13 @@
  * and read back to the host only when asked (aj_block_mask_counts,
  * aj_block_mask_class).
  *
- * Layout: classes[((pb * planes_h + ph) * rows + m) * cols + n] (i32
- * aj_tile_class), a plane per batch index (head) only where the mask reads
- * b (h); the kernels see it as a [planes_b, planes_h, rows, cols] tensor
- * whose size-1 dims broadcast.
+ * Layout (score.h, aj_score_mask_plane_size; docs/ir.md): a plane per
+ * batch index (head) only where the mask reads b (h), each the classes
+ * (i32 aj_tile_class, row-major), the per-row-block and per-key-block
+ * lists of non-skip tiles and the builder's key-block hulls; the kernels
+ * see the plane as a [planes_b, planes_h, rows', cols] tensor (rows' >=
+ * rows: the lists and hulls are rows of it too) whose size-1 dims
+ * broadcast.
  *
  * (aj_side_to_host, first below, reads side tensors back for the ring's
  * host classes.)
@@ -69,6 +72,12 @@ aj_status aj_side_to_host(aj_ctx *ctx, aj_device *dev, const char *fn,
     return AJ_OK;
 }
 
+/* The row blocks of a mask (its tensor's rows hold the lists too). */
+static int64_t mask_rows(const aj_block_mask_shape *shape)
+{
+    return (shape->seq_q + shape->block_m - 1) / shape->block_m;
+}
+
 struct aj_block_mask {
     aj_block_mask_shape shape;          /* what it was built for */
     uint64_t mask_hash;                 /* aj_score_mask_hash of its op */
@@ -87,8 +96,9 @@ aj_tensor aj_block_mask_tensor(const struct aj_score_prog *p, const aj_block_mas
     int64_t cols = (shape->seq_k + shape->block_n - 1) / shape->block_n;
     int64_t planes_b = p->mask_reads_b ? shape->batch : 1;
     int64_t planes_h = p->mask_reads_h ? shape->heads : 1;
-    return (aj_tensor){data, AJ_DTYPE_F32, 4, {planes_b, planes_h, rows, cols},
-                       {planes_h * rows * cols, rows * cols, cols, 1}};
+    int64_t plane = aj_score_mask_plane_size(rows, cols, aj_score_col_slots(p));
+    return (aj_tensor){data, AJ_DTYPE_F32, 4, {planes_b, planes_h, plane / cols, cols},
+                       {planes_h * plane, plane, cols, 1}};
 }
 
 /* Names the first field of `want` that `got` differs in. */
@@ -220,8 +230,9 @@ static aj_status read_back(aj_block_mask *m)
         /* a plane that serves every batch index (head) counts for each */
         int64_t times = (t->shape[0] == 1 ? m->shape.batch : 1) *
                         (t->shape[1] == 1 ? m->shape.heads : 1);
+        int64_t tiles = mask_rows(&m->shape) * t->shape[3];
         for (int64_t i = 0; st == AJ_OK && i < n; i++)
-            if ((uint32_t)host[i] < AJ_TILE_CLASS_COUNT)
+            if (i % t->strides[1] < tiles && (uint32_t)host[i] < AJ_TILE_CLASS_COUNT)
                 m->counts.tiles[host[i]] += times;
         if (st == AJ_OK)
             m->host = host;
@@ -249,7 +260,7 @@ aj_status aj_block_mask_class(const aj_block_mask *mask, int64_t b, int64_t h, i
         return AJ_ERR_INVALID_ARG;
     const aj_tensor *t = &mask->classes;
     if (b < 0 || b >= mask->shape.batch || h < 0 || h >= mask->shape.heads || m < 0 ||
-        m >= t->shape[2] || n < 0 || n >= t->shape[3])
+        m >= mask_rows(&mask->shape) || n < 0 || n >= t->shape[3])
         return AJ_ERR_INVALID_ARG;
     aj_status st = read_back((aj_block_mask *)mask);
     if (st != AJ_OK)
@@ -257,5 +268,32 @@ aj_status aj_block_mask_class(const aj_block_mask *mask, int64_t b, int64_t h, i
     int64_t pb = t->shape[0] == 1 ? 0 : b, ph = t->shape[1] == 1 ? 0 : h;
     *out = (aj_tile_class)mask->host[pb * t->strides[0] + ph * t->strides[1] +
                                      m * t->strides[2] + n];
+    return AJ_OK;
+}
+
+aj_status aj_block_mask_list(const aj_block_mask *mask, int64_t b, int64_t h, int by_keys,
+                             int64_t index, int64_t *blocks, aj_tile_class *classes,
+                             int64_t cap, int64_t *count)
+{
+    if (!mask || !count || cap < 0)
+        return AJ_ERR_INVALID_ARG;
+    const aj_tensor *t = &mask->classes;
+    int64_t rows = mask_rows(&mask->shape), cols = t->shape[3];
+    if (b < 0 || b >= mask->shape.batch || h < 0 || h >= mask->shape.heads || index < 0 ||
+        index >= (by_keys ? rows : cols))
+        return AJ_ERR_INVALID_ARG;
+    aj_status st = read_back((aj_block_mask *)mask);
+    if (st != AJ_OK)
+        return st;
+    int64_t pb = t->shape[0] == 1 ? 0 : b, ph = t->shape[1] == 1 ? 0 : h;
+    const int32_t *list = mask->host + pb * t->strides[0] + ph * t->strides[1] + rows * cols +
+                          (by_keys ? index * (cols + 1) : rows * (cols + 1) + index * (rows + 1));
+    *count = list[0];
+    for (int64_t i = 0; i < list[0] && i < cap; i++) {
+        if (blocks)
+            blocks[i] = list[1 + i] >> 2;
+        if (classes)
+            classes[i] = (aj_tile_class)(list[1 + i] & 3);
+    }
     return AJ_OK;
 }

@@ -242,11 +242,11 @@ aj_status aj_cp_check_method(aj_ctx *ctx, const char *fn, aj_cp_method method,
                              int32_t ulysses_size)
 {
     AJ_CHECK_ARG(ctx, (unsigned)method < AJ_METHOD_COUNT,
-                 "%s: method = %d is not a context-parallel method (ring, ulysses)", fn,
-                 (int)method);
+                 "%s: method = %d is not a context-parallel method (ring, ulysses, hybrid)",
+                 fn, (int)method);
     AJ_CHECK_ARG(ctx, method != AJ_METHOD_RING || ulysses_size == 0,
-                 "%s: ulysses_size = %d with method = ring; only method = ulysses takes it",
-                 fn, (int)ulysses_size);
+                 "%s: ulysses_size = %d with method = ring; only methods ulysses and hybrid "
+                 "take it", fn, (int)ulysses_size);
     return AJ_OK;
 }
 

@@ -938,10 +938,13 @@ aj_status aj_block_mask_launch(aj_ctx *ctx, aj_device *dev, const char *fn,
     put_scalar(&v, AJ_PSRC_seq_k_total, shape->sk_total);
     const fwd_sizes sz = {shape->batch, shape->heads, shape->heads, shape->seq_q, shape->seq_k, 1};
     aj_status st = bind_scores(ctx, fn, &builder->op, side, num_side, slopes, &scores);
-    if (st == AJ_OK)
-        st = bind(ctx, builder, 0, &v, &scores, &bound);
-    if (st == AJ_OK)
-        st = run_kernel(ctx, dev, builder, 0, &sz, bound.argv, bound.buffers, bound.nb, stream);
+    /* its stages in order: key-block hulls, classes and row lists, key-block lists */
+    for (int s = 0; st == AJ_OK && s < builder->num_stages; s++) {
+        st = bind(ctx, builder, s, &v, &scores, &bound);
+        if (st == AJ_OK)
+            st = run_kernel(ctx, dev, builder, s, &sz, bound.argv, bound.buffers, bound.nb,
+                            stream);
+    }
     return st;
 }
 

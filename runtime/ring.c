@@ -102,6 +102,7 @@ typedef struct ring_plan {
     aj_shard_layout layout;
     aj_ring_rotate rotate;
     int rank, size;
+    int members;                 /* ranks per ring rank: 1, or method = hybrid's U */
     int64_t B, Hq, Hkv, D, Dv;
     int64_t lq, lk;              /* this rank's lengths */
     aj_cp_shapes sh;             /* the same, with the layout of the tensors */
@@ -161,6 +162,37 @@ static int step_src(const ring_plan *p, int step)
     return p->rotate == AJ_ROTATE_P2P ? (p->rank + p->size - step) % p->size : step;
 }
 
+/* Ring rank r's chunks of a `seq`-long sequence: its own shard's, or
+ * (method = hybrid) its group's (aj_shard_group_chunks). */
+static aj_status ring_chunks(const ring_plan *p, int r, int64_t seq, aj_shard_chunk c[2],
+                             int *n)
+{
+    return aj_shard_group_chunks(p->ctx, p->fn, p->layout, r, p->size, p->members, seq, c, n);
+}
+
+static int64_t ring_length(const ring_plan *p, int r, int64_t seq)
+{
+    aj_shard_chunk c[2];
+    int n = 0;
+    ring_chunks(p, r, seq, c, &n);
+    return n == 1 ? c[0].len : c[0].len + c[1].len;
+}
+
+/* The longest chunk of any ring rank: the first S % n of n chunks are one
+ * longer, and a hybrid group's run spans U of them. */
+static int64_t longest_chunk(const ring_plan *p, int64_t seq)
+{
+    int64_t most = 0;
+    for (int r = 0; r < p->size; r++) {
+        aj_shard_chunk c[2];
+        int n = 0;
+        ring_chunks(p, r, seq, c, &n);
+        for (int i = 0; i < n; i++)
+            most = c[i].len > most ? c[i].len : most;
+    }
+    return most;
+}
+
 /* The step's (query chunk, key chunk) pairs, in launch order, with their
  * classes, into p->pairs: the ring's schedule (aj_ring_plan), which the
  * forward and the backward both follow.  Packed documents: each
@@ -178,10 +210,9 @@ static aj_status plan_step(const ring_plan *p, int step, int *n)
         const int64_t sk = varlen ? p->docs.cu_k[d + 1] - p->docs.cu_k[d] : p->sk;
         aj_shard_chunk qc[2], kc[2];
         int nq = 0, nk = 0;
-        aj_status st = aj_shard_chunks_any(p->ctx, p->fn, p->layout, p->rank, p->size, sq, qc,
-                                           &nq);
+        aj_status st = ring_chunks(p, p->rank, sq, qc, &nq);
         if (st == AJ_OK)
-            st = aj_shard_chunks_any(p->ctx, p->fn, p->layout, src, p->size, sk, kc, &nk);
+            st = ring_chunks(p, src, sk, kc, &nk);
         if (st != AJ_OK)
             return st;
         for (int i = 0; i < nq; i++)
@@ -195,8 +226,8 @@ static aj_status plan_step(const ring_plan *p, int step, int *n)
                 x.block = classify(p, x.q.global, x.q.len, x.k.global, x.k.len, sq, sk);
                 p->pairs[(*n)++] = x;
             }
-        q_at += aj_shard_length(p->layout, p->rank, p->size, sq);
-        k_at += aj_shard_length(p->layout, src, p->size, sk);
+        q_at += ring_length(p, p->rank, sq);
+        k_at += ring_length(p, src, sk);
     }
     return AJ_OK;
 }
@@ -233,11 +264,11 @@ static aj_status plan_op(ring_plan *p, const aj_op *op)
 static int64_t shard_len(const ring_plan *p, int r, int keys)
 {
     if (!p->sh.varlen)
-        return aj_shard_length(p->layout, r, p->size, keys ? p->sk : p->sq);
+        return ring_length(p, r, keys ? p->sk : p->sq);
     const int32_t *cu = keys ? p->docs.cu_k : p->docs.cu_q;
     int64_t len = 0;
     for (int32_t d = 0; d < p->docs.batch; d++)
-        len += aj_shard_length(p->layout, r, p->size, cu[d + 1] - cu[d]);
+        len += ring_length(p, r, cu[d + 1] - cu[d]);
     return len;
 }
 
@@ -308,6 +339,7 @@ static aj_status plan_common(ring_plan *p, aj_ctx *ctx, aj_device *dev, aj_comm 
     p->layout = layout;
     p->rank = comm->rank;
     p->size = comm->size;
+    p->members = 1;
     p->stats = stats;
     p->elem = dtype_size(p->op.dtype);
     p->B = sh.B;
@@ -356,7 +388,7 @@ aj_status aj_ring_plan(aj_ctx *ctx, aj_device *dev, const aj_op *op,
                              AJ_RING_PLAN_ARGS_INIT, args);
     ring_plan p = {.fn = "aj_ring_plan", .ctx = ctx, .dev = dev, .layout = args->layout,
                    .rotate = args->rotate, .rank = args->rank, .size = args->size,
-                   .B = args->batch, .Hq = args->heads_q, .lq = args->seq_q,
+                   .members = 1, .B = args->batch, .Hq = args->heads_q, .lq = args->seq_q,
                    .lk = args->seq_k};
     AJ_CHECK_ARG(ctx, dev, "aj_ring_plan: dev is NULL");
     AJ_CHECK_ARG(ctx, count, "aj_ring_plan: count is NULL");
@@ -832,9 +864,20 @@ done:
 
 /* ---------------------------------------------------------------- forward */
 
+/* The call's lengths and chunks: agreed by the ranks, or (method =
+ * hybrid, which agreed already) the group's. */
+static aj_status plan_lengths(ring_plan *p, const aj_op *op, const aj_ring_group *group,
+                              aj_ring_rotate rotate, uint64_t seed, uint64_t offset)
+{
+    if (!group)
+        return agree_on_call(p, op, rotate, seed, offset);
+    p->members = group->members;
+    return plan_chunks(p, group->sq, group->sk);
+}
+
 static aj_status plan_forward(ring_plan *p, aj_ctx *ctx, aj_device *dev, aj_comm *comm,
                               const aj_op *op, const aj_ring_fwd_args *a,
-                              aj_ring_stats *stats)
+                              const aj_ring_group *group, aj_ring_stats *stats)
 {
     aj_status st = AJ_OK;
     AJ_TRY(plan_common(p, ctx, dev, comm, op, AJ_KIND_FORWARD, a->layout, a->rotate, &a->q,
@@ -845,7 +888,7 @@ static aj_status plan_forward(ring_plan *p, aj_ctx *ctx, aj_device *dev, aj_comm
                  "%s: launch_tiles_cap = %d with launch_tiles %s; want a count of 0 or more, "
                  "and the array when it is not 0", p->fn, a->launch_tiles_cap,
                  a->launch_tiles ? "given" : "NULL");
-    AJ_TRY(agree_on_call(p, op, a->rotate, a->seed, a->offset));
+    AJ_TRY(plan_lengths(p, op, group, a->rotate, a->seed, a->offset));
 done:
     return st;
 }
@@ -861,8 +904,15 @@ aj_status aj_ring_forward(aj_ctx *ctx, aj_device *dev, aj_comm *comm, const aj_o
                                              args->ulysses_size);
     if (method_st != AJ_OK)
         return method_st;
-    if (args->method == AJ_METHOD_ULYSSES)
+    if (args->method != AJ_METHOD_RING)
         return aj_ulysses_forward(ctx, dev, comm, op, args, stats);
+    return aj_ring_forward_group(ctx, dev, comm, op, args, NULL, stats);
+}
+
+aj_status aj_ring_forward_group(aj_ctx *ctx, aj_device *dev, aj_comm *comm, const aj_op *op,
+                                const aj_ring_fwd_args *args, const aj_ring_group *group,
+                                aj_ring_stats *stats)
+{
     aj_ring_stats local_stats = {0};
     ring_plan p = {.fn = "aj_ring_forward"};
     ring_kernels kern = {0};
@@ -873,7 +923,7 @@ aj_status aj_ring_forward(aj_ctx *ctx, aj_device *dev, aj_comm *comm, const aj_o
     aj_comm_req req = {0};
     aj_status st = AJ_OK;
     const double start = aj_now();
-    AJ_TRY(plan_forward(&p, ctx, dev, comm, op, args, &local_stats));
+    AJ_TRY(plan_forward(&p, ctx, dev, comm, op, args, group, &local_stats));
     aj_ring_fwd_args shards = *args;   /* as padded tensors: packed ones' pieces launch so */
     shards.q = aj_cp_as_padded(&args->q, &p.sh);
     shards.o = aj_cp_as_padded(&args->o, &p.sh);
@@ -1151,7 +1201,7 @@ done:
 
 static aj_status plan_backward(ring_plan *p, aj_ctx *ctx, aj_device *dev, aj_comm *comm,
                                const aj_op *op, const aj_ring_bwd_args *a,
-                               aj_ring_stats *stats)
+                               const aj_ring_group *group, aj_ring_stats *stats)
 {
     aj_status st = AJ_OK;
     AJ_TRY(plan_common(p, ctx, dev, comm, op, AJ_KIND_BACKWARD, a->layout, a->rotate, &a->q,
@@ -1159,7 +1209,7 @@ static aj_status plan_backward(ring_plan *p, aj_ctx *ctx, aj_device *dev, aj_com
     AJ_TRY(aj_cp_check_bwd_outputs(ctx, p->fn, p->op.dtype, &p->sh, &a->o, &a->do_, &a->lse,
                                    &a->dq, &a->dk, &a->dv));
     AJ_TRY(plan_side(p, a->side, a->num_side, &a->alibi_slopes));
-    AJ_TRY(agree_on_call(p, op, a->rotate, a->seed, a->offset));
+    AJ_TRY(plan_lengths(p, op, group, a->rotate, a->seed, a->offset));
 done:
     return st;
 }
@@ -1175,8 +1225,15 @@ aj_status aj_ring_backward(aj_ctx *ctx, aj_device *dev, aj_comm *comm, const aj_
                                              args->ulysses_size);
     if (method_st != AJ_OK)
         return method_st;
-    if (args->method == AJ_METHOD_ULYSSES)
+    if (args->method != AJ_METHOD_RING)
         return aj_ulysses_backward(ctx, dev, comm, op, args, stats);
+    return aj_ring_backward_group(ctx, dev, comm, op, args, NULL, stats);
+}
+
+aj_status aj_ring_backward_group(aj_ctx *ctx, aj_device *dev, aj_comm *comm, const aj_op *op,
+                                 const aj_ring_bwd_args *args, const aj_ring_group *group,
+                                 aj_ring_stats *stats)
+{
     aj_ring_stats local_stats = {0};
     ring_plan p = {.fn = "aj_ring_backward"};
     ring_kernels kern = {0};
@@ -1190,7 +1247,7 @@ aj_status aj_ring_backward(aj_ctx *ctx, aj_device *dev, aj_comm *comm, const aj_
     aj_comm_req reqs[2] = {{0}, {0}};   /* K/V, dK/dV */
     aj_status st = AJ_OK;
     const double start = aj_now();
-    AJ_TRY(plan_backward(&p, ctx, dev, comm, op, args, &local_stats));
+    AJ_TRY(plan_backward(&p, ctx, dev, comm, op, args, group, &local_stats));
     aj_ring_bwd_args shards = *args;   /* as padded tensors: packed ones' pieces launch so */
     shards.q = aj_cp_as_padded(&args->q, &p.sh);
     shards.o = aj_cp_as_padded(&args->o, &p.sh);
@@ -1202,12 +1259,11 @@ aj_status aj_ring_backward(aj_ctx *ctx, aj_device *dev, aj_comm *comm, const aj_
     const size_t kv_bytes = (p.k_elems + p.v_elems) * p.elem;
     const size_t dkv_count = p.k_elems + p.v_elems;
     const size_t dq_count = (size_t)(p.B * p.Hq * p.lq * p.D);
-    /* the parts of the longest chunks (the first S % n chunks are one
-     * longer), of the longest document for packed ones */
+    /* the parts of the longest chunks: longest_chunk's, of the longest
+     * document for packed ones (the first S % n chunks are one longer) */
     const int64_t chunks = (p.layout == AJ_SHARD_ZIGZAG ? 2 : 1) * (int64_t)p.size;
-    const int64_t longest_q = p.sh.varlen ? p.docs.max_q : p.sq;
-    const int64_t longest_k = p.sh.varlen ? p.docs.max_k : p.sk;
-    const int64_t cq = (longest_q + chunks - 1) / chunks, ck = (longest_k + chunks - 1) / chunks;
+    const int64_t cq = p.sh.varlen ? (p.docs.max_q + chunks - 1) / chunks : longest_chunk(&p, p.sq);
+    const int64_t ck = p.sh.varlen ? (p.docs.max_k + chunks - 1) / chunks : longest_chunk(&p, p.sk);
     const int64_t width = p.D > p.Dv ? p.D : p.Dv;
     const int64_t chunk = cq > ck ? cq : ck;
     parts.dq_bytes = (size_t)(p.B * p.Hq * cq * p.D) * p.elem;

@@ -15,6 +15,13 @@
  * layout, rank or size. */
 aj_status aj_shard_chunks_any(aj_ctx *ctx, const char *fn, aj_shard_layout layout, int rank,
                               int size, int64_t seq, aj_shard_chunk chunks[2], int *num_chunks);
+/* Group `group`'s positions, where groups of `members` consecutive ranks
+ * split a layout over groups x members ranks (method = hybrid; shard.c):
+ * 1 run (contiguous) or 2 (zigzag) in local order.  members = 1 is
+ * aj_shard_chunks_any. */
+aj_status aj_shard_group_chunks(aj_ctx *ctx, const char *fn, aj_shard_layout layout, int group,
+                                int groups, int members, int64_t seq, aj_shard_chunk chunks[2],
+                                int *num_chunks);
 /* The same where one rank's length must tell the totals (aj_ring_plan,
  * aj_shard_get_chunks): AJ_ERR_INVALID_ARG, naming `fn`, if seq does not
  * split evenly. */
@@ -139,13 +146,35 @@ aj_status aj_cp_check_lengths(aj_ctx *ctx, const char *fn, aj_shard_layout layou
                               const int64_t *all, int stride, int field_q, int field_k,
                               int64_t *sq, int64_t *sk);
 
-/* method = ulysses (ulysses.c), entered from aj_ring_forward and
- * aj_ring_backward once their args are read. */
+/* method = ulysses and hybrid (ulysses.c), entered from aj_ring_forward
+ * and aj_ring_backward once their args are read. */
 aj_status aj_ulysses_forward(aj_ctx *ctx, aj_device *dev, struct aj_comm *comm,
                              const aj_op *op, const aj_ring_fwd_args *args,
                              aj_ring_stats *stats);
 aj_status aj_ulysses_backward(aj_ctx *ctx, aj_device *dev, struct aj_comm *comm,
                               const aj_op *op, const aj_ring_bwd_args *args,
                               aj_ring_stats *stats);
+
+/* method = hybrid's ring (ulysses.c calls it between its all-to-alls):
+ * each of the comm's ranks is a group of `members` ranks of a layout over
+ * size x members ranks whose totals the hybrid call agreed on (sq, sk);
+ * the args' tensors hold the group's positions (aj_shard_group_chunks)
+ * of the rank's heads.  No agreement of its own. */
+typedef struct aj_ring_group {
+    int members;
+    int64_t sq, sk;
+} aj_ring_group;
+aj_status aj_ring_forward_group(aj_ctx *ctx, aj_device *dev, struct aj_comm *comm,
+                                const aj_op *op, const aj_ring_fwd_args *args,
+                                const aj_ring_group *group, aj_ring_stats *stats);
+aj_status aj_ring_backward_group(aj_ctx *ctx, aj_device *dev, struct aj_comm *comm,
+                                 const aj_op *op, const aj_ring_bwd_args *args,
+                                 const aj_ring_group *group, aj_ring_stats *stats);
+
+/* method = hybrid's sub-communicators of comm for groups of U ranks
+ * (hybrid.c): made on first use (collective) and kept on comm until it is
+ * destroyed or another U asks; errors name `fn`. */
+aj_status aj_cp_split(aj_ctx *ctx, const char *fn, struct aj_comm *comm, int U,
+                      struct aj_comm **group, struct aj_comm **across);
 
 #endif /* AJ_RUNTIME_RING_H */

@@ -168,9 +168,11 @@ typedef struct aj_block_mask_shape {
     int32_t block_m, block_n;
 } aj_block_mask_shape;
 
-/* The classes of a block mask of programs `p` for `shape` as the
- * kernels' tensor over `data`: i32 [planes_b, planes_h, rows, cols]
- * (a plane per batch index, head, only where the mask reads b, h). */
+/* A block mask of programs `p` for `shape` as the kernels' tensor over
+ * `data`: i32 [planes_b, planes_h, rows', cols] (a plane per batch index,
+ * head, only where the mask reads b, h), whose first rows are the
+ * classes of the rows of tiles, the rest the plane's lists and hulls
+ * (score.h, aj_score_mask_plane_size). */
 aj_tensor aj_block_mask_tensor(const struct aj_score_prog *p, const aj_block_mask_shape *shape,
                                void *data);
 

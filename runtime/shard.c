@@ -14,6 +14,15 @@
  * chunks q + 1 positions and the others q, so the ranks' shard lengths
  * differ by at most 1 (contiguous) or 2 (zigzag) and every even split is
  * the familiar S/n chunks.
+ *
+ * method = hybrid groups U consecutive ranks: group g of R = P/U holds
+ * the chunks of ranks g U .. g U + U - 1, which are one run of positions
+ * (contiguous) or a head run and a tail run (zigzag) -- the ring across
+ * the groups sees each group as one rank of the same layout:
+ *
+ *     chunks   0   1   2   3   4   5   6   7        P = 4, U = 2
+ *     rank     0   1   2   3   3   2   1   0
+ *     group    0---0   1---1   1---1   0---0
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -33,20 +42,34 @@ static aj_shard_chunk chunk_of(int64_t seq, int64_t n, int64_t c, int64_t local)
 aj_status aj_shard_chunks_any(aj_ctx *ctx, const char *fn, aj_shard_layout layout, int rank,
                               int size, int64_t seq, aj_shard_chunk chunks[2], int *num_chunks)
 {
+    return aj_shard_group_chunks(ctx, fn, layout, rank, size, 1, seq, chunks, num_chunks);
+}
+
+/* Group g's runs: chunks g U .. g U + U - 1 (the ranks' heads), and for
+ * zigzag chunks 2P - g U - U .. 2P - 1 - g U (their tails), each run
+ * consecutive positions. */
+aj_status aj_shard_group_chunks(aj_ctx *ctx, const char *fn, aj_shard_layout layout, int group,
+                                int groups, int members, int64_t seq, aj_shard_chunk chunks[2],
+                                int *num_chunks)
+{
     AJ_CHECK_ARG(ctx, (unsigned)layout < AJ_SHARD_LAYOUT_COUNT,
                  "%s: layout = %d is not a shard layout", fn, (int)layout);
-    AJ_CHECK_ARG(ctx, size >= 1, "%s: size = %d; want at least 1 rank", fn, size);
-    AJ_CHECK_ARG(ctx, rank >= 0 && rank < size, "%s: rank = %d is outside 0 .. %d", fn, rank,
-                 size - 1);
+    AJ_CHECK_ARG(ctx, groups >= 1 && members >= 1, "%s: size = %d; want at least 1 rank", fn,
+                 groups * members);
+    AJ_CHECK_ARG(ctx, group >= 0 && group < groups, "%s: rank = %d is outside 0 .. %d", fn,
+                 group, groups - 1);
     AJ_CHECK_ARG(ctx, seq >= 0, "%s: seq = %lld is negative", fn, (long long)seq);
-    if (layout == AJ_SHARD_CONTIGUOUS) {
-        chunks[0] = chunk_of(seq, size, rank, 0);
-        *num_chunks = 1;
-    } else {
-        chunks[0] = chunk_of(seq, 2 * (int64_t)size, rank, 0);
-        chunks[1] = chunk_of(seq, 2 * (int64_t)size, 2 * (int64_t)size - 1 - rank,
-                             chunks[0].len);
-        *num_chunks = 2;
+    const int64_t P = (int64_t)groups * members, U = members;
+    const int64_t n = layout == AJ_SHARD_CONTIGUOUS ? P : 2 * P;
+    const int64_t heads[2] = {group * U, 2 * P - group * U - U};
+    *num_chunks = layout == AJ_SHARD_CONTIGUOUS ? 1 : 2;
+    int64_t local = 0;
+    for (int i = 0; i < *num_chunks; i++) {
+        const aj_shard_chunk first = chunk_of(seq, n, heads[i], local);
+        const aj_shard_chunk last = chunk_of(seq, n, heads[i] + U - 1, 0);
+        chunks[i] = first;
+        chunks[i].len = last.global + last.len - first.global;
+        local += chunks[i].len;
     }
     return AJ_OK;
 }

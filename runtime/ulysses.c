@@ -29,8 +29,25 @@
  * rank's B H (S/P) W shard and receives as much; forward q, k, v in and
  * o, lse out, backward q, k, v, o, do, lse in and dq, dk, dv out
  * (docs/ring.md has the formula per direction).
+ *
+ * method = hybrid (P = U x R) runs the same all-to-all inside groups of U
+ * consecutive ranks (hybrid.c's sub-communicators): a rank gets H/U heads
+ * of its group's positions (aj_shard_group_chunks: one run, or a head and
+ * a tail run), and between the two all-to-alls the ring (ring.c) runs
+ * across the R groups instead of one kernel, each group one ring rank:
+ *
+ *   rank (g, u):  [B, H, l_r, W] --all-to-all in group g--> [B, H/U, L_g, W]
+ *                 ring over the ranks (0, u) .. (R-1, u): K/V of H/U heads
+ *                 [B, H/U, L_g, W] --all-to-all in group g--> [B, H, l_r, W]
+ *
+ * U = P is Ulysses, U = 1 the ring (with an all-to-all of one rank).
+ *
+ * Packed documents (layout = varlen, method = ulysses): a shard is the
+ * layout's cut of the packed axis, [l_r, H, W]; the all-to-all trades it
+ * for [S, H/P, W], the packed batch whole, and the kernel runs once over
+ * the caller's cu_seqlens.  method = hybrid refuses them (its ring across
+ * the groups would need each group's pieces of every document).
  */
-#include <assert.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -47,6 +64,13 @@ typedef struct uly_plan {
     aj_device *dev;
     aj_comm *comm;
     const char *fn;
+    aj_cp_method method;         /* ulysses, or hybrid */
+    aj_comm *a2a;                /* the all-to-all's ranks: comm, or hybrid's group */
+    aj_comm *across;             /* hybrid: the ring across the groups; NULL: ulysses */
+    int members, first;          /* the group's size U (P: ulysses) and first rank */
+    aj_shard_chunk runs_q[2], runs_k[2];   /* the group's positions */
+    int nruns;
+    int64_t gq, gk;              /* their counts: the head shards' lengths */
     aj_op_info op;
     aj_score_prog prog;
     aj_shard_layout layout;
@@ -81,10 +105,12 @@ static size_t dtype_size(aj_dtype d)
 
 /* The call fields every rank must agree on; NULL names: the rank's own
  * lengths.  (No dropout stream: dropout is refused.) */
-enum { ULY_FIELDS = 13, FIELD_LQ = 5, FIELD_LK = 6 };
+enum { ULY_FIELDS = 14, FIELD_LQ = 5, FIELD_LK = 6 };
 static const char *const uly_fields[ULY_FIELDS] = {
     "method", "kind", "batch", "q heads", "kv heads", NULL, NULL, "head_dim", "head_dim_v",
-    "layout", "ulysses_size", "side tensor shapes (a digest)", "cu_seqlens (a digest)"};
+    "layout", "ulysses_size", "side tensor shapes (a digest)", "rotate",
+    "cu_seqlens (a digest)"};
+static const char *const method_names[AJ_METHOD_COUNT] = {"ring", "ulysses", "hybrid"};
 
 /* A digest (FNV-1a) of the side tensors' shapes in declaration order. */
 static int64_t side_digest(const aj_op_info *op, const aj_side_tensor *side, int32_t n)
@@ -100,12 +126,37 @@ static int64_t side_digest(const aj_op_info *op, const aj_side_tensor *side, int
     return (int64_t)h;
 }
 
+/* The group's sub-communicators and positions (hybrid; Ulysses: every
+ * rank, the whole sequence). */
+static aj_status plan_group(uly_plan *p)
+{
+    const int U = p->members, R = p->size / U;
+    aj_status st = AJ_OK;
+    p->a2a = p->comm;
+    p->first = 0;
+    if (p->method == AJ_METHOD_HYBRID) {
+        AJ_TRY(aj_cp_split(p->ctx, p->fn, p->comm, U, &p->a2a, &p->across));
+        p->first = p->rank - p->rank % U;
+    }
+    AJ_TRY(aj_shard_group_chunks(p->ctx, p->fn, p->layout, p->rank / U, R, U, p->sq, p->runs_q,
+                                 &p->nruns));
+    AJ_TRY(aj_shard_group_chunks(p->ctx, p->fn, p->layout, p->rank / U, R, U, p->sk, p->runs_k,
+                                 &p->nruns));
+    p->gq = p->gk = 0;
+    for (int i = 0; i < p->nruns; i++) {
+        p->gq += p->runs_q[i].len;
+        p->gk += p->runs_k[i].len;
+    }
+done:
+    return st;
+}
+
 static aj_status plan_call(uly_plan *p, aj_ctx *ctx, aj_device *dev, aj_comm *comm,
                            const aj_op *op, aj_kind kind, aj_shard_layout layout,
-                           int32_t ulysses_size, const aj_tensor *q, const aj_tensor *k,
-                           const aj_tensor *v, const aj_side_tensor *side, int32_t num_side,
-                           const int32_t *cu_q, const int32_t *cu_k, int32_t batch,
-                           aj_ring_stats *stats)
+                           aj_cp_method method, int32_t ulysses_size, aj_ring_rotate rotate,
+                           const aj_tensor *q, const aj_tensor *k, const aj_tensor *v,
+                           const aj_side_tensor *side, int32_t num_side, const int32_t *cu_q,
+                           const int32_t *cu_k, int32_t batch, aj_ring_stats *stats)
 {
     aj_status st = aj_cp_check_call(ctx, p->fn, dev, comm, op, kind, layout, q, k, v, &p->op,
                                     &p->prog, &p->sh);
@@ -119,34 +170,54 @@ static aj_status plan_call(uly_plan *p, aj_ctx *ctx, aj_device *dev, aj_comm *co
     p->size = comm->size;
     p->stats = stats;
     p->elem = dtype_size(p->op.dtype);
+    p->method = method;
     const aj_cp_shapes *sh = &p->sh;
-    AJ_CHECK_ARG(ctx, ulysses_size == 0 || ulysses_size == p->size,
-                 "%s: ulysses_size = %d over %d ranks; method = ulysses spans every rank "
-                 "(0 or %d)", p->fn, (int)ulysses_size, p->size, p->size);
-    if (sh->Hkv % p->size != 0)
-        return aj_fail(ctx, AJ_ERR_INVALID_ARG, "%s: method = ulysses over %d ranks needs "
-                       "the key/value heads (%lld) to divide by %d: each rank computes "
-                       "H_kv / P of them with their query heads; use method = ring", p->fn,
-                       p->size, (long long)sh->Hkv, p->size);
+    const char *name = method_names[method];
+    if (method == AJ_METHOD_ULYSSES) {
+        AJ_CHECK_ARG(ctx, ulysses_size == 0 || ulysses_size == p->size,
+                     "%s: ulysses_size = %d over %d ranks; method = ulysses spans every rank "
+                     "(0 or %d)", p->fn, (int)ulysses_size, p->size, p->size);
+        p->members = p->size;
+    } else {
+        AJ_CHECK_ARG(ctx, ulysses_size >= 1 && ulysses_size <= p->size &&
+                              p->size % ulysses_size == 0,
+                     "%s: ulysses_size = %d over %d ranks; method = hybrid takes the size U "
+                     "of its Ulysses groups, from 1 to P, dividing P", p->fn,
+                     (int)ulysses_size, p->size);
+        AJ_CHECK_ARG(ctx, (unsigned)rotate < AJ_ROTATE_COUNT,
+                     "%s: rotate = %d is not a rotate method", p->fn, (int)rotate);
+        p->members = ulysses_size;
+    }
+    if (sh->Hkv % p->members != 0)
+        return aj_fail(ctx, AJ_ERR_INVALID_ARG, "%s: method = %s over %d ranks needs the "
+                       "key/value heads (%lld) to divide by %d: each rank computes H_kv / %s "
+                       "of them with their query heads; use method = ring", p->fn, name,
+                       p->size, (long long)sh->Hkv, p->members,
+                       method == AJ_METHOD_ULYSSES ? "P" : "U");
     if (p->op.dropout > 0)
-        return aj_fail(ctx, AJ_ERR_UNSUPPORTED, "%s: dropout = %g with method = ulysses: the "
+        return aj_fail(ctx, AJ_ERR_UNSUPPORTED, "%s: dropout = %g with method = %s: the "
                        "Philox counter holds the global head (b Hq + h) and the kernels "
                        "run on a rank's heads from 0; use method = ring", p->fn,
-                       p->op.dropout);
+                       p->op.dropout, name);
     if (aj_cp_reads(&p->op, &p->prog, AJ_VAR_H))
         return aj_fail(ctx, AJ_ERR_UNSUPPORTED, "%s: the op's expressions read the head h: "
-                       "method = ulysses runs each rank's heads from 0; use method = ring",
-                       p->fn);
+                       "method = %s runs each rank's heads from 0; use method = ring",
+                       p->fn, name);
     AJ_TRY(aj_side_check_names(ctx, p->fn, &p->op, side, num_side));
-    p->hq = sh->Hq / p->size;
-    p->hkv = sh->Hkv / p->size;
+    if (sh->varlen && method == AJ_METHOD_HYBRID)
+        return aj_fail(ctx, AJ_ERR_UNSUPPORTED, "%s: packed documents (layout = varlen) with "
+                       "method = hybrid are not supported yet; use method = ring or ulysses",
+                       p->fn);
+    p->hq = sh->Hq / p->members;
+    p->hkv = sh->Hkv / p->members;
     if (sh->varlen)
         AJ_TRY(aj_cp_read_docs(ctx, p->fn, dev, cu_q, cu_k, batch, &p->docs));
 
     /* the opening agreement also gathers every rank's lengths */
-    const int64_t mine[ULY_FIELDS] = {AJ_METHOD_ULYSSES, p->op.kind, sh->B, sh->Hq, sh->Hkv,
-                                      sh->lq, sh->lk, sh->D, sh->Dv, layout, p->size,
-                                      side_digest(&p->op, side, num_side), p->docs.digest};
+    const int64_t mine[ULY_FIELDS] = {method, p->op.kind, sh->B, sh->Hq, sh->Hkv,
+                                      sh->lq, sh->lk, sh->D, sh->Dv, layout, p->members,
+                                      side_digest(&p->op, side, num_side),
+                                      method == AJ_METHOD_HYBRID ? rotate : 0, p->docs.digest};
     int64_t *all = calloc((size_t)p->size * ULY_FIELDS, sizeof *all);
     p->len_q = calloc(2 * (size_t)p->size, sizeof *p->len_q);
     if (!all || !p->len_q) {
@@ -169,6 +240,8 @@ static aj_status plan_call(uly_plan *p, aj_ctx *ctx, aj_device *dev, aj_comm *co
                      "positions in all; cu_seqlens_q[%d] = %d and cu_seqlens_k[%d] = %d", p->fn,
                      (long long)p->sq, (long long)p->sk, (int)batch, (int)p->docs.cu_q[batch],
                      (int)batch, (int)p->docs.cu_k[batch]);
+    if (st == AJ_OK)
+        st = plan_group(p);
 done:
     return st;
 }
@@ -210,12 +283,12 @@ static size_t row_bytes(const uly_tensor *t, int64_t len)
     return (size_t)(len * t->W) * t->elem;
 }
 
-/* Between the sequence shard's heads of rank `peer` and a packed block
- * [B, H/P, l_rank, W] at buf (either way); returns the bytes. */
+/* Between the sequence shard's heads of group member `peer` and a packed
+ * block [B, H/U, l_rank, W] at buf (either way); returns the bytes. */
 static size_t seq_block(const uly_plan *p, const uly_tensor *t, int peer, char *buf,
                         int into_buf)
 {
-    const int64_t h = t->H / p->size, l = lengths_of(p, t)[p->rank];
+    const int64_t h = t->H / p->members, l = lengths_of(p, t)[p->rank];
     if (t->packed) {   /* position i's heads of peer: h W elements from (i H + peer h) W */
         const size_t part = row_bytes(t, h), pos = row_bytes(t, t->H);
         for (int64_t i = 0; i < l; i++) {
@@ -235,20 +308,33 @@ static size_t seq_block(const uly_plan *p, const uly_tensor *t, int peer, char *
     return (size_t)(p->sh.B * h) * row;
 }
 
-/* Between the head shard's positions of rank `peer` and a packed block
- * [B, H/P, l_peer, W] at buf (either way); returns the bytes. */
+/* Where global position `pos` sits among the group's positions. */
+static int64_t group_local(const aj_shard_chunk *runs, int n, int64_t pos)
+{
+    for (int i = 0; i < n; i++)
+        if (pos >= runs[i].global && pos < runs[i].global + runs[i].len)
+            return runs[i].local + pos - runs[i].global;
+    return -1;
+}
+
+/* Between the head shard's positions of group member `peer` and a packed
+ * block [B, H/U, l_peer, W] at buf (either way); returns the bytes. */
 static size_t heads_block(const uly_plan *p, const uly_tensor *t, int peer, char *buf,
                           int into_buf)
 {
-    const int64_t h = t->H / p->size, seq = t->keys ? p->sk : p->sq;
-    const int64_t l = lengths_of(p, t)[peer];
+    const int64_t h = t->H / p->members, seq = t->keys ? p->sk : p->sq;
+    const int64_t g = t->keys ? p->gk : p->gq;
+    const aj_shard_chunk *runs = t->keys ? p->runs_k : p->runs_q;
+    const int64_t l = lengths_of(p, t)[p->first + peer];
     aj_shard_chunk c[2];
     int n = 0;
-    aj_shard_chunks_any(p->ctx, p->fn, p->layout, peer, p->size, seq, c, &n);
-    if (t->packed) {   /* [S, H/P, W]: a chunk's positions are one run */
+    aj_shard_chunks_any(p->ctx, p->fn, p->layout, p->first + peer, p->size, seq, c, &n);
+    if (t->packed) {   /* [L_g, H/U, W]: a chunk's positions are one run */
         const size_t pos = row_bytes(t, h);
         for (int j = 0; j < n; j++) {
-            char *x = (char *)t->heads + (size_t)c[j].global * pos;
+            if (c[j].len == 0)
+                continue;
+            char *x = (char *)t->heads + (size_t)group_local(runs, p->nruns, c[j].global) * pos;
             char *y = buf + (size_t)c[j].local * pos;
             memcpy(into_buf ? y : x, into_buf ? x : y, (size_t)c[j].len * pos);
         }
@@ -257,7 +343,10 @@ static size_t heads_block(const uly_plan *p, const uly_tensor *t, int peer, char
     const size_t pos = row_bytes(t, 1);
     for (int64_t bi = 0; bi < p->sh.B * h; bi++)
         for (int j = 0; j < n; j++) {
-            char *x = (char *)t->heads + ((size_t)(bi * seq + c[j].global)) * pos;
+            if (c[j].len == 0)
+                continue;
+            const int64_t at = group_local(runs, p->nruns, c[j].global);
+            char *x = (char *)t->heads + ((size_t)(bi * g + at)) * pos;
             char *y = buf + ((size_t)(bi * l + c[j].local)) * pos;
             memcpy(into_buf ? y : x, into_buf ? x : y, (size_t)c[j].len * pos);
         }
@@ -268,7 +357,7 @@ static size_t heads_block(const uly_plan *p, const uly_tensor *t, int peer, char
  * or back.  The block for a peer holds each tensor's part in turn. */
 static aj_status alltoall(uly_plan *p, const uly_tensor *ts, int n, int to_heads)
 {
-    const int P = p->size;
+    const int P = p->members;
     size_t *counts = calloc(4 * (size_t)P, sizeof *counts);
     if (!counts)
         return aj_fail(p->ctx, AJ_ERR_OUT_OF_MEMORY, "%s: out of memory", p->fn);
@@ -278,7 +367,7 @@ static aj_status alltoall(uly_plan *p, const uly_tensor *ts, int n, int to_heads
         for (int i = 0; i < n; i++) {
             const int64_t h = ts[i].H / P;
             const int64_t mine = lengths_of(p, &ts[i])[p->rank];
-            const int64_t theirs = lengths_of(p, &ts[i])[peer];
+            const int64_t theirs = lengths_of(p, &ts[i])[p->first + peer];
             const size_t out = (size_t)(p->sh.B * h) * row_bytes(&ts[i], to_heads ? mine
                                                                                    : theirs);
             const size_t in = (size_t)(p->sh.B * h) * row_bytes(&ts[i], to_heads ? theirs
@@ -308,9 +397,9 @@ static aj_status alltoall(uly_plan *p, const uly_tensor *ts, int n, int to_heads
     if (P > 1) {
         const double t0 = aj_now();
         st = aj_cp_collective_status(p->ctx, p->fn,
-                                     p->comm->engine->alltoallv(p->comm, send, send_bytes,
-                                                                send_off, recv, recv_bytes,
-                                                                recv_off));
+                                     p->a2a->engine->alltoallv(p->a2a, send, send_bytes,
+                                                              send_off, recv, recv_bytes,
+                                                              recv_off));
         const double t = aj_now() - t0;
         p->stats->comm_s += t;
         p->stats->exposed_comm_s += t;
@@ -367,8 +456,8 @@ static size_t seq_bytes(const uly_plan *p, const uly_tensor *t)
 
 static size_t heads_bytes(const uly_plan *p, const uly_tensor *t)
 {
-    const int64_t s = t->keys ? p->sk : p->sq;
-    return (size_t)(p->sh.B * (t->H / p->size) * s * t->W) * t->elem;
+    const int64_t g = t->keys ? p->gk : p->gq;
+    return (size_t)(p->sh.B * (t->H / p->members) * g * t->W) * t->elem;
 }
 
 static aj_status compile(uly_call *c, const aj_op *op)
@@ -390,7 +479,8 @@ static aj_status begin(uly_call *c, const aj_op *op, const uly_io *io, int n, in
     aj_status st = AJ_OK;
     c->n = n;
     c->n_in = n_in;
-    AJ_TRY(compile(c, op));
+    if (!p->across)   /* hybrid: the ring compiles its own */
+        AJ_TRY(compile(c, op));
     AJ_TRY(aj_device_stream_create(p->dev, &p->stream));
     for (int i = 0; i < n; i++) {
         uly_tensor *t = &c->t[i];
@@ -411,7 +501,8 @@ static aj_status begin(uly_call *c, const aj_op *op, const uly_io *io, int n, in
         if (i < n_in)
             AJ_TRY(copy(p, c->mem[i], t->heads, bytes, 1));
         c->view[i] = aj_cp_rows(c->mem[i], io[i].f32 ? AJ_DTYPE_F32 : p->op.dtype, &p->sh,
-                                t->H / p->size, t->keys ? p->sk : p->sq, io[i].f32 ? 0 : t->W);
+                                t->H / p->members, t->keys ? p->gk : p->gq,
+                                io[i].f32 ? 0 : t->W);
     }
     c->launched = aj_now();
 done:
@@ -428,7 +519,7 @@ static aj_status end(uly_call *c, int launched)
     for (int i = c->n_in; i < c->n && launched; i++)
         AJ_TRY(copy(p, c->t[i].heads, c->mem[i], heads_bytes(p, &c->t[i]), 0));
     AJ_TRY(wait_dev(p, "the kernel"));
-    if (launched) {
+    if (launched && !p->across) {
         c->stats.compute_s += aj_now() - c->launched;
         c->stats.launches++;
         if (aj_score_has_mask(&p->prog))
@@ -468,34 +559,25 @@ static aj_tensor slice_slopes(const uly_plan *p, const aj_tensor *slopes)
 {
     aj_tensor s = *slopes;
     if (p->op.score_mod == AJ_SCORE_MOD_ALIBI && s.data && s.rank == 1) {
-        s.data = (char *)s.data + (size_t)(p->rank * p->hq * s.strides[0]) * 4;
+        s.data = (char *)s.data + (size_t)((p->rank - p->first) * p->hq * s.strides[0]) * 4;
         s.shape[0] = p->hq;
     }
     return s;
 }
 
-/* The launch fields aj_fwd_args and aj_bwd_args share, for the call c
- * (plan p) with arguments a (aj_ring_fwd_args or aj_ring_bwd_args): the
- * head shards of q, k and v (tensors 0, 1, 2 of either direction), this
- * rank's alibi slopes, the side tensors, the stream and, layout = varlen,
- * the caller's whole batch of documents. */
-#define SET_LAUNCH(l, c, p, a)                                      \
-    do {                                                            \
-        (l).q = (c)->view[0];                                       \
-        (l).k = (c)->view[1];                                       \
-        (l).v = (c)->view[2];                                       \
-        (l).alibi_slopes = slice_slopes(p, &(a)->alibi_slopes);     \
-        (l).side = (a)->side;                                       \
-        (l).num_side = (a)->num_side;                               \
-        (l).stream = (p)->stream;                                   \
-        if ((p)->sh.varlen) {                                       \
-            (l).cu_seqlens_q = (a)->cu_seqlens_q;                   \
-            (l).cu_seqlens_k = (a)->cu_seqlens_k;                   \
-            (l).batch = (p)->docs.batch;                            \
-            (l).max_seqlen_q = (p)->docs.max_q;                     \
-            (l).max_seqlen_k = (p)->docs.max_k;                     \
-        }                                                           \
-    } while (0)
+/* hybrid: what the ring across the groups did, added to the call's. */
+static void add_ring_stats(aj_ring_stats *to, const aj_ring_stats *ring)
+{
+    to->rotations += ring->rotations;
+    to->launches += ring->launches;
+    to->full_blocks += ring->full_blocks;
+    to->partial_blocks += ring->partial_blocks;
+    to->skipped_blocks += ring->skipped_blocks;
+    to->compile_s += ring->compile_s;
+    to->compute_s += ring->compute_s;
+    to->comm_s += ring->comm_s;
+    to->exposed_comm_s += ring->exposed_comm_s;
+}
 
 /* The launch's tile classes (aj_ring_fwd_args.launch_tiles). */
 static aj_status count_tiles(const uly_plan *p, const aj_op *op, const aj_kernel *kernel,
@@ -509,10 +591,55 @@ static aj_status count_tiles(const uly_plan *p, const aj_op *op, const aj_kernel
     return st;
 }
 
+/* hybrid: the ring across the groups over the head shards (fwd or bwd
+ * args), once their copies to the device are done. */
+static aj_status ring_across(uly_call *c, const aj_op *op, const aj_ring_fwd_args *fwd,
+                             const aj_ring_bwd_args *bwd)
+{
+    uly_plan *p = &c->p;
+    const aj_ring_group group = {p->members, p->sq, p->sk};
+    aj_ring_stats ring = {0};
+    aj_status st = wait_dev(p, "copying the head shards to the device");
+    if (st == AJ_OK)
+        st = fwd ? aj_ring_forward_group(p->ctx, p->dev, p->across, op, fwd, &group, &ring)
+                 : aj_ring_backward_group(p->ctx, p->dev, p->across, op, bwd, &group, &ring);
+    add_ring_stats(&c->stats, &ring);
+    return st;
+}
+
+/* The kernel launch's fields aj_fwd_args and aj_bwd_args share besides
+ * the views (plan p, arguments a: aj_ring_fwd_args or aj_ring_bwd_args):
+ * the side tensors, the stream and, layout = varlen, the caller's whole
+ * batch of documents. */
+#define SET_LAUNCH(l, p, a)                                         \
+    do {                                                            \
+        (l).side = (a)->side;                                       \
+        (l).num_side = (a)->num_side;                               \
+        (l).stream = (p)->stream;                                   \
+        if ((p)->sh.varlen) {                                       \
+            (l).cu_seqlens_q = (a)->cu_seqlens_q;                   \
+            (l).cu_seqlens_k = (a)->cu_seqlens_k;                   \
+            (l).batch = (p)->docs.batch;                            \
+            (l).max_seqlen_q = (p)->docs.max_q;                     \
+            (l).max_seqlen_k = (p)->docs.max_k;                     \
+        }                                                           \
+    } while (0)
+
 /* ---------------------------------------------------------------- forward */
 
 enum { FWD_Q, FWD_K, FWD_V, FWD_O, FWD_LSE, FWD_COUNT };
-static_assert(FWD_Q == 0 && FWD_K == 1 && FWD_V == 2, "SET_LAUNCH's q, k, v");
+
+/* The head shards as the forward kernel's (aj_fwd_args) or the hybrid's
+ * ring's (aj_ring_fwd_args) tensors, with the rank's alibi slopes. */
+#define SET_FWD_VIEWS(x, c, slopes)                      \
+    do {                                                 \
+        (x).q = (c).view[FWD_Q];                         \
+        (x).k = (c).view[FWD_K];                         \
+        (x).v = (c).view[FWD_V];                         \
+        (x).o = (c).view[FWD_O];                         \
+        (x).lse = (c).view[FWD_LSE];                     \
+        (x).alibi_slopes = slice_slopes(&(c).p, slopes); \
+    } while (0)
 
 aj_status aj_ulysses_forward(aj_ctx *ctx, aj_device *dev, aj_comm *comm, const aj_op *op,
                              const aj_ring_fwd_args *a, aj_ring_stats *stats)
@@ -520,9 +647,9 @@ aj_status aj_ulysses_forward(aj_ctx *ctx, aj_device *dev, aj_comm *comm, const a
     uly_call c = {.p = {.fn = "aj_ring_forward"}, .start = aj_now()};
     uly_plan *p = &c.p;
     aj_status st = AJ_OK;
-    AJ_TRY(plan_call(p, ctx, dev, comm, op, AJ_KIND_FORWARD, a->layout, a->ulysses_size, &a->q,
-                     &a->k, &a->v, a->side, a->num_side, a->cu_seqlens_q, a->cu_seqlens_k,
-                     a->batch, &c.stats));
+    AJ_TRY(plan_call(p, ctx, dev, comm, op, AJ_KIND_FORWARD, a->layout, a->method,
+                     a->ulysses_size, a->rotate, &a->q, &a->k, &a->v, a->side, a->num_side,
+                     a->cu_seqlens_q, a->cu_seqlens_k, a->batch, &c.stats));
     const aj_cp_shapes *sh = &p->sh;
     AJ_TRY(aj_cp_check_fwd_outputs(ctx, p->fn, p->op.dtype, sh, &a->o, &a->lse));
     const uly_io io[FWD_COUNT] = {
@@ -533,16 +660,19 @@ aj_status aj_ulysses_forward(aj_ctx *ctx, aj_device *dev, aj_comm *comm, const a
         [FWD_LSE] = {sh->Hq, 1, 1, 0, NULL, &a->lse},
     };
     AJ_TRY(begin(&c, op, io, FWD_COUNT, FWD_O));
-    if (p->sq > 0) {
+    if (p->across) {
+        aj_ring_fwd_args r = *a;
+        SET_FWD_VIEWS(r, c, &a->alibi_slopes);
+        AJ_TRY(ring_across(&c, op, &r, NULL));
+    } else if (p->sq > 0) {
         aj_fwd_args f = AJ_FWD_ARGS_INIT;
-        SET_LAUNCH(f, &c, p, a);
-        f.o = c.view[FWD_O];
-        f.lse = c.view[FWD_LSE];
+        SET_FWD_VIEWS(f, c, &a->alibi_slopes);
+        SET_LAUNCH(f, p, a);
         AJ_TRY(aj_forward(ctx, dev, c.kernel, &f));
         if (a->launch_tiles && a->launch_tiles_cap > 0)
             AJ_TRY(count_tiles(p, op, c.kernel, &f, &a->launch_tiles[0]));
     }
-    AJ_TRY(end(&c, p->sq > 0));
+    AJ_TRY(end(&c, p->across || p->sq > 0));
 done:
     return finish(&c, dev, st, stats);
 }
@@ -550,7 +680,21 @@ done:
 /* ---------------------------------------------------------------- backward */
 
 enum { BWD_Q, BWD_K, BWD_V, BWD_O, BWD_DO, BWD_LSE, BWD_DQ, BWD_DK, BWD_DV, BWD_COUNT };
-static_assert(BWD_Q == 0 && BWD_K == 1 && BWD_V == 2, "SET_LAUNCH's q, k, v");
+
+/* The same for the backward (aj_bwd_args, aj_ring_bwd_args). */
+#define SET_BWD_VIEWS(x, c, slopes)                      \
+    do {                                                 \
+        (x).q = (c).view[BWD_Q];                         \
+        (x).k = (c).view[BWD_K];                         \
+        (x).v = (c).view[BWD_V];                         \
+        (x).o = (c).view[BWD_O];                         \
+        (x).do_ = (c).view[BWD_DO];                      \
+        (x).lse = (c).view[BWD_LSE];                     \
+        (x).dq = (c).view[BWD_DQ];                       \
+        (x).dk = (c).view[BWD_DK];                       \
+        (x).dv = (c).view[BWD_DV];                       \
+        (x).alibi_slopes = slice_slopes(&(c).p, slopes); \
+    } while (0)
 
 aj_status aj_ulysses_backward(aj_ctx *ctx, aj_device *dev, aj_comm *comm, const aj_op *op,
                               const aj_ring_bwd_args *a, aj_ring_stats *stats)
@@ -558,9 +702,9 @@ aj_status aj_ulysses_backward(aj_ctx *ctx, aj_device *dev, aj_comm *comm, const 
     uly_call c = {.p = {.fn = "aj_ring_backward"}, .start = aj_now()};
     uly_plan *p = &c.p;
     aj_status st = AJ_OK;
-    AJ_TRY(plan_call(p, ctx, dev, comm, op, AJ_KIND_BACKWARD, a->layout, a->ulysses_size,
-                     &a->q, &a->k, &a->v, a->side, a->num_side, a->cu_seqlens_q,
-                     a->cu_seqlens_k, a->batch, &c.stats));
+    AJ_TRY(plan_call(p, ctx, dev, comm, op, AJ_KIND_BACKWARD, a->layout, a->method,
+                     a->ulysses_size, a->rotate, &a->q, &a->k, &a->v, a->side, a->num_side,
+                     a->cu_seqlens_q, a->cu_seqlens_k, a->batch, &c.stats));
     const aj_cp_shapes *sh = &p->sh;
     AJ_TRY(aj_cp_check_bwd_outputs(ctx, p->fn, p->op.dtype, sh, &a->o, &a->do_, &a->lse, &a->dq,
                                    &a->dk, &a->dv));
@@ -577,18 +721,17 @@ aj_status aj_ulysses_backward(aj_ctx *ctx, aj_device *dev, aj_comm *comm, const 
     };
     AJ_TRY(begin(&c, op, io, BWD_COUNT, BWD_DQ));
     const int launch = p->sq > 0 && p->sk > 0;   /* else every gradient is 0 */
-    if (launch) {
+    if (p->across) {
+        aj_ring_bwd_args r = *a;
+        SET_BWD_VIEWS(r, c, &a->alibi_slopes);
+        AJ_TRY(ring_across(&c, op, NULL, &r));
+    } else if (launch) {
         aj_bwd_args b = AJ_BWD_ARGS_INIT;
-        SET_LAUNCH(b, &c, p, a);
-        b.o = c.view[BWD_O];
-        b.do_ = c.view[BWD_DO];
-        b.lse = c.view[BWD_LSE];
-        b.dq = c.view[BWD_DQ];
-        b.dk = c.view[BWD_DK];
-        b.dv = c.view[BWD_DV];
+        SET_BWD_VIEWS(b, c, &a->alibi_slopes);
+        SET_LAUNCH(b, p, a);
         AJ_TRY(aj_backward(ctx, dev, c.kernel, &b));
     }
-    AJ_TRY(end(&c, launch));
+    AJ_TRY(end(&c, p->across || launch));
 done:
     return finish(&c, dev, st, stats);
 }

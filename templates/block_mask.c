@@ -2,22 +2,29 @@
  * block_mask.c -- the kernel that builds a block mask (attnjit.h,
  * aj_block_mask; runtime/block_mask.c launches it): the class of every
  * block_m x block_n tile of a launch, on the launch's device, by
- * templates/score.h's one rule.  The band and the interval arithmetic
- * class a tile first (aj_score_tile_class, the code the attention kernels
- * run when no mask is bound); where they say partial, the tile's
- * elements decide (aj_score_visible, the kernels' per-element test), so
- * the classes are exact.
+ * templates/score.h's one rule, and the lists of non-skip tiles the
+ * attention kernels walk (score.h, aj_score_walk_*).  The band and the
+ * interval arithmetic class a tile first (aj_score_tile_class, the code
+ * the attention kernels run when no mask is bound); where they say
+ * partial, the tile's elements decide (aj_score_visible, the kernels'
+ * per-element test), so the classes are exact.  Three stages, each over
+ * the planes (pb, ph) (a plane per batch index, head, only where the
+ * mask reads b, h: aj_score_prog.mask_reads_b, _h):
  *
- *   grid  = (ceil(Sq / block_m), planes_h, planes_b)     block = T threads
+ *   hulls    grid (cols, ...)  key block n: the intervals of the rest's
+ *                              nodes that read k only (doc[b, k]'s hull),
+ *                              once, into the plane's hull slots
+ *   classes  grid (rows, ...)  row block m: the row's hulls, then its
+ *                              tiles in turn over T threads
+ *                                 col  0   1  ...  T   T+1 ...
+ *                                 thread t0  t1 ...  t0  t1  ...
+ *                              reading the key blocks' hulls; after a
+ *                              barrier thread 0 lists the non-skip ones
+ *   columns  grid (cols, ...)  key block n: thread 0 lists its non-skip
+ *                              tiles over the row blocks (dK/dV's walk)
  *
- *   CTA (r, ph, pb): row block r of plane (pb, ph)
- *          col  0    1    2   ...  T   T+1  ...
- *   thread      t0   t1   t2  ...  t0  t1   ...   one tile each, in turn
- *
- * A plane per batch index (head) only where the mask reads b (h)
- * (aj_score_prog.mask_reads_b, _h); the classes are i32 aj_tile_class at
- * block_mask + pb stride_b + ph stride_h + r stride_m + c.  The tile is
- * the op's schedule (block_m, block_n): runtime/block_mask.c compiles
+ * The plane's layout is score.h's (aj_score_mask_plane_size); the tile
+ * is the op's schedule (block_m, block_n): runtime/block_mask.c compiles
  * the op with the tile of the kernel the mask is for.
  */
 #include "templates/score.h"
@@ -67,10 +74,208 @@ static LLVMValueRef tile_by_elements(aj_score *s, LLVMValueRef i0, LLVMValueRef 
     return LLVMBuildSelect(b, aj_kb_get(kb, any), cls, aj_kb_i32(kb, AJ_TILE_SKIP), "");
 }
 
+/* What every stage of the builder knows of its work item. */
+typedef struct bmask {
+    aj_kb *kb;
+    const aj_op *op;
+    aj_score s;
+    int bm, bn, threads;
+    LLVMValueRef item[3], tid;
+    LLVMValueRef seq_q, seq_k, rows, cols;   /* i32 */
+    LLVMValueRef plane;                      /* i64: the (b, h) plane's first i32 */
+} bmask;
+
+static void stage_begin(bmask *m, aj_kb *kb, const aj_op *op, const aj_score_prog *prog,
+                        const aj_score_prog *by_intervals, const char *name)
+{
+    LLVMBuilderRef b = kb->b;
+    m->kb = kb;
+    m->op = op;
+    m->bm = op->schedule.block_m;
+    m->bn = op->schedule.block_n;
+    const int cpu = kb->target == AJ_TARGET_CPU;
+    m->threads = cpu ? 1 : BUILD_THREADS;
+    aj_params_declare(kb, AJ_KSIG_BLOCK_MASK, op, prog);
+    aj_kb_begin_stage(kb, name, m->threads);
+    m->tid = aj_kb_i32(kb, 0);
+    for (int d = 0; d < 3; d++)
+        m->item[d] = cpu ? LLVMBuildLoad2(b, kb->t_i32,
+                                          LLVMBuildGEP2(b, kb->t_i32, kb->work_item,
+                                                        (LLVMValueRef[]){aj_kb_i32(kb, d)}, 1,
+                                                        ""), "")
+                         : aj_kb_block_id(kb, d);
+    if (!cpu)
+        m->tid = aj_kb_thread_id(kb);
+    m->seq_q = aj_kb_param(kb, "seq_q");
+    m->seq_k = aj_kb_param(kb, "seq_k");
+    m->rows = LLVMBuildSDiv(b, LLVMBuildAdd(b, m->seq_q, aj_kb_i32(kb, m->bm - 1), ""),
+                            aj_kb_i32(kb, m->bm), "rows");
+    m->cols = LLVMBuildSDiv(b, LLVMBuildAdd(b, m->seq_k, aj_kb_i32(kb, m->bn - 1), ""),
+                            aj_kb_i32(kb, m->bn), "cols");
+    aj_score_begin(&m->s, kb, by_intervals, 0, m->item[2], m->item[1],
+                   aj_kb_param(kb, "q_offset"), aj_kb_param(kb, "kv_offset"),
+                   prog->reads_totals ? aj_kb_param(kb, "seq_q_total") : NULL,
+                   prog->reads_totals ? aj_kb_param(kb, "seq_k_total") : NULL);
+    m->plane = LLVMBuildAdd(
+        b, LLVMBuildMul(b, LLVMBuildSExt(b, m->item[2], kb->t_i64, ""),
+                        aj_kb_param(kb, "block_mask_stride_b"), ""),
+        LLVMBuildMul(b, LLVMBuildSExt(b, m->item[1], kb->t_i64, ""),
+                     aj_kb_param(kb, "block_mask_stride_h"), ""), "plane");
+}
+
+static void stage_end(bmask *m, aj_extent along, int tile, const aj_score_prog *prog)
+{
+    const aj_kernel_layout layout = {
+        .grid = {{along, tile},
+                 {prog->mask_reads_h ? AJ_EXTENT_HEADS_Q : AJ_EXTENT_ONE, 1},
+                 {prog->mask_reads_b ? AJ_EXTENT_BATCH : AJ_EXTENT_ONE, 1}},
+        .schedule = {m->bm, m->bn, 1, 1},
+    };
+    aj_kb_finish(m->kb, &layout);
+}
+
+static LLVMValueRef i64v(bmask *m, LLVMValueRef v)
+{
+    return LLVMBuildSExt(m->kb->b, v, m->kb->t_i64, "");
+}
+
+/* Block `index` of `size` along a dimension of length `len`: [*lo, *hi]. */
+static void block_of(bmask *m, LLVMValueRef index, int size, LLVMValueRef len, LLVMValueRef *lo,
+                     LLVMValueRef *hi)
+{
+    LLVMBuilderRef b = m->kb->b;
+    *lo = LLVMBuildMul(b, index, aj_kb_i32(m->kb, size), "");
+    *hi = LLVMBuildSub(b, aj_kb_smin(m->kb, LLVMBuildAdd(b, *lo, aj_kb_i32(m->kb, size), ""), len),
+                       aj_kb_i32(m->kb, 1), "");
+}
+
+/* The i32 at element `at` of the mask. */
+static LLVMValueRef mask_at(bmask *m, LLVMValueRef at)
+{
+    return aj_kb_gptr_offset(m->kb, aj_kb_param(m->kb, "block_mask"),
+                             LLVMBuildShl(m->kb->b, at, aj_kb_i64(m->kb, 2), ""));
+}
+
+/* Where key block c's hulls start, as an i64 element index. */
+static LLVMValueRef hulls_of(bmask *m, LLVMValueRef c, int slots)
+{
+    LLVMBuilderRef b = m->kb->b;
+    LLVMValueRef rows = i64v(m, m->rows), cols = i64v(m, m->cols);
+    LLVMValueRef lists = LLVMBuildAdd(b, LLVMBuildMul(b, aj_kb_i64(m->kb, 3),
+                                                      LLVMBuildMul(b, rows, cols, ""), ""),
+                                      LLVMBuildAdd(b, rows, cols, ""), "");
+    lists = LLVMBuildAnd(b, LLVMBuildAdd(b, lists, aj_kb_i64(m->kb, 1), ""),
+                         aj_kb_i64(m->kb, -2), "");
+    LLVMValueRef at = LLVMBuildLShr(b, LLVMBuildAdd(b, m->plane, lists, ""), aj_kb_i64(m->kb, 1),
+                                    "");
+    return LLVMBuildAdd(b, at, LLVMBuildMul(b, i64v(m, c), aj_kb_i64(m->kb, 2 * slots), ""),
+                        "hulls");
+}
+
+/* Appends the non-skip tiles among count classes at `classes` + k * step,
+ * k rising, to the list at `list` (its count first): k << 2 | class. */
+static void compact(bmask *m, LLVMValueRef classes, LLVMValueRef step, LLVMValueRef count,
+                    LLVMValueRef list)
+{
+    aj_kb *kb = m->kb;
+    LLVMBuilderRef b = kb->b;
+    LLVMValueRef n = aj_kb_var(kb, kb->t_i32, aj_kb_i32(kb, 0), "listed");
+    LLVMValueRef k = aj_kb_for_begin(kb, aj_kb_i32(kb, 0), count, aj_kb_i32(kb, 1), "k");
+    LLVMValueRef cls = aj_kb_load(kb, kb->t_i32, mask_at(m, LLVMBuildAdd(b, classes,
+                                  LLVMBuildMul(b, i64v(m, k), step, ""), "")), 4);
+    aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntNE, cls, aj_kb_i32(kb, AJ_TILE_SKIP), ""));
+    LLVMValueRef at = LLVMBuildAdd(b, list, LLVMBuildAdd(b, i64v(m, aj_kb_get(kb, n)),
+                                                         aj_kb_i64(kb, 1), ""), "");
+    aj_kb_store(kb, LLVMBuildOr(b, LLVMBuildShl(b, k, aj_kb_i32(kb, 2), ""), cls, ""),
+                mask_at(m, at), 4);
+    aj_kb_set(kb, n, LLVMBuildAdd(b, aj_kb_get(kb, n), aj_kb_i32(kb, 1), ""));
+    aj_kb_if_end(kb);
+    aj_kb_for_end(kb);
+    aj_kb_store(kb, aj_kb_get(kb, n), mask_at(m, list), 4);
+}
+
+/* Stage "hulls", a CTA per key block: the intervals of the rest's nodes
+ * that read keys only (doc[b, k] over the block), once for every row
+ * block's tiles. */
+static void build_hulls(aj_kb *kb, const aj_op *op, const aj_score_prog *prog,
+                        const aj_score_prog *by_intervals)
+{
+    bmask m;
+    stage_begin(&m, kb, op, prog, by_intervals, "hulls");
+    LLVMBuilderRef b = kb->b;
+    aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntEQ, m.tid, aj_kb_i32(kb, 0), ""));
+    LLVMValueRef j0, j1;
+    block_of(&m, m.item[0], m.bn, m.seq_k, &j0, &j1);
+    aj_score_fix_cols(&m.s, j0, j1);
+    aj_score_save_cols(&m.s, hulls_of(&m, m.item[0], aj_score_col_slots(prog)));
+    aj_kb_if_end(kb);
+    stage_end(&m, AJ_EXTENT_SEQ_K, m.bn, prog);
+}
+
+/* Stage "classes", a CTA per row block: its tiles' classes, then its list. */
+static void build_classes(aj_kb *kb, const aj_op *op, const aj_score_prog *prog,
+                          const aj_score_prog *by_intervals)
+{
+    bmask m;
+    stage_begin(&m, kb, op, prog, by_intervals, "classes");
+    LLVMBuilderRef b = kb->b;
+    LLVMValueRef i0, i1;
+    block_of(&m, m.item[0], m.bm, m.seq_q, &i0, &i1);
+    /* the rows' side of the intervals (doc[b, q]'s hull) once for the row */
+    aj_score_fix_rows(&m.s, i0, i1);
+    LLVMValueRef row = LLVMBuildAdd(b, m.plane, LLVMBuildMul(b, i64v(&m, m.item[0]),
+                                    aj_kb_param(kb, "block_mask_stride_m"), ""), "row");
+    LLVMValueRef c = aj_kb_for_begin(kb, m.tid, m.cols, aj_kb_i32(kb, m.threads), "c");
+    {
+        LLVMValueRef j0, j1;
+        block_of(&m, c, m.bn, m.seq_k, &j0, &j1);
+        aj_score_load_cols(&m.s, hulls_of(&m, c, aj_score_col_slots(prog)));
+        LLVMValueRef cls = aj_kb_var(kb, kb->t_i32, aj_score_tile_class(&m.s, i0, i1, j0, j1),
+                                     "cls");
+        aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntEQ, aj_kb_get(kb, cls),
+                                         aj_kb_i32(kb, AJ_TILE_PARTIAL), ""));
+        aj_kb_set(kb, cls, tile_by_elements(&m.s, i0, i1, j0, j1));
+        aj_kb_if_end(kb);
+        aj_kb_store(kb, aj_kb_get(kb, cls), mask_at(&m, LLVMBuildAdd(b, row, i64v(&m, c), "")),
+                    4);
+    }
+    aj_kb_for_end(kb);
+    /* every thread's classes are in memory: one thread lists them */
+    if (m.threads > 1)
+        aj_kb_barrier(kb);
+    aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntEQ, m.tid, aj_kb_i32(kb, 0), ""));
+    LLVMValueRef rows = i64v(&m, m.rows), cols = i64v(&m, m.cols);
+    LLVMValueRef list = LLVMBuildAdd(b, LLVMBuildAdd(b, m.plane, LLVMBuildMul(b, rows, cols, ""), ""),
+                                     LLVMBuildMul(b, i64v(&m, m.item[0]),
+                                                  LLVMBuildAdd(b, cols, aj_kb_i64(kb, 1), ""), ""),
+                                     "row_list");
+    compact(&m, row, aj_kb_i64(kb, 1), m.cols, list);
+    aj_kb_if_end(kb);
+    stage_end(&m, AJ_EXTENT_SEQ_Q, m.bm, prog);
+}
+
+/* Stage "columns", a CTA per key block: its list over the row blocks. */
+static void build_columns(aj_kb *kb, const aj_op *op, const aj_score_prog *prog,
+                          const aj_score_prog *by_intervals)
+{
+    bmask m;
+    stage_begin(&m, kb, op, prog, by_intervals, "columns");
+    LLVMBuilderRef b = kb->b;
+    aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntEQ, m.tid, aj_kb_i32(kb, 0), ""));
+    LLVMValueRef rows = i64v(&m, m.rows), cols = i64v(&m, m.cols), one = aj_kb_i64(kb, 1);
+    LLVMValueRef col = LLVMBuildAdd(b, m.plane, i64v(&m, m.item[0]), "col");
+    LLVMValueRef list = LLVMBuildAdd(b, m.plane, LLVMBuildMul(b, rows, cols, ""), "");
+    list = LLVMBuildAdd(b, list, LLVMBuildMul(b, rows, LLVMBuildAdd(b, cols, one, ""), ""), "");
+    list = LLVMBuildAdd(b, list, LLVMBuildMul(b, i64v(&m, m.item[0]),
+                                              LLVMBuildAdd(b, rows, one, ""), ""), "col_list");
+    compact(&m, col, aj_kb_param(kb, "block_mask_stride_m"), m.rows, list);
+    aj_kb_if_end(kb);
+    stage_end(&m, AJ_EXTENT_SEQ_K, m.bn, prog);
+}
+
 static aj_status block_mask_build(aj_kb *kb, const aj_op *op, void *user)
 {
     (void)user;
-    LLVMBuilderRef b = kb->b;
     static _Thread_local aj_score_prog prog, by_intervals;
     aj_status st = aj_score_prog_init(kb->ctx, op, &prog);
     if (st != AJ_OK)
@@ -79,66 +284,9 @@ static aj_status block_mask_build(aj_kb *kb, const aj_op *op, void *user)
      * first class is the interval rule's */
     by_intervals = prog;
     by_intervals.block_mask = false;
-    const int bm = op->schedule.block_m, bn = op->schedule.block_n;
-    const int cpu = kb->target == AJ_TARGET_CPU;
-    const int threads = cpu ? 1 : BUILD_THREADS;
-    aj_params_declare(kb, AJ_KSIG_BLOCK_MASK, op, &prog);
-    aj_kb_begin(kb, threads);
-
-    LLVMValueRef item[3], tid = aj_kb_i32(kb, 0);
-    for (int d = 0; d < 3; d++)
-        item[d] = cpu ? LLVMBuildLoad2(b, kb->t_i32,
-                                       LLVMBuildGEP2(b, kb->t_i32, kb->work_item,
-                                                     (LLVMValueRef[]){aj_kb_i32(kb, d)}, 1, ""),
-                                       "")
-                      : aj_kb_block_id(kb, d);
-    if (!cpu)
-        tid = aj_kb_thread_id(kb);
-    LLVMValueRef seq_q = aj_kb_param(kb, "seq_q"), seq_k = aj_kb_param(kb, "seq_k");
-    aj_score s;
-    aj_score_begin(&s, kb, &by_intervals, 0, item[2], item[1], aj_kb_param(kb, "q_offset"),
-                   aj_kb_param(kb, "kv_offset"),
-                   prog.reads_totals ? aj_kb_param(kb, "seq_q_total") : NULL,
-                   prog.reads_totals ? aj_kb_param(kb, "seq_k_total") : NULL);
-    LLVMValueRef one = aj_kb_i32(kb, 1);
-    LLVMValueRef i0 = LLVMBuildMul(b, item[0], aj_kb_i32(kb, bm), "i0");
-    LLVMValueRef i1 = LLVMBuildSub(b, aj_kb_smin(kb, LLVMBuildAdd(b, i0, aj_kb_i32(kb, bm), ""),
-                                                 seq_q), one, "i1");
-    /* the rows' side of the intervals (doc[b, q]'s hull) once for the row */
-    aj_score_fix_rows(&s, i0, i1);
-    LLVMValueRef cols = LLVMBuildSDiv(b, LLVMBuildAdd(b, seq_k, aj_kb_i32(kb, bn - 1), ""),
-                                      aj_kb_i32(kb, bn), "cols");
-    LLVMValueRef row = LLVMBuildAdd(
-        b, LLVMBuildAdd(b, LLVMBuildMul(b, LLVMBuildSExt(b, item[2], kb->t_i64, ""),
-                                        aj_kb_param(kb, "block_mask_stride_b"), ""),
-                        LLVMBuildMul(b, LLVMBuildSExt(b, item[1], kb->t_i64, ""),
-                                     aj_kb_param(kb, "block_mask_stride_h"), ""), ""),
-        LLVMBuildMul(b, LLVMBuildSExt(b, item[0], kb->t_i64, ""),
-                     aj_kb_param(kb, "block_mask_stride_m"), ""), "row");
-    LLVMValueRef c = aj_kb_for_begin(kb, tid, cols, aj_kb_i32(kb, threads), "c");
-    {
-        LLVMValueRef j0 = LLVMBuildMul(b, c, aj_kb_i32(kb, bn), "j0");
-        LLVMValueRef j1 = LLVMBuildSub(
-            b, aj_kb_smin(kb, LLVMBuildAdd(b, j0, aj_kb_i32(kb, bn), ""), seq_k), one, "j1");
-        LLVMValueRef cls = aj_kb_var(kb, kb->t_i32, aj_score_tile_class(&s, i0, i1, j0, j1),
-                                     "cls");
-        aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntEQ, aj_kb_get(kb, cls),
-                                         aj_kb_i32(kb, AJ_TILE_PARTIAL), ""));
-        aj_kb_set(kb, cls, tile_by_elements(&s, i0, i1, j0, j1));
-        aj_kb_if_end(kb);
-        LLVMValueRef at = LLVMBuildAdd(b, row, LLVMBuildSExt(b, c, kb->t_i64, ""), "");
-        aj_kb_store(kb, aj_kb_get(kb, cls),
-                    aj_kb_gptr_offset(kb, aj_kb_param(kb, "block_mask"),
-                                      LLVMBuildShl(b, at, aj_kb_i64(kb, 2), "")), 4);
-    }
-    aj_kb_for_end(kb);
-    const aj_kernel_layout layout = {
-        .grid = {{AJ_EXTENT_SEQ_Q, bm},
-                 {prog.mask_reads_h ? AJ_EXTENT_HEADS_Q : AJ_EXTENT_ONE, 1},
-                 {prog.mask_reads_b ? AJ_EXTENT_BATCH : AJ_EXTENT_ONE, 1}},
-        .schedule = {bm, bn, 1, 1},
-    };
-    aj_kb_finish(kb, &layout);
+    build_hulls(kb, op, &prog, &by_intervals);
+    build_classes(kb, op, &prog, &by_intervals);
+    build_columns(kb, op, &prog, &by_intervals);
     return kb->st;
 }
 
@@ -150,5 +298,5 @@ const aj_template aj_template_block_mask = {
     .build = block_mask_build,
     .targets = (1u << AJ_TARGET_SM_80) | (1u << AJ_TARGET_SM_90) | (1u << AJ_TARGET_SM_90A) |
                (1u << AJ_TARGET_SIM) | (1u << AJ_TARGET_CPU),
-    .stage_sigs = {AJ_KSIG_BLOCK_MASK},
+    .stage_sigs = {AJ_KSIG_BLOCK_MASK, AJ_KSIG_BLOCK_MASK, AJ_KSIG_BLOCK_MASK},
 };

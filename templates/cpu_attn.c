@@ -532,16 +532,12 @@ void aj_cpu_row_blocks(aj_cpu_attn *a, int bm, LLVMValueRef j0, LLVMValueRef j1,
     aj_cpu_blocks(a->kb, bm, i_lo, i_hi, begin, end);
 }
 
-void aj_cpu_skip_begin(aj_cpu_attn *a, LLVMValueRef i0, LLVMValueRef rows, LLVMValueRef j0,
-                       LLVMValueRef keys)
+void aj_cpu_skip_begin(aj_cpu_attn *a, LLVMValueRef cls)
 {
     if (!a->tile_full)
         return;   /* no mask: every tile is full */
     aj_kb *kb = a->kb;
     LLVMBuilderRef b = kb->b;
-    LLVMValueRef one = i32c(kb, 1);
-    LLVMValueRef cls = aj_score_tile_class(&a->sc, i0, LLVMBuildSub(b, add(kb, i0, rows), one, ""),
-                                           j0, LLVMBuildSub(b, add(kb, j0, keys), one, ""));
     aj_kb_set(kb, a->tile_full, LLVMBuildICmp(b, LLVMIntEQ, cls, i32c(kb, AJ_TILE_FULL), ""));
     if (aj_score_has_rest(a->prog))   /* the band ranges hold no skip tile */
         aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntNE, cls, i32c(kb, AJ_TILE_SKIP), ""));

@@ -202,13 +202,12 @@ void aj_cpu_row_blocks(aj_cpu_attn *a, int bm, LLVMValueRef j0, LLVMValueRef j1,
 
 /* Tiles inside the band ranges may still hold no visible key where the
  * mask has more than its band (a document mask, a chunked one):
- * aj_cpu_skip_begin opens a block that runs only when rows [i0, i0 +
- * rows) x keys [j0, j0 + keys) (rows, keys >= 1) are not a skip tile
- * (a band-only mask has none: no block), and records whether the tile
- * is full (aj_cpu_scores then tests no element against the mask);
- * aj_cpu_skip_end closes it. */
-void aj_cpu_skip_begin(aj_cpu_attn *a, LLVMValueRef i0, LLVMValueRef rows, LLVMValueRef j0,
-                       LLVMValueRef keys);
+ * aj_cpu_skip_begin opens a block that runs only when the tile's class
+ * `cls` (aj_score_walk_tile's; NULL and no block for an op without a
+ * mask) is not skip (a band-only mask has none: no block), and records
+ * whether the tile is full (aj_cpu_scores then tests no element against
+ * the mask); aj_cpu_skip_end closes it. */
+void aj_cpu_skip_begin(aj_cpu_attn *a, LLVMValueRef cls);
 void aj_cpu_skip_end(aj_cpu_attn *a);
 
 #endif /* AJ_TEMPLATES_CPU_ATTN_H */

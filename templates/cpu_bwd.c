@@ -335,11 +335,20 @@ static void build_dkdv(cbwd *c)
         aj_cpu_row_blocks(&c->at, p->bm, n0, LLVMBuildSub(b, add(c, n0, kcount), i32c(c, 1), ""),
                           &m_begin, &m_end);
         LLVMValueRef bm = i32c(c, p->bm);
-        LLVMValueRef m = aj_kb_for_begin(kb, m_begin, m_end, i32c(c, 1), "m");
+        /* the row blocks of the range, or the block mask's list of the key
+         * block (score.h) */
+        aj_score_walk walk;
+        aj_score_walk_rows(&c->at.sc, &walk, n0, LLVMBuildSub(b, add(c, n0, kcount), i32c(c, 1),
+                                                              ""),
+                           p->bm, m_begin, m_end, seq.len_q, seq.len_k);
+        LLVMValueRef at = aj_kb_for_begin(kb, walk.begin, walk.end, i32c(c, 1), "walk");
         {
+            LLVMValueRef cls = NULL;
+            LLVMValueRef m = aj_score_walk_tile(&c->at.sc, &walk, at,
+                                                c->at.tile_full ? &cls : NULL);
             LLVMValueRef m0 = mul(c, m, bm);
             LLVMValueRef rows = rows_from(c, m0);
-            aj_cpu_skip_begin(&c->at, m0, rows, n0, kcount);
+            aj_cpu_skip_begin(&c->at, cls);
             load_query_side(c, bidx, h, m0, rows);
             aj_cpu_gemm_nt(kb, p->w, c->s, c->q, p->d, c->kt, p->bn, bm, 0);
             aj_cpu_gemm_nt(kb, p->w, c->dp, c->dob, p->dv, c->vt, p->bn, bm, 0);
@@ -440,13 +449,23 @@ static void build_dq(cbwd *c)
                               &n_begin, &n_end);
         LLVMValueRef k_base = aj_cpu_seq_base(kb, "k", bidx, hkv, c->at.seq.start_k);
         LLVMValueRef v_base = aj_cpu_seq_base(kb, "v", bidx, hkv, c->at.seq.start_k);
-        LLVMValueRef n = aj_kb_for_begin(kb, n_begin, n_end, one, "n");
+        /* the key blocks of the range, or the block mask's list of the row
+         * block (score.h); with bias every tile writes its dbias */
+        aj_score_walk walk;
+        aj_score_walk_keys(&c->at.sc, &walk, m0, add(c, m0, LLVMBuildSub(b, rows, one, "")),
+                           p->bn, n_begin, n_end, c->at.seq.len_q, c->at.seq.len_k);
+        if (has_bias)
+            aj_score_walk_every(&walk);
+        LLVMValueRef at = aj_kb_for_begin(kb, walk.begin, walk.end, one, "walk");
         {
+            LLVMValueRef cls = NULL;
+            LLVMValueRef n = aj_score_walk_tile(&c->at.sc, &walk, at,
+                                                c->at.tile_full && !has_bias ? &cls : NULL);
             LLVMValueRef n0 = mul(c, n, i32c(c, p->bn));
             LLVMValueRef kcount = aj_kb_smin(kb, i32c(c, p->bn), LLVMBuildSub(b, c->at.seq.len_k,
                                                                               n0, ""));
-            if (!has_bias)   /* with bias every tile writes its dbias */
-                aj_cpu_skip_begin(&c->at, m0, rows, n0, kcount);
+            if (!has_bias)
+                aj_cpu_skip_begin(&c->at, cls);
             const aj_cpu_rows k_rows = {.base = k_base, .stride_s = param(c, "stride_k_s")};
             const aj_cpu_rows v_rows = {.base = v_base, .stride_s = param(c, "stride_v_s")};
             aj_cpu_load_cols(kb, c->kt, p->d, p->bn, "k", p->dtype, &k_rows, n0, kcount, 0);

@@ -407,12 +407,20 @@ static void emit_row_block(cfwd *c, const cfwd_block *blk, int log2e_in_q)
                       &n_begin, &n_end);
     n_begin = aj_kb_smax(kb, n_begin, blk->k_first);
     n_end = aj_kb_smin(kb, n_end, blk->k_end);
-    LLVMValueRef n = aj_kb_for_begin(kb, n_begin, n_end, i32c(c, 1), "n");
+    /* the key blocks of the range, or the block mask's list of the row
+     * block (score.h) */
+    aj_score_walk walk;
+    aj_score_walk_keys(&c->at.sc, &walk, pos0, add(c, pos0, LLVMBuildSub(b, pos_rows,
+                                                                          i32c(c, 1), "")),
+                       p->bn, n_begin, n_end, seq->len_q, seq->len_k);
+    LLVMValueRef at = aj_kb_for_begin(kb, walk.begin, walk.end, i32c(c, 1), "walk");
     {
+        LLVMValueRef cls = NULL;
+        LLVMValueRef n = aj_score_walk_tile(&c->at.sc, &walk, at, c->at.tile_full ? &cls : NULL);
         LLVMValueRef n0 = LLVMBuildMul(b, n, i32c(c, p->bn), "n0");
         LLVMValueRef kcount = aj_kb_smin(kb, i32c(c, p->bn), LLVMBuildSub(b, seq->len_k, n0,
                                                                           ""));
-        aj_cpu_skip_begin(&c->at, pos0, pos_rows, n0, kcount);
+        aj_cpu_skip_begin(&c->at, cls);
         /* keys past Sk are zero: masked anyway, and 0 * V must not meet a
          * stale NaN */
         aj_cpu_load_cols(kb, c->kt, p->d / per_slot, p->bn, c->k_name,

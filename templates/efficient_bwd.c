@@ -441,20 +441,6 @@ static void emit_p_ds(ebwd *e, int full, LLVMValueRef seq_q, LLVMValueRef qk_var
                           emit_bias_at(e, i, j), emit_keep(e, i, j), p_out, ds_out);
 }
 
-/* The class (score.h) of the tile of rows [i0, i0 + bm) and keys [j0, j0 +
- * bn), clamped to the lengths: the same in every thread. */
-static LLVMValueRef tile_class(ebwd *e, LLVMValueRef i0, LLVMValueRef j0)
-{
-    aj_kb *kb = e->kb;
-    LLVMBuilderRef b = e->b;
-    LLVMValueRef one = i32c(e, 1);
-    LLVMValueRef i1 = LLVMBuildSub(b, aj_kb_smin(kb, LLVMBuildAdd(b, i0, i32c(e, e->p.bm), ""),
-                                                 e->seq_q), one, "");
-    LLVMValueRef j1 = LLVMBuildSub(b, aj_kb_smin(kb, LLVMBuildAdd(b, j0, i32c(e, e->p.bn), ""),
-                                                 e->seq_k), one, "");
-    return aj_score_tile_class(&e->sc, i0, i1, j0, j1);
-}
-
 /*
  * Row statistics of query row i (global, < Sq checked by the caller's
  * clamp): Delta_i = dO_i . O_i, summed over the G lanes of the row group
@@ -709,10 +695,16 @@ static void build_dkdv(aj_kb *kb, const aj_op *op, const ebwd_plan *plan,
     LLVMValueRef o_base = aj_attn_slice_base(e.kb, "o", bidx, h);
     LLVMValueRef do_base = aj_attn_slice_base(e.kb, "do", bidx, h);
     LLVMValueRef lse_base = aj_attn_slice_base(e.kb, "lse", bidx, h);
-    LLVMValueRef m = aj_kb_for_begin(kb, m_begin, m_end, i32c(&e, 1), "m");
+    /* the row blocks of the range, or the block mask's list of the key
+     * block (score.h) */
+    aj_score_walk walk;
+    aj_score_walk_rows(&e.sc, &walk, n0, j_last, p->bm, m_begin, m_end, e.seq_q, e.seq_k);
+    LLVMValueRef at = aj_kb_for_begin(kb, walk.begin, walk.end, i32c(&e, 1), "walk");
     {
+        LLVMValueRef cls = NULL;
+        LLVMValueRef m = aj_score_walk_tile(&e.sc, &walk, at, aj_score_has_mask(prog) ? &cls
+                                                                                     : NULL);
         LLVMValueRef m0 = LLVMBuildMul(b, m, i32c(&e, p->bm), "m0");
-        LLVMValueRef cls = aj_score_has_mask(prog) ? tile_class(&e, m0, n0) : NULL;
         if (aj_score_has_rest(prog))   /* the band bounds the walk already */
             aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntNE, cls, i32c(&e, AJ_TILE_SKIP), ""));
         aj_kb_barrier(kb);   /* the previous step's readers are done */
@@ -865,24 +857,30 @@ static void build_dq(aj_kb *kb, const aj_op *op, const ebwd_plan *plan,
     /* key blocks holding a key visible to some row of the CTA; with bias
      * every key block, so that hidden elements get dbias = 0 */
     LLVMValueRef n_begin, n_end;
+    LLVMValueRef rows_here = aj_kb_smin(kb, i32c(&e, p->bm), LLVMBuildSub(b, e.seq_q, m0, ""));
+    LLVMValueRef i_last = LLVMBuildAdd(b, m0, LLVMBuildSub(b, rows_here, i32c(&e, 1), ""), "");
     if (has_bias) {
         n_begin = i32c(&e, 0);
         n_end = LLVMBuildSDiv(b, LLVMBuildAdd(b, e.seq_k, i32c(&e, p->bn - 1), ""),
                               i32c(&e, p->bn), "");
     } else {
-        LLVMValueRef rows_here = aj_kb_smin(kb, i32c(&e, p->bm),
-                                            LLVMBuildSub(b, e.seq_q, m0, ""));
-        LLVMValueRef i_last = LLVMBuildAdd(b, m0, LLVMBuildSub(b, rows_here, i32c(&e, 1), ""),
-                                           "");
         LLVMValueRef j_lo_all, j_hi_all;
         aj_score_key_range(&e.sc, m0, i_last, e.seq_k, &j_lo_all, &j_hi_all);
         block_range(&e, j_lo_all, j_hi_all, p->bn, &n_begin, &n_end);
     }
-    LLVMValueRef n = aj_kb_for_begin(kb, n_begin, n_end, i32c(&e, 1), "n");
+    /* the key blocks of the range, or the block mask's list of the row
+     * block (score.h); with bias every block is visited: hidden elements
+     * get dbias = 0 */
+    aj_score_walk walk;
+    aj_score_walk_keys(&e.sc, &walk, m0, i_last, p->bn, n_begin, n_end, e.seq_q, e.seq_k);
+    if (has_bias)
+        aj_score_walk_every(&walk);
+    LLVMValueRef at = aj_kb_for_begin(kb, walk.begin, walk.end, i32c(&e, 1), "walk");
     {
+        LLVMValueRef cls = NULL;
+        LLVMValueRef n = aj_score_walk_tile(&e.sc, &walk, at, aj_score_has_mask(prog) ? &cls
+                                                                                     : NULL);
         LLVMValueRef n0 = LLVMBuildMul(b, n, i32c(&e, p->bn), "n0");
-        /* with bias every block is visited: hidden elements get dbias = 0 */
-        LLVMValueRef cls = aj_score_has_mask(prog) ? tile_class(&e, m0, n0) : NULL;
         int skips = aj_score_has_rest(prog) && !has_bias;
         if (skips)
             aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntNE, cls, i32c(&e, AJ_TILE_SKIP), ""));

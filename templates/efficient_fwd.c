@@ -251,33 +251,27 @@ static LLVMValueRef key_of(efwd *e, int t)
 
 /* Key-block range [n_begin, n_end) holding a key visible to some row of
  * this CTA; empty when no row sees any key. */
-static void key_block_range(efwd *e, LLVMValueRef *n_begin, LLVMValueRef *n_end)
+/* The CTA's last row that the sequence has. */
+static LLVMValueRef last_row(efwd *e)
 {
     aj_kb *kb = e->kb;
     LLVMBuilderRef b = e->b;
     LLVMValueRef rows = aj_kb_smin(kb, aj_kb_i32(kb, e->p.bm), LLVMBuildSub(b, e->seq_q, e->m0, ""));
-    LLVMValueRef i_hi = LLVMBuildAdd(b, e->m0, LLVMBuildSub(b, rows, aj_kb_i32(kb, 1), ""), "");
+    return LLVMBuildAdd(b, e->m0, LLVMBuildSub(b, rows, aj_kb_i32(kb, 1), ""), "");
+}
+
+static void key_block_range(efwd *e, LLVMValueRef *n_begin, LLVMValueRef *n_end)
+{
+    aj_kb *kb = e->kb;
+    LLVMBuilderRef b = e->b;
     LLVMValueRef j_lo, j_hi;
-    aj_score_key_range(&e->sc, e->m0, i_hi, e->seq_k, &j_lo, &j_hi);
+    aj_score_key_range(&e->sc, e->m0, last_row(e), e->seq_k, &j_lo, &j_hi);
     LLVMValueRef bn = aj_kb_i32(kb, e->p.bn);
     LLVMValueRef begin = LLVMBuildSDiv(b, j_lo, bn, "");
     LLVMValueRef end = LLVMBuildSDiv(b, LLVMBuildAdd(b, j_hi, bn, ""), bn, "");
     LLVMValueRef empty = LLVMBuildICmp(b, LLVMIntSLT, j_hi, j_lo, "");
     *n_begin = LLVMBuildSelect(b, empty, aj_kb_i32(kb, 0), begin, "n_begin");
     *n_end = LLVMBuildSelect(b, empty, aj_kb_i32(kb, 0), end, "n_end");
-}
-
-/* The class of the tile of this CTA's rows and the key block at n0. */
-static LLVMValueRef block_class(efwd *e, LLVMValueRef n0)
-{
-    aj_kb *kb = e->kb;
-    LLVMBuilderRef b = e->b;
-    LLVMValueRef one = aj_kb_i32(kb, 1);
-    LLVMValueRef i1 = LLVMBuildSub(b, aj_kb_smin(kb, LLVMBuildAdd(b, e->m0, aj_kb_i32(kb, e->p.bm), ""),
-                                                 e->seq_q), one, "");
-    LLVMValueRef j1 = LLVMBuildSub(b, aj_kb_smin(kb, LLVMBuildAdd(b, n0, aj_kb_i32(kb, e->p.bn), ""),
-                                                 e->seq_k), one, "");
-    return aj_score_tile_class(&e->sc, e->m0, i1, n0, j1);
 }
 
 /* acc[k][t] = sum_d Q[row_k][d] * K[key_t][d], read from shared memory */
@@ -629,10 +623,16 @@ static void emit_key_blocks(efwd *e, efwd_kv *kv, LLVMValueRef n_begin, LLVMValu
     aj_kb *kb = e->kb;
     LLVMBuilderRef b = e->b;
     const efwd_plan *p = &e->p;
-    LLVMValueRef n = aj_kb_for_begin(kb, n_begin, n_end, aj_kb_i32(kb, 1), "n");
+    /* the key blocks of the range, or the block mask's list of the row
+     * block (score.h); the same class in every thread */
+    aj_score_walk walk;
+    aj_score_walk_keys(&e->sc, &walk, e->m0, last_row(e), p->bn, n_begin, n_end, e->seq_q,
+                       e->seq_k);
+    LLVMValueRef at = aj_kb_for_begin(kb, walk.begin, walk.end, aj_kb_i32(kb, 1), "walk");
+    LLVMValueRef cls = NULL;
+    LLVMValueRef n = aj_score_walk_tile(&e->sc, &walk, at,
+                                        aj_score_has_mask(e->prog) ? &cls : NULL);
     LLVMValueRef n0 = LLVMBuildMul(b, n, aj_kb_i32(kb, p->bn), "n0");
-    /* the same class in every thread */
-    LLVMValueRef cls = aj_score_has_mask(e->prog) ? block_class(e, n0) : NULL;
     if (aj_score_has_rest(e->prog))
         aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntNE, cls, aj_kb_i32(kb, AJ_TILE_SKIP), ""));
     kv->k.row0 = kv->v.row0 = n0;

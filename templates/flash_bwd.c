@@ -835,37 +835,29 @@ static void block_range(fbwd *f, LLVMValueRef lo, LLVMValueRef hi, int per,
                            LLVMBuildSDiv(b, add(f, hi, i32c(f, per)), i32c(f, per), ""), "");
 }
 
-/* The class (score.h) of query rows [m0, m0 + block_m) by keys [n0, n0 +
- * block_n), both inside the sequence, at the current head. */
-static LLVMValueRef tile_class(fbwd *f, LLVMValueRef m0, LLVMValueRef n0)
-{
-    aj_kb *kb = f->kb;
-    LLVMValueRef one = i32c(f, 1);
-    LLVMValueRef i1 = aj_kb_smin(kb, add(f, m0, i32c(f, f->p.bm)), f->seq_q);
-    LLVMValueRef j1 = aj_kb_smin(kb, add(f, n0, i32c(f, f->p.bn)), f->seq_k);
-    return aj_score_tile_class(&f->sc, m0, LLVMBuildSub(f->b, i1, one, ""), n0,
-                               LLVMBuildSub(f->b, j1, one, ""));
-}
-
 /*
  * Where the mask has more than its band, a kernel's steps skip the tiles
  * whose class is skip: issue_begin opens the block that issues the copies
- * of the tile at (m0, n0) when `in` holds and, with `cls` (an i32 var,
- * NULL: no gating), only when its class is not skip, the class kept in
- * cls for the step that computes the tile; issue_end closes it.
+ * of the tile at walk position `at` (score.h's aj_score_walk) when `in`
+ * holds and, with `cls` (an i32 var, NULL: no gating), only when its
+ * class is not skip, the class and the tile kept in cls and `tile` for
+ * the step that computes it; it gives the tile's block index, for the
+ * copies.  issue_end closes the block.
  */
-static void issue_begin(fbwd *f, LLVMValueRef in, LLVMValueRef m0, LLVMValueRef n0,
-                        LLVMValueRef cls)
+static LLVMValueRef issue_begin(fbwd *f, const aj_score_walk *w, LLVMValueRef in,
+                                LLVMValueRef at, LLVMValueRef cls, LLVMValueRef tile)
 {
     aj_kb *kb = f->kb;
     if (cls)
         aj_kb_set(kb, cls, i32c(f, AJ_TILE_SKIP));
     aj_kb_if_begin(kb, in);
-    if (cls) {
-        LLVMValueRef c = tile_class(f, m0, n0);
-        aj_kb_set(kb, cls, c);
-        aj_kb_if_begin(kb, LLVMBuildICmp(f->b, LLVMIntNE, c, i32c(f, AJ_TILE_SKIP), ""));
-    }
+    if (!cls)
+        return at;
+    LLVMValueRef c, t = aj_score_walk_tile(&f->sc, w, at, &c);
+    aj_kb_set(kb, cls, c);
+    aj_kb_set(kb, tile, t);
+    aj_kb_if_begin(kb, LLVMBuildICmp(f->b, LLVMIntNE, c, i32c(f, AJ_TILE_SKIP), ""));
+    return t;
 }
 
 static void issue_end(fbwd *f, LLVMValueRef cls)
@@ -899,14 +891,17 @@ static LLVMValueRef tile_inside(fbwd *f, LLVMValueRef m0, LLVMValueRef n0)
                                       ""), "");
 }
 
-/* The class of the step's tile for its element pass: the one issue_begin
- * kept (cls_value, where the mask has a rest), else the band's, computed
- * here; NULL without a mask. */
-static LLVMValueRef step_class(fbwd *f, LLVMValueRef cls_value, LLVMValueRef m0, LLVMValueRef n0)
+/* The class of the step's tile (walk position `at`) for its element
+ * pass: the one issue_begin kept (cls_value, where the mask has a rest),
+ * else the walk's, computed here; NULL without a mask. */
+static LLVMValueRef step_class(fbwd *f, const aj_score_walk *w, LLVMValueRef cls_value,
+                               LLVMValueRef at)
 {
-    if (cls_value)
+    if (cls_value || !aj_score_has_mask(f->prog))
         return cls_value;
-    return aj_score_has_mask(f->prog) ? tile_class(f, m0, n0) : NULL;
+    LLVMValueRef c;
+    aj_score_walk_tile(&f->sc, w, at, &c);
+    return c;
 }
 
 /* ---------------------------------------------------------------- delta */
@@ -1021,29 +1016,35 @@ static void build_dkdv(aj_kb *kb, const aj_op *op, const fbwd_plan *plan,
     if (!p->deterministic)
         dq_row0 = add(&f, prm(&f, "ws_dq_offset"), mul(&f, ws_row0(&f, h),
                                                      aj_kb_i64(kb, p->d)));
-    /* with a mask rest: the class of the tile whose copy was issued last */
+    /* the row blocks of the range, or the block mask's list of the key
+     * block (score.h) */
+    aj_score_walk walk;
+    aj_score_walk_rows(&f.sc, &walk, n0, j_last, p->bm, m_begin, m_end, f.seq_q, f.seq_k);
+    /* with a mask rest: the class and tile whose copy was issued last */
     LLVMValueRef cls = aj_score_has_rest(prog) ? aj_kb_var(kb, kb->t_i32, NULL, "cls") : NULL;
+    LLVMValueRef tile = cls ? aj_kb_var(kb, kb->t_i32, NULL, "tile") : NULL;
     if (p->stages == 2) {   /* the first tile's copy; each step issues the next */
-        LLVMValueRef m0 = mul(&f, m_begin, i32c(&f, p->bm));
-        issue_begin(&f, slt(&f, m_begin, m_end), m0, n0, cls);
+        LLVMValueRef m0 = mul(&f, issue_begin(&f, &walk, slt(&f, walk.begin, walk.end),
+                                              walk.begin, cls, tile), i32c(&f, p->bm));
         load_tile(&f, "q", q_base, m0, f.seq_q, p->bm, p->d, qt);
         load_tile(&f, "do", do_base, m0, f.seq_q, p->bm, p->dv, dot);
         issue_end(&f, cls);
         aj_kb_cp_async_commit(kb);
     }
-    LLVMValueRef m = aj_kb_for_begin(kb, m_begin, m_end, i32c(&f, 1), "m");
+    LLVMValueRef pos = aj_kb_for_begin(kb, walk.begin, walk.end, i32c(&f, 1), "walk");
     {
-        LLVMValueRef m0 = mul(&f, m, i32c(&f, p->bm));
         smem_tile q_cur = qt, do_cur = dot;
         LLVMValueRef cls_m = cls && p->stages == 2 ? aj_kb_get(kb, cls) : NULL;
+        LLVMValueRef m = cls && p->stages == 2 ? aj_kb_get(kb, tile) : pos;
         if (p->stages == 2) {
-            LLVMValueRef cur = LLVMBuildAnd(b, LLVMBuildSub(b, m, m_begin, ""), i32c(&f, 1), "");
+            LLVMValueRef cur = LLVMBuildAnd(b, LLVMBuildSub(b, pos, walk.begin, ""), i32c(&f, 1),
+                                            "");
             LLVMValueRef nxt = LLVMBuildXor(b, cur, i32c(&f, 1), "");
             q_cur = tile_copy(&f, qt, p->bm, cur);
             do_cur = tile_copy(&f, dot, p->bm, cur);
-            LLVMValueRef mn = add(&f, m, i32c(&f, 1));
-            LLVMValueRef mn0 = mul(&f, mn, i32c(&f, p->bm));
-            issue_begin(&f, slt(&f, mn, m_end), mn0, n0, cls);
+            LLVMValueRef an = add(&f, pos, i32c(&f, 1));
+            LLVMValueRef mn0 = mul(&f, issue_begin(&f, &walk, slt(&f, an, walk.end), an, cls,
+                                                   tile), i32c(&f, p->bm));
             load_tile(&f, "q", q_base, mn0, f.seq_q, p->bm, p->d, tile_copy(&f, qt, p->bm, nxt));
             load_tile(&f, "do", do_base, mn0, f.seq_q, p->bm, p->dv,
                       tile_copy(&f, dot, p->bm, nxt));
@@ -1051,13 +1052,16 @@ static void build_dkdv(aj_kb *kb, const aj_op *op, const fbwd_plan *plan,
             aj_kb_cp_async_commit(kb);
             aj_kb_cp_async_wait(kb, 1);
         } else {
-            issue_begin(&f, LLVMConstInt(kb->t_i1, 1, 0), m0, n0, cls);
+            LLVMValueRef m0 = mul(&f, issue_begin(&f, &walk, LLVMConstInt(kb->t_i1, 1, 0), pos,
+                                                  cls, tile), i32c(&f, p->bm));
             load_tile(&f, "q", q_base, m0, f.seq_q, p->bm, p->d, qt);
             load_tile(&f, "do", do_base, m0, f.seq_q, p->bm, p->dv, dot);
             issue_end(&f, cls);
             cls_m = cls ? aj_kb_get(kb, cls) : NULL;
+            m = cls ? aj_kb_get(kb, tile) : pos;
             aj_kb_cp_async_wait_all(kb);
         }
+        LLVMValueRef m0 = mul(&f, m, i32c(&f, p->bm));
         step_begin(&f, cls_m);
         load_stats(&f, h, m0, p->bm, stats);
         aj_kb_barrier(kb);   /* K, V, Q, dO and the stats are in */
@@ -1070,7 +1074,7 @@ static void build_dkdv(aj_kb *kb, const aj_op *op, const fbwd_plan *plan,
         warp_mma(&f, &s, p->d, &ka, &qb);
         warp_mma(&f, &dp, p->dv, &va, &dob);
         p_ds_pass pass = {&f, &s, &dp, 1, m0, n0, stats, &ptt, dst};
-        aj_score_by_tile_class(kb, step_class(&f, cls_m, m0, n0), tile_inside(&f, m0, n0),
+        aj_score_by_tile_class(kb, step_class(&f, &walk, cls_m, pos), tile_inside(&f, m0, n0),
                                emit_p_ds_tiles, &pass);
         aj_kb_barrier(kb);   /* P^T and dS^T are complete */
 
@@ -1164,42 +1168,51 @@ static void build_dq(aj_kb *kb, const aj_op *op, const fbwd_plan *plan,
     LLVMValueRef n_begin, n_end, j_lo, j_hi;
     aj_score_key_range(&f.sc, m0, i_last, f.seq_k, &j_lo, &j_hi);
     block_range(&f, j_lo, j_hi, p->bn, &n_begin, &n_end);
-    /* with a mask rest: the class of the tile whose copy was issued last */
+    /* the key blocks of the range, or the block mask's list of the row
+     * block (score.h) */
+    aj_score_walk walk;
+    aj_score_walk_keys(&f.sc, &walk, m0, i_last, p->bn, n_begin, n_end, f.seq_q, f.seq_k);
+    /* with a mask rest: the class and tile whose copy was issued last */
     LLVMValueRef cls = aj_score_has_rest(prog) ? aj_kb_var(kb, kb->t_i32, NULL, "cls") : NULL;
+    LLVMValueRef tile = cls ? aj_kb_var(kb, kb->t_i32, NULL, "tile") : NULL;
     if (p->stages == 2) {
-        LLVMValueRef n0 = mul(&f, n_begin, i32c(&f, p->bn));
-        issue_begin(&f, slt(&f, n_begin, n_end), m0, n0, cls);
+        LLVMValueRef n0 = mul(&f, issue_begin(&f, &walk, slt(&f, walk.begin, walk.end),
+                                              walk.begin, cls, tile), i32c(&f, p->bn));
         load_tile(&f, "k", k_base, n0, f.seq_k, p->bn, p->d, kt);
         load_tile(&f, "v", v_base, n0, f.seq_k, p->bn, p->dv, vt);
         issue_end(&f, cls);
         aj_kb_cp_async_commit(kb);
     }
-    LLVMValueRef n = aj_kb_for_begin(kb, n_begin, n_end, i32c(&f, 1), "n");
+    LLVMValueRef pos = aj_kb_for_begin(kb, walk.begin, walk.end, i32c(&f, 1), "walk");
     {
-        LLVMValueRef n0 = mul(&f, n, i32c(&f, p->bn));
         smem_tile k_cur = kt, v_cur = vt;
         LLVMValueRef cls_n = cls && p->stages == 2 ? aj_kb_get(kb, cls) : NULL;
+        LLVMValueRef n = cls && p->stages == 2 ? aj_kb_get(kb, tile) : pos;
         if (p->stages == 2) {
-            LLVMValueRef cur = LLVMBuildAnd(b, LLVMBuildSub(b, n, n_begin, ""), i32c(&f, 1), "");
+            LLVMValueRef cur = LLVMBuildAnd(b, LLVMBuildSub(b, pos, walk.begin, ""), i32c(&f, 1),
+                                            "");
             LLVMValueRef nxt = LLVMBuildXor(b, cur, i32c(&f, 1), "");
             k_cur = tile_copy(&f, kt, p->bn, cur);
             v_cur = tile_copy(&f, vt, p->bn, cur);
-            LLVMValueRef nn = add(&f, n, i32c(&f, 1));
-            LLVMValueRef nn0 = mul(&f, nn, i32c(&f, p->bn));
-            issue_begin(&f, slt(&f, nn, n_end), m0, nn0, cls);
+            LLVMValueRef an = add(&f, pos, i32c(&f, 1));
+            LLVMValueRef nn0 = mul(&f, issue_begin(&f, &walk, slt(&f, an, walk.end), an, cls,
+                                                   tile), i32c(&f, p->bn));
             load_tile(&f, "k", k_base, nn0, f.seq_k, p->bn, p->d, tile_copy(&f, kt, p->bn, nxt));
             load_tile(&f, "v", v_base, nn0, f.seq_k, p->bn, p->dv, tile_copy(&f, vt, p->bn, nxt));
             issue_end(&f, cls);
             aj_kb_cp_async_commit(kb);
             aj_kb_cp_async_wait(kb, 1);
         } else {
-            issue_begin(&f, LLVMConstInt(kb->t_i1, 1, 0), m0, n0, cls);
+            LLVMValueRef n0 = mul(&f, issue_begin(&f, &walk, LLVMConstInt(kb->t_i1, 1, 0), pos,
+                                                  cls, tile), i32c(&f, p->bn));
             load_tile(&f, "k", k_base, n0, f.seq_k, p->bn, p->d, kt);
             load_tile(&f, "v", v_base, n0, f.seq_k, p->bn, p->dv, vt);
             issue_end(&f, cls);
             cls_n = cls ? aj_kb_get(kb, cls) : NULL;
+            n = cls ? aj_kb_get(kb, tile) : pos;
             aj_kb_cp_async_wait_all(kb);
         }
+        LLVMValueRef n0 = mul(&f, n, i32c(&f, p->bn));
         step_begin(&f, cls_n);
         aj_kb_barrier(kb);   /* Q, dO, stats (first step), K and V are in */
 
@@ -1211,7 +1224,7 @@ static void build_dq(aj_kb *kb, const aj_op *op, const fbwd_plan *plan,
         warp_mma(&f, &s, p->d, &qa, &kbo);
         warp_mma(&f, &dp, p->dv, &doa, &vbo);
         p_ds_pass pass = {&f, &s, &dp, 0, m0, n0, stats, NULL, dst};
-        aj_score_by_tile_class(kb, step_class(&f, cls_n, m0, n0), tile_inside(&f, m0, n0),
+        aj_score_by_tile_class(kb, step_class(&f, &walk, cls_n, pos), tile_inside(&f, m0, n0),
                                emit_p_ds_tiles, &pass);
         aj_kb_barrier(kb);   /* dS is complete */
 

@@ -355,12 +355,13 @@ static void load_tile_async(ffwd *e, const char *tensor, LLVMValueRef base, LLVM
     }
 }
 
-/* Issues the copies of key tile `n` (K and V) into ring slot n % stages. */
-static void load_kv_tile(ffwd *e, LLVMValueRef n, LLVMValueRef n_begin)
+/* Issues the copies of key tile `n` (K and V) into ring slot
+ * (at - first) % stages: `at` is its position in the walk (score.h). */
+static void load_kv_tile(ffwd *e, LLVMValueRef n, LLVMValueRef at, LLVMValueRef first)
 {
     const ffwd_plan *p = &e->p;
     LLVMBuilderRef b = e->b;
-    LLVMValueRef slot = LLVMBuildURem(b, LLVMBuildSub(b, n, n_begin, ""), i32c(e, p->stages), "");
+    LLVMValueRef slot = LLVMBuildURem(b, LLVMBuildSub(b, at, first, ""), i32c(e, p->stages), "");
     LLVMValueRef n0 = LLVMBuildMul(b, n, i32c(e, p->bn), "");
     LLVMValueRef kdst = add(e, i32c(e, p->smem_k), LLVMBuildMul(b, slot,
                             i32c(e, 2 * p->bn * p->ldk), ""));
@@ -394,33 +395,28 @@ static void key_tile_range(ffwd *e, LLVMValueRef *n_begin, LLVMValueRef *n_end)
     *n_end = LLVMBuildSelect(b, empty, i32c(e, 0), end, "n_end");
 }
 
-/* The class (score.h) of the CTA's rows by the keys of the tile at n0
- * inside the sequence. */
-static LLVMValueRef tile_class(ffwd *e, LLVMValueRef n0)
-{
-    LLVMValueRef n1 = aj_kb_smin(e->kb, add(e, n0, i32c(e, e->p.bn)), e->seq_k);
-    return aj_score_tile_class(&e->sc, e->m0, last_row(e), n0,
-                               LLVMBuildSub(e->b, n1, i32c(e, 1), ""));
-}
-
-/* Whether the copy of key tile n is issued: tiles past n_end are not, and
- * where the mask has more than its band (score.h), neither are tiles of
- * class skip; their class goes into *cls (i32 var; NULL: none kept).  The
- * caller commits the group, empty or not. */
-static void issue_kv_tile(ffwd *e, LLVMValueRef n, LLVMValueRef n_begin, LLVMValueRef n_end,
-                          LLVMValueRef cls)
+/* Whether the copy of the tile at walk position `at` is issued:
+ * positions past the walk's end are not, and where the mask has more
+ * than its band (score.h), neither are tiles of class skip; their class
+ * and tile go into *cls and *tile (i32 vars; NULL: none kept, the tile is
+ * the position's).  The caller commits the group, empty or not. */
+static void issue_kv_tile(ffwd *e, const aj_score_walk *w, LLVMValueRef at, LLVMValueRef cls,
+                          LLVMValueRef tile)
 {
     aj_kb *kb = e->kb;
     LLVMBuilderRef b = e->b;
     if (cls)
         aj_kb_set(kb, cls, i32c(e, AJ_TILE_SKIP));
-    aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntSLT, n, n_end, ""));
+    aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntSLT, at, w->end, ""));
+    LLVMValueRef n = at;
     if (cls) {
-        LLVMValueRef c = tile_class(e, LLVMBuildMul(b, n, i32c(e, e->p.bn), ""));
+        LLVMValueRef c;
+        n = aj_score_walk_tile(&e->sc, w, at, &c);
         aj_kb_set(kb, cls, c);
+        aj_kb_set(kb, tile, n);
         aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntNE, c, i32c(e, AJ_TILE_SKIP), ""));
     }
-    load_kv_tile(e, n, n_begin);
+    load_kv_tile(e, n, at, w->begin);
     if (cls)
         aj_kb_if_end(kb);
     aj_kb_if_end(kb);
@@ -841,12 +837,19 @@ static aj_status ffwd_build(aj_kb *kb, const aj_op *op, void *user)
     lane_addresses(&e);
     LLVMValueRef n_begin, n_end;
     key_tile_range(&e, &n_begin, &n_end);
-    /* with a mask rest, the classes of the tiles in flight: ahead[s] is
-     * tile n + s's, taken when its copy was issued (issue_kv_tile) */
+    /* the key tiles of the band's range, or the block mask's list of the
+     * row block (score.h) */
+    aj_score_walk walk;
+    aj_score_walk_keys(&e.sc, &walk, e.m0, last_row(&e), p->bn, n_begin, n_end, e.seq_q,
+                       e.seq_k);
+    /* with a mask rest, the tiles in flight and their classes: ahead[s]
+     * is position at + s's, taken when its copy was issued (issue_kv_tile) */
     int gated = aj_score_has_rest(&prog);
-    LLVMValueRef ahead[MAX_STAGES];
-    for (int s = 0; gated && s < p->stages; s++)
+    LLVMValueRef ahead[MAX_STAGES], ahead_tile[MAX_STAGES];
+    for (int s = 0; gated && s < p->stages; s++) {
         ahead[s] = aj_kb_var(kb, kb->t_i32, i32c(&e, AJ_TILE_SKIP), "cls");
+        ahead_tile[s] = aj_kb_var(kb, kb->t_i32, i32c(&e, 0), "tile");
+    }
 
     /* Q's and the K slots' pad columns, before the barrier of the first tile */
     aj_mma_tile_zero_pad(kb, i32c(&e, p->smem_q), p->bm, p->d, e.tid, p->threads);
@@ -855,33 +858,40 @@ static aj_status ffwd_build(aj_kb *kb, const aj_op *op, void *user)
     load_tile_async(&e, "q", q_src, prm(&e, "stride_q_s"), e.m0, e.seq_q, p->bm, p->d,
                     i32c(&e, e.p.smem_q), p->ldq);
     for (int s = 0; s < p->stages - 1; s++) {
-        issue_kv_tile(&e, add(&e, n_begin, i32c(&e, s)), n_begin, n_end,
-                      gated ? ahead[s] : NULL);
+        issue_kv_tile(&e, &walk, add(&e, walk.begin, i32c(&e, s)), gated ? ahead[s] : NULL,
+                      gated ? ahead_tile[s] : NULL);
         aj_kb_cp_async_commit(kb);
     }
-    LLVMValueRef n = aj_kb_for_begin(kb, n_begin, n_end, i32c(&e, 1), "n");
+    LLVMValueRef at = aj_kb_for_begin(kb, walk.begin, walk.end, i32c(&e, 1), "walk");
     {
         /* refill the slot the previous iteration freed, then wait for tile n:
          * every iteration commits one group, empty or not, so that
          * stages - 1 pending groups always means "tile n has landed" */
-        issue_kv_tile(&e, add(&e, n, i32c(&e, p->stages - 1)), n_begin, n_end,
-                      gated ? ahead[p->stages - 1] : NULL);
+        issue_kv_tile(&e, &walk, add(&e, at, i32c(&e, p->stages - 1)),
+                      gated ? ahead[p->stages - 1] : NULL,
+                      gated ? ahead_tile[p->stages - 1] : NULL);
         aj_kb_cp_async_commit(kb);
         aj_kb_cp_async_wait(kb, p->stages - 1);
         aj_kb_barrier(kb);
-        LLVMValueRef slot = LLVMBuildURem(b, LLVMBuildSub(b, n, n_begin, ""),
+        LLVMValueRef slot = LLVMBuildURem(b, LLVMBuildSub(b, at, walk.begin, ""),
                                           i32c(&e, p->stages), "");
         LLVMValueRef kbase = add(&e, i32c(&e, p->smem_k), LLVMBuildMul(b, slot,
                                  i32c(&e, 2 * p->bn * p->ldk), ""));
         LLVMValueRef vbase = add(&e, i32c(&e, p->smem_v), LLVMBuildMul(b, slot,
                                  i32c(&e, 2 * p->bn * p->ldv), ""));
-        LLVMValueRef n0 = LLVMBuildMul(b, n, i32c(&e, p->bn), "n0");
-        LLVMValueRef cls = gated ? aj_kb_get(kb, ahead[0]) : tile_class(&e, n0);
+        LLVMValueRef cls = NULL, n = at;
         if (gated) {   /* the ring moves on; the class is the same in every thread */
-            for (int s = 0; s + 1 < p->stages; s++)
+            cls = aj_kb_get(kb, ahead[0]);
+            n = aj_kb_get(kb, ahead_tile[0]);
+            for (int s = 0; s + 1 < p->stages; s++) {
                 aj_kb_set(kb, ahead[s], aj_kb_get(kb, ahead[s + 1]));
+                aj_kb_set(kb, ahead_tile[s], aj_kb_get(kb, ahead_tile[s + 1]));
+            }
             aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntNE, cls, i32c(&e, AJ_TILE_SKIP), ""));
+        } else {
+            n = aj_score_walk_tile(&e.sc, &walk, at, &cls);
         }
+        LLVMValueRef n0 = LLVMBuildMul(b, n, i32c(&e, p->bn), "n0");
         emit_qk(&e, kbase);
         emit_score_mods(&e, n0);
         LLVMValueRef full = LLVMBuildAnd(b,

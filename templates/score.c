@@ -1303,8 +1303,9 @@ static void iemitter_init(iemitter *m, aj_score *s, LLVMValueRef i0, LLVMValueRe
     m->k0 = LLVMBuildAdd(b, s->k_origin, to_i64(kb, j0), "");
     m->k1 = LLVMBuildAdd(b, s->k_origin, to_i64(kb, j1), "");
     for (int id = 0; id < s->p->e.count; id++)
-        if (s->row_lo[id]) {
-            m->memo[id] = (ival){s->row_lo[id], s->row_hi[id]};
+        if (s->row_lo[id] || s->col_lo[id]) {
+            m->memo[id] = s->row_lo[id] ? (ival){s->row_lo[id], s->row_hi[id]}
+                                        : (ival){s->col_lo[id], s->col_hi[id]};
             m->done[id] = true;
         }
 }
@@ -1322,6 +1323,84 @@ void aj_score_fix_rows(aj_score *s, LLVMValueRef i0, LLVMValueRef i1)
             ival v = iv_node(&m, (uint16_t)id);
             s->row_lo[id] = v.lo;
             s->row_hi[id] = v.hi;
+        }
+}
+
+/* Whether node id is one of the rest's that read k and not q: fixed by
+ * the keys (aj_score_fix_cols). */
+static bool reads_keys_only(const aj_score_prog *p, int id)
+{
+    return (p->reads[id] & AJ_SCORE_READS(AJ_VAR_K)) &&
+           !(p->reads[id] & (AJ_SCORE_READS(AJ_VAR_Q) | AJ_SCORE_READS(AJ_VAR_SCORE)));
+}
+
+int aj_score_col_slots(const aj_score_prog *p)
+{
+    int n = 0;
+    for (int id = 0; p->rest != NONE && id < p->e.count; id++)
+        n += reads_keys_only(p, id);
+    return n;
+}
+
+void aj_score_fix_cols(aj_score *s, LLVMValueRef j0, LLVMValueRef j1)
+{
+    const aj_score_prog *p = s->p;
+    static _Thread_local iemitter m;
+    iemitter_init(&m, s, aj_kb_i32(s->kb, 0), aj_kb_i32(s->kb, 0), j0, j1);
+    for (int id = 0; p->rest != NONE && id < p->e.count; id++)
+        if (reads_keys_only(p, id)) {
+            ival v = iv_node(&m, (uint16_t)id);
+            s->col_lo[id] = v.lo;
+            s->col_hi[id] = v.hi;
+        }
+}
+
+/* A bound as the i64 it is kept as: ints as they are, floats' bits, bools
+ * 0 or 1; and back. */
+static LLVMValueRef bound_to_i64(aj_kb *kb, LLVMValueRef v)
+{
+    LLVMTypeRef t = LLVMTypeOf(v);
+    if (t == kb->t_f32)
+        v = LLVMBuildBitCast(kb->b, v, kb->t_i32, "");
+    return t == kb->t_i64 ? v : LLVMBuildZExt(kb->b, v, kb->t_i64, "");
+}
+
+static LLVMValueRef bound_from_i64(aj_kb *kb, aj_expr_type t, LLVMValueRef v)
+{
+    if (t == AJ_EXPR_BOOL)
+        return LLVMBuildTrunc(kb->b, v, kb->t_i1, "");
+    if (t == AJ_EXPR_FLOAT)
+        return LLVMBuildBitCast(kb->b, LLVMBuildTrunc(kb->b, v, kb->t_i32, ""), kb->t_f32, "");
+    return v;
+}
+
+/* The i64 slot's pointer: block_mask + 8 (at + k). */
+static LLVMValueRef col_slot(aj_score *s, LLVMValueRef at, int k)
+{
+    LLVMBuilderRef b = s->kb->b;
+    LLVMValueRef i = LLVMBuildAdd(b, at, aj_kb_i64(s->kb, k), "");
+    return aj_kb_gptr_offset(s->kb, aj_kb_param(s->kb, "block_mask"),
+                             LLVMBuildShl(b, i, aj_kb_i64(s->kb, 3), ""));
+}
+
+void aj_score_save_cols(aj_score *s, LLVMValueRef at)
+{
+    for (int id = 0, k = 0; id < s->p->e.count; id++)
+        if (s->col_lo[id]) {
+            aj_kb_store(s->kb, bound_to_i64(s->kb, s->col_lo[id]), col_slot(s, at, k++), 8);
+            aj_kb_store(s->kb, bound_to_i64(s->kb, s->col_hi[id]), col_slot(s, at, k++), 8);
+        }
+}
+
+void aj_score_load_cols(aj_score *s, LLVMValueRef at)
+{
+    const aj_score_prog *p = s->p;
+    aj_kb *kb = s->kb;
+    for (int id = 0, k = 0; p->rest != NONE && id < p->e.count; id++)
+        if (reads_keys_only(p, id)) {
+            aj_expr_type t = (aj_expr_type)node(p, id)->type;
+            s->col_lo[id] = bound_from_i64(kb, t, aj_kb_load(kb, kb->t_i64, col_slot(s, at, k++), 8));
+            s->col_hi[id] = bound_from_i64(kb, t, aj_kb_load(kb, kb->t_i64, col_slot(s, at, k++), 8));
         }
 }
 
@@ -1432,6 +1511,121 @@ LLVMValueRef aj_score_tile_class(aj_score *s, LLVMValueRef i0, LLVMValueRef i1,
     }
     aj_kb_if_end(kb);
     return aj_kb_get(kb, cls);
+}
+
+/* ---------------------------------------------------------------- walks */
+
+/*
+ * A walk's set-up (score.h).  The list applies where the mask is given,
+ * its tile along the walk is the walk's, and the fixed range [lo, hi] is
+ * one of its blocks across:
+ *
+ *   keys:  bn == mask_bn, lo % mask_bm == 0, hi + 1 == min(lo + mask_bm, Sq)
+ *          list of row block lo / mask_bm: plane + rows cols + m (cols + 1)
+ *   rows:  bm == mask_bm, lo % mask_bn == 0, hi + 1 == min(lo + mask_bn, Sk)
+ *          list of key block lo / mask_bn: plane + rows cols
+ *                                          + rows (cols + 1) + n (rows + 1)
+ */
+static void walk_begin(aj_score *s, aj_score_walk *w, int along_keys, LLVMValueRef lo,
+                       LLVMValueRef hi, int size, LLVMValueRef first, LLVMValueRef end,
+                       LLVMValueRef seq_q, LLVMValueRef seq_k)
+{
+    aj_kb *kb = s->kb;
+    LLVMBuilderRef b = kb->b;
+    *w = (aj_score_walk){.begin = first, .end = end, .along_keys = along_keys, .size = size,
+                         .lo = lo, .hi = hi, .first = first, .last = end,
+                         .seq = along_keys ? seq_k : seq_q};
+    if (!s->p->block_mask)
+        return;
+    LLVMValueRef q = to_i64(kb, seq_q), k = to_i64(kb, seq_k), one = aj_kb_i64(kb, 1);
+    LLVMValueRef rows = LLVMBuildSDiv(b, LLVMBuildAdd(b, q, LLVMBuildSub(b, s->mask_bm, one, ""), ""),
+                                      s->mask_bm, "mask_rows");
+    LLVMValueRef cols = s->mask_stride_m;
+    LLVMValueRef along = along_keys ? s->mask_bn : s->mask_bm;
+    LLVMValueRef across = along_keys ? s->mask_bm : s->mask_bn;
+    LLVMValueRef lo64 = to_i64(kb, lo), hi64 = to_i64(kb, hi);
+    LLVMValueRef block_end = aj_kb_smin(kb, LLVMBuildAdd(b, lo64, across, ""), along_keys ? q : k);
+    LLVMValueRef ok = LLVMBuildIsNotNull(b, s->mask_classes, "");
+    ok = LLVMBuildAnd(b, ok, LLVMBuildICmp(b, LLVMIntEQ, along, aj_kb_i64(kb, size), ""), "");
+    ok = LLVMBuildAnd(b, ok, LLVMBuildICmp(b, LLVMIntEQ, LLVMBuildSRem(b, lo64, across, ""),
+                                           aj_kb_i64(kb, 0), ""), "");
+    ok = LLVMBuildAnd(b, ok, LLVMBuildICmp(b, LLVMIntEQ, LLVMBuildAdd(b, hi64, one, ""),
+                                           block_end, ""), "listed");
+    LLVMValueRef block = LLVMBuildSDiv(b, lo64, across, "");
+    LLVMValueRef at = LLVMBuildAdd(b, s->mask_plane, LLVMBuildMul(b, rows, cols, ""), "");
+    if (along_keys)
+        at = LLVMBuildAdd(b, at, LLVMBuildMul(b, block, LLVMBuildAdd(b, cols, one, ""), ""), "");
+    else
+        at = LLVMBuildAdd(b, at, LLVMBuildAdd(b, LLVMBuildMul(b, rows, LLVMBuildAdd(b, cols, one, ""), ""),
+                                              LLVMBuildMul(b, block, LLVMBuildAdd(b, rows, one, ""), ""),
+                                              ""), "list");
+    LLVMValueRef count = aj_kb_var(kb, kb->t_i32, aj_kb_i32(kb, 0), "list_count");
+    aj_kb_if_begin(kb, ok);
+    aj_kb_set(kb, count, aj_kb_load(kb, kb->t_i32, aj_kb_gptr_offset(kb, s->mask_classes,
+                                    LLVMBuildShl(b, at, aj_kb_i64(kb, 2), "")), 4));
+    aj_kb_if_end(kb);
+    w->listed = ok;
+    w->entries = LLVMBuildAdd(b, at, one, "entries");
+    w->begin = LLVMBuildSelect(b, ok, aj_kb_i32(kb, 0), first, "walk_begin");
+    w->end = LLVMBuildSelect(b, ok, aj_kb_get(kb, count), end, "walk_end");
+}
+
+void aj_score_walk_keys(aj_score *s, aj_score_walk *w, LLVMValueRef i0, LLVMValueRef i1,
+                        int bn, LLVMValueRef n_first, LLVMValueRef n_end, LLVMValueRef seq_q,
+                        LLVMValueRef seq_k)
+{
+    walk_begin(s, w, 1, i0, i1, bn, n_first, n_end, seq_q, seq_k);
+}
+
+void aj_score_walk_rows(aj_score *s, aj_score_walk *w, LLVMValueRef j0, LLVMValueRef j1,
+                        int bm, LLVMValueRef m_first, LLVMValueRef m_end, LLVMValueRef seq_q,
+                        LLVMValueRef seq_k)
+{
+    walk_begin(s, w, 0, j0, j1, bm, m_first, m_end, seq_q, seq_k);
+}
+
+/* The class of tile t of the walk by aj_score_tile_class. */
+static LLVMValueRef walk_class(aj_score *s, const aj_score_walk *w, LLVMValueRef t)
+{
+    aj_kb *kb = s->kb;
+    LLVMBuilderRef b = kb->b;
+    LLVMValueRef t0 = LLVMBuildMul(b, t, aj_kb_i32(kb, w->size), "");
+    LLVMValueRef t1 = LLVMBuildSub(b, aj_kb_smin(kb, LLVMBuildAdd(b, t0, aj_kb_i32(kb, w->size), ""),
+                                                 w->seq), aj_kb_i32(kb, 1), "");
+    return w->along_keys ? aj_score_tile_class(s, w->lo, w->hi, t0, t1)
+                         : aj_score_tile_class(s, t0, t1, w->lo, w->hi);
+}
+
+LLVMValueRef aj_score_walk_tile(aj_score *s, const aj_score_walk *w, LLVMValueRef pos,
+                                LLVMValueRef *cls)
+{
+    aj_kb *kb = s->kb;
+    LLVMBuilderRef b = kb->b;
+    if (!w->listed) {
+        if (cls)
+            *cls = walk_class(s, w, pos);
+        return pos;
+    }
+    LLVMValueRef tile = aj_kb_var(kb, kb->t_i32, pos, "walk_tile");
+    LLVMValueRef c = aj_kb_var(kb, kb->t_i32, aj_kb_i32(kb, AJ_TILE_SKIP), "walk_class");
+    aj_kb_if_begin(kb, w->listed);
+    {
+        LLVMValueRef at = LLVMBuildAdd(b, w->entries, to_i64(kb, pos), "");
+        LLVMValueRef e = aj_kb_load(kb, kb->t_i32, aj_kb_gptr_offset(kb, s->mask_classes,
+                                    LLVMBuildShl(b, at, aj_kb_i64(kb, 2), "")), 4);
+        LLVMValueRef t = LLVMBuildAShr(b, e, aj_kb_i32(kb, 2), "");
+        LLVMValueRef in = LLVMBuildAnd(b, LLVMBuildICmp(b, LLVMIntSGE, t, w->first, ""),
+                                       LLVMBuildICmp(b, LLVMIntSLT, t, w->last, ""), "");
+        aj_kb_set(kb, tile, t);
+        aj_kb_set(kb, c, sel(kb, in, LLVMBuildAnd(b, e, aj_kb_i32(kb, 3), ""),
+                             aj_kb_i32(kb, AJ_TILE_SKIP)));
+    }
+    aj_kb_else(kb);
+    aj_kb_set(kb, c, walk_class(s, w, pos));
+    aj_kb_if_end(kb);
+    if (cls)
+        *cls = aj_kb_get(kb, c);
+    return aj_kb_get(kb, tile);
 }
 
 /* ---------------------------------------------------------------- host */

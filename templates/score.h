@@ -133,6 +133,9 @@ typedef struct aj_score {
     /* aj_score_fix_rows: the intervals of the nodes that read q but not
      * k over the fixed rows (lo, hi by node; NULL: not fixed) */
     LLVMValueRef row_lo[AJ_EXPR_NODES_MAX], row_hi[AJ_EXPR_NODES_MAX];
+    /* aj_score_fix_cols, aj_score_load_cols: the same for the nodes that
+     * read k but not q over the fixed keys */
+    LLVMValueRef col_lo[AJ_EXPR_NODES_MAX], col_hi[AJ_EXPR_NODES_MAX];
 } aj_score;
 
 /*
@@ -213,6 +216,89 @@ LLVMValueRef aj_score_tile_class(aj_score *s, LLVMValueRef i0, LLVMValueRef i1,
  * aj_score_tile_class then takes for every tile of those rows; its later
  * calls must have these rows. */
 void aj_score_fix_rows(aj_score *s, LLVMValueRef i0, LLVMValueRef i1);
+
+/* The same for keys [j0, j1]: the intervals of the rest's nodes that read
+ * k and not q (doc[b, k]'s hull over a key block), which the block-mask
+ * builder computes once per key block (aj_score_fix_cols), keeps in
+ * memory as aj_score_col_slots(p) pairs of i64 (aj_score_save_cols, at
+ * the i64 element `at` of the block mask) and reads back for each tile
+ * of that key block (aj_score_load_cols, before aj_score_tile_class). */
+int aj_score_col_slots(const aj_score_prog *p);
+void aj_score_fix_cols(aj_score *s, LLVMValueRef j0, LLVMValueRef j1);
+void aj_score_save_cols(aj_score *s, LLVMValueRef at);
+void aj_score_load_cols(aj_score *s, LLVMValueRef at);
+
+/*
+ * A block mask's memory (runtime/block_mask.c builds it, docs/ir.md
+ * draws it): per (b, h) plane, in i32 elements, with rows = ceil(Sq /
+ * block_m) and cols = ceil(Sk / block_n) of the mask's tile,
+ *
+ *   classes    rows x cols         aj_tile_class of tile (m, n)
+ *   row lists  rows x (cols + 1)   per row block m: count, then the
+ *                                  non-skip tiles n << 2 | class, n rising
+ *   col lists  cols x (rows + 1)   per key block n: count, then m << 2 |
+ *                                  class, m rising (the backward's dK/dV)
+ *   (pad to 8 bytes), col hulls    cols x slots pairs of i64 (the builder's)
+ *   (pad to an even number of rows of cols)
+ *
+ * AJ_SCORE_MASK_LISTS is the row lists' offset from the plane, in i32s.
+ */
+static inline int64_t aj_score_mask_plane_size(int64_t rows, int64_t cols, int slots)
+{
+    int64_t lists = 3 * rows * cols + rows + cols;
+    int64_t size = (lists + 1) / 2 * 2 + cols * slots * 4;
+    /* whole rows of cols, an even number: the plane is a [rows', cols]
+     * tensor whose extent the devices check, and its hulls stay 8-byte
+     * aligned */
+    int64_t rows_all = (size + cols - 1) / cols;
+    return (rows_all + 1) / 2 * 2 * cols;
+}
+
+/*
+ * The tiles a kernel visits along one row block (keys: the forward, dQ)
+ * or one key block (rows: dK/dV), for every template the same way.  Where
+ * the op takes a block mask and the launch's mask has the walk's tiles
+ * (its block_m x block_n, the fixed range one of its blocks), the walk
+ * reads the block's list: positions 0 .. count - 1, each a non-skip tile
+ * and its class, no class computed; else positions are the tiles of
+ * [first, end) and each tile's class is aj_score_tile_class's.  A listed
+ * tile outside [first, end) (a split of the keys) reads as skip.
+ *
+ *   aj_score_walk w;
+ *   aj_score_walk_keys(&s, &w, i0, i1, bn, n_first, n_end, seq_q, seq_k);
+ *   pos = for (w.begin .. w.end) {
+ *       n = aj_score_walk_tile(&s, &w, pos, &cls);   ... tile n, class cls
+ *   }
+ */
+typedef struct aj_score_walk {
+    LLVMValueRef begin, end;    /* i32 positions */
+    /* internals: */
+    int along_keys, size;       /* the walked tiles' extent */
+    LLVMValueRef lo, hi;        /* the fixed range, inclusive (i32) */
+    LLVMValueRef first, last;   /* [first, end) of tiles (i32) */
+    LLVMValueRef seq;           /* the walked dim's length (i32) */
+    LLVMValueRef listed;        /* i1, NULL: no block mask */
+    LLVMValueRef entries;       /* i64: the list's first entry in the mask */
+} aj_score_walk;
+
+void aj_score_walk_keys(aj_score *s, aj_score_walk *w, LLVMValueRef i0, LLVMValueRef i1,
+                        int bn, LLVMValueRef n_first, LLVMValueRef n_end, LLVMValueRef seq_q,
+                        LLVMValueRef seq_k);
+void aj_score_walk_rows(aj_score *s, aj_score_walk *w, LLVMValueRef j0, LLVMValueRef j1,
+                        int bm, LLVMValueRef m_first, LLVMValueRef m_end, LLVMValueRef seq_q,
+                        LLVMValueRef seq_k);
+/* Makes w a walk over every tile of its [first, end), listed or not, each
+ * classed (a kernel that visits skip tiles too: dbias). */
+static inline void aj_score_walk_every(aj_score_walk *w)
+{
+    w->listed = NULL;
+    w->begin = w->first;
+    w->end = w->last;
+}
+/* The tile (i32 block index) at position pos; its class (i32) into *cls
+ * when cls is not NULL (an op with a mask). */
+LLVMValueRef aj_score_walk_tile(aj_score *s, const aj_score_walk *w, LLVMValueRef pos,
+                                LLVMValueRef *cls);
 
 /* Hulls of loads over index boxes already read (aj_score_host_class): a
  * caller classifying many tiles of one launch keeps one, zeroed first,

@@ -596,6 +596,10 @@ static void test_side_tensor_arguments(void)
     aj_tile_class cls;
     CHECK(aj_block_mask_class(m, 0, 0, 0, 0, &cls) == AJ_OK && cls == AJ_TILE_FULL);
     CHECK(aj_block_mask_class(m, 0, 0, 0, 99, &cls) == AJ_ERR_INVALID_ARG);
+    int64_t count = -1;
+    CHECK(aj_block_mask_list(m, 0, 0, 1, 0, NULL, NULL, 0, &count) == AJ_OK && count > 0);
+    CHECK(aj_block_mask_list(m, 0, 0, 0, 99, NULL, NULL, 0, &count) == AJ_ERR_INVALID_ARG);
+    CHECK(aj_block_mask_list(m, 0, 0, 1, 0, NULL, NULL, -1, &count) == AJ_ERR_INVALID_ARG);
     aj_block_mask_destroy(m);
     aj_op *merge = NULL;
     const char *mspec = "attention merge { dtype = f16 head_dim_v = 16 }";

@@ -7,7 +7,10 @@
  *              ALiBi and softcap as expressions) forward on the device
  *   random     well-typed random masks and score_mods over b, h, q, k,
  *              sq, sk, score and two small side tensors (loads in and out
- *              of range); a failing one shrinks to a small spec
+ *              of range); a failing one shrinks to a small spec.  On the
+ *              cpu, the block-mask lists of the examples and of every
+ *              eighth random mask that takes one equal a recount of its
+ *              classes
  *   builtins   causal / window / softcap / alibi written as expressions
  *              give the built-ins' results (the same programs)
  *   classes    tile classes (host interval arithmetic) against a
@@ -15,7 +18,9 @@
  *              band masks and the chunked mask
  *   blockmask  masks interval arithmetic cannot class read a block mask:
  *              built by the launch or passed (and reused), exact per tile,
- *              refused for other sizes
+ *              its lists the classes' non-skip tiles, the list walk's
+ *              output that of the per-tile path bit for bit, refused for
+ *              other sizes
  *
  * test_score DEVICE [VARIANT] [examples | random N | builtins | classes | blockmask]...:
  * DEVICE is sim or cpu, VARIANT efficient (the default) or flash (whose
@@ -43,6 +48,10 @@ static aj_dtype case_dtype(void)
     return strcmp(variant_name, "flash") == 0 ? AJ_DTYPE_F16 : AJ_DTYPE_F32;
 }
 
+static void check_mask_lists(const char *label, const char *spec, aj_dtype dt, int d,
+                             const side_data *side, int B, int H, int S);
+static int lists_checked;   /* masks whose lists check_mask_lists compared */
+
 /* One forward case from spec fields; returns whether it passed. */
 static bool run_fields(const char *label, aj_dtype dtype, int d, const char *tensors,
                        const char *mask, const char *mod, int B, int H, int S, uint64_t seed,
@@ -68,6 +77,12 @@ static bool run_fields(const char *label, aj_dtype dtype, int d, const char *ten
     fwd_run_options run = {.variant = strcmp(variant_name, "flash") == 0 ? AJ_VARIANT_FLASH
                                                                          : AJ_VARIANT_EFFICIENT};
     fwd_result r = fwd_run_case_ext(ctx, dev, &c, &x, &run);
+    /* the lists (each costs a compile and a build): on the cpu, once per
+     * run (not again under AJ_CPU_ISA), for the examples and every eighth
+     * random case; the sim's in the blockmask section */
+    if (aj_device_target(dev) == AJ_TARGET_CPU && !getenv("AJ_CPU_ISA") &&
+        (report || seed % 8 == 0))
+        check_mask_lists(label, spec, dtype, d, &side, B, H, S);
     side_free(&side);
     bool ok = r.status == AJ_OK && r.max_err_o <= 1.0 && r.max_err_lse <= 1.0 &&
               r.exact_empty_rows;
@@ -137,10 +152,12 @@ static void random_failed(rx_tree *t, int root, void *user)
 static void test_random(int count)
 {
     static rx_tree t;
+    lists_checked = 0;
     count = check_sample_count(count);
     int failed = rx_cases(&t, count, 0x5eed0000u, random_fails, random_failed, NULL);
-    printf("random: %d expressions, %s forward in %s on %s, %d failed\n", count, variant_name,
-           aj_dtype_name(case_dtype()), aj_target_name(aj_device_target(dev)), failed);
+    printf("random: %d expressions, %s forward in %s on %s, %d failed; the block-mask lists "
+           "of %d checked\n", count, variant_name, aj_dtype_name(case_dtype()),
+           aj_target_name(aj_device_target(dev)), failed, lists_checked);
 }
 
 /* ---------------------------------------------------------------- builtins */
@@ -331,6 +348,78 @@ static void test_classes(void)
 
 /* ---------------------------------------------------------------- block masks */
 
+/* The lists of block mask `bm` (aj_block_mask_list: what the kernels
+ * walk) against a recount of its classes (aj_block_mask_class): for every
+ * (b, h), every query block's key blocks and every key block's query
+ * blocks that are not skip, in order, with their classes. */
+static void check_lists(const char *label, const aj_block_mask *bm, int B, int H, int S)
+{
+    aj_tile_counts counts;
+    CHECK_STATUS(ctx, aj_block_mask_counts(bm, &counts), AJ_OK);
+    const int64_t blocks[2] = {(S + counts.block_m - 1) / counts.block_m,
+                               (S + counts.block_n - 1) / counts.block_n};
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < H; h++)
+            for (int by_keys = 0; by_keys < 2; by_keys++)
+                for (int64_t i = 0; i < blocks[!by_keys]; i++) {
+                    int64_t got[256], n = -1, want = 0;
+                    aj_tile_class cls[256];
+                    CHECK_STATUS(ctx, aj_block_mask_list(bm, b, h, by_keys, i, got, cls, 256,
+                                                         &n), AJ_OK);
+                    for (int64_t j = 0; j < blocks[by_keys] && n <= 256; j++) {
+                        aj_tile_class c = AJ_TILE_SKIP;
+                        aj_block_mask_class(bm, b, h, by_keys ? i : j, by_keys ? j : i, &c);
+                        if (c == AJ_TILE_SKIP)
+                            continue;
+                        CHECK_MSG(want < n && got[want] == j && cls[want] == c,
+                                  "%s: b %d h %d %s block %lld: entry %lld is %lld (class %d), "
+                                  "the classes say %lld (class %d)", label, b, h,
+                                  by_keys ? "query" : "key", (long long)i, (long long)want,
+                                  want < n ? (long long)got[want] : -1LL,
+                                  want < n ? (int)cls[want] : -1, (long long)j, (int)c);
+                        want++;
+                    }
+                    CHECK_MSG(n == want, "%s: b %d h %d %s block %lld lists %lld tiles; the "
+                              "classes have %lld", label, b, h, by_keys ? "query" : "key",
+                              (long long)i, (long long)n, (long long)want);
+                }
+}
+
+/* For a case whose op takes a block mask: one built for it, its lists
+ * against its classes (check_lists). */
+static void check_mask_lists(const char *label, const char *spec, aj_dtype dt, int d,
+                             const side_data *side, int B, int H, int S)
+{
+    aj_op *op = NULL;
+    if (aj_op_parse(ctx, spec, strlen(spec), label, &op) != AJ_OK)
+        return;
+    static aj_score_prog prog;
+    if (aj_score_prog_init(ctx, op, &prog) != AJ_OK || !prog.block_mask) {
+        aj_op_destroy(op);
+        return;
+    }
+    aj_kernel *k = compile_spec(label, spec, NULL);
+    dev_fwd f;
+    dev_fwd_make(&f, dt, B, H, S, d);
+    aj_status st = AJ_OK;
+    aj_side_tensor on_dev[8];
+    side_to_device(dev, &st, side->t, side->n, on_dev);
+    f.a.side = on_dev;
+    f.a.num_side = side->n;
+    aj_block_mask *bm = NULL;
+    if (k && st == AJ_OK)
+        CHECK_STATUS(ctx, aj_block_mask_create(ctx, dev, op, k, &f.a, &bm), AJ_OK);
+    if (bm) {
+        check_lists(label, bm, B, H, S);
+        lists_checked++;
+    }
+    aj_block_mask_destroy(bm);
+    side_free_device(dev, on_dev, side->n);
+    dev_fwd_free(&f);
+    aj_kernel_destroy(k);
+    aj_op_destroy(op);
+}
+
 /*
  * Masks interval arithmetic cannot class take a block mask
  * (score.h: aj_score_prog.block_mask): the launch builds one when none is
@@ -395,6 +484,36 @@ static void test_block_masks(void)
                       mask, call);
             free(passed);
         }
+        aj_tile_counts counts = {0};
+        if (bm)
+            aj_block_mask_counts(bm, &counts);
+        if (bm && counts.block_n % 2 == 0) {
+            /* a mask of tiles half as wide: the kernel classes each of its
+             * tiles from the two it covers, walking every tile of the band
+             * (no list) -- the list walk's output, bit for bit */
+            char other_spec[640];
+            snprintf(other_spec, sizeof other_spec, "%.*s schedule = (block_m = %d, block_n = "
+                     "%d) }", (int)(strrchr(spec, '}') - spec), spec, counts.block_m,
+                     counts.block_n / 2);
+            aj_op *other_op = NULL;
+            aj_kernel *other_k = compile_spec("block mask tile", other_spec, &other_op);
+            aj_block_mask *halves = NULL;
+            if (other_k)
+                CHECK_STATUS(ctx, aj_block_mask_create(ctx, dev, other_op, other_k, &f.a,
+                                                       &halves), AJ_OK);
+            f.a.block_mask = halves;
+            if (halves)
+                CHECK_STATUS(ctx, aj_forward(ctx, dev, k, &f.a), AJ_OK);
+            void *per_tile = dev_fwd_output(&f);
+            CHECK_MSG(!halves || memcmp(implicit, per_tile, f.n * f.elem) == 0,
+                      "%s: the per-tile path (a mask of %d x %d tiles) differs from the list "
+                      "walk", mask, counts.block_m, counts.block_n / 2);
+            free(per_tile);
+            f.a.block_mask = bm;
+            aj_block_mask_destroy(halves);
+            aj_kernel_destroy(other_k);
+            aj_op_destroy(other_op);
+        }
         if (bm && strstr(mask, "doc[")) {
             /* the kernels read the mask: one built from other documents
              * (each token its own) skips tiles this one shows */
@@ -418,9 +537,6 @@ static void test_block_masks(void)
             aj_block_mask_destroy(other);
             side_free_device(dev, &own_dev, 1);
         }
-        aj_tile_counts counts = {0};
-        if (bm)
-            aj_block_mask_counts(bm, &counts);
         int64_t rows = (S + counts.block_m - 1) / counts.block_m;
         int64_t cols = (S + counts.block_n - 1) / counts.block_n, seen[3] = {0, 0, 0};
         for (int b = 0; bm && b < B; b++)
@@ -442,6 +558,8 @@ static void test_block_masks(void)
         for (int c = 0; bm && c < 3; c++)
             CHECK_MSG(seen[c] == counts.tiles[c], "%s: %lld tiles of class %d, counts say %lld",
                       mask, (long long)seen[c], c, (long long)counts.tiles[c]);
+        if (bm)
+            check_lists(mask, bm, B, H, S);
         if (bm && masks[m].takes) {
             /* built for kv_offset 0: a launch at another offset is refused */
             f.a.kv_offset = 5;

@@ -3,7 +3,7 @@
  * tensors.
  *
  *   mpirun -np P attnjit ring SPEC --device sim|cpu|cuda
- *       [--method ring|ulysses] [--ulysses-size U]
+ *       [--method ring|ulysses|hybrid] [--ulysses-size U]
  *       [--layout contiguous|zigzag] [--rotate p2p|allgather]
  *       --in q=F --in k=F --in v=F [--in alibi_slopes=F] [--in NAME=F (side
  *       tensors)] [--in cu_seqlens_q=F --in cu_seqlens_k=F (layout = varlen)]
@@ -150,8 +150,10 @@ static int parse_ring_args(int argc, char **argv, ring_opts *o)
                 o->method = AJ_METHOD_RING;
             else if (strcmp(v, "ulysses") == 0)
                 o->method = AJ_METHOD_ULYSSES;
+            else if (strcmp(v, "hybrid") == 0)
+                o->method = AJ_METHOD_HYBRID;
             else
-                return cli_usage("--method takes ring or ulysses, not '%s'", v);
+                return cli_usage("--method takes ring, ulysses or hybrid, not '%s'", v);
         } else if (strcmp(a, "--ulysses-size") == 0) {
             rc = parse_number(a, v, 0, 1 << 20, &num);
             o->ulysses_size = (int)num;
@@ -985,14 +987,23 @@ int cli_ring(aj_ctx *ctx, int argc, char **argv)
 
     for (int t = 0; t < (o.grad ? R_OUT_COUNT : R_DQ) && rc == CLI_EXIT_OK; t++)
         rc = gather(ctx, &o, &out[t], me, size);
-    if (me == 0)
-        printf("ring: %d ranks, %s%s, %s, %s, on %s\n", size,
-               o.method == AJ_METHOD_ULYSSES ? "ulysses, " : "",
+    if (me == 0) {
+        char method[48] = "";
+        if (o.method == AJ_METHOD_ULYSSES)
+            snprintf(method, sizeof method, "ulysses, ");
+        else if (o.method == AJ_METHOD_HYBRID)
+            snprintf(method, sizeof method, "hybrid (%d groups of %d), ", size /
+                     (o.ulysses_size ? o.ulysses_size : 1), o.ulysses_size);
+        printf("ring: %d ranks, %s%s, %s, %s, on %s\n", size, method,
                o.layout == AJ_SHARD_ZIGZAG ? "zigzag" : "contiguous",
-               o.method == AJ_METHOD_ULYSSES ? "all-to-all"
-               : o.rotate == AJ_ROTATE_P2P   ? "p2p"
-                                             : "all-gather",
+               o.method == AJ_METHOD_ULYSSES  ? "all-to-all"
+               : o.method == AJ_METHOD_HYBRID ? (o.rotate == AJ_ROTATE_P2P
+                                                     ? "all-to-all + p2p"
+                                                     : "all-to-all + all-gather")
+               : o.rotate == AJ_ROTATE_P2P    ? "p2p"
+                                              : "all-gather",
                o.grad ? "forward + backward" : "forward", aj_device_name(dev));
+    }
     print_stats("forward", &fs, me, size);
     if (o.verbose)
         print_tiles(tiles, tiles_cap, fs.launches, me, size);

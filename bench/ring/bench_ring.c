@@ -4,8 +4,8 @@
  *
  *   mpirun -np P bench_ring [--len L[,L...]] [--heads H] [--dim D]
  *                           [--tflops T[,T...]] [--workers N] [--device cpu|sim]
- *                           [--method ring|ulysses|both]
- *                           [--direction forward|backward|both]
+ *                           [--method ring|ulysses|hybrid|both|all]
+ *                           [--ulysses-size U] [--direction forward|backward|both]
  *
  * Part 1, measured on this machine's CPU ranks: a ring forward (p2p)
  * and, with --direction backward (or both), a ring backward, per
@@ -24,12 +24,16 @@
  *   ring p2p forward   (P-1) B Hkv L (D + Dv) e
  *   Ulysses forward    (P-1)/P B L (Hq D + 2 Hkv D) e      (q, k, v in)
  *                    + (P-1)/P B L Hq (Dv e + 4)            (o, lse out)
+ *   hybrid forward     Ulysses' with U for P                (in the groups)
+ *                    + (R-1) B Hkv L (D + Dv) e             (the ring across)
  *   ring p2p backward  (P-1) B Hkv L (D + Dv) e + P B Hkv L (D + Dv) 4
  *
  * (L: the per-rank length, e: bytes per element; measured is the formula
  * plus the opening agreement, (P-1) x 152 bytes -- the ring's formula is
  * its message path: ranks on one node share memory and send only the
- * agreement, docs/ring.md).  The methods take turns
+ * agreement, docs/ring.md.  Hybrid, --method hybrid or all: P = U x R,
+ * U = --ulysses-size, default 2: its all-to-alls overlap nothing, its
+ * ring's exchanges overlap the ring's compute.)  The methods take turns
  * case by case, 5 rounds; each row is the method's median round.
  *
  * Part 2, a model for GPUs: a ring step hides its K/V exchange when the
@@ -45,6 +49,21 @@
  * the chunk.)  The table takes the link bandwidths the issue states
  * (NVLink 450 GB/s, InfiniBand 50 GB/s per GPU) and the throughputs
  * given with --tflops, since this bench measures none on a GPU.
+ *
+ * Part 3, the methods compared on GPUs (a model, forward, bf16, D 128,
+ * non-causal, nodes of G = 8 GPUs, the largest --tflops): per GPU the
+ * attention of the whole sequence S = P L costs C = 4 H S^2 D / (P T);
+ *
+ *   ring      C/P + (P-1) max(C/P, X),  X = 2 Hkv L D e / BW   (one K/V
+ *             block; BW: InfiniBand once the ring spans nodes, else NVLink)
+ *   Ulysses   C + A(P),  A(n): its two all-to-alls among n ranks, the
+ *             bytes of the formula above, on-node ones over NVLink and
+ *             off-node ones over InfiniBand at once (the slower of the two)
+ *   hybrid    A(U) + C/R + (R-1) max(C/R, X)   with U = G over NVLink and
+ *             the ring over the R = P/G nodes (a block of U L positions and
+ *             Hkv/U heads: the same X)
+ *
+ * Ulysses needs Hkv divisible by P, hybrid by U.
  */
 #include <math.h>
 #include <mpi.h>
@@ -57,6 +76,8 @@
 #define MAX_LIST 8
 
 static int rank, size;
+static int ulysses_size = 2;   /* hybrid's U */
+static const char *const method_names[AJ_METHOD_COUNT] = {"ring", "ulysses", "hybrid"};
 
 static int parse_list(const char *s, double *out)
 {
@@ -145,6 +166,8 @@ static int run_case(aj_ctx *ctx, aj_device *dev, aj_comm *comm, aj_cp_method met
     b.dv.data = t[DV];
     b.layout = a.layout;
     b.method = method;
+    a.ulysses_size = method == AJ_METHOD_HYBRID ? ulysses_size : 0;
+    b.ulysses_size = a.ulysses_size;
     aj_ring_stats s = {0};
     aj_status st = backward ? aj_ring_forward(ctx, dev, comm, op, &a, &s) : AJ_OK;
     for (int pass = 0; pass < 2 && st == AJ_OK; pass++) {   /* pass 0 compiles */
@@ -217,6 +240,77 @@ static void print_model(const double *tflops, int nt)
 
 enum { ROUNDS = 5 };   /* per case and method */
 
+/* Part 3 (header comment): seconds of one forward per method on P GPUs in
+ * nodes of G; -1 where the method cannot split the heads. */
+typedef struct gpu_case {
+    double P, L, H, Hkv, T;
+} gpu_case;
+
+enum { GPU_NODE = 8 };
+static const double nvlink = 450e9, infiniband = 50e9, gpu_d = 128, gpu_e = 2;
+
+/* Ulysses' two all-to-alls among n ranks (of one node when n <= G). */
+static double alltoall_s(const gpu_case *c, double n)
+{
+    const double D = gpu_d, e = gpu_e;
+    double bytes = (n - 1) / n * c->L * ((c->H + 2 * c->Hkv) * D * e + c->H * (D * e + 4));
+    double off = n > GPU_NODE ? (n - GPU_NODE) / (n - 1) : 0;
+    return fmax(bytes * (1 - off) / nvlink, bytes * off / infiniband);
+}
+
+/* The ring over r ranks, each step a block of the per-GPU compute c_s
+ * over r, exchanging x seconds of K/V. */
+static double ring_steps_s(double r, double c_s, double x)
+{
+    return c_s / r + (r - 1) * fmax(c_s / r, x);
+}
+
+static double gpu_method_s(const gpu_case *c, aj_cp_method m)
+{
+    const double S = c->P * c->L, D = gpu_d, e = gpu_e;
+    const double C = 4 * c->H * S * S * D / (c->P * c->T);
+    const double bw = c->P > GPU_NODE ? infiniband : nvlink;
+    const double X = 2 * c->Hkv * c->L * D * e;
+    if (m == AJ_METHOD_RING)
+        return ring_steps_s(c->P, C, X / bw);
+    if (m == AJ_METHOD_ULYSSES)
+        return fmod(c->Hkv, c->P) ? -1 : C + alltoall_s(c, c->P);
+    const double U = fmin(GPU_NODE, c->P), R = c->P / U;
+    if (fmod(c->Hkv, U))
+        return -1;
+    return alltoall_s(c, U) + ring_steps_s(R, C, X / (R > 1 ? infiniband : nvlink));
+}
+
+static void print_methods_model(double tflops)
+{
+    static const double gpus[] = {8, 16, 64}, lens[] = {2048, 16384};
+    static const struct { const char *name; double h, hkv; } heads[] = {
+        {"MHA 32", 32, 32}, {"GQA 32:8", 32, 8}};
+    printf("\nforward ms per method on GPUs (model: nodes of %d, NVLink %.0f GB/s inside, "
+           "InfiniBand %.0f GB/s across, %.0f TFLOP/s, bf16, D %.0f; -: heads do not "
+           "divide)\n", GPU_NODE, nvlink / 1e9, infiniband / 1e9, tflops, gpu_d);
+    printf("%-5s %-9s %7s %10s %10s %10s  %s\n", "GPUs", "heads", "L/GPU", "ring", "ulysses",
+           "hybrid", "fastest");
+    for (size_t g = 0; g < sizeof gpus / sizeof gpus[0]; g++)
+        for (size_t h = 0; h < sizeof heads / sizeof heads[0]; h++)
+            for (size_t l = 0; l < sizeof lens / sizeof lens[0]; l++) {
+                const gpu_case c = {gpus[g], lens[l], heads[h].h, heads[h].hkv, tflops * 1e12};
+                double t[AJ_METHOD_COUNT];
+                int best = 0;
+                printf("%-5.0f %-9s %7.0f", c.P, heads[h].name, c.L);
+                for (int m = 0; m < AJ_METHOD_COUNT; m++) {
+                    t[m] = gpu_method_s(&c, (aj_cp_method)m);
+                    if (t[m] < 0)
+                        printf(" %10s", "-");
+                    else
+                        printf(" %10.3f", 1e3 * t[m]);
+                    if (t[m] >= 0 && (t[best] < 0 || t[m] < t[best]))
+                        best = m;
+                }
+                printf("  %s\n", method_names[best]);
+            }
+}
+
 /* The round whose total time is the median of n. */
 static int median_round(const aj_ring_stats *s, int n)
 {
@@ -237,12 +331,14 @@ static int median_round(const aj_ring_stats *s, int n)
 static double formula_bytes(aj_cp_method method, int backward, int64_t len, int heads,
                             int dim)
 {
-    const double P = size, e = 2, L = (double)len, H = heads, D = dim;
+    const double e = 2, L = (double)len, H = heads, D = dim;
+    const double U = method == AJ_METHOD_HYBRID ? ulysses_size : size, R = size / U;
     if (method == AJ_METHOD_RING)
-        return (P - 1) * H * L * 2 * D * e + (backward ? P * H * L * 2 * D * 4 : 0);
+        return (size - 1) * H * L * 2 * D * e + (backward ? size * H * L * 2 * D * 4 : 0);
     if (backward)
         return -1;
-    return (P - 1) / P * L * 3 * H * D * e + (P - 1) / P * L * H * (D * e + 4);
+    const double across = method == AJ_METHOD_HYBRID ? (R - 1) * H * L * 2 * D * e : 0;
+    return (U - 1) / U * L * 3 * H * D * e + (U - 1) / U * L * H * (D * e + 4) + across;
 }
 
 /* A case's row: the method's median round. */
@@ -256,7 +352,7 @@ static void print_row(aj_cp_method m, int backward, int causal, double len, int 
     double hidden = m == AJ_METHOD_RING && alone[r] > 0 ? 1.0 - x->exposed_comm_s / alone[r]
                                                         : 0.0;
     printf("%-8s %-9s %-20s %5.0f %9.2f %11.2f %12.3f %11.3f %10.3f %7.0f%% %11llu %11.0f\n",
-           m == AJ_METHOD_RING ? "ring" : "ulysses", backward ? "backward" : "forward",
+           method_names[m], backward ? "backward" : "forward",
            causal ? "causal, zigzag" : "no mask, contiguous", len, 1e3 * x->total_s,
            1e3 * x->compute_s, 1e3 * (m == AJ_METHOD_RING ? alone[r] : x->comm_s),
            1e3 * x->exposed_comm_s, x->total_s / x->compute_s,
@@ -271,7 +367,8 @@ int main(int argc, char **argv)
     MPI_Comm_size(MPI_COMM_WORLD, &size);
     double lens[MAX_LIST] = {64, 256}, tflops[MAX_LIST] = {25, 100, 400};
     int nl = 2, nt = 3, heads = 2, dim = 64, workers = 1;
-    int first = AJ_METHOD_RING, last = AJ_METHOD_RING, dir_first = 0, dir_last = 0;
+    int runs[AJ_METHOD_COUNT] = {1, 0, 0};   /* which methods run */
+    int dir_first = 0, dir_last = 0;
     aj_device_kind kind = AJ_DEVICE_CPU;
     for (int i = 1; i + 1 < argc; i += 2) {
         if (strcmp(argv[i], "--len") == 0)
@@ -289,9 +386,14 @@ int main(int argc, char **argv)
         else if (strcmp(argv[i], "--direction") == 0) {
             dir_first = strcmp(argv[i + 1], "backward") == 0;
             dir_last = strcmp(argv[i + 1], "forward") != 0;
-        } else if (strcmp(argv[i], "--method") == 0) {
-            first = strcmp(argv[i + 1], "ulysses") == 0 ? AJ_METHOD_ULYSSES : AJ_METHOD_RING;
-            last = strcmp(argv[i + 1], "ring") == 0 ? AJ_METHOD_RING : AJ_METHOD_ULYSSES;
+        } else if (strcmp(argv[i], "--ulysses-size") == 0)
+            ulysses_size = atoi(argv[i + 1]);
+        else if (strcmp(argv[i], "--method") == 0) {
+            const char *m = argv[i + 1];
+            const int all = strcmp(m, "all") == 0, both = strcmp(m, "both") == 0;
+            for (int k = 0; k < AJ_METHOD_COUNT; k++)
+                runs[k] = all || strcmp(m, method_names[k]) == 0 ||
+                          (both && k != AJ_METHOD_HYBRID);
         }
     }
     aj_ctx *ctx = NULL;
@@ -312,8 +414,8 @@ int main(int argc, char **argv)
                "hidden", "sent B", "formula B");
     }
     /* per case and direction, the methods take turns (ring, ulysses,
-     * ring, ...) for ROUNDS rounds; each row is the method's median round
-     * by total time */
+     * hybrid, ring, ...) for ROUNDS rounds; each row is the method's
+     * median round by total time */
     for (int d = dir_first; d <= dir_last && !failed; d++)
         for (int c = 0; c < 2 && !failed; c++)
             for (int i = 0; i < nl && !failed; i++) {
@@ -321,16 +423,20 @@ int main(int argc, char **argv)
                 double alone[AJ_METHOD_COUNT][ROUNDS] = {{0}};
                 uint64_t sent[AJ_METHOD_COUNT] = {0};
                 for (int r = 0; r < ROUNDS && !failed; r++)
-                    for (int m = first; m <= last && !failed; m++)
-                        failed = run_case(ctx, dev, comm, (aj_cp_method)m, d, c,
-                                          (int64_t)lens[i], heads, dim, &s[m][r],
-                                          &alone[m][r], &sent[m]);
-                for (int m = first; m <= last && !failed && rank == 0; m++)
-                    print_row((aj_cp_method)m, d, c, lens[i], heads, dim, s[m], alone[m],
-                              sent[m]);
+                    for (int m = 0; m < AJ_METHOD_COUNT && !failed; m++)
+                        failed = runs[m] && run_case(ctx, dev, comm, (aj_cp_method)m, d, c,
+                                                     (int64_t)lens[i], heads, dim, &s[m][r],
+                                                     &alone[m][r], &sent[m]);
+                for (int m = 0; m < AJ_METHOD_COUNT && !failed && rank == 0; m++)
+                    if (runs[m])
+                        print_row((aj_cp_method)m, d, c, lens[i], heads, dim, s[m], alone[m],
+                                  sent[m]);
             }
     if (!failed && rank == 0)
+    {
         print_model(tflops, nt);
+        print_methods_model(tflops[nt - 1]);
+    }
     aj_comm_destroy(comm);
     aj_device_close(dev);
     aj_ctx_destroy(ctx);

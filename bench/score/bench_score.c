@@ -13,6 +13,11 @@
  *   block mask                aj_block_mask_create at S (the build kernel
  *                             on the device, to its end) vs one forward of
  *                             the document mask at S
+ *   tile lists                the document mask at S with the mask of the
+ *                             kernel's tile (the kernel walks its row
+ *                             block's list of non-skip tiles) vs a mask of
+ *                             a tile twice as wide (each tile of the band's
+ *                             range classed from the mask, as before lists)
  *
  * bench_score [--device cpu|sim] [--variant efficient|flash] [--seq S]
  *             [--mask-seq S] [--heads H] [--dim D] [--repeat N]
@@ -240,6 +245,33 @@ int main(int argc, char **argv)
            (long long)counts.tiles[AJ_TILE_SKIP], (long long)counts.tiles[AJ_TILE_PARTIAL],
            (long long)counts.tiles[AJ_TILE_FULL], counts.block_m, counts.block_n, SM, tf * 1e3,
            tm * 1e3, tm / tf);
+
+    /* the list walk against per-tile classes at SM: the forward given the
+     * mask of its own tile (it walks each row block's list) and given one
+     * of a tile twice as wide (it classes each tile of the band's range
+     * from the mask tile covering it, as before the lists) */
+    aj_block_mask *own = NULL, *wide = NULL;
+    if (aj_block_mask_create(ctx, dev, big.op, big.kernel, &big.args, &own) != AJ_OK)
+        die("block mask");
+    char fields[256];
+    snprintf(fields, sizeof fields, "tensors = (doc: i32[2]) mask = expr(doc[b, q] == doc[b, "
+             "k] && k <= q) schedule = (block_m = %d, block_n = %d)", counts.block_m,
+             2 * counts.block_n);
+    problem widep;
+    problem_make(&widep, fields, 8, 1, D);   /* its kernel's tile only */
+    if (aj_block_mask_create(ctx, dev, widep.op, widep.kernel, &big.args, &wide) != AJ_OK)
+        die("block mask");
+    problem per_tile = big;
+    per_tile.args.block_mask = wide;
+    big.args.block_mask = own;
+    double tt, tl;
+    interleave(&per_tile, &big, repeat, &tt, &tl);
+    printf("| document mask: tile lists vs per-tile classes (a mask of %d x %d tiles) | %d | "
+           "%.2f | %.2f | %.3f |\n", counts.block_m, 2 * counts.block_n, SM, tt * 1e3,
+           tl * 1e3, tl / tt);
+    aj_block_mask_destroy(own);
+    aj_block_mask_destroy(wide);
+    problem_free(&widep);
     problem_free(&big);
     aj_device_close(dev);
     aj_ctx_destroy(ctx);

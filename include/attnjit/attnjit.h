@@ -801,6 +801,15 @@ aj_status aj_block_mask_counts(const aj_block_mask *mask, aj_tile_counts *out);
 /* The class of the tile of query block m and key block n of (b, h). */
 aj_status aj_block_mask_class(const aj_block_mask *mask, int64_t b, int64_t h, int64_t m,
                               int64_t n, aj_tile_class *out);
+/* The list the kernels walk (docs/ir.md, "Block sparsity"): the
+ * non-skip tiles of query block `index` of (b, h) (by_keys: its key
+ * blocks, rising, as the forward and dQ visit them) or of key block
+ * `index` (!by_keys: its query blocks, as dK/dV visit them).  *count gets
+ * their number; the first `cap` go into blocks[] and classes[] (either
+ * may be NULL).  The same read-back as aj_block_mask_counts. */
+aj_status aj_block_mask_list(const aj_block_mask *mask, int64_t b, int64_t h, int by_keys,
+                             int64_t index, int64_t *blocks, aj_tile_class *classes,
+                             int64_t cap, int64_t *count);
 
 /* Arguments of a backward pass (kernels of `attention backward efficient`
  * and `attention backward flash`).
@@ -1001,6 +1010,14 @@ typedef enum aj_cp_method {
      * sequence, and an all-to-all turns the result back.  H_kv must
      * divide by P; any length. */
     AJ_METHOD_ULYSSES = 1,
+    /* 2-D (USP): P = U x R ranks, U = ulysses_size.  Ulysses' all-to-all
+     * inside each group of U consecutive ranks (H_kv / U heads per rank,
+     * the group's positions), and the ring (rotate, overlap, skip rules,
+     * layout) across the R groups among the ranks at the same place in
+     * theirs.  The library splits the comm itself (MPI_Comm_split,
+     * ncclCommSplit) on the first call and keeps the parts on it.  U must
+     * divide P and H_kv; any length.  U = P is Ulysses, U = 1 the ring. */
+    AJ_METHOD_HYBRID = 2,
     AJ_METHOD_COUNT
 } aj_cp_method;
 
@@ -1109,7 +1126,8 @@ typedef struct aj_ring_fwd_args {
     aj_tile_counts *launch_tiles;
     int32_t launch_tiles_cap;
     /* version 3: the method (a caller built against an older struct gets
-     * the ring) and the Ulysses degree: 0 or P (the comm's size) */
+     * the ring) and the Ulysses degree: ulysses 0 or P (the comm's size),
+     * hybrid U (1 .. P, dividing P), ring 0 */
     aj_cp_method method;
     int32_t ulysses_size;
     /* version 4: layout = varlen ops only (docs/ring.md "Packed

@@ -60,10 +60,29 @@ aj_status aj_comm_create(aj_ctx *ctx, aj_device *dev, const aj_comm_config *give
     return AJ_OK;
 }
 
+aj_status aj_comm_split(aj_comm *comm, int color, int key, aj_comm **out)
+{
+    aj_comm *sub = calloc(1, sizeof *sub);
+    if (!sub)
+        return aj_fail(comm->ctx, AJ_ERR_OUT_OF_MEMORY, "aj_comm_split: out of memory");
+    sub->ctx = comm->ctx;
+    sub->dev = comm->dev;
+    sub->timeout_s = comm->timeout_s;
+    aj_status st = comm->engine->split(comm, color, key, sub);
+    if (st != AJ_OK) {
+        free(sub);
+        return st;
+    }
+    *out = sub;
+    return AJ_OK;
+}
+
 void aj_comm_destroy(aj_comm *comm)
 {
     if (!comm)
         return;
+    aj_comm_destroy(comm->group);
+    aj_comm_destroy(comm->across);
     comm->engine->destroy(comm);
     free(comm);
 }
@@ -80,7 +99,10 @@ int aj_comm_size(const aj_comm *comm)
 
 uint64_t aj_comm_bytes_sent(const aj_comm *comm)
 {
-    return comm ? comm->bytes_sent : 0;
+    if (!comm)
+        return 0;
+    return comm->bytes_sent + aj_comm_bytes_sent(comm->group) +
+           aj_comm_bytes_sent(comm->across);
 }
 
 aj_status aj_comm_shared_segments(aj_comm *comm, size_t bytes, void **seg)

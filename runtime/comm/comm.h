@@ -66,6 +66,10 @@ typedef struct aj_comm_engine {
      * (exchange_test, aj_comm_wait): what any rank wrote to them before
      * starting it, every rank reads once it completed. */
     aj_status (*shared_fence_start)(aj_comm *comm, aj_comm_req *req);
+    /* Fills sub (engine, impl, rank, size) with a communicator over the
+     * ranks that pass the same color, ranked by key (MPI_Comm_split,
+     * ncclCommSplit); collective over comm. */
+    aj_status (*split)(aj_comm *comm, int color, int key, aj_comm *sub);
     void (*destroy)(aj_comm *comm);
 } aj_comm_engine;
 
@@ -78,6 +82,12 @@ struct aj_comm {
     double timeout_s;
     uint64_t bytes_sent;       /* aj_comm_bytes_sent: the engines count */
     bool messages_only;        /* no shared segments even on one node (tests) */
+    /* method = hybrid's sub-communicators (hybrid.c), made on first use
+     * and freed with the comm: `group`, the U consecutive ranks of this
+     * rank's Ulysses group, and `across`, the ranks at this rank's place
+     * in every group (the ring); NULL until then */
+    struct aj_comm *group, *across;
+    int split_u;
 };
 
 /* The engine's shared segments (shared_segments), or AJ_ERR_UNSUPPORTED
@@ -103,6 +113,11 @@ static inline void aj_comm_count_alltoall(aj_comm *comm, const size_t *send_byte
         if (peer != comm->rank)
             comm->bytes_sent += send_bytes[peer];
 }
+
+/* A new comm over the ranks of `comm` that pass the same color, ranked
+ * by key (engine->split; collective over comm), with comm's ctx, device
+ * and timeout; *out is freed with aj_comm_destroy. */
+aj_status aj_comm_split(aj_comm *comm, int color, int key, aj_comm **out);
 
 /* Seconds on a monotonic clock. */
 double aj_now(void);

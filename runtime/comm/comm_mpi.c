@@ -301,6 +301,30 @@ static aj_status mpi_shared_fence_start(aj_comm *comm, aj_comm_req *req)
     return rc == MPI_SUCCESS ? AJ_OK : mpi_fail(comm, rc, "MPI_Ibarrier");
 }
 
+/* MPI_Comm_split has no nonblocking form: it blocks until every rank of
+ * comm calls it.  method = hybrid calls it right after the opening
+ * agreement, which every rank passed within the timeout. */
+static aj_status mpi_split(aj_comm *comm, int color, int key, aj_comm *sub)
+{
+    mpi_state *s = calloc(1, sizeof *s);
+    if (!s)
+        return aj_fail(comm->ctx, AJ_ERR_OUT_OF_MEMORY, "MPI: split: out of memory");
+    int rc = MPI_Comm_split(mpi_comm_of(comm), color, key, &s->comm);
+    if (rc != MPI_SUCCESS) {
+        free(s);
+        return mpi_fail(comm, rc, "MPI_Comm_split");
+    }
+    MPI_Comm_set_errhandler(s->comm, MPI_ERRORS_RETURN);
+    /* a sub-communicator exchanges messages: no shared segments (its
+     * bytes are what aj_comm_bytes_sent and the hybrid formula count) */
+    s->one_node = 0;
+    MPI_Comm_rank(s->comm, &sub->rank);
+    MPI_Comm_size(s->comm, &sub->size);
+    sub->impl = s;
+    sub->engine = comm->engine;
+    return AJ_OK;
+}
+
 static void mpi_destroy(aj_comm *comm)
 {
     mpi_state *s = comm->impl;
@@ -326,6 +350,7 @@ static const aj_comm_engine mpi_engine = {
     .alltoallv = mpi_alltoallv,
     .shared_segments = mpi_shared_segments,
     .shared_fence_start = mpi_shared_fence_start,
+    .split = mpi_split,
     .destroy = mpi_destroy,
 };
 

@@ -44,6 +44,7 @@ enum {
 };
 
 typedef struct ncclComm *nccl_comm_t;
+typedef struct aj_nccl_config aj_nccl_config;   /* ncclConfig_t: only NULL is passed */
 typedef struct aj_nccl_id {
     char internal[128];        /* NCCL_UNIQUE_ID_BYTES */
 } aj_nccl_id;
@@ -73,9 +74,17 @@ typedef struct aj_nccl_id {
       (const void *send, void *recv, size_t count, int type, int op, nccl_comm_t comm,     \
        CUstream stream))
 
+/* The same for entry points newer than the oldest NCCL the engine runs
+ * on: NULL when the library lacks them, and only what needs them fails
+ * (ncclCommSplit: NCCL 2.18). */
+#define AJ_NCCL_OPTIONAL_FUNCTIONS(X)                                                      \
+    X(CommSplit, "ncclCommSplit", int,                                                     \
+      (nccl_comm_t comm, int color, int key, nccl_comm_t *newcomm, aj_nccl_config *config))
+
 typedef struct aj_nccl {
 #define AJ_NCCL_FIELD(field, sym, ret, params) ret (*field) params;
     AJ_NCCL_FUNCTIONS(AJ_NCCL_FIELD)
+    AJ_NCCL_OPTIONAL_FUNCTIONS(AJ_NCCL_FIELD)
 #undef AJ_NCCL_FIELD
 } aj_nccl;
 
@@ -110,6 +119,13 @@ static void load_nccl(void)
     }
     AJ_NCCL_FUNCTIONS(AJ_NCCL_RESOLVE)
 #undef AJ_NCCL_RESOLVE
+#define AJ_NCCL_RESOLVE_OPTIONAL(field, sym, ret, params) \
+    {                                                     \
+        void *p = dlsym(h, sym);                          \
+        memcpy(&nccl.field, &p, sizeof p);                \
+    }
+    AJ_NCCL_OPTIONAL_FUNCTIONS(AJ_NCCL_RESOLVE_OPTIONAL)
+#undef AJ_NCCL_RESOLVE_OPTIONAL
     nccl_ok = 1;   /* the handle stays open for the life of the process */
 }
 
@@ -544,6 +560,57 @@ static aj_status nccl_alltoallv(aj_comm *comm, const void *send, const size_t *s
 
 /* --------------------------------------------------------------- life */
 
+/* ncclCommSplit with a NULL config: the new communicator inherits the
+ * parent's (blocking or not); it runs on the parent's stream, with slots
+ * of its own. */
+static aj_status nccl_split(aj_comm *comm, int color, int key, aj_comm *sub)
+{
+    nccl_state *s = state_of(comm);
+    if (!nccl.CommSplit) {
+        int version = 0;
+        nccl.GetVersion(&version);
+        return aj_fail(comm->ctx, AJ_ERR_UNSUPPORTED, "NCCL: rank %d: splitting the "
+                       "communicator needs ncclCommSplit (NCCL 2.18 or later), which the "
+                       "loaded libnccl (version code %d) lacks", comm->rank, version);
+    }
+    aj_status st = check_usable(comm, "ncclCommSplit");
+    if (st != AJ_OK)
+        return st;
+    nccl_state *n = calloc(1, sizeof *n);
+    if (!n)
+        return aj_fail(comm->ctx, AJ_ERR_OUT_OF_MEMORY, "NCCL: split: out of memory");
+    n->cu = s->cu;
+    n->cuctx = s->cuctx;
+    n->stream = s->stream;
+    AJ_TRY(push_ctx(comm));
+    int r = nccl.CommSplit(s->comm, color, key, &n->comm, NULL);
+    sub->impl = n;   /* the new communicator's waits and failures are its own */
+    sub->rank = comm->rank;
+    if (r == NCCL_IN_PROGRESS)   /* a nonblocking parent: so is the new one */
+        st = wait_in_progress(sub, "ncclCommSplit");
+    else if (r != NCCL_SUCCESS)
+        st = aj_fail(comm->ctx, AJ_ERR_COMM, "NCCL: rank %d: ncclCommSplit (color %d) "
+                     "failed: %s", comm->rank, color, nccl_text(r));
+    if (st == AJ_OK) {
+        r = nccl.CommUserRank(n->comm, &sub->rank);
+        if (r == NCCL_SUCCESS)
+            r = nccl.CommCount(n->comm, &sub->size);
+        if (r != NCCL_SUCCESS)
+            st = nccl_fail(sub, r, "ncclCommUserRank on the split communicator");
+    }
+    pop_ctx(comm);
+done:
+    if (st != AJ_OK) {
+        sub->impl = NULL;
+        free(n);
+        return st;
+    }
+    n->owns_comm = true;
+    sub->impl = n;
+    sub->engine = comm->engine;
+    return AJ_OK;
+}
+
 static void nccl_destroy(aj_comm *comm)
 {
     nccl_state *s = state_of(comm);
@@ -571,6 +638,7 @@ static const aj_comm_engine nccl_engine = {
     .allgather = nccl_allgather,
     .reduce_scatter_f32 = nccl_reduce_scatter_f32,
     .alltoallv = nccl_alltoallv,
+    .split = nccl_split,
     .destroy = nccl_destroy,
 };
 

@@ -23,6 +23,7 @@ int MPI_Comm_free(void);
 int MPI_Comm_idup(void);
 int MPI_Comm_rank(void);
 int MPI_Comm_set_errhandler(void);
+int MPI_Comm_split(void);
 int MPI_Comm_size(void);
 int MPI_Gather(void);
 int MPI_Iallgather(void);
@@ -76,6 +77,7 @@ ABSENT(MPI_Comm_free)
 ABSENT(MPI_Comm_idup)
 ABSENT(MPI_Comm_rank)
 ABSENT(MPI_Comm_set_errhandler)
+ABSENT(MPI_Comm_split)
 ABSENT(MPI_Comm_size)
 ABSENT(MPI_Gather)
 ABSENT(MPI_Iallgather)

@@ -153,6 +153,8 @@ def test_shard_errors():
         at.shard(torch.zeros(2, 20), 1, 0, 4)
     with pytest.raises(attnjit.InvalidArgError, match="not initialised"):
         at.ring_attention(*(torch.zeros(1, 1, 8, 16) for _ in range(3)))
+    with pytest.raises(attnjit.UnsupportedError, match="method = 'hybrid': the torch.distributed ring runs the ring only"):
+        at.ring_attention(*(torch.zeros(1, 1, 8, 16) for _ in range(3)), method="hybrid")
 
 
 class _Block(torch.nn.Module):

@@ -13,7 +13,11 @@
  *   AllGather count=8 type=0 comm=own
  *   ReduceScatter count=4 type=7 op=0 comm=own
  *   CommAbort comm=own / CommDestroy comm=own
+ *   CommSplit color=1 key=3 comm=own             (the new one: comm=split; its
+ *                                                ranks are an MPI_Comm_split's)
  *
+ * Built twice: fake_nccl_old (-DFAKE_NCCL_NO_SPLIT) is an NCCL older than
+ * 2.18, without ncclCommSplit.
  * FAKE_NCCL_MODE: "init_fails" (ncclCommInitRank answers ncclSystemError),
  * "async_error" (ncclCommGetAsyncError reports ncclRemoteError),
  * "bad_comm" (ncclCommUserRank answers ncclInvalidArgument),
@@ -33,22 +37,24 @@
 #include "stand_in_log.h"
 
 enum { SUCCESS = 0, IN_PROGRESS = 7, SYSTEM_ERROR = 2, INVALID_ARGUMENT = 4, INVALID_USAGE = 5, REMOTE_ERROR = 6 };
-enum { OWN = 0x4f574e, CALLER = 0x43414c };
+enum { OWN = 0x4f574e, CALLER = 0x43414c, SPLIT = 0x53504c };
 enum { TAG = 30303, MAX_PENDING = 64 };   /* an all-to-all: 2 per peer */
 
 typedef struct fake_comm {
     int magic, rank, nranks;
+    MPI_Comm mpi;                 /* the ranks it spans */
 } fake_comm;
 
 typedef struct pending {
     int is_send, peer;
     void *buf;
     size_t bytes;
+    MPI_Comm mpi;
 } pending;
 
 static pending group[MAX_PENDING];
 static int group_depth, num_pending;
-static fake_comm caller_comm = {CALLER, 0, 0};
+static fake_comm caller_comm = {CALLER, 0, 0, MPI_COMM_NULL};
 
 static int mode_is(const char *m)
 {
@@ -81,7 +87,8 @@ static int defer(void (*run)(const void *), const void *args, size_t bytes)
 
 static const char *who(const fake_comm *c)
 {
-    return c->magic == OWN ? "own" : c->magic == CALLER ? "caller" : "bad";
+    return c->magic == OWN ? "own" : c->magic == CALLER ? "caller" : c->magic == SPLIT ? "split"
+                                                                                        : "bad";
 }
 
 static size_t type_size(int type)
@@ -109,6 +116,7 @@ void *fake_nccl_caller_comm(void)
 {
     MPI_Comm_rank(MPI_COMM_WORLD, &caller_comm.rank);
     MPI_Comm_size(MPI_COMM_WORLD, &caller_comm.nranks);
+    caller_comm.mpi = MPI_COMM_WORLD;
     return &caller_comm;
 }
 
@@ -151,7 +159,7 @@ int ncclCommInitRank(fake_comm **comm, int nranks, fake_id id, int rank)
     fake_comm *c = malloc(sizeof *c);
     if (!c)
         return SYSTEM_ERROR;
-    *c = (fake_comm){OWN, rank, nranks};
+    *c = (fake_comm){OWN, rank, nranks, MPI_COMM_WORLD};
     *comm = c;
     return SUCCESS;
 }
@@ -175,10 +183,32 @@ int ncclCommUserRank(const fake_comm *comm, int *rank)
 static int finish(fake_comm *comm, const char *what)
 {
     note("%s comm=%s", what, who(comm));
-    if (comm->magic == OWN)
+    if (comm->magic == SPLIT)
+        MPI_Comm_free(&comm->mpi);
+    if (comm->magic == OWN || comm->magic == SPLIT)
         free(comm);
     return SUCCESS;
 }
+
+#ifndef FAKE_NCCL_NO_SPLIT
+int ncclCommSplit(const fake_comm *comm, int color, int key, fake_comm **newcomm,
+                  void *config);
+int ncclCommSplit(const fake_comm *comm, int color, int key, fake_comm **newcomm,
+                  void *config)
+{
+    note("CommSplit color=%d key=%d comm=%s%s", color, key, who(comm),
+         config ? " config" : "");
+    fake_comm *c = malloc(sizeof *c);
+    if (!c)
+        return SYSTEM_ERROR;
+    c->magic = SPLIT;
+    MPI_Comm_split(comm->mpi, color, key, &c->mpi);
+    MPI_Comm_rank(c->mpi, &c->rank);
+    MPI_Comm_size(c->mpi, &c->nranks);
+    *newcomm = c;
+    return SUCCESS;
+}
+#endif
 
 int ncclCommDestroy(fake_comm *comm);
 int ncclCommDestroy(fake_comm *comm)
@@ -237,9 +267,9 @@ static void run_group(const void *args)
     for (int i = 0; i < num_pending; i++) {
         const pending *p = &group[i];
         if (p->is_send)
-            MPI_Isend(p->buf, (int)p->bytes, MPI_BYTE, p->peer, TAG, MPI_COMM_WORLD, &r[i]);
+            MPI_Isend(p->buf, (int)p->bytes, MPI_BYTE, p->peer, TAG, p->mpi, &r[i]);
         else
-            MPI_Irecv(p->buf, (int)p->bytes, MPI_BYTE, p->peer, TAG, MPI_COMM_WORLD, &r[i]);
+            MPI_Irecv(p->buf, (int)p->bytes, MPI_BYTE, p->peer, TAG, p->mpi, &r[i]);
     }
     MPI_Waitall(num_pending, r, MPI_STATUSES_IGNORE);
     num_pending = 0;
@@ -252,7 +282,7 @@ static int queue(int is_send, void *buf, size_t count, int type, int peer,
          who(comm));
     if (group_depth == 0 || num_pending == MAX_PENDING)
         return INVALID_USAGE;   /* the engine always groups its pair */
-    group[num_pending++] = (pending){is_send, peer, buf, count * type_size(type)};
+    group[num_pending++] = (pending){is_send, peer, buf, count * type_size(type), comm->mpi};
     return SUCCESS;
 }
 
@@ -274,20 +304,19 @@ typedef struct collective_args {
     const void *send;
     void *recv;
     size_t count;
+    MPI_Comm mpi;
 } collective_args;
 
 static void run_allgather(const void *args)
 {
     const collective_args *a = args;
-    MPI_Allgather(a->send, (int)a->count, MPI_BYTE, a->recv, (int)a->count, MPI_BYTE,
-                  MPI_COMM_WORLD);
+    MPI_Allgather(a->send, (int)a->count, MPI_BYTE, a->recv, (int)a->count, MPI_BYTE, a->mpi);
 }
 
 static void run_reduce_scatter(const void *args)
 {
     const collective_args *a = args;
-    MPI_Reduce_scatter_block(a->send, a->recv, (int)a->count, MPI_FLOAT, MPI_SUM,
-                             MPI_COMM_WORLD);
+    MPI_Reduce_scatter_block(a->send, a->recv, (int)a->count, MPI_FLOAT, MPI_SUM, a->mpi);
 }
 
 int ncclAllGather(const void *send, void *recv, size_t count, int type,
@@ -296,7 +325,7 @@ int ncclAllGather(const void *send, void *recv, size_t count, int type,
                   const fake_comm *comm, void *stream)
 {
     note("AllGather count=%zu type=%d comm=%s", count, type, who(comm));
-    const collective_args a = {send, recv, count * type_size(type)};
+    const collective_args a = {send, recv, count * type_size(type), comm->mpi};
     return defer(run_allgather, &a, sizeof a);
 }
 
@@ -308,6 +337,6 @@ int ncclReduceScatter(const void *send, void *recv, size_t count, int type, int 
     note("ReduceScatter count=%zu type=%d op=%d comm=%s", count, type, op, who(comm));
     if (type != 7 || op != 0)
         return INVALID_USAGE;   /* the stand-in sums floats only */
-    const collective_args a = {send, recv, count};
+    const collective_args a = {send, recv, count, comm->mpi};
     return defer(run_reduce_scatter, &a, sizeof a);
 }

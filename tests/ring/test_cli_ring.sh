@@ -134,25 +134,45 @@ done
 rc=$?
 want 1 "a layout = varlen op needs --in cu_seqlens_q=FILE and --in cu_seqlens_k=FILE"
 
+# A forward + backward on $3 ranks, --check against one rank, over random
+# q, k, v, do (files $1q.npy ..., $2 positions, "name:seed:heads" ... in $4)
+# with the rest of the arguments.
+cp_check() {
+  local prefix=$1 len=$2 ranks=$3 tensors=$4
+  shift 4
+  for t in $tensors; do
+    IFS=: read -r name seed heads <<<"$t"
+    perl "$root/scripts/npy_random.pl" "$prefix$name.npy" "$seed" 1 "$heads" "$len" 64
+  done
+  "$mpiexec" -n "$ranks" "$aj" ring "$spec" --device cpu "$@" --in q="${prefix}q.npy" \
+    --in k="${prefix}k.npy" --in v="${prefix}v.npy" --out o="${prefix}o.npy" --grad \
+    --in do="${prefix}do.npy" --out dq="${prefix}dq.npy" --out dk="${prefix}dk.npy" \
+    --out dv="${prefix}dv.npy" --check --workers 1 >out.txt 2>&1
+  rc=$?
+}
+
 # Ulysses: any length (31 over 3 ranks, zigzag: shards of 11, 10, 10), the
 # heads (6, GQA 6:3) split over the ranks, forward and backward against one rank
-for t in q:21:6 k:22:3 v:23:3 do:24:6; do
-  IFS=: read -r name seed heads <<<"$t"
-  perl "$root/scripts/npy_random.pl" "u$name.npy" "$seed" 1 "$heads" 31 64
-done
-"$mpiexec" -n 3 "$aj" ring "$spec" --device cpu --method ulysses --layout zigzag \
-  --in q=uq.npy --in k=uk.npy --in v=uv.npy --out o=uo.npy --grad --in do=udo.npy \
-  --out dq=udq.npy --out dk=udk.npy --out dv=udv.npy --check --workers 1 >out.txt 2>&1
-rc=$?
+cp_check u 31 3 "q:21:6 k:22:3 v:23:3 do:24:6" --method ulysses --layout zigzag
 want 0 "of the tolerance: match"
 want 0 "ring: 3 ranks, ulysses, zigzag, all-to-all, forward + backward, on "
 "$mpiexec" -n 3 "$aj" ring "$spec" --device cpu --method ulysses "${io[@]}" --out o=o.npy \
   >out.txt 2>&1
 rc=$?
 want 2 "method = ulysses over 3 ranks needs the key/value heads (2) to divide by 3"
-"$mpiexec" -n 1 "$aj" ring "$spec" --device cpu --method hybrid "${io[@]}" >out.txt 2>&1
+# hybrid: 4 ranks as 2 Ulysses groups of 2 and a ring of 2 across them, 30
+# positions (zigzag chunks of 4 and 3), GQA 4:2, against one rank
+cp_check h 30 4 "q:31:4 k:32:2 v:33:2 do:34:4" --method hybrid --ulysses-size 2 \
+  --layout zigzag
+want 0 "of the tolerance: match"
+want 0 "ring: 4 ranks, hybrid (2 groups of 2), zigzag, all-to-all + p2p, forward + backward, on "
+"$mpiexec" -n 2 "$aj" ring "$spec" --device cpu --method hybrid "${io[@]}" --out o=o.npy \
+  >out.txt 2>&1
 rc=$?
-want 1 "--method takes ring or ulysses, not 'hybrid'"
+want 2 "ulysses_size = 0 over 2 ranks; method = hybrid takes the size U of its Ulysses groups"
+"$mpiexec" -n 1 "$aj" ring "$spec" --device cpu --method tree "${io[@]}" >out.txt 2>&1
+rc=$?
+want 1 "--method takes ring, ulysses or hybrid, not 'tree'"
 
 "$mpiexec" -n 2 "$aj" ring "$spec" --device sim --layout zigzag "${io[@]}" --out o=o.npy \
   --grad --out dq=dq.npy >out.txt 2>&1

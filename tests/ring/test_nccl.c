@@ -17,7 +17,10 @@
  * a caller's communicator NCCL rejects; a third exchange in flight; a
  * nonblocking communicator (ncclInProgress);
  * a failing ncclCommInitRank; a unique id that never comes; MPI not
- * initialised.  About 1.5 s (3 s under ASAN).
+ * initialised; a split (ncclCommSplit, method = hybrid's) whose parts
+ * move their ranks' bytes, and a libnccl without it ($FAKE_NCCL_NO_SPLIT:
+ * the stand-in built as an NCCL older than 2.18).  About 1.5 s (3 s
+ * under ASAN).
  */
 #include <dlfcn.h>
 #include <math.h>
@@ -190,6 +193,46 @@ static void check_own_comm(void)
 
     aj_comm_destroy(comm);
     CHECK_LOGGED("CommDestroy comm=own");
+    CHECK_NOT_LOGGED("CommAbort");
+}
+
+/* aj_comm_split: ranks of one parity in a comm of their own, ranked by
+ * rank; its all-gather hears from them only.  Without ncclCommSplit in
+ * the library, a clear refusal. */
+static void check_split(void)
+{
+    nccl_log_clear();
+    aj_comm_config cc = AJ_COMM_CONFIG_INIT;
+    cc.kind = AJ_COMM_NCCL;
+    aj_comm *comm = NULL, *sub = NULL;
+    CHECK_STATUS(ctx, open_nccl(&cc, &comm), AJ_OK);
+    if (!comm)
+        return;
+    const int color = rank % 2;
+    if (getenv("FAKE_NCCL_NO_SPLIT")) {
+        CHECK_STATUS(ctx, aj_comm_split(comm, color, rank, &sub), AJ_ERR_UNSUPPORTED);
+        CHECK_ERROR(ctx, "splitting the communicator needs ncclCommSplit (NCCL 2.18 or "
+                    "later), which the loaded libnccl (version code 22000) lacks");
+        aj_comm_destroy(comm);
+        return;
+    }
+    CHECK_STATUS(ctx, aj_comm_split(comm, color, rank, &sub), AJ_OK);
+    char line[96];
+    snprintf(line, sizeof line, "CommSplit color=%d key=%d comm=own\n", color, rank);
+    CHECK_LOGGED(line);
+    if (sub) {
+        CHECK(sub->rank == rank / 2 && sub->size == (size - color + 1) / 2);
+        unsigned char mine = (unsigned char)(rank + 1), all[MAX_P] = {0};
+        CHECK_STATUS(ctx, sub->engine->allgather(sub, &mine, all, 1), AJ_OK);
+        for (int r = 0; r < sub->size; r++)
+            CHECK_MSG(all[r] == 2 * r + color + 1, "rank %d: split all-gather got %d from %d",
+                      rank, all[r], r);
+        CHECK_LOGGED("AllGather count=1 type=0 comm=split\n");
+        CHECK(aj_comm_bytes_sent(sub) == (uint64_t)(sub->size - 1));
+    }
+    aj_comm_destroy(sub);
+    CHECK_LOGGED("CommDestroy comm=split");
+    aj_comm_destroy(comm);
     CHECK_NOT_LOGGED("CommAbort");
 }
 
@@ -393,7 +436,10 @@ int main(int argc, char **argv)
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &size);
     CHECK_MSG(size >= 2 && size <= MAX_P, "run with 2 to %d ranks, not %d", MAX_P, size);
-    if (size >= 2 && size <= MAX_P) {
+    if (size >= 2 && size <= MAX_P && getenv("FAKE_NCCL_NO_SPLIT")) {
+        check_split();
+    } else if (size >= 2 && size <= MAX_P) {
+        check_split();
         check_own_comm();
         check_nonblocking();
         check_caller_comm();

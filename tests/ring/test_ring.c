@@ -19,6 +19,8 @@
  *                                    1 .. 7P (any length), and packed
  *                                    documents (varlen), on sim ranks;
  *                                    generated-cpu on cpu ranks
+ *                                    ($TEST_RING_ONLY: the cases whose
+ *                                    label holds it)
  *
  * Every rank builds the same full inputs (same seed), takes its shard with
  * aj_shard, runs the ring, and compares its shard of O, LSE, dQ, dK, dV
@@ -78,7 +80,10 @@ typedef struct ring_case {
     /* layout = varlen (packed documents): the documents' lengths, queries
      * and keys alike, 0-terminated (NULL: padded) */
     const int *docs;
+    int ulysses_size;             /* method = hybrid's U */
 } ring_case;
+
+static const char *const method_names[AJ_METHOD_COUNT] = {"ring", "ulysses", "hybrid"};
 
 #define DOC_MASK "expr(doc[b, q] == doc[b, k] && k <= q)"
 #define REL_BIAS "expr(score + rel[h, clamp(q - k, -4, 4) + 4])"
@@ -86,47 +91,49 @@ typedef struct ring_case {
 static const ring_case cases[] = {
     {"f32 causal top_left, contiguous, p2p", AJ_DTYPE_F32, AJ_MASK_CAUSAL,
      AJ_ALIGN_TOP_LEFT, 0, 0, 2, 2, 8, 8, AJ_SHARD_CONTIGUOUS, AJ_ROTATE_P2P, 0, 0, 0, 0, 0,
-     AJ_METHOD_RING, 0, 0, NULL},
+     AJ_METHOD_RING, 0, 0, NULL, 0},
     {"f32 causal top_left, zigzag, p2p, GQA", AJ_DTYPE_F32, AJ_MASK_CAUSAL,
      AJ_ALIGN_TOP_LEFT, 0, 0, 2, 1, 8, 8, AJ_SHARD_ZIGZAG, AJ_ROTATE_P2P, 0, 0, 0, 0, 0,
-     AJ_METHOD_RING, 0, 0, NULL},
+     AJ_METHOD_RING, 0, 0, NULL, 0},
     {"f16 causal bottom_right (Sk = 2 Sq), zigzag, p2p", AJ_DTYPE_F16, AJ_MASK_CAUSAL,
      AJ_ALIGN_BOTTOM_RIGHT, 0, 0, 2, 1, 4, 8, AJ_SHARD_ZIGZAG, AJ_ROTATE_P2P, 0, 0, 0, 0, 0,
-     AJ_METHOD_RING, 0, 0, NULL},
+     AJ_METHOD_RING, 0, 0, NULL, 0},
     {"bf16 no mask, GQA 4:2, contiguous, all-gather", AJ_DTYPE_BF16, AJ_MASK_NONE,
      AJ_ALIGN_TOP_LEFT, 0, 0, 4, 2, 8, 8, AJ_SHARD_CONTIGUOUS, AJ_ROTATE_ALLGATHER, 0, 0, 0, 0, 0,
-     AJ_METHOD_RING, 0, 0, NULL},
+     AJ_METHOD_RING, 0, 0, NULL, 0},
     {"f32 window(3, 2), zigzag, all-gather", AJ_DTYPE_F32, AJ_MASK_WINDOW,
      AJ_ALIGN_TOP_LEFT, 3, 2, 2, 2, 8, 8, AJ_SHARD_ZIGZAG, AJ_ROTATE_ALLGATHER, 0, 0, 0, 0, 0,
-     AJ_METHOD_RING, 0, 0, NULL},
+     AJ_METHOD_RING, 0, 0, NULL, 0},
     {"f16 window(5, 0, bottom_right) + alibi (Sq = 2 Sk), contiguous, p2p", AJ_DTYPE_F16,
      AJ_MASK_WINDOW, AJ_ALIGN_BOTTOM_RIGHT, 5, 0, 2, 1, 8, 4, AJ_SHARD_CONTIGUOUS,
      AJ_ROTATE_P2P, 1, 0, 0, 0, 0,
-     AJ_METHOD_RING, 0, 0, NULL},
+     AJ_METHOD_RING, 0, 0, NULL, 0},
     {"f32 causal top_left + dropout 0.25, zigzag, p2p", AJ_DTYPE_F32, AJ_MASK_CAUSAL,
      AJ_ALIGN_TOP_LEFT, 0, 0, 2, 2, 8, 8, AJ_SHARD_ZIGZAG, AJ_ROTATE_P2P, 0, 0.25, 0, 0, 0,
-     AJ_METHOD_RING, 0, 0, NULL},
+     AJ_METHOD_RING, 0, 0, NULL, 0},
     {"bf16 flash causal bottom_right + dropout 0.1, zigzag, p2p, GQA", AJ_DTYPE_BF16,
      AJ_MASK_CAUSAL, AJ_ALIGN_BOTTOM_RIGHT, 0, 0, 2, 1, 16, 16, AJ_SHARD_ZIGZAG,
      AJ_ROTATE_P2P, 0, 0.1, 1, 0, 0,
-     AJ_METHOD_RING, 0, 0, NULL},
+     AJ_METHOD_RING, 0, 0, NULL, 0},
     {"f32 document mask (documents of 5), zigzag, p2p", AJ_DTYPE_F32, AJ_MASK_NONE,
      AJ_ALIGN_TOP_LEFT, 0, 0, 2, 1, 8, 8, AJ_SHARD_ZIGZAG, AJ_ROTATE_P2P, 0, 0, 0, 5, 0,
-     AJ_METHOD_RING, 0, 0, NULL},
+     AJ_METHOD_RING, 0, 0, NULL, 0},
     {"f16 causal + relative bias table, contiguous, all-gather", AJ_DTYPE_F16,
      AJ_MASK_CAUSAL, AJ_ALIGN_TOP_LEFT, 0, 0, 2, 2, 8, 8, AJ_SHARD_CONTIGUOUS,
      AJ_ROTATE_ALLGATHER, 0, 0, 0, 0, 1,
-     AJ_METHOD_RING, 0, 0, NULL},
+     AJ_METHOD_RING, 0, 0, NULL, 0},
     {"bf16 flash document mask (documents of 3) + relative bias, contiguous, p2p",
      AJ_DTYPE_BF16, AJ_MASK_NONE, AJ_ALIGN_TOP_LEFT, 0, 0, 2, 2, 16, 16, AJ_SHARD_CONTIGUOUS,
      AJ_ROTATE_P2P, 0, 0, 1, 3, 1,
-     AJ_METHOD_RING, 0, 0, NULL},
+     AJ_METHOD_RING, 0, 0, NULL, 0},
 };
 
 /* Any length (issue 20), with each method: every mask family x lengths 1
  * and P .. 7P, with and without a remainder (P, 2P+1, 3P-1, ...), the
  * layouts alternating; Hkv = P, GQA 2:1.  `small` (sim: slow) takes every
- * third length. */
+ * third length.  Hybrid runs where P = 4 splits into U = 2 and R = 2 (a
+ * true 2-D grid): on cpu every mask family at every other length, on sim
+ * one case. */
 enum { ULY_MASKS = 5, ULY_LENGTHS = 8, ULY_MAX_CASES = AJ_METHOD_COUNT * ULY_MASKS * ULY_LENGTHS };
 
 static const struct uly_mask {
@@ -146,14 +153,15 @@ static const struct uly_mask {
     {"bf16 flash, no mask", AJ_DTYPE_BF16, AJ_MASK_NONE, AJ_ALIGN_TOP_LEFT, 0, 0, 0, 0, 0, 1},
 };
 
-/* Packed documents (layout = varlen): per method, causal (the ring: and
+/* Packed documents (layout = varlen): per method (ring, ulysses; hybrid
+ * refuses them: run_varlen_refusals), causal (the ring: and
  * window) masks over documents of length 1, documents shorter than P, and
  * a mix (Ulysses runs the single-rank varlen kernel whole, which the
  * kernel tests cover mask by mask; each mask costs its kernels' compile);
  * the flash variant (on sim the efficient backward has no varlen);
  * `small` (sim) takes the first mask and set only. */
 enum { VARLEN_MASKS = 2, VARLEN_SETS = 3,
-       VARLEN_MAX_CASES = AJ_METHOD_COUNT * VARLEN_MASKS * VARLEN_SETS };
+       VARLEN_MAX_CASES = (AJ_METHOD_ULYSSES + 1) * VARLEN_MASKS * VARLEN_SETS };
 static const int varlen_sets[VARLEN_SETS][8] = {
     {1, 2, 5, 0}, {1, 1, 1, 0}, {7, 1, 2, 13, 3, 0}};
 static const char *const varlen_set_names[VARLEN_SETS] = {
@@ -162,7 +170,7 @@ static const char *const varlen_set_names[VARLEN_SETS] = {
 static int generated_varlen_cases(ring_case *out, char (*labels)[112], int small)
 {
     int n = 0;
-    for (int method = 0; method < AJ_METHOD_COUNT; method++)
+    for (int method = 0; method <= AJ_METHOD_ULYSSES; method++)
         for (int m = 0; m < (small || method == AJ_METHOD_ULYSSES ? 1 : VARLEN_MASKS); m++)
             for (int d = 0; d < (small ? 1 : VARLEN_SETS); d++) {
                 const aj_shard_layout L = (m + d) % 2 ? AJ_SHARD_CONTIGUOUS : AJ_SHARD_ZIGZAG;
@@ -189,17 +197,20 @@ static int generated_cases(ring_case *out, char (*labels)[112], int small)
     for (int method = 0; method < AJ_METHOD_COUNT; method++)
     for (int m = 0; m < ULY_MASKS; m++)
         for (int len = 0; len < ULY_LENGTHS; len += small ? 3 : 1) {
+            const int hybrid = method == AJ_METHOD_HYBRID;
+            if (hybrid && (size != 4 || (small ? m + len > 0 : len % 2 == 0)))
+                continue;
             const struct uly_mask *u = &uly_masks[m];
             const int sq = len == 0 ? 1 : len * size + len % 3 - 1;
             const aj_shard_layout L = (len + m) % 2 ? AJ_SHARD_ZIGZAG : AJ_SHARD_CONTIGUOUS;
-            snprintf(labels[n], 112, "%s %s, %s, Sq = %d", method ? "ulysses" : "ring",
+            snprintf(labels[n], 112, "%s %s, %s, Sq = %d", method_names[method],
                      u->name, L == AJ_SHARD_ZIGZAG ? "zigzag" : "contiguous", sq);
             out[n] = (ring_case){.label = labels[n], .dtype = u->dtype, .mask = u->mask,
                                    .align = u->align, .left = u->left, .right = u->right,
                                    .hq = 2 * size, .hkv = size, .layout = L,
                                    .alibi = u->alibi, .flash = u->flash, .doc_len = u->doc_len,
                                    .method = (aj_cp_method)method, .sq_total = sq,
-                                   .sk_total = sq + u->extra_k};
+                                   .sk_total = sq + u->extra_k, .ulysses_size = 2 * hybrid};
             n++;
         }
     return n;
@@ -480,22 +491,48 @@ static void check_ring_blocks(const ring_case *c, const ref_problem *pr, const a
               skipped);
 }
 
-/* The bytes a Ulysses call sends from this rank (docs/ring.md): the
- * opening agreement, then each all-to-all's parts for the other ranks --
- * in, this rank's positions of the other ranks' heads; out, the other
- * ranks' positions of this rank's heads. */
-static uint64_t ulysses_bytes(const ring_case *c, int64_t sq, int64_t sk, int backward)
+/* The positions of this rank's group of U ranks (Ulysses: U = P, the
+ * whole sequence), and the longest group's. */
+static int64_t group_length(aj_shard_layout L, int group, int U, int64_t seq)
+{
+    int64_t n = 0;
+    for (int u = 0; u < U; u++)
+        n += aj_shard_length(L, group * U + u, size, seq);
+    return n;
+}
+
+static int64_t longest_group(aj_shard_layout L, int U, int64_t seq)
+{
+    int64_t most = 0;
+    for (int g = 0; g < size / U; g++)
+        most = group_length(L, g, U, seq) > most ? group_length(L, g, U, seq) : most;
+    return most;
+}
+
+/* The bytes a Ulysses or hybrid call sends from this rank (docs/ring.md):
+ * the opening agreement, then each all-to-all's parts for the other
+ * members of the rank's group of U -- in, this rank's positions of the
+ * other members' heads; out, the other members' positions of this rank's
+ * heads.  Hybrid adds the p2p ring across the R = P / U groups: K/V blocks
+ * of H_kv / U heads in slots of the longest group's length, R - 1 of them
+ * forward; backward R - 1 of them and R f32 dK/dV blocks. */
+static uint64_t cp_bytes(const ring_case *c, int64_t sq, int64_t sk, int backward)
 {
     const int64_t e = (int64_t)elem_size(c->dtype), D = HEAD_DIM, B = 1, P = size;
+    const int U = c->method == AJ_METHOD_HYBRID ? c->ulysses_size : size, R = size / U;
     const int64_t lq = aj_shard_length(c->layout, rank, size, sq);
     const int64_t lk = aj_shard_length(c->layout, rank, size, sk);
-    /* bytes per position and rank-sized head group: q-like and k-like */
+    const int64_t gq = group_length(c->layout, rank / U, U, sq);
+    const int64_t gk = group_length(c->layout, rank / U, U, sk);
+    /* bytes per position and group-sized head group: q-like and k-like */
     const int64_t q_in = backward ? c->hq * (3 * D * e + 4) : c->hq * D * e;
     const int64_t q_out = backward ? c->hq * D * e : c->hq * (D * e + 4);
     const int64_t k_in = c->hkv * 2 * D * e, k_out = backward ? c->hkv * 2 * D * e : 0;
-    const int64_t in = B * (P - 1) * (lq * q_in + lk * k_in) / P;
-    const int64_t out = B * ((sq - lq) * q_out + (sk - lk) * k_out) / P;
-    return (uint64_t)(in + out) + (uint64_t)(P - 1) * sizeof(aj_cp_call);
+    const int64_t in = B * (U - 1) * (lq * q_in + lk * k_in) / U;
+    const int64_t out = B * ((gq - lq) * q_out + (gk - lk) * k_out) / U;
+    const int64_t block = B * (c->hkv / U) * longest_group(c->layout, U, sk) * 2 * D;
+    const int64_t ring = R == 1 ? 0 : (R - 1) * block * e + (backward ? R * block * 4 : 0);
+    return (uint64_t)(in + out + ring) + (uint64_t)(P - 1) * sizeof(aj_cp_call);
 }
 
 /* An MPI comm over every rank with the timeout (s). */
@@ -674,6 +711,7 @@ static void run_case(const ring_case *c)
     fa.layout = L;
     fa.rotate = c->rotate;
     fa.method = c->method;
+    fa.ulysses_size = c->ulysses_size;
     fa.seed = 7;
     fa.offset = 3;
     fa.side = side;
@@ -690,11 +728,16 @@ static void run_case(const ring_case *c)
     CHECK_MSG(lse_matches(lse_s, lse_ref_s, (size_t)(oq * lq)), "rank %d: %s: LSE differs",
               rank, c->label);
 
-    const int ulysses = c->method == AJ_METHOD_ULYSSES;
+    const int ulysses = c->method == AJ_METHOD_ULYSSES, hybrid = c->method == AJ_METHOD_HYBRID;
+    /* hybrid: an all-to-all each way in groups of U, p2p across R */
+    const int U = c->ulysses_size, R = hybrid ? size / U : 0;
     if (ulysses)   /* one all-to-all each way, one launch over the whole sequence */
         CHECK_MSG(fs.rotations == 2 * (size > 1) && fs.launches == 1 &&
                       fs.skipped_blocks == 0, "rank %d: %s: %d forward all-to-alls, %d "
                   "launches", rank, c->label, fs.rotations, fs.launches);
+    else if (hybrid)
+        CHECK_MSG(fs.rotations == 2 * (U > 1) + R - 1, "rank %d: %s: %d forward rotations",
+                  rank, c->label, fs.rotations);
     else
         check_ring_blocks(c, &pr, &fs);
 
@@ -715,6 +758,7 @@ static void run_case(const ring_case *c)
     ba.layout = L;
     ba.rotate = c->rotate;
     ba.method = c->method;
+    ba.ulysses_size = c->ulysses_size;
     ba.seed = 7;
     ba.offset = 3;
     ba.side = side;
@@ -731,15 +775,19 @@ static void run_case(const ring_case *c)
         CHECK_MSG(e <= 1.0, "rank %d: %s: %s error %.3g of the tolerance", rank, c->label,
                   names[t], e);
     }
-    if (ulysses) {
-        CHECK_MSG(bs.rotations == 2 * (size > 1) && bs.launches == 1, "rank %d: %s: %d "
-                  "backward all-to-alls", rank, c->label, bs.rotations);
-        CHECK_MSG(fwd_sent == ulysses_bytes(c, sq, sk, 0) &&
-                      bwd_sent == ulysses_bytes(c, sq, sk, 1),
+    if (ulysses || hybrid) {
+        if (ulysses)
+            CHECK_MSG(bs.rotations == 2 * (size > 1) && bs.launches == 1, "rank %d: %s: %d "
+                      "backward all-to-alls", rank, c->label, bs.rotations);
+        else
+            CHECK_MSG(bs.rotations == 2 * (U > 1) + (R > 1 ? 2 * R - 1 : 0) &&
+                          bs.launches == fs.launches && bs.skipped_blocks == fs.skipped_blocks,
+                      "rank %d: %s: %d backward rotations", rank, c->label, bs.rotations);
+        CHECK_MSG(fwd_sent == cp_bytes(c, sq, sk, 0) && bwd_sent == cp_bytes(c, sq, sk, 1),
                   "rank %d: %s: sent %llu + %llu bytes, the formula %llu + %llu", rank,
                   c->label, (unsigned long long)fwd_sent, (unsigned long long)bwd_sent,
-                  (unsigned long long)ulysses_bytes(c, sq, sk, 0),
-                  (unsigned long long)ulysses_bytes(c, sq, sk, 1));
+                  (unsigned long long)cp_bytes(c, sq, sk, 0),
+                  (unsigned long long)cp_bytes(c, sq, sk, 1));
     } else {
         const int p2p = c->rotate == AJ_ROTATE_P2P;
         CHECK_MSG(bs.rotations == (p2p ? (size > 1 ? 2 * size - 1 : 0) : 2 * (size > 1)),
@@ -821,7 +869,7 @@ static void run_faulty_peer(peer_fault fault)
         else if (fault == PEER_KILLED)
             _exit(0);   /* no leak check for the dead */
         else
-            sleep(6);   /* past rank 0's four 1 s timeouts */
+            sleep(6);   /* past rank 0's five 1 s timeouts */
         aj_comm_destroy(comm);
         return;
     }
@@ -842,7 +890,7 @@ static void run_faulty_peer(peer_fault fault)
 
     const ring_case c = {"silent", AJ_DTYPE_F32, AJ_MASK_NONE, AJ_ALIGN_TOP_LEFT, 0, 0,
                          1, 1, 8, 8, AJ_SHARD_CONTIGUOUS, AJ_ROTATE_P2P, 0, 0, 0, 0, 0,
-                         AJ_METHOD_RING, 0, 0, NULL};
+                         AJ_METHOD_RING, 0, 0, NULL, 0};
     aj_op *op = parse_op(&c, "forward");
     /* 2 heads: they divide over the ranks for method = ulysses */
     void *m = alloc64(2 * 8 * HEAD_DIM * 4);
@@ -850,9 +898,9 @@ static void run_faulty_peer(peer_fault fault)
     fa.q = view(m, AJ_DTYPE_F32, 4, 1, 2, 8, HEAD_DIM);
     fa.k = fa.v = fa.o = fa.q;
     fa.lse = view(m, AJ_DTYPE_F32, 3, 1, 2, 8, 0);
-    static const char *const method_names[AJ_METHOD_COUNT] = {"ring", "ulysses"};
     for (int method = 0; method < AJ_METHOD_COUNT; method++) {
         fa.method = (aj_cp_method)method;
+        fa.ulysses_size = method == AJ_METHOD_HYBRID;   /* U = 1, R = 2 */
         clock_gettime(CLOCK_MONOTONIC, &t0);
         check_timed_out(names[fault], method_names[method],
                         aj_ring_forward(ctx, dev, comm, op, &fa, NULL), &t0,
@@ -874,7 +922,7 @@ static void run_mismatch(void)
     aj_comm *comm = open_comm(30);
     const ring_case c = {"mismatch", AJ_DTYPE_F32, AJ_MASK_CAUSAL, AJ_ALIGN_TOP_LEFT, 0, 0,
                          1, 1, 8, 8, AJ_SHARD_CONTIGUOUS, AJ_ROTATE_P2P, 0, 0, 0, 0, 0,
-                         AJ_METHOD_RING, 0, 0, NULL};
+                         AJ_METHOD_RING, 0, 0, NULL, 0};
     aj_op *op = parse_op(&c, "forward");
     void *m = alloc64(8 * HEAD_DIM * 4);
     aj_ring_fwd_args fa = AJ_RING_FWD_ARGS_INIT;
@@ -889,7 +937,7 @@ static void run_mismatch(void)
     fa.layout = AJ_SHARD_CONTIGUOUS;
     const ring_case none = {"none", AJ_DTYPE_F32, AJ_MASK_NONE, AJ_ALIGN_TOP_LEFT, 0, 0,
                             1, 1, 8, 8, AJ_SHARD_CONTIGUOUS, AJ_ROTATE_P2P, 0, 0, 0, 0, 0,
-                            AJ_METHOD_RING, 0, 0, NULL};
+                            AJ_METHOD_RING, 0, 0, NULL, 0};
     aj_op *other = parse_op(&none, "forward");
     CHECK_STATUS(ctx, aj_ring_forward(ctx, dev, comm, rank == 1 ? other : op, &fa, NULL),
                  AJ_ERR_INVALID_ARG);
@@ -907,7 +955,7 @@ static void run_ulysses_refusals(void)
     aj_comm *comm = open_comm(30);
     ring_case c = {"refusal", AJ_DTYPE_F32, AJ_MASK_CAUSAL, AJ_ALIGN_TOP_LEFT, 0, 0,
                    2, 1, 8, 8, AJ_SHARD_CONTIGUOUS, AJ_ROTATE_P2P, 0, 0, 0, 0, 0,
-                   AJ_METHOD_ULYSSES, 0, 0, NULL};
+                   AJ_METHOD_ULYSSES, 0, 0, NULL, 0};
     aj_op *op = parse_op(&c, "forward"), *bop = parse_op(&c, "backward");
     c.dropout = 0.1;
     aj_op *dropout = parse_op(&c, "forward");
@@ -943,14 +991,46 @@ static void run_ulysses_refusals(void)
                 "holds the global head");
     CHECK_STATUS(ctx, aj_ring_forward(ctx, dev, comm, rel, &fa, NULL), AJ_ERR_UNSUPPORTED);
     CHECK_ERROR(ctx, "aj_ring_forward: the op's expressions read the head h");
+    /* method = hybrid: U must divide P and H_kv; no dropout */
+    fa.method = AJ_METHOD_HYBRID;
+    const int32_t bad_u[2] = {0, 3};
+    for (int i = 0; i < 2; i++) {
+        fa.ulysses_size = bad_u[i];
+        CHECK_STATUS(ctx, aj_ring_forward(ctx, dev, comm, op, &fa, NULL), AJ_ERR_INVALID_ARG);
+        char want[160];
+        snprintf(want, sizeof want, "aj_ring_forward: ulysses_size = %d over 2 ranks; method "
+                 "= hybrid takes the size U of its Ulysses groups, from 1 to P, dividing P",
+                 bad_u[i]);
+        CHECK_ERROR(ctx, want);
+    }
+    fa.ulysses_size = 2;
+    fa.k = fa.v = ba.k;
+    CHECK_STATUS(ctx, aj_ring_forward(ctx, dev, comm, op, &fa, NULL), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "aj_ring_forward: method = hybrid over 2 ranks needs the key/value heads "
+                "(1) to divide by 2: each rank computes H_kv / U of them");
+    ba.method = AJ_METHOD_HYBRID;
+    ba.ulysses_size = 2;
+    CHECK_STATUS(ctx, aj_ring_backward(ctx, dev, comm, bop, &ba, NULL), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "aj_ring_backward: method = hybrid over 2 ranks needs the key/value "
+                "heads (1) to divide by 2");
+    fa.k = fa.v = fa.q;
+    CHECK_STATUS(ctx, aj_ring_forward(ctx, dev, comm, dropout, &fa, NULL), AJ_ERR_UNSUPPORTED);
+    CHECK_ERROR(ctx, "aj_ring_forward: dropout = 0.1 with method = hybrid: the Philox counter "
+                "holds the global head");
+    /* ranks that pass different group sizes: both refuse */
+    fa.ulysses_size = rank + 1;
+    CHECK_STATUS(ctx, aj_ring_forward(ctx, dev, comm, op, &fa, NULL), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "aj_ring_forward: the ranks' calls differ: rank 1 has ulysses_size = 2, "
+                "rank 0 has 1");
+    fa.ulysses_size = 0;
     fa.method = (aj_cp_method)7;
     CHECK_STATUS(ctx, aj_ring_forward(ctx, dev, comm, op, &fa, NULL), AJ_ERR_INVALID_ARG);
     CHECK_ERROR(ctx, "aj_ring_forward: method = 7 is not a context-parallel method");
     fa.method = AJ_METHOD_RING;
     fa.ulysses_size = 2;
     CHECK_STATUS(ctx, aj_ring_forward(ctx, dev, comm, op, &fa, NULL), AJ_ERR_INVALID_ARG);
-    CHECK_ERROR(ctx, "aj_ring_forward: ulysses_size = 2 with method = ring; only method = "
-                "ulysses takes it");
+    CHECK_ERROR(ctx, "aj_ring_forward: ulysses_size = 2 with method = ring; only methods "
+                "ulysses and hybrid take it");
     /* rank 1 asks for Ulysses, rank 0 for the ring: both refuse */
     fa.ulysses_size = 0;
     fa.method = rank == 1 ? AJ_METHOD_ULYSSES : AJ_METHOD_RING;
@@ -1005,6 +1085,13 @@ static void run_varlen_refusals(void)
     CHECK_STATUS(ctx, aj_ring_forward(ctx, dev, comm, by_doc, &fa, NULL), AJ_ERR_UNSUPPORTED);
     CHECK_ERROR(ctx, "aj_ring_forward: the op's expressions read the batch index b: with "
                 "layout = varlen and method = ring");
+    fa.method = AJ_METHOD_HYBRID;   /* U = 1, R = 2 */
+    fa.ulysses_size = 1;
+    CHECK_STATUS(ctx, aj_ring_forward(ctx, dev, comm, op, &fa, NULL), AJ_ERR_UNSUPPORTED);
+    CHECK_ERROR(ctx, "aj_ring_forward: packed documents (layout = varlen) with method = hybrid "
+                "are not supported yet; use method = ring or ulysses");
+    fa.method = AJ_METHOD_RING;
+    fa.ulysses_size = 0;
     /* every rank holding 4 positions: not the ring's pieces */
     fa.q = fa.k = fa.v = fa.o = rows_view(&c, m, AJ_DTYPE_F16, 2, 4, HEAD_DIM);
     fa.lse = rows_view(&c, m, AJ_DTYPE_F32, 2, 4, 0);
@@ -1060,13 +1147,16 @@ int main(int argc, char **argv)
         ring_case generated[ULY_MAX_CASES];
         char labels[ULY_MAX_CASES][112];
         const int n = generated_cases(generated, labels, !on_cpu);
+        const char *only = getenv("TEST_RING_ONLY");   /* a label's part, to rerun a few */
         for (int i = 0; i < n; i++)
-            run_case(&generated[i]);
+            if (!only || strstr(generated[i].label, only))
+                run_case(&generated[i]);
         ring_case packed[VARLEN_MAX_CASES];
         char packed_labels[VARLEN_MAX_CASES][112];
         const int np = generated_varlen_cases(packed, packed_labels, !on_cpu);
         for (int i = 0; i < np; i++)
-            run_case(&packed[i]);
+            if (!only || strstr(packed[i].label, only))
+                run_case(&packed[i]);
         run_alltoall();
     } else if (size != 2) {
         CHECK_MSG(0, "%s needs 2 ranks, not %d", mode, size);

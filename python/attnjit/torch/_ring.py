@@ -237,13 +237,21 @@ class _RingFunction(torch.autograd.Function):
 
 def ring_attention(q, k, v, *, group=None, layout="zigzag", rotate="p2p", causal=False,
                    window=None, softcap=None, alibi_slopes=None, scale=None, dropout_p=0.0,
-                   mask=None, score_mod=None, tensors=None, variant=None, return_lse=False):
+                   mask=None, score_mod=None, tensors=None, variant=None, return_lse=False,
+                   method="ring"):
     """attention() over a sequence sharded across the ranks of `group`:
     q, k, v are this rank's shards (shard(x, 2, rank, P, layout)); returns
     this rank's shard of o (and lse).  rotate: "p2p" (K/V to the next rank,
     P-1 exchanges overlapped with compute) or "allgather" (one all-gather;
     the backward all-reduces dK/dV).  Side tensors in `tensors` hold the
-    whole sequence (positions are global).  No bias."""
+    whole sequence (positions are global).  No bias.  method: "ring" only
+    ("ulysses" and "hybrid" are the C API's and the CLI's, over MPI or
+    NCCL)."""
+    if method != "ring":
+        raise attnjit.UnsupportedError(
+            4, "attnjit.torch.ring_attention: method = %r: the torch.distributed ring runs "
+               "the ring only; Ulysses and hybrid 2-D are aj_ring_forward's methods "
+               "(attnjit ring --method, over MPI or NCCL)" % (method,))
     if not dist.is_available() or not dist.is_initialized():
         raise _fail("ring_attention", "torch.distributed is not initialised "
                     "(init_process_group first)")
