@@ -45,8 +45,129 @@ aj_status aj_cp_check_dense(aj_ctx *ctx, const char *fn, const char *name, const
     return AJ_OK;
 }
 
-aj_status aj_cp_check_op(aj_ctx *ctx, const char *fn, const aj_op *op, aj_op_info *info,
-                         aj_score_prog *prog)
+aj_tensor aj_cp_rows(void *data, aj_dtype dtype, const aj_cp_shapes *sh, int64_t H,
+                     int64_t len, int64_t W)
+{
+    if (sh->varlen)
+        return W ? aj_cp_dense(data, dtype, 3, (int64_t[]){len, H, W})
+                 : aj_cp_dense(data, dtype, 2, (int64_t[]){H, len});
+    return aj_cp_dense(data, dtype, W ? 4 : 3, (int64_t[]){sh->B, H, len, W});
+}
+
+aj_status aj_cp_check_rows(aj_ctx *ctx, const char *fn, const char *name, const aj_tensor *t,
+                           aj_dtype dtype, const aj_cp_shapes *sh, int64_t H, int64_t len,
+                           int64_t W)
+{
+    const aj_tensor want = aj_cp_rows(NULL, dtype, sh, H, len, W);
+    return aj_cp_check_dense(ctx, fn, name, t, dtype, want.rank, want.shape);
+}
+
+aj_status aj_cp_check_fwd_outputs(aj_ctx *ctx, const char *fn, aj_dtype dt,
+                                  const aj_cp_shapes *sh, const aj_tensor *o,
+                                  const aj_tensor *lse)
+{
+    aj_status st = aj_cp_check_rows(ctx, fn, "o", o, dt, sh, sh->Hq, sh->lq, sh->Dv);
+    return st == AJ_OK ? aj_cp_check_rows(ctx, fn, "lse", lse, AJ_DTYPE_F32, sh, sh->Hq, sh->lq, 0)
+                       : st;
+}
+
+aj_status aj_cp_check_bwd_outputs(aj_ctx *ctx, const char *fn, aj_dtype dt,
+                                  const aj_cp_shapes *sh, const aj_tensor *o,
+                                  const aj_tensor *do_, const aj_tensor *lse,
+                                  const aj_tensor *dq, const aj_tensor *dk,
+                                  const aj_tensor *dv)
+{
+    aj_status st = aj_cp_check_fwd_outputs(ctx, fn, dt, sh, o, lse);
+    if (st == AJ_OK)
+        st = aj_cp_check_rows(ctx, fn, "do_", do_, dt, sh, sh->Hq, sh->lq, sh->Dv);
+    if (st == AJ_OK)
+        st = aj_cp_check_rows(ctx, fn, "dq", dq, dt, sh, sh->Hq, sh->lq, sh->D);
+    if (st == AJ_OK)
+        st = aj_cp_check_rows(ctx, fn, "dk", dk, dt, sh, sh->Hkv, sh->lk, sh->D);
+    if (st == AJ_OK)
+        st = aj_cp_check_rows(ctx, fn, "dv", dv, dt, sh, sh->Hkv, sh->lk, sh->Dv);
+    return st;
+}
+
+aj_tensor aj_cp_as_padded(const aj_tensor *t, const aj_cp_shapes *sh)
+{
+    if (!sh->varlen)
+        return *t;
+    aj_tensor v = {.data = t->data, .dtype = t->dtype, .rank = t->rank + 1};
+    const int64_t l = t->rank == 3 ? t->shape[0] : t->shape[1];
+    const int64_t H = t->rank == 3 ? t->shape[1] : t->shape[0];
+    const int64_t W = t->rank == 3 ? t->shape[2] : 1;
+    const int64_t shape[4] = {1, H, l, W};
+    /* [l, H, W]: head h of position i at (i H + h) W; [H, l]: at h l + i */
+    const int64_t strides[4] = {l * H * W, t->rank == 3 ? W : l, t->rank == 3 ? H * W : 1, 1};
+    for (int i = 0; i < v.rank; i++) {
+        v.shape[i] = shape[i];
+        v.strides[i] = strides[i];
+    }
+    return v;
+}
+
+aj_status aj_cp_read_docs(aj_ctx *ctx, const char *fn, aj_device *dev, const int32_t *cu_q,
+                          const int32_t *cu_k, int32_t batch, aj_cp_docs *out)
+{
+    memset(out, 0, sizeof *out);
+    AJ_CHECK_ARG(ctx, cu_q && cu_k && batch >= 1, "%s: layout = varlen needs cu_seqlens_q, "
+                 "cu_seqlens_k and batch >= 1 (the whole packed batch's; got %s, %s, batch = "
+                 "%d)", fn, cu_q ? "cu_seqlens_q" : "NULL", cu_k ? "cu_seqlens_k" : "NULL",
+                 (int)batch);
+    out->batch = batch;
+    out->cu_q = calloc(2 * ((size_t)batch + 1), sizeof *out->cu_q);
+    if (!out->cu_q)
+        return aj_fail(ctx, AJ_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
+    out->cu_k = out->cu_q + batch + 1;
+    const size_t bytes = ((size_t)batch + 1) * sizeof *cu_q;
+    aj_status st = aj_device_copy_from(dev, out->cu_q, cu_q, bytes);
+    if (st == AJ_OK)
+        st = aj_device_copy_from(dev, out->cu_k, cu_k, bytes);
+    if (st != AJ_OK)
+        return st;
+    uint64_t h = 0xcbf29ce484222325ull;   /* FNV-1a */
+    for (int a = 0; a < 2; a++) {
+        const int32_t *cu = a ? out->cu_k : out->cu_q;
+        const char *name = a ? "cu_seqlens_k" : "cu_seqlens_q";
+        int32_t *max = a ? &out->max_k : &out->max_q;
+        if (cu[0] != 0)
+            return aj_fail(ctx, AJ_ERR_INVALID_ARG, "%s: %s[0] = %d; the offsets start at 0",
+                           fn, name, (int)cu[0]);
+        for (int32_t b = 0; b < batch; b++) {
+            if (cu[b + 1] < cu[b])
+                return aj_fail(ctx, AJ_ERR_INVALID_ARG, "%s: %s[%d] = %d is below %s[%d] = "
+                               "%d; offsets must not decrease", fn, name, (int)b + 1,
+                               (int)cu[b + 1], name, (int)b, (int)cu[b]);
+            *max = cu[b + 1] - cu[b] > *max ? cu[b + 1] - cu[b] : *max;
+        }
+        for (int32_t b = 0; b <= batch; b++) {
+            h ^= (uint64_t)(uint32_t)cu[b];
+            h *= 0x100000001b3ull;
+        }
+    }
+    out->digest = (int64_t)h;
+    return AJ_OK;
+}
+
+void aj_cp_docs_free(aj_cp_docs *docs)
+{
+    free(docs->cu_q);
+    docs->cu_q = docs->cu_k = NULL;
+}
+
+bool aj_cp_reads(const aj_op_info *op, const aj_score_prog *prog, int var)
+{
+    const uint16_t roots[4] = {prog->mod, prog->band_lo, prog->band_hi, prog->rest};
+    const int skip_mod = var == AJ_VAR_H && op->score_mod == AJ_SCORE_MOD_ALIBI;
+    for (int i = skip_mod; i < 4; i++)
+        if (roots[i] != AJ_EXPR_NONE && (prog->reads[roots[i]] & AJ_SCORE_READS(var)))
+            return true;
+    return false;
+}
+
+aj_status aj_cp_check_op(aj_ctx *ctx, const char *fn, const aj_op *op, int varlen_ok,
+                         aj_op_info *info, aj_score_prog *prog)
 {
     AJ_CHECK_ARG(ctx, op, "%s: op is NULL", fn);
     aj_status st = aj_op_verify(op);
@@ -56,9 +177,13 @@ aj_status aj_cp_check_op(aj_ctx *ctx, const char *fn, const aj_op *op, aj_op_inf
     if (info->kind != AJ_KIND_FORWARD && info->kind != AJ_KIND_BACKWARD)
         return aj_fail(ctx, AJ_ERR_INVALID_ARG, "%s: the op is `attention %s`; want a "
                        "forward or backward op", fn, aj_kind_name(info->kind));
-    if (info->layout != AJ_LAYOUT_PADDED)
-        return aj_fail(ctx, AJ_ERR_UNSUPPORTED, "%s: layout = varlen: the ring shards padded "
-                       "tensors only", fn);
+    if (info->layout == AJ_LAYOUT_PAGED || (info->layout == AJ_LAYOUT_VARLEN && !varlen_ok))
+        return aj_fail(ctx, AJ_ERR_UNSUPPORTED, "%s: layout = %s: %s", fn,
+                       info->layout == AJ_LAYOUT_PAGED ? "paged" : "varlen",
+                       info->layout == AJ_LAYOUT_PAGED
+                           ? "context parallelism shards padded or varlen tensors"
+                           : "one rank's lengths tell a padded batch only; aj_ring_forward "
+                             "shards packed documents (docs/ring.md)");
     if (info->bias != AJ_BIAS_NONE)
         return aj_fail(ctx, AJ_ERR_UNSUPPORTED, "%s: bias = add: the ring does not shard a "
                        "bias tensor", fn);
@@ -80,7 +205,7 @@ aj_status aj_cp_check_call(aj_ctx *ctx, const char *fn, aj_device *dev, aj_comm 
     AJ_CHECK_ARG(ctx, comm, "%s: comm is NULL", fn);
     AJ_CHECK_ARG(ctx, (unsigned)layout < AJ_SHARD_LAYOUT_COUNT,
                  "%s: layout = %d is not a shard layout", fn, (int)layout);
-    aj_status st = aj_cp_check_op(ctx, fn, op, info, prog);
+    aj_status st = aj_cp_check_op(ctx, fn, op, 1, info, prog);
     if (st != AJ_OK)
         return st;
     if (info->kind != kind)
@@ -91,20 +216,21 @@ aj_status aj_cp_check_call(aj_ctx *ctx, const char *fn, aj_device *dev, aj_comm 
     if (comm->dev != dev)
         return aj_fail(ctx, AJ_ERR_INVALID_ARG, "%s: comm was created for another device",
                        fn);
-    if (q->rank != 4 || k->rank != 4 || v->rank != 4)
+    const bool varlen = info->layout == AJ_LAYOUT_VARLEN;
+    const int want = varlen ? 3 : 4, sd = varlen ? 0 : 2;   /* heads: dim 1 either way */
+    if (q->rank != want || k->rank != want || v->rank != want)
         return aj_fail(ctx, AJ_ERR_INVALID_ARG, "%s: q, k and v have ranks %d, %d, %d; want "
-                       "4 (BHSD)", fn, q->rank, k->rank, v->rank);
-    *sh = (aj_cp_shapes){.B = q->shape[0], .Hq = q->shape[1], .Hkv = k->shape[1],
-                         .D = info->head_dim, .Dv = info->head_dim_v, .lq = q->shape[2],
-                         .lk = k->shape[2]};
+                       "%d (%s)", fn, q->rank, k->rank, v->rank, want,
+                       varlen ? "layout = varlen: packed [T, H, D]" : "BHSD");
+    *sh = (aj_cp_shapes){.B = varlen ? 1 : q->shape[0], .Hq = q->shape[1],
+                         .Hkv = k->shape[1], .D = info->head_dim, .Dv = info->head_dim_v,
+                         .lq = q->shape[sd], .lk = k->shape[sd], .varlen = varlen};
     const aj_dtype dt = info->dtype;
-    st = aj_cp_check_dense(ctx, fn, "q", q, dt, 4, (int64_t[]){sh->B, sh->Hq, sh->lq, sh->D});
+    st = aj_cp_check_rows(ctx, fn, "q", q, dt, sh, sh->Hq, sh->lq, sh->D);
     if (st == AJ_OK)
-        st = aj_cp_check_dense(ctx, fn, "k", k, dt, 4,
-                               (int64_t[]){sh->B, sh->Hkv, sh->lk, sh->D});
+        st = aj_cp_check_rows(ctx, fn, "k", k, dt, sh, sh->Hkv, sh->lk, sh->D);
     if (st == AJ_OK)
-        st = aj_cp_check_dense(ctx, fn, "v", v, dt, 4,
-                               (int64_t[]){sh->B, sh->Hkv, sh->lk, sh->Dv});
+        st = aj_cp_check_rows(ctx, fn, "v", v, dt, sh, sh->Hkv, sh->lk, sh->Dv);
     if (st == AJ_OK && (sh->Hkv == 0 || sh->Hq % sh->Hkv != 0))
         st = aj_fail(ctx, AJ_ERR_INVALID_ARG, "%s: q has %lld heads and k %lld; the query "
                      "heads must be a multiple of the key/value heads (GQA)", fn,

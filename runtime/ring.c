@@ -46,6 +46,20 @@
  * (no pair visible: nothing launched), full (all visible: the kernel
  * without the mask) or partial (the masked kernel) -- PyTorch's SKIP,
  * NOT_IS_CAUSAL and IS_CAUSAL, for any alignment, window and position.
+ *
+ * Packed documents (layout = varlen): every document is cut by the layout
+ * on its own (zigzag: each document's 2P chunks, head and tail, as
+ * PyTorch's per-document load balancer), so every rank holds a share of
+ * each document's causal work; a rank's shard packs its pieces in
+ * document order.  A step pairs each of this rank's pieces with the
+ * visiting block's pieces of the SAME document (pairs across documents
+ * see nothing and are never formed), at the pieces' positions in their
+ * document and the document's totals, each launched as a padded batch of
+ * one (aj_cp_as_padded: the padded kernels take the packed strides):
+ *
+ *   doc 0 |a0 a1 a2 a3|  doc 1 |b0 b1 b2 b3|       P = 2, zigzag
+ *   rank 0: a0 a3 b0 b3    rank 1: a1 a2 b1 b2
+ *   rank 0, step 1 (rank 1's block): a0.a1 a0.a2 a3.a1 a3.a2 b0.b1 ...
  */
 #include <math.h>
 #include <stdio.h>
@@ -68,6 +82,16 @@ typedef struct ring_kernels {
     aj_op *masked_op, *unmasked_op;
 } ring_kernels;
 
+/* One (query chunk, key chunk) pair of a step (aj_ring_pair) and the
+ * totals of its sequence: the call's, or, packed documents, the pair's
+ * document's; a varlen pair's globals are positions in its document. */
+typedef struct ring_pair {
+    int32_t step, src;
+    aj_shard_chunk q, k;
+    aj_ring_block block;
+    int64_t sq, sk;
+} ring_pair;
+
 /* What a ring call knows once its arguments check out. */
 typedef struct ring_plan {
     aj_ctx *ctx;
@@ -81,10 +105,11 @@ typedef struct ring_plan {
     int members;                 /* ranks per ring rank: 1, or method = hybrid's U */
     int64_t B, Hq, Hkv, D, Dv;
     int64_t lq, lk;              /* this rank's lengths */
+    aj_cp_shapes sh;             /* the same, with the layout of the tensors */
+    aj_cp_docs docs;             /* layout = varlen: the packed batch's documents */
+    ring_pair *pairs;            /* a step's pairs: 4 (varlen: 4 per document) */
     int64_t sq, sk;              /* the global lengths: the sums of every rank's */
     int64_t lk_max;              /* the longest K/V shard: the size of a block's slot */
-    aj_shard_chunk qc[2];        /* this rank's query chunks */
-    int nq;
     size_t elem;                 /* bytes per element of the op's dtype */
     size_t k_elems, v_elems;     /* a K, V slot of the buffers that travel (lk_max long) */
     aj_ring_stats *stats;
@@ -106,7 +131,7 @@ typedef struct ring_plan {
  * (templates/score.h), so a skipped block is one no kernel would touch and
  * a full block runs the kernel without the mask. */
 static aj_ring_block classify(const ring_plan *p, int64_t q0, int64_t nq, int64_t k0,
-                              int64_t nk)
+                              int64_t nk, int64_t sq, int64_t sk)
 {
     if (nq == 0 || nk == 0)
         return AJ_RING_BLOCK_SKIP;
@@ -122,7 +147,7 @@ static aj_ring_block classify(const ring_plan *p, int64_t q0, int64_t nq, int64_
             aj_tile_class c = aj_score_host_class(&p->prog, p->host_side, p->cache,
                                                   p->prog.mask_reads_b ? b : -1,
                                                   p->prog.mask_reads_h ? h : -1, q0,
-                                                  q0 + nq - 1, k0, k0 + nk - 1, p->sq, p->sk);
+                                                  q0 + nq - 1, k0, k0 + nk - 1, sq, sk);
             skip &= c == AJ_TILE_SKIP;
             full &= c == AJ_TILE_FULL;
         }
@@ -169,21 +194,42 @@ static int64_t longest_chunk(const ring_plan *p, int64_t seq)
 }
 
 /* The step's (query chunk, key chunk) pairs, in launch order, with their
- * classes: the ring's schedule (aj_ring_plan), which the forward and the
- * backward both follow. */
-static aj_status plan_step(const ring_plan *p, int step, aj_ring_pair pairs[4], int *n)
+ * classes, into p->pairs: the ring's schedule (aj_ring_plan), which the
+ * forward and the backward both follow.  Packed documents: each
+ * document's pieces (the layout's chunks of the document) of this rank
+ * against src's of the same document only -- a pair from two documents
+ * sees nothing and is never formed -- and no pair with an empty piece. */
+static aj_status plan_step(const ring_plan *p, int step, int *n)
 {
     const int src = step_src(p, step);
-    aj_shard_chunk kc[2];
-    int nk = 0;
-    aj_status st = ring_chunks(p, src, p->sk, kc, &nk);
+    const bool varlen = p->sh.varlen;
+    int64_t q_at = 0, k_at = 0;   /* the document's first local positions */
     *n = 0;
-    for (int i = 0; i < p->nq && st == AJ_OK; i++)
-        for (int j = 0; j < nk; j++)
-            pairs[(*n)++] = (aj_ring_pair){
-                .step = step, .src = src, .q = p->qc[i], .k = kc[j],
-                .block = classify(p, p->qc[i].global, p->qc[i].len, kc[j].global, kc[j].len)};
-    return st;
+    for (int32_t d = 0; d < (varlen ? p->docs.batch : 1); d++) {
+        const int64_t sq = varlen ? p->docs.cu_q[d + 1] - p->docs.cu_q[d] : p->sq;
+        const int64_t sk = varlen ? p->docs.cu_k[d + 1] - p->docs.cu_k[d] : p->sk;
+        aj_shard_chunk qc[2], kc[2];
+        int nq = 0, nk = 0;
+        aj_status st = ring_chunks(p, p->rank, sq, qc, &nq);
+        if (st == AJ_OK)
+            st = ring_chunks(p, src, sk, kc, &nk);
+        if (st != AJ_OK)
+            return st;
+        for (int i = 0; i < nq; i++)
+            for (int j = 0; j < nk; j++) {
+                if (varlen && (qc[i].len == 0 || kc[j].len == 0))
+                    continue;
+                ring_pair x = {.step = step, .src = src, .q = qc[i], .k = kc[j], .sq = sq,
+                               .sk = sk};
+                x.q.local += q_at;
+                x.k.local += k_at;
+                x.block = classify(p, x.q.global, x.q.len, x.k.global, x.k.len, sq, sk);
+                p->pairs[(*n)++] = x;
+            }
+        q_at += ring_length(p, p->rank, sq);
+        k_at += ring_length(p, src, sk);
+    }
+    return AJ_OK;
 }
 
 /* ---------------------------------------------------------------- tensors */
@@ -202,13 +248,6 @@ static aj_tensor seq_view(const aj_tensor *t, const aj_shard_chunk *c)
     return v;
 }
 
-/* The shard `t` is `name`, contiguous, of this rank and dtype and shape. */
-static aj_status check_shard(const ring_plan *p, const char *name, const aj_tensor *t,
-                             aj_dtype dtype, int rank, const int64_t *shape)
-{
-    return aj_cp_check_dense(p->ctx, p->fn, name, t, dtype, rank, shape);
-}
-
 /* ---------------------------------------------------------------- set-up */
 
 /* The op's checks (aj_cp_check_op) and its mask program, and the rotate
@@ -217,26 +256,42 @@ static aj_status plan_op(ring_plan *p, const aj_op *op)
 {
     AJ_CHECK_ARG(p->ctx, (unsigned)p->rotate < AJ_ROTATE_COUNT,
                  "%s: rotate = %d is not a rotate method", p->fn, (int)p->rotate);
-    return aj_cp_check_op(p->ctx, p->fn, op, &p->op, &p->prog);
+    return aj_cp_check_op(p->ctx, p->fn, op, 0, &p->op, &p->prog);
 }
 
-/* The global lengths, this rank's query chunks and the K/V slots: any
- * length, every rank's shard aj_shard_length of the totals.  The buffers
- * that travel hold a block in a slot of the longest shard's size; a
- * block's own length (kv_tensors) bounds what the kernels read, so the
- * slot's tail is never attended. */
+/* Rank r's query (keys: key) positions: the layout's shard of the
+ * totals, or of each packed document. */
+static int64_t shard_len(const ring_plan *p, int r, int keys)
+{
+    if (!p->sh.varlen)
+        return ring_length(p, r, keys ? p->sk : p->sq);
+    const int32_t *cu = keys ? p->docs.cu_k : p->docs.cu_q;
+    int64_t len = 0;
+    for (int32_t d = 0; d < p->docs.batch; d++)
+        len += ring_length(p, r, cu[d + 1] - cu[d]);
+    return len;
+}
+
+/* The global lengths, the K/V slots and room for a step's pairs: any
+ * length, every rank's shard shard_len of the totals.  The buffers that
+ * travel hold a block in a slot of the longest shard's size; a block's
+ * own length (kv_tensors) bounds what the kernels read, so the slot's
+ * tail is never attended. */
 static aj_status plan_chunks(ring_plan *p, int64_t sq, int64_t sk)
 {
     p->sq = sq;
     p->sk = sk;
     p->lk_max = 0;
     for (int r = 0; r < p->size; r++) {
-        const int64_t l = ring_length(p, r, sk);
+        const int64_t l = shard_len(p, r, 1);
         p->lk_max = l > p->lk_max ? l : p->lk_max;
     }
     p->k_elems = (size_t)(p->B * p->Hkv * p->lk_max * p->D);
     p->v_elems = (size_t)(p->B * p->Hkv * p->lk_max * p->Dv);
-    return ring_chunks(p, p->rank, sq, p->qc, &p->nq);
+    p->pairs = calloc(4 * (size_t)(p->sh.varlen ? p->docs.batch : 1), sizeof *p->pairs);
+    if (!p->pairs)
+        return aj_fail(p->ctx, AJ_ERR_OUT_OF_MEMORY, "%s: out of memory", p->fn);
+    return AJ_OK;
 }
 
 /* The checks both directions share: handles, the op, q, k, v and the
@@ -244,7 +299,8 @@ static aj_status plan_chunks(ring_plan *p, int64_t sq, int64_t sk)
 static aj_status plan_common(ring_plan *p, aj_ctx *ctx, aj_device *dev, aj_comm *comm,
                              const aj_op *op, aj_kind kind, aj_shard_layout layout,
                              aj_ring_rotate rotate, const aj_tensor *q, const aj_tensor *k,
-                             const aj_tensor *v, aj_ring_stats *stats)
+                             const aj_tensor *v, const int32_t *cu_q, const int32_t *cu_k,
+                             int32_t batch, aj_ring_stats *stats)
 {
     p->ctx = ctx;
     p->rotate = rotate;
@@ -255,6 +311,24 @@ static aj_status plan_common(ring_plan *p, aj_ctx *ctx, aj_device *dev, aj_comm 
                                           &p->op, &p->prog, &sh);
     if (st != AJ_OK)
         return st;
+    /* packed documents: each launch is one piece of a document against
+     * another as a padded batch of one (aj_cp_as_padded), so the kernel's
+     * batch index is 0, not the document's */
+    if (sh.varlen && p->op.dropout > 0)
+        return aj_fail(ctx, AJ_ERR_UNSUPPORTED, "%s: dropout = %g with layout = varlen and "
+                       "method = ring: the Philox counter holds the document's index and the "
+                       "ring launches each document's pieces as a batch of one", p->fn,
+                       p->op.dropout);
+    if (sh.varlen && aj_cp_reads(&p->op, &p->prog, AJ_VAR_B))
+        return aj_fail(ctx, AJ_ERR_UNSUPPORTED, "%s: the op's expressions read the batch "
+                       "index b: with layout = varlen and method = ring each launch is one "
+                       "document's pieces as a batch of one; use method = ulysses", p->fn);
+    p->sh = sh;
+    if (sh.varlen) {
+        const aj_status docs_st = aj_cp_read_docs(ctx, p->fn, dev, cu_q, cu_k, batch, &p->docs);
+        if (docs_st != AJ_OK)
+            return docs_st;
+    }
     p->dev = dev;
     aj_device_caps caps = AJ_DEVICE_CAPS_INIT;
     const aj_status caps_st = aj_device_get_caps(dev, &caps);
@@ -298,6 +372,8 @@ static void plan_free(ring_plan *p)
     for (int t = 0; t < AJ_OP_TENSORS_MAX + 1; t++)
         free(p->host_mem[t]);
     free(p->cache);
+    free(p->pairs);
+    aj_cp_docs_free(&p->docs);
 }
 
 /* ---------------------------------------------------------------- the plan */
@@ -336,12 +412,14 @@ aj_status aj_ring_plan(aj_ctx *ctx, aj_device *dev, const aj_op *op,
     AJ_TRY(plan_side(&p, args->side, args->num_side, &args->alibi_slopes));
     *count = 0;
     for (int s = 0; s < p.size; s++) {
-        aj_ring_pair step[4];
         int n = 0;
-        AJ_TRY(plan_step(&p, s, step, &n));
+        AJ_TRY(plan_step(&p, s, &n));
         for (int i = 0; i < n; i++, ++*count)
-            if (*count < cap)
-                pairs[*count] = step[i];
+            if (*count < cap) {
+                const ring_pair *x = &p.pairs[i];
+                pairs[*count] = (aj_ring_pair){.step = x->step, .src = x->src, .q = x->q,
+                                               .k = x->k, .block = x->block};
+            }
     }
 done:
     plan_free(&p);
@@ -355,11 +433,11 @@ static aj_status collective_status(const ring_plan *p, aj_status st)
 
 /* What every rank's call must agree on, in the order of call_fields;
  * NULL names: the rank's own lengths, the shards of the totals. */
-enum { CALL_FIELDS = 15, FIELD_LQ = 5, FIELD_LK = 6 };
+enum { CALL_FIELDS = 16, FIELD_LQ = 5, FIELD_LK = 6 };
 static const char *const call_fields[CALL_FIELDS] = {
     "method", "kind", "batch", "q heads", "kv heads", NULL, NULL, "head_dim",
     "head_dim_v", "layout", "rotate", "seed", "offset", "side tensor shapes (a digest)",
-    "host-memory device (cpu, sim: 1)"};
+    "host-memory device (cpu, sim: 1)", "cu_seqlens (a digest)"};
 
 /* A digest (FNV-1a) of the side tensors' shapes: ranks whose side tensors
  * differ in size would read different data at the same positions. */
@@ -381,7 +459,8 @@ static aj_status agree_on_call(ring_plan *p, const aj_op *op, aj_ring_rotate rot
 {
     int64_t mine[CALL_FIELDS] = {AJ_METHOD_RING, p->op.kind, p->B, p->Hq, p->Hkv, p->lq, p->lk,
                                  p->D, p->Dv, p->layout, rotate, (int64_t)seed,
-                                 (int64_t)offset, side_shapes_digest(p), p->host_memory};
+                                 (int64_t)offset, side_shapes_digest(p), p->host_memory,
+                                 p->docs.digest};
     if (p->op.dropout == 0)
         mine[11] = mine[12] = 0;   /* no dropout: the stream is unused */
     int64_t *all = calloc((size_t)p->size * CALL_FIELDS, sizeof *all);
@@ -389,15 +468,28 @@ static aj_status agree_on_call(ring_plan *p, const aj_op *op, aj_ring_rotate rot
         return aj_fail(p->ctx, AJ_ERR_OUT_OF_MEMORY, "%s: out of memory", p->fn);
     aj_status st = aj_cp_agree(p->ctx, p->comm, p->fn, op, CALL_FIELDS, call_fields, mine, all);
     int64_t sq = 0, sk = 0;
-    if (st == AJ_OK)
+    if (st == AJ_OK && !p->sh.varlen)
         st = aj_cp_check_lengths(p->ctx, p->fn, p->layout, p->size, all, CALL_FIELDS,
                                  FIELD_LQ, FIELD_LK, &sq, &sk);
+    if (st == AJ_OK && p->sh.varlen) {   /* each rank's pieces of every document */
+        sq = p->docs.cu_q[p->docs.batch];
+        sk = p->docs.cu_k[p->docs.batch];
+        for (int r = 0; r < p->size && st == AJ_OK; r++) {
+            const int64_t lq = all[r * CALL_FIELDS + FIELD_LQ], lk = all[r * CALL_FIELDS + FIELD_LK];
+            if (lq != shard_len(p, r, 0) || lk != shard_len(p, r, 1))
+                st = aj_fail(p->ctx, AJ_ERR_INVALID_ARG, "%s: rank %d holds %lld query and "
+                             "%lld key positions; its pieces of the packed documents are %lld "
+                             "and %lld (aj_shard_varlen_chunks, method = ring)", p->fn, r,
+                             (long long)lq, (long long)lk, (long long)shard_len(p, r, 0),
+                             (long long)shard_len(p, r, 1));
+        }
+    }
     free(all);
     return st == AJ_OK ? plan_chunks(p, sq, sk) : st;
 }
 
 /* One variant of the op compiled for the device: with or without its
- * mask, accumulate-mode for the forward. */
+ * mask, accumulate-mode for the forward, padded. */
 static aj_status compile_variant(const ring_plan *p, const aj_op *op, int masked,
                                  aj_op **v, aj_kernel **out)
 {
@@ -407,6 +499,8 @@ static aj_status compile_variant(const ring_plan *p, const aj_op *op, int masked
         AJ_TRY(aj_op_set_accumulate(*v, true));
     if (!masked)
         AJ_TRY(aj_op_set_mask_none(*v));
+    if (p->sh.varlen)   /* each document's pieces launch as padded tensors */
+        AJ_TRY(aj_op_set_layout(*v, AJ_LAYOUT_PADDED));
     aj_compile_options opt = AJ_COMPILE_OPTIONS_INIT;
     opt.device = p->dev;   /* its target, and its tuned schedule if there is one */
     AJ_TRY(aj_compile(p->ctx, *v, &opt, out));
@@ -526,15 +620,17 @@ static aj_status store_rounded(const ring_plan *p, const float *src, size_t coun
 
 /* The f32 accumulator `acc` (rows x Dv, host memory), rounded into `dst`
  * (the op's dtype); rows whose `lse` is -inf saw no key and get O = 0,
- * whatever the accumulator holds there. */
+ * whatever the accumulator holds there.  (Packed: O's row r, position
+ * r / Hq of head r % Hq, has its LSE [Hq, lq] at (r % Hq) lq + r / Hq.) */
 static aj_status store_rows(const ring_plan *p, const float *acc, const float *lse,
                             size_t rows, void *dst)
 {
-    const size_t dv = (size_t)p->Dv;
+    const size_t dv = (size_t)p->Dv, hq = (size_t)p->Hq, lq = (size_t)p->lq;
+#define ROW_EMPTY(r) (lse[p->sh.varlen ? ((r) % hq) * lq + (r) / hq : (r)] == -INFINITY)
     /* runs of rows alike: one conversion (or clearing) per run */
     for (size_t r = 0, end; r < rows; r = end) {
-        const bool empty = lse[r] == -INFINITY;
-        for (end = r + 1; end < rows && (lse[end] == -INFINITY) == empty; end++)
+        const bool empty = ROW_EMPTY(r);
+        for (end = r + 1; end < rows && ROW_EMPTY(end) == empty; end++)
             ;
         char *out = (char *)dst + r * dv * p->elem;
         const size_t n = (end - r) * dv;
@@ -548,6 +644,7 @@ static aj_status store_rows(const ring_plan *p, const float *acc, const float *l
     }
     return AJ_OK;
 }
+#undef ROW_EMPTY
 
 /* ---------------------------------------------------------------- comm */
 
@@ -604,16 +701,18 @@ static void count_collective(ring_plan *p, double start)
 /* Rank src's K/V shard length: the rows of its block. */
 static int64_t block_len(const ring_plan *p, int src)
 {
-    return ring_length(p, src, p->sk);
+    return shard_len(p, src, 1);
 }
 
 /* K and V of rank src's shard inside a K/V buffer (K's slot, then V's). */
 static void kv_tensors(const ring_plan *p, const void *kv, int src, aj_tensor *k, aj_tensor *v)
 {
     const int64_t l = block_len(p, src);
-    *k = aj_cp_dense((void *)kv, p->op.dtype, 4, (int64_t[]){p->B, p->Hkv, l, p->D});
-    *v = aj_cp_dense((char *)kv + p->k_elems * p->elem, p->op.dtype, 4,
-                     (int64_t[]){p->B, p->Hkv, l, p->Dv});
+    const aj_tensor kt = aj_cp_rows((void *)kv, p->op.dtype, &p->sh, p->Hkv, l, p->D);
+    const aj_tensor vt = aj_cp_rows((char *)kv + p->k_elems * p->elem, p->op.dtype, &p->sh,
+                                    p->Hkv, l, p->Dv);
+    *k = aj_cp_as_padded(&kt, &p->sh);
+    *v = aj_cp_as_padded(&vt, &p->sh);
 }
 
 static const aj_kernel *kernel_for(const ring_kernels *k, aj_ring_block kind)
@@ -636,7 +735,7 @@ static void count_block(ring_plan *p, aj_ring_block kind)
 
 /* The launch fields aj_fwd_args and aj_bwd_args share, for pair x of the
  * ring call p with arguments a (aj_ring_fwd_args or aj_ring_bwd_args):
- * the pair's global positions and the call's totals, side inputs,
+ * the pair's global positions and its sequence's totals, side inputs,
  * dropout stream and stream. */
 #define SET_PAIR_LAUNCH(l, p, a, x)           \
     do {                                      \
@@ -645,8 +744,8 @@ static void count_block(ring_plan *p, aj_ring_block kind)
         (l).num_side = (a)->num_side;         \
         (l).q_offset = (x)->q.global;         \
         (l).kv_offset = (x)->k.global;        \
-        (l).sq_total = (p)->sq;               \
-        (l).sk_total = (p)->sk;               \
+        (l).sq_total = (x)->sq;               \
+        (l).sk_total = (x)->sk;               \
         (l).seed = (a)->seed;                 \
         (l).offset = (a)->offset;             \
         (l).stream = (p)->stream;             \
@@ -657,14 +756,13 @@ static void count_block(ring_plan *p, aj_ring_block kind)
 static aj_status fwd_block(ring_plan *p, const ring_kernels *kern, const aj_ring_fwd_args *a,
                            const void *kv, int step, const aj_tensor *o_acc, aj_comm_req *req)
 {
-    aj_ring_pair pairs[4];
     int n = 0;
     aj_status st = AJ_OK;
-    AJ_TRY(plan_step(p, step, pairs, &n));
+    AJ_TRY(plan_step(p, step, &n));
     aj_tensor k, v;
     kv_tensors(p, kv, step_src(p, step), &k, &v);
     for (int i = 0; i < n; i++) {
-        const aj_ring_pair *x = &pairs[i];
+        const ring_pair *x = &p->pairs[i];
         count_block(p, x->block);
         if (x->block == AJ_RING_BLOCK_SKIP)
             continue;
@@ -783,9 +881,8 @@ static aj_status plan_forward(ring_plan *p, aj_ctx *ctx, aj_device *dev, aj_comm
 {
     aj_status st = AJ_OK;
     AJ_TRY(plan_common(p, ctx, dev, comm, op, AJ_KIND_FORWARD, a->layout, a->rotate, &a->q,
-                       &a->k, &a->v, stats));
-    AJ_TRY(check_shard(p, "o", &a->o, p->op.dtype, 4, (int64_t[]){p->B, p->Hq, p->lq, p->Dv}));
-    AJ_TRY(check_shard(p, "lse", &a->lse, AJ_DTYPE_F32, 3, (int64_t[]){p->B, p->Hq, p->lq}));
+                       &a->k, &a->v, a->cu_seqlens_q, a->cu_seqlens_k, a->batch, stats));
+    AJ_TRY(aj_cp_check_fwd_outputs(ctx, p->fn, p->op.dtype, &p->sh, &a->o, &a->lse));
     AJ_TRY(plan_side(p, a->side, a->num_side, &a->alibi_slopes));
     AJ_CHECK_ARG(ctx, a->launch_tiles_cap >= 0 && (a->launch_tiles_cap == 0 || a->launch_tiles),
                  "%s: launch_tiles_cap = %d with launch_tiles %s; want a count of 0 or more, "
@@ -827,6 +924,10 @@ aj_status aj_ring_forward_group(aj_ctx *ctx, aj_device *dev, aj_comm *comm, cons
     aj_status st = AJ_OK;
     const double start = aj_now();
     AJ_TRY(plan_forward(&p, ctx, dev, comm, op, args, group, &local_stats));
+    aj_ring_fwd_args shards = *args;   /* as padded tensors: packed ones' pieces launch so */
+    shards.q = aj_cp_as_padded(&args->q, &p.sh);
+    shards.o = aj_cp_as_padded(&args->o, &p.sh);
+    shards.lse = aj_cp_as_padded(&args->lse, &p.sh);
     AJ_TRY(compile_kernels(&p, op, &kern));
     AJ_TRY(aj_device_stream_create(dev, &p.stream));
 
@@ -849,8 +950,8 @@ aj_status aj_ring_forward_group(aj_ctx *ctx, aj_device *dev, aj_comm *comm, cons
         AJ_TRY(to_dev(&p, args->lse.data, host_o, rows * sizeof(float)));
         AJ_TRY(ring_wait(&p, "clearing the accumulator"));
     }
-    const aj_tensor o_acc = aj_cp_dense(o_acc_dev, AJ_DTYPE_F32, 4,
-                                  (int64_t[]){p.B, p.Hq, p.lq, p.Dv});
+    const aj_tensor o_acc_rows = aj_cp_rows(o_acc_dev, AJ_DTYPE_F32, &p.sh, p.Hq, p.lq, p.Dv);
+    const aj_tensor o_acc = aj_cp_as_padded(&o_acc_rows, &p.sh);
     AJ_TRY(shared_segments(&p, kv_bytes, &seg));
     if (!seg) {
         AJ_TRY(alloc_host(&p, kv_bytes, 0, &kv[0]));
@@ -862,7 +963,7 @@ aj_status aj_ring_forward_group(aj_ctx *ctx, aj_device *dev, aj_comm *comm, cons
         AJ_TRY(dev_alloc(&p, kv_bytes, &kv_dev));
 
     if (seg) {
-        AJ_TRY(fwd_shared(&p, &kern, args, seg, &o_acc, &req));
+        AJ_TRY(fwd_shared(&p, &kern, &shards, seg, &o_acc, &req));
     } else if (args->rotate == AJ_ROTATE_P2P) {
         AJ_TRY(alloc_host(&p, kv_bytes, 0, &kv[1]));
         int cur = 0;
@@ -871,7 +972,7 @@ aj_status aj_ring_forward_group(aj_ctx *ctx, aj_device *dev, aj_comm *comm, cons
                 AJ_TRY(exchange_start(&p, &req, "K/V", kv[cur], kv[cur ^ 1], kv_bytes,
                                       TAG_KV));
             AJ_TRY(visiting_block(&p, kv_dev, kv[cur], kv_bytes, &block));
-            AJ_TRY(fwd_block(&p, &kern, args, block, s, &o_acc, &req));
+            AJ_TRY(fwd_block(&p, &kern, &shards, block, s, &o_acc, &req));
             AJ_TRY(exchange_finish(&p, &req));
             cur ^= 1;
         }
@@ -888,7 +989,7 @@ aj_status aj_ring_forward_group(aj_ctx *ctx, aj_device *dev, aj_comm *comm, cons
         for (int s = 0; s < p.size; s++) {
             const size_t at = (size_t)step_src(&p, s) * kv_bytes;
             AJ_TRY(visiting_block(&p, kv_dev, (char *)gathered + at, kv_bytes, &block));
-            AJ_TRY(fwd_block(&p, &kern, args, block, s, &o_acc, &req));
+            AJ_TRY(fwd_block(&p, &kern, &shards, block, s, &o_acc, &req));
         }
     }
     if (p.host_memory) {
@@ -941,6 +1042,23 @@ static aj_status add_rows(float *acc, int64_t acc_rows, int64_t row0, const void
     return AJ_OK;
 }
 
+/* A launch's gradient part in the call's layout ([B, H, rows, W], varlen
+ * [rows, H, W]), as the kernel writes it, and its rows added into the f32
+ * accumulator of `acc_rows` rows from row0. */
+static aj_tensor part_view(const ring_plan *p, void *data, int64_t H, int64_t rows, int64_t W)
+{
+    const aj_tensor t = aj_cp_rows(data, p->op.dtype, &p->sh, H, rows, W);
+    return aj_cp_as_padded(&t, &p->sh);
+}
+
+static aj_status add_part(const ring_plan *p, float *acc, int64_t acc_rows, int64_t row0,
+                          const void *part, int64_t H, int64_t rows, int64_t W, float *scratch)
+{
+    if (p->sh.varlen)   /* positions H W apart: one run */
+        return add_rows(acc, acc_rows, row0, part, p->op.dtype, 1, rows, H * W, scratch);
+    return add_rows(acc, acc_rows, row0, part, p->op.dtype, p->B * H, rows, W, scratch);
+}
+
 /* Per-launch outputs of the backward kernel (one Q chunk, one K/V chunk)
  * in device memory, their host copies, and the f32 scratch that adds them
  * up. */
@@ -978,17 +1096,15 @@ static aj_status bwd_block(ring_plan *p, const ring_kernels *kern, const aj_ring
                            const void *kv, int step, float *dq_acc, float *dkv,
                            const bwd_parts *parts, aj_comm_req *reqs, int nreqs)
 {
-    aj_ring_pair pairs[4];
     int n = 0;
     aj_status st = AJ_OK;
-    AJ_TRY(plan_step(p, step, pairs, &n));
+    AJ_TRY(plan_step(p, step, &n));
     aj_tensor k, v;
     const int64_t lk = block_len(p, step_src(p, step));
     kv_tensors(p, kv, step_src(p, step), &k, &v);
-    const aj_dtype dt = p->op.dtype;
     float *dk_acc = dkv, *dv_acc = dkv + p->k_elems;
     for (int i = 0; i < n; i++) {
-        const aj_ring_pair *x = &pairs[i];
+        const ring_pair *x = &p->pairs[i];
         count_block(p, x->block);
         if (x->block == AJ_RING_BLOCK_SKIP)
             continue;
@@ -1000,9 +1116,9 @@ static aj_status bwd_block(ring_plan *p, const ring_kernels *kern, const aj_ring
         b.o = seq_view(&a->o, &x->q);
         b.lse = seq_view(&a->lse, &x->q);
         b.do_ = seq_view(&a->do_, &x->q);
-        b.dq = aj_cp_dense(parts->dq, dt, 4, (int64_t[]){p->B, p->Hq, cq, p->D});
-        b.dk = aj_cp_dense(parts->dk, dt, 4, (int64_t[]){p->B, p->Hkv, ck, p->D});
-        b.dv = aj_cp_dense(parts->dv, dt, 4, (int64_t[]){p->B, p->Hkv, ck, p->Dv});
+        b.dq = part_view(p, parts->dq, p->Hq, cq, p->D);
+        b.dk = part_view(p, parts->dk, p->Hkv, ck, p->D);
+        b.dv = part_view(p, parts->dv, p->Hkv, ck, p->Dv);
         SET_PAIR_LAUNCH(b, p, a, x);
         double t0 = aj_now();
         AJ_TRY(aj_backward(p->ctx, p->dev, kernel_for(kern, x->block), &b));
@@ -1012,11 +1128,11 @@ static aj_status bwd_block(ring_plan *p, const ring_kernels *kern, const aj_ring
             AJ_TRY(from_dev(p, parts->dv_h, parts->dv, parts->dv_bytes));
         }
         AJ_TRY(ring_wait(p, "the block's kernels"));
-        AJ_TRY(add_rows(dq_acc, p->lq, x->q.local, parts->dq_h, dt, p->B * p->Hq, cq, p->D,
+        AJ_TRY(add_part(p, dq_acc, p->lq, x->q.local, parts->dq_h, p->Hq, cq, p->D,
                         parts->scratch));
-        AJ_TRY(add_rows(dk_acc, lk, x->k.local, parts->dk_h, dt, p->B * p->Hkv, ck, p->D,
+        AJ_TRY(add_part(p, dk_acc, lk, x->k.local, parts->dk_h, p->Hkv, ck, p->D,
                         parts->scratch));
-        AJ_TRY(add_rows(dv_acc, lk, x->k.local, parts->dv_h, dt, p->B * p->Hkv, ck, p->Dv,
+        AJ_TRY(add_part(p, dv_acc, lk, x->k.local, parts->dv_h, p->Hkv, ck, p->Dv,
                         parts->scratch));
         p->stats->compute_s += aj_now() - t0;
         for (int r = 0; r < nreqs; r++)
@@ -1089,15 +1205,9 @@ static aj_status plan_backward(ring_plan *p, aj_ctx *ctx, aj_device *dev, aj_com
 {
     aj_status st = AJ_OK;
     AJ_TRY(plan_common(p, ctx, dev, comm, op, AJ_KIND_BACKWARD, a->layout, a->rotate, &a->q,
-                       &a->k, &a->v, stats));
-    const aj_dtype dt = p->op.dtype;
-    const int64_t rows_o[4] = {p->B, p->Hq, p->lq, p->Dv};
-    AJ_TRY(check_shard(p, "o", &a->o, dt, 4, rows_o));
-    AJ_TRY(check_shard(p, "do_", &a->do_, dt, 4, rows_o));
-    AJ_TRY(check_shard(p, "lse", &a->lse, AJ_DTYPE_F32, 3, (int64_t[]){p->B, p->Hq, p->lq}));
-    AJ_TRY(check_shard(p, "dq", &a->dq, dt, 4, (int64_t[]){p->B, p->Hq, p->lq, p->D}));
-    AJ_TRY(check_shard(p, "dk", &a->dk, dt, 4, (int64_t[]){p->B, p->Hkv, p->lk, p->D}));
-    AJ_TRY(check_shard(p, "dv", &a->dv, dt, 4, (int64_t[]){p->B, p->Hkv, p->lk, p->Dv}));
+                       &a->k, &a->v, a->cu_seqlens_q, a->cu_seqlens_k, a->batch, stats));
+    AJ_TRY(aj_cp_check_bwd_outputs(ctx, p->fn, p->op.dtype, &p->sh, &a->o, &a->do_, &a->lse,
+                                   &a->dq, &a->dk, &a->dv));
     AJ_TRY(plan_side(p, a->side, a->num_side, &a->alibi_slopes));
     AJ_TRY(plan_lengths(p, op, group, a->rotate, a->seed, a->offset));
 done:
@@ -1138,14 +1248,22 @@ aj_status aj_ring_backward_group(aj_ctx *ctx, aj_device *dev, aj_comm *comm, con
     aj_status st = AJ_OK;
     const double start = aj_now();
     AJ_TRY(plan_backward(&p, ctx, dev, comm, op, args, group, &local_stats));
+    aj_ring_bwd_args shards = *args;   /* as padded tensors: packed ones' pieces launch so */
+    shards.q = aj_cp_as_padded(&args->q, &p.sh);
+    shards.o = aj_cp_as_padded(&args->o, &p.sh);
+    shards.lse = aj_cp_as_padded(&args->lse, &p.sh);
+    shards.do_ = aj_cp_as_padded(&args->do_, &p.sh);
     AJ_TRY(compile_kernels(&p, op, &kern));
     AJ_TRY(aj_device_stream_create(dev, &p.stream));
 
     const size_t kv_bytes = (p.k_elems + p.v_elems) * p.elem;
     const size_t dkv_count = p.k_elems + p.v_elems;
     const size_t dq_count = (size_t)(p.B * p.Hq * p.lq * p.D);
-    /* the parts of the longest chunks */
-    const int64_t cq = longest_chunk(&p, p.sq), ck = longest_chunk(&p, p.sk);
+    /* the parts of the longest chunks: longest_chunk's, of the longest
+     * document for packed ones (the first S % n chunks are one longer) */
+    const int64_t chunks = (p.layout == AJ_SHARD_ZIGZAG ? 2 : 1) * (int64_t)p.size;
+    const int64_t cq = p.sh.varlen ? (p.docs.max_q + chunks - 1) / chunks : longest_chunk(&p, p.sq);
+    const int64_t ck = p.sh.varlen ? (p.docs.max_k + chunks - 1) / chunks : longest_chunk(&p, p.sk);
     const int64_t width = p.D > p.Dv ? p.D : p.Dv;
     const int64_t chunk = cq > ck ? cq : ck;
     parts.dq_bytes = (size_t)(p.B * p.Hq * cq * p.D) * p.elem;
@@ -1156,7 +1274,7 @@ aj_status aj_ring_backward_group(aj_ctx *ctx, aj_device *dev, aj_comm *comm, con
     AJ_TRY(alloc_part(&p, parts.dq_bytes, &parts.dq, &parts.dq_h));
     AJ_TRY(alloc_part(&p, parts.dk_bytes, &parts.dk, &parts.dk_h));
     AJ_TRY(alloc_part(&p, parts.dv_bytes, &parts.dv, &parts.dv_h));
-    AJ_TRY(alloc_host(&p, (size_t)(chunk * width) * sizeof(float), 0,
+    AJ_TRY(alloc_host(&p, (size_t)(chunk * width * (p.sh.varlen ? p.Hq : 1)) * sizeof(float), 0,
                       (void **)&parts.scratch));
     const shared_layout lay = shared_layout_of(&p);
     AJ_TRY(shared_segments(&p, lay.bytes, &seg));
@@ -1169,7 +1287,7 @@ aj_status aj_ring_backward_group(aj_ctx *ctx, aj_device *dev, aj_comm *comm, con
 
     float *own = NULL;    /* this rank's dK/dV, f32, when done */
     if (seg) {
-        AJ_TRY(bwd_shared(&p, &kern, args, seg, &lay, (float *)dq_acc, &parts, &reqs[0], &own));
+        AJ_TRY(bwd_shared(&p, &kern, &shards, seg, &lay, (float *)dq_acc, &parts, &reqs[0], &own));
     } else if (args->rotate == AJ_ROTATE_P2P) {
         AJ_TRY(alloc_host(&p, kv_bytes, 0, &kv[1]));
         AJ_TRY(alloc_host(&p, dkv_count * sizeof(float), 1, &acc[0]));
@@ -1182,7 +1300,7 @@ aj_status aj_ring_backward_group(aj_ctx *ctx, aj_device *dev, aj_comm *comm, con
                                       TAG_KV));
             AJ_TRY(visiting_block(&p, kv_dev, kv[kc], kv_bytes, &block));
             memset(step, 0, dkv_count * sizeof(float));
-            AJ_TRY(bwd_block(&p, &kern, args, block, s, dq_acc, step, &parts, reqs, 2));
+            AJ_TRY(bwd_block(&p, &kern, &shards, block, s, dq_acc, step, &parts, reqs, 2));
             /* acc[ac]: the step's block's accumulator, fresh at step 0, else just
              * received from rank r-1 */
             AJ_TRY(exchange_finish(&p, &reqs[1]));
@@ -1218,7 +1336,7 @@ aj_status aj_ring_backward_group(aj_ctx *ctx, aj_device *dev, aj_comm *comm, con
             const size_t src = (size_t)step_src(&p, s);
             AJ_TRY(visiting_block(&p, kv_dev, (char *)gathered + src * kv_bytes, kv_bytes,
                                   &block));
-            AJ_TRY(bwd_block(&p, &kern, args, block, s, dq_acc,
+            AJ_TRY(bwd_block(&p, &kern, &shards, block, s, dq_acc,
                              (float *)all_dkv + src * dkv_count, &parts, reqs, 0));
         }
         if (p.size > 1) {

@@ -42,16 +42,70 @@ aj_status aj_cp_check_dense(aj_ctx *ctx, const char *fn, const char *name, const
 typedef struct aj_cp_shapes {
     int64_t B, Hq, Hkv, D, Dv;
     int64_t lq, lk;              /* this rank's lengths */
+    bool varlen;                 /* layout = varlen: q, k, v, o packed [l, H, W], lse
+                                    [H, l]; B = 1 */
 } aj_cp_shapes;
 
-/* The op as every method (and aj_ring_plan) takes it: a padded forward or
- * backward op without bias or accumulate; *info, and its score programs
- * *prog.  Errors name `fn`. */
-aj_status aj_cp_check_op(aj_ctx *ctx, const char *fn, const aj_op *op, aj_op_info *info,
-                         aj_score_prog *prog);
+/* A shard tensor of the call's layout: `H` heads of `len` positions, `W`
+ * wide ([B, H, len, W] or varlen [len, H, W]), or for W = 0 an LSE ([B,
+ * H, len] or varlen [H, len]): contiguous over `data`. */
+aj_tensor aj_cp_rows(void *data, aj_dtype dtype, const aj_cp_shapes *sh, int64_t H,
+                     int64_t len, int64_t W);
+/* The shard `t` is `name`, as aj_cp_rows describes it (errors name `fn`). */
+aj_status aj_cp_check_rows(aj_ctx *ctx, const char *fn, const char *name, const aj_tensor *t,
+                           aj_dtype dtype, const aj_cp_shapes *sh, int64_t H, int64_t len,
+                           int64_t W);
+/* The forward's o and lse, and the backward's o, do_, lse, dq, dk and
+ * dv: this rank's shards as aj_cp_rows describes them. */
+aj_status aj_cp_check_fwd_outputs(aj_ctx *ctx, const char *fn, aj_dtype dt,
+                                  const aj_cp_shapes *sh, const aj_tensor *o,
+                                  const aj_tensor *lse);
+aj_status aj_cp_check_bwd_outputs(aj_ctx *ctx, const char *fn, aj_dtype dt,
+                                  const aj_cp_shapes *sh, const aj_tensor *o,
+                                  const aj_tensor *do_, const aj_tensor *lse,
+                                  const aj_tensor *dq, const aj_tensor *dk,
+                                  const aj_tensor *dv);
+/* A shard tensor seen as a padded one, [B, H, S, W] (an LSE [B, H, S]):
+ * varlen's packed [l, H, W] as [1, H, l, W] with its strides (positions
+ * l apart by H W), its LSE [H, l] as [1, H, l].  The padded kernels take
+ * any strides, so a run of positions of it is a padded launch's tensor. */
+aj_tensor aj_cp_as_padded(const aj_tensor *t, const aj_cp_shapes *sh);
+
+/* layout = varlen: the packed batch's documents, as every rank passes
+ * them (cu_seqlens in the device's memory), read into host memory and
+ * checked: batch + 1 offsets from 0, never decreasing. */
+typedef struct aj_cp_docs {
+    int32_t batch;
+    int32_t *cu_q, *cu_k;        /* host copies, [batch + 1] each */
+    int32_t max_q, max_k;        /* the longest document */
+    int64_t digest;              /* of both arrays: ranks compare it */
+} aj_cp_docs;
+aj_status aj_cp_read_docs(aj_ctx *ctx, const char *fn, aj_device *dev, const int32_t *cu_q,
+                          const int32_t *cu_k, int32_t batch, aj_cp_docs *out);
+void aj_cp_docs_free(aj_cp_docs *docs);
+/* Whether the op's score programs (mask or mod) read `var` (AJ_VAR_B,
+ * AJ_VAR_H); alibi's own read of h does not count. */
+bool aj_cp_reads(const aj_op_info *op, const aj_score_prog *prog, int var);
+
+/* Rank `rank`'s pieces of a packed batch of `batch` documents (cu_seqlens
+ * [batch + 1], host memory), in local order: method = ring cuts each
+ * document by the layout (every rank a part of every document, head and
+ * tail for zigzag), Ulysses the packed axis.  chunk.global is the packed
+ * position; at most 2 batch pieces; *len their total.  Errors name `fn`. */
+aj_status aj_shard_varlen_chunks_any(aj_ctx *ctx, const char *fn, aj_cp_method method,
+                                     aj_shard_layout layout, int rank, int size,
+                                     const int32_t *cu_seqlens, int32_t batch,
+                                     aj_shard_chunk *chunks, int32_t *count, int64_t *len);
+
+/* The op as every method (and aj_ring_plan) takes it: a forward or
+ * backward op without bias or accumulate, padded (or varlen where
+ * varlen_ok); *info, and its score programs *prog.  Errors name `fn`. */
+aj_status aj_cp_check_op(aj_ctx *ctx, const char *fn, const aj_op *op, int varlen_ok,
+                         aj_op_info *info, aj_score_prog *prog);
 /* The checks every method makes of a call: the handles, the layout, the
  * op (aj_cp_check_op, of `kind`), and q, k, v (contiguous BHSD of the op's
- * dtype, GQA heads: *sh).  Errors name `fn`. */
+ * dtype, or varlen's packed [l, H, D]; GQA heads: *sh).  Errors name
+ * `fn`. */
 aj_status aj_cp_check_call(aj_ctx *ctx, const char *fn, aj_device *dev, struct aj_comm *comm,
                            const aj_op *op, aj_kind kind, aj_shard_layout layout,
                            const aj_tensor *q, const aj_tensor *k, const aj_tensor *v,

@@ -24,6 +24,8 @@
  *     rank     0   1   2   3   3   2   1   0
  *     group    0---0   1---1   1---1   0---0
  */
+#include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "ir/diag.h"
@@ -112,25 +114,47 @@ aj_status aj_shard_get_chunks(aj_ctx *ctx, aj_shard_layout layout, int rank, int
                            num_chunks);
 }
 
-/* Copies the chunks between the full tensor and the shard, either way. */
-static aj_status copy_chunks(aj_ctx *ctx, const char *fn, aj_shard_layout layout, int rank,
-                             int size, const aj_seq_shape *full, const void *src, void *dst,
-                             int to_shard)
+aj_status aj_shard_varlen_chunks_any(aj_ctx *ctx, const char *fn, aj_cp_method method,
+                                     aj_shard_layout layout, int rank, int size,
+                                     const int32_t *cu_seqlens, int32_t batch,
+                                     aj_shard_chunk *chunks, int32_t *count, int64_t *len)
 {
-    AJ_CHECK_ARG(ctx, full, "%s: full is NULL", fn);
-    AJ_CHECK_ARG(ctx, src, "%s: %s is NULL", fn, to_shard ? "src" : "shard");
-    AJ_CHECK_ARG(ctx, dst, "%s: %s is NULL", fn, to_shard ? "shard" : "dst");
-    AJ_CHECK_ARG(ctx, full->outer >= 0 && full->inner >= 0,
-                 "%s: full->outer = %lld, full->inner = %lld; want sizes >= 0", fn,
-                 (long long)full->outer, (long long)full->inner);
-    AJ_CHECK_ARG(ctx, full->elem_size > 0, "%s: full->elem_size is 0", fn);
-    aj_shard_chunk chunks[2];
-    int n = 0;
-    aj_status st = aj_shard_chunks_any(ctx, fn, layout, rank, size, full->seq, chunks, &n);
-    if (st != AJ_OK)
-        return st;
+    AJ_CHECK_ARG(ctx, (unsigned)method < AJ_METHOD_COUNT,
+                 "%s: method = %d is not a context-parallel method", fn, (int)method);
+    AJ_CHECK_ARG(ctx, cu_seqlens && batch >= 1, "%s: cu_seqlens %s with batch = %d; want the "
+                 "batch's batch + 1 offsets, batch >= 1", fn, cu_seqlens ? "given" : "NULL",
+                 (int)batch);
+    *count = 0;
+    *len = 0;
+    const int per_doc = method == AJ_METHOD_RING;
+    for (int32_t b = 0; b < (per_doc ? batch : 1); b++) {
+        const int64_t start = per_doc ? cu_seqlens[b] : 0;
+        const int64_t n = (per_doc ? cu_seqlens[b + 1] : cu_seqlens[batch]) - start;
+        AJ_CHECK_ARG(ctx, cu_seqlens[0] == 0 && n >= 0, "%s: cu_seqlens[0] = %d and sequence "
+                     "%d of %lld positions; want offsets from 0 that never decrease", fn,
+                     (int)cu_seqlens[0], (int)b, (long long)n);
+        aj_shard_chunk c[2];
+        int nc = 0;
+        aj_status st = aj_shard_chunks_any(ctx, fn, layout, rank, size, n, c, &nc);
+        if (st != AJ_OK)
+            return st;
+        for (int i = 0; i < nc; i++) {
+            if (c[i].len == 0)
+                continue;
+            chunks[(*count)++] = (aj_shard_chunk){.global = start + c[i].global,
+                                                  .local = *len, .len = c[i].len};
+            *len += c[i].len;
+        }
+    }
+    return AJ_OK;
+}
+
+/* Copies the chunks (of a shard `local_seq` long) between the full tensor
+ * and the shard, either way. */
+static void copy_chunks(const aj_shard_chunk *chunks, int n, int64_t local_seq,
+                        const aj_seq_shape *full, const void *src, void *dst, int to_shard)
+{
     const size_t row = (size_t)full->inner * full->elem_size;
-    const int64_t local_seq = aj_shard_length(layout, rank, size, full->seq);
     for (int64_t o = 0; o < full->outer; o++)
         for (int c = 0; c < n; c++) {
             size_t g = ((size_t)o * full->seq + chunks[c].global) * row;
@@ -141,6 +165,35 @@ static aj_status copy_chunks(aj_ctx *ctx, const char *fn, aj_shard_layout layout
             else
                 memcpy((char *)dst + g, (const char *)src + l, bytes);
         }
+}
+
+/* The arguments aj_shard, aj_unshard and their varlen forms share. */
+static aj_status check_copy(aj_ctx *ctx, const char *fn, const aj_seq_shape *full,
+                            const void *src, const void *dst, int to_shard)
+{
+    AJ_CHECK_ARG(ctx, full, "%s: full is NULL", fn);
+    AJ_CHECK_ARG(ctx, src, "%s: %s is NULL", fn, to_shard ? "src" : "shard");
+    AJ_CHECK_ARG(ctx, dst, "%s: %s is NULL", fn, to_shard ? "shard" : "dst");
+    AJ_CHECK_ARG(ctx, full->outer >= 0 && full->inner >= 0,
+                 "%s: full->outer = %lld, full->inner = %lld; want sizes >= 0", fn,
+                 (long long)full->outer, (long long)full->inner);
+    AJ_CHECK_ARG(ctx, full->elem_size > 0, "%s: full->elem_size is 0", fn);
+    return AJ_OK;
+}
+
+static aj_status shard_copy(aj_ctx *ctx, const char *fn, aj_shard_layout layout, int rank,
+                            int size, const aj_seq_shape *full, const void *src, void *dst,
+                            int to_shard)
+{
+    aj_status st = check_copy(ctx, fn, full, src, dst, to_shard);
+    aj_shard_chunk chunks[2];
+    int n = 0;
+    if (st == AJ_OK)
+        st = aj_shard_chunks_any(ctx, fn, layout, rank, size, full->seq, chunks, &n);
+    if (st != AJ_OK)
+        return st;
+    copy_chunks(chunks, n, aj_shard_length(layout, rank, size, full->seq), full, src, dst,
+                to_shard);
     return AJ_OK;
 }
 
@@ -149,7 +202,7 @@ aj_status aj_shard(aj_ctx *ctx, aj_shard_layout layout, int rank, int size,
 {
     if (!ctx)
         return AJ_ERR_INVALID_ARG;
-    return copy_chunks(ctx, "aj_shard", layout, rank, size, full, src, shard, 1);
+    return shard_copy(ctx, "aj_shard", layout, rank, size, full, src, shard, 1);
 }
 
 aj_status aj_unshard(aj_ctx *ctx, aj_shard_layout layout, int rank, int size,
@@ -157,5 +210,76 @@ aj_status aj_unshard(aj_ctx *ctx, aj_shard_layout layout, int rank, int size,
 {
     if (!ctx)
         return AJ_ERR_INVALID_ARG;
-    return copy_chunks(ctx, "aj_unshard", layout, rank, size, full, shard, dst, 0);
+    return shard_copy(ctx, "aj_unshard", layout, rank, size, full, shard, dst, 0);
+}
+
+/* ---------------------------------------------------------------- varlen */
+
+aj_status aj_shard_varlen_chunks(aj_ctx *ctx, aj_cp_method method, aj_shard_layout layout,
+                                 int rank, int size, const int32_t *cu_seqlens, int32_t batch,
+                                 aj_shard_chunk *chunks, int32_t cap, int32_t *count,
+                                 int64_t *length)
+{
+    const char *fn = "aj_shard_varlen_chunks";
+    if (!ctx)
+        return AJ_ERR_INVALID_ARG;
+    AJ_CHECK_ARG(ctx, count && length, "%s: count and length must not be NULL", fn);
+    AJ_CHECK_ARG(ctx, cap >= 0 && (cap == 0 || chunks), "%s: cap = %d with chunks %s; want a "
+                 "count of 0 or more, and the array when it is not 0", fn, (int)cap,
+                 chunks ? "given" : "NULL");
+    AJ_CHECK_ARG(ctx, batch >= 1 && batch <= INT32_MAX / 2, "%s: batch = %d", fn, (int)batch);
+    aj_shard_chunk *all = malloc(2 * (size_t)batch * sizeof *all);
+    if (!all)
+        return aj_fail(ctx, AJ_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
+    aj_status st = aj_shard_varlen_chunks_any(ctx, fn, method, layout, rank, size, cu_seqlens,
+                                              batch, all, count, length);
+    for (int32_t i = 0; st == AJ_OK && i < *count && i < cap; i++)
+        chunks[i] = all[i];
+    free(all);
+    return st;
+}
+
+static aj_status varlen_copy(aj_ctx *ctx, const char *fn, aj_cp_method method,
+                             aj_shard_layout layout, int rank, int size,
+                             const int32_t *cu_seqlens, int32_t batch, const aj_seq_shape *full,
+                             const void *src, void *dst, int to_shard)
+{
+    if (!ctx)
+        return AJ_ERR_INVALID_ARG;
+    aj_status st = check_copy(ctx, fn, full, src, dst, to_shard);
+    if (st != AJ_OK)
+        return st;
+    AJ_CHECK_ARG(ctx, batch >= 1 && batch <= INT32_MAX / 2 && cu_seqlens,
+                 "%s: cu_seqlens %s with batch = %d; want the batch's batch + 1 offsets", fn,
+                 cu_seqlens ? "given" : "NULL", (int)batch);
+    AJ_CHECK_ARG(ctx, full->seq == cu_seqlens[batch], "%s: full->seq = %lld; the packed batch "
+                 "has cu_seqlens[%d] = %d positions", fn, (long long)full->seq, (int)batch,
+                 (int)cu_seqlens[batch]);
+    aj_shard_chunk *chunks = malloc(2 * (size_t)batch * sizeof *chunks);
+    if (!chunks)
+        return aj_fail(ctx, AJ_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
+    int32_t n = 0;
+    int64_t len = 0;
+    st = aj_shard_varlen_chunks_any(ctx, fn, method, layout, rank, size, cu_seqlens, batch,
+                                    chunks, &n, &len);
+    if (st == AJ_OK)
+        copy_chunks(chunks, n, len, full, src, dst, to_shard);
+    free(chunks);
+    return st;
+}
+
+aj_status aj_shard_varlen(aj_ctx *ctx, aj_cp_method method, aj_shard_layout layout, int rank,
+                          int size, const int32_t *cu_seqlens, int32_t batch,
+                          const aj_seq_shape *full, const void *src, void *shard)
+{
+    return varlen_copy(ctx, "aj_shard_varlen", method, layout, rank, size, cu_seqlens, batch,
+                       full, src, shard, 1);
+}
+
+aj_status aj_unshard_varlen(aj_ctx *ctx, aj_cp_method method, aj_shard_layout layout, int rank,
+                            int size, const int32_t *cu_seqlens, int32_t batch,
+                            const aj_seq_shape *full, const void *shard, void *dst)
+{
+    return varlen_copy(ctx, "aj_unshard_varlen", method, layout, rank, size, cu_seqlens, batch,
+                       full, shard, dst, 0);
 }

@@ -41,6 +41,12 @@
  *                 [B, H/U, L_g, W] --all-to-all in group g--> [B, H, l_r, W]
  *
  * U = P is Ulysses, U = 1 the ring (with an all-to-all of one rank).
+ *
+ * Packed documents (layout = varlen, method = ulysses): a shard is the
+ * layout's cut of the packed axis, [l_r, H, W]; the all-to-all trades it
+ * for [S, H/P, W], the packed batch whole, and the kernel runs once over
+ * the caller's cu_seqlens.  method = hybrid refuses them (its ring across
+ * the groups would need each group's pieces of every document).
  */
 #include <math.h>
 #include <stdio.h>
@@ -74,6 +80,7 @@ typedef struct uly_plan {
     int64_t *len_q, *len_k;      /* every rank's lengths, [size] each */
     int64_t hq, hkv;             /* heads per rank */
     size_t elem;                 /* bytes per element of the op's dtype */
+    aj_cp_docs docs;             /* layout = varlen: the packed batch's documents */
     aj_ring_stats *stats;
     void *stream;                /* the call's own compute stream (NULL: sim, cpu) */
 } uly_plan;
@@ -85,6 +92,8 @@ typedef struct uly_tensor {
     int64_t H, W;
     size_t elem;
     int keys;                    /* positions of k (else of q) */
+    int packed;                  /* varlen's [l, H, W] (else [B, H, l, W]; an LSE is
+                                    [B, H, l] or varlen's [H, l], B = 1) */
 } uly_tensor;
 
 static size_t dtype_size(aj_dtype d)
@@ -96,10 +105,11 @@ static size_t dtype_size(aj_dtype d)
 
 /* The call fields every rank must agree on; NULL names: the rank's own
  * lengths.  (No dropout stream: dropout is refused.) */
-enum { ULY_FIELDS = 13, FIELD_LQ = 5, FIELD_LK = 6 };
+enum { ULY_FIELDS = 14, FIELD_LQ = 5, FIELD_LK = 6 };
 static const char *const uly_fields[ULY_FIELDS] = {
     "method", "kind", "batch", "q heads", "kv heads", NULL, NULL, "head_dim", "head_dim_v",
-    "layout", "ulysses_size", "side tensor shapes (a digest)", "rotate"};
+    "layout", "ulysses_size", "side tensor shapes (a digest)", "rotate",
+    "cu_seqlens (a digest)"};
 static const char *const method_names[AJ_METHOD_COUNT] = {"ring", "ulysses", "hybrid"};
 
 /* A digest (FNV-1a) of the side tensors' shapes in declaration order. */
@@ -114,17 +124,6 @@ static int64_t side_digest(const aj_op_info *op, const aj_side_tensor *side, int
                     h *= 0x100000001b3ull;
                 }
     return (int64_t)h;
-}
-
-/* Whether the programs read the head index (other than alibi's slopes,
- * which are sliced). */
-static int reads_head(const aj_op_info *op, const aj_score_prog *prog)
-{
-    const uint16_t roots[4] = {prog->mod, prog->band_lo, prog->band_hi, prog->rest};
-    for (int i = op->score_mod == AJ_SCORE_MOD_ALIBI; i < 4; i++)
-        if (roots[i] != AJ_EXPR_NONE && (prog->reads[roots[i]] & AJ_SCORE_READS(AJ_VAR_H)))
-            return 1;
-    return 0;
 }
 
 /* The group's sub-communicators and positions (hybrid; Ulysses: every
@@ -156,7 +155,8 @@ static aj_status plan_call(uly_plan *p, aj_ctx *ctx, aj_device *dev, aj_comm *co
                            const aj_op *op, aj_kind kind, aj_shard_layout layout,
                            aj_cp_method method, int32_t ulysses_size, aj_ring_rotate rotate,
                            const aj_tensor *q, const aj_tensor *k, const aj_tensor *v,
-                           const aj_side_tensor *side, int32_t num_side, aj_ring_stats *stats)
+                           const aj_side_tensor *side, int32_t num_side, const int32_t *cu_q,
+                           const int32_t *cu_k, int32_t batch, aj_ring_stats *stats)
 {
     aj_status st = aj_cp_check_call(ctx, p->fn, dev, comm, op, kind, layout, q, k, v, &p->op,
                                     &p->prog, &p->sh);
@@ -199,19 +199,25 @@ static aj_status plan_call(uly_plan *p, aj_ctx *ctx, aj_device *dev, aj_comm *co
                        "Philox counter holds the global head (b Hq + h) and the kernels "
                        "run on a rank's heads from 0; use method = ring", p->fn,
                        p->op.dropout, name);
-    if (reads_head(&p->op, &p->prog))
+    if (aj_cp_reads(&p->op, &p->prog, AJ_VAR_H))
         return aj_fail(ctx, AJ_ERR_UNSUPPORTED, "%s: the op's expressions read the head h: "
                        "method = %s runs each rank's heads from 0; use method = ring",
                        p->fn, name);
     AJ_TRY(aj_side_check_names(ctx, p->fn, &p->op, side, num_side));
+    if (sh->varlen && method == AJ_METHOD_HYBRID)
+        return aj_fail(ctx, AJ_ERR_UNSUPPORTED, "%s: packed documents (layout = varlen) with "
+                       "method = hybrid are not supported yet; use method = ring or ulysses",
+                       p->fn);
     p->hq = sh->Hq / p->members;
     p->hkv = sh->Hkv / p->members;
+    if (sh->varlen)
+        AJ_TRY(aj_cp_read_docs(ctx, p->fn, dev, cu_q, cu_k, batch, &p->docs));
 
     /* the opening agreement also gathers every rank's lengths */
     const int64_t mine[ULY_FIELDS] = {method, p->op.kind, sh->B, sh->Hq, sh->Hkv,
                                       sh->lq, sh->lk, sh->D, sh->Dv, layout, p->members,
                                       side_digest(&p->op, side, num_side),
-                                      method == AJ_METHOD_HYBRID ? rotate : 0};
+                                      method == AJ_METHOD_HYBRID ? rotate : 0, p->docs.digest};
     int64_t *all = calloc((size_t)p->size * ULY_FIELDS, sizeof *all);
     p->len_q = calloc(2 * (size_t)p->size, sizeof *p->len_q);
     if (!all || !p->len_q) {
@@ -228,6 +234,12 @@ static aj_status plan_call(uly_plan *p, aj_ctx *ctx, aj_device *dev, aj_comm *co
         st = aj_cp_check_lengths(ctx, p->fn, layout, p->size, all, ULY_FIELDS, FIELD_LQ,
                                  FIELD_LK, &p->sq, &p->sk);
     free(all);
+    if (st == AJ_OK && sh->varlen &&
+        (p->sq != p->docs.cu_q[batch] || p->sk != p->docs.cu_k[batch]))
+        st = aj_fail(ctx, AJ_ERR_INVALID_ARG, "%s: the ranks hold %lld query and %lld key "
+                     "positions in all; cu_seqlens_q[%d] = %d and cu_seqlens_k[%d] = %d", p->fn,
+                     (long long)p->sq, (long long)p->sk, (int)batch, (int)p->docs.cu_q[batch],
+                     (int)batch, (int)p->docs.cu_k[batch]);
     if (st == AJ_OK)
         st = plan_group(p);
 done:
@@ -277,6 +289,15 @@ static size_t seq_block(const uly_plan *p, const uly_tensor *t, int peer, char *
                         int into_buf)
 {
     const int64_t h = t->H / p->members, l = lengths_of(p, t)[p->rank];
+    if (t->packed) {   /* position i's heads of peer: h W elements from (i H + peer h) W */
+        const size_t part = row_bytes(t, h), pos = row_bytes(t, t->H);
+        for (int64_t i = 0; i < l; i++) {
+            char *x = (char *)t->seq + (size_t)i * pos + (size_t)peer * part;
+            char *y = buf + (size_t)i * part;
+            memcpy(into_buf ? y : x, into_buf ? x : y, part);
+        }
+        return (size_t)l * part;
+    }
     const size_t row = row_bytes(t, l);
     for (int64_t b = 0; b < p->sh.B; b++)
         for (int64_t i = 0; i < h; i++) {
@@ -308,6 +329,17 @@ static size_t heads_block(const uly_plan *p, const uly_tensor *t, int peer, char
     aj_shard_chunk c[2];
     int n = 0;
     aj_shard_chunks_any(p->ctx, p->fn, p->layout, p->first + peer, p->size, seq, c, &n);
+    if (t->packed) {   /* [L_g, H/U, W]: a chunk's positions are one run */
+        const size_t pos = row_bytes(t, h);
+        for (int j = 0; j < n; j++) {
+            if (c[j].len == 0)
+                continue;
+            char *x = (char *)t->heads + (size_t)group_local(runs, p->nruns, c[j].global) * pos;
+            char *y = buf + (size_t)c[j].local * pos;
+            memcpy(into_buf ? y : x, into_buf ? x : y, (size_t)c[j].len * pos);
+        }
+        return (size_t)l * pos;
+    }
     const size_t pos = row_bytes(t, 1);
     for (int64_t bi = 0; bi < p->sh.B * h; bi++)
         for (int j = 0; j < n; j++) {
@@ -453,7 +485,7 @@ static aj_status begin(uly_call *c, const aj_op *op, const uly_io *io, int n, in
     for (int i = 0; i < n; i++) {
         uly_tensor *t = &c->t[i];
         *t = (uly_tensor){.H = io[i].H, .W = io[i].W, .elem = io[i].f32 ? 4 : p->elem,
-                          .keys = io[i].keys};
+                          .keys = io[i].keys, .packed = p->sh.varlen && !io[i].f32};
         c->to[i] = io[i].to;
         AJ_TRY(alloc_host(p, seq_bytes(p, t), &t->seq));
         AJ_TRY(alloc_host(p, heads_bytes(p, t), &t->heads));
@@ -468,9 +500,9 @@ static aj_status begin(uly_call *c, const aj_op *op, const uly_io *io, int n, in
         AJ_TRY(aj_device_alloc(p->dev, bytes ? bytes : 64, &c->mem[i]));
         if (i < n_in)
             AJ_TRY(copy(p, c->mem[i], t->heads, bytes, 1));
-        const int64_t shape[4] = {p->sh.B, t->H / p->members, t->keys ? p->gk : p->gq, t->W};
-        c->view[i] = aj_cp_dense(c->mem[i], io[i].f32 ? AJ_DTYPE_F32 : p->op.dtype,
-                                 io[i].f32 ? 3 : 4, shape);
+        c->view[i] = aj_cp_rows(c->mem[i], io[i].f32 ? AJ_DTYPE_F32 : p->op.dtype, &p->sh,
+                                t->H / p->members, t->keys ? p->gk : p->gq,
+                                io[i].f32 ? 0 : t->W);
     }
     c->launched = aj_now();
 done:
@@ -515,6 +547,7 @@ static aj_status finish(uly_call *c, aj_device *dev, aj_status st, aj_ring_stats
     }
     aj_kernel_destroy(c->kernel);
     free(c->p.len_q);
+    aj_cp_docs_free(&c->p.docs);
     c->stats.total_s = aj_now() - c->start;
     if (stats && st == AJ_OK)
         *stats = c->stats;
@@ -574,6 +607,24 @@ static aj_status ring_across(uly_call *c, const aj_op *op, const aj_ring_fwd_arg
     return st;
 }
 
+/* The kernel launch's fields aj_fwd_args and aj_bwd_args share besides
+ * the views (plan p, arguments a: aj_ring_fwd_args or aj_ring_bwd_args):
+ * the side tensors, the stream and, layout = varlen, the caller's whole
+ * batch of documents. */
+#define SET_LAUNCH(l, p, a)                                         \
+    do {                                                            \
+        (l).side = (a)->side;                                       \
+        (l).num_side = (a)->num_side;                               \
+        (l).stream = (p)->stream;                                   \
+        if ((p)->sh.varlen) {                                       \
+            (l).cu_seqlens_q = (a)->cu_seqlens_q;                   \
+            (l).cu_seqlens_k = (a)->cu_seqlens_k;                   \
+            (l).batch = (p)->docs.batch;                            \
+            (l).max_seqlen_q = (p)->docs.max_q;                     \
+            (l).max_seqlen_k = (p)->docs.max_k;                     \
+        }                                                           \
+    } while (0)
+
 /* ---------------------------------------------------------------- forward */
 
 enum { FWD_Q, FWD_K, FWD_V, FWD_O, FWD_LSE, FWD_COUNT };
@@ -598,12 +649,9 @@ aj_status aj_ulysses_forward(aj_ctx *ctx, aj_device *dev, aj_comm *comm, const a
     aj_status st = AJ_OK;
     AJ_TRY(plan_call(p, ctx, dev, comm, op, AJ_KIND_FORWARD, a->layout, a->method,
                      a->ulysses_size, a->rotate, &a->q, &a->k, &a->v, a->side, a->num_side,
-                     &c.stats));
+                     a->cu_seqlens_q, a->cu_seqlens_k, a->batch, &c.stats));
     const aj_cp_shapes *sh = &p->sh;
-    AJ_TRY(aj_cp_check_dense(ctx, p->fn, "o", &a->o, p->op.dtype, 4,
-                             (int64_t[]){sh->B, sh->Hq, sh->lq, sh->Dv}));
-    AJ_TRY(aj_cp_check_dense(ctx, p->fn, "lse", &a->lse, AJ_DTYPE_F32, 3,
-                             (int64_t[]){sh->B, sh->Hq, sh->lq}));
+    AJ_TRY(aj_cp_check_fwd_outputs(ctx, p->fn, p->op.dtype, sh, &a->o, &a->lse));
     const uly_io io[FWD_COUNT] = {
         [FWD_Q] = {sh->Hq, sh->D, 0, 0, &a->q, NULL},
         [FWD_K] = {sh->Hkv, sh->D, 0, 1, &a->k, NULL},
@@ -619,9 +667,7 @@ aj_status aj_ulysses_forward(aj_ctx *ctx, aj_device *dev, aj_comm *comm, const a
     } else if (p->sq > 0) {
         aj_fwd_args f = AJ_FWD_ARGS_INIT;
         SET_FWD_VIEWS(f, c, &a->alibi_slopes);
-        f.side = a->side;
-        f.num_side = a->num_side;
-        f.stream = p->stream;
+        SET_LAUNCH(f, p, a);
         AJ_TRY(aj_forward(ctx, dev, c.kernel, &f));
         if (a->launch_tiles && a->launch_tiles_cap > 0)
             AJ_TRY(count_tiles(p, op, c.kernel, &f, &a->launch_tiles[0]));
@@ -658,20 +704,10 @@ aj_status aj_ulysses_backward(aj_ctx *ctx, aj_device *dev, aj_comm *comm, const 
     aj_status st = AJ_OK;
     AJ_TRY(plan_call(p, ctx, dev, comm, op, AJ_KIND_BACKWARD, a->layout, a->method,
                      a->ulysses_size, a->rotate, &a->q, &a->k, &a->v, a->side, a->num_side,
-                     &c.stats));
+                     a->cu_seqlens_q, a->cu_seqlens_k, a->batch, &c.stats));
     const aj_cp_shapes *sh = &p->sh;
-    const aj_dtype dt = p->op.dtype;
-    const int64_t rows_o[4] = {sh->B, sh->Hq, sh->lq, sh->Dv};
-    AJ_TRY(aj_cp_check_dense(ctx, p->fn, "o", &a->o, dt, 4, rows_o));
-    AJ_TRY(aj_cp_check_dense(ctx, p->fn, "do_", &a->do_, dt, 4, rows_o));
-    AJ_TRY(aj_cp_check_dense(ctx, p->fn, "lse", &a->lse, AJ_DTYPE_F32, 3,
-                             (int64_t[]){sh->B, sh->Hq, sh->lq}));
-    AJ_TRY(aj_cp_check_dense(ctx, p->fn, "dq", &a->dq, dt, 4,
-                             (int64_t[]){sh->B, sh->Hq, sh->lq, sh->D}));
-    AJ_TRY(aj_cp_check_dense(ctx, p->fn, "dk", &a->dk, dt, 4,
-                             (int64_t[]){sh->B, sh->Hkv, sh->lk, sh->D}));
-    AJ_TRY(aj_cp_check_dense(ctx, p->fn, "dv", &a->dv, dt, 4,
-                             (int64_t[]){sh->B, sh->Hkv, sh->lk, sh->Dv}));
+    AJ_TRY(aj_cp_check_bwd_outputs(ctx, p->fn, p->op.dtype, sh, &a->o, &a->do_, &a->lse, &a->dq,
+                                   &a->dk, &a->dv));
     const uly_io io[BWD_COUNT] = {
         [BWD_Q] = {sh->Hq, sh->D, 0, 0, &a->q, NULL},
         [BWD_K] = {sh->Hkv, sh->D, 0, 1, &a->k, NULL},
@@ -692,9 +728,7 @@ aj_status aj_ulysses_backward(aj_ctx *ctx, aj_device *dev, aj_comm *comm, const 
     } else if (launch) {
         aj_bwd_args b = AJ_BWD_ARGS_INIT;
         SET_BWD_VIEWS(b, c, &a->alibi_slopes);
-        b.side = a->side;
-        b.num_side = a->num_side;
-        b.stream = p->stream;
+        SET_LAUNCH(b, p, a);
         AJ_TRY(aj_backward(ctx, dev, c.kernel, &b));
     }
     AJ_TRY(end(&c, p->across || launch));

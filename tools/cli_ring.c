@@ -6,7 +6,8 @@
  *       [--method ring|ulysses|hybrid] [--ulysses-size U]
  *       [--layout contiguous|zigzag] [--rotate p2p|allgather]
  *       --in q=F --in k=F --in v=F [--in alibi_slopes=F] [--in NAME=F (side
- *       tensors)] --out o=F [--out lse=F]
+ *       tensors)] [--in cu_seqlens_q=F --in cu_seqlens_k=F (layout = varlen)]
+ *       --out o=F [--out lse=F]
  *       [--grad --in do=F --out dq=F --out dk=F --out dv=F]
  *       [--seed N] [--offset N] [--timeout S] [--workers N] [--device-index N] [--check]
  *       [-v]
@@ -15,7 +16,10 @@
  * is the rank's index among the ranks of its node (one GPU per rank).
  * The shards live in the device's memory (copied there from the host and
  * back), as the ring and the launches take them.
- * Any length: rank r holds aj_shard_length positions.
+ * Any length: rank r holds aj_shard_length positions.  A layout = varlen
+ * spec takes packed (T, H, D) tensors (lse (H, T)) and the whole batch's
+ * int32 cu_seqlens; rank r holds its pieces (aj_shard_varlen: the ring
+ * cuts each document, Ulysses the packed axis).
  * Rank 0 reads the full tensors, sends every rank its shard, gathers the
  * results and writes them; every rank's timings are printed by rank 0.
  * --check runs the same op on rank 0 alone (aj_forward / aj_backward on
@@ -56,7 +60,16 @@ typedef struct ring_opts {
     int device_index;             /* -1: the node-local rank for cuda, else 0 */
     uint64_t seed, offset;
     double timeout_s;
+    /* layout = varlen: --in cu_seqlens_q=F, cu_seqlens_k=F, and once read
+     * (every rank) their offsets, the batch and each rank's shard lengths
+     * of the queries [0] and keys [1] */
+    const char *cu_path[2];
+    int32_t *cu[2];
+    int32_t batch;
+    int64_t *varlen_len[2];
 } ring_opts;
+
+static const char *const cu_names[2] = {"cu_seqlens_q", "cu_seqlens_k"};
 
 /* ---------------------------------------------------------------- options */
 
@@ -151,6 +164,8 @@ static int parse_ring_args(int argc, char **argv, ring_opts *o)
                 o->rotate = AJ_ROTATE_ALLGATHER;
             else
                 return cli_usage("--rotate takes p2p or allgather, not '%s'", v);
+        } else if (strcmp(a, "--in") == 0 && strncmp(v, "cu_seqlens_", 11) == 0) {
+            rc = bind(a, v, cu_names, 2, o->cu_path, NULL);
         } else if (strcmp(a, "--in") == 0) {
             rc = bind(a, v, in_names, R_IN_COUNT, o->in, &o->side);
         } else if (strcmp(a, "--out") == 0) {
@@ -202,6 +217,7 @@ static int parse_ring_args(int argc, char **argv, ring_opts *o)
  * f32 as the files hold them; dims BHSD, or (H) for alibi_slopes. */
 typedef struct ring_tensor {
     int rank;
+    int keys;                 /* positions of k (else of q): varlen's cu_seqlens_k */
     int64_t shape[4];
     float *full, *shard;
     void *typed;              /* the shard in the op's dtype (lse: f32), host */
@@ -224,9 +240,13 @@ static void *alloc64(size_t bytes)
     return p;
 }
 
-/* [outer, seq, inner] of a BHSD (or BHS) tensor. */
-static aj_seq_shape seq_shape_of(const ring_tensor *x)
+/* [outer, seq, inner] of a BHSD (or BHS) tensor, varlen's THD (or HT). */
+static aj_seq_shape seq_shape_of(const ring_opts *o, const ring_tensor *x)
 {
+    if (o->batch && x->rank == 3)
+        return (aj_seq_shape){1, x->shape[0], x->shape[1] * x->shape[2], sizeof(float)};
+    if (o->batch)
+        return (aj_seq_shape){x->shape[0], x->shape[1], 1, sizeof(float)};
     aj_seq_shape s = {x->shape[0] * x->shape[1], x->shape[2], 1, sizeof(float)};
     if (x->rank == 4)
         s.inner = x->shape[3];
@@ -238,7 +258,9 @@ static void shard_shape(const ring_opts *o, const ring_tensor *x, int r, int siz
                         int64_t shape[4])
 {
     memcpy(shape, x->shape, 4 * sizeof shape[0]);
-    if (x->rank >= 3)
+    if (o->batch && x->rank >= 2)   /* THD: dim 0; HT: dim 1 */
+        shape[x->rank == 3 ? 0 : 1] = o->varlen_len[x->keys][r];
+    else if (x->rank >= 3)
         shape[2] = aj_shard_length(o->layout, r, size, x->shape[2]);
 }
 
@@ -330,7 +352,7 @@ static int read_input(const char *name, const char *path, int rank, ring_tensor 
     }
     if (a.rank != rank) {
         fprintf(stderr, "attnjit: %s: %s has %d dimensions, want %d (%s)\n", name, path,
-                a.rank, rank, rank == 4 ? "B, H, S, D" : "H");
+                a.rank, rank, rank == 4 ? "B, H, S, D" : rank == 3 ? "T, H, D" : "H");
         npy_free(&a);
         return CLI_EXIT_INPUT;
     }
@@ -369,7 +391,7 @@ static size_t largest_shard(const ring_opts *o, const ring_tensor *x, int size)
 /* Rank 0 sends each rank its shard of x->full; the others receive. */
 static int scatter(aj_ctx *ctx, const ring_opts *o, ring_tensor *x, int me, int size)
 {
-    const aj_seq_shape s = seq_shape_of(x);
+    const aj_seq_shape s = seq_shape_of(o, x);
     const size_t n = count_of(x->rank, x->t.shape);
     if (x->rank == 1) {   /* alibi slopes: every rank the whole thing */
         if (me == 0)
@@ -379,7 +401,10 @@ static int scatter(aj_ctx *ctx, const ring_opts *o, ring_tensor *x, int me, int 
         float *tmp = alloc64(largest_shard(o, x, size) * sizeof(float));
         aj_status st = tmp ? AJ_OK : AJ_ERR_OUT_OF_MEMORY;
         for (int r = size - 1; r >= 0 && st == AJ_OK; r--) {
-            st = aj_shard(ctx, o->layout, r, size, &s, x->full, r ? tmp : x->shard);
+            st = o->batch ? aj_shard_varlen(ctx, o->method, o->layout, r, size,
+                                            o->cu[x->keys], o->batch, &s, x->full,
+                                            r ? tmp : x->shard)
+                          : aj_shard(ctx, o->layout, r, size, &s, x->full, r ? tmp : x->shard);
             if (st == AJ_OK && r)
                 MPI_Send(tmp, (int)shard_count(o, x, r, size), MPI_FLOAT, r, 0,
                          MPI_COMM_WORLD);
@@ -397,7 +422,7 @@ static int scatter(aj_ctx *ctx, const ring_opts *o, ring_tensor *x, int me, int 
 /* The reverse: every rank's result into rank 0's x->full. */
 static int gather(aj_ctx *ctx, const ring_opts *o, ring_tensor *x, int me, int size)
 {
-    const aj_seq_shape s = seq_shape_of(x);
+    const aj_seq_shape s = seq_shape_of(o, x);
     const size_t n = count_of(x->rank, x->t.shape);
     aj_convert(x->typed, x->t.dtype, x->shard, AJ_DTYPE_F32, n);
     if (me != 0) {
@@ -416,7 +441,9 @@ static int gather(aj_ctx *ctx, const ring_opts *o, ring_tensor *x, int me, int s
         if (r)
             MPI_Recv(tmp, (int)shard_count(o, x, r, size), MPI_FLOAT, r, 1, MPI_COMM_WORLD,
                      MPI_STATUS_IGNORE);
-        st = aj_unshard(ctx, o->layout, r, size, &s, r ? tmp : x->shard, x->full);
+        st = o->batch ? aj_unshard_varlen(ctx, o->method, o->layout, r, size, o->cu[x->keys],
+                                          o->batch, &s, r ? tmp : x->shard, x->full)
+                      : aj_unshard(ctx, o->layout, r, size, &s, r ? tmp : x->shard, x->full);
     }
     free(tmp);
     return st == AJ_OK ? CLI_EXIT_OK : cli_report(ctx, st);
@@ -496,13 +523,33 @@ static double mismatch(const aj_tensor *single, const float *ring, size_t n, dou
     return worst;
 }
 
+/* layout = varlen: the documents of launch l (aj_fwd_args or aj_bwd_args):
+ * the offsets cu_dev in device memory, the longest document's lengths. */
+#define SET_DOCS(l, o, cu_dev, longest)        \
+    do {                                       \
+        if ((o)->batch) {                      \
+            (l).cu_seqlens_q = (cu_dev)[0];    \
+            (l).cu_seqlens_k = (cu_dev)[1];    \
+            (l).batch = (o)->batch;            \
+            (l).max_seqlen_q = (longest)[0];   \
+            (l).max_seqlen_k = (longest)[1];   \
+        }                                      \
+    } while (0)
+
 /* Rank 0: the op on the full tensors, on one device, against the ring's
  * gathered results. */
 static int check_single_rank(aj_ctx *ctx, aj_device *dev, const aj_op *fop,
                              const aj_op *bop, const aj_op_info *info, ring_tensor *in,
-                             ring_tensor *out, int grad, uint64_t seed, uint64_t offset,
+                             ring_tensor *out, const ring_opts *o, void *const cu_dev[2],
                              const aj_side_tensor *side, int num_side)
 {
+    const int grad = o->grad;
+    const uint64_t seed = o->seed, offset = o->offset;
+    int32_t longest[2] = {0, 0};   /* varlen: the longest document, queries and keys */
+    for (int i = 0; i < 2 && o->batch; i++)
+        for (int32_t b = 0; b < o->batch; b++)
+            if (o->cu[i][b + 1] - o->cu[i][b] > longest[i])
+                longest[i] = o->cu[i][b + 1] - o->cu[i][b];
     /* both sides round to the dtype; the ring adds f32 partial merges */
     const double atol = info->dtype == AJ_DTYPE_F32 ? 1e-5 : info->dtype == AJ_DTYPE_F16 ? 2e-3 : 1.6e-2;
     const double rtol = info->dtype == AJ_DTYPE_F32 ? 1e-4 : info->dtype == AJ_DTYPE_F16 ? 4e-3 : 3e-2;
@@ -544,6 +591,7 @@ static int check_single_rank(aj_ctx *ctx, aj_device *dev, const aj_op *fop,
         a.offset = offset;
         a.side = side;
         a.num_side = num_side;
+        SET_DOCS(a, o, cu_dev, longest);
         st = aj_forward(ctx, dev, fk, &a);
     }
     if (st == AJ_OK && grad) {
@@ -562,6 +610,7 @@ static int check_single_rank(aj_ctx *ctx, aj_device *dev, const aj_op *fop,
         b.offset = offset;
         b.side = side;
         b.num_side = num_side;
+        SET_DOCS(b, o, cu_dev, longest);
         st = aj_backward(ctx, dev, bk, &b);
     }
     for (int i = 0; i < R_OUT_COUNT && st == AJ_OK; i++)
@@ -689,6 +738,58 @@ static int broadcast_side(const aj_op_info *info, cli_side_buffers *side, int me
     return CLI_EXIT_OK;
 }
 
+/* layout = varlen: rank 0 reads cu_seqlens_q and _k (int32, batch + 1
+ * each), every rank gets them and the ranks' shard lengths (collective). */
+static int read_docs(aj_ctx *ctx, ring_opts *o, int me, int size)
+{
+    int64_t n[2] = {0, 0};
+    int rc = CLI_EXIT_OK;
+    npy_array a[2];
+    memset(a, 0, sizeof a);
+    for (int i = 0; i < 2 && me == 0 && rc == CLI_EXIT_OK; i++) {
+        char err[512];
+        if (npy_read_i32(o->cu_path[i], &a[i], err, sizeof err) != NPY_OK) {
+            fprintf(stderr, "attnjit: %s: %s\n", cu_names[i], err);
+            rc = CLI_EXIT_INPUT;
+        } else if (a[i].rank != 1 || a[i].shape[0] < 2) {
+            fprintf(stderr, "attnjit: %s: %s has shape of rank %d; want (batch + 1) offsets, "
+                    "at least 2\n", cu_names[i], o->cu_path[i], a[i].rank);
+            rc = CLI_EXIT_INPUT;
+        } else {
+            n[i] = a[i].shape[0];
+        }
+    }
+    if (rc == CLI_EXIT_OK && me == 0 && n[0] != n[1]) {
+        fprintf(stderr, "attnjit: cu_seqlens_q has %lld offsets and cu_seqlens_k %lld; want "
+                "one per document and one more, alike\n", (long long)n[0], (long long)n[1]);
+        rc = CLI_EXIT_INPUT;
+    }
+    rc = agree(rc);
+    MPI_Bcast(n, 2, MPI_INT64_T, 0, MPI_COMM_WORLD);
+    for (int i = 0; i < 2 && rc == CLI_EXIT_OK; i++) {
+        o->cu[i] = me == 0 ? a[i].i32 : malloc((size_t)n[i] * sizeof(int32_t));
+        a[i].i32 = NULL;
+        o->varlen_len[i] = calloc((size_t)size, sizeof(int64_t));
+        if (!o->cu[i] || !o->varlen_len[i]) {
+            rc = CLI_EXIT_INTERNAL;
+            break;
+        }
+        MPI_Bcast(o->cu[i], (int)n[i], MPI_INT32_T, 0, MPI_COMM_WORLD);
+        o->batch = (int32_t)(n[i] - 1);
+        for (int r = 0; r < size && rc == CLI_EXIT_OK; r++) {
+            int32_t count = 0;
+            aj_status st = aj_shard_varlen_chunks(ctx, o->method, o->layout, r, size, o->cu[i],
+                                                  o->batch, NULL, 0, &count,
+                                                  &o->varlen_len[i][r]);
+            if (st != AJ_OK)
+                rc = cli_report(ctx, st);
+        }
+    }
+    for (int i = 0; i < 2; i++)
+        npy_free(&a[i]);
+    return agree(rc);
+}
+
 /* ---------------------------------------------------------------- command */
 
 int cli_ring(aj_ctx *ctx, int argc, char **argv)
@@ -716,6 +817,7 @@ int cli_ring(aj_ctx *ctx, int argc, char **argv)
     cli_side_buffers side = {0};
     aj_side_tensor side_dev[AJ_OP_TENSORS_MAX] = {{0}};
     aj_tile_counts *tiles = NULL;
+    void *cu_dev[2] = {NULL, NULL};   /* layout = varlen: the offsets, device memory */
 
     rc = cli_load_op(ctx, o.spec, &fop);
     if (rc == CLI_EXIT_OK)
@@ -732,10 +834,21 @@ int cli_ring(aj_ctx *ctx, int argc, char **argv)
                                            : "the op uses alibi: give --in alibi_slopes=FILE");
     if (rc == CLI_EXIT_OK)
         rc = cli_side_check(&info, &o.side, "ring", in_names, R_IN_COUNT);
-    if (rc == CLI_EXIT_OK && me == 0)
+    const int varlen = info.layout == AJ_LAYOUT_VARLEN;
+    if (rc == CLI_EXIT_OK && varlen != (o.cu_path[0] && o.cu_path[1]))
+        rc = cli_usage("%s", varlen ? "a layout = varlen op needs --in cu_seqlens_q=FILE and "
+                                      "--in cu_seqlens_k=FILE"
+                                    : "--in cu_seqlens_q/_k given, but the op is not "
+                                      "layout = varlen");
+    if ((rc = agree(rc)) != CLI_EXIT_OK)
+        goto done;
+    if (varlen && (rc = read_docs(ctx, &o, me, size)) != CLI_EXIT_OK)
+        goto done;
+    if (me == 0)
         for (int t = 0; t < R_IN_COUNT && rc == CLI_EXIT_OK; t++)
             if (o.in[t])
-                rc = read_input(in_names[t], o.in[t], t == R_ALIBI ? 1 : 4, &in[t]);
+                rc = read_input(in_names[t], o.in[t], t == R_ALIBI ? 1 : varlen ? 3 : 4,
+                                &in[t]);
     if (rc == CLI_EXIT_OK && me == 0)
         rc = cli_side_load(&info, &o.side, &side);
     if ((rc = agree(rc)) != CLI_EXIT_OK)
@@ -756,11 +869,27 @@ int cli_ring(aj_ctx *ctx, int argc, char **argv)
         memcpy(in[t].shape, &shapes[t][1], sizeof in[t].shape);
     }
     const int64_t *q = in[R_Q].shape, *k = in[R_K].shape, *v = in[R_V].shape;
-    out[R_O] = (ring_tensor){.rank = 4, .shape = {q[0], q[1], q[2], v[3]}};
-    out[R_LSE] = (ring_tensor){.rank = 3, .shape = {q[0], q[1], q[2]}};
-    out[R_DQ] = (ring_tensor){.rank = 4, .shape = {q[0], q[1], q[2], q[3]}};
-    out[R_DK] = (ring_tensor){.rank = 4, .shape = {k[0], k[1], k[2], k[3]}};
-    out[R_DV] = (ring_tensor){.rank = 4, .shape = {v[0], v[1], v[2], v[3]}};
+    if (varlen) {   /* THD, LSE (H, T) */
+        out[R_O] = (ring_tensor){.rank = 3, .shape = {q[0], q[1], v[2]}};
+        out[R_LSE] = (ring_tensor){.rank = 2, .shape = {q[1], q[0]}};
+    } else {
+        out[R_O] = (ring_tensor){.rank = 4, .shape = {q[0], q[1], q[2], v[3]}};
+        out[R_LSE] = (ring_tensor){.rank = 3, .shape = {q[0], q[1], q[2]}};
+    }
+    out[R_DQ] = (ring_tensor){.rank = in[R_Q].rank, .shape = {q[0], q[1], q[2], q[3]}};
+    out[R_DK] = (ring_tensor){.rank = in[R_K].rank, .shape = {k[0], k[1], k[2], k[3]},
+                              .keys = 1};
+    out[R_DV] = (ring_tensor){.rank = in[R_V].rank, .shape = {v[0], v[1], v[2], v[3]},
+                              .keys = 1};
+    in[R_K].keys = in[R_V].keys = 1;
+    if (varlen && (q[0] != o.cu[0][o.batch] || k[0] != o.cu[1][o.batch])) {
+        if (me == 0)
+            fprintf(stderr, "attnjit: q has %lld positions and k %lld; cu_seqlens_q and "
+                    "cu_seqlens_k end at %d and %d\n", (long long)q[0], (long long)k[0],
+                    (int)o.cu[0][o.batch], (int)o.cu[1][o.batch]);
+        rc = CLI_EXIT_INPUT;
+        goto done;
+    }
     for (int t = 0; t < R_IN_COUNT && rc == CLI_EXIT_OK; t++)
         if (in[t].rank)
             rc = alloc_shard(&o, &in[t], t == R_ALIBI ? AJ_DTYPE_F32 : info.dtype, me, size);
@@ -790,6 +919,8 @@ int cli_ring(aj_ctx *ctx, int argc, char **argv)
         st = aj_comm_create(ctx, dev, &cc, &comm);
     if (st == AJ_OK)
         st = cli_side_to_device(dev, &side, side_dev);
+    for (int i = 0; i < 2 && st == AJ_OK && varlen; i++)
+        st = upload(dev, o.cu[i], ((size_t)o.batch + 1) * sizeof(int32_t), &cu_dev[i]);
     /* -v: each launch's tiles; a rank launches at most its 2 query chunks
      * against 2 key chunks of every rank */
     const int tiles_cap = 4 * size;
@@ -814,6 +945,9 @@ int cli_ring(aj_ctx *ctx, int argc, char **argv)
         a.ulysses_size = o.ulysses_size;
         a.seed = o.seed;
         a.offset = o.offset;
+        a.cu_seqlens_q = cu_dev[0];
+        a.cu_seqlens_k = cu_dev[1];
+        a.batch = o.batch;
         st = aj_ring_forward(ctx, dev, comm, fop, &a, &fs);
     }
     if (st == AJ_OK && o.grad) {
@@ -836,6 +970,9 @@ int cli_ring(aj_ctx *ctx, int argc, char **argv)
         b.ulysses_size = o.ulysses_size;
         b.seed = o.seed;
         b.offset = o.offset;
+        b.cu_seqlens_q = cu_dev[0];
+        b.cu_seqlens_k = cu_dev[1];
+        b.batch = o.batch;
         st = aj_ring_backward(ctx, dev, comm, bop, &b, &bs);
     }
     if (st != AJ_OK) {
@@ -884,14 +1021,20 @@ int cli_ring(aj_ctx *ctx, int argc, char **argv)
             }
         }
         if (rc == CLI_EXIT_OK && o.check)
-            rc = check_single_rank(ctx, dev, fop, bop, &info, in, out, o.grad, o.seed,
-                                   o.offset, side_dev, side.n);
+            rc = check_single_rank(ctx, dev, fop, bop, &info, in, out, &o, cu_dev, side_dev,
+                                   side.n);
     }
     rc = agree(rc);
 done:
     aj_comm_destroy(comm);
     cli_side_free(dev, &side, side_dev);
     free(tiles);
+    for (int i = 0; i < 2; i++) {
+        if (cu_dev[i])
+            aj_device_free(dev, cu_dev[i]);
+        free(o.cu[i]);
+        free(o.varlen_len[i]);
+    }
     for (int t = 0; t < R_IN_COUNT; t++)
         free_tensor(dev, &in[t]);
     for (int t = 0; t < R_OUT_COUNT; t++)

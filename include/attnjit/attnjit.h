@@ -1066,6 +1066,29 @@ typedef struct aj_shard_chunk {
 aj_status aj_shard_get_chunks(aj_ctx *ctx, aj_shard_layout layout, int rank, int size,
                               int64_t seq, aj_shard_chunk chunks[2], int *num_chunks);
 
+/* Packed documents (layout = varlen, docs/ring.md): rank `rank`'s pieces
+ * of a batch of `batch` documents (cu_seqlens: int32 [batch + 1], host
+ * memory), in local order, into chunks[] (the first min(cap, count)), their
+ * number into *count and their total into *length (the rank's shard length
+ * of the packed axis).  method = AJ_METHOD_RING cuts every document by the
+ * layout (zigzag: each document's 2P chunks, head and tail, so causal work
+ * balances per document; at most 2 batch pieces; a document shorter than
+ * 2P leaves some ranks none of it); AJ_METHOD_ULYSSES cuts the packed axis
+ * (as aj_shard_length).  chunk.global is the packed position. */
+aj_status aj_shard_varlen_chunks(aj_ctx *ctx, aj_cp_method method, aj_shard_layout layout,
+                                 int rank, int size, const int32_t *cu_seqlens, int32_t batch,
+                                 aj_shard_chunk *chunks, int32_t cap, int32_t *count,
+                                 int64_t *length);
+/* aj_shard and aj_unshard of a packed tensor by those pieces: full->seq is
+ * cu_seqlens[batch] (q [T, H, D]: outer 1, inner H D; an LSE [H, T]:
+ * outer H, inner 1).  Host memory; the caller owns both. */
+aj_status aj_shard_varlen(aj_ctx *ctx, aj_cp_method method, aj_shard_layout layout, int rank,
+                          int size, const int32_t *cu_seqlens, int32_t batch,
+                          const aj_seq_shape *full, const void *src, void *shard);
+aj_status aj_unshard_varlen(aj_ctx *ctx, aj_cp_method method, aj_shard_layout layout, int rank,
+                            int size, const int32_t *cu_seqlens, int32_t batch,
+                            const aj_seq_shape *full, const void *shard, void *dst);
+
 /* What one ring call did and where its time went (wall clock). */
 typedef struct aj_ring_stats {
     int32_t rotations;       /* buffer exchanges with the neighbours (p2p:
@@ -1118,6 +1141,13 @@ typedef struct aj_ring_fwd_args {
      * hybrid U (1 .. P, dividing P), ring 0 */
     aj_cp_method method;
     int32_t ulysses_size;
+    /* version 4: layout = varlen ops only (docs/ring.md "Packed
+     * documents"): the WHOLE packed batch's offsets, int32 [batch + 1]
+     * each, in the device's memory, the same on every rank.  q, k, v, o
+     * are then this rank's pieces, packed [l, H, D] (aj_shard_varlen with
+     * the method), lse [Hq, lq]. */
+    const int32_t *cu_seqlens_q, *cu_seqlens_k;
+    int32_t batch;
 } aj_ring_fwd_args;
 
 #define AJ_RING_FWD_ARGS_INIT { .struct_size = sizeof(aj_ring_fwd_args) }
@@ -1147,6 +1177,8 @@ typedef struct aj_ring_bwd_args {
     int32_t num_side;
     aj_cp_method method;             /* as aj_ring_fwd_args (version 3) */
     int32_t ulysses_size;
+    const int32_t *cu_seqlens_q, *cu_seqlens_k;   /* as aj_ring_fwd_args (version 4) */
+    int32_t batch;
 } aj_ring_bwd_args;
 
 #define AJ_RING_BWD_ARGS_INIT { .struct_size = sizeof(aj_ring_bwd_args) }

@@ -113,6 +113,27 @@ rc=$?
 want 0 "of the tolerance: match"
 want 0 "ring: 3 ranks, contiguous, p2p, forward + backward, on "
 
+# packed documents (layout = varlen): lengths 5, 1, 13, 2, 3 (T = 24), the
+# ring (each document cut head-tail over the ranks) and Ulysses (the packed
+# axis), forward and backward against one rank
+perl "$root/scripts/npy_docs.pl" cu.npy --offsets 5 1 13 2 3
+for t in q:31 k:32 v:33 do:34; do
+  perl "$root/scripts/npy_random.pl" "p${t%%:*}.npy" "${t##*:}" 24 2 64
+done
+packed=("$root/examples/ring/causal_varlen_f16_d64.aj" --device cpu --in q=pq.npy --in k=pk.npy
+        --in v=pv.npy --in cu_seqlens_q=cu.npy --in cu_seqlens_k=cu.npy --grad --in do=pdo.npy
+        --out o=po.npy --out lse=plse.npy --out dk=pdk.npy --check --workers 1)
+for method in ring ulysses; do
+  "$mpiexec" -n 2 "$aj" ring "${packed[@]}" --method $method --layout zigzag >out.txt 2>&1
+  rc=$?
+  want 0 "of the tolerance: match"
+  want 0 "ring: 2 ranks, "
+done
+"$mpiexec" -n 1 "$aj" ring "$root/examples/ring/causal_varlen_f16_d64.aj" --device cpu \
+  --in q=pq.npy --in k=pk.npy --in v=pv.npy --out o=o.npy >out.txt 2>&1
+rc=$?
+want 1 "a layout = varlen op needs --in cu_seqlens_q=FILE and --in cu_seqlens_k=FILE"
+
 # A forward + backward on $3 ranks, --check against one rank, over random
 # q, k, v, do (files $1q.npy ..., $2 positions, "name:seed:heads" ... in $4)
 # with the rest of the arguments.

@@ -13,9 +13,11 @@
  *                                    whole job itself when a rank dies)
  *   mpirun -np 2 test_ring mismatch  the ranks pass different layouts,
  *                                    ops or methods: both refuse the call;
- *                                    what method = ulysses refuses
+ *                                    what method = ulysses and packed
+ *                                    documents (varlen) refuse
  *   mpirun -np P test_ring generated every method x mask family x lengths
- *                                    1 .. 7P (any length) on sim ranks;
+ *                                    1 .. 7P (any length), and packed
+ *                                    documents (varlen), on sim ranks;
  *                                    generated-cpu on cpu ranks
  *                                    ($TEST_RING_ONLY: the cases whose
  *                                    label holds it)
@@ -75,6 +77,9 @@ typedef struct ring_case {
     /* total lengths, any (0: P lq and P lk); per-rank lengths then follow
      * aj_shard_length */
     int sq_total, sk_total;
+    /* layout = varlen (packed documents): the documents' lengths, queries
+     * and keys alike, 0-terminated (NULL: padded) */
+    const int *docs;
     int ulysses_size;             /* method = hybrid's U */
 } ring_case;
 
@@ -86,41 +91,41 @@ static const char *const method_names[AJ_METHOD_COUNT] = {"ring", "ulysses", "hy
 static const ring_case cases[] = {
     {"f32 causal top_left, contiguous, p2p", AJ_DTYPE_F32, AJ_MASK_CAUSAL,
      AJ_ALIGN_TOP_LEFT, 0, 0, 2, 2, 8, 8, AJ_SHARD_CONTIGUOUS, AJ_ROTATE_P2P, 0, 0, 0, 0, 0,
-     AJ_METHOD_RING, 0, 0, 0},
+     AJ_METHOD_RING, 0, 0, NULL, 0},
     {"f32 causal top_left, zigzag, p2p, GQA", AJ_DTYPE_F32, AJ_MASK_CAUSAL,
      AJ_ALIGN_TOP_LEFT, 0, 0, 2, 1, 8, 8, AJ_SHARD_ZIGZAG, AJ_ROTATE_P2P, 0, 0, 0, 0, 0,
-     AJ_METHOD_RING, 0, 0, 0},
+     AJ_METHOD_RING, 0, 0, NULL, 0},
     {"f16 causal bottom_right (Sk = 2 Sq), zigzag, p2p", AJ_DTYPE_F16, AJ_MASK_CAUSAL,
      AJ_ALIGN_BOTTOM_RIGHT, 0, 0, 2, 1, 4, 8, AJ_SHARD_ZIGZAG, AJ_ROTATE_P2P, 0, 0, 0, 0, 0,
-     AJ_METHOD_RING, 0, 0, 0},
+     AJ_METHOD_RING, 0, 0, NULL, 0},
     {"bf16 no mask, GQA 4:2, contiguous, all-gather", AJ_DTYPE_BF16, AJ_MASK_NONE,
      AJ_ALIGN_TOP_LEFT, 0, 0, 4, 2, 8, 8, AJ_SHARD_CONTIGUOUS, AJ_ROTATE_ALLGATHER, 0, 0, 0, 0, 0,
-     AJ_METHOD_RING, 0, 0, 0},
+     AJ_METHOD_RING, 0, 0, NULL, 0},
     {"f32 window(3, 2), zigzag, all-gather", AJ_DTYPE_F32, AJ_MASK_WINDOW,
      AJ_ALIGN_TOP_LEFT, 3, 2, 2, 2, 8, 8, AJ_SHARD_ZIGZAG, AJ_ROTATE_ALLGATHER, 0, 0, 0, 0, 0,
-     AJ_METHOD_RING, 0, 0, 0},
+     AJ_METHOD_RING, 0, 0, NULL, 0},
     {"f16 window(5, 0, bottom_right) + alibi (Sq = 2 Sk), contiguous, p2p", AJ_DTYPE_F16,
      AJ_MASK_WINDOW, AJ_ALIGN_BOTTOM_RIGHT, 5, 0, 2, 1, 8, 4, AJ_SHARD_CONTIGUOUS,
      AJ_ROTATE_P2P, 1, 0, 0, 0, 0,
-     AJ_METHOD_RING, 0, 0, 0},
+     AJ_METHOD_RING, 0, 0, NULL, 0},
     {"f32 causal top_left + dropout 0.25, zigzag, p2p", AJ_DTYPE_F32, AJ_MASK_CAUSAL,
      AJ_ALIGN_TOP_LEFT, 0, 0, 2, 2, 8, 8, AJ_SHARD_ZIGZAG, AJ_ROTATE_P2P, 0, 0.25, 0, 0, 0,
-     AJ_METHOD_RING, 0, 0, 0},
+     AJ_METHOD_RING, 0, 0, NULL, 0},
     {"bf16 flash causal bottom_right + dropout 0.1, zigzag, p2p, GQA", AJ_DTYPE_BF16,
      AJ_MASK_CAUSAL, AJ_ALIGN_BOTTOM_RIGHT, 0, 0, 2, 1, 16, 16, AJ_SHARD_ZIGZAG,
      AJ_ROTATE_P2P, 0, 0.1, 1, 0, 0,
-     AJ_METHOD_RING, 0, 0, 0},
+     AJ_METHOD_RING, 0, 0, NULL, 0},
     {"f32 document mask (documents of 5), zigzag, p2p", AJ_DTYPE_F32, AJ_MASK_NONE,
      AJ_ALIGN_TOP_LEFT, 0, 0, 2, 1, 8, 8, AJ_SHARD_ZIGZAG, AJ_ROTATE_P2P, 0, 0, 0, 5, 0,
-     AJ_METHOD_RING, 0, 0, 0},
+     AJ_METHOD_RING, 0, 0, NULL, 0},
     {"f16 causal + relative bias table, contiguous, all-gather", AJ_DTYPE_F16,
      AJ_MASK_CAUSAL, AJ_ALIGN_TOP_LEFT, 0, 0, 2, 2, 8, 8, AJ_SHARD_CONTIGUOUS,
      AJ_ROTATE_ALLGATHER, 0, 0, 0, 0, 1,
-     AJ_METHOD_RING, 0, 0, 0},
+     AJ_METHOD_RING, 0, 0, NULL, 0},
     {"bf16 flash document mask (documents of 3) + relative bias, contiguous, p2p",
      AJ_DTYPE_BF16, AJ_MASK_NONE, AJ_ALIGN_TOP_LEFT, 0, 0, 2, 2, 16, 16, AJ_SHARD_CONTIGUOUS,
      AJ_ROTATE_P2P, 0, 0, 1, 3, 1,
-     AJ_METHOD_RING, 0, 0, 0},
+     AJ_METHOD_RING, 0, 0, NULL, 0},
 };
 
 /* Any length (issue 20), with each method: every mask family x lengths 1
@@ -147,6 +152,44 @@ static const struct uly_mask {
      0, 3, 0, 0},
     {"bf16 flash, no mask", AJ_DTYPE_BF16, AJ_MASK_NONE, AJ_ALIGN_TOP_LEFT, 0, 0, 0, 0, 0, 1},
 };
+
+/* Packed documents (layout = varlen): per method (ring, ulysses; hybrid
+ * refuses them: run_varlen_refusals), causal (the ring: and
+ * window) masks over documents of length 1, documents shorter than P, and
+ * a mix (Ulysses runs the single-rank varlen kernel whole, which the
+ * kernel tests cover mask by mask; each mask costs its kernels' compile);
+ * the flash variant (on sim the efficient backward has no varlen);
+ * `small` (sim) takes the first mask and set only. */
+enum { VARLEN_MASKS = 2, VARLEN_SETS = 3,
+       VARLEN_MAX_CASES = (AJ_METHOD_ULYSSES + 1) * VARLEN_MASKS * VARLEN_SETS };
+static const int varlen_sets[VARLEN_SETS][8] = {
+    {1, 2, 5, 0}, {1, 1, 1, 0}, {7, 1, 2, 13, 3, 0}};
+static const char *const varlen_set_names[VARLEN_SETS] = {
+    "documents 1, 2, 5", "documents of length 1", "documents 7, 1, 2, 13, 3"};
+
+static int generated_varlen_cases(ring_case *out, char (*labels)[112], int small)
+{
+    int n = 0;
+    for (int method = 0; method <= AJ_METHOD_ULYSSES; method++)
+        for (int m = 0; m < (small || method == AJ_METHOD_ULYSSES ? 1 : VARLEN_MASKS); m++)
+            for (int d = 0; d < (small ? 1 : VARLEN_SETS); d++) {
+                const aj_shard_layout L = (m + d) % 2 ? AJ_SHARD_CONTIGUOUS : AJ_SHARD_ZIGZAG;
+                const aj_ring_rotate R = d == 2 ? AJ_ROTATE_ALLGATHER : AJ_ROTATE_P2P;
+                snprintf(labels[n], 112, "varlen %s f16 flash %s, %s%s, %s",
+                         method ? "ulysses" : "ring", m ? "window(2, 1)" : "causal top_left",
+                         L == AJ_SHARD_ZIGZAG ? "zigzag" : "contiguous",
+                         R == AJ_ROTATE_P2P || method ? "" : ", all-gather",
+                         varlen_set_names[d]);
+                out[n] = (ring_case){.label = labels[n], .dtype = AJ_DTYPE_F16, .flash = 1,
+                                     .mask = m ? AJ_MASK_WINDOW : AJ_MASK_CAUSAL,
+                                     .align = AJ_ALIGN_TOP_LEFT, .left = 2, .right = 1,
+                                     .hq = 2 * size, .hkv = size, .layout = L,
+                                     .rotate = method ? AJ_ROTATE_P2P : R,
+                                     .method = (aj_cp_method)method, .docs = varlen_sets[d]};
+                n++;
+            }
+    return n;
+}
 
 static int generated_cases(ring_case *out, char (*labels)[112], int small)
 {
@@ -223,14 +266,57 @@ static void free_full(full_tensor *x)
     free(x->ref);
 }
 
-/* This rank's contiguous shard of a [outer, seq, inner] tensor. */
-static void *take_shard(aj_shard_layout layout, const void *full, int64_t outer, int64_t seq,
-                        int64_t inner, size_t elem)
+/* How a case's tensors are cut: the padded layout's sequence, or the
+ * packed documents' pieces (cu_q, cu_k over batch documents; varlen). */
+typedef struct shard_rule {
+    aj_shard_layout layout;
+    aj_cp_method method;
+    const int32_t *cu_q, *cu_k;
+    int32_t batch;
+} shard_rule;
+
+/* This rank's length of a sequence of `seq` (of keys: `keys`). */
+static int64_t shard_len(const shard_rule *r, int keys, int64_t seq)
 {
-    const aj_seq_shape shape = {outer, seq, inner, elem};
-    void *s = alloc64((size_t)(outer * aj_shard_length(layout, rank, size, seq) * inner) * elem);
-    CHECK_STATUS(ctx, aj_shard(ctx, layout, rank, size, &shape, full, s), AJ_OK);
+    if (!r->cu_q)
+        return aj_shard_length(r->layout, rank, size, seq);
+    int32_t n = 0;
+    int64_t len = 0;
+    CHECK_STATUS(ctx, aj_shard_varlen_chunks(ctx, r->method, r->layout, rank, size,
+                                             keys ? r->cu_k : r->cu_q, r->batch, NULL, 0, &n,
+                                             &len), AJ_OK);
+    return len;
+}
+
+/* This rank's contiguous shard of a full tensor of H heads, seq positions
+ * and W wide (W = 0: an LSE): padded [1, H, seq, W], varlen [seq, H, W]
+ * (an LSE [1, H, seq] either way). */
+static void *take_shard(const shard_rule *r, int keys, const void *full, int64_t H,
+                        int64_t seq, int64_t W, size_t elem)
+{
+    const int packed = r->cu_q && W;
+    const aj_seq_shape shape = {packed ? 1 : H, seq, packed ? H * W : (W ? W : 1), elem};
+    void *s = alloc64((size_t)(H * shard_len(r, keys, seq) * (W ? W : 1)) * elem);
+    if (r->cu_q)
+        CHECK_STATUS(ctx, aj_shard_varlen(ctx, r->method, r->layout, rank, size,
+                                          keys ? r->cu_k : r->cu_q, r->batch, &shape, full, s),
+                     AJ_OK);
+    else
+        CHECK_STATUS(ctx, aj_shard(ctx, r->layout, rank, size, &shape, full, s), AJ_OK);
     return s;
+}
+
+static aj_tensor view(void *data, aj_dtype dtype, int r, int64_t a, int64_t b, int64_t c,
+                      int64_t d);
+
+/* A shard's tensor as the call takes it: padded [1, H, l, W] (LSE, W = 0:
+ * [1, H, l]), varlen [l, H, W] (LSE [H, l]). */
+static aj_tensor rows_view(const ring_case *c, void *data, aj_dtype dtype, int64_t H, int64_t l,
+                           int64_t W)
+{
+    if (c->docs)
+        return W ? view(data, dtype, 3, l, H, W, 0) : view(data, dtype, 2, H, l, 0, 0);
+    return W ? view(data, dtype, 4, 1, H, l, W) : view(data, dtype, 3, 1, H, l, 0);
 }
 
 static aj_tensor view(void *data, aj_dtype dtype, int r, int64_t a, int64_t b, int64_t c,
@@ -326,16 +412,23 @@ static void expected_blocks(const ring_case *c, const ref_problem *pr, int *full
                             int *skipped)
 {
     int64_t qs[2], ks[2], ql[2], kl[2];
-    int nq = chunks_of(c, rank, pr->Sq, qs, ql);
     *full = *partial = *skipped = 0;
+    /* packed documents: each document's pieces, pairs of pieces only
+     * within a document, and no pair with an empty piece */
+    for (int d = 0; d < (pr->cu_q ? pr->B : 1); d++) {
+    const int64_t sq = pr->cu_q ? pr->cu_q[d + 1] - pr->cu_q[d] : pr->Sq;
+    const int64_t sk = pr->cu_k ? pr->cu_k[d + 1] - pr->cu_k[d] : pr->Sk;
+    int nq = chunks_of(c, rank, sq, qs, ql);
     for (int src = 0; src < size; src++) {
-        int nk = chunks_of(c, src, pr->Sk, ks, kl);
+        int nk = chunks_of(c, src, sk, ks, kl);
         for (int a = 0; a < nq; a++)
             for (int b = 0; b < nk; b++) {
+                if (pr->cu_q && (ql[a] == 0 || kl[b] == 0))
+                    continue;
                 int64_t seen = 0;
                 for (int64_t i = qs[a]; i < qs[a] + ql[a]; i++)
                     for (int64_t j = ks[b]; j < ks[b] + kl[b]; j++)
-                        seen += ref_visible(pr, 0, 0, i, j);
+                        seen += ref_visible(pr, d, 0, i, j);
                 if (seen == 0)
                     ++*skipped;
                 else if (seen == ql[a] * kl[b])
@@ -343,6 +436,7 @@ static void expected_blocks(const ring_case *c, const ref_problem *pr, int *full
                 else
                     ++*partial;
             }
+    }
     }
 }
 
@@ -469,9 +563,10 @@ static aj_op *parse_op(const ring_case *c, const char *kind)
         snprintf(tensors, sizeof tensors, "tensors = (%s%s%s)", c->doc_len ? "doc: i32[2]" : "",
                  c->doc_len && c->rel ? ", " : "", c->rel ? "rel: f32[2]" : "");
     snprintf(text, sizeof text, "attention %s %s { dtype = %s head_dim = %d %s mask = %s "
-             "score_mod = %s dropout = %g }", kind, c->flash ? "flash" : "efficient",
+             "score_mod = %s dropout = %g layout = %s }", kind, c->flash ? "flash" : "efficient",
              aj_dtype_name(c->dtype), HEAD_DIM, tensors, mask,
-             c->alibi ? "alibi" : c->rel ? REL_BIAS : "none", c->dropout);
+             c->alibi ? "alibi" : c->rel ? REL_BIAS : "none", c->dropout,
+             c->docs ? "varlen" : "padded");
     aj_op *op = NULL;
     CHECK_STATUS(ctx, aj_op_parse(ctx, text, strlen(text), c->label, &op), AJ_OK);
     return op;
@@ -532,8 +627,12 @@ static void run_case(const ring_case *c)
     const aj_dtype dt = c->dtype;
     const size_t es = elem_size(dt);
     const int64_t B = 1, D = HEAD_DIM;
-    const int64_t sq = c->sq_total ? c->sq_total : (int64_t)c->lq * size;
-    const int64_t sk = c->sk_total ? c->sk_total : (int64_t)c->lk * size;
+    /* varlen: the packed documents' offsets (queries and keys alike) */
+    int32_t cu[16] = {0}, ndocs = 0;
+    for (; c->docs && c->docs[ndocs]; ndocs++)
+        cu[ndocs + 1] = cu[ndocs] + c->docs[ndocs];
+    const int64_t sq = c->docs ? cu[ndocs] : c->sq_total ? c->sq_total : (int64_t)c->lq * size;
+    const int64_t sk = c->docs ? cu[ndocs] : c->sk_total ? c->sk_total : (int64_t)c->lk * size;
     uint64_t rng = 0x5eed0000u + (uint64_t)sq * 131 + (uint64_t)sk + (uint64_t)c->mask * 7;
     full_tensor q, k, v, dout;
     make_full(&q, dt, (size_t)(B * c->hq * sq * D), &rng);
@@ -561,7 +660,8 @@ static void run_case(const ring_case *c)
     aj_op *fop = parse_op(c, "forward"), *bop = parse_op(c, "backward");
 
     /* the reference, unsharded */
-    ref_problem pr = {.B = (int)B, .Hq = c->hq, .Hkv = c->hkv, .D = (int)D, .Dv = (int)D,
+    ref_problem pr = {.B = c->docs ? ndocs : (int)B, .cu_q = c->docs ? cu : NULL,
+                      .cu_k = c->docs ? cu : NULL, .Hq = c->hq, .Hkv = c->hkv, .D = (int)D, .Dv = (int)D,
                       .Sq = (int)sq, .Sk = (int)sk, .mask = c->mask, .align = c->align,
                       .window_left = c->left, .window_right = c->right,
                       .alibi_slopes = c->alibi ? slopes_ref : NULL,
@@ -578,16 +678,18 @@ static void run_case(const ring_case *c)
 
     /* this rank's shards */
     const aj_shard_layout L = c->layout;
-    const int64_t oq = B * c->hq, ok = B * c->hkv;
-    const int64_t lq = aj_shard_length(L, rank, size, sq), lk = aj_shard_length(L, rank, size, sk);
-    void *q_s = take_shard(L, q.data, oq, sq, D, es), *k_s = take_shard(L, k.data, ok, sk, D, es);
-    void *v_s = take_shard(L, v.data, ok, sk, D, es);
-    void *do_s = take_shard(L, dout.data, oq, sq, D, es);
-    double *o_ref_s = take_shard(L, o_ref, oq, sq, D, 8);
-    double *lse_ref_s = take_shard(L, lse_ref, oq, sq, 1, 8);
-    double *dq_ref_s = take_shard(L, dq_ref, oq, sq, D, 8);
-    double *dk_ref_s = take_shard(L, dk_ref, ok, sk, D, 8);
-    double *dv_ref_s = take_shard(L, dv_ref, ok, sk, D, 8);
+    const shard_rule rule = {L, c->method, c->docs ? cu : NULL, c->docs ? cu : NULL, ndocs};
+    const int64_t oq = B * c->hq, ok = B * c->hkv, hq = c->hq, hkv = c->hkv;
+    const int64_t lq = shard_len(&rule, 0, sq), lk = shard_len(&rule, 1, sk);
+    void *q_s = take_shard(&rule, 0, q.data, hq, sq, D, es);
+    void *k_s = take_shard(&rule, 1, k.data, hkv, sk, D, es);
+    void *v_s = take_shard(&rule, 1, v.data, hkv, sk, D, es);
+    void *do_s = take_shard(&rule, 0, dout.data, hq, sq, D, es);
+    double *o_ref_s = take_shard(&rule, 0, o_ref, hq, sq, D, 8);
+    double *lse_ref_s = take_shard(&rule, 0, lse_ref, hq, sq, 0, 8);
+    double *dq_ref_s = take_shard(&rule, 0, dq_ref, hq, sq, D, 8);
+    double *dk_ref_s = take_shard(&rule, 1, dk_ref, hkv, sk, D, 8);
+    double *dv_ref_s = take_shard(&rule, 1, dv_ref, hkv, sk, D, 8);
     const size_t nq_s = (size_t)(oq * lq * D), nk_s = (size_t)(ok * lk * D);
     void *o_s = alloc64(nq_s * es), *dq_s = alloc64(nq_s * es);
     void *dk_s = alloc64(nk_s * es), *dv_s = alloc64(nk_s * es);
@@ -596,11 +698,15 @@ static void run_case(const ring_case *c)
     aj_comm *comm = open_comm(60);
 
     aj_ring_fwd_args fa = AJ_RING_FWD_ARGS_INIT;
-    fa.q = view(q_s, dt, 4, B, c->hq, lq, D);
-    fa.k = view(k_s, dt, 4, B, c->hkv, lk, D);
-    fa.v = view(v_s, dt, 4, B, c->hkv, lk, D);
-    fa.o = view(o_s, dt, 4, B, c->hq, lq, D);
-    fa.lse = view(lse_s, AJ_DTYPE_F32, 3, B, c->hq, lq, 0);
+    fa.q = rows_view(c, q_s, dt, hq, lq, D);
+    fa.k = rows_view(c, k_s, dt, hkv, lk, D);
+    fa.v = rows_view(c, v_s, dt, hkv, lk, D);
+    fa.o = rows_view(c, o_s, dt, hq, lq, D);
+    fa.lse = rows_view(c, lse_s, AJ_DTYPE_F32, hq, lq, 0);
+    if (c->docs) {
+        fa.cu_seqlens_q = fa.cu_seqlens_k = cu;
+        fa.batch = ndocs;
+    }
     fa.alibi_slopes = view(slopes, AJ_DTYPE_F32, 1, c->hq, 0, 0, 0);
     fa.layout = L;
     fa.rotate = c->rotate;
@@ -641,10 +747,13 @@ static void run_case(const ring_case *c)
     ba.v = fa.v;
     ba.o = fa.o;
     ba.lse = fa.lse;
-    ba.do_ = view(do_s, dt, 4, B, c->hq, lq, D);
-    ba.dq = view(dq_s, dt, 4, B, c->hq, lq, D);
-    ba.dk = view(dk_s, dt, 4, B, c->hkv, lk, D);
-    ba.dv = view(dv_s, dt, 4, B, c->hkv, lk, D);
+    ba.do_ = rows_view(c, do_s, dt, hq, lq, D);
+    ba.dq = rows_view(c, dq_s, dt, hq, lq, D);
+    ba.dk = rows_view(c, dk_s, dt, hkv, lk, D);
+    ba.dv = rows_view(c, dv_s, dt, hkv, lk, D);
+    ba.cu_seqlens_q = fa.cu_seqlens_q;
+    ba.cu_seqlens_k = fa.cu_seqlens_k;
+    ba.batch = fa.batch;
     ba.alibi_slopes = fa.alibi_slopes;
     ba.layout = L;
     ba.rotate = c->rotate;
@@ -686,14 +795,15 @@ static void run_case(const ring_case *c)
         if (p2p && size > 1)
             CHECK(fs.rotations + bs.rotations == 3 * size - 2);
         CHECK(bs.launches == fs.launches && bs.skipped_blocks == fs.skipped_blocks);
-        /* cpu ranks, uneven shards (kept cheap: Sq = 2P+1, 5P+1): p2p over
-         * shared memory against messages */
-        const int uneven = c->sq_total == 2 * size + 1 || c->sq_total == 5 * size + 1;
+        /* cpu ranks, uneven shards (kept cheap: Sq = 2P+1, 5P+1; packed
+         * documents' pieces): p2p over shared memory against messages */
+        const int uneven = c->sq_total == 2 * size + 1 || c->sq_total == 5 * size + 1 ||
+                           c->docs;
         if (p2p && size > 1 && uneven && aj_device_target(dev) == AJ_TARGET_CPU)
             check_message_path(c, comm, fop, bop, &fa, &ba, &fs, &bs, fwd_sent, bwd_sent);
         /* aj_ring_plan takes one rank's lengths: even splits only */
         const int parts = L == AJ_SHARD_ZIGZAG ? 2 * size : size;
-        if (sq % parts == 0 && sk % parts == 0) {
+        if (!c->docs && sq % parts == 0 && sk % parts == 0) {
             check_plan(c, fop, &fa, &fs);
             check_plan(c, bop, &fa, &bs);
         }
@@ -780,7 +890,7 @@ static void run_faulty_peer(peer_fault fault)
 
     const ring_case c = {"silent", AJ_DTYPE_F32, AJ_MASK_NONE, AJ_ALIGN_TOP_LEFT, 0, 0,
                          1, 1, 8, 8, AJ_SHARD_CONTIGUOUS, AJ_ROTATE_P2P, 0, 0, 0, 0, 0,
-                         AJ_METHOD_RING, 0, 0, 0};
+                         AJ_METHOD_RING, 0, 0, NULL, 0};
     aj_op *op = parse_op(&c, "forward");
     /* 2 heads: they divide over the ranks for method = ulysses */
     void *m = alloc64(2 * 8 * HEAD_DIM * 4);
@@ -812,7 +922,7 @@ static void run_mismatch(void)
     aj_comm *comm = open_comm(30);
     const ring_case c = {"mismatch", AJ_DTYPE_F32, AJ_MASK_CAUSAL, AJ_ALIGN_TOP_LEFT, 0, 0,
                          1, 1, 8, 8, AJ_SHARD_CONTIGUOUS, AJ_ROTATE_P2P, 0, 0, 0, 0, 0,
-                         AJ_METHOD_RING, 0, 0, 0};
+                         AJ_METHOD_RING, 0, 0, NULL, 0};
     aj_op *op = parse_op(&c, "forward");
     void *m = alloc64(8 * HEAD_DIM * 4);
     aj_ring_fwd_args fa = AJ_RING_FWD_ARGS_INIT;
@@ -827,7 +937,7 @@ static void run_mismatch(void)
     fa.layout = AJ_SHARD_CONTIGUOUS;
     const ring_case none = {"none", AJ_DTYPE_F32, AJ_MASK_NONE, AJ_ALIGN_TOP_LEFT, 0, 0,
                             1, 1, 8, 8, AJ_SHARD_CONTIGUOUS, AJ_ROTATE_P2P, 0, 0, 0, 0, 0,
-                            AJ_METHOD_RING, 0, 0, 0};
+                            AJ_METHOD_RING, 0, 0, NULL, 0};
     aj_op *other = parse_op(&none, "forward");
     CHECK_STATUS(ctx, aj_ring_forward(ctx, dev, comm, rank == 1 ? other : op, &fa, NULL),
                  AJ_ERR_INVALID_ARG);
@@ -845,7 +955,7 @@ static void run_ulysses_refusals(void)
     aj_comm *comm = open_comm(30);
     ring_case c = {"refusal", AJ_DTYPE_F32, AJ_MASK_CAUSAL, AJ_ALIGN_TOP_LEFT, 0, 0,
                    2, 1, 8, 8, AJ_SHARD_CONTIGUOUS, AJ_ROTATE_P2P, 0, 0, 0, 0, 0,
-                   AJ_METHOD_ULYSSES, 0, 0, 0};
+                   AJ_METHOD_ULYSSES, 0, 0, NULL, 0};
     aj_op *op = parse_op(&c, "forward"), *bop = parse_op(&c, "backward");
     c.dropout = 0.1;
     aj_op *dropout = parse_op(&c, "forward");
@@ -944,6 +1054,73 @@ static void run_ulysses_refusals(void)
     aj_comm_destroy(comm);
 }
 
+/* What packed documents (layout = varlen) refuse, each saying why. */
+static void run_varlen_refusals(void)
+{
+    aj_comm *comm = open_comm(30);
+    static const int docs[] = {1, 2, 5, 0};
+    static const int32_t cu[] = {0, 1, 3, 8};
+    ring_case c = {.label = "varlen refusal", .dtype = AJ_DTYPE_F16, .mask = AJ_MASK_CAUSAL,
+                   .hq = 2, .hkv = 2, .flash = 1, .docs = docs};
+    aj_op *op = parse_op(&c, "forward");
+    c.dropout = 0.1;
+    aj_op *dropout = parse_op(&c, "forward");
+    const char *reads_b = "attention forward flash { dtype = f16 head_dim = 16 layout = varlen "
+                          "mask = expr(k <= q + b) }";
+    aj_op *by_doc = NULL;
+    CHECK_STATUS(ctx, aj_op_parse(ctx, reads_b, strlen(reads_b), "b", &by_doc), AJ_OK);
+    void *m = alloc64(8 * 2 * HEAD_DIM * 2);
+    const int64_t l = rank == 0 ? 5 : 3;   /* the ring's pieces of documents 1, 2, 5 */
+    aj_ring_fwd_args fa = AJ_RING_FWD_ARGS_INIT;
+    fa.q = fa.k = fa.v = fa.o = rows_view(&c, m, AJ_DTYPE_F16, 2, l, HEAD_DIM);
+    fa.lse = rows_view(&c, m, AJ_DTYPE_F32, 2, l, 0);
+    CHECK_STATUS(ctx, aj_ring_forward(ctx, dev, comm, op, &fa, NULL), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "aj_ring_forward: layout = varlen needs cu_seqlens_q, cu_seqlens_k and "
+                "batch >= 1 (the whole packed batch's; got NULL, NULL, batch = 0)");
+    fa.cu_seqlens_q = fa.cu_seqlens_k = cu;
+    fa.batch = 3;
+    CHECK_STATUS(ctx, aj_ring_forward(ctx, dev, comm, dropout, &fa, NULL), AJ_ERR_UNSUPPORTED);
+    CHECK_ERROR(ctx, "aj_ring_forward: dropout = 0.1 with layout = varlen and method = ring: "
+                "the Philox counter holds the document's index");
+    CHECK_STATUS(ctx, aj_ring_forward(ctx, dev, comm, by_doc, &fa, NULL), AJ_ERR_UNSUPPORTED);
+    CHECK_ERROR(ctx, "aj_ring_forward: the op's expressions read the batch index b: with "
+                "layout = varlen and method = ring");
+    fa.method = AJ_METHOD_HYBRID;   /* U = 1, R = 2 */
+    fa.ulysses_size = 1;
+    CHECK_STATUS(ctx, aj_ring_forward(ctx, dev, comm, op, &fa, NULL), AJ_ERR_UNSUPPORTED);
+    CHECK_ERROR(ctx, "aj_ring_forward: packed documents (layout = varlen) with method = hybrid "
+                "are not supported yet; use method = ring or ulysses");
+    fa.method = AJ_METHOD_RING;
+    fa.ulysses_size = 0;
+    /* every rank holding 4 positions: not the ring's pieces */
+    fa.q = fa.k = fa.v = fa.o = rows_view(&c, m, AJ_DTYPE_F16, 2, 4, HEAD_DIM);
+    fa.lse = rows_view(&c, m, AJ_DTYPE_F32, 2, 4, 0);
+    CHECK_STATUS(ctx, aj_ring_forward(ctx, dev, comm, op, &fa, NULL), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "aj_ring_forward: rank 0 holds 4 query and 4 key positions; its pieces of "
+                "the packed documents are 5 and 5 (aj_shard_varlen_chunks, method = ring)");
+    fa.q = view(m, AJ_DTYPE_F16, 4, 1, 2, 4, HEAD_DIM);
+    CHECK_STATUS(ctx, aj_ring_forward(ctx, dev, comm, op, &fa, NULL), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "aj_ring_forward: q, k and v have ranks 4, 3, 3; want 3 (layout = varlen: "
+                "packed [T, H, D])");
+    aj_ring_plan_args pa = AJ_RING_PLAN_ARGS_INIT;
+    pa.size = 2;
+    pa.batch = pa.heads_q = 1;
+    int32_t count = 0;
+    CHECK_STATUS(ctx, aj_ring_plan(ctx, dev, op, &pa, NULL, 0, &count), AJ_ERR_UNSUPPORTED);
+    CHECK_ERROR(ctx, "aj_ring_plan: layout = varlen: one rank's lengths tell a padded batch "
+                "only");
+    const aj_seq_shape full = {1, 7, 2 * HEAD_DIM, 2};
+    CHECK_STATUS(ctx, aj_shard_varlen(ctx, AJ_METHOD_RING, AJ_SHARD_ZIGZAG, rank, size, cu, 3,
+                                      &full, m, m), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "aj_shard_varlen: full->seq = 7; the packed batch has cu_seqlens[3] = 8 "
+                "positions");
+    aj_op_destroy(op);
+    aj_op_destroy(dropout);
+    aj_op_destroy(by_doc);
+    free(m);
+    aj_comm_destroy(comm);
+}
+
 /* The MPI engine's all-to-all (uneven counts, gaps, empty parts). */
 static void run_alltoall(void)
 {
@@ -974,12 +1151,19 @@ int main(int argc, char **argv)
         for (int i = 0; i < n; i++)
             if (!only || strstr(generated[i].label, only))
                 run_case(&generated[i]);
+        ring_case packed[VARLEN_MAX_CASES];
+        char packed_labels[VARLEN_MAX_CASES][112];
+        const int np = generated_varlen_cases(packed, packed_labels, !on_cpu);
+        for (int i = 0; i < np; i++)
+            if (!only || strstr(packed[i].label, only))
+                run_case(&packed[i]);
         run_alltoall();
     } else if (size != 2) {
         CHECK_MSG(0, "%s needs 2 ranks, not %d", mode, size);
     } else if (strcmp(mode, "mismatch") == 0) {
         run_mismatch();
         run_ulysses_refusals();
+        run_varlen_refusals();
     } else {
         run_faulty_peer(strcmp(mode, "stopped") == 0  ? PEER_STOPPED
                         : strcmp(mode, "killed") == 0 ? PEER_KILLED

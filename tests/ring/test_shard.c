@@ -14,6 +14,7 @@
 
 #include "check.h"
 #include "ring/leak_check.h"
+#include "runtime/ring.h"   /* aj_shard_chunks_any: the rule per document */
 
 static aj_ctx *ctx;
 
@@ -133,6 +134,58 @@ static void check_any_length(aj_shard_layout layout, int size)
     CHECK(aj_shard_length(layout, 0, 0, 8) == -1);
     CHECK(aj_shard_length(layout, 0, size, -1) == -1);
     CHECK(aj_shard_length((aj_shard_layout)7, 0, size, 8) == -1);
+}
+
+/* Packed documents (lengths 1, 0, 2, 5, 9): the ring's rule gives rank r
+ * the layout's chunks of each document in document order (checked
+ * against aj_shard_chunks_any's positions per document), Ulysses' the
+ * packed axis's; every position lands on one rank, and shard / unshard
+ * round-trip. */
+static void check_varlen(aj_shard_layout layout, int size)
+{
+    static const int32_t cu[] = {0, 1, 1, 3, 8, 17};
+    const int32_t batch = 5, T = 17;
+    int32_t full[17], shard[17], back[17];
+    for (int i = 0; i < T; i++) {
+        full[i] = i;
+        back[i] = -1;
+    }
+    const aj_seq_shape shape = {1, T, 1, 4};
+    for (int m = 0; m < AJ_METHOD_COUNT; m++) {
+        int64_t total = 0;
+        for (int r = 0; r < size; r++) {
+            aj_shard_chunk chunks[10];
+            int32_t count = 0;
+            int64_t len = 0;
+            CHECK_STATUS(ctx, aj_shard_varlen_chunks(ctx, (aj_cp_method)m, layout, r, size, cu,
+                                                     batch, chunks, 10, &count, &len), AJ_OK);
+            /* the positions rank r should hold, in order */
+            int32_t want[17];
+            int64_t n = 0;
+            for (int32_t d = 0; d < (m == AJ_METHOD_RING ? batch : 1); d++) {
+                const int64_t at = m == AJ_METHOD_RING ? cu[d] : 0;
+                const int64_t dl = m == AJ_METHOD_RING ? cu[d + 1] - cu[d] : T;
+                aj_shard_chunk c[2];
+                int nc = 0;
+                CHECK_STATUS(ctx, aj_shard_chunks_any(ctx, "test", layout, r, size, dl, c, &nc),
+                             AJ_OK);
+                for (int i = 0; i < nc; i++)
+                    for (int64_t j = 0; j < c[i].len; j++)
+                        want[n++] = (int32_t)(at + c[i].global + j);
+            }
+            CHECK(len == n);
+            CHECK_STATUS(ctx, aj_shard_varlen(ctx, (aj_cp_method)m, layout, r, size, cu, batch,
+                                              &shape, full, shard), AJ_OK);
+            CHECK_MSG(memcmp(shard, want, (size_t)n * sizeof *want) == 0,
+                      "P=%d rank %d method %d layout %d: wrong positions", size, r, m,
+                      (int)layout);
+            CHECK_STATUS(ctx, aj_unshard_varlen(ctx, (aj_cp_method)m, layout, r, size, cu,
+                                                batch, &shape, shard, back), AJ_OK);
+            total += len;
+        }
+        CHECK(total == T && memcmp(full, back, sizeof full) == 0);
+        memset(back, 0xff, sizeof back);
+    }
 }
 
 static void check_shard_errors(void)
@@ -418,6 +471,7 @@ int main(int argc, char **argv)
             check_positions((aj_shard_layout)l, size);
             check_round_trip((aj_shard_layout)l, size);
             check_any_length((aj_shard_layout)l, size);
+            check_varlen((aj_shard_layout)l, size);
         }
     check_shard_errors();
     check_ring_plan(dev);
