@@ -1,7 +1,8 @@
 /*
  * test_cli_run.c -- `attnjit run` end to end: .npy tensors in, the kernel on
  * the sim device and on the cpu device, .npy results out, compared with the float64 reference
- * (forward, accumulate, bias, backward of both variants, merge); then the
+ * (forward, accumulate, bias, backward of both variants, merge, paged with
+ * padded and packed queries, varlen forward and backward); then the
  * command's errors, each with its exit code and message.
  *
  *   test_cli_run ATTNJIT_BINARY
@@ -89,6 +90,14 @@ static void write_tensor(const char *prefix, const char *name, const float *f, i
     char err[512];
     CHECK_MSG(npy_write_f32(tensor_path(prefix, name), f, rank, shape, err, sizeof err) == NPY_OK,
               "%s: %s", name, err);
+}
+
+static void write_i32(const char *prefix, const char *name, const int32_t *data, int rank,
+                      const int64_t *shape)
+{
+    char err[512];
+    CHECK_MSG(npy_write_i32(tensor_path(prefix, name), data, rank, shape, err, sizeof err) ==
+              NPY_OK, "%s: %s", name, err);
 }
 
 /* "run SPEC --device DEVICE --in q=F ... --out dq=F ... EXTRA" with each
@@ -429,7 +438,7 @@ static void test_run_errors(void)
         {"run OP --device sim --in x=Q --in k=K --in v=V --out o=O", 1,
          "attnjit: unknown tensor 'x': not one of run's (q, k, v, alibi_slopes, bias, o, lse, "
          "o_acc, do, dq, dk, dv, dbias, o1, lse1, o2, lse2, k_cache, v_cache, block_table, "
-         "seqlens_k, k_scale, v_scale) nor a side tensor the op "
+         "seqlens_k, k_scale, v_scale, cu_seqlens_q, cu_seqlens_k) nor a side tensor the op "
          "declares\n"},
         {"run OP --device sim --in q=Q --in k=K --in v=V --out x=O", 1,
          "attnjit: unknown tensor 'x' (run's outputs: o, lse, o_acc, dq, dk, dv, dbias)\n"},
@@ -579,6 +588,105 @@ static void test_run_errors(void)
     CHECK_MSG(strstr(err, "no GPU found") || strstr(err, "use the sim device"), "cuda: %s", err);
 }
 
+/* layout = varlen through the CLI on cpu and sim: three packed documents
+ * (one of a single query and key), causal bottom_right, GQA 2:1, against
+ * the reference, and its backward on cpu; then a missing offsets file, a padded q, offsets that do
+ * not end at T and offsets of another batch. */
+static void test_varlen(void)
+{
+    enum { B = 3, HQ = 4, HKV = 2, D = 16, T = 13, TK = 20 };
+    const int32_t cu_q[B + 1] = {0, 5, 6, T}, cu_k[B + 1] = {0, 7, 8, TK},
+                  short_q[B + 1] = {0, 5, 6, T - 1}, two_k[3] = {0, 7, TK};
+    const int64_t qs[3] = {T, HQ, D}, ks[3] = {TK, HKV, D}, ls[2] = {HQ, T}, cs[1] = {B + 1},
+                  q4[4] = {1, HQ, T, D}, c3[1] = {3};
+    static float qf[T * HQ * D], kf[TK * HKV * D], vf[TK * HKV * D];
+    static double q[T * HQ * D], k[TK * HKV * D], v[TK * HKV * D], o[T * HQ * D], lse[HQ * T];
+    random_f16_values(qf, q, T * HQ * D);
+    random_f16_values(kf, k, TK * HKV * D);
+    random_f16_values(vf, v, TK * HKV * D);
+    write_tensor("v_", "q", qf, 3, qs);
+    write_tensor("v_", "k", kf, 3, ks);
+    write_tensor("v_", "v", vf, 3, ks);
+    write_tensor("v_", "q4", qf, 4, q4);
+    char err[4096], args[4096];
+    write_i32("v_", "cu_seqlens_q", cu_q, 1, cs);
+    write_i32("v_", "cu_seqlens_k", cu_k, 1, cs);
+    write_i32("v_", "short", short_q, 1, cs);
+    write_i32("v_", "two", two_k, 1, c3);
+    write_text(path("varlen.aj"), "attention forward flash {\n dtype = f16\n head_dim = 16\n"
+                                  " mask = causal(bottom_right)\n layout = varlen\n}\n");
+    ref_problem p = {.B = B, .Hq = HQ, .Hkv = HKV, .D = D, .Dv = D, .cu_q = cu_q, .cu_k = cu_k,
+                     .mask = AJ_MASK_CAUSAL, .align = AJ_ALIGN_BOTTOM_RIGHT};
+    ref_forward(&p, q, k, v, o, lse);
+    static const char *const devices[2] = {"cpu", "sim"};
+    const char *ins = "q k v cu_seqlens_q cu_seqlens_k";
+    for (int d = 0; d < 2; d++) {
+        run_command(args, sizeof args, "varlen.aj", devices[d], "v_", ins, "o lse", "");
+        int rc = run_cli(args, err, sizeof err);
+        CHECK_MSG(rc == 0, "varlen on %s exited %d: %s", devices[d], rc, err);
+        double e_o = result_error("v_", "o", o, 3, qs, f16_atol, f16_rtol);
+        double e_lse = result_error("v_", "lse", lse, 2, ls, 1e-4, 1e-5);
+        CHECK_MSG(e_o <= 1 && e_lse <= 1, "varlen on %s: o %.3g lse %.3g x tolerance",
+                  devices[d], e_o, e_lse);
+        printf("attnjit run varlen on %s: o %.3f lse %.3f of tolerance\n", devices[d], e_o,
+               e_lse);
+    }
+    /* the backward on cpu, from the forward's o (f16) and lse (f32) */
+    static float of[T * HQ * D], lf[HQ * T], dof[T * HQ * D];
+    static double dout[T * HQ * D], dq[T * HQ * D], dk[TK * HKV * D], dv[TK * HKV * D];
+    for (size_t i = 0; i < T * HQ * D; i++)
+        round_to_f16(o[i], &of[i], &o[i]);
+    for (size_t i = 0; i < HQ * T; i++)
+        lse[i] = lf[i] = (float)lse[i];
+    random_f16_values(dof, dout, T * HQ * D);
+    write_tensor("v_", "o", of, 3, qs);
+    write_tensor("v_", "lse", lf, 2, ls);
+    write_tensor("v_", "do", dof, 3, qs);
+    ref_backward(&p, q, k, v, o, lse, dout, dq, dk, dv, NULL);
+    write_text(path("varlen_bwd.aj"), "attention backward flash {\n dtype = f16\n head_dim = 16\n"
+                                      " mask = causal(bottom_right)\n layout = varlen\n}\n");
+    run_command(args, sizeof args, "varlen_bwd.aj", "cpu", "v_", "q k v o lse do cu_seqlens_q "
+                "cu_seqlens_k", "dq dk dv", "");
+    int rc = run_cli(args, err, sizeof err);
+    CHECK_MSG(rc == 0, "varlen backward exited %d: %s", rc, err);
+    double e_dq = result_error("v_", "dq", dq, 3, qs, f16_atol, f16_rtol);
+    double e_dk = result_error("v_", "dk", dk, 3, ks, f16_atol, f16_rtol);
+    double e_dv = result_error("v_", "dv", dv, 3, ks, f16_atol, f16_rtol);
+    CHECK_MSG(e_dq <= 1 && e_dk <= 1 && e_dv <= 1,
+              "varlen backward: dq %.3g dk %.3g dv %.3g x tolerance", e_dq, e_dk, e_dv);
+    printf("attnjit run varlen backward on cpu: dq %.3f dk %.3f dv %.3f of tolerance\n", e_dq,
+           e_dk, e_dv);
+    static const struct {
+        const char *ins, *extra;
+        int code;
+        const char *needle;
+    } bad[] = {
+        {"q k v cu_seqlens_k", "", 1,
+         "attnjit: a forward op with varlen layout needs --in cu_seqlens_q=FILE (B + 1)\n"},
+        {"k v cu_seqlens_q cu_seqlens_k", "--in q=V_q4.npy", 2,
+         "has 4 dimensions, want 3 (T, Hq, D)\n"},
+        {"q k v cu_seqlens_k", "--in cu_seqlens_q=V_short.npy", 2,
+         "cu_seqlens_q[3] is not Tq (q's tokens)"},
+        {"q k v cu_seqlens_q", "--in cu_seqlens_k=V_two.npy", 2,
+         "attnjit: cu_seqlens_k has 3 entries, but cu_seqlens_q's 4 entries make batch 3 "
+         "(B + 1)\n"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char extra[512];
+        snprintf(extra, sizeof extra, "%s", bad[i].extra);
+        char *at = strstr(extra, "V_");
+        if (at) {   /* V_name.npy: this test's file */
+            char file[64];
+            snprintf(file, sizeof file, "v_%s", at + 2);
+            snprintf(at, sizeof extra - (size_t)(at - extra), "'%s'", path(file));
+        }
+        run_command(args, sizeof args, "varlen.aj", "cpu", "v_", bad[i].ins, "o", extra);
+        rc = run_cli(args, err, sizeof err);
+        CHECK_MSG(rc == bad[i].code && strstr(err, bad[i].needle),
+                  "varlen case %zu: exit %d (want %d): %s", i, rc, bad[i].code, err);
+    }
+}
+
 /* An array of bytes as numpy's np.save writes a uint8 one (format 1.0). */
 static void write_u8(const char *p, const uint8_t *data, int rank, const int64_t *shape)
 {
@@ -609,6 +717,44 @@ static void write_u8(const char *p, const uint8_t *data, int rank, const int64_t
     fclose(f);
 }
 
+/* Chunked prefill through the CLI on cpu: the paged op of test_paged (its
+ * f16 caches in pg, its problem in p) with q_layout = varlen, packed
+ * queries of 3, 0 and 1 tokens (the last of each sequence), against the
+ * reference. */
+static void check_chunked_prefill(const ref_paged *pg, const ref_problem *padded)
+{
+    enum { B = 3, HQ = 4, D = 16, T = 4 };
+    const int32_t cu_q[B + 1] = {0, 3, 3, T};
+    const int64_t qs[3] = {T, HQ, D}, ls[2] = {HQ, T}, cs[1] = {B + 1};
+    float qf[T * HQ * D];
+    double q[T * HQ * D], o[T * HQ * D], lse[HQ * T];
+    random_f16_values(qf, q, T * HQ * D);
+    write_tensor("c_", "q", qf, 3, qs);
+    char err[4096], args[4096];
+    write_i32("c_", "cu_seqlens_q", cu_q, 1, cs);
+    write_text(path("chunked.aj"), "attention forward flash {\n dtype = f16\n head_dim = 16\n"
+                                   " mask = causal(bottom_right)\n layout = paged\n"
+                                   " q_layout = varlen\n}\n");
+    ref_problem p = *padded;
+    p.cu_q = cu_q;
+    ref_paged_forward(&p, pg, q, o, lse);
+    /* the caches and tables are test_paged's (p_ files), the queries ours */
+    char extra[1024] = "";
+    static const char *const shared[] = {"k_cache", "v_cache", "block_table", "seqlens_k"};
+    for (int i = 0; i < 4; i++) {
+        size_t len = strlen(extra);
+        snprintf(extra + len, sizeof extra - len, " --in %s='%s'", shared[i],
+                 tensor_path("p_", shared[i]));
+    }
+    run_command(args, sizeof args, "chunked.aj", "cpu", "c_", "q cu_seqlens_q", "o lse", extra);
+    int rc = run_cli(args, err, sizeof err);
+    CHECK_MSG(rc == 0, "chunked prefill exited %d: %s", rc, err);
+    double e_o = result_error("c_", "o", o, 3, qs, f16_atol, f16_rtol);
+    double e_lse = result_error("c_", "lse", lse, 2, ls, 1e-4, 1e-5);
+    CHECK_MSG(e_o <= 1 && e_lse <= 1, "chunked prefill: o %.3g lse %.3g x tolerance", e_o, e_lse);
+    printf("attnjit run chunked prefill on cpu: o %.3f lse %.3f of tolerance\n", e_o, e_lse);
+}
+
 /* layout = paged through the CLI on cpu and sim: f16 and f8e4m3 caches
  * (the codes as a uint8 .npy, with k_scale and v_scale), shuffled pages, a
  * causal decode of Sq = 2, GQA 2:1, a sequence of length 0, against the
@@ -632,10 +778,8 @@ static void test_paged(void)
     random_f16_values(qf, q, nq);
     write_tensor("p_", "q", qf, 4, qs);
     char err[4096], args[4096];
-    CHECK(npy_write_i32(tensor_path("p_", "block_table"), table, 2, ts, err, sizeof err) ==
-          NPY_OK);
-    CHECK(npy_write_i32(tensor_path("p_", "seqlens_k"), lens, 1, ls, err, sizeof err) ==
-          NPY_OK);
+    write_i32("p_", "block_table", table, 2, ts);
+    write_i32("p_", "seqlens_k", lens, 1, ls);
     for (int f8 = 0; f8 < 2; f8++) {
         const char *kv = f8 ? "f8e4m3" : "f16";
         const float scales[2] = {f8 ? 0.0625f : 1.0f, f8 ? 0.125f : 1.0f};
@@ -677,6 +821,8 @@ static void test_paged(void)
             printf("attnjit run paged (%s cache) on %s: o %.3f lse %.3f of tolerance\n", kv,
                    devices[d], e_o, e_lse);
         }
+        if (!f8)
+            check_chunked_prefill(&pg, &p);
     }
     /* a padded tensor given to a paged op, and a missing scale */
     run_command(args, sizeof args, "paged.aj", "cpu", "p_",
@@ -824,6 +970,7 @@ int main(int argc, char **argv)
     }
     test_run_errors();
     test_paged();
+    test_varlen();
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
     if (system(cmd) != 0)

@@ -13,6 +13,12 @@
  *             [--in k_scale= --in v_scale=] --out o= [--out lse=]   (a forward
  *             with layout = paged: the caches in place of k and v)
  *
+ * A varlen op (layout = varlen) takes --in cu_seqlens_q= --in cu_seqlens_k=
+ * besides, a paged one with q_layout = varlen --in cu_seqlens_q=; their
+ * queries (q, o, lse, o_acc, do, dq) are packed: [T, Hq, D], lse [Hq, T];
+ * a varlen op's keys too ([Tk, Hkv, D]).  Batch is the offsets' count
+ * less one.
+ *
  * with [--q-offset N] [--kv-offset N] [--sq-total N] [--sk-total N]
  * [--seed N] [--offset N] [--workers N] [--no-cache].  Which tensors a kind
  * takes and gives is one table (RUN_TENSORS); parsing, the checks, loading,
@@ -22,8 +28,8 @@
  *
  * Inputs are arrays of f32 or f16 (f8 is accepted too), converted to the
  * op's dtype (alibi_slopes, lse, o_acc, the scales stay f32; the caches
- * take its kv_dtype, whose f8 codes come as uint8 arrays); block_table and
- * seqlens_k are int32 arrays; outputs are f32.
+ * take its kv_dtype, whose f8 codes come as uint8 arrays); block_table,
+ * seqlens_k and the cu_seqlens are int32 arrays; outputs are f32.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -43,67 +49,74 @@ enum { K_FORWARD, K_ACCUMULATE, K_BACKWARD, K_MERGE, K_COUNT };
 enum { IN = 1, OUT = 2 };
 
 /* The feature of an op that brings a tensor, as messages name it. */
-enum { WITH_NONE, WITH_ALIBI, WITH_BIAS, WITH_PAGED, WITH_F8 };
+enum { WITH_NONE, WITH_ALIBI, WITH_BIAS, WITH_PAGED, WITH_F8, WITH_VARLEN };
 
 /* A tensor's elements: the op's dtype, f32, the op's kv_dtype, int32. */
 enum { EL_OP, EL_F32, EL_KV, EL_I32 };
 
-/* An output's shape: that of another tensor, or (B, H, S) of the kind's
- * rows tensor with (LIKE_ROWS_WIDTH) the last dim of its width tensor. */
+/* An output's shape: that of another tensor, or the kind's rows tensor's
+ * with (LIKE_ROWS_WIDTH) the last dim of its width tensor's, or
+ * (LIKE_ROWS) without its last dim: (B, H, S), packed heads first (H, T). */
 enum { LIKE_NONE = -1, LIKE_ROWS = -2, LIKE_ROWS_WIDTH = -3 };
 
 /* Every tensor run knows: its role in each kind, the feature that brings
  * it (for messages), its rank, its elements (EL_*), the shape an output
- * takes, and its shape as messages name it. */
+ * takes, its shape as messages name it, and, for an op whose queries are
+ * packed (layout = varlen, or paged with q_layout = varlen), its rank and
+ * shape there (0, NULL: the same in both). */
 #define RUN_TENSORS(X)                                                                        \
     /* id    name            forward accumulate backward merge with          rank el          \
-     *   like             shape                                                    */         \
+     *   like             shape, packed rank and shape                             */         \
     X(Q,     "q",            IN,     IN,        IN,      0,    WITH_NONE,    4,   EL_OP,      \
-      LIKE_NONE,       "B, Hq, Sq, D")                                                        \
+      LIKE_NONE,       "B, Hq, Sq, D", 3, "T, Hq, D")                                         \
     X(K,     "k",            IN,     IN,        IN,      0,    WITH_NONE,    4,   EL_OP,      \
-      LIKE_NONE,       "B, Hkv, Sk, D")                                                       \
+      LIKE_NONE,       "B, Hkv, Sk, D", 3, "Tk, Hkv, D")                                      \
     X(V,     "v",            IN,     IN,        IN,      0,    WITH_NONE,    4,   EL_OP,      \
-      LIKE_NONE,       "B, Hkv, Sk, Dv")                                                      \
+      LIKE_NONE,       "B, Hkv, Sk, Dv", 3, "Tk, Hkv, Dv")                                    \
     X(ALIBI, "alibi_slopes", IN,     IN,        IN,      0,    WITH_ALIBI,   1,   EL_F32,     \
-      LIKE_NONE,       "Hq")                                                                  \
+      LIKE_NONE,       "Hq", 0, NULL)                                                         \
     X(BIAS,  "bias",         IN,     IN,        IN,      0,    WITH_BIAS,    4,   EL_OP,      \
-      LIKE_NONE,       "B or 1, Hq or 1, Sq, Sk")                                             \
+      LIKE_NONE,       "B or 1, Hq or 1, Sq, Sk", 0, NULL)                                    \
     X(O,     "o",            OUT,    0,         IN,      OUT,  WITH_NONE,    4,   EL_OP,      \
-      LIKE_ROWS_WIDTH, "B, Hq, Sq, Dv")                                                       \
+      LIKE_ROWS_WIDTH, "B, Hq, Sq, Dv", 3, "T, Hq, Dv")                                       \
     X(LSE,   "lse",          OUT,    IN | OUT,  IN,      OUT,  WITH_NONE,    3,   EL_F32,     \
-      LIKE_ROWS,       "B, Hq, Sq")                                                           \
+      LIKE_ROWS,       "B, Hq, Sq", 2, "Hq, T")                                               \
     X(O_ACC, "o_acc",        0,      IN | OUT,  0,       0,    WITH_NONE,    4,   EL_F32,     \
-      LIKE_NONE,       "B, Hq, Sq, Dv")                                                       \
+      LIKE_NONE,       "B, Hq, Sq, Dv", 3, "T, Hq, Dv")                                       \
     X(DO,    "do",           0,      0,         IN,      0,    WITH_NONE,    4,   EL_OP,      \
-      LIKE_NONE,       "B, Hq, Sq, Dv")                                                       \
+      LIKE_NONE,       "B, Hq, Sq, Dv", 3, "T, Hq, Dv")                                       \
     X(DQ,    "dq",           0,      0,         OUT,     0,    WITH_NONE,    4,   EL_OP,      \
-      T_Q,             "B, Hq, Sq, D")                                                        \
+      T_Q,             "B, Hq, Sq, D", 3, "T, Hq, D")                                         \
     X(DK,    "dk",           0,      0,         OUT,     0,    WITH_NONE,    4,   EL_OP,      \
-      T_K,             "B, Hkv, Sk, D")                                                       \
+      T_K,             "B, Hkv, Sk, D", 3, "Tk, Hkv, D")                                      \
     X(DV,    "dv",           0,      0,         OUT,     0,    WITH_NONE,    4,   EL_OP,      \
-      T_V,             "B, Hkv, Sk, Dv")                                                      \
+      T_V,             "B, Hkv, Sk, Dv", 3, "Tk, Hkv, Dv")                                    \
     X(DBIAS, "dbias",        0,      0,         OUT,     0,    WITH_BIAS,    4,   EL_F32,     \
-      T_BIAS,          "bias's shape")                                                        \
+      T_BIAS,          "bias's shape", 0, NULL)                                               \
     X(O1,    "o1",           0,      0,         0,       IN,   WITH_NONE,    4,   EL_OP,      \
-      LIKE_NONE,       "B, H, S, Dv")                                                         \
+      LIKE_NONE,       "B, H, S, Dv", 0, NULL)                                                \
     X(LSE1,  "lse1",         0,      0,         0,       IN,   WITH_NONE,    3,   EL_F32,     \
-      LIKE_NONE,       "B, H, S")                                                             \
+      LIKE_NONE,       "B, H, S", 0, NULL)                                                    \
     X(O2,    "o2",           0,      0,         0,       IN,   WITH_NONE,    4,   EL_OP,      \
-      LIKE_NONE,       "B, H, S, Dv")                                                         \
+      LIKE_NONE,       "B, H, S, Dv", 0, NULL)                                                \
     X(LSE2,  "lse2",         0,      0,         0,       IN,   WITH_NONE,    3,   EL_F32,     \
-      LIKE_NONE,       "B, H, S")                                                             \
+      LIKE_NONE,       "B, H, S", 0, NULL)                                                    \
     X(K_CACHE, "k_cache",    IN,     0,         0,       0,    WITH_PAGED,   4,   EL_KV,      \
-      LIKE_NONE,       "num_pages, page_size, Hkv, D")                                        \
+      LIKE_NONE,       "num_pages, page_size, Hkv, D", 0, NULL)                               \
     X(V_CACHE, "v_cache",    IN,     0,         0,       0,    WITH_PAGED,   4,   EL_KV,      \
-      LIKE_NONE,       "num_pages, page_size, Hkv, Dv")                                       \
+      LIKE_NONE,       "num_pages, page_size, Hkv, Dv", 0, NULL)                              \
     X(TABLE, "block_table",  IN,     0,         0,       0,    WITH_PAGED,   2,   EL_I32,     \
-      LIKE_NONE,       "B, max_pages")                                                        \
+      LIKE_NONE,       "B, max_pages", 0, NULL)                                               \
     X(SEQLENS, "seqlens_k",  IN,     0,         0,       0,    WITH_PAGED,   1,   EL_I32,     \
-      LIKE_NONE,       "B")                                                                   \
+      LIKE_NONE,       "B", 0, NULL)                                                          \
     X(K_SCALE, "k_scale",    IN,     0,         0,       0,    WITH_F8,      1,   EL_F32,     \
-      LIKE_NONE,       "1")                                                                   \
+      LIKE_NONE,       "1", 0, NULL)                                                          \
     X(V_SCALE, "v_scale",    IN,     0,         0,       0,    WITH_F8,      1,   EL_F32,     \
-      LIKE_NONE,       "1")
+      LIKE_NONE,       "1", 0, NULL)                                                          \
+    X(CU_Q, "cu_seqlens_q",  IN,     IN,        IN,      0,    WITH_VARLEN,  1,   EL_I32,     \
+      LIKE_NONE,       "B + 1", 0, NULL)                                                      \
+    X(CU_K, "cu_seqlens_k",  IN,     IN,        IN,      0,    WITH_VARLEN,  1,   EL_I32,     \
+      LIKE_NONE,       "B + 1", 0, NULL)
 
 #define TENSOR_ID(id, ...) T_##id,
 enum { RUN_TENSORS(TENSOR_ID) T_COUNT };
@@ -117,9 +130,11 @@ static const struct run_tensor {
     unsigned char el;    /* EL_*: its elements */
     signed char like;    /* outputs: LIKE_* or the tensor whose shape it takes */
     const char *shape;   /* as messages name it */
+    unsigned char packed_rank;   /* packed queries: its rank (0: rank) */
+    const char *packed_shape;    /* and its shape (NULL: shape) */
 } tensors[T_COUNT] = {
-#define TENSOR_ROW(id, nm, fwd, acc, bwd, mrg, use, rk, f, lk, sh) \
-    [T_##id] = {nm, {fwd, acc, bwd, mrg}, use, rk, f, lk, sh},
+#define TENSOR_ROW(id, nm, fwd, acc, bwd, mrg, use, rk, f, lk, sh, prk, psh) \
+    [T_##id] = {nm, {fwd, acc, bwd, mrg}, use, rk, f, lk, sh, prk, psh},
     RUN_TENSORS(TENSOR_ROW)
 #undef TENSOR_ROW
 };
@@ -279,7 +294,27 @@ static int kind_of(const aj_op_info *info)
 
 static const char *const with_feature[] = {
     [WITH_NONE] = "", [WITH_ALIBI] = "alibi", [WITH_BIAS] = "bias",
-    [WITH_PAGED] = "paged layout", [WITH_F8] = "f8 kv_dtype"};
+    [WITH_PAGED] = "paged layout", [WITH_F8] = "f8 kv_dtype",
+    [WITH_VARLEN] = "varlen layout"};
+
+/* Whether the op's queries are packed [T, Hq, D] with cu_seqlens_q: layout
+ * = varlen, or paged with q_layout = varlen; the tensors then take their
+ * packed ranks and shapes. */
+static int packed(const aj_op_info *info)
+{
+    return info->layout == AJ_LAYOUT_VARLEN || info->q_layout == AJ_LAYOUT_VARLEN;
+}
+
+static int rank_of(const aj_op_info *info, int t)
+{
+    return packed(info) && tensors[t].packed_rank ? tensors[t].packed_rank : tensors[t].rank;
+}
+
+static const char *shape_of(const aj_op_info *info, int t)
+{
+    return packed(info) && tensors[t].packed_shape ? tensors[t].packed_shape
+                                                   : tensors[t].shape;
+}
 
 /* The target whose kernel parameters say what an op on a device of `kind`
  * takes (every GPU architecture's kernel takes the same tensors). */
@@ -395,7 +430,7 @@ static int check_tensors(const aj_op_info *info, int kind, const unsigned char *
         if ((role & IN) && uses[t] && !o->in[t]) {
             const char *with = with_feature[tensors[t].with];
             fprintf(stderr, "attnjit: %s%s%s needs --in %s=FILE (%s)\n", kinds[kind].singular,
-                    with[0] ? " with " : "", with, tensors[t].name, tensors[t].shape);
+                    with[0] ? " with " : "", with, tensors[t].name, shape_of(info, t));
             return CLI_EXIT_USAGE;
         }
     }
@@ -493,9 +528,9 @@ static int load_input(const aj_op_info *info, int t, const char *path, host_buff
         return ns == NPY_ERR_OUT_OF_MEMORY ? CLI_EXIT_INTERNAL : CLI_EXIT_INPUT;
     }
     int rc = CLI_EXIT_OK;
-    if (a.rank != tensors[t].rank) {
+    if (a.rank != rank_of(info, t)) {
         fprintf(stderr, "attnjit: %s: %s has %d dimensions, want %d (%s)\n", name, path, a.rank,
-                tensors[t].rank, tensors[t].shape);
+                rank_of(info, t), shape_of(info, t));
         rc = CLI_EXIT_INPUT;
     }
     aj_dtype dtype = dtype_of(info, t);
@@ -527,13 +562,65 @@ static int host_tensors(const aj_op_info *info, int kind, const unsigned char *u
             continue;
         int like = tensors[t].like;
         const aj_tensor *from = like >= 0 ? &buf[like].t : rows;
+        int rank = like >= 0 ? from->rank : rank_of(info, t);
         int64_t shape[4] = {from->shape[0], from->shape[1], from->shape[2], from->shape[3]};
         if (like == LIKE_ROWS_WIDTH)
-            shape[3] = width->shape[3];
-        rc = alloc_tensor(&buf[t], dtype_of(info, t), like >= 0 ? from->rank : tensors[t].rank,
-                          shape);
+            shape[rank - 1] = width->shape[width->rank - 1];
+        if (like == LIKE_ROWS && packed(info)) {   /* [T, Hq, D] -> [Hq, T] */
+            shape[0] = from->shape[1];
+            shape[1] = from->shape[0];
+        }
+        rc = alloc_tensor(&buf[t], dtype_of(info, t), rank, shape);
     }
     return rc;
+}
+
+/* What a packed op's args take from its offsets: batch (their count less
+ * one) and the longest sequences (0 where there are no such offsets). */
+typedef struct packed_sizes {
+    int32_t batch, max_seqlen_q, max_seqlen_k;
+} packed_sizes;
+
+static int32_t longest(const host_buffer *cu)
+{
+    const int32_t *c = cu->mem;
+    int64_t most = 0;
+    for (int64_t i = 0; c && i + 1 < cu->t.shape[0]; i++)
+        if ((int64_t)c[i + 1] - c[i] > most)
+            most = (int64_t)c[i + 1] - c[i];
+    return most > INT32_MAX ? INT32_MAX : (int32_t)most;
+}
+
+/* The counts of a packed op's offsets, against each other and the paged
+ * tables' rows (the kernel checks their values, each against T and Tk,
+ * and reports the first bad one). */
+static int packed_sizes_of(const aj_op_info *info, const host_buffer *buf, packed_sizes *ps)
+{
+    memset(ps, 0, sizeof *ps);
+    if (!packed(info) || !buf[T_CU_Q].mem)
+        return CLI_EXIT_OK;
+    long long n = buf[T_CU_Q].t.shape[0];
+    if (n < 2) {
+        fprintf(stderr, "attnjit: cu_seqlens_q has %lld entries; it holds batch + 1 offsets "
+                "(at least 2)\n", n);
+        return CLI_EXIT_INPUT;
+    }
+    static const int same_rows[] = {T_CU_K, T_TABLE, T_SEQLENS};
+    for (size_t i = 0; i < sizeof same_rows / sizeof same_rows[0]; i++) {
+        const host_buffer *h = &buf[same_rows[i]];
+        long long want = same_rows[i] == T_CU_K ? n : n - 1;
+        if (h->mem && h->t.shape[0] != want) {
+            fprintf(stderr, "attnjit: %s has %lld %s, but cu_seqlens_q's %lld entries make "
+                    "batch %lld (%s)\n", tensors[same_rows[i]].name, (long long)h->t.shape[0],
+                    h->t.rank > 1 ? "rows" : "entries", n, n - 1,
+                    shape_of(info, same_rows[i]));
+            return CLI_EXIT_INPUT;
+        }
+    }
+    ps->batch = (int32_t)(n - 1);
+    ps->max_seqlen_q = longest(&buf[T_CU_Q]);
+    ps->max_seqlen_k = longest(&buf[T_CU_K]);
+    return CLI_EXIT_OK;
 }
 
 static int write_output(const char *name, const char *path, const host_buffer *h)
@@ -583,7 +670,7 @@ typedef struct launch_args {
 } launch_args;
 
 /* The fields aj_fwd_args and aj_bwd_args share, by name. */
-#define FILL_SHARED_ARGS(a, t, o)                                               \
+#define FILL_SHARED_ARGS(a, t, o, ps)                                           \
     do {                                                                        \
         (a).q = (t)[T_Q];                                                       \
         (a).k = (t)[T_K];                                                       \
@@ -598,12 +685,18 @@ typedef struct launch_args {
         (a).sk_total = (o)->sk_total;                                           \
         (a).seed = (o)->seed;                                                   \
         (a).offset = (o)->offset;                                               \
+        (a).cu_seqlens_q = (t)[T_CU_Q].data;                                    \
+        (a).cu_seqlens_k = (t)[T_CU_K].data;                                    \
+        (a).batch = (ps)->batch;                                                \
+        (a).max_seqlen_q = (ps)->max_seqlen_q;                                  \
+        (a).max_seqlen_k = (ps)->max_seqlen_k;                                  \
     } while (0)
 
-static void fill_args(const aj_tensor *t, const run_opts *o, launch_args *a)
+static void fill_args(const aj_tensor *t, const run_opts *o, const packed_sizes *ps,
+                      launch_args *a)
 {
     a->fwd = (aj_fwd_args)AJ_FWD_ARGS_INIT;
-    FILL_SHARED_ARGS(a->fwd, t, o);
+    FILL_SHARED_ARGS(a->fwd, t, o, ps);
     a->fwd.o_acc = t[T_O_ACC];
     a->fwd.k_cache = t[T_K_CACHE];
     a->fwd.v_cache = t[T_V_CACHE];
@@ -614,7 +707,7 @@ static void fill_args(const aj_tensor *t, const run_opts *o, launch_args *a)
     a->fwd.v_scale = t[T_V_SCALE];
 
     a->bwd = (aj_bwd_args)AJ_BWD_ARGS_INIT;
-    FILL_SHARED_ARGS(a->bwd, t, o);
+    FILL_SHARED_ARGS(a->bwd, t, o, ps);
     a->bwd.do_ = t[T_DO];
     a->bwd.dq = t[T_DQ];
     a->bwd.dk = t[T_DK];
@@ -723,6 +816,9 @@ int cli_run(aj_ctx *ctx, int argc, char **argv)
         goto done;
     }
     rc = host_tensors(&info, kind, uses, &o, buf);
+    packed_sizes sizes;
+    if (rc == CLI_EXIT_OK)
+        rc = packed_sizes_of(&info, buf, &sizes);
     if (rc == CLI_EXIT_OK)
         rc = cli_side_load(&info, &o.side, &side);
     if (rc != CLI_EXIT_OK)
@@ -746,7 +842,7 @@ int cli_run(aj_ctx *ctx, int argc, char **argv)
     if (st == AJ_OK)
         st = cli_side_to_device(dev, &side, side_dev);
     launch_args args;
-    fill_args(on_device, &o, &args);
+    fill_args(on_device, &o, &sizes, &args);
     args.fwd.side = args.bwd.side = side_dev;
     args.fwd.num_side = args.bwd.num_side = side.n;
     double run_ms = 0;
