@@ -190,7 +190,7 @@ static void test_varlen_queries(void)
         {AJ_DTYPE_BF16, AJ_DTYPE_F8E4M3, 64, AJ_MASK_NONE, 0},
         {AJ_DTYPE_F16, AJ_DTYPE_F8E4M3, 128, AJ_MASK_WINDOW, 3},
     };
-    int32_t chunks[6];
+    int32_t chunks[6] = {0};   /* filled per launch; the label reads them before */
     for (int k = 0; k < 6; k++) {
         paged_case c = paged_base(ops[k].q, ops[k].kv, ops[k].d, lens, 6);
         c.chunks = chunks;
