@@ -286,8 +286,8 @@ aj_status aj_block_mask_list(const aj_block_mask *mask, int64_t b, int64_t h, in
     if (st != AJ_OK)
         return st;
     int64_t pb = t->shape[0] == 1 ? 0 : b, ph = t->shape[1] == 1 ? 0 : h;
-    const int32_t *list = mask->host + pb * t->strides[0] + ph * t->strides[1] + rows * cols +
-                          (by_keys ? index * (cols + 1) : rows * (cols + 1) + index * (rows + 1));
+    const int32_t *list = mask->host + pb * t->strides[0] + ph * t->strides[1] +
+                          aj_score_mask_list_offset(rows, cols, by_keys, index);
     *count = list[0];
     for (int64_t i = 0; i < list[0] && i < cap; i++) {
         if (blocks)

@@ -244,11 +244,8 @@ static void build_classes(aj_kb *kb, const aj_op *op, const aj_score_prog *prog,
     if (m.threads > 1)
         aj_kb_barrier(kb);
     aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntEQ, m.tid, aj_kb_i32(kb, 0), ""));
-    LLVMValueRef rows = i64v(&m, m.rows), cols = i64v(&m, m.cols);
-    LLVMValueRef list = LLVMBuildAdd(b, LLVMBuildAdd(b, m.plane, LLVMBuildMul(b, rows, cols, ""), ""),
-                                     LLVMBuildMul(b, i64v(&m, m.item[0]),
-                                                  LLVMBuildAdd(b, cols, aj_kb_i64(kb, 1), ""), ""),
-                                     "row_list");
+    LLVMValueRef list = aj_score_mask_list_at(kb, m.plane, i64v(&m, m.rows), i64v(&m, m.cols),
+                                              1, i64v(&m, m.item[0]));
     compact(&m, row, aj_kb_i64(kb, 1), m.cols, list);
     aj_kb_if_end(kb);
     stage_end(&m, AJ_EXTENT_SEQ_Q, m.bm, prog);
@@ -262,12 +259,9 @@ static void build_columns(aj_kb *kb, const aj_op *op, const aj_score_prog *prog,
     stage_begin(&m, kb, op, prog, by_intervals, "columns");
     LLVMBuilderRef b = kb->b;
     aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntEQ, m.tid, aj_kb_i32(kb, 0), ""));
-    LLVMValueRef rows = i64v(&m, m.rows), cols = i64v(&m, m.cols), one = aj_kb_i64(kb, 1);
     LLVMValueRef col = LLVMBuildAdd(b, m.plane, i64v(&m, m.item[0]), "col");
-    LLVMValueRef list = LLVMBuildAdd(b, m.plane, LLVMBuildMul(b, rows, cols, ""), "");
-    list = LLVMBuildAdd(b, list, LLVMBuildMul(b, rows, LLVMBuildAdd(b, cols, one, ""), ""), "");
-    list = LLVMBuildAdd(b, list, LLVMBuildMul(b, i64v(&m, m.item[0]),
-                                              LLVMBuildAdd(b, rows, one, ""), ""), "col_list");
+    LLVMValueRef list = aj_score_mask_list_at(kb, m.plane, i64v(&m, m.rows), i64v(&m, m.cols),
+                                              0, i64v(&m, m.item[0]));
     compact(&m, col, aj_kb_param(kb, "block_mask_stride_m"), m.rows, list);
     aj_kb_if_end(kb);
     stage_end(&m, AJ_EXTENT_SEQ_K, m.bn, prog);

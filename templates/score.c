@@ -1515,6 +1515,20 @@ LLVMValueRef aj_score_tile_class(aj_score *s, LLVMValueRef i0, LLVMValueRef i1,
 
 /* ---------------------------------------------------------------- walks */
 
+LLVMValueRef aj_score_mask_list_at(aj_kb *kb, LLVMValueRef plane, LLVMValueRef rows,
+                                   LLVMValueRef cols, int by_keys, LLVMValueRef block)
+{
+    LLVMBuilderRef b = kb->b;
+    LLVMValueRef one = aj_kb_i64(kb, 1);
+    LLVMValueRef at = LLVMBuildAdd(b, plane, LLVMBuildMul(b, rows, cols, ""), "");
+    if (by_keys)
+        return LLVMBuildAdd(b, at, LLVMBuildMul(b, block, LLVMBuildAdd(b, cols, one, ""), ""),
+                            "row_list");
+    at = LLVMBuildAdd(b, at, LLVMBuildMul(b, rows, LLVMBuildAdd(b, cols, one, ""), ""), "");
+    return LLVMBuildAdd(b, at, LLVMBuildMul(b, block, LLVMBuildAdd(b, rows, one, ""), ""),
+                        "col_list");
+}
+
 /*
  * A walk's set-up (score.h).  The list applies where the mask is given,
  * its tile along the walk is the walk's, and the fixed range [lo, hi] is
@@ -1552,13 +1566,7 @@ static void walk_begin(aj_score *s, aj_score_walk *w, int along_keys, LLVMValueR
     ok = LLVMBuildAnd(b, ok, LLVMBuildICmp(b, LLVMIntEQ, LLVMBuildAdd(b, hi64, one, ""),
                                            block_end, ""), "listed");
     LLVMValueRef block = LLVMBuildSDiv(b, lo64, across, "");
-    LLVMValueRef at = LLVMBuildAdd(b, s->mask_plane, LLVMBuildMul(b, rows, cols, ""), "");
-    if (along_keys)
-        at = LLVMBuildAdd(b, at, LLVMBuildMul(b, block, LLVMBuildAdd(b, cols, one, ""), ""), "");
-    else
-        at = LLVMBuildAdd(b, at, LLVMBuildAdd(b, LLVMBuildMul(b, rows, LLVMBuildAdd(b, cols, one, ""), ""),
-                                              LLVMBuildMul(b, block, LLVMBuildAdd(b, rows, one, ""), ""),
-                                              ""), "list");
+    LLVMValueRef at = aj_score_mask_list_at(kb, s->mask_plane, rows, cols, along_keys, block);
     LLVMValueRef count = aj_kb_var(kb, kb->t_i32, aj_kb_i32(kb, 0), "list_count");
     aj_kb_if_begin(kb, ok);
     aj_kb_set(kb, count, aj_kb_load(kb, kb->t_i32, aj_kb_gptr_offset(kb, s->mask_classes,

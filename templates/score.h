@@ -243,6 +243,19 @@ void aj_score_load_cols(aj_score *s, LLVMValueRef at);
  *
  * AJ_SCORE_MASK_LISTS is the row lists' offset from the plane, in i32s.
  */
+/* The offset from a plane, in i32s, of a list (its count): by_keys, row
+ * block `block`'s list over the key blocks; else key block `block`'s over
+ * the row blocks.  aj_score_mask_list_at emits the same in IR. */
+static inline int64_t aj_score_mask_list_offset(int64_t rows, int64_t cols, int by_keys,
+                                                int64_t block)
+{
+    return rows * cols + (by_keys ? block * (cols + 1) : rows * (cols + 1) + block * (rows + 1));
+}
+
+/* aj_score_mask_list_offset's offset (i64 values) added to `plane`. */
+LLVMValueRef aj_score_mask_list_at(aj_kb *kb, LLVMValueRef plane, LLVMValueRef rows,
+                                   LLVMValueRef cols, int by_keys, LLVMValueRef block);
+
 static inline int64_t aj_score_mask_plane_size(int64_t rows, int64_t cols, int slots)
 {
     int64_t lists = 3 * rows * cols + rows + cols;
