@@ -426,12 +426,17 @@ static inline paged_result paged_run(aj_ctx *ctx, aj_device *dev, const aj_kerne
  * The GPU kernels' cases (test_sim_paged on sim, the GPU check's paged
  * family on a GPU), small because the sim is slow: page sizes 1, 16, 64
  * and odd ones (7, 33), shuffled and shared pages, Sq 1..5, 16 and 20, GQA
- * 1:1 and 8:1, head dims 64, 128 and (192, 128), f16 / bf16 queries with
- * f16, bf16, f8e4m3 and f8e5m2 caches, both variants, sequences of length
- * 0 (one batch of only those), splits 1..4.  Fills out (PAGED_GPU_CASES
- * of room), returns the count.
+ * 1:1 .. 8:1 with the group's heads packed in one CTA (row blocks within a
+ * head and across heads, 8 x 16 = 128 rows, and 8 x 17, too many: one
+ * head per CTA), alibi (the score_mod reading each row's head) and a
+ * window under packing, head dims 64, 128 and (192, 128), f16 / bf16
+ * queries with f16, bf16, f8e4m3 and f8e5m2 caches, both variants,
+ * sequences of length 0 (one batch of only those), splits 1..4, and varlen
+ * queries (chunked prefill): chunks of 0, 1, 7, 16, 33 queries and whole
+ * sequences mixed per batch, packed and not in one launch (4 x 33 > 128).
+ * Fills out (PAGED_GPU_CASES of room), returns the count.
  */
-enum { PAGED_GPU_CASES = 16 };
+enum { PAGED_GPU_CASES = 32 };
 static inline int paged_gpu_cases(paged_case *out)
 {
     static const int32_t lens[3] = {37, 0, 21}, one[1] = {19}, longer[2] = {70, 45};
@@ -477,6 +482,48 @@ static inline int paged_gpu_cases(paged_case *out)
     paged_case c = paged_base(AJ_DTYPE_BF16, AJ_DTYPE_BF16, 64, empty, 2);
     c.splits = 2;
     out[n++] = c;
+    /* GQA packing: 2:1, 4:1 (row blocks across heads), 8:1 at 128 rows and
+     * past them; alibi and a window under packing */
+    static const int packed[5][3] = {{2, 2, 3}, {4, 2, 3}, {8, 1, 16}, {8, 1, 17}, {4, 2, 2}};
+    for (int i = 0; i < 5; i++) {
+        c = paged_base(i % 2 ? AJ_DTYPE_F16 : AJ_DTYPE_BF16, AJ_DTYPE_BF16, 64, lens, 3);
+        c.hq = packed[i][0] * packed[i][1];
+        c.hkv = packed[i][1];
+        c.sq = packed[i][2];
+        c.mask = AJ_MASK_CAUSAL;
+        c.splits = i == 3 ? 2 : 0;
+        c.alibi = i == 4;
+        out[n++] = c;
+    }
+    c = paged_base(AJ_DTYPE_F16, AJ_DTYPE_F8E4M3, 64, longer, 2);
+    c.hq = 8;
+    c.hkv = 2;
+    c.sq = 5;
+    c.mask = AJ_MASK_WINDOW;
+    c.left = 9;
+    c.alibi = 1;
+    c.splits = 3;
+    c.efficient = 1;
+    out[n++] = c;
+    /* varlen queries: three launches of chunk mixes (rotations), GQA 4:1
+     * (the 33-query chunk too long to pack), 2:1 with alibi, 1:1 window */
+    static const int32_t vlens[6] = {37, 0, 40, 5, 64, 29};
+    static const int want[6] = {0, 1, 7, 16, 33, -1};
+    static int32_t chunks[3][6];
+    for (int r = 0; r < 3; r++) {
+        paged_chunks(vlens, 6, want, 6, 2 * r, chunks[r]);
+        c = paged_base(r == 1 ? AJ_DTYPE_F16 : AJ_DTYPE_BF16,
+                       r == 1 ? AJ_DTYPE_F8E5M2 : AJ_DTYPE_BF16, 64, vlens, 6);
+        c.chunks = chunks[r];
+        c.hq = 4;
+        c.hkv = r == 0 ? 1 : r == 1 ? 2 : 4;   /* 4:1, 2:1, 1:1 */
+        c.mask = r == 2 ? AJ_MASK_WINDOW : AJ_MASK_CAUSAL;
+        c.left = 11;
+        c.alibi = r == 1;
+        c.page_size = r == 2 ? 7 : 16;
+        c.splits = r + 1;
+        out[n++] = c;
+    }
     return n;
 }
 

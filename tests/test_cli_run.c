@@ -717,7 +717,7 @@ static void write_u8(const char *p, const uint8_t *data, int rank, const int64_t
     fclose(f);
 }
 
-/* Chunked prefill through the CLI on cpu: the paged op of test_paged (its
+/* Chunked prefill through the CLI on cpu and sim: the paged op of test_paged (its
  * f16 caches in pg, its problem in p) with q_layout = varlen, packed
  * queries of 3, 0 and 1 tokens (the last of each sequence), against the
  * reference. */
@@ -746,13 +746,19 @@ static void check_chunked_prefill(const ref_paged *pg, const ref_problem *padded
         snprintf(extra + len, sizeof extra - len, " --in %s='%s'", shared[i],
                  tensor_path("p_", shared[i]));
     }
-    run_command(args, sizeof args, "chunked.aj", "cpu", "c_", "q cu_seqlens_q", "o lse", extra);
-    int rc = run_cli(args, err, sizeof err);
-    CHECK_MSG(rc == 0, "chunked prefill exited %d: %s", rc, err);
-    double e_o = result_error("c_", "o", o, 3, qs, f16_atol, f16_rtol);
-    double e_lse = result_error("c_", "lse", lse, 2, ls, 1e-4, 1e-5);
-    CHECK_MSG(e_o <= 1 && e_lse <= 1, "chunked prefill: o %.3g lse %.3g x tolerance", e_o, e_lse);
-    printf("attnjit run chunked prefill on cpu: o %.3f lse %.3f of tolerance\n", e_o, e_lse);
+    static const char *const devices[2] = {"cpu", "sim"};
+    for (int d = 0; d < 2; d++) {
+        run_command(args, sizeof args, "chunked.aj", devices[d], "c_", "q cu_seqlens_q", "o lse",
+                    extra);
+        int rc = run_cli(args, err, sizeof err);
+        CHECK_MSG(rc == 0, "chunked prefill on %s exited %d: %s", devices[d], rc, err);
+        double e_o = result_error("c_", "o", o, 3, qs, f16_atol, f16_rtol);
+        double e_lse = result_error("c_", "lse", lse, 2, ls, 1e-4, 1e-5);
+        CHECK_MSG(e_o <= 1 && e_lse <= 1, "chunked prefill on %s: o %.3g lse %.3g x tolerance",
+                  devices[d], e_o, e_lse);
+        printf("attnjit run chunked prefill on %s: o %.3f lse %.3f of tolerance\n", devices[d],
+               e_o, e_lse);
+    }
 }
 
 /* layout = paged through the CLI on cpu and sim: f16 and f8e4m3 caches
