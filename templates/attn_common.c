@@ -293,6 +293,28 @@ LLVMValueRef aj_attn_paged_part_row_of(aj_kb *kb, LLVMValueRef bidx, LLVMValueRe
     return LLVMBuildMul(b, bhs, sq, "part_row");
 }
 
+bool aj_attn_paged_packable(const aj_score_prog *prog, bool per_row_head)
+{
+    if (per_row_head)
+        return !prog->mask_reads_h && !prog->block_mask;
+    const uint16_t roots[4] = {prog->mod, prog->band_lo, prog->band_hi, prog->rest};
+    for (int i = 0; i < 4; i++)
+        if (roots[i] != AJ_EXPR_NONE &&
+            (prog->reads[roots[i]] & (AJ_SCORE_READS(AJ_VAR_H) | AJ_SCORE_READS_LOAD)))
+            return false;
+    return true;
+}
+
+LLVMValueRef aj_attn_paged_packs(aj_kb *kb, LLVMValueRef group, LLVMValueRef len_q,
+                                 int max_rows)
+{
+    LLVMBuilderRef b = kb->b;
+    LLVMValueRef fits = LLVMBuildICmp(b, LLVMIntSLE, LLVMBuildMul(b, group, len_q, ""),
+                                      aj_kb_i32(kb, max_rows), "");
+    return LLVMBuildAnd(b, fits, LLVMBuildICmp(b, LLVMIntSGT, len_q, aj_kb_i32(kb, 0), ""),
+                        "pack");
+}
+
 void aj_attn_score_totals(aj_kb *kb, const aj_score_prog *prog, aj_layout layout,
                           LLVMValueRef seq_q, LLVMValueRef seq_k, LLVMValueRef *sq,
                           LLVMValueRef *sk)
