@@ -162,7 +162,7 @@ static const struct uly_mask {
  * and the flash kernels, GQA 2:1, uneven lengths.  Each method computes
  * its heads as the unsharded op does: method = ulysses and hybrid run a
  * rank's heads as heads r H/U .. of the op (aj_fwd_args.head_offset).
- * `small` (sim) runs the first one. */
+ * `small` (sim) runs the second, flash, with method = ulysses only. */
 static const struct uly_heads {
     const char *name;
     aj_dtype dtype;
@@ -237,9 +237,9 @@ static int generated_cases(ring_case *out, char (*labels)[112], int small)
     /* hybrid: U = 2 where P is even (on P = 4 the ring across the groups
      * classes its blocks by the global heads) */
     for (int method = 0; method < AJ_METHOD_COUNT; method++)
-        for (int i = 0; i < (small ? 1 : ULY_HEADS); i++) {
+        for (int i = 0; i < ULY_HEADS; i++) {
             const int hybrid = method == AJ_METHOD_HYBRID;
-            if (hybrid && size % 2 != 0)
+            if ((hybrid && size % 2 != 0) || (small && i > 0 && method != AJ_METHOD_ULYSSES))
                 continue;
             const struct uly_heads *u = &uly_heads[i];
             const int sq = 2 * size + u->extra;
