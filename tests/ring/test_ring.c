@@ -162,7 +162,9 @@ static const struct uly_mask {
  * and the flash kernels, GQA 2:1, uneven lengths.  Each method computes
  * its heads as the unsharded op does: method = ulysses and hybrid run a
  * rank's heads as heads r H/U .. of the op (aj_fwd_args.head_offset).
- * `small` (sim) runs the second, flash, with method = ulysses only. */
+ * Ulysses runs both; the ring (which has run dropout and alibi all
+ * along: the cases above) and hybrid the first, whose mask reads h (the
+ * ring classes its blocks by it).  On sim too: they are small. */
 static const struct uly_heads {
     const char *name;
     aj_dtype dtype;
@@ -239,7 +241,7 @@ static int generated_cases(ring_case *out, char (*labels)[112], int small)
     for (int method = 0; method < AJ_METHOD_COUNT; method++)
         for (int i = 0; i < ULY_HEADS; i++) {
             const int hybrid = method == AJ_METHOD_HYBRID;
-            if ((hybrid && size % 2 != 0) || (small && i > 0 && method != AJ_METHOD_ULYSSES))
+            if ((hybrid && size % 2 != 0) || (i > 0 && method != AJ_METHOD_ULYSSES))
                 continue;
             const struct uly_heads *u = &uly_heads[i];
             const int sq = 2 * size + u->extra;
