@@ -351,8 +351,7 @@ LLVMValueRef aj_attn_tanh(aj_kb *kb, LLVMValueRef x)
 
 aj_attn_dropout aj_attn_dropout_stream(aj_kb *kb, LLVMValueRef seed, LLVMValueRef offset,
                                        LLVMValueRef q_offset, LLVMValueRef kv_offset,
-                                       LLVMValueRef bidx, LLVMValueRef heads_q,
-                                       LLVMValueRef h)
+                                       LLVMValueRef bidx, LLVMValueRef h)
 {
     LLVMBuilderRef b = kb->b;
     aj_attn_dropout d;
@@ -361,7 +360,9 @@ aj_attn_dropout aj_attn_dropout_stream(aj_kb *kb, LLVMValueRef seed, LLVMValueRe
                                                aj_kb_i64(kb, 32), ""), kb->t_i32, "");
     d.ctr[0] = LLVMBuildTrunc(b, kv_offset, kb->t_i32, "");
     d.ctr[1] = LLVMBuildTrunc(b, q_offset, kb->t_i32, "");
-    d.ctr[2] = LLVMBuildAdd(b, LLVMBuildMul(b, bidx, heads_q, ""), h, "");
+    LLVMValueRef head = LLVMBuildAdd(b, aj_kb_param(kb, "head_offset"), h, "");
+    d.ctr[2] = LLVMBuildAdd(b, LLVMBuildMul(b, bidx, aj_kb_param(kb, "heads_q_total"), ""),
+                            head, "");
     d.ctr[3] = LLVMBuildTrunc(b, offset, kb->t_i32, "");
     return d;
 }

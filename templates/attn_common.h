@@ -194,8 +194,11 @@ LLVMValueRef aj_attn_tanh(aj_kb *kb, LLVMValueRef x);
 /*
  * The dropout stream of one (batch, query head): Philox4x32-10 with key
  * (lo32(seed), hi32(seed ^ offset)) and counter (lo32(kv_pos), lo32(q_pos),
- * lo32(b Hq + h), lo32(offset)); i32 adds of local i and j to the position
- * bases wrap as lo32 of the i64 positions do.
+ * lo32(b Hq + h), lo32(offset)), where Hq is the op's query heads
+ * (parameter heads_q_total) and h the global head (head_offset + the
+ * kernel's head `h`, i32), so a head shard's kernel draws the unsharded
+ * op's mask; i32 adds of local i and j to the position bases wrap as
+ * lo32 of the i64 positions do.
  */
 typedef struct aj_attn_dropout {
     LLVMValueRef key[2];
@@ -204,8 +207,7 @@ typedef struct aj_attn_dropout {
 
 aj_attn_dropout aj_attn_dropout_stream(aj_kb *kb, LLVMValueRef seed, LLVMValueRef offset,
                                        LLVMValueRef q_offset, LLVMValueRef kv_offset,
-                                       LLVMValueRef bidx, LLVMValueRef heads_q,
-                                       LLVMValueRef h);
+                                       LLVMValueRef bidx, LLVMValueRef h);
 /* Whether element (i, j) is kept: (out[0] >> 8) 2^-24 >= p, i.e.
  * (out[0] >> 8) >= ceil(p 2^24) exactly. */
 LLVMValueRef aj_attn_dropout_keep(aj_kb *kb, const aj_attn_dropout *d, double p,

@@ -159,7 +159,7 @@ static void set_head(cbwd *c, LLVMValueRef bidx, LLVMValueRef h)
     if (c->op->dropout > 0)
         c->drop = aj_attn_dropout_stream(c->kb, param(c, "dropout_seed"),
                                          param(c, "dropout_offset"), param(c, "q_offset"),
-                                         param(c, "kv_offset"), bidx, param(c, "heads_q"), h);
+                                         param(c, "kv_offset"), bidx, h);
 }
 
 static LLVMValueRef item(cbwd *c, int d)

@@ -499,7 +499,7 @@ static void build_dense(cfwd *c, const aj_score_prog *prog, int log2e_in_q)
     if (op->dropout > 0)
         c->drop = aj_attn_dropout_stream(kb, param(c, "dropout_seed"),
                                          param(c, "dropout_offset"), param(c, "q_offset"),
-                                         param(c, "kv_offset"), bidx, param(c, "heads_q"), h);
+                                         param(c, "kv_offset"), bidx, h);
     const char *out = out_name(op);
     char stride_s[32];
     snprintf(stride_s, sizeof stride_s, "stride_%s_s", out);

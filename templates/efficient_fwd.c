@@ -718,8 +718,7 @@ static void build_padded(efwd *e)
          * (lo32(kv_offset) + j, lo32(q_offset) + i, lo32(b Hq + h),
          * lo32(offset)): i32 adds wrap as lo32 of the i64 positions do */
         e->drop = aj_attn_dropout_stream(kb, p64(e, "dropout_seed"), p64(e, "dropout_offset"),
-                                         p64(e, "q_offset"), p64(e, "kv_offset"), bidx,
-                                         p64(e, "heads_q"), h);
+                                         p64(e, "q_offset"), p64(e, "kv_offset"), bidx, h);
     }
     LLVMValueRef q_base = aj_attn_slice_base(kb, "q", bidx, h);
     aj_tile_src qsrc = {p64(e, "q"), q_base, p64(e, "stride_q_s"), e->m0, e->seq_q, p->dtype};
