@@ -73,8 +73,12 @@ static uint16_t mk2(builder *bd, aj_expr_op op, uint16_t a, uint16_t b)
     return mk(bd, op, args, 2);
 }
 
+/* Whether node id is the literal v; NONE (a node the full arena could
+ * not make: the builder has failed and says so) is no literal. */
 static bool is_lit(const aj_score_prog *p, uint16_t id, double v)
 {
+    if (id == NONE)
+        return false;
     const aj_expr_node *n = node(p, id);
     if (n->op != AJ_EXPR_LIT)
         return false;
