@@ -1134,7 +1134,9 @@ typedef struct aj_ring_stats {
  * (expressions and side tensors included);
  * the ring compiles its kernels (accumulate = true, masked and unmasked)
  * for the device (its target, and its tuned schedule if aj_tune recorded
- * one) through the context's kernel cache.  o is written in
+ * one) through the context's kernel cache, and the comm keeps them for
+ * its later ring calls of the same op (forward and backward, on the
+ * comm's own ctx and dev; aj_comm_destroy frees them).  o is written in
  * the op's dtype, lse in f32.  Start from AJ_RING_FWD_ARGS_INIT. */
 typedef struct aj_ring_fwd_args {
     size_t struct_size;

@@ -83,6 +83,8 @@ void aj_comm_destroy(aj_comm *comm)
         return;
     aj_comm_destroy(comm->group);
     aj_comm_destroy(comm->across);
+    if (comm->ring_memo)
+        comm->ring_memo_free(comm->ring_memo);
     comm->engine->destroy(comm);
     free(comm);
 }

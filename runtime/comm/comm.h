@@ -88,6 +88,10 @@ struct aj_comm {
      * in every group (the ring); NULL until then */
     struct aj_comm *group, *across;
     int split_u;
+    /* the ring's kernels of recent calls (ring.c), freed with the comm by
+     * ring_memo_free; NULL until a ring call keeps some */
+    void *ring_memo;
+    void (*ring_memo_free)(void *memo);
 };
 
 /* The engine's shared segments (shared_segments), or AJ_ERR_UNSUPPORTED

@@ -281,6 +281,15 @@ static size_t elem_size(aj_dtype d)
     return d == AJ_DTYPE_F32 ? 4 : 2;
 }
 
+/* A dense tensor's bytes. */
+static size_t tensor_bytes(const aj_tensor *t)
+{
+    size_t bytes = elem_size(t->dtype);
+    for (int d = 0; d < t->rank; d++)
+        bytes *= (size_t)t->shape[d];
+    return bytes;
+}
+
 static void *alloc64(size_t bytes)
 {
     void *p = aligned_alloc(64, (bytes + 63) / 64 * 64 + 64);
@@ -636,6 +645,31 @@ static uint64_t agreement_bytes(void)
     return (uint64_t)(size - 1) * sizeof(aj_cp_call);
 }
 
+/* The comm keeps the kernels of its recent ring calls: the case's op with
+ * another scale (a forward on the same comm) compiles its own, and
+ * computes another O or LSE than the case's (documents of length 1: the
+ * same O, V's rows). */
+static void check_other_op(const ring_case *c, aj_comm *comm, const aj_op *fop,
+                           const aj_ring_fwd_args *fa)
+{
+    aj_op *other = NULL;
+    CHECK_STATUS(ctx, aj_op_clone(fop, &other), AJ_OK);
+    CHECK_STATUS(ctx, aj_op_set_scale(other, 0.3), AJ_OK);
+    aj_ring_fwd_args f = *fa;
+    const size_t o_bytes = tensor_bytes(&fa->o), lse_bytes = tensor_bytes(&fa->lse);
+    f.o.data = alloc64(o_bytes);
+    f.lse.data = alloc64(lse_bytes);
+    aj_ring_stats s = {0};
+    CHECK_STATUS(ctx, aj_ring_forward(ctx, dev, comm, other, &f, &s), AJ_OK);
+    const int differs = memcmp(f.o.data, fa->o.data, o_bytes) != 0 ||
+                        memcmp(f.lse.data, fa->lse.data, lse_bytes) != 0;
+    CHECK_MSG(s.compile_s > 0 && (o_bytes == 0 || differs), "rank %d: %s: scale 0.3 took the "
+              "case's kept kernels", rank, c->label);
+    free(f.o.data);
+    free(f.lse.data);
+    aj_op_destroy(other);
+}
+
 /* The case's forward and backward again with messages instead of shared
  * segments (what the ring does across nodes, comm->messages_only): results
  * bit for bit the same, the same rotations; the shared calls (fwd_sent,
@@ -652,9 +686,7 @@ static void check_message_path(const ring_case *c, aj_comm *comm, aj_op *fop, aj
     aj_tensor *msg[5] = {&f.o, &f.lse, &b.dq, &b.dk, &b.dv};
     size_t bytes[5];
     for (int t = 0; t < 5; t++) {
-        bytes[t] = elem_size(shared[t]->dtype);
-        for (int d = 0; d < shared[t]->rank; d++)
-            bytes[t] *= (size_t)shared[t]->shape[d];
+        bytes[t] = tensor_bytes(shared[t]);
         msg[t]->data = alloc64(bytes[t]);
     }
     aj_ring_stats fm = {0}, bm = {0};
@@ -670,6 +702,8 @@ static void check_message_path(const ring_case *c, aj_comm *comm, aj_op *fop, aj
                   names[t]);
         free(msg[t]->data);
     }
+    CHECK_MSG(fm.compile_s == 0 && bm.compile_s == 0, "rank %d: %s: the comm's kept kernels "
+              "were compiled again (%g + %g s)", rank, c->label, fm.compile_s, bm.compile_s);
     CHECK_MSG(fm.rotations == fs->rotations && bm.rotations == bs->rotations, "rank %d: %s: "
               "rotations %d + %d over messages, %d + %d shared", rank, c->label, fm.rotations,
               bm.rotations, fs->rotations, bs->rotations);
@@ -857,8 +891,10 @@ static void run_case(const ring_case *c)
          * documents' pieces): p2p over shared memory against messages */
         const int uneven = c->sq_total == 2 * size + 1 || c->sq_total == 5 * size + 1 ||
                            c->docs;
-        if (p2p && size > 1 && uneven && aj_device_target(dev) == AJ_TARGET_CPU)
+        if (p2p && size > 1 && uneven && aj_device_target(dev) == AJ_TARGET_CPU) {
+            check_other_op(c, comm, fop, &fa);
             check_message_path(c, comm, fop, bop, &fa, &ba, &fs, &bs, fwd_sent, bwd_sent);
+        }
         /* aj_ring_plan takes one rank's lengths: even splits only */
         const int parts = L == AJ_SHARD_ZIGZAG ? 2 * size : size;
         if (!c->docs && sq % parts == 0 && sk % parts == 0) {
