@@ -421,6 +421,18 @@ static void emit_row_block(cfwd *c, const cfwd_block *blk, int log2e_in_q)
         LLVMValueRef kcount = aj_kb_smin(kb, i32c(c, p->bn), LLVMBuildSub(b, seq->len_k, n0,
                                                                           ""));
         aj_cpu_skip_begin(&c->at, cls);
+        if (blk->k.pages) {
+            /* a paged cache: the next key block of the range (the walk's
+             * next, but where a block mask skips it), while this one is
+             * computed */
+            LLVMValueRef next0 = add(c, n0, i32c(c, p->bn));
+            LLVMValueRef next_end = aj_kb_smin(kb, seq->len_k, mul(c, blk->k_end,
+                                                                    i32c(c, p->bn)));
+            LLVMValueRef ncount = aj_kb_smin(kb, i32c(c, p->bn), LLVMBuildSub(b, next_end,
+                                                                              next0, ""));
+            aj_cpu_prefetch_rows(kb, c->k_name, p->kv_dtype, &blk->k, next0, ncount, p->d);
+            aj_cpu_prefetch_rows(kb, c->v_name, p->kv_dtype, &blk->v, next0, ncount, p->dv);
+        }
         /* keys past Sk are zero: masked anyway, and 0 * V must not meet a
          * stale NaN */
         aj_cpu_load_cols(kb, c->kt, p->d / per_slot, p->bn, c->k_name,
