@@ -419,40 +419,65 @@ void aj_cpu_load_cols(aj_kb *kb, LLVMValueRef buf, int width, int n, const char 
     aj_kb_for_end(kb);
 }
 
-void aj_cpu_load_row_pairs(aj_kb *kb, LLVMValueRef buf, int width, int n, const char *t,
-                           const aj_cpu_rows *src, LLVMValueRef r0, LLVMValueRef count)
+/* buf rows [from / 2, to / 2) of aj_cpu_load_row_pairs: pairs of rows
+ * (r0 + r, r0 + r + 1) for even r, the rows' places by a walk from r0 +
+ * from; `guard` (the tail pair) zeroes rows count <= r, else every row
+ * is in range and the loop has no test in it. */
+static void row_pairs(aj_kb *kb, LLVMValueRef buf, int width, const char *t,
+                      const aj_cpu_rows *src, LLVMValueRef r0, LLVMValueRef count,
+                      LLVMValueRef from, LLVMValueRef to, int guard)
 {
     LLVMBuilderRef b = kb->b;
-    LLVMTypeRef v8 = LLVMVectorType(kb->t_i16, 8);
-    LLVMValueRef zip[16];
-    for (int i = 0; i < 8; i++) {
+    /* 16 columns a step where they divide (a 512-bit store), else 8 */
+    int cw = width % 16 == 0 ? 16 : 8;
+    LLVMTypeRef vi16 = LLVMVectorType(kb->t_i16, (unsigned)cw);
+    LLVMValueRef zip[32];
+    for (int i = 0; i < cw; i++) {
         zip[2 * i] = i32c(kb, i);
-        zip[2 * i + 1] = i32c(kb, 8 + i);
+        zip[2 * i + 1] = i32c(kb, cw + i);
     }
-    LLVMValueRef mask = LLVMConstVector(zip, 16);
-    /* rows past count read the last row (count >= 1) and give 0 */
+    LLVMValueRef mask = LLVMConstVector(zip, (unsigned)(2 * cw));
     LLVMValueRef last = LLVMBuildSub(b, count, i32c(kb, 1), "");
-    LLVMValueRef r = aj_kb_for_begin(kb, i32c(kb, 0), i32c(kb, n), i32c(kb, 2), "rp");
+    walk_vars wv;
+    if (!guard)
+        wv = walk_vars_begin(kb, src, add(kb, r0, from));
+    LLVMValueRef r = aj_kb_for_begin(kb, from, to, i32c(kb, 2), "rp");
     LLVMValueRef rr[2], in[2];
     for (int h = 0; h < 2; h++) {
         LLVMValueRef ri = add(kb, r, i32c(kb, h));
         in[h] = LLVMBuildICmp(b, LLVMIntSLT, ri, count, "");
-        rr[h] = aj_cpu_row_at(kb, src, add(kb, r0, aj_kb_smin(kb, ri, last)));
+        if (guard) {   /* rows past count read the last row (count >= 1) and give 0 */
+            rr[h] = aj_cpu_row_at(kb, src, add(kb, r0, aj_kb_smin(kb, ri, last)));
+        } else {
+            row_walk w = walk_vars_step(kb, &wv);
+            rr[h] = walk_row(kb, &w);
+        }
     }
     LLVMValueRef dst = mul(kb, r, i32c(kb, width / 2));
-    LLVMValueRef c = aj_kb_for_begin(kb, i32c(kb, 0), i32c(kb, width), i32c(kb, 8), "rpc");
+    LLVMValueRef c = aj_kb_for_begin(kb, i32c(kb, 0), i32c(kb, width), i32c(kb, cw), "rpc");
     LLVMValueRef x[2];
     for (int h = 0; h < 2; h++) {
-        x[h] = LLVMBuildLoad2(b, v8, aj_cpu_tensor_at(kb, t, AJ_DTYPE_BF16,
+        x[h] = LLVMBuildLoad2(b, vi16, aj_cpu_tensor_at(kb, t, AJ_DTYPE_BF16,
                               add(kb, rr[h], sext64(kb, c))), "");
         LLVMSetAlignment(x[h], 2);
-        x[h] = LLVMBuildSelect(b, in[h], x[h], LLVMConstNull(v8), "");
+        if (guard)
+            x[h] = LLVMBuildSelect(b, in[h], x[h], LLVMConstNull(vi16), "");
     }
     LLVMValueRef pairs = LLVMBuildShuffleVector(b, x[0], x[1], mask, "");
     LLVMValueRef st = LLVMBuildStore(b, pairs, aj_cpu_buf_at(kb, buf, add(kb, dst, c)));
     LLVMSetAlignment(st, 4);
     aj_kb_for_end(kb);
     aj_kb_for_end(kb);
+}
+
+void aj_cpu_load_row_pairs(aj_kb *kb, LLVMValueRef buf, int width, int n, const char *t,
+                           const aj_cpu_rows *src, LLVMValueRef r0, LLVMValueRef count)
+{
+    /* the pairs whose rows are both in range, then the rest */
+    LLVMValueRef full = aj_kb_smin(kb, LLVMBuildAnd(kb->b, count, i32c(kb, -2), ""),
+                                   i32c(kb, n));
+    row_pairs(kb, buf, width, t, src, r0, count, i32c(kb, 0), full, 0);
+    row_pairs(kb, buf, width, t, src, r0, count, full, i32c(kb, n), 1);
 }
 
 /* One step of a register tile: acc + a (f32, broadcast) * b, or with pairs
