@@ -42,7 +42,8 @@ static double now(void)
 /*
  * Two measures of this machine's memory bandwidth, each over `bytes` (the
  * decode's KV bytes, far beyond the caches) split evenly over the same
- * threads as the decode:
+ * threads as the decode (and, below the decode, time_gather: its own
+ * rows without its arithmetic):
  *
  *   copy   memcpy from one buffer to another: each byte read once and
  *          written once; reported as bytes copied per second (the issue's
@@ -51,16 +52,38 @@ static double now(void)
  *          dependency chain, so the loads stream): read-only, as the
  *          decode's KV loads are -- the like-for-like baseline
  */
-typedef struct stream_job {
-    unsigned char *dst;         /* copy: the destination; read: NULL */
+typedef struct bench_job {
+    /* time_stream: dst NULL to read; time_gather: d, c and the items */
+    unsigned char *dst;
     const unsigned char *src;
     size_t bytes;
-    uint64_t sum;               /* read: kept so the loads are not dead */
-} stream_job;
+    const struct decode *d;
+    const struct paged_case *c;
+    int first, step;            /* items first, first + step, ... */
+    int ahead;                  /* rows prefetched ahead; 0: none */
+    uint64_t sum;               /* what a read summed: kept so its loads are live */
+} bench_job;
+
+static volatile uint64_t stream_sink;   /* the sums go here */
+
+/* Seconds for `threads` threads to run part on jobs[0 .. threads). */
+static double time_jobs(void *(*part)(void *), bench_job *jobs, int threads)
+{
+    pthread_t tid[64];
+    double t0 = now();
+    for (int i = 0; i < threads; i++)
+        pthread_create(&tid[i], NULL, part, &jobs[i]);
+    for (int i = 0; i < threads; i++)
+        pthread_join(tid[i], NULL);
+    double t = now() - t0;
+    for (int i = 0; i < threads; i++)
+        stream_sink ^= jobs[i].sum;
+    return t;
+}
 
 static void *stream_part(void *arg)
 {
-    stream_job *j = arg;
+    bench_job *j = arg;
     if (j->dst) {
         memcpy(j->dst, j->src, j->bytes);
         return NULL;
@@ -74,28 +97,17 @@ static void *stream_part(void *arg)
     return NULL;
 }
 
-static volatile uint64_t stream_sink;   /* the read sums go here: the loads are live */
-
 /* Seconds to copy (dst set) or read (dst NULL) `bytes` of src on
  * `threads` threads, each a contiguous share (a multiple of 64 bytes). */
 static double time_stream(unsigned char *dst, const unsigned char *src, size_t bytes,
                           int threads)
 {
-    pthread_t tid[64];
-    stream_job jobs[64];
+    bench_job jobs[64];
     size_t part = bytes / (size_t)threads / 64 * 64;
-    double t0 = now();
-    for (int i = 0; i < threads; i++) {
-        size_t n = i == threads - 1 ? bytes - i * part : part;
-        jobs[i] = (stream_job){dst ? dst + i * part : NULL, src + i * part, n, 0};
-        pthread_create(&tid[i], NULL, stream_part, &jobs[i]);
-    }
     for (int i = 0; i < threads; i++)
-        pthread_join(tid[i], NULL);
-    double t = now() - t0;
-    for (int i = 0; i < threads; i++)
-        stream_sink ^= jobs[i].sum;
-    return t;
+        jobs[i] = (bench_job){.dst = dst ? dst + i * part : NULL, .src = src + i * part,
+                              .bytes = i == threads - 1 ? bytes - i * part : part};
+    return time_jobs(stream_part, jobs, threads);
 }
 
 /* ---------------------------------------------------------------- decode */
@@ -171,6 +183,59 @@ static double time_decode(aj_ctx *ctx, aj_device *dev, decode *d)
     return t;
 }
 
+/*
+ * The decode's own reads without its arithmetic: the K and V rows of
+ * every (sequence, KV head) through the block table, 64-bit sums as in
+ * stream_part, items dealt to the threads in turn; plain loads, or each
+ * row's lines prefetched `ahead` rows early (as the kernel does, a key
+ * block of 64 ahead).  What this access pattern (a KV head's D elements
+ * every Hkv D of a page, pages scattered) gives: the ceiling a decode
+ * over this cache layout meets before any arithmetic.
+ */
+/* The words of K (kv 0) or V (kv 1) row p of item (b, h). */
+static const uint64_t *gather_row(const bench_job *j, int kv, int b, int h, int p)
+{
+    const paged_case *c = j->c;
+    const int32_t *table = j->d->mem[5];
+    size_t row_words = (size_t)c->d * 2 / 8, page_rows = (size_t)c->page_size * c->hkv;
+    size_t page = (size_t)table[(size_t)b * j->d->args.max_pages + p / c->page_size];
+    const uint64_t *cache = j->d->mem[1 + kv];
+    return cache + (page * page_rows + (size_t)(p % c->page_size) * c->hkv + h) * row_words;
+}
+
+static void *gather_part(void *arg)
+{
+    bench_job *j = arg;
+    const paged_case *c = j->c;
+    size_t row_words = (size_t)c->d * 2 / 8;
+    uint64_t s[8] = {0};
+    for (int item = j->first; item < c->b * c->hkv; item += j->step) {
+        int b = item / c->hkv, h = item % c->hkv;
+        for (int p = 0; p < c->seqlens[b]; p++)
+            for (int kv = 0; kv < 2; kv++) {
+                if (j->ahead && p + j->ahead < c->seqlens[b]) {
+                    const uint64_t *next = gather_row(j, kv, b, h, p + j->ahead);
+                    for (size_t i = 0; i < row_words; i += 8)
+                        __builtin_prefetch(next + i);
+                }
+                const uint64_t *w = gather_row(j, kv, b, h, p);
+                for (size_t i = 0; i < row_words; i += 8)
+                    for (int k = 0; k < 8; k++)
+                        s[k] += w[i + k];
+            }
+    }
+    j->sum = s[0] ^ s[1] ^ s[2] ^ s[3] ^ s[4] ^ s[5] ^ s[6] ^ s[7];
+    return NULL;
+}
+
+static double time_gather(const decode *d, const paged_case *c, int threads, int ahead)
+{
+    bench_job jobs[64];
+    for (int i = 0; i < threads; i++)
+        jobs[i] = (bench_job){.d = d, .c = c, .first = i, .step = threads, .ahead = ahead};
+    return time_jobs(gather_part, jobs, threads);
+}
+
 static void decode_free(aj_device *dev, decode *d)
 {
     for (int i = 0; i < 7; i++)
@@ -241,21 +306,26 @@ static int bench_bandwidth(aj_ctx *ctx, aj_device *dev, int threads, int rounds)
     time_decode(ctx, dev, &d);                 /* warm-up: pages, threads */
     time_stream(dst, src, d.kv_bytes, threads);
     time_stream(NULL, src, d.kv_bytes, threads);
-    double tc[MAX_ROUNDS], tr[MAX_ROUNDS], tk[MAX_ROUNDS], vs_copy[MAX_ROUNDS],
-        vs_read[MAX_ROUNDS];
+    time_gather(&d, &c, threads, 64);
+    double tc[MAX_ROUNDS], tr[MAX_ROUNDS], tg[2][MAX_ROUNDS], tk[MAX_ROUNDS],
+        vs_copy[MAX_ROUNDS], vs_read[MAX_ROUNDS], vs_gather[2][MAX_ROUNDS];
     for (int r = 0; r < rounds; r++) {
         tc[r] = time_stream(dst, src, d.kv_bytes, threads);
         tr[r] = time_stream(NULL, src, d.kv_bytes, threads);
+        tg[0][r] = time_gather(&d, &c, threads, 0);
+        tg[1][r] = time_gather(&d, &c, threads, 64);
         tk[r] = time_decode(ctx, dev, &d);
         vs_copy[r] = tc[r] / tk[r];   /* (KV bytes / tk) / (copied bytes / tc) */
         vs_read[r] = tr[r] / tk[r];
+        vs_gather[0][r] = tg[0][r] / tk[r];
+        vs_gather[1][r] = tg[1][r] / tk[r];
     }
     double bytes = (double)d.kv_bytes;
     spread copy = rate_spread(tc, rounds, bytes), read = rate_spread(tr, rounds, bytes);
     spread dec = rate_spread(tk, rounds, bytes);
     spread rc = spread_of(vs_copy, rounds), rr = spread_of(vs_read, rounds);
     printf("decode B 32, ctx 4096, Hq 32, Hkv 8, d 128, bf16, page 16, %d threads, "
-           "%d rounds of (copy, read, decode); %.0f MB each; GB/s median [min, max]\n",
+           "%d rounds of (copy, read, rows twice, decode); %.0f MB each; GB/s median [min, max]\n",
            threads, rounds, bytes / 1e6);
     printf("| measure | GB/s | decode / it, same round |\n|---|---:|---:|\n");
     printf("| decode: KV bytes read | %.2f [%.2f, %.2f] | |\n", dec.med, dec.lo, dec.hi);
@@ -265,6 +335,12 @@ static int bench_bandwidth(aj_ctx *ctx, aj_device *dev, int threads, int rounds)
            2 * copy.lo, 2 * copy.hi);
     printf("| read-only sum | %.2f [%.2f, %.2f] | %.2f [%.2f, %.2f] |\n", read.med, read.lo,
            read.hi, rr.med, rr.lo, rr.hi);
+    for (int g = 0; g < 2; g++) {
+        spread rate = rate_spread(tg[g], rounds, bytes), ratio = spread_of(vs_gather[g], rounds);
+        printf("| the decode's rows, %s | %.2f [%.2f, %.2f] | %.2f [%.2f, %.2f] |\n",
+               g ? "prefetched 64 rows ahead" : "plain loads", rate.med, rate.lo, rate.hi,
+               ratio.med, ratio.lo, ratio.hi);
+    }
     decode_free(dev, &d);
     free(src);
     free(dst);
@@ -344,6 +420,10 @@ int main(int argc, char **argv)
         return 1;
     aj_device_set_workers(dev, workers);
     int threads = workers > 0 ? workers : (int)sysconf(_SC_NPROCESSORS_ONLN);
+    if (threads < 1 || threads > 64) {
+        fprintf(stderr, "bench_decode: %d threads: the baselines run 1..64\n", threads);
+        return 2;
+    }
     int rc = bench_bandwidth(ctx, dev, threads, rounds);
     const int hkvs[3] = {8, 2, 1};
     for (int i = 0; i < 3 && rc == 0; i++)
