@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "runtime/runtime.h"
+#include "templates/attn_common.h"
 #include "templates/params.h"
 #include "templates/score.h"
 
@@ -436,19 +437,46 @@ done:
     return st;
 }
 
-/* Split-KV parts of a paged launch: the op's schedule, else enough that
- * the (parts, Hq, B) items give every core (the device's workers, else
- * its multiprocessors: aj_device_caps) two, each part at least 256 keys
- * (a part has a fixed cost: its partial's write and merge), at most 16. */
-static int64_t paged_splits(const aj_op_info *op, const aj_device *dev, const fwd_sizes *sz)
+/* The items of one part of a paged launch that have work: B Hkv where
+ * the kernel packs each KV head's query heads into one item or CTA
+ * (attn_common.h, "GQA packing": padded queries here, the group's Sq rows
+ * within the kernel's block -- the cpu's block_m, the GPU kernels'
+ * AJ_PAGED_PACK_ROWS -- and programs that allow it), else B Hq. */
+static int64_t paged_working_items(aj_ctx *ctx, const aj_kernel *kernel, const fwd_sizes *sz)
 {
+    const int64_t all = sz->batch * sz->heads_q;
+    const aj_op *source = atomic_load(&((aj_kernel *)kernel)->source);
+    const bool cpu = kernel->target == AJ_TARGET_CPU;
+    aj_launch_info li;
+    if (!source || kernel->op.q_layout == AJ_LAYOUT_VARLEN ||
+        aj_kernel_stage_info(kernel, 0, &li) != AJ_OK)
+        return all;
+    const int64_t max_rows = cpu ? li.schedule.block_m : AJ_PAGED_PACK_ROWS;
+    if (sz->heads_q / sz->heads_kv * sz->seq_q > max_rows)
+        return all;
+    static _Thread_local aj_score_prog prog;   /* large for a stack */
+    if (aj_score_prog_init(ctx, source, &prog) != AJ_OK ||
+        !aj_attn_paged_packable(&prog, !cpu))
+        return all;
+    return sz->batch * sz->heads_kv;
+}
+
+/* Split-KV parts of a paged launch: the op's schedule, else enough that
+ * the working items of the (parts, Hq, B) grid give every core (the
+ * device's workers, else its multiprocessors: aj_device_caps) two, each
+ * part at least 256 keys (a part has a fixed cost: its partial's write
+ * and merge), at most 16. */
+static int64_t paged_splits(aj_ctx *ctx, const aj_kernel *kernel, const aj_device *dev,
+                            const fwd_sizes *sz)
+{
+    const aj_op_info *op = &kernel->op;
     if (op->splits)
         return op->splits;
     aj_device_caps caps = AJ_DEVICE_CAPS_INIT;
     long cores = dev->workers;
     if (cores <= 0 && aj_device_get_caps(dev, &caps) == AJ_OK)
         cores = caps.multiprocessors;
-    int64_t items = sz->batch * sz->heads_q, want = 2 * (cores > 0 ? cores : 1);
+    int64_t items = paged_working_items(ctx, kernel, sz), want = 2 * (cores > 0 ? cores : 1);
     int64_t by_length = sz->seq_k / 256;
     int64_t splits = items >= want ? 1 : (want + items - 1) / items;
     if (splits > by_length)
@@ -894,7 +922,7 @@ static aj_status forward_paged(aj_ctx *ctx, aj_device *dev, const aj_kernel *ker
     if (st != AJ_OK || sz.batch == 0 || sz.heads_q == 0 || sz.tokens_q == 0)
         return st;
     const int varlen_q = op->q_layout == AJ_LAYOUT_VARLEN;
-    sz.splits = paged_splits(op, dev, &sz);
+    sz.splits = paged_splits(ctx, kernel, dev, &sz);
     size_t rows = (size_t)((varlen_q ? 1 : sz.batch) * sz.heads_q * sz.splits * sz.tokens_q);
     size_t ws_bytes = sz.splits > 1 ? rows * (size_t)(op->head_dim_v + 1) * 4 : 0;
     void *ws = NULL;

@@ -254,32 +254,69 @@ static void walk_next(aj_kb *kb, row_walk *w)
     w->in_page = LLVMBuildSelect(b, wrap, i32c(kb, 0), next, "");
 }
 
+/* A walk whose position lives in variables across a row loop:
+ * walk_vars_begin before the loop, then walk_vars_step once an iteration
+ * (the iteration's row; the variables move on to the next). */
+typedef struct walk_vars {
+    row_walk w;                   /* the walk's src; its fields are the variables' */
+    LLVMValueRef p, slot, in_page;
+} walk_vars;
+
+static walk_vars walk_vars_begin(aj_kb *kb, const aj_cpu_rows *src, LLVMValueRef p)
+{
+    walk_vars v = {walk_begin(kb, src, p), NULL, NULL, NULL};
+    v.p = aj_kb_var(kb, kb->t_i32, v.w.p, "walk_p");
+    if (v.w.slot) {
+        v.slot = aj_kb_var(kb, kb->t_i32, v.w.slot, "walk_slot");
+        v.in_page = aj_kb_var(kb, kb->t_i32, v.w.in_page, "walk_in_page");
+    }
+    return v;
+}
+
+static row_walk walk_vars_step(aj_kb *kb, const walk_vars *v)
+{
+    row_walk w = v->w;
+    w.p = aj_kb_get(kb, v->p);
+    if (w.slot) {
+        w.slot = aj_kb_get(kb, v->slot);
+        w.in_page = aj_kb_get(kb, v->in_page);
+    }
+    row_walk next = w;
+    walk_next(kb, &next);
+    aj_kb_set(kb, v->p, next.p);
+    if (w.slot) {
+        aj_kb_set(kb, v->slot, next.slot);
+        aj_kb_set(kb, v->in_page, next.in_page);
+    }
+    return w;
+}
+
+void aj_cpu_prefetch_rows(aj_kb *kb, const char *t, aj_dtype dtype, const aj_cpu_rows *src,
+                          LLVMValueRef r0, LLVMValueRef count, int width)
+{
+    walk_vars wv = walk_vars_begin(kb, src, r0);
+    aj_kb_for_begin(kb, i32c(kb, 0), count, i32c(kb, 1), "pf");
+    row_walk w = walk_vars_step(kb, &wv);
+    LLVMValueRef row = aj_cpu_tensor_at(kb, t, dtype, walk_row(kb, &w));
+    /* each 64-byte line of the row (rows of 32 elements or more start on
+     * a line in caches from aj_device_alloc): read, all levels, data */
+    for (int off = 0; off < width * aj_dtype_size(dtype); off += 64) {
+        LLVMValueRef args[4] = {aj_cv_at(kb, kb->t_i8, row, i32c(kb, off)), i32c(kb, 0),
+                                i32c(kb, 3), i32c(kb, 1)};
+        aj_kb_call_overloaded(kb, "llvm.prefetch", args, 4);
+    }
+    aj_kb_for_end(kb);
+}
+
 void aj_cpu_load_rows(aj_kb *kb, LLVMValueRef buf, int width, const char *t, aj_dtype dtype,
                       const aj_cpu_rows *src, LLVMValueRef r0, LLVMValueRef count,
                       LLVMValueRef rows, double scale, int pairs)
 {
     LLVMValueRef vscale = aj_cv_splat(kb, aj_kb_f32(kb, scale), 8);
-    /* the walk's position lives in variables across the row loop */
-    row_walk w = walk_begin(kb, src, r0);
-    LLVMValueRef vars[3] = {aj_kb_var(kb, kb->t_i32, w.p, "walk_p"), NULL, NULL};
-    if (w.slot) {
-        vars[1] = aj_kb_var(kb, kb->t_i32, w.slot, "walk_slot");
-        vars[2] = aj_kb_var(kb, kb->t_i32, w.in_page, "walk_in_page");
-    }
+    walk_vars wv = walk_vars_begin(kb, src, r0);
     LLVMValueRef r = aj_kb_for_begin(kb, i32c(kb, 0), rows, i32c(kb, 1), "lr");
     LLVMValueRef dst = mul(kb, r, i32c(kb, width));
-    w.p = aj_kb_get(kb, vars[0]);
-    if (w.slot) {
-        w.slot = aj_kb_get(kb, vars[1]);
-        w.in_page = aj_kb_get(kb, vars[2]);
-    }
-    row_walk next = w;
-    walk_next(kb, &next);
-    aj_kb_set(kb, vars[0], next.p);
-    if (w.slot) {
-        aj_kb_set(kb, vars[1], next.slot);
-        aj_kb_set(kb, vars[2], next.in_page);
-    }
+    row_walk w = walk_vars_step(kb, &wv);
     aj_kb_if_begin(kb, LLVMBuildICmp(kb->b, LLVMIntSLT, r, count, ""));
     LLVMValueRef row = walk_row(kb, &w);   /* (the table is read only for rows in range) */
     LLVMValueRef c = aj_kb_for_begin(kb, i32c(kb, 0), i32c(kb, width), i32c(kb, 8), "lrc");
@@ -382,40 +419,65 @@ void aj_cpu_load_cols(aj_kb *kb, LLVMValueRef buf, int width, int n, const char 
     aj_kb_for_end(kb);
 }
 
-void aj_cpu_load_row_pairs(aj_kb *kb, LLVMValueRef buf, int width, int n, const char *t,
-                           const aj_cpu_rows *src, LLVMValueRef r0, LLVMValueRef count)
+/* buf rows [from / 2, to / 2) of aj_cpu_load_row_pairs: pairs of rows
+ * (r0 + r, r0 + r + 1) for even r, the rows' places by a walk from r0 +
+ * from; `guard` (the tail pair) zeroes rows count <= r, else every row
+ * is in range and the loop has no test in it. */
+static void row_pairs(aj_kb *kb, LLVMValueRef buf, int width, const char *t,
+                      const aj_cpu_rows *src, LLVMValueRef r0, LLVMValueRef count,
+                      LLVMValueRef from, LLVMValueRef to, int guard)
 {
     LLVMBuilderRef b = kb->b;
-    LLVMTypeRef v8 = LLVMVectorType(kb->t_i16, 8);
-    LLVMValueRef zip[16];
-    for (int i = 0; i < 8; i++) {
+    /* 16 columns a step where they divide (a 512-bit store), else 8 */
+    int cw = width % 16 == 0 ? 16 : 8;
+    LLVMTypeRef vi16 = LLVMVectorType(kb->t_i16, (unsigned)cw);
+    LLVMValueRef zip[32];
+    for (int i = 0; i < cw; i++) {
         zip[2 * i] = i32c(kb, i);
-        zip[2 * i + 1] = i32c(kb, 8 + i);
+        zip[2 * i + 1] = i32c(kb, cw + i);
     }
-    LLVMValueRef mask = LLVMConstVector(zip, 16);
-    /* rows past count read the last row (count >= 1) and give 0 */
+    LLVMValueRef mask = LLVMConstVector(zip, (unsigned)(2 * cw));
     LLVMValueRef last = LLVMBuildSub(b, count, i32c(kb, 1), "");
-    LLVMValueRef r = aj_kb_for_begin(kb, i32c(kb, 0), i32c(kb, n), i32c(kb, 2), "rp");
+    walk_vars wv;
+    if (!guard)
+        wv = walk_vars_begin(kb, src, add(kb, r0, from));
+    LLVMValueRef r = aj_kb_for_begin(kb, from, to, i32c(kb, 2), "rp");
     LLVMValueRef rr[2], in[2];
     for (int h = 0; h < 2; h++) {
         LLVMValueRef ri = add(kb, r, i32c(kb, h));
         in[h] = LLVMBuildICmp(b, LLVMIntSLT, ri, count, "");
-        rr[h] = aj_cpu_row_at(kb, src, add(kb, r0, aj_kb_smin(kb, ri, last)));
+        if (guard) {   /* rows past count read the last row (count >= 1) and give 0 */
+            rr[h] = aj_cpu_row_at(kb, src, add(kb, r0, aj_kb_smin(kb, ri, last)));
+        } else {
+            row_walk w = walk_vars_step(kb, &wv);
+            rr[h] = walk_row(kb, &w);
+        }
     }
     LLVMValueRef dst = mul(kb, r, i32c(kb, width / 2));
-    LLVMValueRef c = aj_kb_for_begin(kb, i32c(kb, 0), i32c(kb, width), i32c(kb, 8), "rpc");
+    LLVMValueRef c = aj_kb_for_begin(kb, i32c(kb, 0), i32c(kb, width), i32c(kb, cw), "rpc");
     LLVMValueRef x[2];
     for (int h = 0; h < 2; h++) {
-        x[h] = LLVMBuildLoad2(b, v8, aj_cpu_tensor_at(kb, t, AJ_DTYPE_BF16,
+        x[h] = LLVMBuildLoad2(b, vi16, aj_cpu_tensor_at(kb, t, AJ_DTYPE_BF16,
                               add(kb, rr[h], sext64(kb, c))), "");
         LLVMSetAlignment(x[h], 2);
-        x[h] = LLVMBuildSelect(b, in[h], x[h], LLVMConstNull(v8), "");
+        if (guard)
+            x[h] = LLVMBuildSelect(b, in[h], x[h], LLVMConstNull(vi16), "");
     }
     LLVMValueRef pairs = LLVMBuildShuffleVector(b, x[0], x[1], mask, "");
     LLVMValueRef st = LLVMBuildStore(b, pairs, aj_cpu_buf_at(kb, buf, add(kb, dst, c)));
     LLVMSetAlignment(st, 4);
     aj_kb_for_end(kb);
     aj_kb_for_end(kb);
+}
+
+void aj_cpu_load_row_pairs(aj_kb *kb, LLVMValueRef buf, int width, int n, const char *t,
+                           const aj_cpu_rows *src, LLVMValueRef r0, LLVMValueRef count)
+{
+    /* the pairs whose rows are both in range, then the rest */
+    LLVMValueRef full = aj_kb_smin(kb, LLVMBuildAnd(kb->b, count, i32c(kb, -2), ""),
+                                   i32c(kb, n));
+    row_pairs(kb, buf, width, t, src, r0, count, i32c(kb, 0), full, 0);
+    row_pairs(kb, buf, width, t, src, r0, count, full, i32c(kb, n), 1);
 }
 
 /* One step of a register tile: acc + a (f32, broadcast) * b, or with pairs

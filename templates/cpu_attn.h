@@ -150,6 +150,13 @@ typedef struct aj_cpu_rows {
 /* The element offset of row p (i32) of src. */
 LLVMValueRef aj_cpu_row_at(aj_kb *kb, const aj_cpu_rows *src, LLVMValueRef p);
 
+/* A hint that rows r0 .. r0 + count of src (count <= 0: none) are read
+ * soon: a prefetch of each 64-byte line of their first `width` elements
+ * of t.  Paged rows are 2 KB or more apart and their pages scattered, so
+ * the host's stream prefetchers do not see them coming; a key block is
+ * fetched while the one before it is computed. */
+void aj_cpu_prefetch_rows(aj_kb *kb, const char *t, aj_dtype dtype, const aj_cpu_rows *src,
+                          LLVMValueRef r0, LLVMValueRef count, int width);
 /* buf[r][0..width) = scale * t[row (r0 + r) of src + 0..width) for
  * r < count, 0 for count <= r < rows (width a multiple of 8); with pairs
  * (bf16 t, scale 1) the row's words: width = columns / 2. */

@@ -421,6 +421,17 @@ static void emit_row_block(cfwd *c, const cfwd_block *blk, int log2e_in_q)
         LLVMValueRef kcount = aj_kb_smin(kb, i32c(c, p->bn), LLVMBuildSub(b, seq->len_k, n0,
                                                                           ""));
         aj_cpu_skip_begin(&c->at, cls);
+        /* a paged cache: the next key block of the range (the walk's next,
+         * but where a block mask skips it) is prefetched while this one is
+         * computed, its K before the scores and its V before P V, so that
+         * each burst of prefetches overlaps a product */
+        LLVMValueRef next0 = NULL, ncount = NULL;
+        if (blk->k.pages) {
+            next0 = add(c, n0, i32c(c, p->bn));
+            LLVMValueRef next_end = aj_kb_smin(kb, seq->len_k, mul(c, blk->k_end,
+                                                                    i32c(c, p->bn)));
+            ncount = aj_kb_smin(kb, i32c(c, p->bn), LLVMBuildSub(b, next_end, next0, ""));
+        }
         /* keys past Sk are zero: masked anyway, and 0 * V must not meet a
          * stale NaN */
         aj_cpu_load_cols(kb, c->kt, p->d / per_slot, p->bn, c->k_name,
@@ -430,6 +441,8 @@ static void emit_row_block(cfwd *c, const cfwd_block *blk, int log2e_in_q)
         else
             aj_cpu_load_rows(kb, c->v, p->dv, c->v_name, p->kv_dtype, &blk->v, n0, kcount,
                              i32c(c, p->bn), 1.0, 0);
+        if (next0)
+            aj_cpu_prefetch_rows(kb, c->k_name, p->kv_dtype, &blk->k, next0, ncount, p->d);
         aj_cpu_gemm_nt(kb, p->w, c->s, c->q, p->d / per_slot, c->kt, p->bn, c->rows_pad,
                        p->pairs);
         emit_softmax(c, n0);
@@ -437,6 +450,8 @@ static void emit_row_block(cfwd *c, const cfwd_block *blk, int log2e_in_q)
             emit_dropout(c, n0, kcount);
         if (p->pairs && c->op->dropout > 0)
             emit_round_p(c);
+        if (next0)
+            aj_cpu_prefetch_rows(kb, c->v_name, p->kv_dtype, &blk->v, next0, ncount, p->dv);
         aj_cpu_gemm_acc(kb, p->dv, c->o, c->alpha, p->pairs ? c->pw : c->s, p->bn / per_slot, 1,
                         c->v, p->bn, c->rows_pad, p->pairs);
         aj_cpu_skip_end(&c->at);

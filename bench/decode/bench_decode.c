@@ -1,19 +1,21 @@
 /*
  * bench_decode.c -- paged-KV decode on the cpu device against this
- * machine's memory bandwidth, and split-KV against no split, each pair
- * measured interleaved in one run.
+ * machine's memory bandwidth, and split-KV against no split, each
+ * comparison measured interleaved in one run.
  *
- *   bench_decode [--repeat R] [--workers N]
+ *   bench_decode [--rounds R] [--workers N]
  *
  * bandwidth  decode (Sq = 1) of batch 32, context 4096, Hq 32, Hkv 8,
  *            d 128, bf16 queries and cache, page size 16, pages shuffled:
  *            the KV bytes the call must read (B ctx Hkv (D + Dv) 2) per
- *            second, best of R, beside memcpy of a buffer as large split
- *            over the same threads (bytes copied per second: each byte
- *            read once and written once), best of R, the two alternating.
- * split      batch 1, context 32768, the same heads: the launch's own
- *            split count (0 in the schedule), a fixed 8, and no split
- *            (splits = 1), alternating; speedup = unsplit / split time.
+ *            second, beside two baselines over as many bytes on the same
+ *            threads (time_stream: memcpy, and a read-only sum), R rounds
+ *            of the three; median and range of each, and of the ratios
+ *            taken within a round.
+ * split      batch 1, context 32768, Hq 32, Hkv 8, 2 and 1: the launch's
+ *            own split count (0 in the schedule), 2, 8 and no split
+ *            (splits = 1), R rounds; speedup = median unsplit / median
+ *            split time.
  *
  * Correctness is test_cpu_paged's; here the outputs are only checked to
  * be finite.
@@ -35,37 +37,77 @@ static double now(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-/* ---------------------------------------------------------------- memcpy */
+/* ------------------------------------------------------- the baselines */
 
-typedef struct copy_job {
+/*
+ * Two measures of this machine's memory bandwidth, each over `bytes` (the
+ * decode's KV bytes, far beyond the caches) split evenly over the same
+ * threads as the decode (and, below the decode, time_gather: its own
+ * rows without its arithmetic):
+ *
+ *   copy   memcpy from one buffer to another: each byte read once and
+ *          written once; reported as bytes copied per second (the issue's
+ *          "memory copy bandwidth") and as traffic, twice that
+ *   read   a sum of the buffer's 64-bit words, 8 independent sums (no
+ *          dependency chain, so the loads stream): read-only, as the
+ *          decode's KV loads are -- the like-for-like baseline
+ */
+typedef struct bench_job {
+    /* time_stream: dst NULL to read; time_gather: d, c and the items */
     unsigned char *dst;
     const unsigned char *src;
     size_t bytes;
-} copy_job;
+    const struct decode *d;
+    const struct paged_case *c;
+    int first, step;            /* items first, first + step, ... */
+    int ahead;                  /* rows prefetched ahead; 0: none */
+    uint64_t sum;               /* what a read summed: kept so its loads are live */
+} bench_job;
 
-static void *copy_part(void *arg)
+static volatile uint64_t stream_sink;   /* the sums go here */
+
+/* Seconds for `threads` threads to run part on jobs[0 .. threads). */
+static double time_jobs(void *(*part)(void *), bench_job *jobs, int threads)
 {
-    copy_job *j = arg;
-    memcpy(j->dst, j->src, j->bytes);
+    pthread_t tid[64];
+    double t0 = now();
+    for (int i = 0; i < threads; i++)
+        pthread_create(&tid[i], NULL, part, &jobs[i]);
+    for (int i = 0; i < threads; i++)
+        pthread_join(tid[i], NULL);
+    double t = now() - t0;
+    for (int i = 0; i < threads; i++)
+        stream_sink ^= jobs[i].sum;
+    return t;
+}
+
+static void *stream_part(void *arg)
+{
+    bench_job *j = arg;
+    if (j->dst) {
+        memcpy(j->dst, j->src, j->bytes);
+        return NULL;
+    }
+    const uint64_t *w = (const uint64_t *)j->src;
+    uint64_t s[8] = {0};
+    for (size_t i = 0; i + 8 <= j->bytes / 8; i += 8)
+        for (int k = 0; k < 8; k++)
+            s[k] += w[i + k];
+    j->sum = s[0] ^ s[1] ^ s[2] ^ s[3] ^ s[4] ^ s[5] ^ s[6] ^ s[7];
     return NULL;
 }
 
-/* Seconds to copy `bytes` from src to dst on `threads` threads. */
-static double time_memcpy(unsigned char *dst, const unsigned char *src, size_t bytes,
+/* Seconds to copy (dst set) or read (dst NULL) `bytes` of src on
+ * `threads` threads, each a contiguous share (a multiple of 64 bytes). */
+static double time_stream(unsigned char *dst, const unsigned char *src, size_t bytes,
                           int threads)
 {
-    pthread_t tid[64];
-    copy_job jobs[64];
-    size_t part = bytes / (size_t)threads;
-    double t0 = now();
-    for (int i = 0; i < threads; i++) {
-        jobs[i] = (copy_job){dst + i * part, src + i * part,
-                             i == threads - 1 ? bytes - i * part : part};
-        pthread_create(&tid[i], NULL, copy_part, &jobs[i]);
-    }
+    bench_job jobs[64];
+    size_t part = bytes / (size_t)threads / 64 * 64;
     for (int i = 0; i < threads; i++)
-        pthread_join(tid[i], NULL);
-    return now() - t0;
+        jobs[i] = (bench_job){.dst = dst ? dst + i * part : NULL, .src = src + i * part,
+                              .bytes = i == threads - 1 ? bytes - i * part : part};
+    return time_jobs(stream_part, jobs, threads);
 }
 
 /* ---------------------------------------------------------------- decode */
@@ -141,6 +183,59 @@ static double time_decode(aj_ctx *ctx, aj_device *dev, decode *d)
     return t;
 }
 
+/*
+ * The decode's own reads without its arithmetic: the K and V rows of
+ * every (sequence, KV head) through the block table, 64-bit sums as in
+ * stream_part, items dealt to the threads in turn; plain loads, or each
+ * row's lines prefetched `ahead` rows early (as the kernel does, a key
+ * block of 64 ahead).  What this access pattern (a KV head's D elements
+ * every Hkv D of a page, pages scattered) gives: the ceiling a decode
+ * over this cache layout meets before any arithmetic.
+ */
+/* The words of K (kv 0) or V (kv 1) row p of item (b, h). */
+static const uint64_t *gather_row(const bench_job *j, int kv, int b, int h, int p)
+{
+    const paged_case *c = j->c;
+    const int32_t *table = j->d->mem[5];
+    size_t row_words = (size_t)c->d * 2 / 8, page_rows = (size_t)c->page_size * c->hkv;
+    size_t page = (size_t)table[(size_t)b * j->d->args.max_pages + p / c->page_size];
+    const uint64_t *cache = j->d->mem[1 + kv];
+    return cache + (page * page_rows + (size_t)(p % c->page_size) * c->hkv + h) * row_words;
+}
+
+static void *gather_part(void *arg)
+{
+    bench_job *j = arg;
+    const paged_case *c = j->c;
+    size_t row_words = (size_t)c->d * 2 / 8;
+    uint64_t s[8] = {0};
+    for (int item = j->first; item < c->b * c->hkv; item += j->step) {
+        int b = item / c->hkv, h = item % c->hkv;
+        for (int p = 0; p < c->seqlens[b]; p++)
+            for (int kv = 0; kv < 2; kv++) {
+                if (j->ahead && p + j->ahead < c->seqlens[b]) {
+                    const uint64_t *next = gather_row(j, kv, b, h, p + j->ahead);
+                    for (size_t i = 0; i < row_words; i += 8)
+                        __builtin_prefetch(next + i);
+                }
+                const uint64_t *w = gather_row(j, kv, b, h, p);
+                for (size_t i = 0; i < row_words; i += 8)
+                    for (int k = 0; k < 8; k++)
+                        s[k] += w[i + k];
+            }
+    }
+    j->sum = s[0] ^ s[1] ^ s[2] ^ s[3] ^ s[4] ^ s[5] ^ s[6] ^ s[7];
+    return NULL;
+}
+
+static double time_gather(const decode *d, const paged_case *c, int threads, int ahead)
+{
+    bench_job jobs[64];
+    for (int i = 0; i < threads; i++)
+        jobs[i] = (bench_job){.d = d, .c = c, .first = i, .step = threads, .ahead = ahead};
+    return time_jobs(gather_part, jobs, threads);
+}
+
 static void decode_free(aj_device *dev, decode *d)
 {
     for (int i = 0; i < 7; i++)
@@ -148,37 +243,56 @@ static void decode_free(aj_device *dev, decode *d)
     aj_kernel_destroy(d->kernel);
 }
 
-/* Hq 32, Hkv 8, d 128, bf16, page 16, decode */
-static paged_case decode_case(int b, const int32_t *lens, int splits)
+/* Hq 32, Hkv hkv, d 128, bf16, page 16, decode */
+static paged_case decode_case(int b, const int32_t *lens, int hkv, int splits)
 {
     paged_case c = paged_base(AJ_DTYPE_BF16, AJ_DTYPE_BF16, 128, lens, b);
     c.hq = 32;
-    c.hkv = 8;
+    c.hkv = hkv;
     c.splits = splits;
     return c;
 }
 
-int main(int argc, char **argv)
+static int cmp_double(const void *a, const void *b)
 {
-    int repeat = 5, workers = 0;
-    for (int i = 1; i + 1 < argc; i += 2) {
-        if (strcmp(argv[i], "--repeat") == 0)
-            repeat = atoi(argv[i + 1]);
-        else if (strcmp(argv[i], "--workers") == 0)
-            workers = atoi(argv[i + 1]);
-    }
-    aj_ctx *ctx = NULL;
-    aj_device *dev = NULL;
-    if (aj_ctx_create(NULL, &ctx) != AJ_OK || aj_device_open(ctx, AJ_DEVICE_CPU, 0, &dev) != AJ_OK)
-        return 1;
-    aj_device_set_workers(dev, workers);
-    int threads = workers > 0 ? workers : (int)sysconf(_SC_NPROCESSORS_ONLN);
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
 
-    /* bandwidth: batch 32 x 4096 */
-    int32_t lens32[32];
+/* Median, least and greatest of n values (sorted in place). */
+typedef struct spread {
+    double med, lo, hi;
+} spread;
+
+static spread spread_of(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    double med = n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+    return (spread){med, v[0], v[n - 1]};
+}
+
+/* GB/s of `bytes` over each of n times (seconds), then their spread */
+static spread rate_spread(const double *t, int n, double bytes)
+{
+    double r[64];
+    for (int i = 0; i < n; i++)
+        r[i] = bytes / t[i] / 1e9;
+    return spread_of(r, n);
+}
+
+#define MAX_ROUNDS 64
+
+/*
+ * Bandwidth: rounds of (copy, read, decode), the three back to back, so
+ * that each round's ratios compare measures taken within ~0.1 s of each
+ * other on this shared machine; the median and range over rounds.
+ */
+static int bench_bandwidth(aj_ctx *ctx, aj_device *dev, int threads, int rounds)
+{
+    int32_t lens[32];
     for (int b = 0; b < 32; b++)
-        lens32[b] = 4096;
-    paged_case c = decode_case(32, lens32, 0);
+        lens[b] = 4096;
+    paged_case c = decode_case(32, lens, 8, 0);
     decode d;
     if (decode_setup(ctx, dev, &c, &d) != AJ_OK) {
         fprintf(stderr, "bench_decode: %s\n", aj_last_error(ctx));
@@ -190,49 +304,131 @@ int main(int argc, char **argv)
     memset(src, 1, d.kv_bytes);
     memset(dst, 2, d.kv_bytes);
     time_decode(ctx, dev, &d);                 /* warm-up: pages, threads */
-    time_memcpy(dst, src, d.kv_bytes, threads);
-    double best_k = INFINITY, best_m = INFINITY;
-    for (int r = 0; r < repeat; r++) {
-        best_m = fmin(best_m, time_memcpy(dst, src, d.kv_bytes, threads));
-        best_k = fmin(best_k, time_decode(ctx, dev, &d));
+    time_stream(dst, src, d.kv_bytes, threads);
+    time_stream(NULL, src, d.kv_bytes, threads);
+    time_gather(&d, &c, threads, 64);
+    double tc[MAX_ROUNDS], tr[MAX_ROUNDS], tg[2][MAX_ROUNDS], tk[MAX_ROUNDS],
+        vs_copy[MAX_ROUNDS], vs_read[MAX_ROUNDS], vs_gather[2][MAX_ROUNDS];
+    for (int r = 0; r < rounds; r++) {
+        tc[r] = time_stream(dst, src, d.kv_bytes, threads);
+        tr[r] = time_stream(NULL, src, d.kv_bytes, threads);
+        tg[0][r] = time_gather(&d, &c, threads, 0);
+        tg[1][r] = time_gather(&d, &c, threads, 64);
+        tk[r] = time_decode(ctx, dev, &d);
+        vs_copy[r] = tc[r] / tk[r];   /* (KV bytes / tk) / (copied bytes / tc) */
+        vs_read[r] = tr[r] / tk[r];
+        vs_gather[0][r] = tg[0][r] / tk[r];
+        vs_gather[1][r] = tg[1][r] / tk[r];
     }
-    double kv_gbs = (double)d.kv_bytes / best_k / 1e9, mc_gbs = (double)d.kv_bytes / best_m / 1e9;
-    printf("decode B 32, ctx 4096, Hq 32, Hkv 8, d 128, bf16, page 16, %d threads, best of %d\n",
-           threads, repeat);
-    printf("| KV bytes | decode (ms) | KV GB/s | memcpy (ms) | memcpy GB/s | decode / memcpy |\n");
-    printf("|---:|---:|---:|---:|---:|---:|\n");
-    printf("| %.0f MB | %.1f | %.2f | %.1f | %.2f | %.2f |\n", (double)d.kv_bytes / 1e6,
-           best_k * 1e3, kv_gbs, best_m * 1e3, mc_gbs, kv_gbs / mc_gbs);
+    double bytes = (double)d.kv_bytes;
+    spread copy = rate_spread(tc, rounds, bytes), read = rate_spread(tr, rounds, bytes);
+    spread dec = rate_spread(tk, rounds, bytes);
+    spread rc = spread_of(vs_copy, rounds), rr = spread_of(vs_read, rounds);
+    printf("decode B 32, ctx 4096, Hq 32, Hkv 8, d 128, bf16, page 16, %d threads, "
+           "%d rounds of (copy, read, rows twice, decode); %.0f MB each; GB/s median [min, max]\n",
+           threads, rounds, bytes / 1e6);
+    printf("| measure | GB/s | decode / it, same round |\n|---|---:|---:|\n");
+    printf("| decode: KV bytes read | %.2f [%.2f, %.2f] | |\n", dec.med, dec.lo, dec.hi);
+    printf("| memcpy: bytes copied (the goal's baseline) | %.2f [%.2f, %.2f] | "
+           "%.2f [%.2f, %.2f] |\n", copy.med, copy.lo, copy.hi, rc.med, rc.lo, rc.hi);
+    printf("| memcpy: traffic, read + write | %.2f [%.2f, %.2f] | |\n", 2 * copy.med,
+           2 * copy.lo, 2 * copy.hi);
+    printf("| read-only sum | %.2f [%.2f, %.2f] | %.2f [%.2f, %.2f] |\n", read.med, read.lo,
+           read.hi, rr.med, rr.lo, rr.hi);
+    for (int g = 0; g < 2; g++) {
+        spread rate = rate_spread(tg[g], rounds, bytes), ratio = spread_of(vs_gather[g], rounds);
+        printf("| the decode's rows, %s | %.2f [%.2f, %.2f] | %.2f [%.2f, %.2f] |\n",
+               g ? "prefetched 64 rows ahead" : "plain loads", rate.med, rate.lo, rate.hi,
+               ratio.med, ratio.lo, ratio.hi);
+    }
     decode_free(dev, &d);
     free(src);
     free(dst);
+    return 0;
+}
 
-    /* split-KV: batch 1 x 32768 */
-    int32_t lens1[1] = {32768};
-    const int splits[3] = {0, 8, 1};
-    decode ds[3];
-    for (int i = 0; i < 3; i++) {
-        paged_case s = decode_case(1, lens1, splits[i]);
+/*
+ * Split-KV at batch 1, context 32768, per Hkv: the launch's choice and
+ * fixed counts against splits = 1, in rounds (every count once a round),
+ * each call after a 64 MB read (twice the L3) so that no call finds the
+ * KV in cache; speedup = median unsplit / median split time.
+ */
+static int bench_split(aj_ctx *ctx, aj_device *dev, int threads, int rounds, int hkv)
+{
+    enum { NS = 4 };
+    const int splits[NS] = {0, 2, 8, 1};
+    int32_t lens[1] = {32768};
+    decode ds[NS];
+    for (int i = 0; i < NS; i++) {
+        paged_case s = decode_case(1, lens, hkv, splits[i]);
         if (decode_setup(ctx, dev, &s, &ds[i]) != AJ_OK) {
             fprintf(stderr, "bench_decode: %s\n", aj_last_error(ctx));
             return 1;
         }
         time_decode(ctx, dev, &ds[i]);
     }
-    double best[3] = {INFINITY, INFINITY, INFINITY};
-    for (int r = 0; r < repeat; r++)
-        for (int i = 0; i < 3; i++)
-            best[i] = fmin(best[i], time_decode(ctx, dev, &ds[i]));
-    printf("\nsplit-KV: B 1, ctx 32768, Hq 32, Hkv 8, d 128, bf16, page 16, %d threads\n",
-           threads);
-    printf("| splits | time (ms) | KV GB/s | speedup over splits = 1 |\n|---|---:|---:|---:|\n");
-    for (int i = 0; i < 3; i++)
-        printf("| %s | %.2f | %.2f | %.2f |\n", splits[i] == 0 ? "launch's choice" :
-               splits[i] == 8 ? "8" : "1", best[i] * 1e3,
-               (double)ds[i].kv_bytes / best[i] / 1e9, best[2] / best[i]);
-    for (int i = 0; i < 3; i++)
+    size_t evict_bytes = (size_t)64 << 20;
+    unsigned char *evict = malloc(evict_bytes);
+    if (!evict)
+        return 1;
+    memset(evict, 1, evict_bytes);
+    double t[NS][MAX_ROUNDS];
+    for (int r = 0; r < rounds; r++)
+        for (int i = 0; i < NS; i++) {
+            time_stream(NULL, evict, evict_bytes, threads);
+            t[i][r] = time_decode(ctx, dev, &ds[i]);
+        }
+    spread sp[NS];
+    for (int i = 0; i < NS; i++)
+        sp[i] = spread_of(t[i], rounds);
+    printf("\nsplit-KV: B 1, ctx 32768, Hq 32, Hkv %d, d 128, bf16, page 16, %d threads, "
+           "%d rounds\n", hkv, threads, rounds);
+    printf("| splits | ms median [min, max] | KV GB/s | speedup over splits = 1 |\n"
+           "|---|---:|---:|---:|\n");
+    for (int i = 0; i < NS; i++) {
+        char name[32];
+        if (splits[i])
+            snprintf(name, sizeof name, "%d", splits[i]);
+        else
+            snprintf(name, sizeof name, "launch's choice");
+        printf("| %s | %.2f [%.2f, %.2f] | %.2f | %.2f |\n", name, sp[i].med * 1e3,
+               sp[i].lo * 1e3, sp[i].hi * 1e3, (double)ds[i].kv_bytes / sp[i].med / 1e9,
+               sp[NS - 1].med / sp[i].med);
+    }
+    for (int i = 0; i < NS; i++)
         decode_free(dev, &ds[i]);
+    free(evict);
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    int rounds = 9, workers = 0;
+    for (int i = 1; i + 1 < argc; i += 2) {
+        if (strcmp(argv[i], "--rounds") == 0)
+            rounds = atoi(argv[i + 1]);
+        else if (strcmp(argv[i], "--workers") == 0)
+            workers = atoi(argv[i + 1]);
+    }
+    if (rounds < 1 || rounds > MAX_ROUNDS) {
+        fprintf(stderr, "bench_decode: --rounds must be 1..%d\n", MAX_ROUNDS);
+        return 2;
+    }
+    aj_ctx *ctx = NULL;
+    aj_device *dev = NULL;
+    if (aj_ctx_create(NULL, &ctx) != AJ_OK || aj_device_open(ctx, AJ_DEVICE_CPU, 0, &dev) != AJ_OK)
+        return 1;
+    aj_device_set_workers(dev, workers);
+    int threads = workers > 0 ? workers : (int)sysconf(_SC_NPROCESSORS_ONLN);
+    if (threads < 1 || threads > 64) {
+        fprintf(stderr, "bench_decode: %d threads: the baselines run 1..64\n", threads);
+        return 2;
+    }
+    int rc = bench_bandwidth(ctx, dev, threads, rounds);
+    const int hkvs[3] = {8, 2, 1};
+    for (int i = 0; i < 3 && rc == 0; i++)
+        rc = bench_split(ctx, dev, threads, rounds, hkvs[i]);
     aj_device_close(dev);
     aj_ctx_destroy(ctx);
-    return 0;
+    return rc;
 }
