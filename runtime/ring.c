@@ -108,6 +108,12 @@ typedef struct ring_plan {
     aj_cp_shapes sh;             /* the same, with the layout of the tensors */
     aj_cp_docs docs;             /* layout = varlen: the packed batch's documents */
     ring_pair *pairs;            /* a step's pairs: 4 (varlen: 4 per document) */
+    /* packed documents (plan_needs): need[r P + o], whether rank r's
+     * queries see any of rank o's keys, and reach[o], the furthest ring
+     * distance from o at which a rank needs o's block (0: none); NULL:
+     * every rank needs every block */
+    bool *need;
+    int *reach;
     int64_t sq, sk;              /* the global lengths: the sums of every rank's */
     int64_t lk_max;              /* the longest K/V shard: the size of a block's slot */
     size_t elem;                 /* bytes per element of the op's dtype */
@@ -199,9 +205,8 @@ static int64_t longest_chunk(const ring_plan *p, int64_t seq)
  * document's pieces (the layout's chunks of the document) of this rank
  * against src's of the same document only -- a pair from two documents
  * sees nothing and is never formed -- and no pair with an empty piece. */
-static aj_status plan_step(const ring_plan *p, int step, int *n)
+static aj_status plan_pairs(const ring_plan *p, int rank, int src, int step, int *n)
 {
-    const int src = step_src(p, step);
     const bool varlen = p->sh.varlen;
     int64_t q_at = 0, k_at = 0;   /* the document's first local positions */
     *n = 0;
@@ -210,7 +215,7 @@ static aj_status plan_step(const ring_plan *p, int step, int *n)
         const int64_t sk = varlen ? p->docs.cu_k[d + 1] - p->docs.cu_k[d] : p->sk;
         aj_shard_chunk qc[2], kc[2];
         int nq = 0, nk = 0;
-        aj_status st = ring_chunks(p, p->rank, sq, qc, &nq);
+        aj_status st = ring_chunks(p, rank, sq, qc, &nq);
         if (st == AJ_OK)
             st = ring_chunks(p, src, sk, kc, &nk);
         if (st != AJ_OK)
@@ -226,9 +231,71 @@ static aj_status plan_step(const ring_plan *p, int step, int *n)
                 x.block = classify(p, x.q.global, x.q.len, x.k.global, x.k.len, sq, sk);
                 p->pairs[(*n)++] = x;
             }
-        q_at += ring_length(p, p->rank, sq);
+        q_at += ring_length(p, rank, sq);
         k_at += ring_length(p, src, sk);
     }
+    return AJ_OK;
+}
+
+static aj_status plan_step(const ring_plan *p, int step, int *n)
+{
+    return plan_pairs(p, p->rank, step_src(p, step), step, n);
+}
+
+/* Whether rank r needs rank o's K/V block (plan_needs), and how far
+ * around the ring o's block must go. */
+static bool needs(const ring_plan *p, int r, int o)
+{
+    return r == o || !p->need || p->need[r * p->size + o];
+}
+
+static int reach_of(const ring_plan *p, int o)
+{
+    return p->reach ? p->reach[o] : p->size - 1;
+}
+
+/*
+ * Packed documents leave ranks that need none of a peer's keys: a
+ * document shorter than 2P has no piece on some ranks, a window sees
+ * only nearby pieces, contiguous causal pieces never see later ranks'.
+ * From every (rank, origin) pair's classes (plan_pairs, which every rank
+ * computes alike from the agreed documents) the ring moves only what a
+ * rank needs:
+ *
+ *   p2p        origin o's block travels o -> o+1 -> ... -> o+reach[o]
+ *              and no further (a rank inside that reach that needs none
+ *              of it still relays it); each rank sends its dK/dV part of
+ *              block o straight home to o, where o sums them, and only
+ *              where it needs the block
+ *   all-gather an all-to-all gathers the blocks a rank needs, another
+ *              returns the dK/dV parts to their homes
+ *
+ *   docs 1, 1, 1, 1 (one piece each), P = 4, contiguous causal:
+ *   rank 0: doc 0    every need[r][o] is false for r != o: nothing
+ *   rank 1: doc 1    travels (padded sequences: every block, the
+ *   ...              rotations the header describes)
+ */
+static aj_status plan_needs(ring_plan *p)
+{
+    const int P = p->size;
+    if (!p->sh.varlen || P < 2)
+        return AJ_OK;
+    p->need = calloc((size_t)P * (size_t)P, sizeof *p->need);
+    p->reach = calloc((size_t)P, sizeof *p->reach);
+    if (!p->need || !p->reach)
+        return aj_fail(p->ctx, AJ_ERR_OUT_OF_MEMORY, "%s: out of memory", p->fn);
+    for (int r = 0; r < P; r++)
+        for (int o = 0; o < P; o++) {
+            int n = 0;
+            const aj_status st = plan_pairs(p, r, o, 0, &n);
+            if (st != AJ_OK)
+                return st;
+            for (int i = 0; i < n; i++)
+                p->need[r * P + o] |= p->pairs[i].block != AJ_RING_BLOCK_SKIP;
+            const int dist = (r - o + P) % P;
+            if (p->need[r * P + o] && dist > p->reach[o])
+                p->reach[o] = dist;
+        }
     return AJ_OK;
 }
 
@@ -291,7 +358,7 @@ static aj_status plan_chunks(ring_plan *p, int64_t sq, int64_t sk)
     p->pairs = calloc(4 * (size_t)(p->sh.varlen ? p->docs.batch : 1), sizeof *p->pairs);
     if (!p->pairs)
         return aj_fail(p->ctx, AJ_ERR_OUT_OF_MEMORY, "%s: out of memory", p->fn);
-    return AJ_OK;
+    return plan_needs(p);
 }
 
 /* The checks both directions share: handles, the op, q, k, v and the
@@ -373,6 +440,8 @@ static void plan_free(ring_plan *p)
         free(p->host_mem[t]);
     free(p->cache);
     free(p->pairs);
+    free(p->need);
+    free(p->reach);
     aj_cp_docs_free(&p->docs);
 }
 
@@ -648,12 +717,17 @@ static aj_status store_rows(const ring_plan *p, const float *acc, const float *l
 
 /* ---------------------------------------------------------------- comm */
 
-static aj_status exchange_start(ring_plan *p, aj_comm_req *req, const char *what,
-                                const void *send, void *recv, size_t bytes, int tag)
+/* Sends `send` to rank `to` and receives `recv` from rank `from`; a
+ * negative rank skips that side, and with both negative nothing is
+ * posted (no rotation: req stays inactive). */
+static aj_status exchange_with(ring_plan *p, aj_comm_req *req, const char *what,
+                               const void *send, void *recv, size_t bytes, int to, int from,
+                               int tag)
 {
-    const int to = (p->rank + 1) % p->size, from = (p->rank + p->size - 1) % p->size;
     *req = (aj_comm_req){.what = what, .to = to, .from = from, .bytes = bytes,
                          .posted = aj_now()};
+    if (to < 0 && from < 0)
+        return AJ_OK;
     aj_status st = p->comm->engine->exchange_start(p->comm, send, recv, bytes, to, from, tag,
                                                    req);
     if (st == AJ_OK) {
@@ -661,6 +735,25 @@ static aj_status exchange_start(ring_plan *p, aj_comm_req *req, const char *what
         p->stats->rotations++;
     }
     return st;
+}
+
+/* With the neighbours: to rank r+1, from rank r-1. */
+static aj_status exchange_start(ring_plan *p, aj_comm_req *req, const char *what,
+                                const void *send, void *recv, size_t bytes, int tag)
+{
+    const int to = (p->rank + 1) % p->size, from = (p->rank + p->size - 1) % p->size;
+    return exchange_with(p, req, what, send, recv, bytes, to, from, tag);
+}
+
+/* Step s's K/V exchange (p2p): block r-s on to rank r+1, and block
+ * r-1-s in from rank r-1, each only while its reach goes on (plan_needs). */
+static aj_status kv_exchange(ring_plan *p, aj_comm_req *req, int s, const void *send,
+                             void *recv, size_t bytes)
+{
+    const int P = p->size, r = p->rank;
+    const int to = reach_of(p, (r - s + P) % P) > s ? (r + 1) % P : -1;
+    const int from = reach_of(p, (r - 1 - s + 2 * P) % P) > s ? (r + P - 1) % P : -1;
+    return exchange_with(p, req, "K/V", send, recv, bytes, to, from, TAG_KV);
 }
 
 /* Lets MPI move the bytes while the kernels run (rendezvous transfers
@@ -694,6 +787,52 @@ static void count_collective(ring_plan *p, double start)
     p->stats->comm_s += t;
     p->stats->exposed_comm_s += t;
     p->stats->rotations++;
+}
+
+/* The all-gather method's exchange of blocks (parts = false: this rank's
+ * K/V block, `send`, to every rank that needs it, and into recv[o] the
+ * block of every o this rank needs) or of dK/dV parts (parts = true:
+ * send[o], this rank's part of block o, home to each o it needs, and
+ * into recv[r] the part of every r that needs this rank's block), each
+ * `bytes` long: packed documents' all-to-all of what is needed
+ * (plan_needs); a rank's own is copied too. */
+static aj_status alltoall_needed(ring_plan *p, const void *send, size_t send_stride, void *recv,
+                                 size_t bytes, bool parts)
+{
+    const int P = p->size, me = p->rank;
+    size_t *n = calloc(4 * (size_t)P, sizeof *n);
+    if (!n)
+        return aj_fail(p->ctx, AJ_ERR_OUT_OF_MEMORY, "%s: out of memory", p->fn);
+    size_t *send_bytes = n, *send_off = n + P, *recv_bytes = n + 2 * P, *recv_off = n + 3 * P;
+    for (int d = 0; d < P; d++) {
+        send_bytes[d] = (parts ? needs(p, me, d) : needs(p, d, me)) ? bytes : 0;
+        recv_bytes[d] = (parts ? needs(p, d, me) : needs(p, me, d)) ? bytes : 0;
+        send_off[d] = (size_t)d * send_stride;
+        recv_off[d] = (size_t)d * bytes;
+    }
+    const double t0 = aj_now();
+    const aj_status st = collective_status(p, p->comm->engine->alltoallv(
+        p->comm, send, send_bytes, send_off, recv, recv_bytes, recv_off));
+    count_collective(p, t0);
+    free(n);
+    return st;
+}
+
+/* The all-gather method's K/V: every rank's block into gathered[o], or
+ * (packed documents) the blocks this rank needs. */
+static aj_status gather_blocks(ring_plan *p, const void *kv, void *gathered, size_t bytes)
+{
+    if (p->size == 1) {
+        memcpy(gathered, kv, bytes);
+        return AJ_OK;
+    }
+    if (p->need)
+        return alltoall_needed(p, kv, 0, gathered, bytes, false);
+    const double t0 = aj_now();
+    const aj_status st = collective_status(p, p->comm->engine->allgather(p->comm, kv, gathered,
+                                                                         bytes));
+    count_collective(p, t0);
+    return st;
 }
 
 /* ---------------------------------------------------------------- blocks */
@@ -969,8 +1108,7 @@ aj_status aj_ring_forward_group(aj_ctx *ctx, aj_device *dev, aj_comm *comm, cons
         int cur = 0;
         for (int s = 0; s < p.size; s++) {
             if (s < p.size - 1)
-                AJ_TRY(exchange_start(&p, &req, "K/V", kv[cur], kv[cur ^ 1], kv_bytes,
-                                      TAG_KV));
+                AJ_TRY(kv_exchange(&p, &req, s, kv[cur], kv[cur ^ 1], kv_bytes));
             AJ_TRY(visiting_block(&p, kv_dev, kv[cur], kv_bytes, &block));
             AJ_TRY(fwd_block(&p, &kern, &shards, block, s, &o_acc, &req));
             AJ_TRY(exchange_finish(&p, &req));
@@ -978,14 +1116,7 @@ aj_status aj_ring_forward_group(aj_ctx *ctx, aj_device *dev, aj_comm *comm, cons
         }
     } else {
         AJ_TRY(alloc_host(&p, kv_bytes * (size_t)p.size, 0, &gathered));
-        if (p.size > 1) {
-            double t0 = aj_now();
-            AJ_TRY(collective_status(&p, comm->engine->allgather(comm, kv[0], gathered,
-                                                                 kv_bytes)));
-            count_collective(&p, t0);
-        } else {
-            memcpy(gathered, kv[0], kv_bytes);
-        }
+        AJ_TRY(gather_blocks(&p, kv[0], gathered, kv_bytes));
         for (int s = 0; s < p.size; s++) {
             const size_t at = (size_t)step_src(&p, s) * kv_bytes;
             AJ_TRY(visiting_block(&p, kv_dev, (char *)gathered + at, kv_bytes, &block));
@@ -1021,6 +1152,13 @@ done:
 }
 
 /* ---------------------------------------------------------------- backward */
+
+/* dst[i] += src[i] for n floats. */
+static void add_f32(float *dst, const float *src, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        dst[i] += src[i];
+}
 
 /* acc[o][row0 + i][:] += part[o][i][:] (part in `dtype`, `inner` wide,
  * `rows` rows per outer index; acc has acc_rows rows). */
@@ -1185,9 +1323,7 @@ static aj_status bwd_shared(ring_plan *p, const ring_kernels *kern, const aj_rin
         AJ_TRY(exchange_finish(p, req));
         if (s > 0) {
             const double t0 = aj_now();
-            const float *add = shared_acc(seg, l, prev, s - 1);
-            for (size_t i = 0; i < l->dkv_count; i++)
-                mine[i] += add[i];
+            add_f32(mine, shared_acc(seg, l, prev, s - 1), l->dkv_count);
             p->stats->compute_s += aj_now() - t0;
         }
         AJ_TRY(fence_start(p, req, "shared dK/dV"));
@@ -1195,6 +1331,54 @@ static aj_status bwd_shared(ring_plan *p, const ring_kernels *kern, const aj_rin
     }
     AJ_TRY(exchange_finish(p, req));
     *own = shared_acc(seg, l, prev, p->size - 1);
+done:
+    return st;
+}
+
+/* The backward's p2p steps for packed documents (plan_needs): K/V only
+ * as far as their reach (kv_exchange); at step s this rank's dK/dV part
+ * of block r-s goes straight home to rank r-s, if this rank needed the
+ * block, while rank r+s's part of this rank's block comes in (`in`) and
+ * is added to `own`, which starts as step 0's part.  part[2]: the parts
+ * computed, one in flight while the next is computed.
+ *
+ *   step s:  post K/V exchange -> part of block r-s -> wait for step s-1's
+ *            parts, add the one that came in -> post part to r-s, from
+ *            r+s -> wait K/V
+ */
+static aj_status bwd_p2p_home(ring_plan *p, const ring_kernels *kern, const aj_ring_bwd_args *a,
+                              void *kv[2], void *kv_dev, float *dq_acc, const bwd_parts *parts,
+                              float *own, float *part[2], float *in, aj_comm_req reqs[2])
+{
+    const int P = p->size, r = p->rank;
+    const size_t count = p->k_elems + p->v_elems, kv_bytes = count * p->elem;
+    const void *block = NULL;
+    bool incoming = false;   /* reqs[1] brings a part of this rank's block */
+    aj_status st = AJ_OK;
+    for (int s = 0, kc = 0; s < P; s++, kc ^= 1) {
+        if (s < P - 1)
+            AJ_TRY(kv_exchange(p, &reqs[0], s, kv[kc], kv[kc ^ 1], kv_bytes));
+        AJ_TRY(visiting_block(p, kv_dev, kv[kc], kv_bytes, &block));
+        float *mine = s == 0 ? own : part[s % 2];
+        if (s > 0)
+            memset(mine, 0, count * sizeof(float));
+        AJ_TRY(bwd_block(p, kern, a, block, s, dq_acc, mine, parts, reqs, 2));
+        AJ_TRY(exchange_finish(p, &reqs[1]));
+        if (incoming)
+            add_f32(own, in, count);
+        incoming = false;
+        if (s > 0) {
+            const int home = (r - s + P) % P, from = (r + s) % P;
+            incoming = needs(p, from, r);
+            AJ_TRY(exchange_with(p, &reqs[1], "dK/dV", mine, in, count * sizeof(float),
+                                 needs(p, r, home) ? home : -1, incoming ? from : -1,
+                                 TAG_DKV));
+        }
+        AJ_TRY(exchange_finish(p, &reqs[0]));
+    }
+    AJ_TRY(exchange_finish(p, &reqs[1]));
+    if (incoming)
+        add_f32(own, in, count);
 done:
     return st;
 }
@@ -1288,6 +1472,16 @@ aj_status aj_ring_backward_group(aj_ctx *ctx, aj_device *dev, aj_comm *comm, con
     float *own = NULL;    /* this rank's dK/dV, f32, when done */
     if (seg) {
         AJ_TRY(bwd_shared(&p, &kern, &shards, seg, &lay, (float *)dq_acc, &parts, &reqs[0], &own));
+    } else if (args->rotate == AJ_ROTATE_P2P && p.need) {
+        AJ_TRY(alloc_host(&p, kv_bytes, 0, &kv[1]));
+        AJ_TRY(alloc_host(&p, dkv_count * sizeof(float), 1, &acc[0]));
+        AJ_TRY(alloc_host(&p, dkv_count * sizeof(float), 0, &acc[1]));
+        AJ_TRY(alloc_host(&p, dkv_count * sizeof(float), 0, &step));
+        AJ_TRY(alloc_host(&p, dkv_count * sizeof(float), 0, &gathered));
+        float *part[2] = {step, acc[1]};
+        own = acc[0];
+        AJ_TRY(bwd_p2p_home(&p, &kern, &shards, kv, kv_dev, (float *)dq_acc, &parts, own, part,
+                            gathered, reqs));
     } else if (args->rotate == AJ_ROTATE_P2P) {
         AJ_TRY(alloc_host(&p, kv_bytes, 0, &kv[1]));
         AJ_TRY(alloc_host(&p, dkv_count * sizeof(float), 1, &acc[0]));
@@ -1296,8 +1490,7 @@ aj_status aj_ring_backward_group(aj_ctx *ctx, aj_device *dev, aj_comm *comm, con
         int kc = 0, ac = 0;
         for (int s = 0; s < p.size; s++) {
             if (s < p.size - 1)
-                AJ_TRY(exchange_start(&p, &reqs[0], "K/V", kv[kc], kv[kc ^ 1], kv_bytes,
-                                      TAG_KV));
+                AJ_TRY(kv_exchange(&p, &reqs[0], s, kv[kc], kv[kc ^ 1], kv_bytes));
             AJ_TRY(visiting_block(&p, kv_dev, kv[kc], kv_bytes, &block));
             memset(step, 0, dkv_count * sizeof(float));
             AJ_TRY(bwd_block(&p, &kern, &shards, block, s, dq_acc, step, &parts, reqs, 2));
@@ -1305,10 +1498,7 @@ aj_status aj_ring_backward_group(aj_ctx *ctx, aj_device *dev, aj_comm *comm, con
              * received from rank r-1 */
             AJ_TRY(exchange_finish(&p, &reqs[1]));
             double t0 = aj_now();
-            float *a = acc[ac];
-            const float *add = step;
-            for (size_t i = 0; i < dkv_count; i++)
-                a[i] += add[i];
+            add_f32(acc[ac], step, dkv_count);
             p.stats->compute_s += aj_now() - t0;
             if (p.size > 1) {
                 AJ_TRY(exchange_start(&p, &reqs[1], "dK/dV", acc[ac], acc[ac ^ 1],
@@ -1324,14 +1514,7 @@ aj_status aj_ring_backward_group(aj_ctx *ctx, aj_device *dev, aj_comm *comm, con
         AJ_TRY(alloc_host(&p, kv_bytes * (size_t)p.size, 0, &gathered));
         AJ_TRY(alloc_host(&p, dkv_count * sizeof(float) * (size_t)p.size, 1, &all_dkv));
         AJ_TRY(alloc_host(&p, dkv_count * sizeof(float), 0, &step));
-        if (p.size > 1) {
-            double t0 = aj_now();
-            AJ_TRY(collective_status(&p, comm->engine->allgather(comm, kv[0], gathered,
-                                                                 kv_bytes)));
-            count_collective(&p, t0);
-        } else {
-            memcpy(gathered, kv[0], kv_bytes);
-        }
+        AJ_TRY(gather_blocks(&p, kv[0], gathered, kv_bytes));
         for (int s = 0; s < p.size; s++) {
             const size_t src = (size_t)step_src(&p, s);
             AJ_TRY(visiting_block(&p, kv_dev, (char *)gathered + src * kv_bytes, kv_bytes,
@@ -1339,7 +1522,17 @@ aj_status aj_ring_backward_group(aj_ctx *ctx, aj_device *dev, aj_comm *comm, con
             AJ_TRY(bwd_block(&p, &kern, &shards, block, s, dq_acc,
                              (float *)all_dkv + src * dkv_count, &parts, reqs, 0));
         }
-        if (p.size > 1) {
+        if (p.size > 1 && p.need) {   /* the parts home, summed there */
+            const size_t bytes = dkv_count * sizeof(float);
+            AJ_TRY(alloc_host(&p, bytes * (size_t)p.size, 0, &acc[0]));
+            AJ_TRY(alltoall_needed(&p, all_dkv, bytes, acc[0], bytes, true));
+            memset(step, 0, bytes);
+            for (int r = 0; r < p.size; r++)
+                if (needs(&p, r, p.rank))
+                    add_f32((float *)step, (const float *)acc[0] + (size_t)r * dkv_count,
+                            dkv_count);
+            own = step;
+        } else if (p.size > 1) {
             double t0 = aj_now();
             AJ_TRY(collective_status(&p, comm->engine->reduce_scatter_f32(comm, all_dkv, step,
                                                                           dkv_count)));

@@ -160,12 +160,13 @@ static const struct uly_mask {
  * kernel tests cover mask by mask; each mask costs its kernels' compile);
  * the flash variant (on sim the efficient backward has no varlen);
  * `small` (sim) takes the first mask and set only. */
-enum { VARLEN_MASKS = 2, VARLEN_SETS = 3,
+enum { VARLEN_MASKS = 2, VARLEN_SETS = 4,
        VARLEN_MAX_CASES = (AJ_METHOD_ULYSSES + 1) * VARLEN_MASKS * VARLEN_SETS };
 static const int varlen_sets[VARLEN_SETS][8] = {
-    {1, 2, 5, 0}, {1, 1, 1, 0}, {7, 1, 2, 13, 3, 0}};
+    {1, 2, 5, 0}, {1, 1, 1, 0}, {7, 1, 2, 13, 3, 0}, {3, 1, 2, 3, 2, 0}};
 static const char *const varlen_set_names[VARLEN_SETS] = {
-    "documents 1, 2, 5", "documents of length 1", "documents 7, 1, 2, 13, 3"};
+    "documents 1, 2, 5", "documents of length 1", "documents 7, 1, 2, 13, 3",
+    "documents 3, 1, 2, 3, 2"};
 
 static int generated_varlen_cases(ring_case *out, char (*labels)[112], int small)
 {
@@ -288,6 +289,20 @@ static int64_t shard_len(const shard_rule *r, int keys, int64_t seq)
     return len;
 }
 
+/* The longest packed key shard of any rank: the ring's block slot. */
+static int64_t longest_varlen_keys(const shard_rule *r)
+{
+    int64_t most = 0;
+    for (int who = 0; who < size; who++) {
+        int32_t n = 0;
+        int64_t len = 0;
+        CHECK_STATUS(ctx, aj_shard_varlen_chunks(ctx, r->method, r->layout, who, size, r->cu_k,
+                                                 r->batch, NULL, 0, &n, &len), AJ_OK);
+        most = len > most ? len : most;
+    }
+    return most;
+}
+
 /* This rank's contiguous shard of a full tensor of H heads, seq positions
  * and W wide (W = 0: an LSE): padded [1, H, seq, W], varlen [seq, H, W]
  * (an LSE [1, H, seq] either way). */
@@ -406,21 +421,19 @@ static int chunks_of(const ring_case *c, int r, int64_t seq, int64_t starts[2], 
     return c->layout == AJ_SHARD_ZIGZAG ? 2 : 1;
 }
 
-/* The blocks this rank launches: each (its Q chunk, any K/V chunk) pair,
- * position by position. */
-static void expected_blocks(const ring_case *c, const ref_problem *pr, int *full, int *partial,
-                            int *skipped)
+/* The blocks rank r launches against rank src's K/V, added to *full,
+ * *partial, *skipped: each (Q chunk, K/V chunk) pair, position by
+ * position. */
+static void pair_classes(const ring_case *c, const ref_problem *pr, int r, int src, int *full,
+                         int *partial, int *skipped)
 {
     int64_t qs[2], ks[2], ql[2], kl[2];
-    *full = *partial = *skipped = 0;
     /* packed documents: each document's pieces, pairs of pieces only
      * within a document, and no pair with an empty piece */
     for (int d = 0; d < (pr->cu_q ? pr->B : 1); d++) {
-    const int64_t sq = pr->cu_q ? pr->cu_q[d + 1] - pr->cu_q[d] : pr->Sq;
-    const int64_t sk = pr->cu_k ? pr->cu_k[d + 1] - pr->cu_k[d] : pr->Sk;
-    int nq = chunks_of(c, rank, sq, qs, ql);
-    for (int src = 0; src < size; src++) {
-        int nk = chunks_of(c, src, sk, ks, kl);
+        const int64_t sq = pr->cu_q ? pr->cu_q[d + 1] - pr->cu_q[d] : pr->Sq;
+        const int64_t sk = pr->cu_k ? pr->cu_k[d + 1] - pr->cu_k[d] : pr->Sk;
+        const int nq = chunks_of(c, r, sq, qs, ql), nk = chunks_of(c, src, sk, ks, kl);
         for (int a = 0; a < nq; a++)
             for (int b = 0; b < nk; b++) {
                 if (pr->cu_q && (ql[a] == 0 || kl[b] == 0))
@@ -437,7 +450,69 @@ static void expected_blocks(const ring_case *c, const ref_problem *pr, int *full
                     ++*partial;
             }
     }
+}
+
+/* The blocks this rank launches over every step. */
+static void expected_blocks(const ring_case *c, const ref_problem *pr, int *full, int *partial,
+                            int *skipped)
+{
+    *full = *partial = *skipped = 0;
+    for (int src = 0; src < size; src++)
+        pair_classes(c, pr, rank, src, full, partial, skipped);
+}
+
+/* Whether rank r sees any key of rank o's block. */
+static int needs_block(const ring_case *c, const ref_problem *pr, int r, int o)
+{
+    int full = 0, partial = 0, skipped = 0;
+    pair_classes(c, pr, r, o, &full, &partial, &skipped);
+    return r == o || full + partial > 0;
+}
+
+/*
+ * Packed documents on the ring's message paths (p2p over messages,
+ * all-gather): what this rank sends and how many exchanges it posts,
+ * forward [0] and backward [1], from which ranks need which blocks
+ * (docs/ring.md).  A block is a slot of the longest key shard, lk_max
+ * positions of H_kv heads, K and V: `kv` bytes in the op's dtype, `dkv`
+ * as f32 dK/dV.
+ *
+ *   p2p        block o travels o -> o+1 -> ... as far as the furthest
+ *              rank that needs it (reach); the backward's parts go home
+ *              directly, one per (rank, block needed) pair
+ *   all-gather one all-to-all of the blocks needed (and one of the parts)
+ */
+static void varlen_ring_traffic(const ring_case *c, const ref_problem *pr, int64_t lk_max,
+                                uint64_t sent[2], int rotations[2])
+{
+    const int P = size, r = rank;
+    int need[4][4], reach[4] = {0};
+    for (int a = 0; a < P; a++)
+        for (int o = 0; o < P; o++) {
+            need[a][o] = needs_block(c, pr, a, o);
+            if (need[a][o] && (a - o + P) % P > reach[o])
+                reach[o] = (a - o + P) % P;
+        }
+    const uint64_t kv = (uint64_t)(c->hkv * lk_max * 2 * HEAD_DIM) * elem_size(c->dtype);
+    const uint64_t dkv = (uint64_t)(c->hkv * lk_max * 2 * HEAD_DIM) * 4;
+    int kv_sends = 0, kv_posts = 0, part_sends = 0, part_posts = 0;
+    for (int s = 0; s < P; s++) {
+        const int mine = (r - s + P) % P, prev = (r - 1 - s + 2 * P) % P, home = mine;
+        const int from = (r + s) % P;
+        if (c->rotate == AJ_ROTATE_P2P) {
+            kv_sends += s < P - 1 && reach[mine] > s;
+            kv_posts += s < P - 1 && (reach[mine] > s || reach[prev] > s);
+            part_posts += s > 0 && (need[r][home] || need[from][r]);
+        } else {
+            kv_sends += s > 0 && need[from][r];
+        }
+        part_sends += s > 0 && need[r][home];
     }
+    const int p2p = c->rotate == AJ_ROTATE_P2P, collectives = P > 1;
+    rotations[0] = p2p ? kv_posts : collectives;
+    rotations[1] = p2p ? kv_posts + part_posts : 2 * collectives;
+    sent[0] = kv_sends * kv + (uint64_t)(P - 1) * sizeof(aj_cp_call);
+    sent[1] = sent[0] + part_sends * dkv;
 }
 
 /* aj_ring_plan's classes are the ring's: as many launches, full and
@@ -580,13 +655,19 @@ static uint64_t agreement_bytes(void)
 
 /* The case's forward and backward again with messages instead of shared
  * segments (what the ring does across nodes, comm->messages_only): results
- * bit for bit the same, the same rotations; the shared calls (fwd_sent,
- * bwd_sent) sent nothing but their agreements, the message calls their
- * blocks. */
+ * bit for bit the same; the shared calls (fwd_sent, bwd_sent) sent nothing
+ * but their agreements, the message calls their blocks: padded, in as
+ * many rotations as the shared calls; packed documents (traffic, else
+ * NULL), the bytes and exchanges varlen_ring_traffic gives. */
+typedef struct ring_traffic {
+    uint64_t sent[2];
+    int rotations[2];
+} ring_traffic;
+
 static void check_message_path(const ring_case *c, aj_comm *comm, aj_op *fop, aj_op *bop,
                                const aj_ring_fwd_args *fa, const aj_ring_bwd_args *ba,
                                const aj_ring_stats *fs, const aj_ring_stats *bs,
-                               uint64_t fwd_sent, uint64_t bwd_sent)
+                               uint64_t fwd_sent, uint64_t bwd_sent, const ring_traffic *traffic)
 {
     aj_ring_fwd_args f = *fa;
     aj_ring_bwd_args b = *ba;
@@ -603,7 +684,9 @@ static void check_message_path(const ring_case *c, aj_comm *comm, aj_op *fop, aj
     comm->messages_only = true;
     const uint64_t before = aj_comm_bytes_sent(comm);
     CHECK_STATUS(ctx, aj_ring_forward(ctx, dev, comm, fop, &f, &fm), AJ_OK);
+    const uint64_t fwd_msg = aj_comm_bytes_sent(comm) - before;
     CHECK_STATUS(ctx, aj_ring_backward(ctx, dev, comm, bop, &b, &bm), AJ_OK);
+    const uint64_t bwd_msg = aj_comm_bytes_sent(comm) - before - fwd_msg;
     comm->messages_only = false;
     static const char *const names[5] = {"O", "LSE", "dQ", "dK", "dV"};
     for (int t = 0; t < 5; t++) {
@@ -612,11 +695,22 @@ static void check_message_path(const ring_case *c, aj_comm *comm, aj_op *fop, aj
                   names[t]);
         free(msg[t]->data);
     }
-    CHECK_MSG(fm.rotations == fs->rotations && bm.rotations == bs->rotations, "rank %d: %s: "
-              "rotations %d + %d over messages, %d + %d shared", rank, c->label, fm.rotations,
-              bm.rotations, fs->rotations, bs->rotations);
+    if (traffic)
+        CHECK_MSG(fwd_msg == traffic->sent[0] && bwd_msg == traffic->sent[1] &&
+                      fm.rotations == traffic->rotations[0] &&
+                      bm.rotations == traffic->rotations[1],
+                  "rank %d: %s: over messages sent %llu + %llu bytes in %d + %d exchanges; "
+                  "the formula %llu + %llu in %d + %d", rank, c->label,
+                  (unsigned long long)fwd_msg, (unsigned long long)bwd_msg, fm.rotations,
+                  bm.rotations, (unsigned long long)traffic->sent[0],
+                  (unsigned long long)traffic->sent[1], traffic->rotations[0],
+                  traffic->rotations[1]);
+    else
+        CHECK_MSG(fm.rotations == fs->rotations && bm.rotations == bs->rotations, "rank %d: "
+                  "%s: rotations %d + %d over messages, %d + %d shared", rank, c->label,
+                  fm.rotations, bm.rotations, fs->rotations, bs->rotations);
     CHECK_MSG(fwd_sent == agreement_bytes() && bwd_sent == agreement_bytes() &&
-                  aj_comm_bytes_sent(comm) - before > 2 * agreement_bytes(),
+                  (traffic || aj_comm_bytes_sent(comm) - before > 2 * agreement_bytes()),
               "rank %d: %s: shared calls sent %llu + %llu bytes, message calls %llu", rank,
               c->label, (unsigned long long)fwd_sent, (unsigned long long)bwd_sent,
               (unsigned long long)(aj_comm_bytes_sent(comm) - before));
@@ -792,6 +886,17 @@ static void run_case(const ring_case *c)
         const int p2p = c->rotate == AJ_ROTATE_P2P;
         CHECK_MSG(bs.rotations == (p2p ? (size > 1 ? 2 * size - 1 : 0) : 2 * (size > 1)),
                   "rank %d: %s: %d backward rotations", rank, c->label, bs.rotations);
+        /* packed documents: only the blocks (and parts) a rank needs move */
+        ring_traffic traffic = {{0}, {0}};
+        if (c->docs)
+            varlen_ring_traffic(c, &pr, longest_varlen_keys(&rule), traffic.sent,
+                                traffic.rotations);
+        if (c->docs && !p2p)
+            CHECK_MSG(fwd_sent == traffic.sent[0] && bwd_sent == traffic.sent[1],
+                      "rank %d: %s: all-gather sent %llu + %llu bytes, the formula %llu + "
+                      "%llu", rank, c->label, (unsigned long long)fwd_sent,
+                      (unsigned long long)bwd_sent, (unsigned long long)traffic.sent[0],
+                      (unsigned long long)traffic.sent[1]);
         if (p2p && size > 1)
             CHECK(fs.rotations + bs.rotations == 3 * size - 2);
         CHECK(bs.launches == fs.launches && bs.skipped_blocks == fs.skipped_blocks);
@@ -800,7 +905,8 @@ static void run_case(const ring_case *c)
         const int uneven = c->sq_total == 2 * size + 1 || c->sq_total == 5 * size + 1 ||
                            c->docs;
         if (p2p && size > 1 && uneven && aj_device_target(dev) == AJ_TARGET_CPU)
-            check_message_path(c, comm, fop, bop, &fa, &ba, &fs, &bs, fwd_sent, bwd_sent);
+            check_message_path(c, comm, fop, bop, &fa, &ba, &fs, &bs, fwd_sent, bwd_sent,
+                               c->docs ? &traffic : NULL);
         /* aj_ring_plan takes one rank's lengths: even splits only */
         const int parts = L == AJ_SHARD_ZIGZAG ? 2 * size : size;
         if (!c->docs && sq % parts == 0 && sk % parts == 0) {
