@@ -87,6 +87,7 @@ typedef struct ring_kernels {
  * document's; a varlen pair's globals are positions in its document. */
 typedef struct ring_pair {
     int32_t step, src;
+    int32_t doc;                 /* packed documents: the pair's document */
     aj_shard_chunk q, k;
     aj_ring_block block;
     int64_t sq, sk;
@@ -114,6 +115,15 @@ typedef struct ring_plan {
      * every rank needs every block */
     bool *need;
     int *reach;
+    /* packed documents with dropout or an expression reading b: each pair
+     * launches the op's varlen kernel as document `doc` of doc + 1, the
+     * first doc empty (doc_cu: a step's cu_seqlens, 2 (batch + 1) int32
+     * per pair in device memory, staged in doc_cu_host), so that the
+     * kernel's batch index is the document's (doc_launch) */
+    bool doc_kernels;
+    int32_t *doc_cu, *doc_cu_host;
+    size_t doc_cu_cap;           /* int32 entries of both */
+    size_t *doc_cu_at;           /* [pairs]: a pair's cu_seqlens_q in them (cu_k follows) */
     int64_t sq, sk;              /* the global lengths: the sums of every rank's */
     int64_t lk_max;              /* the longest K/V shard: the size of a block's slot */
     size_t elem;                 /* bytes per element of the op's dtype */
@@ -136,8 +146,8 @@ typedef struct ring_plan {
  * index and head: the class the kernels' own tile classification gives
  * (templates/score.h), so a skipped block is one no kernel would touch and
  * a full block runs the kernel without the mask. */
-static aj_ring_block classify(const ring_plan *p, int64_t q0, int64_t nq, int64_t k0,
-                              int64_t nk, int64_t sq, int64_t sk)
+static aj_ring_block classify(const ring_plan *p, int32_t doc, int64_t q0, int64_t nq,
+                              int64_t k0, int64_t nk, int64_t sq, int64_t sk)
 {
     if (nq == 0 || nk == 0)
         return AJ_RING_BLOCK_SKIP;
@@ -146,12 +156,16 @@ static aj_ring_block classify(const ring_plan *p, int64_t q0, int64_t nq, int64_
     /* a mask that tells batch indices (heads) apart, through a side
      * tensor, is classed per b (h): the block is skipped where every one
      * skips it, full where every one sees all of it */
-    const int64_t nb = p->prog.mask_reads_b ? p->B : 1, nh = p->prog.mask_reads_h ? p->Hq : 1;
+    /* (packed documents: b is the pair's document) */
+    const int64_t nb = p->prog.mask_reads_b && !p->sh.varlen ? p->B : 1;
+    const int64_t nh = p->prog.mask_reads_h ? p->Hq : 1;
     int skip = 1, full = 1;
     for (int64_t b = 0; b < nb && (skip || full); b++)
         for (int64_t h = 0; h < nh && (skip || full); h++) {
             aj_tile_class c = aj_score_host_class(&p->prog, p->host_side, p->cache,
-                                                  p->prog.mask_reads_b ? b : -1,
+                                                  !p->prog.mask_reads_b ? -1
+                                                  : p->sh.varlen        ? doc
+                                                                        : b,
                                                   p->prog.mask_reads_h ? h : -1, q0,
                                                   q0 + nq - 1, k0, k0 + nk - 1, sq, sk);
             skip &= c == AJ_TILE_SKIP;
@@ -224,11 +238,11 @@ static aj_status plan_pairs(const ring_plan *p, int rank, int src, int step, int
             for (int j = 0; j < nk; j++) {
                 if (varlen && (qc[i].len == 0 || kc[j].len == 0))
                     continue;
-                ring_pair x = {.step = step, .src = src, .q = qc[i], .k = kc[j], .sq = sq,
-                               .sk = sk};
+                ring_pair x = {.step = step, .src = src, .doc = d, .q = qc[i], .k = kc[j],
+                               .sq = sq, .sk = sk};
                 x.q.local += q_at;
                 x.k.local += k_at;
-                x.block = classify(p, x.q.global, x.q.len, x.k.global, x.k.len, sq, sk);
+                x.block = classify(p, d, x.q.global, x.q.len, x.k.global, x.k.len, sq, sk);
                 p->pairs[(*n)++] = x;
             }
         q_at += ring_length(p, rank, sq);
@@ -355,8 +369,11 @@ static aj_status plan_chunks(ring_plan *p, int64_t sq, int64_t sk)
     }
     p->k_elems = (size_t)(p->B * p->Hkv * p->lk_max * p->D);
     p->v_elems = (size_t)(p->B * p->Hkv * p->lk_max * p->Dv);
-    p->pairs = calloc(4 * (size_t)(p->sh.varlen ? p->docs.batch : 1), sizeof *p->pairs);
-    if (!p->pairs)
+    const size_t pairs = 4 * (size_t)(p->sh.varlen ? p->docs.batch : 1);
+    p->pairs = calloc(pairs, sizeof *p->pairs);
+    if (p->doc_kernels)
+        p->doc_cu_at = calloc(pairs, sizeof *p->doc_cu_at);
+    if (!p->pairs || (p->doc_kernels && !p->doc_cu_at))
         return aj_fail(p->ctx, AJ_ERR_OUT_OF_MEMORY, "%s: out of memory", p->fn);
     return plan_needs(p);
 }
@@ -378,18 +395,11 @@ static aj_status plan_common(ring_plan *p, aj_ctx *ctx, aj_device *dev, aj_comm 
                                           &p->op, &p->prog, &sh);
     if (st != AJ_OK)
         return st;
-    /* packed documents: each launch is one piece of a document against
-     * another as a padded batch of one (aj_cp_as_padded), so the kernel's
-     * batch index is 0, not the document's */
-    if (sh.varlen && p->op.dropout > 0)
-        return aj_fail(ctx, AJ_ERR_UNSUPPORTED, "%s: dropout = %g with layout = varlen and "
-                       "method = ring: the Philox counter holds the document's index and the "
-                       "ring launches each document's pieces as a batch of one", p->fn,
-                       p->op.dropout);
-    if (sh.varlen && aj_cp_reads(&p->op, &p->prog, AJ_VAR_B))
-        return aj_fail(ctx, AJ_ERR_UNSUPPORTED, "%s: the op's expressions read the batch "
-                       "index b: with layout = varlen and method = ring each launch is one "
-                       "document's pieces as a batch of one; use method = ulysses", p->fn);
+    /* packed documents: a launch of one piece of a document against
+     * another as a padded batch of one (aj_cp_as_padded) has batch index
+     * 0; dropout (the Philox counter holds b) and expressions reading b
+     * need the document's, which the varlen kernel gives (doc_launch) */
+    p->doc_kernels = sh.varlen && (p->op.dropout > 0 || aj_cp_reads(&p->op, &p->prog, AJ_VAR_B));
     p->sh = sh;
     if (sh.varlen) {
         const aj_status docs_st = aj_cp_read_docs(ctx, p->fn, dev, cu_q, cu_k, batch, &p->docs);
@@ -442,6 +452,10 @@ static void plan_free(ring_plan *p)
     free(p->pairs);
     free(p->need);
     free(p->reach);
+    free(p->doc_cu_host);
+    free(p->doc_cu_at);
+    if (p->doc_cu)
+        aj_device_free(p->dev, p->doc_cu);
     aj_cp_docs_free(&p->docs);
 }
 
@@ -568,7 +582,7 @@ static aj_status compile_variant(const ring_plan *p, const aj_op *op, int masked
         AJ_TRY(aj_op_set_accumulate(*v, true));
     if (!masked)
         AJ_TRY(aj_op_set_mask_none(*v));
-    if (p->sh.varlen)   /* each document's pieces launch as padded tensors */
+    if (p->sh.varlen && !p->doc_kernels)   /* each document's pieces launch as padded tensors */
         AJ_TRY(aj_op_set_layout(*v, AJ_LAYOUT_PADDED));
     aj_compile_options opt = AJ_COMPILE_OPTIONS_INIT;
     opt.device = p->dev;   /* its target, and its tuned schedule if there is one */
@@ -890,6 +904,91 @@ static void count_block(ring_plan *p, aj_ring_block kind)
         (l).stream = (p)->stream;             \
     } while (0)
 
+/*
+ * Packed documents with dropout or expressions reading b (doc_kernels):
+ * pair x launches the op's varlen kernel over doc + 1 sequences, the
+ * first doc of them empty and the last the pair's pieces, so the kernel's
+ * batch index b -- the Philox counter's, the expressions' -- is the
+ * document's, with the pieces' positions in it and its totals as ever:
+ *
+ *   cu_seqlens_q  0 0 .. 0 |Q piece|     (doc + 1 zeros, then its length)
+ *   cu_seqlens_k  0 0 .. 0 |K piece|
+ *
+ * The kernel passes over the doc empty sequences.  The arrays of a
+ * step's pairs are staged together (stage_doc_cu) before its launches.
+ */
+static aj_status stage_doc_cu(ring_plan *p, int n)
+{
+    if (!p->doc_kernels)
+        return AJ_OK;
+    size_t need = 0;
+    for (int i = 0; i < n; i++)
+        need += 2 * ((size_t)p->pairs[i].doc + 2);
+    if (need > p->doc_cu_cap) {   /* grown between steps: no launch reads it now */
+        int32_t *host = realloc(p->doc_cu_host, need * sizeof *host);
+        if (!host)
+            return aj_fail(p->ctx, AJ_ERR_OUT_OF_MEMORY, "%s: out of memory", p->fn);
+        p->doc_cu_host = host;
+        if (!p->host_memory) {
+            if (p->doc_cu)
+                aj_device_free(p->dev, p->doc_cu);
+            p->doc_cu = NULL;
+            const aj_status st = aj_device_alloc(p->dev, need * sizeof *host,
+                                                 (void **)&p->doc_cu);
+            if (st != AJ_OK)
+                return st;
+        }
+        p->doc_cu_cap = need;
+    }
+    size_t at = 0;
+    for (int i = 0; i < n; i++) {
+        const ring_pair *x = &p->pairs[i];
+        const size_t len = (size_t)x->doc + 2;
+        int32_t *cu = p->doc_cu_host + at;
+        memset(cu, 0, 2 * len * sizeof *cu);
+        cu[len - 1] = (int32_t)x->q.len;
+        cu[2 * len - 1] = (int32_t)x->k.len;
+        p->doc_cu_at[i] = at;
+        at += 2 * len;
+    }
+    return p->host_memory || at == 0
+               ? AJ_OK
+               : aj_device_copy_async(p->dev, p->doc_cu, p->doc_cu_host, at * sizeof(int32_t),
+                                      1, p->stream);
+}
+
+/* A piece's padded view (seq_view of aj_cp_as_padded's [1, H, len, W], or
+ * an LSE's [1, H, len]) as the packed tensor it is: [len, H, W], [H, len]. */
+static aj_tensor as_packed(const aj_tensor *t)
+{
+    aj_tensor v = {.data = t->data, .dtype = t->dtype, .rank = t->rank - 1};
+    const int rows = t->rank == 4;
+    const int order[3] = {rows ? 2 : 1, rows ? 1 : 2, 3};
+    for (int i = 0; i < v.rank; i++) {
+        v.shape[i] = t->shape[order[i]];
+        v.strides[i] = t->strides[order[i]];
+    }
+    return v;
+}
+
+/* Pair i (x) of the step as document x->doc of a varlen launch `l`
+ * (aj_fwd_args or aj_bwd_args) whose tensors are padded piece views. */
+#define SET_DOC_LAUNCH(l, p, i, x)                                                 \
+    do {                                                                           \
+        const int32_t *cu_ = ((p)->doc_cu ? (p)->doc_cu : (p)->doc_cu_host) +      \
+                             (p)->doc_cu_at[i];                                    \
+        (l).cu_seqlens_q = cu_;                                                    \
+        (l).cu_seqlens_k = cu_ + (x)->doc + 2;                                     \
+        (l).batch = (x)->doc + 1;                                                  \
+        (l).max_seqlen_q = (int32_t)(x)->q.len;                                    \
+        (l).max_seqlen_k = (int32_t)(x)->k.len;                                    \
+        (l).q = as_packed(&(l).q);                                                 \
+        (l).k = as_packed(&(l).k);                                                 \
+        (l).v = as_packed(&(l).v);                                                 \
+        (l).o = as_packed(&(l).o);                                                 \
+        (l).lse = as_packed(&(l).lse);                                             \
+    } while (0)
+
 /* Q (all chunks) against the K/V block of ring step `step`, merged into
  * the f32 accumulator o_acc and args->lse. */
 static aj_status fwd_block(ring_plan *p, const ring_kernels *kern, const aj_ring_fwd_args *a,
@@ -898,6 +997,7 @@ static aj_status fwd_block(ring_plan *p, const ring_kernels *kern, const aj_ring
     int n = 0;
     aj_status st = AJ_OK;
     AJ_TRY(plan_step(p, step, &n));
+    AJ_TRY(stage_doc_cu(p, n));
     aj_tensor k, v;
     kv_tensors(p, kv, step_src(p, step), &k, &v);
     for (int i = 0; i < n; i++) {
@@ -913,6 +1013,10 @@ static aj_status fwd_block(ring_plan *p, const ring_kernels *kern, const aj_ring
         f.lse = seq_view(&a->lse, &x->q);
         f.o_acc = seq_view(o_acc, &x->q);
         SET_PAIR_LAUNCH(f, p, a, x);
+        if (p->doc_kernels) {
+            SET_DOC_LAUNCH(f, p, i, x);
+            f.o_acc = as_packed(&f.o_acc);
+        }
         double t0 = aj_now();
         AJ_TRY(aj_forward(p->ctx, p->dev, kernel_for(kern, x->block), &f));
         p->stats->compute_s += aj_now() - t0;
@@ -1237,6 +1341,7 @@ static aj_status bwd_block(ring_plan *p, const ring_kernels *kern, const aj_ring
     int n = 0;
     aj_status st = AJ_OK;
     AJ_TRY(plan_step(p, step, &n));
+    AJ_TRY(stage_doc_cu(p, n));
     aj_tensor k, v;
     const int64_t lk = block_len(p, step_src(p, step));
     kv_tensors(p, kv, step_src(p, step), &k, &v);
@@ -1258,6 +1363,13 @@ static aj_status bwd_block(ring_plan *p, const ring_kernels *kern, const aj_ring
         b.dk = part_view(p, parts->dk, p->Hkv, ck, p->D);
         b.dv = part_view(p, parts->dv, p->Hkv, ck, p->Dv);
         SET_PAIR_LAUNCH(b, p, a, x);
+        if (p->doc_kernels) {
+            SET_DOC_LAUNCH(b, p, i, x);
+            b.do_ = as_packed(&b.do_);
+            b.dq = as_packed(&b.dq);
+            b.dk = as_packed(&b.dk);
+            b.dv = as_packed(&b.dv);
+        }
         double t0 = aj_now();
         AJ_TRY(aj_backward(p->ctx, p->dev, kernel_for(kern, x->block), &b));
         if (!p->host_memory) {

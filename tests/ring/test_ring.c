@@ -81,6 +81,7 @@ typedef struct ring_case {
      * and keys alike, 0-terminated (NULL: padded) */
     const int *docs;
     int ulysses_size;             /* method = hybrid's U */
+    const char *mask_expr;        /* an expression mask (over b, q, k) instead of `mask` */
 } ring_case;
 
 static const char *const method_names[AJ_METHOD_COUNT] = {"ring", "ulysses", "hybrid"};
@@ -91,41 +92,41 @@ static const char *const method_names[AJ_METHOD_COUNT] = {"ring", "ulysses", "hy
 static const ring_case cases[] = {
     {"f32 causal top_left, contiguous, p2p", AJ_DTYPE_F32, AJ_MASK_CAUSAL,
      AJ_ALIGN_TOP_LEFT, 0, 0, 2, 2, 8, 8, AJ_SHARD_CONTIGUOUS, AJ_ROTATE_P2P, 0, 0, 0, 0, 0,
-     AJ_METHOD_RING, 0, 0, NULL, 0},
+     AJ_METHOD_RING, 0, 0, NULL, 0, NULL},
     {"f32 causal top_left, zigzag, p2p, GQA", AJ_DTYPE_F32, AJ_MASK_CAUSAL,
      AJ_ALIGN_TOP_LEFT, 0, 0, 2, 1, 8, 8, AJ_SHARD_ZIGZAG, AJ_ROTATE_P2P, 0, 0, 0, 0, 0,
-     AJ_METHOD_RING, 0, 0, NULL, 0},
+     AJ_METHOD_RING, 0, 0, NULL, 0, NULL},
     {"f16 causal bottom_right (Sk = 2 Sq), zigzag, p2p", AJ_DTYPE_F16, AJ_MASK_CAUSAL,
      AJ_ALIGN_BOTTOM_RIGHT, 0, 0, 2, 1, 4, 8, AJ_SHARD_ZIGZAG, AJ_ROTATE_P2P, 0, 0, 0, 0, 0,
-     AJ_METHOD_RING, 0, 0, NULL, 0},
+     AJ_METHOD_RING, 0, 0, NULL, 0, NULL},
     {"bf16 no mask, GQA 4:2, contiguous, all-gather", AJ_DTYPE_BF16, AJ_MASK_NONE,
      AJ_ALIGN_TOP_LEFT, 0, 0, 4, 2, 8, 8, AJ_SHARD_CONTIGUOUS, AJ_ROTATE_ALLGATHER, 0, 0, 0, 0, 0,
-     AJ_METHOD_RING, 0, 0, NULL, 0},
+     AJ_METHOD_RING, 0, 0, NULL, 0, NULL},
     {"f32 window(3, 2), zigzag, all-gather", AJ_DTYPE_F32, AJ_MASK_WINDOW,
      AJ_ALIGN_TOP_LEFT, 3, 2, 2, 2, 8, 8, AJ_SHARD_ZIGZAG, AJ_ROTATE_ALLGATHER, 0, 0, 0, 0, 0,
-     AJ_METHOD_RING, 0, 0, NULL, 0},
+     AJ_METHOD_RING, 0, 0, NULL, 0, NULL},
     {"f16 window(5, 0, bottom_right) + alibi (Sq = 2 Sk), contiguous, p2p", AJ_DTYPE_F16,
      AJ_MASK_WINDOW, AJ_ALIGN_BOTTOM_RIGHT, 5, 0, 2, 1, 8, 4, AJ_SHARD_CONTIGUOUS,
      AJ_ROTATE_P2P, 1, 0, 0, 0, 0,
-     AJ_METHOD_RING, 0, 0, NULL, 0},
+     AJ_METHOD_RING, 0, 0, NULL, 0, NULL},
     {"f32 causal top_left + dropout 0.25, zigzag, p2p", AJ_DTYPE_F32, AJ_MASK_CAUSAL,
      AJ_ALIGN_TOP_LEFT, 0, 0, 2, 2, 8, 8, AJ_SHARD_ZIGZAG, AJ_ROTATE_P2P, 0, 0.25, 0, 0, 0,
-     AJ_METHOD_RING, 0, 0, NULL, 0},
+     AJ_METHOD_RING, 0, 0, NULL, 0, NULL},
     {"bf16 flash causal bottom_right + dropout 0.1, zigzag, p2p, GQA", AJ_DTYPE_BF16,
      AJ_MASK_CAUSAL, AJ_ALIGN_BOTTOM_RIGHT, 0, 0, 2, 1, 16, 16, AJ_SHARD_ZIGZAG,
      AJ_ROTATE_P2P, 0, 0.1, 1, 0, 0,
-     AJ_METHOD_RING, 0, 0, NULL, 0},
+     AJ_METHOD_RING, 0, 0, NULL, 0, NULL},
     {"f32 document mask (documents of 5), zigzag, p2p", AJ_DTYPE_F32, AJ_MASK_NONE,
      AJ_ALIGN_TOP_LEFT, 0, 0, 2, 1, 8, 8, AJ_SHARD_ZIGZAG, AJ_ROTATE_P2P, 0, 0, 0, 5, 0,
-     AJ_METHOD_RING, 0, 0, NULL, 0},
+     AJ_METHOD_RING, 0, 0, NULL, 0, NULL},
     {"f16 causal + relative bias table, contiguous, all-gather", AJ_DTYPE_F16,
      AJ_MASK_CAUSAL, AJ_ALIGN_TOP_LEFT, 0, 0, 2, 2, 8, 8, AJ_SHARD_CONTIGUOUS,
      AJ_ROTATE_ALLGATHER, 0, 0, 0, 0, 1,
-     AJ_METHOD_RING, 0, 0, NULL, 0},
+     AJ_METHOD_RING, 0, 0, NULL, 0, NULL},
     {"bf16 flash document mask (documents of 3) + relative bias, contiguous, p2p",
      AJ_DTYPE_BF16, AJ_MASK_NONE, AJ_ALIGN_TOP_LEFT, 0, 0, 2, 2, 16, 16, AJ_SHARD_CONTIGUOUS,
      AJ_ROTATE_P2P, 0, 0, 1, 3, 1,
-     AJ_METHOD_RING, 0, 0, NULL, 0},
+     AJ_METHOD_RING, 0, 0, NULL, 0, NULL},
 };
 
 /* Any length (issue 20), with each method: every mask family x lengths 1
@@ -160,8 +161,8 @@ static const struct uly_mask {
  * kernel tests cover mask by mask; each mask costs its kernels' compile);
  * the flash variant (on sim the efficient backward has no varlen);
  * `small` (sim) takes the first mask and set only. */
-enum { VARLEN_MASKS = 2, VARLEN_SETS = 4,
-       VARLEN_MAX_CASES = (AJ_METHOD_ULYSSES + 1) * VARLEN_MASKS * VARLEN_SETS };
+enum { VARLEN_MASKS = 2, VARLEN_SETS = 4, VARLEN_BY_DOC = 2,
+       VARLEN_MAX_CASES = (AJ_METHOD_ULYSSES + 1) * VARLEN_MASKS * VARLEN_SETS + VARLEN_BY_DOC };
 static const int varlen_sets[VARLEN_SETS][8] = {
     {1, 2, 5, 0}, {1, 1, 1, 0}, {7, 1, 2, 13, 3, 0}, {3, 1, 2, 3, 2, 0}};
 static const char *const varlen_set_names[VARLEN_SETS] = {
@@ -189,6 +190,23 @@ static int generated_varlen_cases(ring_case *out, char (*labels)[112], int small
                                      .method = (aj_cp_method)method, .docs = varlen_sets[d]};
                 n++;
             }
+    /* the ring's launches as the documents' own batch index (issue 20):
+     * dropout's Philox stream per document, and a mask reading b (each
+     * document's causal band shifted by its index); sim: the first */
+    for (int i = 0; i < (small ? 1 : VARLEN_BY_DOC); i++) {
+        const int by_b = i == 1;
+        snprintf(labels[n], 112, "varlen ring f16 flash %s, %s, %s",
+                 by_b ? "expr(k + b % 2 <= q)" : "causal top_left + dropout 0.25",
+                 by_b ? "contiguous, all-gather" : "zigzag", varlen_set_names[by_b ? 3 : 2]);
+        out[n] = (ring_case){.label = labels[n], .dtype = AJ_DTYPE_F16, .flash = 1,
+                             .mask = by_b ? AJ_MASK_NONE : AJ_MASK_CAUSAL,
+                             .mask_expr = by_b ? "k + b % 2 <= q" : NULL, .dropout = by_b ? 0 : 0.25,
+                             .align = AJ_ALIGN_TOP_LEFT, .hq = 2 * size, .hkv = size,
+                             .layout = by_b ? AJ_SHARD_CONTIGUOUS : AJ_SHARD_ZIGZAG,
+                             .rotate = by_b ? AJ_ROTATE_ALLGATHER : AJ_ROTATE_P2P,
+                             .method = AJ_METHOD_RING, .docs = varlen_sets[by_b ? 3 : 2]};
+        n++;
+    }
     return n;
 }
 
@@ -556,7 +574,7 @@ static void check_ring_blocks(const ring_case *c, const ref_problem *pr, const a
               "rotations", rank, c->label, fs->rotations);
     /* a mask over positions has exact classes; one that reads a side
      * tensor sound ones (a skipped block sees nothing, a full one all) */
-    const int exact = !c->doc_len;
+    const int exact = !c->doc_len && !c->mask_expr;
     CHECK_MSG(fs->launches == fs->full_blocks + fs->partial_blocks &&
                   fs->launches + fs->skipped_blocks == full + partial + skipped &&
                   (exact ? fs->full_blocks == full && fs->skipped_blocks == skipped
@@ -631,6 +649,8 @@ static aj_op *parse_op(const ring_case *c, const char *kind)
     else if (c->mask == AJ_MASK_WINDOW)
         snprintf(mask, sizeof mask, "window(%lld, %lld%s)", (long long)c->left,
                  (long long)c->right, c->align == AJ_ALIGN_BOTTOM_RIGHT ? ", bottom_right" : "");
+    else if (c->mask_expr)
+        snprintf(mask, sizeof mask, "expr(%s)", c->mask_expr);
     else
         snprintf(mask, sizeof mask, "%s", c->doc_len ? DOC_MASK : "none");
     char tensors[64] = "";
@@ -760,7 +780,7 @@ static void run_case(const ring_case *c)
                       .window_left = c->left, .window_right = c->right,
                       .alibi_slopes = c->alibi ? slopes_ref : NULL,
                       .dropout_p = c->dropout, .seed = 7, .offset = 3};
-    if (nside)
+    if (nside || c->mask_expr)
         ref_use_expressions(&pr, fop, side, nside);
     const size_t nq = q.n, nk = k.n, rows = (size_t)(B * c->hq * sq);
     double *o_ref = calloc(nq, sizeof(double)), *lse_ref = calloc(rows, sizeof(double));
@@ -996,7 +1016,7 @@ static void run_faulty_peer(peer_fault fault)
 
     const ring_case c = {"silent", AJ_DTYPE_F32, AJ_MASK_NONE, AJ_ALIGN_TOP_LEFT, 0, 0,
                          1, 1, 8, 8, AJ_SHARD_CONTIGUOUS, AJ_ROTATE_P2P, 0, 0, 0, 0, 0,
-                         AJ_METHOD_RING, 0, 0, NULL, 0};
+                         AJ_METHOD_RING, 0, 0, NULL, 0, NULL};
     aj_op *op = parse_op(&c, "forward");
     /* 2 heads: they divide over the ranks for method = ulysses */
     void *m = alloc64(2 * 8 * HEAD_DIM * 4);
@@ -1028,7 +1048,7 @@ static void run_mismatch(void)
     aj_comm *comm = open_comm(30);
     const ring_case c = {"mismatch", AJ_DTYPE_F32, AJ_MASK_CAUSAL, AJ_ALIGN_TOP_LEFT, 0, 0,
                          1, 1, 8, 8, AJ_SHARD_CONTIGUOUS, AJ_ROTATE_P2P, 0, 0, 0, 0, 0,
-                         AJ_METHOD_RING, 0, 0, NULL, 0};
+                         AJ_METHOD_RING, 0, 0, NULL, 0, NULL};
     aj_op *op = parse_op(&c, "forward");
     void *m = alloc64(8 * HEAD_DIM * 4);
     aj_ring_fwd_args fa = AJ_RING_FWD_ARGS_INIT;
@@ -1043,7 +1063,7 @@ static void run_mismatch(void)
     fa.layout = AJ_SHARD_CONTIGUOUS;
     const ring_case none = {"none", AJ_DTYPE_F32, AJ_MASK_NONE, AJ_ALIGN_TOP_LEFT, 0, 0,
                             1, 1, 8, 8, AJ_SHARD_CONTIGUOUS, AJ_ROTATE_P2P, 0, 0, 0, 0, 0,
-                            AJ_METHOD_RING, 0, 0, NULL, 0};
+                            AJ_METHOD_RING, 0, 0, NULL, 0, NULL};
     aj_op *other = parse_op(&none, "forward");
     CHECK_STATUS(ctx, aj_ring_forward(ctx, dev, comm, rank == 1 ? other : op, &fa, NULL),
                  AJ_ERR_INVALID_ARG);
@@ -1061,7 +1081,7 @@ static void run_ulysses_refusals(void)
     aj_comm *comm = open_comm(30);
     ring_case c = {"refusal", AJ_DTYPE_F32, AJ_MASK_CAUSAL, AJ_ALIGN_TOP_LEFT, 0, 0,
                    2, 1, 8, 8, AJ_SHARD_CONTIGUOUS, AJ_ROTATE_P2P, 0, 0, 0, 0, 0,
-                   AJ_METHOD_ULYSSES, 0, 0, NULL, 0};
+                   AJ_METHOD_ULYSSES, 0, 0, NULL, 0, NULL};
     aj_op *op = parse_op(&c, "forward"), *bop = parse_op(&c, "backward");
     c.dropout = 0.1;
     aj_op *dropout = parse_op(&c, "forward");
@@ -1169,12 +1189,6 @@ static void run_varlen_refusals(void)
     ring_case c = {.label = "varlen refusal", .dtype = AJ_DTYPE_F16, .mask = AJ_MASK_CAUSAL,
                    .hq = 2, .hkv = 2, .flash = 1, .docs = docs};
     aj_op *op = parse_op(&c, "forward");
-    c.dropout = 0.1;
-    aj_op *dropout = parse_op(&c, "forward");
-    const char *reads_b = "attention forward flash { dtype = f16 head_dim = 16 layout = varlen "
-                          "mask = expr(k <= q + b) }";
-    aj_op *by_doc = NULL;
-    CHECK_STATUS(ctx, aj_op_parse(ctx, reads_b, strlen(reads_b), "b", &by_doc), AJ_OK);
     void *m = alloc64(8 * 2 * HEAD_DIM * 2);
     const int64_t l = rank == 0 ? 5 : 3;   /* the ring's pieces of documents 1, 2, 5 */
     aj_ring_fwd_args fa = AJ_RING_FWD_ARGS_INIT;
@@ -1185,12 +1199,6 @@ static void run_varlen_refusals(void)
                 "batch >= 1 (the whole packed batch's; got NULL, NULL, batch = 0)");
     fa.cu_seqlens_q = fa.cu_seqlens_k = cu;
     fa.batch = 3;
-    CHECK_STATUS(ctx, aj_ring_forward(ctx, dev, comm, dropout, &fa, NULL), AJ_ERR_UNSUPPORTED);
-    CHECK_ERROR(ctx, "aj_ring_forward: dropout = 0.1 with layout = varlen and method = ring: "
-                "the Philox counter holds the document's index");
-    CHECK_STATUS(ctx, aj_ring_forward(ctx, dev, comm, by_doc, &fa, NULL), AJ_ERR_UNSUPPORTED);
-    CHECK_ERROR(ctx, "aj_ring_forward: the op's expressions read the batch index b: with "
-                "layout = varlen and method = ring");
     fa.method = AJ_METHOD_HYBRID;   /* U = 1, R = 2 */
     fa.ulysses_size = 1;
     CHECK_STATUS(ctx, aj_ring_forward(ctx, dev, comm, op, &fa, NULL), AJ_ERR_UNSUPPORTED);
@@ -1221,8 +1229,6 @@ static void run_varlen_refusals(void)
     CHECK_ERROR(ctx, "aj_shard_varlen: full->seq = 7; the packed batch has cu_seqlens[3] = 8 "
                 "positions");
     aj_op_destroy(op);
-    aj_op_destroy(dropout);
-    aj_op_destroy(by_doc);
     free(m);
     aj_comm_destroy(comm);
 }
