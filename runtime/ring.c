@@ -60,6 +60,10 @@
  *   doc 0 |a0 a1 a2 a3|  doc 1 |b0 b1 b2 b3|       P = 2, zigzag
  *   rank 0: a0 a3 b0 b3    rank 1: a1 a2 b1 b2
  *   rank 0, step 1 (rank 1's block): a0.a1 a0.a2 a3.a1 a3.a2 b0.b1 ...
+ *
+ * Over messages a block goes only as far as a rank needs its keys, and
+ * dK/dV parts go straight home (plan_needs); ops whose kernels must see
+ * the document's batch index launch their varlen kernel (stage_doc_cu).
  */
 #include <math.h>
 #include <stdio.h>

@@ -501,7 +501,7 @@ static int needs_block(const ring_case *c, const ref_problem *pr, int r, int o)
  *   all-gather one all-to-all of the blocks needed (and one of the parts)
  */
 static void varlen_ring_traffic(const ring_case *c, const ref_problem *pr, int64_t lk_max,
-                                uint64_t sent[2], int rotations[2])
+                                uint64_t sent[2], int rotations[2], uint64_t every[2])
 {
     const int P = size, r = rank;
     int need[4][4], reach[4] = {0};
@@ -531,6 +531,10 @@ static void varlen_ring_traffic(const ring_case *c, const ref_problem *pr, int64
     rotations[1] = p2p ? kv_posts + part_posts : 2 * collectives;
     sent[0] = kv_sends * kv + (uint64_t)(P - 1) * sizeof(aj_cp_call);
     sent[1] = sent[0] + part_sends * dkv;
+    /* for comparison: the padded rule, every block to every rank (p2p:
+     * P - 1 K/V and P dK/dV exchanges) */
+    every[0] = (uint64_t)(P - 1) * (kv + sizeof(aj_cp_call));
+    every[1] = every[0] + (uint64_t)(p2p ? P : P - 1) * dkv;
 }
 
 /* aj_ring_plan's classes are the ring's: as many launches, full and
@@ -682,6 +686,7 @@ static uint64_t agreement_bytes(void)
 typedef struct ring_traffic {
     uint64_t sent[2];
     int rotations[2];
+    uint64_t every[2];           /* what moving every block would send */
 } ring_traffic;
 
 static void check_message_path(const ring_case *c, aj_comm *comm, aj_op *fop, aj_op *bop,
@@ -725,7 +730,13 @@ static void check_message_path(const ring_case *c, aj_comm *comm, aj_op *fop, aj
                   bm.rotations, (unsigned long long)traffic->sent[0],
                   (unsigned long long)traffic->sent[1], traffic->rotations[0],
                   traffic->rotations[1]);
-    else
+    if (traffic && rank == 0)
+        printf("  rank 0 over messages: forward %llu of %llu bytes (%.2f), backward %llu of "
+               "%llu (%.2f) that moving every block sends\n", (unsigned long long)fwd_msg,
+               (unsigned long long)traffic->every[0], (double)fwd_msg / traffic->every[0],
+               (unsigned long long)bwd_msg, (unsigned long long)traffic->every[1],
+               (double)bwd_msg / traffic->every[1]);
+    if (!traffic)
         CHECK_MSG(fm.rotations == fs->rotations && bm.rotations == bs->rotations, "rank %d: "
                   "%s: rotations %d + %d over messages, %d + %d shared", rank, c->label,
                   fm.rotations, bm.rotations, fs->rotations, bs->rotations);
@@ -907,10 +918,10 @@ static void run_case(const ring_case *c)
         CHECK_MSG(bs.rotations == (p2p ? (size > 1 ? 2 * size - 1 : 0) : 2 * (size > 1)),
                   "rank %d: %s: %d backward rotations", rank, c->label, bs.rotations);
         /* packed documents: only the blocks (and parts) a rank needs move */
-        ring_traffic traffic = {{0}, {0}};
+        ring_traffic traffic = {{0}, {0}, {0}};
         if (c->docs)
             varlen_ring_traffic(c, &pr, longest_varlen_keys(&rule), traffic.sent,
-                                traffic.rotations);
+                                traffic.rotations, traffic.every);
         if (c->docs && !p2p)
             CHECK_MSG(fwd_sent == traffic.sent[0] && bwd_sent == traffic.sent[1],
                       "rank %d: %s: all-gather sent %llu + %llu bytes, the formula %llu + "
