@@ -299,8 +299,11 @@ double aj_expr_eval_f64(const aj_expr *e, uint16_t root,
 /* A score_mod's value at env and, in *d_score, its derivative with
  * respect to `score` (forward mode: every node carries a dual number; int
  * and bool nodes and loads have derivative 0, a select, min, max or clamp
- * the derivative of the operand it picks, floor 0).  The derivative is
- * computed in double from the f32 values. */
+ * the derivative of the operand it picks, floor 0; a subtree that does
+ * not read `score` has derivative 0 and adds no term to a product, even
+ * where the chain rule's factor is infinite, as in sqrt(x) at x = 0: the
+ * kernels' symbolic derivative, templates/score.c, drops it).  The
+ * derivative is computed in double from the f32 values. */
 double aj_expr_eval_grad(const aj_expr *e, uint16_t root,
                          const aj_expr_env *env, double *d_score);
 

@@ -14,6 +14,7 @@
 typedef struct dual {
     aj_expr_scalar v;
     double d;          /* d(value)/d(score); 0 for ints and bools */
+    bool live;         /* the node's tree reads score: else d is 0 */
 } dual;
 
 static dual eval_node(const aj_expr *e, uint16_t id, const aj_expr_env *env);
@@ -150,10 +151,13 @@ static dual eval_float(const aj_expr_node *n, const dual *x)
     case AJ_EXPR_NEG:  return num(-a, -da);
     case AJ_EXPR_ADD:  return num(a + b, da + db);
     case AJ_EXPR_SUB:  return num(a - b, da - db);
-    case AJ_EXPR_MUL:  return num(a * b, da * b + (double)a * db);
+    /* an operand that does not read the score adds no term (an infinite
+     * a or q times its 0 is no NaN), as templates/score.c drops it */
+    case AJ_EXPR_MUL:
+        return num(a * b, (x[0].live ? da * b : 0.0) + (x[1].live ? (double)a * db : 0.0));
     case AJ_EXPR_DIV: {
         float q = a / b;
-        return num(q, (da - (double)q * db) / b);
+        return num(q, (da - (x[1].live ? (double)q * db : 0.0)) / b);
     }
     case AJ_EXPR_MIN:  return pick(x[0], x[1], b < a || isnan(a));
     case AJ_EXPR_MAX:  return pick(x[0], x[1], b > a || isnan(a));
@@ -254,7 +258,7 @@ static dual eval_node(const aj_expr *e, uint16_t id, const aj_expr_env *env)
         const int64_t vars[] = { env->b, env->h, env->q, env->k, env->sq,
                                  env->sk };
         if (n->u.var == AJ_VAR_SCORE)
-            return num((float)env->score, 1.0);
+            return (dual){ .v.f = (float)env->score, .d = 1.0, .live = true };
         return integer(vars[n->u.var]);
     }
     case AJ_EXPR_SELECT:
@@ -285,5 +289,17 @@ static dual eval_node(const aj_expr *e, uint16_t id, const aj_expr_env *env)
     default:
         break;
     }
-    return n->type == AJ_EXPR_FLOAT ? eval_float(n, x) : eval_int(n, x);
+    if (n->type != AJ_EXPR_FLOAT)
+        return eval_int(n, x);
+    /* The derivative of a tree that does not read the score is 0, even
+     * where the chain rule's local factor is infinite (sqrt(w[9]) at 0):
+     * the kernels' derivative (templates/score.c) is 0 there by
+     * construction. */
+    dual r = eval_float(n, x);
+    r.live = false;
+    for (int i = 0; i < arity; i++)
+        r.live = r.live || x[i].live;
+    if (!r.live)
+        r.d = 0.0;
+    return r;
 }

@@ -117,6 +117,7 @@ static aj_status check_shape(aj_ctx *ctx, const char *fn, const aj_block_mask_sh
     SAME(kv_offset);
     SAME(sq_total);
     SAME(sk_total);
+    SAME(head_offset);
 #undef SAME
     return AJ_OK;
 }
@@ -178,6 +179,7 @@ aj_status aj_block_mask_create(aj_ctx *ctx, aj_device *dev, const aj_op *op,
         .sk_total = args->sk_total ? args->sk_total : args->k.shape[2],
         .block_m = li.schedule.block_m > 0 ? li.schedule.block_m : 64,
         .block_n = li.schedule.block_n > 0 ? li.schedule.block_n : 64,
+        .head_offset = args->head_offset,
     };
     m->mask_hash = aj_score_mask_hash(&prog);
     m->classes = aj_block_mask_tensor(&prog, &m->shape, NULL);

@@ -156,11 +156,10 @@ void aj_cp_docs_free(aj_cp_docs *docs)
     docs->cu_q = docs->cu_k = NULL;
 }
 
-bool aj_cp_reads(const aj_op_info *op, const aj_score_prog *prog, int var)
+bool aj_cp_reads(const aj_score_prog *prog, int var)
 {
     const uint16_t roots[4] = {prog->mod, prog->band_lo, prog->band_hi, prog->rest};
-    const int skip_mod = var == AJ_VAR_H && op->score_mod == AJ_SCORE_MOD_ALIBI;
-    for (int i = skip_mod; i < 4; i++)
+    for (int i = 0; i < 4; i++)
         if (roots[i] != AJ_EXPR_NONE && (prog->reads[roots[i]] & AJ_SCORE_READS(var)))
             return true;
     return false;

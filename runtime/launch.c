@@ -100,15 +100,44 @@ typedef struct fwd_sizes {
     int64_t batch, heads_q, heads_kv, seq_q, seq_k;
     int64_t splits;   /* layout = paged: split-KV parts (else 1) */
     int64_t tokens_q; /* layout = paged: a query head's rows (Sq; varlen queries: T) */
+    int64_t head_offset, heads_total;   /* the call's heads in the op's (check_heads) */
 } fwd_sizes;
+
+/* The call's query heads as heads head_offset .. of the op's heads_q_total
+ * (aj_fwd_args; 0: the call's own), and alibi's slopes, one per head of
+ * the op: into sz->head_offset, sz->heads_total. */
+static aj_status check_heads(aj_ctx *ctx, const char *fn, const aj_op_info *op,
+                             const aj_tensor *alibi_slopes, int64_t head_offset,
+                             int64_t heads_q_total, fwd_sizes *sz)
+{
+    aj_status st = AJ_OK;
+    const int64_t total = heads_q_total ? heads_q_total : sz->heads_q;
+    if (head_offset < 0 || total < sz->heads_q || head_offset > total - sz->heads_q ||
+        total > INT32_MAX) {
+        st = aj_fail(ctx, AJ_ERR_INVALID_ARG, "%s: head_offset = %lld, heads_q_total = %lld "
+                     "with %lld query heads; the call's heads must be heads head_offset .. "
+                     "head_offset + %lld - 1 of heads_q_total (0: the call's, then "
+                     "head_offset = 0), below 2^31", fn, (long long)head_offset,
+                     (long long)heads_q_total, (long long)sz->heads_q, (long long)sz->heads_q);
+        goto done;
+    }
+    sz->head_offset = head_offset;
+    sz->heads_total = total;
+    if (op->score_mod == AJ_SCORE_MOD_ALIBI) {
+        AJ_TRY(check_tensor(ctx, fn, "alibi_slopes", alibi_slopes, 1, AJ_DTYPE_F32, 0));
+        AJ_TRY(check_dim(ctx, fn, "alibi_slopes", 0, alibi_slopes->shape[0], total,
+                         heads_q_total ? "heads_q_total" : "q's heads"));
+    }
+done:
+    return st;
+}
 
 /* What forward and backward calls share: q, k, v and the sizes they
  * imply, lengths and grid limits, alibi slopes and the totals.  `fn`
  * names the call in messages. */
 static aj_status check_qkv(aj_ctx *ctx, const char *fn, const aj_op_info *op,
                            const aj_tensor *q, const aj_tensor *k, const aj_tensor *v,
-                           const aj_tensor *alibi_slopes, int64_t sq_total, int64_t sk_total,
-                           fwd_sizes *sz)
+                           int64_t sq_total, int64_t sk_total, fwd_sizes *sz)
 {
     aj_status st = AJ_OK;
     AJ_TRY(check_tensor(ctx, fn, "q", q, 4, op->dtype, 1));
@@ -142,11 +171,6 @@ static aj_status check_qkv(aj_ctx *ctx, const char *fn, const aj_op_info *op,
                      "must be at most %d", fn, (long long)sz->batch, (long long)sz->heads_q,
                      MAX_GRID_YZ);
         goto done;
-    }
-    if (op->score_mod == AJ_SCORE_MOD_ALIBI) {
-        AJ_TRY(check_tensor(ctx, fn, "alibi_slopes", alibi_slopes, 1, AJ_DTYPE_F32, 0));
-        AJ_TRY(check_dim(ctx, fn, "alibi_slopes", 0, alibi_slopes->shape[0], sz->heads_q,
-                         "q's heads"));
     }
     if (sq_total < 0 || sk_total < 0) {
         st = aj_fail(ctx, AJ_ERR_INVALID_ARG, "%s: sq_total = %lld, sk_total = %lld; "
@@ -241,8 +265,8 @@ static aj_status check_forward(aj_ctx *ctx, const aj_op_info *op, const aj_fwd_a
     aj_status st = AJ_OK;
     AJ_TRY(check_not_varlen(ctx, FWD, op, a->cu_seqlens_q, a->cu_seqlens_k, a->batch,
                             a->max_seqlen_q, a->max_seqlen_k));
-    AJ_TRY(check_qkv(ctx, FWD, op, &a->q, &a->k, &a->v, &a->alibi_slopes, a->sq_total,
-                     a->sk_total, sz));
+    AJ_TRY(check_qkv(ctx, FWD, op, &a->q, &a->k, &a->v, a->sq_total, a->sk_total, sz));
+    AJ_TRY(check_heads(ctx, FWD, op, &a->alibi_slopes, a->head_offset, a->heads_q_total, sz));
     /* the output: o, or the f32 accumulator o_acc of accumulate kernels */
     const char *out = op->accumulate ? "o_acc" : "o";
     const aj_tensor *o = op->accumulate ? &a->o_acc : &a->o;
@@ -302,11 +326,7 @@ static aj_status check_forward_varlen(aj_ctx *ctx, const aj_op_info *op, const a
                      (long long)tk, (long long)sz->heads_q, MAX_GRID_YZ);
         goto done;
     }
-    if (op->score_mod == AJ_SCORE_MOD_ALIBI) {
-        AJ_TRY(check_tensor(ctx, FWD, "alibi_slopes", &a->alibi_slopes, 1, AJ_DTYPE_F32, 0));
-        AJ_TRY(check_dim(ctx, FWD, "alibi_slopes", 0, a->alibi_slopes.shape[0], sz->heads_q,
-                         "q's heads"));
-    }
+    AJ_TRY(check_heads(ctx, FWD, op, &a->alibi_slopes, a->head_offset, a->heads_q_total, sz));
     if (a->sq_total < 0 || a->sk_total < 0) {
         st = aj_fail(ctx, AJ_ERR_INVALID_ARG, "%s: sq_total = %lld, sk_total = %lld; "
                      "totals are lengths (0: each sequence's own)", FWD,
@@ -403,11 +423,7 @@ static aj_status check_forward_paged(aj_ctx *ctx, const aj_op_info *op, const aj
         AJ_TRY(check_dim(ctx, FWD, "v_scale", 0, a->v_scale.shape[0], 1, "one scale per "
                          "tensor"));
     }
-    if (op->score_mod == AJ_SCORE_MOD_ALIBI) {
-        AJ_TRY(check_tensor(ctx, FWD, "alibi_slopes", &a->alibi_slopes, 1, AJ_DTYPE_F32, 0));
-        AJ_TRY(check_dim(ctx, FWD, "alibi_slopes", 0, a->alibi_slopes.shape[0], sz->heads_q,
-                         "q's heads"));
-    }
+    AJ_TRY(check_heads(ctx, FWD, op, &a->alibi_slopes, a->head_offset, a->heads_q_total, sz));
     if (varlen_q) {
         AJ_TRY(check_packed_out(ctx, "o", &a->o, op->dtype, op->head_dim_v, sz->tokens_q,
                                 &a->lse, sz));
@@ -765,6 +781,8 @@ static void attention_values(const aj_tensor *q, const aj_tensor *k, const aj_te
     put_scalar(v, AJ_PSRC_seq_k_total, sk_total);
     put_scalar(v, AJ_PSRC_dropout_seed, (int64_t)seed);
     put_scalar(v, AJ_PSRC_dropout_offset, (int64_t)offset);
+    put_scalar(v, AJ_PSRC_head_offset, sz->head_offset);
+    put_scalar(v, AJ_PSRC_heads_q_total, sz->heads_total);
     /* no block mask until bind_block_mask gives one */
     const aj_tensor no_mask = {NULL, AJ_DTYPE_F32, 4, {1, 1, 1, 1}, {0, 0, 0, 0}};
     put_tensor(v, AJ_PSRC_block_mask, &no_mask);
@@ -912,6 +930,7 @@ static aj_status forward_paged(aj_ctx *ctx, aj_device *dev, const aj_kernel *ker
     put_scalar(&v, AJ_PSRC_batch, sz.batch);
     put_scalar(&v, AJ_PSRC_max_pages, a->max_pages);
     put_scalar(&v, AJ_PSRC_splits, sz.splits);
+    put_scalar(&v, AJ_PSRC_head_offset, sz.head_offset);
     if (st == AJ_OK)
         st = bind_scores(ctx, FWD, op, a->side, a->num_side, &a->alibi_slopes, &scores);
     for (int s = 0; st == AJ_OK && s < (sz.splits > 1 ? 2 : 1); s++) {
@@ -963,7 +982,8 @@ aj_status aj_forward(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
     st = bind_scores(ctx, FWD, op, args->side, args->num_side, &args->alibi_slopes, &scores);
     void *scratch = NULL;
     const aj_block_mask_shape shape = {sz.batch, sz.heads_q, sz.seq_q, sz.seq_k, args->q_offset,
-                                       args->kv_offset, sq_total, sk_total, 0, 0};
+                                       args->kv_offset, sq_total, sk_total, 0, 0,
+                                       sz.head_offset};
     if (st == AJ_OK)
         st = bind_block_mask(ctx, FWD, dev, kernel, &shape, args->block_mask, args->side,
                              args->num_side, &args->alibi_slopes, args->stream, &v, &scratch);
@@ -993,8 +1013,9 @@ aj_status aj_block_mask_launch(aj_ctx *ctx, aj_device *dev, const char *fn,
     put_scalar(&v, AJ_PSRC_kv_offset, shape->kv_offset);
     put_scalar(&v, AJ_PSRC_seq_q_total, shape->sq_total);
     put_scalar(&v, AJ_PSRC_seq_k_total, shape->sk_total);
+    put_scalar(&v, AJ_PSRC_head_offset, shape->head_offset);
     const fwd_sizes sz = {shape->batch, shape->heads, shape->heads, shape->seq_q, shape->seq_k, 1,
-                          shape->seq_q};
+                          shape->seq_q, shape->head_offset, shape->heads};
     aj_status st = bind_scores(ctx, fn, &builder->op, side, num_side, slopes, &scores);
     /* its stages in order: key-block hulls, classes and row lists, key-block lists */
     for (int s = 0; st == AJ_OK && s < builder->num_stages; s++) {
@@ -1115,11 +1136,7 @@ static aj_status check_backward_varlen(aj_ctx *ctx, const aj_op_info *op,
     const int64_t ls[2] = {sz->heads_q, tq};
     const char *const lwhat[2] = {"q's heads", "q's tokens"};
     AJ_TRY(check_shape(ctx, "lse", &a->lse, 2, AJ_DTYPE_F32, ls, lwhat));
-    if (op->score_mod == AJ_SCORE_MOD_ALIBI) {
-        AJ_TRY(check_tensor(ctx, BWD, "alibi_slopes", &a->alibi_slopes, 1, AJ_DTYPE_F32, 0));
-        AJ_TRY(check_dim(ctx, BWD, "alibi_slopes", 0, a->alibi_slopes.shape[0], sz->heads_q,
-                         "q's heads"));
-    }
+    AJ_TRY(check_heads(ctx, BWD, op, &a->alibi_slopes, a->head_offset, a->heads_q_total, sz));
     if (a->sq_total < 0 || a->sk_total < 0)
         return aj_fail(ctx, AJ_ERR_INVALID_ARG, "%s: sq_total = %lld, sk_total = %lld; "
                        "totals are lengths (0: each sequence's own)", BWD,
@@ -1148,8 +1165,8 @@ static aj_status check_backward_padded(aj_ctx *ctx, const aj_op_info *op,
     aj_status st = AJ_OK;
     AJ_TRY(check_not_varlen(ctx, BWD, op, a->cu_seqlens_q, a->cu_seqlens_k, a->batch,
                             a->max_seqlen_q, a->max_seqlen_k));
-    AJ_TRY(check_qkv(ctx, BWD, op, &a->q, &a->k, &a->v, &a->alibi_slopes, a->sq_total,
-                     a->sk_total, sz));
+    AJ_TRY(check_qkv(ctx, BWD, op, &a->q, &a->k, &a->v, a->sq_total, a->sk_total, sz));
+    AJ_TRY(check_heads(ctx, BWD, op, &a->alibi_slopes, a->head_offset, a->heads_q_total, sz));
     AJ_TRY(check_rows(ctx, BWD, "o", &a->o, op->dtype, op->head_dim_v, "the op's head_dim_v",
                       sz));
     AJ_TRY(check_lse(ctx, BWD, &a->lse, sz));
@@ -1332,7 +1349,8 @@ static aj_status run_backward(aj_ctx *ctx, aj_device *dev, const aj_kernel *kern
     st = bind_scores(ctx, BWD, op, a->side, a->num_side, &a->alibi_slopes, &scores);
     void *scratch = NULL;
     const aj_block_mask_shape shape = {sz.batch, sz.heads_q, sz.seq_q, sz.seq_k, a->q_offset,
-                                       a->kv_offset, sq_total, sk_total, 0, 0};
+                                       a->kv_offset, sq_total, sk_total, 0, 0,
+                                       sz.head_offset};
     if (st == AJ_OK)
         st = bind_block_mask(ctx, BWD, dev, kernel, &shape, a->block_mask, a->side, a->num_side,
                              &a->alibi_slopes, a->stream, &v, &scratch);

@@ -108,6 +108,9 @@ typedef struct ring_plan {
     aj_ring_rotate rotate;
     int rank, size;
     int members;                 /* ranks per ring rank: 1, or method = hybrid's U */
+    /* method = hybrid: the rank's heads are heads head_offset .. of the
+     * op's heads_q_total (aj_fwd_args); 0, 0 otherwise */
+    int64_t head_offset, heads_q_total;
     int64_t B, Hq, Hkv, D, Dv;
     int64_t lq, lk;              /* this rank's lengths */
     aj_cp_shapes sh;             /* the same, with the layout of the tensors */
@@ -165,13 +168,13 @@ static aj_ring_block classify(const ring_plan *p, int32_t doc, int64_t q0, int64
     const int64_t nh = p->prog.mask_reads_h ? p->Hq : 1;
     int skip = 1, full = 1;
     for (int64_t b = 0; b < nb && (skip || full); b++)
-        for (int64_t h = 0; h < nh && (skip || full); h++) {
+        for (int64_t h = 0; h < nh && (skip || full); h++) {   /* the global heads */
             aj_tile_class c = aj_score_host_class(&p->prog, p->host_side, p->cache,
                                                   !p->prog.mask_reads_b ? -1
                                                   : p->sh.varlen        ? doc
                                                                         : b,
-                                                  p->prog.mask_reads_h ? h : -1, q0,
-                                                  q0 + nq - 1, k0, k0 + nk - 1, sq, sk);
+                                                  p->prog.mask_reads_h ? p->head_offset + h : -1,
+                                                  q0, q0 + nq - 1, k0, k0 + nk - 1, sq, sk);
             skip &= c == AJ_TILE_SKIP;
             full &= c == AJ_TILE_FULL;
         }
@@ -403,7 +406,7 @@ static aj_status plan_common(ring_plan *p, aj_ctx *ctx, aj_device *dev, aj_comm 
      * another as a padded batch of one (aj_cp_as_padded) has batch index
      * 0; dropout (the Philox counter holds b) and expressions reading b
      * need the document's, which the varlen kernel gives (doc_launch) */
-    p->doc_kernels = sh.varlen && (p->op.dropout > 0 || aj_cp_reads(&p->op, &p->prog, AJ_VAR_B));
+    p->doc_kernels = sh.varlen && (p->op.dropout > 0 || aj_cp_reads(&p->prog, AJ_VAR_B));
     p->sh = sh;
     if (sh.varlen) {
         const aj_status docs_st = aj_cp_read_docs(ctx, p->fn, dev, cu_q, cu_k, batch, &p->docs);
@@ -905,6 +908,8 @@ static void count_block(ring_plan *p, aj_ring_block kind)
         (l).sk_total = (x)->sk;               \
         (l).seed = (a)->seed;                 \
         (l).offset = (a)->offset;             \
+        (l).head_offset = (p)->head_offset;   \
+        (l).heads_q_total = (p)->heads_q_total; \
         (l).stream = (p)->stream;             \
     } while (0)
 
@@ -1119,6 +1124,8 @@ static aj_status plan_lengths(ring_plan *p, const aj_op *op, const aj_ring_group
     if (!group)
         return agree_on_call(p, op, rotate, seed, offset);
     p->members = group->members;
+    p->head_offset = group->head_offset;
+    p->heads_q_total = group->heads_q_total;
     return plan_chunks(p, group->sq, group->sk);
 }
 

@@ -83,9 +83,8 @@ typedef struct aj_cp_docs {
 aj_status aj_cp_read_docs(aj_ctx *ctx, const char *fn, aj_device *dev, const int32_t *cu_q,
                           const int32_t *cu_k, int32_t batch, aj_cp_docs *out);
 void aj_cp_docs_free(aj_cp_docs *docs);
-/* Whether the op's score programs (mask or mod) read `var` (AJ_VAR_B,
- * AJ_VAR_H); alibi's own read of h does not count. */
-bool aj_cp_reads(const aj_op_info *op, const aj_score_prog *prog, int var);
+/* Whether the op's score programs (mask or mod) read `var` (AJ_VAR_B). */
+bool aj_cp_reads(const aj_score_prog *prog, int var);
 
 /* Rank `rank`'s pieces of a packed batch of `batch` documents (cu_seqlens
  * [batch + 1], host memory), in local order: method = ring cuts each
@@ -163,6 +162,7 @@ aj_status aj_ulysses_backward(aj_ctx *ctx, aj_device *dev, struct aj_comm *comm,
 typedef struct aj_ring_group {
     int members;
     int64_t sq, sk;
+    int64_t head_offset, heads_q_total;   /* the rank's heads in the op's (aj_fwd_args) */
 } aj_ring_group;
 aj_status aj_ring_forward_group(aj_ctx *ctx, aj_device *dev, struct aj_comm *comm,
                                 const aj_op *op, const aj_ring_fwd_args *args,

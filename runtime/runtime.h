@@ -166,6 +166,7 @@ typedef struct aj_block_mask_shape {
     int64_t batch, heads, seq_q, seq_k;
     int64_t q_offset, kv_offset, sq_total, sk_total;
     int32_t block_m, block_n;
+    int64_t head_offset;   /* the global head of head 0 (aj_fwd_args) */
 } aj_block_mask_shape;
 
 /* A block mask of programs `p` for `shape` as the kernels' tensor over

@@ -20,10 +20,11 @@
  * groups: the backward's dK/dV sum over a group inside the kernel, as on
  * one rank.  Hence Hkv must divide by P.
  *
- * The kernel sees heads 0 .. H/P - 1: alibi's slopes are sliced to the
- * rank's heads; an expression that reads h, and dropout (whose Philox
- * counter holds b Hq + h), would need the global head, which the kernels
- * do not take: refused (AJ_ERR_UNSUPPORTED), the ring computes them.
+ * The kernel's heads 0 .. H/P - 1 are the op's heads r H/P ..: the
+ * launch says so (aj_fwd_args.head_offset = r H/P, heads_q_total = H), so
+ * an expression's h, alibi's slopes[h] (the caller's whole tensor) and
+ * dropout's Philox counter (b H + h) see the global head, and the rank
+ * computes its heads exactly as the unsharded op does.
  *
  * Bytes: an all-to-all of a [B, H, S, W] tensor sends (P-1)/P of the
  * rank's B H (S/P) W shard and receives as much; forward q, k, v in and
@@ -104,12 +105,12 @@ static size_t dtype_size(aj_dtype d)
 /* ---------------------------------------------------------------- set-up */
 
 /* The call fields every rank must agree on; NULL names: the rank's own
- * lengths.  (No dropout stream: dropout is refused.) */
-enum { ULY_FIELDS = 14, FIELD_LQ = 5, FIELD_LK = 6 };
+ * lengths. */
+enum { ULY_FIELDS = 16, FIELD_LQ = 5, FIELD_LK = 6 };
 static const char *const uly_fields[ULY_FIELDS] = {
     "method", "kind", "batch", "q heads", "kv heads", NULL, NULL, "head_dim", "head_dim_v",
     "layout", "ulysses_size", "side tensor shapes (a digest)", "rotate",
-    "cu_seqlens (a digest)"};
+    "cu_seqlens (a digest)", "seed", "offset"};
 static const char *const method_names[AJ_METHOD_COUNT] = {"ring", "ulysses", "hybrid"};
 
 /* A digest (FNV-1a) of the side tensors' shapes in declaration order. */
@@ -156,7 +157,8 @@ static aj_status plan_call(uly_plan *p, aj_ctx *ctx, aj_device *dev, aj_comm *co
                            aj_cp_method method, int32_t ulysses_size, aj_ring_rotate rotate,
                            const aj_tensor *q, const aj_tensor *k, const aj_tensor *v,
                            const aj_side_tensor *side, int32_t num_side, const int32_t *cu_q,
-                           const int32_t *cu_k, int32_t batch, aj_ring_stats *stats)
+                           const int32_t *cu_k, int32_t batch, uint64_t seed,
+                           uint64_t offset, aj_ring_stats *stats)
 {
     aj_status st = aj_cp_check_call(ctx, p->fn, dev, comm, op, kind, layout, q, k, v, &p->op,
                                     &p->prog, &p->sh);
@@ -194,15 +196,6 @@ static aj_status plan_call(uly_plan *p, aj_ctx *ctx, aj_device *dev, aj_comm *co
                        "of them with their query heads; use method = ring", p->fn, name,
                        p->size, (long long)sh->Hkv, p->members,
                        method == AJ_METHOD_ULYSSES ? "P" : "U");
-    if (p->op.dropout > 0)
-        return aj_fail(ctx, AJ_ERR_UNSUPPORTED, "%s: dropout = %g with method = %s: the "
-                       "Philox counter holds the global head (b Hq + h) and the kernels "
-                       "run on a rank's heads from 0; use method = ring", p->fn,
-                       p->op.dropout, name);
-    if (aj_cp_reads(&p->op, &p->prog, AJ_VAR_H))
-        return aj_fail(ctx, AJ_ERR_UNSUPPORTED, "%s: the op's expressions read the head h: "
-                       "method = %s runs each rank's heads from 0; use method = ring",
-                       p->fn, name);
     AJ_TRY(aj_side_check_names(ctx, p->fn, &p->op, side, num_side));
     if (sh->varlen && method == AJ_METHOD_HYBRID)
         return aj_fail(ctx, AJ_ERR_UNSUPPORTED, "%s: packed documents (layout = varlen) with "
@@ -217,7 +210,8 @@ static aj_status plan_call(uly_plan *p, aj_ctx *ctx, aj_device *dev, aj_comm *co
     const int64_t mine[ULY_FIELDS] = {method, p->op.kind, sh->B, sh->Hq, sh->Hkv,
                                       sh->lq, sh->lk, sh->D, sh->Dv, layout, p->members,
                                       side_digest(&p->op, side, num_side),
-                                      method == AJ_METHOD_HYBRID ? rotate : 0, p->docs.digest};
+                                      method == AJ_METHOD_HYBRID ? rotate : 0, p->docs.digest,
+                                      (int64_t)seed, (int64_t)offset};
     int64_t *all = calloc((size_t)p->size * ULY_FIELDS, sizeof *all);
     p->len_q = calloc(2 * (size_t)p->size, sizeof *p->len_q);
     if (!all || !p->len_q) {
@@ -554,15 +548,11 @@ static aj_status finish(uly_call *c, aj_device *dev, aj_status st, aj_ring_stats
     return st;
 }
 
-/* alibi's slopes of this rank's query heads. */
-static aj_tensor slice_slopes(const uly_plan *p, const aj_tensor *slopes)
+/* The global head of the rank's head 0: member m of its group has the
+ * group's heads m H/U .. */
+static int64_t head_offset(const uly_plan *p)
 {
-    aj_tensor s = *slopes;
-    if (p->op.score_mod == AJ_SCORE_MOD_ALIBI && s.data && s.rank == 1) {
-        s.data = (char *)s.data + (size_t)((p->rank - p->first) * p->hq * s.strides[0]) * 4;
-        s.shape[0] = p->hq;
-    }
-    return s;
+    return (int64_t)(p->rank - p->first) * p->hq;
 }
 
 /* hybrid: what the ring across the groups did, added to the call's. */
@@ -597,7 +587,7 @@ static aj_status ring_across(uly_call *c, const aj_op *op, const aj_ring_fwd_arg
                              const aj_ring_bwd_args *bwd)
 {
     uly_plan *p = &c->p;
-    const aj_ring_group group = {p->members, p->sq, p->sk};
+    const aj_ring_group group = {p->members, p->sq, p->sk, head_offset(p), p->sh.Hq};
     aj_ring_stats ring = {0};
     aj_status st = wait_dev(p, "copying the head shards to the device");
     if (st == AJ_OK)
@@ -609,12 +599,17 @@ static aj_status ring_across(uly_call *c, const aj_op *op, const aj_ring_fwd_arg
 
 /* The kernel launch's fields aj_fwd_args and aj_bwd_args share besides
  * the views (plan p, arguments a: aj_ring_fwd_args or aj_ring_bwd_args):
- * the side tensors, the stream and, layout = varlen, the caller's whole
- * batch of documents. */
+ * the side tensors, the dropout stream, the rank's heads among the op's,
+ * the stream and, layout = varlen, the caller's whole batch of
+ * documents. */
 #define SET_LAUNCH(l, p, a)                                         \
     do {                                                            \
         (l).side = (a)->side;                                       \
         (l).num_side = (a)->num_side;                               \
+        (l).seed = (a)->seed;                                       \
+        (l).offset = (a)->offset;                                   \
+        (l).head_offset = head_offset(p);                           \
+        (l).heads_q_total = (p)->sh.Hq;                             \
         (l).stream = (p)->stream;                                   \
         if ((p)->sh.varlen) {                                       \
             (l).cu_seqlens_q = (a)->cu_seqlens_q;                   \
@@ -630,15 +625,16 @@ static aj_status ring_across(uly_call *c, const aj_op *op, const aj_ring_fwd_arg
 enum { FWD_Q, FWD_K, FWD_V, FWD_O, FWD_LSE, FWD_COUNT };
 
 /* The head shards as the forward kernel's (aj_fwd_args) or the hybrid's
- * ring's (aj_ring_fwd_args) tensors, with the rank's alibi slopes. */
-#define SET_FWD_VIEWS(x, c, slopes)                      \
-    do {                                                 \
-        (x).q = (c).view[FWD_Q];                         \
-        (x).k = (c).view[FWD_K];                         \
-        (x).v = (c).view[FWD_V];                         \
-        (x).o = (c).view[FWD_O];                         \
-        (x).lse = (c).view[FWD_LSE];                     \
-        (x).alibi_slopes = slice_slopes(&(c).p, slopes); \
+ * ring's (aj_ring_fwd_args) tensors, with alibi's slopes (every head's:
+ * the kernels read the global heads'). */
+#define SET_FWD_VIEWS(x, c, slopes)      \
+    do {                                 \
+        (x).q = (c).view[FWD_Q];         \
+        (x).k = (c).view[FWD_K];         \
+        (x).v = (c).view[FWD_V];         \
+        (x).o = (c).view[FWD_O];         \
+        (x).lse = (c).view[FWD_LSE];     \
+        (x).alibi_slopes = *(slopes);    \
     } while (0)
 
 aj_status aj_ulysses_forward(aj_ctx *ctx, aj_device *dev, aj_comm *comm, const aj_op *op,
@@ -649,7 +645,8 @@ aj_status aj_ulysses_forward(aj_ctx *ctx, aj_device *dev, aj_comm *comm, const a
     aj_status st = AJ_OK;
     AJ_TRY(plan_call(p, ctx, dev, comm, op, AJ_KIND_FORWARD, a->layout, a->method,
                      a->ulysses_size, a->rotate, &a->q, &a->k, &a->v, a->side, a->num_side,
-                     a->cu_seqlens_q, a->cu_seqlens_k, a->batch, &c.stats));
+                     a->cu_seqlens_q, a->cu_seqlens_k, a->batch, a->seed, a->offset,
+                     &c.stats));
     const aj_cp_shapes *sh = &p->sh;
     AJ_TRY(aj_cp_check_fwd_outputs(ctx, p->fn, p->op.dtype, sh, &a->o, &a->lse));
     const uly_io io[FWD_COUNT] = {
@@ -693,7 +690,7 @@ enum { BWD_Q, BWD_K, BWD_V, BWD_O, BWD_DO, BWD_LSE, BWD_DQ, BWD_DK, BWD_DV, BWD_
         (x).dq = (c).view[BWD_DQ];                       \
         (x).dk = (c).view[BWD_DK];                       \
         (x).dv = (c).view[BWD_DV];                       \
-        (x).alibi_slopes = slice_slopes(&(c).p, slopes); \
+        (x).alibi_slopes = *(slopes);                    \
     } while (0)
 
 aj_status aj_ulysses_backward(aj_ctx *ctx, aj_device *dev, aj_comm *comm, const aj_op *op,
@@ -704,7 +701,8 @@ aj_status aj_ulysses_backward(aj_ctx *ctx, aj_device *dev, aj_comm *comm, const 
     aj_status st = AJ_OK;
     AJ_TRY(plan_call(p, ctx, dev, comm, op, AJ_KIND_BACKWARD, a->layout, a->method,
                      a->ulysses_size, a->rotate, &a->q, &a->k, &a->v, a->side, a->num_side,
-                     a->cu_seqlens_q, a->cu_seqlens_k, a->batch, &c.stats));
+                     a->cu_seqlens_q, a->cu_seqlens_k, a->batch, a->seed, a->offset,
+                     &c.stats));
     const aj_cp_shapes *sh = &p->sh;
     AJ_TRY(aj_cp_check_bwd_outputs(ctx, p->fn, p->op.dtype, sh, &a->o, &a->do_, &a->lse, &a->dq,
                                    &a->dk, &a->dv));

@@ -293,6 +293,28 @@ LLVMValueRef aj_attn_paged_part_row_of(aj_kb *kb, LLVMValueRef bidx, LLVMValueRe
     return LLVMBuildMul(b, bhs, sq, "part_row");
 }
 
+bool aj_attn_paged_packable(const aj_score_prog *prog, bool per_row_head)
+{
+    if (per_row_head)
+        return !prog->mask_reads_h && !prog->block_mask;
+    const uint16_t roots[4] = {prog->mod, prog->band_lo, prog->band_hi, prog->rest};
+    for (int i = 0; i < 4; i++)
+        if (roots[i] != AJ_EXPR_NONE &&
+            (prog->reads[roots[i]] & (AJ_SCORE_READS(AJ_VAR_H) | AJ_SCORE_READS_LOAD)))
+            return false;
+    return true;
+}
+
+LLVMValueRef aj_attn_paged_packs(aj_kb *kb, LLVMValueRef group, LLVMValueRef len_q,
+                                 int max_rows)
+{
+    LLVMBuilderRef b = kb->b;
+    LLVMValueRef fits = LLVMBuildICmp(b, LLVMIntSLE, LLVMBuildMul(b, group, len_q, ""),
+                                      aj_kb_i32(kb, max_rows), "");
+    return LLVMBuildAnd(b, fits, LLVMBuildICmp(b, LLVMIntSGT, len_q, aj_kb_i32(kb, 0), ""),
+                        "pack");
+}
+
 void aj_attn_score_totals(aj_kb *kb, const aj_score_prog *prog, aj_layout layout,
                           LLVMValueRef seq_q, LLVMValueRef seq_k, LLVMValueRef *sq,
                           LLVMValueRef *sk)
@@ -329,8 +351,7 @@ LLVMValueRef aj_attn_tanh(aj_kb *kb, LLVMValueRef x)
 
 aj_attn_dropout aj_attn_dropout_stream(aj_kb *kb, LLVMValueRef seed, LLVMValueRef offset,
                                        LLVMValueRef q_offset, LLVMValueRef kv_offset,
-                                       LLVMValueRef bidx, LLVMValueRef heads_q,
-                                       LLVMValueRef h)
+                                       LLVMValueRef bidx, LLVMValueRef h)
 {
     LLVMBuilderRef b = kb->b;
     aj_attn_dropout d;
@@ -339,7 +360,9 @@ aj_attn_dropout aj_attn_dropout_stream(aj_kb *kb, LLVMValueRef seed, LLVMValueRe
                                                aj_kb_i64(kb, 32), ""), kb->t_i32, "");
     d.ctr[0] = LLVMBuildTrunc(b, kv_offset, kb->t_i32, "");
     d.ctr[1] = LLVMBuildTrunc(b, q_offset, kb->t_i32, "");
-    d.ctr[2] = LLVMBuildAdd(b, LLVMBuildMul(b, bidx, heads_q, ""), h, "");
+    LLVMValueRef head = LLVMBuildAdd(b, aj_kb_param(kb, "head_offset"), h, "");
+    d.ctr[2] = LLVMBuildAdd(b, LLVMBuildMul(b, bidx, aj_kb_param(kb, "heads_q_total"), ""),
+                            head, "");
     d.ctr[3] = LLVMBuildTrunc(b, offset, kb->t_i32, "");
     return d;
 }

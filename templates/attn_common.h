@@ -157,13 +157,32 @@ LLVMValueRef aj_attn_paged_part_row_of(aj_kb *kb, LLVMValueRef bidx, LLVMValueRe
                                        LLVMValueRef *lse_at);
 
 /*
+ * GQA packing of a paged forward (decode, chunked prefill): the query
+ * heads that share a KV head go through one work item (cpu) or CTA (sim,
+ * GPU) together, their rows stacked head after head (group x Tq rows), so
+ * the KV head's pages are read once per part and not once per query head.
+ * A sequence packs where that is at most max_rows rows (the kernel's
+ * block: the cpu's bm, the GPU kernels' AJ_PAGED_PACK_ROWS) and it has a
+ * query at all (aj_attn_paged_packs, i1); an op packs where its score
+ * programs allow (aj_attn_paged_packable): a kernel that takes one head
+ * per item needs programs that read no head (nor a tensor, which may be
+ * indexed by it); one that evaluates the score_mod at each row's own head
+ * (per_row_head) needs only a mask whose tile classes do not depend on h.
+ * The items of the other heads of a packed group return at once.
+ */
+enum { AJ_PAGED_PACK_ROWS = 128 };
+struct aj_score_prog;
+bool aj_attn_paged_packable(const struct aj_score_prog *prog, bool per_row_head);
+LLVMValueRef aj_attn_paged_packs(aj_kb *kb, LLVMValueRef group, LLVMValueRef len_q,
+                                 int max_rows);
+
+/*
  * The totals the score programs read (score.h's sq, sk; i64), NULL where
  * they read none: for layout = padded the parameters seq_q_total and
  * seq_k_total; for varlen the parameters sq_total and sk_total, where 0
  * stands for the sequence's own length seq_q or seq_k (i32), so that each
  * sequence aligns bottom_right to its own end (params.def declares them).
  */
-struct aj_score_prog;
 void aj_attn_score_totals(aj_kb *kb, const struct aj_score_prog *prog, aj_layout layout,
                           LLVMValueRef seq_q, LLVMValueRef seq_k, LLVMValueRef *sq,
                           LLVMValueRef *sk);
@@ -175,8 +194,11 @@ LLVMValueRef aj_attn_tanh(aj_kb *kb, LLVMValueRef x);
 /*
  * The dropout stream of one (batch, query head): Philox4x32-10 with key
  * (lo32(seed), hi32(seed ^ offset)) and counter (lo32(kv_pos), lo32(q_pos),
- * lo32(b Hq + h), lo32(offset)); i32 adds of local i and j to the position
- * bases wrap as lo32 of the i64 positions do.
+ * lo32(b Hq + h), lo32(offset)), where Hq is the op's query heads
+ * (parameter heads_q_total) and h the global head (head_offset + the
+ * kernel's head `h`, i32), so a head shard's kernel draws the unsharded
+ * op's mask; i32 adds of local i and j to the position bases wrap as
+ * lo32 of the i64 positions do.
  */
 typedef struct aj_attn_dropout {
     LLVMValueRef key[2];
@@ -185,8 +207,7 @@ typedef struct aj_attn_dropout {
 
 aj_attn_dropout aj_attn_dropout_stream(aj_kb *kb, LLVMValueRef seed, LLVMValueRef offset,
                                        LLVMValueRef q_offset, LLVMValueRef kv_offset,
-                                       LLVMValueRef bidx, LLVMValueRef heads_q,
-                                       LLVMValueRef h);
+                                       LLVMValueRef bidx, LLVMValueRef h);
 /* Whether element (i, j) is kept: (out[0] >> 8) 2^-24 >= p, i.e.
  * (out[0] >> 8) >= ceil(p 2^24) exactly. */
 LLVMValueRef aj_attn_dropout_keep(aj_kb *kb, const aj_attn_dropout *d, double p,

@@ -159,7 +159,7 @@ static void set_head(cbwd *c, LLVMValueRef bidx, LLVMValueRef h)
     if (c->op->dropout > 0)
         c->drop = aj_attn_dropout_stream(c->kb, param(c, "dropout_seed"),
                                          param(c, "dropout_offset"), param(c, "q_offset"),
-                                         param(c, "kv_offset"), bidx, param(c, "heads_q"), h);
+                                         param(c, "kv_offset"), bidx, h);
 }
 
 static LLVMValueRef item(cbwd *c, int d)
@@ -251,6 +251,10 @@ static void emit_probabilities(cbwd *c, LLVMValueRef m0, LLVMValueRef n0)
     LLVMValueRef lse = aj_cv_splat(kb, fload(c, buf_at(c, c->lse2, i)), w);
     LLVMValueRef delta = aj_cv_splat(kb, fload(c, buf_at(c, c->delta, i)), w);
     LLVMValueRef row = mul(c, i, i32c(c, p->bn));
+    /* a row past Sq (a tile's tail) has dS 0; its score (of a zero q row)
+     * may sit where the score_mod's derivative is infinite, sqrt(abs(score))
+     * at 0, and 0 * inf would spread NaN into dK */
+    LLVMValueRef row_in = LLVMBuildICmp(b, LLVMIntSLT, ig, c->at.seq.len_q, "");
     for (int n = 0; n < p->bn / w; n++) {
         LLVMValueRef at = add(c, row, i32c(c, n * w));
         LLVMValueRef jv = LLVMBuildAdd(b, aj_cv_splat(kb, add(c, n0, i32c(c, n * w)), w),
@@ -267,7 +271,8 @@ static void emit_probabilities(cbwd *c, LLVMValueRef m0, LLVMValueRef n0)
         }
         LLVMValueRef ds = LLVMBuildFMul(b, pv, LLVMBuildFSub(b, dpv, delta, ""), "");
         if (dmod)   /* the chain rule through the score_mod (0 where hidden) */
-            ds = LLVMBuildFMul(b, ds, dmod, "");
+            ds = LLVMBuildSelect(b, row_in, LLVMBuildFMul(b, ds, dmod, ""),
+                                 LLVMConstNull(aj_cv_type(kb, w)), "");
         vstore(c, pz, buf_at(c, c->s, at));
         vstore(c, ds, buf_at(c, c->dp, at));
     }

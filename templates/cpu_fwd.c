@@ -499,7 +499,7 @@ static void build_dense(cfwd *c, const aj_score_prog *prog, int log2e_in_q)
     if (op->dropout > 0)
         c->drop = aj_attn_dropout_stream(kb, param(c, "dropout_seed"),
                                          param(c, "dropout_offset"), param(c, "q_offset"),
-                                         param(c, "kv_offset"), bidx, param(c, "heads_q"), h);
+                                         param(c, "kv_offset"), bidx, h);
     const char *out = out_name(op);
     char stride_s[32];
     snprintf(stride_s, sizeof stride_s, "stride_%s_s", out);
@@ -531,18 +531,6 @@ static LLVMValueRef paged_ws_len(cfwd *c)
 {
     int varlen_q = c->op->q_layout == AJ_LAYOUT_VARLEN;
     return sext64(c, param(c, varlen_q ? "tokens_q" : "seq_q"));
-}
-
-/* Whether the score programs read the head (then each query head is its
- * own row block). */
-static int programs_read_h(const aj_score_prog *prog)
-{
-    const uint16_t roots[4] = {prog->mod, prog->band_lo, prog->band_hi, prog->rest};
-    for (int i = 0; i < 4; i++)
-        if (roots[i] != AJ_EXPR_NONE &&
-            (prog->reads[roots[i]] & (AJ_SCORE_READS(AJ_VAR_H) | AJ_SCORE_READS_LOAD)))
-            return 1;
-    return 0;
 }
 
 /*
@@ -612,16 +600,13 @@ static void build_paged_parts(cfwd *c, const aj_score_prog *prog, int log2e_in_q
                         mul(c, row0, aj_kb_i64(kb, p->dv)), aj_kb_i64(kb, p->dv),
                         add(c, lse_at, row0), NULL, NULL};
     LLVMValueRef one = LLVMBuildICmp(b, LLVMIntEQ, splits, i32c(c, 1), "");
-    /* GQA packing: where the programs do not read h and the group's rows
-     * fit one block, the item of the group's first head takes all of its
-     * heads' rows (the KV read once, the register tiles full), the others
-     * return */
+    /* GQA packing (attn_common.h's rule: here the group's rows fit one
+     * block and the programs read no h): the item of the group's first
+     * head takes all of its heads' rows (the KV read once, the register
+     * tiles full), the others return */
     LLVMValueRef pack = NULL;
-    if (!programs_read_h(prog)) {
-        /* (a sequence without queries: nothing to pack) */
-        pack = LLVMBuildAnd(b, LLVMBuildICmp(b, LLVMIntSLE, mul(c, group, seq->len_q),
-                                             i32c(c, p->bm), ""),
-                            LLVMBuildICmp(b, LLVMIntSGT, seq->len_q, i32c(c, 0), ""), "pack");
+    if (aj_attn_paged_packable(prog, false)) {
+        pack = aj_attn_paged_packs(kb, group, seq->len_q, p->bm);
         aj_kb_if_begin(kb, pack);
         aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntEQ, LLVMBuildSRem(b, h, group, ""),
                                          i32c(c, 0), ""));
@@ -819,7 +804,6 @@ const aj_template aj_template_cpu_fwd_paged_flash = {
     .build = cfwd_build,
     .targets = 1u << AJ_TARGET_CPU,
     .paged = true,
-    .varlen_q = true,
     .stage_sigs = {AJ_KSIG_CPU_PAGED_FWD, AJ_KSIG_CPU_PAGED_MERGE},
 };
 
@@ -831,6 +815,5 @@ const aj_template aj_template_cpu_fwd_paged_efficient = {
     .build = cfwd_build,
     .targets = 1u << AJ_TARGET_CPU,
     .paged = true,
-    .varlen_q = true,
     .stage_sigs = {AJ_KSIG_CPU_PAGED_FWD, AJ_KSIG_CPU_PAGED_MERGE},
 };

@@ -289,8 +289,7 @@ static void set_head(ebwd *e, LLVMValueRef bidx, LLVMValueRef h)
         e->bias_base = aj_attn_slice_base(e->kb, "bias", bidx, h);
     if (e->op->dropout > 0) {
         e->drop = aj_attn_dropout_stream(kb, prm(e, "dropout_seed"), prm(e, "dropout_offset"),
-                                         prm(e, "q_offset"), prm(e, "kv_offset"), bidx,
-                                         prm(e, "heads_q"), h);
+                                         prm(e, "q_offset"), prm(e, "kv_offset"), bidx, h);
     }
 }
 

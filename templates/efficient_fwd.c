@@ -49,6 +49,7 @@
 #include <string.h>
 
 #include "templates/attn_common.h"
+#include "templates/cpu_attn.h"
 #include "templates/score.h"
 #include "templates/template.h"
 #include "templates/tile_io.h"
@@ -64,7 +65,7 @@ typedef struct efwd_plan {
     int bm, bn, warps, threads;
     int g, r, rm, cn, cv;          /* see the diagram above */
     int ldq, ldkv, ldp;            /* shared-memory row pitches, in floats */
-    int32_t smem_q, smem_kv, smem_p, smem_rows, smem_bytes;
+    int32_t smem_q, smem_kv, smem_p, smem_rows, smem_qrows, smem_bytes;
 } efwd_plan;
 
 /* Registers that hold per-thread state; above this ptxas starts to spill. */
@@ -148,8 +149,8 @@ static aj_status plan_schedule(aj_ctx *ctx, const aj_op *op, aj_target target,
     p->ldp = p->bn + 4;
     int64_t bytes = 4 * ((int64_t)p->bm * p->ldq + (int64_t)p->bn * p->ldkv +
                          (int64_t)p->bm * p->ldp);
-    if (p->paged)
-        bytes += aj_tile_paged_rows_bytes(p->bn);   /* the tile's row table */
+    if (p->paged)   /* the key tile's row table, the packed query rows' */
+        bytes += aj_tile_paged_rows_bytes(p->bn) + aj_tile_paged_rows_bytes(p->bm);
     if (bytes > aj_target_smem_limit(target))
         return aj_fail(ctx, AJ_ERR_UNSUPPORTED,
                        "schedule: block_m = %d, block_n = %d needs %lld bytes of shared "
@@ -208,10 +209,16 @@ typedef struct efwd {
     const aj_op *op;
     efwd_plan p;
     LLVMValueRef tid, lane, group;  /* i32 */
-    LLVMValueRef m0;                /* i32: first query row of the CTA */
-    LLVMValueRef seq_q, seq_k;      /* i32 */
+    LLVMValueRef m0;                /* i32: first row of the row block */
+    LLVMValueRef seq_q, seq_k;      /* i32: query positions, keys */
+    LLVMValueRef rows;              /* i32: rows (padded: seq_q; paged: heads x seq_q) */
+    LLVMValueRef i_first, i_last;   /* i32: the row block's positions span these */
+    LLVMValueRef row_pos[MAX_RM];   /* i32: the query position of thread row k */
+    LLVMValueRef row_head[MAX_RM];  /* i32: its head after the CTA's first; NULL: 0 */
     const aj_score_prog *prog;      /* the mask and score_mod (score.h) */
-    aj_score sc;                    /* ... at this CTA's (b, h) */
+    aj_score sc;                    /* ... at this CTA's (b, h) (first h when packed) */
+    aj_score *row_sc[MAX_RM];       /* ... at thread row k's (b, h): &sc, or per row */
+    int per_row_sc;                 /* paged GQA packing with programs reading h */
     LLVMValueRef bias_row;          /* i64: element offset of bias row i (bias) */
     aj_attn_dropout drop;           /* the dropout stream of this (b, h) */
     LLVMValueRef bias_base;         /* i64: element offset of bias slice (b, h) */
@@ -249,23 +256,37 @@ static LLVMValueRef key_of(efwd *e, int t)
     return LLVMBuildAdd(e->b, e->lane, aj_kb_i32(e->kb, e->p.g * t), "");
 }
 
-/* Key-block range [n_begin, n_end) holding a key visible to some row of
- * this CTA; empty when no row sees any key. */
-/* The CTA's last row that the sequence has. */
+/* The row block's last row that the row space has. */
 static LLVMValueRef last_row(efwd *e)
 {
     aj_kb *kb = e->kb;
     LLVMBuilderRef b = e->b;
-    LLVMValueRef rows = aj_kb_smin(kb, aj_kb_i32(kb, e->p.bm), LLVMBuildSub(b, e->seq_q, e->m0, ""));
+    LLVMValueRef rows = aj_kb_smin(kb, aj_kb_i32(kb, e->p.bm), LLVMBuildSub(b, e->rows, e->m0, ""));
     return LLVMBuildAdd(b, e->m0, LLVMBuildSub(b, rows, aj_kb_i32(kb, 1), ""), "");
 }
 
+/* layout = padded: row k of a thread is position m0 + row_of(k), of the
+ * CTA's head. */
+static void rows_padded(efwd *e)
+{
+    e->rows = e->seq_q;
+    e->i_first = e->m0;
+    e->i_last = last_row(e);
+    for (int k = 0; k < e->p.rm; k++) {
+        e->row_pos[k] = LLVMBuildAdd(e->b, e->m0, row_of(e, k), "");
+        e->row_head[k] = NULL;
+        e->row_sc[k] = &e->sc;
+    }
+}
+
+/* Key-block range [n_begin, n_end) holding a key visible to some row of
+ * the row block; empty when no row sees any key. */
 static void key_block_range(efwd *e, LLVMValueRef *n_begin, LLVMValueRef *n_end)
 {
     aj_kb *kb = e->kb;
     LLVMBuilderRef b = e->b;
     LLVMValueRef j_lo, j_hi;
-    aj_score_key_range(&e->sc, e->m0, last_row(e), e->seq_k, &j_lo, &j_hi);
+    aj_score_key_range(&e->sc, e->i_first, e->i_last, e->seq_k, &j_lo, &j_hi);
     LLVMValueRef bn = aj_kb_i32(kb, e->p.bn);
     LLVMValueRef begin = LLVMBuildSDiv(b, j_lo, bn, "");
     LLVMValueRef end = LLVMBuildSDiv(b, LLVMBuildAdd(b, j_hi, bn, ""), bn, "");
@@ -308,8 +329,8 @@ static void emit_qk(efwd *e)
 
 /* The score of (row i, key j) in log2 units, or -inf where masked (in a
  * `full` tile: past the key length alone). */
-static LLVMValueRef emit_score(efwd *e, LLVMValueRef acc, LLVMValueRef i, LLVMValueRef j,
-                               int full)
+static LLVMValueRef emit_score(efwd *e, aj_score *sc, LLVMValueRef acc, LLVMValueRef i,
+                               LLVMValueRef j, int full)
 {
     aj_kb *kb = e->kb;
     LLVMBuilderRef b = e->b;
@@ -332,10 +353,10 @@ static LLVMValueRef emit_score(efwd *e, LLVMValueRef acc, LLVMValueRef i, LLVMVa
                                           (unsigned)aj_dtype_size(op->dtype));
             s = LLVMBuildFAdd(b, s, aj_kb_to_f32(kb, raw, op->dtype), "");
         }
-        s = aj_score_mod_value(&e->sc, s, i, j);
+        s = aj_score_mod_value(sc, s, i, j);
         s = LLVMBuildFMul(b, s, aj_kb_f32(kb, AJ_LOG2E), "");
     }
-    LLVMValueRef visible = aj_score_visible_in_tile(&e->sc, full, NULL, e->seq_k, i, j);
+    LLVMValueRef visible = aj_score_visible_in_tile(sc, full, NULL, e->seq_k, i, j);
     return LLVMBuildSelect(b, visible, s, aj_kb_f32(kb, -INFINITY), "");
 }
 
@@ -348,7 +369,7 @@ static void emit_softmax(efwd *e, LLVMValueRef n0, int full)
     LLVMBuilderRef b = e->b;
     const efwd_plan *p = &e->p;
     for (int k = 0; k < p->rm; k++) {
-        LLVMValueRef i = LLVMBuildAdd(b, e->m0, row_of(e, k), "");
+        LLVMValueRef i = e->row_pos[k];
         if (e->op->bias == AJ_BIAS_ADD) {
             /* rows past Sq read the last row (in bounds; never stored) */
             LLVMValueRef ic = aj_kb_smin(kb, i, LLVMBuildSub(b, e->seq_q, aj_kb_i32(kb, 1), ""));
@@ -359,7 +380,7 @@ static void emit_softmax(efwd *e, LLVMValueRef n0, int full)
         LLVMValueRef mx = aj_kb_f32(kb, -INFINITY);
         for (int t = 0; t < p->cn; t++) {
             LLVMValueRef j = LLVMBuildAdd(b, n0, key_of(e, t), "");
-            s[t] = emit_score(e, aj_kb_get(kb, e->acc[k][t]), i, j, full);
+            s[t] = emit_score(e, e->row_sc[k], aj_kb_get(kb, e->acc[k][t]), i, j, full);
             mx = aj_kb_fmax(kb, mx, s[t]);
         }
         mx = aj_kb_group_max(kb, mx, p->g);
@@ -479,12 +500,14 @@ static void emit_merge_weights(efwd *e, LLVMValueRef lse_prior, LLVMValueRef l2_
     *lse_out = LLVMBuildSelect(b, none, ninf, LLVMBuildFMul(b, l2, aj_kb_f32(kb, AJ_LN2), ""), "");
 }
 
-/* Where the epilogue writes: row i of O at element o_base + i o_stride of
- * tensor parameter `o` (of `dtype`), its LSE at lse_base + i of `lse`. */
+/* Where the epilogue writes: row i of head h (after the CTA's first) of
+ * O at element o_base + h o_head + i o_stride of tensor parameter `o` (of
+ * `dtype`), its LSE at lse_base + h lse_head + i of `lse`. */
 typedef struct efwd_out {
     const char *o, *lse;
     aj_dtype dtype;
     LLVMValueRef o_base, o_stride, lse_base;   /* i64 */
+    LLVMValueRef o_head, lse_head;             /* i64; NULL: one head */
 } efwd_out;
 
 /* O = acc / l (0 for rows that saw no key), LSE = (m + log2 l) ln 2; with
@@ -499,10 +522,10 @@ static void emit_epilogue(efwd *e, const efwd_out *dst)
     aj_dtype out_dtype = dst->dtype;
     LLVMValueRef o_base = dst->o_base, lse_base = dst->lse_base;
     LLVMValueRef lane_col = sext64(e, LLVMBuildShl(b, e->lane, aj_kb_i32(kb, 2), ""));
-    LLVMValueRef last_row = LLVMBuildSub(b, e->seq_q, aj_kb_i32(kb, 1), "");
+    LLVMValueRef last_pos = LLVMBuildSub(b, e->seq_q, aj_kb_i32(kb, 1), "");
     for (int k = 0; k < p->rm; k++) {
         LLVMValueRef lsum = aj_kb_group_sum(kb, aj_kb_get(kb, e->l[k]), p->g);
-        LLVMValueRef i = LLVMBuildAdd(b, e->m0, row_of(e, k), "");
+        LLVMValueRef r = LLVMBuildAdd(b, e->m0, row_of(e, k), "");
         /* lsum is 0 only for a row that saw no key; NaN (from a NaN or Inf
          * input) counts as seen, so O and LSE become NaN, not 0 and -inf */
         LLVMValueRef seen = LLVMBuildFCmp(b, LLVMRealUNE, lsum, aj_kb_f32(kb, 0), "");
@@ -511,13 +534,18 @@ static void emit_epilogue(efwd *e, const efwd_out *dst)
         LLVMValueRef l2 = LLVMBuildFAdd(b, aj_kb_get(kb, e->m[k]), aj_kb_log2(kb, lsum), "");
         l2 = LLVMBuildSelect(b, seen, l2, aj_kb_f32(kb, -INFINITY), "");
         LLVMValueRef lse = LLVMBuildFMul(b, l2, aj_kb_f32(kb, AJ_LN2), "");
-        /* rows past Sq read the last row: in bounds, never stored */
-        LLVMValueRef ic = aj_kb_smin(kb, i, last_row);
-        LLVMValueRef lse_ptr = aj_kb_gptr_offset(kb, p64(e, dst->lse), LLVMBuildMul(b,
-                                   LLVMBuildAdd(b, lse_base, sext64(e, ic), ""),
+        /* rows past the row space read the last position: in bounds,
+         * never stored */
+        LLVMValueRef ic = sext64(e, aj_kb_smin(kb, e->row_pos[k], last_pos));
+        LLVMValueRef lse_row = LLVMBuildAdd(b, lse_base, ic, "");
+        LLVMValueRef orow = LLVMBuildAdd(b, o_base, LLVMBuildMul(b, ic, dst->o_stride, ""), "");
+        if (e->row_head[k]) {
+            LLVMValueRef hr = sext64(e, e->row_head[k]);
+            lse_row = LLVMBuildAdd(b, lse_row, LLVMBuildMul(b, hr, dst->lse_head, ""), "");
+            orow = LLVMBuildAdd(b, orow, LLVMBuildMul(b, hr, dst->o_head, ""), "");
+        }
+        LLVMValueRef lse_ptr = aj_kb_gptr_offset(kb, p64(e, dst->lse), LLVMBuildMul(b, lse_row,
                                    aj_kb_i64(kb, 4), ""));
-        LLVMValueRef orow = LLVMBuildAdd(b, o_base, LLVMBuildMul(b, sext64(e, ic),
-                                         dst->o_stride, ""), "");
         /* an f8 cache's V scale applies to O once, not to each V */
         LLVMValueRef w_prior = NULL;
         LLVMValueRef scale_new = e->v_scale ? LLVMBuildFMul(b, inv, e->v_scale, "") : inv;
@@ -527,7 +555,7 @@ static void emit_epilogue(efwd *e, const efwd_out *dst)
                                &lse);
             scale_new = LLVMBuildFMul(b, w_new, scale_new, "");
         }
-        aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntSLT, i, e->seq_q, ""));
+        aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntSLT, r, e->rows, ""));
         for (int u = 0; u < p->cv / 4; u++) {
             LLVMValueRef col = LLVMBuildAdd(b, lane_col, aj_kb_i64(kb, 4 * p->g * u), "");
             /* a last chunk past Dv holds pad columns: never stored */
@@ -596,8 +624,10 @@ static void begin_cta(efwd *e)
     p->smem_q = aj_kb_smem_reserve(kb, 4 * p->bm * p->ldq);
     p->smem_kv = aj_kb_smem_reserve(kb, 4 * p->bn * p->ldkv);
     p->smem_p = aj_kb_smem_reserve(kb, 4 * p->bm * p->ldp);
-    if (p->paged)
+    if (p->paged) {
         p->smem_rows = aj_kb_smem_reserve(kb, aj_tile_paged_rows_bytes(p->bn));
+        p->smem_qrows = aj_kb_smem_reserve(kb, aj_tile_paged_rows_bytes(p->bm));
+    }
     alloc_state(e);
     e->tid = aj_kb_thread_id(kb);
     e->lane = LLVMBuildAnd(e->b, e->tid, aj_kb_i32(kb, p->g - 1), "lane");
@@ -626,7 +656,7 @@ static void emit_key_blocks(efwd *e, efwd_kv *kv, LLVMValueRef n_begin, LLVMValu
     /* the key blocks of the range, or the block mask's list of the row
      * block (score.h); the same class in every thread */
     aj_score_walk walk;
-    aj_score_walk_keys(&e->sc, &walk, e->m0, last_row(e), p->bn, n_begin, n_end, e->seq_q,
+    aj_score_walk_keys(&e->sc, &walk, e->i_first, e->i_last, p->bn, n_begin, n_end, e->seq_q,
                        e->seq_k);
     LLVMValueRef at = aj_kb_for_begin(kb, walk.begin, walk.end, aj_kb_i32(kb, 1), "walk");
     LLVMValueRef cls = NULL;
@@ -674,6 +704,7 @@ static void build_padded(efwd *e)
     e->m0 = LLVMBuildMul(b, mblk, aj_kb_i32(kb, p->bm), "m0");
     e->seq_q = p64(e, "seq_q");
     e->seq_k = p64(e, "seq_k");
+    rows_padded(e);
     LLVMValueRef group_size = LLVMBuildSDiv(b, p64(e, "heads_q"), p64(e, "heads_kv"), "");
     LLVMValueRef hkv = LLVMBuildSDiv(b, h, group_size, "hkv");
     aj_score_begin(&e->sc, kb, e->prog, 0, bidx, h, p64(e, "q_offset"), p64(e, "kv_offset"),
@@ -687,8 +718,7 @@ static void build_padded(efwd *e)
          * (lo32(kv_offset) + j, lo32(q_offset) + i, lo32(b Hq + h),
          * lo32(offset)): i32 adds wrap as lo32 of the i64 positions do */
         e->drop = aj_attn_dropout_stream(kb, p64(e, "dropout_seed"), p64(e, "dropout_offset"),
-                                         p64(e, "q_offset"), p64(e, "kv_offset"), bidx,
-                                         p64(e, "heads_q"), h);
+                                         p64(e, "q_offset"), p64(e, "kv_offset"), bidx, h);
     }
     LLVMValueRef q_base = aj_attn_slice_base(kb, "q", bidx, h);
     aj_tile_src qsrc = {p64(e, "q"), q_base, p64(e, "stride_q_s"), e->m0, e->seq_q, p->dtype};
@@ -707,7 +737,7 @@ static void build_padded(efwd *e)
     snprintf(stride_s, sizeof stride_s, "stride_%s_s", out_name(op));
     const efwd_out out = {out_name(op), "lse", op->accumulate ? AJ_DTYPE_F32 : p->dtype,
                           aj_attn_slice_base(kb, out_name(op), bidx, h), p64(e, stride_s),
-                          aj_attn_slice_base(kb, "lse", bidx, h)};
+                          aj_attn_slice_base(kb, "lse", bidx, h), NULL, NULL};
     emit_epilogue(e, &out);
     const aj_kernel_layout layout = {
         .grid = {{AJ_EXTENT_SEQ_Q, p->bm}, {AJ_EXTENT_HEADS_Q, 1}, {AJ_EXTENT_BATCH, 1}},
@@ -717,16 +747,68 @@ static void build_padded(efwd *e)
 }
 
 /*
+ * layout = paged, a row block's rows (GQA packing, attn_common.h): the
+ * CTA's row space is `heads` query heads of seq_q queries each, stacked
+ * head after head, so that thread row k of the block at m0 is row r =
+ * m0 + row_of(k) of the stack, head r / seq_q, position r % seq_q:
+ *
+ *   r:    0 .. seq_q-1 | seq_q .. 2 seq_q-1 | ...   (rows)
+ *   head: h0           | h0 + 1             | ...
+ *
+ * Rows past the stack read its last row (in bounds, never stored).  The
+ * positions the block spans (for its key range): its rows' own where it
+ * lies within one head, else all of them.  With per_row_sc each row's
+ * score programs are begun at its own head (alibi's slope, expressions
+ * reading h).
+ */
+static void rows_paged(efwd *e, LLVMValueRef bidx, LLVMValueRef h0, LLVMValueRef q_origin,
+                       LLVMValueRef total)
+{
+    static _Thread_local aj_score row_scores[MAX_RM];
+    aj_kb *kb = e->kb;
+    LLVMBuilderRef b = e->b;
+    LLVMValueRef one = aj_kb_i32(kb, 1);
+    LLVMValueRef last = LLVMBuildSub(b, e->rows, one, "");
+    LLVMValueRef per = aj_kb_smax(kb, e->seq_q, one);   /* (>= 1 where a row exists) */
+    for (int k = 0; k < e->p.rm; k++) {
+        LLVMValueRef r = aj_kb_smin(kb, LLVMBuildAdd(b, e->m0, row_of(e, k), ""), last);
+        e->row_head[k] = LLVMBuildUDiv(b, r, per, "row_head");
+        e->row_pos[k] = LLVMBuildSub(b, r, LLVMBuildMul(b, e->row_head[k], per, ""), "row_pos");
+        e->row_sc[k] = &e->sc;
+        if (e->per_row_sc) {
+            aj_score_begin(&row_scores[k], kb, e->prog, 0, bidx,
+                           LLVMBuildAdd(b, h0, e->row_head[k], ""), q_origin, aj_kb_i64(kb, 0),
+                           total, total);
+            e->row_sc[k] = &row_scores[k];
+        }
+    }
+    LLVMValueRef r1 = last_row(e);
+    LLVMValueRef ha = LLVMBuildUDiv(b, e->m0, per, ""), hb = LLVMBuildUDiv(b, r1, per, "");
+    LLVMValueRef same = LLVMBuildICmp(b, LLVMIntEQ, ha, hb, "");
+    e->i_first = LLVMBuildSelect(b, same, LLVMBuildSub(b, e->m0, LLVMBuildMul(b, ha, per, ""), ""),
+                                 aj_kb_i32(kb, 0), "i_first");
+    e->i_last = LLVMBuildSelect(b, same, LLVMBuildSub(b, r1, LLVMBuildMul(b, hb, per, ""), ""),
+                                LLVMBuildSub(b, e->seq_q, one, ""), "i_last");
+}
+
+/*
  * layout = paged, stage 0: grid (splits, Hq, B), one CTA per part of a
- * (sequence, query head) -- no GQA packing: a row block holds one head's
- * queries (score programs at one h, Q rows one stride apart).  Part s
- * takes key blocks [s per, (s + 1) per), per = ceil(blocks / splits), of
- * the sequence's seqlens_k[b] keys (checked: aj_attn_paged_len), each
- * tile's rows gathered through the block table (aj_tile_paged_rows, which
- * checks the pages it looks up), for the Sq rows in blocks of bm, the
- * queries being the sequence's last Sq positions.  One part writes o and
- * lse; more write their partials to the workspace (runtime/launch.c,
- * aj_attn_paged_part_row) for stage 1.  f8 caches load as bytes and
+ * (sequence, query head) -- or, GQA-packed (attn_common.h's rule: the
+ * group's heads x queries at most AJ_PAGED_PACK_ROWS, a mask whose tile
+ * classes do not read h), of a (sequence, KV head): the CTA of the
+ * group's first query head takes the rows of all of them (rows_paged) and
+ * the others return, so each page of the KV head is read once per part.
+ * Part s takes key blocks [s per, (s + 1) per), per = ceil(blocks /
+ * splits), of the sequence's seqlens_k[b] keys (checked:
+ * aj_attn_paged_len), each tile's rows gathered through the block table
+ * (aj_tile_paged_rows, which checks the pages it looks up), for the rows
+ * in blocks of bm, the queries being the sequence's last Sq positions
+ * (q_layout = varlen: its chunk of the packed rows, cu_seqlens_q's pair,
+ * checked by aj_attn_paged_queries: a chunk longer than the sequence is a
+ * fault naming it).  Q rows come through a row table too
+ * (aj_tile_stacked_rows: head, position).  One part writes o and lse;
+ * more write their partials to the workspace (runtime/launch.c,
+ * aj_attn_paged_part_row_of) for stage 1.  f8 caches load as bytes and
  * widen on the way to shared memory; k_scale multiplies the scores,
  * v_scale the output.
  */
@@ -736,6 +818,7 @@ static void build_paged_parts(efwd *e)
     LLVMBuilderRef b = e->b;
     const aj_op *op = e->op;
     const efwd_plan *p = &e->p;
+    const int varlen_q = op->q_layout == AJ_LAYOUT_VARLEN;
     aj_params_declare(kb, AJ_KSIG_CPU_PAGED_FWD, op, e->prog);
     aj_kb_begin_stage(kb, "parts", p->threads);
     begin_cta(e);
@@ -744,17 +827,36 @@ static void build_paged_parts(efwd *e)
     LLVMValueRef bidx = aj_kb_block_id(kb, 2);
     e->seq_q = p64(e, "seq_q");
     e->seq_k = aj_attn_paged_len(kb, bidx);
+    LLVMValueRef start_q = aj_kb_i64(kb, 0);
+    if (varlen_q)
+        aj_attn_paged_queries(kb, bidx, e->seq_k, e->seq_q, &start_q, &e->seq_q);
     if (p->kv_dtype >= AJ_DTYPE_F8E4M3) {
         e->k_scale = aj_kb_load(kb, kb->t_f32, p64(e, "k_scale"), 4);
         e->v_scale = aj_kb_load(kb, kb->t_f32, p64(e, "v_scale"), 4);
     }
+    LLVMValueRef one = aj_kb_i32(kb, 1);
+    LLVMValueRef group = LLVMBuildSDiv(b, p64(e, "heads_q"), p64(e, "heads_kv"), "");
+    LLVMValueRef hkv = sext64(e, LLVMBuildSDiv(b, h, group, "hkv"));
+    /* GQA packing: heads h0 .. h0 + heads - 1 */
+    LLVMValueRef h0 = h, heads = one, pack = NULL;
+    int packable = aj_attn_paged_packable(e->prog, true);
+    e->per_row_sc = packable && !aj_attn_paged_packable(e->prog, false);
+    if (packable) {
+        pack = aj_attn_paged_packs(kb, group, e->seq_q, AJ_PAGED_PACK_ROWS);
+        LLVMValueRef in_group = LLVMBuildSRem(b, h, group, "");
+        aj_kb_if_begin(kb, LLVMBuildOr(b, LLVMBuildNot(b, pack, ""), LLVMBuildICmp(b, LLVMIntEQ,
+                                       in_group, aj_kb_i32(kb, 0), ""), ""));
+        h0 = LLVMBuildSelect(b, pack, LLVMBuildSub(b, h, in_group, ""), h, "h0");
+        heads = LLVMBuildSelect(b, pack, group, one, "heads");
+    }
+    e->rows = LLVMBuildMul(b, heads, e->seq_q, "rows");
     /* bottom-right: query i is position len - Sq + i; the totals, where
      * the programs read them, are the sequence's length */
     LLVMValueRef len64 = sext64(e, e->seq_k);
-    aj_score_begin(&e->sc, kb, e->prog, 0, bidx, h,
-                   LLVMBuildSub(b, len64, sext64(e, e->seq_q), ""), aj_kb_i64(kb, 0),
-                   e->prog->reads_totals ? len64 : NULL, e->prog->reads_totals ? len64 : NULL);
-    LLVMValueRef splits = p64(e, "splits"), bn = aj_kb_i32(kb, p->bn), one = aj_kb_i32(kb, 1);
+    LLVMValueRef q_origin = LLVMBuildSub(b, len64, sext64(e, e->seq_q), "");
+    LLVMValueRef total = e->prog->reads_totals ? len64 : NULL;
+    aj_score_begin(&e->sc, kb, e->prog, 0, bidx, h0, q_origin, aj_kb_i64(kb, 0), total, total);
+    LLVMValueRef splits = p64(e, "splits"), bn = aj_kb_i32(kb, p->bn);
     LLVMValueRef blocks = LLVMBuildSDiv(b, LLVMBuildAdd(b, e->seq_k, aj_kb_i32(kb, p->bn - 1),
                                         ""), bn, "");
     LLVMValueRef per = LLVMBuildSDiv(b, LLVMBuildAdd(b, blocks, LLVMBuildSub(b, splits, one, ""),
@@ -762,8 +864,6 @@ static void build_paged_parts(efwd *e)
     LLVMValueRef first = LLVMBuildMul(b, part, per, "");
     LLVMValueRef last = aj_kb_smin(kb, LLVMBuildAdd(b, first, per, ""), blocks);
 
-    LLVMValueRef group = LLVMBuildSDiv(b, p64(e, "heads_q"), p64(e, "heads_kv"), "");
-    LLVMValueRef hkv = sext64(e, LLVMBuildSDiv(b, h, group, "hkv"));
     efwd_kv kv = {
         .k = {p64(e, "k_cache"), LLVMBuildMul(b, hkv, p64(e, "stride_k_cache_h"), ""),
               p64(e, "stride_k_cache_s"), NULL, NULL, p->kv_dtype},
@@ -773,24 +873,38 @@ static void build_paged_parts(efwd *e)
         .k_stride_page = p64(e, "stride_k_cache_page"),
         .v_stride_page = p64(e, "stride_v_cache_page"),
     };
+    /* the sequence's first row of head h0 in o, lse and the workspace; a
+     * head further on: the heads' strides */
     LLVMValueRef lse_at;
-    LLVMValueRef row0 = aj_attn_paged_part_row(kb, bidx, h, part, p->dv, &lse_at);
+    LLVMValueRef row0 = LLVMBuildAdd(b, aj_attn_paged_part_row_of(kb, bidx, h0, part, p->dv,
+                                                                  varlen_q, &lse_at),
+                                     start_q, "");
+    LLVMValueRef ws_head = LLVMBuildMul(b, sext64(e, splits),
+                                        sext64(e, p64(e, varlen_q ? "tokens_q" : "seq_q")), "");
     const efwd_out outs[2] = {
-        {"o", "lse", p->dtype, aj_attn_slice_base(kb, "o", bidx, h), p64(e, "stride_o_s"),
-         aj_attn_slice_base(kb, "lse", bidx, h)},
+        {"o", "lse", p->dtype, aj_cpu_seq_base(kb, "o", bidx, h0, start_q), p64(e, "stride_o_s"),
+         LLVMBuildAdd(b, aj_attn_slice_base(kb, "lse", bidx, h0), start_q, ""),
+         p64(e, "stride_o_h"), p64(e, "stride_lse_h")},
         {"workspace", "workspace", AJ_DTYPE_F32,
          LLVMBuildMul(b, row0, aj_kb_i64(kb, p->dv), ""), aj_kb_i64(kb, p->dv),
-         LLVMBuildAdd(b, lse_at, row0, "")},
+         LLVMBuildAdd(b, lse_at, row0, ""), LLVMBuildMul(b, ws_head, aj_kb_i64(kb, p->dv), ""),
+         ws_head},
     };
-    LLVMValueRef q_base = aj_attn_slice_base(kb, "q", bidx, h);
-    LLVMValueRef mb = aj_kb_for_begin(kb, aj_kb_i32(kb, 0), e->seq_q, aj_kb_i32(kb, p->bm), "mb");
+    aj_tile_src qsrc = {p64(e, "q"), aj_cpu_seq_base(kb, "q", bidx, h0, start_q), p64(e, "stride_q_s"),
+                        NULL, NULL, p->dtype};
+    LLVMValueRef mb = aj_kb_for_begin(kb, aj_kb_i32(kb, 0), e->rows, aj_kb_i32(kb, p->bm), "mb");
     {
-        /* no barrier: the previous row block's last readers of Q (and of
-         * the row table) are behind its last key block's barriers */
         e->m0 = mb;
         reset_state(e);
-        aj_tile_src qsrc = {p64(e, "q"), q_base, p64(e, "stride_q_s"), mb, e->seq_q, p->dtype};
-        aj_tile_load_f32(kb, &qsrc, p->bm, p->d, p->smem_q, p->ldq, e->tid, p->threads);
+        rows_paged(e, bidx, h0, q_origin, total);
+        /* the previous row block's readers of Q and its row table are
+         * done (it may have had no key block, whose barriers say so) */
+        LLVMValueRef qrows = aj_kb_i32(kb, p->smem_qrows);
+        aj_kb_barrier(kb);
+        aj_tile_stacked_rows(kb, qrows, p->bm, mb, e->rows, e->seq_q, e->tid, p->threads);
+        aj_kb_barrier(kb);
+        aj_tile_load_paged_f32(kb, &qsrc, qrows, p64(e, "stride_q_h"), p->bm, p->d, p->smem_q,
+                               p->ldq, e->tid, p->threads);
         LLVMValueRef n_begin, n_end;
         key_block_range(e, &n_begin, &n_end);
         emit_key_blocks(e, &kv, aj_kb_smax(kb, n_begin, first), aj_kb_smin(kb, n_end, last));
@@ -801,6 +915,8 @@ static void build_paged_parts(efwd *e)
         aj_kb_if_end(kb);
     }
     aj_kb_for_end(kb);
+    if (pack)
+        aj_kb_if_end(kb);
     const aj_kernel_layout layout = {
         .grid = {{AJ_EXTENT_SPLITS, 1}, {AJ_EXTENT_HEADS_Q, 1}, {AJ_EXTENT_BATCH, 1}},
         .schedule = {p->bm, p->bn, p->warps, 1},
@@ -833,14 +949,23 @@ static void build_paged_merge(efwd *e)
     LLVMValueRef acc = aj_kb_var(kb, kb->t_f32, NULL, "acc");
     LLVMValueRef h = aj_kb_block_id(kb, 1);
     LLVMValueRef bidx = aj_kb_block_id(kb, 2);
-    LLVMValueRef sq = p64(e, "seq_q"), splits = p64(e, "splits");
+    /* sq: the rows between parts; len_q, start_q: the sequence's (varlen
+     * queries: its chunk of the T packed rows) */
+    const int varlen_q = e->op->q_layout == AJ_LAYOUT_VARLEN;
+    LLVMValueRef sq = p64(e, varlen_q ? "tokens_q" : "seq_q"), splits = p64(e, "splits");
+    LLVMValueRef len_q = sq, start_q = aj_kb_i64(kb, 0);
+    if (varlen_q)
+        aj_attn_paged_queries(kb, bidx, aj_attn_paged_len(kb, bidx), p64(e, "seq_q"), &start_q,
+                              &len_q);
     LLVMValueRef ws = p64(e, "workspace");
     LLVMValueRef lse_at;
-    LLVMValueRef row0 = aj_attn_paged_part_row(kb, bidx, h, aj_kb_i32(kb, 0), p->dv, &lse_at);
-    LLVMValueRef o_base = aj_attn_slice_base(kb, "o", bidx, h);
-    LLVMValueRef lse_base = aj_attn_slice_base(kb, "lse", bidx, h);
+    LLVMValueRef row0 = LLVMBuildAdd(b, aj_attn_paged_part_row_of(kb, bidx, h, aj_kb_i32(kb, 0),
+                                                                  p->dv, varlen_q, &lse_at),
+                                     start_q, "");
+    LLVMValueRef o_base = aj_cpu_seq_base(kb, "o", bidx, h, start_q);
+    LLVMValueRef lse_base = LLVMBuildAdd(b, aj_attn_slice_base(kb, "lse", bidx, h), start_q, "");
     LLVMValueRef ninf = aj_kb_f32(kb, -INFINITY), zero = aj_kb_f32(kb, 0);
-    LLVMValueRef elems = LLVMBuildMul(b, sq, aj_kb_i32(kb, p->dv), "");
+    LLVMValueRef elems = LLVMBuildMul(b, len_q, aj_kb_i32(kb, p->dv), "");
     LLVMValueRef x = aj_kb_for_begin(kb, aj_kb_thread_id(kb), elems,
                                      aj_kb_i32(kb, MERGE_THREADS), "x");
     {

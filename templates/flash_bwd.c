@@ -456,8 +456,7 @@ static void set_head(fbwd *f, LLVMValueRef h)
                    f->sq, f->sk);
     if (f->op->dropout > 0)
         f->drop = aj_attn_dropout_stream(kb, prm(f, "dropout_seed"), prm(f, "dropout_offset"),
-                                         prm(f, "q_offset"), prm(f, "kv_offset"), f->bidx,
-                                         prm(f, "heads_q"), h);
+                                         prm(f, "q_offset"), prm(f, "kv_offset"), f->bidx, h);
 }
 
 /* Element offset (i64) of row 0 of slice (b, h) of tensor t; `start` is

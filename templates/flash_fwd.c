@@ -819,8 +819,7 @@ static aj_status ffwd_build(aj_kb *kb, const aj_op *op, void *user)
                    sk);
     if (op->dropout > 0)
         e.drop = aj_attn_dropout_stream(kb, prm(&e, "dropout_seed"), prm(&e, "dropout_offset"),
-                                        prm(&e, "q_offset"), prm(&e, "kv_offset"), bidx,
-                                        prm(&e, "heads_q"), h);
+                                        prm(&e, "q_offset"), prm(&e, "kv_offset"), bidx, h);
     /* slice bases: (b, h) plus, for varlen, the sequence's first row */
     LLVMValueRef q_src = add(&e, aj_attn_slice_base(kb, "q", bidx, h),
                              LLVMBuildMul(b, q_start, prm(&e, "stride_q_s"), ""));

@@ -46,6 +46,8 @@ typedef enum aj_param_when {
     AJ_PWHEN_TOTALS,          /* the score programs read sq or sk */
     AJ_PWHEN_BIAS,
     AJ_PWHEN_DROPOUT,
+    AJ_PWHEN_HEADS,           /* dropout, or the score programs read h */
+    AJ_PWHEN_READS_H,         /* the score programs read h */
     AJ_PWHEN_PLAIN,           /* accumulate = false */
     AJ_PWHEN_ACCUMULATE,
     AJ_PWHEN_BLOCK_MASK,      /* the kernels read tile classes from a block mask */
@@ -96,6 +98,8 @@ static bool op_has(aj_param_when when, const aj_op *op, const aj_score_prog *pro
     case AJ_PWHEN_TOTALS: return prog->reads_totals;
     case AJ_PWHEN_BIAS: return op->bias == AJ_BIAS_ADD;
     case AJ_PWHEN_DROPOUT: return op->dropout > 0;
+    case AJ_PWHEN_HEADS: return op->dropout > 0 || prog->reads_h;
+    case AJ_PWHEN_READS_H: return prog->reads_h;
     case AJ_PWHEN_PLAIN: return !op->accumulate;
     case AJ_PWHEN_ACCUMULATE: return op->accumulate;
     case AJ_PWHEN_BLOCK_MASK: return prog->block_mask;

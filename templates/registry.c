@@ -32,11 +32,6 @@ aj_status aj_template_find(aj_ctx *ctx, const aj_op *op, aj_target target,
         if (templates[i]->kind == op->kind && templates[i]->variant == op->variant &&
             (targets & (1u << target)) &&
             templates[i]->paged == (op->layout == AJ_LAYOUT_PAGED)) {
-            if (op->q_layout == AJ_LAYOUT_VARLEN && !templates[i]->varlen_q)
-                return aj_fail(ctx, AJ_ERR_UNSUPPORTED, "%s %s: layout = paged with q_layout "
-                               "= varlen is not implemented for target %s yet (cpu has it)",
-                               aj_kind_name(op->kind), aj_variant_name(op->variant),
-                               aj_target_name(target));
             *out = templates[i];
             return AJ_OK;
         }

@@ -73,8 +73,12 @@ static uint16_t mk2(builder *bd, aj_expr_op op, uint16_t a, uint16_t b)
     return mk(bd, op, args, 2);
 }
 
+/* Whether node id is the literal v; NONE (a node the full arena could
+ * not make: the builder has failed and says so) is no literal. */
 static bool is_lit(const aj_score_prog *p, uint16_t id, double v)
 {
+    if (id == NONE)
+        return false;
     const aj_expr_node *n = node(p, id);
     if (n->op != AJ_EXPR_LIT)
         return false;
@@ -457,6 +461,9 @@ aj_status aj_score_prog_init(aj_ctx *ctx, const aj_op *op, aj_score_prog *p)
         p->mask_reads_b = p->mask_reads_b || (p->reads[roots[r]] & AJ_SCORE_READS(AJ_VAR_B));
         p->mask_reads_h = p->mask_reads_h || (p->reads[roots[r]] & AJ_SCORE_READS(AJ_VAR_H));
     }
+    for (int r = 0; r < 5; r++)
+        p->reads_h = p->reads_h ||
+                     (roots[r] != NONE && (p->reads[roots[r]] & AJ_SCORE_READS(AJ_VAR_H)));
     return AJ_OK;
 }
 
@@ -813,7 +820,10 @@ void aj_score_begin(aj_score *s, aj_kb *kb, const aj_score_prog *p, int lanes, L
     s->p = p;
     s->lanes = lanes;
     s->b = to_i64(kb, b);
-    s->h = to_i64(kb, h);
+    s->h_local = s->h = to_i64(kb, h);
+    if (p->reads_h)
+        s->h = LLVMBuildAdd(kb->b, s->h_local, to_i64(kb, aj_kb_param(kb, "head_offset")),
+                            "h_global");
     s->q_origin = q_origin;
     s->k_origin = k_origin;
     s->sq = sq ? sq : aj_kb_i64(kb, 0);
@@ -836,7 +846,7 @@ void aj_score_begin(aj_score *s, aj_kb *kb, const aj_score_prog *p, int lanes, L
         LLVMBuilderRef bd = kb->b;
         s->mask_classes = aj_kb_param(kb, "block_mask");
         s->mask_plane = LLVMBuildAdd(bd, LLVMBuildMul(bd, s->b, aj_kb_param(kb, "block_mask_stride_b"), ""),
-                                     LLVMBuildMul(bd, s->h, aj_kb_param(kb, "block_mask_stride_h"), ""),
+                                     LLVMBuildMul(bd, s->h_local, aj_kb_param(kb, "block_mask_stride_h"), ""),
                                      "mask_plane");
         s->mask_stride_m = aj_kb_param(kb, "block_mask_stride_m");
         s->mask_bm = aj_kb_param(kb, "block_mask_bm");

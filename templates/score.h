@@ -73,6 +73,9 @@ typedef struct aj_score_prog {
      * classes of their tiles from it */
     bool block_mask;
     bool mask_reads_b, mask_reads_h;   /* classes may differ by batch index, head */
+    /* the mask or the score_mod reads h (alibi's slopes[h] too): the
+     * kernel takes head_offset, the global head of its head 0 */
+    bool reads_h;
     /* what each node's tree reads: AJ_SCORE_READS(var) bits, AJ_SCORE_READS_LOAD */
     uint16_t reads[AJ_EXPR_NODES_MAX];
 } aj_score_prog;
@@ -118,7 +121,8 @@ typedef struct aj_score {
     aj_kb *kb;
     const aj_score_prog *p;
     int lanes;                   /* 0: scalar; W: j and results are <W x ...> */
-    LLVMValueRef b, h;           /* i64 */
+    LLVMValueRef b, h;           /* i64; h global: head_offset + the kernel's head */
+    LLVMValueRef h_local;        /* i64: the kernel's head (the block mask's planes) */
     LLVMValueRef q_origin;       /* i64: q = q_origin + i */
     LLVMValueRef k_origin;       /* i64: k = k_origin + j */
     LLVMValueRef sq, sk;         /* i64 totals (NULL when unused) */
@@ -139,7 +143,9 @@ typedef struct aj_score {
 } aj_score;
 
 /*
- * Per-CTA set-up: b and h (i32 or i64), the origins (i64), the totals (i64,
+ * Per-CTA set-up: b and h (i32 or i64; h the kernel's own head, to which
+ * the parameter head_offset is added where the programs read h: a head
+ * shard's kernel sees the global head), the origins (i64), the totals (i64,
  * NULL when the program does not read them: aj_score_prog.reads_totals).
  * lanes = 0 for scalar code (GPU targets, sim), W for the cpu kernels.
  */

@@ -24,8 +24,6 @@ typedef struct aj_template {
     unsigned targets;
     /* whether it builds layout = paged (K/V gathered through a page table) */
     bool paged;
-    /* paged templates: whether it builds q_layout = varlen too */
-    bool varlen_q;
     /* each stage's parameter list (params.def), in launch order; the rest
      * AJ_KSIG_NONE */
     aj_kernel_sig stage_sigs[AJ_KB_MAX_STAGES];

@@ -151,6 +151,18 @@ void aj_tile_load_paged_f32(aj_kb *kb, const aj_tile_src *src, LLVMValueRef rows
     tile_load(kb, src, rows_smem, stride_page, rows, width, smem_off, ld, tid, threads);
 }
 
+/* Entry r of a row table of `rows` rows at shared byte offset smem:
+ * page[r] then, rows entries on, in_page[r] (aj_tile_paged_rows_bytes). */
+static void store_row_entry(aj_kb *kb, LLVMValueRef smem, int rows, LLVMValueRef r,
+                            LLVMValueRef page, LLVMValueRef in_page)
+{
+    LLVMBuilderRef b = kb->b;
+    LLVMValueRef at = LLVMBuildAdd(b, smem, LLVMBuildShl(b, r, aj_kb_i32(kb, 2), ""), "");
+    aj_kb_store(kb, page, aj_kb_smem_ptr(kb, at), 4);
+    aj_kb_store(kb, in_page, aj_kb_smem_ptr(kb, LLVMBuildAdd(b, at, aj_kb_i32(kb, 4 * rows), "")),
+                4);
+}
+
 void aj_tile_paged_rows(aj_kb *kb, LLVMValueRef smem, int rows, LLVMValueRef key0,
                         LLVMValueRef len, LLVMValueRef bidx, LLVMValueRef tid, int threads)
 {
@@ -172,10 +184,23 @@ void aj_tile_paged_rows(aj_kb *kb, LLVMValueRef smem, int rows, LLVMValueRef key
         aj_kb_set(kb, page, LLVMBuildSelect(b, ok, got, aj_kb_i32(kb, -1), ""));
     }
     aj_kb_if_end(kb);
-    LLVMValueRef at = LLVMBuildAdd(b, smem, LLVMBuildShl(b, r, aj_kb_i32(kb, 2), ""), "");
-    aj_kb_store(kb, aj_kb_get(kb, page), aj_kb_smem_ptr(kb, at), 4);
-    aj_kb_store(kb, in_page, aj_kb_smem_ptr(kb, LLVMBuildAdd(b, at, aj_kb_i32(kb, 4 * rows), "")),
-                4);
+    store_row_entry(kb, smem, rows, r, aj_kb_get(kb, page), in_page);
+    aj_kb_for_end(kb);
+}
+
+void aj_tile_stacked_rows(aj_kb *kb, LLVMValueRef smem, int rows, LLVMValueRef row0,
+                          LLVMValueRef count, LLVMValueRef per, LLVMValueRef tid, int threads)
+{
+    LLVMBuilderRef b = kb->b;
+    LLVMValueRef r = aj_kb_for_begin(kb, tid, aj_kb_i32(kb, rows), aj_kb_i32(kb, threads), "r");
+    LLVMValueRef p = LLVMBuildAdd(b, row0, r, "");
+    LLVMValueRef valid = LLVMBuildICmp(b, LLVMIntSLT, p, count, "");
+    /* (per >= 1 wherever a row is valid; the max keeps the division safe) */
+    LLVMValueRef slice = LLVMBuildUDiv(b, LLVMBuildSelect(b, valid, p, aj_kb_i32(kb, 0), ""),
+                                       aj_kb_smax(kb, per, aj_kb_i32(kb, 1)), "slice");
+    LLVMValueRef in_slice = LLVMBuildSub(b, p, LLVMBuildMul(b, slice, per, ""), "in_slice");
+    store_row_entry(kb, smem, rows, r, LLVMBuildSelect(b, valid, slice, aj_kb_i32(kb, -1), ""),
+                    in_slice);
     aj_kb_for_end(kb);
 }
 

@@ -51,6 +51,16 @@ static inline int32_t aj_tile_paged_rows_bytes(int rows)
 void aj_tile_paged_rows(aj_kb *kb, LLVMValueRef smem, int rows, LLVMValueRef key0,
                         LLVMValueRef len, LLVMValueRef bidx, LLVMValueRef tid, int threads);
 
+/*
+ * The same table for `count` rows stacked from slices of `per` rows each
+ * (GQA-packed query heads: slice = the head, relative to the first):
+ * entry r is row (row0 + r) % per of slice (row0 + r) / per, page -1 (a
+ * zero row) from row count on.  aj_tile_load_paged_f32 then reads it with
+ * stride_page the slices' stride.
+ */
+void aj_tile_stacked_rows(aj_kb *kb, LLVMValueRef smem, int rows, LLVMValueRef row0,
+                          LLVMValueRef count, LLVMValueRef per, LLVMValueRef tid, int threads);
+
 /* All `threads` threads cooperatively copy the tile to shared memory at
  * byte offset smem_off, row pitch `ld` floats.  width % 8 == 0; f8
  * elements load 8 at a time, the others 16 bytes. */

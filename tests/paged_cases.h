@@ -41,6 +41,8 @@ typedef struct paged_case {
     int64_t left, right;        /* window */
     double softcap;             /* 0: none */
     int alibi;                  /* score_mod = alibi, slope of head h 2^-(h + 1) / 2 */
+    const char *score_expr;     /* score_mod = expr(E) (instead of softcap, alibi), NULL: none */
+    const char *mask_expr;      /* mask = expr(E) (instead of mask), NULL: none */
     int b, hq, hkv, sq;
     int page_size;
     const int32_t *seqlens;     /* b lengths */
@@ -92,11 +94,13 @@ static inline void paged_label(const paged_case *c, char *buf, size_t cap)
     int tq = 0;
     for (int b = 0; c->chunks && b < c->b; b++)
         tq += c->chunks[b];
-    snprintf(buf + n, cap - n, " ps%d gqa %d:1 b%d %s %d %s%s%s %s splits %d%s", c->page_size,
+    snprintf(buf + n, cap - n, " ps%d gqa %d:1 b%d %s %d %s%s%s%s %s splits %d%s", c->page_size,
              c->hq / c->hkv, c->b, c->chunks ? "varlen T" : "sq", c->chunks ? tq : c->sq,
-             c->mask == AJ_MASK_CAUSAL ? "causal" : c->mask == AJ_MASK_WINDOW ? "window" : "none",
-             c->softcap ? " softcap" : "", c->alibi ? " alibi" : "", layouts[c->pages],
-             c->splits, c->efficient ? " efficient" : "");
+             c->mask_expr ? "mask expr" : c->mask == AJ_MASK_CAUSAL ? "causal"
+             : c->mask == AJ_MASK_WINDOW ? "window" : "none",
+             c->softcap ? " softcap" : "", c->alibi ? " alibi" : "",
+             c->score_expr ? " score expr" : "", layouts[c->pages], c->splits,
+             c->efficient ? " efficient" : "");
 }
 
 /* Varlen query chunks (chunked prefill), mixed per batch: sequence b
@@ -165,9 +169,8 @@ static inline aj_tensor paged_tensor(void *data, aj_dtype dtype, int rank, const
     return t;
 }
 
-/* The op of a case (kernel cached by the caller if it likes). */
-static inline aj_status paged_compile(aj_ctx *ctx, aj_device *dev, const paged_case *c,
-                                      aj_kernel **kernel)
+/* The op of a case (the caller destroys it). */
+static inline aj_status paged_op(aj_ctx *ctx, const paged_case *c, aj_op **out)
 {
     aj_op *op = NULL;
     aj_status st = aj_op_create(ctx, AJ_KIND_FORWARD,
@@ -189,6 +192,26 @@ static inline aj_status paged_compile(aj_ctx *ctx, aj_device *dev, const paged_c
         aj_op_set_softcap(op, c->softcap);
     if (c->alibi)
         aj_op_set_alibi(op);
+    if (c->score_expr)
+        st = aj_op_set_score_mod_expr(op, c->score_expr);
+    if (st == AJ_OK && c->mask_expr)
+        st = aj_op_set_mask_expr(op, c->mask_expr);
+    if (st != AJ_OK) {
+        aj_op_destroy(op);
+        return st;
+    }
+    *out = op;
+    return AJ_OK;
+}
+
+/* The kernel of a case (cached by the caller if it likes). */
+static inline aj_status paged_compile(aj_ctx *ctx, aj_device *dev, const paged_case *c,
+                                      aj_kernel **kernel)
+{
+    aj_op *op = NULL;
+    aj_status st = paged_op(ctx, c, &op);
+    if (st != AJ_OK)
+        return st;
     aj_compile_options opt = AJ_COMPILE_OPTIONS_INIT;
     opt.target = aj_device_target(dev);
     st = aj_compile(ctx, op, &opt, kernel);
@@ -385,9 +408,18 @@ static inline paged_result paged_run(aj_ctx *ctx, aj_device *dev, const aj_kerne
         p.alibi_slopes = c->alibi ? slopes : NULL;
         ref_paged pg = {num_pages, c->page_size, max_pages, kc, vc, table, c->seqlens,
                         k_scale, v_scale};
-        ref_paged_forward(&p, &pg, q, o_ref, lse_ref);
+        /* expressions: the reference interprets the op's nodes */
+        aj_op *op = NULL;
+        if (c->score_expr || c->mask_expr) {
+            r.status = paged_op(ctx, c, &op);
+            if (op)
+                ref_use_expressions(&p, op, NULL, 0);
+        }
+        if (r.status == AJ_OK)
+            ref_paged_forward(&p, &pg, q, o_ref, lse_ref);
+        aj_op_destroy(op);
         fwd_tolerance tol = fwd_tolerance_for(c->dtype);
-        for (size_t i = 0; i < lse_n; i++) {
+        for (size_t i = 0; r.status == AJ_OK && i < lse_n; i++) {
             double want = lse_ref[i], got = lse[i];
             /* o's row of lse entry i: the same index, or packed (h, t) -> (t, h) */
             size_t at = cu_q ? (i % (size_t)tq) * (size_t)c->hq + i / (size_t)tq : i;
@@ -426,12 +458,18 @@ static inline paged_result paged_run(aj_ctx *ctx, aj_device *dev, const aj_kerne
  * The GPU kernels' cases (test_sim_paged on sim, the GPU check's paged
  * family on a GPU), small because the sim is slow: page sizes 1, 16, 64
  * and odd ones (7, 33), shuffled and shared pages, Sq 1..5, 16 and 20, GQA
- * 1:1 and 8:1, head dims 64, 128 and (192, 128), f16 / bf16 queries with
- * f16, bf16, f8e4m3 and f8e5m2 caches, both variants, sequences of length
- * 0 (one batch of only those), splits 1..4.  Fills out (PAGED_GPU_CASES
- * of room), returns the count.
+ * 1:1 .. 8:1 with the group's heads packed in one CTA (row blocks within a
+ * head and across heads, 8 x 16 = 128 rows, and 8 x 17, too many: one
+ * head per CTA), alibi and an expression score_mod (reading each row's
+ * head) and a window under packing, an expression mask reading h (not
+ * packed), head dims 64, 128 and (192, 128), f16 / bf16
+ * queries with f16, bf16, f8e4m3 and f8e5m2 caches, both variants,
+ * sequences of length 0 (one batch of only those), splits 1..4, and varlen
+ * queries (chunked prefill): chunks of 0, 1, 7, 16, 33 queries and whole
+ * sequences mixed per batch, packed and not in one launch (4 x 33 > 128).
+ * Fills out (PAGED_GPU_CASES of room), returns the count.
  */
-enum { PAGED_GPU_CASES = 16 };
+enum { PAGED_GPU_CASES = 32 };
 static inline int paged_gpu_cases(paged_case *out)
 {
     static const int32_t lens[3] = {37, 0, 21}, one[1] = {19}, longer[2] = {70, 45};
@@ -477,6 +515,62 @@ static inline int paged_gpu_cases(paged_case *out)
     paged_case c = paged_base(AJ_DTYPE_BF16, AJ_DTYPE_BF16, 64, empty, 2);
     c.splits = 2;
     out[n++] = c;
+    /* GQA packing: 2:1, 4:1 (row blocks across heads), 8:1 at 128 rows and
+     * past them; alibi, a window (an f8 cache, the efficient variant) and
+     * an expression score_mod reading h (each row at its own head's scale)
+     * under packing; an expression mask reading h (its tile classes differ
+     * by head: one head per CTA) */
+    static const struct {
+        int group, hkv, sq, splits;
+        aj_mask_kind mask;
+        int alibi;
+        const char *score_expr, *mask_expr;
+    } packed[8] = {
+        {2, 2, 3, 0, AJ_MASK_CAUSAL, 0, NULL, NULL},
+        {4, 2, 3, 0, AJ_MASK_CAUSAL, 0, NULL, NULL},
+        {8, 1, 16, 0, AJ_MASK_CAUSAL, 0, NULL, NULL},
+        {8, 1, 17, 2, AJ_MASK_CAUSAL, 0, NULL, NULL},
+        {4, 2, 2, 0, AJ_MASK_CAUSAL, 1, NULL, NULL},
+        {4, 2, 5, 3, AJ_MASK_WINDOW, 1, NULL, NULL},
+        {4, 2, 3, 0, AJ_MASK_CAUSAL, 0, "score * (1.0 + 0.25 * h)", NULL},
+        {4, 2, 3, 2, AJ_MASK_NONE, 0, NULL, "k <= q - h % 3"},
+    };
+    for (int i = 0; i < 8; i++) {
+        int windowed = packed[i].mask == AJ_MASK_WINDOW;
+        c = paged_base(i % 2 ? AJ_DTYPE_F16 : AJ_DTYPE_BF16,
+                       windowed ? AJ_DTYPE_F8E4M3 : AJ_DTYPE_BF16, 64, windowed ? longer : lens,
+                       windowed ? 2 : 3);
+        c.hq = packed[i].group * packed[i].hkv;
+        c.hkv = packed[i].hkv;
+        c.sq = packed[i].sq;
+        c.mask = packed[i].mask;
+        c.left = 9;
+        c.splits = packed[i].splits;
+        c.alibi = packed[i].alibi;
+        c.score_expr = packed[i].score_expr;
+        c.mask_expr = packed[i].mask_expr;
+        c.efficient = windowed;
+        out[n++] = c;
+    }
+    /* varlen queries: three launches of chunk mixes (rotations), GQA 4:1
+     * (the 33-query chunk too long to pack), 2:1 with alibi, 1:1 window */
+    static const int32_t vlens[6] = {37, 0, 40, 5, 64, 29};
+    static const int want[6] = {0, 1, 7, 16, 33, -1};
+    static int32_t chunks[3][6];
+    for (int r = 0; r < 3; r++) {
+        paged_chunks(vlens, 6, want, 6, 2 * r, chunks[r]);
+        c = paged_base(r == 1 ? AJ_DTYPE_F16 : AJ_DTYPE_BF16,
+                       r == 1 ? AJ_DTYPE_F8E5M2 : AJ_DTYPE_BF16, 64, vlens, 6);
+        c.chunks = chunks[r];
+        c.hq = 4;
+        c.hkv = r == 0 ? 1 : r == 1 ? 2 : 4;   /* 4:1, 2:1, 1:1 */
+        c.mask = r == 2 ? AJ_MASK_WINDOW : AJ_MASK_CAUSAL;
+        c.left = 11;
+        c.alibi = r == 1;
+        c.page_size = r == 2 ? 7 : 16;
+        c.splits = r + 1;
+        out[n++] = c;
+    }
     return n;
 }
 

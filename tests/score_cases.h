@@ -4,7 +4,8 @@
  * data made up for a declaration, and a generator of random well-typed
  * expressions that shrinks a failing one.
  *
- * Header-only with static functions.
+ * Header-only with static functions (a failing batch is a CHECK of
+ * check.h).
  */
 #ifndef AJ_TESTS_SCORE_CASES_H
 #define AJ_TESTS_SCORE_CASES_H
@@ -16,7 +17,9 @@
 #include <string.h>
 
 #include "attnjit/attnjit.h"
+#include "check.h"
 #include "spec_dir.h"
+#include "templates/score.h"
 
 /* ---------------------------------------------------------------- fields */
 
@@ -195,7 +198,7 @@ typedef struct rx_tree {
     int count;
     uint64_t rng;
     bool score;               /* `score` may appear: a score_mod, else a mask */
-    int index;                /* the case's number (rx_cases) */
+    int index;                /* the case's number (rx_case_tree) */
 } rx_tree;
 
 static int rx_add(rx_tree *t, char type, const char *fmt, int nk, int a, int b, int c)
@@ -356,16 +359,22 @@ static void rx_print(const rx_tree *t, int id, char *out, size_t cap)
     }
 }
 
-/* A mask with a causal floor (so that most rows keep keys) or a random
- * score_mod that stays near the score. */
-static void rx_expression(rx_tree *t, int root, bool score_mod, char *out, size_t cap)
+/* A field from a random body: a mask with a causal floor (so that most
+ * rows keep keys) or a score_mod that stays near the score. */
+static void rx_wrap(const char *body, bool score_mod, char *out, size_t cap)
 {
-    char body[4096];
-    rx_print(t, root, body, sizeof body);
     if (score_mod)
         snprintf(out, cap, "expr(score + 0.5 * tanh(%s))", body);
     else
         snprintf(out, cap, "expr(k <= q && (%s || k + 2 >= q))", body);
+}
+
+/* The field of the tree at root (rx_wrap). */
+static void rx_expression(rx_tree *t, int root, bool score_mod, char *out, size_t cap)
+{
+    char body[4096];
+    rx_print(t, root, body, sizeof body);
+    rx_wrap(body, score_mod, out, cap);
 }
 
 /*
@@ -408,28 +417,166 @@ static inline int rx_shrink(rx_tree *t, int root, bool (*still_fails)(rx_tree *,
 
 typedef bool (*rx_fails_fn)(rx_tree *t, int root, void *user);
 
-/*
- * `count` random cases in *t: case i (t->index) is a mask for even i and
- * a score_mod for odd i (t->score), a tree of depth 4 drawn from seed + i.
- * Each one that `fails` shrinks and goes to `failed` with the root of its
- * smallest failing tree.  Returns how many failed.
- */
-static int rx_cases(rx_tree *t, int count, uint64_t seed, rx_fails_fn fails,
-                    void (*failed)(rx_tree *t, int root, void *user), void *user)
+/* Random case i of a sweep from `seed` in *t: a mask for even i and a
+ * score_mod for odd i (t->score), a tree of depth 4 drawn from seed + i;
+ * returns its root. */
+static int rx_case_tree(rx_tree *t, uint64_t seed, int i)
 {
+    memset(t, 0, sizeof *t);
+    t->rng = seed + (uint64_t)i;
+    t->index = i;
+    t->score = i % 2 == 1;
+    return rx_gen(t, t->score ? 'f' : 'b', 4);
+}
+
+/* ---------------------------------------------------------------- batches */
+
+/*
+ * One compile serves many random cases: a batch's field dispatches on the
+ * plane, so the case in slot p is the expression of plane (b, h) = (p / 4,
+ * p % 4) of a problem of RX_BATCH_B batches and RX_BATCH_H query heads
+ * (the tests run GQA 2:1 over it), and a plane past the batch's count
+ * takes the default body (true / 0.0):
+ *
+ *   b < 1 ? (h < 2 ? (h < 1 ? E0 : E1) : (h < 3 ? E2 : E3))
+ *         : (h < 2 ? (h < 1 ? E4 : E5) : (h < 3 ? E6 : E7))
+ *
+ * wrapped once (rx_wrap).  Within a plane b and h are constants, so the
+ * tile classes and block masks see each case's own structure.  The
+ * batch fills until 8 cases or until the next would break the limits on
+ * nodes and depth (ir/expr.h; the score program's with its derivative),
+ * checked by building the program (rx_batch_fits).
+ */
+#define RX_BATCH_B 2
+#define RX_BATCH_H 4
+#define RX_BATCH_PLANES (RX_BATCH_B * RX_BATCH_H)
+
+typedef struct rx_batch {
+    rx_tree t[RX_BATCH_PLANES];   /* slot p's case; t[p].index its number */
+    int root[RX_BATCH_PLANES];
+    int count;                    /* slots in use */
+    bool score;                   /* score_mods, else masks */
+} rx_batch;
+
+/* The dispatch over planes lo .. hi-1 (a power-of-two range), appended. */
+static void rx_dispatch(const rx_batch *b, int lo, int hi, char *out, size_t cap)
+{
+    size_t len = strlen(out);
+    if (lo >= b->count || hi - lo == 1) {
+        if (lo >= b->count)
+            snprintf(out + len, cap - len, "%s", b->score ? "0.0" : "true");
+        else
+            rx_print(&b->t[lo], b->root[lo], out + len, cap - len);
+        return;
+    }
+    int mid = (lo + hi) / 2;
+    if (mid % RX_BATCH_H == 0)
+        snprintf(out + len, cap - len, "(b < %d ? ", mid / RX_BATCH_H);
+    else
+        snprintf(out + len, cap - len, "(h < %d ? ", mid % RX_BATCH_H);
+    rx_dispatch(b, lo, mid, out, cap);
+    len = strlen(out);
+    snprintf(out + len, cap - len, " : ");
+    rx_dispatch(b, mid, hi, out, cap);
+    len = strlen(out);
+    snprintf(out + len, cap - len, ")");
+}
+
+/* The batch's field: expr(...) of the dispatch, wrapped as one case's. */
+static void rx_batch_field(const rx_batch *b, char *out, size_t cap)
+{
+    static char body[32768];
+    body[0] = '\0';
+    rx_dispatch(b, 0, RX_BATCH_PLANES, body, sizeof body);
+    rx_wrap(body, b->score, out, cap);
+}
+
+/* Whether the batch's field, with `tensors` declared (and a score_mod's
+ * causal mask), parses and its score program (templates/score.h, the
+ * derivative included) fits the node arena. */
+static bool rx_batch_fits(aj_ctx *ctx, const char *tensors, const rx_batch *b)
+{
+    static char field[33000], spec[68000];
+    static aj_score_prog prog;
+    rx_batch_field(b, field, sizeof field);
+    snprintf(spec, sizeof spec, "attention backward efficient { dtype = f16 head_dim = 16 "
+             "tensors = %s mask = %s score_mod = %s }", tensors,
+             b->score ? "causal(top_left)" : field, b->score ? field : "none");
+    aj_op *op = NULL;
+    if (aj_op_parse(ctx, spec, strlen(spec), "batch", &op) != AJ_OK)
+        return false;
+    bool fits = aj_score_prog_init(ctx, op, &prog) == AJ_OK;
+    aj_op_destroy(op);
+    return fits;
+}
+
+/* How a test runs batches and single cases (rx_batch_cases). */
+typedef struct rx_batch_runner {
+    aj_ctx *ctx;                  /* for the parse probes */
+    const char *tensors;          /* the cases' `tensors` field */
+    bool (*batch_fails)(rx_batch *b, void *user);
+    rx_fails_fn fails;            /* one case alone (and each shrink step) */
+    void (*failed)(rx_tree *t, int root, void *user);   /* its smallest failing tree */
+    void *user;
+    const char *what;             /* "forward", "backward": for the messages */
+} rx_batch_runner;
+
+/* Runs the batch; when it fails, each of its cases alone, and a failing
+ * one shrinks (rx_shrink).  Returns how many failures it reported. */
+static int rx_batch_flush(rx_batch *b, const rx_batch_runner *r, int *launches)
+{
+    if (b->count == 0 || (++*launches, !r->batch_fails(b, r->user)))
+        return 0;
     int n = 0;
-    for (int i = 0; i < count; i++) {
-        memset(t, 0, sizeof *t);
-        t->rng = seed + (uint64_t)i;
-        t->index = i;
-        t->score = i % 2 == 1;
-        int root = rx_gen(t, t->score ? 'f' : 'b', 4);
-        if (!fails(t, root, user))
-            continue;
-        n++;
-        failed(t, rx_shrink(t, root, fails, user), user);
+    for (int p = 0; p < b->count; p++)
+        if (r->fails(&b->t[p], b->root[p], r->user)) {
+            n++;
+            r->failed(&b->t[p], rx_shrink(&b->t[p], b->root[p], r->fails, r->user), r->user);
+        }
+    if (n == 0) {   /* the batch alone fails: its whole field */
+        static char field[33000];
+        rx_batch_field(b, field, sizeof field);
+        CHECK_MSG(0, "random %s batch from case %d fails, each of its %d cases alone "
+                  "passes:\n  tensors = %s\n  %s = %s", r->what, b->t[0].index, b->count,
+                  r->tensors, b->score ? "score_mod" : "mask", field);
+        n = 1;
     }
     return n;
+}
+
+/*
+ * `count` random cases (rx_case_tree from seed) run in batches: the masks
+ * together, the score_mods together, up to RX_BATCH_PLANES per launch.
+ * A failing batch falls back to its cases one by one, each failing one
+ * shrunk (rx_shrink) and reported with its smallest failing tree.
+ * Returns how many failed; *launches says how many batches ran.
+ */
+static int rx_batch_cases(rx_batch *b, int count, uint64_t seed, const rx_batch_runner *r,
+                          int *launches)
+{
+    int failed = 0;
+    *launches = 0;
+    for (int kind = 0; kind < 2; kind++) {
+        b->count = 0;
+        b->score = kind == 1;
+        for (int i = kind; i < count; i += 2) {
+            int p = b->count++;
+            b->root[p] = rx_case_tree(&b->t[p], seed, i);
+            if (p > 0 && !rx_batch_fits(r->ctx, r->tensors, b)) {
+                b->count--;   /* over the limits: case i opens the next batch */
+                failed += rx_batch_flush(b, r, launches);
+                b->t[0] = b->t[p];
+                b->root[0] = b->root[p];
+                b->count = 1;
+            }
+            if (b->count == RX_BATCH_PLANES) {
+                failed += rx_batch_flush(b, r, launches);
+                b->count = 0;
+            }
+        }
+        failed += rx_batch_flush(b, r, launches);
+    }
+    return failed;
 }
 
 #endif /* AJ_TESTS_SCORE_CASES_H */

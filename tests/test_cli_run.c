@@ -588,6 +588,28 @@ static void test_run_errors(void)
     CHECK_MSG(strstr(err, "no GPU found") || strstr(err, "use the sim device"), "cuda: %s", err);
 }
 
+/* Runs spec_file on cpu and sim with inputs `ins` of `prefix` (and
+ * `extra` arguments) and checks its packed o [T, Hq, D] (shape qs) and
+ * lse [Hq, T] (ls) against the reference's. */
+static void check_packed_forward(const char *what, const char *spec_file, const char *prefix,
+                                 const char *ins, const char *extra, const double *o,
+                                 const double *lse, const int64_t qs[3], const int64_t ls[2])
+{
+    static const char *const devices[2] = {"cpu", "sim"};
+    char err[4096], args[4096];
+    for (int d = 0; d < 2; d++) {
+        run_command(args, sizeof args, spec_file, devices[d], prefix, ins, "o lse", extra);
+        int rc = run_cli(args, err, sizeof err);
+        CHECK_MSG(rc == 0, "%s on %s exited %d: %s", what, devices[d], rc, err);
+        double e_o = result_error(prefix, "o", o, 3, qs, f16_atol, f16_rtol);
+        double e_lse = result_error(prefix, "lse", lse, 2, ls, 1e-4, 1e-5);
+        CHECK_MSG(e_o <= 1 && e_lse <= 1, "%s on %s: o %.3g lse %.3g x tolerance", what,
+                  devices[d], e_o, e_lse);
+        printf("attnjit run %s on %s: o %.3f lse %.3f of tolerance\n", what, devices[d], e_o,
+               e_lse);
+    }
+}
+
 /* layout = varlen through the CLI on cpu and sim: three packed documents
  * (one of a single query and key), causal bottom_right, GQA 2:1, against
  * the reference, and its backward on cpu; then a missing offsets file, a padded q, offsets that do
@@ -618,19 +640,8 @@ static void test_varlen(void)
     ref_problem p = {.B = B, .Hq = HQ, .Hkv = HKV, .D = D, .Dv = D, .cu_q = cu_q, .cu_k = cu_k,
                      .mask = AJ_MASK_CAUSAL, .align = AJ_ALIGN_BOTTOM_RIGHT};
     ref_forward(&p, q, k, v, o, lse);
-    static const char *const devices[2] = {"cpu", "sim"};
-    const char *ins = "q k v cu_seqlens_q cu_seqlens_k";
-    for (int d = 0; d < 2; d++) {
-        run_command(args, sizeof args, "varlen.aj", devices[d], "v_", ins, "o lse", "");
-        int rc = run_cli(args, err, sizeof err);
-        CHECK_MSG(rc == 0, "varlen on %s exited %d: %s", devices[d], rc, err);
-        double e_o = result_error("v_", "o", o, 3, qs, f16_atol, f16_rtol);
-        double e_lse = result_error("v_", "lse", lse, 2, ls, 1e-4, 1e-5);
-        CHECK_MSG(e_o <= 1 && e_lse <= 1, "varlen on %s: o %.3g lse %.3g x tolerance",
-                  devices[d], e_o, e_lse);
-        printf("attnjit run varlen on %s: o %.3f lse %.3f of tolerance\n", devices[d], e_o,
-               e_lse);
-    }
+    check_packed_forward("varlen", "varlen.aj", "v_", "q k v cu_seqlens_q cu_seqlens_k", "", o,
+                         lse, qs, ls);
     /* the backward on cpu, from the forward's o (f16) and lse (f32) */
     static float of[T * HQ * D], lf[HQ * T], dof[T * HQ * D];
     static double dout[T * HQ * D], dq[T * HQ * D], dk[TK * HKV * D], dv[TK * HKV * D];
@@ -717,7 +728,7 @@ static void write_u8(const char *p, const uint8_t *data, int rank, const int64_t
     fclose(f);
 }
 
-/* Chunked prefill through the CLI on cpu: the paged op of test_paged (its
+/* Chunked prefill through the CLI on cpu and sim: the paged op of test_paged (its
  * f16 caches in pg, its problem in p) with q_layout = varlen, packed
  * queries of 3, 0 and 1 tokens (the last of each sequence), against the
  * reference. */
@@ -730,7 +741,6 @@ static void check_chunked_prefill(const ref_paged *pg, const ref_problem *padded
     double q[T * HQ * D], o[T * HQ * D], lse[HQ * T];
     random_f16_values(qf, q, T * HQ * D);
     write_tensor("c_", "q", qf, 3, qs);
-    char err[4096], args[4096];
     write_i32("c_", "cu_seqlens_q", cu_q, 1, cs);
     write_text(path("chunked.aj"), "attention forward flash {\n dtype = f16\n head_dim = 16\n"
                                    " mask = causal(bottom_right)\n layout = paged\n"
@@ -746,13 +756,8 @@ static void check_chunked_prefill(const ref_paged *pg, const ref_problem *padded
         snprintf(extra + len, sizeof extra - len, " --in %s='%s'", shared[i],
                  tensor_path("p_", shared[i]));
     }
-    run_command(args, sizeof args, "chunked.aj", "cpu", "c_", "q cu_seqlens_q", "o lse", extra);
-    int rc = run_cli(args, err, sizeof err);
-    CHECK_MSG(rc == 0, "chunked prefill exited %d: %s", rc, err);
-    double e_o = result_error("c_", "o", o, 3, qs, f16_atol, f16_rtol);
-    double e_lse = result_error("c_", "lse", lse, 2, ls, 1e-4, 1e-5);
-    CHECK_MSG(e_o <= 1 && e_lse <= 1, "chunked prefill: o %.3g lse %.3g x tolerance", e_o, e_lse);
-    printf("attnjit run chunked prefill on cpu: o %.3f lse %.3f of tolerance\n", e_o, e_lse);
+    check_packed_forward("chunked prefill", "chunked.aj", "c_", "q cu_seqlens_q", extra, o, lse,
+                         qs, ls);
 }
 
 /* layout = paged through the CLI on cpu and sim: f16 and f8e4m3 caches

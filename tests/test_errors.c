@@ -151,6 +151,27 @@ static void test_launch_arguments(void)
     a.alibi_slopes.rank = 0;
     CHECK_STATUS(ctx, aj_forward(ctx, dev, alibi_kernel, &a), AJ_ERR_INVALID_ARG);
     CHECK_ERROR(ctx, "alibi_slopes.rank = 0");
+    /* a head shard (aj_fwd_args.head_offset): heads head_offset .. of
+     * heads_q_total, with alibi's slopes of every head */
+    static float all_slopes[2 * HQ];
+    a = good_args();
+    a.head_offset = 1;
+    CHECK_STATUS(ctx, aj_forward(ctx, dev, alibi_kernel, &a), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "aj_forward: head_offset = 1, heads_q_total = 0 with 2 query heads; the "
+                "call's heads must be heads head_offset .. head_offset + 2 - 1 of "
+                "heads_q_total (0: the call's, then head_offset = 0), below 2^31");
+    a.heads_q_total = 2 * HQ;
+    CHECK_STATUS(ctx, aj_forward(ctx, dev, alibi_kernel, &a), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "alibi_slopes.shape[0] = 2, want 4 (heads_q_total)");
+    a.alibi_slopes.data = all_slopes;
+    a.alibi_slopes.shape[0] = 2 * HQ;
+    CHECK_STATUS(ctx, aj_forward(ctx, dev, alibi_kernel, &a), AJ_OK);
+    a.head_offset = HQ + 1;
+    CHECK_STATUS(ctx, aj_forward(ctx, dev, alibi_kernel, &a), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "head_offset = 3, heads_q_total = 4 with 2 query heads");
+    a.head_offset = -1;
+    CHECK_STATUS(ctx, aj_forward(ctx, dev, alibi_kernel, &a), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "head_offset = -1, heads_q_total = 4 with 2 query heads");
 
     /* a PTX kernel cannot run on the sim device */
     aj_op *op = NULL;

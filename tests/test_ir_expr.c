@@ -638,6 +638,12 @@ static void test_eval(void)
     expect_value("sqrt(score * 8.0)", 2.0, 2.0);
     expect_value("log(score * 2.0)", 0.0, 2.0);
     expect_value("score - w[h] * abs(q - k)", 0.5 - 60, 1.0);
+    /* a subtree without the score adds nothing, even at a singular point
+     * (w[q] reads 0): no 0 / 0, no 0 * inf */
+    expect_value("score + sqrt(w[q])", 0.5, 1.0);
+    expect_value("score + log(w[q] * 0.0)", -INFINITY, 1.0);
+    expect_value("score * log(w[q] * 0.0) + score", -INFINITY, -INFINITY);
+    expect_value("score * 2.0 + score / (w[q] * 0.0)", INFINITY, INFINITY);
     /* min / max ignore a NaN operand (IEEE minNum / maxNum) */
     expect_value("min(sqrt(-score), 1.5)", 1.5, 0.0);
     /* && || ! ? with ints underneath */

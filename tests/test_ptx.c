@@ -398,11 +398,17 @@ int main(int argc, char **argv)
             {"f16 d256 acc+bias+dropout", "dtype = f16\n head_dim = 256\n accumulate = true\n"
                                           " bias = add\n dropout = 0.2"},
             /* layout = paged: the split-KV parts and their merge, an f8
-             * cache and the widest head dim (the most registers: 176) */
+             * cache and the widest head dim (the most registers: about
+             * 200, with the packed rows' heads and positions) */
             {"paged f16/e4m3 d128 causal", "dtype = f16\n head_dim = 128\n layout = paged\n"
                                            " kv_dtype = f8e4m3\n mask = causal(bottom_right)"},
             {"paged f16 d256 alibi", "dtype = f16\n head_dim = 256\n layout = paged\n"
                                      " score_mod = alibi\n mask = causal(bottom_right)"},
+            /* varlen queries (chunked prefill), a window beside alibi (each
+             * packed row's own head) */
+            {"paged bf16/e5m2 d256 varlen window alibi",
+             "dtype = bf16\n head_dim = 256\n layout = paged\n q_layout = varlen\n"
+             " kv_dtype = f8e5m2\n score_mod = alibi\n mask = window(64, 0, bottom_right)"},
         };
         for (size_t i = 0; i < sizeof extra / sizeof extra[0]; i++) {
             snprintf(spec, sizeof spec, "attention forward efficient {\n %s\n}\n", extra[i][1]);

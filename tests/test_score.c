@@ -7,15 +7,18 @@
  *              ALiBi and softcap as expressions) forward on the device
  *   random     well-typed random masks and score_mods over b, h, q, k,
  *              sq, sk, score and two small side tensors (loads in and out
- *              of range); a failing one shrinks to a small spec.  On the
- *              cpu, the block-mask lists of the examples and of every
- *              eighth random mask that takes one equal a recount of its
- *              classes
+ *              of range), up to 8 per launch, one per (b, h) plane
+ *              (score_cases.h's rx_batch); a failing batch's cases run
+ *              alone and a failing one shrinks to a small spec.  On the
+ *              cpu, the block-mask lists of the examples and of the
+ *              random batches from a case that is a multiple of 8 (those
+ *              that take one) equal a recount of their classes
  *   builtins   causal / window / softcap / alibi written as expressions
  *              give the built-ins' results (the same programs)
  *   classes    tile classes (host interval arithmetic) against a
  *              position-by-position count: never wrong, and exact for the
- *              band masks and the chunked mask
+ *              band masks and the chunked mask; a score_mod whose
+ *              derivative does not fit the program's nodes is refused
  *   blockmask  masks interval arithmetic cannot class read a block mask:
  *              built by the launch or passed (and reused), exact per tile,
  *              its lists the classes' non-skip tiles, the list walk's
@@ -78,8 +81,9 @@ static bool run_fields(const char *label, aj_dtype dtype, int d, const char *ten
                                                                          : AJ_VARIANT_EFFICIENT};
     fwd_result r = fwd_run_case_ext(ctx, dev, &c, &x, &run);
     /* the lists (each costs a compile and a build): on the cpu, once per
-     * run (not again under AJ_CPU_ISA), for the examples and every eighth
-     * random case; the sim's in the blockmask section */
+     * run (not again under AJ_CPU_ISA), for the examples and the random
+     * batches from a case that is a multiple of 8; the sim's in the
+     * blockmask section */
     if (aj_device_target(dev) == AJ_TARGET_CPU && !getenv("AJ_CPU_ISA") &&
         (report || seed % 8 == 0))
         check_mask_lists(label, spec, dtype, d, &side, B, H, S);
@@ -123,7 +127,8 @@ static void test_examples(const char *dir)
 
 static const char *const random_tensors = "(ti: i32[2], tf: f32[1])";
 
-/* Random case t->index with the tree at root; whether it passed. */
+/* Random case t->index alone with the tree at root (B 2, H 2); whether it
+ * passed. */
 static bool random_run(rx_tree *t, int root, bool report)
 {
     char e[8192], label[64];
@@ -149,15 +154,33 @@ static void random_failed(rx_tree *t, int root, void *user)
     random_run(t, root, true);
 }
 
+/* A batch of random cases (score_cases.h's rx_batch), one per (b, h)
+ * plane of B 2, H 4; whether it fails. */
+static bool batch_fails(rx_batch *b, void *user)
+{
+    (void)user;
+    static char field[33000];
+    char label[96];
+    rx_batch_field(b, field, sizeof field);
+    snprintf(label, sizeof label, "random %ss %d .. %d", b->score ? "score_mod" : "mask",
+             b->t[0].index, b->t[b->count - 1].index);
+    return !run_fields(label, case_dtype(), 16, random_tensors,
+                       b->score ? "causal(top_left)" : field, b->score ? field : "none",
+                       RX_BATCH_B, RX_BATCH_H, 23, (uint64_t)b->t[0].index, false);
+}
+
 static void test_random(int count)
 {
-    static rx_tree t;
+    static rx_batch b;
     lists_checked = 0;
     count = check_sample_count(count);
-    int failed = rx_cases(&t, count, 0x5eed0000u, random_fails, random_failed, NULL);
-    printf("random: %d expressions, %s forward in %s on %s, %d failed; the block-mask lists "
-           "of %d checked\n", count, variant_name, aj_dtype_name(case_dtype()),
-           aj_target_name(aj_device_target(dev)), failed, lists_checked);
+    const rx_batch_runner r = {ctx, random_tensors, batch_fails, random_fails, random_failed,
+                               NULL, "forward"};
+    int launches = 0, failed = rx_batch_cases(&b, count, 0x5eed0000u, &r, &launches);
+    printf("random: %d expressions, %s forward in %s on %s in %d launches, %d failed; the "
+           "block-mask lists of %d checked\n", count, variant_name,
+           aj_dtype_name(case_dtype()), aj_target_name(aj_device_target(dev)), launches, failed,
+           lists_checked);
 }
 
 /* ---------------------------------------------------------------- builtins */
@@ -344,6 +367,50 @@ static void test_classes(void)
     }
     printf("classes: skip / partial / full %d / %d / %d (position by position %d / %d / %d)\n",
            counts[0], counts[1], counts[2], brute[0], brute[1], brute[2]);
+}
+
+/* The terms lo .. hi-1 of tanh(score * tf[t]), summed as a balanced tree
+ * (so its depth stays in the limit), appended to out. */
+static void tanh_sum(int lo, int hi, char *out, size_t cap)
+{
+    size_t len = strlen(out);
+    if (hi - lo == 1) {
+        snprintf(out + len, cap - len, "tanh(score * tf[%d])", lo);
+        return;
+    }
+    snprintf(out + len, cap - len, "(");
+    tanh_sum(lo, (lo + hi) / 2, out, cap);
+    len = strlen(out);
+    snprintf(out + len, cap - len, " + ");
+    tanh_sum((lo + hi) / 2, hi, out, cap);
+    len = strlen(out);
+    snprintf(out + len, cap - len, ")");
+}
+
+/* A score_mod that fits the op's nodes but not with its derivative: the
+ * program is refused with a message (the differentiation stops at the
+ * full arena, never reading past it), and a shorter one builds. */
+static void test_program_limits(void)
+{
+    static const struct { int terms; aj_status want; } cases[] = {
+        {32, AJ_ERR_UNSUPPORTED},
+        {8, AJ_OK},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char sum[4096] = "", spec[4500];
+        tanh_sum(0, cases[i].terms, sum, sizeof sum);
+        snprintf(spec, sizeof spec, "attention backward flash { dtype = f16 head_dim = 16 "
+                 "tensors = (tf: f32[1]) score_mod = expr(%s) }", sum);
+        aj_op *op = NULL;
+        CHECK_STATUS(ctx, aj_op_parse(ctx, spec, strlen(spec), "limits", &op), AJ_OK);
+        if (!op)
+            continue;
+        static aj_score_prog prog;
+        CHECK_STATUS(ctx, aj_score_prog_init(ctx, op, &prog), cases[i].want);
+        if (cases[i].want != AJ_OK)
+            CHECK_ERROR(ctx, "the score program and its derivative do not fit 256 nodes");
+        aj_op_destroy(op);
+    }
 }
 
 /* ---------------------------------------------------------------- block masks */
@@ -607,8 +674,10 @@ int main(int argc, char **argv)
             test_random(what && i + 1 < argc ? atoi(argv[++i]) : 200);
         if (all || (what && strcmp(what, "builtins") == 0))
             test_builtins();
-        if (all || (what && strcmp(what, "classes") == 0))
+        if (all || (what && strcmp(what, "classes") == 0)) {
             test_classes();
+            test_program_limits();
+        }
         if (all || (what && strcmp(what, "blockmask") == 0))
             test_block_masks();
         if (all)

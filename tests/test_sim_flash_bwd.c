@@ -11,13 +11,15 @@
  * and over different emulator worker counts; the atomic (deterministic =
  * false) mode within tolerance; explicit schedules; the workspace API and
  * its errors; expression masks and score_mods (the examples/specs/scores specs
- * and random score_mods of tests/score_cases.h) with their side tensors.
+ * and 200 random masks and score_mods of tests/score_cases.h, up to 8 per
+ * launch, one per (b, h) plane) with their side tensors.
  * Sizes are small: the emulator runs every GPU thread.  With
  * the argument `cuda` the same cases run on a GPU (tests/gpu/run.sh); with
  * `cpu` the varlen cases and checks run on the cpu target's kernels
  * (ctest test_cpu_varlen_bwd); `cpu scores` runs score programs backward
- * on them (ctest test_score_bwd_cpu): the examples/specs/scores specs and random
- * masks and score_mods (tests/score_cases.h), a failing one shrunk;
+ * on them (ctest test_score_bwd_cpu): the examples/specs/scores specs and 200
+ * random masks and score_mods (tests/score_cases.h, batched as on sim), a
+ * failing batch's cases rerun alone and a failing one shrunk;
  * `sim full` (ctest test_sim_full_tiles_bwd) checks that both variants'
  * tiles of class full give the bits of the same mask tested per element.
  *
@@ -65,6 +67,8 @@ typedef struct fb_case {
     int pass_mask;             /* rerun with the forward's aj_block_mask_create: same bits */
     const char *twin_mask;     /* rerun with this mask, the same keys visible but no tile
                                   the kernels can class full: same bits */
+    int per_plane;             /* padded: the tolerance per (b, head) plane of each output
+                                  (a batch of random cases, one per plane) */
 } fb_case;
 
 /* The tensor cores round P and dS to the dtype before the dV, dK and dQ
@@ -248,10 +252,30 @@ static void rerun_twin_mask(const fb_case *c, const aj_bwd_args *a, tensor *cons
     aj_op_destroy(op);
 }
 
+static void run_case(const fb_case *c);
+
+/* Runs c unless the sanitizer pass samples it out (check_sampled). */
 static void run(const fb_case *c)
 {
-    if (!check_sampled())
-        return;
+    if (check_sampled())
+        run_case(c);
+}
+
+/* The max over the planes of x (its first two dims; one plane when
+ * not per_plane) of norm_error's plane-wise error. */
+static double plane_error(const fb_case *c, const tensor *x, const double *got,
+                          const double *want)
+{
+    size_t planes = c->per_plane ? (size_t)(x->t.shape[0] * x->t.shape[1]) : 1;
+    size_t n = x->n / planes;
+    double err = 0;
+    for (size_t p = 0; p < planes; p++)
+        err = fmax(err, norm_error(got + p * n, want + p * n, n, c->dtype));
+    return err;
+}
+
+static void run_case(const fb_case *c)
+{
     cases_run++;
     clock_t t0 = clock();
     int dv = c->dv ? c->dv : c->d;
@@ -401,8 +425,9 @@ static void run(const fb_case *c)
     static const char *const names[3] = {"dq", "dk", "dv"};
     for (int t = 0; t < 3 && st == AJ_OK; t++) {
         read_back(outs[t], got[t]);
-        double err = norm_error(got[t], want[t], outs[t]->n, c->dtype);
-        CHECK_MSG(err <= 1.0, "%s: %s error %.3g of the tolerance", c->label, names[t], err);
+        double err = plane_error(c, outs[t], got[t], want[t]);
+        CHECK_MSG(err <= 1.0, "%s: %s error %.3g of the tolerance%s", c->label, names[t], err,
+                  c->per_plane ? " (in a plane)" : "");
     }
     /* rows with LSE = -inf see no key: exactly zero dq (rows of [.., S, D]
      * padded; varlen LSE is [H, T] and dq [T, H, D]) */
@@ -675,7 +700,7 @@ static void test_expressions(void)
 {
     score_variant = AJ_VARIANT_FLASH;
     test_score_examples();
-    test_score_random(12);
+    test_score_random(200);
     fb_case d = base("f16 d32 document mask, schedule (32, 32, 2 warps, 1 stage)", AJ_DTYPE_F16,
                      32, "expr(doc[b, q] == doc[b, k] && k <= q)");
     d.tensors = "(doc: i32[2])";
@@ -1012,38 +1037,44 @@ static void test_score_examples(void)
 
 static const char *const random_tensors = "(ti: i32[2], tf: f32[1])";
 
-/* Random case t->index with the tree at root: B 2, GQA 2:1, a position
- * offset, two small side tensors; `text` holds the expression. */
-static fb_case random_case(rx_tree *t, int root, char *text, size_t cap, char *label,
-                           size_t label_cap)
+/* The problem of the random cases: a position offset, two small side
+ * tensors, f16, head dim 16, B 2; `mask` and `score_mod` as a case's. */
+static fb_case random_problem(const char *label, const char *field, bool score, uint64_t seed)
 {
-    rx_expression(t, root, t->score, text, cap);
-    snprintf(label, label_cap, "random %s %d", t->score ? "score_mod" : "mask", t->index);
-    fb_case c = base(label, AJ_DTYPE_F16, 16, t->score ? "causal(top_left)" : text);
+    fb_case c = base(label, AJ_DTYPE_F16, 16, score ? "causal(top_left)" : field);
     c.variant = score_variant;
-    c.score_mod = t->score ? text : NULL;
+    c.score_mod = score ? field : NULL;
     c.tensors = random_tensors;
     c.b = 2;
     c.sq = 23;
     c.sk = 30;
     c.q_offset = 3;
-    c.seed = (uint64_t)t->index + 1;
+    c.seed = seed;
     return c;
 }
 
-/* Whether a random case fails, its failures left uncounted (their
- * messages still print: a shrink probes only once a case has failed). */
-static bool random_fails(rx_tree *t, int root, void *user)
+/* Whether c fails, its failures left uncounted (their messages still
+ * print: a batch's cases run alone, and shrink probes, only once the
+ * batch has failed). */
+static bool case_fails(const fb_case *c)
 {
-    (void)user;
-    static char text[8192], label[64];
-    fb_case c = random_case(t, root, text, sizeof text, label, sizeof label);
     int passed = check_passed, failed = check_failed;
-    run(&c);
+    run_case(c);
     bool fails = check_failed > failed;
     check_passed = passed;
     check_failed = failed;
     return fails;
+}
+
+/* Random case t->index alone, the tree at root (Hq 2, GQA 2:1). */
+static bool random_fails(rx_tree *t, int root, void *user)
+{
+    (void)user;
+    static char text[8192], label[64];
+    rx_expression(t, root, t->score, text, sizeof text);
+    snprintf(label, sizeof label, "random %s %d", t->score ? "score_mod" : "mask", t->index);
+    fb_case c = random_problem(label, text, t->score, (uint64_t)t->index + 1);
+    return case_fails(&c);
 }
 
 static void random_failed(rx_tree *t, int root, void *user)
@@ -1055,15 +1086,37 @@ static void random_failed(rx_tree *t, int root, void *user)
               t->index, random_tensors, t->score ? "score_mod" : "mask", text);
 }
 
-/* `count` random masks and score_mods (score_cases.h's rx_cases) over b,
- * h, q, k, sq, sk, score and two small side tensors backward. */
+/* A batch of random cases (score_cases.h's rx_batch), one per (b, h)
+ * plane of B 2, Hq 4, GQA 2:1, the tolerance per plane; whether it
+ * fails (sampled out under AJ_TEST_SAMPLE: passes). */
+static bool batch_fails(rx_batch *b, void *user)
+{
+    (void)user;
+    static char field[33000], label[96];
+    if (!check_sampled())
+        return false;
+    rx_batch_field(b, field, sizeof field);
+    snprintf(label, sizeof label, "random %ss %d .. %d (%d planes)",
+             b->score ? "score_mod" : "mask", b->t[0].index, b->t[b->count - 1].index, b->count);
+    fb_case c = random_problem(label, field, b->score, (uint64_t)b->t[0].index + 1);
+    c.hq = RX_BATCH_H;
+    c.hkv = RX_BATCH_H / 2;
+    c.b = RX_BATCH_B;
+    c.per_plane = 1;
+    return case_fails(&c);
+}
+
+/* `count` random masks and score_mods over b, h, q, k, sq, sk, score and
+ * two small side tensors backward, in batches (rx_batch_cases). */
 static void test_score_random(int count)
 {
-    static rx_tree t;
+    static rx_batch b;
     count = check_sample_count(count);
-    int failed = rx_cases(&t, count, 0xbacc0000u, random_fails, random_failed, NULL);
-    printf("random: %d expressions backward on %s, %d failed\n", count,
-           aj_target_name(aj_device_target(dev)), failed);
+    const rx_batch_runner r = {ctx, random_tensors, batch_fails, random_fails, random_failed,
+                               NULL, "backward"};
+    int launches = 0, failed = rx_batch_cases(&b, count, 0xbacc0000u, &r, &launches);
+    printf("random: %d expressions backward on %s in %d launches, %d failed\n", count,
+           aj_target_name(aj_device_target(dev)), launches, failed);
 }
 
 static void run_suite(int cpu);
@@ -1098,8 +1151,10 @@ int main(int argc, char **argv)
     } else if (full) {
         test_full_tiles();
     } else if (scores) {
+        /* the repeats under AJ_CPU_ISA (their code differs from this
+         * host's in vector width alone) take a quarter of the sweep */
         test_score_examples();
-        test_score_random(24);
+        test_score_random(getenv("AJ_CPU_ISA") ? 50 : 200);
     } else {
         run_suite(cpu);
     }

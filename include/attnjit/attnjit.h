@@ -758,6 +758,16 @@ typedef struct aj_fwd_args {
     int32_t max_pages;
     const int32_t *seqlens_k;
     aj_tensor k_scale, v_scale;
+    /* Version 4: a head shard (as method = ulysses runs): the call's
+     * heads are heads head_offset .. head_offset + Hq - 1 of an op over
+     * heads_q_total query heads, so the mask's and score_mod's h (alibi's
+     * slopes[h] too) is head_offset + the call's head, and dropout's
+     * counter holds b heads_q_total + head_offset + h: the call computes
+     * exactly those heads of the unsharded op.  heads_q_total = 0 means
+     * Hq (head_offset 0); else head_offset >= 0 and head_offset + Hq <=
+     * heads_q_total, and alibi_slopes has heads_q_total entries.  Read
+     * only by ops with dropout or whose programs read h. */
+    int64_t head_offset, heads_q_total;
 } aj_fwd_args;
 
 #define AJ_FWD_ARGS_INIT { .struct_size = sizeof(aj_fwd_args) }
@@ -882,6 +892,16 @@ typedef struct aj_bwd_args {
     /* Optional (version 2): as aj_fwd_args.block_mask; the forward's mask
      * serves (the kernels read it in any tile size). */
     const aj_block_mask *block_mask;
+    /* Version 3: a head shard (as method = ulysses runs): the call's
+     * heads are heads head_offset .. head_offset + Hq - 1 of an op over
+     * heads_q_total query heads, so the mask's and score_mod's h (alibi's
+     * slopes[h] too) is head_offset + the call's head, and dropout's
+     * counter holds b heads_q_total + head_offset + h: the call computes
+     * exactly those heads of the unsharded op.  heads_q_total = 0 means
+     * Hq (head_offset 0); else head_offset >= 0 and head_offset + Hq <=
+     * heads_q_total, and alibi_slopes has heads_q_total entries.  Read
+     * only by ops with dropout or whose programs read h. */
+    int64_t head_offset, heads_q_total;
 } aj_bwd_args;
 
 #define AJ_BWD_ARGS_INIT { .struct_size = sizeof(aj_bwd_args) }

@@ -72,7 +72,8 @@ class FwdArgs(ctypes.Structure):
                 ("block_mask", c_void_p),
                 ("k_cache", Tensor), ("v_cache", Tensor), ("block_table", c_void_p),
                 ("max_pages", i32), ("seqlens_k", c_void_p),
-                ("k_scale", Tensor), ("v_scale", Tensor)]
+                ("k_scale", Tensor), ("v_scale", Tensor),
+                ("head_offset", i64), ("heads_q_total", i64)]
 
 
 class BwdArgs(ctypes.Structure):
@@ -87,7 +88,8 @@ class BwdArgs(ctypes.Structure):
                 ("batch", i32), ("max_seqlen_q", i32), ("max_seqlen_k", i32),
                 ("workspace", c_void_p), ("workspace_bytes", c_size_t),
                 ("side", ctypes.POINTER(SideTensor)), ("num_side", i32),
-                ("block_mask", c_void_p)]
+                ("block_mask", c_void_p),
+                ("head_offset", i64), ("heads_q_total", i64)]
 
 
 class GridDim(ctypes.Structure):
