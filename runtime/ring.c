@@ -60,6 +60,10 @@
  *   doc 0 |a0 a1 a2 a3|  doc 1 |b0 b1 b2 b3|       P = 2, zigzag
  *   rank 0: a0 a3 b0 b3    rank 1: a1 a2 b1 b2
  *   rank 0, step 1 (rank 1's block): a0.a1 a0.a2 a3.a1 a3.a2 b0.b1 ...
+ *
+ * Over messages a block goes only as far as a rank needs its keys, and
+ * dK/dV parts go straight home (plan_needs); ops whose kernels must see
+ * the document's batch index launch their varlen kernel (stage_doc_cu).
  */
 #include <math.h>
 #include <stdio.h>
@@ -89,6 +93,7 @@ typedef struct ring_kernels {
  * document's; a varlen pair's globals are positions in its document. */
 typedef struct ring_pair {
     int32_t step, src;
+    int32_t doc;                 /* packed documents: the pair's document */
     aj_shard_chunk q, k;
     aj_ring_block block;
     int64_t sq, sk;
@@ -113,6 +118,21 @@ typedef struct ring_plan {
     aj_cp_shapes sh;             /* the same, with the layout of the tensors */
     aj_cp_docs docs;             /* layout = varlen: the packed batch's documents */
     ring_pair *pairs;            /* a step's pairs: 4 (varlen: 4 per document) */
+    /* packed documents (plan_needs): need[r P + o], whether rank r's
+     * queries see any of rank o's keys, and reach[o], the furthest ring
+     * distance from o at which a rank needs o's block (0: none); NULL:
+     * every rank needs every block */
+    bool *need;
+    int *reach;
+    /* packed documents with dropout or an expression reading b: each pair
+     * launches the op's varlen kernel as document `doc` of doc + 1, the
+     * first doc empty (doc_cu: a step's cu_seqlens, 2 (batch + 1) int32
+     * per pair in device memory, staged in doc_cu_host), so that the
+     * kernel's batch index is the document's (doc_launch) */
+    bool doc_kernels;
+    int32_t *doc_cu, *doc_cu_host;
+    size_t doc_cu_cap;           /* int32 entries of both */
+    size_t *doc_cu_at;           /* [pairs]: a pair's cu_seqlens_q in them (cu_k follows) */
     int64_t sq, sk;              /* the global lengths: the sums of every rank's */
     int64_t lk_max;              /* the longest K/V shard: the size of a block's slot */
     size_t elem;                 /* bytes per element of the op's dtype */
@@ -135,8 +155,8 @@ typedef struct ring_plan {
  * index and head: the class the kernels' own tile classification gives
  * (templates/score.h), so a skipped block is one no kernel would touch and
  * a full block runs the kernel without the mask. */
-static aj_ring_block classify(const ring_plan *p, int64_t q0, int64_t nq, int64_t k0,
-                              int64_t nk, int64_t sq, int64_t sk)
+static aj_ring_block classify(const ring_plan *p, int32_t doc, int64_t q0, int64_t nq,
+                              int64_t k0, int64_t nk, int64_t sq, int64_t sk)
 {
     if (nq == 0 || nk == 0)
         return AJ_RING_BLOCK_SKIP;
@@ -145,12 +165,16 @@ static aj_ring_block classify(const ring_plan *p, int64_t q0, int64_t nq, int64_
     /* a mask that tells batch indices (heads) apart, through a side
      * tensor, is classed per b (h): the block is skipped where every one
      * skips it, full where every one sees all of it */
-    const int64_t nb = p->prog.mask_reads_b ? p->B : 1, nh = p->prog.mask_reads_h ? p->Hq : 1;
+    /* (packed documents: b is the pair's document) */
+    const int64_t nb = p->prog.mask_reads_b && !p->sh.varlen ? p->B : 1;
+    const int64_t nh = p->prog.mask_reads_h ? p->Hq : 1;
     int skip = 1, full = 1;
     for (int64_t b = 0; b < nb && (skip || full); b++)
         for (int64_t h = 0; h < nh && (skip || full); h++) {   /* the global heads */
             aj_tile_class c = aj_score_host_class(&p->prog, p->host_side, p->cache,
-                                                  p->prog.mask_reads_b ? b : -1,
+                                                  !p->prog.mask_reads_b ? -1
+                                                  : p->sh.varlen        ? doc
+                                                                        : b,
                                                   p->prog.mask_reads_h ? p->head_offset + h : -1,
                                                   q0, q0 + nq - 1, k0, k0 + nk - 1, sq, sk);
             skip &= c == AJ_TILE_SKIP;
@@ -204,9 +228,8 @@ static int64_t longest_chunk(const ring_plan *p, int64_t seq)
  * document's pieces (the layout's chunks of the document) of this rank
  * against src's of the same document only -- a pair from two documents
  * sees nothing and is never formed -- and no pair with an empty piece. */
-static aj_status plan_step(const ring_plan *p, int step, int *n)
+static aj_status plan_pairs(const ring_plan *p, int rank, int src, int step, int *n)
 {
-    const int src = step_src(p, step);
     const bool varlen = p->sh.varlen;
     int64_t q_at = 0, k_at = 0;   /* the document's first local positions */
     *n = 0;
@@ -215,7 +238,7 @@ static aj_status plan_step(const ring_plan *p, int step, int *n)
         const int64_t sk = varlen ? p->docs.cu_k[d + 1] - p->docs.cu_k[d] : p->sk;
         aj_shard_chunk qc[2], kc[2];
         int nq = 0, nk = 0;
-        aj_status st = ring_chunks(p, p->rank, sq, qc, &nq);
+        aj_status st = ring_chunks(p, rank, sq, qc, &nq);
         if (st == AJ_OK)
             st = ring_chunks(p, src, sk, kc, &nk);
         if (st != AJ_OK)
@@ -224,16 +247,78 @@ static aj_status plan_step(const ring_plan *p, int step, int *n)
             for (int j = 0; j < nk; j++) {
                 if (varlen && (qc[i].len == 0 || kc[j].len == 0))
                     continue;
-                ring_pair x = {.step = step, .src = src, .q = qc[i], .k = kc[j], .sq = sq,
-                               .sk = sk};
+                ring_pair x = {.step = step, .src = src, .doc = d, .q = qc[i], .k = kc[j],
+                               .sq = sq, .sk = sk};
                 x.q.local += q_at;
                 x.k.local += k_at;
-                x.block = classify(p, x.q.global, x.q.len, x.k.global, x.k.len, sq, sk);
+                x.block = classify(p, d, x.q.global, x.q.len, x.k.global, x.k.len, sq, sk);
                 p->pairs[(*n)++] = x;
             }
-        q_at += ring_length(p, p->rank, sq);
+        q_at += ring_length(p, rank, sq);
         k_at += ring_length(p, src, sk);
     }
+    return AJ_OK;
+}
+
+static aj_status plan_step(const ring_plan *p, int step, int *n)
+{
+    return plan_pairs(p, p->rank, step_src(p, step), step, n);
+}
+
+/* Whether rank r needs rank o's K/V block (plan_needs), and how far
+ * around the ring o's block must go. */
+static bool needs(const ring_plan *p, int r, int o)
+{
+    return r == o || !p->need || p->need[r * p->size + o];
+}
+
+static int reach_of(const ring_plan *p, int o)
+{
+    return p->reach ? p->reach[o] : p->size - 1;
+}
+
+/*
+ * Packed documents leave ranks that need none of a peer's keys: a
+ * document shorter than 2P has no piece on some ranks, a window sees
+ * only nearby pieces, contiguous causal pieces never see later ranks'.
+ * From every (rank, origin) pair's classes (plan_pairs, which every rank
+ * computes alike from the agreed documents) the ring moves only what a
+ * rank needs:
+ *
+ *   p2p        origin o's block travels o -> o+1 -> ... -> o+reach[o]
+ *              and no further (a rank inside that reach that needs none
+ *              of it still relays it); each rank sends its dK/dV part of
+ *              block o straight home to o, where o sums them, and only
+ *              where it needs the block
+ *   all-gather an all-to-all gathers the blocks a rank needs, another
+ *              returns the dK/dV parts to their homes
+ *
+ *   docs 1, 1, 1, 1 (one piece each), P = 4, contiguous causal:
+ *   rank 0: doc 0    every need[r][o] is false for r != o: nothing
+ *   rank 1: doc 1    travels (padded sequences: every block, the
+ *   ...              rotations the header describes)
+ */
+static aj_status plan_needs(ring_plan *p)
+{
+    const int P = p->size;
+    if (!p->sh.varlen || P < 2)
+        return AJ_OK;
+    p->need = calloc((size_t)P * (size_t)P, sizeof *p->need);
+    p->reach = calloc((size_t)P, sizeof *p->reach);
+    if (!p->need || !p->reach)
+        return aj_fail(p->ctx, AJ_ERR_OUT_OF_MEMORY, "%s: out of memory", p->fn);
+    for (int r = 0; r < P; r++)
+        for (int o = 0; o < P; o++) {
+            int n = 0;
+            const aj_status st = plan_pairs(p, r, o, 0, &n);
+            if (st != AJ_OK)
+                return st;
+            for (int i = 0; i < n; i++)
+                p->need[r * P + o] |= p->pairs[i].block != AJ_RING_BLOCK_SKIP;
+            const int dist = (r - o + P) % P;
+            if (p->need[r * P + o] && dist > p->reach[o])
+                p->reach[o] = dist;
+        }
     return AJ_OK;
 }
 
@@ -293,10 +378,13 @@ static aj_status plan_chunks(ring_plan *p, int64_t sq, int64_t sk)
     }
     p->k_elems = (size_t)(p->B * p->Hkv * p->lk_max * p->D);
     p->v_elems = (size_t)(p->B * p->Hkv * p->lk_max * p->Dv);
-    p->pairs = calloc(4 * (size_t)(p->sh.varlen ? p->docs.batch : 1), sizeof *p->pairs);
-    if (!p->pairs)
+    const size_t pairs = 4 * (size_t)(p->sh.varlen ? p->docs.batch : 1);
+    p->pairs = calloc(pairs, sizeof *p->pairs);
+    if (p->doc_kernels)
+        p->doc_cu_at = calloc(pairs, sizeof *p->doc_cu_at);
+    if (!p->pairs || (p->doc_kernels && !p->doc_cu_at))
         return aj_fail(p->ctx, AJ_ERR_OUT_OF_MEMORY, "%s: out of memory", p->fn);
-    return AJ_OK;
+    return plan_needs(p);
 }
 
 /* The checks both directions share: handles, the op, q, k, v and the
@@ -316,18 +404,11 @@ static aj_status plan_common(ring_plan *p, aj_ctx *ctx, aj_device *dev, aj_comm 
                                           &p->op, &p->prog, &sh);
     if (st != AJ_OK)
         return st;
-    /* packed documents: each launch is one piece of a document against
-     * another as a padded batch of one (aj_cp_as_padded), so the kernel's
-     * batch index is 0, not the document's */
-    if (sh.varlen && p->op.dropout > 0)
-        return aj_fail(ctx, AJ_ERR_UNSUPPORTED, "%s: dropout = %g with layout = varlen and "
-                       "method = ring: the Philox counter holds the document's index and the "
-                       "ring launches each document's pieces as a batch of one", p->fn,
-                       p->op.dropout);
-    if (sh.varlen && aj_cp_reads(&p->prog, AJ_VAR_B))
-        return aj_fail(ctx, AJ_ERR_UNSUPPORTED, "%s: the op's expressions read the batch "
-                       "index b: with layout = varlen and method = ring each launch is one "
-                       "document's pieces as a batch of one; use method = ulysses", p->fn);
+    /* packed documents: a launch of one piece of a document against
+     * another as a padded batch of one (aj_cp_as_padded) has batch index
+     * 0; dropout (the Philox counter holds b) and expressions reading b
+     * need the document's, which the varlen kernel gives (doc_launch) */
+    p->doc_kernels = sh.varlen && (p->op.dropout > 0 || aj_cp_reads(&p->prog, AJ_VAR_B));
     p->sh = sh;
     if (sh.varlen) {
         const aj_status docs_st = aj_cp_read_docs(ctx, p->fn, dev, cu_q, cu_k, batch, &p->docs);
@@ -378,6 +459,12 @@ static void plan_free(ring_plan *p)
         free(p->host_mem[t]);
     free(p->cache);
     free(p->pairs);
+    free(p->need);
+    free(p->reach);
+    free(p->doc_cu_host);
+    free(p->doc_cu_at);
+    if (p->doc_cu)
+        aj_device_free(p->dev, p->doc_cu);
     aj_cp_docs_free(&p->docs);
 }
 
@@ -504,7 +591,7 @@ static aj_status compile_variant(const ring_plan *p, const aj_op *op, int masked
         AJ_TRY(aj_op_set_accumulate(*v, true));
     if (!masked)
         AJ_TRY(aj_op_set_mask_none(*v));
-    if (p->sh.varlen)   /* each document's pieces launch as padded tensors */
+    if (p->sh.varlen && !p->doc_kernels)   /* each document's pieces launch as padded tensors */
         AJ_TRY(aj_op_set_layout(*v, AJ_LAYOUT_PADDED));
     aj_compile_options opt = AJ_COMPILE_OPTIONS_INIT;
     opt.device = p->dev;   /* its target, and its tuned schedule if there is one */
@@ -730,12 +817,17 @@ static aj_status store_rows(const ring_plan *p, const float *acc, const float *l
 
 /* ---------------------------------------------------------------- comm */
 
-static aj_status exchange_start(ring_plan *p, aj_comm_req *req, const char *what,
-                                const void *send, void *recv, size_t bytes, int tag)
+/* Sends `send` to rank `to` and receives `recv` from rank `from`; a
+ * negative rank skips that side, and with both negative nothing is
+ * posted (no rotation: req stays inactive). */
+static aj_status exchange_with(ring_plan *p, aj_comm_req *req, const char *what,
+                               const void *send, void *recv, size_t bytes, int to, int from,
+                               int tag)
 {
-    const int to = (p->rank + 1) % p->size, from = (p->rank + p->size - 1) % p->size;
     *req = (aj_comm_req){.what = what, .to = to, .from = from, .bytes = bytes,
                          .posted = aj_now()};
+    if (to < 0 && from < 0)
+        return AJ_OK;
     aj_status st = p->comm->engine->exchange_start(p->comm, send, recv, bytes, to, from, tag,
                                                    req);
     if (st == AJ_OK) {
@@ -743,6 +835,25 @@ static aj_status exchange_start(ring_plan *p, aj_comm_req *req, const char *what
         p->stats->rotations++;
     }
     return st;
+}
+
+/* With the neighbours: to rank r+1, from rank r-1. */
+static aj_status exchange_start(ring_plan *p, aj_comm_req *req, const char *what,
+                                const void *send, void *recv, size_t bytes, int tag)
+{
+    const int to = (p->rank + 1) % p->size, from = (p->rank + p->size - 1) % p->size;
+    return exchange_with(p, req, what, send, recv, bytes, to, from, tag);
+}
+
+/* Step s's K/V exchange (p2p): block r-s on to rank r+1, and block
+ * r-1-s in from rank r-1, each only while its reach goes on (plan_needs). */
+static aj_status kv_exchange(ring_plan *p, aj_comm_req *req, int s, const void *send,
+                             void *recv, size_t bytes)
+{
+    const int P = p->size, r = p->rank;
+    const int to = reach_of(p, (r - s + P) % P) > s ? (r + 1) % P : -1;
+    const int from = reach_of(p, (r - 1 - s + 2 * P) % P) > s ? (r + P - 1) % P : -1;
+    return exchange_with(p, req, "K/V", send, recv, bytes, to, from, TAG_KV);
 }
 
 /* Lets MPI move the bytes while the kernels run (rendezvous transfers
@@ -776,6 +887,52 @@ static void count_collective(ring_plan *p, double start)
     p->stats->comm_s += t;
     p->stats->exposed_comm_s += t;
     p->stats->rotations++;
+}
+
+/* The all-gather method's exchange of blocks (parts = false: this rank's
+ * K/V block, `send`, to every rank that needs it, and into recv[o] the
+ * block of every o this rank needs) or of dK/dV parts (parts = true:
+ * send[o], this rank's part of block o, home to each o it needs, and
+ * into recv[r] the part of every r that needs this rank's block), each
+ * `bytes` long: packed documents' all-to-all of what is needed
+ * (plan_needs); a rank's own is copied too. */
+static aj_status alltoall_needed(ring_plan *p, const void *send, size_t send_stride, void *recv,
+                                 size_t bytes, bool parts)
+{
+    const int P = p->size, me = p->rank;
+    size_t *n = calloc(4 * (size_t)P, sizeof *n);
+    if (!n)
+        return aj_fail(p->ctx, AJ_ERR_OUT_OF_MEMORY, "%s: out of memory", p->fn);
+    size_t *send_bytes = n, *send_off = n + P, *recv_bytes = n + 2 * P, *recv_off = n + 3 * P;
+    for (int d = 0; d < P; d++) {
+        send_bytes[d] = (parts ? needs(p, me, d) : needs(p, d, me)) ? bytes : 0;
+        recv_bytes[d] = (parts ? needs(p, d, me) : needs(p, me, d)) ? bytes : 0;
+        send_off[d] = (size_t)d * send_stride;
+        recv_off[d] = (size_t)d * bytes;
+    }
+    const double t0 = aj_now();
+    const aj_status st = collective_status(p, p->comm->engine->alltoallv(
+        p->comm, send, send_bytes, send_off, recv, recv_bytes, recv_off));
+    count_collective(p, t0);
+    free(n);
+    return st;
+}
+
+/* The all-gather method's K/V: every rank's block into gathered[o], or
+ * (packed documents) the blocks this rank needs. */
+static aj_status gather_blocks(ring_plan *p, const void *kv, void *gathered, size_t bytes)
+{
+    if (p->size == 1) {
+        memcpy(gathered, kv, bytes);
+        return AJ_OK;
+    }
+    if (p->need)
+        return alltoall_needed(p, kv, 0, gathered, bytes, false);
+    const double t0 = aj_now();
+    const aj_status st = collective_status(p, p->comm->engine->allgather(p->comm, kv, gathered,
+                                                                         bytes));
+    count_collective(p, t0);
+    return st;
 }
 
 /* ---------------------------------------------------------------- blocks */
@@ -835,6 +992,91 @@ static void count_block(ring_plan *p, aj_ring_block kind)
         (l).stream = (p)->stream;             \
     } while (0)
 
+/*
+ * Packed documents with dropout or expressions reading b (doc_kernels):
+ * pair x launches the op's varlen kernel over doc + 1 sequences, the
+ * first doc of them empty and the last the pair's pieces, so the kernel's
+ * batch index b -- the Philox counter's, the expressions' -- is the
+ * document's, with the pieces' positions in it and its totals as ever:
+ *
+ *   cu_seqlens_q  0 0 .. 0 |Q piece|     (doc + 1 zeros, then its length)
+ *   cu_seqlens_k  0 0 .. 0 |K piece|
+ *
+ * The kernel passes over the doc empty sequences.  The arrays of a
+ * step's pairs are staged together (stage_doc_cu) before its launches.
+ */
+static aj_status stage_doc_cu(ring_plan *p, int n)
+{
+    if (!p->doc_kernels)
+        return AJ_OK;
+    size_t need = 0;
+    for (int i = 0; i < n; i++)
+        need += 2 * ((size_t)p->pairs[i].doc + 2);
+    if (need > p->doc_cu_cap) {   /* grown between steps: no launch reads it now */
+        int32_t *host = realloc(p->doc_cu_host, need * sizeof *host);
+        if (!host)
+            return aj_fail(p->ctx, AJ_ERR_OUT_OF_MEMORY, "%s: out of memory", p->fn);
+        p->doc_cu_host = host;
+        if (!p->host_memory) {
+            if (p->doc_cu)
+                aj_device_free(p->dev, p->doc_cu);
+            p->doc_cu = NULL;
+            const aj_status st = aj_device_alloc(p->dev, need * sizeof *host,
+                                                 (void **)&p->doc_cu);
+            if (st != AJ_OK)
+                return st;
+        }
+        p->doc_cu_cap = need;
+    }
+    size_t at = 0;
+    for (int i = 0; i < n; i++) {
+        const ring_pair *x = &p->pairs[i];
+        const size_t len = (size_t)x->doc + 2;
+        int32_t *cu = p->doc_cu_host + at;
+        memset(cu, 0, 2 * len * sizeof *cu);
+        cu[len - 1] = (int32_t)x->q.len;
+        cu[2 * len - 1] = (int32_t)x->k.len;
+        p->doc_cu_at[i] = at;
+        at += 2 * len;
+    }
+    return p->host_memory || at == 0
+               ? AJ_OK
+               : aj_device_copy_async(p->dev, p->doc_cu, p->doc_cu_host, at * sizeof(int32_t),
+                                      1, p->stream);
+}
+
+/* A piece's padded view (seq_view of aj_cp_as_padded's [1, H, len, W], or
+ * an LSE's [1, H, len]) as the packed tensor it is: [len, H, W], [H, len]. */
+static aj_tensor as_packed(const aj_tensor *t)
+{
+    aj_tensor v = {.data = t->data, .dtype = t->dtype, .rank = t->rank - 1};
+    const int rows = t->rank == 4;
+    const int order[3] = {rows ? 2 : 1, rows ? 1 : 2, 3};
+    for (int i = 0; i < v.rank; i++) {
+        v.shape[i] = t->shape[order[i]];
+        v.strides[i] = t->strides[order[i]];
+    }
+    return v;
+}
+
+/* Pair i (x) of the step as document x->doc of a varlen launch `l`
+ * (aj_fwd_args or aj_bwd_args) whose tensors are padded piece views. */
+#define SET_DOC_LAUNCH(l, p, i, x)                                                 \
+    do {                                                                           \
+        const int32_t *cu_ = ((p)->doc_cu ? (p)->doc_cu : (p)->doc_cu_host) +      \
+                             (p)->doc_cu_at[i];                                    \
+        (l).cu_seqlens_q = cu_;                                                    \
+        (l).cu_seqlens_k = cu_ + (x)->doc + 2;                                     \
+        (l).batch = (x)->doc + 1;                                                  \
+        (l).max_seqlen_q = (int32_t)(x)->q.len;                                    \
+        (l).max_seqlen_k = (int32_t)(x)->k.len;                                    \
+        (l).q = as_packed(&(l).q);                                                 \
+        (l).k = as_packed(&(l).k);                                                 \
+        (l).v = as_packed(&(l).v);                                                 \
+        (l).o = as_packed(&(l).o);                                                 \
+        (l).lse = as_packed(&(l).lse);                                             \
+    } while (0)
+
 /* Q (all chunks) against the K/V block of ring step `step`, merged into
  * the f32 accumulator o_acc and args->lse. */
 static aj_status fwd_block(ring_plan *p, const ring_kernels *kern, const aj_ring_fwd_args *a,
@@ -843,6 +1085,7 @@ static aj_status fwd_block(ring_plan *p, const ring_kernels *kern, const aj_ring
     int n = 0;
     aj_status st = AJ_OK;
     AJ_TRY(plan_step(p, step, &n));
+    AJ_TRY(stage_doc_cu(p, n));
     aj_tensor k, v;
     kv_tensors(p, kv, step_src(p, step), &k, &v);
     for (int i = 0; i < n; i++) {
@@ -858,6 +1101,10 @@ static aj_status fwd_block(ring_plan *p, const ring_kernels *kern, const aj_ring
         f.lse = seq_view(&a->lse, &x->q);
         f.o_acc = seq_view(o_acc, &x->q);
         SET_PAIR_LAUNCH(f, p, a, x);
+        if (p->doc_kernels) {
+            SET_DOC_LAUNCH(f, p, i, x);
+            f.o_acc = as_packed(&f.o_acc);
+        }
         double t0 = aj_now();
         AJ_TRY(aj_forward(p->ctx, p->dev, kernel_for(kern, x->block), &f));
         p->stats->compute_s += aj_now() - t0;
@@ -1055,8 +1302,7 @@ aj_status aj_ring_forward_group(aj_ctx *ctx, aj_device *dev, aj_comm *comm, cons
         int cur = 0;
         for (int s = 0; s < p.size; s++) {
             if (s < p.size - 1)
-                AJ_TRY(exchange_start(&p, &req, "K/V", kv[cur], kv[cur ^ 1], kv_bytes,
-                                      TAG_KV));
+                AJ_TRY(kv_exchange(&p, &req, s, kv[cur], kv[cur ^ 1], kv_bytes));
             AJ_TRY(visiting_block(&p, kv_dev, kv[cur], kv_bytes, &block));
             AJ_TRY(fwd_block(&p, &kern, &shards, block, s, &o_acc, &req));
             AJ_TRY(exchange_finish(&p, &req));
@@ -1064,14 +1310,7 @@ aj_status aj_ring_forward_group(aj_ctx *ctx, aj_device *dev, aj_comm *comm, cons
         }
     } else {
         AJ_TRY(alloc_host(&p, kv_bytes * (size_t)p.size, 0, &gathered));
-        if (p.size > 1) {
-            double t0 = aj_now();
-            AJ_TRY(collective_status(&p, comm->engine->allgather(comm, kv[0], gathered,
-                                                                 kv_bytes)));
-            count_collective(&p, t0);
-        } else {
-            memcpy(gathered, kv[0], kv_bytes);
-        }
+        AJ_TRY(gather_blocks(&p, kv[0], gathered, kv_bytes));
         for (int s = 0; s < p.size; s++) {
             const size_t at = (size_t)step_src(&p, s) * kv_bytes;
             AJ_TRY(visiting_block(&p, kv_dev, (char *)gathered + at, kv_bytes, &block));
@@ -1107,6 +1346,13 @@ done:
 }
 
 /* ---------------------------------------------------------------- backward */
+
+/* dst[i] += src[i] for n floats. */
+static void add_f32(float *dst, const float *src, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        dst[i] += src[i];
+}
 
 /* acc[o][row0 + i][:] += part[o][i][:] (part in `dtype`, `inner` wide,
  * `rows` rows per outer index; acc has acc_rows rows). */
@@ -1185,6 +1431,7 @@ static aj_status bwd_block(ring_plan *p, const ring_kernels *kern, const aj_ring
     int n = 0;
     aj_status st = AJ_OK;
     AJ_TRY(plan_step(p, step, &n));
+    AJ_TRY(stage_doc_cu(p, n));
     aj_tensor k, v;
     const int64_t lk = block_len(p, step_src(p, step));
     kv_tensors(p, kv, step_src(p, step), &k, &v);
@@ -1206,6 +1453,13 @@ static aj_status bwd_block(ring_plan *p, const ring_kernels *kern, const aj_ring
         b.dk = part_view(p, parts->dk, p->Hkv, ck, p->D);
         b.dv = part_view(p, parts->dv, p->Hkv, ck, p->Dv);
         SET_PAIR_LAUNCH(b, p, a, x);
+        if (p->doc_kernels) {
+            SET_DOC_LAUNCH(b, p, i, x);
+            b.do_ = as_packed(&b.do_);
+            b.dq = as_packed(&b.dq);
+            b.dk = as_packed(&b.dk);
+            b.dv = as_packed(&b.dv);
+        }
         double t0 = aj_now();
         AJ_TRY(aj_backward(p->ctx, p->dev, kernel_for(kern, x->block), &b));
         if (!p->host_memory) {
@@ -1271,9 +1525,7 @@ static aj_status bwd_shared(ring_plan *p, const ring_kernels *kern, const aj_rin
         AJ_TRY(exchange_finish(p, req));
         if (s > 0) {
             const double t0 = aj_now();
-            const float *add = shared_acc(seg, l, prev, s - 1);
-            for (size_t i = 0; i < l->dkv_count; i++)
-                mine[i] += add[i];
+            add_f32(mine, shared_acc(seg, l, prev, s - 1), l->dkv_count);
             p->stats->compute_s += aj_now() - t0;
         }
         AJ_TRY(fence_start(p, req, "shared dK/dV"));
@@ -1281,6 +1533,54 @@ static aj_status bwd_shared(ring_plan *p, const ring_kernels *kern, const aj_rin
     }
     AJ_TRY(exchange_finish(p, req));
     *own = shared_acc(seg, l, prev, p->size - 1);
+done:
+    return st;
+}
+
+/* The backward's p2p steps for packed documents (plan_needs): K/V only
+ * as far as their reach (kv_exchange); at step s this rank's dK/dV part
+ * of block r-s goes straight home to rank r-s, if this rank needed the
+ * block, while rank r+s's part of this rank's block comes in (`in`) and
+ * is added to `own`, which starts as step 0's part.  part[2]: the parts
+ * computed, one in flight while the next is computed.
+ *
+ *   step s:  post K/V exchange -> part of block r-s -> wait for step s-1's
+ *            parts, add the one that came in -> post part to r-s, from
+ *            r+s -> wait K/V
+ */
+static aj_status bwd_p2p_home(ring_plan *p, const ring_kernels *kern, const aj_ring_bwd_args *a,
+                              void *kv[2], void *kv_dev, float *dq_acc, const bwd_parts *parts,
+                              float *own, float *part[2], float *in, aj_comm_req reqs[2])
+{
+    const int P = p->size, r = p->rank;
+    const size_t count = p->k_elems + p->v_elems, kv_bytes = count * p->elem;
+    const void *block = NULL;
+    bool incoming = false;   /* reqs[1] brings a part of this rank's block */
+    aj_status st = AJ_OK;
+    for (int s = 0, kc = 0; s < P; s++, kc ^= 1) {
+        if (s < P - 1)
+            AJ_TRY(kv_exchange(p, &reqs[0], s, kv[kc], kv[kc ^ 1], kv_bytes));
+        AJ_TRY(visiting_block(p, kv_dev, kv[kc], kv_bytes, &block));
+        float *mine = s == 0 ? own : part[s % 2];
+        if (s > 0)
+            memset(mine, 0, count * sizeof(float));
+        AJ_TRY(bwd_block(p, kern, a, block, s, dq_acc, mine, parts, reqs, 2));
+        AJ_TRY(exchange_finish(p, &reqs[1]));
+        if (incoming)
+            add_f32(own, in, count);
+        incoming = false;
+        if (s > 0) {
+            const int home = (r - s + P) % P, from = (r + s) % P;
+            incoming = needs(p, from, r);
+            AJ_TRY(exchange_with(p, &reqs[1], "dK/dV", mine, in, count * sizeof(float),
+                                 needs(p, r, home) ? home : -1, incoming ? from : -1,
+                                 TAG_DKV));
+        }
+        AJ_TRY(exchange_finish(p, &reqs[0]));
+    }
+    AJ_TRY(exchange_finish(p, &reqs[1]));
+    if (incoming)
+        add_f32(own, in, count);
 done:
     return st;
 }
@@ -1374,6 +1674,16 @@ aj_status aj_ring_backward_group(aj_ctx *ctx, aj_device *dev, aj_comm *comm, con
     float *own = NULL;    /* this rank's dK/dV, f32, when done */
     if (seg) {
         AJ_TRY(bwd_shared(&p, &kern, &shards, seg, &lay, (float *)dq_acc, &parts, &reqs[0], &own));
+    } else if (args->rotate == AJ_ROTATE_P2P && p.need) {
+        AJ_TRY(alloc_host(&p, kv_bytes, 0, &kv[1]));
+        AJ_TRY(alloc_host(&p, dkv_count * sizeof(float), 1, &acc[0]));
+        AJ_TRY(alloc_host(&p, dkv_count * sizeof(float), 0, &acc[1]));
+        AJ_TRY(alloc_host(&p, dkv_count * sizeof(float), 0, &step));
+        AJ_TRY(alloc_host(&p, dkv_count * sizeof(float), 0, &gathered));
+        float *part[2] = {step, acc[1]};
+        own = acc[0];
+        AJ_TRY(bwd_p2p_home(&p, &kern, &shards, kv, kv_dev, (float *)dq_acc, &parts, own, part,
+                            gathered, reqs));
     } else if (args->rotate == AJ_ROTATE_P2P) {
         AJ_TRY(alloc_host(&p, kv_bytes, 0, &kv[1]));
         AJ_TRY(alloc_host(&p, dkv_count * sizeof(float), 1, &acc[0]));
@@ -1382,8 +1692,7 @@ aj_status aj_ring_backward_group(aj_ctx *ctx, aj_device *dev, aj_comm *comm, con
         int kc = 0, ac = 0;
         for (int s = 0; s < p.size; s++) {
             if (s < p.size - 1)
-                AJ_TRY(exchange_start(&p, &reqs[0], "K/V", kv[kc], kv[kc ^ 1], kv_bytes,
-                                      TAG_KV));
+                AJ_TRY(kv_exchange(&p, &reqs[0], s, kv[kc], kv[kc ^ 1], kv_bytes));
             AJ_TRY(visiting_block(&p, kv_dev, kv[kc], kv_bytes, &block));
             memset(step, 0, dkv_count * sizeof(float));
             AJ_TRY(bwd_block(&p, &kern, &shards, block, s, dq_acc, step, &parts, reqs, 2));
@@ -1391,10 +1700,7 @@ aj_status aj_ring_backward_group(aj_ctx *ctx, aj_device *dev, aj_comm *comm, con
              * received from rank r-1 */
             AJ_TRY(exchange_finish(&p, &reqs[1]));
             double t0 = aj_now();
-            float *a = acc[ac];
-            const float *add = step;
-            for (size_t i = 0; i < dkv_count; i++)
-                a[i] += add[i];
+            add_f32(acc[ac], step, dkv_count);
             p.stats->compute_s += aj_now() - t0;
             if (p.size > 1) {
                 AJ_TRY(exchange_start(&p, &reqs[1], "dK/dV", acc[ac], acc[ac ^ 1],
@@ -1410,14 +1716,7 @@ aj_status aj_ring_backward_group(aj_ctx *ctx, aj_device *dev, aj_comm *comm, con
         AJ_TRY(alloc_host(&p, kv_bytes * (size_t)p.size, 0, &gathered));
         AJ_TRY(alloc_host(&p, dkv_count * sizeof(float) * (size_t)p.size, 1, &all_dkv));
         AJ_TRY(alloc_host(&p, dkv_count * sizeof(float), 0, &step));
-        if (p.size > 1) {
-            double t0 = aj_now();
-            AJ_TRY(collective_status(&p, comm->engine->allgather(comm, kv[0], gathered,
-                                                                 kv_bytes)));
-            count_collective(&p, t0);
-        } else {
-            memcpy(gathered, kv[0], kv_bytes);
-        }
+        AJ_TRY(gather_blocks(&p, kv[0], gathered, kv_bytes));
         for (int s = 0; s < p.size; s++) {
             const size_t src = (size_t)step_src(&p, s);
             AJ_TRY(visiting_block(&p, kv_dev, (char *)gathered + src * kv_bytes, kv_bytes,
@@ -1425,7 +1724,17 @@ aj_status aj_ring_backward_group(aj_ctx *ctx, aj_device *dev, aj_comm *comm, con
             AJ_TRY(bwd_block(&p, &kern, &shards, block, s, dq_acc,
                              (float *)all_dkv + src * dkv_count, &parts, reqs, 0));
         }
-        if (p.size > 1) {
+        if (p.size > 1 && p.need) {   /* the parts home, summed there */
+            const size_t bytes = dkv_count * sizeof(float);
+            AJ_TRY(alloc_host(&p, bytes * (size_t)p.size, 0, &acc[0]));
+            AJ_TRY(alltoall_needed(&p, all_dkv, bytes, acc[0], bytes, true));
+            memset(step, 0, bytes);
+            for (int r = 0; r < p.size; r++)
+                if (needs(&p, r, p.rank))
+                    add_f32((float *)step, (const float *)acc[0] + (size_t)r * dkv_count,
+                            dkv_count);
+            own = step;
+        } else if (p.size > 1) {
             double t0 = aj_now();
             AJ_TRY(collective_status(&p, comm->engine->reduce_scatter_f32(comm, all_dkv, step,
                                                                           dkv_count)));

@@ -27,6 +27,12 @@
  *   hybrid forward     Ulysses' with U for P                (in the groups)
  *                    + (R-1) B Hkv L (D + Dv) e             (the ring across)
  *   ring p2p backward  (P-1) B Hkv L (D + Dv) e + P B Hkv L (D + Dv) 4
+ *   ring, packed docs  n_kv Hkv L_max (D + Dv) e  [+ n_dkv Hkv L_max (D + Dv) 4]
+ *
+ * (packed documents, layout = varlen: only the blocks a rank needs move;
+ * n_kv, n_dkv count them per rank, L_max is the longest key shard:
+ * docs/ring.md, "No transfer where a rank needs none of a peer's keys";
+ * the cases here are padded, where every rank needs every block)
  *
  * (L: the per-rank length, e: bytes per element; measured is the formula
  * plus the opening agreement, (P-1) x 152 bytes -- the ring's formula is

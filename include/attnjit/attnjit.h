@@ -1113,7 +1113,9 @@ aj_status aj_unshard_varlen(aj_ctx *ctx, aj_cp_method method, aj_shard_layout la
 typedef struct aj_ring_stats {
     int32_t rotations;       /* buffer exchanges with the neighbours (p2p:
                                 forward P-1, backward 2P-1; 0 for P = 1)
-                                or collectives (all-gather) */
+                                or collectives (all-gather); packed
+                                documents over messages: the exchanges
+                                this rank posts (docs/ring.md) */
     int32_t launches;        /* kernel launches: full + partial blocks */
     int32_t full_blocks;     /* launched without the mask: all visible */
     int32_t partial_blocks;  /* launched with the mask */

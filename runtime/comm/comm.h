@@ -34,7 +34,9 @@ typedef struct aj_comm_req {
 typedef struct aj_comm_engine {
     const char *name;
     /* Starts sending `bytes` of `send` to rank `to` and receiving as many
-     * into `recv` from rank `from`. */
+     * into `recv` from rank `from`; to < 0 sends nothing, from < 0
+     * receives nothing (a one-sided exchange: the ring's skipped
+     * transfers, ring.c). */
     aj_status (*exchange_start)(aj_comm *comm, const void *send, void *recv, size_t bytes,
                                 int to, int from, int tag, aj_comm_req *req);
     /* Progresses the exchange; *done tells whether it completed. */

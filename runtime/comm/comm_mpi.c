@@ -103,16 +103,18 @@ static aj_status mpi_exchange_start(aj_comm *comm, const void *send, void *recv,
     r[0] = r[1] = MPI_REQUEST_NULL;
     m->fence = false;
     /* The receive first, so an eager message from `from` lands directly. */
-    int rc = MPI_Irecv(recv, (int)bytes, MPI_BYTE, from, tag, mpi_comm_of(comm), &r[0]);
+    int rc = MPI_Irecv(recv, (int)bytes, MPI_BYTE, from < 0 ? MPI_PROC_NULL : from, tag,
+                       mpi_comm_of(comm), &r[0]);
     if (rc != MPI_SUCCESS)
         return mpi_fail(comm, rc, "MPI_Irecv");
-    rc = MPI_Isend(send, (int)bytes, MPI_BYTE, to, tag, mpi_comm_of(comm), &r[1]);
+    rc = MPI_Isend(send, (int)bytes, MPI_BYTE, to < 0 ? MPI_PROC_NULL : to, tag,
+                   mpi_comm_of(comm), &r[1]);
     if (rc != MPI_SUCCESS) {
         MPI_Cancel(&r[0]);
         MPI_Request_free(&r[0]);
         return mpi_fail(comm, rc, "MPI_Isend");
     }
-    if (to != comm->rank)
+    if (to >= 0 && to != comm->rank)
         aj_comm_count_sent(comm, bytes);
     return AJ_OK;
 }

@@ -351,11 +351,14 @@ static int post_exchange(nccl_state *s, nccl_slot *slot, const void *args)
     int r = nccl.GroupStart();
     if (r != NCCL_SUCCESS)
         return r;
-    int send = nccl.Send((const void *)(uintptr_t)slot->dev_send, a->bytes, NCCL_INT8, a->to,
-                         s->comm, s->stream);
-    int recv = send == NCCL_SUCCESS ? nccl.Recv((void *)(uintptr_t)slot->dev_recv, a->bytes,
-                                                NCCL_INT8, a->from, s->comm, s->stream)
-                                    : send;
+    /* a negative peer: that side of the exchange is skipped */
+    int send = a->to < 0 ? NCCL_SUCCESS
+                         : nccl.Send((const void *)(uintptr_t)slot->dev_send, a->bytes,
+                                     NCCL_INT8, a->to, s->comm, s->stream);
+    int recv = send != NCCL_SUCCESS || a->from < 0
+                   ? send
+                   : nccl.Recv((void *)(uintptr_t)slot->dev_recv, a->bytes, NCCL_INT8,
+                               a->from, s->comm, s->stream);
     /* the group is closed whatever happened inside it */
     int end = nccl.GroupEnd();
     return recv != NCCL_SUCCESS ? recv : end;
@@ -387,10 +390,10 @@ static aj_status nccl_exchange_start(aj_comm *comm, const void *send, void *recv
     }
     pop_ctx(comm);
     if (st == AJ_OK) {
-        if (to != comm->rank)
+        if (to >= 0 && to != comm->rank)
             aj_comm_count_sent(comm, bytes);
         slot->busy = true;
-        const nccl_req r = {index, recv, bytes};
+        const nccl_req r = {index, from < 0 ? NULL : recv, bytes};   /* NULL: nothing comes */
         memcpy(req->impl, &r, sizeof r);
     }
 done:
@@ -416,7 +419,8 @@ static aj_status nccl_exchange_test(aj_comm *comm, aj_comm_req *req, bool *done)
     st = poll_slot(comm, slot, "an exchange", done);
     pop_ctx(comm);
     if (st == AJ_OK && *done) {
-        memcpy(r.recv, slot->host_recv, r.bytes);
+        if (r.recv)
+            memcpy(r.recv, slot->host_recv, r.bytes);
         slot->busy = false;
     }
 done:

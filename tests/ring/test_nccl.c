@@ -156,6 +156,24 @@ static void check_own_comm(void)
         CHECK_MSG(in[i] == 10 * from + i + 1, "rank %d: exchange %d got %d", rank, i, in[i]);
     }
 
+    /* one-sided (the ring's skipped transfers): rank 0 sends to rank 1,
+     * which only receives; the others post nothing.  Only what is sent
+     * counts, and a rank that receives nothing keeps its buffer. */
+    if (rank < 2) {
+        const uint64_t sent_before = aj_comm_bytes_sent(comm);
+        unsigned char one = (unsigned char)(rank + 42), got = 7;
+        aj_comm_req req = {.what = "K/V"};
+        nccl_log_clear();
+        CHECK_STATUS(ctx, comm->engine->exchange_start(comm, &one, &got, 1, rank == 0 ? 1 : -1,
+                                                       rank == 0 ? -1 : 0, 3, &req), AJ_OK);
+        req.active = true;
+        CHECK_STATUS(ctx, aj_comm_wait(comm, &req, "test", NULL), AJ_OK);
+        CHECK_MSG(got == (rank == 0 ? 7 : 42), "rank %d: one-sided exchange got %d", rank, got);
+        CHECK(aj_comm_bytes_sent(comm) - sent_before == (rank == 0 ? 1u : 0u));
+        CHECK_LOGGED(rank == 0 ? "GroupStart\nSend count=1 type=0 peer=1 comm=own\nGroupEnd\n"
+                               : "GroupStart\nRecv count=1 type=0 peer=0 comm=own\nGroupEnd\n");
+    }
+
     unsigned char mine[24], all[MAX_P * 24];
     for (size_t i = 0; i < sizeof mine; i++)
         mine[i] = pattern(rank + 7, i);

@@ -82,6 +82,7 @@ typedef struct ring_case {
     const int *docs;
     int ulysses_size;             /* method = hybrid's U */
     int head_mask;                /* mask = HEAD_MASK: a window that narrows with h */
+    const char *mask_expr;        /* an expression mask (over b, q, k) instead of `mask` */
 } ring_case;
 
 static const char *const method_names[AJ_METHOD_COUNT] = {"ring", "ulysses", "hybrid"};
@@ -93,41 +94,41 @@ static const char *const method_names[AJ_METHOD_COUNT] = {"ring", "ulysses", "hy
 static const ring_case cases[] = {
     {"f32 causal top_left, contiguous, p2p", AJ_DTYPE_F32, AJ_MASK_CAUSAL,
      AJ_ALIGN_TOP_LEFT, 0, 0, 2, 2, 8, 8, AJ_SHARD_CONTIGUOUS, AJ_ROTATE_P2P, 0, 0, 0, 0, 0,
-     AJ_METHOD_RING, 0, 0, NULL, 0, 0},
+     AJ_METHOD_RING, 0, 0, NULL, 0, 0, NULL},
     {"f32 causal top_left, zigzag, p2p, GQA", AJ_DTYPE_F32, AJ_MASK_CAUSAL,
      AJ_ALIGN_TOP_LEFT, 0, 0, 2, 1, 8, 8, AJ_SHARD_ZIGZAG, AJ_ROTATE_P2P, 0, 0, 0, 0, 0,
-     AJ_METHOD_RING, 0, 0, NULL, 0, 0},
+     AJ_METHOD_RING, 0, 0, NULL, 0, 0, NULL},
     {"f16 causal bottom_right (Sk = 2 Sq), zigzag, p2p", AJ_DTYPE_F16, AJ_MASK_CAUSAL,
      AJ_ALIGN_BOTTOM_RIGHT, 0, 0, 2, 1, 4, 8, AJ_SHARD_ZIGZAG, AJ_ROTATE_P2P, 0, 0, 0, 0, 0,
-     AJ_METHOD_RING, 0, 0, NULL, 0, 0},
+     AJ_METHOD_RING, 0, 0, NULL, 0, 0, NULL},
     {"bf16 no mask, GQA 4:2, contiguous, all-gather", AJ_DTYPE_BF16, AJ_MASK_NONE,
      AJ_ALIGN_TOP_LEFT, 0, 0, 4, 2, 8, 8, AJ_SHARD_CONTIGUOUS, AJ_ROTATE_ALLGATHER, 0, 0, 0, 0, 0,
-     AJ_METHOD_RING, 0, 0, NULL, 0, 0},
+     AJ_METHOD_RING, 0, 0, NULL, 0, 0, NULL},
     {"f32 window(3, 2), zigzag, all-gather", AJ_DTYPE_F32, AJ_MASK_WINDOW,
      AJ_ALIGN_TOP_LEFT, 3, 2, 2, 2, 8, 8, AJ_SHARD_ZIGZAG, AJ_ROTATE_ALLGATHER, 0, 0, 0, 0, 0,
-     AJ_METHOD_RING, 0, 0, NULL, 0, 0},
+     AJ_METHOD_RING, 0, 0, NULL, 0, 0, NULL},
     {"f16 window(5, 0, bottom_right) + alibi (Sq = 2 Sk), contiguous, p2p", AJ_DTYPE_F16,
      AJ_MASK_WINDOW, AJ_ALIGN_BOTTOM_RIGHT, 5, 0, 2, 1, 8, 4, AJ_SHARD_CONTIGUOUS,
      AJ_ROTATE_P2P, 1, 0, 0, 0, 0,
-     AJ_METHOD_RING, 0, 0, NULL, 0, 0},
+     AJ_METHOD_RING, 0, 0, NULL, 0, 0, NULL},
     {"f32 causal top_left + dropout 0.25, zigzag, p2p", AJ_DTYPE_F32, AJ_MASK_CAUSAL,
      AJ_ALIGN_TOP_LEFT, 0, 0, 2, 2, 8, 8, AJ_SHARD_ZIGZAG, AJ_ROTATE_P2P, 0, 0.25, 0, 0, 0,
-     AJ_METHOD_RING, 0, 0, NULL, 0, 0},
+     AJ_METHOD_RING, 0, 0, NULL, 0, 0, NULL},
     {"bf16 flash causal bottom_right + dropout 0.1, zigzag, p2p, GQA", AJ_DTYPE_BF16,
      AJ_MASK_CAUSAL, AJ_ALIGN_BOTTOM_RIGHT, 0, 0, 2, 1, 16, 16, AJ_SHARD_ZIGZAG,
      AJ_ROTATE_P2P, 0, 0.1, 1, 0, 0,
-     AJ_METHOD_RING, 0, 0, NULL, 0, 0},
+     AJ_METHOD_RING, 0, 0, NULL, 0, 0, NULL},
     {"f32 document mask (documents of 5), zigzag, p2p", AJ_DTYPE_F32, AJ_MASK_NONE,
      AJ_ALIGN_TOP_LEFT, 0, 0, 2, 1, 8, 8, AJ_SHARD_ZIGZAG, AJ_ROTATE_P2P, 0, 0, 0, 5, 0,
-     AJ_METHOD_RING, 0, 0, NULL, 0, 0},
+     AJ_METHOD_RING, 0, 0, NULL, 0, 0, NULL},
     {"f16 causal + relative bias table, contiguous, all-gather", AJ_DTYPE_F16,
      AJ_MASK_CAUSAL, AJ_ALIGN_TOP_LEFT, 0, 0, 2, 2, 8, 8, AJ_SHARD_CONTIGUOUS,
      AJ_ROTATE_ALLGATHER, 0, 0, 0, 0, 1,
-     AJ_METHOD_RING, 0, 0, NULL, 0, 0},
+     AJ_METHOD_RING, 0, 0, NULL, 0, 0, NULL},
     {"bf16 flash document mask (documents of 3) + relative bias, contiguous, p2p",
      AJ_DTYPE_BF16, AJ_MASK_NONE, AJ_ALIGN_TOP_LEFT, 0, 0, 2, 2, 16, 16, AJ_SHARD_CONTIGUOUS,
      AJ_ROTATE_P2P, 0, 0, 1, 3, 1,
-     AJ_METHOD_RING, 0, 0, NULL, 0, 0},
+     AJ_METHOD_RING, 0, 0, NULL, 0, 0, NULL},
 };
 
 /* Any length (issue 20), with each method: every mask family x lengths 1
@@ -181,18 +182,19 @@ static const struct uly_heads {
  * window) masks over documents of length 1, documents shorter than P, and
  * a mix (Ulysses runs the single-rank varlen kernel whole, which the
  * kernel tests cover mask by mask; each mask costs its kernels' compile),
- * Ulysses with dropout (the ring refuses it for packed documents; not
+ * Ulysses with dropout (the ring's below, with documents' own b; not
  * over documents of length 1, whose exact dQ and dK are 0: a row of one
  * key has dS = P (dP m - dO.O) = 0, and f16's rounding of O = m V leaves
  * only noise to compare);
  * the flash variant (on sim the efficient backward has no varlen);
  * `small` (sim) takes the first mask and set only. */
-enum { VARLEN_MASKS = 2, VARLEN_SETS = 3,
-       VARLEN_MAX_CASES = (AJ_METHOD_ULYSSES + 1) * VARLEN_MASKS * VARLEN_SETS };
+enum { VARLEN_MASKS = 2, VARLEN_SETS = 4, VARLEN_BY_DOC = 2,
+       VARLEN_MAX_CASES = (AJ_METHOD_ULYSSES + 1) * VARLEN_MASKS * VARLEN_SETS + VARLEN_BY_DOC };
 static const int varlen_sets[VARLEN_SETS][8] = {
-    {1, 2, 5, 0}, {1, 1, 1, 0}, {7, 1, 2, 13, 3, 0}};
+    {1, 2, 5, 0}, {1, 1, 1, 0}, {7, 1, 2, 13, 3, 0}, {3, 1, 2, 3, 2, 0}};
 static const char *const varlen_set_names[VARLEN_SETS] = {
-    "documents 1, 2, 5", "documents of length 1", "documents 7, 1, 2, 13, 3"};
+    "documents 1, 2, 5", "documents of length 1", "documents 7, 1, 2, 13, 3",
+    "documents 3, 1, 2, 3, 2"};
 
 static int generated_varlen_cases(ring_case *out, char (*labels)[112], int small)
 {
@@ -218,6 +220,23 @@ static int generated_varlen_cases(ring_case *out, char (*labels)[112], int small
                                      .method = (aj_cp_method)method, .docs = varlen_sets[d]};
                 n++;
             }
+    /* the ring's launches as the documents' own batch index (issue 20):
+     * dropout's Philox stream per document, and a mask reading b (each
+     * document's causal band shifted by its index); sim: the first */
+    for (int i = 0; i < (small ? 1 : VARLEN_BY_DOC); i++) {
+        const int by_b = i == 1;
+        snprintf(labels[n], 112, "varlen ring f16 flash %s, %s, %s",
+                 by_b ? "expr(k + b % 2 <= q)" : "causal top_left + dropout 0.25",
+                 by_b ? "contiguous, all-gather" : "zigzag", varlen_set_names[by_b ? 3 : 2]);
+        out[n] = (ring_case){.label = labels[n], .dtype = AJ_DTYPE_F16, .flash = 1,
+                             .mask = by_b ? AJ_MASK_NONE : AJ_MASK_CAUSAL,
+                             .mask_expr = by_b ? "k + b % 2 <= q" : NULL, .dropout = by_b ? 0 : 0.25,
+                             .align = AJ_ALIGN_TOP_LEFT, .hq = 2 * size, .hkv = size,
+                             .layout = by_b ? AJ_SHARD_CONTIGUOUS : AJ_SHARD_ZIGZAG,
+                             .rotate = by_b ? AJ_ROTATE_ALLGATHER : AJ_ROTATE_P2P,
+                             .method = AJ_METHOD_RING, .docs = varlen_sets[by_b ? 3 : 2]};
+        n++;
+    }
     return n;
 }
 
@@ -347,6 +366,20 @@ static int64_t shard_len(const shard_rule *r, int keys, int64_t seq)
     return len;
 }
 
+/* The longest packed key shard of any rank: the ring's block slot. */
+static int64_t longest_varlen_keys(const shard_rule *r)
+{
+    int64_t most = 0;
+    for (int who = 0; who < size; who++) {
+        int32_t n = 0;
+        int64_t len = 0;
+        CHECK_STATUS(ctx, aj_shard_varlen_chunks(ctx, r->method, r->layout, who, size, r->cu_k,
+                                                 r->batch, NULL, 0, &n, &len), AJ_OK);
+        most = len > most ? len : most;
+    }
+    return most;
+}
+
 /* This rank's contiguous shard of a full tensor of H heads, seq positions
  * and W wide (W = 0: an LSE): padded [1, H, seq, W], varlen [seq, H, W]
  * (an LSE [1, H, seq] either way). */
@@ -465,21 +498,19 @@ static int chunks_of(const ring_case *c, int r, int64_t seq, int64_t starts[2], 
     return c->layout == AJ_SHARD_ZIGZAG ? 2 : 1;
 }
 
-/* The blocks this rank launches: each (its Q chunk, any K/V chunk) pair,
- * position by position (and head by head). */
-static void expected_blocks(const ring_case *c, const ref_problem *pr, int *full, int *partial,
-                            int *skipped)
+/* The blocks rank r launches against rank src's K/V, added to *full,
+ * *partial, *skipped: each (Q chunk, K/V chunk) pair, position by
+ * position (and head by head). */
+static void pair_classes(const ring_case *c, const ref_problem *pr, int r, int src, int *full,
+                         int *partial, int *skipped)
 {
     int64_t qs[2], ks[2], ql[2], kl[2];
-    *full = *partial = *skipped = 0;
     /* packed documents: each document's pieces, pairs of pieces only
      * within a document, and no pair with an empty piece */
     for (int d = 0; d < (pr->cu_q ? pr->B : 1); d++) {
-    const int64_t sq = pr->cu_q ? pr->cu_q[d + 1] - pr->cu_q[d] : pr->Sq;
-    const int64_t sk = pr->cu_k ? pr->cu_k[d + 1] - pr->cu_k[d] : pr->Sk;
-    int nq = chunks_of(c, rank, sq, qs, ql);
-    for (int src = 0; src < size; src++) {
-        int nk = chunks_of(c, src, sk, ks, kl);
+        const int64_t sq = pr->cu_q ? pr->cu_q[d + 1] - pr->cu_q[d] : pr->Sq;
+        const int64_t sk = pr->cu_k ? pr->cu_k[d + 1] - pr->cu_k[d] : pr->Sk;
+        const int nq = chunks_of(c, r, sq, qs, ql), nk = chunks_of(c, src, sk, ks, kl);
         for (int a = 0; a < nq; a++)
             for (int b = 0; b < nk; b++) {
                 if (pr->cu_q && (ql[a] == 0 || kl[b] == 0))
@@ -503,7 +534,73 @@ static void expected_blocks(const ring_case *c, const ref_problem *pr, int *full
                     ++*partial;
             }
     }
+}
+
+/* The blocks this rank launches over every step. */
+static void expected_blocks(const ring_case *c, const ref_problem *pr, int *full, int *partial,
+                            int *skipped)
+{
+    *full = *partial = *skipped = 0;
+    for (int src = 0; src < size; src++)
+        pair_classes(c, pr, rank, src, full, partial, skipped);
+}
+
+/* Whether rank r sees any key of rank o's block. */
+static int needs_block(const ring_case *c, const ref_problem *pr, int r, int o)
+{
+    int full = 0, partial = 0, skipped = 0;
+    pair_classes(c, pr, r, o, &full, &partial, &skipped);
+    return r == o || full + partial > 0;
+}
+
+/*
+ * Packed documents on the ring's message paths (p2p over messages,
+ * all-gather): what this rank sends and how many exchanges it posts,
+ * forward [0] and backward [1], from which ranks need which blocks
+ * (docs/ring.md).  A block is a slot of the longest key shard, lk_max
+ * positions of H_kv heads, K and V: `kv` bytes in the op's dtype, `dkv`
+ * as f32 dK/dV.
+ *
+ *   p2p        block o travels o -> o+1 -> ... as far as the furthest
+ *              rank that needs it (reach); the backward's parts go home
+ *              directly, one per (rank, block needed) pair
+ *   all-gather one all-to-all of the blocks needed (and one of the parts)
+ */
+static void varlen_ring_traffic(const ring_case *c, const ref_problem *pr, int64_t lk_max,
+                                uint64_t sent[2], int rotations[2], uint64_t every[2])
+{
+    const int P = size, r = rank;
+    int need[4][4], reach[4] = {0};
+    for (int a = 0; a < P; a++)
+        for (int o = 0; o < P; o++) {
+            need[a][o] = needs_block(c, pr, a, o);
+            if (need[a][o] && (a - o + P) % P > reach[o])
+                reach[o] = (a - o + P) % P;
+        }
+    const uint64_t kv = (uint64_t)(c->hkv * lk_max * 2 * HEAD_DIM) * elem_size(c->dtype);
+    const uint64_t dkv = (uint64_t)(c->hkv * lk_max * 2 * HEAD_DIM) * 4;
+    int kv_sends = 0, kv_posts = 0, part_sends = 0, part_posts = 0;
+    for (int s = 0; s < P; s++) {
+        const int mine = (r - s + P) % P, prev = (r - 1 - s + 2 * P) % P, home = mine;
+        const int from = (r + s) % P;
+        if (c->rotate == AJ_ROTATE_P2P) {
+            kv_sends += s < P - 1 && reach[mine] > s;
+            kv_posts += s < P - 1 && (reach[mine] > s || reach[prev] > s);
+            part_posts += s > 0 && (need[r][home] || need[from][r]);
+        } else {
+            kv_sends += s > 0 && need[from][r];
+        }
+        part_sends += s > 0 && need[r][home];
     }
+    const int p2p = c->rotate == AJ_ROTATE_P2P, collectives = P > 1;
+    rotations[0] = p2p ? kv_posts : collectives;
+    rotations[1] = p2p ? kv_posts + part_posts : 2 * collectives;
+    sent[0] = kv_sends * kv + (uint64_t)(P - 1) * sizeof(aj_cp_call);
+    sent[1] = sent[0] + part_sends * dkv;
+    /* for comparison: the padded rule, every block to every rank (p2p:
+     * P - 1 K/V and P dK/dV exchanges) */
+    every[0] = (uint64_t)(P - 1) * (kv + sizeof(aj_cp_call));
+    every[1] = every[0] + (uint64_t)(p2p ? P : P - 1) * dkv;
 }
 
 /* aj_ring_plan's classes are the ring's: as many launches, full and
@@ -547,7 +644,7 @@ static void check_ring_blocks(const ring_case *c, const ref_problem *pr, const a
               "rotations", rank, c->label, fs->rotations);
     /* a mask over positions has exact classes; one that reads a side
      * tensor sound ones (a skipped block sees nothing, a full one all) */
-    const int exact = !c->doc_len;
+    const int exact = !c->doc_len && !c->mask_expr;
     CHECK_MSG(fs->launches == fs->full_blocks + fs->partial_blocks &&
                   fs->launches + fs->skipped_blocks == full + partial + skipped &&
                   (exact ? fs->full_blocks == full && fs->skipped_blocks == skipped
@@ -622,6 +719,8 @@ static aj_op *parse_op(const ring_case *c, const char *kind)
     else if (c->mask == AJ_MASK_WINDOW)
         snprintf(mask, sizeof mask, "window(%lld, %lld%s)", (long long)c->left,
                  (long long)c->right, c->align == AJ_ALIGN_BOTTOM_RIGHT ? ", bottom_right" : "");
+    else if (c->mask_expr)
+        snprintf(mask, sizeof mask, "expr(%s)", c->mask_expr);
     else
         snprintf(mask, sizeof mask, "%s",
                  c->doc_len ? DOC_MASK : c->head_mask ? HEAD_MASK : "none");
@@ -672,13 +771,20 @@ static void check_other_op(const ring_case *c, aj_comm *comm, const aj_op *fop,
 
 /* The case's forward and backward again with messages instead of shared
  * segments (what the ring does across nodes, comm->messages_only): results
- * bit for bit the same, the same rotations; the shared calls (fwd_sent,
- * bwd_sent) sent nothing but their agreements, the message calls their
- * blocks. */
+ * bit for bit the same; the shared calls (fwd_sent, bwd_sent) sent nothing
+ * but their agreements, the message calls their blocks: padded, in as
+ * many rotations as the shared calls; packed documents (traffic, else
+ * NULL), the bytes and exchanges varlen_ring_traffic gives. */
+typedef struct ring_traffic {
+    uint64_t sent[2];
+    int rotations[2];
+    uint64_t every[2];           /* what moving every block would send */
+} ring_traffic;
+
 static void check_message_path(const ring_case *c, aj_comm *comm, aj_op *fop, aj_op *bop,
                                const aj_ring_fwd_args *fa, const aj_ring_bwd_args *ba,
                                const aj_ring_stats *fs, const aj_ring_stats *bs,
-                               uint64_t fwd_sent, uint64_t bwd_sent)
+                               uint64_t fwd_sent, uint64_t bwd_sent, const ring_traffic *traffic)
 {
     aj_ring_fwd_args f = *fa;
     aj_ring_bwd_args b = *ba;
@@ -693,7 +799,9 @@ static void check_message_path(const ring_case *c, aj_comm *comm, aj_op *fop, aj
     comm->messages_only = true;
     const uint64_t before = aj_comm_bytes_sent(comm);
     CHECK_STATUS(ctx, aj_ring_forward(ctx, dev, comm, fop, &f, &fm), AJ_OK);
+    const uint64_t fwd_msg = aj_comm_bytes_sent(comm) - before;
     CHECK_STATUS(ctx, aj_ring_backward(ctx, dev, comm, bop, &b, &bm), AJ_OK);
+    const uint64_t bwd_msg = aj_comm_bytes_sent(comm) - before - fwd_msg;
     comm->messages_only = false;
     static const char *const names[5] = {"O", "LSE", "dQ", "dK", "dV"};
     for (int t = 0; t < 5; t++) {
@@ -704,11 +812,28 @@ static void check_message_path(const ring_case *c, aj_comm *comm, aj_op *fop, aj
     }
     CHECK_MSG(fm.compile_s == 0 && bm.compile_s == 0, "rank %d: %s: the comm's kept kernels "
               "were compiled again (%g + %g s)", rank, c->label, fm.compile_s, bm.compile_s);
-    CHECK_MSG(fm.rotations == fs->rotations && bm.rotations == bs->rotations, "rank %d: %s: "
-              "rotations %d + %d over messages, %d + %d shared", rank, c->label, fm.rotations,
-              bm.rotations, fs->rotations, bs->rotations);
+    if (traffic)
+        CHECK_MSG(fwd_msg == traffic->sent[0] && bwd_msg == traffic->sent[1] &&
+                      fm.rotations == traffic->rotations[0] &&
+                      bm.rotations == traffic->rotations[1],
+                  "rank %d: %s: over messages sent %llu + %llu bytes in %d + %d exchanges; "
+                  "the formula %llu + %llu in %d + %d", rank, c->label,
+                  (unsigned long long)fwd_msg, (unsigned long long)bwd_msg, fm.rotations,
+                  bm.rotations, (unsigned long long)traffic->sent[0],
+                  (unsigned long long)traffic->sent[1], traffic->rotations[0],
+                  traffic->rotations[1]);
+    if (traffic && rank == 0)
+        printf("  rank 0 over messages: forward %llu of %llu bytes (%.2f), backward %llu of "
+               "%llu (%.2f) that moving every block sends\n", (unsigned long long)fwd_msg,
+               (unsigned long long)traffic->every[0], (double)fwd_msg / traffic->every[0],
+               (unsigned long long)bwd_msg, (unsigned long long)traffic->every[1],
+               (double)bwd_msg / traffic->every[1]);
+    if (!traffic)
+        CHECK_MSG(fm.rotations == fs->rotations && bm.rotations == bs->rotations, "rank %d: "
+                  "%s: rotations %d + %d over messages, %d + %d shared", rank, c->label,
+                  fm.rotations, bm.rotations, fs->rotations, bs->rotations);
     CHECK_MSG(fwd_sent == agreement_bytes() && bwd_sent == agreement_bytes() &&
-                  aj_comm_bytes_sent(comm) - before > 2 * agreement_bytes(),
+                  (traffic || aj_comm_bytes_sent(comm) - before > 2 * agreement_bytes()),
               "rank %d: %s: shared calls sent %llu + %llu bytes, message calls %llu", rank,
               c->label, (unsigned long long)fwd_sent, (unsigned long long)bwd_sent,
               (unsigned long long)(aj_comm_bytes_sent(comm) - before));
@@ -758,7 +883,7 @@ static void run_case(const ring_case *c)
                       .window_left = c->left, .window_right = c->right,
                       .alibi_slopes = c->alibi ? slopes_ref : NULL,
                       .dropout_p = c->dropout, .seed = 7, .offset = 3};
-    if (nside || c->head_mask)
+    if (nside || c->head_mask || c->mask_expr)
         ref_use_expressions(&pr, fop, side, nside);
     const size_t nq = q.n, nk = k.n, rows = (size_t)(B * c->hq * sq);
     double *o_ref = calloc(nq, sizeof(double)), *lse_ref = calloc(rows, sizeof(double));
@@ -884,6 +1009,17 @@ static void run_case(const ring_case *c)
         const int p2p = c->rotate == AJ_ROTATE_P2P;
         CHECK_MSG(bs.rotations == (p2p ? (size > 1 ? 2 * size - 1 : 0) : 2 * (size > 1)),
                   "rank %d: %s: %d backward rotations", rank, c->label, bs.rotations);
+        /* packed documents: only the blocks (and parts) a rank needs move */
+        ring_traffic traffic = {{0}, {0}, {0}};
+        if (c->docs)
+            varlen_ring_traffic(c, &pr, longest_varlen_keys(&rule), traffic.sent,
+                                traffic.rotations, traffic.every);
+        if (c->docs && !p2p)
+            CHECK_MSG(fwd_sent == traffic.sent[0] && bwd_sent == traffic.sent[1],
+                      "rank %d: %s: all-gather sent %llu + %llu bytes, the formula %llu + "
+                      "%llu", rank, c->label, (unsigned long long)fwd_sent,
+                      (unsigned long long)bwd_sent, (unsigned long long)traffic.sent[0],
+                      (unsigned long long)traffic.sent[1]);
         if (p2p && size > 1)
             CHECK(fs.rotations + bs.rotations == 3 * size - 2);
         CHECK(bs.launches == fs.launches && bs.skipped_blocks == fs.skipped_blocks);
@@ -893,7 +1029,8 @@ static void run_case(const ring_case *c)
                            c->docs;
         if (p2p && size > 1 && uneven && aj_device_target(dev) == AJ_TARGET_CPU) {
             check_other_op(c, comm, fop, &fa);
-            check_message_path(c, comm, fop, bop, &fa, &ba, &fs, &bs, fwd_sent, bwd_sent);
+            check_message_path(c, comm, fop, bop, &fa, &ba, &fs, &bs, fwd_sent, bwd_sent,
+                               c->docs ? &traffic : NULL);
         }
         /* aj_ring_plan takes one rank's lengths: even splits only */
         const int parts = L == AJ_SHARD_ZIGZAG ? 2 * size : size;
@@ -984,7 +1121,7 @@ static void run_faulty_peer(peer_fault fault)
 
     const ring_case c = {"silent", AJ_DTYPE_F32, AJ_MASK_NONE, AJ_ALIGN_TOP_LEFT, 0, 0,
                          1, 1, 8, 8, AJ_SHARD_CONTIGUOUS, AJ_ROTATE_P2P, 0, 0, 0, 0, 0,
-                         AJ_METHOD_RING, 0, 0, NULL, 0, 0};
+                         AJ_METHOD_RING, 0, 0, NULL, 0, 0, NULL};
     aj_op *op = parse_op(&c, "forward");
     /* 2 heads: they divide over the ranks for method = ulysses */
     void *m = alloc64(2 * 8 * HEAD_DIM * 4);
@@ -1016,7 +1153,7 @@ static void run_mismatch(void)
     aj_comm *comm = open_comm(30);
     const ring_case c = {"mismatch", AJ_DTYPE_F32, AJ_MASK_CAUSAL, AJ_ALIGN_TOP_LEFT, 0, 0,
                          1, 1, 8, 8, AJ_SHARD_CONTIGUOUS, AJ_ROTATE_P2P, 0, 0, 0, 0, 0,
-                         AJ_METHOD_RING, 0, 0, NULL, 0, 0};
+                         AJ_METHOD_RING, 0, 0, NULL, 0, 0, NULL};
     aj_op *op = parse_op(&c, "forward");
     void *m = alloc64(8 * HEAD_DIM * 4);
     aj_ring_fwd_args fa = AJ_RING_FWD_ARGS_INIT;
@@ -1031,7 +1168,7 @@ static void run_mismatch(void)
     fa.layout = AJ_SHARD_CONTIGUOUS;
     const ring_case none = {"none", AJ_DTYPE_F32, AJ_MASK_NONE, AJ_ALIGN_TOP_LEFT, 0, 0,
                             1, 1, 8, 8, AJ_SHARD_CONTIGUOUS, AJ_ROTATE_P2P, 0, 0, 0, 0, 0,
-                            AJ_METHOD_RING, 0, 0, NULL, 0, 0};
+                            AJ_METHOD_RING, 0, 0, NULL, 0, 0, NULL};
     aj_op *other = parse_op(&none, "forward");
     CHECK_STATUS(ctx, aj_ring_forward(ctx, dev, comm, rank == 1 ? other : op, &fa, NULL),
                  AJ_ERR_INVALID_ARG);
@@ -1049,7 +1186,7 @@ static void run_ulysses_refusals(void)
     aj_comm *comm = open_comm(30);
     ring_case c = {"refusal", AJ_DTYPE_F32, AJ_MASK_CAUSAL, AJ_ALIGN_TOP_LEFT, 0, 0,
                    2, 1, 8, 8, AJ_SHARD_CONTIGUOUS, AJ_ROTATE_P2P, 0, 0, 0, 0, 0,
-                   AJ_METHOD_ULYSSES, 0, 0, NULL, 0, 0};
+                   AJ_METHOD_ULYSSES, 0, 0, NULL, 0, 0, NULL};
     aj_op *op = parse_op(&c, "forward"), *bop = parse_op(&c, "backward");
     void *m = alloc64(2 * 8 * HEAD_DIM * 4);
     aj_ring_fwd_args fa = AJ_RING_FWD_ARGS_INIT;
@@ -1141,12 +1278,6 @@ static void run_varlen_refusals(void)
     ring_case c = {.label = "varlen refusal", .dtype = AJ_DTYPE_F16, .mask = AJ_MASK_CAUSAL,
                    .hq = 2, .hkv = 2, .flash = 1, .docs = docs};
     aj_op *op = parse_op(&c, "forward");
-    c.dropout = 0.1;
-    aj_op *dropout = parse_op(&c, "forward");
-    const char *reads_b = "attention forward flash { dtype = f16 head_dim = 16 layout = varlen "
-                          "mask = expr(k <= q + b) }";
-    aj_op *by_doc = NULL;
-    CHECK_STATUS(ctx, aj_op_parse(ctx, reads_b, strlen(reads_b), "b", &by_doc), AJ_OK);
     void *m = alloc64(8 * 2 * HEAD_DIM * 2);
     const int64_t l = rank == 0 ? 5 : 3;   /* the ring's pieces of documents 1, 2, 5 */
     aj_ring_fwd_args fa = AJ_RING_FWD_ARGS_INIT;
@@ -1157,12 +1288,6 @@ static void run_varlen_refusals(void)
                 "batch >= 1 (the whole packed batch's; got NULL, NULL, batch = 0)");
     fa.cu_seqlens_q = fa.cu_seqlens_k = cu;
     fa.batch = 3;
-    CHECK_STATUS(ctx, aj_ring_forward(ctx, dev, comm, dropout, &fa, NULL), AJ_ERR_UNSUPPORTED);
-    CHECK_ERROR(ctx, "aj_ring_forward: dropout = 0.1 with layout = varlen and method = ring: "
-                "the Philox counter holds the document's index");
-    CHECK_STATUS(ctx, aj_ring_forward(ctx, dev, comm, by_doc, &fa, NULL), AJ_ERR_UNSUPPORTED);
-    CHECK_ERROR(ctx, "aj_ring_forward: the op's expressions read the batch index b: with "
-                "layout = varlen and method = ring");
     fa.method = AJ_METHOD_HYBRID;   /* U = 1, R = 2 */
     fa.ulysses_size = 1;
     CHECK_STATUS(ctx, aj_ring_forward(ctx, dev, comm, op, &fa, NULL), AJ_ERR_UNSUPPORTED);
@@ -1193,8 +1318,6 @@ static void run_varlen_refusals(void)
     CHECK_ERROR(ctx, "aj_shard_varlen: full->seq = 7; the packed batch has cu_seqlens[3] = 8 "
                 "positions");
     aj_op_destroy(op);
-    aj_op_destroy(dropout);
-    aj_op_destroy(by_doc);
     free(m);
     aj_comm_destroy(comm);
 }
