@@ -53,9 +53,9 @@
  * all-to-all gathers them, [L_g, H/U, W], and the varlen ring runs across
  * the groups on them as on its own pieces:
  *
- *   docs 6, 4; P = 4, U = 2, zigzag: each document in 8 chunks
- *   rank 0: d0 [0] [5]    d1 [0]  [3]     group 0 = ranks 0, 1:
- *   rank 1: d0 [1] [4]    d1 [1]  [2]     d0 [0 1] [4 5], d1 [0 1] [2 3]
+ *   P = 4, U = 2, zigzag: each document d in 8 chunks d[0] .. d[7]
+ *   rank 0: a[0] a[7] b[0] b[7]     group 0 = ranks 0, 1:
+ *   rank 1: a[1] a[6] b[1] b[6]     a[0 1] a[6 7] b[0 1] b[6 7]
  */
 #include <math.h>
 #include <stdio.h>
