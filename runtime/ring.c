@@ -1646,10 +1646,9 @@ aj_status aj_ring_backward_group(aj_ctx *ctx, aj_device *dev, aj_comm *comm, con
     const size_t dkv_count = p.k_elems + p.v_elems;
     const size_t dq_count = (size_t)(p.B * p.Hq * p.lq * p.D);
     /* the parts of the longest chunks: longest_chunk's, of the longest
-     * document for packed ones (the first S % n chunks are one longer) */
-    const int64_t chunks = (p.layout == AJ_SHARD_ZIGZAG ? 2 : 1) * (int64_t)p.size;
-    const int64_t cq = p.sh.varlen ? (p.docs.max_q + chunks - 1) / chunks : longest_chunk(&p, p.sq);
-    const int64_t ck = p.sh.varlen ? (p.docs.max_k + chunks - 1) / chunks : longest_chunk(&p, p.sk);
+     * document for packed ones (no chunk of a shorter one is longer) */
+    const int64_t cq = longest_chunk(&p, p.sh.varlen ? p.docs.max_q : p.sq);
+    const int64_t ck = longest_chunk(&p, p.sh.varlen ? p.docs.max_k : p.sk);
     const int64_t width = p.D > p.Dv ? p.D : p.Dv;
     const int64_t chunk = cq > ck ? cq : ck;
     parts.dq_bytes = (size_t)(p.B * p.Hq * cq * p.D) * p.elem;

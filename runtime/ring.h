@@ -89,8 +89,9 @@ bool aj_cp_reads(const aj_score_prog *prog, int var);
 /* Rank `rank`'s pieces of a packed batch of `batch` documents (cu_seqlens
  * [batch + 1], host memory), in local order: method = ring cuts each
  * document by the layout (every rank a part of every document, head and
- * tail for zigzag), Ulysses the packed axis.  chunk.global is the packed
- * position; at most 2 batch pieces; *len their total.  Errors name `fn`. */
+ * tail for zigzag), and so does hybrid; Ulysses the packed axis.
+ * chunk.global is the packed position; at most 2 batch pieces; *len their
+ * total.  Errors name `fn`. */
 aj_status aj_shard_varlen_chunks_any(aj_ctx *ctx, const char *fn, aj_cp_method method,
                                      aj_shard_layout layout, int rank, int size,
                                      const int32_t *cu_seqlens, int32_t batch,

@@ -126,7 +126,7 @@ aj_status aj_shard_varlen_chunks_any(aj_ctx *ctx, const char *fn, aj_cp_method m
                  (int)batch);
     *count = 0;
     *len = 0;
-    const int per_doc = method == AJ_METHOD_RING;
+    const int per_doc = method != AJ_METHOD_ULYSSES;   /* ring, hybrid */
     for (int32_t b = 0; b < (per_doc ? batch : 1); b++) {
         const int64_t start = per_doc ? cu_seqlens[b] : 0;
         const int64_t n = (per_doc ? cu_seqlens[b + 1] : cu_seqlens[batch]) - start;

@@ -43,11 +43,19 @@
  *
  * U = P is Ulysses, U = 1 the ring (with an all-to-all of one rank).
  *
- * Packed documents (layout = varlen, method = ulysses): a shard is the
+ * Packed documents (layout = varlen), method = ulysses: a shard is the
  * layout's cut of the packed axis, [l_r, H, W]; the all-to-all trades it
  * for [S, H/P, W], the packed batch whole, and the kernel runs once over
- * the caller's cu_seqlens.  method = hybrid refuses them (its ring across
- * the groups would need each group's pieces of every document).
+ * the caller's cu_seqlens.  method = hybrid: a shard is the ring's cut of
+ * each document over the P ranks (aj_shard_varlen_chunks), so group g
+ * holds, document by document, the group runs of that document (the
+ * ring's pieces of it for ring rank g of R with U members); the
+ * all-to-all gathers them, [L_g, H/U, W], and the varlen ring runs across
+ * the groups on them as on its own pieces:
+ *
+ *   P = 4, U = 2, zigzag: each document d in 8 chunks d[0] .. d[7]
+ *   rank 0: a[0] a[7] b[0] b[7]     group 0 = ranks 0, 1:
+ *   rank 1: a[1] a[6] b[1] b[6]     a[0 1] a[6 7] b[0 1] b[6 7]
  */
 #include <math.h>
 #include <stdio.h>
@@ -69,8 +77,10 @@ typedef struct uly_plan {
     aj_comm *a2a;                /* the all-to-all's ranks: comm, or hybrid's group */
     aj_comm *across;             /* hybrid: the ring across the groups; NULL: ulysses */
     int members, first;          /* the group's size U (P: ulysses) and first rank */
-    aj_shard_chunk runs_q[2], runs_k[2];   /* the group's positions */
-    int nruns;
+    aj_shard_chunk *runs_q, *runs_k;   /* the group's positions, in its local order */
+    int32_t nruns_q, nruns_k;
+    aj_shard_chunk *member;      /* room for one rank's chunks (member_chunks) */
+    int per_doc;                 /* hybrid over packed documents: cut document by document */
     int64_t gq, gk;              /* their counts: the head shards' lengths */
     aj_op_info op;
     aj_score_prog prog;
@@ -127,29 +137,95 @@ static int64_t side_digest(const aj_op_info *op, const aj_side_tensor *side, int
     return (int64_t)h;
 }
 
+/* The group's runs of a `seq`-long axis (per_doc: of each document of
+ * cu), in the group's local order, into *runs (allocated; the plan frees
+ * it), their number into *n and their total into *total. */
+static aj_status group_runs(uly_plan *p, const int32_t *cu, int64_t seq, aj_shard_chunk **runs,
+                            int32_t *n, int64_t *total)
+{
+    const int U = p->members, R = p->size / U;
+    const int32_t docs = p->per_doc ? p->docs.batch : 1;
+    *n = 0;
+    *total = 0;
+    *runs = malloc(2 * (size_t)docs * sizeof **runs);
+    if (!*runs)
+        return aj_fail(p->ctx, AJ_ERR_OUT_OF_MEMORY, "%s: out of memory", p->fn);
+    for (int32_t d = 0; d < docs; d++) {
+        const int64_t start = p->per_doc ? cu[d] : 0;
+        const int64_t len = p->per_doc ? cu[d + 1] - cu[d] : seq;
+        aj_shard_chunk c[2];
+        int nc = 0;
+        aj_status st = aj_shard_group_chunks(p->ctx, p->fn, p->layout, p->rank / U, R, U, len,
+                                             c, &nc);
+        if (st != AJ_OK)
+            return st;
+        for (int i = 0; i < nc; i++) {
+            if (c[i].len == 0)
+                continue;
+            (*runs)[(*n)++] = (aj_shard_chunk){.global = start + c[i].global, .local = *total,
+                                               .len = c[i].len};
+            *total += c[i].len;
+        }
+    }
+    return AJ_OK;
+}
+
 /* The group's sub-communicators and positions (hybrid; Ulysses: every
  * rank, the whole sequence). */
 static aj_status plan_group(uly_plan *p)
 {
-    const int U = p->members, R = p->size / U;
     aj_status st = AJ_OK;
     p->a2a = p->comm;
     p->first = 0;
     if (p->method == AJ_METHOD_HYBRID) {
-        AJ_TRY(aj_cp_split(p->ctx, p->fn, p->comm, U, &p->a2a, &p->across));
-        p->first = p->rank - p->rank % U;
+        AJ_TRY(aj_cp_split(p->ctx, p->fn, p->comm, p->members, &p->a2a, &p->across));
+        p->first = p->rank - p->rank % p->members;
     }
-    AJ_TRY(aj_shard_group_chunks(p->ctx, p->fn, p->layout, p->rank / U, R, U, p->sq, p->runs_q,
-                                 &p->nruns));
-    AJ_TRY(aj_shard_group_chunks(p->ctx, p->fn, p->layout, p->rank / U, R, U, p->sk, p->runs_k,
-                                 &p->nruns));
-    p->gq = p->gk = 0;
-    for (int i = 0; i < p->nruns; i++) {
-        p->gq += p->runs_q[i].len;
-        p->gk += p->runs_k[i].len;
-    }
+    AJ_TRY(group_runs(p, p->docs.cu_q, p->sq, &p->runs_q, &p->nruns_q, &p->gq));
+    AJ_TRY(group_runs(p, p->docs.cu_k, p->sk, &p->runs_k, &p->nruns_k, &p->gk));
 done:
     return st;
+}
+
+/* Rank r's chunks of the query (keys: key) positions into p->member;
+ * returns their number.  The plan checked the arguments already. */
+static int32_t member_chunks(const uly_plan *p, int r, int keys)
+{
+    if (p->per_doc) {
+        int32_t n = 0;
+        int64_t len = 0;
+        aj_shard_varlen_chunks_any(p->ctx, p->fn, p->method, p->layout, r, p->size,
+                                   keys ? p->docs.cu_k : p->docs.cu_q, p->docs.batch,
+                                   p->member, &n, &len);
+        return n;
+    }
+    int n = 0;
+    aj_shard_chunks_any(p->ctx, p->fn, p->layout, r, p->size, keys ? p->sk : p->sq, p->member,
+                        &n);
+    return n;
+}
+
+/* hybrid over packed documents: every rank's lengths must be its pieces
+ * of the documents (aj_shard_varlen_chunks); the totals, cu_seqlens'. */
+static aj_status check_doc_lengths(uly_plan *p)
+{
+    p->sq = p->docs.cu_q[p->docs.batch];
+    p->sk = p->docs.cu_k[p->docs.batch];
+    for (int r = 0; r < p->size; r++) {
+        int64_t want[2] = {0, 0};
+        for (int keys = 0; keys < 2; keys++) {
+            const int32_t n = member_chunks(p, r, keys);
+            for (int32_t i = 0; i < n; i++)
+                want[keys] += p->member[i].len;
+        }
+        if (want[0] != p->len_q[r] || want[1] != p->len_k[r])
+            return aj_fail(p->ctx, AJ_ERR_INVALID_ARG, "%s: rank %d holds %lld query and %lld "
+                           "key positions; its pieces of the packed documents are %lld and "
+                           "%lld (aj_shard_varlen_chunks, method = hybrid)", p->fn, r,
+                           (long long)p->len_q[r], (long long)p->len_k[r],
+                           (long long)want[0], (long long)want[1]);
+    }
+    return AJ_OK;
 }
 
 static aj_status plan_call(uly_plan *p, aj_ctx *ctx, aj_device *dev, aj_comm *comm,
@@ -197,14 +273,14 @@ static aj_status plan_call(uly_plan *p, aj_ctx *ctx, aj_device *dev, aj_comm *co
                        p->size, (long long)sh->Hkv, p->members,
                        method == AJ_METHOD_ULYSSES ? "P" : "U");
     AJ_TRY(aj_side_check_names(ctx, p->fn, &p->op, side, num_side));
-    if (sh->varlen && method == AJ_METHOD_HYBRID)
-        return aj_fail(ctx, AJ_ERR_UNSUPPORTED, "%s: packed documents (layout = varlen) with "
-                       "method = hybrid are not supported yet; use method = ring or ulysses",
-                       p->fn);
     p->hq = sh->Hq / p->members;
     p->hkv = sh->Hkv / p->members;
     if (sh->varlen)
         AJ_TRY(aj_cp_read_docs(ctx, p->fn, dev, cu_q, cu_k, batch, &p->docs));
+    p->per_doc = sh->varlen && method == AJ_METHOD_HYBRID;
+    p->member = malloc(2 * (size_t)(p->per_doc ? p->docs.batch : 1) * sizeof *p->member);
+    if (!p->member)
+        return aj_fail(ctx, AJ_ERR_OUT_OF_MEMORY, "%s: out of memory", p->fn);
 
     /* the opening agreement also gathers every rank's lengths */
     const int64_t mine[ULY_FIELDS] = {method, p->op.kind, sh->B, sh->Hq, sh->Hkv,
@@ -224,7 +300,9 @@ static aj_status plan_call(uly_plan *p, aj_ctx *ctx, aj_device *dev, aj_comm *co
         p->len_q[r] = all[r * ULY_FIELDS + FIELD_LQ];
         p->len_k[r] = all[r * ULY_FIELDS + FIELD_LK];
     }
-    if (st == AJ_OK)   /* every rank's lengths must be the layout's shards of the totals */
+    if (st == AJ_OK && p->per_doc)
+        st = check_doc_lengths(p);
+    else if (st == AJ_OK)   /* every rank's lengths must be the layout's shards of the totals */
         st = aj_cp_check_lengths(ctx, p->fn, layout, p->size, all, ULY_FIELDS, FIELD_LQ,
                                  FIELD_LK, &p->sq, &p->sk);
     free(all);
@@ -316,19 +394,19 @@ static int64_t group_local(const aj_shard_chunk *runs, int n, int64_t pos)
 static size_t heads_block(const uly_plan *p, const uly_tensor *t, int peer, char *buf,
                           int into_buf)
 {
-    const int64_t h = t->H / p->members, seq = t->keys ? p->sk : p->sq;
+    const int64_t h = t->H / p->members;
     const int64_t g = t->keys ? p->gk : p->gq;
     const aj_shard_chunk *runs = t->keys ? p->runs_k : p->runs_q;
+    const int32_t nruns = t->keys ? p->nruns_k : p->nruns_q;
     const int64_t l = lengths_of(p, t)[p->first + peer];
-    aj_shard_chunk c[2];
-    int n = 0;
-    aj_shard_chunks_any(p->ctx, p->fn, p->layout, p->first + peer, p->size, seq, c, &n);
+    const aj_shard_chunk *c = p->member;
+    const int32_t n = member_chunks(p, p->first + peer, t->keys);
     if (t->packed) {   /* [L_g, H/U, W]: a chunk's positions are one run */
         const size_t pos = row_bytes(t, h);
-        for (int j = 0; j < n; j++) {
+        for (int32_t j = 0; j < n; j++) {
             if (c[j].len == 0)
                 continue;
-            char *x = (char *)t->heads + (size_t)group_local(runs, p->nruns, c[j].global) * pos;
+            char *x = (char *)t->heads + (size_t)group_local(runs, nruns, c[j].global) * pos;
             char *y = buf + (size_t)c[j].local * pos;
             memcpy(into_buf ? y : x, into_buf ? x : y, (size_t)c[j].len * pos);
         }
@@ -336,10 +414,10 @@ static size_t heads_block(const uly_plan *p, const uly_tensor *t, int peer, char
     }
     const size_t pos = row_bytes(t, 1);
     for (int64_t bi = 0; bi < p->sh.B * h; bi++)
-        for (int j = 0; j < n; j++) {
+        for (int32_t j = 0; j < n; j++) {
             if (c[j].len == 0)
                 continue;
-            const int64_t at = group_local(runs, p->nruns, c[j].global);
+            const int64_t at = group_local(runs, nruns, c[j].global);
             char *x = (char *)t->heads + ((size_t)(bi * g + at)) * pos;
             char *y = buf + ((size_t)(bi * l + c[j].local)) * pos;
             memcpy(into_buf ? y : x, into_buf ? x : y, (size_t)c[j].len * pos);
@@ -541,6 +619,9 @@ static aj_status finish(uly_call *c, aj_device *dev, aj_status st, aj_ring_stats
     }
     aj_kernel_destroy(c->kernel);
     free(c->p.len_q);
+    free(c->p.runs_q);
+    free(c->p.runs_k);
+    free(c->p.member);
     aj_cp_docs_free(&c->p.docs);
     c->stats.total_s = aj_now() - c->start;
     if (stats && st == AJ_OK)

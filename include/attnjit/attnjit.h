@@ -1093,8 +1093,11 @@ aj_status aj_shard_get_chunks(aj_ctx *ctx, aj_shard_layout layout, int rank, int
  * of the packed axis).  method = AJ_METHOD_RING cuts every document by the
  * layout (zigzag: each document's 2P chunks, head and tail, so causal work
  * balances per document; at most 2 batch pieces; a document shorter than
- * 2P leaves some ranks none of it); AJ_METHOD_ULYSSES cuts the packed axis
- * (as aj_shard_length).  chunk.global is the packed position. */
+ * 2P leaves some ranks none of it), and so does AJ_METHOD_HYBRID (as its
+ * padded shards are the ring's: a group of U ranks then holds the head and
+ * tail runs of U consecutive chunks of each document); AJ_METHOD_ULYSSES
+ * cuts the packed axis (as aj_shard_length).  chunk.global is the packed
+ * position. */
 aj_status aj_shard_varlen_chunks(aj_ctx *ctx, aj_cp_method method, aj_shard_layout layout,
                                  int rank, int size, const int32_t *cu_seqlens, int32_t batch,
                                  aj_shard_chunk *chunks, int32_t cap, int32_t *count,

@@ -114,8 +114,9 @@ want 0 "of the tolerance: match"
 want 0 "ring: 3 ranks, contiguous, p2p, forward + backward, on "
 
 # packed documents (layout = varlen): lengths 5, 1, 13, 2, 3 (T = 24), the
-# ring (each document cut head-tail over the ranks) and Ulysses (the packed
-# axis), forward and backward against one rank
+# ring (each document cut head-tail over the ranks), Ulysses (the packed
+# axis) and hybrid with U = 1 (the ring's cut, the ring across the two
+# groups), forward and backward against one rank
 perl "$root/scripts/npy_docs.pl" cu.npy --offsets 5 1 13 2 3
 for t in q:31 k:32 v:33 do:34; do
   perl "$root/scripts/npy_random.pl" "p${t%%:*}.npy" "${t##*:}" 24 2 64
@@ -123,7 +124,7 @@ done
 packed=("$root/examples/ring/causal_varlen_f16_d64.aj" --device cpu --in q=pq.npy --in k=pk.npy
         --in v=pv.npy --in cu_seqlens_q=cu.npy --in cu_seqlens_k=cu.npy --grad --in do=pdo.npy
         --out o=po.npy --out lse=plse.npy --out dk=pdk.npy --check --workers 1)
-for method in ring ulysses; do
+for method in ring ulysses "hybrid --ulysses-size 1"; do
   "$mpiexec" -n 2 "$aj" ring "${packed[@]}" --method $method --layout zigzag >out.txt 2>&1
   rc=$?
   want 0 "of the tolerance: match"

@@ -177,8 +177,8 @@ static const struct uly_heads {
     {"bf16 flash causal + dropout 0.1 + alibi", AJ_DTYPE_BF16, 0.1, 0, 0, 1, 1, -1},
 };
 
-/* Packed documents (layout = varlen): per method (ring, ulysses; hybrid
- * refuses them: run_varlen_refusals), causal (the ring: and
+/* Packed documents (layout = varlen): per method (ring, ulysses, and
+ * hybrid at U = 2 where P is even), causal (the ring and hybrid: and
  * window) masks over documents of length 1, documents shorter than P, and
  * a mix (Ulysses runs the single-rank varlen kernel whole, which the
  * kernel tests cover mask by mask; each mask costs its kernels' compile),
@@ -189,7 +189,7 @@ static const struct uly_heads {
  * the flash variant (on sim the efficient backward has no varlen);
  * `small` (sim) takes the first mask and set only. */
 enum { VARLEN_MASKS = 2, VARLEN_SETS = 4, VARLEN_BY_DOC = 2,
-       VARLEN_MAX_CASES = (AJ_METHOD_ULYSSES + 1) * VARLEN_MASKS * VARLEN_SETS + VARLEN_BY_DOC };
+       VARLEN_MAX_CASES = AJ_METHOD_COUNT * VARLEN_MASKS * VARLEN_SETS + VARLEN_BY_DOC };
 static const int varlen_sets[VARLEN_SETS][8] = {
     {1, 2, 5, 0}, {1, 1, 1, 0}, {7, 1, 2, 13, 3, 0}, {3, 1, 2, 3, 2, 0}};
 static const char *const varlen_set_names[VARLEN_SETS] = {
@@ -199,25 +199,28 @@ static const char *const varlen_set_names[VARLEN_SETS] = {
 static int generated_varlen_cases(ring_case *out, char (*labels)[112], int small)
 {
     int n = 0;
-    for (int method = 0; method <= AJ_METHOD_ULYSSES; method++)
+    for (int method = 0; method < AJ_METHOD_COUNT; method++)
         for (int m = 0; m < (small || method == AJ_METHOD_ULYSSES ? 1 : VARLEN_MASKS); m++)
             for (int d = 0; d < (small ? 1 : VARLEN_SETS); d++) {
+                const int hybrid = method == AJ_METHOD_HYBRID;
+                if (hybrid && size % 2 != 0)
+                    continue;
                 const aj_shard_layout L = (m + d) % 2 ? AJ_SHARD_CONTIGUOUS : AJ_SHARD_ZIGZAG;
-                const aj_ring_rotate R = d == 2 ? AJ_ROTATE_ALLGATHER : AJ_ROTATE_P2P;
+                const aj_ring_rotate R = d == 2 && method != AJ_METHOD_ULYSSES
+                                             ? AJ_ROTATE_ALLGATHER : AJ_ROTATE_P2P;
                 const int drop = method && d != 1;
                 snprintf(labels[n], 112, "varlen %s f16 flash %s%s, %s%s, %s",
-                         method ? "ulysses" : "ring", m ? "window(2, 1)" : "causal top_left",
+                         method_names[method], m ? "window(2, 1)" : "causal top_left",
                          drop ? " + dropout 0.1" : "",
                          L == AJ_SHARD_ZIGZAG ? "zigzag" : "contiguous",
-                         R == AJ_ROTATE_P2P || method ? "" : ", all-gather",
-                         varlen_set_names[d]);
+                         R == AJ_ROTATE_P2P ? "" : ", all-gather", varlen_set_names[d]);
                 out[n] = (ring_case){.label = labels[n], .dtype = AJ_DTYPE_F16, .flash = 1,
                                      .mask = m ? AJ_MASK_WINDOW : AJ_MASK_CAUSAL,
                                      .align = AJ_ALIGN_TOP_LEFT, .left = 2, .right = 1,
                                      .hq = 2 * size, .hkv = size, .layout = L,
-                                     .rotate = method ? AJ_ROTATE_P2P : R,
-                                     .dropout = drop ? 0.1 : 0,
-                                     .method = (aj_cp_method)method, .docs = varlen_sets[d]};
+                                     .rotate = R, .dropout = drop ? 0.1 : 0,
+                                     .method = (aj_cp_method)method, .docs = varlen_sets[d],
+                                     .ulysses_size = 2 * hybrid};
                 n++;
             }
     /* the ring's launches as the documents' own batch index (issue 20):
@@ -353,29 +356,41 @@ typedef struct shard_rule {
     int32_t batch;
 } shard_rule;
 
-/* This rank's length of a sequence of `seq` (of keys: `keys`). */
-static int64_t shard_len(const shard_rule *r, int keys, int64_t seq)
+/* Rank who's length of a sequence of `seq` (of keys: `keys`). */
+static int64_t rank_len(const shard_rule *r, int who, int keys, int64_t seq)
 {
     if (!r->cu_q)
-        return aj_shard_length(r->layout, rank, size, seq);
+        return aj_shard_length(r->layout, who, size, seq);
     int32_t n = 0;
     int64_t len = 0;
-    CHECK_STATUS(ctx, aj_shard_varlen_chunks(ctx, r->method, r->layout, rank, size,
+    CHECK_STATUS(ctx, aj_shard_varlen_chunks(ctx, r->method, r->layout, who, size,
                                              keys ? r->cu_k : r->cu_q, r->batch, NULL, 0, &n,
                                              &len), AJ_OK);
     return len;
 }
 
-/* The longest packed key shard of any rank: the ring's block slot. */
-static int64_t longest_varlen_keys(const shard_rule *r)
+static int64_t shard_len(const shard_rule *r, int keys, int64_t seq)
+{
+    return rank_len(r, rank, keys, seq);
+}
+
+/* The positions of group g of U ranks (Ulysses: U = P, the whole
+ * sequence; the ring: U = 1, one rank's), and the longest group's: the
+ * block slot of a ring over the groups. */
+static int64_t group_length(const shard_rule *r, int g, int U, int keys, int64_t seq)
+{
+    int64_t n = 0;
+    for (int u = 0; u < U; u++)
+        n += rank_len(r, g * U + u, keys, seq);
+    return n;
+}
+
+static int64_t longest_group(const shard_rule *r, int U, int keys, int64_t seq)
 {
     int64_t most = 0;
-    for (int who = 0; who < size; who++) {
-        int32_t n = 0;
-        int64_t len = 0;
-        CHECK_STATUS(ctx, aj_shard_varlen_chunks(ctx, r->method, r->layout, who, size, r->cu_k,
-                                                 r->batch, NULL, 0, &n, &len), AJ_OK);
-        most = len > most ? len : most;
+    for (int g = 0; g < size / U; g++) {
+        const int64_t n = group_length(r, g, U, keys, seq);
+        most = n > most ? n : most;
     }
     return most;
 }
@@ -478,20 +493,29 @@ static void tolerance_for(aj_dtype dtype, double *atol, double *rtol)
 
 /* ---------------------------------------------------------------- blocks */
 
-/* The global positions of rank r's chunks, starts[] and lens[]: the
+/* The ranks a ring rank stands for: hybrid's U (the ring runs across
+ * its groups), else 1. */
+static int ring_members(const ring_case *c)
+{
+    return c->method == AJ_METHOD_HYBRID ? c->ulysses_size : 1;
+}
+
+/* The global positions of ring rank r's chunks, starts[] and lens[]: the
  * sequence dealt out into n chunks (P contiguous, 2P zigzag), the first
- * seq % n one position longer. */
+ * seq % n one position longer; a hybrid group's runs of U of them. */
 static int chunks_of(const ring_case *c, int r, int64_t seq, int64_t starts[2], int64_t lens[2])
 {
-    const int n = c->layout == AJ_SHARD_ZIGZAG ? 2 * size : size;
-    const int want[2] = {r, n - 1 - r};
+    const int n = c->layout == AJ_SHARD_ZIGZAG ? 2 * size : size, U = ring_members(c);
+    const int first[2] = {r * U, n - r * U - U};
     int64_t at = 0;
+    lens[0] = lens[1] = 0;
     for (int chunk = 0; chunk < n; chunk++) {
         const int64_t len = seq / n + (chunk < seq % n);
         for (int w = 0; w < 2; w++)
-            if (chunk == want[w]) {
-                starts[w] = at;
-                lens[w] = len;
+            if (chunk >= first[w] && chunk < first[w] + U) {
+                if (chunk == first[w])
+                    starts[w] = at;
+                lens[w] += len;
             }
         at += len;
     }
@@ -565,11 +589,15 @@ static int needs_block(const ring_case *c, const ref_problem *pr, int r, int o)
  *              rank that needs it (reach); the backward's parts go home
  *              directly, one per (rank, block needed) pair
  *   all-gather one all-to-all of the blocks needed (and one of the parts)
+ *
+ * Hybrid: the ring across the R = P / U groups, ring rank r / U, on
+ * H_kv / U heads, after the call's own agreement (the ring makes none).
  */
 static void varlen_ring_traffic(const ring_case *c, const ref_problem *pr, int64_t lk_max,
                                 uint64_t sent[2], int rotations[2], uint64_t every[2])
 {
-    const int P = size, r = rank;
+    const int U = ring_members(c), P = size / U, r = rank / U;
+    const uint64_t agree = U == 1 ? sizeof(aj_cp_call) : 0;
     int need[4][4], reach[4] = {0};
     for (int a = 0; a < P; a++)
         for (int o = 0; o < P; o++) {
@@ -577,8 +605,8 @@ static void varlen_ring_traffic(const ring_case *c, const ref_problem *pr, int64
             if (need[a][o] && (a - o + P) % P > reach[o])
                 reach[o] = (a - o + P) % P;
         }
-    const uint64_t kv = (uint64_t)(c->hkv * lk_max * 2 * HEAD_DIM) * elem_size(c->dtype);
-    const uint64_t dkv = (uint64_t)(c->hkv * lk_max * 2 * HEAD_DIM) * 4;
+    const uint64_t kv = (uint64_t)(c->hkv / U * lk_max * 2 * HEAD_DIM) * elem_size(c->dtype);
+    const uint64_t dkv = (uint64_t)(c->hkv / U * lk_max * 2 * HEAD_DIM) * 4;
     int kv_sends = 0, kv_posts = 0, part_sends = 0, part_posts = 0;
     for (int s = 0; s < P; s++) {
         const int mine = (r - s + P) % P, prev = (r - 1 - s + 2 * P) % P, home = mine;
@@ -595,11 +623,11 @@ static void varlen_ring_traffic(const ring_case *c, const ref_problem *pr, int64
     const int p2p = c->rotate == AJ_ROTATE_P2P, collectives = P > 1;
     rotations[0] = p2p ? kv_posts : collectives;
     rotations[1] = p2p ? kv_posts + part_posts : 2 * collectives;
-    sent[0] = kv_sends * kv + (uint64_t)(P - 1) * sizeof(aj_cp_call);
+    sent[0] = kv_sends * kv + (uint64_t)(P - 1) * agree;
     sent[1] = sent[0] + part_sends * dkv;
     /* for comparison: the padded rule, every block to every rank (p2p:
      * P - 1 K/V and P dK/dV exchanges) */
-    every[0] = (uint64_t)(P - 1) * (kv + sizeof(aj_cp_call));
+    every[0] = (uint64_t)(P - 1) * (kv + agree);
     every[1] = every[0] + (uint64_t)(p2p ? P : P - 1) * dkv;
 }
 
@@ -654,47 +682,32 @@ static void check_ring_blocks(const ring_case *c, const ref_problem *pr, const a
               skipped);
 }
 
-/* The positions of this rank's group of U ranks (Ulysses: U = P, the
- * whole sequence), and the longest group's. */
-static int64_t group_length(aj_shard_layout L, int group, int U, int64_t seq)
-{
-    int64_t n = 0;
-    for (int u = 0; u < U; u++)
-        n += aj_shard_length(L, group * U + u, size, seq);
-    return n;
-}
-
-static int64_t longest_group(aj_shard_layout L, int U, int64_t seq)
-{
-    int64_t most = 0;
-    for (int g = 0; g < size / U; g++)
-        most = group_length(L, g, U, seq) > most ? group_length(L, g, U, seq) : most;
-    return most;
-}
-
 /* The bytes a Ulysses or hybrid call sends from this rank (docs/ring.md):
  * the opening agreement, then each all-to-all's parts for the other
  * members of the rank's group of U -- in, this rank's positions of the
  * other members' heads; out, the other members' positions of this rank's
  * heads.  Hybrid adds the p2p ring across the R = P / U groups: K/V blocks
  * of H_kv / U heads in slots of the longest group's length, R - 1 of them
- * forward; backward R - 1 of them and R f32 dK/dV blocks. */
-static uint64_t cp_bytes(const ring_case *c, int64_t sq, int64_t sk, int backward)
+ * forward; backward R - 1 of them and R f32 dK/dV blocks; over packed
+ * documents (varlen_sent, else NULL) what varlen_ring_traffic gives. */
+static uint64_t cp_bytes(const ring_case *c, const shard_rule *rule, int64_t sq, int64_t sk,
+                         int backward, const uint64_t *varlen_sent)
 {
     const int64_t e = (int64_t)elem_size(c->dtype), D = HEAD_DIM, B = 1, P = size;
     const int U = c->method == AJ_METHOD_HYBRID ? c->ulysses_size : size, R = size / U;
-    const int64_t lq = aj_shard_length(c->layout, rank, size, sq);
-    const int64_t lk = aj_shard_length(c->layout, rank, size, sk);
-    const int64_t gq = group_length(c->layout, rank / U, U, sq);
-    const int64_t gk = group_length(c->layout, rank / U, U, sk);
+    const int64_t lq = shard_len(rule, 0, sq), lk = shard_len(rule, 1, sk);
+    const int64_t gq = group_length(rule, rank / U, U, 0, sq);
+    const int64_t gk = group_length(rule, rank / U, U, 1, sk);
     /* bytes per position and group-sized head group: q-like and k-like */
     const int64_t q_in = backward ? c->hq * (3 * D * e + 4) : c->hq * D * e;
     const int64_t q_out = backward ? c->hq * D * e : c->hq * (D * e + 4);
     const int64_t k_in = c->hkv * 2 * D * e, k_out = backward ? c->hkv * 2 * D * e : 0;
     const int64_t in = B * (U - 1) * (lq * q_in + lk * k_in) / U;
     const int64_t out = B * ((gq - lq) * q_out + (gk - lk) * k_out) / U;
-    const int64_t block = B * (c->hkv / U) * longest_group(c->layout, U, sk) * 2 * D;
-    const int64_t ring = R == 1 ? 0 : (R - 1) * block * e + (backward ? R * block * 4 : 0);
+    const int64_t block = B * (c->hkv / U) * longest_group(rule, U, 1, sk) * 2 * D;
+    const int64_t ring = varlen_sent ? (int64_t)varlen_sent[backward]
+                         : R == 1   ? 0
+                                    : (R - 1) * block * e + (backward ? R * block * 4 : 0);
     return (uint64_t)(in + out + ring) + (uint64_t)(P - 1) * sizeof(aj_cp_call);
 }
 
@@ -948,13 +961,20 @@ static void run_case(const ring_case *c)
     const int ulysses = c->method == AJ_METHOD_ULYSSES, hybrid = c->method == AJ_METHOD_HYBRID;
     /* hybrid: an all-to-all each way in groups of U, p2p across R */
     const int U = c->ulysses_size, R = hybrid ? size / U : 0;
+    /* packed documents on a ring (hybrid's across the groups): only the
+     * blocks (and parts) a rank needs move */
+    ring_traffic traffic = {{0}, {0}, {0}};
+    if (c->docs && !ulysses)
+        varlen_ring_traffic(c, &pr, longest_group(&rule, ring_members(c), 1, sk), traffic.sent,
+                            traffic.rotations, traffic.every);
+    const uint64_t *varlen_sent = c->docs && hybrid ? traffic.sent : NULL;
     if (ulysses)   /* one all-to-all each way, one launch over the whole sequence */
         CHECK_MSG(fs.rotations == 2 * (size > 1) && fs.launches == 1 &&
                       fs.skipped_blocks == 0, "rank %d: %s: %d forward all-to-alls, %d "
                   "launches", rank, c->label, fs.rotations, fs.launches);
     else if (hybrid)
-        CHECK_MSG(fs.rotations == 2 * (U > 1) + R - 1, "rank %d: %s: %d forward rotations",
-                  rank, c->label, fs.rotations);
+        CHECK_MSG(fs.rotations == 2 * (U > 1) + (varlen_sent ? traffic.rotations[0] : R - 1),
+                  "rank %d: %s: %d forward rotations", rank, c->label, fs.rotations);
     else
         check_ring_blocks(c, &pr, &fs);
 
@@ -997,23 +1017,21 @@ static void run_case(const ring_case *c)
             CHECK_MSG(bs.rotations == 2 * (size > 1) && bs.launches == 1, "rank %d: %s: %d "
                       "backward all-to-alls", rank, c->label, bs.rotations);
         else
-            CHECK_MSG(bs.rotations == 2 * (U > 1) + (R > 1 ? 2 * R - 1 : 0) &&
+            CHECK_MSG(bs.rotations == 2 * (U > 1) + (varlen_sent  ? traffic.rotations[1]
+                                                     : R > 1 ? 2 * R - 1
+                                                             : 0) &&
                           bs.launches == fs.launches && bs.skipped_blocks == fs.skipped_blocks,
                       "rank %d: %s: %d backward rotations", rank, c->label, bs.rotations);
-        CHECK_MSG(fwd_sent == cp_bytes(c, sq, sk, 0) && bwd_sent == cp_bytes(c, sq, sk, 1),
-                  "rank %d: %s: sent %llu + %llu bytes, the formula %llu + %llu", rank,
-                  c->label, (unsigned long long)fwd_sent, (unsigned long long)bwd_sent,
-                  (unsigned long long)cp_bytes(c, sq, sk, 0),
-                  (unsigned long long)cp_bytes(c, sq, sk, 1));
+        const uint64_t formula[2] = {cp_bytes(c, &rule, sq, sk, 0, varlen_sent),
+                                     cp_bytes(c, &rule, sq, sk, 1, varlen_sent)};
+        CHECK_MSG(fwd_sent == formula[0] && bwd_sent == formula[1], "rank %d: %s: sent %llu + "
+                  "%llu bytes, the formula %llu + %llu", rank, c->label,
+                  (unsigned long long)fwd_sent, (unsigned long long)bwd_sent,
+                  (unsigned long long)formula[0], (unsigned long long)formula[1]);
     } else {
         const int p2p = c->rotate == AJ_ROTATE_P2P;
         CHECK_MSG(bs.rotations == (p2p ? (size > 1 ? 2 * size - 1 : 0) : 2 * (size > 1)),
                   "rank %d: %s: %d backward rotations", rank, c->label, bs.rotations);
-        /* packed documents: only the blocks (and parts) a rank needs move */
-        ring_traffic traffic = {{0}, {0}, {0}};
-        if (c->docs)
-            varlen_ring_traffic(c, &pr, longest_varlen_keys(&rule), traffic.sent,
-                                traffic.rotations, traffic.every);
         if (c->docs && !p2p)
             CHECK_MSG(fwd_sent == traffic.sent[0] && bwd_sent == traffic.sent[1],
                       "rank %d: %s: all-gather sent %llu + %llu bytes, the formula %llu + "
@@ -1288,16 +1306,17 @@ static void run_varlen_refusals(void)
                 "batch >= 1 (the whole packed batch's; got NULL, NULL, batch = 0)");
     fa.cu_seqlens_q = fa.cu_seqlens_k = cu;
     fa.batch = 3;
-    fa.method = AJ_METHOD_HYBRID;   /* U = 1, R = 2 */
-    fa.ulysses_size = 1;
-    CHECK_STATUS(ctx, aj_ring_forward(ctx, dev, comm, op, &fa, NULL), AJ_ERR_UNSUPPORTED);
-    CHECK_ERROR(ctx, "aj_ring_forward: packed documents (layout = varlen) with method = hybrid "
-                "are not supported yet; use method = ring or ulysses");
-    fa.method = AJ_METHOD_RING;
-    fa.ulysses_size = 0;
-    /* every rank holding 4 positions: not the ring's pieces */
+    /* every rank holding 4 positions: not the ring's pieces, which
+     * method = hybrid takes too (U = 1, R = 2) */
     fa.q = fa.k = fa.v = fa.o = rows_view(&c, m, AJ_DTYPE_F16, 2, 4, HEAD_DIM);
     fa.lse = rows_view(&c, m, AJ_DTYPE_F32, 2, 4, 0);
+    fa.method = AJ_METHOD_HYBRID;
+    fa.ulysses_size = 1;
+    CHECK_STATUS(ctx, aj_ring_forward(ctx, dev, comm, op, &fa, NULL), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "aj_ring_forward: rank 0 holds 4 query and 4 key positions; its pieces of "
+                "the packed documents are 5 and 5 (aj_shard_varlen_chunks, method = hybrid)");
+    fa.method = AJ_METHOD_RING;
+    fa.ulysses_size = 0;
     CHECK_STATUS(ctx, aj_ring_forward(ctx, dev, comm, op, &fa, NULL), AJ_ERR_INVALID_ARG);
     CHECK_ERROR(ctx, "aj_ring_forward: rank 0 holds 4 query and 4 key positions; its pieces of "
                 "the packed documents are 5 and 5 (aj_shard_varlen_chunks, method = ring)");
