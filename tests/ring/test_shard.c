@@ -136,7 +136,7 @@ static void check_any_length(aj_shard_layout layout, int size)
     CHECK(aj_shard_length((aj_shard_layout)7, 0, size, 8) == -1);
 }
 
-/* Packed documents (lengths 1, 0, 2, 5, 9): the ring's rule gives rank r
+/* Packed documents (lengths 1, 0, 2, 5, 9): the ring's rule (hybrid's too) gives rank r
  * the layout's chunks of each document in document order (checked
  * against aj_shard_chunks_any's positions per document), Ulysses' the
  * packed axis's; every position lands on one rank, and shard / unshard
@@ -162,9 +162,11 @@ static void check_varlen(aj_shard_layout layout, int size)
             /* the positions rank r should hold, in order */
             int32_t want[17];
             int64_t n = 0;
-            for (int32_t d = 0; d < (m == AJ_METHOD_RING ? batch : 1); d++) {
-                const int64_t at = m == AJ_METHOD_RING ? cu[d] : 0;
-                const int64_t dl = m == AJ_METHOD_RING ? cu[d + 1] - cu[d] : T;
+            /* the ring and hybrid cut each document; Ulysses the packed axis */
+            const int per_doc = m != AJ_METHOD_ULYSSES;
+            for (int32_t d = 0; d < (per_doc ? batch : 1); d++) {
+                const int64_t at = per_doc ? cu[d] : 0;
+                const int64_t dl = per_doc ? cu[d + 1] - cu[d] : T;
                 aj_shard_chunk c[2];
                 int nc = 0;
                 CHECK_STATUS(ctx, aj_shard_chunks_any(ctx, "test", layout, r, size, dl, c, &nc),
