@@ -934,9 +934,10 @@ static void rows_paged(efwd *e, LLVMValueRef bidx, LLVMValueRef h0, LLVMValueRef
  * fault naming it).  Q rows come through a row table too
  * (aj_tile_stacked_rows: head, position).  One part writes o and lse;
  * more write their partials to the workspace (runtime/launch.c,
- * aj_attn_paged_part_row_of) for stage 1.  f8 caches load as bytes and
- * widen on the way to shared memory; k_scale multiplies the scores,
- * v_scale the output.
+ * aj_attn_paged_part_row_of) for stage 1.  K/V tiles stream by cp.async
+ * where plan_schedule lets them (emit_key_blocks_streamed), raw -- f8
+ * caches as bytes -- and widen in shared memory; k_scale multiplies the
+ * scores, v_scale the output.
  */
 static void build_paged_parts(efwd *e)
 {
