@@ -61,11 +61,13 @@
 typedef struct efwd_plan {
     aj_dtype dtype, kv_dtype;      /* of Q and O; of K and V (a paged cache's) */
     int paged;                     /* layout = paged */
+    int stream;                    /* paged: K/V streamed by cp.async (emit_key_blocks) */
     int d, dv;
     int bm, bn, warps, threads;
     int g, r, rm, cn, cv;          /* see the diagram above */
     int ldq, ldkv, ldp;            /* shared-memory row pitches, in floats */
     int32_t smem_q, smem_kv, smem_p, smem_rows, smem_qrows, smem_bytes;
+    int32_t smem_stage_k, smem_stage_v;   /* stream: the raw K and V tiles in flight */
 } efwd_plan;
 
 /* Registers that hold per-thread state; above this ptxas starts to spill. */
@@ -157,6 +159,16 @@ static aj_status plan_schedule(aj_ctx *ctx, const aj_op *op, aj_target target,
                        "memory at head_dim %d/%d; %s allows %d", p->bm, p->bn,
                        (long long)bytes, p->d, p->dv, aj_target_name(target),
                        aj_target_smem_limit(target));
+    if (p->paged) {
+        /* streamed where a raw K and a raw V tile fit beside (d 256 with
+         * an f32 cache on sm_80 does not: 219 KB) and their rows split
+         * into 16-byte chunks (an f8 cache: head dims a multiple of 16);
+         * else the threads load each tile as they need it */
+        int size = aj_dtype_size(p->kv_dtype);
+        int64_t staged = (int64_t)p->bn * (p->d + p->dv) * size;
+        p->stream = (p->d * size) % 16 == 0 && (p->dv * size) % 16 == 0 &&
+                    bytes + staged <= aj_target_smem_limit(target);
+    }
     return AJ_OK;
 }
 
@@ -628,6 +640,11 @@ static void begin_cta(efwd *e)
         p->smem_rows = aj_kb_smem_reserve(kb, aj_tile_paged_rows_bytes(p->bn));
         p->smem_qrows = aj_kb_smem_reserve(kb, aj_tile_paged_rows_bytes(p->bm));
     }
+    if (p->stream) {
+        int size = aj_dtype_size(p->kv_dtype);
+        p->smem_stage_k = aj_kb_smem_reserve(kb, p->bn * p->d * size);
+        p->smem_stage_v = aj_kb_smem_reserve(kb, p->bn * p->dv * size);
+    }
     alloc_state(e);
     e->tid = aj_kb_thread_id(kb);
     e->lane = LLVMBuildAnd(e->b, e->tid, aj_kb_i32(kb, p->g - 1), "lane");
@@ -642,29 +659,143 @@ typedef struct efwd_kv {
     LLVMValueRef k_stride_page, v_stride_page;   /* paged: i64 */
 } efwd_kv;
 
+/* S = Q K^T of the key tile at n0 (K in shared memory), then the softmax
+ * of its class cls (NULL: no mask). */
+static void emit_scores(efwd *e, LLVMValueRef cls, LLVMValueRef n0)
+{
+    aj_kb *kb = e->kb;
+    LLVMBuilderRef b = e->b;
+    emit_qk(e);
+    efwd_tile tile = {e, n0};
+    LLVMValueRef inside = LLVMBuildICmp(b, LLVMIntSLE, LLVMBuildAdd(b, n0, aj_kb_i32(kb, e->p.bn),
+                                        ""), e->seq_k, "");
+    aj_score_by_tile_class(kb, cls, inside, emit_softmax_tile, &tile);
+}
+
+/* The tile at walk position pos: its first key (i32), and whether it is
+ * computed at all (i1: its class is not skip). */
+static LLVMValueRef walk_tile(efwd *e, const aj_score_walk *walk, LLVMValueRef pos,
+                              LLVMValueRef *cls, LLVMValueRef *live)
+{
+    aj_kb *kb = e->kb;
+    *cls = NULL;
+    LLVMValueRef n = aj_score_walk_tile(&e->sc, walk, pos,
+                                        aj_score_has_mask(e->prog) ? cls : NULL);
+    *live = aj_score_has_rest(e->prog)
+                ? LLVMBuildICmp(e->b, LLVMIntNE, *cls, aj_kb_i32(kb, AJ_TILE_SKIP), "")
+                : LLVMConstInt(kb->t_i1, 1, 0);
+    return LLVMBuildMul(e->b, n, aj_kb_i32(kb, e->p.bn), "n0");
+}
+
+/* stream: the copies of one tile's K or V (row table at smem_rows) into
+ * their staging buffer when `live`, then -- always, so that every
+ * thread's groups stay in step -- the group's close. */
+static void stream_issue(efwd *e, const aj_tile_src *src, LLVMValueRef stride_page, int width,
+                         int32_t stage, LLVMValueRef live)
+{
+    aj_kb *kb = e->kb;
+    aj_kb_if_begin(kb, live);
+    aj_tile_issue_paged_async(kb, src, aj_kb_i32(kb, e->p.smem_rows), stride_page, e->p.bn,
+                              width, aj_kb_i32(kb, stage), e->tid, e->p.threads);
+    aj_kb_if_end(kb);
+    aj_kb_cp_async_commit(kb);
+}
+
 /*
- * Key blocks [n_begin, n_end) of the rows at e->m0.  Per block: (paged)
- * the row table of its keys -- its last readers, the previous block's V
- * loads, are behind that block's last barrier -- then barrier, load K,
- * barrier, S = Q K^T, softmax, barrier, load V, barrier, O += P V.
+ * stream (layout = paged on sim/GPU, plan_schedule's choice): K and V
+ * come through cp.async one tile ahead, so that a tile's copy from the
+ * pages overlaps the math of the one before.  The groups, oldest first,
+ * are always (K of the current tile, V of the current tile) at a K step
+ * and (V current, K next) at a V step, so wait(1) lands exactly the
+ * step's own:
+ *
+ *   prologue   rows(t0); barrier; issue K(t0), V(t0)
+ *   tile t     wait(1) barrier  widen K(t)  rows(t+1)  barrier  issue K(t+1)
+ *              S = Q K^T, softmax
+ *              wait(1) barrier  widen V(t)             barrier  issue V(t+1)
+ *              O += P V
+ *
+ * One row table serves: V(t+1)'s issue, its last reader, is behind the
+ * next tile's first barrier before rows(t+2) rewrites it.  A skip tile
+ * (its class, uniform) is neither copied nor widened nor computed; its
+ * groups are empty.
+ */
+static void emit_key_blocks_streamed(efwd *e, efwd_kv *kv, const aj_score_walk *walk)
+{
+    aj_kb *kb = e->kb;
+    LLVMBuilderRef b = e->b;
+    const efwd_plan *p = &e->p;
+    LLVMValueRef rows = aj_kb_i32(kb, p->smem_rows), one = aj_kb_i32(kb, 1), cls, live;
+    aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntSLT, walk->begin, walk->end, ""));
+    {
+        LLVMValueRef n0 = walk_tile(e, walk, walk->begin, &cls, &live);
+        aj_kb_if_begin(kb, live);
+        aj_tile_paged_rows(kb, rows, p->bn, n0, e->seq_k, kv->bidx, e->tid, p->threads);
+        aj_kb_if_end(kb);
+        aj_kb_barrier(kb);
+        stream_issue(e, &kv->k, kv->k_stride_page, p->d, p->smem_stage_k, live);
+        stream_issue(e, &kv->v, kv->v_stride_page, p->dv, p->smem_stage_v, live);
+    }
+    aj_kb_if_end(kb);
+    LLVMValueRef at = aj_kb_for_begin(kb, walk->begin, walk->end, one, "walk");
+    LLVMValueRef n0 = walk_tile(e, walk, at, &cls, &live);
+    LLVMValueRef next_at = LLVMBuildAdd(b, at, one, ""), next_cls, next_live;
+    LLVMValueRef next_n0 = walk_tile(e, walk, aj_kb_smin(kb, next_at, LLVMBuildSub(b, walk->end,
+                                     one, "")), &next_cls, &next_live);
+    next_live = LLVMBuildAnd(b, next_live, LLVMBuildICmp(b, LLVMIntSLT, next_at, walk->end, ""),
+                             "");
+    aj_kb_cp_async_wait(kb, 1);
+    aj_kb_barrier(kb);   /* K(t) landed everywhere; the previous tile's P V is done */
+    aj_kb_if_begin(kb, live);
+    aj_tile_widen_staged_f32(kb, p->kv_dtype, aj_kb_i32(kb, p->smem_stage_k), p->bn, p->d,
+                             p->smem_kv, p->ldkv, e->tid, p->threads);
+    aj_kb_if_end(kb);
+    aj_kb_if_begin(kb, next_live);
+    aj_tile_paged_rows(kb, rows, p->bn, next_n0, e->seq_k, kv->bidx, e->tid, p->threads);
+    aj_kb_if_end(kb);
+    aj_kb_barrier(kb);   /* K widened, its stage free; t+1's row table written */
+    stream_issue(e, &kv->k, kv->k_stride_page, p->d, p->smem_stage_k, next_live);
+    aj_kb_if_begin(kb, live);
+    emit_scores(e, cls, n0);
+    aj_kb_if_end(kb);
+    aj_kb_cp_async_wait(kb, 1);
+    aj_kb_barrier(kb);   /* V(t) landed everywhere; K fully read; P fully written */
+    aj_kb_if_begin(kb, live);
+    aj_tile_widen_staged_f32(kb, p->kv_dtype, aj_kb_i32(kb, p->smem_stage_v), p->bn, p->dv,
+                             p->smem_kv, p->ldkv, e->tid, p->threads);
+    aj_kb_if_end(kb);
+    aj_kb_barrier(kb);   /* V widened, its stage free */
+    stream_issue(e, &kv->v, kv->v_stride_page, p->dv, p->smem_stage_v, next_live);
+    aj_kb_if_begin(kb, live);
+    emit_pv(e);
+    aj_kb_if_end(kb);
+    aj_kb_for_end(kb);
+}
+
+/*
+ * Key blocks [n_begin, n_end) of the rows at e->m0, streamed (above) or,
+ * per block: (paged) the row table of its keys -- its last readers, the
+ * previous block's V loads, are behind that block's last barrier -- then
+ * barrier, load K, barrier, S = Q K^T, softmax, barrier, load V, barrier,
+ * O += P V.
  */
 static void emit_key_blocks(efwd *e, efwd_kv *kv, LLVMValueRef n_begin, LLVMValueRef n_end)
 {
     aj_kb *kb = e->kb;
-    LLVMBuilderRef b = e->b;
     const efwd_plan *p = &e->p;
     /* the key blocks of the range, or the block mask's list of the row
      * block (score.h); the same class in every thread */
     aj_score_walk walk;
     aj_score_walk_keys(&e->sc, &walk, e->i_first, e->i_last, p->bn, n_begin, n_end, e->seq_q,
                        e->seq_k);
+    if (p->stream) {
+        emit_key_blocks_streamed(e, kv, &walk);
+        return;
+    }
     LLVMValueRef at = aj_kb_for_begin(kb, walk.begin, walk.end, aj_kb_i32(kb, 1), "walk");
-    LLVMValueRef cls = NULL;
-    LLVMValueRef n = aj_score_walk_tile(&e->sc, &walk, at,
-                                        aj_score_has_mask(e->prog) ? &cls : NULL);
-    LLVMValueRef n0 = LLVMBuildMul(b, n, aj_kb_i32(kb, p->bn), "n0");
-    if (aj_score_has_rest(e->prog))
-        aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntNE, cls, aj_kb_i32(kb, AJ_TILE_SKIP), ""));
+    LLVMValueRef cls, live;
+    LLVMValueRef n0 = walk_tile(e, &walk, at, &cls, &live);
+    aj_kb_if_begin(kb, live);
     kv->k.row0 = kv->v.row0 = n0;
     LLVMValueRef rows = kv->bidx ? aj_kb_i32(kb, p->smem_rows) : NULL;
     if (rows)
@@ -673,18 +804,13 @@ static void emit_key_blocks(efwd *e, efwd_kv *kv, LLVMValueRef n_begin, LLVMValu
     aj_tile_load_paged_f32(kb, &kv->k, rows, kv->k_stride_page, p->bn, p->d, p->smem_kv,
                            p->ldkv, e->tid, p->threads);
     aj_kb_barrier(kb);
-    emit_qk(e);
-    efwd_tile tile = {e, n0};
-    LLVMValueRef inside = LLVMBuildICmp(b, LLVMIntSLE, LLVMBuildAdd(b, n0, aj_kb_i32(kb, p->bn),
-                                        ""), e->seq_k, "");
-    aj_score_by_tile_class(kb, cls, inside, emit_softmax_tile, &tile);
+    emit_scores(e, cls, n0);
     aj_kb_barrier(kb);   /* K fully read; P fully written */
     aj_tile_load_paged_f32(kb, &kv->v, rows, kv->v_stride_page, p->bn, p->dv, p->smem_kv,
                            p->ldkv, e->tid, p->threads);
     aj_kb_barrier(kb);
     emit_pv(e);
-    if (aj_score_has_rest(e->prog))
-        aj_kb_if_end(kb);
+    aj_kb_if_end(kb);
     aj_kb_for_end(kb);
 }
 
@@ -808,9 +934,10 @@ static void rows_paged(efwd *e, LLVMValueRef bidx, LLVMValueRef h0, LLVMValueRef
  * fault naming it).  Q rows come through a row table too
  * (aj_tile_stacked_rows: head, position).  One part writes o and lse;
  * more write their partials to the workspace (runtime/launch.c,
- * aj_attn_paged_part_row_of) for stage 1.  f8 caches load as bytes and
- * widen on the way to shared memory; k_scale multiplies the scores,
- * v_scale the output.
+ * aj_attn_paged_part_row_of) for stage 1.  K/V tiles stream by cp.async
+ * where plan_schedule lets them (emit_key_blocks_streamed), raw -- f8
+ * caches as bytes -- and widen in shared memory; k_scale multiplies the
+ * scores, v_scale the output.
  */
 static void build_paged_parts(efwd *e)
 {

@@ -60,6 +60,26 @@ static LLVMValueRef quarter(aj_kb *kb, LLVMValueRef v, unsigned lo)
                                   LLVMConstVector(idx, 4), "");
 }
 
+/* The element offset of (row, col) of a paged tile, from its row table
+ * at rows_smem (tile_io.h); *page gets the row's page (-1: none, the
+ * offset then meaningless). */
+static LLVMValueRef paged_elem(aj_kb *kb, const aj_tile_src *src, LLVMValueRef rows_smem,
+                               LLVMValueRef stride_page, int rows, LLVMValueRef row,
+                               LLVMValueRef col, LLVMValueRef *page)
+{
+    LLVMBuilderRef b = kb->b;
+    LLVMValueRef at = LLVMBuildAdd(b, rows_smem, LLVMBuildShl(b, row, aj_kb_i32(kb, 2), ""), "");
+    *page = aj_kb_load(kb, kb->t_i32, aj_kb_smem_ptr(kb, at), 4);
+    LLVMValueRef in_page = aj_kb_load(kb, kb->t_i32, aj_kb_smem_ptr(kb, LLVMBuildAdd(b, at,
+                                      aj_kb_i32(kb, 4 * rows), "")), 4);
+    LLVMValueRef elem = LLVMBuildAdd(b, LLVMBuildMul(b, LLVMBuildSExt(b, *page, kb->t_i64, ""),
+                                                     stride_page, ""),
+                                     LLVMBuildMul(b, LLVMBuildSExt(b, in_page, kb->t_i64, ""),
+                                                  src->row_stride, ""), "");
+    return LLVMBuildAdd(b, LLVMBuildAdd(b, elem, src->elem_base, ""),
+                        LLVMBuildZExt(b, col, kb->t_i64, ""), "");
+}
+
 /*
  * Thread t handles chunks t, t+T, t+2T, ... of the tile, a chunk being the
  * 16 bytes at (row, col .. col+vec-1):
@@ -72,8 +92,8 @@ static LLVMValueRef quarter(aj_kb *kb, LLVMValueRef v, unsigned lo)
  * loads need no branch.
  */
 static void tile_load(aj_kb *kb, const aj_tile_src *src, LLVMValueRef rows_smem,
-                      LLVMValueRef stride_page, int rows, int width, int32_t smem_off, int ld,
-                      LLVMValueRef tid, int threads)
+                      LLVMValueRef stride_page, LLVMValueRef stage, int rows, int width,
+                      int32_t smem_off, int ld, LLVMValueRef tid, int threads)
 {
     LLVMBuilderRef b = kb->b;
     int size = aj_dtype_size(src->dtype);
@@ -90,23 +110,21 @@ static void tile_load(aj_kb *kb, const aj_tile_src *src, LLVMValueRef rows_smem,
     LLVMValueRef col = LLVMBuildMul(b, LLVMBuildURem(b, chunk, aj_kb_i32(kb, chunks_per_row), ""),
                                     aj_kb_i32(kb, vec), "");
     LLVMValueRef vals;
-    if (rows_smem) {
+    if (stage) {
+        /* staged: the raw row landed by aj_tile_issue_paged_async (zeros
+         * where the row has no page), pitch width elements */
+        LLVMValueRef at = LLVMBuildAdd(b, LLVMBuildMul(b, row, aj_kb_i32(kb, width), ""), col, "");
+        at = LLVMBuildAdd(b, stage, LLVMBuildMul(b, at, aj_kb_i32(kb, size), ""), "");
+        vals = widen(kb, aj_kb_load(kb, raw_t, aj_kb_smem_ptr(kb, at), (unsigned)(vec * size)),
+                     (unsigned)vec, src->dtype);
+    } else if (rows_smem) {
         /* paged: the row's place from the table; a row without one reads
          * nothing (its page may not exist) */
-        LLVMValueRef at = LLVMBuildAdd(b, rows_smem, LLVMBuildShl(b, row, aj_kb_i32(kb, 2),
-                                       ""), "");
-        LLVMValueRef page = aj_kb_load(kb, kb->t_i32, aj_kb_smem_ptr(kb, at), 4);
-        LLVMValueRef in_page = aj_kb_load(kb, kb->t_i32, aj_kb_smem_ptr(kb, LLVMBuildAdd(b, at,
-                                          aj_kb_i32(kb, 4 * rows), "")), 4);
+        LLVMValueRef page;
+        LLVMValueRef elem = paged_elem(kb, src, rows_smem, stride_page, rows, row, col, &page);
         LLVMValueRef var = aj_kb_var(kb, LLVMTypeOf(zero), zero, "paged_vals");
         aj_kb_set(kb, var, zero);
         aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntSGE, page, aj_kb_i32(kb, 0), ""));
-        LLVMValueRef elem = LLVMBuildAdd(b, LLVMBuildMul(b, LLVMBuildSExt(b, page, kb->t_i64, ""),
-                                                         stride_page, ""),
-                                         LLVMBuildMul(b, LLVMBuildSExt(b, in_page, kb->t_i64, ""),
-                                                      src->row_stride, ""), "");
-        elem = LLVMBuildAdd(b, LLVMBuildAdd(b, elem, src->elem_base, ""),
-                            LLVMBuildZExt(b, col, kb->t_i64, ""), "");
         LLVMValueRef byte = LLVMBuildMul(b, elem, aj_kb_i64(kb, size), "");
         LLVMValueRef raw = aj_kb_load(kb, raw_t, aj_kb_gptr_offset(kb, src->ptr, byte),
                                       (unsigned)(vec * size));
@@ -141,14 +159,52 @@ static void tile_load(aj_kb *kb, const aj_tile_src *src, LLVMValueRef rows_smem,
 void aj_tile_load_f32(aj_kb *kb, const aj_tile_src *src, int rows, int width,
                       int32_t smem_off, int ld, LLVMValueRef tid, int threads)
 {
-    tile_load(kb, src, NULL, NULL, rows, width, smem_off, ld, tid, threads);
+    tile_load(kb, src, NULL, NULL, NULL, rows, width, smem_off, ld, tid, threads);
 }
 
 void aj_tile_load_paged_f32(aj_kb *kb, const aj_tile_src *src, LLVMValueRef rows_smem,
                             LLVMValueRef stride_page, int rows, int width, int32_t smem_off,
                             int ld, LLVMValueRef tid, int threads)
 {
-    tile_load(kb, src, rows_smem, stride_page, rows, width, smem_off, ld, tid, threads);
+    tile_load(kb, src, rows_smem, stride_page, NULL, rows, width, smem_off, ld, tid, threads);
+}
+
+void aj_tile_widen_staged_f32(aj_kb *kb, aj_dtype dtype, LLVMValueRef stage, int rows,
+                              int width, int32_t smem_off, int ld, LLVMValueRef tid, int threads)
+{
+    const aj_tile_src src = {.dtype = dtype};
+    tile_load(kb, &src, NULL, NULL, stage, rows, width, smem_off, ld, tid, threads);
+}
+
+/*
+ * Thread t issues chunks t, t+T, ... of the tile, a chunk being 16 bytes
+ * of a row (vec = 16 / size elements): from the row's place in the cache
+ * (the row table, as tile_load's paged rows) to the staging buffer, raw.
+ * A row without a page reads nothing: src-size 0 zero-fills its chunk,
+ * its source the cache's base (aligned; never read).
+ */
+void aj_tile_issue_paged_async(aj_kb *kb, const aj_tile_src *src, LLVMValueRef rows_smem,
+                               LLVMValueRef stride_page, int rows, int width, LLVMValueRef stage,
+                               LLVMValueRef tid, int threads)
+{
+    LLVMBuilderRef b = kb->b;
+    int size = aj_dtype_size(src->dtype);
+    int vec = 16 / size;
+    int chunks_per_row = width / vec;
+    LLVMValueRef chunk = aj_kb_for_begin(kb, tid, aj_kb_i32(kb, rows * chunks_per_row),
+                                         aj_kb_i32(kb, threads), "chunk");
+    LLVMValueRef row = LLVMBuildUDiv(b, chunk, aj_kb_i32(kb, chunks_per_row), "");
+    LLVMValueRef col = LLVMBuildMul(b, LLVMBuildURem(b, chunk, aj_kb_i32(kb, chunks_per_row), ""),
+                                    aj_kb_i32(kb, vec), "");
+    LLVMValueRef page;
+    LLVMValueRef elem = paged_elem(kb, src, rows_smem, stride_page, rows, row, col, &page);
+    LLVMValueRef has = LLVMBuildICmp(b, LLVMIntSGE, page, aj_kb_i32(kb, 0), "");
+    LLVMValueRef byte = LLVMBuildSelect(b, has, LLVMBuildMul(b, elem, aj_kb_i64(kb, size), ""),
+                                        aj_kb_i64(kb, 0), "");
+    LLVMValueRef sat = LLVMBuildAdd(b, LLVMBuildMul(b, chunk, aj_kb_i32(kb, 16), ""), stage, "");
+    aj_kb_cp_async_16(kb, aj_kb_smem_ptr(kb, sat), aj_kb_gptr_offset(kb, src->ptr, byte),
+                      LLVMBuildSelect(b, has, aj_kb_i32(kb, 16), aj_kb_i32(kb, 0), ""));
+    aj_kb_for_end(kb);
 }
 
 /* Entry r of a row table of `rows` rows at shared byte offset smem:

@@ -32,6 +32,24 @@ void aj_tile_load_paged_f32(aj_kb *kb, const aj_tile_src *src, LLVMValueRef rows
                             LLVMValueRef stride_page, int rows, int width, int32_t smem_off,
                             int ld, LLVMValueRef tid, int threads);
 
+/*
+ * layout = paged, streamed (the GPU kernels' K/V tiles): the same rows
+ * copied by cp.async, raw (the cache's dtype, f8 bytes included), to a
+ * staging buffer at shared byte offset `stage` (i32, 16-byte aligned) of
+ * pitch width elements; a row without a page is zero-filled and reads
+ * nothing.  width * size % 16 == 0 (16-byte chunks).  The copies join
+ * the thread's open cp.async group; once a wait covers it and a barrier
+ * follows, aj_tile_widen_staged_f32 widens the tile as
+ * aj_tile_load_paged_f32 would have stored it.
+ *
+ *   cache pages ──cp.async──► stage [rows][width] raw ──widen──► f32 [rows][ld]
+ */
+void aj_tile_issue_paged_async(aj_kb *kb, const aj_tile_src *src, LLVMValueRef rows_smem,
+                               LLVMValueRef stride_page, int rows, int width, LLVMValueRef stage,
+                               LLVMValueRef tid, int threads);
+void aj_tile_widen_staged_f32(aj_kb *kb, aj_dtype dtype, LLVMValueRef stage, int rows,
+                              int width, int32_t smem_off, int ld, LLVMValueRef tid, int threads);
+
 /* Bytes of the row table of a paged tile of `rows` rows: i32 page[rows]
  * then i32 in_page[rows]. */
 static inline int32_t aj_tile_paged_rows_bytes(int rows)

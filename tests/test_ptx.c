@@ -404,6 +404,9 @@ int main(int argc, char **argv)
                                            " kv_dtype = f8e4m3\n mask = causal(bottom_right)"},
             {"paged f16 d256 alibi", "dtype = f16\n head_dim = 256\n layout = paged\n"
                                      " score_mod = alibi\n mask = causal(bottom_right)"},
+            /* an f32 cache at d256: its K/V tiles stream by cp.async on
+             * sm_90, not on sm_80 (no room for the staged tiles) */
+            {"paged f32 d256", "dtype = f32\n head_dim = 256\n layout = paged"},
             /* varlen queries (chunked prefill), a window beside alibi (each
              * packed row's own head) */
             {"paged bf16/e5m2 d256 varlen window alibi",
