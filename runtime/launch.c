@@ -902,6 +902,27 @@ static aj_status check_launch(aj_ctx *ctx, const char *fn, aj_device *dev,
     return AJ_OK;
 }
 
+/* The sim/GPU paged kernel reads cache rows in chunks of 16 bytes (8 for
+ * an f8 row that is not whole 16-byte chunks; docs/gpu.md), so there a
+ * cache's data and strides must fall on them; the cpu kernel reads any
+ * alignment. */
+static aj_status check_cache_chunks(aj_ctx *ctx, const char *name, const aj_tensor *t,
+                                    aj_dtype dtype, int width)
+{
+    const int size = elem_size(dtype), chunk = size == 1 && width % 16 ? 8 : 16;
+    if ((uintptr_t)t->data % (uintptr_t)chunk)
+        return aj_fail(ctx, AJ_ERR_INVALID_ARG, "%s: %s.data = %p is not %d-byte aligned (the "
+                       "sim/GPU paged kernel reads cache rows in %d-byte chunks)", FWD, name,
+                       t->data, chunk, chunk);
+    for (int i = 0; i < 3; i++)
+        if (t->strides[i] * size % chunk)
+            return aj_fail(ctx, AJ_ERR_INVALID_ARG, "%s: %s.strides[%d] = %lld elements is not "
+                           "a multiple of %d bytes (the sim/GPU paged kernel reads cache rows "
+                           "in %d-byte chunks)", FWD, name, i, (long long)t->strides[i], chunk,
+                           chunk);
+    return AJ_OK;
+}
+
 /*
  * A paged forward: stage 0 over (splits, Hq, B); with splits > 1 the
  * parts' (O, LSE) go to a workspace of the device's scratch, laid out
@@ -919,6 +940,10 @@ static aj_status forward_paged(aj_ctx *ctx, aj_device *dev, const aj_kernel *ker
     const aj_op_info *op = &kernel->op;
     fwd_sizes sz = {.splits = 1};
     aj_status st = check_forward_paged(ctx, op, a, &sz);
+    if (st == AJ_OK && kernel->target != AJ_TARGET_CPU)
+        st = check_cache_chunks(ctx, "k_cache", &a->k_cache, op->kv_dtype, op->head_dim);
+    if (st == AJ_OK && kernel->target != AJ_TARGET_CPU)
+        st = check_cache_chunks(ctx, "v_cache", &a->v_cache, op->kv_dtype, op->head_dim_v);
     if (st != AJ_OK || sz.batch == 0 || sz.heads_q == 0 || sz.tokens_q == 0)
         return st;
     const int varlen_q = op->q_layout == AJ_LAYOUT_VARLEN;

@@ -32,7 +32,10 @@ enum { PAGED_IN_ORDER, PAGED_SHUFFLED, PAGED_SHARED_PREFIX };
 enum { PAGED_NO_FAULT, PAGED_FAULT_PAGE, PAGED_FAULT_LENGTH,
        /* varlen queries: cu_seqlens_q[fault_seq + 1] below cu_seqlens_q[
         * fault_seq]; seqlens_k[fault_seq] one below its chunk (>= 1) */
-       PAGED_FAULT_CU_ORDER, PAGED_FAULT_BEYOND };
+       PAGED_FAULT_CU_ORDER, PAGED_FAULT_BEYOND,
+       /* k_cache one element past its allocation's start, a page fewer
+        * (the sim/GPU kernel's chunks: a host check) */
+       PAGED_FAULT_ALIGN };
 
 typedef struct paged_case {
     aj_dtype dtype, kv_dtype;
@@ -354,6 +357,10 @@ static inline paged_result paged_run(aj_ctx *ctx, aj_device *dev, const aj_kerne
         a.q = paged_tensor(mem[0], c->dtype, 4, qs);
         a.k_cache = paged_tensor(mem[1], c->kv_dtype, 4, ks);
         a.v_cache = paged_tensor(mem[2], c->kv_dtype, 4, vs);
+        if (c->fault == PAGED_FAULT_ALIGN) {
+            a.k_cache.data = (char *)mem[1] + aj_dtype_size(c->kv_dtype);
+            a.k_cache.shape[0] = a.v_cache.shape[0] = num_pages - 1;
+        }
         a.o = paged_tensor(mem[3], c->dtype, 4, os);
         a.lse = paged_tensor(mem[4], AJ_DTYPE_F32, 3, qs);
         if (cu_q) {   /* q, o [T, Hq, D or Dv], lse [Hq, T] */

@@ -284,6 +284,17 @@ static void test_errors(void)
     CHECK_STATUS(ctx, aj_forward(ctx, dev, kernel, &a), AJ_ERR_INVALID_ARG);
     CHECK_ERROR(ctx, "aj_forward: k, v, cu_seqlens, offsets and totals are not for layout = "
                      "paged kernels");
+    /* the sim/GPU kernel reads cache rows in 16-byte chunks */
+    if (aj_device_target(dev) != AJ_TARGET_CPU) {
+        c.fault = PAGED_FAULT_ALIGN;
+        paged_result r = paged_run(ctx, dev, kernel, &c);
+        CHECK_MSG(r.status == AJ_ERR_INVALID_ARG, "misaligned k_cache: %s",
+                  aj_status_str(r.status));
+        CHECK_ERROR(ctx, "aj_forward: k_cache.data = ");
+        CHECK_ERROR(ctx, "is not 16-byte aligned (the sim/GPU paged kernel reads cache rows in "
+                         "16-byte chunks)");
+        c.fault = PAGED_NO_FAULT;
+    }
     aj_kernel_destroy(kernel);
     /* varlen queries: a packed q */
     static const int32_t chunk[1] = {3};
