@@ -143,30 +143,19 @@ int aj_dtype_size(aj_dtype dtype)
  * keeps or quiets differently) runs the scalar loop. */
 typedef void (*batch_fn)(const void *src, void *dst, size_t n);
 
-static void f32_to_f16_scalar(const void *src, void *dst, size_t n)
-{
-    for (size_t i = 0; i < n; i++)
-        ((uint16_t *)dst)[i] = aj_f32_to_f16(((const float *)src)[i]);
-}
-
-static void f32_to_bf16_scalar(const void *src, void *dst, size_t n)
-{
-    for (size_t i = 0; i < n; i++)
-        ((uint16_t *)dst)[i] = aj_f32_to_bf16(((const float *)src)[i]);
-}
-
-static void f16_to_f32_scalar(const void *src, void *dst, size_t n)
-{
-    for (size_t i = 0; i < n; i++)
-        ((float *)dst)[i] = aj_f16_to_f32(((const uint16_t *)src)[i]);
-}
-
-/* a shift: the compiler vectorises it for any host */
-static void bf16_to_f32_loop(const void *src, void *dst, size_t n)
-{
-    for (size_t i = 0; i < n; i++)
-        ((float *)dst)[i] = aj_bf16_to_f32(((const uint16_t *)src)[i]);
-}
+/* The scalar loops, one element at a time (bf16 -> f32, a shift, the
+ * compiler vectorises for any host). */
+#define SCALAR_BATCH(name, src_t, dst_t, convert)                          \
+    static void name(const void *src, void *dst, size_t n)                 \
+    {                                                                      \
+        for (size_t i = 0; i < n; i++)                                     \
+            ((dst_t *)dst)[i] = convert(((const src_t *)src)[i]);          \
+    }
+SCALAR_BATCH(f32_to_f16_scalar, float, uint16_t, aj_f32_to_f16)
+SCALAR_BATCH(f32_to_bf16_scalar, float, uint16_t, aj_f32_to_bf16)
+SCALAR_BATCH(f16_to_f32_scalar, uint16_t, float, aj_f16_to_f32)
+SCALAR_BATCH(bf16_to_f32_loop, uint16_t, float, aj_bf16_to_f32)
+#undef SCALAR_BATCH
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
@@ -174,113 +163,67 @@ static void bf16_to_f32_loop(const void *src, void *dst, size_t n)
 #define AJ_X86_BATCHES 1
 #define RNE (_MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
 
-__attribute__((target("avx2,f16c"))) static void f32_to_f16_avx2(const void *src, void *dst,
-                                                                 size_t n)
-{
-    const float *s = src;
-    uint16_t *d = dst;
-    size_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        const __m256 x = _mm256_loadu_ps(s + i);
-        if (_mm256_movemask_ps(_mm256_cmp_ps(x, x, _CMP_UNORD_Q)))
-            f32_to_f16_scalar(s + i, d + i, 8);
-        else
-            _mm_storeu_si128((__m128i *)(d + i), _mm256_cvtps_ph(x, RNE));
+/* One vector loop: blocks of W elements, loaded into x; a block where
+ * NAN_MASK is set runs the scalar loop, else STORE; the tail runs the
+ * scalar loop. */
+#define VECTOR_BATCH(name, isa, W, src_t, dst_t, scalar, LOAD, NAN_MASK, STORE)        \
+    __attribute__((target(isa))) static void name(const void *src, void *dst, size_t n) \
+    {                                                                                 \
+        const src_t *s = src;                                                         \
+        dst_t *d = dst;                                                               \
+        size_t i = 0;                                                                 \
+        for (; i + W <= n; i += W) {                                                  \
+            LOAD;                                                                     \
+            if (NAN_MASK)                                                             \
+                scalar(s + i, d + i, W);                                              \
+            else                                                                      \
+                STORE;                                                                \
+        }                                                                             \
+        scalar(s + i, d + i, n - i);                                                  \
     }
-    f32_to_f16_scalar(s + i, d + i, n - i);
-}
 
 /* bf16 nearest even, per 32-bit lane: (u + 0x7fff + (u >> 16 & 1)) >> 16 */
-__attribute__((target("avx2"))) static void f32_to_bf16_avx2(const void *src, void *dst,
-                                                             size_t n)
+__attribute__((target("avx2"))) static __m128i bf16_round_avx2(__m256 x)
 {
-    const float *s = src;
-    uint16_t *d = dst;
-    const __m256i one = _mm256_set1_epi32(1), half = _mm256_set1_epi32(0x7fff);
-    size_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        const __m256 x = _mm256_loadu_ps(s + i);
-        if (_mm256_movemask_ps(_mm256_cmp_ps(x, x, _CMP_UNORD_Q))) {
-            f32_to_bf16_scalar(s + i, d + i, 8);
-            continue;
-        }
-        __m256i u = _mm256_castps_si256(x);
-        const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), one);
-        u = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(half, lsb)), 16);
-        _mm_storeu_si128((__m128i *)(d + i), _mm_packus_epi32(_mm256_castsi256_si128(u),
-                                                              _mm256_extracti128_si256(u, 1)));
-    }
-    f32_to_bf16_scalar(s + i, d + i, n - i);
+    const __m256i u = _mm256_castps_si256(x);
+    const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    const __m256i r = _mm256_srli_epi32(
+        _mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), lsb)), 16);
+    return _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
 }
 
-__attribute__((target("avx2,f16c"))) static void f16_to_f32_avx2(const void *src, void *dst,
-                                                                 size_t n)
+__attribute__((target("avx512f"))) static __m256i bf16_round_avx512(__m512 x)
 {
-    const uint16_t *s = src;
-    float *d = dst;
-    size_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        const __m256 x = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + i)));
-        if (_mm256_movemask_ps(_mm256_cmp_ps(x, x, _CMP_UNORD_Q)))
-            f16_to_f32_scalar(s + i, d + i, 8);
-        else
-            _mm256_storeu_ps(d + i, x);
-    }
-    f16_to_f32_scalar(s + i, d + i, n - i);
+    const __m512i u = _mm512_castps_si512(x);
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    return _mm512_cvtepi32_epi16(_mm512_srli_epi32(
+        _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb)), 16));
 }
 
-__attribute__((target("avx512f"))) static void f32_to_f16_avx512(const void *src, void *dst,
-                                                                 size_t n)
-{
-    const float *s = src;
-    uint16_t *d = dst;
-    size_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-        const __m512 x = _mm512_loadu_ps(s + i);
-        if (_mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q))
-            f32_to_f16_scalar(s + i, d + i, 16);
-        else
-            _mm256_storeu_si256((__m256i *)(d + i), _mm512_cvtps_ph(x, RNE));
-    }
-    f32_to_f16_scalar(s + i, d + i, n - i);
-}
+#define NAN8(x) _mm256_movemask_ps(_mm256_cmp_ps(x, x, _CMP_UNORD_Q))
+#define NAN16(x) _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q)
 
-__attribute__((target("avx512f"))) static void f32_to_bf16_avx512(const void *src, void *dst,
-                                                                  size_t n)
-{
-    const float *s = src;
-    uint16_t *d = dst;
-    const __m512i one = _mm512_set1_epi32(1), half = _mm512_set1_epi32(0x7fff);
-    size_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-        const __m512 x = _mm512_loadu_ps(s + i);
-        if (_mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q)) {
-            f32_to_bf16_scalar(s + i, d + i, 16);
-            continue;
-        }
-        __m512i u = _mm512_castps_si512(x);
-        const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), one);
-        u = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(half, lsb)), 16);
-        _mm256_storeu_si256((__m256i *)(d + i), _mm512_cvtepi32_epi16(u));
-    }
-    f32_to_bf16_scalar(s + i, d + i, n - i);
-}
-
-__attribute__((target("avx512f"))) static void f16_to_f32_avx512(const void *src, void *dst,
-                                                                 size_t n)
-{
-    const uint16_t *s = src;
-    float *d = dst;
-    size_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-        const __m512 x = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(s + i)));
-        if (_mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q))
-            f16_to_f32_scalar(s + i, d + i, 16);
-        else
-            _mm512_storeu_ps(d + i, x);
-    }
-    f16_to_f32_scalar(s + i, d + i, n - i);
-}
+VECTOR_BATCH(f32_to_f16_avx2, "avx2,f16c", 8, float, uint16_t, f32_to_f16_scalar,
+             const __m256 x = _mm256_loadu_ps(s + i), NAN8(x),
+             _mm_storeu_si128((__m128i *)(d + i), _mm256_cvtps_ph(x, RNE)))
+VECTOR_BATCH(f32_to_bf16_avx2, "avx2", 8, float, uint16_t, f32_to_bf16_scalar,
+             const __m256 x = _mm256_loadu_ps(s + i), NAN8(x),
+             _mm_storeu_si128((__m128i *)(d + i), bf16_round_avx2(x)))
+VECTOR_BATCH(f16_to_f32_avx2, "avx2,f16c", 8, uint16_t, float, f16_to_f32_scalar,
+             const __m256 x = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + i))),
+             NAN8(x), _mm256_storeu_ps(d + i, x))
+VECTOR_BATCH(f32_to_f16_avx512, "avx512f", 16, float, uint16_t, f32_to_f16_scalar,
+             const __m512 x = _mm512_loadu_ps(s + i), NAN16(x),
+             _mm256_storeu_si256((__m256i *)(d + i), _mm512_cvtps_ph(x, RNE)))
+VECTOR_BATCH(f32_to_bf16_avx512, "avx512f", 16, float, uint16_t, f32_to_bf16_scalar,
+             const __m512 x = _mm512_loadu_ps(s + i), NAN16(x),
+             _mm256_storeu_si256((__m256i *)(d + i), bf16_round_avx512(x)))
+VECTOR_BATCH(f16_to_f32_avx512, "avx512f", 16, uint16_t, float, f16_to_f32_scalar,
+             const __m512 x = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(s + i))),
+             NAN16(x), _mm512_storeu_ps(d + i, x))
+#undef NAN8
+#undef NAN16
+#undef VECTOR_BATCH
 #undef RNE
 #endif
 
