@@ -4,6 +4,7 @@
 #include "ir/dtype.h"
 
 #include <math.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <string.h>
 
@@ -131,6 +132,133 @@ int aj_dtype_size(aj_dtype dtype)
     return dtype == AJ_DTYPE_F32 ? 4 : dtype >= AJ_DTYPE_F8E4M3 ? 1 : 2;
 }
 
+/* ---------------------------------------------------------------- batches */
+
+/* The f32 <-> f16 / bf16 batch loops aj_convert runs (the ring rounds its
+ * O, dQ, dK, dV through them, 2-8 MB a call), one table row per
+ * instruction set.  The scalar loops are the rule; a vector loop gives
+ * the same bits, block for block: F16C's vcvtps2ph rounds to nearest
+ * even as the scalar code does, bf16 is the scalar integer sum 16 or 8
+ * lanes wide, and a block holding a NaN (whose payload the hardware
+ * keeps or quiets differently) runs the scalar loop. */
+typedef void (*batch_fn)(const void *src, void *dst, size_t n);
+
+/* The scalar loops, one element at a time (bf16 -> f32, a shift, the
+ * compiler vectorises for any host). */
+#define SCALAR_BATCH(name, src_t, dst_t, convert)                          \
+    static void name(const void *src, void *dst, size_t n)                 \
+    {                                                                      \
+        for (size_t i = 0; i < n; i++)                                     \
+            ((dst_t *)dst)[i] = convert(((const src_t *)src)[i]);          \
+    }
+SCALAR_BATCH(f32_to_f16_scalar, float, uint16_t, aj_f32_to_f16)
+SCALAR_BATCH(f32_to_bf16_scalar, float, uint16_t, aj_f32_to_bf16)
+SCALAR_BATCH(f16_to_f32_scalar, uint16_t, float, aj_f16_to_f32)
+SCALAR_BATCH(bf16_to_f32_loop, uint16_t, float, aj_bf16_to_f32)
+#undef SCALAR_BATCH
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+
+#define AJ_X86_BATCHES 1
+#define RNE (_MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
+
+/* One vector loop: blocks of W elements, loaded into x; a block where
+ * NAN_MASK is set runs the scalar loop, else STORE; the tail runs the
+ * scalar loop. */
+#define VECTOR_BATCH(name, isa, W, src_t, dst_t, scalar, LOAD, NAN_MASK, STORE)        \
+    __attribute__((target(isa))) static void name(const void *src, void *dst, size_t n) \
+    {                                                                                 \
+        const src_t *s = src;                                                         \
+        dst_t *d = dst;                                                               \
+        size_t i = 0;                                                                 \
+        for (; i + W <= n; i += W) {                                                  \
+            LOAD;                                                                     \
+            if (NAN_MASK)                                                             \
+                scalar(s + i, d + i, W);                                              \
+            else                                                                      \
+                STORE;                                                                \
+        }                                                                             \
+        scalar(s + i, d + i, n - i);                                                  \
+    }
+
+/* bf16 nearest even, per 32-bit lane: (u + 0x7fff + (u >> 16 & 1)) >> 16 */
+__attribute__((target("avx2"))) static __m128i bf16_round_avx2(__m256 x)
+{
+    const __m256i u = _mm256_castps_si256(x);
+    const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    const __m256i r = _mm256_srli_epi32(
+        _mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), lsb)), 16);
+    return _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
+}
+
+__attribute__((target("avx512f"))) static __m256i bf16_round_avx512(__m512 x)
+{
+    const __m512i u = _mm512_castps_si512(x);
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    return _mm512_cvtepi32_epi16(_mm512_srli_epi32(
+        _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb)), 16));
+}
+
+#define NAN8(x) _mm256_movemask_ps(_mm256_cmp_ps(x, x, _CMP_UNORD_Q))
+#define NAN16(x) _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q)
+
+VECTOR_BATCH(f32_to_f16_avx2, "avx2,f16c", 8, float, uint16_t, f32_to_f16_scalar,
+             const __m256 x = _mm256_loadu_ps(s + i), NAN8(x),
+             _mm_storeu_si128((__m128i *)(d + i), _mm256_cvtps_ph(x, RNE)))
+VECTOR_BATCH(f32_to_bf16_avx2, "avx2", 8, float, uint16_t, f32_to_bf16_scalar,
+             const __m256 x = _mm256_loadu_ps(s + i), NAN8(x),
+             _mm_storeu_si128((__m128i *)(d + i), bf16_round_avx2(x)))
+VECTOR_BATCH(f16_to_f32_avx2, "avx2,f16c", 8, uint16_t, float, f16_to_f32_scalar,
+             const __m256 x = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + i))),
+             NAN8(x), _mm256_storeu_ps(d + i, x))
+VECTOR_BATCH(f32_to_f16_avx512, "avx512f", 16, float, uint16_t, f32_to_f16_scalar,
+             const __m512 x = _mm512_loadu_ps(s + i), NAN16(x),
+             _mm256_storeu_si256((__m256i *)(d + i), _mm512_cvtps_ph(x, RNE)))
+VECTOR_BATCH(f32_to_bf16_avx512, "avx512f", 16, float, uint16_t, f32_to_bf16_scalar,
+             const __m512 x = _mm512_loadu_ps(s + i), NAN16(x),
+             _mm256_storeu_si256((__m256i *)(d + i), bf16_round_avx512(x)))
+VECTOR_BATCH(f16_to_f32_avx512, "avx512f", 16, uint16_t, float, f16_to_f32_scalar,
+             const __m512 x = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(s + i))),
+             NAN16(x), _mm512_storeu_ps(d + i, x))
+#undef NAN8
+#undef NAN16
+#undef VECTOR_BATCH
+#undef RNE
+#endif
+
+typedef struct batch_paths {
+    batch_fn f32_to_f16, f32_to_bf16, f16_to_f32, bf16_to_f32;
+} batch_paths;
+
+static const batch_paths paths[AJ_CONVERT_ISA_COUNT] = {
+    [AJ_CONVERT_SCALAR] = {f32_to_f16_scalar, f32_to_bf16_scalar, f16_to_f32_scalar,
+                           bf16_to_f32_loop},
+#ifdef AJ_X86_BATCHES
+    [AJ_CONVERT_AVX2] = {f32_to_f16_avx2, f32_to_bf16_avx2, f16_to_f32_avx2, bf16_to_f32_loop},
+    [AJ_CONVERT_AVX512] = {f32_to_f16_avx512, f32_to_bf16_avx512, f16_to_f32_avx512,
+                           bf16_to_f32_loop},
+#endif
+};
+
+aj_convert_isa aj_convert_host_isa(void)
+{
+    static _Atomic int host = -1;   /* found once; every thread finds the same */
+    int isa = atomic_load_explicit(&host, memory_order_relaxed);
+    if (isa >= 0)
+        return (aj_convert_isa)isa;
+    isa = AJ_CONVERT_SCALAR;
+#ifdef AJ_X86_BATCHES
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f"))
+        isa = AJ_CONVERT_AVX512;
+    else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c"))
+        isa = AJ_CONVERT_AVX2;
+#endif
+    atomic_store_explicit(&host, isa, memory_order_relaxed);
+    return (aj_convert_isa)isa;
+}
+
 /* ---------------------------------------------------------------- aj_convert */
 
 static float load_f32(const void *src, aj_dtype t, size_t i)
@@ -144,22 +272,31 @@ static float load_f32(const void *src, aj_dtype t, size_t i)
     }
 }
 
-aj_status aj_convert(const void *src, aj_dtype src_dtype, void *dst, aj_dtype dst_dtype,
-                     size_t count)
+
+static batch_fn batch_for(const batch_paths *b, aj_dtype src, aj_dtype dst)
+{
+    if (src == AJ_DTYPE_F32 && dst == AJ_DTYPE_F16)
+        return b->f32_to_f16;
+    if (src == AJ_DTYPE_F32 && dst == AJ_DTYPE_BF16)
+        return b->f32_to_bf16;
+    if (src == AJ_DTYPE_F16 && dst == AJ_DTYPE_F32)
+        return b->f16_to_f32;
+    if (src == AJ_DTYPE_BF16 && dst == AJ_DTYPE_F32)
+        return b->bf16_to_f32;
+    return NULL;
+}
+
+aj_status aj_convert_with(aj_convert_isa isa, const void *src, aj_dtype src_dtype, void *dst,
+                          aj_dtype dst_dtype, size_t count)
 {
     if ((unsigned)src_dtype >= AJ_DTYPE_COUNT || (unsigned)dst_dtype >= AJ_DTYPE_COUNT ||
-        (count && (!src || !dst)))
+        (count && (!src || !dst)) || (unsigned)isa >= AJ_CONVERT_ISA_COUNT)
         return AJ_ERR_INVALID_ARG;
-    /* rounding f32 results (the ring's O, dQ, dK, dV): one loop per pair,
-     * no per-element switch */
-    if (src_dtype == AJ_DTYPE_F32 && dst_dtype == AJ_DTYPE_F16) {
-        for (size_t i = 0; i < count; i++)
-            ((uint16_t *)dst)[i] = aj_f32_to_f16(((const float *)src)[i]);
-        return AJ_OK;
-    }
-    if (src_dtype == AJ_DTYPE_F32 && dst_dtype == AJ_DTYPE_BF16) {
-        for (size_t i = 0; i < count; i++)
-            ((uint16_t *)dst)[i] = aj_f32_to_bf16(((const float *)src)[i]);
+    if (isa > aj_convert_host_isa())
+        return AJ_ERR_UNSUPPORTED;
+    const batch_fn batch = batch_for(&paths[isa], src_dtype, dst_dtype);
+    if (batch) {
+        batch(src, dst, count);
         return AJ_OK;
     }
     for (size_t i = 0; i < count; i++) {
@@ -173,4 +310,10 @@ aj_status aj_convert(const void *src, aj_dtype src_dtype, void *dst, aj_dtype ds
         }
     }
     return AJ_OK;
+}
+
+aj_status aj_convert(const void *src, aj_dtype src_dtype, void *dst, aj_dtype dst_dtype,
+                     size_t count)
+{
+    return aj_convert_with(aj_convert_host_isa(), src, src_dtype, dst, dst_dtype, count);
 }

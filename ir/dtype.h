@@ -6,6 +6,7 @@
 #ifndef AJ_IR_DTYPE_H
 #define AJ_IR_DTYPE_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "attnjit/attnjit.h"
@@ -21,6 +22,19 @@ float aj_f8e4m3_to_f32(uint8_t b);
 uint8_t aj_f32_to_f8e4m3(float f);
 float aj_f8e5m2_to_f32(uint8_t b);
 uint8_t aj_f32_to_f8e5m2(float f);
+/* aj_convert's batch loops by instruction set.  Every path gives the
+ * scalar loops' bits; aj_convert runs the widest the host has. */
+typedef enum aj_convert_isa {
+    AJ_CONVERT_SCALAR = 0,
+    AJ_CONVERT_AVX2 = 1,     /* x86 AVX2 + F16C */
+    AJ_CONVERT_AVX512 = 2,   /* x86 AVX-512F */
+    AJ_CONVERT_ISA_COUNT
+} aj_convert_isa;
+aj_convert_isa aj_convert_host_isa(void);
+/* aj_convert on the named path: AJ_ERR_UNSUPPORTED if the host lacks it
+ * (tests compare the paths). */
+aj_status aj_convert_with(aj_convert_isa isa, const void *src, aj_dtype src_dtype, void *dst,
+                          aj_dtype dst_dtype, size_t count);
 /* (bytes per element: aj_dtype_size, attnjit.h) */
 
 #endif /* AJ_IR_DTYPE_H */

@@ -781,6 +781,8 @@ static aj_status pack_kv(const ring_plan *p, const aj_tensor *k, const aj_tensor
 static aj_status store_rounded(const ring_plan *p, const float *src, size_t count, void *dst,
                                void *scratch)
 {
+    if (p->host_memory)   /* device memory is host memory: rounded in place */
+        return aj_convert(src, AJ_DTYPE_F32, dst, p->op.dtype, count);
     aj_status st = aj_convert(src, AJ_DTYPE_F32, scratch, p->op.dtype, count);
     if (st == AJ_OK)
         st = to_dev(p, dst, scratch, count * p->elem);
@@ -1355,23 +1357,34 @@ static void add_f32(float *dst, const float *src, size_t n)
 }
 
 /* acc[o][row0 + i][:] += part[o][i][:] (part in `dtype`, `inner` wide,
- * `rows` rows per outer index; acc has acc_rows rows). */
+ * `rows` rows per outer index; acc has acc_rows rows); with `store`,
+ * acc[o][row0 + i][:] = part[o][i][:] (rows no launch of the step has
+ * written yet: no clearing, no adding). */
 static aj_status add_rows(float *acc, int64_t acc_rows, int64_t row0, const void *part,
                           aj_dtype dtype, int64_t outer, int64_t rows, int64_t inner,
-                          float *scratch)
+                          float *scratch, bool store)
 {
     const size_t n = (size_t)(rows * inner);
     const size_t esz = dtype_size(dtype);
     for (int64_t o = 0; o < outer; o++) {
-        aj_status st = aj_convert((const char *)part + (size_t)o * n * esz, dtype, scratch,
-                                  AJ_DTYPE_F32, n);
+        float *dst = acc + (size_t)(o * acc_rows + row0) * (size_t)inner;
+        aj_status st = aj_convert((const char *)part + (size_t)o * n * esz, dtype,
+                                  store ? dst : scratch, AJ_DTYPE_F32, n);
         if (st != AJ_OK)
             return st;
-        float *dst = acc + (size_t)(o * acc_rows + row0) * (size_t)inner;
-        for (size_t i = 0; i < n; i++)
-            dst[i] += scratch[i];
+        if (!store)
+            add_f32(dst, scratch, n);
     }
     return AJ_OK;
+}
+
+/* acc[o][row0 .. row0 + rows)[:] = 0, as add_rows lays acc out. */
+static void clear_rows(float *acc, int64_t acc_rows, int64_t row0, int64_t outer, int64_t rows,
+                       int64_t inner)
+{
+    for (int64_t o = 0; o < outer; o++)
+        memset(acc + (size_t)(o * acc_rows + row0) * (size_t)inner, 0,
+               (size_t)(rows * inner) * sizeof(float));
 }
 
 /* A launch's gradient part in the call's layout ([B, H, rows, W], varlen
@@ -1383,12 +1396,40 @@ static aj_tensor part_view(const ring_plan *p, void *data, int64_t H, int64_t ro
     return aj_cp_as_padded(&t, &p->sh);
 }
 
-static aj_status add_part(const ring_plan *p, float *acc, int64_t acc_rows, int64_t row0,
-                          const void *part, int64_t H, int64_t rows, int64_t W, float *scratch)
+/* An accumulator of H heads W wide as add_rows sees it: outer runs of
+ * `inner` floats per row (varlen: positions H W apart, one run). */
+static void acc_shape(const ring_plan *p, int64_t H, int64_t W, int64_t *outer, int64_t *inner)
 {
-    if (p->sh.varlen)   /* positions H W apart: one run */
-        return add_rows(acc, acc_rows, row0, part, p->op.dtype, 1, rows, H * W, scratch);
-    return add_rows(acc, acc_rows, row0, part, p->op.dtype, p->B * H, rows, W, scratch);
+    *outer = p->sh.varlen ? 1 : p->B * H;
+    *inner = p->sh.varlen ? H * W : W;
+}
+
+static aj_status add_part(const ring_plan *p, float *acc, int64_t acc_rows, int64_t row0,
+                          const void *part, int64_t H, int64_t rows, int64_t W, float *scratch,
+                          bool store)
+{
+    int64_t outer, inner;
+    acc_shape(p, H, W, &outer, &inner);
+    return add_rows(acc, acc_rows, row0, part, p->op.dtype, outer, rows, inner, scratch, store);
+}
+
+/* A step's dK/dV accumulator (`dkv`, K part then V part, `lk` rows)
+ * cleared where written[] says no launch has written, rows row0 ..
+ * row0 + rows, in runs. */
+static void clear_unwritten(const ring_plan *p, float *dkv, int64_t lk, const bool *written,
+                            int64_t row0, int64_t rows)
+{
+    int64_t outer_k, inner_k, outer_v, inner_v;
+    acc_shape(p, p->Hkv, p->D, &outer_k, &inner_k);
+    acc_shape(p, p->Hkv, p->Dv, &outer_v, &inner_v);
+    for (int64_t r = row0, end; r < row0 + rows; r = end) {
+        for (end = r + 1; end < row0 + rows && written[end] == written[r]; end++)
+            ;
+        if (written[r])
+            continue;
+        clear_rows(dkv, lk, r, outer_k, end - r, inner_k);
+        clear_rows(dkv + p->k_elems, lk, r, outer_v, end - r, inner_v);
+    }
 }
 
 /* Per-launch outputs of the backward kernel (one Q chunk, one K/V chunk)
@@ -1423,19 +1464,26 @@ static void free_part(const ring_plan *p, void *host)
 }
 
 /* Q against the K/V block of ring step `step`: dQ parts into dq_acc,
- * the block's dK/dV parts into dkv (f32, K part then V part, as kv). */
+ * the block's dK/dV parts into dkv (f32, K part then V part, as kv).
+ * `fresh`: dkv holds nothing yet (not even zeros): a launch's rows that
+ * no earlier launch of the step wrote are stored, not added, and the
+ * rows none writes are cleared at the end -- no clearing of the whole
+ * accumulator first. */
 static aj_status bwd_block(ring_plan *p, const ring_kernels *kern, const aj_ring_bwd_args *a,
-                           const void *kv, int step, float *dq_acc, float *dkv,
+                           const void *kv, int step, float *dq_acc, float *dkv, bool fresh,
                            const bwd_parts *parts, aj_comm_req *reqs, int nreqs)
 {
     int n = 0;
     aj_status st = AJ_OK;
+    bool *written = NULL;   /* fresh: per row of the block, whether a launch wrote it */
     AJ_TRY(plan_step(p, step, &n));
     AJ_TRY(stage_doc_cu(p, n));
     aj_tensor k, v;
     const int64_t lk = block_len(p, step_src(p, step));
     kv_tensors(p, kv, step_src(p, step), &k, &v);
     float *dk_acc = dkv, *dv_acc = dkv + p->k_elems;
+    if (fresh && !(written = calloc((size_t)lk + 1, sizeof *written)))
+        return AJ_ERR_OUT_OF_MEMORY;
     for (int i = 0; i < n; i++) {
         const ring_pair *x = &p->pairs[i];
         count_block(p, x->block);
@@ -1469,16 +1517,37 @@ static aj_status bwd_block(ring_plan *p, const ring_kernels *kern, const aj_ring
         }
         AJ_TRY(ring_wait(p, "the block's kernels"));
         AJ_TRY(add_part(p, dq_acc, p->lq, x->q.local, parts->dq_h, p->Hq, cq, p->D,
-                        parts->scratch));
+                        parts->scratch, false));
+        bool store = false;   /* none of the launch's rows written yet */
+        if (written) {
+            int64_t seen = 0;
+            for (int64_t r = x->k.local; r < x->k.local + ck; r++)
+                seen += written[r];
+            store = seen == 0;
+            if (seen > 0 && seen < ck)   /* some rows written: the others from 0 */
+                clear_unwritten(p, dkv, lk, written, x->k.local, ck);
+            memset(written + x->k.local, 1, (size_t)ck * sizeof *written);
+        }
         AJ_TRY(add_part(p, dk_acc, lk, x->k.local, parts->dk_h, p->Hkv, ck, p->D,
-                        parts->scratch));
+                        parts->scratch, store));
         AJ_TRY(add_part(p, dv_acc, lk, x->k.local, parts->dv_h, p->Hkv, ck, p->Dv,
-                        parts->scratch));
+                        parts->scratch, store));
         p->stats->compute_s += aj_now() - t0;
         for (int r = 0; r < nreqs; r++)
             AJ_TRY(exchange_progress(p, &reqs[r]));
     }
+    if (written) {   /* rows no launch wrote, and the slots past a shorter block */
+        clear_unwritten(p, dkv, lk, written, 0, lk);
+        int64_t outer_k, inner_k, outer_v, inner_v;
+        acc_shape(p, p->Hkv, p->D, &outer_k, &inner_k);
+        acc_shape(p, p->Hkv, p->Dv, &outer_v, &inner_v);
+        const size_t used_k = (size_t)(outer_k * lk * inner_k);
+        const size_t used_v = (size_t)(outer_v * lk * inner_v);
+        memset(dk_acc + used_k, 0, (p->k_elems - used_k) * sizeof(float));
+        memset(dv_acc + used_v, 0, (p->v_elems - used_v) * sizeof(float));
+    }
 done:
+    free(written);
     return st;
 }
 
@@ -1518,8 +1587,7 @@ static aj_status bwd_shared(ring_plan *p, const ring_kernels *kern, const aj_rin
         const int src = step_src(p, s);
         p->stats->rotations += src != p->rank;   /* a block that arrived */
         float *mine = shared_acc(seg, l, p->rank, s);
-        memset(mine, 0, l->dkv_count * sizeof(float));
-        AJ_TRY(bwd_block(p, kern, a, seg[src], s, dq_acc, mine, parts, req, 1));
+        AJ_TRY(bwd_block(p, kern, a, seg[src], s, dq_acc, mine, true, parts, req, 1));
         /* step 0: the K/V fence; later: step s-1's, after which rank r-1's
          * accumulator holds the block's sum over ranks r-s .. r-1 */
         AJ_TRY(exchange_finish(p, req));
@@ -1562,9 +1630,7 @@ static aj_status bwd_p2p_home(ring_plan *p, const ring_kernels *kern, const aj_r
             AJ_TRY(kv_exchange(p, &reqs[0], s, kv[kc], kv[kc ^ 1], kv_bytes));
         AJ_TRY(visiting_block(p, kv_dev, kv[kc], kv_bytes, &block));
         float *mine = s == 0 ? own : part[s % 2];
-        if (s > 0)
-            memset(mine, 0, count * sizeof(float));
-        AJ_TRY(bwd_block(p, kern, a, block, s, dq_acc, mine, parts, reqs, 2));
+        AJ_TRY(bwd_block(p, kern, a, block, s, dq_acc, mine, s > 0, parts, reqs, 2));
         AJ_TRY(exchange_finish(p, &reqs[1]));
         if (incoming)
             add_f32(own, in, count);
@@ -1693,8 +1759,7 @@ aj_status aj_ring_backward_group(aj_ctx *ctx, aj_device *dev, aj_comm *comm, con
             if (s < p.size - 1)
                 AJ_TRY(kv_exchange(&p, &reqs[0], s, kv[kc], kv[kc ^ 1], kv_bytes));
             AJ_TRY(visiting_block(&p, kv_dev, kv[kc], kv_bytes, &block));
-            memset(step, 0, dkv_count * sizeof(float));
-            AJ_TRY(bwd_block(&p, &kern, &shards, block, s, dq_acc, step, &parts, reqs, 2));
+            AJ_TRY(bwd_block(&p, &kern, &shards, block, s, dq_acc, step, true, &parts, reqs, 2));
             /* acc[ac]: the step's block's accumulator, fresh at step 0, else just
              * received from rank r-1 */
             AJ_TRY(exchange_finish(&p, &reqs[1]));
@@ -1721,7 +1786,7 @@ aj_status aj_ring_backward_group(aj_ctx *ctx, aj_device *dev, aj_comm *comm, con
             AJ_TRY(visiting_block(&p, kv_dev, (char *)gathered + src * kv_bytes, kv_bytes,
                                   &block));
             AJ_TRY(bwd_block(&p, &kern, &shards, block, s, dq_acc,
-                             (float *)all_dkv + src * dkv_count, &parts, reqs, 0));
+                             (float *)all_dkv + src * dkv_count, false, &parts, reqs, 0));
         }
         if (p.size > 1 && p.need) {   /* the parts home, summed there */
             const size_t bytes = dkv_count * sizeof(float);

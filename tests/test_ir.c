@@ -12,6 +12,7 @@
 
 #include "check.h"
 #include "spec_dir.h"
+#include "ir/dtype.h"
 #include "ir/op.h"
 
 /* ---------------------------------------------------------------- helpers */
@@ -944,6 +945,83 @@ static void test_f8_convert(void)
     }
 }
 
+/* aj_convert's vector paths against its scalar loops, bit for bit: every
+ * f16 / bf16 code, and f32 patterns -- a strided sweep of all 2^32 (an odd
+ * stride, so every low bit pattern occurs), the specials (zeros,
+ * infinities, NaNs with payloads, the f16 overflow, normal and subnormal
+ * edges, bf16 ties) and their neighbours.  The buffers' lengths are not
+ * multiples of a vector, and NaNs fall inside vector blocks. */
+static void test_convert_paths(void)
+{
+    static const uint32_t specials[] = {
+        0x00000000, 0x80000000, 0x7f800000, 0xff800000, 0x7fc00000, 0xffc00000,
+        0x7f800001, 0xff800001, 0x7fa00000, 0x7fffffff, 0x7fc01234, 0x7f802000,
+        0x7f7fffff, 0x00000001, 0x007fffff, 0x00800000,
+        0x477fe000, /* 65504, f16's largest */
+        0x477ff000, /* 65520: rounds to f16 inf */
+        0x387fc000, /* f16's subnormal edge, just below 2^-14 */
+        0x38800000, /* 2^-14 */
+        0x33800000, /* 2^-24, f16's least subnormal */
+        0x33000000, /* 2^-25: a tie, to zero */
+        0x33c00000, /* 3 * 2^-25: a tie, to 2 * 2^-24 */
+        0x3f808000, 0x3f818000, /* bf16 ties, to even */
+        0x3f801000, 0x3f803000, /* f16 ties, to even */
+        0x3f800000, 0x40490fdb, 0xc0490fdb,
+    };
+    const size_t n_special = sizeof specials / sizeof specials[0];
+    const uint32_t stride = 2654435761u;   /* odd: a sample of every residue */
+    const size_t n_sweep = 1u << 20, n = 3 * n_special + n_sweep + 13;
+    uint32_t *in = malloc(n * sizeof *in);
+    uint16_t *half = malloc(n * sizeof *half), *want16 = malloc(n * sizeof *want16);
+    float *back = malloc(n * sizeof *back), *want32 = malloc(n * sizeof *want32);
+    CHECK(in && half && want16 && back && want32);
+    if (!in || !half || !want16 || !back || !want32)
+        goto done;
+    size_t m = 0;
+    for (size_t i = 0; i < n_special; i++)
+        for (int d = -1; d <= 1; d++)
+            in[m++] = specials[i] + (uint32_t)d;
+    for (uint32_t u = 0x9e3779b9u; m < n; u += stride)
+        in[m++] = u;
+
+    const aj_convert_isa host = aj_convert_host_isa();
+    printf("convert paths: host runs up to %d (0 scalar, 1 avx2, 2 avx512)\n", (int)host);
+    for (int isa = AJ_CONVERT_SCALAR; isa < AJ_CONVERT_ISA_COUNT; isa++) {
+        if (isa > (int)host) {
+            printf("convert path %d: skipped, this host lacks it\n", isa);
+            CHECK(aj_convert_with((aj_convert_isa)isa, in, AJ_DTYPE_F32, half, AJ_DTYPE_F16, 1) ==
+                  AJ_ERR_UNSUPPORTED);
+            continue;
+        }
+        for (int t = AJ_DTYPE_F16; t <= AJ_DTYPE_BF16; t++) {
+            const aj_dtype dt = (aj_dtype)t;
+            const float *f = (const float *)in;
+            for (size_t i = 0; i < n; i++)   /* the scalar rule, element by element */
+                want16[i] = dt == AJ_DTYPE_F16 ? aj_f32_to_f16(f[i]) : aj_f32_to_bf16(f[i]);
+            CHECK(aj_convert_with((aj_convert_isa)isa, f, AJ_DTYPE_F32, half, dt, n) == AJ_OK);
+            size_t bad = n;
+            for (size_t i = 0; i < n && bad == n; i++)
+                bad = half[i] == want16[i] ? bad : i;
+            CHECK_MSG(bad == n, "path %d f32 -> %s: 0x%08x gives 0x%04x, want 0x%04x", isa,
+                      aj_dtype_name(dt), in[bad % n], half[bad % n], want16[bad % n]);
+            for (size_t i = 0; i < n; i++)   /* every code, then again from offset 3 */
+                half[i] = (uint16_t)(i < 65536 ? i : i * 40503u);
+            for (size_t i = 0; i < n; i++)
+                want32[i] = dt == AJ_DTYPE_F16 ? aj_f16_to_f32(half[i]) : aj_bf16_to_f32(half[i]);
+            CHECK(aj_convert_with((aj_convert_isa)isa, half + 3, dt, back, AJ_DTYPE_F32, n - 3) ==
+                  AJ_OK);
+            CHECK_MSG(memcmp(back, want32 + 3, (n - 3) * sizeof *back) == 0,
+                      "path %d %s -> f32 differs from the scalar rule", isa, aj_dtype_name(dt));
+        }
+    }
+done:
+    free(in);
+    free(half);
+    free(want16);
+    free(back);
+    free(want32);
+}
+
 static void test_setter_errors(aj_ctx *ctx)
 {
     aj_schedule bad_block = { .block_m = -16 };
@@ -1334,6 +1412,7 @@ int main(int argc, char **argv)
     test_setter_errors(ctx);
     test_paged(ctx);
     test_f8_convert();
+    test_convert_paths();
     test_sticky(ctx);
     test_null_args(ctx);
     aj_ctx_destroy(ctx);
