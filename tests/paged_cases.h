@@ -483,7 +483,7 @@ static inline int paged_gpu_cases(paged_case *out)
     static const int32_t empty[2] = {0, 0};
     static const int page_sizes[5] = {1, 16, 64, 7, 33};
     static const aj_dtype kvs[3] = {AJ_DTYPE_F8E4M3, AJ_DTYPE_F8E5M2, AJ_DTYPE_BF16};
-    static const int dims[2][2] = {{128, 128}, {192, 128}};
+    static const int dims[3][2] = {{128, 128}, {192, 128}, {256, 256}};
     int n = 0;
     for (int i = 0; i < 5; i++) {
         paged_case c = paged_base(AJ_DTYPE_F16, AJ_DTYPE_F16, 64, lens, 3);
@@ -501,8 +501,10 @@ static inline int paged_gpu_cases(paged_case *out)
         c.hkv = i == 2 ? 8 : 1;
         out[n++] = c;
     }
-    for (int i = 0; i < 2; i++) {
-        paged_case c = paged_base(AJ_DTYPE_F16, AJ_DTYPE_F8E4M3, dims[i][0], one, 1);
+    /* (256, 256) with a 16-bit cache: the widest tile cp.async streams */
+    for (int i = 0; i < 3; i++) {
+        paged_case c = paged_base(AJ_DTYPE_F16, i == 2 ? AJ_DTYPE_F16 : AJ_DTYPE_F8E4M3,
+                                  dims[i][0], one, 1);
         c.dv = dims[i][1];
         c.hq = c.hkv = 1;
         c.sq = 16 + 4 * i;   /* 20: two row blocks of a paged part */
