@@ -52,6 +52,23 @@ aj_status aj_check_rank_dtype(aj_ctx *ctx, const char *fn, const char *name,
     return AJ_OK;
 }
 
+/* data and every stride but the last (contiguous) on `bytes`-byte
+ * boundaries; `why` ends the message ("" or " (reason)"). */
+static aj_status check_aligned(aj_ctx *ctx, const char *fn, const char *name, const aj_tensor *t,
+                               int rank, int size, int bytes, const char *why)
+{
+    const int per = bytes / size;
+    if ((uintptr_t)t->data % (uintptr_t)bytes)
+        return aj_fail(ctx, AJ_ERR_INVALID_ARG, "%s: %s.data = %p is not %d-byte aligned%s", fn,
+                       name, t->data, bytes, why);
+    for (int i = 0; i < rank - 1; i++)
+        if (t->strides[i] % per)
+            return aj_fail(ctx, AJ_ERR_INVALID_ARG, "%s: %s.strides[%d] = %lld is not a multiple "
+                           "of %d elements (%d bytes)%s", fn, name, i, (long long)t->strides[i],
+                           per, bytes, why);
+    return AJ_OK;
+}
+
 /* Rank, dtype, non-negative shape and strides, unit last stride, data. */
 static aj_status check_tensor(aj_ctx *ctx, const char *fn, const char *name,
                               const aj_tensor *t, int rank, aj_dtype dtype, int aligned)
@@ -73,18 +90,7 @@ static aj_status check_tensor(aj_ctx *ctx, const char *fn, const char *name,
                        (long long)t->strides[rank - 1]);
     if (!t->data && extent_bytes(t, elem_size(dtype)) > 0)
         return aj_fail(ctx, AJ_ERR_INVALID_ARG, "%s: %s.data is NULL", fn, name);
-    if (aligned) {
-        int per16 = 16 / elem_size(dtype);
-        if ((uintptr_t)t->data % 16)
-            return aj_fail(ctx, AJ_ERR_INVALID_ARG, "%s: %s.data = %p is not 16-byte "
-                           "aligned", fn, name, t->data);
-        for (int i = 0; i < rank - 1; i++)
-            if (t->strides[i] % per16)
-                return aj_fail(ctx, AJ_ERR_INVALID_ARG, "%s: %s.strides[%d] = %lld is "
-                               "not a multiple of %d elements (16 bytes)", fn, name, i,
-                               (long long)t->strides[i], per16);
-    }
-    return AJ_OK;
+    return aligned ? check_aligned(ctx, fn, name, t, rank, elem_size(dtype), 16, "") : AJ_OK;
 }
 
 static aj_status check_dim(aj_ctx *ctx, const char *fn, const char *name, int i,
@@ -910,17 +916,9 @@ static aj_status check_cache_chunks(aj_ctx *ctx, const char *name, const aj_tens
                                     aj_dtype dtype, int width)
 {
     const int size = elem_size(dtype), chunk = size == 1 && width % 16 ? 8 : 16;
-    if ((uintptr_t)t->data % (uintptr_t)chunk)
-        return aj_fail(ctx, AJ_ERR_INVALID_ARG, "%s: %s.data = %p is not %d-byte aligned (the "
-                       "sim/GPU paged kernel reads cache rows in %d-byte chunks)", FWD, name,
-                       t->data, chunk, chunk);
-    for (int i = 0; i < 3; i++)
-        if (t->strides[i] * size % chunk)
-            return aj_fail(ctx, AJ_ERR_INVALID_ARG, "%s: %s.strides[%d] = %lld elements is not "
-                           "a multiple of %d bytes (the sim/GPU paged kernel reads cache rows "
-                           "in %d-byte chunks)", FWD, name, i, (long long)t->strides[i], chunk,
-                           chunk);
-    return AJ_OK;
+    return check_aligned(ctx, FWD, name, t, 4, size, chunk, chunk == 8 ?
+                         " (the sim/GPU paged kernel reads cache rows in 8-byte chunks)" :
+                         " (the sim/GPU paged kernel reads cache rows in 16-byte chunks)");
 }
 
 /*
