@@ -191,6 +191,11 @@ static double time_decode(aj_ctx *ctx, aj_device *dev, decode *d)
  * block of 64 ahead).  What this access pattern (a KV head's D elements
  * every Hkv D of a page, pages scattered) gives: the ceiling a decode
  * over this cache layout meets before any arithmetic.
+ *
+ * And the same bytes in another order (page_major): an item per sequence
+ * reads each page whole, K then V, a KV head's rows after another, the
+ * next page's lines prefetched to L2 meanwhile -- what a kernel that
+ * takes every KV head of a sequence in one item could read at.
  */
 /* The words of K (kv 0) or V (kv 1) row p of item (b, h). */
 static const uint64_t *gather_row(const bench_job *j, int kv, int b, int h, int p)
@@ -228,12 +233,46 @@ static void *gather_part(void *arg)
     return NULL;
 }
 
+static void *page_major_part(void *arg)
+{
+    bench_job *j = arg;
+    const paged_case *c = j->c;
+    const int32_t *table = j->d->mem[5];
+    size_t row_words = (size_t)c->d * 2 / 8;
+    size_t page_words = row_words * (size_t)c->hkv * (size_t)c->page_size;
+    uint64_t s[8] = {0};
+    for (int b = j->first; b < c->b; b += j->step) {
+        const int32_t *pages = table + (size_t)b * j->d->args.max_pages;
+        int n = (c->seqlens[b] + c->page_size - 1) / c->page_size;
+        for (int p = 0; p < n; p++)
+            for (int kv = 0; kv < 2; kv++) {
+                const uint64_t *cache = j->d->mem[1 + kv];
+                if (p + 1 < n) {
+                    const uint64_t *next = cache + (size_t)pages[p + 1] * page_words;
+                    for (size_t i = 0; i < page_words; i += 8)
+                        __builtin_prefetch(next + i, 0, 2);
+                }
+                const uint64_t *page = cache + (size_t)pages[p] * page_words;
+                for (int h = 0; h < c->hkv; h++)
+                    for (int t = 0; t < c->page_size; t++) {
+                        const uint64_t *w = page + ((size_t)t * c->hkv + h) * row_words;
+                        for (size_t i = 0; i < row_words; i += 8)
+                            for (int k = 0; k < 8; k++)
+                                s[k] += w[i + k];
+                    }
+            }
+    }
+    j->sum = s[0] ^ s[1] ^ s[2] ^ s[3] ^ s[4] ^ s[5] ^ s[6] ^ s[7];
+    return NULL;
+}
+
+/* ahead < 0: page_major */
 static double time_gather(const decode *d, const paged_case *c, int threads, int ahead)
 {
     bench_job jobs[64];
     for (int i = 0; i < threads; i++)
         jobs[i] = (bench_job){.d = d, .c = c, .first = i, .step = threads, .ahead = ahead};
-    return time_jobs(gather_part, jobs, threads);
+    return time_jobs(ahead < 0 ? page_major_part : gather_part, jobs, threads);
 }
 
 static void decode_free(aj_device *dev, decode *d)
@@ -307,25 +346,27 @@ static int bench_bandwidth(aj_ctx *ctx, aj_device *dev, int threads, int rounds)
     time_stream(dst, src, d.kv_bytes, threads);
     time_stream(NULL, src, d.kv_bytes, threads);
     time_gather(&d, &c, threads, 64);
-    double tc[MAX_ROUNDS], tr[MAX_ROUNDS], tg[2][MAX_ROUNDS], tk[MAX_ROUNDS],
-        vs_copy[MAX_ROUNDS], vs_read[MAX_ROUNDS], vs_gather[2][MAX_ROUNDS];
+    double tc[MAX_ROUNDS], tr[MAX_ROUNDS], tg[3][MAX_ROUNDS], tk[MAX_ROUNDS],
+        vs_copy[MAX_ROUNDS], vs_read[MAX_ROUNDS], vs_gather[3][MAX_ROUNDS];
     for (int r = 0; r < rounds; r++) {
         tc[r] = time_stream(dst, src, d.kv_bytes, threads);
         tr[r] = time_stream(NULL, src, d.kv_bytes, threads);
         tg[0][r] = time_gather(&d, &c, threads, 0);
         tg[1][r] = time_gather(&d, &c, threads, 64);
+        tg[2][r] = time_gather(&d, &c, threads, -1);
         tk[r] = time_decode(ctx, dev, &d);
         vs_copy[r] = tc[r] / tk[r];   /* (KV bytes / tk) / (copied bytes / tc) */
         vs_read[r] = tr[r] / tk[r];
         vs_gather[0][r] = tg[0][r] / tk[r];
         vs_gather[1][r] = tg[1][r] / tk[r];
+        vs_gather[2][r] = tg[2][r] / tk[r];
     }
     double bytes = (double)d.kv_bytes;
     spread copy = rate_spread(tc, rounds, bytes), read = rate_spread(tr, rounds, bytes);
     spread dec = rate_spread(tk, rounds, bytes);
     spread rc = spread_of(vs_copy, rounds), rr = spread_of(vs_read, rounds);
     printf("decode B 32, ctx 4096, Hq 32, Hkv 8, d 128, bf16, page 16, %d threads, "
-           "%d rounds of (copy, read, rows twice, decode); %.0f MB each; GB/s median [min, max]\n",
+           "%d rounds of (copy, read, rows in three orders, decode); %.0f MB each; GB/s median [min, max]\n",
            threads, rounds, bytes / 1e6);
     printf("| measure | GB/s | decode / it, same round |\n|---|---:|---:|\n");
     printf("| decode: KV bytes read | %.2f [%.2f, %.2f] | |\n", dec.med, dec.lo, dec.hi);
@@ -335,10 +376,13 @@ static int bench_bandwidth(aj_ctx *ctx, aj_device *dev, int threads, int rounds)
            2 * copy.lo, 2 * copy.hi);
     printf("| read-only sum | %.2f [%.2f, %.2f] | %.2f [%.2f, %.2f] |\n", read.med, read.lo,
            read.hi, rr.med, rr.lo, rr.hi);
-    for (int g = 0; g < 2; g++) {
+    static const char *const orders[3] = {
+        "plain loads", "prefetched 64 rows ahead",
+        "page by page, every KV head (next page to L2)"};
+    for (int g = 0; g < 3; g++) {
         spread rate = rate_spread(tg[g], rounds, bytes), ratio = spread_of(vs_gather[g], rounds);
         printf("| the decode's rows, %s | %.2f [%.2f, %.2f] | %.2f [%.2f, %.2f] |\n",
-               g ? "prefetched 64 rows ahead" : "plain loads", rate.med, rate.lo, rate.hi,
+               orders[g], rate.med, rate.lo, rate.hi,
                ratio.med, ratio.lo, ratio.hi);
     }
     decode_free(dev, &d);
