@@ -93,6 +93,7 @@ const aj_host_symbol *aj_cpu_symbols(size_t *count);
 typedef struct aj_kernel_stage {
     char entry[128];
     aj_launch_info launch;
+    int32_t pack_rows;           /* aj_kernel_layout's */
     aj_param_info params[AJ_KB_MAX_PARAMS];
     char param_names[AJ_KB_MAX_PARAMS][32];
     aj_host_entry_fn host_entry; /* sim, cpu: <entry>.entry */

@@ -53,6 +53,11 @@ typedef struct aj_kb_param_decl {
 typedef struct aj_kernel_layout {
     aj_grid_dim grid[3];
     aj_schedule schedule;    /* resolved, no zero fields */
+    /* layout = paged forward: the most rows (a KV head's query heads x
+     * their queries) one item or CTA packs (attn_common.h, "GQA
+     * packing"); 0 where the op's score programs keep a head per item.
+     * The launch counts the items that work by it. */
+    int32_t pack_rows;
 } aj_kernel_layout;
 
 /*

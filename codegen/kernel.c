@@ -27,6 +27,7 @@ static void stage_from_kb(aj_kernel_stage *ks, const aj_kb_stage *st)
     ks->launch.num_params = st->num_params;
     ks->launch.params = ks->params;
     ks->launch.schedule = st->layout.schedule;
+    ks->pack_rows = st->layout.pack_rows;
 }
 
 aj_status aj_kernel_new(aj_ctx *ctx, const aj_kb_stage *stages, int num_stages,
@@ -148,13 +149,14 @@ aj_status aj_kernel_compile_stats(const aj_kernel *kernel, aj_compile_stats *out
  * with, per stage,
  *
  *   str entry   i32 block[3]   {i32 extent, i32 per_block}[3]
- *   i32 dynamic_smem   aj_schedule   i32 num_params   {str name, u32 type}*
+ *   i32 dynamic_smem   aj_schedule   i32 pack_rows   i32 num_params
+ *   {str name, u32 type}*
  *
  * where str is u32 length + bytes, and object is a host kernel's object
  * code (object_size 0 for GPU kernels).  Format 2 added the stages, 3 the
- * object code.
+ * object code, 4 pack_rows.
  */
-#define KERNEL_FORMAT 3u
+#define KERNEL_FORMAT 4u
 
 typedef struct byte_writer {
     uint8_t *buf;
@@ -208,6 +210,7 @@ aj_status aj_kernel_serialize(aj_ctx *ctx, const aj_kernel *k, uint8_t **out, si
         put(&w, ks->launch.grid, sizeof ks->launch.grid);
         put(&w, &ks->launch.dynamic_smem, 4);
         put(&w, &ks->launch.schedule, sizeof ks->launch.schedule);
+        put(&w, &ks->pack_rows, 4);
         put(&w, &ks->launch.num_params, 4);
         for (int i = 0; i < ks->launch.num_params; i++) {
             put_str(&w, ks->params[i].name);
@@ -272,6 +275,7 @@ static void get_stage(byte_reader *r, aj_kb_stage *st)
     get(r, st->layout.grid, sizeof st->layout.grid);
     get(r, &st->dynamic_smem, 4);
     get(r, &st->layout.schedule, sizeof st->layout.schedule);
+    get(r, &st->layout.pack_rows, 4);
     get(r, &st->num_params, 4);
     if (st->num_params < 0 || st->num_params > AJ_KB_MAX_PARAMS)
         r->failed = 1;

@@ -445,26 +445,15 @@ done:
 
 /* The items of one part of a paged launch that have work: B Hkv where
  * the kernel packs each KV head's query heads into one item or CTA
- * (attn_common.h, "GQA packing": padded queries here, the group's Sq rows
- * within the kernel's block -- the cpu's block_m, the GPU kernels'
- * AJ_PAGED_PACK_ROWS -- and programs that allow it), else B Hq. */
-static int64_t paged_working_items(aj_ctx *ctx, const aj_kernel *kernel, const fwd_sizes *sz)
+ * (attn_common.h, "GQA packing": padded queries here, and the group's Sq
+ * rows within the rows its first stage packs), else B Hq. */
+static int64_t paged_working_items(const aj_kernel *kernel, const fwd_sizes *sz)
 {
-    const int64_t all = sz->batch * sz->heads_q;
-    const aj_op *source = atomic_load(&((aj_kernel *)kernel)->source);
-    const bool cpu = kernel->target == AJ_TARGET_CPU;
-    aj_launch_info li;
-    if (!source || kernel->op.q_layout == AJ_LAYOUT_VARLEN ||
-        aj_kernel_stage_info(kernel, 0, &li) != AJ_OK)
-        return all;
-    const int64_t max_rows = cpu ? li.schedule.block_m : AJ_PAGED_PACK_ROWS;
-    if (sz->heads_q / sz->heads_kv * sz->seq_q > max_rows)
-        return all;
-    static _Thread_local aj_score_prog prog;   /* large for a stack */
-    if (aj_score_prog_init(ctx, source, &prog) != AJ_OK ||
-        !aj_attn_paged_packable(&prog, !cpu))
-        return all;
-    return sz->batch * sz->heads_kv;
+    if (kernel->op.q_layout != AJ_LAYOUT_VARLEN &&
+        aj_attn_paged_group_packs(sz->heads_q / sz->heads_kv, sz->seq_q,
+                                  kernel->stages[0].pack_rows))
+        return sz->batch * sz->heads_kv;
+    return sz->batch * sz->heads_q;
 }
 
 /* Split-KV parts of a paged launch: the op's schedule, else enough that
@@ -482,7 +471,7 @@ static int64_t paged_splits(aj_ctx *ctx, const aj_kernel *kernel, const aj_devic
     long cores = dev->workers;
     if (cores <= 0 && aj_device_get_caps(dev, &caps) == AJ_OK)
         cores = caps.multiprocessors;
-    int64_t items = paged_working_items(ctx, kernel, sz), want = 2 * (cores > 0 ? cores : 1);
+    int64_t items = paged_working_items(kernel, sz), want = 2 * (cores > 0 ? cores : 1);
     int64_t by_length = sz->seq_k / 256;
     int64_t splits = items >= want ? 1 : (want + items - 1) / items;
     if (splits > by_length)

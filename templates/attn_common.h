@@ -175,6 +175,13 @@ struct aj_score_prog;
 bool aj_attn_paged_packable(const struct aj_score_prog *prog, bool per_row_head);
 LLVMValueRef aj_attn_paged_packs(aj_kb *kb, LLVMValueRef group, LLVMValueRef len_q,
                                  int max_rows);
+/* The same rule on the host, for a launch's count of the items that work
+ * (max_rows: the kernel's aj_kernel_layout.pack_rows, 0 if it never
+ * packs); aj_attn_paged_packs emits it. */
+static inline bool aj_attn_paged_group_packs(int64_t group, int64_t len_q, int64_t max_rows)
+{
+    return len_q > 0 && group * len_q <= max_rows;
+}
 
 /*
  * The totals the score programs read (score.h's sq, sk; i64), NULL where

@@ -620,7 +620,8 @@ static void build_paged_parts(cfwd *c, const aj_score_prog *prog, int log2e_in_q
      * head takes all of its heads' rows (the KV read once, the register
      * tiles full), the others return */
     LLVMValueRef pack = NULL;
-    if (aj_attn_paged_packable(prog, false)) {
+    const bool packable = aj_attn_paged_packable(prog, false);
+    if (packable) {
         pack = aj_attn_paged_packs(kb, group, seq->len_q, p->bm);
         aj_kb_if_begin(kb, pack);
         aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntEQ, LLVMBuildSRem(b, h, group, ""),
@@ -663,6 +664,7 @@ static void build_paged_parts(cfwd *c, const aj_score_prog *prog, int log2e_in_q
     const aj_kernel_layout layout = {
         .grid = {{AJ_EXTENT_SPLITS, 1}, {AJ_EXTENT_HEADS_Q, 1}, {AJ_EXTENT_BATCH, 1}},
         .schedule = {p->bm, p->bn, 1, 1},
+        .pack_rows = packable ? p->bm : 0,
     };
     aj_kb_finish(kb, &layout);
 }

@@ -1047,6 +1047,7 @@ static void build_paged_parts(efwd *e)
     const aj_kernel_layout layout = {
         .grid = {{AJ_EXTENT_SPLITS, 1}, {AJ_EXTENT_HEADS_Q, 1}, {AJ_EXTENT_BATCH, 1}},
         .schedule = {p->bm, p->bn, p->warps, 1},
+        .pack_rows = packable ? AJ_PAGED_PACK_ROWS : 0,
     };
     aj_kb_finish(kb, &layout);
 }
