@@ -40,6 +40,7 @@ typedef struct sweep_case {
     aj_dtype dtype;
     int d, dv;
     const char *mask, *score_mod;
+    const char *tensors;   /* the op's side tensors, NULL for none */
     int bias;
     /* options beyond the main product, off unless a caller sets them */
     double dropout;
@@ -114,11 +115,12 @@ static inline int sweep_spec(const sweep_case *c, char *buf, size_t cap)
     return snprintf(buf, cap,
                     "attention %s %s {\n  dtype = %s\n  head_dim = %d\n  head_dim_v = %d\n"
                     "  mask = %s\n  score_mod = %s\n  bias = %s\n  dropout = %g\n"
-                    "  layout = %s\n%s%s}\n",
+                    "  layout = %s\n%s%s%s%s%s}\n",
                     aj_kind_name(c->kind), aj_variant_name(c->variant),
                     aj_dtype_name(c->dtype), c->d, c->dv, c->mask, c->score_mod,
                     c->bias ? "add" : "none", c->dropout, c->varlen ? "varlen" : "padded",
-                    c->accumulate ? "  accumulate = true\n" : "",
+                    c->tensors ? "  tensors = " : "", c->tensors ? c->tensors : "",
+                    c->tensors ? "\n" : "", c->accumulate ? "  accumulate = true\n" : "",
                     c->deterministic ? "  deterministic = true\n" : "");
 }
 
