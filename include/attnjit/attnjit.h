@@ -384,7 +384,9 @@ typedef struct aj_compile_options {
     /* 0..3.  2 (the default): attnjit's pass list for generated kernels
      * (SROA, early CSE, instcombine, loop rotation, LICM) with the NVPTX backend at
      * its default level; 3: LLVM's default<O3> and the aggressive backend;
-     * 1: SROA, CSE and instcombine only; 0: SROA only. */
+     * 1: SROA, CSE and instcombine only; 0: SROA only.  The sim target
+     * lowers the optimised IR to host code without machine-level
+     * optimisation whatever the level (docs/sim.md). */
     int opt_level;
     /* optional: a stage name ("build", "verify", "optimize") after which the
      * module is printed through the log callback at AJ_LOG_DEBUG; NULL: off */
