@@ -61,9 +61,10 @@ void aj_nvptx_annotate_kernel(LLVMModuleRef mod, LLVMValueRef fn,
                               int32_t threads, int32_t min_ctas_per_sm);
 
 /* sim target (sim.c) */
-/* The host target machine of sim kernels (no machine-level optimisation:
- * see sim.c). */
-aj_status aj_sim_target_machine(aj_ctx *ctx, LLVMTargetMachineRef *out);
+/* The host target machine of sim and cpu kernels (sim: no machine-level
+ * optimisation, cpu: at opt_level; see sim.c). */
+aj_status aj_sim_target_machine(aj_ctx *ctx, aj_target target, int opt_level,
+                                LLVMTargetMachineRef *out);
 /* Adds <stage entry>.entry, the emulator's way into a stage's kernel. */
 void aj_sim_add_entry(aj_kb *kb, const aj_kb_stage *stage);
 void aj_sim_count_instructions(LLVMModuleRef mod);

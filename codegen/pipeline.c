@@ -188,7 +188,7 @@ aj_status aj_codegen_run(aj_ctx *ctx, const aj_op *op,
     }
     AJ_TRY(aj_intrinsics_check(ctx));
     if (host)
-        AJ_TRY(aj_sim_target_machine(ctx, &tm));
+        AJ_TRY(aj_sim_target_machine(ctx, options->target, options->opt_level, &tm));
     else
         AJ_TRY(aj_nvptx_target_machine(ctx, options->target, options->opt_level, &tm));
     char *triple = LLVMGetTargetMachineTriple(tm);

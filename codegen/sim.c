@@ -51,8 +51,11 @@ static aj_status host_target_ready(aj_ctx *ctx)
  * (bench_sim), while its instruction scheduling is quadratic in the size of
  * the templates' unrolled blocks: -O2 made sim compiles 2.5-3x slower (a
  * paged forward 155-195 ms against 55-63) and the sim tests about 2x.
+ * The cpu target's code is the kernel itself: it keeps the op's opt_level
+ * (at none, the paged decode ran at half its speed, bench_decode).
  */
-aj_status aj_sim_target_machine(aj_ctx *ctx, LLVMTargetMachineRef *out)
+aj_status aj_sim_target_machine(aj_ctx *ctx, aj_target target, int opt_level,
+                                LLVMTargetMachineRef *out)
 {
     if (host_target_ready(ctx) != AJ_OK)
         return AJ_ERR_CODEGEN;
@@ -67,8 +70,13 @@ aj_status aj_sim_target_machine(aj_ctx *ctx, LLVMTargetMachineRef *out)
         st = aj_fail(ctx, AJ_ERR_CODEGEN, "host target %s unavailable: %s", triple, err);
         LLVMDisposeMessage(err);
     } else {
-        *out = LLVMCreateTargetMachine(t, triple, cpu, features, LLVMCodeGenLevelNone,
-                                       LLVMRelocPIC, LLVMCodeModelJITDefault);
+        static const LLVMCodeGenOptLevel levels[4] = {
+            LLVMCodeGenLevelNone, LLVMCodeGenLevelLess, LLVMCodeGenLevelDefault,
+            LLVMCodeGenLevelAggressive};
+        LLVMCodeGenOptLevel level = target == AJ_TARGET_CPU ? levels[opt_level]
+                                                            : LLVMCodeGenLevelNone;
+        *out = LLVMCreateTargetMachine(t, triple, cpu, features, level, LLVMRelocPIC,
+                                       LLVMCodeModelJITDefault);
         if (!*out)
             st = aj_fail(ctx, AJ_ERR_CODEGEN, "cannot create a host target machine");
     }
