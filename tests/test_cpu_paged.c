@@ -8,6 +8,7 @@
  * KV head and not (a group too long for one block) -- then every split
  * count 1..16 of one problem against the reference and against each other,
  * varlen queries (q_layout = varlen: chunked prefill, test_varlen_queries),
+ * every head dim 8..256 with D != Dv (paged_dim_case, here and on sim),
  * and the faults the kernel finds (a page outside the cache, a length
  * beyond the table, a negative length; varlen: decreasing cu_seqlens_q, a
  * chunk longer than its sequence), each named by its sequence.
@@ -316,6 +317,15 @@ static void test_sim(void)
         run(&cases[i]);
 }
 
+/* Every head dim of the range, D != Dv (paged_dim_case), on either device. */
+static void test_head_dims(void)
+{
+    for (int i = 0; i < PAGED_DIM_CASES; i++) {
+        paged_case c = paged_dim_case(i);
+        run(&c);
+    }
+}
+
 /* argv[1] "sim": the sim's cases and faults (test_sim_paged); else the
  * cpu's. */
 int main(int argc, char **argv)
@@ -333,6 +343,7 @@ int main(int argc, char **argv)
         test_splits();
         test_varlen_queries();
     }
+    test_head_dims();
     test_faults();
     test_errors();
     aj_device_close(dev);
