@@ -47,7 +47,7 @@ static aj_status host_target_ready(aj_ctx *ctx)
  * The host code of sim kernels is generated without machine-level
  * optimisation (the IR pipeline still runs at the op's opt_level, the same
  * IR the GPU targets get).  The emulator's thread switches and checks
- * dominate a launch, so host code at -O2 runs it only 1.15-1.3x faster
+ * dominate a launch, so host code at -O2 runs it only 1.09-1.28x faster
  * (bench_sim), while its instruction scheduling is quadratic in the size of
  * the templates' unrolled blocks: -O2 made sim compiles 2.5-3x slower (a
  * paged forward 155-195 ms against 55-63) and the sim tests about 2x.

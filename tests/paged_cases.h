@@ -466,22 +466,22 @@ static inline paged_result paged_run(aj_ctx *ctx, aj_device *dev, const aj_kerne
  * sim): D = 8, 16, .. 256 (case i: 8 (i + 1)), Dv walking the same range
  * with a stride prime to its 32 values (every Dv once, D != Dv but for
  * four), queries f16 / bf16 in turn, the cache's dtype rotating through
- * f16, bf16, e4m3 and e5m2, both variants, GQA 2:1 with Sq 2 (packed),
- * a causal mask, ragged lengths over shuffled pages of 16.
+ * the query's, the query's, e4m3 and e5m2 (f16, bf16, e4m3, e5m2), each
+ * with both variants (flash for cases 0..3 mod 8, efficient for 4..7),
+ * GQA 2:1 with Sq 2 (packed), a causal mask, ragged lengths over shuffled
+ * pages of 16.
  */
 enum { PAGED_DIM_CASES = 32 };
 static inline paged_case paged_dim_case(int i)
 {
     static const int32_t lens[2] = {37, 20};
-    static const aj_dtype kvs[4] = {AJ_DTYPE_F16, AJ_DTYPE_BF16, AJ_DTYPE_F8E4M3,
-                                    AJ_DTYPE_F8E5M2};
     aj_dtype q = i % 2 ? AJ_DTYPE_BF16 : AJ_DTYPE_F16;
-    aj_dtype kv = kvs[i % 4] == AJ_DTYPE_F16 || kvs[i % 4] == AJ_DTYPE_BF16 ? q : kvs[i % 4];
+    aj_dtype kv = i % 4 < 2 ? q : i % 4 == 2 ? AJ_DTYPE_F8E4M3 : AJ_DTYPE_F8E5M2;
     paged_case c = paged_base(q, kv, 8 * (i + 1), lens, 2);
     c.dv = 8 * (1 + (i * 13 + 5) % PAGED_DIM_CASES);
     c.sq = 2;
     c.mask = AJ_MASK_CAUSAL;
-    c.efficient = i / 2 % 2;
+    c.efficient = i / 4 % 2;
     c.seed = 100 + (uint64_t)i;
     return c;
 }
