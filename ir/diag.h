@@ -22,8 +22,9 @@ struct aj_ctx {
     char *cache_dir_copy;
     char error[AJ_ERROR_TEXT_MAX];
     /* the runtime's kernel cache, made on first use; freed through the
-     * function it leaves here (this layer knows nothing of it) */
-    struct aj_kernel_cache *cache;
+     * function it leaves here (this layer knows nothing of it); atomic, as
+     * threads sharing the context may make it at once */
+    struct aj_kernel_cache *_Atomic cache;
     void (*cache_free)(struct aj_kernel_cache *cache);
 };
 

@@ -32,6 +32,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -103,8 +104,16 @@ typedef struct mem_entry {
     aj_kernel *kernel;
 } mem_entry;
 
+/* A key some thread has claimed to compile (aj_cache_lookup_or_claim). */
+typedef struct claim {
+    struct claim *next;
+    char *key;
+} claim;
+
 struct aj_kernel_cache {
     pthread_mutex_t lock;
+    pthread_cond_t claim_ended;  /* a claimed key was stored or given up */
+    claim *claims;
     mem_entry *entries;
     size_t count, cap;
     int disk;
@@ -121,6 +130,7 @@ static void cache_free(aj_kernel_cache *c)
         aj_kernel_destroy(c->entries[i].kernel);
     }
     free(c->entries);
+    pthread_cond_destroy(&c->claim_ended);
     pthread_mutex_destroy(&c->lock);
     free(c);
 }
@@ -194,18 +204,24 @@ static void open_disk(aj_ctx *ctx, aj_kernel_cache *c)
 
 aj_kernel_cache *aj_cache_of(aj_ctx *ctx)
 {
+    static pthread_mutex_t making = PTHREAD_MUTEX_INITIALIZER;
     if (ctx->config.cache_mode == AJ_CACHE_OFF)
         return NULL;
-    if (ctx->cache)
-        return ctx->cache;
-    aj_kernel_cache *c = calloc(1, sizeof *c);
-    if (!c)
-        return NULL;
-    pthread_mutex_init(&c->lock, NULL);
-    c->max_bytes = ctx->config.cache_max_bytes ? ctx->config.cache_max_bytes : DEFAULT_MAX_BYTES;
-    open_disk(ctx, c);
-    ctx->cache = c;
-    ctx->cache_free = cache_free;
+    aj_kernel_cache *c = atomic_load_explicit(&ctx->cache, memory_order_acquire);
+    if (c)
+        return c;
+    pthread_mutex_lock(&making);   /* threads sharing ctx: one makes it */
+    c = atomic_load_explicit(&ctx->cache, memory_order_acquire);
+    if (!c && (c = calloc(1, sizeof *c))) {
+        pthread_mutex_init(&c->lock, NULL);
+        pthread_cond_init(&c->claim_ended, NULL);
+        c->max_bytes = ctx->config.cache_max_bytes ? ctx->config.cache_max_bytes
+                                                   : DEFAULT_MAX_BYTES;
+        open_disk(ctx, c);
+        ctx->cache_free = cache_free;
+        atomic_store_explicit(&ctx->cache, c, memory_order_release);
+    }
+    pthread_mutex_unlock(&making);
     return c;
 }
 
@@ -479,33 +495,78 @@ static void disk_store(aj_ctx *ctx, aj_kernel_cache *c, aj_cache_kind kind, cons
 
 static void memory_store(aj_kernel_cache *c, const char *key, aj_kernel *k);
 
-aj_kernel *aj_cache_lookup(aj_ctx *ctx, aj_kernel_cache *c, aj_cache_kind kind,
-                           const char *key)
+/* Under the lock: a new reference to the kernel kept in memory under key. */
+static aj_kernel *memory_find(aj_kernel_cache *c, const char *key)
 {
-    aj_kernel *k = NULL;
-    pthread_mutex_lock(&c->lock);
-    for (size_t i = 0; i < c->count && !k; i++)
+    for (size_t i = 0; i < c->count; i++)
         if (strcmp(c->entries[i].key, key) == 0)
-            k = aj_kernel_retain(c->entries[i].kernel);
-    if (k)
-        c->stats.memory_hits++;
-    pthread_mutex_unlock(&c->lock);
-    if (k || kind == AJ_CACHE_NONE || !entry_kinds[kind].disk || !c->disk)
-        goto done;
-    k = disk_lookup(ctx, c, kind, key);
+            return aj_kernel_retain(c->entries[i].kernel);
+    return NULL;
+}
+
+/* Under the lock: whether some thread has claimed key. */
+static int is_claimed(const aj_kernel_cache *c, const char *key)
+{
+    for (const claim *p = c->claims; p; p = p->next)
+        if (strcmp(p->key, key) == 0)
+            return 1;
+    return 0;
+}
+
+aj_kernel *aj_cache_lookup_or_claim(aj_ctx *ctx, aj_kernel_cache *c, aj_cache_kind kind,
+                                    const char *key, int *claimed)
+{
+    *claimed = 0;
+    pthread_mutex_lock(&c->lock);
+    aj_kernel *k;
+    while (!(k = memory_find(c, key)) && is_claimed(c, key))
+        pthread_cond_wait(&c->claim_ended, &c->lock);
     if (k) {
-        pthread_mutex_lock(&c->lock);
-        c->stats.disk_hits++;
+        c->stats.memory_hits++;
         pthread_mutex_unlock(&c->lock);
-        memory_store(c, key, k);   /* and keep it in memory */
+        return k;
     }
-done:
-    if (!k) {
-        pthread_mutex_lock(&c->lock);
+    claim *mine = malloc(sizeof *mine);
+    char *copy = mine ? strdup(key) : NULL;
+    if (copy) {          /* out of memory: compile unclaimed, as without a cache */
+        *mine = (claim){c->claims, copy};
+        c->claims = mine;
+        *claimed = 1;
+    } else {
+        free(mine);
+    }
+    pthread_mutex_unlock(&c->lock);
+    if (kind != AJ_CACHE_NONE && entry_kinds[kind].disk && c->disk)
+        k = disk_lookup(ctx, c, kind, key);
+    pthread_mutex_lock(&c->lock);
+    if (k)
+        c->stats.disk_hits++;
+    else
         c->stats.misses++;
-        pthread_mutex_unlock(&c->lock);
+    pthread_mutex_unlock(&c->lock);
+    if (k) {
+        memory_store(c, key, k);   /* and keep it in memory */
+        if (*claimed)
+            aj_cache_end_claim(c, key);
+        *claimed = 0;
     }
     return k;
+}
+
+void aj_cache_end_claim(aj_kernel_cache *c, const char *key)
+{
+    pthread_mutex_lock(&c->lock);
+    for (claim **link = &c->claims; *link; link = &(*link)->next) {
+        claim *p = *link;
+        if (strcmp(p->key, key) == 0) {
+            *link = p->next;
+            free(p->key);
+            free(p);
+            break;
+        }
+    }
+    pthread_cond_broadcast(&c->claim_ended);
+    pthread_mutex_unlock(&c->lock);
 }
 
 static void memory_store(aj_kernel_cache *c, const char *key, aj_kernel *k)

@@ -38,9 +38,15 @@ aj_cache_kind aj_cache_kind_of(aj_target target);
 int aj_cache_key(aj_cache_kind kind, const char *fields, char *out, size_t cap);
 
 /* A new reference to the kernel cached under `key`, from memory, else (if
- * the kind goes to disk) from disk; NULL on a miss.  Thread-safe. */
-aj_kernel *aj_cache_lookup(aj_ctx *ctx, aj_kernel_cache *c, aj_cache_kind kind,
-                           const char *key);
+ * the kind goes to disk) from disk.  On a miss, NULL with *claimed = 1:
+ * the caller now owns the key's compile and must end the claim with
+ * aj_cache_end_claim (after aj_cache_store, or on failure); a thread that
+ * looks up a claimed key waits until the claim ends, then looks again, so
+ * an op compiled by many threads at once is compiled once.  (*claimed = 0
+ * on a miss only when memory for the claim ran out.)  Thread-safe. */
+aj_kernel *aj_cache_lookup_or_claim(aj_ctx *ctx, aj_kernel_cache *c, aj_cache_kind kind,
+                                    const char *key, int *claimed);
+void aj_cache_end_claim(aj_kernel_cache *c, const char *key);
 
 /* Keeps a reference in memory and, if the kind goes to disk, writes the
  * disk entry. */

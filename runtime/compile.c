@@ -106,6 +106,7 @@ static aj_status compile_one(aj_ctx *ctx, aj_kernel_cache *cache, const aj_op *o
 {
     aj_status st = AJ_OK;
     const aj_template *tmpl = NULL;
+    int claimed = 0;   /* this thread compiles the key for the cache */
     char hash[AJ_HASH_HEX_LEN + 1];
     char entry[64], key[AJ_CACHE_KEY_MAX];
 
@@ -134,7 +135,7 @@ static aj_status compile_one(aj_ctx *ctx, aj_kernel_cache *cache, const aj_op *o
     aj_cache_kind kind = aj_cache_kind_of(opt->target);
     aj_cache_key(kind, fields, key, sizeof key);
     int cached = cache && !opt->bypass_cache && !opt->dump_after;
-    if (cached && (*out = aj_cache_lookup(ctx, cache, kind, key)))
+    if (cached && (*out = aj_cache_lookup_or_claim(ctx, cache, kind, key, &claimed)))
         goto done;
 
     snprintf(entry, sizeof entry, "aj_%s_%s", tmpl->name, hash);
@@ -146,6 +147,8 @@ static aj_status compile_one(aj_ctx *ctx, aj_kernel_cache *cache, const aj_op *o
     if (cached)
         aj_cache_store(ctx, cache, kind, key, *out);
 done:
+    if (claimed)
+        aj_cache_end_claim(cache, key);
     if (st == AJ_OK && !atomic_load(&(*out)->source))
         st = keep_source(ctx, *out, op);
     return st;

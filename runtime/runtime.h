@@ -84,7 +84,7 @@ struct aj_device {
     const aj_device_ops *ops;
     int index;
     int workers;                 /* sim, cpu (0: the default) */
-    uint64_t last_instructions;  /* sim */
+    _Atomic uint64_t last_instructions;  /* sim: of the last launch, any thread's */
     aj_cuda_device *cuda;        /* cuda's own state: device.c's, and aj_device_cuda */
     aj_cpu_device *cpu;          /* cpu's own state: device.c's */
     /* device memory: the u32 the varlen kernels record a bad cu_seqlens

@@ -24,6 +24,7 @@ aj_status aj_cpu_device_open(aj_ctx *ctx, aj_cpu_device **out)
     if (!cpu)
         return aj_fail(ctx, AJ_ERR_OUT_OF_MEMORY, "out of memory");
     char *name = LLVMGetHostCPUName();
+    pthread_mutex_init(&cpu->pool_lock, NULL);
     snprintf(cpu->name, sizeof cpu->name, "%s", name && *name ? name : "cpu");
     LLVMDisposeMessage(name);
     *out = cpu;
@@ -35,6 +36,7 @@ void aj_cpu_device_close(aj_cpu_device *cpu)
     if (!cpu)
         return;
     aj_cpu_pool_destroy(cpu->pool);
+    pthread_mutex_destroy(&cpu->pool_lock);
     free(cpu);
 }
 
@@ -66,16 +68,14 @@ aj_status aj_cpu_launch(aj_ctx *ctx, aj_cpu_device *cpu, int workers, aj_host_en
                         const int32_t grid[3], void **args)
 {
     int threads = workers > 0 ? workers : aj_cpu_default_workers();
-    if (cpu->pool && aj_cpu_pool_threads(cpu->pool) != threads) {
-        aj_cpu_pool_destroy(cpu->pool);
-        cpu->pool = NULL;
-    }
-    if (!cpu->pool) {
-        aj_status st = aj_cpu_pool_create(ctx, threads, &cpu->pool);
-        if (st != AJ_OK)
-            return st;
-    }
+    pthread_mutex_lock(&cpu->pool_lock);
+    aj_status st = cpu->pool ? aj_cpu_pool_grow(ctx, cpu->pool, threads)
+                             : aj_cpu_pool_create(ctx, threads, &cpu->pool);
+    aj_cpu_pool *pool = cpu->pool;
+    pthread_mutex_unlock(&cpu->pool_lock);
+    if (st != AJ_OK)
+        return st;
     launch l = {entry, {grid[0], grid[1], grid[2]}, args};
-    aj_cpu_pool_run(cpu->pool, (int64_t)grid[0] * grid[1] * grid[2], run_item, &l);
+    aj_cpu_pool_run(pool, threads, (int64_t)grid[0] * grid[1] * grid[2], run_item, &l);
     return AJ_OK;
 }

@@ -5,12 +5,15 @@
 #ifndef AJ_RUNTIME_CPU_DEVICE_H
 #define AJ_RUNTIME_CPU_DEVICE_H
 
+#include <pthread.h>
+
 #include "codegen/codegen.h"
 #include "runtime/cpu/pool.h"
 
 typedef struct aj_cpu_device {
     char name[64];          /* LLVM's name of the host CPU ("znver3") */
-    aj_cpu_pool *pool;      /* made at the first launch, remade when the size changes */
+    pthread_mutex_t pool_lock;  /* guards making the pool */
+    aj_cpu_pool *pool;      /* made at the first launch, grown to the widest launch */
 } aj_cpu_device;
 
 aj_status aj_cpu_device_open(aj_ctx *ctx, aj_cpu_device **out);
@@ -19,7 +22,8 @@ void aj_cpu_device_close(aj_cpu_device *cpu);
 int aj_cpu_default_workers(void);
 /* Runs entry over every work item of grid (x, y, z) with `args` (one
  * pointer per kernel parameter, as kernelParams) on `workers` threads
- * (0: aj_cpu_default_workers()). */
+ * (0: aj_cpu_default_workers()).  Threads may launch on one device at
+ * once: each launch is a batch of its own on the shared pool. */
 aj_status aj_cpu_launch(aj_ctx *ctx, aj_cpu_device *cpu, int workers, aj_host_entry_fn entry,
                         const int32_t grid[3], void **args);
 

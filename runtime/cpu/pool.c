@@ -1,17 +1,31 @@
 /*
  * pool.c -- the cpu device's thread pool (pool.h).
  *
- * Workers sleep on a condition variable until a batch is posted (a new
- * generation number), then claim items one at a time from an atomic
- * counter, so uneven items (causal rows near the diagonal, tails) balance
- * themselves.  The posting thread only waits until the last worker has
- * left the batch: items never run on the caller's stack, whose size the
- * library does not control.
+ * Every call of aj_cpu_pool_run is a batch that lives on its caller's
+ * stack and waits in a FIFO queue until workers join it:
+ *
+ *   queue:  [batch A: width 4, joined 4] -> dequeued once full
+ *           [batch B: width 2, joined 1] <- the next idle worker joins B
+ *           [batch C: width 8, joined 0]
+ *
+ * A worker joins the head batch, claims its items one at a time from the
+ * batch's atomic counter (so uneven items -- causal rows near the
+ * diagonal, tails -- balance themselves) and leaves when none is left.
+ * A batch leaves the queue when as many workers as its width have joined
+ * or when one of them found its items exhausted; its caller returns once
+ * it has left the queue and the last worker inside has left it.  So any
+ * number of threads may submit at once: each waits on its own batch, no
+ * submitter overwrites another's, and no wake-up is lost (every state
+ * change is made under the pool's lock and announced by broadcast).
+ * Items never run on the caller's stack, whose size the library does not
+ * control.  The pool only grows: a batch narrower than the pool is joined
+ * by at most `width` workers.
  */
 #include "runtime/cpu/pool.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -21,48 +35,75 @@
  * schedule); give workers room whatever RLIMIT_STACK says. */
 #define WORKER_STACK_BYTES ((size_t)16 << 20)
 
-struct aj_cpu_pool {
-    int threads;
-    pthread_t *workers;
-    int started;                 /* workers running */
-    pthread_mutex_t lock;
-    pthread_cond_t posted, finished;
-    uint64_t generation;         /* bumped per batch */
-    int busy;                    /* workers still in the current batch */
-    int stopping;
-    /* the current batch */
+typedef struct batch {
+    struct batch *next_in_queue;
     aj_cpu_item_fn fn;
     void *arg;
     int64_t n;
-    atomic_llong next;
+    atomic_llong next_item;      /* the next item not yet claimed */
+    int width;                   /* the most workers that may join */
+    int joined;                  /* workers that joined (pool lock) */
+    int inside;                  /* workers still running it (pool lock) */
+    bool queued;                 /* still open to workers (pool lock) */
+    pthread_cond_t finished;     /* signalled when it is done */
+} batch;
+
+struct aj_cpu_pool {
+    pthread_mutex_t lock;
+    pthread_cond_t posted;       /* a batch was queued, or the pool stops */
+    batch *head, *tail;          /* batches open to workers, oldest first */
+    pthread_t *workers;
+    int started;                 /* workers running */
+    int capacity;                /* length of workers[] */
+    int stopping;
 };
 
-static void drain(aj_cpu_pool *pool)
+/* Under the lock: closes b to further workers. */
+static void dequeue(aj_cpu_pool *pool, batch *b)
+{
+    batch **link = &pool->head;
+    while (*link != b)
+        link = &(*link)->next_in_queue;
+    *link = b->next_in_queue;
+    if (pool->tail == b) {
+        pool->tail = NULL;
+        for (batch *p = pool->head; p; p = p->next_in_queue)
+            pool->tail = p;
+    }
+    b->queued = false;
+}
+
+static void drain(batch *b)
 {
     for (;;) {
-        int64_t i = atomic_fetch_add(&pool->next, 1);
-        if (i >= pool->n)
+        int64_t i = atomic_fetch_add(&b->next_item, 1);
+        if (i >= b->n)
             return;
-        pool->fn(pool->arg, i);
+        b->fn(b->arg, i);
     }
 }
 
 static void *worker_main(void *arg)
 {
     aj_cpu_pool *pool = arg;
-    uint64_t seen = 0;
     pthread_mutex_lock(&pool->lock);
     for (;;) {
-        while (!pool->stopping && pool->generation == seen)
+        while (!pool->stopping && !pool->head)
             pthread_cond_wait(&pool->posted, &pool->lock);
         if (pool->stopping)
             break;
-        seen = pool->generation;
+        batch *b = pool->head;
+        b->joined++;
+        b->inside++;
+        if (b->joined == b->width)
+            dequeue(pool, b);
         pthread_mutex_unlock(&pool->lock);
-        drain(pool);
+        drain(b);
         pthread_mutex_lock(&pool->lock);
-        if (--pool->busy == 0)
-            pthread_cond_signal(&pool->finished);
+        if (b->queued)           /* every item is claimed: no one else need join */
+            dequeue(pool, b);
+        if (--b->inside == 0)
+            pthread_cond_signal(&b->finished);
     }
     pthread_mutex_unlock(&pool->lock);
     return NULL;
@@ -71,33 +112,47 @@ static void *worker_main(void *arg)
 aj_status aj_cpu_pool_create(aj_ctx *ctx, int threads, aj_cpu_pool **out)
 {
     aj_cpu_pool *pool = calloc(1, sizeof *pool);
-    pthread_t *workers = calloc((size_t)threads, sizeof *workers);
-    if (!pool || !workers) {
-        free(pool);
-        free(workers);
+    if (!pool)
         return aj_fail(ctx, AJ_ERR_OUT_OF_MEMORY, "out of memory");
-    }
-    pool->threads = threads;
-    pool->workers = workers;
     pthread_mutex_init(&pool->lock, NULL);
     pthread_cond_init(&pool->posted, NULL);
-    pthread_cond_init(&pool->finished, NULL);
+    aj_status st = aj_cpu_pool_grow(ctx, pool, threads);
+    if (st != AJ_OK) {
+        aj_cpu_pool_destroy(pool);
+        return st;
+    }
+    *out = pool;
+    return AJ_OK;
+}
+
+aj_status aj_cpu_pool_grow(aj_ctx *ctx, aj_cpu_pool *pool, int threads)
+{
+    aj_status st = AJ_OK;
+    pthread_mutex_lock(&pool->lock);
+    if (threads > pool->capacity) {
+        pthread_t *workers = realloc(pool->workers, (size_t)threads * sizeof *workers);
+        if (!workers) {
+            pthread_mutex_unlock(&pool->lock);
+            return aj_fail(ctx, AJ_ERR_OUT_OF_MEMORY, "out of memory");
+        }
+        pool->workers = workers;
+        pool->capacity = threads;
+    }
     pthread_attr_t attr;
     pthread_attr_init(&attr);
     pthread_attr_setstacksize(&attr, WORKER_STACK_BYTES);
-    for (int t = 0; t < threads; t++) {
-        int err = pthread_create(&workers[t], &attr, worker_main, pool);
+    while (pool->started < threads) {
+        int err = pthread_create(&pool->workers[pool->started], &attr, worker_main, pool);
         if (err) {
-            pthread_attr_destroy(&attr);
-            aj_cpu_pool_destroy(pool);
-            return aj_fail(ctx, AJ_ERR_OUT_OF_MEMORY, "cpu device: cannot start worker "
-                           "thread %d of %d: %s", t + 1, threads, strerror(err));
+            st = aj_fail(ctx, AJ_ERR_OUT_OF_MEMORY, "cpu device: cannot start worker thread "
+                         "%d of %d: %s", pool->started + 1, threads, strerror(err));
+            break;
         }
         pool->started++;
     }
     pthread_attr_destroy(&attr);
-    *out = pool;
-    return AJ_OK;
+    pthread_mutex_unlock(&pool->lock);
+    return st;
 }
 
 void aj_cpu_pool_destroy(aj_cpu_pool *pool)
@@ -107,34 +162,34 @@ void aj_cpu_pool_destroy(aj_cpu_pool *pool)
     pthread_mutex_lock(&pool->lock);
     pool->stopping = 1;
     pthread_cond_broadcast(&pool->posted);
+    int started = pool->started;
     pthread_mutex_unlock(&pool->lock);
-    for (int t = 0; t < pool->started; t++)
+    for (int t = 0; t < started; t++)
         pthread_join(pool->workers[t], NULL);
     pthread_cond_destroy(&pool->posted);
-    pthread_cond_destroy(&pool->finished);
     pthread_mutex_destroy(&pool->lock);
     free(pool->workers);
     free(pool);
 }
 
-int aj_cpu_pool_threads(const aj_cpu_pool *pool)
-{
-    return pool->threads;
-}
-
-void aj_cpu_pool_run(aj_cpu_pool *pool, int64_t n, aj_cpu_item_fn fn, void *arg)
+void aj_cpu_pool_run(aj_cpu_pool *pool, int width, int64_t n, aj_cpu_item_fn fn, void *arg)
 {
     if (n <= 0)
         return;
-    pool->fn = fn;
-    pool->arg = arg;
-    pool->n = n;
-    atomic_store(&pool->next, 0);
+    batch b = {.fn = fn, .arg = arg, .n = n, .width = width, .queued = true};
+    atomic_init(&b.next_item, 0);
+    pthread_cond_init(&b.finished, NULL);
     pthread_mutex_lock(&pool->lock);
-    pool->busy = pool->started;
-    pool->generation++;
+    if (b.width < 1 || b.width > pool->started)
+        b.width = pool->started;
+    if (pool->tail)
+        pool->tail->next_in_queue = &b;
+    else
+        pool->head = &b;
+    pool->tail = &b;
     pthread_cond_broadcast(&pool->posted);
-    while (pool->busy > 0)
-        pthread_cond_wait(&pool->finished, &pool->lock);
+    while (b.queued || b.inside > 0)
+        pthread_cond_wait(&b.finished, &pool->lock);
     pthread_mutex_unlock(&pool->lock);
+    pthread_cond_destroy(&b.finished);
 }

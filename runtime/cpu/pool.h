@@ -19,10 +19,14 @@ typedef void (*aj_cpu_item_fn)(void *arg, int64_t i);
 aj_status aj_cpu_pool_create(aj_ctx *ctx, int threads, aj_cpu_pool **out);
 /* Stops and joins the workers; NULL is a no-op. */
 void aj_cpu_pool_destroy(aj_cpu_pool *pool);
-int aj_cpu_pool_threads(const aj_cpu_pool *pool);
-/* Runs fn(arg, i) for every i in [0, n) on the pool's threads, each item
- * once, in any order, and returns when all are done.  One batch at a
- * time: calls on one pool must not overlap. */
-void aj_cpu_pool_run(aj_cpu_pool *pool, int64_t n, aj_cpu_item_fn fn, void *arg);
+/* Starts workers until the pool has at least `threads`; it never shrinks.
+ * Safe while batches run.  AJ_ERR_OUT_OF_MEMORY as for create (the
+ * workers started before the failure stay). */
+aj_status aj_cpu_pool_grow(aj_ctx *ctx, aj_cpu_pool *pool, int threads);
+/* Runs fn(arg, i) for every i in [0, n) on at most `width` of the pool's
+ * threads (< 1 or more than the pool: all of them), each item once, in any
+ * order, and returns when all are done.  Any number of threads may call
+ * it at once on one pool: batches are served in the order they came. */
+void aj_cpu_pool_run(aj_cpu_pool *pool, int width, int64_t n, aj_cpu_item_fn fn, void *arg);
 
 #endif /* AJ_RUNTIME_CPU_POOL_H */
