@@ -66,6 +66,12 @@ void aj_kb_add_param(aj_kb *kb, const char *name, aj_param_type type)
         aj_kb_fail(kb, AJ_ERR_INTERNAL, "too many or too long kernel parameters at '%s'", name);
         return;
     }
+    for (int i = 0; i < kb->num_params; i++) {
+        if (strcmp(kb->params[i].name, name) == 0) {   /* a lookup would find the first */
+            aj_kb_fail(kb, AJ_ERR_INTERNAL, "kernel parameter '%s' declared twice", name);
+            return;
+        }
+    }
     aj_kb_param_decl *p = &kb->params[kb->num_params++];
     snprintf(p->name, sizeof p->name, "%s", name);
     p->type = type;

@@ -577,29 +577,61 @@ void aj_expr_print(const aj_expr *e, uint16_t root,
 
 /* ---------------------------------------------------------------- names */
 
-bool aj_expr_name_reserved(const char *name, size_t len)
-{
-    static const char *const reserved[] = {
-        "true", "false", "inf", "expr", "none",
-        "q", "k", "v", "o", "lse", "do", "dq", "dk", "dv", "bias", "dbias",
-        "alibi_slopes", "o1", "lse1", "o2", "lse2", "cu_seqlens_q",
-        "cu_seqlens_k", "k_cache", "v_cache", "block_table", "seqlens_k",
-        "k_scale", "v_scale", "varlen_status",
-    };
-    const char *names[AJ_COUNT_OF(reserved) + AJ_VAR_COUNT + AJ_EXPR_OP_COUNT];
-    size_t count = 0;
+/* Every name a kernel parameter or a launch value has (params.def, read
+ * here as data: the one list of them). */
+static const char *const kernel_names[] = {
+#define AJ_PSOURCE(nm, kind) #nm,
+#define AJ_PARAM(nm, type, how, source, dim) #nm,
+#include "templates/params.def"
+};
 
-    for (size_t i = 0; i < AJ_COUNT_OF(reserved); i++)
-        names[count++] = reserved[i];
+/* Whether `param` is one of the forms NAME_size<d> / NAME_stride<d> that a
+ * side tensor `name` (len bytes) adds to a kernel's parameters. */
+static bool is_side_form(const char *param, const char *name, size_t len)
+{
+    if (strncmp(param, name, len) != 0 || param[len] != '_')
+        return false;
+    const char *rest = param + len + 1;
+    size_t word = strncmp(rest, "size", 4) == 0 ? 4 : strncmp(rest, "stride", 6) == 0 ? 6 : 0;
+    if (!word || !rest[word])
+        return false;
+    for (const char *c = rest + word; *c; c++)
+        if (*c < '0' || *c > '9')
+            return false;
+    return true;
+}
+
+bool aj_expr_side_forms_clash(const char *a, size_t alen, const char *b, size_t blen)
+{
+    char other[AJ_OP_TENSOR_NAME_MAX + 1];
+    if (blen > AJ_OP_TENSOR_NAME_MAX)
+        return false;
+    memcpy(other, b, blen);
+    other[blen] = '\0';
+    return is_side_form(other, a, alen);
+}
+
+const char *aj_expr_name_reserved(const char *name, size_t len)
+{
+    static const char *const words[] = {"true", "false", "inf", "expr", "none",
+                                        "alibi_slopes"};
+    for (size_t i = 0; i < AJ_COUNT_OF(words); i++)
+        if (strlen(words[i]) == len && memcmp(words[i], name, len) == 0)
+            return i + 1 < AJ_COUNT_OF(words) ? "a keyword" : "alibi's side tensor";
+    for (size_t i = 0; i < AJ_COUNT_OF(kernel_names); i++) {
+        if (strlen(kernel_names[i]) == len && memcmp(kernel_names[i], name, len) == 0)
+            return "a kernel parameter or launch tensor";
+        if (is_side_form(kernel_names[i], name, len))
+            return "the prefix of a kernel parameter its sizes and strides would shadow";
+    }
     for (int v = 0; v < AJ_VAR_COUNT; v++)
-        names[count++] = aj_expr_var_names[v];
+        if (strlen(aj_expr_var_names[v]) == len && memcmp(aj_expr_var_names[v], name, len) == 0)
+            return "a variable";
     for (int op = 0; op < AJ_EXPR_OP_COUNT; op++)
-        if (aj_expr_ops[op].form == AJ_FORM_CALL)
-            names[count++] = aj_expr_ops[op].spelling;
-    for (size_t i = 0; i < count; i++)
-        if (strlen(names[i]) == len && memcmp(names[i], name, len) == 0)
-            return true;
-    return false;
+        if (aj_expr_ops[op].form == AJ_FORM_CALL && strlen(aj_expr_ops[op].spelling) == len &&
+            memcmp(aj_expr_ops[op].spelling, name, len) == 0)
+            return "a function";
+    return NULL;
 }
 
 /* ---------------------------------------------------------------- built-ins */

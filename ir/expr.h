@@ -254,12 +254,17 @@ void aj_expr_print(const aj_expr *e, uint16_t root,
                    const aj_tensor_decl *tensors,
                    void (*emit)(void *sink, const char *text), void *sink);
 
-/* A name a side tensor may not take: a variable, a function, a keyword
- * (true false inf expr none) or a tensor name of the launch API (q k v o
- * lse do dq dk dv bias dbias alibi_slopes o1 lse1 o2 lse2 cu_seqlens_q
- * cu_seqlens_k k_cache v_cache block_table seqlens_k k_scale v_scale) or
- * of its kernels (varlen_status). */
-bool aj_expr_name_reserved(const char *name, size_t len);
+/* Why a side tensor may not be named `name` (len bytes), or NULL if it
+ * may: a keyword (true false inf expr none), alibi's slopes
+ * (alibi_slopes), a variable, a function, or a name from the kernel
+ * parameter table (templates/params.def: every launch value and kernel
+ * parameter, workspace and batch included) -- or a name whose sizes and
+ * strides (NAME_size<d>, NAME_stride<d>, the kernel parameters a side
+ * tensor adds) would be one of those. */
+const char *aj_expr_name_reserved(const char *name, size_t len);
+/* Whether side tensor b's name (blen bytes) is one of the size / stride
+ * parameters side tensor a's adds (a_size0, a_stride1, ...). */
+bool aj_expr_side_forms_clash(const char *a, size_t alen, const char *b, size_t blen);
 
 /* ---------------------------------------------------------------- eval */
 

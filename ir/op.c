@@ -822,14 +822,22 @@ static aj_status check_tensors(const aj_op *op, char *msg, size_t cap)
                      AJ_OP_TENSOR_NAME_MAX);
             return AJ_ERR_INVALID_ARG;
         }
-        if (aj_expr_name_reserved(t->name, len)) {
-            snprintf(msg, cap, "tensor name '%s' is reserved (a variable, "
-                     "function, keyword or launch tensor)", t->name);
+        const char *why = aj_expr_name_reserved(t->name, len);
+        if (why) {
+            snprintf(msg, cap, "tensor name '%s' is reserved (%s)", t->name, why);
             return AJ_ERR_INVALID_ARG;
         }
         for (int j = 0; j < i; j++) {
-            if (strcmp(op->tensors[j].name, t->name) == 0) {
+            const char *other = op->tensors[j].name;
+            if (strcmp(other, t->name) == 0) {
                 snprintf(msg, cap, "tensor '%s' is declared twice", t->name);
+                return AJ_ERR_INVALID_ARG;
+            }
+            if (aj_expr_side_forms_clash(other, strlen(other), t->name, len) ||
+                aj_expr_side_forms_clash(t->name, len, other, strlen(other))) {
+                snprintf(msg, cap, "tensors '%s' and '%s' clash: a side tensor's "
+                         "sizes and strides are kernel parameters NAME_size<d> and "
+                         "NAME_stride<d>", other, t->name);
                 return AJ_ERR_INVALID_ARG;
             }
         }

@@ -286,14 +286,23 @@ static void test_errors(void)
                  "t.aj:4:28: number '1e39' is out of f32 range");
     /* tensors */
     expect_error("  tensors = (q: i32[1])\n", AJ_ERR_VERIFY,
-                 "t.aj:4:3: tensor name 'q' is reserved (a variable, function, "
-                 "keyword or launch tensor)");
+                 "t.aj:4:3: tensor name 'q' is reserved (a kernel parameter or launch "
+                 "tensor)");
     expect_error("  tensors = (alibi_slopes: f32[1])\n", AJ_ERR_VERIFY,
-                 "t.aj:4:3: tensor name 'alibi_slopes' is reserved (a variable, "
-                 "function, keyword or launch tensor)");
+                 "t.aj:4:3: tensor name 'alibi_slopes' is reserved (alibi's side "
+                 "tensor)");
     expect_error("  tensors = (clamp: f32[1])\n", AJ_ERR_VERIFY,
-                 "t.aj:4:3: tensor name 'clamp' is reserved (a variable, "
-                 "function, keyword or launch tensor)");
+                 "t.aj:4:3: tensor name 'clamp' is reserved (a function)");
+    expect_error("  tensors = (sq: f32[1])\n", AJ_ERR_VERIFY,
+                 "t.aj:4:3: tensor name 'sq' is reserved (a variable)");
+    expect_error("  tensors = (inf: f32[1])\n", AJ_ERR_VERIFY,
+                 "t.aj:4:3: tensor name 'inf' is reserved (a keyword)");
+    expect_error("  tensors = (rel: f32[2], rel_stride1: f32[1])\n", AJ_ERR_VERIFY,
+                 "t.aj:4:3: tensors 'rel' and 'rel_stride1' clash: a side tensor's sizes "
+                 "and strides are kernel parameters NAME_size<d> and NAME_stride<d>");
+    expect_error("  tensors = (rel_size0: f32[2], rel: f32[1])\n", AJ_ERR_VERIFY,
+                 "t.aj:4:3: tensors 'rel_size0' and 'rel' clash: a side tensor's sizes "
+                 "and strides are kernel parameters NAME_size<d> and NAME_stride<d>");
     expect_error("  tensors = (d: i32[1], d: f32[2])\n", AJ_ERR_VERIFY,
                  "t.aj:4:3: tensor 'd' is declared twice");
     expect_error("  tensors = (d: i32[5])\n", AJ_ERR_VERIFY,
@@ -480,7 +489,7 @@ static void test_builder(void)
     } decls[] = {
         { NULL, AJ_SIDE_I32, 1, AJ_ERR_INVALID_ARG, "aj_op_declare_tensor: name is NULL" },
         { "k", AJ_SIDE_I32, 1, AJ_ERR_INVALID_ARG, "aj_op_declare_tensor: tensor name 'k' is "
-          "reserved (a variable, function, keyword or launch tensor)" },
+          "reserved (a kernel parameter or launch tensor)" },
         { "2d", AJ_SIDE_I32, 1, AJ_ERR_INVALID_ARG, "aj_op_declare_tensor: tensor name '2d' is "
           "not an identifier of 1..31 characters" },
         { "", AJ_SIDE_I32, 1, AJ_ERR_INVALID_ARG, "aj_op_declare_tensor: tensor name '' is "

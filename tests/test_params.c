@@ -201,12 +201,43 @@ static void api_errors(aj_ctx *ctx)
     aj_op_destroy(op);
 }
 
+/* Every name of the table (a launch value or a kernel parameter), tried
+ * as a side tensor of a flash backward (the kernel with a workspace):
+ * refused at verification, naming the clash -- a side tensor that
+ * shadowed a parameter once compiled a kernel reading the wrong one. */
+static void side_tensor_names(aj_ctx *ctx)
+{
+    static const char *const names[] = {
+#define AJ_PSOURCE(nm, kind) #nm,
+#define AJ_PARAM(nm, type, how, source, dim) #nm,
+#include "templates/params.def"
+    };
+    int refused = 0;
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        char text[512], want[160];
+        snprintf(text, sizeof text, "attention backward flash {\n  dtype = f16\n  head_dim = 64\n"
+                 "  tensors = (%s: f32[1])\n  mask = expr(%s[0] > 0.0 || k <= q)\n}\n",
+                 names[i], names[i]);
+        aj_op *op = NULL;
+        aj_status st = aj_op_parse(ctx, text, strlen(text), "t.aj", &op);
+        snprintf(want, sizeof want, "t.aj:4:3: tensor name '%s' is reserved (a kernel "
+                 "parameter or launch tensor)", names[i]);
+        CHECK_MSG(st == AJ_ERR_VERIFY && strstr(aj_last_error(ctx), want),
+                  "side tensor '%s': %s (%s)", names[i], aj_status_str(st), aj_last_error(ctx));
+        refused += st == AJ_ERR_VERIFY;
+        aj_op_destroy(op);
+    }
+    printf("%d of %zu parameter-table names refused as side tensors\n", refused,
+           sizeof names / sizeof names[0]);
+}
+
 int main(void)
 {
     aj_ctx *ctx = NULL;
     if (aj_ctx_create(NULL, &ctx) != AJ_OK)
         return 1;
     api_errors(ctx);
+    side_tensor_names(ctx);
     sweep(ctx);
     int files = spec_dir_each(score_examples_dir(), example, ctx);
     CHECK_MSG(files >= 7, "%d score examples in %s", files, score_examples_dir());
