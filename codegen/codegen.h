@@ -23,17 +23,12 @@
 #include <llvm-c/TargetMachine.h>
 
 #include "codegen/kbuilder.h"
+#include "codegen/target.h"
 #include "ir/op.h"
 
 /* The build stage: writes the kernels (one or more stages, each closed
  * by aj_kb_finish with its layout) into kb. */
 typedef aj_status (*aj_build_fn)(aj_kb *kb, const aj_op *op, void *user);
-
-/* A host function the sim target's JIT binds a symbol to. */
-typedef struct aj_host_symbol {
-    const char *name;
-    void *address;
-} aj_host_symbol;
 
 /* The sim entry point: thread state, then kernelParams-style arguments. */
 typedef void (*aj_host_entry_fn)(void *thread, void **args);
@@ -43,35 +38,25 @@ typedef void (*aj_host_entry_fn)(void *thread, void **args);
 aj_status aj_codegen_run(aj_ctx *ctx, const aj_op *op,
                          const aj_compile_options *options,
                          const char *entry_name, aj_build_fn build,
-                         void *user, const aj_host_symbol *host_symbols,
-                         size_t num_host_symbols, aj_kernel **out);
+                         void *user, aj_kernel **out);
 
 /* AJ_OK if codegen can lower for the target, else AJ_ERR_UNSUPPORTED. */
 aj_status aj_codegen_target_supported(aj_ctx *ctx, aj_target target);
 
-/* GPU targets */
-bool aj_target_is_nvptx(aj_target target);
-/* Largest dynamic shared memory a CTA may use on the target (bytes). */
-int32_t aj_target_smem_limit(aj_target target);
-aj_status aj_nvptx_target_machine(aj_ctx *ctx, aj_target target,
-                                  int opt_level, LLVMTargetMachineRef *out);
-/* Marks fn as a kernel with `threads` threads per CTA, designed to run
+/* GPU targets (nvptx.c).  Marks fn as a kernel with `threads` threads per CTA, designed to run
  * at least `min_ctas_per_sm` CTAs per SM. */
 void aj_nvptx_annotate_kernel(LLVMModuleRef mod, LLVMValueRef fn,
                               int32_t threads, int32_t min_ctas_per_sm);
 
-/* sim target (sim.c) */
-/* The host target machine of sim and cpu kernels (sim: no machine-level
- * optimisation, cpu: at opt_level; see sim.c). */
-aj_status aj_sim_target_machine(aj_ctx *ctx, aj_target target, int opt_level,
-                                LLVMTargetMachineRef *out);
-/* Adds <stage entry>.entry, the emulator's way into a stage's kernel. */
-void aj_sim_add_entry(aj_kb *kb, const aj_kb_stage *stage);
+/* Host code (host.c), the sim and cpu targets'.  Adds <stage entry>.entry,
+ * the emulator's and the cpu pool's way into a stage's kernel. */
+void aj_host_add_entry(aj_kb *kb, const aj_kb_stage *stage);
+/* Emulated targets: every block adds its instruction count to the thread's
+ * counter. */
 void aj_sim_count_instructions(LLVMModuleRef mod);
 /* Loads kernel->object into a new LLJIT (kernel->jit), binding `symbols`,
  * and fills each stage's host_entry (sim and cpu). */
-aj_status aj_host_jit(aj_ctx *ctx, aj_kernel *kernel, const aj_host_symbol *symbols,
-                      size_t nsymbols);
+aj_status aj_host_jit(aj_ctx *ctx, aj_kernel *kernel);
 void aj_host_jit_dispose(void *jit);
 
 /* cpu target (cpu.c).  Its kernels are host functions built like sim
@@ -88,9 +73,6 @@ void aj_host_cpu_id(char *out, size_t cap);
 int aj_cpu_has_feature(const char *f);
 /* floats per SIMD register of this host: 16 with AVX-512, 8 with AVX, else 4 */
 int aj_cpu_vector_width(void);
-/* The C library functions cpu kernels may call (scalar exp2, log2 and the
- * rounding LLVM lowers to calls where the host lacks the instruction). */
-const aj_host_symbol *aj_cpu_symbols(size_t *count);
 
 /* One kernel of a compiled module, launched in stage order. */
 typedef struct aj_kernel_stage {

@@ -16,6 +16,7 @@ aj_status aj_kb_init(aj_kb *kb, aj_ctx *ctx, LLVMContextRef llctx,
     memset(kb, 0, sizeof *kb);
     kb->ctx = ctx;
     kb->target = target;
+    kb->desc = aj_target_desc_of(target);
     kb->llctx = llctx;
     kb->mod = LLVMModuleCreateWithNameInContext(module_name, llctx);
     kb->b = LLVMCreateBuilderInContext(llctx);
@@ -106,7 +107,7 @@ void aj_kb_begin_stage(aj_kb *kb, const char *stage_name, int32_t threads)
         snprintf(stage->entry, sizeof stage->entry, "%s", kb->entry_name);
     LLVMTypeRef types[AJ_KB_MAX_PARAMS + 1];
     /* the sim thread state, or the cpu work item */
-    int hidden = kb->target == AJ_TARGET_SIM || kb->target == AJ_TARGET_CPU;
+    int hidden = kb->desc->hidden != AJ_HIDDEN_NONE;
     if (hidden)
         types[0] = kb->t_ptr;
     for (int i = 0; i < kb->num_params; i++)
@@ -117,7 +118,7 @@ void aj_kb_begin_stage(aj_kb *kb, const char *stage_name, int32_t threads)
     kb->block_threads = threads;
     if (kb->min_ctas_per_sm < 1)
         kb->min_ctas_per_sm = 1;
-    if (kb->target == AJ_TARGET_SIM) {
+    if (kb->desc->hidden == AJ_HIDDEN_SIM_THREAD) {
         kb->sim_thread = LLVMGetParam(kb->fn, 0);
         LLVMSetValueName2(kb->sim_thread, "thread", 6);
     } else if (hidden) {
@@ -137,7 +138,7 @@ void aj_kb_begin_stage(aj_kb *kb, const char *stage_name, int32_t threads)
     }
     kb->entry = LLVMAppendBasicBlockInContext(kb->llctx, kb->fn, "entry");
     LLVMPositionBuilderAtEnd(kb->b, kb->entry);
-    if (kb->target == AJ_TARGET_SIM)
+    if (kb->desc->emulated)
         kb->smem_base = aj_kb_intrinsic(kb, AJ_INTR_SIM_SMEM, NULL);
 }
 
@@ -166,7 +167,7 @@ void aj_kb_finish(aj_kb *kb, const aj_kernel_layout *layout)
     kb->min_ctas_per_sm = 0;
     kb->sim_thread = NULL;
     kb->work_item = NULL;
-    if (kb->target == AJ_TARGET_SIM)
+    if (kb->desc->emulated)
         kb->smem_base = NULL;
 }
 
@@ -382,7 +383,7 @@ LLVMValueRef aj_kb_gptr_offset(aj_kb *kb, LLVMValueRef base,
 /* sim: the emulator checks [ptr, ptr + size) before the access happens */
 static void sim_check_access(aj_kb *kb, LLVMTypeRef type, LLVMValueRef ptr, int is_store)
 {
-    if (kb->target != AJ_TARGET_SIM)
+    if (!kb->desc->emulated)
         return;
     LLVMTargetDataRef dl = LLVMGetModuleDataLayout(kb->mod);
     unsigned long long size = LLVMStoreSizeOfType(dl, type);

@@ -21,6 +21,7 @@
 #include <llvm-c/Core.h>
 
 #include "attnjit/attnjit.h"
+#include "codegen/target.h"
 #include "ir/diag.h"
 #include "ir/dtype.h"
 
@@ -83,6 +84,7 @@ typedef struct aj_kb_stage {
 typedef struct aj_kb {
     aj_ctx *ctx;
     aj_target target;
+    const aj_target_desc *desc;   /* the target's row (codegen/target.h) */
     LLVMContextRef llctx;
     LLVMModuleRef mod;
     LLVMBuilderRef b;

@@ -314,14 +314,14 @@ aj_status aj_kernel_deserialize(aj_ctx *ctx, const uint8_t *data, size_t size,
     else
         r.failed = 1;
     get(&r, &object_size, 8);
-    int host = target == AJ_TARGET_CPU || target == AJ_TARGET_SIM;
+    const aj_target_desc *desc = aj_target_desc_of(target);
+    int host = desc->family == AJ_FAMILY_HOST;
     if (r.failed || object_size != (uint64_t)(r.end - r.p) || (unsigned)target >= AJ_TARGET_COUNT ||
         (unsigned)emit >= AJ_EMIT_COUNT || host != (object_size != 0))
         return aj_fail(ctx, AJ_ERR_IO, "not a kernel of this attnjit build");
-    /* sim kernels call into the emulator, which codegen does not know: only
-     * cpu kernels are loaded from bytes */
-    if (target == AJ_TARGET_SIM)
-        return aj_fail(ctx, AJ_ERR_UNSUPPORTED, "sim kernels are not loaded from bytes");
+    if (host && !desc->loads_from_bytes)
+        return aj_fail(ctx, AJ_ERR_UNSUPPORTED, "%s kernels are not loaded from bytes",
+                       aj_target_name(target));
     aj_kernel *k = NULL;
     aj_status st = aj_kernel_new(ctx, stages, num_stages, target, emit, code, (size_t)code_size,
                                  &k);
@@ -336,9 +336,7 @@ aj_status aj_kernel_deserialize(aj_ctx *ctx, const uint8_t *data, size_t size,
         }
         memcpy(k->object, r.p, (size_t)object_size);
         k->object_size = (size_t)object_size;
-        size_t nsyms = 0;
-        const aj_host_symbol *syms = aj_cpu_symbols(&nsyms);
-        st = aj_host_jit(ctx, k, syms, nsyms);
+        st = aj_host_jit(ctx, k);
         if (st != AJ_OK) {
             aj_kernel_destroy(k);
             return st;

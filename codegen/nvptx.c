@@ -20,34 +20,6 @@ static void nvptx_init(void)
     LLVMInitializeNVPTXAsmPrinter();
 }
 
-bool aj_target_is_nvptx(aj_target target)
-{
-    return target == AJ_TARGET_SM_80 || target == AJ_TARGET_SM_90 ||
-           target == AJ_TARGET_SM_90A;
-}
-
-int32_t aj_target_smem_limit(aj_target target)
-{
-    switch (target) {
-    case AJ_TARGET_SM_80: return 163 * 1024;   /* A100: 164 KiB less 1 KiB reserved */
-    case AJ_TARGET_SM_90:
-    case AJ_TARGET_SM_90A:
-    case AJ_TARGET_SIM: return 227 * 1024;     /* H100/H200; sim emulates the largest */
-    default: return 48 * 1024;
-    }
-}
-
-/* The PTX ISA version LLVM 19 emits by default for each GPU. */
-const char *aj_ptx_version(aj_target target)
-{
-    switch (target) {
-    case AJ_TARGET_SM_80: return "7.0";
-    case AJ_TARGET_SM_90: return "7.8";
-    case AJ_TARGET_SM_90A: return "8.0";
-    default: return NULL;
-    }
-}
-
 aj_status aj_nvptx_target_machine(aj_ctx *ctx, aj_target target,
                                   int opt_level, LLVMTargetMachineRef *out)
 {

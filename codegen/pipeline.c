@@ -19,7 +19,7 @@ const char *aj_llvm_version(void)
 
 aj_status aj_codegen_target_supported(aj_ctx *ctx, aj_target target)
 {
-    if (aj_target_is_nvptx(target) || target == AJ_TARGET_SIM || target == AJ_TARGET_CPU)
+    if (aj_target_desc_of(target)->family != AJ_FAMILY_NONE)
         return AJ_OK;
     return aj_fail(ctx, AJ_ERR_UNSUPPORTED, "target '%s' is not implemented yet",
                    aj_target_name(target));
@@ -160,12 +160,11 @@ static aj_status emit_object(aj_ctx *ctx, LLVMModuleRef mod, LLVMTargetMachineRe
 aj_status aj_codegen_run(aj_ctx *ctx, const aj_op *op,
                          const aj_compile_options *options,
                          const char *entry_name, aj_build_fn build,
-                         void *user, const aj_host_symbol *host_symbols,
-                         size_t num_host_symbols, aj_kernel **out)
+                         void *user, aj_kernel **out)
 {
     aj_status st = AJ_OK;
-    int sim = options->target == AJ_TARGET_SIM;
-    int host = sim || options->target == AJ_TARGET_CPU;   /* JIT-loaded on this machine */
+    const aj_target_desc *desc = aj_target_desc_of(options->target);
+    int host = desc->family == AJ_FAMILY_HOST;   /* JIT-loaded on this machine */
     LLVMContextRef llctx = LLVMContextCreate();
     LLVMTargetMachineRef tm = NULL;
     LLVMTargetDataRef layout_data = NULL;
@@ -187,10 +186,8 @@ aj_status aj_codegen_run(aj_ctx *ctx, const aj_op *op,
         goto done;
     }
     AJ_TRY(aj_intrinsics_check(ctx));
-    if (host)
-        AJ_TRY(aj_sim_target_machine(ctx, options->target, options->opt_level, &tm));
-    else
-        AJ_TRY(aj_nvptx_target_machine(ctx, options->target, options->opt_level, &tm));
+    AJ_TRY(desc->machine(ctx, options->target,
+                         desc->machine_opt_follows_op ? options->opt_level : 0, &tm));
     char *triple = LLVMGetTargetMachineTriple(tm);
     LLVMSetTarget(kb.mod, triple);
     LLVMDisposeMessage(triple);
@@ -211,7 +208,7 @@ aj_status aj_codegen_run(aj_ctx *ctx, const aj_op *op,
     for (int i = 0; i < kb.num_stages; i++) {
         const aj_kb_stage *stage = &kb.stages[i];
         if (host)
-            aj_sim_add_entry(&kb, stage);
+            aj_host_add_entry(&kb, stage);
         else
             aj_nvptx_annotate_kernel(kb.mod, stage->fn, stage->block_threads,
                                      stage->min_ctas_per_sm);
@@ -230,7 +227,7 @@ aj_status aj_codegen_run(aj_ctx *ctx, const aj_op *op,
     /* stage: optimize */
     t0 = now_ms();
     AJ_TRY(optimize(ctx, kb.mod, tm, options->opt_level));
-    if (sim)
+    if (desc->emulated)
         aj_sim_count_instructions(kb.mod);
     t1 = now_ms();
     stats.optimize_ms = t1 - t0;
@@ -249,7 +246,7 @@ aj_status aj_codegen_run(aj_ctx *ctx, const aj_op *op,
         kernel->object = object;
         kernel->object_size = object_size;
         object = NULL;
-        AJ_TRY(aj_host_jit(ctx, kernel, host_symbols, num_host_symbols));
+        AJ_TRY(aj_host_jit(ctx, kernel));
     }
     stats.emit_ms = now_ms() - t0;
     kernel->stats = stats;

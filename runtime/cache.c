@@ -50,39 +50,32 @@
 /* ---------------------------------------------------------------- keys */
 
 /*
- * Entry kinds, one row each: the targets whose compiles make it (none for
- * a cubin, which the driver's linker makes from a kernel's PTX), what its
- * content depends on beyond the key's fields (optional), whether LLVM made
- * it, whether it may go to disk, and its file suffix.  A new kind of code
- * is a new row.
+ * Entry kinds, one row each (the target table says which kind each
+ * target's compiles make; a cubin is made by the driver's linker from a
+ * kernel's PTX): what its content depends on beyond the key's fields
+ * (optional), whether LLVM made it, whether it may go to disk, and its
+ * file suffix.  A new kind of code is a new row.
  */
-static bool serves_cpu(aj_target t) { return t == AJ_TARGET_CPU; }
-static bool serves_sim(aj_target t) { return t == AJ_TARGET_SIM; }
-
 static const struct {
     const char *name;
-    bool (*serves)(aj_target target);        /* NULL: not a compile's */
     void (*depends)(char *out, size_t cap);   /* optional */
     bool llvm, disk;
     const char *suffix;
 } entry_kinds[AJ_CACHE_KIND_COUNT] = {
     /* PTX text: portable across GPUs of the target, loaded by the driver */
-    [AJ_CACHE_PTX] = {"ptx", aj_target_is_nvptx, NULL, true, true, "ajk"},
+    [AJ_CACHE_PTX] = {"ptx", NULL, true, true, "ajk"},
     /* host object code for this CPU and its features (AJ_CPU_ISA included) */
-    [AJ_CACHE_CPU_OBJECT] = {"cpu-object", serves_cpu, aj_host_cpu_id, true, true, "ajk"},
+    [AJ_CACHE_CPU_OBJECT] = {"cpu-object", aj_host_cpu_id, true, true, "ajk"},
     /* host code that calls into this process's emulator: memory only */
-    [AJ_CACHE_SIM_OBJECT] = {"sim-object", serves_sim, aj_host_cpu_id, true, false, "ajk"},
+    [AJ_CACHE_SIM_OBJECT] = {"sim-object", aj_host_cpu_id, true, false, "ajk"},
     /* a GPU's machine code, keyed by the PTX's hash, the compute capability
      * and the driver version (the fields): disk only */
-    [AJ_CACHE_CUBIN] = {"cubin", NULL, NULL, false, true, "cubin"},
+    [AJ_CACHE_CUBIN] = {"cubin", NULL, false, true, "cubin"},
 };
 
 aj_cache_kind aj_cache_kind_of(aj_target target)
 {
-    for (int k = 0; k < AJ_CACHE_KIND_COUNT; k++)
-        if (entry_kinds[k].serves && entry_kinds[k].serves(target))
-            return (aj_cache_kind)k;
-    return AJ_CACHE_NONE;
+    return aj_target_desc_of(target)->cache_kind;
 }
 
 int aj_cache_key(aj_cache_kind kind, const char *fields, char *out, size_t cap)

@@ -14,20 +14,13 @@ typedef struct aj_kernel_cache aj_kernel_cache;
  * out of memory: then nothing is cached). */
 aj_kernel_cache *aj_cache_of(aj_ctx *ctx);
 
-/* What a cache entry holds: a row of cache.c's entry_kinds (its key
- * prefix, what its content depends on, whether it goes to disk, its file
- * suffix).  PTX, cpu and sim kernels are aj_kernels (sim in memory only);
- * a cubin is the driver linker's output for one PTX (disk only). */
-typedef enum aj_cache_kind {
-    AJ_CACHE_NONE = -1,   /* a target no row serves: memory only */
-    AJ_CACHE_PTX = 0,
-    AJ_CACHE_CPU_OBJECT,
-    AJ_CACHE_SIM_OBJECT,
-    AJ_CACHE_CUBIN,
-    AJ_CACHE_KIND_COUNT
-} aj_cache_kind;
+/* What a cache entry holds (aj_cache_kind, codegen/target.h): a row of
+ * cache.c's entry_kinds (its key prefix, what its content depends on,
+ * whether it goes to disk, its file suffix).  PTX, cpu and sim kernels are
+ * aj_kernels (sim in memory only); a cubin is the driver linker's output
+ * for one PTX (disk only). */
 
-/* The kind of entry a compile for `target` makes. */
+/* The kind of entry a compile for `target` makes (its target row's). */
 aj_cache_kind aj_cache_kind_of(aj_target target);
 
 /* The key of an entry of `kind`: the kind, `fields` (what decides the

@@ -139,10 +139,7 @@ static aj_status compile_one(aj_ctx *ctx, aj_kernel_cache *cache, const aj_op *o
         goto done;
 
     snprintf(entry, sizeof entry, "aj_%s_%s", tmpl->name, hash);
-    size_t nsyms = 0;
-    const aj_host_symbol *syms = opt->target == AJ_TARGET_CPU ? aj_cpu_symbols(&nsyms)
-                                                               : aj_sim_symbols(&nsyms);
-    AJ_TRY(aj_codegen_run(ctx, op, opt, entry, tmpl->build, NULL, syms, nsyms, out));
+    AJ_TRY(aj_codegen_run(ctx, op, opt, entry, tmpl->build, NULL, out));
     aj_op_get_info(op, &(*out)->op);
     if (cached)
         aj_cache_store(ctx, cache, kind, key, *out);

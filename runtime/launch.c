@@ -927,9 +927,10 @@ static aj_status forward_paged(aj_ctx *ctx, aj_device *dev, const aj_kernel *ker
     const aj_op_info *op = &kernel->op;
     fwd_sizes sz = {.splits = 1};
     aj_status st = check_forward_paged(ctx, op, a, &sz);
-    if (st == AJ_OK && kernel->target != AJ_TARGET_CPU)
+    const int tiles_by_chunks = aj_target_desc_of(kernel->target)->simt;  /* cp.async */
+    if (st == AJ_OK && tiles_by_chunks)
         st = check_cache_chunks(ctx, "k_cache", &a->k_cache, op->kv_dtype, op->head_dim);
-    if (st == AJ_OK && kernel->target != AJ_TARGET_CPU)
+    if (st == AJ_OK && tiles_by_chunks)
         st = check_cache_chunks(ctx, "v_cache", &a->v_cache, op->kv_dtype, op->head_dim_v);
     if (st != AJ_OK || sz.batch == 0 || sz.heads_q == 0 || sz.tokens_q == 0)
         return st;

@@ -93,7 +93,7 @@ static void stage_begin(bmask *m, aj_kb *kb, const aj_op *op, const aj_score_pro
     m->op = op;
     m->bm = op->schedule.block_m;
     m->bn = op->schedule.block_n;
-    const int cpu = kb->target == AJ_TARGET_CPU;
+    const int cpu = !kb->desc->simt;
     m->threads = cpu ? 1 : BUILD_THREADS;
     aj_params_declare(kb, AJ_KSIG_BLOCK_MASK, op, prog);
     aj_kb_begin_stage(kb, name, m->threads);

@@ -276,7 +276,7 @@ static LLVMValueRef scalar_math(cfwd *c, const char *name, LLVMValueRef x)
 
 /*
  * accumulate: the weights that merge this call's row (L_new, log2 units)
- * into the prior LSE read from lse (DESIGN.md "Merge of two partials"):
+ * into the prior LSE read from lse (docs/design.md "Merge of two partials"):
  * L = log2(2^L_p + 2^L_new), w_p = 2^(L_p - L), w_new = 2^(L_new - L);
  * both -inf gives weights 0 and LSE -inf.
  */
@@ -677,7 +677,7 @@ static LLVMValueRef scalar_exp(cfwd *c, LLVMValueRef x)
 
 /*
  * layout = paged, stage 1 (splits > 1): items (1, Hq, B) merge the parts
- * of each row by log-sum-exp (DESIGN.md "Merge of two partials", over
+ * of each row by log-sum-exp (docs/design.md "Merge of two partials", over
  * splits parts): LSE = m + log sum_s exp(LSE_s - m), O = sum_s exp(LSE_s -
  * LSE) O_s; no part with a key gives O = 0, LSE = -inf.
  */

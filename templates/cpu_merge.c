@@ -1,6 +1,6 @@
 /*
  * cpu_merge.c -- the merge kernel of the cpu target: two partial results
- * over disjoint key sets become one (DESIGN.md "Merge of two partials"):
+ * over disjoint key sets become one (docs/design.md "Merge of two partials"):
  *
  *     LSE = logaddexp(LSE1, LSE2)
  *     O   = O1 exp(LSE1 - LSE) + O2 exp(LSE2 - LSE)

@@ -39,7 +39,7 @@
  *                  keyed exactly as ref_dropout_keep (tests/ref.h).
  *   accumulate     the epilogue reads a prior (O, LSE) of its rows from o_acc
  *                  (f32) and lse, and writes back their log-sum-exp merge
- *                  with this call's keys (DESIGN.md "Merge of two partials").
+ *                  with this call's keys (docs/design.md "Merge of two partials").
  *
  * Launch contract: Sq, Sk < 2^30; position offsets and the mask shift are
  * any i64.
@@ -1055,7 +1055,7 @@ static void build_paged_parts(efwd *e)
 /*
  * layout = paged, stage 1 (run for splits > 1): grid (1, Hq, B), thread t
  * takes elements t, t + T, ... of the (Sq, Dv) rows and merges their
- * parts by log-sum-exp (DESIGN.md "Merge of two partials", over splits
+ * parts by log-sum-exp (docs/design.md "Merge of two partials", over splits
  * parts), in log2 units:
  *
  *   m = max_s L_s,  w_s = 2^(L_s - m),  O = sum_s w_s O_s / sum_s w_s,

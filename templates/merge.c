@@ -1,6 +1,6 @@
 /*
  * merge.c -- the merge kernel: two partial results over disjoint key sets,
- * (O1, LSE1) and (O2, LSE2), become one (DESIGN.md "Merge of two partials"):
+ * (O1, LSE1) and (O2, LSE2), become one (docs/design.md "Merge of two partials"):
  *
  *     LSE = logaddexp(LSE1, LSE2)
  *     O   = O1 exp(LSE1 - LSE) + O2 exp(LSE2 - LSE)

@@ -640,7 +640,7 @@ static LLVMValueRef emit_math(emitter *m, aj_expr_op op, LLVMValueRef a)
 {
     aj_kb *kb = m->s->kb;
     LLVMBuilderRef b = kb->b;
-    bool host = m->s->lanes > 0 || kb->target == AJ_TARGET_CPU;
+    bool host = m->s->lanes > 0 || !kb->desc->simt;
     LLVMValueRef log2e = splat(m, aj_kb_f32(kb, AJ_LOG2E)), ln2 = splat(m, aj_kb_f32(kb, AJ_LN2));
     switch (op) {
     case AJ_EXPR_EXP: {

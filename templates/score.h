@@ -1,5 +1,5 @@
 /*
- * score.h -- the one home of attention semantics (DESIGN.md): what a
+ * score.h -- the one home of attention semantics (docs/design.md): what a
  * score becomes and which keys a query sees, for every template and target.
  *
  * An op's mask and score_mod are programs in the IR's expression language

@@ -3,7 +3,7 @@
  *
  * This is the oracle every numeric test of every target (sim, cpu, cuda) is
  * compared against, so it is written to be obviously correct, not fast: one
- * plain loop nest per formula of DESIGN.md "Semantics", in double precision.
+ * plain loop nest per formula of docs/design.md "Semantics", in double precision.
  * It is test code (linked into test executables, never into libattnjit) and
  * aborts with a message on a malformed problem.
  *

@@ -90,7 +90,7 @@ static void check_round_trip(aj_ctx *ctx, const char *text, size_t len,
 
 /* Between them these use every field and every form of every value. */
 static const char *const valid_specs[] = {
-    /* DESIGN.md's example, verbatim */
+    /* docs/design.md's example, verbatim */
     "# causal bf16 forward, head dim 128\n"
     "attention forward flash {\n"
     "  dtype     = bf16                 # f16 | bf16 | f32\n"

@@ -71,11 +71,8 @@ static aj_kernel *compile(const test_kernel *k, aj_target target)
     aj_compile_options opt = AJ_COMPILE_OPTIONS_INIT;
     opt.target = target;
     opt.emit = target == AJ_TARGET_SIM ? AJ_EMIT_LLVM_IR : AJ_EMIT_PTX;
-    size_t nsyms = 0;
-    const aj_host_symbol *syms = aj_sim_symbols(&nsyms);
     aj_kernel *out = NULL;
-    aj_status st = aj_codegen_run(ctx, op, &opt, k->name, build_test_kernel, (void *)k, syms,
-                                  nsyms, &out);
+    aj_status st = aj_codegen_run(ctx, op, &opt, k->name, build_test_kernel, (void *)k, &out);
     CHECK_MSG(st == AJ_OK, "%s for %s: %s", k->name, aj_target_name(target),
               aj_last_error(ctx));
     return out;

@@ -1,7 +1,7 @@
 /*
  * npy.h -- reading and writing NumPy .npy files for the attnjit tool.
  *
- * The tool's tensors (q, k, v, o, lse, ..., see DESIGN.md "Tensor names")
+ * The tool's tensors (q, k, v, o, lse, ..., see docs/design.md "Tensor names")
  * travel as .npy files.  The reader takes format versions 1.0, 2.0 and 3.0
  * and the dtypes '<f2', '<f4', '<f8' (converted to float32), '<i4' (kept
  * as int32, for cu_seqlens) and '|u1' (widened to int32: an f8 KV cache's

@@ -693,7 +693,7 @@ typedef struct aj_block_mask aj_block_mask;
  *     which read it and lse as a prior partial result (O normalised, LSE
  *     natural log; a row with LSE = -inf is empty, whatever its O holds)
  *     and overwrite both with the log-sum-exp merge of the prior and this
- *     call's keys (DESIGN.md "Merge of two partials").  Chaining calls over
+ *     call's keys (docs/design.md "Merge of two partials").  Chaining calls over
  *     disjoint key blocks (each with its kv_offset) from lse = -inf gives
  *     the result of one call over all keys.  `o` is unused then.
  * q, k, v, o and o_acc have their dtype's data and batch, head and

@@ -56,7 +56,7 @@ typedef struct aj_sim_launch {
  * its membermask. */
 aj_status aj_sim_run(aj_ctx *ctx, aj_sim_launch *launch);
 
-/* The emulator functions the sim lowering calls, for the JIT. */
-const aj_host_symbol *aj_sim_symbols(size_t *count);
+/* aj_sim_symbols (codegen/target.h): the emulator functions the sim
+ * lowering calls, which the sim target's row binds in the JIT. */
 
 #endif /* AJ_RUNTIME_SIM_EMULATOR_H */

@@ -1,4 +1,4 @@
-"""The float64 reference of the Python tests (DESIGN.md, "Semantics"), in
+"""The float64 reference of the Python tests (docs/design.md, "Semantics"), in
 plain torch: the oracle for attnjit.torch.attention's forward and, through
 torch's autograd in float64, its backward."""
 import math
@@ -14,7 +14,7 @@ TOLERANCE = {  # (atol, rtol) relative to the reference's largest magnitude
 
 def visible(b, h, sq, sk, causal=False, window=None, mask=None):
     """The (B, H, Sq, Sk) visibility of each key: the built-in masks by
-    DESIGN.md's rules, `mask` a callable over broadcast position tensors
+    docs/design.md's rules, `mask` a callable over broadcast position tensors
     (b, h, q, k, sq, sk) standing for an IR expression."""
     q = torch.arange(sq).view(1, 1, sq, 1)
     k = torch.arange(sk).view(1, 1, 1, sk)

@@ -87,7 +87,7 @@ def _body(dtype, d, dv, causal, window, softcap, alibi, has_bias, scale, dropout
         if score_mod is not None:
             raise _fail("score_mod cannot be combined with softcap or alibi_slopes: write "
                         "them into the expression (docs/ir.md, 'Expressions')")
-        # softcap, then alibi (DESIGN.md); alibi's slopes as a side tensor
+        # softcap, then alibi (docs/design.md); alibi's slopes as a side tensor
         decls.append("aj_alibi_slopes: f32[1]")
         c = repr(float(softcap))
         fields.append("score_mod = expr(%s * tanh(score / %s) - aj_alibi_slopes[h] * "

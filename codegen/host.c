@@ -1,19 +1,23 @@
 /*
- * sim.c -- the `sim` target: the GPU kernel's IR, lowered for the host and
- * JIT-compiled with LLVM ORC, run by the SIMT emulator (runtime/sim).
+ * host.c -- host code: the target machine, entry wrappers and JIT of the
+ * targets whose kernels run in this process (the target table's
+ * AJ_FAMILY_HOST rows: sim, the GPU kernels' IR lowered for the host and
+ * run by the SIMT emulator in runtime/sim; cpu, the cpu templates' work
+ * items run by the cpu device's pool).
  *
  * What differs from nvptx is small and lives here and in the intrinsic
  * table's sim column:
  *
- *   kernel  void K(ptr thread, params...)        (built by the template)
- *   entry   void K.entry(ptr thread, ptr args)   (added here: args[i] points
- *           to parameter i, as cuLaunchKernel's kernelParams do)
- *   count   every basic block adds its instruction count to the thread's
- *           first field (uint64_t), after optimisation, so the emulator can
- *           report emulated thread-instructions
- *   jit     the module becomes host object code, loaded into an LLJIT
- *           (the cpu target's kernels take the same road, and keep the
- *           object in the disk cache)
+ *   kernel  void K(ptr hidden, params...)        (built by the template;
+ *           hidden: the sim thread's state or the cpu work item)
+ *   entry   void K.entry(ptr hidden, ptr args)   (added here: args[i]
+ *           points to parameter i, as cuLaunchKernel's kernelParams do)
+ *   count   (emulated targets) every basic block adds its instruction
+ *           count to the thread's first field (uint64_t), after
+ *           optimisation, so the emulator can report thread-instructions
+ *   jit     the module becomes host object code, loaded into an LLJIT with
+ *           the row's host symbols (the cpu's objects also go to the disk
+ *           cache)
  */
 #include <pthread.h>
 #include <stdio.h>
@@ -44,7 +48,9 @@ static aj_status host_target_ready(aj_ctx *ctx)
 }
 
 /*
- * The host code of sim kernels is generated without machine-level
+ * A host target machine at machine-level `opt_level`, which the pipeline
+ * takes from the target's row (machine_opt_follows_op).  Why the rows
+ * differ: the host code of sim kernels is generated without machine-level
  * optimisation (the IR pipeline still runs at the op's opt_level, the same
  * IR the GPU targets get).  The emulator's thread switches and checks
  * dominate a launch, so host code at -O2 runs it only 1.09-1.28x faster
@@ -54,8 +60,8 @@ static aj_status host_target_ready(aj_ctx *ctx)
  * The cpu target's code is the kernel itself: it keeps the op's opt_level
  * (at none, the paged decode ran at half its speed, bench_decode).
  */
-aj_status aj_sim_target_machine(aj_ctx *ctx, aj_target target, int opt_level,
-                                LLVMTargetMachineRef *out)
+aj_status aj_host_target_machine(aj_ctx *ctx, aj_target target, int opt_level,
+                                 LLVMTargetMachineRef *out)
 {
     if (host_target_ready(ctx) != AJ_OK)
         return AJ_ERR_CODEGEN;
@@ -73,10 +79,8 @@ aj_status aj_sim_target_machine(aj_ctx *ctx, aj_target target, int opt_level,
         static const LLVMCodeGenOptLevel levels[4] = {
             LLVMCodeGenLevelNone, LLVMCodeGenLevelLess, LLVMCodeGenLevelDefault,
             LLVMCodeGenLevelAggressive};
-        LLVMCodeGenOptLevel level = target == AJ_TARGET_CPU ? levels[opt_level]
-                                                            : LLVMCodeGenLevelNone;
-        *out = LLVMCreateTargetMachine(t, triple, cpu, features, level, LLVMRelocPIC,
-                                       LLVMCodeModelJITDefault);
+        *out = LLVMCreateTargetMachine(t, triple, cpu, features, levels[opt_level],
+                                       LLVMRelocPIC, LLVMCodeModelJITDefault);
         if (!*out)
             st = aj_fail(ctx, AJ_ERR_CODEGEN, "cannot create a host target machine");
     }
@@ -87,7 +91,7 @@ aj_status aj_sim_target_machine(aj_ctx *ctx, aj_target target, int opt_level,
 }
 
 /* Adds `void <entry>.entry(ptr thread, ptr args)` that unpacks args. */
-void aj_sim_add_entry(aj_kb *kb, const aj_kb_stage *stage)
+void aj_host_add_entry(aj_kb *kb, const aj_kb_stage *stage)
 {
     LLVMTypeRef params[2] = {kb->t_ptr, kb->t_ptr};
     LLVMTypeRef fty = LLVMFunctionType(kb->t_void, params, 2, 0);
@@ -157,9 +161,11 @@ static aj_status orc_error(aj_ctx *ctx, LLVMErrorRef err, const char *what)
  * process exports.  The object came from this process's codegen or from
  * the disk cache (whose key pins the CPU and the features it was built for).
  */
-aj_status aj_host_jit(aj_ctx *ctx, aj_kernel *kernel, const aj_host_symbol *symbols,
-                      size_t nsymbols)
+aj_status aj_host_jit(aj_ctx *ctx, aj_kernel *kernel)
 {
+    const aj_target_desc *desc = aj_target_desc_of(kernel->target);
+    size_t nsymbols = 0;
+    const aj_host_symbol *symbols = desc->host_symbols ? desc->host_symbols(&nsymbols) : NULL;
     if (!kernel->object)
         return aj_fail(ctx, AJ_ERR_INTERNAL, "a host kernel without object code");
     if (host_target_ready(ctx) != AJ_OK)
