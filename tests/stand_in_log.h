@@ -1,6 +1,6 @@
 /*
  * stand_in_log.h -- the call log the stand-in libraries (tests/fake_cuda,
- * tests/ring/fake_nccl.c) keep for their tests: one line per call, read
+ * tests/cp/fake_nccl.c) keep for their tests: one line per call, read
  * back through each library's exported accessor.  Included by one .c
  * file per library.
  */

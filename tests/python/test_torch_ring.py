@@ -4,7 +4,7 @@ lse) and backward (dq, dk, dv), for both layouts and rotations, masks,
 GQA, an expression mask with a side tensor, and dropout; its kernel
 launches are the C ring's (a pair with nothing visible is not launched,
 one with everything visible runs without the mask: the counts
-tests/ring/test_ring.c asserts for aj_ring_forward, from the same
+tests/cp/test_ring.c asserts for aj_ring_forward, from the same
 position-by-position oracle); shard / unshard round-trip."""
 import os
 import tempfile

@@ -63,8 +63,8 @@
 #include <string.h>
 
 #include "ir/diag.h"
-#include "runtime/comm/comm.h"
-#include "runtime/ring.h"
+#include "cp/comm/comm.h"
+#include "cp/cp.h"
 #include "runtime/runtime.h"
 
 /* What a Ulysses call knows once its arguments check out. */

@@ -13,8 +13,8 @@
 #include <string.h>
 
 #include "check.h"
-#include "ring/leak_check.h"
-#include "runtime/ring.h"   /* aj_shard_chunks_any: the rule per document */
+#include "cp/leak_check.h"
+#include "cp/cp.h"   /* aj_shard_chunks_any: the rule per document */
 
 static aj_ctx *ctx;
 

@@ -21,7 +21,7 @@
 #include <string.h>
 
 #include "ir/diag.h"
-#include "runtime/comm/comm.h"
+#include "cp/comm/comm.h"
 
 typedef struct mpi_state {
     MPI_Comm comm;

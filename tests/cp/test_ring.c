@@ -41,10 +41,10 @@
 
 #include "check.h"
 #include "ref.h"
-#include "ring/alltoall_check.h"
-#include "ring/leak_check.h"
-#include "runtime/comm/comm.h"
-#include "runtime/ring.h"   /* aj_cp_call: the opening agreement's bytes */
+#include "cp/alltoall_check.h"
+#include "cp/leak_check.h"
+#include "cp/comm/comm.h"
+#include "cp/cp.h"   /* aj_cp_call: the opening agreement's bytes */
 
 #define HEAD_DIM 16
 

@@ -29,7 +29,7 @@
 #include <string.h>
 
 #include "ir/diag.h"
-#include "runtime/ring.h"
+#include "cp/cp.h"
 
 /* Chunk c of n over a sequence of `seq`: its first position and length. */
 static aj_shard_chunk chunk_of(int64_t seq, int64_t n, int64_t c, int64_t local)

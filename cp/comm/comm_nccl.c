@@ -4,7 +4,7 @@
  *
  * The library is looked for with dlopen, like the CUDA driver, so attnjit
  * builds and runs without it.  The ring hands every engine HOST buffers
- * (runtime/ring.c keeps what travels on the host), so this engine stages
+ * (cp/ring.c keeps what travels on the host), so this engine stages
  * them through a slot of pinned host memory and device memory:
  *
  *   exchange_start                                       exchange_test
@@ -31,7 +31,7 @@
 #include <string.h>
 
 #include "ir/diag.h"
-#include "runtime/comm/comm.h"
+#include "cp/comm/comm.h"
 #include "runtime/runtime.h"
 
 /* nccl.h's values (NCCL 2.x ABI). */

@@ -13,8 +13,8 @@
  * the comm and freed by aj_comm_destroy.
  */
 #include "ir/diag.h"
-#include "runtime/comm/comm.h"
-#include "runtime/ring.h"
+#include "cp/comm/comm.h"
+#include "cp/cp.h"
 
 aj_status aj_cp_split(aj_ctx *ctx, const char *fn, aj_comm *comm, int U, aj_comm **group,
                       aj_comm **across)

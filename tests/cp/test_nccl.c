@@ -1,10 +1,10 @@
 /*
  * test_nccl.c -- the NCCL engine on stand-ins, under mpirun with P = 2, 3:
- * tests/ring/fake_nccl.c (moves the bytes over MPI and logs every NCCL
+ * tests/cp/fake_nccl.c (moves the bytes over MPI and logs every NCCL
  * call) and tests/fake_cuda (device memory is host memory; in mode
  * "stuck" no event ever completes).  The stand-in libcuda cannot open an
  * aj_device, so the engine is driven through aj_comm_nccl_open_on and its
- * vtable, as runtime/ring.c drives it.
+ * vtable, as cp/ring.c drives it.
  *
  * Covers: the unique id made on rank 0 only and every rank's
  * ncclCommInitRank with it; an empty exchange; an exchange's
@@ -31,9 +31,9 @@
 #include <unistd.h>
 
 #include "check.h"
-#include "ring/alltoall_check.h"
-#include "ring/leak_check.h"
-#include "runtime/comm/comm.h"
+#include "cp/alltoall_check.h"
+#include "cp/leak_check.h"
+#include "cp/comm/comm.h"
 #include "runtime/cuda/cuda_api.h"
 
 enum { MAX_P = 4 };

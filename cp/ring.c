@@ -72,8 +72,8 @@
 #include <string.h>
 
 #include "ir/diag.h"
-#include "runtime/comm/comm.h"
-#include "runtime/ring.h"
+#include "cp/comm/comm.h"
+#include "cp/cp.h"
 #include "runtime/runtime.h"
 #include "templates/score.h"
 
@@ -1228,22 +1228,6 @@ done:
     return st;
 }
 
-aj_status aj_ring_forward(aj_ctx *ctx, aj_device *dev, aj_comm *comm, const aj_op *op,
-                          const aj_ring_fwd_args *given, aj_ring_stats *stats)
-{
-    if (!ctx)
-        return AJ_ERR_INVALID_ARG;
-    AJ_READ_STRUCT_OR_RETURN(ctx, "aj_ring_forward: args", given, aj_ring_fwd_args, lse,
-                             AJ_RING_FWD_ARGS_INIT, args);
-    aj_status method_st = aj_cp_check_method(ctx, "aj_ring_forward", args->method,
-                                             args->ulysses_size);
-    if (method_st != AJ_OK)
-        return method_st;
-    if (args->method != AJ_METHOD_RING)
-        return aj_ulysses_forward(ctx, dev, comm, op, args, stats);
-    return aj_ring_forward_group(ctx, dev, comm, op, args, NULL, stats);
-}
-
 aj_status aj_ring_forward_group(aj_ctx *ctx, aj_device *dev, aj_comm *comm, const aj_op *op,
                                 const aj_ring_fwd_args *args, const aj_ring_group *group,
                                 aj_ring_stats *stats)
@@ -1664,22 +1648,6 @@ static aj_status plan_backward(ring_plan *p, aj_ctx *ctx, aj_device *dev, aj_com
     AJ_TRY(plan_lengths(p, op, group, a->rotate, a->seed, a->offset));
 done:
     return st;
-}
-
-aj_status aj_ring_backward(aj_ctx *ctx, aj_device *dev, aj_comm *comm, const aj_op *op,
-                           const aj_ring_bwd_args *given, aj_ring_stats *stats)
-{
-    if (!ctx)
-        return AJ_ERR_INVALID_ARG;
-    AJ_READ_STRUCT_OR_RETURN(ctx, "aj_ring_backward: args", given, aj_ring_bwd_args, dv,
-                             AJ_RING_BWD_ARGS_INIT, args);
-    aj_status method_st = aj_cp_check_method(ctx, "aj_ring_backward", args->method,
-                                             args->ulysses_size);
-    if (method_st != AJ_OK)
-        return method_st;
-    if (args->method != AJ_METHOD_RING)
-        return aj_ulysses_backward(ctx, dev, comm, op, args, stats);
-    return aj_ring_backward_group(ctx, dev, comm, op, args, NULL, stats);
 }
 
 aj_status aj_ring_backward_group(aj_ctx *ctx, aj_device *dev, aj_comm *comm, const aj_op *op,

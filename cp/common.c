@@ -1,5 +1,5 @@
 /*
- * cp_common.c -- what the context-parallel methods (ring.c, ulysses.c)
+ * common.c -- what the context-parallel methods (ring.c, ulysses.c)
  * share: contiguous shard tensors, the opening agreement of the ranks'
  * calls, and collective failures named after the call.
  */
@@ -8,8 +8,8 @@
 #include <string.h>
 
 #include "ir/diag.h"
-#include "runtime/comm/comm.h"
-#include "runtime/ring.h"
+#include "cp/comm/comm.h"
+#include "cp/cp.h"
 #include "runtime/runtime.h"
 
 aj_tensor aj_cp_dense(void *data, aj_dtype dtype, int rank, const int64_t *shape)
@@ -235,18 +235,6 @@ aj_status aj_cp_check_call(aj_ctx *ctx, const char *fn, aj_device *dev, aj_comm 
                      "heads must be a multiple of the key/value heads (GQA)", fn,
                      (long long)sh->Hq, (long long)sh->Hkv);
     return st;
-}
-
-aj_status aj_cp_check_method(aj_ctx *ctx, const char *fn, aj_cp_method method,
-                             int32_t ulysses_size)
-{
-    AJ_CHECK_ARG(ctx, (unsigned)method < AJ_METHOD_COUNT,
-                 "%s: method = %d is not a context-parallel method (ring, ulysses, hybrid)",
-                 fn, (int)method);
-    AJ_CHECK_ARG(ctx, method != AJ_METHOD_RING || ulysses_size == 0,
-                 "%s: ulysses_size = %d with method = ring; only methods ulysses and hybrid "
-                 "take it", fn, (int)ulysses_size);
-    return AJ_OK;
 }
 
 aj_status aj_cp_wait(aj_device *dev, void *stream, const struct aj_comm *comm, const char *fn,

@@ -11,7 +11,7 @@
 #include <stdlib.h>
 
 #include "check.h"
-#include "runtime/comm/comm.h"
+#include "cp/comm/comm.h"
 
 /* Rank `from`'s part for rank `to`: (from + 2 to + 1) % 7 bytes (0 for
  * some pairs), byte i = a pattern of (from, to, i). */

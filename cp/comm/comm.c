@@ -2,7 +2,7 @@
  * comm.c -- aj_comm: configuration checks, the engine choice, and the
  * bounded wait every engine shares.
  */
-#include "runtime/comm/comm.h"
+#include "cp/comm/comm.h"
 
 #include <sched.h>
 #include <stdlib.h>

@@ -1,8 +1,10 @@
 /*
- * ring.h -- the ring scheduler's internals shared with shard.c.
+ * cp.h -- context parallelism's internals (cp/): the shard rules, what the
+ * methods share (common.c) and each method's entry, behind the front door
+ * (front.c: aj_ring_forward, aj_ring_backward).
  */
-#ifndef AJ_RUNTIME_RING_H
-#define AJ_RUNTIME_RING_H
+#ifndef AJ_CP_CP_H
+#define AJ_CP_CP_H
 
 #include <stdbool.h>
 #include <stdint.h>
@@ -28,7 +30,7 @@ aj_status aj_shard_group_chunks(aj_ctx *ctx, const char *fn, aj_shard_layout lay
 aj_status aj_shard_chunks(aj_ctx *ctx, const char *fn, aj_shard_layout layout, int rank,
                           int size, int64_t seq, aj_shard_chunk chunks[2], int *num_chunks);
 
-/* ---- shared by the context-parallel methods (cp_common.c) */
+/* ---- shared by the context-parallel methods (common.c) */
 
 struct aj_comm;
 
@@ -110,9 +112,6 @@ aj_status aj_cp_check_call(aj_ctx *ctx, const char *fn, aj_device *dev, struct a
                            const aj_op *op, aj_kind kind, aj_shard_layout layout,
                            const aj_tensor *q, const aj_tensor *k, const aj_tensor *v,
                            aj_op_info *info, aj_score_prog *prog, aj_cp_shapes *sh);
-/* method is a method and ulysses_size fits it (errors name `fn`). */
-aj_status aj_cp_check_method(aj_ctx *ctx, const char *fn, aj_cp_method method,
-                             int32_t ulysses_size);
 /* Waits for the work queued on `stream`, at most the comm's timeout
  * (AJ_ERR_COMM past it; the message names `fn` and `what`). */
 aj_status aj_cp_wait(aj_device *dev, void *stream, const struct aj_comm *comm, const char *fn,
@@ -146,8 +145,8 @@ aj_status aj_cp_check_lengths(aj_ctx *ctx, const char *fn, aj_shard_layout layou
                               const int64_t *all, int stride, int field_q, int field_k,
                               int64_t *sq, int64_t *sk);
 
-/* method = ulysses and hybrid (ulysses.c), entered from aj_ring_forward
- * and aj_ring_backward once their args are read. */
+/* method = ulysses and hybrid (ulysses.c), entered from the front door
+ * (front.c) once the args are read. */
 aj_status aj_ulysses_forward(aj_ctx *ctx, aj_device *dev, struct aj_comm *comm,
                              const aj_op *op, const aj_ring_fwd_args *args,
                              aj_ring_stats *stats);
@@ -178,4 +177,4 @@ aj_status aj_ring_backward_group(aj_ctx *ctx, aj_device *dev, struct aj_comm *co
 aj_status aj_cp_split(aj_ctx *ctx, const char *fn, struct aj_comm *comm, int U,
                       struct aj_comm **group, struct aj_comm **across);
 
-#endif /* AJ_RUNTIME_RING_H */
+#endif /* AJ_CP_CP_H */

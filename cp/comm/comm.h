@@ -8,8 +8,8 @@
  * an all-to-all with a count per peer.  Every wait is bounded by
  * the comm's timeout, so a silent peer becomes AJ_ERR_COMM, never a hang.
  */
-#ifndef AJ_RUNTIME_COMM_COMM_H
-#define AJ_RUNTIME_COMM_COMM_H
+#ifndef AJ_CP_COMM_COMM_H
+#define AJ_CP_COMM_COMM_H
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -140,10 +140,10 @@ aj_status aj_comm_mpi_open(aj_comm *comm, const aj_comm_config *config);
 aj_status aj_comm_nccl_open(aj_comm *comm, const aj_comm_config *config);
 /* The NCCL engine on the driver `cu` and context `cuctx` (NULL: the
  * current one), without an aj_device: what aj_comm_nccl_open calls for a
- * cuda device, and what tests/ring/test_nccl.c drives on a stand-in
+ * cuda device, and what tests/cp/test_nccl.c drives on a stand-in
  * libcuda that cannot open one. */
 struct aj_cuda;
 aj_status aj_comm_nccl_open_on(aj_comm *comm, const aj_comm_config *config,
                                const struct aj_cuda *cu, void *cuctx);
 
-#endif /* AJ_RUNTIME_COMM_COMM_H */
+#endif /* AJ_CP_COMM_COMM_H */

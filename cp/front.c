@@ -1,0 +1,76 @@
+/*
+ * front.c -- context parallelism's front door: aj_ring_forward and
+ * aj_ring_backward read the caller's versioned arguments, check the
+ * method, and hand the call to the method's row below.  The methods are
+ * peers behind it; hybrid's ring runs inside ulysses.c's call, so the
+ * only call between methods is ulysses.c -> ring.c:
+ *
+ *   aj_ring_forward ──► method ring ──────────────► ring.c
+ *                  └──► method ulysses, hybrid ──► ulysses.c ──(hybrid)──► ring.c
+ */
+#include "cp/cp.h"
+#include "cp/comm/comm.h"
+#include "ir/diag.h"
+
+static aj_status ring_forward(aj_ctx *ctx, aj_device *dev, aj_comm *comm, const aj_op *op,
+                              const aj_ring_fwd_args *args, aj_ring_stats *stats)
+{
+    return aj_ring_forward_group(ctx, dev, comm, op, args, NULL, stats);
+}
+
+static aj_status ring_backward(aj_ctx *ctx, aj_device *dev, aj_comm *comm, const aj_op *op,
+                               const aj_ring_bwd_args *args, aj_ring_stats *stats)
+{
+    return aj_ring_backward_group(ctx, dev, comm, op, args, NULL, stats);
+}
+
+/* The methods, one row each. */
+static const struct cp_method {
+    aj_status (*forward)(aj_ctx *ctx, aj_device *dev, aj_comm *comm, const aj_op *op,
+                         const aj_ring_fwd_args *args, aj_ring_stats *stats);
+    aj_status (*backward)(aj_ctx *ctx, aj_device *dev, aj_comm *comm, const aj_op *op,
+                          const aj_ring_bwd_args *args, aj_ring_stats *stats);
+    bool takes_ulysses_size;   /* heads split over groups of ulysses_size ranks */
+} methods[AJ_METHOD_COUNT] = {
+    [AJ_METHOD_RING] = {ring_forward, ring_backward, false},
+    [AJ_METHOD_ULYSSES] = {aj_ulysses_forward, aj_ulysses_backward, true},
+    [AJ_METHOD_HYBRID] = {aj_ulysses_forward, aj_ulysses_backward, true},
+};
+
+/* The row of `method`, whose ulysses_size must fit it (errors name `fn`). */
+static aj_status method_row(aj_ctx *ctx, const char *fn, aj_cp_method method,
+                            int32_t ulysses_size, const struct cp_method **out)
+{
+    AJ_CHECK_ARG(ctx, (unsigned)method < AJ_METHOD_COUNT,
+                 "%s: method = %d is not a context-parallel method (ring, ulysses, hybrid)",
+                 fn, (int)method);
+    AJ_CHECK_ARG(ctx, methods[method].takes_ulysses_size || ulysses_size == 0,
+                 "%s: ulysses_size = %d with method = ring; only methods ulysses and hybrid "
+                 "take it", fn, (int)ulysses_size);
+    *out = &methods[method];
+    return AJ_OK;
+}
+
+aj_status aj_ring_forward(aj_ctx *ctx, aj_device *dev, aj_comm *comm, const aj_op *op,
+                          const aj_ring_fwd_args *given, aj_ring_stats *stats)
+{
+    if (!ctx)
+        return AJ_ERR_INVALID_ARG;
+    AJ_READ_STRUCT_OR_RETURN(ctx, "aj_ring_forward: args", given, aj_ring_fwd_args, lse,
+                             AJ_RING_FWD_ARGS_INIT, args);
+    const struct cp_method *m = NULL;
+    aj_status st = method_row(ctx, "aj_ring_forward", args->method, args->ulysses_size, &m);
+    return st != AJ_OK ? st : m->forward(ctx, dev, comm, op, args, stats);
+}
+
+aj_status aj_ring_backward(aj_ctx *ctx, aj_device *dev, aj_comm *comm, const aj_op *op,
+                           const aj_ring_bwd_args *given, aj_ring_stats *stats)
+{
+    if (!ctx)
+        return AJ_ERR_INVALID_ARG;
+    AJ_READ_STRUCT_OR_RETURN(ctx, "aj_ring_backward: args", given, aj_ring_bwd_args, dv,
+                             AJ_RING_BWD_ARGS_INIT, args);
+    const struct cp_method *m = NULL;
+    aj_status st = method_row(ctx, "aj_ring_backward", args->method, args->ulysses_size, &m);
+    return st != AJ_OK ? st : m->backward(ctx, dev, comm, op, args, stats);
+}
