@@ -81,6 +81,9 @@ typedef struct aj_kernel_stage {
     int32_t pack_rows;           /* aj_kernel_layout's */
     aj_param_info params[AJ_KB_MAX_PARAMS];
     char param_names[AJ_KB_MAX_PARAMS][32];
+    /* each parameter's table row, which the launcher binds it by
+     * (AJ_KB_NO_ID: a side tensor's, bound by name) */
+    int32_t param_ids[AJ_KB_MAX_PARAMS];
     aj_host_entry_fn host_entry; /* sim, cpu: <entry>.entry */
 } aj_kernel_stage;
 

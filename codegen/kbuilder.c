@@ -57,7 +57,7 @@ aj_status aj_kb_fail(aj_kb *kb, aj_status st, const char *fmt, ...)
 
 /* ---------------------------------------------------------------- params */
 
-void aj_kb_add_param(aj_kb *kb, const char *name, aj_param_type type)
+void aj_kb_add_param(aj_kb *kb, const char *name, aj_param_type type, int32_t id)
 {
     if (kb->fn) {
         aj_kb_fail(kb, AJ_ERR_INTERNAL, "parameter '%s' declared after the kernel began", name);
@@ -76,6 +76,7 @@ void aj_kb_add_param(aj_kb *kb, const char *name, aj_param_type type)
     aj_kb_param_decl *p = &kb->params[kb->num_params++];
     snprintf(p->name, sizeof p->name, "%s", name);
     p->type = type;
+    p->id = id;
 }
 
 static LLVMTypeRef param_llvm_type(aj_kb *kb, aj_param_type type)
@@ -178,6 +179,16 @@ LLVMValueRef aj_kb_param(aj_kb *kb, const char *name)
         if (strcmp(kb->params[i].name, name) == 0)
             return LLVMGetParam(kb->fn, (unsigned)(hidden + i));
     aj_kb_fail(kb, AJ_ERR_INTERNAL, "no kernel parameter named '%s'", name);
+    return LLVMGetUndef(kb->t_i32);
+}
+
+LLVMValueRef aj_kb_param_id(aj_kb *kb, int32_t id, const char *name)
+{
+    int hidden = kb->sim_thread != NULL || kb->work_item != NULL;
+    for (int i = 0; i < kb->num_params; i++)
+        if (kb->params[i].id == id)
+            return LLVMGetParam(kb->fn, (unsigned)(hidden + i));
+    aj_kb_fail(kb, AJ_ERR_INTERNAL, "the kernel has no parameter '%s'", name);
     return LLVMGetUndef(kb->t_i32);
 }
 
@@ -575,8 +586,9 @@ LLVMValueRef aj_kb_to_f32(aj_kb *kb, LLVMValueRef v, aj_dtype dtype)
     case AJ_DTYPE_F8E5M2: {
         LLVMValueRef h = aj_kb_f8_to_f16_bits(kb, v, dtype);
         LLVMValueRef f = aj_kb_intrinsic(kb, AJ_INTR_CVT_F32_F16, &h);
-        return dtype == AJ_DTYPE_F8E5M2 ? f : LLVMBuildFMul(kb->b, f,
-                                                            aj_kb_f32(kb, AJ_F8E4M3_F16_FACTOR), "");
+        return dtype == AJ_DTYPE_F8E5M2
+                   ? f
+                   : LLVMBuildFMul(kb->b, f, aj_kb_f32(kb, AJ_F8E4M3_F16_FACTOR), "");
     }
     default:
         return v;

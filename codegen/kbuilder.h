@@ -45,9 +45,14 @@ enum { AJ_AS_GENERIC = 0, AJ_AS_GLOBAL = 1, AJ_AS_SHARED = 3 };
 
 #define AJ_KB_MAX_STAGES 4   /* kernels one module may hold */
 
+/* A kernel parameter: its name, type, and its row in the parameter table
+ * (templates/params.def's aj_param_id, which codegen does not interpret),
+ * or AJ_KB_NO_ID for one outside the table (a side tensor's). */
+#define AJ_KB_NO_ID (-1)
 typedef struct aj_kb_param_decl {
     char name[32];
     aj_param_type type;
+    int32_t id;
 } aj_kb_param_decl;
 
 /* How a kernel is launched, besides its parameters and CTA size. */
@@ -136,9 +141,10 @@ void aj_kb_dispose(aj_kb *kb);
 aj_status aj_kb_fail(aj_kb *kb, aj_status st, const char *fmt, ...)
     AJ_PRINTF(3, 4);
 
-/* Declares a parameter of the next kernel; all of them come before
- * aj_kb_begin / aj_kb_begin_stage. */
-void aj_kb_add_param(aj_kb *kb, const char *name, aj_param_type type);
+/* Declares a parameter of the next kernel (id: its table row, or
+ * AJ_KB_NO_ID); all of them come before aj_kb_begin / aj_kb_begin_stage.
+ * A name declared twice fails the build. */
+void aj_kb_add_param(aj_kb *kb, const char *name, aj_param_type type, int32_t id);
 /* Creates the kernel function kb->entry_name with the declared parameters
  * and `threads` threads per CTA (the launch bound); positions at entry.
  * On the sim target the function takes the emulator's thread state as a
@@ -153,8 +159,12 @@ void aj_kb_begin_stage(aj_kb *kb, const char *stage_name, int32_t threads);
  * it as the next stage with its launch layout; the builder is then ready
  * for another kernel's parameters. */
 void aj_kb_finish(aj_kb *kb, const aj_kernel_layout *layout);
-/* The value of parameter `name` (declared earlier). */
+/* The value of parameter `name` (declared earlier): for parameters
+ * outside the table (side tensors'); table rows go by id. */
 LLVMValueRef aj_kb_param(aj_kb *kb, const char *name);
+/* The value of the parameter declared with table row `id`; a kernel
+ * without it fails the build, naming `name` (the row's). */
+LLVMValueRef aj_kb_param_id(aj_kb *kb, int32_t id, const char *name);
 
 /* Emits a call of a table intrinsic; args has its NARGS values.  Returns
  * its result, or NULL for a row without one; rows with several results

@@ -18,6 +18,7 @@ static void stage_from_kb(aj_kernel_stage *ks, const aj_kb_stage *st)
         memcpy(ks->param_names[i], st->params[i].name, sizeof ks->param_names[i]);
         ks->params[i].name = ks->param_names[i];
         ks->params[i].type = st->params[i].type;
+        ks->param_ids[i] = st->params[i].id;
     }
     ks->launch.block[0] = st->block_threads;
     ks->launch.block[1] = 1;
@@ -150,13 +151,13 @@ aj_status aj_kernel_compile_stats(const aj_kernel *kernel, aj_compile_stats *out
  *
  *   str entry   i32 block[3]   {i32 extent, i32 per_block}[3]
  *   i32 dynamic_smem   aj_schedule   i32 pack_rows   i32 num_params
- *   {str name, u32 type}*
+ *   {str name, u32 type, i32 id}*
  *
  * where str is u32 length + bytes, and object is a host kernel's object
  * code (object_size 0 for GPU kernels).  Format 2 added the stages, 3 the
- * object code, 4 pack_rows.
+ * object code, 4 pack_rows, 5 the parameters' table rows (ids).
  */
-#define KERNEL_FORMAT 4u
+#define KERNEL_FORMAT 5u
 
 typedef struct byte_writer {
     uint8_t *buf;
@@ -215,6 +216,7 @@ aj_status aj_kernel_serialize(aj_ctx *ctx, const aj_kernel *k, uint8_t **out, si
         for (int i = 0; i < ks->launch.num_params; i++) {
             put_str(&w, ks->params[i].name);
             put_u32(&w, (uint32_t)ks->params[i].type);
+            put(&w, &ks->param_ids[i], 4);
         }
     }
     uint64_t n = k->code_size;
@@ -282,6 +284,7 @@ static void get_stage(byte_reader *r, aj_kb_stage *st)
     for (int i = 0; i < st->num_params && !r->failed; i++) {
         get_str(r, st->params[i].name, sizeof st->params[i].name);
         st->params[i].type = (aj_param_type)get_u32(r);
+        get(r, &st->params[i].id, 4);
         if ((unsigned)st->params[i].type >= AJ_PARAM_COUNT)
             r->failed = 1;
     }

@@ -567,7 +567,8 @@ static aj_status agree_on_call(ring_plan *p, const aj_op *op, aj_ring_rotate rot
         sq = p->docs.cu_q[p->docs.batch];
         sk = p->docs.cu_k[p->docs.batch];
         for (int r = 0; r < p->size && st == AJ_OK; r++) {
-            const int64_t lq = all[r * CALL_FIELDS + FIELD_LQ], lk = all[r * CALL_FIELDS + FIELD_LK];
+            const int64_t lq = all[r * CALL_FIELDS + FIELD_LQ];
+            const int64_t lk = all[r * CALL_FIELDS + FIELD_LK];
             if (lq != shard_len(p, r, 0) || lk != shard_len(p, r, 1))
                 st = aj_fail(p->ctx, AJ_ERR_INVALID_ARG, "%s: rank %d holds %lld query and "
                              "%lld key positions; its pieces of the packed documents are %lld "

@@ -636,15 +636,12 @@ static aj_status bind_scores(aj_ctx *ctx, const char *fn, const aj_op_info *op,
 }
 
 /* Whether some stage of the kernel takes parameter `name`. */
-static int kernel_takes(const aj_kernel *kernel, const char *name)
+static int kernel_takes(const aj_kernel *kernel, aj_param_id id)
 {
-    for (int s = 0; s < kernel->num_stages; s++) {
-        aj_launch_info li;
-        aj_kernel_stage_info(kernel, s, &li);
-        for (int i = 0; i < li.num_params; i++)
-            if (strcmp(li.params[i].name, name) == 0)
+    for (int s = 0; s < kernel->num_stages; s++)
+        for (int i = 0; i < kernel->stages[s].launch.num_params; i++)
+            if (kernel->stages[s].param_ids[i] == (int32_t)id)
                 return 1;
-    }
     return 0;
 }
 
@@ -664,7 +661,7 @@ static aj_status bind_block_mask(aj_ctx *ctx, const char *fn, aj_device *dev,
                                  launch_values *v, void **scratch)
 {
     *scratch = NULL;
-    if (!kernel_takes(kernel, "block_mask"))
+    if (!kernel_takes(kernel, AJ_PID(block_mask)))
         return AJ_OK;
     const aj_op *source = atomic_load(&((aj_kernel *)kernel)->source);
     static _Thread_local aj_score_prog prog;
@@ -733,8 +730,9 @@ typedef struct bound_args {
     int nb;
 } bound_args;
 
-/* Binds stage `stage`'s parameters, each by its name: from the catalogue
- * and `v`, else from the score programs' bindings (may be NULL). */
+/* Binds stage `stage`'s parameters: a table row's (the kernel recorded
+ * it) from `v`, a side tensor's by its name from the score programs'
+ * bindings (may be NULL). */
 static aj_status bind(aj_ctx *ctx, const aj_kernel *kernel, int stage, const launch_values *v,
                       const score_bindings *scores, bound_args *out)
 {
@@ -743,7 +741,7 @@ static aj_status bind(aj_ctx *ctx, const aj_kernel *kernel, int stage, const lau
     out->nb = 0;
     for (int i = 0; i < li.num_params; i++) {
         const char *name = li.params[i].name;
-        const aj_param_row *p = aj_param_find(name);
+        const aj_param_row *p = aj_param_row_of(kernel->stages[stage].param_ids[i]);
         int found = 0;
         if (p) {
             found = p->type == li.params[i].type && param_value(p, v, &out->values[i]);
@@ -1255,7 +1253,7 @@ struct bwd_workspace {
 static bwd_workspace workspace_layout(const aj_kernel *kernel, const bwd_call *call)
 {
     bwd_workspace w = {0, 0, 0, 0};
-    if (!kernel_takes(kernel, "workspace"))
+    if (!kernel_takes(kernel, AJ_PID(workspace)))
         return w;
     const fwd_sizes *sz = &call->sz;
     int varlen = kernel->op.layout == AJ_LAYOUT_VARLEN;

@@ -85,22 +85,19 @@ int aj_attn_score_mod_regs_per_element(const aj_op *op)
     return op->score_mod.kind == AJ_SCORE_MOD_SOFTCAP || op->score_mod.kind == AJ_SCORE_MOD_EXPR;
 }
 
-LLVMValueRef aj_attn_slice_base(aj_kb *kb, const char *t, LLVMValueRef b, LLVMValueRef h)
+LLVMValueRef aj_attn_slice_base(aj_kb *kb, aj_param_source t, LLVMValueRef b, LLVMValueRef h)
 {
-    char sb[32], sh[32];
-    snprintf(sb, sizeof sb, "stride_%s_b", t);
-    snprintf(sh, sizeof sh, "stride_%s_h", t);
     LLVMValueRef b64 = LLVMBuildSExt(kb->b, b, kb->t_i64, "");
     LLVMValueRef h64 = LLVMBuildSExt(kb->b, h, kb->t_i64, "");
-    LLVMValueRef off = LLVMBuildMul(kb->b, b64, aj_kb_param(kb, sb), "");
-    return LLVMBuildAdd(kb->b, off, LLVMBuildMul(kb->b, h64, aj_kb_param(kb, sh), ""), "");
+    LLVMValueRef off = LLVMBuildMul(kb->b, b64, aj_param_stride(kb, t, 0), "");
+    return LLVMBuildAdd(kb->b, off, LLVMBuildMul(kb->b, h64, aj_param_stride(kb, t, 1), ""), "");
 }
 
-static LLVMValueRef load_offset(aj_kb *kb, const char *array, LLVMValueRef idx)
+static LLVMValueRef load_offset(aj_kb *kb, aj_param_id array, LLVMValueRef idx)
 {
     LLVMValueRef at = LLVMBuildMul(kb->b, LLVMBuildSExt(kb->b, idx, kb->t_i64, ""),
                                    aj_kb_i64(kb, 4), "");
-    return aj_kb_load(kb, kb->t_i32, aj_kb_gptr_offset(kb, aj_kb_param(kb, array), at), 4);
+    return aj_kb_load(kb, kb->t_i32, aj_kb_gptr_offset(kb, aj_param(kb, array), at), 4);
 }
 
 /* The fault of sequence b's offsets lo = cu[b], hi = cu[b + 1] (i32 0 if
@@ -111,7 +108,7 @@ static LLVMValueRef offsets_fault(aj_kb *kb, LLVMValueRef bidx, LLVMValueRef lo,
     LLVMBuilderRef b = kb->b;
     LLVMValueRef zero = aj_kb_i32(kb, 0);
     LLVMValueRef last = LLVMBuildICmp(b, LLVMIntEQ, bidx,
-                                      LLVMBuildSub(b, aj_kb_param(kb, "batch"),
+                                      LLVMBuildSub(b, aj_param(kb, AJ_PID(batch)),
                                                    aj_kb_i32(kb, 1), ""), "");
     const struct {
         aj_varlen_fault fault;
@@ -140,14 +137,14 @@ void aj_attn_varlen_seq_of(aj_kb *kb, LLVMValueRef bidx, aj_attn_varlen_seq *out
     LLVMBuilderRef b = kb->b;
     LLVMValueRef next = LLVMBuildAdd(b, bidx, aj_kb_i32(kb, 1), "");
     LLVMValueRef lo[2], hi[2], fault[2];
-    static const char *const arrays[2] = {"cu_seqlens_q", "cu_seqlens_k"};
-    static const char *const totals[2] = {"tokens_q", "tokens_k"};
-    static const char *const longest[2] = {"max_seqlen_q", "max_seqlen_k"};
+    static const aj_param_id arrays[2] = {AJ_PID(cu_seqlens_q), AJ_PID(cu_seqlens_k)};
+    static const aj_param_id totals[2] = {AJ_PID(tokens_q), AJ_PID(tokens_k)};
+    static const aj_param_id longest[2] = {AJ_PID(max_seqlen_q), AJ_PID(max_seqlen_k)};
     for (int w = 0; w < 2; w++) {
         lo[w] = load_offset(kb, arrays[w], bidx);
         hi[w] = load_offset(kb, arrays[w], next);
-        fault[w] = offsets_fault(kb, bidx, lo[w], hi[w], aj_kb_param(kb, totals[w]),
-                                 aj_kb_param(kb, longest[w]));
+        fault[w] = offsets_fault(kb, bidx, lo[w], hi[w], aj_param(kb, totals[w]),
+                                 aj_param(kb, longest[w]));
     }
     LLVMValueRef zero = aj_kb_i32(kb, 0);
     LLVMValueRef bad_q = LLVMBuildICmp(b, LLVMIntNE, fault[0], zero, "");
@@ -160,7 +157,7 @@ void aj_attn_varlen_seq_of(aj_kb *kb, LLVMValueRef bidx, aj_attn_varlen_seq *out
         LLVMValueRef code_q = LLVMBuildOr(b, seq, fault[0], "");
         LLVMValueRef code_k = LLVMBuildOr(b, LLVMBuildOr(b, seq, aj_kb_i32(kb, 8), ""),
                                           fault[1], "");
-        aj_kb_atomic_umin_i32(kb, aj_kb_param(kb, "varlen_status"),
+        aj_kb_atomic_umin_i32(kb, aj_param(kb, AJ_PID(varlen_status)),
                               LLVMBuildSelect(b, bad_q, code_q, code_k, ""));
     }
     aj_kb_if_end(kb);
@@ -180,7 +177,7 @@ static void record_k_fault(aj_kb *kb, LLVMValueRef bad, LLVMValueRef bidx, aj_va
     aj_kb_if_begin(kb, bad);
     LLVMValueRef code = LLVMBuildOr(b, LLVMBuildShl(b, bidx, aj_kb_i32(kb, 4), ""),
                                     aj_kb_i32(kb, 8 | fault), "");
-    aj_kb_atomic_umin_i32(kb, aj_kb_param(kb, "varlen_status"), code);
+    aj_kb_atomic_umin_i32(kb, aj_param(kb, AJ_PID(varlen_status)), code);
     aj_kb_if_end(kb);
 }
 
@@ -188,9 +185,9 @@ static void record_k_fault(aj_kb *kb, LLVMValueRef bad, LLVMValueRef bidx, aj_va
 static LLVMValueRef paged_len_raw(aj_kb *kb, LLVMValueRef bidx, LLVMValueRef *bad)
 {
     LLVMBuilderRef b = kb->b;
-    LLVMValueRef len = load_offset(kb, "seqlens_k", bidx);
-    LLVMValueRef most = LLVMBuildMul(b, aj_kb_param(kb, "max_pages"),
-                                     aj_kb_param(kb, "page_size"), "");
+    LLVMValueRef len = load_offset(kb, AJ_PID(seqlens_k), bidx);
+    LLVMValueRef most = LLVMBuildMul(b, aj_param(kb, AJ_PID(max_pages)),
+                                     aj_param(kb, AJ_PID(page_size)), "");
     /* unsigned: a negative length is above any most */
     *bad = LLVMBuildICmp(b, LLVMIntUGT, len, most, "len_bad");
     return len;
@@ -208,10 +205,10 @@ void aj_attn_paged_queries(aj_kb *kb, LLVMValueRef bidx, LLVMValueRef len_k,
 {
     LLVMBuilderRef b = kb->b;
     LLVMValueRef zero = aj_kb_i32(kb, 0);
-    LLVMValueRef lo = load_offset(kb, "cu_seqlens_q", bidx);
-    LLVMValueRef hi = load_offset(kb, "cu_seqlens_q", LLVMBuildAdd(b, bidx, aj_kb_i32(kb, 1),
+    LLVMValueRef lo = load_offset(kb, AJ_PID(cu_seqlens_q), bidx);
+    LLVMValueRef hi = load_offset(kb, AJ_PID(cu_seqlens_q), LLVMBuildAdd(b, bidx, aj_kb_i32(kb, 1),
                                                                    ""));
-    LLVMValueRef fault = offsets_fault(kb, bidx, lo, hi, aj_kb_param(kb, "tokens_q"), longest);
+    LLVMValueRef fault = offsets_fault(kb, bidx, lo, hi, aj_param(kb, AJ_PID(tokens_q)), longest);
     LLVMValueRef len_bad;
     paged_len_raw(kb, bidx, &len_bad);
     /* a chunk longer than the (valid) sequence: only where the offsets
@@ -225,7 +222,7 @@ void aj_attn_paged_queries(aj_kb *kb, LLVMValueRef bidx, LLVMValueRef len_k,
     LLVMValueRef bad = LLVMBuildICmp(b, LLVMIntNE, fault, zero, "q_bad");
     aj_kb_if_begin(kb, bad);
     /* AJ_VARLEN_STATUS(b, q, fault) */
-    aj_kb_atomic_umin_i32(kb, aj_kb_param(kb, "varlen_status"),
+    aj_kb_atomic_umin_i32(kb, aj_param(kb, AJ_PID(varlen_status)),
                           LLVMBuildOr(b, LLVMBuildShl(b, bidx, aj_kb_i32(kb, 4), ""), fault, ""));
     aj_kb_if_end(kb);
     *len_q = LLVMBuildSelect(b, bad, zero, LLVMBuildSub(b, hi, lo, ""), "seq_q");
@@ -236,10 +233,10 @@ LLVMValueRef aj_attn_paged_page(aj_kb *kb, LLVMValueRef bidx, LLVMValueRef slot,
                                 LLVMValueRef *ok)
 {
     LLVMBuilderRef b = kb->b;
-    LLVMValueRef row = LLVMBuildMul(b, bidx, aj_kb_param(kb, "max_pages"), "");
-    LLVMValueRef page = load_offset(kb, "block_table", LLVMBuildAdd(b, row, slot, ""));
+    LLVMValueRef row = LLVMBuildMul(b, bidx, aj_param(kb, AJ_PID(max_pages)), "");
+    LLVMValueRef page = load_offset(kb, AJ_PID(block_table), LLVMBuildAdd(b, row, slot, ""));
     /* unsigned: a negative page is above any count */
-    *ok = LLVMBuildICmp(b, LLVMIntULT, page, aj_kb_param(kb, "num_pages"), "page_ok");
+    *ok = LLVMBuildICmp(b, LLVMIntULT, page, aj_param(kb, AJ_PID(num_pages)), "page_ok");
     return page;
 }
 
@@ -276,12 +273,13 @@ LLVMValueRef aj_attn_paged_part_row_of(aj_kb *kb, LLVMValueRef bidx, LLVMValueRe
 {
     LLVMBuilderRef b = kb->b;
     LLVMTypeRef i64 = kb->t_i64;
-    LLVMValueRef hq = LLVMBuildSExt(b, aj_kb_param(kb, "heads_q"), i64, "");
-    LLVMValueRef splits = LLVMBuildSExt(b, aj_kb_param(kb, "splits"), i64, "");
+    LLVMValueRef hq = LLVMBuildSExt(b, aj_param(kb, AJ_PID(heads_q)), i64, "");
+    LLVMValueRef splits = LLVMBuildSExt(b, aj_param(kb, AJ_PID(splits)), i64, "");
     /* varlen queries: one sequence of T rows */
-    LLVMValueRef sq = LLVMBuildSExt(b, aj_kb_param(kb, varlen_q ? "tokens_q" : "seq_q"), i64, "");
+    LLVMValueRef sq = LLVMBuildSExt(b, aj_param(kb, varlen_q ? AJ_PID(tokens_q) : AJ_PID(seq_q)),
+                                    i64, "");
     LLVMValueRef batch = varlen_q ? aj_kb_i64(kb, 1)
-                                  : LLVMBuildSExt(b, aj_kb_param(kb, "batch"), i64, "");
+                                  : LLVMBuildSExt(b, aj_param(kb, AJ_PID(batch)), i64, "");
     LLVMValueRef bseq = varlen_q ? aj_kb_i64(kb, 0) : LLVMBuildSExt(b, bidx, i64, "");
     LLVMValueRef bh = LLVMBuildAdd(b, LLVMBuildMul(b, bseq, hq, ""),
                                    LLVMBuildSExt(b, h, i64, ""), "");
@@ -323,11 +321,11 @@ void aj_attn_score_totals(aj_kb *kb, const aj_score_prog *prog, aj_layout layout
     if (!prog->reads_totals)
         return;
     if (layout != AJ_LAYOUT_VARLEN) {
-        *sq = aj_kb_param(kb, "seq_q_total");
-        *sk = aj_kb_param(kb, "seq_k_total");
+        *sq = aj_param(kb, AJ_PID(seq_q_total));
+        *sk = aj_param(kb, AJ_PID(seq_k_total));
         return;
     }
-    LLVMValueRef given[2] = {aj_kb_param(kb, "sq_total"), aj_kb_param(kb, "sk_total")};
+    LLVMValueRef given[2] = {aj_param(kb, AJ_PID(sq_total)), aj_param(kb, AJ_PID(sk_total))};
     LLVMValueRef own[2] = {seq_q, seq_k}, *out[2] = {sq, sk};
     for (int x = 0; x < 2; x++) {
         LLVMValueRef zero = LLVMBuildICmp(kb->b, LLVMIntEQ, given[x], aj_kb_i64(kb, 0), "");
@@ -360,8 +358,8 @@ aj_attn_dropout aj_attn_dropout_stream(aj_kb *kb, LLVMValueRef seed, LLVMValueRe
                                                aj_kb_i64(kb, 32), ""), kb->t_i32, "");
     d.ctr[0] = LLVMBuildTrunc(b, kv_offset, kb->t_i32, "");
     d.ctr[1] = LLVMBuildTrunc(b, q_offset, kb->t_i32, "");
-    LLVMValueRef head = LLVMBuildAdd(b, aj_kb_param(kb, "head_offset"), h, "");
-    d.ctr[2] = LLVMBuildAdd(b, LLVMBuildMul(b, bidx, aj_kb_param(kb, "heads_q_total"), ""),
+    LLVMValueRef head = LLVMBuildAdd(b, aj_param(kb, AJ_PID(head_offset)), h, "");
+    d.ctr[2] = LLVMBuildAdd(b, LLVMBuildMul(b, bidx, aj_param(kb, AJ_PID(heads_q_total)), ""),
                             head, "");
     d.ctr[3] = LLVMBuildTrunc(b, offset, kb->t_i32, "");
     return d;

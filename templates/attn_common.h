@@ -10,6 +10,7 @@
 
 #include "codegen/kbuilder.h"
 #include "ir/op.h"
+#include "templates/params.h"
 
 /* The padded-layout, head-dim rules both efficient templates share:
  * AJ_ERR_UNSUPPORTED naming the option, `who` ("efficient forward") in
@@ -66,9 +67,9 @@ int aj_attn_option_regs_per_element(const aj_op *op);
  * Dv 224 spilled without), their checks do not. */
 int aj_attn_score_mod_regs_per_element(const aj_op *op);
 
-/* Element offset (i64) of slice (b, h) of the tensor whose batch and head
- * strides are the kernel parameters stride_<t>_b and stride_<t>_h. */
-LLVMValueRef aj_attn_slice_base(aj_kb *kb, const char *t, LLVMValueRef b, LLVMValueRef h);
+/* Element offset (i64) of slice (b, h) of tensor t, by its batch and head
+ * strides (the table's stride parameters of t, dims 0 and 1). */
+LLVMValueRef aj_attn_slice_base(aj_kb *kb, aj_param_source t, LLVMValueRef b, LLVMValueRef h);
 
 /*
  * layout = varlen: sequence b's rows and keys come from cu_seqlens, read

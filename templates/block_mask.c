@@ -106,21 +106,21 @@ static void stage_begin(bmask *m, aj_kb *kb, const aj_op *op, const aj_score_pro
                          : aj_kb_block_id(kb, d);
     if (!cpu)
         m->tid = aj_kb_thread_id(kb);
-    m->seq_q = aj_kb_param(kb, "seq_q");
-    m->seq_k = aj_kb_param(kb, "seq_k");
+    m->seq_q = aj_param(kb, AJ_PID(seq_q));
+    m->seq_k = aj_param(kb, AJ_PID(seq_k));
     m->rows = LLVMBuildSDiv(b, LLVMBuildAdd(b, m->seq_q, aj_kb_i32(kb, m->bm - 1), ""),
                             aj_kb_i32(kb, m->bm), "rows");
     m->cols = LLVMBuildSDiv(b, LLVMBuildAdd(b, m->seq_k, aj_kb_i32(kb, m->bn - 1), ""),
                             aj_kb_i32(kb, m->bn), "cols");
     aj_score_begin(&m->s, kb, by_intervals, 0, m->item[2], m->item[1],
-                   aj_kb_param(kb, "q_offset"), aj_kb_param(kb, "kv_offset"),
-                   prog->reads_totals ? aj_kb_param(kb, "seq_q_total") : NULL,
-                   prog->reads_totals ? aj_kb_param(kb, "seq_k_total") : NULL);
+                   aj_param(kb, AJ_PID(q_offset)), aj_param(kb, AJ_PID(kv_offset)),
+                   prog->reads_totals ? aj_param(kb, AJ_PID(seq_q_total)) : NULL,
+                   prog->reads_totals ? aj_param(kb, AJ_PID(seq_k_total)) : NULL);
     m->plane = LLVMBuildAdd(
         b, LLVMBuildMul(b, LLVMBuildSExt(b, m->item[2], kb->t_i64, ""),
-                        aj_kb_param(kb, "block_mask_stride_b"), ""),
+                        aj_param(kb, AJ_PID(block_mask_stride_b)), ""),
         LLVMBuildMul(b, LLVMBuildSExt(b, m->item[1], kb->t_i64, ""),
-                     aj_kb_param(kb, "block_mask_stride_h"), ""), "plane");
+                     aj_param(kb, AJ_PID(block_mask_stride_h)), ""), "plane");
 }
 
 static void stage_end(bmask *m, aj_extent along, int tile, const aj_score_prog *prog)
@@ -152,7 +152,7 @@ static void block_of(bmask *m, LLVMValueRef index, int size, LLVMValueRef len, L
 /* The i32 at element `at` of the mask. */
 static LLVMValueRef mask_at(bmask *m, LLVMValueRef at)
 {
-    return aj_kb_gptr_offset(m->kb, aj_kb_param(m->kb, "block_mask"),
+    return aj_kb_gptr_offset(m->kb, aj_param(m->kb, AJ_PID(block_mask)),
                              LLVMBuildShl(m->kb->b, at, aj_kb_i64(m->kb, 2), ""));
 }
 
@@ -224,7 +224,7 @@ static void build_classes(aj_kb *kb, const aj_op *op, const aj_score_prog *prog,
     /* the rows' side of the intervals (doc[b, q]'s hull) once for the row */
     aj_score_fix_rows(&m.s, i0, i1);
     LLVMValueRef row = LLVMBuildAdd(b, m.plane, LLVMBuildMul(b, i64v(&m, m.item[0]),
-                                    aj_kb_param(kb, "block_mask_stride_m"), ""), "row");
+                                    aj_param(kb, AJ_PID(block_mask_stride_m)), ""), "row");
     LLVMValueRef c = aj_kb_for_begin(kb, m.tid, m.cols, aj_kb_i32(kb, m.threads), "c");
     {
         LLVMValueRef j0, j1;
@@ -262,7 +262,7 @@ static void build_columns(aj_kb *kb, const aj_op *op, const aj_score_prog *prog,
     LLVMValueRef col = LLVMBuildAdd(b, m.plane, i64v(&m, m.item[0]), "col");
     LLVMValueRef list = aj_score_mask_list_at(kb, m.plane, i64v(&m, m.rows), i64v(&m, m.cols),
                                               0, i64v(&m, m.item[0]));
-    compact(&m, col, aj_kb_param(kb, "block_mask_stride_m"), m.rows, list);
+    compact(&m, col, aj_param(kb, AJ_PID(block_mask_stride_m)), m.rows, list);
     aj_kb_if_end(kb);
     stage_end(&m, AJ_EXTENT_SEQ_K, m.bn, prog);
 }

@@ -90,7 +90,7 @@ void aj_cpu_seq_of(aj_kb *kb, const aj_op *op, const aj_score_prog *prog, LLVMVa
         /* the queries are the last of the sequence's positions; both
          * totals are its length.  Varlen queries: the sequence's chunk of
          * the packed rows (seq_q: the longest chunk) */
-        s->len_q = aj_kb_param(kb, "seq_q");
+        s->len_q = aj_param(kb, AJ_PID(seq_q));
         s->len_k = aj_attn_paged_len(kb, bidx);
         s->start_q = s->start_k = aj_kb_i64(kb, 0);
         if (op->q_layout == AJ_LAYOUT_VARLEN)
@@ -100,12 +100,12 @@ void aj_cpu_seq_of(aj_kb *kb, const aj_op *op, const aj_score_prog *prog, LLVMVa
         return;
     }
     if (op->layout != AJ_LAYOUT_VARLEN) {
-        s->len_q = aj_kb_param(kb, "seq_q");
-        s->len_k = aj_kb_param(kb, "seq_k");
+        s->len_q = aj_param(kb, AJ_PID(seq_q));
+        s->len_k = aj_param(kb, AJ_PID(seq_k));
         s->start_q = s->start_k = aj_kb_i64(kb, 0);
         if (prog->reads_totals) {
-            s->sq = aj_kb_param(kb, "seq_q_total");
-            s->sk = aj_kb_param(kb, "seq_k_total");
+            s->sq = aj_param(kb, AJ_PID(seq_q_total));
+            s->sk = aj_param(kb, AJ_PID(seq_k_total));
         }
         return;
     }
@@ -117,7 +117,7 @@ void aj_cpu_seq_of(aj_kb *kb, const aj_op *op, const aj_score_prog *prog, LLVMVa
     s->start_k = seq.start_k;
     if (!prog->reads_totals)
         return;
-    LLVMValueRef totals[2] = {aj_kb_param(kb, "sq_total"), aj_kb_param(kb, "sk_total")};
+    LLVMValueRef totals[2] = {aj_param(kb, AJ_PID(sq_total)), aj_param(kb, AJ_PID(sk_total))};
     LLVMValueRef own[2] = {sext64(kb, s->len_q), sext64(kb, s->len_k)};
     for (int x = 0; x < 2; x++) {
         LLVMValueRef zero = LLVMBuildICmp(b, LLVMIntEQ, totals[x], aj_kb_i64(kb, 0), "");
@@ -127,13 +127,11 @@ void aj_cpu_seq_of(aj_kb *kb, const aj_op *op, const aj_score_prog *prog, LLVMVa
     s->sk = totals[1];
 }
 
-LLVMValueRef aj_cpu_seq_base(aj_kb *kb, const char *t, LLVMValueRef bidx, LLVMValueRef h,
+LLVMValueRef aj_cpu_seq_base(aj_kb *kb, aj_param_source t, LLVMValueRef bidx, LLVMValueRef h,
                              LLVMValueRef start)
 {
-    char stride[32];
-    snprintf(stride, sizeof stride, "stride_%s_s", t);
     return LLVMBuildAdd(kb->b, aj_attn_slice_base(kb, t, bidx, h),
-                        LLVMBuildMul(kb->b, start, aj_kb_param(kb, stride), ""), "");
+                        LLVMBuildMul(kb->b, start, aj_param_stride(kb, t, 2), ""), "");
 }
 
 void aj_cpu_attn_init(aj_cpu_attn *a, aj_kb *kb, const aj_op *op, const aj_score_prog *prog,
@@ -150,8 +148,8 @@ void aj_cpu_attn_init(aj_cpu_attn *a, aj_kb *kb, const aj_op *op, const aj_score
         q_offset = sext64(kb, LLVMBuildSub(kb->b, a->seq.len_k, a->seq.len_q, ""));
         kv_offset = aj_kb_i64(kb, 0);
     } else {
-        q_offset = aj_kb_param(kb, "q_offset");
-        kv_offset = aj_kb_param(kb, "kv_offset");
+        q_offset = aj_param(kb, AJ_PID(q_offset));
+        kv_offset = aj_param(kb, AJ_PID(kv_offset));
     }
     aj_score_begin(&a->sc, kb, prog, a->w, bidx, h, q_offset, kv_offset, a->seq.sq, a->seq.sk);
     a->tile_full = aj_score_has_mask(prog) ? aj_kb_var(kb, kb->t_i1, LLVMConstInt(kb->t_i1, 0, 0),
@@ -159,7 +157,7 @@ void aj_cpu_attn_init(aj_cpu_attn *a, aj_kb *kb, const aj_op *op, const aj_score
                                            : NULL;
     a->bias_base = NULL;
     if (op->bias == AJ_BIAS_ADD)
-        a->bias_base = aj_attn_slice_base(kb, "bias", bidx, h);
+        a->bias_base = aj_attn_slice_base(kb, AJ_PSRC_bias, bidx, h);
 }
 
 LLVMValueRef aj_cpu_buf_at(aj_kb *kb, LLVMValueRef buf, LLVMValueRef index)
@@ -167,15 +165,15 @@ LLVMValueRef aj_cpu_buf_at(aj_kb *kb, LLVMValueRef buf, LLVMValueRef index)
     return aj_cv_at(kb, kb->t_f32, buf, index);
 }
 
-LLVMValueRef aj_cpu_tensor_at(aj_kb *kb, const char *t, aj_dtype dtype, LLVMValueRef elem)
+LLVMValueRef aj_cpu_tensor_at(aj_kb *kb, aj_param_source t, aj_dtype dtype, LLVMValueRef elem)
 {
-    return aj_cv_at(kb, aj_kb_storage_type(kb, dtype), aj_kb_param(kb, t), elem);
+    return aj_cv_at(kb, aj_kb_storage_type(kb, dtype), aj_param_data(kb, t), elem);
 }
 
 /* 8 values of row `row` of tensor t from column 8 c: widened to <8 x
  * float>, or with pairs the raw words of bf16 columns 16 c .. 16 c + 15
  * (<8 x i32>) */
-static LLVMValueRef load8(aj_kb *kb, const char *t, aj_dtype dtype, int pairs, LLVMValueRef row,
+static LLVMValueRef load8(aj_kb *kb, aj_param_source t, aj_dtype dtype, int pairs, LLVMValueRef row,
                           LLVMValueRef c)
 {
     if (!pairs)
@@ -291,7 +289,7 @@ static row_walk walk_vars_step(aj_kb *kb, const walk_vars *v)
     return w;
 }
 
-void aj_cpu_prefetch_rows(aj_kb *kb, const char *t, aj_dtype dtype, const aj_cpu_rows *src,
+void aj_cpu_prefetch_rows(aj_kb *kb, aj_param_source t, aj_dtype dtype, const aj_cpu_rows *src,
                           LLVMValueRef r0, LLVMValueRef count, int width)
 {
     walk_vars wv = walk_vars_begin(kb, src, r0);
@@ -308,7 +306,7 @@ void aj_cpu_prefetch_rows(aj_kb *kb, const char *t, aj_dtype dtype, const aj_cpu
     aj_kb_for_end(kb);
 }
 
-void aj_cpu_load_rows(aj_kb *kb, LLVMValueRef buf, int width, const char *t, aj_dtype dtype,
+void aj_cpu_load_rows(aj_kb *kb, LLVMValueRef buf, int width, aj_param_source t, aj_dtype dtype,
                       const aj_cpu_rows *src, LLVMValueRef r0, LLVMValueRef count,
                       LLVMValueRef rows, double scale, int pairs)
 {
@@ -370,7 +368,7 @@ static void transpose8(aj_kb *kb, LLVMValueRef a[8], LLVMValueRef out[8])
 #undef SHUF
 }
 
-void aj_cpu_load_cols(aj_kb *kb, LLVMValueRef buf, int width, int n, const char *t,
+void aj_cpu_load_cols(aj_kb *kb, LLVMValueRef buf, int width, int n, aj_param_source t,
                       aj_dtype dtype, const aj_cpu_rows *src, LLVMValueRef r0,
                       LLVMValueRef count, int pairs)
 {
@@ -423,7 +421,7 @@ void aj_cpu_load_cols(aj_kb *kb, LLVMValueRef buf, int width, int n, const char 
  * (r0 + r, r0 + r + 1) for even r, the rows' places by a walk from r0 +
  * from; `guard` (the tail pair) zeroes rows count <= r, else every row
  * is in range and the loop has no test in it. */
-static void row_pairs(aj_kb *kb, LLVMValueRef buf, int width, const char *t,
+static void row_pairs(aj_kb *kb, LLVMValueRef buf, int width, aj_param_source t,
                       const aj_cpu_rows *src, LLVMValueRef r0, LLVMValueRef count,
                       LLVMValueRef from, LLVMValueRef to, int guard)
 {
@@ -470,7 +468,7 @@ static void row_pairs(aj_kb *kb, LLVMValueRef buf, int width, const char *t,
     aj_kb_for_end(kb);
 }
 
-void aj_cpu_load_row_pairs(aj_kb *kb, LLVMValueRef buf, int width, int n, const char *t,
+void aj_cpu_load_row_pairs(aj_kb *kb, LLVMValueRef buf, int width, int n, aj_param_source t,
                            const aj_cpu_rows *src, LLVMValueRef r0, LLVMValueRef count)
 {
     /* the pairs whose rows are both in range, then the rest */
@@ -609,12 +607,12 @@ LLVMValueRef aj_cpu_scores(aj_cpu_attn *a, LLVMValueRef s, LLVMValueRef ig, LLVM
          * and masked or never stored */
         LLVMValueRef ic = aj_kb_smin(kb, ig, LLVMBuildSub(b, a->seq.len_q, i32c(kb, 1), ""));
         LLVMValueRef row = add(kb, a->bias_base, mul(kb, sext64(kb, ic),
-                                                     aj_kb_param(kb, "stride_bias_s")));
+                                                     aj_param(kb, AJ_PID(stride_bias_s))));
         LLVMValueRef last = LLVMBuildSub(b, a->seq.len_k, i32c(kb, 1), "");
         LLVMValueRef bv = LLVMGetPoison(aj_cv_type(kb, w));
         for (int e = 0; e < w; e++) {
             LLVMValueRef j = aj_kb_smin(kb, LLVMBuildExtractElement(b, jv, i32c(kb, e), ""), last);
-            LLVMValueRef one = aj_cv_load(kb, aj_cpu_tensor_at(kb, "bias", op->dtype,
+            LLVMValueRef one = aj_cv_load(kb, aj_cpu_tensor_at(kb, AJ_PSRC_bias, op->dtype,
                                           add(kb, row, sext64(kb, j))), op->dtype, 1);
             bv = LLVMBuildInsertElement(b, bv, LLVMBuildExtractElement(b, one, i32c(kb, 0), ""),
                                         i32c(kb, e), "");

@@ -69,7 +69,7 @@ void aj_cpu_seq_of(aj_kb *kb, const aj_op *op, const aj_score_prog *prog, LLVMVa
                    aj_cpu_seq *s);
 /* Element offset of row 0 of slice (bidx, h) of tensor t in the sequence:
  * the slice base plus `start` rows of stride_<t>_s. */
-LLVMValueRef aj_cpu_seq_base(aj_kb *kb, const char *t, LLVMValueRef bidx, LLVMValueRef h,
+LLVMValueRef aj_cpu_seq_base(aj_kb *kb, aj_param_source t, LLVMValueRef bidx, LLVMValueRef h,
                              LLVMValueRef start);
 
 /* What a kernel's scores depend on, set up once per work item. */
@@ -108,7 +108,7 @@ LLVMValueRef aj_cpu_fload(aj_kb *kb, LLVMValueRef ptr);
 /* &buf[index] of an f32 buffer (index i32 or i64) */
 LLVMValueRef aj_cpu_buf_at(aj_kb *kb, LLVMValueRef buf, LLVMValueRef index);
 /* &t[elem] of tensor parameter t of `dtype`, elem i64 */
-LLVMValueRef aj_cpu_tensor_at(aj_kb *kb, const char *t, aj_dtype dtype, LLVMValueRef elem);
+LLVMValueRef aj_cpu_tensor_at(aj_kb *kb, aj_param_source t, aj_dtype dtype, LLVMValueRef elem);
 
 /* ptr[0..n) = 0 (n a multiple of 8), in a loop */
 void aj_cpu_zero(aj_kb *kb, LLVMValueRef ptr, int n);
@@ -155,23 +155,23 @@ LLVMValueRef aj_cpu_row_at(aj_kb *kb, const aj_cpu_rows *src, LLVMValueRef p);
  * of t.  Paged rows are 2 KB or more apart and their pages scattered, so
  * the host's stream prefetchers do not see them coming; a key block is
  * fetched while the one before it is computed. */
-void aj_cpu_prefetch_rows(aj_kb *kb, const char *t, aj_dtype dtype, const aj_cpu_rows *src,
+void aj_cpu_prefetch_rows(aj_kb *kb, aj_param_source t, aj_dtype dtype, const aj_cpu_rows *src,
                           LLVMValueRef r0, LLVMValueRef count, int width);
 /* buf[r][0..width) = scale * t[row (r0 + r) of src + 0..width) for
  * r < count, 0 for count <= r < rows (width a multiple of 8); with pairs
  * (bf16 t, scale 1) the row's words: width = columns / 2. */
-void aj_cpu_load_rows(aj_kb *kb, LLVMValueRef buf, int width, const char *t, aj_dtype dtype,
+void aj_cpu_load_rows(aj_kb *kb, LLVMValueRef buf, int width, aj_param_source t, aj_dtype dtype,
                       const aj_cpu_rows *src, LLVMValueRef r0, LLVMValueRef count,
                       LLVMValueRef rows, double scale, int pairs);
 /* buf[c][r] = t[row (r0 + r) of src + c] for r < count, 0 for count <= r
  * < n (count >= 1): the rows transposed, so that they run along vectors;
  * with pairs (bf16 t) c counts words, width = columns / 2. */
-void aj_cpu_load_cols(aj_kb *kb, LLVMValueRef buf, int width, int n, const char *t,
+void aj_cpu_load_cols(aj_kb *kb, LLVMValueRef buf, int width, int n, aj_param_source t,
                       aj_dtype dtype, const aj_cpu_rows *src, LLVMValueRef r0,
                       LLVMValueRef count, int pairs);
 /* buf[r / 2][c] = the bf16 pair (t[r0 + r][c], t[r0 + r + 1][c]) for even
  * r < n, c < width (a multiple of 8); rows count <= r are 0 (count >= 1). */
-void aj_cpu_load_row_pairs(aj_kb *kb, LLVMValueRef buf, int width, int n, const char *t,
+void aj_cpu_load_row_pairs(aj_kb *kb, LLVMValueRef buf, int width, int n, aj_param_source t,
                            const aj_cpu_rows *src, LLVMValueRef r0, LLVMValueRef count);
 
 /* C[m][0..n) = sum_k A[m][k] Bt[k][0..n) for m < m_end (a multiple of RM,

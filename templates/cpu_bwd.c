@@ -91,11 +91,6 @@ typedef struct cbwd {
     LLVMValueRef q, dob, kt, vt, kn, s, dp, z, lse2, delta;   /* stack buffers */
 } cbwd;
 
-static LLVMValueRef param(cbwd *c, const char *name)
-{
-    return aj_kb_param(c->kb, name);
-}
-
 static LLVMValueRef i32c(cbwd *c, int64_t v)
 {
     return aj_kb_i32(c->kb, v);
@@ -157,9 +152,9 @@ static void set_head(cbwd *c, LLVMValueRef bidx, LLVMValueRef h)
 {
     aj_cpu_attn_init(&c->at, c->kb, c->op, c->prog, 0, bidx, h);
     if (c->op->dropout > 0)
-        c->drop = aj_attn_dropout_stream(c->kb, param(c, "dropout_seed"),
-                                         param(c, "dropout_offset"), param(c, "q_offset"),
-                                         param(c, "kv_offset"), bidx, h);
+        c->drop = aj_attn_dropout_stream(
+            c->kb, aj_param(c->kb, AJ_PID(dropout_seed)), aj_param(c->kb, AJ_PID(dropout_offset)),
+            aj_param(c->kb, AJ_PID(q_offset)), aj_param(c->kb, AJ_PID(kv_offset)), bidx, h);
 }
 
 static LLVMValueRef item(cbwd *c, int d)
@@ -182,28 +177,30 @@ static void load_query_side(cbwd *c, LLVMValueRef bidx, LLVMValueRef h, LLVMValu
     const cbwd_plan *p = &c->p;
     LLVMValueRef bm = i32c(c, p->bm);
     LLVMValueRef start = c->at.seq.start_q;
-    const aj_cpu_rows q_rows = {.base = aj_cpu_seq_base(kb, "q", bidx, h, start),
-                                .stride_s = param(c, "stride_q_s")};
-    const aj_cpu_rows do_rows = {.base = aj_cpu_seq_base(kb, "do", bidx, h, start),
-                                 .stride_s = param(c, "stride_do_s")};
-    aj_cpu_load_rows(kb, c->q, p->d, "q", p->dtype, &q_rows, m0, rows, bm, aj_op_scale(c->op), 0);
-    aj_cpu_load_rows(kb, c->dob, p->dv, "do", p->dtype, &do_rows, m0, rows, bm, 1.0, 0);
-    LLVMValueRef o_base = aj_cpu_seq_base(kb, "o", bidx, h, start);
-    LLVMValueRef lse_base = add(c, aj_attn_slice_base(kb, "lse", bidx, h), start);
+    const aj_cpu_rows q_rows = {.base = aj_cpu_seq_base(kb, AJ_PSRC_q, bidx, h, start),
+                                .stride_s = aj_param(kb, AJ_PID(stride_q_s))};
+    const aj_cpu_rows do_rows = {.base = aj_cpu_seq_base(kb, AJ_PSRC_do, bidx, h, start),
+                                 .stride_s = aj_param(kb, AJ_PID(stride_do_s))};
+    aj_cpu_load_rows(kb, c->q, p->d, AJ_PSRC_q, p->dtype, &q_rows, m0, rows, bm, aj_op_scale(c->op),
+                     0);
+    aj_cpu_load_rows(kb, c->dob, p->dv, AJ_PSRC_do, p->dtype, &do_rows, m0, rows, bm, 1.0, 0);
+    LLVMValueRef o_base = aj_cpu_seq_base(kb, AJ_PSRC_o, bidx, h, start);
+    LLVMValueRef lse_base = add(c, aj_attn_slice_base(kb, AJ_PSRC_lse, bidx, h), start);
     LLVMValueRef i = aj_kb_for_begin(kb, i32c(c, 0), bm, i32c(c, 1), "qs");
     aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntSLT, i, rows, ""));
     {
         LLVMValueRef ig = sext64(c, add(c, m0, i));
-        LLVMValueRef l = fload(c, aj_cv_at(kb, kb->t_f32, param(c, "lse"), add(c, lse_base, ig)));
+        LLVMValueRef l =
+            fload(c, aj_cv_at(kb, kb->t_f32, aj_param(kb, AJ_PID(lse)), add(c, lse_base, ig)));
         LLVMValueRef empty = LLVMBuildFCmp(b, LLVMRealOEQ, l, aj_kb_f32(kb, -INFINITY), "");
         LLVMValueRef l2 = LLVMBuildFMul(b, l, aj_kb_f32(kb, AJ_LOG2E), "");
         LLVMBuildStore(b, LLVMBuildSelect(b, empty, aj_kb_f32(kb, 0), l2, ""),
                        buf_at(c, c->lse2, i));
-        LLVMValueRef orow = add(c, o_base, mul(c, ig, param(c, "stride_o_s")));
+        LLVMValueRef orow = add(c, o_base, mul(c, ig, aj_param(kb, AJ_PID(stride_o_s))));
         LLVMValueRef acc = aj_kb_var(kb, aj_cv_type(kb, 8), NULL, "delta");
         aj_kb_set(kb, acc, LLVMConstNull(aj_cv_type(kb, 8)));
         LLVMValueRef x = aj_kb_for_begin(kb, i32c(c, 0), i32c(c, p->dv), i32c(c, 8), "dx");
-        LLVMValueRef ov = aj_cv_load(kb, aj_cpu_tensor_at(kb, "o", p->dtype, add(c, orow,
+        LLVMValueRef ov = aj_cv_load(kb, aj_cpu_tensor_at(kb, AJ_PSRC_o, p->dtype, add(c, orow,
                                      sext64(c, x))), p->dtype, 8);
         LLVMValueRef dv = vload(c, buf_at(c, c->dob, add(c, mul(c, i, i32c(c, p->dv)), x)), 8);
         aj_kb_set(kb, acc, aj_cv_fma(kb, ov, dv, aj_kb_get(kb, acc)));
@@ -281,14 +278,12 @@ static void emit_probabilities(cbwd *c, LLVMValueRef m0, LLVMValueRef n0)
 
 /* rows [0, count) of an f32 buffer [n][width], times `scale`, into tensor
  * t of `dtype` at rows r0.. of slice `base` */
-static void store_rows(cbwd *c, LLVMValueRef buf, int width, const char *t, LLVMValueRef base,
-                       LLVMValueRef r0, LLVMValueRef count, double scale)
+static void store_rows(cbwd *c, LLVMValueRef buf, int width, aj_param_source t,
+                       LLVMValueRef base, LLVMValueRef r0, LLVMValueRef count, double scale)
 {
     aj_kb *kb = c->kb;
-    char stride[32];
-    snprintf(stride, sizeof stride, "stride_%s_s", t);
     LLVMValueRef r = aj_kb_for_begin(kb, i32c(c, 0), count, i32c(c, 1), "sr");
-    LLVMValueRef row = add(c, base, mul(c, sext64(c, add(c, r0, r)), param(c, stride)));
+    LLVMValueRef row = add(c, base, mul(c, sext64(c, add(c, r0, r)), aj_param_stride(kb, t, 2)));
     LLVMValueRef x = aj_kb_for_begin(kb, i32c(c, 0), i32c(c, width), i32c(c, 8), "srx");
     LLVMValueRef v = vload(c, buf_at(c, buf, add(c, mul(c, r, i32c(c, width)), x)), 8);
     if (scale != 1.0)
@@ -323,15 +318,16 @@ static void build_dkdv(cbwd *c)
      * end have nothing to do */
     aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntSLT, n0, seq.len_k, ""));
     LLVMValueRef kcount = aj_kb_smin(kb, i32c(c, p->bn), LLVMBuildSub(b, seq.len_k, n0, ""));
-    LLVMValueRef k_base = aj_cpu_seq_base(kb, "k", bidx, hkv, seq.start_k);
-    LLVMValueRef v_base = aj_cpu_seq_base(kb, "v", bidx, hkv, seq.start_k);
-    const aj_cpu_rows k_rows = {.base = k_base, .stride_s = param(c, "stride_k_s")};
-    const aj_cpu_rows v_rows = {.base = v_base, .stride_s = param(c, "stride_v_s")};
-    aj_cpu_load_cols(kb, c->kt, p->d, p->bn, "k", p->dtype, &k_rows, n0, kcount, 0);
-    aj_cpu_load_cols(kb, c->vt, p->dv, p->bn, "v", p->dtype, &v_rows, n0, kcount, 0);
+    LLVMValueRef k_base = aj_cpu_seq_base(kb, AJ_PSRC_k, bidx, hkv, seq.start_k);
+    LLVMValueRef v_base = aj_cpu_seq_base(kb, AJ_PSRC_v, bidx, hkv, seq.start_k);
+    const aj_cpu_rows k_rows = {.base = k_base, .stride_s = aj_param(kb, AJ_PID(stride_k_s))};
+    const aj_cpu_rows v_rows = {.base = v_base, .stride_s = aj_param(kb, AJ_PID(stride_v_s))};
+    aj_cpu_load_cols(kb, c->kt, p->d, p->bn, AJ_PSRC_k, p->dtype, &k_rows, n0, kcount, 0);
+    aj_cpu_load_cols(kb, c->vt, p->dv, p->bn, AJ_PSRC_v, p->dtype, &v_rows, n0, kcount, 0);
     aj_cpu_zero(kb, dk, p->bn * p->d);
     aj_cpu_zero(kb, dv, p->bn * p->dv);
-    LLVMValueRef group = LLVMBuildSDiv(b, param(c, "heads_q"), param(c, "heads_kv"), "");
+    LLVMValueRef group =
+        LLVMBuildSDiv(b, aj_param(kb, AJ_PID(heads_q)), aj_param(kb, AJ_PID(heads_kv)), "");
     LLVMValueRef g = aj_kb_for_begin(kb, i32c(c, 0), group, i32c(c, 1), "g");
     {
         LLVMValueRef h = add(c, mul(c, hkv, group), g);
@@ -367,10 +363,10 @@ static void build_dkdv(cbwd *c)
         aj_kb_for_end(kb);
     }
     aj_kb_for_end(kb);
-    store_rows(c, dk, p->d, "dk", aj_cpu_seq_base(kb, "dk", bidx, hkv, seq.start_k), n0, kcount,
-               1.0);
-    store_rows(c, dv, p->dv, "dv", aj_cpu_seq_base(kb, "dv", bidx, hkv, seq.start_k), n0, kcount,
-               1.0);
+    store_rows(c, dk, p->d, AJ_PSRC_dk, aj_cpu_seq_base(kb, AJ_PSRC_dk, bidx, hkv, seq.start_k), n0,
+               kcount, 1.0);
+    store_rows(c, dv, p->dv, AJ_PSRC_dv, aj_cpu_seq_base(kb, AJ_PSRC_dv, bidx, hkv, seq.start_k),
+               n0, kcount, 1.0);
     aj_kb_if_end(kb);
     const aj_kernel_layout layout = {
         .grid = {{AJ_EXTENT_SEQ_K, p->bn}, {AJ_EXTENT_HEADS_KV, 1}, {AJ_EXTENT_BATCH, 1}},
@@ -386,11 +382,12 @@ static void emit_dbias(cbwd *c, LLVMValueRef bidx, LLVMValueRef h, LLVMValueRef 
 {
     aj_kb *kb = c->kb;
     LLVMBuilderRef b = c->b;
-    LLVMValueRef base = aj_attn_slice_base(kb, "dbias", bidx, h);
+    LLVMValueRef base = aj_attn_slice_base(kb, AJ_PSRC_dbias, bidx, h);
     LLVMValueRef i = aj_kb_for_begin(kb, i32c(c, 0), rows, i32c(c, 1), "bi");
-    LLVMValueRef row = add(c, base, mul(c, sext64(c, add(c, m0, i)), param(c, "stride_dbias_s")));
+    LLVMValueRef row =
+        add(c, base, mul(c, sext64(c, add(c, m0, i)), aj_param(kb, AJ_PID(stride_dbias_s))));
     LLVMValueRef j = aj_kb_for_begin(kb, i32c(c, 0), kcount, i32c(c, 1), "bj");
-    LLVMValueRef at = aj_cv_at(kb, kb->t_f32, param(c, "dbias"), add(c, row, sext64(c,
+    LLVMValueRef at = aj_cv_at(kb, kb->t_f32, aj_param(kb, AJ_PID(dbias)), add(c, row, sext64(c,
                                                                                    add(c, n0, j))));
     LLVMValueRef ds = fload(c, buf_at(c, c->dp, add(c, mul(c, i, i32c(c, c->p.bn)), j)));
     /* the first pair writes: what the buffer held before is never read into
@@ -421,17 +418,18 @@ static void build_dq(cbwd *c)
      * folded onto its dbias slice if it owns the slice (else none) */
     LLVMValueRef pairs_b = one, pairs_h = one, fold_b = NULL, fold_h = NULL;
     if (has_bias) {
-        fold_b = LLVMBuildICmp(b, LLVMIntEQ, param(c, "bias_batch"), one, "");
-        fold_h = LLVMBuildICmp(b, LLVMIntEQ, param(c, "bias_heads"), one, "");
+        fold_b = LLVMBuildICmp(b, LLVMIntEQ, aj_param(kb, AJ_PID(bias_batch)), one, "");
+        fold_h = LLVMBuildICmp(b, LLVMIntEQ, aj_param(kb, AJ_PID(bias_heads)), one, "");
         LLVMValueRef owner = LLVMBuildAnd(b, LLVMBuildOr(b, LLVMBuildNot(b, fold_b, ""),
                                           LLVMBuildICmp(b, LLVMIntEQ, b_item, i32c(c, 0), ""),
                                           ""),
                                           LLVMBuildOr(b, LLVMBuildNot(b, fold_h, ""),
                                           LLVMBuildICmp(b, LLVMIntEQ, h_item, i32c(c, 0), ""),
                                           ""), "owner");
-        pairs_b = LLVMBuildSelect(b, owner, LLVMBuildSelect(b, fold_b, param(c, "batch"), one,
-                                                            ""), i32c(c, 0), "");
-        pairs_h = LLVMBuildSelect(b, fold_h, param(c, "heads_q"), one, "");
+        pairs_b = LLVMBuildSelect(
+            b, owner, LLVMBuildSelect(b, fold_b, aj_param(kb, AJ_PID(batch)), one, ""),
+            i32c(c, 0), "");
+        pairs_h = LLVMBuildSelect(b, fold_h, aj_param(kb, AJ_PID(heads_q)), one, "");
     }
     LLVMValueRef pb = aj_kb_for_begin(kb, i32c(c, 0), pairs_b, one, "pb");
     LLVMValueRef ph = aj_kb_for_begin(kb, i32c(c, 0), pairs_h, one, "ph");
@@ -441,8 +439,10 @@ static void build_dq(cbwd *c)
         set_head(c, bidx, h);
         aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntSLT, m0, c->at.seq.len_q, ""));
         LLVMValueRef rows = rows_from(c, m0);
-        LLVMValueRef hkv = LLVMBuildSDiv(b, h, LLVMBuildSDiv(b, param(c, "heads_q"),
-                                                             param(c, "heads_kv"), ""), "");
+        LLVMValueRef hkv = LLVMBuildSDiv(b, h,
+                                         LLVMBuildSDiv(b, aj_param(kb, AJ_PID(heads_q)),
+                                                       aj_param(kb, AJ_PID(heads_kv)), ""),
+                                         "");
         load_query_side(c, bidx, h, m0, rows);
         aj_cpu_zero(kb, dq, p->bm * p->d);
         LLVMValueRef n_begin = i32c(c, 0), n_end;
@@ -452,8 +452,8 @@ static void build_dq(cbwd *c)
         else
             aj_cpu_key_blocks(&c->at, p->bn, m0, add(c, m0, LLVMBuildSub(b, rows, one, "")),
                               &n_begin, &n_end);
-        LLVMValueRef k_base = aj_cpu_seq_base(kb, "k", bidx, hkv, c->at.seq.start_k);
-        LLVMValueRef v_base = aj_cpu_seq_base(kb, "v", bidx, hkv, c->at.seq.start_k);
+        LLVMValueRef k_base = aj_cpu_seq_base(kb, AJ_PSRC_k, bidx, hkv, c->at.seq.start_k);
+        LLVMValueRef v_base = aj_cpu_seq_base(kb, AJ_PSRC_v, bidx, hkv, c->at.seq.start_k);
         /* the key blocks of the range, or the block mask's list of the row
          * block (score.h); with bias every tile writes its dbias */
         aj_score_walk walk;
@@ -471,12 +471,14 @@ static void build_dq(cbwd *c)
                                                                               n0, ""));
             if (!has_bias)
                 aj_cpu_skip_begin(&c->at, cls);
-            const aj_cpu_rows k_rows = {.base = k_base, .stride_s = param(c, "stride_k_s")};
-            const aj_cpu_rows v_rows = {.base = v_base, .stride_s = param(c, "stride_v_s")};
-            aj_cpu_load_cols(kb, c->kt, p->d, p->bn, "k", p->dtype, &k_rows, n0, kcount, 0);
-            aj_cpu_load_rows(kb, c->kn, p->d, "k", p->dtype, &k_rows, n0, kcount, i32c(c, p->bn),
-                             1.0, 0);
-            aj_cpu_load_cols(kb, c->vt, p->dv, p->bn, "v", p->dtype, &v_rows, n0, kcount, 0);
+            const aj_cpu_rows k_rows = {.base = k_base,
+                                        .stride_s = aj_param(kb, AJ_PID(stride_k_s))};
+            const aj_cpu_rows v_rows = {.base = v_base,
+                                        .stride_s = aj_param(kb, AJ_PID(stride_v_s))};
+            aj_cpu_load_cols(kb, c->kt, p->d, p->bn, AJ_PSRC_k, p->dtype, &k_rows, n0, kcount, 0);
+            aj_cpu_load_rows(kb, c->kn, p->d, AJ_PSRC_k, p->dtype, &k_rows, n0, kcount,
+                             i32c(c, p->bn), 1.0, 0);
+            aj_cpu_load_cols(kb, c->vt, p->dv, p->bn, AJ_PSRC_v, p->dtype, &v_rows, n0, kcount, 0);
             aj_cpu_gemm_nt(kb, p->w, c->s, c->q, p->d, c->kt, p->bn, i32c(c, p->bm), 0);
             aj_cpu_gemm_nt(kb, p->w, c->dp, c->dob, p->dv, c->vt, p->bn, i32c(c, p->bm), 0);
             emit_probabilities(c, m0, n0);
@@ -491,8 +493,9 @@ static void build_dq(cbwd *c)
                 aj_cpu_skip_end(&c->at);
         }
         aj_kb_for_end(kb);
-        store_rows(c, dq, p->d, "dq", aj_cpu_seq_base(kb, "dq", bidx, h, c->at.seq.start_q), m0,
-                   rows, aj_op_scale(op));
+        store_rows(c, dq, p->d, AJ_PSRC_dq,
+                   aj_cpu_seq_base(kb, AJ_PSRC_dq, bidx, h, c->at.seq.start_q), m0, rows,
+                   aj_op_scale(op));
         aj_kb_if_end(kb);
     }
     aj_kb_for_end(kb);

@@ -107,7 +107,7 @@ typedef struct cfwd {
      * block's query rows for the band and tile classes are then all of
      * [0, per_head) */
     LLVMValueRef per_head;
-    const char *k_name, *v_name;    /* the K and V tensors: k, v or the caches */
+    aj_param_source k_tensor, v_tensor;   /* the K and V tensors: k, v or the caches */
     LLVMValueRef m, l, alpha;
 } cfwd;
 
@@ -115,17 +115,12 @@ typedef struct cfwd {
  * o_stride from o_base) and LSE at lse_base + row of `lse`; accumulate
  * merges them into the prior there. */
 typedef struct cfwd_out {
-    const char *o, *lse;            /* tensor parameters */
+    aj_param_source o, lse;         /* the tensors */
     aj_dtype dtype;
     int accumulate;
     LLVMValueRef o_base, o_stride, lse_base;   /* i64 */
     LLVMValueRef o_head, lse_head;  /* packed heads: i64 strides of a head */
 } cfwd_out;
-
-static LLVMValueRef param(cfwd *c, const char *name)
-{
-    return aj_kb_param(c->kb, name);
-}
 
 static LLVMValueRef i32c(cfwd *c, int64_t v)
 {
@@ -152,7 +147,7 @@ static LLVMValueRef buf_at(cfwd *c, LLVMValueRef buf, LLVMValueRef index)
     return aj_cpu_buf_at(c->kb, buf, index);
 }
 
-static LLVMValueRef tensor_at(cfwd *c, const char *t, aj_dtype dtype, LLVMValueRef elem)
+static LLVMValueRef tensor_at(cfwd *c, aj_param_source t, aj_dtype dtype, LLVMValueRef elem)
 {
     return aj_cpu_tensor_at(c->kb, t, dtype, elem);
 }
@@ -173,9 +168,9 @@ static LLVMValueRef fload(cfwd *c, LLVMValueRef ptr)
 }
 
 /* The output tensor: o, or the f32 o_acc of accumulate kernels. */
-static const char *out_name(const aj_op *op)
+static aj_param_source out_tensor(const aj_op *op)
 {
-    return op->accumulate ? "o_acc" : "o";
+    return op->accumulate ? AJ_PSRC_o_acc : AJ_PSRC_o;
 }
 
 /* The online softmax of each row over this key block: S becomes P,
@@ -309,7 +304,7 @@ static void emit_epilogue(cfwd *c, const cfwd_out *to)
     LLVMBuilderRef b = c->b;
     const cfwd_plan *p = &c->p;
     int accumulate = to->accumulate;
-    const char *out = to->o;
+    aj_param_source out = to->o;
     aj_dtype out_dtype = to->dtype;
     int vw = p->vw;
     LLVMValueRef i = aj_kb_for_begin(kb, i32c(c, 0), c->rows, i32c(c, 1), "ei");
@@ -332,7 +327,7 @@ static void emit_epilogue(cfwd *c, const cfwd_out *to)
                                     scalar_math(c, "llvm.log2", lsum), "");
     l2 = LLVMBuildSelect(b, seen, l2, aj_kb_f32(kb, -INFINITY), "");
     LLVMValueRef lse = LLVMBuildFMul(b, l2, aj_kb_f32(kb, AJ_LN2), "");
-    LLVMValueRef lse_ptr = aj_cv_at(kb, kb->t_f32, param(c, to->lse), add(c, to->lse_base,
+    LLVMValueRef lse_ptr = aj_cv_at(kb, kb->t_f32, aj_param_data(kb, to->lse), add(c, to->lse_base,
                                                                           lse_at));
 
     LLVMValueRef w_prior = NULL, scale_new = inv;
@@ -396,7 +391,7 @@ static void emit_row_block(cfwd *c, const cfwd_block *blk, int log2e_in_q)
     double q_scale = aj_op_scale(c->op) * (log2e_in_q ? AJ_LOG2E : 1.0);
     /* pairs: Q stays bf16 and the scores take the scale */
     c->q_scale = q_scale;
-    aj_cpu_load_rows(kb, c->q, p->d / per_slot, "q", p->dtype, &blk->q, c->m0, c->rows,
+    aj_cpu_load_rows(kb, c->q, p->d / per_slot, AJ_PSRC_q, p->dtype, &blk->q, c->m0, c->rows,
                      c->rows_pad, p->pairs ? 1.0 : q_scale, p->pairs);
     /* the query rows the block holds: m0 .., or every row of a packed head */
     LLVMValueRef pos0 = c->per_head ? i32c(c, 0) : c->m0;
@@ -434,15 +429,15 @@ static void emit_row_block(cfwd *c, const cfwd_block *blk, int log2e_in_q)
         }
         /* keys past Sk are zero: masked anyway, and 0 * V must not meet a
          * stale NaN */
-        aj_cpu_load_cols(kb, c->kt, p->d / per_slot, p->bn, c->k_name,
+        aj_cpu_load_cols(kb, c->kt, p->d / per_slot, p->bn, c->k_tensor,
                          p->kv_dtype, &blk->k, n0, kcount, p->pairs);
         if (p->pairs)
-            aj_cpu_load_row_pairs(kb, c->v, p->dv, p->bn, c->v_name, &blk->v, n0, kcount);
+            aj_cpu_load_row_pairs(kb, c->v, p->dv, p->bn, c->v_tensor, &blk->v, n0, kcount);
         else
-            aj_cpu_load_rows(kb, c->v, p->dv, c->v_name, p->kv_dtype, &blk->v, n0, kcount,
+            aj_cpu_load_rows(kb, c->v, p->dv, c->v_tensor, p->kv_dtype, &blk->v, n0, kcount,
                              i32c(c, p->bn), 1.0, 0);
         if (next0)
-            aj_cpu_prefetch_rows(kb, c->k_name, p->kv_dtype, &blk->k, next0, ncount, p->d);
+            aj_cpu_prefetch_rows(kb, c->k_tensor, p->kv_dtype, &blk->k, next0, ncount, p->d);
         aj_cpu_gemm_nt(kb, p->w, c->s, c->q, p->d / per_slot, c->kt, p->bn, c->rows_pad,
                        p->pairs);
         emit_softmax(c, n0);
@@ -451,7 +446,7 @@ static void emit_row_block(cfwd *c, const cfwd_block *blk, int log2e_in_q)
         if (p->pairs && c->op->dropout > 0)
             emit_round_p(c);
         if (next0)
-            aj_cpu_prefetch_rows(kb, c->v_name, p->kv_dtype, &blk->v, next0, ncount, p->dv);
+            aj_cpu_prefetch_rows(kb, c->v_tensor, p->kv_dtype, &blk->v, next0, ncount, p->dv);
         aj_cpu_gemm_acc(kb, p->dv, c->o, c->alpha, p->pairs ? c->pw : c->s, p->bn / per_slot, 1,
                         c->v, p->bn, c->rows_pad, p->pairs);
         aj_cpu_skip_end(&c->at);
@@ -509,27 +504,26 @@ static void build_dense(cfwd *c, const aj_score_prog *prog, int log2e_in_q)
      * end have nothing to do */
     aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntSLT, c->m0, seq->len_q, ""));
     c->rows = aj_kb_smin(kb, i32c(c, p->bm), LLVMBuildSub(b, seq->len_q, c->m0, ""));
-    LLVMValueRef group = LLVMBuildSDiv(b, param(c, "heads_q"), param(c, "heads_kv"), "");
+    LLVMValueRef group =
+        LLVMBuildSDiv(b, aj_param(kb, AJ_PID(heads_q)), aj_param(kb, AJ_PID(heads_kv)), "");
     LLVMValueRef hkv = LLVMBuildSDiv(b, h, group, "hkv");
     if (op->dropout > 0)
-        c->drop = aj_attn_dropout_stream(kb, param(c, "dropout_seed"),
-                                         param(c, "dropout_offset"), param(c, "q_offset"),
-                                         param(c, "kv_offset"), bidx, h);
-    const char *out = out_name(op);
-    char stride_s[32];
-    snprintf(stride_s, sizeof stride_s, "stride_%s_s", out);
+        c->drop = aj_attn_dropout_stream(
+            kb, aj_param(kb, AJ_PID(dropout_seed)), aj_param(kb, AJ_PID(dropout_offset)),
+            aj_param(kb, AJ_PID(q_offset)), aj_param(kb, AJ_PID(kv_offset)), bidx, h);
+    const aj_param_source out = out_tensor(op);
     cfwd_block blk = {
-        .q = {.base = aj_cpu_seq_base(kb, "q", bidx, h, seq->start_q),
-              .stride_s = param(c, "stride_q_s")},
-        .k = {.base = aj_cpu_seq_base(kb, "k", bidx, hkv, seq->start_k),
-              .stride_s = param(c, "stride_k_s")},
-        .v = {.base = aj_cpu_seq_base(kb, "v", bidx, hkv, seq->start_k),
-              .stride_s = param(c, "stride_v_s")},
+        .q = {.base = aj_cpu_seq_base(kb, AJ_PSRC_q, bidx, h, seq->start_q),
+              .stride_s = aj_param(kb, AJ_PID(stride_q_s))},
+        .k = {.base = aj_cpu_seq_base(kb, AJ_PSRC_k, bidx, hkv, seq->start_k),
+              .stride_s = aj_param(kb, AJ_PID(stride_k_s))},
+        .v = {.base = aj_cpu_seq_base(kb, AJ_PSRC_v, bidx, hkv, seq->start_k),
+              .stride_s = aj_param(kb, AJ_PID(stride_v_s))},
         .k_first = i32c(c, 0),
         .k_end = i32c(c, INT32_MAX),
-        .out = {out, "lse", op->accumulate ? AJ_DTYPE_F32 : p->dtype, op->accumulate,
-                aj_cpu_seq_base(kb, out, bidx, h, seq->start_q), param(c, stride_s),
-                add(c, aj_attn_slice_base(kb, "lse", bidx, h), seq->start_q), NULL, NULL},
+        .out = {out, AJ_PSRC_lse, op->accumulate ? AJ_DTYPE_F32 : p->dtype, op->accumulate,
+                aj_cpu_seq_base(kb, out, bidx, h, seq->start_q), aj_param_stride(kb, out, 2),
+                add(c, aj_attn_slice_base(kb, AJ_PSRC_lse, bidx, h), seq->start_q), NULL, NULL},
     };
     emit_row_block(c, &blk, log2e_in_q);
     aj_kb_if_end(kb);
@@ -545,7 +539,7 @@ static void build_dense(cfwd *c, const aj_score_prog *prog, int log2e_in_q)
 static LLVMValueRef paged_ws_len(cfwd *c)
 {
     int varlen_q = c->op->q_layout == AJ_LAYOUT_VARLEN;
-    return sext64(c, param(c, varlen_q ? "tokens_q" : "seq_q"));
+    return sext64(c, aj_param(c->kb, varlen_q ? AJ_PID(tokens_q) : AJ_PID(seq_q)));
 }
 
 /*
@@ -572,17 +566,17 @@ static void build_paged_parts(cfwd *c, const aj_score_prog *prog, int log2e_in_q
     aj_cpu_attn_init(&c->at, kb, op, prog, log2e_in_q, bidx, h);
     const aj_cpu_seq *seq = &c->at.seq;
     if (aj_op_kv_dtype(op) >= AJ_DTYPE_F8E4M3) {
-        c->k_scale = aj_kb_load(kb, kb->t_f32, param(c, "k_scale"), 4);
-        c->v_scale = aj_kb_load(kb, kb->t_f32, param(c, "v_scale"), 4);
+        c->k_scale = aj_kb_load(kb, kb->t_f32, aj_param(kb, AJ_PID(k_scale)), 4);
+        c->v_scale = aj_kb_load(kb, kb->t_f32, aj_param(kb, AJ_PID(v_scale)), 4);
     }
-    LLVMValueRef splits = param(c, "splits"), bn = i32c(c, p->bn);
+    LLVMValueRef splits = aj_param(kb, AJ_PID(splits)), bn = i32c(c, p->bn);
     LLVMValueRef blocks = LLVMBuildSDiv(b, add(c, seq->len_k, i32c(c, p->bn - 1)), bn, "");
     LLVMValueRef per = LLVMBuildSDiv(b, add(c, blocks, LLVMBuildSub(b, splits, i32c(c, 1), "")),
                                      splits, "per");
     LLVMValueRef first = mul(c, part, per);
     LLVMValueRef end = aj_kb_smin(kb, add(c, first, per), blocks);
     /* the pages of keys [first bn, min(end bn, len_k)) */
-    LLVMValueRef ps = param(c, "page_size");
+    LLVMValueRef ps = aj_param(kb, AJ_PID(page_size));
     LLVMValueRef key_end = aj_kb_smin(kb, mul(c, end, bn), seq->len_k);
     LLVMValueRef key_first = aj_kb_smin(kb, mul(c, first, bn), key_end);
     LLVMValueRef ok = aj_attn_paged_pages_ok(kb, bidx, LLVMBuildSDiv(b, key_first, ps, ""),
@@ -590,28 +584,38 @@ static void build_paged_parts(cfwd *c, const aj_score_prog *prog, int log2e_in_q
                                                            LLVMBuildSub(b, ps, i32c(c, 1), "")),
                                                            ps, ""));
     end = LLVMBuildSelect(b, ok, end, first, "part_end");
-    LLVMValueRef group = LLVMBuildSDiv(b, param(c, "heads_q"), param(c, "heads_kv"), "");
+    LLVMValueRef group =
+        LLVMBuildSDiv(b, aj_param(kb, AJ_PID(heads_q)), aj_param(kb, AJ_PID(heads_kv)), "");
     LLVMValueRef hkv = sext64(c, LLVMBuildSDiv(b, h, group, "hkv"));
-    LLVMValueRef pages = aj_cv_at(kb, kb->t_i32, param(c, "block_table"),
-                                  mul(c, sext64(c, bidx), sext64(c, param(c, "max_pages"))));
+    LLVMValueRef pages =
+        aj_cv_at(kb, kb->t_i32, aj_param(kb, AJ_PID(block_table)),
+                 mul(c, sext64(c, bidx), sext64(c, aj_param(kb, AJ_PID(max_pages)))));
     cfwd_block blk = {
-        .q = {.base = aj_cpu_seq_base(kb, "q", bidx, h, seq->start_q),
-              .stride_s = param(c, "stride_q_s")},
-        .k = {mul(c, hkv, param(c, "stride_k_cache_h")), param(c, "stride_k_cache_s"), pages,
-              ps, param(c, "stride_k_cache_page")},
-        .v = {mul(c, hkv, param(c, "stride_v_cache_h")), param(c, "stride_v_cache_s"), pages,
-              ps, param(c, "stride_v_cache_page")},
+        .q = {.base = aj_cpu_seq_base(kb, AJ_PSRC_q, bidx, h, seq->start_q),
+              .stride_s = aj_param(kb, AJ_PID(stride_q_s))},
+        .k = {mul(c, hkv, aj_param(kb, AJ_PID(stride_k_cache_h))),
+              aj_param(kb, AJ_PID(stride_k_cache_s)), pages, ps,
+              aj_param(kb, AJ_PID(stride_k_cache_page))},
+        .v = {mul(c, hkv, aj_param(kb, AJ_PID(stride_v_cache_h))),
+              aj_param(kb, AJ_PID(stride_v_cache_s)), pages, ps,
+              aj_param(kb, AJ_PID(stride_v_cache_page))},
         .k_first = first,
         .k_end = end,
     };
-    cfwd_out direct = {"o", "lse", p->dtype, 0, aj_cpu_seq_base(kb, "o", bidx, h, seq->start_q),
-                       param(c, "stride_o_s"),
-                       add(c, aj_attn_slice_base(kb, "lse", bidx, h), seq->start_q), NULL, NULL};
+    cfwd_out direct = {AJ_PSRC_o,
+                       AJ_PSRC_lse,
+                       p->dtype,
+                       0,
+                       aj_cpu_seq_base(kb, AJ_PSRC_o, bidx, h, seq->start_q),
+                       aj_param(kb, AJ_PID(stride_o_s)),
+                       add(c, aj_attn_slice_base(kb, AJ_PSRC_lse, bidx, h), seq->start_q),
+                       NULL,
+                       NULL};
     LLVMValueRef lse_at;
     LLVMValueRef row0 = add(c, aj_attn_paged_part_row_of(kb, bidx, h, part, p->dv,
                                                          op->q_layout == AJ_LAYOUT_VARLEN,
                                                          &lse_at), seq->start_q);
-    cfwd_out partial = {"workspace", "workspace", AJ_DTYPE_F32, 0,
+    cfwd_out partial = {AJ_PSRC_workspace, AJ_PSRC_workspace, AJ_DTYPE_F32, 0,
                         mul(c, row0, aj_kb_i64(kb, p->dv)), aj_kb_i64(kb, p->dv),
                         add(c, lse_at, row0), NULL, NULL};
     LLVMValueRef one = LLVMBuildICmp(b, LLVMIntEQ, splits, i32c(c, 1), "");
@@ -628,10 +632,10 @@ static void build_paged_parts(cfwd *c, const aj_score_prog *prog, int log2e_in_q
                                          i32c(c, 0), ""));
         cfwd_block packed = blk;
         packed.q.per_head = seq->len_q;
-        packed.q.stride_h = param(c, "stride_q_h");
+        packed.q.stride_h = aj_param(kb, AJ_PID(stride_q_h));
         cfwd_out heads[2] = {direct, partial};
-        heads[0].o_head = param(c, "stride_o_h");
-        heads[0].lse_head = param(c, "stride_lse_h");
+        heads[0].o_head = aj_param(kb, AJ_PID(stride_o_h));
+        heads[0].lse_head = aj_param(kb, AJ_PID(stride_lse_h));
         heads[1].lse_head = mul(c, sext64(c, splits), paged_ws_len(c));
         heads[1].o_head = mul(c, heads[1].lse_head, aj_kb_i64(kb, p->dv));
         c->per_head = seq->len_q;
@@ -696,7 +700,7 @@ static void build_paged_merge(cfwd *c, const aj_score_prog *prog)
     work_item(c, item);
     LLVMValueRef h = item[1], bidx = item[2];
     /* the rows of sequence bidx: Sq, or its chunk of the packed ones */
-    LLVMValueRef splits = param(c, "splits"), sq = paged_ws_len(c);
+    LLVMValueRef splits = aj_param(kb, AJ_PID(splits)), sq = paged_ws_len(c);
     LLVMValueRef len_q = sq, start_q = aj_kb_i64(kb, 0);
     if (c->op->q_layout == AJ_LAYOUT_VARLEN) {
         aj_cpu_seq seq;
@@ -710,13 +714,14 @@ static void build_paged_merge(cfwd *c, const aj_score_prog *prog)
                                                          &lse_at), start_q);
     lse_at = add(c, lse_at, row0);
     LLVMValueRef ninf = aj_kb_f32(kb, -INFINITY);
-    LLVMValueRef o_base = aj_cpu_seq_base(kb, "o", bidx, h, start_q);
-    LLVMValueRef lse_base = add(c, aj_attn_slice_base(kb, "lse", bidx, h), start_q);
+    LLVMValueRef o_base = aj_cpu_seq_base(kb, AJ_PSRC_o, bidx, h, start_q);
+    LLVMValueRef lse_base = add(c, aj_attn_slice_base(kb, AJ_PSRC_lse, bidx, h), start_q);
     LLVMValueRef i = aj_kb_for_begin(kb, aj_kb_i64(kb, 0), len_q, aj_kb_i64(kb, 1), "mi");
     aj_kb_set(kb, mx, ninf);
     LLVMValueRef s = aj_kb_for_begin(kb, i32c(c, 0), splits, i32c(c, 1), "ms");
-    LLVMValueRef part_lse = aj_cpu_fload(kb, aj_cv_at(kb, kb->t_f32, param(c, "workspace"),
-                                         add(c, lse_at, add(c, mul(c, sext64(c, s), sq), i))));
+    LLVMValueRef part_lse =
+        aj_cpu_fload(kb, aj_cv_at(kb, kb->t_f32, aj_param(kb, AJ_PID(workspace)),
+                                  add(c, lse_at, add(c, mul(c, sext64(c, s), sq), i))));
     aj_kb_set(kb, mx, aj_cv_max(kb, aj_kb_get(kb, mx), part_lse));
     aj_kb_for_end(kb);
     LLVMValueRef none = LLVMBuildFCmp(b, LLVMRealOEQ, aj_kb_get(kb, mx), ninf, "");
@@ -726,8 +731,12 @@ static void build_paged_merge(cfwd *c, const aj_score_prog *prog)
     s = aj_kb_for_begin(kb, i32c(c, 0), splits, i32c(c, 1), "ms");
     {
         LLVMValueRef r = add(c, mul(c, sext64(c, s), sq), i);
-        LLVMValueRef e = scalar_exp(c, LLVMBuildFSub(b, aj_cpu_fload(kb, aj_cv_at(kb, kb->t_f32,
-                                     param(c, "workspace"), add(c, lse_at, r))), m_use, ""));
+        LLVMValueRef e = scalar_exp(
+            c, LLVMBuildFSub(
+                   b,
+                   aj_cpu_fload(kb, aj_cv_at(kb, kb->t_f32, aj_param(kb, AJ_PID(workspace)),
+                                             add(c, lse_at, r))),
+                   m_use, ""));
         aj_kb_set(kb, sum, LLVMBuildFAdd(b, aj_kb_get(kb, sum), e, ""));
         /* O_s weighted by exp(LSE_s - m); / sum below.  A part without a
          * key has weight 0 and O_s = 0. */
@@ -735,9 +744,10 @@ static void build_paged_merge(cfwd *c, const aj_score_prog *prog)
         LLVMValueRef orow = mul(c, add(c, row0, r), aj_kb_i64(kb, dv));
         LLVMValueRef d = aj_kb_for_begin(kb, i32c(c, 0), i32c(c, dv), i32c(c, 8), "md");
         LLVMValueRef at = aj_cpu_buf_at(kb, acc, d);
-        LLVMValueRef part_o = aj_cv_load(kb, aj_cv_at(kb, kb->t_f32, param(c, "workspace"),
-                                                      add(c, orow, sext64(c, d))),
-                                         AJ_DTYPE_F32, 8);
+        LLVMValueRef part_o = aj_cv_load(
+            kb,
+            aj_cv_at(kb, kb->t_f32, aj_param(kb, AJ_PID(workspace)), add(c, orow, sext64(c, d))),
+            AJ_DTYPE_F32, 8);
         aj_cpu_vstore(kb, aj_cv_fma(kb, part_o, ev, aj_cpu_vload(kb, at, 8)), at);
         aj_kb_for_end(kb);
     }
@@ -747,13 +757,15 @@ static void build_paged_merge(cfwd *c, const aj_score_prog *prog)
                                        LLVMBuildFDiv(b, aj_kb_f32(kb, 1), total, ""), "");
     LLVMValueRef lse = LLVMBuildSelect(b, none, ninf, LLVMBuildFAdd(b, m_use,
                                        scalar_math(c, "llvm.log", total), ""), "");
-    LLVMValueRef orow = add(c, o_base, mul(c, i, param(c, "stride_o_s")));
+    LLVMValueRef orow = add(c, o_base, mul(c, i, aj_param(kb, AJ_PID(stride_o_s))));
     LLVMValueRef d = aj_kb_for_begin(kb, i32c(c, 0), i32c(c, dv), i32c(c, 8), "mo");
     LLVMValueRef val = LLVMBuildFMul(b, aj_cpu_vload(kb, aj_cpu_buf_at(kb, acc, d), 8),
                                      aj_cv_splat(kb, inv, 8), "");
-    aj_cv_store(kb, val, tensor_at(c, "o", p->dtype, add(c, orow, sext64(c, d))), p->dtype, 8);
+    aj_cv_store(kb, val, tensor_at(c, AJ_PSRC_o, p->dtype, add(c, orow, sext64(c, d))), p->dtype,
+                8);
     aj_kb_for_end(kb);
-    LLVMBuildStore(b, lse, aj_cv_at(kb, kb->t_f32, param(c, "lse"), add(c, lse_base, i)));
+    LLVMBuildStore(b, lse,
+                   aj_cv_at(kb, kb->t_f32, aj_param(kb, AJ_PID(lse)), add(c, lse_base, i)));
     aj_kb_for_end(kb);
     const aj_kernel_layout layout = {
         .grid = {{AJ_EXTENT_ONE, 1}, {AJ_EXTENT_HEADS_Q, 1}, {AJ_EXTENT_BATCH, 1}},
@@ -780,13 +792,13 @@ static aj_status cfwd_build(aj_kb *kb, const aj_op *op, void *user)
      * multiply; the score_mod sees the scaled score in natural units */
     int log2e_in_q = aj_cpu_log2e_in_q(op, &prog);
     if (op->layout == AJ_LAYOUT_PAGED) {
-        c.k_name = "k_cache";
-        c.v_name = "v_cache";
+        c.k_tensor = AJ_PSRC_k_cache;
+        c.v_tensor = AJ_PSRC_v_cache;
         build_paged_parts(&c, &prog, log2e_in_q);
         build_paged_merge(&c, &prog);
     } else {
-        c.k_name = "k";
-        c.v_name = "v";
+        c.k_tensor = AJ_PSRC_k;
+        c.v_tensor = AJ_PSRC_v;
         build_dense(&c, &prog, log2e_in_q);
     }
     return kb->st;

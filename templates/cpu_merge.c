@@ -43,20 +43,18 @@ static LLVMValueRef scalar_math(aj_kb *kb, const char *name, LLVMValueRef x)
 
 /* &t[base + i] of an f32 tensor (lse), and the element offset of row i of
  * an O tensor */
-static LLVMValueRef lse_at(aj_kb *kb, const char *t, LLVMValueRef b, LLVMValueRef h,
+static LLVMValueRef lse_at(aj_kb *kb, aj_param_source t, LLVMValueRef b, LLVMValueRef h,
                            LLVMValueRef i)
 {
-    return aj_cv_at(kb, kb->t_f32, aj_kb_param(kb, t), LLVMBuildAdd(kb->b,
+    return aj_cv_at(kb, kb->t_f32, aj_param_data(kb, t), LLVMBuildAdd(kb->b,
                     aj_attn_slice_base(kb, t, b, h), i, ""));
 }
 
-static LLVMValueRef o_row(aj_kb *kb, const char *t, LLVMValueRef b, LLVMValueRef h,
+static LLVMValueRef o_row(aj_kb *kb, aj_param_source t, LLVMValueRef b, LLVMValueRef h,
                           LLVMValueRef i)
 {
-    char stride[32];
-    snprintf(stride, sizeof stride, "stride_%s_s", t);
     return LLVMBuildAdd(kb->b, aj_attn_slice_base(kb, t, b, h),
-                        LLVMBuildMul(kb->b, i, aj_kb_param(kb, stride), ""), "");
+                        LLVMBuildMul(kb->b, i, aj_param_stride(kb, t, 2), ""), "");
 }
 
 static aj_status cmerge_build(aj_kb *kb, const aj_op *op, void *user)
@@ -74,11 +72,12 @@ static aj_status cmerge_build(aj_kb *kb, const aj_op *op, void *user)
     LLVMValueRef h = it[1], bidx = it[2];
     LLVMValueRef m0 = LLVMBuildMul(b, it[0], aj_kb_i32(kb, ROWS), "");
     LLVMValueRef end = aj_kb_smin(kb, LLVMBuildAdd(b, m0, aj_kb_i32(kb, ROWS), ""),
-                                  aj_kb_param(kb, "seq_q"));
+                                  aj_param(kb, AJ_PID(seq_q)));
     LLVMValueRef i = aj_kb_for_begin(kb, m0, end, aj_kb_i32(kb, 1), "row");
     {
         LLVMValueRef i64 = LLVMBuildSExt(b, i, kb->t_i64, "");
-        LLVMValueRef p1 = lse_at(kb, "lse1", bidx, h, i64), p2 = lse_at(kb, "lse2", bidx, h, i64);
+        LLVMValueRef p1 = lse_at(kb, AJ_PSRC_lse1, bidx, h, i64);
+        LLVMValueRef p2 = lse_at(kb, AJ_PSRC_lse2, bidx, h, i64);
         LLVMValueRef l1 = LLVMBuildFMul(b, LLVMBuildLoad2(b, kb->t_f32, p1, ""),
                                         aj_kb_f32(kb, AJ_LOG2E), "");
         LLVMValueRef l2 = LLVMBuildFMul(b, LLVMBuildLoad2(b, kb->t_f32, p2, ""),
@@ -97,24 +96,25 @@ static aj_status cmerge_build(aj_kb *kb, const aj_op *op, void *user)
         LLVMValueRef w2 = scalar_math(kb, "llvm.exp2", LLVMBuildFSub(b, l2, l_use, ""));
         LLVMValueRef zero1 = LLVMBuildFCmp(b, LLVMRealOEQ, w1, aj_kb_f32(kb, 0), "");
         LLVMValueRef zero2 = LLVMBuildFCmp(b, LLVMRealOEQ, w2, aj_kb_f32(kb, 0), "");
-        LLVMValueRef r1 = o_row(kb, "o1", bidx, h, i64), r2 = o_row(kb, "o2", bidx, h, i64);
-        LLVMValueRef r = o_row(kb, "o", bidx, h, i64);
+        LLVMValueRef r1 = o_row(kb, AJ_PSRC_o1, bidx, h, i64);
+        LLVMValueRef r2 = o_row(kb, AJ_PSRC_o2, bidx, h, i64);
+        LLVMValueRef r = o_row(kb, AJ_PSRC_o, bidx, h, i64);
         LLVMValueRef zv = LLVMConstNull(aj_cv_type(kb, vw));
         for (int c = 0; c < dv; c += vw) {
             LLVMValueRef col = aj_kb_i64(kb, c);
-            LLVMValueRef a = aj_cv_load(kb, aj_cpu_tensor_at(kb, "o1", op->dtype,
+            LLVMValueRef a = aj_cv_load(kb, aj_cpu_tensor_at(kb, AJ_PSRC_o1, op->dtype,
                                         LLVMBuildAdd(b, r1, col, "")), op->dtype, vw);
-            LLVMValueRef x = aj_cv_load(kb, aj_cpu_tensor_at(kb, "o2", op->dtype,
+            LLVMValueRef x = aj_cv_load(kb, aj_cpu_tensor_at(kb, AJ_PSRC_o2, op->dtype,
                                         LLVMBuildAdd(b, r2, col, "")), op->dtype, vw);
             a = LLVMBuildSelect(b, zero1, zv, LLVMBuildFMul(b, a, aj_cv_splat(kb, w1, vw), ""),
                                 "");
             x = LLVMBuildSelect(b, zero2, zv, LLVMBuildFMul(b, x, aj_cv_splat(kb, w2, vw), ""),
                                 "");
-            aj_cv_store(kb, LLVMBuildFAdd(b, a, x, ""), aj_cpu_tensor_at(kb, "o", op->dtype,
+            aj_cv_store(kb, LLVMBuildFAdd(b, a, x, ""), aj_cpu_tensor_at(kb, AJ_PSRC_o, op->dtype,
                         LLVMBuildAdd(b, r, col, "")), op->dtype, vw);
         }
         LLVMBuildStore(b, LLVMBuildSelect(b, none, ninf, LLVMBuildFMul(b, l,
-                       aj_kb_f32(kb, AJ_LN2), ""), ""), lse_at(kb, "lse", bidx, h, i64));
+                       aj_kb_f32(kb, AJ_LN2), ""), ""), lse_at(kb, AJ_PSRC_lse, bidx, h, i64));
     }
     aj_kb_for_end(kb);
     const aj_kernel_layout layout = {

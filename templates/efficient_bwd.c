@@ -235,11 +235,6 @@ typedef struct ebwd {
     aj_attn_dropout drop;           /* the dropout stream of this (b, h) */
 } ebwd;
 
-static LLVMValueRef prm(ebwd *e, const char *name)
-{
-    return aj_kb_param(e->kb, name);
-}
-
 static LLVMValueRef i32c(ebwd *e, int64_t v)
 {
     return aj_kb_i32(e->kb, v);
@@ -250,11 +245,9 @@ static LLVMValueRef sext64(ebwd *e, LLVMValueRef v)
     return LLVMBuildSExt(e->b, v, e->kb->t_i64, "");
 }
 
-static LLVMValueRef stride_s(ebwd *e, const char *t)
+static LLVMValueRef stride_s(ebwd *e, aj_param_source t)
 {
-    char name[32];
-    snprintf(name, sizeof name, "stride_%s_s", t);
-    return prm(e, name);
+    return aj_param_stride(e->kb, t, 2);
 }
 
 /* Thread layout shared by both kernels. */
@@ -270,8 +263,8 @@ static void setup(ebwd *e, aj_kb *kb, const aj_op *op, const ebwd_plan *p,
     e->tid = aj_kb_thread_id(kb);
     e->lane = LLVMBuildAnd(e->b, e->tid, i32c(e, p->g - 1), "lane");
     e->group = LLVMBuildUDiv(e->b, e->tid, i32c(e, p->g), "group");
-    e->seq_q = prm(e, "seq_q");
-    e->seq_k = prm(e, "seq_k");
+    e->seq_q = aj_param(kb, AJ_PID(seq_q));
+    e->seq_k = aj_param(kb, AJ_PID(seq_k));
 }
 
 /* Per-(batch, query head) state: the score program's, the bias slice and
@@ -282,14 +275,16 @@ static void set_head(ebwd *e, LLVMValueRef bidx, LLVMValueRef h)
 {
     aj_kb *kb = e->kb;
     const aj_score_prog *prog = e->prog;
-    aj_score_begin(&e->sc, kb, prog, 0, bidx, h, prm(e, "q_offset"), prm(e, "kv_offset"),
-                   prog->reads_totals ? prm(e, "seq_q_total") : NULL,
-                   prog->reads_totals ? prm(e, "seq_k_total") : NULL);
+    aj_score_begin(&e->sc, kb, prog, 0, bidx, h, aj_param(kb, AJ_PID(q_offset)),
+                   aj_param(kb, AJ_PID(kv_offset)),
+                   prog->reads_totals ? aj_param(kb, AJ_PID(seq_q_total)) : NULL,
+                   prog->reads_totals ? aj_param(kb, AJ_PID(seq_k_total)) : NULL);
     if (e->op->bias == AJ_BIAS_ADD)
-        e->bias_base = aj_attn_slice_base(e->kb, "bias", bidx, h);
+        e->bias_base = aj_attn_slice_base(e->kb, AJ_PSRC_bias, bidx, h);
     if (e->op->dropout > 0) {
-        e->drop = aj_attn_dropout_stream(kb, prm(e, "dropout_seed"), prm(e, "dropout_offset"),
-                                         prm(e, "q_offset"), prm(e, "kv_offset"), bidx, h);
+        e->drop = aj_attn_dropout_stream(
+            kb, aj_param(kb, AJ_PID(dropout_seed)), aj_param(kb, AJ_PID(dropout_offset)),
+            aj_param(kb, AJ_PID(q_offset)), aj_param(kb, AJ_PID(kv_offset)), bidx, h);
     }
 }
 
@@ -306,11 +301,11 @@ static LLVMValueRef emit_bias_at(ebwd *e, LLVMValueRef i, LLVMValueRef j)
     LLVMValueRef ic = aj_kb_smin(kb, i, LLVMBuildSub(b, e->seq_q, i32c(e, 1), ""));
     LLVMValueRef jc = aj_kb_smin(kb, j, LLVMBuildSub(b, e->seq_k, i32c(e, 1), ""));
     LLVMValueRef at = LLVMBuildAdd(b, e->bias_base, LLVMBuildMul(b, sext64(e, ic),
-                                   prm(e, "stride_bias_s"), ""), "");
+                                   aj_param(kb, AJ_PID(stride_bias_s)), ""), "");
     at = LLVMBuildAdd(b, at, sext64(e, jc), "");
     at = LLVMBuildMul(b, at, aj_kb_i64(kb, aj_dtype_size(dt)), "");
     LLVMValueRef raw = aj_kb_load(kb, aj_kb_storage_type(kb, dt),
-                                  aj_kb_gptr_offset(kb, prm(e, "bias"), at),
+                                  aj_kb_gptr_offset(kb, aj_param(kb, AJ_PID(bias)), at),
                                   (unsigned)aj_dtype_size(dt));
     return aj_kb_to_f32(kb, raw, dt);
 }
@@ -452,8 +447,10 @@ static void emit_row_stats(ebwd *e, LLVMValueRef ic, LLVMValueRef o_base, LLVMVa
     aj_kb *kb = e->kb;
     LLVMBuilderRef b = e->b;
     LLVMValueRef i64 = sext64(e, ic);
-    LLVMValueRef orow = LLVMBuildAdd(b, o_base, LLVMBuildMul(b, i64, stride_s(e, "o"), ""), "");
-    LLVMValueRef drow = LLVMBuildAdd(b, do_base, LLVMBuildMul(b, i64, stride_s(e, "do"), ""), "");
+    LLVMValueRef orow =
+        LLVMBuildAdd(b, o_base, LLVMBuildMul(b, i64, stride_s(e, AJ_PSRC_o), ""), "");
+    LLVMValueRef drow =
+        LLVMBuildAdd(b, do_base, LLVMBuildMul(b, i64, stride_s(e, AJ_PSRC_do), ""), "");
     LLVMValueRef lane_col = sext64(e, LLVMBuildShl(b, e->lane, i32c(e, 2), ""));
     LLVMValueRef sum = aj_kb_f32(kb, 0);
     for (int u = 0; u < e->p.wdv / (4 * e->p.g); u++) {
@@ -465,10 +462,10 @@ static void emit_row_stats(ebwd *e, LLVMValueRef ic, LLVMValueRef o_base, LLVMVa
             col = LLVMBuildSelect(b, owned, col, aj_kb_i64(kb, e->p.dv - 4), "");
         }
         LLVMValueRef before = sum;
-        LLVMValueRef ov = aj_global_load4(kb, prm(e, "o"), LLVMBuildAdd(b, orow, col, ""),
-                                          e->p.dtype);
-        LLVMValueRef dv = aj_global_load4(kb, prm(e, "do"), LLVMBuildAdd(b, drow, col, ""),
-                                          e->p.dtype);
+        LLVMValueRef ov = aj_global_load4(kb, aj_param(kb, AJ_PID(o)),
+                                          LLVMBuildAdd(b, orow, col, ""), e->p.dtype);
+        LLVMValueRef dv = aj_global_load4(kb, aj_param(kb, AJ_PID(do)),
+                                          LLVMBuildAdd(b, drow, col, ""), e->p.dtype);
         for (int x = 0; x < 4; x++)
             sum = aj_kb_fma(kb, LLVMBuildExtractElement(b, ov, i32c(e, x), ""),
                             LLVMBuildExtractElement(b, dv, i32c(e, x), ""), sum);
@@ -477,13 +474,14 @@ static void emit_row_stats(ebwd *e, LLVMValueRef ic, LLVMValueRef o_base, LLVMVa
     }
     *delta = aj_kb_group_sum(kb, sum, e->p.g);
     LLVMValueRef at = LLVMBuildMul(b, LLVMBuildAdd(b, lse_base, i64, ""), aj_kb_i64(kb, 4), "");
-    LLVMValueRef lse = aj_kb_load(kb, kb->t_f32, aj_kb_gptr_offset(kb, prm(e, "lse"), at), 4);
+    LLVMValueRef lse =
+        aj_kb_load(kb, kb->t_f32, aj_kb_gptr_offset(kb, aj_param(kb, AJ_PID(lse)), at), 4);
     *lse2 = LLVMBuildFMul(b, lse, aj_kb_f32(kb, AJ_LOG2E), "");
 }
 
 /* Stores row k's accumulators times `mult` to tensor `t` at global row
  * `row` (skipped at or past `limit`). */
-static void emit_store_row(ebwd *e, const char *t, LLVMValueRef base, LLVMValueRef row,
+static void emit_store_row(ebwd *e, aj_param_source t, LLVMValueRef base, LLVMValueRef row,
                            LLVMValueRef limit, LLVMValueRef *acc, int width, double mult)
 {
     aj_kb *kb = e->kb;
@@ -504,7 +502,8 @@ static void emit_store_row(ebwd *e, const char *t, LLVMValueRef base, LLVMValueR
             if (mult != 1.0)
                 vals[x] = LLVMBuildFMul(b, vals[x], aj_kb_f32(kb, mult), "");
         }
-        aj_global_store4(kb, prm(e, t), LLVMBuildAdd(b, rowoff, col, ""), vals, e->p.dtype);
+        aj_global_store4(kb, aj_param_data(kb, t), LLVMBuildAdd(b, rowoff, col, ""), vals,
+                         e->p.dtype);
         if (partial)
             aj_kb_if_end(kb);
     }
@@ -537,7 +536,7 @@ static void emit_dbias_add(ebwd *e, LLVMValueRef row_off, LLVMValueRef i, LLVMVa
     aj_kb_if_begin(kb, in);
     LLVMValueRef at = LLVMBuildMul(b, LLVMBuildAdd(b, row_off, sext64(e, j), ""),
                                    aj_kb_i64(kb, 4), "");
-    LLVMValueRef ptr = aj_kb_gptr_offset(kb, prm(e, "dbias"), at);
+    LLVMValueRef ptr = aj_kb_gptr_offset(kb, aj_param(kb, AJ_PID(dbias)), at);
     /* the first pair's value is stored without reading what was there */
     LLVMValueRef old = aj_kb_load(kb, kb->t_f32, ptr, 4);
     LLVMValueRef sum = LLVMBuildFAdd(b, old, ds, "");
@@ -662,7 +661,8 @@ static void build_dkdv(aj_kb *kb, const aj_op *op, const ebwd_plan *plan,
     LLVMValueRef n0 = LLVMBuildMul(b, aj_kb_block_id(kb, 0), i32c(&e, p->bn), "n0");
     LLVMValueRef hkv = aj_kb_block_id(kb, 1);
     LLVMValueRef bidx = aj_kb_block_id(kb, 2);
-    LLVMValueRef group_size = LLVMBuildSDiv(b, prm(&e, "heads_q"), prm(&e, "heads_kv"), "");
+    LLVMValueRef group_size =
+        LLVMBuildSDiv(b, aj_param(kb, AJ_PID(heads_q)), aj_param(kb, AJ_PID(heads_kv)), "");
 
     /* this thread's keys (local) and query columns (within a step) */
     LLVMValueRef keys[MAX_ROWS], qcols[MAX_COLS];
@@ -671,11 +671,11 @@ static void build_dkdv(aj_kb *kb, const aj_op *op, const ebwd_plan *plan,
     for (int t = 0; t < cq; t++)
         qcols[t] = LLVMBuildAdd(b, e.lane, i32c(&e, p->g * t), "");
 
-    aj_tile_src ksrc = {prm(&e, "k"), aj_attn_slice_base(e.kb, "k", bidx, hkv),
-                        stride_s(&e, "k"), n0, e.seq_k, p->dtype};
+    aj_tile_src ksrc = {aj_param(kb, AJ_PID(k)), aj_attn_slice_base(e.kb, AJ_PSRC_k, bidx, hkv),
+                        stride_s(&e, AJ_PSRC_k), n0, e.seq_k, p->dtype};
     aj_tile_load_f32(kb, &ksrc, p->bn, p->d, smem_k, ldk, e.tid, p->threads);
-    aj_tile_src vsrc = {prm(&e, "v"), aj_attn_slice_base(e.kb, "v", bidx, hkv),
-                        stride_s(&e, "v"), n0, e.seq_k, p->dtype};
+    aj_tile_src vsrc = {aj_param(kb, AJ_PID(v)), aj_attn_slice_base(e.kb, AJ_PSRC_v, bidx, hkv),
+                        stride_s(&e, AJ_PSRC_v), n0, e.seq_k, p->dtype};
     aj_tile_load_f32(kb, &vsrc, p->bn, p->dv, smem_v, ldv, e.tid, p->threads);
 
     /* query rows the band shows a key of this block (for every head) */
@@ -690,10 +690,10 @@ static void build_dkdv(aj_kb *kb, const aj_op *op, const ebwd_plan *plan,
     LLVMValueRef hq = aj_kb_for_begin(kb, i32c(&e, 0), group_size, i32c(&e, 1), "hq");
     LLVMValueRef h = LLVMBuildAdd(b, LLVMBuildMul(b, hkv, group_size, ""), hq, "h");
     set_head(&e, bidx, h);
-    LLVMValueRef q_base = aj_attn_slice_base(e.kb, "q", bidx, h);
-    LLVMValueRef o_base = aj_attn_slice_base(e.kb, "o", bidx, h);
-    LLVMValueRef do_base = aj_attn_slice_base(e.kb, "do", bidx, h);
-    LLVMValueRef lse_base = aj_attn_slice_base(e.kb, "lse", bidx, h);
+    LLVMValueRef q_base = aj_attn_slice_base(e.kb, AJ_PSRC_q, bidx, h);
+    LLVMValueRef o_base = aj_attn_slice_base(e.kb, AJ_PSRC_o, bidx, h);
+    LLVMValueRef do_base = aj_attn_slice_base(e.kb, AJ_PSRC_do, bidx, h);
+    LLVMValueRef lse_base = aj_attn_slice_base(e.kb, AJ_PSRC_lse, bidx, h);
     /* the row blocks of the range, or the block mask's list of the key
      * block (score.h) */
     aj_score_walk walk;
@@ -707,9 +707,11 @@ static void build_dkdv(aj_kb *kb, const aj_op *op, const ebwd_plan *plan,
         if (aj_score_has_rest(prog))   /* the band bounds the walk already */
             aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntNE, cls, i32c(&e, AJ_TILE_SKIP), ""));
         aj_kb_barrier(kb);   /* the previous step's readers are done */
-        aj_tile_src qsrc = {prm(&e, "q"), q_base, stride_s(&e, "q"), m0, e.seq_q, p->dtype};
+        aj_tile_src qsrc = {
+            aj_param(kb, AJ_PID(q)), q_base, stride_s(&e, AJ_PSRC_q), m0, e.seq_q, p->dtype};
         aj_tile_load_f32(kb, &qsrc, p->bm, p->d, smem_q, ldq, e.tid, p->threads);
-        aj_tile_src dosrc = {prm(&e, "do"), do_base, stride_s(&e, "do"), m0, e.seq_q, p->dtype};
+        aj_tile_src dosrc = {
+            aj_param(kb, AJ_PID(do)), do_base, stride_s(&e, AJ_PSRC_do), m0, e.seq_q, p->dtype};
         aj_tile_load_f32(kb, &dosrc, p->bm, p->dv, smem_do, ldo, e.tid, p->threads);
         /* row groups over the step's queries: LSE and Delta to shared memory */
         LLVMValueRef last = LLVMBuildSub(b, e.seq_q, i32c(&e, 1), "");
@@ -742,12 +744,12 @@ static void build_dkdv(aj_kb *kb, const aj_op *op, const ebwd_plan *plan,
     aj_kb_for_end(kb);
     aj_kb_for_end(kb);
 
-    LLVMValueRef dk_base = aj_attn_slice_base(e.kb, "dk", bidx, hkv);
-    LLVMValueRef dv_base = aj_attn_slice_base(e.kb, "dv", bidx, hkv);
+    LLVMValueRef dk_base = aj_attn_slice_base(e.kb, AJ_PSRC_dk, bidx, hkv);
+    LLVMValueRef dv_base = aj_attn_slice_base(e.kb, AJ_PSRC_dv, bidx, hkv);
     for (int k = 0; k < rk; k++) {
         LLVMValueRef j = LLVMBuildAdd(b, n0, keys[k], "");
-        emit_store_row(&e, "dk", dk_base, j, e.seq_k, dk[k], p->d, aj_op_scale(op));
-        emit_store_row(&e, "dv", dv_base, j, e.seq_k, dv[k], p->dv, 1.0);
+        emit_store_row(&e, AJ_PSRC_dk, dk_base, j, e.seq_k, dk[k], p->d, aj_op_scale(op));
+        emit_store_row(&e, AJ_PSRC_dv, dv_base, j, e.seq_k, dv[k], p->dv, 1.0);
     }
     const aj_kernel_layout layout = {
         .grid = {{AJ_EXTENT_SEQ_K, p->bn}, {AJ_EXTENT_HEADS_KV, 1}, {AJ_EXTENT_BATCH, 1}},
@@ -790,7 +792,8 @@ static void build_dq(aj_kb *kb, const aj_op *op, const ebwd_plan *plan,
     LLVMValueRef m0 = LLVMBuildMul(b, aj_kb_block_id(kb, 0), i32c(&e, p->bm), "m0");
     LLVMValueRef h = aj_kb_block_id(kb, 1);
     LLVMValueRef bidx = aj_kb_block_id(kb, 2);
-    LLVMValueRef group_size = LLVMBuildSDiv(b, prm(&e, "heads_q"), prm(&e, "heads_kv"), "");
+    LLVMValueRef group_size =
+        LLVMBuildSDiv(b, aj_param(kb, AJ_PID(heads_q)), aj_param(kb, AJ_PID(heads_kv)), "");
 
     LLVMValueRef rows[MAX_ROWS], kcols[MAX_COLS];
     for (int k = 0; k < rm; k++)
@@ -803,15 +806,17 @@ static void build_dq(aj_kb *kb, const aj_op *op, const ebwd_plan *plan,
      * broadcast dims; `first` says dbias is written, not added to. */
     LLVMValueRef first = NULL;
     if (has_bias) {
-        LLVMValueRef bc_b = LLVMBuildICmp(b, LLVMIntEQ, prm(&e, "bias_batch"), i32c(&e, 1), "");
-        LLVMValueRef bc_h = LLVMBuildICmp(b, LLVMIntEQ, prm(&e, "bias_heads"), i32c(&e, 1), "");
+        LLVMValueRef bc_b =
+            LLVMBuildICmp(b, LLVMIntEQ, aj_param(kb, AJ_PID(bias_batch)), i32c(&e, 1), "");
+        LLVMValueRef bc_h =
+            LLVMBuildICmp(b, LLVMIntEQ, aj_param(kb, AJ_PID(bias_heads)), i32c(&e, 1), "");
         LLVMValueRef zero = i32c(&e, 0), one = i32c(&e, 1);
         LLVMValueRef own_b = LLVMBuildOr(b, LLVMBuildNot(b, bc_b, ""),
                                          LLVMBuildICmp(b, LLVMIntEQ, bidx, zero, ""), "");
         LLVMValueRef own_h = LLVMBuildOr(b, LLVMBuildNot(b, bc_h, ""),
                                          LLVMBuildICmp(b, LLVMIntEQ, h, zero, ""), "");
-        LLVMValueRef nb = LLVMBuildSelect(b, bc_b, prm(&e, "batch"), one, "");
-        LLVMValueRef nh = LLVMBuildSelect(b, bc_h, prm(&e, "heads_q"), one, "");
+        LLVMValueRef nb = LLVMBuildSelect(b, bc_b, aj_param(kb, AJ_PID(batch)), one, "");
+        LLVMValueRef nh = LLVMBuildSelect(b, bc_h, aj_param(kb, AJ_PID(heads_q)), one, "");
         LLVMValueRef pairs = LLVMBuildSelect(b, LLVMBuildAnd(b, own_b, own_h, ""),
                                              LLVMBuildMul(b, nb, nh, ""), zero, "pairs");
         LLVMValueRef x = aj_kb_for_begin(kb, zero, pairs, one, "pair");
@@ -825,22 +830,22 @@ static void build_dq(aj_kb *kb, const aj_op *op, const ebwd_plan *plan,
     }
     LLVMValueRef hkv = LLVMBuildSDiv(b, h, group_size, "hkv");
     set_head(&e, bidx, h);
-    LLVMValueRef k_base = aj_attn_slice_base(e.kb, "k", bidx, hkv);
-    LLVMValueRef v_base = aj_attn_slice_base(e.kb, "v", bidx, hkv);
+    LLVMValueRef k_base = aj_attn_slice_base(e.kb, AJ_PSRC_k, bidx, hkv);
+    LLVMValueRef v_base = aj_attn_slice_base(e.kb, AJ_PSRC_v, bidx, hkv);
 
-    aj_tile_src qsrc = {prm(&e, "q"), aj_attn_slice_base(e.kb, "q", bidx, h),
-                        stride_s(&e, "q"), m0, e.seq_q, p->dtype};
+    aj_tile_src qsrc = {aj_param(kb, AJ_PID(q)), aj_attn_slice_base(e.kb, AJ_PSRC_q, bidx, h),
+                        stride_s(&e, AJ_PSRC_q), m0, e.seq_q, p->dtype};
     aj_tile_load_f32(kb, &qsrc, p->bm, p->d, smem_q, ldq, e.tid, p->threads);
-    aj_tile_src dosrc = {prm(&e, "do"), aj_attn_slice_base(e.kb, "do", bidx, h),
-                         stride_s(&e, "do"), m0, e.seq_q, p->dtype};
+    aj_tile_src dosrc = {aj_param(kb, AJ_PID(do)), aj_attn_slice_base(e.kb, AJ_PSRC_do, bidx, h),
+                         stride_s(&e, AJ_PSRC_do), m0, e.seq_q, p->dtype};
     aj_tile_load_f32(kb, &dosrc, p->bm, p->dv, smem_do, ldo, e.tid, p->threads);
 
     /* per row: LSE (log2), Delta, the visible key range and (bias) the
      * element offset of the row's dbias */
-    LLVMValueRef o_base = aj_attn_slice_base(e.kb, "o", bidx, h);
-    LLVMValueRef do_base = aj_attn_slice_base(e.kb, "do", bidx, h);
-    LLVMValueRef lse_base = aj_attn_slice_base(e.kb, "lse", bidx, h);
-    LLVMValueRef dbias_base = has_bias ? aj_attn_slice_base(e.kb, "dbias", bidx, h) : NULL;
+    LLVMValueRef o_base = aj_attn_slice_base(e.kb, AJ_PSRC_o, bidx, h);
+    LLVMValueRef do_base = aj_attn_slice_base(e.kb, AJ_PSRC_do, bidx, h);
+    LLVMValueRef lse_base = aj_attn_slice_base(e.kb, AJ_PSRC_lse, bidx, h);
+    LLVMValueRef dbias_base = has_bias ? aj_attn_slice_base(e.kb, AJ_PSRC_dbias, bidx, h) : NULL;
     LLVMValueRef last = LLVMBuildSub(b, e.seq_q, i32c(&e, 1), "");
     LLVMValueRef lse2[MAX_ROWS], delta[MAX_ROWS], gi[MAX_ROWS];
     LLVMValueRef dbias_row[MAX_ROWS];
@@ -850,7 +855,7 @@ static void build_dq(aj_kb *kb, const aj_op *op, const ebwd_plan *plan,
                        &delta[k]);
         if (has_bias)
             dbias_row[k] = LLVMBuildAdd(b, dbias_base, LLVMBuildMul(b, sext64(&e, gi[k]),
-                                        prm(&e, "stride_dbias_s"), ""), "");
+                                        aj_param(kb, AJ_PID(stride_dbias_s)), ""), "");
     }
 
     /* key blocks holding a key visible to some row of the CTA; with bias
@@ -884,9 +889,11 @@ static void build_dq(aj_kb *kb, const aj_op *op, const ebwd_plan *plan,
         if (skips)
             aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntNE, cls, i32c(&e, AJ_TILE_SKIP), ""));
         aj_kb_barrier(kb);   /* the previous block's readers of K, V, dS are done */
-        aj_tile_src ksrc = {prm(&e, "k"), k_base, stride_s(&e, "k"), n0, e.seq_k, p->dtype};
+        aj_tile_src ksrc = {
+            aj_param(kb, AJ_PID(k)), k_base, stride_s(&e, AJ_PSRC_k), n0, e.seq_k, p->dtype};
         aj_tile_load_f32(kb, &ksrc, p->bn, p->d, smem_k, ldk, e.tid, p->threads);
-        aj_tile_src vsrc = {prm(&e, "v"), v_base, stride_s(&e, "v"), n0, e.seq_k, p->dtype};
+        aj_tile_src vsrc = {
+            aj_param(kb, AJ_PID(v)), v_base, stride_s(&e, AJ_PSRC_v), n0, e.seq_k, p->dtype};
         aj_tile_load_f32(kb, &vsrc, p->bn, p->dv, smem_v, ldv, e.tid, p->threads);
         aj_kb_barrier(kb);
         emit_dots(&e, s_acc, rm, rows, smem_q, ldq, cn, kcols, smem_k, ldk, p->d);
@@ -901,9 +908,9 @@ static void build_dq(aj_kb *kb, const aj_op *op, const ebwd_plan *plan,
     }
     aj_kb_for_end(kb);
 
-    LLVMValueRef dq_base = aj_attn_slice_base(e.kb, "dq", bidx, h);
+    LLVMValueRef dq_base = aj_attn_slice_base(e.kb, AJ_PSRC_dq, bidx, h);
     for (int k = 0; k < rm; k++)
-        emit_store_row(&e, "dq", dq_base, gi[k], e.seq_q, dq[k], p->d, aj_op_scale(op));
+        emit_store_row(&e, AJ_PSRC_dq, dq_base, gi[k], e.seq_q, dq[k], p->d, aj_op_scale(op));
     if (has_bias)
         aj_kb_for_end(kb);   /* the pair loop */
     const aj_kernel_layout layout = {

@@ -242,14 +242,9 @@ typedef struct efwd {
 
 /* The output tensor: o (the op's dtype), or o_acc (f32, read and written)
  * for accumulate kernels. */
-static const char *out_name(const aj_op *op)
+static aj_param_source out_tensor(const aj_op *op)
 {
-    return op->accumulate ? "o_acc" : "o";
-}
-
-static LLVMValueRef p64(efwd *e, const char *name)
-{
-    return aj_kb_param(e->kb, name);
+    return op->accumulate ? AJ_PSRC_o_acc : AJ_PSRC_o;
 }
 
 static LLVMValueRef sext64(efwd *e, LLVMValueRef v)
@@ -361,8 +356,9 @@ static LLVMValueRef emit_score(efwd *e, aj_score *sc, LLVMValueRef acc, LLVMValu
             LLVMValueRef at = LLVMBuildAdd(b, e->bias_row, sext64(e, jc), "");
             LLVMTypeRef st = aj_kb_storage_type(kb, op->dtype);
             at = LLVMBuildMul(b, at, aj_kb_i64(kb, aj_dtype_size(op->dtype)), "");
-            LLVMValueRef raw = aj_kb_load(kb, st, aj_kb_gptr_offset(kb, p64(e, "bias"), at),
-                                          (unsigned)aj_dtype_size(op->dtype));
+            LLVMValueRef raw =
+                aj_kb_load(kb, st, aj_kb_gptr_offset(kb, aj_param(kb, AJ_PID(bias)), at),
+                           (unsigned)aj_dtype_size(op->dtype));
             s = LLVMBuildFAdd(b, s, aj_kb_to_f32(kb, raw, op->dtype), "");
         }
         s = aj_score_mod_value(sc, s, i, j);
@@ -386,7 +382,7 @@ static void emit_softmax(efwd *e, LLVMValueRef n0, int full)
             /* rows past Sq read the last row (in bounds; never stored) */
             LLVMValueRef ic = aj_kb_smin(kb, i, LLVMBuildSub(b, e->seq_q, aj_kb_i32(kb, 1), ""));
             e->bias_row = LLVMBuildAdd(b, e->bias_base, LLVMBuildMul(b, sext64(e, ic),
-                                       p64(e, "stride_bias_s"), ""), "");
+                                       aj_param(kb, AJ_PID(stride_bias_s)), ""), "");
         }
         LLVMValueRef s[MAX_CN];
         LLVMValueRef mx = aj_kb_f32(kb, -INFINITY);
@@ -409,7 +405,8 @@ static void emit_softmax(efwd *e, LLVMValueRef n0, int full)
             LLVMValueRef pr = aj_kb_exp2(kb, LLVMBuildFSub(b, s[t], m_use, ""));
             sum = LLVMBuildFAdd(b, sum, pr, "");
             if (e->op->dropout > 0) {
-                LLVMValueRef keep = aj_attn_dropout_keep(kb, &e->drop, e->op->dropout, i, LLVMBuildAdd(b, n0, key_of(e, t), ""));
+                LLVMValueRef keep = aj_attn_dropout_keep(kb, &e->drop, e->op->dropout, i,
+                                                         LLVMBuildAdd(b, n0, key_of(e, t), ""));
                 pr = LLVMBuildSelect(b, keep, LLVMBuildFMul(b, pr,
                                      aj_kb_f32(kb, 1.0 / (1.0 - e->op->dropout)), ""),
                                      aj_kb_f32(kb, 0), "");
@@ -516,7 +513,7 @@ static void emit_merge_weights(efwd *e, LLVMValueRef lse_prior, LLVMValueRef l2_
  * O at element o_base + h o_head + i o_stride of tensor parameter `o` (of
  * `dtype`), its LSE at lse_base + h lse_head + i of `lse`. */
 typedef struct efwd_out {
-    const char *o, *lse;
+    aj_param_source o, lse;
     aj_dtype dtype;
     LLVMValueRef o_base, o_stride, lse_base;   /* i64 */
     LLVMValueRef o_head, lse_head;             /* i64; NULL: one head */
@@ -530,7 +527,7 @@ static void emit_epilogue(efwd *e, const efwd_out *dst)
     LLVMBuilderRef b = e->b;
     const efwd_plan *p = &e->p;
     int accumulate = e->op->accumulate;
-    const char *out = dst->o;
+    const aj_param_source out = dst->o;
     aj_dtype out_dtype = dst->dtype;
     LLVMValueRef o_base = dst->o_base, lse_base = dst->lse_base;
     LLVMValueRef lane_col = sext64(e, LLVMBuildShl(b, e->lane, aj_kb_i32(kb, 2), ""));
@@ -556,8 +553,8 @@ static void emit_epilogue(efwd *e, const efwd_out *dst)
             lse_row = LLVMBuildAdd(b, lse_row, LLVMBuildMul(b, hr, dst->lse_head, ""), "");
             orow = LLVMBuildAdd(b, orow, LLVMBuildMul(b, hr, dst->o_head, ""), "");
         }
-        LLVMValueRef lse_ptr = aj_kb_gptr_offset(kb, p64(e, dst->lse), LLVMBuildMul(b, lse_row,
-                                   aj_kb_i64(kb, 4), ""));
+        LLVMValueRef lse_ptr = aj_kb_gptr_offset(kb, aj_param_data(kb, dst->lse),
+                                                 LLVMBuildMul(b, lse_row, aj_kb_i64(kb, 4), ""));
         /* an f8 cache's V scale applies to O once, not to each V */
         LLVMValueRef w_prior = NULL;
         LLVMValueRef scale_new = e->v_scale ? LLVMBuildFMul(b, inv, e->v_scale, "") : inv;
@@ -575,8 +572,8 @@ static void emit_epilogue(efwd *e, const efwd_out *dst)
             if (partial)
                 aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntSLT, col, aj_kb_i64(kb, p->dv), ""));
             LLVMValueRef at = LLVMBuildAdd(b, orow, col, "");
-            LLVMValueRef prior = accumulate ? aj_global_load4(kb, p64(e, out), at, AJ_DTYPE_F32)
-                                            : NULL;
+            LLVMValueRef prior =
+                accumulate ? aj_global_load4(kb, aj_param_data(kb, out), at, AJ_DTYPE_F32) : NULL;
             LLVMValueRef vals[4];
             for (int x = 0; x < 4; x++) {
                 vals[x] = LLVMBuildFMul(b, aj_kb_get(kb, e->o[k][4 * u + x]), scale_new, "");
@@ -589,7 +586,7 @@ static void emit_epilogue(efwd *e, const efwd_out *dst)
                     vals[x] = LLVMBuildFAdd(b, vals[x], op, "");
                 }
             }
-            aj_global_store4(kb, p64(e, out), at, vals, out_dtype);
+            aj_global_store4(kb, aj_param_data(kb, out), at, vals, out_dtype);
             if (partial)
                 aj_kb_if_end(kb);
         }
@@ -828,42 +825,49 @@ static void build_padded(efwd *e)
     LLVMValueRef h = aj_kb_block_id(kb, 1);
     LLVMValueRef bidx = aj_kb_block_id(kb, 2);
     e->m0 = LLVMBuildMul(b, mblk, aj_kb_i32(kb, p->bm), "m0");
-    e->seq_q = p64(e, "seq_q");
-    e->seq_k = p64(e, "seq_k");
+    e->seq_q = aj_param(kb, AJ_PID(seq_q));
+    e->seq_k = aj_param(kb, AJ_PID(seq_k));
     rows_padded(e);
-    LLVMValueRef group_size = LLVMBuildSDiv(b, p64(e, "heads_q"), p64(e, "heads_kv"), "");
+    LLVMValueRef group_size =
+        LLVMBuildSDiv(b, aj_param(kb, AJ_PID(heads_q)), aj_param(kb, AJ_PID(heads_kv)), "");
     LLVMValueRef hkv = LLVMBuildSDiv(b, h, group_size, "hkv");
-    aj_score_begin(&e->sc, kb, e->prog, 0, bidx, h, p64(e, "q_offset"), p64(e, "kv_offset"),
-                   e->prog->reads_totals ? p64(e, "seq_q_total") : NULL,
-                   e->prog->reads_totals ? p64(e, "seq_k_total") : NULL);
+    aj_score_begin(&e->sc, kb, e->prog, 0, bidx, h, aj_param(kb, AJ_PID(q_offset)),
+                   aj_param(kb, AJ_PID(kv_offset)),
+                   e->prog->reads_totals ? aj_param(kb, AJ_PID(seq_q_total)) : NULL,
+                   e->prog->reads_totals ? aj_param(kb, AJ_PID(seq_k_total)) : NULL);
 
     if (op->bias == AJ_BIAS_ADD)
-        e->bias_base = aj_attn_slice_base(kb, "bias", bidx, h);
+        e->bias_base = aj_attn_slice_base(kb, AJ_PSRC_bias, bidx, h);
     if (op->dropout > 0) {
         /* Philox key (lo32(seed), hi32(seed) ^ hi32(offset)) and counter
          * (lo32(kv_offset) + j, lo32(q_offset) + i, lo32(b Hq + h),
          * lo32(offset)): i32 adds wrap as lo32 of the i64 positions do */
-        e->drop = aj_attn_dropout_stream(kb, p64(e, "dropout_seed"), p64(e, "dropout_offset"),
-                                         p64(e, "q_offset"), p64(e, "kv_offset"), bidx, h);
+        e->drop = aj_attn_dropout_stream(
+            kb, aj_param(kb, AJ_PID(dropout_seed)), aj_param(kb, AJ_PID(dropout_offset)),
+            aj_param(kb, AJ_PID(q_offset)), aj_param(kb, AJ_PID(kv_offset)), bidx, h);
     }
-    LLVMValueRef q_base = aj_attn_slice_base(kb, "q", bidx, h);
-    aj_tile_src qsrc = {p64(e, "q"), q_base, p64(e, "stride_q_s"), e->m0, e->seq_q, p->dtype};
+    LLVMValueRef q_base = aj_attn_slice_base(kb, AJ_PSRC_q, bidx, h);
+    aj_tile_src qsrc = {aj_param(kb, AJ_PID(q)),
+                        q_base,
+                        aj_param(kb, AJ_PID(stride_q_s)),
+                        e->m0,
+                        e->seq_q,
+                        p->dtype};
     aj_tile_load_f32(kb, &qsrc, p->bm, p->d, p->smem_q, p->ldq, e->tid, p->threads);
 
     efwd_kv kv = {
-        .k = {p64(e, "k"), aj_attn_slice_base(kb, "k", bidx, hkv), p64(e, "stride_k_s"), NULL,
-              e->seq_k, p->dtype},
-        .v = {p64(e, "v"), aj_attn_slice_base(kb, "v", bidx, hkv), p64(e, "stride_v_s"), NULL,
-              e->seq_k, p->dtype},
+        .k = {aj_param(kb, AJ_PID(k)), aj_attn_slice_base(kb, AJ_PSRC_k, bidx, hkv),
+              aj_param(kb, AJ_PID(stride_k_s)), NULL, e->seq_k, p->dtype},
+        .v = {aj_param(kb, AJ_PID(v)), aj_attn_slice_base(kb, AJ_PSRC_v, bidx, hkv),
+              aj_param(kb, AJ_PID(stride_v_s)), NULL, e->seq_k, p->dtype},
     };
     LLVMValueRef n_begin, n_end;
     key_block_range(e, &n_begin, &n_end);
     emit_key_blocks(e, &kv, n_begin, n_end);
-    char stride_s[32];
-    snprintf(stride_s, sizeof stride_s, "stride_%s_s", out_name(op));
-    const efwd_out out = {out_name(op), "lse", op->accumulate ? AJ_DTYPE_F32 : p->dtype,
-                          aj_attn_slice_base(kb, out_name(op), bidx, h), p64(e, stride_s),
-                          aj_attn_slice_base(kb, "lse", bidx, h), NULL, NULL};
+    const efwd_out out = {out_tensor(op), AJ_PSRC_lse, op->accumulate ? AJ_DTYPE_F32 : p->dtype,
+                          aj_attn_slice_base(kb, out_tensor(op), bidx, h),
+                          aj_param_stride(kb, out_tensor(op), 2),
+                          aj_attn_slice_base(kb, AJ_PSRC_lse, bidx, h), NULL, NULL};
     emit_epilogue(e, &out);
     const aj_kernel_layout layout = {
         .grid = {{AJ_EXTENT_SEQ_Q, p->bm}, {AJ_EXTENT_HEADS_Q, 1}, {AJ_EXTENT_BATCH, 1}},
@@ -952,17 +956,18 @@ static void build_paged_parts(efwd *e)
     LLVMValueRef part = aj_kb_block_id(kb, 0);
     LLVMValueRef h = aj_kb_block_id(kb, 1);
     LLVMValueRef bidx = aj_kb_block_id(kb, 2);
-    e->seq_q = p64(e, "seq_q");
+    e->seq_q = aj_param(kb, AJ_PID(seq_q));
     e->seq_k = aj_attn_paged_len(kb, bidx);
     LLVMValueRef start_q = aj_kb_i64(kb, 0);
     if (varlen_q)
         aj_attn_paged_queries(kb, bidx, e->seq_k, e->seq_q, &start_q, &e->seq_q);
     if (p->kv_dtype >= AJ_DTYPE_F8E4M3) {
-        e->k_scale = aj_kb_load(kb, kb->t_f32, p64(e, "k_scale"), 4);
-        e->v_scale = aj_kb_load(kb, kb->t_f32, p64(e, "v_scale"), 4);
+        e->k_scale = aj_kb_load(kb, kb->t_f32, aj_param(kb, AJ_PID(k_scale)), 4);
+        e->v_scale = aj_kb_load(kb, kb->t_f32, aj_param(kb, AJ_PID(v_scale)), 4);
     }
     LLVMValueRef one = aj_kb_i32(kb, 1);
-    LLVMValueRef group = LLVMBuildSDiv(b, p64(e, "heads_q"), p64(e, "heads_kv"), "");
+    LLVMValueRef group =
+        LLVMBuildSDiv(b, aj_param(kb, AJ_PID(heads_q)), aj_param(kb, AJ_PID(heads_kv)), "");
     LLVMValueRef hkv = sext64(e, LLVMBuildSDiv(b, h, group, "hkv"));
     /* GQA packing: heads h0 .. h0 + heads - 1 */
     LLVMValueRef h0 = h, heads = one, pack = NULL;
@@ -983,7 +988,7 @@ static void build_paged_parts(efwd *e)
     LLVMValueRef q_origin = LLVMBuildSub(b, len64, sext64(e, e->seq_q), "");
     LLVMValueRef total = e->prog->reads_totals ? len64 : NULL;
     aj_score_begin(&e->sc, kb, e->prog, 0, bidx, h0, q_origin, aj_kb_i64(kb, 0), total, total);
-    LLVMValueRef splits = p64(e, "splits"), bn = aj_kb_i32(kb, p->bn);
+    LLVMValueRef splits = aj_param(kb, AJ_PID(splits)), bn = aj_kb_i32(kb, p->bn);
     LLVMValueRef blocks = LLVMBuildSDiv(b, LLVMBuildAdd(b, e->seq_k, aj_kb_i32(kb, p->bn - 1),
                                         ""), bn, "");
     LLVMValueRef per = LLVMBuildSDiv(b, LLVMBuildAdd(b, blocks, LLVMBuildSub(b, splits, one, ""),
@@ -992,13 +997,15 @@ static void build_paged_parts(efwd *e)
     LLVMValueRef last = aj_kb_smin(kb, LLVMBuildAdd(b, first, per, ""), blocks);
 
     efwd_kv kv = {
-        .k = {p64(e, "k_cache"), LLVMBuildMul(b, hkv, p64(e, "stride_k_cache_h"), ""),
-              p64(e, "stride_k_cache_s"), NULL, NULL, p->kv_dtype},
-        .v = {p64(e, "v_cache"), LLVMBuildMul(b, hkv, p64(e, "stride_v_cache_h"), ""),
-              p64(e, "stride_v_cache_s"), NULL, NULL, p->kv_dtype},
+        .k = {aj_param(kb, AJ_PID(k_cache)),
+              LLVMBuildMul(b, hkv, aj_param(kb, AJ_PID(stride_k_cache_h)), ""),
+              aj_param(kb, AJ_PID(stride_k_cache_s)), NULL, NULL, p->kv_dtype},
+        .v = {aj_param(kb, AJ_PID(v_cache)),
+              LLVMBuildMul(b, hkv, aj_param(kb, AJ_PID(stride_v_cache_h)), ""),
+              aj_param(kb, AJ_PID(stride_v_cache_s)), NULL, NULL, p->kv_dtype},
         .bidx = bidx,
-        .k_stride_page = p64(e, "stride_k_cache_page"),
-        .v_stride_page = p64(e, "stride_v_cache_page"),
+        .k_stride_page = aj_param(kb, AJ_PID(stride_k_cache_page)),
+        .v_stride_page = aj_param(kb, AJ_PID(stride_v_cache_page)),
     };
     /* the sequence's first row of head h0 in o, lse and the workspace; a
      * head further on: the heads' strides */
@@ -1007,18 +1014,24 @@ static void build_paged_parts(efwd *e)
                                                                   varlen_q, &lse_at),
                                      start_q, "");
     LLVMValueRef ws_head = LLVMBuildMul(b, sext64(e, splits),
-                                        sext64(e, p64(e, varlen_q ? "tokens_q" : "seq_q")), "");
+                                        sext64(e, aj_param(kb, varlen_q ? AJ_PID(tokens_q)
+                                                                     : AJ_PID(seq_q))), "");
     const efwd_out outs[2] = {
-        {"o", "lse", p->dtype, aj_cpu_seq_base(kb, "o", bidx, h0, start_q), p64(e, "stride_o_s"),
-         LLVMBuildAdd(b, aj_attn_slice_base(kb, "lse", bidx, h0), start_q, ""),
-         p64(e, "stride_o_h"), p64(e, "stride_lse_h")},
-        {"workspace", "workspace", AJ_DTYPE_F32,
+        {AJ_PSRC_o, AJ_PSRC_lse, p->dtype, aj_cpu_seq_base(kb, AJ_PSRC_o, bidx, h0, start_q),
+         aj_param(kb, AJ_PID(stride_o_s)),
+         LLVMBuildAdd(b, aj_attn_slice_base(kb, AJ_PSRC_lse, bidx, h0), start_q, ""),
+         aj_param(kb, AJ_PID(stride_o_h)), aj_param(kb, AJ_PID(stride_lse_h))},
+        {AJ_PSRC_workspace, AJ_PSRC_workspace, AJ_DTYPE_F32,
          LLVMBuildMul(b, row0, aj_kb_i64(kb, p->dv), ""), aj_kb_i64(kb, p->dv),
          LLVMBuildAdd(b, lse_at, row0, ""), LLVMBuildMul(b, ws_head, aj_kb_i64(kb, p->dv), ""),
          ws_head},
     };
-    aj_tile_src qsrc = {p64(e, "q"), aj_cpu_seq_base(kb, "q", bidx, h0, start_q), p64(e, "stride_q_s"),
-                        NULL, NULL, p->dtype};
+    aj_tile_src qsrc = {aj_param(kb, AJ_PID(q)),
+                        aj_cpu_seq_base(kb, AJ_PSRC_q, bidx, h0, start_q),
+                        aj_param(kb, AJ_PID(stride_q_s)),
+                        NULL,
+                        NULL,
+                        p->dtype};
     LLVMValueRef mb = aj_kb_for_begin(kb, aj_kb_i32(kb, 0), e->rows, aj_kb_i32(kb, p->bm), "mb");
     {
         e->m0 = mb;
@@ -1030,8 +1043,8 @@ static void build_paged_parts(efwd *e)
         aj_kb_barrier(kb);
         aj_tile_stacked_rows(kb, qrows, p->bm, mb, e->rows, e->seq_q, e->tid, p->threads);
         aj_kb_barrier(kb);
-        aj_tile_load_paged_f32(kb, &qsrc, qrows, p64(e, "stride_q_h"), p->bm, p->d, p->smem_q,
-                               p->ldq, e->tid, p->threads);
+        aj_tile_load_paged_f32(kb, &qsrc, qrows, aj_param(kb, AJ_PID(stride_q_h)), p->bm, p->d,
+                               p->smem_q, p->ldq, e->tid, p->threads);
         LLVMValueRef n_begin, n_end;
         key_block_range(e, &n_begin, &n_end);
         emit_key_blocks(e, &kv, aj_kb_smax(kb, n_begin, first), aj_kb_smin(kb, n_end, last));
@@ -1080,18 +1093,20 @@ static void build_paged_merge(efwd *e)
     /* sq: the rows between parts; len_q, start_q: the sequence's (varlen
      * queries: its chunk of the T packed rows) */
     const int varlen_q = e->op->q_layout == AJ_LAYOUT_VARLEN;
-    LLVMValueRef sq = p64(e, varlen_q ? "tokens_q" : "seq_q"), splits = p64(e, "splits");
+    LLVMValueRef sq = aj_param(kb, varlen_q ? AJ_PID(tokens_q) : AJ_PID(seq_q));
+    LLVMValueRef splits = aj_param(kb, AJ_PID(splits));
     LLVMValueRef len_q = sq, start_q = aj_kb_i64(kb, 0);
     if (varlen_q)
-        aj_attn_paged_queries(kb, bidx, aj_attn_paged_len(kb, bidx), p64(e, "seq_q"), &start_q,
-                              &len_q);
-    LLVMValueRef ws = p64(e, "workspace");
+        aj_attn_paged_queries(kb, bidx, aj_attn_paged_len(kb, bidx), aj_param(kb, AJ_PID(seq_q)),
+                              &start_q, &len_q);
+    LLVMValueRef ws = aj_param(kb, AJ_PID(workspace));
     LLVMValueRef lse_at;
     LLVMValueRef row0 = LLVMBuildAdd(b, aj_attn_paged_part_row_of(kb, bidx, h, aj_kb_i32(kb, 0),
                                                                   p->dv, varlen_q, &lse_at),
                                      start_q, "");
-    LLVMValueRef o_base = aj_cpu_seq_base(kb, "o", bidx, h, start_q);
-    LLVMValueRef lse_base = LLVMBuildAdd(b, aj_attn_slice_base(kb, "lse", bidx, h), start_q, "");
+    LLVMValueRef o_base = aj_cpu_seq_base(kb, AJ_PSRC_o, bidx, h, start_q);
+    LLVMValueRef lse_base =
+        LLVMBuildAdd(b, aj_attn_slice_base(kb, AJ_PSRC_lse, bidx, h), start_q, "");
     LLVMValueRef ninf = aj_kb_f32(kb, -INFINITY), zero = aj_kb_f32(kb, 0);
     LLVMValueRef elems = LLVMBuildMul(b, len_q, aj_kb_i32(kb, p->dv), "");
     LLVMValueRef x = aj_kb_for_begin(kb, aj_kb_thread_id(kb), elems,
@@ -1132,18 +1147,22 @@ static void build_paged_merge(efwd *e)
         LLVMValueRef val = LLVMBuildSelect(b, none, zero, LLVMBuildFDiv(b, aj_kb_get(kb, acc),
                                            total, ""), "");
         LLVMValueRef oat = LLVMBuildAdd(b, LLVMBuildAdd(b, o_base, LLVMBuildMul(b, sext64(e, i),
-                                        p64(e, "stride_o_s"), ""), ""),
+                                        aj_param(kb, AJ_PID(stride_o_s)), ""), ""),
                                         LLVMBuildZExt(b, c, kb->t_i64, ""), "");
         int size = aj_dtype_size(p->dtype);
-        aj_kb_store(kb, aj_kb_from_f32(kb, val, p->dtype), aj_kb_gptr_offset(kb, p64(e, "o"),
-                    LLVMBuildMul(b, oat, aj_kb_i64(kb, size), "")), (unsigned)size);
+        aj_kb_store(kb, aj_kb_from_f32(kb, val, p->dtype),
+                    aj_kb_gptr_offset(kb, aj_param(kb, AJ_PID(o)),
+                                      LLVMBuildMul(b, oat, aj_kb_i64(kb, size), "")),
+                    (unsigned)size);
         aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntEQ, c, aj_kb_i32(kb, 0), ""));
         LLVMValueRef l2_all = LLVMBuildFAdd(b, m_use, aj_kb_log2(kb, total), "");
         LLVMValueRef lse = LLVMBuildSelect(b, none, ninf, LLVMBuildFMul(b, l2_all,
                                            aj_kb_f32(kb, AJ_LN2), ""), "");
         LLVMValueRef lat = LLVMBuildAdd(b, lse_base, sext64(e, i), "");
-        aj_kb_store(kb, lse, aj_kb_gptr_offset(kb, p64(e, "lse"), LLVMBuildShl(b, lat,
-                    aj_kb_i64(kb, 2), "")), 4);
+        aj_kb_store(kb, lse,
+                    aj_kb_gptr_offset(kb, aj_param(kb, AJ_PID(lse)),
+                                      LLVMBuildShl(b, lat, aj_kb_i64(kb, 2), "")),
+                    4);
         aj_kb_if_end(kb);
     }
     aj_kb_for_end(kb);

@@ -377,11 +377,6 @@ typedef struct fbwd {
     aj_attn_dropout drop;
 } fbwd;
 
-static LLVMValueRef prm(fbwd *f, const char *name)
-{
-    return aj_kb_param(f->kb, name);
-}
-
 static LLVMValueRef i32c(fbwd *f, int64_t v)
 {
     return aj_kb_i32(f->kb, v);
@@ -407,11 +402,9 @@ static LLVMValueRef slt(fbwd *f, LLVMValueRef a, LLVMValueRef b)
     return LLVMBuildICmp(f->b, LLVMIntSLT, a, b, "");
 }
 
-static LLVMValueRef stride_s(fbwd *f, const char *t)
+static LLVMValueRef stride_s(fbwd *f, aj_param_source t)
 {
-    char name[32];
-    snprintf(name, sizeof name, "stride_%s_s", t);
-    return prm(f, name);
+    return aj_param_stride(f->kb, t, 2);
 }
 
 /* Thread layout and the batch (or sequence) of the CTA: lengths, packed
@@ -439,8 +432,8 @@ static void setup(fbwd *f, aj_kb *kb, const aj_op *op, const fbwd_plan *p,
         f->q_start = seq.start_q;
         f->k_start = seq.start_k;
     } else {
-        f->seq_q = prm(f, "seq_q");
-        f->seq_k = prm(f, "seq_k");
+        f->seq_q = aj_param(kb, AJ_PID(seq_q));
+        f->seq_k = aj_param(kb, AJ_PID(seq_k));
         f->q_start = f->k_start = aj_kb_i64(kb, 0);
     }
     aj_attn_score_totals(kb, prog, op->layout, f->seq_q, f->seq_k, &f->sq, &f->sk);
@@ -452,16 +445,17 @@ static void setup(fbwd *f, aj_kb *kb, const aj_op *op, const fbwd_plan *p,
 static void set_head(fbwd *f, LLVMValueRef h)
 {
     aj_kb *kb = f->kb;
-    aj_score_begin(&f->sc, kb, f->prog, 0, f->bidx, h, prm(f, "q_offset"), prm(f, "kv_offset"),
-                   f->sq, f->sk);
+    aj_score_begin(&f->sc, kb, f->prog, 0, f->bidx, h, aj_param(kb, AJ_PID(q_offset)),
+                   aj_param(kb, AJ_PID(kv_offset)), f->sq, f->sk);
     if (f->op->dropout > 0)
-        f->drop = aj_attn_dropout_stream(kb, prm(f, "dropout_seed"), prm(f, "dropout_offset"),
-                                         prm(f, "q_offset"), prm(f, "kv_offset"), f->bidx, h);
+        f->drop = aj_attn_dropout_stream(
+            kb, aj_param(kb, AJ_PID(dropout_seed)), aj_param(kb, AJ_PID(dropout_offset)),
+            aj_param(kb, AJ_PID(q_offset)), aj_param(kb, AJ_PID(kv_offset)), f->bidx, h);
 }
 
 /* Element offset (i64) of row 0 of slice (b, h) of tensor t; `start` is
  * the sequence's first packed row (0 for padded tensors). */
-static LLVMValueRef row0_base(fbwd *f, const char *t, LLVMValueRef h, LLVMValueRef start)
+static LLVMValueRef row0_base(fbwd *f, aj_param_source t, LLVMValueRef h, LLVMValueRef start)
 {
     return add(f, aj_attn_slice_base(f->kb, t, f->bidx, h), mul(f, start, stride_s(f, t)));
 }
@@ -469,14 +463,14 @@ static LLVMValueRef row0_base(fbwd *f, const char *t, LLVMValueRef h, LLVMValueR
 /* Workspace float index of Delta_0 of (b, h). */
 static LLVMValueRef ws_row0(fbwd *f, LLVMValueRef h)
 {
-    LLVMValueRef r = mul(f, sext64(f, f->bidx), prm(f, "stride_ws_b"));
-    r = add(f, r, mul(f, sext64(f, h), prm(f, "stride_ws_h")));
+    LLVMValueRef r = mul(f, sext64(f, f->bidx), aj_param(f->kb, AJ_PID(stride_ws_b)));
+    r = add(f, r, mul(f, sext64(f, h), aj_param(f->kb, AJ_PID(stride_ws_h))));
     return add(f, r, f->q_start);
 }
 
 static LLVMValueRef ws_ptr(fbwd *f, LLVMValueRef float_index)
 {
-    return aj_kb_gptr_offset(f->kb, prm(f, "workspace"),
+    return aj_kb_gptr_offset(f->kb, aj_param(f->kb, AJ_PID(workspace)),
                              mul(f, float_index, aj_kb_i64(f->kb, 4)));
 }
 
@@ -513,7 +507,7 @@ static smem_tile tile_copy(fbwd *f, smem_tile tile, int rows, LLVMValueRef which
  * bytes per copy; rows at or past `limit` are zero-filled (their source is
  * row 0, read for 0 bytes).  The caller commits and waits.
  */
-static void load_tile(fbwd *f, const char *t, LLVMValueRef base, LLVMValueRef row0,
+static void load_tile(fbwd *f, aj_param_source t, LLVMValueRef base, LLVMValueRef row0,
                       LLVMValueRef limit, int rows, int width, smem_tile tile)
 {
     aj_kb *kb = f->kb;
@@ -531,7 +525,8 @@ static void load_tile(fbwd *f, const char *t, LLVMValueRef base, LLVMValueRef ro
         LLVMValueRef srow = LLVMBuildSelect(b, valid, grow, i32c(f, 0), "");
         LLVMValueRef elem = add(f, add(f, base, mul(f, sext64(f, srow), stride_s(f, t))),
                                 sext64(f, col));
-        LLVMValueRef src = aj_kb_gptr_offset(kb, prm(f, t), mul(f, elem, aj_kb_i64(kb, 2)));
+        LLVMValueRef src =
+            aj_kb_gptr_offset(kb, aj_param_data(kb, t), mul(f, elem, aj_kb_i64(kb, 2)));
         LLVMValueRef bytes = LLVMBuildSelect(b, valid, i32c(f, 16), i32c(f, 0), "");
         aj_kb_cp_async_16(kb, tile_ptr(f, tile, row, col), src, bytes);
         if (guard)
@@ -628,7 +623,8 @@ static void warp_mma(fbwd *f, warp_acc *acc, int kdim, const operand *A, const o
     LLVMValueRef lr = LLVMBuildAnd(b, f->lane, i32c(f, 7), "");
     LLVMValueRef l8 = LLVMBuildAnd(b, LLVMBuildLShr(b, f->lane, i32c(f, 3), ""), i32c(f, 1), "");
     LLVMValueRef l16 = LLVMBuildLShr(b, f->lane, i32c(f, 4), "");
-    LLVMValueRef e8 = LLVMBuildShl(b, l8, i32c(f, 3), ""), e16 = LLVMBuildShl(b, l16, i32c(f, 3), "");
+    LLVMValueRef e8 = LLVMBuildShl(b, l8, i32c(f, 3), ""),
+                 e16 = LLVMBuildShl(b, l16, i32c(f, 3), "");
     LLVMValueRef ks = aj_kb_for_begin(kb, i32c(f, 0), i32c(f, aj_mma_k_width(kdim) / 16),
                                       i32c(f, 1), "ks");
     LLVMValueRef k0 = LLVMBuildShl(b, ks, i32c(f, 4), "k0");
@@ -699,7 +695,7 @@ static LLVMValueRef acc_tile_inside(fbwd *f, const warp_acc *acc, int c)
 /* Stores the accumulators (times `mult`) to rows of tensor t: product row
  * r is tensor row row0 + r of the slice at element `base`, skipped at or
  * past `limit`; columns are the head dim, exactly. */
-static void store_acc(fbwd *f, const warp_acc *acc, const char *t, LLVMValueRef base,
+static void store_acc(fbwd *f, const warp_acc *acc, aj_param_source t, LLVMValueRef base,
                       LLVMValueRef row0, LLVMValueRef limit, double mult)
 {
     aj_kb *kb = f->kb;
@@ -719,8 +715,9 @@ static void store_acc(fbwd *f, const warp_acc *acc, const char *t, LLVMValueRef 
                         v[x] = LLVMBuildFMul(f->b, v[x], aj_kb_f32(kb, mult), "");
                 }
                 LLVMValueRef elem = add(f, rbase, sext64(f, acc_col(f, acc, c, 0)));
-                aj_kb_store(kb, pack2(f, v[0], v[1]),
-                            aj_kb_gptr_offset(kb, prm(f, t), mul(f, elem, aj_kb_i64(kb, 2))), 4);
+                aj_kb_store(
+                    kb, pack2(f, v[0], v[1]),
+                    aj_kb_gptr_offset(kb, aj_param_data(kb, t), mul(f, elem, aj_kb_i64(kb, 2))), 4);
                 if (inside)
                     aj_kb_if_end(kb);
             }
@@ -745,10 +742,12 @@ static void load_stats(fbwd *f, LLVMValueRef h, LLVMValueRef m0, int rows, int32
         LLVMValueRef i = add(f, m0, r);
         LLVMValueRef valid = slt(f, i, f->seq_q);
         LLVMValueRef ic = sext64(f, aj_kb_smin(kb, i, LLVMBuildSub(b, f->seq_q, i32c(f, 1), "")));
-        LLVMValueRef lse_at = add(f, add(f, aj_attn_slice_base(kb, "lse", f->bidx, h),
+        LLVMValueRef lse_at = add(f, add(f, aj_attn_slice_base(kb, AJ_PSRC_lse, f->bidx, h),
                                          f->q_start), ic);
-        LLVMValueRef lse = aj_kb_load(kb, kb->t_f32, aj_kb_gptr_offset(kb, prm(f, "lse"),
-                                      mul(f, lse_at, aj_kb_i64(kb, 4))), 4);
+        LLVMValueRef lse = aj_kb_load(
+            kb, kb->t_f32,
+            aj_kb_gptr_offset(kb, aj_param(kb, AJ_PID(lse)), mul(f, lse_at, aj_kb_i64(kb, 4))),
+            4);
         LLVMValueRef delta = aj_kb_load(kb, kb->t_f32, ws_ptr(f, add(f, ws_row0(f, h), ic)), 4);
         LLVMValueRef lse2 = LLVMBuildFMul(b, lse, aj_kb_f32(kb, AJ_LOG2E), "");
         LLVMValueRef at = add(f, i32c(f, stats), LLVMBuildShl(b, r, i32c(f, 2), ""));
@@ -920,18 +919,18 @@ static void build_delta(aj_kb *kb, const aj_op *op, const fbwd_plan *plan,
     LLVMValueRef h = aj_kb_block_id(kb, 1);
     LLVMValueRef i = add(&f, mul(&f, aj_kb_block_id(kb, 0), i32c(&f, DELTA_ROWS)), f.tid);
     aj_kb_if_begin(kb, slt(&f, i, f.seq_q));
-    LLVMValueRef orow = add(&f, row0_base(&f, "o", h, f.q_start), mul(&f, sext64(&f, i),
-                                                                     stride_s(&f, "o")));
-    LLVMValueRef drow = add(&f, row0_base(&f, "do", h, f.q_start), mul(&f, sext64(&f, i),
-                                                                      stride_s(&f, "do")));
+    LLVMValueRef orow = add(&f, row0_base(&f, AJ_PSRC_o, h, f.q_start), mul(&f, sext64(&f, i),
+                                                                     stride_s(&f, AJ_PSRC_o)));
+    LLVMValueRef drow = add(&f, row0_base(&f, AJ_PSRC_do, h, f.q_start), mul(&f, sext64(&f, i),
+                                                                      stride_s(&f, AJ_PSRC_do)));
     LLVMValueRef sum = aj_kb_var(kb, kb->t_f32, aj_kb_f32(kb, 0), "sum");
     LLVMValueRef x = aj_kb_for_begin(kb, aj_kb_i64(kb, 0), aj_kb_i64(kb, plan->dv / 4),
                                      aj_kb_i64(kb, 1), "x");
     LLVMValueRef col = LLVMBuildShl(b, x, aj_kb_i64(kb, 2), "");
     LLVMTypeRef v4 = LLVMVectorType(aj_kb_storage_type(kb, plan->dtype), 4);
-    LLVMValueRef ov = aj_kb_load(kb, v4, aj_kb_gptr_offset(kb, prm(&f, "o"),
+    LLVMValueRef ov = aj_kb_load(kb, v4, aj_kb_gptr_offset(kb, aj_param(kb, AJ_PID(o)),
                                  mul(&f, add(&f, orow, col), aj_kb_i64(kb, 2))), 8);
-    LLVMValueRef dv = aj_kb_load(kb, v4, aj_kb_gptr_offset(kb, prm(&f, "do"),
+    LLVMValueRef dv = aj_kb_load(kb, v4, aj_kb_gptr_offset(kb, aj_param(kb, AJ_PID(do)),
                                  mul(&f, add(&f, drow, col), aj_kb_i64(kb, 2))), 8);
     LLVMValueRef s = aj_kb_get(kb, sum);
     for (int e = 0; e < 4; e++)
@@ -944,7 +943,8 @@ static void build_delta(aj_kb *kb, const aj_op *op, const fbwd_plan *plan,
     LLVMValueRef r = add(&f, ws_row0(&f, h), sext64(&f, i));
     aj_kb_store(kb, aj_kb_get(kb, sum), ws_ptr(&f, r), 4);
     if (!plan->deterministic) {
-        LLVMValueRef base = add(&f, prm(&f, "ws_dq_offset"), mul(&f, r, aj_kb_i64(kb, plan->d)));
+        LLVMValueRef base =
+            add(&f, aj_param(kb, AJ_PID(ws_dq_offset)), mul(&f, r, aj_kb_i64(kb, plan->d)));
         LLVMTypeRef f4 = LLVMVectorType(kb->t_f32, 4);
         for (int c = 0; c < plan->d; c += 4)
             aj_kb_store(kb, LLVMConstNull(f4), ws_ptr(&f, add(&f, base, aj_kb_i64(kb, c))), 16);
@@ -988,13 +988,14 @@ static void build_dkdv(aj_kb *kb, const aj_op *op, const fbwd_plan *plan,
 
     LLVMValueRef n0 = mul(&f, aj_kb_block_id(kb, 0), i32c(&f, p->bn));
     LLVMValueRef hkv = aj_kb_block_id(kb, 1);
-    LLVMValueRef group = LLVMBuildSDiv(b, prm(&f, "heads_q"), prm(&f, "heads_kv"), "group");
+    LLVMValueRef group = LLVMBuildSDiv(b, aj_param(kb, AJ_PID(heads_q)),
+                                       aj_param(kb, AJ_PID(heads_kv)), "group");
     /* varlen: the grid covers the longest sequence */
     aj_kb_if_begin(kb, slt(&f, n0, f.seq_k));
-    LLVMValueRef k_base = row0_base(&f, "k", hkv, f.k_start);
-    LLVMValueRef v_base = row0_base(&f, "v", hkv, f.k_start);
-    load_tile(&f, "k", k_base, n0, f.seq_k, p->bn, p->d, kt);
-    load_tile(&f, "v", v_base, n0, f.seq_k, p->bn, p->dv, vt);
+    LLVMValueRef k_base = row0_base(&f, AJ_PSRC_k, hkv, f.k_start);
+    LLVMValueRef v_base = row0_base(&f, AJ_PSRC_v, hkv, f.k_start);
+    load_tile(&f, AJ_PSRC_k, k_base, n0, f.seq_k, p->bn, p->d, kt);
+    load_tile(&f, AJ_PSRC_v, v_base, n0, f.seq_k, p->bn, p->dv, vt);
     aj_kb_cp_async_commit(kb);
 
     /* query rows the band shows a key of this block (for every head) */
@@ -1009,11 +1010,11 @@ static void build_dkdv(aj_kb *kb, const aj_op *op, const fbwd_plan *plan,
     LLVMValueRef hq = aj_kb_for_begin(kb, i32c(&f, 0), group, i32c(&f, 1), "hq");
     LLVMValueRef h = add(&f, mul(&f, hkv, group), hq);
     set_head(&f, h);
-    LLVMValueRef q_base = row0_base(&f, "q", h, f.q_start);
-    LLVMValueRef do_base = row0_base(&f, "do", h, f.q_start);
+    LLVMValueRef q_base = row0_base(&f, AJ_PSRC_q, h, f.q_start);
+    LLVMValueRef do_base = row0_base(&f, AJ_PSRC_do, h, f.q_start);
     LLVMValueRef dq_row0 = NULL;
     if (!p->deterministic)
-        dq_row0 = add(&f, prm(&f, "ws_dq_offset"), mul(&f, ws_row0(&f, h),
+        dq_row0 = add(&f, aj_param(kb, AJ_PID(ws_dq_offset)), mul(&f, ws_row0(&f, h),
                                                      aj_kb_i64(kb, p->d)));
     /* the row blocks of the range, or the block mask's list of the key
      * block (score.h) */
@@ -1025,8 +1026,8 @@ static void build_dkdv(aj_kb *kb, const aj_op *op, const fbwd_plan *plan,
     if (p->stages == 2) {   /* the first tile's copy; each step issues the next */
         LLVMValueRef m0 = mul(&f, issue_begin(&f, &walk, slt(&f, walk.begin, walk.end),
                                               walk.begin, cls, tile), i32c(&f, p->bm));
-        load_tile(&f, "q", q_base, m0, f.seq_q, p->bm, p->d, qt);
-        load_tile(&f, "do", do_base, m0, f.seq_q, p->bm, p->dv, dot);
+        load_tile(&f, AJ_PSRC_q, q_base, m0, f.seq_q, p->bm, p->d, qt);
+        load_tile(&f, AJ_PSRC_do, do_base, m0, f.seq_q, p->bm, p->dv, dot);
         issue_end(&f, cls);
         aj_kb_cp_async_commit(kb);
     }
@@ -1044,8 +1045,9 @@ static void build_dkdv(aj_kb *kb, const aj_op *op, const fbwd_plan *plan,
             LLVMValueRef an = add(&f, pos, i32c(&f, 1));
             LLVMValueRef mn0 = mul(&f, issue_begin(&f, &walk, slt(&f, an, walk.end), an, cls,
                                                    tile), i32c(&f, p->bm));
-            load_tile(&f, "q", q_base, mn0, f.seq_q, p->bm, p->d, tile_copy(&f, qt, p->bm, nxt));
-            load_tile(&f, "do", do_base, mn0, f.seq_q, p->bm, p->dv,
+            load_tile(&f, AJ_PSRC_q, q_base, mn0, f.seq_q, p->bm, p->d,
+                      tile_copy(&f, qt, p->bm, nxt));
+            load_tile(&f, AJ_PSRC_do, do_base, mn0, f.seq_q, p->bm, p->dv,
                       tile_copy(&f, dot, p->bm, nxt));
             issue_end(&f, cls);
             aj_kb_cp_async_commit(kb);
@@ -1053,8 +1055,8 @@ static void build_dkdv(aj_kb *kb, const aj_op *op, const fbwd_plan *plan,
         } else {
             LLVMValueRef m0 = mul(&f, issue_begin(&f, &walk, LLVMConstInt(kb->t_i1, 1, 0), pos,
                                                   cls, tile), i32c(&f, p->bm));
-            load_tile(&f, "q", q_base, m0, f.seq_q, p->bm, p->d, qt);
-            load_tile(&f, "do", do_base, m0, f.seq_q, p->bm, p->dv, dot);
+            load_tile(&f, AJ_PSRC_q, q_base, m0, f.seq_q, p->bm, p->d, qt);
+            load_tile(&f, AJ_PSRC_do, do_base, m0, f.seq_q, p->bm, p->dv, dot);
             issue_end(&f, cls);
             cls_m = cls ? aj_kb_get(kb, cls) : NULL;
             m = cls ? aj_kb_get(kb, tile) : pos;
@@ -1113,8 +1115,9 @@ static void build_dkdv(aj_kb *kb, const aj_op *op, const fbwd_plan *plan,
     aj_kb_for_end(kb);
     aj_kb_cp_async_wait_all(kb);
 
-    store_acc(&f, &dk, "dk", row0_base(&f, "dk", hkv, f.k_start), n0, f.seq_k, aj_op_scale(op));
-    store_acc(&f, &dv, "dv", row0_base(&f, "dv", hkv, f.k_start), n0, f.seq_k, 1.0);
+    store_acc(&f, &dk, AJ_PSRC_dk, row0_base(&f, AJ_PSRC_dk, hkv, f.k_start), n0, f.seq_k,
+              aj_op_scale(op));
+    store_acc(&f, &dv, AJ_PSRC_dv, row0_base(&f, AJ_PSRC_dv, hkv, f.k_start), n0, f.seq_k, 1.0);
     aj_kb_if_end(kb);
     const aj_kernel_layout layout = {
         .grid = {{AJ_EXTENT_SEQ_K, p->bn}, {AJ_EXTENT_HEADS_KV, 1}, {AJ_EXTENT_BATCH, 1}},
@@ -1151,14 +1154,16 @@ static void build_dq(aj_kb *kb, const aj_op *op, const fbwd_plan *plan,
 
     LLVMValueRef m0 = mul(&f, aj_kb_block_id(kb, 0), i32c(&f, p->bm));
     LLVMValueRef h = aj_kb_block_id(kb, 1);
-    LLVMValueRef group = LLVMBuildSDiv(b, prm(&f, "heads_q"), prm(&f, "heads_kv"), "group");
+    LLVMValueRef group = LLVMBuildSDiv(b, aj_param(kb, AJ_PID(heads_q)),
+                                       aj_param(kb, AJ_PID(heads_kv)), "group");
     aj_kb_if_begin(kb, slt(&f, m0, f.seq_q));
     set_head(&f, h);
     LLVMValueRef hkv = LLVMBuildSDiv(b, h, group, "hkv");
-    LLVMValueRef k_base = row0_base(&f, "k", hkv, f.k_start);
-    LLVMValueRef v_base = row0_base(&f, "v", hkv, f.k_start);
-    load_tile(&f, "q", row0_base(&f, "q", h, f.q_start), m0, f.seq_q, p->bm, p->d, qt);
-    load_tile(&f, "do", row0_base(&f, "do", h, f.q_start), m0, f.seq_q, p->bm, p->dv, dot);
+    LLVMValueRef k_base = row0_base(&f, AJ_PSRC_k, hkv, f.k_start);
+    LLVMValueRef v_base = row0_base(&f, AJ_PSRC_v, hkv, f.k_start);
+    load_tile(&f, AJ_PSRC_q, row0_base(&f, AJ_PSRC_q, h, f.q_start), m0, f.seq_q, p->bm, p->d, qt);
+    load_tile(&f, AJ_PSRC_do, row0_base(&f, AJ_PSRC_do, h, f.q_start), m0, f.seq_q, p->bm, p->dv,
+              dot);
     aj_kb_cp_async_commit(kb);
     load_stats(&f, h, m0, p->bm, stats);
 
@@ -1177,8 +1182,8 @@ static void build_dq(aj_kb *kb, const aj_op *op, const fbwd_plan *plan,
     if (p->stages == 2) {
         LLVMValueRef n0 = mul(&f, issue_begin(&f, &walk, slt(&f, walk.begin, walk.end),
                                               walk.begin, cls, tile), i32c(&f, p->bn));
-        load_tile(&f, "k", k_base, n0, f.seq_k, p->bn, p->d, kt);
-        load_tile(&f, "v", v_base, n0, f.seq_k, p->bn, p->dv, vt);
+        load_tile(&f, AJ_PSRC_k, k_base, n0, f.seq_k, p->bn, p->d, kt);
+        load_tile(&f, AJ_PSRC_v, v_base, n0, f.seq_k, p->bn, p->dv, vt);
         issue_end(&f, cls);
         aj_kb_cp_async_commit(kb);
     }
@@ -1196,16 +1201,18 @@ static void build_dq(aj_kb *kb, const aj_op *op, const fbwd_plan *plan,
             LLVMValueRef an = add(&f, pos, i32c(&f, 1));
             LLVMValueRef nn0 = mul(&f, issue_begin(&f, &walk, slt(&f, an, walk.end), an, cls,
                                                    tile), i32c(&f, p->bn));
-            load_tile(&f, "k", k_base, nn0, f.seq_k, p->bn, p->d, tile_copy(&f, kt, p->bn, nxt));
-            load_tile(&f, "v", v_base, nn0, f.seq_k, p->bn, p->dv, tile_copy(&f, vt, p->bn, nxt));
+            load_tile(&f, AJ_PSRC_k, k_base, nn0, f.seq_k, p->bn, p->d,
+                      tile_copy(&f, kt, p->bn, nxt));
+            load_tile(&f, AJ_PSRC_v, v_base, nn0, f.seq_k, p->bn, p->dv,
+                      tile_copy(&f, vt, p->bn, nxt));
             issue_end(&f, cls);
             aj_kb_cp_async_commit(kb);
             aj_kb_cp_async_wait(kb, 1);
         } else {
             LLVMValueRef n0 = mul(&f, issue_begin(&f, &walk, LLVMConstInt(kb->t_i1, 1, 0), pos,
                                                   cls, tile), i32c(&f, p->bn));
-            load_tile(&f, "k", k_base, n0, f.seq_k, p->bn, p->d, kt);
-            load_tile(&f, "v", v_base, n0, f.seq_k, p->bn, p->dv, vt);
+            load_tile(&f, AJ_PSRC_k, k_base, n0, f.seq_k, p->bn, p->d, kt);
+            load_tile(&f, AJ_PSRC_v, v_base, n0, f.seq_k, p->bn, p->dv, vt);
             issue_end(&f, cls);
             cls_n = cls ? aj_kb_get(kb, cls) : NULL;
             n = cls ? aj_kb_get(kb, tile) : pos;
@@ -1235,7 +1242,8 @@ static void build_dq(aj_kb *kb, const aj_op *op, const fbwd_plan *plan,
     }
     aj_kb_for_end(kb);
     aj_kb_cp_async_wait_all(kb);
-    store_acc(&f, &dq, "dq", row0_base(&f, "dq", h, f.q_start), m0, f.seq_q, aj_op_scale(op));
+    store_acc(&f, &dq, AJ_PSRC_dq, row0_base(&f, AJ_PSRC_dq, h, f.q_start), m0, f.seq_q,
+              aj_op_scale(op));
     aj_kb_if_end(kb);
     const aj_kernel_layout layout = {
         .grid = {{AJ_EXTENT_SEQ_Q, p->bm}, {AJ_EXTENT_HEADS_Q, 1}, {AJ_EXTENT_BATCH, 1}},
@@ -1260,11 +1268,11 @@ static void build_dq_convert(aj_kb *kb, const aj_op *op, const fbwd_plan *plan,
     LLVMValueRef h = aj_kb_block_id(kb, 1);
     LLVMValueRef i = add(&f, mul(&f, aj_kb_block_id(kb, 0), i32c(&f, DELTA_ROWS)), f.tid);
     aj_kb_if_begin(kb, slt(&f, i, f.seq_q));
-    LLVMValueRef src = add(&f, prm(&f, "ws_dq_offset"),
+    LLVMValueRef src = add(&f, aj_param(kb, AJ_PID(ws_dq_offset)),
                            mul(&f, add(&f, ws_row0(&f, h), sext64(&f, i)),
                                aj_kb_i64(kb, plan->d)));
-    LLVMValueRef dst = add(&f, row0_base(&f, "dq", h, f.q_start),
-                           mul(&f, sext64(&f, i), stride_s(&f, "dq")));
+    LLVMValueRef dst = add(&f, row0_base(&f, AJ_PSRC_dq, h, f.q_start),
+                           mul(&f, sext64(&f, i), stride_s(&f, AJ_PSRC_dq)));
     LLVMTypeRef f4 = LLVMVectorType(kb->t_f32, 4);
     LLVMValueRef x = aj_kb_for_begin(kb, aj_kb_i64(kb, 0), aj_kb_i64(kb, plan->d / 4),
                                      aj_kb_i64(kb, 1), "x");
@@ -1276,8 +1284,10 @@ static void build_dq_convert(aj_kb *kb, const aj_op *op, const fbwd_plan *plan,
                               aj_kb_f32(kb, aj_op_scale(op)), "");
     LLVMValueRef lo = pack2(&f, sv[0], sv[1]), hi = pack2(&f, sv[2], sv[3]);
     LLVMValueRef at = mul(&f, add(&f, dst, col), aj_kb_i64(kb, 2));
-    aj_kb_store(kb, lo, aj_kb_gptr_offset(kb, prm(&f, "dq"), at), 4);
-    aj_kb_store(kb, hi, aj_kb_gptr_offset(kb, prm(&f, "dq"), add(&f, at, aj_kb_i64(kb, 4))), 4);
+    aj_kb_store(kb, lo, aj_kb_gptr_offset(kb, aj_param(kb, AJ_PID(dq)), at), 4);
+    aj_kb_store(kb, hi,
+                aj_kb_gptr_offset(kb, aj_param(kb, AJ_PID(dq)), add(&f, at, aj_kb_i64(kb, 4))),
+                4);
     aj_kb_for_end(kb);
     aj_kb_if_end(kb);
     const aj_kernel_layout layout = {

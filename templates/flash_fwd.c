@@ -254,19 +254,14 @@ typedef struct ffwd {
     LLVMValueRef m[MAX_MT][2], l[MAX_MT][2];  /* vars: running max (log2), lane sum */
 } ffwd;
 
-static const char *out_name(const aj_op *op)
+static aj_param_source out_tensor(const aj_op *op)
 {
-    return op->accumulate ? "o_acc" : "o";
+    return op->accumulate ? AJ_PSRC_o_acc : AJ_PSRC_o;
 }
 
 static int varlen(const ffwd *e)
 {
     return e->op->layout == AJ_LAYOUT_VARLEN;
-}
-
-static LLVMValueRef prm(ffwd *e, const char *name)
-{
-    return aj_kb_param(e->kb, name);
 }
 
 static LLVMValueRef i32c(ffwd *e, int64_t v)
@@ -310,7 +305,7 @@ static LLVMValueRef tile_offset(ffwd *e, LLVMValueRef row, LLVMValueRef col, int
  * clamped to the last row, so the math after never meets garbage such as
  * 0 * NaN.
  */
-static void load_tile_async(ffwd *e, const char *tensor, LLVMValueRef base, LLVMValueRef stride,
+static void load_tile_async(ffwd *e, aj_param_source tensor, LLVMValueRef base, LLVMValueRef stride,
                             LLVMValueRef row0, LLVMValueRef limit, int rows, int width,
                             LLVMValueRef dst, int ld)
 {
@@ -347,7 +342,7 @@ static void load_tile_async(ffwd *e, const char *tensor, LLVMValueRef base, LLVM
         LLVMValueRef at = add(e, base, add(e, LLVMBuildMul(b, sext64(e, srow), stride, ""),
                                            sext64(e, col)));
         at = LLVMBuildMul(b, at, aj_kb_i64(kb, 2), "");
-        LLVMValueRef src = aj_kb_gptr_offset(kb, prm(e, tensor), at);
+        LLVMValueRef src = aj_kb_gptr_offset(kb, aj_param_data(kb, tensor), at);
         LLVMValueRef bytes = LLVMBuildSelect(b, in, i32c(e, 16), i32c(e, 0), "");
         aj_kb_cp_async_16(kb, sptr, src, bytes);
         if (partial)
@@ -367,16 +362,17 @@ static void load_kv_tile(ffwd *e, LLVMValueRef n, LLVMValueRef at, LLVMValueRef 
                             i32c(e, 2 * p->bn * p->ldk), ""));
     LLVMValueRef vdst = add(e, i32c(e, p->smem_v), LLVMBuildMul(b, slot,
                             i32c(e, 2 * p->bn * p->ldv), ""));
-    load_tile_async(e, "k", e->k_src, prm(e, "stride_k_s"), n0, e->seq_k, p->bn, p->d, kdst,
-                    p->ldk);
-    load_tile_async(e, "v", e->v_src, prm(e, "stride_v_s"), n0, e->seq_k, p->bn, p->dv, vdst,
-                    p->ldv);
+    load_tile_async(e, AJ_PSRC_k, e->k_src, aj_param(e->kb, AJ_PID(stride_k_s)), n0, e->seq_k,
+                    p->bn, p->d, kdst, p->ldk);
+    load_tile_async(e, AJ_PSRC_v, e->v_src, aj_param(e->kb, AJ_PID(stride_v_s)), n0, e->seq_k,
+                    p->bn, p->dv, vdst, p->ldv);
 }
 
 /* The CTA's last row that the sequence has. */
 static LLVMValueRef last_row(ffwd *e)
 {
-    LLVMValueRef rows = aj_kb_smin(e->kb, i32c(e, e->p.bm), LLVMBuildSub(e->b, e->seq_q, e->m0, ""));
+    LLVMValueRef rows =
+        aj_kb_smin(e->kb, i32c(e, e->p.bm), LLVMBuildSub(e->b, e->seq_q, e->m0, ""));
     return add(e, e->m0, LLVMBuildSub(e->b, rows, i32c(e, 1), ""));
 }
 
@@ -682,9 +678,7 @@ static void emit_epilogue(ffwd *e, LLVMValueRef o_base, LLVMValueRef lse_base)
     LLVMBuilderRef b = e->b;
     const ffwd_plan *p = &e->p;
     int accumulate = e->op->accumulate;
-    const char *out = out_name(e->op);
-    char stride_s[32];
-    snprintf(stride_s, sizeof stride_s, "stride_%s_s", out);
+    const aj_param_source out = out_tensor(e->op);
     LLVMValueRef last_row = LLVMBuildSub(b, e->seq_q, i32c(e, 1), "");
     LLVMValueRef col_t = sext64(e, LLVMBuildShl(b, e->t, i32c(e, 1), ""));
     LLVMTypeRef pair = LLVMVectorType(kb->t_f32, 2);
@@ -703,10 +697,11 @@ static void emit_epilogue(ffwd *e, LLVMValueRef o_base, LLVMValueRef lse_base)
             LLVMValueRef lse = LLVMBuildFMul(b, l2, aj_kb_f32(kb, AJ_LN2), "");
             /* rows past Sq read the last row: in bounds, never stored */
             LLVMValueRef ic = aj_kb_smin(kb, i, last_row);
-            LLVMValueRef lse_ptr = aj_kb_gptr_offset(kb, prm(e, "lse"), LLVMBuildMul(b,
-                                       add(e, lse_base, sext64(e, ic)), aj_kb_i64(kb, 4), ""));
-            LLVMValueRef orow = add(e, o_base, LLVMBuildMul(b, sext64(e, ic), prm(e, stride_s),
-                                                            ""));
+            LLVMValueRef lse_ptr = aj_kb_gptr_offset(
+                kb, aj_param(kb, AJ_PID(lse)),
+                LLVMBuildMul(b, add(e, lse_base, sext64(e, ic)), aj_kb_i64(kb, 4), ""));
+            LLVMValueRef orow =
+                add(e, o_base, LLVMBuildMul(b, sext64(e, ic), aj_param_stride(kb, out, 2), ""));
             LLVMValueRef w_prior = NULL, scale_new = inv;
             if (accumulate) {
                 LLVMValueRef w_new;
@@ -722,7 +717,7 @@ static void emit_epilogue(ffwd *e, LLVMValueRef o_base, LLVMValueRef lse_base)
                     vals[x] = LLVMBuildFMul(b, aj_kb_get(kb, e->o[mi][v][2 * half + x]),
                                             scale_new, "");
                 if (accumulate) {
-                    LLVMValueRef ptr = aj_kb_gptr_offset(kb, prm(e, out),
+                    LLVMValueRef ptr = aj_kb_gptr_offset(kb, aj_param_data(kb, out),
                                                          LLVMBuildMul(b, at, aj_kb_i64(kb, 4), ""));
                     LLVMValueRef prior = aj_kb_load(kb, pair, ptr, 8);
                     LLVMValueRef zero_w = LLVMBuildFCmp(b, LLVMRealOEQ, w_prior,
@@ -737,7 +732,7 @@ static void emit_epilogue(ffwd *e, LLVMValueRef o_base, LLVMValueRef lse_base)
                     }
                     aj_kb_store(kb, vec, ptr, 8);
                 } else {
-                    LLVMValueRef ptr = aj_kb_gptr_offset(kb, prm(e, out),
+                    LLVMValueRef ptr = aj_kb_gptr_offset(kb, aj_param_data(kb, out),
                                                          LLVMBuildMul(b, at, aj_kb_i64(kb, 2), ""));
                     aj_kb_store(kb, pack2(e, vals[0], vals[1]), ptr, 4);
                 }
@@ -805,33 +800,34 @@ static aj_status ffwd_build(aj_kb *kb, const aj_op *op, void *user)
         q_start = seq.start_q;
         k_start = seq.start_k;
     } else {
-        e.seq_q = prm(&e, "seq_q");
-        e.seq_k = prm(&e, "seq_k");
+        e.seq_q = aj_param(kb, AJ_PID(seq_q));
+        e.seq_k = aj_param(kb, AJ_PID(seq_k));
     }
     /* the grid covers the longest sequence; the CTAs past this one's end
      * have nothing to do */
     aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntSLT, e.m0, e.seq_q, ""));
-    LLVMValueRef group_size = LLVMBuildSDiv(b, prm(&e, "heads_q"), prm(&e, "heads_kv"), "");
+    LLVMValueRef group_size =
+        LLVMBuildSDiv(b, aj_param(kb, AJ_PID(heads_q)), aj_param(kb, AJ_PID(heads_kv)), "");
     LLVMValueRef hkv = LLVMBuildSDiv(b, h, group_size, "hkv");
     LLVMValueRef sq, sk;
     aj_attn_score_totals(kb, &prog, op->layout, e.seq_q, e.seq_k, &sq, &sk);
-    aj_score_begin(&e.sc, kb, &prog, 0, bidx, h, prm(&e, "q_offset"), prm(&e, "kv_offset"), sq,
-                   sk);
+    aj_score_begin(&e.sc, kb, &prog, 0, bidx, h, aj_param(kb, AJ_PID(q_offset)),
+                   aj_param(kb, AJ_PID(kv_offset)), sq, sk);
     if (op->dropout > 0)
-        e.drop = aj_attn_dropout_stream(kb, prm(&e, "dropout_seed"), prm(&e, "dropout_offset"),
-                                        prm(&e, "q_offset"), prm(&e, "kv_offset"), bidx, h);
+        e.drop = aj_attn_dropout_stream(
+            kb, aj_param(kb, AJ_PID(dropout_seed)), aj_param(kb, AJ_PID(dropout_offset)),
+            aj_param(kb, AJ_PID(q_offset)), aj_param(kb, AJ_PID(kv_offset)), bidx, h);
     /* slice bases: (b, h) plus, for varlen, the sequence's first row */
-    LLVMValueRef q_src = add(&e, aj_attn_slice_base(kb, "q", bidx, h),
-                             LLVMBuildMul(b, q_start, prm(&e, "stride_q_s"), ""));
-    e.k_src = add(&e, aj_attn_slice_base(kb, "k", bidx, hkv),
-                  LLVMBuildMul(b, k_start, prm(&e, "stride_k_s"), ""));
-    e.v_src = add(&e, aj_attn_slice_base(kb, "v", bidx, hkv),
-                  LLVMBuildMul(b, k_start, prm(&e, "stride_v_s"), ""));
-    char stride_s[32];
-    snprintf(stride_s, sizeof stride_s, "stride_%s_s", out_name(op));
-    LLVMValueRef o_base = add(&e, aj_attn_slice_base(kb, out_name(op), bidx, h),
-                              LLVMBuildMul(b, q_start, prm(&e, stride_s), ""));
-    LLVMValueRef lse_base = add(&e, aj_attn_slice_base(kb, "lse", bidx, h), q_start);
+    LLVMValueRef q_src = add(&e, aj_attn_slice_base(kb, AJ_PSRC_q, bidx, h),
+                             LLVMBuildMul(b, q_start, aj_param(kb, AJ_PID(stride_q_s)), ""));
+    e.k_src = add(&e, aj_attn_slice_base(kb, AJ_PSRC_k, bidx, hkv),
+                  LLVMBuildMul(b, k_start, aj_param(kb, AJ_PID(stride_k_s)), ""));
+    e.v_src = add(&e, aj_attn_slice_base(kb, AJ_PSRC_v, bidx, hkv),
+                  LLVMBuildMul(b, k_start, aj_param(kb, AJ_PID(stride_v_s)), ""));
+    LLVMValueRef o_base = add(&e, aj_attn_slice_base(kb, out_tensor(op), bidx, h),
+                              LLVMBuildMul(b, q_start, aj_param_stride(kb, out_tensor(op), 2),
+                                           ""));
+    LLVMValueRef lse_base = add(&e, aj_attn_slice_base(kb, AJ_PSRC_lse, bidx, h), q_start);
 
     lane_addresses(&e);
     LLVMValueRef n_begin, n_end;
@@ -854,8 +850,8 @@ static aj_status ffwd_build(aj_kb *kb, const aj_op *op, void *user)
     aj_mma_tile_zero_pad(kb, i32c(&e, p->smem_q), p->bm, p->d, e.tid, p->threads);
     aj_mma_tile_zero_pad(kb, i32c(&e, p->smem_k), p->stages * p->bn, p->d, e.tid, p->threads);
     /* prologue: Q with the first tile's group, then tiles up to stages - 1 */
-    load_tile_async(&e, "q", q_src, prm(&e, "stride_q_s"), e.m0, e.seq_q, p->bm, p->d,
-                    i32c(&e, e.p.smem_q), p->ldq);
+    load_tile_async(&e, AJ_PSRC_q, q_src, aj_param(kb, AJ_PID(stride_q_s)), e.m0, e.seq_q, p->bm,
+                    p->d, i32c(&e, e.p.smem_q), p->ldq);
     for (int s = 0; s < p->stages - 1; s++) {
         issue_kv_tile(&e, &walk, add(&e, walk.begin, i32c(&e, s)), gated ? ahead[s] : NULL,
                       gated ? ahead_tile[s] : NULL);

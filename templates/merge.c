@@ -59,27 +59,24 @@ static LLVMValueRef sext64(aj_kb *kb, LLVMValueRef v)
 }
 
 /* element offset of (b, h, row) of tensor t, whose strides are parameters */
-static LLVMValueRef row_offset(aj_kb *kb, const char *t, LLVMValueRef b, LLVMValueRef h,
+static LLVMValueRef row_offset(aj_kb *kb, aj_param_source t, LLVMValueRef b, LLVMValueRef h,
                                LLVMValueRef row, int has_seq_stride)
 {
-    char name[32];
     LLVMBuilderRef bld = kb->b;
-    snprintf(name, sizeof name, "stride_%s_b", t);
-    LLVMValueRef off = LLVMBuildMul(bld, sext64(kb, b), aj_kb_param(kb, name), "");
-    snprintf(name, sizeof name, "stride_%s_h", t);
-    off = LLVMBuildAdd(bld, off, LLVMBuildMul(bld, sext64(kb, h), aj_kb_param(kb, name), ""), "");
+    LLVMValueRef off = LLVMBuildMul(bld, sext64(kb, b), aj_param_stride(kb, t, 0), "");
+    off = LLVMBuildAdd(bld, off, LLVMBuildMul(bld, sext64(kb, h), aj_param_stride(kb, t, 1), ""),
+                       "");
     LLVMValueRef s = sext64(kb, row);
-    if (has_seq_stride) {
-        snprintf(name, sizeof name, "stride_%s_s", t);
-        s = LLVMBuildMul(bld, s, aj_kb_param(kb, name), "");
-    }
+    if (has_seq_stride)
+        s = LLVMBuildMul(bld, s, aj_param_stride(kb, t, 2), "");
     return LLVMBuildAdd(bld, off, s, "");
 }
 
 /* f32 pointer to lse tensor t at element offset `at` */
-static LLVMValueRef lse_ptr(aj_kb *kb, const char *t, LLVMValueRef at)
+static LLVMValueRef lse_ptr(aj_kb *kb, aj_param_source t, LLVMValueRef at)
 {
-    return aj_kb_gptr_offset(kb, aj_kb_param(kb, t), LLVMBuildMul(kb->b, at, aj_kb_i64(kb, 4), ""));
+    return aj_kb_gptr_offset(kb, aj_param_data(kb, t), LLVMBuildMul(kb->b, at, aj_kb_i64(kb, 4),
+                                                                      ""));
 }
 
 /* w * x, or 0 where w is 0 (x may then be anything, NaN included) */
@@ -106,7 +103,7 @@ static aj_status merge_build(aj_kb *kb, const aj_op *op, void *user)
     LLVMValueRef group = LLVMBuildUDiv(b, tid, aj_kb_i32(kb, g), "group");
     LLVMValueRef h = aj_kb_block_id(kb, 1);
     LLVMValueRef bidx = aj_kb_block_id(kb, 2);
-    LLVMValueRef seq = aj_kb_param(kb, "seq_q");
+    LLVMValueRef seq = aj_param(kb, AJ_PID(seq_q));
     LLVMValueRef row = LLVMBuildAdd(b, LLVMBuildMul(b, aj_kb_block_id(kb, 0),
                                     aj_kb_i32(kb, rows), ""), group, "row");
     /* rows past S read the last row (in bounds) and store nothing; every
@@ -117,7 +114,7 @@ static aj_status merge_build(aj_kb *kb, const aj_op *op, void *user)
 
     /* LSEs in log2 units, broadcast from lane 0 */
     LLVMValueRef l2[2];
-    static const char *const lse_in[2] = {"lse1", "lse2"};
+    static const aj_param_source lse_in[2] = {AJ_PSRC_lse1, AJ_PSRC_lse2};
     for (int s = 0; s < 2; s++) {
         LLVMValueRef at = row_offset(kb, lse_in[s], bidx, h, rc, 0);
         LLVMValueRef v = aj_kb_load(kb, kb->t_f32, lse_ptr(kb, lse_in[s], at), 4);
@@ -138,16 +135,16 @@ static aj_status merge_build(aj_kb *kb, const aj_op *op, void *user)
     LLVMValueRef lse = LLVMBuildSelect(b, none, ninf,
                                        LLVMBuildFMul(b, l, aj_kb_f32(kb, AJ_LN2), ""), "");
 
-    LLVMValueRef o1 = row_offset(kb, "o1", bidx, h, rc, 1);
-    LLVMValueRef o2 = row_offset(kb, "o2", bidx, h, rc, 1);
-    LLVMValueRef o = row_offset(kb, "o", bidx, h, rc, 1);
+    LLVMValueRef o1 = row_offset(kb, AJ_PSRC_o1, bidx, h, rc, 1);
+    LLVMValueRef o2 = row_offset(kb, AJ_PSRC_o2, bidx, h, rc, 1);
+    LLVMValueRef o = row_offset(kb, AJ_PSRC_o, bidx, h, rc, 1);
     LLVMValueRef lane_col = sext64(kb, LLVMBuildShl(b, lane, aj_kb_i32(kb, 2), ""));
     aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntSLT, row, seq, ""));
     for (int u = 0; u < dv / (4 * g); u++) {
         LLVMValueRef col = LLVMBuildAdd(b, lane_col, aj_kb_i64(kb, 4 * g * u), "");
-        LLVMValueRef x1 = aj_global_load4(kb, aj_kb_param(kb, "o1"),
+        LLVMValueRef x1 = aj_global_load4(kb, aj_param(kb, AJ_PID(o1)),
                                           LLVMBuildAdd(b, o1, col, ""), op->dtype);
-        LLVMValueRef x2 = aj_global_load4(kb, aj_kb_param(kb, "o2"),
+        LLVMValueRef x2 = aj_global_load4(kb, aj_param(kb, AJ_PID(o2)),
                                           LLVMBuildAdd(b, o2, col, ""), op->dtype);
         LLVMValueRef vals[4];
         for (int x = 0; x < 4; x++) {
@@ -155,10 +152,10 @@ static aj_status merge_build(aj_kb *kb, const aj_op *op, void *user)
             vals[x] = LLVMBuildFAdd(b, weigh(kb, w1, LLVMBuildExtractElement(b, x1, idx, "")),
                                     weigh(kb, w2, LLVMBuildExtractElement(b, x2, idx, "")), "");
         }
-        aj_global_store4(kb, aj_kb_param(kb, "o"), LLVMBuildAdd(b, o, col, ""), vals, op->dtype);
+        aj_global_store4(kb, aj_param(kb, AJ_PID(o)), LLVMBuildAdd(b, o, col, ""), vals, op->dtype);
     }
     aj_kb_if_begin(kb, is_lane0);
-    aj_kb_store(kb, lse, lse_ptr(kb, "lse", row_offset(kb, "lse", bidx, h, rc, 0)), 4);
+    aj_kb_store(kb, lse, lse_ptr(kb, AJ_PSRC_lse, row_offset(kb, AJ_PSRC_lse, bidx, h, rc, 0)), 4);
     aj_kb_if_end(kb);
     aj_kb_if_end(kb);
     /* block_n: the columns a row group covers */

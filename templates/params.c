@@ -23,12 +23,8 @@ static const struct {
 #undef AJ_PKIND_SCALAR
 };
 
-enum aj_param_id {
-#define AJ_PARAM(nm, type, how, source, dim) AJ_PRM_##nm,
-#include "templates/params.def"
-    AJ_PRM_COUNT,
-    AJ_PRM_side = AJ_PRM_COUNT   /* the score programs' tensors */
-};
+/* In a kernel ABI's rows: the score programs' tensors, not a table row. */
+enum { AJ_PRM_side = AJ_PRM_COUNT };
 
 static const aj_param_row catalogue[AJ_PRM_COUNT] = {
 #define AJ_PARAM(nm, type, how, source, dim) \
@@ -57,7 +53,7 @@ typedef enum aj_param_when {
 
 static const struct sig_row {
     aj_kernel_sig sig;
-    enum aj_param_id param;
+    int param;                   /* an aj_param_id, or AJ_PRM_side */
     aj_param_role role;
     aj_param_when when;
 } sig_rows[] = {
@@ -82,6 +78,50 @@ const aj_param_row *aj_param_find(const char *name)
         if (strcmp(catalogue[i].name, name) == 0)
             return &catalogue[i];
     return NULL;
+}
+
+const aj_param_row *aj_param_row_of(int32_t id)
+{
+    return id >= 0 && id < AJ_PRM_COUNT ? &catalogue[id] : NULL;
+}
+
+LLVMValueRef aj_param(aj_kb *kb, aj_param_id id)
+{
+    return aj_kb_param_id(kb, id, catalogue[id].name);
+}
+
+/* The row deriving `how` (dim) from tensor source t, or AJ_PRM_COUNT. */
+static int row_of_tensor(aj_param_source t, aj_param_how how, int dim)
+{
+    for (int i = 0; i < AJ_PRM_COUNT; i++)
+        if (catalogue[i].source == t && catalogue[i].how == how &&
+            (how == AJ_PHOW_DATA || catalogue[i].dim == dim))
+            return i;
+    return AJ_PRM_COUNT;
+}
+
+LLVMValueRef aj_param_data(aj_kb *kb, aj_param_source t)
+{
+    int id = row_of_tensor(t, AJ_PHOW_DATA, 0);
+    if (id == AJ_PRM_COUNT) {
+        aj_kb_fail(kb, AJ_ERR_INTERNAL, "the parameter table has no data pointer of '%s'",
+                   aj_param_source_name(t));
+        return LLVMGetUndef(kb->t_gptr);
+    }
+    return aj_param(kb, (aj_param_id)id);
+}
+
+LLVMValueRef aj_param_stride(aj_kb *kb, aj_param_source t, int dim)
+{
+    int id = row_of_tensor(t, AJ_PHOW_STRIDE, dim);
+    if (id == AJ_PRM_COUNT)
+        id = row_of_tensor(t, AJ_PHOW_BSTRIDE, dim);
+    if (id == AJ_PRM_COUNT) {
+        aj_kb_fail(kb, AJ_ERR_INTERNAL, "the parameter table has no stride %d of '%s'", dim,
+                   aj_param_source_name(t));
+        return LLVMGetUndef(kb->t_i64);
+    }
+    return aj_param(kb, (aj_param_id)id);
 }
 
 /* ---------------------------------------------------------------- lists */
@@ -111,10 +151,13 @@ static bool op_has(aj_param_when when, const aj_op *op, const aj_score_prog *pro
     return false;
 }
 
-/* Appends a parameter, counting those that do not fit. */
-static void put(aj_param_desc *out, int cap, int *n, const char *name, aj_param_type type,
-                aj_param_role role, const char *tensor, int dim)
+/* Appends a parameter (and its table row to ids, if not NULL), counting
+ * those that do not fit. */
+static void put(aj_param_desc *out, int32_t *ids, int cap, int *n, const char *name,
+                aj_param_type type, aj_param_role role, const char *tensor, int dim, int32_t id)
 {
+    if (*n < cap && ids)
+        ids[*n] = id;
     if (*n < cap) {
         aj_param_desc *d = &out[*n];
         memset(d, 0, sizeof *d);
@@ -128,23 +171,26 @@ static void put(aj_param_desc *out, int cap, int *n, const char *name, aj_param_
 }
 
 /* The side tensors: NAME, then NAME_size<d> and NAME_stride<d> per dim. */
-static void put_side(aj_param_desc *out, int cap, int *n, const aj_score_prog *prog)
+static void put_side(aj_param_desc *out, int32_t *ids, int cap, int *n,
+                     const aj_score_prog *prog)
 {
     char name[sizeof out->name];
     for (int t = 0; t < prog->tensor_count; t++) {
         const aj_tensor_decl *d = &prog->tensors[t];
-        put(out, cap, n, d->name, AJ_PARAM_PTR, AJ_ROLE_INPUT, d->name, -1);
+        put(out, ids, cap, n, d->name, AJ_PARAM_PTR, AJ_ROLE_INPUT, d->name, -1, AJ_KB_NO_ID);
         for (int i = 0; i < d->rank; i++) {
             aj_score_param_name(name, sizeof name, d->name, 's', i);
-            put(out, cap, n, name, AJ_PARAM_I64, AJ_ROLE_SIZE, d->name, i);
+            put(out, ids, cap, n, name, AJ_PARAM_I64, AJ_ROLE_SIZE, d->name, i, AJ_KB_NO_ID);
             aj_score_param_name(name, sizeof name, d->name, 't', i);
-            put(out, cap, n, name, AJ_PARAM_I64, AJ_ROLE_STRIDE, d->name, i);
+            put(out, ids, cap, n, name, AJ_PARAM_I64, AJ_ROLE_STRIDE, d->name, i,
+                AJ_KB_NO_ID);
         }
     }
 }
 
-int aj_params_list(aj_kernel_sig sig, const aj_op *op, const aj_score_prog *prog,
-                   aj_param_desc *out, int cap)
+/* aj_params_list, with each parameter's table row in ids (may be NULL). */
+static int list_params(aj_kernel_sig sig, const aj_op *op, const aj_score_prog *prog,
+                       aj_param_desc *out, int32_t *ids, int cap)
 {
     int n = 0;
     for (size_t i = 0; i < sizeof sig_rows / sizeof sig_rows[0]; i++) {
@@ -152,30 +198,37 @@ int aj_params_list(aj_kernel_sig sig, const aj_op *op, const aj_score_prog *prog
         if (r->sig != sig || !op_has(r->when, op, prog))
             continue;
         if (r->param == AJ_PRM_side) {
-            put_side(out, cap, &n, prog);
+            put_side(out, ids, cap, &n, prog);
             continue;
         }
         const aj_param_row *p = &catalogue[r->param];
         int tensor = aj_param_source_is_tensor(p->source);
-        put(out, cap, &n, p->name, p->type, r->role,
+        put(out, ids, cap, &n, p->name, p->type, r->role,
             tensor ? aj_param_source_name(p->source) : "",
-            tensor && p->how != AJ_PHOW_DATA ? p->dim : -1);
+            tensor && p->how != AJ_PHOW_DATA ? p->dim : -1, r->param);
     }
     return n;
+}
+
+int aj_params_list(aj_kernel_sig sig, const aj_op *op, const aj_score_prog *prog,
+                   aj_param_desc *out, int cap)
+{
+    return list_params(sig, op, prog, out, NULL, cap);
 }
 
 void aj_params_declare(aj_kb *kb, aj_kernel_sig sig, const aj_op *op,
                        const aj_score_prog *prog)
 {
     aj_param_desc list[AJ_KB_MAX_PARAMS];
-    int n = aj_params_list(sig, op, prog, list, AJ_KB_MAX_PARAMS);
+    int32_t ids[AJ_KB_MAX_PARAMS];
+    int n = list_params(sig, op, prog, list, ids, AJ_KB_MAX_PARAMS);
     if (n > AJ_KB_MAX_PARAMS) {
         aj_kb_fail(kb, AJ_ERR_INTERNAL, "the op's kernel takes %d parameters; at most %d", n,
                    AJ_KB_MAX_PARAMS);
         return;
     }
     for (int i = 0; i < n; i++)
-        aj_kb_add_param(kb, list[i].name, list[i].type);
+        aj_kb_add_param(kb, list[i].name, list[i].type, ids[i]);
 }
 
 /* ---------------------------------------------------------------- API */

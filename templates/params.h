@@ -37,6 +37,17 @@ typedef enum aj_param_source {
     AJ_PSRC_COUNT
 } aj_param_source;
 
+/* Every parameter of the table by its row: AJ_PID(dropout_seed).  A
+ * template and the launcher name a parameter this way, so a typo is a
+ * compile error; the kernel records each parameter's row and the launch
+ * binds it by row, never by name. */
+typedef enum aj_param_id {
+#define AJ_PARAM(nm, type, how, source, dim) AJ_PRM_##nm,
+#include "templates/params.def"
+    AJ_PRM_COUNT
+} aj_param_id;
+#define AJ_PID(name) AJ_PRM_##name
+
 /* How a parameter's value follows from its source. */
 typedef enum aj_param_how {
     AJ_PHOW_DATA,      /* the tensor's data pointer */
@@ -63,6 +74,18 @@ const char *aj_param_source_name(aj_param_source s);
 
 /* The catalogue row named `name`, or NULL (a side tensor's parameter). */
 const aj_param_row *aj_param_find(const char *name);
+/* The row of `id` (AJ_KB_NO_ID and other values outside the table: NULL). */
+const aj_param_row *aj_param_row_of(int32_t id);
+
+/* In a template: the value of parameter `id` in the kernel being built
+ * (declared by aj_params_declare; one the kernel lacks fails the build,
+ * naming it). */
+LLVMValueRef aj_param(aj_kb *kb, aj_param_id id);
+/* The data pointer of tensor source t (AJ_PSRC_q ...), and its stride
+ * along dim (0 batch, 1 head, 2 sequence, as the table's rows name them):
+ * the parameters the table derives from it. */
+LLVMValueRef aj_param_data(aj_kb *kb, aj_param_source t);
+LLVMValueRef aj_param_stride(aj_kb *kb, aj_param_source t, int dim);
 
 /* The parameters of kernel ABI `sig` for `op` (verified) and its score
  * programs, in call order: fills out[0 .. min(count, cap) - 1], returns

@@ -448,9 +448,10 @@ aj_status aj_score_prog_init(aj_ctx *ctx, const aj_op *op, aj_score_prog *p)
     mark_reads(p, p->reads);
     uint16_t roots[5] = {p->mod, p->dmod, p->band_lo, p->band_hi, p->rest};
     for (int r = 0; r < 5; r++)
-        p->reads_totals = p->reads_totals ||
-                          (roots[r] != NONE &&
-                           (p->reads[roots[r]] & (AJ_SCORE_READS(AJ_VAR_SQ) | AJ_SCORE_READS(AJ_VAR_SK))));
+        p->reads_totals =
+            p->reads_totals ||
+            (roots[r] != NONE &&
+             (p->reads[roots[r]] & (AJ_SCORE_READS(AJ_VAR_SQ) | AJ_SCORE_READS(AJ_VAR_SK))));
     p->rest_reads_tensors = p->rest != NONE && (p->reads[p->rest] & AJ_SCORE_READS_LOAD);
     p->block_mask = p->rest != NONE && !interval_bounds(p, p->rest) &&
                     op->layout == AJ_LAYOUT_PADDED;
@@ -728,7 +729,8 @@ static LLVMValueRef emit_node(emitter *m, uint16_t id)
         m->memo[id] = splat(m, m->s->loads[id]);
     if (m->memo[id])
         return m->memo[id];
-    if (m->lanes && !(m->s->p->reads[id] & (AJ_SCORE_READS(AJ_VAR_K) | AJ_SCORE_READS(AJ_VAR_SCORE)))) {
+    if (m->lanes &&
+        !(m->s->p->reads[id] & (AJ_SCORE_READS(AJ_VAR_K) | AJ_SCORE_READS(AJ_VAR_SCORE)))) {
         int lanes = m->lanes;
         m->lanes = 0;
         m->memo = m->umemo;
@@ -757,9 +759,15 @@ static LLVMValueRef emit_node(emitter *m, uint16_t id)
         case AJ_EXPR_TO_FLOAT: v = LLVMBuildSIToFP(b, x[0], lane_type(m, kb->t_f32), ""); break;
         case AJ_EXPR_NEG: v = fl ? LLVMBuildFNeg(b, x[0], "") : LLVMBuildNeg(b, x[0], ""); break;
         case AJ_EXPR_NOT: v = LLVMBuildNot(b, x[0], ""); break;
-        case AJ_EXPR_ADD: v = fl ? LLVMBuildFAdd(b, x[0], x[1], "") : LLVMBuildAdd(b, x[0], x[1], ""); break;
-        case AJ_EXPR_SUB: v = fl ? LLVMBuildFSub(b, x[0], x[1], "") : LLVMBuildSub(b, x[0], x[1], ""); break;
-        case AJ_EXPR_MUL: v = fl ? LLVMBuildFMul(b, x[0], x[1], "") : LLVMBuildMul(b, x[0], x[1], ""); break;
+        case AJ_EXPR_ADD:
+            v = fl ? LLVMBuildFAdd(b, x[0], x[1], "") : LLVMBuildAdd(b, x[0], x[1], "");
+            break;
+        case AJ_EXPR_SUB:
+            v = fl ? LLVMBuildFSub(b, x[0], x[1], "") : LLVMBuildSub(b, x[0], x[1], "");
+            break;
+        case AJ_EXPR_MUL:
+            v = fl ? LLVMBuildFMul(b, x[0], x[1], "") : LLVMBuildMul(b, x[0], x[1], "");
+            break;
         case AJ_EXPR_DIV:
             v = fl ? LLVMBuildFDiv(b, x[0], x[1], "") : floor_divmod(m, x[0], x[1], 0);
             break;
@@ -776,8 +784,9 @@ static LLVMValueRef emit_node(emitter *m, uint16_t id)
         case AJ_EXPR_CLAMP: v = pick(m, t, 1, pick(m, t, 0, x[0], x[1]), x[2]); break;
         case AJ_EXPR_ABS:
             v = fl ? aj_kb_call_overloaded(kb, "llvm.fabs", x, 1)
-                   : LLVMBuildSelect(b, LLVMBuildICmp(b, LLVMIntSLT, x[0], LLVMConstNull(LLVMTypeOf(x[0])), ""),
-                                     LLVMBuildNeg(b, x[0], ""), x[0], "");
+                   : LLVMBuildSelect(
+                         b, LLVMBuildICmp(b, LLVMIntSLT, x[0], LLVMConstNull(LLVMTypeOf(x[0])), ""),
+                         LLVMBuildNeg(b, x[0], ""), x[0], "");
             break;
         case AJ_EXPR_FLOOR: v = fl ? emit_math(m, op, x[0]) : x[0]; break;
         default: v = emit_math(m, op, x[0]); break;
@@ -822,7 +831,7 @@ void aj_score_begin(aj_score *s, aj_kb *kb, const aj_score_prog *p, int lanes, L
     s->b = to_i64(kb, b);
     s->h_local = s->h = to_i64(kb, h);
     if (p->reads_h)
-        s->h = LLVMBuildAdd(kb->b, s->h_local, to_i64(kb, aj_kb_param(kb, "head_offset")),
+        s->h = LLVMBuildAdd(kb->b, s->h_local, to_i64(kb, aj_param(kb, AJ_PID(head_offset))),
                             "h_global");
     s->q_origin = q_origin;
     s->k_origin = k_origin;
@@ -844,13 +853,14 @@ void aj_score_begin(aj_score *s, aj_kb *kb, const aj_score_prog *p, int lanes, L
             s->loads[id] = emit_node(&m, id);
     if (p->block_mask) {
         LLVMBuilderRef bd = kb->b;
-        s->mask_classes = aj_kb_param(kb, "block_mask");
-        s->mask_plane = LLVMBuildAdd(bd, LLVMBuildMul(bd, s->b, aj_kb_param(kb, "block_mask_stride_b"), ""),
-                                     LLVMBuildMul(bd, s->h_local, aj_kb_param(kb, "block_mask_stride_h"), ""),
-                                     "mask_plane");
-        s->mask_stride_m = aj_kb_param(kb, "block_mask_stride_m");
-        s->mask_bm = aj_kb_param(kb, "block_mask_bm");
-        s->mask_bn = aj_kb_param(kb, "block_mask_bn");
+        s->mask_classes = aj_param(kb, AJ_PID(block_mask));
+        s->mask_plane = LLVMBuildAdd(
+            bd, LLVMBuildMul(bd, s->b, aj_param(kb, AJ_PID(block_mask_stride_b)), ""),
+            LLVMBuildMul(bd, s->h_local, aj_param(kb, AJ_PID(block_mask_stride_h)), ""),
+            "mask_plane");
+        s->mask_stride_m = aj_param(kb, AJ_PID(block_mask_stride_m));
+        s->mask_bm = aj_param(kb, AJ_PID(block_mask_bm));
+        s->mask_bn = aj_param(kb, AJ_PID(block_mask_bn));
     }
 }
 
@@ -1138,8 +1148,10 @@ static ival iv_compare(aj_kb *kb, aj_expr_op op, aj_expr_type t, ival a, ival c)
         return op == AJ_EXPR_EQ ? (ival){diff, same} : (ival){same, diff};
     }
     int fl = t == AJ_EXPR_FLOAT;
-#define LT_(x, y) (fl ? LLVMBuildFCmp(b, LLVMRealULT, x, y, "") : LLVMBuildICmp(b, LLVMIntSLT, x, y, ""))
-#define LE_(x, y) (fl ? LLVMBuildFCmp(b, LLVMRealULE, x, y, "") : LLVMBuildICmp(b, LLVMIntSLE, x, y, ""))
+#define LT_(x, y)                                                                                  \
+    (fl ? LLVMBuildFCmp(b, LLVMRealULT, x, y, "") : LLVMBuildICmp(b, LLVMIntSLT, x, y, ""))
+#define LE_(x, y)                                                                                  \
+    (fl ? LLVMBuildFCmp(b, LLVMRealULE, x, y, "") : LLVMBuildICmp(b, LLVMIntSLE, x, y, ""))
     ival r;
     switch (op) {
     case AJ_EXPR_LT: r = (ival){LE_(c.lo, a.hi), LT_(a.lo, c.hi)}; break;
@@ -1197,17 +1209,21 @@ static ival iv_compute(iemitter *m, uint16_t id)
     case AJ_EXPR_NOT:
         return (ival){x[0].hi, x[0].lo};
     case AJ_EXPR_ADD:
-        return fl ? (ival){LLVMBuildFAdd(b, x[0].lo, x[1].lo, ""), LLVMBuildFAdd(b, x[0].hi, x[1].hi, "")}
+        return fl ? (ival){LLVMBuildFAdd(b, x[0].lo, x[1].lo, ""),
+                           LLVMBuildFAdd(b, x[0].hi, x[1].hi, "")}
                   : (ival){sat(kb, "llvm.sadd.sat", x[0].lo, x[1].lo),
                            sat(kb, "llvm.sadd.sat", x[0].hi, x[1].hi)};
     case AJ_EXPR_SUB:
-        return fl ? (ival){LLVMBuildFSub(b, x[0].lo, x[1].hi, ""), LLVMBuildFSub(b, x[0].hi, x[1].lo, "")}
+        return fl ? (ival){LLVMBuildFSub(b, x[0].lo, x[1].hi, ""),
+                           LLVMBuildFSub(b, x[0].hi, x[1].lo, "")}
                   : (ival){sat(kb, "llvm.ssub.sat", x[0].lo, x[1].hi),
                            sat(kb, "llvm.ssub.sat", x[0].hi, x[1].lo)};
     case AJ_EXPR_MUL:
     case AJ_EXPR_DIV: {
         /* by a point only (the other side may be the point for a product) */
-        int point = !is_positional(m, n->args[1]) ? 1 : op == AJ_EXPR_MUL && !is_positional(m, n->args[0]) ? 0 : -1;
+        int point = !is_positional(m, n->args[1])                        ? 1
+                    : op == AJ_EXPR_MUL && !is_positional(m, n->args[0]) ? 0
+                                                                         : -1;
         if (point < 0)
             return iv_unknown(kb, t);
         ival r = x[1 - point];
@@ -1234,15 +1250,17 @@ static ival iv_compute(iemitter *m, uint16_t id)
         if (is_positional(m, n->args[1]))
             return iv_unknown(kb, t);
         LLVMValueRef c = x[1].lo;
-        LLVMValueRef r0 = floor_divmod(&m->pt, x[0].lo, c, 1), r1 = floor_divmod(&m->pt, x[0].hi, c, 1);
+        LLVMValueRef r0 = floor_divmod(&m->pt, x[0].lo, c, 1),
+                     r1 = floor_divmod(&m->pt, x[0].hi, c, 1);
         /* one period at most, not wrapping: [r0, r1]; else [0, c - 1] */
-        LLVMValueRef narrow = LLVMBuildAnd(b, LLVMBuildICmp(b, LLVMIntSLT,
-                                                            sat(kb, "llvm.ssub.sat", x[0].hi, x[0].lo), c, ""),
-                                           LLVMBuildICmp(b, LLVMIntSLE, r0, r1, ""), "");
+        LLVMValueRef narrow = LLVMBuildAnd(
+            b, LLVMBuildICmp(b, LLVMIntSLT, sat(kb, "llvm.ssub.sat", x[0].hi, x[0].lo), c, ""),
+            LLVMBuildICmp(b, LLVMIntSLE, r0, r1, ""), "");
         LLVMValueRef pos = LLVMBuildICmp(b, LLVMIntSGT, c, aj_kb_i64(kb, 0), "");
         ival u = iv_unknown(kb, t);
-        return (ival){sel(kb, pos, sel(kb, narrow, r0, aj_kb_i64(kb, 0)), u.lo),
-                      sel(kb, pos, sel(kb, narrow, r1, LLVMBuildSub(b, c, aj_kb_i64(kb, 1), "")), u.hi)};
+        return (ival){
+            sel(kb, pos, sel(kb, narrow, r0, aj_kb_i64(kb, 0)), u.lo),
+            sel(kb, pos, sel(kb, narrow, r1, LLVMBuildSub(b, c, aj_kb_i64(kb, 1), "")), u.hi)};
     }
     case AJ_EXPR_AND:
         return (ival){LLVMBuildOr(b, x[0].lo, x[1].lo, ""), LLVMBuildAnd(b, x[0].hi, x[1].hi, "")};
@@ -1255,7 +1273,8 @@ static ival iv_compute(iemitter *m, uint16_t id)
         /* the arm the condition must take, else the hull of both */
         ival hull;
         if (t == AJ_EXPR_BOOL)
-            hull = (ival){LLVMBuildOr(b, x[1].lo, x[2].lo, ""), LLVMBuildOr(b, x[1].hi, x[2].hi, "")};
+            hull =
+                (ival){LLVMBuildOr(b, x[1].lo, x[2].lo, ""), LLVMBuildOr(b, x[1].hi, x[2].hi, "")};
         else
             hull = (ival){iv_minmax(kb, t, 1, x[1], x[2]).lo, iv_minmax(kb, t, 0, x[1], x[2]).hi};
         LLVMValueRef only_t = LLVMBuildNot(b, x[0].lo, ""), only_f = LLVMBuildNot(b, x[0].hi, "");
@@ -1269,8 +1288,9 @@ static ival iv_compute(iemitter *m, uint16_t id)
         if (fl) {
             LLVMValueRef alo = aj_kb_call_overloaded(kb, "llvm.fabs", &x[0].lo, 1);
             LLVMValueRef ahi = aj_kb_call_overloaded(kb, "llvm.fabs", &x[0].hi, 1);
-            LLVMValueRef straddle = LLVMBuildAnd(b, LLVMBuildFCmp(b, LLVMRealOLT, x[0].lo, aj_kb_f32(kb, 0), ""),
-                                                 LLVMBuildFCmp(b, LLVMRealOGT, x[0].hi, aj_kb_f32(kb, 0), ""), "");
+            LLVMValueRef straddle =
+                LLVMBuildAnd(b, LLVMBuildFCmp(b, LLVMRealOLT, x[0].lo, aj_kb_f32(kb, 0), ""),
+                             LLVMBuildFCmp(b, LLVMRealOGT, x[0].hi, aj_kb_f32(kb, 0), ""), "");
             return (ival){sel(kb, straddle, aj_kb_f32(kb, 0), fminmax(kb, 1, alo, ahi)),
                           fminmax(kb, 0, alo, ahi)};
         }
@@ -1389,7 +1409,7 @@ static LLVMValueRef col_slot(aj_score *s, LLVMValueRef at, int k)
 {
     LLVMBuilderRef b = s->kb->b;
     LLVMValueRef i = LLVMBuildAdd(b, at, aj_kb_i64(s->kb, k), "");
-    return aj_kb_gptr_offset(s->kb, aj_kb_param(s->kb, "block_mask"),
+    return aj_kb_gptr_offset(s->kb, aj_param(s->kb, AJ_PID(block_mask)),
                              LLVMBuildShl(b, i, aj_kb_i64(s->kb, 3), ""));
 }
 
@@ -1409,8 +1429,10 @@ void aj_score_load_cols(aj_score *s, LLVMValueRef at)
     for (int id = 0, k = 0; p->rest != NONE && id < p->e.count; id++)
         if (reads_keys_only(p, id)) {
             aj_expr_type t = (aj_expr_type)node(p, id)->type;
-            s->col_lo[id] = bound_from_i64(kb, t, aj_kb_load(kb, kb->t_i64, col_slot(s, at, k++), 8));
-            s->col_hi[id] = bound_from_i64(kb, t, aj_kb_load(kb, kb->t_i64, col_slot(s, at, k++), 8));
+            s->col_lo[id] =
+                bound_from_i64(kb, t, aj_kb_load(kb, kb->t_i64, col_slot(s, at, k++), 8));
+            s->col_hi[id] =
+                bound_from_i64(kb, t, aj_kb_load(kb, kb->t_i64, col_slot(s, at, k++), 8));
         }
 }
 
@@ -1458,11 +1480,14 @@ static void rest_tile_class(aj_score *s, LLVMValueRef i0, LLVMValueRef i1, LLVMV
         aj_kb_set(kb, all_full, t1);
         LLVMValueRef one = aj_kb_i64(kb, 1);
         LLVMValueRef r0 = LLVMBuildSDiv(b, to_i64(kb, i0), s->mask_bm, "");
-        LLVMValueRef r1 = LLVMBuildAdd(b, LLVMBuildSDiv(b, to_i64(kb, i1), s->mask_bm, ""), one, "");
+        LLVMValueRef r1 =
+            LLVMBuildAdd(b, LLVMBuildSDiv(b, to_i64(kb, i1), s->mask_bm, ""), one, "");
         LLVMValueRef c0 = LLVMBuildSDiv(b, to_i64(kb, j0), s->mask_bn, "");
-        LLVMValueRef c1 = LLVMBuildAdd(b, LLVMBuildSDiv(b, to_i64(kb, j1), s->mask_bn, ""), one, "");
+        LLVMValueRef c1 =
+            LLVMBuildAdd(b, LLVMBuildSDiv(b, to_i64(kb, j1), s->mask_bn, ""), one, "");
         LLVMValueRef r = aj_kb_for_begin(kb, r0, r1, one, "mask_r");
-        LLVMValueRef row = LLVMBuildAdd(b, s->mask_plane, LLVMBuildMul(b, r, s->mask_stride_m, ""), "");
+        LLVMValueRef row =
+            LLVMBuildAdd(b, s->mask_plane, LLVMBuildMul(b, r, s->mask_stride_m, ""), "");
         LLVMValueRef c = aj_kb_for_begin(kb, c0, c1, one, "mask_c");
         LLVMValueRef at = LLVMBuildShl(b, LLVMBuildAdd(b, row, c, ""), aj_kb_i64(kb, 2), "");
         LLVMValueRef cls = aj_kb_load(kb, kb->t_i32, aj_kb_gptr_offset(kb, s->mask_classes, at), 4);
@@ -1562,8 +1587,8 @@ static void walk_begin(aj_score *s, aj_score_walk *w, int along_keys, LLVMValueR
     if (!s->p->block_mask)
         return;
     LLVMValueRef q = to_i64(kb, seq_q), k = to_i64(kb, seq_k), one = aj_kb_i64(kb, 1);
-    LLVMValueRef rows = LLVMBuildSDiv(b, LLVMBuildAdd(b, q, LLVMBuildSub(b, s->mask_bm, one, ""), ""),
-                                      s->mask_bm, "mask_rows");
+    LLVMValueRef rows = LLVMBuildSDiv(
+        b, LLVMBuildAdd(b, q, LLVMBuildSub(b, s->mask_bm, one, ""), ""), s->mask_bm, "mask_rows");
     LLVMValueRef cols = s->mask_stride_m;
     LLVMValueRef along = along_keys ? s->mask_bn : s->mask_bm;
     LLVMValueRef across = along_keys ? s->mask_bm : s->mask_bn;
@@ -1608,8 +1633,9 @@ static LLVMValueRef walk_class(aj_score *s, const aj_score_walk *w, LLVMValueRef
     aj_kb *kb = s->kb;
     LLVMBuilderRef b = kb->b;
     LLVMValueRef t0 = LLVMBuildMul(b, t, aj_kb_i32(kb, w->size), "");
-    LLVMValueRef t1 = LLVMBuildSub(b, aj_kb_smin(kb, LLVMBuildAdd(b, t0, aj_kb_i32(kb, w->size), ""),
-                                                 w->seq), aj_kb_i32(kb, 1), "");
+    LLVMValueRef t1 =
+        LLVMBuildSub(b, aj_kb_smin(kb, LLVMBuildAdd(b, t0, aj_kb_i32(kb, w->size), ""), w->seq),
+                     aj_kb_i32(kb, 1), "");
     return w->along_keys ? aj_score_tile_class(s, w->lo, w->hi, t0, t1)
                          : aj_score_tile_class(s, t0, t1, w->lo, w->hi);
 }
@@ -1872,10 +1898,18 @@ static hval hv_compute(hctx *h, uint16_t id)
         }
         bool f = at == AJ_EXPR_FLOAT;
         switch (op) {
-        case AJ_EXPR_LT: r.may_f = ult(f, c, 0, a, 1, true), r.may_t = ult(f, a, 0, c, 1, false); break;
-        case AJ_EXPR_LE: r.may_f = ult(f, c, 0, a, 1, false), r.may_t = ult(f, a, 0, c, 1, true); break;
-        case AJ_EXPR_GT: r.may_f = ult(f, a, 0, c, 1, true), r.may_t = ult(f, c, 0, a, 1, false); break;
-        case AJ_EXPR_GE: r.may_f = ult(f, a, 0, c, 1, false), r.may_t = ult(f, c, 0, a, 1, true); break;
+        case AJ_EXPR_LT:
+            r.may_f = ult(f, c, 0, a, 1, true), r.may_t = ult(f, a, 0, c, 1, false);
+            break;
+        case AJ_EXPR_LE:
+            r.may_f = ult(f, c, 0, a, 1, false), r.may_t = ult(f, a, 0, c, 1, true);
+            break;
+        case AJ_EXPR_GT:
+            r.may_f = ult(f, a, 0, c, 1, true), r.may_t = ult(f, c, 0, a, 1, false);
+            break;
+        case AJ_EXPR_GE:
+            r.may_f = ult(f, a, 0, c, 1, false), r.may_t = ult(f, c, 0, a, 1, true);
+            break;
         default: {
             bool overlap = ult(f, a, 0, c, 1, true) && ult(f, c, 0, a, 1, true);
             bool eq = f ? a->flo == a->fhi && c->flo == c->fhi && a->flo == c->flo
@@ -1907,8 +1941,10 @@ static hval hv_compute(hctx *h, uint16_t id)
                 v = is_min ? (hval){.flo = fminf(v.flo, x[k].flo), .fhi = fminf(v.fhi, x[k].fhi)}
                            : (hval){.flo = fmaxf(v.flo, x[k].flo), .fhi = fmaxf(v.fhi, x[k].fhi)};
             else
-                v = is_min ? (hval){.lo = v.lo < x[k].lo ? v.lo : x[k].lo, .hi = v.hi < x[k].hi ? v.hi : x[k].hi}
-                           : (hval){.lo = v.lo > x[k].lo ? v.lo : x[k].lo, .hi = v.hi > x[k].hi ? v.hi : x[k].hi};
+                v = is_min ? (hval){.lo = v.lo < x[k].lo ? v.lo : x[k].lo,
+                                    .hi = v.hi < x[k].hi ? v.hi : x[k].hi}
+                           : (hval){.lo = v.lo > x[k].lo ? v.lo : x[k].lo,
+                                    .hi = v.hi > x[k].hi ? v.hi : x[k].hi};
         }
         return v;
     }

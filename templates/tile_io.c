@@ -223,7 +223,7 @@ void aj_tile_paged_rows(aj_kb *kb, LLVMValueRef smem, int rows, LLVMValueRef key
                         LLVMValueRef len, LLVMValueRef bidx, LLVMValueRef tid, int threads)
 {
     LLVMBuilderRef b = kb->b;
-    LLVMValueRef ps = aj_kb_param(kb, "page_size");
+    LLVMValueRef ps = aj_param(kb, AJ_PID(page_size));
     LLVMValueRef page = aj_kb_var(kb, kb->t_i32, aj_kb_i32(kb, -1), "row_page");
     LLVMValueRef r = aj_kb_for_begin(kb, tid, aj_kb_i32(kb, rows), aj_kb_i32(kb, threads), "r");
     LLVMValueRef p = LLVMBuildAdd(b, key0, r, "");

@@ -53,7 +53,7 @@ static aj_status build_test_kernel(aj_kb *kb, const aj_op *unused, void *user)
 {
     const test_kernel *k = user;
     for (int i = 0; i < MAX_BUFS && k->params[i]; i++)
-        aj_kb_add_param(kb, k->params[i], AJ_PARAM_PTR);
+        aj_kb_add_param(kb, k->params[i], AJ_PARAM_PTR, AJ_KB_NO_ID);
     if (k->smem_bytes)
         aj_kb_smem_reserve(kb, k->smem_bytes);
     aj_kb_begin(kb, k->threads);
