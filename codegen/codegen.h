@@ -87,6 +87,13 @@ typedef struct aj_kernel_stage {
     aj_host_entry_fn host_entry; /* sim, cpu: <entry>.entry */
 } aj_kernel_stage;
 
+/* What the runtime derives once from a kernel's op to launch it (its
+ * launch plan, runtime/compile.c), hung on the kernel: codegen knows only
+ * how to free it. */
+typedef struct aj_kernel_plan {
+    void (*destroy)(struct aj_kernel_plan *plan);
+} aj_kernel_plan;
+
 /* the kernel object (kernel.c); shared by reference count with the cache */
 struct aj_kernel {
     atomic_int refs;
@@ -111,6 +118,8 @@ struct aj_kernel {
      * first, once) */
     _Atomic(aj_kernel *) mask_builder;
     _Atomic(uint64_t) mask_builder_hash;
+    /* the launch plan, set once after source (runtime/compile.c) */
+    _Atomic(aj_kernel_plan *) plan;
 };
 
 /* Makes a kernel that owns a copy of code and of the stages' launch

@@ -71,6 +71,9 @@ void aj_kernel_destroy(aj_kernel *kernel)
     aj_host_jit_dispose(kernel->jit);
     aj_op_destroy(atomic_load(&kernel->source));
     aj_kernel_destroy(atomic_load(&kernel->mask_builder));
+    aj_kernel_plan *plan = atomic_load(&kernel->plan);
+    if (plan)
+        plan->destroy(plan);
     free(kernel->object);
     free(kernel->code);
     free(kernel->stages);

@@ -163,13 +163,18 @@ aj_status aj_block_mask_create(aj_ctx *ctx, aj_device *dev, const aj_op *op,
                  aj_target_name(kernel->target), aj_target_name(aj_device_target(dev)));
     aj_launch_info li;
     aj_kernel_stage_info(kernel, 0, &li);
-    static _Thread_local aj_score_prog prog;
-    aj_status st = aj_score_prog_init(ctx, op, &prog);
-    if (st != AJ_OK)
-        return st;
-    aj_block_mask *m = calloc(1, sizeof *m);
-    if (!m)
+    aj_score_prog *prog = malloc(sizeof *prog);   /* large for a stack */
+    aj_block_mask *m = prog ? calloc(1, sizeof *m) : NULL;
+    if (!m) {
+        free(prog);
         return aj_fail(ctx, AJ_ERR_OUT_OF_MEMORY, "aj_block_mask_create: out of memory");
+    }
+    aj_status st = aj_score_prog_init(ctx, op, prog);
+    if (st != AJ_OK) {
+        free(prog);
+        free(m);
+        return st;
+    }
     pthread_mutex_init(&m->lock, NULL);
     m->shape = (aj_block_mask_shape){
         .batch = args->q.shape[0], .heads = args->q.shape[1],
@@ -181,8 +186,9 @@ aj_status aj_block_mask_create(aj_ctx *ctx, aj_device *dev, const aj_op *op,
         .block_n = li.schedule.block_n > 0 ? li.schedule.block_n : 64,
         .head_offset = args->head_offset,
     };
-    m->mask_hash = aj_score_mask_hash(&prog);
-    m->classes = aj_block_mask_tensor(&prog, &m->shape, NULL);
+    m->mask_hash = aj_score_mask_hash(prog);
+    m->classes = aj_block_mask_tensor(prog, &m->shape, NULL);
+    free(prog);
     m->counts.block_m = m->shape.block_m;
     m->counts.block_n = m->shape.block_n;
     m->dev = dev;

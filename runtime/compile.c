@@ -12,6 +12,7 @@
 #include "runtime/runtime.h"
 #include "runtime/sim/emulator.h"
 #include "runtime/tune.h"
+#include "templates/score.h"
 #include "templates/template.h"
 
 /* Options from a caller built against an older, shorter struct get the
@@ -97,6 +98,56 @@ static aj_status keep_source(aj_ctx *ctx, aj_kernel *k, const aj_op *op)
     return AJ_OK;
 }
 
+/*
+ * The launch plan a kernel carries (aj_kernel.plan): what a launch would
+ * otherwise derive from the op on every call.  Made once per kernel, when
+ * it is compiled or first taken from the cache:
+ *
+ *   source op ──► score programs (with their derivative, intervals, hash)
+ *             └─► block-mask builder, compiled beside the kernel when the
+ *                 programs need one (kept on aj_kernel.mask_builder)
+ *
+ * so a launch checks shapes, fills arguments and launches; it neither
+ * derives programs nor compiles.  A kernel loaded from bytes has no op and
+ * no plan: its launches class tiles by interval arithmetic alone.
+ */
+typedef struct launch_plan {
+    aj_kernel_plan base;
+    aj_score_prog prog;
+} launch_plan;
+
+static void plan_destroy(aj_kernel_plan *plan)
+{
+    free(plan);
+}
+
+const aj_score_prog *aj_kernel_programs(const aj_kernel *kernel)
+{
+    aj_kernel_plan *plan = atomic_load(&((aj_kernel *)kernel)->plan);
+    return plan ? &((launch_plan *)plan)->prog : NULL;
+}
+
+static aj_status make_plan(aj_ctx *ctx, aj_kernel *k)
+{
+    const aj_op *op = atomic_load(&k->source);
+    if (atomic_load(&k->plan) || !op)
+        return AJ_OK;
+    launch_plan *plan = calloc(1, sizeof *plan);
+    if (!plan)
+        return aj_fail(ctx, AJ_ERR_OUT_OF_MEMORY, "aj_compile: out of memory");
+    plan->base.destroy = plan_destroy;
+    aj_status st = aj_score_prog_init(ctx, op, &plan->prog);
+    if (st == AJ_OK && plan->prog.block_mask) {
+        aj_kernel *builder = NULL;
+        st = aj_compile_block_mask(ctx, k, op, aj_score_mask_hash(&plan->prog), &builder);
+        aj_kernel_destroy(builder);   /* the kernel keeps its own reference */
+    }
+    aj_kernel_plan *none = NULL;
+    if (st != AJ_OK || !atomic_compare_exchange_strong(&k->plan, &none, &plan->base))
+        free(plan);
+    return st;
+}
+
 /* Compiles one op, reporting on ctx, consulting `cache` (may be NULL),
  * with the template of its kind and variant, or `forced` (not NULL: the
  * block-mask builder, which the key then names). */
@@ -146,8 +197,16 @@ static aj_status compile_one(aj_ctx *ctx, aj_kernel_cache *cache, const aj_op *o
 done:
     if (claimed)
         aj_cache_end_claim(cache, key);
-    if (st == AJ_OK && !atomic_load(&(*out)->source))
+    if (st != AJ_OK)
+        return st;
+    if (!atomic_load(&(*out)->source))
         st = keep_source(ctx, *out, op);
+    if (st == AJ_OK && !forced)   /* a builder needs no plan: it is one's part */
+        st = make_plan(ctx, *out);
+    if (st != AJ_OK) {
+        aj_kernel_destroy(*out);
+        *out = NULL;
+    }
     return st;
 }
 

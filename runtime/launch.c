@@ -648,11 +648,11 @@ static int kernel_takes(const aj_kernel *kernel, aj_param_id id)
 /*
  * The block mask of a padded launch whose kernel reads one (score.h,
  * aj_score_prog.block_mask): `given` after checking it against the launch,
- * else one built here: the builder kernel queued on the launch's stream
- * ahead of it, into scratch (*scratch, which the caller releases once
- * the launch is queued); else, for a kernel loaded from bytes that has
- * no op to build it from, none (the kernels then class their tiles by
- * interval arithmetic).
+ * else one built here: the builder the kernel was compiled with (its
+ * launch plan, compile.c) queued on the launch's stream ahead of it, into
+ * scratch (*scratch, which the caller releases once the launch is queued);
+ * else, for a kernel loaded from bytes that has no op to build it from,
+ * none (the kernels then class their tiles by interval arithmetic).
  */
 static aj_status bind_block_mask(aj_ctx *ctx, const char *fn, aj_device *dev,
                                  const aj_kernel *kernel, const aj_block_mask_shape *launch,
@@ -663,15 +663,14 @@ static aj_status bind_block_mask(aj_ctx *ctx, const char *fn, aj_device *dev,
     *scratch = NULL;
     if (!kernel_takes(kernel, AJ_PID(block_mask)))
         return AJ_OK;
-    const aj_op *source = atomic_load(&((aj_kernel *)kernel)->source);
-    static _Thread_local aj_score_prog prog;
-    aj_status st = source ? aj_score_prog_init(ctx, source, &prog) : AJ_OK;
+    const aj_score_prog *prog = aj_kernel_programs(kernel);
+    aj_kernel *builder = atomic_load(&((aj_kernel *)kernel)->mask_builder);
+    aj_status st = AJ_OK;
     aj_tensor classes;
     int64_t bm, bn;
-    if (st == AJ_OK && given) {
-        st = aj_block_mask_view(ctx, fn, given, dev, source ? &prog : NULL, launch, &classes,
-                                &bm, &bn);
-    } else if (st == AJ_OK && source) {
+    if (given) {
+        st = aj_block_mask_view(ctx, fn, given, dev, prog, launch, &classes, &bm, &bn);
+    } else if (prog && builder) {
         aj_launch_info li;
         aj_kernel_stage_info(kernel, 0, &li);
         aj_block_mask_shape shape = *launch;
@@ -679,17 +678,13 @@ static aj_status bind_block_mask(aj_ctx *ctx, const char *fn, aj_device *dev,
         shape.block_n = li.schedule.block_n;
         bm = shape.block_m;
         bn = shape.block_n;
-        classes = aj_block_mask_tensor(&prog, &shape, NULL);
-        aj_kernel *builder = NULL;
-        st = aj_compile_block_mask(ctx, kernel, source, aj_score_mask_hash(&prog), &builder);
-        if (st == AJ_OK)
-            st = aj_device_scratch(dev, stream, (size_t)(classes.shape[0] *
-                                                         classes.strides[0] * 4), scratch);
+        classes = aj_block_mask_tensor(prog, &shape, NULL);
+        st = aj_device_scratch(dev, stream, (size_t)(classes.shape[0] * classes.strides[0] * 4),
+                               scratch);
         classes.data = *scratch;
         if (st == AJ_OK)
             st = aj_block_mask_launch(ctx, dev, fn, builder, &shape, &classes, side, num_side,
                                       slopes, stream);
-        aj_kernel_destroy(builder);
     } else {
         return st;
     }
@@ -729,6 +724,27 @@ typedef struct bound_args {
     aj_sim_buffer buffers[AJ_KB_MAX_PARAMS + AJ_OP_TENSORS_MAX + 1];
     int nb;
 } bound_args;
+
+/* A launch's scratch: its side tensors' bindings and a stage's bound
+ * arguments, about 14 KiB, so on the heap rather than on a caller's stack
+ * whose size the library does not know; one per launch, owned by the
+ * function that launches and freed before it returns. */
+typedef struct launch_scratch {
+    score_bindings scores;
+    bound_args bound;
+} launch_scratch;
+
+/* A new scratch, or NULL with *st = AJ_ERR_OUT_OF_MEMORY (when *st was
+ * AJ_OK; a failed *st stays, and no scratch is made). */
+static launch_scratch *scratch_new(aj_ctx *ctx, const char *fn, aj_status *st)
+{
+    if (*st != AJ_OK)
+        return NULL;
+    launch_scratch *ls = malloc(sizeof *ls);
+    if (!ls)
+        *st = aj_fail(ctx, AJ_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
+    return ls;
+}
 
 /* Binds stage `stage`'s parameters: a table row's (the kernel recorded
  * it) from `v`, a side tensor's by its name from the score programs'
@@ -939,8 +955,7 @@ static aj_status forward_paged(aj_ctx *ctx, aj_device *dev, const aj_kernel *ker
     void *ws = NULL;
     if (ws_bytes)
         st = aj_device_scratch(dev, a->stream, ws_bytes, &ws);
-    static _Thread_local score_bindings scores;
-    static _Thread_local bound_args bound;
+    launch_scratch *ls = scratch_new(ctx, FWD, &st);
     launch_values v = {.given = 0};
     const aj_tensor i32s[2] = {
         {(void *)a->block_table, AJ_DTYPE_F32, 2, {sz.batch, a->max_pages}, {a->max_pages, 1}},
@@ -971,13 +986,14 @@ static aj_status forward_paged(aj_ctx *ctx, aj_device *dev, const aj_kernel *ker
     put_scalar(&v, AJ_PSRC_splits, sz.splits);
     put_scalar(&v, AJ_PSRC_head_offset, sz.head_offset);
     if (st == AJ_OK)
-        st = bind_scores(ctx, FWD, op, a->side, a->num_side, &a->alibi_slopes, &scores);
+        st = bind_scores(ctx, FWD, op, a->side, a->num_side, &a->alibi_slopes, &ls->scores);
     for (int s = 0; st == AJ_OK && s < (sz.splits > 1 ? 2 : 1); s++) {
-        st = bind(ctx, kernel, s, &v, &scores, &bound);
+        st = bind(ctx, kernel, s, &v, &ls->scores, &ls->bound);
         if (st == AJ_OK)
-            st = run_kernel(ctx, dev, kernel, s, &sz, bound.argv, bound.buffers, bound.nb,
-                            a->stream);
+            st = run_kernel(ctx, dev, kernel, s, &sz, ls->bound.argv, ls->bound.buffers,
+                            ls->bound.nb, a->stream);
     }
+    free(ls);
     if (ws)
         aj_device_scratch_release(dev, a->stream, ws);
     return st == AJ_OK ? aj_device_launched(dev, FWD) : st;
@@ -1014,11 +1030,12 @@ aj_status aj_forward(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
         for (int i = 0; i < 6; i++)
             *packed[i] = padded_view(packed[i]);
     }
-    static _Thread_local score_bindings scores;
-    static _Thread_local bound_args bound;
+    launch_scratch *ls = scratch_new(ctx, FWD, &st);
+    if (!ls)
+        return st;
     launch_values v;
     forward_values(&as_padded, &sz, sq_total, sk_total, dev->status, &v);
-    st = bind_scores(ctx, FWD, op, args->side, args->num_side, &args->alibi_slopes, &scores);
+    st = bind_scores(ctx, FWD, op, args->side, args->num_side, &args->alibi_slopes, &ls->scores);
     void *scratch = NULL;
     const aj_block_mask_shape shape = {sz.batch, sz.heads_q, sz.seq_q, sz.seq_k, args->q_offset,
                                        args->kv_offset, sq_total, sk_total, 0, 0,
@@ -1027,10 +1044,11 @@ aj_status aj_forward(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
         st = bind_block_mask(ctx, FWD, dev, kernel, &shape, args->block_mask, args->side,
                              args->num_side, &args->alibi_slopes, args->stream, &v, &scratch);
     if (st == AJ_OK)
-        st = bind(ctx, kernel, 0, &v, &scores, &bound);
+        st = bind(ctx, kernel, 0, &v, &ls->scores, &ls->bound);
     if (st == AJ_OK)
-        st = run_kernel(ctx, dev, kernel, 0, &sz, bound.argv, bound.buffers, bound.nb,
-                        args->stream);
+        st = run_kernel(ctx, dev, kernel, 0, &sz, ls->bound.argv, ls->bound.buffers,
+                        ls->bound.nb, args->stream);
+    free(ls);
     if (scratch)
         aj_device_scratch_release(dev, args->stream, scratch);
     return st == AJ_OK && varlen ? aj_device_launched(dev, FWD) : st;
@@ -1041,9 +1059,11 @@ aj_status aj_block_mask_launch(aj_ctx *ctx, aj_device *dev, const char *fn,
                                const aj_tensor *classes, const aj_side_tensor *side,
                                int32_t num_side, const aj_tensor *slopes, void *stream)
 {
-    /* its own bindings: a launch that builds its mask keeps its own */
-    static _Thread_local score_bindings scores;
-    static _Thread_local bound_args bound;
+    /* its own scratch: a launch that builds its mask keeps its own */
+    aj_status st = AJ_OK;
+    launch_scratch *ls = scratch_new(ctx, fn, &st);
+    if (!ls)
+        return st;
     launch_values v = {.given = 0};
     put_tensor(&v, AJ_PSRC_block_mask, classes);
     put_scalar(&v, AJ_PSRC_seq_q, shape->seq_q);
@@ -1055,14 +1075,15 @@ aj_status aj_block_mask_launch(aj_ctx *ctx, aj_device *dev, const char *fn,
     put_scalar(&v, AJ_PSRC_head_offset, shape->head_offset);
     const fwd_sizes sz = {shape->batch, shape->heads, shape->heads, shape->seq_q, shape->seq_k, 1,
                           shape->seq_q, shape->head_offset, shape->heads};
-    aj_status st = bind_scores(ctx, fn, &builder->op, side, num_side, slopes, &scores);
+    st = bind_scores(ctx, fn, &builder->op, side, num_side, slopes, &ls->scores);
     /* its stages in order: key-block hulls, classes and row lists, key-block lists */
     for (int s = 0; st == AJ_OK && s < builder->num_stages; s++) {
-        st = bind(ctx, builder, s, &v, &scores, &bound);
+        st = bind(ctx, builder, s, &v, &ls->scores, &ls->bound);
         if (st == AJ_OK)
-            st = run_kernel(ctx, dev, builder, s, &sz, bound.argv, bound.buffers, bound.nb,
-                            stream);
+            st = run_kernel(ctx, dev, builder, s, &sz, ls->bound.argv, ls->bound.buffers,
+                            ls->bound.nb, stream);
     }
+    free(ls);
     return st;
 }
 
@@ -1369,7 +1390,7 @@ aj_status aj_backward(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
 
 static aj_status run_stages(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
                             const aj_bwd_args *a, const fwd_sizes *szp, const launch_values *v,
-                            const score_bindings *scores);
+                            launch_scratch *ls);
 
 /* Binds and runs the stages of a checked backward launch. */
 static aj_status run_backward(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
@@ -1382,10 +1403,12 @@ static aj_status run_backward(aj_ctx *ctx, aj_device *dev, const aj_kernel *kern
     int64_t sq_total = args->sq_total ? args->sq_total : sz.seq_q;
     int64_t sk_total = args->sk_total ? args->sk_total : sz.seq_k;
     const aj_bwd_args *a = args;
-    static _Thread_local score_bindings scores;
+    launch_scratch *ls = scratch_new(ctx, BWD, &st);
+    if (!ls)
+        return st;
     launch_values v;
     backward_values(a, &sz, sq_total, sk_total, w, ws, dev->status, &v);
-    st = bind_scores(ctx, BWD, op, a->side, a->num_side, &a->alibi_slopes, &scores);
+    st = bind_scores(ctx, BWD, op, a->side, a->num_side, &a->alibi_slopes, &ls->scores);
     void *scratch = NULL;
     const aj_block_mask_shape shape = {sz.batch, sz.heads_q, sz.seq_q, sz.seq_k, a->q_offset,
                                        a->kv_offset, sq_total, sk_total, 0, 0,
@@ -1394,7 +1417,8 @@ static aj_status run_backward(aj_ctx *ctx, aj_device *dev, const aj_kernel *kern
         st = bind_block_mask(ctx, BWD, dev, kernel, &shape, a->block_mask, a->side, a->num_side,
                              &a->alibi_slopes, a->stream, &v, &scratch);
     if (st == AJ_OK)
-        st = run_stages(ctx, dev, kernel, a, &sz, &v, &scores);
+        st = run_stages(ctx, dev, kernel, a, &sz, &v, ls);
+    free(ls);
     if (scratch)
         aj_device_scratch_release(dev, a->stream, scratch);
     return st;
@@ -1404,10 +1428,9 @@ static aj_status run_backward(aj_ctx *ctx, aj_device *dev, const aj_kernel *kern
  * key or no query) is skipped. */
 static aj_status run_stages(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
                             const aj_bwd_args *a, const fwd_sizes *szp, const launch_values *v,
-                            const score_bindings *scores)
+                            launch_scratch *ls)
 {
     const fwd_sizes sz = *szp;
-    static _Thread_local bound_args bound;
     aj_status st = AJ_OK;
     uint64_t instructions = 0;
     for (int s = 0; s < kernel->num_stages; s++) {
@@ -1418,10 +1441,10 @@ static aj_status run_stages(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel
             empty |= grid_extent(li.grid[d].extent, &sz) == 0;
         if (empty)
             continue;
-        st = bind(ctx, kernel, s, v, scores, &bound);
+        st = bind(ctx, kernel, s, v, &ls->scores, &ls->bound);
         if (st == AJ_OK)
-            st = run_kernel(ctx, dev, kernel, s, &sz, bound.argv, bound.buffers, bound.nb,
-                            a->stream);
+            st = run_kernel(ctx, dev, kernel, s, &sz, ls->bound.argv, ls->bound.buffers,
+                            ls->bound.nb, a->stream);
         if (st != AJ_OK)
             return st;
         instructions += dev->last_instructions;
@@ -1493,14 +1516,17 @@ aj_status aj_merge(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
     if (sz.batch == 0 || sz.heads_q == 0 || sz.seq_q == 0)
         return AJ_OK;   /* no row: nothing to launch */
 
-    static _Thread_local bound_args bound;
+    launch_scratch *ls = scratch_new(ctx, MERGE, &st);
+    if (!ls)
+        return st;
     launch_values v;
     merge_values(args, &sz, &v);
-    st = bind(ctx, kernel, 0, &v, NULL, &bound);
-    if (st != AJ_OK)
-        return st;
-    return run_kernel(ctx, dev, kernel, 0, &sz, bound.argv, bound.buffers, bound.nb,
-                      args->stream);
+    st = bind(ctx, kernel, 0, &v, NULL, &ls->bound);
+    if (st == AJ_OK)
+        st = run_kernel(ctx, dev, kernel, 0, &sz, ls->bound.argv, ls->bound.buffers,
+                        ls->bound.nb, args->stream);
+    free(ls);
+    return st;
 }
 
 uint64_t aj_launch_sources(aj_kind kind)

@@ -177,6 +177,10 @@ typedef struct aj_block_mask_shape {
 aj_tensor aj_block_mask_tensor(const struct aj_score_prog *p, const aj_block_mask_shape *shape,
                                void *data);
 
+/* The score programs of the kernel's op, from its launch plan
+ * (compile.c), or NULL for a kernel loaded from bytes (no op). */
+const struct aj_score_prog *aj_kernel_programs(const aj_kernel *kernel);
+
 /* The block-mask builder (templates/block_mask.c) of kernel's tile for op
  * (whose aj_score_mask_hash is mask_hash), compiled for the kernel's
  * target through the cache, or the one kept on the kernel (compile.c). */
