@@ -244,15 +244,32 @@ static aj_status set_field(aj_op *op, const char *fn, const aj_op *cand,
 /* A NULL op has no context to record the message on; the status says it. */
 #define AJ_OP_ARG(op) AJ_CHECK_ARG(NULL, op, "%s: op is NULL", __func__)
 
-aj_status aj_op_set_dtype(aj_op *op, aj_dtype dtype)
-{
-    aj_op cand;
+/*
+ * The setters that put one value in one field, from one list: (setter,
+ * value type, field, the field the verifier checks).  The others below
+ * normalise or check their value first.
+ */
+#define AJ_OP_PLAIN_SETTERS(X) \
+    X(dtype, aj_dtype, dtype, DTYPE) \
+    X(dropout, double, dropout, DROPOUT) \
+    X(bias, aj_bias, bias, BIAS) \
+    X(layout, aj_layout, layout, LAYOUT) \
+    X(q_layout, aj_layout, q_layout, Q_LAYOUT) \
+    X(splits, int32_t, splits, SCHEDULE) \
+    X(accumulate, bool, accumulate, ACCUMULATE) \
+    X(deterministic, bool, deterministic, DETERMINISTIC) \
+    X(target, aj_target, target, TARGET)
 
-    AJ_OP_ARG(op);
-    cand = *op;
-    cand.dtype = dtype;
-    return set_field(op, __func__, &cand, AJ_FIELD_DTYPE);
-}
+#define DEFINE_SETTER(name, type, field, checked)                  \
+    aj_status aj_op_set_##name(aj_op *op, type value)              \
+    {                                                              \
+        AJ_OP_ARG(op);                                             \
+        aj_op cand = *op;                                          \
+        cand.field = value;                                        \
+        return set_field(op, __func__, &cand, AJ_FIELD_##checked); \
+    }
+AJ_OP_PLAIN_SETTERS(DEFINE_SETTER)
+#undef DEFINE_SETTER
 
 aj_status aj_op_set_head_dims(aj_op *op, int32_t head_dim, int32_t head_dim_v)
 {
@@ -452,36 +469,6 @@ aj_status aj_op_set_scale(aj_op *op, double scale)
     return set_field(op, __func__, &cand, AJ_FIELD_SCALE);
 }
 
-aj_status aj_op_set_dropout(aj_op *op, double p)
-{
-    aj_op cand;
-
-    AJ_OP_ARG(op);
-    cand = *op;
-    cand.dropout = p;
-    return set_field(op, __func__, &cand, AJ_FIELD_DROPOUT);
-}
-
-aj_status aj_op_set_bias(aj_op *op, aj_bias bias)
-{
-    aj_op cand;
-
-    AJ_OP_ARG(op);
-    cand = *op;
-    cand.bias = bias;
-    return set_field(op, __func__, &cand, AJ_FIELD_BIAS);
-}
-
-aj_status aj_op_set_layout(aj_op *op, aj_layout layout)
-{
-    aj_op cand;
-
-    AJ_OP_ARG(op);
-    cand = *op;
-    cand.layout = layout;
-    return set_field(op, __func__, &cand, AJ_FIELD_LAYOUT);
-}
-
 aj_status aj_op_set_kv_dtype(aj_op *op, aj_dtype kv_dtype)
 {
     aj_op cand;
@@ -491,46 +478,6 @@ aj_status aj_op_set_kv_dtype(aj_op *op, aj_dtype kv_dtype)
     cand.kv_dtype = kv_dtype;
     cand.kv_dtype_set = true;
     return set_field(op, __func__, &cand, AJ_FIELD_KV_DTYPE);
-}
-
-aj_status aj_op_set_q_layout(aj_op *op, aj_layout q_layout)
-{
-    aj_op cand;
-
-    AJ_OP_ARG(op);
-    cand = *op;
-    cand.q_layout = q_layout;
-    return set_field(op, __func__, &cand, AJ_FIELD_Q_LAYOUT);
-}
-
-aj_status aj_op_set_splits(aj_op *op, int32_t splits)
-{
-    aj_op cand;
-
-    AJ_OP_ARG(op);
-    cand = *op;
-    cand.splits = splits;
-    return set_field(op, __func__, &cand, AJ_FIELD_SCHEDULE);
-}
-
-aj_status aj_op_set_accumulate(aj_op *op, bool accumulate)
-{
-    aj_op cand;
-
-    AJ_OP_ARG(op);
-    cand = *op;
-    cand.accumulate = accumulate;
-    return set_field(op, __func__, &cand, AJ_FIELD_ACCUMULATE);
-}
-
-aj_status aj_op_set_deterministic(aj_op *op, bool deterministic)
-{
-    aj_op cand;
-
-    AJ_OP_ARG(op);
-    cand = *op;
-    cand.deterministic = deterministic;
-    return set_field(op, __func__, &cand, AJ_FIELD_DETERMINISTIC);
 }
 
 aj_status aj_op_set_schedule(aj_op *op, const aj_schedule *schedule)
@@ -544,16 +491,6 @@ aj_status aj_op_set_schedule(aj_op *op, const aj_schedule *schedule)
     cand = *op;
     cand.schedule = *schedule;
     return set_field(op, __func__, &cand, AJ_FIELD_SCHEDULE);
-}
-
-aj_status aj_op_set_target(aj_op *op, aj_target target)
-{
-    aj_op cand;
-
-    AJ_OP_ARG(op);
-    cand = *op;
-    cand.target = target;
-    return set_field(op, __func__, &cand, AJ_FIELD_TARGET);
 }
 
 /* ---------------------------------------------------------------- verify */
