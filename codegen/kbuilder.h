@@ -313,7 +313,7 @@ LLVMValueRef aj_kb_smax(aj_kb *kb, LLVMValueRef a, LLVMValueRef b);
 /* Philox4x32-10 (Salmon et al., SC'11) on i32 values: one 128-bit block
  * out[0..3] from the counter ctr[0..3] and key key[0..1], as plain integer
  * IR (the 32x32 -> 64 products are i64 multiplies), so every target runs
- * the same bits as tests/ref.c's ref_philox4x32_10. */
+ * the same bits as tests/lib/ref.c's ref_philox4x32_10. */
 void aj_kb_philox4x32_10(aj_kb *kb, const LLVMValueRef ctr[4],
                          const LLVMValueRef key[2], LLVMValueRef out[4]);
 

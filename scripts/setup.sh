@@ -70,7 +70,7 @@ CMAKE_BUILD_PARALLEL_LEVEL=$jobs "${pip[@]}" --config-settings=build-dir="$build
 # pass above: their host code is the same as that of the tests the
 # sanitizers do run, and JIT-compiled kernels carry no sanitizer
 # instrumentation anyway.  For the same reason the numeric tests' case
-# runners run every third case here (AJ_TEST_SAMPLE, tests/check.h): each
+# runners run every third case here (AJ_TEST_SAMPLE, tests/lib/check.h): each
 # runner's host code is shared by all its cases, and the pass above ran
 # them all.
 asan=${AJ_ASAN_BUILD_DIR:-$root/build-asan}

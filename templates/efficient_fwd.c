@@ -30,13 +30,13 @@
  *
  * Options:
  *   bias = add     s = scale q.k + bias[b,h,i,j] before softcap and alibi
- *                  (tests/ref.h's order); size-1 dims broadcast through
+ *                  (tests/lib/ref.h's order); size-1 dims broadcast through
  *                  stride 0.  Masked or out-of-range elements read a clamped,
  *                  in-bounds element whose value the mask then discards.
  *   dropout = p    after the online softmax statistics (which stay those of
  *                  the undropped scores) each P_ij written for O += P V is
  *                  multiplied by keep_ij / (1 - p), keep_ij from Philox4x32-10
- *                  keyed exactly as ref_dropout_keep (tests/ref.h).
+ *                  keyed exactly as ref_dropout_keep (tests/lib/ref.h).
  *   accumulate     the epilogue reads a prior (O, LSE) of its rows from o_acc
  *                  (f32) and lse, and writes back their log-sum-exp merge
  *                  with this call's keys (docs/design.md "Merge of two partials").

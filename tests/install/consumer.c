@@ -1,6 +1,6 @@
 /*
  * consumer.c -- a program built against an installed attnjit (by
- * tests/test_install.sh, through find_package and through pkg-config):
+ * tests/install/test_install.sh, through find_package and through pkg-config):
  * it compiles a forward kernel for the cpu target and runs it on a problem
  * whose answer is known exactly: with one key, softmax gives it weight 1,
  * so O = V and LSE = scale * q.k.

@@ -1,5 +1,5 @@
 /*
- * test_ref.c -- the float64 reference of tests/ref.c, checked against hand
+ * test_ref.c -- the float64 reference of tests/lib/ref.c, checked against hand
  * computation, against itself rearranged (offsets, shards, GQA, varlen,
  * bias broadcast, merge), against finite differences (backward), and
  * against published Philox known answers and keep-rate statistics

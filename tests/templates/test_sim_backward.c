@@ -1,6 +1,6 @@
 /*
  * test_sim_backward.c -- the efficient backward pass on sim against the
- * float64 reference (tests/ref.c's ref_backward).
+ * float64 reference (tests/lib/ref.c's ref_backward).
  *
  * Inputs (q, k, v, dO) are drawn from a seeded generator and rounded to
  * the op's dtype; O and LSE come from ref_forward and are rounded as a

@@ -1,6 +1,6 @@
 /*
  * test_cpu_paged.c -- layout = paged on the cpu target against the float64
- * reference (tests/paged_cases.h): a sweep over what docs/ir.md advertises
+ * reference (tests/lib/paged_cases.h): a sweep over what docs/ir.md advertises
  * -- page sizes 1, 16, 64 (and 256), pages in order, shuffled and shared
  * between sequences, Sq 1..16, GQA 1:1 .. 8:1, head dims 64, 128, 256 and
  * (192, 128), f16 / bf16 queries with f16, bf16, f8e4m3 and f8e5m2

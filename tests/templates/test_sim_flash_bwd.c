@@ -1,6 +1,6 @@
 /*
  * test_sim_flash_bwd.c -- the flash backward pass (tensor cores) on sim
- * against the float64 reference backward (tests/ref.c's ref_backward).
+ * against the float64 reference backward (tests/lib/ref.c's ref_backward).
  *
  * Covers: f16 and bf16 at every head dim the template targets (32, 64,
  * 96, 128, 192, 256 and 192/128) under the four mask kinds with tails;
@@ -11,14 +11,14 @@
  * and over different emulator worker counts; the atomic (deterministic =
  * false) mode within tolerance; explicit schedules; the workspace API and
  * its errors; expression masks and score_mods (the examples/specs/scores specs
- * and 200 random masks and score_mods of tests/score_cases.h, up to 8 per
+ * and 200 random masks and score_mods of tests/lib/score_cases.h, up to 8 per
  * launch, one per (b, h) plane) with their side tensors.
  * Sizes are small: the emulator runs every GPU thread.  With
  * the argument `cuda` the same cases run on a GPU (tests/gpu/run.sh); with
  * `cpu` the varlen cases and checks run on the cpu target's kernels
  * (ctest test_cpu_varlen_bwd); `cpu scores` runs score programs backward
  * on them (ctest test_score_bwd_cpu): the examples/specs/scores specs and 200
- * random masks and score_mods (tests/score_cases.h, batched as on sim), a
+ * random masks and score_mods (tests/lib/score_cases.h, batched as on sim), a
  * failing batch's cases rerun alone and a failing one shrunk; `sim
  * scores` (ctest test_score_bwd_sim) the same through the efficient
  * variant's GPU kernels on sim (the suite runs the flash variant's);
@@ -929,7 +929,7 @@ static void test_varlen_errors(void)
 
 /* The backward half of the head-dim sweep (test_default_schedules.c runs
  * the forward half): every SWEEP_SAMPLE_STRIDE-th case of
- * tests/sweep_cases.h that is a backward op, both variants, on this
+ * tests/lib/sweep_cases.h that is a backward op, both variants, on this
  * device, B1 H2, lengths 17..40 from the case's index.  Bias cases run
  * without the bias here (their dbias is test_sim_backward's); the
  * template's claim decides which cases a device takes (flash f32: none).

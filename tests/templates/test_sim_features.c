@@ -1,7 +1,7 @@
 /*
  * test_sim_features.c -- the forward-side options of the efficient forward
  * (accumulate, bias = add, dropout) and the merge kernel, run on the SIMT
- * emulator against the float64 reference (tests/ref.h).
+ * emulator against the float64 reference (tests/lib/ref.h).
  *
  *  - accumulate: calls chained over disjoint key blocks, each with its own
  *    kv_offset and slice of K/V, from a prior of LSE = -inf and O = NaN,

@@ -2,7 +2,7 @@
  * test_default_schedules.c -- every default schedule is one its own
  * template accepts (issue 14's sweep).
  *
- *   accept   every case of tests/sweep_cases.h (kind x variant x dtype x
+ *   accept   every case of tests/lib/sweep_cases.h (kind x variant x dtype x
  *            head dim 8..256 step 8 x mask x score mod x bias), each also
  *            with dropout, with accumulate (forward) or deterministic
  *            (backward), and with layout = varlen, and every (D, Dv) pair
