@@ -193,7 +193,7 @@ typedef struct aj_expr_node {
 } aj_expr_node;
 
 /* The arena: nodes[0 .. count-1].  `shared` marks an arena whose nodes
- * may be operands of several nodes (a score program, templates/score.c): a
+ * may be operands of several nodes (a score program, templates/score_prog.c): a
  * fold then never drops the nodes below it and an int literal meeting a
  * float is converted into a new node, not in place. */
 typedef struct aj_expr {
@@ -307,7 +307,7 @@ double aj_expr_eval_f64(const aj_expr *e, uint16_t root,
  * the derivative of the operand it picks, floor 0; a subtree that does
  * not read `score` has derivative 0 and adds no term to a product, even
  * where the chain rule's factor is infinite, as in sqrt(x) at x = 0: the
- * kernels' symbolic derivative, templates/score.c, drops it).  The
+ * kernels' symbolic derivative, templates/score_prog.c, drops it).  The
  * derivative is computed in double from the f32 values. */
 double aj_expr_eval_grad(const aj_expr *e, uint16_t root,
                          const aj_expr_env *env, double *d_score);

@@ -152,7 +152,7 @@ static dual eval_float(const aj_expr_node *n, const dual *x)
     case AJ_EXPR_ADD:  return num(a + b, da + db);
     case AJ_EXPR_SUB:  return num(a - b, da - db);
     /* an operand that does not read the score adds no term (an infinite
-     * a or q times its 0 is no NaN), as templates/score.c drops it */
+     * a or q times its 0 is no NaN), as templates/score_prog.c drops it */
     case AJ_EXPR_MUL:
         return num(a * b, (x[0].live ? da * b : 0.0) + (x[1].live ? (double)a * db : 0.0));
     case AJ_EXPR_DIV: {
@@ -293,7 +293,7 @@ static dual eval_node(const aj_expr *e, uint16_t id, const aj_expr_env *env)
         return eval_int(n, x);
     /* The derivative of a tree that does not read the score is 0, even
      * where the chain rule's local factor is infinite (sqrt(w[9]) at 0):
-     * the kernels' derivative (templates/score.c) is 0 there by
+     * the kernels' derivative (templates/score_prog.c) is 0 there by
      * construction. */
     dual r = eval_float(n, x);
     r.live = false;

@@ -1219,7 +1219,7 @@ aj_status aj_ring_backward(aj_ctx *ctx, aj_device *dev, aj_comm *comm, const aj_
 
 /* What the ring does with one (query chunk, key chunk) pair, from the
  * op's mask at the pair's global positions (the kernels' own tile
- * classes, templates/score.c): nothing visible, no launch; everything
+ * classes, templates/score_host.c): nothing visible, no launch; everything
  * visible, the op without its mask; else the op. */
 typedef enum aj_ring_block {
     AJ_RING_BLOCK_SKIP = 0,

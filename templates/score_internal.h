@@ -1,0 +1,72 @@
+/*
+ * score_internal.h -- what the score module's files share (internal to
+ * templates/score_*.c; score.h is the module's interface):
+ *
+ *   score_prog.c   programs: built-ins -> programs (aj_expr_builtin_text),
+ *                  expressions copied from the op; d mod / d score by
+ *                  differentiation; the mask's conjuncts split into the
+ *                  band and the rest
+ *   score_emit.c   emission: a node -> LLVM values (i64, f32, i1; or
+ *                  <W x ...>), the side tensors' loads and parameters
+ *   score_tiles.c  tiles: a node -> its range over a tile, emitted
+ *                  (aj_score_tile_class), and the tile walks
+ *   score_host.c   host: the same intervals computed on the host
+ *                  (aj_score_host_class), block-mask tensors
+ */
+#ifndef AJ_TEMPLATES_SCORE_INTERNAL_H
+#define AJ_TEMPLATES_SCORE_INTERNAL_H
+
+#include "templates/score.h"
+
+#define NONE AJ_EXPR_NONE
+#define OFFSET_CLAMP (1 << 30)
+/* The interval arithmetic's unknown int, [-2^62, 2^62] (sums saturate),
+ * and the largest box of a side tensor a load's interval reads
+ * (score_tiles.c, and its host twin in score_host.c). */
+#define UNKNOWN_INT (INT64_C(1) << 62)
+#define SCAN_MAX 4096
+
+static inline const aj_expr_node *node(const aj_score_prog *p, uint16_t id)
+{
+    return &p->e.nodes[id];
+}
+
+/*
+ * One emission: values of the nodes reached so far at one point (i, j).
+ * With lanes, a node that reads neither k nor the score has one value for
+ * every lane (alibi's slopes[h], doc[b, q]): it is emitted once as a
+ * scalar and splat, so a vector costs one load of it, not one per lane.
+ */
+typedef struct emitter {
+    aj_score *s;
+    int lanes;                 /* 0: scalar */
+    LLVMValueRef i, j;         /* i32, j maybe <lanes x i32> */
+    LLVMValueRef score;        /* f32 or vector, NULL outside score_mod */
+    LLVMValueRef *memo;        /* vmemo, or umemo while a uniform node is emitted */
+    LLVMValueRef vmemo[AJ_EXPR_NODES_MAX];
+    LLVMValueRef umemo[AJ_EXPR_NODES_MAX];   /* scalar values of uniform nodes */
+} emitter;
+
+static inline void emitter_init(emitter *m, aj_score *s, int lanes, LLVMValueRef i, LLVMValueRef j,
+                         LLVMValueRef score)
+{
+    memset(m, 0, sizeof *m);
+    m->s = s;
+    m->lanes = lanes;
+    m->i = i;
+    m->j = j;
+    m->score = score;
+    m->memo = m->vmemo;
+}
+
+static inline LLVMValueRef to_i64(aj_kb *kb, LLVMValueRef v)
+{
+    return LLVMTypeOf(v) == kb->t_i64 ? v : LLVMBuildSExt(kb->b, v, kb->t_i64, "");
+}
+
+LLVMValueRef aj_score_emit_math(emitter *m, aj_expr_op op, LLVMValueRef a);
+
+LLVMValueRef aj_score_emit_node(emitter *m, uint16_t id);
+LLVMValueRef aj_score_floor_divmod(emitter *m, LLVMValueRef x, LLVMValueRef y, int want_mod);
+
+#endif /* AJ_TEMPLATES_SCORE_INTERNAL_H */
