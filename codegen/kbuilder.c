@@ -8,6 +8,7 @@
 
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 aj_status aj_kb_init(aj_kb *kb, aj_ctx *ctx, LLVMContextRef llctx,
@@ -33,8 +34,34 @@ aj_status aj_kb_init(aj_kb *kb, aj_ctx *ctx, LLVMContextRef llctx,
     return AJ_OK;
 }
 
+void *aj_kb_scratch(aj_kb *kb, size_t bytes)
+{
+    if (kb->num_scratch == kb->cap_scratch) {
+        int cap = kb->cap_scratch ? 2 * kb->cap_scratch : 4;
+        void **grown = realloc(kb->scratch, (size_t)cap * sizeof *grown);
+        if (!grown) {
+            aj_kb_fail(kb, AJ_ERR_OUT_OF_MEMORY, "out of memory building the kernel");
+            return NULL;
+        }
+        kb->scratch = grown;
+        kb->cap_scratch = cap;
+    }
+    void *p = calloc(1, bytes);
+    if (!p) {
+        aj_kb_fail(kb, AJ_ERR_OUT_OF_MEMORY, "out of memory building the kernel");
+        return NULL;
+    }
+    kb->scratch[kb->num_scratch++] = p;
+    return p;
+}
+
 void aj_kb_dispose(aj_kb *kb)
 {
+    for (int i = 0; i < kb->num_scratch; i++)
+        free(kb->scratch[i]);
+    free(kb->scratch);
+    kb->scratch = NULL;
+    kb->num_scratch = kb->cap_scratch = 0;
     if (kb->b)
         LLVMDisposeBuilder(kb->b);
     if (kb->mod)

@@ -104,6 +104,8 @@ typedef struct aj_kb {
     LLVMValueRef sim_thread;     /* sim: the hidden thread-state argument */
     LLVMValueRef work_item;      /* cpu: the hidden argument, ptr to i32 x, y, z */
     int32_t sim_sites;           /* sim: collective call sites numbered so far */
+    void **scratch;              /* aj_kb_scratch's blocks, freed by aj_kb_dispose */
+    int num_scratch, cap_scratch;
 
     /* the launch ABI, in declaration order */
     aj_kb_param_decl params[AJ_KB_MAX_PARAMS];
@@ -136,6 +138,11 @@ aj_status aj_kb_init(aj_kb *kb, aj_ctx *ctx, LLVMContextRef llctx,
                      aj_target target, const char *module_name);
 /* Frees the builder and the module. */
 void aj_kb_dispose(aj_kb *kb);
+
+/* Zeroed memory for the build (a template's score programs, too large for
+ * a stack), owned by the builder and freed by aj_kb_dispose; NULL when out
+ * of memory, the builder then failed. */
+void *aj_kb_scratch(aj_kb *kb, size_t bytes);
 
 /* Records the first failure and returns it. */
 aj_status aj_kb_fail(aj_kb *kb, aj_status st, const char *fmt, ...)

@@ -35,8 +35,7 @@
 static aj_status block_mask_check(aj_ctx *ctx, const aj_op *op, aj_target target)
 {
     (void)target;
-    static _Thread_local aj_score_prog prog;
-    aj_status st = aj_score_prog_init(ctx, op, &prog);
+    aj_status st = aj_score_prog_check(ctx, op);
     if (st != AJ_OK)
         return st;
     if (op->layout != AJ_LAYOUT_PADDED)
@@ -270,17 +269,18 @@ static void build_columns(aj_kb *kb, const aj_op *op, const aj_score_prog *prog,
 static aj_status block_mask_build(aj_kb *kb, const aj_op *op, void *user)
 {
     (void)user;
-    static _Thread_local aj_score_prog prog, by_intervals;
-    aj_status st = aj_score_prog_init(kb->ctx, op, &prog);
+    aj_score_prog *prog = aj_kb_scratch(kb, sizeof *prog);   /* large for a stack */
+    aj_score_prog *by_intervals = aj_kb_scratch(kb, sizeof *by_intervals);
+    aj_status st = prog && by_intervals ? aj_score_prog_init(kb->ctx, op, prog) : kb->st;
     if (st != AJ_OK)
         return st;
     /* this kernel makes the classes a bound mask would give: its own
      * first class is the interval rule's */
-    by_intervals = prog;
-    by_intervals.block_mask = false;
-    build_hulls(kb, op, &prog, &by_intervals);
-    build_classes(kb, op, &prog, &by_intervals);
-    build_columns(kb, op, &prog, &by_intervals);
+    *by_intervals = *prog;
+    by_intervals->block_mask = false;
+    build_hulls(kb, op, prog, by_intervals);
+    build_classes(kb, op, prog, by_intervals);
+    build_columns(kb, op, prog, by_intervals);
     return kb->st;
 }
 

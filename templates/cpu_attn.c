@@ -60,8 +60,7 @@ aj_status aj_cpu_check_op(aj_ctx *ctx, const aj_op *op, const char *who)
         return aj_fail(ctx, AJ_ERR_UNSUPPORTED, "bias = add with layout = varlen: %s supports "
                        "a bias on layout = padded only", who);
     aj_status st = aj_attn_check_dims(ctx, op, who);
-    static _Thread_local aj_score_prog prog;   /* large for a stack */
-    return st != AJ_OK ? st : aj_score_prog_init(ctx, op, &prog);
+    return st != AJ_OK ? st : aj_score_prog_check(ctx, op);
 }
 
 aj_status aj_cpu_plan_tiles(aj_ctx *ctx, const aj_op *op, const char *who, int w, int default_bm,

@@ -517,11 +517,11 @@ static aj_status cbwd_build(aj_kb *kb, const aj_op *op, void *user)
     aj_status st = plan_kernel(kb->ctx, op, &c.p);
     if (st != AJ_OK)
         return st;
-    static _Thread_local aj_score_prog prog;   /* large for a stack */
-    st = aj_score_prog_init(kb->ctx, op, &prog);
+    aj_score_prog *prog = aj_kb_scratch(kb, sizeof *prog);   /* large for a stack */
+    st = prog ? aj_score_prog_init(kb->ctx, op, prog) : kb->st;
     if (st != AJ_OK)
         return st;
-    c.prog = &prog;
+    c.prog = prog;
     build_dkdv(&c);
     build_dq(&c);
     return kb->st;

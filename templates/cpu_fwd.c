@@ -784,22 +784,22 @@ static aj_status cfwd_build(aj_kb *kb, const aj_op *op, void *user)
     aj_status st = plan_kernel(kb->ctx, op, &c.p);
     if (st != AJ_OK)
         return st;
-    static _Thread_local aj_score_prog prog;   /* large for a stack */
-    st = aj_score_prog_init(kb->ctx, op, &prog);
+    aj_score_prog *prog = aj_kb_scratch(kb, sizeof *prog);   /* large for a stack */
+    st = prog ? aj_score_prog_init(kb->ctx, op, prog) : kb->st;
     if (st != AJ_OK)
         return st;
     /* without a score_mod, Q takes scale log2 e once, and scores need no
      * multiply; the score_mod sees the scaled score in natural units */
-    int log2e_in_q = aj_cpu_log2e_in_q(op, &prog);
+    int log2e_in_q = aj_cpu_log2e_in_q(op, prog);
     if (op->layout == AJ_LAYOUT_PAGED) {
         c.k_tensor = AJ_PSRC_k_cache;
         c.v_tensor = AJ_PSRC_v_cache;
-        build_paged_parts(&c, &prog, log2e_in_q);
-        build_paged_merge(&c, &prog);
+        build_paged_parts(&c, prog, log2e_in_q);
+        build_paged_merge(&c, prog);
     } else {
         c.k_tensor = AJ_PSRC_k;
         c.v_tensor = AJ_PSRC_v;
-        build_dense(&c, &prog, log2e_in_q);
+        build_dense(&c, prog, log2e_in_q);
     }
     return kb->st;
 }

@@ -207,9 +207,8 @@ static aj_status efwd_check(aj_ctx *ctx, const aj_op *op, aj_target target)
     if (st != AJ_OK)
         return st;
     efwd_plan plan;
-    static _Thread_local aj_score_prog prog;
     st = plan_kernel(ctx, op, target, &plan);
-    return st != AJ_OK ? st : aj_score_prog_init(ctx, op, &prog);
+    return st != AJ_OK ? st : aj_score_prog_check(ctx, op);
 }
 
 /* ---------------------------------------------------------------- build */
@@ -894,8 +893,10 @@ static void build_padded(efwd *e)
 static void rows_paged(efwd *e, LLVMValueRef bidx, LLVMValueRef h0, LLVMValueRef q_origin,
                        LLVMValueRef total)
 {
-    static _Thread_local aj_score row_scores[MAX_RM];
     aj_kb *kb = e->kb;
+    aj_score *row_scores = aj_kb_scratch(kb, MAX_RM * sizeof *row_scores);
+    if (!row_scores)
+        return;
     LLVMBuilderRef b = e->b;
     LLVMValueRef one = aj_kb_i32(kb, 1);
     LLVMValueRef last = LLVMBuildSub(b, e->rows, one, "");
@@ -1184,11 +1185,11 @@ static aj_status efwd_build(aj_kb *kb, const aj_op *op, void *user)
     aj_status st = plan_kernel(kb->ctx, op, kb->target, &e.p);
     if (st != AJ_OK)
         return st;
-    static _Thread_local aj_score_prog prog;
-    st = aj_score_prog_init(kb->ctx, op, &prog);
+    aj_score_prog *prog = aj_kb_scratch(kb, sizeof *prog);   /* large for a stack */
+    st = prog ? aj_score_prog_init(kb->ctx, op, prog) : kb->st;
     if (st != AJ_OK)
         return st;
-    e.prog = &prog;
+    e.prog = prog;
     if (e.p.paged) {
         build_paged_parts(&e);
         build_paged_merge(&e);

@@ -347,9 +347,8 @@ static aj_status fbwd_check(aj_ctx *ctx, const aj_op *op, aj_target target)
     if (st != AJ_OK)
         return st;
     fbwd_plan plan;
-    static _Thread_local aj_score_prog prog;
     st = plan_kernel(ctx, op, target, &plan);
-    return st != AJ_OK ? st : aj_score_prog_init(ctx, op, &prog);
+    return st != AJ_OK ? st : aj_score_prog_check(ctx, op);
 }
 
 /* ---------------------------------------------------------------- shared */
@@ -1304,16 +1303,16 @@ static aj_status fbwd_build(aj_kb *kb, const aj_op *op, void *user)
     aj_status st = plan_kernel(kb->ctx, op, kb->target, &plan);
     if (st != AJ_OK)
         return st;
-    static _Thread_local aj_score_prog prog;
-    st = aj_score_prog_init(kb->ctx, op, &prog);
+    aj_score_prog *prog = aj_kb_scratch(kb, sizeof *prog);   /* large for a stack */
+    st = prog ? aj_score_prog_init(kb->ctx, op, prog) : kb->st;
     if (st != AJ_OK)
         return st;
-    build_delta(kb, op, &plan, &prog);
-    build_dkdv(kb, op, &plan, &prog);
+    build_delta(kb, op, &plan, prog);
+    build_dkdv(kb, op, &plan, prog);
     if (plan.deterministic)
-        build_dq(kb, op, &plan, &prog);
+        build_dq(kb, op, &plan, prog);
     else
-        build_dq_convert(kb, op, &plan, &prog);
+        build_dq_convert(kb, op, &plan, prog);
     return kb->st;
 }
 

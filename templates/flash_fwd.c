@@ -226,9 +226,8 @@ static aj_status ffwd_check(aj_ctx *ctx, const aj_op *op, aj_target target)
     if (st != AJ_OK)
         return st;
     ffwd_plan plan;
-    static _Thread_local aj_score_prog prog;
     st = plan_kernel(ctx, op, target, &plan);
-    return st != AJ_OK ? st : aj_score_prog_init(ctx, op, &prog);
+    return st != AJ_OK ? st : aj_score_prog_check(ctx, op);
 }
 
 /* ---------------------------------------------------------------- build */
@@ -757,13 +756,13 @@ static aj_status ffwd_build(aj_kb *kb, const aj_op *op, void *user)
         return st;
     const ffwd_plan *p = &e.p;
     LLVMBuilderRef b = kb->b;
-    static _Thread_local aj_score_prog prog;
-    st = aj_score_prog_init(kb->ctx, op, &prog);
+    aj_score_prog *prog = aj_kb_scratch(kb, sizeof *prog);   /* large for a stack */
+    st = prog ? aj_score_prog_init(kb->ctx, op, prog) : kb->st;
     if (st != AJ_OK)
         return st;
-    e.prog = &prog;
+    e.prog = prog;
 
-    aj_params_declare(kb, AJ_KSIG_FLASH_FWD, op, &prog);
+    aj_params_declare(kb, AJ_KSIG_FLASH_FWD, op, prog);
     aj_kb_begin(kb, p->threads);
     e.p.smem_q = aj_kb_smem_reserve(kb, 2 * p->bm * p->ldq);
     e.p.smem_k = aj_kb_smem_reserve(kb, 2 * p->stages * p->bn * p->ldk);
@@ -810,8 +809,8 @@ static aj_status ffwd_build(aj_kb *kb, const aj_op *op, void *user)
         LLVMBuildSDiv(b, aj_param(kb, AJ_PID(heads_q)), aj_param(kb, AJ_PID(heads_kv)), "");
     LLVMValueRef hkv = LLVMBuildSDiv(b, h, group_size, "hkv");
     LLVMValueRef sq, sk;
-    aj_attn_score_totals(kb, &prog, op->layout, e.seq_q, e.seq_k, &sq, &sk);
-    aj_score_begin(&e.sc, kb, &prog, 0, bidx, h, aj_param(kb, AJ_PID(q_offset)),
+    aj_attn_score_totals(kb, prog, op->layout, e.seq_q, e.seq_k, &sq, &sk);
+    aj_score_begin(&e.sc, kb, prog, 0, bidx, h, aj_param(kb, AJ_PID(q_offset)),
                    aj_param(kb, AJ_PID(kv_offset)), sq, sk);
     if (op->dropout > 0)
         e.drop = aj_attn_dropout_stream(
@@ -839,7 +838,7 @@ static aj_status ffwd_build(aj_kb *kb, const aj_op *op, void *user)
                        e.seq_k);
     /* with a mask rest, the tiles in flight and their classes: ahead[s]
      * is position at + s's, taken when its copy was issued (issue_kv_tile) */
-    int gated = aj_score_has_rest(&prog);
+    int gated = aj_score_has_rest(prog);
     LLVMValueRef ahead[MAX_STAGES], ahead_tile[MAX_STAGES];
     for (int s = 0; gated && s < p->stages; s++) {
         ahead[s] = aj_kb_var(kb, kb->t_i32, i32c(&e, AJ_TILE_SKIP), "cls");

@@ -87,6 +87,9 @@ typedef struct aj_score_prog {
 /* Builds the programs of `op` (verified).  AJ_ERR_UNSUPPORTED when the
  * derivative does not fit the node arena (the message says so). */
 aj_status aj_score_prog_init(aj_ctx *ctx, const aj_op *op, aj_score_prog *p);
+/* Whether the programs of `op` can be built (aj_score_prog_init's status
+ * and message), for a template's check, which keeps none of them. */
+aj_status aj_score_prog_check(aj_ctx *ctx, const aj_op *op);
 
 /* A hash of the mask's programs (band and rest) and the tensors they may
  * read: equal for two ops whose masks are the same program (a forward and

@@ -4,6 +4,7 @@
  */
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "templates/attn_common.h"
@@ -396,6 +397,16 @@ static void split_band(builder *bd, uint16_t mask)
             p->rest = p->rest == NONE ? conj[c] : mk2(bd, AJ_EXPR_AND, p->rest, conj[c]);
         }
     }
+}
+
+aj_status aj_score_prog_check(aj_ctx *ctx, const aj_op *op)
+{
+    aj_score_prog *p = malloc(sizeof *p);   /* large for a stack */
+    if (!p)
+        return aj_fail(ctx, AJ_ERR_OUT_OF_MEMORY, "out of memory");
+    aj_status st = aj_score_prog_init(ctx, op, p);
+    free(p);
+    return st;
 }
 
 aj_status aj_score_prog_init(aj_ctx *ctx, const aj_op *op, aj_score_prog *p)
