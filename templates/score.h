@@ -143,6 +143,10 @@ typedef struct aj_score {
     /* aj_score_fix_cols, aj_score_load_cols: the same for the nodes that
      * read k but not q over the fixed keys */
     LLVMValueRef col_lo[AJ_EXPR_NODES_MAX], col_hi[AJ_EXPR_NODES_MAX];
+    /* the emitters of the score module's calls (too large for a stack),
+     * one per kind of call, made on first use in the builder's scratch
+     * (score_internal.h) */
+    void *scratch[8];
 } aj_score;
 
 /*

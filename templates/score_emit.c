@@ -310,19 +310,21 @@ void aj_score_begin(aj_score *s, aj_kb *kb, const aj_score_prog *p, int lanes, L
     s->sq = sq ? sq : aj_kb_i64(kb, 0);
     s->sk = sk ? sk : aj_kb_i64(kb, 0);
     /* the band's bounds read no position: one scalar emission per CTA */
-    static _Thread_local emitter m;
-    emitter_init(&m, s, 0, aj_kb_i32(kb, 0), aj_kb_i32(kb, 0), NULL);
+    emitter *m = score_scratch(s, SLOT_BAND, sizeof *m);
+    if (!m)
+        return;
+    emitter_init(m, s, 0, aj_kb_i32(kb, 0), aj_kb_i32(kb, 0), NULL);
     LLVMValueRef delta = LLVMBuildSub(kb->b, q_origin, k_origin, "delta");
     if (p->band_hi != NONE)
-        s->hi_off = clamp_to_i32(kb, LLVMBuildAdd(kb->b, delta, aj_score_emit_node(&m, p->band_hi), ""));
+        s->hi_off = clamp_to_i32(kb, LLVMBuildAdd(kb->b, delta, aj_score_emit_node(m, p->band_hi), ""));
     if (p->band_lo != NONE)
-        s->lo_off = clamp_to_i32(kb, LLVMBuildAdd(kb->b, delta, aj_score_emit_node(&m, p->band_lo), ""));
+        s->lo_off = clamp_to_i32(kb, LLVMBuildAdd(kb->b, delta, aj_score_emit_node(m, p->band_lo), ""));
     /* loads that stay the same over the CTA's tiles, read here once: no
      * key loop then keeps their addresses and bounds live */
     for (int id = 0; id < p->e.count; id++)
         if (node(p, id)->op == AJ_EXPR_LOAD &&
             !(p->reads[id] & (AJ_SCORE_READS_POSITION | AJ_SCORE_READS(AJ_VAR_SCORE))))
-            s->loads[id] = aj_score_emit_node(&m, id);
+            s->loads[id] = aj_score_emit_node(m, id);
     if (p->block_mask) {
         LLVMBuilderRef bd = kb->b;
         s->mask_classes = aj_param(kb, AJ_PID(block_mask));
@@ -340,49 +342,59 @@ LLVMValueRef aj_score_mod_value(aj_score *s, LLVMValueRef score, LLVMValueRef i,
 {
     if (s->p->mod == NONE)
         return score;
-    static _Thread_local emitter m;
-    emitter_init(&m, s, s->lanes, i, j, score);
-    return aj_score_emit_node(&m, s->p->mod);
+    emitter *m = score_scratch(s, SLOT_MOD, sizeof *m);
+    if (!m)
+        return score;
+    emitter_init(m, s, s->lanes, i, j, score);
+    return aj_score_emit_node(m, s->p->mod);
 }
 
 LLVMValueRef aj_score_mod_grad(aj_score *s, LLVMValueRef score, LLVMValueRef i, LLVMValueRef j,
                                LLVMValueRef *d)
 {
     aj_kb *kb = s->kb;
-    static _Thread_local emitter m;
-    emitter_init(&m, s, s->lanes, i, j, score);
-    if (s->p->mod == NONE) {
-        *d = splat(&m, aj_kb_f32(kb, 1));
+    emitter *m = score_scratch(s, SLOT_GRAD, sizeof *m);
+    if (!m) {
+        *d = score;
         return score;
     }
-    LLVMValueRef v = aj_score_emit_node(&m, s->p->mod);
-    *d = s->p->dmod == NONE ? splat(&m, aj_kb_f32(kb, 1)) : aj_score_emit_node(&m, s->p->dmod);
+    emitter_init(m, s, s->lanes, i, j, score);
+    if (s->p->mod == NONE) {
+        *d = splat(m, aj_kb_f32(kb, 1));
+        return score;
+    }
+    LLVMValueRef v = aj_score_emit_node(m, s->p->mod);
+    *d = s->p->dmod == NONE ? splat(m, aj_kb_f32(kb, 1)) : aj_score_emit_node(m, s->p->dmod);
     return v;
 }
 
 LLVMValueRef aj_score_visible_rest(aj_score *s, LLVMValueRef i, LLVMValueRef j)
 {
-    static _Thread_local emitter m;
-    emitter_init(&m, s, s->lanes, i, j, NULL);
+    emitter *m = score_scratch(s, SLOT_REST, sizeof *m);
+    if (!m)
+        return LLVMConstInt(s->kb->t_i1, 1, 0);
+    emitter_init(m, s, s->lanes, i, j, NULL);
     if (s->p->rest == NONE)
-        return splat(&m, LLVMConstInt(s->kb->t_i1, 1, 0));
-    return aj_score_emit_node(&m, s->p->rest);
+        return splat(m, LLVMConstInt(s->kb->t_i1, 1, 0));
+    return aj_score_emit_node(m, s->p->rest);
 }
 
 LLVMValueRef aj_score_visible(aj_score *s, LLVMValueRef i, LLVMValueRef j)
 {
     aj_kb *kb = s->kb;
     LLVMBuilderRef b = kb->b;
-    static _Thread_local emitter m;
-    emitter_init(&m, s, s->lanes, i, j, NULL);
+    emitter *m = score_scratch(s, SLOT_VISIBLE, sizeof *m);
+    if (!m)
+        return LLVMConstInt(kb->t_i1, 1, 0);
+    emitter_init(m, s, s->lanes, i, j, NULL);
     LLVMValueRef vis = aj_score_visible_rest(s, i, j);
     if (s->hi_off)
         vis = LLVMBuildAnd(b, vis, LLVMBuildICmp(b, LLVMIntSLE, j,
-                                                 splat(&m, LLVMBuildAdd(b, i, s->hi_off, "")),
+                                                 splat(m, LLVMBuildAdd(b, i, s->hi_off, "")),
                                                  ""), "");
     if (s->lo_off)
         vis = LLVMBuildAnd(b, vis, LLVMBuildICmp(b, LLVMIntSGE, j,
-                                                 splat(&m, LLVMBuildAdd(b, i, s->lo_off, "")),
+                                                 splat(m, LLVMBuildAdd(b, i, s->lo_off, "")),
                                                  ""), "");
     return vis;
 }

@@ -3,6 +3,7 @@
  */
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "templates/attn_common.h"
@@ -324,15 +325,17 @@ aj_tile_class aj_score_host_class(const aj_score_prog *p, const aj_side_tensor *
                                   aj_score_cache *cache, int64_t b, int64_t h, int64_t q0,
                                   int64_t q1, int64_t k0, int64_t k1, int64_t sq, int64_t sk)
 {
-    static _Thread_local hctx c;
-    memset(c.done, 0, (size_t)p->e.count * sizeof c.done[0]);
-    c.p = p;
-    c.cache = cache;
-    c.env = (aj_expr_env){.b = b < 0 ? 0 : b, .h = h < 0 ? 0 : h, .sq = sq, .sk = sk};
-    c.any_batch = b < 0;
-    c.tensors = tensors;
-    c.any_head = h < 0;
-    c.q0 = q0, c.q1 = q1, c.k0 = k0, c.k1 = k1;
+    hctx *c = malloc(sizeof *c);   /* large for a stack */
+    if (!c)
+        return AJ_TILE_PARTIAL;   /* always safe: every element tested */
+    memset(c->done, 0, (size_t)p->e.count * sizeof c->done[0]);
+    c->p = p;
+    c->cache = cache;
+    c->env = (aj_expr_env){.b = b < 0 ? 0 : b, .h = h < 0 ? 0 : h, .sq = sq, .sk = sk};
+    c->any_batch = b < 0;
+    c->tensors = tensors;
+    c->any_head = h < 0;
+    c->q0 = q0, c->q1 = q1, c->k0 = k0, c->k1 = k1;
     bool skip = false, full = true;
     /* the band, exactly as the kernels: k in [q + lo, q + hi] */
     uint16_t bounds[2] = {p->band_lo, p->band_hi};
@@ -340,7 +343,7 @@ aj_tile_class aj_score_host_class(const aj_score_prog *p, const aj_side_tensor *
         if (bounds[side] == NONE)
             continue;
         /* a bound that reads h for any head is its hull over heads */
-        hval v = hv_node(&c, bounds[side]);
+        hval v = hv_node(c, bounds[side]);
         if (side == 0) {    /* k >= q + lo */
             skip = skip || (__int128)k1 < (__int128)q0 + v.lo;
             full = full && (__int128)k0 >= (__int128)q1 + v.hi;
@@ -350,9 +353,10 @@ aj_tile_class aj_score_host_class(const aj_score_prog *p, const aj_side_tensor *
         }
     }
     if (p->rest != NONE) {
-        hval r = hv_node(&c, p->rest);
+        hval r = hv_node(c, p->rest);
         skip = skip || !r.may_t;
         full = full && !r.may_f;
     }
+    free(c);
     return skip ? AJ_TILE_SKIP : full ? AJ_TILE_FULL : AJ_TILE_PARTIAL;
 }

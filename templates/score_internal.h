@@ -69,4 +69,21 @@ LLVMValueRef aj_score_emit_math(emitter *m, aj_expr_op op, LLVMValueRef a);
 LLVMValueRef aj_score_emit_node(emitter *m, uint16_t id);
 LLVMValueRef aj_score_floor_divmod(emitter *m, LLVMValueRef x, LLVMValueRef y, int want_mod);
 
+/* The calls that keep an emitter in aj_score.scratch: one each, reused by
+ * every call of its kind (a call of one kind may run inside another's). */
+enum score_scratch_slot {
+    SLOT_BAND, SLOT_MOD, SLOT_GRAD, SLOT_REST, SLOT_VISIBLE,
+    SLOT_FIX_ROWS, SLOT_FIX_COLS, SLOT_TILE_CLASS, SLOT_COUNT
+};
+_Static_assert(SLOT_COUNT <= sizeof(((aj_score *)0)->scratch) / sizeof(void *), "score scratch");
+
+/* Slot `slot`'s scratch of `bytes`, made on first use; NULL when out of
+ * memory (the builder then failed). */
+static inline void *score_scratch(aj_score *s, int slot, size_t bytes)
+{
+    if (!s->scratch[slot])
+        s->scratch[slot] = aj_kb_scratch(s->kb, bytes);
+    return s->scratch[slot];
+}
+
 #endif /* AJ_TEMPLATES_SCORE_INTERNAL_H */

@@ -114,28 +114,32 @@ static aj_status add_field(aj_ctx *ctx, const aj_op *op, bool score_mod, aj_scor
                        score_mod ? "score_mod" : "mask");
     if (!text[0])
         return AJ_OK;
-    static _Thread_local aj_op tmp;   /* an op is large for a stack */
-    tmp = *op;
-    tmp.expr.count = 0;
+    aj_op *tmp = malloc(sizeof *tmp);   /* an op is large for a stack */
+    if (!tmp)
+        return aj_fail(ctx, AJ_ERR_OUT_OF_MEMORY, "out of memory");
+    *tmp = *op;
+    tmp->expr.count = 0;
     if (needs_slopes) {
-        aj_tensor_decl *d = &tmp.tensors[tmp.tensor_count++];
+        aj_tensor_decl *d = &tmp->tensors[tmp->tensor_count++];
         memset(d, 0, sizeof *d);
         snprintf(d->name, sizeof d->name, "slopes");
         d->dtype = AJ_SIDE_F32;
         d->rank = 1;
     }
     uint16_t r;
-    if (aj_expr_parse(&tmp, score_mod, text, strlen(text), &r, msg, sizeof msg) != AJ_OK)
-        return aj_fail(ctx, AJ_ERR_INTERNAL, "the built-in program '%s': %s", text, msg);
-    if (!aj_expr_copy(&p->e, &tmp.expr, r, root))
-        return aj_fail(ctx, AJ_ERR_UNSUPPORTED, "the score program does not fit %d nodes",
-                       AJ_EXPR_NODES_MAX);
-    if (needs_slopes && p->tensor_count == op->tensor_count) {
+    aj_status st = AJ_OK;
+    if (aj_expr_parse(tmp, score_mod, text, strlen(text), &r, msg, sizeof msg) != AJ_OK)
+        st = aj_fail(ctx, AJ_ERR_INTERNAL, "the built-in program '%s': %s", text, msg);
+    else if (!aj_expr_copy(&p->e, &tmp->expr, r, root))
+        st = aj_fail(ctx, AJ_ERR_UNSUPPORTED, "the score program does not fit %d nodes",
+                     AJ_EXPR_NODES_MAX);
+    if (st == AJ_OK && needs_slopes && p->tensor_count == op->tensor_count) {
         aj_tensor_decl *d = &p->tensors[p->tensor_count++];
-        *d = tmp.tensors[op->tensor_count];
+        *d = tmp->tensors[op->tensor_count];
         snprintf(d->name, sizeof d->name, "alibi_slopes");
     }
-    return AJ_OK;
+    free(tmp);
+    return st;
 }
 
 /* ---------------------------------------------------------------- derivative */
@@ -238,7 +242,7 @@ static uint16_t diff(builder *bd, uint16_t id, const uint16_t *reads, uint16_t *
  * pass in id order. */
 static bool interval_bounds(const aj_score_prog *p, uint16_t root)
 {
-    static _Thread_local bool ok[AJ_EXPR_NODES_MAX];
+    bool ok[AJ_EXPR_NODES_MAX];
     for (int id = 0; id <= root; id++) {
         const aj_expr_node *n = node(p, id);
         ok[id] = true;
@@ -381,7 +385,7 @@ static void split_conjuncts(const aj_score_prog *p, uint16_t id, uint16_t *out, 
 static void split_band(builder *bd, uint16_t mask)
 {
     aj_score_prog *p = bd->p;
-    static _Thread_local uint16_t reads[AJ_EXPR_NODES_MAX];
+    uint16_t reads[AJ_EXPR_NODES_MAX];
     mark_reads(p, reads);
     uint16_t conj[AJ_EXPR_NODES_MAX];
     int n = 0;
@@ -425,7 +429,7 @@ aj_status aj_score_prog_init(aj_ctx *ctx, const aj_op *op, aj_score_prog *p)
     builder bd = {p, {p->tensors, AJ_OP_TENSORS_MAX + 1, true}, true};
     bd.scope.count = p->tensor_count;
     if (p->mod != NONE) {
-        static _Thread_local uint16_t reads[AJ_EXPR_NODES_MAX], memo[AJ_EXPR_NODES_MAX];
+        uint16_t reads[AJ_EXPR_NODES_MAX], memo[AJ_EXPR_NODES_MAX];
         mark_reads(p, reads);
         for (int i = 0; i < AJ_EXPR_NODES_MAX; i++)
             memo[i] = NONE;
@@ -472,7 +476,7 @@ static uint64_t mix(uint64_t h, uint64_t v)
 
 uint64_t aj_score_mask_hash(const aj_score_prog *p)
 {
-    static _Thread_local uint64_t hs[AJ_EXPR_NODES_MAX];
+    uint64_t hs[AJ_EXPR_NODES_MAX];
     for (int id = 0; id < p->e.count; id++) {
         const aj_expr_node *n = node(p, id);
         uint64_t leaf = n->op == AJ_EXPR_LIT ? (uint64_t)n->u.i

@@ -380,12 +380,14 @@ void aj_score_fix_rows(aj_score *s, LLVMValueRef i0, LLVMValueRef i1)
     const aj_score_prog *p = s->p;
     if (p->rest == NONE)
         return;
-    static _Thread_local iemitter m;
-    iemitter_init(&m, s, i0, i1, aj_kb_i32(s->kb, 0), aj_kb_i32(s->kb, 0));
+    iemitter *m = score_scratch(s, SLOT_FIX_ROWS, sizeof *m);
+    if (!m)
+        return;
+    iemitter_init(m, s, i0, i1, aj_kb_i32(s->kb, 0), aj_kb_i32(s->kb, 0));
     for (int id = 0; id < p->e.count; id++)
         if ((p->reads[id] & AJ_SCORE_READS(AJ_VAR_Q)) &&
             !(p->reads[id] & (AJ_SCORE_READS(AJ_VAR_K) | AJ_SCORE_READS(AJ_VAR_SCORE)))) {
-            ival v = iv_node(&m, (uint16_t)id);
+            ival v = iv_node(m, (uint16_t)id);
             s->row_lo[id] = v.lo;
             s->row_hi[id] = v.hi;
         }
@@ -410,11 +412,13 @@ int aj_score_col_slots(const aj_score_prog *p)
 void aj_score_fix_cols(aj_score *s, LLVMValueRef j0, LLVMValueRef j1)
 {
     const aj_score_prog *p = s->p;
-    static _Thread_local iemitter m;
-    iemitter_init(&m, s, aj_kb_i32(s->kb, 0), aj_kb_i32(s->kb, 0), j0, j1);
+    iemitter *m = score_scratch(s, SLOT_FIX_COLS, sizeof *m);
+    if (!m)
+        return;
+    iemitter_init(m, s, aj_kb_i32(s->kb, 0), aj_kb_i32(s->kb, 0), j0, j1);
     for (int id = 0; p->rest != NONE && id < p->e.count; id++)
         if (reads_keys_only(p, id)) {
-            ival v = iv_node(&m, (uint16_t)id);
+            ival v = iv_node(m, (uint16_t)id);
             s->col_lo[id] = v.lo;
             s->col_hi[id] = v.hi;
         }
@@ -477,9 +481,13 @@ static void interval_tile_class(aj_score *s, LLVMValueRef i0, LLVMValueRef i1, L
                                 LLVMValueRef j1, LLVMValueRef *skip, LLVMValueRef *full)
 {
     LLVMBuilderRef b = s->kb->b;
-    static _Thread_local iemitter m;
-    iemitter_init(&m, s, i0, i1, j0, j1);
-    ival r = iv_node(&m, s->p->rest);
+    iemitter *m = score_scratch(s, SLOT_TILE_CLASS, sizeof *m);
+    if (!m) {
+        *skip = *full = LLVMConstInt(s->kb->t_i1, 0, 0);
+        return;
+    }
+    iemitter_init(m, s, i0, i1, j0, j1);
+    ival r = iv_node(m, s->p->rest);
     *skip = LLVMBuildNot(b, r.hi, "");
     *full = LLVMBuildNot(b, r.lo, "");
 }
