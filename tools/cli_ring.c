@@ -792,72 +792,80 @@ static int read_docs(aj_ctx *ctx, ring_opts *o, int me, int size)
 
 /* ---------------------------------------------------------------- command */
 
-int cli_ring(aj_ctx *ctx, int argc, char **argv)
-{
+/* One `attnjit ring` call on this rank: its options, the ops, the device
+ * and communicator, the tensors and what the ring reported. */
+typedef struct ring_run {
     ring_opts o;
-    int rc = parse_ring_args(argc, argv, &o);
-    if (rc != CLI_EXIT_OK)
-        return rc;
-    int initialized = 0;
-    MPI_Initialized(&initialized);
-    if (!initialized)
-        MPI_Init(NULL, NULL);
-    int me = 0, size = 1;
-    MPI_Comm_rank(MPI_COMM_WORLD, &me);
-    MPI_Comm_size(MPI_COMM_WORLD, &size);
-
-    aj_op *fop = NULL, *bop = NULL;
-    aj_device *dev = NULL;
-    aj_comm *comm = NULL;
+    int me, size;
+    aj_op *fop, *bop;            /* the forward op, and its backward (--grad) */
+    aj_op_info info;
+    aj_device_kind kind;
+    aj_device *dev;
+    aj_comm *comm;
     ring_tensor in[R_IN_COUNT], out[R_OUT_COUNT];
-    memset(in, 0, sizeof in);
-    memset(out, 0, sizeof out);
-    aj_op_info info = {0};
-    aj_device_kind kind = AJ_DEVICE_SIM;
-    cli_side_buffers side = {0};
-    aj_side_tensor side_dev[AJ_OP_TENSORS_MAX] = {{0}};
-    aj_tile_counts *tiles = NULL;
-    void *cu_dev[2] = {NULL, NULL};   /* layout = varlen: the offsets, device memory */
+    int varlen;
+    cli_side_buffers side;
+    aj_side_tensor side_dev[AJ_OP_TENSORS_MAX];
+    aj_tile_counts *tiles;       /* -v: each forward launch's tiles */
+    int tiles_cap;
+    void *cu_dev[2];             /* layout = varlen: the offsets, device memory */
+    aj_ring_stats fs, bs;
+} ring_run;
 
-    rc = cli_load_op(ctx, o.spec, &fop);
+/* The outputs this call computes: o and lse, and the gradients with --grad. */
+static int outputs(const ring_run *r)
+{
+    return r->o.grad ? R_OUT_COUNT : R_DQ;
+}
+
+/* The op and its backward, the device kind, the option checks; rank 0
+ * reads the inputs and side tensors, which every rank then gets. */
+static int load_inputs(aj_ctx *ctx, ring_run *r)
+{
+    const ring_opts *o = &r->o;
+    int rc = cli_load_op(ctx, o->spec, &r->fop);
     if (rc == CLI_EXIT_OK)
-        aj_op_get_info(fop, &info);
-    if (rc == CLI_EXIT_OK && o.grad) {
-        aj_status st = backward_of(ctx, fop, &bop);
+        aj_op_get_info(r->fop, &r->info);
+    if (rc == CLI_EXIT_OK && o->grad) {
+        aj_status st = backward_of(ctx, r->fop, &r->bop);
         if (st != AJ_OK)
             rc = cli_report(ctx, st);
     }
     if (rc == CLI_EXIT_OK)
-        rc = cli_device_kind(o.device, &kind);
-    if (rc == CLI_EXIT_OK && (info.score_mod == AJ_SCORE_MOD_ALIBI) != (o.in[R_ALIBI] != NULL))
-        rc = cli_usage("%s", o.in[R_ALIBI] ? "--in alibi_slopes given, but the op has no alibi"
-                                           : "the op uses alibi: give --in alibi_slopes=FILE");
+        rc = cli_device_kind(o->device, &r->kind);
+    if (rc == CLI_EXIT_OK &&
+        (r->info.score_mod == AJ_SCORE_MOD_ALIBI) != (o->in[R_ALIBI] != NULL))
+        rc = cli_usage("%s", o->in[R_ALIBI] ? "--in alibi_slopes given, but the op has no alibi"
+                                            : "the op uses alibi: give --in alibi_slopes=FILE");
     if (rc == CLI_EXIT_OK)
-        rc = cli_side_check(&info, &o.side, "ring", in_names, R_IN_COUNT);
-    const int varlen = info.layout == AJ_LAYOUT_VARLEN;
-    if (rc == CLI_EXIT_OK && varlen != (o.cu_path[0] && o.cu_path[1]))
-        rc = cli_usage("%s", varlen ? "a layout = varlen op needs --in cu_seqlens_q=FILE and "
-                                      "--in cu_seqlens_k=FILE"
-                                    : "--in cu_seqlens_q/_k given, but the op is not "
-                                      "layout = varlen");
+        rc = cli_side_check(&r->info, &o->side, "ring", in_names, R_IN_COUNT);
+    r->varlen = r->info.layout == AJ_LAYOUT_VARLEN;
+    if (rc == CLI_EXIT_OK && r->varlen != (o->cu_path[0] && o->cu_path[1]))
+        rc = cli_usage("%s", r->varlen ? "a layout = varlen op needs --in cu_seqlens_q=FILE "
+                                         "and --in cu_seqlens_k=FILE"
+                                       : "--in cu_seqlens_q/_k given, but the op is not "
+                                         "layout = varlen");
     if ((rc = agree(rc)) != CLI_EXIT_OK)
-        goto done;
-    if (varlen && (rc = read_docs(ctx, &o, me, size)) != CLI_EXIT_OK)
-        goto done;
-    if (me == 0)
+        return rc;
+    if (r->varlen && (rc = read_docs(ctx, &r->o, r->me, r->size)) != CLI_EXIT_OK)
+        return rc;
+    if (r->me == 0)
         for (int t = 0; t < R_IN_COUNT && rc == CLI_EXIT_OK; t++)
-            if (o.in[t])
-                rc = read_input(in_names[t], o.in[t], t == R_ALIBI ? 1 : varlen ? 3 : 4,
-                                &in[t]);
-    if (rc == CLI_EXIT_OK && me == 0)
-        rc = cli_side_load(&info, &o.side, &side);
+            if (o->in[t])
+                rc = read_input(in_names[t], o->in[t], t == R_ALIBI ? 1 : r->varlen ? 3 : 4,
+                                &r->in[t]);
+    if (rc == CLI_EXIT_OK && r->me == 0)
+        rc = cli_side_load(&r->info, &o->side, &r->side);
     if ((rc = agree(rc)) != CLI_EXIT_OK)
-        goto done;
-    rc = agree(broadcast_side(&info, &side, me));
-    if (rc != CLI_EXIT_OK)
-        goto done;
+        return rc;
+    return agree(broadcast_side(&r->info, &r->side, r->me));
+}
 
-    /* every rank learns the shapes from rank 0 */
+/* Every rank learns the inputs' shapes from rank 0, sizes the outputs,
+ * and gets its shards. */
+static int shard_inputs(aj_ctx *ctx, ring_run *r)
+{
+    ring_tensor *in = r->in, *out = r->out;
     int64_t shapes[R_IN_COUNT][5];
     for (int t = 0; t < R_IN_COUNT; t++) {
         shapes[t][0] = in[t].rank;
@@ -869,7 +877,7 @@ int cli_ring(aj_ctx *ctx, int argc, char **argv)
         memcpy(in[t].shape, &shapes[t][1], sizeof in[t].shape);
     }
     const int64_t *q = in[R_Q].shape, *k = in[R_K].shape, *v = in[R_V].shape;
-    if (varlen) {   /* THD, LSE (H, T) */
+    if (r->varlen) {   /* THD, LSE (H, T) */
         out[R_O] = (ring_tensor){.rank = 3, .shape = {q[0], q[1], v[2]}};
         out[R_LSE] = (ring_tensor){.rank = 2, .shape = {q[1], q[0]}};
     } else {
@@ -882,166 +890,226 @@ int cli_ring(aj_ctx *ctx, int argc, char **argv)
     out[R_DV] = (ring_tensor){.rank = in[R_V].rank, .shape = {v[0], v[1], v[2], v[3]},
                               .keys = 1};
     in[R_K].keys = in[R_V].keys = 1;
-    if (varlen && (q[0] != o.cu[0][o.batch] || k[0] != o.cu[1][o.batch])) {
-        if (me == 0)
+    const ring_opts *o = &r->o;
+    if (r->varlen && (q[0] != o->cu[0][o->batch] || k[0] != o->cu[1][o->batch])) {
+        if (r->me == 0)
             fprintf(stderr, "attnjit: q has %lld positions and k %lld; cu_seqlens_q and "
                     "cu_seqlens_k end at %d and %d\n", (long long)q[0], (long long)k[0],
-                    (int)o.cu[0][o.batch], (int)o.cu[1][o.batch]);
-        rc = CLI_EXIT_INPUT;
-        goto done;
+                    (int)o->cu[0][o->batch], (int)o->cu[1][o->batch]);
+        return CLI_EXIT_INPUT;
     }
+    int rc = CLI_EXIT_OK;
     for (int t = 0; t < R_IN_COUNT && rc == CLI_EXIT_OK; t++)
         if (in[t].rank)
-            rc = alloc_shard(&o, &in[t], t == R_ALIBI ? AJ_DTYPE_F32 : info.dtype, me, size);
-    for (int t = 0; t < (o.grad ? R_OUT_COUNT : R_DQ) && rc == CLI_EXIT_OK; t++)
-        rc = alloc_shard(&o, &out[t], t == R_LSE ? AJ_DTYPE_F32 : info.dtype, me, size);
+            rc = alloc_shard(o, &in[t], t == R_ALIBI ? AJ_DTYPE_F32 : r->info.dtype, r->me,
+                             r->size);
+    for (int t = 0; t < outputs(r) && rc == CLI_EXIT_OK; t++)
+        rc = alloc_shard(o, &out[t], t == R_LSE ? AJ_DTYPE_F32 : r->info.dtype, r->me, r->size);
     for (int t = 0; t < R_IN_COUNT && rc == CLI_EXIT_OK; t++)
         if (in[t].rank)
-            rc = scatter(ctx, &o, &in[t], me, size);
-    if ((rc = agree(rc)) != CLI_EXIT_OK)
-        goto done;
+            rc = scatter(ctx, o, &in[t], r->me, r->size);
+    return agree(rc);
+}
 
+/* The device (the node-local one for indexed kinds), the shards and side
+ * tensors on it, the communicator, and -v's tile counts. */
+static aj_status open_device(aj_ctx *ctx, ring_run *r)
+{
+    const ring_opts *o = &r->o;
     aj_device_caps kind_caps = AJ_DEVICE_CAPS_INIT;
-    aj_device_kind_caps(kind, &kind_caps);
-    const int index = o.device_index >= 0 ? o.device_index
+    aj_device_kind_caps(r->kind, &kind_caps);
+    const int index = o->device_index >= 0 ? o->device_index
                       : kind_caps.indexed ? node_local_rank() : 0;
-    aj_status st = aj_device_open(ctx, kind, index, &dev);
+    aj_status st = aj_device_open(ctx, r->kind, index, &r->dev);
     if (st == AJ_OK)
-        st = aj_device_set_workers(dev, o.workers);
+        st = aj_device_set_workers(r->dev, o->workers);
     for (int t = 0; t < R_IN_COUNT && st == AJ_OK; t++)
-        if (in[t].rank)
-            st = shard_to_device(dev, &in[t], 1);
-    for (int t = 0; t < (o.grad ? R_OUT_COUNT : R_DQ) && st == AJ_OK; t++)
-        st = shard_to_device(dev, &out[t], 0);
+        if (r->in[t].rank)
+            st = shard_to_device(r->dev, &r->in[t], 1);
+    for (int t = 0; t < outputs(r) && st == AJ_OK; t++)
+        st = shard_to_device(r->dev, &r->out[t], 0);
     aj_comm_config cc = AJ_COMM_CONFIG_INIT;
-    cc.timeout_s = o.timeout_s;
+    cc.timeout_s = o->timeout_s;
     if (st == AJ_OK)
-        st = aj_comm_create(ctx, dev, &cc, &comm);
+        st = aj_comm_create(ctx, r->dev, &cc, &r->comm);
     if (st == AJ_OK)
-        st = cli_side_to_device(dev, &side, side_dev);
-    for (int i = 0; i < 2 && st == AJ_OK && varlen; i++)
-        st = upload(dev, o.cu[i], ((size_t)o.batch + 1) * sizeof(int32_t), &cu_dev[i]);
-    /* -v: each launch's tiles; a rank launches at most its 2 query chunks
-     * against 2 key chunks of every rank */
-    const int tiles_cap = 4 * size;
-    if (st == AJ_OK && o.verbose && !(tiles = calloc((size_t)tiles_cap, sizeof *tiles)))
+        st = cli_side_to_device(r->dev, &r->side, r->side_dev);
+    for (int i = 0; i < 2 && st == AJ_OK && r->varlen; i++)
+        st = upload(r->dev, o->cu[i], ((size_t)o->batch + 1) * sizeof(int32_t), &r->cu_dev[i]);
+    /* a rank launches at most its 2 query chunks against 2 key chunks of
+     * every rank */
+    r->tiles_cap = 4 * r->size;
+    if (st == AJ_OK && o->verbose &&
+        !(r->tiles = calloc((size_t)r->tiles_cap, sizeof *r->tiles)))
         st = AJ_ERR_OUT_OF_MEMORY;
-    aj_ring_stats fs = {0}, bs = {0};
-    if (st == AJ_OK) {
-        aj_ring_fwd_args a = AJ_RING_FWD_ARGS_INIT;
-        a.side = side_dev;
-        a.num_side = side.n;
-        a.launch_tiles = tiles;
-        a.launch_tiles_cap = tiles ? tiles_cap : 0;
-        a.q = in[R_Q].t;
-        a.k = in[R_K].t;
-        a.v = in[R_V].t;
-        a.o = out[R_O].t;
-        a.lse = out[R_LSE].t;
-        a.alibi_slopes = in[R_ALIBI].t;
-        a.layout = o.layout;
-        a.rotate = o.rotate;
-        a.method = o.method;
-        a.ulysses_size = o.ulysses_size;
-        a.seed = o.seed;
-        a.offset = o.offset;
-        a.cu_seqlens_q = cu_dev[0];
-        a.cu_seqlens_k = cu_dev[1];
-        a.batch = o.batch;
-        st = aj_ring_forward(ctx, dev, comm, fop, &a, &fs);
-    }
-    if (st == AJ_OK && o.grad) {
-        aj_ring_bwd_args b = AJ_RING_BWD_ARGS_INIT;
-        b.side = side_dev;
-        b.num_side = side.n;
-        b.q = in[R_Q].t;
-        b.k = in[R_K].t;
-        b.v = in[R_V].t;
-        b.o = out[R_O].t;
-        b.lse = out[R_LSE].t;
-        b.do_ = in[R_DO].t;
-        b.dq = out[R_DQ].t;
-        b.dk = out[R_DK].t;
-        b.dv = out[R_DV].t;
-        b.alibi_slopes = in[R_ALIBI].t;
-        b.layout = o.layout;
-        b.rotate = o.rotate;
-        b.method = o.method;
-        b.ulysses_size = o.ulysses_size;
-        b.seed = o.seed;
-        b.offset = o.offset;
-        b.cu_seqlens_q = cu_dev[0];
-        b.cu_seqlens_k = cu_dev[1];
-        b.batch = o.batch;
-        st = aj_ring_backward(ctx, dev, comm, bop, &b, &bs);
-    }
-    if (st != AJ_OK) {
-        fprintf(stderr, "attnjit: rank %d of %d: ", me, size);
-        rc = cli_report(ctx, st);
-    }
-    for (int t = 0; t < (o.grad ? R_OUT_COUNT : R_DQ) && rc == CLI_EXIT_OK; t++)
-        if ((st = shard_from_device(dev, &out[t])) != AJ_OK)
-            rc = cli_report(ctx, st);
-    if ((rc = agree(rc)) != CLI_EXIT_OK)
-        goto done;
+    return st;
+}
 
-    for (int t = 0; t < (o.grad ? R_OUT_COUNT : R_DQ) && rc == CLI_EXIT_OK; t++)
-        rc = gather(ctx, &o, &out[t], me, size);
-    if (me == 0) {
-        char method[48] = "";
-        if (o.method == AJ_METHOD_ULYSSES)
-            snprintf(method, sizeof method, "ulysses, ");
-        else if (o.method == AJ_METHOD_HYBRID)
-            snprintf(method, sizeof method, "hybrid (%d groups of %d), ", size /
-                     (o.ulysses_size ? o.ulysses_size : 1), o.ulysses_size);
-        printf("ring: %d ranks, %s%s, %s, %s, on %s\n", size, method,
-               o.layout == AJ_SHARD_ZIGZAG ? "zigzag" : "contiguous",
-               o.method == AJ_METHOD_ULYSSES  ? "all-to-all"
-               : o.method == AJ_METHOD_HYBRID ? (o.rotate == AJ_ROTATE_P2P
-                                                     ? "all-to-all + p2p"
-                                                     : "all-to-all + all-gather")
-               : o.rotate == AJ_ROTATE_P2P    ? "p2p"
-                                              : "all-gather",
-               o.grad ? "forward + backward" : "forward", aj_device_name(dev));
-    }
-    print_stats("forward", &fs, me, size);
-    if (o.verbose)
-        print_tiles(tiles, tiles_cap, fs.launches, me, size);
-    if (o.grad)
-        print_stats("backward", &bs, me, size);
-    if (me == 0) {
+/* The ring forward, then (--grad) the backward, on every rank. */
+static aj_status run_ring(aj_ctx *ctx, ring_run *r)
+{
+    const ring_opts *o = &r->o;
+    aj_ring_fwd_args a = AJ_RING_FWD_ARGS_INIT;
+    a.side = r->side_dev;
+    a.num_side = r->side.n;
+    a.launch_tiles = r->tiles;
+    a.launch_tiles_cap = r->tiles ? r->tiles_cap : 0;
+    a.q = r->in[R_Q].t;
+    a.k = r->in[R_K].t;
+    a.v = r->in[R_V].t;
+    a.o = r->out[R_O].t;
+    a.lse = r->out[R_LSE].t;
+    a.alibi_slopes = r->in[R_ALIBI].t;
+    a.layout = o->layout;
+    a.rotate = o->rotate;
+    a.method = o->method;
+    a.ulysses_size = o->ulysses_size;
+    a.seed = o->seed;
+    a.offset = o->offset;
+    a.cu_seqlens_q = r->cu_dev[0];
+    a.cu_seqlens_k = r->cu_dev[1];
+    a.batch = o->batch;
+    aj_status st = aj_ring_forward(ctx, r->dev, r->comm, r->fop, &a, &r->fs);
+    if (st != AJ_OK || !o->grad)
+        return st;
+    aj_ring_bwd_args b = AJ_RING_BWD_ARGS_INIT;
+    b.side = r->side_dev;
+    b.num_side = r->side.n;
+    b.q = a.q;
+    b.k = a.k;
+    b.v = a.v;
+    b.o = a.o;
+    b.lse = a.lse;
+    b.do_ = r->in[R_DO].t;
+    b.dq = r->out[R_DQ].t;
+    b.dk = r->out[R_DK].t;
+    b.dv = r->out[R_DV].t;
+    b.alibi_slopes = a.alibi_slopes;
+    b.layout = a.layout;
+    b.rotate = a.rotate;
+    b.method = a.method;
+    b.ulysses_size = a.ulysses_size;
+    b.seed = a.seed;
+    b.offset = a.offset;
+    b.cu_seqlens_q = a.cu_seqlens_q;
+    b.cu_seqlens_k = a.cu_seqlens_k;
+    b.batch = a.batch;
+    return aj_ring_backward(ctx, r->dev, r->comm, r->bop, &b, &r->bs);
+}
+
+/* Rank 0's header line: ranks, method, layout, transport, passes, device. */
+static void print_header(const ring_run *r)
+{
+    const ring_opts *o = &r->o;
+    char method[48] = "";
+    if (o->method == AJ_METHOD_ULYSSES)
+        snprintf(method, sizeof method, "ulysses, ");
+    else if (o->method == AJ_METHOD_HYBRID)
+        snprintf(method, sizeof method, "hybrid (%d groups of %d), ", r->size /
+                 (o->ulysses_size ? o->ulysses_size : 1), o->ulysses_size);
+    printf("ring: %d ranks, %s%s, %s, %s, on %s\n", r->size, method,
+           o->layout == AJ_SHARD_ZIGZAG ? "zigzag" : "contiguous",
+           o->method == AJ_METHOD_ULYSSES  ? "all-to-all"
+           : o->method == AJ_METHOD_HYBRID ? (o->rotate == AJ_ROTATE_P2P
+                                                  ? "all-to-all + p2p"
+                                                  : "all-to-all + all-gather")
+           : o->rotate == AJ_ROTATE_P2P    ? "p2p"
+                                           : "all-gather",
+           o->grad ? "forward + backward" : "forward", aj_device_name(r->dev));
+}
+
+/* The results gathered to rank 0, the timing tables, the outputs written
+ * and (--check) compared with rank 0 alone. */
+static int report(aj_ctx *ctx, ring_run *r)
+{
+    const ring_opts *o = &r->o;
+    int rc = CLI_EXIT_OK;
+    for (int t = 0; t < outputs(r) && rc == CLI_EXIT_OK; t++)
+        rc = gather(ctx, o, &r->out[t], r->me, r->size);
+    if (r->me == 0)
+        print_header(r);
+    print_stats("forward", &r->fs, r->me, r->size);
+    if (o->verbose)
+        print_tiles(r->tiles, r->tiles_cap, r->fs.launches, r->me, r->size);
+    if (o->grad)
+        print_stats("backward", &r->bs, r->me, r->size);
+    if (r->me == 0) {
         for (int t = 0; t < R_OUT_COUNT && rc == CLI_EXIT_OK; t++) {
-            if (!o.out[t])
+            if (!o->out[t])
                 continue;
             char err[512];
-            if (npy_write_f32(o.out[t], out[t].full, out[t].rank, out[t].shape, err,
+            if (npy_write_f32(o->out[t], r->out[t].full, r->out[t].rank, r->out[t].shape, err,
                               sizeof err) != NPY_OK) {
                 fprintf(stderr, "attnjit: %s: %s\n", out_names[t], err);
                 rc = CLI_EXIT_INPUT;
             }
         }
-        if (rc == CLI_EXIT_OK && o.check)
-            rc = check_single_rank(ctx, dev, fop, bop, &info, in, out, &o, cu_dev, side_dev,
-                                   side.n);
+        if (rc == CLI_EXIT_OK && o->check)
+            rc = check_single_rank(ctx, r->dev, r->fop, r->bop, &r->info, r->in, r->out, o,
+                                   r->cu_dev, r->side_dev, r->side.n);
     }
-    rc = agree(rc);
-done:
-    aj_comm_destroy(comm);
-    cli_side_free(dev, &side, side_dev);
-    free(tiles);
+    return agree(rc);
+}
+
+static void free_run(ring_run *r)
+{
+    aj_comm_destroy(r->comm);
+    cli_side_free(r->dev, &r->side, r->side_dev);
+    free(r->tiles);
     for (int i = 0; i < 2; i++) {
-        if (cu_dev[i])
-            aj_device_free(dev, cu_dev[i]);
-        free(o.cu[i]);
-        free(o.varlen_len[i]);
+        if (r->cu_dev[i])
+            aj_device_free(r->dev, r->cu_dev[i]);
+        free(r->o.cu[i]);
+        free(r->o.varlen_len[i]);
     }
     for (int t = 0; t < R_IN_COUNT; t++)
-        free_tensor(dev, &in[t]);
+        free_tensor(r->dev, &r->in[t]);
     for (int t = 0; t < R_OUT_COUNT; t++)
-        free_tensor(dev, &out[t]);
-    aj_device_close(dev);
-    aj_op_destroy(fop);
-    aj_op_destroy(bop);
+        free_tensor(r->dev, &r->out[t]);
+    aj_device_close(r->dev);
+    aj_op_destroy(r->fop);
+    aj_op_destroy(r->bop);
+}
+
+int cli_ring(aj_ctx *ctx, int argc, char **argv)
+{
+    ring_run *r = calloc(1, sizeof *r);   /* large for a stack */
+    if (!r) {
+        fprintf(stderr, "attnjit: out of memory\n");
+        return CLI_EXIT_INTERNAL;
+    }
+    int rc = parse_ring_args(argc, argv, &r->o);
+    if (rc != CLI_EXIT_OK) {
+        free(r);
+        return rc;
+    }
+    int initialized = 0;
+    MPI_Initialized(&initialized);
+    if (!initialized)
+        MPI_Init(NULL, NULL);
+    MPI_Comm_rank(MPI_COMM_WORLD, &r->me);
+    MPI_Comm_size(MPI_COMM_WORLD, &r->size);
+
+    rc = load_inputs(ctx, r);
+    if (rc == CLI_EXIT_OK)
+        rc = shard_inputs(ctx, r);
+    if (rc == CLI_EXIT_OK) {
+        aj_status st = open_device(ctx, r);
+        if (st == AJ_OK)
+            st = run_ring(ctx, r);
+        if (st != AJ_OK) {
+            fprintf(stderr, "attnjit: rank %d of %d: ", r->me, r->size);
+            rc = cli_report(ctx, st);
+        }
+        for (int t = 0; t < outputs(r) && rc == CLI_EXIT_OK; t++)
+            if ((st = shard_from_device(r->dev, &r->out[t])) != AJ_OK)
+                rc = cli_report(ctx, st);
+        rc = agree(rc);
+    }
+    if (rc == CLI_EXIT_OK)
+        rc = report(ctx, r);
+    free_run(r);
+    free(r);
     if (!initialized)
         MPI_Finalize();
     return rc;
