@@ -461,6 +461,110 @@ static int expand_workers(const aj_device *dev, aj_tune_result *res, int *job_of
     return total;
 }
 
+/* The space into res: the template's default first, then every
+ * combination (the cpu target has tiles, but no warps or pipeline
+ * stages); returns how many. */
+static int fill_space(aj_tune_result *res, int simt)
+{
+    int n = 0;
+    res[n++].is_default = true;
+    for (size_t a = 0; a < AJ_COUNT_OF(space_block_m); a++)
+        for (size_t b = 0; b < AJ_COUNT_OF(space_block_n); b++)
+            for (size_t w = 0; w < (simt ? AJ_COUNT_OF(space_warps) : 1); w++)
+                for (size_t s = 0; s < (simt ? AJ_COUNT_OF(space_stages) : 1); s++)
+                    res[n++].requested = (aj_schedule){
+                        space_block_m[a], space_block_n[b], simt ? space_warps[w] : 0,
+                        simt ? space_stages[s] : 0};
+    return n;
+}
+
+/* The compiled candidates' statuses, pruned: rejected by the template, by
+ * the driver, or the same kernel as an earlier candidate (two requests the
+ * template resolves alike; the default comes first, so it is the one
+ * kept).  Returns how many are left to time. */
+static int prune(aj_ctx *ctx, aj_device *dev, const aj_compile_job *jobs, aj_tune_result *res,
+                 int n)
+{
+    int alive = 0;
+    for (int i = 0; i < n; i++) {
+        aj_tune_result *r = &res[i];
+        r->status = jobs[i].status;
+        snprintf(r->message, sizeof r->message, "%s", jobs[i].message);
+        if (r->status != AJ_OK)
+            continue;
+        aj_launch_info li;
+        aj_kernel_launch_info(jobs[i].kernel, &li);
+        r->schedule = li.schedule;
+        for (int j = 0; j < i; j++)
+            if (res[j].status == AJ_OK &&
+                memcmp(&res[j].schedule, &r->schedule, sizeof r->schedule) == 0) {
+                r->status = AJ_ERR_UNSUPPORTED;   /* dropped below, never shown */
+                r->message[0] = '\0';
+                break;
+            }
+        if (r->status == AJ_OK && dev->ops->stage_resources)
+            prune_by_driver(ctx, dev, jobs[i].kernel, r);
+        alive += r->status == AJ_OK;
+    }
+    return alive;
+}
+
+/* Times every live candidate on prob (warm-up, then the repeats' median
+ * and minimum) within the budget, reporting progress; *timed counts them. */
+static aj_status time_candidates(aj_ctx *ctx, aj_device *dev, const aj_tune_options *o,
+                                 problem *prob, const aj_compile_job *jobs, const int *job_of,
+                                 aj_tune_result *res, int n, int alive, double t_start,
+                                 int *timed)
+{
+    aj_device_caps caps = AJ_DEVICE_CAPS_INIT;
+    aj_device_get_caps(dev, &caps);
+    double *samples = calloc((size_t)o->repeats, sizeof *samples);
+    if (!samples)
+        return aj_fail(ctx, AJ_ERR_OUT_OF_MEMORY, "aj_tune: out of memory");
+    char what[160];
+    for (int i = 0; i < n; i++) {
+        aj_tune_result *r = &res[i];
+        if (r->status != AJ_OK)
+            continue;
+        if (o->budget_s > 0 && now_s() - t_start > o->budget_s && *timed > 0) {
+            snprintf(r->message, sizeof r->message, "not timed: the %.1f s budget ran out",
+                     o->budget_s);
+            continue;
+        }
+        prob->kernel = jobs[job_of[i]].kernel;
+        if (caps.worker_threads)
+            aj_device_set_workers(dev, r->workers);
+        aj_status rs = AJ_OK;
+        double ms = 0;
+        for (int w = 0; w < o->warmup && rs == AJ_OK; w++)
+            rs = time_once(prob, &ms);
+        for (int k = 0; k < o->repeats && rs == AJ_OK; k++)
+            rs = time_once(prob, &samples[k]);
+        if (rs != AJ_OK) {
+            r->status = rs;
+            snprintf(r->message, sizeof r->message, "%s", aj_last_error(ctx));
+            continue;
+        }
+        qsort(samples, (size_t)o->repeats, sizeof *samples, cmp_double);
+        r->min_ms = samples[0];
+        r->median_ms = o->repeats % 2 ? samples[o->repeats / 2]
+                                      : 0.5 * (samples[o->repeats / 2 - 1] +
+                                               samples[o->repeats / 2]);
+        r->timed = true;
+        (*timed)++;
+        if (caps.worker_threads)
+            snprintf(what, sizeof what, "block_m %d block_n %d threads %d: %.3f ms",
+                     r->schedule.block_m, r->schedule.block_n, r->workers, r->median_ms);
+        else
+            snprintf(what, sizeof what, "block_m %d block_n %d warps %d stages %d: %.3f ms",
+                     r->schedule.block_m, r->schedule.block_n, r->schedule.warps,
+                     r->schedule.stages, r->median_ms);
+        progress(o, *timed, alive, what);
+    }
+    free(samples);
+    return AJ_OK;
+}
+
 aj_status aj_tune(aj_ctx *ctx, aj_device *dev, const aj_op *op,
                   const aj_tune_options *options, aj_tune_result **results, int32_t *count)
 {
@@ -499,17 +603,7 @@ aj_status aj_tune(aj_ctx *ctx, aj_device *dev, const aj_op *op,
         goto done;
     }
 
-    /* the space: the template's default first, then every combination (the
-     * cpu target has tiles, but no warps or pipeline stages) */
-    int n = 0;
-    res[n++].is_default = true;
-    for (size_t a = 0; a < AJ_COUNT_OF(space_block_m); a++)
-        for (size_t b = 0; b < AJ_COUNT_OF(space_block_n); b++)
-            for (size_t w = 0; w < (simt ? AJ_COUNT_OF(space_warps) : 1); w++)
-                for (size_t s = 0; s < (simt ? AJ_COUNT_OF(space_stages) : 1); s++)
-                    res[n++].requested = (aj_schedule){
-                        space_block_m[a], space_block_n[b], simt ? space_warps[w] : 0,
-                        simt ? space_stages[s] : 0};
+    int n = fill_space(res, simt);
     for (int i = 0; i < n; i++) {
         AJ_TRY(aj_op_clone(op, &ops[i]));
         aj_op_set_schedule(ops[i], &res[i].requested);
@@ -519,30 +613,7 @@ aj_status aj_tune(aj_ctx *ctx, aj_device *dev, const aj_op *op,
     copt.target = aj_device_target(dev);
     aj_compile_many(ctx, jobs, (size_t)n, &copt, o.compile_workers);
 
-    /* prune: rejected by the template, by the driver, or the same kernel as
-     * an earlier candidate (two requests the template resolves alike; the
-     * default comes first, so it is the one kept) */
-    int alive = 0;
-    for (int i = 0; i < n; i++) {
-        aj_tune_result *r = &res[i];
-        r->status = jobs[i].status;
-        snprintf(r->message, sizeof r->message, "%s", jobs[i].message);
-        if (r->status != AJ_OK)
-            continue;
-        aj_launch_info li;
-        aj_kernel_launch_info(jobs[i].kernel, &li);
-        r->schedule = li.schedule;
-        for (int j = 0; j < i; j++)
-            if (res[j].status == AJ_OK &&
-                memcmp(&res[j].schedule, &r->schedule, sizeof r->schedule) == 0) {
-                r->status = AJ_ERR_UNSUPPORTED;   /* dropped below, never shown */
-                r->message[0] = '\0';
-                break;
-            }
-        if (r->status == AJ_OK && dev->ops->stage_resources)
-            prune_by_driver(ctx, dev, jobs[i].kernel, r);
-        alive += r->status == AJ_OK;
-    }
+    int alive = prune(ctx, dev, jobs, res, n);
     for (int i = 0; i < n; i++)
         job_of[i] = i;
     if (threads)
@@ -554,52 +625,8 @@ aj_status aj_tune(aj_ctx *ctx, aj_device *dev, const aj_op *op,
     AJ_TRY(problem_init(ctx, dev, op, &o, &prob));
     have_problem = 1;
     int timed = 0;
-    double *samples = calloc((size_t)o.repeats, sizeof *samples);
-    if (!samples) {
-        st = aj_fail(ctx, AJ_ERR_OUT_OF_MEMORY, "aj_tune: out of memory");
-        goto done;
-    }
-    for (int i = 0; i < n; i++) {
-        aj_tune_result *r = &res[i];
-        if (r->status != AJ_OK)
-            continue;
-        if (o.budget_s > 0 && now_s() - t_start > o.budget_s && timed > 0) {
-            snprintf(r->message, sizeof r->message, "not timed: the %.1f s budget ran out",
-                     o.budget_s);
-            continue;
-        }
-        prob.kernel = jobs[job_of[i]].kernel;
-        if (threads)
-            aj_device_set_workers(dev, r->workers);
-        aj_status rs = AJ_OK;
-        double ms = 0;
-        for (int w = 0; w < o.warmup && rs == AJ_OK; w++)
-            rs = time_once(&prob, &ms);
-        for (int k = 0; k < o.repeats && rs == AJ_OK; k++)
-            rs = time_once(&prob, &samples[k]);
-        if (rs != AJ_OK) {
-            r->status = rs;
-            snprintf(r->message, sizeof r->message, "%s", aj_last_error(ctx));
-            continue;
-        }
-        qsort(samples, (size_t)o.repeats, sizeof *samples, cmp_double);
-        r->min_ms = samples[0];
-        r->median_ms = o.repeats % 2 ? samples[o.repeats / 2]
-                                     : 0.5 * (samples[o.repeats / 2 - 1] +
-                                              samples[o.repeats / 2]);
-        r->timed = true;
-        timed++;
-        if (threads)
-            snprintf(what, sizeof what, "block_m %d block_n %d threads %d: %.3f ms",
-                     r->schedule.block_m, r->schedule.block_n, r->workers, r->median_ms);
-        else
-            snprintf(what, sizeof what, "block_m %d block_n %d warps %d stages %d: %.3f ms",
-                     r->schedule.block_m, r->schedule.block_n, r->schedule.warps,
-                     r->schedule.stages, r->median_ms);
-        progress(&o, timed, alive, what);
-    }
-    free(samples);
-
+    AJ_TRY(time_candidates(ctx, dev, &o, &prob, jobs, job_of, res, n, alive, t_start,
+                           &timed));
     /* the caller sees every candidate but the duplicates */
     int kept = 0;
     for (int i = 0; i < n; i++)
