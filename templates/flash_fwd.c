@@ -743,6 +743,116 @@ static void emit_epilogue(ffwd *e, LLVMValueRef o_base, LLVMValueRef lse_base)
         }
 }
 
+/* Shared memory for Q and the K/V ring, and the thread's accumulators:
+ * S, O, and each row's running max m and sum l. */
+static void alloc_state(ffwd *e)
+{
+    aj_kb *kb = e->kb;
+    const ffwd_plan *p = &e->p;
+    e->p.smem_q = aj_kb_smem_reserve(kb, 2 * p->bm * p->ldq);
+    e->p.smem_k = aj_kb_smem_reserve(kb, 2 * p->stages * p->bn * p->ldk);
+    e->p.smem_v = aj_kb_smem_reserve(kb, 2 * p->stages * p->bn * p->ldv);
+    for (int mi = 0; mi < p->mt; mi++) {
+        for (int j = 0; j < p->bn / 8; j++)
+            for (int c = 0; c < 4; c++)
+                e->s[mi][j][c] = aj_kb_var(kb, kb->t_f32, NULL, "s");
+        for (int v = 0; v < p->dv / 8; v++)
+            for (int c = 0; c < 4; c++)
+                e->o[mi][v][c] = aj_kb_var(kb, kb->t_f32, aj_kb_f32(kb, 0), "o");
+        for (int half = 0; half < 2; half++) {
+            e->m[mi][half] = aj_kb_var(kb, kb->t_f32, aj_kb_f32(kb, -INFINITY), "m");
+            e->l[mi][half] = aj_kb_var(kb, kb->t_f32, aj_kb_f32(kb, 0), "l");
+        }
+    }
+}
+
+/* The thread's ids: its lane, the mma fragment's group g and thread t,
+ * and its warp's first row. */
+static void thread_coords(ffwd *e)
+{
+    aj_kb *kb = e->kb;
+    LLVMBuilderRef b = e->b;
+    const ffwd_plan *p = &e->p;
+    e->tid = aj_kb_thread_id(kb);
+    e->lane = LLVMBuildAnd(b, e->tid, i32c(e, 31), "lane");
+    e->g = LLVMBuildLShr(b, e->lane, i32c(e, 2), "g");
+    e->t = LLVMBuildAnd(b, e->lane, i32c(e, 3), "t");
+    e->wrow = LLVMBuildMul(b, LLVMBuildLShr(b, e->tid, i32c(e, 5), ""), i32c(e, 16 * p->mt),
+                           "wrow");
+}
+
+/* The prologue: Q's and the K slots' pad columns (before the barrier of
+ * the first tile), Q with the first tile's group, then the key tiles up
+ * to stages - 1, each its own commit group. */
+static void prologue(ffwd *e, aj_score_walk *walk, LLVMValueRef q_src, int gated,
+                     LLVMValueRef *ahead, LLVMValueRef *ahead_tile)
+{
+    aj_kb *kb = e->kb;
+    const ffwd_plan *p = &e->p;
+    aj_mma_tile_zero_pad(kb, i32c(e, p->smem_q), p->bm, p->d, e->tid, p->threads);
+    aj_mma_tile_zero_pad(kb, i32c(e, p->smem_k), p->stages * p->bn, p->d, e->tid, p->threads);
+    load_tile_async(e, AJ_PSRC_q, q_src, aj_param(kb, AJ_PID(stride_q_s)), e->m0, e->seq_q,
+                    p->bm, p->d, i32c(e, e->p.smem_q), p->ldq);
+    for (int s = 0; s < p->stages - 1; s++) {
+        issue_kv_tile(e, walk, add(e, walk->begin, i32c(e, s)), gated ? ahead[s] : NULL,
+                      gated ? ahead_tile[s] : NULL);
+        aj_kb_cp_async_commit(kb);
+    }
+}
+
+/* The mainloop over the walk's key tiles: refill, wait, S = Q K^T, the
+ * score mods, the mask where the tile is not full, the online softmax and
+ * O += P V. */
+static void mainloop(ffwd *e, aj_score_walk *walk, int gated, LLVMValueRef *ahead,
+                     LLVMValueRef *ahead_tile)
+{
+    aj_kb *kb = e->kb;
+    LLVMBuilderRef b = e->b;
+    const ffwd_plan *p = &e->p;
+    LLVMValueRef at = aj_kb_for_begin(kb, walk->begin, walk->end, i32c(e, 1), "walk");
+    /* refill the slot the previous iteration freed, then wait for tile n:
+     * every iteration commits one group, empty or not, so that
+     * stages - 1 pending groups always means "tile n has landed" */
+    issue_kv_tile(e, walk, add(e, at, i32c(e, p->stages - 1)),
+                  gated ? ahead[p->stages - 1] : NULL,
+                  gated ? ahead_tile[p->stages - 1] : NULL);
+    aj_kb_cp_async_commit(kb);
+    aj_kb_cp_async_wait(kb, p->stages - 1);
+    aj_kb_barrier(kb);
+    LLVMValueRef slot = LLVMBuildURem(b, LLVMBuildSub(b, at, walk->begin, ""),
+                                      i32c(e, p->stages), "");
+    LLVMValueRef kbase = add(e, i32c(e, p->smem_k), LLVMBuildMul(b, slot,
+                             i32c(e, 2 * p->bn * p->ldk), ""));
+    LLVMValueRef vbase = add(e, i32c(e, p->smem_v), LLVMBuildMul(b, slot,
+                             i32c(e, 2 * p->bn * p->ldv), ""));
+    LLVMValueRef cls = NULL, n = at;
+    if (gated) {   /* the ring moves on; the class is the same in every thread */
+        cls = aj_kb_get(kb, ahead[0]);
+        n = aj_kb_get(kb, ahead_tile[0]);
+        for (int s = 0; s + 1 < p->stages; s++) {
+            aj_kb_set(kb, ahead[s], aj_kb_get(kb, ahead[s + 1]));
+            aj_kb_set(kb, ahead_tile[s], aj_kb_get(kb, ahead_tile[s + 1]));
+        }
+        aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntNE, cls, i32c(e, AJ_TILE_SKIP), ""));
+    } else {
+        n = aj_score_walk_tile(&e->sc, walk, at, &cls);
+    }
+    LLVMValueRef n0 = LLVMBuildMul(b, n, i32c(e, p->bn), "n0");
+    emit_qk(e, kbase);
+    emit_score_mods(e, n0);
+    LLVMValueRef full = LLVMBuildAnd(b,
+        LLVMBuildICmp(b, LLVMIntEQ, cls, i32c(e, AJ_TILE_FULL), ""),
+        LLVMBuildICmp(b, LLVMIntSLE, add(e, n0, i32c(e, p->bn)), e->seq_k, ""), "full");
+    aj_kb_if_begin(kb, LLVMBuildNot(b, full, ""));
+    emit_element_mask(e, n0);
+    aj_kb_if_end(kb);
+    emit_softmax_pv(e, n0, vbase);
+    if (gated)
+        aj_kb_if_end(kb);
+    aj_kb_barrier(kb);   /* every warp is done with the slot */
+    aj_kb_for_end(kb);
+}
+
 static aj_status ffwd_build(aj_kb *kb, const aj_op *op, void *user)
 {
     (void)user;
@@ -764,28 +874,8 @@ static aj_status ffwd_build(aj_kb *kb, const aj_op *op, void *user)
 
     aj_params_declare(kb, AJ_KSIG_FLASH_FWD, op, prog);
     aj_kb_begin(kb, p->threads);
-    e.p.smem_q = aj_kb_smem_reserve(kb, 2 * p->bm * p->ldq);
-    e.p.smem_k = aj_kb_smem_reserve(kb, 2 * p->stages * p->bn * p->ldk);
-    e.p.smem_v = aj_kb_smem_reserve(kb, 2 * p->stages * p->bn * p->ldv);
-    for (int mi = 0; mi < p->mt; mi++) {
-        for (int j = 0; j < p->bn / 8; j++)
-            for (int c = 0; c < 4; c++)
-                e.s[mi][j][c] = aj_kb_var(kb, kb->t_f32, NULL, "s");
-        for (int v = 0; v < p->dv / 8; v++)
-            for (int c = 0; c < 4; c++)
-                e.o[mi][v][c] = aj_kb_var(kb, kb->t_f32, aj_kb_f32(kb, 0), "o");
-        for (int half = 0; half < 2; half++) {
-            e.m[mi][half] = aj_kb_var(kb, kb->t_f32, aj_kb_f32(kb, -INFINITY), "m");
-            e.l[mi][half] = aj_kb_var(kb, kb->t_f32, aj_kb_f32(kb, 0), "l");
-        }
-    }
-
-    e.tid = aj_kb_thread_id(kb);
-    e.lane = LLVMBuildAnd(b, e.tid, i32c(&e, 31), "lane");
-    e.g = LLVMBuildLShr(b, e.lane, i32c(&e, 2), "g");
-    e.t = LLVMBuildAnd(b, e.lane, i32c(&e, 3), "t");
-    e.wrow = LLVMBuildMul(b, LLVMBuildLShr(b, e.tid, i32c(&e, 5), ""), i32c(&e, 16 * p->mt),
-                          "wrow");
+    alloc_state(&e);
+    thread_coords(&e);
     LLVMValueRef mblk = aj_kb_block_id(kb, 0);
     LLVMValueRef h = aj_kb_block_id(kb, 1);
     LLVMValueRef bidx = aj_kb_block_id(kb, 2);
@@ -845,61 +935,8 @@ static aj_status ffwd_build(aj_kb *kb, const aj_op *op, void *user)
         ahead_tile[s] = aj_kb_var(kb, kb->t_i32, i32c(&e, 0), "tile");
     }
 
-    /* Q's and the K slots' pad columns, before the barrier of the first tile */
-    aj_mma_tile_zero_pad(kb, i32c(&e, p->smem_q), p->bm, p->d, e.tid, p->threads);
-    aj_mma_tile_zero_pad(kb, i32c(&e, p->smem_k), p->stages * p->bn, p->d, e.tid, p->threads);
-    /* prologue: Q with the first tile's group, then tiles up to stages - 1 */
-    load_tile_async(&e, AJ_PSRC_q, q_src, aj_param(kb, AJ_PID(stride_q_s)), e.m0, e.seq_q, p->bm,
-                    p->d, i32c(&e, e.p.smem_q), p->ldq);
-    for (int s = 0; s < p->stages - 1; s++) {
-        issue_kv_tile(&e, &walk, add(&e, walk.begin, i32c(&e, s)), gated ? ahead[s] : NULL,
-                      gated ? ahead_tile[s] : NULL);
-        aj_kb_cp_async_commit(kb);
-    }
-    LLVMValueRef at = aj_kb_for_begin(kb, walk.begin, walk.end, i32c(&e, 1), "walk");
-    {
-        /* refill the slot the previous iteration freed, then wait for tile n:
-         * every iteration commits one group, empty or not, so that
-         * stages - 1 pending groups always means "tile n has landed" */
-        issue_kv_tile(&e, &walk, add(&e, at, i32c(&e, p->stages - 1)),
-                      gated ? ahead[p->stages - 1] : NULL,
-                      gated ? ahead_tile[p->stages - 1] : NULL);
-        aj_kb_cp_async_commit(kb);
-        aj_kb_cp_async_wait(kb, p->stages - 1);
-        aj_kb_barrier(kb);
-        LLVMValueRef slot = LLVMBuildURem(b, LLVMBuildSub(b, at, walk.begin, ""),
-                                          i32c(&e, p->stages), "");
-        LLVMValueRef kbase = add(&e, i32c(&e, p->smem_k), LLVMBuildMul(b, slot,
-                                 i32c(&e, 2 * p->bn * p->ldk), ""));
-        LLVMValueRef vbase = add(&e, i32c(&e, p->smem_v), LLVMBuildMul(b, slot,
-                                 i32c(&e, 2 * p->bn * p->ldv), ""));
-        LLVMValueRef cls = NULL, n = at;
-        if (gated) {   /* the ring moves on; the class is the same in every thread */
-            cls = aj_kb_get(kb, ahead[0]);
-            n = aj_kb_get(kb, ahead_tile[0]);
-            for (int s = 0; s + 1 < p->stages; s++) {
-                aj_kb_set(kb, ahead[s], aj_kb_get(kb, ahead[s + 1]));
-                aj_kb_set(kb, ahead_tile[s], aj_kb_get(kb, ahead_tile[s + 1]));
-            }
-            aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntNE, cls, i32c(&e, AJ_TILE_SKIP), ""));
-        } else {
-            n = aj_score_walk_tile(&e.sc, &walk, at, &cls);
-        }
-        LLVMValueRef n0 = LLVMBuildMul(b, n, i32c(&e, p->bn), "n0");
-        emit_qk(&e, kbase);
-        emit_score_mods(&e, n0);
-        LLVMValueRef full = LLVMBuildAnd(b,
-            LLVMBuildICmp(b, LLVMIntEQ, cls, i32c(&e, AJ_TILE_FULL), ""),
-            LLVMBuildICmp(b, LLVMIntSLE, add(&e, n0, i32c(&e, p->bn)), e.seq_k, ""), "full");
-        aj_kb_if_begin(kb, LLVMBuildNot(b, full, ""));
-        emit_element_mask(&e, n0);
-        aj_kb_if_end(kb);
-        emit_softmax_pv(&e, n0, vbase);
-        if (gated)
-            aj_kb_if_end(kb);
-        aj_kb_barrier(kb);   /* every warp is done with the slot */
-    }
-    aj_kb_for_end(kb);
+    prologue(&e, &walk, q_src, gated, ahead, ahead_tile);
+    mainloop(&e, &walk, gated, ahead, ahead_tile);
     aj_kb_cp_async_wait_all(kb);   /* Q's copy, when no tile was visited */
     emit_epilogue(&e, o_base, lse_base);
     aj_kb_if_end(kb);
