@@ -958,6 +958,36 @@ static void build_delta(aj_kb *kb, const aj_op *op, const fbwd_plan *plan,
 
 /* ---------------------------------------------------------------- dkdv */
 
+/* The atomic dQ mode's step: dQacc += dS K (A[query][key] = dS^T(key,
+ * query), B[key][d] = K(key, d)) into the f32 workspace rows of the row
+ * block at m0, by red.add. */
+static void accumulate_dq(fbwd *f, warp_acc *dq, LLVMValueRef m0, LLVMValueRef dq_row0,
+                          smem_tile dst, smem_tile kt)
+{
+    aj_kb *kb = f->kb;
+    const fbwd_plan *p = &f->p;
+    acc_zero(f, dq);
+    operand dsa_t = {dst, 1, i32c(f, 0)}, kb_k = {kt, 1, i32c(f, 0)};
+    warp_mma(f, dq, p->bn, &dsa_t, &kb_k);
+    for (int a = 0; a < dq->g.mt; a++)
+        for (int r = 0; r < 4; r++) {
+            LLVMValueRef i = add(f, m0, acc_row(f, dq, a, r));
+            aj_kb_if_begin(kb, slt(f, i, f->seq_q));
+            LLVMValueRef row = add(f, dq_row0, mul(f, sext64(f, i), aj_kb_i64(kb, p->d)));
+            for (int c = 0; c < dq->g.nt; c++) {
+                LLVMValueRef inside = acc_tile_inside(f, dq, c);
+                if (inside)
+                    aj_kb_if_begin(kb, inside);
+                LLVMValueRef at = add(f, row, sext64(f, acc_col(f, dq, c, r)));
+                LLVMValueRef args[2] = {ws_ptr(f, at), aj_kb_get(kb, dq->v[a][c][r])};
+                aj_kb_intrinsic(kb, AJ_INTR_RED_ADD_F32, args);
+                if (inside)
+                    aj_kb_if_end(kb);
+            }
+            aj_kb_if_end(kb);
+        }
+}
+
 static void build_dkdv(aj_kb *kb, const aj_op *op, const fbwd_plan *plan,
                        const aj_score_prog *prog)
 {
@@ -1083,30 +1113,8 @@ static void build_dkdv(aj_kb *kb, const aj_op *op, const fbwd_plan *plan,
         operand dob_k = {do_cur, 1, i32c(&f, 0)}, qb_k = {q_cur, 1, i32c(&f, 0)};
         warp_mma(&f, &dv, p->bm, &pa, &dob_k);
         warp_mma(&f, &dk, p->bm, &dsa, &qb_k);
-        if (!p->deterministic) {
-            /* dQacc += dS K: A[query][key] = dS^T(key, query), B[key][d] = K(key, d) */
-            acc_zero(&f, &dq);
-            operand dsa_t = {dst, 1, i32c(&f, 0)}, kb_k = {kt, 1, i32c(&f, 0)};
-            warp_mma(&f, &dq, p->bn, &dsa_t, &kb_k);
-            for (int a = 0; a < dq.g.mt; a++)
-                for (int r = 0; r < 4; r++) {
-                    LLVMValueRef i = add(&f, m0, acc_row(&f, &dq, a, r));
-                    aj_kb_if_begin(kb, slt(&f, i, f.seq_q));
-                    LLVMValueRef row = add(&f, dq_row0, mul(&f, sext64(&f, i),
-                                                            aj_kb_i64(kb, p->d)));
-                    for (int c = 0; c < dq.g.nt; c++) {
-                        LLVMValueRef inside = acc_tile_inside(&f, &dq, c);
-                        if (inside)
-                            aj_kb_if_begin(kb, inside);
-                        LLVMValueRef at = add(&f, row, sext64(&f, acc_col(&f, &dq, c, r)));
-                        LLVMValueRef args[2] = {ws_ptr(&f, at), aj_kb_get(kb, dq.v[a][c][r])};
-                        aj_kb_intrinsic(kb, AJ_INTR_RED_ADD_F32, args);
-                        if (inside)
-                            aj_kb_if_end(kb);
-                    }
-                    aj_kb_if_end(kb);
-                }
-        }
+        if (!p->deterministic)
+            accumulate_dq(&f, &dq, m0, dq_row0, dst, kt);
         aj_kb_barrier(kb);   /* this step's readers are done before the next copies */
         step_end(&f, cls_m);
     }
