@@ -759,6 +759,41 @@ static void build_dkdv(aj_kb *kb, const aj_op *op, const ebwd_plan *plan,
 
 /* ---------------------------------------------------------------- dq */
 
+/* With bias: opens the loop over the (b, h) pairs folded onto this CTA's
+ * dbias slice (none unless the CTA owns it), pair x = (x / nh, x % nh)
+ * over the broadcast dims, *bidx and *h becoming the pair's, dQ zeroed;
+ * returns `first`, whether dbias is written, not added to.  The caller
+ * closes the loop. */
+static LLVMValueRef begin_bias_pairs(ebwd *e, LLVMValueRef *bidx, LLVMValueRef *h,
+                                     LLVMValueRef dq[][MAX_OUT], int rm)
+{
+    aj_kb *kb = e->kb;
+    LLVMBuilderRef b = e->b;
+    const ebwd_plan *p = &e->p;
+    LLVMValueRef bc_b =
+        LLVMBuildICmp(b, LLVMIntEQ, aj_param(kb, AJ_PID(bias_batch)), i32c(e, 1), "");
+    LLVMValueRef bc_h =
+        LLVMBuildICmp(b, LLVMIntEQ, aj_param(kb, AJ_PID(bias_heads)), i32c(e, 1), "");
+    LLVMValueRef zero = i32c(e, 0), one = i32c(e, 1);
+    LLVMValueRef own_b = LLVMBuildOr(b, LLVMBuildNot(b, bc_b, ""),
+                                     LLVMBuildICmp(b, LLVMIntEQ, *bidx, zero, ""), "");
+    LLVMValueRef own_h = LLVMBuildOr(b, LLVMBuildNot(b, bc_h, ""),
+                                     LLVMBuildICmp(b, LLVMIntEQ, *h, zero, ""), "");
+    LLVMValueRef nb = LLVMBuildSelect(b, bc_b, aj_param(kb, AJ_PID(batch)), one, "");
+    LLVMValueRef nh = LLVMBuildSelect(b, bc_h, aj_param(kb, AJ_PID(heads_q)), one, "");
+    LLVMValueRef pairs = LLVMBuildSelect(b, LLVMBuildAnd(b, own_b, own_h, ""),
+                                         LLVMBuildMul(b, nb, nh, ""), zero, "pairs");
+    LLVMValueRef x = aj_kb_for_begin(kb, zero, pairs, one, "pair");
+    *bidx = LLVMBuildSelect(b, bc_b, LLVMBuildUDiv(b, x, nh, ""), *bidx, "");
+    *h = LLVMBuildSelect(b, bc_h, LLVMBuildURem(b, x, nh, ""), *h, "");
+    LLVMValueRef first = LLVMBuildICmp(b, LLVMIntEQ, x, zero, "first");
+    aj_kb_barrier(kb);   /* the previous pair's readers of Q, dO, dS are done */
+    for (int k = 0; k < rm; k++)
+        for (int c = 0; c < p->wd / p->g; c++)
+            aj_kb_set(kb, dq[k][c], aj_kb_f32(kb, 0));
+    return first;
+}
+
 static void build_dq(aj_kb *kb, const aj_op *op, const ebwd_plan *plan,
                      const aj_score_prog *prog)
 {
@@ -800,33 +835,8 @@ static void build_dq(aj_kb *kb, const aj_op *op, const ebwd_plan *plan,
     for (int t = 0; t < cn; t++)
         kcols[t] = LLVMBuildAdd(b, e.lane, i32c(&e, p->g * t), "");
 
-    /* With bias: walk the (b, h) pairs folded onto this CTA's dbias slice
-     * (none unless the CTA owns it), pair x = (x / nh, x % nh) over the
-     * broadcast dims; `first` says dbias is written, not added to. */
-    LLVMValueRef first = NULL;
-    if (has_bias) {
-        LLVMValueRef bc_b =
-            LLVMBuildICmp(b, LLVMIntEQ, aj_param(kb, AJ_PID(bias_batch)), i32c(&e, 1), "");
-        LLVMValueRef bc_h =
-            LLVMBuildICmp(b, LLVMIntEQ, aj_param(kb, AJ_PID(bias_heads)), i32c(&e, 1), "");
-        LLVMValueRef zero = i32c(&e, 0), one = i32c(&e, 1);
-        LLVMValueRef own_b = LLVMBuildOr(b, LLVMBuildNot(b, bc_b, ""),
-                                         LLVMBuildICmp(b, LLVMIntEQ, bidx, zero, ""), "");
-        LLVMValueRef own_h = LLVMBuildOr(b, LLVMBuildNot(b, bc_h, ""),
-                                         LLVMBuildICmp(b, LLVMIntEQ, h, zero, ""), "");
-        LLVMValueRef nb = LLVMBuildSelect(b, bc_b, aj_param(kb, AJ_PID(batch)), one, "");
-        LLVMValueRef nh = LLVMBuildSelect(b, bc_h, aj_param(kb, AJ_PID(heads_q)), one, "");
-        LLVMValueRef pairs = LLVMBuildSelect(b, LLVMBuildAnd(b, own_b, own_h, ""),
-                                             LLVMBuildMul(b, nb, nh, ""), zero, "pairs");
-        LLVMValueRef x = aj_kb_for_begin(kb, zero, pairs, one, "pair");
-        bidx = LLVMBuildSelect(b, bc_b, LLVMBuildUDiv(b, x, nh, ""), bidx, "");
-        h = LLVMBuildSelect(b, bc_h, LLVMBuildURem(b, x, nh, ""), h, "");
-        first = LLVMBuildICmp(b, LLVMIntEQ, x, zero, "first");
-        aj_kb_barrier(kb);   /* the previous pair's readers of Q, dO, dS are done */
-        for (int k = 0; k < rm; k++)
-            for (int c = 0; c < p->wd / p->g; c++)
-                aj_kb_set(kb, dq[k][c], aj_kb_f32(kb, 0));
-    }
+    /* with bias, the loop over the (b, h) pairs folded onto the CTA's dbias */
+    LLVMValueRef first = has_bias ? begin_bias_pairs(&e, &bidx, &h, dq, rm) : NULL;
     LLVMValueRef hkv = LLVMBuildSDiv(b, h, group_size, "hkv");
     set_head(&e, bidx, h);
     LLVMValueRef k_base = aj_attn_slice_base(e.kb, AJ_PSRC_k, bidx, hkv);
