@@ -5,7 +5,8 @@
 #   scripts/setup.sh demo    build everything and run the demo
 #   scripts/setup.sh test    build everything and run the test suite, the Python
 #                            package's tests (in a virtual environment it makes),
-#                            then the unit and numeric tests again under ASan + UBSan
+#                            then the unit and numeric tests again under ASan + UBSan,
+#                            and the thread tests under ThreadSanitizer
 #
 # Idempotent: packages already present are not reinstalled and the build
 # directory is reused.  Without root, it prints the apt-get line to run.
@@ -82,4 +83,16 @@ echo "== running the unit and numeric tests under the sanitizers ($(elapsed))"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   AJ_TEST_SAMPLE=3 ctest --test-dir "$asan" --output-on-failure -j"$jobs" -L "unit|numeric" \
   -LE "long|cpu_isa"
+
+# The thread tests again under ThreadSanitizer (docs/api.md "Threads"):
+# many threads compiling and launching on one context and device.  Only
+# their targets are built; any report fails the run.  LLVM's own library is
+# not instrumented, so its internal locks are not followed (tests/lib/tsan.supp).
+tsan=${AJ_TSAN_BUILD_DIR:-$root/build-tsan}
+echo "== the thread tests under ThreadSanitizer in $tsan ($(elapsed))"
+cmake -S "$root" -B "$tsan" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DAJ_WERROR=ON -DAJ_TSAN=ON \
+      -DAJ_BUILD_BENCH=OFF >/dev/null
+cmake --build "$tsan" -j"$jobs" --target test_threads
+TSAN_OPTIONS="halt_on_error=1:suppressions=$root/tests/lib/tsan.supp" \
+  ctest --test-dir "$tsan" --output-on-failure -L threads
 echo "== done in $(elapsed)"
