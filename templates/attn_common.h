@@ -1,6 +1,7 @@
 /*
- * attn_common.h -- pieces every template emits the same way: tanh, the
- * dropout stream and the backward's P and dS from a score program.  One
+ * attn_common.h -- pieces every template emits the same way: tanh and the
+ * dropout stream (what a score becomes, the backward's P and dS, and
+ * dropout's scaling are the score pipeline's, score.h).  One
  * definition each, so forward and backward can never disagree on a score
  * or a dropped element (masks and score mods themselves live in score.h;
  * the layouts' rows and pages in layouts.h; the schedule rules in
@@ -40,25 +41,5 @@ aj_attn_dropout aj_attn_dropout_stream(aj_kb *kb, LLVMValueRef seed, LLVMValueRe
  * (out[0] >> 8) >= ceil(p 2^24) exactly. */
 LLVMValueRef aj_attn_dropout_keep(aj_kb *kb, const aj_attn_dropout *d, double p,
                                   LLVMValueRef i, LLVMValueRef j);
-
-/*
- * The backward's recomputed probability and score gradient of one element
- * (row i, key j; local indices, i32) of the current (b, h), from q.k
- * (`qk`), dO.v (`dp`), the row's LSE in log2 units and Delta; the
- * score_mod and its derivative d mod / d t come from the op's score
- * programs `sc` (templates/score.h) at (i, j):
- *
- *   t = scale q.k [+ bias];  s = mod(t);  P = exp(s - LSE) where `visible`
- *   dS = P (dP m - Delta) mod'(t)        m = keep / (1 - p)
- *
- * `bias` (NULL: none) is bias[b,h,i,j], `keep` (NULL: no dropout) the
- * forward's keep decision.  *p_out is the dropped P m (dV's factor); dS is
- * the gradient of t without the scale (dbias).
- */
-struct aj_score;
-void aj_attn_bwd_p_ds_prog(aj_kb *kb, const aj_op *op, struct aj_score *sc, LLVMValueRef qk,
-                           LLVMValueRef dp, LLVMValueRef i, LLVMValueRef j, LLVMValueRef lse2,
-                           LLVMValueRef delta, LLVMValueRef visible, LLVMValueRef bias,
-                           LLVMValueRef keep, LLVMValueRef *p_out, LLVMValueRef *ds_out);
 
 #endif /* AJ_TEMPLATES_ATTN_COMMON_H */

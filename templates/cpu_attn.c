@@ -594,35 +594,40 @@ void aj_cpu_gemm_acc(aj_kb *kb, int ncols, LLVMValueRef c, LLVMValueRef rscale,
     aj_kb_for_end(kb);
 }
 
+/* bias[b, h, i, j] over the lanes' keys (aj_score_bias's load): rows past
+ * Sq and keys past Sk read the last row / key, in bounds, and masked or
+ * never stored */
+static LLVMValueRef load_bias(void *user, LLVMValueRef ig, LLVMValueRef jv)
+{
+    aj_cpu_attn *a = user;
+    aj_kb *kb = a->kb;
+    LLVMBuilderRef b = kb->b;
+    int w = a->w;
+    LLVMValueRef ic = aj_kb_smin(kb, ig, LLVMBuildSub(b, a->seq.len_q, i32c(kb, 1), ""));
+    LLVMValueRef row = add(kb, a->bias_base, mul(kb, sext64(kb, ic),
+                                                 aj_param(kb, AJ_PID(stride_bias_s))));
+    LLVMValueRef last = LLVMBuildSub(b, a->seq.len_k, i32c(kb, 1), "");
+    LLVMValueRef bv = LLVMGetPoison(aj_cv_type(kb, w));
+    for (int e = 0; e < w; e++) {
+        LLVMValueRef j = aj_kb_smin(kb, LLVMBuildExtractElement(b, jv, i32c(kb, e), ""), last);
+        LLVMValueRef one = aj_cv_load(kb, aj_cpu_tensor_at(kb, AJ_PSRC_bias, a->op->dtype,
+                                      add(kb, row, sext64(kb, j))), a->op->dtype, 1);
+        bv = LLVMBuildInsertElement(b, bv, LLVMBuildExtractElement(b, one, i32c(kb, 0), ""),
+                                    i32c(kb, e), "");
+    }
+    return bv;
+}
+
 LLVMValueRef aj_cpu_scores(aj_cpu_attn *a, LLVMValueRef s, LLVMValueRef ig, LLVMValueRef jv,
                            LLVMValueRef *dmod)
 {
     aj_kb *kb = a->kb;
     LLVMBuilderRef b = kb->b;
-    const aj_op *op = a->op;
     int w = a->w;
-    if (op->bias == AJ_BIAS_ADD) {
-        /* rows past Sq and keys past Sk read the last row / key: in bounds,
-         * and masked or never stored */
-        LLVMValueRef ic = aj_kb_smin(kb, ig, LLVMBuildSub(b, a->seq.len_q, i32c(kb, 1), ""));
-        LLVMValueRef row = add(kb, a->bias_base, mul(kb, sext64(kb, ic),
-                                                     aj_param(kb, AJ_PID(stride_bias_s))));
-        LLVMValueRef last = LLVMBuildSub(b, a->seq.len_k, i32c(kb, 1), "");
-        LLVMValueRef bv = LLVMGetPoison(aj_cv_type(kb, w));
-        for (int e = 0; e < w; e++) {
-            LLVMValueRef j = aj_kb_smin(kb, LLVMBuildExtractElement(b, jv, i32c(kb, e), ""), last);
-            LLVMValueRef one = aj_cv_load(kb, aj_cpu_tensor_at(kb, AJ_PSRC_bias, op->dtype,
-                                          add(kb, row, sext64(kb, j))), op->dtype, 1);
-            bv = LLVMBuildInsertElement(b, bv, LLVMBuildExtractElement(b, one, i32c(kb, 0), ""),
-                                        i32c(kb, e), "");
-        }
-        s = LLVMBuildFAdd(b, s, bv, "");
-    }
+    aj_score_bias bias = {NULL, load_bias, a};
     LLVMValueRef d = NULL;
-    if (aj_score_has_mod(a->prog))
-        s = dmod ? aj_score_mod_grad(&a->sc, s, ig, jv, &d) : aj_score_mod_value(&a->sc, s, ig, jv);
-    if (!a->log2e_in_q)
-        s = LLVMBuildFMul(b, s, aj_cv_splat(kb, aj_kb_f32(kb, AJ_LOG2E), w), "");
+    s = aj_score_compose(&a->sc, s, a->log2e_in_q ? AJ_SCORE_LOG2 : AJ_SCORE_SCALED,
+                         a->op->bias == AJ_BIAS_ADD ? &bias : NULL, ig, jv, dmod ? &d : NULL);
     LLVMValueRef vis = LLVMBuildICmp(b, LLVMIntSLT, jv, aj_cv_splat(kb, a->seq.len_k, w), "");
     if (a->tile_full) {   /* a full tile: the key length alone */
         LLVMValueRef masked = aj_kb_var(kb, LLVMTypeOf(vis), vis, "vis");
@@ -633,7 +638,7 @@ LLVMValueRef aj_cpu_scores(aj_cpu_attn *a, LLVMValueRef s, LLVMValueRef ig, LLVM
     }
     if (dmod)
         *dmod = d ? LLVMBuildSelect(b, vis, d, LLVMConstNull(aj_cv_type(kb, w)), "") : NULL;
-    return LLVMBuildSelect(b, vis, s, aj_cv_splat(kb, aj_kb_f32(kb, -INFINITY), w), "");
+    return aj_score_hide(kb, s, vis);
 }
 
 void aj_cpu_blocks(aj_kb *kb, int size, LLVMValueRef lo, LLVMValueRef hi, LLVMValueRef *begin,

@@ -223,8 +223,7 @@ static void emit_dropout_scale(cbwd *c, LLVMValueRef m0, LLVMValueRef n0)
     LLVMValueRef i = aj_kb_for_begin(kb, i32c(c, 0), i32c(c, c->p.bm), i32c(c, 1), "zi");
     LLVMValueRef j = aj_kb_for_begin(kb, i32c(c, 0), i32c(c, c->p.bn), i32c(c, 1), "zj");
     LLVMValueRef keep = aj_attn_dropout_keep(kb, &c->drop, p, add(c, m0, i), add(c, n0, j));
-    LLVMBuildStore(c->b, LLVMBuildSelect(c->b, keep, aj_kb_f32(kb, 1.0 / (1.0 - p)),
-                                         aj_kb_f32(kb, 0), ""),
+    LLVMBuildStore(c->b, aj_score_dropped(kb, p, keep, aj_kb_f32(kb, 1.0)),
                    buf_at(c, c->z, add(c, mul(c, i, i32c(c, c->p.bn)), j)));
     aj_kb_for_end(kb);
     aj_kb_for_end(kb);
@@ -266,10 +265,8 @@ static void emit_probabilities(cbwd *c, LLVMValueRef m0, LLVMValueRef n0)
             pz = LLVMBuildFMul(b, pv, z, "");
             dpv = LLVMBuildFMul(b, dpv, z, "");
         }
-        LLVMValueRef ds = LLVMBuildFMul(b, pv, LLVMBuildFSub(b, dpv, delta, ""), "");
-        if (dmod)   /* the chain rule through the score_mod (0 where hidden) */
-            ds = LLVMBuildSelect(b, row_in, LLVMBuildFMul(b, ds, dmod, ""),
-                                 LLVMConstNull(aj_cv_type(kb, w)), "");
+        /* the chain rule through the score_mod: 0 in rows past Sq */
+        LLVMValueRef ds = aj_score_ds(kb, pv, dpv, delta, dmod, row_in);
         vstore(c, pz, buf_at(c, c->s, at));
         vstore(c, ds, buf_at(c, c->dp, at));
     }

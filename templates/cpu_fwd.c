@@ -239,8 +239,7 @@ static void emit_dropout(cfwd *c, LLVMValueRef n0, LLVMValueRef kcount)
     LLVMValueRef j = aj_kb_for_begin(kb, i32c(c, 0), kcount, i32c(c, 1), "dj");
     LLVMValueRef keep = aj_attn_dropout_keep(kb, &c->drop, p, add(c, c->m0, i), add(c, n0, j));
     LLVMValueRef at = buf_at(c, c->s, add(c, mul(c, i, i32c(c, c->p.bn)), j));
-    LLVMValueRef kept = LLVMBuildFMul(b, fload(c, at), aj_kb_f32(kb, 1.0 / (1.0 - p)), "");
-    LLVMBuildStore(b, LLVMBuildSelect(b, keep, kept, aj_kb_f32(kb, 0), ""), at);
+    LLVMBuildStore(b, aj_score_dropped(kb, p, keep, fload(c, at)), at);
     aj_kb_for_end(kb);
     aj_kb_for_end(kb);
 }

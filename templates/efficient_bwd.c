@@ -419,8 +419,8 @@ static void emit_accumulate(ebwd *e, LLVMValueRef out[MAX_ROWS][MAX_OUT], int nr
     aj_kb_for_end(kb);
 }
 
-/* P and dS of (row i, key j) from the q.k and dO.v variables: attn_common.h's
- * aj_attn_bwd_p_ds_prog with this kernel's head state, bias and dropout,
+/* P and dS of (row i, key j) from the q.k and dO.v variables: score.h's
+ * aj_score_p_ds with this kernel's head state, bias and dropout,
  * visible by aj_score_visible_in_tile (`full`, rows checked against seq_q
  * unless NULL). */
 static void emit_p_ds(ebwd *e, int full, LLVMValueRef seq_q, LLVMValueRef qk_var,
@@ -428,10 +428,9 @@ static void emit_p_ds(ebwd *e, int full, LLVMValueRef seq_q, LLVMValueRef qk_var
                       LLVMValueRef delta, LLVMValueRef *p_out, LLVMValueRef *ds_out)
 {
     aj_kb *kb = e->kb;
-    aj_attn_bwd_p_ds_prog(kb, e->op, &e->sc, aj_kb_get(kb, qk_var), aj_kb_get(kb, dp_var), i,
-                          j, lse2, delta,
-                          aj_score_visible_in_tile(&e->sc, full, seq_q, e->seq_k, i, j),
-                          emit_bias_at(e, i, j), emit_keep(e, i, j), p_out, ds_out);
+    aj_score_p_ds(&e->sc, aj_kb_get(kb, qk_var), aj_kb_get(kb, dp_var), i, j, lse2, delta,
+                  aj_score_visible_in_tile(&e->sc, full, seq_q, e->seq_k, i, j),
+                  emit_bias_at(e, i, j), emit_keep(e, i, j), p_out, ds_out);
 }
 
 /*

@@ -333,38 +333,36 @@ static void emit_qk(efwd *e)
     aj_kb_for_end(kb);
 }
 
+/* bias[b, h, i, j] of the row's bias (aj_score_bias's load): keys past Sk
+ * read the row's last key (in bounds; masked after) */
+static LLVMValueRef load_bias(void *user, LLVMValueRef i, LLVMValueRef j)
+{
+    efwd *e = user;
+    aj_kb *kb = e->kb;
+    LLVMBuilderRef b = e->b;
+    const aj_op *op = e->op;
+    (void)i;
+    LLVMValueRef jc = aj_kb_smin(kb, j, LLVMBuildSub(b, e->seq_k, aj_kb_i32(kb, 1), ""));
+    LLVMValueRef at = LLVMBuildAdd(b, e->bias_row, sext64(e, jc), "");
+    LLVMTypeRef st = aj_kb_storage_type(kb, op->dtype);
+    at = LLVMBuildMul(b, at, aj_kb_i64(kb, aj_dtype_size(op->dtype)), "");
+    LLVMValueRef raw = aj_kb_load(kb, st, aj_kb_gptr_offset(kb, aj_param(kb, AJ_PID(bias)), at),
+                                  (unsigned)aj_dtype_size(op->dtype));
+    return aj_kb_to_f32(kb, raw, op->dtype);
+}
+
 /* The score of (row i, key j) in log2 units, or -inf where masked (in a
  * `full` tile: past the key length alone). */
 static LLVMValueRef emit_score(efwd *e, aj_score *sc, LLVMValueRef acc, LLVMValueRef i,
                                LLVMValueRef j, int full)
 {
-    aj_kb *kb = e->kb;
-    LLVMBuilderRef b = e->b;
-    const aj_op *op = e->op;
-    double scale = aj_op_scale(op);
-    LLVMValueRef s;
     if (e->k_scale)
-        acc = LLVMBuildFMul(b, acc, e->k_scale, "");
-    if (!aj_score_has_mod(e->prog) && op->bias == AJ_BIAS_NONE) {
-        s = LLVMBuildFMul(b, acc, aj_kb_f32(kb, scale * AJ_LOG2E), "");
-    } else {
-        s = LLVMBuildFMul(b, acc, aj_kb_f32(kb, scale), "");
-        if (op->bias == AJ_BIAS_ADD) {
-            /* keys past Sk read the row's last key (in bounds; masked below) */
-            LLVMValueRef jc = aj_kb_smin(kb, j, LLVMBuildSub(b, e->seq_k, aj_kb_i32(kb, 1), ""));
-            LLVMValueRef at = LLVMBuildAdd(b, e->bias_row, sext64(e, jc), "");
-            LLVMTypeRef st = aj_kb_storage_type(kb, op->dtype);
-            at = LLVMBuildMul(b, at, aj_kb_i64(kb, aj_dtype_size(op->dtype)), "");
-            LLVMValueRef raw =
-                aj_kb_load(kb, st, aj_kb_gptr_offset(kb, aj_param(kb, AJ_PID(bias)), at),
-                           (unsigned)aj_dtype_size(op->dtype));
-            s = LLVMBuildFAdd(b, s, aj_kb_to_f32(kb, raw, op->dtype), "");
-        }
-        s = aj_score_mod_value(sc, s, i, j);
-        s = LLVMBuildFMul(b, s, aj_kb_f32(kb, AJ_LOG2E), "");
-    }
+        acc = LLVMBuildFMul(e->b, acc, e->k_scale, "");
+    aj_score_bias bias = {NULL, load_bias, e};
+    LLVMValueRef s = aj_score_compose(sc, acc, AJ_SCORE_RAW,
+                                      e->op->bias == AJ_BIAS_ADD ? &bias : NULL, i, j, NULL);
     LLVMValueRef visible = aj_score_visible_in_tile(sc, full, NULL, e->seq_k, i, j);
-    return LLVMBuildSelect(b, visible, s, aj_kb_f32(kb, -INFINITY), "");
+    return aj_score_hide(e->kb, s, visible);
 }
 
 /* Scores, online softmax update, rescale of O, P written to shared memory
@@ -406,9 +404,7 @@ static void emit_softmax(efwd *e, LLVMValueRef n0, int full)
             if (e->op->dropout > 0) {
                 LLVMValueRef keep = aj_attn_dropout_keep(kb, &e->drop, e->op->dropout, i,
                                                          LLVMBuildAdd(b, n0, key_of(e, t), ""));
-                pr = LLVMBuildSelect(b, keep, LLVMBuildFMul(b, pr,
-                                     aj_kb_f32(kb, 1.0 / (1.0 - e->op->dropout)), ""),
-                                     aj_kb_f32(kb, 0), "");
+                pr = aj_score_dropped(kb, e->op->dropout, keep, pr);
             }
             aj_smem_store1(kb, p->smem_p, LLVMBuildAdd(b, prow, key_of(e, t), ""), pr);
         }

@@ -804,10 +804,10 @@ static void emit_p_ds_tiles(void *user, int full)
                 LLVMValueRef keep = f->op->dropout > 0
                                         ? aj_attn_dropout_keep(kb, &f->drop, f->op->dropout, i, j)
                                         : NULL;
-                aj_attn_bwd_p_ds_prog(kb, f->op, &f->sc, aj_kb_get(kb, s->v[a][c][r]),
-                                      aj_kb_get(kb, dp->v[a][c][r]), i, j, stat_at(f, stats, il),
-                                      stat_at(f, stats, add(f, il, i32c(f, bm))), vis, NULL, keep,
-                                      &pv[r], &dv[r]);
+                aj_score_p_ds(&f->sc, aj_kb_get(kb, s->v[a][c][r]), aj_kb_get(kb, dp->v[a][c][r]),
+                              i, j, stat_at(f, stats, il),
+                              stat_at(f, stats, add(f, il, i32c(f, bm))), vis, NULL, keep,
+                              &pv[r], &dv[r]);
             }
             for (int half = 0; half < 2; half++) {
                 LLVMValueRef row = acc_row(f, s, a, 2 * half), col = acc_col(f, s, c, 0);

@@ -488,24 +488,31 @@ static LLVMValueRef elem_key(ffwd *e, int j, int c)
     return add(e, LLVMBuildShl(e->b, e->t, i32c(e, 1), ""), i32c(e, 8 * j + (c & 1)));
 }
 
-/* The scores in log2 units: scale q.k, then the score_mod (score.h). */
+/* The position of a score element (aj_score_place). */
+typedef struct elem_at {
+    ffwd *e;
+    LLVMValueRef n0;
+    int mi, j, c;
+} elem_at;
+
+static void place_elem(void *user, LLVMValueRef *i, LLVMValueRef *j)
+{
+    elem_at *x = user;
+    *j = add(x->e, x->n0, elem_key(x->e, x->j, x->c));
+    *i = add(x->e, x->e->m0, elem_row(x->e, x->mi, x->c));
+}
+
+/* The scores in log2 units: the score pipeline's composition (score.h). */
 static void emit_score_mods(ffwd *e, LLVMValueRef n0)
 {
     aj_kb *kb = e->kb;
-    LLVMBuilderRef b = e->b;
-    double scale = aj_op_scale(e->op);
-    int plain = !aj_score_has_mod(e->prog);
     for (int mi = 0; mi < e->p.mt; mi++)
         for (int j = 0; j < e->p.bn / 8; j++)
             for (int c = 0; c < 4; c++) {
-                LLVMValueRef s = aj_kb_get(kb, e->s[mi][j][c]);
-                s = LLVMBuildFMul(b, s, aj_kb_f32(kb, plain ? scale * AJ_LOG2E : scale), "");
-                if (!plain) {
-                    s = aj_score_mod_value(&e->sc, s, add(e, e->m0, elem_row(e, mi, c)),
-                                           add(e, n0, elem_key(e, j, c)));
-                    s = LLVMBuildFMul(b, s, aj_kb_f32(kb, AJ_LOG2E), "");
-                }
-                aj_kb_set(kb, e->s[mi][j][c], s);
+                elem_at at = {e, n0, mi, j, c};
+                aj_kb_set(kb, e->s[mi][j][c],
+                          aj_score_compose_at(&e->sc, aj_kb_get(kb, e->s[mi][j][c]),
+                                              AJ_SCORE_RAW, NULL, place_elem, &at));
             }
 }
 
@@ -589,9 +596,7 @@ static void emit_softmax_pv(ffwd *e, LLVMValueRef n0, LLVMValueRef vbase)
                     if (op->dropout > 0) {
                         LLVMValueRef keep = aj_attn_dropout_keep(kb, &e->drop, op->dropout, i,
                                                                  add(e, n0, elem_key(e, j, c)));
-                        pr = LLVMBuildSelect(b, keep, LLVMBuildFMul(b, pr,
-                                             aj_kb_f32(kb, 1.0 / (1.0 - op->dropout)), ""),
-                                             aj_kb_f32(kb, 0), "");
+                        pr = aj_score_dropped(kb, op->dropout, keep, pr);
                     }
                     pf[mi][j][c] = pr;
                 }

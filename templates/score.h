@@ -15,6 +15,10 @@
  *                  aj_score_begin       per-CTA values (b, h, origins, totals)
  *                  aj_score_mod_value   the modified score of (i, j)
  *                  aj_score_mod_grad    ... and its derivative (backward)
+ *                  aj_score_compose     q.k to the score in log2 units:
+ *                                       scale, bias, score_mod, log2 e
+ *                  aj_score_dropped     dropout's keep / (1 - p)
+ *                  aj_score_p_ds        the backward's P and dS
  *                  aj_score_visible     whether key j is visible to row i
  *                  aj_score_key_range   keys rows [i0, i1] may see
  *                  aj_score_tile_class  skip / partial / full of a tile
@@ -78,6 +82,8 @@ typedef struct aj_score_prog {
     bool reads_h;
     /* what each node's tree reads: AJ_SCORE_READS(var) bits, AJ_SCORE_READS_LOAD */
     uint16_t reads[AJ_EXPR_NODES_MAX];
+    /* the pipeline's constants (aj_score_compose): q.k's scale, dropout's p */
+    double scale, dropout;
 } aj_score_prog;
 
 #define AJ_SCORE_READS(var) ((uint16_t)(1u << (var)))
@@ -165,6 +171,61 @@ LLVMValueRef aj_score_mod_value(aj_score *s, LLVMValueRef score, LLVMValueRef i,
 /* The same and, in *d, d mod / d score. */
 LLVMValueRef aj_score_mod_grad(aj_score *s, LLVMValueRef score, LLVMValueRef i, LLVMValueRef j,
                                LLVMValueRef *d);
+
+/*
+ * The score pipeline (docs/design.md "The score pipeline"), one
+ * composition for every template and target:
+ *
+ *   s2 = log2 e * mod(scale q.k + bias, i, j)        (-inf where hidden)
+ *
+ * `qk` (f32 or <W x float>) carries what the caller folded into Q already:
+ * nothing (AJ_SCORE_RAW), the scale (AJ_SCORE_SCALED) or, for an op with
+ * neither score_mod nor bias, scale and log2 e (AJ_SCORE_LOG2).  Without a
+ * score_mod and bias, scale and log2 e are one multiplication.  The bias
+ * term is a value loaded already or loaded where the pipeline adds it
+ * (`load`, at (i, j)); NULL: none.  With `dmod` (not NULL) the backward's
+ * d mod / d t too (NULL there: 1).
+ */
+typedef enum aj_score_units { AJ_SCORE_RAW, AJ_SCORE_SCALED, AJ_SCORE_LOG2 } aj_score_units;
+typedef struct aj_score_bias {
+    LLVMValueRef value;   /* the term, or NULL: load(user, i, j) gives it */
+    LLVMValueRef (*load)(void *user, LLVMValueRef i, LLVMValueRef j);
+    void *user;
+} aj_score_bias;
+LLVMValueRef aj_score_compose(aj_score *s, LLVMValueRef qk, aj_score_units has,
+                              const aj_score_bias *bias, LLVMValueRef i, LLVMValueRef j,
+                              LLVMValueRef *dmod);
+/* The same (forward) with the positions made by place(user, &i, &j) where
+ * the pipeline first needs them, after the scale (a template whose element
+ * positions cost instructions makes them only for a score_mod or bias). */
+typedef void (*aj_score_place)(void *user, LLVMValueRef *i, LLVMValueRef *j);
+LLVMValueRef aj_score_compose_at(aj_score *s, LLVMValueRef qk, aj_score_units has,
+                                 const aj_score_bias *bias, aj_score_place place, void *user);
+/* s2 where `visible` (i1 or <W x i1>), -inf elsewhere. */
+LLVMValueRef aj_score_hide(aj_kb *kb, LLVMValueRef s2, LLVMValueRef visible);
+/* Dropout's scaling of x (f32): x / (1 - p) where `keep`, 0 where dropped. */
+LLVMValueRef aj_score_dropped(aj_kb *kb, double p, LLVMValueRef keep, LLVMValueRef x);
+/* dS = P (dP - Delta), times the score_mod's derivative `chain` (NULL: 1)
+ * where `live` and 0 elsewhere (f32 or vectors; dP dropped already). */
+LLVMValueRef aj_score_ds(aj_kb *kb, LLVMValueRef p, LLVMValueRef dp, LLVMValueRef delta,
+                         LLVMValueRef chain, LLVMValueRef live);
+
+/*
+ * The backward's recomputed probability and score gradient of one element
+ * (row i, key j; local indices, i32), from q.k (`qk`), dO.v (`dp`), the
+ * row's LSE in log2 units and Delta:
+ *
+ *   t = scale q.k [+ bias];  s = mod(t);  P = exp(s - LSE) where `visible`
+ *   dS = P (dP m - Delta) mod'(t)        m = keep / (1 - p)
+ *
+ * `bias` (NULL: none) is bias[b,h,i,j], `keep` (NULL: no dropout) the
+ * forward's keep decision.  *p_out is the dropped P m (dV's factor); dS is
+ * the gradient of t without the scale (dbias).
+ */
+void aj_score_p_ds(aj_score *s, LLVMValueRef qk, LLVMValueRef dp, LLVMValueRef i,
+                   LLVMValueRef j, LLVMValueRef lse2, LLVMValueRef delta, LLVMValueRef visible,
+                   LLVMValueRef bias, LLVMValueRef keep, LLVMValueRef *p_out,
+                   LLVMValueRef *ds_out);
 
 /* Whether the mask shows key j to row i (i1 or <W x i1>).  Keys at or past
  * the key length are the caller's to hide. */

@@ -418,6 +418,8 @@ aj_status aj_score_prog_init(aj_ctx *ctx, const aj_op *op, aj_score_prog *p)
     memset(p, 0, sizeof *p);
     p->e.shared = true;
     p->mod = p->dmod = p->band_lo = p->band_hi = p->rest = NONE;
+    p->scale = aj_op_scale(op);
+    p->dropout = op->dropout;
     p->tensor_count = op->tensor_count;
     memcpy(p->tensors, op->tensors, sizeof op->tensors[0] * (size_t)op->tensor_count);
     uint16_t mask;
