@@ -8,10 +8,12 @@
  *                  band and the rest
  *   score_emit.c   emission: a node -> LLVM values (i64, f32, i1; or
  *                  <W x ...>), the side tensors' loads and parameters
- *   score_tiles.c  tiles: a node -> its range over a tile, emitted
- *                  (aj_score_tile_class), and the tile walks
- *   score_host.c   host: the same intervals computed on the host
- *                  (aj_score_host_class), block-mask tensors
+ *   score_ival.c   the interval rules: a node -> its range, over a value
+ *                  domain whose two backends are the next two files'
+ *   score_tiles.c  tiles: the rules emitted (aj_score_tile_class), and
+ *                  the tile walks
+ *   score_host.c   host: the same rules on host values
+ *                  (aj_score_host_class)
  */
 #ifndef AJ_TEMPLATES_SCORE_INTERNAL_H
 #define AJ_TEMPLATES_SCORE_INTERNAL_H
@@ -22,7 +24,7 @@
 #define OFFSET_CLAMP (1 << 30)
 /* The interval arithmetic's unknown int, [-2^62, 2^62] (sums saturate),
  * and the largest box of a side tensor a load's interval reads
- * (score_tiles.c, and its host twin in score_host.c). */
+ * (score_ival.c and its backends). */
 #define UNKNOWN_INT (INT64_C(1) << 62)
 #define SCAN_MAX 4096
 
@@ -68,6 +70,40 @@ LLVMValueRef aj_score_emit_math(emitter *m, aj_expr_op op, LLVMValueRef a);
 
 LLVMValueRef aj_score_emit_node(emitter *m, uint16_t id);
 LLVMValueRef aj_score_floor_divmod(emitter *m, LLVMValueRef x, LLVMValueRef y, int want_mod);
+
+/*
+ * The interval rules (score_ival.c) over a value domain with two
+ * backends: emitted LLVM values (kb set: i64, f32 and i1 bounds) or host
+ * scalars (kb NULL: i, f or b by the node's type).  A bool's interval is
+ * (may be false, may be true).
+ */
+typedef struct dval {
+    LLVMValueRef v;   /* the IR backend's */
+    int64_t i;        /* the host's, by type */
+    float f;
+    bool b;
+} dval;
+
+typedef struct ival {
+    dval lo, hi;
+} ival;
+
+typedef struct ival_ctx {
+    aj_kb *kb;                 /* the IR backend; NULL: the host */
+    emitter *pt;               /* the IR backend's point values */
+    const aj_score_prog *p;
+    /* the reads that make a node a range, not a point: positions, and on
+     * the host b or h for any batch or head, loads without tensor data */
+    uint16_t positional;
+    ival q, k;                 /* the positions' ranges (i64) */
+    ival (*point)(struct ival_ctx *c, uint16_t id);   /* a point node's value */
+    ival (*load)(struct ival_ctx *c, const aj_expr_node *n, const ival *idx);
+    ival memo[AJ_EXPR_NODES_MAX];
+    bool done[AJ_EXPR_NODES_MAX];
+} ival_ctx;
+
+ival aj_ival_node(ival_ctx *c, uint16_t id);
+ival aj_ival_unknown(ival_ctx *c, aj_expr_type t);
 
 /* The calls that keep an emitter in aj_score.scratch: one each, reused by
  * every call of its kind (a call of one kind may run inside another's). */

@@ -234,7 +234,7 @@ static uint16_t diff(builder *bd, uint16_t id, const uint16_t *reads, uint16_t *
 
 /* ---------------------------------------------------------------- band */
 
-/* Whether the interval rules (iv_compute below) bound node `root` over a
+/* Whether the interval rules (score_ival.c) bound node `root` over a
  * tile by its positions alone: no load (its values are data), no product
  * of two position-dependent operands, no quotient or remainder by one
  * (those are "unknown").  The rest of a mask that fails this takes a

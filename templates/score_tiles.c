@@ -12,77 +12,30 @@
 
 /* ---------------------------------------------------------------- intervals */
 
-/*
- * Interval arithmetic over a tile: every int or float node gets [lo, hi],
- * every bool node (may be false, may be true).  A node that reads no
- * position is a point (its value, emitted as usual).  Where a rule cannot
- * bound a node it is unknown: ints [-2^62, 2^62] (sums saturate), floats
- * [-inf, inf]; a float bound that is NaN makes every comparison with it
- * "may be either".  The host version below (hv_*) follows the same rules.
- */
-
-typedef struct ival {
-    LLVMValueRef lo, hi;   /* bool: lo = may be false, hi = may be true */
-} ival;
-
+/* The interval rules' IR backend (score_ival.c): a tile's ranges emitted. */
 typedef struct iemitter {
+    ival_ctx c;                       /* first: the rules' context */
     emitter pt;                       /* point values */
-    LLVMValueRef q0, q1, k0, k1;      /* i64 global positions of the tile */
-    ival memo[AJ_EXPR_NODES_MAX];
-    bool done[AJ_EXPR_NODES_MAX];
 } iemitter;
-
-/* Whether a node's tree reads a position (it is a range over a tile). */
-static bool is_positional(const iemitter *m, uint16_t id)
-{
-    return m->pt.s->p->reads[id] & AJ_SCORE_READS_POSITION;
-}
-
-static ival iv_unknown(aj_kb *kb, aj_expr_type t)
-{
-    if (t == AJ_EXPR_FLOAT)
-        return (ival){aj_kb_f32(kb, -INFINITY), aj_kb_f32(kb, INFINITY)};
-    if (t == AJ_EXPR_BOOL)
-        return (ival){LLVMConstInt(kb->t_i1, 1, 0), LLVMConstInt(kb->t_i1, 1, 0)};
-    return (ival){aj_kb_i64(kb, -UNKNOWN_INT), aj_kb_i64(kb, UNKNOWN_INT)};
-}
 
 static LLVMValueRef sel(aj_kb *kb, LLVMValueRef c, LLVMValueRef a, LLVMValueRef b)
 {
     return LLVMBuildSelect(kb->b, c, a, b, "");
 }
 
-static LLVMValueRef sat(aj_kb *kb, const char *name, LLVMValueRef a, LLVMValueRef b)
-{
-    LLVMValueRef args[2] = {a, b};
-    LLVMValueRef v = aj_kb_call_overloaded(kb, name, args, 2);
-    v = aj_kb_smin(kb, v, aj_kb_i64(kb, UNKNOWN_INT));
-    return aj_kb_smax(kb, v, aj_kb_i64(kb, -UNKNOWN_INT));
-}
-
-/* x * c for a point c, either order of the bounds; unknown on overflow */
-static ival iv_scale_int(aj_kb *kb, ival x, LLVMValueRef c)
-{
-    LLVMBuilderRef b = kb->b;
-    LLVMValueRef a1 = LLVMBuildMul(b, x.lo, c, ""), a2 = LLVMBuildMul(b, x.hi, c, "");
-    /* bounds and c within 2^31 keep the products exact */
-    LLVMValueRef lim = aj_kb_i64(kb, INT64_C(1) << 31), nlim = aj_kb_i64(kb, -(INT64_C(1) << 31));
-    LLVMValueRef small = LLVMBuildAnd(b, LLVMBuildICmp(b, LLVMIntSLT, x.hi, lim, ""),
-                                      LLVMBuildICmp(b, LLVMIntSGT, x.lo, nlim, ""), "");
-    small = LLVMBuildAnd(b, small, LLVMBuildAnd(b, LLVMBuildICmp(b, LLVMIntSLT, c, lim, ""),
-                                                LLVMBuildICmp(b, LLVMIntSGT, c, nlim, ""), ""),
-                         "");
-    ival u = iv_unknown(kb, AJ_EXPR_INT);
-    return (ival){sel(kb, small, aj_kb_smin(kb, a1, a2), u.lo),
-                  sel(kb, small, aj_kb_smax(kb, a1, a2), u.hi)};
-}
-
-static ival iv_node(iemitter *m, uint16_t id);
-
 static LLVMValueRef fminmax(aj_kb *kb, int is_min, LLVMValueRef a, LLVMValueRef b)
 {
     LLVMValueRef args[2] = {a, b};
     return aj_kb_call_overloaded(kb, is_min ? "llvm.minnum" : "llvm.maxnum", args, 2);
+}
+
+/* A point node: its value, emitted as usual. */
+static ival ir_point(ival_ctx *c, uint16_t id)
+{
+    LLVMValueRef v = aj_score_emit_node(c->pt, id);
+    if (node(c->p, id)->type == AJ_EXPR_BOOL)
+        return (ival){{.v = LLVMBuildNot(c->kb->b, v, "")}, {.v = v}};
+    return (ival){{.v = v}, {.v = v}};
 }
 
 /*
@@ -92,11 +45,11 @@ static LLVMValueRef fminmax(aj_kb *kb, int is_min, LLVMValueRef a, LLVMValueRef 
  * tile's rows is a box of block_m elements.)
  */
 
-static ival iv_load(iemitter *m, const aj_expr_node *n, const ival *idx)
+static ival ir_load(ival_ctx *c, const aj_expr_node *n, const ival *idx)
 {
-    aj_kb *kb = m->pt.s->kb;
+    aj_kb *kb = c->kb;
     LLVMBuilderRef b = kb->b;
-    const aj_tensor_decl *d = &m->pt.s->p->tensors[n->u.tensor];
+    const aj_tensor_decl *d = &c->p->tensors[n->u.tensor];
     int fl = d->dtype == AJ_SIDE_F32;
     LLVMValueRef zero64 = aj_kb_i64(kb, 0), one64 = aj_kb_i64(kb, 1);
     LLVMValueRef outside = LLVMConstInt(kb->t_i1, 0, 0), count = one64;
@@ -108,10 +61,10 @@ static ival iv_load(iemitter *m, const aj_expr_node *n, const ival *idx)
         aj_score_param_name(name, sizeof name, d->name, 't', k);
         stride[k] = aj_kb_param(kb, name);
         outside = LLVMBuildOr(b, outside, LLVMBuildOr(b,
-                              LLVMBuildICmp(b, LLVMIntSLT, idx[k].lo, zero64, ""),
-                              LLVMBuildICmp(b, LLVMIntSGE, idx[k].hi, size, ""), ""), "");
-        lo[k] = aj_kb_smax(kb, idx[k].lo, zero64);
-        LLVMValueRef hi = aj_kb_smin(kb, idx[k].hi, LLVMBuildSub(b, size, one64, ""));
+                              LLVMBuildICmp(b, LLVMIntSLT, idx[k].lo.v, zero64, ""),
+                              LLVMBuildICmp(b, LLVMIntSGE, idx[k].hi.v, size, ""), ""), "");
+        lo[k] = aj_kb_smax(kb, idx[k].lo.v, zero64);
+        LLVMValueRef hi = aj_kb_smin(kb, idx[k].hi.v, LLVMBuildSub(b, size, one64, ""));
         ext[k] = aj_kb_smax(kb, LLVMBuildAdd(b, LLVMBuildSub(b, hi, lo[k], ""), one64, ""),
                             zero64);
         /* products of extents past SCAN_MAX stop mattering: saturate */
@@ -157,201 +110,8 @@ static ival iv_load(iemitter *m, const aj_expr_node *n, const ival *idx)
     LLVMValueRef mn = aj_kb_get(kb, vmin), mx = aj_kb_get(kb, vmax);
     mn = sel(kb, outside, fl ? fminmax(kb, 1, mn, z) : aj_kb_smin(kb, mn, z), mn);
     mx = sel(kb, outside, fl ? fminmax(kb, 0, mx, z) : aj_kb_smax(kb, mx, z), mx);
-    ival u = iv_unknown(kb, fl ? AJ_EXPR_FLOAT : AJ_EXPR_INT);
-    return (ival){sel(kb, small, mn, u.lo), sel(kb, small, mx, u.hi)};
-}
-
-
-static ival iv_minmax(aj_kb *kb, aj_expr_type t, int is_min, ival a, ival b)
-{
-    if (t == AJ_EXPR_FLOAT)
-        return (ival){fminmax(kb, is_min, a.lo, b.lo), fminmax(kb, is_min, a.hi, b.hi)};
-    return is_min ? (ival){aj_kb_smin(kb, a.lo, b.lo), aj_kb_smin(kb, a.hi, b.hi)}
-                  : (ival){aj_kb_smax(kb, a.lo, b.lo), aj_kb_smax(kb, a.hi, b.hi)};
-}
-
-static ival iv_compare(aj_kb *kb, aj_expr_op op, aj_expr_type t, ival a, ival c)
-{
-    LLVMBuilderRef b = kb->b;
-    if (t == AJ_EXPR_BOOL) {
-        if (op != AJ_EXPR_EQ && op != AJ_EXPR_NE)
-            return iv_unknown(kb, AJ_EXPR_BOOL);
-        LLVMValueRef same = LLVMBuildOr(b, LLVMBuildAnd(b, a.hi, c.hi, ""),
-                                        LLVMBuildAnd(b, a.lo, c.lo, ""), "");
-        LLVMValueRef diff = LLVMBuildOr(b, LLVMBuildAnd(b, a.hi, c.lo, ""),
-                                        LLVMBuildAnd(b, a.lo, c.hi, ""), "");
-        return op == AJ_EXPR_EQ ? (ival){diff, same} : (ival){same, diff};
-    }
-    int fl = t == AJ_EXPR_FLOAT;
-#define LT_(x, y)                                                                                  \
-    (fl ? LLVMBuildFCmp(b, LLVMRealULT, x, y, "") : LLVMBuildICmp(b, LLVMIntSLT, x, y, ""))
-#define LE_(x, y)                                                                                  \
-    (fl ? LLVMBuildFCmp(b, LLVMRealULE, x, y, "") : LLVMBuildICmp(b, LLVMIntSLE, x, y, ""))
-    ival r;
-    switch (op) {
-    case AJ_EXPR_LT: r = (ival){LE_(c.lo, a.hi), LT_(a.lo, c.hi)}; break;
-    case AJ_EXPR_LE: r = (ival){LT_(c.lo, a.hi), LE_(a.lo, c.hi)}; break;
-    case AJ_EXPR_GT: r = (ival){LE_(a.lo, c.hi), LT_(c.lo, a.hi)}; break;
-    case AJ_EXPR_GE: r = (ival){LT_(a.lo, c.hi), LE_(c.lo, a.hi)}; break;
-    default: {
-        LLVMValueRef overlap = LLVMBuildAnd(b, LE_(a.lo, c.hi), LE_(c.lo, a.hi), "");
-        LLVMValueRef eq = fl ? LLVMBuildFCmp(b, LLVMRealOEQ, a.lo, a.hi, "")
-                             : LLVMBuildICmp(b, LLVMIntEQ, a.lo, a.hi, "");
-        eq = LLVMBuildAnd(b, eq, fl ? LLVMBuildFCmp(b, LLVMRealOEQ, c.lo, c.hi, "")
-                                    : LLVMBuildICmp(b, LLVMIntEQ, c.lo, c.hi, ""), "");
-        eq = LLVMBuildAnd(b, eq, fl ? LLVMBuildFCmp(b, LLVMRealOEQ, a.lo, c.lo, "")
-                                    : LLVMBuildICmp(b, LLVMIntEQ, a.lo, c.lo, ""), "");
-        LLVMValueRef not_eq = LLVMBuildNot(b, eq, "");
-        r = op == AJ_EXPR_EQ ? (ival){not_eq, overlap} : (ival){overlap, not_eq};
-        break;
-    }
-    }
-#undef LT_
-#undef LE_
-    return r;
-}
-
-static ival iv_compute(iemitter *m, uint16_t id)
-{
-    aj_kb *kb = m->pt.s->kb;
-    LLVMBuilderRef b = kb->b;
-    const aj_expr_node *n = &m->pt.s->p->e.nodes[id];
-    aj_expr_op op = (aj_expr_op)n->op;
-    aj_expr_type t = (aj_expr_type)n->type;
-    if (!is_positional(m, id)) {
-        LLVMValueRef v = aj_score_emit_node(&m->pt, id);
-        if (t == AJ_EXPR_BOOL)
-            return (ival){LLVMBuildNot(b, v, ""), v};
-        return (ival){v, v};
-    }
-    if (op == AJ_EXPR_VAR)
-        return n->u.var == AJ_VAR_Q ? (ival){m->q0, m->q1} : (ival){m->k0, m->k1};
-    ival x[AJ_EXPR_RANK_MAX];
-    int ar = aj_expr_arity(n);
-    for (int i = 0; i < ar; i++)
-        x[i] = iv_node(m, n->args[i]);
-    if (op == AJ_EXPR_LOAD)
-        return iv_load(m, n, x);
-    aj_expr_type at = (aj_expr_type)m->pt.s->p->e.nodes[n->args[0]].type;
-    int fl = t == AJ_EXPR_FLOAT;
-    switch (op) {
-    case AJ_EXPR_TO_FLOAT:
-        return (ival){LLVMBuildSIToFP(b, x[0].lo, kb->t_f32, ""),
-                      LLVMBuildSIToFP(b, x[0].hi, kb->t_f32, "")};
-    case AJ_EXPR_NEG:
-        return fl ? (ival){LLVMBuildFNeg(b, x[0].hi, ""), LLVMBuildFNeg(b, x[0].lo, "")}
-                  : (ival){LLVMBuildNeg(b, x[0].hi, ""), LLVMBuildNeg(b, x[0].lo, "")};
-    case AJ_EXPR_NOT:
-        return (ival){x[0].hi, x[0].lo};
-    case AJ_EXPR_ADD:
-        return fl ? (ival){LLVMBuildFAdd(b, x[0].lo, x[1].lo, ""),
-                           LLVMBuildFAdd(b, x[0].hi, x[1].hi, "")}
-                  : (ival){sat(kb, "llvm.sadd.sat", x[0].lo, x[1].lo),
-                           sat(kb, "llvm.sadd.sat", x[0].hi, x[1].hi)};
-    case AJ_EXPR_SUB:
-        return fl ? (ival){LLVMBuildFSub(b, x[0].lo, x[1].hi, ""),
-                           LLVMBuildFSub(b, x[0].hi, x[1].lo, "")}
-                  : (ival){sat(kb, "llvm.ssub.sat", x[0].lo, x[1].hi),
-                           sat(kb, "llvm.ssub.sat", x[0].hi, x[1].lo)};
-    case AJ_EXPR_MUL:
-    case AJ_EXPR_DIV: {
-        /* by a point only (the other side may be the point for a product) */
-        int point = !is_positional(m, n->args[1])                        ? 1
-                    : op == AJ_EXPR_MUL && !is_positional(m, n->args[0]) ? 0
-                                                                         : -1;
-        if (point < 0)
-            return iv_unknown(kb, t);
-        ival r = x[1 - point];
-        LLVMValueRef c = x[point].lo;
-        if (op == AJ_EXPR_MUL) {
-            if (!fl)
-                return iv_scale_int(kb, r, c);
-            LLVMValueRef a1 = LLVMBuildFMul(b, r.lo, c, ""), a2 = LLVMBuildFMul(b, r.hi, c, "");
-            LLVMValueRef neg = LLVMBuildFCmp(b, LLVMRealOLT, c, aj_kb_f32(kb, 0), "");
-            return (ival){sel(kb, neg, a2, a1), sel(kb, neg, a1, a2)};
-        }
-        if (fl) {
-            LLVMValueRef a1 = LLVMBuildFDiv(b, r.lo, c, ""), a2 = LLVMBuildFDiv(b, r.hi, c, "");
-            LLVMValueRef neg = LLVMBuildFCmp(b, LLVMRealOLT, c, aj_kb_f32(kb, 0), "");
-            LLVMValueRef zero = LLVMBuildFCmp(b, LLVMRealUEQ, c, aj_kb_f32(kb, 0), "");
-            ival u = iv_unknown(kb, t);
-            return (ival){sel(kb, zero, u.lo, sel(kb, neg, a2, a1)),
-                          sel(kb, zero, u.hi, sel(kb, neg, a1, a2))};
-        }
-        LLVMValueRef a1 = aj_score_floor_divmod(&m->pt, r.lo, c, 0), a2 = aj_score_floor_divmod(&m->pt, r.hi, c, 0);
-        return (ival){aj_kb_smin(kb, a1, a2), aj_kb_smax(kb, a1, a2)};
-    }
-    case AJ_EXPR_MOD: {
-        if (is_positional(m, n->args[1]))
-            return iv_unknown(kb, t);
-        LLVMValueRef c = x[1].lo;
-        LLVMValueRef r0 = aj_score_floor_divmod(&m->pt, x[0].lo, c, 1),
-                     r1 = aj_score_floor_divmod(&m->pt, x[0].hi, c, 1);
-        /* one period at most, not wrapping: [r0, r1]; else [0, c - 1] */
-        LLVMValueRef narrow = LLVMBuildAnd(
-            b, LLVMBuildICmp(b, LLVMIntSLT, sat(kb, "llvm.ssub.sat", x[0].hi, x[0].lo), c, ""),
-            LLVMBuildICmp(b, LLVMIntSLE, r0, r1, ""), "");
-        LLVMValueRef pos = LLVMBuildICmp(b, LLVMIntSGT, c, aj_kb_i64(kb, 0), "");
-        ival u = iv_unknown(kb, t);
-        return (ival){
-            sel(kb, pos, sel(kb, narrow, r0, aj_kb_i64(kb, 0)), u.lo),
-            sel(kb, pos, sel(kb, narrow, r1, LLVMBuildSub(b, c, aj_kb_i64(kb, 1), "")), u.hi)};
-    }
-    case AJ_EXPR_AND:
-        return (ival){LLVMBuildOr(b, x[0].lo, x[1].lo, ""), LLVMBuildAnd(b, x[0].hi, x[1].hi, "")};
-    case AJ_EXPR_OR:
-        return (ival){LLVMBuildAnd(b, x[0].lo, x[1].lo, ""), LLVMBuildOr(b, x[0].hi, x[1].hi, "")};
-    case AJ_EXPR_LT: case AJ_EXPR_LE: case AJ_EXPR_GT: case AJ_EXPR_GE:
-    case AJ_EXPR_EQ: case AJ_EXPR_NE:
-        return iv_compare(kb, op, at, x[0], x[1]);
-    case AJ_EXPR_SELECT: {
-        /* the arm the condition must take, else the hull of both */
-        ival hull;
-        if (t == AJ_EXPR_BOOL)
-            hull =
-                (ival){LLVMBuildOr(b, x[1].lo, x[2].lo, ""), LLVMBuildOr(b, x[1].hi, x[2].hi, "")};
-        else
-            hull = (ival){iv_minmax(kb, t, 1, x[1], x[2]).lo, iv_minmax(kb, t, 0, x[1], x[2]).hi};
-        LLVMValueRef only_t = LLVMBuildNot(b, x[0].lo, ""), only_f = LLVMBuildNot(b, x[0].hi, "");
-        return (ival){sel(kb, only_t, x[1].lo, sel(kb, only_f, x[2].lo, hull.lo)),
-                      sel(kb, only_t, x[1].hi, sel(kb, only_f, x[2].hi, hull.hi))};
-    }
-    case AJ_EXPR_MIN: return iv_minmax(kb, t, 1, x[0], x[1]);
-    case AJ_EXPR_MAX: return iv_minmax(kb, t, 0, x[0], x[1]);
-    case AJ_EXPR_CLAMP: return iv_minmax(kb, t, 1, iv_minmax(kb, t, 0, x[0], x[1]), x[2]);
-    case AJ_EXPR_ABS: {
-        if (fl) {
-            LLVMValueRef alo = aj_kb_call_overloaded(kb, "llvm.fabs", &x[0].lo, 1);
-            LLVMValueRef ahi = aj_kb_call_overloaded(kb, "llvm.fabs", &x[0].hi, 1);
-            LLVMValueRef straddle =
-                LLVMBuildAnd(b, LLVMBuildFCmp(b, LLVMRealOLT, x[0].lo, aj_kb_f32(kb, 0), ""),
-                             LLVMBuildFCmp(b, LLVMRealOGT, x[0].hi, aj_kb_f32(kb, 0), ""), "");
-            return (ival){sel(kb, straddle, aj_kb_f32(kb, 0), fminmax(kb, 1, alo, ahi)),
-                          fminmax(kb, 0, alo, ahi)};
-        }
-        LLVMValueRef nonneg = LLVMBuildICmp(b, LLVMIntSGE, x[0].lo, aj_kb_i64(kb, 0), "");
-        LLVMValueRef nonpos = LLVMBuildICmp(b, LLVMIntSLE, x[0].hi, aj_kb_i64(kb, 0), "");
-        LLVMValueRef nlo = LLVMBuildNeg(b, x[0].lo, ""), nhi = LLVMBuildNeg(b, x[0].hi, "");
-        return (ival){sel(kb, nonneg, x[0].lo, sel(kb, nonpos, nhi, aj_kb_i64(kb, 0))),
-                      sel(kb, nonneg, x[0].hi, sel(kb, nonpos, nlo, aj_kb_smax(kb, nlo, x[0].hi)))};
-    }
-    case AJ_EXPR_FLOOR: case AJ_EXPR_EXP: case AJ_EXPR_LOG: case AJ_EXPR_TANH:
-    case AJ_EXPR_SQRT:   /* monotone; an int floor is the identity */
-        if (!fl)
-            return x[0];
-        return (ival){aj_score_emit_math(&m->pt, op, x[0].lo), aj_score_emit_math(&m->pt, op, x[0].hi)};
-    default:
-        return iv_unknown(kb, t);
-    }
-}
-
-static ival iv_node(iemitter *m, uint16_t id)
-{
-    if (!m->done[id]) {
-        m->memo[id] = iv_compute(m, id);
-        m->done[id] = true;
-    }
-    return m->memo[id];
+    ival u = aj_ival_unknown(c, fl ? AJ_EXPR_FLOAT : AJ_EXPR_INT);
+    return (ival){{.v = sel(kb, small, mn, u.lo.v)}, {.v = sel(kb, small, mx, u.hi.v)}};
 }
 
 /* An interval emitter over rows [i0, i1] x keys [j0, j1], holding the
@@ -363,15 +123,22 @@ static void iemitter_init(iemitter *m, aj_score *s, LLVMValueRef i0, LLVMValueRe
     LLVMBuilderRef b = kb->b;
     memset(m, 0, sizeof *m);
     emitter_init(&m->pt, s, 0, aj_kb_i32(kb, 0), aj_kb_i32(kb, 0), NULL);
-    m->q0 = LLVMBuildAdd(b, s->q_origin, to_i64(kb, i0), "");
-    m->q1 = LLVMBuildAdd(b, s->q_origin, to_i64(kb, i1), "");
-    m->k0 = LLVMBuildAdd(b, s->k_origin, to_i64(kb, j0), "");
-    m->k1 = LLVMBuildAdd(b, s->k_origin, to_i64(kb, j1), "");
+    ival_ctx *c = &m->c;
+    c->kb = kb;
+    c->pt = &m->pt;
+    c->p = s->p;
+    c->positional = AJ_SCORE_READS_POSITION;
+    c->point = ir_point;
+    c->load = ir_load;
+    c->q.lo.v = LLVMBuildAdd(b, s->q_origin, to_i64(kb, i0), "");
+    c->q.hi.v = LLVMBuildAdd(b, s->q_origin, to_i64(kb, i1), "");
+    c->k.lo.v = LLVMBuildAdd(b, s->k_origin, to_i64(kb, j0), "");
+    c->k.hi.v = LLVMBuildAdd(b, s->k_origin, to_i64(kb, j1), "");
     for (int id = 0; id < s->p->e.count; id++)
         if (s->row_lo[id] || s->col_lo[id]) {
-            m->memo[id] = s->row_lo[id] ? (ival){s->row_lo[id], s->row_hi[id]}
-                                        : (ival){s->col_lo[id], s->col_hi[id]};
-            m->done[id] = true;
+            c->memo[id] = s->row_lo[id] ? (ival){{.v = s->row_lo[id]}, {.v = s->row_hi[id]}}
+                                        : (ival){{.v = s->col_lo[id]}, {.v = s->col_hi[id]}};
+            c->done[id] = true;
         }
 }
 
@@ -387,9 +154,9 @@ void aj_score_fix_rows(aj_score *s, LLVMValueRef i0, LLVMValueRef i1)
     for (int id = 0; id < p->e.count; id++)
         if ((p->reads[id] & AJ_SCORE_READS(AJ_VAR_Q)) &&
             !(p->reads[id] & (AJ_SCORE_READS(AJ_VAR_K) | AJ_SCORE_READS(AJ_VAR_SCORE)))) {
-            ival v = iv_node(m, (uint16_t)id);
-            s->row_lo[id] = v.lo;
-            s->row_hi[id] = v.hi;
+            ival v = aj_ival_node(&m->c, (uint16_t)id);
+            s->row_lo[id] = v.lo.v;
+            s->row_hi[id] = v.hi.v;
         }
 }
 
@@ -418,9 +185,9 @@ void aj_score_fix_cols(aj_score *s, LLVMValueRef j0, LLVMValueRef j1)
     iemitter_init(m, s, aj_kb_i32(s->kb, 0), aj_kb_i32(s->kb, 0), j0, j1);
     for (int id = 0; p->rest != NONE && id < p->e.count; id++)
         if (reads_keys_only(p, id)) {
-            ival v = iv_node(m, (uint16_t)id);
-            s->col_lo[id] = v.lo;
-            s->col_hi[id] = v.hi;
+            ival v = aj_ival_node(&m->c, (uint16_t)id);
+            s->col_lo[id] = v.lo.v;
+            s->col_hi[id] = v.hi.v;
         }
 }
 
@@ -487,9 +254,9 @@ static void interval_tile_class(aj_score *s, LLVMValueRef i0, LLVMValueRef i1, L
         return;
     }
     iemitter_init(m, s, i0, i1, j0, j1);
-    ival r = iv_node(m, s->p->rest);
-    *skip = LLVMBuildNot(b, r.hi, "");
-    *full = LLVMBuildNot(b, r.lo, "");
+    ival r = aj_ival_node(&m->c, s->p->rest);
+    *skip = LLVMBuildNot(b, r.hi.v, "");
+    *full = LLVMBuildNot(b, r.lo.v, "");
 }
 
 /*
