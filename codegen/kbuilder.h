@@ -314,6 +314,24 @@ LLVMValueRef aj_kb_from_f32(aj_kb *kb, LLVMValueRef v, aj_dtype dtype);
 LLVMValueRef aj_kb_fmax(aj_kb *kb, LLVMValueRef a, LLVMValueRef b);
 LLVMValueRef aj_kb_fma(aj_kb *kb, LLVMValueRef a, LLVMValueRef b,
                        LLVMValueRef c);
+/* Integer arithmetic the templates write everywhere (wrapping, as LLVM's) */
+static inline LLVMValueRef aj_kb_add(aj_kb *kb, LLVMValueRef a, LLVMValueRef b)
+{
+    return LLVMBuildAdd(kb->b, a, b, "");
+}
+static inline LLVMValueRef aj_kb_mul(aj_kb *kb, LLVMValueRef a, LLVMValueRef b)
+{
+    return LLVMBuildMul(kb->b, a, b, "");
+}
+static inline LLVMValueRef aj_kb_slt(aj_kb *kb, LLVMValueRef a, LLVMValueRef b)
+{
+    return LLVMBuildICmp(kb->b, LLVMIntSLT, a, b, "");
+}
+/* An i32 index as i64 (sign-extended). */
+static inline LLVMValueRef aj_kb_sext64(aj_kb *kb, LLVMValueRef v)
+{
+    return LLVMBuildSExt(kb->b, v, kb->t_i64, "");
+}
 LLVMValueRef aj_kb_smin(aj_kb *kb, LLVMValueRef a, LLVMValueRef b);
 LLVMValueRef aj_kb_smax(aj_kb *kb, LLVMValueRef a, LLVMValueRef b);
 

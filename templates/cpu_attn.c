@@ -8,26 +8,6 @@
 
 #define CN AJ_CPU_CN
 
-static LLVMValueRef i32c(aj_kb *kb, int64_t v)
-{
-    return aj_kb_i32(kb, v);
-}
-
-static LLVMValueRef add(aj_kb *kb, LLVMValueRef a, LLVMValueRef b)
-{
-    return LLVMBuildAdd(kb->b, a, b, "");
-}
-
-static LLVMValueRef mul(aj_kb *kb, LLVMValueRef a, LLVMValueRef b)
-{
-    return LLVMBuildMul(kb->b, a, b, "");
-}
-
-static LLVMValueRef sext64(aj_kb *kb, LLVMValueRef v)
-{
-    return LLVMBuildSExt(kb->b, v, kb->t_i64, "");
-}
-
 LLVMValueRef aj_cpu_vload(aj_kb *kb, LLVMValueRef ptr, int n)
 {
     LLVMValueRef v = LLVMBuildLoad2(kb->b, aj_cv_type(kb, n), ptr, "");
@@ -50,7 +30,7 @@ static LLVMValueRef shuffle8(aj_kb *kb, LLVMValueRef x, LLVMValueRef y, const in
 {
     LLVMValueRef mask[8];
     for (int i = 0; i < 8; i++)
-        mask[i] = i32c(kb, m[i]);
+        mask[i] = aj_kb_i32(kb, m[i]);
     return LLVMBuildShuffleVector(kb->b, x, y, LLVMConstVector(mask, 8), "");
 }
 
@@ -95,7 +75,7 @@ void aj_cpu_seq_of(aj_kb *kb, const aj_op *op, const aj_score_prog *prog, LLVMVa
         if (op->q_layout == AJ_LAYOUT_VARLEN)
             aj_attn_paged_queries(kb, bidx, s->len_k, s->len_q, &s->start_q, &s->len_q);
         if (prog->reads_totals)
-            s->sq = s->sk = sext64(kb, s->len_k);
+            s->sq = s->sk = aj_kb_sext64(kb, s->len_k);
         return;
     }
     if (op->layout != AJ_LAYOUT_VARLEN) {
@@ -117,7 +97,7 @@ void aj_cpu_seq_of(aj_kb *kb, const aj_op *op, const aj_score_prog *prog, LLVMVa
     if (!prog->reads_totals)
         return;
     LLVMValueRef totals[2] = {aj_param(kb, AJ_PID(sq_total)), aj_param(kb, AJ_PID(sk_total))};
-    LLVMValueRef own[2] = {sext64(kb, s->len_q), sext64(kb, s->len_k)};
+    LLVMValueRef own[2] = {aj_kb_sext64(kb, s->len_q), aj_kb_sext64(kb, s->len_k)};
     for (int x = 0; x < 2; x++) {
         LLVMValueRef zero = LLVMBuildICmp(b, LLVMIntEQ, totals[x], aj_kb_i64(kb, 0), "");
         totals[x] = LLVMBuildSelect(b, zero, own[x], totals[x], "");
@@ -144,7 +124,7 @@ void aj_cpu_attn_init(aj_cpu_attn *a, aj_kb *kb, const aj_op *op, const aj_score
     aj_cpu_seq_of(kb, op, prog, bidx, &a->seq);
     LLVMValueRef q_offset, kv_offset;
     if (op->layout == AJ_LAYOUT_PAGED) {
-        q_offset = sext64(kb, LLVMBuildSub(kb->b, a->seq.len_k, a->seq.len_q, ""));
+        q_offset = aj_kb_sext64(kb, LLVMBuildSub(kb->b, a->seq.len_k, a->seq.len_q, ""));
         kv_offset = aj_kb_i64(kb, 0);
     } else {
         q_offset = aj_param(kb, AJ_PID(q_offset));
@@ -176,10 +156,10 @@ static LLVMValueRef load8(aj_kb *kb, aj_param_source t, aj_dtype dtype, int pair
                           LLVMValueRef c)
 {
     if (!pairs)
-        return aj_cv_load(kb, aj_cpu_tensor_at(kb, t, dtype, add(kb, row, sext64(kb, c))), dtype,
-                          8);
-    LLVMValueRef at = aj_cpu_tensor_at(kb, t, AJ_DTYPE_BF16, add(kb, row, sext64(kb,
-                                       add(kb, c, c))));
+        return aj_cv_load(
+            kb, aj_cpu_tensor_at(kb, t, dtype, aj_kb_add(kb, row, aj_kb_sext64(kb, c))), dtype, 8);
+    LLVMValueRef at = aj_cpu_tensor_at(kb, t, AJ_DTYPE_BF16,
+                                       aj_kb_add(kb, row, aj_kb_sext64(kb, aj_kb_add(kb, c, c))));
     LLVMValueRef v = LLVMBuildLoad2(kb->b, LLVMVectorType(kb->t_i32, 8), at, "");
     LLVMSetAlignment(v, 2);
     return v;
@@ -191,8 +171,9 @@ static LLVMValueRef paged_row(aj_kb *kb, const aj_cpu_rows *src, LLVMValueRef sl
 {
     LLVMValueRef page = LLVMBuildLoad2(kb->b, kb->t_i32, aj_cv_at(kb, kb->t_i32, src->pages,
                                                                   slot), "page");
-    return add(kb, add(kb, src->base, mul(kb, sext64(kb, page), src->stride_page)),
-               mul(kb, sext64(kb, in_page), src->stride_s));
+    return aj_kb_add(
+        kb, aj_kb_add(kb, src->base, aj_kb_mul(kb, aj_kb_sext64(kb, page), src->stride_page)),
+        aj_kb_mul(kb, aj_kb_sext64(kb, in_page), src->stride_s));
 }
 
 LLVMValueRef aj_cpu_row_at(aj_kb *kb, const aj_cpu_rows *src, LLVMValueRef p)
@@ -202,11 +183,11 @@ LLVMValueRef aj_cpu_row_at(aj_kb *kb, const aj_cpu_rows *src, LLVMValueRef p)
         aj_cpu_rows one = *src;
         LLVMValueRef head = LLVMBuildUDiv(b, p, src->per_head, "");
         one.per_head = NULL;
-        one.base = add(kb, src->base, mul(kb, sext64(kb, head), src->stride_h));
+        one.base = aj_kb_add(kb, src->base, aj_kb_mul(kb, aj_kb_sext64(kb, head), src->stride_h));
         return aj_cpu_row_at(kb, &one, LLVMBuildURem(b, p, src->per_head, ""));
     }
     if (!src->pages)
-        return add(kb, src->base, mul(kb, sext64(kb, p), src->stride_s));
+        return aj_kb_add(kb, src->base, aj_kb_mul(kb, aj_kb_sext64(kb, p), src->stride_s));
     return paged_row(kb, src, LLVMBuildUDiv(b, p, src->page_size, ""),
                      LLVMBuildURem(b, p, src->page_size, ""));
 }
@@ -242,13 +223,13 @@ static LLVMValueRef walk_row(aj_kb *kb, const row_walk *w)
 static void walk_next(aj_kb *kb, row_walk *w)
 {
     LLVMBuilderRef b = kb->b;
-    w->p = add(kb, w->p, i32c(kb, 1));
+    w->p = aj_kb_add(kb, w->p, aj_kb_i32(kb, 1));
     if (!w->slot)
         return;
-    LLVMValueRef next = add(kb, w->in_page, i32c(kb, 1));
+    LLVMValueRef next = aj_kb_add(kb, w->in_page, aj_kb_i32(kb, 1));
     LLVMValueRef wrap = LLVMBuildICmp(b, LLVMIntEQ, next, w->src->page_size, "wrap");
-    w->slot = add(kb, w->slot, LLVMBuildZExt(b, wrap, kb->t_i32, ""));
-    w->in_page = LLVMBuildSelect(b, wrap, i32c(kb, 0), next, "");
+    w->slot = aj_kb_add(kb, w->slot, LLVMBuildZExt(b, wrap, kb->t_i32, ""));
+    w->in_page = LLVMBuildSelect(b, wrap, aj_kb_i32(kb, 0), next, "");
 }
 
 /* A walk whose position lives in variables across a row loop:
@@ -292,14 +273,14 @@ void aj_cpu_prefetch_rows(aj_kb *kb, aj_param_source t, aj_dtype dtype, const aj
                           LLVMValueRef r0, LLVMValueRef count, int width)
 {
     walk_vars wv = walk_vars_begin(kb, src, r0);
-    aj_kb_for_begin(kb, i32c(kb, 0), count, i32c(kb, 1), "pf");
+    aj_kb_for_begin(kb, aj_kb_i32(kb, 0), count, aj_kb_i32(kb, 1), "pf");
     row_walk w = walk_vars_step(kb, &wv);
     LLVMValueRef row = aj_cpu_tensor_at(kb, t, dtype, walk_row(kb, &w));
     /* each 64-byte line of the row (rows of 32 elements or more start on
      * a line in caches from aj_device_alloc): read, all levels, data */
     for (int off = 0; off < width * aj_dtype_size(dtype); off += 64) {
-        LLVMValueRef args[4] = {aj_cv_at(kb, kb->t_i8, row, i32c(kb, off)), i32c(kb, 0),
-                                i32c(kb, 3), i32c(kb, 1)};
+        LLVMValueRef args[4] = {aj_cv_at(kb, kb->t_i8, row, aj_kb_i32(kb, off)), aj_kb_i32(kb, 0),
+                                aj_kb_i32(kb, 3), aj_kb_i32(kb, 1)};
         aj_kb_call_overloaded(kb, "llvm.prefetch", args, 4);
     }
     aj_kb_for_end(kb);
@@ -311,16 +292,17 @@ void aj_cpu_load_rows(aj_kb *kb, LLVMValueRef buf, int width, aj_param_source t,
 {
     LLVMValueRef vscale = aj_cv_splat(kb, aj_kb_f32(kb, scale), 8);
     walk_vars wv = walk_vars_begin(kb, src, r0);
-    LLVMValueRef r = aj_kb_for_begin(kb, i32c(kb, 0), rows, i32c(kb, 1), "lr");
-    LLVMValueRef dst = mul(kb, r, i32c(kb, width));
+    LLVMValueRef r = aj_kb_for_begin(kb, aj_kb_i32(kb, 0), rows, aj_kb_i32(kb, 1), "lr");
+    LLVMValueRef dst = aj_kb_mul(kb, r, aj_kb_i32(kb, width));
     row_walk w = walk_vars_step(kb, &wv);
     aj_kb_if_begin(kb, LLVMBuildICmp(kb->b, LLVMIntSLT, r, count, ""));
     LLVMValueRef row = walk_row(kb, &w);   /* (the table is read only for rows in range) */
-    LLVMValueRef c = aj_kb_for_begin(kb, i32c(kb, 0), i32c(kb, width), i32c(kb, 8), "lrc");
+    LLVMValueRef c =
+        aj_kb_for_begin(kb, aj_kb_i32(kb, 0), aj_kb_i32(kb, width), aj_kb_i32(kb, 8), "lrc");
     LLVMValueRef x = load8(kb, t, dtype, pairs, row, c);
     if (scale != 1.0)
         x = LLVMBuildFMul(kb->b, x, vscale, "");
-    aj_cpu_vstore(kb, x, aj_cpu_buf_at(kb, buf, add(kb, dst, c)));
+    aj_cpu_vstore(kb, x, aj_cpu_buf_at(kb, buf, aj_kb_add(kb, dst, c)));
     aj_kb_for_end(kb);
     aj_kb_else(kb);
     aj_cpu_zero(kb, aj_cpu_buf_at(kb, buf, dst), width);
@@ -330,7 +312,8 @@ void aj_cpu_load_rows(aj_kb *kb, LLVMValueRef buf, int width, aj_param_source t,
 
 void aj_cpu_zero(aj_kb *kb, LLVMValueRef ptr, int n)
 {
-    LLVMValueRef c = aj_kb_for_begin(kb, i32c(kb, 0), i32c(kb, n), i32c(kb, 8), "zero");
+    LLVMValueRef c =
+        aj_kb_for_begin(kb, aj_kb_i32(kb, 0), aj_kb_i32(kb, n), aj_kb_i32(kb, 8), "zero");
     aj_cpu_vstore(kb, LLVMConstNull(aj_cv_type(kb, 8)), aj_cpu_buf_at(kb, ptr, c));
     aj_kb_for_end(kb);
 }
@@ -376,40 +359,49 @@ void aj_cpu_load_cols(aj_kb *kb, LLVMValueRef buf, int width, int n, aj_param_so
      * words: shuffles move bits), the group holding the tail row by row (n
      * is a multiple of 8); columns 8 at a time, in a loop (one transpose of
      * code, not width / 8) */
-    LLVMValueRef r8 = aj_kb_for_begin(kb, i32c(kb, 0), i32c(kb, n), i32c(kb, 8), "lc8");
-    aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntSLE, add(kb, r8, i32c(kb, 8)), count, ""));
+    LLVMValueRef r8 =
+        aj_kb_for_begin(kb, aj_kb_i32(kb, 0), aj_kb_i32(kb, n), aj_kb_i32(kb, 8), "lc8");
+    aj_kb_if_begin(kb,
+                   LLVMBuildICmp(b, LLVMIntSLE, aj_kb_add(kb, r8, aj_kb_i32(kb, 8)), count, ""));
     {
         LLVMValueRef rows[8];
-        row_walk w = walk_begin(kb, src, add(kb, r0, r8));
+        row_walk w = walk_begin(kb, src, aj_kb_add(kb, r0, r8));
         for (int e = 0; e < 8; e++) {
             rows[e] = walk_row(kb, &w);
             if (e < 7)
                 walk_next(kb, &w);
         }
-        LLVMValueRef c = aj_kb_for_begin(kb, i32c(kb, 0), i32c(kb, width), i32c(kb, 8), "lcc");
+        LLVMValueRef c =
+            aj_kb_for_begin(kb, aj_kb_i32(kb, 0), aj_kb_i32(kb, width), aj_kb_i32(kb, 8), "lcc");
         LLVMValueRef a[8], out[8];
         for (int e = 0; e < 8; e++)
             a[e] = load8(kb, t, dtype, pairs, rows[e], c);
         transpose8(kb, a, out);
-        LLVMValueRef at = add(kb, mul(kb, c, i32c(kb, n)), r8);
+        LLVMValueRef at = aj_kb_add(kb, aj_kb_mul(kb, c, aj_kb_i32(kb, n)), r8);
         for (int j = 0; j < 8; j++)
-            aj_cpu_vstore(kb, out[j], aj_cpu_buf_at(kb, buf, add(kb, at, i32c(kb, j * n))));
+            aj_cpu_vstore(kb, out[j],
+                          aj_cpu_buf_at(kb, buf, aj_kb_add(kb, at, aj_kb_i32(kb, j * n))));
         aj_kb_for_end(kb);
     }
     aj_kb_else(kb);
     /* rows past count read the last row (count >= 1 where a block is
      * loaded: in bounds) and store 0 */
-    LLVMValueRef r = aj_kb_for_begin(kb, r8, add(kb, r8, i32c(kb, 8)), i32c(kb, 1), "lc");
+    LLVMValueRef r =
+        aj_kb_for_begin(kb, r8, aj_kb_add(kb, r8, aj_kb_i32(kb, 8)), aj_kb_i32(kb, 1), "lc");
     LLVMValueRef in = LLVMBuildICmp(b, LLVMIntSLT, r, count, "");
-    LLVMValueRef rc = aj_kb_smin(kb, r, LLVMBuildSub(b, count, i32c(kb, 1), ""));
-    LLVMValueRef row = aj_cpu_row_at(kb, src, add(kb, r0, rc));
-    LLVMValueRef c = aj_kb_for_begin(kb, i32c(kb, 0), i32c(kb, width), i32c(kb, 8), "lct");
+    LLVMValueRef rc = aj_kb_smin(kb, r, LLVMBuildSub(b, count, aj_kb_i32(kb, 1), ""));
+    LLVMValueRef row = aj_cpu_row_at(kb, src, aj_kb_add(kb, r0, rc));
+    LLVMValueRef c =
+        aj_kb_for_begin(kb, aj_kb_i32(kb, 0), aj_kb_i32(kb, width), aj_kb_i32(kb, 8), "lct");
     LLVMValueRef x = load8(kb, t, dtype, pairs, row, c);
     x = LLVMBuildSelect(b, in, x, LLVMConstNull(LLVMTypeOf(x)), "");
     for (int e = 0; e < 8; e++)
-        LLVMBuildStore(b, LLVMBuildExtractElement(b, x, i32c(kb, e), ""),
-                       aj_cpu_buf_at(kb, buf, add(kb, mul(kb, add(kb, c, i32c(kb, e)),
-                                                           i32c(kb, n)), r)));
+        LLVMBuildStore(
+            b, LLVMBuildExtractElement(b, x, aj_kb_i32(kb, e), ""),
+            aj_cpu_buf_at(
+                kb, buf,
+                aj_kb_add(kb, aj_kb_mul(kb, aj_kb_add(kb, c, aj_kb_i32(kb, e)), aj_kb_i32(kb, n)),
+                          r)));
     aj_kb_for_end(kb);
     aj_kb_for_end(kb);
     aj_kb_if_end(kb);
@@ -430,38 +422,40 @@ static void row_pairs(aj_kb *kb, LLVMValueRef buf, int width, aj_param_source t,
     LLVMTypeRef vi16 = LLVMVectorType(kb->t_i16, (unsigned)cw);
     LLVMValueRef zip[32];
     for (int i = 0; i < cw; i++) {
-        zip[2 * i] = i32c(kb, i);
-        zip[2 * i + 1] = i32c(kb, cw + i);
+        zip[2 * i] = aj_kb_i32(kb, i);
+        zip[2 * i + 1] = aj_kb_i32(kb, cw + i);
     }
     LLVMValueRef mask = LLVMConstVector(zip, (unsigned)(2 * cw));
-    LLVMValueRef last = LLVMBuildSub(b, count, i32c(kb, 1), "");
+    LLVMValueRef last = LLVMBuildSub(b, count, aj_kb_i32(kb, 1), "");
     walk_vars wv;
     if (!guard)
-        wv = walk_vars_begin(kb, src, add(kb, r0, from));
-    LLVMValueRef r = aj_kb_for_begin(kb, from, to, i32c(kb, 2), "rp");
+        wv = walk_vars_begin(kb, src, aj_kb_add(kb, r0, from));
+    LLVMValueRef r = aj_kb_for_begin(kb, from, to, aj_kb_i32(kb, 2), "rp");
     LLVMValueRef rr[2], in[2];
     for (int h = 0; h < 2; h++) {
-        LLVMValueRef ri = add(kb, r, i32c(kb, h));
+        LLVMValueRef ri = aj_kb_add(kb, r, aj_kb_i32(kb, h));
         in[h] = LLVMBuildICmp(b, LLVMIntSLT, ri, count, "");
         if (guard) {   /* rows past count read the last row (count >= 1) and give 0 */
-            rr[h] = aj_cpu_row_at(kb, src, add(kb, r0, aj_kb_smin(kb, ri, last)));
+            rr[h] = aj_cpu_row_at(kb, src, aj_kb_add(kb, r0, aj_kb_smin(kb, ri, last)));
         } else {
             row_walk w = walk_vars_step(kb, &wv);
             rr[h] = walk_row(kb, &w);
         }
     }
-    LLVMValueRef dst = mul(kb, r, i32c(kb, width / 2));
-    LLVMValueRef c = aj_kb_for_begin(kb, i32c(kb, 0), i32c(kb, width), i32c(kb, cw), "rpc");
+    LLVMValueRef dst = aj_kb_mul(kb, r, aj_kb_i32(kb, width / 2));
+    LLVMValueRef c =
+        aj_kb_for_begin(kb, aj_kb_i32(kb, 0), aj_kb_i32(kb, width), aj_kb_i32(kb, cw), "rpc");
     LLVMValueRef x[2];
     for (int h = 0; h < 2; h++) {
-        x[h] = LLVMBuildLoad2(b, vi16, aj_cpu_tensor_at(kb, t, AJ_DTYPE_BF16,
-                              add(kb, rr[h], sext64(kb, c))), "");
+        x[h] = LLVMBuildLoad2(
+            b, vi16,
+            aj_cpu_tensor_at(kb, t, AJ_DTYPE_BF16, aj_kb_add(kb, rr[h], aj_kb_sext64(kb, c))), "");
         LLVMSetAlignment(x[h], 2);
         if (guard)
             x[h] = LLVMBuildSelect(b, in[h], x[h], LLVMConstNull(vi16), "");
     }
     LLVMValueRef pairs = LLVMBuildShuffleVector(b, x[0], x[1], mask, "");
-    LLVMValueRef st = LLVMBuildStore(b, pairs, aj_cpu_buf_at(kb, buf, add(kb, dst, c)));
+    LLVMValueRef st = LLVMBuildStore(b, pairs, aj_cpu_buf_at(kb, buf, aj_kb_add(kb, dst, c)));
     LLVMSetAlignment(st, 4);
     aj_kb_for_end(kb);
     aj_kb_for_end(kb);
@@ -471,10 +465,10 @@ void aj_cpu_load_row_pairs(aj_kb *kb, LLVMValueRef buf, int width, int n, aj_par
                            const aj_cpu_rows *src, LLVMValueRef r0, LLVMValueRef count)
 {
     /* the pairs whose rows are both in range, then the rest */
-    LLVMValueRef full = aj_kb_smin(kb, LLVMBuildAnd(kb->b, count, i32c(kb, -2), ""),
-                                   i32c(kb, n));
-    row_pairs(kb, buf, width, t, src, r0, count, i32c(kb, 0), full, 0);
-    row_pairs(kb, buf, width, t, src, r0, count, full, i32c(kb, n), 1);
+    LLVMValueRef full =
+        aj_kb_smin(kb, LLVMBuildAnd(kb->b, count, aj_kb_i32(kb, -2), ""), aj_kb_i32(kb, n));
+    row_pairs(kb, buf, width, t, src, r0, count, aj_kb_i32(kb, 0), full, 0);
+    row_pairs(kb, buf, width, t, src, r0, count, full, aj_kb_i32(kb, n), 1);
 }
 
 /* One step of a register tile: acc + a (f32, broadcast) * b, or with pairs
@@ -508,19 +502,23 @@ void aj_cpu_gemm_nt(aj_kb *kb, int w, LLVMValueRef c, LLVMValueRef a, int k, LLV
     for (int r = 0; r < RM; r++)
         for (int x = 0; x < CN; x++)
             acc[r][x] = aj_kb_var(kb, vt, NULL, "nt");
-    LLVMValueRef i0 = aj_kb_for_begin(kb, i32c(kb, 0), m_end, i32c(kb, RM), "nti");
-    LLVMValueRef j0 = aj_kb_for_begin(kb, i32c(kb, 0), i32c(kb, n), i32c(kb, CN * w), "ntj");
+    LLVMValueRef i0 = aj_kb_for_begin(kb, aj_kb_i32(kb, 0), m_end, aj_kb_i32(kb, RM), "nti");
+    LLVMValueRef j0 =
+        aj_kb_for_begin(kb, aj_kb_i32(kb, 0), aj_kb_i32(kb, n), aj_kb_i32(kb, CN * w), "ntj");
     for (int r = 0; r < RM; r++)
         for (int x = 0; x < CN; x++)
             aj_kb_set(kb, acc[r][x], LLVMConstNull(vt));
-    LLVMValueRef d = aj_kb_for_begin(kb, i32c(kb, 0), i32c(kb, k), i32c(kb, 1), "ntk");
+    LLVMValueRef d =
+        aj_kb_for_begin(kb, aj_kb_i32(kb, 0), aj_kb_i32(kb, k), aj_kb_i32(kb, 1), "ntk");
     {
         LLVMValueRef bv[CN];
-        LLVMValueRef brow = add(kb, mul(kb, d, i32c(kb, n)), j0);
+        LLVMValueRef brow = aj_kb_add(kb, aj_kb_mul(kb, d, aj_kb_i32(kb, n)), j0);
         for (int x = 0; x < CN; x++)
-            bv[x] = tile_load(kb, pairs, aj_cpu_buf_at(kb, bt, add(kb, brow, i32c(kb, x * w))), w);
+            bv[x] = tile_load(kb, pairs,
+                              aj_cpu_buf_at(kb, bt, aj_kb_add(kb, brow, aj_kb_i32(kb, x * w))), w);
         for (int r = 0; r < RM; r++) {
-            LLVMValueRef ai = add(kb, mul(kb, add(kb, i0, i32c(kb, r)), i32c(kb, k)), d);
+            LLVMValueRef ai = aj_kb_add(
+                kb, aj_kb_mul(kb, aj_kb_add(kb, i0, aj_kb_i32(kb, r)), aj_kb_i32(kb, k)), d);
             for (int x = 0; x < CN; x++)
                 aj_kb_set(kb, acc[r][x], tile_step(kb, pairs, w, aj_cpu_buf_at(kb, a, ai), bv[x],
                                                    aj_kb_get(kb, acc[r][x])));
@@ -528,10 +526,11 @@ void aj_cpu_gemm_nt(aj_kb *kb, int w, LLVMValueRef c, LLVMValueRef a, int k, LLV
     }
     aj_kb_for_end(kb);
     for (int r = 0; r < RM; r++) {
-        LLVMValueRef crow = add(kb, mul(kb, add(kb, i0, i32c(kb, r)), i32c(kb, n)), j0);
+        LLVMValueRef crow =
+            aj_kb_add(kb, aj_kb_mul(kb, aj_kb_add(kb, i0, aj_kb_i32(kb, r)), aj_kb_i32(kb, n)), j0);
         for (int x = 0; x < CN; x++)
-            aj_cpu_vstore(kb, aj_kb_get(kb, acc[r][x]), aj_cpu_buf_at(kb, c, add(kb, crow,
-                                                                        i32c(kb, x * w))));
+            aj_cpu_vstore(kb, aj_kb_get(kb, acc[r][x]),
+                          aj_cpu_buf_at(kb, c, aj_kb_add(kb, crow, aj_kb_i32(kb, x * w))));
     }
     aj_kb_for_end(kb);
     aj_kb_for_end(kb);
@@ -552,13 +551,14 @@ void aj_cpu_gemm_acc(aj_kb *kb, int ncols, LLVMValueRef c, LLVMValueRef rscale,
     for (int r = 0; r < RM; r++)
         for (int x = 0; x < cv; x++)
             acc[r][x] = aj_kb_var(kb, vt, NULL, "acc");
-    LLVMValueRef i0 = aj_kb_for_begin(kb, i32c(kb, 0), m_end, i32c(kb, RM), "aci");
-    LLVMValueRef c0 = aj_kb_for_begin(kb, i32c(kb, 0), i32c(kb, ncols), i32c(kb, cv * vw), "acc");
+    LLVMValueRef i0 = aj_kb_for_begin(kb, aj_kb_i32(kb, 0), m_end, aj_kb_i32(kb, RM), "aci");
+    LLVMValueRef c0 =
+        aj_kb_for_begin(kb, aj_kb_i32(kb, 0), aj_kb_i32(kb, ncols), aj_kb_i32(kb, cv * vw), "acc");
     for (int r = 0; r < RM; r++) {
-        LLVMValueRef m = add(kb, i0, i32c(kb, r));
-        LLVMValueRef row = add(kb, mul(kb, m, i32c(kb, ncols)), c0);
+        LLVMValueRef m = aj_kb_add(kb, i0, aj_kb_i32(kb, r));
+        LLVMValueRef row = aj_kb_add(kb, aj_kb_mul(kb, m, aj_kb_i32(kb, ncols)), c0);
         for (int x = 0; x < cv; x++) {
-            LLVMValueRef at = aj_cpu_buf_at(kb, c, add(kb, row, i32c(kb, x * vw)));
+            LLVMValueRef at = aj_cpu_buf_at(kb, c, aj_kb_add(kb, row, aj_kb_i32(kb, x * vw)));
             LLVMValueRef v = aj_cpu_vload(kb, at, vw);
             if (rscale) {
                 LLVMValueRef rs = aj_cpu_fload(kb, aj_cpu_buf_at(kb, rscale, m));
@@ -567,17 +567,18 @@ void aj_cpu_gemm_acc(aj_kb *kb, int ncols, LLVMValueRef c, LLVMValueRef rscale,
             aj_kb_set(kb, acc[r][x], v);
         }
     }
-    LLVMValueRef k = aj_kb_for_begin(kb, i32c(kb, 0), i32c(kb, pairs ? kn / 2 : kn), i32c(kb, 1),
-                                     "ack");
+    LLVMValueRef k = aj_kb_for_begin(kb, aj_kb_i32(kb, 0), aj_kb_i32(kb, pairs ? kn / 2 : kn),
+                                     aj_kb_i32(kb, 1), "ack");
     {
         LLVMValueRef bv[2];
-        LLVMValueRef brow = add(kb, mul(kb, k, i32c(kb, ncols)), c0);
+        LLVMValueRef brow = aj_kb_add(kb, aj_kb_mul(kb, k, aj_kb_i32(kb, ncols)), c0);
         for (int x = 0; x < cv; x++)
-            bv[x] = tile_load(kb, pairs, aj_cpu_buf_at(kb, b, add(kb, brow, i32c(kb, x * vw))),
-                              vw);
-        LLVMValueRef pk = mul(kb, k, i32c(kb, ldp_k));
+            bv[x] = tile_load(kb, pairs,
+                              aj_cpu_buf_at(kb, b, aj_kb_add(kb, brow, aj_kb_i32(kb, x * vw))), vw);
+        LLVMValueRef pk = aj_kb_mul(kb, k, aj_kb_i32(kb, ldp_k));
         for (int r = 0; r < RM; r++) {
-            LLVMValueRef pi = add(kb, mul(kb, add(kb, i0, i32c(kb, r)), i32c(kb, ldp_m)), pk);
+            LLVMValueRef pi = aj_kb_add(
+                kb, aj_kb_mul(kb, aj_kb_add(kb, i0, aj_kb_i32(kb, r)), aj_kb_i32(kb, ldp_m)), pk);
             for (int x = 0; x < cv; x++)
                 aj_kb_set(kb, acc[r][x], tile_step(kb, pairs, vw, aj_cpu_buf_at(kb, p, pi), bv[x],
                                                    aj_kb_get(kb, acc[r][x])));
@@ -585,10 +586,11 @@ void aj_cpu_gemm_acc(aj_kb *kb, int ncols, LLVMValueRef c, LLVMValueRef rscale,
     }
     aj_kb_for_end(kb);
     for (int r = 0; r < RM; r++) {
-        LLVMValueRef row = add(kb, mul(kb, add(kb, i0, i32c(kb, r)), i32c(kb, ncols)), c0);
+        LLVMValueRef row = aj_kb_add(
+            kb, aj_kb_mul(kb, aj_kb_add(kb, i0, aj_kb_i32(kb, r)), aj_kb_i32(kb, ncols)), c0);
         for (int x = 0; x < cv; x++)
-            aj_cpu_vstore(kb, aj_kb_get(kb, acc[r][x]), aj_cpu_buf_at(kb, c, add(kb, row,
-                                                                        i32c(kb, x * vw))));
+            aj_cpu_vstore(kb, aj_kb_get(kb, acc[r][x]),
+                          aj_cpu_buf_at(kb, c, aj_kb_add(kb, row, aj_kb_i32(kb, x * vw))));
     }
     aj_kb_for_end(kb);
     aj_kb_for_end(kb);
@@ -603,17 +605,19 @@ static LLVMValueRef load_bias(void *user, LLVMValueRef ig, LLVMValueRef jv)
     aj_kb *kb = a->kb;
     LLVMBuilderRef b = kb->b;
     int w = a->w;
-    LLVMValueRef ic = aj_kb_smin(kb, ig, LLVMBuildSub(b, a->seq.len_q, i32c(kb, 1), ""));
-    LLVMValueRef row = add(kb, a->bias_base, mul(kb, sext64(kb, ic),
-                                                 aj_param(kb, AJ_PID(stride_bias_s))));
-    LLVMValueRef last = LLVMBuildSub(b, a->seq.len_k, i32c(kb, 1), "");
+    LLVMValueRef ic = aj_kb_smin(kb, ig, LLVMBuildSub(b, a->seq.len_q, aj_kb_i32(kb, 1), ""));
+    LLVMValueRef row = aj_kb_add(
+        kb, a->bias_base, aj_kb_mul(kb, aj_kb_sext64(kb, ic), aj_param(kb, AJ_PID(stride_bias_s))));
+    LLVMValueRef last = LLVMBuildSub(b, a->seq.len_k, aj_kb_i32(kb, 1), "");
     LLVMValueRef bv = LLVMGetPoison(aj_cv_type(kb, w));
     for (int e = 0; e < w; e++) {
-        LLVMValueRef j = aj_kb_smin(kb, LLVMBuildExtractElement(b, jv, i32c(kb, e), ""), last);
-        LLVMValueRef one = aj_cv_load(kb, aj_cpu_tensor_at(kb, AJ_PSRC_bias, a->op->dtype,
-                                      add(kb, row, sext64(kb, j))), a->op->dtype, 1);
-        bv = LLVMBuildInsertElement(b, bv, LLVMBuildExtractElement(b, one, i32c(kb, 0), ""),
-                                    i32c(kb, e), "");
+        LLVMValueRef j = aj_kb_smin(kb, LLVMBuildExtractElement(b, jv, aj_kb_i32(kb, e), ""), last);
+        LLVMValueRef one = aj_cv_load(kb,
+                                      aj_cpu_tensor_at(kb, AJ_PSRC_bias, a->op->dtype,
+                                                       aj_kb_add(kb, row, aj_kb_sext64(kb, j))),
+                                      a->op->dtype, 1);
+        bv = LLVMBuildInsertElement(b, bv, LLVMBuildExtractElement(b, one, aj_kb_i32(kb, 0), ""),
+                                    aj_kb_i32(kb, e), "");
     }
     return bv;
 }
@@ -645,11 +649,11 @@ void aj_cpu_blocks(aj_kb *kb, int size, LLVMValueRef lo, LLVMValueRef hi, LLVMVa
                    LLVMValueRef *end)
 {
     LLVMBuilderRef b = kb->b;
-    LLVMValueRef n = i32c(kb, size);
+    LLVMValueRef n = aj_kb_i32(kb, size);
     LLVMValueRef empty = LLVMBuildICmp(b, LLVMIntSLT, hi, lo, "");
-    *begin = LLVMBuildSelect(b, empty, i32c(kb, 0), LLVMBuildSDiv(b, lo, n, ""), "blk_begin");
-    *end = LLVMBuildSelect(b, empty, i32c(kb, 0), LLVMBuildSDiv(b, add(kb, hi, n), n, ""),
-                           "blk_end");
+    *begin = LLVMBuildSelect(b, empty, aj_kb_i32(kb, 0), LLVMBuildSDiv(b, lo, n, ""), "blk_begin");
+    *end = LLVMBuildSelect(b, empty, aj_kb_i32(kb, 0),
+                           LLVMBuildSDiv(b, aj_kb_add(kb, hi, n), n, ""), "blk_end");
 }
 
 void aj_cpu_key_blocks(aj_cpu_attn *a, int bn, LLVMValueRef i0, LLVMValueRef i1,
@@ -674,9 +678,9 @@ void aj_cpu_skip_begin(aj_cpu_attn *a, LLVMValueRef cls)
         return;   /* no mask: every tile is full */
     aj_kb *kb = a->kb;
     LLVMBuilderRef b = kb->b;
-    aj_kb_set(kb, a->tile_full, LLVMBuildICmp(b, LLVMIntEQ, cls, i32c(kb, AJ_TILE_FULL), ""));
+    aj_kb_set(kb, a->tile_full, LLVMBuildICmp(b, LLVMIntEQ, cls, aj_kb_i32(kb, AJ_TILE_FULL), ""));
     if (aj_score_has_rest(a->prog))   /* the band ranges hold no skip tile */
-        aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntNE, cls, i32c(kb, AJ_TILE_SKIP), ""));
+        aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntNE, cls, aj_kb_i32(kb, AJ_TILE_SKIP), ""));
 }
 
 void aj_cpu_skip_end(aj_cpu_attn *a)

@@ -91,26 +91,6 @@ typedef struct cbwd {
     LLVMValueRef q, dob, kt, vt, kn, s, dp, z, lse2, delta;   /* stack buffers */
 } cbwd;
 
-static LLVMValueRef i32c(cbwd *c, int64_t v)
-{
-    return aj_kb_i32(c->kb, v);
-}
-
-static LLVMValueRef add(cbwd *c, LLVMValueRef a, LLVMValueRef b)
-{
-    return LLVMBuildAdd(c->b, a, b, "");
-}
-
-static LLVMValueRef mul(cbwd *c, LLVMValueRef a, LLVMValueRef b)
-{
-    return LLVMBuildMul(c->b, a, b, "");
-}
-
-static LLVMValueRef sext64(cbwd *c, LLVMValueRef v)
-{
-    return LLVMBuildSExt(c->b, v, c->kb->t_i64, "");
-}
-
 static LLVMValueRef buf_at(cbwd *c, LLVMValueRef buf, LLVMValueRef index)
 {
     return aj_cpu_buf_at(c->kb, buf, index);
@@ -160,7 +140,8 @@ static void set_head(cbwd *c, LLVMValueRef bidx, LLVMValueRef h)
 static LLVMValueRef item(cbwd *c, int d)
 {
     aj_kb *kb = c->kb;
-    return LLVMBuildLoad2(c->b, kb->t_i32, aj_cv_at(kb, kb->t_i32, kb->work_item, i32c(c, d)), "");
+    return LLVMBuildLoad2(c->b, kb->t_i32, aj_cv_at(kb, kb->t_i32, kb->work_item, aj_kb_i32(kb, d)),
+                          "");
 }
 
 /*
@@ -175,7 +156,7 @@ static void load_query_side(cbwd *c, LLVMValueRef bidx, LLVMValueRef h, LLVMValu
     aj_kb *kb = c->kb;
     LLVMBuilderRef b = c->b;
     const cbwd_plan *p = &c->p;
-    LLVMValueRef bm = i32c(c, p->bm);
+    LLVMValueRef bm = aj_kb_i32(kb, p->bm);
     LLVMValueRef start = c->at.seq.start_q;
     const aj_cpu_rows q_rows = {.base = aj_cpu_seq_base(kb, AJ_PSRC_q, bidx, h, start),
                                 .stride_s = aj_param(kb, AJ_PID(stride_q_s))};
@@ -185,24 +166,28 @@ static void load_query_side(cbwd *c, LLVMValueRef bidx, LLVMValueRef h, LLVMValu
                      0);
     aj_cpu_load_rows(kb, c->dob, p->dv, AJ_PSRC_do, p->dtype, &do_rows, m0, rows, bm, 1.0, 0);
     LLVMValueRef o_base = aj_cpu_seq_base(kb, AJ_PSRC_o, bidx, h, start);
-    LLVMValueRef lse_base = add(c, aj_attn_slice_base(kb, AJ_PSRC_lse, bidx, h), start);
-    LLVMValueRef i = aj_kb_for_begin(kb, i32c(c, 0), bm, i32c(c, 1), "qs");
+    LLVMValueRef lse_base = aj_kb_add(kb, aj_attn_slice_base(kb, AJ_PSRC_lse, bidx, h), start);
+    LLVMValueRef i = aj_kb_for_begin(kb, aj_kb_i32(kb, 0), bm, aj_kb_i32(kb, 1), "qs");
     aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntSLT, i, rows, ""));
     {
-        LLVMValueRef ig = sext64(c, add(c, m0, i));
-        LLVMValueRef l =
-            fload(c, aj_cv_at(kb, kb->t_f32, aj_param(kb, AJ_PID(lse)), add(c, lse_base, ig)));
+        LLVMValueRef ig = aj_kb_sext64(kb, aj_kb_add(kb, m0, i));
+        LLVMValueRef l = fload(
+            c, aj_cv_at(kb, kb->t_f32, aj_param(kb, AJ_PID(lse)), aj_kb_add(kb, lse_base, ig)));
         LLVMValueRef empty = LLVMBuildFCmp(b, LLVMRealOEQ, l, aj_kb_f32(kb, -INFINITY), "");
         LLVMValueRef l2 = LLVMBuildFMul(b, l, aj_kb_f32(kb, AJ_LOG2E), "");
         LLVMBuildStore(b, LLVMBuildSelect(b, empty, aj_kb_f32(kb, 0), l2, ""),
                        buf_at(c, c->lse2, i));
-        LLVMValueRef orow = add(c, o_base, mul(c, ig, aj_param(kb, AJ_PID(stride_o_s))));
+        LLVMValueRef orow =
+            aj_kb_add(kb, o_base, aj_kb_mul(kb, ig, aj_param(kb, AJ_PID(stride_o_s))));
         LLVMValueRef acc = aj_kb_var(kb, aj_cv_type(kb, 8), NULL, "delta");
         aj_kb_set(kb, acc, LLVMConstNull(aj_cv_type(kb, 8)));
-        LLVMValueRef x = aj_kb_for_begin(kb, i32c(c, 0), i32c(c, p->dv), i32c(c, 8), "dx");
-        LLVMValueRef ov = aj_cv_load(kb, aj_cpu_tensor_at(kb, AJ_PSRC_o, p->dtype, add(c, orow,
-                                     sext64(c, x))), p->dtype, 8);
-        LLVMValueRef dv = vload(c, buf_at(c, c->dob, add(c, mul(c, i, i32c(c, p->dv)), x)), 8);
+        LLVMValueRef x =
+            aj_kb_for_begin(kb, aj_kb_i32(kb, 0), aj_kb_i32(kb, p->dv), aj_kb_i32(kb, 8), "dx");
+        LLVMValueRef ov = aj_cv_load(
+            kb, aj_cpu_tensor_at(kb, AJ_PSRC_o, p->dtype, aj_kb_add(kb, orow, aj_kb_sext64(kb, x))),
+            p->dtype, 8);
+        LLVMValueRef dv = vload(
+            c, buf_at(c, c->dob, aj_kb_add(kb, aj_kb_mul(kb, i, aj_kb_i32(kb, p->dv)), x)), 8);
         aj_kb_set(kb, acc, aj_cv_fma(kb, ov, dv, aj_kb_get(kb, acc)));
         aj_kb_for_end(kb);
         LLVMBuildStore(b, aj_cv_hsum(kb, aj_kb_get(kb, acc), 8), buf_at(c, c->delta, i));
@@ -220,11 +205,14 @@ static void emit_dropout_scale(cbwd *c, LLVMValueRef m0, LLVMValueRef n0)
 {
     aj_kb *kb = c->kb;
     double p = c->op->dropout;
-    LLVMValueRef i = aj_kb_for_begin(kb, i32c(c, 0), i32c(c, c->p.bm), i32c(c, 1), "zi");
-    LLVMValueRef j = aj_kb_for_begin(kb, i32c(c, 0), i32c(c, c->p.bn), i32c(c, 1), "zj");
-    LLVMValueRef keep = aj_attn_dropout_keep(kb, &c->drop, p, add(c, m0, i), add(c, n0, j));
+    LLVMValueRef i =
+        aj_kb_for_begin(kb, aj_kb_i32(kb, 0), aj_kb_i32(kb, c->p.bm), aj_kb_i32(kb, 1), "zi");
+    LLVMValueRef j =
+        aj_kb_for_begin(kb, aj_kb_i32(kb, 0), aj_kb_i32(kb, c->p.bn), aj_kb_i32(kb, 1), "zj");
+    LLVMValueRef keep =
+        aj_attn_dropout_keep(kb, &c->drop, p, aj_kb_add(kb, m0, i), aj_kb_add(kb, n0, j));
     LLVMBuildStore(c->b, aj_score_dropped(kb, p, keep, aj_kb_f32(kb, 1.0)),
-                   buf_at(c, c->z, add(c, mul(c, i, i32c(c, c->p.bn)), j)));
+                   buf_at(c, c->z, aj_kb_add(kb, aj_kb_mul(kb, i, aj_kb_i32(kb, c->p.bn)), j)));
     aj_kb_for_end(kb);
     aj_kb_for_end(kb);
 }
@@ -242,19 +230,20 @@ static void emit_probabilities(cbwd *c, LLVMValueRef m0, LLVMValueRef n0)
     int w = p->w;
     if (op->dropout > 0)
         emit_dropout_scale(c, m0, n0);
-    LLVMValueRef i = aj_kb_for_begin(kb, i32c(c, 0), i32c(c, p->bm), i32c(c, 1), "pi");
-    LLVMValueRef ig = add(c, m0, i);
+    LLVMValueRef i =
+        aj_kb_for_begin(kb, aj_kb_i32(kb, 0), aj_kb_i32(kb, p->bm), aj_kb_i32(kb, 1), "pi");
+    LLVMValueRef ig = aj_kb_add(kb, m0, i);
     LLVMValueRef lse = aj_cv_splat(kb, fload(c, buf_at(c, c->lse2, i)), w);
     LLVMValueRef delta = aj_cv_splat(kb, fload(c, buf_at(c, c->delta, i)), w);
-    LLVMValueRef row = mul(c, i, i32c(c, p->bn));
+    LLVMValueRef row = aj_kb_mul(kb, i, aj_kb_i32(kb, p->bn));
     /* a row past Sq (a tile's tail) has dS 0; its score (of a zero q row)
      * may sit where the score_mod's derivative is infinite, sqrt(abs(score))
      * at 0, and 0 * inf would spread NaN into dK */
     LLVMValueRef row_in = LLVMBuildICmp(b, LLVMIntSLT, ig, c->at.seq.len_q, "");
     for (int n = 0; n < p->bn / w; n++) {
-        LLVMValueRef at = add(c, row, i32c(c, n * w));
-        LLVMValueRef jv = LLVMBuildAdd(b, aj_cv_splat(kb, add(c, n0, i32c(c, n * w)), w),
-                                       aj_cv_iota(kb, w), "");
+        LLVMValueRef at = aj_kb_add(kb, row, aj_kb_i32(kb, n * w));
+        LLVMValueRef jv = LLVMBuildAdd(
+            b, aj_cv_splat(kb, aj_kb_add(kb, n0, aj_kb_i32(kb, n * w)), w), aj_cv_iota(kb, w), "");
         LLVMValueRef dmod;
         LLVMValueRef s2 = aj_cpu_scores(&c->at, vload(c, buf_at(c, c->s, at), w), ig, jv, &dmod);
         LLVMValueRef pv = aj_cv_exp2(kb, LLVMBuildFSub(b, s2, lse, ""), w);
@@ -279,13 +268,17 @@ static void store_rows(cbwd *c, LLVMValueRef buf, int width, aj_param_source t,
                        LLVMValueRef base, LLVMValueRef r0, LLVMValueRef count, double scale)
 {
     aj_kb *kb = c->kb;
-    LLVMValueRef r = aj_kb_for_begin(kb, i32c(c, 0), count, i32c(c, 1), "sr");
-    LLVMValueRef row = add(c, base, mul(c, sext64(c, add(c, r0, r)), aj_param_stride(kb, t, 2)));
-    LLVMValueRef x = aj_kb_for_begin(kb, i32c(c, 0), i32c(c, width), i32c(c, 8), "srx");
-    LLVMValueRef v = vload(c, buf_at(c, buf, add(c, mul(c, r, i32c(c, width)), x)), 8);
+    LLVMValueRef r = aj_kb_for_begin(kb, aj_kb_i32(kb, 0), count, aj_kb_i32(kb, 1), "sr");
+    LLVMValueRef row =
+        aj_kb_add(c->kb, base,
+                  aj_kb_mul(kb, aj_kb_sext64(kb, aj_kb_add(kb, r0, r)), aj_param_stride(kb, t, 2)));
+    LLVMValueRef x =
+        aj_kb_for_begin(kb, aj_kb_i32(kb, 0), aj_kb_i32(kb, width), aj_kb_i32(kb, 8), "srx");
+    LLVMValueRef v =
+        vload(c, buf_at(c, buf, aj_kb_add(kb, aj_kb_mul(kb, r, aj_kb_i32(kb, width)), x)), 8);
     if (scale != 1.0)
         v = LLVMBuildFMul(c->b, v, aj_cv_splat(kb, aj_kb_f32(kb, scale), 8), "");
-    aj_cv_store(kb, v, aj_cpu_tensor_at(kb, t, c->p.dtype, add(c, row, sext64(c, x))),
+    aj_cv_store(kb, v, aj_cpu_tensor_at(kb, t, c->p.dtype, aj_kb_add(kb, row, aj_kb_sext64(kb, x))),
                 c->p.dtype, 8);
     aj_kb_for_end(kb);
     aj_kb_for_end(kb);
@@ -293,7 +286,8 @@ static void store_rows(cbwd *c, LLVMValueRef buf, int width, aj_param_source t,
 
 static LLVMValueRef rows_from(cbwd *c, LLVMValueRef m0)
 {
-    return aj_kb_smin(c->kb, i32c(c, c->p.bm), LLVMBuildSub(c->b, c->at.seq.len_q, m0, ""));
+    return aj_kb_smin(c->kb, aj_kb_i32(c->kb, c->p.bm),
+                      LLVMBuildSub(c->b, c->at.seq.len_q, m0, ""));
 }
 
 /* stage 0: dK and dV of one key block of one kv head */
@@ -308,13 +302,13 @@ static void build_dkdv(cbwd *c)
     LLVMValueRef dk = aj_cv_buffer(kb, p->bn * p->d, "dkbuf");
     LLVMValueRef dv = aj_cv_buffer(kb, p->bn * p->dv, "dvbuf");
     LLVMValueRef hkv = item(c, 1), bidx = item(c, 2);
-    LLVMValueRef n0 = mul(c, item(c, 0), i32c(c, p->bn));
+    LLVMValueRef n0 = aj_kb_mul(kb, item(c, 0), aj_kb_i32(kb, p->bn));
     aj_cpu_seq seq;
     aj_cpu_seq_of(kb, c->op, c->prog, bidx, &seq);
     /* varlen: the grid covers the longest sequence; items past this one's
      * end have nothing to do */
     aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntSLT, n0, seq.len_k, ""));
-    LLVMValueRef kcount = aj_kb_smin(kb, i32c(c, p->bn), LLVMBuildSub(b, seq.len_k, n0, ""));
+    LLVMValueRef kcount = aj_kb_smin(kb, aj_kb_i32(kb, p->bn), LLVMBuildSub(b, seq.len_k, n0, ""));
     LLVMValueRef k_base = aj_cpu_seq_base(kb, AJ_PSRC_k, bidx, hkv, seq.start_k);
     LLVMValueRef v_base = aj_cpu_seq_base(kb, AJ_PSRC_v, bidx, hkv, seq.start_k);
     const aj_cpu_rows k_rows = {.base = k_base, .stride_s = aj_param(kb, AJ_PID(stride_k_s))};
@@ -325,26 +319,27 @@ static void build_dkdv(cbwd *c)
     aj_cpu_zero(kb, dv, p->bn * p->dv);
     LLVMValueRef group =
         LLVMBuildSDiv(b, aj_param(kb, AJ_PID(heads_q)), aj_param(kb, AJ_PID(heads_kv)), "");
-    LLVMValueRef g = aj_kb_for_begin(kb, i32c(c, 0), group, i32c(c, 1), "g");
+    LLVMValueRef g = aj_kb_for_begin(kb, aj_kb_i32(kb, 0), group, aj_kb_i32(kb, 1), "g");
     {
-        LLVMValueRef h = add(c, mul(c, hkv, group), g);
+        LLVMValueRef h = aj_kb_add(kb, aj_kb_mul(kb, hkv, group), g);
         set_head(c, bidx, h);
         LLVMValueRef m_begin, m_end;
-        aj_cpu_row_blocks(&c->at, p->bm, n0, LLVMBuildSub(b, add(c, n0, kcount), i32c(c, 1), ""),
+        aj_cpu_row_blocks(&c->at, p->bm, n0,
+                          LLVMBuildSub(b, aj_kb_add(kb, n0, kcount), aj_kb_i32(kb, 1), ""),
                           &m_begin, &m_end);
-        LLVMValueRef bm = i32c(c, p->bm);
+        LLVMValueRef bm = aj_kb_i32(kb, p->bm);
         /* the row blocks of the range, or the block mask's list of the key
          * block (score.h) */
         aj_score_walk walk;
-        aj_score_walk_rows(&c->at.sc, &walk, n0, LLVMBuildSub(b, add(c, n0, kcount), i32c(c, 1),
-                                                              ""),
-                           p->bm, m_begin, m_end, seq.len_q, seq.len_k);
-        LLVMValueRef at = aj_kb_for_begin(kb, walk.begin, walk.end, i32c(c, 1), "walk");
+        aj_score_walk_rows(&c->at.sc, &walk, n0,
+                           LLVMBuildSub(b, aj_kb_add(kb, n0, kcount), aj_kb_i32(kb, 1), ""), p->bm,
+                           m_begin, m_end, seq.len_q, seq.len_k);
+        LLVMValueRef at = aj_kb_for_begin(kb, walk.begin, walk.end, aj_kb_i32(kb, 1), "walk");
         {
             LLVMValueRef cls = NULL;
             LLVMValueRef m = aj_score_walk_tile(&c->at.sc, &walk, at,
                                                 c->at.tile_full ? &cls : NULL);
-            LLVMValueRef m0 = mul(c, m, bm);
+            LLVMValueRef m0 = aj_kb_mul(kb, m, bm);
             LLVMValueRef rows = rows_from(c, m0);
             aj_cpu_skip_begin(&c->at, cls);
             load_query_side(c, bidx, h, m0, rows);
@@ -353,8 +348,9 @@ static void build_dkdv(cbwd *c)
             emit_probabilities(c, m0, n0);
             /* dV += (z P)^T dO, dK += dS^T Q: P^T read with strides (1, bn) */
             aj_cpu_gemm_acc(kb, p->dv, dv, NULL, c->s, 1, p->bn, c->dob, p->bm,
-                            i32c(c, p->bn), 0);
-            aj_cpu_gemm_acc(kb, p->d, dk, NULL, c->dp, 1, p->bn, c->q, p->bm, i32c(c, p->bn), 0);
+                            aj_kb_i32(kb, p->bn), 0);
+            aj_cpu_gemm_acc(kb, p->d, dk, NULL, c->dp, 1, p->bn, c->q, p->bm, aj_kb_i32(kb, p->bn),
+                            0);
             aj_cpu_skip_end(&c->at);
         }
         aj_kb_for_end(kb);
@@ -380,13 +376,15 @@ static void emit_dbias(cbwd *c, LLVMValueRef bidx, LLVMValueRef h, LLVMValueRef 
     aj_kb *kb = c->kb;
     LLVMBuilderRef b = c->b;
     LLVMValueRef base = aj_attn_slice_base(kb, AJ_PSRC_dbias, bidx, h);
-    LLVMValueRef i = aj_kb_for_begin(kb, i32c(c, 0), rows, i32c(c, 1), "bi");
-    LLVMValueRef row =
-        add(c, base, mul(c, sext64(c, add(c, m0, i)), aj_param(kb, AJ_PID(stride_dbias_s))));
-    LLVMValueRef j = aj_kb_for_begin(kb, i32c(c, 0), kcount, i32c(c, 1), "bj");
-    LLVMValueRef at = aj_cv_at(kb, kb->t_f32, aj_param(kb, AJ_PID(dbias)), add(c, row, sext64(c,
-                                                                                   add(c, n0, j))));
-    LLVMValueRef ds = fload(c, buf_at(c, c->dp, add(c, mul(c, i, i32c(c, c->p.bn)), j)));
+    LLVMValueRef i = aj_kb_for_begin(kb, aj_kb_i32(kb, 0), rows, aj_kb_i32(kb, 1), "bi");
+    LLVMValueRef row = aj_kb_add(kb, base,
+                                 aj_kb_mul(kb, aj_kb_sext64(kb, aj_kb_add(kb, m0, i)),
+                                           aj_param(kb, AJ_PID(stride_dbias_s))));
+    LLVMValueRef j = aj_kb_for_begin(kb, aj_kb_i32(kb, 0), kcount, aj_kb_i32(kb, 1), "bj");
+    LLVMValueRef at = aj_cv_at(kb, kb->t_f32, aj_param(kb, AJ_PID(dbias)),
+                               aj_kb_add(kb, row, aj_kb_sext64(kb, aj_kb_add(kb, n0, j))));
+    LLVMValueRef ds =
+        fload(c, buf_at(c, c->dp, aj_kb_add(kb, aj_kb_mul(kb, i, aj_kb_i32(kb, c->p.bn)), j)));
     /* the first pair writes: what the buffer held before is never read into
      * the sum (a select, not an add of 0 times it) */
     LLVMValueRef prior = LLVMBuildSelect(b, first, aj_kb_f32(kb, 0), fload(c, at), "");
@@ -409,27 +407,28 @@ static void build_dq(cbwd *c)
     c->kn = aj_cv_buffer(kb, p->bn * p->d, "knbuf");
     LLVMValueRef dq = aj_cv_buffer(kb, p->bm * p->d, "dqbuf");
     LLVMValueRef h_item = item(c, 1), b_item = item(c, 2);
-    LLVMValueRef m0 = mul(c, item(c, 0), i32c(c, p->bm));
-    LLVMValueRef one = i32c(c, 1);
+    LLVMValueRef m0 = aj_kb_mul(kb, item(c, 0), aj_kb_i32(kb, p->bm));
+    LLVMValueRef one = aj_kb_i32(kb, 1);
     /* the (b, h) pairs this item computes: its own, or with bias the pairs
      * folded onto its dbias slice if it owns the slice (else none) */
     LLVMValueRef pairs_b = one, pairs_h = one, fold_b = NULL, fold_h = NULL;
     if (has_bias) {
         fold_b = LLVMBuildICmp(b, LLVMIntEQ, aj_param(kb, AJ_PID(bias_batch)), one, "");
         fold_h = LLVMBuildICmp(b, LLVMIntEQ, aj_param(kb, AJ_PID(bias_heads)), one, "");
-        LLVMValueRef owner = LLVMBuildAnd(b, LLVMBuildOr(b, LLVMBuildNot(b, fold_b, ""),
-                                          LLVMBuildICmp(b, LLVMIntEQ, b_item, i32c(c, 0), ""),
-                                          ""),
-                                          LLVMBuildOr(b, LLVMBuildNot(b, fold_h, ""),
-                                          LLVMBuildICmp(b, LLVMIntEQ, h_item, i32c(c, 0), ""),
-                                          ""), "owner");
-        pairs_b = LLVMBuildSelect(
-            b, owner, LLVMBuildSelect(b, fold_b, aj_param(kb, AJ_PID(batch)), one, ""),
-            i32c(c, 0), "");
+        LLVMValueRef owner =
+            LLVMBuildAnd(b,
+                         LLVMBuildOr(b, LLVMBuildNot(b, fold_b, ""),
+                                     LLVMBuildICmp(b, LLVMIntEQ, b_item, aj_kb_i32(kb, 0), ""), ""),
+                         LLVMBuildOr(b, LLVMBuildNot(b, fold_h, ""),
+                                     LLVMBuildICmp(b, LLVMIntEQ, h_item, aj_kb_i32(kb, 0), ""), ""),
+                         "owner");
+        pairs_b = LLVMBuildSelect(b, owner,
+                                  LLVMBuildSelect(b, fold_b, aj_param(kb, AJ_PID(batch)), one, ""),
+                                  aj_kb_i32(kb, 0), "");
         pairs_h = LLVMBuildSelect(b, fold_h, aj_param(kb, AJ_PID(heads_q)), one, "");
     }
-    LLVMValueRef pb = aj_kb_for_begin(kb, i32c(c, 0), pairs_b, one, "pb");
-    LLVMValueRef ph = aj_kb_for_begin(kb, i32c(c, 0), pairs_h, one, "ph");
+    LLVMValueRef pb = aj_kb_for_begin(kb, aj_kb_i32(kb, 0), pairs_b, one, "pb");
+    LLVMValueRef ph = aj_kb_for_begin(kb, aj_kb_i32(kb, 0), pairs_h, one, "ph");
     {
         LLVMValueRef bidx = has_bias ? LLVMBuildSelect(b, fold_b, pb, b_item, "") : b_item;
         LLVMValueRef h = has_bias ? LLVMBuildSelect(b, fold_h, ph, h_item, "") : h_item;
@@ -442,19 +441,19 @@ static void build_dq(cbwd *c)
                                          "");
         load_query_side(c, bidx, h, m0, rows);
         aj_cpu_zero(kb, dq, p->bm * p->d);
-        LLVMValueRef n_begin = i32c(c, 0), n_end;
+        LLVMValueRef n_begin = aj_kb_i32(kb, 0), n_end;
         if (has_bias)   /* every key block: dbias is written everywhere */
-            n_end = LLVMBuildSDiv(b, add(c, c->at.seq.len_k, i32c(c, p->bn - 1)),
-                                  i32c(c, p->bn), "");
+            n_end = LLVMBuildSDiv(b, aj_kb_add(kb, c->at.seq.len_k, aj_kb_i32(kb, p->bn - 1)),
+                                  aj_kb_i32(kb, p->bn), "");
         else
-            aj_cpu_key_blocks(&c->at, p->bn, m0, add(c, m0, LLVMBuildSub(b, rows, one, "")),
+            aj_cpu_key_blocks(&c->at, p->bn, m0, aj_kb_add(kb, m0, LLVMBuildSub(b, rows, one, "")),
                               &n_begin, &n_end);
         LLVMValueRef k_base = aj_cpu_seq_base(kb, AJ_PSRC_k, bidx, hkv, c->at.seq.start_k);
         LLVMValueRef v_base = aj_cpu_seq_base(kb, AJ_PSRC_v, bidx, hkv, c->at.seq.start_k);
         /* the key blocks of the range, or the block mask's list of the row
          * block (score.h); with bias every tile writes its dbias */
         aj_score_walk walk;
-        aj_score_walk_keys(&c->at.sc, &walk, m0, add(c, m0, LLVMBuildSub(b, rows, one, "")),
+        aj_score_walk_keys(&c->at.sc, &walk, m0, aj_kb_add(kb, m0, LLVMBuildSub(b, rows, one, "")),
                            p->bn, n_begin, n_end, c->at.seq.len_q, c->at.seq.len_k);
         if (has_bias)
             aj_score_walk_every(&walk);
@@ -463,9 +462,9 @@ static void build_dq(cbwd *c)
             LLVMValueRef cls = NULL;
             LLVMValueRef n = aj_score_walk_tile(&c->at.sc, &walk, at,
                                                 c->at.tile_full && !has_bias ? &cls : NULL);
-            LLVMValueRef n0 = mul(c, n, i32c(c, p->bn));
-            LLVMValueRef kcount = aj_kb_smin(kb, i32c(c, p->bn), LLVMBuildSub(b, c->at.seq.len_k,
-                                                                              n0, ""));
+            LLVMValueRef n0 = aj_kb_mul(kb, n, aj_kb_i32(kb, p->bn));
+            LLVMValueRef kcount =
+                aj_kb_smin(kb, aj_kb_i32(kb, p->bn), LLVMBuildSub(b, c->at.seq.len_k, n0, ""));
             if (!has_bias)
                 aj_cpu_skip_begin(&c->at, cls);
             const aj_cpu_rows k_rows = {.base = k_base,
@@ -474,17 +473,17 @@ static void build_dq(cbwd *c)
                                         .stride_s = aj_param(kb, AJ_PID(stride_v_s))};
             aj_cpu_load_cols(kb, c->kt, p->d, p->bn, AJ_PSRC_k, p->dtype, &k_rows, n0, kcount, 0);
             aj_cpu_load_rows(kb, c->kn, p->d, AJ_PSRC_k, p->dtype, &k_rows, n0, kcount,
-                             i32c(c, p->bn), 1.0, 0);
+                             aj_kb_i32(kb, p->bn), 1.0, 0);
             aj_cpu_load_cols(kb, c->vt, p->dv, p->bn, AJ_PSRC_v, p->dtype, &v_rows, n0, kcount, 0);
-            aj_cpu_gemm_nt(kb, p->w, c->s, c->q, p->d, c->kt, p->bn, i32c(c, p->bm), 0);
-            aj_cpu_gemm_nt(kb, p->w, c->dp, c->dob, p->dv, c->vt, p->bn, i32c(c, p->bm), 0);
+            aj_cpu_gemm_nt(kb, p->w, c->s, c->q, p->d, c->kt, p->bn, aj_kb_i32(kb, p->bm), 0);
+            aj_cpu_gemm_nt(kb, p->w, c->dp, c->dob, p->dv, c->vt, p->bn, aj_kb_i32(kb, p->bm), 0);
             emit_probabilities(c, m0, n0);
-            aj_cpu_gemm_acc(kb, p->d, dq, NULL, c->dp, p->bn, 1, c->kn, p->bn, i32c(c, p->bm), 0);
+            aj_cpu_gemm_acc(kb, p->d, dq, NULL, c->dp, p->bn, 1, c->kn, p->bn, aj_kb_i32(kb, p->bm),
+                            0);
             if (has_bias)
-                emit_dbias(c, bidx, h, LLVMBuildAnd(b, LLVMBuildICmp(b, LLVMIntEQ, pb,
-                                                                     i32c(c, 0), ""),
-                                                    LLVMBuildICmp(b, LLVMIntEQ, ph, i32c(c, 0),
-                                                                  ""), ""),
+                emit_dbias(c, bidx, h,
+                           LLVMBuildAnd(b, LLVMBuildICmp(b, LLVMIntEQ, pb, aj_kb_i32(kb, 0), ""),
+                                        LLVMBuildICmp(b, LLVMIntEQ, ph, aj_kb_i32(kb, 0), ""), ""),
                            m0, rows, n0, kcount);
             if (!has_bias)
                 aj_cpu_skip_end(&c->at);

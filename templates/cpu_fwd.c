@@ -122,26 +122,6 @@ typedef struct cfwd_out {
     LLVMValueRef o_head, lse_head;  /* packed heads: i64 strides of a head */
 } cfwd_out;
 
-static LLVMValueRef i32c(cfwd *c, int64_t v)
-{
-    return aj_kb_i32(c->kb, v);
-}
-
-static LLVMValueRef sext64(cfwd *c, LLVMValueRef v)
-{
-    return LLVMBuildSExt(c->b, v, c->kb->t_i64, "");
-}
-
-static LLVMValueRef add(cfwd *c, LLVMValueRef a, LLVMValueRef b)
-{
-    return LLVMBuildAdd(c->b, a, b, "");
-}
-
-static LLVMValueRef mul(cfwd *c, LLVMValueRef a, LLVMValueRef b)
-{
-    return LLVMBuildMul(c->b, a, b, "");
-}
-
 static LLVMValueRef buf_at(cfwd *c, LLVMValueRef buf, LLVMValueRef index)
 {
     return aj_cpu_buf_at(c->kb, buf, index);
@@ -183,17 +163,17 @@ static void emit_softmax(cfwd *c, LLVMValueRef n0)
     int w = p->w, nv = p->bn / w;
     LLVMTypeRef vt = aj_cv_type(kb, w);
     LLVMValueRef ninf = aj_cv_splat(kb, aj_kb_f32(kb, -INFINITY), w);
-    LLVMValueRef i = aj_kb_for_begin(kb, i32c(c, 0), c->rows_pad, i32c(c, 1), "pi");
-    LLVMValueRef ig = add(c, c->m0, i);   /* the row's local index in the call */
+    LLVMValueRef i = aj_kb_for_begin(kb, aj_kb_i32(kb, 0), c->rows_pad, aj_kb_i32(kb, 1), "pi");
+    LLVMValueRef ig = aj_kb_add(kb, c->m0, i); /* the row's local index in the call */
     if (c->per_head)
         ig = LLVMBuildURem(b, ig, c->per_head, "");   /* its query row */
-    LLVMValueRef srow = mul(c, i, i32c(c, p->bn));
+    LLVMValueRef srow = aj_kb_mul(kb, i, aj_kb_i32(kb, p->bn));
     LLVMValueRef s[MAX_BLOCK / 4];
     LLVMValueRef mx = ninf;
     for (int n = 0; n < nv; n++) {
-        LLVMValueRef jv = LLVMBuildAdd(b, aj_cv_splat(kb, add(c, n0, i32c(c, n * w)), w),
-                                       aj_cv_iota(kb, w), "");
-        LLVMValueRef qk = vload(c, buf_at(c, c->s, add(c, srow, i32c(c, n * w))), w);
+        LLVMValueRef jv = LLVMBuildAdd(
+            b, aj_cv_splat(kb, aj_kb_add(kb, n0, aj_kb_i32(kb, n * w)), w), aj_cv_iota(kb, w), "");
+        LLVMValueRef qk = vload(c, buf_at(c, c->s, aj_kb_add(kb, srow, aj_kb_i32(kb, n * w))), w);
         if (p->pairs)
             qk = LLVMBuildFMul(b, qk, aj_cv_splat(kb, aj_kb_f32(kb, c->q_scale), w), "");
         if (c->k_scale)
@@ -212,16 +192,16 @@ static void emit_softmax(cfwd *c, LLVMValueRef n0)
     int round_here = p->pairs && c->op->dropout == 0;
     for (int n = 0; n < nv; n++) {
         LLVMValueRef pv = aj_cv_exp2(kb, LLVMBuildFSub(b, s[n], mv, ""), w);
-        LLVMValueRef at = add(c, srow, i32c(c, n * w));
+        LLVMValueRef at = aj_kb_add(kb, srow, aj_kb_i32(kb, n * w));
         if (round_here)
             aj_cv_store(kb, pv, aj_cv_at(kb, kb->t_i16, c->pw, at), AJ_DTYPE_BF16, w);
         else
             vstore(c, pv, buf_at(c, c->s, at));
         sum = LLVMBuildFAdd(b, sum, pv, "");
     }
-    LLVMValueRef alpha = LLVMBuildExtractElement(b, aj_cv_exp2(kb, aj_cv_splat(kb,
-                                                 LLVMBuildFSub(b, m_old, m_use, ""), w), w),
-                                                 i32c(c, 0), "alpha");
+    LLVMValueRef alpha = LLVMBuildExtractElement(
+        b, aj_cv_exp2(kb, aj_cv_splat(kb, LLVMBuildFSub(b, m_old, m_use, ""), w), w),
+        aj_kb_i32(kb, 0), "alpha");
     LLVMValueRef l = fload(c, buf_at(c, c->l, i));
     LLVMBuildStore(b, aj_cv_fma(kb, l, alpha, aj_cv_hsum(kb, sum, w)), buf_at(c, c->l, i));
     LLVMBuildStore(b, m_new, buf_at(c, c->m, i));
@@ -235,10 +215,11 @@ static void emit_dropout(cfwd *c, LLVMValueRef n0, LLVMValueRef kcount)
     aj_kb *kb = c->kb;
     LLVMBuilderRef b = c->b;
     double p = c->op->dropout;
-    LLVMValueRef i = aj_kb_for_begin(kb, i32c(c, 0), c->rows, i32c(c, 1), "di");
-    LLVMValueRef j = aj_kb_for_begin(kb, i32c(c, 0), kcount, i32c(c, 1), "dj");
-    LLVMValueRef keep = aj_attn_dropout_keep(kb, &c->drop, p, add(c, c->m0, i), add(c, n0, j));
-    LLVMValueRef at = buf_at(c, c->s, add(c, mul(c, i, i32c(c, c->p.bn)), j));
+    LLVMValueRef i = aj_kb_for_begin(kb, aj_kb_i32(kb, 0), c->rows, aj_kb_i32(kb, 1), "di");
+    LLVMValueRef j = aj_kb_for_begin(kb, aj_kb_i32(kb, 0), kcount, aj_kb_i32(kb, 1), "dj");
+    LLVMValueRef keep =
+        aj_attn_dropout_keep(kb, &c->drop, p, aj_kb_add(kb, c->m0, i), aj_kb_add(kb, n0, j));
+    LLVMValueRef at = buf_at(c, c->s, aj_kb_add(kb, aj_kb_mul(kb, i, aj_kb_i32(kb, c->p.bn)), j));
     LLVMBuildStore(b, aj_score_dropped(kb, p, keep, fload(c, at)), at);
     aj_kb_for_end(kb);
     aj_kb_for_end(kb);
@@ -250,9 +231,9 @@ static void emit_round_p(cfwd *c)
 {
     aj_kb *kb = c->kb;
     int w = c->p.w, bn = c->p.bn;
-    LLVMValueRef i = aj_kb_for_begin(kb, i32c(c, 0), c->rows_pad, i32c(c, 1), "ri");
+    LLVMValueRef i = aj_kb_for_begin(kb, aj_kb_i32(kb, 0), c->rows_pad, aj_kb_i32(kb, 1), "ri");
     for (int n = 0; n < bn; n += w) {
-        LLVMValueRef at = add(c, mul(c, i, i32c(c, bn)), i32c(c, n));
+        LLVMValueRef at = aj_kb_add(kb, aj_kb_mul(kb, i, aj_kb_i32(kb, bn)), aj_kb_i32(kb, n));
         aj_cv_store(kb, vload(c, buf_at(c, c->s, at), w), aj_cv_at(kb, kb->t_i16, c->pw, at),
                     AJ_DTYPE_BF16, w);
     }
@@ -306,14 +287,15 @@ static void emit_epilogue(cfwd *c, const cfwd_out *to)
     aj_param_source out = to->o;
     aj_dtype out_dtype = to->dtype;
     int vw = p->vw;
-    LLVMValueRef i = aj_kb_for_begin(kb, i32c(c, 0), c->rows, i32c(c, 1), "ei");
-    LLVMValueRef ig = sext64(c, add(c, c->m0, i));
-    LLVMValueRef orow = add(c, to->o_base, mul(c, ig, to->o_stride)), lse_at = ig;
+    LLVMValueRef i = aj_kb_for_begin(kb, aj_kb_i32(kb, 0), c->rows, aj_kb_i32(kb, 1), "ei");
+    LLVMValueRef ig = aj_kb_sext64(kb, aj_kb_add(kb, c->m0, i));
+    LLVMValueRef orow = aj_kb_add(kb, to->o_base, aj_kb_mul(kb, ig, to->o_stride)), lse_at = ig;
     if (c->per_head) {   /* row ig is query row qi of the block's head-th head */
-        LLVMValueRef per = sext64(c, c->per_head);
+        LLVMValueRef per = aj_kb_sext64(kb, c->per_head);
         LLVMValueRef head = LLVMBuildUDiv(b, ig, per, ""), qi = LLVMBuildURem(b, ig, per, "");
-        orow = add(c, add(c, to->o_base, mul(c, head, to->o_head)), mul(c, qi, to->o_stride));
-        lse_at = add(c, mul(c, head, to->lse_head), qi);
+        orow = aj_kb_add(kb, aj_kb_add(kb, to->o_base, aj_kb_mul(kb, head, to->o_head)),
+                         aj_kb_mul(kb, qi, to->o_stride));
+        lse_at = aj_kb_add(kb, aj_kb_mul(kb, head, to->lse_head), qi);
     }
     LLVMValueRef lsum = fload(c, buf_at(c, c->l, i));
     /* lsum is 0 only for a row that saw no key; NaN counts as seen */
@@ -326,8 +308,8 @@ static void emit_epilogue(cfwd *c, const cfwd_out *to)
                                     scalar_math(c, "llvm.log2", lsum), "");
     l2 = LLVMBuildSelect(b, seen, l2, aj_kb_f32(kb, -INFINITY), "");
     LLVMValueRef lse = LLVMBuildFMul(b, l2, aj_kb_f32(kb, AJ_LN2), "");
-    LLVMValueRef lse_ptr = aj_cv_at(kb, kb->t_f32, aj_param_data(kb, to->lse), add(c, to->lse_base,
-                                                                          lse_at));
+    LLVMValueRef lse_ptr =
+        aj_cv_at(kb, kb->t_f32, aj_param_data(kb, to->lse), aj_kb_add(kb, to->lse_base, lse_at));
 
     LLVMValueRef w_prior = NULL, scale_new = inv;
     if (accumulate) {
@@ -336,10 +318,12 @@ static void emit_epilogue(cfwd *c, const cfwd_out *to)
         scale_new = LLVMBuildFMul(b, w_new, inv, "");
     }
     LLVMValueRef sv = aj_cv_splat(kb, scale_new, vw);
-    LLVMValueRef d = aj_kb_for_begin(kb, i32c(c, 0), i32c(c, p->dv), i32c(c, vw), "ed");
-    LLVMValueRef val = LLVMBuildFMul(b, vload(c, buf_at(c, c->o, add(c, mul(c, i,
-                                     i32c(c, p->dv)), d)), vw), sv, "");
-    LLVMValueRef at = tensor_at(c, out, out_dtype, add(c, orow, sext64(c, d)));
+    LLVMValueRef d =
+        aj_kb_for_begin(kb, aj_kb_i32(kb, 0), aj_kb_i32(kb, p->dv), aj_kb_i32(kb, vw), "ed");
+    LLVMValueRef val = LLVMBuildFMul(
+        b, vload(c, buf_at(c, c->o, aj_kb_add(kb, aj_kb_mul(kb, i, aj_kb_i32(kb, p->dv)), d)), vw),
+        sv, "");
+    LLVMValueRef at = tensor_at(c, out, out_dtype, aj_kb_add(kb, orow, aj_kb_sext64(kb, d)));
     if (accumulate) {
         /* a prior of weight 0 adds nothing, whatever its O holds */
         LLVMValueRef prior = LLVMBuildFMul(b, aj_cv_load(kb, at, AJ_DTYPE_F32, vw),
@@ -359,7 +343,8 @@ static void emit_init_rows(cfwd *c)
 {
     aj_kb *kb = c->kb;
     const cfwd_plan *p = &c->p;
-    LLVMValueRef i = aj_kb_for_begin(kb, i32c(c, 0), i32c(c, p->bm), i32c(c, 1), "zi");
+    LLVMValueRef i =
+        aj_kb_for_begin(kb, aj_kb_i32(kb, 0), aj_kb_i32(kb, p->bm), aj_kb_i32(kb, 1), "zi");
     LLVMBuildStore(c->b, aj_kb_f32(kb, -INFINITY), buf_at(c, c->m, i));
     LLVMBuildStore(c->b, aj_kb_f32(kb, 0), buf_at(c, c->l, i));
     LLVMBuildStore(c->b, aj_kb_f32(kb, 0), buf_at(c, c->alpha, i));
@@ -385,7 +370,8 @@ static void emit_row_block(cfwd *c, const cfwd_block *blk, int log2e_in_q)
     const aj_cpu_seq *seq = &c->at.seq;
     int per_slot = p->pairs ? 2 : 1;
     const int rm = aj_cpu_tile_rows();
-    c->rows_pad = LLVMBuildAnd(b, add(c, c->rows, i32c(c, rm - 1)), i32c(c, -rm), "rows_pad");
+    c->rows_pad = LLVMBuildAnd(b, aj_kb_add(kb, c->rows, aj_kb_i32(kb, rm - 1)), aj_kb_i32(kb, -rm),
+                               "rows_pad");
     emit_init_rows(c);
     double q_scale = aj_op_scale(c->op) * (log2e_in_q ? AJ_LOG2E : 1.0);
     /* pairs: Q stays bf16 and the scores take the scale */
@@ -393,27 +379,27 @@ static void emit_row_block(cfwd *c, const cfwd_block *blk, int log2e_in_q)
     aj_cpu_load_rows(kb, c->q, p->d / per_slot, AJ_PSRC_q, p->dtype, &blk->q, c->m0, c->rows,
                      c->rows_pad, p->pairs ? 1.0 : q_scale, p->pairs);
     /* the query rows the block holds: m0 .., or every row of a packed head */
-    LLVMValueRef pos0 = c->per_head ? i32c(c, 0) : c->m0;
+    LLVMValueRef pos0 = c->per_head ? aj_kb_i32(kb, 0) : c->m0;
     LLVMValueRef pos_rows = c->per_head ? c->per_head : c->rows;
     LLVMValueRef n_begin, n_end;
-    aj_cpu_key_blocks(&c->at, p->bn, pos0, add(c, pos0, LLVMBuildSub(b, pos_rows, i32c(c, 1),
-                                                                     "")),
+    aj_cpu_key_blocks(&c->at, p->bn, pos0,
+                      aj_kb_add(kb, pos0, LLVMBuildSub(b, pos_rows, aj_kb_i32(kb, 1), "")),
                       &n_begin, &n_end);
     n_begin = aj_kb_smax(kb, n_begin, blk->k_first);
     n_end = aj_kb_smin(kb, n_end, blk->k_end);
     /* the key blocks of the range, or the block mask's list of the row
      * block (score.h) */
     aj_score_walk walk;
-    aj_score_walk_keys(&c->at.sc, &walk, pos0, add(c, pos0, LLVMBuildSub(b, pos_rows,
-                                                                          i32c(c, 1), "")),
-                       p->bn, n_begin, n_end, seq->len_q, seq->len_k);
-    LLVMValueRef at = aj_kb_for_begin(kb, walk.begin, walk.end, i32c(c, 1), "walk");
+    aj_score_walk_keys(&c->at.sc, &walk, pos0,
+                       aj_kb_add(kb, pos0, LLVMBuildSub(b, pos_rows, aj_kb_i32(kb, 1), "")), p->bn,
+                       n_begin, n_end, seq->len_q, seq->len_k);
+    LLVMValueRef at = aj_kb_for_begin(kb, walk.begin, walk.end, aj_kb_i32(kb, 1), "walk");
     {
         LLVMValueRef cls = NULL;
         LLVMValueRef n = aj_score_walk_tile(&c->at.sc, &walk, at, c->at.tile_full ? &cls : NULL);
-        LLVMValueRef n0 = LLVMBuildMul(b, n, i32c(c, p->bn), "n0");
-        LLVMValueRef kcount = aj_kb_smin(kb, i32c(c, p->bn), LLVMBuildSub(b, seq->len_k, n0,
-                                                                          ""));
+        LLVMValueRef n0 = LLVMBuildMul(b, n, aj_kb_i32(kb, p->bn), "n0");
+        LLVMValueRef kcount =
+            aj_kb_smin(kb, aj_kb_i32(kb, p->bn), LLVMBuildSub(b, seq->len_k, n0, ""));
         aj_cpu_skip_begin(&c->at, cls);
         /* a paged cache: the next key block of the range (the walk's next,
          * but where a block mask skips it) is prefetched while this one is
@@ -421,10 +407,10 @@ static void emit_row_block(cfwd *c, const cfwd_block *blk, int log2e_in_q)
          * each burst of prefetches overlaps a product */
         LLVMValueRef next0 = NULL, ncount = NULL;
         if (blk->k.pages) {
-            next0 = add(c, n0, i32c(c, p->bn));
-            LLVMValueRef next_end = aj_kb_smin(kb, seq->len_k, mul(c, blk->k_end,
-                                                                    i32c(c, p->bn)));
-            ncount = aj_kb_smin(kb, i32c(c, p->bn), LLVMBuildSub(b, next_end, next0, ""));
+            next0 = aj_kb_add(kb, n0, aj_kb_i32(kb, p->bn));
+            LLVMValueRef next_end =
+                aj_kb_smin(kb, seq->len_k, aj_kb_mul(kb, blk->k_end, aj_kb_i32(kb, p->bn)));
+            ncount = aj_kb_smin(kb, aj_kb_i32(kb, p->bn), LLVMBuildSub(b, next_end, next0, ""));
         }
         /* keys past Sk are zero: masked anyway, and 0 * V must not meet a
          * stale NaN */
@@ -434,7 +420,7 @@ static void emit_row_block(cfwd *c, const cfwd_block *blk, int log2e_in_q)
             aj_cpu_load_row_pairs(kb, c->v, p->dv, p->bn, c->v_tensor, &blk->v, n0, kcount);
         else
             aj_cpu_load_rows(kb, c->v, p->dv, c->v_tensor, p->kv_dtype, &blk->v, n0, kcount,
-                             i32c(c, p->bn), 1.0, 0);
+                             aj_kb_i32(kb, p->bn), 1.0, 0);
         if (next0)
             aj_cpu_prefetch_rows(kb, c->k_tensor, p->kv_dtype, &blk->k, next0, ncount, p->d);
         aj_cpu_gemm_nt(kb, p->w, c->s, c->q, p->d / per_slot, c->kt, p->bn, c->rows_pad,
@@ -477,9 +463,9 @@ static void alloc_buffers(cfwd *c)
 static void work_item(cfwd *c, LLVMValueRef item[3])
 {
     for (int d = 0; d < 3; d++)
-        item[d] = LLVMBuildLoad2(c->b, c->kb->t_i32, aj_cv_at(c->kb, c->kb->t_i32,
-                                                               c->kb->work_item, i32c(c, d)),
-                                 "");
+        item[d] = LLVMBuildLoad2(
+            c->b, c->kb->t_i32,
+            aj_cv_at(c->kb, c->kb->t_i32, c->kb->work_item, aj_kb_i32(c->kb, d)), "");
 }
 
 /* layout = padded and varlen: items (ceil(Sq / bm), Hq, B), one row block
@@ -496,13 +482,13 @@ static void build_dense(cfwd *c, const aj_score_prog *prog, int log2e_in_q)
     LLVMValueRef item[3];
     work_item(c, item);
     LLVMValueRef h = item[1], bidx = item[2];
-    c->m0 = LLVMBuildMul(b, item[0], i32c(c, p->bm), "m0");
+    c->m0 = LLVMBuildMul(b, item[0], aj_kb_i32(kb, p->bm), "m0");
     aj_cpu_attn_init(&c->at, kb, op, prog, log2e_in_q, bidx, h);
     const aj_cpu_seq *seq = &c->at.seq;
     /* varlen: the grid covers the longest sequence; items past this one's
      * end have nothing to do */
     aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntSLT, c->m0, seq->len_q, ""));
-    c->rows = aj_kb_smin(kb, i32c(c, p->bm), LLVMBuildSub(b, seq->len_q, c->m0, ""));
+    c->rows = aj_kb_smin(kb, aj_kb_i32(kb, p->bm), LLVMBuildSub(b, seq->len_q, c->m0, ""));
     LLVMValueRef group =
         LLVMBuildSDiv(b, aj_param(kb, AJ_PID(heads_q)), aj_param(kb, AJ_PID(heads_kv)), "");
     LLVMValueRef hkv = LLVMBuildSDiv(b, h, group, "hkv");
@@ -518,11 +504,12 @@ static void build_dense(cfwd *c, const aj_score_prog *prog, int log2e_in_q)
               .stride_s = aj_param(kb, AJ_PID(stride_k_s))},
         .v = {.base = aj_cpu_seq_base(kb, AJ_PSRC_v, bidx, hkv, seq->start_k),
               .stride_s = aj_param(kb, AJ_PID(stride_v_s))},
-        .k_first = i32c(c, 0),
-        .k_end = i32c(c, INT32_MAX),
+        .k_first = aj_kb_i32(kb, 0),
+        .k_end = aj_kb_i32(kb, INT32_MAX),
         .out = {out, AJ_PSRC_lse, op->accumulate ? AJ_DTYPE_F32 : p->dtype, op->accumulate,
                 aj_cpu_seq_base(kb, out, bidx, h, seq->start_q), aj_param_stride(kb, out, 2),
-                add(c, aj_attn_slice_base(kb, AJ_PSRC_lse, bidx, h), seq->start_q), NULL, NULL},
+                aj_kb_add(kb, aj_attn_slice_base(kb, AJ_PSRC_lse, bidx, h), seq->start_q), NULL,
+                NULL},
     };
     emit_row_block(c, &blk, log2e_in_q);
     aj_kb_if_end(kb);
@@ -538,7 +525,7 @@ static void build_dense(cfwd *c, const aj_score_prog *prog, int log2e_in_q)
 static LLVMValueRef paged_ws_len(cfwd *c)
 {
     int varlen_q = c->op->q_layout == AJ_LAYOUT_VARLEN;
-    return sext64(c, aj_param(c->kb, varlen_q ? AJ_PID(tokens_q) : AJ_PID(seq_q)));
+    return aj_kb_sext64(c->kb, aj_param(c->kb, varlen_q ? AJ_PID(tokens_q) : AJ_PID(seq_q)));
 }
 
 /*
@@ -568,34 +555,35 @@ static void build_paged_parts(cfwd *c, const aj_score_prog *prog, int log2e_in_q
         c->k_scale = aj_kb_load(kb, kb->t_f32, aj_param(kb, AJ_PID(k_scale)), 4);
         c->v_scale = aj_kb_load(kb, kb->t_f32, aj_param(kb, AJ_PID(v_scale)), 4);
     }
-    LLVMValueRef splits = aj_param(kb, AJ_PID(splits)), bn = i32c(c, p->bn);
-    LLVMValueRef blocks = LLVMBuildSDiv(b, add(c, seq->len_k, i32c(c, p->bn - 1)), bn, "");
-    LLVMValueRef per = LLVMBuildSDiv(b, add(c, blocks, LLVMBuildSub(b, splits, i32c(c, 1), "")),
-                                     splits, "per");
-    LLVMValueRef first = mul(c, part, per);
-    LLVMValueRef end = aj_kb_smin(kb, add(c, first, per), blocks);
+    LLVMValueRef splits = aj_param(kb, AJ_PID(splits)), bn = aj_kb_i32(kb, p->bn);
+    LLVMValueRef blocks =
+        LLVMBuildSDiv(b, aj_kb_add(kb, seq->len_k, aj_kb_i32(kb, p->bn - 1)), bn, "");
+    LLVMValueRef per = LLVMBuildSDiv(
+        b, aj_kb_add(kb, blocks, LLVMBuildSub(b, splits, aj_kb_i32(kb, 1), "")), splits, "per");
+    LLVMValueRef first = aj_kb_mul(kb, part, per);
+    LLVMValueRef end = aj_kb_smin(kb, aj_kb_add(kb, first, per), blocks);
     /* the pages of keys [first bn, min(end bn, len_k)) */
     LLVMValueRef ps = aj_param(kb, AJ_PID(page_size));
-    LLVMValueRef key_end = aj_kb_smin(kb, mul(c, end, bn), seq->len_k);
-    LLVMValueRef key_first = aj_kb_smin(kb, mul(c, first, bn), key_end);
-    LLVMValueRef ok = aj_attn_paged_pages_ok(kb, bidx, LLVMBuildSDiv(b, key_first, ps, ""),
-                                             LLVMBuildSDiv(b, add(c, key_end,
-                                                           LLVMBuildSub(b, ps, i32c(c, 1), "")),
-                                                           ps, ""));
+    LLVMValueRef key_end = aj_kb_smin(kb, aj_kb_mul(kb, end, bn), seq->len_k);
+    LLVMValueRef key_first = aj_kb_smin(kb, aj_kb_mul(kb, first, bn), key_end);
+    LLVMValueRef ok = aj_attn_paged_pages_ok(
+        kb, bidx, LLVMBuildSDiv(b, key_first, ps, ""),
+        LLVMBuildSDiv(b, aj_kb_add(kb, key_end, LLVMBuildSub(b, ps, aj_kb_i32(kb, 1), "")), ps,
+                      ""));
     end = LLVMBuildSelect(b, ok, end, first, "part_end");
     LLVMValueRef group =
         LLVMBuildSDiv(b, aj_param(kb, AJ_PID(heads_q)), aj_param(kb, AJ_PID(heads_kv)), "");
-    LLVMValueRef hkv = sext64(c, LLVMBuildSDiv(b, h, group, "hkv"));
-    LLVMValueRef pages =
-        aj_cv_at(kb, kb->t_i32, aj_param(kb, AJ_PID(block_table)),
-                 mul(c, sext64(c, bidx), sext64(c, aj_param(kb, AJ_PID(max_pages)))));
+    LLVMValueRef hkv = aj_kb_sext64(kb, LLVMBuildSDiv(b, h, group, "hkv"));
+    LLVMValueRef pages = aj_cv_at(
+        kb, kb->t_i32, aj_param(kb, AJ_PID(block_table)),
+        aj_kb_mul(kb, aj_kb_sext64(kb, bidx), aj_kb_sext64(kb, aj_param(kb, AJ_PID(max_pages)))));
     cfwd_block blk = {
         .q = {.base = aj_cpu_seq_base(kb, AJ_PSRC_q, bidx, h, seq->start_q),
               .stride_s = aj_param(kb, AJ_PID(stride_q_s))},
-        .k = {mul(c, hkv, aj_param(kb, AJ_PID(stride_k_cache_h))),
+        .k = {aj_kb_mul(kb, hkv, aj_param(kb, AJ_PID(stride_k_cache_h))),
               aj_param(kb, AJ_PID(stride_k_cache_s)), pages, ps,
               aj_param(kb, AJ_PID(stride_k_cache_page))},
-        .v = {mul(c, hkv, aj_param(kb, AJ_PID(stride_v_cache_h))),
+        .v = {aj_kb_mul(kb, hkv, aj_param(kb, AJ_PID(stride_v_cache_h))),
               aj_param(kb, AJ_PID(stride_v_cache_s)), pages, ps,
               aj_param(kb, AJ_PID(stride_v_cache_page))},
         .k_first = first,
@@ -607,17 +595,25 @@ static void build_paged_parts(cfwd *c, const aj_score_prog *prog, int log2e_in_q
                        0,
                        aj_cpu_seq_base(kb, AJ_PSRC_o, bidx, h, seq->start_q),
                        aj_param(kb, AJ_PID(stride_o_s)),
-                       add(c, aj_attn_slice_base(kb, AJ_PSRC_lse, bidx, h), seq->start_q),
+                       aj_kb_add(kb, aj_attn_slice_base(kb, AJ_PSRC_lse, bidx, h), seq->start_q),
                        NULL,
                        NULL};
     LLVMValueRef lse_at;
-    LLVMValueRef row0 = add(c, aj_attn_paged_part_row_of(kb, bidx, h, part, p->dv,
-                                                         op->q_layout == AJ_LAYOUT_VARLEN,
-                                                         &lse_at), seq->start_q);
-    cfwd_out partial = {AJ_PSRC_workspace, AJ_PSRC_workspace, AJ_DTYPE_F32, 0,
-                        mul(c, row0, aj_kb_i64(kb, p->dv)), aj_kb_i64(kb, p->dv),
-                        add(c, lse_at, row0), NULL, NULL};
-    LLVMValueRef one = LLVMBuildICmp(b, LLVMIntEQ, splits, i32c(c, 1), "");
+    LLVMValueRef row0 =
+        aj_kb_add(kb,
+                  aj_attn_paged_part_row_of(kb, bidx, h, part, p->dv,
+                                            op->q_layout == AJ_LAYOUT_VARLEN, &lse_at),
+                  seq->start_q);
+    cfwd_out partial = {AJ_PSRC_workspace,
+                        AJ_PSRC_workspace,
+                        AJ_DTYPE_F32,
+                        0,
+                        aj_kb_mul(kb, row0, aj_kb_i64(kb, p->dv)),
+                        aj_kb_i64(kb, p->dv),
+                        aj_kb_add(kb, lse_at, row0),
+                        NULL,
+                        NULL};
+    LLVMValueRef one = LLVMBuildICmp(b, LLVMIntEQ, splits, aj_kb_i32(kb, 1), "");
     /* GQA packing (attn_common.h's rule: here the group's rows fit one
      * block and the programs read no h): the item of the group's first
      * head takes all of its heads' rows (the KV read once, the register
@@ -627,19 +623,19 @@ static void build_paged_parts(cfwd *c, const aj_score_prog *prog, int log2e_in_q
     if (packable) {
         pack = aj_attn_paged_packs(kb, group, seq->len_q, p->bm);
         aj_kb_if_begin(kb, pack);
-        aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntEQ, LLVMBuildSRem(b, h, group, ""),
-                                         i32c(c, 0), ""));
+        aj_kb_if_begin(
+            kb, LLVMBuildICmp(b, LLVMIntEQ, LLVMBuildSRem(b, h, group, ""), aj_kb_i32(kb, 0), ""));
         cfwd_block packed = blk;
         packed.q.per_head = seq->len_q;
         packed.q.stride_h = aj_param(kb, AJ_PID(stride_q_h));
         cfwd_out heads[2] = {direct, partial};
         heads[0].o_head = aj_param(kb, AJ_PID(stride_o_h));
         heads[0].lse_head = aj_param(kb, AJ_PID(stride_lse_h));
-        heads[1].lse_head = mul(c, sext64(c, splits), paged_ws_len(c));
-        heads[1].o_head = mul(c, heads[1].lse_head, aj_kb_i64(kb, p->dv));
+        heads[1].lse_head = aj_kb_mul(kb, aj_kb_sext64(kb, splits), paged_ws_len(c));
+        heads[1].o_head = aj_kb_mul(kb, heads[1].lse_head, aj_kb_i64(kb, p->dv));
         c->per_head = seq->len_q;
-        c->m0 = i32c(c, 0);
-        c->rows = mul(c, group, seq->len_q);
+        c->m0 = aj_kb_i32(kb, 0);
+        c->rows = aj_kb_mul(kb, group, seq->len_q);
         aj_kb_if_begin(kb, one);
         packed.out = heads[0];
         emit_row_block(c, &packed, log2e_in_q);
@@ -651,9 +647,9 @@ static void build_paged_parts(cfwd *c, const aj_score_prog *prog, int log2e_in_q
         aj_kb_if_end(kb);
         aj_kb_else(kb);
     }
-    LLVMValueRef mb = aj_kb_for_begin(kb, i32c(c, 0), seq->len_q, i32c(c, p->bm), "mb");
+    LLVMValueRef mb = aj_kb_for_begin(kb, aj_kb_i32(kb, 0), seq->len_q, aj_kb_i32(kb, p->bm), "mb");
     c->m0 = mb;
-    c->rows = aj_kb_smin(kb, i32c(c, p->bm), LLVMBuildSub(b, seq->len_q, mb, ""));
+    c->rows = aj_kb_smin(kb, aj_kb_i32(kb, p->bm), LLVMBuildSub(b, seq->len_q, mb, ""));
     aj_kb_if_begin(kb, one);
     blk.out = direct;
     emit_row_block(c, &blk, log2e_in_q);
@@ -704,49 +700,53 @@ static void build_paged_merge(cfwd *c, const aj_score_prog *prog)
     if (c->op->q_layout == AJ_LAYOUT_VARLEN) {
         aj_cpu_seq seq;
         aj_cpu_seq_of(kb, c->op, prog, bidx, &seq);
-        len_q = sext64(c, seq.len_q);
+        len_q = aj_kb_sext64(kb, seq.len_q);
         start_q = seq.start_q;
     }
     LLVMValueRef lse_at;
-    LLVMValueRef row0 = add(c, aj_attn_paged_part_row_of(kb, bidx, h, i32c(c, 0), dv,
-                                                         c->op->q_layout == AJ_LAYOUT_VARLEN,
-                                                         &lse_at), start_q);
-    lse_at = add(c, lse_at, row0);
+    LLVMValueRef row0 =
+        aj_kb_add(c->kb,
+                  aj_attn_paged_part_row_of(kb, bidx, h, aj_kb_i32(kb, 0), dv,
+                                            c->op->q_layout == AJ_LAYOUT_VARLEN, &lse_at),
+                  start_q);
+    lse_at = aj_kb_add(kb, lse_at, row0);
     LLVMValueRef ninf = aj_kb_f32(kb, -INFINITY);
     LLVMValueRef o_base = aj_cpu_seq_base(kb, AJ_PSRC_o, bidx, h, start_q);
-    LLVMValueRef lse_base = add(c, aj_attn_slice_base(kb, AJ_PSRC_lse, bidx, h), start_q);
+    LLVMValueRef lse_base = aj_kb_add(kb, aj_attn_slice_base(kb, AJ_PSRC_lse, bidx, h), start_q);
     LLVMValueRef i = aj_kb_for_begin(kb, aj_kb_i64(kb, 0), len_q, aj_kb_i64(kb, 1), "mi");
     aj_kb_set(kb, mx, ninf);
-    LLVMValueRef s = aj_kb_for_begin(kb, i32c(c, 0), splits, i32c(c, 1), "ms");
-    LLVMValueRef part_lse =
-        aj_cpu_fload(kb, aj_cv_at(kb, kb->t_f32, aj_param(kb, AJ_PID(workspace)),
-                                  add(c, lse_at, add(c, mul(c, sext64(c, s), sq), i))));
+    LLVMValueRef s = aj_kb_for_begin(kb, aj_kb_i32(kb, 0), splits, aj_kb_i32(kb, 1), "ms");
+    LLVMValueRef part_lse = aj_cpu_fload(
+        kb,
+        aj_cv_at(kb, kb->t_f32, aj_param(kb, AJ_PID(workspace)),
+                 aj_kb_add(kb, lse_at, aj_kb_add(kb, aj_kb_mul(kb, aj_kb_sext64(kb, s), sq), i))));
     aj_kb_set(kb, mx, aj_cv_max(kb, aj_kb_get(kb, mx), part_lse));
     aj_kb_for_end(kb);
     LLVMValueRef none = LLVMBuildFCmp(b, LLVMRealOEQ, aj_kb_get(kb, mx), ninf, "");
     LLVMValueRef m_use = LLVMBuildSelect(b, none, aj_kb_f32(kb, 0), aj_kb_get(kb, mx), "");
     aj_kb_set(kb, sum, aj_kb_f32(kb, 0));
     aj_cpu_zero(kb, acc, dv);
-    s = aj_kb_for_begin(kb, i32c(c, 0), splits, i32c(c, 1), "ms");
+    s = aj_kb_for_begin(kb, aj_kb_i32(kb, 0), splits, aj_kb_i32(kb, 1), "ms");
     {
-        LLVMValueRef r = add(c, mul(c, sext64(c, s), sq), i);
+        LLVMValueRef r = aj_kb_add(kb, aj_kb_mul(kb, aj_kb_sext64(kb, s), sq), i);
         LLVMValueRef e = scalar_exp(
-            c, LLVMBuildFSub(
-                   b,
-                   aj_cpu_fload(kb, aj_cv_at(kb, kb->t_f32, aj_param(kb, AJ_PID(workspace)),
-                                             add(c, lse_at, r))),
-                   m_use, ""));
+            c,
+            LLVMBuildFSub(b,
+                          aj_cpu_fload(kb, aj_cv_at(kb, kb->t_f32, aj_param(kb, AJ_PID(workspace)),
+                                                    aj_kb_add(kb, lse_at, r))),
+                          m_use, ""));
         aj_kb_set(kb, sum, LLVMBuildFAdd(b, aj_kb_get(kb, sum), e, ""));
         /* O_s weighted by exp(LSE_s - m); / sum below.  A part without a
          * key has weight 0 and O_s = 0. */
         LLVMValueRef ev = aj_cv_splat(kb, e, 8);
-        LLVMValueRef orow = mul(c, add(c, row0, r), aj_kb_i64(kb, dv));
-        LLVMValueRef d = aj_kb_for_begin(kb, i32c(c, 0), i32c(c, dv), i32c(c, 8), "md");
+        LLVMValueRef orow = aj_kb_mul(kb, aj_kb_add(kb, row0, r), aj_kb_i64(kb, dv));
+        LLVMValueRef d =
+            aj_kb_for_begin(kb, aj_kb_i32(kb, 0), aj_kb_i32(kb, dv), aj_kb_i32(kb, 8), "md");
         LLVMValueRef at = aj_cpu_buf_at(kb, acc, d);
-        LLVMValueRef part_o = aj_cv_load(
-            kb,
-            aj_cv_at(kb, kb->t_f32, aj_param(kb, AJ_PID(workspace)), add(c, orow, sext64(c, d))),
-            AJ_DTYPE_F32, 8);
+        LLVMValueRef part_o = aj_cv_load(kb,
+                                         aj_cv_at(kb, kb->t_f32, aj_param(kb, AJ_PID(workspace)),
+                                                  aj_kb_add(kb, orow, aj_kb_sext64(kb, d))),
+                                         AJ_DTYPE_F32, 8);
         aj_cpu_vstore(kb, aj_cv_fma(kb, part_o, ev, aj_cpu_vload(kb, at, 8)), at);
         aj_kb_for_end(kb);
     }
@@ -756,15 +756,17 @@ static void build_paged_merge(cfwd *c, const aj_score_prog *prog)
                                        LLVMBuildFDiv(b, aj_kb_f32(kb, 1), total, ""), "");
     LLVMValueRef lse = LLVMBuildSelect(b, none, ninf, LLVMBuildFAdd(b, m_use,
                                        scalar_math(c, "llvm.log", total), ""), "");
-    LLVMValueRef orow = add(c, o_base, mul(c, i, aj_param(kb, AJ_PID(stride_o_s))));
-    LLVMValueRef d = aj_kb_for_begin(kb, i32c(c, 0), i32c(c, dv), i32c(c, 8), "mo");
+    LLVMValueRef orow = aj_kb_add(kb, o_base, aj_kb_mul(kb, i, aj_param(kb, AJ_PID(stride_o_s))));
+    LLVMValueRef d =
+        aj_kb_for_begin(kb, aj_kb_i32(kb, 0), aj_kb_i32(kb, dv), aj_kb_i32(kb, 8), "mo");
     LLVMValueRef val = LLVMBuildFMul(b, aj_cpu_vload(kb, aj_cpu_buf_at(kb, acc, d), 8),
                                      aj_cv_splat(kb, inv, 8), "");
-    aj_cv_store(kb, val, tensor_at(c, AJ_PSRC_o, p->dtype, add(c, orow, sext64(c, d))), p->dtype,
-                8);
+    aj_cv_store(kb, val,
+                tensor_at(c, AJ_PSRC_o, p->dtype, aj_kb_add(kb, orow, aj_kb_sext64(kb, d))),
+                p->dtype, 8);
     aj_kb_for_end(kb);
     LLVMBuildStore(b, lse,
-                   aj_cv_at(kb, kb->t_f32, aj_param(kb, AJ_PID(lse)), add(c, lse_base, i)));
+                   aj_cv_at(kb, kb->t_f32, aj_param(kb, AJ_PID(lse)), aj_kb_add(kb, lse_base, i)));
     aj_kb_for_end(kb);
     const aj_kernel_layout layout = {
         .grid = {{AJ_EXTENT_ONE, 1}, {AJ_EXTENT_HEADS_Q, 1}, {AJ_EXTENT_BATCH, 1}},

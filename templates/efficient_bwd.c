@@ -234,21 +234,6 @@ typedef struct ebwd {
     aj_attn_dropout drop;           /* the dropout stream of this (b, h) */
 } ebwd;
 
-static LLVMValueRef i32c(ebwd *e, int64_t v)
-{
-    return aj_kb_i32(e->kb, v);
-}
-
-static LLVMValueRef sext64(ebwd *e, LLVMValueRef v)
-{
-    return LLVMBuildSExt(e->b, v, e->kb->t_i64, "");
-}
-
-static LLVMValueRef stride_s(ebwd *e, aj_param_source t)
-{
-    return aj_param_stride(e->kb, t, 2);
-}
-
 /* Thread layout shared by both kernels. */
 static void setup(ebwd *e, aj_kb *kb, const aj_op *op, const ebwd_plan *p,
                   const aj_score_prog *prog)
@@ -260,8 +245,8 @@ static void setup(ebwd *e, aj_kb *kb, const aj_op *op, const ebwd_plan *p,
     e->p = *p;
     e->prog = prog;
     e->tid = aj_kb_thread_id(kb);
-    e->lane = LLVMBuildAnd(e->b, e->tid, i32c(e, p->g - 1), "lane");
-    e->group = LLVMBuildUDiv(e->b, e->tid, i32c(e, p->g), "group");
+    e->lane = LLVMBuildAnd(e->b, e->tid, aj_kb_i32(e->kb, p->g - 1), "lane");
+    e->group = LLVMBuildUDiv(e->b, e->tid, aj_kb_i32(e->kb, p->g), "group");
     e->seq_q = aj_param(kb, AJ_PID(seq_q));
     e->seq_k = aj_param(kb, AJ_PID(seq_k));
 }
@@ -297,11 +282,12 @@ static LLVMValueRef emit_bias_at(ebwd *e, LLVMValueRef i, LLVMValueRef j)
     aj_dtype dt = e->op->dtype;
     if (e->op->bias != AJ_BIAS_ADD)
         return NULL;
-    LLVMValueRef ic = aj_kb_smin(kb, i, LLVMBuildSub(b, e->seq_q, i32c(e, 1), ""));
-    LLVMValueRef jc = aj_kb_smin(kb, j, LLVMBuildSub(b, e->seq_k, i32c(e, 1), ""));
-    LLVMValueRef at = LLVMBuildAdd(b, e->bias_base, LLVMBuildMul(b, sext64(e, ic),
-                                   aj_param(kb, AJ_PID(stride_bias_s)), ""), "");
-    at = LLVMBuildAdd(b, at, sext64(e, jc), "");
+    LLVMValueRef ic = aj_kb_smin(kb, i, LLVMBuildSub(b, e->seq_q, aj_kb_i32(kb, 1), ""));
+    LLVMValueRef jc = aj_kb_smin(kb, j, LLVMBuildSub(b, e->seq_k, aj_kb_i32(kb, 1), ""));
+    LLVMValueRef at = LLVMBuildAdd(
+        b, e->bias_base,
+        LLVMBuildMul(b, aj_kb_sext64(kb, ic), aj_param(kb, AJ_PID(stride_bias_s)), ""), "");
+    at = LLVMBuildAdd(b, at, aj_kb_sext64(kb, jc), "");
     at = LLVMBuildMul(b, at, aj_kb_i64(kb, aj_dtype_size(dt)), "");
     LLVMValueRef raw = aj_kb_load(kb, aj_kb_storage_type(kb, dt),
                                   aj_kb_gptr_offset(kb, aj_param(kb, AJ_PID(bias)), at),
@@ -326,9 +312,9 @@ static void block_range(ebwd *e, LLVMValueRef lo, LLVMValueRef hi, int per,
 {
     LLVMBuilderRef b = e->b;
     LLVMValueRef empty = LLVMBuildICmp(b, LLVMIntSLT, hi, lo, "");
-    LLVMValueRef n = i32c(e, per);
-    *begin = LLVMBuildSelect(b, empty, i32c(e, 0), LLVMBuildSDiv(b, lo, n, ""), "");
-    *end = LLVMBuildSelect(b, empty, i32c(e, 0),
+    LLVMValueRef n = aj_kb_i32(e->kb, per);
+    *begin = LLVMBuildSelect(b, empty, aj_kb_i32(e->kb, 0), LLVMBuildSDiv(b, lo, n, ""), "");
+    *end = LLVMBuildSelect(b, empty, aj_kb_i32(e->kb, 0),
                            LLVMBuildSDiv(b, LLVMBuildAdd(b, hi, n, ""), n, ""), "");
 }
 
@@ -350,23 +336,26 @@ static void emit_dots(ebwd *e, LLVMValueRef acc[MAX_ROWS][MAX_COLS], int nr,
     for (int k = 0; k < nr; k++)
         for (int t = 0; t < nc; t++)
             aj_kb_set(kb, acc[k][t], aj_kb_f32(kb, 0));
-    LLVMValueRef x8 = aj_kb_for_begin(kb, i32c(e, 0), i32c(e, width / 8), i32c(e, 1), "x8");
+    LLVMValueRef x8 =
+        aj_kb_for_begin(kb, aj_kb_i32(kb, 0), aj_kb_i32(kb, width / 8), aj_kb_i32(kb, 1), "x8");
     aj_kb_loop_no_unroll(kb);
     for (int half = 0; half < 2; half++) {
-        LLVMValueRef col = LLVMBuildAdd(b, LLVMBuildShl(b, x8, i32c(e, 3), ""),
-                                        i32c(e, 4 * half), "");
+        LLVMValueRef col =
+            LLVMBuildAdd(b, LLVMBuildShl(b, x8, aj_kb_i32(kb, 3), ""), aj_kb_i32(kb, 4 * half), "");
         LLVMValueRef av[MAX_ROWS], bv[MAX_COLS];
         for (int k = 0; k < nr; k++)
-            av[k] = aj_smem_load4(kb, a_smem, LLVMBuildAdd(b, LLVMBuildMul(b, arow[k],
-                                  i32c(e, lda), ""), col, ""));
+            av[k] = aj_smem_load4(
+                kb, a_smem,
+                LLVMBuildAdd(b, LLVMBuildMul(b, arow[k], aj_kb_i32(kb, lda), ""), col, ""));
         for (int t = 0; t < nc; t++)
-            bv[t] = aj_smem_load4(kb, b_smem, LLVMBuildAdd(b, LLVMBuildMul(b, bcol[t],
-                                  i32c(e, ldb), ""), col, ""));
+            bv[t] = aj_smem_load4(
+                kb, b_smem,
+                LLVMBuildAdd(b, LLVMBuildMul(b, bcol[t], aj_kb_i32(kb, ldb), ""), col, ""));
         for (int k = 0; k < nr; k++)
             for (int t = 0; t < nc; t++) {
                 LLVMValueRef a = aj_kb_get(kb, acc[k][t]);
                 for (int c = 0; c < 4; c++) {
-                    LLVMValueRef idx = i32c(e, c);
+                    LLVMValueRef idx = aj_kb_i32(kb, c);
                     a = aj_kb_fma(kb, LLVMBuildExtractElement(b, av[k], idx, ""),
                                   LLVMBuildExtractElement(b, bv[t], idx, ""), a);
                 }
@@ -387,29 +376,33 @@ static void emit_accumulate(ebwd *e, LLVMValueRef out[MAX_ROWS][MAX_OUT], int nr
     aj_kb *kb = e->kb;
     LLVMBuilderRef b = e->b;
     int chunks = width / (4 * e->p.g);
-    LLVMValueRef x4 = aj_kb_for_begin(kb, i32c(e, 0), i32c(e, len / 4), i32c(e, 1), "x4");
+    LLVMValueRef x4 =
+        aj_kb_for_begin(kb, aj_kb_i32(kb, 0), aj_kb_i32(kb, len / 4), aj_kb_i32(kb, 1), "x4");
     aj_kb_loop_no_unroll(kb);   /* as emit_dots: unrolled, ptxas spills */
-    LLVMValueRef x0 = LLVMBuildShl(b, x4, i32c(e, 2), "");
+    LLVMValueRef x0 = LLVMBuildShl(b, x4, aj_kb_i32(kb, 2), "");
     LLVMValueRef av[MAX_ROWS];
     for (int k = 0; k < nr; k++)
-        av[k] = aj_smem_load4(kb, a_smem, LLVMBuildAdd(b, LLVMBuildMul(b, arow[k],
-                              i32c(e, lda), ""), x0, ""));
+        av[k] = aj_smem_load4(
+            kb, a_smem, LLVMBuildAdd(b, LLVMBuildMul(b, arow[k], aj_kb_i32(kb, lda), ""), x0, ""));
     LLVMValueRef o[MAX_ROWS][MAX_OUT];
     for (int k = 0; k < nr; k++)
         for (int c = 0; c < 4 * chunks; c++)
             o[k][c] = aj_kb_get(kb, out[k][c]);
-    LLVMValueRef lane_col = LLVMBuildShl(b, e->lane, i32c(e, 2), "");
+    LLVMValueRef lane_col = LLVMBuildShl(b, e->lane, aj_kb_i32(kb, 2), "");
     for (int w = 0; w < 4; w++) {
-        LLVMValueRef brow = LLVMBuildMul(b, LLVMBuildAdd(b, x0, i32c(e, w), ""), i32c(e, ldb), "");
+        LLVMValueRef brow =
+            LLVMBuildMul(b, LLVMBuildAdd(b, x0, aj_kb_i32(kb, w), ""), aj_kb_i32(kb, ldb), "");
         for (int u = 0; u < chunks; u++) {
-            LLVMValueRef bv = aj_smem_load4(kb, b_smem, LLVMBuildAdd(b, brow,
-                                            LLVMBuildAdd(b, lane_col, i32c(e, 4 * e->p.g * u),
-                                                         ""), ""));
+            LLVMValueRef bv = aj_smem_load4(
+                kb, b_smem,
+                LLVMBuildAdd(b, brow, LLVMBuildAdd(b, lane_col, aj_kb_i32(kb, 4 * e->p.g * u), ""),
+                             ""));
             for (int k = 0; k < nr; k++) {
-                LLVMValueRef ak = LLVMBuildExtractElement(b, av[k], i32c(e, w), "");
+                LLVMValueRef ak = LLVMBuildExtractElement(b, av[k], aj_kb_i32(kb, w), "");
                 for (int x = 0; x < 4; x++)
-                    o[k][4 * u + x] = aj_kb_fma(kb, ak, LLVMBuildExtractElement(b, bv,
-                                                i32c(e, x), ""), o[k][4 * u + x]);
+                    o[k][4 * u + x] =
+                        aj_kb_fma(kb, ak, LLVMBuildExtractElement(b, bv, aj_kb_i32(kb, x), ""),
+                                  o[k][4 * u + x]);
             }
         }
     }
@@ -444,12 +437,12 @@ static void emit_row_stats(ebwd *e, LLVMValueRef ic, LLVMValueRef o_base, LLVMVa
 {
     aj_kb *kb = e->kb;
     LLVMBuilderRef b = e->b;
-    LLVMValueRef i64 = sext64(e, ic);
+    LLVMValueRef i64 = aj_kb_sext64(kb, ic);
     LLVMValueRef orow =
-        LLVMBuildAdd(b, o_base, LLVMBuildMul(b, i64, stride_s(e, AJ_PSRC_o), ""), "");
+        LLVMBuildAdd(b, o_base, LLVMBuildMul(b, i64, aj_param_stride_s(kb, AJ_PSRC_o), ""), "");
     LLVMValueRef drow =
-        LLVMBuildAdd(b, do_base, LLVMBuildMul(b, i64, stride_s(e, AJ_PSRC_do), ""), "");
-    LLVMValueRef lane_col = sext64(e, LLVMBuildShl(b, e->lane, i32c(e, 2), ""));
+        LLVMBuildAdd(b, do_base, LLVMBuildMul(b, i64, aj_param_stride_s(kb, AJ_PSRC_do), ""), "");
+    LLVMValueRef lane_col = aj_kb_sext64(kb, LLVMBuildShl(b, e->lane, aj_kb_i32(kb, 2), ""));
     LLVMValueRef sum = aj_kb_f32(kb, 0);
     for (int u = 0; u < e->p.wdv / (4 * e->p.g); u++) {
         LLVMValueRef col = LLVMBuildAdd(b, lane_col, aj_kb_i64(kb, 4 * e->p.g * u), "");
@@ -465,8 +458,8 @@ static void emit_row_stats(ebwd *e, LLVMValueRef ic, LLVMValueRef o_base, LLVMVa
         LLVMValueRef dv = aj_global_load4(kb, aj_param(kb, AJ_PID(do)),
                                           LLVMBuildAdd(b, drow, col, ""), e->p.dtype);
         for (int x = 0; x < 4; x++)
-            sum = aj_kb_fma(kb, LLVMBuildExtractElement(b, ov, i32c(e, x), ""),
-                            LLVMBuildExtractElement(b, dv, i32c(e, x), ""), sum);
+            sum = aj_kb_fma(kb, LLVMBuildExtractElement(b, ov, aj_kb_i32(kb, x), ""),
+                            LLVMBuildExtractElement(b, dv, aj_kb_i32(kb, x), ""), sum);
         if (owned)
             sum = LLVMBuildSelect(b, owned, sum, before, "");
     }
@@ -485,9 +478,9 @@ static void emit_store_row(ebwd *e, aj_param_source t, LLVMValueRef base, LLVMVa
     aj_kb *kb = e->kb;
     LLVMBuilderRef b = e->b;
     aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntSLT, row, limit, ""));
-    LLVMValueRef rowoff = LLVMBuildAdd(b, base, LLVMBuildMul(b, sext64(e, row), stride_s(e, t),
-                                                             ""), "");
-    LLVMValueRef lane_col = sext64(e, LLVMBuildShl(b, e->lane, i32c(e, 2), ""));
+    LLVMValueRef rowoff = LLVMBuildAdd(
+        b, base, LLVMBuildMul(b, aj_kb_sext64(kb, row), aj_param_stride_s(kb, t), ""), "");
+    LLVMValueRef lane_col = aj_kb_sext64(kb, LLVMBuildShl(b, e->lane, aj_kb_i32(kb, 2), ""));
     for (int u = 0; u < (width + 4 * e->p.g - 1) / (4 * e->p.g); u++) {
         LLVMValueRef col = LLVMBuildAdd(b, lane_col, aj_kb_i64(kb, 4 * e->p.g * u), "");
         /* a last chunk past the width holds pad columns: never stored */
@@ -511,8 +504,8 @@ static void emit_store_row(ebwd *e, aj_param_source t, LLVMValueRef base, LLVMVa
 /* One float of shared memory at float index `idx` past byte offset `off`. */
 static LLVMValueRef smem_load1(ebwd *e, int32_t off, LLVMValueRef idx)
 {
-    LLVMValueRef bytes = LLVMBuildAdd(e->b, i32c(e, off), LLVMBuildShl(e->b, idx, i32c(e, 2), ""),
-                                      "");
+    LLVMValueRef bytes = LLVMBuildAdd(e->b, aj_kb_i32(e->kb, off),
+                                      LLVMBuildShl(e->b, idx, aj_kb_i32(e->kb, 2), ""), "");
     return aj_kb_load(e->kb, e->kb->t_f32, aj_kb_smem_ptr(e->kb, bytes), 4);
 }
 
@@ -532,8 +525,8 @@ static void emit_dbias_add(ebwd *e, LLVMValueRef row_off, LLVMValueRef i, LLVMVa
     LLVMValueRef in = LLVMBuildAnd(b, LLVMBuildICmp(b, LLVMIntSLT, i, e->seq_q, ""),
                                    LLVMBuildICmp(b, LLVMIntSLT, j, e->seq_k, ""), "");
     aj_kb_if_begin(kb, in);
-    LLVMValueRef at = LLVMBuildMul(b, LLVMBuildAdd(b, row_off, sext64(e, j), ""),
-                                   aj_kb_i64(kb, 4), "");
+    LLVMValueRef at =
+        LLVMBuildMul(b, LLVMBuildAdd(b, row_off, aj_kb_sext64(kb, j), ""), aj_kb_i64(kb, 4), "");
     LLVMValueRef ptr = aj_kb_gptr_offset(kb, aj_param(kb, AJ_PID(dbias)), at);
     /* the first pair's value is stored without reading what was there */
     LLVMValueRef old = aj_kb_load(kb, kb->t_f32, ptr, 4);
@@ -547,11 +540,14 @@ static void emit_dbias_add(ebwd *e, LLVMValueRef row_off, LLVMValueRef i, LLVMVa
 static LLVMValueRef tile_inside(ebwd *e, LLVMValueRef i0, LLVMValueRef j0)
 {
     LLVMBuilderRef b = e->b;
-    LLVMValueRef in = LLVMBuildICmp(b, LLVMIntSLE, LLVMBuildAdd(b, j0, i32c(e, e->p.bn), ""),
-                                    e->seq_k, "");
+    LLVMValueRef in = LLVMBuildICmp(
+        b, LLVMIntSLE, LLVMBuildAdd(b, j0, aj_kb_i32(e->kb, e->p.bn), ""), e->seq_k, "");
     if (i0)
-        in = LLVMBuildAnd(b, in, LLVMBuildICmp(b, LLVMIntSLE, LLVMBuildAdd(b, i0,
-                          i32c(e, e->p.bm), ""), e->seq_q, ""), "");
+        in = LLVMBuildAnd(b, in,
+                          LLVMBuildICmp(b, LLVMIntSLE,
+                                        LLVMBuildAdd(b, i0, aj_kb_i32(e->kb, e->p.bm), ""),
+                                        e->seq_q, ""),
+                          "");
     return in;
 }
 
@@ -578,15 +574,15 @@ static void emit_dkdv_pass(void *user, int full)
     for (int t = 0; t < e->p.bm / e->p.g; t++) {
         LLVMValueRef i = LLVMBuildAdd(b, x->m0, x->qcols[t], "");
         LLVMValueRef lse2 = smem_load1(e, x->smem_stats, x->qcols[t]);
-        LLVMValueRef delta = smem_load1(e, x->smem_stats, LLVMBuildAdd(b, x->qcols[t],
-                                                                     i32c(e, e->p.bm), ""));
+        LLVMValueRef delta =
+            smem_load1(e, x->smem_stats, LLVMBuildAdd(b, x->qcols[t], aj_kb_i32(kb, e->p.bm), ""));
         for (int k = 0; k < e->p.bn / e->p.r; k++) {
             LLVMValueRef j = LLVMBuildAdd(b, x->n0, x->keys[k], "");
             LLVMValueRef pr, ds;
             emit_p_ds(e, full, e->seq_q, x->s_acc[k][t], x->dp_acc[k][t], i, j, lse2, delta,
                       &pr, &ds);
-            LLVMValueRef idx = LLVMBuildAdd(b, LLVMBuildMul(b, x->keys[k], i32c(e, x->ldp), ""),
-                                            x->qcols[t], "");
+            LLVMValueRef idx = LLVMBuildAdd(
+                b, LLVMBuildMul(b, x->keys[k], aj_kb_i32(kb, x->ldp), ""), x->qcols[t], "");
             aj_smem_store1(kb, x->smem_p, idx, pr);
             aj_smem_store1(kb, x->smem_ds, idx, ds);
         }
@@ -615,8 +611,11 @@ static void emit_dq_pass(void *user, int full)
             LLVMValueRef pr, ds;
             emit_p_ds(e, full, NULL, x->s_acc[k][t], x->dp_acc[k][t], x->gi[k], j, x->lse2[k],
                       x->delta[k], &pr, &ds);
-            aj_smem_store1(e->kb, x->smem_ds, LLVMBuildAdd(e->b, LLVMBuildMul(e->b, x->rows[k],
-                           i32c(e, x->lds), ""), x->kcols[t], ""), ds);
+            aj_smem_store1(
+                e->kb, x->smem_ds,
+                LLVMBuildAdd(e->b, LLVMBuildMul(e->b, x->rows[k], aj_kb_i32(e->kb, x->lds), ""),
+                             x->kcols[t], ""),
+                ds);
             if (x->dbias_row)
                 emit_dbias_add(e, x->dbias_row[k], x->gi[k], j, ds, x->first);
         }
@@ -656,7 +655,7 @@ static void build_dkdv(aj_kb *kb, const aj_op *op, const ebwd_plan *plan,
             dv[k][c] = zero_var(kb, "dv");
     }
 
-    LLVMValueRef n0 = LLVMBuildMul(b, aj_kb_block_id(kb, 0), i32c(&e, p->bn), "n0");
+    LLVMValueRef n0 = LLVMBuildMul(b, aj_kb_block_id(kb, 0), aj_kb_i32(e.kb, p->bn), "n0");
     LLVMValueRef hkv = aj_kb_block_id(kb, 1);
     LLVMValueRef bidx = aj_kb_block_id(kb, 2);
     LLVMValueRef group_size =
@@ -665,27 +664,36 @@ static void build_dkdv(aj_kb *kb, const aj_op *op, const ebwd_plan *plan,
     /* this thread's keys (local) and query columns (within a step) */
     LLVMValueRef keys[MAX_ROWS], qcols[MAX_COLS];
     for (int k = 0; k < rk; k++)
-        keys[k] = LLVMBuildAdd(b, e.group, i32c(&e, p->r * k), "");
+        keys[k] = LLVMBuildAdd(b, e.group, aj_kb_i32(e.kb, p->r * k), "");
     for (int t = 0; t < cq; t++)
-        qcols[t] = LLVMBuildAdd(b, e.lane, i32c(&e, p->g * t), "");
+        qcols[t] = LLVMBuildAdd(b, e.lane, aj_kb_i32(e.kb, p->g * t), "");
 
-    aj_tile_src ksrc = {aj_param(kb, AJ_PID(k)), aj_attn_slice_base(e.kb, AJ_PSRC_k, bidx, hkv),
-                        stride_s(&e, AJ_PSRC_k), n0, e.seq_k, p->dtype};
+    aj_tile_src ksrc = {aj_param(kb, AJ_PID(k)),
+                        aj_attn_slice_base(e.kb, AJ_PSRC_k, bidx, hkv),
+                        aj_param_stride_s(e.kb, AJ_PSRC_k),
+                        n0,
+                        e.seq_k,
+                        p->dtype};
     aj_tile_load_f32(kb, &ksrc, p->bn, p->d, smem_k, ldk, e.tid, p->threads);
-    aj_tile_src vsrc = {aj_param(kb, AJ_PID(v)), aj_attn_slice_base(e.kb, AJ_PSRC_v, bidx, hkv),
-                        stride_s(&e, AJ_PSRC_v), n0, e.seq_k, p->dtype};
+    aj_tile_src vsrc = {aj_param(kb, AJ_PID(v)),
+                        aj_attn_slice_base(e.kb, AJ_PSRC_v, bidx, hkv),
+                        aj_param_stride_s(e.kb, AJ_PSRC_v),
+                        n0,
+                        e.seq_k,
+                        p->dtype};
     aj_tile_load_f32(kb, &vsrc, p->bn, p->dv, smem_v, ldv, e.tid, p->threads);
 
     /* query rows the band shows a key of this block (for every head) */
     set_head(&e, bidx, LLVMBuildMul(b, hkv, group_size, ""));
-    LLVMValueRef j_last = LLVMBuildSub(b, aj_kb_smin(kb, LLVMBuildAdd(b, n0, i32c(&e, p->bn), ""),
-                                                     e.seq_k), i32c(&e, 1), "");
+    LLVMValueRef j_last =
+        LLVMBuildSub(b, aj_kb_smin(kb, LLVMBuildAdd(b, n0, aj_kb_i32(e.kb, p->bn), ""), e.seq_k),
+                     aj_kb_i32(e.kb, 1), "");
     LLVMValueRef i_lo, i_hi;
     aj_score_row_range(&e.sc, n0, j_last, e.seq_q, &i_lo, &i_hi);
     LLVMValueRef m_begin, m_end;
     block_range(&e, i_lo, i_hi, p->bm, &m_begin, &m_end);
 
-    LLVMValueRef hq = aj_kb_for_begin(kb, i32c(&e, 0), group_size, i32c(&e, 1), "hq");
+    LLVMValueRef hq = aj_kb_for_begin(kb, aj_kb_i32(e.kb, 0), group_size, aj_kb_i32(e.kb, 1), "hq");
     LLVMValueRef h = LLVMBuildAdd(b, LLVMBuildMul(b, hkv, group_size, ""), hq, "h");
     set_head(&e, bidx, h);
     LLVMValueRef q_base = aj_attn_slice_base(e.kb, AJ_PSRC_q, bidx, h);
@@ -696,35 +704,43 @@ static void build_dkdv(aj_kb *kb, const aj_op *op, const ebwd_plan *plan,
      * block (score.h) */
     aj_score_walk walk;
     aj_score_walk_rows(&e.sc, &walk, n0, j_last, p->bm, m_begin, m_end, e.seq_q, e.seq_k);
-    LLVMValueRef at = aj_kb_for_begin(kb, walk.begin, walk.end, i32c(&e, 1), "walk");
+    LLVMValueRef at = aj_kb_for_begin(kb, walk.begin, walk.end, aj_kb_i32(e.kb, 1), "walk");
     {
         LLVMValueRef cls = NULL;
         LLVMValueRef m = aj_score_walk_tile(&e.sc, &walk, at, aj_score_has_mask(prog) ? &cls
                                                                                      : NULL);
-        LLVMValueRef m0 = LLVMBuildMul(b, m, i32c(&e, p->bm), "m0");
+        LLVMValueRef m0 = LLVMBuildMul(b, m, aj_kb_i32(e.kb, p->bm), "m0");
         if (aj_score_has_rest(prog))   /* the band bounds the walk already */
-            aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntNE, cls, i32c(&e, AJ_TILE_SKIP), ""));
+            aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntNE, cls, aj_kb_i32(e.kb, AJ_TILE_SKIP), ""));
         aj_kb_barrier(kb);   /* the previous step's readers are done */
-        aj_tile_src qsrc = {
-            aj_param(kb, AJ_PID(q)), q_base, stride_s(&e, AJ_PSRC_q), m0, e.seq_q, p->dtype};
+        aj_tile_src qsrc = {aj_param(kb, AJ_PID(q)),
+                            q_base,
+                            aj_param_stride_s(e.kb, AJ_PSRC_q),
+                            m0,
+                            e.seq_q,
+                            p->dtype};
         aj_tile_load_f32(kb, &qsrc, p->bm, p->d, smem_q, ldq, e.tid, p->threads);
-        aj_tile_src dosrc = {
-            aj_param(kb, AJ_PID(do)), do_base, stride_s(&e, AJ_PSRC_do), m0, e.seq_q, p->dtype};
+        aj_tile_src dosrc = {aj_param(kb, AJ_PID(do)),
+                             do_base,
+                             aj_param_stride_s(e.kb, AJ_PSRC_do),
+                             m0,
+                             e.seq_q,
+                             p->dtype};
         aj_tile_load_f32(kb, &dosrc, p->bm, p->dv, smem_do, ldo, e.tid, p->threads);
         /* row groups over the step's queries: LSE and Delta to shared memory */
-        LLVMValueRef last = LLVMBuildSub(b, e.seq_q, i32c(&e, 1), "");
+        LLVMValueRef last = LLVMBuildSub(b, e.seq_q, aj_kb_i32(e.kb, 1), "");
         for (int k = 0; k < (p->bm + p->r - 1) / p->r; k++) {
-            LLVMValueRef row = LLVMBuildAdd(b, e.group, i32c(&e, p->r * k), "");
-            LLVMValueRef rowc = aj_kb_smin(kb, row, i32c(&e, p->bm - 1));
+            LLVMValueRef row = LLVMBuildAdd(b, e.group, aj_kb_i32(e.kb, p->r * k), "");
+            LLVMValueRef rowc = aj_kb_smin(kb, row, aj_kb_i32(e.kb, p->bm - 1));
             LLVMValueRef ic = aj_kb_smin(kb, LLVMBuildAdd(b, m0, rowc, ""), last);
             LLVMValueRef lse2, delta;
             emit_row_stats(&e, ic, o_base, do_base, lse_base, &lse2, &delta);
-            LLVMValueRef store = LLVMBuildICmp(b, LLVMIntEQ, e.lane, i32c(&e, 0), "");
-            store = LLVMBuildAnd(b, store, LLVMBuildICmp(b, LLVMIntSLT, row, i32c(&e, p->bm), ""),
-                                 "");
+            LLVMValueRef store = LLVMBuildICmp(b, LLVMIntEQ, e.lane, aj_kb_i32(e.kb, 0), "");
+            store = LLVMBuildAnd(b, store,
+                                 LLVMBuildICmp(b, LLVMIntSLT, row, aj_kb_i32(e.kb, p->bm), ""), "");
             aj_kb_if_begin(kb, store);
             aj_smem_store1(kb, smem_stats, row, lse2);
-            aj_smem_store1(kb, smem_stats, LLVMBuildAdd(b, row, i32c(&e, p->bm), ""), delta);
+            aj_smem_store1(kb, smem_stats, LLVMBuildAdd(b, row, aj_kb_i32(e.kb, p->bm), ""), delta);
             aj_kb_if_end(kb);
         }
         aj_kb_barrier(kb);
@@ -770,10 +786,10 @@ static LLVMValueRef begin_bias_pairs(ebwd *e, LLVMValueRef *bidx, LLVMValueRef *
     LLVMBuilderRef b = e->b;
     const ebwd_plan *p = &e->p;
     LLVMValueRef bc_b =
-        LLVMBuildICmp(b, LLVMIntEQ, aj_param(kb, AJ_PID(bias_batch)), i32c(e, 1), "");
+        LLVMBuildICmp(b, LLVMIntEQ, aj_param(kb, AJ_PID(bias_batch)), aj_kb_i32(kb, 1), "");
     LLVMValueRef bc_h =
-        LLVMBuildICmp(b, LLVMIntEQ, aj_param(kb, AJ_PID(bias_heads)), i32c(e, 1), "");
-    LLVMValueRef zero = i32c(e, 0), one = i32c(e, 1);
+        LLVMBuildICmp(b, LLVMIntEQ, aj_param(kb, AJ_PID(bias_heads)), aj_kb_i32(kb, 1), "");
+    LLVMValueRef zero = aj_kb_i32(kb, 0), one = aj_kb_i32(kb, 1);
     LLVMValueRef own_b = LLVMBuildOr(b, LLVMBuildNot(b, bc_b, ""),
                                      LLVMBuildICmp(b, LLVMIntEQ, *bidx, zero, ""), "");
     LLVMValueRef own_h = LLVMBuildOr(b, LLVMBuildNot(b, bc_h, ""),
@@ -822,7 +838,7 @@ static void build_dq(aj_kb *kb, const aj_op *op, const ebwd_plan *plan,
             dq[k][c] = zero_var(kb, "dq");
     }
 
-    LLVMValueRef m0 = LLVMBuildMul(b, aj_kb_block_id(kb, 0), i32c(&e, p->bm), "m0");
+    LLVMValueRef m0 = LLVMBuildMul(b, aj_kb_block_id(kb, 0), aj_kb_i32(e.kb, p->bm), "m0");
     LLVMValueRef h = aj_kb_block_id(kb, 1);
     LLVMValueRef bidx = aj_kb_block_id(kb, 2);
     LLVMValueRef group_size =
@@ -830,9 +846,9 @@ static void build_dq(aj_kb *kb, const aj_op *op, const ebwd_plan *plan,
 
     LLVMValueRef rows[MAX_ROWS], kcols[MAX_COLS];
     for (int k = 0; k < rm; k++)
-        rows[k] = LLVMBuildAdd(b, e.group, i32c(&e, p->r * k), "");
+        rows[k] = LLVMBuildAdd(b, e.group, aj_kb_i32(e.kb, p->r * k), "");
     for (int t = 0; t < cn; t++)
-        kcols[t] = LLVMBuildAdd(b, e.lane, i32c(&e, p->g * t), "");
+        kcols[t] = LLVMBuildAdd(b, e.lane, aj_kb_i32(e.kb, p->g * t), "");
 
     /* with bias, the loop over the (b, h) pairs folded onto the CTA's dbias */
     LLVMValueRef first = has_bias ? begin_bias_pairs(&e, &bidx, &h, dq, rm) : NULL;
@@ -841,11 +857,19 @@ static void build_dq(aj_kb *kb, const aj_op *op, const ebwd_plan *plan,
     LLVMValueRef k_base = aj_attn_slice_base(e.kb, AJ_PSRC_k, bidx, hkv);
     LLVMValueRef v_base = aj_attn_slice_base(e.kb, AJ_PSRC_v, bidx, hkv);
 
-    aj_tile_src qsrc = {aj_param(kb, AJ_PID(q)), aj_attn_slice_base(e.kb, AJ_PSRC_q, bidx, h),
-                        stride_s(&e, AJ_PSRC_q), m0, e.seq_q, p->dtype};
+    aj_tile_src qsrc = {aj_param(kb, AJ_PID(q)),
+                        aj_attn_slice_base(e.kb, AJ_PSRC_q, bidx, h),
+                        aj_param_stride_s(e.kb, AJ_PSRC_q),
+                        m0,
+                        e.seq_q,
+                        p->dtype};
     aj_tile_load_f32(kb, &qsrc, p->bm, p->d, smem_q, ldq, e.tid, p->threads);
-    aj_tile_src dosrc = {aj_param(kb, AJ_PID(do)), aj_attn_slice_base(e.kb, AJ_PSRC_do, bidx, h),
-                         stride_s(&e, AJ_PSRC_do), m0, e.seq_q, p->dtype};
+    aj_tile_src dosrc = {aj_param(kb, AJ_PID(do)),
+                         aj_attn_slice_base(e.kb, AJ_PSRC_do, bidx, h),
+                         aj_param_stride_s(e.kb, AJ_PSRC_do),
+                         m0,
+                         e.seq_q,
+                         p->dtype};
     aj_tile_load_f32(kb, &dosrc, p->bm, p->dv, smem_do, ldo, e.tid, p->threads);
 
     /* per row: LSE (log2), Delta, the visible key range and (bias) the
@@ -854,7 +878,7 @@ static void build_dq(aj_kb *kb, const aj_op *op, const ebwd_plan *plan,
     LLVMValueRef do_base = aj_attn_slice_base(e.kb, AJ_PSRC_do, bidx, h);
     LLVMValueRef lse_base = aj_attn_slice_base(e.kb, AJ_PSRC_lse, bidx, h);
     LLVMValueRef dbias_base = has_bias ? aj_attn_slice_base(e.kb, AJ_PSRC_dbias, bidx, h) : NULL;
-    LLVMValueRef last = LLVMBuildSub(b, e.seq_q, i32c(&e, 1), "");
+    LLVMValueRef last = LLVMBuildSub(b, e.seq_q, aj_kb_i32(e.kb, 1), "");
     LLVMValueRef lse2[MAX_ROWS], delta[MAX_ROWS], gi[MAX_ROWS];
     LLVMValueRef dbias_row[MAX_ROWS];
     for (int k = 0; k < rm; k++) {
@@ -862,19 +886,23 @@ static void build_dq(aj_kb *kb, const aj_op *op, const ebwd_plan *plan,
         emit_row_stats(&e, aj_kb_smin(kb, gi[k], last), o_base, do_base, lse_base, &lse2[k],
                        &delta[k]);
         if (has_bias)
-            dbias_row[k] = LLVMBuildAdd(b, dbias_base, LLVMBuildMul(b, sext64(&e, gi[k]),
-                                        aj_param(kb, AJ_PID(stride_dbias_s)), ""), "");
+            dbias_row[k] = LLVMBuildAdd(b, dbias_base,
+                                        LLVMBuildMul(b, aj_kb_sext64(e.kb, gi[k]),
+                                                     aj_param(kb, AJ_PID(stride_dbias_s)), ""),
+                                        "");
     }
 
     /* key blocks holding a key visible to some row of the CTA; with bias
      * every key block, so that hidden elements get dbias = 0 */
     LLVMValueRef n_begin, n_end;
-    LLVMValueRef rows_here = aj_kb_smin(kb, i32c(&e, p->bm), LLVMBuildSub(b, e.seq_q, m0, ""));
-    LLVMValueRef i_last = LLVMBuildAdd(b, m0, LLVMBuildSub(b, rows_here, i32c(&e, 1), ""), "");
+    LLVMValueRef rows_here =
+        aj_kb_smin(kb, aj_kb_i32(e.kb, p->bm), LLVMBuildSub(b, e.seq_q, m0, ""));
+    LLVMValueRef i_last =
+        LLVMBuildAdd(b, m0, LLVMBuildSub(b, rows_here, aj_kb_i32(e.kb, 1), ""), "");
     if (has_bias) {
-        n_begin = i32c(&e, 0);
-        n_end = LLVMBuildSDiv(b, LLVMBuildAdd(b, e.seq_k, i32c(&e, p->bn - 1), ""),
-                              i32c(&e, p->bn), "");
+        n_begin = aj_kb_i32(e.kb, 0);
+        n_end = LLVMBuildSDiv(b, LLVMBuildAdd(b, e.seq_k, aj_kb_i32(e.kb, p->bn - 1), ""),
+                              aj_kb_i32(e.kb, p->bn), "");
     } else {
         LLVMValueRef j_lo_all, j_hi_all;
         aj_score_key_range(&e.sc, m0, i_last, e.seq_k, &j_lo_all, &j_hi_all);
@@ -887,21 +915,29 @@ static void build_dq(aj_kb *kb, const aj_op *op, const ebwd_plan *plan,
     aj_score_walk_keys(&e.sc, &walk, m0, i_last, p->bn, n_begin, n_end, e.seq_q, e.seq_k);
     if (has_bias)
         aj_score_walk_every(&walk);
-    LLVMValueRef at = aj_kb_for_begin(kb, walk.begin, walk.end, i32c(&e, 1), "walk");
+    LLVMValueRef at = aj_kb_for_begin(kb, walk.begin, walk.end, aj_kb_i32(e.kb, 1), "walk");
     {
         LLVMValueRef cls = NULL;
         LLVMValueRef n = aj_score_walk_tile(&e.sc, &walk, at, aj_score_has_mask(prog) ? &cls
                                                                                      : NULL);
-        LLVMValueRef n0 = LLVMBuildMul(b, n, i32c(&e, p->bn), "n0");
+        LLVMValueRef n0 = LLVMBuildMul(b, n, aj_kb_i32(e.kb, p->bn), "n0");
         int skips = aj_score_has_rest(prog) && !has_bias;
         if (skips)
-            aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntNE, cls, i32c(&e, AJ_TILE_SKIP), ""));
+            aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntNE, cls, aj_kb_i32(e.kb, AJ_TILE_SKIP), ""));
         aj_kb_barrier(kb);   /* the previous block's readers of K, V, dS are done */
-        aj_tile_src ksrc = {
-            aj_param(kb, AJ_PID(k)), k_base, stride_s(&e, AJ_PSRC_k), n0, e.seq_k, p->dtype};
+        aj_tile_src ksrc = {aj_param(kb, AJ_PID(k)),
+                            k_base,
+                            aj_param_stride_s(e.kb, AJ_PSRC_k),
+                            n0,
+                            e.seq_k,
+                            p->dtype};
         aj_tile_load_f32(kb, &ksrc, p->bn, p->d, smem_k, ldk, e.tid, p->threads);
-        aj_tile_src vsrc = {
-            aj_param(kb, AJ_PID(v)), v_base, stride_s(&e, AJ_PSRC_v), n0, e.seq_k, p->dtype};
+        aj_tile_src vsrc = {aj_param(kb, AJ_PID(v)),
+                            v_base,
+                            aj_param_stride_s(e.kb, AJ_PSRC_v),
+                            n0,
+                            e.seq_k,
+                            p->dtype};
         aj_tile_load_f32(kb, &vsrc, p->bn, p->dv, smem_v, ldv, e.tid, p->threads);
         aj_kb_barrier(kb);
         emit_dots(&e, s_acc, rm, rows, smem_q, ldq, cn, kcols, smem_k, ldk, p->d);

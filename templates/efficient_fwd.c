@@ -246,11 +246,6 @@ static aj_param_source out_tensor(const aj_op *op)
     return op->accumulate ? AJ_PSRC_o_acc : AJ_PSRC_o;
 }
 
-static LLVMValueRef sext64(efwd *e, LLVMValueRef v)
-{
-    return LLVMBuildSExt(e->b, v, e->kb->t_i64, "");
-}
-
 static LLVMValueRef row_of(efwd *e, int k)
 {
     /* local row (within the CTA) of this thread's k-th row */
@@ -343,7 +338,7 @@ static LLVMValueRef load_bias(void *user, LLVMValueRef i, LLVMValueRef j)
     const aj_op *op = e->op;
     (void)i;
     LLVMValueRef jc = aj_kb_smin(kb, j, LLVMBuildSub(b, e->seq_k, aj_kb_i32(kb, 1), ""));
-    LLVMValueRef at = LLVMBuildAdd(b, e->bias_row, sext64(e, jc), "");
+    LLVMValueRef at = LLVMBuildAdd(b, e->bias_row, aj_kb_sext64(kb, jc), "");
     LLVMTypeRef st = aj_kb_storage_type(kb, op->dtype);
     at = LLVMBuildMul(b, at, aj_kb_i64(kb, aj_dtype_size(op->dtype)), "");
     LLVMValueRef raw = aj_kb_load(kb, st, aj_kb_gptr_offset(kb, aj_param(kb, AJ_PID(bias)), at),
@@ -378,8 +373,9 @@ static void emit_softmax(efwd *e, LLVMValueRef n0, int full)
         if (e->op->bias == AJ_BIAS_ADD) {
             /* rows past Sq read the last row (in bounds; never stored) */
             LLVMValueRef ic = aj_kb_smin(kb, i, LLVMBuildSub(b, e->seq_q, aj_kb_i32(kb, 1), ""));
-            e->bias_row = LLVMBuildAdd(b, e->bias_base, LLVMBuildMul(b, sext64(e, ic),
-                                       aj_param(kb, AJ_PID(stride_bias_s)), ""), "");
+            e->bias_row = LLVMBuildAdd(
+                b, e->bias_base,
+                LLVMBuildMul(b, aj_kb_sext64(kb, ic), aj_param(kb, AJ_PID(stride_bias_s)), ""), "");
         }
         LLVMValueRef s[MAX_CN];
         LLVMValueRef mx = aj_kb_f32(kb, -INFINITY);
@@ -525,7 +521,7 @@ static void emit_epilogue(efwd *e, const efwd_out *dst)
     const aj_param_source out = dst->o;
     aj_dtype out_dtype = dst->dtype;
     LLVMValueRef o_base = dst->o_base, lse_base = dst->lse_base;
-    LLVMValueRef lane_col = sext64(e, LLVMBuildShl(b, e->lane, aj_kb_i32(kb, 2), ""));
+    LLVMValueRef lane_col = aj_kb_sext64(kb, LLVMBuildShl(b, e->lane, aj_kb_i32(kb, 2), ""));
     LLVMValueRef last_pos = LLVMBuildSub(b, e->seq_q, aj_kb_i32(kb, 1), "");
     for (int k = 0; k < p->rm; k++) {
         LLVMValueRef lsum = aj_kb_group_sum(kb, aj_kb_get(kb, e->l[k]), p->g);
@@ -540,11 +536,11 @@ static void emit_epilogue(efwd *e, const efwd_out *dst)
         LLVMValueRef lse = LLVMBuildFMul(b, l2, aj_kb_f32(kb, AJ_LN2), "");
         /* rows past the row space read the last position: in bounds,
          * never stored */
-        LLVMValueRef ic = sext64(e, aj_kb_smin(kb, e->row_pos[k], last_pos));
+        LLVMValueRef ic = aj_kb_sext64(kb, aj_kb_smin(kb, e->row_pos[k], last_pos));
         LLVMValueRef lse_row = LLVMBuildAdd(b, lse_base, ic, "");
         LLVMValueRef orow = LLVMBuildAdd(b, o_base, LLVMBuildMul(b, ic, dst->o_stride, ""), "");
         if (e->row_head[k]) {
-            LLVMValueRef hr = sext64(e, e->row_head[k]);
+            LLVMValueRef hr = aj_kb_sext64(kb, e->row_head[k]);
             lse_row = LLVMBuildAdd(b, lse_row, LLVMBuildMul(b, hr, dst->lse_head, ""), "");
             orow = LLVMBuildAdd(b, orow, LLVMBuildMul(b, hr, dst->o_head, ""), "");
         }
@@ -965,7 +961,7 @@ static void build_paged_parts(efwd *e)
     LLVMValueRef one = aj_kb_i32(kb, 1);
     LLVMValueRef group =
         LLVMBuildSDiv(b, aj_param(kb, AJ_PID(heads_q)), aj_param(kb, AJ_PID(heads_kv)), "");
-    LLVMValueRef hkv = sext64(e, LLVMBuildSDiv(b, h, group, "hkv"));
+    LLVMValueRef hkv = aj_kb_sext64(kb, LLVMBuildSDiv(b, h, group, "hkv"));
     /* GQA packing: heads h0 .. h0 + heads - 1 */
     LLVMValueRef h0 = h, heads = one, pack = NULL;
     int packable = aj_attn_paged_packable(e->prog, true);
@@ -981,8 +977,8 @@ static void build_paged_parts(efwd *e)
     e->rows = LLVMBuildMul(b, heads, e->seq_q, "rows");
     /* bottom-right: query i is position len - Sq + i; the totals, where
      * the programs read them, are the sequence's length */
-    LLVMValueRef len64 = sext64(e, e->seq_k);
-    LLVMValueRef q_origin = LLVMBuildSub(b, len64, sext64(e, e->seq_q), "");
+    LLVMValueRef len64 = aj_kb_sext64(kb, e->seq_k);
+    LLVMValueRef q_origin = LLVMBuildSub(b, len64, aj_kb_sext64(kb, e->seq_q), "");
     LLVMValueRef total = e->prog->reads_totals ? len64 : NULL;
     aj_score_begin(&e->sc, kb, e->prog, 0, bidx, h0, q_origin, aj_kb_i64(kb, 0), total, total);
     LLVMValueRef splits = aj_param(kb, AJ_PID(splits)), bn = aj_kb_i32(kb, p->bn);
@@ -1010,9 +1006,9 @@ static void build_paged_parts(efwd *e)
     LLVMValueRef row0 = LLVMBuildAdd(b, aj_attn_paged_part_row_of(kb, bidx, h0, part, p->dv,
                                                                   varlen_q, &lse_at),
                                      start_q, "");
-    LLVMValueRef ws_head = LLVMBuildMul(b, sext64(e, splits),
-                                        sext64(e, aj_param(kb, varlen_q ? AJ_PID(tokens_q)
-                                                                     : AJ_PID(seq_q))), "");
+    LLVMValueRef ws_head = LLVMBuildMul(
+        b, aj_kb_sext64(kb, splits),
+        aj_kb_sext64(kb, aj_param(kb, varlen_q ? AJ_PID(tokens_q) : AJ_PID(seq_q))), "");
     const efwd_out outs[2] = {
         {AJ_PSRC_o, AJ_PSRC_lse, p->dtype, aj_cpu_seq_base(kb, AJ_PSRC_o, bidx, h0, start_q),
          aj_param(kb, AJ_PID(stride_o_s)),
@@ -1113,7 +1109,7 @@ static void build_paged_merge(efwd *e)
         LLVMValueRef c = LLVMBuildURem(b, x, aj_kb_i32(kb, p->dv), "");
         /* partial row of part s: row0 + s Sq + i */
         LLVMValueRef s = aj_kb_for_begin(kb, aj_kb_i32(kb, 0), splits, aj_kb_i32(kb, 1), "s");
-        LLVMValueRef r = sext64(e, LLVMBuildAdd(b, LLVMBuildMul(b, s, sq, ""), i, ""));
+        LLVMValueRef r = aj_kb_sext64(kb, LLVMBuildAdd(b, LLVMBuildMul(b, s, sq, ""), i, ""));
         LLVMValueRef l2 = LLVMBuildFMul(b, aj_kb_load(kb, kb->t_f32, aj_kb_gptr_offset(kb, ws,
                                         LLVMBuildShl(b, LLVMBuildAdd(b, lse_at, LLVMBuildAdd(b,
                                         row0, r, ""), ""), aj_kb_i64(kb, 2), "")), 4),
@@ -1126,8 +1122,8 @@ static void build_paged_merge(efwd *e)
         aj_kb_set(kb, sum, zero);
         aj_kb_set(kb, acc, zero);
         s = aj_kb_for_begin(kb, aj_kb_i32(kb, 0), splits, aj_kb_i32(kb, 1), "s");
-        r = LLVMBuildAdd(b, row0, sext64(e, LLVMBuildAdd(b, LLVMBuildMul(b, s, sq, ""), i, "")),
-                         "");
+        r = LLVMBuildAdd(b, row0,
+                         aj_kb_sext64(kb, LLVMBuildAdd(b, LLVMBuildMul(b, s, sq, ""), i, "")), "");
         LLVMValueRef l2s = LLVMBuildFMul(b, aj_kb_load(kb, kb->t_f32, aj_kb_gptr_offset(kb, ws,
                                          LLVMBuildShl(b, LLVMBuildAdd(b, lse_at, r, ""),
                                                       aj_kb_i64(kb, 2), "")), 4),
@@ -1143,9 +1139,12 @@ static void build_paged_merge(efwd *e)
         LLVMValueRef total = aj_kb_get(kb, sum);
         LLVMValueRef val = LLVMBuildSelect(b, none, zero, LLVMBuildFDiv(b, aj_kb_get(kb, acc),
                                            total, ""), "");
-        LLVMValueRef oat = LLVMBuildAdd(b, LLVMBuildAdd(b, o_base, LLVMBuildMul(b, sext64(e, i),
-                                        aj_param(kb, AJ_PID(stride_o_s)), ""), ""),
-                                        LLVMBuildZExt(b, c, kb->t_i64, ""), "");
+        LLVMValueRef oat = LLVMBuildAdd(
+            b,
+            LLVMBuildAdd(b, o_base,
+                         LLVMBuildMul(b, aj_kb_sext64(kb, i), aj_param(kb, AJ_PID(stride_o_s)), ""),
+                         ""),
+            LLVMBuildZExt(b, c, kb->t_i64, ""), "");
         int size = aj_dtype_size(p->dtype);
         aj_kb_store(kb, aj_kb_from_f32(kb, val, p->dtype),
                     aj_kb_gptr_offset(kb, aj_param(kb, AJ_PID(o)),
@@ -1155,7 +1154,7 @@ static void build_paged_merge(efwd *e)
         LLVMValueRef l2_all = LLVMBuildFAdd(b, m_use, aj_kb_log2(kb, total), "");
         LLVMValueRef lse = LLVMBuildSelect(b, none, ninf, LLVMBuildFMul(b, l2_all,
                                            aj_kb_f32(kb, AJ_LN2), ""), "");
-        LLVMValueRef lat = LLVMBuildAdd(b, lse_base, sext64(e, i), "");
+        LLVMValueRef lat = LLVMBuildAdd(b, lse_base, aj_kb_sext64(kb, i), "");
         aj_kb_store(kb, lse,
                     aj_kb_gptr_offset(kb, aj_param(kb, AJ_PID(lse)),
                                       LLVMBuildShl(b, lat, aj_kb_i64(kb, 2), "")),

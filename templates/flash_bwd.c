@@ -376,36 +376,6 @@ typedef struct fbwd {
     aj_attn_dropout drop;
 } fbwd;
 
-static LLVMValueRef i32c(fbwd *f, int64_t v)
-{
-    return aj_kb_i32(f->kb, v);
-}
-
-static LLVMValueRef sext64(fbwd *f, LLVMValueRef v)
-{
-    return LLVMBuildSExt(f->b, v, f->kb->t_i64, "");
-}
-
-static LLVMValueRef add(fbwd *f, LLVMValueRef a, LLVMValueRef b)
-{
-    return LLVMBuildAdd(f->b, a, b, "");
-}
-
-static LLVMValueRef mul(fbwd *f, LLVMValueRef a, LLVMValueRef b)
-{
-    return LLVMBuildMul(f->b, a, b, "");
-}
-
-static LLVMValueRef slt(fbwd *f, LLVMValueRef a, LLVMValueRef b)
-{
-    return LLVMBuildICmp(f->b, LLVMIntSLT, a, b, "");
-}
-
-static LLVMValueRef stride_s(fbwd *f, aj_param_source t)
-{
-    return aj_param_stride(f->kb, t, 2);
-}
-
 /* Thread layout and the batch (or sequence) of the CTA: lengths, packed
  * starts and the programs' totals that follow from them. */
 static void setup(fbwd *f, aj_kb *kb, const aj_op *op, const fbwd_plan *p,
@@ -418,10 +388,10 @@ static void setup(fbwd *f, aj_kb *kb, const aj_op *op, const fbwd_plan *p,
     f->p = *p;
     f->prog = prog;
     f->tid = aj_kb_thread_id(kb);
-    f->warp = LLVMBuildLShr(f->b, f->tid, i32c(f, 5), "warp");
-    f->lane = LLVMBuildAnd(f->b, f->tid, i32c(f, 31), "lane");
-    f->g = LLVMBuildLShr(f->b, f->lane, i32c(f, 2), "g");
-    f->t = LLVMBuildAnd(f->b, f->lane, i32c(f, 3), "t");
+    f->warp = LLVMBuildLShr(f->b, f->tid, aj_kb_i32(f->kb, 5), "warp");
+    f->lane = LLVMBuildAnd(f->b, f->tid, aj_kb_i32(f->kb, 31), "lane");
+    f->g = LLVMBuildLShr(f->b, f->lane, aj_kb_i32(f->kb, 2), "g");
+    f->t = LLVMBuildAnd(f->b, f->lane, aj_kb_i32(f->kb, 3), "t");
     f->bidx = aj_kb_block_id(kb, 2);
     if (op->layout == AJ_LAYOUT_VARLEN) {
         aj_attn_varlen_seq seq;
@@ -456,34 +426,38 @@ static void set_head(fbwd *f, LLVMValueRef h)
  * the sequence's first packed row (0 for padded tensors). */
 static LLVMValueRef row0_base(fbwd *f, aj_param_source t, LLVMValueRef h, LLVMValueRef start)
 {
-    return add(f, aj_attn_slice_base(f->kb, t, f->bidx, h), mul(f, start, stride_s(f, t)));
+    return aj_kb_add(f->kb, aj_attn_slice_base(f->kb, t, f->bidx, h),
+                     aj_kb_mul(f->kb, start, aj_param_stride_s(f->kb, t)));
 }
 
 /* Workspace float index of Delta_0 of (b, h). */
 static LLVMValueRef ws_row0(fbwd *f, LLVMValueRef h)
 {
-    LLVMValueRef r = mul(f, sext64(f, f->bidx), aj_param(f->kb, AJ_PID(stride_ws_b)));
-    r = add(f, r, mul(f, sext64(f, h), aj_param(f->kb, AJ_PID(stride_ws_h))));
-    return add(f, r, f->q_start);
+    LLVMValueRef r =
+        aj_kb_mul(f->kb, aj_kb_sext64(f->kb, f->bidx), aj_param(f->kb, AJ_PID(stride_ws_b)));
+    r = aj_kb_add(f->kb, r,
+                  aj_kb_mul(f->kb, aj_kb_sext64(f->kb, h), aj_param(f->kb, AJ_PID(stride_ws_h))));
+    return aj_kb_add(f->kb, r, f->q_start);
 }
 
 static LLVMValueRef ws_ptr(fbwd *f, LLVMValueRef float_index)
 {
     return aj_kb_gptr_offset(f->kb, aj_param(f->kb, AJ_PID(workspace)),
-                             mul(f, float_index, aj_kb_i64(f->kb, 4)));
+                             aj_kb_mul(f->kb, float_index, aj_kb_i64(f->kb, 4)));
 }
 
 /* Byte pointer of element (row, col) of a shared tile. */
 static LLVMValueRef tile_ptr(fbwd *f, smem_tile tile, LLVMValueRef row, LLVMValueRef col)
 {
-    LLVMValueRef e = add(f, mul(f, row, i32c(f, tile.ld)), col);
-    return aj_kb_smem_ptr(f->kb, add(f, tile.off, LLVMBuildShl(f->b, e, i32c(f, 1), "")));
+    LLVMValueRef e = aj_kb_add(f->kb, aj_kb_mul(f->kb, row, aj_kb_i32(f->kb, tile.ld)), col);
+    return aj_kb_smem_ptr(
+        f->kb, aj_kb_add(f->kb, tile.off, LLVMBuildShl(f->b, e, aj_kb_i32(f->kb, 1), "")));
 }
 
 static smem_tile reserve_tile(fbwd *f, int rows, int width, int copies)
 {
     int32_t off = aj_kb_smem_reserve(f->kb, copies * tile_bytes(rows, width));
-    return (smem_tile){i32c(f, off), aj_mma_tile_ld(width)};
+    return (smem_tile){aj_kb_i32(f->kb, off), aj_mma_tile_ld(width)};
 }
 
 /* The pad columns of `rows` rows (every copy) of a tile, zeroed before
@@ -496,8 +470,8 @@ static void zero_pads(fbwd *f, smem_tile tile, int rows, int width)
 /* Copy `which` (0 or 1) of a double-buffered tile. */
 static smem_tile tile_copy(fbwd *f, smem_tile tile, int rows, LLVMValueRef which)
 {
-    LLVMValueRef step = mul(f, which, i32c(f, 2 * rows * tile.ld));
-    return (smem_tile){add(f, tile.off, step), tile.ld};
+    LLVMValueRef step = aj_kb_mul(f->kb, which, aj_kb_i32(f->kb, 2 * rows * tile.ld));
+    return (smem_tile){aj_kb_add(f->kb, tile.off, step), tile.ld};
 }
 
 /*
@@ -513,20 +487,23 @@ static void load_tile(fbwd *f, aj_param_source t, LLVMValueRef base, LLVMValueRe
     LLVMBuilderRef b = f->b;
     int per_row = width / 8, chunks = rows * per_row;
     for (int x = 0; x < (chunks + f->p.threads - 1) / f->p.threads; x++) {
-        LLVMValueRef c = add(f, f->tid, i32c(f, (int64_t)x * f->p.threads));
+        LLVMValueRef c = aj_kb_add(kb, f->tid, aj_kb_i32(kb, (int64_t)x * f->p.threads));
         int guard = (x + 1) * f->p.threads > chunks;
         if (guard)
-            aj_kb_if_begin(kb, slt(f, c, i32c(f, chunks)));
-        LLVMValueRef row = LLVMBuildUDiv(b, c, i32c(f, per_row), "");
-        LLVMValueRef col = mul(f, LLVMBuildURem(b, c, i32c(f, per_row), ""), i32c(f, 8));
-        LLVMValueRef grow = add(f, row0, row);
-        LLVMValueRef valid = slt(f, grow, limit);
-        LLVMValueRef srow = LLVMBuildSelect(b, valid, grow, i32c(f, 0), "");
-        LLVMValueRef elem = add(f, add(f, base, mul(f, sext64(f, srow), stride_s(f, t))),
-                                sext64(f, col));
+            aj_kb_if_begin(kb, aj_kb_slt(kb, c, aj_kb_i32(kb, chunks)));
+        LLVMValueRef row = LLVMBuildUDiv(b, c, aj_kb_i32(kb, per_row), "");
+        LLVMValueRef col =
+            aj_kb_mul(kb, LLVMBuildURem(b, c, aj_kb_i32(kb, per_row), ""), aj_kb_i32(kb, 8));
+        LLVMValueRef grow = aj_kb_add(kb, row0, row);
+        LLVMValueRef valid = aj_kb_slt(kb, grow, limit);
+        LLVMValueRef srow = LLVMBuildSelect(b, valid, grow, aj_kb_i32(kb, 0), "");
+        LLVMValueRef elem = aj_kb_add(
+            f->kb,
+            aj_kb_add(kb, base, aj_kb_mul(kb, aj_kb_sext64(kb, srow), aj_param_stride_s(kb, t))),
+            aj_kb_sext64(kb, col));
         LLVMValueRef src =
-            aj_kb_gptr_offset(kb, aj_param_data(kb, t), mul(f, elem, aj_kb_i64(kb, 2)));
-        LLVMValueRef bytes = LLVMBuildSelect(b, valid, i32c(f, 16), i32c(f, 0), "");
+            aj_kb_gptr_offset(kb, aj_param_data(kb, t), aj_kb_mul(kb, elem, aj_kb_i64(kb, 2)));
+        LLVMValueRef bytes = LLVMBuildSelect(b, valid, aj_kb_i32(kb, 16), aj_kb_i32(kb, 0), "");
         aj_kb_cp_async_16(kb, tile_ptr(f, tile, row, col), src, bytes);
         if (guard)
             aj_kb_if_end(kb);
@@ -545,8 +522,10 @@ typedef struct warp_acc {
 /* ceil(c T / wn), in columns: the first column of warp column c's share. */
 static LLVMValueRef share_start(fbwd *f, const warp_grid *g, LLVMValueRef c)
 {
-    LLVMValueRef t = add(f, mul(f, c, i32c(f, g->n / 8)), i32c(f, g->wn - 1));
-    return mul(f, LLVMBuildUDiv(f->b, t, i32c(f, g->wn), ""), i32c(f, 8));
+    LLVMValueRef t = aj_kb_add(f->kb, aj_kb_mul(f->kb, c, aj_kb_i32(f->kb, g->n / 8)),
+                               aj_kb_i32(f->kb, g->wn - 1));
+    return aj_kb_mul(f->kb, LLVMBuildUDiv(f->b, t, aj_kb_i32(f->kb, g->wn), ""),
+                     aj_kb_i32(f->kb, 8));
 }
 
 /* The first row and column of this warp's part of an M x N product, and
@@ -554,12 +533,12 @@ static LLVMValueRef share_start(fbwd *f, const warp_grid *g, LLVMValueRef c)
 static void warp_origin(fbwd *f, warp_acc *acc)
 {
     const warp_grid *g = &acc->g;
-    LLVMValueRef wr = LLVMBuildURem(f->b, f->warp, i32c(f, g->wm), "");
-    LLVMValueRef wc = LLVMBuildUDiv(f->b, f->warp, i32c(f, g->wm), "");
-    acc->row0 = mul(f, wr, i32c(f, 16 * g->mt));
+    LLVMValueRef wr = LLVMBuildURem(f->b, f->warp, aj_kb_i32(f->kb, g->wm), "");
+    LLVMValueRef wc = LLVMBuildUDiv(f->b, f->warp, aj_kb_i32(f->kb, g->wm), "");
+    acc->row0 = aj_kb_mul(f->kb, wr, aj_kb_i32(f->kb, 16 * g->mt));
     acc->col_own = share_start(f, g, wc);
-    LLVMValueRef end = share_start(f, g, add(f, wc, i32c(f, 1)));
-    acc->col0 = LLVMBuildSub(f->b, end, i32c(f, 8 * g->nt), "");
+    LLVMValueRef end = share_start(f, g, aj_kb_add(f->kb, wc, aj_kb_i32(f->kb, 1)));
+    acc->col0 = LLVMBuildSub(f->b, end, aj_kb_i32(f->kb, 8 * g->nt), "");
 }
 
 static void acc_init(fbwd *f, warp_acc *acc, int m, int n, const char *name)
@@ -586,13 +565,15 @@ static void acc_zero(fbwd *f, warp_acc *acc)
  */
 static LLVMValueRef acc_row(fbwd *f, const warp_acc *acc, int a, int r)
 {
-    return add(f, add(f, acc->row0, f->g), i32c(f, 16 * a + 8 * (r >> 1)));
+    return aj_kb_add(f->kb, aj_kb_add(f->kb, acc->row0, f->g),
+                     aj_kb_i32(f->kb, 16 * a + 8 * (r >> 1)));
 }
 
 static LLVMValueRef acc_col(fbwd *f, const warp_acc *acc, int c, int r)
 {
-    return add(f, add(f, acc->col0, LLVMBuildShl(f->b, f->t, i32c(f, 1), "")),
-               i32c(f, 8 * c + (r & 1)));
+    return aj_kb_add(f->kb,
+                     aj_kb_add(f->kb, acc->col0, LLVMBuildShl(f->b, f->t, aj_kb_i32(f->kb, 1), "")),
+                     aj_kb_i32(f->kb, 8 * c + (r & 1)));
 }
 
 /* An mma operand in shared memory.  kmajor = 0: A[m][k] is tile(m, k),
@@ -619,38 +600,39 @@ static void warp_mma(fbwd *f, warp_acc *acc, int kdim, const operand *A, const o
     aj_kb *kb = f->kb;
     LLVMBuilderRef b = f->b;
     const warp_grid *g = &acc->g;
-    LLVMValueRef lr = LLVMBuildAnd(b, f->lane, i32c(f, 7), "");
-    LLVMValueRef l8 = LLVMBuildAnd(b, LLVMBuildLShr(b, f->lane, i32c(f, 3), ""), i32c(f, 1), "");
-    LLVMValueRef l16 = LLVMBuildLShr(b, f->lane, i32c(f, 4), "");
-    LLVMValueRef e8 = LLVMBuildShl(b, l8, i32c(f, 3), ""),
-                 e16 = LLVMBuildShl(b, l16, i32c(f, 3), "");
-    LLVMValueRef ks = aj_kb_for_begin(kb, i32c(f, 0), i32c(f, aj_mma_k_width(kdim) / 16),
-                                      i32c(f, 1), "ks");
-    LLVMValueRef k0 = LLVMBuildShl(b, ks, i32c(f, 4), "k0");
+    LLVMValueRef lr = LLVMBuildAnd(b, f->lane, aj_kb_i32(kb, 7), "");
+    LLVMValueRef l8 =
+        LLVMBuildAnd(b, LLVMBuildLShr(b, f->lane, aj_kb_i32(kb, 3), ""), aj_kb_i32(kb, 1), "");
+    LLVMValueRef l16 = LLVMBuildLShr(b, f->lane, aj_kb_i32(kb, 4), "");
+    LLVMValueRef e8 = LLVMBuildShl(b, l8, aj_kb_i32(kb, 3), ""),
+                 e16 = LLVMBuildShl(b, l16, aj_kb_i32(kb, 3), "");
+    LLVMValueRef ks = aj_kb_for_begin(
+        kb, aj_kb_i32(kb, 0), aj_kb_i32(kb, aj_mma_k_width(kdim) / 16), aj_kb_i32(kb, 1), "ks");
+    LLVMValueRef k0 = LLVMBuildShl(b, ks, aj_kb_i32(kb, 4), "k0");
     LLVMValueRef af[MAX_MT][4], bf[MAX_NT][2];
     for (int a = 0; a < g->mt; a++) {
-        LLVMValueRef m0 = add(f, add(f, A->origin, acc->row0), i32c(f, 16 * a));
+        LLVMValueRef m0 = aj_kb_add(kb, aj_kb_add(kb, A->origin, acc->row0), aj_kb_i32(kb, 16 * a));
         LLVMValueRef row, col;
         if (!A->kmajor) {
-            row = add(f, add(f, m0, lr), e8);
-            col = add(f, k0, e16);
+            row = aj_kb_add(kb, aj_kb_add(kb, m0, lr), e8);
+            col = aj_kb_add(kb, k0, e16);
         } else {
-            row = add(f, add(f, k0, e16), lr);
-            col = add(f, m0, e8);
+            row = aj_kb_add(kb, aj_kb_add(kb, k0, e16), lr);
+            col = aj_kb_add(kb, m0, e8);
         }
         aj_kb_ldmatrix(kb, 4, A->kmajor, tile_ptr(f, A->tile, row, col), af[a]);
     }
     for (int c = 0; c < g->nt; c += 2) {
-        LLVMValueRef n0 = add(f, add(f, B->origin, acc->col0), i32c(f, 8 * c));
+        LLVMValueRef n0 = aj_kb_add(kb, aj_kb_add(kb, B->origin, acc->col0), aj_kb_i32(kb, 8 * c));
         int pair = c + 1 < g->nt;
-        LLVMValueRef nsel = pair ? e16 : i32c(f, 0);
+        LLVMValueRef nsel = pair ? e16 : aj_kb_i32(kb, 0);
         LLVMValueRef row, col, out[4];
         if (!B->kmajor) {
-            row = add(f, add(f, n0, nsel), lr);
-            col = add(f, k0, e8);
+            row = aj_kb_add(kb, aj_kb_add(kb, n0, nsel), lr);
+            col = aj_kb_add(kb, k0, e8);
         } else {
-            row = add(f, add(f, k0, e8), lr);
-            col = add(f, n0, nsel);
+            row = aj_kb_add(kb, aj_kb_add(kb, k0, e8), lr);
+            col = aj_kb_add(kb, n0, nsel);
         }
         aj_kb_ldmatrix(kb, pair ? 4 : 2, B->kmajor, tile_ptr(f, B->tile, row, col), out);
         bf[c][0] = out[0];
@@ -678,7 +660,7 @@ static LLVMValueRef pack2(fbwd *f, LLVMValueRef lo, LLVMValueRef hi)
     LLVMBuilderRef b = f->b;
     LLVMValueRef l = LLVMBuildZExt(b, aj_kb_from_f32(f->kb, lo, f->p.dtype), f->kb->t_i32, "");
     LLVMValueRef h = LLVMBuildZExt(b, aj_kb_from_f32(f->kb, hi, f->p.dtype), f->kb->t_i32, "");
-    return LLVMBuildOr(b, l, LLVMBuildShl(b, h, i32c(f, 16), ""), "");
+    return LLVMBuildOr(b, l, LLVMBuildShl(b, h, aj_kb_i32(f->kb, 16), ""), "");
 }
 
 /* Whether the warp's column tile c is one of its share (NULL: every
@@ -700,9 +682,10 @@ static void store_acc(fbwd *f, const warp_acc *acc, aj_param_source t, LLVMValue
     aj_kb *kb = f->kb;
     for (int a = 0; a < acc->g.mt; a++)
         for (int half = 0; half < 2; half++) {
-            LLVMValueRef row = add(f, row0, acc_row(f, acc, a, 2 * half));
-            aj_kb_if_begin(kb, slt(f, row, limit));
-            LLVMValueRef rbase = add(f, base, mul(f, sext64(f, row), stride_s(f, t)));
+            LLVMValueRef row = aj_kb_add(kb, row0, acc_row(f, acc, a, 2 * half));
+            aj_kb_if_begin(kb, aj_kb_slt(kb, row, limit));
+            LLVMValueRef rbase =
+                aj_kb_add(kb, base, aj_kb_mul(kb, aj_kb_sext64(kb, row), aj_param_stride_s(kb, t)));
             for (int c = 0; c < acc->g.nt; c++) {
                 LLVMValueRef inside = acc_tile_inside(f, acc, c);
                 if (inside)
@@ -713,10 +696,11 @@ static void store_acc(fbwd *f, const warp_acc *acc, aj_param_source t, LLVMValue
                     if (mult != 1.0)
                         v[x] = LLVMBuildFMul(f->b, v[x], aj_kb_f32(kb, mult), "");
                 }
-                LLVMValueRef elem = add(f, rbase, sext64(f, acc_col(f, acc, c, 0)));
-                aj_kb_store(
-                    kb, pack2(f, v[0], v[1]),
-                    aj_kb_gptr_offset(kb, aj_param_data(kb, t), mul(f, elem, aj_kb_i64(kb, 2))), 4);
+                LLVMValueRef elem = aj_kb_add(kb, rbase, aj_kb_sext64(kb, acc_col(f, acc, c, 0)));
+                aj_kb_store(kb, pack2(f, v[0], v[1]),
+                            aj_kb_gptr_offset(kb, aj_param_data(kb, t),
+                                              aj_kb_mul(kb, elem, aj_kb_i64(kb, 2))),
+                            4);
                 if (inside)
                     aj_kb_if_end(kb);
             }
@@ -734,24 +718,27 @@ static void load_stats(fbwd *f, LLVMValueRef h, LLVMValueRef m0, int rows, int32
     LLVMBuilderRef b = f->b;
     LLVMValueRef zero = aj_kb_f32(kb, 0);
     for (int x = 0; x < (rows + f->p.threads - 1) / f->p.threads; x++) {
-        LLVMValueRef r = add(f, f->tid, i32c(f, (int64_t)x * f->p.threads));
+        LLVMValueRef r = aj_kb_add(kb, f->tid, aj_kb_i32(kb, (int64_t)x * f->p.threads));
         int guard = (x + 1) * f->p.threads > rows;
         if (guard)
-            aj_kb_if_begin(kb, slt(f, r, i32c(f, rows)));
-        LLVMValueRef i = add(f, m0, r);
-        LLVMValueRef valid = slt(f, i, f->seq_q);
-        LLVMValueRef ic = sext64(f, aj_kb_smin(kb, i, LLVMBuildSub(b, f->seq_q, i32c(f, 1), "")));
-        LLVMValueRef lse_at = add(f, add(f, aj_attn_slice_base(kb, AJ_PSRC_lse, f->bidx, h),
-                                         f->q_start), ic);
-        LLVMValueRef lse = aj_kb_load(
-            kb, kb->t_f32,
-            aj_kb_gptr_offset(kb, aj_param(kb, AJ_PID(lse)), mul(f, lse_at, aj_kb_i64(kb, 4))),
-            4);
-        LLVMValueRef delta = aj_kb_load(kb, kb->t_f32, ws_ptr(f, add(f, ws_row0(f, h), ic)), 4);
+            aj_kb_if_begin(kb, aj_kb_slt(kb, r, aj_kb_i32(kb, rows)));
+        LLVMValueRef i = aj_kb_add(kb, m0, r);
+        LLVMValueRef valid = aj_kb_slt(kb, i, f->seq_q);
+        LLVMValueRef ic =
+            aj_kb_sext64(f->kb, aj_kb_smin(kb, i, LLVMBuildSub(b, f->seq_q, aj_kb_i32(kb, 1), "")));
+        LLVMValueRef lse_at = aj_kb_add(
+            f->kb, aj_kb_add(kb, aj_attn_slice_base(kb, AJ_PSRC_lse, f->bidx, h), f->q_start), ic);
+        LLVMValueRef lse = aj_kb_load(kb, kb->t_f32,
+                                      aj_kb_gptr_offset(kb, aj_param(kb, AJ_PID(lse)),
+                                                        aj_kb_mul(kb, lse_at, aj_kb_i64(kb, 4))),
+                                      4);
+        LLVMValueRef delta =
+            aj_kb_load(kb, kb->t_f32, ws_ptr(f, aj_kb_add(kb, ws_row0(f, h), ic)), 4);
         LLVMValueRef lse2 = LLVMBuildFMul(b, lse, aj_kb_f32(kb, AJ_LOG2E), "");
-        LLVMValueRef at = add(f, i32c(f, stats), LLVMBuildShl(b, r, i32c(f, 2), ""));
+        LLVMValueRef at =
+            aj_kb_add(kb, aj_kb_i32(kb, stats), LLVMBuildShl(b, r, aj_kb_i32(kb, 2), ""));
         aj_kb_store(kb, LLVMBuildSelect(b, valid, lse2, zero, ""), aj_kb_smem_ptr(kb, at), 4);
-        at = add(f, at, i32c(f, 4 * rows));
+        at = aj_kb_add(kb, at, aj_kb_i32(kb, 4 * rows));
         aj_kb_store(kb, LLVMBuildSelect(b, valid, delta, zero, ""), aj_kb_smem_ptr(kb, at), 4);
         if (guard)
             aj_kb_if_end(kb);
@@ -760,7 +747,8 @@ static void load_stats(fbwd *f, LLVMValueRef h, LLVMValueRef m0, int rows, int32
 
 static LLVMValueRef stat_at(fbwd *f, int32_t stats, LLVMValueRef idx)
 {
-    LLVMValueRef at = add(f, i32c(f, stats), LLVMBuildShl(f->b, idx, i32c(f, 2), ""));
+    LLVMValueRef at =
+        aj_kb_add(f->kb, aj_kb_i32(f->kb, stats), LLVMBuildShl(f->b, idx, aj_kb_i32(f->kb, 2), ""));
     return aj_kb_load(f->kb, f->kb->t_f32, aj_kb_smem_ptr(f->kb, at), 4);
 }
 
@@ -799,15 +787,15 @@ static void emit_p_ds_tiles(void *user, int full)
             for (int r = 0; r < 4; r++) {
                 LLVMValueRef pr = acc_row(f, s, a, r), pc = acc_col(f, s, c, r);
                 LLVMValueRef il = rows_are_keys ? pc : pr, jl = rows_are_keys ? pr : pc;
-                LLVMValueRef i = add(f, m0, il), j = add(f, n0, jl);
+                LLVMValueRef i = aj_kb_add(kb, m0, il), j = aj_kb_add(kb, n0, jl);
                 LLVMValueRef vis = aj_score_visible_in_tile(&f->sc, full, f->seq_q, f->seq_k, i, j);
                 LLVMValueRef keep = f->op->dropout > 0
                                         ? aj_attn_dropout_keep(kb, &f->drop, f->op->dropout, i, j)
                                         : NULL;
                 aj_score_p_ds(&f->sc, aj_kb_get(kb, s->v[a][c][r]), aj_kb_get(kb, dp->v[a][c][r]),
                               i, j, stat_at(f, stats, il),
-                              stat_at(f, stats, add(f, il, i32c(f, bm))), vis, NULL, keep,
-                              &pv[r], &dv[r]);
+                              stat_at(f, stats, aj_kb_add(kb, il, aj_kb_i32(kb, bm))), vis, NULL,
+                              keep, &pv[r], &dv[r]);
             }
             for (int half = 0; half < 2; half++) {
                 LLVMValueRef row = acc_row(f, s, a, 2 * half), col = acc_col(f, s, c, 0);
@@ -826,10 +814,13 @@ static void block_range(fbwd *f, LLVMValueRef lo, LLVMValueRef hi, int per,
                         LLVMValueRef *begin, LLVMValueRef *end)
 {
     LLVMBuilderRef b = f->b;
-    LLVMValueRef empty = slt(f, hi, lo);
-    *begin = LLVMBuildSelect(b, empty, i32c(f, 0), LLVMBuildSDiv(b, lo, i32c(f, per), ""), "");
-    *end = LLVMBuildSelect(b, empty, i32c(f, 0),
-                           LLVMBuildSDiv(b, add(f, hi, i32c(f, per)), i32c(f, per), ""), "");
+    LLVMValueRef empty = aj_kb_slt(f->kb, hi, lo);
+    *begin = LLVMBuildSelect(b, empty, aj_kb_i32(f->kb, 0),
+                             LLVMBuildSDiv(b, lo, aj_kb_i32(f->kb, per), ""), "");
+    *end = LLVMBuildSelect(
+        b, empty, aj_kb_i32(f->kb, 0),
+        LLVMBuildSDiv(b, aj_kb_add(f->kb, hi, aj_kb_i32(f->kb, per)), aj_kb_i32(f->kb, per), ""),
+        "");
 }
 
 /*
@@ -846,14 +837,14 @@ static LLVMValueRef issue_begin(fbwd *f, const aj_score_walk *w, LLVMValueRef in
 {
     aj_kb *kb = f->kb;
     if (cls)
-        aj_kb_set(kb, cls, i32c(f, AJ_TILE_SKIP));
+        aj_kb_set(kb, cls, aj_kb_i32(kb, AJ_TILE_SKIP));
     aj_kb_if_begin(kb, in);
     if (!cls)
         return at;
     LLVMValueRef c, t = aj_score_walk_tile(&f->sc, w, at, &c);
     aj_kb_set(kb, cls, c);
     aj_kb_set(kb, tile, t);
-    aj_kb_if_begin(kb, LLVMBuildICmp(f->b, LLVMIntNE, c, i32c(f, AJ_TILE_SKIP), ""));
+    aj_kb_if_begin(kb, LLVMBuildICmp(f->b, LLVMIntNE, c, aj_kb_i32(kb, AJ_TILE_SKIP), ""));
     return t;
 }
 
@@ -869,8 +860,8 @@ static void issue_end(fbwd *f, LLVMValueRef cls)
 static void step_begin(fbwd *f, LLVMValueRef cls_value)
 {
     if (cls_value)
-        aj_kb_if_begin(f->kb, LLVMBuildICmp(f->b, LLVMIntNE, cls_value,
-                                            i32c(f, AJ_TILE_SKIP), ""));
+        aj_kb_if_begin(
+            f->kb, LLVMBuildICmp(f->b, LLVMIntNE, cls_value, aj_kb_i32(f->kb, AJ_TILE_SKIP), ""));
 }
 
 static void step_end(fbwd *f, LLVMValueRef cls_value)
@@ -882,10 +873,13 @@ static void step_end(fbwd *f, LLVMValueRef cls_value)
 /* Whether the tile at (m0, n0) lies inside both lengths. */
 static LLVMValueRef tile_inside(fbwd *f, LLVMValueRef m0, LLVMValueRef n0)
 {
-    return LLVMBuildAnd(f->b, LLVMBuildICmp(f->b, LLVMIntSLE, add(f, m0, i32c(f, f->p.bm)),
-                                            f->seq_q, ""),
-                        LLVMBuildICmp(f->b, LLVMIntSLE, add(f, n0, i32c(f, f->p.bn)), f->seq_k,
-                                      ""), "");
+    return LLVMBuildAnd(
+        f->b,
+        LLVMBuildICmp(f->b, LLVMIntSLE, aj_kb_add(f->kb, m0, aj_kb_i32(f->kb, f->p.bm)), f->seq_q,
+                      ""),
+        LLVMBuildICmp(f->b, LLVMIntSLE, aj_kb_add(f->kb, n0, aj_kb_i32(f->kb, f->p.bn)), f->seq_k,
+                      ""),
+        "");
 }
 
 /* The class of the step's tile (walk position `at`) for its element
@@ -916,37 +910,48 @@ static void build_delta(aj_kb *kb, const aj_op *op, const fbwd_plan *plan,
     setup(&f, kb, op, &p1, prog);
     LLVMBuilderRef b = kb->b;
     LLVMValueRef h = aj_kb_block_id(kb, 1);
-    LLVMValueRef i = add(&f, mul(&f, aj_kb_block_id(kb, 0), i32c(&f, DELTA_ROWS)), f.tid);
-    aj_kb_if_begin(kb, slt(&f, i, f.seq_q));
-    LLVMValueRef orow = add(&f, row0_base(&f, AJ_PSRC_o, h, f.q_start), mul(&f, sext64(&f, i),
-                                                                     stride_s(&f, AJ_PSRC_o)));
-    LLVMValueRef drow = add(&f, row0_base(&f, AJ_PSRC_do, h, f.q_start), mul(&f, sext64(&f, i),
-                                                                      stride_s(&f, AJ_PSRC_do)));
+    LLVMValueRef i =
+        aj_kb_add(f.kb, aj_kb_mul(f.kb, aj_kb_block_id(kb, 0), aj_kb_i32(f.kb, DELTA_ROWS)), f.tid);
+    aj_kb_if_begin(kb, aj_kb_slt(f.kb, i, f.seq_q));
+    LLVMValueRef orow =
+        aj_kb_add(f.kb, row0_base(&f, AJ_PSRC_o, h, f.q_start),
+                  aj_kb_mul(f.kb, aj_kb_sext64(f.kb, i), aj_param_stride_s(f.kb, AJ_PSRC_o)));
+    LLVMValueRef drow =
+        aj_kb_add(f.kb, row0_base(&f, AJ_PSRC_do, h, f.q_start),
+                  aj_kb_mul(f.kb, aj_kb_sext64(f.kb, i), aj_param_stride_s(f.kb, AJ_PSRC_do)));
     LLVMValueRef sum = aj_kb_var(kb, kb->t_f32, aj_kb_f32(kb, 0), "sum");
     LLVMValueRef x = aj_kb_for_begin(kb, aj_kb_i64(kb, 0), aj_kb_i64(kb, plan->dv / 4),
                                      aj_kb_i64(kb, 1), "x");
     LLVMValueRef col = LLVMBuildShl(b, x, aj_kb_i64(kb, 2), "");
     LLVMTypeRef v4 = LLVMVectorType(aj_kb_storage_type(kb, plan->dtype), 4);
-    LLVMValueRef ov = aj_kb_load(kb, v4, aj_kb_gptr_offset(kb, aj_param(kb, AJ_PID(o)),
-                                 mul(&f, add(&f, orow, col), aj_kb_i64(kb, 2))), 8);
-    LLVMValueRef dv = aj_kb_load(kb, v4, aj_kb_gptr_offset(kb, aj_param(kb, AJ_PID(do)),
-                                 mul(&f, add(&f, drow, col), aj_kb_i64(kb, 2))), 8);
+    LLVMValueRef ov =
+        aj_kb_load(kb, v4,
+                   aj_kb_gptr_offset(kb, aj_param(kb, AJ_PID(o)),
+                                     aj_kb_mul(f.kb, aj_kb_add(f.kb, orow, col), aj_kb_i64(kb, 2))),
+                   8);
+    LLVMValueRef dv =
+        aj_kb_load(kb, v4,
+                   aj_kb_gptr_offset(kb, aj_param(kb, AJ_PID(do)),
+                                     aj_kb_mul(f.kb, aj_kb_add(f.kb, drow, col), aj_kb_i64(kb, 2))),
+                   8);
     LLVMValueRef s = aj_kb_get(kb, sum);
     for (int e = 0; e < 4; e++)
-        s = aj_kb_fma(kb, aj_kb_to_f32(kb, LLVMBuildExtractElement(b, ov, i32c(&f, e), ""),
-                                       plan->dtype),
-                      aj_kb_to_f32(kb, LLVMBuildExtractElement(b, dv, i32c(&f, e), ""),
-                                   plan->dtype), s);
+        s = aj_kb_fma(
+            kb,
+            aj_kb_to_f32(kb, LLVMBuildExtractElement(b, ov, aj_kb_i32(f.kb, e), ""), plan->dtype),
+            aj_kb_to_f32(kb, LLVMBuildExtractElement(b, dv, aj_kb_i32(f.kb, e), ""), plan->dtype),
+            s);
     aj_kb_set(kb, sum, s);
     aj_kb_for_end(kb);
-    LLVMValueRef r = add(&f, ws_row0(&f, h), sext64(&f, i));
+    LLVMValueRef r = aj_kb_add(f.kb, ws_row0(&f, h), aj_kb_sext64(f.kb, i));
     aj_kb_store(kb, aj_kb_get(kb, sum), ws_ptr(&f, r), 4);
     if (!plan->deterministic) {
-        LLVMValueRef base =
-            add(&f, aj_param(kb, AJ_PID(ws_dq_offset)), mul(&f, r, aj_kb_i64(kb, plan->d)));
+        LLVMValueRef base = aj_kb_add(f.kb, aj_param(kb, AJ_PID(ws_dq_offset)),
+                                      aj_kb_mul(f.kb, r, aj_kb_i64(kb, plan->d)));
         LLVMTypeRef f4 = LLVMVectorType(kb->t_f32, 4);
         for (int c = 0; c < plan->d; c += 4)
-            aj_kb_store(kb, LLVMConstNull(f4), ws_ptr(&f, add(&f, base, aj_kb_i64(kb, c))), 16);
+            aj_kb_store(kb, LLVMConstNull(f4), ws_ptr(&f, aj_kb_add(f.kb, base, aj_kb_i64(kb, c))),
+                        16);
     }
     aj_kb_if_end(kb);
     const aj_kernel_layout layout = {
@@ -967,18 +972,19 @@ static void accumulate_dq(fbwd *f, warp_acc *dq, LLVMValueRef m0, LLVMValueRef d
     aj_kb *kb = f->kb;
     const fbwd_plan *p = &f->p;
     acc_zero(f, dq);
-    operand dsa_t = {dst, 1, i32c(f, 0)}, kb_k = {kt, 1, i32c(f, 0)};
+    operand dsa_t = {dst, 1, aj_kb_i32(kb, 0)}, kb_k = {kt, 1, aj_kb_i32(kb, 0)};
     warp_mma(f, dq, p->bn, &dsa_t, &kb_k);
     for (int a = 0; a < dq->g.mt; a++)
         for (int r = 0; r < 4; r++) {
-            LLVMValueRef i = add(f, m0, acc_row(f, dq, a, r));
-            aj_kb_if_begin(kb, slt(f, i, f->seq_q));
-            LLVMValueRef row = add(f, dq_row0, mul(f, sext64(f, i), aj_kb_i64(kb, p->d)));
+            LLVMValueRef i = aj_kb_add(kb, m0, acc_row(f, dq, a, r));
+            aj_kb_if_begin(kb, aj_kb_slt(kb, i, f->seq_q));
+            LLVMValueRef row =
+                aj_kb_add(f->kb, dq_row0, aj_kb_mul(kb, aj_kb_sext64(kb, i), aj_kb_i64(kb, p->d)));
             for (int c = 0; c < dq->g.nt; c++) {
                 LLVMValueRef inside = acc_tile_inside(f, dq, c);
                 if (inside)
                     aj_kb_if_begin(kb, inside);
-                LLVMValueRef at = add(f, row, sext64(f, acc_col(f, dq, c, r)));
+                LLVMValueRef at = aj_kb_add(kb, row, aj_kb_sext64(kb, acc_col(f, dq, c, r)));
                 LLVMValueRef args[2] = {ws_ptr(f, at), aj_kb_get(kb, dq->v[a][c][r])};
                 aj_kb_intrinsic(kb, AJ_INTR_RED_ADD_F32, args);
                 if (inside)
@@ -1015,12 +1021,12 @@ static void build_dkdv(aj_kb *kb, const aj_op *op, const fbwd_plan *plan,
     if (!p->deterministic)
         acc_init(&f, &dq, p->bm, p->d, "dq");
 
-    LLVMValueRef n0 = mul(&f, aj_kb_block_id(kb, 0), i32c(&f, p->bn));
+    LLVMValueRef n0 = aj_kb_mul(f.kb, aj_kb_block_id(kb, 0), aj_kb_i32(f.kb, p->bn));
     LLVMValueRef hkv = aj_kb_block_id(kb, 1);
     LLVMValueRef group = LLVMBuildSDiv(b, aj_param(kb, AJ_PID(heads_q)),
                                        aj_param(kb, AJ_PID(heads_kv)), "group");
     /* varlen: the grid covers the longest sequence */
-    aj_kb_if_begin(kb, slt(&f, n0, f.seq_k));
+    aj_kb_if_begin(kb, aj_kb_slt(f.kb, n0, f.seq_k));
     LLVMValueRef k_base = row0_base(&f, AJ_PSRC_k, hkv, f.k_start);
     LLVMValueRef v_base = row0_base(&f, AJ_PSRC_v, hkv, f.k_start);
     load_tile(&f, AJ_PSRC_k, k_base, n0, f.seq_k, p->bn, p->d, kt);
@@ -1028,23 +1034,24 @@ static void build_dkdv(aj_kb *kb, const aj_op *op, const fbwd_plan *plan,
     aj_kb_cp_async_commit(kb);
 
     /* query rows the band shows a key of this block (for every head) */
-    set_head(&f, mul(&f, hkv, group));
-    LLVMValueRef j_last = LLVMBuildSub(b, aj_kb_smin(kb, add(&f, n0, i32c(&f, p->bn)), f.seq_k),
-                                       i32c(&f, 1), "");
+    set_head(&f, aj_kb_mul(f.kb, hkv, group));
+    LLVMValueRef j_last =
+        LLVMBuildSub(b, aj_kb_smin(kb, aj_kb_add(f.kb, n0, aj_kb_i32(f.kb, p->bn)), f.seq_k),
+                     aj_kb_i32(f.kb, 1), "");
     LLVMValueRef i_lo, i_hi;
     aj_score_row_range(&f.sc, n0, j_last, f.seq_q, &i_lo, &i_hi);
     LLVMValueRef m_begin, m_end;
     block_range(&f, i_lo, i_hi, p->bm, &m_begin, &m_end);
 
-    LLVMValueRef hq = aj_kb_for_begin(kb, i32c(&f, 0), group, i32c(&f, 1), "hq");
-    LLVMValueRef h = add(&f, mul(&f, hkv, group), hq);
+    LLVMValueRef hq = aj_kb_for_begin(kb, aj_kb_i32(f.kb, 0), group, aj_kb_i32(f.kb, 1), "hq");
+    LLVMValueRef h = aj_kb_add(f.kb, aj_kb_mul(f.kb, hkv, group), hq);
     set_head(&f, h);
     LLVMValueRef q_base = row0_base(&f, AJ_PSRC_q, h, f.q_start);
     LLVMValueRef do_base = row0_base(&f, AJ_PSRC_do, h, f.q_start);
     LLVMValueRef dq_row0 = NULL;
     if (!p->deterministic)
-        dq_row0 = add(&f, aj_param(kb, AJ_PID(ws_dq_offset)), mul(&f, ws_row0(&f, h),
-                                                     aj_kb_i64(kb, p->d)));
+        dq_row0 = aj_kb_add(f.kb, aj_param(kb, AJ_PID(ws_dq_offset)),
+                            aj_kb_mul(f.kb, ws_row0(&f, h), aj_kb_i64(kb, p->d)));
     /* the row blocks of the range, or the block mask's list of the key
      * block (score.h) */
     aj_score_walk walk;
@@ -1053,27 +1060,30 @@ static void build_dkdv(aj_kb *kb, const aj_op *op, const fbwd_plan *plan,
     LLVMValueRef cls = aj_score_has_rest(prog) ? aj_kb_var(kb, kb->t_i32, NULL, "cls") : NULL;
     LLVMValueRef tile = cls ? aj_kb_var(kb, kb->t_i32, NULL, "tile") : NULL;
     if (p->stages == 2) {   /* the first tile's copy; each step issues the next */
-        LLVMValueRef m0 = mul(&f, issue_begin(&f, &walk, slt(&f, walk.begin, walk.end),
-                                              walk.begin, cls, tile), i32c(&f, p->bm));
+        LLVMValueRef m0 = aj_kb_mul(
+            f.kb,
+            issue_begin(&f, &walk, aj_kb_slt(f.kb, walk.begin, walk.end), walk.begin, cls, tile),
+            aj_kb_i32(f.kb, p->bm));
         load_tile(&f, AJ_PSRC_q, q_base, m0, f.seq_q, p->bm, p->d, qt);
         load_tile(&f, AJ_PSRC_do, do_base, m0, f.seq_q, p->bm, p->dv, dot);
         issue_end(&f, cls);
         aj_kb_cp_async_commit(kb);
     }
-    LLVMValueRef pos = aj_kb_for_begin(kb, walk.begin, walk.end, i32c(&f, 1), "walk");
+    LLVMValueRef pos = aj_kb_for_begin(kb, walk.begin, walk.end, aj_kb_i32(f.kb, 1), "walk");
     {
         smem_tile q_cur = qt, do_cur = dot;
         LLVMValueRef cls_m = cls && p->stages == 2 ? aj_kb_get(kb, cls) : NULL;
         LLVMValueRef m = cls && p->stages == 2 ? aj_kb_get(kb, tile) : pos;
         if (p->stages == 2) {
-            LLVMValueRef cur = LLVMBuildAnd(b, LLVMBuildSub(b, pos, walk.begin, ""), i32c(&f, 1),
-                                            "");
-            LLVMValueRef nxt = LLVMBuildXor(b, cur, i32c(&f, 1), "");
+            LLVMValueRef cur =
+                LLVMBuildAnd(b, LLVMBuildSub(b, pos, walk.begin, ""), aj_kb_i32(f.kb, 1), "");
+            LLVMValueRef nxt = LLVMBuildXor(b, cur, aj_kb_i32(f.kb, 1), "");
             q_cur = tile_copy(&f, qt, p->bm, cur);
             do_cur = tile_copy(&f, dot, p->bm, cur);
-            LLVMValueRef an = add(&f, pos, i32c(&f, 1));
-            LLVMValueRef mn0 = mul(&f, issue_begin(&f, &walk, slt(&f, an, walk.end), an, cls,
-                                                   tile), i32c(&f, p->bm));
+            LLVMValueRef an = aj_kb_add(f.kb, pos, aj_kb_i32(f.kb, 1));
+            LLVMValueRef mn0 = aj_kb_mul(
+                f.kb, issue_begin(&f, &walk, aj_kb_slt(f.kb, an, walk.end), an, cls, tile),
+                aj_kb_i32(f.kb, p->bm));
             load_tile(&f, AJ_PSRC_q, q_base, mn0, f.seq_q, p->bm, p->d,
                       tile_copy(&f, qt, p->bm, nxt));
             load_tile(&f, AJ_PSRC_do, do_base, mn0, f.seq_q, p->bm, p->dv,
@@ -1082,8 +1092,9 @@ static void build_dkdv(aj_kb *kb, const aj_op *op, const fbwd_plan *plan,
             aj_kb_cp_async_commit(kb);
             aj_kb_cp_async_wait(kb, 1);
         } else {
-            LLVMValueRef m0 = mul(&f, issue_begin(&f, &walk, LLVMConstInt(kb->t_i1, 1, 0), pos,
-                                                  cls, tile), i32c(&f, p->bm));
+            LLVMValueRef m0 = aj_kb_mul(
+                f.kb, issue_begin(&f, &walk, LLVMConstInt(kb->t_i1, 1, 0), pos, cls, tile),
+                aj_kb_i32(f.kb, p->bm));
             load_tile(&f, AJ_PSRC_q, q_base, m0, f.seq_q, p->bm, p->d, qt);
             load_tile(&f, AJ_PSRC_do, do_base, m0, f.seq_q, p->bm, p->dv, dot);
             issue_end(&f, cls);
@@ -1091,7 +1102,7 @@ static void build_dkdv(aj_kb *kb, const aj_op *op, const fbwd_plan *plan,
             m = cls ? aj_kb_get(kb, tile) : pos;
             aj_kb_cp_async_wait_all(kb);
         }
-        LLVMValueRef m0 = mul(&f, m, i32c(&f, p->bm));
+        LLVMValueRef m0 = aj_kb_mul(f.kb, m, aj_kb_i32(f.kb, p->bm));
         step_begin(&f, cls_m);
         load_stats(&f, h, m0, p->bm, stats);
         aj_kb_barrier(kb);   /* K, V, Q, dO and the stats are in */
@@ -1099,8 +1110,8 @@ static void build_dkdv(aj_kb *kb, const aj_op *op, const fbwd_plan *plan,
         /* S^T = K Q^T, dP^T = V dO^T: A = K (keys x d), B[d][query] = Q(query, d) */
         acc_zero(&f, &s);
         acc_zero(&f, &dp);
-        operand ka = {kt, 0, i32c(&f, 0)}, qb = {q_cur, 0, i32c(&f, 0)};
-        operand va = {vt, 0, i32c(&f, 0)}, dob = {do_cur, 0, i32c(&f, 0)};
+        operand ka = {kt, 0, aj_kb_i32(f.kb, 0)}, qb = {q_cur, 0, aj_kb_i32(f.kb, 0)};
+        operand va = {vt, 0, aj_kb_i32(f.kb, 0)}, dob = {do_cur, 0, aj_kb_i32(f.kb, 0)};
         warp_mma(&f, &s, p->d, &ka, &qb);
         warp_mma(&f, &dp, p->dv, &va, &dob);
         p_ds_pass pass = {&f, &s, &dp, 1, m0, n0, stats, &ptt, dst};
@@ -1109,8 +1120,8 @@ static void build_dkdv(aj_kb *kb, const aj_op *op, const fbwd_plan *plan,
         aj_kb_barrier(kb);   /* P^T and dS^T are complete */
 
         /* dV += P^T dO, dK += dS^T Q: B[query][d] = tile(query, d), k-major */
-        operand pa = {ptt, 0, i32c(&f, 0)}, dsa = {dst, 0, i32c(&f, 0)};
-        operand dob_k = {do_cur, 1, i32c(&f, 0)}, qb_k = {q_cur, 1, i32c(&f, 0)};
+        operand pa = {ptt, 0, aj_kb_i32(f.kb, 0)}, dsa = {dst, 0, aj_kb_i32(f.kb, 0)};
+        operand dob_k = {do_cur, 1, aj_kb_i32(f.kb, 0)}, qb_k = {q_cur, 1, aj_kb_i32(f.kb, 0)};
         warp_mma(&f, &dv, p->bm, &pa, &dob_k);
         warp_mma(&f, &dk, p->bm, &dsa, &qb_k);
         if (!p->deterministic)
@@ -1159,11 +1170,11 @@ static void build_dq(aj_kb *kb, const aj_op *op, const fbwd_plan *plan,
     acc_init(&f, &dp, p->bm, p->bn, "dp");
     acc_init(&f, &dq, p->bm, p->d, "dq");
 
-    LLVMValueRef m0 = mul(&f, aj_kb_block_id(kb, 0), i32c(&f, p->bm));
+    LLVMValueRef m0 = aj_kb_mul(f.kb, aj_kb_block_id(kb, 0), aj_kb_i32(f.kb, p->bm));
     LLVMValueRef h = aj_kb_block_id(kb, 1);
     LLVMValueRef group = LLVMBuildSDiv(b, aj_param(kb, AJ_PID(heads_q)),
                                        aj_param(kb, AJ_PID(heads_kv)), "group");
-    aj_kb_if_begin(kb, slt(&f, m0, f.seq_q));
+    aj_kb_if_begin(kb, aj_kb_slt(f.kb, m0, f.seq_q));
     set_head(&f, h);
     LLVMValueRef hkv = LLVMBuildSDiv(b, h, group, "hkv");
     LLVMValueRef k_base = row0_base(&f, AJ_PSRC_k, hkv, f.k_start);
@@ -1174,8 +1185,9 @@ static void build_dq(aj_kb *kb, const aj_op *op, const fbwd_plan *plan,
     aj_kb_cp_async_commit(kb);
     load_stats(&f, h, m0, p->bm, stats);
 
-    LLVMValueRef rows_here = aj_kb_smin(kb, i32c(&f, p->bm), LLVMBuildSub(b, f.seq_q, m0, ""));
-    LLVMValueRef i_last = add(&f, m0, LLVMBuildSub(b, rows_here, i32c(&f, 1), ""));
+    LLVMValueRef rows_here =
+        aj_kb_smin(kb, aj_kb_i32(f.kb, p->bm), LLVMBuildSub(b, f.seq_q, m0, ""));
+    LLVMValueRef i_last = aj_kb_add(f.kb, m0, LLVMBuildSub(b, rows_here, aj_kb_i32(f.kb, 1), ""));
     LLVMValueRef n_begin, n_end, j_lo, j_hi;
     aj_score_key_range(&f.sc, m0, i_last, f.seq_k, &j_lo, &j_hi);
     block_range(&f, j_lo, j_hi, p->bn, &n_begin, &n_end);
@@ -1187,27 +1199,30 @@ static void build_dq(aj_kb *kb, const aj_op *op, const fbwd_plan *plan,
     LLVMValueRef cls = aj_score_has_rest(prog) ? aj_kb_var(kb, kb->t_i32, NULL, "cls") : NULL;
     LLVMValueRef tile = cls ? aj_kb_var(kb, kb->t_i32, NULL, "tile") : NULL;
     if (p->stages == 2) {
-        LLVMValueRef n0 = mul(&f, issue_begin(&f, &walk, slt(&f, walk.begin, walk.end),
-                                              walk.begin, cls, tile), i32c(&f, p->bn));
+        LLVMValueRef n0 = aj_kb_mul(
+            f.kb,
+            issue_begin(&f, &walk, aj_kb_slt(f.kb, walk.begin, walk.end), walk.begin, cls, tile),
+            aj_kb_i32(f.kb, p->bn));
         load_tile(&f, AJ_PSRC_k, k_base, n0, f.seq_k, p->bn, p->d, kt);
         load_tile(&f, AJ_PSRC_v, v_base, n0, f.seq_k, p->bn, p->dv, vt);
         issue_end(&f, cls);
         aj_kb_cp_async_commit(kb);
     }
-    LLVMValueRef pos = aj_kb_for_begin(kb, walk.begin, walk.end, i32c(&f, 1), "walk");
+    LLVMValueRef pos = aj_kb_for_begin(kb, walk.begin, walk.end, aj_kb_i32(f.kb, 1), "walk");
     {
         smem_tile k_cur = kt, v_cur = vt;
         LLVMValueRef cls_n = cls && p->stages == 2 ? aj_kb_get(kb, cls) : NULL;
         LLVMValueRef n = cls && p->stages == 2 ? aj_kb_get(kb, tile) : pos;
         if (p->stages == 2) {
-            LLVMValueRef cur = LLVMBuildAnd(b, LLVMBuildSub(b, pos, walk.begin, ""), i32c(&f, 1),
-                                            "");
-            LLVMValueRef nxt = LLVMBuildXor(b, cur, i32c(&f, 1), "");
+            LLVMValueRef cur =
+                LLVMBuildAnd(b, LLVMBuildSub(b, pos, walk.begin, ""), aj_kb_i32(f.kb, 1), "");
+            LLVMValueRef nxt = LLVMBuildXor(b, cur, aj_kb_i32(f.kb, 1), "");
             k_cur = tile_copy(&f, kt, p->bn, cur);
             v_cur = tile_copy(&f, vt, p->bn, cur);
-            LLVMValueRef an = add(&f, pos, i32c(&f, 1));
-            LLVMValueRef nn0 = mul(&f, issue_begin(&f, &walk, slt(&f, an, walk.end), an, cls,
-                                                   tile), i32c(&f, p->bn));
+            LLVMValueRef an = aj_kb_add(f.kb, pos, aj_kb_i32(f.kb, 1));
+            LLVMValueRef nn0 = aj_kb_mul(
+                f.kb, issue_begin(&f, &walk, aj_kb_slt(f.kb, an, walk.end), an, cls, tile),
+                aj_kb_i32(f.kb, p->bn));
             load_tile(&f, AJ_PSRC_k, k_base, nn0, f.seq_k, p->bn, p->d,
                       tile_copy(&f, kt, p->bn, nxt));
             load_tile(&f, AJ_PSRC_v, v_base, nn0, f.seq_k, p->bn, p->dv,
@@ -1216,8 +1231,9 @@ static void build_dq(aj_kb *kb, const aj_op *op, const fbwd_plan *plan,
             aj_kb_cp_async_commit(kb);
             aj_kb_cp_async_wait(kb, 1);
         } else {
-            LLVMValueRef n0 = mul(&f, issue_begin(&f, &walk, LLVMConstInt(kb->t_i1, 1, 0), pos,
-                                                  cls, tile), i32c(&f, p->bn));
+            LLVMValueRef n0 = aj_kb_mul(
+                f.kb, issue_begin(&f, &walk, LLVMConstInt(kb->t_i1, 1, 0), pos, cls, tile),
+                aj_kb_i32(f.kb, p->bn));
             load_tile(&f, AJ_PSRC_k, k_base, n0, f.seq_k, p->bn, p->d, kt);
             load_tile(&f, AJ_PSRC_v, v_base, n0, f.seq_k, p->bn, p->dv, vt);
             issue_end(&f, cls);
@@ -1225,15 +1241,15 @@ static void build_dq(aj_kb *kb, const aj_op *op, const fbwd_plan *plan,
             n = cls ? aj_kb_get(kb, tile) : pos;
             aj_kb_cp_async_wait_all(kb);
         }
-        LLVMValueRef n0 = mul(&f, n, i32c(&f, p->bn));
+        LLVMValueRef n0 = aj_kb_mul(f.kb, n, aj_kb_i32(f.kb, p->bn));
         step_begin(&f, cls_n);
         aj_kb_barrier(kb);   /* Q, dO, stats (first step), K and V are in */
 
         /* S = Q K^T, dP = dO V^T: B[d][key] = K(key, d) */
         acc_zero(&f, &s);
         acc_zero(&f, &dp);
-        operand qa = {qt, 0, i32c(&f, 0)}, kbo = {k_cur, 0, i32c(&f, 0)};
-        operand doa = {dot, 0, i32c(&f, 0)}, vbo = {v_cur, 0, i32c(&f, 0)};
+        operand qa = {qt, 0, aj_kb_i32(f.kb, 0)}, kbo = {k_cur, 0, aj_kb_i32(f.kb, 0)};
+        operand doa = {dot, 0, aj_kb_i32(f.kb, 0)}, vbo = {v_cur, 0, aj_kb_i32(f.kb, 0)};
         warp_mma(&f, &s, p->d, &qa, &kbo);
         warp_mma(&f, &dp, p->dv, &doa, &vbo);
         p_ds_pass pass = {&f, &s, &dp, 0, m0, n0, stats, NULL, dst};
@@ -1242,7 +1258,7 @@ static void build_dq(aj_kb *kb, const aj_op *op, const fbwd_plan *plan,
         aj_kb_barrier(kb);   /* dS is complete */
 
         /* dQ += dS K: B[key][d] = K(key, d), k-major */
-        operand dsa = {dst, 0, i32c(&f, 0)}, kbk = {k_cur, 1, i32c(&f, 0)};
+        operand dsa = {dst, 0, aj_kb_i32(f.kb, 0)}, kbk = {k_cur, 1, aj_kb_i32(f.kb, 0)};
         warp_mma(&f, &dq, p->bn, &dsa, &kbk);
         aj_kb_barrier(kb);   /* this step's readers are done before the next copies */
         step_end(&f, cls_n);
@@ -1273,28 +1289,31 @@ static void build_dq_convert(aj_kb *kb, const aj_op *op, const fbwd_plan *plan,
     setup(&f, kb, op, &p1, prog);
     LLVMBuilderRef b = kb->b;
     LLVMValueRef h = aj_kb_block_id(kb, 1);
-    LLVMValueRef i = add(&f, mul(&f, aj_kb_block_id(kb, 0), i32c(&f, DELTA_ROWS)), f.tid);
-    aj_kb_if_begin(kb, slt(&f, i, f.seq_q));
-    LLVMValueRef src = add(&f, aj_param(kb, AJ_PID(ws_dq_offset)),
-                           mul(&f, add(&f, ws_row0(&f, h), sext64(&f, i)),
-                               aj_kb_i64(kb, plan->d)));
-    LLVMValueRef dst = add(&f, row0_base(&f, AJ_PSRC_dq, h, f.q_start),
-                           mul(&f, sext64(&f, i), stride_s(&f, AJ_PSRC_dq)));
+    LLVMValueRef i =
+        aj_kb_add(f.kb, aj_kb_mul(f.kb, aj_kb_block_id(kb, 0), aj_kb_i32(f.kb, DELTA_ROWS)), f.tid);
+    aj_kb_if_begin(kb, aj_kb_slt(f.kb, i, f.seq_q));
+    LLVMValueRef src =
+        aj_kb_add(f.kb, aj_param(kb, AJ_PID(ws_dq_offset)),
+                  aj_kb_mul(f.kb, aj_kb_add(f.kb, ws_row0(&f, h), aj_kb_sext64(f.kb, i)),
+                            aj_kb_i64(kb, plan->d)));
+    LLVMValueRef dst =
+        aj_kb_add(f.kb, row0_base(&f, AJ_PSRC_dq, h, f.q_start),
+                  aj_kb_mul(f.kb, aj_kb_sext64(f.kb, i), aj_param_stride_s(f.kb, AJ_PSRC_dq)));
     LLVMTypeRef f4 = LLVMVectorType(kb->t_f32, 4);
     LLVMValueRef x = aj_kb_for_begin(kb, aj_kb_i64(kb, 0), aj_kb_i64(kb, plan->d / 4),
                                      aj_kb_i64(kb, 1), "x");
     LLVMValueRef col = LLVMBuildShl(b, x, aj_kb_i64(kb, 2), "");
-    LLVMValueRef v = aj_kb_load(kb, f4, ws_ptr(&f, add(&f, src, col)), 16);
+    LLVMValueRef v = aj_kb_load(kb, f4, ws_ptr(&f, aj_kb_add(f.kb, src, col)), 16);
     LLVMValueRef sv[4];
     for (int e = 0; e < 4; e++)
-        sv[e] = LLVMBuildFMul(b, LLVMBuildExtractElement(b, v, i32c(&f, e), ""),
+        sv[e] = LLVMBuildFMul(b, LLVMBuildExtractElement(b, v, aj_kb_i32(f.kb, e), ""),
                               aj_kb_f32(kb, aj_op_scale(op)), "");
     LLVMValueRef lo = pack2(&f, sv[0], sv[1]), hi = pack2(&f, sv[2], sv[3]);
-    LLVMValueRef at = mul(&f, add(&f, dst, col), aj_kb_i64(kb, 2));
+    LLVMValueRef at = aj_kb_mul(f.kb, aj_kb_add(f.kb, dst, col), aj_kb_i64(kb, 2));
     aj_kb_store(kb, lo, aj_kb_gptr_offset(kb, aj_param(kb, AJ_PID(dq)), at), 4);
-    aj_kb_store(kb, hi,
-                aj_kb_gptr_offset(kb, aj_param(kb, AJ_PID(dq)), add(&f, at, aj_kb_i64(kb, 4))),
-                4);
+    aj_kb_store(
+        kb, hi,
+        aj_kb_gptr_offset(kb, aj_param(kb, AJ_PID(dq)), aj_kb_add(f.kb, at, aj_kb_i64(kb, 4))), 4);
     aj_kb_for_end(kb);
     aj_kb_if_end(kb);
     const aj_kernel_layout layout = {

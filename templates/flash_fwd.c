@@ -263,35 +263,20 @@ static int varlen(const ffwd *e)
     return e->op->layout == AJ_LAYOUT_VARLEN;
 }
 
-static LLVMValueRef i32c(ffwd *e, int64_t v)
-{
-    return aj_kb_i32(e->kb, v);
-}
-
-static LLVMValueRef sext64(ffwd *e, LLVMValueRef v)
-{
-    return LLVMBuildSExt(e->b, v, e->kb->t_i64, "");
-}
-
-static LLVMValueRef add(ffwd *e, LLVMValueRef a, LLVMValueRef b)
-{
-    return LLVMBuildAdd(e->b, a, b, "");
-}
-
 /* ptr addrspace(3) to byte `base + bytes` of shared memory.  Addresses are
  * built as one per-thread register plus a constant, so that ptxas folds
  * the constant into the instruction and no per-access address stays live
  * across the key loop. */
 static LLVMValueRef smem_at(ffwd *e, LLVMValueRef base, int64_t bytes)
 {
-    return aj_kb_smem_ptr(e->kb, add(e, base, i32c(e, bytes)));
+    return aj_kb_smem_ptr(e->kb, aj_kb_add(e->kb, base, aj_kb_i32(e->kb, bytes)));
 }
 
 /* Byte offset (i32) of element (row, col) of a tile with row pitch ld. */
 static LLVMValueRef tile_offset(ffwd *e, LLVMValueRef row, LLVMValueRef col, int ld)
 {
-    LLVMValueRef elem = add(e, LLVMBuildMul(e->b, row, i32c(e, ld), ""), col);
-    return LLVMBuildShl(e->b, elem, i32c(e, 1), "");
+    LLVMValueRef elem = aj_kb_add(e->kb, LLVMBuildMul(e->b, row, aj_kb_i32(e->kb, ld), ""), col);
+    return LLVMBuildShl(e->b, elem, aj_kb_i32(e->kb, 1), "");
 }
 
 /*
@@ -314,35 +299,38 @@ static void load_tile_async(ffwd *e, aj_param_source tensor, LLVMValueRef base, 
     int chunks = rows * per_row;
     int threads = e->p.threads;
     int fixed_col = threads % per_row == 0;
-    LLVMValueRef last = LLVMBuildSub(b, limit, i32c(e, 1), "");
-    LLVMValueRef r0 = LLVMBuildUDiv(b, e->tid, i32c(e, per_row), "");
-    LLVMValueRef col0 = LLVMBuildShl(b, LLVMBuildURem(b, e->tid, i32c(e, per_row), ""),
-                                     i32c(e, 3), "");
-    LLVMValueRef lane_dst = add(e, dst, tile_offset(e, r0, col0, ld));
+    LLVMValueRef last = LLVMBuildSub(b, limit, aj_kb_i32(kb, 1), "");
+    LLVMValueRef r0 = LLVMBuildUDiv(b, e->tid, aj_kb_i32(kb, per_row), "");
+    LLVMValueRef col0 =
+        LLVMBuildShl(b, LLVMBuildURem(b, e->tid, aj_kb_i32(kb, per_row), ""), aj_kb_i32(kb, 3), "");
+    LLVMValueRef lane_dst = aj_kb_add(kb, dst, tile_offset(e, r0, col0, ld));
     for (int it = 0; it * threads < chunks; it++) {
-        LLVMValueRef c = add(e, e->tid, i32c(e, it * threads));
+        LLVMValueRef c = aj_kb_add(kb, e->tid, aj_kb_i32(kb, it * threads));
         int partial = (it + 1) * threads > chunks;
         if (partial)
-            aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntSLT, c, i32c(e, chunks), ""));
+            aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntSLT, c, aj_kb_i32(kb, chunks), ""));
         LLVMValueRef r, col, sptr;
         if (fixed_col) {
             int dr = it * (threads / per_row);
-            r = add(e, r0, i32c(e, dr));
+            r = aj_kb_add(kb, r0, aj_kb_i32(kb, dr));
             col = col0;
             sptr = smem_at(e, lane_dst, 2 * (int64_t)dr * ld);
         } else {
-            r = LLVMBuildUDiv(b, c, i32c(e, per_row), "");
-            col = LLVMBuildShl(b, LLVMBuildURem(b, c, i32c(e, per_row), ""), i32c(e, 3), "");
-            sptr = smem_at(e, add(e, dst, tile_offset(e, r, col, ld)), 0);
+            r = LLVMBuildUDiv(b, c, aj_kb_i32(kb, per_row), "");
+            col = LLVMBuildShl(b, LLVMBuildURem(b, c, aj_kb_i32(kb, per_row), ""), aj_kb_i32(kb, 3),
+                               "");
+            sptr = smem_at(e, aj_kb_add(kb, dst, tile_offset(e, r, col, ld)), 0);
         }
-        LLVMValueRef grow = add(e, row0, r);
+        LLVMValueRef grow = aj_kb_add(kb, row0, r);
         LLVMValueRef in = LLVMBuildICmp(b, LLVMIntSLT, grow, limit, "");
         LLVMValueRef srow = aj_kb_smin(kb, grow, last);
-        LLVMValueRef at = add(e, base, add(e, LLVMBuildMul(b, sext64(e, srow), stride, ""),
-                                           sext64(e, col)));
+        LLVMValueRef at =
+            aj_kb_add(kb, base,
+                      aj_kb_add(kb, LLVMBuildMul(b, aj_kb_sext64(kb, srow), stride, ""),
+                                aj_kb_sext64(kb, col)));
         at = LLVMBuildMul(b, at, aj_kb_i64(kb, 2), "");
         LLVMValueRef src = aj_kb_gptr_offset(kb, aj_param_data(kb, tensor), at);
-        LLVMValueRef bytes = LLVMBuildSelect(b, in, i32c(e, 16), i32c(e, 0), "");
+        LLVMValueRef bytes = LLVMBuildSelect(b, in, aj_kb_i32(kb, 16), aj_kb_i32(kb, 0), "");
         aj_kb_cp_async_16(kb, sptr, src, bytes);
         if (partial)
             aj_kb_if_end(kb);
@@ -355,12 +343,13 @@ static void load_kv_tile(ffwd *e, LLVMValueRef n, LLVMValueRef at, LLVMValueRef 
 {
     const ffwd_plan *p = &e->p;
     LLVMBuilderRef b = e->b;
-    LLVMValueRef slot = LLVMBuildURem(b, LLVMBuildSub(b, at, first, ""), i32c(e, p->stages), "");
-    LLVMValueRef n0 = LLVMBuildMul(b, n, i32c(e, p->bn), "");
-    LLVMValueRef kdst = add(e, i32c(e, p->smem_k), LLVMBuildMul(b, slot,
-                            i32c(e, 2 * p->bn * p->ldk), ""));
-    LLVMValueRef vdst = add(e, i32c(e, p->smem_v), LLVMBuildMul(b, slot,
-                            i32c(e, 2 * p->bn * p->ldv), ""));
+    LLVMValueRef slot =
+        LLVMBuildURem(b, LLVMBuildSub(b, at, first, ""), aj_kb_i32(e->kb, p->stages), "");
+    LLVMValueRef n0 = LLVMBuildMul(b, n, aj_kb_i32(e->kb, p->bn), "");
+    LLVMValueRef kdst = aj_kb_add(e->kb, aj_kb_i32(e->kb, p->smem_k),
+                                  LLVMBuildMul(b, slot, aj_kb_i32(e->kb, 2 * p->bn * p->ldk), ""));
+    LLVMValueRef vdst = aj_kb_add(e->kb, aj_kb_i32(e->kb, p->smem_v),
+                                  LLVMBuildMul(b, slot, aj_kb_i32(e->kb, 2 * p->bn * p->ldv), ""));
     load_tile_async(e, AJ_PSRC_k, e->k_src, aj_param(e->kb, AJ_PID(stride_k_s)), n0, e->seq_k,
                     p->bn, p->d, kdst, p->ldk);
     load_tile_async(e, AJ_PSRC_v, e->v_src, aj_param(e->kb, AJ_PID(stride_v_s)), n0, e->seq_k,
@@ -371,8 +360,8 @@ static void load_kv_tile(ffwd *e, LLVMValueRef n, LLVMValueRef at, LLVMValueRef 
 static LLVMValueRef last_row(ffwd *e)
 {
     LLVMValueRef rows =
-        aj_kb_smin(e->kb, i32c(e, e->p.bm), LLVMBuildSub(e->b, e->seq_q, e->m0, ""));
-    return add(e, e->m0, LLVMBuildSub(e->b, rows, i32c(e, 1), ""));
+        aj_kb_smin(e->kb, aj_kb_i32(e->kb, e->p.bm), LLVMBuildSub(e->b, e->seq_q, e->m0, ""));
+    return aj_kb_add(e->kb, e->m0, LLVMBuildSub(e->b, rows, aj_kb_i32(e->kb, 1), ""));
 }
 
 /* Key-tile range [n_begin, n_end) holding a key that the band shows some
@@ -382,12 +371,12 @@ static void key_tile_range(ffwd *e, LLVMValueRef *n_begin, LLVMValueRef *n_end)
     LLVMBuilderRef b = e->b;
     LLVMValueRef j_lo, j_hi;
     aj_score_key_range(&e->sc, e->m0, last_row(e), e->seq_k, &j_lo, &j_hi);
-    LLVMValueRef bn = i32c(e, e->p.bn);
+    LLVMValueRef bn = aj_kb_i32(e->kb, e->p.bn);
     LLVMValueRef begin = LLVMBuildSDiv(b, j_lo, bn, "");
-    LLVMValueRef end = LLVMBuildSDiv(b, add(e, j_hi, bn), bn, "");
+    LLVMValueRef end = LLVMBuildSDiv(b, aj_kb_add(e->kb, j_hi, bn), bn, "");
     LLVMValueRef empty = LLVMBuildICmp(b, LLVMIntSLT, j_hi, j_lo, "");
-    *n_begin = LLVMBuildSelect(b, empty, i32c(e, 0), begin, "n_begin");
-    *n_end = LLVMBuildSelect(b, empty, i32c(e, 0), end, "n_end");
+    *n_begin = LLVMBuildSelect(b, empty, aj_kb_i32(e->kb, 0), begin, "n_begin");
+    *n_end = LLVMBuildSelect(b, empty, aj_kb_i32(e->kb, 0), end, "n_end");
 }
 
 /* Whether the copy of the tile at walk position `at` is issued:
@@ -401,7 +390,7 @@ static void issue_kv_tile(ffwd *e, const aj_score_walk *w, LLVMValueRef at, LLVM
     aj_kb *kb = e->kb;
     LLVMBuilderRef b = e->b;
     if (cls)
-        aj_kb_set(kb, cls, i32c(e, AJ_TILE_SKIP));
+        aj_kb_set(kb, cls, aj_kb_i32(kb, AJ_TILE_SKIP));
     aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntSLT, at, w->end, ""));
     LLVMValueRef n = at;
     if (cls) {
@@ -409,7 +398,7 @@ static void issue_kv_tile(ffwd *e, const aj_score_walk *w, LLVMValueRef at, LLVM
         n = aj_score_walk_tile(&e->sc, w, at, &c);
         aj_kb_set(kb, cls, c);
         aj_kb_set(kb, tile, n);
-        aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntNE, c, i32c(e, AJ_TILE_SKIP), ""));
+        aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntNE, c, aj_kb_i32(kb, AJ_TILE_SKIP), ""));
     }
     load_kv_tile(e, n, at, w->begin);
     if (cls)
@@ -432,14 +421,19 @@ static void lane_addresses(ffwd *e)
 {
     LLVMBuilderRef b = e->b;
     const ffwd_plan *p = &e->p;
-    LLVMValueRef l7 = LLVMBuildAnd(b, e->lane, i32c(e, 7), "");
-    LLVMValueRef bit3 = LLVMBuildShl(b, LLVMBuildAnd(b, LLVMBuildLShr(b, e->lane, i32c(e, 3), ""),
-                                                     i32c(e, 1), ""), i32c(e, 3), "");
-    LLVMValueRef bit4 = LLVMBuildShl(b, LLVMBuildLShr(b, e->lane, i32c(e, 4), ""), i32c(e, 3), "");
-    e->q_lane = add(e, i32c(e, p->smem_q), tile_offset(e, add(e, e->wrow, add(e, l7, bit3)), bit4,
-                                                       p->ldq));
-    e->k_lane = tile_offset(e, add(e, l7, bit4), bit3, p->ldk);
-    e->v_lane = tile_offset(e, add(e, l7, bit3), bit4, p->ldv);
+    LLVMValueRef l7 = LLVMBuildAnd(b, e->lane, aj_kb_i32(e->kb, 7), "");
+    LLVMValueRef bit3 =
+        LLVMBuildShl(b,
+                     LLVMBuildAnd(b, LLVMBuildLShr(b, e->lane, aj_kb_i32(e->kb, 3), ""),
+                                  aj_kb_i32(e->kb, 1), ""),
+                     aj_kb_i32(e->kb, 3), "");
+    LLVMValueRef bit4 = LLVMBuildShl(b, LLVMBuildLShr(b, e->lane, aj_kb_i32(e->kb, 4), ""),
+                                     aj_kb_i32(e->kb, 3), "");
+    e->q_lane = aj_kb_add(
+        e->kb, aj_kb_i32(e->kb, p->smem_q),
+        tile_offset(e, aj_kb_add(e->kb, e->wrow, aj_kb_add(e->kb, l7, bit3)), bit4, p->ldq));
+    e->k_lane = tile_offset(e, aj_kb_add(e->kb, l7, bit4), bit3, p->ldk);
+    e->v_lane = tile_offset(e, aj_kb_add(e->kb, l7, bit3), bit4, p->ldv);
 }
 
 /* S = Q K^T for the warp's m-tiles over the key tile whose K starts at
@@ -454,7 +448,7 @@ static void emit_qk(ffwd *e, LLVMValueRef kbase)
         for (int j = 0; j < nt; j++)
             for (int c = 0; c < 4; c++)
                 acc[mi][j][c] = aj_kb_f32(kb, 0);
-    LLVMValueRef kt = add(e, kbase, e->k_lane);
+    LLVMValueRef kt = aj_kb_add(kb, kbase, e->k_lane);
     for (int kk = 0; kk < aj_mma_k_width(p->d) / 16; kk++) {
         LLVMValueRef a[MAX_MT][4];
         for (int mi = 0; mi < p->mt; mi++)
@@ -479,13 +473,15 @@ static void emit_qk(ffwd *e, LLVMValueRef kbase)
 /* Row (local to the CTA) of score element c of m-tile mi: g or g + 8. */
 static LLVMValueRef elem_row(ffwd *e, int mi, int c)
 {
-    return add(e, e->wrow, add(e, e->g, i32c(e, 16 * mi + (c >= 2 ? 8 : 0))));
+    return aj_kb_add(e->kb, e->wrow,
+                     aj_kb_add(e->kb, e->g, aj_kb_i32(e->kb, 16 * mi + (c >= 2 ? 8 : 0))));
 }
 
 /* Key (local to the tile) of score element c of n8 tile j: 8j + 2t + (c & 1). */
 static LLVMValueRef elem_key(ffwd *e, int j, int c)
 {
-    return add(e, LLVMBuildShl(e->b, e->t, i32c(e, 1), ""), i32c(e, 8 * j + (c & 1)));
+    return aj_kb_add(e->kb, LLVMBuildShl(e->b, e->t, aj_kb_i32(e->kb, 1), ""),
+                     aj_kb_i32(e->kb, 8 * j + (c & 1)));
 }
 
 /* The position of a score element (aj_score_place). */
@@ -498,8 +494,8 @@ typedef struct elem_at {
 static void place_elem(void *user, LLVMValueRef *i, LLVMValueRef *j)
 {
     elem_at *x = user;
-    *j = add(x->e, x->n0, elem_key(x->e, x->j, x->c));
-    *i = add(x->e, x->e->m0, elem_row(x->e, x->mi, x->c));
+    *j = aj_kb_add(x->e->kb, x->n0, elem_key(x->e, x->j, x->c));
+    *i = aj_kb_add(x->e->kb, x->e->m0, elem_row(x->e, x->mi, x->c));
 }
 
 /* The scores in log2 units: the score pipeline's composition (score.h). */
@@ -524,7 +520,7 @@ static void emit_element_mask(ffwd *e, LLVMValueRef n0)
     LLVMBuilderRef b = e->b;
     for (int mi = 0; mi < e->p.mt; mi++)
         for (int half = 0; half < 2; half++) {
-            LLVMValueRef i = add(e, e->m0, elem_row(e, mi, 2 * half));
+            LLVMValueRef i = aj_kb_add(kb, e->m0, elem_row(e, mi, 2 * half));
             /* in tile-local keys */
             LLVMValueRef hi = LLVMBuildSub(b, aj_score_row_hi(&e->sc, e->seq_k, i), n0, "");
             LLVMValueRef lo = e->sc.lo_off ? LLVMBuildSub(b, aj_score_row_lo(&e->sc, i), n0, "")
@@ -536,8 +532,8 @@ static void emit_element_mask(ffwd *e, LLVMValueRef n0)
                     if (lo)
                         vis = LLVMBuildAnd(b, vis, LLVMBuildICmp(b, LLVMIntSGE, key, lo, ""), "");
                     if (aj_score_has_rest(e->prog))
-                        vis = LLVMBuildAnd(b, vis, aj_score_visible_rest(&e->sc, i,
-                                                                         add(e, n0, key)), "");
+                        vis = LLVMBuildAnd(
+                            b, vis, aj_score_visible_rest(&e->sc, i, aj_kb_add(kb, n0, key)), "");
                     LLVMValueRef s = aj_kb_get(kb, e->s[mi][j][c]);
                     aj_kb_set(kb, e->s[mi][j][c], LLVMBuildSelect(b, vis, s,
                               aj_kb_f32(kb, -INFINITY), ""));
@@ -552,7 +548,7 @@ static LLVMValueRef pack2(ffwd *e, LLVMValueRef lo, LLVMValueRef hi)
     LLVMBuilderRef b = e->b;
     LLVMValueRef l16 = LLVMBuildZExt(b, aj_kb_from_f32(kb, lo, e->p.dtype), kb->t_i32, "");
     LLVMValueRef h16 = LLVMBuildZExt(b, aj_kb_from_f32(kb, hi, e->p.dtype), kb->t_i32, "");
-    return LLVMBuildOr(b, l16, LLVMBuildShl(b, h16, i32c(e, 16), ""), "");
+    return LLVMBuildOr(b, l16, LLVMBuildShl(b, h16, aj_kb_i32(kb, 16), ""), "");
 }
 
 /*
@@ -587,15 +583,15 @@ static void emit_softmax_pv(ffwd *e, LLVMValueRef n0, LLVMValueRef vbase)
             LLVMValueRef sum = aj_kb_f32(kb, 0);
             LLVMValueRef i = NULL;
             if (op->dropout > 0)
-                i = add(e, e->m0, elem_row(e, mi, 2 * half));
+                i = aj_kb_add(kb, e->m0, elem_row(e, mi, 2 * half));
             for (int j = 0; j < nt; j++)
                 for (int c = 2 * half; c < 2 * half + 2; c++) {
                     LLVMValueRef pr = aj_kb_exp2(kb, LLVMBuildFSub(b, aj_kb_get(kb, e->s[mi][j][c]),
                                                                    m_use, ""));
                     sum = LLVMBuildFAdd(b, sum, pr, "");
                     if (op->dropout > 0) {
-                        LLVMValueRef keep = aj_attn_dropout_keep(kb, &e->drop, op->dropout, i,
-                                                                 add(e, n0, elem_key(e, j, c)));
+                        LLVMValueRef keep = aj_attn_dropout_keep(
+                            kb, &e->drop, op->dropout, i, aj_kb_add(kb, n0, elem_key(e, j, c)));
                         pr = aj_score_dropped(kb, op->dropout, keep, pr);
                     }
                     pf[mi][j][c] = pr;
@@ -609,7 +605,7 @@ static void emit_softmax_pv(ffwd *e, LLVMValueRef n0, LLVMValueRef vbase)
         }
 
     /* O += P V: A = P (see the diagram at the top), B = V */
-    LLVMValueRef vt = add(e, vbase, e->v_lane);
+    LLVMValueRef vt = aj_kb_add(kb, vbase, e->v_lane);
     LLVMValueRef acc[MAX_MT][MAX_VT][4];
     for (int mi = 0; mi < p->mt; mi++)
         for (int v = 0; v < p->dv / 8; v++)
@@ -657,7 +653,7 @@ static void emit_merge_weights(ffwd *e, LLVMValueRef lse_prior, LLVMValueRef l2_
 {
     aj_kb *kb = e->kb;
     LLVMBuilderRef b = e->b;
-    LLVMValueRef t0 = LLVMBuildICmp(b, LLVMIntEQ, e->t, i32c(e, 0), "");
+    LLVMValueRef t0 = LLVMBuildICmp(b, LLVMIntEQ, e->t, aj_kb_i32(kb, 0), "");
     lse_prior = aj_kb_group_sum(kb, LLVMBuildSelect(b, t0, lse_prior, aj_kb_f32(kb, 0), ""), 4);
     LLVMValueRef l2_prior = LLVMBuildFMul(b, lse_prior, aj_kb_f32(kb, AJ_LOG2E), "");
     LLVMValueRef ninf = aj_kb_f32(kb, -INFINITY);
@@ -683,13 +679,13 @@ static void emit_epilogue(ffwd *e, LLVMValueRef o_base, LLVMValueRef lse_base)
     const ffwd_plan *p = &e->p;
     int accumulate = e->op->accumulate;
     const aj_param_source out = out_tensor(e->op);
-    LLVMValueRef last_row = LLVMBuildSub(b, e->seq_q, i32c(e, 1), "");
-    LLVMValueRef col_t = sext64(e, LLVMBuildShl(b, e->t, i32c(e, 1), ""));
+    LLVMValueRef last_row = LLVMBuildSub(b, e->seq_q, aj_kb_i32(kb, 1), "");
+    LLVMValueRef col_t = aj_kb_sext64(kb, LLVMBuildShl(b, e->t, aj_kb_i32(kb, 1), ""));
     LLVMTypeRef pair = LLVMVectorType(kb->t_f32, 2);
     for (int mi = 0; mi < p->mt; mi++)
         for (int half = 0; half < 2; half++) {
             LLVMValueRef lsum = aj_kb_group_sum(kb, aj_kb_get(kb, e->l[mi][half]), 4);
-            LLVMValueRef i = add(e, e->m0, elem_row(e, mi, 2 * half));
+            LLVMValueRef i = aj_kb_add(kb, e->m0, elem_row(e, mi, 2 * half));
             /* lsum is 0 only for a row that saw no key; NaN counts as seen */
             LLVMValueRef seen = LLVMBuildFCmp(b, LLVMRealUNE, lsum, aj_kb_f32(kb, 0), "");
             LLVMValueRef inv = LLVMBuildSelect(b, seen,
@@ -701,11 +697,13 @@ static void emit_epilogue(ffwd *e, LLVMValueRef o_base, LLVMValueRef lse_base)
             LLVMValueRef lse = LLVMBuildFMul(b, l2, aj_kb_f32(kb, AJ_LN2), "");
             /* rows past Sq read the last row: in bounds, never stored */
             LLVMValueRef ic = aj_kb_smin(kb, i, last_row);
-            LLVMValueRef lse_ptr = aj_kb_gptr_offset(
-                kb, aj_param(kb, AJ_PID(lse)),
-                LLVMBuildMul(b, add(e, lse_base, sext64(e, ic)), aj_kb_i64(kb, 4), ""));
+            LLVMValueRef lse_ptr =
+                aj_kb_gptr_offset(kb, aj_param(kb, AJ_PID(lse)),
+                                  LLVMBuildMul(b, aj_kb_add(kb, lse_base, aj_kb_sext64(kb, ic)),
+                                               aj_kb_i64(kb, 4), ""));
             LLVMValueRef orow =
-                add(e, o_base, LLVMBuildMul(b, sext64(e, ic), aj_param_stride(kb, out, 2), ""));
+                aj_kb_add(e->kb, o_base,
+                          LLVMBuildMul(b, aj_kb_sext64(kb, ic), aj_param_stride(kb, out, 2), ""));
             LLVMValueRef w_prior = NULL, scale_new = inv;
             if (accumulate) {
                 LLVMValueRef w_new;
@@ -715,7 +713,7 @@ static void emit_epilogue(ffwd *e, LLVMValueRef o_base, LLVMValueRef lse_base)
             }
             aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntSLT, i, e->seq_q, ""));
             for (int v = 0; v < p->dv / 8; v++) {
-                LLVMValueRef at = add(e, orow, add(e, col_t, aj_kb_i64(kb, 8 * v)));
+                LLVMValueRef at = aj_kb_add(kb, orow, aj_kb_add(kb, col_t, aj_kb_i64(kb, 8 * v)));
                 LLVMValueRef vals[2];
                 for (int x = 0; x < 2; x++)
                     vals[x] = LLVMBuildFMul(b, aj_kb_get(kb, e->o[mi][v][2 * half + x]),
@@ -728,11 +726,12 @@ static void emit_epilogue(ffwd *e, LLVMValueRef o_base, LLVMValueRef lse_base)
                                                         aj_kb_f32(kb, 0), "");
                     LLVMValueRef vec = LLVMGetUndef(pair);
                     for (int x = 0; x < 2; x++) {
-                        LLVMValueRef op = LLVMBuildFMul(b, LLVMBuildExtractElement(b, prior,
-                                                        i32c(e, x), ""), w_prior, "");
+                        LLVMValueRef op = LLVMBuildFMul(
+                            b, LLVMBuildExtractElement(b, prior, aj_kb_i32(kb, x), ""), w_prior,
+                            "");
                         op = LLVMBuildSelect(b, zero_w, aj_kb_f32(kb, 0), op, "");
                         vec = LLVMBuildInsertElement(b, vec, LLVMBuildFAdd(b, vals[x], op, ""),
-                                                     i32c(e, x), "");
+                                                     aj_kb_i32(kb, x), "");
                     }
                     aj_kb_store(kb, vec, ptr, 8);
                 } else {
@@ -741,7 +740,7 @@ static void emit_epilogue(ffwd *e, LLVMValueRef o_base, LLVMValueRef lse_base)
                     aj_kb_store(kb, pack2(e, vals[0], vals[1]), ptr, 4);
                 }
             }
-            aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntEQ, e->t, i32c(e, 0), ""));
+            aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntEQ, e->t, aj_kb_i32(kb, 0), ""));
             aj_kb_store(kb, lse, lse_ptr, 4);
             aj_kb_if_end(kb);
             aj_kb_if_end(kb);
@@ -779,11 +778,11 @@ static void thread_coords(ffwd *e)
     LLVMBuilderRef b = e->b;
     const ffwd_plan *p = &e->p;
     e->tid = aj_kb_thread_id(kb);
-    e->lane = LLVMBuildAnd(b, e->tid, i32c(e, 31), "lane");
-    e->g = LLVMBuildLShr(b, e->lane, i32c(e, 2), "g");
-    e->t = LLVMBuildAnd(b, e->lane, i32c(e, 3), "t");
-    e->wrow = LLVMBuildMul(b, LLVMBuildLShr(b, e->tid, i32c(e, 5), ""), i32c(e, 16 * p->mt),
-                           "wrow");
+    e->lane = LLVMBuildAnd(b, e->tid, aj_kb_i32(kb, 31), "lane");
+    e->g = LLVMBuildLShr(b, e->lane, aj_kb_i32(kb, 2), "g");
+    e->t = LLVMBuildAnd(b, e->lane, aj_kb_i32(kb, 3), "t");
+    e->wrow = LLVMBuildMul(b, LLVMBuildLShr(b, e->tid, aj_kb_i32(kb, 5), ""),
+                           aj_kb_i32(kb, 16 * p->mt), "wrow");
 }
 
 /* The prologue: Q's and the K slots' pad columns (before the barrier of
@@ -794,13 +793,13 @@ static void prologue(ffwd *e, aj_score_walk *walk, LLVMValueRef q_src, int gated
 {
     aj_kb *kb = e->kb;
     const ffwd_plan *p = &e->p;
-    aj_mma_tile_zero_pad(kb, i32c(e, p->smem_q), p->bm, p->d, e->tid, p->threads);
-    aj_mma_tile_zero_pad(kb, i32c(e, p->smem_k), p->stages * p->bn, p->d, e->tid, p->threads);
-    load_tile_async(e, AJ_PSRC_q, q_src, aj_param(kb, AJ_PID(stride_q_s)), e->m0, e->seq_q,
-                    p->bm, p->d, i32c(e, e->p.smem_q), p->ldq);
+    aj_mma_tile_zero_pad(kb, aj_kb_i32(kb, p->smem_q), p->bm, p->d, e->tid, p->threads);
+    aj_mma_tile_zero_pad(kb, aj_kb_i32(kb, p->smem_k), p->stages * p->bn, p->d, e->tid, p->threads);
+    load_tile_async(e, AJ_PSRC_q, q_src, aj_param(kb, AJ_PID(stride_q_s)), e->m0, e->seq_q, p->bm,
+                    p->d, aj_kb_i32(kb, e->p.smem_q), p->ldq);
     for (int s = 0; s < p->stages - 1; s++) {
-        issue_kv_tile(e, walk, add(e, walk->begin, i32c(e, s)), gated ? ahead[s] : NULL,
-                      gated ? ahead_tile[s] : NULL);
+        issue_kv_tile(e, walk, aj_kb_add(kb, walk->begin, aj_kb_i32(kb, s)),
+                      gated ? ahead[s] : NULL, gated ? ahead_tile[s] : NULL);
         aj_kb_cp_async_commit(kb);
     }
 }
@@ -814,22 +813,21 @@ static void mainloop(ffwd *e, aj_score_walk *walk, int gated, LLVMValueRef *ahea
     aj_kb *kb = e->kb;
     LLVMBuilderRef b = e->b;
     const ffwd_plan *p = &e->p;
-    LLVMValueRef at = aj_kb_for_begin(kb, walk->begin, walk->end, i32c(e, 1), "walk");
+    LLVMValueRef at = aj_kb_for_begin(kb, walk->begin, walk->end, aj_kb_i32(kb, 1), "walk");
     /* refill the slot the previous iteration freed, then wait for tile n:
      * every iteration commits one group, empty or not, so that
      * stages - 1 pending groups always means "tile n has landed" */
-    issue_kv_tile(e, walk, add(e, at, i32c(e, p->stages - 1)),
-                  gated ? ahead[p->stages - 1] : NULL,
-                  gated ? ahead_tile[p->stages - 1] : NULL);
+    issue_kv_tile(e, walk, aj_kb_add(kb, at, aj_kb_i32(kb, p->stages - 1)),
+                  gated ? ahead[p->stages - 1] : NULL, gated ? ahead_tile[p->stages - 1] : NULL);
     aj_kb_cp_async_commit(kb);
     aj_kb_cp_async_wait(kb, p->stages - 1);
     aj_kb_barrier(kb);
-    LLVMValueRef slot = LLVMBuildURem(b, LLVMBuildSub(b, at, walk->begin, ""),
-                                      i32c(e, p->stages), "");
-    LLVMValueRef kbase = add(e, i32c(e, p->smem_k), LLVMBuildMul(b, slot,
-                             i32c(e, 2 * p->bn * p->ldk), ""));
-    LLVMValueRef vbase = add(e, i32c(e, p->smem_v), LLVMBuildMul(b, slot,
-                             i32c(e, 2 * p->bn * p->ldv), ""));
+    LLVMValueRef slot =
+        LLVMBuildURem(b, LLVMBuildSub(b, at, walk->begin, ""), aj_kb_i32(kb, p->stages), "");
+    LLVMValueRef kbase = aj_kb_add(kb, aj_kb_i32(kb, p->smem_k),
+                                   LLVMBuildMul(b, slot, aj_kb_i32(kb, 2 * p->bn * p->ldk), ""));
+    LLVMValueRef vbase = aj_kb_add(kb, aj_kb_i32(kb, p->smem_v),
+                                   LLVMBuildMul(b, slot, aj_kb_i32(kb, 2 * p->bn * p->ldv), ""));
     LLVMValueRef cls = NULL, n = at;
     if (gated) {   /* the ring moves on; the class is the same in every thread */
         cls = aj_kb_get(kb, ahead[0]);
@@ -838,16 +836,17 @@ static void mainloop(ffwd *e, aj_score_walk *walk, int gated, LLVMValueRef *ahea
             aj_kb_set(kb, ahead[s], aj_kb_get(kb, ahead[s + 1]));
             aj_kb_set(kb, ahead_tile[s], aj_kb_get(kb, ahead_tile[s + 1]));
         }
-        aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntNE, cls, i32c(e, AJ_TILE_SKIP), ""));
+        aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntNE, cls, aj_kb_i32(kb, AJ_TILE_SKIP), ""));
     } else {
         n = aj_score_walk_tile(&e->sc, walk, at, &cls);
     }
-    LLVMValueRef n0 = LLVMBuildMul(b, n, i32c(e, p->bn), "n0");
+    LLVMValueRef n0 = LLVMBuildMul(b, n, aj_kb_i32(kb, p->bn), "n0");
     emit_qk(e, kbase);
     emit_score_mods(e, n0);
-    LLVMValueRef full = LLVMBuildAnd(b,
-        LLVMBuildICmp(b, LLVMIntEQ, cls, i32c(e, AJ_TILE_FULL), ""),
-        LLVMBuildICmp(b, LLVMIntSLE, add(e, n0, i32c(e, p->bn)), e->seq_k, ""), "full");
+    LLVMValueRef full = LLVMBuildAnd(
+        b, LLVMBuildICmp(b, LLVMIntEQ, cls, aj_kb_i32(kb, AJ_TILE_FULL), ""),
+        LLVMBuildICmp(b, LLVMIntSLE, aj_kb_add(kb, n0, aj_kb_i32(kb, p->bn)), e->seq_k, ""),
+        "full");
     aj_kb_if_begin(kb, LLVMBuildNot(b, full, ""));
     emit_element_mask(e, n0);
     aj_kb_if_end(kb);
@@ -884,7 +883,7 @@ static aj_status ffwd_build(aj_kb *kb, const aj_op *op, void *user)
     LLVMValueRef mblk = aj_kb_block_id(kb, 0);
     LLVMValueRef h = aj_kb_block_id(kb, 1);
     LLVMValueRef bidx = aj_kb_block_id(kb, 2);
-    e.m0 = LLVMBuildMul(b, mblk, i32c(&e, p->bm), "m0");
+    e.m0 = LLVMBuildMul(b, mblk, aj_kb_i32(e.kb, p->bm), "m0");
     LLVMValueRef q_start = aj_kb_i64(kb, 0), k_start = aj_kb_i64(kb, 0);
     if (varlen(&e)) {
         aj_attn_varlen_seq seq;
@@ -912,16 +911,16 @@ static aj_status ffwd_build(aj_kb *kb, const aj_op *op, void *user)
             kb, aj_param(kb, AJ_PID(dropout_seed)), aj_param(kb, AJ_PID(dropout_offset)),
             aj_param(kb, AJ_PID(q_offset)), aj_param(kb, AJ_PID(kv_offset)), bidx, h);
     /* slice bases: (b, h) plus, for varlen, the sequence's first row */
-    LLVMValueRef q_src = add(&e, aj_attn_slice_base(kb, AJ_PSRC_q, bidx, h),
-                             LLVMBuildMul(b, q_start, aj_param(kb, AJ_PID(stride_q_s)), ""));
-    e.k_src = add(&e, aj_attn_slice_base(kb, AJ_PSRC_k, bidx, hkv),
-                  LLVMBuildMul(b, k_start, aj_param(kb, AJ_PID(stride_k_s)), ""));
-    e.v_src = add(&e, aj_attn_slice_base(kb, AJ_PSRC_v, bidx, hkv),
-                  LLVMBuildMul(b, k_start, aj_param(kb, AJ_PID(stride_v_s)), ""));
-    LLVMValueRef o_base = add(&e, aj_attn_slice_base(kb, out_tensor(op), bidx, h),
-                              LLVMBuildMul(b, q_start, aj_param_stride(kb, out_tensor(op), 2),
-                                           ""));
-    LLVMValueRef lse_base = add(&e, aj_attn_slice_base(kb, AJ_PSRC_lse, bidx, h), q_start);
+    LLVMValueRef q_src = aj_kb_add(e.kb, aj_attn_slice_base(kb, AJ_PSRC_q, bidx, h),
+                                   LLVMBuildMul(b, q_start, aj_param(kb, AJ_PID(stride_q_s)), ""));
+    e.k_src = aj_kb_add(e.kb, aj_attn_slice_base(kb, AJ_PSRC_k, bidx, hkv),
+                        LLVMBuildMul(b, k_start, aj_param(kb, AJ_PID(stride_k_s)), ""));
+    e.v_src = aj_kb_add(e.kb, aj_attn_slice_base(kb, AJ_PSRC_v, bidx, hkv),
+                        LLVMBuildMul(b, k_start, aj_param(kb, AJ_PID(stride_v_s)), ""));
+    LLVMValueRef o_base =
+        aj_kb_add(e.kb, aj_attn_slice_base(kb, out_tensor(op), bidx, h),
+                  LLVMBuildMul(b, q_start, aj_param_stride(kb, out_tensor(op), 2), ""));
+    LLVMValueRef lse_base = aj_kb_add(e.kb, aj_attn_slice_base(kb, AJ_PSRC_lse, bidx, h), q_start);
 
     lane_addresses(&e);
     LLVMValueRef n_begin, n_end;
@@ -936,8 +935,8 @@ static aj_status ffwd_build(aj_kb *kb, const aj_op *op, void *user)
     int gated = aj_score_has_rest(prog);
     LLVMValueRef ahead[MAX_STAGES], ahead_tile[MAX_STAGES];
     for (int s = 0; gated && s < p->stages; s++) {
-        ahead[s] = aj_kb_var(kb, kb->t_i32, i32c(&e, AJ_TILE_SKIP), "cls");
-        ahead_tile[s] = aj_kb_var(kb, kb->t_i32, i32c(&e, 0), "tile");
+        ahead[s] = aj_kb_var(kb, kb->t_i32, aj_kb_i32(e.kb, AJ_TILE_SKIP), "cls");
+        ahead_tile[s] = aj_kb_var(kb, kb->t_i32, aj_kb_i32(e.kb, 0), "tile");
     }
 
     prologue(&e, &walk, q_src, gated, ahead, ahead_tile);

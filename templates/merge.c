@@ -53,20 +53,15 @@ static aj_status merge_check(aj_ctx *ctx, const aj_op *op, aj_target target)
     return AJ_OK;
 }
 
-static LLVMValueRef sext64(aj_kb *kb, LLVMValueRef v)
-{
-    return LLVMBuildSExt(kb->b, v, kb->t_i64, "");
-}
-
 /* element offset of (b, h, row) of tensor t, whose strides are parameters */
 static LLVMValueRef row_offset(aj_kb *kb, aj_param_source t, LLVMValueRef b, LLVMValueRef h,
                                LLVMValueRef row, int has_seq_stride)
 {
     LLVMBuilderRef bld = kb->b;
-    LLVMValueRef off = LLVMBuildMul(bld, sext64(kb, b), aj_param_stride(kb, t, 0), "");
-    off = LLVMBuildAdd(bld, off, LLVMBuildMul(bld, sext64(kb, h), aj_param_stride(kb, t, 1), ""),
-                       "");
-    LLVMValueRef s = sext64(kb, row);
+    LLVMValueRef off = LLVMBuildMul(bld, aj_kb_sext64(kb, b), aj_param_stride(kb, t, 0), "");
+    off = LLVMBuildAdd(bld, off,
+                       LLVMBuildMul(bld, aj_kb_sext64(kb, h), aj_param_stride(kb, t, 1), ""), "");
+    LLVMValueRef s = aj_kb_sext64(kb, row);
     if (has_seq_stride)
         s = LLVMBuildMul(bld, s, aj_param_stride(kb, t, 2), "");
     return LLVMBuildAdd(bld, off, s, "");
@@ -138,7 +133,7 @@ static aj_status merge_build(aj_kb *kb, const aj_op *op, void *user)
     LLVMValueRef o1 = row_offset(kb, AJ_PSRC_o1, bidx, h, rc, 1);
     LLVMValueRef o2 = row_offset(kb, AJ_PSRC_o2, bidx, h, rc, 1);
     LLVMValueRef o = row_offset(kb, AJ_PSRC_o, bidx, h, rc, 1);
-    LLVMValueRef lane_col = sext64(kb, LLVMBuildShl(b, lane, aj_kb_i32(kb, 2), ""));
+    LLVMValueRef lane_col = aj_kb_sext64(kb, LLVMBuildShl(b, lane, aj_kb_i32(kb, 2), ""));
     aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntSLT, row, seq, ""));
     for (int u = 0; u < dv / (4 * g); u++) {
         LLVMValueRef col = LLVMBuildAdd(b, lane_col, aj_kb_i64(kb, 4 * g * u), "");

@@ -86,6 +86,11 @@ LLVMValueRef aj_param(aj_kb *kb, aj_param_id id);
  * the parameters the table derives from it. */
 LLVMValueRef aj_param_data(aj_kb *kb, aj_param_source t);
 LLVMValueRef aj_param_stride(aj_kb *kb, aj_param_source t, int dim);
+/* ... of the sequence dim (2: rows of [B, H, S, D]) */
+static inline LLVMValueRef aj_param_stride_s(aj_kb *kb, aj_param_source t)
+{
+    return aj_param_stride(kb, t, 2);
+}
 
 /* The parameters of kernel ABI `sig` for `op` (verified) and its score
  * programs, in call order: fills out[0 .. min(count, cap) - 1], returns
