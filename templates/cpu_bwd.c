@@ -48,6 +48,7 @@
 #include <string.h>
 
 #include "templates/cpu_attn.h"
+#include "templates/skeleton.h"
 #include "templates/template.h"
 
 #define CN AJ_CPU_CN
@@ -81,13 +82,9 @@ static aj_status cbwd_check(aj_ctx *ctx, const aj_op *op, aj_target target)
 /* ---------------------------------------------------------------- build */
 
 typedef struct cbwd {
-    aj_kb *kb;
-    LLVMBuilderRef b;
-    const aj_op *op;
-    const aj_score_prog *prog;   /* the mask and score_mod */
+    AJ_KCTX;                     /* skeleton.h (the scores and lengths are at's) */
     cbwd_plan p;
     aj_cpu_attn at;              /* of the current (b, h) */
-    aj_attn_dropout drop;        /* of the current (b, h) */
     LLVMValueRef q, dob, kt, vt, kn, s, dp, z, lse2, delta;   /* stack buffers */
 } cbwd;
 
@@ -131,10 +128,7 @@ static void alloc_buffers(cbwd *c)
 static void set_head(cbwd *c, LLVMValueRef bidx, LLVMValueRef h)
 {
     aj_cpu_attn_init(&c->at, c->kb, c->op, c->prog, 0, bidx, h);
-    if (c->op->dropout > 0)
-        c->drop = aj_attn_dropout_stream(
-            c->kb, aj_param(c->kb, AJ_PID(dropout_seed)), aj_param(c->kb, AJ_PID(dropout_offset)),
-            aj_param(c->kb, AJ_PID(q_offset)), aj_param(c->kb, AJ_PID(kv_offset)), bidx, h);
+    aj_kctx_dropout(&c->k, bidx, h);
 }
 
 static LLVMValueRef item(cbwd *c, int d)
@@ -507,17 +501,14 @@ static aj_status cbwd_build(aj_kb *kb, const aj_op *op, void *user)
 {
     cbwd c;
     memset(&c, 0, sizeof c);
-    c.kb = kb;
-    c.b = kb->b;
-    c.op = op;
     aj_status st = plan_kernel(kb->ctx, op, &c.p);
     if (st != AJ_OK)
         return st;
-    aj_score_prog *prog = aj_kb_scratch(kb, sizeof *prog);   /* large for a stack */
-    st = prog ? aj_score_prog_init(kb->ctx, op, prog) : kb->st;
+    const aj_score_prog *prog;
+    st = aj_kctx_programs(kb, op, &prog);
     if (st != AJ_OK)
         return st;
-    c.prog = prog;
+    aj_kctx_init(&c.k, kb, op, prog);
     build_dkdv(&c);
     build_dq(&c);
     return kb->st;

@@ -49,6 +49,7 @@
 #include <string.h>
 
 #include "templates/cpu_attn.h"
+#include "templates/skeleton.h"
 #include "templates/template.h"
 
 #define CN AJ_CPU_CN
@@ -92,13 +93,10 @@ static aj_status cfwd_check(aj_ctx *ctx, const aj_op *op, aj_target target)
 /* ---------------------------------------------------------------- build */
 
 typedef struct cfwd {
-    aj_kb *kb;
-    LLVMBuilderRef b;
-    const aj_op *op;
+    AJ_KCTX;                        /* skeleton.h (the scores and lengths are at's) */
     cfwd_plan p;
     aj_cpu_attn at;                 /* scores: score_mod, mask */
     LLVMValueRef m0, rows, rows_pad;  /* i32: first row, rows of the item, rounded to RM */
-    aj_attn_dropout drop;
     LLVMValueRef q, kt, v, s, o;    /* the stack buffers */
     LLVMValueRef pw;                /* pairs: P in bf16 pairs */
     double q_scale;                 /* pairs: the scale S takes (Q stays bf16) */
@@ -492,10 +490,7 @@ static void build_dense(cfwd *c, const aj_score_prog *prog, int log2e_in_q)
     LLVMValueRef group =
         LLVMBuildSDiv(b, aj_param(kb, AJ_PID(heads_q)), aj_param(kb, AJ_PID(heads_kv)), "");
     LLVMValueRef hkv = LLVMBuildSDiv(b, h, group, "hkv");
-    if (op->dropout > 0)
-        c->drop = aj_attn_dropout_stream(
-            kb, aj_param(kb, AJ_PID(dropout_seed)), aj_param(kb, AJ_PID(dropout_offset)),
-            aj_param(kb, AJ_PID(q_offset)), aj_param(kb, AJ_PID(kv_offset)), bidx, h);
+    aj_kctx_dropout(&c->k, bidx, h);
     const aj_param_source out = out_tensor(op);
     cfwd_block blk = {
         .q = {.base = aj_cpu_seq_base(kb, AJ_PSRC_q, bidx, h, seq->start_q),
@@ -779,16 +774,14 @@ static aj_status cfwd_build(aj_kb *kb, const aj_op *op, void *user)
 {
     cfwd c;
     memset(&c, 0, sizeof c);
-    c.kb = kb;
-    c.b = kb->b;
-    c.op = op;
     aj_status st = plan_kernel(kb->ctx, op, &c.p);
     if (st != AJ_OK)
         return st;
-    aj_score_prog *prog = aj_kb_scratch(kb, sizeof *prog);   /* large for a stack */
-    st = prog ? aj_score_prog_init(kb->ctx, op, prog) : kb->st;
+    const aj_score_prog *prog;
+    st = aj_kctx_programs(kb, op, &prog);
     if (st != AJ_OK)
         return st;
+    aj_kctx_init(&c.k, kb, op, prog);
     /* without a score_mod, Q takes scale log2 e once, and scores need no
      * multiply; the score_mod sees the scaled score in natural units */
     int log2e_in_q = aj_cpu_log2e_in_q(op, prog);

@@ -74,6 +74,7 @@
 #include <string.h>
 
 #include "templates/attn_common.h"
+#include "templates/skeleton.h"
 #include "templates/score.h"
 #include "templates/template.h"
 #include "templates/tile_io.h"
@@ -222,16 +223,9 @@ static aj_status ebwd_check(aj_ctx *ctx, const aj_op *op, aj_target target)
 
 /* Everything the emitters below share; one per kernel. */
 typedef struct ebwd {
-    aj_kb *kb;
-    LLVMBuilderRef b;
-    const aj_op *op;
+    AJ_KCTX;                        /* skeleton.h */
     ebwd_plan p;
-    LLVMValueRef tid, lane, group;  /* i32 */
-    LLVMValueRef seq_q, seq_k;      /* i32 */
-    const aj_score_prog *prog;      /* the mask and score_mod (score.h) */
-    aj_score sc;                    /* ... at the current (b, h) */
-    LLVMValueRef bias_base;         /* i64: element offset of bias slice (b, h) (bias) */
-    aj_attn_dropout drop;           /* the dropout stream of this (b, h) */
+    LLVMValueRef lane, group;       /* i32 */
 } ebwd;
 
 /* Thread layout shared by both kernels. */
@@ -239,11 +233,8 @@ static void setup(ebwd *e, aj_kb *kb, const aj_op *op, const ebwd_plan *p,
                   const aj_score_prog *prog)
 {
     memset(e, 0, sizeof *e);
-    e->kb = kb;
-    e->b = kb->b;
-    e->op = op;
+    aj_kctx_init(&e->k, kb, op, prog);
     e->p = *p;
-    e->prog = prog;
     e->tid = aj_kb_thread_id(kb);
     e->lane = LLVMBuildAnd(e->b, e->tid, aj_kb_i32(e->kb, p->g - 1), "lane");
     e->group = LLVMBuildUDiv(e->b, e->tid, aj_kb_i32(e->kb, p->g), "group");
@@ -258,18 +249,9 @@ static void setup(ebwd *e, aj_kb *kb, const aj_op *op, const ebwd_plan *p,
 static void set_head(ebwd *e, LLVMValueRef bidx, LLVMValueRef h)
 {
     aj_kb *kb = e->kb;
-    const aj_score_prog *prog = e->prog;
-    aj_score_begin(&e->sc, kb, prog, 0, bidx, h, aj_param(kb, AJ_PID(q_offset)),
-                   aj_param(kb, AJ_PID(kv_offset)),
-                   prog->reads_totals ? aj_param(kb, AJ_PID(seq_q_total)) : NULL,
-                   prog->reads_totals ? aj_param(kb, AJ_PID(seq_k_total)) : NULL);
-    if (e->op->bias == AJ_BIAS_ADD)
-        e->bias_base = aj_attn_slice_base(e->kb, AJ_PSRC_bias, bidx, h);
-    if (e->op->dropout > 0) {
-        e->drop = aj_attn_dropout_stream(
-            kb, aj_param(kb, AJ_PID(dropout_seed)), aj_param(kb, AJ_PID(dropout_offset)),
-            aj_param(kb, AJ_PID(q_offset)), aj_param(kb, AJ_PID(kv_offset)), bidx, h);
-    }
+    int totals = e->prog->reads_totals;
+    aj_kctx_set_head(&e->k, bidx, h, totals ? aj_param(kb, AJ_PID(seq_q_total)) : NULL,
+                     totals ? aj_param(kb, AJ_PID(seq_k_total)) : NULL);
 }
 
 /* bias[b,h,i,j] (f32) of the current slice; i and j are clamped into the
@@ -971,8 +953,8 @@ static aj_status ebwd_build(aj_kb *kb, const aj_op *op, void *user)
     aj_status st = plan_kernel(kb->ctx, op, kb->target, &plan);
     if (st != AJ_OK)
         return st;
-    aj_score_prog *prog = aj_kb_scratch(kb, sizeof *prog);   /* large for a stack */
-    st = prog ? aj_score_prog_init(kb->ctx, op, prog) : kb->st;
+    const aj_score_prog *prog;
+    st = aj_kctx_programs(kb, op, &prog);
     if (st != AJ_OK)
         return st;
     build_dkdv(kb, op, &plan, prog);

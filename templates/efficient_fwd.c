@@ -49,6 +49,7 @@
 #include <string.h>
 
 #include "templates/attn_common.h"
+#include "templates/skeleton.h"
 #include "templates/cpu_attn.h"
 #include "templates/score.h"
 #include "templates/template.h"
@@ -215,24 +216,17 @@ static aj_status efwd_check(aj_ctx *ctx, const aj_op *op, aj_target target)
 
 /* Everything the emitters below share. */
 typedef struct efwd {
-    aj_kb *kb;
-    LLVMBuilderRef b;
-    const aj_op *op;
+    AJ_KCTX;                        /* skeleton.h; sc at this CTA's (b, h) (first h when packed) */
     efwd_plan p;
-    LLVMValueRef tid, lane, group;  /* i32 */
+    LLVMValueRef lane, group;       /* i32 */
     LLVMValueRef m0;                /* i32: first row of the row block */
-    LLVMValueRef seq_q, seq_k;      /* i32: query positions, keys */
     LLVMValueRef rows;              /* i32: rows (padded: seq_q; paged: heads x seq_q) */
     LLVMValueRef i_first, i_last;   /* i32: the row block's positions span these */
     LLVMValueRef row_pos[MAX_RM];   /* i32: the query position of thread row k */
     LLVMValueRef row_head[MAX_RM];  /* i32: its head after the CTA's first; NULL: 0 */
-    const aj_score_prog *prog;      /* the mask and score_mod (score.h) */
-    aj_score sc;                    /* ... at this CTA's (b, h) (first h when packed) */
     aj_score *row_sc[MAX_RM];       /* ... at thread row k's (b, h): &sc, or per row */
     int per_row_sc;                 /* paged GQA packing with programs reading h */
     LLVMValueRef bias_row;          /* i64: element offset of bias row i (bias) */
-    aj_attn_dropout drop;           /* the dropout stream of this (b, h) */
-    LLVMValueRef bias_base;         /* i64: element offset of bias slice (b, h) */
     LLVMValueRef k_scale, v_scale;  /* f32: an f8 cache's scales, else NULL */
     LLVMValueRef acc[MAX_RM][MAX_CN];    /* vars: Q K^T partial sums */
     LLVMValueRef o[MAX_RM][MAX_CV];      /* vars: output accumulators */
@@ -822,21 +816,9 @@ static void build_padded(efwd *e)
     LLVMValueRef group_size =
         LLVMBuildSDiv(b, aj_param(kb, AJ_PID(heads_q)), aj_param(kb, AJ_PID(heads_kv)), "");
     LLVMValueRef hkv = LLVMBuildSDiv(b, h, group_size, "hkv");
-    aj_score_begin(&e->sc, kb, e->prog, 0, bidx, h, aj_param(kb, AJ_PID(q_offset)),
-                   aj_param(kb, AJ_PID(kv_offset)),
-                   e->prog->reads_totals ? aj_param(kb, AJ_PID(seq_q_total)) : NULL,
-                   e->prog->reads_totals ? aj_param(kb, AJ_PID(seq_k_total)) : NULL);
-
-    if (op->bias == AJ_BIAS_ADD)
-        e->bias_base = aj_attn_slice_base(kb, AJ_PSRC_bias, bidx, h);
-    if (op->dropout > 0) {
-        /* Philox key (lo32(seed), hi32(seed) ^ hi32(offset)) and counter
-         * (lo32(kv_offset) + j, lo32(q_offset) + i, lo32(b Hq + h),
-         * lo32(offset)): i32 adds wrap as lo32 of the i64 positions do */
-        e->drop = aj_attn_dropout_stream(
-            kb, aj_param(kb, AJ_PID(dropout_seed)), aj_param(kb, AJ_PID(dropout_offset)),
-            aj_param(kb, AJ_PID(q_offset)), aj_param(kb, AJ_PID(kv_offset)), bidx, h);
-    }
+    int totals = e->prog->reads_totals;
+    aj_kctx_set_head(&e->k, bidx, h, totals ? aj_param(kb, AJ_PID(seq_q_total)) : NULL,
+                     totals ? aj_param(kb, AJ_PID(seq_k_total)) : NULL);
     LLVMValueRef q_base = aj_attn_slice_base(kb, AJ_PSRC_q, bidx, h);
     aj_tile_src qsrc = {aj_param(kb, AJ_PID(q)),
                         q_base,
@@ -1174,17 +1156,14 @@ static aj_status efwd_build(aj_kb *kb, const aj_op *op, void *user)
     (void)user;
     efwd e;
     memset(&e, 0, sizeof e);
-    e.kb = kb;
-    e.b = kb->b;
-    e.op = op;
     aj_status st = plan_kernel(kb->ctx, op, kb->target, &e.p);
     if (st != AJ_OK)
         return st;
-    aj_score_prog *prog = aj_kb_scratch(kb, sizeof *prog);   /* large for a stack */
-    st = prog ? aj_score_prog_init(kb->ctx, op, prog) : kb->st;
+    const aj_score_prog *prog;
+    st = aj_kctx_programs(kb, op, &prog);
     if (st != AJ_OK)
         return st;
-    e.prog = prog;
+    aj_kctx_init(&e.k, kb, op, prog);
     if (e.p.paged) {
         build_paged_parts(&e);
         build_paged_merge(&e);

@@ -64,6 +64,7 @@
 #include <string.h>
 
 #include "templates/attn_common.h"
+#include "templates/skeleton.h"
 #include "templates/score.h"
 #include "templates/template.h"
 #include "templates/tile_io.h"
@@ -362,18 +363,12 @@ typedef struct smem_tile {
 
 /* Everything the emitters share; one per kernel. */
 typedef struct fbwd {
-    aj_kb *kb;
-    LLVMBuilderRef b;
-    const aj_op *op;
+    AJ_KCTX;                              /* skeleton.h */
     fbwd_plan p;
-    LLVMValueRef tid, warp, lane, g, t;   /* i32: lane = 4 g + t */
+    LLVMValueRef warp, lane, g, t;        /* i32: lane = 4 g + t */
     LLVMValueRef bidx;                    /* i32: batch (varlen: sequence) */
-    LLVMValueRef seq_q, seq_k;            /* i32: this sequence's lengths */
     LLVMValueRef q_start, k_start;        /* i64: first packed row (varlen), else 0 */
-    const aj_score_prog *prog;            /* the mask and score_mod (score.h) */
     LLVMValueRef sq, sk;                  /* i64: the programs' totals (NULL: unread) */
-    aj_score sc;                          /* the programs at the current (b, h) */
-    aj_attn_dropout drop;
 } fbwd;
 
 /* Thread layout and the batch (or sequence) of the CTA: lengths, packed
@@ -382,11 +377,8 @@ static void setup(fbwd *f, aj_kb *kb, const aj_op *op, const fbwd_plan *p,
                   const aj_score_prog *prog)
 {
     memset(f, 0, sizeof *f);
-    f->kb = kb;
-    f->b = kb->b;
-    f->op = op;
+    aj_kctx_init(&f->k, kb, op, prog);
     f->p = *p;
-    f->prog = prog;
     f->tid = aj_kb_thread_id(kb);
     f->warp = LLVMBuildLShr(f->b, f->tid, aj_kb_i32(f->kb, 5), "warp");
     f->lane = LLVMBuildAnd(f->b, f->tid, aj_kb_i32(f->kb, 31), "lane");
@@ -413,13 +405,7 @@ static void setup(fbwd *f, aj_kb *kb, const aj_op *op, const fbwd_plan *p,
  * a kernel computes before its head loop hold for every head. */
 static void set_head(fbwd *f, LLVMValueRef h)
 {
-    aj_kb *kb = f->kb;
-    aj_score_begin(&f->sc, kb, f->prog, 0, f->bidx, h, aj_param(kb, AJ_PID(q_offset)),
-                   aj_param(kb, AJ_PID(kv_offset)), f->sq, f->sk);
-    if (f->op->dropout > 0)
-        f->drop = aj_attn_dropout_stream(
-            kb, aj_param(kb, AJ_PID(dropout_seed)), aj_param(kb, AJ_PID(dropout_offset)),
-            aj_param(kb, AJ_PID(q_offset)), aj_param(kb, AJ_PID(kv_offset)), f->bidx, h);
+    aj_kctx_set_head(&f->k, f->bidx, h, f->sq, f->sk);
 }
 
 /* Element offset (i64) of row 0 of slice (b, h) of tensor t; `start` is
@@ -1330,8 +1316,8 @@ static aj_status fbwd_build(aj_kb *kb, const aj_op *op, void *user)
     aj_status st = plan_kernel(kb->ctx, op, kb->target, &plan);
     if (st != AJ_OK)
         return st;
-    aj_score_prog *prog = aj_kb_scratch(kb, sizeof *prog);   /* large for a stack */
-    st = prog ? aj_score_prog_init(kb->ctx, op, prog) : kb->st;
+    const aj_score_prog *prog;
+    st = aj_kctx_programs(kb, op, &prog);
     if (st != AJ_OK)
         return st;
     build_delta(kb, op, &plan, prog);

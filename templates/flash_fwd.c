@@ -62,6 +62,7 @@
 #include <string.h>
 
 #include "templates/attn_common.h"
+#include "templates/skeleton.h"
 #include "templates/score.h"
 #include "templates/template.h"
 #include "templates/tile_io.h"
@@ -233,17 +234,11 @@ static aj_status ffwd_check(aj_ctx *ctx, const aj_op *op, aj_target target)
 /* ---------------------------------------------------------------- build */
 
 typedef struct ffwd {
-    aj_kb *kb;
-    LLVMBuilderRef b;
-    const aj_op *op;
+    AJ_KCTX;                        /* skeleton.h */
     ffwd_plan p;
-    LLVMValueRef tid, lane, g, t;   /* i32: thread, lane, lane / 4, lane % 4 */
+    LLVMValueRef lane, g, t;        /* i32: lane, lane / 4, lane % 4 */
     LLVMValueRef wrow;              /* i32: the warp's first local row */
     LLVMValueRef m0;                /* i32: first query row of the CTA */
-    LLVMValueRef seq_q, seq_k;      /* i32: this sequence's lengths */
-    const aj_score_prog *prog;      /* the mask and score_mod (score.h) */
-    aj_score sc;                    /* ... at this CTA's (b, h) */
-    aj_attn_dropout drop;
     LLVMValueRef k_src, v_src;      /* i64: element offsets of the K / V slices */
     /* i32 byte offsets of this lane's ldmatrix row addresses: Q's (with
      * smem_q) and, from a K or V slot, K's and V's; see lane_addresses */
@@ -862,19 +857,16 @@ static aj_status ffwd_build(aj_kb *kb, const aj_op *op, void *user)
     (void)user;
     ffwd e;
     memset(&e, 0, sizeof e);
-    e.kb = kb;
-    e.b = kb->b;
-    e.op = op;
     aj_status st = plan_kernel(kb->ctx, op, kb->target, &e.p);
     if (st != AJ_OK)
         return st;
     const ffwd_plan *p = &e.p;
     LLVMBuilderRef b = kb->b;
-    aj_score_prog *prog = aj_kb_scratch(kb, sizeof *prog);   /* large for a stack */
-    st = prog ? aj_score_prog_init(kb->ctx, op, prog) : kb->st;
+    const aj_score_prog *prog;
+    st = aj_kctx_programs(kb, op, &prog);
     if (st != AJ_OK)
         return st;
-    e.prog = prog;
+    aj_kctx_init(&e.k, kb, op, prog);
 
     aj_params_declare(kb, AJ_KSIG_FLASH_FWD, op, prog);
     aj_kb_begin(kb, p->threads);
@@ -904,12 +896,7 @@ static aj_status ffwd_build(aj_kb *kb, const aj_op *op, void *user)
     LLVMValueRef hkv = LLVMBuildSDiv(b, h, group_size, "hkv");
     LLVMValueRef sq, sk;
     aj_attn_score_totals(kb, prog, op->layout, e.seq_q, e.seq_k, &sq, &sk);
-    aj_score_begin(&e.sc, kb, prog, 0, bidx, h, aj_param(kb, AJ_PID(q_offset)),
-                   aj_param(kb, AJ_PID(kv_offset)), sq, sk);
-    if (op->dropout > 0)
-        e.drop = aj_attn_dropout_stream(
-            kb, aj_param(kb, AJ_PID(dropout_seed)), aj_param(kb, AJ_PID(dropout_offset)),
-            aj_param(kb, AJ_PID(q_offset)), aj_param(kb, AJ_PID(kv_offset)), bidx, h);
+    aj_kctx_set_head(&e.k, bidx, h, sq, sk);
     /* slice bases: (b, h) plus, for varlen, the sequence's first row */
     LLVMValueRef q_src = aj_kb_add(e.kb, aj_attn_slice_base(kb, AJ_PSRC_q, bidx, h),
                                    LLVMBuildMul(b, q_start, aj_param(kb, AJ_PID(stride_q_s)), ""));

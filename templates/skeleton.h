@@ -1,0 +1,72 @@
+/*
+ * skeleton.h -- what every attention template's kernel state begins with
+ * (docs/design.md "Templates"): the kernel context, and the steps each
+ * template takes the same way (its score programs, the per-(b, h) set-up of
+ * scores, bias and dropout).
+ *
+ * A template's state embeds the context first, as AJ_KCTX:
+ *
+ *   typedef struct efwd {
+ *       AJ_KCTX;              e->kb, e->op, e->sc ... and the whole as &e->k
+ *       efwd_plan p;          the template's own fields
+ *       ...
+ *   } efwd;
+ *
+ * so its code reads the context's fields as its own and passes &e->k to
+ * the shared steps below.
+ */
+#ifndef AJ_TEMPLATES_SKELETON_H
+#define AJ_TEMPLATES_SKELETON_H
+
+#include "templates/attn_common.h"
+#include "templates/score.h"
+
+#define AJ_KCTX_FIELDS                                                                             \
+    aj_kb *kb;                                                                                     \
+    LLVMBuilderRef b;                                                                              \
+    const aj_op *op;                                                                               \
+    const aj_score_prog *prog;  /* the mask and score_mod (score.h) */                             \
+    aj_score sc;                /* ... at the current (b, h) (GPU targets, sim) */                 \
+    aj_attn_dropout drop;       /* the dropout stream of the current (b, h) */                     \
+    LLVMValueRef tid;           /* i32: the thread (GPU targets, sim) */                           \
+    LLVMValueRef seq_q, seq_k;  /* i32: the current sequence's lengths */                          \
+    LLVMValueRef bias_base;     /* i64: element offset of the bias slice (b, h) (bias = add) */
+
+typedef struct aj_kctx {
+    AJ_KCTX_FIELDS
+} aj_kctx;
+
+/* The context as a template's first member: its fields by name, the whole
+ * as `k` (the same storage). */
+#define AJ_KCTX                                                                                    \
+    union {                                                                                        \
+        aj_kctx k;                                                                                 \
+        struct {                                                                                   \
+            AJ_KCTX_FIELDS                                                                         \
+        };                                                                                         \
+    }
+
+/* The op's score programs, made in the builder's scratch (too large for a
+ * stack) for the whole build; the status of aj_score_prog_init. */
+aj_status aj_kctx_programs(aj_kb *kb, const aj_op *op, const aj_score_prog **out);
+
+/* The context's builder, op and programs (the rest stays as it is). */
+static inline void aj_kctx_init(aj_kctx *k, aj_kb *kb, const aj_op *op,
+                                const aj_score_prog *prog)
+{
+    k->kb = kb;
+    k->b = kb->b;
+    k->op = op;
+    k->prog = prog;
+}
+
+/* The dropout stream of (bidx, h) into k->drop, for an op with dropout. */
+void aj_kctx_dropout(aj_kctx *k, LLVMValueRef bidx, LLVMValueRef h);
+
+/* Per (b, h), scalar code: the score programs at (bidx, h) with the
+ * totals sq, sk (NULL where unread), the bias slice's base (bias = add)
+ * and the dropout stream. */
+void aj_kctx_set_head(aj_kctx *k, LLVMValueRef bidx, LLVMValueRef h, LLVMValueRef sq,
+                      LLVMValueRef sk);
+
+#endif /* AJ_TEMPLATES_SKELETON_H */
