@@ -856,6 +856,99 @@ static void step_end(fbwd *f, LLVMValueRef cls_value)
         aj_kb_if_end(f->kb);
 }
 
+/*
+ * The pipelined tile walk: the tiles of a walk whose two operands (Q and
+ * dO along the rows, K and V along the keys) stream into shared memory
+ * by cp.async, `stages` deep.  With 2 stages each step issues the next
+ * tile's copy into the other buffer and waits for its own (issue /
+ * commit / wait(1)); with 1 it copies and waits for all.  Skip tiles of a
+ * mask rest are neither copied nor computed (issue_begin).
+ *
+ *   pipe_begin(&pp)                      the first tile's copy (2 stages)
+ *   for pos in walk:
+ *       x = pipe_step(&pp, pos, &cls)    the tile's block index; the
+ *       ... pp.cur[0], pp.cur[1]         operands' buffers of this step
+ */
+typedef struct pipe_operand {
+    aj_param_source t;
+    LLVMValueRef base;   /* i64: row 0 of the (b, h) slice */
+    int width;           /* elements of a row */
+    smem_tile tile;      /* its buffers (two with 2 stages) */
+} pipe_operand;
+
+typedef struct tile_pipe {
+    fbwd *f;
+    const aj_score_walk *walk;
+    int extent;              /* rows of a tile: bm or bn */
+    LLVMValueRef seq;        /* i32: the walked dim's length */
+    pipe_operand op[2];
+    LLVMValueRef cls, tile;  /* vars: the class and tile issued last (a mask rest), else NULL */
+    smem_tile cur[2];        /* the operands' buffers of the current step */
+} tile_pipe;
+
+/* Copies the operands of the tile whose block index `x` issue_begin gave
+ * into buffer `which` (NULL: the one buffer), then closes the issue. */
+static void pipe_copy(tile_pipe *pp, LLVMValueRef x, LLVMValueRef which)
+{
+    fbwd *f = pp->f;
+    LLVMValueRef x0 = aj_kb_mul(f->kb, x, aj_kb_i32(f->kb, pp->extent));
+    for (int o = 0; o < 2; o++) {
+        const pipe_operand *po = &pp->op[o];
+        load_tile(f, po->t, po->base, x0, pp->seq, pp->extent, po->width,
+                  which ? tile_copy(f, po->tile, pp->extent, which) : po->tile);
+    }
+    issue_end(f, pp->cls);
+}
+
+static void pipe_begin(tile_pipe *pp)
+{
+    fbwd *f = pp->f;
+    aj_kb *kb = f->kb;
+    const aj_score_walk *w = pp->walk;
+    pp->cls = aj_score_has_rest(f->prog) ? aj_kb_var(kb, kb->t_i32, NULL, "cls") : NULL;
+    pp->tile = pp->cls ? aj_kb_var(kb, kb->t_i32, NULL, "tile") : NULL;
+    if (f->p.stages == 2) {   /* the first tile's copy; each step issues the next */
+        LLVMValueRef x = issue_begin(f, w, aj_kb_slt(kb, w->begin, w->end), w->begin, pp->cls,
+                                     pp->tile);
+        pipe_copy(pp, x, NULL);
+        aj_kb_cp_async_commit(kb);
+    }
+}
+
+/* The step at walk position `pos`: its tile's block index, its class
+ * into *cls (NULL without a mask rest) and its buffers into pp->cur,
+ * with its copy complete in this thread (a barrier makes it the CTA's). */
+static LLVMValueRef pipe_step(tile_pipe *pp, LLVMValueRef pos, LLVMValueRef *cls)
+{
+    fbwd *f = pp->f;
+    aj_kb *kb = f->kb;
+    LLVMBuilderRef b = f->b;
+    const aj_score_walk *w = pp->walk;
+    int two = f->p.stages == 2;
+    pp->cur[0] = pp->op[0].tile;
+    pp->cur[1] = pp->op[1].tile;
+    *cls = pp->cls && two ? aj_kb_get(kb, pp->cls) : NULL;
+    LLVMValueRef x = pp->cls && two ? aj_kb_get(kb, pp->tile) : pos;
+    if (two) {
+        LLVMValueRef cur = LLVMBuildAnd(b, LLVMBuildSub(b, pos, w->begin, ""), aj_kb_i32(kb, 1),
+                                        "");
+        LLVMValueRef nxt = LLVMBuildXor(b, cur, aj_kb_i32(kb, 1), "");
+        pp->cur[0] = tile_copy(f, pp->op[0].tile, pp->extent, cur);
+        pp->cur[1] = tile_copy(f, pp->op[1].tile, pp->extent, cur);
+        LLVMValueRef an = aj_kb_add(kb, pos, aj_kb_i32(kb, 1));
+        pipe_copy(pp, issue_begin(f, w, aj_kb_slt(kb, an, w->end), an, pp->cls, pp->tile), nxt);
+        aj_kb_cp_async_commit(kb);
+        aj_kb_cp_async_wait(kb, 1);
+    } else {
+        pipe_copy(pp, issue_begin(f, w, LLVMConstInt(kb->t_i1, 1, 0), pos, pp->cls, pp->tile),
+                  NULL);
+        *cls = pp->cls ? aj_kb_get(kb, pp->cls) : NULL;
+        x = pp->cls ? aj_kb_get(kb, pp->tile) : pos;
+        aj_kb_cp_async_wait_all(kb);
+    }
+    return x;
+}
+
 /* Whether the tile at (m0, n0) lies inside both lengths. */
 static LLVMValueRef tile_inside(fbwd *f, LLVMValueRef m0, LLVMValueRef n0)
 {
@@ -1042,53 +1135,14 @@ static void build_dkdv(aj_kb *kb, const aj_op *op, const fbwd_plan *plan,
      * block (score.h) */
     aj_score_walk walk;
     aj_score_walk_rows(&f.sc, &walk, n0, j_last, p->bm, m_begin, m_end, f.seq_q, f.seq_k);
-    /* with a mask rest: the class and tile whose copy was issued last */
-    LLVMValueRef cls = aj_score_has_rest(prog) ? aj_kb_var(kb, kb->t_i32, NULL, "cls") : NULL;
-    LLVMValueRef tile = cls ? aj_kb_var(kb, kb->t_i32, NULL, "tile") : NULL;
-    if (p->stages == 2) {   /* the first tile's copy; each step issues the next */
-        LLVMValueRef m0 = aj_kb_mul(
-            f.kb,
-            issue_begin(&f, &walk, aj_kb_slt(f.kb, walk.begin, walk.end), walk.begin, cls, tile),
-            aj_kb_i32(f.kb, p->bm));
-        load_tile(&f, AJ_PSRC_q, q_base, m0, f.seq_q, p->bm, p->d, qt);
-        load_tile(&f, AJ_PSRC_do, do_base, m0, f.seq_q, p->bm, p->dv, dot);
-        issue_end(&f, cls);
-        aj_kb_cp_async_commit(kb);
-    }
+    tile_pipe pp = {.f = &f, .walk = &walk, .extent = p->bm, .seq = f.seq_q,
+                    .op = {{AJ_PSRC_q, q_base, p->d, qt}, {AJ_PSRC_do, do_base, p->dv, dot}}};
+    pipe_begin(&pp);
     LLVMValueRef pos = aj_kb_for_begin(kb, walk.begin, walk.end, aj_kb_i32(f.kb, 1), "walk");
     {
-        smem_tile q_cur = qt, do_cur = dot;
-        LLVMValueRef cls_m = cls && p->stages == 2 ? aj_kb_get(kb, cls) : NULL;
-        LLVMValueRef m = cls && p->stages == 2 ? aj_kb_get(kb, tile) : pos;
-        if (p->stages == 2) {
-            LLVMValueRef cur =
-                LLVMBuildAnd(b, LLVMBuildSub(b, pos, walk.begin, ""), aj_kb_i32(f.kb, 1), "");
-            LLVMValueRef nxt = LLVMBuildXor(b, cur, aj_kb_i32(f.kb, 1), "");
-            q_cur = tile_copy(&f, qt, p->bm, cur);
-            do_cur = tile_copy(&f, dot, p->bm, cur);
-            LLVMValueRef an = aj_kb_add(f.kb, pos, aj_kb_i32(f.kb, 1));
-            LLVMValueRef mn0 = aj_kb_mul(
-                f.kb, issue_begin(&f, &walk, aj_kb_slt(f.kb, an, walk.end), an, cls, tile),
-                aj_kb_i32(f.kb, p->bm));
-            load_tile(&f, AJ_PSRC_q, q_base, mn0, f.seq_q, p->bm, p->d,
-                      tile_copy(&f, qt, p->bm, nxt));
-            load_tile(&f, AJ_PSRC_do, do_base, mn0, f.seq_q, p->bm, p->dv,
-                      tile_copy(&f, dot, p->bm, nxt));
-            issue_end(&f, cls);
-            aj_kb_cp_async_commit(kb);
-            aj_kb_cp_async_wait(kb, 1);
-        } else {
-            LLVMValueRef m0 = aj_kb_mul(
-                f.kb, issue_begin(&f, &walk, LLVMConstInt(kb->t_i1, 1, 0), pos, cls, tile),
-                aj_kb_i32(f.kb, p->bm));
-            load_tile(&f, AJ_PSRC_q, q_base, m0, f.seq_q, p->bm, p->d, qt);
-            load_tile(&f, AJ_PSRC_do, do_base, m0, f.seq_q, p->bm, p->dv, dot);
-            issue_end(&f, cls);
-            cls_m = cls ? aj_kb_get(kb, cls) : NULL;
-            m = cls ? aj_kb_get(kb, tile) : pos;
-            aj_kb_cp_async_wait_all(kb);
-        }
-        LLVMValueRef m0 = aj_kb_mul(f.kb, m, aj_kb_i32(f.kb, p->bm));
+        LLVMValueRef cls_m;
+        LLVMValueRef m0 = aj_kb_mul(f.kb, pipe_step(&pp, pos, &cls_m), aj_kb_i32(f.kb, p->bm));
+        smem_tile q_cur = pp.cur[0], do_cur = pp.cur[1];
         step_begin(&f, cls_m);
         load_stats(&f, h, m0, p->bm, stats);
         aj_kb_barrier(kb);   /* K, V, Q, dO and the stats are in */
@@ -1181,53 +1235,14 @@ static void build_dq(aj_kb *kb, const aj_op *op, const fbwd_plan *plan,
      * block (score.h) */
     aj_score_walk walk;
     aj_score_walk_keys(&f.sc, &walk, m0, i_last, p->bn, n_begin, n_end, f.seq_q, f.seq_k);
-    /* with a mask rest: the class and tile whose copy was issued last */
-    LLVMValueRef cls = aj_score_has_rest(prog) ? aj_kb_var(kb, kb->t_i32, NULL, "cls") : NULL;
-    LLVMValueRef tile = cls ? aj_kb_var(kb, kb->t_i32, NULL, "tile") : NULL;
-    if (p->stages == 2) {
-        LLVMValueRef n0 = aj_kb_mul(
-            f.kb,
-            issue_begin(&f, &walk, aj_kb_slt(f.kb, walk.begin, walk.end), walk.begin, cls, tile),
-            aj_kb_i32(f.kb, p->bn));
-        load_tile(&f, AJ_PSRC_k, k_base, n0, f.seq_k, p->bn, p->d, kt);
-        load_tile(&f, AJ_PSRC_v, v_base, n0, f.seq_k, p->bn, p->dv, vt);
-        issue_end(&f, cls);
-        aj_kb_cp_async_commit(kb);
-    }
+    tile_pipe pp = {.f = &f, .walk = &walk, .extent = p->bn, .seq = f.seq_k,
+                    .op = {{AJ_PSRC_k, k_base, p->d, kt}, {AJ_PSRC_v, v_base, p->dv, vt}}};
+    pipe_begin(&pp);
     LLVMValueRef pos = aj_kb_for_begin(kb, walk.begin, walk.end, aj_kb_i32(f.kb, 1), "walk");
     {
-        smem_tile k_cur = kt, v_cur = vt;
-        LLVMValueRef cls_n = cls && p->stages == 2 ? aj_kb_get(kb, cls) : NULL;
-        LLVMValueRef n = cls && p->stages == 2 ? aj_kb_get(kb, tile) : pos;
-        if (p->stages == 2) {
-            LLVMValueRef cur =
-                LLVMBuildAnd(b, LLVMBuildSub(b, pos, walk.begin, ""), aj_kb_i32(f.kb, 1), "");
-            LLVMValueRef nxt = LLVMBuildXor(b, cur, aj_kb_i32(f.kb, 1), "");
-            k_cur = tile_copy(&f, kt, p->bn, cur);
-            v_cur = tile_copy(&f, vt, p->bn, cur);
-            LLVMValueRef an = aj_kb_add(f.kb, pos, aj_kb_i32(f.kb, 1));
-            LLVMValueRef nn0 = aj_kb_mul(
-                f.kb, issue_begin(&f, &walk, aj_kb_slt(f.kb, an, walk.end), an, cls, tile),
-                aj_kb_i32(f.kb, p->bn));
-            load_tile(&f, AJ_PSRC_k, k_base, nn0, f.seq_k, p->bn, p->d,
-                      tile_copy(&f, kt, p->bn, nxt));
-            load_tile(&f, AJ_PSRC_v, v_base, nn0, f.seq_k, p->bn, p->dv,
-                      tile_copy(&f, vt, p->bn, nxt));
-            issue_end(&f, cls);
-            aj_kb_cp_async_commit(kb);
-            aj_kb_cp_async_wait(kb, 1);
-        } else {
-            LLVMValueRef n0 = aj_kb_mul(
-                f.kb, issue_begin(&f, &walk, LLVMConstInt(kb->t_i1, 1, 0), pos, cls, tile),
-                aj_kb_i32(f.kb, p->bn));
-            load_tile(&f, AJ_PSRC_k, k_base, n0, f.seq_k, p->bn, p->d, kt);
-            load_tile(&f, AJ_PSRC_v, v_base, n0, f.seq_k, p->bn, p->dv, vt);
-            issue_end(&f, cls);
-            cls_n = cls ? aj_kb_get(kb, cls) : NULL;
-            n = cls ? aj_kb_get(kb, tile) : pos;
-            aj_kb_cp_async_wait_all(kb);
-        }
-        LLVMValueRef n0 = aj_kb_mul(f.kb, n, aj_kb_i32(f.kb, p->bn));
+        LLVMValueRef cls_n;
+        LLVMValueRef n0 = aj_kb_mul(f.kb, pipe_step(&pp, pos, &cls_n), aj_kb_i32(f.kb, p->bn));
+        smem_tile k_cur = pp.cur[0], v_cur = pp.cur[1];
         step_begin(&f, cls_n);
         aj_kb_barrier(kb);   /* Q, dO, stats (first step), K and V are in */
 
