@@ -637,7 +637,7 @@ static void build_dkdv(aj_kb *kb, const aj_op *op, const ebwd_plan *plan,
             dv[k][c] = zero_var(kb, "dv");
     }
 
-    LLVMValueRef n0 = LLVMBuildMul(b, aj_kb_block_id(kb, 0), aj_kb_i32(e.kb, p->bn), "n0");
+    LLVMValueRef n0 = LLVMBuildMul(b, aj_kb_block_id(kb, 0), aj_kb_i32(kb, p->bn), "n0");
     LLVMValueRef hkv = aj_kb_block_id(kb, 1);
     LLVMValueRef bidx = aj_kb_block_id(kb, 2);
     LLVMValueRef group_size =
@@ -646,20 +646,20 @@ static void build_dkdv(aj_kb *kb, const aj_op *op, const ebwd_plan *plan,
     /* this thread's keys (local) and query columns (within a step) */
     LLVMValueRef keys[MAX_ROWS], qcols[MAX_COLS];
     for (int k = 0; k < rk; k++)
-        keys[k] = LLVMBuildAdd(b, e.group, aj_kb_i32(e.kb, p->r * k), "");
+        keys[k] = LLVMBuildAdd(b, e.group, aj_kb_i32(kb, p->r * k), "");
     for (int t = 0; t < cq; t++)
-        qcols[t] = LLVMBuildAdd(b, e.lane, aj_kb_i32(e.kb, p->g * t), "");
+        qcols[t] = LLVMBuildAdd(b, e.lane, aj_kb_i32(kb, p->g * t), "");
 
     aj_tile_src ksrc = {aj_param(kb, AJ_PID(k)),
                         aj_attn_slice_base(e.kb, AJ_PSRC_k, bidx, hkv),
-                        aj_param_stride_s(e.kb, AJ_PSRC_k),
+                        aj_param_stride_s(kb, AJ_PSRC_k),
                         n0,
                         e.seq_k,
                         p->dtype};
     aj_tile_load_f32(kb, &ksrc, p->bn, p->d, smem_k, ldk, e.tid, p->threads);
     aj_tile_src vsrc = {aj_param(kb, AJ_PID(v)),
                         aj_attn_slice_base(e.kb, AJ_PSRC_v, bidx, hkv),
-                        aj_param_stride_s(e.kb, AJ_PSRC_v),
+                        aj_param_stride_s(kb, AJ_PSRC_v),
                         n0,
                         e.seq_k,
                         p->dtype};
@@ -668,14 +668,14 @@ static void build_dkdv(aj_kb *kb, const aj_op *op, const ebwd_plan *plan,
     /* query rows the band shows a key of this block (for every head) */
     set_head(&e, bidx, LLVMBuildMul(b, hkv, group_size, ""));
     LLVMValueRef j_last =
-        LLVMBuildSub(b, aj_kb_smin(kb, LLVMBuildAdd(b, n0, aj_kb_i32(e.kb, p->bn), ""), e.seq_k),
-                     aj_kb_i32(e.kb, 1), "");
+        LLVMBuildSub(b, aj_kb_smin(kb, LLVMBuildAdd(b, n0, aj_kb_i32(kb, p->bn), ""), e.seq_k),
+                     aj_kb_i32(kb, 1), "");
     LLVMValueRef i_lo, i_hi;
     aj_score_row_range(&e.sc, n0, j_last, e.seq_q, &i_lo, &i_hi);
     LLVMValueRef m_begin, m_end;
     block_range(&e, i_lo, i_hi, p->bm, &m_begin, &m_end);
 
-    LLVMValueRef hq = aj_kb_for_begin(kb, aj_kb_i32(e.kb, 0), group_size, aj_kb_i32(e.kb, 1), "hq");
+    LLVMValueRef hq = aj_kb_for_begin(kb, aj_kb_i32(kb, 0), group_size, aj_kb_i32(kb, 1), "hq");
     LLVMValueRef h = LLVMBuildAdd(b, LLVMBuildMul(b, hkv, group_size, ""), hq, "h");
     set_head(&e, bidx, h);
     LLVMValueRef q_base = aj_attn_slice_base(e.kb, AJ_PSRC_q, bidx, h);
@@ -686,43 +686,43 @@ static void build_dkdv(aj_kb *kb, const aj_op *op, const ebwd_plan *plan,
      * block (score.h) */
     aj_score_walk walk;
     aj_score_walk_rows(&e.sc, &walk, n0, j_last, p->bm, m_begin, m_end, e.seq_q, e.seq_k);
-    LLVMValueRef at = aj_kb_for_begin(kb, walk.begin, walk.end, aj_kb_i32(e.kb, 1), "walk");
+    LLVMValueRef at = aj_kb_for_begin(kb, walk.begin, walk.end, aj_kb_i32(kb, 1), "walk");
     {
         LLVMValueRef cls = NULL;
         LLVMValueRef m = aj_score_walk_tile(&e.sc, &walk, at, aj_score_has_mask(prog) ? &cls
                                                                                      : NULL);
-        LLVMValueRef m0 = LLVMBuildMul(b, m, aj_kb_i32(e.kb, p->bm), "m0");
+        LLVMValueRef m0 = LLVMBuildMul(b, m, aj_kb_i32(kb, p->bm), "m0");
         if (aj_score_has_rest(prog))   /* the band bounds the walk already */
-            aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntNE, cls, aj_kb_i32(e.kb, AJ_TILE_SKIP), ""));
+            aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntNE, cls, aj_kb_i32(kb, AJ_TILE_SKIP), ""));
         aj_kb_barrier(kb);   /* the previous step's readers are done */
         aj_tile_src qsrc = {aj_param(kb, AJ_PID(q)),
                             q_base,
-                            aj_param_stride_s(e.kb, AJ_PSRC_q),
+                            aj_param_stride_s(kb, AJ_PSRC_q),
                             m0,
                             e.seq_q,
                             p->dtype};
         aj_tile_load_f32(kb, &qsrc, p->bm, p->d, smem_q, ldq, e.tid, p->threads);
         aj_tile_src dosrc = {aj_param(kb, AJ_PID(do)),
                              do_base,
-                             aj_param_stride_s(e.kb, AJ_PSRC_do),
+                             aj_param_stride_s(kb, AJ_PSRC_do),
                              m0,
                              e.seq_q,
                              p->dtype};
         aj_tile_load_f32(kb, &dosrc, p->bm, p->dv, smem_do, ldo, e.tid, p->threads);
         /* row groups over the step's queries: LSE and Delta to shared memory */
-        LLVMValueRef last = LLVMBuildSub(b, e.seq_q, aj_kb_i32(e.kb, 1), "");
+        LLVMValueRef last = LLVMBuildSub(b, e.seq_q, aj_kb_i32(kb, 1), "");
         for (int k = 0; k < (p->bm + p->r - 1) / p->r; k++) {
-            LLVMValueRef row = LLVMBuildAdd(b, e.group, aj_kb_i32(e.kb, p->r * k), "");
-            LLVMValueRef rowc = aj_kb_smin(kb, row, aj_kb_i32(e.kb, p->bm - 1));
+            LLVMValueRef row = LLVMBuildAdd(b, e.group, aj_kb_i32(kb, p->r * k), "");
+            LLVMValueRef rowc = aj_kb_smin(kb, row, aj_kb_i32(kb, p->bm - 1));
             LLVMValueRef ic = aj_kb_smin(kb, LLVMBuildAdd(b, m0, rowc, ""), last);
             LLVMValueRef lse2, delta;
             emit_row_stats(&e, ic, o_base, do_base, lse_base, &lse2, &delta);
-            LLVMValueRef store = LLVMBuildICmp(b, LLVMIntEQ, e.lane, aj_kb_i32(e.kb, 0), "");
+            LLVMValueRef store = LLVMBuildICmp(b, LLVMIntEQ, e.lane, aj_kb_i32(kb, 0), "");
             store = LLVMBuildAnd(b, store,
-                                 LLVMBuildICmp(b, LLVMIntSLT, row, aj_kb_i32(e.kb, p->bm), ""), "");
+                                 LLVMBuildICmp(b, LLVMIntSLT, row, aj_kb_i32(kb, p->bm), ""), "");
             aj_kb_if_begin(kb, store);
             aj_smem_store1(kb, smem_stats, row, lse2);
-            aj_smem_store1(kb, smem_stats, LLVMBuildAdd(b, row, aj_kb_i32(e.kb, p->bm), ""), delta);
+            aj_smem_store1(kb, smem_stats, LLVMBuildAdd(b, row, aj_kb_i32(kb, p->bm), ""), delta);
             aj_kb_if_end(kb);
         }
         aj_kb_barrier(kb);
@@ -820,7 +820,7 @@ static void build_dq(aj_kb *kb, const aj_op *op, const ebwd_plan *plan,
             dq[k][c] = zero_var(kb, "dq");
     }
 
-    LLVMValueRef m0 = LLVMBuildMul(b, aj_kb_block_id(kb, 0), aj_kb_i32(e.kb, p->bm), "m0");
+    LLVMValueRef m0 = LLVMBuildMul(b, aj_kb_block_id(kb, 0), aj_kb_i32(kb, p->bm), "m0");
     LLVMValueRef h = aj_kb_block_id(kb, 1);
     LLVMValueRef bidx = aj_kb_block_id(kb, 2);
     LLVMValueRef group_size =
@@ -828,9 +828,9 @@ static void build_dq(aj_kb *kb, const aj_op *op, const ebwd_plan *plan,
 
     LLVMValueRef rows[MAX_ROWS], kcols[MAX_COLS];
     for (int k = 0; k < rm; k++)
-        rows[k] = LLVMBuildAdd(b, e.group, aj_kb_i32(e.kb, p->r * k), "");
+        rows[k] = LLVMBuildAdd(b, e.group, aj_kb_i32(kb, p->r * k), "");
     for (int t = 0; t < cn; t++)
-        kcols[t] = LLVMBuildAdd(b, e.lane, aj_kb_i32(e.kb, p->g * t), "");
+        kcols[t] = LLVMBuildAdd(b, e.lane, aj_kb_i32(kb, p->g * t), "");
 
     /* with bias, the loop over the (b, h) pairs folded onto the CTA's dbias */
     LLVMValueRef first = has_bias ? begin_bias_pairs(&e, &bidx, &h, dq, rm) : NULL;
@@ -841,14 +841,14 @@ static void build_dq(aj_kb *kb, const aj_op *op, const ebwd_plan *plan,
 
     aj_tile_src qsrc = {aj_param(kb, AJ_PID(q)),
                         aj_attn_slice_base(e.kb, AJ_PSRC_q, bidx, h),
-                        aj_param_stride_s(e.kb, AJ_PSRC_q),
+                        aj_param_stride_s(kb, AJ_PSRC_q),
                         m0,
                         e.seq_q,
                         p->dtype};
     aj_tile_load_f32(kb, &qsrc, p->bm, p->d, smem_q, ldq, e.tid, p->threads);
     aj_tile_src dosrc = {aj_param(kb, AJ_PID(do)),
                          aj_attn_slice_base(e.kb, AJ_PSRC_do, bidx, h),
-                         aj_param_stride_s(e.kb, AJ_PSRC_do),
+                         aj_param_stride_s(kb, AJ_PSRC_do),
                          m0,
                          e.seq_q,
                          p->dtype};
@@ -860,7 +860,7 @@ static void build_dq(aj_kb *kb, const aj_op *op, const ebwd_plan *plan,
     LLVMValueRef do_base = aj_attn_slice_base(e.kb, AJ_PSRC_do, bidx, h);
     LLVMValueRef lse_base = aj_attn_slice_base(e.kb, AJ_PSRC_lse, bidx, h);
     LLVMValueRef dbias_base = has_bias ? aj_attn_slice_base(e.kb, AJ_PSRC_dbias, bidx, h) : NULL;
-    LLVMValueRef last = LLVMBuildSub(b, e.seq_q, aj_kb_i32(e.kb, 1), "");
+    LLVMValueRef last = LLVMBuildSub(b, e.seq_q, aj_kb_i32(kb, 1), "");
     LLVMValueRef lse2[MAX_ROWS], delta[MAX_ROWS], gi[MAX_ROWS];
     LLVMValueRef dbias_row[MAX_ROWS];
     for (int k = 0; k < rm; k++) {
@@ -868,23 +868,21 @@ static void build_dq(aj_kb *kb, const aj_op *op, const ebwd_plan *plan,
         emit_row_stats(&e, aj_kb_smin(kb, gi[k], last), o_base, do_base, lse_base, &lse2[k],
                        &delta[k]);
         if (has_bias)
-            dbias_row[k] = LLVMBuildAdd(b, dbias_base,
-                                        LLVMBuildMul(b, aj_kb_sext64(e.kb, gi[k]),
-                                                     aj_param(kb, AJ_PID(stride_dbias_s)), ""),
-                                        "");
+            dbias_row[k] = LLVMBuildAdd(
+                b, dbias_base,
+                LLVMBuildMul(b, aj_kb_sext64(kb, gi[k]), aj_param(kb, AJ_PID(stride_dbias_s)), ""),
+                "");
     }
 
     /* key blocks holding a key visible to some row of the CTA; with bias
      * every key block, so that hidden elements get dbias = 0 */
     LLVMValueRef n_begin, n_end;
-    LLVMValueRef rows_here =
-        aj_kb_smin(kb, aj_kb_i32(e.kb, p->bm), LLVMBuildSub(b, e.seq_q, m0, ""));
-    LLVMValueRef i_last =
-        LLVMBuildAdd(b, m0, LLVMBuildSub(b, rows_here, aj_kb_i32(e.kb, 1), ""), "");
+    LLVMValueRef rows_here = aj_kb_smin(kb, aj_kb_i32(kb, p->bm), LLVMBuildSub(b, e.seq_q, m0, ""));
+    LLVMValueRef i_last = LLVMBuildAdd(b, m0, LLVMBuildSub(b, rows_here, aj_kb_i32(kb, 1), ""), "");
     if (has_bias) {
-        n_begin = aj_kb_i32(e.kb, 0);
-        n_end = LLVMBuildSDiv(b, LLVMBuildAdd(b, e.seq_k, aj_kb_i32(e.kb, p->bn - 1), ""),
-                              aj_kb_i32(e.kb, p->bn), "");
+        n_begin = aj_kb_i32(kb, 0);
+        n_end = LLVMBuildSDiv(b, LLVMBuildAdd(b, e.seq_k, aj_kb_i32(kb, p->bn - 1), ""),
+                              aj_kb_i32(kb, p->bn), "");
     } else {
         LLVMValueRef j_lo_all, j_hi_all;
         aj_score_key_range(&e.sc, m0, i_last, e.seq_k, &j_lo_all, &j_hi_all);
@@ -897,26 +895,26 @@ static void build_dq(aj_kb *kb, const aj_op *op, const ebwd_plan *plan,
     aj_score_walk_keys(&e.sc, &walk, m0, i_last, p->bn, n_begin, n_end, e.seq_q, e.seq_k);
     if (has_bias)
         aj_score_walk_every(&walk);
-    LLVMValueRef at = aj_kb_for_begin(kb, walk.begin, walk.end, aj_kb_i32(e.kb, 1), "walk");
+    LLVMValueRef at = aj_kb_for_begin(kb, walk.begin, walk.end, aj_kb_i32(kb, 1), "walk");
     {
         LLVMValueRef cls = NULL;
         LLVMValueRef n = aj_score_walk_tile(&e.sc, &walk, at, aj_score_has_mask(prog) ? &cls
                                                                                      : NULL);
-        LLVMValueRef n0 = LLVMBuildMul(b, n, aj_kb_i32(e.kb, p->bn), "n0");
+        LLVMValueRef n0 = LLVMBuildMul(b, n, aj_kb_i32(kb, p->bn), "n0");
         int skips = aj_score_has_rest(prog) && !has_bias;
         if (skips)
-            aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntNE, cls, aj_kb_i32(e.kb, AJ_TILE_SKIP), ""));
+            aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntNE, cls, aj_kb_i32(kb, AJ_TILE_SKIP), ""));
         aj_kb_barrier(kb);   /* the previous block's readers of K, V, dS are done */
         aj_tile_src ksrc = {aj_param(kb, AJ_PID(k)),
                             k_base,
-                            aj_param_stride_s(e.kb, AJ_PSRC_k),
+                            aj_param_stride_s(kb, AJ_PSRC_k),
                             n0,
                             e.seq_k,
                             p->dtype};
         aj_tile_load_f32(kb, &ksrc, p->bn, p->d, smem_k, ldk, e.tid, p->threads);
         aj_tile_src vsrc = {aj_param(kb, AJ_PID(v)),
                             v_base,
-                            aj_param_stride_s(e.kb, AJ_PSRC_v),
+                            aj_param_stride_s(kb, AJ_PSRC_v),
                             n0,
                             e.seq_k,
                             p->dtype};

@@ -976,28 +976,38 @@ static LLVMValueRef step_class(fbwd *f, const aj_score_walk *w, LLVMValueRef cls
 
 /* ---------------------------------------------------------------- delta */
 
+/* The head of a stage with one thread per query row (delta, dq_convert):
+ * DELTA_ROWS rows a CTA, its head *h, its row *i; opens the block of the
+ * rows inside the sequence. */
+static void begin_row_stage(fbwd *f, aj_kb *kb, const aj_op *op, const fbwd_plan *plan,
+                            const aj_score_prog *prog, const char *name, LLVMValueRef *h,
+                            LLVMValueRef *i)
+{
+    aj_params_declare(kb, AJ_KSIG_FLASH_BWD, op, prog);
+    aj_kb_begin_stage(kb, name, DELTA_ROWS);
+    fbwd_plan p1 = *plan;
+    p1.threads = DELTA_ROWS;
+    setup(f, kb, op, &p1, prog);
+    *h = aj_kb_block_id(kb, 1);
+    *i = aj_kb_add(kb, aj_kb_mul(kb, aj_kb_block_id(kb, 0), aj_kb_i32(kb, DELTA_ROWS)), f->tid);
+    aj_kb_if_begin(kb, aj_kb_slt(kb, *i, f->seq_q));
+}
+
 /* Delta_i = dO_i . O_i (f32) into the workspace, one thread per row;
  * without determinism also zeroes the row's dQacc. */
 static void build_delta(aj_kb *kb, const aj_op *op, const fbwd_plan *plan,
                         const aj_score_prog *prog)
 {
-    aj_params_declare(kb, AJ_KSIG_FLASH_BWD, op, prog);
-    aj_kb_begin_stage(kb, "delta", DELTA_ROWS);
     fbwd f;
-    fbwd_plan p1 = *plan;
-    p1.threads = DELTA_ROWS;
-    setup(&f, kb, op, &p1, prog);
+    LLVMValueRef h, i;
+    begin_row_stage(&f, kb, op, plan, prog, "delta", &h, &i);
     LLVMBuilderRef b = kb->b;
-    LLVMValueRef h = aj_kb_block_id(kb, 1);
-    LLVMValueRef i =
-        aj_kb_add(f.kb, aj_kb_mul(f.kb, aj_kb_block_id(kb, 0), aj_kb_i32(f.kb, DELTA_ROWS)), f.tid);
-    aj_kb_if_begin(kb, aj_kb_slt(f.kb, i, f.seq_q));
     LLVMValueRef orow =
-        aj_kb_add(f.kb, row0_base(&f, AJ_PSRC_o, h, f.q_start),
-                  aj_kb_mul(f.kb, aj_kb_sext64(f.kb, i), aj_param_stride_s(f.kb, AJ_PSRC_o)));
+        aj_kb_add(kb, row0_base(&f, AJ_PSRC_o, h, f.q_start),
+                  aj_kb_mul(kb, aj_kb_sext64(kb, i), aj_param_stride_s(kb, AJ_PSRC_o)));
     LLVMValueRef drow =
-        aj_kb_add(f.kb, row0_base(&f, AJ_PSRC_do, h, f.q_start),
-                  aj_kb_mul(f.kb, aj_kb_sext64(f.kb, i), aj_param_stride_s(f.kb, AJ_PSRC_do)));
+        aj_kb_add(kb, row0_base(&f, AJ_PSRC_do, h, f.q_start),
+                  aj_kb_mul(kb, aj_kb_sext64(kb, i), aj_param_stride_s(kb, AJ_PSRC_do)));
     LLVMValueRef sum = aj_kb_var(kb, kb->t_f32, aj_kb_f32(kb, 0), "sum");
     LLVMValueRef x = aj_kb_for_begin(kb, aj_kb_i64(kb, 0), aj_kb_i64(kb, plan->dv / 4),
                                      aj_kb_i64(kb, 1), "x");
@@ -1006,30 +1016,28 @@ static void build_delta(aj_kb *kb, const aj_op *op, const fbwd_plan *plan,
     LLVMValueRef ov =
         aj_kb_load(kb, v4,
                    aj_kb_gptr_offset(kb, aj_param(kb, AJ_PID(o)),
-                                     aj_kb_mul(f.kb, aj_kb_add(f.kb, orow, col), aj_kb_i64(kb, 2))),
+                                     aj_kb_mul(kb, aj_kb_add(kb, orow, col), aj_kb_i64(kb, 2))),
                    8);
     LLVMValueRef dv =
         aj_kb_load(kb, v4,
                    aj_kb_gptr_offset(kb, aj_param(kb, AJ_PID(do)),
-                                     aj_kb_mul(f.kb, aj_kb_add(f.kb, drow, col), aj_kb_i64(kb, 2))),
+                                     aj_kb_mul(kb, aj_kb_add(kb, drow, col), aj_kb_i64(kb, 2))),
                    8);
     LLVMValueRef s = aj_kb_get(kb, sum);
     for (int e = 0; e < 4; e++)
         s = aj_kb_fma(
-            kb,
-            aj_kb_to_f32(kb, LLVMBuildExtractElement(b, ov, aj_kb_i32(f.kb, e), ""), plan->dtype),
-            aj_kb_to_f32(kb, LLVMBuildExtractElement(b, dv, aj_kb_i32(f.kb, e), ""), plan->dtype),
-            s);
+            kb, aj_kb_to_f32(kb, LLVMBuildExtractElement(b, ov, aj_kb_i32(kb, e), ""), plan->dtype),
+            aj_kb_to_f32(kb, LLVMBuildExtractElement(b, dv, aj_kb_i32(kb, e), ""), plan->dtype), s);
     aj_kb_set(kb, sum, s);
     aj_kb_for_end(kb);
-    LLVMValueRef r = aj_kb_add(f.kb, ws_row0(&f, h), aj_kb_sext64(f.kb, i));
+    LLVMValueRef r = aj_kb_add(kb, ws_row0(&f, h), aj_kb_sext64(kb, i));
     aj_kb_store(kb, aj_kb_get(kb, sum), ws_ptr(&f, r), 4);
     if (!plan->deterministic) {
-        LLVMValueRef base = aj_kb_add(f.kb, aj_param(kb, AJ_PID(ws_dq_offset)),
-                                      aj_kb_mul(f.kb, r, aj_kb_i64(kb, plan->d)));
+        LLVMValueRef base = aj_kb_add(kb, aj_param(kb, AJ_PID(ws_dq_offset)),
+                                      aj_kb_mul(kb, r, aj_kb_i64(kb, plan->d)));
         LLVMTypeRef f4 = LLVMVectorType(kb->t_f32, 4);
         for (int c = 0; c < plan->d; c += 4)
-            aj_kb_store(kb, LLVMConstNull(f4), ws_ptr(&f, aj_kb_add(f.kb, base, aj_kb_i64(kb, c))),
+            aj_kb_store(kb, LLVMConstNull(f4), ws_ptr(&f, aj_kb_add(kb, base, aj_kb_i64(kb, c))),
                         16);
     }
     aj_kb_if_end(kb);
@@ -1100,12 +1108,12 @@ static void build_dkdv(aj_kb *kb, const aj_op *op, const fbwd_plan *plan,
     if (!p->deterministic)
         acc_init(&f, &dq, p->bm, p->d, "dq");
 
-    LLVMValueRef n0 = aj_kb_mul(f.kb, aj_kb_block_id(kb, 0), aj_kb_i32(f.kb, p->bn));
+    LLVMValueRef n0 = aj_kb_mul(kb, aj_kb_block_id(kb, 0), aj_kb_i32(kb, p->bn));
     LLVMValueRef hkv = aj_kb_block_id(kb, 1);
     LLVMValueRef group = LLVMBuildSDiv(b, aj_param(kb, AJ_PID(heads_q)),
                                        aj_param(kb, AJ_PID(heads_kv)), "group");
     /* varlen: the grid covers the longest sequence */
-    aj_kb_if_begin(kb, aj_kb_slt(f.kb, n0, f.seq_k));
+    aj_kb_if_begin(kb, aj_kb_slt(kb, n0, f.seq_k));
     LLVMValueRef k_base = row0_base(&f, AJ_PSRC_k, hkv, f.k_start);
     LLVMValueRef v_base = row0_base(&f, AJ_PSRC_v, hkv, f.k_start);
     load_tile(&f, AJ_PSRC_k, k_base, n0, f.seq_k, p->bn, p->d, kt);
@@ -1113,24 +1121,23 @@ static void build_dkdv(aj_kb *kb, const aj_op *op, const fbwd_plan *plan,
     aj_kb_cp_async_commit(kb);
 
     /* query rows the band shows a key of this block (for every head) */
-    set_head(&f, aj_kb_mul(f.kb, hkv, group));
-    LLVMValueRef j_last =
-        LLVMBuildSub(b, aj_kb_smin(kb, aj_kb_add(f.kb, n0, aj_kb_i32(f.kb, p->bn)), f.seq_k),
-                     aj_kb_i32(f.kb, 1), "");
+    set_head(&f, aj_kb_mul(kb, hkv, group));
+    LLVMValueRef j_last = LLVMBuildSub(
+        b, aj_kb_smin(kb, aj_kb_add(kb, n0, aj_kb_i32(kb, p->bn)), f.seq_k), aj_kb_i32(kb, 1), "");
     LLVMValueRef i_lo, i_hi;
     aj_score_row_range(&f.sc, n0, j_last, f.seq_q, &i_lo, &i_hi);
     LLVMValueRef m_begin, m_end;
     block_range(&f, i_lo, i_hi, p->bm, &m_begin, &m_end);
 
-    LLVMValueRef hq = aj_kb_for_begin(kb, aj_kb_i32(f.kb, 0), group, aj_kb_i32(f.kb, 1), "hq");
-    LLVMValueRef h = aj_kb_add(f.kb, aj_kb_mul(f.kb, hkv, group), hq);
+    LLVMValueRef hq = aj_kb_for_begin(kb, aj_kb_i32(kb, 0), group, aj_kb_i32(kb, 1), "hq");
+    LLVMValueRef h = aj_kb_add(kb, aj_kb_mul(kb, hkv, group), hq);
     set_head(&f, h);
     LLVMValueRef q_base = row0_base(&f, AJ_PSRC_q, h, f.q_start);
     LLVMValueRef do_base = row0_base(&f, AJ_PSRC_do, h, f.q_start);
     LLVMValueRef dq_row0 = NULL;
     if (!p->deterministic)
-        dq_row0 = aj_kb_add(f.kb, aj_param(kb, AJ_PID(ws_dq_offset)),
-                            aj_kb_mul(f.kb, ws_row0(&f, h), aj_kb_i64(kb, p->d)));
+        dq_row0 = aj_kb_add(kb, aj_param(kb, AJ_PID(ws_dq_offset)),
+                            aj_kb_mul(kb, ws_row0(&f, h), aj_kb_i64(kb, p->d)));
     /* the row blocks of the range, or the block mask's list of the key
      * block (score.h) */
     aj_score_walk walk;
@@ -1138,10 +1145,10 @@ static void build_dkdv(aj_kb *kb, const aj_op *op, const fbwd_plan *plan,
     tile_pipe pp = {.f = &f, .walk = &walk, .extent = p->bm, .seq = f.seq_q,
                     .op = {{AJ_PSRC_q, q_base, p->d, qt}, {AJ_PSRC_do, do_base, p->dv, dot}}};
     pipe_begin(&pp);
-    LLVMValueRef pos = aj_kb_for_begin(kb, walk.begin, walk.end, aj_kb_i32(f.kb, 1), "walk");
+    LLVMValueRef pos = aj_kb_for_begin(kb, walk.begin, walk.end, aj_kb_i32(kb, 1), "walk");
     {
         LLVMValueRef cls_m;
-        LLVMValueRef m0 = aj_kb_mul(f.kb, pipe_step(&pp, pos, &cls_m), aj_kb_i32(f.kb, p->bm));
+        LLVMValueRef m0 = aj_kb_mul(kb, pipe_step(&pp, pos, &cls_m), aj_kb_i32(kb, p->bm));
         smem_tile q_cur = pp.cur[0], do_cur = pp.cur[1];
         step_begin(&f, cls_m);
         load_stats(&f, h, m0, p->bm, stats);
@@ -1150,8 +1157,8 @@ static void build_dkdv(aj_kb *kb, const aj_op *op, const fbwd_plan *plan,
         /* S^T = K Q^T, dP^T = V dO^T: A = K (keys x d), B[d][query] = Q(query, d) */
         acc_zero(&f, &s);
         acc_zero(&f, &dp);
-        operand ka = {kt, 0, aj_kb_i32(f.kb, 0)}, qb = {q_cur, 0, aj_kb_i32(f.kb, 0)};
-        operand va = {vt, 0, aj_kb_i32(f.kb, 0)}, dob = {do_cur, 0, aj_kb_i32(f.kb, 0)};
+        operand ka = {kt, 0, aj_kb_i32(kb, 0)}, qb = {q_cur, 0, aj_kb_i32(kb, 0)};
+        operand va = {vt, 0, aj_kb_i32(kb, 0)}, dob = {do_cur, 0, aj_kb_i32(kb, 0)};
         warp_mma(&f, &s, p->d, &ka, &qb);
         warp_mma(&f, &dp, p->dv, &va, &dob);
         p_ds_pass pass = {&f, &s, &dp, 1, m0, n0, stats, &ptt, dst};
@@ -1160,8 +1167,8 @@ static void build_dkdv(aj_kb *kb, const aj_op *op, const fbwd_plan *plan,
         aj_kb_barrier(kb);   /* P^T and dS^T are complete */
 
         /* dV += P^T dO, dK += dS^T Q: B[query][d] = tile(query, d), k-major */
-        operand pa = {ptt, 0, aj_kb_i32(f.kb, 0)}, dsa = {dst, 0, aj_kb_i32(f.kb, 0)};
-        operand dob_k = {do_cur, 1, aj_kb_i32(f.kb, 0)}, qb_k = {q_cur, 1, aj_kb_i32(f.kb, 0)};
+        operand pa = {ptt, 0, aj_kb_i32(kb, 0)}, dsa = {dst, 0, aj_kb_i32(kb, 0)};
+        operand dob_k = {do_cur, 1, aj_kb_i32(kb, 0)}, qb_k = {q_cur, 1, aj_kb_i32(kb, 0)};
         warp_mma(&f, &dv, p->bm, &pa, &dob_k);
         warp_mma(&f, &dk, p->bm, &dsa, &qb_k);
         if (!p->deterministic)
@@ -1210,11 +1217,11 @@ static void build_dq(aj_kb *kb, const aj_op *op, const fbwd_plan *plan,
     acc_init(&f, &dp, p->bm, p->bn, "dp");
     acc_init(&f, &dq, p->bm, p->d, "dq");
 
-    LLVMValueRef m0 = aj_kb_mul(f.kb, aj_kb_block_id(kb, 0), aj_kb_i32(f.kb, p->bm));
+    LLVMValueRef m0 = aj_kb_mul(kb, aj_kb_block_id(kb, 0), aj_kb_i32(kb, p->bm));
     LLVMValueRef h = aj_kb_block_id(kb, 1);
     LLVMValueRef group = LLVMBuildSDiv(b, aj_param(kb, AJ_PID(heads_q)),
                                        aj_param(kb, AJ_PID(heads_kv)), "group");
-    aj_kb_if_begin(kb, aj_kb_slt(f.kb, m0, f.seq_q));
+    aj_kb_if_begin(kb, aj_kb_slt(kb, m0, f.seq_q));
     set_head(&f, h);
     LLVMValueRef hkv = LLVMBuildSDiv(b, h, group, "hkv");
     LLVMValueRef k_base = row0_base(&f, AJ_PSRC_k, hkv, f.k_start);
@@ -1225,9 +1232,8 @@ static void build_dq(aj_kb *kb, const aj_op *op, const fbwd_plan *plan,
     aj_kb_cp_async_commit(kb);
     load_stats(&f, h, m0, p->bm, stats);
 
-    LLVMValueRef rows_here =
-        aj_kb_smin(kb, aj_kb_i32(f.kb, p->bm), LLVMBuildSub(b, f.seq_q, m0, ""));
-    LLVMValueRef i_last = aj_kb_add(f.kb, m0, LLVMBuildSub(b, rows_here, aj_kb_i32(f.kb, 1), ""));
+    LLVMValueRef rows_here = aj_kb_smin(kb, aj_kb_i32(kb, p->bm), LLVMBuildSub(b, f.seq_q, m0, ""));
+    LLVMValueRef i_last = aj_kb_add(kb, m0, LLVMBuildSub(b, rows_here, aj_kb_i32(kb, 1), ""));
     LLVMValueRef n_begin, n_end, j_lo, j_hi;
     aj_score_key_range(&f.sc, m0, i_last, f.seq_k, &j_lo, &j_hi);
     block_range(&f, j_lo, j_hi, p->bn, &n_begin, &n_end);
@@ -1238,10 +1244,10 @@ static void build_dq(aj_kb *kb, const aj_op *op, const fbwd_plan *plan,
     tile_pipe pp = {.f = &f, .walk = &walk, .extent = p->bn, .seq = f.seq_k,
                     .op = {{AJ_PSRC_k, k_base, p->d, kt}, {AJ_PSRC_v, v_base, p->dv, vt}}};
     pipe_begin(&pp);
-    LLVMValueRef pos = aj_kb_for_begin(kb, walk.begin, walk.end, aj_kb_i32(f.kb, 1), "walk");
+    LLVMValueRef pos = aj_kb_for_begin(kb, walk.begin, walk.end, aj_kb_i32(kb, 1), "walk");
     {
         LLVMValueRef cls_n;
-        LLVMValueRef n0 = aj_kb_mul(f.kb, pipe_step(&pp, pos, &cls_n), aj_kb_i32(f.kb, p->bn));
+        LLVMValueRef n0 = aj_kb_mul(kb, pipe_step(&pp, pos, &cls_n), aj_kb_i32(kb, p->bn));
         smem_tile k_cur = pp.cur[0], v_cur = pp.cur[1];
         step_begin(&f, cls_n);
         aj_kb_barrier(kb);   /* Q, dO, stats (first step), K and V are in */
@@ -1249,8 +1255,8 @@ static void build_dq(aj_kb *kb, const aj_op *op, const fbwd_plan *plan,
         /* S = Q K^T, dP = dO V^T: B[d][key] = K(key, d) */
         acc_zero(&f, &s);
         acc_zero(&f, &dp);
-        operand qa = {qt, 0, aj_kb_i32(f.kb, 0)}, kbo = {k_cur, 0, aj_kb_i32(f.kb, 0)};
-        operand doa = {dot, 0, aj_kb_i32(f.kb, 0)}, vbo = {v_cur, 0, aj_kb_i32(f.kb, 0)};
+        operand qa = {qt, 0, aj_kb_i32(kb, 0)}, kbo = {k_cur, 0, aj_kb_i32(kb, 0)};
+        operand doa = {dot, 0, aj_kb_i32(kb, 0)}, vbo = {v_cur, 0, aj_kb_i32(kb, 0)};
         warp_mma(&f, &s, p->d, &qa, &kbo);
         warp_mma(&f, &dp, p->dv, &doa, &vbo);
         p_ds_pass pass = {&f, &s, &dp, 0, m0, n0, stats, NULL, dst};
@@ -1259,7 +1265,7 @@ static void build_dq(aj_kb *kb, const aj_op *op, const fbwd_plan *plan,
         aj_kb_barrier(kb);   /* dS is complete */
 
         /* dQ += dS K: B[key][d] = K(key, d), k-major */
-        operand dsa = {dst, 0, aj_kb_i32(f.kb, 0)}, kbk = {k_cur, 1, aj_kb_i32(f.kb, 0)};
+        operand dsa = {dst, 0, aj_kb_i32(kb, 0)}, kbk = {k_cur, 1, aj_kb_i32(kb, 0)};
         warp_mma(&f, &dq, p->bn, &dsa, &kbk);
         aj_kb_barrier(kb);   /* this step's readers are done before the next copies */
         step_end(&f, cls_n);
@@ -1282,39 +1288,31 @@ static void build_dq(aj_kb *kb, const aj_op *op, const fbwd_plan *plan,
 static void build_dq_convert(aj_kb *kb, const aj_op *op, const fbwd_plan *plan,
                              const aj_score_prog *prog)
 {
-    aj_params_declare(kb, AJ_KSIG_FLASH_BWD, op, prog);
-    aj_kb_begin_stage(kb, "dq_convert", DELTA_ROWS);
     fbwd f;
-    fbwd_plan p1 = *plan;
-    p1.threads = DELTA_ROWS;
-    setup(&f, kb, op, &p1, prog);
+    LLVMValueRef h, i;
+    begin_row_stage(&f, kb, op, plan, prog, "dq_convert", &h, &i);
     LLVMBuilderRef b = kb->b;
-    LLVMValueRef h = aj_kb_block_id(kb, 1);
-    LLVMValueRef i =
-        aj_kb_add(f.kb, aj_kb_mul(f.kb, aj_kb_block_id(kb, 0), aj_kb_i32(f.kb, DELTA_ROWS)), f.tid);
-    aj_kb_if_begin(kb, aj_kb_slt(f.kb, i, f.seq_q));
-    LLVMValueRef src =
-        aj_kb_add(f.kb, aj_param(kb, AJ_PID(ws_dq_offset)),
-                  aj_kb_mul(f.kb, aj_kb_add(f.kb, ws_row0(&f, h), aj_kb_sext64(f.kb, i)),
-                            aj_kb_i64(kb, plan->d)));
+    LLVMValueRef src = aj_kb_add(
+        kb, aj_param(kb, AJ_PID(ws_dq_offset)),
+        aj_kb_mul(kb, aj_kb_add(kb, ws_row0(&f, h), aj_kb_sext64(kb, i)), aj_kb_i64(kb, plan->d)));
     LLVMValueRef dst =
-        aj_kb_add(f.kb, row0_base(&f, AJ_PSRC_dq, h, f.q_start),
-                  aj_kb_mul(f.kb, aj_kb_sext64(f.kb, i), aj_param_stride_s(f.kb, AJ_PSRC_dq)));
+        aj_kb_add(kb, row0_base(&f, AJ_PSRC_dq, h, f.q_start),
+                  aj_kb_mul(kb, aj_kb_sext64(kb, i), aj_param_stride_s(kb, AJ_PSRC_dq)));
     LLVMTypeRef f4 = LLVMVectorType(kb->t_f32, 4);
     LLVMValueRef x = aj_kb_for_begin(kb, aj_kb_i64(kb, 0), aj_kb_i64(kb, plan->d / 4),
                                      aj_kb_i64(kb, 1), "x");
     LLVMValueRef col = LLVMBuildShl(b, x, aj_kb_i64(kb, 2), "");
-    LLVMValueRef v = aj_kb_load(kb, f4, ws_ptr(&f, aj_kb_add(f.kb, src, col)), 16);
+    LLVMValueRef v = aj_kb_load(kb, f4, ws_ptr(&f, aj_kb_add(kb, src, col)), 16);
     LLVMValueRef sv[4];
     for (int e = 0; e < 4; e++)
-        sv[e] = LLVMBuildFMul(b, LLVMBuildExtractElement(b, v, aj_kb_i32(f.kb, e), ""),
+        sv[e] = LLVMBuildFMul(b, LLVMBuildExtractElement(b, v, aj_kb_i32(kb, e), ""),
                               aj_kb_f32(kb, aj_op_scale(op)), "");
     LLVMValueRef lo = pack2(&f, sv[0], sv[1]), hi = pack2(&f, sv[2], sv[3]);
-    LLVMValueRef at = aj_kb_mul(f.kb, aj_kb_add(f.kb, dst, col), aj_kb_i64(kb, 2));
+    LLVMValueRef at = aj_kb_mul(kb, aj_kb_add(kb, dst, col), aj_kb_i64(kb, 2));
     aj_kb_store(kb, lo, aj_kb_gptr_offset(kb, aj_param(kb, AJ_PID(dq)), at), 4);
     aj_kb_store(
         kb, hi,
-        aj_kb_gptr_offset(kb, aj_param(kb, AJ_PID(dq)), aj_kb_add(f.kb, at, aj_kb_i64(kb, 4))), 4);
+        aj_kb_gptr_offset(kb, aj_param(kb, AJ_PID(dq)), aj_kb_add(kb, at, aj_kb_i64(kb, 4))), 4);
     aj_kb_for_end(kb);
     aj_kb_if_end(kb);
     const aj_kernel_layout layout = {

@@ -875,7 +875,7 @@ static aj_status ffwd_build(aj_kb *kb, const aj_op *op, void *user)
     LLVMValueRef mblk = aj_kb_block_id(kb, 0);
     LLVMValueRef h = aj_kb_block_id(kb, 1);
     LLVMValueRef bidx = aj_kb_block_id(kb, 2);
-    e.m0 = LLVMBuildMul(b, mblk, aj_kb_i32(e.kb, p->bm), "m0");
+    e.m0 = LLVMBuildMul(b, mblk, aj_kb_i32(kb, p->bm), "m0");
     LLVMValueRef q_start = aj_kb_i64(kb, 0), k_start = aj_kb_i64(kb, 0);
     if (varlen(&e)) {
         aj_attn_varlen_seq seq;
@@ -898,16 +898,16 @@ static aj_status ffwd_build(aj_kb *kb, const aj_op *op, void *user)
     aj_attn_score_totals(kb, prog, op->layout, e.seq_q, e.seq_k, &sq, &sk);
     aj_kctx_set_head(&e.k, bidx, h, sq, sk);
     /* slice bases: (b, h) plus, for varlen, the sequence's first row */
-    LLVMValueRef q_src = aj_kb_add(e.kb, aj_attn_slice_base(kb, AJ_PSRC_q, bidx, h),
+    LLVMValueRef q_src = aj_kb_add(kb, aj_attn_slice_base(kb, AJ_PSRC_q, bidx, h),
                                    LLVMBuildMul(b, q_start, aj_param(kb, AJ_PID(stride_q_s)), ""));
-    e.k_src = aj_kb_add(e.kb, aj_attn_slice_base(kb, AJ_PSRC_k, bidx, hkv),
+    e.k_src = aj_kb_add(kb, aj_attn_slice_base(kb, AJ_PSRC_k, bidx, hkv),
                         LLVMBuildMul(b, k_start, aj_param(kb, AJ_PID(stride_k_s)), ""));
-    e.v_src = aj_kb_add(e.kb, aj_attn_slice_base(kb, AJ_PSRC_v, bidx, hkv),
+    e.v_src = aj_kb_add(kb, aj_attn_slice_base(kb, AJ_PSRC_v, bidx, hkv),
                         LLVMBuildMul(b, k_start, aj_param(kb, AJ_PID(stride_v_s)), ""));
     LLVMValueRef o_base =
-        aj_kb_add(e.kb, aj_attn_slice_base(kb, out_tensor(op), bidx, h),
+        aj_kb_add(kb, aj_attn_slice_base(kb, out_tensor(op), bidx, h),
                   LLVMBuildMul(b, q_start, aj_param_stride(kb, out_tensor(op), 2), ""));
-    LLVMValueRef lse_base = aj_kb_add(e.kb, aj_attn_slice_base(kb, AJ_PSRC_lse, bidx, h), q_start);
+    LLVMValueRef lse_base = aj_kb_add(kb, aj_attn_slice_base(kb, AJ_PSRC_lse, bidx, h), q_start);
 
     lane_addresses(&e);
     LLVMValueRef n_begin, n_end;
@@ -922,8 +922,8 @@ static aj_status ffwd_build(aj_kb *kb, const aj_op *op, void *user)
     int gated = aj_score_has_rest(prog);
     LLVMValueRef ahead[MAX_STAGES], ahead_tile[MAX_STAGES];
     for (int s = 0; gated && s < p->stages; s++) {
-        ahead[s] = aj_kb_var(kb, kb->t_i32, aj_kb_i32(e.kb, AJ_TILE_SKIP), "cls");
-        ahead_tile[s] = aj_kb_var(kb, kb->t_i32, aj_kb_i32(e.kb, 0), "tile");
+        ahead[s] = aj_kb_var(kb, kb->t_i32, aj_kb_i32(kb, AJ_TILE_SKIP), "cls");
+        ahead_tile[s] = aj_kb_var(kb, kb->t_i32, aj_kb_i32(kb, 0), "tile");
     }
 
     prologue(&e, &walk, q_src, gated, ahead, ahead_tile);
