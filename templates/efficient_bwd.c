@@ -254,6 +254,18 @@ static void set_head(ebwd *e, LLVMValueRef bidx, LLVMValueRef h)
                      totals ? aj_param(kb, AJ_PID(seq_k_total)) : NULL);
 }
 
+/* Rows [first, first + rows) of tensor t's slice at `base` (i64), as f32,
+ * into shared memory at smem with leading dimension ld; rows at or past
+ * `limit` read as zero. */
+static void load_rows(ebwd *e, aj_param_source t, LLVMValueRef base, LLVMValueRef first,
+                      LLVMValueRef limit, int rows, int width, int32_t smem, int ld)
+{
+    aj_kb *kb = e->kb;
+    aj_tile_src src = {aj_param_data(kb, t), base, aj_param_stride_s(kb, t), first, limit,
+                       e->p.dtype};
+    aj_tile_load_f32(kb, &src, rows, width, smem, ld, e->tid, e->p.threads);
+}
+
 /* bias[b,h,i,j] (f32) of the current slice; i and j are clamped into the
  * tensor, so out-of-range elements read an in-bounds value that the mask
  * or the store guard then discards.  NULL without bias. */
@@ -650,20 +662,8 @@ static void build_dkdv(aj_kb *kb, const aj_op *op, const ebwd_plan *plan,
     for (int t = 0; t < cq; t++)
         qcols[t] = LLVMBuildAdd(b, e.lane, aj_kb_i32(kb, p->g * t), "");
 
-    aj_tile_src ksrc = {aj_param(kb, AJ_PID(k)),
-                        aj_attn_slice_base(e.kb, AJ_PSRC_k, bidx, hkv),
-                        aj_param_stride_s(kb, AJ_PSRC_k),
-                        n0,
-                        e.seq_k,
-                        p->dtype};
-    aj_tile_load_f32(kb, &ksrc, p->bn, p->d, smem_k, ldk, e.tid, p->threads);
-    aj_tile_src vsrc = {aj_param(kb, AJ_PID(v)),
-                        aj_attn_slice_base(e.kb, AJ_PSRC_v, bidx, hkv),
-                        aj_param_stride_s(kb, AJ_PSRC_v),
-                        n0,
-                        e.seq_k,
-                        p->dtype};
-    aj_tile_load_f32(kb, &vsrc, p->bn, p->dv, smem_v, ldv, e.tid, p->threads);
+    load_rows(&e, AJ_PSRC_k, aj_attn_slice_base(e.kb, AJ_PSRC_k, bidx, hkv), n0, e.seq_k, p->bn, p->d, smem_k, ldk);
+    load_rows(&e, AJ_PSRC_v, aj_attn_slice_base(e.kb, AJ_PSRC_v, bidx, hkv), n0, e.seq_k, p->bn, p->dv, smem_v, ldv);
 
     /* query rows the band shows a key of this block (for every head) */
     set_head(&e, bidx, LLVMBuildMul(b, hkv, group_size, ""));
@@ -695,20 +695,8 @@ static void build_dkdv(aj_kb *kb, const aj_op *op, const ebwd_plan *plan,
         if (aj_score_has_rest(prog))   /* the band bounds the walk already */
             aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntNE, cls, aj_kb_i32(kb, AJ_TILE_SKIP), ""));
         aj_kb_barrier(kb);   /* the previous step's readers are done */
-        aj_tile_src qsrc = {aj_param(kb, AJ_PID(q)),
-                            q_base,
-                            aj_param_stride_s(kb, AJ_PSRC_q),
-                            m0,
-                            e.seq_q,
-                            p->dtype};
-        aj_tile_load_f32(kb, &qsrc, p->bm, p->d, smem_q, ldq, e.tid, p->threads);
-        aj_tile_src dosrc = {aj_param(kb, AJ_PID(do)),
-                             do_base,
-                             aj_param_stride_s(kb, AJ_PSRC_do),
-                             m0,
-                             e.seq_q,
-                             p->dtype};
-        aj_tile_load_f32(kb, &dosrc, p->bm, p->dv, smem_do, ldo, e.tid, p->threads);
+        load_rows(&e, AJ_PSRC_q, q_base, m0, e.seq_q, p->bm, p->d, smem_q, ldq);
+        load_rows(&e, AJ_PSRC_do, do_base, m0, e.seq_q, p->bm, p->dv, smem_do, ldo);
         /* row groups over the step's queries: LSE and Delta to shared memory */
         LLVMValueRef last = LLVMBuildSub(b, e.seq_q, aj_kb_i32(kb, 1), "");
         for (int k = 0; k < (p->bm + p->r - 1) / p->r; k++) {
@@ -839,20 +827,8 @@ static void build_dq(aj_kb *kb, const aj_op *op, const ebwd_plan *plan,
     LLVMValueRef k_base = aj_attn_slice_base(e.kb, AJ_PSRC_k, bidx, hkv);
     LLVMValueRef v_base = aj_attn_slice_base(e.kb, AJ_PSRC_v, bidx, hkv);
 
-    aj_tile_src qsrc = {aj_param(kb, AJ_PID(q)),
-                        aj_attn_slice_base(e.kb, AJ_PSRC_q, bidx, h),
-                        aj_param_stride_s(kb, AJ_PSRC_q),
-                        m0,
-                        e.seq_q,
-                        p->dtype};
-    aj_tile_load_f32(kb, &qsrc, p->bm, p->d, smem_q, ldq, e.tid, p->threads);
-    aj_tile_src dosrc = {aj_param(kb, AJ_PID(do)),
-                         aj_attn_slice_base(e.kb, AJ_PSRC_do, bidx, h),
-                         aj_param_stride_s(kb, AJ_PSRC_do),
-                         m0,
-                         e.seq_q,
-                         p->dtype};
-    aj_tile_load_f32(kb, &dosrc, p->bm, p->dv, smem_do, ldo, e.tid, p->threads);
+    load_rows(&e, AJ_PSRC_q, aj_attn_slice_base(e.kb, AJ_PSRC_q, bidx, h), m0, e.seq_q, p->bm, p->d, smem_q, ldq);
+    load_rows(&e, AJ_PSRC_do, aj_attn_slice_base(e.kb, AJ_PSRC_do, bidx, h), m0, e.seq_q, p->bm, p->dv, smem_do, ldo);
 
     /* per row: LSE (log2), Delta, the visible key range and (bias) the
      * element offset of the row's dbias */
@@ -905,20 +881,8 @@ static void build_dq(aj_kb *kb, const aj_op *op, const ebwd_plan *plan,
         if (skips)
             aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntNE, cls, aj_kb_i32(kb, AJ_TILE_SKIP), ""));
         aj_kb_barrier(kb);   /* the previous block's readers of K, V, dS are done */
-        aj_tile_src ksrc = {aj_param(kb, AJ_PID(k)),
-                            k_base,
-                            aj_param_stride_s(kb, AJ_PSRC_k),
-                            n0,
-                            e.seq_k,
-                            p->dtype};
-        aj_tile_load_f32(kb, &ksrc, p->bn, p->d, smem_k, ldk, e.tid, p->threads);
-        aj_tile_src vsrc = {aj_param(kb, AJ_PID(v)),
-                            v_base,
-                            aj_param_stride_s(kb, AJ_PSRC_v),
-                            n0,
-                            e.seq_k,
-                            p->dtype};
-        aj_tile_load_f32(kb, &vsrc, p->bn, p->dv, smem_v, ldv, e.tid, p->threads);
+        load_rows(&e, AJ_PSRC_k, k_base, n0, e.seq_k, p->bn, p->d, smem_k, ldk);
+        load_rows(&e, AJ_PSRC_v, v_base, n0, e.seq_k, p->bn, p->dv, smem_v, ldv);
         aj_kb_barrier(kb);
         emit_dots(&e, s_acc, rm, rows, smem_q, ldq, cn, kcols, smem_k, ldk, p->d);
         emit_dots(&e, dp_acc, rm, rows, smem_do, ldo, cn, kcols, smem_v, ldv, p->dv);
