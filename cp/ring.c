@@ -1130,6 +1130,46 @@ done:
 }
 
 
+/*
+ * The backward's P2P rotation with the dK/dV accumulators relayed: each
+ * step's block accumulates into the accumulator that came in from rank
+ * r-1 and goes on to rank r+1 (acc: two f32 accumulators, the first
+ * zeroed; step: the step's part); *own is this rank's block's when done.
+ */
+static aj_status bwd_p2p_relay(ring_plan *p, const ring_kernels *kern,
+                               const aj_ring_bwd_args *a, void *kv[2], void *kv_dev,
+                               float *dq_acc, const bwd_parts *parts, float *acc[2], void *step,
+                               aj_comm_req reqs[2], float **own)
+{
+    const size_t dkv_count = p->k_elems + p->v_elems, kv_bytes = dkv_count * p->elem;
+    const void *block = NULL;
+    aj_status st = AJ_OK;
+    int kc = 0, ac = 0;
+    for (int s = 0; s < p->size; s++) {
+        if (s < p->size - 1)
+            AJ_TRY(kv_exchange(p, &reqs[0], s, kv[kc], kv[kc ^ 1], kv_bytes));
+        AJ_TRY(visiting_block(p, kv_dev, kv[kc], kv_bytes, &block));
+        AJ_TRY(bwd_block(p, kern, a, block, s, dq_acc, step, true, parts, reqs, 2));
+        /* acc[ac]: the step's block's accumulator, fresh at step 0, else just
+         * received from rank r-1 */
+        AJ_TRY(exchange_finish(p, &reqs[1]));
+        double t0 = aj_now();
+        add_f32(acc[ac], step, dkv_count);
+        p->stats->compute_s += aj_now() - t0;
+        if (p->size > 1) {
+            AJ_TRY(exchange_start(p, &reqs[1], "dK/dV", acc[ac], acc[ac ^ 1],
+                                  dkv_count * sizeof(float), TAG_DKV));
+            ac ^= 1;
+        }
+        AJ_TRY(exchange_finish(p, &reqs[0]));
+        kc ^= 1;
+    }
+    AJ_TRY(exchange_finish(p, &reqs[1]));
+    *own = acc[ac];
+done:
+    return st;
+}
+
 aj_status aj_ring_backward_group(aj_ctx *ctx, aj_device *dev, aj_comm *comm, const aj_op *op,
                                  const aj_ring_bwd_args *args, const aj_ring_group *group,
                                  aj_ring_stats *stats)
@@ -1202,28 +1242,9 @@ aj_status aj_ring_backward_group(aj_ctx *ctx, aj_device *dev, aj_comm *comm, con
         AJ_TRY(alloc_host(&p, dkv_count * sizeof(float), 1, &acc[0]));
         AJ_TRY(alloc_host(&p, dkv_count * sizeof(float), 1, &acc[1]));
         AJ_TRY(alloc_host(&p, dkv_count * sizeof(float), 0, &step));
-        int kc = 0, ac = 0;
-        for (int s = 0; s < p.size; s++) {
-            if (s < p.size - 1)
-                AJ_TRY(kv_exchange(&p, &reqs[0], s, kv[kc], kv[kc ^ 1], kv_bytes));
-            AJ_TRY(visiting_block(&p, kv_dev, kv[kc], kv_bytes, &block));
-            AJ_TRY(bwd_block(&p, &kern, &shards, block, s, dq_acc, step, true, &parts, reqs, 2));
-            /* acc[ac]: the step's block's accumulator, fresh at step 0, else just
-             * received from rank r-1 */
-            AJ_TRY(exchange_finish(&p, &reqs[1]));
-            double t0 = aj_now();
-            add_f32(acc[ac], step, dkv_count);
-            p.stats->compute_s += aj_now() - t0;
-            if (p.size > 1) {
-                AJ_TRY(exchange_start(&p, &reqs[1], "dK/dV", acc[ac], acc[ac ^ 1],
-                                      dkv_count * sizeof(float), TAG_DKV));
-                ac ^= 1;
-            }
-            AJ_TRY(exchange_finish(&p, &reqs[0]));
-            kc ^= 1;
-        }
-        AJ_TRY(exchange_finish(&p, &reqs[1]));
-        own = acc[ac];
+        float *accs[2] = {acc[0], acc[1]};
+        AJ_TRY(bwd_p2p_relay(&p, &kern, &shards, kv, kv_dev, (float *)dq_acc, &parts, accs,
+                             step, reqs, &own));
     } else {
         AJ_TRY(alloc_host(&p, kv_bytes * (size_t)p.size, 0, &gathered));
         AJ_TRY(alloc_host(&p, dkv_count * sizeof(float) * (size_t)p.size, 1, &all_dkv));
