@@ -268,22 +268,55 @@ aj_status aj_block_mask_launch(aj_ctx *ctx, aj_device *dev, const char *fn,
     return st;
 }
 
-/* The workspace layout of a checked call (launch_internal.h, bwd_workspace). */
+/* The flash backward's rule (runtime.h, aj_workspace_rule): Delta, then
+ * the dQ sums where the op is not deterministic, f32, on 16 bytes. */
+void aj_workspace_rule_of(const aj_kernel *kernel, aj_workspace_rule *out)
+{
+    *out = (aj_workspace_rule){.takes = aj_kernel_takes(kernel, AJ_PID(workspace))};
+    if (!out->takes)
+        return;
+    out->per_batch = kernel->op.layout != AJ_LAYOUT_VARLEN;
+    out->align = 16;
+    out->region[AJ_WS_DELTA] = (aj_ws_region){4, 1};
+    out->region[AJ_WS_DQ] = (aj_ws_region){4, kernel->op.deterministic ? 0 : kernel->op.head_dim};
+}
+
+/* A checked call's workspace: the rule the kernel's plan recorded (one
+ * without a plan derives it here) times the call's rows. */
 static bwd_workspace workspace_layout(const aj_kernel *kernel, const bwd_call *call)
 {
-    bwd_workspace w = {0, 0, 0, 0};
-    if (!aj_kernel_takes(kernel, AJ_PID(workspace)))
+    aj_workspace_rule own;
+    const aj_workspace_rule *r = aj_kernel_workspace_rule(kernel);
+    if (!r) {
+        aj_workspace_rule_of(kernel, &own);
+        r = &own;
+    }
+    bwd_workspace w = {0, 0, {0}, 0};
+    if (!r->takes)
         return w;
     const fwd_sizes *sz = &call->sz;
-    int varlen = kernel->op.layout == AJ_LAYOUT_VARLEN;
-    /* varlen: sequence b's rows follow from its cu_seqlens_q offset */
-    int64_t rows = (varlen ? 1 : sz->batch) * sz->heads_q * call->head_rows;
-    w.stride_b = varlen ? 0 : sz->heads_q * call->head_rows;
+    int64_t rows = (r->per_batch ? sz->batch : 1) * sz->heads_q * call->head_rows;
+    w.stride_b = r->per_batch ? sz->heads_q * call->head_rows : 0;
     w.stride_h = call->head_rows;
-    w.dq_offset = (rows + 3) / 4 * 4;
-    int64_t floats = w.dq_offset + (kernel->op.deterministic ? 0 : rows * kernel->op.head_dim);
-    w.bytes = (size_t)floats * 4;
+    int64_t at = 0;   /* bytes */
+    for (int i = 0; i < AJ_WS_REGIONS; i++) {
+        const aj_ws_region *g = &r->region[i];
+        at = (at + r->align - 1) / r->align * r->align;
+        w.offset[i] = at / g->elem_bytes;
+        at += rows * g->per_row * g->elem_bytes;
+    }
+    w.bytes = (size_t)at;
     return w;
+}
+
+aj_status aj_backward_workspace(aj_ctx *ctx, const aj_kernel *kernel, const aj_bwd_args *args,
+                                bwd_workspace *out)
+{
+    bwd_call call;
+    aj_status st = aj_check_backward(ctx, &kernel->op, args, &call);
+    if (st == AJ_OK)
+        *out = workspace_layout(kernel, &call);
+    return st;
 }
 
 aj_status aj_backward_workspace_size(aj_ctx *ctx, const aj_kernel *kernel,
@@ -299,12 +332,11 @@ aj_status aj_backward_workspace_size(aj_ctx *ctx, const aj_kernel *kernel,
                              AJ_BWD_ARGS_INIT, args);
     AJ_CHECK_ARG(ctx, kernel->op.kind == AJ_KIND_BACKWARD, "%s: kernel %s computes a %s op",
                  fn, aj_kernel_entry(kernel), aj_kind_name(kernel->op.kind));
-    bwd_call call;
-    aj_status st = aj_check_backward(ctx, &kernel->op, args, &call);
-    if (st != AJ_OK)
-        return st;
-    *bytes = workspace_layout(kernel, &call).bytes;
-    return AJ_OK;
+    bwd_workspace w;
+    aj_status st = aj_backward_workspace(ctx, kernel, args, &w);
+    if (st == AJ_OK)
+        *bytes = w.bytes;
+    return st;
 }
 
 static aj_status run_backward(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,

@@ -306,7 +306,7 @@ void aj_backward_values(const aj_bwd_args *a, const fwd_sizes *sz, int64_t sq_to
     put_tensor(v, AJ_PSRC_workspace, &ws_t);
     put_scalar(v, AJ_PSRC_stride_ws_b, w->stride_b);
     put_scalar(v, AJ_PSRC_stride_ws_h, w->stride_h);
-    put_scalar(v, AJ_PSRC_ws_dq_offset, w->dq_offset);
+    put_scalar(v, AJ_PSRC_ws_dq_offset, w->offset[AJ_WS_DQ]);
 }
 
 uint64_t aj_launch_sources(aj_kind kind)
@@ -318,7 +318,7 @@ uint64_t aj_launch_sources(aj_kind kind)
         aj_forward_values(&a, &sz, 0, 0, NULL, &v);
     } else if (kind == AJ_KIND_BACKWARD) {
         const aj_bwd_args a = AJ_BWD_ARGS_INIT;
-        const bwd_workspace w = {0, 0, 0, 0};
+        const bwd_workspace w = {0, 0, {0}, 0};
         aj_backward_values(&a, &sz, 0, 0, &w, NULL, NULL, &v);
     } else if (kind == AJ_KIND_MERGE) {
         const aj_merge_args a = AJ_MERGE_ARGS_INIT;

@@ -44,19 +44,19 @@ typedef struct bwd_call {
     aj_bwd_args view;
 } bwd_call;
 
-/*
- * The workspace of kernels that take one (the flash backward), in f32
- * elements:
- *
- *   [0, rows)                       Delta of each (b, h, i): b stride_b + h stride_h + i
- *   [dq_offset, dq_offset + rows D) dQ sums (deterministic = false only)
- *
- * rows = B Hq Sq (varlen: Hq Tq); dq_offset is rows rounded up to 16 bytes.
- */
+/* The workspace of a backward call: its rule (runtime.h,
+ * aj_workspace_rule) times the call's rows, in f32 elements: a row's
+ * Delta at b stride_b + h stride_h + i, region r from offset[r]. */
 typedef struct bwd_workspace {
-    int64_t stride_b, stride_h, dq_offset;
+    int64_t stride_b, stride_h;
+    int64_t offset[AJ_WS_REGIONS];
     size_t bytes;
 } bwd_workspace;
+
+/* The workspace aj_backward binds for these arguments, checked as it
+ * checks them (launch.c). */
+aj_status aj_backward_workspace(aj_ctx *ctx, const aj_kernel *kernel, const aj_bwd_args *args,
+                                bwd_workspace *out);
 
 /* ---------------------------------------------------------------- shapes */
 

@@ -181,6 +181,40 @@ aj_tensor aj_block_mask_tensor(const struct aj_score_prog *p, const aj_block_mas
  * (compile.c), or NULL for a kernel loaded from bytes (no op). */
 const struct aj_score_prog *aj_kernel_programs(const aj_kernel *kernel);
 
+/*
+ * The layout rule of a kernel's workspace (the flash backward's), which
+ * its launch plan records at compile time from the kernel's parameters
+ * and op, so that a launch only multiplies it by the call's rows
+ * (launch.c, workspace_layout).  A row is a query row (b, h, i) of the
+ * call; its regions follow each other, each starting on `align` bytes:
+ *
+ *   DELTA  f32, one per row: Delta_i at b stride_ws_b + h stride_ws_h + i
+ *   DQ     f32, head_dim per row (deterministic = false), else none;
+ *          starts at ws_dq_offset elements
+ *
+ * per_batch: batch b's rows lie b Hq rows-per-head apart (padded); else
+ * (varlen) sequence b's rows start at its cu_seqlens_q offset.
+ */
+enum { AJ_WS_DELTA, AJ_WS_DQ, AJ_WS_REGIONS };
+
+typedef struct aj_ws_region {
+    int32_t elem_bytes;    /* its element type's size (f32: 4) */
+    int64_t per_row;       /* its elements per row (0: the region is empty) */
+} aj_ws_region;
+
+typedef struct aj_workspace_rule {
+    bool takes;            /* the kernel has a workspace parameter */
+    bool per_batch;
+    int32_t align;         /* bytes each region starts on */
+    aj_ws_region region[AJ_WS_REGIONS];
+} aj_workspace_rule;
+
+/* The rule of `kernel`, from its parameters and op (launch.c). */
+void aj_workspace_rule_of(const aj_kernel *kernel, aj_workspace_rule *out);
+/* The rule its launch plan recorded (compile.c), or NULL where it has
+ * no plan (a kernel loaded from bytes). */
+const aj_workspace_rule *aj_kernel_workspace_rule(const aj_kernel *kernel);
+
 /* The block-mask builder (templates/block_mask.c) of kernel's tile for op
  * (whose aj_score_mask_hash is mask_hash), compiled for the kernel's
  * target through the cache, or the one kept on the kernel (compile.c). */
