@@ -168,7 +168,11 @@ int main(void)
         aj_workspace_rule derived;
         aj_workspace_rule_of(k, &derived);
         const aj_workspace_rule *planned = aj_kernel_workspace_rule(k);
-        CHECK(planned && memcmp(planned, &derived, sizeof derived) == 0);
+        CHECK(planned && planned->takes == derived.takes &&
+              planned->per_batch == derived.per_batch && planned->align == derived.align);
+        for (int r = 0; planned && r < AJ_WS_REGIONS; r++)
+            CHECK(planned->region[r].elem_bytes == derived.region[r].elem_bytes &&
+                  planned->region[r].per_row == derived.region[r].per_row);
         CHECK(derived.takes == (o != 6));   /* the efficient variant takes none */
         for (int s = 0; s < WS_SHAPES; s++) {
             const int64_t *want = recorded[o * WS_SHAPES + s];
