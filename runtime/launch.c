@@ -145,7 +145,8 @@ static aj_status forward_paged(aj_ctx *ctx, aj_device *dev, const aj_kernel *ker
     const aj_tensor ws_t = {ws, AJ_DTYPE_F32, 1, {(int64_t)(ws_bytes / 4)}, {1}};
     /* varlen queries: the packed q, o, lse as padded views (batch stride
      * 0), cu_seqlens_q beside them */
-    const aj_tensor q = aj_padded_view(&a->q), o = aj_padded_view(&a->o), lse = aj_padded_view(&a->lse);
+    const aj_tensor q = aj_padded_view(&a->q), o = aj_padded_view(&a->o);
+    const aj_tensor lse = aj_padded_view(&a->lse);
     const aj_tensor cu_q = {(void *)a->cu_seqlens_q, AJ_DTYPE_F32, 1, {sz.batch + 1}, {1}};
     put_tensor(&v, AJ_PSRC_q, varlen_q ? &q : &a->q);
     put_tensor(&v, AJ_PSRC_o, varlen_q ? &o : &a->o);
@@ -169,7 +170,7 @@ static aj_status forward_paged(aj_ctx *ctx, aj_device *dev, const aj_kernel *ker
     if (st == AJ_OK)
         st = aj_bind_scores(ctx, FWD, op, a->side, a->num_side, &a->alibi_slopes, &ls->scores);
     for (int s = 0; st == AJ_OK && s < (sz.splits > 1 ? 2 : 1); s++) {
-        st = aj_bind_stage(ctx, kernel, s, &v, &ls->scores, &ls->bound);
+        st = aj_bind_stage(ctx, dev, kernel, s, &v, &ls->scores, &ls->bound);
         if (st == AJ_OK)
             st = run_kernel(ctx, dev, kernel, s, &sz, ls->bound.argv, ls->bound.buffers,
                             ls->bound.nb, a->stream);
@@ -195,7 +196,8 @@ aj_status aj_forward(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
     int varlen = op->layout == AJ_LAYOUT_VARLEN;
     if (op->layout == AJ_LAYOUT_PAGED)
         return forward_paged(ctx, dev, kernel, args);
-    st = varlen ? aj_check_forward_varlen(ctx, op, args, &sz) : aj_check_forward(ctx, op, args, &sz);
+    st = varlen ? aj_check_forward_varlen(ctx, op, args, &sz)
+                : aj_check_forward(ctx, op, args, &sz);
     if (st != AJ_OK)
         return st;
     if (sz.batch == 0 || sz.heads_q == 0 || sz.seq_q == 0)
@@ -225,7 +227,7 @@ aj_status aj_forward(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
         st = aj_bind_block_mask(ctx, FWD, dev, kernel, &shape, args->block_mask, args->side,
                              args->num_side, &args->alibi_slopes, args->stream, &v, &scratch);
     if (st == AJ_OK)
-        st = aj_bind_stage(ctx, kernel, 0, &v, &ls->scores, &ls->bound);
+        st = aj_bind_stage(ctx, dev, kernel, 0, &v, &ls->scores, &ls->bound);
     if (st == AJ_OK)
         st = run_kernel(ctx, dev, kernel, 0, &sz, ls->bound.argv, ls->bound.buffers,
                         ls->bound.nb, args->stream);
@@ -259,7 +261,7 @@ aj_status aj_block_mask_launch(aj_ctx *ctx, aj_device *dev, const char *fn,
     st = aj_bind_scores(ctx, fn, &builder->op, side, num_side, slopes, &ls->scores);
     /* its stages in order: key-block hulls, classes and row lists, key-block lists */
     for (int s = 0; st == AJ_OK && s < builder->num_stages; s++) {
-        st = aj_bind_stage(ctx, builder, s, &v, &ls->scores, &ls->bound);
+        st = aj_bind_stage(ctx, dev, builder, s, &v, &ls->scores, &ls->bound);
         if (st == AJ_OK)
             st = run_kernel(ctx, dev, builder, s, &sz, ls->bound.argv, ls->bound.buffers,
                             ls->bound.nb, stream);
@@ -452,7 +454,7 @@ static aj_status run_stages(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel
             empty |= grid_extent(li.grid[d].extent, &sz) == 0;
         if (empty)
             continue;
-        st = aj_bind_stage(ctx, kernel, s, v, &ls->scores, &ls->bound);
+        st = aj_bind_stage(ctx, dev, kernel, s, v, &ls->scores, &ls->bound);
         if (st == AJ_OK)
             st = run_kernel(ctx, dev, kernel, s, &sz, ls->bound.argv, ls->bound.buffers,
                             ls->bound.nb, a->stream);
@@ -489,7 +491,7 @@ aj_status aj_merge(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
         return st;
     launch_values v;
     aj_merge_values(args, &sz, &v);
-    st = aj_bind_stage(ctx, kernel, 0, &v, NULL, &ls->bound);
+    st = aj_bind_stage(ctx, dev, kernel, 0, &v, NULL, &ls->bound);
     if (st == AJ_OK)
         st = run_kernel(ctx, dev, kernel, 0, &sz, ls->bound.argv, ls->bound.buffers,
                         ls->bound.nb, args->stream);

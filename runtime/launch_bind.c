@@ -172,6 +172,7 @@ static int param_value(const aj_param_row *p, const launch_values *v, aj_arg_val
     case AJ_PHOW_BSTRIDE: x = t->shape[p->dim] == 1 ? 0 : t->strides[p->dim]; break;
     case AJ_PHOW_SHAPE: x = t->shape[p->dim]; break;
     case AJ_PHOW_SCALAR: x = v->scalar[p->source]; break;
+    case AJ_PHOW_ENCODE: return 1;   /* encoded once bound: encode_byvals */
     }
     if (p->type == AJ_PARAM_I32)
         out->i32 = (int32_t)x;
@@ -184,14 +185,19 @@ launch_scratch *aj_launch_scratch_new(aj_ctx *ctx, const char *fn, aj_status *st
 {
     if (*st != AJ_OK)
         return NULL;
-    launch_scratch *ls = malloc(sizeof *ls);
+    /* its by-value blobs on AJ_BYVAL_ALIGN bytes (sizeof is a multiple) */
+    launch_scratch *ls = aligned_alloc(_Alignof(launch_scratch), sizeof *ls);
     if (!ls)
         *st = aj_fail(ctx, AJ_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
     return ls;
 }
 
-aj_status aj_bind_stage(aj_ctx *ctx, const aj_kernel *kernel, int stage, const launch_values *v,
-                        const score_bindings *scores, bound_args *out)
+static aj_status encode_byvals(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
+                               int stage, const launch_values *v, bound_args *out);
+
+aj_status aj_bind_stage(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel, int stage,
+                        const launch_values *v, const score_bindings *scores,
+                        bound_args *out)
 {
     aj_launch_info li;
     aj_kernel_stage_info(kernel, stage, &li);
@@ -220,7 +226,35 @@ aj_status aj_bind_stage(aj_ctx *ctx, const aj_kernel *kernel, int stage, const l
     }
     for (int j = 0; scores && j < scores->nb; j++)
         out->buffers[out->nb++] = scores->buffers[j];
-    return AJ_OK;
+    return encode_byvals(ctx, dev, kernel, stage, v, out);
+}
+
+/* The stage's by-value arguments, encoded from their launch values into
+ * out->blobs, each the argument its parameter points to (the plan's list;
+ * a kernel without a plan derives it). */
+static aj_status encode_byvals(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
+                               int stage, const launch_values *v, bound_args *out)
+{
+    aj_byval_args own;
+    const aj_byval_args *byval = aj_kernel_byval_args(kernel);
+    aj_status st = AJ_OK;
+    if (!byval) {
+        st = aj_byval_args_of(ctx, kernel, &own);
+        byval = &own;
+    }
+    aj_launch_info li;
+    aj_kernel_stage_info(kernel, stage, &li);
+    for (int j = 0, k = 0; st == AJ_OK && j < byval->n; j++) {
+        const aj_byval_arg *a = &byval->arg[j];
+        if (a->stage != stage)
+            continue;
+        unsigned char *blob = out->blobs[k++];
+        st = a->encode(ctx, dev, &v->tensor[a->source], blob);
+        out->argv[a->index] = blob;
+        out->buffers[out->nb++] = (aj_sim_buffer){li.params[a->index].name, blob,
+                                                  AJ_BYVAL_BYTES};
+    }
+    return st;
 }
 
 /* What every attention launch fills: q, k, v, lse, the sizes, offsets,
@@ -308,6 +342,72 @@ void aj_backward_values(const aj_bwd_args *a, const fwd_sizes *sz, int64_t sq_to
     put_scalar(v, AJ_PSRC_stride_ws_h, w->stride_h);
     put_scalar(v, AJ_PSRC_ws_dq_offset, w->offset[AJ_WS_DQ]);
 }
+
+/* ---------------------------------------------------------------- by value */
+
+/* AJ_PENC_TENSOR_DESC: the tensor's view (params.h, aj_tensor_desc). */
+static aj_status encode_tensor_desc(aj_ctx *ctx, aj_device *dev, const aj_tensor *t, void *out)
+{
+    aj_tensor_desc d = {(uint64_t)(uintptr_t)t->data, (int32_t)t->dtype, t->rank, {0}, {0}};
+    for (int i = 0; i < t->rank && i < 4; i++) {
+        d.shape[i] = t->shape[i];
+        d.strides[i] = t->strides[i];
+    }
+    memset(out, 0, AJ_BYVAL_BYTES);
+    memcpy(out, &d, sizeof d);
+    return AJ_OK;
+}
+
+static const aj_byval_encode encoders[AJ_PENC_COUNT] = {
+    [AJ_PENC_TENSOR_DESC] = encode_tensor_desc,
+};
+
+aj_status aj_byval_args_of(aj_ctx *ctx, const aj_kernel *kernel, aj_byval_args *out)
+{
+    out->n = 0;
+    for (int s = 0; s < kernel->num_stages; s++)
+        for (int i = 0; i < kernel->stages[s].launch.num_params; i++) {
+            const aj_param_row *p = aj_param_row_of(kernel->stages[s].param_ids[i]);
+            if (!p || p->how != AJ_PHOW_ENCODE)
+                continue;
+            if (out->n == AJ_BYVAL_MAX || (unsigned)p->dim >= AJ_PENC_COUNT)
+                return aj_fail(ctx, AJ_ERR_INTERNAL, "kernel %s: more than %d by-value "
+                               "parameters, or '%s' has no encoder", aj_kernel_entry(kernel),
+                               AJ_BYVAL_MAX, p->name);
+            out->arg[out->n++] = (aj_byval_arg){s, i, p->source, encoders[p->dim]};
+        }
+    return AJ_OK;
+}
+
+aj_status aj_kernel_encode_param(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
+                                 int32_t stage, int32_t index, const aj_tensor *tensor,
+                                 void *out)
+{
+    if (!ctx)
+        return AJ_ERR_INVALID_ARG;
+    const char *fn = "aj_kernel_encode_param";
+    AJ_CHECK_ARG(ctx, dev && kernel && tensor && out, "%s: %s is NULL", fn,
+                 !dev ? "dev" : !kernel ? "kernel" : !tensor ? "tensor" : "out");
+    AJ_CHECK_ARG(ctx, kernel->target == aj_device_target(dev),
+                 "%s: kernel compiled for %s cannot run on a %s device", fn,
+                 aj_target_name(kernel->target), aj_target_name(aj_device_target(dev)));
+    AJ_CHECK_ARG(ctx, stage >= 0 && stage < kernel->num_stages, "%s: stage = %d; kernel %s "
+                 "has stages 0 .. %d", fn, stage, aj_kernel_entry(kernel),
+                 kernel->num_stages - 1);
+    aj_launch_info li;
+    aj_kernel_stage_info(kernel, stage, &li);
+    AJ_CHECK_ARG(ctx, index >= 0 && index < li.num_params, "%s: index = %d; stage %d has "
+                 "parameters 0 .. %d", fn, index, stage, li.num_params - 1);
+    const aj_param_row *p = aj_param_row_of(kernel->stages[stage].param_ids[index]);
+    AJ_CHECK_ARG(ctx, li.params[index].type == AJ_PARAM_BYVAL128 && p &&
+                 p->how == AJ_PHOW_ENCODE, "%s: parameter %d of stage %d ('%s') is not "
+                 "passed by value (AJ_PARAM_BYVAL128)", fn, index, stage, li.params[index].name);
+    AJ_CHECK_ARG(ctx, (uintptr_t)out % AJ_BYVAL_ALIGN == 0, "%s: out = %p is not %d-byte "
+                 "aligned", fn, out, AJ_BYVAL_ALIGN);
+    return encoders[p->dim](ctx, dev, tensor, out);
+}
+
+/* ---------------------------------------------------------------- sources */
 
 uint64_t aj_launch_sources(aj_kind kind)
 {

@@ -130,8 +130,10 @@ typedef struct score_bindings {
     int nb;
 } score_bindings;
 
-/* A kernel's bound arguments, and the memory its pointers may touch (sim). */
+/* A kernel's bound arguments, the bytes of its by-value ones, and the
+ * memory its pointers may touch (sim). */
 typedef struct bound_args {
+    _Alignas(AJ_BYVAL_ALIGN) unsigned char blobs[AJ_BYVAL_MAX][AJ_BYVAL_BYTES];
     aj_arg_value values[AJ_KB_MAX_PARAMS];
     void *argv[AJ_KB_MAX_PARAMS];
     aj_sim_buffer buffers[AJ_KB_MAX_PARAMS + AJ_OP_TENSORS_MAX + 1];
@@ -139,7 +141,7 @@ typedef struct bound_args {
 } bound_args;
 
 /* A launch's scratch: its side tensors' bindings and a stage's bound
- * arguments, about 14 KiB, so on the heap rather than on a caller's stack
+ * arguments, about 15 KiB, so on the heap rather than on a caller's stack
  * whose size the library does not know; one per launch, owned by the
  * function that launches and freed before it returns. */
 typedef struct launch_scratch {
@@ -171,11 +173,13 @@ aj_status aj_bind_block_mask(aj_ctx *ctx, const char *fn, aj_device *dev,
                              int32_t num_side, const aj_tensor *slopes, void *stream,
                              launch_values *v, void **scratch);
 
-/* Binds stage `stage`'s parameters: a table row's (the kernel recorded
- * it) from `v`, a side tensor's by its name from the score programs'
- * bindings (may be NULL). */
-aj_status aj_bind_stage(aj_ctx *ctx, const aj_kernel *kernel, int stage, const launch_values *v,
-                        const score_bindings *scores, bound_args *out);
+/* Binds stage `stage`'s parameters for a launch on dev: a table row's
+ * (the kernel recorded it) from `v`, a side tensor's by its name from the
+ * score programs' bindings (may be NULL), then encodes its by-value
+ * arguments (the plan's aj_byval_args) from `v`. */
+aj_status aj_bind_stage(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel, int stage,
+                        const launch_values *v, const score_bindings *scores,
+                        bound_args *out);
 
 /* The values of each entry point (a: the padded views of its arguments;
  * backward: with the workspace `ws` of layout w). */

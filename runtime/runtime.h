@@ -27,7 +27,10 @@ typedef struct aj_device_launch {
     const aj_kernel *kernel;
     int stage;
     int32_t grid[3];
-    void **argv;                  /* kernelParams */
+    void **argv;                  /* kernelParams: argv[i] points to parameter i's
+                                     value, a by-value blob's AJ_BYVAL_BYTES
+                                     included (cuLaunchKernel copies them; the
+                                     host entries pass their address) */
     const aj_sim_buffer *buffers; /* sim: the memory its accesses may touch */
     int num_buffers;
     void *stream;                 /* cuda */
@@ -208,6 +211,38 @@ typedef struct aj_workspace_rule {
     int32_t align;         /* bytes each region starts on */
     aj_ws_region region[AJ_WS_REGIONS];
 } aj_workspace_rule;
+
+/*
+ * The by-value arguments of a kernel (its AJ_PARAM_BYVAL128 parameters,
+ * whose table rows say ENCODE): each one's stage and parameter index,
+ * the launch value it is encoded from and its encoder.  The launch plan
+ * records them at compile time; a launch runs each encoder once the
+ * stage's other values are bound (launch_bind.c, aj_bind_stage): the
+ * bytes embed the tensor's address, shape and strides (a Hopper TMA
+ * descriptor), so they are made at every launch, never kept.
+ */
+typedef aj_status (*aj_byval_encode)(aj_ctx *ctx, aj_device *dev, const aj_tensor *t,
+                                     void *out);
+
+#define AJ_BYVAL_MAX 8   /* a kernel's, all stages together */
+
+typedef struct aj_byval_arg {
+    int32_t stage, index;   /* the parameter */
+    int32_t source;         /* the launch value encoded (an aj_param_source) */
+    aj_byval_encode encode; /* writes AJ_BYVAL_BYTES at out */
+} aj_byval_arg;
+
+typedef struct aj_byval_args {
+    int32_t n;
+    aj_byval_arg arg[AJ_BYVAL_MAX];
+} aj_byval_args;
+
+/* A kernel's by-value arguments, from its parameters' table rows
+ * (launch_bind.c); AJ_ERR_INTERNAL naming the kernel past AJ_BYVAL_MAX. */
+aj_status aj_byval_args_of(aj_ctx *ctx, const aj_kernel *kernel, aj_byval_args *out);
+/* Those its launch plan recorded (compile.c), or NULL where it has no
+ * plan (a kernel loaded from bytes or built outside aj_compile). */
+const aj_byval_args *aj_kernel_byval_args(const aj_kernel *kernel);
 
 /* The rule of `kernel`, from its parameters and op (launch.c). */
 void aj_workspace_rule_of(const aj_kernel *kernel, aj_workspace_rule *out);
