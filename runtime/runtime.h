@@ -142,7 +142,7 @@ typedef union aj_arg_value {
 } aj_arg_value;
 
 /* The sources of templates/params.def (a bit per aj_param_source) that
- * the launch entry point of `kind` fills (launch.c): every parameter of
+ * the launch entry point of `kind` fills (launch_bind.c): every parameter of
  * the table its kernels declare reads one of them, else it is a side
  * tensor's (or alibi's slopes'), bound by name. */
 uint64_t aj_launch_sources(aj_kind kind);
@@ -273,7 +273,7 @@ aj_status aj_block_mask_view(aj_ctx *ctx, const char *fn, const aj_block_mask *m
                              const aj_block_mask_shape *launch, aj_tensor *classes,
                              int64_t *block_m, int64_t *block_n);
 
-/* A tensor argument's rank and dtype (launch.c): AJ_ERR_INVALID_ARG with
+/* A tensor argument's rank and dtype (launch_shapes.c): AJ_ERR_INVALID_ARG with
  * "FN: NAME.rank = R, want W" (or .dtype) when they differ. */
 aj_status aj_check_rank_dtype(aj_ctx *ctx, const char *fn, const char *name,
                               const aj_tensor *t, int rank, aj_dtype dtype);

@@ -33,8 +33,7 @@ static aj_status build_copy(aj_kb *kb, const aj_op *unused, void *user)
     aj_kb_add_param(kb, "o", AJ_PARAM_PTR, AJ_PID(o));
     aj_kb_add_param(kb, "q_desc", AJ_PARAM_BYVAL128, AJ_PID(q_desc));
     aj_kb_begin(kb, kb->desc->simt ? 32 : 1);
-    LLVMValueRef o = LLVMGetParam(kb->fn, kb->desc->hidden != AJ_HIDDEN_NONE ? 1 : 0);
-    LLVMValueRef desc = LLVMGetParam(kb->fn, kb->desc->hidden != AJ_HIDDEN_NONE ? 2 : 1);
+    LLVMValueRef o = aj_param(kb, AJ_PID(o)), desc = aj_param(kb, AJ_PID(q_desc));
     if (kb->desc->simt)
         aj_kb_if_begin(kb, LLVMBuildICmp(kb->b, LLVMIntEQ, aj_kb_thread_id(kb),
                                          aj_kb_i32(kb, 0), ""));
