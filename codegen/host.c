@@ -110,7 +110,11 @@ void aj_host_add_entry(aj_kb *kb, const aj_kb_stage *stage)
         LLVMValueRef idx = aj_kb_i64(kb, i);
         LLVMValueRef slot = LLVMBuildGEP2(b, kb->t_ptr, argv, &idx, 1, "");
         LLVMValueRef at = LLVMBuildLoad2(b, kb->t_ptr, slot, "");
-        args[i + 1] = LLVMBuildLoad2(b, ktypes[i + 1], at, stage->params[i].name);
+        /* a by-value blob: its address (kbuilder.c, param_llvm_type) */
+        if (stage->params[i].type == AJ_PARAM_BYVAL128)
+            args[i + 1] = LLVMBuildAddrSpaceCast(b, at, ktypes[i + 1], stage->params[i].name);
+        else
+            args[i + 1] = LLVMBuildLoad2(b, ktypes[i + 1], at, stage->params[i].name);
     }
     LLVMBuildCall2(b, kty, stage->fn, args, (unsigned)stage->num_params + 1, "");
     LLVMBuildRetVoid(b);

@@ -106,9 +106,16 @@ void aj_kb_add_param(aj_kb *kb, const char *name, aj_param_type type, int32_t id
     p->id = id;
 }
 
+/* A by-value blob (AJ_PARAM_BYVAL128) is a pointer to its bytes: on nvptx
+ * a byval kernel parameter, which the driver copies from kernelParams into
+ * the parameter space (.param .align 64 .b8 NAME[128], as a CUtensorMap);
+ * on the host targets the bytes the launch keeps, whose address the entry
+ * wrapper passes (codegen/host.c), readable as global memory. */
 static LLVMTypeRef param_llvm_type(aj_kb *kb, aj_param_type type)
 {
     switch (type) {
+    case AJ_PARAM_BYVAL128:
+        return kb->desc->family == AJ_FAMILY_NVPTX ? kb->t_ptr : kb->t_gptr;
     case AJ_PARAM_PTR: return kb->t_gptr;
     case AJ_PARAM_I32: return kb->t_i32;
     case AJ_PARAM_I64: return kb->t_i64;
@@ -162,6 +169,15 @@ void aj_kb_begin_stage(aj_kb *kb, const char *stage_name, int32_t threads)
             unsigned kind = LLVMGetEnumAttributeKindForName("noalias", 7);
             LLVMAddAttributeAtIndex(kb->fn, (unsigned)(hidden + i) + 1,
                                     LLVMCreateEnumAttribute(kb->llctx, kind, 0));
+        } else if (kb->params[i].type == AJ_PARAM_BYVAL128 &&
+                   kb->desc->family == AJ_FAMILY_NVPTX) {
+            unsigned at = (unsigned)(hidden + i) + 1;
+            LLVMTypeRef bytes = LLVMArrayType2(kb->t_i8, AJ_BYVAL_BYTES);
+            unsigned byval = LLVMGetEnumAttributeKindForName("byval", 5);
+            unsigned align = LLVMGetEnumAttributeKindForName("align", 5);
+            LLVMAddAttributeAtIndex(kb->fn, at, LLVMCreateTypeAttribute(kb->llctx, byval, bytes));
+            LLVMAddAttributeAtIndex(kb->fn, at,
+                                    LLVMCreateEnumAttribute(kb->llctx, align, AJ_BYVAL_ALIGN));
         }
     }
     kb->entry = LLVMAppendBasicBlockInContext(kb->llctx, kb->fn, "entry");

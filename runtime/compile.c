@@ -104,8 +104,13 @@ static aj_status keep_source(aj_ctx *ctx, aj_kernel *k, const aj_op *op)
  * it is compiled or first taken from the cache:
  *
  *   source op ──► score programs (with their derivative, intervals, hash)
- *             └─► block-mask builder, compiled beside the kernel when the
- *                 programs need one (kept on aj_kernel.mask_builder)
+ *             ├─► block-mask builder, compiled beside the kernel when the
+ *             │   programs need one (kept on aj_kernel.mask_builder)
+ *   kernel ───┼─► the workspace's layout rule (its regions, their element
+ *             │   types and extents per row; launch.c multiplies it by a
+ *             │   call's rows)
+ *             └─► the by-value arguments: each AJ_PARAM_BYVAL128 parameter
+ *                 with its source and encoder, run at every launch
  *
  * so a launch checks shapes, fills arguments and launches; it neither
  * derives programs nor compiles.  A kernel loaded from bytes has no op and
@@ -114,6 +119,8 @@ static aj_status keep_source(aj_ctx *ctx, aj_kernel *k, const aj_op *op)
 typedef struct launch_plan {
     aj_kernel_plan base;
     aj_score_prog prog;
+    aj_workspace_rule workspace;
+    aj_byval_args byval;
 } launch_plan;
 
 static void plan_destroy(aj_kernel_plan *plan)
@@ -127,6 +134,18 @@ const aj_score_prog *aj_kernel_programs(const aj_kernel *kernel)
     return plan ? &((launch_plan *)plan)->prog : NULL;
 }
 
+const aj_workspace_rule *aj_kernel_workspace_rule(const aj_kernel *kernel)
+{
+    aj_kernel_plan *plan = atomic_load(&((aj_kernel *)kernel)->plan);
+    return plan ? &((launch_plan *)plan)->workspace : NULL;
+}
+
+const aj_byval_args *aj_kernel_byval_args(const aj_kernel *kernel)
+{
+    aj_kernel_plan *plan = atomic_load(&((aj_kernel *)kernel)->plan);
+    return plan ? &((launch_plan *)plan)->byval : NULL;
+}
+
 static aj_status make_plan(aj_ctx *ctx, aj_kernel *k)
 {
     const aj_op *op = atomic_load(&k->source);
@@ -136,7 +155,10 @@ static aj_status make_plan(aj_ctx *ctx, aj_kernel *k)
     if (!plan)
         return aj_fail(ctx, AJ_ERR_OUT_OF_MEMORY, "aj_compile: out of memory");
     plan->base.destroy = plan_destroy;
-    aj_status st = aj_score_prog_init(ctx, op, &plan->prog);
+    aj_workspace_rule_of(k, &plan->workspace);
+    aj_status st = aj_byval_args_of(ctx, k, &plan->byval);
+    if (st == AJ_OK)
+        st = aj_score_prog_init(ctx, op, &plan->prog);
     if (st == AJ_OK && plan->prog.block_mask) {
         aj_kernel *builder = NULL;
         st = aj_compile_block_mask(ctx, k, op, aj_score_mask_hash(&plan->prog), &builder);

@@ -27,7 +27,10 @@ typedef struct aj_device_launch {
     const aj_kernel *kernel;
     int stage;
     int32_t grid[3];
-    void **argv;                  /* kernelParams */
+    void **argv;                  /* kernelParams: argv[i] points to parameter i's
+                                     value, a by-value blob's AJ_BYVAL_BYTES
+                                     included (cuLaunchKernel copies them; the
+                                     host entries pass their address) */
     const aj_sim_buffer *buffers; /* sim: the memory its accesses may touch */
     int num_buffers;
     void *stream;                 /* cuda */
@@ -139,7 +142,7 @@ typedef union aj_arg_value {
 } aj_arg_value;
 
 /* The sources of templates/params.def (a bit per aj_param_source) that
- * the launch entry point of `kind` fills (launch.c): every parameter of
+ * the launch entry point of `kind` fills (launch_bind.c): every parameter of
  * the table its kernels declare reads one of them, else it is a side
  * tensor's (or alibi's slopes'), bound by name. */
 uint64_t aj_launch_sources(aj_kind kind);
@@ -181,6 +184,72 @@ aj_tensor aj_block_mask_tensor(const struct aj_score_prog *p, const aj_block_mas
  * (compile.c), or NULL for a kernel loaded from bytes (no op). */
 const struct aj_score_prog *aj_kernel_programs(const aj_kernel *kernel);
 
+/*
+ * The layout rule of a kernel's workspace (the flash backward's), which
+ * its launch plan records at compile time from the kernel's parameters
+ * and op, so that a launch only multiplies it by the call's rows
+ * (launch.c, workspace_layout).  A row is a query row (b, h, i) of the
+ * call; its regions follow each other, each starting on `align` bytes:
+ *
+ *   DELTA  f32, one per row: Delta_i at b stride_ws_b + h stride_ws_h + i
+ *   DQ     f32, head_dim per row (deterministic = false), else none;
+ *          starts at ws_dq_offset elements
+ *
+ * per_batch: batch b's rows lie b Hq rows-per-head apart (padded); else
+ * (varlen) sequence b's rows start at its cu_seqlens_q offset.
+ */
+enum { AJ_WS_DELTA, AJ_WS_DQ, AJ_WS_REGIONS };
+
+typedef struct aj_ws_region {
+    int32_t elem_bytes;    /* its element type's size (f32: 4) */
+    int64_t per_row;       /* its elements per row (0: the region is empty) */
+} aj_ws_region;
+
+typedef struct aj_workspace_rule {
+    bool takes;            /* the kernel has a workspace parameter */
+    bool per_batch;
+    int32_t align;         /* bytes each region starts on */
+    aj_ws_region region[AJ_WS_REGIONS];
+} aj_workspace_rule;
+
+/*
+ * The by-value arguments of a kernel (its AJ_PARAM_BYVAL128 parameters,
+ * whose table rows say ENCODE): each one's stage and parameter index,
+ * the launch value it is encoded from and its encoder.  The launch plan
+ * records them at compile time; a launch runs each encoder once the
+ * stage's other values are bound (launch_bind.c, aj_bind_stage): the
+ * bytes embed the tensor's address, shape and strides (a Hopper TMA
+ * descriptor), so they are made at every launch, never kept.
+ */
+typedef aj_status (*aj_byval_encode)(aj_ctx *ctx, aj_device *dev, const aj_tensor *t,
+                                     void *out);
+
+#define AJ_BYVAL_MAX 8   /* a kernel's, all stages together */
+
+typedef struct aj_byval_arg {
+    int32_t stage, index;   /* the parameter */
+    int32_t source;         /* the launch value encoded (an aj_param_source) */
+    aj_byval_encode encode; /* writes AJ_BYVAL_BYTES at out */
+} aj_byval_arg;
+
+typedef struct aj_byval_args {
+    int32_t n;
+    aj_byval_arg arg[AJ_BYVAL_MAX];
+} aj_byval_args;
+
+/* A kernel's by-value arguments, from its parameters' table rows
+ * (launch_bind.c); AJ_ERR_INTERNAL naming the kernel past AJ_BYVAL_MAX. */
+aj_status aj_byval_args_of(aj_ctx *ctx, const aj_kernel *kernel, aj_byval_args *out);
+/* Those its launch plan recorded (compile.c), or NULL where it has no
+ * plan (a kernel loaded from bytes or built outside aj_compile). */
+const aj_byval_args *aj_kernel_byval_args(const aj_kernel *kernel);
+
+/* The rule of `kernel`, from its parameters and op (launch.c). */
+void aj_workspace_rule_of(const aj_kernel *kernel, aj_workspace_rule *out);
+/* The rule its launch plan recorded (compile.c), or NULL where it has
+ * no plan (a kernel loaded from bytes). */
+const aj_workspace_rule *aj_kernel_workspace_rule(const aj_kernel *kernel);
+
 /* The block-mask builder (templates/block_mask.c) of kernel's tile for op
  * (whose aj_score_mask_hash is mask_hash), compiled for the kernel's
  * target through the cache, or the one kept on the kernel (compile.c). */
@@ -204,7 +273,7 @@ aj_status aj_block_mask_view(aj_ctx *ctx, const char *fn, const aj_block_mask *m
                              const aj_block_mask_shape *launch, aj_tensor *classes,
                              int64_t *block_m, int64_t *block_n);
 
-/* A tensor argument's rank and dtype (launch.c): AJ_ERR_INVALID_ARG with
+/* A tensor argument's rank and dtype (launch_shapes.c): AJ_ERR_INVALID_ARG with
  * "FN: NAME.rank = R, want W" (or .dtype) when they differ. */
 aj_status aj_check_rank_dtype(aj_ctx *ctx, const char *fn, const char *name,
                               const aj_tensor *t, int rank, aj_dtype dtype);

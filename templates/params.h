@@ -55,7 +55,25 @@ typedef enum aj_param_how {
     AJ_PHOW_BSTRIDE,   /* the same, 0 where the dim has size 1 (broadcast) */
     AJ_PHOW_SHAPE,     /* its size `dim` */
     AJ_PHOW_SCALAR,    /* the scalar */
+    AJ_PHOW_ENCODE,    /* AJ_PARAM_BYVAL128 bytes encoded from the tensor at
+                          each launch by encoder `dim` (aj_param_encoder) */
 } aj_param_how;
+
+/* The encoders of by-value parameters (runtime/launch_bind.c runs them
+ * at each launch, aj_kernel_encode_param for an embedder). */
+typedef enum aj_param_encoder {
+    AJ_PENC_TENSOR_DESC = 0,   /* the tensor's view: aj_tensor_desc */
+    AJ_PENC_COUNT
+} aj_param_encoder;
+
+/* AJ_PENC_TENSOR_DESC's bytes (the rest of the AJ_BYVAL_BYTES are zero). */
+typedef struct aj_tensor_desc {
+    uint64_t data;
+    int32_t dtype, rank;
+    int64_t shape[4], strides[4];
+} aj_tensor_desc;
+
+_Static_assert(sizeof(aj_tensor_desc) <= AJ_BYVAL_BYTES, "a tensor's view fits a blob");
 
 /* A row of the catalogue: every parameter name a template may declare,
  * except the side tensors' (score.h). */

@@ -29,7 +29,8 @@ static int write_output(const char *path, const void *data, size_t size)
 
 static const char *const extent_names[AJ_EXTENT_COUNT] = {
     "1", "batch", "heads_q", "heads_kv", "seq_q", "seq_k"};
-static const char *const param_type_names[AJ_PARAM_COUNT] = {"ptr", "i32", "i64", "f32"};
+static const char *const param_type_names[AJ_PARAM_COUNT] = {"ptr", "i32", "i64", "f32",
+                                                             "byval128"};
 
 /* The launch contract of every kernel of the module, in launch order. */
 static void print_launch(const aj_kernel *kernel)

@@ -477,8 +477,16 @@ typedef enum aj_param_type {
     AJ_PARAM_I32 = 1,
     AJ_PARAM_I64 = 2,
     AJ_PARAM_F32 = 3,
+    /* AJ_BYVAL_BYTES bytes passed by value, AJ_BYVAL_ALIGN-byte aligned: a
+     * descriptor encoded from a tensor at each launch, as a Hopper TMA
+     * CUtensorMap embeds the tensor's address, shape and strides
+     * (aj_kernel_encode_param) */
+    AJ_PARAM_BYVAL128 = 4,
     AJ_PARAM_COUNT
 } aj_param_type;
+
+#define AJ_BYVAL_BYTES 128
+#define AJ_BYVAL_ALIGN 64
 
 typedef struct aj_param_info {
     const char *name;      /* "q", "stride_q_b", ...; owned by the kernel */
@@ -920,6 +928,23 @@ aj_status aj_backward(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
  * read. */
 aj_status aj_backward_workspace_size(aj_ctx *ctx, const aj_kernel *kernel,
                                      const aj_bwd_args *args, size_t *bytes);
+
+/*
+ * The bytes of by-value parameter `index` (type AJ_PARAM_BYVAL128) of
+ * stage `stage`, encoded for a launch on `dev` from `tensor` (the tensor
+ * the parameter's aj_param_desc names) into out[0 .. AJ_BYVAL_BYTES - 1]
+ * (AJ_BYVAL_ALIGN-byte aligned, the caller's).  aj_forward, aj_backward
+ * and aj_merge do this at every launch.  The bytes embed the tensor's
+ * address, shape and strides: an embedder launching the kernel itself
+ * calls this before each launch (again whenever the tensor moves or
+ * changes shape) and passes out as the parameter's kernelParams entry.
+ * AJ_ERR_INVALID_ARG for a NULL argument, a kernel of another target
+ * than dev's, a stage or index outside the kernel's, a parameter of
+ * another type, or a misaligned out.
+ */
+aj_status aj_kernel_encode_param(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
+                                 int32_t stage, int32_t index, const aj_tensor *tensor,
+                                 void *out);
 
 /* Arguments of a merge of two partial results over disjoint key sets
  * (kernels of `attention merge { dtype, head_dim_v }`):

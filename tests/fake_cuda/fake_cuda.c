@@ -39,6 +39,9 @@
  *   MemcpyHtoD bytes=64 (synchronous) / MemcpyDtoH bytes=64
  *   MemcpyHtoDAsync bytes=64 stream=1 [staged]
  *   LaunchKernel fn=NAME grid=4,2,1 stream=1
+ *   ByValue fn=NAME param=1 bytes=128 head=0x...,0x... (after its
+ *   LaunchKernel, for a by-value `.param .align A .b8 NAME[N]`: the size
+ *   the PTX declares and the first two 8-byte words the driver copies)
  *   CtxSynchronize / StreamSynchronize stream=1 / EventSynchronize event=2
  *   EventRecord event=2 stream=1 / StreamWaitEvent stream=2 event=1
  *   EventElapsedTime_v2 start=1 end=2 (or " v1": the old entry point)
@@ -675,7 +678,8 @@ CUresult cuFuncGetAttribute(int *value, int attrib, function *f)
 #ifndef FAKE_CUDA_OLD_DRIVER   /* a driver without cuLaunchKernel */
 /* The byte size of each `.param` of an entry (4 or 8; LLVM's PTX for the
  * CUDA driver interface does not mark pointers: a pointer is an 8-byte
- * value that lies in memory, see host_memory). */
+ * value that lies in memory, see host_memory), or a by-value array's N
+ * (`.param .align A .b8 NAME[N]`, a CUtensorMap's form). */
 static int parse_params(const char *p, int *bytes, int max)
 {
     int n = 0;
@@ -685,7 +689,12 @@ static int parse_params(const char *p, int *bytes, int max)
         const char *type = q + 6;
         while (*type == ' ')
             type++;
-        bytes[n++] = strncmp(type + 2, "32", 2) == 0 ? 4 : 8;   /* .u32 .b32 .f32 .s32 */
+        const char *array = strchr(type, '[');
+        const char *next = strpbrk(type, ",)");
+        if (strncmp(type, ".align", 6) == 0 && array && next && array < next)
+            bytes[n++] = atoi(array + 1);
+        else
+            bytes[n++] = strncmp(type + 2, "32", 2) == 0 ? 4 : 8;   /* .u32 .b32 .f32 .s32 */
     }
     return n;
 }
@@ -724,6 +733,12 @@ CUresult cuLaunchKernel(function *f, unsigned gx, unsigned gy, unsigned gz, unsi
     int bytes[256];
     int n = parse_params(entry_of(f->mod, f->name), bytes, 256);
     for (int i = 0; i < n; i++) {
+        if (bytes[i] > 8) {
+            uint64_t head[2];
+            memcpy(head, params[i], sizeof head);
+            note("ByValue fn=%s param=%d bytes=%d head=0x%llx,0x%llx", f->name, i, bytes[i],
+                 (unsigned long long)head[0], (unsigned long long)head[1]);
+        }
         if (bytes[i] != 8)
             continue;
         uintptr_t v;

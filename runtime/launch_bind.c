@@ -1,0 +1,428 @@
+/*
+ * launch_bind.c -- a launch's values and their binding: each entry point
+ * fills params.def's sources from its checked arguments (the *_values
+ * functions, put_tensor, put_scalar), and aj_bind_stage walks the rows a
+ * compiled stage recorded and derives each parameter's value; side
+ * tensors (and alibi's slopes) bind by name; the block mask is the
+ * caller's or built by the plan's builder (docs/design.md, "Kernel
+ * parameters").
+ *
+ * Binding by row keeps the launch ignorant of any one template: a
+ * template may take any subset of the values below, in any order.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "runtime/launch_internal.h"
+#include "templates/score.h"
+
+static void score_bind(score_bindings *sb, const char *name, aj_param_type type,
+                       aj_arg_value value)
+{
+    snprintf(sb->names[sb->n], sizeof sb->names[0], "%s", name);
+    sb->b[sb->n] = (binding){sb->names[sb->n], type, value};
+    sb->n++;
+}
+
+/* A score tensor's pointer, sizes and strides, and its sim buffer. */
+static void score_bind_tensor(score_bindings *sb, const char *tensor, const void *data,
+                              int rank, const int64_t *shape, const int64_t *strides)
+{
+    char name[AJ_OP_TENSOR_NAME_MAX + 16];
+    const char *stored = sb->names[sb->n];   /* the name a sim fault reports */
+    score_bind(sb, tensor, AJ_PARAM_PTR, (aj_arg_value){.ptr = (void *)data});
+    aj_tensor t = {(void *)data, AJ_DTYPE_F32, rank, {0}, {0}};
+    for (int d = 0; d < rank; d++) {
+        aj_score_param_name(name, sizeof name, tensor, 's', d);
+        score_bind(sb, name, AJ_PARAM_I64, (aj_arg_value){.i64 = shape[d]});
+        aj_score_param_name(name, sizeof name, tensor, 't', d);
+        score_bind(sb, name, AJ_PARAM_I64, (aj_arg_value){.i64 = strides[d]});
+        t.shape[d] = shape[d];
+        t.strides[d] = strides[d];
+    }
+    sb->buffers[sb->nb++] = (aj_sim_buffer){stored, data, (size_t)aj_tensor_extent_bytes(&t, 4)};
+}
+
+aj_status aj_side_check_names(aj_ctx *ctx, const char *fn, const aj_op_info *op,
+                              const aj_side_tensor *side, int32_t num_side)
+{
+    AJ_CHECK_ARG(ctx, num_side >= 0 && (num_side == 0 || side),
+                 "%s: num_side = %d with side %s; want a count of 0 or more, and the "
+                 "tensors when it is not 0", fn, num_side, side ? "given" : "NULL");
+    for (int i = 0; i < num_side; i++) {
+        int known = 0;
+        for (int d = 0; d < op->num_tensors; d++)
+            known |= side[i].name && strcmp(side[i].name, op->tensors[d].name) == 0;
+        AJ_CHECK_ARG(ctx, known, "%s: side[%d] ('%s') is not a tensor the op declares", fn, i,
+                     side[i].name ? side[i].name : "(null)");
+    }
+    return AJ_OK;
+}
+
+/* Checks the side tensors of a launch against the op's declarations and
+ * binds them and alibi's slopes, as `fn` in messages. */
+aj_status aj_bind_scores(aj_ctx *ctx, const char *fn, const aj_op_info *op,
+                         const aj_side_tensor *side, int32_t num_side,
+                         const aj_tensor *slopes, score_bindings *sb)
+{
+    memset(sb, 0, sizeof *sb);
+    if (op->score_mod == AJ_SCORE_MOD_ALIBI)
+        score_bind_tensor(sb, "alibi_slopes", slopes->data, 1, slopes->shape, slopes->strides);
+    aj_status st = aj_side_check_names(ctx, fn, op, side, num_side);
+    if (st != AJ_OK)
+        return st;
+    for (int d = 0; d < op->num_tensors; d++) {
+        const aj_side_decl *decl = &op->tensors[d];
+        const aj_side_tensor *t = NULL;
+        for (int i = 0; i < num_side && !t; i++)
+            if (strcmp(side[i].name, decl->name) == 0)
+                t = &side[i];
+        static const char *const dts[2] = {"i32", "f32"};
+        AJ_CHECK_ARG(ctx, t, "%s: side tensor '%s' (%s[%d]) is not given", fn, decl->name,
+                     dts[decl->dtype], decl->rank);
+        AJ_CHECK_ARG(ctx, t->dtype == decl->dtype && t->rank == decl->rank,
+                     "%s: side tensor '%s' is %s[%d]; the op declares %s[%d]", fn, decl->name,
+                     (unsigned)t->dtype < 2 ? dts[t->dtype] : "?", t->rank, dts[decl->dtype],
+                     decl->rank);
+        AJ_CHECK_ARG(ctx, t->data, "%s: side tensor '%s' has no data", fn, decl->name);
+        for (int k = 0; k < t->rank; k++) {
+            AJ_CHECK_ARG(ctx, t->shape[k] >= 1, "%s: side tensor '%s' has shape[%d] = %lld; "
+                         "every dim must be at least 1", fn, decl->name, k,
+                         (long long)t->shape[k]);
+            AJ_CHECK_ARG(ctx, t->strides[k] >= 0, "%s: side tensor '%s' has stride[%d] = %lld; "
+                         "strides must not be negative", fn, decl->name, k,
+                         (long long)t->strides[k]);
+        }
+        score_bind_tensor(sb, decl->name, t->data, t->rank, t->shape, t->strides);
+    }
+    return AJ_OK;
+}
+
+int aj_kernel_takes(const aj_kernel *kernel, aj_param_id id)
+{
+    for (int s = 0; s < kernel->num_stages; s++)
+        for (int i = 0; i < kernel->stages[s].launch.num_params; i++)
+            if (kernel->stages[s].param_ids[i] == (int32_t)id)
+                return 1;
+    return 0;
+}
+
+/*
+ * The block mask of a padded launch whose kernel reads one (score.h,
+ * aj_score_prog.block_mask): `given` after checking it against the launch,
+ * else one built here: the builder the kernel was compiled with (its
+ * launch plan, compile.c) queued on the launch's stream ahead of it, into
+ * scratch (*scratch, which the caller releases once the launch is queued);
+ * else, for a kernel loaded from bytes that has no op to build it from,
+ * none (the kernels then class their tiles by interval arithmetic).
+ */
+aj_status aj_bind_block_mask(aj_ctx *ctx, const char *fn, aj_device *dev,
+                             const aj_kernel *kernel, const aj_block_mask_shape *launch,
+                             const aj_block_mask *given, const aj_side_tensor *side,
+                             int32_t num_side, const aj_tensor *slopes, void *stream,
+                             launch_values *v, void **scratch)
+{
+    *scratch = NULL;
+    if (!aj_kernel_takes(kernel, AJ_PID(block_mask)))
+        return AJ_OK;
+    const aj_score_prog *prog = aj_kernel_programs(kernel);
+    aj_kernel *builder = atomic_load(&((aj_kernel *)kernel)->mask_builder);
+    aj_status st = AJ_OK;
+    aj_tensor classes;
+    int64_t bm, bn;
+    if (given) {
+        st = aj_block_mask_view(ctx, fn, given, dev, prog, launch, &classes, &bm, &bn);
+    } else if (prog && builder) {
+        aj_launch_info li;
+        aj_kernel_stage_info(kernel, 0, &li);
+        aj_block_mask_shape shape = *launch;
+        shape.block_m = li.schedule.block_m;
+        shape.block_n = li.schedule.block_n;
+        bm = shape.block_m;
+        bn = shape.block_n;
+        classes = aj_block_mask_tensor(prog, &shape, NULL);
+        st = aj_device_scratch(dev, stream, (size_t)(classes.shape[0] * classes.strides[0] * 4),
+                               scratch);
+        classes.data = *scratch;
+        if (st == AJ_OK)
+            st = aj_block_mask_launch(ctx, dev, fn, builder, &shape, &classes, side, num_side,
+                                      slopes, stream);
+    } else {
+        return st;
+    }
+    if (st != AJ_OK)
+        return st;
+    put_tensor(v, AJ_PSRC_block_mask, &classes);
+    put_scalar(v, AJ_PSRC_block_mask_bm, bm);
+    put_scalar(v, AJ_PSRC_block_mask_bn, bn);
+    return AJ_OK;
+}
+
+/* The value of catalogue parameter `p`; 0 when its source is not given. */
+static int param_value(const aj_param_row *p, const launch_values *v, aj_arg_value *out)
+{
+    if (!(v->given & (1ull << p->source)))
+        return 0;
+    const aj_tensor *t = &v->tensor[p->source];
+    int64_t x = 0;
+    switch (p->how) {
+    case AJ_PHOW_DATA: out->ptr = t->data; return 1;
+    case AJ_PHOW_STRIDE: x = t->strides[p->dim]; break;
+    case AJ_PHOW_BSTRIDE: x = t->shape[p->dim] == 1 ? 0 : t->strides[p->dim]; break;
+    case AJ_PHOW_SHAPE: x = t->shape[p->dim]; break;
+    case AJ_PHOW_SCALAR: x = v->scalar[p->source]; break;
+    case AJ_PHOW_ENCODE: return 1;   /* encoded once bound: encode_byvals */
+    }
+    if (p->type == AJ_PARAM_I32)
+        out->i32 = (int32_t)x;
+    else
+        out->i64 = x;
+    return 1;
+}
+
+launch_scratch *aj_launch_scratch_new(aj_ctx *ctx, const char *fn, aj_status *st)
+{
+    if (*st != AJ_OK)
+        return NULL;
+    /* its by-value blobs on AJ_BYVAL_ALIGN bytes (sizeof is a multiple) */
+    launch_scratch *ls = aligned_alloc(_Alignof(launch_scratch), sizeof *ls);
+    if (!ls)
+        *st = aj_fail(ctx, AJ_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
+    return ls;
+}
+
+static aj_status encode_byvals(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
+                               int stage, const launch_values *v, bound_args *out);
+
+aj_status aj_bind_stage(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel, int stage,
+                        const launch_values *v, const score_bindings *scores,
+                        bound_args *out)
+{
+    aj_launch_info li;
+    aj_kernel_stage_info(kernel, stage, &li);
+    out->nb = 0;
+    for (int i = 0; i < li.num_params; i++) {
+        const char *name = li.params[i].name;
+        const aj_param_row *p = aj_param_row_of(kernel->stages[stage].param_ids[i]);
+        int found = 0;
+        if (p) {
+            found = p->type == li.params[i].type && param_value(p, v, &out->values[i]);
+            if (found && p->how == AJ_PHOW_DATA) {
+                const aj_tensor *t = &v->tensor[p->source];
+                out->buffers[out->nb++] = (aj_sim_buffer){
+                    name, t->data, (size_t)aj_tensor_extent_bytes(t, aj_dtype_size(t->dtype))};
+            }
+        }
+        for (int j = 0; !p && scores && j < scores->n && !found; j++)
+            if (strcmp(scores->b[j].name, name) == 0 && scores->b[j].type == li.params[i].type) {
+                out->values[i] = scores->b[j].value;
+                found = 1;
+            }
+        if (!found)
+            return aj_fail(ctx, AJ_ERR_INTERNAL, "kernel %s: no launch value for parameter "
+                           "'%s'", aj_kernel_stage_entry(kernel, stage), name);
+        out->argv[i] = &out->values[i];
+    }
+    for (int j = 0; scores && j < scores->nb; j++)
+        out->buffers[out->nb++] = scores->buffers[j];
+    return encode_byvals(ctx, dev, kernel, stage, v, out);
+}
+
+/* The stage's by-value arguments, encoded from their launch values into
+ * out->blobs, each the argument its parameter points to (the plan's list;
+ * a kernel without a plan derives it). */
+static aj_status encode_byvals(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
+                               int stage, const launch_values *v, bound_args *out)
+{
+    aj_byval_args own;
+    const aj_byval_args *byval = aj_kernel_byval_args(kernel);
+    aj_status st = AJ_OK;
+    if (!byval) {
+        st = aj_byval_args_of(ctx, kernel, &own);
+        byval = &own;
+    }
+    aj_launch_info li;
+    aj_kernel_stage_info(kernel, stage, &li);
+    for (int j = 0, k = 0; st == AJ_OK && j < byval->n; j++) {
+        const aj_byval_arg *a = &byval->arg[j];
+        if (a->stage != stage)
+            continue;
+        unsigned char *blob = out->blobs[k++];
+        st = a->encode(ctx, dev, &v->tensor[a->source], blob);
+        out->argv[a->index] = blob;
+        out->buffers[out->nb++] = (aj_sim_buffer){li.params[a->index].name, blob,
+                                                  AJ_BYVAL_BYTES};
+    }
+    return st;
+}
+
+/* What every attention launch fills: q, k, v, lse, the sizes, offsets,
+ * totals, the dropout stream, and varlen's offsets and the device's status
+ * word (templates/attn_common.h: a u32 the kernels record a cu_seqlens
+ * fault in, bound as one 4-byte element). */
+static void attention_values(const aj_tensor *q, const aj_tensor *k, const aj_tensor *v_,
+                             const aj_tensor *lse, const fwd_sizes *sz, int64_t q_offset,
+                             int64_t kv_offset, int64_t sq_given, int64_t sk_given,
+                             int64_t sq_total, int64_t sk_total, uint64_t seed, uint64_t offset,
+                             const int32_t *cu_q, const int32_t *cu_k, int32_t batch,
+                             void *status, launch_values *v)
+{
+    v->given = 0;
+    put_tensor(v, AJ_PSRC_q, q);
+    put_tensor(v, AJ_PSRC_k, k);
+    put_tensor(v, AJ_PSRC_v, v_);
+    put_tensor(v, AJ_PSRC_lse, lse);
+    /* int32 offsets, as 4-byte elements */
+    const aj_tensor cu[2] = {{(void *)cu_q, AJ_DTYPE_F32, 1, {batch + 1}, {1}},
+                             {(void *)cu_k, AJ_DTYPE_F32, 1, {batch + 1}, {1}}};
+    put_tensor(v, AJ_PSRC_cu_seqlens_q, &cu[0]);
+    put_tensor(v, AJ_PSRC_cu_seqlens_k, &cu[1]);
+    const aj_tensor status_word = {status, AJ_DTYPE_F32, 1, {1}, {1}};
+    put_tensor(v, AJ_PSRC_varlen_status, &status_word);
+    put_scalar(v, AJ_PSRC_heads_q, sz->heads_q);
+    put_scalar(v, AJ_PSRC_heads_kv, sz->heads_kv);
+    put_scalar(v, AJ_PSRC_seq_q, sz->seq_q);
+    put_scalar(v, AJ_PSRC_seq_k, sz->seq_k);
+    put_scalar(v, AJ_PSRC_batch, sz->batch);
+    put_scalar(v, AJ_PSRC_q_offset, q_offset);
+    put_scalar(v, AJ_PSRC_kv_offset, kv_offset);
+    put_scalar(v, AJ_PSRC_sq_total, sq_given);
+    put_scalar(v, AJ_PSRC_sk_total, sk_given);
+    put_scalar(v, AJ_PSRC_seq_q_total, sq_total);
+    put_scalar(v, AJ_PSRC_seq_k_total, sk_total);
+    put_scalar(v, AJ_PSRC_dropout_seed, (int64_t)seed);
+    put_scalar(v, AJ_PSRC_dropout_offset, (int64_t)offset);
+    put_scalar(v, AJ_PSRC_head_offset, sz->head_offset);
+    put_scalar(v, AJ_PSRC_heads_q_total, sz->heads_total);
+    /* no block mask until bind_block_mask gives one */
+    const aj_tensor no_mask = {NULL, AJ_DTYPE_F32, 4, {1, 1, 1, 1}, {0, 0, 0, 0}};
+    put_tensor(v, AJ_PSRC_block_mask, &no_mask);
+    put_scalar(v, AJ_PSRC_block_mask_bm, 1);
+    put_scalar(v, AJ_PSRC_block_mask_bn, 1);
+}
+
+void aj_forward_values(const aj_fwd_args *a, const fwd_sizes *sz, int64_t sq_total,
+                       int64_t sk_total, void *status, launch_values *v)
+{
+    attention_values(&a->q, &a->k, &a->v, &a->lse, sz, a->q_offset, a->kv_offset, a->sq_total,
+                     a->sk_total, sq_total, sk_total, a->seed, a->offset, a->cu_seqlens_q,
+                     a->cu_seqlens_k, a->batch, status, v);
+    put_tensor(v, AJ_PSRC_o, &a->o);
+    put_tensor(v, AJ_PSRC_o_acc, &a->o_acc);
+    put_tensor(v, AJ_PSRC_bias, &a->bias);
+}
+
+void aj_merge_values(const aj_merge_args *a, const fwd_sizes *sz, launch_values *v)
+{
+    v->given = 0;
+    const aj_tensor *t[6] = {&a->o1, &a->o2, &a->o, &a->lse1, &a->lse2, &a->lse};
+    const aj_param_source src[6] = {AJ_PSRC_o1, AJ_PSRC_o2, AJ_PSRC_o, AJ_PSRC_lse1,
+                                    AJ_PSRC_lse2, AJ_PSRC_lse};
+    for (int i = 0; i < 6; i++)
+        put_tensor(v, src[i], t[i]);
+    put_scalar(v, AJ_PSRC_seq_q, sz->seq_q);
+}
+
+void aj_backward_values(const aj_bwd_args *a, const fwd_sizes *sz, int64_t sq_total,
+                        int64_t sk_total, const bwd_workspace *w, void *ws, void *status,
+                        launch_values *v)
+{
+    attention_values(&a->q, &a->k, &a->v, &a->lse, sz, a->q_offset, a->kv_offset, a->sq_total,
+                     a->sk_total, sq_total, sk_total, a->seed, a->offset, a->cu_seqlens_q,
+                     a->cu_seqlens_k, a->batch, status, v);
+    const aj_tensor *t[7] = {&a->o, &a->do_, &a->dq, &a->dk, &a->dv, &a->bias, &a->dbias};
+    const aj_param_source src[7] = {AJ_PSRC_o, AJ_PSRC_do, AJ_PSRC_dq, AJ_PSRC_dk, AJ_PSRC_dv,
+                                    AJ_PSRC_bias, AJ_PSRC_dbias};
+    for (int i = 0; i < 7; i++)
+        put_tensor(v, src[i], t[i]);
+    const aj_tensor ws_t = {ws, AJ_DTYPE_F32, 1, {(int64_t)(w->bytes / 4)}, {1}};
+    put_tensor(v, AJ_PSRC_workspace, &ws_t);
+    put_scalar(v, AJ_PSRC_stride_ws_b, w->stride_b);
+    put_scalar(v, AJ_PSRC_stride_ws_h, w->stride_h);
+    put_scalar(v, AJ_PSRC_ws_dq_offset, w->offset[AJ_WS_DQ]);
+}
+
+/* ---------------------------------------------------------------- by value */
+
+/* AJ_PENC_TENSOR_DESC: the tensor's view (params.h, aj_tensor_desc). */
+static aj_status encode_tensor_desc(aj_ctx *ctx, aj_device *dev, const aj_tensor *t, void *out)
+{
+    aj_tensor_desc d = {(uint64_t)(uintptr_t)t->data, (int32_t)t->dtype, t->rank, {0}, {0}};
+    for (int i = 0; i < t->rank && i < 4; i++) {
+        d.shape[i] = t->shape[i];
+        d.strides[i] = t->strides[i];
+    }
+    memset(out, 0, AJ_BYVAL_BYTES);
+    memcpy(out, &d, sizeof d);
+    return AJ_OK;
+}
+
+static const aj_byval_encode encoders[AJ_PENC_COUNT] = {
+    [AJ_PENC_TENSOR_DESC] = encode_tensor_desc,
+};
+
+aj_status aj_byval_args_of(aj_ctx *ctx, const aj_kernel *kernel, aj_byval_args *out)
+{
+    out->n = 0;
+    for (int s = 0; s < kernel->num_stages; s++)
+        for (int i = 0; i < kernel->stages[s].launch.num_params; i++) {
+            const aj_param_row *p = aj_param_row_of(kernel->stages[s].param_ids[i]);
+            if (!p || p->how != AJ_PHOW_ENCODE)
+                continue;
+            if (out->n == AJ_BYVAL_MAX || (unsigned)p->dim >= AJ_PENC_COUNT)
+                return aj_fail(ctx, AJ_ERR_INTERNAL, "kernel %s: more than %d by-value "
+                               "parameters, or '%s' has no encoder", aj_kernel_entry(kernel),
+                               AJ_BYVAL_MAX, p->name);
+            out->arg[out->n++] = (aj_byval_arg){s, i, p->source, encoders[p->dim]};
+        }
+    return AJ_OK;
+}
+
+aj_status aj_kernel_encode_param(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
+                                 int32_t stage, int32_t index, const aj_tensor *tensor,
+                                 void *out)
+{
+    if (!ctx)
+        return AJ_ERR_INVALID_ARG;
+    const char *fn = "aj_kernel_encode_param";
+    AJ_CHECK_ARG(ctx, dev && kernel && tensor && out, "%s: %s is NULL", fn,
+                 !dev ? "dev" : !kernel ? "kernel" : !tensor ? "tensor" : "out");
+    AJ_CHECK_ARG(ctx, kernel->target == aj_device_target(dev),
+                 "%s: kernel compiled for %s cannot run on a %s device", fn,
+                 aj_target_name(kernel->target), aj_target_name(aj_device_target(dev)));
+    AJ_CHECK_ARG(ctx, stage >= 0 && stage < kernel->num_stages, "%s: stage = %d; kernel %s "
+                 "has stages 0 .. %d", fn, stage, aj_kernel_entry(kernel),
+                 kernel->num_stages - 1);
+    aj_launch_info li;
+    aj_kernel_stage_info(kernel, stage, &li);
+    AJ_CHECK_ARG(ctx, index >= 0 && index < li.num_params, "%s: index = %d; stage %d has "
+                 "parameters 0 .. %d", fn, index, stage, li.num_params - 1);
+    const aj_param_row *p = aj_param_row_of(kernel->stages[stage].param_ids[index]);
+    AJ_CHECK_ARG(ctx, li.params[index].type == AJ_PARAM_BYVAL128 && p &&
+                 p->how == AJ_PHOW_ENCODE, "%s: parameter %d of stage %d ('%s') is not "
+                 "passed by value (AJ_PARAM_BYVAL128)", fn, index, stage, li.params[index].name);
+    AJ_CHECK_ARG(ctx, (uintptr_t)out % AJ_BYVAL_ALIGN == 0, "%s: out = %p is not %d-byte "
+                 "aligned", fn, out, AJ_BYVAL_ALIGN);
+    return encoders[p->dim](ctx, dev, tensor, out);
+}
+
+/* ---------------------------------------------------------------- sources */
+
+uint64_t aj_launch_sources(aj_kind kind)
+{
+    launch_values v = {.given = 0};
+    const fwd_sizes sz = {0};
+    if (kind == AJ_KIND_FORWARD) {
+        const aj_fwd_args a = AJ_FWD_ARGS_INIT;
+        aj_forward_values(&a, &sz, 0, 0, NULL, &v);
+    } else if (kind == AJ_KIND_BACKWARD) {
+        const aj_bwd_args a = AJ_BWD_ARGS_INIT;
+        const bwd_workspace w = {0, 0, {0}, 0};
+        aj_backward_values(&a, &sz, 0, 0, &w, NULL, NULL, &v);
+    } else if (kind == AJ_KIND_MERGE) {
+        const aj_merge_args a = AJ_MERGE_ARGS_INIT;
+        aj_merge_values(&a, &sz, &v);
+    }
+    return v.given;
+}
