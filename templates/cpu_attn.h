@@ -41,7 +41,7 @@ static inline int aj_cpu_tile_rows(void)
  * seq_q / seq_k parameters, starts 0, and the programs' totals
  * seq_q_total / seq_k_total (params.def).  layout = varlen:
  * sequence bidx of the packed tensors, whose rows start at cu_seqlens[bidx]
- * (runtime/launch.c binds the tensors as padded views of batch stride 0),
+ * (runtime/launch_bind.c binds the tensors as padded views of batch stride 0),
  * with the totals from sq_total / sk_total, each 0 meaning the sequence's
  * own length -- as the flash templates.
  */

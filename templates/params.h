@@ -1,7 +1,7 @@
 /*
  * params.h -- the kernel parameter contract (params.def) as C: each
  * kernel ABI's parameter list for an op, which templates declare and
- * aj_op_kernel_params reports, and the catalogue runtime/launch.c binds
+ * aj_op_kernel_params reports, and the catalogue runtime/launch_bind.c binds
  * values from.
  */
 #ifndef AJ_TEMPLATES_PARAMS_H

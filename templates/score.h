@@ -118,7 +118,7 @@ static inline bool aj_score_has_mod(const aj_score_prog *p)
  * Kernel parameters the programs read (params.def declares them with the
  * kernel's others): "seq_q_total", "seq_k_total" (i64) when they use sq or
  * sk, and per side tensor NAME: "NAME" (ptr), "NAME_size<d>" and
- * "NAME_stride<d>" (i64, elements) for each dim d.  runtime/launch.c binds
+ * "NAME_stride<d>" (i64, elements) for each dim d.  runtime/launch_bind.c binds
  * them by these names.
  *
  * The name of a side tensor's size (what = 's') or stride ('t') param. */
