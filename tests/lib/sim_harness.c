@@ -24,6 +24,12 @@ fwd_tolerance fwd_tolerance_for(aj_dtype dtype)
     }
 }
 
+fwd_case fwd_case_base(const char *label, aj_dtype dtype, int d, const char *mask)
+{
+    return (fwd_case){.label = label, .dtype = dtype, .d = d, .mask = mask, .b = 1, .hq = 2,
+                      .hkv = 1, .sq = 67, .sk = 83, .magnitude = 1.0, .seed = 42};
+}
+
 /* ---------------------------------------------------------------- kernels */
 
 typedef struct cached_kernel {
