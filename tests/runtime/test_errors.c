@@ -521,9 +521,7 @@ static void test_non_finite_inputs(void)
         aj_convert(&v[i], AJ_DTYPE_F16, &f, AJ_DTYPE_F32, 1);
         vd[i] = f;
     }
-    ref_problem p;
-    memset(&p, 0, sizeof p);
-    p.B = B, p.Hq = HQ, p.Hkv = HKV, p.Sq = SQ, p.Sk = SK, p.D = D, p.Dv = D;
+    ref_problem p = ref_problem_of(B, HQ, HKV, SQ, SK, D, D);
     p.mask = AJ_MASK_CAUSAL;
     ref_forward(&p, qd, kd, vd, od, ld);
     int same_pattern = 1, nan_rows = 0;

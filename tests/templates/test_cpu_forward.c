@@ -290,12 +290,7 @@ static void test_varlen_accumulate(void)
     CHECK_STATUS(ctx, aj_device_copy_from(dev, lse, dlse, (size_t)VA_HQ * tq * sizeof *lse),
                  AJ_OK);
 
-    ref_problem p;
-    memset(&p, 0, sizeof p);
-    p.B = VA_B;
-    p.Hq = VA_HQ;
-    p.Hkv = VA_HKV;
-    p.D = p.Dv = VA_D;
+    ref_problem p = ref_problem_of(VA_B, VA_HQ, VA_HKV, 0, 0, VA_D, VA_D);
     p.cu_q = cu_q;
     p.cu_k = cu_k;
     ref_forward(&p, qd, kd, vd, o_ref, lse_ref);

@@ -219,14 +219,7 @@ static void run_accumulate(const acc_case *c)
     }
     CHECK_MSG(j0 == c->sk, "%s: blocks cover %d of %d keys", c->label, j0, c->sk);
 
-    ref_problem p;
-    memset(&p, 0, sizeof p);
-    p.B = c->b;
-    p.Hq = c->hq;
-    p.Hkv = c->hkv;
-    p.D = p.Dv = c->d;
-    p.Sq = c->sq;
-    p.Sk = c->sk;
+    ref_problem p = ref_problem_of(c->b, c->hq, c->hkv, c->sq, c->sk, c->d, c->d);
     p.mask = c->mask_kind;
     p.align = c->align;
     p.window_left = c->left;
@@ -430,14 +423,7 @@ static void test_merge_of_forwards(void)
     m.o2 = o[1].t;
     m.lse2 = l[1].t;
     CHECK_STATUS(ctx, aj_merge(ctx, dev, mrg, &m), AJ_OK);
-    ref_problem p;
-    memset(&p, 0, sizeof p);
-    p.B = 1;
-    p.Hq = HQ;
-    p.Hkv = 1;
-    p.D = p.Dv = DD;
-    p.Sq = SQ;
-    p.Sk = SK;
+    ref_problem p = ref_problem_of(1, HQ, 1, SQ, SK, DD, DD);
     p.mask = AJ_MASK_CAUSAL;
     double *o_ref = calloc(o[0].n, sizeof *o_ref), *l_ref = calloc(l[0].n, sizeof *l_ref);
     ref_forward(&p, q.ref, k.ref, v.ref, o_ref, l_ref);
