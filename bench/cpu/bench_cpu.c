@@ -46,6 +46,7 @@
 #include <time.h>
 
 #include "attnjit/attnjit.h"
+#include "launch_args.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -367,17 +368,8 @@ static void problem_init(problem *pr, aj_device *dev, aj_dtype dtype, int h, int
     a.o = tensor(pr->o, dtype, h, s, d);
     a.lse = (aj_tensor){pr->lse, AJ_DTYPE_F32, 3, {1, h, s, 0}, {(int64_t)h * s, s, 1, 0}};
     pr->fwd = a;
-    aj_bwd_args g = AJ_BWD_ARGS_INIT;
-    g.q = a.q;
-    g.k = a.k;
-    g.v = a.v;
-    g.o = a.o;
-    g.lse = a.lse;
-    g.do_ = a.q;
-    g.dq = tensor(pr->dq, dtype, h, s, d);
-    g.dk = tensor(pr->dk, dtype, h, s, d);
-    g.dv = tensor(pr->dv, dtype, h, s, d);
-    pr->bwd = g;
+    pr->bwd = bwd_args_after(&a, a.q, tensor(pr->dq, dtype, h, s, d),
+                             tensor(pr->dk, dtype, h, s, d), tensor(pr->dv, dtype, h, s, d));
 }
 
 static void problem_free(problem *pr)

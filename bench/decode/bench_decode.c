@@ -148,11 +148,11 @@ static aj_status decode_setup(aj_ctx *ctx, aj_device *dev, paged_case *c, decode
         const int64_t qs[4] = {c->b, c->hq, c->sq, c->d};
         const int64_t ks[4] = {num_pages, c->page_size, c->hkv, c->d};
         aj_fwd_args a = AJ_FWD_ARGS_INIT;
-        a.q = paged_tensor(d->mem[0], c->dtype, 4, qs);
-        a.k_cache = paged_tensor(d->mem[1], c->kv_dtype, 4, ks);
-        a.v_cache = paged_tensor(d->mem[2], c->kv_dtype, 4, ks);
-        a.o = paged_tensor(d->mem[3], c->dtype, 4, qs);
-        a.lse = paged_tensor(d->mem[4], AJ_DTYPE_F32, 3, qs);
+        a.q = tensor_contiguous(d->mem[0], c->dtype, 4, qs);
+        a.k_cache = tensor_contiguous(d->mem[1], c->kv_dtype, 4, ks);
+        a.v_cache = tensor_contiguous(d->mem[2], c->kv_dtype, 4, ks);
+        a.o = tensor_contiguous(d->mem[3], c->dtype, 4, qs);
+        a.lse = tensor_contiguous(d->mem[4], AJ_DTYPE_F32, 3, qs);
         a.block_table = d->mem[5];
         a.max_pages = max_pages;
         a.seqlens_k = d->mem[6];

@@ -40,6 +40,7 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "launch_args.h"
 #include "ref.h"
 #include "cp/alltoall_check.h"
 #include "cp/leak_check.h"
@@ -413,31 +414,15 @@ static void *take_shard(const shard_rule *r, int keys, const void *full, int64_t
     return s;
 }
 
-static aj_tensor view(void *data, aj_dtype dtype, int r, int64_t a, int64_t b, int64_t c,
-                      int64_t d);
-
 /* A shard's tensor as the call takes it: padded [1, H, l, W] (LSE, W = 0:
  * [1, H, l]), varlen [l, H, W] (LSE [H, l]). */
 static aj_tensor rows_view(const ring_case *c, void *data, aj_dtype dtype, int64_t H, int64_t l,
                            int64_t W)
 {
     if (c->docs)
-        return W ? view(data, dtype, 3, l, H, W, 0) : view(data, dtype, 2, H, l, 0, 0);
-    return W ? view(data, dtype, 4, 1, H, l, W) : view(data, dtype, 3, 1, H, l, 0);
-}
-
-static aj_tensor view(void *data, aj_dtype dtype, int r, int64_t a, int64_t b, int64_t c,
-                      int64_t d)
-{
-    aj_tensor t = {.data = data, .dtype = dtype, .rank = r};
-    const int64_t shape[4] = {a, b, c, d};
-    int64_t stride = 1;
-    for (int i = r - 1; i >= 0; i--) {
-        t.shape[i] = shape[i];
-        t.strides[i] = stride;
-        stride *= shape[i];
-    }
-    return t;
+        return W ? tensor_dims(data, dtype, 3, l, H, W, 0)
+                 : tensor_dims(data, dtype, 2, H, l, 0, 0);
+    return W ? tensor_dims(data, dtype, 4, 1, H, l, W) : tensor_dims(data, dtype, 3, 1, H, l, 0);
 }
 
 static double max_abs(const double *x, size_t n)
@@ -937,7 +922,7 @@ static void run_case(const ring_case *c)
         fa.cu_seqlens_q = fa.cu_seqlens_k = cu;
         fa.batch = ndocs;
     }
-    fa.alibi_slopes = view(slopes, AJ_DTYPE_F32, 1, c->hq, 0, 0, 0);
+    fa.alibi_slopes = tensor_dims(slopes, AJ_DTYPE_F32, 1, c->hq, 0, 0, 0);
     fa.layout = L;
     fa.rotate = c->rotate;
     fa.method = c->method;
@@ -978,28 +963,10 @@ static void run_case(const ring_case *c)
     else
         check_ring_blocks(c, &pr, &fs);
 
-    aj_ring_bwd_args ba = AJ_RING_BWD_ARGS_INIT;
-    ba.q = fa.q;
-    ba.k = fa.k;
-    ba.v = fa.v;
-    ba.o = fa.o;
-    ba.lse = fa.lse;
-    ba.do_ = rows_view(c, do_s, dt, hq, lq, D);
-    ba.dq = rows_view(c, dq_s, dt, hq, lq, D);
-    ba.dk = rows_view(c, dk_s, dt, hkv, lk, D);
-    ba.dv = rows_view(c, dv_s, dt, hkv, lk, D);
-    ba.cu_seqlens_q = fa.cu_seqlens_q;
-    ba.cu_seqlens_k = fa.cu_seqlens_k;
-    ba.batch = fa.batch;
-    ba.alibi_slopes = fa.alibi_slopes;
-    ba.layout = L;
-    ba.rotate = c->rotate;
-    ba.method = c->method;
-    ba.ulysses_size = c->ulysses_size;
-    ba.seed = 7;
-    ba.offset = 3;
-    ba.side = side;
-    ba.num_side = nside;
+    aj_ring_bwd_args ba = ring_bwd_args_after(&fa, rows_view(c, do_s, dt, hq, lq, D),
+                                              rows_view(c, dq_s, dt, hq, lq, D),
+                                              rows_view(c, dk_s, dt, hkv, lk, D),
+                                              rows_view(c, dv_s, dt, hkv, lk, D));
     CHECK_STATUS(ctx, aj_ring_backward(ctx, dev, comm, bop, &ba, &bs), AJ_OK);
     const uint64_t bwd_sent = aj_comm_bytes_sent(comm) - sent_before - fwd_sent;
     const char *names[3] = {"dQ", "dK", "dV"};
@@ -1144,9 +1111,9 @@ static void run_faulty_peer(peer_fault fault)
     /* 2 heads: they divide over the ranks for method = ulysses */
     void *m = alloc64(2 * 8 * HEAD_DIM * 4);
     aj_ring_fwd_args fa = AJ_RING_FWD_ARGS_INIT;
-    fa.q = view(m, AJ_DTYPE_F32, 4, 1, 2, 8, HEAD_DIM);
+    fa.q = tensor_dims(m, AJ_DTYPE_F32, 4, 1, 2, 8, HEAD_DIM);
     fa.k = fa.v = fa.o = fa.q;
-    fa.lse = view(m, AJ_DTYPE_F32, 3, 1, 2, 8, 0);
+    fa.lse = tensor_dims(m, AJ_DTYPE_F32, 3, 1, 2, 8, 0);
     for (int method = 0; method < AJ_METHOD_COUNT; method++) {
         fa.method = (aj_cp_method)method;
         fa.ulysses_size = method == AJ_METHOD_HYBRID;   /* U = 1, R = 2 */
@@ -1175,9 +1142,9 @@ static void run_mismatch(void)
     aj_op *op = parse_op(&c, "forward");
     void *m = alloc64(8 * HEAD_DIM * 4);
     aj_ring_fwd_args fa = AJ_RING_FWD_ARGS_INIT;
-    fa.q = view(m, AJ_DTYPE_F32, 4, 1, 1, 8, HEAD_DIM);
+    fa.q = tensor_dims(m, AJ_DTYPE_F32, 4, 1, 1, 8, HEAD_DIM);
     fa.k = fa.v = fa.o = fa.q;
-    fa.lse = view(m, AJ_DTYPE_F32, 3, 1, 1, 8, 0);
+    fa.lse = tensor_dims(m, AJ_DTYPE_F32, 3, 1, 1, 8, 0);
     fa.layout = rank == 1 ? AJ_SHARD_ZIGZAG : AJ_SHARD_CONTIGUOUS;
     CHECK_STATUS(ctx, aj_ring_forward(ctx, dev, comm, op, &fa, NULL), AJ_ERR_INVALID_ARG);
     CHECK_ERROR(ctx, "aj_ring_forward: the ranks' calls differ: rank 1 has layout = 1, rank 0 "
@@ -1208,10 +1175,10 @@ static void run_ulysses_refusals(void)
     aj_op *op = parse_op(&c, "forward"), *bop = parse_op(&c, "backward");
     void *m = alloc64(2 * 8 * HEAD_DIM * 4);
     aj_ring_fwd_args fa = AJ_RING_FWD_ARGS_INIT;
-    fa.q = view(m, AJ_DTYPE_F32, 4, 1, 2, 8, HEAD_DIM);
-    fa.k = fa.v = view(m, AJ_DTYPE_F32, 4, 1, 1, 8, HEAD_DIM);
+    fa.q = tensor_dims(m, AJ_DTYPE_F32, 4, 1, 2, 8, HEAD_DIM);
+    fa.k = fa.v = tensor_dims(m, AJ_DTYPE_F32, 4, 1, 1, 8, HEAD_DIM);
     fa.o = fa.q;
-    fa.lse = view(m, AJ_DTYPE_F32, 3, 1, 2, 8, 0);
+    fa.lse = tensor_dims(m, AJ_DTYPE_F32, 3, 1, 2, 8, 0);
     fa.method = AJ_METHOD_ULYSSES;
     CHECK_STATUS(ctx, aj_ring_forward(ctx, dev, comm, op, &fa, NULL), AJ_ERR_INVALID_ARG);
     CHECK_ERROR(ctx, "aj_ring_forward: method = ulysses over 2 ranks needs the key/value heads "
@@ -1275,9 +1242,9 @@ static void run_ulysses_refusals(void)
     /* shards that are not the layout's: 3 and 5 positions of 8 */
     fa.method = AJ_METHOD_ULYSSES;
     const int64_t l = rank == 0 ? 3 : 5;
-    fa.q = view(m, AJ_DTYPE_F32, 4, 1, 2, l, HEAD_DIM);
+    fa.q = tensor_dims(m, AJ_DTYPE_F32, 4, 1, 2, l, HEAD_DIM);
     fa.k = fa.v = fa.o = fa.q;
-    fa.lse = view(m, AJ_DTYPE_F32, 3, 1, 2, l, 0);
+    fa.lse = tensor_dims(m, AJ_DTYPE_F32, 3, 1, 2, l, 0);
     CHECK_STATUS(ctx, aj_ring_forward(ctx, dev, comm, op, &fa, NULL), AJ_ERR_INVALID_ARG);
     CHECK_ERROR(ctx, "aj_ring_forward: rank 0 holds 3 query and 3 key positions; the "
                 "contiguous layout of 8 and 8 over 2 ranks gives it 4 and 4 (aj_shard_length)");
@@ -1320,7 +1287,7 @@ static void run_varlen_refusals(void)
     CHECK_STATUS(ctx, aj_ring_forward(ctx, dev, comm, op, &fa, NULL), AJ_ERR_INVALID_ARG);
     CHECK_ERROR(ctx, "aj_ring_forward: rank 0 holds 4 query and 4 key positions; its pieces of "
                 "the packed documents are 5 and 5 (aj_shard_varlen_chunks, method = ring)");
-    fa.q = view(m, AJ_DTYPE_F16, 4, 1, 2, 4, HEAD_DIM);
+    fa.q = tensor_dims(m, AJ_DTYPE_F16, 4, 1, 2, 4, HEAD_DIM);
     CHECK_STATUS(ctx, aj_ring_forward(ctx, dev, comm, op, &fa, NULL), AJ_ERR_INVALID_ARG);
     CHECK_ERROR(ctx, "aj_ring_forward: q, k and v have ranks 4, 3, 3; want 3 (layout = varlen: "
                 "packed [T, H, D])");

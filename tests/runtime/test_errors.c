@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "launch_args.h"
 #include "ref.h"
 
 enum { B = 1, HQ = 2, HKV = 1, SQ = 20, SK = 24, D = 16 };
@@ -316,17 +317,11 @@ static void test_merge_arguments(void)
 static aj_bwd_args bwd_args(void)
 {
     aj_fwd_args f = good_args();
-    aj_bwd_args a = AJ_BWD_ARGS_INIT;
-    a.q = f.q;
-    a.k = f.k;
-    a.v = f.v;
-    a.o = f.o;
-    a.lse = f.lse;
-    a.do_ = bhsd(dout, AJ_DTYPE_F16, B, HQ, SQ, D);
-    a.dq = bhsd(dq, AJ_DTYPE_F16, B, HQ, SQ, D);
-    a.dk = bhsd(dk, AJ_DTYPE_F16, B, HKV, SK, D);
-    a.dv = bhsd(dv, AJ_DTYPE_F16, B, HKV, SK, D);
-    return a;
+    f.alibi_slopes = (aj_tensor){0};   /* the backward kernels have no alibi */
+    return bwd_args_after(&f, bhsd(dout, AJ_DTYPE_F16, B, HQ, SQ, D),
+                          bhsd(dq, AJ_DTYPE_F16, B, HQ, SQ, D),
+                          bhsd(dk, AJ_DTYPE_F16, B, HKV, SK, D),
+                          bhsd(dv, AJ_DTYPE_F16, B, HKV, SK, D));
 }
 
 static void test_backward_arguments(void)

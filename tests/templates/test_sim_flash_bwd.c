@@ -113,19 +113,7 @@ static void rerun_passed_mask(const bwd_case *c, const aj_kernel *kernel, const 
     aj_op *fwd = NULL;
     CHECK_STATUS(ctx, aj_op_parse(ctx, spec, strlen(spec), c->label, &fwd), AJ_OK);
     aj_kernel *fk = bwd_case_kernel(ctx, dev, fwd, c);
-    aj_fwd_args f = AJ_FWD_ARGS_INIT;
-    f.q = a->q;
-    f.k = a->k;
-    f.v = a->v;
-    f.o = a->o;
-    f.lse = a->lse;
-    f.alibi_slopes = a->alibi_slopes;
-    f.side = a->side;
-    f.num_side = a->num_side;
-    f.q_offset = a->q_offset;
-    f.kv_offset = a->kv_offset;
-    f.sq_total = a->sq_total;
-    f.sk_total = a->sk_total;
+    aj_fwd_args f = fwd_args_before(a);
     aj_block_mask *bm = NULL;
     if (fk)
         CHECK_STATUS(ctx, aj_block_mask_create(ctx, dev, fwd, fk, &f, &bm), AJ_OK);
