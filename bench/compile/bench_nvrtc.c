@@ -22,6 +22,7 @@
 #include <time.h>
 
 #include "attnjit/attnjit.h"
+#include "timing.h"
 
 #ifndef AJB_DEFAULT_CU
 #define AJB_DEFAULT_CU "efficient_fwd.cu"
@@ -71,25 +72,6 @@ static const char *nvrtc_load(void)
 }
 
 /* ---------------------------------------------------------------- timing */
-
-static double now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 /* ---------------------------------------------------------------- cases */
 

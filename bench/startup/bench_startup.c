@@ -26,13 +26,7 @@
 #include <unistd.h>
 
 #include "attnjit/attnjit.h"
-
-static double now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
+#include "timing.h"
 
 enum { MAX_OPS = 64 };
 static char labels[MAX_OPS][64];   /* "f16 d64 causal(top_left)" */

@@ -37,21 +37,8 @@
 #include "runtime/cuda/cuda_api.h"
 #include "paged_cases.h"
 #include "sim_harness.h"
+#include "timing.h"   /* wall clock: compile times (kernels are timed with CUDA events) */
 #include "tools/npy.h"
-
-/* wall clock: compile times (kernels are timed with CUDA events) */
-static double now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
 
 static FILE *json, *md;
 

@@ -5,6 +5,7 @@
 #include "sim_harness.h"
 
 #include "ir/op.h"
+#include "timing.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -252,13 +253,6 @@ static void worst(double *max, double e)
         e = INFINITY;
     if (e > *max)
         *max = e;
-}
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
 fwd_result fwd_run_case(aj_ctx *ctx, aj_device *dev, const fwd_case *c)

@@ -18,6 +18,7 @@
 
 #include "check.h"
 #include "sim_harness.h"
+#include "timing.h"
 
 static const char *const spec =
     "attention forward efficient { dtype = bf16 head_dim = 64 mask = causal(top_left) }";
@@ -27,13 +28,6 @@ static const fwd_case problem = {
     .mask = "causal(top_left)", .b = 1, .hq = 2, .hkv = 2, .sq = 157, .sk = 157,
     .magnitude = 2.0, .seed = 19,
 };
-
-static double now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
 
 static aj_ctx *new_ctx(const char *dir)
 {
