@@ -16,6 +16,7 @@
 
 #include "check.h"
 #include "ref.h"
+#include "temp_dir.h"
 #include "tools/npy.h"
 
 static const char *aj;
@@ -959,19 +960,14 @@ int main(int argc, char **argv)
         return 2;
     }
     aj = argv[1];
-    if (!mkdtemp(dir)) {
-        perror("mkdtemp");
+    if (!temp_dir_make(dir))
         return 2;
-    }
     if (argc == 3) {
         test_run_cuda_streams();
         test_tune_cuda_streams();
     } else {
         test_local_devices();
     }
-    char cmd[600];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    if (system(cmd) != 0)
-        fprintf(stderr, "could not remove %s\n", dir);
+    temp_dir_remove(dir);
     return check_report();
 }

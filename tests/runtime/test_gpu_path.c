@@ -39,6 +39,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "temp_dir.h"
 
 static aj_ctx *ctx;
 static aj_device *dev;
@@ -314,9 +315,7 @@ static int run_sass(void)
         aj_device_close(dev);
         aj_ctx_destroy(ctx);
     }
-    char cmd[600];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-    CHECK(system(cmd) == 0);
+    CHECK(temp_dir_remove(dir));
     return check_report();
 }
 
