@@ -93,43 +93,40 @@ static const char *const method_names[AJ_METHOD_COUNT] = {"ring", "ulysses", "hy
 #define HEAD_MASK "expr(k <= q + 1 && k + sq >= q + h + 2)"
 
 static const ring_case cases[] = {
-    {"f32 causal top_left, contiguous, p2p", AJ_DTYPE_F32, AJ_MASK_CAUSAL,
-     AJ_ALIGN_TOP_LEFT, 0, 0, 2, 2, 8, 8, AJ_SHARD_CONTIGUOUS, AJ_ROTATE_P2P, 0, 0, 0, 0, 0,
-     AJ_METHOD_RING, 0, 0, NULL, 0, 0, NULL},
-    {"f32 causal top_left, zigzag, p2p, GQA", AJ_DTYPE_F32, AJ_MASK_CAUSAL,
-     AJ_ALIGN_TOP_LEFT, 0, 0, 2, 1, 8, 8, AJ_SHARD_ZIGZAG, AJ_ROTATE_P2P, 0, 0, 0, 0, 0,
-     AJ_METHOD_RING, 0, 0, NULL, 0, 0, NULL},
-    {"f16 causal bottom_right (Sk = 2 Sq), zigzag, p2p", AJ_DTYPE_F16, AJ_MASK_CAUSAL,
-     AJ_ALIGN_BOTTOM_RIGHT, 0, 0, 2, 1, 4, 8, AJ_SHARD_ZIGZAG, AJ_ROTATE_P2P, 0, 0, 0, 0, 0,
-     AJ_METHOD_RING, 0, 0, NULL, 0, 0, NULL},
-    {"bf16 no mask, GQA 4:2, contiguous, all-gather", AJ_DTYPE_BF16, AJ_MASK_NONE,
-     AJ_ALIGN_TOP_LEFT, 0, 0, 4, 2, 8, 8, AJ_SHARD_CONTIGUOUS, AJ_ROTATE_ALLGATHER, 0, 0, 0, 0, 0,
-     AJ_METHOD_RING, 0, 0, NULL, 0, 0, NULL},
-    {"f32 window(3, 2), zigzag, all-gather", AJ_DTYPE_F32, AJ_MASK_WINDOW,
-     AJ_ALIGN_TOP_LEFT, 3, 2, 2, 2, 8, 8, AJ_SHARD_ZIGZAG, AJ_ROTATE_ALLGATHER, 0, 0, 0, 0, 0,
-     AJ_METHOD_RING, 0, 0, NULL, 0, 0, NULL},
-    {"f16 window(5, 0, bottom_right) + alibi (Sq = 2 Sk), contiguous, p2p", AJ_DTYPE_F16,
-     AJ_MASK_WINDOW, AJ_ALIGN_BOTTOM_RIGHT, 5, 0, 2, 1, 8, 4, AJ_SHARD_CONTIGUOUS,
-     AJ_ROTATE_P2P, 1, 0, 0, 0, 0,
-     AJ_METHOD_RING, 0, 0, NULL, 0, 0, NULL},
-    {"f32 causal top_left + dropout 0.25, zigzag, p2p", AJ_DTYPE_F32, AJ_MASK_CAUSAL,
-     AJ_ALIGN_TOP_LEFT, 0, 0, 2, 2, 8, 8, AJ_SHARD_ZIGZAG, AJ_ROTATE_P2P, 0, 0.25, 0, 0, 0,
-     AJ_METHOD_RING, 0, 0, NULL, 0, 0, NULL},
-    {"bf16 flash causal bottom_right + dropout 0.1, zigzag, p2p, GQA", AJ_DTYPE_BF16,
-     AJ_MASK_CAUSAL, AJ_ALIGN_BOTTOM_RIGHT, 0, 0, 2, 1, 16, 16, AJ_SHARD_ZIGZAG,
-     AJ_ROTATE_P2P, 0, 0.1, 1, 0, 0,
-     AJ_METHOD_RING, 0, 0, NULL, 0, 0, NULL},
-    {"f32 document mask (documents of 5), zigzag, p2p", AJ_DTYPE_F32, AJ_MASK_NONE,
-     AJ_ALIGN_TOP_LEFT, 0, 0, 2, 1, 8, 8, AJ_SHARD_ZIGZAG, AJ_ROTATE_P2P, 0, 0, 0, 5, 0,
-     AJ_METHOD_RING, 0, 0, NULL, 0, 0, NULL},
-    {"f16 causal + relative bias table, contiguous, all-gather", AJ_DTYPE_F16,
-     AJ_MASK_CAUSAL, AJ_ALIGN_TOP_LEFT, 0, 0, 2, 2, 8, 8, AJ_SHARD_CONTIGUOUS,
-     AJ_ROTATE_ALLGATHER, 0, 0, 0, 0, 1,
-     AJ_METHOD_RING, 0, 0, NULL, 0, 0, NULL},
-    {"bf16 flash document mask (documents of 3) + relative bias, contiguous, p2p",
-     AJ_DTYPE_BF16, AJ_MASK_NONE, AJ_ALIGN_TOP_LEFT, 0, 0, 2, 2, 16, 16, AJ_SHARD_CONTIGUOUS,
-     AJ_ROTATE_P2P, 0, 0, 1, 3, 1,
-     AJ_METHOD_RING, 0, 0, NULL, 0, 0, NULL},
+    {.label = "f32 causal top_left, contiguous, p2p", .dtype = AJ_DTYPE_F32, .mask = AJ_MASK_CAUSAL,
+     .hq = 2, .hkv = 2, .lq = 8, .lk = 8, .layout = AJ_SHARD_CONTIGUOUS, .rotate = AJ_ROTATE_P2P},
+    {.label = "f32 causal top_left, zigzag, p2p, GQA", .dtype = AJ_DTYPE_F32,
+     .mask = AJ_MASK_CAUSAL, .hq = 2, .hkv = 1, .lq = 8, .lk = 8, .layout = AJ_SHARD_ZIGZAG,
+     .rotate = AJ_ROTATE_P2P},
+    {.label = "f16 causal bottom_right (Sk = 2 Sq), zigzag, p2p", .dtype = AJ_DTYPE_F16,
+     .mask = AJ_MASK_CAUSAL, .align = AJ_ALIGN_BOTTOM_RIGHT, .hq = 2, .hkv = 1, .lq = 4, .lk = 8,
+     .layout = AJ_SHARD_ZIGZAG, .rotate = AJ_ROTATE_P2P},
+    {.label = "bf16 no mask, GQA 4:2, contiguous, all-gather", .dtype = AJ_DTYPE_BF16,
+     .mask = AJ_MASK_NONE, .hq = 4, .hkv = 2, .lq = 8, .lk = 8, .layout = AJ_SHARD_CONTIGUOUS,
+     .rotate = AJ_ROTATE_ALLGATHER},
+    {.label = "f32 window(3, 2), zigzag, all-gather", .dtype = AJ_DTYPE_F32, .mask = AJ_MASK_WINDOW,
+     .left = 3, .right = 2, .hq = 2, .hkv = 2, .lq = 8, .lk = 8, .layout = AJ_SHARD_ZIGZAG,
+     .rotate = AJ_ROTATE_ALLGATHER},
+    {.label = "f16 window(5, 0, bottom_right) + alibi (Sq = 2 Sk), contiguous, p2p",
+     .dtype = AJ_DTYPE_F16, .mask = AJ_MASK_WINDOW, .align = AJ_ALIGN_BOTTOM_RIGHT, .left = 5,
+     .hq = 2, .hkv = 1, .lq = 8, .lk = 4, .layout = AJ_SHARD_CONTIGUOUS, .rotate = AJ_ROTATE_P2P,
+     .alibi = 1},
+    {.label = "f32 causal top_left + dropout 0.25, zigzag, p2p", .dtype = AJ_DTYPE_F32,
+     .mask = AJ_MASK_CAUSAL, .hq = 2, .hkv = 2, .lq = 8, .lk = 8, .layout = AJ_SHARD_ZIGZAG,
+     .rotate = AJ_ROTATE_P2P, .dropout = 0.25},
+    {.label = "bf16 flash causal bottom_right + dropout 0.1, zigzag, p2p, GQA",
+     .dtype = AJ_DTYPE_BF16, .mask = AJ_MASK_CAUSAL, .align = AJ_ALIGN_BOTTOM_RIGHT, .hq = 2,
+     .hkv = 1, .lq = 16, .lk = 16, .layout = AJ_SHARD_ZIGZAG, .rotate = AJ_ROTATE_P2P,
+     .dropout = 0.1, .flash = 1},
+    {.label = "f32 document mask (documents of 5), zigzag, p2p", .dtype = AJ_DTYPE_F32,
+     .mask = AJ_MASK_NONE, .hq = 2, .hkv = 1, .lq = 8, .lk = 8, .layout = AJ_SHARD_ZIGZAG,
+     .rotate = AJ_ROTATE_P2P, .doc_len = 5},
+    {.label = "f16 causal + relative bias table, contiguous, all-gather", .dtype = AJ_DTYPE_F16,
+     .mask = AJ_MASK_CAUSAL, .hq = 2, .hkv = 2, .lq = 8, .lk = 8, .layout = AJ_SHARD_CONTIGUOUS,
+     .rotate = AJ_ROTATE_ALLGATHER, .rel = 1},
+    {.label = "bf16 flash document mask (documents of 3) + relative bias, contiguous, p2p",
+     .dtype = AJ_DTYPE_BF16, .mask = AJ_MASK_NONE, .hq = 2, .hkv = 2, .lq = 16, .lk = 16,
+     .layout = AJ_SHARD_CONTIGUOUS, .rotate = AJ_ROTATE_P2P, .flash = 1, .doc_len = 3, .rel = 1},
 };
 
 /* Any length (issue 20), with each method: every mask family x lengths 1
@@ -1104,9 +1101,9 @@ static void run_faulty_peer(peer_fault fault)
     check_timed_out(names[fault], "all-to-all", alltoall_check(comm), &t0,
                     "MPI: rank 0: MPI_Ialltoallv got no answer within the comm timeout of 1 s");
 
-    const ring_case c = {"silent", AJ_DTYPE_F32, AJ_MASK_NONE, AJ_ALIGN_TOP_LEFT, 0, 0,
-                         1, 1, 8, 8, AJ_SHARD_CONTIGUOUS, AJ_ROTATE_P2P, 0, 0, 0, 0, 0,
-                         AJ_METHOD_RING, 0, 0, NULL, 0, 0, NULL};
+    const ring_case c = {.label = "silent", .dtype = AJ_DTYPE_F32, .mask = AJ_MASK_NONE, .hq = 1,
+                         .hkv = 1, .lq = 8, .lk = 8, .layout = AJ_SHARD_CONTIGUOUS,
+                         .rotate = AJ_ROTATE_P2P};
     aj_op *op = parse_op(&c, "forward");
     /* 2 heads: they divide over the ranks for method = ulysses */
     void *m = alloc64(2 * 8 * HEAD_DIM * 4);
@@ -1136,9 +1133,9 @@ static void run_faulty_peer(peer_fault fault)
 static void run_mismatch(void)
 {
     aj_comm *comm = open_comm(30);
-    const ring_case c = {"mismatch", AJ_DTYPE_F32, AJ_MASK_CAUSAL, AJ_ALIGN_TOP_LEFT, 0, 0,
-                         1, 1, 8, 8, AJ_SHARD_CONTIGUOUS, AJ_ROTATE_P2P, 0, 0, 0, 0, 0,
-                         AJ_METHOD_RING, 0, 0, NULL, 0, 0, NULL};
+    const ring_case c = {.label = "mismatch", .dtype = AJ_DTYPE_F32, .mask = AJ_MASK_CAUSAL,
+                         .hq = 1, .hkv = 1, .lq = 8, .lk = 8, .layout = AJ_SHARD_CONTIGUOUS,
+                         .rotate = AJ_ROTATE_P2P};
     aj_op *op = parse_op(&c, "forward");
     void *m = alloc64(8 * HEAD_DIM * 4);
     aj_ring_fwd_args fa = AJ_RING_FWD_ARGS_INIT;
@@ -1169,9 +1166,9 @@ static void run_mismatch(void)
 static void run_ulysses_refusals(void)
 {
     aj_comm *comm = open_comm(30);
-    ring_case c = {"refusal", AJ_DTYPE_F32, AJ_MASK_CAUSAL, AJ_ALIGN_TOP_LEFT, 0, 0,
-                   2, 1, 8, 8, AJ_SHARD_CONTIGUOUS, AJ_ROTATE_P2P, 0, 0, 0, 0, 0,
-                   AJ_METHOD_ULYSSES, 0, 0, NULL, 0, 0, NULL};
+    ring_case c = {.label = "refusal", .dtype = AJ_DTYPE_F32, .mask = AJ_MASK_CAUSAL, .hq = 2,
+                   .hkv = 1, .lq = 8, .lk = 8, .layout = AJ_SHARD_CONTIGUOUS,
+                   .rotate = AJ_ROTATE_P2P, .method = AJ_METHOD_ULYSSES};
     aj_op *op = parse_op(&c, "forward"), *bop = parse_op(&c, "backward");
     void *m = alloc64(2 * 8 * HEAD_DIM * 4);
     aj_ring_fwd_args fa = AJ_RING_FWD_ARGS_INIT;
