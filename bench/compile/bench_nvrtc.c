@@ -22,6 +22,7 @@
 #include <time.h>
 
 #include "attnjit/attnjit.h"
+#include "spec_compile.h"
 #include "timing.h"
 
 #ifndef AJB_DEFAULT_CU
@@ -100,17 +101,13 @@ static void spec_text(const bench_case *c, char *buf, size_t size)
 static double attnjit_once(aj_ctx *ctx, const char *text, aj_target target,
                            aj_launch_info *info, size_t *ptx_size)
 {
-    double t0 = now_ms();
-    aj_op *op = NULL;
-    aj_kernel *k = NULL;
     aj_compile_options opt = AJ_COMPILE_OPTIONS_INIT;
     opt.target = target;
     opt.bypass_cache = true;
-    aj_status st = aj_op_parse(ctx, text, strlen(text), "bench", &op);
-    if (st == AJ_OK)
-        st = aj_compile(ctx, op, &opt, &k);
+    aj_kernel *k = NULL;
+    double t0 = now_ms();
+    aj_status st = spec_compile(ctx, text, "bench", &opt, &k);
     double ms = now_ms() - t0;
-    aj_op_destroy(op);
     if (st != AJ_OK) {
         fprintf(stderr, "bench_nvrtc: attnjit: %s\n", aj_last_error(ctx));
         return -1;

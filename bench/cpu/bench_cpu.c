@@ -47,6 +47,7 @@
 
 #include "attnjit/attnjit.h"
 #include "launch_args.h"
+#include "spec_compile.h"
 #include "timing.h"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -214,18 +215,12 @@ static aj_status compile_once(aj_ctx *ctx, const config *cfg, const char *kind, 
     char spec[256];
     snprintf(spec, sizeof spec, "attention %s flash { dtype = %s head_dim = %d mask = %s }",
              kind, aj_dtype_name(dtype), d, causal ? "causal(top_left)" : "none");
-    aj_op *op = NULL;
-    aj_status st = aj_op_parse(ctx, spec, strlen(spec), "bench", &op);
-    if (st != AJ_OK)
-        return st;
     aj_compile_options opt = AJ_COMPILE_OPTIONS_INIT;
     opt.target = AJ_TARGET_CPU;
     opt.emit = AJ_EMIT_LLVM_IR;
     opt.opt_level = cfg->opt_level;
     opt.bypass_cache = cfg->jit;
-    st = aj_compile(ctx, op, &opt, out);
-    aj_op_destroy(op);
-    return st;
+    return spec_compile(ctx, spec, "bench", &opt, out);
 }
 
 /* Compiles the pass; with cfg->jit, cfg->compiles times afresh, *ms the

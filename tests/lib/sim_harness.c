@@ -5,6 +5,7 @@
 #include "sim_harness.h"
 
 #include "ir/op.h"
+#include "spec_compile.h"
 #include "timing.h"
 
 #include <math.h>
@@ -55,16 +56,11 @@ static aj_status kernel_for(aj_ctx *ctx, aj_target target, const char *spec, aj_
             *out = cache[i].kernel;
             return AJ_OK;
         }
-    aj_op *op = NULL;
-    aj_status st = aj_op_parse(ctx, spec, strlen(spec), "case", &op);
-    if (st != AJ_OK)
-        return st;
     aj_compile_options opt = AJ_COMPILE_OPTIONS_INIT;
     opt.target = target;
     opt.emit = target == AJ_TARGET_SIM || target == AJ_TARGET_CPU ? AJ_EMIT_LLVM_IR
                                                                    : AJ_EMIT_PTX;
-    st = aj_compile(ctx, op, &opt, out);
-    aj_op_destroy(op);
+    aj_status st = spec_compile(ctx, spec, "case", &opt, out);
     if (st != AJ_OK)
         return st;
     /* the cache owns every kernel it hands out; when full it starts over
