@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "check_compile.h"
 #include "launch_args.h"
 #include "ref.h"
 
@@ -56,15 +57,10 @@ static aj_fwd_args good_args(void)
 
 static aj_kernel *compile(const char *text)
 {
-    aj_op *op = NULL;
-    aj_kernel *kr = NULL;
-    CHECK_STATUS(ctx, aj_op_parse(ctx, text, strlen(text), "t", &op), AJ_OK);
     aj_compile_options opt = AJ_COMPILE_OPTIONS_INIT;
     opt.target = AJ_TARGET_SIM;
     opt.emit = AJ_EMIT_LLVM_IR;
-    CHECK_STATUS(ctx, aj_compile(ctx, op, &opt, &kr), AJ_OK);
-    aj_op_destroy(op);
-    return kr;
+    return check_compile(ctx, text, "t", &opt);
 }
 
 /* The arguments of one of the three launch calls. */

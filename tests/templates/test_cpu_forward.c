@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "check_compile.h"
 #include "fwd_check.h"
 #include "sim_harness.h"
 
@@ -190,15 +191,9 @@ static void *to_device(const void *host, size_t bytes)
 /* The cpu kernel of an op's text, or NULL (the failure checked). */
 static aj_kernel *compile_cpu(const char *spec)
 {
-    aj_op *op = NULL;
-    aj_kernel *kernel = NULL;
-    CHECK_STATUS(ctx, aj_op_parse(ctx, spec, strlen(spec), "spec", &op), AJ_OK);
     aj_compile_options opt = AJ_COMPILE_OPTIONS_INIT;
     opt.target = AJ_TARGET_CPU;
-    if (op)
-        CHECK_STATUS(ctx, aj_compile(ctx, op, &opt, &kernel), AJ_OK);
-    aj_op_destroy(op);
-    return kernel;
+    return check_compile(ctx, spec, "spec", &opt);
 }
 
 /*
