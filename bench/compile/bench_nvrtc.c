@@ -22,6 +22,8 @@
 #include <time.h>
 
 #include "attnjit/attnjit.h"
+#include "spec_compile.h"
+#include "timing.h"
 
 #ifndef AJB_DEFAULT_CU
 #define AJB_DEFAULT_CU "efficient_fwd.cu"
@@ -72,25 +74,6 @@ static const char *nvrtc_load(void)
 
 /* ---------------------------------------------------------------- timing */
 
-static double now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 /* ---------------------------------------------------------------- cases */
 
 typedef struct bench_case {
@@ -118,17 +101,13 @@ static void spec_text(const bench_case *c, char *buf, size_t size)
 static double attnjit_once(aj_ctx *ctx, const char *text, aj_target target,
                            aj_launch_info *info, size_t *ptx_size)
 {
-    double t0 = now_ms();
-    aj_op *op = NULL;
-    aj_kernel *k = NULL;
     aj_compile_options opt = AJ_COMPILE_OPTIONS_INIT;
     opt.target = target;
     opt.bypass_cache = true;
-    aj_status st = aj_op_parse(ctx, text, strlen(text), "bench", &op);
-    if (st == AJ_OK)
-        st = aj_compile(ctx, op, &opt, &k);
+    aj_kernel *k = NULL;
+    double t0 = now_ms();
+    aj_status st = spec_compile(ctx, text, "bench", &opt, &k);
     double ms = now_ms() - t0;
-    aj_op_destroy(op);
     if (st != AJ_OK) {
         fprintf(stderr, "bench_nvrtc: attnjit: %s\n", aj_last_error(ctx));
         return -1;

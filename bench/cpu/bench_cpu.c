@@ -46,18 +46,14 @@
 #include <time.h>
 
 #include "attnjit/attnjit.h"
+#include "launch_args.h"
+#include "spec_compile.h"
+#include "timing.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #define HAVE_X86 1
 #endif
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
 
 /* ---------------------------------------------------------------- peak */
 
@@ -72,55 +68,33 @@ static double now_s(void)
     T a0 = SET(0.f), a1 = SET(1.f), a2 = SET(2.f), a3 = SET(3.f), a4 = SET(4.f), \
       a5 = SET(5.f), a6 = SET(6.f), a7 = SET(7.f), a8 = SET(8.f), a9 = SET(9.f), \
       a10 = SET(10.f), a11 = SET(11.f)
+/* A peak loop over vectors T of LANES floats: reps x PEAK_ITERS steps of
+ * OP (of a chain, x and y) on every chain, then the chains' sum (which
+ * only keeps the compiler from dropping them). */
+#define PEAK_LOOP(NAME, TARGET, T, LANES, SET, ADD, STORE, OP)                        \
+    TARGET static double NAME(int64_t reps)                                           \
+    {                                                                                 \
+        T x = SET(0.999999f), y = SET(1e-7f);                                         \
+        CHAIN_SUM(T, SET, ADD);                                                       \
+        for (int64_t r = 0; r < reps * PEAK_ITERS; r++) {                             \
+            CHAIN_STEP(OP);                                                           \
+        }                                                                             \
+        T t = ADD(ADD(ADD(a0, a1), ADD(a2, a3)), ADD(ADD(a4, a5), ADD(a6, a7)));       \
+        t = ADD(t, ADD(ADD(a8, a9), ADD(a10, a11)));                                  \
+        float out[LANES];                                                             \
+        STORE(out, t);                                                                \
+        return out[0];                                                                \
+    }
 
 #ifdef HAVE_X86
-__attribute__((target("avx512f"))) static double fma_loop_avx512(int64_t reps)
-{
-    __m512 x = _mm512_set1_ps(0.999999f), y = _mm512_set1_ps(1e-7f);
-    CHAIN_SUM(__m512, _mm512_set1_ps, _mm512_add_ps);
 #define OP512(a) _mm512_fmadd_ps(a, x, y)
-    for (int64_t r = 0; r < reps * PEAK_ITERS; r++) {
-        CHAIN_STEP(OP512);
-    }
-    __m512 t = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)),
-                             _mm512_add_ps(_mm512_add_ps(a4, a5), _mm512_add_ps(a6, a7)));
-    t = _mm512_add_ps(t, _mm512_add_ps(_mm512_add_ps(a8, a9), _mm512_add_ps(a10, a11)));
-    float out[16];
-    _mm512_storeu_ps(out, t);
-    return out[0];
-}
-
-__attribute__((target("avx2,fma"))) static double fma_loop_avx2(int64_t reps)
-{
-    __m256 x = _mm256_set1_ps(0.999999f), y = _mm256_set1_ps(1e-7f);
-    CHAIN_SUM(__m256, _mm256_set1_ps, _mm256_add_ps);
+PEAK_LOOP(fma_loop_avx512, __attribute__((target("avx512f"))), __m512, 16, _mm512_set1_ps,
+          _mm512_add_ps, _mm512_storeu_ps, OP512)
 #define OP256(a) _mm256_fmadd_ps(a, x, y)
-    for (int64_t r = 0; r < reps * PEAK_ITERS; r++) {
-        CHAIN_STEP(OP256);
-    }
-    __m256 t = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)),
-                             _mm256_add_ps(_mm256_add_ps(a4, a5), _mm256_add_ps(a6, a7)));
-    t = _mm256_add_ps(t, _mm256_add_ps(_mm256_add_ps(a8, a9), _mm256_add_ps(a10, a11)));
-    float out[8];
-    _mm256_storeu_ps(out, t);
-    return out[0];
-}
-
-static double mul_add_loop_sse(int64_t reps)
-{
-    __m128 x = _mm_set1_ps(0.999999f), y = _mm_set1_ps(1e-7f);
-    CHAIN_SUM(__m128, _mm_set1_ps, _mm_add_ps);
+PEAK_LOOP(fma_loop_avx2, __attribute__((target("avx2,fma"))), __m256, 8, _mm256_set1_ps,
+          _mm256_add_ps, _mm256_storeu_ps, OP256)
 #define OP128(a) _mm_add_ps(_mm_mul_ps(a, x), y)
-    for (int64_t r = 0; r < reps * PEAK_ITERS; r++) {
-        CHAIN_STEP(OP128);
-    }
-    __m128 t = _mm_add_ps(_mm_add_ps(_mm_add_ps(a0, a1), _mm_add_ps(a2, a3)),
-                          _mm_add_ps(_mm_add_ps(a4, a5), _mm_add_ps(a6, a7)));
-    t = _mm_add_ps(t, _mm_add_ps(_mm_add_ps(a8, a9), _mm_add_ps(a10, a11)));
-    float out[4];
-    _mm_storeu_ps(out, t);
-    return out[0];
-}
+PEAK_LOOP(mul_add_loop_sse, , __m128, 4, _mm_set1_ps, _mm_add_ps, _mm_storeu_ps, OP128)
 #endif
 
 typedef struct peak_kernel {
@@ -241,18 +215,12 @@ static aj_status compile_once(aj_ctx *ctx, const config *cfg, const char *kind, 
     char spec[256];
     snprintf(spec, sizeof spec, "attention %s flash { dtype = %s head_dim = %d mask = %s }",
              kind, aj_dtype_name(dtype), d, causal ? "causal(top_left)" : "none");
-    aj_op *op = NULL;
-    aj_status st = aj_op_parse(ctx, spec, strlen(spec), "bench", &op);
-    if (st != AJ_OK)
-        return st;
     aj_compile_options opt = AJ_COMPILE_OPTIONS_INIT;
     opt.target = AJ_TARGET_CPU;
     opt.emit = AJ_EMIT_LLVM_IR;
     opt.opt_level = cfg->opt_level;
     opt.bypass_cache = cfg->jit;
-    st = aj_compile(ctx, op, &opt, out);
-    aj_op_destroy(op);
-    return st;
+    return spec_compile(ctx, spec, "bench", &opt, out);
 }
 
 /* Compiles the pass; with cfg->jit, cfg->compiles times afresh, *ms the
@@ -367,17 +335,8 @@ static void problem_init(problem *pr, aj_device *dev, aj_dtype dtype, int h, int
     a.o = tensor(pr->o, dtype, h, s, d);
     a.lse = (aj_tensor){pr->lse, AJ_DTYPE_F32, 3, {1, h, s, 0}, {(int64_t)h * s, s, 1, 0}};
     pr->fwd = a;
-    aj_bwd_args g = AJ_BWD_ARGS_INIT;
-    g.q = a.q;
-    g.k = a.k;
-    g.v = a.v;
-    g.o = a.o;
-    g.lse = a.lse;
-    g.do_ = a.q;
-    g.dq = tensor(pr->dq, dtype, h, s, d);
-    g.dk = tensor(pr->dk, dtype, h, s, d);
-    g.dv = tensor(pr->dv, dtype, h, s, d);
-    pr->bwd = g;
+    pr->bwd = bwd_args_after(&a, a.q, tensor(pr->dq, dtype, h, s, d),
+                             tensor(pr->dk, dtype, h, s, d), tensor(pr->dv, dtype, h, s, d));
 }
 
 static void problem_free(problem *pr)

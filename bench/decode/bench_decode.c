@@ -29,13 +29,7 @@
 #include <unistd.h>
 
 #include "paged_cases.h"
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
+#include "timing.h"
 
 /* ------------------------------------------------------- the baselines */
 
@@ -70,12 +64,12 @@ static volatile uint64_t stream_sink;   /* the sums go here */
 static double time_jobs(void *(*part)(void *), bench_job *jobs, int threads)
 {
     pthread_t tid[64];
-    double t0 = now();
+    double t0 = now_s();
     for (int i = 0; i < threads; i++)
         pthread_create(&tid[i], NULL, part, &jobs[i]);
     for (int i = 0; i < threads; i++)
         pthread_join(tid[i], NULL);
-    double t = now() - t0;
+    double t = now_s() - t0;
     for (int i = 0; i < threads; i++)
         stream_sink ^= jobs[i].sum;
     return t;
@@ -148,11 +142,11 @@ static aj_status decode_setup(aj_ctx *ctx, aj_device *dev, paged_case *c, decode
         const int64_t qs[4] = {c->b, c->hq, c->sq, c->d};
         const int64_t ks[4] = {num_pages, c->page_size, c->hkv, c->d};
         aj_fwd_args a = AJ_FWD_ARGS_INIT;
-        a.q = paged_tensor(d->mem[0], c->dtype, 4, qs);
-        a.k_cache = paged_tensor(d->mem[1], c->kv_dtype, 4, ks);
-        a.v_cache = paged_tensor(d->mem[2], c->kv_dtype, 4, ks);
-        a.o = paged_tensor(d->mem[3], c->dtype, 4, qs);
-        a.lse = paged_tensor(d->mem[4], AJ_DTYPE_F32, 3, qs);
+        a.q = tensor_contiguous(d->mem[0], c->dtype, 4, qs);
+        a.k_cache = tensor_contiguous(d->mem[1], c->kv_dtype, 4, ks);
+        a.v_cache = tensor_contiguous(d->mem[2], c->kv_dtype, 4, ks);
+        a.o = tensor_contiguous(d->mem[3], c->dtype, 4, qs);
+        a.lse = tensor_contiguous(d->mem[4], AJ_DTYPE_F32, 3, qs);
         a.block_table = d->mem[5];
         a.max_pages = max_pages;
         a.seqlens_k = d->mem[6];
@@ -166,11 +160,11 @@ static aj_status decode_setup(aj_ctx *ctx, aj_device *dev, paged_case *c, decode
 
 static double time_decode(aj_ctx *ctx, aj_device *dev, decode *d)
 {
-    double t0 = now();
+    double t0 = now_s();
     aj_status st = aj_forward(ctx, dev, d->kernel, &d->args);
     if (st == AJ_OK)
         st = aj_device_synchronize(dev, NULL);
-    double t = now() - t0;
+    double t = now_s() - t0;
     if (st != AJ_OK) {
         fprintf(stderr, "bench_decode: %s\n", aj_last_error(ctx));
         exit(1);
@@ -290,12 +284,6 @@ static paged_case decode_case(int b, const int32_t *lens, int hkv, int splits)
     c.hkv = hkv;
     c.splits = splits;
     return c;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
 }
 
 /* Median, least and greatest of n values (sorted in place). */

@@ -78,6 +78,7 @@
 #include <string.h>
 
 #include "attnjit/attnjit.h"
+#include "launch_args.h"
 
 #define MAX_LIST 8
 
@@ -93,20 +94,6 @@ static int parse_list(const char *s, double *out)
         out[n++] = atof(t);
     free(copy);
     return n;
-}
-
-static aj_tensor dense(void *data, aj_dtype dt, int r, int64_t a, int64_t b, int64_t c,
-                       int64_t d)
-{
-    aj_tensor t = {.data = data, .dtype = dt, .rank = r};
-    const int64_t shape[4] = {a, b, c, d};
-    int64_t stride = 1;
-    for (int i = r - 1; i >= 0; i--) {
-        t.shape[i] = shape[i];
-        t.strides[i] = stride;
-        stride *= shape[i];
-    }
-    return t;
 }
 
 static aj_op *parse_op(aj_ctx *ctx, const char *kind, int causal, int dim)
@@ -146,34 +133,23 @@ static int run_case(aj_ctx *ctx, aj_device *dev, aj_comm *comm, aj_cp_method met
     aj_convert(f, AJ_DTYPE_F32, v, AJ_DTYPE_F16, n);
     aj_convert(f, AJ_DTYPE_F32, t[DO], AJ_DTYPE_F16, n);
     aj_ring_fwd_args a = AJ_RING_FWD_ARGS_INIT;
-    a.q = dense(q, AJ_DTYPE_F16, 4, 1, heads, len, dim);
+    a.q = tensor_dims(q, AJ_DTYPE_F16, 4, 1, heads, len, dim);
     a.k = a.q;
     a.k.data = k;
     a.v = a.q;
     a.v.data = v;
     a.o = a.q;
     a.o.data = o;
-    a.lse = dense(lse, AJ_DTYPE_F32, 3, 1, heads, len, 0);
+    a.lse = tensor_dims(lse, AJ_DTYPE_F32, 3, 1, heads, len, 0);
     a.layout = causal ? AJ_SHARD_ZIGZAG : AJ_SHARD_CONTIGUOUS;
     a.method = method;
-    aj_ring_bwd_args b = AJ_RING_BWD_ARGS_INIT;
-    b.q = a.q;
-    b.k = a.k;
-    b.v = a.v;
-    b.o = a.o;
-    b.lse = a.lse;
-    b.do_ = a.q;
-    b.do_.data = t[DO];
-    b.dq = a.q;
-    b.dq.data = t[DQ];
-    b.dk = a.q;
-    b.dk.data = t[DK];
-    b.dv = a.q;
-    b.dv.data = t[DV];
-    b.layout = a.layout;
-    b.method = method;
     a.ulysses_size = method == AJ_METHOD_HYBRID ? ulysses_size : 0;
-    b.ulysses_size = a.ulysses_size;
+    aj_tensor grad[4];   /* dO, dQ, dK, dV: q's shape */
+    for (int i = 0; i < 4; i++) {
+        grad[i] = a.q;
+        grad[i].data = t[DO + i];
+    }
+    aj_ring_bwd_args b = ring_bwd_args_after(&a, grad[0], grad[1], grad[2], grad[3]);
     aj_ring_stats s = {0};
     aj_status st = backward ? aj_ring_forward(ctx, dev, comm, op, &a, &s) : AJ_OK;
     for (int pass = 0; pass < 2 && st == AJ_OK; pass++) {   /* pass 0 compiles */

@@ -17,13 +17,7 @@
 #include <time.h>
 
 #include "sim_harness.h"
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
+#include "timing.h"
 
 /* Best of three sim launches of each mode, lenient and strict in turn. */
 static int strict_table(aj_ctx *ctx, aj_device *dev, const fwd_case *cases, size_t n)

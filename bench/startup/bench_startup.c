@@ -26,13 +26,8 @@
 #include <unistd.h>
 
 #include "attnjit/attnjit.h"
-
-static double now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
+#include "temp_dir.h"
+#include "timing.h"
 
 enum { MAX_OPS = 64 };
 static char labels[MAX_OPS][64];   /* "f16 d64 causal(top_left)" */
@@ -139,10 +134,7 @@ static int gpu_per_kernel(aj_op **ops, int n)
         sum_warm += warm;
     }
     printf("| all %d | %.1f | %.1f | %.0fx |\n", n, sum_cold, sum_warm, sum_cold / sum_warm);
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    if (system(cmd) != 0)
-        fprintf(stderr, "could not remove %s\n", dir);
+    temp_dir_remove(dir);
     return failed;
 }
 
@@ -197,9 +189,6 @@ int main(int argc, char **argv)
         aj_op_destroy(ops[i]);
     aj_ctx_destroy(cold);
     aj_ctx_destroy(warm);
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    if (system(cmd) != 0)
-        fprintf(stderr, "could not remove %s\n", dir);
+    temp_dir_remove(dir);
     return t_cold < 0 || t_warm < 0 || t_mem < 0 || gpu_failed;
 }

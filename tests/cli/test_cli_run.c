@@ -16,6 +16,7 @@
 
 #include "check.h"
 #include "ref.h"
+#include "temp_dir.h"
 #include "tools/npy.h"
 
 static const char *aj;
@@ -175,15 +176,7 @@ static void test_run_matches_reference(const char *device)
                                                      : "compile") != NULL,
               "no summary: %s", err);
 
-    ref_problem p;
-    memset(&p, 0, sizeof p);
-    p.B = B;
-    p.Hq = HQ;
-    p.Hkv = HKV;
-    p.Sq = SQ;
-    p.Sk = SK;
-    p.D = D;
-    p.Dv = D;
+    ref_problem p = ref_problem_of(B, HQ, HKV, SQ, SK, D, D);
     p.mask = AJ_MASK_CAUSAL;
     p.align = AJ_ALIGN_BOTTOM_RIGHT;
     p.q_offset = 100;
@@ -269,9 +262,7 @@ static void test_accumulate_and_bias(void)
         int rc = run_cli(args, err, sizeof err);
         CHECK_MSG(rc == 0, "accumulate part %d exited %d: %s", part, rc, err);
     }
-    ref_problem p;
-    memset(&p, 0, sizeof p);
-    p.B = B, p.Hq = H, p.Hkv = H, p.Sq = SQ, p.Sk = SK, p.D = D, p.Dv = D;
+    ref_problem p = ref_problem_of(B, H, H, SQ, SK, D, D);
     p.mask = AJ_MASK_CAUSAL;
     p.align = AJ_ALIGN_BOTTOM_RIGHT;
     ref_forward(&p, qd, kd, vd, o_ref, lse_ref);
@@ -299,8 +290,7 @@ static void test_accumulate_and_bias(void)
              path("av.npy"), path("ab.npy"), path("blse.npy"));
     int rc = run_cli(args, err, sizeof err);
     CHECK_MSG(rc == 0, "bias run exited %d: %s", rc, err);
-    memset(&p, 0, sizeof p);
-    p.B = B, p.Hq = H, p.Hkv = H, p.Sq = SQ, p.Sk = SK, p.D = D, p.Dv = D;
+    p = ref_problem_of(B, H, H, SQ, SK, D, D);
     p.bias = bd;
     p.bias_shape[0] = 1, p.bias_shape[1] = 1, p.bias_shape[2] = SQ, p.bias_shape[3] = SK;
     ref_forward(&p, qd, kd, vd, o_ref, lse_ref);
@@ -338,9 +328,7 @@ static void test_backward_matches_reference(const char *device, const char *vari
     random_f16_values(v, vd, NK);
     random_f16_values(dout, dd, NQ);
     random_f16_values(bias, bd, NB);
-    ref_problem p;
-    memset(&p, 0, sizeof p);
-    p.B = B, p.Hq = HQ, p.Hkv = HKV, p.Sq = SQ, p.Sk = SK, p.D = D, p.Dv = D;
+    ref_problem p = ref_problem_of(B, HQ, HKV, SQ, SK, D, D);
     p.mask = AJ_MASK_CAUSAL;
     p.align = with_bias ? AJ_ALIGN_BOTTOM_RIGHT : AJ_ALIGN_TOP_LEFT;
     p.q_offset = 5;
@@ -972,19 +960,14 @@ int main(int argc, char **argv)
         return 2;
     }
     aj = argv[1];
-    if (!mkdtemp(dir)) {
-        perror("mkdtemp");
+    if (!temp_dir_make(dir))
         return 2;
-    }
     if (argc == 3) {
         test_run_cuda_streams();
         test_tune_cuda_streams();
     } else {
         test_local_devices();
     }
-    char cmd[600];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    if (system(cmd) != 0)
-        fprintf(stderr, "could not remove %s\n", dir);
+    temp_dir_remove(dir);
     return check_report();
 }

@@ -161,6 +161,49 @@ static void check_layout(const char *path, size_t count)
     CHECK(buf[data_start - 1] == '\n');
 }
 
+/* Writes data (int32 with is_i32, else float) at every shape of
+ * round_trip_shapes, checks the file's layout and reads the same values
+ * back; then_check(path) runs after each read's npy_free. */
+static void round_trip(const char *prefix, const void *data, int is_i32,
+                       void (*then_check)(const char *path, const npy_array *freed))
+{
+    size_t elem = is_i32 ? sizeof(int32_t) : sizeof(float);
+    for (int rank = 0; rank <= 4; rank++) {
+        const int64_t *shape = round_trip_shapes[rank];
+        size_t count = product(rank, shape);
+        char name[32];
+        snprintf(name, sizeof name, "%s_rank%d.npy", prefix, rank);
+        path_buf file = tmp_path(name);
+        const char *path = file.s;
+        char err[256] = "";
+        npy_status st = is_i32 ? npy_write_i32(path, data, rank, shape, err, sizeof err)
+                               : npy_write_f32(path, data, rank, shape, err, sizeof err);
+        CHECK_MSG(st == NPY_OK, "%s", err);
+        check_layout(path, count);
+
+        npy_array a;
+        st = is_i32 ? npy_read_i32(path, &a, err, sizeof err)
+                    : npy_read_f32(path, &a, err, sizeof err);
+        CHECK_MSG(st == NPY_OK, "%s", err);
+        CHECK(a.rank == rank);
+        CHECK(memcmp(a.shape, shape, (size_t)rank * sizeof shape[0]) == 0);
+        CHECK(strcmp(a.dtype, is_i32 ? "i4" : "f4") == 0);
+        CHECK(a.count == count);
+        const void *got = is_i32 ? (const void *)a.i32 : (const void *)a.f32;
+        const void *other = is_i32 ? (const void *)a.f32 : (const void *)a.i32;
+        CHECK(other == NULL);
+        CHECK(got != NULL && memcmp(got, data, count * elem) == 0);
+        npy_free(&a);
+        then_check(path, &a);
+    }
+}
+
+static void f32_freed(const char *path, const npy_array *freed)
+{
+    (void)path;
+    CHECK(freed->f32 == NULL && freed->count == 0);
+}
+
 static void test_round_trip_f32(void)
 {
     float data[120];
@@ -172,29 +215,20 @@ static void test_round_trip_f32(void)
     data[4] = NAN;
     data[5] = FLT_TRUE_MIN;
     data[6] = FLT_MAX;
+    round_trip("f32", data, 0, f32_freed);
+}
 
-    for (int rank = 0; rank <= 4; rank++) {
-        const int64_t *shape = round_trip_shapes[rank];
-        size_t count = product(rank, shape);
-        char name[32];
-        snprintf(name, sizeof name, "f32_rank%d.npy", rank);
-        path_buf file = tmp_path(name);
-        const char *path = file.s;
-        char err[256] = "";
-        CHECK_MSG(npy_write_f32(path, data, rank, shape, err, sizeof err) == NPY_OK, "%s", err);
-        check_layout(path, count);
-
-        npy_array a;
-        CHECK_MSG(npy_read_f32(path, &a, err, sizeof err) == NPY_OK, "%s", err);
-        CHECK(a.rank == rank);
-        CHECK(memcmp(a.shape, shape, (size_t)rank * sizeof shape[0]) == 0);
-        CHECK(strcmp(a.dtype, "f4") == 0);
-        CHECK(a.count == count);
-        CHECK(a.i32 == NULL);
-        CHECK(a.f32 != NULL && memcmp(a.f32, data, count * sizeof(float)) == 0);
-        npy_free(&a);
-        CHECK(a.f32 == NULL && a.count == 0);
-    }
+/* An int32 file is not float data, and the other way round. */
+static void i32_not_f32(const char *path, const npy_array *freed)
+{
+    (void)freed;
+    npy_array a;
+    char err[256] = "";
+    CHECK(npy_read_f32(path, &a, err, sizeof err) == NPY_ERR_UNSUPPORTED);
+    CHECK(strstr(err, "'<i4' is an integer array") != NULL);
+    CHECK(npy_read_i32(tmp_path("f32_rank2.npy").s, &a, err, sizeof err) ==
+          NPY_ERR_UNSUPPORTED);
+    CHECK(strstr(err, "'<f4' is not int32") != NULL);
 }
 
 static void test_round_trip_i32(void)
@@ -205,35 +239,7 @@ static void test_round_trip_i32(void)
     data[0] = INT32_MIN;
     data[1] = INT32_MAX;
     data[2] = -1;
-
-    for (int rank = 0; rank <= 4; rank++) {
-        const int64_t *shape = round_trip_shapes[rank];
-        size_t count = product(rank, shape);
-        char name[32];
-        snprintf(name, sizeof name, "i32_rank%d.npy", rank);
-        path_buf file = tmp_path(name);
-        const char *path = file.s;
-        char err[256] = "";
-        CHECK_MSG(npy_write_i32(path, data, rank, shape, err, sizeof err) == NPY_OK, "%s", err);
-        check_layout(path, count);
-
-        npy_array a;
-        CHECK_MSG(npy_read_i32(path, &a, err, sizeof err) == NPY_OK, "%s", err);
-        CHECK(a.rank == rank);
-        CHECK(memcmp(a.shape, shape, (size_t)rank * sizeof shape[0]) == 0);
-        CHECK(strcmp(a.dtype, "i4") == 0);
-        CHECK(a.count == count);
-        CHECK(a.f32 == NULL);
-        CHECK(a.i32 != NULL && memcmp(a.i32, data, count * sizeof(int32_t)) == 0);
-        npy_free(&a);
-
-        /* An int32 file is not float data, and the other way round. */
-        CHECK(npy_read_f32(path, &a, err, sizeof err) == NPY_ERR_UNSUPPORTED);
-        CHECK(strstr(err, "'<i4' is an integer array") != NULL);
-        CHECK(npy_read_i32(tmp_path("f32_rank2.npy").s, &a, err, sizeof err) ==
-              NPY_ERR_UNSUPPORTED);
-        CHECK(strstr(err, "'<f4' is not int32") != NULL);
-    }
+    round_trip("i32", data, 1, i32_not_f32);
 }
 
 static void test_empty_arrays(void)

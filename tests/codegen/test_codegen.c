@@ -9,6 +9,7 @@
 
 #include "check.h"
 #include "codegen/codegen.h"
+#include "spec_compile.h"
 
 static aj_op *parse(aj_ctx *ctx, const char *body)
 {
@@ -22,16 +23,11 @@ static aj_op *parse(aj_ctx *ctx, const char *body)
 
 static aj_status compile_text(aj_ctx *ctx, const char *text, aj_target target)
 {
-    aj_op *op = NULL;
-    aj_status st = aj_op_parse(ctx, text, strlen(text), "u.aj", &op);
-    if (st != AJ_OK)
-        return st;
     aj_compile_options opt = AJ_COMPILE_OPTIONS_INIT;
     opt.target = target;
     aj_kernel *k = NULL;
-    st = aj_compile(ctx, op, &opt, &k);
+    aj_status st = spec_compile(ctx, text, "u.aj", &opt, &k);
     aj_kernel_destroy(k);
-    aj_op_destroy(op);
     return st;
 }
 

@@ -40,6 +40,7 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "launch_args.h"
 #include "ref.h"
 #include "cp/alltoall_check.h"
 #include "cp/leak_check.h"
@@ -92,43 +93,40 @@ static const char *const method_names[AJ_METHOD_COUNT] = {"ring", "ulysses", "hy
 #define HEAD_MASK "expr(k <= q + 1 && k + sq >= q + h + 2)"
 
 static const ring_case cases[] = {
-    {"f32 causal top_left, contiguous, p2p", AJ_DTYPE_F32, AJ_MASK_CAUSAL,
-     AJ_ALIGN_TOP_LEFT, 0, 0, 2, 2, 8, 8, AJ_SHARD_CONTIGUOUS, AJ_ROTATE_P2P, 0, 0, 0, 0, 0,
-     AJ_METHOD_RING, 0, 0, NULL, 0, 0, NULL},
-    {"f32 causal top_left, zigzag, p2p, GQA", AJ_DTYPE_F32, AJ_MASK_CAUSAL,
-     AJ_ALIGN_TOP_LEFT, 0, 0, 2, 1, 8, 8, AJ_SHARD_ZIGZAG, AJ_ROTATE_P2P, 0, 0, 0, 0, 0,
-     AJ_METHOD_RING, 0, 0, NULL, 0, 0, NULL},
-    {"f16 causal bottom_right (Sk = 2 Sq), zigzag, p2p", AJ_DTYPE_F16, AJ_MASK_CAUSAL,
-     AJ_ALIGN_BOTTOM_RIGHT, 0, 0, 2, 1, 4, 8, AJ_SHARD_ZIGZAG, AJ_ROTATE_P2P, 0, 0, 0, 0, 0,
-     AJ_METHOD_RING, 0, 0, NULL, 0, 0, NULL},
-    {"bf16 no mask, GQA 4:2, contiguous, all-gather", AJ_DTYPE_BF16, AJ_MASK_NONE,
-     AJ_ALIGN_TOP_LEFT, 0, 0, 4, 2, 8, 8, AJ_SHARD_CONTIGUOUS, AJ_ROTATE_ALLGATHER, 0, 0, 0, 0, 0,
-     AJ_METHOD_RING, 0, 0, NULL, 0, 0, NULL},
-    {"f32 window(3, 2), zigzag, all-gather", AJ_DTYPE_F32, AJ_MASK_WINDOW,
-     AJ_ALIGN_TOP_LEFT, 3, 2, 2, 2, 8, 8, AJ_SHARD_ZIGZAG, AJ_ROTATE_ALLGATHER, 0, 0, 0, 0, 0,
-     AJ_METHOD_RING, 0, 0, NULL, 0, 0, NULL},
-    {"f16 window(5, 0, bottom_right) + alibi (Sq = 2 Sk), contiguous, p2p", AJ_DTYPE_F16,
-     AJ_MASK_WINDOW, AJ_ALIGN_BOTTOM_RIGHT, 5, 0, 2, 1, 8, 4, AJ_SHARD_CONTIGUOUS,
-     AJ_ROTATE_P2P, 1, 0, 0, 0, 0,
-     AJ_METHOD_RING, 0, 0, NULL, 0, 0, NULL},
-    {"f32 causal top_left + dropout 0.25, zigzag, p2p", AJ_DTYPE_F32, AJ_MASK_CAUSAL,
-     AJ_ALIGN_TOP_LEFT, 0, 0, 2, 2, 8, 8, AJ_SHARD_ZIGZAG, AJ_ROTATE_P2P, 0, 0.25, 0, 0, 0,
-     AJ_METHOD_RING, 0, 0, NULL, 0, 0, NULL},
-    {"bf16 flash causal bottom_right + dropout 0.1, zigzag, p2p, GQA", AJ_DTYPE_BF16,
-     AJ_MASK_CAUSAL, AJ_ALIGN_BOTTOM_RIGHT, 0, 0, 2, 1, 16, 16, AJ_SHARD_ZIGZAG,
-     AJ_ROTATE_P2P, 0, 0.1, 1, 0, 0,
-     AJ_METHOD_RING, 0, 0, NULL, 0, 0, NULL},
-    {"f32 document mask (documents of 5), zigzag, p2p", AJ_DTYPE_F32, AJ_MASK_NONE,
-     AJ_ALIGN_TOP_LEFT, 0, 0, 2, 1, 8, 8, AJ_SHARD_ZIGZAG, AJ_ROTATE_P2P, 0, 0, 0, 5, 0,
-     AJ_METHOD_RING, 0, 0, NULL, 0, 0, NULL},
-    {"f16 causal + relative bias table, contiguous, all-gather", AJ_DTYPE_F16,
-     AJ_MASK_CAUSAL, AJ_ALIGN_TOP_LEFT, 0, 0, 2, 2, 8, 8, AJ_SHARD_CONTIGUOUS,
-     AJ_ROTATE_ALLGATHER, 0, 0, 0, 0, 1,
-     AJ_METHOD_RING, 0, 0, NULL, 0, 0, NULL},
-    {"bf16 flash document mask (documents of 3) + relative bias, contiguous, p2p",
-     AJ_DTYPE_BF16, AJ_MASK_NONE, AJ_ALIGN_TOP_LEFT, 0, 0, 2, 2, 16, 16, AJ_SHARD_CONTIGUOUS,
-     AJ_ROTATE_P2P, 0, 0, 1, 3, 1,
-     AJ_METHOD_RING, 0, 0, NULL, 0, 0, NULL},
+    {.label = "f32 causal top_left, contiguous, p2p", .dtype = AJ_DTYPE_F32, .mask = AJ_MASK_CAUSAL,
+     .hq = 2, .hkv = 2, .lq = 8, .lk = 8, .layout = AJ_SHARD_CONTIGUOUS, .rotate = AJ_ROTATE_P2P},
+    {.label = "f32 causal top_left, zigzag, p2p, GQA", .dtype = AJ_DTYPE_F32,
+     .mask = AJ_MASK_CAUSAL, .hq = 2, .hkv = 1, .lq = 8, .lk = 8, .layout = AJ_SHARD_ZIGZAG,
+     .rotate = AJ_ROTATE_P2P},
+    {.label = "f16 causal bottom_right (Sk = 2 Sq), zigzag, p2p", .dtype = AJ_DTYPE_F16,
+     .mask = AJ_MASK_CAUSAL, .align = AJ_ALIGN_BOTTOM_RIGHT, .hq = 2, .hkv = 1, .lq = 4, .lk = 8,
+     .layout = AJ_SHARD_ZIGZAG, .rotate = AJ_ROTATE_P2P},
+    {.label = "bf16 no mask, GQA 4:2, contiguous, all-gather", .dtype = AJ_DTYPE_BF16,
+     .mask = AJ_MASK_NONE, .hq = 4, .hkv = 2, .lq = 8, .lk = 8, .layout = AJ_SHARD_CONTIGUOUS,
+     .rotate = AJ_ROTATE_ALLGATHER},
+    {.label = "f32 window(3, 2), zigzag, all-gather", .dtype = AJ_DTYPE_F32, .mask = AJ_MASK_WINDOW,
+     .left = 3, .right = 2, .hq = 2, .hkv = 2, .lq = 8, .lk = 8, .layout = AJ_SHARD_ZIGZAG,
+     .rotate = AJ_ROTATE_ALLGATHER},
+    {.label = "f16 window(5, 0, bottom_right) + alibi (Sq = 2 Sk), contiguous, p2p",
+     .dtype = AJ_DTYPE_F16, .mask = AJ_MASK_WINDOW, .align = AJ_ALIGN_BOTTOM_RIGHT, .left = 5,
+     .hq = 2, .hkv = 1, .lq = 8, .lk = 4, .layout = AJ_SHARD_CONTIGUOUS, .rotate = AJ_ROTATE_P2P,
+     .alibi = 1},
+    {.label = "f32 causal top_left + dropout 0.25, zigzag, p2p", .dtype = AJ_DTYPE_F32,
+     .mask = AJ_MASK_CAUSAL, .hq = 2, .hkv = 2, .lq = 8, .lk = 8, .layout = AJ_SHARD_ZIGZAG,
+     .rotate = AJ_ROTATE_P2P, .dropout = 0.25},
+    {.label = "bf16 flash causal bottom_right + dropout 0.1, zigzag, p2p, GQA",
+     .dtype = AJ_DTYPE_BF16, .mask = AJ_MASK_CAUSAL, .align = AJ_ALIGN_BOTTOM_RIGHT, .hq = 2,
+     .hkv = 1, .lq = 16, .lk = 16, .layout = AJ_SHARD_ZIGZAG, .rotate = AJ_ROTATE_P2P,
+     .dropout = 0.1, .flash = 1},
+    {.label = "f32 document mask (documents of 5), zigzag, p2p", .dtype = AJ_DTYPE_F32,
+     .mask = AJ_MASK_NONE, .hq = 2, .hkv = 1, .lq = 8, .lk = 8, .layout = AJ_SHARD_ZIGZAG,
+     .rotate = AJ_ROTATE_P2P, .doc_len = 5},
+    {.label = "f16 causal + relative bias table, contiguous, all-gather", .dtype = AJ_DTYPE_F16,
+     .mask = AJ_MASK_CAUSAL, .hq = 2, .hkv = 2, .lq = 8, .lk = 8, .layout = AJ_SHARD_CONTIGUOUS,
+     .rotate = AJ_ROTATE_ALLGATHER, .rel = 1},
+    {.label = "bf16 flash document mask (documents of 3) + relative bias, contiguous, p2p",
+     .dtype = AJ_DTYPE_BF16, .mask = AJ_MASK_NONE, .hq = 2, .hkv = 2, .lq = 16, .lk = 16,
+     .layout = AJ_SHARD_CONTIGUOUS, .rotate = AJ_ROTATE_P2P, .flash = 1, .doc_len = 3, .rel = 1},
 };
 
 /* Any length (issue 20), with each method: every mask family x lengths 1
@@ -413,31 +411,15 @@ static void *take_shard(const shard_rule *r, int keys, const void *full, int64_t
     return s;
 }
 
-static aj_tensor view(void *data, aj_dtype dtype, int r, int64_t a, int64_t b, int64_t c,
-                      int64_t d);
-
 /* A shard's tensor as the call takes it: padded [1, H, l, W] (LSE, W = 0:
  * [1, H, l]), varlen [l, H, W] (LSE [H, l]). */
 static aj_tensor rows_view(const ring_case *c, void *data, aj_dtype dtype, int64_t H, int64_t l,
                            int64_t W)
 {
     if (c->docs)
-        return W ? view(data, dtype, 3, l, H, W, 0) : view(data, dtype, 2, H, l, 0, 0);
-    return W ? view(data, dtype, 4, 1, H, l, W) : view(data, dtype, 3, 1, H, l, 0);
-}
-
-static aj_tensor view(void *data, aj_dtype dtype, int r, int64_t a, int64_t b, int64_t c,
-                      int64_t d)
-{
-    aj_tensor t = {.data = data, .dtype = dtype, .rank = r};
-    const int64_t shape[4] = {a, b, c, d};
-    int64_t stride = 1;
-    for (int i = r - 1; i >= 0; i--) {
-        t.shape[i] = shape[i];
-        t.strides[i] = stride;
-        stride *= shape[i];
-    }
-    return t;
+        return W ? tensor_dims(data, dtype, 3, l, H, W, 0)
+                 : tensor_dims(data, dtype, 2, H, l, 0, 0);
+    return W ? tensor_dims(data, dtype, 4, 1, H, l, W) : tensor_dims(data, dtype, 3, 1, H, l, 0);
 }
 
 static double max_abs(const double *x, size_t n)
@@ -937,7 +919,7 @@ static void run_case(const ring_case *c)
         fa.cu_seqlens_q = fa.cu_seqlens_k = cu;
         fa.batch = ndocs;
     }
-    fa.alibi_slopes = view(slopes, AJ_DTYPE_F32, 1, c->hq, 0, 0, 0);
+    fa.alibi_slopes = tensor_dims(slopes, AJ_DTYPE_F32, 1, c->hq, 0, 0, 0);
     fa.layout = L;
     fa.rotate = c->rotate;
     fa.method = c->method;
@@ -978,28 +960,10 @@ static void run_case(const ring_case *c)
     else
         check_ring_blocks(c, &pr, &fs);
 
-    aj_ring_bwd_args ba = AJ_RING_BWD_ARGS_INIT;
-    ba.q = fa.q;
-    ba.k = fa.k;
-    ba.v = fa.v;
-    ba.o = fa.o;
-    ba.lse = fa.lse;
-    ba.do_ = rows_view(c, do_s, dt, hq, lq, D);
-    ba.dq = rows_view(c, dq_s, dt, hq, lq, D);
-    ba.dk = rows_view(c, dk_s, dt, hkv, lk, D);
-    ba.dv = rows_view(c, dv_s, dt, hkv, lk, D);
-    ba.cu_seqlens_q = fa.cu_seqlens_q;
-    ba.cu_seqlens_k = fa.cu_seqlens_k;
-    ba.batch = fa.batch;
-    ba.alibi_slopes = fa.alibi_slopes;
-    ba.layout = L;
-    ba.rotate = c->rotate;
-    ba.method = c->method;
-    ba.ulysses_size = c->ulysses_size;
-    ba.seed = 7;
-    ba.offset = 3;
-    ba.side = side;
-    ba.num_side = nside;
+    aj_ring_bwd_args ba = ring_bwd_args_after(&fa, rows_view(c, do_s, dt, hq, lq, D),
+                                              rows_view(c, dq_s, dt, hq, lq, D),
+                                              rows_view(c, dk_s, dt, hkv, lk, D),
+                                              rows_view(c, dv_s, dt, hkv, lk, D));
     CHECK_STATUS(ctx, aj_ring_backward(ctx, dev, comm, bop, &ba, &bs), AJ_OK);
     const uint64_t bwd_sent = aj_comm_bytes_sent(comm) - sent_before - fwd_sent;
     const char *names[3] = {"dQ", "dK", "dV"};
@@ -1137,16 +1101,16 @@ static void run_faulty_peer(peer_fault fault)
     check_timed_out(names[fault], "all-to-all", alltoall_check(comm), &t0,
                     "MPI: rank 0: MPI_Ialltoallv got no answer within the comm timeout of 1 s");
 
-    const ring_case c = {"silent", AJ_DTYPE_F32, AJ_MASK_NONE, AJ_ALIGN_TOP_LEFT, 0, 0,
-                         1, 1, 8, 8, AJ_SHARD_CONTIGUOUS, AJ_ROTATE_P2P, 0, 0, 0, 0, 0,
-                         AJ_METHOD_RING, 0, 0, NULL, 0, 0, NULL};
+    const ring_case c = {.label = "silent", .dtype = AJ_DTYPE_F32, .mask = AJ_MASK_NONE, .hq = 1,
+                         .hkv = 1, .lq = 8, .lk = 8, .layout = AJ_SHARD_CONTIGUOUS,
+                         .rotate = AJ_ROTATE_P2P};
     aj_op *op = parse_op(&c, "forward");
     /* 2 heads: they divide over the ranks for method = ulysses */
     void *m = alloc64(2 * 8 * HEAD_DIM * 4);
     aj_ring_fwd_args fa = AJ_RING_FWD_ARGS_INIT;
-    fa.q = view(m, AJ_DTYPE_F32, 4, 1, 2, 8, HEAD_DIM);
+    fa.q = tensor_dims(m, AJ_DTYPE_F32, 4, 1, 2, 8, HEAD_DIM);
     fa.k = fa.v = fa.o = fa.q;
-    fa.lse = view(m, AJ_DTYPE_F32, 3, 1, 2, 8, 0);
+    fa.lse = tensor_dims(m, AJ_DTYPE_F32, 3, 1, 2, 8, 0);
     for (int method = 0; method < AJ_METHOD_COUNT; method++) {
         fa.method = (aj_cp_method)method;
         fa.ulysses_size = method == AJ_METHOD_HYBRID;   /* U = 1, R = 2 */
@@ -1169,15 +1133,15 @@ static void run_faulty_peer(peer_fault fault)
 static void run_mismatch(void)
 {
     aj_comm *comm = open_comm(30);
-    const ring_case c = {"mismatch", AJ_DTYPE_F32, AJ_MASK_CAUSAL, AJ_ALIGN_TOP_LEFT, 0, 0,
-                         1, 1, 8, 8, AJ_SHARD_CONTIGUOUS, AJ_ROTATE_P2P, 0, 0, 0, 0, 0,
-                         AJ_METHOD_RING, 0, 0, NULL, 0, 0, NULL};
+    const ring_case c = {.label = "mismatch", .dtype = AJ_DTYPE_F32, .mask = AJ_MASK_CAUSAL,
+                         .hq = 1, .hkv = 1, .lq = 8, .lk = 8, .layout = AJ_SHARD_CONTIGUOUS,
+                         .rotate = AJ_ROTATE_P2P};
     aj_op *op = parse_op(&c, "forward");
     void *m = alloc64(8 * HEAD_DIM * 4);
     aj_ring_fwd_args fa = AJ_RING_FWD_ARGS_INIT;
-    fa.q = view(m, AJ_DTYPE_F32, 4, 1, 1, 8, HEAD_DIM);
+    fa.q = tensor_dims(m, AJ_DTYPE_F32, 4, 1, 1, 8, HEAD_DIM);
     fa.k = fa.v = fa.o = fa.q;
-    fa.lse = view(m, AJ_DTYPE_F32, 3, 1, 1, 8, 0);
+    fa.lse = tensor_dims(m, AJ_DTYPE_F32, 3, 1, 1, 8, 0);
     fa.layout = rank == 1 ? AJ_SHARD_ZIGZAG : AJ_SHARD_CONTIGUOUS;
     CHECK_STATUS(ctx, aj_ring_forward(ctx, dev, comm, op, &fa, NULL), AJ_ERR_INVALID_ARG);
     CHECK_ERROR(ctx, "aj_ring_forward: the ranks' calls differ: rank 1 has layout = 1, rank 0 "
@@ -1202,16 +1166,16 @@ static void run_mismatch(void)
 static void run_ulysses_refusals(void)
 {
     aj_comm *comm = open_comm(30);
-    ring_case c = {"refusal", AJ_DTYPE_F32, AJ_MASK_CAUSAL, AJ_ALIGN_TOP_LEFT, 0, 0,
-                   2, 1, 8, 8, AJ_SHARD_CONTIGUOUS, AJ_ROTATE_P2P, 0, 0, 0, 0, 0,
-                   AJ_METHOD_ULYSSES, 0, 0, NULL, 0, 0, NULL};
+    ring_case c = {.label = "refusal", .dtype = AJ_DTYPE_F32, .mask = AJ_MASK_CAUSAL, .hq = 2,
+                   .hkv = 1, .lq = 8, .lk = 8, .layout = AJ_SHARD_CONTIGUOUS,
+                   .rotate = AJ_ROTATE_P2P, .method = AJ_METHOD_ULYSSES};
     aj_op *op = parse_op(&c, "forward"), *bop = parse_op(&c, "backward");
     void *m = alloc64(2 * 8 * HEAD_DIM * 4);
     aj_ring_fwd_args fa = AJ_RING_FWD_ARGS_INIT;
-    fa.q = view(m, AJ_DTYPE_F32, 4, 1, 2, 8, HEAD_DIM);
-    fa.k = fa.v = view(m, AJ_DTYPE_F32, 4, 1, 1, 8, HEAD_DIM);
+    fa.q = tensor_dims(m, AJ_DTYPE_F32, 4, 1, 2, 8, HEAD_DIM);
+    fa.k = fa.v = tensor_dims(m, AJ_DTYPE_F32, 4, 1, 1, 8, HEAD_DIM);
     fa.o = fa.q;
-    fa.lse = view(m, AJ_DTYPE_F32, 3, 1, 2, 8, 0);
+    fa.lse = tensor_dims(m, AJ_DTYPE_F32, 3, 1, 2, 8, 0);
     fa.method = AJ_METHOD_ULYSSES;
     CHECK_STATUS(ctx, aj_ring_forward(ctx, dev, comm, op, &fa, NULL), AJ_ERR_INVALID_ARG);
     CHECK_ERROR(ctx, "aj_ring_forward: method = ulysses over 2 ranks needs the key/value heads "
@@ -1275,9 +1239,9 @@ static void run_ulysses_refusals(void)
     /* shards that are not the layout's: 3 and 5 positions of 8 */
     fa.method = AJ_METHOD_ULYSSES;
     const int64_t l = rank == 0 ? 3 : 5;
-    fa.q = view(m, AJ_DTYPE_F32, 4, 1, 2, l, HEAD_DIM);
+    fa.q = tensor_dims(m, AJ_DTYPE_F32, 4, 1, 2, l, HEAD_DIM);
     fa.k = fa.v = fa.o = fa.q;
-    fa.lse = view(m, AJ_DTYPE_F32, 3, 1, 2, l, 0);
+    fa.lse = tensor_dims(m, AJ_DTYPE_F32, 3, 1, 2, l, 0);
     CHECK_STATUS(ctx, aj_ring_forward(ctx, dev, comm, op, &fa, NULL), AJ_ERR_INVALID_ARG);
     CHECK_ERROR(ctx, "aj_ring_forward: rank 0 holds 3 query and 3 key positions; the "
                 "contiguous layout of 8 and 8 over 2 ranks gives it 4 and 4 (aj_shard_length)");
@@ -1320,7 +1284,7 @@ static void run_varlen_refusals(void)
     CHECK_STATUS(ctx, aj_ring_forward(ctx, dev, comm, op, &fa, NULL), AJ_ERR_INVALID_ARG);
     CHECK_ERROR(ctx, "aj_ring_forward: rank 0 holds 4 query and 4 key positions; its pieces of "
                 "the packed documents are 5 and 5 (aj_shard_varlen_chunks, method = ring)");
-    fa.q = view(m, AJ_DTYPE_F16, 4, 1, 2, 4, HEAD_DIM);
+    fa.q = tensor_dims(m, AJ_DTYPE_F16, 4, 1, 2, 4, HEAD_DIM);
     CHECK_STATUS(ctx, aj_ring_forward(ctx, dev, comm, op, &fa, NULL), AJ_ERR_INVALID_ARG);
     CHECK_ERROR(ctx, "aj_ring_forward: q, k and v have ranks 4, 3, 3; want 3 (layout = varlen: "
                 "packed [T, H, D])");

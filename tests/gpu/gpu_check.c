@@ -37,21 +37,9 @@
 #include "runtime/cuda/cuda_api.h"
 #include "paged_cases.h"
 #include "sim_harness.h"
+#include "temp_dir.h"
+#include "timing.h"   /* wall clock: compile times (kernels are timed with CUDA events) */
 #include "tools/npy.h"
-
-/* wall clock: compile times (kernels are timed with CUDA events) */
-static double now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
 
 static FILE *json, *md;
 
@@ -451,10 +439,7 @@ static int startup(aj_device *dev, const char *specs_dir)
                 n, ms[0], ms[1]);
     for (int i = 0; i < n; i++)
         free(texts[i]);
-    char cmd[256];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", cache_dir);
-    if (system(cmd) != 0)
-        fprintf(stderr, "gpu_check: could not remove %s\n", cache_dir);
+    temp_dir_remove(cache_dir);
     return failed;
 }
 

@@ -19,6 +19,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "launch_args.h"
+
 static void tolerance_for(aj_dtype dtype, double *atol, double *rtol);
 
 static uint64_t next_random(uint64_t *s)
@@ -54,17 +56,11 @@ static void tensor_make(tensor *x, aj_device *dev, aj_dtype dtype, int rank,
     for (int i = 0; i < rank; i++)
         x->n *= (size_t)shape[i];
     int elem = dtype == AJ_DTYPE_F32 ? 4 : 2;
-    CHECK(aj_device_alloc(dev, x->n * (size_t)elem + 16, &x->t.data) == AJ_OK);
+    void *data = NULL;
+    CHECK(aj_device_alloc(dev, x->n * (size_t)elem + 16, &data) == AJ_OK);
+    x->t = tensor_contiguous(data, dtype, rank, shape);
     x->host = malloc(x->n * (size_t)elem + 16);
     x->ref = calloc(x->n + 1, sizeof(double));
-    x->t.dtype = dtype;
-    x->t.rank = rank;
-    int64_t stride = 1;
-    for (int i = rank - 1; i >= 0; i--) {
-        x->t.shape[i] = shape[i];
-        x->t.strides[i] = stride;
-        stride *= shape[i];
-    }
 }
 
 static void tensor_release(tensor *x)

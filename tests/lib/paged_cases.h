@@ -22,6 +22,7 @@
 #include <time.h>
 
 #include "attnjit/attnjit.h"
+#include "launch_args.h"
 #include "ref.h"
 #include "sim_harness.h"
 
@@ -153,23 +154,6 @@ static inline aj_status paged_fill(aj_device *dev, aj_dtype dtype, size_t n, dou
     free(f);
     free(stored);
     return st;
-}
-
-/* A contiguous tensor over device memory. */
-static inline aj_tensor paged_tensor(void *data, aj_dtype dtype, int rank, const int64_t *shape)
-{
-    aj_tensor t;
-    memset(&t, 0, sizeof t);
-    t.data = data;
-    t.dtype = dtype;
-    t.rank = rank;
-    int64_t stride = 1;
-    for (int i = rank - 1; i >= 0; i--) {
-        t.shape[i] = shape[i];
-        t.strides[i] = stride;
-        stride *= shape[i];
-    }
-    return t;
 }
 
 /* The op of a case (the caller destroys it). */
@@ -354,21 +338,21 @@ static inline paged_result paged_run(aj_ctx *ctx, aj_device *dev, const aj_kerne
         const int64_t qs[4] = {c->b, c->hq, c->sq, c->d}, os[4] = {c->b, c->hq, c->sq, dv};
         const int64_t ks[4] = {num_pages, c->page_size, c->hkv, c->d};
         const int64_t vs[4] = {num_pages, c->page_size, c->hkv, dv}, one[1] = {1};
-        a.q = paged_tensor(mem[0], c->dtype, 4, qs);
-        a.k_cache = paged_tensor(mem[1], c->kv_dtype, 4, ks);
-        a.v_cache = paged_tensor(mem[2], c->kv_dtype, 4, vs);
+        a.q = tensor_contiguous(mem[0], c->dtype, 4, qs);
+        a.k_cache = tensor_contiguous(mem[1], c->kv_dtype, 4, ks);
+        a.v_cache = tensor_contiguous(mem[2], c->kv_dtype, 4, vs);
         if (c->fault == PAGED_FAULT_ALIGN) {
             a.k_cache.data = (char *)mem[1] + aj_dtype_size(c->kv_dtype);
             a.k_cache.shape[0] = a.v_cache.shape[0] = num_pages - 1;
         }
-        a.o = paged_tensor(mem[3], c->dtype, 4, os);
-        a.lse = paged_tensor(mem[4], AJ_DTYPE_F32, 3, qs);
+        a.o = tensor_contiguous(mem[3], c->dtype, 4, os);
+        a.lse = tensor_contiguous(mem[4], AJ_DTYPE_F32, 3, qs);
         if (cu_q) {   /* q, o [T, Hq, D or Dv], lse [Hq, T] */
             const int64_t pq[3] = {tq, c->hq, c->d}, po[3] = {tq, c->hq, dv};
             const int64_t pl[2] = {c->hq, tq};
-            a.q = paged_tensor(mem[0], c->dtype, 3, pq);
-            a.o = paged_tensor(mem[3], c->dtype, 3, po);
-            a.lse = paged_tensor(mem[4], AJ_DTYPE_F32, 2, pl);
+            a.q = tensor_contiguous(mem[0], c->dtype, 3, pq);
+            a.o = tensor_contiguous(mem[3], c->dtype, 3, po);
+            a.lse = tensor_contiguous(mem[4], AJ_DTYPE_F32, 2, pl);
             a.cu_seqlens_q = mem[9];
             a.batch = c->b;
         }
@@ -377,10 +361,10 @@ static inline paged_result paged_run(aj_ctx *ctx, aj_device *dev, const aj_kerne
         a.seqlens_k = mem[6];
         const int64_t heads[1] = {c->hq};
         if (c->alibi)
-            a.alibi_slopes = paged_tensor(mem[8], AJ_DTYPE_F32, 1, heads);
+            a.alibi_slopes = tensor_contiguous(mem[8], AJ_DTYPE_F32, 1, heads);
         if (f8) {
-            a.k_scale = paged_tensor(mem[7], AJ_DTYPE_F32, 1, one);
-            a.v_scale = paged_tensor((float *)mem[7] + 1, AJ_DTYPE_F32, 1, one);
+            a.k_scale = tensor_contiguous(mem[7], AJ_DTYPE_F32, 1, one);
+            a.v_scale = tensor_contiguous((float *)mem[7] + 1, AJ_DTYPE_F32, 1, one);
         }
         r.seconds = INFINITY;
         for (int rep = 0; rep < (c->repeat > 1 ? c->repeat : 1) && r.status == AJ_OK; rep++) {

@@ -5,6 +5,8 @@
 #include "sim_harness.h"
 
 #include "ir/op.h"
+#include "spec_compile.h"
+#include "timing.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -22,6 +24,12 @@ fwd_tolerance fwd_tolerance_for(aj_dtype dtype)
     case AJ_DTYPE_BF16: return (fwd_tolerance){8e-3, 1.6e-2, 1e-4, 1e-5};
     default: return (fwd_tolerance){2e-5, 5e-5, 1e-4, 1e-5};
     }
+}
+
+fwd_case fwd_case_base(const char *label, aj_dtype dtype, int d, const char *mask)
+{
+    return (fwd_case){.label = label, .dtype = dtype, .d = d, .mask = mask, .b = 1, .hq = 2,
+                      .hkv = 1, .sq = 67, .sk = 83, .magnitude = 1.0, .seed = 42};
 }
 
 /* ---------------------------------------------------------------- kernels */
@@ -48,16 +56,11 @@ static aj_status kernel_for(aj_ctx *ctx, aj_target target, const char *spec, aj_
             *out = cache[i].kernel;
             return AJ_OK;
         }
-    aj_op *op = NULL;
-    aj_status st = aj_op_parse(ctx, spec, strlen(spec), "case", &op);
-    if (st != AJ_OK)
-        return st;
     aj_compile_options opt = AJ_COMPILE_OPTIONS_INIT;
     opt.target = target;
     opt.emit = target == AJ_TARGET_SIM || target == AJ_TARGET_CPU ? AJ_EMIT_LLVM_IR
                                                                    : AJ_EMIT_PTX;
-    st = aj_compile(ctx, op, &opt, out);
-    aj_op_destroy(op);
+    aj_status st = spec_compile(ctx, spec, "case", &opt, out);
     if (st != AJ_OK)
         return st;
     /* the cache owns every kernel it hands out; when full it starts over
@@ -246,13 +249,6 @@ static void worst(double *max, double e)
         e = INFINITY;
     if (e > *max)
         *max = e;
-}
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
 fwd_result fwd_run_case(aj_ctx *ctx, aj_device *dev, const fwd_case *c)

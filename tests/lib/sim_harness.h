@@ -28,6 +28,10 @@ typedef struct fwd_case {
     uint64_t seed;
 } fwd_case;
 
+/* The tests' usual case: b 1, Hq 2 over Hkv 1, Sq 67 and Sk 83 (tails on
+ * both sides), inputs in [-1, 1], seed 42; a test sets what it varies. */
+fwd_case fwd_case_base(const char *label, aj_dtype dtype, int d, const char *mask);
+
 /* Options of a case beyond fwd_case (all zero: none). */
 typedef struct fwd_options {
     /* bias = add when bias_shape[3] != 0: a bias of that shape (each dim 1

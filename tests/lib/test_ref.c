@@ -92,12 +92,6 @@ static bool lse_sane(const double *a, int64_t n)
     return true;
 }
 
-static ref_problem problem(int B, int Hq, int Hkv, int Sq, int Sk, int D, int Dv)
-{
-    return (ref_problem){.B = B, .Hq = Hq, .Hkv = Hkv, .D = D, .Dv = Dv,
-                         .Sq = Sq, .Sk = Sk};
-}
-
 /* Element counts of a problem's tensors, q-side and k-side, row width w. */
 static int64_t n_q(const ref_problem *p, int64_t w)
 {
@@ -276,7 +270,7 @@ static void expect_two_keys(const char *what, const ref_problem *p, const double
 
 static void test_forward_by_hand(void)
 {
-    ref_problem p = problem(1, 1, 1, 1, 2, 2, 1);
+    ref_problem p = ref_problem_of(1, 1, 1, 1, 2, 2, 1);
     const double q[2] = {1.0, 0.0};
     const double k[4] = {2.0, 0.0, /**/ 0.0, 5.0};  /* q.k = 2, 0 */
 
@@ -296,7 +290,7 @@ static void test_forward_by_hand(void)
     CHECK(fabs(o - (3.0 - exp(-1.0)) / (1.0 + exp(-1.0))) < 1e-12);
 
     /* default scale 1/sqrt(D) with D = 4: q.k = 4 -> s = 2 */
-    ref_problem p4 = problem(1, 1, 1, 1, 2, 4, 1);
+    ref_problem p4 = ref_problem_of(1, 1, 1, 1, 2, 4, 1);
     const double q4[4] = {1, 1, 1, 1};
     const double k4[8] = {1, 1, 1, 1, /**/ 0, 0, 0, 0};
     expect_two_keys("default scale", &p4, q4, k4, 2.0, 0.0);
@@ -325,7 +319,7 @@ static void test_forward_by_hand(void)
     p.softcap = 2.0;
     expect_two_keys("bias+softcap+alibi", &p, q, k, 2.0 * tanh(0.5) - 0.25,
                     2.0 * tanh(0.25));
-    p = problem(1, 1, 1, 1, 2, 2, 1);
+    p = ref_problem_of(1, 1, 1, 1, 2, 2, 1);
     p.scale = 1.0;
 
     /* causal, one query at position 0: only key 0 is visible */
@@ -387,7 +381,7 @@ static void check_pattern(const char *what, const ref_problem *p0, const char *c
 
 static void test_masks(void)
 {
-    ref_problem p = problem(2, 2, 1, 3, 5, 4, 5);
+    ref_problem p = ref_problem_of(2, 2, 1, 3, 5, 4, 5);
     static const char *const all[] = {"11111", "11111", "11111"};
     check_pattern("no mask", &p, all);
 
@@ -442,7 +436,7 @@ static void test_masks(void)
 static void test_offset_invariance(void)
 {
     const double slopes[2] = {0.3, 0.7};
-    ref_problem p = problem(2, 2, 1, 4, 6, 3, 2);
+    ref_problem p = ref_problem_of(2, 2, 1, 4, 6, 3, 2);
     p.alibi_slopes = slopes;
     attn_data a = make_data(&p, 1.5);
     attn_data b = make_data(&p, 1.5);
@@ -484,7 +478,7 @@ static void test_offset_invariance(void)
 static void test_shards(void)
 {
     const double slopes[2] = {0.5, 0.25};
-    ref_problem full = problem(1, 2, 2, 8, 8, 4, 3);
+    ref_problem full = ref_problem_of(1, 2, 2, 8, 8, 4, 3);
     full.mask = AJ_MASK_CAUSAL;
     full.alibi_slopes = slopes;
     full.dropout_p = 0.2;
@@ -545,7 +539,7 @@ static void test_shards(void)
 static void test_shards_bottom_right(void)
 {
     const double slopes[2] = {0.5, 0.25};
-    ref_problem full = problem(1, 2, 1, 4, 8, 3, 2);
+    ref_problem full = ref_problem_of(1, 2, 1, 4, 8, 3, 2);
     full.mask = AJ_MASK_WINDOW;
     full.align = AJ_ALIGN_BOTTOM_RIGHT;
     full.window_left = 2;
@@ -602,7 +596,7 @@ static void test_shards_bottom_right(void)
  * GQA are the group sums of MHA's. */
 static void test_gqa(void)
 {
-    ref_problem g = problem(2, 6, 2, 4, 5, 3, 2);
+    ref_problem g = ref_problem_of(2, 6, 2, 4, 5, 3, 2);
     g.mask = AJ_MASK_CAUSAL;
     g.align = AJ_ALIGN_BOTTOM_RIGHT;
     g.softcap = 2.0;
@@ -674,7 +668,7 @@ static void test_varlen(const char *what, const ref_problem *mask, int want_empt
     static const int32_t cu_q[] = {0, 3, 4, 4, 8, 10};
     static const int32_t cu_k[] = {0, 2, 7, 10, 10, 16};
     const double slopes[2] = {0.2, 0.4};
-    ref_problem v = problem(5, 2, 1, 0, 0, 3, 2);
+    ref_problem v = ref_problem_of(5, 2, 1, 0, 0, 3, 2);
     v.cu_q = cu_q;
     v.cu_k = cu_k;
     v.mask = mask->mask;
@@ -786,7 +780,7 @@ static void test_bias_broadcast(void)
     static const int64_t shapes[][4] = {
         {1, 1, 4, 5}, {2, 1, 1, 5}, {1, 3, 4, 1}, {2, 3, 1, 1}, {1, 1, 1, 1}, {2, 3, 4, 5},
     };
-    ref_problem p = problem(2, 3, 3, 4, 5, 3, 2);
+    ref_problem p = ref_problem_of(2, 3, 3, 4, 5, 3, 2);
     p.mask = AJ_MASK_CAUSAL;
     p.align = AJ_ALIGN_BOTTOM_RIGHT;
     p.softcap = 1.5;
@@ -861,7 +855,7 @@ static void test_bias_broadcast(void)
  */
 static void test_bias_as_extra_column(void)
 {
-    ref_problem p = problem(2, 3, 3, 4, 5, 3, 2);
+    ref_problem p = ref_problem_of(2, 3, 3, 4, 5, 3, 2);
     p.scale = 0.5;
     p.mask = AJ_MASK_CAUSAL;
     p.align = AJ_ALIGN_BOTTOM_RIGHT;
@@ -927,7 +921,7 @@ static void test_merge(void)
     CHECK(fabs(mo[6] - 4.0) < 1e-12 && fabs(mo[7] - 5.0) < 1e-12);  /* ulp(800) ~ 1e-13 */
 
     /* merging attention over two key halves equals attention over all keys */
-    ref_problem full = problem(2, 2, 1, 5, 6, 3, 4);
+    ref_problem full = ref_problem_of(2, 2, 1, 5, 6, 3, 4);
     attn_data f = make_data(&full, 2.0);
     forward(&full, &f);
     ref_problem half = full;
@@ -1040,10 +1034,10 @@ static void fd_check(const char *what, const ref_problem *p0, const int64_t *bia
 
 static void test_backward_finite_differences(void)
 {
-    ref_problem p = problem(1, 2, 2, 3, 4, 3, 2);
+    ref_problem p = ref_problem_of(1, 2, 2, 3, 4, 3, 2);
     fd_check("mha", &p, NULL);
 
-    p = problem(2, 4, 2, 3, 5, 3, 2);
+    p = ref_problem_of(2, 4, 2, 3, 5, 3, 2);
     p.mask = AJ_MASK_CAUSAL;
     p.align = AJ_ALIGN_BOTTOM_RIGHT;
     fd_check("gqa causal bottom_right", &p, NULL);
@@ -1054,7 +1048,7 @@ static void test_backward_finite_differences(void)
     fd_check("gqa causal, an empty row", &p, NULL);
 
     const double slopes[4] = {0.1, 0.2, 0.3, 0.4};
-    p = problem(2, 4, 1, 3, 4, 3, 2);
+    p = ref_problem_of(2, 4, 1, 3, 4, 3, 2);
     p.softcap = 1.5;
     p.scale = 0.7;
     p.alibi_slopes = slopes;
@@ -1065,7 +1059,7 @@ static void test_backward_finite_differences(void)
     p.align = AJ_ALIGN_BOTTOM_RIGHT;
     fd_check("broadcast bias + softcap + causal", &p, bias_bcast);
 
-    p = problem(1, 4, 2, 4, 6, 3, 3);
+    p = ref_problem_of(1, 4, 2, 4, 6, 3, 3);
     p.mask = AJ_MASK_WINDOW;
     p.window_left = 2;
     p.window_right = 1;
@@ -1075,7 +1069,7 @@ static void test_backward_finite_differences(void)
     fd_check("gqa window + dropout", &p, NULL);
 
     static const int32_t cu_q[] = {0, 2, 5}, cu_k[] = {0, 4, 7};
-    p = problem(2, 2, 1, 0, 0, 3, 2);
+    p = ref_problem_of(2, 2, 1, 0, 0, 3, 2);
     p.cu_q = cu_q;
     p.cu_k = cu_k;
     p.mask = AJ_MASK_CAUSAL;
@@ -1095,7 +1089,7 @@ static void test_backward_finite_differences(void)
  */
 static void test_dropout_forward(void)
 {
-    ref_problem p = problem(2, 2, 1, 5, 7, 4, 3);
+    ref_problem p = ref_problem_of(2, 2, 1, 5, 7, 4, 3);
     p.mask = AJ_MASK_CAUSAL;
     p.align = AJ_ALIGN_BOTTOM_RIGHT;
     p.q_offset = 3;
@@ -1237,7 +1231,7 @@ static void test_builtin_expressions(void)
                 continue;
             expr = builtin_as_expr(ctx, builtin);
 
-            ref_problem pb = problem(2, 4, 2, 5, 7, 4, 3), pe;
+            ref_problem pb = ref_problem_of(2, 4, 2, 5, 7, 4, 3), pe;
             pb.q_offset = 3;
             pb.kv_offset = 1;
             pb.sq_total = 9;
@@ -1310,7 +1304,7 @@ static void test_document_mask(void)
     CHECK(aj_op_create(ctx, AJ_KIND_FORWARD, AJ_VARIANT_FLASH, &op) == AJ_OK);
     CHECK(aj_op_declare_tensor(op, "doc", AJ_SIDE_I32, 2) == AJ_OK);
     CHECK_STATUS(ctx, aj_op_set_mask_expr(op, "doc[b, q] == doc[b, k] && k <= q"), AJ_OK);
-    ref_problem p = problem(2, 1, 1, 6, 6, 2, 2);
+    ref_problem p = ref_problem_of(2, 1, 1, 6, 6, 2, 2);
     set_exprs(&p, op, tensors);
     int bad = 0;
     for (int b = 0; b < 2; b++)
@@ -1347,7 +1341,7 @@ static void test_paged(void)
         int ps = page_sizes[ps_i], per_seq = (Sk + ps - 1) / ps;
         int num_pages = B * per_seq + 3, max_pages = per_seq + 1;
         double slopes[4] = {0.5, 0.25, 0.125, 0.0625};
-        ref_problem g = problem(B, Hq, Hkv, Sq, Sk, D, Dv);
+        ref_problem g = ref_problem_of(B, Hq, Hkv, Sq, Sk, D, Dv);
         g.mask = AJ_MASK_CAUSAL;
         g.alibi_slopes = slopes;
         g.q_offset = Sk - Sq;

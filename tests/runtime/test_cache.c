@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "temp_dir.h"
 
 static char dir[] = "/tmp/aj_cache_test_XXXXXX";
 static int warnings;
@@ -357,10 +358,8 @@ static void test_compile_many(void)
 
 int main(void)
 {
-    if (!mkdtemp(dir)) {
-        perror("mkdtemp");
+    if (!temp_dir_make(dir))
         return 2;
-    }
     test_hit_and_miss();
     test_damaged_entries();
     test_two_writers();
@@ -368,9 +367,6 @@ int main(void)
     test_switches();
     test_eviction();
     test_compile_many();
-    char cmd[600];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    if (system(cmd) != 0)
-        fprintf(stderr, "could not remove %s\n", dir);
+    temp_dir_remove(dir);
     return check_report();
 }

@@ -18,6 +18,8 @@
 
 #include "check.h"
 #include "sim_harness.h"
+#include "temp_dir.h"
+#include "timing.h"
 
 static const char *const spec =
     "attention forward efficient { dtype = bf16 head_dim = 64 mask = causal(top_left) }";
@@ -27,13 +29,6 @@ static const fwd_case problem = {
     .mask = "causal(top_left)", .b = 1, .hq = 2, .hkv = 2, .sq = 157, .sk = 157,
     .magnitude = 2.0, .seed = 19,
 };
-
-static double now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
 
 static aj_ctx *new_ctx(const char *dir)
 {
@@ -241,10 +236,8 @@ int main(int argc, char **argv)
     if (argc == 3 && strcmp(argv[1], "--warm") == 0)
         return warm_child(argv[2]);
     char dir[] = "/tmp/aj_cpu_cache_XXXXXX";
-    if (!mkdtemp(dir)) {
-        perror("mkdtemp");
+    if (!temp_dir_make(dir))
         return 2;
-    }
     test_second_process(argv[0], dir);
     test_features_in_key(dir);
     /* one entry left for the damage tests */
@@ -257,8 +250,6 @@ int main(int argc, char **argv)
     aj_ctx_destroy(ctx);
     test_damaged(dir, 0);
     test_damaged(dir, 1);
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    if (system(cmd) != 0)
-        fprintf(stderr, "could not remove %s\n", dir);
+    temp_dir_remove(dir);
     return check_report();
 }

@@ -12,6 +12,8 @@
 #include <string.h>
 
 #include "check.h"
+#include "check_compile.h"
+#include "launch_args.h"
 #include "ref.h"
 
 enum { B = 1, HQ = 2, HKV = 1, SQ = 20, SK = 24, D = 16 };
@@ -55,20 +57,52 @@ static aj_fwd_args good_args(void)
 
 static aj_kernel *compile(const char *text)
 {
-    aj_op *op = NULL;
-    aj_kernel *kr = NULL;
-    CHECK_STATUS(ctx, aj_op_parse(ctx, text, strlen(text), "t", &op), AJ_OK);
     aj_compile_options opt = AJ_COMPILE_OPTIONS_INIT;
     opt.target = AJ_TARGET_SIM;
     opt.emit = AJ_EMIT_LLVM_IR;
-    CHECK_STATUS(ctx, aj_compile(ctx, op, &opt, &kr), AJ_OK);
-    aj_op_destroy(op);
-    return kr;
+    return check_compile(ctx, text, "t", &opt);
 }
 
-/* One mutation of the good arguments and the message it must produce. */
-typedef void (*mutate_fn)(aj_fwd_args *a);
-#define CASE(name, body) static void name(aj_fwd_args *a) { body; }
+/* The arguments of one of the three launch calls. */
+typedef union call_args {
+    aj_fwd_args fwd;
+    aj_merge_args merge;
+    aj_bwd_args bwd;
+} call_args;
+
+typedef enum { LAUNCH_FORWARD, LAUNCH_MERGE, LAUNCH_BACKWARD } launch_kind;
+
+/* One mutation of good arguments and the message its refusal must give. */
+typedef struct refusal {
+    void (*mutate)(call_args *x);
+    const char *needle;
+} refusal;
+
+static aj_status launch(launch_kind kind, aj_kernel *kr, call_args *x)
+{
+    switch (kind) {
+    case LAUNCH_FORWARD: return aj_forward(ctx, dev, kr, &x->fwd);
+    case LAUNCH_MERGE: return aj_merge(ctx, dev, kr, &x->merge);
+    default: return aj_backward(ctx, dev, kr, &x->bwd);
+    }
+}
+
+/* Each case's mutation of `good`, launched with kr: refused with
+ * AJ_ERR_INVALID_ARG and a message containing the case's needle. */
+static void check_refusals(launch_kind kind, aj_kernel *kr, call_args good,
+                           const refusal *cases, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        call_args x = good;
+        cases[i].mutate(&x);
+        aj_status st = launch(kind, kr, &x);
+        CHECK_MSG(st == AJ_ERR_INVALID_ARG, "case %zu (%s): %s", i, cases[i].needle,
+                  aj_status_str(st));
+        CHECK_ERROR(ctx, cases[i].needle);
+    }
+}
+
+#define CASE(name, body) static void name(call_args *x) { aj_fwd_args *a = &x->fwd; body; }
 CASE(q_rank3, a->q.rank = 3)
 CASE(k_dtype, a->k.dtype = AJ_DTYPE_BF16)
 CASE(v_dtype_bad, a->v.dtype = (aj_dtype)9)
@@ -93,14 +127,13 @@ CASE(huge_batch, (a->q.shape[0] = 70000, a->k.shape[0] = 70000, a->v.shape[0] = 
 CASE(neg_total, a->sk_total = -5)
 CASE(bad_size, a->struct_size = 8)
 CASE(varlen_on_padded, a->max_seqlen_q = SQ)
+CASE(alibi_len, a->alibi_slopes.shape[0] = 5)
+CASE(alibi_rank, a->alibi_slopes.rank = 0)
 #undef CASE
 
 static void test_launch_arguments(void)
 {
-    static const struct {
-        mutate_fn mutate;
-        const char *needle;
-    } cases[] = {
+    static const refusal cases[] = {
         {q_rank3, "q.rank = 3, want 4"},
         {k_dtype, "k.dtype = bf16, want f16"},
         {v_dtype_bad, "v.dtype = (invalid)"},
@@ -124,14 +157,8 @@ static void test_launch_arguments(void)
         {bad_size, "struct_size = 8"},
         {varlen_on_padded, "are for layout = varlen kernels; this kernel's layout is padded"},
     };
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        aj_fwd_args a = good_args();
-        cases[i].mutate(&a);
-        aj_status st = aj_forward(ctx, dev, kernel, &a);
-        CHECK_MSG(st == AJ_ERR_INVALID_ARG, "case %zu (%s): %s", i, cases[i].needle,
-                  aj_status_str(st));
-        CHECK_ERROR(ctx, cases[i].needle);
-    }
+    check_refusals(LAUNCH_FORWARD, kernel, (call_args){.fwd = good_args()}, cases,
+                   sizeof cases / sizeof cases[0]);
     aj_fwd_args a = good_args();
     CHECK_STATUS(ctx, aj_forward(ctx, dev, kernel, &a), AJ_OK);
     CHECK_STATUS(ctx, aj_forward(ctx, NULL, kernel, &a), AJ_ERR_INVALID_ARG);
@@ -143,14 +170,12 @@ static void test_launch_arguments(void)
     CHECK(aj_forward(NULL, dev, kernel, &a) == AJ_ERR_INVALID_ARG);
 
     /* alibi ops need their slopes, of the right shape */
-    a = good_args();
-    a.alibi_slopes.shape[0] = 5;
-    CHECK_STATUS(ctx, aj_forward(ctx, dev, alibi_kernel, &a), AJ_ERR_INVALID_ARG);
-    CHECK_ERROR(ctx, "alibi_slopes.shape[0] = 5, want 2");
-    a = good_args();
-    a.alibi_slopes.rank = 0;
-    CHECK_STATUS(ctx, aj_forward(ctx, dev, alibi_kernel, &a), AJ_ERR_INVALID_ARG);
-    CHECK_ERROR(ctx, "alibi_slopes.rank = 0");
+    static const refusal alibi_cases[] = {
+        {alibi_len, "alibi_slopes.shape[0] = 5, want 2"},
+        {alibi_rank, "alibi_slopes.rank = 0"},
+    };
+    check_refusals(LAUNCH_FORWARD, alibi_kernel, (call_args){.fwd = good_args()}, alibi_cases,
+                   2);
     /* a head shard (aj_fwd_args.head_offset): heads head_offset .. of
      * heads_q_total, with alibi's slopes of every head */
     static float all_slopes[2 * HQ];
@@ -200,7 +225,7 @@ static aj_fwd_args feature_args(void)
     return a;
 }
 
-#define CASE(name, body) static void name(aj_fwd_args *a) { body; }
+#define CASE(name, body) static void name(call_args *x) { aj_fwd_args *a = &x->fwd; body; }
 CASE(acc_dtype, a->o_acc.dtype = AJ_DTYPE_F16)
 CASE(acc_len, a->o_acc.shape[2] = SQ - 1)
 CASE(acc_null, a->o_acc.data = NULL)
@@ -216,10 +241,7 @@ CASE(bias_null, a->bias.data = NULL)
 
 static void test_feature_arguments(void)
 {
-    static const struct {
-        mutate_fn mutate;
-        const char *needle;
-    } cases[] = {
+    static const refusal cases[] = {
         {acc_dtype, "o_acc.dtype = f16, want f32"},
         {acc_len, "o_acc.shape[2] = 19, want 20 (q's length)"},
         {acc_null, "o_acc.data is NULL"},
@@ -232,14 +254,8 @@ static void test_feature_arguments(void)
         {bias_len_k, "bias.shape[3] = 23, want 24 (k's length)"},
         {bias_null, "bias.data is NULL"},
     };
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        aj_fwd_args a = feature_args();
-        cases[i].mutate(&a);
-        aj_status st = aj_forward(ctx, dev, feature_kernel, &a);
-        CHECK_MSG(st == AJ_ERR_INVALID_ARG, "case %zu (%s): %s", i, cases[i].needle,
-                  aj_status_str(st));
-        CHECK_ERROR(ctx, cases[i].needle);
-    }
+    check_refusals(LAUNCH_FORWARD, feature_kernel, (call_args){.fwd = feature_args()}, cases,
+                   sizeof cases / sizeof cases[0]);
     /* a good call: o is not needed; lse = -inf and o_acc = 0 start a pass */
     for (int i = 0; i < B * HQ * SQ; i++)
         lse[i] = -INFINITY;
@@ -263,38 +279,31 @@ static aj_merge_args merge_args(void)
     return m;
 }
 
+#define CASE(name, body) static void name(call_args *x) { aj_merge_args *m = &x->merge; body; }
+CASE(merge_o2_len, m->o2.shape[2] = SQ - 2)
+CASE(merge_o1_head_dim, m->o1.shape[3] = 8)
+CASE(merge_o_dtype, m->o.dtype = AJ_DTYPE_F32)
+CASE(merge_lse2_heads, m->lse2.shape[1] = 1)
+CASE(merge_lse_dtype, m->lse.dtype = AJ_DTYPE_F16)
+CASE(merge_o2_stride, m->o2.strides[2] = D + 1)
+CASE(merge_bad_size, m->struct_size = 4)
+#undef CASE
+
 static void test_merge_arguments(void)
 {
+    static const refusal cases[] = {
+        {merge_o2_len, "aj_merge: o2.shape[2] = 18, want 20 (o1's length)"},
+        {merge_o1_head_dim, "aj_merge: o1.shape[3] = 8, want 16 (the op's head_dim_v)"},
+        {merge_o_dtype, "aj_merge: o.dtype = f32, want f16"},
+        {merge_lse2_heads, "aj_merge: lse2.shape[1] = 1, want 2 (o1's heads)"},
+        {merge_lse_dtype, "aj_merge: lse.dtype = f16, want f32"},
+        {merge_o2_stride, "aj_merge: o2.strides[2] = 17 is not a multiple of 8 elements"},
+        {merge_bad_size, "struct_size = 4"},
+    };
     aj_merge_args m = merge_args();
     CHECK_STATUS(ctx, aj_merge(ctx, dev, merge_kernel, &m), AJ_OK);
-    m.o2.shape[2] = SQ - 2;
-    CHECK_STATUS(ctx, aj_merge(ctx, dev, merge_kernel, &m), AJ_ERR_INVALID_ARG);
-    CHECK_ERROR(ctx, "aj_merge: o2.shape[2] = 18, want 20 (o1's length)");
-    m = merge_args();
-    m.o1.shape[3] = 8;
-    CHECK_STATUS(ctx, aj_merge(ctx, dev, merge_kernel, &m), AJ_ERR_INVALID_ARG);
-    CHECK_ERROR(ctx, "aj_merge: o1.shape[3] = 8, want 16 (the op's head_dim_v)");
-    m = merge_args();
-    m.o.dtype = AJ_DTYPE_F32;
-    CHECK_STATUS(ctx, aj_merge(ctx, dev, merge_kernel, &m), AJ_ERR_INVALID_ARG);
-    CHECK_ERROR(ctx, "aj_merge: o.dtype = f32, want f16");
-    m = merge_args();
-    m.lse2.shape[1] = 1;
-    CHECK_STATUS(ctx, aj_merge(ctx, dev, merge_kernel, &m), AJ_ERR_INVALID_ARG);
-    CHECK_ERROR(ctx, "aj_merge: lse2.shape[1] = 1, want 2 (o1's heads)");
-    m = merge_args();
-    m.lse.dtype = AJ_DTYPE_F16;
-    CHECK_STATUS(ctx, aj_merge(ctx, dev, merge_kernel, &m), AJ_ERR_INVALID_ARG);
-    CHECK_ERROR(ctx, "aj_merge: lse.dtype = f16, want f32");
-    m = merge_args();
-    m.o2.strides[2] = D + 1;
-    CHECK_STATUS(ctx, aj_merge(ctx, dev, merge_kernel, &m), AJ_ERR_INVALID_ARG);
-    CHECK_ERROR(ctx, "aj_merge: o2.strides[2] = 17 is not a multiple of 8 elements");
-    m = merge_args();
-    m.struct_size = 4;
-    CHECK_STATUS(ctx, aj_merge(ctx, dev, merge_kernel, &m), AJ_ERR_INVALID_ARG);
-    CHECK_ERROR(ctx, "struct_size = 4");
-    m = merge_args();
+    check_refusals(LAUNCH_MERGE, merge_kernel, (call_args){.merge = merge_args()}, cases,
+                   sizeof cases / sizeof cases[0]);
     CHECK_STATUS(ctx, aj_merge(ctx, NULL, merge_kernel, &m), AJ_ERR_INVALID_ARG);
     CHECK_ERROR(ctx, "aj_merge: dev is NULL");
     CHECK_STATUS(ctx, aj_merge(ctx, dev, merge_kernel, NULL), AJ_ERR_INVALID_ARG);
@@ -316,65 +325,46 @@ static void test_merge_arguments(void)
 static aj_bwd_args bwd_args(void)
 {
     aj_fwd_args f = good_args();
-    aj_bwd_args a = AJ_BWD_ARGS_INIT;
-    a.q = f.q;
-    a.k = f.k;
-    a.v = f.v;
-    a.o = f.o;
-    a.lse = f.lse;
-    a.do_ = bhsd(dout, AJ_DTYPE_F16, B, HQ, SQ, D);
-    a.dq = bhsd(dq, AJ_DTYPE_F16, B, HQ, SQ, D);
-    a.dk = bhsd(dk, AJ_DTYPE_F16, B, HKV, SK, D);
-    a.dv = bhsd(dv, AJ_DTYPE_F16, B, HKV, SK, D);
-    return a;
+    f.alibi_slopes = (aj_tensor){0};   /* the backward kernels have no alibi */
+    return bwd_args_after(&f, bhsd(dout, AJ_DTYPE_F16, B, HQ, SQ, D),
+                          bhsd(dq, AJ_DTYPE_F16, B, HQ, SQ, D),
+                          bhsd(dk, AJ_DTYPE_F16, B, HKV, SK, D),
+                          bhsd(dv, AJ_DTYPE_F16, B, HKV, SK, D));
 }
+
+#define CASE(name, body) static void name(call_args *x) { aj_bwd_args *a = &x->bwd; body; }
+CASE(bwd_dk_len, a->dk.shape[2] = SK - 2)
+CASE(bwd_dv_heads, a->dv.shape[1] = HQ)
+CASE(bwd_dq_dtype, a->dq.dtype = AJ_DTYPE_BF16)
+CASE(bwd_do_len, a->do_.shape[2] = SQ + 1)
+CASE(bwd_do_misaligned, a->do_.data = (char *)dout + 2)
+CASE(bwd_lse_dtype, a->lse.dtype = AJ_DTYPE_F16)
+CASE(bwd_k_head_dim, a->k.shape[3] = 8)
+CASE(bwd_dq_null, a->dq.data = NULL)
+CASE(bwd_neg_total, a->sq_total = -1)
+CASE(bwd_bad_size, a->struct_size = 4)
+#undef CASE
 
 static void test_backward_arguments(void)
 {
+    static const refusal cases[] = {
+        {bwd_dk_len, "aj_backward: dk.shape[2] = 22, want 24 (k's length)"},
+        {bwd_dv_heads, "aj_backward: dv.shape[1] = 2, want 1 (v's heads)"},
+        {bwd_dq_dtype, "aj_backward: dq.dtype = bf16, want f16"},
+        {bwd_do_len, "aj_backward: do.shape[2] = 21, want 20 (q's length)"},
+        {bwd_do_misaligned, "aj_backward: do.data"},
+        {bwd_lse_dtype, "aj_backward: lse.dtype = f16, want f32"},
+        {bwd_k_head_dim, "aj_backward: k.shape[3] = 8, want 16 (the op's head_dim)"},
+        {bwd_dq_null, "aj_backward: dq.data is NULL"},
+        {bwd_neg_total, "aj_backward: sq_total = -1"},
+        {bwd_bad_size, "aj_backward: args->struct_size = 4"},
+    };
     memset(o, 0, sizeof o);
     memset(lse, 0, sizeof lse);
     aj_bwd_args a = bwd_args();
     CHECK_STATUS(ctx, aj_backward(ctx, dev, bwd_kernel, &a), AJ_OK);
-    a.dk.shape[2] = SK - 2;
-    CHECK_STATUS(ctx, aj_backward(ctx, dev, bwd_kernel, &a), AJ_ERR_INVALID_ARG);
-    CHECK_ERROR(ctx, "aj_backward: dk.shape[2] = 22, want 24 (k's length)");
-    a = bwd_args();
-    a.dv.shape[1] = HQ;
-    CHECK_STATUS(ctx, aj_backward(ctx, dev, bwd_kernel, &a), AJ_ERR_INVALID_ARG);
-    CHECK_ERROR(ctx, "aj_backward: dv.shape[1] = 2, want 1 (v's heads)");
-    a = bwd_args();
-    a.dq.dtype = AJ_DTYPE_BF16;
-    CHECK_STATUS(ctx, aj_backward(ctx, dev, bwd_kernel, &a), AJ_ERR_INVALID_ARG);
-    CHECK_ERROR(ctx, "aj_backward: dq.dtype = bf16, want f16");
-    a = bwd_args();
-    a.do_.shape[2] = SQ + 1;
-    CHECK_STATUS(ctx, aj_backward(ctx, dev, bwd_kernel, &a), AJ_ERR_INVALID_ARG);
-    CHECK_ERROR(ctx, "aj_backward: do.shape[2] = 21, want 20 (q's length)");
-    a = bwd_args();
-    a.do_.data = (char *)dout + 2;
-    CHECK_STATUS(ctx, aj_backward(ctx, dev, bwd_kernel, &a), AJ_ERR_INVALID_ARG);
-    CHECK_ERROR(ctx, "aj_backward: do.data");
-    a = bwd_args();
-    a.lse.dtype = AJ_DTYPE_F16;
-    CHECK_STATUS(ctx, aj_backward(ctx, dev, bwd_kernel, &a), AJ_ERR_INVALID_ARG);
-    CHECK_ERROR(ctx, "aj_backward: lse.dtype = f16, want f32");
-    a = bwd_args();
-    a.k.shape[3] = 8;
-    CHECK_STATUS(ctx, aj_backward(ctx, dev, bwd_kernel, &a), AJ_ERR_INVALID_ARG);
-    CHECK_ERROR(ctx, "aj_backward: k.shape[3] = 8, want 16 (the op's head_dim)");
-    a = bwd_args();
-    a.dq.data = NULL;
-    CHECK_STATUS(ctx, aj_backward(ctx, dev, bwd_kernel, &a), AJ_ERR_INVALID_ARG);
-    CHECK_ERROR(ctx, "aj_backward: dq.data is NULL");
-    a = bwd_args();
-    a.sq_total = -1;
-    CHECK_STATUS(ctx, aj_backward(ctx, dev, bwd_kernel, &a), AJ_ERR_INVALID_ARG);
-    CHECK_ERROR(ctx, "aj_backward: sq_total = -1");
-    a = bwd_args();
-    a.struct_size = 4;
-    CHECK_STATUS(ctx, aj_backward(ctx, dev, bwd_kernel, &a), AJ_ERR_INVALID_ARG);
-    CHECK_ERROR(ctx, "aj_backward: args->struct_size = 4");
-    a = bwd_args();
+    check_refusals(LAUNCH_BACKWARD, bwd_kernel, (call_args){.bwd = bwd_args()}, cases,
+                   sizeof cases / sizeof cases[0]);
     CHECK_STATUS(ctx, aj_backward(ctx, NULL, bwd_kernel, &a), AJ_ERR_INVALID_ARG);
     CHECK_ERROR(ctx, "aj_backward: dev is NULL");
     CHECK_STATUS(ctx, aj_backward(ctx, dev, NULL, &a), AJ_ERR_INVALID_ARG);
@@ -410,8 +400,7 @@ static aj_bwd_args bwd_bias_args(void)
     return a;
 }
 
-typedef void (*bwd_mutate_fn)(aj_bwd_args *a);
-#define CASE(name, body) static void name(aj_bwd_args *a) { body; }
+#define CASE(name, body) static void name(call_args *x) { aj_bwd_args *a = &x->bwd; body; }
 CASE(bwd_bias_null, a->bias.data = NULL)
 CASE(bwd_bias_heads, a->bias.shape[1] = 3)
 CASE(bwd_bias_len_k, a->bias.shape[3] = SK - 1)
@@ -425,10 +414,7 @@ CASE(bwd_dbias_stride, a->dbias.strides[3] = 2)
 
 static void test_backward_bias_arguments(void)
 {
-    static const struct {
-        bwd_mutate_fn mutate;
-        const char *needle;
-    } cases[] = {
+    static const refusal cases[] = {
         {bwd_bias_null, "aj_backward: bias.data is NULL"},
         {bwd_bias_heads, "aj_backward: bias.shape[1] = 3, want 1 or q's heads"},
         {bwd_bias_len_k, "aj_backward: bias.shape[3] = 23, want 24 (k's length)"},
@@ -442,14 +428,8 @@ static void test_backward_bias_arguments(void)
     memset(o, 0, sizeof o);
     memset(lse, 0, sizeof lse);
     memset(bias, 0, sizeof bias);
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        aj_bwd_args a = bwd_bias_args();
-        cases[i].mutate(&a);
-        aj_status st = aj_backward(ctx, dev, bwd_bias_kernel, &a);
-        CHECK_MSG(st == AJ_ERR_INVALID_ARG, "case %zu (%s): %s", i, cases[i].needle,
-                  aj_status_str(st));
-        CHECK_ERROR(ctx, cases[i].needle);
-    }
+    check_refusals(LAUNCH_BACKWARD, bwd_bias_kernel, (call_args){.bwd = bwd_bias_args()}, cases,
+                   sizeof cases / sizeof cases[0]);
     /* a good call writes every dbias element (finite: zero inputs) */
     memset(dbias, 0xff, sizeof dbias);
     aj_bwd_args a = bwd_bias_args();
@@ -521,9 +501,7 @@ static void test_non_finite_inputs(void)
         aj_convert(&v[i], AJ_DTYPE_F16, &f, AJ_DTYPE_F32, 1);
         vd[i] = f;
     }
-    ref_problem p;
-    memset(&p, 0, sizeof p);
-    p.B = B, p.Hq = HQ, p.Hkv = HKV, p.Sq = SQ, p.Sk = SK, p.D = D, p.Dv = D;
+    ref_problem p = ref_problem_of(B, HQ, HKV, SQ, SK, D, D);
     p.mask = AJ_MASK_CAUSAL;
     ref_forward(&p, qd, kd, vd, od, ld);
     int same_pattern = 1, nan_rows = 0;

@@ -39,6 +39,8 @@
 #include <string.h>
 
 #include "check.h"
+#include "check_compile.h"
+#include "temp_dir.h"
 
 static aj_ctx *ctx;
 static aj_device *dev;
@@ -80,14 +82,10 @@ static int count(const char *log, const char *what)
 
 static aj_kernel *compile(const char *spec)
 {
-    aj_op *op = NULL;
-    aj_kernel *k = NULL;
-    CHECK_STATUS(ctx, aj_op_parse(ctx, spec, strlen(spec), "spec", &op), AJ_OK);
     aj_compile_options opt = AJ_COMPILE_OPTIONS_INIT;
     opt.device = dev;
     opt.target = aj_device_target(dev);
-    CHECK_STATUS(ctx, aj_compile(ctx, op, &opt, &k), AJ_OK);
-    aj_op_destroy(op);
+    aj_kernel *k = check_compile(ctx, spec, "spec", &opt);
     if (!k)
         exit(check_report());
     return k;
@@ -314,9 +312,7 @@ static int run_sass(void)
         aj_device_close(dev);
         aj_ctx_destroy(ctx);
     }
-    char cmd[600];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-    CHECK(system(cmd) == 0);
+    CHECK(temp_dir_remove(dir));
     return check_report();
 }
 

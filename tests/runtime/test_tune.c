@@ -13,6 +13,7 @@
 
 #include "attnjit/attnjit.h"
 #include "check.h"
+#include "temp_dir.h"
 
 static char cache_dir[] = "/tmp/attnjit-test-tune-XXXXXX";
 
@@ -325,17 +326,12 @@ static void test_errors(void)
 
 int main(void)
 {
-    if (!mkdtemp(cache_dir)) {
-        perror("mkdtemp");
+    if (!temp_dir_make(cache_dir))
         return 1;
-    }
     test_tune_and_reuse();
     test_budget_and_persistence();
     test_cpu();
     test_errors();
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", cache_dir);
-    if (system(cmd) != 0)
-        fprintf(stderr, "test_tune: could not remove %s\n", cache_dir);
+    temp_dir_remove(cache_dir);
     return check_report();
 }

@@ -15,6 +15,8 @@
 #include <string.h>
 
 #include "check.h"
+#include "check_compile.h"
+#include "fwd_check.h"
 #include "sim_harness.h"
 
 static aj_ctx *ctx;
@@ -25,13 +27,8 @@ static void run_ext(const fwd_case *c, const fwd_options *x, const fwd_run_optio
 {
     fwd_result r = fwd_run_case_ext(ctx, dev, c, x, how);
     cases_run++;
-    CHECK_MSG(r.status == AJ_OK, "%s: %s (%s)", c->label, aj_status_str(r.status),
-              aj_last_error(ctx));
-    if (r.status != AJ_OK)
+    if (!fwd_check_result(ctx, c, &r))
         return;
-    CHECK_MSG(r.max_err_o <= 1.0, "%s: O error %.3g x tolerance", c->label, r.max_err_o);
-    CHECK_MSG(r.max_err_lse <= 1.0, "%s: LSE error %.3g x tolerance", c->label, r.max_err_lse);
-    CHECK_MSG(r.exact_empty_rows, "%s: a row without keys is not O = 0, LSE = -inf", c->label);
     printf("%-58s O %.3f LSE %.3f empty rows %4lld  %8.2f ms\n", c->label, r.max_err_o,
            r.max_err_lse, (long long)r.rows_without_keys, r.seconds * 1e3);
 }
@@ -54,60 +51,44 @@ static void run(const fwd_case *c)
     run_with(c, NULL);
 }
 
-static fwd_case base(const char *label, aj_dtype dtype, int d, const char *mask)
-{
-    fwd_case c;
-    memset(&c, 0, sizeof c);
-    c.label = label;
-    c.dtype = dtype;
-    c.d = d;
-    c.mask = mask;
-    c.b = 1;
-    c.hq = 2;
-    c.hkv = 1;
-    c.sq = 67;
-    c.sk = 83;
-    c.magnitude = 1.0;
-    c.seed = 42;
-    return c;
-}
-
 static void test_variants(void)
 {
-    fwd_case c = base("bf16 d192 dv128 causal", AJ_DTYPE_BF16, 192, "causal(top_left)");
+    fwd_case c = fwd_case_base("bf16 d192 dv128 causal", AJ_DTYPE_BF16, 192, "causal(top_left)");
     c.dv = 128;
     run(&c);
-    c = base("f16 d64 dv128", AJ_DTYPE_F16, 64, "none");
+    c = fwd_case_base("f16 d64 dv128", AJ_DTYPE_F16, 64, "none");
     c.dv = 128;
     run(&c);
-    c = base("f32 d8 dv24 (odd output vectors)", AJ_DTYPE_F32, 8, "causal(top_left)");
+    c = fwd_case_base("f32 d8 dv24 (odd output vectors)", AJ_DTYPE_F32, 8, "causal(top_left)");
     c.dv = 24;
     run(&c);
-    c = base("bf16 d128 softcap(30) causal", AJ_DTYPE_BF16, 128, "causal(top_left)");
+    c = fwd_case_base("bf16 d128 softcap(30) causal", AJ_DTYPE_BF16, 128, "causal(top_left)");
     c.score_mod = "softcap(30.0)";
     c.magnitude = 4.0;
     run(&c);
-    c = base("flash f16 d64 softcap(5) window", AJ_DTYPE_F16, 64, "window(30, 0)");
+    c = fwd_case_base("flash f16 d64 softcap(5) window", AJ_DTYPE_F16, 64, "window(30, 0)");
     c.score_mod = "softcap(5.0)";
     c.magnitude = 3.0;
     run_variant(&c, NULL, "flash");
-    c = base("f32 d64 alibi causal(bottom_right)", AJ_DTYPE_F32, 64, "causal(bottom_right)");
+    c = fwd_case_base("f32 d64 alibi causal(bottom_right)", AJ_DTYPE_F32, 64,
+                      "causal(bottom_right)");
     c.score_mod = "alibi";
     run(&c);
-    c = base("f16 d64 BSHD strides, batch 2", AJ_DTYPE_F16, 64, "causal(top_left)");
+    c = fwd_case_base("f16 d64 BSHD strides, batch 2", AJ_DTYPE_F16, 64, "causal(top_left)");
     c.bshd = 1;
     c.b = 2;
     c.hq = 4;
     c.hkv = 2;
     run(&c);
-    c = base("f16 d96 schedule (block_m 32, block_n 32)", AJ_DTYPE_F16, 96,
-             "causal(bottom_right)");
+    c = fwd_case_base("f16 d96 schedule (block_m 32, block_n 32)", AJ_DTYPE_F16, 96,
+                      "causal(bottom_right)");
     c.schedule = "(block_m = 32, block_n = 32)";
     run(&c);
-    c = base("bf16 d64 schedule (block_m 16, block_n 256)", AJ_DTYPE_BF16, 64, "window(40, 40)");
+    c = fwd_case_base("bf16 d64 schedule (block_m 16, block_n 256)", AJ_DTYPE_BF16, 64,
+                      "window(40, 40)");
     c.schedule = "(block_m = 16, block_n = 256)";
     run(&c);
-    c = base("f32 d256 schedule (block_m 256, block_n 64)", AJ_DTYPE_F32, 256, "none");
+    c = fwd_case_base("f32 d256 schedule (block_m 256, block_n 64)", AJ_DTYPE_F32, 256, "none");
     c.schedule = "(block_m = 256, block_n = 64)";
     c.sq = 300;
     run(&c);
@@ -118,14 +99,16 @@ static void test_bias_dropout(void)
 {
     fwd_options x;
     memset(&x, 0, sizeof x);
-    fwd_case c = base("f16 d64 bias [1, Hq, Sq, Sk] causal", AJ_DTYPE_F16, 64, "causal(top_left)");
+    fwd_case c = fwd_case_base("f16 d64 bias [1, Hq, Sq, Sk] causal", AJ_DTYPE_F16, 64,
+                               "causal(top_left)");
     x.bias_shape[0] = 1;
     x.bias_shape[1] = c.hq;
     x.bias_shape[2] = c.sq;
     x.bias_shape[3] = c.sk;
     x.bias_magnitude = 2.0;
     run_with(&c, &x);
-    c = base("bf16 d128 bias [B, 1, Sq, Sk] stride 0, softcap", AJ_DTYPE_BF16, 128, "none");
+    c = fwd_case_base("bf16 d128 bias [B, 1, Sq, Sk] stride 0, softcap", AJ_DTYPE_BF16, 128,
+                      "none");
     c.b = 2;
     c.score_mod = "softcap(20.0)";
     x.bias_shape[0] = 2;
@@ -133,12 +116,12 @@ static void test_bias_dropout(void)
     x.bias_stride0 = 1;
     run_with(&c, &x);
     memset(&x, 0, sizeof x);
-    c = base("f32 d64 dropout 0.2 causal", AJ_DTYPE_F32, 64, "causal(top_left)");
+    c = fwd_case_base("f32 d64 dropout 0.2 causal", AJ_DTYPE_F32, 64, "causal(top_left)");
     x.dropout = 0.2;
     x.drop_seed = 0x1234567890abcdefULL;
     x.drop_offset = 77;
     run_with(&c, &x);
-    c = base("f16 d128 dropout 0.5 window, offsets", AJ_DTYPE_F16, 128, "window(50, 10)");
+    c = fwd_case_base("f16 d128 dropout 0.5 window, offsets", AJ_DTYPE_F16, 128, "window(50, 10)");
     c.q_offset = 1000;
     c.kv_offset = 990;
     x.dropout = 0.5;
@@ -164,7 +147,7 @@ static void test_varlen(void)
         snprintf(label, sizeof label, "%s %s d%d varlen B6 GQA 4:2 %s",
                  m % 2 ? "flash" : "efficient", aj_dtype_name(dtypes[m]), m < 2 ? 64 : 128,
                  masks[m]);
-        fwd_case c = base(label, dtypes[m], m < 2 ? 64 : 128, masks[m]);
+        fwd_case c = fwd_case_base(label, dtypes[m], m < 2 ? 64 : 128, masks[m]);
         c.b = 6;
         c.hq = 4;
         c.hkv = 2;
@@ -177,8 +160,8 @@ static void test_varlen(void)
     x.dropout = 0.25;
     x.drop_seed = 99;
     x.drop_offset = 3;
-    fwd_case c = base("f16 d96 varlen alibi dropout causal(bottom_right) totals", AJ_DTYPE_F16,
-                      96, "causal(bottom_right)");
+    fwd_case c = fwd_case_base("f16 d96 varlen alibi dropout causal(bottom_right) totals",
+                               AJ_DTYPE_F16, 96, "causal(bottom_right)");
     c.b = 6;
     c.score_mod = "alibi";
     c.q_offset = 30;
@@ -186,8 +169,8 @@ static void test_varlen(void)
     c.sq_total = 400;
     c.sk_total = 350;
     run_ext(&c, &x, &how);
-    c = base("bf16 d64 varlen softcap(10) window(8, 8) block_m 16", AJ_DTYPE_BF16, 64,
-             "window(8, 8)");
+    c = fwd_case_base("bf16 d64 varlen softcap(10) window(8, 8) block_m 16", AJ_DTYPE_BF16, 64,
+                      "window(8, 8)");
     c.b = 6;
     c.score_mod = "softcap(10.0)";
     c.magnitude = 3.0;
@@ -208,15 +191,9 @@ static void *to_device(const void *host, size_t bytes)
 /* The cpu kernel of an op's text, or NULL (the failure checked). */
 static aj_kernel *compile_cpu(const char *spec)
 {
-    aj_op *op = NULL;
-    aj_kernel *kernel = NULL;
-    CHECK_STATUS(ctx, aj_op_parse(ctx, spec, strlen(spec), "spec", &op), AJ_OK);
     aj_compile_options opt = AJ_COMPILE_OPTIONS_INIT;
     opt.target = AJ_TARGET_CPU;
-    if (op)
-        CHECK_STATUS(ctx, aj_compile(ctx, op, &opt, &kernel), AJ_OK);
-    aj_op_destroy(op);
-    return kernel;
+    return check_compile(ctx, spec, "spec", &opt);
 }
 
 /*
@@ -308,12 +285,7 @@ static void test_varlen_accumulate(void)
     CHECK_STATUS(ctx, aj_device_copy_from(dev, lse, dlse, (size_t)VA_HQ * tq * sizeof *lse),
                  AJ_OK);
 
-    ref_problem p;
-    memset(&p, 0, sizeof p);
-    p.B = VA_B;
-    p.Hq = VA_HQ;
-    p.Hkv = VA_HKV;
-    p.D = p.Dv = VA_D;
+    ref_problem p = ref_problem_of(VA_B, VA_HQ, VA_HKV, 0, 0, VA_D, VA_D);
     p.cu_q = cu_q;
     p.cu_k = cu_k;
     ref_forward(&p, qd, kd, vd, o_ref, lse_ref);
@@ -366,17 +338,18 @@ static void test_varlen_accumulate(void)
 /* the cheap target takes longer sequences than sim can */
 static void test_long(void)
 {
-    fwd_case c = base("bf16 d128 S 2048 causal", AJ_DTYPE_BF16, 128, "causal(top_left)");
+    fwd_case c = fwd_case_base("bf16 d128 S 2048 causal", AJ_DTYPE_BF16, 128, "causal(top_left)");
     c.hq = 1;
     c.sq = 2048;
     c.sk = 2048;
     run(&c);
-    c = base("f16 d64 Sq 1000 Sk 2048 bottom_right", AJ_DTYPE_F16, 64, "causal(bottom_right)");
+    c = fwd_case_base("f16 d64 Sq 1000 Sk 2048 bottom_right", AJ_DTYPE_F16, 64,
+                      "causal(bottom_right)");
     c.hq = 1;
     c.sq = 1000;
     c.sk = 2048;
     run(&c);
-    c = base("f32 d128 S 1024 window(256, 0)", AJ_DTYPE_F32, 128, "window(256, 0)");
+    c = fwd_case_base("f32 d128 S 1024 window(256, 0)", AJ_DTYPE_F32, 128, "window(256, 0)");
     c.hq = 1;
     c.sq = 1024;
     c.sk = 1024;

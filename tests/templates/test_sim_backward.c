@@ -26,27 +26,12 @@
 
 #include "check.h"
 #include "ref.h"
-#include "bwd_tensors.h"
+#include "bwd_case.h"
 
 static aj_ctx *ctx;
-static const char *variant = "efficient";   /* of the ops compiled */
+static aj_variant variant = AJ_VARIANT_EFFICIENT;   /* of the ops compiled */
 static aj_device *dev;
 static int cases_run;
-
-typedef struct bwd_case {
-    const char *label;
-    aj_dtype dtype;
-    int d, dv;
-    const char *mask;          /* IR text */
-    const char *score_mod;     /* IR text, "none" if NULL */
-    int b, hq, hkv, sq, sk;
-    int64_t q_offset, kv_offset, sq_total, sk_total;
-    double magnitude;
-    uint64_t seed;
-    double dropout;            /* dropout = p when > 0, stream (drop_seed, drop_offset) */
-    uint64_t drop_seed, drop_offset;
-    int64_t bias_shape[4];     /* bias = add when bias_shape[3] != 0 (each dim 1 or full) */
-} bwd_case;
 
 /* f16 and bf16 gradients carry their storage rounding (2^-11, 2^-8 of the
  * largest element) plus that of the rounded O fed to Delta; f32 sees
@@ -60,39 +45,12 @@ static void tolerance_for(aj_dtype dtype, double *atol, double *rtol)
     }
 }
 
-/* ---------------------------------------------------------------- data */
+/* ---------------------------------------------------------------- cases */
 
 /* A contiguous BHSD tensor on the test's device. */
 static void make(tensor *x, aj_dtype dtype, int64_t b, int64_t h, int64_t s, int64_t d)
 {
     tensor_make(x, dev, dtype, 4, (const int64_t[]){b, h, s, d});
-}
-
-/* ---------------------------------------------------------------- cases */
-
-static aj_kernel *compile(const bwd_case *c)
-{
-    char spec[512];
-    snprintf(spec, sizeof spec,
-             "attention backward %s {\n  dtype = %s\n  head_dim = %d\n"
-             "  head_dim_v = %d\n  mask = %s\n  score_mod = %s\n  bias = %s\n"
-             "  dropout = %.17g\n}\n",
-             variant, aj_dtype_name(c->dtype), c->d, c->dv ? c->dv : c->d, c->mask,
-             c->score_mod ? c->score_mod : "none", c->bias_shape[3] ? "add" : "none",
-             c->dropout);
-    aj_op *op = NULL;
-    aj_kernel *k = NULL;
-    CHECK_MSG(aj_op_parse(ctx, spec, strlen(spec), c->label, &op) == AJ_OK, "%s: %s", c->label,
-              aj_last_error(ctx));
-    aj_compile_options opt = AJ_COMPILE_OPTIONS_INIT;
-    opt.target = aj_device_target(dev);
-    opt.emit = opt.target == AJ_TARGET_SIM || opt.target == AJ_TARGET_CPU ? AJ_EMIT_LLVM_IR
-                                                                          : AJ_EMIT_PTX;
-    if (op)
-        CHECK_MSG(aj_compile(ctx, op, &opt, &k) == AJ_OK, "%s: %s", c->label,
-                  aj_last_error(ctx));
-    aj_op_destroy(op);
-    return k;
 }
 
 /* Runs one case; with `twice`, runs it again and wants identical bits. */
@@ -101,66 +59,16 @@ static void run(const bwd_case *c, int twice)
     if (!check_sampled())
         return;
     cases_run++;
-    int dv = c->dv ? c->dv : c->d;
-    aj_kernel *kernel = compile(c);
+    aj_op *op = bwd_case_op(ctx, c);
+    aj_kernel *kernel = bwd_case_kernel(ctx, dev, op, c);
+    aj_op_destroy(op);
     if (!kernel)
         return;
-    tensor q, k, v, o, dout, lse, dq, dk, dvt;
-    make(&q, c->dtype, c->b, c->hq, c->sq, c->d);
-    make(&k, c->dtype, c->b, c->hkv, c->sk, c->d);
-    make(&v, c->dtype, c->b, c->hkv, c->sk, dv);
-    make(&o, c->dtype, c->b, c->hq, c->sq, dv);
-    make(&dout, c->dtype, c->b, c->hq, c->sq, dv);
-    make(&lse, AJ_DTYPE_F32, 1, c->b, c->hq, c->sq);
-    make(&dq, c->dtype, c->b, c->hq, c->sq, c->d);
-    make(&dk, c->dtype, c->b, c->hkv, c->sk, c->d);
-    make(&dvt, c->dtype, c->b, c->hkv, c->sk, dv);
-    /* lse is [B, Hq, Sq] */
-    lse.t.rank = 3;
-    lse.t.shape[0] = c->b;
-    lse.t.shape[1] = c->hq;
-    lse.t.shape[2] = c->sq;
-    lse.t.strides[0] = (int64_t)c->hq * c->sq;
-    lse.t.strides[1] = c->sq;
-    lse.t.strides[2] = 1;
-
-    uint64_t rng = c->seed ? c->seed : 7;
-    double mag = c->magnitude ? c->magnitude : 1.0;
-    fill(&q, mag, &rng);
-    fill(&k, mag, &rng);
-    fill(&v, 1.0, &rng);
-    fill(&dout, 1.0, &rng);
-
-    ref_problem p;
-    memset(&p, 0, sizeof p);
-    p.B = c->b;
-    p.Hq = c->hq;
-    p.Hkv = c->hkv;
-    p.D = c->d;
-    p.Dv = dv;
-    p.Sq = c->sq;
-    p.Sk = c->sk;
-    ref_mask(c->mask, &p);
-    p.q_offset = c->q_offset;
-    p.kv_offset = c->kv_offset;
-    p.sq_total = c->sq_total;
-    p.sk_total = c->sk_total;
-    double slopes[64];
-    aj_tensor slopes_t = {0};
-    float slopes_f[64];
-    if (c->score_mod && strcmp(c->score_mod, "alibi") == 0) {
-        for (int h = 0; h < c->hq; h++) {
-            slopes_f[h] = (float)pow(2.0, -8.0 * (h + 1) / c->hq);
-            slopes[h] = slopes_f[h];
-        }
-        p.alibi_slopes = slopes;
-        slopes_t = (aj_tensor){slopes_f, AJ_DTYPE_F32, 1, {c->hq}, {1}};
-    } else if (c->score_mod) {
-        CHECK(sscanf(c->score_mod, "softcap(%lf)", &p.softcap) == 1);
-    }
-    p.dropout_p = c->dropout;
-    p.seed = c->drop_seed;
-    p.offset = c->drop_offset;
+    bwd_io x;
+    bwd_io_make(&x, dev, c, NULL, NULL);
+    uint64_t rng = bwd_io_fill(&x, c);
+    bwd_slopes slopes;
+    ref_problem p = bwd_case_problem(c, &slopes);
     /* bias: contiguous in the broadcast shape, size-1 dims stride 0 */
     int has_bias = c->bias_shape[3] != 0;
     tensor bias, dbias;
@@ -174,94 +82,56 @@ static void run(const bwd_case *c, int twice)
         p.bias = bias.ref;
         memcpy(p.bias_shape, bs, sizeof p.bias_shape);
     }
-    ref_forward(&p, q.ref, k.ref, v.ref, o.ref, lse.ref);
-    store_rounded(&o);
-    store_rounded(&lse);   /* -inf stays -inf */
+    ref_forward(&p, x.q.ref, x.k.ref, x.v.ref, x.o.ref, x.lse.ref);
+    store_rounded(&x.o);
+    store_rounded(&x.lse);   /* -inf stays -inf */
 
-    aj_bwd_args a = AJ_BWD_ARGS_INIT;
-    a.q = q.t;
-    a.k = k.t;
-    a.v = v.t;
-    a.o = o.t;
-    a.lse = lse.t;
-    a.do_ = dout.t;
-    a.dq = dq.t;
-    a.dk = dk.t;
-    a.dv = dvt.t;
-    a.alibi_slopes = slopes_t;
-    a.q_offset = c->q_offset;
-    a.kv_offset = c->kv_offset;
-    a.sq_total = c->sq_total;
-    a.sk_total = c->sk_total;
-    a.seed = c->drop_seed;
-    a.offset = c->drop_offset;
+    aj_bwd_args a = bwd_case_args(c, &x, &slopes);
     if (has_bias) {
         a.bias = bias.t;
         a.dbias = dbias.t;
         poison(&dbias);
     }
-    poison(&dq);
-    poison(&dk);
-    poison(&dvt);
+    poison(&x.dq);
+    poison(&x.dk);
+    poison(&x.dv);
     aj_status st = aj_backward(ctx, dev, kernel, &a);
     CHECK_MSG(st == AJ_OK, "%s: %s", c->label, aj_last_error(ctx));
-
     /* dbias (f32) is checked with f32's tolerance pair */
-    int nouts = has_bias ? 4 : 3;
-    double *want[4] = {calloc(q.n + 1, 8), calloc(k.n + 1, 8), calloc(v.n + 1, 8),
-                       calloc(dbias.n + 1, 8)};
-    double *got[4] = {calloc(q.n + 1, 8), calloc(k.n + 1, 8), calloc(v.n + 1, 8),
-                      calloc(dbias.n + 1, 8)};
-    ref_backward(&p, q.ref, k.ref, v.ref, o.ref, lse.ref, dout.ref, want[0], want[1], want[2],
-                 has_bias ? want[3] : NULL);
-    const tensor *outs[4] = {&dq, &dk, &dvt, &dbias};
-    const char *names[4] = {"dq", "dk", "dv", "dbias"};
-    for (int t = 0; t < nouts && st == AJ_OK; t++) {
-        read_back(outs[t], got[t]);
-        double err = norm_error(got[t], want[t], outs[t]->n, t == 3 ? AJ_DTYPE_F32 : c->dtype);
-        CHECK_MSG(err <= 1.0, "%s: %s error %.3g of the tolerance", c->label, names[t], err);
-    }
-    /* rows with LSE = -inf see no key: exactly zero gradients */
-    for (size_t r = 0; r < lse.n && st == AJ_OK; r++)
-        if (lse.ref[r] == -INFINITY)
-            for (int x = 0; x < c->d; x++)
-                CHECK_MSG(got[0][r * (size_t)c->d + (size_t)x] == 0.0,
-                          "%s: dq row %zu (no visible key) is not 0", c->label, r);
+    if (st == AJ_OK)
+        bwd_check_grads(c, &p, &x, has_bias ? &dbias : NULL);
     if (twice && st == AJ_OK) {
-        size_t bytes[4];
+        static const char *const names[4] = {"dq", "dk", "dv", "dbias"};
+        tensor *outs[4] = {&x.dq, &x.dk, &x.dv, &dbias};
+        int nouts = has_bias ? 4 : 3;
         void *first[4];
         for (int t = 0; t < nouts; t++) {
-            bytes[t] = outs[t]->n * (outs[t]->t.dtype == AJ_DTYPE_F32 ? 4 : 2);
-            first[t] = malloc(bytes[t] + 1);
-            CHECK(aj_device_copy_from(dev, first[t], outs[t]->t.data, bytes[t]) == AJ_OK);
-            poison((tensor *)outs[t]);
+            first[t] = malloc(tensor_bytes(outs[t]) + 1);
+            CHECK(aj_device_copy_from(dev, first[t], outs[t]->t.data, tensor_bytes(outs[t])) ==
+                  AJ_OK);
+            poison(outs[t]);
         }
         CHECK(aj_backward(ctx, dev, kernel, &a) == AJ_OK);
         for (int t = 0; t < nouts; t++) {
-            CHECK(aj_device_copy_from(dev, outs[t]->host, outs[t]->t.data, bytes[t]) == AJ_OK);
-            CHECK_MSG(memcmp(first[t], outs[t]->host, bytes[t]) == 0,
+            CHECK(aj_device_copy_from(dev, outs[t]->host, outs[t]->t.data,
+                                      tensor_bytes(outs[t])) == AJ_OK);
+            CHECK_MSG(memcmp(first[t], outs[t]->host, tensor_bytes(outs[t])) == 0,
                       "%s: %s differs between two runs", c->label, names[t]);
             free(first[t]);
         }
-    }
-    for (int t = 0; t < 4; t++) {
-        free(want[t]);
-        free(got[t]);
     }
     if (has_bias) {
         tensor_release(&bias);
         tensor_release(&dbias);
     }
-    tensor *all[9] = {&q, &k, &v, &o, &dout, &lse, &dq, &dk, &dvt};
-    for (int i = 0; i < 9; i++)
-        tensor_release(all[i]);
+    bwd_io_release(&x);
     aj_kernel_destroy(kernel);
 }
 
 static bwd_case base(const char *label, aj_dtype dtype, int d, const char *mask)
 {
-    return (bwd_case){.label = label, .dtype = dtype, .d = d, .mask = mask, .b = 1, .hq = 2,
-                      .hkv = 1, .sq = 37, .sk = 70, .seed = 11};
+    return (bwd_case){.label = label, .variant = variant, .dtype = dtype, .d = d, .mask = mask,
+                      .b = 1, .hq = 2, .hkv = 1, .sq = 37, .sk = 70, .seed = 11};
 }
 
 /* dtypes x head dims x masks, GQA 2:1, Sq != Sk with tails */
@@ -448,7 +318,7 @@ static void test_bias(void)
  * afford */
 static void test_cpu_variant_and_long(void)
 {
-    variant = "flash";
+    variant = AJ_VARIANT_FLASH;
     bwd_case c = base("flash bf16 d128 GQA 2:1 causal(bottom_right)", AJ_DTYPE_BF16, 128,
                       "causal(bottom_right)");
     run(&c, 0);
@@ -457,7 +327,7 @@ static void test_cpu_variant_and_long(void)
     c.sq = 512;
     c.sk = 512;
     run(&c, 1);
-    variant = "efficient";
+    variant = AJ_VARIANT_EFFICIENT;
     c = base("f32 d128 Sq 200 Sk 500 window(100, 20), dropout 0.1", AJ_DTYPE_F32, 128,
              "window(100, 20, bottom_right)");
     c.sq = 200;

@@ -26,6 +26,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "fwd_check.h"
 #include "sim_harness.h"
 
 static aj_ctx *ctx;
@@ -218,14 +219,7 @@ static void run_accumulate(const acc_case *c)
     }
     CHECK_MSG(j0 == c->sk, "%s: blocks cover %d of %d keys", c->label, j0, c->sk);
 
-    ref_problem p;
-    memset(&p, 0, sizeof p);
-    p.B = c->b;
-    p.Hq = c->hq;
-    p.Hkv = c->hkv;
-    p.D = p.Dv = c->d;
-    p.Sq = c->sq;
-    p.Sk = c->sk;
+    ref_problem p = ref_problem_of(c->b, c->hq, c->hkv, c->sq, c->sk, c->d, c->d);
     p.mask = c->mask_kind;
     p.align = c->align;
     p.window_left = c->left;
@@ -429,14 +423,7 @@ static void test_merge_of_forwards(void)
     m.o2 = o[1].t;
     m.lse2 = l[1].t;
     CHECK_STATUS(ctx, aj_merge(ctx, dev, mrg, &m), AJ_OK);
-    ref_problem p;
-    memset(&p, 0, sizeof p);
-    p.B = 1;
-    p.Hq = HQ;
-    p.Hkv = 1;
-    p.D = p.Dv = DD;
-    p.Sq = SQ;
-    p.Sk = SK;
+    ref_problem p = ref_problem_of(1, HQ, 1, SQ, SK, DD, DD);
     p.mask = AJ_MASK_CAUSAL;
     double *o_ref = calloc(o[0].n, sizeof *o_ref), *l_ref = calloc(l[0].n, sizeof *l_ref);
     ref_forward(&p, q.ref, k.ref, v.ref, o_ref, l_ref);
@@ -467,31 +454,18 @@ static void test_merge_of_forwards(void)
 static void run_case(const fwd_case *c, const fwd_options *x)
 {
     fwd_result r = fwd_run_case_with(ctx, dev, c, x);
-    CHECK_MSG(r.status == AJ_OK, "%s: %s (%s)", c->label, aj_status_str(r.status),
-              aj_last_error(ctx));
-    if (r.status != AJ_OK)
+    if (!fwd_check_result(ctx, c, &r))
         return;
-    CHECK_MSG(r.max_err_o <= 1.0, "%s: O error %.3g x tolerance", c->label, r.max_err_o);
-    CHECK_MSG(r.max_err_lse <= 1.0, "%s: LSE error %.3g x tolerance", c->label, r.max_err_lse);
-    CHECK_MSG(r.exact_empty_rows, "%s: a row without keys is not O = 0, LSE = -inf", c->label);
     printf("%-62s O %.3f LSE %.3f empty rows %4lld\n", c->label, r.max_err_o, r.max_err_lse,
            (long long)r.rows_without_keys);
 }
 
 static fwd_case base(const char *label, aj_dtype dtype, int d, const char *mask)
 {
-    fwd_case c;
-    memset(&c, 0, sizeof c);
-    c.label = label;
-    c.dtype = dtype;
-    c.d = d;
-    c.mask = mask;
+    fwd_case c = fwd_case_base(label, dtype, d, mask);
     c.b = 2;
-    c.hq = 2;
-    c.hkv = 1;
     c.sq = 45;
     c.sk = 70;
-    c.magnitude = 1.0;
     c.seed = 11;
     return c;
 }

@@ -37,7 +37,7 @@
 
 #include "check.h"
 #include "ref.h"
-#include "bwd_tensors.h"
+#include "bwd_case.h"
 #include "score_cases.h"
 #include "sim_harness.h"
 #include "sweep_cases.h"
@@ -46,32 +46,6 @@ static aj_ctx *ctx;
 static aj_device *dev;
 static int on_cpu;   /* the cpu target's kernels: no workspace */
 static int cases_run;
-
-typedef struct fb_case {
-    const char *label;
-    aj_variant variant;        /* AJ_VARIANT_EFFICIENT, else flash */
-    aj_dtype dtype;
-    int d, dv;
-    const char *mask;          /* IR text */
-    const char *score_mod;     /* IR text, "none" if NULL */
-    const char *tensors;       /* the `tensors` field's text, NULL: none; their data
-                                  comes from score_cases.h's side_make */
-    const char *schedule;      /* IR text, the default if NULL */
-    int deterministic;
-    int b, hq, hkv, sq, sk;
-    int64_t q_offset, kv_offset, sq_total, sk_total;
-    double magnitude;
-    uint64_t seed;
-    double dropout;            /* dropout = p when > 0, stream (drop_seed, drop_offset) */
-    uint64_t drop_seed, drop_offset;
-    const int *lens_q, *lens_k;  /* varlen when set: b sequence lengths each */
-    int repeat;                /* deterministic: rerun on 1 and 3 workers, same bits */
-    int pass_mask;             /* rerun with the forward's aj_block_mask_create: same bits */
-    const char *twin_mask;     /* rerun with this mask, the same keys visible but no tile
-                                  the kernels can class full: same bits */
-    int per_plane;             /* padded: the tolerance per (b, head) plane of each output
-                                  (a batch of random cases, one per plane) */
-} fb_case;
 
 /* The tensor cores round P and dS to the dtype before the dV, dK and dQ
  * products, on top of the output rounding (2^-11, 2^-8). */
@@ -86,46 +60,7 @@ static void tolerance_for(aj_dtype dtype, double *atol, double *rtol)
     }
 }
 
-/* ---------------------------------------------------------------- data */
-
-static void make(tensor *x, aj_dtype dtype, int rank, const int64_t *shape)
-{
-    tensor_make(x, dev, dtype, rank, shape);
-}
-
 /* ---------------------------------------------------------------- cases */
-
-/* The op of a case (NULL, a failed CHECK, when it does not parse). */
-static aj_op *parse(const fb_case *c)
-{
-    static char spec[20000];   /* random expressions run long */
-    snprintf(spec, sizeof spec,
-             "attention backward %s {\n  dtype = %s\n  head_dim = %d\n"
-             "  head_dim_v = %d\n  mask = %s\n  score_mod = %s\n  dropout = %.17g\n"
-             "  layout = %s\n  deterministic = %s\n%s%s%s%s%s%s}\n",
-             c->variant == AJ_VARIANT_EFFICIENT ? "efficient" : "flash",
-             aj_dtype_name(c->dtype), c->d, c->dv ? c->dv : c->d, c->mask,
-             c->score_mod ? c->score_mod : "none", c->dropout, c->lens_q ? "varlen" : "padded",
-             c->deterministic ? "true" : "false", c->schedule ? "  schedule = " : "",
-             c->schedule ? c->schedule : "", c->schedule ? "\n" : "",
-             c->tensors ? "  tensors = " : "", c->tensors ? c->tensors : "",
-             c->tensors ? "\n" : "");
-    aj_op *op = NULL;
-    CHECK_MSG(aj_op_parse(ctx, spec, strlen(spec), c->label, &op) == AJ_OK, "%s: %s", c->label,
-              aj_last_error(ctx));
-    return op;
-}
-
-static aj_kernel *compile(const aj_op *op, const fb_case *c)
-{
-    aj_kernel *k = NULL;
-    aj_compile_options opt = AJ_COMPILE_OPTIONS_INIT;
-    opt.target = aj_device_target(dev);
-    if (op)
-        CHECK_MSG(aj_compile(ctx, op, &opt, &k) == AJ_OK, "%s: %s", c->label,
-                  aj_last_error(ctx));
-    return k;
-}
 
 /* Copies of the outputs' bits (free_bits frees them). */
 static void save_bits(tensor *const *outs, void **first)
@@ -145,7 +80,7 @@ static void free_bits(void **first)
 
 /* Poisons the outputs, runs `a` with `kernel` and wants the bits of
  * `first`; `how` says in the message what was different about the run. */
-static void rerun_expect_bits(const fb_case *c, const aj_kernel *kernel, const aj_bwd_args *a,
+static void rerun_expect_bits(const bwd_case *c, const aj_kernel *kernel, const aj_bwd_args *a,
                               tensor *const *outs, void *const *first, const char *how)
 {
     static const char *const names[3] = {"dq", "dk", "dv"};
@@ -165,7 +100,7 @@ static void rerun_expect_bits(const fb_case *c, const aj_kernel *kernel, const a
  * forward of c's op (its own tile: the backward reads any) and wants the
  * bits the launch's own mask gave; a mask built for another q_offset is
  * refused. */
-static void rerun_passed_mask(const fb_case *c, const aj_kernel *kernel, const aj_bwd_args *a,
+static void rerun_passed_mask(const bwd_case *c, const aj_kernel *kernel, const aj_bwd_args *a,
                               tensor *const *outs)
 {
     char spec[2048];
@@ -177,20 +112,8 @@ static void rerun_passed_mask(const fb_case *c, const aj_kernel *kernel, const a
              c->tensors ? c->tensors : "");
     aj_op *fwd = NULL;
     CHECK_STATUS(ctx, aj_op_parse(ctx, spec, strlen(spec), c->label, &fwd), AJ_OK);
-    aj_kernel *fk = compile(fwd, c);
-    aj_fwd_args f = AJ_FWD_ARGS_INIT;
-    f.q = a->q;
-    f.k = a->k;
-    f.v = a->v;
-    f.o = a->o;
-    f.lse = a->lse;
-    f.alibi_slopes = a->alibi_slopes;
-    f.side = a->side;
-    f.num_side = a->num_side;
-    f.q_offset = a->q_offset;
-    f.kv_offset = a->kv_offset;
-    f.sq_total = a->sq_total;
-    f.sk_total = a->sk_total;
+    aj_kernel *fk = bwd_case_kernel(ctx, dev, fwd, c);
+    aj_fwd_args f = fwd_args_before(a);
     aj_block_mask *bm = NULL;
     if (fk)
         CHECK_STATUS(ctx, aj_block_mask_create(ctx, dev, fwd, fk, &f, &bm), AJ_OK);
@@ -214,14 +137,9 @@ static void rerun_passed_mask(const fb_case *c, const aj_kernel *kernel, const a
     aj_op_destroy(fwd);
 }
 
-static bool is_expr(const char *field)
-{
-    return field && strncmp(field, "expr", 4) == 0;
-}
-
 /* Runs `a` again on `workers` emulator threads and wants the bits of
  * `first` (one buffer per output). */
-static void rerun_same_bits(const fb_case *c, const aj_kernel *kernel, const aj_bwd_args *a,
+static void rerun_same_bits(const bwd_case *c, const aj_kernel *kernel, const aj_bwd_args *a,
                             tensor *const *outs, void *const *first, int workers)
 {
     char how[64];
@@ -235,13 +153,13 @@ static void rerun_same_bits(const fb_case *c, const aj_kernel *kernel, const aj_
  * by element, and wants the bits of the first run (on sim the instruction
  * counts of both are printed): a tile of class full, which skips the
  * per-element mask test, gives what the test gives. */
-static void rerun_twin_mask(const fb_case *c, const aj_bwd_args *a, tensor *const *outs)
+static void rerun_twin_mask(const bwd_case *c, const aj_bwd_args *a, tensor *const *outs)
 {
     uint64_t full = aj_device_last_instructions(dev);
-    fb_case twin = *c;
+    bwd_case twin = *c;
     twin.mask = c->twin_mask;
-    aj_op *op = parse(&twin);
-    aj_kernel *kernel = compile(op, &twin);
+    aj_op *op = bwd_case_op(ctx, &twin);
+    aj_kernel *kernel = bwd_case_kernel(ctx, dev, op, &twin);
     void *first[3];
     save_bits(outs, first);
     if (kernel) {
@@ -254,35 +172,21 @@ static void rerun_twin_mask(const fb_case *c, const aj_bwd_args *a, tensor *cons
     aj_op_destroy(op);
 }
 
-static void run_case(const fb_case *c);
+static void run_case(const bwd_case *c);
 
 /* Runs c unless the sanitizer pass samples it out (check_sampled). */
-static void run(const fb_case *c)
+static void run(const bwd_case *c)
 {
     if (check_sampled())
         run_case(c);
 }
 
-/* The max over the planes of x (its first two dims; one plane when
- * not per_plane) of norm_error's plane-wise error. */
-static double plane_error(const fb_case *c, const tensor *x, const double *got,
-                          const double *want)
-{
-    size_t planes = c->per_plane ? (size_t)(x->t.shape[0] * x->t.shape[1]) : 1;
-    size_t n = x->n / planes;
-    double err = 0;
-    for (size_t p = 0; p < planes; p++)
-        err = fmax(err, norm_error(got + p * n, want + p * n, n, c->dtype));
-    return err;
-}
-
-static void run_case(const fb_case *c)
+static void run_case(const bwd_case *c)
 {
     cases_run++;
     clock_t t0 = clock();
-    int dv = c->dv ? c->dv : c->d;
-    aj_op *op = parse(c);
-    aj_kernel *kernel = compile(op, c);
+    aj_op *op = bwd_case_op(ctx, c);
+    aj_kernel *kernel = bwd_case_kernel(ctx, dev, op, c);
     if (!kernel) {
         aj_op_destroy(op);
         return;
@@ -297,29 +201,8 @@ static void run_case(const fb_case *c)
             max_q = c->lens_q[i] > max_q ? c->lens_q[i] : max_q;
             max_k = c->lens_k[i] > max_k ? c->lens_k[i] : max_k;
         }
-    tensor q, k, v, o, dout, lse, dq, dk, dvt;
-    if (varlen) {
-        int64_t tq = cu_q[c->b], tk = cu_k[c->b];
-        make(&q, c->dtype, 3, (int64_t[]){tq, c->hq, c->d});
-        make(&k, c->dtype, 3, (int64_t[]){tk, c->hkv, c->d});
-        make(&v, c->dtype, 3, (int64_t[]){tk, c->hkv, dv});
-        make(&o, c->dtype, 3, (int64_t[]){tq, c->hq, dv});
-        make(&dout, c->dtype, 3, (int64_t[]){tq, c->hq, dv});
-        make(&lse, AJ_DTYPE_F32, 2, (int64_t[]){c->hq, tq});
-        make(&dq, c->dtype, 3, (int64_t[]){tq, c->hq, c->d});
-        make(&dk, c->dtype, 3, (int64_t[]){tk, c->hkv, c->d});
-        make(&dvt, c->dtype, 3, (int64_t[]){tk, c->hkv, dv});
-    } else {
-        make(&q, c->dtype, 4, (int64_t[]){c->b, c->hq, c->sq, c->d});
-        make(&k, c->dtype, 4, (int64_t[]){c->b, c->hkv, c->sk, c->d});
-        make(&v, c->dtype, 4, (int64_t[]){c->b, c->hkv, c->sk, dv});
-        make(&o, c->dtype, 4, (int64_t[]){c->b, c->hq, c->sq, dv});
-        make(&dout, c->dtype, 4, (int64_t[]){c->b, c->hq, c->sq, dv});
-        make(&lse, AJ_DTYPE_F32, 3, (int64_t[]){c->b, c->hq, c->sq});
-        make(&dq, c->dtype, 4, (int64_t[]){c->b, c->hq, c->sq, c->d});
-        make(&dk, c->dtype, 4, (int64_t[]){c->b, c->hkv, c->sk, c->d});
-        make(&dvt, c->dtype, 4, (int64_t[]){c->b, c->hkv, c->sk, dv});
-    }
+    bwd_io x;
+    bwd_io_make(&x, dev, c, cu_q, cu_k);
     int32_t *cu_dev[2] = {NULL, NULL};
     if (varlen) {
         const int32_t *cu[2] = {cu_q, cu_k};
@@ -328,44 +211,13 @@ static void run_case(const fb_case *c)
             CHECK(aj_device_copy_to(dev, cu_dev[i], cu[i], sizeof cu_q) == AJ_OK);
         }
     }
+    bwd_io_fill(&x, c);
 
-    uint64_t rng = c->seed ? c->seed : 7;
-    double mag = c->magnitude ? c->magnitude : 1.0;
-    fill(&q, mag, &rng);
-    fill(&k, mag, &rng);
-    fill(&v, 1.0, &rng);
-    fill(&dout, 1.0, &rng);
-
-    ref_problem p;
-    memset(&p, 0, sizeof p);
-    p.B = c->b;
-    p.Hq = c->hq;
-    p.Hkv = c->hkv;
-    p.D = c->d;
-    p.Dv = dv;
-    p.Sq = c->sq;
-    p.Sk = c->sk;
+    bwd_slopes slopes;
+    ref_problem p = bwd_case_problem(c, &slopes);
     if (varlen) {
         p.cu_q = cu_q;
         p.cu_k = cu_k;
-    }
-    ref_mask(c->mask, &p);
-    p.q_offset = c->q_offset;
-    p.kv_offset = c->kv_offset;
-    p.sq_total = c->sq_total;
-    p.sk_total = c->sk_total;
-    double slopes[16];
-    float slopes_f[16];
-    aj_tensor slopes_t = {0};
-    if (c->score_mod && strcmp(c->score_mod, "alibi") == 0) {
-        for (int h = 0; h < c->hq; h++) {
-            slopes_f[h] = (float)pow(2.0, -8.0 * (h + 1) / c->hq);
-            slopes[h] = slopes_f[h];
-        }
-        p.alibi_slopes = slopes;
-        slopes_t = (aj_tensor){slopes_f, AJ_DTYPE_F32, 1, {c->hq}, {1}};
-    } else if (c->score_mod && !is_expr(c->score_mod)) {
-        CHECK(sscanf(c->score_mod, "softcap(%lf)", &p.softcap) == 1);
     }
     /* expressions: side tensors made up for the declarations (as long as
      * the longest sequence), the reference reading the op's own nodes */
@@ -381,32 +233,13 @@ static void run_case(const fb_case *c)
     aj_status side_st = AJ_OK;
     side_to_device(dev, &side_st, side.t, side.n, side_dev);
     CHECK_MSG(side_st == AJ_OK, "%s: side tensors: %s", c->label, aj_last_error(ctx));
-    p.dropout_p = c->dropout;
-    p.seed = c->drop_seed;
-    p.offset = c->drop_offset;
-    ref_forward(&p, q.ref, k.ref, v.ref, o.ref, lse.ref);
-    store_rounded(&o);
-    store_rounded(&lse);   /* -inf stays -inf */
+    ref_forward(&p, x.q.ref, x.k.ref, x.v.ref, x.o.ref, x.lse.ref);
+    store_rounded(&x.o);
+    store_rounded(&x.lse);   /* -inf stays -inf */
 
-    aj_bwd_args a = AJ_BWD_ARGS_INIT;
-    a.q = q.t;
-    a.k = k.t;
-    a.v = v.t;
-    a.o = o.t;
-    a.lse = lse.t;
-    a.do_ = dout.t;
-    a.dq = dq.t;
-    a.dk = dk.t;
-    a.dv = dvt.t;
-    a.alibi_slopes = slopes_t;
+    aj_bwd_args a = bwd_case_args(c, &x, &slopes);
     a.side = side_dev;
     a.num_side = side.n;
-    a.q_offset = c->q_offset;
-    a.kv_offset = c->kv_offset;
-    a.sq_total = c->sq_total;
-    a.sk_total = c->sk_total;
-    a.seed = c->drop_seed;
-    a.offset = c->drop_offset;
     if (varlen) {
         a.cu_seqlens_q = cu_dev[0];
         a.cu_seqlens_k = cu_dev[1];
@@ -414,34 +247,13 @@ static void run_case(const fb_case *c)
         a.max_seqlen_q = max_q;
         a.max_seqlen_k = max_k;
     }
-    tensor *outs[3] = {&dq, &dk, &dvt};
+    tensor *outs[3] = {&x.dq, &x.dk, &x.dv};
     for (int t = 0; t < 3; t++)
         poison(outs[t]);
     aj_status st = aj_backward(ctx, dev, kernel, &a);
     CHECK_MSG(st == AJ_OK, "%s: %s", c->label, aj_last_error(ctx));
-
-    double *want[3] = {calloc(q.n + 1, 8), calloc(k.n + 1, 8), calloc(v.n + 1, 8)};
-    double *got[3] = {calloc(q.n + 1, 8), calloc(k.n + 1, 8), calloc(v.n + 1, 8)};
-    ref_backward(&p, q.ref, k.ref, v.ref, o.ref, lse.ref, dout.ref, want[0], want[1], want[2],
-                 NULL);
-    static const char *const names[3] = {"dq", "dk", "dv"};
-    for (int t = 0; t < 3 && st == AJ_OK; t++) {
-        read_back(outs[t], got[t]);
-        double err = plane_error(c, outs[t], got[t], want[t]);
-        CHECK_MSG(err <= 1.0, "%s: %s error %.3g of the tolerance%s", c->label, names[t], err,
-                  c->per_plane ? " (in a plane)" : "");
-    }
-    /* rows with LSE = -inf see no key: exactly zero dq (rows of [.., S, D]
-     * padded; varlen LSE is [H, T] and dq [T, H, D]) */
-    for (size_t r = 0; r < lse.n && st == AJ_OK; r++) {
-        if (lse.ref[r] != -INFINITY)
-            continue;
-        size_t row = varlen ? (r % (size_t)q.t.shape[0]) * (size_t)c->hq + r / (size_t)q.t.shape[0]
-                            : r;
-        for (int x = 0; x < c->d; x++)
-            CHECK_MSG(got[0][row * (size_t)c->d + (size_t)x] == 0.0,
-                      "%s: dq row %zu (no visible key) is not 0", c->label, r);
-    }
+    if (st == AJ_OK)
+        bwd_check_grads(c, &p, &x, NULL);
     if (c->pass_mask && st == AJ_OK)
         rerun_passed_mask(c, kernel, &a, outs);
     if (c->twin_mask && st == AJ_OK)
@@ -453,13 +265,7 @@ static void run_case(const fb_case *c)
         rerun_same_bits(c, kernel, &a, outs, first, 3);
         free_bits(first);
     }
-    for (int t = 0; t < 3; t++) {
-        free(want[t]);
-        free(got[t]);
-    }
-    tensor *all[9] = {&q, &k, &v, &o, &dout, &lse, &dq, &dk, &dvt};
-    for (int i = 0; i < 9; i++)
-        tensor_release(all[i]);
+    bwd_io_release(&x);
     for (int i = 0; i < 2; i++)
         if (cu_dev[i])
             aj_device_free(dev, cu_dev[i]);
@@ -470,9 +276,9 @@ static void run_case(const fb_case *c)
     printf("  %-60s %.2f s\n", c->label, (double)(clock() - t0) / CLOCKS_PER_SEC);
 }
 
-static fb_case base(const char *label, aj_dtype dtype, int d, const char *mask)
+static bwd_case base(const char *label, aj_dtype dtype, int d, const char *mask)
 {
-    return (fb_case){.label = label, .dtype = dtype, .d = d, .mask = mask, .b = 1, .hq = 2,
+    return (bwd_case){.label = label, .dtype = dtype, .d = d, .mask = mask, .b = 1, .hq = 2,
                      .hkv = 1, .sq = 37, .sk = 70, .seed = 11, .deterministic = 1};
 }
 
@@ -487,7 +293,7 @@ static void run_dims_case(char *label, size_t cap, aj_dtype dtype, int d, int dv
 {
     snprintf(label, cap, "%s d%d/%d %s%s", aj_dtype_name(dtype), d, dv, matrix_masks[m],
              det ? "" : " atomic dq");
-    fb_case c = base(label, dtype, d, matrix_masks[m]);
+    bwd_case c = base(label, dtype, d, matrix_masks[m]);
     c.dv = dv;
     c.deterministic = det;
     c.sq = d > 128 || dv > 128 ? 21 : 37;
@@ -529,7 +335,7 @@ static void test_odd_dims(void)
 
 static void test_shapes(void)
 {
-    fb_case c = base("f16 d64 GQA 4:1 causal(bottom_right), batch 2", AJ_DTYPE_F16, 64,
+    bwd_case c = base("f16 d64 GQA 4:1 causal(bottom_right), batch 2", AJ_DTYPE_F16, 64,
                      "causal(bottom_right)");
     c.b = 2;
     c.hq = 8;
@@ -551,7 +357,7 @@ static void test_shapes(void)
 
 static void test_offsets(void)
 {
-    fb_case c = base("f16 d64 causal, offsets (chunk of a longer sequence)", AJ_DTYPE_F16, 64,
+    bwd_case c = base("f16 d64 causal, offsets (chunk of a longer sequence)", AJ_DTYPE_F16, 64,
                      "causal(bottom_right)");
     c.q_offset = 100;
     c.kv_offset = 64;
@@ -570,7 +376,7 @@ static void test_offsets(void)
 
 static void test_score_mods(void)
 {
-    fb_case c = base("f16 d64 softcap(5) causal", AJ_DTYPE_F16, 64, "causal(top_left)");
+    bwd_case c = base("f16 d64 softcap(5) causal", AJ_DTYPE_F16, 64, "causal(top_left)");
     c.score_mod = "softcap(5.0)";
     c.magnitude = 3.0;
     run(&c);
@@ -585,7 +391,7 @@ static void test_score_mods(void)
 
 static void test_dropout(void)
 {
-    fb_case c = base("f16 d64 GQA 2:1 dropout 0.2 causal", AJ_DTYPE_F16, 64, "causal(top_left)");
+    bwd_case c = base("f16 d64 GQA 2:1 dropout 0.2 causal", AJ_DTYPE_F16, 64, "causal(top_left)");
     c.dropout = 0.2;
     c.drop_seed = 0x1234567890abcdefull;
     c.drop_offset = (uint64_t)3 << 33 | 5;
@@ -606,7 +412,7 @@ static void test_dropout(void)
 /* deterministic: the same bits on a rerun, on 1 and on 3 worker threads */
 static void test_deterministic(void)
 {
-    fb_case c = base("f16 d64 GQA 4:1 causal: reruns, same bits", AJ_DTYPE_F16, 64,
+    bwd_case c = base("f16 d64 GQA 4:1 causal: reruns, same bits", AJ_DTYPE_F16, 64,
                      "causal(top_left)");
     c.hq = 4;
     c.sq = 70;
@@ -617,7 +423,7 @@ static void test_deterministic(void)
 
 static void test_schedules(void)
 {
-    fb_case c = base("f16 d64 schedule (32, 32, 2 warps, 1 stage)", AJ_DTYPE_F16, 64,
+    bwd_case c = base("f16 d64 schedule (32, 32, 2 warps, 1 stage)", AJ_DTYPE_F16, 64,
                      "causal(top_left)");
     c.schedule = "(block_m = 32, block_n = 32, warps = 2, stages = 1)";
     run(&c);
@@ -661,7 +467,7 @@ static void test_schedules(void)
 static void test_varlen(void)
 {
     static const int lq1[4] = {37, 0, 5, 70}, lk1[4] = {20, 9, 64, 70};
-    fb_case c = base("f16 d64 varlen x4 (an empty one) causal(bottom_right) GQA 2:1",
+    bwd_case c = base("f16 d64 varlen x4 (an empty one) causal(bottom_right) GQA 2:1",
                      AJ_DTYPE_F16, 64, "causal(bottom_right)");
     c.b = 4;
     c.lens_q = lq1;
@@ -703,7 +509,7 @@ static void test_expressions(void)
     score_variant = AJ_VARIANT_FLASH;
     test_score_examples();
     test_score_random(200);
-    fb_case d = base("f16 d32 document mask, schedule (32, 32, 2 warps, 1 stage)", AJ_DTYPE_F16,
+    bwd_case d = base("f16 d32 document mask, schedule (32, 32, 2 warps, 1 stage)", AJ_DTYPE_F16,
                      32, "expr(doc[b, q] == doc[b, k] && k <= q)");
     d.tensors = "(doc: i32[2])";
     d.schedule = "(block_m = 32, block_n = 32, warps = 2, stages = 1)";
@@ -733,7 +539,7 @@ static void test_full_tiles(void)
             char label[128];
             snprintf(label, sizeof label, "f16 d32 %s %s 128 x 128, full tiles as tested ones",
                      variants[v].name, masks[m].label);
-            fb_case c = base(label, AJ_DTYPE_F16, 32, masks[m].mask);
+            bwd_case c = base(label, AJ_DTYPE_F16, 32, masks[m].mask);
             c.variant = variants[v].variant;
             c.schedule = variants[v].schedule;
             c.sq = c.sk = 128;
@@ -749,6 +555,11 @@ typedef struct err_setup {
     int32_t *cu[2];
     aj_bwd_args a;
 } err_setup;
+
+static void make(tensor *x, aj_dtype dtype, int rank, const int64_t *shape)
+{
+    tensor_make(x, dev, dtype, rank, shape);
+}
 
 static void err_setup_make(err_setup *e, int varlen)
 {
@@ -963,7 +774,7 @@ static void test_sweep_sample(void)
                       aj_last_error(ctx));
             continue;
         }
-        fb_case c = base(label, s.dtype, s.d, s.mask);
+        bwd_case c = base(label, s.dtype, s.d, s.mask);
         c.variant = s.variant;
         c.dv = s.dv;
         c.score_mod = strcmp(s.score_mod, "none") ? s.score_mod : NULL;
@@ -986,9 +797,9 @@ static void test_sweep_sample(void)
  * past a 128-token chunk and a 64-key window; then a document mask over
  * the bottom-right diagonal of varlen sequences, whose totals are each
  * sequence's own. */
-static fb_case score_case(const char *name, aj_dtype dtype, int d, const char *mask)
+static bwd_case score_case(const char *name, aj_dtype dtype, int d, const char *mask)
 {
-    fb_case c = base(name, dtype, d, mask);
+    bwd_case c = base(name, dtype, d, mask);
     c.variant = score_variant;
     c.b = 2;
     c.hq = 4;
@@ -1001,7 +812,7 @@ static fb_case score_case(const char *name, aj_dtype dtype, int d, const char *m
 static void run_score_example(const char *name, const score_example *ex, int index, void *user)
 {
     (void)user;
-    fb_case c = score_case(name, ex->info.dtype, ex->info.head_dim, ex->mask);
+    bwd_case c = score_case(name, ex->info.dtype, ex->info.head_dim, ex->mask);
     c.score_mod = strcmp(ex->mod, "none") ? ex->mod : NULL;
     c.tensors = ex->tensors[0] ? ex->tensors : NULL;
     c.seed = 21 + (uint64_t)index;
@@ -1019,15 +830,15 @@ static void test_score_examples(void)
     static const int lq[3] = {40, 0, 23}, lk[3] = {45, 9, 70};
     /* a mask interval arithmetic cannot class: the launches build its
      * block mask (runtime/block_mask.c), exact per tile */
-    fb_case nl = score_case("nonlinear mask, block mask built by the launch", AJ_DTYPE_BF16,
+    bwd_case nl = score_case("nonlinear mask, block mask built by the launch", AJ_DTYPE_BF16,
                             32, "expr((q * k) % 3 != 0 || k <= q)");
     run(&nl);
-    fb_case doc = score_case("document mask, the forward's block mask passed", AJ_DTYPE_BF16, 32,
+    bwd_case doc = score_case("document mask, the forward's block mask passed", AJ_DTYPE_BF16, 32,
                              "expr(doc[b, q] == doc[b, k] && k <= q)");
     doc.tensors = "(doc: i32[2])";
     doc.pass_mask = 1;
     run(&doc);
-    fb_case c = base("varlen x3 document mask, bottom_right by expression", AJ_DTYPE_BF16, 32,
+    bwd_case c = base("varlen x3 document mask, bottom_right by expression", AJ_DTYPE_BF16, 32,
                      "expr(doc[b, q] == doc[b, k] && k <= q + (sk - sq))");
     c.variant = score_variant;
     c.tensors = "(doc: i32[2])";
@@ -1040,7 +851,7 @@ static void test_score_examples(void)
     }
     /* the efficient backward's GPU template takes padded layouts only:
      * refused, naming the layout (the flash variant's run above has it) */
-    aj_op *op = parse(&c);
+    aj_op *op = bwd_case_op(ctx, &c);
     aj_kernel *k = NULL;
     aj_compile_options opt = AJ_COMPILE_OPTIONS_INIT;
     opt.target = aj_device_target(dev);
@@ -1055,9 +866,9 @@ static const char *const random_tensors = "(ti: i32[2], tf: f32[1])";
 
 /* The problem of the random cases: a position offset, two small side
  * tensors, f16, head dim 16, B 2; `mask` and `score_mod` as a case's. */
-static fb_case random_problem(const char *label, const char *field, bool score, uint64_t seed)
+static bwd_case random_problem(const char *label, const char *field, bool score, uint64_t seed)
 {
-    fb_case c = base(label, AJ_DTYPE_F16, 16, score ? "causal(top_left)" : field);
+    bwd_case c = base(label, AJ_DTYPE_F16, 16, score ? "causal(top_left)" : field);
     c.variant = score_variant;
     c.score_mod = score ? field : NULL;
     c.tensors = random_tensors;
@@ -1072,7 +883,7 @@ static fb_case random_problem(const char *label, const char *field, bool score, 
 /* Whether c fails, its failures left uncounted (their messages still
  * print: a batch's cases run alone, and shrink probes, only once the
  * batch has failed). */
-static bool case_fails(const fb_case *c)
+static bool case_fails(const bwd_case *c)
 {
     int passed = check_passed, failed = check_failed;
     run_case(c);
@@ -1089,7 +900,7 @@ static bool random_fails(rx_tree *t, int root, void *user)
     static char text[8192], label[64];
     rx_expression(t, root, t->score, text, sizeof text);
     snprintf(label, sizeof label, "random %s %d", t->score ? "score_mod" : "mask", t->index);
-    fb_case c = random_problem(label, text, t->score, (uint64_t)t->index + 1);
+    bwd_case c = random_problem(label, text, t->score, (uint64_t)t->index + 1);
     return case_fails(&c);
 }
 
@@ -1114,7 +925,7 @@ static bool batch_fails(rx_batch *b, void *user)
     rx_batch_field(b, field, sizeof field);
     snprintf(label, sizeof label, "random %ss %d .. %d (%d planes)",
              b->score ? "score_mod" : "mask", b->t[0].index, b->t[b->count - 1].index, b->count);
-    fb_case c = random_problem(label, field, b->score, (uint64_t)b->t[0].index + 1);
+    bwd_case c = random_problem(label, field, b->score, (uint64_t)b->t[0].index + 1);
     c.hq = RX_BATCH_H;
     c.hkv = RX_BATCH_H / 2;
     c.b = RX_BATCH_B;

@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "fwd_check.h"
 #include "sim_harness.h"
 
 static aj_ctx *ctx;
@@ -31,13 +32,8 @@ static void run_ext(const fwd_case *c, const fwd_options *x, const fwd_run_optio
     flash.variant = AJ_VARIANT_FLASH;
     fwd_result r = fwd_run_case_ext(ctx, dev, c, x, &flash);
     cases_run++;
-    CHECK_MSG(r.status == AJ_OK, "%s: %s (%s)", c->label, aj_status_str(r.status),
-              aj_last_error(ctx));
-    if (r.status != AJ_OK)
+    if (!fwd_check_result(ctx, c, &r))
         return;
-    CHECK_MSG(r.max_err_o <= 1.0, "%s: O error %.3g x tolerance", c->label, r.max_err_o);
-    CHECK_MSG(r.max_err_lse <= 1.0, "%s: LSE error %.3g x tolerance", c->label, r.max_err_lse);
-    CHECK_MSG(r.exact_empty_rows, "%s: a row without keys is not O = 0, LSE = -inf", c->label);
     printf("%-56s O %.3f LSE %.3f empty rows %4lld  %5.2f s\n", c->label, r.max_err_o,
            r.max_err_lse, (long long)r.rows_without_keys, r.seconds);
 }
@@ -54,19 +50,9 @@ static void run(const fwd_case *c)
 
 static fwd_case base(const char *label, aj_dtype dtype, int d, const char *mask)
 {
-    fwd_case c;
-    memset(&c, 0, sizeof c);
-    c.label = label;
-    c.dtype = dtype;
-    c.d = d;
-    c.mask = mask;
-    c.b = 1;
-    c.hq = 2;
-    c.hkv = 1;
+    fwd_case c = fwd_case_base(label, dtype, d, mask);
     c.sq = 65;
     c.sk = 130;
-    c.magnitude = 1.0;
-    c.seed = 42;
     return c;
 }
 

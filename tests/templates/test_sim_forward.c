@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "fwd_check.h"
 #include "sim_harness.h"
 
 static aj_ctx *ctx;
@@ -31,34 +32,11 @@ static void run_variant(const fwd_case *c, const char *variant)
         return;
     fwd_result r = fwd_run_case_variant(ctx, dev, c, NULL, variant);
     cases_run++;
-    CHECK_MSG(r.status == AJ_OK, "%s: %s (%s)", c->label, aj_status_str(r.status),
-              aj_last_error(ctx));
-    if (r.status != AJ_OK)
+    if (!fwd_check_result(ctx, c, &r))
         return;
-    CHECK_MSG(r.max_err_o <= 1.0, "%s: O error %.3g x tolerance", c->label, r.max_err_o);
-    CHECK_MSG(r.max_err_lse <= 1.0, "%s: LSE error %.3g x tolerance", c->label, r.max_err_lse);
-    CHECK_MSG(r.exact_empty_rows, "%s: a row without keys is not O = 0, LSE = -inf", c->label);
     printf("%-58s O %.3f LSE %.3f empty rows %4lld  %6.1f Minst/s\n", c->label, r.max_err_o,
            r.max_err_lse, (long long)r.rows_without_keys,
            r.seconds > 0 ? (double)r.instructions / r.seconds / 1e6 : 0.0);
-}
-
-static fwd_case base(const char *label, aj_dtype dtype, int d, const char *mask)
-{
-    fwd_case c;
-    memset(&c, 0, sizeof c);
-    c.label = label;
-    c.dtype = dtype;
-    c.d = d;
-    c.mask = mask;
-    c.b = 1;
-    c.hq = 2;
-    c.hkv = 1;
-    c.sq = 67;
-    c.sk = 83;
-    c.magnitude = 1.0;
-    c.seed = 42;
-    return c;
 }
 
 static void run(const fwd_case *c)
@@ -80,7 +58,7 @@ static void test_matrix(void)
                 const char *variant = on_cpu && (t + d + m) % 2 ? "flash" : "efficient";
                 snprintf(label, sizeof label, "%s %s d%d %s", variant, aj_dtype_name(dtypes[t]),
                          dims[d], masks[m]);
-                fwd_case c = base(label, dtypes[t], dims[d], masks[m]);
+                fwd_case c = fwd_case_base(label, dtypes[t], dims[d], masks[m]);
                 c.seed = (uint64_t)(t * 100 + d * 10 + m + 1);
                 run_variant(&c, variant);
             }
@@ -95,7 +73,7 @@ static void test_lengths(void)
         for (int j = 0; j < 5; j++) {
             const char *mask = (i + j) % 2 ? "causal(bottom_right)" : "causal(top_left)";
             snprintf(label, sizeof label, "f16 d64 Sq %d Sk %d %s", lens[i], lens[j], mask);
-            fwd_case c = base(label, AJ_DTYPE_F16, 64, mask);
+            fwd_case c = fwd_case_base(label, AJ_DTYPE_F16, 64, mask);
             c.sq = lens[i];
             c.sk = lens[j];
             c.seed = (uint64_t)(i * 5 + j + 7);
@@ -110,7 +88,7 @@ static void test_gqa(void)
     for (int i = 0; i < 4; i++) {
         snprintf(label, sizeof label, "bf16 d64 GQA Hq %d Hkv %d, batch 2", ratios[i][0],
                  ratios[i][1]);
-        fwd_case c = base(label, AJ_DTYPE_BF16, 64, "causal(bottom_right)");
+        fwd_case c = fwd_case_base(label, AJ_DTYPE_BF16, 64, "causal(bottom_right)");
         c.hq = ratios[i][0];
         c.hkv = ratios[i][1];
         c.b = 2;
@@ -123,45 +101,45 @@ static void test_gqa(void)
 /* global positions: a shard of a longer sequence masks as the whole would */
 static void test_offsets_and_empty_rows(void)
 {
-    fwd_case c = base("f32 d64 causal, q_offset 300 kv_offset 256", AJ_DTYPE_F32, 64,
-                      "causal(top_left)");
+    fwd_case c = fwd_case_base("f32 d64 causal, q_offset 300 kv_offset 256", AJ_DTYPE_F32, 64,
+                               "causal(top_left)");
     c.q_offset = 300;
     c.kv_offset = 256;
     run(&c);
 
-    c = base("f16 d64 causal, queries before every key: all rows empty", AJ_DTYPE_F16, 64,
-             "causal(top_left)");
+    c = fwd_case_base("f16 d64 causal, queries before every key: all rows empty", AJ_DTYPE_F16, 64,
+                      "causal(top_left)");
     c.q_offset = 0;
     c.kv_offset = 1000;
     run(&c);
 
-    c = base("bf16 d128 bottom_right Sq 100 > Sk 40: leading rows empty", AJ_DTYPE_BF16, 128,
-             "causal(bottom_right)");
+    c = fwd_case_base("bf16 d128 bottom_right Sq 100 > Sk 40: leading rows empty", AJ_DTYPE_BF16,
+                      128, "causal(bottom_right)");
     c.sq = 100;
     c.sk = 40;
     run(&c);
 
-    c = base("f16 d64 bottom_right with totals (shard of 4096 x 4096)", AJ_DTYPE_F16, 64,
-             "causal(bottom_right)");
+    c = fwd_case_base("f16 d64 bottom_right with totals (shard of 4096 x 4096)", AJ_DTYPE_F16, 64,
+                      "causal(bottom_right)");
     c.q_offset = 2048;
     c.kv_offset = 1024;
     c.sq_total = 4096;
     c.sk_total = 4096;
     run(&c);
 
-    c = base("f32 d32 window(8, 8) at offsets around 2^40", AJ_DTYPE_F32, 32,
-             "window(8, 8)");
+    c = fwd_case_base("f32 d32 window(8, 8) at offsets around 2^40", AJ_DTYPE_F32, 32,
+                      "window(8, 8)");
     c.q_offset = (int64_t)1 << 40;
     c.kv_offset = ((int64_t)1 << 40) + 30;
     run(&c);
 
-    c = base("f16 d64 window, negative offsets", AJ_DTYPE_F16, 64,
-             "window(10, 3, bottom_right)");
+    c = fwd_case_base("f16 d64 window, negative offsets", AJ_DTYPE_F16, 64,
+                      "window(10, 3, bottom_right)");
     c.q_offset = -50;
     c.kv_offset = -70;
     run(&c);
 
-    c = base("f16 d64 Sk = 0: every row empty", AJ_DTYPE_F16, 64, "none");
+    c = fwd_case_base("f16 d64 Sk = 0: every row empty", AJ_DTYPE_F16, 64, "none");
     c.sk = 0;
     run(&c);
 }
@@ -169,47 +147,48 @@ static void test_offsets_and_empty_rows(void)
 static void test_magnitude(void)
 {
     /* |q|, |k| up to 100 at d 64: scores around 1e3..1e4 */
-    fwd_case c = base("f16 d64 scores ~1e4", AJ_DTYPE_F16, 64, "none");
+    fwd_case c = fwd_case_base("f16 d64 scores ~1e4", AJ_DTYPE_F16, 64, "none");
     c.magnitude = 100.0;
     run(&c);
-    c = base("bf16 d128 scores ~1e4, causal", AJ_DTYPE_BF16, 128, "causal(top_left)");
+    c = fwd_case_base("bf16 d128 scores ~1e4, causal", AJ_DTYPE_BF16, 128, "causal(top_left)");
     c.magnitude = 100.0;
     run(&c);
-    c = base("f32 d64 scores ~1e4, window", AJ_DTYPE_F32, 64, "window(16, 0)");
+    c = fwd_case_base("f32 d64 scores ~1e4, window", AJ_DTYPE_F32, 64, "window(16, 0)");
     c.magnitude = 100.0;
     run(&c);
 }
 
 static void test_variants(void)
 {
-    fwd_case c = base("bf16 d192 dv128 causal", AJ_DTYPE_BF16, 192, "causal(top_left)");
+    fwd_case c = fwd_case_base("bf16 d192 dv128 causal", AJ_DTYPE_BF16, 192, "causal(top_left)");
     c.dv = 128;
     run(&c);
-    c = base("f16 d64 dv128", AJ_DTYPE_F16, 64, "none");
+    c = fwd_case_base("f16 d64 dv128", AJ_DTYPE_F16, 64, "none");
     c.dv = 128;
     run(&c);
-    c = base("f32 d8 (narrow row groups)", AJ_DTYPE_F32, 8, "causal(top_left)");
+    c = fwd_case_base("f32 d8 (narrow row groups)", AJ_DTYPE_F32, 8, "causal(top_left)");
     run(&c);
-    c = base("bf16 d128 softcap(30) causal", AJ_DTYPE_BF16, 128, "causal(top_left)");
+    c = fwd_case_base("bf16 d128 softcap(30) causal", AJ_DTYPE_BF16, 128, "causal(top_left)");
     c.score_mod = "softcap(30.0)";
     c.magnitude = 4.0;
     run(&c);
-    c = base("f32 d64 alibi causal(bottom_right)", AJ_DTYPE_F32, 64, "causal(bottom_right)");
+    c = fwd_case_base("f32 d64 alibi causal(bottom_right)", AJ_DTYPE_F32, 64,
+                      "causal(bottom_right)");
     c.score_mod = "alibi";
     run(&c);
-    c = base("f16 d64 BSHD strides, batch 2", AJ_DTYPE_F16, 64, "causal(top_left)");
+    c = fwd_case_base("f16 d64 BSHD strides, batch 2", AJ_DTYPE_F16, 64, "causal(top_left)");
     c.bshd = 1;
     c.b = 2;
     c.hq = 4;
     c.hkv = 2;
     run(&c);
-    c = base("f16 d96 schedule (32, 64, 4)", AJ_DTYPE_F16, 96, "causal(bottom_right)");
+    c = fwd_case_base("f16 d96 schedule (32, 64, 4)", AJ_DTYPE_F16, 96, "causal(bottom_right)");
     c.schedule = "(block_m = 32, block_n = 64, warps = 4)";
     run(&c);
-    c = base("bf16 d64 schedule (64, 16, 8)", AJ_DTYPE_BF16, 64, "window(40, 40)");
+    c = fwd_case_base("bf16 d64 schedule (64, 16, 8)", AJ_DTYPE_BF16, 64, "window(40, 40)");
     c.schedule = "(block_m = 64, block_n = 16, warps = 8)";
     run(&c);
-    c = base("f32 d256 schedule (16, 16, 2)", AJ_DTYPE_F32, 256, "none");
+    c = fwd_case_base("f32 d256 schedule (16, 16, 2)", AJ_DTYPE_F32, 256, "none");
     c.schedule = "(block_m = 16, block_n = 16, warps = 2)";
     run(&c);
 }
