@@ -514,22 +514,10 @@ static aj_status cbwd_build(aj_kb *kb, const aj_op *op, void *user)
     return kb->st;
 }
 
-const aj_template aj_template_cpu_bwd_flash = {
+AJ_TEMPLATE_BOTH_VARIANTS(aj_template_cpu_bwd,
     .name = "cpu_bwd",
     .kind = AJ_KIND_BACKWARD,
-    .variant = AJ_VARIANT_FLASH,
     .check = cbwd_check,
     .build = cbwd_build,
     .targets = 1u << AJ_TARGET_CPU,
-    .stage_sigs = {AJ_KSIG_CPU_BWD_DKDV, AJ_KSIG_CPU_BWD_DQ},
-};
-
-const aj_template aj_template_cpu_bwd_efficient = {
-    .name = "cpu_bwd",
-    .kind = AJ_KIND_BACKWARD,
-    .variant = AJ_VARIANT_EFFICIENT,
-    .check = cbwd_check,
-    .build = cbwd_build,
-    .targets = 1u << AJ_TARGET_CPU,
-    .stage_sigs = {AJ_KSIG_CPU_BWD_DKDV, AJ_KSIG_CPU_BWD_DQ},
-};
+    .stage_sigs = {AJ_KSIG_CPU_BWD_DKDV, AJ_KSIG_CPU_BWD_DQ});

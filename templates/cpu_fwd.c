@@ -798,45 +798,20 @@ static aj_status cfwd_build(aj_kb *kb, const aj_op *op, void *user)
     return kb->st;
 }
 
-const aj_template aj_template_cpu_fwd_flash = {
+AJ_TEMPLATE_BOTH_VARIANTS(aj_template_cpu_fwd,
     .name = "cpu_fwd",
     .kind = AJ_KIND_FORWARD,
-    .variant = AJ_VARIANT_FLASH,
     .check = cfwd_check,
     .build = cfwd_build,
     .targets = 1u << AJ_TARGET_CPU,
-    .stage_sigs = {AJ_KSIG_CPU_FWD},
-};
-
-const aj_template aj_template_cpu_fwd_efficient = {
-    .name = "cpu_fwd",
-    .kind = AJ_KIND_FORWARD,
-    .variant = AJ_VARIANT_EFFICIENT,
-    .check = cfwd_check,
-    .build = cfwd_build,
-    .targets = 1u << AJ_TARGET_CPU,
-    .stage_sigs = {AJ_KSIG_CPU_FWD},
-};
+    .stage_sigs = {AJ_KSIG_CPU_FWD});
 
 /* layout = paged: the same build, split-KV parts and their merge */
-const aj_template aj_template_cpu_fwd_paged_flash = {
+AJ_TEMPLATE_BOTH_VARIANTS(aj_template_cpu_fwd_paged,
     .name = "cpu_paged",
     .kind = AJ_KIND_FORWARD,
-    .variant = AJ_VARIANT_FLASH,
     .check = cfwd_check,
     .build = cfwd_build,
     .targets = 1u << AJ_TARGET_CPU,
     .paged = true,
-    .stage_sigs = {AJ_KSIG_CPU_PAGED_FWD, AJ_KSIG_CPU_PAGED_MERGE},
-};
-
-const aj_template aj_template_cpu_fwd_paged_efficient = {
-    .name = "cpu_paged",
-    .kind = AJ_KIND_FORWARD,
-    .variant = AJ_VARIANT_EFFICIENT,
-    .check = cfwd_check,
-    .build = cfwd_build,
-    .targets = 1u << AJ_TARGET_CPU,
-    .paged = true,
-    .stage_sigs = {AJ_KSIG_CPU_PAGED_FWD, AJ_KSIG_CPU_PAGED_MERGE},
-};
+    .stage_sigs = {AJ_KSIG_CPU_PAGED_FWD, AJ_KSIG_CPU_PAGED_MERGE});

@@ -1185,22 +1185,10 @@ const aj_template aj_template_efficient_fwd = {
 /* layout = paged, both variants: a decode kernel is bound by the K/V
  * bytes it streams, which the SIMT FMA tiles keep up with (the flash
  * template's mma tiles would idle on Sq <= 16 rows) */
-const aj_template aj_template_paged_fwd_flash = {
+AJ_TEMPLATE_BOTH_VARIANTS(aj_template_paged_fwd,
     .name = "paged_fwd",
     .kind = AJ_KIND_FORWARD,
-    .variant = AJ_VARIANT_FLASH,
     .check = efwd_check,
     .build = efwd_build,
     .paged = true,
-    .stage_sigs = {AJ_KSIG_CPU_PAGED_FWD, AJ_KSIG_CPU_PAGED_MERGE},
-};
-
-const aj_template aj_template_paged_fwd_efficient = {
-    .name = "paged_fwd",
-    .kind = AJ_KIND_FORWARD,
-    .variant = AJ_VARIANT_EFFICIENT,
-    .check = efwd_check,
-    .build = efwd_build,
-    .paged = true,
-    .stage_sigs = {AJ_KSIG_CPU_PAGED_FWD, AJ_KSIG_CPU_PAGED_MERGE},
-};
+    .stage_sigs = {AJ_KSIG_CPU_PAGED_FWD, AJ_KSIG_CPU_PAGED_MERGE});

@@ -29,6 +29,12 @@ typedef struct aj_template {
     aj_kernel_sig stage_sigs[AJ_KB_MAX_STAGES];
 } aj_template;
 
+/* A template whose one kernel serves both variants: its two registry
+ * rows, ID_flash and ID_efficient, the same but for the variant. */
+#define AJ_TEMPLATE_BOTH_VARIANTS(ID, ...)                                                         \
+    const aj_template ID##_flash = {.variant = AJ_VARIANT_FLASH, __VA_ARGS__};                     \
+    const aj_template ID##_efficient = {.variant = AJ_VARIANT_EFFICIENT, __VA_ARGS__}
+
 /* The template for the op's kind and variant on `target`;
  * AJ_ERR_UNSUPPORTED naming them if none exists. */
 aj_status aj_template_find(aj_ctx *ctx, const aj_op *op, aj_target target,
