@@ -214,15 +214,16 @@ void aj_device_scratch_release(aj_device *dev, void *stream, void *ptr)
 
 /* ---------------------------------------------------------------- work */
 
-/* The fault recorded in the status word (cleared again), as `fn`'s
- * AJ_ERR_INVALID_ARG. */
-static aj_status take_status(aj_device *dev, const char *fn)
+/* The fault recorded in status word `word` (cleared again), as `fn`'s
+ * AJ_ERR_INVALID_ARG on ctx. */
+static aj_status take_status(aj_ctx *ctx, aj_device *dev, void *word, const char *fn)
 {
     uint32_t code = AJ_VARLEN_STATUS_CLEAR;
-    aj_status st = aj_device_copy_from(dev, &code, dev->status, sizeof code);
+    aj_status st = aj_device_copy_from(dev, &code, word, sizeof code);
     if (st != AJ_OK || code == AJ_VARLEN_STATUS_CLEAR)
         return st;
-    st = set_status(dev, AJ_VARLEN_STATUS_CLEAR);
+    const uint32_t clear = AJ_VARLEN_STATUS_CLEAR;
+    st = aj_device_copy_to(dev, word, &clear, sizeof clear);
     if (st != AJ_OK)
         return st;
     const unsigned seq = code >> 4, next = seq + 1;
@@ -264,7 +265,7 @@ static aj_status take_status(aj_device *dev, const char *fn)
     default:
         snprintf(fault, sizeof fault, "fault code %u", code & 7);
     }
-    return aj_fail(dev->ctx, AJ_ERR_INVALID_ARG, "%s: %s (found by the kernel of sequence %u, "
+    return aj_fail(ctx, AJ_ERR_INVALID_ARG, "%s: %s (found by the kernel of sequence %u, "
                    "which skipped it)", fn, fault, seq);
 }
 
@@ -287,9 +288,32 @@ aj_status aj_device_stage_resources(aj_ctx *ctx, aj_device *dev, const aj_kernel
     return dev->ops->stage_resources(ctx, dev, k, stage, out);
 }
 
-aj_status aj_device_launched(aj_device *dev, const char *fn)
+aj_status aj_device_status_word(aj_device *dev, void **out)
 {
-    return dev->ops->kind_caps.streams ? AJ_OK : take_status(dev, fn);
+    *out = dev->status;
+    if (dev->ops->kind_caps.streams)
+        return AJ_OK;
+    void *word = NULL;
+    uint32_t clear = AJ_VARLEN_STATUS_CLEAR;
+    aj_status st = aj_device_alloc(dev, sizeof clear, &word);
+    if (st == AJ_OK)
+        st = aj_device_copy_to(dev, word, &clear, sizeof clear);
+    if (st != AJ_OK && word)
+        aj_device_free(dev, word);
+    if (st == AJ_OK)
+        *out = word;
+    return st;
+}
+
+aj_status aj_device_launched(aj_ctx *ctx, aj_device *dev, void *word, aj_status st,
+                             const char *fn)
+{
+    if (dev->ops->kind_caps.streams || !word || word == dev->status)
+        return st;
+    if (st == AJ_OK)
+        st = take_status(ctx, dev, word, fn);
+    aj_device_free(dev, word);
+    return st;
 }
 
 aj_status aj_device_synchronize(aj_device *dev, void *stream)
@@ -299,7 +323,7 @@ aj_status aj_device_synchronize(aj_device *dev, void *stream)
     if (!dev->ops->kind_caps.streams)
         return AJ_OK;   /* sim and cpu reported it at the launch */
     aj_status st = dev->ops->synchronize(dev, stream);
-    return st == AJ_OK ? take_status(dev, "a varlen launch") : st;
+    return st == AJ_OK ? take_status(dev->ctx, dev, dev->status, "a varlen launch") : st;
 }
 
 aj_status aj_device_stream_create(aj_device *dev, void **stream)

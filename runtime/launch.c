@@ -136,12 +136,15 @@ static aj_status forward_paged(aj_ctx *ctx, aj_device *dev, const aj_kernel *ker
     void *ws = NULL;
     if (ws_bytes)
         st = aj_device_scratch(dev, a->stream, ws_bytes, &ws);
+    void *word = NULL;   /* this launch's status word */
+    if (st == AJ_OK)
+        st = aj_device_status_word(dev, &word);
     launch_scratch *ls = aj_launch_scratch_new(ctx, FWD, &st);
     launch_values v = {.given = 0};
     const aj_tensor i32s[2] = {
         {(void *)a->block_table, AJ_DTYPE_F32, 2, {sz.batch, a->max_pages}, {a->max_pages, 1}},
         {(void *)a->seqlens_k, AJ_DTYPE_F32, 1, {sz.batch}, {1}}};
-    const aj_tensor status_word = {dev->status, AJ_DTYPE_F32, 1, {1}, {1}};
+    const aj_tensor status_word = {word, AJ_DTYPE_F32, 1, {1}, {1}};
     const aj_tensor ws_t = {ws, AJ_DTYPE_F32, 1, {(int64_t)(ws_bytes / 4)}, {1}};
     /* varlen queries: the packed q, o, lse as padded views (batch stride
      * 0), cu_seqlens_q beside them */
@@ -178,7 +181,7 @@ static aj_status forward_paged(aj_ctx *ctx, aj_device *dev, const aj_kernel *ker
     free(ls);
     if (ws)
         aj_device_scratch_release(dev, a->stream, ws);
-    return st == AJ_OK ? aj_device_launched(dev, FWD) : st;
+    return aj_device_launched(ctx, dev, word, st, FWD);
 }
 
 aj_status aj_forward(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
@@ -213,11 +216,14 @@ aj_status aj_forward(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
         for (int i = 0; i < 6; i++)
             *packed[i] = aj_padded_view(packed[i]);
     }
+    void *word = dev->status;   /* this launch's status word (varlen) */
+    if (varlen && (st = aj_device_status_word(dev, &word)) != AJ_OK)
+        return st;
     launch_scratch *ls = aj_launch_scratch_new(ctx, FWD, &st);
     if (!ls)
-        return st;
+        return aj_device_launched(ctx, dev, varlen ? word : NULL, st, FWD);
     launch_values v;
-    aj_forward_values(&as_padded, &sz, sq_total, sk_total, dev->status, &v);
+    aj_forward_values(&as_padded, &sz, sq_total, sk_total, word, &v);
     st = aj_bind_scores(ctx, FWD, op, args->side, args->num_side, &args->alibi_slopes, &ls->scores);
     void *scratch = NULL;
     const aj_block_mask_shape shape = {sz.batch, sz.heads_q, sz.seq_q, sz.seq_k, args->q_offset,
@@ -234,7 +240,7 @@ aj_status aj_forward(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
     free(ls);
     if (scratch)
         aj_device_scratch_release(dev, args->stream, scratch);
-    return st == AJ_OK && varlen ? aj_device_launched(dev, FWD) : st;
+    return aj_device_launched(ctx, dev, varlen ? word : NULL, st, FWD);
 }
 
 aj_status aj_block_mask_launch(aj_ctx *ctx, aj_device *dev, const char *fn,
@@ -343,7 +349,7 @@ aj_status aj_backward_workspace_size(aj_ctx *ctx, const aj_kernel *kernel,
 
 static aj_status run_backward(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
                               const aj_bwd_args *args, const fwd_sizes *sz,
-                              const bwd_workspace *w, void *ws);
+                              const bwd_workspace *w, void *ws, void *word);
 
 /* The workspace a launch uses: the caller's, checked, or (*scratch set)
  * the device's scratch for the call's stream, which the caller of this
@@ -394,11 +400,15 @@ aj_status aj_backward(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
     void *ws = NULL;
     int scratch = 0;
     st = bind_workspace(ctx, dev, args, &w, &ws, &scratch);
+    const int varlen = op->layout == AJ_LAYOUT_VARLEN;
+    void *word = dev->status;   /* this launch's status word (varlen) */
+    if (st == AJ_OK && varlen)
+        st = aj_device_status_word(dev, &word);
     if (st == AJ_OK)
-        st = run_backward(ctx, dev, kernel, &call.view, sz, &w, ws);
+        st = run_backward(ctx, dev, kernel, &call.view, sz, &w, ws, word);
     if (scratch)
         aj_device_scratch_release(dev, args->stream, ws);
-    return st == AJ_OK && op->layout == AJ_LAYOUT_VARLEN ? aj_device_launched(dev, BWD) : st;
+    return aj_device_launched(ctx, dev, varlen ? word : NULL, st, BWD);
 }
 
 static aj_status run_stages(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
@@ -408,7 +418,7 @@ static aj_status run_stages(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel
 /* Binds and runs the stages of a checked backward launch. */
 static aj_status run_backward(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
                               const aj_bwd_args *args, const fwd_sizes *szp,
-                              const bwd_workspace *w, void *ws)
+                              const bwd_workspace *w, void *ws, void *word)
 {
     const aj_op_info *op = &kernel->op;
     const fwd_sizes sz = *szp;
@@ -420,7 +430,7 @@ static aj_status run_backward(aj_ctx *ctx, aj_device *dev, const aj_kernel *kern
     if (!ls)
         return st;
     launch_values v;
-    aj_backward_values(a, &sz, sq_total, sk_total, w, ws, dev->status, &v);
+    aj_backward_values(a, &sz, sq_total, sk_total, w, ws, word, &v);
     st = aj_bind_scores(ctx, BWD, op, a->side, a->num_side, &a->alibi_slopes, &ls->scores);
     void *scratch = NULL;
     const aj_block_mask_shape shape = {sz.batch, sz.heads_q, sz.seq_q, sz.seq_k, a->q_offset,

@@ -121,10 +121,18 @@ aj_status aj_device_stage_resources(aj_ctx *ctx, aj_device *dev, const aj_kernel
  * devices that load nothing. */
 aj_status aj_device_load_kernel(aj_ctx *ctx, aj_device *dev, const aj_kernel *k);
 
-/* After a varlen launch: on devices that run launches synchronously (sim,
- * cpu) the fault its kernels recorded, now, as AJ_ERR_INVALID_ARG naming
- * `fn`; on cuda AJ_OK (aj_device_synchronize reports it). */
-aj_status aj_device_launched(aj_device *dev, const char *fn);
+/* The status word a varlen or paged launch's kernels record a fault in
+ * (docs/api.md "Threads"): on devices that run launches synchronously
+ * (sim, cpu) the launch's own, cleared, so that launches from several
+ * threads never read or clear each other's faults; on cuda the device's,
+ * which aj_device_synchronize reads.  Given back by aj_device_launched. */
+aj_status aj_device_status_word(aj_device *dev, void **out);
+/* After the launch whose status word is `word` (launch status st): on
+ * sim and cpu the fault its kernels recorded, now, as AJ_ERR_INVALID_ARG
+ * on the launch's ctx naming `fn` (st if the launch failed already), the
+ * word freed; on cuda st (aj_device_synchronize reports faults). */
+aj_status aj_device_launched(aj_ctx *ctx, aj_device *dev, void *word, aj_status st,
+                             const char *fn);
 
 /* Scratch memory for work on `stream`, released with
  * aj_device_scratch_release once that work is queued: cuda's is owned by

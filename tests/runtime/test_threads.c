@@ -8,7 +8,9 @@
  * launches forwards of varying shapes and checks each against the float64
  * reference.  Checks: every result matches; the shared cache compiled each
  * distinct op exactly once (misses == distinct ops), however many threads
- * asked for it at once; nothing hangs (ctest's timeout would say so).
+ * asked for it at once; a fault a kernel records reaches its own launch
+ * and no other, on the launch's own context (varlen_faults); nothing hangs (ctest's timeout would say
+ * so).
  *
  *   test_threads [cpu|sim]    (both when no argument)
  */
@@ -228,6 +230,120 @@ static void run(aj_device_kind kind, int threads, int launches, int shared_ctx)
     }
 }
 
+/*
+ * Faults the kernels record, under threads: a varlen forward with
+ * decreasing cu_seqlens_q in one thread while another launches good ones
+ * on the same context and device.  Every bad launch must report its own
+ * fault and every good one none (one status word for the device let a
+ * good launch read, and clear, the other thread's fault).
+ */
+enum { FAULT_T = 6, FAULT_H = 2, FAULT_D = 16, FAULT_LAUNCHES = 150 };
+
+typedef struct fault_arg {
+    aj_ctx *ctx;
+    aj_device *dev;
+    aj_kernel *kernel;
+    const int32_t *cu;          /* device memory: the call's cu_seqlens_q */
+    const int32_t *cu_k;        /* ... and cu_seqlens_k (good) */
+    void *x, *o, *lse;          /* device memory */
+    aj_status want;
+    pthread_barrier_t *start;
+    int wrong;                  /* launches whose status or message was not the one wanted */
+    char first_wrong[256];
+} fault_arg;
+
+static void *fault_main(void *arg)
+{
+    fault_arg *f = arg;
+    aj_fwd_args a = AJ_FWD_ARGS_INIT;
+    a.q = (aj_tensor){f->x, AJ_DTYPE_F32, 3, {FAULT_T, FAULT_H, FAULT_D},
+                      {FAULT_H * FAULT_D, FAULT_D, 1}};
+    a.k = a.v = a.q;
+    a.o = a.q;
+    a.o.data = f->o;
+    a.lse = (aj_tensor){f->lse, AJ_DTYPE_F32, 2, {FAULT_H, FAULT_T}, {FAULT_T, 1}};
+    a.batch = 2;
+    a.max_seqlen_q = a.max_seqlen_k = 4;
+    a.cu_seqlens_q = f->cu;
+    a.cu_seqlens_k = f->cu_k;
+    pthread_barrier_wait(f->start);
+    for (int i = 0; i < FAULT_LAUNCHES; i++) {
+        aj_status st = aj_forward(f->ctx, f->dev, f->kernel, &a);
+        int ok = st == f->want &&
+                 (st == AJ_OK || strstr(aj_last_error(f->ctx), "cu_seqlens_q[2] is below"));
+        if (!ok && !f->wrong++)
+            snprintf(f->first_wrong, sizeof f->first_wrong, "launch %d: %s (%s)", i,
+                     aj_status_str(st), st == AJ_OK ? "" : aj_last_error(f->ctx));
+    }
+    return NULL;
+}
+
+/* On the cpu (sim takes varlen in flash kernels of f16 / bf16 only; its
+ * status word comes from the same aj_device_status_word). */
+static void varlen_faults(aj_device_kind kind)
+{
+    const char *name = kind == AJ_DEVICE_CPU ? "cpu" : "sim";
+    aj_ctx *ctx[2] = {NULL, NULL};   /* a context each: errors are per context */
+    aj_device *dev = NULL;
+    CHECK(aj_ctx_create(NULL, &ctx[0]) == AJ_OK && aj_ctx_create(NULL, &ctx[1]) == AJ_OK);
+    CHECK_STATUS(ctx[0], aj_device_open(ctx[0], kind, 0, &dev), AJ_OK);
+    const char *spec = "attention forward efficient { dtype = f32  head_dim = 16  "
+                       "layout = varlen }";
+    aj_op *op = NULL;
+    aj_kernel *kernel = NULL;
+    CHECK_STATUS(ctx[0], aj_op_parse(ctx[0], spec, strlen(spec), "faults", &op), AJ_OK);
+    aj_compile_options opt = AJ_COMPILE_OPTIONS_INIT;
+    opt.target = dev ? aj_device_target(dev) : AJ_TARGET_CPU;
+    if (dev && op)
+        CHECK_STATUS(ctx[0], aj_compile(ctx[0], op, &opt, &kernel), AJ_OK);
+    if (!kernel) {
+        aj_op_destroy(op);
+        aj_device_close(dev);
+        aj_ctx_destroy(ctx[0]);
+        aj_ctx_destroy(ctx[1]);
+        return;
+    }
+    static const float zeros[FAULT_T * FAULT_H * FAULT_D];
+    const int32_t good[3] = {0, 2, FAULT_T}, down[3] = {0, 4, 3};
+    /* per thread: x (q, k, v), o, lse; then the two offset arrays */
+    enum { X, O, LSE, PER_THREAD, GOOD = 2 * PER_THREAD, DOWN, BUFFERS };
+    void *mem[BUFFERS] = {NULL};
+    for (int i = 0; i < BUFFERS; i++) {
+        const void *init = i == GOOD ? (const void *)good : i == DOWN ? (const void *)down : zeros;
+        size_t bytes = i >= GOOD ? sizeof good : i % PER_THREAD == LSE ? FAULT_H * FAULT_T * 4
+                                                                       : sizeof zeros;
+        CHECK(aj_device_alloc(dev, bytes, &mem[i]) == AJ_OK &&
+              aj_device_copy_to(dev, mem[i], init, bytes) == AJ_OK);
+    }
+    pthread_barrier_t start;
+    pthread_barrier_init(&start, NULL, 2);
+    fault_arg args[2];
+    for (int t = 0; t < 2; t++)
+        args[t] = (fault_arg){ctx[t], dev, kernel, mem[t ? DOWN : GOOD], mem[GOOD],
+                              mem[t * PER_THREAD + X], mem[t * PER_THREAD + O],
+                              mem[t * PER_THREAD + LSE], t ? AJ_ERR_INVALID_ARG : AJ_OK,
+                              &start, 0, ""};
+    pthread_t ids[2];
+    for (int t = 0; t < 2; t++)
+        CHECK(pthread_create(&ids[t], NULL, fault_main, &args[t]) == 0);
+    for (int t = 0; t < 2; t++)
+        pthread_join(ids[t], NULL);
+    pthread_barrier_destroy(&start);
+    CHECK_MSG(args[0].wrong == 0, "%s: %d of %d good launches got a fault: %s", name,
+              args[0].wrong, FAULT_LAUNCHES, args[0].first_wrong);
+    CHECK_MSG(args[1].wrong == 0, "%s: %d of %d bad launches did not report theirs: %s", name,
+              args[1].wrong, FAULT_LAUNCHES, args[1].first_wrong);
+    printf("%s, 2 threads: %d good and %d faulting varlen launches, each with its own status\n",
+           name, FAULT_LAUNCHES, FAULT_LAUNCHES);
+    for (int i = 0; i < BUFFERS; i++)
+        aj_device_free(dev, mem[i]);
+    aj_kernel_destroy(kernel);
+    aj_op_destroy(op);
+    aj_device_close(dev);
+    aj_ctx_destroy(ctx[0]);
+    aj_ctx_destroy(ctx[1]);
+}
+
 int main(int argc, char **argv)
 {
     const char *only = argc > 1 ? argv[1] : NULL;
@@ -235,6 +351,7 @@ int main(int argc, char **argv)
         run(AJ_DEVICE_CPU, 2, 20, 1);    /* the report's case: two threads, one kernel */
         run(AJ_DEVICE_CPU, 16, 12, 1);
         run(AJ_DEVICE_CPU, 8, 8, 0);
+        varlen_faults(AJ_DEVICE_CPU);
     }
     if (!only || strcmp(only, "sim") == 0) {
         run(AJ_DEVICE_SIM, 8, 4, 1);
