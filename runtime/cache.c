@@ -22,9 +22,13 @@
  * cubin (.cubin), written to a temporary name and renamed into place, so a reader sees a
  * whole entry or none, and two processes writing the same key both leave a
  * valid one.  An entry that fails any check is deleted and rebuilt, never
- * used.  Hits refresh the file's time; past the size cap the least recently
- * used entries go.  A directory that cannot be used degrades the cache to
- * memory only, with one warning.
+ * used, and removed only if it is still the file that failed.  Hits refresh
+ * the file's time; past the size cap the least recently used entries go,
+ * with the temporary files of writers that died mid-way (stale_temp).  A
+ * directory that cannot be used degrades the cache to memory only, with
+ * one warning; a write that fails (a full disk, a directory made read-only
+ * since) is a warning and leaves the kernel in memory.  Processes share a
+ * directory without locks: docs/api.md "The kernel cache" says what holds.
  */
 #include "runtime/cache.h"
 
@@ -32,11 +36,13 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #define XXH_INLINE_ALL
@@ -251,7 +257,10 @@ static int is_entry_name(const char *name)
     return 0;
 }
 
-static uint8_t *read_whole(const char *path, size_t *len)
+/* The file at path, whole, with *id what it is (so that a damaged one is
+ * removed only if it is still the file at path: another process may have
+ * renamed a good entry over it since). */
+static uint8_t *read_whole(const char *path, size_t *len, struct stat *id)
 {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
@@ -259,6 +268,7 @@ static uint8_t *read_whole(const char *path, size_t *len)
     struct stat sb;
     uint8_t *buf = NULL;
     if (fstat(fd, &sb) == 0 && S_ISREG(sb.st_mode) && (size_t)sb.st_size <= MAX_ENTRY_BYTES) {
+        *id = sb;
         buf = malloc((size_t)sb.st_size + 1);
         size_t got = 0;
         while (buf && got < (size_t)sb.st_size) {
@@ -303,11 +313,17 @@ static const uint8_t *check_entry(const uint8_t *buf, size_t len, const char *ke
     return p;
 }
 
-static void discard(aj_ctx *ctx, aj_kernel_cache *c, const char *path)
+/* Removes the damaged entry `id` read from path, unless another process has
+ * replaced it there since (a rename is atomic; the check before the unlink
+ * leaves a window of two system calls, in which the worst outcome is that
+ * a good entry goes and is rebuilt). */
+static void discard(aj_ctx *ctx, aj_kernel_cache *c, const char *path, const struct stat *id)
 {
+    struct stat now;
     aj_log(ctx, AJ_LOG_WARN, "kernel cache: %s is damaged; removed, the entry is rebuilt",
            path);
-    unlink(path);
+    if (stat(path, &now) == 0 && now.st_ino == id->st_ino && now.st_dev == id->st_dev)
+        unlink(path);
     pthread_mutex_lock(&c->lock);
     c->stats.corrupt_entries++;
     pthread_mutex_unlock(&c->lock);
@@ -316,11 +332,12 @@ static void discard(aj_ctx *ctx, aj_kernel_cache *c, const char *path)
 /* A valid entry's payload, moved to the front of its buffer (the caller
  * frees it), with *path its file. */
 static uint8_t *read_entry(aj_ctx *ctx, aj_kernel_cache *c, aj_cache_kind kind,
-                           const char *key, size_t *plen, char *path, size_t path_cap)
+                           const char *key, size_t *plen, char *path, size_t path_cap,
+                           struct stat *id)
 {
     entry_path(c, kind, key, path, path_cap);
     size_t len = 0;
-    uint8_t *buf = read_whole(path, &len);
+    uint8_t *buf = read_whole(path, &len, id);
     if (!buf)
         return NULL;
     int corrupt = 0;
@@ -328,7 +345,7 @@ static uint8_t *read_entry(aj_ctx *ctx, aj_kernel_cache *c, aj_cache_kind kind,
     if (!payload) {
         free(buf);
         if (corrupt)
-            discard(ctx, c, path);
+            discard(ctx, c, path, id);
         return NULL;
     }
     memmove(buf, payload, *plen);
@@ -340,9 +357,10 @@ uint8_t *aj_cache_blob_lookup(aj_ctx *ctx, aj_kernel_cache *c, aj_cache_kind kin
                               const char *key, size_t *len)
 {
     char path[600];
+    struct stat id;
     if (!c || !c->disk)
         return NULL;
-    uint8_t *data = read_entry(ctx, c, kind, key, len, path, sizeof path);
+    uint8_t *data = read_entry(ctx, c, kind, key, len, path, sizeof path, &id);
     pthread_mutex_lock(&c->lock);
     if (data)
         c->stats.disk_hits++;
@@ -356,12 +374,13 @@ static aj_kernel *disk_lookup(aj_ctx *ctx, aj_kernel_cache *c, aj_cache_kind kin
                               const char *key)
 {
     char path[600];
+    struct stat id;
     size_t plen = 0;
-    uint8_t *payload = read_entry(ctx, c, kind, key, &plen, path, sizeof path);
+    uint8_t *payload = read_entry(ctx, c, kind, key, &plen, path, sizeof path, &id);
     aj_kernel *k = NULL;
     if (payload && aj_kernel_deserialize(ctx, payload, plen, &k) != AJ_OK) {
         k = NULL;
-        discard(ctx, c, path);
+        discard(ctx, c, path, &id);
     }
     free(payload);
     return k;
@@ -396,7 +415,41 @@ static int older_first(const void *a, const void *b)
     return (x->mtime.tv_nsec > y->mtime.tv_nsec) - (x->mtime.tv_nsec < y->mtime.tv_nsec);
 }
 
-/* Removes least recently used entries until the total fits the cap. */
+/*
+ * Whether `name`, of age `age` seconds, is a writer's temporary file
+ * (<entry>.<pid>.<serial>.tmp, aj_cache_blob_store) that will never be
+ * renamed into place: its writer was killed or crashed mid-way.  That is a
+ * file older than STALE_TEMP_SECONDS, or older than DEAD_TEMP_SECONDS
+ * whose writer's pid is not a process here (a writer in another pid
+ * namespace or on another host sharing the directory may look dead: the
+ * age keeps its file while it writes).
+ */
+#define DEAD_TEMP_SECONDS 10
+#define STALE_TEMP_SECONDS 3600
+
+static bool stale_temp(const char *name, double age)
+{
+    size_t len = strlen(name);
+    if (len < 4 || strcmp(name + len - 4, ".tmp") != 0 || age < DEAD_TEMP_SECONDS)
+        return false;
+    if (age >= STALE_TEMP_SECONDS)
+        return true;
+    char copy[256];
+    snprintf(copy, sizeof copy, "%.*s", (int)(len - 4), name);
+    char *serial = strrchr(copy, '.');
+    if (!serial)
+        return false;
+    *serial = '\0';
+    char *pid_text = strrchr(copy, '.'), *end = NULL;
+    long pid = pid_text ? strtol(pid_text + 1, &end, 10) : 0;
+    if (pid <= 0 || !end || *end)
+        return false;
+    return kill((pid_t)pid, 0) != 0 && errno == ESRCH;
+}
+
+/* Removes writers' temporary files that will never become entries
+ * (stale_temp), then least recently used entries until the total fits the
+ * cap. */
 static void evict(aj_kernel_cache *c)
 {
     DIR *d = opendir(c->dir);
@@ -405,14 +458,21 @@ static void evict(aj_kernel_cache *c)
     file_age *files = NULL;
     size_t n = 0, cap = 0;
     uint64_t total = 0;
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
     for (struct dirent *e; (e = readdir(d));) {
-        size_t len = strlen(e->d_name);
-        if (len >= sizeof files[0].name || !is_entry_name(e->d_name))
-            continue;
         char path[600];
         struct stat sb;
+        if (strlen(e->d_name) >= sizeof files[0].name)
+            continue;
         snprintf(path, sizeof path, "%s/%s", c->dir, e->d_name);
-        if (stat(path, &sb) != 0)
+        if (stat(path, &sb) != 0 || !S_ISREG(sb.st_mode))
+            continue;
+        if (stale_temp(e->d_name, difftime(now.tv_sec, sb.st_mtim.tv_sec))) {
+            unlink(path);
+            continue;
+        }
+        if (!is_entry_name(e->d_name))
             continue;
         if (n == cap) {
             file_age *bigger = realloc(files, (cap = cap ? cap * 2 : 64) * sizeof *files);
