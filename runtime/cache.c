@@ -52,6 +52,7 @@
 #define ENTRY_FORMAT 1u
 #define MAX_ENTRY_BYTES ((size_t)256 << 20)
 #define DEFAULT_MAX_BYTES ((uint64_t)1 << 30)
+#define DEFAULT_MAX_KERNELS 256
 
 /* ---------------------------------------------------------------- keys */
 
@@ -100,6 +101,8 @@ int aj_cache_key(aj_cache_kind kind, const char *fields, char *out, size_t cap)
 
 typedef struct mem_entry {
     char *key;
+    uint64_t hash;       /* of key: compared first */
+    uint64_t used;       /* the cache's clock at the entry's last store or hit */
     aj_kernel *kernel;
 } mem_entry;
 
@@ -113,8 +116,9 @@ struct aj_kernel_cache {
     pthread_mutex_t lock;
     pthread_cond_t claim_ended;  /* a claimed key was stored or given up */
     claim *claims;
-    mem_entry *entries;
-    size_t count, cap;
+    mem_entry *entries;  /* at most max_kernels, the least recently used go */
+    size_t count, cap, max_kernels;
+    uint64_t clock;
     int disk;
     char dir[512];
     uint64_t max_bytes;
@@ -216,6 +220,8 @@ aj_kernel_cache *aj_cache_of(aj_ctx *ctx)
         pthread_cond_init(&c->claim_ended, NULL);
         c->max_bytes = ctx->config.cache_max_bytes ? ctx->config.cache_max_bytes
                                                    : DEFAULT_MAX_BYTES;
+        c->max_kernels = ctx->config.cache_max_kernels ? (size_t)ctx->config.cache_max_kernels
+                                                       : DEFAULT_MAX_KERNELS;
         open_disk(ctx, c);
         ctx->cache_free = cache_free;
         atomic_store_explicit(&ctx->cache, c, memory_order_release);
@@ -548,13 +554,24 @@ static void disk_store(aj_ctx *ctx, aj_kernel_cache *c, aj_cache_kind kind, cons
 
 static void memory_store(aj_kernel_cache *c, const char *key, aj_kernel *k);
 
-/* Under the lock: a new reference to the kernel kept in memory under key. */
-static aj_kernel *memory_find(aj_kernel_cache *c, const char *key)
+/* Under the lock: the memory entry of key (of hash h), or NULL. */
+static mem_entry *memory_entry(aj_kernel_cache *c, const char *key, uint64_t h)
 {
     for (size_t i = 0; i < c->count; i++)
-        if (strcmp(c->entries[i].key, key) == 0)
-            return aj_kernel_retain(c->entries[i].kernel);
+        if (c->entries[i].hash == h && strcmp(c->entries[i].key, key) == 0)
+            return &c->entries[i];
     return NULL;
+}
+
+/* Under the lock: a new reference to the kernel kept in memory under key,
+ * now the most recently used. */
+static aj_kernel *memory_find(aj_kernel_cache *c, const char *key)
+{
+    mem_entry *e = memory_entry(c, key, XXH3_64bits(key, strlen(key)));
+    if (!e)
+        return NULL;
+    e->used = ++c->clock;
+    return aj_kernel_retain(e->kernel);
 }
 
 /* Under the lock: whether some thread has claimed key. */
@@ -622,28 +639,82 @@ void aj_cache_end_claim(aj_kernel_cache *c, const char *key)
     pthread_mutex_unlock(&c->lock);
 }
 
-static void memory_store(aj_kernel_cache *c, const char *key, aj_kernel *k)
+/* Under the lock: the least recently used of c's (one or more) entries. */
+static mem_entry *least_recent(aj_kernel_cache *c)
 {
-    pthread_mutex_lock(&c->lock);
-    int present = 0;
-    for (size_t i = 0; i < c->count && !present; i++)
-        present = strcmp(c->entries[i].key, key) == 0;
-    if (!present && c->count == c->cap) {
+    mem_entry *oldest = &c->entries[0];
+    for (size_t i = 1; i < c->count; i++)
+        if (c->entries[i].used < oldest->used)
+            oldest = &c->entries[i];
+    return oldest;
+}
+
+/* Under the lock: a free slot of the entries, growing them up to
+ * max_kernels; at the cap the least recently used entry's, whose key and
+ * kernel go to *gone for the caller to release outside the lock (a cpu
+ * kernel's release disposes of its JIT and code). */
+static mem_entry *memory_slot(aj_kernel_cache *c, mem_entry *gone)
+{
+    if (c->count == c->cap && c->cap < c->max_kernels) {
         size_t cap = c->cap ? c->cap * 2 : 32;
+        cap = cap < c->max_kernels ? cap : c->max_kernels;
         mem_entry *bigger = realloc(c->entries, cap * sizeof *bigger);
         if (bigger) {
             c->entries = bigger;
             c->cap = cap;
         }
     }
-    if (!present && c->count < c->cap) {
-        char *copy = strdup(key);
-        if (copy) {
-            c->entries[c->count].key = copy;
-            c->entries[c->count++].kernel = aj_kernel_retain(k);
-        }
+    if (c->count < c->cap && c->count < c->max_kernels)
+        return &c->entries[c->count++];
+    if (!c->count)
+        return NULL;
+    mem_entry *oldest = least_recent(c);
+    *gone = *oldest;
+    return oldest;
+}
+
+static void memory_store(aj_kernel_cache *c, const char *key, aj_kernel *k)
+{
+    const uint64_t h = XXH3_64bits(key, strlen(key));
+    char *copy = strdup(key);
+    mem_entry gone = {0};
+    pthread_mutex_lock(&c->lock);
+    mem_entry *e = copy && !memory_entry(c, key, h) ? memory_slot(c, &gone) : NULL;
+    if (e) {
+        *e = (mem_entry){copy, h, ++c->clock, aj_kernel_retain(k)};
+        copy = NULL;
     }
     pthread_mutex_unlock(&c->lock);
+    free(copy);
+    free(gone.key);
+    aj_kernel_destroy(gone.kernel);
+}
+
+aj_status aj_cache_set_max_kernels(aj_ctx *ctx, uint64_t max_kernels)
+{
+    if (!ctx)
+        return AJ_ERR_INVALID_ARG;
+    if (max_kernels < 1)
+        return aj_fail(ctx, AJ_ERR_INVALID_ARG, "aj_cache_set_max_kernels: max_kernels = 0; "
+                       "keep at least 1 (AJ_CACHE_MEMORY still caches, AJ_CACHE_OFF does not)");
+    aj_kernel_cache *c = aj_cache_of(ctx);
+    if (!c)
+        return AJ_OK;   /* AJ_CACHE_OFF: nothing is kept */
+    for (;;) {   /* the least recently used beyond the cap, released outside the lock */
+        mem_entry gone = {0};
+        pthread_mutex_lock(&c->lock);
+        c->max_kernels = max_kernels;
+        if (c->count > max_kernels) {
+            mem_entry *oldest = least_recent(c);
+            gone = *oldest;
+            *oldest = c->entries[--c->count];
+        }
+        pthread_mutex_unlock(&c->lock);
+        if (!gone.key)
+            return AJ_OK;
+        free(gone.key);
+        aj_kernel_destroy(gone.kernel);
+    }
 }
 
 void aj_cache_store(aj_ctx *ctx, aj_kernel_cache *c, aj_cache_kind kind, const char *key,

@@ -100,10 +100,13 @@ typedef struct aj_ctx_config {
      * else $XDG_CACHE_HOME/attnjit, else $HOME/.cache/attnjit */
     const char *cache_dir;
     uint64_t cache_max_bytes;  /* disk cache size cap; 0: 1 GiB */
+    /* kernels kept in memory (the least recently used go; a kernel the
+     * caller still holds lives on until released); 0: 256 */
+    uint64_t cache_max_kernels;
 } aj_ctx_config;
 
 #define AJ_CTX_CONFIG_INIT \
-    { sizeof(aj_ctx_config), NULL, NULL, AJ_LOG_WARN, AJ_CACHE_DEFAULT, NULL, 0 }
+    { sizeof(aj_ctx_config), NULL, NULL, AJ_LOG_WARN, AJ_CACHE_DEFAULT, NULL, 0, 0 }
 
 /* Creates a context.  config may be NULL for the defaults. */
 aj_status aj_ctx_create(const aj_ctx_config *config, aj_ctx **out);
@@ -446,6 +449,11 @@ typedef struct aj_cache_stats {
 } aj_cache_stats;
 
 aj_status aj_cache_get_stats(aj_ctx *ctx, aj_cache_stats *out);
+
+/* Keeps at most max_kernels (>= 1) kernels in ctx's memory cache from now
+ * on (aj_ctx_config.cache_max_kernels at creation), releasing the least
+ * recently used beyond it at once.  AJ_ERR_INVALID_ARG for 0. */
+aj_status aj_cache_set_max_kernels(aj_ctx *ctx, uint64_t max_kernels);
 
 /* The emitted code (PTX or LLVM IR text, NUL-terminated; or bitcode); owned
  * by the kernel.  *size excludes the terminating NUL. */

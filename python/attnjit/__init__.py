@@ -9,6 +9,7 @@ A thin ctypes layer over libattnjit.so.0: every rule and message is the C
 library's; a failing call raises the attnjit.Error subclass of its status.
 """
 import ctypes
+import os
 import threading
 
 from . import _capi
@@ -58,13 +59,31 @@ def error_for(code, message):
 
 # ---------------------------------------------------------------- the context
 
+def _kernel_cache_limit():
+    text = os.environ.get("AJ_CACHE_KERNELS", "")
+    try:
+        n = int(text) if text else 256
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise ValueError("AJ_CACHE_KERNELS=%r: want a whole number of kernels, at least 1" % text)
+    return n
+
+
+# Kernels kept in memory by the process's context and by attnjit.torch's
+# front cache (least recently used go first): $AJ_CACHE_KERNELS, else 256.
+KERNEL_CACHE_LIMIT = _kernel_cache_limit()
+
+
 class _Context:
     """The process's aj_ctx.  Calls that can fail hold `lock` so that the
     message read back is their own (attnjit.h: error text is per context)."""
 
     def __init__(self):
         ptr = ctypes.c_void_p()
-        code = _lib.aj_ctx_create(None, ctypes.byref(ptr))
+        cfg = _capi.CtxConfig(struct_size=ctypes.sizeof(_capi.CtxConfig), log_level=1,
+                              cache_max_kernels=KERNEL_CACHE_LIMIT)
+        code = _lib.aj_ctx_create(ctypes.byref(cfg), ctypes.byref(ptr))
         if code != _capi.OK:
             raise error_for(code, "aj_ctx_create failed")
         self.ptr = ptr

@@ -50,7 +50,7 @@ class Schedule(ctypes.Structure):
 class CtxConfig(ctypes.Structure):
     _fields_ = [("struct_size", c_size_t), ("log_fn", c_void_p), ("log_user", c_void_p),
                 ("log_level", c_int), ("cache_mode", c_int), ("cache_dir", c_char_p),
-                ("cache_max_bytes", u64)]
+                ("cache_max_bytes", u64), ("cache_max_kernels", u64)]
 
 
 class CompileOptions(ctypes.Structure):
@@ -157,6 +157,7 @@ _SIGNATURES = {
     "aj_status_str": (c_char_p, [c_int]),
     "aj_ctx_create": (c_int, [ctypes.POINTER(CtxConfig), PP]),
     "aj_ctx_destroy": (None, [P]),
+    "aj_cache_set_max_kernels": (c_int, [P, u64]),
     "aj_last_error": (c_char_p, [P]),
     "aj_free": (None, [P]),
     "aj_version_string": (c_char_p, []),

@@ -11,6 +11,7 @@ per (op, device) and keeps the kernel (the C library's kernel cache also
 keeps it on disk).  Tensors bind to the C argument structs by field name;
 side tensors by their declared names.
 """
+import collections
 import ctypes
 import threading
 from typing import List, Optional, Tuple
@@ -115,21 +116,80 @@ def _spec(kind, variant, body):
 
 # ---------------------------------------------------------------- kernels per (op, device)
 
-_kernels = {}
-_kernels_lock = threading.Lock()
-_verified = set()
+class _Bounded:
+    """A mapping that keeps the `limit` most recently used entries (the
+    least recently used go first); thread-safe."""
+
+    def __init__(self, limit):
+        self._items = collections.OrderedDict()
+        self._lock = threading.Lock()
+        self.limit = limit
+
+    def get(self, key):
+        with self._lock:
+            value = self._items.get(key)
+            if value is not None:
+                self._items.move_to_end(key)
+            return value
+
+    def put(self, key, value):
+        with self._lock:
+            self._items[key] = value
+            self._items.move_to_end(key)
+            while len(self._items) > self.limit:
+                self._items.popitem(last=False)
+        return value
+
+    def values(self):
+        with self._lock:
+            return list(self._items.values())
+
+    def set_limit(self, limit):
+        with self._lock:
+            self.limit = limit
+            while len(self._items) > limit:
+                self._items.popitem(last=False)
+
+
+# The kernels of (op, device) in front of the context's own cache, both
+# bounded by attnjit.KERNEL_CACHE_LIMIT or set_kernel_cache_limit
+# (docs/python.md "Kernels"): an evicted kernel is released here and in C,
+# which frees it (a cpu kernel's JIT and code) once no call holds it.
+_kernels = _Bounded(attnjit.KERNEL_CACHE_LIMIT)
+_kernels_lock = threading.Lock()     # one compile at a time
+_verified = _Bounded(attnjit.KERNEL_CACHE_LIMIT)
 
 
 def kernel_cache_size():
-    """The kernels compiled so far in this process (one per op and device)."""
+    """The kernels kept now (one per op and device; at most
+    kernel_cache_limit())."""
     return len({id(k) for k in _kernels.values()})
+
+
+def kernel_cache_limit():
+    """How many kernels are kept (least recently used go first)."""
+    return _kernels.limit
+
+
+def set_kernel_cache_limit(n):
+    """Keeps at most n kernels (n >= 1) from now on, in the front cache and
+    the context's own ($AJ_CACHE_KERNELS at import, else 256); the least
+    recently used beyond n are released at once."""
+    n = int(n)
+    if n < 1:
+        raise _fail("kernel cache limit %d; want at least 1" % n)
+    _kernels.set_limit(n)
+    _verified.set_limit(n)
+    ctx = attnjit._ctx
+    with ctx.lock:
+        ctx.check(_lib.aj_cache_set_max_kernels(ctx.ptr, n))
 
 
 def _verify(variant, body):
     """Parses and verifies both ops at trace or first-call time, so a bad
     option raises attnjit.ParseError / VerifyError where it is written."""
     key = (variant, body)
-    if key not in _verified:
+    if _verified.get(key) is None:
         for kind in ("forward", "backward"):
             spec = _spec(kind, variant, body)
             try:
@@ -140,7 +200,7 @@ def _verify(variant, body):
                                   for i, line in enumerate(spec.splitlines()))
                 raise type(e)(e.code, "%s\n(the op built from the options:)\n%s"
                               % (e.message, listing)) from None
-        _verified.add(key)
+        _verified.put(key, True)
 
 
 def _device_of(t):
@@ -165,8 +225,7 @@ def _kernel(kind, variant, body, dev, masked=True):
             with attnjit._ctx.lock:
                 attnjit._ctx.check(_lib.aj_op_set_mask_none(op.ptr))
             if op.hash() == whole:
-                k = _kernels[key] = _kernel(kind, variant, body, dev)
-                return k
+                return _kernels.put(key, _kernel(kind, variant, body, dev))
         with _kernels_lock:
             k = _kernels.get(key)
             if k is None:
@@ -177,7 +236,7 @@ def _kernel(kind, variant, body, dev, masked=True):
                 with ctx.lock:
                     ctx.check(_lib.aj_compile(ctx.ptr, op.ptr, ctypes.byref(opts),
                                               ctypes.byref(ptr)))
-                k = _kernels[key] = attnjit.Kernel(ptr, op)
+                k = _kernels.put(key, attnjit.Kernel(ptr, op))
     return k
 
 
