@@ -20,7 +20,9 @@ dropout stay exact on every shard), the backward runs with the ring's
 global O and LSE.  The chunks of a shard are the C rule's too
 (aj_shard_get_chunks).  Python does the exchange only.
 """
+import contextlib
 import ctypes
+import datetime
 
 import torch
 import torch.distributed as dist
@@ -116,12 +118,39 @@ def _plan(q, variant, body, alibi, side, layout, rotate, rank, world, lk):
     return steps
 
 
+@contextlib.contextmanager
+def _comm(what, group, timeout):
+    """Around posting or waiting for one communication of the ring: a peer
+    that died (gloo reports the closed connection) or did not take part
+    within `timeout` seconds (None: the process group's own timeout)
+    raises CommError naming this rank and the communication.  The group is
+    then unusable (as after any failed collective): destroy it and stop."""
+    try:
+        yield
+    except RuntimeError as e:       # torch's DistBackendError is one
+        raise attnjit.CommError(
+            11, "attnjit.torch.ring_attention: rank %d of %d: %s did not complete%s; a rank "
+                "died or stalled (%s); the process group cannot be used again"
+                % (dist.get_rank(group), dist.get_world_size(group), what,
+                   "" if timeout is None else " within %g s" % timeout,
+                   str(e).strip().splitlines()[0][:300])) from e
+
+
+def _wait(work, what, group, timeout):
+    """Waits for one communication (see _comm)."""
+    with _comm(what, group, timeout):
+        if timeout is None:
+            work.wait()
+        else:
+            work.wait(timeout=datetime.timedelta(seconds=timeout))
+
+
 class _Ring:
     """One ring call's fixed facts: the group, ranks, op, and the C ring's
     schedule for them."""
 
-    def __init__(self, group, layout, rotate, variant, body, alibi, side, rng, q, lk):
-        self.group = group
+    def __init__(self, group, layout, rotate, variant, body, alibi, side, rng, q, lk, timeout):
+        self.group, self.timeout = group, timeout
         self.world = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
         self.rotate = rotate
@@ -144,17 +173,23 @@ class _Ring:
             yield (slice(qs, qs + qn), slice(ks, ks + kn),
                    _ops.Positions(qg, kg, self.sq, self.sk), p["block"] == "partial")
 
-    def exchange(self, tensors):
+    def wait(self, work, what):
+        _wait(work, what, self.group, self.timeout)
+
+    def exchange(self, tensors, what):
         """Sends `tensors` to the next rank and receives their like from
-        the previous one; returns (received, wait)."""
+        the previous one; returns wait(), which returns the received."""
         recv = [torch.empty_like(t) for t in tensors]
         ops = [dist.P2POp(dist.isend, t, self.peer(self.rank + 1), self.group) for t in tensors]
         ops += [dist.P2POp(dist.irecv, t, self.peer(self.rank - 1), self.group) for t in recv]
-        reqs = dist.batch_isend_irecv(ops)
+        what = "%s (to rank %d, from rank %d)" % (what, self.peer(self.rank + 1),
+                                                 self.peer(self.rank - 1))
+        with _comm(what, self.group, self.timeout):
+            reqs = dist.batch_isend_irecv(ops)
 
         def wait():
             for r in reqs:
-                r.wait()
+                self.wait(r, what)
             return recv
         return wait
 
@@ -166,13 +201,16 @@ class _Ring:
         if self.rotate == "allgather":
             ks = [torch.empty_like(k) for _ in range(self.world)]
             vs = [torch.empty_like(v) for _ in range(self.world)]
-            dist.all_gather(ks, k, group=self.group)
-            dist.all_gather(vs, v, group=self.group)
+            for whole, part, name in ((ks, k, "K"), (vs, v, "V")):
+                with _comm("the all-gather of " + name, self.group, self.timeout):
+                    work = dist.all_gather(whole, part, group=self.group, async_op=True)
+                self.wait(work, "the all-gather of " + name)
             for src, pairs in self.steps:
                 yield src, pairs, ks[src], vs[src]
             return
         for step, (src, pairs) in enumerate(self.steps):
-            wait = self.exchange([k, v]) if step < self.world - 1 else None
+            wait = (self.exchange([k, v], "step %d's exchange of K/V" % step)
+                    if step < self.world - 1 else None)
             yield src, pairs, k, v
             if wait:
                 k, v = wait()
@@ -195,7 +233,7 @@ class _Ring:
         # dK/dV sums: per block (allgather), or the travelling block's (p2p)
         dkv = [[torch.zeros(t.shape, dtype=torch.float32, device=q.device) for t in (k, v)]
                for _ in range(self.world if gathered else 1)]
-        for src, pairs, kb, vb in self.blocks(k, v):
+        for step, (src, pairs, kb, vb) in enumerate(self.blocks(k, v)):
             acc = dkv[src if gathered else 0]
             for qi, ki, at, masked in self.launches(pairs):
                 dq = torch.empty_like(q[:, :, qi])
@@ -208,11 +246,14 @@ class _Ring:
                 acc[0][:, :, ki] += dk
                 acc[1][:, :, ki] += dv
             if not gathered and self.world > 1:
-                dkv[0] = self.exchange(acc)()      # the sums travel with their block
+                # the sums travel with their block
+                dkv[0] = self.exchange(acc, "the backward's step %d exchange of dK/dV" % step)()
         if gathered:
             for acc in dkv:
                 for t in acc:
-                    dist.all_reduce(t, group=self.group)
+                    with _comm("the all-reduce of dK/dV", self.group, self.timeout):
+                        work = dist.all_reduce(t, group=self.group, async_op=True)
+                    self.wait(work, "the all-reduce of dK/dV")
             mine = dkv[self.rank]
         else:
             mine = dkv[0]          # after P hops, this rank's own block's sums
@@ -238,7 +279,7 @@ class _RingFunction(torch.autograd.Function):
 def ring_attention(q, k, v, *, group=None, layout="zigzag", rotate="p2p", causal=False,
                    window=None, softcap=None, alibi_slopes=None, scale=None, dropout_p=0.0,
                    mask=None, score_mod=None, tensors=None, variant=None, return_lse=False,
-                   method="ring"):
+                   method="ring", timeout=None):
     """attention() over a sequence sharded across the ranks of `group`:
     q, k, v are this rank's shards (shard(x, 2, rank, P, layout)); returns
     this rank's shard of o (and lse).  rotate: "p2p" (K/V to the next rank,
@@ -246,7 +287,9 @@ def ring_attention(q, k, v, *, group=None, layout="zigzag", rotate="p2p", causal
     the backward all-reduces dK/dV).  Side tensors in `tensors` hold the
     whole sequence (positions are global).  No bias.  method: "ring" only
     ("ulysses" and "hybrid" are the C API's and the CLI's, over MPI or
-    NCCL)."""
+    NCCL).  timeout: seconds each exchange may wait, forward and backward
+    (None: the process group's own); a rank that dies or stalls makes every
+    other rank raise attnjit.CommError, within it."""
     if method != "ring":
         raise attnjit.UnsupportedError(
             4, "attnjit.torch.ring_attention: method = %r: the torch.distributed ring runs "
@@ -261,9 +304,16 @@ def ring_attention(q, k, v, *, group=None, layout="zigzag", rotate="p2p", causal
         q, k, v, causal, window, softcap, alibi_slopes, None, scale, dropout_p, mask,
         score_mod, tensors, variant)
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    if timeout is not None and not timeout > 0:
+        raise _fail("ring_attention", "timeout = %r; want seconds > 0, or None" % (timeout,))
     if rng is not None:       # one dropout stream for the whole sequence
-        dist.broadcast(rng, src=dist.get_global_rank(group, 0) if group else 0, group=group)
-    ring = _Ring(group, layout, rotate, variant, body, alibi_slopes, side, rng, q, k.shape[2])
+        src = dist.get_global_rank(group, 0) if group else 0
+        what = "the broadcast of the dropout stream"
+        with _comm(what, group, timeout):
+            work = dist.broadcast(rng, src=src, group=group, async_op=True)
+        _wait(work, what, group, timeout)
+    ring = _Ring(group, layout, rotate, variant, body, alibi_slopes, side, rng, q, k.shape[2],
+                 timeout)
     o, lse = _RingFunction.apply(ring, q, k, v)
     return (o, lse) if return_lse else o
 
@@ -273,9 +323,9 @@ class _ContextParallelMode(torch.overrides.TorchFunctionMode):
     the shards (is_causal, scale, dropout_p and enable_gqa as SDPA takes
     them)."""
 
-    def __init__(self, group, layout):
+    def __init__(self, group, layout, timeout):
         super().__init__()
-        self.group, self.layout = group, layout
+        self.group, self.layout, self.timeout = group, layout, timeout
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -293,7 +343,7 @@ class _ContextParallelMode(torch.overrides.TorchFunctionMode):
             raise _fail("context_parallel", "q has %d heads and k %d: pass enable_gqa=True, "
                         "as scaled_dot_product_attention needs" % (q.shape[1], k.shape[1]))
         return ring_attention(q, k, v, group=self.group, layout=self.layout,
-                              causal=bool(call.get("is_causal", False)),
+                              timeout=self.timeout, causal=bool(call.get("is_causal", False)),
                               scale=call.get("scale"), dropout_p=call.get("dropout_p", 0.0))
 
 
@@ -303,14 +353,15 @@ class context_parallel:  # noqa: N801 (used as a function, like torch's)
     rank's part, by `layout`); inside, every
     torch.nn.functional.scaled_dot_product_attention call runs as
     ring_attention over `group`; on exit, restores the buffers not in
-    no_restore_buffers.  A model written for one device runs unchanged."""
+    no_restore_buffers.  A model written for one device runs unchanged.
+    timeout: ring_attention's (seconds each exchange may wait)."""
 
     def __init__(self, group=None, buffers=(), buffer_seq_dims=(), no_restore_buffers=(),
-                 layout="zigzag"):
+                 layout="zigzag", timeout=None):
         if len(buffers) != len(buffer_seq_dims):
             raise _fail("context_parallel", "%d buffers but %d buffer_seq_dims"
                         % (len(buffers), len(buffer_seq_dims)))
-        self.group, self.layout = group, layout
+        self.group, self.layout, self.timeout = group, layout, timeout
         self.buffers, self.dims = list(buffers), list(buffer_seq_dims)
         self.keep = [not any(b is n for n in no_restore_buffers) for b in self.buffers]
         self.saved = []
@@ -325,7 +376,7 @@ class context_parallel:  # noqa: N801 (used as a function, like torch's)
                 part = shard(buf, dim, rank, world, self.layout)
                 self.saved.append(buf.clone() if keep else None)
                 buf.resize_(part.shape).copy_(part)
-        self.mode = _ContextParallelMode(self.group, self.layout)
+        self.mode = _ContextParallelMode(self.group, self.layout, self.timeout)
         self.mode.__enter__()
         return self
 
