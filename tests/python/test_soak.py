@@ -1,6 +1,6 @@
 """A long run through attnjit.torch.attention: memory and file descriptors
 stay flat, and the kernel caches stay within their bound (docs/python.md
-"Kernels").
+"Kernels in memory").
 
 100 000 forward calls on the cpu with shapes drawn from a wide set (batch,
 query and KV heads with GQA, lengths 1..48 on each side), the front cache
@@ -68,8 +68,8 @@ def test_long_run_memory_flat():
             if i == WARM:
                 rss0, fds0 = resident_mib(), open_fds()
         rss1, fds1 = resident_mib(), open_fds()
-        print("\n%d calls (%d of new ops), %d checked: resident %.1f MiB at call %d, %.1f MiB at the end "
-              "(+%.1f); open fds %d -> %d; kernels kept %d of %d"
+        print("\n%d calls (%d of new ops), %d checked: resident %.1f MiB at call %d, "
+              "%.1f MiB at the end (+%.1f); open fds %d -> %d; kernels kept %d of %d"
               % (CALLS, new_ops, checked, rss0, WARM, rss1, rss1 - rss0, fds0, fds1,
                  at.kernel_cache_size(), at.kernel_cache_limit()))
         assert rss1 - rss0 < 16, "resident memory grew %.1f MiB" % (rss1 - rss0)

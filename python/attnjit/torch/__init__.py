@@ -22,9 +22,11 @@ them without graph breaks.
     with attnjit.torch.context_parallel(buffers=..., buffer_seq_dims=...):
         ...    # every F.scaled_dot_product_attention runs as ring attention
 """
-from ._ops import attention, kernel_cache_limit, kernel_cache_size, set_kernel_cache_limit
+from ._ops import (attention, attention_varlen, kernel_cache_limit, kernel_cache_size,
+                   set_kernel_cache_limit)
 from ._paged import paged_attention
 from ._ring import context_parallel, ring_attention, shard, unshard
 
-__all__ = ["attention", "context_parallel", "kernel_cache_limit", "kernel_cache_size",
-           "paged_attention", "ring_attention", "set_kernel_cache_limit", "shard", "unshard"]
+__all__ = ["attention", "attention_varlen", "context_parallel", "kernel_cache_limit",
+           "kernel_cache_size", "paged_attention", "ring_attention", "set_kernel_cache_limit",
+           "shard", "unshard"]

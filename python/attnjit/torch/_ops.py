@@ -153,8 +153,9 @@ class _Bounded:
 
 # The kernels of (op, device) in front of the context's own cache, both
 # bounded by attnjit.KERNEL_CACHE_LIMIT or set_kernel_cache_limit
-# (docs/python.md "Kernels"): an evicted kernel is released here and in C,
-# which frees it (a cpu kernel's JIT and code) once no call holds it.
+# (docs/python.md "Kernels in memory"): an evicted kernel is released here
+# and in C, which frees it (a cpu kernel's JIT and code) once no call holds
+# it.
 _kernels = _Bounded(attnjit.KERNEL_CACHE_LIMIT)
 _kernels_lock = threading.Lock()     # one compile at a time
 _verified = _Bounded(attnjit.KERNEL_CACHE_LIMIT)
@@ -322,15 +323,26 @@ class Positions:
 _WHOLE = Positions()
 
 
+def _bind_varlen(a, varlen):
+    """layout = varlen's fields of an args struct: varlen is (cu_seqlens_q,
+    cu_seqlens_k, max_seqlen_q, max_seqlen_k), int32 offsets on the
+    tensors' device and the bounds the caller gives (no host sync)."""
+    cu_q, cu_k, max_q, max_k = varlen
+    a.cu_seqlens_q, a.cu_seqlens_k = cu_q.data_ptr(), cu_k.data_ptr()
+    a.batch, a.max_seqlen_q, a.max_seqlen_k = cu_q.shape[0] - 1, max_q, max_k
+
+
 def forward_into(q, k, v, o, lse, bias, alibi_slopes, side, rng, variant, body,
-                 at=_WHOLE, o_acc=None, masked=True):
+                 at=_WHOLE, o_acc=None, masked=True, varlen=None):
     """aj_forward of the op `body` on torch tensors, writing o and lse (or,
     with o_acc, merging into o_acc and lse: an op with accumulate = true);
-    masked=False runs the op without its mask."""
+    masked=False runs the op without its mask; varlen: see _bind_varlen."""
     dev, stream = _device_of(q)
     kernel = _kernel("forward", variant, body, dev, masked)
     a = _capi.FwdArgs(struct_size=_FWD_SIZE, stream=stream, q_offset=at.q_offset,
                       kv_offset=at.kv_offset, sq_total=at.sq_total, sk_total=at.sk_total)
+    if varlen is not None:
+        _bind_varlen(a, varlen)
     for field, t in ((a.q, q), (a.k, k), (a.v, v), (a.lse, lse)):
         _put(field, t)
     _put(a.o if o_acc is None else a.o_acc, o if o_acc is None else o_acc)
@@ -341,13 +353,16 @@ def forward_into(q, k, v, o, lse, bias, alibi_slopes, side, rng, variant, body,
 
 
 def backward_into(do, q, k, v, o, lse, dq, dk, dv, bias, dbias, alibi_slopes, side, rng,
-                  variant, body, at=_WHOLE, masked=True):
+                  variant, body, at=_WHOLE, masked=True, varlen=None):
     """aj_backward of the op `body` on torch tensors, writing dq, dk, dv
-    (and dbias with a bias); masked=False runs the op without its mask."""
+    (and dbias with a bias); masked=False runs the op without its mask;
+    varlen: see _bind_varlen."""
     dev, stream = _device_of(q)
     kernel = _kernel("backward", variant, body, dev, masked)
     a = _capi.BwdArgs(struct_size=_BWD_SIZE, stream=stream, q_offset=at.q_offset,
                       kv_offset=at.kv_offset, sq_total=at.sq_total, sk_total=at.sk_total)
+    if varlen is not None:
+        _bind_varlen(a, varlen)
     for field, t in ((a.q, q), (a.k, k), (a.v, v), (a.o, o), (a.lse, lse), (a.do_, do),
                      (a.dq, dq), (a.dk, dk), (a.dv, dv)):
         _put(field, t)
@@ -432,6 +447,76 @@ def _backward(ctx, do, dlse):
 _attention_fwd.register_autograd(_backward, setup_context=_setup_context)
 
 
+# layout = varlen: q (Tq, Hq, D), k (Tk, Hkv, D), v (Tk, Hkv, Dv), o (Tq, Hq, Dv),
+# lse (Hq, Tq), with cu_seqlens_q / _k (int32, B + 1) and the length bounds
+@torch.library.custom_op("attnjit::attention_varlen_fwd", mutates_args=())
+def _attention_varlen_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                          cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
+                          max_seqlen_q: int, max_seqlen_k: int,
+                          alibi_slopes: Optional[torch.Tensor], side: List[torch.Tensor],
+                          rng: Optional[torch.Tensor], variant: str,
+                          body: str) -> Tuple[torch.Tensor, torch.Tensor]:
+    q, k, v = _aligned(q), _aligned(k), _aligned(v)
+    Tq, Hq, _ = q.shape
+    o = torch.empty((Tq, Hq, v.shape[-1]), dtype=q.dtype, device=q.device)
+    lse = torch.empty((Hq, Tq), dtype=torch.float32, device=q.device)
+    forward_into(q, k, v, o, lse, None, alibi_slopes, side, rng, variant, body,
+                 varlen=(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k))
+    return o, lse
+
+
+@_attention_varlen_fwd.register_fake
+def _attention_varlen_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                               max_seqlen_k, alibi_slopes, side, rng, variant, body):
+    _verify(variant, body)
+    Tq, Hq, _ = q.shape
+    return (q.new_empty((Tq, Hq, v.shape[-1])),
+            q.new_empty((Hq, Tq), dtype=torch.float32))
+
+
+@torch.library.custom_op("attnjit::attention_varlen_bwd", mutates_args=())
+def _attention_varlen_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
+                          v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
+                          cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
+                          max_seqlen_q: int, max_seqlen_k: int,
+                          alibi_slopes: Optional[torch.Tensor], side: List[torch.Tensor],
+                          rng: Optional[torch.Tensor], variant: str,
+                          body: str) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    q, k, v, do = _aligned(q), _aligned(k), _aligned(v), _aligned(do)
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    backward_into(do, q, k, v, o, lse, dq, dk, dv, None, None, alibi_slopes, side, rng,
+                  variant, body, varlen=(cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                         max_seqlen_k))
+    return dq, dk, dv
+
+
+@_attention_varlen_bwd.register_fake
+def _attention_varlen_bwd_fake(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                               max_seqlen_k, alibi_slopes, side, rng, variant, body):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _setup_varlen_context(ctx, inputs, output):
+    q, k, v, cu_q, cu_k, max_q, max_k, alibi_slopes, side, rng, variant, body = inputs
+    o, lse = output
+    ctx.save_for_backward(q, k, v, o, lse, cu_q, cu_k, alibi_slopes, rng, *side)
+    ctx.bounds, ctx.variant, ctx.body = (max_q, max_k), variant, body
+    ctx.mark_non_differentiable(lse)
+
+
+def _varlen_backward(ctx, do, dlse):
+    q, k, v, o, lse, cu_q, cu_k, alibi_slopes, rng, *side = ctx.saved_tensors
+    dq, dk, dv = torch.ops.attnjit.attention_varlen_bwd(
+        do, q, k, v, o, lse, cu_q, cu_k, *ctx.bounds, alibi_slopes, side, rng, ctx.variant,
+        ctx.body)
+    # one gradient per input: q, k, v, cu_q, cu_k, max_q, max_k, alibi_slopes, side, rng,
+    # variant, body
+    return dq, dk, dv, None, None, None, None, None, [None] * len(side), None, None, None
+
+
+_attention_varlen_fwd.register_autograd(_varlen_backward, setup_context=_setup_varlen_context)
+
+
 # ---------------------------------------------------------------- the entry point
 
 def attention(q, k, v, *, causal=False, window=None, softcap=None, alibi_slopes=None,
@@ -459,6 +544,45 @@ def attention(q, k, v, *, causal=False, window=None, softcap=None, alibi_slopes=
     return (o, lse) if return_lse else o
 
 
+def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
+                     causal=False, window=None, softcap=None, alibi_slopes=None, scale=None,
+                     dropout_p=0.0, mask=None, score_mod=None, tensors=None, variant=None,
+                     return_lse=False):
+    """attention() over packed sequences (FlashAttention's varlen layout):
+    q (Tq, Hq, D), k (Tk, Hkv, D), v (Tk, Hkv, Dv); sequence b is rows
+    cu_seqlens_q[b] .. cu_seqlens_q[b+1]-1 of q and cu_seqlens_k[b] ..
+    cu_seqlens_k[b+1]-1 of k and v (int32 (B + 1,) tensors on q's device,
+    from 0, non-decreasing; a sequence may be empty); max_seqlen_q /
+    max_seqlen_k (ints) bound every sequence's length, so no call reads the
+    offsets back to the host.  Returns o (Tq, Hq, Dv), and with return_lse
+    lse (Hq, Tq).  Positions restart at each sequence: causal, window,
+    mask and score_mod (b is the sequence) apply per sequence, as do
+    bottom_right shifts (each sequence's own lengths).  The other options
+    are attention()'s; no bias.  Offsets that break the rules (or a
+    sequence longer than its bound) raise InvalidArgError."""
+    for name, t in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 1 or t.dtype != torch.int32:
+            raise _fail("%s must be a 1-D int32 tensor (B + 1 offsets); got %s"
+                        % (name, getattr(t, "dtype", type(t).__name__)))
+        if t.device != q.device:
+            raise _fail("%s is on %s, q on %s" % (name, t.device, q.device))
+    if cu_seqlens_q.shape != cu_seqlens_k.shape or cu_seqlens_q.shape[0] < 1:
+        raise _fail("cu_seqlens_q (%d) and cu_seqlens_k (%d) must both hold B + 1 >= 1 offsets"
+                    % (cu_seqlens_q.shape[0], cu_seqlens_k.shape[0]))
+    bounds = []
+    for name, n in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
+        if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n < 2**31:
+            raise _fail("%s = %r; want an int in 0 .. 2^31 - 1" % (name, n))
+        bounds.append(n)
+    q, k, v, _, alibi_slopes, side, rng, variant, body = _prepare(
+        q, k, v, causal, window, softcap, alibi_slopes, None, scale, dropout_p, mask, score_mod,
+        tensors, variant, layout="varlen")
+    o, lse = torch.ops.attnjit.attention_varlen_fwd(
+        q, k, v, cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous(), bounds[0], bounds[1],
+        alibi_slopes, side, rng, variant, body)
+    return (o, lse) if return_lse else o
+
+
 def _aligned_bias(bias):
     """bias as (B or 1, H or 1, Sq, Sk) with a unit-stride last dim."""
     while bias.dim() < 4:
@@ -467,12 +591,14 @@ def _aligned_bias(bias):
 
 
 def _prepare(q, k, v, causal, window, softcap, alibi_slopes, bias, scale, dropout_p, mask,
-             score_mod, tensors, variant):
-    """The checks and conversions attention() and ring_attention() share:
-    the tensors as the ops take them and the op's IR body."""
-    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
-        raise _fail("q, k and v must be 4-D (B, H, S, D); got %d, %d and %d dims"
-                    % (q.dim(), k.dim(), v.dim()))
+             score_mod, tensors, variant, layout="padded"):
+    """The checks and conversions attention(), attention_varlen() and
+    ring_attention() share: the tensors as the ops take them and the op's
+    IR body (layout "padded": (B, H, S, D); "varlen": (T, H, D))."""
+    rank, dims = (3, "(T, H, D)") if layout == "varlen" else (4, "(B, H, S, D)")
+    if q.dim() != rank or k.dim() != rank or v.dim() != rank:
+        raise _fail("q, k and v must be %d-D %s; got %d, %d and %d dims"
+                    % (rank, dims, q.dim(), k.dim(), v.dim()))
     if q.dtype not in _AJ_DTYPE:
         raise _fail("q.dtype = %s; attnjit computes in float16, bfloat16 and float32" % q.dtype)
     if k.dtype != q.dtype or v.dtype != q.dtype:
@@ -497,6 +623,8 @@ def _prepare(q, k, v, causal, window, softcap, alibi_slopes, bias, scale, dropou
         bias = _aligned_bias(bias.to(q.dtype))
     body = _body(q.dtype, q.shape[-1], v.shape[-1], causal, window, softcap, alibi,
                  bias is not None, scale, dropout_p, mask, score_mod, decls)
+    if layout != "padded":
+        body += "\n  layout = " + layout
     if "aj_alibi_slopes" in body:          # softcap and alibi: slopes as a side tensor
         side.append(alibi_slopes)
         alibi_slopes = None
