@@ -59,7 +59,7 @@ venv=$build/venv
 echo "== the Python package in $venv ($(elapsed))"
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
 pip=("$venv/bin/python" -m pip install -q --disable-pip-version-check)
-"${pip[@]}" torch pytest numpy hypothesis
+"${pip[@]}" torch pytest numpy hypothesis transformers
 CMAKE_BUILD_PARALLEL_LEVEL=$jobs "${pip[@]}" --config-settings=build-dir="$build/python-build" "$root"
 (cd "$build" && "$venv/bin/python" -m pytest -q "$root/tests/python")
 

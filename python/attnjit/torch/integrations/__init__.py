@@ -1,0 +1,1 @@
+"""Integrations of attnjit.torch with other libraries (docs/transformers.md)."""

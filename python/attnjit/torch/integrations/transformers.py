@@ -1,0 +1,82 @@
+"""attnjit as a Hugging Face transformers attention backend
+(docs/transformers.md).
+
+    import attnjit.torch.integrations.transformers as ajt
+    ajt.register()                       # once, before building models
+    model = AutoModelForCausalLM.from_config(cfg, attn_implementation="attnjit")
+
+register() adds "attnjit" to transformers' AttentionInterface (the
+attention call) and AttentionMaskInterface (the mask it is handed).  The
+mask is transformers' own boolean (B, 1, Q, KV) mask, or None where
+transformers knows it to be plain causal (no padding, no packing), as for
+SDPA; so padding, packed sequences (from position_ids), KV-cache decode and
+chunked prefill mean exactly what they mean for eager and SDPA.  The call
+maps the rest onto attnjit.torch.attention's options:
+
+    no mask, a causal module   causal="bottom_right" (queries are the last
+                               Q of KV positions: the KV-cache case too)
+    sliding_window=W           window=(W - 1, 0) with causal
+    softcap=C                  softcap=C
+    scaling                    scale
+    dropout (training)         dropout_p
+    fewer KV heads (GQA)       as they are
+    a mask                     mask="aj_mask[b, q, k] != 0" over the mask
+                               as an int32 side tensor (exact, dense)
+    s_aux (learned sinks)      UnsupportedError until attnjit has sinks
+                               (issue 32)
+"""
+import torch
+
+import attnjit
+from attnjit.torch import _ops
+
+NAME = "attnjit"
+
+
+def attnjit_attention_forward(module, query, key, value, attention_mask, dropout=0.0,
+                              scaling=None, is_causal=None, **kwargs):
+    """transformers' attention call: query (B, Hq, Q, D), key and value
+    (B, Hkv, KV, D); returns (output (B, Q, Hq, Dv), None)."""
+    if kwargs.get("s_aux") is not None or kwargs.get("sinks") is not None:
+        raise attnjit.UnsupportedError(
+            4, "attnjit transformers backend: this model's attention has learned sinks "
+               "(s_aux); attnjit has no sink option yet (issue 32): use "
+               "attn_implementation='eager' or 'sdpa' for it")
+    if kwargs.get("position_bias") is not None:
+        raise attnjit.UnsupportedError(
+            4, "attnjit transformers backend: a position_bias tensor is not supported")
+    opts = dict(scale=scaling, softcap=kwargs.get("softcap"),
+                dropout_p=float(dropout or 0.0))
+    if attention_mask is not None:
+        if attention_mask.dtype != torch.bool:
+            attention_mask = attention_mask == 0   # an additive mask: 0 where visible
+        m = attention_mask[:, 0] if attention_mask.dim() == 4 else attention_mask
+        m = m.expand(query.shape[0], query.shape[2], key.shape[2])
+        opts["mask"] = "aj_mask[b, q, k] != 0"
+        opts["tensors"] = {"aj_mask": m.to(torch.int32)}
+    else:
+        causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+        if causal and query.shape[2] > 1:
+            opts["causal"] = "bottom_right"
+            window = kwargs.get("sliding_window")
+            if window:
+                opts["window"] = (int(window) - 1, 0)
+    out = _ops.attention(query, key, value, **opts)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def attnjit_mask(*args, **kwargs):
+    """transformers' mask for this backend: the SDPA mask (boolean, or None
+    where plain causal attention is exact)."""
+    from transformers.masking_utils import sdpa_mask
+    return sdpa_mask(*args, **kwargs)
+
+
+def register(name=NAME):
+    """Registers the backend under `name` in transformers' attention and
+    mask interfaces; models built with attn_implementation=name use it."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+    AttentionInterface.register(name, attnjit_attention_forward)
+    AttentionMaskInterface.register(name, attnjit_mask)
+    return name

@@ -1,0 +1,147 @@
+"""attnjit as a transformers attention backend
+(attnjit.torch.integrations.transformers): tiny random-init models built
+from configs (no weights downloaded) with attn_implementation="attnjit"
+against the same weights with "eager", in float32 on the cpu: logits with
+and without left padding, packed sequences from position_ids, gradients
+and a few training steps, KV-cache generation, torch.compile(fullgraph=True);
+a model with learned sinks is refused with a message naming them.
+transformers is installed by the README's test command."""
+import copy
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+import attnjit  # noqa: E402
+import attnjit.torch.integrations.transformers as ajt  # noqa: E402
+
+ajt.register()
+
+TINY = dict(vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+            max_position_embeddings=128, pad_token_id=0)
+
+FAMILIES = {  # name: (config class name, model class name, extra config)
+    "llama": ("LlamaConfig", "LlamaForCausalLM", {}),
+    "mistral": ("MistralConfig", "MistralForCausalLM", dict(sliding_window=8)),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {}),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {}),
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM",
+               dict(sliding_window=8, attn_logit_softcapping=20.0, query_pre_attn_scalar=16)),
+    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM",
+               dict(sliding_window=8, query_pre_attn_scalar=16)),
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", dict(head_dim=None)),
+}
+
+
+def build(family, impl, seed=0):
+    cfg_name, model_name, extra = FAMILIES[family]
+    kw = dict(TINY, **extra)
+    kw = {k: v for k, v in kw.items() if v is not None}
+    cfg = getattr(transformers, cfg_name)(**kw)
+    torch.manual_seed(seed)
+    model = getattr(transformers, model_name)(cfg).float().eval()
+    other = copy.deepcopy(model)
+    model.set_attn_implementation(impl)
+    other.set_attn_implementation("eager")
+    return model, other
+
+
+def tokens(b, s, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(1, TINY["vocab_size"], (b, s), generator=g)
+
+
+def assert_close(got, want, what):
+    scale = want.abs().max().item()
+    err = (got - want).abs().max().item()
+    assert err <= 2e-4 * max(scale, 1.0), "%s: max error %.3g (scale %.3g)" % (what, err, scale)
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_logits_match_eager(family):
+    model, eager = build(family, "attnjit")
+    ids = tokens(2, 24)
+    mask = torch.ones(2, 24, dtype=torch.long)
+    mask[1, :5] = 0                                     # left padding
+    with torch.no_grad():
+        for m in (None, mask):
+            got = model(input_ids=ids, attention_mask=m).logits
+            want = eager(input_ids=ids, attention_mask=m).logits
+            keep = torch.ones(2, 24, dtype=torch.bool) if m is None else m.bool()
+            assert_close(got[keep], want[keep], "%s %s" % (family, "padded" if m is not None
+                                                           else "unpadded"))
+
+
+@pytest.mark.parametrize("family", ["llama", "mistral", "gemma2"])
+def test_packed_sequences_from_position_ids(family):
+    """Two documents in one row: positions restart, the second does not see
+    the first (transformers' packed-sequence mask)."""
+    model, eager = build(family, "attnjit")
+    ids = tokens(1, 26, seed=2)
+    pos = torch.cat([torch.arange(11), torch.arange(15)]).unsqueeze(0)
+    with torch.no_grad():
+        got = model(input_ids=ids, position_ids=pos).logits
+        want = eager(input_ids=ids, position_ids=pos).logits
+    assert_close(got, want, family + " packed")
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma2"])
+def test_gradients_and_training_steps_match_eager(family):
+    model, eager = build(family, "attnjit")
+    model.train()
+    eager.train()
+    ids = tokens(2, 20, seed=3)
+    mask = torch.ones(2, 20, dtype=torch.long)
+    mask[0, -4:] = 0                                    # right padding
+    labels = ids.masked_fill(mask == 0, -100)
+    opts = [torch.optim.SGD(m.parameters(), lr=0.05) for m in (model, eager)]
+    for step in range(3):
+        losses = []
+        for m, opt in zip((model, eager), opts):
+            opt.zero_grad()
+            loss = m(input_ids=ids, attention_mask=mask, labels=labels).loss
+            loss.backward()
+            losses.append(loss)
+        assert abs(losses[0].item() - losses[1].item()) <= 1e-4 * abs(losses[1].item()), \
+            "%s step %d: loss %.6f vs eager %.6f" % (family, step, losses[0], losses[1])
+        for (name, p), q in zip(model.named_parameters(), eager.parameters()):
+            assert_close(p.grad, q.grad, "%s step %d: grad of %s" % (family, step, name))
+        for opt in opts:
+            opt.step()
+
+
+@pytest.mark.parametrize("family", ["llama", "mistral", "qwen3"])
+def test_kv_cache_generation_matches_eager(family):
+    model, eager = build(family, "attnjit")
+    ids = tokens(2, 9, seed=4)
+    mask = torch.ones(2, 9, dtype=torch.long)
+    mask[1, :3] = 0
+    kw = dict(attention_mask=mask, max_new_tokens=6, do_sample=False, pad_token_id=0)
+    with torch.no_grad():
+        got = model.generate(ids, **kw)
+        want = eager.generate(ids, **kw)
+    assert torch.equal(got, want), "%s: %s vs eager %s" % (family, got.tolist(), want.tolist())
+
+
+def test_learned_sinks_are_refused_by_name():
+    cfg = transformers.GptOssConfig(**dict(TINY, num_local_experts=2, num_experts_per_tok=1,
+                                           sliding_window=8, intermediate_size=64))
+    model = transformers.GptOssForCausalLM(cfg).float().eval()
+    model.set_attn_implementation("attnjit")
+    with pytest.raises(attnjit.UnsupportedError, match="sinks"):
+        with torch.no_grad():
+            model(input_ids=tokens(1, 8))
+
+
+def test_torch_compile_fullgraph():
+    model, eager = build("llama", "attnjit")
+    ids = tokens(2, 24, seed=5)
+    mask = torch.ones(2, 24, dtype=torch.long)
+    mask[1, :5] = 0
+    with torch.no_grad():
+        got = torch.compile(model, fullgraph=True)(input_ids=ids, attention_mask=mask).logits
+        want = eager(input_ids=ids, attention_mask=mask).logits
+    keep = mask.bool()
+    assert_close(got[keep], want[keep], "llama compiled")
