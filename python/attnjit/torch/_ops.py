@@ -333,14 +333,17 @@ def _bind_varlen(a, varlen):
 
 
 def forward_into(q, k, v, o, lse, bias, alibi_slopes, side, rng, variant, body,
-                 at=_WHOLE, o_acc=None, masked=True, varlen=None):
+                 at=_WHOLE, o_acc=None, masked=True, varlen=None, heads=(0, 0)):
     """aj_forward of the op `body` on torch tensors, writing o and lse (or,
     with o_acc, merging into o_acc and lse: an op with accumulate = true);
-    masked=False runs the op without its mask; varlen: see _bind_varlen."""
+    masked=False runs the op without its mask; varlen: see _bind_varlen;
+    heads: (head_offset, heads_q_total), the call's heads among the whole
+    op's (Ulysses: h in masks, alibi, dropout is the global head)."""
     dev, stream = _device_of(q)
     kernel = _kernel("forward", variant, body, dev, masked)
     a = _capi.FwdArgs(struct_size=_FWD_SIZE, stream=stream, q_offset=at.q_offset,
-                      kv_offset=at.kv_offset, sq_total=at.sq_total, sk_total=at.sk_total)
+                      kv_offset=at.kv_offset, sq_total=at.sq_total, sk_total=at.sk_total,
+                      head_offset=heads[0], heads_q_total=heads[1])
     if varlen is not None:
         _bind_varlen(a, varlen)
     for field, t in ((a.q, q), (a.k, k), (a.v, v), (a.lse, lse)):
@@ -353,14 +356,15 @@ def forward_into(q, k, v, o, lse, bias, alibi_slopes, side, rng, variant, body,
 
 
 def backward_into(do, q, k, v, o, lse, dq, dk, dv, bias, dbias, alibi_slopes, side, rng,
-                  variant, body, at=_WHOLE, masked=True, varlen=None):
+                  variant, body, at=_WHOLE, masked=True, varlen=None, heads=(0, 0)):
     """aj_backward of the op `body` on torch tensors, writing dq, dk, dv
     (and dbias with a bias); masked=False runs the op without its mask;
-    varlen: see _bind_varlen."""
+    varlen, heads: as forward_into's."""
     dev, stream = _device_of(q)
     kernel = _kernel("backward", variant, body, dev, masked)
     a = _capi.BwdArgs(struct_size=_BWD_SIZE, stream=stream, q_offset=at.q_offset,
-                      kv_offset=at.kv_offset, sq_total=at.sq_total, sk_total=at.sk_total)
+                      kv_offset=at.kv_offset, sq_total=at.sq_total, sk_total=at.sk_total,
+                      head_offset=heads[0], heads_q_total=heads[1])
     if varlen is not None:
         _bind_varlen(a, varlen)
     for field, t in ((a.q, q), (a.k, k), (a.v, v), (a.o, o), (a.lse, lse), (a.do_, do),
@@ -388,17 +392,20 @@ def backward_into(do, q, k, v, o, lse, dq, dk, dv, bias, dbias, alibi_slopes, si
 def _attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                    bias: Optional[torch.Tensor], alibi_slopes: Optional[torch.Tensor],
                    side: List[torch.Tensor], rng: Optional[torch.Tensor], variant: str,
-                   body: str) -> Tuple[torch.Tensor, torch.Tensor]:
+                   body: str, head_offset: int = 0,
+                   heads_q_total: int = 0) -> Tuple[torch.Tensor, torch.Tensor]:
     q, k, v = _aligned(q), _aligned(k), _aligned(v)
     B, Hq, Sq, _ = q.shape
     o = torch.empty((B, Hq, Sq, v.shape[-1]), dtype=q.dtype, device=q.device)
     lse = torch.empty((B, Hq, Sq), dtype=torch.float32, device=q.device)
-    forward_into(q, k, v, o, lse, bias, alibi_slopes, side, rng, variant, body)
+    forward_into(q, k, v, o, lse, bias, alibi_slopes, side, rng, variant, body,
+                 heads=(head_offset, heads_q_total))
     return o, lse
 
 
 @_attention_fwd.register_fake
-def _attention_fwd_fake(q, k, v, bias, alibi_slopes, side, rng, variant, body):
+def _attention_fwd_fake(q, k, v, bias, alibi_slopes, side, rng, variant, body, head_offset=0,
+                        heads_q_total=0):
     _verify(variant, body)
     B, Hq, Sq, _ = q.shape
     return (q.new_empty((B, Hq, Sq, v.shape[-1])),
@@ -409,39 +416,43 @@ def _attention_fwd_fake(q, k, v, bias, alibi_slopes, side, rng, variant, body):
 def _attention_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                    o: torch.Tensor, lse: torch.Tensor, bias: Optional[torch.Tensor],
                    alibi_slopes: Optional[torch.Tensor], side: List[torch.Tensor],
-                   rng: Optional[torch.Tensor], variant: str,
-                   body: str) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+                   rng: Optional[torch.Tensor], variant: str, body: str, head_offset: int = 0,
+                   heads_q_total: int = 0
+                   ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     q, k, v, do = _aligned(q), _aligned(k), _aligned(v), _aligned(do)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     dbias = (torch.empty(bias.shape, dtype=torch.float32, device=q.device) if bias is not None
              else q.new_empty((0,), dtype=torch.float32))
     backward_into(do, q, k, v, o, lse, dq, dk, dv, bias, dbias if bias is not None else None,
-                  alibi_slopes, side, rng, variant, body)
+                  alibi_slopes, side, rng, variant, body, heads=(head_offset, heads_q_total))
     return dq, dk, dv, dbias
 
 
 @_attention_bwd.register_fake
-def _attention_bwd_fake(do, q, k, v, o, lse, bias, alibi_slopes, side, rng, variant, body):
+def _attention_bwd_fake(do, q, k, v, o, lse, bias, alibi_slopes, side, rng, variant, body,
+                        head_offset=0, heads_q_total=0):
     dbias = (q.new_empty(bias.shape, dtype=torch.float32) if bias is not None
              else q.new_empty((0,), dtype=torch.float32))
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), dbias
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, bias, alibi_slopes, side, rng, variant, body = inputs
+    q, k, v, bias, alibi_slopes, side, rng, variant, body, *heads = inputs
     o, lse = output
     ctx.save_for_backward(q, k, v, o, lse, bias, alibi_slopes, rng, *side)
-    ctx.variant, ctx.body = variant, body
+    ctx.variant, ctx.body, ctx.heads = variant, body, heads
     ctx.mark_non_differentiable(lse)
 
 
 def _backward(ctx, do, dlse):
     q, k, v, o, lse, bias, alibi_slopes, rng, *side = ctx.saved_tensors
     dq, dk, dv, dbias = torch.ops.attnjit.attention_bwd(do, q, k, v, o, lse, bias, alibi_slopes,
-                                                       side, rng, ctx.variant, ctx.body)
+                                                       side, rng, ctx.variant, ctx.body,
+                                                       *ctx.heads)
     dbias = dbias.to(bias.dtype) if bias is not None else None
-    # one gradient per input: q, k, v, bias, alibi_slopes, side, rng, variant, body
-    return dq, dk, dv, dbias, None, [None] * len(side), None, None, None
+    # one gradient per input: q, k, v, bias, alibi_slopes, side, rng, variant, body, heads
+    return (dq, dk, dv, dbias, None, [None] * len(side), None, None, None) + \
+        (None,) * len(ctx.heads)
 
 
 _attention_fwd.register_autograd(_backward, setup_context=_setup_context)

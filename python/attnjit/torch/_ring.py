@@ -276,6 +276,83 @@ class _RingFunction(torch.autograd.Function):
         return None, dq, dk, dv
 
 
+class _AllToAll(torch.autograd.Function):
+    """all_to_all_single of x (P, ...) over `group` with equal splits, under
+    the ring's fault rule (_comm); its own adjoint, so the backward
+    exchanges the gradient the same way."""
+
+    @staticmethod
+    def forward(ctx, x, group, timeout, what):
+        ctx.args = (group, timeout, what)
+        x = x.contiguous()
+        out = torch.empty_like(x)
+        with _comm(what, group, timeout):
+            work = dist.all_to_all_single(out, x, group=group, async_op=True)
+        _wait(work, what, group, timeout)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        group, timeout, what = ctx.args
+        return _AllToAll.apply(grad, group, timeout, what + " (backward)"), None, None, None
+
+
+class _Ulysses:
+    """Ulysses context parallelism (DeepSpeed-Ulysses; the C runtime's
+    method, docs/ring.md): an all-to-all turns each rank's sequence shard
+    of every head into the whole sequence of H/P heads, attention runs on
+    it (the heads' global index in masks, alibi and dropout through
+    head_offset), and another all-to-all brings o and lse back."""
+
+    def __init__(self, group, layout, timeout, local_len):
+        self.group, self.timeout = group, timeout
+        self.world, self.rank = dist.get_world_size(group), dist.get_rank(group)
+        seq = local_len * self.world
+        # global positions of the ranks' shards, rank after rank, and back
+        self.order = torch.cat([torch.arange(g, g + n) for r in range(self.world)
+                                for g, _, n in _chunks("ring_attention", layout, r, self.world,
+                                                       seq)])
+        self.inverse = torch.argsort(self.order)
+
+    def check_heads(self, q, k):
+        for name, h in (("q", q.shape[1]), ("k and v", k.shape[1])):
+            if h % self.world:
+                raise _fail("ring_attention", "method = 'ulysses' splits heads over the %d "
+                            "ranks: %s has %d heads, not a multiple of %d"
+                            % (self.world, name, h, self.world))
+
+    def to_heads(self, x, what):
+        """(B, H, s, D), this rank's shard of every head -> (B, H/P, S, D),
+        the whole sequence of this rank's heads, in position order."""
+        B, H, s, D = x.shape
+        P = self.world
+        send = x.reshape(B, P, H // P, s, D).transpose(0, 1)
+        got = _AllToAll.apply(send, self.group, self.timeout, "the all-to-all of " + what)
+        whole = got.permute(1, 2, 0, 3, 4).reshape(B, H // P, P * s, D)
+        return whole[:, :, self.inverse.to(x.device)]
+
+    def to_shards(self, x, what):
+        """The inverse of to_heads: (B, H/P, S, D) -> (B, H, s, D)."""
+        B, h, S, D = x.shape
+        P = self.world
+        x = x[:, :, self.order.to(x.device)]
+        send = x.reshape(B, h, P, S // P, D).permute(2, 0, 1, 3, 4)
+        got = _AllToAll.apply(send, self.group, self.timeout, "the all-to-all of " + what)
+        return got.transpose(0, 1).reshape(B, P * h, S // P, D)
+
+    def attention(self, q, k, v, alibi, side, rng, variant, body):
+        self.check_heads(q, k)
+        if k.shape[2] != q.shape[2]:
+            raise _fail("ring_attention", "method = 'ulysses' needs q and k shards of one "
+                        "length; got %d and %d" % (q.shape[2], k.shape[2]))
+        Hq = q.shape[1]
+        qh, kh, vh = (self.to_heads(t, n) for t, n in ((q, "q"), (k, "k"), (v, "v")))
+        o, lse = torch.ops.attnjit.attention_fwd(qh, kh, vh, None, alibi, side, rng, variant,
+                                                 body, self.rank * Hq // self.world, Hq)
+        return (self.to_shards(o, "o"),
+                self.to_shards(lse.unsqueeze(-1), "lse").squeeze(-1))
+
+
 def ring_attention(q, k, v, *, group=None, layout="zigzag", rotate="p2p", causal=False,
                    window=None, softcap=None, alibi_slopes=None, scale=None, dropout_p=0.0,
                    mask=None, score_mod=None, tensors=None, variant=None, return_lse=False,
@@ -285,16 +362,18 @@ def ring_attention(q, k, v, *, group=None, layout="zigzag", rotate="p2p", causal
     this rank's shard of o (and lse).  rotate: "p2p" (K/V to the next rank,
     P-1 exchanges overlapped with compute) or "allgather" (one all-gather;
     the backward all-reduces dK/dV).  Side tensors in `tensors` hold the
-    whole sequence (positions are global).  No bias.  method: "ring" only
-    ("ulysses" and "hybrid" are the C API's and the CLI's, over MPI or
-    NCCL).  timeout: seconds each exchange may wait, forward and backward
+    whole sequence (positions are global).  No bias.  method: "ring", or
+    "ulysses" (two all-to-alls of q, k, v and of o, lse around one
+    attention over the whole sequence of H/P heads: heads and KV heads
+    divisible by P, q and k shards of one length; rotate unused); "hybrid"
+    is the C API's and the CLI's, over MPI or NCCL.  timeout: seconds each exchange may wait, forward and backward
     (None: the process group's own); a rank that dies or stalls makes every
     other rank raise attnjit.CommError, within it."""
-    if method != "ring":
+    if method not in ("ring", "ulysses"):
         raise attnjit.UnsupportedError(
-            4, "attnjit.torch.ring_attention: method = %r: the torch.distributed ring runs "
-               "the ring only; Ulysses and hybrid 2-D are aj_ring_forward's methods "
-               "(attnjit ring --method, over MPI or NCCL)" % (method,))
+            4, "attnjit.torch.ring_attention: method = %r: over torch.distributed attnjit "
+               "runs 'ring' and 'ulysses'; hybrid 2-D is aj_ring_forward's (attnjit ring "
+               "--method hybrid, over MPI or NCCL)" % (method,))
     if not dist.is_available() or not dist.is_initialized():
         raise _fail("ring_attention", "torch.distributed is not initialised "
                     "(init_process_group first)")
@@ -312,6 +391,10 @@ def ring_attention(q, k, v, *, group=None, layout="zigzag", rotate="p2p", causal
         with _comm(what, group, timeout):
             work = dist.broadcast(rng, src=src, group=group, async_op=True)
         _wait(work, what, group, timeout)
+    if method == "ulysses":
+        o, lse = _Ulysses(group, layout, timeout, q.shape[2]).attention(
+            q, k, v, alibi_slopes, side, rng, variant, body)
+        return (o, lse) if return_lse else o
     ring = _Ring(group, layout, rotate, variant, body, alibi_slopes, side, rng, q, k.shape[2],
                  timeout)
     o, lse = _RingFunction.apply(ring, q, k, v)
@@ -323,9 +406,9 @@ class _ContextParallelMode(torch.overrides.TorchFunctionMode):
     the shards (is_causal, scale, dropout_p and enable_gqa as SDPA takes
     them)."""
 
-    def __init__(self, group, layout, timeout):
+    def __init__(self, group, layout, timeout, method):
         super().__init__()
-        self.group, self.layout, self.timeout = group, layout, timeout
+        self.group, self.layout, self.timeout, self.method = group, layout, timeout, method
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -343,7 +426,8 @@ class _ContextParallelMode(torch.overrides.TorchFunctionMode):
             raise _fail("context_parallel", "q has %d heads and k %d: pass enable_gqa=True, "
                         "as scaled_dot_product_attention needs" % (q.shape[1], k.shape[1]))
         return ring_attention(q, k, v, group=self.group, layout=self.layout,
-                              timeout=self.timeout, causal=bool(call.get("is_causal", False)),
+                              timeout=self.timeout, method=self.method,
+                              causal=bool(call.get("is_causal", False)),
                               scale=call.get("scale"), dropout_p=call.get("dropout_p", 0.0))
 
 
@@ -354,14 +438,15 @@ class context_parallel:  # noqa: N801 (used as a function, like torch's)
     torch.nn.functional.scaled_dot_product_attention call runs as
     ring_attention over `group`; on exit, restores the buffers not in
     no_restore_buffers.  A model written for one device runs unchanged.
-    timeout: ring_attention's (seconds each exchange may wait)."""
+    timeout, method: ring_attention's (seconds each exchange may wait;
+    "ring" or "ulysses")."""
 
     def __init__(self, group=None, buffers=(), buffer_seq_dims=(), no_restore_buffers=(),
-                 layout="zigzag", timeout=None):
+                 layout="zigzag", timeout=None, method="ring"):
         if len(buffers) != len(buffer_seq_dims):
             raise _fail("context_parallel", "%d buffers but %d buffer_seq_dims"
                         % (len(buffers), len(buffer_seq_dims)))
-        self.group, self.layout, self.timeout = group, layout, timeout
+        self.group, self.layout, self.timeout, self.method = group, layout, timeout, method
         self.buffers, self.dims = list(buffers), list(buffer_seq_dims)
         self.keep = [not any(b is n for n in no_restore_buffers) for b in self.buffers]
         self.saved = []
@@ -376,7 +461,7 @@ class context_parallel:  # noqa: N801 (used as a function, like torch's)
                 part = shard(buf, dim, rank, world, self.layout)
                 self.saved.append(buf.clone() if keep else None)
                 buf.resize_(part.shape).copy_(part)
-        self.mode = _ContextParallelMode(self.group, self.layout, self.timeout)
+        self.mode = _ContextParallelMode(self.group, self.layout, self.timeout, self.method)
         self.mode.__enter__()
         return self
 
