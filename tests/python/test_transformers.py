@@ -81,10 +81,32 @@ def test_packed_sequences_from_position_ids(family):
     model, eager = build(family, "attnjit")
     ids = tokens(1, 26, seed=2)
     pos = torch.cat([torch.arange(11), torch.arange(15)]).unsqueeze(0)
-    with torch.no_grad():
-        got = model(input_ids=ids, position_ids=pos).logits
-        want = eager(input_ids=ids, position_ids=pos).logits
+    with torch.no_grad():   # (transformers packs from position_ids without a cache)
+        got = model(input_ids=ids, position_ids=pos, use_cache=False).logits
+        want = eager(input_ids=ids, position_ids=pos, use_cache=False).logits
+        alone = eager(input_ids=ids[:, 11:], use_cache=False).logits
     assert_close(got, want, family + " packed")
+    assert_close(got[:, 11:], alone, family + " the second document alone")
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_packed_rows_with_varlen_kwargs(family):
+    """DataCollatorWithFlattening's flash-attention keyword arguments
+    (cu_seq_lens_q/k, max_length_q/k) run attention_varlen; logits and
+    gradients as eager's with the same packing from position_ids."""
+    model, eager = build(family, "attnjit")
+    ids = tokens(1, 26, seed=6)
+    lens = [11, 4, 11]
+    pos = torch.cat([torch.arange(n) for n in lens]).unsqueeze(0)
+    cu = torch.tensor([0, 11, 15, 26], dtype=torch.int32)
+    kw = dict(cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=11, max_length_k=11)
+    got = model(input_ids=ids, position_ids=pos, use_cache=False, **kw).logits
+    want = eager(input_ids=ids, position_ids=pos, use_cache=False).logits
+    assert_close(got, want, family + " packed, varlen kwargs")
+    got.square().mean().backward()
+    want.square().mean().backward()
+    for (name, p), q in zip(model.named_parameters(), eager.parameters()):
+        assert_close(p.grad, q.grad, "%s packed: grad of %s" % (family, name))
 
 
 @pytest.mark.parametrize("family", ["llama", "gemma2"])

@@ -22,6 +22,8 @@ maps the rest onto attnjit.torch.attention's options:
     fewer KV heads (GQA)       as they are
     a mask                     mask="aj_mask[b, q, k] != 0" over the mask
                                as an int32 side tensor (exact, dense)
+    cu_seq_lens_q/k (packed    attention_varlen over the row's sequences
+    rows, flash kwargs)
     s_aux (learned sinks)      UnsupportedError until attnjit has sinks
                                (issue 32)
 """
@@ -47,6 +49,9 @@ def attnjit_attention_forward(module, query, key, value, attention_mask, dropout
             4, "attnjit transformers backend: a position_bias tensor is not supported")
     opts = dict(scale=scaling, softcap=kwargs.get("softcap"),
                 dropout_p=float(dropout or 0.0))
+    cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
+    if cu_q is not None and cu_k is not None and query.shape[0] == 1:
+        return _packed(module, query, key, value, cu_q, cu_k, kwargs, opts, is_causal)
     if attention_mask is not None:
         if attention_mask.dtype != torch.bool:
             attention_mask = attention_mask == 0   # an additive mask: 0 where visible
@@ -63,6 +68,27 @@ def attnjit_attention_forward(module, query, key, value, attention_mask, dropout
                 opts["window"] = (int(window) - 1, 0)
     out = _ops.attention(query, key, value, **opts)
     return out.transpose(1, 2).contiguous(), None
+
+
+def _packed(module, query, key, value, cu_q, cu_k, kwargs, opts, is_causal):
+    """Packed rows with transformers' flash-attention keyword arguments
+    (cu_seq_lens_q/k, max_length_q/k: DataCollatorWithFlattening's) as
+    attention_varlen over the one row's sequences, each causal from its
+    start; no dense mask."""
+    causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    if causal:
+        opts["causal"] = "bottom_right"
+        window = kwargs.get("sliding_window")
+        if window:
+            opts["window"] = (int(window) - 1, 0)
+    max_q, max_k = kwargs.get("max_length_q"), kwargs.get("max_length_k")
+    cu_q, cu_k = cu_q.to(torch.int32), cu_k.to(torch.int32)
+    if max_q is None or max_k is None:   # the bounds from the offsets (a host read)
+        max_q, max_k = (int((c[1:] - c[:-1]).max()) if c.numel() > 1 else 0
+                        for c in (cu_q, cu_k))
+    q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))   # (T, H, D)
+    out = _ops.attention_varlen(q, k, v, cu_q, cu_k, int(max_q), int(max_k), **opts)
+    return out.unsqueeze(0), None
 
 
 def attnjit_mask(*args, **kwargs):
