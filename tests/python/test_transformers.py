@@ -167,3 +167,71 @@ def test_torch_compile_fullgraph():
         want = eager(input_ids=ids, attention_mask=mask).logits
     keep = mask.bool()
     assert_close(got[keep], want[keep], "llama compiled")
+
+
+# ---------------------------------------------------------------- every decoder
+
+SHRINK = dict(TINY, moe_intermediate_size=32, num_experts=2, num_local_experts=2,
+              n_routed_experts=2, num_experts_per_tok=1, shared_expert_intermediate_size=32)
+SHRINK.pop("pad_token_id")
+
+
+def _tiny_decoder(cls):
+    """A tiny random-init model of cls from its config class with the sizes
+    above where the config has them, or None with a reason when the
+    generic shrink does not make a small, working model of it."""
+    base = cls.config_class()
+    cfg = cls.config_class(**{k: v for k, v in SHRINK.items() if hasattr(base, k)})
+    with torch.device("meta"):
+        n = sum(p.numel() for p in cls(cfg).parameters())
+    if n > 20_000_000:
+        return None, "%d parameters after the generic shrink" % n
+    torch.manual_seed(0)
+    return cls(cfg).float().eval(), None
+
+
+def test_every_decoder_with_the_attention_backend():
+    """Every *ForCausalLM transformers marks _supports_attention_backend:
+    a tiny model's logits with "attnjit" equal eager's, or attnjit refuses
+    it with a typed error naming why (learned sinks).  A model the generic
+    shrink cannot build, or that fails under eager too, is counted and
+    skipped (its config needs sizes of its own); none may fail or differ
+    under attnjit alone."""
+    names = sorted(n for n in dir(transformers) if n.endswith("ForCausalLM"))
+    outcome = {"matched": [], "refused": [], "not built": []}
+    for name in names:
+        try:
+            cls = getattr(transformers, name)
+        except Exception:        # noqa: BLE001 -- an optional dependency missing
+            outcome["not built"].append(name)
+            continue
+        if not getattr(cls, "_supports_attention_backend", False):
+            continue
+        ids = tokens(2, 12, seed=7)
+        try:
+            model, why = _tiny_decoder(cls)
+            if model is None:
+                outcome["not built"].append(name)
+                continue
+            eager = copy.deepcopy(model)
+            eager.set_attn_implementation("eager")
+            with torch.no_grad():
+                want = eager(input_ids=ids).logits
+        except Exception:        # noqa: BLE001 -- the shrink broke the model itself
+            outcome["not built"].append(name)
+            continue
+        model.set_attn_implementation("attnjit")
+        try:
+            with torch.no_grad():
+                got = model(input_ids=ids).logits
+        except attnjit.Error as e:
+            why = "learned sinks" if "learned sinks" in e.message else e.message[:120]
+            outcome["refused"].append("%s (%s)" % (name, why))
+            continue
+        assert_close(got, want, name)
+        outcome["matched"].append(name)
+    print("\n%d decoders match eager, %d refused, %d not built by the generic shrink"
+          % tuple(len(outcome[k]) for k in ("matched", "refused", "not built")))
+    print("refused: " + ", ".join(outcome["refused"]))
+    assert len(outcome["matched"]) >= 50, outcome
+    assert all(r.endswith("(learned sinks)") for r in outcome["refused"]), outcome["refused"]

@@ -20,8 +20,9 @@ maps the rest onto attnjit.torch.attention's options:
     scaling                    scale
     dropout (training)         dropout_p
     fewer KV heads (GQA)       as they are
-    a mask                     mask="aj_mask[b, q, k] != 0" over the mask
+    a boolean mask             mask="aj_mask[b, q, k] != 0" over the mask
                                as an int32 side tensor (exact, dense)
+    an additive (float) mask   bias (with its gradient: learned masks)
     cu_seq_lens_q/k (packed    attention_varlen over the row's sequences
     rows, flash kwargs)
     s_aux (learned sinks)      UnsupportedError until attnjit has sinks
@@ -52,9 +53,11 @@ def attnjit_attention_forward(module, query, key, value, attention_mask, dropout
     cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
     if cu_q is not None and cu_k is not None and query.shape[0] == 1:
         return _packed(module, query, key, value, cu_q, cu_k, kwargs, opts, is_causal)
-    if attention_mask is not None:
-        if attention_mask.dtype != torch.bool:
-            attention_mask = attention_mask == 0   # an additive mask: 0 where visible
+    if attention_mask is not None and attention_mask.dtype != torch.bool:
+        # an additive mask (a model's own: learned or dynamic biases, -inf
+        # where hidden): attnjit's bias, which also gets its gradient
+        opts["bias"] = attention_mask[..., :key.shape[2]]
+    elif attention_mask is not None:
         m = attention_mask[:, 0] if attention_mask.dim() == 4 else attention_mask
         m = m.expand(query.shape[0], query.shape[2], key.shape[2])
         opts["mask"] = "aj_mask[b, q, k] != 0"
