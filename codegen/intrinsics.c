@@ -13,7 +13,7 @@
 #define MAX_RESULTS 4
 
 enum nvptx_kind { KIND_NVVM, KIND_ASM, KIND_SIMONLY };
-enum sync_scope { SYNC_LANE, SYNC_WARP, SYNC_CTA };
+enum sync_scope { SYNC_LANE, SYNC_WARP, SYNC_WARPGROUP, SYNC_CTA };
 enum arg_type { VOID, I1, I16, I32, I64, F32, PTR1, PTR3 };
 
 typedef struct intrinsic_desc {

@@ -602,6 +602,21 @@ void aj_kb_cp_async_wait(aj_kb *kb, int pending_groups)
     aj_kb_intrinsic(kb, AJ_INTR_CP_ASYNC_WAIT_GROUP, &n);
 }
 
+void aj_kb_mbarrier_wait(aj_kb *kb, LLVMValueRef bar, LLVMValueRef parity)
+{
+    if (kb->st != AJ_OK)
+        return;
+    LLVMBasicBlockRef poll = LLVMAppendBasicBlockInContext(kb->llctx, kb->fn, "mbar.poll");
+    LLVMBasicBlockRef done = LLVMAppendBasicBlockInContext(kb->llctx, kb->fn, "mbar.done");
+    LLVMBuildBr(kb->b, poll);
+    LLVMPositionBuilderAtEnd(kb->b, poll);
+    LLVMValueRef args[2] = {bar, parity};
+    LLVMValueRef complete = aj_kb_intrinsic(kb, AJ_INTR_MBARRIER_TRY_WAIT_PARITY, args);
+    LLVMBuildCondBr(kb->b, LLVMBuildICmp(kb->b, LLVMIntNE, complete, aj_kb_i32(kb, 0), ""),
+                    done, poll);
+    LLVMPositionBuilderAtEnd(kb->b, done);
+}
+
 void aj_kb_cp_async_wait_all(aj_kb *kb)
 {
     aj_kb_intrinsic(kb, AJ_INTR_CP_ASYNC_WAIT_ALL, NULL);

@@ -296,6 +296,14 @@ void aj_kb_cp_async_commit(aj_kb *kb);
 void aj_kb_cp_async_wait(aj_kb *kb, int pending_groups);
 void aj_kb_cp_async_wait_all(aj_kb *kb);
 
+/*
+ * mbarrier (sm_90a; the rows MBARRIER_* of intrinsics.def): waits until
+ * the phase of `parity` (an i32 0 or 1) of the mbarrier at `bar` (shared,
+ * 8-byte aligned) has completed, retrying try_wait.parity while it
+ * returns 0.
+ */
+void aj_kb_mbarrier_wait(aj_kb *kb, LLVMValueRef bar, LLVMValueRef parity);
+
 /* element conversions between a storage dtype and f32 */
 LLVMTypeRef aj_kb_storage_type(aj_kb *kb, aj_dtype dtype); /* i8, i16 or f32 */
 LLVMValueRef aj_kb_to_f32(aj_kb *kb, LLVMValueRef v, aj_dtype dtype);

@@ -1,0 +1,644 @@
+/*
+ * test_sim_hopper.c -- the emulator's model of sm_90's asynchronous
+ * machinery (runtime/sim/hopper.c), against the PTX ISA:
+ *
+ *   mbarrier        "Parallel Synchronization and Communication Instructions:
+ *                   mbarrier": phases, the pending arrival count and the
+ *                   tx-count ("Phase Completion of the mbarrier object"),
+ *                   try_wait.parity on the current or preceding phase
+ *   bar / barrier   the same chapter: bar.sync / bar.arrive with a barrier
+ *                   id (0..15) and a thread count (a multiple of the warp size)
+ *   elect.sync      the same chapter: one leader among the membermask
+ *   setmaxnreg      "Miscellaneous Instructions: setmaxnreg": counts 24..256
+ *                   in steps of 8, the whole warpgroup, the CTA's pool
+ *   fence.proxy.async   "membar / fence": recorded per thread
+ *
+ * Producer / consumer kernels written with the kernel builder check the
+ * data that crosses each synchronisation and that strict mode finds them
+ * race-free under several seeds, while a twin missing the wait is a race
+ * under every seed.  Broken kernels check each fault and its message; a
+ * wait that can never end is a deadlock fault, never a hang.  The kernels
+ * are compiled for sm_90a too and, where ptxas is found, assembled.
+ */
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "check.h"
+#include "kb_kernel.h"
+
+#define SEEDS 6
+#define WORDS 1024
+
+static aj_ctx *ctx;
+static aj_op *op;             /* any op: aj_codegen_run only hands it over */
+static char ptxas[1024];
+static int have_ptxas, ptx_kernels, ptx_assembled;
+static float in[WORDS], out[WORDS];
+
+/* A one-CTA kernel over `in` and `out` (WORDS f32 each). */
+typedef struct hopper_kernel {
+    const char *name;
+    int threads;
+    int32_t smem_bytes;
+    void (*body)(aj_kb *kb, int variant);
+    int variant;
+} hopper_kernel;
+
+static aj_status build(aj_kb *kb, const aj_op *unused, void *user)
+{
+    const hopper_kernel *k = user;
+    aj_kb_add_param(kb, "in", AJ_PARAM_PTR, AJ_KB_NO_ID);
+    aj_kb_add_param(kb, "out", AJ_PARAM_PTR, AJ_KB_NO_ID);
+    aj_kb_smem_reserve(kb, k->smem_bytes);
+    aj_kb_begin(kb, k->threads);
+    k->body(kb, k->variant);
+    kb_kernel_finish_one_cta(kb);
+    return AJ_OK;
+}
+
+static aj_kernel *compile_for(const hopper_kernel *k, aj_target target)
+{
+    return kb_kernel_compile(ctx, op, k->name, build, (void *)k, target);
+}
+
+/* The sm_90a PTX holds `needle` and, where ptxas is found, assembles. */
+static void check_sm90a(const hopper_kernel *k, const char *needle)
+{
+    aj_kernel *kern = compile_for(k, AJ_TARGET_SM_90A);
+    if (!kern)
+        return;
+    size_t len;
+    const char *ptx = aj_kernel_code(kern, &len);
+    CHECK_MSG(strstr(ptx, needle) != NULL, "%s: sm_90a PTX lacks '%s'", k->name, needle);
+    ptx_kernels++;
+    if (have_ptxas) {
+        ptxas_result r;
+        ptxas_run(ptxas, "sm_90a", ptx, len, &r);
+        CHECK_MSG(r.exit_code == 0, "%s: ptxas -arch=sm_90a failed:\n%s\n%s", k->name, r.log,
+                  ptx);
+        ptx_assembled += r.exit_code == 0;
+    }
+    aj_kernel_destroy(kern);
+}
+
+/* One CTA on sim under strict mode's schedule `seed`; out starts at -1. */
+static aj_status run_sim(const hopper_kernel *k, uint64_t seed)
+{
+    aj_kernel *kern = compile_for(k, AJ_TARGET_SIM);
+    if (!kern)
+        return AJ_ERR_CODEGEN;
+    for (int i = 0; i < WORDS; i++)
+        out[i] = -1.0f;
+    const aj_sim_buffer buffers[2] = {{"in", in, sizeof in}, {"out", out, sizeof out}};
+    aj_status st = kb_kernel_run_sim(ctx, kern, k->name, k->threads, buffers, 2, seed);
+    aj_kernel_destroy(kern);
+    return st;
+}
+
+/* The kernel faults (every seed) with a message holding each needle. */
+static void expect_fault(const hopper_kernel *k, const char *const *needles)
+{
+    for (uint64_t seed = 1; seed <= SEEDS; seed++) {
+        aj_status st = run_sim(k, seed);
+        CHECK_MSG(st == AJ_ERR_KERNEL_FAULT, "%s, seed %llu: %s, want a fault", k->name,
+                  (unsigned long long)seed, aj_status_str(st));
+        CHECK_ERROR(ctx, k->name);
+        for (int n = 0; needles[n]; n++)
+            CHECK_ERROR(ctx, needles[n]);
+    }
+}
+
+/* ---------------------------------------------------------------- builder shorthands */
+
+static LLVMValueRef c32(aj_kb *kb, int64_t v) { return aj_kb_i32(kb, v); }
+static LLVMValueRef tid_of(aj_kb *kb) { return aj_kb_thread_id(kb); }
+static LLVMValueRef tid_lt(aj_kb *kb, int n) { return aj_kb_slt(kb, tid_of(kb), c32(kb, n)); }
+static LLVMValueRef sub(aj_kb *kb, LLVMValueRef a, int64_t b)
+{
+    return LLVMBuildSub(kb->b, a, c32(kb, b), "");
+}
+static LLVMValueRef smem_at(aj_kb *kb, LLVMValueRef offset) { return aj_kb_smem_ptr(kb, offset); }
+static LLVMValueRef bar_at(aj_kb *kb, int offset) { return smem_at(kb, c32(kb, offset)); }
+
+static LLVMValueRef global_at(aj_kb *kb, const char *buf, LLVMValueRef index)
+{
+    LLVMValueRef bytes = aj_kb_mul(kb, aj_kb_sext64(kb, index), aj_kb_i64(kb, 4));
+    return aj_kb_gptr_offset(kb, aj_kb_param(kb, buf), bytes);
+}
+
+static LLVMValueRef load_in(aj_kb *kb, LLVMValueRef index)
+{
+    return aj_kb_load(kb, kb->t_f32, global_at(kb, "in", index), 4);
+}
+
+static void store_out(aj_kb *kb, LLVMValueRef v, LLVMValueRef index)
+{
+    aj_kb_store(kb, v, global_at(kb, "out", index), 4);
+}
+
+/* shared f32 word `word` of the data area (after the barriers) */
+#define DATA 256
+static LLVMValueRef data_word(aj_kb *kb, LLVMValueRef word)
+{
+    return smem_at(kb, aj_kb_add(kb, aj_kb_mul(kb, word, c32(kb, 4)), c32(kb, DATA)));
+}
+
+static void mbar_init(aj_kb *kb, int offset, int count)
+{
+    LLVMValueRef a[2] = {bar_at(kb, offset), c32(kb, count)};
+    aj_kb_intrinsic(kb, AJ_INTR_MBARRIER_INIT, a);
+}
+
+static void mbar_arrive(aj_kb *kb, int offset)
+{
+    LLVMValueRef a[1] = {bar_at(kb, offset)};
+    aj_kb_intrinsic(kb, AJ_INTR_MBARRIER_ARRIVE, a);
+}
+
+/* the rows taking (bar, bytes): arrive.expect_tx, expect_tx, complete_tx */
+static void mbar_tx(aj_kb *kb, enum aj_intrinsic_id id, int offset, LLVMValueRef bytes)
+{
+    LLVMValueRef a[2] = {bar_at(kb, offset), bytes};
+    aj_kb_intrinsic(kb, id, a);
+}
+
+static void named_bar(aj_kb *kb, enum aj_intrinsic_id id, int bar, int count)
+{
+    LLVMValueRef a[2] = {c32(kb, bar), c32(kb, count)};
+    aj_kb_intrinsic(kb, id, a);
+}
+
+/* thread 0 initialises the mbarriers, then the CTA meets */
+static void init_mbarriers(aj_kb *kb, int count0, int count1)
+{
+    aj_kb_if_begin(kb, tid_lt(kb, 1));
+    mbar_init(kb, 0, count0);
+    if (count1)
+        mbar_init(kb, 8, count1);
+    aj_kb_if_end(kb);
+    aj_kb_barrier(kb);
+}
+
+/* ---------------------------------------------------------------- mbarrier ring */
+
+/*
+ * A two-slot-free ring of one buffer: warp 0 produces, warps 1..3 consume,
+ * ROUNDS rounds.  `full` (count 32) and `empty` (count 96) at offsets 0, 8:
+ *
+ *   producer lane l, round r          consumer c = tid - 32, round r
+ *     r > 0: wait empty, parity r-1     wait full, parity r      (RING_NO_WAIT: not)
+ *     data[l] = in[32 r + l]            out[96 r + c] = data[c % 32]
+ *     arrive full                       arrive empty
+ */
+#define ROUNDS 4
+enum { RING_OK, RING_NO_WAIT };
+
+static void ring_body(aj_kb *kb, int variant)
+{
+    init_mbarriers(kb, 32, 96);
+    LLVMValueRef tid = tid_of(kb);
+    for (int r = 0; r < ROUNDS; r++) {
+        aj_kb_if_begin(kb, tid_lt(kb, 32));
+        if (r > 0)
+            aj_kb_mbarrier_wait(kb, bar_at(kb, 8), c32(kb, (r - 1) & 1));
+        aj_kb_store(kb, load_in(kb, aj_kb_add(kb, tid, c32(kb, 32 * r))), data_word(kb, tid), 4);
+        mbar_arrive(kb, 0);
+        aj_kb_else(kb);
+        if (variant != RING_NO_WAIT)
+            aj_kb_mbarrier_wait(kb, bar_at(kb, 0), c32(kb, r & 1));
+        LLVMValueRef c = sub(kb, tid, 32);
+        LLVMValueRef slot = LLVMBuildAnd(kb->b, c, c32(kb, 31), "");
+        store_out(kb, aj_kb_load(kb, kb->t_f32, data_word(kb, slot), 4),
+                  aj_kb_add(kb, c, c32(kb, 96 * r)));
+        mbar_arrive(kb, 8);
+        aj_kb_if_end(kb);
+    }
+}
+
+static void test_mbarrier_ring(void)
+{
+    for (int i = 0; i < WORDS; i++)
+        in[i] = 0.25f * (float)i + 3.0f;
+    const hopper_kernel ok = {"t_mbarrier_ring", 128, DATA + 128, ring_body, RING_OK};
+    check_sm90a(&ok, "mbarrier.try_wait.parity.shared::cta.b64");
+    for (uint64_t seed = 1; seed <= SEEDS; seed++) {
+        CHECK_STATUS(ctx, run_sim(&ok, seed), AJ_OK);
+        int wrong = 0;
+        for (int r = 0; r < ROUNDS; r++)
+            for (int c = 0; c < 96; c++)
+                wrong += out[96 * r + c] != in[32 * r + c % 32];
+        CHECK_MSG(wrong == 0, "mbarrier ring, seed %llu: %d values crossed wrongly",
+                  (unsigned long long)seed, wrong);
+    }
+    const hopper_kernel racy = {"t_mbarrier_ring_no_wait", 128, DATA + 128, ring_body,
+                                RING_NO_WAIT};
+    static const char *const race[] = {"shared-memory race: ", NULL};
+    expect_fault(&racy, race);
+}
+
+/* ---------------------------------------------------------------- tx-count */
+
+/*
+ * Phase 0: thread 0 expects 256 bytes (arrive.expect_tx, or TX_SPLIT:
+ * expect_tx 128 then arrive.expect_tx 128), threads 32..63 complete 8
+ * each, in any order (the tx-count may dip below zero first).  Phase 1:
+ * 64 bytes by threads 32..39.  TX_SHORT: thread 63 completes 0 bytes, so
+ * phase 0 waits for 8 bytes forever.
+ */
+enum { TX_OK, TX_SPLIT, TX_SHORT };
+
+static void tx_body(aj_kb *kb, int variant)
+{
+    init_mbarriers(kb, 1, 0);
+    LLVMValueRef tid = tid_of(kb);
+    aj_kb_if_begin(kb, tid_lt(kb, 1));
+    if (variant == TX_SPLIT) {
+        mbar_tx(kb, AJ_INTR_MBARRIER_EXPECT_TX, 0, c32(kb, 128));
+        mbar_tx(kb, AJ_INTR_MBARRIER_ARRIVE_EXPECT_TX, 0, c32(kb, 128));
+    } else {
+        mbar_tx(kb, AJ_INTR_MBARRIER_ARRIVE_EXPECT_TX, 0, c32(kb, 256));
+    }
+    aj_kb_if_end(kb);
+    aj_kb_if_begin(kb, LLVMBuildICmp(kb->b, LLVMIntSGE, tid, c32(kb, 32), ""));
+    LLVMValueRef bytes = c32(kb, 8);
+    if (variant == TX_SHORT)
+        bytes = LLVMBuildSelect(kb->b, LLVMBuildICmp(kb->b, LLVMIntEQ, tid, c32(kb, 63), ""),
+                                c32(kb, 0), bytes, "");
+    mbar_tx(kb, AJ_INTR_MBARRIER_COMPLETE_TX, 0, bytes);
+    aj_kb_if_end(kb);
+    aj_kb_mbarrier_wait(kb, bar_at(kb, 0), c32(kb, 0));
+    store_out(kb, aj_kb_f32(kb, 1.0), tid);
+    aj_kb_barrier(kb);
+    aj_kb_if_begin(kb, tid_lt(kb, 1));
+    mbar_tx(kb, AJ_INTR_MBARRIER_ARRIVE_EXPECT_TX, 0, c32(kb, 64));
+    aj_kb_if_end(kb);
+    aj_kb_if_begin(kb, LLVMBuildAnd(kb->b, LLVMBuildICmp(kb->b, LLVMIntSGE, tid, c32(kb, 32), ""),
+                                    tid_lt(kb, 40), ""));
+    mbar_tx(kb, AJ_INTR_MBARRIER_COMPLETE_TX, 0, c32(kb, 8));
+    aj_kb_if_end(kb);
+    aj_kb_mbarrier_wait(kb, bar_at(kb, 0), c32(kb, 1));
+    store_out(kb, aj_kb_f32(kb, 2.0), aj_kb_add(kb, tid, c32(kb, 64)));
+}
+
+static void test_mbarrier_tx(void)
+{
+    const hopper_kernel cases[2] = {{"t_mbarrier_tx", 64, DATA, tx_body, TX_OK},
+                                    {"t_mbarrier_tx_split", 64, DATA, tx_body, TX_SPLIT}};
+    check_sm90a(&cases[0], "mbarrier.complete_tx.relaxed.cta.shared::cta.b64");
+    check_sm90a(&cases[1], "mbarrier.expect_tx.relaxed.cta.shared::cta.b64");
+    for (int i = 0; i < 2; i++)
+        for (uint64_t seed = 1; seed <= SEEDS; seed++) {
+            CHECK_STATUS(ctx, run_sim(&cases[i], seed), AJ_OK);
+            int wrong = 0;
+            for (int t = 0; t < 64; t++)
+                wrong += out[t] != 1.0f || out[64 + t] != 2.0f;
+            CHECK_MSG(wrong == 0, "%s, seed %llu: %d threads passed a wait early or never",
+                      cases[i].name, (unsigned long long)seed, wrong);
+        }
+    const hopper_kernel short_tx = {"t_mbarrier_tx_short", 64, DATA, tx_body, TX_SHORT};
+    static const char *const msg[] = {
+        "deadlock: thread ", "waits on the mbarrier at shared offset 0 for the phase of parity 0",
+        "0 of 1 arrivals pending, tx-count 8", NULL};
+    expect_fault(&short_tx, msg);
+}
+
+/* ---------------------------------------------------------------- mbarrier faults */
+
+enum { MF_NEVER, MF_OVER_ARRIVE, MF_UNINIT, MF_COUNT0, MF_MISALIGNED, MF_PARITY, MF_TX_RANGE };
+
+static void mbarrier_fault_body(aj_kb *kb, int variant)
+{
+    switch (variant) {
+    case MF_NEVER:   /* one arrival of two */
+        init_mbarriers(kb, 2, 0);
+        aj_kb_if_begin(kb, tid_lt(kb, 1));
+        mbar_arrive(kb, 0);
+        aj_kb_if_end(kb);
+        aj_kb_mbarrier_wait(kb, bar_at(kb, 0), c32(kb, 0));
+        break;
+    case MF_OVER_ARRIVE:   /* the arrival is in; the phase waits for bytes */
+        init_mbarriers(kb, 1, 0);
+        aj_kb_if_begin(kb, tid_lt(kb, 1));
+        mbar_tx(kb, AJ_INTR_MBARRIER_ARRIVE_EXPECT_TX, 0, c32(kb, 16));
+        mbar_arrive(kb, 0);
+        aj_kb_if_end(kb);
+        break;
+    case MF_UNINIT:
+        aj_kb_mbarrier_wait(kb, bar_at(kb, 16), c32(kb, 0));
+        break;
+    case MF_COUNT0:
+        init_mbarriers(kb, 0, 0);
+        break;
+    case MF_MISALIGNED:
+        aj_kb_if_begin(kb, tid_lt(kb, 1));
+        mbar_init(kb, 4, 1);
+        aj_kb_if_end(kb);
+        break;
+    case MF_PARITY:
+        init_mbarriers(kb, 1, 0);
+        aj_kb_mbarrier_wait(kb, bar_at(kb, 0), c32(kb, 2));
+        break;
+    default:
+        init_mbarriers(kb, 1, 0);
+        mbar_tx(kb, AJ_INTR_MBARRIER_EXPECT_TX, 0, c32(kb, 1 << 20));
+        break;
+    }
+}
+
+static void test_mbarrier_faults(void)
+{
+    static const struct {
+        const char *name;
+        int variant;
+        const char *needles[4];   /* NULL-terminated */
+    } cases[] = {
+        {"t_mbarrier_never", MF_NEVER,
+         {"deadlock: thread ", "for the phase of parity 0", "1 of 2 arrivals pending, tx-count 0"}},
+        {"t_mbarrier_over_arrive", MF_OVER_ARRIVE,
+         {"thread 0: mbarrier.arrive at shared offset 0: every one of its 1 arrivals is in",
+          "waits for tx-count 16"}},
+        {"t_mbarrier_uninit", MF_UNINIT,
+         {"mbarrier.try_wait.parity at shared offset 16, where no mbarrier.init made an mbarrier"}},
+        {"t_mbarrier_count0", MF_COUNT0,
+         {"thread 0: mbarrier.init at shared offset 0 with count 0, outside 1..1048575"}},
+        {"t_mbarrier_misaligned", MF_MISALIGNED,
+         {"thread 0: misaligned shared mbarrier.init of 8 bytes", "needs 8-byte alignment"}},
+        {"t_mbarrier_parity", MF_PARITY, {"with parity 2, not 0 or 1"}},
+        {"t_mbarrier_tx_range", MF_TX_RANGE,
+         {"mbarrier.expect_tx at shared offset 0 with 1048576 bytes, outside 0..1048575"}},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const hopper_kernel k = {cases[i].name, 64, DATA, mbarrier_fault_body, cases[i].variant};
+        expect_fault(&k, cases[i].needles);
+    }
+}
+
+/* ---------------------------------------------------------------- named barriers */
+
+/*
+ * Warps 0-1 produce, warps 2-3 consume, over barrier 1 (full) and
+ * barrier 2 (empty), 128 threads each, the pattern of a warp-specialised
+ * kernel:
+ *
+ *   producer p, round r               consumer c = tid - 64, round r
+ *     r > 0: bar.sync 2, 128            bar.sync 1, 128   (NB_NONE: none,
+ *     data[p] = in[64 r + p]                               NB_OWN: bar.sync 3, 64)
+ *     bar.arrive 1, 128                 out[64 r + c] = data[c]
+ *                                       bar.arrive 2, 128
+ */
+enum { NB_OK, NB_NONE, NB_OWN };
+
+static void named_ring_body(aj_kb *kb, int variant)
+{
+    LLVMValueRef tid = tid_of(kb);
+    for (int r = 0; r < ROUNDS; r++) {
+        aj_kb_if_begin(kb, tid_lt(kb, 64));
+        if (r > 0)
+            named_bar(kb, AJ_INTR_NAMED_BAR_SYNC, 2, 128);
+        aj_kb_store(kb, load_in(kb, aj_kb_add(kb, tid, c32(kb, 64 * r))), data_word(kb, tid), 4);
+        named_bar(kb, AJ_INTR_NAMED_BAR_ARRIVE, 1, 128);
+        aj_kb_else(kb);
+        if (variant == NB_OK)
+            named_bar(kb, AJ_INTR_NAMED_BAR_SYNC, 1, 128);
+        else if (variant == NB_OWN)
+            named_bar(kb, AJ_INTR_NAMED_BAR_SYNC, 3, 64);
+        LLVMValueRef c = sub(kb, tid, 64);
+        store_out(kb, aj_kb_load(kb, kb->t_f32, data_word(kb, c), 4),
+                  aj_kb_add(kb, c, c32(kb, 64 * r)));
+        named_bar(kb, AJ_INTR_NAMED_BAR_ARRIVE, 2, 128);
+        aj_kb_if_end(kb);
+    }
+}
+
+enum { NF_ID, NF_COUNT, NF_MISMATCH, NF_SHORT };
+
+static void named_fault_body(aj_kb *kb, int variant)
+{
+    switch (variant) {
+    case NF_ID:
+        named_bar(kb, AJ_INTR_NAMED_BAR_SYNC, 16, 128);
+        break;
+    case NF_COUNT:
+        named_bar(kb, AJ_INTR_NAMED_BAR_SYNC, 1, 48);
+        break;
+    case NF_MISMATCH:   /* neither group can complete alone */
+        aj_kb_if_begin(kb, tid_lt(kb, 32));
+        named_bar(kb, AJ_INTR_NAMED_BAR_SYNC, 1, 64);
+        aj_kb_else(kb);
+        named_bar(kb, AJ_INTR_NAMED_BAR_SYNC, 1, 128);
+        aj_kb_if_end(kb);
+        break;
+    default:   /* warp 3 exits */
+        aj_kb_if_begin(kb, tid_lt(kb, 96));
+        named_bar(kb, AJ_INTR_NAMED_BAR_SYNC, 1, 128);
+        aj_kb_if_end(kb);
+        break;
+    }
+}
+
+static void test_named_barriers(void)
+{
+    const hopper_kernel ok = {"t_named_ring", 128, DATA + 256, named_ring_body, NB_OK};
+    check_sm90a(&ok, "bar.arrive");
+    for (uint64_t seed = 1; seed <= SEEDS; seed++) {
+        CHECK_STATUS(ctx, run_sim(&ok, seed), AJ_OK);
+        int wrong = 0;
+        for (int i = 0; i < 64 * ROUNDS; i++)
+            wrong += out[i] != in[i];
+        CHECK_MSG(wrong == 0, "named-barrier ring, seed %llu: %d values crossed wrongly",
+                  (unsigned long long)seed, wrong);
+    }
+    static const char *const race[] = {"shared-memory race: ", NULL};
+    const hopper_kernel none = {"t_named_ring_none", 128, DATA + 256, named_ring_body, NB_NONE};
+    const hopper_kernel own = {"t_named_ring_own", 128, DATA + 256, named_ring_body, NB_OWN};
+    expect_fault(&none, race);
+    expect_fault(&own, race);
+
+    static const struct {
+        const char *name;
+        int variant;
+        const char *needles[3];   /* NULL-terminated */
+    } cases[] = {
+        {"t_named_id", NF_ID, {"bar.sync 16, 128: barrier ids are 0..15"}},
+        {"t_named_count", NF_COUNT,
+         {"bar.sync 1, 48: the thread count must be a multiple of 32 in 32..128"}},
+        {"t_named_mismatch", NF_MISMATCH, {"barrier 1's round in progress counts"}},
+        {"t_named_short", NF_SHORT,
+         {"deadlock: thread ", "waits at named barrier 1 for 128 threads, 96 arrived"}},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const hopper_kernel k = {cases[i].name, 128, DATA, named_fault_body, cases[i].variant};
+        expect_fault(&k, cases[i].needles);
+    }
+}
+
+/* ---------------------------------------------------------------- elect.sync, fence */
+
+/* out[t] = elect.sync 0xffffffff; out[64 + t] = elect.sync 0xaaaaaaaa on
+ * the odd lanes (the even ones store 7) */
+static void elect_body(aj_kb *kb, int variant)
+{
+    LLVMValueRef tid = tid_of(kb);
+    LLVMValueRef all = c32(kb, -1);
+    LLVMValueRef e = aj_kb_intrinsic(kb, AJ_INTR_ELECT_SYNC, &all);
+    store_out(kb, LLVMBuildSIToFP(kb->b, e, kb->t_f32, ""), tid);
+    LLVMValueRef odd = LLVMBuildICmp(kb->b, LLVMIntNE, LLVMBuildAnd(kb->b, tid, c32(kb, 1), ""),
+                                     c32(kb, 0), "");
+    aj_kb_if_begin(kb, odd);
+    LLVMValueRef mask = c32(kb, (int32_t)0xaaaaaaaau);
+    e = aj_kb_intrinsic(kb, AJ_INTR_ELECT_SYNC, &mask);
+    store_out(kb, LLVMBuildSIToFP(kb->b, e, kb->t_f32, ""), aj_kb_add(kb, tid, c32(kb, 64)));
+    aj_kb_else(kb);
+    store_out(kb, aj_kb_f32(kb, 7.0), aj_kb_add(kb, tid, c32(kb, 64)));
+    aj_kb_if_end(kb);
+}
+
+/* each thread writes its word, fences, reads it back */
+static void fence_body(aj_kb *kb, int variant)
+{
+    LLVMValueRef tid = tid_of(kb);
+    aj_kb_store(kb, load_in(kb, tid), data_word(kb, tid), 4);
+    aj_kb_intrinsic(kb, AJ_INTR_FENCE_PROXY_ASYNC, NULL);
+    store_out(kb, aj_kb_load(kb, kb->t_f32, data_word(kb, tid), 4), tid);
+}
+
+static void test_elect_and_fence(void)
+{
+    const hopper_kernel elect = {"t_elect", 64, DATA, elect_body, 0};
+    check_sm90a(&elect, "elect.sync");
+    for (uint64_t seed = 1; seed <= SEEDS; seed++) {
+        CHECK_STATUS(ctx, run_sim(&elect, seed), AJ_OK);
+        /* one leader per warp and mask, in the mask, the same lane each time */
+        for (int w = 0; w < 2; w++) {
+            int leaders = 0, odd_leaders = 0, leader = -1, odd_leader = -1;
+            for (int l = 0; l < 32; l++) {
+                float a = out[32 * w + l], b = out[64 + 32 * w + l];
+                leaders += a == 1.0f;
+                leader = a == 1.0f ? l : leader;
+                odd_leaders += b == 1.0f;
+                odd_leader = b == 1.0f ? l : odd_leader;
+                CHECK(a == 0.0f || a == 1.0f);
+                CHECK(l % 2 ? b == 0.0f || b == 1.0f : b == 7.0f);
+            }
+            CHECK_MSG(leaders == 1 && odd_leaders == 1 && odd_leader % 2 == 1,
+                      "elect.sync, warp %d: %d leaders, %d odd (lane %d)", w, leaders,
+                      odd_leaders, odd_leader);
+            CHECK_MSG(leader == 0 && odd_leader == 1, "the emulator elects the lowest lane: "
+                      "%d, %d", leader, odd_leader);
+        }
+    }
+    const hopper_kernel fence = {"t_fence_proxy_async", 64, DATA + 256, fence_body, 0};
+    check_sm90a(&fence, "fence.proxy.async.shared::cta");
+    CHECK_STATUS(ctx, run_sim(&fence, 1), AJ_OK);
+    for (int t = 0; t < 64; t++)
+        CHECK(out[t] == in[t]);
+}
+
+/* ---------------------------------------------------------------- setmaxnreg */
+
+/*
+ * 384 threads start with 168 registers each (65536 / 384, in steps of 8):
+ * 64512 of the register file.  SR_OK: warpgroup 0 gives back down to 40,
+ * warpgroups 1 and 2 take 232 -- which fits only after the release, so
+ * the increases wait for it.  Each thread then stores 1.
+ */
+/* Threads below `split` call (first, first_count), the others (second,
+ * second_count); a count of 0: no call. */
+typedef struct setmaxnreg_plan {
+    int split;
+    enum aj_intrinsic_id first, second;
+    int first_count, second_count;
+} setmaxnreg_plan;
+
+enum { SR_OK, SR_POOL, SR_BAD_COUNT, SR_BELOW, SR_SPLIT, SR_EXIT, SR_PARTIAL };
+#define INC AJ_INTR_SETMAXNREG_INC
+#define DEC AJ_INTR_SETMAXNREG_DEC
+static const setmaxnreg_plan setmaxnreg_plans[] = {
+    [SR_OK] = {128, DEC, INC, 40, 232},
+    [SR_POOL] = {0, INC, INC, 0, 232},
+    [SR_BAD_COUNT] = {0, INC, INC, 0, 250},
+    [SR_BELOW] = {0, INC, INC, 0, 160},
+    [SR_SPLIT] = {64, DEC, DEC, 40, 48},   /* two calls in one warpgroup */
+    [SR_EXIT] = {96, DEC, DEC, 40, 0},     /* warp 3 exits */
+    [SR_PARTIAL] = {0, DEC, DEC, 0, 40},
+};
+#undef INC
+#undef DEC
+
+static void setmaxnreg_call(aj_kb *kb, enum aj_intrinsic_id id, int count)
+{
+    LLVMValueRef n = c32(kb, count);
+    if (count)
+        aj_kb_intrinsic(kb, id, &n);
+}
+
+static void setmaxnreg_body(aj_kb *kb, int variant)
+{
+    const setmaxnreg_plan *p = &setmaxnreg_plans[variant];
+    aj_kb_if_begin(kb, tid_lt(kb, p->split));
+    setmaxnreg_call(kb, p->first, p->first_count);
+    aj_kb_else(kb);
+    setmaxnreg_call(kb, p->second, p->second_count);
+    aj_kb_if_end(kb);
+    store_out(kb, aj_kb_f32(kb, 1.0), tid_of(kb));
+}
+
+static void test_setmaxnreg(void)
+{
+    const hopper_kernel ok = {"t_setmaxnreg", 384, DATA, setmaxnreg_body, SR_OK};
+    check_sm90a(&ok, "setmaxnreg.inc.sync.aligned.u32 232");
+    for (uint64_t seed = 1; seed <= SEEDS; seed++) {
+        CHECK_STATUS(ctx, run_sim(&ok, seed), AJ_OK);
+        int done = 0;
+        for (int t = 0; t < 384; t++)
+            done += out[t] == 1.0f;
+        CHECK_MSG(done == 384, "setmaxnreg, seed %llu: %d of 384 threads went on",
+                  (unsigned long long)seed, done);
+    }
+    static const struct {
+        const char *name;
+        int variant, threads;
+        const char *needles[4];   /* NULL-terminated */
+    } cases[] = {
+        {"t_setmaxnreg_pool", SR_POOL, 384,
+         {"deadlock: warpgroup ", "waits in setmaxnreg.inc.sync.aligned.u32 232 for registers",
+          "hold 64512 of the register file's 65536"}},
+        {"t_setmaxnreg_count", SR_BAD_COUNT, 128,
+         {"setmaxnreg.inc.sync.aligned.u32 250: the count must be a multiple of 8 in 24..256"}},
+        {"t_setmaxnreg_below", SR_BELOW, 384,
+         {"setmaxnreg.inc.sync.aligned.u32 160: the warp holds 168 registers per thread, more"}},
+        {"t_setmaxnreg_split", SR_SPLIT, 128,
+         {"deadlock: thread ", "for all 128 threads of warpgroup 0",
+          "waits in setmaxnreg.dec.sync.aligned.u32 at another call"}},
+        {"t_setmaxnreg_exit", SR_EXIT, 128,
+         {"deadlock: thread ", "waits in setmaxnreg.dec.sync.aligned.u32 40 for all 128 threads",
+          "thread 96 has exited"}},
+        {"t_setmaxnreg_partial", SR_PARTIAL, 96,
+         {"setmaxnreg.dec.sync.aligned.u32: warpgroup 0 of a CTA of 96 threads is not 4 whole "
+          "warps"}},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const hopper_kernel k = {cases[i].name, cases[i].threads, DATA, setmaxnreg_body,
+                                 cases[i].variant};
+        expect_fault(&k, cases[i].needles);
+    }
+}
+
+int main(void)
+{
+    have_ptxas = kb_kernel_setup(&ctx, &op, ptxas, sizeof ptxas, "sm_90a");
+
+    test_mbarrier_ring();
+    test_mbarrier_tx();
+    test_mbarrier_faults();
+    test_named_barriers();
+    test_elect_and_fence();
+    test_setmaxnreg();
+
+    printf("PTX: %d kernels generated, %d assembled by ptxas (sm_90a)\n", ptx_kernels,
+           ptx_assembled);
+    aj_op_destroy(op);
+    aj_ctx_destroy(ctx);
+    return check_report();
+}
