@@ -10,8 +10,13 @@
  *   named barrier    bar.sync id, count sleeps until `count` threads have
  *                    arrived at id (bar.sync or bar.arrive); the last
  *                    arrival releases the sleepers
- *   warpgroup        setmaxnreg: the 128 threads of a warpgroup meet at
- *                    one call; .inc also waits for the CTA's register pool
+ *   warpgroup        setmaxnreg and wgmma: the 128 threads of a warpgroup
+ *                    meet at one call; setmaxnreg.inc also waits for the
+ *                    CTA's register pool
+ *
+ * wgmma.mma_async computes when its warpgroup meets; each thread's results
+ * wait in its queue (its accumulators read NaN meanwhile) until the
+ * wait_group covering their commit group lands them.
  *
  * An mbarrier (PTX ISA, "Parallel Synchronization and Communication
  * Instructions: mbarrier") lives in the CTA's table, found
@@ -39,11 +44,13 @@
 #define _GNU_SOURCE
 #include "runtime/sim/hopper.h"
 
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "ir/dtype.h"
 #include "runtime/sim/sim_internal.h"
 
 #define MAX_MBARRIERS 64
@@ -52,7 +59,25 @@
 #define REGISTER_FILE 65536
 #define MBARRIER_LIMIT ((1 << 20) - 1)   /* counts and tx-count: 20 bits */
 
-enum warpgroup_op { WG_SETMAXNREG_INC, WG_SETMAXNREG_DEC };
+enum warpgroup_op {
+    WG_SETMAXNREG_INC, WG_SETMAXNREG_DEC,
+    WG_WGMMA_FENCE, WG_WGMMA_COMMIT, WG_WGMMA_WAIT, WG_WGMMA,
+};
+
+/* A wgmma's results for one thread, waiting for the wait_group that lands
+ * them in its accumulators. */
+typedef struct wgmma_result {
+    float *acc;
+    int64_t group;             /* the commit group it belongs to */
+    int n;                     /* accumulators: N / 2 */
+    float d[128];
+} wgmma_result;
+
+typedef struct wgmma_queue {
+    wgmma_result *items;       /* in issue order */
+    int num, cap;
+    int64_t committed;         /* commit groups closed so far */
+} wgmma_queue;
 
 typedef struct mbarrier {
     uint32_t offset;           /* in shared memory */
@@ -77,13 +102,22 @@ struct aj_sim_hopper_cta {
     int num_mbarriers;
     named_barrier named[NAMED_BARRIERS];
     int32_t *warp_registers;   /* per warp: registers per thread */
+    wgmma_queue *wgmma;        /* per thread */
+    double mma_a[64][16], mma_b[256][16];   /* a wgmma's operands */
     uint32_t *stamps;          /* strict: the arrays above, nthreads each */
 };
 
 static const char *warpgroup_op_name(int op)
 {
-    return op == WG_SETMAXNREG_INC ? "setmaxnreg.inc.sync.aligned.u32"
-                                   : "setmaxnreg.dec.sync.aligned.u32";
+    static const char *const names[] = {
+        [WG_SETMAXNREG_INC] = "setmaxnreg.inc.sync.aligned.u32",
+        [WG_SETMAXNREG_DEC] = "setmaxnreg.dec.sync.aligned.u32",
+        [WG_WGMMA_FENCE] = "wgmma.fence.sync.aligned",
+        [WG_WGMMA_COMMIT] = "wgmma.commit_group.sync.aligned",
+        [WG_WGMMA_WAIT] = "wgmma.wait_group.sync.aligned",
+        [WG_WGMMA] = "wgmma.mma_async.sync.aligned.m64nNk16",
+    };
+    return names[op];
 }
 
 /* ---------------------------------------------------------------- CTA state */
@@ -105,10 +139,11 @@ aj_sim_hopper_cta *aj_sim_hopper_cta_new(const aj_sim_launch *launch, int nthrea
     h->nthreads = nthreads;
     h->launch_registers = default_registers(launch, nthreads);
     h->warp_registers = calloc((size_t)(nthreads + WARP - 1) / WARP, sizeof *h->warp_registers);
+    h->wgmma = calloc((size_t)nthreads, sizeof *h->wgmma);
     size_t arrays = 2 * MAX_MBARRIERS + NAMED_BARRIERS;
     if (strict)
         h->stamps = calloc(arrays * (size_t)nthreads, sizeof *h->stamps);
-    if (!h->warp_registers || (strict && !h->stamps)) {
+    if (!h->warp_registers || !h->wgmma || (strict && !h->stamps)) {
         aj_sim_hopper_cta_free(h);
         return NULL;
     }
@@ -129,6 +164,9 @@ void aj_sim_hopper_cta_free(aj_sim_hopper_cta *h)
 {
     if (!h)
         return;
+    for (int i = 0; h->wgmma && i < h->nthreads; i++)
+        free(h->wgmma[i].items);
+    free(h->wgmma);
     free(h->warp_registers);
     free(h->stamps);
     free(h);
@@ -145,8 +183,11 @@ void aj_sim_hopper_cta_start(sim_worker *w)
                (2 * MAX_MBARRIERS + NAMED_BARRIERS) * (size_t)h->nthreads * sizeof *h->stamps);
     for (int i = 0; i < (h->nthreads + WARP - 1) / WARP; i++)
         h->warp_registers[i] = h->launch_registers;
-    for (int i = 0; i < h->nthreads; i++)
+    for (int i = 0; i < h->nthreads; i++) {
         memset(&w->threads[i].hop, 0, sizeof w->threads[i].hop);
+        h->wgmma[i].num = 0;
+        h->wgmma[i].committed = 0;
+    }
 }
 
 /* ---------------------------------------------------------------- ordering */
@@ -443,6 +484,23 @@ static int complete_setmaxnreg(sim_worker *w, sim_thread *group)
     return 1;
 }
 
+static int complete_wgmma(sim_worker *w, sim_thread *group);
+
+/* The warpgroup meets at one call: 1 when it is done (0 while it waits,
+ * or after a fault). */
+static int complete_warpgroup(sim_worker *w, sim_thread *group)
+{
+    switch (group[0].hop.wg_op) {
+    case WG_SETMAXNREG_INC:
+    case WG_SETMAXNREG_DEC:
+        return complete_setmaxnreg(w, group);
+    case WG_WGMMA:
+        return complete_wgmma(w, group);
+    default:   /* fence, commit, wait: each thread does its part itself */
+        return 1;
+    }
+}
+
 /* Warpgroups whose 128 threads all wait at one call complete it. */
 static int settle_warpgroups(sim_worker *w)
 {
@@ -453,7 +511,7 @@ static int settle_warpgroups(sim_worker *w)
         for (int i = 0; i < WARPGROUP && meet; i++)
             meet = group[i].state == T_HOPPER && group[i].hop.wait == AJ_SIM_WAIT_WARPGROUP &&
                    group[i].site == group[0].site && group[i].hop.wg_op == group[0].hop.wg_op;
-        if (!meet || !complete_setmaxnreg(w, group))
+        if (!meet || !complete_warpgroup(w, group))
             continue;
         for (int i = 0; i < WARPGROUP; i++)
             group[i].state = T_READY;
@@ -476,6 +534,277 @@ int aj_sim_hopper_settle(sim_worker *w)
         }
     }
     return released + settle_warpgroups(w);
+}
+
+/* ---------------------------------------------------------------- wgmma */
+
+/*
+ * A K-major operand in shared memory by its descriptor (PTX ISA,
+ * "Asynchronous Warpgroup Level Matrix Shared Memory Layout"): rows of
+ * 8 x 16-byte core matrices.  Element (row, k), 16-bit, at
+ *
+ *   no swizzle:  start + (row / 8) sbo + (2k / 16) lbo + (row % 8) 16 + 2k % 16
+ *   swizzle S:   start + (row / 8) sbo + (row % 8) S + 2k, then the 16-byte
+ *                chunk (address bits 4..) XORed with bits 7.. of the address
+ *                (S = 128: 3 bits, 64: 2, 32: 1), the same pattern TMA writes
+ */
+typedef struct smem_operand {
+    uint32_t start, lbo, sbo;
+    int span;                  /* swizzle bytes; 0: none */
+} smem_operand;
+
+static uint32_t swizzled(uint32_t offset, int span)
+{
+    return span ? offset ^ (((offset >> 7) & (uint32_t)(span / 16 - 1)) << 4) : offset;
+}
+
+/* Decodes `desc` into *op; 0 after recording a fault (for thread t). */
+static int decode_descriptor(sim_thread *t, const char *which, uint64_t desc, smem_operand *op)
+{
+    static const int spans[4] = {0, 128, 64, 32};
+    op->start = (uint32_t)(desc & 0x3fff) << 4;
+    op->lbo = (uint32_t)(desc >> 16 & 0x3fff) << 4;
+    op->sbo = (uint32_t)(desc >> 32 & 0x3fff) << 4;
+    op->span = spans[desc >> 62];
+    const char *why = NULL;
+    char msg[160];
+    if (desc >> 49 & 7)
+        why = "a base offset (bits 49-51), which the emulator does not model";
+    else if (op->span && op->start / (uint32_t)op->span % 8) {
+        snprintf(msg, sizeof msg, "a %d-byte swizzle from shared offset %u, not in the first "
+                 "row of a %d-byte-aligned swizzle atom", op->span, op->start, 8 * op->span);
+        why = msg;
+    }
+    if (why)
+        aj_sim_record_fault(t->w, "thread %d: wgmma.mma_async: the %s descriptor 0x%016llx has "
+                            "%s", t->tid, which, (unsigned long long)desc, why);
+    return why == NULL;
+}
+
+/* Element (row, k) of a K-major 16-bit operand, as a double; 0 after a
+ * fault (an address outside shared memory). */
+static int operand_element(sim_thread *t, const smem_operand *op, int row, int k, int bf16,
+                           double *out)
+{
+    uint32_t bk = 2u * (uint32_t)k, offset;
+    if (op->span)
+        offset = swizzled(op->start + (uint32_t)(row / 8) * op->sbo +
+                          (uint32_t)(row % 8 * op->span) + bk, op->span);
+    else
+        offset = op->start + (uint32_t)(row / 8) * op->sbo + bk / 16 * op->lbo +
+                 (uint32_t)(row % 8 * 16) + bk % 16;
+    if (offset + 2 > (uint32_t)t->w->launch->smem_bytes) {
+        aj_sim_record_fault(t->w, "thread %d: wgmma.mma_async reads element (%d, %d) at shared "
+                            "offset %u, outside the %d bytes of shared memory", t->tid, row, k,
+                            offset, t->w->launch->smem_bytes);
+        return 0;
+    }
+    uint16_t h;
+    memcpy(&h, t->w->smem + offset, 2);
+    *out = bf16 ? aj_bf16_to_f32(h) : aj_f16_to_f32(h);
+    return 1;
+}
+
+static double half_of(uint32_t reg, int high, int bf16)
+{
+    uint16_t h = (uint16_t)(reg >> (16 * high));
+    return bf16 ? aj_bf16_to_f32(h) : aj_f16_to_f32(h);
+}
+
+/* The accumulator a new wgmma of thread t on `acc` starts from: the
+ * latest result still in flight for it, else what the registers hold. */
+static const float *accumulator_in(sim_worker *w, const sim_thread *t)
+{
+    const wgmma_queue *q = &w->hop->wgmma[t->tid];
+    for (int i = q->num - 1; i >= 0; i--)
+        if (q->items[i].acc == t->hop.mma.acc)
+            return q->items[i].d;
+    return t->hop.mma.acc;
+}
+
+/* A (64 x 16) from the descriptor, or from the threads' registers in
+ * mma.sync's A layout per warp (rows 16 w + g (+8), k 2t, 2t+1 (+8)). */
+static int gather_a(sim_worker *w, sim_thread *group, double a[64][16])
+{
+    const sim_thread *lead = &group[0];
+    int bf16 = lead->hop.mma.bf16;
+    if (!lead->hop.mma.a_in_registers) {
+        smem_operand op;
+        if (!decode_descriptor(&group[0], "A", lead->hop.mma.a_desc, &op))
+            return 0;
+        for (int m = 0; m < 64; m++)
+            for (int k = 0; k < 16; k++)
+                if (!operand_element(&group[0], &op, m, k, bf16, &a[m][k]))
+                    return 0;
+        return 1;
+    }
+    for (int i = 0; i < WARPGROUP; i++) {
+        int warp = i / WARP, g = i % WARP / 4, tq = i % 4;
+        for (int r = 0; r < 4; r++)
+            for (int hi = 0; hi < 2; hi++)
+                a[16 * warp + g + 8 * (r & 1)][2 * tq + 8 * (r >> 1) + hi] =
+                    half_of(group[i].hop.mma.a[r], hi, bf16);
+    }
+    (void)w;
+    return 1;
+}
+
+/* The operands every thread of the warpgroup must give alike. */
+static int uniform_operands(sim_worker *w, sim_thread *group)
+{
+    const sim_thread *lead = &group[0];
+    for (int i = 1; i < WARPGROUP; i++) {
+        const sim_thread *u = &group[i];
+        if (u->hop.wg_value == lead->hop.wg_value && u->hop.mma.bf16 == lead->hop.mma.bf16 &&
+            u->hop.mma.b_desc == lead->hop.mma.b_desc &&
+            u->hop.mma.scale_d == lead->hop.mma.scale_d &&
+            (u->hop.mma.a_in_registers || u->hop.mma.a_desc == lead->hop.mma.a_desc))
+            continue;
+        aj_sim_record_fault(w, "thread %d: wgmma.mma_async with other operands than thread %d "
+                            "of its warpgroup (descriptors 0x%016llx, 0x%016llx against "
+                            "0x%016llx, 0x%016llx; scale-d %d against %d)", u->tid, lead->tid,
+                            (unsigned long long)u->hop.mma.a_desc,
+                            (unsigned long long)u->hop.mma.b_desc,
+                            (unsigned long long)lead->hop.mma.a_desc,
+                            (unsigned long long)lead->hop.mma.b_desc, u->hop.mma.scale_d,
+                            lead->hop.mma.scale_d);
+        return 0;
+    }
+    return 1;
+}
+
+/* Appends thread t's result of the wgmma in flight; NULL when out of memory. */
+static wgmma_result *push_result(sim_worker *w, const sim_thread *t)
+{
+    wgmma_queue *q = &w->hop->wgmma[t->tid];
+    if (q->num == q->cap) {
+        int cap = q->cap ? 2 * q->cap : 4;
+        wgmma_result *grown = realloc(q->items, (size_t)cap * sizeof *grown);
+        if (!grown)
+            return NULL;
+        q->items = grown;
+        q->cap = cap;
+    }
+    wgmma_result *r = &q->items[q->num++];
+    r->acc = t->hop.mma.acc;
+    r->group = q->committed;
+    r->n = t->hop.wg_value / 2;
+    return r;
+}
+
+/*
+ * D = A B + (scale_d ? C : 0) for the warpgroup, in double, rounded once
+ * to f32 (as complete_mma in emulator.c).  B (N x 16, K-major) by its
+ * descriptor.  Thread 32 w + 4 g + t holds D's register r at
+ *
+ *   row 16 w + g + 8 ((r >> 1) & 1),  col 8 (r >> 2) + 2 t + (r & 1)
+ *
+ * (PTX ISA, "Register Fragments and Shared Memory Matrix Layouts": the
+ * wgmma .m64nNk16 D fragment).  The results wait in each thread's queue;
+ * its accumulators read NaN until a wait_group lands them.
+ */
+static int complete_wgmma(sim_worker *w, sim_thread *group)
+{
+    const sim_thread *lead = &group[0];
+    int n = lead->hop.wg_value, bf16 = lead->hop.mma.bf16;
+    double (*a)[16] = w->hop->mma_a, (*b)[16] = w->hop->mma_b;
+    smem_operand bop;
+    if (!uniform_operands(w, group) || !gather_a(w, group, a) ||
+        !decode_descriptor(&group[0], "B", lead->hop.mma.b_desc, &bop))
+        return 0;
+    for (int col = 0; col < n; col++)
+        for (int k = 0; k < 16; k++)
+            if (!operand_element(&group[0], &bop, col, k, bf16, &b[col][k]))
+                return 0;
+    for (int i = 0; i < WARPGROUP; i++) {
+        sim_thread *t = &group[i];
+        const float *c = accumulator_in(w, t);
+        wgmma_result *r = push_result(w, t);
+        if (!r) {
+            aj_sim_record_fault(w, "thread %d: wgmma.mma_async: out of host memory", t->tid);
+            return 0;
+        }
+        int warp = i / WARP, g = i % WARP / 4, tq = i % 4;
+        for (int reg = 0; reg < n / 2; reg++) {
+            int row = 16 * warp + g + 8 * (reg >> 1 & 1), col = 8 * (reg >> 2) + 2 * tq + (reg & 1);
+            double sum = lead->hop.mma.scale_d ? c[reg] : 0.0;
+            for (int k = 0; k < 16; k++)
+                sum += a[row][k] * b[col][k];
+            r->d[reg] = (float)sum;
+        }
+        for (int reg = 0; reg < n / 2; reg++)
+            t->hop.mma.acc[reg] = NAN;
+    }
+    return 1;
+}
+
+static void wgmma_issue(sim_thread *t, int32_t site, int n, int bf16, float *acc,
+                        uint64_t b_desc, int32_t scale_d)
+{
+    t->hop.mma.acc = acc;
+    t->hop.mma.b_desc = b_desc;
+    t->hop.mma.scale_d = scale_d != 0;
+    t->hop.mma.bf16 = bf16;
+    warpgroup_join(t, site, WG_WGMMA, n);
+}
+
+#define WGMMA_ENTRIES(N, type, bf16)                                                       \
+    void aj_sim_wgmma_m64n##N##k16_##type##_ss(sim_thread *t, int32_t site, float *acc,    \
+                                               uint64_t a_desc, uint64_t b_desc,           \
+                                               int32_t scale_d)                            \
+    {                                                                                      \
+        t->hop.mma.a_in_registers = 0;                                                     \
+        t->hop.mma.a_desc = a_desc;                                                        \
+        wgmma_issue(t, site, N, bf16, acc, b_desc, scale_d);                               \
+    }                                                                                      \
+    void aj_sim_wgmma_m64n##N##k16_##type##_rs(sim_thread *t, int32_t site, float *acc,    \
+                                               int32_t a0, int32_t a1, int32_t a2,         \
+                                               int32_t a3, uint64_t b_desc, int32_t scale_d) \
+    {                                                                                      \
+        t->hop.mma.a_in_registers = 1;                                                     \
+        t->hop.mma.a_desc = 0;                                                             \
+        t->hop.mma.a[0] = (uint32_t)a0;                                                    \
+        t->hop.mma.a[1] = (uint32_t)a1;                                                    \
+        t->hop.mma.a[2] = (uint32_t)a2;                                                    \
+        t->hop.mma.a[3] = (uint32_t)a3;                                                    \
+        wgmma_issue(t, site, N, bf16, acc, b_desc, scale_d);                               \
+    }
+WGMMA_ENTRIES(64, f16, 0)
+WGMMA_ENTRIES(128, f16, 0)
+WGMMA_ENTRIES(256, f16, 0)
+WGMMA_ENTRIES(64, bf16, 1)
+WGMMA_ENTRIES(128, bf16, 1)
+WGMMA_ENTRIES(256, bf16, 1)
+#undef WGMMA_ENTRIES
+
+void aj_sim_wgmma_fence(sim_thread *t, int32_t site)
+{
+    warpgroup_join(t, site, WG_WGMMA_FENCE, 0);
+}
+
+void aj_sim_wgmma_commit_group(sim_thread *t, int32_t site)
+{
+    warpgroup_join(t, site, WG_WGMMA_COMMIT, 0);
+    t->w->hop->wgmma[t->tid].committed++;
+}
+
+/* wait_group N: the results of all but the N most recent commit groups
+ * land in their accumulators, in issue order */
+void aj_sim_wgmma_wait_group(sim_thread *t, int32_t site, int32_t pending)
+{
+    if (pending < 0 || pending > 7)
+        thread_faultf(t, "wgmma.wait_group.sync.aligned %d: N must be 0..7", pending);
+    warpgroup_join(t, site, WG_WGMMA_WAIT, pending);
+    wgmma_queue *q = &t->w->hop->wgmma[t->tid];
+    int kept = 0;
+    for (int i = 0; i < q->num; i++) {
+        wgmma_result *r = &q->items[i];
+        if (r->group < q->committed - pending)
+            memcpy(r->acc, r->d, (size_t)r->n * sizeof *r->d);
+        else
+            q->items[kept++] = *r;
+    }
+    q->num = kept;
 }
 
 /* ---------------------------------------------------------------- deadlock */

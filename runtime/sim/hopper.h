@@ -1,8 +1,8 @@
 /*
  * hopper.h -- the emulator's model of sm_90's asynchronous machinery
  * (hopper.c): mbarriers with phases and transaction counts, named
- * barriers, fence.proxy.async and setmaxnreg, the warpgroup collectives
- * they need.  docs/sim.md, "Hopper's machinery", describes the model.
+ * barriers, fence.proxy.async, setmaxnreg and wgmma, and the warpgroup
+ * collectives they need.  docs/sim.md, "Hopper's machinery", describes the model.
  */
 #ifndef AJ_RUNTIME_SIM_HOPPER_H
 #define AJ_RUNTIME_SIM_HOPPER_H
@@ -18,7 +18,7 @@ struct sim_worker;
 enum aj_sim_hopper_wait {
     AJ_SIM_WAIT_MBARRIER,       /* a phase of an mbarrier to complete */
     AJ_SIM_WAIT_NAMED_BARRIER,  /* bar.sync id, count: the count to arrive */
-    AJ_SIM_WAIT_WARPGROUP,      /* the 128 threads of its warpgroup (setmaxnreg) */
+    AJ_SIM_WAIT_WARPGROUP,      /* the 128 threads of its warpgroup (setmaxnreg, wgmma) */
 };
 
 /* Per thread: the wait in progress and what the race detector needs. */
@@ -28,6 +28,12 @@ typedef struct aj_sim_hopper_thread {
     int32_t parity;            /*   and the parity of the phase waited for */
     int32_t bar_id;            /* AJ_SIM_WAIT_NAMED_BARRIER: 0..15 */
     int32_t wg_op, wg_value;   /* AJ_SIM_WAIT_WARPGROUP: the operation and its operand */
+    struct {                   /* wgmma.mma_async's operands (wg_value: N) */
+        float *acc;
+        uint64_t a_desc, b_desc;
+        uint32_t a[4];
+        int32_t scale_d, bf16, a_in_registers;
+    } mma;
     /* the sync counter at the thread's latest fence.proxy.async: generic
      * writes before it are visible to the async proxy (TMA, wgmma) */
     uint32_t proxy_fence;
@@ -57,7 +63,12 @@ void aj_sim_hopper_diagnose(struct sim_worker *w, int tid);
 #define AJ_SIM_HOPPER_ENTRIES(X)                                                         \
     X(mbarrier_init) X(mbarrier_arrive) X(mbarrier_arrive_expect_tx) X(mbarrier_expect_tx) \
     X(mbarrier_complete_tx) X(mbarrier_try_wait_parity) X(named_bar_sync)               \
-    X(named_bar_arrive) X(fence_proxy_async) X(setmaxnreg_inc) X(setmaxnreg_dec)
+    X(named_bar_arrive) X(fence_proxy_async) X(setmaxnreg_inc) X(setmaxnreg_dec)          \
+    X(wgmma_fence) X(wgmma_commit_group) X(wgmma_wait_group)                              \
+    AJ_SIM_WGMMA_ENTRIES(X, 64) AJ_SIM_WGMMA_ENTRIES(X, 128) AJ_SIM_WGMMA_ENTRIES(X, 256)
+#define AJ_SIM_WGMMA_ENTRIES(X, N)                                                         \
+    X(wgmma_m64n##N##k16_f16_ss) X(wgmma_m64n##N##k16_f16_rs)                             \
+    X(wgmma_m64n##N##k16_bf16_ss) X(wgmma_m64n##N##k16_bf16_rs)
 
 void aj_sim_mbarrier_init(struct sim_thread *t, uint8_t *bar, int32_t count);
 void aj_sim_mbarrier_arrive(struct sim_thread *t, uint8_t *bar);
@@ -70,5 +81,23 @@ void aj_sim_named_bar_arrive(struct sim_thread *t, int32_t site, int32_t id, int
 void aj_sim_fence_proxy_async(struct sim_thread *t);
 void aj_sim_setmaxnreg_inc(struct sim_thread *t, int32_t site, int32_t count);
 void aj_sim_setmaxnreg_dec(struct sim_thread *t, int32_t site, int32_t count);
+void aj_sim_wgmma_fence(struct sim_thread *t, int32_t site);
+void aj_sim_wgmma_commit_group(struct sim_thread *t, int32_t site);
+void aj_sim_wgmma_wait_group(struct sim_thread *t, int32_t site, int32_t pending);
+#define AJ_SIM_WGMMA_DECLARE(N, type)                                                      \
+    void aj_sim_wgmma_m64n##N##k16_##type##_ss(struct sim_thread *t, int32_t site,        \
+                                               float *acc, uint64_t a_desc,                \
+                                               uint64_t b_desc, int32_t scale_d);          \
+    void aj_sim_wgmma_m64n##N##k16_##type##_rs(struct sim_thread *t, int32_t site,        \
+                                               float *acc, int32_t a0, int32_t a1,         \
+                                               int32_t a2, int32_t a3, uint64_t b_desc,    \
+                                               int32_t scale_d);
+AJ_SIM_WGMMA_DECLARE(64, f16)
+AJ_SIM_WGMMA_DECLARE(128, f16)
+AJ_SIM_WGMMA_DECLARE(256, f16)
+AJ_SIM_WGMMA_DECLARE(64, bf16)
+AJ_SIM_WGMMA_DECLARE(128, bf16)
+AJ_SIM_WGMMA_DECLARE(256, bf16)
+#undef AJ_SIM_WGMMA_DECLARE
 
 #endif /* AJ_RUNTIME_SIM_HOPPER_H */

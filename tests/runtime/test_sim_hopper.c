@@ -12,6 +12,10 @@
  *   setmaxnreg      "Miscellaneous Instructions: setmaxnreg": counts 24..256
  *                   in steps of 8, the whole warpgroup, the CTA's pool
  *   fence.proxy.async   "membar / fence": recorded per thread
+ *   wgmma           "Asynchronous Warpgroup Level Matrix Multiply-Accumulate
+ *                   Instructions": the matrix descriptor, the K-major shared
+ *                   memory layouts with their swizzles, the register
+ *                   fragments of A and D for .m64nNk16, commit and wait
  *
  * Producer / consumer kernels written with the kernel builder check the
  * data that crosses each synchronisation and that strict mode finds them
@@ -20,20 +24,23 @@
  * wait that can never end is a deadlock fault, never a hang.  The kernels
  * are compiled for sm_90a too and, where ptxas is found, assembled.
  */
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "check.h"
+#include "ir/dtype.h"
 #include "kb_kernel.h"
 
 #define SEEDS 6
-#define WORDS 1024
+#define WORDS 32768
 
 static aj_ctx *ctx;
 static aj_op *op;             /* any op: aj_codegen_run only hands it over */
 static char ptxas[1024];
 static int have_ptxas, ptx_kernels, ptx_assembled;
+static char ptxas_log[4096];  /* the latest kernel's */
 static float in[WORDS], out[WORDS];
 
 /* A one-CTA kernel over `in` and `out` (WORDS f32 each). */
@@ -75,6 +82,7 @@ static void check_sm90a(const hopper_kernel *k, const char *needle)
     if (have_ptxas) {
         ptxas_result r;
         ptxas_run(ptxas, "sm_90a", ptx, len, &r);
+        snprintf(ptxas_log, sizeof ptxas_log, "%s", r.log);
         CHECK_MSG(r.exit_code == 0, "%s: ptxas -arch=sm_90a failed:\n%s\n%s", k->name, r.log,
                   ptx);
         ptx_assembled += r.exit_code == 0;
@@ -625,6 +633,248 @@ static void test_setmaxnreg(void)
     }
 }
 
+/* ---------------------------------------------------------------- wgmma */
+
+/*
+ * D (64 x N) = A (64 x K) B^T (B: N x K) + C over K / 16 chained wgmmas,
+ * both operands K-major in shared memory (A optionally in registers), laid
+ * out on the host by the PTX ISA's canonical layouts ("Shared Memory
+ * Matrix Layout"), which the emulator reads through the descriptors:
+ *
+ *   none:  8 x 16-byte core matrices; k-blocks of 8 LBO = 128 bytes apart,
+ *          8-row groups SBO = K / 8 * 128 apart; K = 32 (two wgmmas, the
+ *          second starting 2 LBO further)
+ *   S-byte swizzle (S = 32, 64, 128): rows of S bytes (K = S / 2), 8-row
+ *          atoms SBO = 8 S apart, the 16-byte chunk of byte b of row r at
+ *          chunk ^ (r % 8 >> (128 / S >> 1)); wgmma s starts 32 s bytes
+ *          into the row
+ */
+typedef struct wgmma_case {
+    int n, bf16, a_in_registers, span;   /* span: swizzle bytes, 0 none */
+    int scale_d;                         /* 0: D = A B, C ignored */
+    int probe;                           /* 1: also read acc[0] before the wait */
+    int a_start;                         /* A's descriptor starts this far into the tile */
+} wgmma_case;
+
+#define IMG_WORDS 10240        /* the shared image: A at 0, B at 8192, 40 KiB */
+#define B_BASE 8192
+#define AREG_OFF 12288         /* in: the A register fragments (RS) */
+#define C_OFF 16384            /* in: C, 128 registers a thread */
+#define PROBE_OFF 16384        /* out: acc[0] read before the wait */
+
+static int wgmma_k(const wgmma_case *c) { return c->span ? c->span / 2 : 32; }
+static int wgmma_swizzle_mode(int span)
+{
+    return span == 128 ? AJ_WGMMA_SWIZZLE_128B : span == 64 ? AJ_WGMMA_SWIZZLE_64B
+         : span == 32 ? AJ_WGMMA_SWIZZLE_32B : AJ_WGMMA_SWIZZLE_NONE;
+}
+static int wgmma_sbo(const wgmma_case *c) { return c->span ? 8 * c->span : wgmma_k(c) / 8 * 128; }
+
+/* byte offset of element (row, k) of a K-major operand at `base` */
+static uint32_t kmajor_offset(const wgmma_case *c, uint32_t base, int row, int k)
+{
+    uint32_t b = 2u * (uint32_t)k;
+    if (!c->span)
+        return base + (uint32_t)(row / 8 * wgmma_sbo(c)) + b / 16 * 128 + (uint32_t)(row % 8) * 16 +
+               b % 16;
+    uint32_t off = base + (uint32_t)(row / 8 * wgmma_sbo(c) + row % 8 * c->span) + b;
+    return off ^ ((off >> 7 & (uint32_t)(c->span / 16 - 1)) << 4);
+}
+
+static enum aj_intrinsic_id wgmma_row(const wgmma_case *c)
+{
+    static const enum aj_intrinsic_id rows[3][2][2] = {
+        {{AJ_INTR_WGMMA_M64N64K16_F16_SS, AJ_INTR_WGMMA_M64N64K16_F16_RS},
+         {AJ_INTR_WGMMA_M64N64K16_BF16_SS, AJ_INTR_WGMMA_M64N64K16_BF16_RS}},
+        {{AJ_INTR_WGMMA_M64N128K16_F16_SS, AJ_INTR_WGMMA_M64N128K16_F16_RS},
+         {AJ_INTR_WGMMA_M64N128K16_BF16_SS, AJ_INTR_WGMMA_M64N128K16_BF16_RS}},
+        {{AJ_INTR_WGMMA_M64N256K16_F16_SS, AJ_INTR_WGMMA_M64N256K16_F16_RS},
+         {AJ_INTR_WGMMA_M64N256K16_BF16_SS, AJ_INTR_WGMMA_M64N256K16_BF16_RS}},
+    };
+    return rows[c->n == 64 ? 0 : c->n == 128 ? 1 : 2][c->bf16][c->a_in_registers];
+}
+
+static const wgmma_case *current_wgmma;
+
+static LLVMValueRef acc_at(aj_kb *kb, LLVMValueRef acc, int r)
+{
+    LLVMValueRef idx[2] = {c32(kb, 0), c32(kb, r)};
+    return LLVMBuildInBoundsGEP2(kb->b, LLVMGetAllocatedType(acc), acc, idx, 2, "");
+}
+
+static LLVMValueRef load_in_i32(aj_kb *kb, LLVMValueRef index)
+{
+    return aj_kb_load(kb, kb->t_i32, global_at(kb, "in", index), 4);
+}
+
+static void wgmma_body(aj_kb *kb, int variant)
+{
+    const wgmma_case *c = current_wgmma;
+    int regs = c->n / 2, k_total = wgmma_k(c);
+    LLVMValueRef tid = tid_of(kb);
+    LLVMValueRef i = aj_kb_for_begin(kb, tid, c32(kb, IMG_WORDS), c32(kb, 128), "i");
+    aj_kb_store(kb, load_in_i32(kb, i), smem_at(kb, aj_kb_mul(kb, i, c32(kb, 4))), 4);
+    aj_kb_for_end(kb);
+    aj_kb_intrinsic(kb, AJ_INTR_FENCE_PROXY_ASYNC, NULL);
+    aj_kb_barrier(kb);
+    LLVMValueRef acc = aj_kb_var(kb, LLVMArrayType2(kb->t_f32, (uint64_t)regs), NULL, "acc");
+    LLVMValueRef c_base = aj_kb_add(kb, aj_kb_mul(kb, tid, c32(kb, 128)), c32(kb, C_OFF));
+    for (int r = 0; r < regs; r++)
+        LLVMBuildStore(kb->b, load_in(kb, aj_kb_add(kb, c_base, c32(kb, r))), acc_at(kb, acc, r));
+    aj_kb_intrinsic(kb, AJ_INTR_WGMMA_FENCE, NULL);
+    for (int step = 0; step < k_total / 16; step++) {
+        int advance = c->span ? 32 * step : 2 * 128 * step;
+        LLVMValueRef b_desc = aj_kb_wgmma_desc(kb, smem_at(kb, c32(kb, B_BASE + advance)), 128,
+                                               wgmma_sbo(c), wgmma_swizzle_mode(c->span));
+        LLVMValueRef scale = c32(kb, step > 0 || c->scale_d);
+        if (c->a_in_registers) {
+            LLVMValueRef at = aj_kb_add(kb, aj_kb_mul(kb, tid, c32(kb, 4)),
+                                        c32(kb, AREG_OFF + 512 * step));
+            LLVMValueRef args[6] = {load_in_i32(kb, at), load_in_i32(kb, aj_kb_add(kb, at, c32(kb, 1))),
+                                    load_in_i32(kb, aj_kb_add(kb, at, c32(kb, 2))),
+                                    load_in_i32(kb, aj_kb_add(kb, at, c32(kb, 3))), b_desc, scale};
+            aj_kb_wgmma(kb, wgmma_row(c), acc, args);
+        } else {
+            LLVMValueRef args[3] = {
+                aj_kb_wgmma_desc(kb, smem_at(kb, c32(kb, c->a_start + advance)), 128, wgmma_sbo(c),
+                                 wgmma_swizzle_mode(c->span)),
+                b_desc, scale};
+            aj_kb_wgmma(kb, wgmma_row(c), acc, args);
+        }
+    }
+    aj_kb_intrinsic(kb, AJ_INTR_WGMMA_COMMIT_GROUP, NULL);
+    if (c->probe)
+        store_out(kb, LLVMBuildLoad2(kb->b, kb->t_f32, acc_at(kb, acc, 0), ""),
+                  aj_kb_add(kb, tid, c32(kb, PROBE_OFF)));
+    aj_kb_wgmma_wait(kb, 0, &acc, 1);
+    for (int r = 0; r < regs; r++)
+        store_out(kb, LLVMBuildLoad2(kb->b, kb->t_f32, acc_at(kb, acc, r), ""),
+                  aj_kb_add(kb, aj_kb_mul(kb, tid, c32(kb, regs)), c32(kb, r)));
+}
+
+static uint16_t to_half(float f, int bf16) { return bf16 ? aj_f32_to_bf16(f) : aj_f32_to_f16(f); }
+static double from_half(uint16_t h, int bf16) { return bf16 ? aj_bf16_to_f32(h) : aj_f16_to_f32(h); }
+
+static void set_half(uint32_t offset, uint16_t h)
+{
+    memcpy((char *)in + offset, &h, 2);
+}
+
+/* Fills in: the shared image of A and B, A's register fragments, C; and
+ * the float64 D (64 x n) into d. */
+static void wgmma_inputs(const wgmma_case *c, double (*d)[256])
+{
+    static uint16_t a[64][64], b[256][64];
+    int k_total = wgmma_k(c);
+    memset(in, 0, sizeof in);
+    uint64_t state = 0x9e3779b97f4a7c15ull * (uint64_t)(c->n + 7 * c->span + 3 * c->bf16 + 1);
+    for (int m = 0; m < 64; m++)
+        for (int k = 0; k < k_total; k++) {
+            state = state * 6364136223846793005ull + 1442695040888963407ull;
+            a[m][k] = to_half((float)((int)(state >> 40 & 15) - 7) / 8.0f, c->bf16);
+            set_half(kmajor_offset(c, 0, m, k), a[m][k]);
+        }
+    for (int nn = 0; nn < c->n; nn++)
+        for (int k = 0; k < k_total; k++) {
+            state = state * 6364136223846793005ull + 1442695040888963407ull;
+            b[nn][k] = to_half((float)((int)(state >> 40 & 15) - 7) / 4.0f, c->bf16);
+            set_half(kmajor_offset(c, B_BASE, nn, k), b[nn][k]);
+        }
+    /* A's fragment of wgmma `step`, thread 32 w + 4 g + t, register r:
+     * row 16 w + g + 8 (r & 1), k 16 step + 2 t + 8 (r >> 1) (+1 high half) */
+    for (int step = 0; step < k_total / 16; step++)
+        for (int t = 0; t < 128; t++)
+            for (int r = 0; r < 4; r++) {
+                int row = 16 * (t / 32) + t % 32 / 4 + 8 * (r & 1);
+                int k = 16 * step + 2 * (t % 4) + 8 * (r >> 1);
+                uint32_t reg = a[row][k] | (uint32_t)a[row][k + 1] << 16;
+                memcpy(&in[AREG_OFF + 512 * step + 4 * t + r], &reg, 4);
+            }
+    for (int row = 0; row < 64; row++)
+        for (int col = 0; col < c->n; col++) {
+            double sum = 0;
+            for (int k = 0; k < k_total; k++)
+                sum += from_half(a[row][k], c->bf16) * from_half(b[col][k], c->bf16);
+            d[row][col] = sum;
+        }
+    /* C, at each thread's registers (D's layout), and into d */
+    for (int t = 0; t < 128; t++)
+        for (int r = 0; r < c->n / 2; r++) {
+            int row = 16 * (t / 32) + t % 32 / 4 + 8 * (r >> 1 & 1);
+            int col = 8 * (r >> 2) + 2 * (t % 4) + (r & 1);
+            float cv = (float)((row * 3 + col * 5) % 17) - 8.0f;
+            in[C_OFF + 128 * t + r] = cv;
+            d[row][col] += c->scale_d ? cv : 0.0;
+        }
+}
+
+static void test_wgmma(void)
+{
+    static const wgmma_case cases[] = {
+        /* n, bf16, A in registers, swizzle, scale-d, probe, A's start */
+        {64, 0, 0, 0, 1, 1, 0},   {128, 1, 0, 128, 1, 0, 0}, {256, 0, 0, 64, 1, 0, 0},
+        {64, 1, 0, 32, 1, 0, 0},  {128, 0, 1, 128, 1, 0, 0}, {256, 1, 1, 0, 1, 0, 0},
+        {64, 0, 0, 128, 0, 0, 0}, {256, 0, 0, 128, 1, 1, 0},
+    };
+    static double d[64][256];
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const wgmma_case *c = &cases[i];
+        char name[64];
+        snprintf(name, sizeof name, "t_wgmma_n%d_%s_%s_sw%d%s", c->n, c->bf16 ? "bf16" : "f16",
+                 c->a_in_registers ? "rs" : "ss", c->span, c->scale_d ? "" : "_zero_c");
+        current_wgmma = c;
+        const hopper_kernel k = {name, 128, 40960, wgmma_body, 0};
+        char needle[96];
+        snprintf(needle, sizeof needle, "wgmma.mma_async.sync.aligned.m64n%dk16.f32.%s.%s", c->n,
+                 c->bf16 ? "bf16" : "f16", c->bf16 ? "bf16" : "f16");
+        check_sm90a(&k, needle);
+        wgmma_inputs(c, d);
+        CHECK_STATUS(ctx, run_sim(&k, 1), AJ_OK);
+        int wrong = 0;
+        for (int t = 0; t < 128; t++)
+            for (int r = 0; r < c->n / 2; r++) {
+                int row = 16 * (t / 32) + t % 32 / 4 + 8 * (r >> 1 & 1);
+                int col = 8 * (r >> 2) + 2 * (t % 4) + (r & 1);
+                double want = d[row][col], got = out[c->n / 2 * t + r];
+                if (fabs(got - want) > 1e-5 * (1.0 + fabs(want)) && wrong++ < 4)
+                    fprintf(stderr, "%s: thread %d register %d (D[%d][%d]) = %g, want %g\n",
+                            name, t, r, row, col, got, want);
+            }
+        CHECK_MSG(wrong == 0, "%s: %d accumulators differ from the float64 product", name, wrong);
+        /* the accumulators pass through the wait (aj_kb_wgmma_wait), so
+         * ptxas needs to inject no wait of its own -- except where the
+         * probe reads one early */
+        if (have_ptxas)
+            CHECK_MSG((strstr(ptxas_log, "C7517") != NULL) == c->probe &&
+                      !strstr(ptxas_log, "serializ"), "%s: ptxas says:\n%s", name, ptxas_log);
+        for (int t = 0; c->probe && t < 128; t++)
+            CHECK_MSG(isnan(out[PROBE_OFF + t]), "%s: thread %d read %g from its accumulator "
+                      "before the wait, want NaN (in flight)", name, t, out[PROBE_OFF + t]);
+    }
+}
+
+/* A 128-byte-swizzled A from the second row of its atom; a wait_group 8. */
+static void wgmma_wait_8_body(aj_kb *kb, int variant)
+{
+    LLVMValueRef n = c32(kb, 8);
+    aj_kb_intrinsic(kb, AJ_INTR_WGMMA_WAIT_GROUP, &n);
+}
+
+static void test_wgmma_faults(void)
+{
+    static const wgmma_case misaligned = {64, 0, 0, 128, 1, 0, 128};
+    current_wgmma = &misaligned;
+    const hopper_kernel k = {"t_wgmma_swizzle_start", 128, 40960, wgmma_body, 0};
+    static const char *const start[] = {
+        "thread 0: wgmma.mma_async: the A descriptor 0x40000040",
+        "has a 128-byte swizzle from shared offset 128, not in the first row of a "
+        "1024-byte-aligned swizzle atom", NULL};
+    expect_fault(&k, start);
+    const hopper_kernel wait8 = {"t_wgmma_wait_8", 128, DATA, wgmma_wait_8_body, 0};
+    static const char *const wait[] = {"wgmma.wait_group.sync.aligned 8: N must be 0..7", NULL};
+    expect_fault(&wait8, wait);
+}
+
 int main(void)
 {
     have_ptxas = kb_kernel_setup(&ctx, &op, ptxas, sizeof ptxas, "sm_90a");
@@ -635,6 +885,8 @@ int main(void)
     test_named_barriers();
     test_elect_and_fence();
     test_setmaxnreg();
+    test_wgmma();
+    test_wgmma_faults();
 
     printf("PTX: %d kernels generated, %d assembled by ptxas (sm_90a)\n", ptx_kernels,
            ptx_assembled);
