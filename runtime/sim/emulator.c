@@ -224,7 +224,7 @@ void aj_sim_check_shared_bounds(sim_thread *t, const char *op, uintptr_t a, int3
 
 /* The access must lie inside one buffer of the launch; the message names
  * the nearest one. */
-static void check_global_bounds(sim_thread *t, const char *op, uintptr_t a, int32_t bytes)
+void aj_sim_check_global_bounds(sim_thread *t, const char *op, uintptr_t a, int32_t bytes)
 {
     const aj_sim_launch *launch = t->w->launch;
     const aj_sim_buffer *near = NULL;
@@ -309,7 +309,7 @@ static int unordered_reader(const sim_thread *t, const smem_shadow *s)
 }
 
 /* Thread t reads [a, a + bytes) of shared memory. */
-static void shadow_read(sim_thread *t, const char *op, uintptr_t a, int bytes)
+void aj_sim_shadow_read(sim_thread *t, const char *op, uintptr_t a, int bytes)
 {
     sim_worker *w = t->w;
     uintptr_t offset = a - (uintptr_t)w->smem;
@@ -323,6 +323,8 @@ static void shadow_read(sim_thread *t, const char *op, uintptr_t a, int bytes)
                             ? "reads a cp.async destination still in flight, issued by"
                         : s->write_kind == W_CP_ASYNC_LANDED
                             ? "reads cp.async data landed by the wait of"
+                        : s->write_kind == W_TMA
+                            ? "reads what a TMA load wrote, issued by"
                             : "reads what was stored by");
         if (s->reader_warp == READERS_NONE || s->read_stamp < w->last_barrier) {
             s->reader_warp = (int8_t)warp;
@@ -338,7 +340,7 @@ static void shadow_read(sim_thread *t, const char *op, uintptr_t a, int bytes)
 }
 
 /* Thread t writes [a, a + bytes) of shared memory, at `stamp`. */
-static void shadow_write(sim_thread *t, const char *op, uintptr_t a, int bytes,
+void aj_sim_shadow_write(sim_thread *t, const char *op, uintptr_t a, int bytes,
                          enum write_kind kind, uint32_t stamp)
 {
     sim_worker *w = t->w;
@@ -415,7 +417,7 @@ static void sim_check(sim_thread *t, int64_t addr, int32_t bytes, int32_t flags)
         align = 1;
     aj_sim_check_alignment(t, op, a, bytes, align, flags);
     if (!(flags & ACCESS_SHARED)) {
-        check_global_bounds(t, op, a, bytes);
+        aj_sim_check_global_bounds(t, op, a, bytes);
         return;
     }
     aj_sim_check_shared_bounds(t, op, a, bytes);
@@ -423,9 +425,9 @@ static void sim_check(sim_thread *t, int64_t addr, int32_t bytes, int32_t flags)
         return;
     maybe_preempt(t);
     if (flags & ACCESS_STORE)
-        shadow_write(t, "store", a, bytes, W_STORE, t->w->seq);
+        aj_sim_shadow_write(t, "store", a, bytes, W_STORE, t->w->seq);
     else
-        shadow_read(t, "load", a, bytes);
+        aj_sim_shadow_read(t, "load", a, bytes);
 }
 
 /* ---------------------------------------------------------------- intrinsics */
@@ -542,7 +544,7 @@ static void ldmatrix(sim_thread *t, int32_t site, int count, int trans, const ui
         aj_sim_check_alignment(t, "ldmatrix row read", (uintptr_t)row, 16, 16, ACCESS_SHARED);
         aj_sim_check_shared_bounds(t, "ldmatrix row read", (uintptr_t)row, 16);
         if (t->w->shadow)
-            shadow_read(t, "ldmatrix row read", (uintptr_t)row, 16);
+            aj_sim_shadow_read(t, "ldmatrix row read", (uintptr_t)row, 16);
     }
     t->call.in.ldmatrix.row = row;
     t->call.in.ldmatrix.count = count;
@@ -584,9 +586,9 @@ static void cp_async(sim_thread *t, uint8_t *dst, const uint8_t *src, int32_t sr
     aj_sim_check_shared_bounds(t, "cp.async write", (uintptr_t)dst, 16);
     aj_sim_check_alignment(t, "cp.async read", (uintptr_t)src, 16, 16, 0);
     if (src_bytes > 0)
-        check_global_bounds(t, "cp.async read", (uintptr_t)src, src_bytes);
+        aj_sim_check_global_bounds(t, "cp.async read", (uintptr_t)src, src_bytes);
     if (t->w->shadow)
-        shadow_write(t, "cp.async write", (uintptr_t)dst, 16, W_CP_ASYNC_IN_FLIGHT,
+        aj_sim_shadow_write(t, "cp.async write", (uintptr_t)dst, 16, W_CP_ASYNC_IN_FLIGHT,
                      STAMP_IN_FLIGHT);
     if (t->num_copies == t->cap_copies) {
         int cap = t->cap_copies ? 2 * t->cap_copies : 16;
@@ -628,7 +630,7 @@ static void land_copies(sim_thread *t, int64_t group_limit)
         if (c->group < group_limit) {
             memcpy(c->dst, c->data, sizeof c->data);
             if (t->w->shadow)
-                shadow_write(t, "cp.async write", (uintptr_t)c->dst, (int)sizeof c->data,
+                aj_sim_shadow_write(t, "cp.async write", (uintptr_t)c->dst, (int)sizeof c->data,
                              W_CP_ASYNC_LANDED, t->w->seq);
         } else
             t->copies[kept++] = *c;
@@ -656,7 +658,7 @@ static void sim_cp_async_wait_all(sim_thread *t)
 static void sim_red_add_f32(sim_thread *t, float *addr, float v)
 {
     aj_sim_check_alignment(t, "red.add", (uintptr_t)addr, 4, 4, ACCESS_STORE);
-    check_global_bounds(t, "red.add", (uintptr_t)addr, 4);
+    aj_sim_check_global_bounds(t, "red.add", (uintptr_t)addr, 4);
     _Atomic uint32_t *bits = (_Atomic uint32_t *)(void *)addr;
     uint32_t old = atomic_load(bits);
     while (!atomic_compare_exchange_weak(bits, &old, f2u(u2f(old) + v)))

@@ -1,8 +1,8 @@
 /*
  * hopper.h -- the emulator's model of sm_90's asynchronous machinery
  * (hopper.c): mbarriers with phases and transaction counts, named
- * barriers, fence.proxy.async, setmaxnreg and wgmma, and the warpgroup
- * collectives they need.  docs/sim.md, "Hopper's machinery", describes the model.
+ * barriers, fence.proxy.async, setmaxnreg, wgmma and TMA (with the
+ * emulator's own tensor maps), and the warpgroup collectives they need.  docs/sim.md, "Hopper's machinery", describes the model.
  */
 #ifndef AJ_RUNTIME_SIM_HOPPER_H
 #define AJ_RUNTIME_SIM_HOPPER_H
@@ -65,6 +65,9 @@ void aj_sim_hopper_diagnose(struct sim_worker *w, int tid);
     X(mbarrier_complete_tx) X(mbarrier_try_wait_parity) X(named_bar_sync)               \
     X(named_bar_arrive) X(fence_proxy_async) X(setmaxnreg_inc) X(setmaxnreg_dec)          \
     X(wgmma_fence) X(wgmma_commit_group) X(wgmma_wait_group)                              \
+    X(tma_load_2d) X(tma_load_3d) X(tma_load_4d) X(tma_load_5d) X(tma_store_2d)           \
+    X(tma_store_3d) X(tma_store_4d) X(tma_store_5d) X(bulk_commit_group)                  \
+    X(bulk_wait_group_read)                                                                \
     AJ_SIM_WGMMA_ENTRIES(X, 64) AJ_SIM_WGMMA_ENTRIES(X, 128) AJ_SIM_WGMMA_ENTRIES(X, 256)
 #define AJ_SIM_WGMMA_ENTRIES(X, N)                                                         \
     X(wgmma_m64n##N##k16_f16_ss) X(wgmma_m64n##N##k16_f16_rs)                             \
@@ -99,5 +102,53 @@ AJ_SIM_WGMMA_DECLARE(64, bf16)
 AJ_SIM_WGMMA_DECLARE(128, bf16)
 AJ_SIM_WGMMA_DECLARE(256, bf16)
 #undef AJ_SIM_WGMMA_DECLARE
+
+/* cp.async.bulk.tensor tile loads (dst, map, coordinates, mbarrier) and
+ * stores (map, coordinates, src), 2 to 5 dimensions */
+void aj_sim_tma_load_2d(struct sim_thread *t, uint8_t *dst, const void *map, int32_t c0,
+                        int32_t c1, uint8_t *bar);
+void aj_sim_tma_load_3d(struct sim_thread *t, uint8_t *dst, const void *map, int32_t c0,
+                        int32_t c1, int32_t c2, uint8_t *bar);
+void aj_sim_tma_load_4d(struct sim_thread *t, uint8_t *dst, const void *map, int32_t c0,
+                        int32_t c1, int32_t c2, int32_t c3, uint8_t *bar);
+void aj_sim_tma_load_5d(struct sim_thread *t, uint8_t *dst, const void *map, int32_t c0,
+                        int32_t c1, int32_t c2, int32_t c3, int32_t c4, uint8_t *bar);
+void aj_sim_tma_store_2d(struct sim_thread *t, const void *map, int32_t c0, int32_t c1,
+                         uint8_t *src);
+void aj_sim_tma_store_3d(struct sim_thread *t, const void *map, int32_t c0, int32_t c1,
+                         int32_t c2, uint8_t *src);
+void aj_sim_tma_store_4d(struct sim_thread *t, const void *map, int32_t c0, int32_t c1,
+                         int32_t c2, int32_t c3, uint8_t *src);
+void aj_sim_tma_store_5d(struct sim_thread *t, const void *map, int32_t c0, int32_t c1,
+                         int32_t c2, int32_t c3, int32_t c4, uint8_t *src);
+void aj_sim_bulk_commit_group(struct sim_thread *t);
+void aj_sim_bulk_wait_group_read(struct sim_thread *t, int32_t pending);
+
+/*
+ * The emulator's tensor map: 128 bytes (at `map`, 64-byte aligned) that
+ * the TMA rows read on sim, made by the rules of the CUDA driver's
+ * cuTensorMapEncodeTiled (tiled, no interleave, element strides 1):
+ *
+ *   base 16-byte aligned; rank 1..5; dims[i] in 1..2^32; strides (bytes,
+ *   dimensions 1..rank-1) multiples of 16 and under 2^40; box[i] in
+ *   1..256; box[0] elem_bytes a multiple of 16; with a swizzle of `span`
+ *   bytes (32, 64, 128; 0: none) box[0] elem_bytes at most span
+ *
+ * oob_nan: out-of-bounds elements read as NaN (the driver's
+ * CU_TENSOR_MAP_FLOAT_OOB_FILL_NAN_REQUEST_ZERO_FMA), else 0.  Returns
+ * AJ_ERR_INVALID_ARG naming the argument a rule refuses.
+ */
+typedef struct aj_sim_tensor_map_args {
+    int elem_bytes;            /* 1, 2, 4 or 8 */
+    int rank;
+    const void *base;
+    uint64_t dims[5];
+    uint64_t strides[5];       /* bytes; strides[0] (the element) is not read */
+    uint32_t box[5];
+    int span;
+    int oob_nan;
+} aj_sim_tensor_map_args;
+
+aj_status aj_sim_tensor_map_encode(aj_ctx *ctx, void *map, const aj_sim_tensor_map_args *args);
 
 #endif /* AJ_RUNTIME_SIM_HOPPER_H */

@@ -75,7 +75,7 @@ typedef struct sim_thread {
 } sim_thread;
 
 /* What last wrote a shared-memory byte (strict mode's race messages). */
-enum write_kind { W_STORE, W_CP_ASYNC_IN_FLIGHT, W_CP_ASYNC_LANDED };
+enum write_kind { W_STORE, W_CP_ASYNC_IN_FLIGHT, W_CP_ASYNC_LANDED, W_TMA };
 
 /* Strict mode's record of one granule of shared memory (see the top of the
  * file). */
@@ -148,5 +148,11 @@ enum { ACCESS_STORE = 1, ACCESS_SHARED = 2 };   /* aj_sim_check's flags */
 void aj_sim_check_alignment(sim_thread *t, const char *op, uintptr_t a, int32_t bytes,
                              uintptr_t align, int flags);
 void aj_sim_check_shared_bounds(sim_thread *t, const char *op, uintptr_t a, int32_t bytes);
+void aj_sim_check_global_bounds(sim_thread *t, const char *op, uintptr_t a, int32_t bytes);
+/* strict mode: thread t reads / writes [a, a + bytes) of shared memory
+ * (a race is a fault); writes at `stamp` */
+void aj_sim_shadow_read(sim_thread *t, const char *op, uintptr_t a, int bytes);
+void aj_sim_shadow_write(sim_thread *t, const char *op, uintptr_t a, int bytes,
+                         enum write_kind kind, uint32_t stamp);
 
 #endif /* AJ_RUNTIME_SIM_INTERNAL_H */

@@ -12,6 +12,11 @@
  *   setmaxnreg      "Miscellaneous Instructions: setmaxnreg": counts 24..256
  *                   in steps of 8, the whole warpgroup, the CTA's pool
  *   fence.proxy.async   "membar / fence": recorded per thread
+ *   TMA             "Data Movement and Conversion Instructions:
+ *                   cp.async.bulk.tensor": tile loads and stores of 2 to 5
+ *                   dimensions, out-of-bounds fill, swizzles, the mbarrier's
+ *                   transaction bytes; the tensor map by the rules of the
+ *                   CUDA driver's cuTensorMapEncodeTiled
  *   wgmma           "Asynchronous Warpgroup Level Matrix Multiply-Accumulate
  *                   Instructions": the matrix descriptor, the K-major shared
  *                   memory layouts with their swizzles, the register
@@ -32,6 +37,7 @@
 #include "check.h"
 #include "ir/dtype.h"
 #include "kb_kernel.h"
+#include "runtime/sim/hopper.h"
 
 #define SEEDS 6
 #define WORDS 32768
@@ -41,7 +47,7 @@ static aj_op *op;             /* any op: aj_codegen_run only hands it over */
 static char ptxas[1024];
 static int have_ptxas, ptx_kernels, ptx_assembled;
 static char ptxas_log[4096];  /* the latest kernel's */
-static float in[WORDS], out[WORDS];
+_Alignas(1024) static float in[WORDS], out[WORDS];
 
 /* A one-CTA kernel over `in` and `out` (WORDS f32 each). */
 typedef struct hopper_kernel {
@@ -875,6 +881,254 @@ static void test_wgmma_faults(void)
     expect_fault(&wait8, wait);
 }
 
+/* ---------------------------------------------------------------- TMA */
+
+/*
+ * A tensor of `rank` dimensions in `in` (its map at byte 0 of in, the data
+ * at DATA_BYTE, dimension 0 contiguous, rows padded to a multiple of 16
+ * bytes), one box of it at coordinates c.  TMA_LOAD: thread 0 expects the
+ * box's bytes and issues the load into shared TILE, every thread waits on
+ * the mbarrier (TMA_NO_WAIT: does not) and copies the tile to out.
+ * TMA_STORE: the threads write the tile from in[STORE_SRC ..], fence,
+ * meet, and thread 0 stores it to a tensor in `out` (map at byte 128 of in).
+ */
+enum { TMA_LOAD, TMA_NO_WAIT, TMA_STORE };
+typedef struct tma_case {
+    const char *name;
+    int kind, rank, elem_bytes, span, oob_nan;
+    uint64_t dims[5];
+    uint32_t box[5];
+    int32_t c[5];
+    int tile;                  /* shared offset of the box */
+} tma_case;
+
+#define DATA_BYTE 4096
+#define STORE_SRC 16384        /* in: the tile the store kernel writes */
+#define TILE_WORDS 4096        /* at most 16 KiB of box */
+
+static const tma_case *current_tma;
+
+static uint32_t tma_box_bytes(const tma_case *c)
+{
+    uint32_t n = (uint32_t)c->elem_bytes;
+    for (int d = 0; d < c->rank; d++)
+        n *= c->box[d];
+    return n;
+}
+
+static void tma_strides(const tma_case *c, uint64_t *strides)
+{
+    strides[0] = (uint64_t)c->elem_bytes;
+    for (int d = 1; d < c->rank; d++) {
+        uint64_t row = d == 1 ? c->dims[0] * (uint64_t)c->elem_bytes : c->dims[d - 1] * strides[d - 1];
+        strides[d] = (row + 15) / 16 * 16;
+    }
+}
+
+static void tma_call(aj_kb *kb, const tma_case *c, int load)
+{
+    static const enum aj_intrinsic_id loads[4] = {AJ_INTR_TMA_LOAD_2D, AJ_INTR_TMA_LOAD_3D,
+                                                  AJ_INTR_TMA_LOAD_4D, AJ_INTR_TMA_LOAD_5D};
+    static const enum aj_intrinsic_id stores[4] = {AJ_INTR_TMA_STORE_2D, AJ_INTR_TMA_STORE_3D,
+                                                   AJ_INTR_TMA_STORE_4D, AJ_INTR_TMA_STORE_5D};
+    LLVMValueRef args[8];
+    int n = 0;
+    if (load)
+        args[n++] = smem_at(kb, c32(kb, c->tile));
+    args[n++] = global_at(kb, "in", c32(kb, load ? 0 : 32));
+    for (int d = 0; d < c->rank; d++)
+        args[n++] = c32(kb, c->c[d]);
+    args[n++] = load ? bar_at(kb, 0) : smem_at(kb, c32(kb, c->tile));
+    aj_kb_intrinsic(kb, (load ? loads : stores)[c->rank - 2], args);
+}
+
+static void tma_body(aj_kb *kb, int variant)
+{
+    const tma_case *c = current_tma;
+    LLVMValueRef tid = tid_of(kb);
+    int words = (int)tma_box_bytes(c) / 4;
+    if (c->kind == TMA_STORE) {
+        LLVMValueRef i = aj_kb_for_begin(kb, tid, c32(kb, words), c32(kb, 128), "i");
+        aj_kb_store(kb, load_in_i32(kb, aj_kb_add(kb, i, c32(kb, STORE_SRC))),
+                    smem_at(kb, aj_kb_add(kb, aj_kb_mul(kb, i, c32(kb, 4)), c32(kb, c->tile))), 4);
+        aj_kb_for_end(kb);
+        aj_kb_intrinsic(kb, AJ_INTR_FENCE_PROXY_ASYNC, NULL);
+        aj_kb_barrier(kb);
+        aj_kb_if_begin(kb, tid_lt(kb, 1));
+        tma_call(kb, c, 0);
+        aj_kb_intrinsic(kb, AJ_INTR_BULK_COMMIT_GROUP, NULL);
+        LLVMValueRef zero = c32(kb, 0);
+        aj_kb_intrinsic(kb, AJ_INTR_BULK_WAIT_GROUP_READ, &zero);
+        aj_kb_if_end(kb);
+        return;
+    }
+    init_mbarriers(kb, 1, 0);
+    aj_kb_if_begin(kb, tid_lt(kb, 1));
+    mbar_tx(kb, AJ_INTR_MBARRIER_ARRIVE_EXPECT_TX, 0, c32(kb, (int64_t)tma_box_bytes(c)));
+    tma_call(kb, c, 1);
+    aj_kb_if_end(kb);
+    if (c->kind != TMA_NO_WAIT)
+        aj_kb_mbarrier_wait(kb, bar_at(kb, 0), c32(kb, 0));
+    LLVMValueRef i = aj_kb_for_begin(kb, tid, c32(kb, words), c32(kb, 128), "i");
+    LLVMValueRef v = aj_kb_load(kb, kb->t_i32,
+                                smem_at(kb, aj_kb_add(kb, aj_kb_mul(kb, i, c32(kb, 4)),
+                                                      c32(kb, c->tile))), 4);
+    aj_kb_store(kb, v, global_at(kb, "out", i), 4);
+    aj_kb_for_end(kb);
+}
+
+/* The box's element e: its global element index (or -1 out of bounds)
+ * and its byte in the tile, swizzled like the hardware's. */
+static int64_t tma_element(const tma_case *c, const uint64_t *strides, uint32_t e,
+                           uint32_t *tile_byte)
+{
+    uint32_t rest = e;
+    int64_t at = 0;
+    int inside = 1;
+    for (int d = 0; d < c->rank; d++) {
+        int64_t x = (int64_t)c->c[d] + rest % c->box[d];
+        rest /= c->box[d];
+        inside &= x >= 0 && (uint64_t)x < c->dims[d];
+        at += x * (int64_t)strides[d];
+    }
+    uint32_t off = (uint32_t)c->tile + e * (uint32_t)c->elem_bytes;
+    if (c->span)
+        off ^= (off >> 7 & (uint32_t)(c->span / 16 - 1)) << 4;
+    *tile_byte = off - (uint32_t)c->tile;
+    return inside ? at : -1;
+}
+
+static void encode_map(const tma_case *c, void *map, const void *base)
+{
+    aj_sim_tensor_map_args a = {c->elem_bytes, c->rank, base, {0}, {0}, {0}, c->span, c->oob_nan};
+    tma_strides(c, a.strides);
+    memcpy(a.dims, c->dims, sizeof a.dims);
+    memcpy(a.box, c->box, sizeof a.box);
+    CHECK_STATUS(ctx, aj_sim_tensor_map_encode(ctx, map, &a), AJ_OK);
+}
+
+static void check_tma_case(const tma_case *c)
+{
+    uint64_t strides[5];
+    tma_strides(c, strides);
+    memset(in, 0, sizeof in);
+    uint8_t *data = (uint8_t *)in + DATA_BYTE;
+    for (int i = DATA_BYTE; i < (int)sizeof in; i++)
+        ((uint8_t *)in)[i] = (uint8_t)(i * 7 + 3);
+    encode_map(c, in, data);
+    encode_map(c, (uint8_t *)in + 128, out);
+    current_tma = c;
+    const hopper_kernel k = {c->name, 128, 32768, tma_body, 0};
+    check_sm90a(&k, c->kind == TMA_STORE ? "cp.async.bulk.tensor" : "mbarrier::complete_tx::bytes");
+    uint32_t total = tma_box_bytes(c) / (uint32_t)c->elem_bytes;
+    if (c->kind == TMA_NO_WAIT) {
+        static const char *const race[] = {"shared-memory race: ", NULL};
+        expect_fault(&k, race);
+        return;
+    }
+    for (uint64_t seed = 1; seed <= 3; seed++) {
+        CHECK_STATUS(ctx, run_sim(&k, seed), AJ_OK);
+        int wrong = 0;
+        for (uint32_t e = 0; e < total; e++) {
+            uint32_t byte;
+            int64_t at = tma_element(c, strides, e, &byte);
+            uint8_t want[8], got[8];
+            if (c->kind == TMA_STORE) {
+                if (at < 0)
+                    continue;
+                memcpy(want, (uint8_t *)in + 4 * STORE_SRC + byte, (size_t)c->elem_bytes);
+                memcpy(got, (uint8_t *)out + at, (size_t)c->elem_bytes);
+            } else {
+                if (at >= 0)
+                    memcpy(want, data + at, (size_t)c->elem_bytes);
+                else
+                    memset(want, c->oob_nan ? 0xff : 0, (size_t)c->elem_bytes);
+                memcpy(got, (uint8_t *)out + byte, (size_t)c->elem_bytes);
+            }
+            if (memcmp(want, got, (size_t)c->elem_bytes) && wrong++ < 4)
+                fprintf(stderr, "%s: box element %u (tile byte %u, global %lld) differs\n",
+                        c->name, e, byte, (long long)at);
+        }
+        CHECK_MSG(wrong == 0, "%s, seed %llu: %d elements wrong", c->name,
+                  (unsigned long long)seed, wrong);
+    }
+}
+
+static void test_tma(void)
+{
+    static const tma_case cases[] = {
+        /* 128-byte swizzle, out of bounds past both ends, zeros / NaN */
+        {"t_tma_2d_sw128", TMA_LOAD, 2, 2, 128, 0, {100, 50}, {64, 16}, {64, 40}, 1024},
+        {"t_tma_2d_sw128_nan", TMA_LOAD, 2, 2, 128, 1, {100, 50}, {64, 16}, {64, 40}, 1024},
+        {"t_tma_2d_sw64", TMA_LOAD, 2, 2, 64, 0, {40, 30}, {32, 8}, {-8, 0}, 512},
+        {"t_tma_3d_sw32", TMA_LOAD, 3, 2, 32, 0, {16, 5, 3}, {16, 4, 2}, {0, 3, -1}, 256},
+        {"t_tma_4d", TMA_LOAD, 4, 4, 0, 1, {8, 3, 2, 3}, {4, 2, 2, 2}, {6, -1, 1, 2}, 128},
+        {"t_tma_5d", TMA_LOAD, 5, 4, 0, 0, {4, 3, 2, 2, 3}, {4, 2, 2, 2, 2}, {0, 2, 1, -1, 2}, 128},
+        {"t_tma_2d_store", TMA_STORE, 2, 2, 128, 0, {100, 50}, {64, 16}, {64, 40}, 1024},
+        {"t_tma_3d_store", TMA_STORE, 3, 4, 0, 0, {8, 5, 3}, {4, 4, 2}, {6, 3, 2}, 128},
+        {"t_tma_no_wait", TMA_NO_WAIT, 2, 2, 128, 0, {100, 50}, {64, 16}, {0, 0}, 1024},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        check_tma_case(&cases[i]);
+}
+
+/* Each rule of cuTensorMapEncodeTiled refuses with a message. */
+static void test_tensor_map_rules(void)
+{
+    static const struct {
+        aj_sim_tensor_map_args a;
+        int misalign_map;
+        const char *needle;
+    } cases[] = {
+        {{2, 2, (const char *)in + 8, {64, 8}, {0, 128}, {64, 8}, 0, 0}, 0,
+         "is not 16-byte aligned"},
+        {{2, 6, in, {64, 8}, {0, 128}, {64, 8}, 0, 0}, 0, "rank = 6, want 1..5"},
+        {{3, 2, in, {64, 8}, {0, 192}, {64, 8}, 0, 0}, 0, "elem_bytes = 3"},
+        {{2, 2, in, {64, 0}, {0, 128}, {64, 8}, 0, 0}, 0, "dims[1] = 0, want 1..2^32"},
+        {{2, 2, in, {64, 8}, {0, 136}, {64, 8}, 0, 0}, 0,
+         "strides[1] = 136 bytes, want a multiple of 16 under 2^40"},
+        {{2, 2, in, {64, 8}, {0, 1ull << 40}, {64, 8}, 0, 0}, 0, "under 2^40"},
+        {{2, 2, in, {64, 8}, {0, 128}, {64, 257}, 0, 0}, 0, "box[1] = 257, want 1..256"},
+        {{2, 2, in, {64, 8}, {0, 128}, {12, 8}, 0, 0}, 0,
+         "box[0] = 12 elements of 2 bytes is 24 bytes, not a multiple of 16"},
+        {{2, 2, in, {128, 8}, {0, 256}, {128, 8}, 128, 0}, 0,
+         "the inner box of 256 bytes exceeds the 128-byte swizzle span"},
+        {{2, 2, in, {64, 8}, {0, 128}, {64, 8}, 48, 0}, 0, "span = 48"},
+        {{2, 2, in, {64, 8}, {0, 128}, {64, 8}, 0, 0}, 1, "is not 64-byte aligned"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        _Alignas(64) uint8_t map[192];
+        CHECK_STATUS(ctx, aj_sim_tensor_map_encode(ctx, map + 32 * cases[i].misalign_map,
+                                                   &cases[i].a), AJ_ERR_INVALID_ARG);
+        CHECK_ERROR(ctx, cases[i].needle);
+    }
+}
+
+/* TMA misuse on sim: a 128-byte-swizzled box at a 512-aligned offset; a
+ * map never encoded; a 3-d copy through a 2-d map. */
+static void test_tma_faults(void)
+{
+    static const tma_case unaligned = {"t_tma_unaligned", TMA_LOAD, 2, 2, 128, 0, {100, 50},
+                                       {64, 16}, {0, 0}, 512};
+    static const tma_case rank3 = {"t_tma_rank", TMA_LOAD, 3, 2, 0, 0, {64, 8, 2}, {64, 8, 1},
+                                   {0, 0, 0}, 1024};
+    static const char *const align[] = {
+        "thread 0: cp.async.bulk.tensor (TMA load): shared offset 512 is not 1024-byte aligned, "
+        "as the swizzle pattern needs", NULL};
+    static const char *const unmapped[] = {"holds no tensor map", NULL};
+    static const char *const rank[] = {"the tensor map has rank 2", NULL};
+    memset(in, 0, sizeof in);
+    current_tma = &unaligned;
+    encode_map(&unaligned, in, (uint8_t *)in + DATA_BYTE);
+    const hopper_kernel k1 = {"t_tma_unaligned", 128, 32768, tma_body, 0};
+    expect_fault(&k1, align);
+    current_tma = &rank3;
+    const hopper_kernel k2 = {"t_tma_rank", 128, 32768, tma_body, 0};
+    expect_fault(&k2, rank);
+    memset(in, 0, 128);
+    expect_fault(&k2, unmapped);
+}
+
 int main(void)
 {
     have_ptxas = kb_kernel_setup(&ctx, &op, ptxas, sizeof ptxas, "sm_90a");
@@ -887,6 +1141,9 @@ int main(void)
     test_setmaxnreg();
     test_wgmma();
     test_wgmma_faults();
+    test_tensor_map_rules();
+    test_tma();
+    test_tma_faults();
 
     printf("PTX: %d kernels generated, %d assembled by ptxas (sm_90a)\n", ptx_kernels,
            ptx_assembled);
