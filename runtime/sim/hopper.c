@@ -40,6 +40,14 @@
  * granule, so a finer rule would blame a reader that did arrive for a
  * later one's read.
  *
+ * The async proxy's hazards (strict mode): a wgmma's shared reads stay in
+ * flight until the wait_group covering it (async_read, wgmma_reads_done),
+ * so a TMA or store over its stage before then is a race; generic writes
+ * it or a TMA store reads need a fence.proxy.async of their writer
+ * (unfenced_writer); accumulators hold ACC_IN_FLIGHT until the wait and
+ * must not change in between, and a wgmma on accumulators written since
+ * the last wait needs a wgmma.fence (accumulator_in).
+ *
  * A wait that can never end is a fault with the barrier's counts, never a
  * hang: the scheduler calls aj_sim_hopper_diagnose when nothing can move.
  */
@@ -75,10 +83,24 @@ typedef struct wgmma_result {
     float d[128];
 } wgmma_result;
 
+/* Accumulators a thread's wait_group landed, with a checksum of what it
+ * landed: a later wgmma finds whether they were written since. */
+#define LANDED_ACCS 8
+typedef struct landed_acc {
+    float *acc;
+    uint64_t sum;
+} landed_acc;
+
 typedef struct wgmma_queue {
     wgmma_result *items;       /* in issue order */
     int num, cap;
     int64_t committed;         /* commit groups closed so far */
+    landed_acc landed[LANDED_ACCS];
+    int num_landed;
+    /* strict, a warpgroup's first thread: the shared operands of the
+     * wgmmas its commit groups read, until a wait_group covers them */
+    struct wgmma_read { uint32_t lo, hi; int64_t group; } *reads;
+    int num_reads, cap_reads;
 } wgmma_queue;
 
 typedef struct mbarrier {
@@ -106,6 +128,7 @@ struct aj_sim_hopper_cta {
     int32_t *warp_registers;   /* per warp: registers per thread */
     wgmma_queue *wgmma;        /* per thread */
     double mma_a[64][16], mma_b[256][16];   /* a wgmma's operands */
+    uint32_t read_lo, read_hi;              /* the shared bytes it reads */
     uint32_t *stamps;          /* strict: the arrays above, nthreads each */
 };
 
@@ -166,8 +189,10 @@ void aj_sim_hopper_cta_free(aj_sim_hopper_cta *h)
 {
     if (!h)
         return;
-    for (int i = 0; h->wgmma && i < h->nthreads; i++)
+    for (int i = 0; h->wgmma && i < h->nthreads; i++) {
         free(h->wgmma[i].items);
+        free(h->wgmma[i].reads);
+    }
     free(h->wgmma);
     free(h->warp_registers);
     free(h->stamps);
@@ -189,6 +214,8 @@ void aj_sim_hopper_cta_start(sim_worker *w)
         memset(&w->threads[i].hop, 0, sizeof w->threads[i].hop);
         h->wgmma[i].num = 0;
         h->wgmma[i].committed = 0;
+        h->wgmma[i].num_landed = 0;
+        h->wgmma[i].num_reads = 0;
     }
 }
 
@@ -587,8 +614,56 @@ static int decode_descriptor(sim_thread *t, const char *which, uint64_t desc, sm
     return why == NULL;
 }
 
+/*
+ * Strict mode: the warpgroup's first thread `lead` reads the granule at
+ * `offset` through the async proxy.  What another thread wrote must be
+ * ordered before it, and a generic write (a store, cp.async) needs a
+ * fence.proxy.async of its writer after it; the read stays in flight (no
+ * thread's access is ordered after it) until the wait_group that covers
+ * the wgmma (wgmma_reads_done).  0 after recording a fault.
+ */
+/* The thread whose generic write of the granule at `offset` no
+ * fence.proxy.async of its own has followed; -1 if none (strict). */
+static int unfenced_writer(const sim_worker *w, uint32_t offset)
+{
+    const smem_shadow *s = &w->shadow[offset / GRANULE];
+    if (!s->write_stamp || s->write_kind == W_TMA || s->write_stamp == STAMP_IN_FLIGHT)
+        return -1;
+    return w->threads[s->writer].hop.proxy_fence <= s->write_stamp ? s->writer : -1;
+}
+
+static int async_read(sim_thread *lead, uint32_t offset)
+{
+    sim_worker *w = lead->w;
+    smem_shadow *s = &w->shadow[offset / GRANULE];
+    if (s->write_stamp) {
+        if (unfenced_writer(w, offset) >= 0) {
+            aj_sim_record_fault(w, "thread %d: wgmma.mma_async reads shared offset %u, which "
+                                "thread %d wrote through the generic proxy with no "
+                                "fence.proxy.async after it", lead->tid, offset, s->writer);
+            return 0;
+        }
+        if (s->writer != lead->tid &&
+            (s->write_stamp == STAMP_IN_FLIGHT ||
+             !(s->write_stamp < w->last_barrier || s->write_stamp < lead->synced[s->writer]))) {
+            aj_sim_record_fault(w, "thread %d: shared-memory race: wgmma.mma_async reads shared "
+                                "offset %u, written by thread %d with no barrier in between",
+                                lead->tid, offset, s->writer);
+            return 0;
+        }
+    }
+    s->reader_warp = (int8_t)(lead->tid / WARP);
+    s->reader_lanes = 1u << (lead->tid % WARP);
+    s->reader_a = (int16_t)lead->tid;
+    s->read_stamp = STAMP_IN_FLIGHT;
+    uint32_t *lo = &w->hop->read_lo, *hi = &w->hop->read_hi;
+    *lo = offset < *lo ? offset : *lo;
+    *hi = offset + 2 > *hi ? offset + 2 : *hi;
+    return 1;
+}
+
 /* Element (row, k) of a K-major 16-bit operand, as a double; 0 after a
- * fault (an address outside shared memory). */
+ * fault (an address outside shared memory, or strict mode's checks). */
 static int operand_element(sim_thread *t, const smem_operand *op, int row, int k, int bf16,
                            double *out)
 {
@@ -605,6 +680,8 @@ static int operand_element(sim_thread *t, const smem_operand *op, int row, int k
                             offset, t->w->launch->smem_bytes);
         return 0;
     }
+    if (t->w->shadow && !async_read(t, offset))
+        return 0;
     uint16_t h;
     memcpy(&h, t->w->smem + offset, 2);
     *out = bf16 ? aj_bf16_to_f32(h) : aj_f16_to_f32(h);
@@ -617,15 +694,84 @@ static double half_of(uint32_t reg, int high, int bf16)
     return bf16 ? aj_bf16_to_f32(h) : aj_f16_to_f32(h);
 }
 
+/* What the accumulators hold while a wgmma is in flight: a quiet NaN
+ * with a payload, so that a write in between shows at the wait. */
+#define ACC_IN_FLIGHT 0x7fc0ba5eu
+
+static uint64_t acc_checksum(const float *acc, int n)
+{
+    uint64_t sum = 1469598103934665603ull;   /* FNV-1a over the bits */
+    const uint8_t *p = (const uint8_t *)acc;
+    for (size_t i = 0; i < (size_t)n * sizeof *acc; i++)
+        sum = (sum ^ p[i]) * 1099511628211ull;
+    return sum;
+}
+
 /* The accumulator a new wgmma of thread t on `acc` starts from: the
- * latest result still in flight for it, else what the registers hold. */
-static const float *accumulator_in(sim_worker *w, const sim_thread *t)
+ * latest result still in flight for it, else what the registers hold --
+ * which, unless a wgmma.fence came since the thread's last wait_group,
+ * must be what that wait landed (PTX ISA: wgmma.fence orders register
+ * accesses before a wgmma).  NULL after recording a fault. */
+static const float *accumulator_in(sim_worker *w, sim_thread *t)
 {
     const wgmma_queue *q = &w->hop->wgmma[t->tid];
     for (int i = q->num - 1; i >= 0; i--)
         if (q->items[i].acc == t->hop.mma.acc)
             return q->items[i].d;
-    return t->hop.mma.acc;
+    if (t->hop.wgmma_fenced)
+        return t->hop.mma.acc;
+    for (int i = 0; i < q->num_landed; i++)
+        if (q->landed[i].acc == t->hop.mma.acc) {
+            if (q->landed[i].sum == acc_checksum(t->hop.mma.acc, t->hop.wg_value / 2))
+                return t->hop.mma.acc;
+            aj_sim_record_fault(w, "thread %d: wgmma.mma_async on accumulators written since "
+                                "the last wgmma.wait_group, with no wgmma.fence in between",
+                                t->tid);
+            return NULL;
+        }
+    aj_sim_record_fault(w, "thread %d: wgmma.mma_async on accumulators no wgmma has written, "
+                        "with no wgmma.fence before it", t->tid);
+    return NULL;
+}
+
+/* The lead thread's queue remembers the bytes the wgmma read (strict). */
+static int note_reads(sim_worker *w, const sim_thread *lead)
+{
+    wgmma_queue *q = &w->hop->wgmma[lead->tid];
+    if (!w->shadow || w->hop->read_lo >= w->hop->read_hi)
+        return 1;
+    if (q->num_reads == q->cap_reads) {
+        int cap = q->cap_reads ? 2 * q->cap_reads : 4;
+        struct wgmma_read *grown = realloc(q->reads, (size_t)cap * sizeof *grown);
+        if (!grown)
+            return 0;
+        q->reads = grown;
+        q->cap_reads = cap;
+    }
+    q->reads[q->num_reads++] = (struct wgmma_read){w->hop->read_lo, w->hop->read_hi, q->committed};
+    return 1;
+}
+
+/* A wait_group by the lead thread ends the reads of the groups it covers:
+ * they become ordinary reads of the lead thread now. */
+static void wgmma_reads_done(sim_thread *lead, int64_t group_limit)
+{
+    sim_worker *w = lead->w;
+    wgmma_queue *q = &w->hop->wgmma[lead->tid];
+    int kept = 0;
+    for (int i = 0; i < q->num_reads; i++) {
+        struct wgmma_read *r = &q->reads[i];
+        if (r->group >= group_limit) {
+            q->reads[kept++] = *r;
+            continue;
+        }
+        for (uint32_t g = r->lo / GRANULE; g < (r->hi + GRANULE - 1) / GRANULE; g++) {
+            smem_shadow *s = &w->shadow[g];
+            if (s->read_stamp == STAMP_IN_FLIGHT && s->reader_a == lead->tid)
+                s->read_stamp = w->seq;
+        }
+    }
+    q->num_reads = kept;
 }
 
 /* A (64 x 16) from the descriptor, or from the threads' registers in
@@ -715,6 +861,8 @@ static int complete_wgmma(sim_worker *w, sim_thread *group)
     int n = lead->hop.wg_value, bf16 = lead->hop.mma.bf16;
     double (*a)[16] = w->hop->mma_a, (*b)[16] = w->hop->mma_b;
     smem_operand bop;
+    w->hop->read_lo = UINT32_MAX;
+    w->hop->read_hi = 0;
     if (!uniform_operands(w, group) || !gather_a(w, group, a) ||
         !decode_descriptor(&group[0], "B", lead->hop.mma.b_desc, &bop))
         return 0;
@@ -725,8 +873,10 @@ static int complete_wgmma(sim_worker *w, sim_thread *group)
     for (int i = 0; i < WARPGROUP; i++) {
         sim_thread *t = &group[i];
         const float *c = accumulator_in(w, t);
+        if (!c)
+            return 0;
         wgmma_result *r = push_result(w, t);
-        if (!r) {
+        if (!r || (i == 0 && !note_reads(w, t))) {
             aj_sim_record_fault(w, "thread %d: wgmma.mma_async: out of host memory", t->tid);
             return 0;
         }
@@ -738,8 +888,9 @@ static int complete_wgmma(sim_worker *w, sim_thread *group)
                 sum += a[row][k] * b[col][k];
             r->d[reg] = (float)sum;
         }
+        uint32_t marker = ACC_IN_FLIGHT;
         for (int reg = 0; reg < n / 2; reg++)
-            t->hop.mma.acc[reg] = NAN;
+            memcpy(&t->hop.mma.acc[reg], &marker, 4);
     }
     return 1;
 }
@@ -786,6 +937,33 @@ WGMMA_ENTRIES(256, bf16, 1)
 void aj_sim_wgmma_fence(sim_thread *t, int32_t site)
 {
     warpgroup_join(t, site, WG_WGMMA_FENCE, 0);
+    t->hop.wgmma_fenced = 1;
+}
+
+/* Before a wait lands result r: its accumulators must still hold the
+ * in-flight marker (a write in between is lost on hardware). */
+static void check_in_flight(sim_thread *t, const wgmma_result *r)
+{
+    for (int reg = 0; reg < r->n; reg++) {
+        uint32_t bits;
+        memcpy(&bits, &r->acc[reg], 4);
+        if (bits != ACC_IN_FLIGHT)
+            thread_faultf(t, "wgmma.wait_group: accumulator register %d was written while its "
+                          "wgmma was in flight (between the issue and this wait)", reg);
+    }
+}
+
+static void land_result(wgmma_queue *q, const wgmma_result *r)
+{
+    memcpy(r->acc, r->d, (size_t)r->n * sizeof *r->d);
+    int slot = 0;
+    while (slot < q->num_landed && q->landed[slot].acc != r->acc)
+        slot++;
+    if (slot == LANDED_ACCS)
+        slot = LANDED_ACCS - 1;   /* the oldest-but-one is forgotten: a fence is then needed */
+    else if (slot == q->num_landed)
+        q->num_landed++;
+    q->landed[slot] = (landed_acc){r->acc, acc_checksum(r->acc, r->n)};
 }
 
 void aj_sim_wgmma_commit_group(sim_thread *t, int32_t site)
@@ -802,15 +980,24 @@ void aj_sim_wgmma_wait_group(sim_thread *t, int32_t site, int32_t pending)
         thread_faultf(t, "wgmma.wait_group.sync.aligned %d: N must be 0..7", pending);
     warpgroup_join(t, site, WG_WGMMA_WAIT, pending);
     wgmma_queue *q = &t->w->hop->wgmma[t->tid];
+    for (int i = 0; i < q->num; i++)
+        if (q->items[i].group < q->committed - pending)
+            check_in_flight(t, &q->items[i]);
     int kept = 0;
     for (int i = 0; i < q->num; i++) {
         wgmma_result *r = &q->items[i];
-        if (r->group < q->committed - pending)
-            memcpy(r->acc, r->d, (size_t)r->n * sizeof *r->d);
-        else
+        int superseded = 0;   /* a later wgmma on r's accumulators is still in flight */
+        for (int j = i + 1; j < q->num; j++)
+            superseded |= q->items[j].acc == r->acc && q->items[j].group >= q->committed - pending;
+        if (r->group >= q->committed - pending)
             q->items[kept++] = *r;
+        else if (!superseded)
+            land_result(q, r);
     }
     q->num = kept;
+    t->hop.wgmma_fenced = 0;
+    if (t->w->shadow && t->tid % WARPGROUP == 0)
+        wgmma_reads_done(t, q->committed - pending);
 }
 
 /* ---------------------------------------------------------------- TMA */
@@ -1000,8 +1187,17 @@ static void tma_store(sim_thread *t, int rank, const void *map, const int32_t *c
     static const char op[] = "cp.async.bulk.tensor (TMA store)";
     sim_tensor_map m = tensor_map_at(t, op, map, rank);
     check_tile(t, op, &m, src);
-    if (t->w->shadow)
+    if (t->w->shadow) {
+        uint32_t tile = (uint32_t)(src - t->w->smem);
+        for (uint32_t b = 0; b < box_bytes(&m); b += GRANULE) {
+            int writer = unfenced_writer(t->w, tile + b);
+            if (writer >= 0)
+                thread_faultf(t, "%s reads shared offset %u, which thread %d wrote through the "
+                              "generic proxy with no fence.proxy.async after it", op, tile + b,
+                              writer);
+        }
         aj_sim_shadow_read(t, "TMA store", (uintptr_t)src, (int)box_bytes(&m));
+    }
     walk_box(t, &m, (uint32_t)(src - t->w->smem), c, store_element, NULL);
 }
 

@@ -37,6 +37,8 @@ typedef struct aj_sim_hopper_thread {
     /* the sync counter at the thread's latest fence.proxy.async: generic
      * writes before it are visible to the async proxy (TMA, wgmma) */
     uint32_t proxy_fence;
+    /* a wgmma.fence since the thread's latest wgmma.wait_group */
+    int wgmma_fenced;
 } aj_sim_hopper_thread;
 
 /* Per CTA: the mbarriers, named barriers and register pool. */

@@ -660,6 +660,7 @@ typedef struct wgmma_case {
     int scale_d;                         /* 0: D = A B, C ignored */
     int probe;                           /* 1: also read acc[0] before the wait */
     int a_start;                         /* A's descriptor starts this far into the tile */
+    int no_proxy_fence;                  /* 1: the image's stores lack fence.proxy.async */
 } wgmma_case;
 
 #define IMG_WORDS 10240        /* the shared image: A at 0, B at 8192, 40 KiB */
@@ -721,7 +722,8 @@ static void wgmma_body(aj_kb *kb, int variant)
     LLVMValueRef i = aj_kb_for_begin(kb, tid, c32(kb, IMG_WORDS), c32(kb, 128), "i");
     aj_kb_store(kb, load_in_i32(kb, i), smem_at(kb, aj_kb_mul(kb, i, c32(kb, 4))), 4);
     aj_kb_for_end(kb);
-    aj_kb_intrinsic(kb, AJ_INTR_FENCE_PROXY_ASYNC, NULL);
+    if (!c->no_proxy_fence)
+        aj_kb_intrinsic(kb, AJ_INTR_FENCE_PROXY_ASYNC, NULL);
     aj_kb_barrier(kb);
     LLVMValueRef acc = aj_kb_var(kb, LLVMArrayType2(kb->t_f32, (uint64_t)regs), NULL, "acc");
     LLVMValueRef c_base = aj_kb_add(kb, aj_kb_mul(kb, tid, c32(kb, 128)), c32(kb, C_OFF));
@@ -817,10 +819,10 @@ static void wgmma_inputs(const wgmma_case *c, double (*d)[256])
 static void test_wgmma(void)
 {
     static const wgmma_case cases[] = {
-        /* n, bf16, A in registers, swizzle, scale-d, probe, A's start */
-        {64, 0, 0, 0, 1, 1, 0},   {128, 1, 0, 128, 1, 0, 0}, {256, 0, 0, 64, 1, 0, 0},
-        {64, 1, 0, 32, 1, 0, 0},  {128, 0, 1, 128, 1, 0, 0}, {256, 1, 1, 0, 1, 0, 0},
-        {64, 0, 0, 128, 0, 0, 0}, {256, 0, 0, 128, 1, 1, 0},
+        /* n, bf16, A in registers, swizzle, scale-d, probe, A's start, no proxy fence */
+        {64, 0, 0, 0, 1, 1, 0, 0},   {128, 1, 0, 128, 1, 0, 0, 0}, {256, 0, 0, 64, 1, 0, 0, 0},
+        {64, 1, 0, 32, 1, 0, 0, 0},  {128, 0, 1, 128, 1, 0, 0, 0}, {256, 1, 1, 0, 1, 0, 0, 0},
+        {64, 0, 0, 128, 0, 0, 0, 0}, {256, 0, 0, 128, 1, 1, 0, 0},
     };
     static double d[64][256];
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
@@ -835,6 +837,9 @@ static void test_wgmma(void)
                  c->bf16 ? "bf16" : "f16", c->bf16 ? "bf16" : "f16");
         check_sm90a(&k, needle);
         wgmma_inputs(c, d);
+        /* the first case is the fixed twin of t_wgmma_no_proxy_fence: every seed */
+        for (uint64_t seed = 2; i == 0 && seed <= SEEDS; seed++)
+            CHECK_STATUS(ctx, run_sim(&k, seed), AJ_OK);
         CHECK_STATUS(ctx, run_sim(&k, 1), AJ_OK);
         int wrong = 0;
         for (int t = 0; t < 128; t++)
@@ -868,7 +873,8 @@ static void wgmma_wait_8_body(aj_kb *kb, int variant)
 
 static void test_wgmma_faults(void)
 {
-    static const wgmma_case misaligned = {64, 0, 0, 128, 1, 0, 128};
+    static const wgmma_case misaligned = {64, 0, 0, 128, 1, 0, 128, 0};
+    static const wgmma_case unfenced = {64, 0, 0, 0, 1, 0, 0, 1};
     current_wgmma = &misaligned;
     const hopper_kernel k = {"t_wgmma_swizzle_start", 128, 40960, wgmma_body, 0};
     static const char *const start[] = {
@@ -876,6 +882,12 @@ static void test_wgmma_faults(void)
         "has a 128-byte swizzle from shared offset 128, not in the first row of a "
         "1024-byte-aligned swizzle atom", NULL};
     expect_fault(&k, start);
+    current_wgmma = &unfenced;
+    const hopper_kernel k2 = {"t_wgmma_no_proxy_fence", 128, 40960, wgmma_body, 0};
+    static const char *const proxy[] = {
+        "wgmma.mma_async reads shared offset ", "which thread ",
+        "wrote through the generic proxy with no fence.proxy.async after it", NULL};
+    expect_fault(&k2, proxy);
     const hopper_kernel wait8 = {"t_wgmma_wait_8", 128, DATA, wgmma_wait_8_body, 0};
     static const char *const wait[] = {"wgmma.wait_group.sync.aligned 8: N must be 0..7", NULL};
     expect_fault(&wait8, wait);
@@ -892,7 +904,7 @@ static void test_wgmma_faults(void)
  * TMA_STORE: the threads write the tile from in[STORE_SRC ..], fence,
  * meet, and thread 0 stores it to a tensor in `out` (map at byte 128 of in).
  */
-enum { TMA_LOAD, TMA_NO_WAIT, TMA_STORE };
+enum { TMA_LOAD, TMA_NO_WAIT, TMA_STORE, TMA_STORE_NO_FENCE };
 typedef struct tma_case {
     const char *name;
     int kind, rank, elem_bytes, span, oob_nan;
@@ -947,12 +959,13 @@ static void tma_body(aj_kb *kb, int variant)
     const tma_case *c = current_tma;
     LLVMValueRef tid = tid_of(kb);
     int words = (int)tma_box_bytes(c) / 4;
-    if (c->kind == TMA_STORE) {
+    if (c->kind == TMA_STORE || c->kind == TMA_STORE_NO_FENCE) {
         LLVMValueRef i = aj_kb_for_begin(kb, tid, c32(kb, words), c32(kb, 128), "i");
         aj_kb_store(kb, load_in_i32(kb, aj_kb_add(kb, i, c32(kb, STORE_SRC))),
                     smem_at(kb, aj_kb_add(kb, aj_kb_mul(kb, i, c32(kb, 4)), c32(kb, c->tile))), 4);
         aj_kb_for_end(kb);
-        aj_kb_intrinsic(kb, AJ_INTR_FENCE_PROXY_ASYNC, NULL);
+        if (c->kind == TMA_STORE)
+            aj_kb_intrinsic(kb, AJ_INTR_FENCE_PROXY_ASYNC, NULL);
         aj_kb_barrier(kb);
         aj_kb_if_begin(kb, tid_lt(kb, 1));
         tma_call(kb, c, 0);
@@ -1019,14 +1032,23 @@ static void check_tma_case(const tma_case *c)
     encode_map(c, (uint8_t *)in + 128, out);
     current_tma = c;
     const hopper_kernel k = {c->name, 128, 32768, tma_body, 0};
-    check_sm90a(&k, c->kind == TMA_STORE ? "cp.async.bulk.tensor" : "mbarrier::complete_tx::bytes");
+    if (c->kind != TMA_STORE_NO_FENCE)
+        check_sm90a(&k, c->kind == TMA_STORE ? "cp.async.bulk.tensor"
+                                             : "mbarrier::complete_tx::bytes");
     uint32_t total = tma_box_bytes(c) / (uint32_t)c->elem_bytes;
     if (c->kind == TMA_NO_WAIT) {
         static const char *const race[] = {"shared-memory race: ", NULL};
         expect_fault(&k, race);
         return;
     }
-    for (uint64_t seed = 1; seed <= 3; seed++) {
+    if (c->kind == TMA_STORE_NO_FENCE) {
+        static const char *const unfenced[] = {
+            "cp.async.bulk.tensor (TMA store) reads shared offset 1024, which thread 0 wrote "
+            "through the generic proxy with no fence.proxy.async after it", NULL};
+        expect_fault(&k, unfenced);
+        return;
+    }
+    for (uint64_t seed = 1; seed <= SEEDS; seed++) {
         CHECK_STATUS(ctx, run_sim(&k, seed), AJ_OK);
         int wrong = 0;
         for (uint32_t e = 0; e < total; e++) {
@@ -1067,6 +1089,8 @@ static void test_tma(void)
         {"t_tma_2d_store", TMA_STORE, 2, 2, 128, 0, {100, 50}, {64, 16}, {64, 40}, 1024},
         {"t_tma_3d_store", TMA_STORE, 3, 4, 0, 0, {8, 5, 3}, {4, 4, 2}, {6, 3, 2}, 128},
         {"t_tma_no_wait", TMA_NO_WAIT, 2, 2, 128, 0, {100, 50}, {64, 16}, {0, 0}, 1024},
+        {"t_tma_store_no_fence", TMA_STORE_NO_FENCE, 2, 2, 128, 0, {100, 50}, {64, 16}, {64, 40},
+         1024},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         check_tma_case(&cases[i]);
@@ -1129,6 +1153,172 @@ static void test_tma_faults(void)
     expect_fault(&k2, unmapped);
 }
 
+/* ---------------------------------------------------------------- async hazards */
+
+/*
+ * A TMA + wgmma pipeline of one stage: thread 128 (the producer) loads A
+ * (64 x 64) and B's rows 0..63 (64 x 64, both f16, K-major, 128-byte
+ * swizzle) by TMA on `full`, waits for `empty` and loads B's rows 64..127
+ * into the same stage; warpgroup 0 waits for `full`, computes D = A B^T in
+ * four k-steps and releases the stage on `empty` (count 128).  The
+ * variants break one rule each (issue #30, stage 1 d):
+ *
+ *   AP_EARLY_RELEASE      releases the stage before its wgmma's wait_group
+ *   AP_ACC_WRITE          writes an accumulator between issue and wait
+ *   AP_NO_FENCE           no wgmma.fence before the first wgmma
+ *   AP_RESCALE_NO_FENCE   rescales D after the wait, then wgmmas again with
+ *                         no wgmma.fence in between (AP_RESCALE: with one)
+ */
+enum { AP_OK, AP_EARLY_RELEASE, AP_ACC_WRITE, AP_NO_FENCE, AP_RESCALE, AP_RESCALE_NO_FENCE };
+#define AP_A_TILE 9216
+#define AP_B_TILE 1024
+#define AP_A_BYTE 4096         /* in: A, then B (128 rows) */
+#define AP_B_BYTE (4096 + 8192)
+
+static void ap_wgmmas(aj_kb *kb, LLVMValueRef acc, int scale_first)
+{
+    for (int step = 0; step < 4; step++) {
+        LLVMValueRef args[3] = {
+            aj_kb_wgmma_desc(kb, smem_at(kb, c32(kb, AP_A_TILE + 32 * step)), 16, 1024,
+                             AJ_WGMMA_SWIZZLE_128B),
+            aj_kb_wgmma_desc(kb, smem_at(kb, c32(kb, AP_B_TILE + 32 * step)), 16, 1024,
+                             AJ_WGMMA_SWIZZLE_128B),
+            c32(kb, step > 0 || scale_first)};
+        aj_kb_wgmma(kb, AJ_INTR_WGMMA_M64N64K16_F16_SS, acc, args);
+    }
+    aj_kb_intrinsic(kb, AJ_INTR_WGMMA_COMMIT_GROUP, NULL);
+}
+
+static void ap_tma(aj_kb *kb, int map_byte, int tile, int row)
+{
+    LLVMValueRef args[5] = {smem_at(kb, c32(kb, tile)), global_at(kb, "in", c32(kb, map_byte / 4)),
+                            c32(kb, 0), c32(kb, row), bar_at(kb, 0)};
+    aj_kb_intrinsic(kb, AJ_INTR_TMA_LOAD_2D, args);
+}
+
+static void ap_producer(aj_kb *kb)
+{
+    mbar_tx(kb, AJ_INTR_MBARRIER_ARRIVE_EXPECT_TX, 0, c32(kb, 16384));
+    ap_tma(kb, 0, AP_A_TILE, 0);
+    ap_tma(kb, 128, AP_B_TILE, 0);
+    aj_kb_mbarrier_wait(kb, bar_at(kb, 8), c32(kb, 0));
+    mbar_tx(kb, AJ_INTR_MBARRIER_ARRIVE_EXPECT_TX, 0, c32(kb, 8192));
+    ap_tma(kb, 128, AP_B_TILE, 64);
+    aj_kb_mbarrier_wait(kb, bar_at(kb, 0), c32(kb, 1));
+}
+
+static void ap_consumer(aj_kb *kb, int variant, LLVMValueRef acc)
+{
+    aj_kb_mbarrier_wait(kb, bar_at(kb, 0), c32(kb, 0));
+    if (variant != AP_NO_FENCE)
+        aj_kb_intrinsic(kb, AJ_INTR_WGMMA_FENCE, NULL);
+    ap_wgmmas(kb, acc, 0);
+    if (variant == AP_ACC_WRITE)
+        LLVMBuildStore(kb->b, aj_kb_f32(kb, 0.0), acc_at(kb, acc, 0));
+    if (variant != AP_EARLY_RELEASE)
+        aj_kb_wgmma_wait(kb, 0, &acc, 1);
+    if (variant == AP_RESCALE || variant == AP_RESCALE_NO_FENCE) {
+        for (int r = 0; r < 32; r++) {
+            LLVMValueRef at = acc_at(kb, acc, r);
+            LLVMBuildStore(kb->b, LLVMBuildFMul(kb->b, LLVMBuildLoad2(kb->b, kb->t_f32, at, ""),
+                                                aj_kb_f32(kb, 0.5), ""), at);
+        }
+        if (variant == AP_RESCALE)
+            aj_kb_intrinsic(kb, AJ_INTR_WGMMA_FENCE, NULL);
+        ap_wgmmas(kb, acc, 1);
+        aj_kb_wgmma_wait(kb, 0, &acc, 1);
+    }
+    mbar_arrive(kb, 8);
+}
+
+static void async_pipeline_body(aj_kb *kb, int variant)
+{
+    init_mbarriers(kb, 1, 128);
+    LLVMValueRef acc = aj_kb_var(kb, LLVMArrayType2(kb->t_f32, 32), NULL, "acc");
+    LLVMValueRef tid = tid_of(kb);
+    aj_kb_if_begin(kb, LLVMBuildICmp(kb->b, LLVMIntEQ, tid, c32(kb, 128), ""));
+    ap_producer(kb);
+    aj_kb_if_end(kb);
+    aj_kb_if_begin(kb, tid_lt(kb, 128));
+    ap_consumer(kb, variant, acc);
+    aj_kb_if_end(kb);
+    aj_kb_barrier(kb);
+    aj_kb_if_begin(kb, tid_lt(kb, 128));
+    if (variant == AP_EARLY_RELEASE)
+        aj_kb_wgmma_wait(kb, 0, &acc, 1);
+    for (int r = 0; r < 32; r++)
+        store_out(kb, LLVMBuildLoad2(kb->b, kb->t_f32, acc_at(kb, acc, r), ""),
+                  aj_kb_add(kb, aj_kb_mul(kb, tid, c32(kb, 32)), c32(kb, r)));
+    aj_kb_if_end(kb);
+}
+
+/* A and B in `in` with their tensor maps; d = A B0^T (B0: B's rows 0..63). */
+static void async_pipeline_inputs(double (*d)[256])
+{
+    memset(in, 0, sizeof in);
+    uint16_t *a = (uint16_t *)((uint8_t *)in + AP_A_BYTE), *b = (uint16_t *)((uint8_t *)in + AP_B_BYTE);
+    for (int i = 0; i < 64 * 64; i++)
+        a[i] = aj_f32_to_f16((float)(i * 7 % 13 - 6) / 8.0f);
+    for (int i = 0; i < 128 * 64; i++)
+        b[i] = aj_f32_to_f16((float)(i * 5 % 11 - 5) / 4.0f);
+    aj_sim_tensor_map_args am = {2, 2, a, {64, 64}, {0, 128}, {64, 64}, 128, 0};
+    aj_sim_tensor_map_args bm = {2, 2, b, {64, 128}, {0, 128}, {64, 64}, 128, 0};
+    CHECK_STATUS(ctx, aj_sim_tensor_map_encode(ctx, in, &am), AJ_OK);
+    CHECK_STATUS(ctx, aj_sim_tensor_map_encode(ctx, (uint8_t *)in + 128, &bm), AJ_OK);
+    for (int m = 0; m < 64; m++)
+        for (int n = 0; n < 64; n++) {
+            double sum = 0;
+            for (int k = 0; k < 64; k++)
+                sum += (double)aj_f16_to_f32(a[64 * m + k]) * aj_f16_to_f32(b[64 * n + k]);
+            d[m][n] = sum;
+        }
+}
+
+static void test_async_hazards(void)
+{
+    static double d[64][256];
+    async_pipeline_inputs(d);
+    static const struct {
+        const char *name;
+        int variant;
+        double scale;          /* the good ones' D = scale A B0^T */
+        const char *needles[3];
+    } cases[] = {
+        {"t_async_pipeline", AP_OK, 1.0, {NULL}},
+        {"t_async_rescale", AP_RESCALE, 1.5, {NULL}},
+        {"t_async_early_release", AP_EARLY_RELEASE, 0,
+         {"shared-memory race: TMA load", "overwrites what was read by thread 0"}},
+        {"t_async_acc_write", AP_ACC_WRITE, 0,
+         {"accumulator register 0 was written while its wgmma was in flight"}},
+        {"t_async_no_fence", AP_NO_FENCE, 0,
+         {"wgmma.mma_async on accumulators no wgmma has written, with no wgmma.fence"}},
+        {"t_async_rescale_no_fence", AP_RESCALE_NO_FENCE, 0,
+         {"on accumulators written since the last wgmma.wait_group, with no wgmma.fence"}},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const hopper_kernel k = {cases[i].name, 256, 20480, async_pipeline_body,
+                                 cases[i].variant};
+        if (cases[i].needles[0]) {
+            expect_fault(&k, cases[i].needles);
+            continue;
+        }
+        check_sm90a(&k, "cp.async.bulk.tensor.2d");
+        for (uint64_t seed = 1; seed <= SEEDS; seed++) {
+            CHECK_STATUS(ctx, run_sim(&k, seed), AJ_OK);
+            int wrong = 0;
+            for (int t = 0; t < 128; t++)
+                for (int r = 0; r < 32; r++) {
+                    int row = 16 * (t / 32) + t % 32 / 4 + 8 * (r >> 1 & 1);
+                    int col = 8 * (r >> 2) + 2 * (t % 4) + (r & 1);
+                    double want = cases[i].scale * d[row][col];
+                    wrong += fabs(out[32 * t + r] - want) > 1e-4 * (1 + fabs(want));
+                }
+            CHECK_MSG(wrong == 0, "%s, seed %llu: %d accumulators wrong", cases[i].name,
+                      (unsigned long long)seed, wrong);
+        }
+    }
+}
+
 int main(void)
 {
     have_ptxas = kb_kernel_setup(&ctx, &op, ptxas, sizeof ptxas, "sm_90a");
@@ -1144,6 +1334,7 @@ int main(void)
     test_tensor_map_rules();
     test_tma();
     test_tma_faults();
+    test_async_hazards();
 
     printf("PTX: %d kernels generated, %d assembled by ptxas (sm_90a)\n", ptx_kernels,
            ptx_assembled);
