@@ -281,8 +281,9 @@ static void report_race(sim_thread *t, const char *op, int bytes, uintptr_t offs
 {
     char msg[512];
     snprintf(msg, sizeof msg, "shared-memory race: %s of %d bytes at offset %llu %s thread "
-             "%d with no barrier in between (bar.sync, or bar.warp.sync within a warp)", op,
-             bytes, (unsigned long long)offset, what_other, other);
+             "%d with no barrier in between (bar.sync, bar.warp.sync within a warp, a named "
+             "barrier or an mbarrier phase)", op, bytes, (unsigned long long)offset, what_other,
+             other);
     aj_sim_thread_fault(t, msg);
 }
 

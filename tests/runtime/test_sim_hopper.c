@@ -164,6 +164,12 @@ static void mbar_init(aj_kb *kb, int offset, int count)
     aj_kb_intrinsic(kb, AJ_INTR_MBARRIER_INIT, a);
 }
 
+static void mbar_init_at(aj_kb *kb, LLVMValueRef offset)
+{
+    LLVMValueRef a[2] = {smem_at(kb, offset), c32(kb, 1)};
+    aj_kb_intrinsic(kb, AJ_INTR_MBARRIER_INIT, a);
+}
+
 static void mbar_arrive(aj_kb *kb, int offset)
 {
     LLVMValueRef a[1] = {bar_at(kb, offset)};
@@ -319,7 +325,8 @@ static void test_mbarrier_tx(void)
 
 /* ---------------------------------------------------------------- mbarrier faults */
 
-enum { MF_NEVER, MF_OVER_ARRIVE, MF_UNINIT, MF_COUNT0, MF_MISALIGNED, MF_PARITY, MF_TX_RANGE };
+enum { MF_NEVER, MF_OVER_ARRIVE, MF_UNINIT, MF_COUNT0, MF_MISALIGNED, MF_PARITY, MF_TX_RANGE,
+       MF_TOO_MANY, MF_TX_SUM };
 
 static void mbarrier_fault_body(aj_kb *kb, int variant)
 {
@@ -353,6 +360,16 @@ static void mbarrier_fault_body(aj_kb *kb, int variant)
         init_mbarriers(kb, 1, 0);
         aj_kb_mbarrier_wait(kb, bar_at(kb, 0), c32(kb, 2));
         break;
+    case MF_TOO_MANY:   /* thread t initialises the mbarriers at 16 t and 16 t + 8 */
+        mbar_init_at(kb, aj_kb_mul(kb, tid_of(kb), c32(kb, 16)));
+        mbar_init_at(kb, aj_kb_add(kb, aj_kb_mul(kb, tid_of(kb), c32(kb, 16)), c32(kb, 8)));
+        break;
+    case MF_TX_SUM:
+        init_mbarriers(kb, 1, 0);
+        aj_kb_if_begin(kb, tid_lt(kb, 2));
+        mbar_tx(kb, AJ_INTR_MBARRIER_EXPECT_TX, 0, c32(kb, (1 << 20) - 1));
+        aj_kb_if_end(kb);
+        break;
     default:
         init_mbarriers(kb, 1, 0);
         mbar_tx(kb, AJ_INTR_MBARRIER_EXPECT_TX, 0, c32(kb, 1 << 20));
@@ -381,9 +398,13 @@ static void test_mbarrier_faults(void)
         {"t_mbarrier_parity", MF_PARITY, {"with parity 2, not 0 or 1"}},
         {"t_mbarrier_tx_range", MF_TX_RANGE,
          {"mbarrier.expect_tx at shared offset 0 with 1048576 bytes, outside 0..1048575"}},
+        {"t_mbarrier_too_many", MF_TOO_MANY, {": more than 64 mbarriers in one CTA"}},
+        {"t_mbarrier_tx_sum", MF_TX_SUM,
+         {"mbarrier.expect_tx at shared offset 0: tx-count 1048575 + 1048575 exceeds 1048575"}},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        const hopper_kernel k = {cases[i].name, 64, DATA, mbarrier_fault_body, cases[i].variant};
+        const hopper_kernel k = {cases[i].name, 64, DATA + 1024, mbarrier_fault_body,
+                                 cases[i].variant};
         expect_fault(&k, cases[i].needles);
     }
 }
@@ -565,7 +586,8 @@ typedef struct setmaxnreg_plan {
     int first_count, second_count;
 } setmaxnreg_plan;
 
-enum { SR_OK, SR_POOL, SR_BAD_COUNT, SR_BELOW, SR_SPLIT, SR_EXIT, SR_PARTIAL };
+enum { SR_OK, SR_POOL, SR_BAD_COUNT, SR_BELOW, SR_SPLIT, SR_EXIT, SR_PARTIAL, SR_ABOVE,
+       SR_VALUES };
 #define INC AJ_INTR_SETMAXNREG_INC
 #define DEC AJ_INTR_SETMAXNREG_DEC
 static const setmaxnreg_plan setmaxnreg_plans[] = {
@@ -576,6 +598,8 @@ static const setmaxnreg_plan setmaxnreg_plans[] = {
     [SR_SPLIT] = {64, DEC, DEC, 40, 48},   /* two calls in one warpgroup */
     [SR_EXIT] = {96, DEC, DEC, 40, 0},     /* warp 3 exits */
     [SR_PARTIAL] = {0, DEC, DEC, 0, 40},
+    [SR_ABOVE] = {0, DEC, DEC, 0, 176},
+    [SR_VALUES] = {0, DEC, DEC, 0, 0},     /* a count that differs by thread: below */
 };
 #undef INC
 #undef DEC
@@ -590,6 +614,10 @@ static void setmaxnreg_call(aj_kb *kb, enum aj_intrinsic_id id, int count)
 static void setmaxnreg_body(aj_kb *kb, int variant)
 {
     const setmaxnreg_plan *p = &setmaxnreg_plans[variant];
+    if (variant == SR_VALUES) {   /* sim only: nvptx wants a constant */
+        LLVMValueRef n = LLVMBuildSelect(kb->b, tid_lt(kb, 64), c32(kb, 40), c32(kb, 48), "");
+        aj_kb_intrinsic(kb, AJ_INTR_SETMAXNREG_DEC, &n);
+    }
     aj_kb_if_begin(kb, tid_lt(kb, p->split));
     setmaxnreg_call(kb, p->first, p->first_count);
     aj_kb_else(kb);
@@ -628,6 +656,10 @@ static void test_setmaxnreg(void)
         {"t_setmaxnreg_exit", SR_EXIT, 128,
          {"deadlock: thread ", "waits in setmaxnreg.dec.sync.aligned.u32 40 for all 128 threads",
           "thread 96 has exited"}},
+        {"t_setmaxnreg_above", SR_ABOVE, 384,
+         {"setmaxnreg.dec.sync.aligned.u32 176: the warp holds 168 registers per thread, fewer"}},
+        {"t_setmaxnreg_values", SR_VALUES, 128,
+         {"setmaxnreg.dec.sync.aligned.u32 48, while thread 0 of its warpgroup asks for 40"}},
         {"t_setmaxnreg_partial", SR_PARTIAL, 96,
          {"setmaxnreg.dec.sync.aligned.u32: warpgroup 0 of a CTA of 96 threads is not 4 whole "
           "warps"}},
@@ -864,6 +896,29 @@ static void test_wgmma(void)
     }
 }
 
+/* One m64n64k16 wgmma whose operands are wrong: B's descriptor differs
+ * between threads (WM_UNIFORM), reaches past shared memory (WM_BOUNDS) or
+ * has a base offset (WM_BASE). */
+enum { WM_UNIFORM, WM_BOUNDS, WM_BASE };
+
+static void wgmma_misuse_body(aj_kb *kb, int variant)
+{
+    LLVMValueRef acc = aj_kb_var(kb, LLVMArrayType2(kb->t_f32, 32), NULL, "acc");
+    LLVMValueRef b_offset = variant == WM_UNIFORM
+        ? LLVMBuildSelect(kb->b, tid_lt(kb, 64), c32(kb, 0), c32(kb, 1024), "")
+        : c32(kb, variant == WM_BOUNDS ? 3072 : 0);
+    LLVMValueRef b_desc = aj_kb_wgmma_desc(kb, smem_at(kb, b_offset), 128, 256,
+                                           AJ_WGMMA_SWIZZLE_NONE);
+    if (variant == WM_BASE)
+        b_desc = LLVMBuildOr(kb->b, b_desc, aj_kb_i64(kb, 1ll << 49), "");
+    LLVMValueRef args[3] = {aj_kb_wgmma_desc(kb, smem_at(kb, c32(kb, 0)), 128, 256,
+                                             AJ_WGMMA_SWIZZLE_NONE), b_desc, c32(kb, 0)};
+    aj_kb_intrinsic(kb, AJ_INTR_WGMMA_FENCE, NULL);
+    aj_kb_wgmma(kb, AJ_INTR_WGMMA_M64N64K16_F16_SS, acc, args);
+    aj_kb_intrinsic(kb, AJ_INTR_WGMMA_COMMIT_GROUP, NULL);
+    aj_kb_wgmma_wait(kb, 0, &acc, 1);
+}
+
 /* A 128-byte-swizzled A from the second row of its atom; a wait_group 8. */
 static void wgmma_wait_8_body(aj_kb *kb, int variant)
 {
@@ -888,6 +943,23 @@ static void test_wgmma_faults(void)
         "wgmma.mma_async reads shared offset ", "which thread ",
         "wrote through the generic proxy with no fence.proxy.async after it", NULL};
     expect_fault(&k2, proxy);
+    static const struct {
+        const char *name;
+        int variant;
+        const char *needle;
+    } misuse[] = {
+        {"t_wgmma_nonuniform", WM_UNIFORM, "wgmma.mma_async with other operands than thread 0 "
+         "of its warpgroup"},
+        {"t_wgmma_bounds", WM_BOUNDS, "thread 0: wgmma.mma_async reads element (32, 0) at shared "
+         "offset 4096, outside the 4096 bytes of shared memory"},
+        {"t_wgmma_base_offset", WM_BASE, "has a base offset (bits 49-51), which the emulator "
+         "does not model"},
+    };
+    for (size_t i = 0; i < sizeof misuse / sizeof misuse[0]; i++) {
+        const hopper_kernel k3 = {misuse[i].name, 128, 4096, wgmma_misuse_body, misuse[i].variant};
+        const char *needles[2] = {misuse[i].needle, NULL};
+        expect_fault(&k3, needles);
+    }
     const hopper_kernel wait8 = {"t_wgmma_wait_8", 128, DATA, wgmma_wait_8_body, 0};
     static const char *const wait[] = {"wgmma.wait_group.sync.aligned 8: N must be 0..7", NULL};
     expect_fault(&wait8, wait);
@@ -1128,8 +1200,15 @@ static void test_tensor_map_rules(void)
     }
 }
 
+static void bulk_wait_64_body(aj_kb *kb, int variant)
+{
+    LLVMValueRef n = c32(kb, 64);
+    aj_kb_intrinsic(kb, AJ_INTR_BULK_WAIT_GROUP_READ, &n);
+}
+
 /* TMA misuse on sim: a 128-byte-swizzled box at a 512-aligned offset; a
- * map never encoded; a 3-d copy through a 2-d map. */
+ * map never encoded; a 3-d copy through a 2-d map; a map over memory that
+ * is not the launch's; a bulk wait_group 64. */
 static void test_tma_faults(void)
 {
     static const tma_case unaligned = {"t_tma_unaligned", TMA_LOAD, 2, 2, 128, 0, {100, 50},
@@ -1151,6 +1230,18 @@ static void test_tma_faults(void)
     expect_fault(&k2, rank);
     memset(in, 0, 128);
     expect_fault(&k2, unmapped);
+
+    static const tma_case outside = {"t_tma_outside", TMA_LOAD, 2, 2, 0, 0, {64, 8}, {64, 8},
+                                     {0, 0}, 1024};
+    _Alignas(16) static uint16_t elsewhere[64 * 8];
+    encode_map(&outside, in, elsewhere);
+    current_tma = &outside;
+    const hopper_kernel k3 = {"t_tma_outside", 128, 32768, tma_body, 0};
+    static const char *const bounds[] = {"out-of-bounds global TMA load of 2 bytes", NULL};
+    expect_fault(&k3, bounds);
+    const hopper_kernel k4 = {"t_bulk_wait_64", 128, DATA, bulk_wait_64_body, 0};
+    static const char *const wait[] = {"cp.async.bulk.wait_group.read 64: N must be 0..63", NULL};
+    expect_fault(&k4, wait);
 }
 
 /* ---------------------------------------------------------------- async hazards */
