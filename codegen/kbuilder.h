@@ -41,7 +41,7 @@ enum { AJ_AS_GENERIC = 0, AJ_AS_GLOBAL = 1, AJ_AS_SHARED = 3 };
 
 #define AJ_KB_MAX_PARAMS 64
 #define AJ_KB_MAX_NEST 32
-#define AJ_KB_MAX_RESULTS 128  /* the most results a table row has (wgmma m64n256) */
+#define AJ_KB_MAX_RESULTS 128  /* the most results a table row has (wgmma m64n256k16) */
 
 #define AJ_KB_MAX_STAGES 4   /* kernels one module may hold */
 

@@ -717,9 +717,10 @@ static const aj_host_symbol symbols[] = {
     SYM("aj_sim_smem", sim_smem),
     SYM("aj_sim_check", sim_check),
     SYM("aj_sim_elect_sync", sim_elect_sync),
-#define HOPPER_SYM(name) SYM("aj_sim_" #name, aj_sim_##name),
-    AJ_SIM_HOPPER_ENTRIES(HOPPER_SYM)
-#undef HOPPER_SYM
+#define AJ_SIM_HOPPER_ENTRY(name) SYM("aj_sim_" #name, aj_sim_##name),
+    AJ_SIM_HOPPER_ENTRIES(AJ_SIM_HOPPER_ENTRY)
+    AJ_WGMMA_NS(AJ_SIM_WGMMA_ENTRIES)
+#undef AJ_SIM_HOPPER_ENTRY
 };
 #undef SYM
 

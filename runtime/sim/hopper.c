@@ -776,7 +776,7 @@ static void wgmma_reads_done(sim_thread *lead, int64_t group_limit)
 
 /* A (64 x 16) from the descriptor, or from the threads' registers in
  * mma.sync's A layout per warp (rows 16 w + g (+8), k 2t, 2t+1 (+8)). */
-static int gather_a(sim_worker *w, sim_thread *group, double a[64][16])
+static int gather_a(sim_thread *group, double a[64][16])
 {
     const sim_thread *lead = &group[0];
     int bf16 = lead->hop.mma.bf16;
@@ -797,7 +797,6 @@ static int gather_a(sim_worker *w, sim_thread *group, double a[64][16])
                 a[16 * warp + g + 8 * (r & 1)][2 * tq + 8 * (r >> 1) + hi] =
                     half_of(group[i].hop.mma.a[r], hi, bf16);
     }
-    (void)w;
     return 1;
 }
 
@@ -863,7 +862,7 @@ static int complete_wgmma(sim_worker *w, sim_thread *group)
     smem_operand bop;
     w->hop->read_lo = UINT32_MAX;
     w->hop->read_hi = 0;
-    if (!uniform_operands(w, group) || !gather_a(w, group, a) ||
+    if (!uniform_operands(w, group) || !gather_a(group, a) ||
         !decode_descriptor(&group[0], "B", lead->hop.mma.b_desc, &bop))
         return 0;
     for (int col = 0; col < n; col++)
@@ -926,12 +925,9 @@ static void wgmma_issue(sim_thread *t, int32_t site, int n, int bf16, float *acc
         t->hop.mma.a[3] = (uint32_t)a3;                                                    \
         wgmma_issue(t, site, N, bf16, acc, b_desc, scale_d);                               \
     }
-WGMMA_ENTRIES(64, f16, 0)
-WGMMA_ENTRIES(128, f16, 0)
-WGMMA_ENTRIES(256, f16, 0)
-WGMMA_ENTRIES(64, bf16, 1)
-WGMMA_ENTRIES(128, bf16, 1)
-WGMMA_ENTRIES(256, bf16, 1)
+#define WGMMA_ENTRIES_BOTH(N) WGMMA_ENTRIES(N, f16, 0) WGMMA_ENTRIES(N, bf16, 1)
+AJ_WGMMA_NS(WGMMA_ENTRIES_BOTH)
+#undef WGMMA_ENTRIES_BOTH
 #undef WGMMA_ENTRIES
 
 void aj_sim_wgmma_fence(sim_thread *t, int32_t site)

@@ -2,13 +2,15 @@
  * hopper.h -- the emulator's model of sm_90's asynchronous machinery
  * (hopper.c): mbarriers with phases and transaction counts, named
  * barriers, fence.proxy.async, setmaxnreg, wgmma and TMA (with the
- * emulator's own tensor maps), and the warpgroup collectives they need.  docs/sim.md, "Hopper's machinery", describes the model.
+ * emulator's own tensor maps), and the warpgroup collectives they need.
+ * docs/sim.md, "Hopper's machinery", describes the model.
  */
 #ifndef AJ_RUNTIME_SIM_HOPPER_H
 #define AJ_RUNTIME_SIM_HOPPER_H
 
 #include <stdint.h>
 
+#include "codegen/wgmma_shapes.h"
 #include "runtime/sim/emulator.h"
 
 struct sim_thread;
@@ -69,11 +71,13 @@ void aj_sim_hopper_diagnose(struct sim_worker *w, int tid);
     X(wgmma_fence) X(wgmma_commit_group) X(wgmma_wait_group)                              \
     X(tma_load_2d) X(tma_load_3d) X(tma_load_4d) X(tma_load_5d) X(tma_store_2d)           \
     X(tma_store_3d) X(tma_store_4d) X(tma_store_5d) X(bulk_commit_group)                  \
-    X(bulk_wait_group_read)                                                                \
-    AJ_SIM_WGMMA_ENTRIES(X, 64) AJ_SIM_WGMMA_ENTRIES(X, 128) AJ_SIM_WGMMA_ENTRIES(X, 256)
-#define AJ_SIM_WGMMA_ENTRIES(X, N)                                                         \
-    X(wgmma_m64n##N##k16_f16_ss) X(wgmma_m64n##N##k16_f16_rs)                             \
-    X(wgmma_m64n##N##k16_bf16_ss) X(wgmma_m64n##N##k16_bf16_rs)
+    X(bulk_wait_group_read)
+/* and the wgmma entries, N by N (AJ_WGMMA_NS(AJ_SIM_WGMMA_ENTRIES) with
+ * AJ_SIM_HOPPER_ENTRY(name) defined) */
+#define AJ_SIM_WGMMA_ENTRIES(N)                                                            \
+    AJ_SIM_HOPPER_ENTRY(wgmma_m64n##N##k16_f16_ss) AJ_SIM_HOPPER_ENTRY(wgmma_m64n##N##k16_f16_rs) \
+    AJ_SIM_HOPPER_ENTRY(wgmma_m64n##N##k16_bf16_ss)                                        \
+    AJ_SIM_HOPPER_ENTRY(wgmma_m64n##N##k16_bf16_rs)
 
 void aj_sim_mbarrier_init(struct sim_thread *t, uint8_t *bar, int32_t count);
 void aj_sim_mbarrier_arrive(struct sim_thread *t, uint8_t *bar);
@@ -97,12 +101,9 @@ void aj_sim_wgmma_wait_group(struct sim_thread *t, int32_t site, int32_t pending
                                                float *acc, int32_t a0, int32_t a1,         \
                                                int32_t a2, int32_t a3, uint64_t b_desc,    \
                                                int32_t scale_d);
-AJ_SIM_WGMMA_DECLARE(64, f16)
-AJ_SIM_WGMMA_DECLARE(128, f16)
-AJ_SIM_WGMMA_DECLARE(256, f16)
-AJ_SIM_WGMMA_DECLARE(64, bf16)
-AJ_SIM_WGMMA_DECLARE(128, bf16)
-AJ_SIM_WGMMA_DECLARE(256, bf16)
+#define AJ_SIM_WGMMA_DECLARE_BOTH(N) AJ_SIM_WGMMA_DECLARE(N, f16) AJ_SIM_WGMMA_DECLARE(N, bf16)
+AJ_WGMMA_NS(AJ_SIM_WGMMA_DECLARE_BOTH)
+#undef AJ_SIM_WGMMA_DECLARE_BOTH
 #undef AJ_SIM_WGMMA_DECLARE
 
 /* cp.async.bulk.tensor tile loads (dst, map, coordinates, mbarrier) and

@@ -37,6 +37,7 @@
 #include "check.h"
 #include "ir/dtype.h"
 #include "kb_kernel.h"
+#include "codegen/wgmma_shapes.h"
 #include "runtime/sim/hopper.h"
 
 #define SEEDS 6
@@ -722,15 +723,12 @@ static uint32_t kmajor_offset(const wgmma_case *c, uint32_t base, int row, int k
 
 static enum aj_intrinsic_id wgmma_row(const wgmma_case *c)
 {
-    static const enum aj_intrinsic_id rows[3][2][2] = {
-        {{AJ_INTR_WGMMA_M64N64K16_F16_SS, AJ_INTR_WGMMA_M64N64K16_F16_RS},
-         {AJ_INTR_WGMMA_M64N64K16_BF16_SS, AJ_INTR_WGMMA_M64N64K16_BF16_RS}},
-        {{AJ_INTR_WGMMA_M64N128K16_F16_SS, AJ_INTR_WGMMA_M64N128K16_F16_RS},
-         {AJ_INTR_WGMMA_M64N128K16_BF16_SS, AJ_INTR_WGMMA_M64N128K16_BF16_RS}},
-        {{AJ_INTR_WGMMA_M64N256K16_F16_SS, AJ_INTR_WGMMA_M64N256K16_F16_RS},
-         {AJ_INTR_WGMMA_M64N256K16_BF16_SS, AJ_INTR_WGMMA_M64N256K16_BF16_RS}},
-    };
-    return rows[c->n == 64 ? 0 : c->n == 128 ? 1 : 2][c->bf16][c->a_in_registers];
+#define ROW_IDS(N)                                                                         \
+    {{AJ_INTR_WGMMA_M64N##N##K16_F16_SS, AJ_INTR_WGMMA_M64N##N##K16_F16_RS},               \
+     {AJ_INTR_WGMMA_M64N##N##K16_BF16_SS, AJ_INTR_WGMMA_M64N##N##K16_BF16_RS}},
+    static const enum aj_intrinsic_id rows[][2][2] = {AJ_WGMMA_NS(ROW_IDS)};
+#undef ROW_IDS
+    return rows[c->n / 8 - 1][c->bf16][c->a_in_registers];
 }
 
 static const wgmma_case *current_wgmma;
@@ -770,7 +768,8 @@ static void wgmma_body(aj_kb *kb, int variant)
         if (c->a_in_registers) {
             LLVMValueRef at = aj_kb_add(kb, aj_kb_mul(kb, tid, c32(kb, 4)),
                                         c32(kb, AREG_OFF + 512 * step));
-            LLVMValueRef args[6] = {load_in_i32(kb, at), load_in_i32(kb, aj_kb_add(kb, at, c32(kb, 1))),
+            LLVMValueRef args[6] = {load_in_i32(kb, at),
+                                    load_in_i32(kb, aj_kb_add(kb, at, c32(kb, 1))),
                                     load_in_i32(kb, aj_kb_add(kb, at, c32(kb, 2))),
                                     load_in_i32(kb, aj_kb_add(kb, at, c32(kb, 3))), b_desc, scale};
             aj_kb_wgmma(kb, wgmma_row(c), acc, args);
@@ -793,7 +792,10 @@ static void wgmma_body(aj_kb *kb, int variant)
 }
 
 static uint16_t to_half(float f, int bf16) { return bf16 ? aj_f32_to_bf16(f) : aj_f32_to_f16(f); }
-static double from_half(uint16_t h, int bf16) { return bf16 ? aj_bf16_to_f32(h) : aj_f16_to_f32(h); }
+static double from_half(uint16_t h, int bf16)
+{
+    return bf16 ? aj_bf16_to_f32(h) : aj_f16_to_f32(h);
+}
 
 static void set_half(uint32_t offset, uint16_t h)
 {
@@ -855,6 +857,7 @@ static void test_wgmma(void)
         {64, 0, 0, 0, 1, 1, 0, 0},   {128, 1, 0, 128, 1, 0, 0, 0}, {256, 0, 0, 64, 1, 0, 0, 0},
         {64, 1, 0, 32, 1, 0, 0, 0},  {128, 0, 1, 128, 1, 0, 0, 0}, {256, 1, 1, 0, 1, 0, 0, 0},
         {64, 0, 0, 128, 0, 0, 0, 0}, {256, 0, 0, 128, 1, 1, 0, 0},
+        {8, 1, 0, 0, 1, 0, 0, 0},    {24, 0, 1, 64, 1, 0, 0, 0},  {200, 1, 0, 128, 1, 0, 0, 0},
     };
     static double d[64][256];
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
@@ -1004,7 +1007,8 @@ static void tma_strides(const tma_case *c, uint64_t *strides)
 {
     strides[0] = (uint64_t)c->elem_bytes;
     for (int d = 1; d < c->rank; d++) {
-        uint64_t row = d == 1 ? c->dims[0] * (uint64_t)c->elem_bytes : c->dims[d - 1] * strides[d - 1];
+        uint64_t row = d == 1 ? c->dims[0] * (uint64_t)c->elem_bytes
+                              : c->dims[d - 1] * strides[d - 1];
         strides[d] = (row + 15) / 16 * 16;
     }
 }
@@ -1347,7 +1351,8 @@ static void async_pipeline_body(aj_kb *kb, int variant)
 static void async_pipeline_inputs(double (*d)[256])
 {
     memset(in, 0, sizeof in);
-    uint16_t *a = (uint16_t *)((uint8_t *)in + AP_A_BYTE), *b = (uint16_t *)((uint8_t *)in + AP_B_BYTE);
+    uint16_t *a = (uint16_t *)((uint8_t *)in + AP_A_BYTE);
+    uint16_t *b = (uint16_t *)((uint8_t *)in + AP_B_BYTE);
     for (int i = 0; i < 64 * 64; i++)
         a[i] = aj_f32_to_f16((float)(i * 7 % 13 - 6) / 8.0f);
     for (int i = 0; i < 128 * 64; i++)
