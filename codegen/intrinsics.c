@@ -372,7 +372,7 @@ static void lower_wgmma_nvptx(aj_kb *kb, const intrinsic_desc *d, LLVMValueRef a
 
 /* sim: SIM(thread, site, acc, args...); the emulator reads the
  * accumulators at issue and writes the results at the wait_group that
- * covers them (runtime/sim/hopper.c). */
+ * covers them (runtime/sim/wgmma.c). */
 static void lower_wgmma_sim(aj_kb *kb, const intrinsic_desc *d, LLVMValueRef acc,
                             LLVMValueRef *args)
 {

@@ -611,7 +611,7 @@ void aj_kb_cp_async_wait(aj_kb *kb, int pending_groups)
  *   offset   49-51 base offset (0)   62-63 swizzle: 0 none, 1 128B, 2 64B, 3 32B
  *
  * The start address is the shared-window address: on sim, the offset in
- * the CTA's shared memory (runtime/sim/hopper.c reads it so).
+ * the CTA's shared memory (runtime/sim/wgmma.c reads it so).
  */
 LLVMValueRef aj_kb_wgmma_desc(aj_kb *kb, LLVMValueRef smem_ptr, int lbo, int sbo, int swizzle)
 {

@@ -1,7 +1,7 @@
 /*
  * wgmma_shapes.h -- the N of wgmma.mma_async m64nNk16 (.f16 / .bf16 into
  * .f32) that codegen/intrinsics.def has rows for and the emulator
- * (runtime/sim/hopper.c) has entries for: every N the PTX ISA allows for
+ * (runtime/sim/wgmma.c) has entries for: every N the PTX ISA allows for
  * these types, 8 to 256 in steps of 8.  X(N) once per N; the file holds
  * macros only, so intrinsics.def can include it inside an enum.
  */

@@ -1,6 +1,6 @@
 /*
  * hopper.h -- the emulator's model of sm_90's asynchronous machinery
- * (hopper.c): mbarriers with phases and transaction counts, named
+ * (hopper.c, wgmma.c, tma.c): mbarriers with phases and transaction counts, named
  * barriers, fence.proxy.async, setmaxnreg, wgmma and TMA (with the
  * emulator's own tensor maps), and the warpgroup collectives they need.
  * docs/sim.md, "Hopper's machinery", describes the model.
@@ -60,7 +60,7 @@ int aj_sim_hopper_settle(struct sim_worker *w);
 void aj_sim_hopper_diagnose(struct sim_worker *w, int tid);
 
 /*
- * The emulator entries of hopper.c's intrinsics.def rows, bound by
+ * The emulator entries of the sm_90a intrinsics.def rows, bound by
  * aj_sim_symbols as "aj_sim_<name>"; each takes the thread first and, for
  * the collectives, the call site (intrinsics.def, SIM_SYMBOL).
  */

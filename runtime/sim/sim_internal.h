@@ -1,8 +1,8 @@
 /*
  * sim_internal.h -- the emulator's state, shared by emulator.c (threads,
- * scheduler, memory checks, races) and hopper.c (sm_90's asynchronous
- * machinery: mbarriers, named barriers, warpgroup collectives).  Nothing
- * outside runtime/sim includes it.
+ * scheduler, memory checks, races) and hopper.c, wgmma.c and tma.c
+ * (sm_90's asynchronous machinery).  Nothing outside runtime/sim
+ * includes it.
  */
 #ifndef AJ_RUNTIME_SIM_INTERNAL_H
 #define AJ_RUNTIME_SIM_INTERNAL_H

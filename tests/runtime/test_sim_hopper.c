@@ -1,6 +1,6 @@
 /*
  * test_sim_hopper.c -- the emulator's model of sm_90's asynchronous
- * machinery (runtime/sim/hopper.c), against the PTX ISA:
+ * machinery (runtime/sim/hopper.c, wgmma.c, tma.c), against the PTX ISA:
  *
  *   mbarrier        "Parallel Synchronization and Communication Instructions:
  *                   mbarrier": phases, the pending arrival count and the
