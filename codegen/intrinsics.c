@@ -5,15 +5,16 @@
  * site number for collectives) and, for rows with several results, an
  * out-pointer last.
  */
+#include <stdio.h>
 #include <string.h>
 
 #include "codegen/kbuilder.h"
 
 #define MAX_ARGS 12
-#define MAX_RESULTS 4
+#define MAX_RESULTS 128
 
-enum nvptx_kind { KIND_NVVM, KIND_ASM, KIND_SIMONLY };
-enum sync_scope { SYNC_LANE, SYNC_WARP, SYNC_CTA };
+enum nvptx_kind { KIND_NVVM, KIND_ASM, KIND_WGMMA, KIND_SIMONLY };
+enum sync_scope { SYNC_LANE, SYNC_WARP, SYNC_WARPGROUP, SYNC_CTA };
 enum arg_type { VOID, I1, I16, I32, I64, F32, PTR1, PTR3 };
 
 typedef struct intrinsic_desc {
@@ -179,8 +180,10 @@ static void lower_nvptx(aj_kb *kb, const intrinsic_desc *d, LLVMValueRef *args,
                                   strlen(d->constraints), 0, 0,
                                   LLVMInlineAsmDialectATT, 0);
         break;
+    case KIND_WGMMA:
     case KIND_SIMONLY:
-        aj_kb_fail(kb, AJ_ERR_INTERNAL, "intrinsic %s exists only on sim", d->id_name);
+        aj_kb_fail(kb, AJ_ERR_INTERNAL, "intrinsic %s: %s", d->id_name,
+                   d->kind == KIND_WGMMA ? "call aj_kb_wgmma" : "exists only on sim");
         break;
     }
     if (!callee) {
@@ -251,6 +254,11 @@ void aj_kb_intrinsic_results(aj_kb *kb, enum aj_intrinsic_id id, LLVMValueRef *a
                              LLVMValueRef *results)
 {
     const intrinsic_desc *d = &table[id];
+    if (d->kind == KIND_WGMMA) {
+        aj_kb_fail(kb, AJ_ERR_INTERNAL, "intrinsic %s: call aj_kb_wgmma", d->id_name);
+        undef_results(kb, d, results);
+        return;
+    }
     switch (kb->target) {
     case AJ_TARGET_SM_80:
     case AJ_TARGET_SM_90:
@@ -283,6 +291,167 @@ LLVMValueRef aj_kb_intrinsic(aj_kb *kb, enum aj_intrinsic_id id, LLVMValueRef *a
     LLVMValueRef result = NULL;
     aj_kb_intrinsic_results(kb, id, args, &result);
     return result;
+}
+
+/* ---------------------------------------------------------------- wgmma */
+
+/* The accumulator array's element count (an alloca of [n x float]). */
+static unsigned acc_length(LLVMValueRef acc)
+{
+    LLVMTypeRef t = LLVMGetAllocatedType(acc);
+    return LLVMGetTypeKind(t) == LLVMArrayTypeKind ? (unsigned)LLVMGetArrayLength2(t) : 0;
+}
+
+/* "{$first, ..., $(first + n - 1)}" at the end of buf */
+static void asm_register_list(char *buf, size_t cap, int first, int n)
+{
+    size_t len = strlen(buf);
+    for (int i = 0; i < n && len < cap; i++)
+        len += (size_t)snprintf(buf + len, cap - len, "%s$%d", i ? ", " : "{", first + i);
+    if (len < cap)
+        snprintf(buf + len, cap - len, "}");
+}
+
+/*
+ * nvptx: the row's mnemonic with its operands, as CUTLASS-style inline PTX:
+ *
+ *   { .reg .pred p; setp.ne.b32 p, $scale_d, 0;
+ *     MNEMONIC {$0 .. $R-1}, A, $b_desc, p, 1, 1, 0[, 0]; }
+ *
+ * outputs $0..$R-1 ("=f"), then the row's arguments (A: one descriptor, or
+ * four registers), then the R accumulators tied to the outputs.
+ */
+static void lower_wgmma_nvptx(aj_kb *kb, const intrinsic_desc *d, LLVMValueRef acc,
+                              LLVMValueRef *args)
+{
+    int r = d->nres, from_registers = d->nargs == 6;
+    char text[4096], cons[4096];
+    snprintf(text, sizeof text, "{ .reg .pred p; setp.ne.b32 p, $%d, 0; %s ",
+             r + d->nargs - 1, d->text);
+    asm_register_list(text, sizeof text, 0, r);
+    strncat(text, ", ", sizeof text - strlen(text) - 1);
+    if (from_registers)
+        asm_register_list(text, sizeof text, r, 4);
+    else
+        snprintf(text + strlen(text), sizeof text - strlen(text), "$%d", r);
+    snprintf(text + strlen(text), sizeof text - strlen(text), ", $%d, p, 1, 1, 0%s; }",
+             r + d->nargs - 2, from_registers ? "" : ", 0");
+    cons[0] = '\0';
+    for (int i = 0; i < r; i++)
+        strncat(cons, "=f,", sizeof cons - strlen(cons) - 1);
+    strncat(cons, d->constraints, sizeof cons - strlen(cons) - 1);
+    for (int i = 0; i < r; i++)
+        snprintf(cons + strlen(cons), sizeof cons - strlen(cons), ",%d", i);
+
+    LLVMTypeRef params[MAX_ARGS + MAX_RESULTS];
+    LLVMValueRef call_args[MAX_ARGS + MAX_RESULTS];
+    LLVMTypeRef arr = LLVMGetAllocatedType(acc);
+    for (int i = 0; i < d->nargs; i++) {
+        params[i] = llvm_type(kb, d->args[i]);
+        call_args[i] = args[i];
+    }
+    for (int i = 0; i < r; i++) {
+        LLVMValueRef idx[2] = {aj_kb_i32(kb, 0), aj_kb_i32(kb, i)};
+        LLVMValueRef at = LLVMBuildInBoundsGEP2(kb->b, arr, acc, idx, 2, "");
+        params[d->nargs + i] = kb->t_f32;
+        call_args[d->nargs + i] = LLVMBuildLoad2(kb->b, kb->t_f32, at, "");
+    }
+    LLVMTypeRef fty = LLVMFunctionType(nvptx_result_type(kb, d), params,
+                                       (unsigned)(d->nargs + r), 0);
+    LLVMValueRef callee = LLVMGetInlineAsm(fty, text, strlen(text), cons, strlen(cons), 1, 0,
+                                           LLVMInlineAsmDialectATT, 0);
+    LLVMValueRef call = LLVMBuildCall2(kb->b, fty, callee, call_args,
+                                       (unsigned)(d->nargs + r), "");
+    mark_collective(kb, d, call, 0);
+    for (int i = 0; i < r; i++) {
+        LLVMValueRef idx[2] = {aj_kb_i32(kb, 0), aj_kb_i32(kb, i)};
+        LLVMBuildStore(kb->b, LLVMBuildExtractValue(kb->b, call, (unsigned)i, ""),
+                       LLVMBuildInBoundsGEP2(kb->b, arr, acc, idx, 2, ""));
+    }
+}
+
+/* sim: SIM(thread, site, acc, args...); the emulator reads the
+ * accumulators at issue and writes the results at the wait_group that
+ * covers them (runtime/sim/wgmma.c). */
+static void lower_wgmma_sim(aj_kb *kb, const intrinsic_desc *d, LLVMValueRef acc,
+                            LLVMValueRef *args)
+{
+    LLVMTypeRef params[MAX_ARGS + 3] = {kb->t_ptr, kb->t_i32, kb->t_ptr};
+    LLVMValueRef call_args[MAX_ARGS + 3] = {kb->sim_thread, aj_kb_i32(kb, ++kb->sim_sites), acc};
+    for (int i = 0; i < d->nargs; i++) {
+        params[3 + i] = llvm_type(kb, d->args[i]);
+        call_args[3 + i] = args[i];
+    }
+    LLVMTypeRef fty = LLVMFunctionType(kb->t_void, params, (unsigned)(3 + d->nargs), 0);
+    LLVMValueRef fn = LLVMGetNamedFunction(kb->mod, d->sim_symbol);
+    if (!fn) {
+        fn = LLVMAddFunction(kb->mod, d->sim_symbol, fty);
+        mark_collective(kb, d, fn, 1);
+    }
+    LLVMBuildCall2(kb->b, fty, fn, call_args, (unsigned)(3 + d->nargs), "");
+}
+
+void aj_kb_wgmma(aj_kb *kb, enum aj_intrinsic_id id, LLVMValueRef acc, LLVMValueRef *args)
+{
+    const intrinsic_desc *d = &table[id];
+    if (kb->st != AJ_OK)
+        return;
+    if (d->kind != KIND_WGMMA || acc_length(acc) != (unsigned)d->nres) {
+        aj_kb_fail(kb, AJ_ERR_INTERNAL, "aj_kb_wgmma: %s wants an accumulator array of %d "
+                   "f32, not %s with %u", d->id_name, d->nres,
+                   d->kind == KIND_WGMMA ? "one" : "a non-wgmma row", acc_length(acc));
+        return;
+    }
+    if (kb->target == AJ_TARGET_SIM)
+        lower_wgmma_sim(kb, d, acc, args);
+    else if (kb->target == AJ_TARGET_SM_90A)
+        lower_wgmma_nvptx(kb, d, acc, args);
+    else
+        aj_kb_fail(kb, AJ_ERR_UNSUPPORTED, "intrinsic %s needs sm_90a, not '%s'", d->id_name,
+                   aj_target_name(kb->target));
+}
+
+void aj_kb_wgmma_wait(aj_kb *kb, int pending, const LLVMValueRef *accs, int count)
+{
+    LLVMValueRef n = aj_kb_i32(kb, pending);
+    aj_kb_intrinsic(kb, AJ_INTR_WGMMA_WAIT_GROUP, &n);
+    if (kb->st != AJ_OK || kb->target == AJ_TARGET_SIM)
+        return;
+    /* nvptx: each accumulator passes through an empty asm after the wait,
+     * so that no use of it is scheduled before the wait */
+    char cons[2048];
+    for (int a = 0; a < count; a++) {
+        unsigned len = acc_length(accs[a]);
+        if (len == 0 || len > MAX_RESULTS) {
+            aj_kb_fail(kb, AJ_ERR_INTERNAL, "aj_kb_wgmma_wait: accumulator %d is not an array "
+                       "of 1..%d f32", a, MAX_RESULTS);
+            return;
+        }
+        LLVMTypeRef arr = LLVMGetAllocatedType(accs[a]);
+        LLVMTypeRef elems[MAX_RESULTS], params[MAX_RESULTS];
+        LLVMValueRef values[MAX_RESULTS];
+        cons[0] = '\0';
+        for (unsigned i = 0; i < len; i++) {
+            LLVMValueRef idx[2] = {aj_kb_i32(kb, 0), aj_kb_i32(kb, i)};
+            values[i] = LLVMBuildLoad2(kb->b, kb->t_f32,
+                                       LLVMBuildInBoundsGEP2(kb->b, arr, accs[a], idx, 2, ""), "");
+            elems[i] = params[i] = kb->t_f32;
+            strncat(cons, "=f,", sizeof cons - strlen(cons) - 1);
+        }
+        for (unsigned i = 0; i < len; i++)
+            snprintf(cons + strlen(cons), sizeof cons - strlen(cons), "%s%u", i ? "," : "", i);
+        strncat(cons, ",~{memory}", sizeof cons - strlen(cons) - 1);
+        LLVMTypeRef ret = LLVMStructTypeInContext(kb->llctx, elems, len, 0);
+        LLVMTypeRef fty = LLVMFunctionType(ret, params, len, 0);
+        LLVMValueRef fence = LLVMGetInlineAsm(fty, "", 0, cons, strlen(cons), 1, 0,
+                                              LLVMInlineAsmDialectATT, 0);
+        LLVMValueRef call = LLVMBuildCall2(kb->b, fty, fence, values, len, "");
+        for (unsigned i = 0; i < len; i++) {
+            LLVMValueRef idx[2] = {aj_kb_i32(kb, 0), aj_kb_i32(kb, i)};
+            LLVMBuildStore(kb->b, LLVMBuildExtractValue(kb->b, call, i, ""),
+                           LLVMBuildInBoundsGEP2(kb->b, arr, accs[a], idx, 2, ""));
+        }
+    }
 }
 
 size_t aj_intrinsic_sim_symbols(const char **names, size_t cap)

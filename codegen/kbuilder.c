@@ -602,6 +602,45 @@ void aj_kb_cp_async_wait(aj_kb *kb, int pending_groups)
     aj_kb_intrinsic(kb, AJ_INTR_CP_ASYNC_WAIT_GROUP, &n);
 }
 
+/*
+ * The descriptor's fields (PTX ISA, "Asynchronous Warpgroup Level Matrix
+ * Shared Memory Layout: Matrix Descriptor"), addresses and offsets in
+ * units of 16 bytes:
+ *
+ *   bits 0-13 start address   16-29 leading byte offset   32-45 stride byte
+ *   offset   49-51 base offset (0)   62-63 swizzle: 0 none, 1 128B, 2 64B, 3 32B
+ *
+ * The start address is the shared-window address: on sim, the offset in
+ * the CTA's shared memory (runtime/sim/wgmma.c reads it so).
+ */
+LLVMValueRef aj_kb_wgmma_desc(aj_kb *kb, LLVMValueRef smem_ptr, int lbo, int sbo, int swizzle)
+{
+    LLVMValueRef addr = LLVMBuildPtrToInt(kb->b, smem_ptr, kb->t_i64, "");
+    if (kb->target == AJ_TARGET_SIM)
+        addr = LLVMBuildSub(kb->b, addr, LLVMBuildPtrToInt(kb->b, kb->smem_base, kb->t_i64, ""),
+                            "");
+    LLVMValueRef start = LLVMBuildAnd(kb->b, LLVMBuildLShr(kb->b, addr, aj_kb_i64(kb, 4), ""),
+                                      aj_kb_i64(kb, 0x3fff), "");
+    uint64_t fields = (uint64_t)((lbo >> 4) & 0x3fff) << 16 |
+                      (uint64_t)((sbo >> 4) & 0x3fff) << 32 | (uint64_t)(swizzle & 3) << 62;
+    return LLVMBuildOr(kb->b, start, LLVMConstInt(kb->t_i64, fields, 0), "");
+}
+
+void aj_kb_mbarrier_wait(aj_kb *kb, LLVMValueRef bar, LLVMValueRef parity)
+{
+    if (kb->st != AJ_OK)
+        return;
+    LLVMBasicBlockRef poll = LLVMAppendBasicBlockInContext(kb->llctx, kb->fn, "mbar.poll");
+    LLVMBasicBlockRef done = LLVMAppendBasicBlockInContext(kb->llctx, kb->fn, "mbar.done");
+    LLVMBuildBr(kb->b, poll);
+    LLVMPositionBuilderAtEnd(kb->b, poll);
+    LLVMValueRef args[2] = {bar, parity};
+    LLVMValueRef complete = aj_kb_intrinsic(kb, AJ_INTR_MBARRIER_TRY_WAIT_PARITY, args);
+    LLVMBuildCondBr(kb->b, LLVMBuildICmp(kb->b, LLVMIntNE, complete, aj_kb_i32(kb, 0), ""),
+                    done, poll);
+    LLVMPositionBuilderAtEnd(kb->b, done);
+}
+
 void aj_kb_cp_async_wait_all(aj_kb *kb)
 {
     aj_kb_intrinsic(kb, AJ_INTR_CP_ASYNC_WAIT_ALL, NULL);

@@ -41,7 +41,7 @@ enum { AJ_AS_GENERIC = 0, AJ_AS_GLOBAL = 1, AJ_AS_SHARED = 3 };
 
 #define AJ_KB_MAX_PARAMS 64
 #define AJ_KB_MAX_NEST 32
-#define AJ_KB_MAX_RESULTS 4    /* the most results a table row has */
+#define AJ_KB_MAX_RESULTS 128  /* the most results a table row has (wgmma m64n256k16) */
 
 #define AJ_KB_MAX_STAGES 4   /* kernels one module may hold */
 
@@ -295,6 +295,39 @@ void aj_kb_cp_async_16(aj_kb *kb, LLVMValueRef smem_ptr, LLVMValueRef gptr,
 void aj_kb_cp_async_commit(aj_kb *kb);
 void aj_kb_cp_async_wait(aj_kb *kb, int pending_groups);
 void aj_kb_cp_async_wait_all(aj_kb *kb);
+
+/*
+ * mbarrier (sm_90a; the rows MBARRIER_* of intrinsics.def): waits until
+ * the phase of `parity` (an i32 0 or 1) of the mbarrier at `bar` (shared,
+ * 8-byte aligned) has completed, retrying try_wait.parity while it
+ * returns 0.
+ */
+void aj_kb_mbarrier_wait(aj_kb *kb, LLVMValueRef bar, LLVMValueRef parity);
+
+/*
+ * wgmma (sm_90a; the rows WGMMA_* of intrinsics.def), the 128 threads of a
+ * warpgroup together.  D (64 x N, f32) = A (64 x 16) * B (16 x N) + D, or
+ * + 0 where scale_d is 0.  `acc` is the thread's accumulators, an
+ * aj_kb_var of [N/2 x f32] type, in the PTX ISA's layout (thread 32 w +
+ * 4 g + t, register r):
+ *
+ *   row 16 w + g + 8 ((r >> 1) & 1),  col 8 (r >> 2) + 2 t + (r & 1)
+ *
+ * args: the _SS rows (a_desc i64, b_desc i64, scale_d i32), the _RS rows
+ * (a0..a3 i32: A's rows 16 w + g (+8), k 2t, 2t+1 (+8), as mma.sync's A
+ * fragment, then b_desc, scale_d).  The descriptors: aj_kb_wgmma_desc.
+ * The results are in `acc` only after a wgmma.wait_group that covers the
+ * commit group: aj_kb_wgmma_wait(kb, n, accs, count) waits until at most
+ * n groups are pending and keeps every use of the listed accumulators after
+ * the wait.
+ */
+void aj_kb_wgmma(aj_kb *kb, enum aj_intrinsic_id id, LLVMValueRef acc, LLVMValueRef *args);
+void aj_kb_wgmma_wait(aj_kb *kb, int pending, const LLVMValueRef *accs, int count);
+/* A shared-memory matrix descriptor (i64) for `smem_ptr` (K-major, the
+ * byte offsets lbo and sbo, swizzle AJ_WGMMA_SWIZZLE_*). */
+enum { AJ_WGMMA_SWIZZLE_NONE = 0, AJ_WGMMA_SWIZZLE_128B = 1, AJ_WGMMA_SWIZZLE_64B = 2,
+       AJ_WGMMA_SWIZZLE_32B = 3 };
+LLVMValueRef aj_kb_wgmma_desc(aj_kb *kb, LLVMValueRef smem_ptr, int lbo, int sbo, int swizzle);
 
 /* element conversions between a storage dtype and f32 */
 LLVMTypeRef aj_kb_storage_type(aj_kb *kb, aj_dtype dtype); /* i8, i16 or f32 */

@@ -5,10 +5,12 @@
  * guarded stacks; the worker's scheduler runs every ready fiber until it
  * blocks, then settles what the blocked ones wait for:
  *
- *     sweep: run each READY fiber ──► it returns AT_BARRIER, AT_WARP or DONE
+ *     sweep: run each READY fiber ──► it returns BARRIER, WARP, HOPPER or DONE
  *     settle: lanes of a warp that all wait at the same warp-collective call
- *             (shfl, vote, mma, ldmatrix) ──► results computed, READY
+ *             (shfl, vote, mma, ldmatrix, elect) ──► results computed, READY
  *             all live threads at the same barrier ──► READY
+ *             hopper.c's waits that are over (mbarrier phases, warpgroups;
+ *             named barriers release at their last arrival) ──► READY
  *     nothing READY and not all DONE ──► divergence or deadlock: an error
  *
  * A fault inside a fiber (bad access) records the error and switches back
@@ -39,11 +41,15 @@
  *     who read it, stamped with a per-worker sync counter:
  *
  *         seq ──► +1 at every bar.sync release and bar.warp.sync completion
+ *                 (and at hopper.c's arrivals and releases)
  *         last_barrier = seq after the latest bar.sync (and at CTA start)
- *         warp_synced[t][l] = seq after the latest bar.warp.sync of t with lane l
+ *         synced[t][u] = the seq before which thread u's accesses are
+ *                        ordered before t's: by a bar.warp.sync of t with
+ *                        u, or a named barrier or mbarrier phase that u
+ *                        arrived at and t waited for (hopper.c)
  *
- *     An access at stamp s by thread w is ordered before thread t's if
- *     s < last_barrier, or w and t share a warp and s < warp_synced[t][w].
+ *     An access at stamp s by thread u is ordered before thread t's if
+ *     s < last_barrier or s < synced[t][u].
  *     A read of a byte another thread wrote, unordered, is a race (RAW);
  *     so is a write of a byte another thread read, unordered (WAR), which
  *     catches the same bug when the reader happens to run first.  A
@@ -54,7 +60,7 @@
  *     ldmatrix) order nothing, as in the PTX memory model.
  */
 #define _GNU_SOURCE
-#include "runtime/sim/emulator.h"
+#include "runtime/sim/sim_internal.h"
 
 #include "ir/dtype.h"
 
@@ -69,117 +75,6 @@
 #include <ucontext.h>
 #include <unistd.h>
 
-#define STACK_BYTES (256 * 1024)
-#define MAX_WORKERS 16
-#define WARP 32
-#define ALL_LANES 0xffffffffu
-
-enum thread_state { T_READY, T_BARRIER, T_WARP, T_DONE };
-
-/* The warp-collective operations, settled by the scheduler. */
-enum warp_op {
-    OP_SHFL_IDX, OP_SHFL_UP, OP_SHFL_DOWN, OP_SHFL_BFLY,
-    OP_VOTE_BALLOT, OP_VOTE_ALL, OP_VOTE_ANY,
-    OP_MMA_F16, OP_MMA_BF16,
-    OP_LDMATRIX,
-    OP_BAR_WARP_SYNC,
-};
-
-/* One lane's part in a warp-collective call: operands in, results out. */
-typedef struct warp_call {
-    enum warp_op op;
-    uint32_t mask;             /* membermask; ALL_LANES for .aligned ops */
-    union {
-        struct { uint32_t value; int32_t b, c; } shfl;
-        struct { int32_t pred; } vote;
-        struct { uint32_t a[4], b[2]; float c[4]; } mma;
-        struct { const uint8_t *row; int count, trans; } ldmatrix;
-    } in;
-    uint32_t result[4];
-} warp_call;
-
-/* A cp.async copy, read at issue, waiting for its wait to land. */
-typedef struct cp_async_copy {
-    uint8_t *dst;
-    int64_t group;             /* the commit group it belongs to */
-    uint8_t data[16];
-} cp_async_copy;
-
-struct sim_worker;
-
-typedef struct sim_thread {
-    uint64_t instructions;     /* first: bumped by the instrumented kernel */
-    struct sim_worker *w;
-    int32_t tid;
-    enum thread_state state;
-    int32_t site;              /* the collective it waits at (intrinsics.def) */
-    warp_call call;
-    cp_async_copy *copies;     /* pending, in issue order */
-    int num_copies, cap_copies;
-    int64_t groups_committed;
-    uint32_t warp_synced[WARP];  /* strict: seq of the last bar.warp.sync with each lane */
-    ucontext_t uc;
-    char *stack;               /* STACK_BYTES, with a guard page below */
-    void *asan_fake_stack;     /* AddressSanitizer's fiber bookkeeping */
-} sim_thread;
-
-/* What last wrote a shared-memory byte (strict mode's race messages). */
-enum write_kind { W_STORE, W_CP_ASYNC_IN_FLIGHT, W_CP_ASYNC_LANDED };
-
-/* Strict mode's record of one granule of shared memory (see the top of the
- * file). */
-typedef struct smem_shadow {
-    uint32_t write_stamp;      /* 0: not written; UINT32_MAX: a cp.async in flight */
-    uint32_t read_stamp;
-    uint32_t reader_lanes;     /* the readers' lanes, when they share one warp */
-    int16_t writer;
-    int16_t reader_a, reader_b;   /* the first reader; the first from a second warp */
-    int8_t reader_warp;        /* READERS_NONE, READERS_SEVERAL or the readers' warp */
-    uint8_t write_kind;
-} smem_shadow;
-
-enum { READERS_NONE = -1, READERS_SEVERAL = -2 };
-#define STAMP_IN_FLIGHT UINT32_MAX
-#define PREEMPT_EVERY 32
-/* The shadow's unit: 2 bytes, the narrowest shared access the templates
- * make (f16 / bf16); a 1-byte access counts as one to its whole granule. */
-#define GRANULE 2
-
-typedef struct sim_worker {
-    aj_sim_launch *launch;
-    struct sim_run *run;
-    sim_thread *threads;
-    int32_t ctaid[3];
-    uint8_t *smem;
-    /* strict mode: the shadow of smem, the sync counters and the CTA's
-     * random schedule */
-    smem_shadow *shadow;
-    uint32_t seq, last_barrier;
-    uint64_t rng;
-    uint32_t preempt_countdown;
-    int *order;
-    ucontext_t sched;
-    int faulted;
-    uint64_t instructions;
-    /* AddressSanitizer's view of the scheduler's stack, learnt when the
-     * first fiber starts (see the fiber switches below) */
-    void *asan_fake_stack;
-    const void *sched_stack;
-    size_t sched_stack_size;
-} sim_worker;
-
-/* State shared by the workers of one launch. */
-typedef struct sim_run {
-    aj_sim_launch *launch;
-    atomic_long next_cta;
-    long num_ctas;
-    atomic_int stop;
-    int strict;                /* AJ_SIM_STRICT: random order and race detection */
-    uint64_t seed;
-    pthread_mutex_t lock;
-    char error[1024];          /* first fault, under lock */
-    int have_error;
-} sim_run;
 
 static const char *warp_op_name(const warp_call *c)
 {
@@ -194,6 +89,7 @@ static const char *warp_op_name(const warp_call *c)
         [OP_MMA_F16] = "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32",
         [OP_MMA_BF16] = "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32",
         [OP_BAR_WARP_SYNC] = "bar.warp.sync",
+        [OP_ELECT] = "elect.sync",
     };
     static const char *const ldmatrix_names[2][3] = {   /* [trans][x1, x2, x4] */
         {"ldmatrix.sync.aligned.m8n8.x1.shared.b16", "ldmatrix.sync.aligned.m8n8.x2.shared.b16",
@@ -209,9 +105,7 @@ static const char *warp_op_name(const warp_call *c)
 
 /* ---------------------------------------------------------------- faults */
 
-static void record_fault(sim_worker *w, const char *fmt, ...) AJ_PRINTF(2, 3);
-
-static void record_fault(sim_worker *w, const char *fmt, ...)
+void aj_sim_record_fault(sim_worker *w, const char *fmt, ...)
 {
     sim_run *run = w->run;
     pthread_mutex_lock(&run->lock);
@@ -287,15 +181,15 @@ static void fiber_started(sim_thread *t)
 }
 
 /* Called on a fiber: records the fault and never returns to the kernel. */
-static void fault_in_thread(sim_thread *t, const char *what)
+void aj_sim_thread_fault(sim_thread *t, const char *what)
 {
-    record_fault(t->w, "thread %d: %s", t->tid, what);
+    aj_sim_record_fault(t->w, "thread %d: %s", t->tid, what);
     t->state = T_DONE;
     switch_to_scheduler(t, 1);
     abort();   /* unreachable: a faulted CTA's fibers are never resumed */
 }
 
-static void yield_to_scheduler(sim_thread *t, enum thread_state why, int32_t site)
+void aj_sim_thread_yield(sim_thread *t, enum thread_state why, int32_t site)
 {
     t->state = why;
     t->site = site;
@@ -304,10 +198,8 @@ static void yield_to_scheduler(sim_thread *t, enum thread_state why, int32_t sit
 
 /* ---------------------------------------------------------------- memory checks */
 
-enum { ACCESS_STORE = 1, ACCESS_SHARED = 2 };   /* aj_sim_check's flags */
-
-static void check_alignment(sim_thread *t, const char *op, uintptr_t a, int32_t bytes,
-                            uintptr_t align, int flags)
+void aj_sim_check_alignment(sim_thread *t, const char *op, uintptr_t a, int32_t bytes,
+                             uintptr_t align, int flags)
 {
     if (a % align == 0)
         return;
@@ -315,10 +207,10 @@ static void check_alignment(sim_thread *t, const char *op, uintptr_t a, int32_t 
     snprintf(msg, sizeof msg, "misaligned %s %s of %d bytes at 0x%llx (needs %zu-byte "
              "alignment)", flags & ACCESS_SHARED ? "shared" : "global", op, bytes,
              (unsigned long long)a, (size_t)align);
-    fault_in_thread(t, msg);
+    aj_sim_thread_fault(t, msg);
 }
 
-static void check_shared_bounds(sim_thread *t, const char *op, uintptr_t a, int32_t bytes)
+void aj_sim_check_shared_bounds(sim_thread *t, const char *op, uintptr_t a, int32_t bytes)
 {
     sim_worker *w = t->w;
     uintptr_t base = (uintptr_t)w->smem;
@@ -327,12 +219,12 @@ static void check_shared_bounds(sim_thread *t, const char *op, uintptr_t a, int3
     char msg[256];
     snprintf(msg, sizeof msg, "out-of-bounds shared %s of %d bytes at offset %lld of %d bytes "
              "of shared memory", op, bytes, (long long)(a - base), w->launch->smem_bytes);
-    fault_in_thread(t, msg);
+    aj_sim_thread_fault(t, msg);
 }
 
 /* The access must lie inside one buffer of the launch; the message names
  * the nearest one. */
-static void check_global_bounds(sim_thread *t, const char *op, uintptr_t a, int32_t bytes)
+void aj_sim_check_global_bounds(sim_thread *t, const char *op, uintptr_t a, int32_t bytes)
 {
     const aj_sim_launch *launch = t->w->launch;
     const aj_sim_buffer *near = NULL;
@@ -358,7 +250,7 @@ static void check_global_bounds(sim_thread *t, const char *op, uintptr_t a, int3
     else
         snprintf(msg, sizeof msg, "global %s of %d bytes at 0x%llx: the launch has no buffers",
                  op, bytes, (unsigned long long)a);
-    fault_in_thread(t, msg);
+    aj_sim_thread_fault(t, msg);
 }
 
 /* ---------------------------------------------------------------- strict mode */
@@ -381,9 +273,7 @@ static uint32_t next_random(sim_worker *w)
 static int ordered_after(const sim_thread *t, int other, uint32_t stamp)
 {
     const sim_worker *w = t->w;
-    if (stamp < w->last_barrier)
-        return 1;
-    return other / WARP == t->tid / WARP && stamp < t->warp_synced[other % WARP];
+    return stamp < w->last_barrier || stamp < t->synced[other];
 }
 
 static void report_race(sim_thread *t, const char *op, int bytes, uintptr_t offset,
@@ -391,9 +281,10 @@ static void report_race(sim_thread *t, const char *op, int bytes, uintptr_t offs
 {
     char msg[512];
     snprintf(msg, sizeof msg, "shared-memory race: %s of %d bytes at offset %llu %s thread "
-             "%d with no barrier in between (bar.sync, or bar.warp.sync within a warp)", op,
-             bytes, (unsigned long long)offset, what_other, other);
-    fault_in_thread(t, msg);
+             "%d with no barrier in between (bar.sync, bar.warp.sync within a warp, a named "
+             "barrier or an mbarrier phase)", op, bytes, (unsigned long long)offset, what_other,
+             other);
+    aj_sim_thread_fault(t, msg);
 }
 
 /* The first reader of shadow s, since the last barrier, that t's write
@@ -403,21 +294,23 @@ static int unordered_reader(const sim_thread *t, const smem_shadow *s)
     if (s->reader_warp == READERS_NONE || s->read_stamp < t->w->last_barrier)
         return -1;
     int warp = t->tid / WARP;
-    if (s->reader_warp == READERS_SEVERAL)
-        return s->reader_a / WARP != warp ? s->reader_a : s->reader_b;
+    if (s->reader_warp == READERS_SEVERAL) {
+        int other = s->reader_a / WARP != warp ? s->reader_a : s->reader_b;
+        return s->read_stamp >= t->synced[other] ? other : -1;
+    }
     if (s->reader_warp != warp)
-        return s->reader_a;
+        return s->read_stamp >= t->synced[s->reader_a] ? s->reader_a : -1;
     uint32_t lanes = s->reader_lanes & ~(1u << (t->tid % WARP));
     for (; lanes; lanes &= lanes - 1) {
         int lane = __builtin_ctz(lanes);
-        if (s->read_stamp >= t->warp_synced[lane])
+        if (s->read_stamp >= t->synced[warp * WARP + lane])
             return warp * WARP + lane;
     }
     return -1;
 }
 
 /* Thread t reads [a, a + bytes) of shared memory. */
-static void shadow_read(sim_thread *t, const char *op, uintptr_t a, int bytes)
+void aj_sim_shadow_read(sim_thread *t, const char *op, uintptr_t a, int bytes)
 {
     sim_worker *w = t->w;
     uintptr_t offset = a - (uintptr_t)w->smem;
@@ -431,6 +324,8 @@ static void shadow_read(sim_thread *t, const char *op, uintptr_t a, int bytes)
                             ? "reads a cp.async destination still in flight, issued by"
                         : s->write_kind == W_CP_ASYNC_LANDED
                             ? "reads cp.async data landed by the wait of"
+                        : s->write_kind == W_TMA
+                            ? "reads what a TMA load wrote, issued by"
                             : "reads what was stored by");
         if (s->reader_warp == READERS_NONE || s->read_stamp < w->last_barrier) {
             s->reader_warp = (int8_t)warp;
@@ -446,7 +341,7 @@ static void shadow_read(sim_thread *t, const char *op, uintptr_t a, int bytes)
 }
 
 /* Thread t writes [a, a + bytes) of shared memory, at `stamp`. */
-static void shadow_write(sim_thread *t, const char *op, uintptr_t a, int bytes,
+void aj_sim_shadow_write(sim_thread *t, const char *op, uintptr_t a, int bytes,
                          enum write_kind kind, uint32_t stamp)
 {
     sim_worker *w = t->w;
@@ -477,7 +372,7 @@ static void shadow_warp_sync(sim_worker *w, int base, uint32_t group)
     uint32_t stamp = ++w->seq;
     for (uint32_t a = group; a; a &= a - 1)
         for (uint32_t b = group; b; b &= b - 1)
-            w->threads[base + __builtin_ctz(a)].warp_synced[__builtin_ctz(b)] = stamp;
+            w->threads[base + __builtin_ctz(a)].synced[base + __builtin_ctz(b)] = stamp;
 }
 
 /* A new CTA: a barrier (nothing of the last CTA is visible) and its own
@@ -489,7 +384,8 @@ static void strict_cta_start(sim_worker *w, long cta)
         memset(w->shadow, 0, shadow_granules(w->launch) * sizeof *w->shadow);
         w->seq = 0;
         for (int i = 0; i < w->launch->block_threads; i++)
-            memset(w->threads[i].warp_synced, 0, sizeof w->threads[i].warp_synced);
+            memset(w->threads[i].synced, 0,
+                   (size_t)w->launch->block_threads * sizeof *w->threads[i].synced);
     }
     shadow_barrier(w);
     uint64_t z = w->run->seed + (uint64_t)cta * 0x9e3779b97f4a7c15ull;
@@ -508,7 +404,7 @@ static void maybe_preempt(sim_thread *t)
     if (--w->preempt_countdown > 0)
         return;
     w->preempt_countdown = 1 + next_random(w) % (2 * PREEMPT_EVERY);
-    yield_to_scheduler(t, T_READY, t->site);
+    aj_sim_thread_yield(t, T_READY, t->site);
 }
 
 /* Every load and store of the kernel: natural alignment (up to 16 bytes)
@@ -520,19 +416,19 @@ static void sim_check(sim_thread *t, int64_t addr, int32_t bytes, int32_t flags)
     uintptr_t align = (uintptr_t)(bytes > 16 ? 16 : bytes);
     if (align & (align - 1))
         align = 1;
-    check_alignment(t, op, a, bytes, align, flags);
+    aj_sim_check_alignment(t, op, a, bytes, align, flags);
     if (!(flags & ACCESS_SHARED)) {
-        check_global_bounds(t, op, a, bytes);
+        aj_sim_check_global_bounds(t, op, a, bytes);
         return;
     }
-    check_shared_bounds(t, op, a, bytes);
+    aj_sim_check_shared_bounds(t, op, a, bytes);
     if (!t->w->shadow)
         return;
     maybe_preempt(t);
     if (flags & ACCESS_STORE)
-        shadow_write(t, "store", a, bytes, W_STORE, t->w->seq);
+        aj_sim_shadow_write(t, "store", a, bytes, W_STORE, t->w->seq);
     else
-        shadow_read(t, "load", a, bytes);
+        aj_sim_shadow_read(t, "load", a, bytes);
 }
 
 /* ---------------------------------------------------------------- intrinsics */
@@ -544,7 +440,7 @@ static int32_t sim_ctaid_z(sim_thread *t) { return t->w->ctaid[2]; }
 
 static void sim_barrier(sim_thread *t, int32_t site)
 {
-    yield_to_scheduler(t, T_BARRIER, site);
+    aj_sim_thread_yield(t, T_BARRIER, site);
 }
 
 /* Joins the warp-collective call whose operands are in t->call; returns
@@ -558,9 +454,9 @@ static void join_warp_call(sim_thread *t, int32_t site, enum warp_op op, uint32_
         char msg[256];
         snprintf(msg, sizeof msg, "%s with membermask 0x%08x, which leaves out the thread's "
                  "own lane %d", warp_op_name(&t->call), mask, lane);
-        fault_in_thread(t, msg);
+        aj_sim_thread_fault(t, msg);
     }
-    yield_to_scheduler(t, T_WARP, site);
+    aj_sim_thread_yield(t, T_WARP, site);
 }
 
 static uint32_t f2u(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
@@ -614,6 +510,13 @@ static void sim_bar_warp_sync(sim_thread *t, int32_t site, int32_t mask)
     join_warp_call(t, site, OP_BAR_WARP_SYNC, (uint32_t)mask);
 }
 
+/* elect.sync: 1 on the one lane the warp's member mask elects, else 0 */
+static int32_t sim_elect_sync(sim_thread *t, int32_t site, int32_t mask)
+{
+    join_warp_call(t, site, OP_ELECT, (uint32_t)mask);
+    return (int32_t)t->call.result[0];
+}
+
 /* mma.sync.aligned: the whole warp, all 32 lanes; d is the out-pointer of
  * a multi-result row */
 #define MMA(name, op)                                                                   \
@@ -639,10 +542,10 @@ MMA(sim_mma_m16n8k16_bf16, OP_MMA_BF16)
 static void ldmatrix(sim_thread *t, int32_t site, int count, int trans, const uint8_t *row)
 {
     if (t->tid % WARP < 8 * count) {
-        check_alignment(t, "ldmatrix row read", (uintptr_t)row, 16, 16, ACCESS_SHARED);
-        check_shared_bounds(t, "ldmatrix row read", (uintptr_t)row, 16);
+        aj_sim_check_alignment(t, "ldmatrix row read", (uintptr_t)row, 16, 16, ACCESS_SHARED);
+        aj_sim_check_shared_bounds(t, "ldmatrix row read", (uintptr_t)row, 16);
         if (t->w->shadow)
-            shadow_read(t, "ldmatrix row read", (uintptr_t)row, 16);
+            aj_sim_shadow_read(t, "ldmatrix row read", (uintptr_t)row, 16);
     }
     t->call.in.ldmatrix.row = row;
     t->call.in.ldmatrix.count = count;
@@ -677,21 +580,22 @@ static void cp_async(sim_thread *t, uint8_t *dst, const uint8_t *src, int32_t sr
     if (src_bytes < 0 || src_bytes > 16) {
         char msg[128];
         snprintf(msg, sizeof msg, "cp.async with src-size %d, outside 0..16", src_bytes);
-        fault_in_thread(t, msg);
+        aj_sim_thread_fault(t, msg);
     }
-    check_alignment(t, "cp.async write", (uintptr_t)dst, 16, 16, ACCESS_SHARED | ACCESS_STORE);
-    check_shared_bounds(t, "cp.async write", (uintptr_t)dst, 16);
-    check_alignment(t, "cp.async read", (uintptr_t)src, 16, 16, 0);
+    aj_sim_check_alignment(t, "cp.async write", (uintptr_t)dst, 16, 16,
+                           ACCESS_SHARED | ACCESS_STORE);
+    aj_sim_check_shared_bounds(t, "cp.async write", (uintptr_t)dst, 16);
+    aj_sim_check_alignment(t, "cp.async read", (uintptr_t)src, 16, 16, 0);
     if (src_bytes > 0)
-        check_global_bounds(t, "cp.async read", (uintptr_t)src, src_bytes);
+        aj_sim_check_global_bounds(t, "cp.async read", (uintptr_t)src, src_bytes);
     if (t->w->shadow)
-        shadow_write(t, "cp.async write", (uintptr_t)dst, 16, W_CP_ASYNC_IN_FLIGHT,
+        aj_sim_shadow_write(t, "cp.async write", (uintptr_t)dst, 16, W_CP_ASYNC_IN_FLIGHT,
                      STAMP_IN_FLIGHT);
     if (t->num_copies == t->cap_copies) {
         int cap = t->cap_copies ? 2 * t->cap_copies : 16;
         cp_async_copy *grown = realloc(t->copies, (size_t)cap * sizeof *grown);
         if (!grown)
-            fault_in_thread(t, "cp.async: out of host memory for the copy queue");
+            aj_sim_thread_fault(t, "cp.async: out of host memory for the copy queue");
         t->copies = grown;
         t->cap_copies = cap;
     }
@@ -727,7 +631,7 @@ static void land_copies(sim_thread *t, int64_t group_limit)
         if (c->group < group_limit) {
             memcpy(c->dst, c->data, sizeof c->data);
             if (t->w->shadow)
-                shadow_write(t, "cp.async write", (uintptr_t)c->dst, (int)sizeof c->data,
+                aj_sim_shadow_write(t, "cp.async write", (uintptr_t)c->dst, (int)sizeof c->data,
                              W_CP_ASYNC_LANDED, t->w->seq);
         } else
             t->copies[kept++] = *c;
@@ -739,7 +643,7 @@ static void land_copies(sim_thread *t, int64_t group_limit)
 static void sim_cp_async_wait_group(sim_thread *t, int32_t pending)
 {
     if (pending < 0)
-        fault_in_thread(t, "cp.async.wait_group with a negative count");
+        aj_sim_thread_fault(t, "cp.async.wait_group with a negative count");
     land_copies(t, t->groups_committed - pending);
 }
 
@@ -754,8 +658,8 @@ static void sim_cp_async_wait_all(sim_thread *t)
  * loop on the bits, since CTAs of one launch run on several host threads */
 static void sim_red_add_f32(sim_thread *t, float *addr, float v)
 {
-    check_alignment(t, "red.add", (uintptr_t)addr, 4, 4, ACCESS_STORE);
-    check_global_bounds(t, "red.add", (uintptr_t)addr, 4);
+    aj_sim_check_alignment(t, "red.add", (uintptr_t)addr, 4, 4, ACCESS_STORE);
+    aj_sim_check_global_bounds(t, "red.add", (uintptr_t)addr, 4);
     _Atomic uint32_t *bits = (_Atomic uint32_t *)(void *)addr;
     uint32_t old = atomic_load(bits);
     while (!atomic_compare_exchange_weak(bits, &old, f2u(u2f(old) + v)))
@@ -812,6 +716,11 @@ static const aj_host_symbol symbols[] = {
     SYM("aj_sim_cvt_bf16_f32", sim_cvt_bf16_f32),
     SYM("aj_sim_smem", sim_smem),
     SYM("aj_sim_check", sim_check),
+    SYM("aj_sim_elect_sync", sim_elect_sync),
+#define AJ_SIM_HOPPER_ENTRY(name) SYM("aj_sim_" #name, aj_sim_##name),
+    AJ_SIM_HOPPER_ENTRIES(AJ_SIM_HOPPER_ENTRY)
+    AJ_WGMMA_NS(AJ_SIM_WGMMA_ENTRIES)
+#undef AJ_SIM_HOPPER_ENTRY
 };
 #undef SYM
 
@@ -847,7 +756,7 @@ static int complete_shuffle(sim_worker *w, sim_thread *warp, int base, uint32_t 
             continue;
         int j = shuffle_source(&warp[l].call, l);
         if (!(group >> j & 1)) {
-            record_fault(w, "thread %d: %s reads lane %d, which is not in its membermask "
+            aj_sim_record_fault(w, "thread %d: %s reads lane %d, which is not in its membermask "
                          "0x%08x (the value would be undefined)", base + l,
                          warp_op_name(&warp[l].call), j, group);
             return 0;
@@ -985,6 +894,12 @@ static int complete_warp_call(sim_worker *w, sim_thread *warp, int base, uint32_
         if (w->shadow)
             shadow_warp_sync(w, base, group);
         break;
+    case OP_ELECT:
+        /* the PTX ISA asks only that the choice be deterministic for a
+         * mask; the emulator elects the lowest lane */
+        for (uint32_t l = group; l; l &= l - 1)
+            warp[__builtin_ctz(l)].call.result[0] = (int)__builtin_ctz(l) == lead;
+        break;
     }
     return 1;
 }
@@ -1071,7 +986,7 @@ static void diagnose_warp_wait(sim_worker *w, int nthreads, int tid)
     else
         snprintf(who, sizeof who, "lane %d waits at the same call with membermask 0x%08x",
                  lane, warp[lane].call.mask);
-    record_fault(w, "deadlock: thread %d waits in %s (%s) for lanes 0x%08x; %s", tid,
+    aj_sim_record_fault(w, "deadlock: thread %d waits in %s (%s) for lanes 0x%08x; %s", tid,
                  warp_op_name(&t->call), mask, missing, who);
 }
 
@@ -1081,6 +996,10 @@ static void diagnose_stall(sim_worker *w, int nthreads)
     int at_barrier = -1, other_barrier = -1, done = -1, at_warp = -1;
     for (int i = 0; i < nthreads; i++) {
         const sim_thread *t = &w->threads[i];
+        if (t->state == T_HOPPER) {
+            aj_sim_hopper_diagnose(w, i);
+            return;
+        }
         if (t->state == T_BARRIER) {
             if (at_barrier < 0)
                 at_barrier = i;
@@ -1093,16 +1012,16 @@ static void diagnose_stall(sim_worker *w, int nthreads)
         }
     }
     if (at_barrier >= 0 && other_barrier >= 0)
-        record_fault(w, "barrier divergence: thread %d waits at barrier call #%d, thread %d "
+        aj_sim_record_fault(w, "barrier divergence: thread %d waits at barrier call #%d, thread %d "
                      "at barrier call #%d", at_barrier, w->threads[at_barrier].site,
                      other_barrier, w->threads[other_barrier].site);
     else if (at_warp >= 0)
         diagnose_warp_wait(w, nthreads, at_warp);
     else if (at_barrier >= 0 && done >= 0)
-        record_fault(w, "barrier divergence: thread %d waits at a barrier that thread %d "
+        aj_sim_record_fault(w, "barrier divergence: thread %d waits at a barrier that thread %d "
                      "never reaches (it has exited)", at_barrier, done);
     else
-        record_fault(w, "deadlock: no thread of the CTA can proceed");
+        aj_sim_record_fault(w, "deadlock: no thread of the CTA can proceed");
 }
 
 static void thread_main(unsigned lo, unsigned hi)
@@ -1153,6 +1072,7 @@ static void run_cta(sim_worker *w, long cta)
     memset(w->smem, 0xff, (size_t)w->launch->smem_bytes);   /* NaN: unwritten reads show */
     if (w->shadow)
         strict_cta_start(w, cta);
+    aj_sim_hopper_cta_start(w);
     for (int i = 0; i < n; i++)
         prepare_fiber(&w->threads[i]);
     for (;;) {
@@ -1171,6 +1091,9 @@ static void run_cta(sim_worker *w, long cta)
         if (w->faulted)
             return;
         released += settle_barrier(w, n);
+        released += aj_sim_hopper_settle(w);
+        if (w->faulted)
+            return;
         if (ran || released)
             continue;
         int done = 0;
@@ -1212,11 +1135,13 @@ static void free_worker(sim_worker *w, int nthreads)
             if (w->threads[i].stack)
                 munmap(w->threads[i].stack - getpagesize(), STACK_BYTES + (size_t)getpagesize());
             free(w->threads[i].copies);
+            free(w->threads[i].synced);
         }
     free(w->threads);
     free(w->smem);
     free(w->shadow);
     free(w->order);
+    aj_sim_hopper_cta_free(w->hop);
 }
 
 static int init_worker(sim_worker *w, sim_run *run, int nthreads)
@@ -1229,13 +1154,16 @@ static int init_worker(sim_worker *w, sim_run *run, int nthreads)
     w->order = malloc((size_t)nthreads * sizeof *w->order);
     if (run->strict)
         w->shadow = calloc(shadow_granules(run->launch), sizeof *w->shadow);
-    if (!w->threads || !w->smem || !w->order || (run->strict && !w->shadow))
+    w->hop = aj_sim_hopper_cta_new(run->launch, nthreads, run->strict);
+    if (!w->threads || !w->smem || !w->order || (run->strict && !w->shadow) || !w->hop)
         return -1;
     size_t page = (size_t)getpagesize();
     for (int i = 0; i < nthreads; i++) {
         sim_thread *t = &w->threads[i];
         t->w = w;
         t->tid = i;
+        if (run->strict && !(t->synced = calloc((size_t)nthreads, sizeof *t->synced)))
+            return -1;
         /* a PROT_NONE page below each stack turns an overflow into a crash
          * at the guard, not silent corruption of a neighbour */
         char *m = mmap(NULL, STACK_BYTES + page, PROT_READ | PROT_WRITE,

@@ -4,7 +4,8 @@
  * One fiber per GPU thread of a CTA; CTAs spread over a pool of worker
  * threads.  Fibers switch only where a GPU thread would wait for others
  * (bar.sync and the warp collectives shfl.sync, vote.sync, mma.sync,
- * ldmatrix) or finish, so a CTA's threads interleave exactly at
+ * ldmatrix, elect.sync; hopper.h's mbarrier waits, named barriers and
+ * warpgroup collectives) or finish, so a CTA's threads interleave exactly at
  * synchronisation points, and everything between two of them runs as
  * ordinary host code.  cp.async copies become visible in shared memory at
  * the wait that covers them, not before.
@@ -47,6 +48,10 @@ typedef struct aj_sim_launch {
     int num_buffers;
     int workers;                  /* host threads; 0: one per core, at most 16 */
     uint64_t seed;                /* strict mode's schedule; 0: AJ_SIM_SEED, else 1 */
+    /* registers per thread at launch, where setmaxnreg starts (hopper.c);
+     * 0: the most a 65536-register file gives every warp, in steps of 8,
+     * at most 256 */
+    int32_t registers;
     uint64_t instructions;        /* out: emulated thread-instructions */
 } aj_sim_launch;
 

@@ -21,6 +21,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "kb_kernel.h"
 #include "runtime/launch_internal.h"
 
 static aj_ctx *ctx;
@@ -44,11 +45,7 @@ static aj_status build_copy(aj_kb *kb, const aj_op *unused, void *user)
     }
     if (kb->desc->simt)
         aj_kb_if_end(kb);
-    aj_kernel_layout layout;
-    memset(&layout, 0, sizeof layout);
-    for (int d = 0; d < 3; d++)
-        layout.grid[d] = (aj_grid_dim){AJ_EXTENT_ONE, 1};
-    aj_kb_finish(kb, &layout);
+    kb_kernel_finish_one_cta(kb);
     return AJ_OK;
 }
 

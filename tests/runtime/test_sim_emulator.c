@@ -22,10 +22,8 @@
 #include <string.h>
 
 #include "check.h"
-#include "codegen/codegen.h"
 #include "ir/dtype.h"
-#include "ptxas_util.h"
-#include "runtime/sim/emulator.h"
+#include "kb_kernel.h"
 
 #define MAX_BUFS 4
 
@@ -58,24 +56,13 @@ static aj_status build_test_kernel(aj_kb *kb, const aj_op *unused, void *user)
         aj_kb_smem_reserve(kb, k->smem_bytes);
     aj_kb_begin(kb, k->threads);
     k->body(kb, k);
-    aj_kernel_layout layout;
-    memset(&layout, 0, sizeof layout);
-    for (int d = 0; d < 3; d++)
-        layout.grid[d] = (aj_grid_dim){AJ_EXTENT_ONE, 1};
-    aj_kb_finish(kb, &layout);
+    kb_kernel_finish_one_cta(kb);
     return AJ_OK;
 }
 
 static aj_kernel *compile(const test_kernel *k, aj_target target)
 {
-    aj_compile_options opt = AJ_COMPILE_OPTIONS_INIT;
-    opt.target = target;
-    opt.emit = target == AJ_TARGET_SIM ? AJ_EMIT_LLVM_IR : AJ_EMIT_PTX;
-    aj_kernel *out = NULL;
-    aj_status st = aj_codegen_run(ctx, op, &opt, k->name, build_test_kernel, (void *)k, &out);
-    CHECK_MSG(st == AJ_OK, "%s for %s: %s", k->name, aj_target_name(target),
-              aj_last_error(ctx));
-    return out;
+    return kb_kernel_compile(ctx, op, k->name, build_test_kernel, (void *)k, target);
 }
 
 /* The kernel's PTX for sm_80 and sm_90 holds its instructions and, where
@@ -120,26 +107,10 @@ static aj_status run_sim(const test_kernel *k, void *const *bufs, const size_t *
     if (!kern)
         return AJ_ERR_CODEGEN;
     aj_sim_buffer buffers[MAX_BUFS];
-    void *ptrs[MAX_BUFS], *args[MAX_BUFS];
     int n = 0;
-    for (; n < MAX_BUFS && k->params[n]; n++) {
+    for (; n < MAX_BUFS && k->params[n]; n++)
         buffers[n] = (aj_sim_buffer){k->params[n], bufs[n], bytes[n]};
-        ptrs[n] = bufs[n];
-        args[n] = &ptrs[n];
-    }
-    aj_sim_launch launch = {
-        .kernel_name = k->name,
-        .entry = kern->stages[0].host_entry,
-        .grid = {1, 1, 1},
-        .block_threads = k->threads,
-        .smem_bytes = kern->stages[0].launch.dynamic_smem,
-        .args = args,
-        .buffers = buffers,
-        .num_buffers = n,
-        .workers = 1,
-        .seed = sim_seed,
-    };
-    aj_status st = aj_sim_run(ctx, &launch);
+    aj_status st = kb_kernel_run_sim(ctx, kern, k->name, k->threads, buffers, n, sim_seed);
     aj_kernel_destroy(kern);
     return st;
 }
@@ -977,14 +948,7 @@ static void test_detectors(void)
 
 int main(void)
 {
-    setenv("AJ_SIM_STRICT", "1", 1);   /* test_races needs the detector */
-    CHECK(aj_ctx_create(NULL, &ctx) == AJ_OK);
-    static const char spec[] = "attention forward efficient { dtype = f16 head_dim = 64 }";
-    CHECK_STATUS(ctx, aj_op_parse(ctx, spec, strlen(spec), "t.aj", &op), AJ_OK);
-    have_ptxas = ptxas_find(ptxas, sizeof ptxas);
-    if (!have_ptxas)
-        printf("skip: ptxas not found on PATH or in /usr/local/cuda/bin; the PTX of the test "
-               "kernels is generated and checked but not assembled\n");
+    have_ptxas = kb_kernel_setup(&ctx, &op, ptxas, sizeof ptxas, "sm_80 and sm_90");
 
     test_symbols_match_table();
     test_shfl();
