@@ -21,7 +21,9 @@
 #include <string.h>
 
 #include "check.h"
+#include "kb_one_block.h"
 #include "runtime/launch_internal.h"
+#include "spec_compile.h"
 
 static aj_ctx *ctx;
 static aj_op *any_op;   /* aj_codegen_run only hands it over */
@@ -44,11 +46,7 @@ static aj_status build_copy(aj_kb *kb, const aj_op *unused, void *user)
     }
     if (kb->desc->simt)
         aj_kb_if_end(kb);
-    aj_kernel_layout layout;
-    memset(&layout, 0, sizeof layout);
-    for (int d = 0; d < 3; d++)
-        layout.grid[d] = (aj_grid_dim){AJ_EXTENT_ONE, 1};
-    aj_kb_finish(kb, &layout);
+    kb_finish_one_block(kb);
     return AJ_OK;
 }
 
@@ -161,16 +159,13 @@ static void check_ptx(void)
 static void check_plan(void)
 {
     const char *text = "attention forward flash {\n dtype = f16\n head_dim = 64\n}";
-    aj_op *op = NULL;
     aj_kernel *k = NULL;
     aj_compile_options opt = AJ_COMPILE_OPTIONS_INIT;
     opt.target = AJ_TARGET_SM_80;
-    CHECK_STATUS(ctx, aj_op_parse(ctx, text, strlen(text), "t", &op), AJ_OK);
-    CHECK_STATUS(ctx, aj_compile(ctx, op, &opt, &k), AJ_OK);
+    CHECK_STATUS(ctx, spec_compile(ctx, text, "t", &opt, &k), AJ_OK);
     const aj_byval_args *list = k ? aj_kernel_byval_args(k) : NULL;
     CHECK(list && list->n == 0);
     aj_kernel_destroy(k);
-    aj_op_destroy(op);
 }
 
 /* On the stand-in libcuda: cuLaunchKernel gets the blob's bytes (its log

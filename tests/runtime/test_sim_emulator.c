@@ -24,6 +24,7 @@
 #include "check.h"
 #include "codegen/codegen.h"
 #include "ir/dtype.h"
+#include "kb_one_block.h"
 #include "ptxas_util.h"
 #include "runtime/sim/emulator.h"
 
@@ -58,11 +59,7 @@ static aj_status build_test_kernel(aj_kb *kb, const aj_op *unused, void *user)
         aj_kb_smem_reserve(kb, k->smem_bytes);
     aj_kb_begin(kb, k->threads);
     k->body(kb, k);
-    aj_kernel_layout layout;
-    memset(&layout, 0, sizeof layout);
-    for (int d = 0; d < 3; d++)
-        layout.grid[d] = (aj_grid_dim){AJ_EXTENT_ONE, 1};
-    aj_kb_finish(kb, &layout);
+    kb_finish_one_block(kb);
     return AJ_OK;
 }
 
