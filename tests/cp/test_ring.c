@@ -42,6 +42,7 @@
 #include "check.h"
 #include "launch_args.h"
 #include "ref.h"
+#include "splitmix.h"
 #include "cp/alltoall_check.h"
 #include "cp/leak_check.h"
 #include "cp/comm/comm.h"
@@ -288,14 +289,6 @@ static int generated_cases(ring_case *out, char (*labels)[112], int small)
 
 /* ---------------------------------------------------------------- data */
 
-static uint64_t next_random(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);   /* splitmix64 */
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
 static size_t elem_size(aj_dtype d)
 {
     return d == AJ_DTYPE_F32 ? 4 : 2;
@@ -331,7 +324,7 @@ static void make_full(full_tensor *x, aj_dtype dtype, size_t n, uint64_t *rng)
     x->ref = calloc(n + 1, sizeof(double));
     float *f = malloc((n + 1) * sizeof *f);
     for (size_t i = 0; i < n; i++)
-        f[i] = (float)((double)(next_random(rng) >> 11) * 0x1p-52 * 2.0 - 1.0);
+        f[i] = (float)((double)(splitmix_next(rng) >> 11) * 0x1p-52 * 2.0 - 1.0);
     CHECK(aj_convert(f, AJ_DTYPE_F32, x->data, dtype, n) == AJ_OK);
     CHECK(aj_convert(x->data, dtype, f, AJ_DTYPE_F32, n) == AJ_OK);
     for (size_t i = 0; i < n; i++)
@@ -864,7 +857,7 @@ static void run_case(const ring_case *c)
     for (int64_t t = 0; t < sq; t++)
         doc[t] = c->doc_len ? (int32_t)(t / c->doc_len) : 0;
     for (int i = 0; i < c->hq * 9; i++)
-        rel[i] = (float)((double)(next_random(&rng) >> 11) * 0x1p-52 * 2.0 - 1.0);
+        rel[i] = (float)((double)(splitmix_next(&rng) >> 11) * 0x1p-52 * 2.0 - 1.0);
     if (c->doc_len)
         side[nside++] = (aj_side_tensor){"doc", doc, AJ_SIDE_I32, 2, {B, sq}, {sq, 1}};
     if (c->rel)

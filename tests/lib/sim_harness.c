@@ -6,6 +6,7 @@
 
 #include "ir/op.h"
 #include "spec_compile.h"
+#include "splitmix.h"
 #include "timing.h"
 
 #include <math.h>
@@ -74,15 +75,6 @@ static aj_status kernel_for(aj_ctx *ctx, aj_target target, const char *spec, aj_
 
 /* ---------------------------------------------------------------- data */
 
-static uint64_t next_random(uint64_t *s)
-{
-    /* splitmix64 */
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
 /* A BHSD tensor of the case's dtype, its double image (BHSD contiguous),
  * laid out as BHSD or BSHD. */
 typedef struct host_tensor {
@@ -132,7 +124,7 @@ static void fill_tensor(host_tensor *h, double magnitude, uint64_t *rng)
         for (int64_t i1 = 0; i1 < t->shape[1]; i1++)
             for (int64_t i2 = 0; i2 < t->shape[2]; i2++)
                 for (int64_t i3 = 0; i3 < t->shape[3]; i3++, r++) {
-                    double u = (double)(next_random(rng) >> 11) / 9007199254740992.0;
+                    double u = (double)(splitmix_next(rng) >> 11) / 9007199254740992.0;
                     float f = (float)((2 * u - 1) * magnitude);
                     int64_t at = offset_of(t, i0, i1, i2, i3);
                     if (t->dtype == AJ_DTYPE_F32) {

@@ -28,6 +28,7 @@
 #include "check.h"
 #include "fwd_check.h"
 #include "sim_harness.h"
+#include "splitmix.h"
 
 static aj_ctx *ctx;
 static aj_device *dev;
@@ -52,10 +53,7 @@ static uint64_t rng_state = 7;
 /* uniform in [-1, 1) (splitmix64) */
 static double uniform(void)
 {
-    uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    z ^= z >> 31;
+    uint64_t z = splitmix_next(&rng_state);
     return 2.0 * (double)(z >> 11) / 9007199254740992.0 - 1.0;
 }
 
