@@ -602,21 +602,17 @@ static void test_malformed_framing(void)
     expect_failure("version 1.1", img, len, NPY_ERR_UNSUPPORTED, "version 1.1");
     img[7] = 0;
 
-    /* The header length field against the file (118 is right). */
-    static const struct {
-        const char *what;
-        uint32_t header_len;
-        const char *needle;
-    } lengths[] = {
-        {"header past the end", 1000,
-         "header length 1000 runs past the end of the file (152 bytes)"},
-        {"header length 0", 0, "header does not end with a newline"},
-        {"header one short", 117, "header does not end with a newline"},
-        {"header one long", 119, "header does not end with a newline"},
-    };
-    for (size_t i = 0; i < sizeof lengths / sizeof lengths[0]; i++) {
-        put_le(img + 8, lengths[i].header_len, 2);
-        expect_failure(lengths[i].what, img, len, NPY_ERR_FORMAT, lengths[i].needle);
+    /* The header length field against the file. */
+    put_le(img + 8, 1000, 2);
+    expect_failure("header past the end", img, len, NPY_ERR_FORMAT,
+                   "header length 1000 runs past the end of the file (152 bytes)");
+    /* 0, one short and one long of the right 118: no newline at its end */
+    static const uint32_t wrong_lengths[] = {0, 117, 119};
+    for (size_t i = 0; i < sizeof wrong_lengths / sizeof wrong_lengths[0]; i++) {
+        char what[32];
+        snprintf(what, sizeof what, "header length %u", (unsigned)wrong_lengths[i]);
+        put_le(img + 8, wrong_lengths[i], 2);
+        expect_failure(what, img, len, NPY_ERR_FORMAT, "header does not end with a newline");
     }
     put_le(img + 8, 118, 2);
 
