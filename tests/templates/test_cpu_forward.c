@@ -18,6 +18,7 @@
 #include "check_compile.h"
 #include "fwd_check.h"
 #include "sim_harness.h"
+#include "test_main.h"
 
 static aj_ctx *ctx;
 static aj_device *dev;
@@ -398,23 +399,20 @@ static void test_varlen_bad_offsets(void)
     aj_kernel_destroy(kernel);
 }
 
-int main(void)
+/* the device test_main opened is the cpu's */
+static void test_device(void)
 {
-    CHECK(aj_ctx_create(NULL, &ctx) == AJ_OK);
-    CHECK_STATUS(ctx, aj_device_open(ctx, AJ_DEVICE_CPU, 0, &dev), AJ_OK);
-    if (!dev)
-        return check_report();
     CHECK(aj_device_target(dev) == AJ_TARGET_CPU);
     printf("device %s\n", aj_device_name(dev));
-    test_variants();
-    test_bias_dropout();
-    test_varlen();
-    test_varlen_accumulate();
-    test_varlen_bad_offsets();
-    test_long();
-    printf("%d cases\n", cases_run);
-    fwd_cache_clear();
-    aj_device_close(dev);
-    aj_ctx_destroy(ctx);
-    return check_report();
+}
+
+int main(int argc, char **argv)
+{
+    static void (*const tests[])(void) = {
+        test_device, test_variants, test_bias_dropout, test_varlen, test_varlen_accumulate,
+        test_varlen_bad_offsets, test_long, NULL};
+    return test_main(argc, argv,
+                     &(test_main_args){.fallback = AJ_DEVICE_CPU, .ctx = &ctx, .dev = &dev,
+                                       .tests = tests, .cases = &cases_run,
+                                       .cleanup = fwd_cache_clear});
 }

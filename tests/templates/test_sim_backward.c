@@ -27,11 +27,13 @@
 #include "check.h"
 #include "ref.h"
 #include "bwd_case.h"
+#include "test_main.h"
 
 static aj_ctx *ctx;
 static aj_variant variant = AJ_VARIANT_EFFICIENT;   /* of the ops compiled */
 static aj_device *dev;
 static int cases_run;
+static int on_cpu;   /* the cpu device: test_cpu_variant_and_long runs */
 
 /* f16 and bf16 gradients carry their storage rounding (2^-11, 2^-8 of the
  * largest element) plus that of the rounded O fed to Delta; f32 sees
@@ -318,6 +320,8 @@ static void test_bias(void)
  * afford */
 static void test_cpu_variant_and_long(void)
 {
+    if (!on_cpu)
+        return;
     variant = AJ_VARIANT_FLASH;
     bwd_case c = base("flash bf16 d128 GQA 2:1 causal(bottom_right)", AJ_DTYPE_BF16, 128,
                       "causal(bottom_right)");
@@ -342,30 +346,11 @@ static void test_cpu_variant_and_long(void)
  * cpu device. */
 int main(int argc, char **argv)
 {
-    int gpu = argc > 1 && strcmp(argv[1], "cuda") == 0;
-    int cpu = argc > 1 && strcmp(argv[1], "cpu") == 0;
-    CHECK(aj_ctx_create(NULL, &ctx) == AJ_OK);
-    aj_status st = aj_device_open(ctx, gpu ? AJ_DEVICE_CUDA : cpu ? AJ_DEVICE_CPU : AJ_DEVICE_SIM,
-                                  0, &dev);
-    if (gpu && st != AJ_OK) {
-        printf("SKIP backward check on a GPU: %s\n", aj_last_error(ctx));
-        aj_ctx_destroy(ctx);
-        return 77;
-    }
-    CHECK_STATUS(ctx, st, AJ_OK);
-    if (!dev)
-        return check_report();
-    test_matrix();
-    test_shapes();
-    test_offsets();
-    test_score_mods();
-    test_deterministic();
-    test_dropout();
-    test_bias();
-    if (cpu)
-        test_cpu_variant_and_long();
-    printf("%d cases\n", cases_run);
-    aj_device_close(dev);
-    aj_ctx_destroy(ctx);
-    return check_report();
+    static void (*const tests[])(void) = {
+        test_matrix, test_shapes, test_offsets, test_score_mods, test_deterministic,
+        test_dropout, test_bias, test_cpu_variant_and_long, NULL};
+    on_cpu = test_main_device(argc, argv, AJ_DEVICE_SIM) == AJ_DEVICE_CPU;
+    return test_main(argc, argv,
+                     &(test_main_args){.fallback = AJ_DEVICE_SIM, .ctx = &ctx, .dev = &dev,
+                                       .tests = tests, .cases = &cases_run});
 }

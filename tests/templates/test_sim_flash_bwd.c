@@ -41,6 +41,7 @@
 #include "score_cases.h"
 #include "sim_harness.h"
 #include "sweep_cases.h"
+#include "test_main.h"
 
 static aj_ctx *ctx;
 static aj_device *dev;
@@ -946,7 +947,13 @@ static void test_score_random(int count)
            aj_target_name(aj_device_target(dev)), launches, failed);
 }
 
-static void run_suite(int cpu);
+/* the score programs' sample: the repeats under AJ_CPU_ISA (their code
+ * differs from this host's in vector width alone) take a quarter of it */
+static void test_score_sample(void)
+{
+    test_score_examples();
+    test_score_random(getenv("AJ_CPU_ISA") ? 50 : 200);
+}
 
 /* test_sim_flash_bwd [cuda | cpu | sim] [sweep | scores | full]: on the sim
  * device (ctest), on a GPU (tests/gpu/run.sh), where no GPU means exit 77,
@@ -956,56 +963,23 @@ static void run_suite(int cpu);
  * with `full` full tiles against tested ones (test_full_tiles). */
 int main(int argc, char **argv)
 {
-    int gpu = argc > 1 && strcmp(argv[1], "cuda") == 0;
-    int cpu = argc > 1 && strcmp(argv[1], "cpu") == 0;
-    int sweep = argc > 2 && strcmp(argv[2], "sweep") == 0;
-    int scores = argc > 2 && strcmp(argv[2], "scores") == 0;
-    int full = argc > 2 && strcmp(argv[2], "full") == 0;
-    on_cpu = cpu;
-    CHECK(aj_ctx_create(NULL, &ctx) == AJ_OK);
-    aj_status st = aj_device_open(ctx, gpu ? AJ_DEVICE_CUDA : cpu ? AJ_DEVICE_CPU : AJ_DEVICE_SIM,
-                                  0, &dev);
-    if (gpu && st != AJ_OK) {
-        printf("SKIP flash backward check on a GPU: %s\n", aj_last_error(ctx));
-        aj_ctx_destroy(ctx);
-        return 77;
-    }
-    CHECK_STATUS(ctx, st, AJ_OK);
-    if (!dev)
-        return check_report();
-    if (sweep) {
-        test_sweep_sample();
-    } else if (full) {
-        test_full_tiles();
-    } else if (scores) {
-        /* the repeats under AJ_CPU_ISA (their code differs from this
-         * host's in vector width alone) take a quarter of the sweep */
-        test_score_examples();
-        test_score_random(getenv("AJ_CPU_ISA") ? 50 : 200);
-    } else {
-        run_suite(cpu);
-    }
-    printf("%d cases\n", cases_run);
-    aj_device_close(dev);
-    aj_ctx_destroy(ctx);
-    return check_report();
-}
-
-static void run_suite(int cpu)
-{
-    if (!cpu) {
-        test_matrix();
-        test_odd_dims();
-        test_shapes();
-        test_offsets();
-        test_score_mods();
-        test_dropout();
-        test_deterministic();
-        test_schedules();
-        test_expressions();
-    }
-    test_varlen();
-    if (!cpu)
-        test_workspace();
-    test_varlen_errors();
+    static void (*const suite[])(void) = {
+        test_matrix, test_odd_dims, test_shapes, test_offsets, test_score_mods, test_dropout,
+        test_deterministic, test_schedules, test_expressions, test_varlen, test_workspace,
+        test_varlen_errors, NULL};
+    static void (*const cpu_suite[])(void) = {test_varlen, test_varlen_errors, NULL};
+    static void (*const sweep[])(void) = {test_sweep_sample, NULL};
+    static void (*const full[])(void) = {test_full_tiles, NULL};
+    static void (*const scores[])(void) = {test_score_sample, NULL};
+    const char *mode = argc > 2 ? argv[2] : "";
+    on_cpu = test_main_device(argc, argv, AJ_DEVICE_SIM) == AJ_DEVICE_CPU;
+    test_main_args m = {.fallback = AJ_DEVICE_SIM, .ctx = &ctx, .dev = &dev,
+                        .tests = on_cpu ? cpu_suite : suite, .cases = &cases_run};
+    if (strcmp(mode, "sweep") == 0)
+        m.tests = sweep;
+    else if (strcmp(mode, "full") == 0)
+        m.tests = full;
+    else if (strcmp(mode, "scores") == 0)
+        m.tests = scores;
+    return test_main(argc, argv, &m);
 }

@@ -19,6 +19,7 @@
 #include "check.h"
 #include "fwd_check.h"
 #include "sim_harness.h"
+#include "test_main.h"
 
 static aj_ctx *ctx;
 static aj_device *dev;
@@ -405,26 +406,14 @@ static void test_tile_skipping(void)
               "instructions; tiles above the diagonal are not skipped", ratio);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
-    CHECK(aj_ctx_create(NULL, &ctx) == AJ_OK);
-    CHECK_STATUS(ctx, aj_device_open(ctx, AJ_DEVICE_SIM, 0, &dev), AJ_OK);
-    if (!dev)
-        return check_report();
-    test_matrix();
-    test_odd_dims();
-    test_heads_and_layout();
-    test_offsets();
-    test_score_mods();
-    test_dropout();
-    test_schedules();
-    test_accumulate();
-    test_varlen();
-    test_varlen_arguments();
-    test_tile_skipping();
-    printf("%d cases\n", cases_run);
-    fwd_cache_clear();
-    aj_device_close(dev);
-    aj_ctx_destroy(ctx);
-    return check_report();
+    static void (*const tests[])(void) = {
+        test_matrix, test_odd_dims, test_heads_and_layout, test_offsets, test_score_mods,
+        test_dropout, test_schedules, test_accumulate, test_varlen, test_varlen_arguments,
+        test_tile_skipping, NULL};
+    return test_main(argc, argv,
+                     &(test_main_args){.fallback = AJ_DEVICE_SIM, .ctx = &ctx, .dev = &dev,
+                                       .tests = tests, .cases = &cases_run,
+                                       .cleanup = fwd_cache_clear});
 }

@@ -18,6 +18,7 @@
 #include "check.h"
 #include "fwd_check.h"
 #include "sim_harness.h"
+#include "test_main.h"
 
 static aj_ctx *ctx;
 static aj_device *dev;
@@ -158,8 +159,11 @@ static void test_magnitude(void)
     run(&c);
 }
 
+/* warps and SIMT schedules: sim only (test_cpu_forward has the cpu's own) */
 static void test_variants(void)
 {
+    if (on_cpu)
+        return;
     fwd_case c = fwd_case_base("bf16 d192 dv128 causal", AJ_DTYPE_BF16, 192, "causal(top_left)");
     c.dv = 128;
     run(&c);
@@ -195,22 +199,12 @@ static void test_variants(void)
 
 int main(int argc, char **argv)
 {
-    on_cpu = argc > 1 && strcmp(argv[1], "cpu") == 0;
-    CHECK(aj_ctx_create(NULL, &ctx) == AJ_OK);
-    CHECK_STATUS(ctx, aj_device_open(ctx, on_cpu ? AJ_DEVICE_CPU : AJ_DEVICE_SIM, 0, &dev),
-                 AJ_OK);
-    if (!dev)
-        return check_report();
-    test_matrix();
-    test_lengths();
-    test_gqa();
-    test_offsets_and_empty_rows();
-    test_magnitude();
-    if (!on_cpu)   /* warps and SIMT schedules; test_cpu_forward has the cpu's own */
-        test_variants();
-    printf("%d cases\n", cases_run);
-    fwd_cache_clear();
-    aj_device_close(dev);
-    aj_ctx_destroy(ctx);
-    return check_report();
+    static void (*const tests[])(void) = {
+        test_matrix, test_lengths, test_gqa, test_offsets_and_empty_rows, test_magnitude,
+        test_variants, NULL};
+    on_cpu = test_main_device(argc, argv, AJ_DEVICE_SIM) == AJ_DEVICE_CPU;
+    return test_main(argc, argv,
+                     &(test_main_args){.fallback = AJ_DEVICE_SIM, .ctx = &ctx, .dev = &dev,
+                                       .tests = tests, .cases = &cases_run,
+                                       .cleanup = fwd_cache_clear});
 }
