@@ -971,15 +971,15 @@ int main(int argc, char **argv)
     static void (*const sweep[])(void) = {test_sweep_sample, NULL};
     static void (*const full[])(void) = {test_full_tiles, NULL};
     static void (*const scores[])(void) = {test_score_sample, NULL};
-    const char *mode = argc > 2 ? argv[2] : "";
+    static const struct {
+        const char *name;
+        void (*const *tests)(void);
+    } modes[] = {{"sweep", sweep}, {"full", full}, {"scores", scores}};
     on_cpu = test_main_device(argc, argv, AJ_DEVICE_SIM) == AJ_DEVICE_CPU;
     test_main_args m = {.fallback = AJ_DEVICE_SIM, .ctx = &ctx, .dev = &dev,
                         .tests = on_cpu ? cpu_suite : suite, .cases = &cases_run};
-    if (strcmp(mode, "sweep") == 0)
-        m.tests = sweep;
-    else if (strcmp(mode, "full") == 0)
-        m.tests = full;
-    else if (strcmp(mode, "scores") == 0)
-        m.tests = scores;
+    for (size_t i = 0; argc > 2 && i < sizeof modes / sizeof modes[0]; i++)
+        if (strcmp(argv[2], modes[i].name) == 0)
+            m.tests = modes[i].tests;
     return test_main(argc, argv, &m);
 }
