@@ -33,6 +33,51 @@ fwd_case fwd_case_base(const char *label, aj_dtype dtype, int d, const char *mas
                       .hkv = 1, .sq = 67, .sk = 83, .magnitude = 1.0, .seed = 42};
 }
 
+fwd_case fwd_case_over(const fwd_case *base, const fwd_case *row)
+{
+    fwd_case c = *row;
+#define AJ_FROM_BASE(field) c.field = row->field ? row->field : base->field
+    AJ_FROM_BASE(dv);
+    AJ_FROM_BASE(score_mod);
+    AJ_FROM_BASE(schedule);
+    AJ_FROM_BASE(b);
+    AJ_FROM_BASE(hq);
+    AJ_FROM_BASE(hkv);
+    AJ_FROM_BASE(sq);
+    AJ_FROM_BASE(sk);
+    AJ_FROM_BASE(q_offset);
+    AJ_FROM_BASE(kv_offset);
+    AJ_FROM_BASE(sq_total);
+    AJ_FROM_BASE(sk_total);
+    AJ_FROM_BASE(magnitude);
+    AJ_FROM_BASE(bshd);
+    AJ_FROM_BASE(seed);
+#undef AJ_FROM_BASE
+    return c;
+}
+
+void fwd_case_rows(const fwd_case *base, const fwd_case *rows, int n,
+                   void (*run)(const fwd_case *c))
+{
+    for (int i = 0; i < n; i++) {
+        fwd_case c = fwd_case_over(base, &rows[i]);
+        run(&c);
+    }
+}
+
+const fwd_case fwd_shape_rows[] = {
+    {.label = "bf16 d192 dv128 causal", .dtype = AJ_DTYPE_BF16, .d = 192,
+     .mask = "causal(top_left)", .dv = 128},
+    {.label = "f16 d64 dv128", .dtype = AJ_DTYPE_F16, .d = 64, .mask = "none", .dv = 128},
+    {.label = "bf16 d128 softcap(30) causal", .dtype = AJ_DTYPE_BF16, .d = 128,
+     .mask = "causal(top_left)", .score_mod = "softcap(30.0)", .magnitude = 4.0},
+    {.label = "f32 d64 alibi causal(bottom_right)", .dtype = AJ_DTYPE_F32, .d = 64,
+     .mask = "causal(bottom_right)", .score_mod = "alibi"},
+    {.label = "f16 d64 BSHD strides, batch 2", .dtype = AJ_DTYPE_F16, .d = 64,
+     .mask = "causal(top_left)", .bshd = 1, .b = 2, .hq = 4, .hkv = 2},
+};
+const int fwd_shape_row_count = sizeof fwd_shape_rows / sizeof fwd_shape_rows[0];
+
 /* ---------------------------------------------------------------- kernels */
 
 typedef struct cached_kernel {

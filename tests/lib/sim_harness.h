@@ -32,6 +32,21 @@ typedef struct fwd_case {
  * both sides), inputs in [-1, 1], seed 42; a test sets what it varies. */
 fwd_case fwd_case_base(const char *label, aj_dtype dtype, int d, const char *mask);
 
+/* A case written as a table's row: row names its label, dtype, head dim
+ * and mask, and sets what it varies; each other field it leaves 0 is
+ * base's.  (A case that needs 0 where base has another value, Sk = 0, is
+ * written out.) */
+fwd_case fwd_case_over(const fwd_case *base, const fwd_case *row);
+/* Runs fwd_case_over(base, rows[i]) with `run`, in order. */
+void fwd_case_rows(const fwd_case *base, const fwd_case *rows, int n,
+                   void (*run)(const fwd_case *c));
+
+/* The cases of head dims (Dv != D), score_mods and layout that both
+ * test_sim_forward (on sim) and test_cpu_forward (on cpu) run, over
+ * fwd_case_base's case. */
+extern const fwd_case fwd_shape_rows[];
+extern const int fwd_shape_row_count;
+
 /* Options of a case beyond fwd_case (all zero: none). */
 typedef struct fwd_options {
     /* bias = add when bias_shape[3] != 0: a bias of that shape (each dim 1
