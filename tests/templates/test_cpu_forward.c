@@ -69,7 +69,8 @@ static void test_variants(void)
     const fwd_case base = fwd_case_base(NULL, AJ_DTYPE_F16, 0, NULL);
     fwd_case_rows(&base, fwd_shape_rows, fwd_shape_row_count, run);
     fwd_case_rows(&base, rows, sizeof rows / sizeof rows[0], run);
-    fwd_case c = fwd_case_base("flash f16 d64 softcap(5) window", AJ_DTYPE_F16, 64, "window(30, 0)");
+    fwd_case c =
+        fwd_case_base("flash f16 d64 softcap(5) window", AJ_DTYPE_F16, 64, "window(30, 0)");
     c.score_mod = "softcap(5.0)";
     c.magnitude = 3.0;
     run_variant(&c, NULL, "flash");
