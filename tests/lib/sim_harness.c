@@ -5,6 +5,7 @@
 #include "sim_harness.h"
 
 #include "ir/op.h"
+#include "case_rows.h"
 #include "spec_compile.h"
 #include "splitmix.h"
 #include "timing.h"
@@ -36,23 +37,8 @@ fwd_case fwd_case_base(const char *label, aj_dtype dtype, int d, const char *mas
 fwd_case fwd_case_over(const fwd_case *base, const fwd_case *row)
 {
     fwd_case c = *row;
-#define AJ_FROM_BASE(field) c.field = row->field ? row->field : base->field
-    AJ_FROM_BASE(dv);
-    AJ_FROM_BASE(score_mod);
-    AJ_FROM_BASE(schedule);
-    AJ_FROM_BASE(b);
-    AJ_FROM_BASE(hq);
-    AJ_FROM_BASE(hkv);
-    AJ_FROM_BASE(sq);
-    AJ_FROM_BASE(sk);
-    AJ_FROM_BASE(q_offset);
-    AJ_FROM_BASE(kv_offset);
-    AJ_FROM_BASE(sq_total);
-    AJ_FROM_BASE(sk_total);
-    AJ_FROM_BASE(magnitude);
-    AJ_FROM_BASE(bshd);
-    AJ_FROM_BASE(seed);
-#undef AJ_FROM_BASE
+    CASE_SHARED_FIELDS(CASE_FROM_BASE)
+    CASE_FROM_BASE(bshd)
     return c;
 }
 

@@ -32,10 +32,8 @@ typedef struct fwd_case {
  * both sides), inputs in [-1, 1], seed 42; a test sets what it varies. */
 fwd_case fwd_case_base(const char *label, aj_dtype dtype, int d, const char *mask);
 
-/* A case written as a table's row: row names its label, dtype, head dim
- * and mask, and sets what it varies; each other field it leaves 0 is
- * base's.  (A case that needs 0 where base has another value, Sk = 0, is
- * written out.) */
+/* A case written as a table's row (case_rows.h) over base; a case that
+ * needs 0 where base has another value (Sk = 0) is written out. */
 fwd_case fwd_case_over(const fwd_case *base, const fwd_case *row);
 /* Runs fwd_case_over(base, rows[i]) with `run`, in order. */
 void fwd_case_rows(const fwd_case *base, const fwd_case *rows, int n,
