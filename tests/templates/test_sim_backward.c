@@ -183,12 +183,6 @@ static void test_shapes(void)
     run_rows(rows, sizeof rows / sizeof rows[0]);
 }
 
-static void test_offsets(void)
-{
-    const bwd_case b = base(NULL, AJ_DTYPE_F16, 0, NULL);
-    bwd_offset_cases(&b, AJ_DTYPE_F32, AJ_DTYPE_F16, run);
-}
-
 static void test_score_mods(void)
 {
     static const bwd_case rows[] = {
@@ -202,6 +196,12 @@ static void test_score_mods(void)
          .mask = "window(16, 16, top_left)", .score_mod = "alibi"},
     };
     run_rows(rows, sizeof rows / sizeof rows[0]);
+}
+
+static void test_offsets(void)
+{
+    const bwd_case b = base(NULL, AJ_DTYPE_F16, 0, NULL);
+    bwd_offset_cases(&b, AJ_DTYPE_F32, AJ_DTYPE_F16, run);
 }
 
 static void test_deterministic(void)

@@ -761,14 +761,10 @@ static void test_sweep_sample(void)
  * sequence's own. */
 static bwd_case score_case(const char *name, aj_dtype dtype, int d, const char *mask)
 {
-    bwd_case c = base(name, dtype, d, mask);
-    c.variant = score_variant;
-    c.b = 2;
-    c.hq = 4;
-    c.hkv = 2;
-    c.sq = 150;
-    c.sk = 160;
-    return c;
+    const bwd_case b = base(NULL, AJ_DTYPE_F16, 0, NULL);
+    const bwd_case row = {.label = name, .variant = score_variant, .dtype = dtype, .d = d,
+                          .mask = mask, .b = 2, .hq = 4, .hkv = 2, .sq = 150, .sk = 160};
+    return bwd_case_over(&b, &row);
 }
 
 static void run_score_example(const char *name, const score_example *ex, int index, void *user)
@@ -830,16 +826,12 @@ static const char *const random_tensors = "(ti: i32[2], tf: f32[1])";
  * tensors, f16, head dim 16, B 2; `mask` and `score_mod` as a case's. */
 static bwd_case random_problem(const char *label, const char *field, bool score, uint64_t seed)
 {
-    bwd_case c = base(label, AJ_DTYPE_F16, 16, score ? "causal(top_left)" : field);
-    c.variant = score_variant;
-    c.score_mod = score ? field : NULL;
-    c.tensors = random_tensors;
-    c.b = 2;
-    c.sq = 23;
-    c.sk = 30;
-    c.q_offset = 3;
-    c.seed = seed;
-    return c;
+    const bwd_case b = base(NULL, AJ_DTYPE_F16, 0, NULL);
+    const bwd_case row = {.label = label, .variant = score_variant, .dtype = AJ_DTYPE_F16,
+                          .d = 16, .mask = score ? "causal(top_left)" : field,
+                          .score_mod = score ? field : NULL, .tensors = random_tensors,
+                          .b = 2, .sq = 23, .sk = 30, .q_offset = 3, .seed = seed};
+    return bwd_case_over(&b, &row);
 }
 
 /* Whether c fails, its failures left uncounted (their messages still
