@@ -46,6 +46,7 @@
 #include <time.h>
 
 #include "attnjit/attnjit.h"
+#include "bench_args.h"
 #include "launch_args.h"
 #include "spec_compile.h"
 #include "timing.h"
@@ -469,28 +470,21 @@ static int usage(void)
 int main(int argc, char **argv)
 {
     config cfg = {AJ_DTYPE_BF16, 8, 5, 0, 0, NULL, 0, 2, 5, 2048, 0};
+    const bench_int_option ints[] = {{"--workers", &cfg.workers}, {"--heads", &cfg.heads},
+                                     {"--repeat", &cfg.repeat},   {"-O", &cfg.opt_level},
+                                     {"--compiles", &cfg.compiles}, {"--seq", &cfg.seq}};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *next = i + 1 < argc ? argv[i + 1] : NULL;
-        if (strcmp(a, "--quick") == 0) {
+        if (bench_int_arg(ints, sizeof ints / sizeof ints[0], a, next)) {
+            i++;
+        } else if (strcmp(a, "--quick") == 0) {
             cfg.full = 0;
         } else if (strcmp(a, "--full") == 0) {
             cfg.full = 1;
-        } else if (strcmp(a, "--workers") == 0 && next) {
-            cfg.workers = atoi(argv[++i]);
-        } else if (strcmp(a, "--heads") == 0 && next) {
-            cfg.heads = atoi(argv[++i]);
-        } else if (strcmp(a, "--repeat") == 0 && next) {
-            cfg.repeat = atoi(argv[++i]);
         } else if (strcmp(a, "--dtypes") == 0) {
             cfg.dtypes = 1;
         } else if (strcmp(a, "--jit") == 0) {
             cfg.jit = 1;
-        } else if (strcmp(a, "-O") == 0 && next) {
-            cfg.opt_level = atoi(argv[++i]);
-        } else if (strcmp(a, "--compiles") == 0 && next) {
-            cfg.compiles = atoi(argv[++i]);
-        } else if (strcmp(a, "--seq") == 0 && next) {
-            cfg.seq = atoi(argv[++i]);
         } else if (strcmp(a, "--csv") == 0 && next) {
             cfg.csv = argv[++i];
         } else if (strcmp(a, "--dtype") == 0 && next) {
