@@ -51,6 +51,17 @@ void fwd_case_rows(const fwd_case *base, const fwd_case *rows, int n,
     }
 }
 
+fwd_case fwd_varlen_totals_case(const fwd_case *base, int b, int64_t sq_total,
+                                int64_t sk_total, fwd_options *x)
+{
+    *x = (fwd_options){.dropout = 0.25, .drop_seed = 99, .drop_offset = 3};
+    const fwd_case row = {.label = "f16 d96 varlen alibi dropout causal(bottom_right) totals",
+                          .dtype = AJ_DTYPE_F16, .d = 96, .mask = "causal(bottom_right)",
+                          .b = b, .score_mod = "alibi", .q_offset = 30, .kv_offset = 10,
+                          .sq_total = sq_total, .sk_total = sk_total};
+    return fwd_case_over(base, &row);
+}
+
 const fwd_case fwd_shape_rows[] = {
     {.label = "bf16 d192 dv128 causal", .dtype = AJ_DTYPE_BF16, .d = 192,
      .mask = "causal(top_left)", .dv = 128},

@@ -63,6 +63,13 @@ typedef struct fwd_options {
     int num_side;
 } fwd_options;
 
+/* The varlen case both varlen forward tests run (test_sim_flash_fwd on
+ * sim, test_cpu_forward on cpu): f16 d96 causal(bottom_right), alibi and
+ * dropout, with offsets, over b sequences whose totals are sq_total and
+ * sk_total; *x gets its dropout stream. */
+fwd_case fwd_varlen_totals_case(const fwd_case *base, int b, int64_t sq_total,
+                                int64_t sk_total, fwd_options *x);
+
 typedef struct fwd_result {
     aj_status status;
     double max_err_o;          /* max |o - ref| / (atol + rtol |ref|) (<= 1 passes) */

@@ -137,19 +137,9 @@ static void test_varlen(void)
         run_ext(&c, NULL, &how);
     }
     fwd_run_options how = {.seqlens_q = lq, .seqlens_k = lk};
+    const fwd_case base = fwd_case_base(NULL, AJ_DTYPE_F16, 0, NULL);
     fwd_options x;
-    memset(&x, 0, sizeof x);
-    x.dropout = 0.25;
-    x.drop_seed = 99;
-    x.drop_offset = 3;
-    fwd_case c = fwd_case_base("f16 d96 varlen alibi dropout causal(bottom_right) totals",
-                               AJ_DTYPE_F16, 96, "causal(bottom_right)");
-    c.b = 6;
-    c.score_mod = "alibi";
-    c.q_offset = 30;
-    c.kv_offset = 10;
-    c.sq_total = 400;
-    c.sk_total = 350;
+    fwd_case c = fwd_varlen_totals_case(&base, 6, 400, 350, &x);
     run_ext(&c, &x, &how);
     c = fwd_case_base("bf16 d64 varlen softcap(10) window(8, 8) block_m 16", AJ_DTYPE_BF16, 64,
                       "window(8, 8)");

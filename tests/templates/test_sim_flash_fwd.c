@@ -247,19 +247,9 @@ static void test_varlen(void)
         run_ext(&c, NULL, &how);
     }
     /* offsets, totals, alibi and dropout per sequence (b is the sequence) */
+    const fwd_case b = base(NULL, AJ_DTYPE_F16, 0, NULL);
     fwd_options x;
-    memset(&x, 0, sizeof x);
-    x.dropout = 0.25;
-    x.drop_seed = 99;
-    x.drop_offset = 3;
-    fwd_case c = base("f16 d96 varlen alibi dropout causal(bottom_right) totals", AJ_DTYPE_F16,
-                      96, "causal(bottom_right)");
-    c.b = 5;
-    c.score_mod = "alibi";
-    c.q_offset = 30;
-    c.kv_offset = 10;
-    c.sq_total = 200;
-    c.sk_total = 150;
+    fwd_case c = fwd_varlen_totals_case(&b, 5, 200, 150, &x);
     run_ext(&c, &x, &how);
 }
 
