@@ -46,7 +46,7 @@
 #include <time.h>
 
 #include "attnjit/attnjit.h"
-#include "bench_args.h"
+#include "bench_common.h"
 #include "launch_args.h"
 #include "spec_compile.h"
 #include "timing.h"
@@ -506,13 +506,10 @@ int main(int argc, char **argv)
         cfg.seq < 1)
         return usage();
 
-    aj_ctx *ctx = NULL;
-    aj_device *dev = NULL;
-    aj_ctx_create(NULL, &ctx);
-    if (aj_device_open(ctx, AJ_DEVICE_CPU, 0, &dev) != AJ_OK) {
-        fprintf(stderr, "bench_cpu: %s\n", aj_last_error(ctx));
+    aj_ctx *ctx;
+    aj_device *dev;
+    if (!bench_open(AJ_DEVICE_CPU, "bench_cpu", &ctx, &dev))
         return 1;
-    }
     aj_device_set_workers(dev, cfg.workers);
     peak_kernel pk = pick_peak_kernel();
     if (!pk.loop) {

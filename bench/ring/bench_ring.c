@@ -78,7 +78,7 @@
 #include <string.h>
 
 #include "attnjit/attnjit.h"
-#include "bench_args.h"
+#include "bench_common.h"
 #include "launch_args.h"
 
 #define MAX_LIST 8

@@ -30,7 +30,7 @@
 #include <time.h>
 
 #include "attnjit/attnjit.h"
-#include "bench_args.h"
+#include "bench_common.h"
 #include "timing.h"
 
 static aj_ctx *ctx;
