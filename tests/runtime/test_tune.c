@@ -334,12 +334,9 @@ static void test_errors(void)
 
 int main(void)
 {
-    if (!temp_dir_make(cache_dir))
+    static void (*const tests[])(void) = {test_tune_and_reuse, test_budget_and_persistence,
+                                          test_cpu, test_errors, NULL};
+    if (!temp_dir_run(cache_dir, tests))
         return 1;
-    test_tune_and_reuse();
-    test_budget_and_persistence();
-    test_cpu();
-    test_errors();
-    temp_dir_remove(cache_dir);
     return check_report();
 }
