@@ -6,6 +6,9 @@
 # packed documents of those lengths: (0, LEN1, LEN1 + LEN2, ...).
 use strict;
 use warnings;
+use FindBin;
+use lib $FindBin::Bin;
+use Npy qw(npy_write);
 my ($file, $b, $s, $len) = @ARGV;
 my @values;
 if (defined $b && $b eq "--offsets") {
@@ -18,13 +21,4 @@ if (defined $b && $b eq "--offsets") {
   die "usage: $0 FILE B S LEN\n" unless defined $len && $len > 0;
   @values = map { int(($_ % $s) / $len) } 0 .. $b * $s - 1;
 }
-my $dims = $s eq "" ? "$b," : "$b, $s";
-my $header = "{'descr': '<i4', 'fortran_order': False, 'shape': ($dims), }";
-# magic (6) + version (2) + length (2) + header + newline: a multiple of 64
-my $pad = (64 - (10 + length($header) + 1) % 64) % 64;
-$header .= " " x $pad . "\n";
-open(my $fh, ">", $file) or die "$file: $!\n";
-binmode $fh;
-print $fh "\x93NUMPY\x01\x00", pack("v", length($header)), $header;
-print $fh pack("l<*", @values);
-close $fh or die "$file: $!\n";
+npy_write($file, "<i4", "l<*", $s eq "" ? [$b] : [$b, $s], @values);

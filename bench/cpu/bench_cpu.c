@@ -46,6 +46,7 @@
 #include <time.h>
 
 #include "attnjit/attnjit.h"
+#include "bench_common.h"
 #include "launch_args.h"
 #include "spec_compile.h"
 #include "timing.h"
@@ -469,28 +470,21 @@ static int usage(void)
 int main(int argc, char **argv)
 {
     config cfg = {AJ_DTYPE_BF16, 8, 5, 0, 0, NULL, 0, 2, 5, 2048, 0};
+    const bench_int_option ints[] = {{"--workers", &cfg.workers}, {"--heads", &cfg.heads},
+                                     {"--repeat", &cfg.repeat},   {"-O", &cfg.opt_level},
+                                     {"--compiles", &cfg.compiles}, {"--seq", &cfg.seq}};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *next = i + 1 < argc ? argv[i + 1] : NULL;
-        if (strcmp(a, "--quick") == 0) {
+        if (bench_int_arg(ints, sizeof ints / sizeof ints[0], a, next)) {
+            i++;
+        } else if (strcmp(a, "--quick") == 0) {
             cfg.full = 0;
         } else if (strcmp(a, "--full") == 0) {
             cfg.full = 1;
-        } else if (strcmp(a, "--workers") == 0 && next) {
-            cfg.workers = atoi(argv[++i]);
-        } else if (strcmp(a, "--heads") == 0 && next) {
-            cfg.heads = atoi(argv[++i]);
-        } else if (strcmp(a, "--repeat") == 0 && next) {
-            cfg.repeat = atoi(argv[++i]);
         } else if (strcmp(a, "--dtypes") == 0) {
             cfg.dtypes = 1;
         } else if (strcmp(a, "--jit") == 0) {
             cfg.jit = 1;
-        } else if (strcmp(a, "-O") == 0 && next) {
-            cfg.opt_level = atoi(argv[++i]);
-        } else if (strcmp(a, "--compiles") == 0 && next) {
-            cfg.compiles = atoi(argv[++i]);
-        } else if (strcmp(a, "--seq") == 0 && next) {
-            cfg.seq = atoi(argv[++i]);
         } else if (strcmp(a, "--csv") == 0 && next) {
             cfg.csv = argv[++i];
         } else if (strcmp(a, "--dtype") == 0 && next) {
@@ -512,13 +506,10 @@ int main(int argc, char **argv)
         cfg.seq < 1)
         return usage();
 
-    aj_ctx *ctx = NULL;
-    aj_device *dev = NULL;
-    aj_ctx_create(NULL, &ctx);
-    if (aj_device_open(ctx, AJ_DEVICE_CPU, 0, &dev) != AJ_OK) {
-        fprintf(stderr, "bench_cpu: %s\n", aj_last_error(ctx));
+    aj_ctx *ctx;
+    aj_device *dev;
+    if (!bench_open(AJ_DEVICE_CPU, "bench_cpu", &ctx, &dev))
         return 1;
-    }
     aj_device_set_workers(dev, cfg.workers);
     peak_kernel pk = pick_peak_kernel();
     if (!pk.loop) {

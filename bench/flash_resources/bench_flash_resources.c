@@ -25,16 +25,21 @@ static const int dims[][2] = {{32, 32}, {64, 64}, {96, 96}, {128, 128},
                               {192, 192}, {256, 256}, {192, 128}};
 static const aj_target targets[] = {AJ_TARGET_SM_80, AJ_TARGET_SM_90};
 
+/* Where `text` names the entry, as before + entry + after (NULL: nowhere). */
+static const char *find_entry(const char *text, const char *before, const char *entry,
+                              const char *after)
+{
+    char marker[256];
+    snprintf(marker, sizeof marker, "%s%s%s", before, entry, after);
+    return strstr(text, marker);
+}
+
 /* Instruction lines of entry `entry` in PTX text: the lines of its body
  * that end in ';' and are not directives ('.'), labels or comments. */
 static int count_instructions(const char *ptx, const char *entry)
 {
-    char marker[256];
-    snprintf(marker, sizeof marker, ".entry %s(", entry);
-    const char *at = strstr(ptx, marker);
-    if (!at)
-        return -1;
-    const char *body = strstr(at, "\n{");
+    const char *at = find_entry(ptx, ".entry ", entry, "(");
+    const char *body = at ? strstr(at, "\n{") : NULL;
     if (!body)
         return -1;
     int n = 0;
@@ -59,9 +64,7 @@ static int count_instructions(const char *ptx, const char *entry)
 /* Static shared memory of one entry from ptxas -v ("N bytes smem"; absent: 0). */
 static int static_smem(const char *log, const char *entry)
 {
-    char marker[256];
-    snprintf(marker, sizeof marker, "entry function '%s'", entry);
-    const char *at = strstr(log, marker);
+    const char *at = find_entry(log, "entry function '", entry, "'");
     if (!at)
         return -1;
     const char *next = strstr(at + 1, "Compiling entry function");

@@ -78,6 +78,7 @@
 #include <string.h>
 
 #include "attnjit/attnjit.h"
+#include "bench_common.h"
 #include "launch_args.h"
 
 #define MAX_LIST 8
@@ -352,25 +353,21 @@ int main(int argc, char **argv)
     int runs[AJ_METHOD_COUNT] = {1, 0, 0};   /* which methods run */
     int dir_first = 0, dir_last = 0;
     aj_device_kind kind = AJ_DEVICE_CPU;
+    const bench_int_option ints[] = {{"--heads", &heads}, {"--dim", &dim}, {"--workers", &workers},
+                                     {"--ulysses-size", &ulysses_size}};
     for (int i = 1; i + 1 < argc; i += 2) {
+        if (bench_int_arg(ints, sizeof ints / sizeof ints[0], argv[i], argv[i + 1]))
+            continue;
         if (strcmp(argv[i], "--len") == 0)
             nl = parse_list(argv[i + 1], lens);
         else if (strcmp(argv[i], "--tflops") == 0)
             nt = parse_list(argv[i + 1], tflops);
-        else if (strcmp(argv[i], "--heads") == 0)
-            heads = atoi(argv[i + 1]);
-        else if (strcmp(argv[i], "--dim") == 0)
-            dim = atoi(argv[i + 1]);
-        else if (strcmp(argv[i], "--workers") == 0)
-            workers = atoi(argv[i + 1]);
         else if (strcmp(argv[i], "--device") == 0)
             kind = strcmp(argv[i + 1], "sim") == 0 ? AJ_DEVICE_SIM : AJ_DEVICE_CPU;
         else if (strcmp(argv[i], "--direction") == 0) {
             dir_first = strcmp(argv[i + 1], "backward") == 0;
             dir_last = strcmp(argv[i + 1], "forward") != 0;
-        } else if (strcmp(argv[i], "--ulysses-size") == 0)
-            ulysses_size = atoi(argv[i + 1]);
-        else if (strcmp(argv[i], "--method") == 0) {
+        } else if (strcmp(argv[i], "--method") == 0) {
             const char *m = argv[i + 1];
             const int all = strcmp(m, "all") == 0, both = strcmp(m, "both") == 0;
             for (int k = 0; k < AJ_METHOD_COUNT; k++)

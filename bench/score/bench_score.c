@@ -30,6 +30,7 @@
 #include <time.h>
 
 #include "attnjit/attnjit.h"
+#include "bench_common.h"
 #include "timing.h"
 
 static aj_ctx *ctx;
@@ -142,19 +143,13 @@ int main(int argc, char **argv)
 {
     const char *device = "cpu";
     int S = 4096, SM = 8192, H = 4, D = 64, repeat = 5;
+    const bench_int_option ints[] = {
+        {"--seq", &S}, {"--mask-seq", &SM}, {"--heads", &H}, {"--dim", &D}, {"--repeat", &repeat}};
     for (int i = 1; i + 1 < argc; i += 2) {
+        if (bench_int_arg(ints, sizeof ints / sizeof ints[0], argv[i], argv[i + 1]))
+            continue;
         if (strcmp(argv[i], "--device") == 0)
             device = argv[i + 1];
-        else if (strcmp(argv[i], "--seq") == 0)
-            S = atoi(argv[i + 1]);
-        else if (strcmp(argv[i], "--mask-seq") == 0)
-            SM = atoi(argv[i + 1]);
-        else if (strcmp(argv[i], "--heads") == 0)
-            H = atoi(argv[i + 1]);
-        else if (strcmp(argv[i], "--dim") == 0)
-            D = atoi(argv[i + 1]);
-        else if (strcmp(argv[i], "--repeat") == 0)
-            repeat = atoi(argv[i + 1]);
         else if (strcmp(argv[i], "--variant") == 0)
             variant = argv[i + 1];
     }

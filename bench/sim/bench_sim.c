@@ -16,6 +16,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench_common.h"
 #include "sim_harness.h"
 #include "timing.h"
 
@@ -60,13 +61,10 @@ int main(int argc, char **argv)
             return 1;
         }
     }
-    aj_ctx *ctx = NULL;
-    aj_device *dev = NULL;
-    aj_ctx_create(NULL, &ctx);
-    if (aj_device_open(ctx, AJ_DEVICE_SIM, 0, &dev) != AJ_OK) {
-        fprintf(stderr, "bench_sim: %s\n", aj_last_error(ctx));
+    aj_ctx *ctx;
+    aj_device *dev;
+    if (!bench_open(AJ_DEVICE_SIM, "bench_sim", &ctx, &dev))
         return 1;
-    }
     aj_device_set_workers(dev, workers);
     static const fwd_case cases[] = {
         {"f16 d64 causal, B1 H4 S512", AJ_DTYPE_F16, 64, 0, "causal(top_left)", NULL, NULL,

@@ -59,37 +59,32 @@ class CompileOptions(ctypes.Structure):
                 ("device", c_void_p)]
 
 
+# The runs of fields aj_fwd_args and aj_bwd_args share, in their order.
+_QKVOL = [("q", Tensor), ("k", Tensor), ("v", Tensor), ("o", Tensor), ("lse", Tensor)]
+_POSITIONS = [("alibi_slopes", Tensor),
+              ("q_offset", i64), ("kv_offset", i64), ("sq_total", i64), ("sk_total", i64),
+              ("stream", c_void_p), ("bias", Tensor)]
+_DROPOUT_VARLEN = [("seed", u64), ("offset", u64),
+                   ("cu_seqlens_q", c_void_p), ("cu_seqlens_k", c_void_p),
+                   ("batch", i32), ("max_seqlen_q", i32), ("max_seqlen_k", i32)]
+_SIDE = [("side", ctypes.POINTER(SideTensor)), ("num_side", i32), ("block_mask", c_void_p)]
+_HEADS = [("head_offset", i64), ("heads_q_total", i64)]
+
+
 class FwdArgs(ctypes.Structure):
-    _fields_ = [("struct_size", c_size_t),
-                ("q", Tensor), ("k", Tensor), ("v", Tensor), ("o", Tensor), ("lse", Tensor),
-                ("alibi_slopes", Tensor),
-                ("q_offset", i64), ("kv_offset", i64), ("sq_total", i64), ("sk_total", i64),
-                ("stream", c_void_p), ("bias", Tensor), ("o_acc", Tensor),
-                ("seed", u64), ("offset", u64),
-                ("cu_seqlens_q", c_void_p), ("cu_seqlens_k", c_void_p),
-                ("batch", i32), ("max_seqlen_q", i32), ("max_seqlen_k", i32),
-                ("side", ctypes.POINTER(SideTensor)), ("num_side", i32),
-                ("block_mask", c_void_p),
-                ("k_cache", Tensor), ("v_cache", Tensor), ("block_table", c_void_p),
-                ("max_pages", i32), ("seqlens_k", c_void_p),
-                ("k_scale", Tensor), ("v_scale", Tensor),
-                ("head_offset", i64), ("heads_q_total", i64)]
+    _fields_ = ([("struct_size", c_size_t)] + _QKVOL + _POSITIONS + [("o_acc", Tensor)]
+                + _DROPOUT_VARLEN + _SIDE
+                + [("k_cache", Tensor), ("v_cache", Tensor), ("block_table", c_void_p),
+                   ("max_pages", i32), ("seqlens_k", c_void_p),
+                   ("k_scale", Tensor), ("v_scale", Tensor)]
+                + _HEADS)
 
 
 class BwdArgs(ctypes.Structure):
-    _fields_ = [("struct_size", c_size_t),
-                ("q", Tensor), ("k", Tensor), ("v", Tensor), ("o", Tensor), ("lse", Tensor),
-                ("do_", Tensor), ("dq", Tensor), ("dk", Tensor), ("dv", Tensor),
-                ("alibi_slopes", Tensor),
-                ("q_offset", i64), ("kv_offset", i64), ("sq_total", i64), ("sk_total", i64),
-                ("stream", c_void_p), ("bias", Tensor), ("dbias", Tensor),
-                ("seed", u64), ("offset", u64),
-                ("cu_seqlens_q", c_void_p), ("cu_seqlens_k", c_void_p),
-                ("batch", i32), ("max_seqlen_q", i32), ("max_seqlen_k", i32),
-                ("workspace", c_void_p), ("workspace_bytes", c_size_t),
-                ("side", ctypes.POINTER(SideTensor)), ("num_side", i32),
-                ("block_mask", c_void_p),
-                ("head_offset", i64), ("heads_q_total", i64)]
+    _fields_ = ([("struct_size", c_size_t)] + _QKVOL
+                + [("do_", Tensor), ("dq", Tensor), ("dk", Tensor), ("dv", Tensor)]
+                + _POSITIONS + [("dbias", Tensor)] + _DROPOUT_VARLEN
+                + [("workspace", c_void_p), ("workspace_bytes", c_size_t)] + _SIDE + _HEADS)
 
 
 class GridDim(ctypes.Structure):

@@ -606,15 +606,14 @@ static void test_malformed_framing(void)
     put_le(img + 8, 1000, 2);
     expect_failure("header past the end", img, len, NPY_ERR_FORMAT,
                    "header length 1000 runs past the end of the file (152 bytes)");
-    put_le(img + 8, 0, 2);
-    expect_failure("header length 0", img, len, NPY_ERR_FORMAT,
-                   "header does not end with a newline");
-    put_le(img + 8, 117, 2);
-    expect_failure("header one short", img, len, NPY_ERR_FORMAT,
-                   "header does not end with a newline");
-    put_le(img + 8, 119, 2);
-    expect_failure("header one long", img, len, NPY_ERR_FORMAT,
-                   "header does not end with a newline");
+    /* 0, one short and one long of the right 118: no newline at its end */
+    static const uint32_t wrong_lengths[] = {0, 117, 119};
+    for (size_t i = 0; i < sizeof wrong_lengths / sizeof wrong_lengths[0]; i++) {
+        char what[32];
+        snprintf(what, sizeof what, "header length %u", (unsigned)wrong_lengths[i]);
+        put_le(img + 8, wrong_lengths[i], 2);
+        expect_failure(what, img, len, NPY_ERR_FORMAT, "header does not end with a newline");
+    }
     put_le(img + 8, 118, 2);
 
     /* A v2 length field that promises gigabytes. */

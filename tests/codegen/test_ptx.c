@@ -347,6 +347,36 @@ static void check_flash_bwd(aj_ctx *ctx)
         aj_op_destroy(ops[x]);
 }
 
+/* The efficient template of `direction` ("forward", "backward") for every
+ * dtype x head dim x each mask_step-th mask; labels start with prefix. */
+static void check_matrix(aj_ctx *ctx, const char *direction, const char *prefix,
+                         size_t mask_step, aj_target target, const char *arch)
+{
+    char spec[512], label[128];
+    for (size_t t = 0; t < 3; t++)
+        for (size_t d = 0; d < sizeof dims / sizeof dims[0]; d++)
+            for (size_t m = 0; m < sizeof masks / sizeof masks[0]; m += mask_step) {
+                snprintf(spec, sizeof spec,
+                         "attention %s efficient {\n dtype = %s\n head_dim = %d\n"
+                         " mask = %s\n}\n", direction, dtypes[t], dims[d], masks[m]);
+                snprintf(label, sizeof label, "%s%s d%d %s", prefix, dtypes[t], dims[d],
+                         masks[m]);
+                check_spec(ctx, label, spec, target, arch);
+            }
+}
+
+/* The efficient template of `direction` with each row's {label, fields}. */
+static void check_fields(aj_ctx *ctx, const char *direction, const char *const (*rows)[2],
+                         size_t n, aj_target target, const char *arch)
+{
+    char spec[512];
+    for (size_t i = 0; i < n; i++) {
+        snprintf(spec, sizeof spec, "attention %s efficient {\n %s\n}\n", direction,
+                 rows[i][1]);
+        check_spec(ctx, rows[i][0], spec, target, arch);
+    }
+}
+
 int main(int argc, char **argv)
 {
     aj_ctx *ctx = NULL;
@@ -355,18 +385,10 @@ int main(int argc, char **argv)
     if (!have_ptxas)
         printf("SKIP ptxas assembly: ptxas not found on PATH or in /usr/local/cuda/bin "
                "(PTX is still generated and checked)\n");
-    char spec[512], label[128];
+    char spec[512];
     for (size_t a = 0; a < 2; a++) {
         aj_target target = a == 0 ? AJ_TARGET_SM_80 : AJ_TARGET_SM_90;
-        for (size_t t = 0; t < 3; t++)
-            for (size_t d = 0; d < sizeof dims / sizeof dims[0]; d++)
-                for (size_t m = 0; m < sizeof masks / sizeof masks[0]; m++) {
-                    snprintf(spec, sizeof spec,
-                             "attention forward efficient {\n dtype = %s\n head_dim = %d\n"
-                             " mask = %s\n}\n", dtypes[t], dims[d], masks[m]);
-                    snprintf(label, sizeof label, "%s d%d %s", dtypes[t], dims[d], masks[m]);
-                    check_spec(ctx, label, spec, target, archs[a]);
-                }
+        check_matrix(ctx, "forward", "", 1, target, archs[a]);
         /* Dv != D, and the score modifications */
         static const char *const extra[][2] = {
             {"bf16 d192/128", "dtype = bf16\n head_dim = 192\n head_dim_v = 128"},
@@ -413,21 +435,10 @@ int main(int argc, char **argv)
              "dtype = bf16\n head_dim = 256\n layout = paged\n q_layout = varlen\n"
              " kv_dtype = f8e5m2\n score_mod = alibi\n mask = window(64, 0, bottom_right)"},
         };
-        for (size_t i = 0; i < sizeof extra / sizeof extra[0]; i++) {
-            snprintf(spec, sizeof spec, "attention forward efficient {\n %s\n}\n", extra[i][1]);
-            check_spec(ctx, extra[i][0], spec, target, archs[a]);
-        }
+        check_fields(ctx, "forward", extra, sizeof extra / sizeof extra[0], target, archs[a]);
         /* the backward pass: both kernels of every dtype x head dim, with no
          * mask and with a window (whose bounds are a superset of causal's) */
-        for (size_t t = 0; t < 3; t++)
-            for (size_t d = 0; d < sizeof dims / sizeof dims[0]; d++)
-                for (size_t m = 0; m < sizeof masks / sizeof masks[0]; m += 3) {
-                    snprintf(spec, sizeof spec,
-                             "attention backward efficient {\n dtype = %s\n head_dim = %d\n"
-                             " mask = %s\n}\n", dtypes[t], dims[d], masks[m]);
-                    snprintf(label, sizeof label, "bwd %s d%d %s", dtypes[t], dims[d], masks[m]);
-                    check_spec(ctx, label, spec, target, archs[a]);
-                }
+        check_matrix(ctx, "backward", "bwd ", 3, target, archs[a]);
         static const char *const bwd_extra[][2] = {
             {"bwd bf16 d192/128", "dtype = bf16\n head_dim = 192\n head_dim_v = 128"},
             {"bwd bf16 d128 softcap", "dtype = bf16\n head_dim = 128\n"
@@ -448,11 +459,8 @@ int main(int argc, char **argv)
             {"bwd bf16 d128 bias+dropout alibi", "dtype = bf16\n head_dim = 128\n bias = add\n"
                                                  " dropout = 0.2\n score_mod = alibi"},
         };
-        for (size_t i = 0; i < sizeof bwd_extra / sizeof bwd_extra[0]; i++) {
-            snprintf(spec, sizeof spec, "attention backward efficient {\n %s\n}\n",
-                     bwd_extra[i][1]);
-            check_spec(ctx, bwd_extra[i][0], spec, target, archs[a]);
-        }
+        check_fields(ctx, "backward", bwd_extra, sizeof bwd_extra / sizeof bwd_extra[0], target,
+                     archs[a]);
         check_flash_forward(ctx, target, archs[a]);
         check_block_mask_builders(ctx, target, archs[a]);
         /* the merge kernel */

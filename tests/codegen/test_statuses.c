@@ -11,6 +11,7 @@
 
 #include "check.h"
 #include "codegen/codegen.h"
+#include "kb_kernel.h"
 #include "runtime/sim/emulator.h"
 
 /* A block without a terminator: the verifier after `build` rejects it. */
@@ -19,8 +20,7 @@ static aj_status build_unterminated(aj_kb *kb, const aj_op *op, void *user)
     aj_kb_add_param(kb, "x", AJ_PARAM_I32, AJ_KB_NO_ID);
     aj_kb_begin(kb, 32);
     LLVMAppendBasicBlockInContext(kb->llctx, kb->fn, "dangling");
-    const aj_kernel_layout layout = {.grid = {{AJ_EXTENT_ONE, 1}, {AJ_EXTENT_ONE, 1}, {AJ_EXTENT_ONE, 1}}};
-    aj_kb_finish(kb, &layout);
+    kb_kernel_finish_one_cta(kb);
     return AJ_OK;
 }
 
@@ -30,8 +30,7 @@ static aj_status build_unknown_param(aj_kb *kb, const aj_op *op, void *user)
     aj_kb_add_param(kb, "x", AJ_PARAM_I32, AJ_KB_NO_ID);
     aj_kb_begin(kb, 32);
     aj_kb_param(kb, "y");
-    const aj_kernel_layout layout = {.grid = {{AJ_EXTENT_ONE, 1}, {AJ_EXTENT_ONE, 1}, {AJ_EXTENT_ONE, 1}}};
-    aj_kb_finish(kb, &layout);
+    kb_kernel_finish_one_cta(kb);
     return AJ_OK;
 }
 

@@ -16,6 +16,15 @@ for t in q:1 k:2 v:3 do:4; do
 done
 io=(--in q=q.npy --in k=k.npy --in v=v.npy)
 
+# run_ring RANKS ARGS... -- `attnjit ring ARGS` on RANKS ranks: its output in
+# out.txt, its exit code in rc
+run_ring() {
+  local ranks=$1
+  shift
+  "$mpiexec" -n "$ranks" "$aj" ring "$@" >out.txt 2>&1
+  rc=$?
+}
+
 # want EXIT_CODE "message substring" -- the last command's result
 want() {
   if [ "$rc" -ne "$1" ] || ! grep -qF -- "$2" out.txt; then
@@ -25,10 +34,9 @@ want() {
   fi
 }
 
-"$mpiexec" -n 2 "$aj" ring "$spec" --device sim --layout zigzag --rotate p2p "${io[@]}" \
+run_ring 2 "$spec" --device sim --layout zigzag --rotate p2p "${io[@]}" \
   --out o=o.npy --out lse=lse.npy --grad --in do=do.npy --out dq=dq.npy --out dk=dk.npy \
-  --out dv=dv.npy --check --workers 1 >out.txt 2>&1
-rc=$?
+  --out dv=dv.npy --check --workers 1
 want 0 "of the tolerance: match"
 want 0 "ring: 2 ranks, zigzag, p2p, forward + backward, on sim"
 for f in o lse dq dk dv; do
@@ -38,17 +46,15 @@ done
 [ "$(grep -cE '^ +[01] .* 1 +[0-9]+ +[0-9]+ +[0-9-]+%?$' out.txt)" -eq 2 ] ||
   { echo "FAIL: forward rows with 1 rotation:"; cat out.txt; fails=$((fails + 1)); }
 
-"$mpiexec" -n 2 "$aj" ring "$spec" --device sim --rotate allgather "${io[@]}" --out o=o2.npy \
-  --check --workers 1 >out.txt 2>&1
-rc=$?
+run_ring 2 "$spec" --device sim --rotate allgather "${io[@]}" --out o=o2.npy \
+  --check --workers 1
 want 0 "o 0"
 [ -s o2.npy ] || { echo "FAIL: o2.npy not written"; fails=$((fails + 1)); }
 
 # the cpu device: native kernels on each rank, forward and backward, zigzag,
 # checked against one rank on the same device
-"$mpiexec" -n 2 "$aj" ring "$spec" --device cpu --layout zigzag "${io[@]}" --out o=o3.npy \
-  --grad --in do=do.npy --out dq=dq3.npy --check --workers 1 >out.txt 2>&1
-rc=$?
+run_ring 2 "$spec" --device cpu --layout zigzag "${io[@]}" --out o=o3.npy \
+  --grad --in do=do.npy --out dq=dq3.npy --check --workers 1
 want 0 "of the tolerance: match"
 want 0 "ring: 2 ranks, zigzag, p2p, forward + backward, on "
 [ -s o3.npy ] && [ -s dq3.npy ] || { echo "FAIL: cpu ring outputs not written"; fails=$((fails + 1)); }
@@ -57,28 +63,23 @@ want 0 "ring: 2 ranks, zigzag, p2p, forward + backward, on "
 # table, forward and backward, against one rank; -v prints each launch's tiles
 perl "$root/scripts/npy_docs.pl" doc.npy 1 32 5
 perl "$root/scripts/npy_random.pl" rel.npy 5 2 65
-"$mpiexec" -n 2 "$aj" ring "$root/examples/specs/scores/document_mask.aj" --device sim \
+run_ring 2 "$root/examples/specs/scores/document_mask.aj" --device sim \
   --layout zigzag "${io[@]}" --in doc=doc.npy --out o=o4.npy --grad --in do=do.npy \
-  --out dq=dq4.npy --check --workers 1 -v >out.txt 2>&1
-rc=$?
+  --out dq=dq4.npy --check --workers 1 -v
 want 0 "of the tolerance: match"
 want 0 "rank 1 launch 0: tiles of "
-"$mpiexec" -n 2 "$aj" ring "$root/examples/specs/scores/t5_relative_bias.aj" --device cpu "${io[@]}" \
+run_ring 2 "$root/examples/specs/scores/t5_relative_bias.aj" --device cpu "${io[@]}" \
   --in rel=rel.npy --out o=o5.npy --grad --in do=do.npy --out dk=dk5.npy --check \
-  --workers 1 >out.txt 2>&1
-rc=$?
+  --workers 1
 want 0 "of the tolerance: match"
-"$mpiexec" -n 1 "$aj" ring "$root/examples/specs/scores/document_mask.aj" --device sim "${io[@]}" \
-  --out o=o.npy >out.txt 2>&1
-rc=$?
+run_ring 1 "$root/examples/specs/scores/document_mask.aj" --device sim "${io[@]}" \
+  --out o=o.npy
 want 1 "the op declares tensors = (doc: i32[2] ...); give --in doc=FILE"
-"$mpiexec" -n 1 "$aj" ring "$root/examples/specs/scores/document_mask.aj" --device sim "${io[@]}" \
-  --in doc=doc.npy --in dok=doc.npy --out o=o.npy >out.txt 2>&1
-rc=$?
+run_ring 1 "$root/examples/specs/scores/document_mask.aj" --device sim "${io[@]}" \
+  --in doc=doc.npy --in dok=doc.npy --out o=o.npy
 want 1 "unknown tensor 'dok': not one of ring's (q, k, v, do, alibi_slopes) nor a side tensor"
-"$mpiexec" -n 1 "$aj" ring "$root/examples/specs/scores/document_mask.aj" --device sim "${io[@]}" \
-  --in doc=rel.npy --out o=o.npy >out.txt 2>&1
-rc=$?
+run_ring 1 "$root/examples/specs/scores/document_mask.aj" --device sim "${io[@]}" \
+  --in doc=rel.npy --out o=o.npy
 want 2 "doc (i32[2]): rel.npy: dtype '<f4' is not int32"
 # cuda, on the stand-in libcuda with 2 GPUs: it runs no kernel (the numbers
 # are not checked: sim and cpu above are), but it rejects a copy whose
@@ -102,14 +103,12 @@ if grep -E "FAULT|REJECTED" cuda.txt; then
   fails=$((fails + 1))
 fi
 
-"$mpiexec" -n 1 "$aj" ring "$spec" --device tpu "${io[@]}" --out o=o.npy >out.txt 2>&1
-rc=$?
+run_ring 1 "$spec" --device tpu "${io[@]}" --out o=o.npy
 want 1 "--device takes sim, cpu or cuda, not 'tpu'"
 
 # any length: 32 positions over 3 ranks (shards of 11, 11, 10), the ring
-"$mpiexec" -n 3 "$aj" ring "$spec" --device cpu "${io[@]}" --out o=o7.npy --grad \
-  --in do=do.npy --out dk=dk7.npy --check --workers 1 >out.txt 2>&1
-rc=$?
+run_ring 3 "$spec" --device cpu "${io[@]}" --out o=o7.npy --grad \
+  --in do=do.npy --out dk=dk7.npy --check --workers 1
 want 0 "of the tolerance: match"
 want 0 "ring: 3 ranks, contiguous, p2p, forward + backward, on "
 
@@ -125,14 +124,12 @@ packed=("$root/examples/ring/causal_varlen_f16_d64.aj" --device cpu --in q=pq.np
         --in v=pv.npy --in cu_seqlens_q=cu.npy --in cu_seqlens_k=cu.npy --grad --in do=pdo.npy
         --out o=po.npy --out lse=plse.npy --out dk=pdk.npy --check --workers 1)
 for method in ring ulysses "hybrid --ulysses-size 1"; do
-  "$mpiexec" -n 2 "$aj" ring "${packed[@]}" --method $method --layout zigzag >out.txt 2>&1
-  rc=$?
+  run_ring 2 "${packed[@]}" --method $method --layout zigzag
   want 0 "of the tolerance: match"
   want 0 "ring: 2 ranks, "
 done
-"$mpiexec" -n 1 "$aj" ring "$root/examples/ring/causal_varlen_f16_d64.aj" --device cpu \
-  --in q=pq.npy --in k=pk.npy --in v=pv.npy --out o=o.npy >out.txt 2>&1
-rc=$?
+run_ring 1 "$root/examples/ring/causal_varlen_f16_d64.aj" --device cpu \
+  --in q=pq.npy --in k=pk.npy --in v=pv.npy --out o=o.npy
 want 1 "a layout = varlen op needs --in cu_seqlens_q=FILE and --in cu_seqlens_k=FILE"
 
 # A forward + backward on $3 ranks, --check against one rank, over random
@@ -145,11 +142,10 @@ cp_check() {
     IFS=: read -r name seed heads <<<"$t"
     perl "$root/scripts/npy_random.pl" "$prefix$name.npy" "$seed" 1 "$heads" "$len" 64
   done
-  "$mpiexec" -n "$ranks" "$aj" ring "$spec" --device cpu "$@" --in q="${prefix}q.npy" \
+  run_ring "$ranks" "$spec" --device cpu "$@" --in q="${prefix}q.npy" \
     --in k="${prefix}k.npy" --in v="${prefix}v.npy" --out o="${prefix}o.npy" --grad \
     --in do="${prefix}do.npy" --out dq="${prefix}dq.npy" --out dk="${prefix}dk.npy" \
-    --out dv="${prefix}dv.npy" --check --workers 1 >out.txt 2>&1
-  rc=$?
+    --out dv="${prefix}dv.npy" --check --workers 1
 }
 
 # Ulysses: any length (31 over 3 ranks, zigzag: shards of 11, 10, 10), the
@@ -157,9 +153,7 @@ cp_check() {
 cp_check u 31 3 "q:21:6 k:22:3 v:23:3 do:24:6" --method ulysses --layout zigzag
 want 0 "of the tolerance: match"
 want 0 "ring: 3 ranks, ulysses, zigzag, all-to-all, forward + backward, on "
-"$mpiexec" -n 3 "$aj" ring "$spec" --device cpu --method ulysses "${io[@]}" --out o=o.npy \
-  >out.txt 2>&1
-rc=$?
+run_ring 3 "$spec" --device cpu --method ulysses "${io[@]}" --out o=o.npy
 want 2 "method = ulysses over 3 ranks needs the key/value heads (2) to divide by 3"
 # hybrid: 4 ranks as 2 Ulysses groups of 2 and a ring of 2 across them, 30
 # positions (zigzag chunks of 4 and 3), GQA 4:2, against one rank
@@ -167,30 +161,23 @@ cp_check h 30 4 "q:31:4 k:32:2 v:33:2 do:34:4" --method hybrid --ulysses-size 2 
   --layout zigzag
 want 0 "of the tolerance: match"
 want 0 "ring: 4 ranks, hybrid (2 groups of 2), zigzag, all-to-all + p2p, forward + backward, on "
-"$mpiexec" -n 2 "$aj" ring "$spec" --device cpu --method hybrid "${io[@]}" --out o=o.npy \
-  >out.txt 2>&1
-rc=$?
+run_ring 2 "$spec" --device cpu --method hybrid "${io[@]}" --out o=o.npy
 want 2 "ulysses_size = 0 over 2 ranks; method = hybrid takes the size U of its Ulysses groups"
-"$mpiexec" -n 1 "$aj" ring "$spec" --device cpu --method tree "${io[@]}" >out.txt 2>&1
-rc=$?
+run_ring 1 "$spec" --device cpu --method tree "${io[@]}"
 want 1 "--method takes ring, ulysses or hybrid, not 'tree'"
 
-"$mpiexec" -n 2 "$aj" ring "$spec" --device sim --layout zigzag "${io[@]}" --out o=o.npy \
-  --grad --out dq=dq.npy >out.txt 2>&1
-rc=$?
+run_ring 2 "$spec" --device sim --layout zigzag "${io[@]}" --out o=o.npy \
+  --grad --out dq=dq.npy
 want 1 "--grad needs --in do=FILE"
 
-"$mpiexec" -n 1 "$aj" ring "$spec" --device sim --layout diagonal "${io[@]}" >out.txt 2>&1
-rc=$?
+run_ring 1 "$spec" --device sim --layout diagonal "${io[@]}"
 want 1 "--layout takes contiguous or zigzag, not 'diagonal'"
 
-"$mpiexec" -n 1 "$aj" ring "$spec" --device sim "${io[@]}" --seed -3 >out.txt 2>&1
-rc=$?
+run_ring 1 "$spec" --device sim "${io[@]}" --seed -3
 want 1 "--seed takes a non-negative integer"
 
-"$mpiexec" -n 1 "$aj" ring "$spec" --device sim --in q=missing.npy --in k=k.npy \
-  --in v=v.npy >out.txt 2>&1
-rc=$?
+run_ring 1 "$spec" --device sim --in q=missing.npy --in k=k.npy \
+  --in v=v.npy
 want 2 "q: missing.npy"
 
 if [ $fails -ne 0 ]; then

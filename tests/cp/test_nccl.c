@@ -63,6 +63,24 @@ static aj_status open_nccl(const aj_comm_config *cc, aj_comm **out)
     return AJ_OK;
 }
 
+/* A config for the NCCL engine, the rest as AJ_COMM_CONFIG_INIT. */
+static aj_comm_config nccl_config(void)
+{
+    aj_comm_config cc = AJ_COMM_CONFIG_INIT;
+    cc.kind = AJ_COMM_NCCL;
+    return cc;
+}
+
+/* The stand-in's log cleared, a communicator that must open (NULL, a
+ * failed CHECK, when it does not). */
+static aj_comm *open_logged(const aj_comm_config *cc)
+{
+    nccl_log_clear();
+    aj_comm *comm = NULL;
+    CHECK_STATUS(ctx, open_nccl(cc, &comm), AJ_OK);
+    return comm;
+}
+
 static int logged(const char *line)
 {
     return strstr(nccl_log(), line) != NULL;
@@ -102,11 +120,8 @@ static aj_status exchange(aj_comm *comm, size_t bytes, unsigned char *recv, doub
  * the engine makes. */
 static void check_own_comm(void)
 {
-    nccl_log_clear();
-    aj_comm_config cc = AJ_COMM_CONFIG_INIT;
-    cc.kind = AJ_COMM_NCCL;
-    aj_comm *comm = NULL;
-    CHECK_STATUS(ctx, open_nccl(&cc, &comm), AJ_OK);
+    aj_comm_config cc = nccl_config();
+    aj_comm *comm = open_logged(&cc);
     if (!comm)
         return;
     CHECK(comm->rank == rank && comm->size == size);
@@ -219,11 +234,8 @@ static void check_own_comm(void)
  * the library, a clear refusal. */
 static void check_split(void)
 {
-    nccl_log_clear();
-    aj_comm_config cc = AJ_COMM_CONFIG_INIT;
-    cc.kind = AJ_COMM_NCCL;
-    aj_comm *comm = NULL, *sub = NULL;
-    CHECK_STATUS(ctx, open_nccl(&cc, &comm), AJ_OK);
+    aj_comm_config cc = nccl_config();
+    aj_comm *comm = open_logged(&cc), *sub = NULL;
     if (!comm)
         return;
     const int color = rank % 2;
@@ -270,13 +282,10 @@ static void check_nonblocking(void)
 /* The caller's communicator and stream: used, never made or destroyed. */
 static void check_caller_comm(void)
 {
-    nccl_log_clear();
-    aj_comm_config cc = AJ_COMM_CONFIG_INIT;
-    cc.kind = AJ_COMM_NCCL;
+    aj_comm_config cc = nccl_config();
     cc.nccl_comm = caller_comm();
     cc.stream = &fake_context;
-    aj_comm *comm = NULL;
-    CHECK_STATUS(ctx, open_nccl(&cc, &comm), AJ_OK);
+    aj_comm *comm = open_logged(&cc);
     if (!comm)
         return;
     CHECK(comm->rank == rank && comm->size == size);
@@ -297,14 +306,11 @@ static void check_caller_comm(void)
 static void check_stuck(void)
 {
     setenv("FAKE_CUDA_MODE", "stuck", 1);
-    aj_comm_config cc = AJ_COMM_CONFIG_INIT;
-    cc.kind = AJ_COMM_NCCL;
+    aj_comm_config cc = nccl_config();
     cc.timeout_s = 0.3;
     char text[200];
 
-    nccl_log_clear();
-    aj_comm *comm = NULL;
-    CHECK_STATUS(ctx, open_nccl(&cc, &comm), AJ_OK);
+    aj_comm *comm = open_logged(&cc);
     if (comm) {
         unsigned char recv[100];
         double waited = 0;
@@ -324,9 +330,7 @@ static void check_stuck(void)
         CHECK_NOT_LOGGED("CommDestroy");
     }
 
-    nccl_log_clear();
-    comm = NULL;
-    CHECK_STATUS(ctx, open_nccl(&cc, &comm), AJ_OK);
+    comm = open_logged(&cc);
     if (comm) {
         unsigned char mine[24], all[MAX_P * 24];
         memset(mine, 1, sizeof mine);
@@ -359,14 +363,11 @@ static void check_stuck(void)
  * communicator that cannot be made. */
 static void check_nccl_errors(void)
 {
-    aj_comm_config cc = AJ_COMM_CONFIG_INIT;
-    cc.kind = AJ_COMM_NCCL;
+    aj_comm_config cc = nccl_config();
     char text[200];
 
-    nccl_log_clear();
     setenv("FAKE_NCCL_MODE", "async_error", 1);
-    aj_comm *comm = NULL;
-    CHECK_STATUS(ctx, open_nccl(&cc, &comm), AJ_OK);
+    aj_comm *comm = open_logged(&cc);
     if (comm) {
         unsigned char recv[10];
         CHECK_STATUS(ctx, exchange(comm, sizeof recv, recv, NULL), AJ_ERR_COMM);
@@ -438,8 +439,7 @@ int main(int argc, char **argv)
         return 77;
     }
     /* before MPI_Init: the engine cannot broadcast its unique id */
-    aj_comm_config cc = AJ_COMM_CONFIG_INIT;
-    cc.kind = AJ_COMM_NCCL;
+    aj_comm_config cc = nccl_config();
     aj_comm *comm = NULL;
     CHECK_STATUS(ctx, open_nccl(&cc, &comm), AJ_ERR_COMM);
     CHECK_ERROR(ctx, "aj_comm_create: MPI is not initialised; the NCCL engine broadcasts its "

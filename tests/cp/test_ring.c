@@ -42,6 +42,7 @@
 #include "check.h"
 #include "launch_args.h"
 #include "ref.h"
+#include "splitmix.h"
 #include "cp/alltoall_check.h"
 #include "cp/leak_check.h"
 #include "cp/comm/comm.h"
@@ -288,14 +289,6 @@ static int generated_cases(ring_case *out, char (*labels)[112], int small)
 
 /* ---------------------------------------------------------------- data */
 
-static uint64_t next_random(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);   /* splitmix64 */
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
 static size_t elem_size(aj_dtype d)
 {
     return d == AJ_DTYPE_F32 ? 4 : 2;
@@ -331,7 +324,7 @@ static void make_full(full_tensor *x, aj_dtype dtype, size_t n, uint64_t *rng)
     x->ref = calloc(n + 1, sizeof(double));
     float *f = malloc((n + 1) * sizeof *f);
     for (size_t i = 0; i < n; i++)
-        f[i] = (float)((double)(next_random(rng) >> 11) * 0x1p-52 * 2.0 - 1.0);
+        f[i] = (float)((double)(splitmix_next(rng) >> 11) * 0x1p-52 * 2.0 - 1.0);
     CHECK(aj_convert(f, AJ_DTYPE_F32, x->data, dtype, n) == AJ_OK);
     CHECK(aj_convert(x->data, dtype, f, AJ_DTYPE_F32, n) == AJ_OK);
     for (size_t i = 0; i < n; i++)
@@ -864,7 +857,7 @@ static void run_case(const ring_case *c)
     for (int64_t t = 0; t < sq; t++)
         doc[t] = c->doc_len ? (int32_t)(t / c->doc_len) : 0;
     for (int i = 0; i < c->hq * 9; i++)
-        rel[i] = (float)((double)(next_random(&rng) >> 11) * 0x1p-52 * 2.0 - 1.0);
+        rel[i] = (float)((double)(splitmix_next(&rng) >> 11) * 0x1p-52 * 2.0 - 1.0);
     if (c->doc_len)
         side[nside++] = (aj_side_tensor){"doc", doc, AJ_SIDE_I32, 2, {B, sq}, {sq, 1}};
     if (c->rel)
@@ -1128,6 +1121,15 @@ static void run_faulty_peer(peer_fault fault)
     aj_comm_destroy(comm);
 }
 
+/* aj_ring_forward refuses fa: AJ_ERR_INVALID_ARG, a message containing
+ * `want`. */
+static void forward_refused(aj_comm *comm, const aj_op *op, const aj_ring_fwd_args *fa,
+                            const char *want)
+{
+    CHECK_STATUS(ctx, aj_ring_forward(ctx, dev, comm, op, fa, NULL), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, want);
+}
+
 /* Rank 1 passes another layout than rank 0: both must refuse the call,
  * naming the difference, instead of computing a wrong answer. */
 static void run_mismatch(void)
@@ -1143,9 +1145,9 @@ static void run_mismatch(void)
     fa.k = fa.v = fa.o = fa.q;
     fa.lse = tensor_dims(m, AJ_DTYPE_F32, 3, 1, 1, 8, 0);
     fa.layout = rank == 1 ? AJ_SHARD_ZIGZAG : AJ_SHARD_CONTIGUOUS;
-    CHECK_STATUS(ctx, aj_ring_forward(ctx, dev, comm, op, &fa, NULL), AJ_ERR_INVALID_ARG);
-    CHECK_ERROR(ctx, "aj_ring_forward: the ranks' calls differ: rank 1 has layout = 1, rank 0 "
-                "has 0; every rank must pass the same op");
+    forward_refused(comm, op, &fa,
+                    "aj_ring_forward: the ranks' calls differ: rank 1 has layout = 1, rank 0 "
+                    "has 0; every rank must pass the same op");
     /* another op (causal vs none) on rank 1 */
     fa.layout = AJ_SHARD_CONTIGUOUS;
     const ring_case none = {"none", AJ_DTYPE_F32, AJ_MASK_NONE, AJ_ALIGN_TOP_LEFT, 0, 0,
@@ -1177,9 +1179,9 @@ static void run_ulysses_refusals(void)
     fa.o = fa.q;
     fa.lse = tensor_dims(m, AJ_DTYPE_F32, 3, 1, 2, 8, 0);
     fa.method = AJ_METHOD_ULYSSES;
-    CHECK_STATUS(ctx, aj_ring_forward(ctx, dev, comm, op, &fa, NULL), AJ_ERR_INVALID_ARG);
-    CHECK_ERROR(ctx, "aj_ring_forward: method = ulysses over 2 ranks needs the key/value heads "
-                "(1) to divide by 2: each rank computes H_kv / P of them");
+    forward_refused(comm, op, &fa,
+                    "aj_ring_forward: method = ulysses over 2 ranks needs the key/value heads "
+                    "(1) to divide by 2: each rank computes H_kv / P of them");
     aj_ring_bwd_args ba = AJ_RING_BWD_ARGS_INIT;
     ba.q = ba.o = ba.do_ = ba.dq = fa.q;
     ba.k = ba.v = ba.dk = ba.dv = fa.k;
@@ -1190,9 +1192,9 @@ static void run_ulysses_refusals(void)
                 "heads (1) to divide by 2");
     fa.k = fa.v = fa.q;
     fa.ulysses_size = 3;
-    CHECK_STATUS(ctx, aj_ring_forward(ctx, dev, comm, op, &fa, NULL), AJ_ERR_INVALID_ARG);
-    CHECK_ERROR(ctx, "aj_ring_forward: ulysses_size = 3 over 2 ranks; method = ulysses spans "
-                "every rank (0 or 2)");
+    forward_refused(comm, op, &fa,
+                    "aj_ring_forward: ulysses_size = 3 over 2 ranks; method = ulysses spans "
+                    "every rank (0 or 2)");
     /* method = hybrid: U must divide P and H_kv */
     fa.method = AJ_METHOD_HYBRID;
     const int32_t bad_u[2] = {0, 3};
@@ -1207,9 +1209,9 @@ static void run_ulysses_refusals(void)
     }
     fa.ulysses_size = 2;
     fa.k = fa.v = ba.k;
-    CHECK_STATUS(ctx, aj_ring_forward(ctx, dev, comm, op, &fa, NULL), AJ_ERR_INVALID_ARG);
-    CHECK_ERROR(ctx, "aj_ring_forward: method = hybrid over 2 ranks needs the key/value heads "
-                "(1) to divide by 2: each rank computes H_kv / U of them");
+    forward_refused(comm, op, &fa,
+                    "aj_ring_forward: method = hybrid over 2 ranks needs the key/value heads "
+                    "(1) to divide by 2: each rank computes H_kv / U of them");
     ba.method = AJ_METHOD_HYBRID;
     ba.ulysses_size = 2;
     CHECK_STATUS(ctx, aj_ring_backward(ctx, dev, comm, bop, &ba, NULL), AJ_ERR_INVALID_ARG);
@@ -1218,33 +1220,33 @@ static void run_ulysses_refusals(void)
     fa.k = fa.v = fa.q;
     /* ranks that pass different group sizes: both refuse */
     fa.ulysses_size = rank + 1;
-    CHECK_STATUS(ctx, aj_ring_forward(ctx, dev, comm, op, &fa, NULL), AJ_ERR_INVALID_ARG);
-    CHECK_ERROR(ctx, "aj_ring_forward: the ranks' calls differ: rank 1 has ulysses_size = 2, "
-                "rank 0 has 1");
+    forward_refused(comm, op, &fa,
+                    "aj_ring_forward: the ranks' calls differ: rank 1 has ulysses_size = 2, "
+                    "rank 0 has 1");
     fa.ulysses_size = 0;
     fa.method = (aj_cp_method)7;
-    CHECK_STATUS(ctx, aj_ring_forward(ctx, dev, comm, op, &fa, NULL), AJ_ERR_INVALID_ARG);
-    CHECK_ERROR(ctx, "aj_ring_forward: method = 7 is not a context-parallel method");
+    forward_refused(comm, op, &fa,
+                    "aj_ring_forward: method = 7 is not a context-parallel method");
     fa.method = AJ_METHOD_RING;
     fa.ulysses_size = 2;
-    CHECK_STATUS(ctx, aj_ring_forward(ctx, dev, comm, op, &fa, NULL), AJ_ERR_INVALID_ARG);
-    CHECK_ERROR(ctx, "aj_ring_forward: ulysses_size = 2 with method = ring; only methods "
-                "ulysses and hybrid take it");
+    forward_refused(comm, op, &fa,
+                    "aj_ring_forward: ulysses_size = 2 with method = ring; only methods "
+                    "ulysses and hybrid take it");
     /* rank 1 asks for Ulysses, rank 0 for the ring: both refuse */
     fa.ulysses_size = 0;
     fa.method = rank == 1 ? AJ_METHOD_ULYSSES : AJ_METHOD_RING;
-    CHECK_STATUS(ctx, aj_ring_forward(ctx, dev, comm, op, &fa, NULL), AJ_ERR_INVALID_ARG);
-    CHECK_ERROR(ctx, "aj_ring_forward: the ranks' calls differ: rank 1 has method = 1, rank 0 "
-                "has 0");
+    forward_refused(comm, op, &fa,
+                    "aj_ring_forward: the ranks' calls differ: rank 1 has method = 1, rank 0 "
+                    "has 0");
     /* shards that are not the layout's: 3 and 5 positions of 8 */
     fa.method = AJ_METHOD_ULYSSES;
     const int64_t l = rank == 0 ? 3 : 5;
     fa.q = tensor_dims(m, AJ_DTYPE_F32, 4, 1, 2, l, HEAD_DIM);
     fa.k = fa.v = fa.o = fa.q;
     fa.lse = tensor_dims(m, AJ_DTYPE_F32, 3, 1, 2, l, 0);
-    CHECK_STATUS(ctx, aj_ring_forward(ctx, dev, comm, op, &fa, NULL), AJ_ERR_INVALID_ARG);
-    CHECK_ERROR(ctx, "aj_ring_forward: rank 0 holds 3 query and 3 key positions; the "
-                "contiguous layout of 8 and 8 over 2 ranks gives it 4 and 4 (aj_shard_length)");
+    forward_refused(comm, op, &fa,
+                    "aj_ring_forward: rank 0 holds 3 query and 3 key positions; the "
+                    "contiguous layout of 8 and 8 over 2 ranks gives it 4 and 4 (aj_shard_length)");
     aj_op_destroy(op);
     aj_op_destroy(bop);
     free(m);
@@ -1265,9 +1267,9 @@ static void run_varlen_refusals(void)
     aj_ring_fwd_args fa = AJ_RING_FWD_ARGS_INIT;
     fa.q = fa.k = fa.v = fa.o = rows_view(&c, m, AJ_DTYPE_F16, 2, l, HEAD_DIM);
     fa.lse = rows_view(&c, m, AJ_DTYPE_F32, 2, l, 0);
-    CHECK_STATUS(ctx, aj_ring_forward(ctx, dev, comm, op, &fa, NULL), AJ_ERR_INVALID_ARG);
-    CHECK_ERROR(ctx, "aj_ring_forward: layout = varlen needs cu_seqlens_q, cu_seqlens_k and "
-                "batch >= 1 (the whole packed batch's; got NULL, NULL, batch = 0)");
+    forward_refused(comm, op, &fa,
+                    "aj_ring_forward: layout = varlen needs cu_seqlens_q, cu_seqlens_k and "
+                    "batch >= 1 (the whole packed batch's; got NULL, NULL, batch = 0)");
     fa.cu_seqlens_q = fa.cu_seqlens_k = cu;
     fa.batch = 3;
     /* every rank holding 4 positions: not the ring's pieces, which
@@ -1276,18 +1278,18 @@ static void run_varlen_refusals(void)
     fa.lse = rows_view(&c, m, AJ_DTYPE_F32, 2, 4, 0);
     fa.method = AJ_METHOD_HYBRID;
     fa.ulysses_size = 1;
-    CHECK_STATUS(ctx, aj_ring_forward(ctx, dev, comm, op, &fa, NULL), AJ_ERR_INVALID_ARG);
-    CHECK_ERROR(ctx, "aj_ring_forward: rank 0 holds 4 query and 4 key positions; its pieces of "
-                "the packed documents are 5 and 5 (aj_shard_varlen_chunks, method = hybrid)");
+    forward_refused(comm, op, &fa,
+                    "aj_ring_forward: rank 0 holds 4 query and 4 key positions; its pieces of "
+                    "the packed documents are 5 and 5 (aj_shard_varlen_chunks, method = hybrid)");
     fa.method = AJ_METHOD_RING;
     fa.ulysses_size = 0;
-    CHECK_STATUS(ctx, aj_ring_forward(ctx, dev, comm, op, &fa, NULL), AJ_ERR_INVALID_ARG);
-    CHECK_ERROR(ctx, "aj_ring_forward: rank 0 holds 4 query and 4 key positions; its pieces of "
-                "the packed documents are 5 and 5 (aj_shard_varlen_chunks, method = ring)");
+    forward_refused(comm, op, &fa,
+                    "aj_ring_forward: rank 0 holds 4 query and 4 key positions; its pieces of "
+                    "the packed documents are 5 and 5 (aj_shard_varlen_chunks, method = ring)");
     fa.q = tensor_dims(m, AJ_DTYPE_F16, 4, 1, 2, 4, HEAD_DIM);
-    CHECK_STATUS(ctx, aj_ring_forward(ctx, dev, comm, op, &fa, NULL), AJ_ERR_INVALID_ARG);
-    CHECK_ERROR(ctx, "aj_ring_forward: q, k and v have ranks 4, 3, 3; want 3 (layout = varlen: "
-                "packed [T, H, D])");
+    forward_refused(comm, op, &fa,
+                    "aj_ring_forward: q, k and v have ranks 4, 3, 3; want 3 (layout = varlen: "
+                    "packed [T, H, D])");
     aj_ring_plan_args pa = AJ_RING_PLAN_ARGS_INIT;
     pa.size = 2;
     pa.batch = pa.heads_q = 1;

@@ -26,6 +26,7 @@
 #include "check.h"
 #include "ref.h"
 #include "bwd_tensors.h"
+#include "case_rows.h"
 
 typedef struct bwd_case {
     const char *label;
@@ -46,13 +47,74 @@ typedef struct bwd_case {
     int64_t bias_shape[4];     /* bias = add when bias_shape[3] != 0 (each dim 1 or full) */
     const int *lens_q, *lens_k;  /* varlen when set: b sequence lengths each */
     /* test_sim_flash_bwd's reruns and checks */
-    int repeat;                /* deterministic: rerun on 1 and 3 workers, same bits */
+    int repeat;                /* rerun, same bits (test_sim_flash_bwd: deterministic, on 1
+                                  and 3 workers) */
     int pass_mask;             /* rerun with the forward's aj_block_mask_create: same bits */
     const char *twin_mask;     /* rerun with this mask, the same keys visible but no tile
                                   the kernels can class full: same bits */
     int per_plane;             /* padded: the tolerance per (b, head) plane of each output
                                   (a batch of random cases, one per plane) */
 } bwd_case;
+
+/* A case written as a table's row (case_rows.h) over base; a case that
+ * needs 0 where base has another value is written out, or runs over
+ * another base. */
+static bwd_case bwd_case_over(const bwd_case *base, const bwd_case *row)
+{
+    bwd_case c = *row;
+    CASE_SHARED_FIELDS(CASE_FROM_BASE)
+    CASE_FROM_BASE(variant)
+    CASE_FROM_BASE(tensors)
+    CASE_FROM_BASE(deterministic)
+    CASE_FROM_BASE(dropout)
+    CASE_FROM_BASE(drop_seed)
+    CASE_FROM_BASE(drop_offset)
+    CASE_FROM_BASE(lens_q)
+    CASE_FROM_BASE(lens_k)
+    CASE_FROM_BASE(repeat)
+    CASE_FROM_BASE(pass_mask)
+    CASE_FROM_BASE(twin_mask)
+    CASE_FROM_BASE(per_plane)
+    if (!row->bias_shape[3])
+        memcpy(c.bias_shape, base->bias_shape, sizeof c.bias_shape);
+    return c;
+}
+
+/* Runs bwd_case_over(base, rows[i]) with `run`, in order. */
+static void bwd_case_rows(const bwd_case *base, const bwd_case *rows, int n,
+                          void (*run)(const bwd_case *c))
+{
+    for (int i = 0; i < n; i++) {
+        bwd_case c = bwd_case_over(base, &rows[i]);
+        run(&c);
+    }
+}
+
+/* Positions of a shard of longer sequences: offsets with totals, offsets
+ * past 2^31, keys all after the queries; both backward tests run them
+ * over their base, in dtype `a` (the first and last) and `b`. */
+static void bwd_offset_cases(const bwd_case *base, aj_dtype a, aj_dtype b,
+                             void (*run)(const bwd_case *c))
+{
+    static const bwd_case rows[] = {
+        {.label = "d64 causal, offsets (chunk of a longer sequence)", .d = 64,
+         .mask = "causal(bottom_right)", .q_offset = 100, .kv_offset = 64, .sq_total = 140,
+         .sk_total = 170},
+        {.label = "d64 window, offsets past 2^31", .d = 64, .mask = "window(30, 0, top_left)",
+         .q_offset = ((int64_t)1 << 33) + 40, .kv_offset = (int64_t)1 << 33},
+        {.label = "d32 causal, keys all in the future: every row empty", .d = 32,
+         .mask = "causal(top_left)", .kv_offset = 1000},
+    };
+    const aj_dtype dtypes[3] = {a, b, a};
+    for (int i = 0; i < 3; i++) {
+        char label[96];
+        snprintf(label, sizeof label, "%s %s", aj_dtype_name(dtypes[i]), rows[i].label);
+        bwd_case c = bwd_case_over(base, &rows[i]);
+        c.label = label;
+        c.dtype = dtypes[i];
+        run(&c);
+    }
+}
 
 static bool is_expr(const char *field)
 {

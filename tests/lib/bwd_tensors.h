@@ -20,16 +20,9 @@
 #include <string.h>
 
 #include "launch_args.h"
+#include "splitmix.h"
 
 static void tolerance_for(aj_dtype dtype, double *atol, double *rtol);
-
-static uint64_t next_random(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);   /* splitmix64 */
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
 
 /* A contiguous tensor in device memory, its host staging copy and its
  * double image. */
@@ -89,7 +82,7 @@ static void store_rounded(tensor *x)
 static void fill(tensor *x, double magnitude, uint64_t *rng)
 {
     for (size_t i = 0; i < x->n; i++)
-        x->ref[i] = magnitude * ((double)(next_random(rng) >> 11) * 0x1p-52 - 1.0);
+        x->ref[i] = magnitude * ((double)(splitmix_next(rng) >> 11) * 0x1p-52 - 1.0);
     store_rounded(x);
 }
 

@@ -18,25 +18,29 @@
 
 static int check_passed, check_failed;
 
+/* Counts one check's outcome; a failure also begins its line on stderr,
+ * "file:line: CHECK failed: cond", which the caller ends. */
+static inline bool check_record(bool ok, const char *file, int line, const char *cond)
+{
+    if (ok) {
+        check_passed++;
+        return true;
+    }
+    check_failed++;
+    fprintf(stderr, "%s:%d: CHECK failed: %s", file, line, cond);
+    return false;
+}
+
 #define CHECK(cond)                                                      \
     do {                                                                 \
-        if (cond) {                                                      \
-            check_passed++;                                              \
-        } else {                                                         \
-            check_failed++;                                              \
-            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__,       \
-                    __LINE__, #cond);                                    \
-        }                                                                \
+        if (!check_record((cond), __FILE__, __LINE__, #cond))            \
+            fputc('\n', stderr);                                         \
     } while (0)
 
 #define CHECK_MSG(cond, ...)                                             \
     do {                                                                 \
-        if (cond) {                                                      \
-            check_passed++;                                              \
-        } else {                                                         \
-            check_failed++;                                              \
-            fprintf(stderr, "%s:%d: CHECK failed: %s: ", __FILE__,       \
-                    __LINE__, #cond);                                    \
+        if (!check_record((cond), __FILE__, __LINE__, #cond)) {          \
+            fputs(": ", stderr);                                         \
             fprintf(stderr, __VA_ARGS__);                                \
             fputc('\n', stderr);                                         \
         }                                                                \

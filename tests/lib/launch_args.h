@@ -10,19 +10,15 @@
 #include <stdint.h>
 
 #include "attnjit/attnjit.h"
+#include "cp/cp.h"   /* aj_cp_dense */
 
-/* A contiguous (row-major) tensor of `rank` dims over data. */
+/* A contiguous (row-major) tensor of `rank` dims over data: cp/common.c's
+ * aj_cp_dense, which the ring's shards use (the users link the static
+ * library). */
 static inline aj_tensor tensor_contiguous(void *data, aj_dtype dtype, int rank,
                                           const int64_t *shape)
 {
-    aj_tensor t = {.data = data, .dtype = dtype, .rank = rank};
-    int64_t stride = 1;
-    for (int i = rank - 1; i >= 0; i--) {
-        t.shape[i] = shape[i];
-        t.strides[i] = stride;
-        stride *= shape[i];
-    }
-    return t;
+    return aj_cp_dense(data, dtype, rank, shape);
 }
 
 /* The same with the dims written out: the first `rank` of a, b, c, d. */

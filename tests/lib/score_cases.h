@@ -19,6 +19,7 @@
 #include "attnjit/attnjit.h"
 #include "check.h"
 #include "spec_dir.h"
+#include "splitmix.h"
 #include "templates/score.h"
 
 /* ---------------------------------------------------------------- fields */
@@ -109,14 +110,6 @@ typedef struct side_data {
     int n;
 } side_data;
 
-static uint64_t score_rand(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);   /* splitmix64 */
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
 /* Data for each declaration of `op` for a problem of batch B, Hq heads and
  * sequence length S: doc (B, S) sorted document ids; prefix (B) lengths in
  * 0..S; rel (Hq, 65) and slopes (Hq) as their examples read them; any
@@ -150,7 +143,7 @@ static void side_make(const aj_op_info *op, int B, int H, int S, uint64_t seed, 
         int32_t *iv = d->mem[d->n];
         float *fv = d->mem[d->n];
         for (int64_t e = 0; e < n; e++) {
-            uint64_t r = score_rand(&rng);
+            uint64_t r = splitmix_next(&rng);
             if (strcmp(decl->name, "doc") == 0)   /* a new document now and then */
                 iv[e] = e % S == 0 ? 0 : iv[e - 1] + (r % 9 == 0);
             else if (strcmp(decl->name, "prefix") == 0)
@@ -224,7 +217,7 @@ static int rx_leaf(rx_tree *t, char type, const char *text)
 
 static int rx_pick(rx_tree *t, int n)
 {
-    return (int)(score_rand(&t->rng) % (uint64_t)n);
+    return (int)(splitmix_next(&t->rng) % (uint64_t)n);
 }
 
 static int rx_gen(rx_tree *t, char type, int depth);

@@ -5,7 +5,9 @@
 #include "sim_harness.h"
 
 #include "ir/op.h"
+#include "case_rows.h"
 #include "spec_compile.h"
+#include "splitmix.h"
 #include "timing.h"
 
 #include <math.h>
@@ -31,6 +33,47 @@ fwd_case fwd_case_base(const char *label, aj_dtype dtype, int d, const char *mas
     return (fwd_case){.label = label, .dtype = dtype, .d = d, .mask = mask, .b = 1, .hq = 2,
                       .hkv = 1, .sq = 67, .sk = 83, .magnitude = 1.0, .seed = 42};
 }
+
+fwd_case fwd_case_over(const fwd_case *base, const fwd_case *row)
+{
+    fwd_case c = *row;
+    CASE_SHARED_FIELDS(CASE_FROM_BASE)
+    CASE_FROM_BASE(bshd)
+    return c;
+}
+
+void fwd_case_rows(const fwd_case *base, const fwd_case *rows, int n,
+                   void (*run)(const fwd_case *c))
+{
+    for (int i = 0; i < n; i++) {
+        fwd_case c = fwd_case_over(base, &rows[i]);
+        run(&c);
+    }
+}
+
+fwd_case fwd_varlen_totals_case(const fwd_case *base, int b, int64_t sq_total,
+                                int64_t sk_total, fwd_options *x)
+{
+    *x = (fwd_options){.dropout = 0.25, .drop_seed = 99, .drop_offset = 3};
+    const fwd_case row = {.label = "f16 d96 varlen alibi dropout causal(bottom_right) totals",
+                          .dtype = AJ_DTYPE_F16, .d = 96, .mask = "causal(bottom_right)",
+                          .b = b, .score_mod = "alibi", .q_offset = 30, .kv_offset = 10,
+                          .sq_total = sq_total, .sk_total = sk_total};
+    return fwd_case_over(base, &row);
+}
+
+const fwd_case fwd_shape_rows[] = {
+    {.label = "bf16 d192 dv128 causal", .dtype = AJ_DTYPE_BF16, .d = 192,
+     .mask = "causal(top_left)", .dv = 128},
+    {.label = "f16 d64 dv128", .dtype = AJ_DTYPE_F16, .d = 64, .mask = "none", .dv = 128},
+    {.label = "bf16 d128 softcap(30) causal", .dtype = AJ_DTYPE_BF16, .d = 128,
+     .mask = "causal(top_left)", .score_mod = "softcap(30.0)", .magnitude = 4.0},
+    {.label = "f32 d64 alibi causal(bottom_right)", .dtype = AJ_DTYPE_F32, .d = 64,
+     .mask = "causal(bottom_right)", .score_mod = "alibi"},
+    {.label = "f16 d64 BSHD strides, batch 2", .dtype = AJ_DTYPE_F16, .d = 64,
+     .mask = "causal(top_left)", .bshd = 1, .b = 2, .hq = 4, .hkv = 2},
+};
+const int fwd_shape_row_count = sizeof fwd_shape_rows / sizeof fwd_shape_rows[0];
 
 /* ---------------------------------------------------------------- kernels */
 
@@ -73,15 +116,6 @@ static aj_status kernel_for(aj_ctx *ctx, aj_target target, const char *spec, aj_
 }
 
 /* ---------------------------------------------------------------- data */
-
-static uint64_t next_random(uint64_t *s)
-{
-    /* splitmix64 */
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
 
 /* A BHSD tensor of the case's dtype, its double image (BHSD contiguous),
  * laid out as BHSD or BSHD. */
@@ -132,7 +166,7 @@ static void fill_tensor(host_tensor *h, double magnitude, uint64_t *rng)
         for (int64_t i1 = 0; i1 < t->shape[1]; i1++)
             for (int64_t i2 = 0; i2 < t->shape[2]; i2++)
                 for (int64_t i3 = 0; i3 < t->shape[3]; i3++, r++) {
-                    double u = (double)(next_random(rng) >> 11) / 9007199254740992.0;
+                    double u = (double)(splitmix_next(rng) >> 11) / 9007199254740992.0;
                     float f = (float)((2 * u - 1) * magnitude);
                     int64_t at = offset_of(t, i0, i1, i2, i3);
                     if (t->dtype == AJ_DTYPE_F32) {

@@ -32,6 +32,19 @@ typedef struct fwd_case {
  * both sides), inputs in [-1, 1], seed 42; a test sets what it varies. */
 fwd_case fwd_case_base(const char *label, aj_dtype dtype, int d, const char *mask);
 
+/* A case written as a table's row (case_rows.h) over base; a case that
+ * needs 0 where base has another value (Sk = 0) is written out. */
+fwd_case fwd_case_over(const fwd_case *base, const fwd_case *row);
+/* Runs fwd_case_over(base, rows[i]) with `run`, in order. */
+void fwd_case_rows(const fwd_case *base, const fwd_case *rows, int n,
+                   void (*run)(const fwd_case *c));
+
+/* The cases of head dims (Dv != D), score_mods and layout that both
+ * test_sim_forward (on sim) and test_cpu_forward (on cpu) run, over
+ * fwd_case_base's case. */
+extern const fwd_case fwd_shape_rows[];
+extern const int fwd_shape_row_count;
+
 /* Options of a case beyond fwd_case (all zero: none). */
 typedef struct fwd_options {
     /* bias = add when bias_shape[3] != 0: a bias of that shape (each dim 1
@@ -49,6 +62,13 @@ typedef struct fwd_options {
     const aj_side_tensor *side;
     int num_side;
 } fwd_options;
+
+/* The varlen case both varlen forward tests run (test_sim_flash_fwd on
+ * sim, test_cpu_forward on cpu): f16 d96 causal(bottom_right), alibi and
+ * dropout, with offsets, over b sequences whose totals are sq_total and
+ * sk_total; *x gets its dropout stream. */
+fwd_case fwd_varlen_totals_case(const fwd_case *base, int b, int64_t sq_total,
+                                int64_t sk_total, fwd_options *x);
 
 typedef struct fwd_result {
     aj_status status;

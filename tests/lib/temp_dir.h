@@ -31,4 +31,16 @@ static inline bool temp_dir_remove(const char *dir)
     return false;
 }
 
+/* Makes the directory of tmpl, runs tests (NULL-terminated) in order and
+ * removes it; false when it cannot be made (nothing runs then). */
+static inline bool temp_dir_run(char *tmpl, void (*const *tests)(void))
+{
+    if (!temp_dir_make(tmpl))
+        return false;
+    for (int i = 0; tests[i]; i++)
+        tests[i]();
+    temp_dir_remove(tmpl);
+    return true;
+}
+
 #endif /* AJ_TESTS_TEMP_DIR_H */

@@ -14,24 +14,17 @@
 #include "check.h"
 #include "ir/op.h"
 #include "ref.h"
+#include "splitmix.h"
 
 /* ---------------------------------------------------------------- helpers */
 
-/* splitmix64: a small deterministic input generator. */
+/* the state of the inputs' generator (splitmix.h) */
 static uint64_t rng_state = 0x5eed5eed5eed5eedull;
-
-static uint64_t splitmix64(void)
-{
-    uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
 
 /* uniform in [-amp, amp) */
 static double urand(double amp)
 {
-    return amp * (ldexp((double)(splitmix64() >> 11), -53) * 2.0 - 1.0);
+    return amp * (ldexp((double)(splitmix_next(&rng_state) >> 11), -53) * 2.0 - 1.0);
 }
 
 static double *zeros(int64_t n)

@@ -23,6 +23,7 @@
 #include "check.h"
 #include "kb_kernel.h"
 #include "runtime/launch_internal.h"
+#include "spec_compile.h"
 
 static aj_ctx *ctx;
 static aj_op *any_op;   /* aj_codegen_run only hands it over */
@@ -158,16 +159,13 @@ static void check_ptx(void)
 static void check_plan(void)
 {
     const char *text = "attention forward flash {\n dtype = f16\n head_dim = 64\n}";
-    aj_op *op = NULL;
     aj_kernel *k = NULL;
     aj_compile_options opt = AJ_COMPILE_OPTIONS_INIT;
     opt.target = AJ_TARGET_SM_80;
-    CHECK_STATUS(ctx, aj_op_parse(ctx, text, strlen(text), "t", &op), AJ_OK);
-    CHECK_STATUS(ctx, aj_compile(ctx, op, &opt, &k), AJ_OK);
+    CHECK_STATUS(ctx, spec_compile(ctx, text, "t", &opt, &k), AJ_OK);
     const aj_byval_args *list = k ? aj_kernel_byval_args(k) : NULL;
     CHECK(list && list->n == 0);
     aj_kernel_destroy(k);
-    aj_op_destroy(op);
 }
 
 /* On the stand-in libcuda: cuLaunchKernel gets the blob's bytes (its log

@@ -358,15 +358,10 @@ static void test_compile_many(void)
 
 int main(void)
 {
-    if (!temp_dir_make(dir))
+    static void (*const tests[])(void) = {
+        test_hit_and_miss, test_damaged_entries, test_two_writers, test_unusable_directories,
+        test_switches, test_eviction, test_compile_many, NULL};
+    if (!temp_dir_run(dir, tests))
         return 2;
-    test_hit_and_miss();
-    test_damaged_entries();
-    test_two_writers();
-    test_unusable_directories();
-    test_switches();
-    test_eviction();
-    test_compile_many();
-    temp_dir_remove(dir);
     return check_report();
 }

@@ -18,6 +18,7 @@
 
 #include "check.h"
 #include "ir/diag.h"   /* AJ_STRUCT_END: the end of the required fields */
+#include "spec_compile.h"
 
 /* A copy of the first `size` bytes of `full` (0 past its end) in a block
  * of exactly `size` bytes, with struct_size = size. */
@@ -55,13 +56,10 @@ static aj_tensor bhs(float *data)
 
 static aj_kernel *compile_text(aj_ctx *ctx, const char *text)
 {
-    aj_op *op = NULL;
     aj_kernel *kernel = NULL;
     aj_compile_options opt = AJ_COMPILE_OPTIONS_INIT;
     opt.target = AJ_TARGET_CPU;
-    CHECK_STATUS(ctx, aj_op_parse(ctx, text, strlen(text), "test", &op), AJ_OK);
-    CHECK_STATUS(ctx, aj_compile(ctx, op, &opt, &kernel), AJ_OK);
-    aj_op_destroy(op);
+    CHECK_STATUS(ctx, spec_compile(ctx, text, "test", &opt, &kernel), AJ_OK);
     return kernel;
 }
 

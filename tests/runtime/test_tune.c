@@ -27,6 +27,24 @@ static aj_ctx *new_ctx(aj_cache_mode mode)
     return ctx;
 }
 
+/* A context (cache `mode`) and a device of `kind` on it (*dev NULL, a
+ * failed CHECK, when none opens). */
+static aj_ctx *open_on(aj_cache_mode mode, aj_device_kind kind, aj_device **dev)
+{
+    aj_ctx *ctx = new_ctx(mode);
+    *dev = NULL;
+    CHECK_STATUS(ctx, aj_device_open(ctx, kind, 0, dev), AJ_OK);
+    return ctx;
+}
+
+/* Frees what a test opened: op, the device, the context. */
+static void close_all(aj_ctx *ctx, aj_device *dev, aj_op *op)
+{
+    aj_op_destroy(op);
+    aj_device_close(dev);
+    aj_ctx_destroy(ctx);
+}
+
 static aj_op *parse(aj_ctx *ctx, const char *text)
 {
     aj_op *op = NULL;
@@ -85,9 +103,8 @@ static void run_forward(aj_ctx *ctx, aj_device *dev, const aj_kernel *k, float *
 
 static void test_tune_and_reuse(void)
 {
-    aj_ctx *ctx = new_ctx(AJ_CACHE_DEFAULT);
-    aj_device *dev = NULL;
-    CHECK_STATUS(ctx, aj_device_open(ctx, AJ_DEVICE_SIM, 0, &dev), AJ_OK);
+    aj_device *dev;
+    aj_ctx *ctx = open_on(AJ_CACHE_DEFAULT, AJ_DEVICE_SIM, &dev);
     aj_op *op = parse(ctx, spec_f32);
     aj_tune_options o = small_problem();
     o.progress = on_progress;
@@ -180,9 +197,8 @@ static void test_tune_and_reuse(void)
 
 static void test_budget_and_persistence(void)
 {
-    aj_ctx *ctx = new_ctx(AJ_CACHE_DEFAULT);
-    aj_device *dev = NULL;
-    CHECK_STATUS(ctx, aj_device_open(ctx, AJ_DEVICE_SIM, 0, &dev), AJ_OK);
+    aj_device *dev;
+    aj_ctx *ctx = open_on(AJ_CACHE_DEFAULT, AJ_DEVICE_SIM, &dev);
     aj_op *op = parse(ctx, "attention forward efficient { dtype = f16 head_dim = 16 }");
     aj_tune_options o = small_problem();
     o.budget_s = 1e-9;     /* spent by compiling: only the first candidate is timed */
@@ -212,18 +228,15 @@ static void test_budget_and_persistence(void)
     CHECK_ERROR(mem, "the tuning database is off");
     aj_ctx_destroy(mem);
 
-    aj_op_destroy(op);
-    aj_device_close(dev);
-    aj_ctx_destroy(ctx);
+    close_all(ctx, dev, op);
 }
 
 /* The cpu device: tiles crossed with thread counts, the default flagged at
  * the device's own count, the winner's count in the database. */
 static void test_cpu(void)
 {
-    aj_ctx *ctx = new_ctx(AJ_CACHE_DEFAULT);
-    aj_device *dev = NULL;
-    CHECK_STATUS(ctx, aj_device_open(ctx, AJ_DEVICE_CPU, 0, &dev), AJ_OK);
+    aj_device *dev;
+    aj_ctx *ctx = open_on(AJ_CACHE_DEFAULT, AJ_DEVICE_CPU, &dev);
     CHECK_STATUS(ctx, aj_device_set_workers(dev, 2), AJ_OK);
     aj_op *op = parse(ctx, spec_f32);
     aj_tune_options o = small_problem();
@@ -262,16 +275,13 @@ static void test_cpu(void)
           li.schedule.block_n == r[0].schedule.block_n);
     aj_kernel_destroy(k);
     aj_free(r);
-    aj_op_destroy(op);
-    aj_device_close(dev);
-    aj_ctx_destroy(ctx);
+    close_all(ctx, dev, op);
 }
 
 static void test_errors(void)
 {
-    aj_ctx *ctx = new_ctx(AJ_CACHE_MEMORY);
-    aj_device *dev = NULL;
-    CHECK_STATUS(ctx, aj_device_open(ctx, AJ_DEVICE_SIM, 0, &dev), AJ_OK);
+    aj_device *dev;
+    aj_ctx *ctx = open_on(AJ_CACHE_MEMORY, AJ_DEVICE_SIM, &dev);
     aj_op *op = parse(ctx, spec_f32);
     aj_tune_result *r = NULL;
     int32_t n = 0;
@@ -319,19 +329,14 @@ static void test_errors(void)
 
     aj_op_destroy(bad);
     aj_op_destroy(merge);
-    aj_op_destroy(op);
-    aj_device_close(dev);
-    aj_ctx_destroy(ctx);
+    close_all(ctx, dev, op);
 }
 
 int main(void)
 {
-    if (!temp_dir_make(cache_dir))
+    static void (*const tests[])(void) = {test_tune_and_reuse, test_budget_and_persistence,
+                                          test_cpu, test_errors, NULL};
+    if (!temp_dir_run(cache_dir, tests))
         return 1;
-    test_tune_and_reuse();
-    test_budget_and_persistence();
-    test_cpu();
-    test_errors();
-    temp_dir_remove(cache_dir);
     return check_report();
 }

@@ -18,6 +18,7 @@
 #include "check_compile.h"
 #include "fwd_check.h"
 #include "sim_harness.h"
+#include "test_main.h"
 
 static aj_ctx *ctx;
 static aj_device *dev;
@@ -51,47 +52,28 @@ static void run(const fwd_case *c)
     run_with(c, NULL);
 }
 
+/* head dims, score_mods and strides (fwd_shape_rows, which test_sim_forward
+ * runs on sim), odd output vectors, the flash variant, the cpu's schedules */
 static void test_variants(void)
 {
-    fwd_case c = fwd_case_base("bf16 d192 dv128 causal", AJ_DTYPE_BF16, 192, "causal(top_left)");
-    c.dv = 128;
-    run(&c);
-    c = fwd_case_base("f16 d64 dv128", AJ_DTYPE_F16, 64, "none");
-    c.dv = 128;
-    run(&c);
-    c = fwd_case_base("f32 d8 dv24 (odd output vectors)", AJ_DTYPE_F32, 8, "causal(top_left)");
-    c.dv = 24;
-    run(&c);
-    c = fwd_case_base("bf16 d128 softcap(30) causal", AJ_DTYPE_BF16, 128, "causal(top_left)");
-    c.score_mod = "softcap(30.0)";
-    c.magnitude = 4.0;
-    run(&c);
-    c = fwd_case_base("flash f16 d64 softcap(5) window", AJ_DTYPE_F16, 64, "window(30, 0)");
+    static const fwd_case rows[] = {
+        {.label = "f32 d8 dv24 (odd output vectors)", .dtype = AJ_DTYPE_F32, .d = 8,
+         .mask = "causal(top_left)", .dv = 24},
+        {.label = "f16 d96 schedule (block_m 32, block_n 32)", .dtype = AJ_DTYPE_F16, .d = 96,
+         .mask = "causal(bottom_right)", .schedule = "(block_m = 32, block_n = 32)"},
+        {.label = "bf16 d64 schedule (block_m 16, block_n 256)", .dtype = AJ_DTYPE_BF16,
+         .d = 64, .mask = "window(40, 40)", .schedule = "(block_m = 16, block_n = 256)"},
+        {.label = "f32 d256 schedule (block_m 256, block_n 64)", .dtype = AJ_DTYPE_F32,
+         .d = 256, .mask = "none", .schedule = "(block_m = 256, block_n = 64)", .sq = 300},
+    };
+    const fwd_case base = fwd_case_base(NULL, AJ_DTYPE_F16, 0, NULL);
+    fwd_case_rows(&base, fwd_shape_rows, fwd_shape_row_count, run);
+    fwd_case_rows(&base, rows, sizeof rows / sizeof rows[0], run);
+    fwd_case c =
+        fwd_case_base("flash f16 d64 softcap(5) window", AJ_DTYPE_F16, 64, "window(30, 0)");
     c.score_mod = "softcap(5.0)";
     c.magnitude = 3.0;
     run_variant(&c, NULL, "flash");
-    c = fwd_case_base("f32 d64 alibi causal(bottom_right)", AJ_DTYPE_F32, 64,
-                      "causal(bottom_right)");
-    c.score_mod = "alibi";
-    run(&c);
-    c = fwd_case_base("f16 d64 BSHD strides, batch 2", AJ_DTYPE_F16, 64, "causal(top_left)");
-    c.bshd = 1;
-    c.b = 2;
-    c.hq = 4;
-    c.hkv = 2;
-    run(&c);
-    c = fwd_case_base("f16 d96 schedule (block_m 32, block_n 32)", AJ_DTYPE_F16, 96,
-                      "causal(bottom_right)");
-    c.schedule = "(block_m = 32, block_n = 32)";
-    run(&c);
-    c = fwd_case_base("bf16 d64 schedule (block_m 16, block_n 256)", AJ_DTYPE_BF16, 64,
-                      "window(40, 40)");
-    c.schedule = "(block_m = 16, block_n = 256)";
-    run(&c);
-    c = fwd_case_base("f32 d256 schedule (block_m 256, block_n 64)", AJ_DTYPE_F32, 256, "none");
-    c.schedule = "(block_m = 256, block_n = 64)";
-    c.sq = 300;
-    run(&c);
 }
 
 /* bias (broadcast and full), dropout */
@@ -155,19 +137,9 @@ static void test_varlen(void)
         run_ext(&c, NULL, &how);
     }
     fwd_run_options how = {.seqlens_q = lq, .seqlens_k = lk};
+    const fwd_case base = fwd_case_base(NULL, AJ_DTYPE_F16, 0, NULL);
     fwd_options x;
-    memset(&x, 0, sizeof x);
-    x.dropout = 0.25;
-    x.drop_seed = 99;
-    x.drop_offset = 3;
-    fwd_case c = fwd_case_base("f16 d96 varlen alibi dropout causal(bottom_right) totals",
-                               AJ_DTYPE_F16, 96, "causal(bottom_right)");
-    c.b = 6;
-    c.score_mod = "alibi";
-    c.q_offset = 30;
-    c.kv_offset = 10;
-    c.sq_total = 400;
-    c.sk_total = 350;
+    fwd_case c = fwd_varlen_totals_case(&base, 6, 400, 350, &x);
     run_ext(&c, &x, &how);
     c = fwd_case_base("bf16 d64 varlen softcap(10) window(8, 8) block_m 16", AJ_DTYPE_BF16, 64,
                       "window(8, 8)");
@@ -398,23 +370,20 @@ static void test_varlen_bad_offsets(void)
     aj_kernel_destroy(kernel);
 }
 
-int main(void)
+/* the device test_main opened is the cpu's */
+static void test_device(void)
 {
-    CHECK(aj_ctx_create(NULL, &ctx) == AJ_OK);
-    CHECK_STATUS(ctx, aj_device_open(ctx, AJ_DEVICE_CPU, 0, &dev), AJ_OK);
-    if (!dev)
-        return check_report();
     CHECK(aj_device_target(dev) == AJ_TARGET_CPU);
     printf("device %s\n", aj_device_name(dev));
-    test_variants();
-    test_bias_dropout();
-    test_varlen();
-    test_varlen_accumulate();
-    test_varlen_bad_offsets();
-    test_long();
-    printf("%d cases\n", cases_run);
-    fwd_cache_clear();
-    aj_device_close(dev);
-    aj_ctx_destroy(ctx);
-    return check_report();
+}
+
+int main(int argc, char **argv)
+{
+    static void (*const tests[])(void) = {
+        test_device, test_variants, test_bias_dropout, test_varlen, test_varlen_accumulate,
+        test_varlen_bad_offsets, test_long, NULL};
+    return test_main(argc, argv,
+                     &(test_main_args){.fallback = AJ_DEVICE_CPU, .ctx = &ctx, .dev = &dev,
+                                       .tests = tests, .cases = &cases_run,
+                                       .cleanup = fwd_cache_clear});
 }

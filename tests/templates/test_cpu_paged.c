@@ -58,6 +58,17 @@ static void run(const paged_case *c)
     aj_kernel_destroy(kernel);
 }
 
+/* bf16 d64 over the sequences of lens (4), 2 queries each, in pages of
+ * page_size tokens laid out as `layout` (PAGED_*). */
+static void run_pages(const int32_t *lens, int page_size, int layout)
+{
+    paged_case c = paged_base(AJ_DTYPE_BF16, AJ_DTYPE_BF16, 64, lens, 4);
+    c.page_size = page_size;
+    c.pages = layout;
+    c.sq = 2;
+    run(&c);
+}
+
 /* Each dimension over its advertised range, the others at a base. */
 static void test_sweep(void)
 {
@@ -75,22 +86,12 @@ static void test_sweep(void)
     static const int page_sizes[4] = {1, 16, 64, 256};
     static const int layouts[3] = {PAGED_IN_ORDER, PAGED_SHUFFLED, PAGED_SHARED_PREFIX};
     for (int i = 0; i < 4; i++)
-        for (int j = 0; j < 3; j++) {
-            paged_case c = paged_base(AJ_DTYPE_BF16, AJ_DTYPE_BF16, 64, lens, 4);
-            c.page_size = page_sizes[i];
-            c.pages = layouts[j];
-            c.sq = 2;
-            run(&c);
-        }
+        for (int j = 0; j < 3; j++)
+            run_pages(lens, page_sizes[i], layouts[j]);
     /* every page size the layout takes (1..256: a launch argument, one
      * kernel), pages shuffled */
-    for (int ps = 1; ps <= 256; ps++) {
-        paged_case c = paged_base(AJ_DTYPE_BF16, AJ_DTYPE_BF16, 64, lens, 4);
-        c.page_size = ps;
-        c.pages = PAGED_SHUFFLED;
-        c.sq = 2;
-        run(&c);
-    }
+    for (int ps = 1; ps <= 256; ps++)
+        run_pages(lens, ps, PAGED_SHUFFLED);
     for (int sq = 1; sq <= 16; sq++) {
         paged_case c = paged_base(AJ_DTYPE_F16, AJ_DTYPE_F16, 128, lens, 4);
         c.sq = sq;

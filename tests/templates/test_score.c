@@ -207,7 +207,7 @@ static void dev_fwd_make(dev_fwd *f, aj_dtype dt, int B, int H, int S, int D)
     float *qkv[3] = {malloc(f->n * 4), malloc(f->n * 4), malloc(f->n * 4)};
     for (size_t e = 0; e < f->n; e++)
         for (int t = 0; t < 3; t++)
-            qkv[t][e] = (float)((double)(score_rand(&rng) >> 11) / 9007199254740992.0 - 0.5);
+            qkv[t][e] = (float)((double)(splitmix_next(&rng) >> 11) / 9007199254740992.0 - 0.5);
     for (int t = 0; t < 3; t++) {
         aj_convert(qkv[t], AJ_DTYPE_F32, staged, dt, f->n);
         aj_device_copy_to(dev, f->mem[t], staged, f->n * f->elem);

@@ -27,11 +27,12 @@
 #include "check.h"
 #include "ref.h"
 #include "bwd_case.h"
+#include "test_main.h"
 
 static aj_ctx *ctx;
-static aj_variant variant = AJ_VARIANT_EFFICIENT;   /* of the ops compiled */
 static aj_device *dev;
 static int cases_run;
+static int on_cpu;   /* the cpu device: test_cpu_variant_and_long runs */
 
 /* f16 and bf16 gradients carry their storage rounding (2^-11, 2^-8 of the
  * largest element) plus that of the rounded O fed to Delta; f32 sees
@@ -53,8 +54,8 @@ static void make(tensor *x, aj_dtype dtype, int64_t b, int64_t h, int64_t s, int
     tensor_make(x, dev, dtype, 4, (const int64_t[]){b, h, s, d});
 }
 
-/* Runs one case; with `twice`, runs it again and wants identical bits. */
-static void run(const bwd_case *c, int twice)
+/* Runs one case; with c->repeat, runs it again and wants identical bits. */
+static void run(const bwd_case *c)
 {
     if (!check_sampled())
         return;
@@ -100,7 +101,7 @@ static void run(const bwd_case *c, int twice)
     /* dbias (f32) is checked with f32's tolerance pair */
     if (st == AJ_OK)
         bwd_check_grads(c, &p, &x, has_bias ? &dbias : NULL);
-    if (twice && st == AJ_OK) {
+    if (c->repeat && st == AJ_OK) {
         static const char *const names[4] = {"dq", "dk", "dv", "dbias"};
         tensor *outs[4] = {&x.dq, &x.dk, &x.dv, &dbias};
         int nouts = has_bias ? 4 : 3;
@@ -130,8 +131,8 @@ static void run(const bwd_case *c, int twice)
 
 static bwd_case base(const char *label, aj_dtype dtype, int d, const char *mask)
 {
-    return (bwd_case){.label = label, .variant = variant, .dtype = dtype, .d = d, .mask = mask,
-                      .b = 1, .hq = 2, .hkv = 1, .sq = 37, .sk = 70, .seed = 11};
+    return (bwd_case){.label = label, .variant = AJ_VARIANT_EFFICIENT, .dtype = dtype, .d = d,
+                      .mask = mask, .b = 1, .hq = 2, .hkv = 1, .sq = 37, .sk = 70, .seed = 11};
 }
 
 /* dtypes x head dims x masks, GQA 2:1, Sq != Sk with tails */
@@ -155,85 +156,57 @@ static void test_matrix(void)
                 c.dv = dims[d][1];
                 c.sq = dims[d][0] >= 192 ? 21 : 37;
                 c.sk = dims[d][0] >= 192 ? 40 : 70;
-                run(&c, 0);
+                run(&c);
                 n++;
             }
 }
 
-static void test_shapes(void)
+/* the rows over base()'s case */
+static void run_rows(const bwd_case *rows, int n)
 {
-    bwd_case c = base("f32 d64 GQA 4:1 causal(bottom_right), batch 2", AJ_DTYPE_F32, 64,
-                      "causal(bottom_right)");
-    c.b = 2;
-    c.hq = 8;
-    c.hkv = 2;
-    c.sq = 33;
-    c.sk = 33;
-    run(&c, 0);
-    c = base("f16 d64 Sq 1, Sk 17", AJ_DTYPE_F16, 64, "causal(bottom_right)");
-    c.sq = 1;
-    c.sk = 17;
-    run(&c, 0);
-    c = base("bf16 d32 Sq 70, Sk 37 causal: rows without keys", AJ_DTYPE_BF16, 32,
-             "causal(bottom_right)");
-    c.sq = 70;
-    c.sk = 37;
-    run(&c, 0);
-    c = base("f32 d8 window(3, 2) (narrow row groups)", AJ_DTYPE_F32, 8, "window(3, 2, top_left)");
-    run(&c, 0);
+    const bwd_case b = base(NULL, AJ_DTYPE_F16, 0, NULL);
+    bwd_case_rows(&b, rows, n, run);
 }
 
-static void test_offsets(void)
+static void test_shapes(void)
 {
-    bwd_case c = base("f32 d64 causal, offsets (chunk of a longer sequence)", AJ_DTYPE_F32, 64,
-                      "causal(bottom_right)");
-    c.q_offset = 100;
-    c.kv_offset = 64;
-    c.sq_total = 140;
-    c.sk_total = 170;
-    run(&c, 0);
-    c = base("f16 d64 window, offsets past 2^31", AJ_DTYPE_F16, 64, "window(30, 0, top_left)");
-    c.q_offset = ((int64_t)1 << 33) + 40;
-    c.kv_offset = (int64_t)1 << 33;
-    run(&c, 0);
-    c = base("f32 d32 causal, keys all in the future: every row empty", AJ_DTYPE_F32, 32,
-             "causal(top_left)");
-    c.kv_offset = 1000;
-    run(&c, 0);
+    static const bwd_case rows[] = {
+        {.label = "f32 d64 GQA 4:1 causal(bottom_right), batch 2", .dtype = AJ_DTYPE_F32,
+         .d = 64, .mask = "causal(bottom_right)", .b = 2, .hq = 8, .hkv = 2, .sq = 33, .sk = 33},
+        {.label = "f16 d64 Sq 1, Sk 17", .dtype = AJ_DTYPE_F16, .d = 64,
+         .mask = "causal(bottom_right)", .sq = 1, .sk = 17},
+        {.label = "bf16 d32 Sq 70, Sk 37 causal: rows without keys", .dtype = AJ_DTYPE_BF16,
+         .d = 32, .mask = "causal(bottom_right)", .sq = 70, .sk = 37},
+        {.label = "f32 d8 window(3, 2) (narrow row groups)", .dtype = AJ_DTYPE_F32, .d = 8,
+         .mask = "window(3, 2, top_left)"},
+    };
+    run_rows(rows, sizeof rows / sizeof rows[0]);
 }
 
 static void test_score_mods(void)
 {
-    bwd_case c = base("f32 d64 softcap(5) causal", AJ_DTYPE_F32, 64, "causal(top_left)");
-    c.score_mod = "softcap(5.0)";
-    c.magnitude = 3.0;
-    run(&c, 0);
-    c = base("bf16 d128 softcap(30)", AJ_DTYPE_BF16, 128, "none");
-    c.score_mod = "softcap(30.0)";
-    c.magnitude = 4.0;
-    run(&c, 0);
-    c = base("f32 d64 alibi causal(bottom_right), offsets", AJ_DTYPE_F32, 64,
-             "causal(bottom_right)");
-    c.score_mod = "alibi";
-    c.hq = 4;
-    c.hkv = 2;
-    c.q_offset = 7;
-    run(&c, 0);
-    c = base("f16 d64 alibi window", AJ_DTYPE_F16, 64, "window(16, 16, top_left)");
-    c.score_mod = "alibi";
-    run(&c, 0);
+    static const bwd_case rows[] = {
+        {.label = "f32 d64 softcap(5) causal", .dtype = AJ_DTYPE_F32, .d = 64,
+         .mask = "causal(top_left)", .score_mod = "softcap(5.0)", .magnitude = 3.0},
+        {.label = "bf16 d128 softcap(30)", .dtype = AJ_DTYPE_BF16, .d = 128, .mask = "none",
+         .score_mod = "softcap(30.0)", .magnitude = 4.0},
+        {.label = "f32 d64 alibi causal(bottom_right), offsets", .dtype = AJ_DTYPE_F32, .d = 64,
+         .mask = "causal(bottom_right)", .score_mod = "alibi", .hq = 4, .hkv = 2, .q_offset = 7},
+        {.label = "f16 d64 alibi window", .dtype = AJ_DTYPE_F16, .d = 64,
+         .mask = "window(16, 16, top_left)", .score_mod = "alibi"},
+    };
+    run_rows(rows, sizeof rows / sizeof rows[0]);
 }
 
 static void test_deterministic(void)
 {
-    bwd_case c = base("f32 d64 GQA 4:1 causal: two runs, same bits", AJ_DTYPE_F32, 64,
-                      "causal(top_left)");
-    c.hq = 4;
-    c.sq = 70;
-    c.sk = 70;
-    run(&c, 1);
-    c = base("bf16 d128 window: two runs, same bits", AJ_DTYPE_BF16, 128, "window(20, 5, top_left)");
-    run(&c, 1);
+    static const bwd_case rows[] = {
+        {.label = "f32 d64 GQA 4:1 causal: two runs, same bits", .dtype = AJ_DTYPE_F32, .d = 64,
+         .mask = "causal(top_left)", .hq = 4, .sq = 70, .sk = 70, .repeat = 1},
+        {.label = "bf16 d128 window: two runs, same bits", .dtype = AJ_DTYPE_BF16, .d = 128,
+         .mask = "window(20, 5, top_left)", .repeat = 1},
+    };
+    run_rows(rows, sizeof rows / sizeof rows[0]);
 }
 
 /* dropout: the forward's keep mask recomputed in both stages */
@@ -251,25 +224,24 @@ static void test_dropout(void)
             c.dropout = ps[x];
             c.drop_seed = 0x1234567890abcdefull + (uint64_t)n;
             c.drop_offset = (uint64_t)n << 33 | 5;
-            run(&c, 0);
+            run(&c);
             n++;
         }
-    bwd_case c = base("f16 d64 GQA 4:1 dropout 0.2 window, offsets", AJ_DTYPE_F16, 64,
-                      "window(20, 5, bottom_right)");
-    c.b = 2;
-    c.hq = 4;
-    c.hkv = 1;
-    c.q_offset = 40;
-    c.kv_offset = 9;
-    c.dropout = 0.2;
-    c.drop_seed = 42;
-    c.drop_offset = 7;
-    run(&c, 0);
-    c = base("bf16 d128 dropout 0.3 causal: two runs, same bits", AJ_DTYPE_BF16, 128,
-             "causal(bottom_right)");
-    c.dropout = 0.3;
-    c.drop_seed = 99;
-    run(&c, 1);
+    static const bwd_case rows[] = {
+        {.label = "f16 d64 GQA 4:1 dropout 0.2 window, offsets", .dtype = AJ_DTYPE_F16, .d = 64,
+         .mask = "window(20, 5, bottom_right)", .b = 2, .hq = 4, .hkv = 1, .q_offset = 40,
+         .kv_offset = 9, .dropout = 0.2, .drop_seed = 42, .drop_offset = 7},
+        {.label = "bf16 d128 dropout 0.3 causal: two runs, same bits", .dtype = AJ_DTYPE_BF16,
+         .d = 128, .mask = "causal(bottom_right)", .dropout = 0.3, .drop_seed = 99,
+         .repeat = 1},
+    };
+    run_rows(rows, sizeof rows / sizeof rows[0]);
+}
+
+static void test_offsets(void)
+{
+    const bwd_case b = base(NULL, AJ_DTYPE_F16, 0, NULL);
+    bwd_offset_cases(&b, AJ_DTYPE_F32, AJ_DTYPE_F16, run);
 }
 
 /* bias and dbias over every broadcast shape */
@@ -290,51 +262,36 @@ static void test_bias(void)
         c.bias_shape[3] = c.sk;
         snprintf(labels[s], sizeof labels[s], "f32 d64 GQA bias [%lld, %lld, Sq, Sk] %s",
                  (long long)c.bias_shape[0], (long long)c.bias_shape[1], c.mask);
-        run(&c, s == 3);
+        c.repeat = s == 3;
+        run(&c);
     }
-    bwd_case c = base("bf16 d64 bias [1, H, Sq, Sk] softcap(5) causal", AJ_DTYPE_BF16, 64,
-                      "causal(bottom_right)");
-    c.score_mod = "softcap(5.0)";
-    c.magnitude = 3.0;
-    c.bias_shape[0] = 1;
-    c.bias_shape[1] = c.hq;
-    c.bias_shape[2] = c.sq;
-    c.bias_shape[3] = c.sk;
-    run(&c, 0);
-    c = base("f16 d32 bias [B, 1, Sq, Sk] + dropout 0.25 window", AJ_DTYPE_F16, 32,
-             "window(10, 3, top_left)");
-    c.b = 2;
-    c.dropout = 0.25;
-    c.drop_seed = 5;
-    c.drop_offset = 1;
-    c.bias_shape[0] = c.b;
-    c.bias_shape[1] = 1;
-    c.bias_shape[2] = c.sq;
-    c.bias_shape[3] = c.sk;
-    run(&c, 1);
+    static const bwd_case rows[] = {
+        {.label = "bf16 d64 bias [1, H, Sq, Sk] softcap(5) causal", .dtype = AJ_DTYPE_BF16,
+         .d = 64, .mask = "causal(bottom_right)", .score_mod = "softcap(5.0)", .magnitude = 3.0,
+         .bias_shape = {1, 2, 37, 70}},
+        {.label = "f16 d32 bias [B, 1, Sq, Sk] + dropout 0.25 window", .dtype = AJ_DTYPE_F16,
+         .d = 32, .mask = "window(10, 3, top_left)", .b = 2, .dropout = 0.25, .drop_seed = 5,
+         .drop_offset = 1, .bias_shape = {2, 1, 37, 70}, .repeat = 1},
+    };
+    run_rows(rows, sizeof rows / sizeof rows[0]);
 }
 
 /* cpu only: the flash variant (the same kernels) and lengths sim cannot
  * afford */
 static void test_cpu_variant_and_long(void)
 {
-    variant = AJ_VARIANT_FLASH;
-    bwd_case c = base("flash bf16 d128 GQA 2:1 causal(bottom_right)", AJ_DTYPE_BF16, 128,
-                      "causal(bottom_right)");
-    run(&c, 0);
-    c = base("flash f16 d64 S 512 causal, GQA 2:1: two runs, same bits", AJ_DTYPE_F16, 64,
-             "causal(top_left)");
-    c.sq = 512;
-    c.sk = 512;
-    run(&c, 1);
-    variant = AJ_VARIANT_EFFICIENT;
-    c = base("f32 d128 Sq 200 Sk 500 window(100, 20), dropout 0.1", AJ_DTYPE_F32, 128,
-             "window(100, 20, bottom_right)");
-    c.sq = 200;
-    c.sk = 500;
-    c.dropout = 0.1;
-    c.drop_seed = 3;
-    run(&c, 0);
+    static const bwd_case rows[] = {
+        {.label = "flash bf16 d128 GQA 2:1 causal(bottom_right)", .variant = AJ_VARIANT_FLASH,
+         .dtype = AJ_DTYPE_BF16, .d = 128, .mask = "causal(bottom_right)"},
+        {.label = "flash f16 d64 S 512 causal, GQA 2:1: two runs, same bits",
+         .variant = AJ_VARIANT_FLASH, .dtype = AJ_DTYPE_F16, .d = 64, .mask = "causal(top_left)",
+         .sq = 512, .sk = 512, .repeat = 1},
+        {.label = "f32 d128 Sq 200 Sk 500 window(100, 20), dropout 0.1", .dtype = AJ_DTYPE_F32,
+         .d = 128, .mask = "window(100, 20, bottom_right)", .sq = 200, .sk = 500, .dropout = 0.1,
+         .drop_seed = 3},
+    };
+    if (on_cpu)
+        run_rows(rows, sizeof rows / sizeof rows[0]);
 }
 
 /* test_sim_backward [cuda | cpu]: on the sim device (ctest), on a GPU
@@ -342,30 +299,11 @@ static void test_cpu_variant_and_long(void)
  * cpu device. */
 int main(int argc, char **argv)
 {
-    int gpu = argc > 1 && strcmp(argv[1], "cuda") == 0;
-    int cpu = argc > 1 && strcmp(argv[1], "cpu") == 0;
-    CHECK(aj_ctx_create(NULL, &ctx) == AJ_OK);
-    aj_status st = aj_device_open(ctx, gpu ? AJ_DEVICE_CUDA : cpu ? AJ_DEVICE_CPU : AJ_DEVICE_SIM,
-                                  0, &dev);
-    if (gpu && st != AJ_OK) {
-        printf("SKIP backward check on a GPU: %s\n", aj_last_error(ctx));
-        aj_ctx_destroy(ctx);
-        return 77;
-    }
-    CHECK_STATUS(ctx, st, AJ_OK);
-    if (!dev)
-        return check_report();
-    test_matrix();
-    test_shapes();
-    test_offsets();
-    test_score_mods();
-    test_deterministic();
-    test_dropout();
-    test_bias();
-    if (cpu)
-        test_cpu_variant_and_long();
-    printf("%d cases\n", cases_run);
-    aj_device_close(dev);
-    aj_ctx_destroy(ctx);
-    return check_report();
+    static void (*const tests[])(void) = {
+        test_matrix, test_shapes, test_offsets, test_score_mods, test_deterministic,
+        test_dropout, test_bias, test_cpu_variant_and_long, NULL};
+    on_cpu = test_main_device(argc, argv, AJ_DEVICE_SIM) == AJ_DEVICE_CPU;
+    return test_main(argc, argv,
+                     &(test_main_args){.fallback = AJ_DEVICE_SIM, .ctx = &ctx, .dev = &dev,
+                                       .tests = tests, .cases = &cases_run});
 }

@@ -28,6 +28,8 @@
 #include "check.h"
 #include "fwd_check.h"
 #include "sim_harness.h"
+#include "splitmix.h"
+#include "test_main.h"
 
 static aj_ctx *ctx;
 static aj_device *dev;
@@ -52,10 +54,7 @@ static uint64_t rng_state = 7;
 /* uniform in [-1, 1) (splitmix64) */
 static double uniform(void)
 {
-    uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    z ^= z >> 31;
+    uint64_t z = splitmix_next(&rng_state);
     return 2.0 * (double)(z >> 11) / 9007199254740992.0 - 1.0;
 }
 
@@ -598,19 +597,10 @@ static void test_dropout_mask(void)
 
 int main(int argc, char **argv)
 {
-    int cpu = argc > 1 && strcmp(argv[1], "cpu") == 0;
-    CHECK(aj_ctx_create(NULL, &ctx) == AJ_OK);
-    CHECK_STATUS(ctx, aj_device_open(ctx, cpu ? AJ_DEVICE_CPU : AJ_DEVICE_SIM, 0, &dev), AJ_OK);
-    if (!dev)
-        return check_report();
-    test_accumulate();
-    test_merge();
-    test_merge_of_forwards();
-    test_bias();
-    test_dropout();
-    test_dropout_mask();
-    fwd_cache_clear();
-    aj_device_close(dev);
-    aj_ctx_destroy(ctx);
-    return check_report();
+    static void (*const tests[])(void) = {
+        test_accumulate, test_merge, test_merge_of_forwards, test_bias, test_dropout,
+        test_dropout_mask, NULL};
+    return test_main(argc, argv,
+                     &(test_main_args){.fallback = AJ_DEVICE_SIM, .ctx = &ctx, .dev = &dev,
+                                       .tests = tests, .cleanup = fwd_cache_clear});
 }

@@ -41,6 +41,7 @@
 #include "score_cases.h"
 #include "sim_harness.h"
 #include "sweep_cases.h"
+#include "test_main.h"
 
 static aj_ctx *ctx;
 static aj_device *dev;
@@ -333,167 +334,128 @@ static void test_odd_dims(void)
                       dims[d][1], (d + d / 4) % 4, (d / 2) % 2);
 }
 
+/* the rows over base()'s case: deterministic, or with dQ by atomics */
+static void run_rows(const bwd_case *rows, int n, int deterministic)
+{
+    bwd_case b = base(NULL, AJ_DTYPE_F16, 0, NULL);
+    b.deterministic = deterministic;
+    bwd_case_rows(&b, rows, n, run);
+}
+
 static void test_shapes(void)
 {
-    bwd_case c = base("f16 d64 GQA 4:1 causal(bottom_right), batch 2", AJ_DTYPE_F16, 64,
-                     "causal(bottom_right)");
-    c.b = 2;
-    c.hq = 8;
-    c.hkv = 2;
-    c.sq = 33;
-    c.sk = 33;
-    run(&c);
-    c = base("bf16 d32 Sq 70, Sk 37 causal: rows without keys", AJ_DTYPE_BF16, 32,
-             "causal(bottom_right)");
-    c.sq = 70;
-    c.sk = 37;
-    run(&c);
-    c = base("f16 d64 Sq 1, Sk 17, atomic dq", AJ_DTYPE_F16, 64, "none");
-    c.sq = 1;
-    c.sk = 17;
-    c.deterministic = 0;
-    run(&c);
+    static const bwd_case rows[] = {
+        {.label = "f16 d64 GQA 4:1 causal(bottom_right), batch 2", .dtype = AJ_DTYPE_F16,
+         .d = 64, .mask = "causal(bottom_right)", .b = 2, .hq = 8, .hkv = 2, .sq = 33, .sk = 33},
+        {.label = "bf16 d32 Sq 70, Sk 37 causal: rows without keys", .dtype = AJ_DTYPE_BF16,
+         .d = 32, .mask = "causal(bottom_right)", .sq = 70, .sk = 37},
+    };
+    static const bwd_case atomic[] = {
+        {.label = "f16 d64 Sq 1, Sk 17, atomic dq", .dtype = AJ_DTYPE_F16, .d = 64,
+         .mask = "none", .sq = 1, .sk = 17},
+    };
+    run_rows(rows, sizeof rows / sizeof rows[0], 1);
+    run_rows(atomic, sizeof atomic / sizeof atomic[0], 0);
 }
 
 static void test_offsets(void)
 {
-    bwd_case c = base("f16 d64 causal, offsets (chunk of a longer sequence)", AJ_DTYPE_F16, 64,
-                     "causal(bottom_right)");
-    c.q_offset = 100;
-    c.kv_offset = 64;
-    c.sq_total = 140;
-    c.sk_total = 170;
-    run(&c);
-    c = base("bf16 d64 window, offsets past 2^31", AJ_DTYPE_BF16, 64, "window(30, 0, top_left)");
-    c.q_offset = ((int64_t)1 << 33) + 40;
-    c.kv_offset = (int64_t)1 << 33;
-    run(&c);
-    c = base("f16 d32 causal, keys all in the future: every row empty", AJ_DTYPE_F16, 32,
-             "causal(top_left)");
-    c.kv_offset = 1000;
-    run(&c);
+    const bwd_case b = base(NULL, AJ_DTYPE_F16, 0, NULL);
+    bwd_offset_cases(&b, AJ_DTYPE_F16, AJ_DTYPE_BF16, run);
 }
 
 static void test_score_mods(void)
 {
-    bwd_case c = base("f16 d64 softcap(5) causal", AJ_DTYPE_F16, 64, "causal(top_left)");
-    c.score_mod = "softcap(5.0)";
-    c.magnitude = 3.0;
-    run(&c);
-    c = base("bf16 d128 alibi causal(bottom_right) GQA 2:1, offsets", AJ_DTYPE_BF16, 128,
-             "causal(bottom_right)");
-    c.score_mod = "alibi";
-    c.hq = 4;
-    c.hkv = 2;
-    c.q_offset = 7;
-    run(&c);
+    static const bwd_case rows[] = {
+        {.label = "f16 d64 softcap(5) causal", .dtype = AJ_DTYPE_F16, .d = 64,
+         .mask = "causal(top_left)", .score_mod = "softcap(5.0)", .magnitude = 3.0},
+        {.label = "bf16 d128 alibi causal(bottom_right) GQA 2:1, offsets",
+         .dtype = AJ_DTYPE_BF16, .d = 128, .mask = "causal(bottom_right)", .score_mod = "alibi",
+         .hq = 4, .hkv = 2, .q_offset = 7},
+    };
+    run_rows(rows, sizeof rows / sizeof rows[0], 1);
 }
 
 static void test_dropout(void)
 {
-    bwd_case c = base("f16 d64 GQA 2:1 dropout 0.2 causal", AJ_DTYPE_F16, 64, "causal(top_left)");
-    c.dropout = 0.2;
-    c.drop_seed = 0x1234567890abcdefull;
-    c.drop_offset = (uint64_t)3 << 33 | 5;
-    run(&c);
-    c = base("bf16 d64 GQA 4:1 dropout 0.3 window, offsets, atomic dq", AJ_DTYPE_BF16, 64,
-             "window(20, 5, bottom_right)");
-    c.b = 2;
-    c.hq = 4;
-    c.q_offset = 40;
-    c.kv_offset = 9;
-    c.dropout = 0.3;
-    c.drop_seed = 42;
-    c.drop_offset = 7;
-    c.deterministic = 0;
-    run(&c);
+    static const bwd_case rows[] = {
+        {.label = "f16 d64 GQA 2:1 dropout 0.2 causal", .dtype = AJ_DTYPE_F16, .d = 64,
+         .mask = "causal(top_left)", .dropout = 0.2, .drop_seed = 0x1234567890abcdefull,
+         .drop_offset = (uint64_t)3 << 33 | 5},
+    };
+    static const bwd_case atomic[] = {
+        {.label = "bf16 d64 GQA 4:1 dropout 0.3 window, offsets, atomic dq",
+         .dtype = AJ_DTYPE_BF16, .d = 64, .mask = "window(20, 5, bottom_right)", .b = 2,
+         .hq = 4, .q_offset = 40, .kv_offset = 9, .dropout = 0.3, .drop_seed = 42,
+         .drop_offset = 7},
+    };
+    run_rows(rows, sizeof rows / sizeof rows[0], 1);
+    run_rows(atomic, sizeof atomic / sizeof atomic[0], 0);
 }
 
 /* deterministic: the same bits on a rerun, on 1 and on 3 worker threads */
 static void test_deterministic(void)
 {
-    bwd_case c = base("f16 d64 GQA 4:1 causal: reruns, same bits", AJ_DTYPE_F16, 64,
-                     "causal(top_left)");
-    c.hq = 4;
-    c.sq = 70;
-    c.sk = 70;
-    c.repeat = 1;
-    run(&c);
+    static const bwd_case rows[] = {
+        {.label = "f16 d64 GQA 4:1 causal: reruns, same bits", .dtype = AJ_DTYPE_F16, .d = 64,
+         .mask = "causal(top_left)", .hq = 4, .sq = 70, .sk = 70, .repeat = 1},
+    };
+    run_rows(rows, sizeof rows / sizeof rows[0], 1);
 }
 
 static void test_schedules(void)
 {
-    bwd_case c = base("f16 d64 schedule (32, 32, 2 warps, 1 stage)", AJ_DTYPE_F16, 64,
-                     "causal(top_left)");
-    c.schedule = "(block_m = 32, block_n = 32, warps = 2, stages = 1)";
-    run(&c);
-    c = base("bf16 d128 schedule (128, 16, 8 warps, 2 stages), atomic dq", AJ_DTYPE_BF16, 128,
-             "window(8, 8, top_left)");
-    c.schedule = "(block_m = 128, block_n = 16, warps = 8, stages = 2)";
-    c.deterministic = 0;
-    run(&c);
-    /* dK, dV (3 tiles over 2 warp columns) and dQacc (over 4: one share
-     * empty) in uneven shares, with dropout, as the default at d 24 has them */
-    c = base("f16 d24 schedule (32, 64, 8 warps), dropout 0.1, atomic dq", AJ_DTYPE_F16, 24,
-             "causal(bottom_right)");
-    c.schedule = "(block_m = 32, block_n = 64, warps = 8, stages = 2)";
-    c.dropout = 0.1;
-    c.deterministic = 0;
-    run(&c);
-    /* the last resort of the default rule: 16 x 16 tiles on 8 warps, where
-     * most warps' shares of the 16-column products are empty, as 208/88
-     * with dropout takes by default */
-    c = base("bf16 d208/88 default (16, 16, 8 warps), window alibi dropout 0.1", AJ_DTYPE_BF16,
-             208, "window(12, 3, bottom_right)");
-    c.dv = 88;
-    c.score_mod = "alibi";
-    c.dropout = 0.1;
-    c.sq = 37;
-    c.sk = 45;
-    run(&c);
-    c.label = "f16 d40/24 schedule (16, 16, 8 warps, 1 stage), causal, atomic dq";
-    c.dtype = AJ_DTYPE_F16;
-    c.d = 40;
-    c.dv = 24;
-    c.mask = "causal(bottom_right)";
-    c.score_mod = NULL;
-    c.dropout = 0;
-    c.deterministic = 0;
-    c.schedule = "(block_m = 16, block_n = 16, warps = 8, stages = 1)";
-    run(&c);
+    static const bwd_case rows[] = {
+        {.label = "f16 d64 schedule (32, 32, 2 warps, 1 stage)", .dtype = AJ_DTYPE_F16, .d = 64,
+         .mask = "causal(top_left)",
+         .schedule = "(block_m = 32, block_n = 32, warps = 2, stages = 1)"},
+        /* the last resort of the default rule: 16 x 16 tiles on 8 warps,
+         * where most warps' shares of the 16-column products are empty, as
+         * 208/88 with dropout takes by default */
+        {.label = "bf16 d208/88 default (16, 16, 8 warps), window alibi dropout 0.1",
+         .dtype = AJ_DTYPE_BF16, .d = 208, .mask = "window(12, 3, bottom_right)", .dv = 88,
+         .score_mod = "alibi", .dropout = 0.1, .sq = 37, .sk = 45},
+    };
+    static const bwd_case atomic[] = {
+        {.label = "bf16 d128 schedule (128, 16, 8 warps, 2 stages), atomic dq",
+         .dtype = AJ_DTYPE_BF16, .d = 128, .mask = "window(8, 8, top_left)",
+         .schedule = "(block_m = 128, block_n = 16, warps = 8, stages = 2)"},
+        /* dK, dV (3 tiles over 2 warp columns) and dQacc (over 4: one share
+         * empty) in uneven shares, with dropout, as the default at d 24 has
+         * them */
+        {.label = "f16 d24 schedule (32, 64, 8 warps), dropout 0.1, atomic dq",
+         .dtype = AJ_DTYPE_F16, .d = 24, .mask = "causal(bottom_right)",
+         .schedule = "(block_m = 32, block_n = 64, warps = 8, stages = 2)", .dropout = 0.1},
+        {.label = "f16 d40/24 schedule (16, 16, 8 warps, 1 stage), causal, atomic dq",
+         .dtype = AJ_DTYPE_F16, .d = 40, .dv = 24, .mask = "causal(bottom_right)",
+         .schedule = "(block_m = 16, block_n = 16, warps = 8, stages = 1)", .sk = 45},
+    };
+    run_rows(rows, sizeof rows / sizeof rows[0], 1);
+    run_rows(atomic, sizeof atomic / sizeof atomic[0], 0);
 }
 
 /* packed sequences of very different lengths, one of them empty */
 static void test_varlen(void)
 {
     static const int lq1[4] = {37, 0, 5, 70}, lk1[4] = {20, 9, 64, 70};
-    bwd_case c = base("f16 d64 varlen x4 (an empty one) causal(bottom_right) GQA 2:1",
-                     AJ_DTYPE_F16, 64, "causal(bottom_right)");
-    c.b = 4;
-    c.lens_q = lq1;
-    c.lens_k = lk1;
-    run(&c);
     static const int lq2[3] = {1, 50, 17}, lk2[3] = {33, 50, 0};
-    c = base("bf16 d128 varlen x3 (no keys in one) window, atomic dq", AJ_DTYPE_BF16, 128,
-             "window(10, 3, top_left)");
-    c.b = 3;
-    c.lens_q = lq2;
-    c.lens_k = lk2;
-    c.deterministic = 0;
-    run(&c);
     static const int lq3[2] = {12, 40}, lk3[2] = {40, 12};
-    c = base("f16 d32 varlen x2 dropout 0.2 causal, offsets, GQA 4:1", AJ_DTYPE_F16, 32,
-             "causal(top_left)");
-    c.b = 2;
-    c.hq = 4;
-    c.lens_q = lq3;
-    c.lens_k = lk3;
-    c.q_offset = 3;
-    c.dropout = 0.2;
-    c.drop_seed = 77;
-    c.drop_offset = 12;
-    c.repeat = 1;
-    run(&c);
+    static const bwd_case rows[] = {
+        {.label = "f16 d64 varlen x4 (an empty one) causal(bottom_right) GQA 2:1",
+         .dtype = AJ_DTYPE_F16, .d = 64, .mask = "causal(bottom_right)", .b = 4, .lens_q = lq1,
+         .lens_k = lk1},
+        {.label = "f16 d32 varlen x2 dropout 0.2 causal, offsets, GQA 4:1",
+         .dtype = AJ_DTYPE_F16, .d = 32, .mask = "causal(top_left)", .b = 2, .hq = 4,
+         .lens_q = lq3, .lens_k = lk3, .q_offset = 3, .dropout = 0.2, .drop_seed = 77,
+         .drop_offset = 12, .repeat = 1},
+    };
+    static const bwd_case atomic[] = {
+        {.label = "bf16 d128 varlen x3 (no keys in one) window, atomic dq",
+         .dtype = AJ_DTYPE_BF16, .d = 128, .mask = "window(10, 3, top_left)", .b = 3,
+         .lens_q = lq2, .lens_k = lk2},
+    };
+    run_rows(rows, sizeof rows / sizeof rows[0], 1);
+    run_rows(atomic, sizeof atomic / sizeof atomic[0], 0);
 }
 
 /* Expression masks and score_mods through the flash backward (the
@@ -799,14 +761,10 @@ static void test_sweep_sample(void)
  * sequence's own. */
 static bwd_case score_case(const char *name, aj_dtype dtype, int d, const char *mask)
 {
-    bwd_case c = base(name, dtype, d, mask);
-    c.variant = score_variant;
-    c.b = 2;
-    c.hq = 4;
-    c.hkv = 2;
-    c.sq = 150;
-    c.sk = 160;
-    return c;
+    const bwd_case b = base(NULL, AJ_DTYPE_F16, 0, NULL);
+    const bwd_case row = {.label = name, .variant = score_variant, .dtype = dtype, .d = d,
+                          .mask = mask, .b = 2, .hq = 4, .hkv = 2, .sq = 150, .sk = 160};
+    return bwd_case_over(&b, &row);
 }
 
 static void run_score_example(const char *name, const score_example *ex, int index, void *user)
@@ -868,16 +826,12 @@ static const char *const random_tensors = "(ti: i32[2], tf: f32[1])";
  * tensors, f16, head dim 16, B 2; `mask` and `score_mod` as a case's. */
 static bwd_case random_problem(const char *label, const char *field, bool score, uint64_t seed)
 {
-    bwd_case c = base(label, AJ_DTYPE_F16, 16, score ? "causal(top_left)" : field);
-    c.variant = score_variant;
-    c.score_mod = score ? field : NULL;
-    c.tensors = random_tensors;
-    c.b = 2;
-    c.sq = 23;
-    c.sk = 30;
-    c.q_offset = 3;
-    c.seed = seed;
-    return c;
+    const bwd_case b = base(NULL, AJ_DTYPE_F16, 0, NULL);
+    const bwd_case row = {.label = label, .variant = score_variant, .dtype = AJ_DTYPE_F16,
+                          .d = 16, .mask = score ? "causal(top_left)" : field,
+                          .score_mod = score ? field : NULL, .tensors = random_tensors,
+                          .b = 2, .sq = 23, .sk = 30, .q_offset = 3, .seed = seed};
+    return bwd_case_over(&b, &row);
 }
 
 /* Whether c fails, its failures left uncounted (their messages still
@@ -946,7 +900,13 @@ static void test_score_random(int count)
            aj_target_name(aj_device_target(dev)), launches, failed);
 }
 
-static void run_suite(int cpu);
+/* the score programs' sample: the repeats under AJ_CPU_ISA (their code
+ * differs from this host's in vector width alone) take a quarter of it */
+static void test_score_sample(void)
+{
+    test_score_examples();
+    test_score_random(getenv("AJ_CPU_ISA") ? 50 : 200);
+}
 
 /* test_sim_flash_bwd [cuda | cpu | sim] [sweep | scores | full]: on the sim
  * device (ctest), on a GPU (tests/gpu/run.sh), where no GPU means exit 77,
@@ -956,56 +916,23 @@ static void run_suite(int cpu);
  * with `full` full tiles against tested ones (test_full_tiles). */
 int main(int argc, char **argv)
 {
-    int gpu = argc > 1 && strcmp(argv[1], "cuda") == 0;
-    int cpu = argc > 1 && strcmp(argv[1], "cpu") == 0;
-    int sweep = argc > 2 && strcmp(argv[2], "sweep") == 0;
-    int scores = argc > 2 && strcmp(argv[2], "scores") == 0;
-    int full = argc > 2 && strcmp(argv[2], "full") == 0;
-    on_cpu = cpu;
-    CHECK(aj_ctx_create(NULL, &ctx) == AJ_OK);
-    aj_status st = aj_device_open(ctx, gpu ? AJ_DEVICE_CUDA : cpu ? AJ_DEVICE_CPU : AJ_DEVICE_SIM,
-                                  0, &dev);
-    if (gpu && st != AJ_OK) {
-        printf("SKIP flash backward check on a GPU: %s\n", aj_last_error(ctx));
-        aj_ctx_destroy(ctx);
-        return 77;
-    }
-    CHECK_STATUS(ctx, st, AJ_OK);
-    if (!dev)
-        return check_report();
-    if (sweep) {
-        test_sweep_sample();
-    } else if (full) {
-        test_full_tiles();
-    } else if (scores) {
-        /* the repeats under AJ_CPU_ISA (their code differs from this
-         * host's in vector width alone) take a quarter of the sweep */
-        test_score_examples();
-        test_score_random(getenv("AJ_CPU_ISA") ? 50 : 200);
-    } else {
-        run_suite(cpu);
-    }
-    printf("%d cases\n", cases_run);
-    aj_device_close(dev);
-    aj_ctx_destroy(ctx);
-    return check_report();
-}
-
-static void run_suite(int cpu)
-{
-    if (!cpu) {
-        test_matrix();
-        test_odd_dims();
-        test_shapes();
-        test_offsets();
-        test_score_mods();
-        test_dropout();
-        test_deterministic();
-        test_schedules();
-        test_expressions();
-    }
-    test_varlen();
-    if (!cpu)
-        test_workspace();
-    test_varlen_errors();
+    static void (*const suite[])(void) = {
+        test_matrix, test_odd_dims, test_shapes, test_offsets, test_score_mods, test_dropout,
+        test_deterministic, test_schedules, test_expressions, test_varlen, test_workspace,
+        test_varlen_errors, NULL};
+    static void (*const cpu_suite[])(void) = {test_varlen, test_varlen_errors, NULL};
+    static void (*const sweep[])(void) = {test_sweep_sample, NULL};
+    static void (*const full[])(void) = {test_full_tiles, NULL};
+    static void (*const scores[])(void) = {test_score_sample, NULL};
+    static const struct {
+        const char *name;
+        void (*const *tests)(void);
+    } modes[] = {{"sweep", sweep}, {"full", full}, {"scores", scores}};
+    on_cpu = test_main_device(argc, argv, AJ_DEVICE_SIM) == AJ_DEVICE_CPU;
+    test_main_args m = {.fallback = AJ_DEVICE_SIM, .ctx = &ctx, .dev = &dev,
+                        .tests = on_cpu ? cpu_suite : suite, .cases = &cases_run};
+    for (size_t i = 0; argc > 2 && i < sizeof modes / sizeof modes[0]; i++)
+        if (strcmp(argv[2], modes[i].name) == 0)
+            m.tests = modes[i].tests;
+    return test_main(argc, argv, &m);
 }

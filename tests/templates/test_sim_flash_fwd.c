@@ -19,6 +19,7 @@
 #include "check.h"
 #include "fwd_check.h"
 #include "sim_harness.h"
+#include "test_main.h"
 
 static aj_ctx *ctx;
 static aj_device *dev;
@@ -98,66 +99,55 @@ static void test_odd_dims(void)
         run_dims_case(d, dims[d][0], dims[d][1], (d + d / 4) % 4);
 }
 
+/* the rows over base()'s case */
+static void run_rows(const fwd_case *rows, int n)
+{
+    const fwd_case b = base(NULL, AJ_DTYPE_F16, 0, NULL);
+    fwd_case_rows(&b, rows, n, run);
+}
+
 /* GQA 4:1 and MQA over a batch of 2, BSHD strides, large inputs */
 static void test_heads_and_layout(void)
 {
-    fwd_case c = base("bf16 d64 GQA 4:1 B2 causal", AJ_DTYPE_BF16, 64, "causal(top_left)");
-    c.b = 2;
-    c.hq = 4;
-    c.hkv = 1;
-    run(&c);
-    c = base("f16 d128 GQA 6:3 BSHD none", AJ_DTYPE_F16, 128, "none");
-    c.hq = 6;
-    c.hkv = 3;
-    c.bshd = 1;
-    c.sq = 33;
-    c.sk = 47;
-    run(&c);
-    c = base("f16 d64 magnitude 8 (large scores)", AJ_DTYPE_F16, 64, "none");
-    c.magnitude = 8.0;
-    run(&c);
+    static const fwd_case rows[] = {
+        {.label = "bf16 d64 GQA 4:1 B2 causal", .dtype = AJ_DTYPE_BF16, .d = 64,
+         .mask = "causal(top_left)", .b = 2, .hq = 4, .hkv = 1},
+        {.label = "f16 d128 GQA 6:3 BSHD none", .dtype = AJ_DTYPE_F16, .d = 128, .mask = "none",
+         .hq = 6, .hkv = 3, .bshd = 1, .sq = 33, .sk = 47},
+        {.label = "f16 d64 magnitude 8 (large scores)", .dtype = AJ_DTYPE_F16, .d = 64,
+         .mask = "none", .magnitude = 8.0},
+    };
+    run_rows(rows, sizeof rows / sizeof rows[0]);
 }
 
 /* global positions: shards of a longer sequence, totals for bottom_right */
 static void test_offsets(void)
 {
-    fwd_case c = base("f16 d64 causal q_offset 100 kv_offset 64", AJ_DTYPE_F16, 64,
-                      "causal(top_left)");
-    c.q_offset = 100;
-    c.kv_offset = 64;
-    run(&c);
-    c = base("bf16 d128 causal kv_offset past every row", AJ_DTYPE_BF16, 128, "causal(top_left)");
-    c.kv_offset = 1000;
-    run(&c);
-    c = base("f16 d96 causal(bottom_right) totals 300/500", AJ_DTYPE_F16, 96,
-             "causal(bottom_right)");
-    c.q_offset = 200;
-    c.kv_offset = 330;
-    c.sq_total = 300;
-    c.sk_total = 500;
-    run(&c);
-    c = base("bf16 d64 window(16, 16) offsets", AJ_DTYPE_BF16, 64, "window(16, 16)");
-    c.q_offset = 70;
-    c.kv_offset = 40;
-    c.sq = 130;
-    run(&c);
+    static const fwd_case rows[] = {
+        {.label = "f16 d64 causal q_offset 100 kv_offset 64", .dtype = AJ_DTYPE_F16, .d = 64,
+         .mask = "causal(top_left)", .q_offset = 100, .kv_offset = 64},
+        {.label = "bf16 d128 causal kv_offset past every row", .dtype = AJ_DTYPE_BF16,
+         .d = 128, .mask = "causal(top_left)", .kv_offset = 1000},
+        {.label = "f16 d96 causal(bottom_right) totals 300/500", .dtype = AJ_DTYPE_F16, .d = 96,
+         .mask = "causal(bottom_right)", .q_offset = 200, .kv_offset = 330, .sq_total = 300,
+         .sk_total = 500},
+        {.label = "bf16 d64 window(16, 16) offsets", .dtype = AJ_DTYPE_BF16, .d = 64,
+         .mask = "window(16, 16)", .q_offset = 70, .kv_offset = 40, .sq = 130},
+    };
+    run_rows(rows, sizeof rows / sizeof rows[0]);
 }
 
 static void test_score_mods(void)
 {
-    fwd_case c = base("f16 d128 softcap(5.0) causal", AJ_DTYPE_F16, 128, "causal(top_left)");
-    c.score_mod = "softcap(5.0)";
-    c.magnitude = 3.0;
-    run(&c);
-    c = base("bf16 d64 alibi causal(bottom_right) offsets", AJ_DTYPE_BF16, 64,
-             "causal(bottom_right)");
-    c.score_mod = "alibi";
-    c.hq = 4;
-    c.q_offset = 9;
-    run(&c);
-    c = base("f16 d256 alibi none", AJ_DTYPE_F16, 256, "none");
-    c.score_mod = "alibi";
-    run(&c);
+    static const fwd_case rows[] = {
+        {.label = "f16 d128 softcap(5.0) causal", .dtype = AJ_DTYPE_F16, .d = 128,
+         .mask = "causal(top_left)", .score_mod = "softcap(5.0)", .magnitude = 3.0},
+        {.label = "bf16 d64 alibi causal(bottom_right) offsets", .dtype = AJ_DTYPE_BF16,
+         .d = 64, .mask = "causal(bottom_right)", .score_mod = "alibi", .hq = 4, .q_offset = 9},
+        {.label = "f16 d256 alibi none", .dtype = AJ_DTYPE_F16, .d = 256, .mask = "none",
+         .score_mod = "alibi"},
+    };
+    run_rows(rows, sizeof rows / sizeof rows[0]);
 }
 
 /* the keep mask is the reference's bit for bit: any mismatch moves O far
@@ -257,19 +247,9 @@ static void test_varlen(void)
         run_ext(&c, NULL, &how);
     }
     /* offsets, totals, alibi and dropout per sequence (b is the sequence) */
+    const fwd_case b = base(NULL, AJ_DTYPE_F16, 0, NULL);
     fwd_options x;
-    memset(&x, 0, sizeof x);
-    x.dropout = 0.25;
-    x.drop_seed = 99;
-    x.drop_offset = 3;
-    fwd_case c = base("f16 d96 varlen alibi dropout causal(bottom_right) totals", AJ_DTYPE_F16,
-                      96, "causal(bottom_right)");
-    c.b = 5;
-    c.score_mod = "alibi";
-    c.q_offset = 30;
-    c.kv_offset = 10;
-    c.sq_total = 200;
-    c.sk_total = 150;
+    fwd_case c = fwd_varlen_totals_case(&b, 5, 200, 150, &x);
     run_ext(&c, &x, &how);
 }
 
@@ -405,26 +385,14 @@ static void test_tile_skipping(void)
               "instructions; tiles above the diagonal are not skipped", ratio);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
-    CHECK(aj_ctx_create(NULL, &ctx) == AJ_OK);
-    CHECK_STATUS(ctx, aj_device_open(ctx, AJ_DEVICE_SIM, 0, &dev), AJ_OK);
-    if (!dev)
-        return check_report();
-    test_matrix();
-    test_odd_dims();
-    test_heads_and_layout();
-    test_offsets();
-    test_score_mods();
-    test_dropout();
-    test_schedules();
-    test_accumulate();
-    test_varlen();
-    test_varlen_arguments();
-    test_tile_skipping();
-    printf("%d cases\n", cases_run);
-    fwd_cache_clear();
-    aj_device_close(dev);
-    aj_ctx_destroy(ctx);
-    return check_report();
+    static void (*const tests[])(void) = {
+        test_matrix, test_odd_dims, test_heads_and_layout, test_offsets, test_score_mods,
+        test_dropout, test_schedules, test_accumulate, test_varlen, test_varlen_arguments,
+        test_tile_skipping, NULL};
+    return test_main(argc, argv,
+                     &(test_main_args){.fallback = AJ_DEVICE_SIM, .ctx = &ctx, .dev = &dev,
+                                       .tests = tests, .cases = &cases_run,
+                                       .cleanup = fwd_cache_clear});
 }

@@ -18,6 +18,7 @@
 #include "check.h"
 #include "fwd_check.h"
 #include "sim_harness.h"
+#include "test_main.h"
 
 static aj_ctx *ctx;
 static aj_device *dev;
@@ -101,116 +102,74 @@ static void test_gqa(void)
 /* global positions: a shard of a longer sequence masks as the whole would */
 static void test_offsets_and_empty_rows(void)
 {
-    fwd_case c = fwd_case_base("f32 d64 causal, q_offset 300 kv_offset 256", AJ_DTYPE_F32, 64,
-                               "causal(top_left)");
-    c.q_offset = 300;
-    c.kv_offset = 256;
-    run(&c);
+    static const fwd_case rows[] = {
+        {.label = "f32 d64 causal, q_offset 300 kv_offset 256", .dtype = AJ_DTYPE_F32, .d = 64,
+         .mask = "causal(top_left)", .q_offset = 300, .kv_offset = 256},
+        {.label = "f16 d64 causal, queries before every key: all rows empty",
+         .dtype = AJ_DTYPE_F16, .d = 64, .mask = "causal(top_left)", .kv_offset = 1000},
+        {.label = "bf16 d128 bottom_right Sq 100 > Sk 40: leading rows empty",
+         .dtype = AJ_DTYPE_BF16, .d = 128, .mask = "causal(bottom_right)", .sq = 100, .sk = 40},
+        {.label = "f16 d64 bottom_right with totals (shard of 4096 x 4096)",
+         .dtype = AJ_DTYPE_F16, .d = 64, .mask = "causal(bottom_right)", .q_offset = 2048,
+         .kv_offset = 1024, .sq_total = 4096, .sk_total = 4096},
+        {.label = "f32 d32 window(8, 8) at offsets around 2^40", .dtype = AJ_DTYPE_F32, .d = 32,
+         .mask = "window(8, 8)", .q_offset = (int64_t)1 << 40,
+         .kv_offset = ((int64_t)1 << 40) + 30},
+        {.label = "f16 d64 window, negative offsets", .dtype = AJ_DTYPE_F16, .d = 64,
+         .mask = "window(10, 3, bottom_right)", .q_offset = -50, .kv_offset = -70},
+    };
+    const fwd_case base = fwd_case_base(NULL, AJ_DTYPE_F16, 0, NULL);
+    fwd_case_rows(&base, rows, sizeof rows / sizeof rows[0], run);
 
-    c = fwd_case_base("f16 d64 causal, queries before every key: all rows empty", AJ_DTYPE_F16, 64,
-                      "causal(top_left)");
-    c.q_offset = 0;
-    c.kv_offset = 1000;
-    run(&c);
-
-    c = fwd_case_base("bf16 d128 bottom_right Sq 100 > Sk 40: leading rows empty", AJ_DTYPE_BF16,
-                      128, "causal(bottom_right)");
-    c.sq = 100;
-    c.sk = 40;
-    run(&c);
-
-    c = fwd_case_base("f16 d64 bottom_right with totals (shard of 4096 x 4096)", AJ_DTYPE_F16, 64,
-                      "causal(bottom_right)");
-    c.q_offset = 2048;
-    c.kv_offset = 1024;
-    c.sq_total = 4096;
-    c.sk_total = 4096;
-    run(&c);
-
-    c = fwd_case_base("f32 d32 window(8, 8) at offsets around 2^40", AJ_DTYPE_F32, 32,
-                      "window(8, 8)");
-    c.q_offset = (int64_t)1 << 40;
-    c.kv_offset = ((int64_t)1 << 40) + 30;
-    run(&c);
-
-    c = fwd_case_base("f16 d64 window, negative offsets", AJ_DTYPE_F16, 64,
-                      "window(10, 3, bottom_right)");
-    c.q_offset = -50;
-    c.kv_offset = -70;
-    run(&c);
-
-    c = fwd_case_base("f16 d64 Sk = 0: every row empty", AJ_DTYPE_F16, 64, "none");
+    fwd_case c = fwd_case_base("f16 d64 Sk = 0: every row empty", AJ_DTYPE_F16, 64, "none");
     c.sk = 0;
     run(&c);
 }
 
+/* |q|, |k| up to 100 at d 64: scores around 1e3..1e4 */
 static void test_magnitude(void)
 {
-    /* |q|, |k| up to 100 at d 64: scores around 1e3..1e4 */
-    fwd_case c = fwd_case_base("f16 d64 scores ~1e4", AJ_DTYPE_F16, 64, "none");
-    c.magnitude = 100.0;
-    run(&c);
-    c = fwd_case_base("bf16 d128 scores ~1e4, causal", AJ_DTYPE_BF16, 128, "causal(top_left)");
-    c.magnitude = 100.0;
-    run(&c);
-    c = fwd_case_base("f32 d64 scores ~1e4, window", AJ_DTYPE_F32, 64, "window(16, 0)");
-    c.magnitude = 100.0;
-    run(&c);
+    static const fwd_case rows[] = {
+        {.label = "f16 d64 scores ~1e4", .dtype = AJ_DTYPE_F16, .d = 64, .mask = "none"},
+        {.label = "bf16 d128 scores ~1e4, causal", .dtype = AJ_DTYPE_BF16, .d = 128,
+         .mask = "causal(top_left)"},
+        {.label = "f32 d64 scores ~1e4, window", .dtype = AJ_DTYPE_F32, .d = 64,
+         .mask = "window(16, 0)"},
+    };
+    fwd_case base = fwd_case_base(NULL, AJ_DTYPE_F16, 0, NULL);
+    base.magnitude = 100.0;
+    fwd_case_rows(&base, rows, sizeof rows / sizeof rows[0], run);
 }
 
+/* head dims, score_mods and strides (fwd_shape_rows, which test_cpu_forward
+ * runs on cpu), narrow row groups, then warps and SIMT schedules: sim only */
 static void test_variants(void)
 {
-    fwd_case c = fwd_case_base("bf16 d192 dv128 causal", AJ_DTYPE_BF16, 192, "causal(top_left)");
-    c.dv = 128;
-    run(&c);
-    c = fwd_case_base("f16 d64 dv128", AJ_DTYPE_F16, 64, "none");
-    c.dv = 128;
-    run(&c);
-    c = fwd_case_base("f32 d8 (narrow row groups)", AJ_DTYPE_F32, 8, "causal(top_left)");
-    run(&c);
-    c = fwd_case_base("bf16 d128 softcap(30) causal", AJ_DTYPE_BF16, 128, "causal(top_left)");
-    c.score_mod = "softcap(30.0)";
-    c.magnitude = 4.0;
-    run(&c);
-    c = fwd_case_base("f32 d64 alibi causal(bottom_right)", AJ_DTYPE_F32, 64,
-                      "causal(bottom_right)");
-    c.score_mod = "alibi";
-    run(&c);
-    c = fwd_case_base("f16 d64 BSHD strides, batch 2", AJ_DTYPE_F16, 64, "causal(top_left)");
-    c.bshd = 1;
-    c.b = 2;
-    c.hq = 4;
-    c.hkv = 2;
-    run(&c);
-    c = fwd_case_base("f16 d96 schedule (32, 64, 4)", AJ_DTYPE_F16, 96, "causal(bottom_right)");
-    c.schedule = "(block_m = 32, block_n = 64, warps = 4)";
-    run(&c);
-    c = fwd_case_base("bf16 d64 schedule (64, 16, 8)", AJ_DTYPE_BF16, 64, "window(40, 40)");
-    c.schedule = "(block_m = 64, block_n = 16, warps = 8)";
-    run(&c);
-    c = fwd_case_base("f32 d256 schedule (16, 16, 2)", AJ_DTYPE_F32, 256, "none");
-    c.schedule = "(block_m = 16, block_n = 16, warps = 2)";
-    run(&c);
+    static const fwd_case rows[] = {
+        {.label = "f32 d8 (narrow row groups)", .dtype = AJ_DTYPE_F32, .d = 8,
+         .mask = "causal(top_left)"},
+        {.label = "f16 d96 schedule (32, 64, 4)", .dtype = AJ_DTYPE_F16, .d = 96,
+         .mask = "causal(bottom_right)", .schedule = "(block_m = 32, block_n = 64, warps = 4)"},
+        {.label = "bf16 d64 schedule (64, 16, 8)", .dtype = AJ_DTYPE_BF16, .d = 64,
+         .mask = "window(40, 40)", .schedule = "(block_m = 64, block_n = 16, warps = 8)"},
+        {.label = "f32 d256 schedule (16, 16, 2)", .dtype = AJ_DTYPE_F32, .d = 256,
+         .mask = "none", .schedule = "(block_m = 16, block_n = 16, warps = 2)"},
+    };
+    if (on_cpu)
+        return;
+    const fwd_case base = fwd_case_base(NULL, AJ_DTYPE_F16, 0, NULL);
+    fwd_case_rows(&base, fwd_shape_rows, fwd_shape_row_count, run);
+    fwd_case_rows(&base, rows, sizeof rows / sizeof rows[0], run);
 }
 
 int main(int argc, char **argv)
 {
-    on_cpu = argc > 1 && strcmp(argv[1], "cpu") == 0;
-    CHECK(aj_ctx_create(NULL, &ctx) == AJ_OK);
-    CHECK_STATUS(ctx, aj_device_open(ctx, on_cpu ? AJ_DEVICE_CPU : AJ_DEVICE_SIM, 0, &dev),
-                 AJ_OK);
-    if (!dev)
-        return check_report();
-    test_matrix();
-    test_lengths();
-    test_gqa();
-    test_offsets_and_empty_rows();
-    test_magnitude();
-    if (!on_cpu)   /* warps and SIMT schedules; test_cpu_forward has the cpu's own */
-        test_variants();
-    printf("%d cases\n", cases_run);
-    fwd_cache_clear();
-    aj_device_close(dev);
-    aj_ctx_destroy(ctx);
-    return check_report();
+    static void (*const tests[])(void) = {
+        test_matrix, test_lengths, test_gqa, test_offsets_and_empty_rows, test_magnitude,
+        test_variants, NULL};
+    on_cpu = test_main_device(argc, argv, AJ_DEVICE_SIM) == AJ_DEVICE_CPU;
+    return test_main(argc, argv,
+                     &(test_main_args){.fallback = AJ_DEVICE_SIM, .ctx = &ctx, .dev = &dev,
+                                       .tests = tests, .cases = &cases_run,
+                                       .cleanup = fwd_cache_clear});
 }
