@@ -514,10 +514,6 @@ static aj_status cbwd_build(aj_kb *kb, const aj_op *op, void *user)
     return kb->st;
 }
 
-AJ_TEMPLATE_BOTH_VARIANTS(aj_template_cpu_bwd,
-    .name = "cpu_bwd",
-    .kind = AJ_KIND_BACKWARD,
-    .check = cbwd_check,
-    .build = cbwd_build,
-    .targets = 1u << AJ_TARGET_CPU,
-    .stage_sigs = {AJ_KSIG_CPU_BWD_DKDV, AJ_KSIG_CPU_BWD_DQ});
+AJ_TEMPLATE_BOTH_VARIANTS(aj_template_cpu_bwd, "cpu_bwd", AJ_KIND_BACKWARD, cbwd_check, cbwd_build,
+                          .targets = 1u << AJ_TARGET_CPU,
+                          .stage_sigs = {AJ_KSIG_CPU_BWD_DKDV, AJ_KSIG_CPU_BWD_DQ});

@@ -798,20 +798,10 @@ static aj_status cfwd_build(aj_kb *kb, const aj_op *op, void *user)
     return kb->st;
 }
 
-AJ_TEMPLATE_BOTH_VARIANTS(aj_template_cpu_fwd,
-    .name = "cpu_fwd",
-    .kind = AJ_KIND_FORWARD,
-    .check = cfwd_check,
-    .build = cfwd_build,
-    .targets = 1u << AJ_TARGET_CPU,
-    .stage_sigs = {AJ_KSIG_CPU_FWD});
+AJ_TEMPLATE_BOTH_VARIANTS(aj_template_cpu_fwd, "cpu_fwd", AJ_KIND_FORWARD, cfwd_check, cfwd_build,
+                          .targets = 1u << AJ_TARGET_CPU, .stage_sigs = {AJ_KSIG_CPU_FWD});
 
 /* layout = paged: the same build, split-KV parts and their merge */
-AJ_TEMPLATE_BOTH_VARIANTS(aj_template_cpu_fwd_paged,
-    .name = "cpu_paged",
-    .kind = AJ_KIND_FORWARD,
-    .check = cfwd_check,
-    .build = cfwd_build,
-    .targets = 1u << AJ_TARGET_CPU,
-    .paged = true,
-    .stage_sigs = {AJ_KSIG_CPU_PAGED_FWD, AJ_KSIG_CPU_PAGED_MERGE});
+AJ_TEMPLATE_BOTH_VARIANTS(aj_template_cpu_fwd_paged, "cpu_paged", AJ_KIND_FORWARD, cfwd_check,
+                          cfwd_build, .targets = 1u << AJ_TARGET_CPU, .paged = true,
+                          .stage_sigs = {AJ_KSIG_CPU_PAGED_FWD, AJ_KSIG_CPU_PAGED_MERGE});

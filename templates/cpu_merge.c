@@ -125,12 +125,5 @@ static aj_status cmerge_build(aj_kb *kb, const aj_op *op, void *user)
     return kb->st;
 }
 
-const aj_template aj_template_cpu_merge = {
-    .name = "cpu_merge",
-    .kind = AJ_KIND_MERGE,
-    .variant = AJ_VARIANT_NONE,
-    .check = cmerge_check,
-    .build = cmerge_build,
-    .targets = 1u << AJ_TARGET_CPU,
-    .stage_sigs = {AJ_KSIG_MERGE},
-};
+AJ_TEMPLATE(aj_template_cpu_merge, "cpu_merge", AJ_KIND_MERGE, AJ_VARIANT_NONE, cmerge_check,
+            cmerge_build, .targets = 1u << AJ_TARGET_CPU, .stage_sigs = {AJ_KSIG_MERGE});

@@ -924,11 +924,6 @@ static aj_status ebwd_build(aj_kb *kb, const aj_op *op, void *user)
     return kb->st;
 }
 
-const aj_template aj_template_efficient_bwd = {
-    .name = "efficient_bwd",
-    .kind = AJ_KIND_BACKWARD,
-    .variant = AJ_VARIANT_EFFICIENT,
-    .check = ebwd_check,
-    .build = ebwd_build,
-    .stage_sigs = {AJ_KSIG_EFFICIENT_BWD_DKDV, AJ_KSIG_EFFICIENT_BWD_DQ},
-};
+AJ_TEMPLATE(aj_template_efficient_bwd, "efficient_bwd", AJ_KIND_BACKWARD, AJ_VARIANT_EFFICIENT,
+            ebwd_check, ebwd_build,
+            .stage_sigs = {AJ_KSIG_EFFICIENT_BWD_DKDV, AJ_KSIG_EFFICIENT_BWD_DQ});

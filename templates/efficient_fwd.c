@@ -1173,22 +1173,12 @@ static aj_status efwd_build(aj_kb *kb, const aj_op *op, void *user)
     return kb->st;
 }
 
-const aj_template aj_template_efficient_fwd = {
-    .name = "efficient_fwd",
-    .kind = AJ_KIND_FORWARD,
-    .variant = AJ_VARIANT_EFFICIENT,
-    .check = efwd_check,
-    .build = efwd_build,
-    .stage_sigs = {AJ_KSIG_EFFICIENT_FWD},
-};
+AJ_TEMPLATE(aj_template_efficient_fwd, "efficient_fwd", AJ_KIND_FORWARD, AJ_VARIANT_EFFICIENT,
+            efwd_check, efwd_build, .stage_sigs = {AJ_KSIG_EFFICIENT_FWD});
 
 /* layout = paged, both variants: a decode kernel is bound by the K/V
  * bytes it streams, which the SIMT FMA tiles keep up with (the flash
  * template's mma tiles would idle on Sq <= 16 rows) */
-AJ_TEMPLATE_BOTH_VARIANTS(aj_template_paged_fwd,
-    .name = "paged_fwd",
-    .kind = AJ_KIND_FORWARD,
-    .check = efwd_check,
-    .build = efwd_build,
-    .paged = true,
-    .stage_sigs = {AJ_KSIG_CPU_PAGED_FWD, AJ_KSIG_CPU_PAGED_MERGE});
+AJ_TEMPLATE_BOTH_VARIANTS(aj_template_paged_fwd, "paged_fwd", AJ_KIND_FORWARD, efwd_check,
+                          efwd_build, .paged = true,
+                          .stage_sigs = {AJ_KSIG_CPU_PAGED_FWD, AJ_KSIG_CPU_PAGED_MERGE});

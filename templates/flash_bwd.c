@@ -1342,11 +1342,5 @@ static aj_status fbwd_build(aj_kb *kb, const aj_op *op, void *user)
     return kb->st;
 }
 
-const aj_template aj_template_flash_bwd = {
-    .name = "flash_bwd",
-    .kind = AJ_KIND_BACKWARD,
-    .variant = AJ_VARIANT_FLASH,
-    .check = fbwd_check,
-    .build = fbwd_build,
-    .stage_sigs = {AJ_KSIG_FLASH_BWD, AJ_KSIG_FLASH_BWD, AJ_KSIG_FLASH_BWD},
-};
+AJ_TEMPLATE(aj_template_flash_bwd, "flash_bwd", AJ_KIND_BACKWARD, AJ_VARIANT_FLASH, fbwd_check,
+            fbwd_build, .stage_sigs = {AJ_KSIG_FLASH_BWD, AJ_KSIG_FLASH_BWD, AJ_KSIG_FLASH_BWD});

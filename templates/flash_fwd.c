@@ -940,11 +940,5 @@ static aj_status ffwd_build(aj_kb *kb, const aj_op *op, void *user)
     return kb->st;
 }
 
-const aj_template aj_template_flash_fwd = {
-    .name = "flash_fwd",
-    .kind = AJ_KIND_FORWARD,
-    .variant = AJ_VARIANT_FLASH,
-    .check = ffwd_check,
-    .build = ffwd_build,
-    .stage_sigs = {AJ_KSIG_FLASH_FWD},
-};
+AJ_TEMPLATE(aj_template_flash_fwd, "flash_fwd", AJ_KIND_FORWARD, AJ_VARIANT_FLASH, ffwd_check,
+            ffwd_build, .stage_sigs = {AJ_KSIG_FLASH_FWD});
