@@ -68,6 +68,7 @@
 #include "templates/score.h"
 #include "templates/template.h"
 #include "templates/tile_io.h"
+#include "templates/tile_pipe.h"
 
 #define MAX_MT 4          /* 16-row strips a warp owns in one product */
 #define MAX_NT 32         /* 8-column tiles a warp owns in one product */
@@ -809,38 +810,6 @@ static void block_range(fbwd *f, LLVMValueRef lo, LLVMValueRef hi, int per,
         "");
 }
 
-/*
- * Where the mask has more than its band, a kernel's steps skip the tiles
- * whose class is skip: issue_begin opens the block that issues the copies
- * of the tile at walk position `at` (score.h's aj_score_walk) when `in`
- * holds and, with `cls` (an i32 var, NULL: no gating), only when its
- * class is not skip, the class and the tile kept in cls and `tile` for
- * the step that computes it; it gives the tile's block index, for the
- * copies.  issue_end closes the block.
- */
-static LLVMValueRef issue_begin(fbwd *f, const aj_score_walk *w, LLVMValueRef in,
-                                LLVMValueRef at, LLVMValueRef cls, LLVMValueRef tile)
-{
-    aj_kb *kb = f->kb;
-    if (cls)
-        aj_kb_set(kb, cls, aj_kb_i32(kb, AJ_TILE_SKIP));
-    aj_kb_if_begin(kb, in);
-    if (!cls)
-        return at;
-    LLVMValueRef c, t = aj_score_walk_tile(&f->sc, w, at, &c);
-    aj_kb_set(kb, cls, c);
-    aj_kb_set(kb, tile, t);
-    aj_kb_if_begin(kb, LLVMBuildICmp(f->b, LLVMIntNE, c, aj_kb_i32(kb, AJ_TILE_SKIP), ""));
-    return t;
-}
-
-static void issue_end(fbwd *f, LLVMValueRef cls)
-{
-    if (cls)
-        aj_kb_if_end(f->kb);
-    aj_kb_if_end(f->kb);
-}
-
 /* Opens the step's work on a tile whose class (cls's value) is not skip;
  * the class is the same in every thread.  NULL: no gating. */
 static void step_begin(fbwd *f, LLVMValueRef cls_value)
@@ -857,17 +826,15 @@ static void step_end(fbwd *f, LLVMValueRef cls_value)
 }
 
 /*
- * The pipelined tile walk: the tiles of a walk whose two operands (Q and
- * dO along the rows, K and V along the keys) stream into shared memory
- * by cp.async, `stages` deep.  With 2 stages each step issues the next
- * tile's copy into the other buffer and waits for its own (issue /
- * commit / wait(1)); with 1 it copies and waits for all.  Skip tiles of a
- * mask rest are neither copied nor computed (issue_begin).
+ * The two stages' walks (tile_pipe.h): the two operands of each tile (Q
+ * and dO along the rows, K and V along the keys) stream into their
+ * buffers, `stages` of each.
  *
- *   pipe_begin(&pp)                      the first tile's copy (2 stages)
+ *   fbwd_pipe fp = {.f, .extent, .seq, .op = {operand 0, operand 1}};
+ *   begin_pipe(&fp, &walk)
  *   for pos in walk:
- *       x = pipe_step(&pp, pos, &cls)    the tile's block index; the
- *       ... pp.cur[0], pp.cur[1]         operands' buffers of this step
+ *       x = aj_tile_pipe_step(&fp.pipe, pos, &cls)   the tile's block index
+ *       ... fp.cur[0], fp.cur[1]                     its buffers
  */
 typedef struct pipe_operand {
     aj_param_source t;
@@ -876,77 +843,52 @@ typedef struct pipe_operand {
     smem_tile tile;      /* its buffers (two with 2 stages) */
 } pipe_operand;
 
-typedef struct tile_pipe {
+typedef struct fbwd_pipe {
     fbwd *f;
-    const aj_score_walk *walk;
     int extent;              /* rows of a tile: bm or bn */
     LLVMValueRef seq;        /* i32: the walked dim's length */
     pipe_operand op[2];
-    LLVMValueRef cls, tile;  /* vars: the class and tile issued last (a mask rest), else NULL */
     smem_tile cur[2];        /* the operands' buffers of the current step */
-} tile_pipe;
+    aj_tile_pipe pipe;
+} fbwd_pipe;
 
-/* Copies the operands of the tile whose block index `x` issue_begin gave
- * into buffer `which` (NULL: the one buffer), then closes the issue. */
-static void pipe_copy(tile_pipe *pp, LLVMValueRef x, LLVMValueRef which)
+/* aj_tile_pipe's copy: both operands of block x into buffer `which`. */
+static void pipe_copy(void *user, LLVMValueRef x, LLVMValueRef which)
 {
-    fbwd *f = pp->f;
-    LLVMValueRef x0 = aj_kb_mul(f->kb, x, aj_kb_i32(f->kb, pp->extent));
+    fbwd_pipe *fp = user;
+    fbwd *f = fp->f;
+    LLVMValueRef x0 = aj_kb_mul(f->kb, x, aj_kb_i32(f->kb, fp->extent));
     for (int o = 0; o < 2; o++) {
-        const pipe_operand *po = &pp->op[o];
-        load_tile(f, po->t, po->base, x0, pp->seq, pp->extent, po->width,
-                  which ? tile_copy(f, po->tile, pp->extent, which) : po->tile);
-    }
-    issue_end(f, pp->cls);
-}
-
-static void pipe_begin(tile_pipe *pp)
-{
-    fbwd *f = pp->f;
-    aj_kb *kb = f->kb;
-    const aj_score_walk *w = pp->walk;
-    pp->cls = aj_score_has_rest(f->prog) ? aj_kb_var(kb, kb->t_i32, NULL, "cls") : NULL;
-    pp->tile = pp->cls ? aj_kb_var(kb, kb->t_i32, NULL, "tile") : NULL;
-    if (f->p.stages == 2) {   /* the first tile's copy; each step issues the next */
-        LLVMValueRef x = issue_begin(f, w, aj_kb_slt(kb, w->begin, w->end), w->begin, pp->cls,
-                                     pp->tile);
-        pipe_copy(pp, x, NULL);
-        aj_kb_cp_async_commit(kb);
+        const pipe_operand *po = &fp->op[o];
+        load_tile(f, po->t, po->base, x0, fp->seq, fp->extent, po->width,
+                  which ? tile_copy(f, po->tile, fp->extent, which) : po->tile);
     }
 }
 
-/* The step at walk position `pos`: its tile's block index, its class
- * into *cls (NULL without a mask rest) and its buffers into pp->cur,
- * with its copy complete in this thread (a barrier makes it the CTA's). */
-static LLVMValueRef pipe_step(tile_pipe *pp, LLVMValueRef pos, LLVMValueRef *cls)
+/* aj_tile_pipe's use: the step's buffers into fp->cur. */
+static void pipe_use(void *user, LLVMValueRef which)
 {
-    fbwd *f = pp->f;
-    aj_kb *kb = f->kb;
-    LLVMBuilderRef b = f->b;
-    const aj_score_walk *w = pp->walk;
-    int two = f->p.stages == 2;
-    pp->cur[0] = pp->op[0].tile;
-    pp->cur[1] = pp->op[1].tile;
-    *cls = pp->cls && two ? aj_kb_get(kb, pp->cls) : NULL;
-    LLVMValueRef x = pp->cls && two ? aj_kb_get(kb, pp->tile) : pos;
-    if (two) {
-        LLVMValueRef cur = LLVMBuildAnd(b, LLVMBuildSub(b, pos, w->begin, ""), aj_kb_i32(kb, 1),
-                                        "");
-        LLVMValueRef nxt = LLVMBuildXor(b, cur, aj_kb_i32(kb, 1), "");
-        pp->cur[0] = tile_copy(f, pp->op[0].tile, pp->extent, cur);
-        pp->cur[1] = tile_copy(f, pp->op[1].tile, pp->extent, cur);
-        LLVMValueRef an = aj_kb_add(kb, pos, aj_kb_i32(kb, 1));
-        pipe_copy(pp, issue_begin(f, w, aj_kb_slt(kb, an, w->end), an, pp->cls, pp->tile), nxt);
-        aj_kb_cp_async_commit(kb);
-        aj_kb_cp_async_wait(kb, 1);
-    } else {
-        pipe_copy(pp, issue_begin(f, w, LLVMConstInt(kb->t_i1, 1, 0), pos, pp->cls, pp->tile),
-                  NULL);
-        *cls = pp->cls ? aj_kb_get(kb, pp->cls) : NULL;
-        x = pp->cls ? aj_kb_get(kb, pp->tile) : pos;
-        aj_kb_cp_async_wait_all(kb);
-    }
-    return x;
+    fbwd_pipe *fp = user;
+    for (int o = 0; o < 2; o++)
+        fp->cur[o] = tile_copy(fp->f, fp->op[o].tile, fp->extent, which);
+}
+
+/* The pipe over `walk`, its first copies issued; with 1 stage the
+ * buffers are the operands' one each. */
+static void begin_pipe(fbwd_pipe *fp, const aj_score_walk *walk)
+{
+    fbwd *f = fp->f;
+    fp->cur[0] = fp->op[0].tile;
+    fp->cur[1] = fp->op[1].tile;
+    fp->pipe = (aj_tile_pipe){.kb = f->kb,
+                              .sc = &f->sc,
+                              .walk = walk,
+                              .stages = f->p.stages,
+                              .gated = aj_score_has_rest(f->prog),
+                              .copy = pipe_copy,
+                              .use = pipe_use,
+                              .user = fp};
+    aj_tile_pipe_begin(&fp->pipe);
 }
 
 /* Whether the tile at (m0, n0) lies inside both lengths. */
@@ -962,7 +904,7 @@ static LLVMValueRef tile_inside(fbwd *f, LLVMValueRef m0, LLVMValueRef n0)
 }
 
 /* The class of the step's tile (walk position `at`) for its element
- * pass: the one issue_begin kept (cls_value, where the mask has a rest),
+ * pass: the one the pipe kept (cls_value, where the mask has a rest),
  * else the walk's, computed here; NULL without a mask. */
 static LLVMValueRef step_class(fbwd *f, const aj_score_walk *w, LLVMValueRef cls_value,
                                LLVMValueRef at)
@@ -1087,7 +1029,7 @@ static void accumulate_dq(fbwd *f, warp_acc *dq, LLVMValueRef m0, LLVMValueRef d
  * dkdv and dq have one shape: a CTA owns a block whose two tiles stay in
  * shared memory (dkdv: keys n0 .. of KV head hkv, K and V; dq: rows m0 ..
  * of head h, Q and dO) and walks the other dim's tiles past it (Q and dO;
- * K and V) through a tile_pipe, `stages` buffers each; S and dP are the
+ * K and V) through the tile pipe (tile_pipe.h), `stages` buffers each; S and dP are the
  * step's products.
  */
 typedef struct walk_cta {
@@ -1253,14 +1195,14 @@ static void dkdv_mainloop(dkdv_cta *d)
     aj_score_walk walk;
     aj_score_walk_rows(&f->sc, &walk, w->x0, d->j_last, p->bm, d->m_begin, d->m_end, f->seq_q,
                        f->seq_k);
-    tile_pipe pp = {.f = f, .walk = &walk, .extent = p->bm, .seq = f->seq_q,
+    fbwd_pipe fp = {.f = f, .extent = p->bm, .seq = f->seq_q,
                     .op = {{AJ_PSRC_q, q_base, p->d, w->walked[0]},
                            {AJ_PSRC_do, do_base, p->dv, w->walked[1]}}};
-    pipe_begin(&pp);
+    begin_pipe(&fp, &walk);
     LLVMValueRef pos = aj_kb_for_begin(kb, walk.begin, walk.end, aj_kb_i32(kb, 1), "walk");
     LLVMValueRef cls_m;
-    LLVMValueRef m0 = aj_kb_mul(kb, pipe_step(&pp, pos, &cls_m), aj_kb_i32(kb, p->bm));
-    dkdv_step(d, &walk, pos, h, m0, cls_m, pp.cur[0], pp.cur[1], dq_row0);
+    LLVMValueRef m0 = aj_kb_mul(kb, aj_tile_pipe_step(&fp.pipe, pos, &cls_m), aj_kb_i32(kb, p->bm));
+    dkdv_step(d, &walk, pos, h, m0, cls_m, fp.cur[0], fp.cur[1], dq_row0);
     aj_kb_for_end(kb);
     aj_kb_for_end(kb);
 }
@@ -1325,15 +1267,16 @@ static void build_dq(aj_kb *kb, const aj_op *op, const fbwd_plan *plan,
     block_range(f, j_lo, j_hi, p->bn, &n_begin, &n_end);
     aj_score_walk walk;
     aj_score_walk_keys(&f->sc, &walk, m0, i_last, p->bn, n_begin, n_end, f->seq_q, f->seq_k);
-    tile_pipe pp = {.f = f, .walk = &walk, .extent = p->bn, .seq = f->seq_k,
+    fbwd_pipe fp = {.f = f, .extent = p->bn, .seq = f->seq_k,
                     .op = {{AJ_PSRC_k, k_base, p->d, w.walked[0]},
                            {AJ_PSRC_v, v_base, p->dv, w.walked[1]}}};
-    pipe_begin(&pp);
+    begin_pipe(&fp, &walk);
     LLVMValueRef pos = aj_kb_for_begin(kb, walk.begin, walk.end, aj_kb_i32(kb, 1), "walk");
     {
         LLVMValueRef cls_n;
-        LLVMValueRef n0 = aj_kb_mul(kb, pipe_step(&pp, pos, &cls_n), aj_kb_i32(kb, p->bn));
-        smem_tile k_cur = pp.cur[0], v_cur = pp.cur[1];
+        LLVMValueRef n0 =
+            aj_kb_mul(kb, aj_tile_pipe_step(&fp.pipe, pos, &cls_n), aj_kb_i32(kb, p->bn));
+        smem_tile k_cur = fp.cur[0], v_cur = fp.cur[1];
         step_begin(f, cls_n);
         aj_kb_barrier(kb);   /* Q, dO, stats (first step), K and V are in */
 
