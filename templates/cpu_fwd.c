@@ -259,19 +259,10 @@ static void emit_merge_weights(cfwd *c, LLVMValueRef lse_prior, LLVMValueRef l2_
     aj_kb *kb = c->kb;
     LLVMBuilderRef b = c->b;
     LLVMValueRef l2_prior = LLVMBuildFMul(b, lse_prior, aj_kb_f32(kb, AJ_LOG2E), "");
-    LLVMValueRef ninf = aj_kb_f32(kb, -INFINITY);
-    LLVMValueRef mx = aj_cv_max(kb, l2_prior, l2_new);
-    LLVMValueRef none = LLVMBuildFCmp(b, LLVMRealOEQ, mx, ninf, "");
-    LLVMValueRef mx_use = LLVMBuildSelect(b, none, aj_kb_f32(kb, 0), mx, "");
-    LLVMValueRef sum = LLVMBuildFAdd(b, scalar_math(c, "llvm.exp2", LLVMBuildFSub(b, l2_prior,
-                                                    mx_use, "")),
-                                     scalar_math(c, "llvm.exp2", LLVMBuildFSub(b, l2_new,
-                                                 mx_use, "")), "");
-    LLVMValueRef l2 = LLVMBuildFAdd(b, mx_use, scalar_math(c, "llvm.log2", sum), "");
-    LLVMValueRef l2_use = LLVMBuildSelect(b, none, aj_kb_f32(kb, 0), l2, "");
-    *w_prior = scalar_math(c, "llvm.exp2", LLVMBuildFSub(b, l2_prior, l2_use, ""));
-    *w_new = scalar_math(c, "llvm.exp2", LLVMBuildFSub(b, l2_new, l2_use, ""));
-    *lse_out = LLVMBuildSelect(b, none, ninf, LLVMBuildFMul(b, l2, aj_kb_f32(kb, AJ_LN2), ""), "");
+    LLVMValueRef l2, none;
+    aj_cpu_merge_weights(kb, l2_prior, l2_new, w_prior, w_new, &l2, &none);
+    *lse_out = LLVMBuildSelect(b, none, aj_kb_f32(kb, -INFINITY),
+                               LLVMBuildFMul(b, l2, aj_kb_f32(kb, AJ_LN2), ""), "");
 }
 
 /* O / l (times v_scale) and LSE of each row in range, to `to`, merged
