@@ -73,10 +73,8 @@ static aj_status plan_kernel(aj_ctx *ctx, const aj_op *op, cbwd_plan *p)
 static aj_status cbwd_check(aj_ctx *ctx, const aj_op *op, aj_target target)
 {
     aj_status st = aj_cpu_check_op(ctx, op, "cpu backward");
-    if (st != AJ_OK)
-        return st;
     cbwd_plan plan;
-    return plan_kernel(ctx, op, &plan);
+    return st != AJ_OK ? st : plan_kernel(ctx, op, &plan);
 }
 
 /* ---------------------------------------------------------------- build */
@@ -538,11 +536,8 @@ static aj_status cbwd_build(aj_kb *kb, const aj_op *op, void *user)
 {
     cbwd c;
     memset(&c, 0, sizeof c);
-    aj_status st = plan_kernel(kb->ctx, op, &c.p);
-    if (st != AJ_OK)
-        return st;
     const aj_score_prog *prog;
-    st = aj_kctx_programs(kb, op, &prog);
+    aj_status st = aj_kctx_plan_programs(kb, op, plan_kernel(kb->ctx, op, &c.p), &prog);
     if (st != AJ_OK)
         return st;
     aj_kctx_init(&c.k, kb, op, prog);

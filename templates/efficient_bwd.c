@@ -212,11 +212,8 @@ static aj_status plan_kernel(aj_ctx *ctx, const aj_op *op, aj_target target, ebw
 static aj_status ebwd_check(aj_ctx *ctx, const aj_op *op, aj_target target)
 {
     aj_status st = aj_attn_check_layout_and_dims(ctx, op, "efficient backward");
-    if (st != AJ_OK)
-        return st;
     ebwd_plan plan;
-    st = plan_kernel(ctx, op, target, &plan);
-    return st != AJ_OK ? st : aj_score_prog_check(ctx, op);
+    return st != AJ_OK ? st : aj_kctx_check_planned(ctx, op, plan_kernel(ctx, op, target, &plan));
 }
 
 /* ---------------------------------------------------------------- shared */
@@ -1056,11 +1053,9 @@ static aj_status ebwd_build(aj_kb *kb, const aj_op *op, void *user)
 {
     (void)user;
     ebwd_plan plan;
-    aj_status st = plan_kernel(kb->ctx, op, kb->target, &plan);
-    if (st != AJ_OK)
-        return st;
     const aj_score_prog *prog;
-    st = aj_kctx_programs(kb, op, &prog);
+    aj_status st =
+        aj_kctx_plan_programs(kb, op, plan_kernel(kb->ctx, op, kb->target, &plan), &prog);
     if (st != AJ_OK)
         return st;
     build_dkdv(kb, op, &plan, prog);

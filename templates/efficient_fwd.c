@@ -205,11 +205,8 @@ static aj_status efwd_check(aj_ctx *ctx, const aj_op *op, aj_target target)
     aj_status st = op->layout == AJ_LAYOUT_PAGED
                        ? aj_attn_check_dims(ctx, op, "paged forward")
                        : aj_attn_check_layout_and_dims(ctx, op, "efficient forward");
-    if (st != AJ_OK)
-        return st;
     efwd_plan plan;
-    st = plan_kernel(ctx, op, target, &plan);
-    return st != AJ_OK ? st : aj_score_prog_check(ctx, op);
+    return st != AJ_OK ? st : aj_kctx_check_planned(ctx, op, plan_kernel(ctx, op, target, &plan));
 }
 
 /* ---------------------------------------------------------------- build */
@@ -1215,11 +1212,9 @@ static aj_status efwd_build(aj_kb *kb, const aj_op *op, void *user)
     (void)user;
     efwd e;
     memset(&e, 0, sizeof e);
-    aj_status st = plan_kernel(kb->ctx, op, kb->target, &e.p);
-    if (st != AJ_OK)
-        return st;
     const aj_score_prog *prog;
-    st = aj_kctx_programs(kb, op, &prog);
+    aj_status st =
+        aj_kctx_plan_programs(kb, op, plan_kernel(kb->ctx, op, kb->target, &e.p), &prog);
     if (st != AJ_OK)
         return st;
     aj_kctx_init(&e.k, kb, op, prog);

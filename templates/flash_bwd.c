@@ -346,11 +346,8 @@ static aj_status fbwd_check(aj_ctx *ctx, const aj_op *op, aj_target target)
                        "dtype = f32: flash backward runs on tensor cores and takes f16 or "
                        "bf16; use `attention backward efficient` for f32");
     aj_status st = aj_attn_check_dims(ctx, op, "flash backward");
-    if (st != AJ_OK)
-        return st;
     fbwd_plan plan;
-    st = plan_kernel(ctx, op, target, &plan);
-    return st != AJ_OK ? st : aj_score_prog_check(ctx, op);
+    return st != AJ_OK ? st : aj_kctx_check_planned(ctx, op, plan_kernel(ctx, op, target, &plan));
 }
 
 /* ---------------------------------------------------------------- shared */
@@ -1260,7 +1257,8 @@ static void build_dq(aj_kb *kb, const aj_op *op, const fbwd_plan *plan,
     aj_kb_cp_async_commit(kb);
     load_stats(f, h, m0, p->bm, stats);
 
-    LLVMValueRef rows_here = aj_kb_smin(kb, aj_kb_i32(kb, p->bm), LLVMBuildSub(b, f->seq_q, m0, ""));
+    LLVMValueRef rows_here =
+        aj_kb_smin(kb, aj_kb_i32(kb, p->bm), LLVMBuildSub(b, f->seq_q, m0, ""));
     LLVMValueRef i_last = aj_kb_add(kb, m0, LLVMBuildSub(b, rows_here, aj_kb_i32(kb, 1), ""));
     LLVMValueRef n_begin, n_end, j_lo, j_hi;
     aj_score_key_range(&f->sc, m0, i_last, f->seq_k, &j_lo, &j_hi);
@@ -1350,11 +1348,9 @@ static aj_status fbwd_build(aj_kb *kb, const aj_op *op, void *user)
 {
     (void)user;
     fbwd_plan plan;
-    aj_status st = plan_kernel(kb->ctx, op, kb->target, &plan);
-    if (st != AJ_OK)
-        return st;
     const aj_score_prog *prog;
-    st = aj_kctx_programs(kb, op, &prog);
+    aj_status st =
+        aj_kctx_plan_programs(kb, op, plan_kernel(kb->ctx, op, kb->target, &plan), &prog);
     if (st != AJ_OK)
         return st;
     build_delta(kb, op, &plan, prog);

@@ -224,11 +224,8 @@ static aj_status ffwd_check(aj_ctx *ctx, const aj_op *op, aj_target target)
                        "dtype = f32: flash forward runs on f16 / bf16 tensor cores; use "
                        "`attention forward efficient` for f32");
     aj_status st = aj_attn_check_dims(ctx, op, "flash forward");
-    if (st != AJ_OK)
-        return st;
     ffwd_plan plan;
-    st = plan_kernel(ctx, op, target, &plan);
-    return st != AJ_OK ? st : aj_score_prog_check(ctx, op);
+    return st != AJ_OK ? st : aj_kctx_check_planned(ctx, op, plan_kernel(ctx, op, target, &plan));
 }
 
 /* ---------------------------------------------------------------- build */
@@ -857,15 +854,13 @@ static aj_status ffwd_build(aj_kb *kb, const aj_op *op, void *user)
     (void)user;
     ffwd e;
     memset(&e, 0, sizeof e);
-    aj_status st = plan_kernel(kb->ctx, op, kb->target, &e.p);
+    const aj_score_prog *prog;
+    aj_status st =
+        aj_kctx_plan_programs(kb, op, plan_kernel(kb->ctx, op, kb->target, &e.p), &prog);
     if (st != AJ_OK)
         return st;
     const ffwd_plan *p = &e.p;
     LLVMBuilderRef b = kb->b;
-    const aj_score_prog *prog;
-    st = aj_kctx_programs(kb, op, &prog);
-    if (st != AJ_OK)
-        return st;
     aj_kctx_init(&e.k, kb, op, prog);
 
     aj_params_declare(kb, AJ_KSIG_FLASH_FWD, op, prog);

@@ -57,6 +57,24 @@ typedef struct aj_kctx {
  * stack) for the whole build; the status of aj_score_prog_init. */
 aj_status aj_kctx_programs(aj_kb *kb, const aj_op *op, const aj_score_prog **out);
 
+/* A check's last step, once the op's dims passed: the template's plan
+ * (`planned`, its status, returned when it failed), then the op's score
+ * programs (aj_score_prog_check). */
+static inline aj_status aj_kctx_check_planned(aj_ctx *ctx, const aj_op *op, aj_status planned)
+{
+    return planned != AJ_OK ? planned : aj_score_prog_check(ctx, op);
+}
+
+/* A build's first step: the template's plan (`planned`, its status,
+ * returned when it failed) and then the op's score programs into *out
+ * (aj_kctx_programs). */
+static inline aj_status aj_kctx_plan_programs(aj_kb *kb, const aj_op *op, aj_status planned,
+                                              const aj_score_prog **out)
+{
+    *out = NULL;
+    return planned != AJ_OK ? planned : aj_kctx_programs(kb, op, out);
+}
+
 /* The context's builder, op and programs (the rest stays as it is). */
 static inline void aj_kctx_init(aj_kctx *k, aj_kb *kb, const aj_op *op,
                                 const aj_score_prog *prog)
