@@ -629,17 +629,22 @@ static const ebwd_stage dkdv_stage = {AJ_KSIG_EFFICIENT_BWD_DKDV, "dkdv", 1, 2, 
 static const ebwd_stage dq_stage = {AJ_KSIG_EFFICIENT_BWD_DQ, "dq", 0, 1, {"dq", NULL}};
 
 enum { OUT_DK = 0, OUT_DV = 1, OUT_DQ = 0 };
+enum { W_D = 0, W_DV = 1 };
 
 /* A CTA of either kernel: the block it owns (dkdv: keys x0 .., of KV head
  * `head`; dq: query rows x0 .., of query head `head`), the thread's nr
  * rows of it (group + R k) and nc columns of a step (lane + G t), a
- * step's S and dP sums and the gradient rows it adds up. */
+ * step's S and dP sums and the gradient rows it adds up.  Its f32 tiles,
+ * D and Dv wide (W_D, W_DV): the block's own (dkdv: K, V; dq: Q, dO) and
+ * a step's walked past it (dkdv: Q, dO; dq: K, V). */
 typedef struct ebwd_cta {
     ebwd e;
     int nr, nc;
     LLVMValueRef rows[MAX_ROWS], cols[MAX_COLS];                /* i32 */
     LLVMValueRef s[MAX_ROWS][MAX_COLS], dp[MAX_ROWS][MAX_COLS];  /* vars, set per step */
     LLVMValueRef out[2][MAX_ROWS][MAX_OUT];                      /* vars, from zero */
+    int32_t own[2], walked[2];   /* shared tiles [W_D], [W_DV]: the block's, a step's */
+    int ld[2];                   /* their pitches in floats */
     LLVMValueRef x0, head, bidx;                                 /* i32 */
     LLVMValueRef group_size;                                     /* i32: Hq / Hkv */
 } ebwd_cta;
@@ -672,10 +677,28 @@ static void begin_cta(ebwd_cta *c, aj_kb *kb, const aj_op *op, const ebwd_plan *
     c->bidx = aj_kb_block_id(kb, 2);
     c->group_size =
         LLVMBuildSDiv(b, aj_param(kb, AJ_PID(heads_q)), aj_param(kb, AJ_PID(heads_kv)), "");
+    c->ld[W_D] = p->wd + 4;
+    c->ld[W_DV] = p->wdv + 4;
+    for (int x = 0; x < 2; x++)
+        c->own[x] = aj_kb_smem_reserve(kb, 4 * block * c->ld[x]);
+    for (int x = 0; x < 2; x++)
+        c->walked[x] = aj_kb_smem_reserve(kb, 4 * step * c->ld[x]);
     for (int k = 0; k < c->nr; k++)
         c->rows[k] = LLVMBuildAdd(b, c->e.group, aj_kb_i32(kb, p->r * k), "");
     for (int t = 0; t < c->nc; t++)
         c->cols[t] = LLVMBuildAdd(b, c->e.lane, aj_kb_i32(kb, p->g * t), "");
+}
+
+/* A step's S and dP: the thread's rows of the own tiles by its columns
+ * of the walked ones (dkdv: S^T = K Q^T, dP^T = V dO^T; dq: S = Q K^T,
+ * dP = dO V^T). */
+static void emit_step_dots(ebwd_cta *c)
+{
+    ebwd *e = &c->e;
+    emit_dots(e, c->s, c->nr, c->rows, c->own[W_D], c->ld[W_D], c->nc, c->cols, c->walked[W_D],
+              c->ld[W_D], e->p.d);
+    emit_dots(e, c->dp, c->nr, c->rows, c->own[W_DV], c->ld[W_DV], c->nc, c->cols,
+              c->walked[W_DV], c->ld[W_DV], e->p.dv);
 }
 
 /* The end of either kernel: its launch layout, a CTA per block it owns. */
@@ -695,12 +718,13 @@ static void finish_cta(ebwd_cta *c, const ebwd_stage *st)
 
 /* ---------------------------------------------------------------- dkdv */
 
-/* The dkdv CTA: its key block's K and V, a step's Q, dO, P^T, dS^T and
- * row stats in shared memory; the row blocks the band shows its keys. */
+/* The dkdv CTA: beside K, V (own) and a step's Q, dO (walked), its P^T,
+ * dS^T and row stats in shared memory; the row blocks the band shows its
+ * keys. */
 typedef struct dkdv_cta {
     ebwd_cta c;
-    int ldk, ldv, ldq, ldo, ldp;
-    int32_t smem_k, smem_v, smem_q, smem_do, smem_p, smem_ds, smem_stats;
+    int ldp;
+    int32_t smem_p, smem_ds, smem_stats;
     LLVMValueRef j_last;           /* i32: the block's last key inside Sk */
     LLVMValueRef m_begin, m_end;   /* i32: row blocks holding a row that sees one */
 } dkdv_cta;
@@ -718,20 +742,14 @@ static void dkdv_prologue(dkdv_cta *d, aj_kb *kb, const aj_op *op, const ebwd_pl
     ebwd *e = &c->e;
     const ebwd_plan *p = &e->p;
     LLVMBuilderRef b = kb->b;
-    d->ldk = d->ldq = p->wd + 4;
-    d->ldv = d->ldo = p->wdv + 4;
     d->ldp = p->bm + 4;
-    d->smem_k = aj_kb_smem_reserve(kb, 4 * p->bn * d->ldk);
-    d->smem_v = aj_kb_smem_reserve(kb, 4 * p->bn * d->ldv);
-    d->smem_q = aj_kb_smem_reserve(kb, 4 * p->bm * d->ldq);
-    d->smem_do = aj_kb_smem_reserve(kb, 4 * p->bm * d->ldo);
     d->smem_p = aj_kb_smem_reserve(kb, 4 * p->bn * d->ldp);
     d->smem_ds = aj_kb_smem_reserve(kb, 4 * p->bn * d->ldp);
     d->smem_stats = aj_kb_smem_reserve(kb, 4 * 2 * p->bm);   /* lse2[bm], delta[bm] */
     load_rows(e, AJ_PSRC_k, aj_attn_slice_base(kb, AJ_PSRC_k, c->bidx, c->head), c->x0,
-              e->seq_k, p->bn, p->d, d->smem_k, d->ldk);
+              e->seq_k, p->bn, p->d, c->own[W_D], c->ld[W_D]);
     load_rows(e, AJ_PSRC_v, aj_attn_slice_base(kb, AJ_PSRC_v, c->bidx, c->head), c->x0,
-              e->seq_k, p->bn, p->dv, d->smem_v, d->ldv);
+              e->seq_k, p->bn, p->dv, c->own[W_DV], c->ld[W_DV]);
 
     /* query rows the band shows a key of this block (for every head) */
     set_head(e, c->bidx, LLVMBuildMul(b, c->head, c->group_size, ""));
@@ -785,22 +803,19 @@ static void dkdv_step(dkdv_cta *d, const aj_score_walk *walk, LLVMValueRef at,
     if (aj_score_has_rest(e->prog))   /* the band bounds the walk already */
         aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntNE, cls, aj_kb_i32(kb, AJ_TILE_SKIP), ""));
     aj_kb_barrier(kb);   /* the previous step's readers are done */
-    load_rows(e, AJ_PSRC_q, hs->q, m0, e->seq_q, p->bm, p->d, d->smem_q, d->ldq);
-    load_rows(e, AJ_PSRC_do, hs->dout, m0, e->seq_q, p->bm, p->dv, d->smem_do, d->ldo);
+    load_rows(e, AJ_PSRC_q, hs->q, m0, e->seq_q, p->bm, p->d, c->walked[W_D], c->ld[W_D]);
+    load_rows(e, AJ_PSRC_do, hs->dout, m0, e->seq_q, p->bm, p->dv, c->walked[W_DV], c->ld[W_DV]);
     dkdv_row_stats(d, m0, hs);
     aj_kb_barrier(kb);
-    emit_dots(e, c->s, c->nr, c->rows, d->smem_k, d->ldk, c->nc, c->cols, d->smem_q, d->ldq,
-              p->d);
-    emit_dots(e, c->dp, c->nr, c->rows, d->smem_v, d->ldv, c->nc, c->cols, d->smem_do, d->ldo,
-              p->dv);
+    emit_step_dots(c);
     dkdv_pass pass = {e, m0, c->x0, c->rows, c->cols, c->s, c->dp, d->smem_stats, d->smem_p,
                       d->smem_ds, d->ldp};
     aj_score_by_tile_class(kb, cls, tile_inside(e, m0, c->x0), emit_dkdv_pass, &pass);
     aj_kb_barrier(kb);   /* P^T and dS^T complete */
-    emit_accumulate(e, c->out[OUT_DV], c->nr, c->rows, d->smem_p, d->ldp, p->bm, d->smem_do,
-                    d->ldo, p->wdv);
-    emit_accumulate(e, c->out[OUT_DK], c->nr, c->rows, d->smem_ds, d->ldp, p->bm, d->smem_q,
-                    d->ldq, p->wd);
+    emit_accumulate(e, c->out[OUT_DV], c->nr, c->rows, d->smem_p, d->ldp, p->bm, c->walked[W_DV],
+                    c->ld[W_DV], p->wdv);
+    emit_accumulate(e, c->out[OUT_DK], c->nr, c->rows, d->smem_ds, d->ldp, p->bm, c->walked[W_D],
+                    c->ld[W_D], p->wd);
     if (aj_score_has_rest(e->prog))
         aj_kb_if_end(kb);
 }
@@ -859,14 +874,14 @@ static void build_dkdv(aj_kb *kb, const aj_op *op, const ebwd_plan *plan,
 
 /* ---------------------------------------------------------------- dq */
 
-/* The dq CTA: its rows' Q and dO, a key block's K, V and dS in shared
- * memory; per thread row its global row gi, LSE (log2), Delta and (bias)
+/* The dq CTA: beside Q, dO (own) and a key block's K, V (walked), its dS
+ * in shared memory; per thread row its global row gi, LSE (log2), Delta and (bias)
  * dbias row; with bias, `first`: whether the pair writes dbias. */
 typedef struct dq_cta {
     ebwd_cta c;
     int has_bias;
-    int ldq, ldo, ldk, ldv, lds;
-    int32_t smem_q, smem_do, smem_k, smem_v, smem_ds;
+    int lds;
+    int32_t smem_ds;
     LLVMValueRef h, first;        /* i32: the (b, h) pair's head; i1 (bias) */
     LLVMValueRef k_base, v_base;  /* i64 */
     LLVMValueRef gi[MAX_ROWS], lse2[MAX_ROWS], delta[MAX_ROWS], dbias_row[MAX_ROWS];
@@ -919,13 +934,7 @@ static void dq_prologue(dq_cta *d, aj_kb *kb, const aj_op *op, const ebwd_plan *
     ebwd *e = &c->e;
     const ebwd_plan *p = &e->p;
     LLVMBuilderRef b = kb->b;
-    d->ldq = d->ldk = p->wd + 4;
-    d->ldo = d->ldv = p->wdv + 4;
     d->lds = p->bn + 4;
-    d->smem_q = aj_kb_smem_reserve(kb, 4 * p->bm * d->ldq);
-    d->smem_do = aj_kb_smem_reserve(kb, 4 * p->bm * d->ldo);
-    d->smem_k = aj_kb_smem_reserve(kb, 4 * p->bn * d->ldk);
-    d->smem_v = aj_kb_smem_reserve(kb, 4 * p->bn * d->ldv);
     d->smem_ds = aj_kb_smem_reserve(kb, 4 * p->bm * d->lds);
     LLVMValueRef m0 = c->x0;
     d->h = c->head;
@@ -936,9 +945,9 @@ static void dq_prologue(dq_cta *d, aj_kb *kb, const aj_op *op, const ebwd_plan *
     d->k_base = aj_attn_slice_base(kb, AJ_PSRC_k, c->bidx, hkv);
     d->v_base = aj_attn_slice_base(kb, AJ_PSRC_v, c->bidx, hkv);
     load_rows(e, AJ_PSRC_q, aj_attn_slice_base(kb, AJ_PSRC_q, c->bidx, d->h), m0, e->seq_q,
-              p->bm, p->d, d->smem_q, d->ldq);
+              p->bm, p->d, c->own[W_D], c->ld[W_D]);
     load_rows(e, AJ_PSRC_do, aj_attn_slice_base(kb, AJ_PSRC_do, c->bidx, d->h), m0, e->seq_q,
-              p->bm, p->dv, d->smem_do, d->ldo);
+              p->bm, p->dv, c->own[W_DV], c->ld[W_DV]);
     LLVMValueRef o_base = aj_attn_slice_base(kb, AJ_PSRC_o, c->bidx, d->h);
     LLVMValueRef do_base = aj_attn_slice_base(kb, AJ_PSRC_do, c->bidx, d->h);
     LLVMValueRef lse_base = aj_attn_slice_base(kb, AJ_PSRC_lse, c->bidx, d->h);
@@ -975,19 +984,16 @@ static void dq_step(dq_cta *d, const aj_score_walk *walk, LLVMValueRef at)
     if (skips)
         aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntNE, cls, aj_kb_i32(kb, AJ_TILE_SKIP), ""));
     aj_kb_barrier(kb);   /* the previous block's readers of K, V, dS are done */
-    load_rows(e, AJ_PSRC_k, d->k_base, n0, e->seq_k, p->bn, p->d, d->smem_k, d->ldk);
-    load_rows(e, AJ_PSRC_v, d->v_base, n0, e->seq_k, p->bn, p->dv, d->smem_v, d->ldv);
+    load_rows(e, AJ_PSRC_k, d->k_base, n0, e->seq_k, p->bn, p->d, c->walked[W_D], c->ld[W_D]);
+    load_rows(e, AJ_PSRC_v, d->v_base, n0, e->seq_k, p->bn, p->dv, c->walked[W_DV], c->ld[W_DV]);
     aj_kb_barrier(kb);
-    emit_dots(e, c->s, c->nr, c->rows, d->smem_q, d->ldq, c->nc, c->cols, d->smem_k, d->ldk,
-              p->d);
-    emit_dots(e, c->dp, c->nr, c->rows, d->smem_do, d->ldo, c->nc, c->cols, d->smem_v, d->ldv,
-              p->dv);
+    emit_step_dots(c);
     dq_pass pass = {e,        n0,       c->rows, c->cols, d->gi, d->lse2, d->delta,
                     d->has_bias ? d->dbias_row : NULL, c->s, c->dp, d->first, d->smem_ds, d->lds};
     aj_score_by_tile_class(kb, cls, tile_inside(e, NULL, n0), emit_dq_pass, &pass);
     aj_kb_barrier(kb);   /* dS complete */
-    emit_accumulate(e, c->out[OUT_DQ], c->nr, c->rows, d->smem_ds, d->lds, p->bn, d->smem_k,
-                    d->ldk, p->wd);
+    emit_accumulate(e, c->out[OUT_DQ], c->nr, c->rows, d->smem_ds, d->lds, p->bn, c->walked[W_D],
+                    c->ld[W_D], p->wd);
     if (skips)
         aj_kb_if_end(kb);
 }
