@@ -466,7 +466,7 @@ static void emit_pv(efwd *e)
  * taken from lane 0 of the row group by a group sum (the other lanes add
  * 0, exactly), so that every lane's read of it precedes lane 0's store.
  * Returns the weights of the prior and of this call's O, and stores the
- * merged LSE (ln units) in *lse_out.
+ * merged LSE (ln units) in *lse_out (aj_attn_merge_weights).
  */
 static void emit_merge_weights(efwd *e, LLVMValueRef lse_prior, LLVMValueRef l2_new,
                                LLVMValueRef *w_prior, LLVMValueRef *w_new,
@@ -477,18 +477,7 @@ static void emit_merge_weights(efwd *e, LLVMValueRef lse_prior, LLVMValueRef l2_
     LLVMValueRef is_lane0 = LLVMBuildICmp(b, LLVMIntEQ, e->lane, aj_kb_i32(kb, 0), "");
     lse_prior = aj_kb_group_sum(kb, LLVMBuildSelect(b, is_lane0, lse_prior, aj_kb_f32(kb, 0), ""),
                                 e->p.g);
-    LLVMValueRef l2_prior = LLVMBuildFMul(b, lse_prior, aj_kb_f32(kb, AJ_LOG2E), "");
-    LLVMValueRef ninf = aj_kb_f32(kb, -INFINITY);
-    LLVMValueRef mx = aj_kb_fmax(kb, l2_prior, l2_new);
-    LLVMValueRef none = LLVMBuildFCmp(b, LLVMRealOEQ, mx, ninf, "");
-    LLVMValueRef mx_use = LLVMBuildSelect(b, none, aj_kb_f32(kb, 0), mx, "");
-    LLVMValueRef sum = LLVMBuildFAdd(b, aj_kb_exp2(kb, LLVMBuildFSub(b, l2_prior, mx_use, "")),
-                                     aj_kb_exp2(kb, LLVMBuildFSub(b, l2_new, mx_use, "")), "");
-    LLVMValueRef l2 = LLVMBuildFAdd(b, mx_use, aj_kb_log2(kb, sum), "");
-    LLVMValueRef l2_use = LLVMBuildSelect(b, none, aj_kb_f32(kb, 0), l2, "");
-    *w_prior = aj_kb_exp2(kb, LLVMBuildFSub(b, l2_prior, l2_use, ""));
-    *w_new = aj_kb_exp2(kb, LLVMBuildFSub(b, l2_new, l2_use, ""));
-    *lse_out = LLVMBuildSelect(b, none, ninf, LLVMBuildFMul(b, l2, aj_kb_f32(kb, AJ_LN2), ""), "");
+    aj_attn_merge_weights(kb, lse_prior, l2_new, w_prior, w_new, lse_out);
 }
 
 /* Where the epilogue writes: row i of head h (after the CTA's first) of
