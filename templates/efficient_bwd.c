@@ -701,6 +701,32 @@ static void emit_step_dots(ebwd_cta *c)
               c->walked[W_DV], c->ld[W_DV], e->p.dv);
 }
 
+/* Either kernel's walk (dkdv: row blocks of `per` rows, dq: key blocks
+ * of `per` keys): per tile at its walk position, its first row or key x0
+ * (named `name`) and class (NULL without a mask), a barrier (the previous
+ * step's readers are done), then `step`; with `skips` (a mask rest the
+ * walk's band does not bound) only where the class is not skip. */
+static void walk_steps(ebwd_cta *c, const aj_score_walk *walk, int per, const char *name,
+                       int skips, void (*step)(void *user, LLVMValueRef x0, LLVMValueRef cls),
+                       void *user)
+{
+    ebwd *e = &c->e;
+    aj_kb *kb = e->kb;
+    LLVMBuilderRef b = e->b;
+    LLVMValueRef at = aj_kb_for_begin(kb, walk->begin, walk->end, aj_kb_i32(kb, 1), "walk");
+    LLVMValueRef cls = NULL;
+    LLVMValueRef x = aj_score_walk_tile(&e->sc, walk, at, aj_score_has_mask(e->prog) ? &cls
+                                                                                      : NULL);
+    LLVMValueRef x0 = LLVMBuildMul(b, x, aj_kb_i32(kb, per), name);
+    if (skips)
+        aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntNE, cls, aj_kb_i32(kb, AJ_TILE_SKIP), ""));
+    aj_kb_barrier(kb);   /* the previous step's readers are done */
+    step(user, x0, cls);
+    if (skips)
+        aj_kb_if_end(kb);
+    aj_kb_for_end(kb);
+}
+
 /* The end of either kernel: its launch layout, a CTA per block it owns. */
 static void finish_cta(ebwd_cta *c, const ebwd_stage *st)
 {
@@ -718,6 +744,11 @@ static void finish_cta(ebwd_cta *c, const ebwd_stage *st)
 
 /* ---------------------------------------------------------------- dkdv */
 
+/* Element offsets (i64) of the (b, h) slices a step reads. */
+typedef struct head_slices {
+    LLVMValueRef q, o, dout, lse;
+} head_slices;
+
 /* The dkdv CTA: beside K, V (own) and a step's Q, dO (walked), its P^T,
  * dS^T and row stats in shared memory; the row blocks the band shows its
  * keys. */
@@ -727,12 +758,8 @@ typedef struct dkdv_cta {
     int32_t smem_p, smem_ds, smem_stats;
     LLVMValueRef j_last;           /* i32: the block's last key inside Sk */
     LLVMValueRef m_begin, m_end;   /* i32: row blocks holding a row that sees one */
+    const head_slices *hs;         /* the current head's slices */
 } dkdv_cta;
-
-/* Element offsets (i64) of the (b, h) slices a step reads. */
-typedef struct head_slices {
-    LLVMValueRef q, o, dout, lse;
-} head_slices;
 
 static void dkdv_prologue(dkdv_cta *d, aj_kb *kb, const aj_op *op, const ebwd_plan *plan,
                           const aj_score_prog *prog)
@@ -786,23 +813,16 @@ static void dkdv_row_stats(dkdv_cta *d, LLVMValueRef m0, const head_slices *hs)
     }
 }
 
-/* The step at walk position `at`: the row block's Q, dO and stats, S^T and
- * dP^T, P^T and dS^T, then dV += P^T dO and dK += dS^T Q. */
-static void dkdv_step(dkdv_cta *d, const aj_score_walk *walk, LLVMValueRef at,
-                      const head_slices *hs)
+/* walk_steps' step, the row block at m0 (class cls): its Q, dO and stats,
+ * S^T and dP^T, P^T and dS^T, then dV += P^T dO and dK += dS^T Q. */
+static void dkdv_step(void *user, LLVMValueRef m0, LLVMValueRef cls)
 {
+    dkdv_cta *d = user;
+    const head_slices *hs = d->hs;
     ebwd_cta *c = &d->c;
     ebwd *e = &c->e;
     aj_kb *kb = e->kb;
-    LLVMBuilderRef b = e->b;
     const ebwd_plan *p = &e->p;
-    LLVMValueRef cls = NULL;
-    LLVMValueRef m = aj_score_walk_tile(&e->sc, walk, at, aj_score_has_mask(e->prog) ? &cls
-                                                                                      : NULL);
-    LLVMValueRef m0 = LLVMBuildMul(b, m, aj_kb_i32(kb, p->bm), "m0");
-    if (aj_score_has_rest(e->prog))   /* the band bounds the walk already */
-        aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntNE, cls, aj_kb_i32(kb, AJ_TILE_SKIP), ""));
-    aj_kb_barrier(kb);   /* the previous step's readers are done */
     load_rows(e, AJ_PSRC_q, hs->q, m0, e->seq_q, p->bm, p->d, c->walked[W_D], c->ld[W_D]);
     load_rows(e, AJ_PSRC_do, hs->dout, m0, e->seq_q, p->bm, p->dv, c->walked[W_DV], c->ld[W_DV]);
     dkdv_row_stats(d, m0, hs);
@@ -816,8 +836,6 @@ static void dkdv_step(dkdv_cta *d, const aj_score_walk *walk, LLVMValueRef at,
                     c->ld[W_DV], p->wdv);
     emit_accumulate(e, c->out[OUT_DK], c->nr, c->rows, d->smem_ds, d->ldp, p->bm, c->walked[W_D],
                     c->ld[W_D], p->wd);
-    if (aj_score_has_rest(e->prog))
-        aj_kb_if_end(kb);
 }
 
 /* The query heads of the KV head's group, and per head the row blocks of
@@ -840,9 +858,9 @@ static void dkdv_mainloop(dkdv_cta *d)
     aj_score_walk walk;
     aj_score_walk_rows(&e->sc, &walk, c->x0, d->j_last, e->p.bm, d->m_begin, d->m_end, e->seq_q,
                        e->seq_k);
-    LLVMValueRef at = aj_kb_for_begin(kb, walk.begin, walk.end, aj_kb_i32(kb, 1), "walk");
-    dkdv_step(d, &walk, at, &hs);
-    aj_kb_for_end(kb);
+    d->hs = &hs;
+    /* skip tiles only where the mask has a rest: the band bounds the walk */
+    walk_steps(c, &walk, e->p.bm, "m0", aj_score_has_rest(e->prog), dkdv_step, d);
     aj_kb_for_end(kb);
 }
 
@@ -967,23 +985,15 @@ static void dq_prologue(dq_cta *d, aj_kb *kb, const aj_op *op, const ebwd_plan *
     }
 }
 
-/* The key block at walk position `at`: K and V, S and dP, dS (and dbias),
- * then dQ += dS K. */
-static void dq_step(dq_cta *d, const aj_score_walk *walk, LLVMValueRef at)
+/* walk_steps' step, the key block at n0 (class cls): K and V, S and dP,
+ * dS (and dbias), then dQ += dS K. */
+static void dq_step(void *user, LLVMValueRef n0, LLVMValueRef cls)
 {
+    dq_cta *d = user;
     ebwd_cta *c = &d->c;
     ebwd *e = &c->e;
     aj_kb *kb = e->kb;
-    LLVMBuilderRef b = e->b;
     const ebwd_plan *p = &e->p;
-    LLVMValueRef cls = NULL;
-    LLVMValueRef n = aj_score_walk_tile(&e->sc, walk, at, aj_score_has_mask(e->prog) ? &cls
-                                                                                      : NULL);
-    LLVMValueRef n0 = LLVMBuildMul(b, n, aj_kb_i32(kb, p->bn), "n0");
-    int skips = aj_score_has_rest(e->prog) && !d->has_bias;
-    if (skips)
-        aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntNE, cls, aj_kb_i32(kb, AJ_TILE_SKIP), ""));
-    aj_kb_barrier(kb);   /* the previous block's readers of K, V, dS are done */
     load_rows(e, AJ_PSRC_k, d->k_base, n0, e->seq_k, p->bn, p->d, c->walked[W_D], c->ld[W_D]);
     load_rows(e, AJ_PSRC_v, d->v_base, n0, e->seq_k, p->bn, p->dv, c->walked[W_DV], c->ld[W_DV]);
     aj_kb_barrier(kb);
@@ -994,8 +1004,6 @@ static void dq_step(dq_cta *d, const aj_score_walk *walk, LLVMValueRef at)
     aj_kb_barrier(kb);   /* dS complete */
     emit_accumulate(e, c->out[OUT_DQ], c->nr, c->rows, d->smem_ds, d->lds, p->bn, c->walked[W_D],
                     c->ld[W_D], p->wd);
-    if (skips)
-        aj_kb_if_end(kb);
 }
 
 /* The key blocks holding a key visible to some row of the CTA (the
@@ -1027,9 +1035,7 @@ static void dq_mainloop(dq_cta *d)
     aj_score_walk_keys(&e->sc, &walk, m0, i_last, p->bn, n_begin, n_end, e->seq_q, e->seq_k);
     if (d->has_bias)
         aj_score_walk_every(&walk);
-    LLVMValueRef at = aj_kb_for_begin(kb, walk.begin, walk.end, aj_kb_i32(kb, 1), "walk");
-    dq_step(d, &walk, at);
-    aj_kb_for_end(kb);
+    walk_steps(c, &walk, p->bn, "n0", aj_score_has_rest(e->prog) && !d->has_bias, dq_step, d);
 }
 
 /* dQ (times the scale) of the CTA's rows; with bias, the pair loop's end. */
