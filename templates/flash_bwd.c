@@ -1229,79 +1229,109 @@ static void build_dkdv(aj_kb *kb, const aj_op *op, const fbwd_plan *plan,
 
 /* ---------------------------------------------------------------- dq */
 
+/* The deterministic dQ CTA: beside Q, dO (own) and the key blocks' K, V
+ * (walked), its dS tile, the rows' stats and dQ; the rows' last row. */
+typedef struct dq_cta {
+    walk_cta w;
+    smem_tile dst;
+    int32_t stats;
+    warp_acc dq;
+    LLVMValueRef i_last;   /* i32 */
+} dq_cta;
+
+/* The rows' Q, dO and stats, the K/V slices of their KV head. */
+static void dq_prologue(dq_cta *d, aj_kb *kb, const aj_op *op, const fbwd_plan *plan,
+                        const aj_score_prog *prog, LLVMValueRef *k_base, LLVMValueRef *v_base)
+{
+    walk_cta *w = &d->w;
+    fbwd *f = &w->f;
+    begin_walk_stage(w, kb, op, plan, prog, "dq", 0);
+    const fbwd_plan *p = &f->p;
+    LLVMBuilderRef b = kb->b;
+    d->dst = reserve_tile(f, p->bm, p->bn, 1);
+    d->stats = aj_kb_smem_reserve(kb, 8 * p->bm);
+    acc_init(f, &d->dq, p->bm, p->d, "dq");
+    open_block(w, 0);
+    LLVMValueRef m0 = w->x0, h = w->head;
+    set_head(f, h);
+    LLVMValueRef hkv = LLVMBuildSDiv(b, h, w->group, "hkv");
+    *k_base = row0_base(f, AJ_PSRC_k, hkv, f->k_start);
+    *v_base = row0_base(f, AJ_PSRC_v, hkv, f->k_start);
+    load_tile(f, AJ_PSRC_q, row0_base(f, AJ_PSRC_q, h, f->q_start), m0, f->seq_q, p->bm, p->d,
+              w->own[0]);
+    load_tile(f, AJ_PSRC_do, row0_base(f, AJ_PSRC_do, h, f->q_start), m0, f->seq_q, p->bm, p->dv,
+              w->own[1]);
+    aj_kb_cp_async_commit(kb);
+    load_stats(f, h, m0, p->bm, d->stats);
+    LLVMValueRef rows_here =
+        aj_kb_smin(kb, aj_kb_i32(kb, p->bm), LLVMBuildSub(b, f->seq_q, m0, ""));
+    d->i_last = aj_kb_add(kb, m0, LLVMBuildSub(b, rows_here, aj_kb_i32(kb, 1), ""));
+}
+
+/* The step of key block n0 (class cls_n, walk position pos), K and V in
+ * k_cur, v_cur: S, dP, then dS, then dQ += dS K. */
+static void dq_step(dq_cta *d, const aj_score_walk *walk, LLVMValueRef pos, LLVMValueRef n0,
+                    LLVMValueRef cls_n, smem_tile k_cur, smem_tile v_cur)
+{
+    walk_cta *w = &d->w;
+    fbwd *f = &w->f;
+    aj_kb *kb = f->kb;
+    const fbwd_plan *p = &f->p;
+    LLVMValueRef m0 = w->x0;
+    step_begin(f, cls_n);
+    aj_kb_barrier(kb);   /* Q, dO, stats (first step), K and V are in */
+
+    /* S = Q K^T, dP = dO V^T: B[d][key] = K(key, d) */
+    acc_zero(f, &w->s);
+    acc_zero(f, &w->dp);
+    operand qa = {w->own[0], 0, aj_kb_i32(kb, 0)}, kbo = {k_cur, 0, aj_kb_i32(kb, 0)};
+    operand doa = {w->own[1], 0, aj_kb_i32(kb, 0)}, vbo = {v_cur, 0, aj_kb_i32(kb, 0)};
+    warp_mma(f, &w->s, p->d, &qa, &kbo);
+    warp_mma(f, &w->dp, p->dv, &doa, &vbo);
+    p_ds_pass pass = {f, &w->s, &w->dp, 0, m0, n0, d->stats, NULL, d->dst};
+    aj_score_by_tile_class(kb, step_class(f, walk, cls_n, pos), tile_inside(f, m0, n0),
+                           emit_p_ds_tiles, &pass);
+    aj_kb_barrier(kb);   /* dS is complete */
+
+    /* dQ += dS K: B[key][d] = K(key, d), k-major */
+    operand dsa = {d->dst, 0, aj_kb_i32(kb, 0)}, kbk = {k_cur, 1, aj_kb_i32(kb, 0)};
+    warp_mma(f, &d->dq, p->bn, &dsa, &kbk);
+    aj_kb_barrier(kb);   /* this step's readers are done before the next copies */
+    step_end(f, cls_n);
+}
+
 /* The deterministic dQ stage: the rows' Q, dO and stats resident, the
  * key blocks of the range (or the block mask's list of the row block,
  * score.h) streamed through the pipe; dQ += dS K per block. */
 static void build_dq(aj_kb *kb, const aj_op *op, const fbwd_plan *plan,
                      const aj_score_prog *prog)
 {
-    walk_cta w;
-    fbwd *f = &w.f;
-    begin_walk_stage(&w, kb, op, plan, prog, "dq", 0);
+    dq_cta d;
+    walk_cta *w = &d.w;
+    fbwd *f = &w->f;
+    LLVMValueRef k_base, v_base;
+    dq_prologue(&d, kb, op, plan, prog, &k_base, &v_base);
     const fbwd_plan *p = &f->p;
-    LLVMBuilderRef b = kb->b;
-    smem_tile qt = w.own[0], dot = w.own[1];
-    smem_tile dst = reserve_tile(f, p->bm, p->bn, 1);
-    int32_t stats = aj_kb_smem_reserve(kb, 8 * p->bm);
-    warp_acc dq;
-    acc_init(f, &dq, p->bm, p->d, "dq");
-    open_block(&w, 0);
-    LLVMValueRef m0 = w.x0, h = w.head;
-    set_head(f, h);
-    LLVMValueRef hkv = LLVMBuildSDiv(b, h, w.group, "hkv");
-    LLVMValueRef k_base = row0_base(f, AJ_PSRC_k, hkv, f->k_start);
-    LLVMValueRef v_base = row0_base(f, AJ_PSRC_v, hkv, f->k_start);
-    load_tile(f, AJ_PSRC_q, row0_base(f, AJ_PSRC_q, h, f->q_start), m0, f->seq_q, p->bm, p->d, qt);
-    load_tile(f, AJ_PSRC_do, row0_base(f, AJ_PSRC_do, h, f->q_start), m0, f->seq_q, p->bm, p->dv,
-              dot);
-    aj_kb_cp_async_commit(kb);
-    load_stats(f, h, m0, p->bm, stats);
-
-    LLVMValueRef rows_here =
-        aj_kb_smin(kb, aj_kb_i32(kb, p->bm), LLVMBuildSub(b, f->seq_q, m0, ""));
-    LLVMValueRef i_last = aj_kb_add(kb, m0, LLVMBuildSub(b, rows_here, aj_kb_i32(kb, 1), ""));
+    LLVMValueRef m0 = w->x0;
     LLVMValueRef n_begin, n_end, j_lo, j_hi;
-    aj_score_key_range(&f->sc, m0, i_last, f->seq_k, &j_lo, &j_hi);
+    aj_score_key_range(&f->sc, m0, d.i_last, f->seq_k, &j_lo, &j_hi);
     block_range(f, j_lo, j_hi, p->bn, &n_begin, &n_end);
     aj_score_walk walk;
-    aj_score_walk_keys(&f->sc, &walk, m0, i_last, p->bn, n_begin, n_end, f->seq_q, f->seq_k);
+    aj_score_walk_keys(&f->sc, &walk, m0, d.i_last, p->bn, n_begin, n_end, f->seq_q, f->seq_k);
     fbwd_pipe fp = {.f = f, .extent = p->bn, .seq = f->seq_k,
-                    .op = {{AJ_PSRC_k, k_base, p->d, w.walked[0]},
-                           {AJ_PSRC_v, v_base, p->dv, w.walked[1]}}};
+                    .op = {{AJ_PSRC_k, k_base, p->d, w->walked[0]},
+                           {AJ_PSRC_v, v_base, p->dv, w->walked[1]}}};
     begin_pipe(&fp, &walk);
     LLVMValueRef pos = aj_kb_for_begin(kb, walk.begin, walk.end, aj_kb_i32(kb, 1), "walk");
-    {
-        LLVMValueRef cls_n;
-        LLVMValueRef n0 =
-            aj_kb_mul(kb, aj_tile_pipe_step(&fp.pipe, pos, &cls_n), aj_kb_i32(kb, p->bn));
-        smem_tile k_cur = fp.cur[0], v_cur = fp.cur[1];
-        step_begin(f, cls_n);
-        aj_kb_barrier(kb);   /* Q, dO, stats (first step), K and V are in */
-
-        /* S = Q K^T, dP = dO V^T: B[d][key] = K(key, d) */
-        acc_zero(f, &w.s);
-        acc_zero(f, &w.dp);
-        operand qa = {qt, 0, aj_kb_i32(kb, 0)}, kbo = {k_cur, 0, aj_kb_i32(kb, 0)};
-        operand doa = {dot, 0, aj_kb_i32(kb, 0)}, vbo = {v_cur, 0, aj_kb_i32(kb, 0)};
-        warp_mma(f, &w.s, p->d, &qa, &kbo);
-        warp_mma(f, &w.dp, p->dv, &doa, &vbo);
-        p_ds_pass pass = {f, &w.s, &w.dp, 0, m0, n0, stats, NULL, dst};
-        aj_score_by_tile_class(kb, step_class(f, &walk, cls_n, pos), tile_inside(f, m0, n0),
-                               emit_p_ds_tiles, &pass);
-        aj_kb_barrier(kb);   /* dS is complete */
-
-        /* dQ += dS K: B[key][d] = K(key, d), k-major */
-        operand dsa = {dst, 0, aj_kb_i32(kb, 0)}, kbk = {k_cur, 1, aj_kb_i32(kb, 0)};
-        warp_mma(f, &dq, p->bn, &dsa, &kbk);
-        aj_kb_barrier(kb);   /* this step's readers are done before the next copies */
-        step_end(f, cls_n);
-    }
+    LLVMValueRef cls_n;
+    LLVMValueRef n0 = aj_kb_mul(kb, aj_tile_pipe_step(&fp.pipe, pos, &cls_n), aj_kb_i32(kb, p->bn));
+    dq_step(&d, &walk, pos, n0, cls_n, fp.cur[0], fp.cur[1]);
     aj_kb_for_end(kb);
     aj_kb_cp_async_wait_all(kb);
-    store_acc(f, &dq, AJ_PSRC_dq, row0_base(f, AJ_PSRC_dq, h, f->q_start), m0, f->seq_q,
+    store_acc(f, &d.dq, AJ_PSRC_dq, row0_base(f, AJ_PSRC_dq, w->head, f->q_start), m0, f->seq_q,
               aj_op_scale(op));
     aj_kb_if_end(kb);
-    finish_walk_stage(&w, 0);
+    finish_walk_stage(w, 0);
 }
 
 /* ---------------------------------------------------------------- dq_convert */
