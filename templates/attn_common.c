@@ -53,3 +53,21 @@ LLVMValueRef aj_attn_dropout_keep(aj_kb *kb, const aj_attn_dropout *d, double p,
     double threshold = ceil(ldexp(p, 24));
     return LLVMBuildICmp(b, LLVMIntUGE, u24, aj_kb_i32(kb, (int64_t)threshold), "keep");
 }
+
+void aj_attn_merge_weights(aj_kb *kb, LLVMValueRef lse_prior, LLVMValueRef l2_new,
+                           LLVMValueRef *w_prior, LLVMValueRef *w_new, LLVMValueRef *lse_out)
+{
+    LLVMBuilderRef b = kb->b;
+    LLVMValueRef l2_prior = LLVMBuildFMul(b, lse_prior, aj_kb_f32(kb, AJ_LOG2E), "");
+    LLVMValueRef ninf = aj_kb_f32(kb, -INFINITY);
+    LLVMValueRef mx = aj_kb_fmax(kb, l2_prior, l2_new);
+    LLVMValueRef none = LLVMBuildFCmp(b, LLVMRealOEQ, mx, ninf, "");
+    LLVMValueRef mx_use = LLVMBuildSelect(b, none, aj_kb_f32(kb, 0), mx, "");
+    LLVMValueRef sum = LLVMBuildFAdd(b, aj_kb_exp2(kb, LLVMBuildFSub(b, l2_prior, mx_use, "")),
+                                     aj_kb_exp2(kb, LLVMBuildFSub(b, l2_new, mx_use, "")), "");
+    LLVMValueRef l2 = LLVMBuildFAdd(b, mx_use, aj_kb_log2(kb, sum), "");
+    LLVMValueRef l2_use = LLVMBuildSelect(b, none, aj_kb_f32(kb, 0), l2, "");
+    *w_prior = aj_kb_exp2(kb, LLVMBuildFSub(b, l2_prior, l2_use, ""));
+    *w_new = aj_kb_exp2(kb, LLVMBuildFSub(b, l2_new, l2_use, ""));
+    *lse_out = LLVMBuildSelect(b, none, ninf, LLVMBuildFMul(b, l2, aj_kb_f32(kb, AJ_LN2), ""), "");
+}

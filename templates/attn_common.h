@@ -1,6 +1,6 @@
 /*
- * attn_common.h -- pieces every template emits the same way: tanh and the
- * dropout stream (what a score becomes, the backward's P and dS, and
+ * attn_common.h -- pieces every template emits the same way: tanh, the
+ * dropout stream and the accumulate merge's weights (what a score becomes, the backward's P and dS, and
  * dropout's scaling are the score pipeline's, score.h).  One
  * definition each, so forward and backward can never disagree on a score
  * or a dropped element (masks and score mods themselves live in score.h;
@@ -41,5 +41,15 @@ aj_attn_dropout aj_attn_dropout_stream(aj_kb *kb, LLVMValueRef seed, LLVMValueRe
  * (out[0] >> 8) >= ceil(p 2^24) exactly. */
 LLVMValueRef aj_attn_dropout_keep(aj_kb *kb, const aj_attn_dropout *d, double p,
                                   LLVMValueRef i, LLVMValueRef j);
+
+/*
+ * accumulate on the GPU targets and sim: the weights that merge a row
+ * whose LSE in log2 units is l2_new into the prior LSE lse_prior (natural
+ * log, as stored; f32) by docs/design.md "Merge of two partials":
+ * *w_prior, *w_new and the merged LSE *lse_out (natural log), -inf with
+ * both weights 0 where both LSEs are -inf.
+ */
+void aj_attn_merge_weights(aj_kb *kb, LLVMValueRef lse_prior, LLVMValueRef l2_new,
+                           LLVMValueRef *w_prior, LLVMValueRef *w_new, LLVMValueRef *lse_out);
 
 #endif /* AJ_TEMPLATES_ATTN_COMMON_H */

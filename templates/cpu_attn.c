@@ -691,3 +691,26 @@ void aj_cpu_skip_end(aj_cpu_attn *a)
         aj_kb_if_end(a->kb);
     aj_kb_set(a->kb, a->tile_full, LLVMConstInt(a->kb->t_i1, 0, 0));
 }
+
+/* llvm.exp2 / llvm.log2 of an f32 */
+static LLVMValueRef scalar_math(aj_kb *kb, const char *name, LLVMValueRef x)
+{
+    return aj_kb_call_overloaded(kb, name, &x, 1);
+}
+
+void aj_cpu_merge_weights(aj_kb *kb, LLVMValueRef l1, LLVMValueRef l2, LLVMValueRef *w1,
+                          LLVMValueRef *w2, LLVMValueRef *l, LLVMValueRef *none)
+{
+    LLVMBuilderRef b = kb->b;
+    LLVMValueRef mx = aj_cv_max(kb, l1, l2);
+    *none = LLVMBuildFCmp(b, LLVMRealOEQ, mx, aj_kb_f32(kb, -INFINITY), "");
+    LLVMValueRef mx_use = LLVMBuildSelect(b, *none, aj_kb_f32(kb, 0), mx, "");
+    LLVMValueRef sum = LLVMBuildFAdd(b, scalar_math(kb, "llvm.exp2", LLVMBuildFSub(b, l1,
+                                                    mx_use, "")),
+                                     scalar_math(kb, "llvm.exp2", LLVMBuildFSub(b, l2,
+                                                 mx_use, "")), "");
+    *l = LLVMBuildFAdd(b, mx_use, scalar_math(kb, "llvm.log2", sum), "");
+    LLVMValueRef l_use = LLVMBuildSelect(b, *none, aj_kb_f32(kb, 0), *l, "");
+    *w1 = scalar_math(kb, "llvm.exp2", LLVMBuildFSub(b, l1, l_use, ""));
+    *w2 = scalar_math(kb, "llvm.exp2", LLVMBuildFSub(b, l2, l_use, ""));
+}

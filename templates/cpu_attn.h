@@ -217,4 +217,11 @@ void aj_cpu_row_blocks(aj_cpu_attn *a, int bm, LLVMValueRef j0, LLVMValueRef j1,
 void aj_cpu_skip_begin(aj_cpu_attn *a, LLVMValueRef cls);
 void aj_cpu_skip_end(aj_cpu_attn *a);
 
+/* The weights that merge two partial rows whose LSEs, in log2 units, are
+ * l1 and l2 (f32; docs/design.md "Merge of two partials"): *w1 and *w2,
+ * the merged log2 LSE *l, and *none (i1) where both are -inf -- the
+ * caller's LSE is then -inf, and a side of weight 0 adds nothing. */
+void aj_cpu_merge_weights(aj_kb *kb, LLVMValueRef l1, LLVMValueRef l2, LLVMValueRef *w1,
+                          LLVMValueRef *w2, LLVMValueRef *l, LLVMValueRef *none);
+
 #endif /* AJ_TEMPLATES_CPU_ATTN_H */

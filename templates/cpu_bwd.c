@@ -73,10 +73,8 @@ static aj_status plan_kernel(aj_ctx *ctx, const aj_op *op, cbwd_plan *p)
 static aj_status cbwd_check(aj_ctx *ctx, const aj_op *op, aj_target target)
 {
     aj_status st = aj_cpu_check_op(ctx, op, "cpu backward");
-    if (st != AJ_OK)
-        return st;
     cbwd_plan plan;
-    return plan_kernel(ctx, op, &plan);
+    return st != AJ_OK ? st : plan_kernel(ctx, op, &plan);
 }
 
 /* ---------------------------------------------------------------- build */
@@ -387,107 +385,144 @@ static void emit_dbias(cbwd *c, LLVMValueRef bidx, LLVMValueRef h, LLVMValueRef 
     aj_kb_for_end(kb);
 }
 
+/* A dq item's (b, h) pair and row block, what its key-block steps read. */
+typedef struct dq_pair {
+    LLVMValueRef bidx, h, m0, rows;   /* i32 */
+    LLVMValueRef pb, ph;              /* i32: the pair loops' indices (bias: pair 0 writes dbias) */
+    LLVMValueRef k_base, v_base;      /* i64 */
+    LLVMValueRef dq;                  /* the dQ buffer */
+} dq_pair;
+
+/* The (b, h) pairs a dq item computes: its own, or with bias the pairs
+ * folded onto its dbias slice if it owns the slice (else none): *pairs_b
+ * x *pairs_h of them, *fold_b / *fold_h whether bias broadcasts over the
+ * batch / heads (NULL without bias). */
+static void dq_pairs(cbwd *c, LLVMValueRef b_item, LLVMValueRef h_item, LLVMValueRef *pairs_b,
+                     LLVMValueRef *pairs_h, LLVMValueRef *fold_b, LLVMValueRef *fold_h)
+{
+    aj_kb *kb = c->kb;
+    LLVMBuilderRef b = c->b;
+    LLVMValueRef one = aj_kb_i32(kb, 1);
+    *pairs_b = *pairs_h = one;
+    *fold_b = *fold_h = NULL;
+    if (c->op->bias != AJ_BIAS_ADD)
+        return;
+    *fold_b = LLVMBuildICmp(b, LLVMIntEQ, aj_param(kb, AJ_PID(bias_batch)), one, "");
+    *fold_h = LLVMBuildICmp(b, LLVMIntEQ, aj_param(kb, AJ_PID(bias_heads)), one, "");
+    LLVMValueRef owner =
+        LLVMBuildAnd(b,
+                     LLVMBuildOr(b, LLVMBuildNot(b, *fold_b, ""),
+                                 LLVMBuildICmp(b, LLVMIntEQ, b_item, aj_kb_i32(kb, 0), ""), ""),
+                     LLVMBuildOr(b, LLVMBuildNot(b, *fold_h, ""),
+                                 LLVMBuildICmp(b, LLVMIntEQ, h_item, aj_kb_i32(kb, 0), ""), ""),
+                     "owner");
+    *pairs_b = LLVMBuildSelect(b, owner,
+                               LLVMBuildSelect(b, *fold_b, aj_param(kb, AJ_PID(batch)), one, ""),
+                               aj_kb_i32(kb, 0), "");
+    *pairs_h = LLVMBuildSelect(b, *fold_h, aj_param(kb, AJ_PID(heads_q)), one, "");
+}
+
+/* The key block at walk position `at`: K (both ways) and V, S and dP,
+ * P and dS, dQ += dS K and, with bias, dbias. */
+static void dq_step(cbwd *c, const dq_pair *pr, const aj_score_walk *walk, LLVMValueRef at)
+{
+    aj_kb *kb = c->kb;
+    LLVMBuilderRef b = c->b;
+    const cbwd_plan *p = &c->p;
+    int has_bias = c->op->bias == AJ_BIAS_ADD;
+    LLVMValueRef cls = NULL;
+    LLVMValueRef n = aj_score_walk_tile(&c->at.sc, walk, at,
+                                        c->at.tile_full && !has_bias ? &cls : NULL);
+    LLVMValueRef n0 = aj_kb_mul(kb, n, aj_kb_i32(kb, p->bn));
+    LLVMValueRef kcount =
+        aj_kb_smin(kb, aj_kb_i32(kb, p->bn), LLVMBuildSub(b, c->at.seq.len_k, n0, ""));
+    if (!has_bias)
+        aj_cpu_skip_begin(&c->at, cls);
+    const aj_cpu_rows k_rows = {.base = pr->k_base, .stride_s = aj_param(kb, AJ_PID(stride_k_s))};
+    const aj_cpu_rows v_rows = {.base = pr->v_base, .stride_s = aj_param(kb, AJ_PID(stride_v_s))};
+    aj_cpu_load_cols(kb, c->kt, p->d, p->bn, AJ_PSRC_k, p->dtype, &k_rows, n0, kcount, 0);
+    aj_cpu_load_rows(kb, c->kn, p->d, AJ_PSRC_k, p->dtype, &k_rows, n0, kcount,
+                     aj_kb_i32(kb, p->bn), 1.0, 0);
+    aj_cpu_load_cols(kb, c->vt, p->dv, p->bn, AJ_PSRC_v, p->dtype, &v_rows, n0, kcount, 0);
+    aj_cpu_gemm_nt(kb, p->w, c->s, c->q, p->d, c->kt, p->bn, aj_kb_i32(kb, p->bm), 0);
+    aj_cpu_gemm_nt(kb, p->w, c->dp, c->dob, p->dv, c->vt, p->bn, aj_kb_i32(kb, p->bm), 0);
+    emit_probabilities(c, pr->m0, n0);
+    aj_cpu_gemm_acc(kb, p->d, pr->dq, NULL, c->dp, p->bn, 1, c->kn, p->bn, aj_kb_i32(kb, p->bm),
+                    0);
+    if (has_bias)
+        emit_dbias(c, pr->bidx, pr->h,
+                   LLVMBuildAnd(b, LLVMBuildICmp(b, LLVMIntEQ, pr->pb, aj_kb_i32(kb, 0), ""),
+                                LLVMBuildICmp(b, LLVMIntEQ, pr->ph, aj_kb_i32(kb, 0), ""), ""),
+                   pr->m0, pr->rows, n0, kcount);
+    if (!has_bias)
+        aj_cpu_skip_end(&c->at);
+}
+
+/* The pair's row block (inside the sequence): Q side, then the key blocks
+ * of the range, or the block mask's list of the row block (score.h); with
+ * bias every key block, so that dbias is written everywhere; dQ stored. */
+static void dq_row_block(cbwd *c, dq_pair *pr)
+{
+    aj_kb *kb = c->kb;
+    LLVMBuilderRef b = c->b;
+    const cbwd_plan *p = &c->p;
+    int has_bias = c->op->bias == AJ_BIAS_ADD;
+    LLVMValueRef one = aj_kb_i32(kb, 1), m0 = pr->m0;
+    aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntSLT, m0, c->at.seq.len_q, ""));
+    LLVMValueRef rows = pr->rows = rows_from(c, m0);
+    LLVMValueRef hkv = LLVMBuildSDiv(b, pr->h,
+                                     LLVMBuildSDiv(b, aj_param(kb, AJ_PID(heads_q)),
+                                                   aj_param(kb, AJ_PID(heads_kv)), ""),
+                                     "");
+    load_query_side(c, pr->bidx, pr->h, m0, rows);
+    aj_cpu_zero(kb, pr->dq, p->bm * p->d);
+    LLVMValueRef n_begin = aj_kb_i32(kb, 0), n_end;
+    if (has_bias)
+        n_end = LLVMBuildSDiv(b, aj_kb_add(kb, c->at.seq.len_k, aj_kb_i32(kb, p->bn - 1)),
+                              aj_kb_i32(kb, p->bn), "");
+    else
+        aj_cpu_key_blocks(&c->at, p->bn, m0, aj_kb_add(kb, m0, LLVMBuildSub(b, rows, one, "")),
+                          &n_begin, &n_end);
+    pr->k_base = aj_cpu_seq_base(kb, AJ_PSRC_k, pr->bidx, hkv, c->at.seq.start_k);
+    pr->v_base = aj_cpu_seq_base(kb, AJ_PSRC_v, pr->bidx, hkv, c->at.seq.start_k);
+    aj_score_walk walk;
+    aj_score_walk_keys(&c->at.sc, &walk, m0, aj_kb_add(kb, m0, LLVMBuildSub(b, rows, one, "")),
+                       p->bn, n_begin, n_end, c->at.seq.len_q, c->at.seq.len_k);
+    if (has_bias)
+        aj_score_walk_every(&walk);
+    LLVMValueRef at = aj_kb_for_begin(kb, walk.begin, walk.end, one, "walk");
+    dq_step(c, pr, &walk, at);
+    aj_kb_for_end(kb);
+    store_rows(c, pr->dq, p->d, AJ_PSRC_dq,
+               aj_cpu_seq_base(kb, AJ_PSRC_dq, pr->bidx, pr->h, c->at.seq.start_q), m0, rows,
+               aj_op_scale(c->op));
+    aj_kb_if_end(kb);
+}
+
 /* stage 1: dQ of one query block of one head (and dbias with bias) */
 static void build_dq(cbwd *c)
 {
     aj_kb *kb = c->kb;
     LLVMBuilderRef b = c->b;
     const cbwd_plan *p = &c->p;
-    const aj_op *op = c->op;
-    int has_bias = op->bias == AJ_BIAS_ADD;
-    aj_params_declare(kb, AJ_KSIG_CPU_BWD_DQ, op, c->prog);
+    int has_bias = c->op->bias == AJ_BIAS_ADD;
+    aj_params_declare(kb, AJ_KSIG_CPU_BWD_DQ, c->op, c->prog);
     aj_kb_begin_stage(kb, "dq", 1);
     alloc_buffers(c);
     c->kn = aj_cv_buffer(kb, p->bn * p->d, "knbuf");
-    LLVMValueRef dq = aj_cv_buffer(kb, p->bm * p->d, "dqbuf");
+    dq_pair pr;
+    pr.dq = aj_cv_buffer(kb, p->bm * p->d, "dqbuf");
     LLVMValueRef h_item = item(c, 1), b_item = item(c, 2);
-    LLVMValueRef m0 = aj_kb_mul(kb, item(c, 0), aj_kb_i32(kb, p->bm));
+    pr.m0 = aj_kb_mul(kb, item(c, 0), aj_kb_i32(kb, p->bm));
     LLVMValueRef one = aj_kb_i32(kb, 1);
-    /* the (b, h) pairs this item computes: its own, or with bias the pairs
-     * folded onto its dbias slice if it owns the slice (else none) */
-    LLVMValueRef pairs_b = one, pairs_h = one, fold_b = NULL, fold_h = NULL;
-    if (has_bias) {
-        fold_b = LLVMBuildICmp(b, LLVMIntEQ, aj_param(kb, AJ_PID(bias_batch)), one, "");
-        fold_h = LLVMBuildICmp(b, LLVMIntEQ, aj_param(kb, AJ_PID(bias_heads)), one, "");
-        LLVMValueRef owner =
-            LLVMBuildAnd(b,
-                         LLVMBuildOr(b, LLVMBuildNot(b, fold_b, ""),
-                                     LLVMBuildICmp(b, LLVMIntEQ, b_item, aj_kb_i32(kb, 0), ""), ""),
-                         LLVMBuildOr(b, LLVMBuildNot(b, fold_h, ""),
-                                     LLVMBuildICmp(b, LLVMIntEQ, h_item, aj_kb_i32(kb, 0), ""), ""),
-                         "owner");
-        pairs_b = LLVMBuildSelect(b, owner,
-                                  LLVMBuildSelect(b, fold_b, aj_param(kb, AJ_PID(batch)), one, ""),
-                                  aj_kb_i32(kb, 0), "");
-        pairs_h = LLVMBuildSelect(b, fold_h, aj_param(kb, AJ_PID(heads_q)), one, "");
-    }
-    LLVMValueRef pb = aj_kb_for_begin(kb, aj_kb_i32(kb, 0), pairs_b, one, "pb");
-    LLVMValueRef ph = aj_kb_for_begin(kb, aj_kb_i32(kb, 0), pairs_h, one, "ph");
-    {
-        LLVMValueRef bidx = has_bias ? LLVMBuildSelect(b, fold_b, pb, b_item, "") : b_item;
-        LLVMValueRef h = has_bias ? LLVMBuildSelect(b, fold_h, ph, h_item, "") : h_item;
-        set_head(c, bidx, h);
-        aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntSLT, m0, c->at.seq.len_q, ""));
-        LLVMValueRef rows = rows_from(c, m0);
-        LLVMValueRef hkv = LLVMBuildSDiv(b, h,
-                                         LLVMBuildSDiv(b, aj_param(kb, AJ_PID(heads_q)),
-                                                       aj_param(kb, AJ_PID(heads_kv)), ""),
-                                         "");
-        load_query_side(c, bidx, h, m0, rows);
-        aj_cpu_zero(kb, dq, p->bm * p->d);
-        LLVMValueRef n_begin = aj_kb_i32(kb, 0), n_end;
-        if (has_bias)   /* every key block: dbias is written everywhere */
-            n_end = LLVMBuildSDiv(b, aj_kb_add(kb, c->at.seq.len_k, aj_kb_i32(kb, p->bn - 1)),
-                                  aj_kb_i32(kb, p->bn), "");
-        else
-            aj_cpu_key_blocks(&c->at, p->bn, m0, aj_kb_add(kb, m0, LLVMBuildSub(b, rows, one, "")),
-                              &n_begin, &n_end);
-        LLVMValueRef k_base = aj_cpu_seq_base(kb, AJ_PSRC_k, bidx, hkv, c->at.seq.start_k);
-        LLVMValueRef v_base = aj_cpu_seq_base(kb, AJ_PSRC_v, bidx, hkv, c->at.seq.start_k);
-        /* the key blocks of the range, or the block mask's list of the row
-         * block (score.h); with bias every tile writes its dbias */
-        aj_score_walk walk;
-        aj_score_walk_keys(&c->at.sc, &walk, m0, aj_kb_add(kb, m0, LLVMBuildSub(b, rows, one, "")),
-                           p->bn, n_begin, n_end, c->at.seq.len_q, c->at.seq.len_k);
-        if (has_bias)
-            aj_score_walk_every(&walk);
-        LLVMValueRef at = aj_kb_for_begin(kb, walk.begin, walk.end, one, "walk");
-        {
-            LLVMValueRef cls = NULL;
-            LLVMValueRef n = aj_score_walk_tile(&c->at.sc, &walk, at,
-                                                c->at.tile_full && !has_bias ? &cls : NULL);
-            LLVMValueRef n0 = aj_kb_mul(kb, n, aj_kb_i32(kb, p->bn));
-            LLVMValueRef kcount =
-                aj_kb_smin(kb, aj_kb_i32(kb, p->bn), LLVMBuildSub(b, c->at.seq.len_k, n0, ""));
-            if (!has_bias)
-                aj_cpu_skip_begin(&c->at, cls);
-            const aj_cpu_rows k_rows = {.base = k_base,
-                                        .stride_s = aj_param(kb, AJ_PID(stride_k_s))};
-            const aj_cpu_rows v_rows = {.base = v_base,
-                                        .stride_s = aj_param(kb, AJ_PID(stride_v_s))};
-            aj_cpu_load_cols(kb, c->kt, p->d, p->bn, AJ_PSRC_k, p->dtype, &k_rows, n0, kcount, 0);
-            aj_cpu_load_rows(kb, c->kn, p->d, AJ_PSRC_k, p->dtype, &k_rows, n0, kcount,
-                             aj_kb_i32(kb, p->bn), 1.0, 0);
-            aj_cpu_load_cols(kb, c->vt, p->dv, p->bn, AJ_PSRC_v, p->dtype, &v_rows, n0, kcount, 0);
-            aj_cpu_gemm_nt(kb, p->w, c->s, c->q, p->d, c->kt, p->bn, aj_kb_i32(kb, p->bm), 0);
-            aj_cpu_gemm_nt(kb, p->w, c->dp, c->dob, p->dv, c->vt, p->bn, aj_kb_i32(kb, p->bm), 0);
-            emit_probabilities(c, m0, n0);
-            aj_cpu_gemm_acc(kb, p->d, dq, NULL, c->dp, p->bn, 1, c->kn, p->bn, aj_kb_i32(kb, p->bm),
-                            0);
-            if (has_bias)
-                emit_dbias(c, bidx, h,
-                           LLVMBuildAnd(b, LLVMBuildICmp(b, LLVMIntEQ, pb, aj_kb_i32(kb, 0), ""),
-                                        LLVMBuildICmp(b, LLVMIntEQ, ph, aj_kb_i32(kb, 0), ""), ""),
-                           m0, rows, n0, kcount);
-            if (!has_bias)
-                aj_cpu_skip_end(&c->at);
-        }
-        aj_kb_for_end(kb);
-        store_rows(c, dq, p->d, AJ_PSRC_dq,
-                   aj_cpu_seq_base(kb, AJ_PSRC_dq, bidx, h, c->at.seq.start_q), m0, rows,
-                   aj_op_scale(op));
-        aj_kb_if_end(kb);
-    }
+    LLVMValueRef pairs_b, pairs_h, fold_b, fold_h;
+    dq_pairs(c, b_item, h_item, &pairs_b, &pairs_h, &fold_b, &fold_h);
+    pr.pb = aj_kb_for_begin(kb, aj_kb_i32(kb, 0), pairs_b, one, "pb");
+    pr.ph = aj_kb_for_begin(kb, aj_kb_i32(kb, 0), pairs_h, one, "ph");
+    pr.bidx = has_bias ? LLVMBuildSelect(b, fold_b, pr.pb, b_item, "") : b_item;
+    pr.h = has_bias ? LLVMBuildSelect(b, fold_h, pr.ph, h_item, "") : h_item;
+    set_head(c, pr.bidx, pr.h);
+    dq_row_block(c, &pr);
     aj_kb_for_end(kb);
     aj_kb_for_end(kb);
     const aj_kernel_layout layout = {
@@ -501,11 +536,8 @@ static aj_status cbwd_build(aj_kb *kb, const aj_op *op, void *user)
 {
     cbwd c;
     memset(&c, 0, sizeof c);
-    aj_status st = plan_kernel(kb->ctx, op, &c.p);
-    if (st != AJ_OK)
-        return st;
     const aj_score_prog *prog;
-    st = aj_kctx_programs(kb, op, &prog);
+    aj_status st = aj_kctx_plan_programs(kb, op, plan_kernel(kb->ctx, op, &c.p), &prog);
     if (st != AJ_OK)
         return st;
     aj_kctx_init(&c.k, kb, op, prog);
@@ -514,10 +546,6 @@ static aj_status cbwd_build(aj_kb *kb, const aj_op *op, void *user)
     return kb->st;
 }
 
-AJ_TEMPLATE_BOTH_VARIANTS(aj_template_cpu_bwd,
-    .name = "cpu_bwd",
-    .kind = AJ_KIND_BACKWARD,
-    .check = cbwd_check,
-    .build = cbwd_build,
-    .targets = 1u << AJ_TARGET_CPU,
-    .stage_sigs = {AJ_KSIG_CPU_BWD_DKDV, AJ_KSIG_CPU_BWD_DQ});
+AJ_TEMPLATE_BOTH_VARIANTS(aj_template_cpu_bwd, "cpu_bwd", AJ_KIND_BACKWARD, cbwd_check, cbwd_build,
+                          .targets = 1u << AJ_TARGET_CPU,
+                          .stage_sigs = {AJ_KSIG_CPU_BWD_DKDV, AJ_KSIG_CPU_BWD_DQ});

@@ -84,10 +84,8 @@ static aj_status plan_kernel(aj_ctx *ctx, const aj_op *op, cfwd_plan *p)
 static aj_status cfwd_check(aj_ctx *ctx, const aj_op *op, aj_target target)
 {
     aj_status st = aj_cpu_check_op(ctx, op, "cpu forward");
-    if (st != AJ_OK)
-        return st;
     cfwd_plan plan;
-    return plan_kernel(ctx, op, &plan);
+    return st != AJ_OK ? st : plan_kernel(ctx, op, &plan);
 }
 
 /* ---------------------------------------------------------------- build */
@@ -259,19 +257,10 @@ static void emit_merge_weights(cfwd *c, LLVMValueRef lse_prior, LLVMValueRef l2_
     aj_kb *kb = c->kb;
     LLVMBuilderRef b = c->b;
     LLVMValueRef l2_prior = LLVMBuildFMul(b, lse_prior, aj_kb_f32(kb, AJ_LOG2E), "");
-    LLVMValueRef ninf = aj_kb_f32(kb, -INFINITY);
-    LLVMValueRef mx = aj_cv_max(kb, l2_prior, l2_new);
-    LLVMValueRef none = LLVMBuildFCmp(b, LLVMRealOEQ, mx, ninf, "");
-    LLVMValueRef mx_use = LLVMBuildSelect(b, none, aj_kb_f32(kb, 0), mx, "");
-    LLVMValueRef sum = LLVMBuildFAdd(b, scalar_math(c, "llvm.exp2", LLVMBuildFSub(b, l2_prior,
-                                                    mx_use, "")),
-                                     scalar_math(c, "llvm.exp2", LLVMBuildFSub(b, l2_new,
-                                                 mx_use, "")), "");
-    LLVMValueRef l2 = LLVMBuildFAdd(b, mx_use, scalar_math(c, "llvm.log2", sum), "");
-    LLVMValueRef l2_use = LLVMBuildSelect(b, none, aj_kb_f32(kb, 0), l2, "");
-    *w_prior = scalar_math(c, "llvm.exp2", LLVMBuildFSub(b, l2_prior, l2_use, ""));
-    *w_new = scalar_math(c, "llvm.exp2", LLVMBuildFSub(b, l2_new, l2_use, ""));
-    *lse_out = LLVMBuildSelect(b, none, ninf, LLVMBuildFMul(b, l2, aj_kb_f32(kb, AJ_LN2), ""), "");
+    LLVMValueRef l2, none;
+    aj_cpu_merge_weights(kb, l2_prior, l2_new, w_prior, w_new, &l2, &none);
+    *lse_out = LLVMBuildSelect(b, none, aj_kb_f32(kb, -INFINITY),
+                               LLVMBuildFMul(b, l2, aj_kb_f32(kb, AJ_LN2), ""), "");
 }
 
 /* O / l (times v_scale) and LSE of each row in range, to `to`, merged
@@ -466,6 +455,17 @@ static void work_item(cfwd *c, LLVMValueRef item[3])
             aj_cv_at(c->kb, c->kb->t_i32, c->kb->work_item, aj_kb_i32(c->kb, d)), "");
 }
 
+/* A stage's opening: its parameters (`sig`), begin (`stage` NULL: the
+ * module's one kernel), stack buffers and work item. */
+static void begin_items(cfwd *c, const aj_score_prog *prog, aj_kernel_sig sig, const char *stage,
+                        LLVMValueRef item[3])
+{
+    aj_params_declare(c->kb, sig, c->op, prog);
+    aj_kb_begin_stage(c->kb, stage, 1);
+    alloc_buffers(c);
+    work_item(c, item);
+}
+
 /* layout = padded and varlen: items (ceil(Sq / bm), Hq, B), one row block
  * each over every key block. */
 static void build_dense(cfwd *c, const aj_score_prog *prog, int log2e_in_q)
@@ -474,11 +474,8 @@ static void build_dense(cfwd *c, const aj_score_prog *prog, int log2e_in_q)
     LLVMBuilderRef b = c->b;
     const aj_op *op = c->op;
     const cfwd_plan *p = &c->p;
-    aj_params_declare(kb, AJ_KSIG_CPU_FWD, op, prog);
-    aj_kb_begin(kb, 1);
-    alloc_buffers(c);
     LLVMValueRef item[3];
-    work_item(c, item);
+    begin_items(c, prog, AJ_KSIG_CPU_FWD, NULL, item);
     LLVMValueRef h = item[1], bidx = item[2];
     c->m0 = LLVMBuildMul(b, item[0], aj_kb_i32(kb, p->bm), "m0");
     aj_cpu_attn_init(&c->at, kb, op, prog, log2e_in_q, bidx, h);
@@ -523,36 +520,16 @@ static LLVMValueRef paged_ws_len(cfwd *c)
     return aj_kb_sext64(c->kb, aj_param(c->kb, varlen_q ? AJ_PID(tokens_q) : AJ_PID(seq_q)));
 }
 
-/*
- * layout = paged, stage 0: items (splits, Hq, B).  Part s of sequence b
- * takes key blocks [s per, (s + 1) per), per = ceil(blocks / splits), of
- * its seqlens_k[b] keys, gathered through its block-table row (pages
- * checked first), for all Sq rows in blocks of bm; with one part it
- * writes o and lse, else its partial to the workspace.  q_layout =
- * varlen: the rows are sequence b's chunk of the packed queries (its
- * cu_seqlens_q pair, checked), the last of its positions.
- */
-static void build_paged_parts(cfwd *c, const aj_score_prog *prog, int log2e_in_q)
+/* The part's key blocks of bn, [k_first, k_end): part `part` of the
+ * splits, cut to none where a page of them lies outside the cache. */
+static void part_keys(cfwd *c, LLVMValueRef part, LLVMValueRef bidx, cfwd_block *blk)
 {
     aj_kb *kb = c->kb;
     LLVMBuilderRef b = c->b;
-    const aj_op *op = c->op;
-    const cfwd_plan *p = &c->p;
-    aj_params_declare(kb, AJ_KSIG_CPU_PAGED_FWD, op, prog);
-    aj_kb_begin_stage(kb, "parts", 1);
-    alloc_buffers(c);
-    LLVMValueRef item[3];
-    work_item(c, item);
-    LLVMValueRef part = item[0], h = item[1], bidx = item[2];
-    aj_cpu_attn_init(&c->at, kb, op, prog, log2e_in_q, bidx, h);
     const aj_cpu_seq *seq = &c->at.seq;
-    if (aj_op_kv_dtype(op) >= AJ_DTYPE_F8E4M3) {
-        c->k_scale = aj_kb_load(kb, kb->t_f32, aj_param(kb, AJ_PID(k_scale)), 4);
-        c->v_scale = aj_kb_load(kb, kb->t_f32, aj_param(kb, AJ_PID(v_scale)), 4);
-    }
-    LLVMValueRef splits = aj_param(kb, AJ_PID(splits)), bn = aj_kb_i32(kb, p->bn);
+    LLVMValueRef splits = aj_param(kb, AJ_PID(splits)), bn = aj_kb_i32(kb, c->p.bn);
     LLVMValueRef blocks =
-        LLVMBuildSDiv(b, aj_kb_add(kb, seq->len_k, aj_kb_i32(kb, p->bn - 1)), bn, "");
+        LLVMBuildSDiv(b, aj_kb_add(kb, seq->len_k, aj_kb_i32(kb, c->p.bn - 1)), bn, "");
     LLVMValueRef per = LLVMBuildSDiv(
         b, aj_kb_add(kb, blocks, LLVMBuildSub(b, splits, aj_kb_i32(kb, 1), "")), splits, "per");
     LLVMValueRef first = aj_kb_mul(kb, part, per);
@@ -565,15 +542,26 @@ static void build_paged_parts(cfwd *c, const aj_score_prog *prog, int log2e_in_q
         kb, bidx, LLVMBuildSDiv(b, key_first, ps, ""),
         LLVMBuildSDiv(b, aj_kb_add(kb, key_end, LLVMBuildSub(b, ps, aj_kb_i32(kb, 1), "")), ps,
                       ""));
-    end = LLVMBuildSelect(b, ok, end, first, "part_end");
+    blk->k_first = first;
+    blk->k_end = LLVMBuildSelect(b, ok, end, first, "part_end");
+}
+
+/* The rows the part reads: Q of (b, h), K and V of its KV head through
+ * the block table; returns the GQA group size. */
+static LLVMValueRef part_sources(cfwd *c, LLVMValueRef bidx, LLVMValueRef h, cfwd_block *blk)
+{
+    aj_kb *kb = c->kb;
+    LLVMBuilderRef b = c->b;
+    LLVMValueRef ps = aj_param(kb, AJ_PID(page_size));
     LLVMValueRef group =
         LLVMBuildSDiv(b, aj_param(kb, AJ_PID(heads_q)), aj_param(kb, AJ_PID(heads_kv)), "");
     LLVMValueRef hkv = aj_kb_sext64(kb, LLVMBuildSDiv(b, h, group, "hkv"));
     LLVMValueRef pages = aj_cv_at(
         kb, kb->t_i32, aj_param(kb, AJ_PID(block_table)),
         aj_kb_mul(kb, aj_kb_sext64(kb, bidx), aj_kb_sext64(kb, aj_param(kb, AJ_PID(max_pages)))));
-    cfwd_block blk = {
-        .q = {.base = aj_cpu_seq_base(kb, AJ_PSRC_q, bidx, h, seq->start_q),
+    LLVMValueRef k_first = blk->k_first, k_end = blk->k_end;
+    *blk = (cfwd_block){
+        .q = {.base = aj_cpu_seq_base(kb, AJ_PSRC_q, bidx, h, c->at.seq.start_q),
               .stride_s = aj_param(kb, AJ_PID(stride_q_s))},
         .k = {aj_kb_mul(kb, hkv, aj_param(kb, AJ_PID(stride_k_cache_h))),
               aj_param(kb, AJ_PID(stride_k_cache_s)), pages, ps,
@@ -581,9 +569,20 @@ static void build_paged_parts(cfwd *c, const aj_score_prog *prog, int log2e_in_q
         .v = {aj_kb_mul(kb, hkv, aj_param(kb, AJ_PID(stride_v_cache_h))),
               aj_param(kb, AJ_PID(stride_v_cache_s)), pages, ps,
               aj_param(kb, AJ_PID(stride_v_cache_page))},
-        .k_first = first,
-        .k_end = end,
+        .k_first = k_first,
+        .k_end = k_end,
     };
+    return group;
+}
+
+/* Where the part's rows go: outs[0] o and lse (one part), outs[1] the
+ * workspace's partials. */
+static void part_outs(cfwd *c, LLVMValueRef part, LLVMValueRef bidx, LLVMValueRef h,
+                      cfwd_out outs[2])
+{
+    aj_kb *kb = c->kb;
+    const cfwd_plan *p = &c->p;
+    const aj_cpu_seq *seq = &c->at.seq;
     cfwd_out direct = {AJ_PSRC_o,
                        AJ_PSRC_lse,
                        p->dtype,
@@ -597,7 +596,7 @@ static void build_paged_parts(cfwd *c, const aj_score_prog *prog, int log2e_in_q
     LLVMValueRef row0 =
         aj_kb_add(kb,
                   aj_attn_paged_part_row_of(kb, bidx, h, part, p->dv,
-                                            op->q_layout == AJ_LAYOUT_VARLEN, &lse_at),
+                                            c->op->q_layout == AJ_LAYOUT_VARLEN, &lse_at),
                   seq->start_q);
     cfwd_out partial = {AJ_PSRC_workspace,
                         AJ_PSRC_workspace,
@@ -608,7 +607,83 @@ static void build_paged_parts(cfwd *c, const aj_score_prog *prog, int log2e_in_q
                         aj_kb_add(kb, lse_at, row0),
                         NULL,
                         NULL};
-    LLVMValueRef one = LLVMBuildICmp(b, LLVMIntEQ, splits, aj_kb_i32(kb, 1), "");
+    outs[0] = direct;
+    outs[1] = partial;
+}
+
+/* The row block (c->m0, c->rows set) to outs[0] where there is one part
+ * (`one`), else to outs[1]. */
+static void emit_part_rows(cfwd *c, cfwd_block *blk, LLVMValueRef one, const cfwd_out outs[2],
+                           int log2e_in_q)
+{
+    aj_kb_if_begin(c->kb, one);
+    blk->out = outs[0];
+    emit_row_block(c, blk, log2e_in_q);
+    aj_kb_else(c->kb);
+    blk->out = outs[1];
+    emit_row_block(c, blk, log2e_in_q);
+    aj_kb_if_end(c->kb);
+}
+
+/* GQA-packed (`pack`): the item of the group's first head takes the rows
+ * of all the group's heads, stacked, as one row block; opens the else of
+ * `pack` (the unpacked items), which the caller closes. */
+static void emit_packed_heads(cfwd *c, const cfwd_block *blk, const cfwd_out outs[2],
+                              LLVMValueRef group, LLVMValueRef h, LLVMValueRef one,
+                              LLVMValueRef pack, int log2e_in_q)
+{
+    aj_kb *kb = c->kb;
+    LLVMBuilderRef b = c->b;
+    const aj_cpu_seq *seq = &c->at.seq;
+    aj_kb_if_begin(kb, pack);
+    aj_kb_if_begin(
+        kb, LLVMBuildICmp(b, LLVMIntEQ, LLVMBuildSRem(b, h, group, ""), aj_kb_i32(kb, 0), ""));
+    cfwd_block packed = *blk;
+    packed.q.per_head = seq->len_q;
+    packed.q.stride_h = aj_param(kb, AJ_PID(stride_q_h));
+    cfwd_out heads[2] = {outs[0], outs[1]};
+    heads[0].o_head = aj_param(kb, AJ_PID(stride_o_h));
+    heads[0].lse_head = aj_param(kb, AJ_PID(stride_lse_h));
+    heads[1].lse_head =
+        aj_kb_mul(kb, aj_kb_sext64(kb, aj_param(kb, AJ_PID(splits))), paged_ws_len(c));
+    heads[1].o_head = aj_kb_mul(kb, heads[1].lse_head, aj_kb_i64(kb, c->p.dv));
+    c->per_head = seq->len_q;
+    c->m0 = aj_kb_i32(kb, 0);
+    c->rows = aj_kb_mul(kb, group, seq->len_q);
+    emit_part_rows(c, &packed, one, heads, log2e_in_q);
+    c->per_head = NULL;
+    aj_kb_if_end(kb);
+    aj_kb_else(kb);
+}
+
+/*
+ * layout = paged, stage 0: items (splits, Hq, B).  Part s of sequence b
+ * takes key blocks [s per, (s + 1) per), per = ceil(blocks / splits), of
+ * its seqlens_k[b] keys, gathered through its block-table row (pages
+ * checked first), for all Sq rows in blocks of bm; with one part it
+ * writes o and lse, else its partial to the workspace.  q_layout =
+ * varlen: the rows are sequence b's chunk of the packed queries (its
+ * cu_seqlens_q pair, checked), the last of its positions.
+ */
+static void build_paged_parts(cfwd *c, const aj_score_prog *prog, int log2e_in_q)
+{
+    aj_kb *kb = c->kb;
+    const cfwd_plan *p = &c->p;
+    LLVMValueRef item[3];
+    begin_items(c, prog, AJ_KSIG_CPU_PAGED_FWD, "parts", item);
+    LLVMValueRef part = item[0], h = item[1], bidx = item[2];
+    aj_cpu_attn_init(&c->at, kb, c->op, prog, log2e_in_q, bidx, h);
+    if (aj_op_kv_dtype(c->op) >= AJ_DTYPE_F8E4M3) {
+        c->k_scale = aj_kb_load(kb, kb->t_f32, aj_param(kb, AJ_PID(k_scale)), 4);
+        c->v_scale = aj_kb_load(kb, kb->t_f32, aj_param(kb, AJ_PID(v_scale)), 4);
+    }
+    cfwd_block blk;
+    part_keys(c, part, bidx, &blk);
+    LLVMValueRef group = part_sources(c, bidx, h, &blk);
+    cfwd_out outs[2];
+    part_outs(c, part, bidx, h, outs);
+    LLVMValueRef one = LLVMBuildICmp(c->b, LLVMIntEQ, aj_param(kb, AJ_PID(splits)),
+                                     aj_kb_i32(kb, 1), "");
     /* GQA packing (attn_common.h's rule: here the group's rows fit one
      * block and the programs read no h): the item of the group's first
      * head takes all of its heads' rows (the KV read once, the register
@@ -616,42 +691,14 @@ static void build_paged_parts(cfwd *c, const aj_score_prog *prog, int log2e_in_q
     LLVMValueRef pack = NULL;
     const bool packable = aj_attn_paged_packable(prog, false);
     if (packable) {
-        pack = aj_attn_paged_packs(kb, group, seq->len_q, p->bm);
-        aj_kb_if_begin(kb, pack);
-        aj_kb_if_begin(
-            kb, LLVMBuildICmp(b, LLVMIntEQ, LLVMBuildSRem(b, h, group, ""), aj_kb_i32(kb, 0), ""));
-        cfwd_block packed = blk;
-        packed.q.per_head = seq->len_q;
-        packed.q.stride_h = aj_param(kb, AJ_PID(stride_q_h));
-        cfwd_out heads[2] = {direct, partial};
-        heads[0].o_head = aj_param(kb, AJ_PID(stride_o_h));
-        heads[0].lse_head = aj_param(kb, AJ_PID(stride_lse_h));
-        heads[1].lse_head = aj_kb_mul(kb, aj_kb_sext64(kb, splits), paged_ws_len(c));
-        heads[1].o_head = aj_kb_mul(kb, heads[1].lse_head, aj_kb_i64(kb, p->dv));
-        c->per_head = seq->len_q;
-        c->m0 = aj_kb_i32(kb, 0);
-        c->rows = aj_kb_mul(kb, group, seq->len_q);
-        aj_kb_if_begin(kb, one);
-        packed.out = heads[0];
-        emit_row_block(c, &packed, log2e_in_q);
-        aj_kb_else(kb);
-        packed.out = heads[1];
-        emit_row_block(c, &packed, log2e_in_q);
-        aj_kb_if_end(kb);
-        c->per_head = NULL;
-        aj_kb_if_end(kb);
-        aj_kb_else(kb);
+        pack = aj_attn_paged_packs(kb, group, c->at.seq.len_q, p->bm);
+        emit_packed_heads(c, &blk, outs, group, h, one, pack, log2e_in_q);
     }
+    const aj_cpu_seq *seq = &c->at.seq;
     LLVMValueRef mb = aj_kb_for_begin(kb, aj_kb_i32(kb, 0), seq->len_q, aj_kb_i32(kb, p->bm), "mb");
     c->m0 = mb;
-    c->rows = aj_kb_smin(kb, aj_kb_i32(kb, p->bm), LLVMBuildSub(b, seq->len_q, mb, ""));
-    aj_kb_if_begin(kb, one);
-    blk.out = direct;
-    emit_row_block(c, &blk, log2e_in_q);
-    aj_kb_else(kb);
-    blk.out = partial;
-    emit_row_block(c, &blk, log2e_in_q);
-    aj_kb_if_end(kb);
+    c->rows = aj_kb_smin(kb, aj_kb_i32(kb, p->bm), LLVMBuildSub(c->b, seq->len_q, mb, ""));
+    emit_part_rows(c, &blk, one, outs, log2e_in_q);
     aj_kb_for_end(kb);
     if (pack)
         aj_kb_if_end(kb);
@@ -774,11 +821,8 @@ static aj_status cfwd_build(aj_kb *kb, const aj_op *op, void *user)
 {
     cfwd c;
     memset(&c, 0, sizeof c);
-    aj_status st = plan_kernel(kb->ctx, op, &c.p);
-    if (st != AJ_OK)
-        return st;
     const aj_score_prog *prog;
-    st = aj_kctx_programs(kb, op, &prog);
+    aj_status st = aj_kctx_plan_programs(kb, op, plan_kernel(kb->ctx, op, &c.p), &prog);
     if (st != AJ_OK)
         return st;
     aj_kctx_init(&c.k, kb, op, prog);
@@ -798,20 +842,10 @@ static aj_status cfwd_build(aj_kb *kb, const aj_op *op, void *user)
     return kb->st;
 }
 
-AJ_TEMPLATE_BOTH_VARIANTS(aj_template_cpu_fwd,
-    .name = "cpu_fwd",
-    .kind = AJ_KIND_FORWARD,
-    .check = cfwd_check,
-    .build = cfwd_build,
-    .targets = 1u << AJ_TARGET_CPU,
-    .stage_sigs = {AJ_KSIG_CPU_FWD});
+AJ_TEMPLATE_BOTH_VARIANTS(aj_template_cpu_fwd, "cpu_fwd", AJ_KIND_FORWARD, cfwd_check, cfwd_build,
+                          .targets = 1u << AJ_TARGET_CPU, .stage_sigs = {AJ_KSIG_CPU_FWD});
 
 /* layout = paged: the same build, split-KV parts and their merge */
-AJ_TEMPLATE_BOTH_VARIANTS(aj_template_cpu_fwd_paged,
-    .name = "cpu_paged",
-    .kind = AJ_KIND_FORWARD,
-    .check = cfwd_check,
-    .build = cfwd_build,
-    .targets = 1u << AJ_TARGET_CPU,
-    .paged = true,
-    .stage_sigs = {AJ_KSIG_CPU_PAGED_FWD, AJ_KSIG_CPU_PAGED_MERGE});
+AJ_TEMPLATE_BOTH_VARIANTS(aj_template_cpu_fwd_paged, "cpu_paged", AJ_KIND_FORWARD, cfwd_check,
+                          cfwd_build, .targets = 1u << AJ_TARGET_CPU, .paged = true,
+                          .stage_sigs = {AJ_KSIG_CPU_PAGED_FWD, AJ_KSIG_CPU_PAGED_MERGE});

@@ -33,14 +33,6 @@ static aj_status cmerge_check(aj_ctx *ctx, const aj_op *op, aj_target target)
     return AJ_OK;
 }
 
-static LLVMValueRef scalar_math(aj_kb *kb, const char *name, LLVMValueRef x)
-{
-    LLVMTypeRef t = kb->t_f32;
-    unsigned id = LLVMLookupIntrinsicID(name, strlen(name));
-    LLVMValueRef fn = LLVMGetIntrinsicDeclaration(kb->mod, id, &t, 1);
-    return LLVMBuildCall2(kb->b, LLVMIntrinsicGetType(kb->llctx, id, &t, 1), fn, &x, 1, "");
-}
-
 /* &t[base + i] of an f32 tensor (lse), and the element offset of row i of
  * an O tensor */
 static LLVMValueRef lse_at(aj_kb *kb, aj_param_source t, LLVMValueRef b, LLVMValueRef h,
@@ -83,17 +75,8 @@ static aj_status cmerge_build(aj_kb *kb, const aj_op *op, void *user)
         LLVMValueRef l2 = LLVMBuildFMul(b, LLVMBuildLoad2(b, kb->t_f32, p2, ""),
                                         aj_kb_f32(kb, AJ_LOG2E), "");
         LLVMValueRef ninf = aj_kb_f32(kb, -INFINITY);
-        LLVMValueRef mx = aj_cv_max(kb, l1, l2);
-        LLVMValueRef none = LLVMBuildFCmp(b, LLVMRealOEQ, mx, ninf, "");
-        LLVMValueRef mx_use = LLVMBuildSelect(b, none, aj_kb_f32(kb, 0), mx, "");
-        LLVMValueRef sum = LLVMBuildFAdd(b, scalar_math(kb, "llvm.exp2", LLVMBuildFSub(b, l1,
-                                                        mx_use, "")),
-                                         scalar_math(kb, "llvm.exp2", LLVMBuildFSub(b, l2,
-                                                     mx_use, "")), "");
-        LLVMValueRef l = LLVMBuildFAdd(b, mx_use, scalar_math(kb, "llvm.log2", sum), "");
-        LLVMValueRef l_use = LLVMBuildSelect(b, none, aj_kb_f32(kb, 0), l, "");
-        LLVMValueRef w1 = scalar_math(kb, "llvm.exp2", LLVMBuildFSub(b, l1, l_use, ""));
-        LLVMValueRef w2 = scalar_math(kb, "llvm.exp2", LLVMBuildFSub(b, l2, l_use, ""));
+        LLVMValueRef w1, w2, l, none;
+        aj_cpu_merge_weights(kb, l1, l2, &w1, &w2, &l, &none);
         LLVMValueRef zero1 = LLVMBuildFCmp(b, LLVMRealOEQ, w1, aj_kb_f32(kb, 0), "");
         LLVMValueRef zero2 = LLVMBuildFCmp(b, LLVMRealOEQ, w2, aj_kb_f32(kb, 0), "");
         LLVMValueRef r1 = o_row(kb, AJ_PSRC_o1, bidx, h, i64);
@@ -125,12 +108,5 @@ static aj_status cmerge_build(aj_kb *kb, const aj_op *op, void *user)
     return kb->st;
 }
 
-const aj_template aj_template_cpu_merge = {
-    .name = "cpu_merge",
-    .kind = AJ_KIND_MERGE,
-    .variant = AJ_VARIANT_NONE,
-    .check = cmerge_check,
-    .build = cmerge_build,
-    .targets = 1u << AJ_TARGET_CPU,
-    .stage_sigs = {AJ_KSIG_MERGE},
-};
+AJ_TEMPLATE(aj_template_cpu_merge, "cpu_merge", AJ_KIND_MERGE, AJ_VARIANT_NONE, cmerge_check,
+            cmerge_build, .targets = 1u << AJ_TARGET_CPU, .stage_sigs = {AJ_KSIG_MERGE});

@@ -212,11 +212,8 @@ static aj_status plan_kernel(aj_ctx *ctx, const aj_op *op, aj_target target, ebw
 static aj_status ebwd_check(aj_ctx *ctx, const aj_op *op, aj_target target)
 {
     aj_status st = aj_attn_check_layout_and_dims(ctx, op, "efficient backward");
-    if (st != AJ_OK)
-        return st;
     ebwd_plan plan;
-    st = plan_kernel(ctx, op, target, &plan);
-    return st != AJ_OK ? st : aj_score_prog_check(ctx, op);
+    return st != AJ_OK ? st : aj_kctx_check_planned(ctx, op, plan_kernel(ctx, op, target, &plan));
 }
 
 /* ---------------------------------------------------------------- shared */
@@ -615,134 +612,298 @@ static void emit_dq_pass(void *user, int full)
         }
 }
 
+/* ---------------------------------------------------------------- stages */
+
+/* A kernel of this template: its parameters and name, whether a CTA owns
+ * a key block (dkdv) or a query block (dq), and the gradients a thread
+ * sums, out[0] and out[1] (dkdv: dK over D, dV over Dv; dq: dQ over D). */
+typedef struct ebwd_stage {
+    aj_kernel_sig sig;
+    const char *name;
+    int by_keys;
+    int n_out;
+    const char *out_names[2];
+} ebwd_stage;
+
+static const ebwd_stage dkdv_stage = {AJ_KSIG_EFFICIENT_BWD_DKDV, "dkdv", 1, 2, {"dk", "dv"}};
+static const ebwd_stage dq_stage = {AJ_KSIG_EFFICIENT_BWD_DQ, "dq", 0, 1, {"dq", NULL}};
+
+enum { OUT_DK = 0, OUT_DV = 1, OUT_DQ = 0 };
+enum { W_D = 0, W_DV = 1 };
+
+/* A CTA of either kernel: the block it owns (dkdv: keys x0 .., of KV head
+ * `head`; dq: query rows x0 .., of query head `head`), the thread's nr
+ * rows of it (group + R k) and nc columns of a step (lane + G t), a
+ * step's S and dP sums and the gradient rows it adds up.  Its f32 tiles,
+ * D and Dv wide (W_D, W_DV): the block's own (dkdv: K, V; dq: Q, dO) and
+ * a step's walked past it (dkdv: Q, dO; dq: K, V). */
+typedef struct ebwd_cta {
+    ebwd e;
+    int nr, nc;
+    LLVMValueRef rows[MAX_ROWS], cols[MAX_COLS];                /* i32 */
+    LLVMValueRef s[MAX_ROWS][MAX_COLS], dp[MAX_ROWS][MAX_COLS];  /* vars, set per step */
+    LLVMValueRef out[2][MAX_ROWS][MAX_OUT];                      /* vars, from zero */
+    int32_t own[2], walked[2];   /* shared tiles [W_D], [W_DV]: the block's, a step's */
+    int ld[2];                   /* their pitches in floats */
+    LLVMValueRef x0, head, bidx;                                 /* i32 */
+    LLVMValueRef group_size;                                     /* i32: Hq / Hkv */
+} ebwd_cta;
+
+/* The prologue both kernels share: parameters, thread layout, the
+ * thread's sums and its place in the block. */
+static void begin_cta(ebwd_cta *c, aj_kb *kb, const aj_op *op, const ebwd_plan *plan,
+                      const aj_score_prog *prog, const ebwd_stage *st)
+{
+    aj_params_declare(kb, st->sig, op, prog);
+    aj_kb_begin_stage(kb, st->name, plan->threads);
+    setup(&c->e, kb, op, plan, prog);
+    const ebwd_plan *p = &c->e.p;
+    LLVMBuilderRef b = kb->b;
+    int block = st->by_keys ? p->bn : p->bm, step = st->by_keys ? p->bm : p->bn;
+    c->nr = block / p->r;
+    c->nc = step / p->g;
+    for (int k = 0; k < c->nr; k++) {
+        for (int t = 0; t < c->nc; t++) {
+            c->s[k][t] = aj_kb_var(kb, kb->t_f32, NULL, "s");
+            c->dp[k][t] = aj_kb_var(kb, kb->t_f32, NULL, "dp");
+        }
+        for (int o = 0; o < st->n_out; o++)
+            for (int x = 0; x < (o == 0 ? p->wd : p->wdv) / p->g; x++)
+                c->out[o][k][x] = zero_var(kb, st->out_names[o]);
+    }
+    c->x0 = LLVMBuildMul(b, aj_kb_block_id(kb, 0), aj_kb_i32(kb, block),
+                         st->by_keys ? "n0" : "m0");
+    c->head = aj_kb_block_id(kb, 1);
+    c->bidx = aj_kb_block_id(kb, 2);
+    c->group_size =
+        LLVMBuildSDiv(b, aj_param(kb, AJ_PID(heads_q)), aj_param(kb, AJ_PID(heads_kv)), "");
+    c->ld[W_D] = p->wd + 4;
+    c->ld[W_DV] = p->wdv + 4;
+    for (int x = 0; x < 2; x++)
+        c->own[x] = aj_kb_smem_reserve(kb, 4 * block * c->ld[x]);
+    for (int x = 0; x < 2; x++)
+        c->walked[x] = aj_kb_smem_reserve(kb, 4 * step * c->ld[x]);
+    for (int k = 0; k < c->nr; k++)
+        c->rows[k] = LLVMBuildAdd(b, c->e.group, aj_kb_i32(kb, p->r * k), "");
+    for (int t = 0; t < c->nc; t++)
+        c->cols[t] = LLVMBuildAdd(b, c->e.lane, aj_kb_i32(kb, p->g * t), "");
+}
+
+/* A step's S and dP: the thread's rows of the own tiles by its columns
+ * of the walked ones (dkdv: S^T = K Q^T, dP^T = V dO^T; dq: S = Q K^T,
+ * dP = dO V^T). */
+static void emit_step_dots(ebwd_cta *c)
+{
+    ebwd *e = &c->e;
+    emit_dots(e, c->s, c->nr, c->rows, c->own[W_D], c->ld[W_D], c->nc, c->cols, c->walked[W_D],
+              c->ld[W_D], e->p.d);
+    emit_dots(e, c->dp, c->nr, c->rows, c->own[W_DV], c->ld[W_DV], c->nc, c->cols,
+              c->walked[W_DV], c->ld[W_DV], e->p.dv);
+}
+
+/* Either kernel's walk (dkdv: row blocks of `per` rows, dq: key blocks
+ * of `per` keys): per tile at its walk position, its first row or key x0
+ * (named `name`) and class (NULL without a mask), a barrier (the previous
+ * step's readers are done), then `step`; with `skips` (a mask rest the
+ * walk's band does not bound) only where the class is not skip. */
+static void walk_steps(ebwd_cta *c, const aj_score_walk *walk, int per, const char *name,
+                       int skips, void (*step)(void *user, LLVMValueRef x0, LLVMValueRef cls),
+                       void *user)
+{
+    ebwd *e = &c->e;
+    aj_kb *kb = e->kb;
+    LLVMBuilderRef b = e->b;
+    LLVMValueRef at = aj_kb_for_begin(kb, walk->begin, walk->end, aj_kb_i32(kb, 1), "walk");
+    LLVMValueRef cls = NULL;
+    LLVMValueRef x = aj_score_walk_tile(&e->sc, walk, at, aj_score_has_mask(e->prog) ? &cls
+                                                                                      : NULL);
+    LLVMValueRef x0 = LLVMBuildMul(b, x, aj_kb_i32(kb, per), name);
+    if (skips)
+        aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntNE, cls, aj_kb_i32(kb, AJ_TILE_SKIP), ""));
+    aj_kb_barrier(kb);   /* the previous step's readers are done */
+    step(user, x0, cls);
+    if (skips)
+        aj_kb_if_end(kb);
+    aj_kb_for_end(kb);
+}
+
+/* The end of either kernel: its launch layout, a CTA per block it owns. */
+static void finish_cta(ebwd_cta *c, const ebwd_stage *st)
+{
+    const ebwd_plan *p = &c->e.p;
+    aj_kernel_layout layout = {
+        .grid = {{AJ_EXTENT_SEQ_Q, p->bm}, {AJ_EXTENT_HEADS_Q, 1}, {AJ_EXTENT_BATCH, 1}},
+        .schedule = {p->bm, p->bn, p->warps, 1},
+    };
+    if (st->by_keys) {
+        layout.grid[0] = (aj_grid_dim){AJ_EXTENT_SEQ_K, p->bn};
+        layout.grid[1].extent = AJ_EXTENT_HEADS_KV;
+    }
+    aj_kb_finish(c->e.kb, &layout);
+}
+
 /* ---------------------------------------------------------------- dkdv */
+
+/* Element offsets (i64) of the (b, h) slices a step reads. */
+typedef struct head_slices {
+    LLVMValueRef q, o, dout, lse;
+} head_slices;
+
+/* The dkdv CTA: beside K, V (own) and a step's Q, dO (walked), its P^T,
+ * dS^T and row stats in shared memory; the row blocks the band shows its
+ * keys. */
+typedef struct dkdv_cta {
+    ebwd_cta c;
+    int ldp;
+    int32_t smem_p, smem_ds, smem_stats;
+    LLVMValueRef j_last;           /* i32: the block's last key inside Sk */
+    LLVMValueRef m_begin, m_end;   /* i32: row blocks holding a row that sees one */
+    const head_slices *hs;         /* the current head's slices */
+} dkdv_cta;
+
+static void dkdv_prologue(dkdv_cta *d, aj_kb *kb, const aj_op *op, const ebwd_plan *plan,
+                          const aj_score_prog *prog)
+{
+    ebwd_cta *c = &d->c;
+    begin_cta(c, kb, op, plan, prog, &dkdv_stage);
+    ebwd *e = &c->e;
+    const ebwd_plan *p = &e->p;
+    LLVMBuilderRef b = kb->b;
+    d->ldp = p->bm + 4;
+    d->smem_p = aj_kb_smem_reserve(kb, 4 * p->bn * d->ldp);
+    d->smem_ds = aj_kb_smem_reserve(kb, 4 * p->bn * d->ldp);
+    d->smem_stats = aj_kb_smem_reserve(kb, 4 * 2 * p->bm);   /* lse2[bm], delta[bm] */
+    load_rows(e, AJ_PSRC_k, aj_attn_slice_base(kb, AJ_PSRC_k, c->bidx, c->head), c->x0,
+              e->seq_k, p->bn, p->d, c->own[W_D], c->ld[W_D]);
+    load_rows(e, AJ_PSRC_v, aj_attn_slice_base(kb, AJ_PSRC_v, c->bidx, c->head), c->x0,
+              e->seq_k, p->bn, p->dv, c->own[W_DV], c->ld[W_DV]);
+
+    /* query rows the band shows a key of this block (for every head) */
+    set_head(e, c->bidx, LLVMBuildMul(b, c->head, c->group_size, ""));
+    d->j_last = LLVMBuildSub(
+        b, aj_kb_smin(kb, LLVMBuildAdd(b, c->x0, aj_kb_i32(kb, p->bn), ""), e->seq_k),
+        aj_kb_i32(kb, 1), "");
+    LLVMValueRef i_lo, i_hi;
+    aj_score_row_range(&e->sc, c->x0, d->j_last, e->seq_q, &i_lo, &i_hi);
+    block_range(e, i_lo, i_hi, p->bm, &d->m_begin, &d->m_end);
+}
+
+/* A step's row stats: LSE and Delta of its rows m0 .. into shared memory,
+ * by row groups over the rows. */
+static void dkdv_row_stats(dkdv_cta *d, LLVMValueRef m0, const head_slices *hs)
+{
+    ebwd *e = &d->c.e;
+    aj_kb *kb = e->kb;
+    LLVMBuilderRef b = e->b;
+    const ebwd_plan *p = &e->p;
+    LLVMValueRef last = LLVMBuildSub(b, e->seq_q, aj_kb_i32(kb, 1), "");
+    for (int k = 0; k < (p->bm + p->r - 1) / p->r; k++) {
+        LLVMValueRef row = LLVMBuildAdd(b, e->group, aj_kb_i32(kb, p->r * k), "");
+        LLVMValueRef rowc = aj_kb_smin(kb, row, aj_kb_i32(kb, p->bm - 1));
+        LLVMValueRef ic = aj_kb_smin(kb, LLVMBuildAdd(b, m0, rowc, ""), last);
+        LLVMValueRef lse2, delta;
+        emit_row_stats(e, ic, hs->o, hs->dout, hs->lse, &lse2, &delta);
+        LLVMValueRef store = LLVMBuildICmp(b, LLVMIntEQ, e->lane, aj_kb_i32(kb, 0), "");
+        store = LLVMBuildAnd(b, store, LLVMBuildICmp(b, LLVMIntSLT, row, aj_kb_i32(kb, p->bm), ""),
+                             "");
+        aj_kb_if_begin(kb, store);
+        aj_smem_store1(kb, d->smem_stats, row, lse2);
+        aj_smem_store1(kb, d->smem_stats, LLVMBuildAdd(b, row, aj_kb_i32(kb, p->bm), ""), delta);
+        aj_kb_if_end(kb);
+    }
+}
+
+/* walk_steps' step, the row block at m0 (class cls): its Q, dO and stats,
+ * S^T and dP^T, P^T and dS^T, then dV += P^T dO and dK += dS^T Q. */
+static void dkdv_step(void *user, LLVMValueRef m0, LLVMValueRef cls)
+{
+    dkdv_cta *d = user;
+    const head_slices *hs = d->hs;
+    ebwd_cta *c = &d->c;
+    ebwd *e = &c->e;
+    aj_kb *kb = e->kb;
+    const ebwd_plan *p = &e->p;
+    load_rows(e, AJ_PSRC_q, hs->q, m0, e->seq_q, p->bm, p->d, c->walked[W_D], c->ld[W_D]);
+    load_rows(e, AJ_PSRC_do, hs->dout, m0, e->seq_q, p->bm, p->dv, c->walked[W_DV], c->ld[W_DV]);
+    dkdv_row_stats(d, m0, hs);
+    aj_kb_barrier(kb);
+    emit_step_dots(c);
+    dkdv_pass pass = {e, m0, c->x0, c->rows, c->cols, c->s, c->dp, d->smem_stats, d->smem_p,
+                      d->smem_ds, d->ldp};
+    aj_score_by_tile_class(kb, cls, tile_inside(e, m0, c->x0), emit_dkdv_pass, &pass);
+    aj_kb_barrier(kb);   /* P^T and dS^T complete */
+    emit_accumulate(e, c->out[OUT_DV], c->nr, c->rows, d->smem_p, d->ldp, p->bm, c->walked[W_DV],
+                    c->ld[W_DV], p->wdv);
+    emit_accumulate(e, c->out[OUT_DK], c->nr, c->rows, d->smem_ds, d->ldp, p->bm, c->walked[W_D],
+                    c->ld[W_D], p->wd);
+}
+
+/* The query heads of the KV head's group, and per head the row blocks of
+ * the range, or the block mask's list of the key block (score.h). */
+static void dkdv_mainloop(dkdv_cta *d)
+{
+    ebwd_cta *c = &d->c;
+    ebwd *e = &c->e;
+    aj_kb *kb = e->kb;
+    LLVMBuilderRef b = e->b;
+    LLVMValueRef hq =
+        aj_kb_for_begin(kb, aj_kb_i32(kb, 0), c->group_size, aj_kb_i32(kb, 1), "hq");
+    LLVMValueRef h = LLVMBuildAdd(b, LLVMBuildMul(b, c->head, c->group_size, ""), hq, "h");
+    set_head(e, c->bidx, h);
+    head_slices hs;
+    hs.q = aj_attn_slice_base(kb, AJ_PSRC_q, c->bidx, h);
+    hs.o = aj_attn_slice_base(kb, AJ_PSRC_o, c->bidx, h);
+    hs.dout = aj_attn_slice_base(kb, AJ_PSRC_do, c->bidx, h);
+    hs.lse = aj_attn_slice_base(kb, AJ_PSRC_lse, c->bidx, h);
+    aj_score_walk walk;
+    aj_score_walk_rows(&e->sc, &walk, c->x0, d->j_last, e->p.bm, d->m_begin, d->m_end, e->seq_q,
+                       e->seq_k);
+    d->hs = &hs;
+    /* skip tiles only where the mask has a rest: the band bounds the walk */
+    walk_steps(c, &walk, e->p.bm, "m0", aj_score_has_rest(e->prog), dkdv_step, d);
+    aj_kb_for_end(kb);
+}
+
+/* dK (times the scale) and dV of the block's keys. */
+static void dkdv_epilogue(dkdv_cta *d)
+{
+    ebwd_cta *c = &d->c;
+    ebwd *e = &c->e;
+    const ebwd_plan *p = &e->p;
+    LLVMValueRef dk_base = aj_attn_slice_base(e->kb, AJ_PSRC_dk, c->bidx, c->head);
+    LLVMValueRef dv_base = aj_attn_slice_base(e->kb, AJ_PSRC_dv, c->bidx, c->head);
+    for (int k = 0; k < c->nr; k++) {
+        LLVMValueRef j = LLVMBuildAdd(e->b, c->x0, c->rows[k], "");
+        emit_store_row(e, AJ_PSRC_dk, dk_base, j, e->seq_k, c->out[OUT_DK][k], p->d,
+                       aj_op_scale(e->op));
+        emit_store_row(e, AJ_PSRC_dv, dv_base, j, e->seq_k, c->out[OUT_DV][k], p->dv, 1.0);
+    }
+    finish_cta(c, &dkdv_stage);
+}
 
 static void build_dkdv(aj_kb *kb, const aj_op *op, const ebwd_plan *plan,
                        const aj_score_prog *prog)
 {
-    aj_params_declare(kb, AJ_KSIG_EFFICIENT_BWD_DKDV, op, prog);
-    aj_kb_begin_stage(kb, "dkdv", plan->threads);
-    ebwd e;
-    setup(&e, kb, op, plan, prog);
-    const ebwd_plan *p = &e.p;
-    LLVMBuilderRef b = kb->b;
-    int rk = p->bn / p->r, cq = p->bm / p->g, ldk = p->wd + 4, ldv = p->wdv + 4;
-    int ldq = p->wd + 4, ldo = p->wdv + 4, ldp = p->bm + 4;
-    int32_t smem_k = aj_kb_smem_reserve(kb, 4 * p->bn * ldk);
-    int32_t smem_v = aj_kb_smem_reserve(kb, 4 * p->bn * ldv);
-    int32_t smem_q = aj_kb_smem_reserve(kb, 4 * p->bm * ldq);
-    int32_t smem_do = aj_kb_smem_reserve(kb, 4 * p->bm * ldo);
-    int32_t smem_p = aj_kb_smem_reserve(kb, 4 * p->bn * ldp);
-    int32_t smem_ds = aj_kb_smem_reserve(kb, 4 * p->bn * ldp);
-    int32_t smem_stats = aj_kb_smem_reserve(kb, 4 * 2 * p->bm);   /* lse2[bm], delta[bm] */
-
-    LLVMValueRef s_acc[MAX_ROWS][MAX_COLS], dp_acc[MAX_ROWS][MAX_COLS];
-    LLVMValueRef dk[MAX_ROWS][MAX_OUT], dv[MAX_ROWS][MAX_OUT];
-    for (int k = 0; k < rk; k++) {
-        for (int t = 0; t < cq; t++) {
-            s_acc[k][t] = aj_kb_var(kb, kb->t_f32, NULL, "s");
-            dp_acc[k][t] = aj_kb_var(kb, kb->t_f32, NULL, "dp");
-        }
-        for (int c = 0; c < p->wd / p->g; c++)
-            dk[k][c] = zero_var(kb, "dk");
-        for (int c = 0; c < p->wdv / p->g; c++)
-            dv[k][c] = zero_var(kb, "dv");
-    }
-
-    LLVMValueRef n0 = LLVMBuildMul(b, aj_kb_block_id(kb, 0), aj_kb_i32(kb, p->bn), "n0");
-    LLVMValueRef hkv = aj_kb_block_id(kb, 1);
-    LLVMValueRef bidx = aj_kb_block_id(kb, 2);
-    LLVMValueRef group_size =
-        LLVMBuildSDiv(b, aj_param(kb, AJ_PID(heads_q)), aj_param(kb, AJ_PID(heads_kv)), "");
-
-    /* this thread's keys (local) and query columns (within a step) */
-    LLVMValueRef keys[MAX_ROWS], qcols[MAX_COLS];
-    for (int k = 0; k < rk; k++)
-        keys[k] = LLVMBuildAdd(b, e.group, aj_kb_i32(kb, p->r * k), "");
-    for (int t = 0; t < cq; t++)
-        qcols[t] = LLVMBuildAdd(b, e.lane, aj_kb_i32(kb, p->g * t), "");
-
-    load_rows(&e, AJ_PSRC_k, aj_attn_slice_base(e.kb, AJ_PSRC_k, bidx, hkv), n0, e.seq_k, p->bn, p->d, smem_k, ldk);
-    load_rows(&e, AJ_PSRC_v, aj_attn_slice_base(e.kb, AJ_PSRC_v, bidx, hkv), n0, e.seq_k, p->bn, p->dv, smem_v, ldv);
-
-    /* query rows the band shows a key of this block (for every head) */
-    set_head(&e, bidx, LLVMBuildMul(b, hkv, group_size, ""));
-    LLVMValueRef j_last =
-        LLVMBuildSub(b, aj_kb_smin(kb, LLVMBuildAdd(b, n0, aj_kb_i32(kb, p->bn), ""), e.seq_k),
-                     aj_kb_i32(kb, 1), "");
-    LLVMValueRef i_lo, i_hi;
-    aj_score_row_range(&e.sc, n0, j_last, e.seq_q, &i_lo, &i_hi);
-    LLVMValueRef m_begin, m_end;
-    block_range(&e, i_lo, i_hi, p->bm, &m_begin, &m_end);
-
-    LLVMValueRef hq = aj_kb_for_begin(kb, aj_kb_i32(kb, 0), group_size, aj_kb_i32(kb, 1), "hq");
-    LLVMValueRef h = LLVMBuildAdd(b, LLVMBuildMul(b, hkv, group_size, ""), hq, "h");
-    set_head(&e, bidx, h);
-    LLVMValueRef q_base = aj_attn_slice_base(e.kb, AJ_PSRC_q, bidx, h);
-    LLVMValueRef o_base = aj_attn_slice_base(e.kb, AJ_PSRC_o, bidx, h);
-    LLVMValueRef do_base = aj_attn_slice_base(e.kb, AJ_PSRC_do, bidx, h);
-    LLVMValueRef lse_base = aj_attn_slice_base(e.kb, AJ_PSRC_lse, bidx, h);
-    /* the row blocks of the range, or the block mask's list of the key
-     * block (score.h) */
-    aj_score_walk walk;
-    aj_score_walk_rows(&e.sc, &walk, n0, j_last, p->bm, m_begin, m_end, e.seq_q, e.seq_k);
-    LLVMValueRef at = aj_kb_for_begin(kb, walk.begin, walk.end, aj_kb_i32(kb, 1), "walk");
-    {
-        LLVMValueRef cls = NULL;
-        LLVMValueRef m = aj_score_walk_tile(&e.sc, &walk, at, aj_score_has_mask(prog) ? &cls
-                                                                                     : NULL);
-        LLVMValueRef m0 = LLVMBuildMul(b, m, aj_kb_i32(kb, p->bm), "m0");
-        if (aj_score_has_rest(prog))   /* the band bounds the walk already */
-            aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntNE, cls, aj_kb_i32(kb, AJ_TILE_SKIP), ""));
-        aj_kb_barrier(kb);   /* the previous step's readers are done */
-        load_rows(&e, AJ_PSRC_q, q_base, m0, e.seq_q, p->bm, p->d, smem_q, ldq);
-        load_rows(&e, AJ_PSRC_do, do_base, m0, e.seq_q, p->bm, p->dv, smem_do, ldo);
-        /* row groups over the step's queries: LSE and Delta to shared memory */
-        LLVMValueRef last = LLVMBuildSub(b, e.seq_q, aj_kb_i32(kb, 1), "");
-        for (int k = 0; k < (p->bm + p->r - 1) / p->r; k++) {
-            LLVMValueRef row = LLVMBuildAdd(b, e.group, aj_kb_i32(kb, p->r * k), "");
-            LLVMValueRef rowc = aj_kb_smin(kb, row, aj_kb_i32(kb, p->bm - 1));
-            LLVMValueRef ic = aj_kb_smin(kb, LLVMBuildAdd(b, m0, rowc, ""), last);
-            LLVMValueRef lse2, delta;
-            emit_row_stats(&e, ic, o_base, do_base, lse_base, &lse2, &delta);
-            LLVMValueRef store = LLVMBuildICmp(b, LLVMIntEQ, e.lane, aj_kb_i32(kb, 0), "");
-            store = LLVMBuildAnd(b, store,
-                                 LLVMBuildICmp(b, LLVMIntSLT, row, aj_kb_i32(kb, p->bm), ""), "");
-            aj_kb_if_begin(kb, store);
-            aj_smem_store1(kb, smem_stats, row, lse2);
-            aj_smem_store1(kb, smem_stats, LLVMBuildAdd(b, row, aj_kb_i32(kb, p->bm), ""), delta);
-            aj_kb_if_end(kb);
-        }
-        aj_kb_barrier(kb);
-        emit_dots(&e, s_acc, rk, keys, smem_k, ldk, cq, qcols, smem_q, ldq, p->d);
-        emit_dots(&e, dp_acc, rk, keys, smem_v, ldv, cq, qcols, smem_do, ldo, p->dv);
-        dkdv_pass pass = {&e, m0, n0, keys, qcols, s_acc, dp_acc, smem_stats, smem_p, smem_ds,
-                          ldp};
-        aj_score_by_tile_class(kb, cls, tile_inside(&e, m0, n0), emit_dkdv_pass, &pass);
-        aj_kb_barrier(kb);   /* P^T and dS^T complete */
-        emit_accumulate(&e, dv, rk, keys, smem_p, ldp, p->bm, smem_do, ldo, p->wdv);
-        emit_accumulate(&e, dk, rk, keys, smem_ds, ldp, p->bm, smem_q, ldq, p->wd);
-        if (aj_score_has_rest(prog))
-            aj_kb_if_end(kb);
-    }
-    aj_kb_for_end(kb);
-    aj_kb_for_end(kb);
-
-    LLVMValueRef dk_base = aj_attn_slice_base(e.kb, AJ_PSRC_dk, bidx, hkv);
-    LLVMValueRef dv_base = aj_attn_slice_base(e.kb, AJ_PSRC_dv, bidx, hkv);
-    for (int k = 0; k < rk; k++) {
-        LLVMValueRef j = LLVMBuildAdd(b, n0, keys[k], "");
-        emit_store_row(&e, AJ_PSRC_dk, dk_base, j, e.seq_k, dk[k], p->d, aj_op_scale(op));
-        emit_store_row(&e, AJ_PSRC_dv, dv_base, j, e.seq_k, dv[k], p->dv, 1.0);
-    }
-    const aj_kernel_layout layout = {
-        .grid = {{AJ_EXTENT_SEQ_K, p->bn}, {AJ_EXTENT_HEADS_KV, 1}, {AJ_EXTENT_BATCH, 1}},
-        .schedule = {p->bm, p->bn, p->warps, 1},
-    };
-    aj_kb_finish(kb, &layout);
+    dkdv_cta d;
+    dkdv_prologue(&d, kb, op, plan, prog);
+    dkdv_mainloop(&d);
+    dkdv_epilogue(&d);
 }
 
 /* ---------------------------------------------------------------- dq */
+
+/* The dq CTA: beside Q, dO (own) and a key block's K, V (walked), its dS
+ * in shared memory; per thread row its global row gi, LSE (log2), Delta and (bias)
+ * dbias row; with bias, `first`: whether the pair writes dbias. */
+typedef struct dq_cta {
+    ebwd_cta c;
+    int has_bias;
+    int lds;
+    int32_t smem_ds;
+    LLVMValueRef h, first;        /* i32: the (b, h) pair's head; i1 (bias) */
+    LLVMValueRef k_base, v_base;  /* i64 */
+    LLVMValueRef gi[MAX_ROWS], lse2[MAX_ROWS], delta[MAX_ROWS], dbias_row[MAX_ROWS];
+} dq_cta;
 
 /* With bias: opens the loop over the (b, h) pairs folded onto this CTA's
  * dbias slice (none unless the CTA owns it), pair x = (x / nh, x % nh)
@@ -779,144 +940,134 @@ static LLVMValueRef begin_bias_pairs(ebwd *e, LLVMValueRef *bidx, LLVMValueRef *
     return first;
 }
 
-static void build_dq(aj_kb *kb, const aj_op *op, const ebwd_plan *plan,
-                     const aj_score_prog *prog)
+/* The CTA's rows at their (b, h) (with bias, per pair of the loop this
+ * opens): K/V slices, Q and dO tiles, each row's LSE (log2), Delta and
+ * (bias) the element offset of its dbias row. */
+static void dq_prologue(dq_cta *d, aj_kb *kb, const aj_op *op, const ebwd_plan *plan,
+                        const aj_score_prog *prog)
 {
-    int has_bias = op->bias == AJ_BIAS_ADD;
-    aj_params_declare(kb, AJ_KSIG_EFFICIENT_BWD_DQ, op, prog);
-    aj_kb_begin_stage(kb, "dq", plan->threads);
-    ebwd e;
-    setup(&e, kb, op, plan, prog);
-    const ebwd_plan *p = &e.p;
+    ebwd_cta *c = &d->c;
+    d->has_bias = op->bias == AJ_BIAS_ADD;
+    begin_cta(c, kb, op, plan, prog, &dq_stage);
+    ebwd *e = &c->e;
+    const ebwd_plan *p = &e->p;
     LLVMBuilderRef b = kb->b;
-    int rm = p->bm / p->r, cn = p->bn / p->g;
-    int ldq = p->wd + 4, ldo = p->wdv + 4, ldk = p->wd + 4, ldv = p->wdv + 4, lds = p->bn + 4;
-    int32_t smem_q = aj_kb_smem_reserve(kb, 4 * p->bm * ldq);
-    int32_t smem_do = aj_kb_smem_reserve(kb, 4 * p->bm * ldo);
-    int32_t smem_k = aj_kb_smem_reserve(kb, 4 * p->bn * ldk);
-    int32_t smem_v = aj_kb_smem_reserve(kb, 4 * p->bn * ldv);
-    int32_t smem_ds = aj_kb_smem_reserve(kb, 4 * p->bm * lds);
-
-    LLVMValueRef s_acc[MAX_ROWS][MAX_COLS], dp_acc[MAX_ROWS][MAX_COLS];
-    LLVMValueRef dq[MAX_ROWS][MAX_OUT];
-    for (int k = 0; k < rm; k++) {
-        for (int t = 0; t < cn; t++) {
-            s_acc[k][t] = aj_kb_var(kb, kb->t_f32, NULL, "s");
-            dp_acc[k][t] = aj_kb_var(kb, kb->t_f32, NULL, "dp");
-        }
-        for (int c = 0; c < p->wd / p->g; c++)
-            dq[k][c] = zero_var(kb, "dq");
-    }
-
-    LLVMValueRef m0 = LLVMBuildMul(b, aj_kb_block_id(kb, 0), aj_kb_i32(kb, p->bm), "m0");
-    LLVMValueRef h = aj_kb_block_id(kb, 1);
-    LLVMValueRef bidx = aj_kb_block_id(kb, 2);
-    LLVMValueRef group_size =
-        LLVMBuildSDiv(b, aj_param(kb, AJ_PID(heads_q)), aj_param(kb, AJ_PID(heads_kv)), "");
-
-    LLVMValueRef rows[MAX_ROWS], kcols[MAX_COLS];
-    for (int k = 0; k < rm; k++)
-        rows[k] = LLVMBuildAdd(b, e.group, aj_kb_i32(kb, p->r * k), "");
-    for (int t = 0; t < cn; t++)
-        kcols[t] = LLVMBuildAdd(b, e.lane, aj_kb_i32(kb, p->g * t), "");
-
+    d->lds = p->bn + 4;
+    d->smem_ds = aj_kb_smem_reserve(kb, 4 * p->bm * d->lds);
+    LLVMValueRef m0 = c->x0;
+    d->h = c->head;
     /* with bias, the loop over the (b, h) pairs folded onto the CTA's dbias */
-    LLVMValueRef first = has_bias ? begin_bias_pairs(&e, &bidx, &h, dq, rm) : NULL;
-    LLVMValueRef hkv = LLVMBuildSDiv(b, h, group_size, "hkv");
-    set_head(&e, bidx, h);
-    LLVMValueRef k_base = aj_attn_slice_base(e.kb, AJ_PSRC_k, bidx, hkv);
-    LLVMValueRef v_base = aj_attn_slice_base(e.kb, AJ_PSRC_v, bidx, hkv);
-
-    load_rows(&e, AJ_PSRC_q, aj_attn_slice_base(e.kb, AJ_PSRC_q, bidx, h), m0, e.seq_q, p->bm, p->d, smem_q, ldq);
-    load_rows(&e, AJ_PSRC_do, aj_attn_slice_base(e.kb, AJ_PSRC_do, bidx, h), m0, e.seq_q, p->bm, p->dv, smem_do, ldo);
-
-    /* per row: LSE (log2), Delta, the visible key range and (bias) the
-     * element offset of the row's dbias */
-    LLVMValueRef o_base = aj_attn_slice_base(e.kb, AJ_PSRC_o, bidx, h);
-    LLVMValueRef do_base = aj_attn_slice_base(e.kb, AJ_PSRC_do, bidx, h);
-    LLVMValueRef lse_base = aj_attn_slice_base(e.kb, AJ_PSRC_lse, bidx, h);
-    LLVMValueRef dbias_base = has_bias ? aj_attn_slice_base(e.kb, AJ_PSRC_dbias, bidx, h) : NULL;
-    LLVMValueRef last = LLVMBuildSub(b, e.seq_q, aj_kb_i32(kb, 1), "");
-    LLVMValueRef lse2[MAX_ROWS], delta[MAX_ROWS], gi[MAX_ROWS];
-    LLVMValueRef dbias_row[MAX_ROWS];
-    for (int k = 0; k < rm; k++) {
-        gi[k] = LLVMBuildAdd(b, m0, rows[k], "");
-        emit_row_stats(&e, aj_kb_smin(kb, gi[k], last), o_base, do_base, lse_base, &lse2[k],
-                       &delta[k]);
-        if (has_bias)
-            dbias_row[k] = LLVMBuildAdd(
+    d->first = d->has_bias ? begin_bias_pairs(e, &c->bidx, &d->h, c->out[OUT_DQ], c->nr) : NULL;
+    LLVMValueRef hkv = LLVMBuildSDiv(b, d->h, c->group_size, "hkv");
+    set_head(e, c->bidx, d->h);
+    d->k_base = aj_attn_slice_base(kb, AJ_PSRC_k, c->bidx, hkv);
+    d->v_base = aj_attn_slice_base(kb, AJ_PSRC_v, c->bidx, hkv);
+    load_rows(e, AJ_PSRC_q, aj_attn_slice_base(kb, AJ_PSRC_q, c->bidx, d->h), m0, e->seq_q,
+              p->bm, p->d, c->own[W_D], c->ld[W_D]);
+    load_rows(e, AJ_PSRC_do, aj_attn_slice_base(kb, AJ_PSRC_do, c->bidx, d->h), m0, e->seq_q,
+              p->bm, p->dv, c->own[W_DV], c->ld[W_DV]);
+    LLVMValueRef o_base = aj_attn_slice_base(kb, AJ_PSRC_o, c->bidx, d->h);
+    LLVMValueRef do_base = aj_attn_slice_base(kb, AJ_PSRC_do, c->bidx, d->h);
+    LLVMValueRef lse_base = aj_attn_slice_base(kb, AJ_PSRC_lse, c->bidx, d->h);
+    LLVMValueRef dbias_base =
+        d->has_bias ? aj_attn_slice_base(kb, AJ_PSRC_dbias, c->bidx, d->h) : NULL;
+    LLVMValueRef last = LLVMBuildSub(b, e->seq_q, aj_kb_i32(kb, 1), "");
+    for (int k = 0; k < c->nr; k++) {
+        d->gi[k] = LLVMBuildAdd(b, m0, c->rows[k], "");
+        emit_row_stats(e, aj_kb_smin(kb, d->gi[k], last), o_base, do_base, lse_base, &d->lse2[k],
+                       &d->delta[k]);
+        if (d->has_bias)
+            d->dbias_row[k] = LLVMBuildAdd(
                 b, dbias_base,
-                LLVMBuildMul(b, aj_kb_sext64(kb, gi[k]), aj_param(kb, AJ_PID(stride_dbias_s)), ""),
+                LLVMBuildMul(b, aj_kb_sext64(kb, d->gi[k]), aj_param(kb, AJ_PID(stride_dbias_s)),
+                             ""),
                 "");
     }
+}
 
-    /* key blocks holding a key visible to some row of the CTA; with bias
-     * every key block, so that hidden elements get dbias = 0 */
+/* walk_steps' step, the key block at n0 (class cls): K and V, S and dP,
+ * dS (and dbias), then dQ += dS K. */
+static void dq_step(void *user, LLVMValueRef n0, LLVMValueRef cls)
+{
+    dq_cta *d = user;
+    ebwd_cta *c = &d->c;
+    ebwd *e = &c->e;
+    aj_kb *kb = e->kb;
+    const ebwd_plan *p = &e->p;
+    load_rows(e, AJ_PSRC_k, d->k_base, n0, e->seq_k, p->bn, p->d, c->walked[W_D], c->ld[W_D]);
+    load_rows(e, AJ_PSRC_v, d->v_base, n0, e->seq_k, p->bn, p->dv, c->walked[W_DV], c->ld[W_DV]);
+    aj_kb_barrier(kb);
+    emit_step_dots(c);
+    dq_pass pass = {e,        n0,       c->rows, c->cols, d->gi, d->lse2, d->delta,
+                    d->has_bias ? d->dbias_row : NULL, c->s, c->dp, d->first, d->smem_ds, d->lds};
+    aj_score_by_tile_class(kb, cls, tile_inside(e, NULL, n0), emit_dq_pass, &pass);
+    aj_kb_barrier(kb);   /* dS complete */
+    emit_accumulate(e, c->out[OUT_DQ], c->nr, c->rows, d->smem_ds, d->lds, p->bn, c->walked[W_D],
+                    c->ld[W_D], p->wd);
+}
+
+/* The key blocks holding a key visible to some row of the CTA (the
+ * range, or the block mask's list of the row block, score.h); with bias
+ * every key block, so that hidden elements get dbias = 0. */
+static void dq_mainloop(dq_cta *d)
+{
+    ebwd_cta *c = &d->c;
+    ebwd *e = &c->e;
+    aj_kb *kb = e->kb;
+    LLVMBuilderRef b = e->b;
+    const ebwd_plan *p = &e->p;
+    LLVMValueRef m0 = c->x0;
     LLVMValueRef n_begin, n_end;
-    LLVMValueRef rows_here = aj_kb_smin(kb, aj_kb_i32(kb, p->bm), LLVMBuildSub(b, e.seq_q, m0, ""));
-    LLVMValueRef i_last = LLVMBuildAdd(b, m0, LLVMBuildSub(b, rows_here, aj_kb_i32(kb, 1), ""), "");
-    if (has_bias) {
+    LLVMValueRef rows_here =
+        aj_kb_smin(kb, aj_kb_i32(kb, p->bm), LLVMBuildSub(b, e->seq_q, m0, ""));
+    LLVMValueRef i_last =
+        LLVMBuildAdd(b, m0, LLVMBuildSub(b, rows_here, aj_kb_i32(kb, 1), ""), "");
+    if (d->has_bias) {
         n_begin = aj_kb_i32(kb, 0);
-        n_end = LLVMBuildSDiv(b, LLVMBuildAdd(b, e.seq_k, aj_kb_i32(kb, p->bn - 1), ""),
+        n_end = LLVMBuildSDiv(b, LLVMBuildAdd(b, e->seq_k, aj_kb_i32(kb, p->bn - 1), ""),
                               aj_kb_i32(kb, p->bn), "");
     } else {
         LLVMValueRef j_lo_all, j_hi_all;
-        aj_score_key_range(&e.sc, m0, i_last, e.seq_k, &j_lo_all, &j_hi_all);
-        block_range(&e, j_lo_all, j_hi_all, p->bn, &n_begin, &n_end);
+        aj_score_key_range(&e->sc, m0, i_last, e->seq_k, &j_lo_all, &j_hi_all);
+        block_range(e, j_lo_all, j_hi_all, p->bn, &n_begin, &n_end);
     }
-    /* the key blocks of the range, or the block mask's list of the row
-     * block (score.h); with bias every block is visited: hidden elements
-     * get dbias = 0 */
     aj_score_walk walk;
-    aj_score_walk_keys(&e.sc, &walk, m0, i_last, p->bn, n_begin, n_end, e.seq_q, e.seq_k);
-    if (has_bias)
+    aj_score_walk_keys(&e->sc, &walk, m0, i_last, p->bn, n_begin, n_end, e->seq_q, e->seq_k);
+    if (d->has_bias)
         aj_score_walk_every(&walk);
-    LLVMValueRef at = aj_kb_for_begin(kb, walk.begin, walk.end, aj_kb_i32(kb, 1), "walk");
-    {
-        LLVMValueRef cls = NULL;
-        LLVMValueRef n = aj_score_walk_tile(&e.sc, &walk, at, aj_score_has_mask(prog) ? &cls
-                                                                                     : NULL);
-        LLVMValueRef n0 = LLVMBuildMul(b, n, aj_kb_i32(kb, p->bn), "n0");
-        int skips = aj_score_has_rest(prog) && !has_bias;
-        if (skips)
-            aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntNE, cls, aj_kb_i32(kb, AJ_TILE_SKIP), ""));
-        aj_kb_barrier(kb);   /* the previous block's readers of K, V, dS are done */
-        load_rows(&e, AJ_PSRC_k, k_base, n0, e.seq_k, p->bn, p->d, smem_k, ldk);
-        load_rows(&e, AJ_PSRC_v, v_base, n0, e.seq_k, p->bn, p->dv, smem_v, ldv);
-        aj_kb_barrier(kb);
-        emit_dots(&e, s_acc, rm, rows, smem_q, ldq, cn, kcols, smem_k, ldk, p->d);
-        emit_dots(&e, dp_acc, rm, rows, smem_do, ldo, cn, kcols, smem_v, ldv, p->dv);
-        dq_pass pass = {&e, n0, rows, kcols, gi, lse2, delta, has_bias ? dbias_row : NULL,
-                        s_acc, dp_acc, first, smem_ds, lds};
-        aj_score_by_tile_class(kb, cls, tile_inside(&e, NULL, n0), emit_dq_pass, &pass);
-        aj_kb_barrier(kb);   /* dS complete */
-        emit_accumulate(&e, dq, rm, rows, smem_ds, lds, p->bn, smem_k, ldk, p->wd);
-        if (skips)
-            aj_kb_if_end(kb);
-    }
-    aj_kb_for_end(kb);
+    walk_steps(c, &walk, p->bn, "n0", aj_score_has_rest(e->prog) && !d->has_bias, dq_step, d);
+}
 
-    LLVMValueRef dq_base = aj_attn_slice_base(e.kb, AJ_PSRC_dq, bidx, h);
-    for (int k = 0; k < rm; k++)
-        emit_store_row(&e, AJ_PSRC_dq, dq_base, gi[k], e.seq_q, dq[k], p->d, aj_op_scale(op));
-    if (has_bias)
-        aj_kb_for_end(kb);   /* the pair loop */
-    const aj_kernel_layout layout = {
-        .grid = {{AJ_EXTENT_SEQ_Q, p->bm}, {AJ_EXTENT_HEADS_Q, 1}, {AJ_EXTENT_BATCH, 1}},
-        .schedule = {p->bm, p->bn, p->warps, 1},
-    };
-    aj_kb_finish(kb, &layout);
+/* dQ (times the scale) of the CTA's rows; with bias, the pair loop's end. */
+static void dq_epilogue(dq_cta *d)
+{
+    ebwd_cta *c = &d->c;
+    ebwd *e = &c->e;
+    LLVMValueRef dq_base = aj_attn_slice_base(e->kb, AJ_PSRC_dq, c->bidx, d->h);
+    for (int k = 0; k < c->nr; k++)
+        emit_store_row(e, AJ_PSRC_dq, dq_base, d->gi[k], e->seq_q, c->out[OUT_DQ][k], e->p.d,
+                       aj_op_scale(e->op));
+    if (d->has_bias)
+        aj_kb_for_end(e->kb);   /* the pair loop */
+    finish_cta(c, &dq_stage);
+}
+
+static void build_dq(aj_kb *kb, const aj_op *op, const ebwd_plan *plan,
+                     const aj_score_prog *prog)
+{
+    dq_cta d;
+    dq_prologue(&d, kb, op, plan, prog);
+    dq_mainloop(&d);
+    dq_epilogue(&d);
 }
 
 static aj_status ebwd_build(aj_kb *kb, const aj_op *op, void *user)
 {
     (void)user;
     ebwd_plan plan;
-    aj_status st = plan_kernel(kb->ctx, op, kb->target, &plan);
-    if (st != AJ_OK)
-        return st;
     const aj_score_prog *prog;
-    st = aj_kctx_programs(kb, op, &prog);
+    aj_status st =
+        aj_kctx_plan_programs(kb, op, plan_kernel(kb->ctx, op, kb->target, &plan), &prog);
     if (st != AJ_OK)
         return st;
     build_dkdv(kb, op, &plan, prog);
@@ -924,11 +1075,6 @@ static aj_status ebwd_build(aj_kb *kb, const aj_op *op, void *user)
     return kb->st;
 }
 
-const aj_template aj_template_efficient_bwd = {
-    .name = "efficient_bwd",
-    .kind = AJ_KIND_BACKWARD,
-    .variant = AJ_VARIANT_EFFICIENT,
-    .check = ebwd_check,
-    .build = ebwd_build,
-    .stage_sigs = {AJ_KSIG_EFFICIENT_BWD_DKDV, AJ_KSIG_EFFICIENT_BWD_DQ},
-};
+AJ_TEMPLATE(aj_template_efficient_bwd, "efficient_bwd", AJ_KIND_BACKWARD, AJ_VARIANT_EFFICIENT,
+            ebwd_check, ebwd_build,
+            .stage_sigs = {AJ_KSIG_EFFICIENT_BWD_DKDV, AJ_KSIG_EFFICIENT_BWD_DQ});

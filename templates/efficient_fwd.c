@@ -205,11 +205,8 @@ static aj_status efwd_check(aj_ctx *ctx, const aj_op *op, aj_target target)
     aj_status st = op->layout == AJ_LAYOUT_PAGED
                        ? aj_attn_check_dims(ctx, op, "paged forward")
                        : aj_attn_check_layout_and_dims(ctx, op, "efficient forward");
-    if (st != AJ_OK)
-        return st;
     efwd_plan plan;
-    st = plan_kernel(ctx, op, target, &plan);
-    return st != AJ_OK ? st : aj_score_prog_check(ctx, op);
+    return st != AJ_OK ? st : aj_kctx_check_planned(ctx, op, plan_kernel(ctx, op, target, &plan));
 }
 
 /* ---------------------------------------------------------------- build */
@@ -469,7 +466,7 @@ static void emit_pv(efwd *e)
  * taken from lane 0 of the row group by a group sum (the other lanes add
  * 0, exactly), so that every lane's read of it precedes lane 0's store.
  * Returns the weights of the prior and of this call's O, and stores the
- * merged LSE (ln units) in *lse_out.
+ * merged LSE (ln units) in *lse_out (aj_attn_merge_weights).
  */
 static void emit_merge_weights(efwd *e, LLVMValueRef lse_prior, LLVMValueRef l2_new,
                                LLVMValueRef *w_prior, LLVMValueRef *w_new,
@@ -480,18 +477,7 @@ static void emit_merge_weights(efwd *e, LLVMValueRef lse_prior, LLVMValueRef l2_
     LLVMValueRef is_lane0 = LLVMBuildICmp(b, LLVMIntEQ, e->lane, aj_kb_i32(kb, 0), "");
     lse_prior = aj_kb_group_sum(kb, LLVMBuildSelect(b, is_lane0, lse_prior, aj_kb_f32(kb, 0), ""),
                                 e->p.g);
-    LLVMValueRef l2_prior = LLVMBuildFMul(b, lse_prior, aj_kb_f32(kb, AJ_LOG2E), "");
-    LLVMValueRef ninf = aj_kb_f32(kb, -INFINITY);
-    LLVMValueRef mx = aj_kb_fmax(kb, l2_prior, l2_new);
-    LLVMValueRef none = LLVMBuildFCmp(b, LLVMRealOEQ, mx, ninf, "");
-    LLVMValueRef mx_use = LLVMBuildSelect(b, none, aj_kb_f32(kb, 0), mx, "");
-    LLVMValueRef sum = LLVMBuildFAdd(b, aj_kb_exp2(kb, LLVMBuildFSub(b, l2_prior, mx_use, "")),
-                                     aj_kb_exp2(kb, LLVMBuildFSub(b, l2_new, mx_use, "")), "");
-    LLVMValueRef l2 = LLVMBuildFAdd(b, mx_use, aj_kb_log2(kb, sum), "");
-    LLVMValueRef l2_use = LLVMBuildSelect(b, none, aj_kb_f32(kb, 0), l2, "");
-    *w_prior = aj_kb_exp2(kb, LLVMBuildFSub(b, l2_prior, l2_use, ""));
-    *w_new = aj_kb_exp2(kb, LLVMBuildFSub(b, l2_new, l2_use, ""));
-    *lse_out = LLVMBuildSelect(b, none, ninf, LLVMBuildFMul(b, l2, aj_kb_f32(kb, AJ_LN2), ""), "");
+    aj_attn_merge_weights(kb, lse_prior, l2_new, w_prior, w_new, lse_out);
 }
 
 /* Where the epilogue writes: row i of head h (after the CTA's first) of
@@ -896,6 +882,159 @@ static void rows_paged(efwd *e, LLVMValueRef bidx, LLVMValueRef h0, LLVMValueRef
                                 LLVMBuildSub(b, e->seq_q, one, ""), "i_last");
 }
 
+/* A paged part's CTA (build_paged_parts): its sequence, part and head,
+ * the heads it packs and the key blocks it takes. */
+typedef struct paged_part {
+    LLVMValueRef part, h, bidx;       /* i32: block indices 0, 1, 2 */
+    LLVMValueRef start_q;             /* i64: the sequence's first packed query row, else 0 */
+    LLVMValueRef hkv;                 /* i64: the KV head */
+    LLVMValueRef h0;                  /* i32: the first head of the CTA's rows */
+    LLVMValueRef pack;                /* i1: GQA-packed (NULL: never) */
+    int packable;
+    LLVMValueRef q_origin, total;     /* i64: query 0's position; the totals (NULL: unread) */
+    LLVMValueRef splits;              /* i32 */
+    LLVMValueRef first, last;         /* i32: key blocks [first, last) of the part */
+} paged_part;
+
+/* The parts stage's prologue: the sequence's lengths and scales, GQA
+ * packing (opening the block of the CTAs that work), the score programs
+ * at (b, h0) and the part's key blocks. */
+static void paged_part_begin(efwd *e, paged_part *pt)
+{
+    aj_kb *kb = e->kb;
+    LLVMBuilderRef b = e->b;
+    const aj_op *op = e->op;
+    const efwd_plan *p = &e->p;
+    aj_params_declare(kb, AJ_KSIG_CPU_PAGED_FWD, op, e->prog);
+    aj_kb_begin_stage(kb, "parts", p->threads);
+    begin_cta(e);
+    pt->part = aj_kb_block_id(kb, 0);
+    LLVMValueRef h = pt->h = aj_kb_block_id(kb, 1);
+    LLVMValueRef bidx = pt->bidx = aj_kb_block_id(kb, 2);
+    e->seq_q = aj_param(kb, AJ_PID(seq_q));
+    e->seq_k = aj_attn_paged_len(kb, bidx);
+    pt->start_q = aj_kb_i64(kb, 0);
+    if (op->q_layout == AJ_LAYOUT_VARLEN)
+        aj_attn_paged_queries(kb, bidx, e->seq_k, e->seq_q, &pt->start_q, &e->seq_q);
+    if (p->kv_dtype >= AJ_DTYPE_F8E4M3) {
+        e->k_scale = aj_kb_load(kb, kb->t_f32, aj_param(kb, AJ_PID(k_scale)), 4);
+        e->v_scale = aj_kb_load(kb, kb->t_f32, aj_param(kb, AJ_PID(v_scale)), 4);
+    }
+    LLVMValueRef one = aj_kb_i32(kb, 1);
+    LLVMValueRef group =
+        LLVMBuildSDiv(b, aj_param(kb, AJ_PID(heads_q)), aj_param(kb, AJ_PID(heads_kv)), "");
+    pt->hkv = aj_kb_sext64(kb, LLVMBuildSDiv(b, h, group, "hkv"));
+    /* GQA packing: heads h0 .. h0 + heads - 1 */
+    LLVMValueRef heads = one;
+    pt->h0 = h;
+    pt->pack = NULL;
+    pt->packable = aj_attn_paged_packable(e->prog, true);
+    e->per_row_sc = pt->packable && !aj_attn_paged_packable(e->prog, false);
+    if (pt->packable) {
+        pt->pack = aj_attn_paged_packs(kb, group, e->seq_q, AJ_PAGED_PACK_ROWS);
+        LLVMValueRef in_group = LLVMBuildSRem(b, h, group, "");
+        aj_kb_if_begin(kb, LLVMBuildOr(b, LLVMBuildNot(b, pt->pack, ""), LLVMBuildICmp(b,
+                                       LLVMIntEQ, in_group, aj_kb_i32(kb, 0), ""), ""));
+        pt->h0 = LLVMBuildSelect(b, pt->pack, LLVMBuildSub(b, h, in_group, ""), h, "h0");
+        heads = LLVMBuildSelect(b, pt->pack, group, one, "heads");
+    }
+    e->rows = LLVMBuildMul(b, heads, e->seq_q, "rows");
+    /* bottom-right: query i is position len - Sq + i; the totals, where
+     * the programs read them, are the sequence's length */
+    LLVMValueRef len64 = aj_kb_sext64(kb, e->seq_k);
+    pt->q_origin = LLVMBuildSub(b, len64, aj_kb_sext64(kb, e->seq_q), "");
+    pt->total = e->prog->reads_totals ? len64 : NULL;
+    aj_score_begin(&e->sc, kb, e->prog, 0, bidx, pt->h0, pt->q_origin, aj_kb_i64(kb, 0),
+                   pt->total, pt->total);
+    LLVMValueRef splits = pt->splits = aj_param(kb, AJ_PID(splits)), bn = aj_kb_i32(kb, p->bn);
+    LLVMValueRef blocks = LLVMBuildSDiv(b, LLVMBuildAdd(b, e->seq_k, aj_kb_i32(kb, p->bn - 1),
+                                        ""), bn, "");
+    LLVMValueRef per = LLVMBuildSDiv(b, LLVMBuildAdd(b, blocks, LLVMBuildSub(b, splits, one, ""),
+                                                     ""), splits, "per");
+    pt->first = LLVMBuildMul(b, pt->part, per, "");
+    pt->last = aj_kb_smin(kb, LLVMBuildAdd(b, pt->first, per, ""), blocks);
+}
+
+/* The part's K/V sources: the KV head's pages, through the block table. */
+static void paged_kv(efwd *e, const paged_part *pt, efwd_kv *kv)
+{
+    aj_kb *kb = e->kb;
+    LLVMBuilderRef b = e->b;
+    const efwd_plan *p = &e->p;
+    LLVMValueRef hkv = pt->hkv;
+    *kv = (efwd_kv){
+        .k = {aj_param(kb, AJ_PID(k_cache)),
+              LLVMBuildMul(b, hkv, aj_param(kb, AJ_PID(stride_k_cache_h)), ""),
+              aj_param(kb, AJ_PID(stride_k_cache_s)), NULL, NULL, p->kv_dtype},
+        .v = {aj_param(kb, AJ_PID(v_cache)),
+              LLVMBuildMul(b, hkv, aj_param(kb, AJ_PID(stride_v_cache_h)), ""),
+              aj_param(kb, AJ_PID(stride_v_cache_s)), NULL, NULL, p->kv_dtype},
+        .bidx = pt->bidx,
+        .k_stride_page = aj_param(kb, AJ_PID(stride_k_cache_page)),
+        .v_stride_page = aj_param(kb, AJ_PID(stride_v_cache_page)),
+    };
+}
+
+/* Where the part's rows go: outs[0] o and lse (one part), outs[1] the
+ * workspace's partials (more).  The sequence's first row of head h0; a
+ * head further on: the heads' strides. */
+static void paged_outs(efwd *e, const paged_part *pt, efwd_out outs[2])
+{
+    aj_kb *kb = e->kb;
+    LLVMBuilderRef b = e->b;
+    const efwd_plan *p = &e->p;
+    const int varlen_q = e->op->q_layout == AJ_LAYOUT_VARLEN;
+    LLVMValueRef bidx = pt->bidx, h0 = pt->h0, start_q = pt->start_q;
+    LLVMValueRef lse_at;
+    LLVMValueRef row0 = LLVMBuildAdd(b, aj_attn_paged_part_row_of(kb, bidx, h0, pt->part, p->dv,
+                                                                  varlen_q, &lse_at),
+                                     start_q, "");
+    LLVMValueRef ws_head = LLVMBuildMul(
+        b, aj_kb_sext64(kb, pt->splits),
+        aj_kb_sext64(kb, aj_param(kb, varlen_q ? AJ_PID(tokens_q) : AJ_PID(seq_q))), "");
+    const efwd_out both[2] = {
+        {AJ_PSRC_o, AJ_PSRC_lse, p->dtype, aj_cpu_seq_base(kb, AJ_PSRC_o, bidx, h0, start_q),
+         aj_param(kb, AJ_PID(stride_o_s)),
+         LLVMBuildAdd(b, aj_attn_slice_base(kb, AJ_PSRC_lse, bidx, h0), start_q, ""),
+         aj_param(kb, AJ_PID(stride_o_h)), aj_param(kb, AJ_PID(stride_lse_h))},
+        {AJ_PSRC_workspace, AJ_PSRC_workspace, AJ_DTYPE_F32,
+         LLVMBuildMul(b, row0, aj_kb_i64(kb, p->dv), ""), aj_kb_i64(kb, p->dv),
+         LLVMBuildAdd(b, lse_at, row0, ""), LLVMBuildMul(b, ws_head, aj_kb_i64(kb, p->dv), ""),
+         ws_head},
+    };
+    outs[0] = both[0];
+    outs[1] = both[1];
+}
+
+/* The row block at mb of the part's rows: its Q through the stacked row
+ * table, its key blocks within the part's, its output. */
+static void paged_row_block(efwd *e, const paged_part *pt, efwd_kv *kv, const efwd_out outs[2],
+                            const aj_tile_src *qsrc, LLVMValueRef mb)
+{
+    aj_kb *kb = e->kb;
+    LLVMBuilderRef b = e->b;
+    const efwd_plan *p = &e->p;
+    e->m0 = mb;
+    reset_state(e);
+    rows_paged(e, pt->bidx, pt->h0, pt->q_origin, pt->total);
+    /* the previous row block's readers of Q and its row table are done
+     * (it may have had no key block, whose barriers say so) */
+    LLVMValueRef qrows = aj_kb_i32(kb, p->smem_qrows);
+    aj_kb_barrier(kb);
+    aj_tile_stacked_rows(kb, qrows, p->bm, mb, e->rows, e->seq_q, e->tid, p->threads);
+    aj_kb_barrier(kb);
+    aj_tile_load_paged_f32(kb, qsrc, qrows, aj_param(kb, AJ_PID(stride_q_h)), p->bm, p->d,
+                           p->smem_q, p->ldq, e->tid, p->threads);
+    LLVMValueRef n_begin, n_end;
+    key_block_range(e, &n_begin, &n_end);
+    emit_key_blocks(e, kv, aj_kb_smax(kb, n_begin, pt->first), aj_kb_smin(kb, n_end, pt->last));
+    aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntEQ, pt->splits, aj_kb_i32(kb, 1), ""));
+    emit_epilogue(e, &outs[0]);
+    aj_kb_else(kb);
+    emit_epilogue(e, &outs[1]);
+    aj_kb_if_end(kb);
+}
+
 /*
  * layout = paged, stage 0: grid (splits, Hq, B), one CTA per part of a
  * (sequence, query head) -- or, GQA-packed (attn_common.h's rule: the
@@ -920,124 +1059,30 @@ static void rows_paged(efwd *e, LLVMValueRef bidx, LLVMValueRef h0, LLVMValueRef
  */
 static void build_paged_parts(efwd *e)
 {
-    aj_kb *kb = e->kb;
-    LLVMBuilderRef b = e->b;
-    const aj_op *op = e->op;
-    const efwd_plan *p = &e->p;
-    const int varlen_q = op->q_layout == AJ_LAYOUT_VARLEN;
-    aj_params_declare(kb, AJ_KSIG_CPU_PAGED_FWD, op, e->prog);
-    aj_kb_begin_stage(kb, "parts", p->threads);
-    begin_cta(e);
-    LLVMValueRef part = aj_kb_block_id(kb, 0);
-    LLVMValueRef h = aj_kb_block_id(kb, 1);
-    LLVMValueRef bidx = aj_kb_block_id(kb, 2);
-    e->seq_q = aj_param(kb, AJ_PID(seq_q));
-    e->seq_k = aj_attn_paged_len(kb, bidx);
-    LLVMValueRef start_q = aj_kb_i64(kb, 0);
-    if (varlen_q)
-        aj_attn_paged_queries(kb, bidx, e->seq_k, e->seq_q, &start_q, &e->seq_q);
-    if (p->kv_dtype >= AJ_DTYPE_F8E4M3) {
-        e->k_scale = aj_kb_load(kb, kb->t_f32, aj_param(kb, AJ_PID(k_scale)), 4);
-        e->v_scale = aj_kb_load(kb, kb->t_f32, aj_param(kb, AJ_PID(v_scale)), 4);
-    }
-    LLVMValueRef one = aj_kb_i32(kb, 1);
-    LLVMValueRef group =
-        LLVMBuildSDiv(b, aj_param(kb, AJ_PID(heads_q)), aj_param(kb, AJ_PID(heads_kv)), "");
-    LLVMValueRef hkv = aj_kb_sext64(kb, LLVMBuildSDiv(b, h, group, "hkv"));
-    /* GQA packing: heads h0 .. h0 + heads - 1 */
-    LLVMValueRef h0 = h, heads = one, pack = NULL;
-    int packable = aj_attn_paged_packable(e->prog, true);
-    e->per_row_sc = packable && !aj_attn_paged_packable(e->prog, false);
-    if (packable) {
-        pack = aj_attn_paged_packs(kb, group, e->seq_q, AJ_PAGED_PACK_ROWS);
-        LLVMValueRef in_group = LLVMBuildSRem(b, h, group, "");
-        aj_kb_if_begin(kb, LLVMBuildOr(b, LLVMBuildNot(b, pack, ""), LLVMBuildICmp(b, LLVMIntEQ,
-                                       in_group, aj_kb_i32(kb, 0), ""), ""));
-        h0 = LLVMBuildSelect(b, pack, LLVMBuildSub(b, h, in_group, ""), h, "h0");
-        heads = LLVMBuildSelect(b, pack, group, one, "heads");
-    }
-    e->rows = LLVMBuildMul(b, heads, e->seq_q, "rows");
-    /* bottom-right: query i is position len - Sq + i; the totals, where
-     * the programs read them, are the sequence's length */
-    LLVMValueRef len64 = aj_kb_sext64(kb, e->seq_k);
-    LLVMValueRef q_origin = LLVMBuildSub(b, len64, aj_kb_sext64(kb, e->seq_q), "");
-    LLVMValueRef total = e->prog->reads_totals ? len64 : NULL;
-    aj_score_begin(&e->sc, kb, e->prog, 0, bidx, h0, q_origin, aj_kb_i64(kb, 0), total, total);
-    LLVMValueRef splits = aj_param(kb, AJ_PID(splits)), bn = aj_kb_i32(kb, p->bn);
-    LLVMValueRef blocks = LLVMBuildSDiv(b, LLVMBuildAdd(b, e->seq_k, aj_kb_i32(kb, p->bn - 1),
-                                        ""), bn, "");
-    LLVMValueRef per = LLVMBuildSDiv(b, LLVMBuildAdd(b, blocks, LLVMBuildSub(b, splits, one, ""),
-                                                     ""), splits, "per");
-    LLVMValueRef first = LLVMBuildMul(b, part, per, "");
-    LLVMValueRef last = aj_kb_smin(kb, LLVMBuildAdd(b, first, per, ""), blocks);
-
-    efwd_kv kv = {
-        .k = {aj_param(kb, AJ_PID(k_cache)),
-              LLVMBuildMul(b, hkv, aj_param(kb, AJ_PID(stride_k_cache_h)), ""),
-              aj_param(kb, AJ_PID(stride_k_cache_s)), NULL, NULL, p->kv_dtype},
-        .v = {aj_param(kb, AJ_PID(v_cache)),
-              LLVMBuildMul(b, hkv, aj_param(kb, AJ_PID(stride_v_cache_h)), ""),
-              aj_param(kb, AJ_PID(stride_v_cache_s)), NULL, NULL, p->kv_dtype},
-        .bidx = bidx,
-        .k_stride_page = aj_param(kb, AJ_PID(stride_k_cache_page)),
-        .v_stride_page = aj_param(kb, AJ_PID(stride_v_cache_page)),
-    };
-    /* the sequence's first row of head h0 in o, lse and the workspace; a
-     * head further on: the heads' strides */
-    LLVMValueRef lse_at;
-    LLVMValueRef row0 = LLVMBuildAdd(b, aj_attn_paged_part_row_of(kb, bidx, h0, part, p->dv,
-                                                                  varlen_q, &lse_at),
-                                     start_q, "");
-    LLVMValueRef ws_head = LLVMBuildMul(
-        b, aj_kb_sext64(kb, splits),
-        aj_kb_sext64(kb, aj_param(kb, varlen_q ? AJ_PID(tokens_q) : AJ_PID(seq_q))), "");
-    const efwd_out outs[2] = {
-        {AJ_PSRC_o, AJ_PSRC_lse, p->dtype, aj_cpu_seq_base(kb, AJ_PSRC_o, bidx, h0, start_q),
-         aj_param(kb, AJ_PID(stride_o_s)),
-         LLVMBuildAdd(b, aj_attn_slice_base(kb, AJ_PSRC_lse, bidx, h0), start_q, ""),
-         aj_param(kb, AJ_PID(stride_o_h)), aj_param(kb, AJ_PID(stride_lse_h))},
-        {AJ_PSRC_workspace, AJ_PSRC_workspace, AJ_DTYPE_F32,
-         LLVMBuildMul(b, row0, aj_kb_i64(kb, p->dv), ""), aj_kb_i64(kb, p->dv),
-         LLVMBuildAdd(b, lse_at, row0, ""), LLVMBuildMul(b, ws_head, aj_kb_i64(kb, p->dv), ""),
-         ws_head},
-    };
-    aj_tile_src qsrc = {aj_param(kb, AJ_PID(q)),
-                        aj_cpu_seq_base(kb, AJ_PSRC_q, bidx, h0, start_q),
-                        aj_param(kb, AJ_PID(stride_q_s)),
+    paged_part pt;
+    paged_part_begin(e, &pt);
+    efwd_kv kv;
+    paged_kv(e, &pt, &kv);
+    efwd_out outs[2];
+    paged_outs(e, &pt, outs);
+    aj_tile_src qsrc = {aj_param(e->kb, AJ_PID(q)),
+                        aj_cpu_seq_base(e->kb, AJ_PSRC_q, pt.bidx, pt.h0, pt.start_q),
+                        aj_param(e->kb, AJ_PID(stride_q_s)),
                         NULL,
                         NULL,
-                        p->dtype};
-    LLVMValueRef mb = aj_kb_for_begin(kb, aj_kb_i32(kb, 0), e->rows, aj_kb_i32(kb, p->bm), "mb");
-    {
-        e->m0 = mb;
-        reset_state(e);
-        rows_paged(e, bidx, h0, q_origin, total);
-        /* the previous row block's readers of Q and its row table are
-         * done (it may have had no key block, whose barriers say so) */
-        LLVMValueRef qrows = aj_kb_i32(kb, p->smem_qrows);
-        aj_kb_barrier(kb);
-        aj_tile_stacked_rows(kb, qrows, p->bm, mb, e->rows, e->seq_q, e->tid, p->threads);
-        aj_kb_barrier(kb);
-        aj_tile_load_paged_f32(kb, &qsrc, qrows, aj_param(kb, AJ_PID(stride_q_h)), p->bm, p->d,
-                               p->smem_q, p->ldq, e->tid, p->threads);
-        LLVMValueRef n_begin, n_end;
-        key_block_range(e, &n_begin, &n_end);
-        emit_key_blocks(e, &kv, aj_kb_smax(kb, n_begin, first), aj_kb_smin(kb, n_end, last));
-        aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntEQ, splits, one, ""));
-        emit_epilogue(e, &outs[0]);
-        aj_kb_else(kb);
-        emit_epilogue(e, &outs[1]);
-        aj_kb_if_end(kb);
-    }
-    aj_kb_for_end(kb);
-    if (pack)
-        aj_kb_if_end(kb);
+                        e->p.dtype};
+    LLVMValueRef mb =
+        aj_kb_for_begin(e->kb, aj_kb_i32(e->kb, 0), e->rows, aj_kb_i32(e->kb, e->p.bm), "mb");
+    paged_row_block(e, &pt, &kv, outs, &qsrc, mb);
+    aj_kb_for_end(e->kb);
+    if (pt.pack)
+        aj_kb_if_end(e->kb);
     const aj_kernel_layout layout = {
         .grid = {{AJ_EXTENT_SPLITS, 1}, {AJ_EXTENT_HEADS_Q, 1}, {AJ_EXTENT_BATCH, 1}},
-        .schedule = {p->bm, p->bn, p->warps, 1},
-        .pack_rows = packable ? AJ_PAGED_PACK_ROWS : 0,
+        .schedule = {e->p.bm, e->p.bn, e->p.warps, 1},
+        .pack_rows = pt.packable ? AJ_PAGED_PACK_ROWS : 0,
     };
-    aj_kb_finish(kb, &layout);
+    aj_kb_finish(e->kb, &layout);
 }
 
 /*
@@ -1156,11 +1201,9 @@ static aj_status efwd_build(aj_kb *kb, const aj_op *op, void *user)
     (void)user;
     efwd e;
     memset(&e, 0, sizeof e);
-    aj_status st = plan_kernel(kb->ctx, op, kb->target, &e.p);
-    if (st != AJ_OK)
-        return st;
     const aj_score_prog *prog;
-    st = aj_kctx_programs(kb, op, &prog);
+    aj_status st =
+        aj_kctx_plan_programs(kb, op, plan_kernel(kb->ctx, op, kb->target, &e.p), &prog);
     if (st != AJ_OK)
         return st;
     aj_kctx_init(&e.k, kb, op, prog);
@@ -1173,22 +1216,12 @@ static aj_status efwd_build(aj_kb *kb, const aj_op *op, void *user)
     return kb->st;
 }
 
-const aj_template aj_template_efficient_fwd = {
-    .name = "efficient_fwd",
-    .kind = AJ_KIND_FORWARD,
-    .variant = AJ_VARIANT_EFFICIENT,
-    .check = efwd_check,
-    .build = efwd_build,
-    .stage_sigs = {AJ_KSIG_EFFICIENT_FWD},
-};
+AJ_TEMPLATE(aj_template_efficient_fwd, "efficient_fwd", AJ_KIND_FORWARD, AJ_VARIANT_EFFICIENT,
+            efwd_check, efwd_build, .stage_sigs = {AJ_KSIG_EFFICIENT_FWD});
 
 /* layout = paged, both variants: a decode kernel is bound by the K/V
  * bytes it streams, which the SIMT FMA tiles keep up with (the flash
  * template's mma tiles would idle on Sq <= 16 rows) */
-AJ_TEMPLATE_BOTH_VARIANTS(aj_template_paged_fwd,
-    .name = "paged_fwd",
-    .kind = AJ_KIND_FORWARD,
-    .check = efwd_check,
-    .build = efwd_build,
-    .paged = true,
-    .stage_sigs = {AJ_KSIG_CPU_PAGED_FWD, AJ_KSIG_CPU_PAGED_MERGE});
+AJ_TEMPLATE_BOTH_VARIANTS(aj_template_paged_fwd, "paged_fwd", AJ_KIND_FORWARD, efwd_check,
+                          efwd_build, .paged = true,
+                          .stage_sigs = {AJ_KSIG_CPU_PAGED_FWD, AJ_KSIG_CPU_PAGED_MERGE});

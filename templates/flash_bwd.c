@@ -68,6 +68,7 @@
 #include "templates/score.h"
 #include "templates/template.h"
 #include "templates/tile_io.h"
+#include "templates/tile_pipe.h"
 
 #define MAX_MT 4          /* 16-row strips a warp owns in one product */
 #define MAX_NT 32         /* 8-column tiles a warp owns in one product */
@@ -345,11 +346,8 @@ static aj_status fbwd_check(aj_ctx *ctx, const aj_op *op, aj_target target)
                        "dtype = f32: flash backward runs on tensor cores and takes f16 or "
                        "bf16; use `attention backward efficient` for f32");
     aj_status st = aj_attn_check_dims(ctx, op, "flash backward");
-    if (st != AJ_OK)
-        return st;
     fbwd_plan plan;
-    st = plan_kernel(ctx, op, target, &plan);
-    return st != AJ_OK ? st : aj_score_prog_check(ctx, op);
+    return st != AJ_OK ? st : aj_kctx_check_planned(ctx, op, plan_kernel(ctx, op, target, &plan));
 }
 
 /* ---------------------------------------------------------------- shared */
@@ -809,38 +807,6 @@ static void block_range(fbwd *f, LLVMValueRef lo, LLVMValueRef hi, int per,
         "");
 }
 
-/*
- * Where the mask has more than its band, a kernel's steps skip the tiles
- * whose class is skip: issue_begin opens the block that issues the copies
- * of the tile at walk position `at` (score.h's aj_score_walk) when `in`
- * holds and, with `cls` (an i32 var, NULL: no gating), only when its
- * class is not skip, the class and the tile kept in cls and `tile` for
- * the step that computes it; it gives the tile's block index, for the
- * copies.  issue_end closes the block.
- */
-static LLVMValueRef issue_begin(fbwd *f, const aj_score_walk *w, LLVMValueRef in,
-                                LLVMValueRef at, LLVMValueRef cls, LLVMValueRef tile)
-{
-    aj_kb *kb = f->kb;
-    if (cls)
-        aj_kb_set(kb, cls, aj_kb_i32(kb, AJ_TILE_SKIP));
-    aj_kb_if_begin(kb, in);
-    if (!cls)
-        return at;
-    LLVMValueRef c, t = aj_score_walk_tile(&f->sc, w, at, &c);
-    aj_kb_set(kb, cls, c);
-    aj_kb_set(kb, tile, t);
-    aj_kb_if_begin(kb, LLVMBuildICmp(f->b, LLVMIntNE, c, aj_kb_i32(kb, AJ_TILE_SKIP), ""));
-    return t;
-}
-
-static void issue_end(fbwd *f, LLVMValueRef cls)
-{
-    if (cls)
-        aj_kb_if_end(f->kb);
-    aj_kb_if_end(f->kb);
-}
-
 /* Opens the step's work on a tile whose class (cls's value) is not skip;
  * the class is the same in every thread.  NULL: no gating. */
 static void step_begin(fbwd *f, LLVMValueRef cls_value)
@@ -857,17 +823,15 @@ static void step_end(fbwd *f, LLVMValueRef cls_value)
 }
 
 /*
- * The pipelined tile walk: the tiles of a walk whose two operands (Q and
- * dO along the rows, K and V along the keys) stream into shared memory
- * by cp.async, `stages` deep.  With 2 stages each step issues the next
- * tile's copy into the other buffer and waits for its own (issue /
- * commit / wait(1)); with 1 it copies and waits for all.  Skip tiles of a
- * mask rest are neither copied nor computed (issue_begin).
+ * The two stages' walks (tile_pipe.h): the two operands of each tile (Q
+ * and dO along the rows, K and V along the keys) stream into their
+ * buffers, `stages` of each.
  *
- *   pipe_begin(&pp)                      the first tile's copy (2 stages)
+ *   fbwd_pipe fp = {.f, .extent, .seq, .op = {operand 0, operand 1}};
+ *   begin_pipe(&fp, &walk)
  *   for pos in walk:
- *       x = pipe_step(&pp, pos, &cls)    the tile's block index; the
- *       ... pp.cur[0], pp.cur[1]         operands' buffers of this step
+ *       x = aj_tile_pipe_step(&fp.pipe, pos, &cls)   the tile's block index
+ *       ... fp.cur[0], fp.cur[1]                     its buffers
  */
 typedef struct pipe_operand {
     aj_param_source t;
@@ -876,77 +840,52 @@ typedef struct pipe_operand {
     smem_tile tile;      /* its buffers (two with 2 stages) */
 } pipe_operand;
 
-typedef struct tile_pipe {
+typedef struct fbwd_pipe {
     fbwd *f;
-    const aj_score_walk *walk;
     int extent;              /* rows of a tile: bm or bn */
     LLVMValueRef seq;        /* i32: the walked dim's length */
     pipe_operand op[2];
-    LLVMValueRef cls, tile;  /* vars: the class and tile issued last (a mask rest), else NULL */
     smem_tile cur[2];        /* the operands' buffers of the current step */
-} tile_pipe;
+    aj_tile_pipe pipe;
+} fbwd_pipe;
 
-/* Copies the operands of the tile whose block index `x` issue_begin gave
- * into buffer `which` (NULL: the one buffer), then closes the issue. */
-static void pipe_copy(tile_pipe *pp, LLVMValueRef x, LLVMValueRef which)
+/* aj_tile_pipe's copy: both operands of block x into buffer `which`. */
+static void pipe_copy(void *user, LLVMValueRef x, LLVMValueRef which)
 {
-    fbwd *f = pp->f;
-    LLVMValueRef x0 = aj_kb_mul(f->kb, x, aj_kb_i32(f->kb, pp->extent));
+    fbwd_pipe *fp = user;
+    fbwd *f = fp->f;
+    LLVMValueRef x0 = aj_kb_mul(f->kb, x, aj_kb_i32(f->kb, fp->extent));
     for (int o = 0; o < 2; o++) {
-        const pipe_operand *po = &pp->op[o];
-        load_tile(f, po->t, po->base, x0, pp->seq, pp->extent, po->width,
-                  which ? tile_copy(f, po->tile, pp->extent, which) : po->tile);
-    }
-    issue_end(f, pp->cls);
-}
-
-static void pipe_begin(tile_pipe *pp)
-{
-    fbwd *f = pp->f;
-    aj_kb *kb = f->kb;
-    const aj_score_walk *w = pp->walk;
-    pp->cls = aj_score_has_rest(f->prog) ? aj_kb_var(kb, kb->t_i32, NULL, "cls") : NULL;
-    pp->tile = pp->cls ? aj_kb_var(kb, kb->t_i32, NULL, "tile") : NULL;
-    if (f->p.stages == 2) {   /* the first tile's copy; each step issues the next */
-        LLVMValueRef x = issue_begin(f, w, aj_kb_slt(kb, w->begin, w->end), w->begin, pp->cls,
-                                     pp->tile);
-        pipe_copy(pp, x, NULL);
-        aj_kb_cp_async_commit(kb);
+        const pipe_operand *po = &fp->op[o];
+        load_tile(f, po->t, po->base, x0, fp->seq, fp->extent, po->width,
+                  which ? tile_copy(f, po->tile, fp->extent, which) : po->tile);
     }
 }
 
-/* The step at walk position `pos`: its tile's block index, its class
- * into *cls (NULL without a mask rest) and its buffers into pp->cur,
- * with its copy complete in this thread (a barrier makes it the CTA's). */
-static LLVMValueRef pipe_step(tile_pipe *pp, LLVMValueRef pos, LLVMValueRef *cls)
+/* aj_tile_pipe's use: the step's buffers into fp->cur. */
+static void pipe_use(void *user, LLVMValueRef which)
 {
-    fbwd *f = pp->f;
-    aj_kb *kb = f->kb;
-    LLVMBuilderRef b = f->b;
-    const aj_score_walk *w = pp->walk;
-    int two = f->p.stages == 2;
-    pp->cur[0] = pp->op[0].tile;
-    pp->cur[1] = pp->op[1].tile;
-    *cls = pp->cls && two ? aj_kb_get(kb, pp->cls) : NULL;
-    LLVMValueRef x = pp->cls && two ? aj_kb_get(kb, pp->tile) : pos;
-    if (two) {
-        LLVMValueRef cur = LLVMBuildAnd(b, LLVMBuildSub(b, pos, w->begin, ""), aj_kb_i32(kb, 1),
-                                        "");
-        LLVMValueRef nxt = LLVMBuildXor(b, cur, aj_kb_i32(kb, 1), "");
-        pp->cur[0] = tile_copy(f, pp->op[0].tile, pp->extent, cur);
-        pp->cur[1] = tile_copy(f, pp->op[1].tile, pp->extent, cur);
-        LLVMValueRef an = aj_kb_add(kb, pos, aj_kb_i32(kb, 1));
-        pipe_copy(pp, issue_begin(f, w, aj_kb_slt(kb, an, w->end), an, pp->cls, pp->tile), nxt);
-        aj_kb_cp_async_commit(kb);
-        aj_kb_cp_async_wait(kb, 1);
-    } else {
-        pipe_copy(pp, issue_begin(f, w, LLVMConstInt(kb->t_i1, 1, 0), pos, pp->cls, pp->tile),
-                  NULL);
-        *cls = pp->cls ? aj_kb_get(kb, pp->cls) : NULL;
-        x = pp->cls ? aj_kb_get(kb, pp->tile) : pos;
-        aj_kb_cp_async_wait_all(kb);
-    }
-    return x;
+    fbwd_pipe *fp = user;
+    for (int o = 0; o < 2; o++)
+        fp->cur[o] = tile_copy(fp->f, fp->op[o].tile, fp->extent, which);
+}
+
+/* The pipe over `walk`, its first copies issued; with 1 stage the
+ * buffers are the operands' one each. */
+static void begin_pipe(fbwd_pipe *fp, const aj_score_walk *walk)
+{
+    fbwd *f = fp->f;
+    fp->cur[0] = fp->op[0].tile;
+    fp->cur[1] = fp->op[1].tile;
+    fp->pipe = (aj_tile_pipe){.kb = f->kb,
+                              .sc = &f->sc,
+                              .walk = walk,
+                              .stages = f->p.stages,
+                              .gated = aj_score_has_rest(f->prog),
+                              .copy = pipe_copy,
+                              .use = pipe_use,
+                              .user = fp};
+    aj_tile_pipe_begin(&fp->pipe);
 }
 
 /* Whether the tile at (m0, n0) lies inside both lengths. */
@@ -962,7 +901,7 @@ static LLVMValueRef tile_inside(fbwd *f, LLVMValueRef m0, LLVMValueRef n0)
 }
 
 /* The class of the step's tile (walk position `at`) for its element
- * pass: the one issue_begin kept (cls_value, where the mask has a rest),
+ * pass: the one the pipe kept (cls_value, where the mask has a rest),
  * else the walk's, computed here; NULL without a mask. */
 static LLVMValueRef step_class(fbwd *f, const aj_score_walk *w, LLVMValueRef cls_value,
                                LLVMValueRef at)
@@ -1081,205 +1020,318 @@ static void accumulate_dq(fbwd *f, warp_acc *dq, LLVMValueRef m0, LLVMValueRef d
         }
 }
 
-static void build_dkdv(aj_kb *kb, const aj_op *op, const fbwd_plan *plan,
-                       const aj_score_prog *prog)
+/* ---------------------------------------------------------------- walk stages */
+
+/*
+ * dkdv and dq have one shape: a CTA owns a block whose two tiles stay in
+ * shared memory (dkdv: keys n0 .. of KV head hkv, K and V; dq: rows m0 ..
+ * of head h, Q and dO) and walks the other dim's tiles past it (Q and dO;
+ * K and V) through the tile pipe (tile_pipe.h), `stages` buffers each; S and dP are the
+ * step's products.
+ */
+typedef struct walk_cta {
+    fbwd f;
+    smem_tile own[2], walked[2];   /* the resident tiles; the walked tiles' buffers */
+    warp_acc s, dp;
+    LLVMValueRef x0;               /* i32: the owned block's first key (dkdv) or row (dq) */
+    LLVMValueRef head;             /* i32: block index 1, KV head (dkdv) or head (dq) */
+    LLVMValueRef group;            /* i32: Hq / Hkv */
+} walk_cta;
+
+/* The stage's parameters, thread layout, tiles (pads zeroed) and S, dP. */
+static void begin_walk_stage(walk_cta *w, aj_kb *kb, const aj_op *op, const fbwd_plan *plan,
+                             const aj_score_prog *prog, const char *name, int by_keys)
 {
     aj_params_declare(kb, AJ_KSIG_FLASH_BWD, op, prog);
-    aj_kb_begin_stage(kb, "dkdv", plan->threads);
-    fbwd f;
-    setup(&f, kb, op, plan, prog);
-    const fbwd_plan *p = &f.p;
+    aj_kb_begin_stage(kb, name, plan->threads);
+    fbwd *f = &w->f;
+    setup(f, kb, op, plan, prog);
+    const fbwd_plan *p = &f->p;
+    int own = by_keys ? p->bn : p->bm, walked = by_keys ? p->bm : p->bn;
+    w->own[0] = reserve_tile(f, own, p->d, 1);
+    w->own[1] = reserve_tile(f, own, p->dv, 1);
+    w->walked[0] = reserve_tile(f, walked, p->d, p->stages);
+    w->walked[1] = reserve_tile(f, walked, p->dv, p->stages);
+    zero_pads(f, w->own[0], own, p->d);
+    zero_pads(f, w->own[1], own, p->dv);
+    zero_pads(f, w->walked[0], p->stages * walked, p->d);
+    zero_pads(f, w->walked[1], p->stages * walked, p->dv);
+    acc_init(f, &w->s, own, walked, "s");
+    acc_init(f, &w->dp, own, walked, "dp");
+}
+
+/* The CTA's block and GQA group; opens the block of a CTA inside the
+ * sequence (varlen: the grid covers the longest one). */
+static void open_block(walk_cta *w, int by_keys)
+{
+    fbwd *f = &w->f;
+    aj_kb *kb = f->kb;
+    w->x0 = aj_kb_mul(kb, aj_kb_block_id(kb, 0), aj_kb_i32(kb, by_keys ? f->p.bn : f->p.bm));
+    w->head = aj_kb_block_id(kb, 1);
+    w->group = LLVMBuildSDiv(f->b, aj_param(kb, AJ_PID(heads_q)), aj_param(kb, AJ_PID(heads_kv)),
+                             "group");
+    aj_kb_if_begin(kb, aj_kb_slt(kb, w->x0, by_keys ? f->seq_k : f->seq_q));
+}
+
+/* The end of the stage: its layout, a CTA per owned block. */
+static void finish_walk_stage(walk_cta *w, int by_keys)
+{
+    const fbwd_plan *p = &w->f.p;
+    aj_kernel_layout layout = {
+        .grid = {{AJ_EXTENT_SEQ_Q, p->bm}, {AJ_EXTENT_HEADS_Q, 1}, {AJ_EXTENT_BATCH, 1}},
+        .schedule = {p->bm, p->bn, p->warps, p->stages},
+    };
+    if (by_keys) {
+        layout.grid[0] = (aj_grid_dim){AJ_EXTENT_SEQ_K, p->bn};
+        layout.grid[1].extent = AJ_EXTENT_HEADS_KV;
+    }
+    aj_kb_finish(w->f.kb, &layout);
+}
+
+/* ---------------------------------------------------------------- dkdv */
+
+/* The dkdv CTA: P^T and dS^T tiles, the step's row stats, dK and dV (and,
+ * atomic dQ mode, the step's dQ); the row blocks the band shows its keys. */
+typedef struct dkdv_cta {
+    walk_cta w;
+    smem_tile ptt, dst;
+    int32_t stats;
+    warp_acc dk, dv, dq;
+    LLVMValueRef j_last;           /* i32: the block's last key inside Sk */
+    LLVMValueRef m_begin, m_end;   /* i32 */
+} dkdv_cta;
+
+static void dkdv_prologue(dkdv_cta *d, aj_kb *kb, const aj_op *op, const fbwd_plan *plan,
+                          const aj_score_prog *prog)
+{
+    walk_cta *w = &d->w;
+    fbwd *f = &w->f;
+    begin_walk_stage(w, kb, op, plan, prog, "dkdv", 1);
+    const fbwd_plan *p = &f->p;
     LLVMBuilderRef b = kb->b;
-    smem_tile kt = reserve_tile(&f, p->bn, p->d, 1), vt = reserve_tile(&f, p->bn, p->dv, 1);
-    smem_tile qt = reserve_tile(&f, p->bm, p->d, p->stages);
-    smem_tile dot = reserve_tile(&f, p->bm, p->dv, p->stages);
-    smem_tile ptt = reserve_tile(&f, p->bn, p->bm, 1), dst = reserve_tile(&f, p->bn, p->bm, 1);
-    int32_t stats = aj_kb_smem_reserve(kb, 8 * p->bm);
-    zero_pads(&f, kt, p->bn, p->d);
-    zero_pads(&f, vt, p->bn, p->dv);
-    zero_pads(&f, qt, p->stages * p->bm, p->d);
-    zero_pads(&f, dot, p->stages * p->bm, p->dv);
-
-    warp_acc s, dp, dk, dv, dq;
-    acc_init(&f, &s, p->bn, p->bm, "s");
-    acc_init(&f, &dp, p->bn, p->bm, "dp");
-    acc_init(&f, &dk, p->bn, p->d, "dk");
-    acc_init(&f, &dv, p->bn, p->dv, "dv");
+    d->ptt = reserve_tile(f, p->bn, p->bm, 1);
+    d->dst = reserve_tile(f, p->bn, p->bm, 1);
+    d->stats = aj_kb_smem_reserve(kb, 8 * p->bm);
+    acc_init(f, &d->dk, p->bn, p->d, "dk");
+    acc_init(f, &d->dv, p->bn, p->dv, "dv");
     if (!p->deterministic)
-        acc_init(&f, &dq, p->bm, p->d, "dq");
-
-    LLVMValueRef n0 = aj_kb_mul(kb, aj_kb_block_id(kb, 0), aj_kb_i32(kb, p->bn));
-    LLVMValueRef hkv = aj_kb_block_id(kb, 1);
-    LLVMValueRef group = LLVMBuildSDiv(b, aj_param(kb, AJ_PID(heads_q)),
-                                       aj_param(kb, AJ_PID(heads_kv)), "group");
-    /* varlen: the grid covers the longest sequence */
-    aj_kb_if_begin(kb, aj_kb_slt(kb, n0, f.seq_k));
-    LLVMValueRef k_base = row0_base(&f, AJ_PSRC_k, hkv, f.k_start);
-    LLVMValueRef v_base = row0_base(&f, AJ_PSRC_v, hkv, f.k_start);
-    load_tile(&f, AJ_PSRC_k, k_base, n0, f.seq_k, p->bn, p->d, kt);
-    load_tile(&f, AJ_PSRC_v, v_base, n0, f.seq_k, p->bn, p->dv, vt);
+        acc_init(f, &d->dq, p->bm, p->d, "dq");
+    open_block(w, 1);
+    LLVMValueRef n0 = w->x0;
+    LLVMValueRef k_base = row0_base(f, AJ_PSRC_k, w->head, f->k_start);
+    LLVMValueRef v_base = row0_base(f, AJ_PSRC_v, w->head, f->k_start);
+    load_tile(f, AJ_PSRC_k, k_base, n0, f->seq_k, p->bn, p->d, w->own[0]);
+    load_tile(f, AJ_PSRC_v, v_base, n0, f->seq_k, p->bn, p->dv, w->own[1]);
     aj_kb_cp_async_commit(kb);
 
     /* query rows the band shows a key of this block (for every head) */
-    set_head(&f, aj_kb_mul(kb, hkv, group));
-    LLVMValueRef j_last = LLVMBuildSub(
-        b, aj_kb_smin(kb, aj_kb_add(kb, n0, aj_kb_i32(kb, p->bn)), f.seq_k), aj_kb_i32(kb, 1), "");
+    set_head(f, aj_kb_mul(kb, w->head, w->group));
+    d->j_last = LLVMBuildSub(b, aj_kb_smin(kb, aj_kb_add(kb, n0, aj_kb_i32(kb, p->bn)), f->seq_k),
+                             aj_kb_i32(kb, 1), "");
     LLVMValueRef i_lo, i_hi;
-    aj_score_row_range(&f.sc, n0, j_last, f.seq_q, &i_lo, &i_hi);
-    LLVMValueRef m_begin, m_end;
-    block_range(&f, i_lo, i_hi, p->bm, &m_begin, &m_end);
+    aj_score_row_range(&f->sc, n0, d->j_last, f->seq_q, &i_lo, &i_hi);
+    block_range(f, i_lo, i_hi, p->bm, &d->m_begin, &d->m_end);
+}
 
-    LLVMValueRef hq = aj_kb_for_begin(kb, aj_kb_i32(kb, 0), group, aj_kb_i32(kb, 1), "hq");
-    LLVMValueRef h = aj_kb_add(kb, aj_kb_mul(kb, hkv, group), hq);
-    set_head(&f, h);
-    LLVMValueRef q_base = row0_base(&f, AJ_PSRC_q, h, f.q_start);
-    LLVMValueRef do_base = row0_base(&f, AJ_PSRC_do, h, f.q_start);
+/* The step of row block m0 (class cls_m, walk position pos), Q and dO in
+ * q_cur, do_cur: S^T, dP^T, then P^T, dS^T, then dV, dK (and dQ). */
+static void dkdv_step(dkdv_cta *d, const aj_score_walk *walk, LLVMValueRef pos, LLVMValueRef h,
+                      LLVMValueRef m0, LLVMValueRef cls_m, smem_tile q_cur, smem_tile do_cur,
+                      LLVMValueRef dq_row0)
+{
+    walk_cta *w = &d->w;
+    fbwd *f = &w->f;
+    aj_kb *kb = f->kb;
+    const fbwd_plan *p = &f->p;
+    smem_tile kt = w->own[0], vt = w->own[1];
+    step_begin(f, cls_m);
+    load_stats(f, h, m0, p->bm, d->stats);
+    aj_kb_barrier(kb);   /* K, V, Q, dO and the stats are in */
+
+    /* S^T = K Q^T, dP^T = V dO^T: A = K (keys x d), B[d][query] = Q(query, d) */
+    acc_zero(f, &w->s);
+    acc_zero(f, &w->dp);
+    operand ka = {kt, 0, aj_kb_i32(kb, 0)}, qb = {q_cur, 0, aj_kb_i32(kb, 0)};
+    operand va = {vt, 0, aj_kb_i32(kb, 0)}, dob = {do_cur, 0, aj_kb_i32(kb, 0)};
+    warp_mma(f, &w->s, p->d, &ka, &qb);
+    warp_mma(f, &w->dp, p->dv, &va, &dob);
+    p_ds_pass pass = {f, &w->s, &w->dp, 1, m0, w->x0, d->stats, &d->ptt, d->dst};
+    aj_score_by_tile_class(kb, step_class(f, walk, cls_m, pos), tile_inside(f, m0, w->x0),
+                           emit_p_ds_tiles, &pass);
+    aj_kb_barrier(kb);   /* P^T and dS^T are complete */
+
+    /* dV += P^T dO, dK += dS^T Q: B[query][d] = tile(query, d), k-major */
+    operand pa = {d->ptt, 0, aj_kb_i32(kb, 0)}, dsa = {d->dst, 0, aj_kb_i32(kb, 0)};
+    operand dob_k = {do_cur, 1, aj_kb_i32(kb, 0)}, qb_k = {q_cur, 1, aj_kb_i32(kb, 0)};
+    warp_mma(f, &d->dv, p->bm, &pa, &dob_k);
+    warp_mma(f, &d->dk, p->bm, &dsa, &qb_k);
+    if (!p->deterministic)
+        accumulate_dq(f, &d->dq, m0, dq_row0, d->dst, kt);
+    aj_kb_barrier(kb);   /* this step's readers are done before the next copies */
+    step_end(f, cls_m);
+}
+
+/* The query heads of the KV head's group, and per head the row blocks of
+ * the range, or the block mask's list of the key block (score.h), Q and
+ * dO streamed through the pipe. */
+static void dkdv_mainloop(dkdv_cta *d)
+{
+    walk_cta *w = &d->w;
+    fbwd *f = &w->f;
+    aj_kb *kb = f->kb;
+    const fbwd_plan *p = &f->p;
+    LLVMValueRef hq = aj_kb_for_begin(kb, aj_kb_i32(kb, 0), w->group, aj_kb_i32(kb, 1), "hq");
+    LLVMValueRef h = aj_kb_add(kb, aj_kb_mul(kb, w->head, w->group), hq);
+    set_head(f, h);
+    LLVMValueRef q_base = row0_base(f, AJ_PSRC_q, h, f->q_start);
+    LLVMValueRef do_base = row0_base(f, AJ_PSRC_do, h, f->q_start);
     LLVMValueRef dq_row0 = NULL;
     if (!p->deterministic)
         dq_row0 = aj_kb_add(kb, aj_param(kb, AJ_PID(ws_dq_offset)),
-                            aj_kb_mul(kb, ws_row0(&f, h), aj_kb_i64(kb, p->d)));
-    /* the row blocks of the range, or the block mask's list of the key
-     * block (score.h) */
+                            aj_kb_mul(kb, ws_row0(f, h), aj_kb_i64(kb, p->d)));
     aj_score_walk walk;
-    aj_score_walk_rows(&f.sc, &walk, n0, j_last, p->bm, m_begin, m_end, f.seq_q, f.seq_k);
-    tile_pipe pp = {.f = &f, .walk = &walk, .extent = p->bm, .seq = f.seq_q,
-                    .op = {{AJ_PSRC_q, q_base, p->d, qt}, {AJ_PSRC_do, do_base, p->dv, dot}}};
-    pipe_begin(&pp);
+    aj_score_walk_rows(&f->sc, &walk, w->x0, d->j_last, p->bm, d->m_begin, d->m_end, f->seq_q,
+                       f->seq_k);
+    fbwd_pipe fp = {.f = f, .extent = p->bm, .seq = f->seq_q,
+                    .op = {{AJ_PSRC_q, q_base, p->d, w->walked[0]},
+                           {AJ_PSRC_do, do_base, p->dv, w->walked[1]}}};
+    begin_pipe(&fp, &walk);
     LLVMValueRef pos = aj_kb_for_begin(kb, walk.begin, walk.end, aj_kb_i32(kb, 1), "walk");
-    {
-        LLVMValueRef cls_m;
-        LLVMValueRef m0 = aj_kb_mul(kb, pipe_step(&pp, pos, &cls_m), aj_kb_i32(kb, p->bm));
-        smem_tile q_cur = pp.cur[0], do_cur = pp.cur[1];
-        step_begin(&f, cls_m);
-        load_stats(&f, h, m0, p->bm, stats);
-        aj_kb_barrier(kb);   /* K, V, Q, dO and the stats are in */
-
-        /* S^T = K Q^T, dP^T = V dO^T: A = K (keys x d), B[d][query] = Q(query, d) */
-        acc_zero(&f, &s);
-        acc_zero(&f, &dp);
-        operand ka = {kt, 0, aj_kb_i32(kb, 0)}, qb = {q_cur, 0, aj_kb_i32(kb, 0)};
-        operand va = {vt, 0, aj_kb_i32(kb, 0)}, dob = {do_cur, 0, aj_kb_i32(kb, 0)};
-        warp_mma(&f, &s, p->d, &ka, &qb);
-        warp_mma(&f, &dp, p->dv, &va, &dob);
-        p_ds_pass pass = {&f, &s, &dp, 1, m0, n0, stats, &ptt, dst};
-        aj_score_by_tile_class(kb, step_class(&f, &walk, cls_m, pos), tile_inside(&f, m0, n0),
-                               emit_p_ds_tiles, &pass);
-        aj_kb_barrier(kb);   /* P^T and dS^T are complete */
-
-        /* dV += P^T dO, dK += dS^T Q: B[query][d] = tile(query, d), k-major */
-        operand pa = {ptt, 0, aj_kb_i32(kb, 0)}, dsa = {dst, 0, aj_kb_i32(kb, 0)};
-        operand dob_k = {do_cur, 1, aj_kb_i32(kb, 0)}, qb_k = {q_cur, 1, aj_kb_i32(kb, 0)};
-        warp_mma(&f, &dv, p->bm, &pa, &dob_k);
-        warp_mma(&f, &dk, p->bm, &dsa, &qb_k);
-        if (!p->deterministic)
-            accumulate_dq(&f, &dq, m0, dq_row0, dst, kt);
-        aj_kb_barrier(kb);   /* this step's readers are done before the next copies */
-        step_end(&f, cls_m);
-    }
+    LLVMValueRef cls_m;
+    LLVMValueRef m0 = aj_kb_mul(kb, aj_tile_pipe_step(&fp.pipe, pos, &cls_m), aj_kb_i32(kb, p->bm));
+    dkdv_step(d, &walk, pos, h, m0, cls_m, fp.cur[0], fp.cur[1], dq_row0);
     aj_kb_for_end(kb);
     aj_kb_for_end(kb);
-    aj_kb_cp_async_wait_all(kb);
+}
 
-    store_acc(&f, &dk, AJ_PSRC_dk, row0_base(&f, AJ_PSRC_dk, hkv, f.k_start), n0, f.seq_k,
-              aj_op_scale(op));
-    store_acc(&f, &dv, AJ_PSRC_dv, row0_base(&f, AJ_PSRC_dv, hkv, f.k_start), n0, f.seq_k, 1.0);
-    aj_kb_if_end(kb);
-    const aj_kernel_layout layout = {
-        .grid = {{AJ_EXTENT_SEQ_K, p->bn}, {AJ_EXTENT_HEADS_KV, 1}, {AJ_EXTENT_BATCH, 1}},
-        .schedule = {p->bm, p->bn, p->warps, p->stages},
-    };
-    aj_kb_finish(kb, &layout);
+/* dK (times the scale) and dV of the block's keys. */
+static void dkdv_epilogue(dkdv_cta *d)
+{
+    walk_cta *w = &d->w;
+    fbwd *f = &w->f;
+    aj_kb_cp_async_wait_all(f->kb);
+    store_acc(f, &d->dk, AJ_PSRC_dk, row0_base(f, AJ_PSRC_dk, w->head, f->k_start), w->x0,
+              f->seq_k, aj_op_scale(f->op));
+    store_acc(f, &d->dv, AJ_PSRC_dv, row0_base(f, AJ_PSRC_dv, w->head, f->k_start), w->x0,
+              f->seq_k, 1.0);
+    aj_kb_if_end(f->kb);
+    finish_walk_stage(w, 1);
+}
+
+static void build_dkdv(aj_kb *kb, const aj_op *op, const fbwd_plan *plan,
+                       const aj_score_prog *prog)
+{
+    dkdv_cta d;
+    dkdv_prologue(&d, kb, op, plan, prog);
+    dkdv_mainloop(&d);
+    dkdv_epilogue(&d);
 }
 
 /* ---------------------------------------------------------------- dq */
 
+/* The deterministic dQ CTA: beside Q, dO (own) and the key blocks' K, V
+ * (walked), its dS tile, the rows' stats and dQ; the rows' last row. */
+typedef struct dq_cta {
+    walk_cta w;
+    smem_tile dst;
+    int32_t stats;
+    warp_acc dq;
+    LLVMValueRef i_last;   /* i32 */
+} dq_cta;
+
+/* The rows' Q, dO and stats, the K/V slices of their KV head. */
+static void dq_prologue(dq_cta *d, aj_kb *kb, const aj_op *op, const fbwd_plan *plan,
+                        const aj_score_prog *prog, LLVMValueRef *k_base, LLVMValueRef *v_base)
+{
+    walk_cta *w = &d->w;
+    fbwd *f = &w->f;
+    begin_walk_stage(w, kb, op, plan, prog, "dq", 0);
+    const fbwd_plan *p = &f->p;
+    LLVMBuilderRef b = kb->b;
+    d->dst = reserve_tile(f, p->bm, p->bn, 1);
+    d->stats = aj_kb_smem_reserve(kb, 8 * p->bm);
+    acc_init(f, &d->dq, p->bm, p->d, "dq");
+    open_block(w, 0);
+    LLVMValueRef m0 = w->x0, h = w->head;
+    set_head(f, h);
+    LLVMValueRef hkv = LLVMBuildSDiv(b, h, w->group, "hkv");
+    *k_base = row0_base(f, AJ_PSRC_k, hkv, f->k_start);
+    *v_base = row0_base(f, AJ_PSRC_v, hkv, f->k_start);
+    load_tile(f, AJ_PSRC_q, row0_base(f, AJ_PSRC_q, h, f->q_start), m0, f->seq_q, p->bm, p->d,
+              w->own[0]);
+    load_tile(f, AJ_PSRC_do, row0_base(f, AJ_PSRC_do, h, f->q_start), m0, f->seq_q, p->bm, p->dv,
+              w->own[1]);
+    aj_kb_cp_async_commit(kb);
+    load_stats(f, h, m0, p->bm, d->stats);
+    LLVMValueRef rows_here =
+        aj_kb_smin(kb, aj_kb_i32(kb, p->bm), LLVMBuildSub(b, f->seq_q, m0, ""));
+    d->i_last = aj_kb_add(kb, m0, LLVMBuildSub(b, rows_here, aj_kb_i32(kb, 1), ""));
+}
+
+/* The step of key block n0 (class cls_n, walk position pos), K and V in
+ * k_cur, v_cur: S, dP, then dS, then dQ += dS K. */
+static void dq_step(dq_cta *d, const aj_score_walk *walk, LLVMValueRef pos, LLVMValueRef n0,
+                    LLVMValueRef cls_n, smem_tile k_cur, smem_tile v_cur)
+{
+    walk_cta *w = &d->w;
+    fbwd *f = &w->f;
+    aj_kb *kb = f->kb;
+    const fbwd_plan *p = &f->p;
+    LLVMValueRef m0 = w->x0;
+    step_begin(f, cls_n);
+    aj_kb_barrier(kb);   /* Q, dO, stats (first step), K and V are in */
+
+    /* S = Q K^T, dP = dO V^T: B[d][key] = K(key, d) */
+    acc_zero(f, &w->s);
+    acc_zero(f, &w->dp);
+    operand qa = {w->own[0], 0, aj_kb_i32(kb, 0)}, kbo = {k_cur, 0, aj_kb_i32(kb, 0)};
+    operand doa = {w->own[1], 0, aj_kb_i32(kb, 0)}, vbo = {v_cur, 0, aj_kb_i32(kb, 0)};
+    warp_mma(f, &w->s, p->d, &qa, &kbo);
+    warp_mma(f, &w->dp, p->dv, &doa, &vbo);
+    p_ds_pass pass = {f, &w->s, &w->dp, 0, m0, n0, d->stats, NULL, d->dst};
+    aj_score_by_tile_class(kb, step_class(f, walk, cls_n, pos), tile_inside(f, m0, n0),
+                           emit_p_ds_tiles, &pass);
+    aj_kb_barrier(kb);   /* dS is complete */
+
+    /* dQ += dS K: B[key][d] = K(key, d), k-major */
+    operand dsa = {d->dst, 0, aj_kb_i32(kb, 0)}, kbk = {k_cur, 1, aj_kb_i32(kb, 0)};
+    warp_mma(f, &d->dq, p->bn, &dsa, &kbk);
+    aj_kb_barrier(kb);   /* this step's readers are done before the next copies */
+    step_end(f, cls_n);
+}
+
+/* The deterministic dQ stage: the rows' Q, dO and stats resident, the
+ * key blocks of the range (or the block mask's list of the row block,
+ * score.h) streamed through the pipe; dQ += dS K per block. */
 static void build_dq(aj_kb *kb, const aj_op *op, const fbwd_plan *plan,
                      const aj_score_prog *prog)
 {
-    aj_params_declare(kb, AJ_KSIG_FLASH_BWD, op, prog);
-    aj_kb_begin_stage(kb, "dq", plan->threads);
-    fbwd f;
-    setup(&f, kb, op, plan, prog);
-    const fbwd_plan *p = &f.p;
-    LLVMBuilderRef b = kb->b;
-    smem_tile qt = reserve_tile(&f, p->bm, p->d, 1), dot = reserve_tile(&f, p->bm, p->dv, 1);
-    smem_tile kt = reserve_tile(&f, p->bn, p->d, p->stages);
-    smem_tile vt = reserve_tile(&f, p->bn, p->dv, p->stages);
-    smem_tile dst = reserve_tile(&f, p->bm, p->bn, 1);
-    int32_t stats = aj_kb_smem_reserve(kb, 8 * p->bm);
-    zero_pads(&f, qt, p->bm, p->d);
-    zero_pads(&f, dot, p->bm, p->dv);
-    zero_pads(&f, kt, p->stages * p->bn, p->d);
-    zero_pads(&f, vt, p->stages * p->bn, p->dv);
-
-    warp_acc s, dp, dq;
-    acc_init(&f, &s, p->bm, p->bn, "s");
-    acc_init(&f, &dp, p->bm, p->bn, "dp");
-    acc_init(&f, &dq, p->bm, p->d, "dq");
-
-    LLVMValueRef m0 = aj_kb_mul(kb, aj_kb_block_id(kb, 0), aj_kb_i32(kb, p->bm));
-    LLVMValueRef h = aj_kb_block_id(kb, 1);
-    LLVMValueRef group = LLVMBuildSDiv(b, aj_param(kb, AJ_PID(heads_q)),
-                                       aj_param(kb, AJ_PID(heads_kv)), "group");
-    aj_kb_if_begin(kb, aj_kb_slt(kb, m0, f.seq_q));
-    set_head(&f, h);
-    LLVMValueRef hkv = LLVMBuildSDiv(b, h, group, "hkv");
-    LLVMValueRef k_base = row0_base(&f, AJ_PSRC_k, hkv, f.k_start);
-    LLVMValueRef v_base = row0_base(&f, AJ_PSRC_v, hkv, f.k_start);
-    load_tile(&f, AJ_PSRC_q, row0_base(&f, AJ_PSRC_q, h, f.q_start), m0, f.seq_q, p->bm, p->d, qt);
-    load_tile(&f, AJ_PSRC_do, row0_base(&f, AJ_PSRC_do, h, f.q_start), m0, f.seq_q, p->bm, p->dv,
-              dot);
-    aj_kb_cp_async_commit(kb);
-    load_stats(&f, h, m0, p->bm, stats);
-
-    LLVMValueRef rows_here = aj_kb_smin(kb, aj_kb_i32(kb, p->bm), LLVMBuildSub(b, f.seq_q, m0, ""));
-    LLVMValueRef i_last = aj_kb_add(kb, m0, LLVMBuildSub(b, rows_here, aj_kb_i32(kb, 1), ""));
+    dq_cta d;
+    walk_cta *w = &d.w;
+    fbwd *f = &w->f;
+    LLVMValueRef k_base, v_base;
+    dq_prologue(&d, kb, op, plan, prog, &k_base, &v_base);
+    const fbwd_plan *p = &f->p;
+    LLVMValueRef m0 = w->x0;
     LLVMValueRef n_begin, n_end, j_lo, j_hi;
-    aj_score_key_range(&f.sc, m0, i_last, f.seq_k, &j_lo, &j_hi);
-    block_range(&f, j_lo, j_hi, p->bn, &n_begin, &n_end);
-    /* the key blocks of the range, or the block mask's list of the row
-     * block (score.h) */
+    aj_score_key_range(&f->sc, m0, d.i_last, f->seq_k, &j_lo, &j_hi);
+    block_range(f, j_lo, j_hi, p->bn, &n_begin, &n_end);
     aj_score_walk walk;
-    aj_score_walk_keys(&f.sc, &walk, m0, i_last, p->bn, n_begin, n_end, f.seq_q, f.seq_k);
-    tile_pipe pp = {.f = &f, .walk = &walk, .extent = p->bn, .seq = f.seq_k,
-                    .op = {{AJ_PSRC_k, k_base, p->d, kt}, {AJ_PSRC_v, v_base, p->dv, vt}}};
-    pipe_begin(&pp);
+    aj_score_walk_keys(&f->sc, &walk, m0, d.i_last, p->bn, n_begin, n_end, f->seq_q, f->seq_k);
+    fbwd_pipe fp = {.f = f, .extent = p->bn, .seq = f->seq_k,
+                    .op = {{AJ_PSRC_k, k_base, p->d, w->walked[0]},
+                           {AJ_PSRC_v, v_base, p->dv, w->walked[1]}}};
+    begin_pipe(&fp, &walk);
     LLVMValueRef pos = aj_kb_for_begin(kb, walk.begin, walk.end, aj_kb_i32(kb, 1), "walk");
-    {
-        LLVMValueRef cls_n;
-        LLVMValueRef n0 = aj_kb_mul(kb, pipe_step(&pp, pos, &cls_n), aj_kb_i32(kb, p->bn));
-        smem_tile k_cur = pp.cur[0], v_cur = pp.cur[1];
-        step_begin(&f, cls_n);
-        aj_kb_barrier(kb);   /* Q, dO, stats (first step), K and V are in */
-
-        /* S = Q K^T, dP = dO V^T: B[d][key] = K(key, d) */
-        acc_zero(&f, &s);
-        acc_zero(&f, &dp);
-        operand qa = {qt, 0, aj_kb_i32(kb, 0)}, kbo = {k_cur, 0, aj_kb_i32(kb, 0)};
-        operand doa = {dot, 0, aj_kb_i32(kb, 0)}, vbo = {v_cur, 0, aj_kb_i32(kb, 0)};
-        warp_mma(&f, &s, p->d, &qa, &kbo);
-        warp_mma(&f, &dp, p->dv, &doa, &vbo);
-        p_ds_pass pass = {&f, &s, &dp, 0, m0, n0, stats, NULL, dst};
-        aj_score_by_tile_class(kb, step_class(&f, &walk, cls_n, pos), tile_inside(&f, m0, n0),
-                               emit_p_ds_tiles, &pass);
-        aj_kb_barrier(kb);   /* dS is complete */
-
-        /* dQ += dS K: B[key][d] = K(key, d), k-major */
-        operand dsa = {dst, 0, aj_kb_i32(kb, 0)}, kbk = {k_cur, 1, aj_kb_i32(kb, 0)};
-        warp_mma(&f, &dq, p->bn, &dsa, &kbk);
-        aj_kb_barrier(kb);   /* this step's readers are done before the next copies */
-        step_end(&f, cls_n);
-    }
+    LLVMValueRef cls_n;
+    LLVMValueRef n0 = aj_kb_mul(kb, aj_tile_pipe_step(&fp.pipe, pos, &cls_n), aj_kb_i32(kb, p->bn));
+    dq_step(&d, &walk, pos, n0, cls_n, fp.cur[0], fp.cur[1]);
     aj_kb_for_end(kb);
     aj_kb_cp_async_wait_all(kb);
-    store_acc(&f, &dq, AJ_PSRC_dq, row0_base(&f, AJ_PSRC_dq, h, f.q_start), m0, f.seq_q,
+    store_acc(f, &d.dq, AJ_PSRC_dq, row0_base(f, AJ_PSRC_dq, w->head, f->q_start), m0, f->seq_q,
               aj_op_scale(op));
     aj_kb_if_end(kb);
-    const aj_kernel_layout layout = {
-        .grid = {{AJ_EXTENT_SEQ_Q, p->bm}, {AJ_EXTENT_HEADS_Q, 1}, {AJ_EXTENT_BATCH, 1}},
-        .schedule = {p->bm, p->bn, p->warps, p->stages},
-    };
-    aj_kb_finish(kb, &layout);
+    finish_walk_stage(w, 0);
 }
 
 /* ---------------------------------------------------------------- dq_convert */
@@ -1326,11 +1378,9 @@ static aj_status fbwd_build(aj_kb *kb, const aj_op *op, void *user)
 {
     (void)user;
     fbwd_plan plan;
-    aj_status st = plan_kernel(kb->ctx, op, kb->target, &plan);
-    if (st != AJ_OK)
-        return st;
     const aj_score_prog *prog;
-    st = aj_kctx_programs(kb, op, &prog);
+    aj_status st =
+        aj_kctx_plan_programs(kb, op, plan_kernel(kb->ctx, op, kb->target, &plan), &prog);
     if (st != AJ_OK)
         return st;
     build_delta(kb, op, &plan, prog);
@@ -1342,11 +1392,5 @@ static aj_status fbwd_build(aj_kb *kb, const aj_op *op, void *user)
     return kb->st;
 }
 
-const aj_template aj_template_flash_bwd = {
-    .name = "flash_bwd",
-    .kind = AJ_KIND_BACKWARD,
-    .variant = AJ_VARIANT_FLASH,
-    .check = fbwd_check,
-    .build = fbwd_build,
-    .stage_sigs = {AJ_KSIG_FLASH_BWD, AJ_KSIG_FLASH_BWD, AJ_KSIG_FLASH_BWD},
-};
+AJ_TEMPLATE(aj_template_flash_bwd, "flash_bwd", AJ_KIND_BACKWARD, AJ_VARIANT_FLASH, fbwd_check,
+            fbwd_build, .stage_sigs = {AJ_KSIG_FLASH_BWD, AJ_KSIG_FLASH_BWD, AJ_KSIG_FLASH_BWD});

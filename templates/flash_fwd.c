@@ -224,11 +224,8 @@ static aj_status ffwd_check(aj_ctx *ctx, const aj_op *op, aj_target target)
                        "dtype = f32: flash forward runs on f16 / bf16 tensor cores; use "
                        "`attention forward efficient` for f32");
     aj_status st = aj_attn_check_dims(ctx, op, "flash forward");
-    if (st != AJ_OK)
-        return st;
     ffwd_plan plan;
-    st = plan_kernel(ctx, op, target, &plan);
-    return st != AJ_OK ? st : aj_score_prog_check(ctx, op);
+    return st != AJ_OK ? st : aj_kctx_check_planned(ctx, op, plan_kernel(ctx, op, target, &plan));
 }
 
 /* ---------------------------------------------------------------- build */
@@ -641,7 +638,8 @@ static void emit_softmax_pv(ffwd *e, LLVMValueRef n0, LLVMValueRef vbase)
  * L = log2(2^L_p + 2^L_new), weights 2^(L_p - L) and 2^(L_new - L); both
  * -inf gives O = 0 and L = -inf, and a side at -inf weighs exactly 0.  The
  * prior LSE comes from lane t = 0 of the quad by a quad sum, so that every
- * lane's read precedes lane 0's store.
+ * lane's read precedes lane 0's store; the weights are
+ * aj_attn_merge_weights'.
  */
 static void emit_merge_weights(ffwd *e, LLVMValueRef lse_prior, LLVMValueRef l2_new,
                                LLVMValueRef *w_prior, LLVMValueRef *w_new, LLVMValueRef *lse_out)
@@ -650,18 +648,7 @@ static void emit_merge_weights(ffwd *e, LLVMValueRef lse_prior, LLVMValueRef l2_
     LLVMBuilderRef b = e->b;
     LLVMValueRef t0 = LLVMBuildICmp(b, LLVMIntEQ, e->t, aj_kb_i32(kb, 0), "");
     lse_prior = aj_kb_group_sum(kb, LLVMBuildSelect(b, t0, lse_prior, aj_kb_f32(kb, 0), ""), 4);
-    LLVMValueRef l2_prior = LLVMBuildFMul(b, lse_prior, aj_kb_f32(kb, AJ_LOG2E), "");
-    LLVMValueRef ninf = aj_kb_f32(kb, -INFINITY);
-    LLVMValueRef mx = aj_kb_fmax(kb, l2_prior, l2_new);
-    LLVMValueRef none = LLVMBuildFCmp(b, LLVMRealOEQ, mx, ninf, "");
-    LLVMValueRef mx_use = LLVMBuildSelect(b, none, aj_kb_f32(kb, 0), mx, "");
-    LLVMValueRef sum = LLVMBuildFAdd(b, aj_kb_exp2(kb, LLVMBuildFSub(b, l2_prior, mx_use, "")),
-                                     aj_kb_exp2(kb, LLVMBuildFSub(b, l2_new, mx_use, "")), "");
-    LLVMValueRef l2 = LLVMBuildFAdd(b, mx_use, aj_kb_log2(kb, sum), "");
-    LLVMValueRef l2_use = LLVMBuildSelect(b, none, aj_kb_f32(kb, 0), l2, "");
-    *w_prior = aj_kb_exp2(kb, LLVMBuildFSub(b, l2_prior, l2_use, ""));
-    *w_new = aj_kb_exp2(kb, LLVMBuildFSub(b, l2_new, l2_use, ""));
-    *lse_out = LLVMBuildSelect(b, none, ninf, LLVMBuildFMul(b, l2, aj_kb_f32(kb, AJ_LN2), ""), "");
+    aj_attn_merge_weights(kb, lse_prior, l2_new, w_prior, w_new, lse_out);
 }
 
 /* O = acc / l (0 for rows that saw no key), LSE = (m + log2 l) ln 2, merged
@@ -857,15 +844,13 @@ static aj_status ffwd_build(aj_kb *kb, const aj_op *op, void *user)
     (void)user;
     ffwd e;
     memset(&e, 0, sizeof e);
-    aj_status st = plan_kernel(kb->ctx, op, kb->target, &e.p);
+    const aj_score_prog *prog;
+    aj_status st =
+        aj_kctx_plan_programs(kb, op, plan_kernel(kb->ctx, op, kb->target, &e.p), &prog);
     if (st != AJ_OK)
         return st;
     const ffwd_plan *p = &e.p;
     LLVMBuilderRef b = kb->b;
-    const aj_score_prog *prog;
-    st = aj_kctx_programs(kb, op, &prog);
-    if (st != AJ_OK)
-        return st;
     aj_kctx_init(&e.k, kb, op, prog);
 
     aj_params_declare(kb, AJ_KSIG_FLASH_FWD, op, prog);
@@ -940,11 +925,5 @@ static aj_status ffwd_build(aj_kb *kb, const aj_op *op, void *user)
     return kb->st;
 }
 
-const aj_template aj_template_flash_fwd = {
-    .name = "flash_fwd",
-    .kind = AJ_KIND_FORWARD,
-    .variant = AJ_VARIANT_FLASH,
-    .check = ffwd_check,
-    .build = ffwd_build,
-    .stage_sigs = {AJ_KSIG_FLASH_FWD},
-};
+AJ_TEMPLATE(aj_template_flash_fwd, "flash_fwd", AJ_KIND_FORWARD, AJ_VARIANT_FLASH, ffwd_check,
+            ffwd_build, .stage_sigs = {AJ_KSIG_FLASH_FWD});

@@ -162,11 +162,5 @@ static aj_status merge_build(aj_kb *kb, const aj_op *op, void *user)
     return kb->st;
 }
 
-const aj_template aj_template_merge = {
-    .name = "merge",
-    .kind = AJ_KIND_MERGE,
-    .variant = AJ_VARIANT_NONE,
-    .check = merge_check,
-    .build = merge_build,
-    .stage_sigs = {AJ_KSIG_MERGE},
-};
+AJ_TEMPLATE(aj_template_merge, "merge", AJ_KIND_MERGE, AJ_VARIANT_NONE, merge_check, merge_build,
+            .stage_sigs = {AJ_KSIG_MERGE});

@@ -14,6 +14,13 @@
  *
  * so its code reads the context's fields as its own and passes &e->k to
  * the shared steps below.
+ *
+ * The cpu templates (cpu_fwd.c, cpu_bwd.c) use kb, b, op, prog and drop
+ * (aj_kctx_dropout) and leave sc, tid, seq_q, seq_k and bias_base unset:
+ * their scores, lengths and bias slice are their aj_cpu_attn's
+ * (cpu_attn.h, per (b, h) by aj_cpu_attn_init), and a work item is one
+ * host thread, with no thread index.  The fields stay in the one layout
+ * so that every template's state begins the same way.
  */
 #ifndef AJ_TEMPLATES_SKELETON_H
 #define AJ_TEMPLATES_SKELETON_H
@@ -26,9 +33,9 @@
     LLVMBuilderRef b;                                                                              \
     const aj_op *op;                                                                               \
     const aj_score_prog *prog;  /* the mask and score_mod (score.h) */                             \
-    aj_score sc;                /* ... at the current (b, h) (GPU targets, sim) */                 \
+    aj_score sc;                /* ... at the current (b, h) (GPU targets, sim; cpu: unset) */     \
     aj_attn_dropout drop;       /* the dropout stream of the current (b, h) */                     \
-    LLVMValueRef tid;           /* i32: the thread (GPU targets, sim) */                           \
+    LLVMValueRef tid;           /* i32: the thread (GPU targets, sim; cpu: unset) */               \
     LLVMValueRef seq_q, seq_k;  /* i32: the current sequence's lengths */                          \
     LLVMValueRef bias_base;     /* i64: element offset of the bias slice (b, h) (bias = add) */
 
@@ -49,6 +56,24 @@ typedef struct aj_kctx {
 /* The op's score programs, made in the builder's scratch (too large for a
  * stack) for the whole build; the status of aj_score_prog_init. */
 aj_status aj_kctx_programs(aj_kb *kb, const aj_op *op, const aj_score_prog **out);
+
+/* A check's last step, once the op's dims passed: the template's plan
+ * (`planned`, its status, returned when it failed), then the op's score
+ * programs (aj_score_prog_check). */
+static inline aj_status aj_kctx_check_planned(aj_ctx *ctx, const aj_op *op, aj_status planned)
+{
+    return planned != AJ_OK ? planned : aj_score_prog_check(ctx, op);
+}
+
+/* A build's first step: the template's plan (`planned`, its status,
+ * returned when it failed) and then the op's score programs into *out
+ * (aj_kctx_programs). */
+static inline aj_status aj_kctx_plan_programs(aj_kb *kb, const aj_op *op, aj_status planned,
+                                              const aj_score_prog **out)
+{
+    *out = NULL;
+    return planned != AJ_OK ? planned : aj_kctx_programs(kb, op, out);
+}
 
 /* The context's builder, op and programs (the rest stays as it is). */
 static inline void aj_kctx_init(aj_kctx *k, aj_kb *kb, const aj_op *op,

@@ -29,11 +29,22 @@ typedef struct aj_template {
     aj_kernel_sig stage_sigs[AJ_KB_MAX_STAGES];
 } aj_template;
 
+/* A template's registry row `ID`: what every row names (kernel name
+ * prefix, kind, variant, check, build), then, as designated initializers,
+ * what only some set (targets, paged, stage_sigs). */
+#define AJ_TEMPLATE(ID, NAME, KIND, VARIANT, CHECK, BUILD, ...)                                    \
+    const aj_template ID = {.name = NAME,                                                          \
+                            .kind = KIND,                                                          \
+                            .variant = VARIANT,                                                    \
+                            .check = CHECK,                                                        \
+                            .build = BUILD,                                                        \
+                            __VA_ARGS__}
+
 /* A template whose one kernel serves both variants: its two registry
  * rows, ID_flash and ID_efficient, the same but for the variant. */
-#define AJ_TEMPLATE_BOTH_VARIANTS(ID, ...)                                                         \
-    const aj_template ID##_flash = {.variant = AJ_VARIANT_FLASH, __VA_ARGS__};                     \
-    const aj_template ID##_efficient = {.variant = AJ_VARIANT_EFFICIENT, __VA_ARGS__}
+#define AJ_TEMPLATE_BOTH_VARIANTS(ID, NAME, KIND, CHECK, BUILD, ...)                               \
+    AJ_TEMPLATE(ID##_flash, NAME, KIND, AJ_VARIANT_FLASH, CHECK, BUILD, __VA_ARGS__);              \
+    AJ_TEMPLATE(ID##_efficient, NAME, KIND, AJ_VARIANT_EFFICIENT, CHECK, BUILD, __VA_ARGS__)
 
 /* The template for the op's kind and variant on `target`;
  * AJ_ERR_UNSUPPORTED naming them if none exists. */
