@@ -15,8 +15,6 @@
 #include <stdio.h>
 #include <string.h>
 
-#define AJ_COUNT_OF(a) (sizeof(a) / sizeof((a)[0]))
-
 /* ---------------------------------------------------------------- tables */
 
 #define AJ_EXPR_OP_ROW(e, spelling, form, prec, arity, rule) \

@@ -29,8 +29,6 @@
 #include "runtime/runtime.h"
 #include "runtime/tune.h"
 
-#define AJ_COUNT_OF(a) (sizeof(a) / sizeof((a)[0]))
-
 static const int32_t space_block_m[] = {16, 32, 64, 128};
 static const int32_t space_block_n[] = {16, 32, 64, 128};
 static const int32_t space_warps[] = {1, 2, 4, 8};
