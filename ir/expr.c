@@ -488,6 +488,8 @@ static int prec_of(const aj_expr *e, uint16_t id)
 }
 
 static void print_node(const printer *p, uint16_t id);
+static void print_args(const printer *p, const aj_expr_node *n, int arity, const char *open,
+                       const char *close);
 
 static void print_operand(const printer *p, uint16_t id, bool parens)
 {
@@ -534,13 +536,7 @@ static void print_node(const printer *p, uint16_t id)
             return;
         }
         p->emit(p->sink, p->tensors[n->u.tensor].name);
-        p->emit(p->sink, "[");
-        for (int i = 0; i < arity; i++) {
-            if (i)
-                p->emit(p->sink, ", ");
-            print_node(p, n->args[i]);
-        }
-        p->emit(p->sink, "]");
+        print_args(p, n, arity, "[", "]");
         return;
     case AJ_FORM_PREFIX:
         p->emit(p->sink, info->spelling);
@@ -562,17 +558,24 @@ static void print_node(const printer *p, uint16_t id)
         return;
     case AJ_FORM_CALL:
         p->emit(p->sink, info->spelling);
-        p->emit(p->sink, "(");
-        for (int i = 0; i < arity; i++) {
-            if (i)
-                p->emit(p->sink, ", ");
-            print_node(p, n->args[i]);
-        }
-        p->emit(p->sink, ")");
+        print_args(p, n, arity, "(", ")");
         return;
     case AJ_FORM_HIDDEN:
         break;
     }
+}
+
+/* The operands of n, between open and close, separated by commas. */
+static void print_args(const printer *p, const aj_expr_node *n, int arity, const char *open,
+                       const char *close)
+{
+    p->emit(p->sink, open);
+    for (int i = 0; i < arity; i++) {
+        if (i)
+            p->emit(p->sink, ", ");
+        print_node(p, n->args[i]);
+    }
+    p->emit(p->sink, close);
 }
 
 void aj_expr_print(const aj_expr *e, uint16_t root,
