@@ -499,10 +499,16 @@ static void count_block(ring_plan *p, aj_ring_block kind)
 
 /* The launch fields aj_fwd_args and aj_bwd_args share, for pair x of the
  * ring call p with arguments a (aj_ring_fwd_args or aj_ring_bwd_args):
- * the pair's global positions and its sequence's totals, side inputs,
- * dropout stream and stream. */
-#define SET_PAIR_LAUNCH(l, p, a, x)           \
+ * the pair's pieces of q, o and lse and of the visiting block's kt and vt,
+ * its global positions and its sequence's totals, side inputs, dropout
+ * stream and stream. */
+#define SET_PAIR_LAUNCH(l, p, a, x, kt, vt)   \
     do {                                      \
+        (l).q = seq_view(&(a)->q, &(x)->q);   \
+        (l).k = seq_view((kt), &(x)->k);      \
+        (l).v = seq_view((vt), &(x)->k);      \
+        (l).o = seq_view(&(a)->o, &(x)->q);   \
+        (l).lse = seq_view(&(a)->lse, &(x)->q); \
         (l).alibi_slopes = (a)->alibi_slopes; \
         (l).side = (a)->side;                 \
         (l).num_side = (a)->num_side;         \
@@ -619,13 +625,8 @@ static aj_status fwd_block(ring_plan *p, const ring_kernels *kern, const aj_ring
         if (x->block == AJ_RING_BLOCK_SKIP)
             continue;
         aj_fwd_args f = AJ_FWD_ARGS_INIT;
-        f.q = seq_view(&a->q, &x->q);
-        f.k = seq_view(&k, &x->k);
-        f.v = seq_view(&v, &x->k);
-        f.o = seq_view(&a->o, &x->q);
-        f.lse = seq_view(&a->lse, &x->q);
+        SET_PAIR_LAUNCH(f, p, a, x, &k, &v);
         f.o_acc = seq_view(o_acc, &x->q);
-        SET_PAIR_LAUNCH(f, p, a, x);
         if (p->doc_kernels) {
             SET_DOC_LAUNCH(f, p, i, x);
             f.o_acc = as_packed(&f.o_acc);
@@ -1076,16 +1077,11 @@ static aj_status bwd_block(ring_plan *p, const ring_kernels *kern, const aj_ring
             continue;
         const int64_t cq = x->q.len, ck = x->k.len;
         aj_bwd_args b = AJ_BWD_ARGS_INIT;
-        b.q = seq_view(&a->q, &x->q);
-        b.k = seq_view(&k, &x->k);
-        b.v = seq_view(&v, &x->k);
-        b.o = seq_view(&a->o, &x->q);
-        b.lse = seq_view(&a->lse, &x->q);
+        SET_PAIR_LAUNCH(b, p, a, x, &k, &v);
         b.do_ = seq_view(&a->do_, &x->q);
         b.dq = part_view(p, parts->dq, p->Hq, cq, p->D);
         b.dk = part_view(p, parts->dk, p->Hkv, ck, p->D);
         b.dv = part_view(p, parts->dv, p->Hkv, ck, p->Dv);
-        SET_PAIR_LAUNCH(b, p, a, x);
         if (p->doc_kernels) {
             SET_DOC_LAUNCH(b, p, i, x);
             b.do_ = as_packed(&b.do_);
