@@ -157,6 +157,13 @@ static aj_status emit_object(aj_ctx *ctx, LLVMModuleRef mod, LLVMTargetMachineRe
     return take_buffer(ctx, buf, code, size);
 }
 
+static aj_status prepare_target(aj_ctx *ctx, const aj_compile_options *options, aj_kb *kb,
+                                LLVMTargetMachineRef *tm, LLVMTargetDataRef *layout);
+static aj_status build_stages(aj_ctx *ctx, aj_kb *kb, const aj_op *op, aj_build_fn build,
+                              void *user);
+static aj_status emit_kernel(aj_ctx *ctx, const aj_compile_options *options, aj_kb *kb,
+                             LLVMTargetMachineRef tm, aj_kernel **out);
+
 aj_status aj_codegen_run(aj_ctx *ctx, const aj_op *op,
                          const aj_compile_options *options,
                          const char *entry_name, aj_build_fn build,
@@ -164,55 +171,20 @@ aj_status aj_codegen_run(aj_ctx *ctx, const aj_op *op,
 {
     aj_status st = AJ_OK;
     const aj_target_desc *desc = aj_target_desc_of(options->target);
-    int host = desc->family == AJ_FAMILY_HOST;   /* JIT-loaded on this machine */
     LLVMContextRef llctx = LLVMContextCreate();
     LLVMTargetMachineRef tm = NULL;
     LLVMTargetDataRef layout_data = NULL;
     aj_kb kb;
     aj_kernel *kernel = NULL;
-    char *code = NULL, *object = NULL;
-    size_t code_size = 0, object_size = 0;
     aj_compile_stats stats;
     double t0 = now_ms(), t1;
     memset(&stats, 0, sizeof stats);
     aj_kb_init(&kb, ctx, llctx, options->target, entry_name);
     kb.entry_name = entry_name;
-
-    AJ_TRY(aj_codegen_target_supported(ctx, options->target));
-    if (host && options->emit == AJ_EMIT_PTX) {
-        st = aj_fail(ctx, AJ_ERR_UNSUPPORTED,
-                     "emit ptx needs a GPU target; %s kernels emit LLVM IR or bitcode",
-                     aj_target_name(options->target));
-        goto done;
-    }
-    AJ_TRY(aj_intrinsics_check(ctx));
-    AJ_TRY(desc->machine(ctx, options->target,
-                         desc->machine_opt_follows_op ? options->opt_level : 0, &tm));
-    char *triple = LLVMGetTargetMachineTriple(tm);
-    LLVMSetTarget(kb.mod, triple);
-    LLVMDisposeMessage(triple);
-    layout_data = LLVMCreateTargetDataLayout(tm);
-    LLVMSetModuleDataLayout(kb.mod, layout_data);
+    AJ_TRY(prepare_target(ctx, options, &kb, &tm, &layout_data));
 
     /* stage: build */
-    st = build(&kb, op, user);
-    if (st == AJ_OK && kb.st != AJ_OK)
-        st = kb.st;
-    if (st == AJ_OK && (kb.num_stages == 0 || kb.fn))
-        st = aj_kb_fail(&kb, AJ_ERR_INTERNAL, "the template left a kernel unfinished");
-    if (st != AJ_OK) {
-        if (kb.st != AJ_OK)
-            aj_fail(ctx, kb.st, "%s", kb.msg);
-        goto done;
-    }
-    for (int i = 0; i < kb.num_stages; i++) {
-        const aj_kb_stage *stage = &kb.stages[i];
-        if (host)
-            aj_host_add_entry(&kb, stage);
-        else
-            aj_nvptx_annotate_kernel(kb.mod, stage->fn, stage->block_threads,
-                                     stage->min_ctas_per_sm);
-    }
+    AJ_TRY(build_stages(ctx, &kb, op, build, user));
     t1 = now_ms();
     stats.build_ms = t1 - t0;
     dump_stage(ctx, options, "build", kb.mod);
@@ -234,13 +206,87 @@ aj_status aj_codegen_run(aj_ctx *ctx, const aj_op *op,
     stats.ir_instructions = count_instructions(kb.mod);
     dump_stage(ctx, options, "optimize", kb.mod);
 
-    /* stage: emit (sim, cpu: the IR first, then host object code, which
-     * the JIT loads and the disk cache keeps) */
+    /* stage: emit */
     t0 = now_ms();
-    AJ_TRY(emit(ctx, kb.mod, tm, options->emit, &code, &code_size));
+    AJ_TRY(emit_kernel(ctx, options, &kb, tm, &kernel));
+    stats.emit_ms = now_ms() - t0;
+    kernel->stats = stats;
+    *out = kernel;
+done:
+    aj_kb_dispose(&kb);
+    if (layout_data)
+        LLVMDisposeTargetData(layout_data);
+    if (tm)
+        LLVMDisposeTargetMachine(tm);
+    LLVMContextDispose(llctx);
+    return st;
+}
+
+/* Checks that the target can take the options, then makes its target
+ * machine and gives the module its triple and data layout. */
+static aj_status prepare_target(aj_ctx *ctx, const aj_compile_options *options, aj_kb *kb,
+                                LLVMTargetMachineRef *tm, LLVMTargetDataRef *layout)
+{
+    const aj_target_desc *desc = aj_target_desc_of(options->target);
+    aj_status st = aj_codegen_target_supported(ctx, options->target);
+    if (st != AJ_OK)
+        return st;
+    if (desc->family == AJ_FAMILY_HOST && options->emit == AJ_EMIT_PTX)
+        return aj_fail(ctx, AJ_ERR_UNSUPPORTED,
+                       "emit ptx needs a GPU target; %s kernels emit LLVM IR or bitcode",
+                       aj_target_name(options->target));
+    if ((st = aj_intrinsics_check(ctx)) != AJ_OK ||
+        (st = desc->machine(ctx, options->target,
+                            desc->machine_opt_follows_op ? options->opt_level : 0, tm)) != AJ_OK)
+        return st;
+    char *triple = LLVMGetTargetMachineTriple(*tm);
+    LLVMSetTarget(kb->mod, triple);
+    LLVMDisposeMessage(triple);
+    *layout = LLVMCreateTargetDataLayout(*tm);
+    LLVMSetModuleDataLayout(kb->mod, *layout);
+    return AJ_OK;
+}
+
+/* The template writes its stages; each then gets what its target's
+ * kernels carry (host: an entry wrapper; GPU: the kernel annotations). */
+static aj_status build_stages(aj_ctx *ctx, aj_kb *kb, const aj_op *op, aj_build_fn build,
+                              void *user)
+{
+    aj_status st = build(kb, op, user);
+    if (st == AJ_OK && kb->st != AJ_OK)
+        st = kb->st;
+    if (st == AJ_OK && (kb->num_stages == 0 || kb->fn))
+        st = aj_kb_fail(kb, AJ_ERR_INTERNAL, "the template left a kernel unfinished");
+    if (st != AJ_OK) {
+        if (kb->st != AJ_OK)
+            aj_fail(ctx, kb->st, "%s", kb->msg);
+        return st;
+    }
+    for (int i = 0; i < kb->num_stages; i++) {
+        const aj_kb_stage *stage = &kb->stages[i];
+        if (kb->desc->family == AJ_FAMILY_HOST)
+            aj_host_add_entry(kb, stage);
+        else
+            aj_nvptx_annotate_kernel(kb->mod, stage->fn, stage->block_threads,
+                                     stage->min_ctas_per_sm);
+    }
+    return AJ_OK;
+}
+
+/* The kernel from the module (sim, cpu: the IR first, then host object
+ * code, which the JIT loads and the disk cache keeps). */
+static aj_status emit_kernel(aj_ctx *ctx, const aj_compile_options *options, aj_kb *kb,
+                             LLVMTargetMachineRef tm, aj_kernel **out)
+{
+    const int host = kb->desc->family == AJ_FAMILY_HOST;   /* JIT-loaded on this machine */
+    aj_status st = AJ_OK;
+    aj_kernel *kernel = NULL;
+    char *code = NULL, *object = NULL;
+    size_t code_size = 0, object_size = 0;
+    AJ_TRY(emit(ctx, kb->mod, tm, options->emit, &code, &code_size));
     if (host)
-        AJ_TRY(emit_object(ctx, kb.mod, tm, &object, &object_size));
-    AJ_TRY(aj_kernel_new(ctx, kb.stages, kb.num_stages, options->target, options->emit,
+        AJ_TRY(emit_object(ctx, kb->mod, tm, &object, &object_size));
+    AJ_TRY(aj_kernel_new(ctx, kb->stages, kb->num_stages, options->target, options->emit,
                          code, code_size, &kernel));
     if (host) {
         kernel->object = object;
@@ -248,19 +294,11 @@ aj_status aj_codegen_run(aj_ctx *ctx, const aj_op *op,
         object = NULL;
         AJ_TRY(aj_host_jit(ctx, kernel));
     }
-    stats.emit_ms = now_ms() - t0;
-    kernel->stats = stats;
     *out = kernel;
     kernel = NULL;
 done:
     aj_kernel_destroy(kernel);
     free(code);
     free(object);
-    aj_kb_dispose(&kb);
-    if (layout_data)
-        LLVMDisposeTargetData(layout_data);
-    if (tm)
-        LLVMDisposeTargetMachine(tm);
-    LLVMContextDispose(llctx);
     return st;
 }

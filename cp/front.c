@@ -51,26 +51,21 @@ static aj_status method_row(aj_ctx *ctx, const char *fn, aj_cp_method method,
     return AJ_OK;
 }
 
-aj_status aj_ring_forward(aj_ctx *ctx, aj_device *dev, aj_comm *comm, const aj_op *op,
-                          const aj_ring_fwd_args *given, aj_ring_stats *stats)
-{
-    if (!ctx)
-        return AJ_ERR_INVALID_ARG;
-    AJ_READ_STRUCT_OR_RETURN(ctx, "aj_ring_forward: args", given, aj_ring_fwd_args, lse,
-                             AJ_RING_FWD_ARGS_INIT, args);
-    const struct cp_method *m = NULL;
-    aj_status st = method_row(ctx, "aj_ring_forward", args->method, args->ulysses_size, &m);
-    return st != AJ_OK ? st : m->forward(ctx, dev, comm, op, args, stats);
-}
+/* The two entry points, alike but for their args struct (read as
+ * AJ_<NAME>_INIT describes, pasted so that errors name the macro) and the
+ * method's entry they call. */
+#define FRONT_DOOR(name, type, last_required, NAME, entry)                                    \
+    aj_status name(aj_ctx *ctx, aj_device *dev, aj_comm *comm, const aj_op *op,               \
+                   const type *given, aj_ring_stats *stats)                                  \
+    {                                                                                        \
+        if (!ctx)                                                                            \
+            return AJ_ERR_INVALID_ARG;                                                       \
+        AJ_READ_STRUCT_OR_RETURN(ctx, #name ": args", given, type, last_required,            \
+                                 AJ_##NAME##_INIT, args);                                    \
+        const struct cp_method *m = NULL;                                                    \
+        aj_status st = method_row(ctx, #name, args->method, args->ulysses_size, &m);         \
+        return st != AJ_OK ? st : m->entry(ctx, dev, comm, op, args, stats);                 \
+    }
 
-aj_status aj_ring_backward(aj_ctx *ctx, aj_device *dev, aj_comm *comm, const aj_op *op,
-                           const aj_ring_bwd_args *given, aj_ring_stats *stats)
-{
-    if (!ctx)
-        return AJ_ERR_INVALID_ARG;
-    AJ_READ_STRUCT_OR_RETURN(ctx, "aj_ring_backward: args", given, aj_ring_bwd_args, dv,
-                             AJ_RING_BWD_ARGS_INIT, args);
-    const struct cp_method *m = NULL;
-    aj_status st = method_row(ctx, "aj_ring_backward", args->method, args->ulysses_size, &m);
-    return st != AJ_OK ? st : m->backward(ctx, dev, comm, op, args, stats);
-}
+FRONT_DOOR(aj_ring_forward, aj_ring_fwd_args, lse, RING_FWD_ARGS, forward)
+FRONT_DOOR(aj_ring_backward, aj_ring_bwd_args, dv, RING_BWD_ARGS, backward)

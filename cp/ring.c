@@ -499,10 +499,16 @@ static void count_block(ring_plan *p, aj_ring_block kind)
 
 /* The launch fields aj_fwd_args and aj_bwd_args share, for pair x of the
  * ring call p with arguments a (aj_ring_fwd_args or aj_ring_bwd_args):
- * the pair's global positions and its sequence's totals, side inputs,
- * dropout stream and stream. */
-#define SET_PAIR_LAUNCH(l, p, a, x)           \
+ * the pair's pieces of q, o and lse and of the visiting block's kt and vt,
+ * its global positions and its sequence's totals, side inputs, dropout
+ * stream and stream. */
+#define SET_PAIR_LAUNCH(l, p, a, x, kt, vt)   \
     do {                                      \
+        (l).q = seq_view(&(a)->q, &(x)->q);   \
+        (l).k = seq_view((kt), &(x)->k);      \
+        (l).v = seq_view((vt), &(x)->k);      \
+        (l).o = seq_view(&(a)->o, &(x)->q);   \
+        (l).lse = seq_view(&(a)->lse, &(x)->q); \
         (l).alibi_slopes = (a)->alibi_slopes; \
         (l).side = (a)->side;                 \
         (l).num_side = (a)->num_side;         \
@@ -619,13 +625,8 @@ static aj_status fwd_block(ring_plan *p, const ring_kernels *kern, const aj_ring
         if (x->block == AJ_RING_BLOCK_SKIP)
             continue;
         aj_fwd_args f = AJ_FWD_ARGS_INIT;
-        f.q = seq_view(&a->q, &x->q);
-        f.k = seq_view(&k, &x->k);
-        f.v = seq_view(&v, &x->k);
-        f.o = seq_view(&a->o, &x->q);
-        f.lse = seq_view(&a->lse, &x->q);
+        SET_PAIR_LAUNCH(f, p, a, x, &k, &v);
         f.o_acc = seq_view(o_acc, &x->q);
-        SET_PAIR_LAUNCH(f, p, a, x);
         if (p->doc_kernels) {
             SET_DOC_LAUNCH(f, p, i, x);
             f.o_acc = as_packed(&f.o_acc);
@@ -718,110 +719,217 @@ done:
     return st;
 }
 
+/* ---------------------------------------------------------------- a call */
+
+/* What a ring call holds besides its buffers, from start to end. */
+typedef struct ring_call {
+    ring_plan p;
+    ring_kernels kern;
+    aj_ring_stats stats;
+    void **seg;      /* the ranks' shared segments (shared_segments) */
+    double start;    /* aj_now() at the call */
+} ring_call;
+
+/* The kernels a planned ring call launches, and its stream. */
+static aj_status ring_open(ring_call *c, const aj_op *op)
+{
+    aj_status st = compile_kernels(&c->p, op, &c->kern);
+    return st == AJ_OK ? aj_device_stream_create(c->p.dev, &c->p.stream) : st;
+}
+
+/* Tensors *t[0 .. n-1] as padded ones, in place: a packed one's pieces
+ * launch so. */
+static void as_padded(const aj_cp_shapes *sh, aj_tensor *const *t, int n)
+{
+    for (int i = 0; i < n; i++)
+        *t[i] = aj_cp_as_padded(t[i], sh);
+}
+
+/* This rank's K/V block packed into host memory (*kv), unless the ranks
+ * share segments (its own segment holds it then); and where device memory
+ * is not host memory, the device buffer (*kv_dev) the kernels read each
+ * visiting block from -- elsewhere they read it where it arrived. */
+static aj_status own_kv(ring_plan *p, const aj_tensor *k, const aj_tensor *v, void **seg,
+                        size_t kv_bytes, void **kv, void **kv_dev)
+{
+    aj_status st = AJ_OK;
+    if (!seg) {
+        AJ_TRY(alloc_host(p, kv_bytes, 0, kv));
+        AJ_TRY(pack_kv(p, k, v, *kv));
+    }
+    if (!p->host_memory)
+        AJ_TRY(dev_alloc(p, kv_bytes, kv_dev));
+done:
+    return st;
+}
+
+/* Releases what the call holds, its exchanges still in flight cancelled. */
+static void ring_close(ring_call *c, aj_device *dev, aj_comm *comm, aj_comm_req *reqs,
+                       int nreqs)
+{
+    for (int i = 0; i < nreqs; i++)
+        if (reqs[i].active)
+            comm->engine->exchange_cancel(comm, &reqs[i]);
+    free(c->seg);
+    aj_device_stream_destroy(dev, c->p.stream);
+    free_kernels(&c->kern);
+    aj_ring_plan_free(&c->p);
+}
+
+/* Frees a call's host and device buffers; NULL ones are skipped. */
+static void free_buffers(aj_device *dev, void **host, size_t nhost, void **device,
+                         size_t ndevice)
+{
+    for (size_t i = 0; i < nhost; i++)
+        aj_device_host_free(dev, host[i]);
+    for (size_t i = 0; i < ndevice; i++)
+        if (device[i])
+            aj_device_free(dev, device[i]);
+}
+
+/* A call's status, after its statistics (its time added) go to *out, if
+ * asked for and the call succeeded. */
+static aj_status ring_stats_out(ring_call *c, aj_status st, aj_ring_stats *out)
+{
+    c->stats.total_s = aj_now() - c->start;
+    if (out && st == AJ_OK)
+        *out = c->stats;
+    return st;
+}
+
 /* ---------------------------------------------------------------- forward */
 
-
+static aj_status fwd_clear_acc(ring_plan *p, const aj_ring_fwd_args *a, void *o_acc_dev,
+                               size_t rows, void **host_o, void **typed_o);
+static aj_status fwd_p2p(ring_plan *p, const ring_kernels *kern, const aj_ring_fwd_args *a,
+                         void *kv[2], void *kv_dev, size_t kv_bytes, const aj_tensor *o_acc,
+                         aj_comm_req *req);
+static aj_status fwd_gathered(ring_plan *p, const ring_kernels *kern, const aj_ring_fwd_args *a,
+                              const void *own, void **gathered, void *kv_dev, size_t kv_bytes,
+                              const aj_tensor *o_acc, aj_comm_req *req);
+static aj_status fwd_store(ring_plan *p, const aj_ring_fwd_args *a, void *o_acc_dev,
+                           size_t rows, void *host_o, void *typed_o);
 
 aj_status aj_ring_forward_group(aj_ctx *ctx, aj_device *dev, aj_comm *comm, const aj_op *op,
                                 const aj_ring_fwd_args *args, const aj_ring_group *group,
                                 aj_ring_stats *stats)
 {
-    aj_ring_stats local_stats = {0};
-    ring_plan p = {.fn = "aj_ring_forward"};
-    ring_kernels kern = {0};
+    ring_call c = {.p = {.fn = "aj_ring_forward"}, .start = aj_now()};
+    ring_plan *p = &c.p;
     void *kv[2] = {NULL, NULL}, *gathered = NULL, *host_o = NULL, *typed_o = NULL;  /* host */
     void *kv_dev = NULL, *o_acc_dev = NULL;                                          /* device */
-    void **seg = NULL;          /* the ranks' shared segments (shared_segments) */
-    const void *block = NULL;   /* the visiting K/V block the kernels read */
     aj_comm_req req = {0};
     aj_status st = AJ_OK;
-    const double start = aj_now();
-    AJ_TRY(aj_ring_plan_forward(&p, ctx, dev, comm, op, args, group, &local_stats));
-    aj_ring_fwd_args shards = *args;   /* as padded tensors: packed ones' pieces launch so */
-    shards.q = aj_cp_as_padded(&args->q, &p.sh);
-    shards.o = aj_cp_as_padded(&args->o, &p.sh);
-    shards.lse = aj_cp_as_padded(&args->lse, &p.sh);
-    AJ_TRY(compile_kernels(&p, op, &kern));
-    AJ_TRY(aj_device_stream_create(dev, &p.stream));
+    AJ_TRY(aj_ring_plan_forward(p, ctx, dev, comm, op, args, group, &c.stats));
+    aj_ring_fwd_args shards = *args;
+    as_padded(&p->sh, (aj_tensor *[]){&shards.q, &shards.o, &shards.lse}, 3);
+    AJ_TRY(ring_open(&c, op));
 
-    const size_t kv_bytes = (p.k_elems + p.v_elems) * p.elem;
-    const size_t rows = (size_t)(p.B * p.Hq * p.lq), o_count = rows * (size_t)p.Dv;
-    /* the f32 accumulator starts empty: LSE = -inf on every row.  Its O is
-     * then never read; in host memory it is left as it is (rows no launch
-     * reaches are written as 0 at the end), on a GPU cleared. */
-    AJ_TRY(dev_alloc(&p, o_count * sizeof(float), &o_acc_dev));
-    if (p.host_memory) {
-        for (size_t i = 0; i < rows; i++)
-            ((float *)args->lse.data)[i] = -INFINITY;
-    } else {
-        AJ_TRY(alloc_host(&p, o_count * sizeof(float), 1, &host_o));
-        AJ_TRY(alloc_host(&p, o_count * p.elem, 0, &typed_o));
-        AJ_TRY(to_dev(&p, o_acc_dev, host_o, o_count * sizeof(float)));
-        AJ_TRY(ring_wait(&p, "clearing the accumulator"));   /* host_o is reused */
-        for (size_t i = 0; i < rows; i++)
-            ((float *)host_o)[i] = -INFINITY;
-        AJ_TRY(to_dev(&p, args->lse.data, host_o, rows * sizeof(float)));
-        AJ_TRY(ring_wait(&p, "clearing the accumulator"));
-    }
-    const aj_tensor o_acc_rows = aj_cp_rows(o_acc_dev, AJ_DTYPE_F32, &p.sh, p.Hq, p.lq, p.Dv);
-    const aj_tensor o_acc = aj_cp_as_padded(&o_acc_rows, &p.sh);
-    AJ_TRY(shared_segments(&p, kv_bytes, &seg));
-    if (!seg) {
-        AJ_TRY(alloc_host(&p, kv_bytes, 0, &kv[0]));
-        AJ_TRY(pack_kv(&p, &args->k, &args->v, kv[0]));
-    }
-    /* where device memory is host memory the kernels read each visiting
-     * block where it arrived; a GPU's kernels read a device copy of it */
-    if (!p.host_memory)
-        AJ_TRY(dev_alloc(&p, kv_bytes, &kv_dev));
-
-    if (seg) {
-        AJ_TRY(fwd_shared(&p, &kern, &shards, seg, &o_acc, &req));
-    } else if (args->rotate == AJ_ROTATE_P2P) {
-        AJ_TRY(alloc_host(&p, kv_bytes, 0, &kv[1]));
-        int cur = 0;
-        for (int s = 0; s < p.size; s++) {
-            if (s < p.size - 1)
-                AJ_TRY(kv_exchange(&p, &req, s, kv[cur], kv[cur ^ 1], kv_bytes));
-            AJ_TRY(visiting_block(&p, kv_dev, kv[cur], kv_bytes, &block));
-            AJ_TRY(fwd_block(&p, &kern, &shards, block, s, &o_acc, &req));
-            AJ_TRY(exchange_finish(&p, &req));
-            cur ^= 1;
-        }
-    } else {
-        AJ_TRY(alloc_host(&p, kv_bytes * (size_t)p.size, 0, &gathered));
-        AJ_TRY(gather_blocks(&p, kv[0], gathered, kv_bytes));
-        for (int s = 0; s < p.size; s++) {
-            const size_t at = (size_t)aj_ring_step_src(&p, s) * kv_bytes;
-            AJ_TRY(visiting_block(&p, kv_dev, (char *)gathered + at, kv_bytes, &block));
-            AJ_TRY(fwd_block(&p, &kern, &shards, block, s, &o_acc, &req));
-        }
-    }
-    if (p.host_memory) {
-        AJ_TRY(store_rows(&p, o_acc_dev, args->lse.data, rows, args->o.data));
-    } else {
-        AJ_TRY(from_dev(&p, host_o, o_acc_dev, o_count * sizeof(float)));
-        AJ_TRY(ring_wait(&p, "the last step's kernels"));
-        AJ_TRY(store_rounded(&p, host_o, o_count, args->o.data, typed_o));
-    }
-    AJ_TRY(exchange_finish(&p, &req));   /* fwd_shared's closing fence */
+    const size_t kv_bytes = (p->k_elems + p->v_elems) * p->elem;
+    const size_t rows = (size_t)(p->B * p->Hq * p->lq), o_count = rows * (size_t)p->Dv;
+    AJ_TRY(dev_alloc(p, o_count * sizeof(float), &o_acc_dev));
+    AJ_TRY(fwd_clear_acc(p, args, o_acc_dev, rows, &host_o, &typed_o));
+    const aj_tensor o_acc_rows = aj_cp_rows(o_acc_dev, AJ_DTYPE_F32, &p->sh, p->Hq, p->lq, p->Dv);
+    const aj_tensor o_acc = aj_cp_as_padded(&o_acc_rows, &p->sh);
+    AJ_TRY(shared_segments(p, kv_bytes, &c.seg));
+    AJ_TRY(own_kv(p, &args->k, &args->v, c.seg, kv_bytes, &kv[0], &kv_dev));
+    if (c.seg)
+        AJ_TRY(fwd_shared(p, &c.kern, &shards, c.seg, &o_acc, &req));
+    else if (args->rotate == AJ_ROTATE_P2P)
+        AJ_TRY(fwd_p2p(p, &c.kern, &shards, kv, kv_dev, kv_bytes, &o_acc, &req));
+    else
+        AJ_TRY(fwd_gathered(p, &c.kern, &shards, kv[0], &gathered, kv_dev, kv_bytes, &o_acc,
+                            &req));
+    AJ_TRY(fwd_store(p, args, o_acc_dev, rows, host_o, typed_o));
+    AJ_TRY(exchange_finish(p, &req));   /* fwd_shared's closing fence */
 done:
-    if (req.active)
-        comm->engine->exchange_cancel(comm, &req);
-    free(seg);
-    aj_device_stream_destroy(dev, p.stream);
-    free_kernels(&kern);
-    aj_ring_plan_free(&p);
-    void *host[] = {kv[0], kv[1], gathered, host_o, typed_o};
-    for (size_t i = 0; i < sizeof host / sizeof host[0]; i++)
-        aj_device_host_free(dev, host[i]);
-    if (kv_dev)
-        aj_device_free(dev, kv_dev);
-    if (o_acc_dev)
-        aj_device_free(dev, o_acc_dev);
-    local_stats.total_s = aj_now() - start;
-    if (stats && st == AJ_OK)
-        *stats = local_stats;
+    ring_close(&c, dev, comm, &req, 1);
+    void *host[] = {kv[0], kv[1], gathered, host_o, typed_o}, *device[] = {kv_dev, o_acc_dev};
+    free_buffers(dev, host, AJ_COUNT_OF(host), device, AJ_COUNT_OF(device));
+    return ring_stats_out(&c, st, stats);
+}
+
+/* The f32 accumulator starts empty: LSE = -inf on every row.  Its O is
+ * then never read; in host memory it is left as it is (rows no launch
+ * reaches are written as 0 at the end), on a GPU cleared, through the
+ * host buffers fwd_store later reads the result into. */
+static aj_status fwd_clear_acc(ring_plan *p, const aj_ring_fwd_args *a, void *o_acc_dev,
+                               size_t rows, void **host_o, void **typed_o)
+{
+    const size_t o_count = rows * (size_t)p->Dv;
+    aj_status st = AJ_OK;
+    if (p->host_memory) {
+        for (size_t i = 0; i < rows; i++)
+            ((float *)a->lse.data)[i] = -INFINITY;
+        return AJ_OK;
+    }
+    AJ_TRY(alloc_host(p, o_count * sizeof(float), 1, host_o));
+    AJ_TRY(alloc_host(p, o_count * p->elem, 0, typed_o));
+    AJ_TRY(to_dev(p, o_acc_dev, *host_o, o_count * sizeof(float)));
+    AJ_TRY(ring_wait(p, "clearing the accumulator"));   /* host_o is reused */
+    for (size_t i = 0; i < rows; i++)
+        ((float *)*host_o)[i] = -INFINITY;
+    AJ_TRY(to_dev(p, a->lse.data, *host_o, rows * sizeof(float)));
+    AJ_TRY(ring_wait(p, "clearing the accumulator"));
+done:
+    return st;
+}
+
+/* The forward's steps, rotating by point-to-point exchanges: the next
+ * block arrives in the other half of kv (kv[1], allocated here) while the
+ * kernels read this one. */
+static aj_status fwd_p2p(ring_plan *p, const ring_kernels *kern, const aj_ring_fwd_args *a,
+                         void *kv[2], void *kv_dev, size_t kv_bytes, const aj_tensor *o_acc,
+                         aj_comm_req *req)
+{
+    const void *block = NULL;   /* the visiting K/V block the kernels read */
+    aj_status st = AJ_OK;
+    AJ_TRY(alloc_host(p, kv_bytes, 0, &kv[1]));
+    int cur = 0;
+    for (int s = 0; s < p->size; s++) {
+        if (s < p->size - 1)
+            AJ_TRY(kv_exchange(p, req, s, kv[cur], kv[cur ^ 1], kv_bytes));
+        AJ_TRY(visiting_block(p, kv_dev, kv[cur], kv_bytes, &block));
+        AJ_TRY(fwd_block(p, kern, a, block, s, o_acc, req));
+        AJ_TRY(exchange_finish(p, req));
+        cur ^= 1;
+    }
+done:
+    return st;
+}
+
+/* The forward's steps over every rank's block, gathered at once into
+ * *gathered (allocated here) from each rank's `own`. */
+static aj_status fwd_gathered(ring_plan *p, const ring_kernels *kern, const aj_ring_fwd_args *a,
+                              const void *own, void **gathered, void *kv_dev, size_t kv_bytes,
+                              const aj_tensor *o_acc, aj_comm_req *req)
+{
+    const void *block = NULL;
+    aj_status st = AJ_OK;
+    AJ_TRY(alloc_host(p, kv_bytes * (size_t)p->size, 0, gathered));
+    AJ_TRY(gather_blocks(p, own, *gathered, kv_bytes));
+    for (int s = 0; s < p->size; s++) {
+        const size_t at = (size_t)aj_ring_step_src(p, s) * kv_bytes;
+        AJ_TRY(visiting_block(p, kv_dev, (char *)*gathered + at, kv_bytes, &block));
+        AJ_TRY(fwd_block(p, kern, a, block, s, o_acc, req));
+    }
+done:
+    return st;
+}
+
+/* The accumulator's rows into the caller's o, rounded to its dtype (a
+ * GPU's through host_o and typed_o), and their LSE into lse. */
+static aj_status fwd_store(ring_plan *p, const aj_ring_fwd_args *a, void *o_acc_dev,
+                           size_t rows, void *host_o, void *typed_o)
+{
+    const size_t o_count = rows * (size_t)p->Dv;
+    aj_status st = AJ_OK;
+    if (p->host_memory)
+        return store_rows(p, o_acc_dev, a->lse.data, rows, a->o.data);
+    AJ_TRY(from_dev(p, host_o, o_acc_dev, o_count * sizeof(float)));
+    AJ_TRY(ring_wait(p, "the last step's kernels"));
+    AJ_TRY(store_rounded(p, host_o, o_count, a->o.data, typed_o));
+done:
     return st;
 }
 
@@ -969,16 +1077,11 @@ static aj_status bwd_block(ring_plan *p, const ring_kernels *kern, const aj_ring
             continue;
         const int64_t cq = x->q.len, ck = x->k.len;
         aj_bwd_args b = AJ_BWD_ARGS_INIT;
-        b.q = seq_view(&a->q, &x->q);
-        b.k = seq_view(&k, &x->k);
-        b.v = seq_view(&v, &x->k);
-        b.o = seq_view(&a->o, &x->q);
-        b.lse = seq_view(&a->lse, &x->q);
+        SET_PAIR_LAUNCH(b, p, a, x, &k, &v);
         b.do_ = seq_view(&a->do_, &x->q);
         b.dq = part_view(p, parts->dq, p->Hq, cq, p->D);
         b.dk = part_view(p, parts->dk, p->Hkv, ck, p->D);
         b.dv = part_view(p, parts->dv, p->Hkv, ck, p->Dv);
-        SET_PAIR_LAUNCH(b, p, a, x);
         if (p->doc_kernels) {
             SET_DOC_LAUNCH(b, p, i, x);
             b.do_ = as_packed(&b.do_);
@@ -1170,141 +1273,165 @@ done:
     return st;
 }
 
+/* The backward's host buffers, freed together at the end. */
+typedef struct bwd_buffers {
+    void *kv[2];          /* this rank's K/V block; p2p: the arriving one */
+    void *acc[2], *step;  /* f32 dK/dV: accumulators, a step's part */
+    void *dq_acc;         /* f32 dQ */
+    void *gathered, *all_dkv, *typed;
+} bwd_buffers;
+
+static aj_status bwd_alloc_parts(ring_plan *p, bwd_parts *parts);
+static aj_status bwd_p2p(ring_plan *p, const ring_kernels *kern, const aj_ring_bwd_args *a,
+                         bwd_buffers *b, void *kv_dev, const bwd_parts *parts,
+                         aj_comm_req reqs[2], float **own);
+static aj_status bwd_gathered(ring_plan *p, const ring_kernels *kern, const aj_ring_bwd_args *a,
+                              bwd_buffers *b, void *kv_dev, const bwd_parts *parts,
+                              aj_comm_req reqs[2], float **own);
+
 aj_status aj_ring_backward_group(aj_ctx *ctx, aj_device *dev, aj_comm *comm, const aj_op *op,
                                  const aj_ring_bwd_args *args, const aj_ring_group *group,
                                  aj_ring_stats *stats)
 {
-    aj_ring_stats local_stats = {0};
-    ring_plan p = {.fn = "aj_ring_backward"};
-    ring_kernels kern = {0};
-    /* host */
-    void *kv[2] = {NULL, NULL}, *acc[2] = {NULL, NULL}, *step = NULL, *dq_acc = NULL;
-    void *gathered = NULL, *all_dkv = NULL, *typed = NULL;
+    ring_call c = {.p = {.fn = "aj_ring_backward"}, .start = aj_now()};
+    ring_plan *p = &c.p;
+    bwd_buffers b = {.typed = NULL};   /* host */
     bwd_parts parts = {0};
-    void *kv_dev = NULL;   /* device */
-    const void *block = NULL;   /* the visiting K/V block the kernels read */
-    void **seg = NULL;          /* the ranks' shared segments (shared_segments) */
+    void *kv_dev = NULL;        /* device */
     aj_comm_req reqs[2] = {{0}, {0}};   /* K/V, dK/dV */
     aj_status st = AJ_OK;
-    const double start = aj_now();
-    AJ_TRY(aj_ring_plan_backward(&p, ctx, dev, comm, op, args, group, &local_stats));
-    aj_ring_bwd_args shards = *args;   /* as padded tensors: packed ones' pieces launch so */
-    shards.q = aj_cp_as_padded(&args->q, &p.sh);
-    shards.o = aj_cp_as_padded(&args->o, &p.sh);
-    shards.lse = aj_cp_as_padded(&args->lse, &p.sh);
-    shards.do_ = aj_cp_as_padded(&args->do_, &p.sh);
-    AJ_TRY(compile_kernels(&p, op, &kern));
-    AJ_TRY(aj_device_stream_create(dev, &p.stream));
+    AJ_TRY(aj_ring_plan_backward(p, ctx, dev, comm, op, args, group, &c.stats));
+    aj_ring_bwd_args shards = *args;
+    as_padded(&p->sh, (aj_tensor *[]){&shards.q, &shards.o, &shards.lse, &shards.do_}, 4);
+    AJ_TRY(ring_open(&c, op));
 
-    const size_t kv_bytes = (p.k_elems + p.v_elems) * p.elem;
-    const size_t dkv_count = p.k_elems + p.v_elems;
-    const size_t dq_count = (size_t)(p.B * p.Hq * p.lq * p.D);
-    /* the parts of the longest chunks: longest_chunk's, of the longest
-     * document for packed ones (no chunk of a shorter one is longer) */
-    const int64_t cq = aj_ring_longest_chunk(&p, p.sh.varlen ? p.docs.max_q : p.sq);
-    const int64_t ck = aj_ring_longest_chunk(&p, p.sh.varlen ? p.docs.max_k : p.sk);
-    const int64_t width = p.D > p.Dv ? p.D : p.Dv;
-    const int64_t chunk = cq > ck ? cq : ck;
-    parts.dq_bytes = (size_t)(p.B * p.Hq * cq * p.D) * p.elem;
-    parts.dk_bytes = (size_t)(p.B * p.Hkv * ck * p.D) * p.elem;
-    parts.dv_bytes = (size_t)(p.B * p.Hkv * ck * p.Dv) * p.elem;
-    AJ_TRY(alloc_host(&p, dq_count * sizeof(float), 1, &dq_acc));
-    AJ_TRY(alloc_host(&p, (dq_count > dkv_count ? dq_count : dkv_count) * p.elem, 0, &typed));
-    AJ_TRY(alloc_part(&p, parts.dq_bytes, &parts.dq, &parts.dq_h));
-    AJ_TRY(alloc_part(&p, parts.dk_bytes, &parts.dk, &parts.dk_h));
-    AJ_TRY(alloc_part(&p, parts.dv_bytes, &parts.dv, &parts.dv_h));
-    AJ_TRY(alloc_host(&p, (size_t)(chunk * width * (p.sh.varlen ? p.Hq : 1)) * sizeof(float), 0,
-                      (void **)&parts.scratch));
-    const shared_layout lay = shared_layout_of(&p);
-    AJ_TRY(shared_segments(&p, lay.bytes, &seg));
-    if (!seg) {
-        AJ_TRY(alloc_host(&p, kv_bytes, 0, &kv[0]));
-        AJ_TRY(pack_kv(&p, &args->k, &args->v, kv[0]));
-    }
-    if (!p.host_memory)   /* as the forward: in place where device memory is host memory */
-        AJ_TRY(dev_alloc(&p, kv_bytes, &kv_dev));
+    const size_t kv_bytes = (p->k_elems + p->v_elems) * p->elem;
+    const size_t dkv_count = p->k_elems + p->v_elems;
+    const size_t dq_count = (size_t)(p->B * p->Hq * p->lq * p->D);
+    AJ_TRY(alloc_host(p, dq_count * sizeof(float), 1, &b.dq_acc));
+    AJ_TRY(alloc_host(p, (dq_count > dkv_count ? dq_count : dkv_count) * p->elem, 0, &b.typed));
+    AJ_TRY(bwd_alloc_parts(p, &parts));
+    const shared_layout lay = shared_layout_of(p);
+    AJ_TRY(shared_segments(p, lay.bytes, &c.seg));
+    /* as the forward: in place where device memory is host memory */
+    AJ_TRY(own_kv(p, &args->k, &args->v, c.seg, kv_bytes, &b.kv[0], &kv_dev));
 
     float *own = NULL;    /* this rank's dK/dV, f32, when done */
-    if (seg) {
-        AJ_TRY(bwd_shared(&p, &kern, &shards, seg, &lay, (float *)dq_acc, &parts, &reqs[0], &own));
-    } else if (args->rotate == AJ_ROTATE_P2P && p.need) {
-        AJ_TRY(alloc_host(&p, kv_bytes, 0, &kv[1]));
-        AJ_TRY(alloc_host(&p, dkv_count * sizeof(float), 1, &acc[0]));
-        AJ_TRY(alloc_host(&p, dkv_count * sizeof(float), 0, &acc[1]));
-        AJ_TRY(alloc_host(&p, dkv_count * sizeof(float), 0, &step));
-        AJ_TRY(alloc_host(&p, dkv_count * sizeof(float), 0, &gathered));
-        float *part[2] = {step, acc[1]};
-        own = acc[0];
-        AJ_TRY(bwd_p2p_home(&p, &kern, &shards, kv, kv_dev, (float *)dq_acc, &parts, own, part,
-                            gathered, reqs));
-    } else if (args->rotate == AJ_ROTATE_P2P) {
-        AJ_TRY(alloc_host(&p, kv_bytes, 0, &kv[1]));
-        AJ_TRY(alloc_host(&p, dkv_count * sizeof(float), 1, &acc[0]));
-        AJ_TRY(alloc_host(&p, dkv_count * sizeof(float), 1, &acc[1]));
-        AJ_TRY(alloc_host(&p, dkv_count * sizeof(float), 0, &step));
-        float *accs[2] = {acc[0], acc[1]};
-        AJ_TRY(bwd_p2p_relay(&p, &kern, &shards, kv, kv_dev, (float *)dq_acc, &parts, accs,
-                             step, reqs, &own));
-    } else {
-        AJ_TRY(alloc_host(&p, kv_bytes * (size_t)p.size, 0, &gathered));
-        AJ_TRY(alloc_host(&p, dkv_count * sizeof(float) * (size_t)p.size, 1, &all_dkv));
-        AJ_TRY(alloc_host(&p, dkv_count * sizeof(float), 0, &step));
-        AJ_TRY(gather_blocks(&p, kv[0], gathered, kv_bytes));
-        for (int s = 0; s < p.size; s++) {
-            const size_t src = (size_t)aj_ring_step_src(&p, s);
-            AJ_TRY(visiting_block(&p, kv_dev, (char *)gathered + src * kv_bytes, kv_bytes,
-                                  &block));
-            AJ_TRY(bwd_block(&p, &kern, &shards, block, s, dq_acc,
-                             (float *)all_dkv + src * dkv_count, false, &parts, reqs, 0));
-        }
-        if (p.size > 1 && p.need) {   /* the parts home, summed there */
-            const size_t bytes = dkv_count * sizeof(float);
-            AJ_TRY(alloc_host(&p, bytes * (size_t)p.size, 0, &acc[0]));
-            AJ_TRY(alltoall_needed(&p, all_dkv, bytes, acc[0], bytes, true));
-            memset(step, 0, bytes);
-            for (int r = 0; r < p.size; r++)
-                if (aj_ring_needs(&p, r, p.rank))
-                    add_f32((float *)step, (const float *)acc[0] + (size_t)r * dkv_count,
-                            dkv_count);
-            own = step;
-        } else if (p.size > 1) {
-            double t0 = aj_now();
-            AJ_TRY(aj_ring_collective_status(&p, comm->engine->reduce_scatter_f32(comm, all_dkv, step,
-                                                                          dkv_count)));
-            count_collective(&p, t0);
-            own = step;
-        } else {
-            own = all_dkv;
-        }
-    }
-    const size_t rows = (size_t)(p.B * p.Hkv * p.lk);   /* this rank's block, home */
-    AJ_TRY(store_rounded(&p, own, rows * (size_t)p.D, args->dk.data, typed));
-    AJ_TRY(store_rounded(&p, own + p.k_elems, rows * (size_t)p.Dv, args->dv.data, typed));
-    if (seg)   /* own was read in place: the closing fence, overlapping dQ's rounding */
-        AJ_TRY(fence_start(&p, &reqs[0], "closing"));
-    AJ_TRY(store_rounded(&p, dq_acc, dq_count, args->dq.data, typed));
-    AJ_TRY(exchange_finish(&p, &reqs[0]));
+    if (c.seg)
+        AJ_TRY(bwd_shared(p, &c.kern, &shards, c.seg, &lay, b.dq_acc, &parts, &reqs[0], &own));
+    else if (args->rotate == AJ_ROTATE_P2P)
+        AJ_TRY(bwd_p2p(p, &c.kern, &shards, &b, kv_dev, &parts, reqs, &own));
+    else
+        AJ_TRY(bwd_gathered(p, &c.kern, &shards, &b, kv_dev, &parts, reqs, &own));
+    const size_t rows = (size_t)(p->B * p->Hkv * p->lk);   /* this rank's block, home */
+    AJ_TRY(store_rounded(p, own, rows * (size_t)p->D, args->dk.data, b.typed));
+    AJ_TRY(store_rounded(p, own + p->k_elems, rows * (size_t)p->Dv, args->dv.data, b.typed));
+    if (c.seg)   /* own was read in place: the closing fence, overlapping dQ's rounding */
+        AJ_TRY(fence_start(p, &reqs[0], "closing"));
+    AJ_TRY(store_rounded(p, b.dq_acc, dq_count, args->dq.data, b.typed));
+    AJ_TRY(exchange_finish(p, &reqs[0]));
 done:
-    for (int i = 0; i < 2; i++)
-        if (reqs[i].active)
-            comm->engine->exchange_cancel(comm, &reqs[i]);
-    free(seg);
-    aj_device_stream_destroy(dev, p.stream);
-    free_kernels(&kern);
-    aj_ring_plan_free(&p);
-    void *host[] = {kv[0], kv[1], acc[0], acc[1], step, dq_acc, gathered, all_dkv, typed,
-                    parts.scratch};
-    for (size_t i = 0; i < sizeof host / sizeof host[0]; i++)
-        aj_device_host_free(dev, host[i]);
-    free_part(&p, parts.dq_h);
-    free_part(&p, parts.dk_h);
-    free_part(&p, parts.dv_h);
+    ring_close(&c, dev, comm, reqs, 2);
+    free_part(p, parts.dq_h);
+    free_part(p, parts.dk_h);
+    free_part(p, parts.dv_h);
+    void *host[] = {b.kv[0], b.kv[1], b.acc[0], b.acc[1], b.step, b.dq_acc, b.gathered,
+                    b.all_dkv, b.typed, parts.scratch};
     void *device[] = {kv_dev, parts.dq, parts.dk, parts.dv};
-    for (size_t i = 0; i < sizeof device / sizeof device[0]; i++)
-        if (device[i])
-            aj_device_free(dev, device[i]);
-    local_stats.total_s = aj_now() - start;
-    if (stats && st == AJ_OK)
-        *stats = local_stats;
+    free_buffers(dev, host, AJ_COUNT_OF(host), device, AJ_COUNT_OF(device));
+    return ring_stats_out(&c, st, stats);
+}
+
+/* The gradient parts of the longest chunks: longest_chunk's, of the
+ * longest document for packed ones (no chunk of a shorter one is longer),
+ * and the f32 scratch that adds them up. */
+static aj_status bwd_alloc_parts(ring_plan *p, bwd_parts *parts)
+{
+    const int64_t cq = aj_ring_longest_chunk(p, p->sh.varlen ? p->docs.max_q : p->sq);
+    const int64_t ck = aj_ring_longest_chunk(p, p->sh.varlen ? p->docs.max_k : p->sk);
+    const int64_t width = p->D > p->Dv ? p->D : p->Dv;
+    const int64_t chunk = cq > ck ? cq : ck;
+    aj_status st = AJ_OK;
+    parts->dq_bytes = (size_t)(p->B * p->Hq * cq * p->D) * p->elem;
+    parts->dk_bytes = (size_t)(p->B * p->Hkv * ck * p->D) * p->elem;
+    parts->dv_bytes = (size_t)(p->B * p->Hkv * ck * p->Dv) * p->elem;
+    AJ_TRY(alloc_part(p, parts->dq_bytes, &parts->dq, &parts->dq_h));
+    AJ_TRY(alloc_part(p, parts->dk_bytes, &parts->dk, &parts->dk_h));
+    AJ_TRY(alloc_part(p, parts->dv_bytes, &parts->dv, &parts->dv_h));
+    AJ_TRY(alloc_host(p, (size_t)(chunk * width * (p->sh.varlen ? p->Hq : 1)) * sizeof(float), 0,
+                      (void **)&parts->scratch));
+done:
+    return st;
+}
+
+/* The backward's steps, rotating by point-to-point exchanges: each
+ * block's dK/dV parts go straight home where the ranks are packed
+ * documents (bwd_p2p_home), else travel the ring with the block
+ * (bwd_p2p_relay). */
+static aj_status bwd_p2p(ring_plan *p, const ring_kernels *kern, const aj_ring_bwd_args *a,
+                         bwd_buffers *b, void *kv_dev, const bwd_parts *parts,
+                         aj_comm_req reqs[2], float **own)
+{
+    const size_t dkv_count = p->k_elems + p->v_elems, bytes = dkv_count * sizeof(float);
+    const bool home = p->need != NULL;
+    aj_status st = AJ_OK;
+    AJ_TRY(alloc_host(p, dkv_count * p->elem, 0, &b->kv[1]));
+    AJ_TRY(alloc_host(p, bytes, 1, &b->acc[0]));
+    AJ_TRY(alloc_host(p, bytes, !home, &b->acc[1]));
+    AJ_TRY(alloc_host(p, bytes, 0, &b->step));
+    if (home) {
+        AJ_TRY(alloc_host(p, bytes, 0, &b->gathered));
+        float *part[2] = {b->step, b->acc[1]};
+        *own = b->acc[0];
+        AJ_TRY(bwd_p2p_home(p, kern, a, b->kv, kv_dev, b->dq_acc, parts, *own, part,
+                            b->gathered, reqs));
+    } else {
+        float *accs[2] = {b->acc[0], b->acc[1]};
+        AJ_TRY(bwd_p2p_relay(p, kern, a, b->kv, kv_dev, b->dq_acc, parts, accs, b->step, reqs,
+                             own));
+    }
+done:
+    return st;
+}
+
+/* The backward's steps over every rank's block, gathered at once: each
+ * block's dK/dV part into all_dkv, then summed home -- from the ranks
+ * that need the block (packed documents), else by reduce-scatter. */
+static aj_status bwd_gathered(ring_plan *p, const ring_kernels *kern, const aj_ring_bwd_args *a,
+                              bwd_buffers *b, void *kv_dev, const bwd_parts *parts,
+                              aj_comm_req reqs[2], float **own)
+{
+    const size_t dkv_count = p->k_elems + p->v_elems, kv_bytes = dkv_count * p->elem;
+    const size_t bytes = dkv_count * sizeof(float);
+    const void *block = NULL;   /* the visiting K/V block the kernels read */
+    aj_status st = AJ_OK;
+    AJ_TRY(alloc_host(p, kv_bytes * (size_t)p->size, 0, &b->gathered));
+    AJ_TRY(alloc_host(p, bytes * (size_t)p->size, 1, &b->all_dkv));
+    AJ_TRY(alloc_host(p, bytes, 0, &b->step));
+    AJ_TRY(gather_blocks(p, b->kv[0], b->gathered, kv_bytes));
+    for (int s = 0; s < p->size; s++) {
+        const size_t src = (size_t)aj_ring_step_src(p, s);
+        AJ_TRY(visiting_block(p, kv_dev, (char *)b->gathered + src * kv_bytes, kv_bytes,
+                              &block));
+        AJ_TRY(bwd_block(p, kern, a, block, s, b->dq_acc, (float *)b->all_dkv + src * dkv_count,
+                         false, parts, reqs, 0));
+    }
+    *own = b->step;
+    if (p->size > 1 && p->need) {   /* the parts home, summed there */
+        AJ_TRY(alloc_host(p, bytes * (size_t)p->size, 0, &b->acc[0]));
+        AJ_TRY(alltoall_needed(p, b->all_dkv, bytes, b->acc[0], bytes, true));
+        memset(b->step, 0, bytes);
+        for (int r = 0; r < p->size; r++)
+            if (aj_ring_needs(p, r, p->rank))
+                add_f32(b->step, (const float *)b->acc[0] + (size_t)r * dkv_count, dkv_count);
+    } else if (p->size > 1) {
+        double t0 = aj_now();
+        AJ_TRY(aj_ring_collective_status(
+            p, p->comm->engine->reduce_scatter_f32(p->comm, b->all_dkv, b->step, dkv_count)));
+        count_collective(p, t0);
+    } else {
+        *own = b->all_dkv;
+    }
+done:
     return st;
 }

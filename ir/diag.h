@@ -45,6 +45,9 @@ aj_status aj_failv(aj_ctx *ctx, aj_status status, const char *fmt,
 void aj_log(aj_ctx *ctx, aj_log_level level, const char *fmt, ...)
     AJ_PRINTF(3, 4);
 
+/* The number of elements of array `a`. */
+#define AJ_COUNT_OF(a) (sizeof(a) / sizeof((a)[0]))
+
 /* Evaluates a status expression; on failure stores it in `st` and jumps to
  * the function's `done` label.  The enclosing function declares
  * `aj_status st = AJ_OK;` and ends with `done: ...; return st;`. */

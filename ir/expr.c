@@ -15,8 +15,6 @@
 #include <stdio.h>
 #include <string.h>
 
-#define AJ_COUNT_OF(a) (sizeof(a) / sizeof((a)[0]))
-
 /* ---------------------------------------------------------------- tables */
 
 #define AJ_EXPR_OP_ROW(e, spelling, form, prec, arity, rule) \
@@ -64,6 +62,32 @@ static bool is_number(aj_expr_type t)
     return t == AJ_EXPR_INT || t == AJ_EXPR_FLOAT;
 }
 
+/* The first of types[0 .. n-1] that is not an int, or -1. */
+static int first_not_int(const aj_expr_type *types, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (types[i] != AJ_EXPR_INT)
+            return i;
+    return -1;
+}
+
+/* The type of a leaf: a LIT's own; a VAR's, score (a float, in a
+ * score_mod only) or a position or size (an int). */
+static bool leaf_type(aj_expr_op op, const aj_expr_node *leaf, const aj_expr_scope *scope,
+                      aj_expr_type *result, char *msg, size_t cap)
+{
+    if (op == AJ_EXPR_LIT) {
+        *result = (aj_expr_type)leaf->type;
+        return true;
+    }
+    if (leaf->u.var == AJ_VAR_SCORE && !scope->score) {
+        snprintf(msg, cap, "'score' is only defined in a score_mod");
+        return false;
+    }
+    *result = leaf->u.var == AJ_VAR_SCORE ? AJ_EXPR_FLOAT : AJ_EXPR_INT;
+    return true;
+}
+
 /*
  * The type of a node `op` whose operands have types[0 .. n-1], and in
  * want[i] the type operand i must have (an int where want says float gets
@@ -78,7 +102,7 @@ static bool rule_types(aj_expr_op op, const aj_expr_type *types, int n,
     char label[16];
     const char *name = op_label(op, label, sizeof label);
     bool any_float = false, all_bool = true, all_number = true;
-    int first = aj_expr_ops[op].rule == AJ_RULE_SELECT ? 1 : 0;
+    int first = aj_expr_ops[op].rule == AJ_RULE_SELECT ? 1 : 0, bad;
 
     for (int i = first; i < n; i++) {
         any_float |= types[i] == AJ_EXPR_FLOAT;
@@ -91,24 +115,12 @@ static bool rule_types(aj_expr_op op, const aj_expr_type *types, int n,
 
     switch (aj_expr_ops[op].rule) {
     case AJ_RULE_LEAF:
-        if (op == AJ_EXPR_LIT) {
-            *result = (aj_expr_type)leaf->type;
-            return true;
-        }
-        if (leaf->u.var == AJ_VAR_SCORE && !scope->score) {
-            snprintf(msg, cap, "'score' is only defined in a score_mod");
-            return false;
-        }
-        *result = leaf->u.var == AJ_VAR_SCORE ? AJ_EXPR_FLOAT : AJ_EXPR_INT;
-        return true;
+        return leaf_type(op, leaf, scope, result, msg, cap);
     case AJ_RULE_LOAD:
-        for (int i = 0; i < n; i++) {
-            if (types[i] != AJ_EXPR_INT) {
-                snprintf(msg, cap, "index %d of '%s' must be an int, got %s",
-                         i + 1, scope->tensors[leaf->u.tensor].name,
-                         aj_expr_type_names[types[i]]);
-                return false;
-            }
+        if ((bad = first_not_int(types, n)) >= 0) {
+            snprintf(msg, cap, "index %d of '%s' must be an int, got %s", bad + 1,
+                     scope->tensors[leaf->u.tensor].name, aj_expr_type_names[types[bad]]);
+            return false;
         }
         *result = scope->tensors[leaf->u.tensor].dtype == AJ_SIDE_I32
                       ? AJ_EXPR_INT : AJ_EXPR_FLOAT;
@@ -133,12 +145,9 @@ static bool rule_types(aj_expr_op op, const aj_expr_type *types, int n,
                                                         : want[0];
         return true;
     case AJ_RULE_INT:
-        for (int i = 0; i < n; i++) {
-            if (types[i] != AJ_EXPR_INT) {
-                snprintf(msg, cap, "%s needs ints, got %s", name,
-                         aj_expr_type_names[types[i]]);
-                return false;
-            }
+        if ((bad = first_not_int(types, n)) >= 0) {
+            snprintf(msg, cap, "%s needs ints, got %s", name, aj_expr_type_names[types[bad]]);
+            return false;
         }
         *result = AJ_EXPR_INT;
         return true;
@@ -479,6 +488,8 @@ static int prec_of(const aj_expr *e, uint16_t id)
 }
 
 static void print_node(const printer *p, uint16_t id);
+static void print_args(const printer *p, const aj_expr_node *n, int arity, const char *open,
+                       const char *close);
 
 static void print_operand(const printer *p, uint16_t id, bool parens)
 {
@@ -525,13 +536,7 @@ static void print_node(const printer *p, uint16_t id)
             return;
         }
         p->emit(p->sink, p->tensors[n->u.tensor].name);
-        p->emit(p->sink, "[");
-        for (int i = 0; i < arity; i++) {
-            if (i)
-                p->emit(p->sink, ", ");
-            print_node(p, n->args[i]);
-        }
-        p->emit(p->sink, "]");
+        print_args(p, n, arity, "[", "]");
         return;
     case AJ_FORM_PREFIX:
         p->emit(p->sink, info->spelling);
@@ -553,17 +558,24 @@ static void print_node(const printer *p, uint16_t id)
         return;
     case AJ_FORM_CALL:
         p->emit(p->sink, info->spelling);
-        p->emit(p->sink, "(");
-        for (int i = 0; i < arity; i++) {
-            if (i)
-                p->emit(p->sink, ", ");
-            print_node(p, n->args[i]);
-        }
-        p->emit(p->sink, ")");
+        print_args(p, n, arity, "(", ")");
         return;
     case AJ_FORM_HIDDEN:
         break;
     }
+}
+
+/* The operands of n, between open and close, separated by commas. */
+static void print_args(const printer *p, const aj_expr_node *n, int arity, const char *open,
+                       const char *close)
+{
+    p->emit(p->sink, open);
+    for (int i = 0; i < arity; i++) {
+        if (i)
+            p->emit(p->sink, ", ");
+        print_node(p, n->args[i]);
+    }
+    p->emit(p->sink, close);
 }
 
 void aj_expr_print(const aj_expr *e, uint16_t root,

@@ -16,8 +16,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define AJ_COUNT_OF(a) (sizeof(a) / sizeof((a)[0]))
-
 /* ---------------------------------------------------------------- names */
 
 #define AJ_FIELD_NAME(e, name) [AJ_FIELD_##e] = name,

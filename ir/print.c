@@ -37,17 +37,17 @@ static void emit(text_buf *t, const char *fmt, ...) AJ_PRINTF(2, 3);
 
 static void print_value(text_buf *t, const aj_op *op, aj_field field);
 
+static aj_status checked_canonical(const aj_op *op, const void *out, const char *fn,
+                                   char buf[AJ_CANONICAL_MAX], size_t *len);
+
 aj_status aj_op_print(const aj_op *op, char **out)
 {
     char buf[AJ_CANONICAL_MAX], *text;
     size_t len;
-    aj_status st;
+    aj_status st = checked_canonical(op, out, "aj_op_print", buf, &len);
 
-    AJ_CHECK_ARG(NULL, op, "aj_op_print: op is NULL");
-    AJ_CHECK_ARG(op->ctx, out, "aj_op_print: out is NULL");
-    if ((st = aj_op_canonical(op, buf, sizeof buf, &len)) != AJ_OK)
-        return aj_fail(op->ctx, st, "aj_op_print: canonical text overflows "
-                                    "%d bytes", AJ_CANONICAL_MAX);
+    if (st != AJ_OK)
+        return st;
     text = malloc(len + 1);
     if (!text)
         return aj_fail(op->ctx, AJ_ERR_OUT_OF_MEMORY,
@@ -61,15 +61,27 @@ aj_status aj_op_hash(const aj_op *op, char out[AJ_HASH_HEX_LEN + 1])
 {
     char buf[AJ_CANONICAL_MAX];
     size_t len;
-    aj_status st;
+    aj_status st = checked_canonical(op, out, "aj_op_hash", buf, &len);
 
-    AJ_CHECK_ARG(NULL, op, "aj_op_hash: op is NULL");
-    AJ_CHECK_ARG(op->ctx, out, "aj_op_hash: out is NULL");
-    if ((st = aj_op_canonical(op, buf, sizeof buf, &len)) != AJ_OK)
-        return aj_fail(op->ctx, st, "aj_op_hash: canonical text overflows "
-                                    "%d bytes", AJ_CANONICAL_MAX);
+    if (st != AJ_OK)
+        return st;
     snprintf(out, AJ_HASH_HEX_LEN + 1, "%016llx",
              (unsigned long long)XXH3_64bits(buf, len));
+    return AJ_OK;
+}
+
+/* The arguments of public entry `fn` checked (op, and its result pointer
+ * `out`), then op's canonical text into buf. */
+static aj_status checked_canonical(const aj_op *op, const void *out, const char *fn,
+                                   char buf[AJ_CANONICAL_MAX], size_t *len)
+{
+    aj_status st;
+
+    AJ_CHECK_ARG(NULL, op, "%s: op is NULL", fn);
+    AJ_CHECK_ARG(op->ctx, out, "%s: out is NULL", fn);
+    if ((st = aj_op_canonical(op, buf, AJ_CANONICAL_MAX, len)) != AJ_OK)
+        return aj_fail(op->ctx, st, "%s: canonical text overflows %d bytes", fn,
+                       AJ_CANONICAL_MAX);
     return AJ_OK;
 }
 

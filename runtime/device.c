@@ -214,59 +214,68 @@ void aj_device_scratch_release(aj_device *dev, void *stream, void *ptr)
 
 /* ---------------------------------------------------------------- work */
 
-/* The fault recorded in status word `word` (cleared again), as `fn`'s
- * AJ_ERR_INVALID_ARG on ctx. */
-static aj_status take_status(aj_ctx *ctx, aj_device *dev, void *word, const char *fn)
+static void describe_fault(uint32_t code, char *fault, size_t size);
+
+/* The fault recorded in status word `word`, as `fn`'s AJ_ERR_INVALID_ARG
+ * on ctx. The device's own word (`reused`), which later launches write
+ * again, is cleared; a launch's own word is about to be freed. */
+static aj_status take_status(aj_ctx *ctx, aj_device *dev, void *word, int reused,
+                             const char *fn)
 {
     uint32_t code = AJ_VARLEN_STATUS_CLEAR;
     aj_status st = aj_device_copy_from(dev, &code, word, sizeof code);
     if (st != AJ_OK || code == AJ_VARLEN_STATUS_CLEAR)
         return st;
     const uint32_t clear = AJ_VARLEN_STATUS_CLEAR;
-    st = aj_device_copy_to(dev, word, &clear, sizeof clear);
-    if (st != AJ_OK)
+    if (reused && (st = aj_device_copy_to(dev, word, &clear, sizeof clear)) != AJ_OK)
         return st;
+    char fault[160];
+    describe_fault(code, fault, sizeof fault);
+    return aj_fail(ctx, AJ_ERR_INVALID_ARG, "%s: %s (found by the kernel of sequence %u, "
+                   "which skipped it)", fn, fault, code >> 4);
+}
+
+/* The words of a status code: which check failed, for which sequence. */
+static void describe_fault(uint32_t code, char *fault, size_t size)
+{
     const unsigned seq = code >> 4, next = seq + 1;
     const char c = code & 8 ? 'k' : 'q';
     const char *what = c == 'k' ? "keys" : "queries";
-    char fault[160];
     switch ((aj_varlen_fault)(code & 7)) {
     case AJ_VARLEN_FIRST_NOT_ZERO:
-        snprintf(fault, sizeof fault, "cu_seqlens_%c[0] is not 0", c);
+        snprintf(fault, size, "cu_seqlens_%c[0] is not 0", c);
         break;
     case AJ_VARLEN_DECREASING:
-        snprintf(fault, sizeof fault, "cu_seqlens_%c[%u] is below cu_seqlens_%c[%u]; offsets "
+        snprintf(fault, size, "cu_seqlens_%c[%u] is below cu_seqlens_%c[%u]; offsets "
                  "must not decrease", c, next, c, seq);
         break;
     case AJ_VARLEN_OUT_OF_RANGE:
-        snprintf(fault, sizeof fault, "cu_seqlens_%c[%u] or [%u] is outside 0 .. T%c (%c's "
+        snprintf(fault, size, "cu_seqlens_%c[%u] or [%u] is outside 0 .. T%c (%c's "
                  "tokens)", c, seq, next, c, c);
         break;
     case AJ_VARLEN_TOO_LONG:
-        snprintf(fault, sizeof fault, "sequence %u has more %s than max_seqlen_%c", seq, what,
+        snprintf(fault, size, "sequence %u has more %s than max_seqlen_%c", seq, what,
                  c);
         break;
     case AJ_VARLEN_LAST_NOT_TOTAL:
-        snprintf(fault, sizeof fault, "cu_seqlens_%c[%u] is not T%c (%c's tokens)", c, next, c,
+        snprintf(fault, size, "cu_seqlens_%c[%u] is not T%c (%c's tokens)", c, next, c,
                  c);
         break;
     case AJ_PAGED_BAD_PAGE:
-        snprintf(fault, sizeof fault, "block_table row %u holds a page outside 0 .. "
+        snprintf(fault, size, "block_table row %u holds a page outside 0 .. "
                  "num_pages - 1 (k_cache.shape[0])", seq);
         break;
     case AJ_PAGED_BAD_LENGTH:   /* = AJ_PAGED_QUERIES_BEYOND_KEYS where c is q */
         if (c == 'q')
-            snprintf(fault, sizeof fault, "sequence %u has more queries (cu_seqlens_q[%u] - "
+            snprintf(fault, size, "sequence %u has more queries (cu_seqlens_q[%u] - "
                      "cu_seqlens_q[%u]) than keys (seqlens_k[%u])", seq, next, seq, seq);
         else
-            snprintf(fault, sizeof fault, "seqlens_k[%u] is negative or beyond its "
+            snprintf(fault, size, "seqlens_k[%u] is negative or beyond its "
                      "block_table row (max_pages x page_size keys)", seq);
         break;
     default:
-        snprintf(fault, sizeof fault, "fault code %u", code & 7);
+        snprintf(fault, size, "fault code %u", code & 7);
     }
-    return aj_fail(ctx, AJ_ERR_INVALID_ARG, "%s: %s (found by the kernel of sequence %u, "
-                   "which skipped it)", fn, fault, seq);
 }
 
 aj_status aj_device_load_kernel(aj_ctx *ctx, aj_device *dev, const aj_kernel *k)
@@ -311,7 +320,7 @@ aj_status aj_device_launched(aj_ctx *ctx, aj_device *dev, void *word, aj_status 
     if (dev->ops->kind_caps.streams || !word || word == dev->status)
         return st;
     if (st == AJ_OK)
-        st = take_status(ctx, dev, word, fn);
+        st = take_status(ctx, dev, word, 0, fn);
     aj_device_free(dev, word);
     return st;
 }
@@ -323,7 +332,7 @@ aj_status aj_device_synchronize(aj_device *dev, void *stream)
     if (!dev->ops->kind_caps.streams)
         return AJ_OK;   /* sim and cpu reported it at the launch */
     aj_status st = dev->ops->synchronize(dev, stream);
-    return st == AJ_OK ? take_status(dev->ctx, dev, dev->status, "a varlen launch") : st;
+    return st == AJ_OK ? take_status(dev->ctx, dev, dev->status, 1, "a varlen launch") : st;
 }
 
 aj_status aj_device_stream_create(aj_device *dev, void **stream)

@@ -54,15 +54,13 @@ static int64_t paged_splits(aj_ctx *ctx, const aj_kernel *kernel, const aj_devic
 }
 static int64_t grid_extent(aj_extent e, const fwd_sizes *sz)
 {
-    switch (e) {
-    case AJ_EXTENT_BATCH: return sz->batch;
-    case AJ_EXTENT_HEADS_Q: return sz->heads_q;
-    case AJ_EXTENT_HEADS_KV: return sz->heads_kv;
-    case AJ_EXTENT_SEQ_Q: return sz->seq_q;
-    case AJ_EXTENT_SEQ_K: return sz->seq_k;
-    case AJ_EXTENT_SPLITS: return sz->splits;
-    default: return 1;
-    }
+    const int64_t extents[AJ_EXTENT_COUNT] = {
+        [AJ_EXTENT_ONE] = 1,           [AJ_EXTENT_BATCH] = sz->batch,
+        [AJ_EXTENT_HEADS_Q] = sz->heads_q, [AJ_EXTENT_HEADS_KV] = sz->heads_kv,
+        [AJ_EXTENT_SEQ_Q] = sz->seq_q, [AJ_EXTENT_SEQ_K] = sz->seq_k,
+        [AJ_EXTENT_SPLITS] = sz->splits,
+    };
+    return e > AJ_EXTENT_ONE && e < AJ_EXTENT_COUNT ? extents[e] : 1;
 }
 
 /* Runs stage `stage` of the bound kernel over the grid its launch info
@@ -103,6 +101,53 @@ static aj_status check_launch(aj_ctx *ctx, const char *fn, aj_device *dev,
                  "%s: kernel compiled for %s cannot run on a %s device", fn,
                  aj_target_name(kernel->target), aj_target_name(aj_device_target(dev)));
     return AJ_OK;
+}
+
+/* How each launch entry point starts: check_launch as `fn`, then the
+ * caller's struct `given` read into `const type *args` (its initializer
+ * is AJ_<NAME>_INIT, pasted so that its error names the macro), and `op`,
+ * the kernel's op; a failure returns from the entry point. */
+#define BEGIN_LAUNCH(fn, kind, type, last_required, NAME)                                   \
+    if (!ctx)                                                                               \
+        return AJ_ERR_INVALID_ARG;                                                          \
+    aj_status st = check_launch(ctx, fn, dev, kernel, given, kind);                         \
+    if (st != AJ_OK)                                                                        \
+        return st;                                                                          \
+    AJ_READ_STRUCT_OR_RETURN(ctx, fn ": args", given, type, last_required, AJ_##NAME##_INIT, \
+                             args);                                                         \
+    const aj_op_info *op = &kernel->op
+
+/* What the score programs and the block mask of a padded or varlen
+ * launch read from its args (aj_fwd_args and aj_bwd_args name them alike),
+ * with its resolved totals. */
+typedef struct score_call {
+    const aj_side_tensor *side;
+    int32_t num_side;
+    const aj_tensor *slopes;
+    int64_t q_offset, kv_offset, sq_total, sk_total;
+    const aj_block_mask *block_mask;
+    void *stream;
+} score_call;
+
+#define SCORE_CALL_OF(a, sq_total, sk_total)                                                 \
+    {(a)->side, (a)->num_side, &(a)->alibi_slopes, (a)->q_offset, (a)->kv_offset, (sq_total), \
+     (sk_total), (a)->block_mask, (a)->stream}
+
+/* Binds the op's score programs to the call's side tensors and slopes, then
+ * its block mask (the caller's, or one built into *scratch). */
+static aj_status bind_scores(aj_ctx *ctx, const char *fn, aj_device *dev,
+                             const aj_kernel *kernel, const score_call *c, const fwd_sizes *sz,
+                             launch_values *v, launch_scratch *ls, void **scratch)
+{
+    aj_status st = aj_bind_scores(ctx, fn, &kernel->op, c->side, c->num_side, c->slopes,
+                                  &ls->scores);
+    const aj_block_mask_shape shape = {sz->batch, sz->heads_q, sz->seq_q, sz->seq_k,
+                                       c->q_offset, c->kv_offset, c->sq_total, c->sk_total,
+                                       0, 0, sz->head_offset};
+    if (st == AJ_OK)
+        st = aj_bind_block_mask(ctx, fn, dev, kernel, &shape, c->block_mask, c->side,
+                                c->num_side, c->slopes, c->stream, v, scratch);
+    return st;
 }
 
 /*
@@ -187,14 +232,7 @@ static aj_status forward_paged(aj_ctx *ctx, aj_device *dev, const aj_kernel *ker
 aj_status aj_forward(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
                      const aj_fwd_args *given)
 {
-    if (!ctx)
-        return AJ_ERR_INVALID_ARG;
-    aj_status st = check_launch(ctx, "aj_forward", dev, kernel, given, AJ_KIND_FORWARD);
-    if (st != AJ_OK)
-        return st;
-    AJ_READ_STRUCT_OR_RETURN(ctx, "aj_forward: args", given, aj_fwd_args, lse, AJ_FWD_ARGS_INIT,
-                             args);
-    const aj_op_info *op = &kernel->op;
+    BEGIN_LAUNCH("aj_forward", AJ_KIND_FORWARD, aj_fwd_args, lse, FWD_ARGS);
     fwd_sizes sz = {.splits = 1};
     int varlen = op->layout == AJ_LAYOUT_VARLEN;
     if (op->layout == AJ_LAYOUT_PAGED)
@@ -224,14 +262,9 @@ aj_status aj_forward(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
         return aj_device_launched(ctx, dev, varlen ? word : NULL, st, FWD);
     launch_values v;
     aj_forward_values(&as_padded, &sz, sq_total, sk_total, word, &v);
-    st = aj_bind_scores(ctx, FWD, op, args->side, args->num_side, &args->alibi_slopes, &ls->scores);
     void *scratch = NULL;
-    const aj_block_mask_shape shape = {sz.batch, sz.heads_q, sz.seq_q, sz.seq_k, args->q_offset,
-                                       args->kv_offset, sq_total, sk_total, 0, 0,
-                                       sz.head_offset};
-    if (st == AJ_OK)
-        st = aj_bind_block_mask(ctx, FWD, dev, kernel, &shape, args->block_mask, args->side,
-                             args->num_side, &args->alibi_slopes, args->stream, &v, &scratch);
+    const score_call call = SCORE_CALL_OF(args, sq_total, sk_total);
+    st = bind_scores(ctx, FWD, dev, kernel, &call, &sz, &v, ls, &scratch);
     if (st == AJ_OK)
         st = aj_bind_stage(ctx, dev, kernel, 0, &v, &ls->scores, &ls->bound);
     if (st == AJ_OK)
@@ -380,14 +413,7 @@ static aj_status bind_workspace(aj_ctx *ctx, aj_device *dev, const aj_bwd_args *
 aj_status aj_backward(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
                       const aj_bwd_args *given)
 {
-    if (!ctx)
-        return AJ_ERR_INVALID_ARG;
-    aj_status st = check_launch(ctx, "aj_backward", dev, kernel, given, AJ_KIND_BACKWARD);
-    if (st != AJ_OK)
-        return st;
-    AJ_READ_STRUCT_OR_RETURN(ctx, "aj_backward: args", given, aj_bwd_args, dv, AJ_BWD_ARGS_INIT,
-                             args);
-    const aj_op_info *op = &kernel->op;
+    BEGIN_LAUNCH("aj_backward", AJ_KIND_BACKWARD, aj_bwd_args, dv, BWD_ARGS);
     bwd_call call;
     st = aj_check_backward(ctx, op, args, &call);
     if (st != AJ_OK)
@@ -420,7 +446,6 @@ static aj_status run_backward(aj_ctx *ctx, aj_device *dev, const aj_kernel *kern
                               const aj_bwd_args *args, const fwd_sizes *szp,
                               const bwd_workspace *w, void *ws, void *word)
 {
-    const aj_op_info *op = &kernel->op;
     const fwd_sizes sz = *szp;
     aj_status st = AJ_OK;
     int64_t sq_total = args->sq_total ? args->sq_total : sz.seq_q;
@@ -431,14 +456,9 @@ static aj_status run_backward(aj_ctx *ctx, aj_device *dev, const aj_kernel *kern
         return st;
     launch_values v;
     aj_backward_values(a, &sz, sq_total, sk_total, w, ws, word, &v);
-    st = aj_bind_scores(ctx, BWD, op, a->side, a->num_side, &a->alibi_slopes, &ls->scores);
     void *scratch = NULL;
-    const aj_block_mask_shape shape = {sz.batch, sz.heads_q, sz.seq_q, sz.seq_k, a->q_offset,
-                                       a->kv_offset, sq_total, sk_total, 0, 0,
-                                       sz.head_offset};
-    if (st == AJ_OK)
-        st = aj_bind_block_mask(ctx, BWD, dev, kernel, &shape, a->block_mask, a->side, a->num_side,
-                             &a->alibi_slopes, a->stream, &v, &scratch);
+    const score_call call = SCORE_CALL_OF(a, sq_total, sk_total);
+    st = bind_scores(ctx, BWD, dev, kernel, &call, &sz, &v, ls, &scratch);
     if (st == AJ_OK)
         st = run_stages(ctx, dev, kernel, a, &sz, &v, ls);
     free(ls);
@@ -481,14 +501,7 @@ static aj_status run_stages(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel
 aj_status aj_merge(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
                    const aj_merge_args *given)
 {
-    if (!ctx)
-        return AJ_ERR_INVALID_ARG;
-    aj_status st = check_launch(ctx, "aj_merge", dev, kernel, given, AJ_KIND_MERGE);
-    if (st != AJ_OK)
-        return st;
-    AJ_READ_STRUCT_OR_RETURN(ctx, "aj_merge: args", given, aj_merge_args, lse,
-                             AJ_MERGE_ARGS_INIT, args);
-    const aj_op_info *op = &kernel->op;
+    BEGIN_LAUNCH("aj_merge", AJ_KIND_MERGE, aj_merge_args, lse, MERGE_ARGS);
     fwd_sizes sz = {.splits = 1};
     st = aj_check_merge(ctx, op, args, &sz);
     if (st != AJ_OK)

@@ -271,6 +271,18 @@ done:
     return st;
 }
 
+/* A varlen call's sizes: `batch` sequences of at most max_q queries and
+ * max_k keys, the heads those of q and k ([T, H, D], checked). */
+static void varlen_sizes(const aj_tensor *q, const aj_tensor *k, int batch, int max_q,
+                         int max_k, fwd_sizes *sz)
+{
+    sz->batch = batch;
+    sz->heads_q = q->shape[1];
+    sz->heads_kv = k->shape[1];
+    sz->seq_q = max_q;
+    sz->seq_k = max_k;
+}
+
 /*
  * layout = varlen (aj_fwd_args): q [Tq, Hq, D], k [Tk, Hkv, D], v [Tk, Hkv, Dv],
  * o or o_acc [Tq, Hq, Dv], lse [Hq, Tq], and cu_seqlens_q / _k of batch + 1
@@ -296,11 +308,7 @@ aj_status aj_check_forward_varlen(aj_ctx *ctx, const aj_op_info *op, const aj_fw
     AJ_TRY(check_tensor(ctx, FWD, "k", &a->k, 3, op->dtype, 1));
     AJ_TRY(check_tensor(ctx, FWD, "v", &a->v, 3, op->dtype, 1));
     int64_t tq = a->q.shape[0], tk = a->k.shape[0];
-    sz->batch = a->batch;
-    sz->heads_q = a->q.shape[1];
-    sz->heads_kv = a->k.shape[1];
-    sz->seq_q = a->max_seqlen_q;
-    sz->seq_k = a->max_seqlen_k;
+    varlen_sizes(&a->q, &a->k, a->batch, a->max_seqlen_q, a->max_seqlen_k, sz);
     AJ_TRY(check_dim(ctx, FWD, "q", 2, a->q.shape[2], op->head_dim, "the op's head_dim"));
     AJ_TRY(check_dim(ctx, FWD, "k", 2, a->k.shape[2], op->head_dim, "the op's head_dim"));
     AJ_TRY(check_dim(ctx, FWD, "v", 0, a->v.shape[0], tk, "k's total length"));
@@ -527,11 +535,7 @@ static aj_status check_backward_varlen(aj_ctx *ctx, const aj_op_info *op,
     AJ_TRY(check_tensor(ctx, BWD, "q", &a->q, 3, op->dtype, 1));
     AJ_TRY(check_tensor(ctx, BWD, "k", &a->k, 3, op->dtype, 1));
     int64_t tq = a->q.shape[0], tk = a->k.shape[0];
-    sz->batch = a->batch;
-    sz->heads_q = a->q.shape[1];
-    sz->heads_kv = a->k.shape[1];
-    sz->seq_q = a->max_seqlen_q;
-    sz->seq_k = a->max_seqlen_k;
+    varlen_sizes(&a->q, &a->k, a->batch, a->max_seqlen_q, a->max_seqlen_k, sz);
     call->head_rows = tq;
     const char *const qwhat[3] = {"q's tokens", "q's heads", "the op's head_dim"};
     const char *const owhat[3] = {"q's tokens", "q's heads", "the op's head_dim_v"};

@@ -29,8 +29,6 @@
 #include "runtime/runtime.h"
 #include "runtime/tune.h"
 
-#define AJ_COUNT_OF(a) (sizeof(a) / sizeof((a)[0]))
-
 static const int32_t space_block_m[] = {16, 32, 64, 128};
 static const int32_t space_block_n[] = {16, 32, 64, 128};
 static const int32_t space_warps[] = {1, 2, 4, 8};
@@ -258,15 +256,8 @@ static aj_status problem_init(aj_ctx *ctx, aj_device *dev, const aj_op *op,
     AJ_TRY(new_tensor(p, AJ_DTYPE_F32, 3, (int64_t[]){B, Hq, Sq}, log_sk, log_sk + 1, &lse));
     if (oi->kind == AJ_KIND_FORWARD) {
         aj_fwd_args *a = &p->fwd;
-        *a = (aj_fwd_args)AJ_FWD_ARGS_INIT;
-        a->q = q;
-        a->k = k;
-        a->v = v;
-        a->lse = lse;
-        a->alibi_slopes = slopes;
-        a->bias = bias;
-        a->seed = 1;
-        a->stream = p->stream;
+        *a = (aj_fwd_args){.struct_size = sizeof *a, .q = q, .k = k, .v = v, .lse = lse,
+                           .alibi_slopes = slopes, .bias = bias, .seed = 1, .stream = p->stream};
         if (oi->accumulate)
             AJ_TRY(new_tensor(p, AJ_DTYPE_F32, 4, (int64_t[]){B, Hq, Sq, Dv}, -1, 1, &a->o_acc));
         else
@@ -280,22 +271,10 @@ static aj_status problem_init(aj_ctx *ctx, aj_device *dev, const aj_op *op,
     AJ_TRY(new_tensor(p, t, 4, (int64_t[]){B, Hk, Sk, Dv}, 0, 0, &dv));
     if (oi->bias == AJ_BIAS_ADD)
         AJ_TRY(new_tensor(p, AJ_DTYPE_F32, 4, (int64_t[]){B, Hq, Sq, Sk}, 0, 0, &dbias));
-    aj_bwd_args *a = &p->bwd;
-    *a = (aj_bwd_args)AJ_BWD_ARGS_INIT;
-    a->q = q;
-    a->k = k;
-    a->v = v;
-    a->o = o_;
-    a->lse = lse;
-    a->do_ = dO;
-    a->dq = dq;
-    a->dk = dk;
-    a->dv = dv;
-    a->alibi_slopes = slopes;
-    a->bias = bias;
-    a->dbias = dbias;
-    a->seed = 1;
-    a->stream = p->stream;
+    p->bwd = (aj_bwd_args){.struct_size = sizeof p->bwd, .q = q, .k = k, .v = v, .o = o_,
+                           .lse = lse, .do_ = dO, .dq = dq, .dk = dk, .dv = dv,
+                           .alibi_slopes = slopes, .bias = bias, .dbias = dbias, .seed = 1,
+                           .stream = p->stream};
 done:
     return st;
 }

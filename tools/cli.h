@@ -30,6 +30,13 @@ int cli_load_op(aj_ctx *ctx, const char *path, aj_op **op);
 /* --device NAME: the kind aj_device_kind_name calls NAME, else the usage
  * (exit 1). */
 int cli_device_kind(const char *name, aj_device_kind *out);
+/* What most commands' argument loops do with argv[*i] after their own
+ * flags: -v sets *verbose; a word not starting with '-' is the command's
+ * one SPEC (*spec; a second is the usage, with message `second`, one %s);
+ * anything else is an option whose value, the next argument, goes to
+ * *value (*i moved to it).  *value is NULL after the first two. */
+int cli_spec_or_value(int argc, char **argv, int *i, const char *second, const char **spec,
+                      int *verbose, const char **value);
 
 /* `attnjit compile` and `attnjit check` */
 typedef struct cli_compile_opts {

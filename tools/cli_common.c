@@ -58,6 +58,27 @@ int cli_usage(const char *fmt, const char *arg)
     return CLI_EXIT_USAGE;
 }
 
+int cli_spec_or_value(int argc, char **argv, int *i, const char *second, const char **spec,
+                      int *verbose, const char **value)
+{
+    const char *a = argv[*i];
+    *value = NULL;
+    if (strcmp(a, "-v") == 0) {
+        *verbose = 1;
+        return CLI_EXIT_OK;
+    }
+    if (a[0] != '-' || !a[1]) {
+        if (*spec)
+            return cli_usage(second, a);
+        *spec = a;
+        return CLI_EXIT_OK;
+    }
+    if (*i + 1 == argc)
+        return cli_usage("%s needs a value", a);
+    *value = argv[++*i];
+    return CLI_EXIT_OK;
+}
+
 int cli_exit_for(aj_status st)
 {
     switch (st) {

@@ -111,6 +111,25 @@ static int parse_number(const char *flag, const char *s, double lo, double hi, d
     return CLI_EXIT_OK;
 }
 
+static const char *const layout_names[AJ_SHARD_LAYOUT_COUNT] = {
+    [AJ_SHARD_CONTIGUOUS] = "contiguous", [AJ_SHARD_ZIGZAG] = "zigzag"};
+static const char *const method_names[AJ_METHOD_COUNT] = {
+    [AJ_METHOD_RING] = "ring", [AJ_METHOD_ULYSSES] = "ulysses", [AJ_METHOD_HYBRID] = "hybrid"};
+static const char *const rotate_names[AJ_ROTATE_COUNT] = {
+    [AJ_ROTATE_P2P] = "p2p", [AJ_ROTATE_ALLGATHER] = "allgather"};
+
+/* *out: the index of s in names[0 .. n-1]; else the usage, with `fail`
+ * (one %s: s). */
+static int choose(const char *s, const char *const *names, int n, int *out, const char *fail)
+{
+    for (int i = 0; i < n; i++)
+        if (strcmp(s, names[i]) == 0) {
+            *out = i;
+            return CLI_EXIT_OK;
+        }
+    return cli_usage(fail, s);
+}
+
 static int parse_ring_args(int argc, char **argv, ring_opts *o)
 {
     memset(o, 0, sizeof *o);
@@ -122,48 +141,32 @@ static int parse_ring_args(int argc, char **argv, ring_opts *o)
             *(a[2] == 'g' ? &o->grad : &o->check) = 1;
             continue;
         }
-        if (strcmp(a, "-v") == 0) {
-            o->verbose = 1;
+        const char *v = NULL;
+        rc = cli_spec_or_value(argc, argv, &i, "ring takes one SPEC; '%s' is a second", &o->spec,
+                               &o->verbose, &v);
+        if (rc != CLI_EXIT_OK)
+            return rc;
+        if (!v)
             continue;
-        }
-        if (a[0] != '-' || !a[1]) {
-            if (o->spec)
-                return cli_usage("ring takes one SPEC; '%s' is a second", a);
-            o->spec = a;
-            continue;
-        }
-        if (i + 1 == argc)
-            return cli_usage("%s needs a value", a);
-        const char *v = argv[++i];
         double num = 0;
+        int pick = 0;   /* --layout, --method, --rotate: the index of the name */
         if (strcmp(a, "--device") == 0) {
             o->device = v;
         } else if (strcmp(a, "--layout") == 0) {
-            if (strcmp(v, "contiguous") == 0)
-                o->layout = AJ_SHARD_CONTIGUOUS;
-            else if (strcmp(v, "zigzag") == 0)
-                o->layout = AJ_SHARD_ZIGZAG;
-            else
-                return cli_usage("--layout takes contiguous or zigzag, not '%s'", v);
+            rc = choose(v, layout_names, AJ_SHARD_LAYOUT_COUNT, &pick,
+                        "--layout takes contiguous or zigzag, not '%s'");
+            o->layout = (aj_shard_layout)pick;
         } else if (strcmp(a, "--method") == 0) {
-            if (strcmp(v, "ring") == 0)
-                o->method = AJ_METHOD_RING;
-            else if (strcmp(v, "ulysses") == 0)
-                o->method = AJ_METHOD_ULYSSES;
-            else if (strcmp(v, "hybrid") == 0)
-                o->method = AJ_METHOD_HYBRID;
-            else
-                return cli_usage("--method takes ring, ulysses or hybrid, not '%s'", v);
+            rc = choose(v, method_names, AJ_METHOD_COUNT, &pick,
+                        "--method takes ring, ulysses or hybrid, not '%s'");
+            o->method = (aj_cp_method)pick;
         } else if (strcmp(a, "--ulysses-size") == 0) {
             rc = parse_number(a, v, 0, 1 << 20, &num);
             o->ulysses_size = (int)num;
         } else if (strcmp(a, "--rotate") == 0) {
-            if (strcmp(v, "p2p") == 0)
-                o->rotate = AJ_ROTATE_P2P;
-            else if (strcmp(v, "allgather") == 0)
-                o->rotate = AJ_ROTATE_ALLGATHER;
-            else
-                return cli_usage("--rotate takes p2p or allgather, not '%s'", v);
+            rc = choose(v, rotate_names, AJ_ROTATE_COUNT, &pick,
+                        "--rotate takes p2p or allgather, not '%s'");
+            o->rotate = (aj_ring_rotate)pick;
         } else if (strcmp(a, "--in") == 0 && strncmp(v, "cu_seqlens_", 11) == 0) {
             rc = bind(a, v, cu_names, 2, o->cu_path, NULL);
         } else if (strcmp(a, "--in") == 0) {
@@ -536,6 +539,13 @@ static double mismatch(const aj_tensor *single, const float *ring, size_t n, dou
         }                                      \
     } while (0)
 
+static void longest_docs(const ring_opts *o, int32_t longest[2]);
+static aj_status launch_single(aj_ctx *ctx, aj_device *dev, const aj_kernel *fk,
+                               const aj_kernel *bk, const aj_tensor *t, const aj_tensor *r,
+                               const ring_opts *o, void *const cu_dev[2],
+                               const aj_side_tensor *side, int num_side);
+static int compare_single(aj_dtype dtype, const aj_tensor *r, const ring_tensor *out, int grad);
+
 /* Rank 0: the op on the full tensors, on one device, against the ring's
  * gathered results. */
 static int check_single_rank(aj_ctx *ctx, aj_device *dev, const aj_op *fop,
@@ -544,20 +554,10 @@ static int check_single_rank(aj_ctx *ctx, aj_device *dev, const aj_op *fop,
                              const aj_side_tensor *side, int num_side)
 {
     const int grad = o->grad;
-    const uint64_t seed = o->seed, offset = o->offset;
-    int32_t longest[2] = {0, 0};   /* varlen: the longest document, queries and keys */
-    for (int i = 0; i < 2 && o->batch; i++)
-        for (int32_t b = 0; b < o->batch; b++)
-            if (o->cu[i][b + 1] - o->cu[i][b] > longest[i])
-                longest[i] = o->cu[i][b + 1] - o->cu[i][b];
-    /* both sides round to the dtype; the ring adds f32 partial merges */
-    const double atol = info->dtype == AJ_DTYPE_F32 ? 1e-5 : info->dtype == AJ_DTYPE_F16 ? 2e-3 : 1.6e-2;
-    const double rtol = info->dtype == AJ_DTYPE_F32 ? 1e-4 : info->dtype == AJ_DTYPE_F16 ? 4e-3 : 3e-2;
     aj_compile_options opt = AJ_COMPILE_OPTIONS_INIT;
     opt.target = aj_device_target(dev);
     aj_kernel *fk = NULL, *bk = NULL;
     aj_tensor t[R_IN_COUNT] = {{0}}, r[R_OUT_COUNT] = {{0}};
-    int rc = CLI_EXIT_OK;
     aj_status st = aj_compile(ctx, fop, &opt, &fk);
     if (st == AJ_OK && grad)
         st = aj_compile(ctx, bop, &opt, &bk);
@@ -579,40 +579,8 @@ static int check_single_rank(aj_ctx *ctx, aj_device *dev, const aj_op *fop,
         if ((rh[i] = r[i].data))
             st = upload(dev, NULL, count_of(out[i].rank, out[i].shape) * elem_of(r[i].dtype),
                         &r[i].data);
-    if (st == AJ_OK) {
-        aj_fwd_args a = AJ_FWD_ARGS_INIT;
-        a.q = t[R_Q];
-        a.k = t[R_K];
-        a.v = t[R_V];
-        a.o = r[R_O];
-        a.lse = r[R_LSE];
-        a.alibi_slopes = t[R_ALIBI];
-        a.seed = seed;
-        a.offset = offset;
-        a.side = side;
-        a.num_side = num_side;
-        SET_DOCS(a, o, cu_dev, longest);
-        st = aj_forward(ctx, dev, fk, &a);
-    }
-    if (st == AJ_OK && grad) {
-        aj_bwd_args b = AJ_BWD_ARGS_INIT;
-        b.q = t[R_Q];
-        b.k = t[R_K];
-        b.v = t[R_V];
-        b.o = r[R_O];
-        b.lse = r[R_LSE];
-        b.do_ = t[R_DO];
-        b.dq = r[R_DQ];
-        b.dk = r[R_DK];
-        b.dv = r[R_DV];
-        b.alibi_slopes = t[R_ALIBI];
-        b.seed = seed;
-        b.offset = offset;
-        b.side = side;
-        b.num_side = num_side;
-        SET_DOCS(b, o, cu_dev, longest);
-        st = aj_backward(ctx, dev, bk, &b);
-    }
+    if (st == AJ_OK)
+        st = launch_single(ctx, dev, fk, bk, t, r, o, cu_dev, side, num_side);
     for (int i = 0; i < R_OUT_COUNT && st == AJ_OK; i++)
         if (rh[i])
             st = aj_device_copy_from(dev, rh[i], r[i].data,
@@ -623,19 +591,7 @@ static int check_single_rank(aj_ctx *ctx, aj_device *dev, const aj_op *fop,
                 aj_device_free(dev, r[i].data);
             r[i].data = rh[i];
         }
-    if (st != AJ_OK) {
-        rc = cli_report(ctx, st);
-    } else {
-        printf("single-rank check (|ring - single| <= %g + %g |single|):", atol, rtol);
-        for (int i = 0; i < (grad ? R_OUT_COUNT : R_DQ); i++) {
-            double e = mismatch(&r[i], out[i].full, count_of(out[i].rank, out[i].shape), atol,
-                                rtol);
-            printf(" %s %.3g", out_names[i], e);
-            if (!(e <= 1.0))
-                rc = CLI_EXIT_INPUT;
-        }
-        printf(" of the tolerance: %s\n", rc == CLI_EXIT_OK ? "match" : "MISMATCH");
-    }
+    const int rc = st == AJ_OK ? compare_single(info->dtype, r, out, grad) : cli_report(ctx, st);
     for (int i = 0; i < R_IN_COUNT; i++) {
         if (th[i] && t[i].data != th[i])
             aj_device_free(dev, t[i].data);
@@ -645,6 +601,59 @@ static int check_single_rank(aj_ctx *ctx, aj_device *dev, const aj_op *fop,
         free(r[i].data);
     aj_kernel_destroy(fk);
     aj_kernel_destroy(bk);
+    return rc;
+}
+
+/* layout = varlen: the longest document's lengths, queries and keys. */
+static void longest_docs(const ring_opts *o, int32_t longest[2])
+{
+    longest[0] = longest[1] = 0;
+    for (int i = 0; i < 2 && o->batch; i++)
+        for (int32_t b = 0; b < o->batch; b++)
+            if (o->cu[i][b + 1] - o->cu[i][b] > longest[i])
+                longest[i] = o->cu[i][b + 1] - o->cu[i][b];
+}
+
+/* The single-rank forward (and with --grad the backward) on the device's
+ * tensors: inputs t, outputs r. */
+static aj_status launch_single(aj_ctx *ctx, aj_device *dev, const aj_kernel *fk,
+                               const aj_kernel *bk, const aj_tensor *t, const aj_tensor *r,
+                               const ring_opts *o, void *const cu_dev[2],
+                               const aj_side_tensor *side, int num_side)
+{
+    int32_t longest[2];
+    longest_docs(o, longest);
+    aj_fwd_args a = {.struct_size = sizeof a, .q = t[R_Q], .k = t[R_K], .v = t[R_V],
+                     .o = r[R_O], .lse = r[R_LSE], .alibi_slopes = t[R_ALIBI], .seed = o->seed,
+                     .offset = o->offset, .side = side, .num_side = num_side};
+    SET_DOCS(a, o, cu_dev, longest);
+    aj_status st = aj_forward(ctx, dev, fk, &a);
+    if (st != AJ_OK || !o->grad)
+        return st;
+    aj_bwd_args b = {.struct_size = sizeof b, .q = t[R_Q], .k = t[R_K], .v = t[R_V],
+                     .o = r[R_O], .lse = r[R_LSE], .do_ = t[R_DO], .dq = r[R_DQ], .dk = r[R_DK],
+                     .dv = r[R_DV], .alibi_slopes = t[R_ALIBI], .seed = o->seed,
+                     .offset = o->offset, .side = side, .num_side = num_side};
+    SET_DOCS(b, o, cu_dev, longest);
+    return aj_backward(ctx, dev, bk, &b);
+}
+
+/* Prints how far the ring's results (out) are from the single rank's
+ * (r), in units of the tolerance; CLI_EXIT_INPUT if beyond it. */
+static int compare_single(aj_dtype dtype, const aj_tensor *r, const ring_tensor *out, int grad)
+{
+    /* both sides round to the dtype; the ring adds f32 partial merges */
+    const double atol = dtype == AJ_DTYPE_F32 ? 1e-5 : dtype == AJ_DTYPE_F16 ? 2e-3 : 1.6e-2;
+    const double rtol = dtype == AJ_DTYPE_F32 ? 1e-4 : dtype == AJ_DTYPE_F16 ? 4e-3 : 3e-2;
+    int rc = CLI_EXIT_OK;
+    printf("single-rank check (|ring - single| <= %g + %g |single|):", atol, rtol);
+    for (int i = 0; i < (grad ? R_OUT_COUNT : R_DQ); i++) {
+        double e = mismatch(&r[i], out[i].full, count_of(out[i].rank, out[i].shape), atol, rtol);
+        printf(" %s %.3g", out_names[i], e);
+        if (!(e <= 1.0))
+            rc = CLI_EXIT_INPUT;
+    }
+    printf(" of the tolerance: %s\n", rc == CLI_EXIT_OK ? "match" : "MISMATCH");
     return rc;
 }
 

@@ -227,19 +227,13 @@ int cli_parse_run_args(int argc, char **argv, run_opts *o)
             o->no_cache = 1;
             continue;
         }
-        if (strcmp(a, "-v") == 0) {
-            o->verbose = 1;
+        const char *v = NULL;
+        rc = cli_spec_or_value(argc, argv, &i, "run takes one SPEC; '%s' is a second", &o->spec,
+                               &o->verbose, &v);
+        if (rc != CLI_EXIT_OK)
+            return rc;
+        if (!v)
             continue;
-        }
-        if (a[0] != '-' || !a[1]) {
-            if (o->spec)
-                return cli_usage("run takes one SPEC; '%s' is a second", a);
-            o->spec = a;
-            continue;
-        }
-        if (i + 1 == argc)
-            return cli_usage("%s needs a value", a);
-        const char *v = argv[++i];
         if (strcmp(a, "--device") == 0) {
             if (cli_device_kind(v, &o->device) != CLI_EXIT_OK)
                 return CLI_EXIT_USAGE;
@@ -772,6 +766,22 @@ static aj_status launch(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel, in
 
 /* ---------------------------------------------------------------- command */
 
+/* What a run measured, for its summary line. */
+typedef struct run_report {
+    double compile_ms, run_ms;
+    aj_tile_counts tiles;   /* forward, padded, with --verbose */
+    int have_tiles;
+} run_report;
+
+static aj_status open_and_compile(aj_ctx *ctx, const aj_op *op, const run_opts *o,
+                                  aj_device **dev, aj_kernel **kernel, run_report *r);
+static aj_status run_on_device(aj_ctx *ctx, aj_device *dev, const aj_op *op,
+                               const aj_kernel *kernel, int kind, const run_opts *o,
+                               host_buffer *buf, const packed_sizes *sizes,
+                               const cli_side_buffers *side, aj_side_tensor *side_dev,
+                               run_report *r);
+static void print_report(const aj_kernel *kernel, aj_device *dev, const run_report *r);
+
 int cli_run(aj_ctx *ctx, int argc, char **argv)
 {
     run_opts o;
@@ -785,6 +795,8 @@ int cli_run(aj_ctx *ctx, int argc, char **argv)
     memset(buf, 0, sizeof buf);
     cli_side_buffers side = {0};
     aj_side_tensor side_dev[AJ_OP_TENSORS_MAX] = {{0}};
+    run_report report;
+    memset(&report, 0, sizeof report);
 
     rc = cli_load_op(ctx, o.spec, &op);
     if (rc != CLI_EXIT_OK)
@@ -801,16 +813,7 @@ int cli_run(aj_ctx *ctx, int argc, char **argv)
     rc = check_tensors(&info, kind, uses, &o);
     if (rc != CLI_EXIT_OK)
         goto done;
-    st = aj_device_open(ctx, o.device, 0, &dev);
-    if (st == AJ_OK)
-        st = aj_device_set_workers(dev, o.workers);
-    aj_compile_options copt = AJ_COMPILE_OPTIONS_INIT;
-    copt.target = aj_device_target(dev);
-    copt.bypass_cache = o.no_cache;
-    double t0 = now_ms();
-    if (st == AJ_OK)
-        st = aj_compile(ctx, op, &copt, &kernel);
-    double compiled = now_ms();
+    st = open_and_compile(ctx, op, &o, &dev, &kernel, &report);
     if (st != AJ_OK) {
         rc = cli_report(ctx, st);
         goto done;
@@ -823,9 +826,53 @@ int cli_run(aj_ctx *ctx, int argc, char **argv)
         rc = cli_side_load(&info, &o.side, &side);
     if (rc != CLI_EXIT_OK)
         goto done;
+    st = run_on_device(ctx, dev, op, kernel, kind, &o, buf, &sizes, &side, side_dev, &report);
+    if (st != AJ_OK) {
+        rc = cli_report(ctx, st);
+        goto done;
+    }
+    for (int t = 0; t < T_COUNT && rc == CLI_EXIT_OK; t++)
+        if (o.out[t])
+            rc = write_output(tensors[t].name, o.out[t], &buf[t]);
+    print_report(kernel, dev, &report);
+done:
+    cli_side_free(dev, &side, side_dev);
+    for (int t = 0; t < T_COUNT; t++)
+        free(buf[t].mem);
+    aj_kernel_destroy(kernel);
+    aj_device_close(dev);
+    aj_op_destroy(op);
+    return rc;
+}
 
-    /* the tensors go to the device and the results come back (on sim and
-     * cpu the device's memory is host memory: plain copies) */
+/* Opens the device --device names, with --workers, and compiles the op
+ * for it (--no-cache: bypassing the kernel cache), timed. */
+static aj_status open_and_compile(aj_ctx *ctx, const aj_op *op, const run_opts *o,
+                                  aj_device **dev, aj_kernel **kernel, run_report *r)
+{
+    aj_status st = aj_device_open(ctx, o->device, 0, dev);
+    if (st == AJ_OK)
+        st = aj_device_set_workers(*dev, o->workers);
+    aj_compile_options copt = AJ_COMPILE_OPTIONS_INIT;
+    copt.target = aj_device_target(*dev);
+    copt.bypass_cache = o->no_cache;
+    double t0 = now_ms();
+    if (st == AJ_OK)
+        st = aj_compile(ctx, op, &copt, kernel);
+    r->compile_ms = now_ms() - t0;
+    return st;
+}
+
+/* The tensors go to the device, the kernel runs and the results come
+ * back into buf (on sim and cpu the device's memory is host memory:
+ * plain copies); with --verbose a padded forward also counts its tiles. */
+static aj_status run_on_device(aj_ctx *ctx, aj_device *dev, const aj_op *op,
+                               const aj_kernel *kernel, int kind, const run_opts *o,
+                               host_buffer *buf, const packed_sizes *sizes,
+                               const cli_side_buffers *side, aj_side_tensor *side_dev,
+                               run_report *r)
+{
+    aj_status st = AJ_OK;
     aj_tensor on_device[T_COUNT];
     void *device_mem[T_COUNT] = {0};
     size_t bytes[T_COUNT];
@@ -840,52 +887,43 @@ int cli_run(aj_ctx *ctx, int argc, char **argv)
         on_device[t].data = device_mem[t];
     }
     if (st == AJ_OK)
-        st = cli_side_to_device(dev, &side, side_dev);
+        st = cli_side_to_device(dev, side, side_dev);
     launch_args args;
-    fill_args(on_device, &o, &sizes, &args);
+    fill_args(on_device, o, sizes, &args);
     args.fwd.side = args.bwd.side = side_dev;
-    args.fwd.num_side = args.bwd.num_side = side.n;
-    double run_ms = 0;
+    args.fwd.num_side = args.bwd.num_side = side->n;
     if (st == AJ_OK)
-        st = launch(ctx, dev, kernel, kind, &args, &run_ms);
+        st = launch(ctx, dev, kernel, kind, &args, &r->run_ms);
     for (int t = 0; t < T_COUNT && st == AJ_OK; t++)
         if ((tensors[t].role[kind] & OUT) && device_mem[t])
             st = aj_device_copy_from(dev, buf[t].mem, device_mem[t], bytes[t]);
-    aj_tile_counts tiles;
-    memset(&tiles, 0, sizeof tiles);
-    int have_tiles = 0;
-    if (st == AJ_OK && o.verbose && kind == K_FORWARD && info.layout == AJ_LAYOUT_PADDED) {
+    aj_op_info info;
+    aj_op_get_info(op, &info);
+    if (st == AJ_OK && o->verbose && kind == K_FORWARD && info.layout == AJ_LAYOUT_PADDED) {
         aj_block_mask *mask = NULL;
         st = aj_block_mask_create(ctx, dev, op, kernel, &args.fwd, &mask);
-        have_tiles = st == AJ_OK && aj_block_mask_counts(mask, &tiles) == AJ_OK;
+        r->have_tiles = st == AJ_OK && aj_block_mask_counts(mask, &r->tiles) == AJ_OK;
         aj_block_mask_destroy(mask);
     }
     for (int t = 0; t < T_COUNT; t++)
         aj_device_free(dev, device_mem[t]);
-    if (st != AJ_OK) {
-        rc = cli_report(ctx, st);
-        goto done;
-    }
-    for (int t = 0; t < T_COUNT && rc == CLI_EXIT_OK; t++)
-        if (o.out[t])
-            rc = write_output(tensors[t].name, o.out[t], &buf[t]);
+    return st;
+}
+
+/* The run's summary on stderr: times, the emulator's instruction count,
+ * the tile classes if counted. */
+static void print_report(const aj_kernel *kernel, aj_device *dev, const run_report *r)
+{
     fprintf(stderr, "attnjit: %s on %s: compile %.1f ms, run %.1f ms", aj_kernel_entry(kernel),
-            aj_device_name(dev), compiled - t0, run_ms);
+            aj_device_name(dev), r->compile_ms, r->run_ms);
     aj_device_caps caps = AJ_DEVICE_CAPS_INIT;
     if (aj_device_get_caps(dev, &caps) == AJ_OK && caps.counts_instructions)
         fprintf(stderr, ", %llu emulated thread-instructions",
                 (unsigned long long)aj_device_last_instructions(dev));
     fprintf(stderr, "\n");
-    if (have_tiles)
+    if (r->have_tiles)
         fprintf(stderr, "attnjit: tiles of %d x %d: %lld skipped, %lld partial, %lld full\n",
-                tiles.block_m, tiles.block_n, (long long)tiles.tiles[AJ_TILE_SKIP],
-                (long long)tiles.tiles[AJ_TILE_PARTIAL], (long long)tiles.tiles[AJ_TILE_FULL]);
-done:
-    cli_side_free(dev, &side, side_dev);
-    for (int t = 0; t < T_COUNT; t++)
-        free(buf[t].mem);
-    aj_kernel_destroy(kernel);
-    aj_device_close(dev);
-    aj_op_destroy(op);
-    return rc;
+                r->tiles.block_m, r->tiles.block_n, (long long)r->tiles.tiles[AJ_TILE_SKIP],
+                (long long)r->tiles.tiles[AJ_TILE_PARTIAL],
+                (long long)r->tiles.tiles[AJ_TILE_FULL]);
 }

@@ -746,11 +746,15 @@ static npy_status convert_elements(const npy_header *h, const unsigned char *raw
             out->f32[first + i] = half_to_float((uint16_t)load_le(raw + 2 * i, 2));
         break;
     case DTYPE_F4:
+    case DTYPE_I4: {   /* the 4-byte words as they are */
+        unsigned char *dst = h->dtype == DTYPE_F4 ? (unsigned char *)&out->f32[first]
+                                                  : (unsigned char *)&out->i32[first];
         for (size_t i = 0; i < n; i++) {
             uint32_t bits = (uint32_t)load_le(raw + 4 * i, 4);
-            memcpy(&out->f32[first + i], &bits, sizeof bits);
+            memcpy(dst + 4 * i, &bits, sizeof bits);
         }
         break;
+    }
     case DTYPE_F8:
         for (size_t i = 0; i < n; i++) {
             uint64_t bits = load_le(raw + 8 * i, 8);
@@ -763,12 +767,6 @@ static npy_status convert_elements(const npy_header *h, const unsigned char *raw
                             "element %zu of the '%s' data (%g) is outside the float32 range",
                             first + i, h->descr, wide);
             out->f32[first + i] = narrow;
-        }
-        break;
-    case DTYPE_I4:
-        for (size_t i = 0; i < n; i++) {
-            uint32_t bits = (uint32_t)load_le(raw + 4 * i, 4);
-            memcpy(&out->i32[first + i], &bits, sizeof bits);
         }
         break;
     case DTYPE_U1:

@@ -21,7 +21,7 @@
 #include <string.h>
 
 #include "ir/diag.h"
-#include "cp/comm/comm.h"
+#include "cp/comm/comm_mpi.h"
 
 typedef struct mpi_state {
     MPI_Comm comm;
@@ -356,19 +356,29 @@ static const aj_comm_engine mpi_engine = {
     .destroy = mpi_destroy,
 };
 
-aj_status aj_comm_mpi_open(aj_comm *comm, const aj_comm_config *config)
+aj_status aj_comm_mpi_parent(aj_comm *comm, const aj_comm_config *config, const char *needs,
+                             MPI_Comm *parent)
 {
     int initialized = 0, finalized = 0;
     MPI_Initialized(&initialized);
     MPI_Finalized(&finalized);
     if (!initialized || finalized)
-        return aj_fail(comm->ctx, AJ_ERR_COMM, "aj_comm_create: MPI is %s; call MPI_Init "
-                       "before aj_comm_create and MPI_Finalize after aj_comm_destroy",
-                       finalized ? "already finalized" : "not initialised");
-    MPI_Comm parent = config->mpi_comm ? *(const MPI_Comm *)config->mpi_comm : MPI_COMM_WORLD;
-    if (parent == MPI_COMM_NULL)
+        return aj_fail(comm->ctx, AJ_ERR_COMM, "aj_comm_create: MPI is %s; %s",
+                       finalized ? "already finalized" : "not initialised", needs);
+    *parent = config->mpi_comm ? *(const MPI_Comm *)config->mpi_comm : MPI_COMM_WORLD;
+    if (*parent == MPI_COMM_NULL)
         return aj_fail(comm->ctx, AJ_ERR_INVALID_ARG,
                        "aj_comm_create: config->mpi_comm points to MPI_COMM_NULL");
+    return AJ_OK;
+}
+
+aj_status aj_comm_mpi_open(aj_comm *comm, const aj_comm_config *config)
+{
+    MPI_Comm parent;
+    aj_status st = aj_comm_mpi_parent(comm, config, "call MPI_Init before aj_comm_create and "
+                                      "MPI_Finalize after aj_comm_destroy", &parent);
+    if (st != AJ_OK)
+        return st;
     mpi_state *s = calloc(1, sizeof *s);
     if (!s)
         return aj_fail(comm->ctx, AJ_ERR_OUT_OF_MEMORY, "aj_comm_create: out of memory");
@@ -385,7 +395,7 @@ aj_status aj_comm_mpi_open(aj_comm *comm, const aj_comm_config *config)
      * deadline. */
     MPI_Request r = MPI_REQUEST_NULL;
     int rc = MPI_Comm_idup(parent, &s->comm, &r);
-    aj_status st = rc == MPI_SUCCESS ? AJ_OK : mpi_fail(comm, rc, "MPI_Comm_idup");
+    st = rc == MPI_SUCCESS ? AJ_OK : mpi_fail(comm, rc, "MPI_Comm_idup");
     comm->impl = s;
     if (st == AJ_OK)
         st = mpi_wait_one(comm, &r, "MPI_Comm_idup (every rank must call aj_comm_create)");

@@ -31,7 +31,7 @@
 #include <string.h>
 
 #include "ir/diag.h"
-#include "cp/comm/comm.h"
+#include "cp/comm/comm_mpi.h"
 #include "runtime/runtime.h"
 
 /* nccl.h's values (NCCL 2.x ABI). */
@@ -687,22 +687,16 @@ static aj_status open_comm(aj_comm *comm, const aj_comm_config *config, nccl_sta
                            "is not a usable NCCL communicator: %s", nccl_text(r));
         return AJ_OK;
     }
-    int initialized = 0, finalized = 0;
-    MPI_Initialized(&initialized);
-    MPI_Finalized(&finalized);
-    if (!initialized || finalized)
-        return aj_fail(comm->ctx, AJ_ERR_COMM, "aj_comm_create: MPI is %s; the NCCL engine "
-                       "broadcasts its unique id over MPI (or pass config->nccl_comm)",
-                       finalized ? "already finalized" : "not initialised");
-    MPI_Comm parent = config->mpi_comm ? *(const MPI_Comm *)config->mpi_comm : MPI_COMM_WORLD;
-    if (parent == MPI_COMM_NULL)
-        return aj_fail(comm->ctx, AJ_ERR_INVALID_ARG,
-                       "aj_comm_create: config->mpi_comm points to MPI_COMM_NULL");
+    MPI_Comm parent;
+    aj_status st = aj_comm_mpi_parent(comm, config, "the NCCL engine broadcasts its unique id "
+                                      "over MPI (or pass config->nccl_comm)", &parent);
+    if (st != AJ_OK)
+        return st;
     MPI_Comm_rank(parent, &comm->rank);
     MPI_Comm_size(parent, &comm->size);
     aj_nccl_id id;
     memset(&id, 0, sizeof id);
-    aj_status st = share_unique_id(comm, parent, &id);
+    st = share_unique_id(comm, parent, &id);
     if (st != AJ_OK)
         return st;
     /* Blocks in NCCL's own bootstrap until every rank has joined (NCCL's
