@@ -366,9 +366,10 @@ def ring_attention(q, k, v, *, group=None, layout="zigzag", rotate="p2p", causal
     "ulysses" (two all-to-alls of q, k, v and of o, lse around one
     attention over the whole sequence of H/P heads: heads and KV heads
     divisible by P, q and k shards of one length; rotate unused); "hybrid"
-    is the C API's and the CLI's, over MPI or NCCL.  timeout: seconds each exchange may wait, forward and backward
-    (None: the process group's own); a rank that dies or stalls makes every
-    other rank raise attnjit.CommError, within it."""
+    is the C API's and the CLI's, over MPI or NCCL.  timeout: seconds each
+    exchange may wait, forward and backward (None: the process group's
+    own); a rank that dies or stalls makes every other rank raise
+    attnjit.CommError, within it."""
     if method not in ("ring", "ulysses"):
         raise attnjit.UnsupportedError(
             4, "attnjit.torch.ring_attention: method = %r: over torch.distributed attnjit "
