@@ -153,7 +153,9 @@ def test_shard_errors():
         at.shard(torch.zeros(2, 20), 1, 0, 4)
     with pytest.raises(attnjit.InvalidArgError, match="not initialised"):
         at.ring_attention(*(torch.zeros(1, 1, 8, 16) for _ in range(3)))
-    with pytest.raises(attnjit.UnsupportedError, match="method = 'hybrid': the torch.distributed ring runs the ring only"):
+    with pytest.raises(attnjit.UnsupportedError,
+                       match="method = 'hybrid': over torch.distributed attnjit runs 'ring' and "
+                             "'ulysses'"):
         at.ring_attention(*(torch.zeros(1, 1, 8, 16) for _ in range(3)), method="hybrid")
 
 
