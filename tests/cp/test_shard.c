@@ -192,7 +192,7 @@ static void check_varlen(aj_shard_layout layout, int size)
 
 static void check_shard_errors(void)
 {
-    int32_t buf[64];
+    int32_t buf[64] = {0};
     aj_seq_shape shape = {1, 12, 1, 4};
     CHECK_STATUS(ctx, aj_shard(ctx, AJ_SHARD_CONTIGUOUS, 4, 4, &shape, buf, buf),
                  AJ_ERR_INVALID_ARG);
