@@ -47,7 +47,7 @@
  *   EventElapsedTime_v2 start=1 end=2 (or " v1": the old entry point)
  *   DevicePrimaryCtxRetain dev=1 / LinkComplete / ModuleLoadData cubin
  *
- * (and, with FAKE_CUDA_LOG=PREFIX, into the file PREFIX.PID at exit)
+ * (and, with FAKE_CUDA_LOG=PREFIX, into the file PREFIX.PID as it goes)
  * Streams and events are done at once (the work is done when queued).
  */
 #include <stdarg.h>
@@ -99,9 +99,11 @@ const char *fake_cuda_log(void)
     return log_text;
 }
 
-/* FAKE_CUDA_LOG=PREFIX: the log is also written to PREFIX.PID at exit,
- * for tests that run attnjit as a program (test_cli_ring.sh). */
-__attribute__((destructor)) static void write_log(void)
+/* FAKE_CUDA_LOG=PREFIX: the log is also written to PREFIX.PID, after each
+ * line, for tests that run attnjit as a program (test_cli_ring.sh): a rank
+ * that mpiexec kills when another exits with an error never runs its exit
+ * handlers, and its lines must still be there. */
+static void write_log(void)
 {
     const char *prefix = getenv("FAKE_CUDA_LOG");
     if (!prefix || !*prefix)
@@ -113,6 +115,13 @@ __attribute__((destructor)) static void write_log(void)
         fputs(log_text, f);
         fclose(f);
     }
+}
+
+__attribute__((constructor)) static void open_log(void)
+{
+    const char *prefix = getenv("FAKE_CUDA_LOG");
+    if (prefix && *prefix)
+        log_sink = write_log;
 }
 
 void fake_cuda_log_clear(void);

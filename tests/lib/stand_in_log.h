@@ -12,6 +12,9 @@
 
 static char log_text[1 << 20];
 static size_t log_len;
+/* Called after each line when set (a library that keeps its log in a file
+ * too, so that a process killed before exit leaves its lines). */
+static void (*log_sink)(void);
 
 /* Appends one line; a full log drops the rest. */
 static void note(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -26,6 +29,8 @@ static void note(const char *fmt, ...)
         log_text[log_len++] = '\n';
         log_text[log_len] = '\0';
     }
+    if (log_sink)
+        log_sink();
 }
 
 static void log_clear(void)
