@@ -1015,10 +1015,13 @@ static void tma_strides(const tma_case *c, uint64_t *strides)
 
 static void tma_call(aj_kb *kb, const tma_case *c, int load)
 {
-    static const enum aj_intrinsic_id loads[4] = {AJ_INTR_TMA_LOAD_2D, AJ_INTR_TMA_LOAD_3D,
-                                                  AJ_INTR_TMA_LOAD_4D, AJ_INTR_TMA_LOAD_5D};
-    static const enum aj_intrinsic_id stores[4] = {AJ_INTR_TMA_STORE_2D, AJ_INTR_TMA_STORE_3D,
-                                                   AJ_INTR_TMA_STORE_4D, AJ_INTR_TMA_STORE_5D};
+    /* [load][rank - 2] */
+    static const enum aj_intrinsic_id ids[2][4] = {
+        {AJ_INTR_TMA_STORE_2D, AJ_INTR_TMA_STORE_3D, AJ_INTR_TMA_STORE_4D, AJ_INTR_TMA_STORE_5D},
+        {AJ_INTR_TMA_LOAD_2D, AJ_INTR_TMA_LOAD_3D, AJ_INTR_TMA_LOAD_4D, AJ_INTR_TMA_LOAD_5D},
+    };
+    const int rank = c->rank;
+    CHECK_MSG(rank >= 2 && rank <= 5, "%s: rank %d", c->name, rank);
     LLVMValueRef args[8];
     int n = 0;
     if (load)
@@ -1027,7 +1030,7 @@ static void tma_call(aj_kb *kb, const tma_case *c, int load)
     for (int d = 0; d < c->rank; d++)
         args[n++] = c32(kb, c->c[d]);
     args[n++] = load ? bar_at(kb, 0) : smem_at(kb, c32(kb, c->tile));
-    aj_kb_intrinsic(kb, (load ? loads : stores)[c->rank - 2], args);
+    aj_kb_intrinsic(kb, ids[load != 0][rank < 2 ? 0 : rank > 5 ? 3 : rank - 2], args);
 }
 
 static void tma_body(aj_kb *kb, int variant)
