@@ -16,6 +16,7 @@ import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
 import attnjit.torch as at  # noqa: E402
+from cp_check import assert_shards_match  # noqa: E402
 from attnjit.torch import _ops  # noqa: E402
 from reference import visible  # noqa: E402
 
@@ -28,7 +29,6 @@ CASES = [  # (layout, rotate, dtype, options)
     ("zigzag", "p2p", torch.float32, dict(mask="doc[b, q] == doc[b, k] && k <= q")),
     ("zigzag", "p2p", torch.float32, dict(causal=True, dropout_p=0.25)),
 ]
-TOL = {torch.float32: 2e-5, torch.bfloat16: 2e-2}
 
 
 def _record_launches():
@@ -115,15 +115,8 @@ def _worker(rank, world, init_file):
             what = "%s %s %s %s rank %d/%d" % (layout, rotate, dtype, opts, rank, world)
             seen = visible(2, 4, S, S, opts.get("causal", False), opts.get("window"), doc_mask)
             _check_launches(log, seen, layout, rotate, rank, world, what)
-            tol = TOL[dtype]
-            torch.testing.assert_close(ro, at.shard(o, 2, rank, world, layout), atol=tol,
-                                       rtol=tol, msg=lambda m: what + ": o: " + m)
-            torch.testing.assert_close(rlse, at.shard(lse, 2, rank, world, layout),
-                                       atol=1e-4, rtol=1e-4, msg=lambda m: what + ": lse: " + m)
-            for name, part, whole in zip(("dq", "dk", "dv"), parts, leaves):
-                torch.testing.assert_close(
-                    part.grad, at.shard(whole.grad, 2, rank, world, layout), atol=2 * tol,
-                    rtol=2 * tol, msg=lambda m, n=name: "%s: %s: %s" % (what, n, m))
+            assert_shards_match(ro, rlse, parts, o, lse, leaves, rank, world, layout, dtype,
+                                what)
     finally:
         dist.destroy_process_group()
 

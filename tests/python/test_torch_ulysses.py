@@ -17,6 +17,7 @@ import torch.multiprocessing as mp  # noqa: E402
 
 import attnjit  # noqa: E402
 import attnjit.torch as at  # noqa: E402
+from cp_check import assert_shards_match  # noqa: E402
 
 S, HQ, HKV, D = 32, 8, 4, 16
 DOC = torch.tensor([[0] * 11 + [1] * 21, [0] * 32], dtype=torch.int32)
@@ -28,7 +29,6 @@ CASES = [  # (layout, dtype, options)
                                    tensors={"doc": DOC})),
     ("contiguous", torch.float32, dict(causal=True, dropout_p=0.3)),
 ]
-TOL = {torch.float32: 2e-5, torch.bfloat16: 2e-2}
 
 
 def _worker(rank, world, init_file):
@@ -49,15 +49,8 @@ def _worker(rank, world, init_file):
                                          return_lse=True, timeout=60, **opts)
             ro.backward(at.shard(do, 2, rank, world, layout))
             what = "%s %s %s rank %d/%d" % (layout, dtype, sorted(opts), rank, world)
-            tol = TOL[dtype]
-            torch.testing.assert_close(ro, at.shard(o, 2, rank, world, layout), atol=tol,
-                                       rtol=tol, msg=lambda m: what + ": o: " + m)
-            torch.testing.assert_close(rlse, at.shard(lse, 2, rank, world, layout),
-                                       atol=1e-4, rtol=1e-4, msg=lambda m: what + ": lse: " + m)
-            for name, part, whole in zip(("dq", "dk", "dv"), parts, leaves):
-                torch.testing.assert_close(
-                    part.grad, at.shard(whole.grad, 2, rank, world, layout), atol=2 * tol,
-                    rtol=2 * tol, msg=lambda m, n=name: "%s: %s: %s" % (what, n, m))
+            assert_shards_match(ro, rlse, parts, o, lse, leaves, rank, world, layout, dtype,
+                                what)
         # context_parallel(method="ulysses"): SDPA on the shards, gradients included
         x = torch.randn(2, S, 32, generator=torch.Generator().manual_seed(1))
         whole = x.clone().requires_grad_()

@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "spec_compile.h"
 
 static aj_ctx *new_ctx(uint64_t max_kernels)
 {
@@ -36,13 +37,10 @@ static aj_kernel *compile(aj_ctx *ctx, int i)
     char text[160];
     snprintf(text, sizeof text, "attention forward efficient { dtype = f32 head_dim = 32 "
              "mask = window(%d, 0) }", i);
-    aj_op *op = NULL;
     aj_kernel *k = NULL;
     aj_compile_options opt = AJ_COMPILE_OPTIONS_INIT;
     opt.target = AJ_TARGET_CPU;
-    CHECK_STATUS(ctx, aj_op_parse(ctx, text, strlen(text), "t", &op), AJ_OK);
-    CHECK_STATUS(ctx, aj_compile(ctx, op, &opt, &k), AJ_OK);
-    aj_op_destroy(op);
+    CHECK_STATUS(ctx, spec_compile(ctx, text, "t", &opt, &k), AJ_OK);
     return k;
 }
 

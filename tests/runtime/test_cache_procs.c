@@ -34,6 +34,7 @@
 #include "check.h"
 #include "fwd_check.h"
 #include "sim_harness.h"
+#include "spec_compile.h"
 #include "temp_dir.h"
 
 enum { WORKERS = 6, ROUNDS = 24, KILLED = 0, NUM_OPS = 6 };
@@ -278,13 +279,11 @@ static void test_write_fails(const char *parent)
     CHECK(aj_cache_get_stats(ctx, &s) == AJ_OK && s.disk_enabled);
     CHECK(rmdir(sub) == 0);
     const char *text = "attention forward efficient { dtype = f32 head_dim = 24 }";
-    aj_op *op = NULL;
     aj_kernel *k1 = NULL, *k2 = NULL;
     aj_compile_options opt = AJ_COMPILE_OPTIONS_INIT;
     opt.target = AJ_TARGET_CPU;
-    CHECK_STATUS(ctx, aj_op_parse(ctx, text, strlen(text), "t", &op), AJ_OK);
-    CHECK_STATUS(ctx, aj_compile(ctx, op, &opt, &k1), AJ_OK);
-    CHECK_STATUS(ctx, aj_compile(ctx, op, &opt, &k2), AJ_OK);
+    CHECK_STATUS(ctx, spec_compile(ctx, text, "t", &opt, &k1), AJ_OK);
+    CHECK_STATUS(ctx, spec_compile(ctx, text, "t", &opt, &k2), AJ_OK);
     CHECK(aj_cache_get_stats(ctx, &s) == AJ_OK);
     CHECK_MSG(k1 && k1 == k2 && s.memory_hits == 1 && s.disk_writes == 0 && warnings == 1,
               "memory hits %llu, disk writes %llu, %d warnings",
@@ -292,7 +291,6 @@ static void test_write_fails(const char *parent)
     CHECK(access(sub, F_OK) != 0);   /* nothing made */
     aj_kernel_destroy(k1);
     aj_kernel_destroy(k2);
-    aj_op_destroy(op);
     aj_ctx_destroy(ctx);
 }
 
