@@ -145,6 +145,14 @@ def _wait(work, what, group, timeout):
             work.wait(timeout=datetime.timedelta(seconds=timeout))
 
 
+def _complete(post, what, group, timeout):
+    """Posts one collective (post() returns its async work) and waits for
+    it, both under _comm's rule."""
+    with _comm(what, group, timeout):
+        work = post()
+    _wait(work, what, group, timeout)
+
+
 class _Ring:
     """One ring call's fixed facts: the group, ranks, op, and the C ring's
     schedule for them."""
@@ -202,9 +210,8 @@ class _Ring:
             ks = [torch.empty_like(k) for _ in range(self.world)]
             vs = [torch.empty_like(v) for _ in range(self.world)]
             for whole, part, name in ((ks, k, "K"), (vs, v, "V")):
-                with _comm("the all-gather of " + name, self.group, self.timeout):
-                    work = dist.all_gather(whole, part, group=self.group, async_op=True)
-                self.wait(work, "the all-gather of " + name)
+                _complete(lambda: dist.all_gather(whole, part, group=self.group, async_op=True),
+                          "the all-gather of " + name, self.group, self.timeout)
             for src, pairs in self.steps:
                 yield src, pairs, ks[src], vs[src]
             return
@@ -251,9 +258,8 @@ class _Ring:
         if gathered:
             for acc in dkv:
                 for t in acc:
-                    with _comm("the all-reduce of dK/dV", self.group, self.timeout):
-                        work = dist.all_reduce(t, group=self.group, async_op=True)
-                    self.wait(work, "the all-reduce of dK/dV")
+                    _complete(lambda: dist.all_reduce(t, group=self.group, async_op=True),
+                              "the all-reduce of dK/dV", self.group, self.timeout)
             mine = dkv[self.rank]
         else:
             mine = dkv[0]          # after P hops, this rank's own block's sums
@@ -286,9 +292,8 @@ class _AllToAll(torch.autograd.Function):
         ctx.args = (group, timeout, what)
         x = x.contiguous()
         out = torch.empty_like(x)
-        with _comm(what, group, timeout):
-            work = dist.all_to_all_single(out, x, group=group, async_op=True)
-        _wait(work, what, group, timeout)
+        _complete(lambda: dist.all_to_all_single(out, x, group=group, async_op=True), what,
+                  group, timeout)
         return out
 
     @staticmethod
@@ -389,9 +394,8 @@ def ring_attention(q, k, v, *, group=None, layout="zigzag", rotate="p2p", causal
     if rng is not None:       # one dropout stream for the whole sequence
         src = dist.get_global_rank(group, 0) if group else 0
         what = "the broadcast of the dropout stream"
-        with _comm(what, group, timeout):
-            work = dist.broadcast(rng, src=src, group=group, async_op=True)
-        _wait(work, what, group, timeout)
+        _complete(lambda: dist.broadcast(rng, src=src, group=group, async_op=True), what,
+                  group, timeout)
     if method == "ulysses":
         o, lse = _Ulysses(group, layout, timeout, q.shape[2]).attention(
             q, k, v, alibi_slopes, side, rng, variant, body)
