@@ -62,15 +62,22 @@ def attnjit_attention_forward(module, query, key, value, attention_mask, dropout
         m = m.expand(query.shape[0], query.shape[2], key.shape[2])
         opts["mask"] = "aj_mask[b, q, k] != 0"
         opts["tensors"] = {"aj_mask": m.to(torch.int32)}
-    else:
-        causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
-        if causal and query.shape[2] > 1:
-            opts["causal"] = "bottom_right"
-            window = kwargs.get("sliding_window")
-            if window:
-                opts["window"] = (int(window) - 1, 0)
+    elif query.shape[2] > 1:      # one query row sees every key
+        _causal_options(module, is_causal, kwargs, opts)
     out = _ops.attention(query, key, value, **opts)
     return out.transpose(1, 2).contiguous(), None
+
+
+def _causal_options(module, is_causal, kwargs, opts):
+    """A causal layer's options without a mask: causal="bottom_right" (the
+    queries are the last of the keys' positions) and its sliding window
+    (transformers' window W keeps keys q - W < k <= q)."""
+    causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    if causal:
+        opts["causal"] = "bottom_right"
+        window = kwargs.get("sliding_window")
+        if window:
+            opts["window"] = (int(window) - 1, 0)
 
 
 def _packed(module, query, key, value, cu_q, cu_k, kwargs, opts, is_causal):
@@ -78,12 +85,7 @@ def _packed(module, query, key, value, cu_q, cu_k, kwargs, opts, is_causal):
     (cu_seq_lens_q/k, max_length_q/k: DataCollatorWithFlattening's) as
     attention_varlen over the one row's sequences, each causal from its
     start; no dense mask."""
-    causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
-    if causal:
-        opts["causal"] = "bottom_right"
-        window = kwargs.get("sliding_window")
-        if window:
-            opts["window"] = (int(window) - 1, 0)
+    _causal_options(module, is_causal, kwargs, opts)
     max_q, max_k = kwargs.get("max_length_q"), kwargs.get("max_length_k")
     cu_q, cu_k = cu_q.to(torch.int32), cu_k.to(torch.int32)
     if max_q is None or max_k is None:   # the bounds from the offsets (a host read)
