@@ -106,6 +106,7 @@ struct aj_kernel {
     aj_kernel_stage *stages;
     aj_compile_stats stats;
     aj_op_info op;               /* what the kernel computes, for launches */
+    int32_t sinks;               /* the op's sinks tensor, an index in op.tensors; -1: none */
     char *object;                /* sim, cpu: the host object code (ELF) */
     size_t object_size;
     void *jit;                   /* sim, cpu: the LLJIT that runs the object */

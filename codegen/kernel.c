@@ -51,6 +51,7 @@ aj_status aj_kernel_new(aj_ctx *ctx, const aj_kb_stage *stages, int num_stages,
     k->code_hash = XXH3_64bits(code, code_size);
     k->target = target;
     k->emit = emit;
+    k->sinks = -1;
     k->num_stages = num_stages;
     for (int s = 0; s < num_stages; s++)
         stage_from_kb(&k->stages[s], &stages[s]);
@@ -147,7 +148,7 @@ aj_status aj_kernel_compile_stats(const aj_kernel *kernel, aj_compile_stats *out
  * versions, and the header below pins the format and the struct sizes):
  *
  *   u32 KERNEL_FORMAT  u32 sizeof(aj_op_info)  u32 sizeof(aj_launch_info)
- *   u32 target  u32 emit  aj_op_info  i32 num_stages  stage*
+ *   u32 target  u32 emit  aj_op_info  i32 sinks  i32 num_stages  stage*
  *   u64 code_size   code   u64 object_size   object
  *
  * with, per stage,
@@ -158,9 +159,9 @@ aj_status aj_kernel_compile_stats(const aj_kernel *kernel, aj_compile_stats *out
  *
  * where str is u32 length + bytes, and object is a host kernel's object
  * code (object_size 0 for GPU kernels).  Format 2 added the stages, 3 the
- * object code, 4 pack_rows, 5 the parameters' table rows (ids).
+ * object code, 4 pack_rows, 5 the parameters' table rows (ids), 6 sinks.
  */
-#define KERNEL_FORMAT 5u
+#define KERNEL_FORMAT 6u
 
 typedef struct byte_writer {
     uint8_t *buf;
@@ -206,6 +207,7 @@ aj_status aj_kernel_serialize(aj_ctx *ctx, const aj_kernel *k, uint8_t **out, si
     put_u32(&w, (uint32_t)k->target);
     put_u32(&w, (uint32_t)k->emit);
     put(&w, &k->op, sizeof k->op);
+    put(&w, &k->sinks, 4);
     put(&w, &k->num_stages, 4);
     for (int s = 0; s < k->num_stages; s++) {
         const aj_kernel_stage *ks = &k->stages[s];
@@ -306,6 +308,10 @@ aj_status aj_kernel_deserialize(aj_ctx *ctx, const uint8_t *data, size_t size,
     aj_target target = (aj_target)get_u32(&r);
     aj_emit emit = (aj_emit)get_u32(&r);
     get(&r, &op, sizeof op);
+    int32_t sinks = -1;
+    get(&r, &sinks, 4);
+    if (sinks < -1 || sinks >= op.num_tensors)
+        r.failed = 1;
     int32_t num_stages = 0;
     get(&r, &num_stages, 4);
     if (num_stages < 1 || num_stages > AJ_KB_MAX_STAGES)
@@ -334,6 +340,7 @@ aj_status aj_kernel_deserialize(aj_ctx *ctx, const uint8_t *data, size_t size,
     if (st != AJ_OK)
         return st;
     k->op = op;
+    k->sinks = sinks;
     if (host) {
         k->object = malloc((size_t)object_size);
         if (!k->object) {

@@ -478,6 +478,31 @@ aj_status aj_op_set_kv_dtype(aj_op *op, aj_dtype kv_dtype)
     return set_field(op, __func__, &cand, AJ_FIELD_KV_DTYPE);
 }
 
+aj_status aj_op_set_sinks(aj_op *op, const char *name)
+{
+    AJ_OP_ARG(op);
+    aj_op cand = *op;
+    cand.sinks = 0;
+    if (name && *name) {
+        for (int i = 0; i < op->tensor_count; i++)
+            if (strcmp(op->tensors[i].name, name) == 0)
+                cand.sinks = i + 1;
+        if (!cand.sinks)
+            return op_fail(op, AJ_ERR_VERIFY,
+                           "%s: sinks = %s: no side tensor of that name is declared "
+                           "(aj_op_declare_tensor it as f32, rank 1, first)", __func__, name);
+    }
+    return set_field(op, __func__, &cand, AJ_FIELD_SINKS);
+}
+
+aj_status aj_op_get_sinks(const aj_op *op, int32_t *tensor)
+{
+    AJ_OP_ARG(op);
+    AJ_CHECK_ARG(op->ctx, tensor, "aj_op_get_sinks: tensor is NULL");
+    *tensor = op->sinks - 1;
+    return AJ_OK;
+}
+
 aj_status aj_op_set_schedule(aj_op *op, const aj_schedule *schedule)
 {
     aj_op cand;
@@ -525,6 +550,7 @@ static aj_status check_header(const aj_op *op, char *msg, size_t cap);
 static aj_status check_tensors(const aj_op *op, char *msg, size_t cap);
 static aj_status check_mask(const aj_op *op, char *msg, size_t cap);
 static aj_status check_score_mod(const aj_op *op, char *msg, size_t cap);
+static aj_status check_sinks(const aj_op *op, char *msg, size_t cap);
 static aj_status check_dropout(double p, char *msg, size_t cap);
 static aj_status check_schedule(const aj_schedule *s, char *msg, size_t cap);
 static aj_status check_layout(const aj_op *op, char *msg, size_t cap);
@@ -560,6 +586,8 @@ aj_status aj_op_check_field(const aj_op *op, aj_field field, char *msg,
         return check_mask(op, msg, cap);
     case AJ_FIELD_SCORE_MOD:
         return check_score_mod(op, msg, cap);
+    case AJ_FIELD_SINKS:
+        return check_sinks(op, msg, cap);
     case AJ_FIELD_SCALE:
         return op->scale == AJ_SCALE_DEFAULT || aj_scale_ok(op->scale, msg, cap)
                    ? AJ_OK : AJ_ERR_INVALID_ARG;
@@ -644,6 +672,7 @@ static bool field_is_default(const aj_op *op, aj_field field)
     case AJ_FIELD_TENSORS:       return op->tensor_count == 0;
     case AJ_FIELD_MASK:          return op->mask.kind == AJ_MASK_NONE;
     case AJ_FIELD_SCORE_MOD:     return op->score_mod.kind == AJ_SCORE_MOD_NONE;
+    case AJ_FIELD_SINKS:         return op->sinks == 0;
     case AJ_FIELD_SCALE:         return op->scale == AJ_SCALE_DEFAULT;
     case AJ_FIELD_DROPOUT:       return op->dropout == 0.0;
     case AJ_FIELD_BIAS:          return op->bias == AJ_BIAS_NONE;
@@ -739,6 +768,34 @@ static bool is_identifier(const char *name)
 
 /* Each declaration: an identifier that is not reserved nor taken, a dtype,
  * a rank of 1..4. */
+/* sinks = NAME: a declared f32[1] tensor of one logit per query head
+ * (docs/ir.md "Sinks"), counted once per row, so not in a chain of
+ * accumulate calls, each of which would add it again. */
+static aj_status check_sinks(const aj_op *op, char *msg, size_t cap)
+{
+    if (op->sinks == 0)
+        return AJ_OK;
+    if (op->sinks < 0 || op->sinks > op->tensor_count) {
+        snprintf(msg, cap, "sinks names tensor %d of %d declared", (int)op->sinks - 1,
+                 (int)op->tensor_count);
+        return AJ_ERR_INVALID_ARG;
+    }
+    const aj_tensor_decl *t = &op->tensors[op->sinks - 1];
+    if (t->dtype != AJ_SIDE_F32 || t->rank != 1) {
+        snprintf(msg, cap, "sinks = %s: the sink logits are f32[1] (one per query head), "
+                 "not %s[%d]", t->name, t->dtype == AJ_SIDE_I32 ? "i32" : "f32",
+                 (int)t->rank);
+        return AJ_ERR_VERIFY;
+    }
+    if (op->accumulate) {
+        snprintf(msg, cap, "sinks = %s with accumulate = true: each call of a chain would "
+                 "count the sink again; run the chain without sinks and start it from "
+                 "lse = sink, o_acc = 0 (docs/ir.md \"Sinks\")", t->name);
+        return AJ_ERR_VERIFY;
+    }
+    return AJ_OK;
+}
+
 static aj_status check_tensors(const aj_op *op, char *msg, size_t cap)
 {
     if (op->tensor_count < 0 || op->tensor_count > AJ_OP_TENSORS_MAX) {

@@ -47,6 +47,9 @@ struct aj_op {
     int32_t head_dim_v;    /* 0 until set: means head_dim */
     aj_mask_spec mask;
     aj_score_mod_spec score_mod;
+    /* learned sinks (forward and backward): 1 + the index of the side
+     * tensor of one logit per query head; 0: none */
+    int32_t sinks;
     double scale;          /* AJ_SCALE_DEFAULT or finite > 0 */
     double dropout;        /* 0 <= p < 1 */
     aj_bias bias;
@@ -104,6 +107,7 @@ double aj_op_scale(const aj_op *op);
     X(TENSORS, "tensors")                 \
     X(MASK, "mask")                       \
     X(SCORE_MOD, "score_mod")             \
+    X(SINKS, "sinks")                     \
     X(SCALE, "scale")                     \
     X(DROPOUT, "dropout")                 \
     X(BIAS, "bias")                       \

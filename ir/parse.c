@@ -71,6 +71,7 @@ typedef struct parser {
     lex_state lx;
     aj_op *op;
     deferred_expr deferred[2]; /* [0] mask, [1] score_mod */
+    token sinks;               /* sinks = NAME, resolved with the expressions */
     int depth;                 /* of the expression being parsed */
     aj_pos header;             /* where 'attention' was written */
     aj_pos open, close;        /* the body's braces */
@@ -390,6 +391,12 @@ static aj_status parse_value(parser *p, aj_field field)
         break;
     case AJ_FIELD_SCORE_MOD:
         AJ_TRY(parse_score_mod(p, &op->score_mod));
+        break;
+    case AJ_FIELD_SINKS:
+        if (p->lx.tok.kind != TOK_IDENT)
+            return expected(p, "a tensor name or none");
+        p->sinks = p->lx.tok;
+        AJ_TRY(next(p));
         break;
     case AJ_FIELD_SCALE:
         AJ_TRY(parse_scale(p, &op->scale));
@@ -992,6 +999,17 @@ static aj_status parse_deferred(parser *p)
     if (aj_op_check_field(p->op, AJ_FIELD_TENSORS, msg, sizeof msg) != AJ_OK)
         return fail_at(p, AJ_ERR_VERIFY, p->field_at[AJ_FIELD_TENSORS], "%s",
                        msg);
+    if (p->sinks.len && !(p->sinks.len == 4 && memcmp(p->sinks.text, "none", 4) == 0)) {
+        for (int i = 0; i < p->op->tensor_count; i++)
+            if (strlen(p->op->tensors[i].name) == p->sinks.len &&
+                memcmp(p->op->tensors[i].name, p->sinks.text, p->sinks.len) == 0)
+                p->op->sinks = i + 1;
+        if (!p->op->sinks)
+            return fail_at(p, AJ_ERR_VERIFY, p->sinks.pos,
+                           "sinks = %.*s: no side tensor of that name (declare it: "
+                           "tensors = (%.*s: f32[1]))", (int)p->sinks.len, p->sinks.text,
+                           (int)p->sinks.len, p->sinks.text);
+    }
     for (int i = 0; i < 2; i++) {
         if (!p->deferred[i].set)
             continue;

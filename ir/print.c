@@ -102,6 +102,9 @@ aj_status aj_op_canonical(const aj_op *op, char *buf, size_t cap, size_t *len)
          * expressions prints (and hashes) as it did before they existed. */
         if (f == AJ_FIELD_TENSORS && op->tensor_count == 0)
             continue;
+        /* and sinks, when there are none */
+        if (f == AJ_FIELD_SINKS && op->sinks == 0)
+            continue;
         /* Likewise kv_dtype, which only the paged layout has. */
         if (f == AJ_FIELD_KV_DTYPE && op->layout != AJ_LAYOUT_PAGED)
             continue;
@@ -242,6 +245,9 @@ static void print_value(text_buf *t, const aj_op *op, aj_field field)
             emit_number(t, op->score_mod.softcap);
             emit(t, ")");
         }
+        return;
+    case AJ_FIELD_SINKS:
+        emit(t, "%s", op->sinks ? op->tensors[op->sinks - 1].name : "none");
         return;
     case AJ_FIELD_SCALE:
         if (op->scale == AJ_SCALE_DEFAULT)

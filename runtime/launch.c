@@ -141,6 +141,8 @@ static aj_status bind_scores(aj_ctx *ctx, const char *fn, aj_device *dev,
 {
     aj_status st = aj_bind_scores(ctx, fn, &kernel->op, c->side, c->num_side, c->slopes,
                                   &ls->scores);
+    if (st == AJ_OK)
+        st = aj_check_sinks(ctx, fn, kernel, c->side, c->num_side, sz->heads_total);
     const aj_block_mask_shape shape = {sz->batch, sz->heads_q, sz->seq_q, sz->seq_k,
                                        c->q_offset, c->kv_offset, c->sq_total, c->sk_total,
                                        0, 0, sz->head_offset};
@@ -217,6 +219,8 @@ static aj_status forward_paged(aj_ctx *ctx, aj_device *dev, const aj_kernel *ker
     put_scalar(&v, AJ_PSRC_head_offset, sz.head_offset);
     if (st == AJ_OK)
         st = aj_bind_scores(ctx, FWD, op, a->side, a->num_side, &a->alibi_slopes, &ls->scores);
+    if (st == AJ_OK)
+        st = aj_check_sinks(ctx, FWD, kernel, a->side, a->num_side, sz.heads_total);
     for (int s = 0; st == AJ_OK && s < (sz.splits > 1 ? 2 : 1); s++) {
         st = aj_bind_stage(ctx, dev, kernel, s, &v, &ls->scores, &ls->bound);
         if (st == AJ_OK)
@@ -416,11 +420,15 @@ aj_status aj_backward(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
     BEGIN_LAUNCH("aj_backward", AJ_KIND_BACKWARD, aj_bwd_args, dv, BWD_ARGS);
     bwd_call call;
     st = aj_check_backward(ctx, op, args, &call);
+    if (st == AJ_OK)
+        st = aj_check_dsinks(ctx, BWD, kernel, &args->dsinks, call.sz.heads_q);
     if (st != AJ_OK)
         return st;
     const fwd_sizes *sz = &call.sz;
-    if (sz->batch == 0 || sz->heads_kv == 0 || (sz->seq_q == 0 && sz->seq_k == 0))
-        return AJ_OK;   /* no gradient element: nothing to launch */
+    /* no gradient element: nothing to launch (but dsinks, which is 0) */
+    if ((sz->batch == 0 || sz->heads_kv == 0 || (sz->seq_q == 0 && sz->seq_k == 0)) &&
+        !args->dsinks.data)
+        return AJ_OK;
 
     bwd_workspace w = workspace_layout(kernel, &call);
     void *ws = NULL;
@@ -479,7 +487,8 @@ static aj_status run_stages(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel
     for (int s = 0; s < kernel->num_stages; s++) {
         aj_launch_info li;
         aj_kernel_stage_info(kernel, s, &li);
-        int empty = 0;
+        /* the sinks' gradient, the last stage: only when asked for */
+        int empty = kernel->sinks >= 0 && s == kernel->num_stages - 1 && !a->dsinks.data;
         for (int d = 0; d < 3; d++)
             empty |= grid_extent(li.grid[d].extent, &sz) == 0;
         if (empty)

@@ -60,6 +60,37 @@ aj_status aj_side_check_names(aj_ctx *ctx, const char *fn, const aj_op_info *op,
     return AJ_OK;
 }
 
+aj_status aj_check_sinks(aj_ctx *ctx, const char *fn, const aj_kernel *kernel,
+                         const aj_side_tensor *side, int32_t num_side, int64_t heads_total)
+{
+    if (kernel->sinks < 0)
+        return AJ_OK;
+    const char *name = kernel->op.tensors[kernel->sinks].name;
+    for (int i = 0; i < num_side; i++)
+        if (side[i].name && strcmp(side[i].name, name) == 0)
+            AJ_CHECK_ARG(ctx, side[i].rank == 1 && side[i].shape[0] == heads_total,
+                         "%s: sinks tensor '%s' has %lld logits; want one per query head of "
+                         "the op, %lld", fn, name, (long long)side[i].shape[0],
+                         (long long)heads_total);
+    return AJ_OK;
+}
+
+aj_status aj_check_dsinks(aj_ctx *ctx, const char *fn, const aj_kernel *kernel,
+                          const aj_tensor *dsinks, int64_t heads_q)
+{
+    if (!dsinks->data)
+        return AJ_OK;
+    AJ_CHECK_ARG(ctx, kernel->sinks >= 0, "%s: dsinks is given, but the op has no sinks", fn);
+    AJ_CHECK_ARG(ctx, dsinks->dtype == AJ_DTYPE_F32 && dsinks->rank == 1 &&
+                          dsinks->shape[0] == heads_q &&
+                          (dsinks->strides[0] >= 1 || heads_q <= 1),
+                 "%s: dsinks is %s of rank %d, %lld elements, stride %lld; want f32 [%lld] (one "
+                 "per query head of the call), a stride of 1 or more", fn,
+                 aj_dtype_name(dsinks->dtype), (int)dsinks->rank, (long long)dsinks->shape[0],
+                 (long long)dsinks->strides[0], (long long)heads_q);
+    return AJ_OK;
+}
+
 /* Checks the side tensors of a launch against the op's declarations and
  * binds them and alibi's slopes, as `fn` in messages. */
 aj_status aj_bind_scores(aj_ctx *ctx, const char *fn, const aj_op_info *op,
@@ -331,10 +362,11 @@ void aj_backward_values(const aj_bwd_args *a, const fwd_sizes *sz, int64_t sq_to
     attention_values(&a->q, &a->k, &a->v, &a->lse, sz, a->q_offset, a->kv_offset, a->sq_total,
                      a->sk_total, sq_total, sk_total, a->seed, a->offset, a->cu_seqlens_q,
                      a->cu_seqlens_k, a->batch, status, v);
-    const aj_tensor *t[7] = {&a->o, &a->do_, &a->dq, &a->dk, &a->dv, &a->bias, &a->dbias};
-    const aj_param_source src[7] = {AJ_PSRC_o, AJ_PSRC_do, AJ_PSRC_dq, AJ_PSRC_dk, AJ_PSRC_dv,
-                                    AJ_PSRC_bias, AJ_PSRC_dbias};
-    for (int i = 0; i < 7; i++)
+    const aj_tensor *t[8] = {&a->o,    &a->do_,  &a->dq,    &a->dk,
+                             &a->dv,   &a->bias, &a->dbias, &a->dsinks};
+    const aj_param_source src[8] = {AJ_PSRC_o,  AJ_PSRC_do,   AJ_PSRC_dq,    AJ_PSRC_dk,
+                                    AJ_PSRC_dv, AJ_PSRC_bias, AJ_PSRC_dbias, AJ_PSRC_dsinks};
+    for (int i = 0; i < 8; i++)
         put_tensor(v, src[i], t[i]);
     const aj_tensor ws_t = {ws, AJ_DTYPE_F32, 1, {(int64_t)(w->bytes / 4)}, {1}};
     put_tensor(v, AJ_PSRC_workspace, &ws_t);

@@ -48,6 +48,7 @@
 #include <string.h>
 
 #include "templates/cpu_attn.h"
+#include "templates/sinks_grad.h"
 #include "templates/skeleton.h"
 #include "templates/template.h"
 
@@ -543,6 +544,8 @@ static aj_status cbwd_build(aj_kb *kb, const aj_op *op, void *user)
     aj_kctx_init(&c.k, kb, op, prog);
     build_dkdv(&c);
     build_dq(&c);
+    if (aj_score_has_sinks(prog))
+        aj_sinks_grad_build(kb, op, prog);
     return kb->st;
 }
 

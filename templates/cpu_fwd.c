@@ -299,6 +299,12 @@ static void emit_epilogue(cfwd *c, const cfwd_out *to)
         aj_cv_at(kb, kb->t_f32, aj_param_data(kb, to->lse), aj_kb_add(kb, to->lse_base, lse_at));
 
     LLVMValueRef w_prior = NULL, scale_new = inv;
+    if (aj_score_has_sinks(c->prog) && out != AJ_PSRC_workspace) {
+        LLVMValueRef h = c->at.sc.h;
+        if (c->per_head)   /* the row's head in the packed group */
+            h = aj_kb_add(kb, h, LLVMBuildUDiv(b, ig, aj_kb_sext64(kb, c->per_head), ""));
+        aj_score_fold_sink(kb, c->prog, h, &l2, &scale_new, &lse);
+    }
     if (accumulate) {
         LLVMValueRef w_new;
         emit_merge_weights(c, fload(c, lse_ptr), l2, &w_prior, &w_new, &lse);
@@ -798,6 +804,11 @@ static void build_paged_merge(cfwd *c, const aj_score_prog *prog)
                                        LLVMBuildFDiv(b, aj_kb_f32(kb, 1), total, ""), "");
     LLVMValueRef lse = LLVMBuildSelect(b, none, ninf, LLVMBuildFAdd(b, m_use,
                                        scalar_math(c, "llvm.log", total), ""), "");
+    if (aj_score_has_sinks(prog)) {
+        LLVMValueRef l2 = LLVMBuildFMul(b, lse, aj_kb_f32(kb, AJ_LOG2E), "");
+        LLVMValueRef hg = LLVMBuildAdd(b, h, aj_param(kb, AJ_PID(head_offset)), "");
+        aj_score_fold_sink(kb, prog, hg, &l2, &inv, &lse);
+    }
     LLVMValueRef orow = aj_kb_add(kb, o_base, aj_kb_mul(kb, i, aj_param(kb, AJ_PID(stride_o_s))));
     LLVMValueRef d =
         aj_kb_for_begin(kb, aj_kb_i32(kb, 0), aj_kb_i32(kb, dv), aj_kb_i32(kb, 8), "mo");

@@ -76,6 +76,7 @@
 #include "templates/attn_common.h"
 #include "templates/skeleton.h"
 #include "templates/score.h"
+#include "templates/sinks_grad.h"
 #include "templates/template.h"
 #include "templates/tile_io.h"
 
@@ -1072,6 +1073,8 @@ static aj_status ebwd_build(aj_kb *kb, const aj_op *op, void *user)
         return st;
     build_dkdv(kb, op, &plan, prog);
     build_dq(kb, op, &plan, prog);
+    if (aj_score_has_sinks(prog))
+        aj_sinks_grad_build(kb, op, prog);
     return kb->st;
 }
 

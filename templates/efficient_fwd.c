@@ -490,8 +490,19 @@ typedef struct efwd_out {
     LLVMValueRef o_head, lse_head;             /* i64; NULL: one head */
 } efwd_out;
 
+/* The global head of thread row k: its score's, or the CTA's first plus
+ * the row's head in a GQA-packed block whose programs do not read h. */
+static LLVMValueRef row_head_global(efwd *e, int k)
+{
+    if (e->per_row_sc || !e->row_head[k])
+        return e->row_sc[k]->h;
+    return LLVMBuildAdd(e->b, e->sc.h, aj_kb_sext64(e->kb, e->row_head[k]), "");
+}
+
 /* O = acc / l (0 for rows that saw no key), LSE = (m + log2 l) ln 2; with
- * accumulate, both merged into the prior (O, LSE) first. */
+ * sinks, the sink folded in where the row is finished (not in a split-KV
+ * part's partial); with accumulate, both merged into the prior (O, LSE)
+ * first. */
 static void emit_epilogue(efwd *e, const efwd_out *dst)
 {
     aj_kb *kb = e->kb;
@@ -529,6 +540,8 @@ static void emit_epilogue(efwd *e, const efwd_out *dst)
         /* an f8 cache's V scale applies to O once, not to each V */
         LLVMValueRef w_prior = NULL;
         LLVMValueRef scale_new = e->v_scale ? LLVMBuildFMul(b, inv, e->v_scale, "") : inv;
+        if (aj_score_has_sinks(e->prog) && dst->o != AJ_PSRC_workspace)
+            aj_score_fold_sink(kb, e->prog, row_head_global(e, k), &l2, &scale_new, &lse);
         if (accumulate) {
             LLVMValueRef w_new;
             emit_merge_weights(e, aj_kb_load(kb, kb->t_f32, lse_ptr, 4), l2, &w_prior, &w_new,
@@ -1166,6 +1179,17 @@ static void build_paged_merge(efwd *e)
         LLVMValueRef total = aj_kb_get(kb, sum);
         LLVMValueRef val = LLVMBuildSelect(b, none, zero, LLVMBuildFDiv(b, aj_kb_get(kb, acc),
                                            total, ""), "");
+        LLVMValueRef l2_all = LLVMBuildFAdd(b, m_use, aj_kb_log2(kb, total), "");
+        LLVMValueRef lse = LLVMBuildSelect(b, none, ninf, LLVMBuildFMul(b, l2_all,
+                                           aj_kb_f32(kb, AJ_LN2), ""), "");
+        if (aj_score_has_sinks(e->prog)) {
+            LLVMValueRef l2_row = LLVMBuildSelect(b, none, ninf, l2_all, "");
+            LLVMValueRef scale = aj_kb_f32(kb, 1);
+            aj_score_fold_sink(kb, e->prog, LLVMBuildAdd(b, h, aj_param(kb, AJ_PID(head_offset)),
+                                                         ""),
+                               &l2_row, &scale, &lse);
+            val = LLVMBuildFMul(b, val, scale, "");
+        }
         LLVMValueRef oat = LLVMBuildAdd(
             b,
             LLVMBuildAdd(b, o_base,
@@ -1178,9 +1202,6 @@ static void build_paged_merge(efwd *e)
                                       LLVMBuildMul(b, oat, aj_kb_i64(kb, size), "")),
                     (unsigned)size);
         aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntEQ, c, aj_kb_i32(kb, 0), ""));
-        LLVMValueRef l2_all = LLVMBuildFAdd(b, m_use, aj_kb_log2(kb, total), "");
-        LLVMValueRef lse = LLVMBuildSelect(b, none, ninf, LLVMBuildFMul(b, l2_all,
-                                           aj_kb_f32(kb, AJ_LN2), ""), "");
         LLVMValueRef lat = LLVMBuildAdd(b, lse_base, aj_kb_sext64(kb, i), "");
         aj_kb_store(kb, lse,
                     aj_kb_gptr_offset(kb, aj_param(kb, AJ_PID(lse)),

@@ -64,6 +64,7 @@
 #include <string.h>
 
 #include "templates/attn_common.h"
+#include "templates/sinks_grad.h"
 #include "templates/skeleton.h"
 #include "templates/score.h"
 #include "templates/template.h"
@@ -1389,6 +1390,8 @@ static aj_status fbwd_build(aj_kb *kb, const aj_op *op, void *user)
         build_dq(kb, op, &plan, prog);
     else
         build_dq_convert(kb, op, &plan, prog);
+    if (aj_score_has_sinks(prog))
+        aj_sinks_grad_build(kb, op, prog);
     return kb->st;
 }
 

@@ -49,6 +49,7 @@ typedef enum aj_param_when {
     AJ_PWHEN_BLOCK_MASK,      /* the kernels read tile classes from a block mask */
     AJ_PWHEN_F8_KV,           /* layout = paged with an f8 kv_dtype */
     AJ_PWHEN_VARLEN_Q,        /* layout = paged with q_layout = varlen */
+    AJ_PWHEN_SINKS,           /* the op has learned sinks */
 } aj_param_when;
 
 static const struct sig_row {
@@ -147,6 +148,7 @@ static bool op_has(aj_param_when when, const aj_op *op, const aj_score_prog *pro
         return op->layout == AJ_LAYOUT_PAGED && aj_op_kv_dtype(op) >= AJ_DTYPE_F8E4M3;
     case AJ_PWHEN_VARLEN_Q:
         return op->layout == AJ_LAYOUT_PAGED && op->q_layout == AJ_LAYOUT_VARLEN;
+    case AJ_PWHEN_SINKS: return aj_score_has_sinks(prog);
     }
     return false;
 }
@@ -254,13 +256,16 @@ aj_status aj_op_kernel_params(aj_ctx *ctx, const aj_op *op, aj_target target, in
     int stages = 0;
     while (stages < AJ_KB_MAX_STAGES && tmpl->stage_sigs[stages] != AJ_KSIG_NONE)
         stages++;
+    /* a backward of an op with sinks ends with their gradient's stage */
+    int sinks_stage = op->kind == AJ_KIND_BACKWARD && op->sinks ? stages++ : -1;
     if (num_stages)
         *num_stages = stages;
     AJ_CHECK_ARG(ctx, stage >= 0 && stage < stages, "%s: stage = %d; the %s kernel has "
                  "stages 0 .. %d", fn, stage, tmpl->name, stages - 1);
     aj_score_prog prog;
     AJ_TRY(aj_score_prog_init(ctx, op, &prog));
-    *count = aj_params_list(tmpl->stage_sigs[stage], op, &prog, params, cap);
+    *count = aj_params_list(stage == sinks_stage ? AJ_KSIG_SINKS_GRAD : tmpl->stage_sigs[stage],
+                            op, &prog, params, cap);
 done:
     return st;
 }

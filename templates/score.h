@@ -80,6 +80,9 @@ typedef struct aj_score_prog {
     /* the mask or the score_mod reads h (alibi's slopes[h] too): the
      * kernel takes head_offset, the global head of its head 0 */
     bool reads_h;
+    /* the op's learned sinks: their tensor's index in tensors, -1: none
+     * (an op with sinks reads h: the kernel takes head_offset) */
+    int sinks;
     /* what each node's tree reads: AJ_SCORE_READS(var) bits, AJ_SCORE_READS_LOAD */
     uint16_t reads[AJ_EXPR_NODES_MAX];
     /* the pipeline's constants (aj_score_compose): q.k's scale, dropout's p */
@@ -112,6 +115,12 @@ static inline bool aj_score_has_mask(const aj_score_prog *p)
 static inline bool aj_score_has_mod(const aj_score_prog *p)
 {
     return p->mod != AJ_EXPR_NONE;
+}
+
+/* Whether the op has learned sinks (sinks = NAME). */
+static inline bool aj_score_has_sinks(const aj_score_prog *p)
+{
+    return p->sinks >= 0;
 }
 
 /*
@@ -165,6 +174,22 @@ typedef struct aj_score {
 void aj_score_begin(aj_score *s, aj_kb *kb, const aj_score_prog *p, int lanes, LLVMValueRef b,
                     LLVMValueRef h, LLVMValueRef q_origin, LLVMValueRef k_origin,
                     LLVMValueRef sq, LLVMValueRef sk);
+
+/*
+ * Learned sinks (docs/design.md "Sinks"), in a forward's epilogue: the
+ * row's softmax denominator gains exp(sink[h]) for global head h (i64).
+ * The row's log2 LSE *l2 (-inf: it saw no key) and the factor its O is
+ * scaled by (*scale) become the sink-including ones, and *lse the LSE in
+ * natural-log units: the merge of the row with a partial of O = 0 and
+ * LSE = sink[h] (so a row that saw no key gets O = 0 and LSE = sink[h]).
+ * Scalar code, on every target.  Only where a row is finished: a split-KV
+ * part or a ring step leaves it to the merge that finishes the row.  The
+ * kernel takes the sinks tensor (a side tensor) and head_offset.
+ */
+void aj_score_fold_sink(aj_kb *kb, const aj_score_prog *p, LLVMValueRef h, LLVMValueRef *l2,
+                        LLVMValueRef *scale, LLVMValueRef *lse);
+/* The sink logit (f32, natural-log units) of global head h (i64). */
+LLVMValueRef aj_score_sink(aj_kb *kb, const aj_score_prog *p, LLVMValueRef h);
 
 /* The score_mod of `score` (f32; or <W x float>) at row i, key j (local). */
 LLVMValueRef aj_score_mod_value(aj_score *s, LLVMValueRef score, LLVMValueRef i, LLVMValueRef j);

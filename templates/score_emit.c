@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "templates/attn_common.h"
+#include "templates/cpu_attn.h"
 #include "templates/cpu_vec.h"
 #include "templates/score_internal.h"
 
@@ -59,9 +60,8 @@ LLVMValueRef aj_score_floor_divmod(emitter *m, LLVMValueRef x, LLVMValueRef y, i
 /* A side tensor's element at integer indices (scalar); 0 outside it.  The
  * index is clamped to element 0 before the load, so an out-of-range index
  * never touches memory past the tensor (the launch refuses empty ones). */
-static LLVMValueRef load_scalar(emitter *m, const aj_tensor_decl *d, const LLVMValueRef *idx)
+static LLVMValueRef load_scalar_at(aj_kb *kb, const aj_tensor_decl *d, const LLVMValueRef *idx)
 {
-    aj_kb *kb = m->s->kb;
     LLVMBuilderRef b = kb->b;
     LLVMValueRef inside = LLVMConstInt(kb->t_i1, 1, 0);
     LLVMValueRef at = aj_kb_i64(kb, 0);
@@ -83,6 +83,35 @@ static LLVMValueRef load_scalar(emitter *m, const aj_tensor_decl *d, const LLVMV
         return LLVMBuildSelect(b, inside, LLVMBuildSExt(b, v, kb->t_i64, ""), aj_kb_i64(kb, 0),
                                "");
     return LLVMBuildSelect(b, inside, v, aj_kb_f32(kb, 0), "");
+}
+
+static LLVMValueRef load_scalar(emitter *m, const aj_tensor_decl *d, const LLVMValueRef *idx)
+{
+    return load_scalar_at(m->s->kb, d, idx);
+}
+
+LLVMValueRef aj_score_sink(aj_kb *kb, const aj_score_prog *p, LLVMValueRef h)
+{
+    LLVMValueRef idx[1] = {to_i64(kb, h)};
+    return load_scalar_at(kb, &p->tensors[p->sinks], idx);
+}
+
+void aj_score_fold_sink(aj_kb *kb, const aj_score_prog *p, LLVMValueRef h, LLVMValueRef *l2,
+                        LLVMValueRef *scale, LLVMValueRef *lse)
+{
+    LLVMBuilderRef b = kb->b;
+    LLVMValueRef sink = aj_score_sink(kb, p, h);
+    LLVMValueRef w_sink, w_row;
+    if (kb->desc->simt) {
+        aj_attn_merge_weights(kb, sink, *l2, &w_sink, &w_row, lse);
+        *l2 = LLVMBuildFMul(b, *lse, aj_kb_f32(kb, AJ_LOG2E), "");
+    } else {
+        LLVMValueRef none, sink2 = LLVMBuildFMul(b, sink, aj_kb_f32(kb, AJ_LOG2E), "");
+        aj_cpu_merge_weights(kb, sink2, *l2, &w_sink, &w_row, l2, &none);
+        *l2 = LLVMBuildSelect(b, none, aj_kb_f32(kb, -INFINITY), *l2, "");
+        *lse = LLVMBuildFMul(b, *l2, aj_kb_f32(kb, AJ_LN2), "");
+    }
+    *scale = LLVMBuildFMul(b, *scale, w_row, "");
 }
 
 static LLVMValueRef emit_load(emitter *m, const aj_expr_node *n)

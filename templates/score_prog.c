@@ -422,6 +422,8 @@ aj_status aj_score_prog_init(aj_ctx *ctx, const aj_op *op, aj_score_prog *p)
     p->dropout = op->dropout;
     p->tensor_count = op->tensor_count;
     memcpy(p->tensors, op->tensors, sizeof op->tensors[0] * (size_t)op->tensor_count);
+    p->sinks = op->kind == AJ_KIND_MERGE ? -1 : op->sinks - 1;
+    p->reads_h = p->sinks >= 0;
     uint16_t mask;
     aj_status st = add_field(ctx, op, false, p, &mask);
     if (st == AJ_OK)

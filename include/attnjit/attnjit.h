@@ -284,6 +284,15 @@ aj_status aj_op_set_score_mod_expr(aj_op *op, const char *text);
 /* A finite positive scale, or AJ_SCALE_DEFAULT. */
 aj_status aj_op_set_scale(aj_op *op, double scale);
 aj_status aj_op_set_dropout(aj_op *op, double p);
+/* Learned attention sinks (docs/ir.md "Sinks"): `name` is a side tensor
+ * declared before, f32 of rank 1, holding one logit per query head; each
+ * row's softmax denominator gains exp(sink[h]) (no value: the output
+ * gets nothing from it) and its LSE includes it.  NULL or "" removes
+ * them.  Not with accumulate.  The backward's gradient of the logits is
+ * aj_bwd_args.dsinks. */
+aj_status aj_op_set_sinks(aj_op *op, const char *name);
+/* The index (in aj_op_info.tensors) of the op's sinks tensor, or -1. */
+aj_status aj_op_get_sinks(const aj_op *op, int32_t *tensor);
 aj_status aj_op_set_bias(aj_op *op, aj_bias bias);
 aj_status aj_op_set_layout(aj_op *op, aj_layout layout);
 aj_status aj_op_set_accumulate(aj_op *op, bool accumulate);
@@ -920,6 +929,13 @@ typedef struct aj_bwd_args {
      * heads_q_total, and alibi_slopes has heads_q_total entries.  Read
      * only by ops with dropout or whose programs read h. */
     int64_t head_offset, heads_q_total;
+    /* Version 4, ops with sinks only (aj_op_set_sinks): output, f32 [Hq]
+     * (any stride), overwritten: dsinks[h] is the gradient of the sink of
+     * global head head_offset + h, summed over the batch and the rows in
+     * a fixed order (bitwise repeatable, no atomics): -sum_rows exp(sink
+     * - lse) dO . O.  lse and o must be the forward's, whose LSE
+     * includes the sink.  Empty (NULL data): not computed. */
+    aj_tensor dsinks;
 } aj_bwd_args;
 
 #define AJ_BWD_ARGS_INIT { .struct_size = sizeof(aj_bwd_args) }

@@ -497,7 +497,7 @@ static const bad_spec bad_specs[] = {
     /* fields */
     { FWD REQ "  maks = none\n}", 0, AJ_ERR_PARSE,
       "t.aj:4:3: unknown field 'maks' (expected one of dtype, head_dim, head_dim_v, "
-      "tensors, mask, score_mod, scale, dropout, bias, layout, kv_dtype, q_layout, "
+      "tensors, mask, score_mod, sinks, scale, dropout, bias, layout, kv_dtype, q_layout, "
       "accumulate, deterministic, schedule or target)" },
     { MERGE "  dtype = f16\n  head_dimv = 64\n}", 0, AJ_ERR_PARSE,
       "t.aj:3:3: unknown field 'head_dimv' (expected one of dtype, head_dim_v or target)" },

@@ -57,7 +57,15 @@ typedef struct paged_case {
     int fault, fault_seq;       /* PAGED_*: what the device gets wrong (no reference) */
     int efficient;              /* compile the efficient variant (else flash) */
     int repeat;                 /* calls of aj_forward, the best timed (0: one) */
+    int sinks;                  /* sinks = snk, logit paged_sink(h) of head h */
 } paged_case;
+
+/* The sink logit of head h of a case with sinks: one that dominates, the
+ * rest among the scores. */
+static inline double paged_sink(int h)
+{
+    return h == 0 ? 5.0 : 0.75 - 0.5 * h;
+}
 
 typedef struct paged_result {
     aj_status status;
@@ -98,12 +106,13 @@ static inline void paged_label(const paged_case *c, char *buf, size_t cap)
     int tq = 0;
     for (int b = 0; c->chunks && b < c->b; b++)
         tq += c->chunks[b];
-    snprintf(buf + n, cap - n, " ps%d gqa %d:1 b%d %s %d %s%s%s%s %s splits %d%s", c->page_size,
+    snprintf(buf + n, cap - n, " ps%d gqa %d:1 b%d %s %d %s%s%s%s%s %s splits %d%s", c->page_size,
              c->hq / c->hkv, c->b, c->chunks ? "varlen T" : "sq", c->chunks ? tq : c->sq,
              c->mask_expr ? "mask expr" : c->mask == AJ_MASK_CAUSAL ? "causal"
              : c->mask == AJ_MASK_WINDOW ? "window" : "none",
              c->softcap ? " softcap" : "", c->alibi ? " alibi" : "",
-             c->score_expr ? " score expr" : "", layouts[c->pages], c->splits,
+             c->score_expr ? " score expr" : "", c->sinks ? " sinks" : "", layouts[c->pages],
+             c->splits,
              c->efficient ? " efficient" : "");
 }
 
@@ -183,6 +192,10 @@ static inline aj_status paged_op(aj_ctx *ctx, const paged_case *c, aj_op **out)
         st = aj_op_set_score_mod_expr(op, c->score_expr);
     if (st == AJ_OK && c->mask_expr)
         st = aj_op_set_mask_expr(op, c->mask_expr);
+    if (st == AJ_OK && c->sinks)
+        st = aj_op_declare_tensor(op, "snk", AJ_SIDE_F32, 1);
+    if (st == AJ_OK && c->sinks)
+        st = aj_op_set_sinks(op, "snk");
     if (st != AJ_OK) {
         aj_op_destroy(op);
         return st;
@@ -278,12 +291,15 @@ static inline paged_result paged_run(aj_ctx *ctx, aj_device *dev, const aj_kerne
     float *o = malloc((no + 1) * sizeof *o);
     float *lse = malloc(((size_t)tq * c->hq + 1) * sizeof *lse);
     void *mem[10] = {0};
-    double slopes[64];
-    float slopes_f[64];
+    double slopes[64], sinks[64];
+    float slopes_f[64], sinks_f[64];
     for (int h = 0; h < c->hq && h < 64; h++) {
         slopes_f[h] = (float)(pow(2.0, -(h + 1) / 2.0));
         slopes[h] = slopes_f[h];
+        sinks_f[h] = (float)paged_sink(h);
+        sinks[h] = sinks_f[h];
     }
+    void *sinks_mem = NULL;
     if (!table || !q || !kc || !vc || !o_ref || !lse_ref || !o || !lse || (c->chunks && !cu_q))
         r.status = AJ_ERR_OUT_OF_MEMORY;
     if (r.status == AJ_OK)
@@ -333,8 +349,17 @@ static inline paged_result paged_run(aj_ctx *ctx, aj_device *dev, const aj_kerne
         r.status = aj_device_alloc(dev, (size_t)c->hq * 4, &mem[8]);
     if (r.status == AJ_OK && c->alibi)
         r.status = aj_device_copy_to(dev, mem[8], slopes_f, (size_t)c->hq * 4);
+    if (r.status == AJ_OK && c->sinks)
+        r.status = aj_device_alloc(dev, (size_t)c->hq * 4, &sinks_mem);
+    if (r.status == AJ_OK && c->sinks)
+        r.status = aj_device_copy_to(dev, sinks_mem, sinks_f, (size_t)c->hq * 4);
+    const aj_side_tensor sinks_side = {"snk", sinks_mem, AJ_SIDE_F32, 1, {c->hq}, {1}};
     if (r.status == AJ_OK) {
         aj_fwd_args a = AJ_FWD_ARGS_INIT;
+        if (c->sinks) {
+            a.side = &sinks_side;
+            a.num_side = 1;
+        }
         const int64_t qs[4] = {c->b, c->hq, c->sq, c->d}, os[4] = {c->b, c->hq, c->sq, dv};
         const int64_t ks[4] = {num_pages, c->page_size, c->hkv, c->d};
         const int64_t vs[4] = {num_pages, c->page_size, c->hkv, dv}, one[1] = {1};
@@ -397,6 +422,7 @@ static inline paged_result paged_run(aj_ctx *ctx, aj_device *dev, const aj_kerne
         p.window_left = c->left, p.window_right = c->right;
         p.softcap = c->softcap;
         p.alibi_slopes = c->alibi ? slopes : NULL;
+        p.sinks = c->sinks ? sinks : NULL;
         ref_paged pg = {num_pages, c->page_size, max_pages, kc, vc, table, c->seqlens,
                         k_scale, v_scale};
         /* expressions: the reference interprets the op's nodes */
@@ -432,6 +458,7 @@ static inline paged_result paged_run(aj_ctx *ctx, aj_device *dev, const aj_kerne
     }
     for (int i = 0; i < 10; i++)
         aj_device_free(dev, mem[i]);
+    aj_device_free(dev, sinks_mem);
     free(cu_q);
     free(o_host);
     free(table);

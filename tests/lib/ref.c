@@ -329,9 +329,12 @@ void ref_forward(const ref_problem *p, const double *q, const double *k,
                         oi[c] = NAN;
                     continue;
                 }
+                /* a sink is one more term of the denominator */
+                double sink = p->sinks ? p->sinks[h] : -INFINITY;
+                row_max = fmax(row_max, sink);
                 double row_lse = -INFINITY;
                 if (row_max != -INFINITY) {
-                    double sum = 0.0;
+                    double sum = exp(sink - row_max);
                     for (int64_t j = 0; j < sl.sk; j++)
                         sum += exp(s[j] - row_max);
                     row_lse = row_max + log(sum);
@@ -445,6 +448,26 @@ void ref_backward(const ref_problem *p, const double *q, const double *k,
     }
     free(g);
     free(s);
+}
+
+void ref_sinks_grad(const ref_problem *p, const double *o, const double *lse,
+                    const double *dout, double *dsinks)
+{
+    check_problem(p);
+    for (int64_t h = 0; h < p->Hq; h++) {
+        dsinks[h] = 0.0;
+        for (int64_t b = 0; b < p->B; b++) {
+            ref_slice sl = make_slice(p, b, h);
+            for (int64_t i = 0; i < sl.sq; i++) {
+                double row_lse = lse[lse_at(p, &sl, i)];
+                if (row_lse == -INFINITY)
+                    continue;
+                const double *oi = o + q_row_at(p, &sl, i, p->Dv);
+                const double *doi = dout + q_row_at(p, &sl, i, p->Dv);
+                dsinks[h] -= exp(p->sinks[h] - row_lse) * dot(doi, oi, p->Dv);
+            }
+        }
+    }
 }
 
 /* ---------------------------------------------------------------- merge */

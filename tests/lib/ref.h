@@ -20,7 +20,8 @@
  *     causal:            kv_pos <= q_pos + shift
  *     window(left,right): q_pos + shift - left <= kv_pos <= q_pos + shift + right
  *
- *     LSE_i = log sum_j exp(s_ij)         (natural log; -inf if no key visible)
+ *     LSE_i = log (sum_j exp(s_ij) + exp(sink_h))   (natural log; -inf if no key
+ *                                          is visible and there is no sink)
  *     P_ij  = exp(s_ij - LSE_i)           (0 where hidden)
  *     O_i   = sum_j P_ij * drop_ij * v_j  (drop_ij = keep_ij / (1 - p))
  *
@@ -61,6 +62,9 @@ typedef struct ref_problem {
     double scale;                   /* 0 means 1/sqrt(D) */
     double softcap;                 /* 0 means none; else s = C*tanh(s/C) */
     const double *alibi_slopes;     /* NULL: none; else [Hq] */
+    /* NULL: none; else [Hq] learned sink logits: each row's softmax
+     * denominator gains exp(sinks[h]), its LSE includes it, O does not */
+    const double *sinks;
     /* NULL: none; else an additive bias of shape bias_shape, each of the 4
      * dims 1 or the full size (B, Hq, Sq, Sk), contiguous, broadcast over
      * the size-1 dims.  Padded layout only. */
@@ -146,6 +150,12 @@ void ref_backward(const ref_problem *p, const double *q, const double *k,
                   const double *v, const double *o, const double *lse,
                   const double *dout, double *dq, double *dk, double *dv,
                   double *dbias);
+
+/* The gradient of the loss with respect to p->sinks (set): dsinks[h] =
+ * -sum over the rows of head h of exp(sinks[h] - LSE) dO . O, from the
+ * forward's o and lse (which include the sinks) and dout. */
+void ref_sinks_grad(const ref_problem *p, const double *o, const double *lse,
+                    const double *dout, double *dsinks);
 
 /* Merge of two partial results over disjoint key sets, `rows` rows of width
  * dv: lse = logaddexp(lse1, lse2), o = o1*exp(lse1-lse) + o2*exp(lse2-lse).

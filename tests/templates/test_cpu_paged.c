@@ -318,6 +318,39 @@ static void test_sim(void)
         run(&cases[i]);
 }
 
+/* Learned sinks (docs/ir.md "Sinks") over split-KV: the sink is counted
+ * once, by the merge of the parts, whatever their number (1, 2, 3, 5 and
+ * the launch's own choice), in GQA-packed decode (Sq 1 and 2 over 8:2
+ * heads), an unpacked one, a window, a score_mod reading h and varlen
+ * queries, with a sequence of no keys (its rows get O = 0, LSE = the
+ * sink), on either device. */
+static void test_sinks(void)
+{
+    static const int32_t lens[4] = {700, 0, 33, 129};
+    static const int32_t chunks[4] = {5, 0, 1, 33};
+    static const int splits[5] = {1, 2, 3, 5, 0};
+    for (int i = 0; i < 10; i++) {
+        paged_case c = paged_base(i % 2 ? AJ_DTYPE_BF16 : AJ_DTYPE_F16,
+                                  i % 3 == 2 ? AJ_DTYPE_F8E4M3 : i % 2 ? AJ_DTYPE_BF16
+                                                                        : AJ_DTYPE_F16,
+                                  i % 4 == 3 ? 128 : 64, lens, 4);
+        c.sinks = 1;
+        c.splits = splits[i % 5];
+        c.hq = 8;
+        c.hkv = i % 5 == 4 ? 8 : 2;
+        c.sq = 1 + i % 2;
+        c.mask = i % 3 == 1 ? AJ_MASK_WINDOW : AJ_MASK_CAUSAL;
+        c.left = 40;
+        c.efficient = i % 2;
+        if (i == 7)
+            c.score_expr = "score - 0.125 * h";
+        if (i >= 8)
+            c.chunks = chunks;
+        c.seed = 40 + (uint64_t)i;
+        run(&c);
+    }
+}
+
 /* Every head dim of the range, D != Dv (paged_dim_case), on either device. */
 static void test_head_dims(void)
 {
@@ -345,6 +378,7 @@ int main(int argc, char **argv)
         test_varlen_queries();
     }
     test_head_dims();
+    test_sinks();
     test_faults();
     test_errors();
     aj_device_close(dev);

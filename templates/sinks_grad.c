@@ -1,0 +1,142 @@
+/*
+ * sinks_grad.c -- the gradient of learned sinks (docs/design.md "Sinks"),
+ * the last stage of a backward kernel whose op has them.
+ *
+ * The forward's softmax over a row's keys and its sink s_h has the sink's
+ * probability P_sink = exp(s_h - LSE) (LSE includes the sink); the
+ * sink's value is 0, so
+ *
+ *     dL/ds_h = - sum over the rows (b, i) of head h of  P_sink(b, i) D(b, i),
+ *     D(b, i) = dO(b, h, i) . O(b, h, i)
+ *
+ * (the backward's Delta).  One CTA (cpu: one work item) per query head
+ * walks every row of the head: thread t takes rows t, t + T, ... in order,
+ * then the T partial sums are added by a fixed tree in shared memory, so
+ * the result is bitwise the same every run, without atomics.  Rows whose
+ * LSE is -inf (no key and a sink of -inf) add 0.  dsinks[h] is the
+ * gradient of the sink of global head head_offset + h.
+ *
+ *   grid = (1, Hq, 1)
+ */
+#include <math.h>
+
+#include "templates/attn_common.h"
+#include "templates/cpu_attn.h"
+#include "templates/sinks_grad.h"
+
+#define SIMT_THREADS 128
+
+/* exp(x) in f32 on the target */
+static LLVMValueRef exp_f32(aj_kb *kb, LLVMValueRef x)
+{
+    LLVMValueRef x2 = LLVMBuildFMul(kb->b, x, aj_kb_f32(kb, AJ_LOG2E), "");
+    return kb->desc->simt ? aj_kb_exp2(kb, x2) : aj_kb_call_overloaded(kb, "llvm.exp2", &x2, 1);
+}
+
+/* the element of tensor parameter t (of dtype) at element offset `at`
+ * (i64), as f32 */
+static LLVMValueRef load_elem(aj_kb *kb, aj_param_source t, aj_dtype dtype, LLVMValueRef at)
+{
+    int size = aj_dtype_size(dtype);
+    if (!kb->desc->simt)   /* the cpu's own widening (cpu_vec.h), one lane */
+        return LLVMBuildExtractElement(kb->b,
+                                       aj_cv_load(kb, aj_cpu_tensor_at(kb, t, dtype, at), dtype, 1),
+                                       aj_kb_i32(kb, 0), "");
+    LLVMValueRef ptr = aj_kb_gptr_offset(kb, aj_param_data(kb, t),
+                                         LLVMBuildMul(kb->b, at, aj_kb_i64(kb, size), ""));
+    return aj_kb_to_f32(kb, aj_kb_load(kb, aj_kb_storage_type(kb, dtype), ptr, (unsigned)size),
+                        dtype);
+}
+
+/* P_sink D of row i of (b, h) */
+static LLVMValueRef row_term(aj_kb *kb, const aj_op *op, LLVMValueRef bidx, LLVMValueRef h,
+                             LLVMValueRef i, LLVMValueRef sink)
+{
+    LLVMBuilderRef b = kb->b;
+    int dv = aj_op_dv(op);
+    LLVMValueRef orow = LLVMBuildAdd(b, aj_attn_slice_base(kb, AJ_PSRC_o, bidx, h),
+                                     LLVMBuildMul(b, i, aj_param_stride_s(kb, AJ_PSRC_o), ""), "");
+    LLVMValueRef drow = LLVMBuildAdd(b, aj_attn_slice_base(kb, AJ_PSRC_do, bidx, h),
+                                     LLVMBuildMul(b, i, aj_param_stride_s(kb, AJ_PSRC_do), ""),
+                                     "");
+    LLVMValueRef dot = aj_kb_var(kb, kb->t_f32, aj_kb_f32(kb, 0), "dot");
+    LLVMValueRef d = aj_kb_for_begin(kb, aj_kb_i64(kb, 0), aj_kb_i64(kb, dv), aj_kb_i64(kb, 1), "d");
+    LLVMValueRef o = load_elem(kb, AJ_PSRC_o, op->dtype, LLVMBuildAdd(b, orow, d, ""));
+    LLVMValueRef g = load_elem(kb, AJ_PSRC_do, op->dtype, LLVMBuildAdd(b, drow, d, ""));
+    aj_kb_set(kb, dot, LLVMBuildFAdd(b, aj_kb_get(kb, dot), LLVMBuildFMul(b, o, g, ""), ""));
+    aj_kb_for_end(kb);
+    LLVMValueRef lse = load_elem(kb, AJ_PSRC_lse, AJ_DTYPE_F32,
+                                 LLVMBuildAdd(b, aj_attn_slice_base(kb, AJ_PSRC_lse, bidx, h), i,
+                                              ""));
+    LLVMValueRef empty = LLVMBuildFCmp(b, LLVMRealOEQ, lse, aj_kb_f32(kb, -INFINITY), "");
+    LLVMValueRef p = exp_f32(kb, LLVMBuildFSub(b, sink, lse, ""));
+    return LLVMBuildSelect(b, empty, aj_kb_f32(kb, 0),
+                           LLVMBuildFMul(b, p, aj_kb_get(kb, dot), ""), "");
+}
+
+void aj_sinks_grad_build(aj_kb *kb, const aj_op *op, const aj_score_prog *prog)
+{
+    LLVMBuilderRef b = kb->b;
+    const int simt = kb->desc->simt;
+    const int threads = simt ? SIMT_THREADS : 1;
+    aj_params_declare(kb, AJ_KSIG_SINKS_GRAD, op, prog);
+    aj_kb_begin_stage(kb, "dsinks", threads);
+    LLVMValueRef tid, h;
+    if (simt) {
+        tid = aj_kb_thread_id(kb);
+        h = aj_kb_block_id(kb, 1);
+    } else {
+        tid = aj_kb_i32(kb, 0);
+        h = LLVMBuildLoad2(b, kb->t_i32, aj_cv_at(kb, kb->t_i32, kb->work_item, aj_kb_i32(kb, 1)),
+                           "");
+    }
+    LLVMValueRef h64 = LLVMBuildSExt(b, h, kb->t_i64, "");
+    LLVMValueRef hg = LLVMBuildAdd(b, h64, LLVMBuildSExt(b, aj_param(kb, AJ_PID(head_offset)),
+                                                        kb->t_i64, ""), "");
+    LLVMValueRef sink = aj_score_sink(kb, prog, hg);
+    /* varlen: one packed row space (the view's batch stride is 0) */
+    LLVMValueRef nb = op->layout == AJ_LAYOUT_VARLEN
+                          ? aj_kb_i64(kb, 1)
+                          : LLVMBuildSExt(b, aj_param(kb, AJ_PID(batch)), kb->t_i64, "");
+    LLVMValueRef ns = LLVMBuildSExt(b, aj_param(kb, AJ_PID(tokens_q)), kb->t_i64, "");
+    LLVMValueRef acc = aj_kb_var(kb, kb->t_f32, aj_kb_f32(kb, 0), "acc");
+    LLVMValueRef r = aj_kb_for_begin(kb, LLVMBuildSExt(b, tid, kb->t_i64, ""),
+                                     LLVMBuildMul(b, nb, ns, ""), aj_kb_i64(kb, threads), "r");
+    {
+        LLVMValueRef bidx = LLVMBuildSDiv(b, r, ns, ""), i = LLVMBuildSRem(b, r, ns, "");
+        aj_kb_set(kb, acc, LLVMBuildFAdd(b, aj_kb_get(kb, acc),
+                                         row_term(kb, op, bidx, h64, i, sink), ""));
+    }
+    aj_kb_for_end(kb);
+    LLVMValueRef total = aj_kb_get(kb, acc);
+    if (simt) {
+        int32_t red = aj_kb_smem_reserve(kb, 4 * threads);
+        LLVMValueRef mine = aj_kb_smem_ptr(kb, LLVMBuildAdd(b, aj_kb_i32(kb, red),
+                                           LLVMBuildShl(b, tid, aj_kb_i32(kb, 2), ""), ""));
+        aj_kb_store(kb, total, mine, 4);
+        aj_kb_barrier(kb);
+        for (int s = threads / 2; s >= 1; s /= 2) {
+            aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntULT, tid, aj_kb_i32(kb, s), ""));
+            LLVMValueRef other = aj_kb_smem_ptr(
+                kb, LLVMBuildAdd(b, aj_kb_i32(kb, red),
+                                 LLVMBuildShl(b, LLVMBuildAdd(b, tid, aj_kb_i32(kb, s), ""),
+                                              aj_kb_i32(kb, 2), ""), ""));
+            aj_kb_store(kb, LLVMBuildFAdd(b, aj_kb_load(kb, kb->t_f32, mine, 4),
+                                          aj_kb_load(kb, kb->t_f32, other, 4), ""), mine, 4);
+            aj_kb_if_end(kb);
+            aj_kb_barrier(kb);
+        }
+        total = aj_kb_load(kb, kb->t_f32, mine, 4);
+    }
+    aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntEQ, tid, aj_kb_i32(kb, 0), ""));
+    LLVMValueRef at = LLVMBuildMul(b, h64, aj_param(kb, AJ_PID(stride_dsinks)), "");
+    aj_kb_store(kb, LLVMBuildFNeg(b, total, ""),
+                aj_kb_gptr_offset(kb, aj_param(kb, AJ_PID(dsinks)),
+                                  LLVMBuildShl(b, at, aj_kb_i64(kb, 2), "")), 4);
+    aj_kb_if_end(kb);
+    const aj_kernel_layout layout = {
+        .grid = {{AJ_EXTENT_ONE, 1}, {AJ_EXTENT_HEADS_Q, 1}, {AJ_EXTENT_ONE, 1}},
+        .schedule = {threads, aj_op_dv(op), simt ? threads / 32 : 1, 1},
+    };
+    aj_kb_finish(kb, &layout);
+}
