@@ -96,22 +96,48 @@ LLVMValueRef aj_score_sink(aj_kb *kb, const aj_score_prog *p, LLVMValueRef h)
     return load_scalar_at(kb, &p->tensors[p->sinks], idx);
 }
 
+/* exp2 / log2 of an f32 scalar: the GPU targets' approximations, the
+ * cpu's inline polynomial (cpu_vec.h, one lane) and LLVM's log2 */
+static LLVMValueRef scalar_exp2(aj_kb *kb, LLVMValueRef x)
+{
+    if (kb->desc->simt)
+        return aj_kb_exp2(kb, x);
+    LLVMValueRef zero = aj_kb_i32(kb, 0);
+    LLVMValueRef v = LLVMBuildInsertElement(kb->b, LLVMGetPoison(aj_cv_type(kb, 1)), x, zero, "");
+    return LLVMBuildExtractElement(kb->b, aj_cv_exp2(kb, v, 1), zero, "");
+}
+
+static LLVMValueRef scalar_log2(aj_kb *kb, LLVMValueRef x)
+{
+    return kb->desc->simt ? aj_kb_log2(kb, x) : aj_kb_call_overloaded(kb, "llvm.log2", &x, 1);
+}
+
+/*
+ * The merge of the row (log2 LSE l2) with the sink's partial (O = 0, LSE
+ * s2 = sink log2 e), with one exp2 and one log2 (a row's epilogue pays
+ * them once): with m = max(l2, s2) one of the two terms is 2^0, the other
+ * e = 2^-|l2 - s2|, so L = m + log2(1 + e) and the row's weight is
+ * 2^(l2 - L) = (l2 >= s2 ? 1 : e) / (1 + e).  Both -inf: L = -inf and
+ * weight 0 (no NaN from -inf - -inf).
+ */
 void aj_score_fold_sink(aj_kb *kb, const aj_score_prog *p, LLVMValueRef h, LLVMValueRef *l2,
                         LLVMValueRef *scale, LLVMValueRef *lse)
 {
     LLVMBuilderRef b = kb->b;
-    LLVMValueRef sink = aj_score_sink(kb, p, h);
-    LLVMValueRef w_sink, w_row;
-    if (kb->desc->simt) {
-        aj_attn_merge_weights(kb, sink, *l2, &w_sink, &w_row, lse);
-        *l2 = LLVMBuildFMul(b, *lse, aj_kb_f32(kb, AJ_LOG2E), "");
-    } else {
-        LLVMValueRef none, sink2 = LLVMBuildFMul(b, sink, aj_kb_f32(kb, AJ_LOG2E), "");
-        aj_cpu_merge_weights(kb, sink2, *l2, &w_sink, &w_row, l2, &none);
-        *l2 = LLVMBuildSelect(b, none, aj_kb_f32(kb, -INFINITY), *l2, "");
-        *lse = LLVMBuildFMul(b, *l2, aj_kb_f32(kb, AJ_LN2), "");
-    }
-    *scale = LLVMBuildFMul(b, *scale, w_row, "");
+    LLVMValueRef s2 = LLVMBuildFMul(b, aj_score_sink(kb, p, h), aj_kb_f32(kb, AJ_LOG2E), "");
+    LLVMValueRef row = *l2, ninf = aj_kb_f32(kb, -INFINITY), one = aj_kb_f32(kb, 1);
+    LLVMValueRef row_first = LLVMBuildFCmp(b, LLVMRealOGE, row, s2, "");
+    LLVMValueRef mx = LLVMBuildSelect(b, row_first, row, s2, "");
+    LLVMValueRef none = LLVMBuildFCmp(b, LLVMRealOEQ, mx, ninf, "");
+    LLVMValueRef gap = LLVMBuildFSub(b, row, s2, "");
+    gap = aj_kb_call_overloaded(kb, "llvm.fabs", &gap, 1);
+    LLVMValueRef e = scalar_exp2(kb, LLVMBuildSelect(b, none, ninf, LLVMBuildFNeg(b, gap, ""), ""));
+    LLVMValueRef sum = LLVMBuildFAdd(b, one, e, "");
+    LLVMValueRef w = LLVMBuildFDiv(b, LLVMBuildSelect(b, row_first, one, e, ""), sum, "");
+    LLVMValueRef merged = LLVMBuildFAdd(b, mx, scalar_log2(kb, sum), "");
+    *l2 = LLVMBuildSelect(b, none, ninf, merged, "");
+    *lse = LLVMBuildFMul(b, *l2, aj_kb_f32(kb, AJ_LN2), "");
+    *scale = LLVMBuildFMul(b, *scale, LLVMBuildSelect(b, none, aj_kb_f32(kb, 0), w, ""), "");
 }
 
 static LLVMValueRef emit_load(emitter *m, const aj_expr_node *n)

@@ -84,7 +84,8 @@ class BwdArgs(ctypes.Structure):
     _fields_ = ([("struct_size", c_size_t)] + _QKVOL
                 + [("do_", Tensor), ("dq", Tensor), ("dk", Tensor), ("dv", Tensor)]
                 + _POSITIONS + [("dbias", Tensor)] + _DROPOUT_VARLEN
-                + [("workspace", c_void_p), ("workspace_bytes", c_size_t)] + _SIDE + _HEADS)
+                + [("workspace", c_void_p), ("workspace_bytes", c_size_t)] + _SIDE + _HEADS
+                + [("dsinks", Tensor)])
 
 
 class GridDim(ctypes.Structure):

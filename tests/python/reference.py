@@ -35,10 +35,12 @@ def visible(b, h, sq, sk, causal=False, window=None, mask=None):
 
 
 def attention(q, k, v, seen=None, scale=None, bias=None, softcap=None, alibi_slopes=None,
-              score_mod=None, keep=None, dropout_p=0.0):
+              score_mod=None, keep=None, dropout_p=0.0, sinks=None):
     """Float64 attention over q (B, Hq, Sq, D), k and v (B, Hkv, Sk, .):
     (o, lse), both differentiable.  score_mod: callable(score, b, h, q, k);
-    keep: the dropout keep mask (B, Hq, Sq, Sk)."""
+    keep: the dropout keep mask (B, Hq, Sq, Sk); sinks: (Hq,) logits, one
+    more softmax term per row (gpt-oss's, as its eager attention writes
+    it: a column of the logits that the values then drop)."""
     q, k, v = q.double(), k.double(), v.double()
     B, Hq, Sq, D = q.shape
     group = Hq // k.shape[1]
@@ -58,7 +60,11 @@ def attention(q, k, v, seen=None, scale=None, bias=None, softcap=None, alibi_slo
                       qp, kp)
     if seen is not None:
         s = s.masked_fill(~seen, -math.inf)
-    lse = torch.logsumexp(s, dim=-1)
+    if sinks is not None:
+        col = sinks.double().view(1, Hq, 1, 1).expand(B, Hq, Sq, 1)
+        lse = torch.logsumexp(torch.cat([s, col], dim=-1), dim=-1)
+    else:
+        lse = torch.logsumexp(s, dim=-1)
     empty = torch.isinf(lse) & (lse < 0)
     p = torch.exp(s - torch.where(empty, torch.zeros_like(lse), lse).unsqueeze(-1))
     p = p.masked_fill(empty.unsqueeze(-1), 0.0)

@@ -118,3 +118,24 @@ def test_chunk_beyond_sequence():
     with pytest.raises(attnjit.Error, match=r"sequence 0 has more queries"):
         at.paged_attention(q, k_cache, v_cache, table, torch.tensor([4, 9], dtype=torch.int32),
                            cu_seqlens_q=cu)
+
+
+@pytest.mark.parametrize("splits", [1, 4])
+@pytest.mark.parametrize("hq,hkv", [(4, 4), (8, 2)])
+def test_decode_with_sinks(splits, hq, hkv):
+    """Learned sinks over split-KV parts: counted once per row (the merge
+    of the parts folds them in), a sequence of no keys giving o = 0 and
+    lse = the sink."""
+    lens, d, sq = [37, 0, 170], 64, 2
+    k_cache, v_cache, table = make_cache(lens, 16, hkv, d, torch.float16, 3)
+    q = torch.randn(len(lens), hq, sq, d, generator=torch.Generator().manual_seed(4)).half()
+    sinks = torch.linspace(-1.0, 4.0, hq)
+    seqlens = torch.tensor(lens, dtype=torch.int32)
+    o, lse = at.paged_attention(q, k_cache, v_cache, table, seqlens, causal=True, splits=splits,
+                                sinks=sinks)
+    for b, n in enumerate(lens):
+        o_ref, lse_ref = reference(q[b].transpose(0, 1), gather(k_cache, table, b, n),
+                                   gather(v_cache, table, b, n), True)
+        with_sink = torch.logaddexp(lse_ref, sinks.double().view(hq, 1))
+        o_ref = o_ref * torch.exp(lse_ref - with_sink).transpose(0, 1).unsqueeze(-1)
+        check(o[b].transpose(0, 1), lse[b], o_ref, with_sink, 2e-2)

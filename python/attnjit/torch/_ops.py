@@ -72,9 +72,14 @@ def _positional_mask(causal, window):
             "q%s - %d <= k && k <= q%s + %d" % (shift, left, shift, right))
 
 
+_SINKS = "aj_sinks"     # the side tensor of learned sinks (docs/ir.md "Sinks")
+
+
 def _body(dtype, d, dv, causal, window, softcap, alibi, has_bias, scale, dropout_p, mask,
-          score_mod, side_decls):
-    """The IR fields (docs/ir.md) of the op these options describe."""
+          score_mod, side_decls, sinks=False):
+    """The IR fields (docs/ir.md) of the op these options describe; the
+    side tensors in order: side_decls, alibi's slopes where an expression
+    reads them, then the sinks."""
     fields = ["dtype = %s" % _IR_DTYPE[dtype], "head_dim = %d" % d, "head_dim_v = %d" % dv]
     decls = list(side_decls)
     builtin, as_expr = _positional_mask(causal, window)
@@ -105,6 +110,9 @@ def _body(dtype, d, dv, causal, window, softcap, alibi, has_bias, scale, dropout
         fields.append("dropout = %r" % float(dropout_p))
     if has_bias:
         fields.append("bias = add")
+    if sinks:
+        decls.append("%s: f32[1]" % _SINKS)
+        fields.append("sinks = " + _SINKS)
     if decls:
         fields.insert(0, "tensors = (%s)" % ", ".join(decls))
     return "\n  ".join(fields)
@@ -356,10 +364,12 @@ def forward_into(q, k, v, o, lse, bias, alibi_slopes, side, rng, variant, body,
 
 
 def backward_into(do, q, k, v, o, lse, dq, dk, dv, bias, dbias, alibi_slopes, side, rng,
-                  variant, body, at=_WHOLE, masked=True, varlen=None, heads=(0, 0)):
+                  variant, body, at=_WHOLE, masked=True, varlen=None, heads=(0, 0),
+                  dsinks=None):
     """aj_backward of the op `body` on torch tensors, writing dq, dk, dv
-    (and dbias with a bias); masked=False runs the op without its mask;
-    varlen, heads: as forward_into's."""
+    (and dbias with a bias, dsinks (Hq,) float32 when given, for an op with
+    sinks); masked=False runs the op without its mask; varlen, heads: as
+    forward_into's."""
     dev, stream = _device_of(q)
     kernel = _kernel("backward", variant, body, dev, masked)
     a = _capi.BwdArgs(struct_size=_BWD_SIZE, stream=stream, q_offset=at.q_offset,
@@ -373,6 +383,8 @@ def backward_into(do, q, k, v, o, lse, dq, dk, dv, bias, dbias, alibi_slopes, si
     if bias is not None:
         _put(a.bias, bias)
         _put(a.dbias, dbias)
+    if dsinks is not None:
+        _put(a.dsinks, dsinks)
     _bind_rest(a, alibi_slopes, rng, side, body)
     workspace = None
     if stream is not None:
@@ -418,14 +430,17 @@ def _attention_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.
                    alibi_slopes: Optional[torch.Tensor], side: List[torch.Tensor],
                    rng: Optional[torch.Tensor], variant: str, body: str, head_offset: int = 0,
                    heads_q_total: int = 0
-                   ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+                   ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                              torch.Tensor]:
     q, k, v, do = _aligned(q), _aligned(k), _aligned(v), _aligned(do)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     dbias = (torch.empty(bias.shape, dtype=torch.float32, device=q.device) if bias is not None
              else q.new_empty((0,), dtype=torch.float32))
+    dsinks = _dsinks_like(q, body)
     backward_into(do, q, k, v, o, lse, dq, dk, dv, bias, dbias if bias is not None else None,
-                  alibi_slopes, side, rng, variant, body, heads=(head_offset, heads_q_total))
-    return dq, dk, dv, dbias
+                  alibi_slopes, side, rng, variant, body, heads=(head_offset, heads_q_total),
+                  dsinks=dsinks if dsinks.numel() else None)
+    return dq, dk, dv, dbias, dsinks
 
 
 @_attention_bwd.register_fake
@@ -433,7 +448,22 @@ def _attention_bwd_fake(do, q, k, v, o, lse, bias, alibi_slopes, side, rng, vari
                         head_offset=0, heads_q_total=0):
     dbias = (q.new_empty(bias.shape, dtype=torch.float32) if bias is not None
              else q.new_empty((0,), dtype=torch.float32))
-    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), dbias
+    return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), dbias,
+            _dsinks_like(q, body))
+
+
+def _dsinks_like(q, body):
+    """The sinks' gradient of a backward: (Hq,) float32 for an op with
+    sinks (q (B, Hq, S, D) or (T, Hq, D)), else empty."""
+    n = q.shape[1] if "\n  sinks = " in body else 0
+    return q.new_empty((n,), dtype=torch.float32)
+
+
+def _side_grads(side, body, dsinks):
+    """The gradients of the side tensors: the sinks' where the op has them,
+    None for the others (constants)."""
+    return [dsinks if name == _SINKS.encode() and dsinks.numel() else None
+            for name, _ in zip(_side_names(body), side)]
 
 
 def _setup_context(ctx, inputs, output):
@@ -446,12 +476,11 @@ def _setup_context(ctx, inputs, output):
 
 def _backward(ctx, do, dlse):
     q, k, v, o, lse, bias, alibi_slopes, rng, *side = ctx.saved_tensors
-    dq, dk, dv, dbias = torch.ops.attnjit.attention_bwd(do, q, k, v, o, lse, bias, alibi_slopes,
-                                                       side, rng, ctx.variant, ctx.body,
-                                                       *ctx.heads)
+    dq, dk, dv, dbias, dsinks = torch.ops.attnjit.attention_bwd(
+        do, q, k, v, o, lse, bias, alibi_slopes, side, rng, ctx.variant, ctx.body, *ctx.heads)
     dbias = dbias.to(bias.dtype) if bias is not None else None
     # one gradient per input: q, k, v, bias, alibi_slopes, side, rng, variant, body, heads
-    return (dq, dk, dv, dbias, None, [None] * len(side), None, None, None) + \
+    return (dq, dk, dv, dbias, None, _side_grads(side, ctx.body, dsinks), None, None, None) + \
         (None,) * len(ctx.heads)
 
 
@@ -492,19 +521,22 @@ def _attention_varlen_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
                           max_seqlen_q: int, max_seqlen_k: int,
                           alibi_slopes: Optional[torch.Tensor], side: List[torch.Tensor],
                           rng: Optional[torch.Tensor], variant: str,
-                          body: str) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                          body: str
+                          ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     q, k, v, do = _aligned(q), _aligned(k), _aligned(v), _aligned(do)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    dsinks = _dsinks_like(q, body)
     backward_into(do, q, k, v, o, lse, dq, dk, dv, None, None, alibi_slopes, side, rng,
                   variant, body, varlen=(cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                                         max_seqlen_k))
-    return dq, dk, dv
+                                         max_seqlen_k), dsinks=dsinks if dsinks.numel() else None)
+    return dq, dk, dv, dsinks
 
 
 @_attention_varlen_bwd.register_fake
 def _attention_varlen_bwd_fake(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                max_seqlen_k, alibi_slopes, side, rng, variant, body):
-    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v),
+            _dsinks_like(q, body))
 
 
 def _setup_varlen_context(ctx, inputs, output):
@@ -517,12 +549,13 @@ def _setup_varlen_context(ctx, inputs, output):
 
 def _varlen_backward(ctx, do, dlse):
     q, k, v, o, lse, cu_q, cu_k, alibi_slopes, rng, *side = ctx.saved_tensors
-    dq, dk, dv = torch.ops.attnjit.attention_varlen_bwd(
+    dq, dk, dv, dsinks = torch.ops.attnjit.attention_varlen_bwd(
         do, q, k, v, o, lse, cu_q, cu_k, *ctx.bounds, alibi_slopes, side, rng, ctx.variant,
         ctx.body)
     # one gradient per input: q, k, v, cu_q, cu_k, max_q, max_k, alibi_slopes, side, rng,
     # variant, body
-    return dq, dk, dv, None, None, None, None, None, [None] * len(side), None, None, None
+    return (dq, dk, dv, None, None, None, None, None, _side_grads(side, ctx.body, dsinks),
+            None, None, None)
 
 
 _attention_varlen_fwd.register_autograd(_varlen_backward, setup_context=_setup_varlen_context)
@@ -532,7 +565,7 @@ _attention_varlen_fwd.register_autograd(_varlen_backward, setup_context=_setup_v
 
 def attention(q, k, v, *, causal=False, window=None, softcap=None, alibi_slopes=None,
               bias=None, scale=None, dropout_p=0.0, mask=None, score_mod=None, tensors=None,
-              variant=None, return_lse=False):
+              sinks=None, variant=None, return_lse=False):
     """Attention over q (B, Hq, Sq, D), k (B, Hkv, Sk, D), v (B, Hkv, Sk, Dv):
     returns o (B, Hq, Sq, Dv), and with return_lse also lse (B, Hq, Sq),
     float32, natural log, -inf for a row that sees no key (whose o is 0).
@@ -546,10 +579,13 @@ def attention(q, k, v, *, causal=False, window=None, softcap=None, alibi_slopes=
     mask / score_mod: an IR expression E (docs/ir.md) over b, h, q, k, sq,
     sk (and score), reading the side tensors in `tensors` by name (int
     tensors as i32, float ones as f32).  dropout_p: Philox dropout seeded
-    from torch's RNG.  lse carries no gradient."""
+    from torch's RNG.  sinks: (Hq,) learned sink logits (gpt-oss): each
+    row's softmax denominator gains exp(sinks[h]), o gets nothing from it,
+    lse includes it; sinks receives its gradient (summed over the batch
+    and rows in a fixed order).  lse carries no gradient."""
     q, k, v, bias, alibi_slopes, side, rng, variant, body = _prepare(
         q, k, v, causal, window, softcap, alibi_slopes, bias, scale, dropout_p, mask, score_mod,
-        tensors, variant)
+        tensors, variant, sinks=sinks)
     o, lse = torch.ops.attnjit.attention_fwd(q, k, v, bias, alibi_slopes, side, rng, variant,
                                              body)
     return (o, lse) if return_lse else o
@@ -557,8 +593,8 @@ def attention(q, k, v, *, causal=False, window=None, softcap=None, alibi_slopes=
 
 def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
                      causal=False, window=None, softcap=None, alibi_slopes=None, scale=None,
-                     dropout_p=0.0, mask=None, score_mod=None, tensors=None, variant=None,
-                     return_lse=False):
+                     dropout_p=0.0, mask=None, score_mod=None, tensors=None, sinks=None,
+                     variant=None, return_lse=False):
     """attention() over packed sequences (FlashAttention's varlen layout):
     q (Tq, Hq, D), k (Tk, Hkv, D), v (Tk, Hkv, Dv); sequence b is rows
     cu_seqlens_q[b] .. cu_seqlens_q[b+1]-1 of q and cu_seqlens_k[b] ..
@@ -587,7 +623,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
         bounds.append(n)
     q, k, v, _, alibi_slopes, side, rng, variant, body = _prepare(
         q, k, v, causal, window, softcap, alibi_slopes, None, scale, dropout_p, mask, score_mod,
-        tensors, variant, layout="varlen")
+        tensors, variant, layout="varlen", sinks=sinks)
     o, lse = torch.ops.attnjit.attention_varlen_fwd(
         q, k, v, cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous(), bounds[0], bounds[1],
         alibi_slopes, side, rng, variant, body)
@@ -602,7 +638,7 @@ def _aligned_bias(bias):
 
 
 def _prepare(q, k, v, causal, window, softcap, alibi_slopes, bias, scale, dropout_p, mask,
-             score_mod, tensors, variant, layout="padded"):
+             score_mod, tensors, variant, layout="padded", sinks=None):
     """The checks and conversions attention(), attention_varlen() and
     ring_attention() share: the tensors as the ops take them and the op's
     IR body (layout "padded": (B, H, S, D); "varlen": (T, H, D))."""
@@ -632,13 +668,22 @@ def _prepare(q, k, v, causal, window, softcap, alibi_slopes, bias, scale, dropou
         if bias.dim() > 4:
             raise _fail("bias has %d dims; want at most 4" % bias.dim())
         bias = _aligned_bias(bias.to(q.dtype))
+    if sinks is not None:
+        if not isinstance(sinks, torch.Tensor) or sinks.shape != (q.shape[1],) \
+                or not sinks.is_floating_point():
+            raise _fail("sinks must be a float tensor of one logit per query head, (%d,); got %s"
+                        % (q.shape[1], tuple(sinks.shape) if isinstance(sinks, torch.Tensor)
+                           else type(sinks).__name__))
     body = _body(q.dtype, q.shape[-1], v.shape[-1], causal, window, softcap, alibi,
-                 bias is not None, scale, dropout_p, mask, score_mod, decls)
+                 bias is not None, scale, dropout_p, mask, score_mod, decls,
+                 sinks=sinks is not None)
     if layout != "padded":
         body += "\n  layout = " + layout
     if "aj_alibi_slopes" in body:          # softcap and alibi: slopes as a side tensor
         side.append(alibi_slopes)
         alibi_slopes = None
+    if sinks is not None:
+        side.append(sinks.to(device=q.device, dtype=torch.float32).contiguous())
     rng = None
     if dropout_p:
         rng = torch.randint(0, 2**62, (2,), dtype=torch.int64)

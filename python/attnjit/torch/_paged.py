@@ -9,7 +9,8 @@ import attnjit
 from attnjit import _capi
 from attnjit._capi import lib as _lib
 
-from ._ops import _AJ_DTYPE, _IR_DTYPE, _FWD_SIZE, _device_of, _fail, _kernel, _launch, _put
+from ._ops import (_AJ_DTYPE, _IR_DTYPE, _FWD_SIZE, _SINKS, _bind_side, _device_of, _fail,
+                   _kernel, _launch, _put)
 
 # the caches' element types: the queries' three, and the f8 ones (kv_dtype)
 _KV_DTYPE = dict(_AJ_DTYPE)
@@ -29,7 +30,7 @@ def _int32(name, t, dims):
 
 def paged_attention(q, k_cache, v_cache, block_table, seqlens_k, *, cu_seqlens_q=None,
                     k_scale=None, v_scale=None, causal=False, window=None, softcap=None,
-                    scale=None, splits=0, max_seqlen_q=0):
+                    scale=None, splits=0, max_seqlen_q=0, sinks=None):
     """Attention of q over a paged KV cache; returns (o, lse).
 
     k_cache (num_pages, page_size, Hkv, D), v_cache (.., Dv) of float16,
@@ -41,7 +42,9 @@ def paged_attention(q, k_cache, v_cache, block_table, seqlens_k, *, cu_seqlens_q
     1, int32) q is packed (T, Hq, D), sequence b's chunk rows cu_seqlens_q[b]
     .. cu_seqlens_q[b + 1] - 1, and o is (T, Hq, Dv), lse (Hq, T).  causal /
     window are bottom-right aligned (window=(left, right)); splits: the
-    split-KV parts (0: the launch chooses)."""
+    split-KV parts (0: the launch chooses).  sinks: (Hq,) learned sink
+    logits (docs/ir.md "Sinks"), counted once per row by the merge of the
+    split-KV parts."""
     varlen = cu_seqlens_q is not None
     if q.dtype not in _AJ_DTYPE:
         raise _fail("q.dtype = %s; attnjit computes in float16, bfloat16 and float32" % q.dtype)
@@ -56,6 +59,14 @@ def paged_attention(q, k_cache, v_cache, block_table, seqlens_k, *, cu_seqlens_q
         raise _fail("k_scale and v_scale go with (and only with) float8 caches")
     fields = ["dtype = %s" % _IR_DTYPE[q.dtype], "head_dim = %d" % q.shape[-1],
               "head_dim_v = %d" % v_cache.shape[-1]]
+    heads = q.shape[1]
+    if sinks is not None:
+        if not isinstance(sinks, torch.Tensor) or sinks.shape != (heads,) \
+                or not sinks.is_floating_point():
+            raise _fail("sinks must be a float tensor of one logit per query head, (%d,)"
+                        % heads)
+        sinks = sinks.to(device=q.device, dtype=torch.float32).contiguous()
+        fields = ["tensors = (%s: f32[1])" % _SINKS] + fields + ["sinks = " + _SINKS]
     if causal and window is None:
         fields.append("mask = causal(bottom_right)")
     elif window is not None:
@@ -104,5 +115,9 @@ def paged_attention(q, k_cache, v_cache, block_table, seqlens_k, *, cu_seqlens_q
         v_scale = v_scale.to(device=q.device, dtype=torch.float32).reshape(1).contiguous()
         _put(a.k_scale, k_scale)
         _put(a.v_scale, v_scale)
+    side_arr = None
+    if sinks is not None:
+        side_arr, a.num_side = _bind_side([_SINKS.encode()], [sinks])
+        a.side = side_arr
     _launch(_lib.aj_forward, kernel, dev, a)
     return o, lse

@@ -25,8 +25,7 @@ maps the rest onto attnjit.torch.attention's options:
     an additive (float) mask   bias (with its gradient: learned masks)
     cu_seq_lens_q/k (packed    attention_varlen over the row's sequences
     rows, flash kwargs)
-    s_aux (learned sinks)      UnsupportedError until attnjit has sinks
-                               (issue 32)
+    s_aux (learned sinks)      sinks (their gradient too): gpt-oss
 """
 import torch
 
@@ -40,16 +39,16 @@ def attnjit_attention_forward(module, query, key, value, attention_mask, dropout
                               scaling=None, is_causal=None, **kwargs):
     """transformers' attention call: query (B, Hq, Q, D), key and value
     (B, Hkv, KV, D); returns (output (B, Q, Hq, Dv), None)."""
-    if kwargs.get("s_aux") is not None or kwargs.get("sinks") is not None:
-        raise attnjit.UnsupportedError(
-            4, "attnjit transformers backend: this model's attention has learned sinks "
-               "(s_aux); attnjit has no sink option yet (issue 32): use "
-               "attn_implementation='eager' or 'sdpa' for it")
     if kwargs.get("position_bias") is not None:
         raise attnjit.UnsupportedError(
             4, "attnjit transformers backend: a position_bias tensor is not supported")
     opts = dict(scale=scaling, softcap=kwargs.get("softcap"),
                 dropout_p=float(dropout or 0.0))
+    sinks = kwargs.get("s_aux")
+    if sinks is None:
+        sinks = kwargs.get("sinks")
+    if sinks is not None:
+        opts["sinks"] = sinks
     cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
     if cu_q is not None and cu_k is not None and query.shape[0] == 1:
         return _packed(module, query, key, value, cu_q, cu_k, kwargs, opts, is_causal)
