@@ -5,7 +5,8 @@ the sinks, over dtype x variant x mask x GQA x head dim, with sinks that
 dominate a head, vanish (-inf) in another and sit among the scores in the
 rest; rows that see no key (o 0, lse the sink); varlen; dropout (the same
 kernel with and without sinks: only the denominator changes);
-torch.compile(fullgraph=True); repeatable sinks gradients; bad sinks."""
+torch.compile(fullgraph=True); repeatable sinks gradients; bad sinks; and
+ring (p2p, all-gather) and Ulysses over 2 gloo ranks against one rank."""
 import math
 
 import pytest
@@ -140,3 +141,54 @@ def test_bad_sinks_raise(bad):
     q, k, v, _ = inputs(1, 4, 4, 8, 8, 32, torch.float32, 0)
     with pytest.raises(attnjit.InvalidArgError, match="sinks"):
         at.attention(q, k, v, sinks=bad)
+
+
+# ---------------------------------------------------------------- context parallelism
+
+CP_CASES = [  # (method, layout, rotate, options)
+    ("ring", "zigzag", "p2p", dict(causal=True)),
+    ("ring", "contiguous", "allgather", dict(causal="bottom_right", window=(5, None))),
+    ("ring", "zigzag", "p2p", dict(mask="k % 3 != 1")),
+    ("ulysses", "zigzag", None, dict(causal=True)),
+    ("ulysses", "contiguous", None, dict(window=(4, 4))),
+]
+
+
+def _sinks_cp_worker(rank, world, init_file):
+    import torch.distributed as dist
+    from cp_check import assert_shards_match
+    dist.init_process_group("gloo", init_method="file://" + init_file, rank=rank,
+                            world_size=world)
+    try:
+        for method, layout, rotate, opts in CP_CASES:
+            q, k, v, do = inputs(2, 4, 2, 16, 16, 16, torch.float32, 11)
+            leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+            sinks = sink_logits(4, 2).float().requires_grad_()
+            o, lse = at.attention(*leaves, sinks=sinks, return_lse=True, **opts)
+            o.backward(do)
+            parts = [at.shard(t, 2, rank, world, layout).requires_grad_() for t in (q, k, v)]
+            rsinks = sink_logits(4, 2).float().requires_grad_()
+            ro, rlse = at.ring_attention(*parts, layout=layout, method=method, sinks=rsinks,
+                                         return_lse=True, timeout=60,
+                                         **(dict(rotate=rotate) if rotate else {}), **opts)
+            ro.backward(at.shard(do, 2, rank, world, layout))
+            what = "%s %s %s rank %d/%d" % (method, layout, sorted(opts), rank, world)
+            assert_shards_match(ro, rlse, parts, o, lse, leaves, rank, world, layout,
+                                torch.float32, what)
+            # every rank holds the whole gradient of the (replicated) sinks
+            torch.testing.assert_close(rsinks.grad, sinks.grad, atol=1e-5, rtol=1e-5,
+                                       msg=lambda m: what + ": dsinks: " + m)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("world", [2])
+def test_context_parallel_sinks_equal_one_rank(world):
+    """ring (p2p, all-gather) and Ulysses with sinks: each rank's shards of
+    o, lse, dq, dk, dv and the whole dsinks equal one rank's attention (the
+    ring starts its accumulator from the sinks, so they count once)."""
+    import os
+    import tempfile
+    import torch.multiprocessing as mp
+    with tempfile.TemporaryDirectory() as tmp:
+        mp.spawn(_sinks_cp_worker, args=(world, os.path.join(tmp, "init")), nprocs=world, join=True)

@@ -459,9 +459,14 @@ def _dsinks_like(q, body):
     return q.new_empty((n,), dtype=torch.float32)
 
 
-def _side_grads(side, body, dsinks):
-    """The gradients of the side tensors: the sinks' where the op has them,
-    None for the others (constants)."""
+def _side_grads(side, body, dsinks, heads=(0, 0)):
+    """The gradients of the side tensors: the sinks' where the op has them
+    (a head shard's, heads = (head_offset, heads_q_total), in its place
+    among all the heads' zeros), None for the others (constants)."""
+    if dsinks.numel() and heads[1]:
+        whole = dsinks.new_zeros((heads[1],))
+        whole[heads[0]:heads[0] + dsinks.numel()] = dsinks
+        dsinks = whole
     return [dsinks if name == _SINKS.encode() and dsinks.numel() else None
             for name, _ in zip(_side_names(body), side)]
 
@@ -479,9 +484,10 @@ def _backward(ctx, do, dlse):
     dq, dk, dv, dbias, dsinks = torch.ops.attnjit.attention_bwd(
         do, q, k, v, o, lse, bias, alibi_slopes, side, rng, ctx.variant, ctx.body, *ctx.heads)
     dbias = dbias.to(bias.dtype) if bias is not None else None
+    heads = tuple(ctx.heads) if len(ctx.heads) == 2 else (0, 0)
     # one gradient per input: q, k, v, bias, alibi_slopes, side, rng, variant, body, heads
-    return (dq, dk, dv, dbias, None, _side_grads(side, ctx.body, dsinks), None, None, None) + \
-        (None,) * len(ctx.heads)
+    return (dq, dk, dv, dbias, None, _side_grads(side, ctx.body, dsinks, heads),
+            None, None, None) + (None,) * len(ctx.heads)
 
 
 _attention_fwd.register_autograd(_backward, setup_context=_setup_context)

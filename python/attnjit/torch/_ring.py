@@ -163,6 +163,8 @@ class _Ring:
         self.rank = dist.get_rank(group)
         self.rotate = rotate
         self.variant, self.body = variant, body
+        # the steps' op: sinks are counted once, as the accumulator's start
+        self.step_body = body.replace("\n  sinks = " + _ops._SINKS, "")
         self.alibi, self.side, self.rng = alibi, side, rng
         self.sq, self.sk = q.shape[2] * self.world, lk * self.world
         self.steps = _plan(q, variant, body, alibi, side, layout, rotate, self.rank,
@@ -222,11 +224,14 @@ class _Ring:
             if wait:
                 k, v = wait()
 
-    def forward(self, q, k, v):
+    def forward(self, q, k, v, sinks=None):
         B, Hq, lq, _ = q.shape
         o_acc = torch.zeros((B, Hq, lq, v.shape[-1]), dtype=torch.float32, device=q.device)
-        lse = torch.full((B, Hq, lq), float("-inf"), dtype=torch.float32, device=q.device)
-        body = self.body + "\n  accumulate = true"
+        # the chain starts from the sinks' partial (O = 0, LSE = sink): each
+        # row counts its sink once, whatever the steps (docs/ir.md "Sinks")
+        lse = (torch.full((B, Hq, lq), float("-inf"), dtype=torch.float32, device=q.device)
+               if sinks is None else sinks.detach().view(1, Hq, 1).expand(B, Hq, lq).clone())
+        body = self.step_body + "\n  accumulate = true"
         for _, pairs, kb, vb in self.blocks(k, v):
             for qi, ki, at, masked in self.launches(pairs):
                 _ops.forward_into(q[:, :, qi], kb[:, :, ki], vb[:, :, ki], None, lse[:, :, qi],
@@ -247,8 +252,8 @@ class _Ring:
                 dk, dv = torch.empty_like(kb[:, :, ki]), torch.empty_like(vb[:, :, ki])
                 _ops.backward_into(do[:, :, qi], q[:, :, qi], kb[:, :, ki], vb[:, :, ki],
                                    o[:, :, qi], lse[:, :, qi], dq, dk, dv, None, None,
-                                   self.alibi, self.side, self.rng, self.variant, self.body,
-                                   at=at, masked=masked)
+                                   self.alibi, self.side, self.rng, self.variant,
+                                   self.step_body, at=at, masked=masked)
                 dq_acc[:, :, qi] += dq
                 acc[0][:, :, ki] += dk
                 acc[1][:, :, ki] += dv
@@ -266,20 +271,54 @@ class _Ring:
         return dq_acc.to(q.dtype), mine[0].to(k.dtype), mine[1].to(v.dtype)
 
 
+def _sinks_grad(sinks, do, o, lse):
+    """This rank's rows' part of the sinks' gradient: -sum over (b, i) of
+    exp(sink[h] - lse) dO . O (rows of lse -inf add 0), in a fixed order."""
+    delta = (do.float() * o.float()).sum(-1)
+    p = torch.exp(sinks.detach().float().view(1, -1, 1) - lse)
+    p = torch.where(torch.isinf(lse) & (lse < 0), torch.zeros_like(p), p)
+    return -(p * delta).sum((0, 2))
+
+
 class _RingFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, ring, q, k, v):
-        o, lse = ring.forward(q, k, v)
+    def forward(ctx, ring, q, k, v, sinks):
+        o, lse = ring.forward(q, k, v, sinks)
         ctx.ring = ring
-        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.save_for_backward(q, k, v, o, lse, sinks)
         ctx.mark_non_differentiable(lse)
         return o, lse
 
     @staticmethod
     def backward(ctx, do, dlse):
-        q, k, v, o, lse = ctx.saved_tensors
-        dq, dk, dv = ctx.ring.backward(do.contiguous(), q, k, v, o, lse)
-        return None, dq, dk, dv
+        q, k, v, o, lse, sinks = ctx.saved_tensors
+        do = do.contiguous()
+        dq, dk, dv = ctx.ring.backward(do, q, k, v, o, lse)
+        dsinks = _sinks_grad(sinks, do, o, lse) if sinks is not None else None
+        return None, dq, dk, dv, dsinks
+
+
+class _SumOverRanks(torch.autograd.Function):
+    """Identity forward; the backward sums the ranks' gradients of a
+    replicated tensor (the sinks) by an all-gather and a sum in rank order,
+    so every rank holds the same bits whatever the collective's own order."""
+
+    @staticmethod
+    def forward(ctx, x, group, timeout):
+        ctx.args = (group, timeout)
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        group, timeout = ctx.args
+        grad = grad.contiguous()
+        parts = [torch.empty_like(grad) for _ in range(dist.get_world_size(group))]
+        _complete(lambda: dist.all_gather(parts, grad, group=group, async_op=True),
+                  "the all-gather of the sinks' gradient", group, timeout)
+        total = parts[0].clone()
+        for part in parts[1:]:
+            total += part
+        return total, None, None
 
 
 class _AllToAll(torch.autograd.Function):
@@ -360,8 +399,8 @@ class _Ulysses:
 
 def ring_attention(q, k, v, *, group=None, layout="zigzag", rotate="p2p", causal=False,
                    window=None, softcap=None, alibi_slopes=None, scale=None, dropout_p=0.0,
-                   mask=None, score_mod=None, tensors=None, variant=None, return_lse=False,
-                   method="ring", timeout=None):
+                   mask=None, score_mod=None, tensors=None, sinks=None, variant=None,
+                   return_lse=False, method="ring", timeout=None):
     """attention() over a sequence sharded across the ranks of `group`:
     q, k, v are this rank's shards (shard(x, 2, rank, P, layout)); returns
     this rank's shard of o (and lse).  rotate: "p2p" (K/V to the next rank,
@@ -374,7 +413,10 @@ def ring_attention(q, k, v, *, group=None, layout="zigzag", rotate="p2p", causal
     is the C API's and the CLI's, over MPI or NCCL.  timeout: seconds each
     exchange may wait, forward and backward (None: the process group's
     own); a rank that dies or stalls makes every other rank raise
-    attnjit.CommError, within it."""
+    attnjit.CommError, within it.  sinks: (Hq,) learned sink logits, the
+    same on every rank, counted once per row; their gradient is the sum
+    over the ranks (an all-gather and a sum in rank order), the same on
+    every rank."""
     if method not in ("ring", "ulysses"):
         raise attnjit.UnsupportedError(
             4, "attnjit.torch.ring_attention: method = %r: over torch.distributed attnjit "
@@ -387,8 +429,11 @@ def ring_attention(q, k, v, *, group=None, layout="zigzag", rotate="p2p", causal
         raise _fail("ring_attention", "rotate = %r; want 'p2p' or 'allgather'" % (rotate,))
     q, k, v, _, alibi_slopes, side, rng, variant, body = _ops._prepare(
         q, k, v, causal, window, softcap, alibi_slopes, None, scale, dropout_p, mask,
-        score_mod, tensors, variant)
+        score_mod, tensors, variant, sinks=sinks)
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    sinks_t = None
+    if sinks is not None:      # the last side tensor (_prepare); its gradient summed
+        sinks_t = side[-1] = _SumOverRanks.apply(side[-1], group, timeout)
     if timeout is not None and not timeout > 0:
         raise _fail("ring_attention", "timeout = %r; want seconds > 0, or None" % (timeout,))
     if rng is not None:       # one dropout stream for the whole sequence
@@ -402,7 +447,7 @@ def ring_attention(q, k, v, *, group=None, layout="zigzag", rotate="p2p", causal
         return (o, lse) if return_lse else o
     ring = _Ring(group, layout, rotate, variant, body, alibi_slopes, side, rng, q, k.shape[2],
                  timeout)
-    o, lse = _RingFunction.apply(ring, q, k, v)
+    o, lse = _RingFunction.apply(ring, q, k, v, sinks_t)
     return (o, lse) if return_lse else o
 
 
