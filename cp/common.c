@@ -3,6 +3,7 @@
  * share: contiguous shard tensors, the opening agreement of the ranks'
  * calls, and collective failures named after the call.
  */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -316,4 +317,107 @@ aj_status aj_cp_check_lengths(aj_ctx *ctx, const char *fn, aj_shard_layout layou
                            (long long)want_k);
     }
     return AJ_OK;
+}
+
+/* The rows of this rank's shards: B x Hq x l (padded [B, Hq, l, Dv]) or
+ * Hq x l (varlen's packed [l, Hq, Dv], LSE [Hq, l]). */
+typedef struct sink_rows {
+    int64_t B, Hq, l, Dv;
+    int packed;
+} sink_rows;
+
+static size_t o_at(const sink_rows *r, int64_t b, int64_t h, int64_t i)
+{
+    return (size_t)(r->packed ? (i * r->Hq + h) * r->Dv : ((b * r->Hq + h) * r->l + i) * r->Dv);
+}
+
+/* A device tensor of n elements, densely laid out, as f32 in host memory. */
+static aj_status host_f32(aj_ctx *ctx, aj_device *dev, const aj_tensor *t, size_t n, float **out)
+{
+    size_t bytes = n * (size_t)aj_dtype_size(t->dtype);
+    void *raw = malloc(bytes + 16);
+    *out = malloc(n * sizeof(float) + 16);
+    aj_status st = raw && *out ? AJ_OK : aj_fail(ctx, AJ_ERR_OUT_OF_MEMORY, "out of memory");
+    if (st == AJ_OK)
+        st = aj_device_copy_from(dev, raw, t->data, bytes);
+    if (st == AJ_OK)
+        st = aj_convert(raw, t->dtype, *out, AJ_DTYPE_F32, n);
+    free(raw);
+    return st;
+}
+
+aj_status aj_cp_sinks_grad(aj_ctx *ctx, aj_device *dev, aj_comm *comm, const aj_op *op,
+                           const aj_ring_bwd_args *a)
+{
+    static const char fn[] = "aj_ring_backward";
+    aj_op_info info;
+    int32_t sink = -1;
+    aj_op_get_info(op, &info);
+    aj_op_get_sinks(op, &sink);
+    AJ_CHECK_ARG(ctx, sink >= 0, "%s: dsinks is given, but the op has no sinks", fn);
+    const int packed = info.layout == AJ_LAYOUT_VARLEN;
+    const sink_rows r = {packed ? 1 : a->o.shape[0], a->o.shape[1],
+                         a->o.shape[packed ? 0 : 2], info.head_dim_v, packed};
+    AJ_CHECK_ARG(ctx, a->dsinks.dtype == AJ_DTYPE_F32 && a->dsinks.rank == 1 &&
+                          a->dsinks.shape[0] == r.Hq && (a->dsinks.strides[0] >= 1 || r.Hq == 1),
+                 "%s: dsinks is %s of rank %d, %lld elements; want f32 [%lld] (one per query "
+                 "head), a stride of 1 or more", fn, aj_dtype_name(a->dsinks.dtype),
+                 (int)a->dsinks.rank, (long long)a->dsinks.shape[0], (long long)r.Hq);
+    const aj_side_tensor *logits = NULL;
+    for (int i = 0; i < a->num_side; i++)
+        if (a->side[i].name && strcmp(a->side[i].name, info.tensors[sink].name) == 0)
+            logits = &a->side[i];
+    AJ_CHECK_ARG(ctx, logits && logits->shape[0] == r.Hq, "%s: the sinks tensor '%s' is not "
+                 "given with one logit per query head (%lld)", fn, info.tensors[sink].name,
+                 (long long)r.Hq);
+    const size_t rows = (size_t)(r.B * r.Hq * r.l), elems = rows * (size_t)r.Dv;
+    float *o = NULL, *d = NULL, *lse = NULL, *sinks = calloc((size_t)r.Hq + 1, 4);
+    float *all = calloc((size_t)comm->size * (size_t)r.Hq + 1, 4);
+    float *mine = calloc((size_t)r.Hq + 1, 4), *total = calloc((size_t)r.Hq + 1, 4);
+    aj_status st = sinks && all && mine && total ? AJ_OK
+                                                 : aj_fail(ctx, AJ_ERR_OUT_OF_MEMORY, "out of memory");
+    if (st == AJ_OK)
+        st = host_f32(ctx, dev, &a->o, elems, &o);
+    if (st == AJ_OK)
+        st = host_f32(ctx, dev, &a->do_, elems, &d);
+    if (st == AJ_OK)
+        st = host_f32(ctx, dev, &a->lse, rows, &lse);
+    for (int64_t h = 0; st == AJ_OK && h < r.Hq; h++)
+        st = aj_device_copy_from(dev, &sinks[h],
+                                 (const char *)logits->data + (size_t)(h * logits->strides[0]) * 4,
+                                 4);
+    for (int64_t h = 0; st == AJ_OK && h < r.Hq; h++) {
+        double acc = 0;
+        for (int64_t b = 0; b < r.B; b++)
+            for (int64_t i = 0; i < r.l; i++) {
+                const float l = lse[packed ? h * r.l + i : (b * r.Hq + h) * r.l + i];
+                if (l == -INFINITY)
+                    continue;
+                const float *oi = o + o_at(&r, b, h, i), *di = d + o_at(&r, b, h, i);
+                double dot = 0;
+                for (int64_t c = 0; c < r.Dv; c++)
+                    dot += (double)oi[c] * di[c];
+                acc -= exp((double)sinks[h] - l) * dot;
+            }
+        mine[h] = (float)acc;
+    }
+    if (st == AJ_OK)
+        st = comm->engine->allgather(comm, mine, all, (size_t)r.Hq * 4);
+    if (st != AJ_OK && st != AJ_ERR_OUT_OF_MEMORY && st != AJ_ERR_INVALID_ARG)
+        st = aj_fail(ctx, st, "%s: the all-gather of the sinks' gradient failed: %s", fn,
+                     aj_last_error(ctx));
+    for (int rk = 0; st == AJ_OK && rk < comm->size; rk++)   /* in rank order */
+        for (int64_t h = 0; h < r.Hq; h++)
+            total[h] += all[(size_t)rk * (size_t)r.Hq + (size_t)h];
+    for (int64_t h = 0; st == AJ_OK && h < r.Hq; h++)
+        st = aj_device_copy_to(dev, (char *)a->dsinks.data + (size_t)(h * a->dsinks.strides[0]) * 4,
+                               &total[h], 4);
+    free(o);
+    free(d);
+    free(lse);
+    free(sinks);
+    free(all);
+    free(mine);
+    free(total);
+    return st;
 }

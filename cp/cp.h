@@ -154,6 +154,13 @@ aj_status aj_ulysses_backward(aj_ctx *ctx, aj_device *dev, struct aj_comm *comm,
                               const aj_op *op, const aj_ring_bwd_args *args,
                               aj_ring_stats *stats);
 
+/* The sinks' gradient of a finished ring backward (any method): this
+ * rank's rows' part, -sum exp(sink[h] - lse) dO . O per head (in double,
+ * rows in order), gathered from every rank and summed in rank order into
+ * args->dsinks (common.c). */
+aj_status aj_cp_sinks_grad(aj_ctx *ctx, aj_device *dev, struct aj_comm *comm, const aj_op *op,
+                           const aj_ring_bwd_args *args);
+
 /* method = hybrid's ring (ulysses.c calls it between its all-to-alls):
  * each of the comm's ranks is a group of `members` ranks of a layout over
  * size x members ranks whose totals the hybrid call agreed on (sq, sk);

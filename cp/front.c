@@ -64,8 +64,24 @@ static aj_status method_row(aj_ctx *ctx, const char *fn, aj_cp_method method,
                                  AJ_##NAME##_INIT, args);                                    \
         const struct cp_method *m = NULL;                                                    \
         aj_status st = method_row(ctx, #name, args->method, args->ulysses_size, &m);         \
-        return st != AJ_OK ? st : m->entry(ctx, dev, comm, op, args, stats);                 \
+        if (st == AJ_OK)                                                                     \
+            st = m->entry(ctx, dev, comm, op, args, stats);                                  \
+        return st != AJ_OK ? st : after_##entry(ctx, dev, comm, op, args);                    \
     }
+
+static aj_status after_forward(aj_ctx *ctx, aj_device *dev, aj_comm *comm, const aj_op *op,
+                               const aj_ring_fwd_args *args)
+{
+    (void)ctx, (void)dev, (void)comm, (void)op, (void)args;
+    return AJ_OK;
+}
+
+/* Every method's backward ends alike: the sinks' gradient, when asked. */
+static aj_status after_backward(aj_ctx *ctx, aj_device *dev, aj_comm *comm, const aj_op *op,
+                                const aj_ring_bwd_args *args)
+{
+    return args->dsinks.data ? aj_cp_sinks_grad(ctx, dev, comm, op, args) : AJ_OK;
+}
 
 FRONT_DOOR(aj_ring_forward, aj_ring_fwd_args, lse, RING_FWD_ARGS, forward)
 FRONT_DOOR(aj_ring_backward, aj_ring_bwd_args, dv, RING_BWD_ARGS, backward)

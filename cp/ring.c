@@ -110,6 +110,10 @@ static aj_status compile_variant(const ring_plan *p, const aj_op *op, int masked
 {
     aj_status st = AJ_OK;
     AJ_TRY(aj_op_clone(op, v));
+    /* sinks: the forward's accumulator starts from them (fwd_clear_acc),
+     * the backward's steps need no more than its LSE, and the front door
+     * computes their gradient */
+    AJ_TRY(aj_op_set_sinks(*v, NULL));
     if (p->op.kind == AJ_KIND_FORWARD)
         AJ_TRY(aj_op_set_accumulate(*v, true));
     if (!masked)
@@ -849,18 +853,41 @@ done:
     return ring_stats_out(&c, st, stats);
 }
 
-/* The f32 accumulator starts empty: LSE = -inf on every row.  Its O is
- * then never read; in host memory it is left as it is (rows no launch
- * reaches are written as 0 at the end), on a GPU cleared, through the
- * host buffers fwd_store later reads the result into. */
+/* Row r's starting LSE: -inf (empty), or with sinks the sink of its head
+ * (global: the hybrid group's head_offset + its head in the call), the
+ * partial of O = 0 that counts the sink once (docs/ir.md "Sinks"). */
+static float row_start(const ring_plan *p, size_t r)
+{
+    if (!aj_score_has_sinks(&p->prog))
+        return -INFINITY;
+    const aj_side_tensor *t = &p->host_side[p->prog.sinks];
+    const int64_t h = (int64_t)(r / (size_t)p->lq) % p->Hq + p->head_offset;
+    return h < t->shape[0] ? ((const float *)t->data)[h * t->strides[0]] : 0.0f;
+}
+
+/* The f32 accumulator starts empty: LSE = -inf on every row (with sinks,
+ * the sink's partial).  Its O is then never read; in host memory it is
+ * left as it is (rows no launch reaches are written as 0 at the end;
+ * with sinks, cleared), on a GPU cleared, through the host buffers
+ * fwd_store later reads the result into. */
 static aj_status fwd_clear_acc(ring_plan *p, const aj_ring_fwd_args *a, void *o_acc_dev,
                                size_t rows, void **host_o, void **typed_o)
 {
     const size_t o_count = rows * (size_t)p->Dv;
     aj_status st = AJ_OK;
+    if (aj_score_has_sinks(&p->prog)) {
+        const aj_side_tensor *t = &p->host_side[p->prog.sinks];
+        const int64_t heads = p->heads_q_total ? p->heads_q_total : p->Hq;
+        if (t->shape[0] != heads)
+            return aj_fail(p->ctx, AJ_ERR_INVALID_ARG, "%s: sinks tensor '%s' has %lld logits; "
+                           "want one per query head of the op, %lld", p->fn, t->name,
+                           (long long)t->shape[0], (long long)heads);
+    }
     if (p->host_memory) {
         for (size_t i = 0; i < rows; i++)
-            ((float *)a->lse.data)[i] = -INFINITY;
+            ((float *)a->lse.data)[i] = row_start(p, i);
+        if (aj_score_has_sinks(&p->prog))
+            memset(o_acc_dev, 0, o_count * sizeof(float));
         return AJ_OK;
     }
     AJ_TRY(alloc_host(p, o_count * sizeof(float), 1, host_o));
@@ -868,7 +895,7 @@ static aj_status fwd_clear_acc(ring_plan *p, const aj_ring_fwd_args *a, void *o_
     AJ_TRY(to_dev(p, o_acc_dev, *host_o, o_count * sizeof(float)));
     AJ_TRY(ring_wait(p, "clearing the accumulator"));   /* host_o is reused */
     for (size_t i = 0; i < rows; i++)
-        ((float *)*host_o)[i] = -INFINITY;
+        ((float *)*host_o)[i] = row_start(p, i);
     AJ_TRY(to_dev(p, a->lse.data, *host_o, rows * sizeof(float)));
     AJ_TRY(ring_wait(p, "clearing the accumulator"));
 done:

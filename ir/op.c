@@ -769,8 +769,7 @@ static bool is_identifier(const char *name)
 /* Each declaration: an identifier that is not reserved nor taken, a dtype,
  * a rank of 1..4. */
 /* sinks = NAME: a declared f32[1] tensor of one logit per query head
- * (docs/ir.md "Sinks"), counted once per row, so not in a chain of
- * accumulate calls, each of which would add it again. */
+ * (docs/ir.md "Sinks"). */
 static aj_status check_sinks(const aj_op *op, char *msg, size_t cap)
 {
     if (op->sinks == 0)
@@ -785,12 +784,6 @@ static aj_status check_sinks(const aj_op *op, char *msg, size_t cap)
         snprintf(msg, cap, "sinks = %s: the sink logits are f32[1] (one per query head), "
                  "not %s[%d]", t->name, t->dtype == AJ_SIDE_I32 ? "i32" : "f32",
                  (int)t->rank);
-        return AJ_ERR_VERIFY;
-    }
-    if (op->accumulate) {
-        snprintf(msg, cap, "sinks = %s with accumulate = true: each call of a chain would "
-                 "count the sink again; run the chain without sinks and start it from "
-                 "lse = sink, o_acc = 0 (docs/ir.md \"Sinks\")", t->name);
         return AJ_ERR_VERIFY;
     }
     return AJ_OK;

@@ -303,12 +303,16 @@ static void emit_epilogue(cfwd *c, const cfwd_out *to)
         LLVMValueRef h = c->at.sc.h;
         if (c->per_head)   /* the row's head in the packed group */
             h = aj_kb_add(kb, h, LLVMBuildUDiv(b, ig, aj_kb_sext64(kb, c->per_head), ""));
-        aj_score_fold_sink(kb, c->prog, h, &l2, &scale_new, &lse);
+        if (accumulate)
+            aj_score_fold_sink_accumulate(kb, c->prog, h, aj_param(kb, AJ_PID(kv_offset)), &l2,
+                                          &scale_new, &lse);
+        else
+            aj_score_fold_sink(kb, c->prog, h, &l2, &scale_new, &lse);
     }
     if (accumulate) {
         LLVMValueRef w_new;
         emit_merge_weights(c, fload(c, lse_ptr), l2, &w_prior, &w_new, &lse);
-        scale_new = LLVMBuildFMul(b, w_new, inv, "");
+        scale_new = LLVMBuildFMul(b, w_new, scale_new, "");
     }
     LLVMValueRef sv = aj_cv_splat(kb, scale_new, vw);
     LLVMValueRef d =

@@ -540,7 +540,10 @@ static void emit_epilogue(efwd *e, const efwd_out *dst)
         /* an f8 cache's V scale applies to O once, not to each V */
         LLVMValueRef w_prior = NULL;
         LLVMValueRef scale_new = e->v_scale ? LLVMBuildFMul(b, inv, e->v_scale, "") : inv;
-        if (aj_score_has_sinks(e->prog) && dst->o != AJ_PSRC_workspace)
+        if (aj_score_has_sinks(e->prog) && accumulate)
+            aj_score_fold_sink_accumulate(kb, e->prog, row_head_global(e, k),
+                                          aj_param(kb, AJ_PID(kv_offset)), &l2, &scale_new, &lse);
+        else if (aj_score_has_sinks(e->prog) && dst->o != AJ_PSRC_workspace)
             aj_score_fold_sink(kb, e->prog, row_head_global(e, k), &l2, &scale_new, &lse);
         if (accumulate) {
             LLVMValueRef w_new;

@@ -188,6 +188,13 @@ void aj_score_begin(aj_score *s, aj_kb *kb, const aj_score_prog *p, int lanes, L
  */
 void aj_score_fold_sink(aj_kb *kb, const aj_score_prog *p, LLVMValueRef h, LLVMValueRef *l2,
                         LLVMValueRef *scale, LLVMValueRef *lse);
+/* An accumulate op's fold (before the merge into the prior): only in the
+ * call whose keys start the sequence, kv_offset = 0 (i64), so that a
+ * chain over disjoint key blocks counts the sink once; the other calls
+ * leave l2, scale and lse as they are. */
+void aj_score_fold_sink_accumulate(aj_kb *kb, const aj_score_prog *p, LLVMValueRef h,
+                                   LLVMValueRef kv_offset, LLVMValueRef *l2, LLVMValueRef *scale,
+                                   LLVMValueRef *lse);
 /* The sink logit (f32, natural-log units) of global head h (i64). */
 LLVMValueRef aj_score_sink(aj_kb *kb, const aj_score_prog *p, LLVMValueRef h);
 

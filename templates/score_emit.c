@@ -140,6 +140,19 @@ void aj_score_fold_sink(aj_kb *kb, const aj_score_prog *p, LLVMValueRef h, LLVMV
     *scale = LLVMBuildFMul(b, *scale, LLVMBuildSelect(b, none, aj_kb_f32(kb, 0), w, ""), "");
 }
 
+void aj_score_fold_sink_accumulate(aj_kb *kb, const aj_score_prog *p, LLVMValueRef h,
+                                   LLVMValueRef kv_offset, LLVMValueRef *l2, LLVMValueRef *scale,
+                                   LLVMValueRef *lse)
+{
+    LLVMBuilderRef b = kb->b;
+    LLVMValueRef first = LLVMBuildICmp(b, LLVMIntEQ, to_i64(kb, kv_offset), aj_kb_i64(kb, 0), "");
+    LLVMValueRef f_l2 = *l2, f_scale = *scale, f_lse = *lse;
+    aj_score_fold_sink(kb, p, h, &f_l2, &f_scale, &f_lse);
+    *l2 = LLVMBuildSelect(b, first, f_l2, *l2, "");
+    *scale = LLVMBuildSelect(b, first, f_scale, *scale, "");
+    *lse = LLVMBuildSelect(b, first, f_lse, *lse, "");
+}
+
 static LLVMValueRef emit_load(emitter *m, const aj_expr_node *n)
 {
     aj_kb *kb = m->s->kb;

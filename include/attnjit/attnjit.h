@@ -288,8 +288,9 @@ aj_status aj_op_set_dropout(aj_op *op, double p);
  * declared before, f32 of rank 1, holding one logit per query head; each
  * row's softmax denominator gains exp(sink[h]) (no value: the output
  * gets nothing from it) and its LSE includes it.  NULL or "" removes
- * them.  Not with accumulate.  The backward's gradient of the logits is
- * aj_bwd_args.dsinks. */
+ * them.  With accumulate, the call whose kv_offset is 0 counts the sink
+ * (a chain over disjoint key blocks has exactly one).  The backward's
+ * gradient of the logits is aj_bwd_args.dsinks. */
 aj_status aj_op_set_sinks(aj_op *op, const char *name);
 /* The index (in aj_op_info.tensors) of the op's sinks tensor, or -1. */
 aj_status aj_op_get_sinks(const aj_op *op, int32_t *tensor);
@@ -1182,6 +1183,8 @@ typedef struct aj_ring_stats {
 } aj_ring_stats;
 
 /* Arguments of a ring forward: this rank's shards, laid out by `layout`
+ * (an op with sinks counts each row's sink once, whatever the method:
+ * docs/ring.md "Sinks")
  * (q [B, Hq, lq, D], k [B, Hkv, lk, D], v [B, Hkv, lk, Dv], o and lse
  * likewise, with lq = aj_shard_length(layout, rank, P, Sq): any length),
  * in the device's memory.  The totals Sq, Sk are the sums of every rank's
@@ -1257,6 +1260,12 @@ typedef struct aj_ring_bwd_args {
     int32_t ulysses_size;
     const int32_t *cu_seqlens_q, *cu_seqlens_k;   /* as aj_ring_fwd_args (version 4) */
     int32_t batch;
+    /* Version 5, ops with sinks only: output, f32 [Hq] (the op's query
+     * heads; any stride), the sinks' gradient over the WHOLE sequence:
+     * each rank's rows' part (aj_bwd_args.dsinks) gathered from every
+     * rank and summed in rank order, the same on every rank.  Every rank
+     * passes one, or none does.  Empty (NULL data): not computed. */
+    aj_tensor dsinks;
 } aj_ring_bwd_args;
 
 #define AJ_RING_BWD_ARGS_INIT { .struct_size = sizeof(aj_ring_bwd_args) }

@@ -85,6 +85,7 @@ typedef struct ring_case {
     int ulysses_size;             /* method = hybrid's U */
     int head_mask;                /* mask = HEAD_MASK: a window that narrows with h */
     const char *mask_expr;        /* an expression mask (over b, q, k) instead of `mask` */
+    int sinks;                    /* learned sinks: snk f32[Hq], dsinks checked */
 } ring_case;
 
 static const char *const method_names[AJ_METHOD_COUNT] = {"ring", "ulysses", "hybrid"};
@@ -128,6 +129,12 @@ static const ring_case cases[] = {
     {.label = "bf16 flash document mask (documents of 3) + relative bias, contiguous, p2p",
      .dtype = AJ_DTYPE_BF16, .mask = AJ_MASK_NONE, .hq = 2, .hkv = 2, .lq = 16, .lk = 16,
      .layout = AJ_SHARD_CONTIGUOUS, .rotate = AJ_ROTATE_P2P, .flash = 1, .doc_len = 3, .rel = 1},
+    {.label = "f32 causal + sinks, zigzag, p2p", .dtype = AJ_DTYPE_F32, .mask = AJ_MASK_CAUSAL,
+     .hq = 4, .hkv = 2, .lq = 8, .lk = 8, .layout = AJ_SHARD_ZIGZAG, .rotate = AJ_ROTATE_P2P,
+     .sinks = 1},
+    {.label = "bf16 flash window(3, 0) + sinks, contiguous, all-gather", .dtype = AJ_DTYPE_BF16,
+     .mask = AJ_MASK_WINDOW, .left = 3, .hq = 2, .hkv = 1, .lq = 16, .lk = 16,
+     .layout = AJ_SHARD_CONTIGUOUS, .rotate = AJ_ROTATE_ALLGATHER, .flash = 1, .sinks = 1},
 };
 
 /* Any length (issue 20), with each method: every mask family x lengths 1
@@ -254,14 +261,16 @@ static int generated_cases(ring_case *out, char (*labels)[112], int small)
             const struct uly_mask *u = &uly_masks[m];
             const int sq = len == 0 ? 1 : len * size + len % 3 - 1;
             const aj_shard_layout L = (len + m) % 2 ? AJ_SHARD_ZIGZAG : AJ_SHARD_CONTIGUOUS;
-            snprintf(labels[n], 112, "%s %s, %s, Sq = %d", method_names[method],
-                     u->name, L == AJ_SHARD_ZIGZAG ? "zigzag" : "contiguous", sq);
+            snprintf(labels[n], 112, "%s %s%s, %s, Sq = %d", method_names[method],
+                     u->name, (len + m) % 3 == 1 ? " + sinks" : "",
+                     L == AJ_SHARD_ZIGZAG ? "zigzag" : "contiguous", sq);
             out[n] = (ring_case){.label = labels[n], .dtype = u->dtype, .mask = u->mask,
                                    .align = u->align, .left = u->left, .right = u->right,
                                    .hq = 2 * size, .hkv = size, .layout = L,
                                    .alibi = u->alibi, .flash = u->flash, .doc_len = u->doc_len,
                                    .method = (aj_cp_method)method, .sq_total = sq,
-                                   .sk_total = sq + u->extra_k, .ulysses_size = 2 * hybrid};
+                                   .sk_total = sq + u->extra_k, .ulysses_size = 2 * hybrid,
+                                   .sinks = (len + m) % 3 == 1};
             n++;
         }
     /* hybrid: U = 2 where P is even (on P = 4 the ring across the groups
@@ -712,10 +721,12 @@ static aj_op *parse_op(const ring_case *c, const char *kind)
     else
         snprintf(mask, sizeof mask, "%s",
                  c->doc_len ? DOC_MASK : c->head_mask ? HEAD_MASK : "none");
-    char tensors[64] = "";
-    if (c->doc_len || c->rel)
-        snprintf(tensors, sizeof tensors, "tensors = (%s%s%s)", c->doc_len ? "doc: i32[2]" : "",
-                 c->doc_len && c->rel ? ", " : "", c->rel ? "rel: f32[2]" : "");
+    char tensors[96] = "";
+    if (c->doc_len || c->rel || c->sinks)
+        snprintf(tensors, sizeof tensors, "tensors = (%s%s%s%s%s)%s",
+                 c->doc_len ? "doc: i32[2]" : "", c->doc_len && c->rel ? ", " : "",
+                 c->rel ? "rel: f32[2]" : "", (c->doc_len || c->rel) && c->sinks ? ", " : "",
+                 c->sinks ? "snk: f32[1]" : "", c->sinks ? " sinks = snk" : "");
     snprintf(text, sizeof text, "attention %s %s { dtype = %s head_dim = %d %s mask = %s "
              "score_mod = %s dropout = %g layout = %s }", kind, c->flash ? "flash" : "efficient",
              aj_dtype_name(c->dtype), HEAD_DIM, tensors, mask,
@@ -850,8 +861,12 @@ static void run_case(const ring_case *c)
         slopes_ref[h] = slopes[h] = 0.25f * (float)(h + 1);
     /* the side tensors, whole on every rank: doc[0, t] = t / doc_len, rel
      * in [-1, 1] */
-    aj_side_tensor side[2];
+    aj_side_tensor side[3];
     int nside = 0;
+    float snk[16];
+    double snk_ref[16];
+    for (int h = 0; h < c->hq; h++)   /* one that dominates, the rest among the scores */
+        snk_ref[h] = snk[h] = h == 0 ? 4.0f : 0.5f - 0.25f * (float)h;
     int32_t *doc = alloc64((size_t)sq * 4);
     float *rel = alloc64((size_t)c->hq * 9 * 4);
     for (int64_t t = 0; t < sq; t++)
@@ -862,6 +877,8 @@ static void run_case(const ring_case *c)
         side[nside++] = (aj_side_tensor){"doc", doc, AJ_SIDE_I32, 2, {B, sq}, {sq, 1}};
     if (c->rel)
         side[nside++] = (aj_side_tensor){"rel", rel, AJ_SIDE_F32, 2, {c->hq, 9}, {9, 1}};
+    if (c->sinks)
+        side[nside++] = (aj_side_tensor){"snk", snk, AJ_SIDE_F32, 1, {c->hq}, {1}};
     aj_op *fop = parse_op(c, "forward"), *bop = parse_op(c, "backward");
 
     /* the reference, unsharded */
@@ -870,6 +887,7 @@ static void run_case(const ring_case *c)
                       .Sq = (int)sq, .Sk = (int)sk, .mask = c->mask, .align = c->align,
                       .window_left = c->left, .window_right = c->right,
                       .alibi_slopes = c->alibi ? slopes_ref : NULL,
+                      .sinks = c->sinks ? snk_ref : NULL,
                       .dropout_p = c->dropout, .seed = 7, .offset = 3};
     if (nside || c->head_mask || c->mask_expr)
         ref_use_expressions(&pr, fop, side, nside);
@@ -957,8 +975,22 @@ static void run_case(const ring_case *c)
                                               rows_view(c, dq_s, dt, hq, lq, D),
                                               rows_view(c, dk_s, dt, hkv, lk, D),
                                               rows_view(c, dv_s, dt, hkv, lk, D));
+    float dsinks[16];
+    if (c->sinks)
+        ba.dsinks = tensor_dims(dsinks, AJ_DTYPE_F32, 1, c->hq, 0, 0, 0);
     CHECK_STATUS(ctx, aj_ring_backward(ctx, dev, comm, bop, &ba, &bs), AJ_OK);
-    const uint64_t bwd_sent = aj_comm_bytes_sent(comm) - sent_before - fwd_sent;
+    /* (the sinks' gradient's all-gather aside: the methods' own traffic) */
+    const uint64_t bwd_sent = aj_comm_bytes_sent(comm) - sent_before - fwd_sent -
+                              (c->sinks ? (uint64_t)(size - 1) * (uint64_t)c->hq * 4 : 0);
+    if (c->sinks) {   /* the whole gradient, on every rank */
+        double want_ds[16];
+        ref_sinks_grad(&pr, o_ref, lse_ref, dout.ref, want_ds);
+        e = 0;
+        for (int h = 0; h < c->hq; h++)
+            e = fmax(e, fabs(dsinks[h] - want_ds[h]) / (atol + rtol * fabs(want_ds[h]) + 1e-3));
+        CHECK_MSG(e <= 1.0, "rank %d: %s: dsinks error %.3g of the tolerance", rank, c->label,
+                  e);
+    }
     const char *names[3] = {"dQ", "dK", "dV"};
     const void *got[3] = {dq_s, dk_s, dv_s};
     const double *want[3] = {dq_ref_s, dk_ref_s, dv_ref_s};
@@ -1152,7 +1184,7 @@ static void run_mismatch(void)
     fa.layout = AJ_SHARD_CONTIGUOUS;
     const ring_case none = {"none", AJ_DTYPE_F32, AJ_MASK_NONE, AJ_ALIGN_TOP_LEFT, 0, 0,
                             1, 1, 8, 8, AJ_SHARD_CONTIGUOUS, AJ_ROTATE_P2P, 0, 0, 0, 0, 0,
-                            AJ_METHOD_RING, 0, 0, NULL, 0, 0, NULL};
+                            AJ_METHOD_RING, 0, 0, NULL, 0, 0, NULL, 0};
     aj_op *other = parse_op(&none, "forward");
     CHECK_STATUS(ctx, aj_ring_forward(ctx, dev, comm, rank == 1 ? other : op, &fa, NULL),
                  AJ_ERR_INVALID_ARG);

@@ -355,8 +355,7 @@ static void test_sweep(void)
 }
 
 /* Wrong sinks are refused: a tensor of the wrong shape at the launch, a
- * sinks name that is not declared, the wrong dtype or rank, and sinks
- * with accumulate; dsinks for an op without sinks. */
+ * sinks name that is not declared, the wrong dtype or rank. */
 static void test_errors(void)
 {
     static const char *const bad[] = {
@@ -365,8 +364,6 @@ static void test_errors(void)
         " sinks = s\n}\n",
         "attention forward flash { dtype = f16\n head_dim = 32\n tensors = (s: f32[2])\n"
         " sinks = s\n}\n",
-        "attention forward efficient { dtype = f16\n head_dim = 32\n tensors = (s: f32[1])\n"
-        " sinks = s\n accumulate = true\n}\n",
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         aj_op *op = NULL;
@@ -405,7 +402,84 @@ static void test_errors(void)
     aj_op_destroy(fop);
 }
 
-static void (*const tests[])(void) = {test_sweep, test_errors, NULL};
+/* An accumulate chain over three key blocks, visited out of order (the
+ * middle, the first, the last) from lse = -inf: the call with kv_offset 0
+ * counts the sink, the others do not, and the chain's o_acc and lse are
+ * the one-call result with sinks.  Both variants, causal (bottom_right,
+ * the totals given) and none, f16 (and f32 on the cpu). */
+static void test_accumulate(void)
+{
+    const int cpu = aj_device_target(dev) == AJ_TARGET_CPU;
+    static const int starts[4] = {0, 10, 17, 29}, order[3] = {1, 0, 2};
+    for (int var = 0; var < 2; var++)
+        for (int m = 0; m < 2; m++)
+            for (int dt = 0; dt < (cpu ? 2 : 1); dt++) {
+                sink_case c = {var ? AJ_VARIANT_EFFICIENT : AJ_VARIANT_FLASH,
+                               dt ? AJ_DTYPE_F32 : AJ_DTYPE_F16, m ? "causal(bottom_right)" : "none",
+                               64, 2, 4, 2, 13, 29, 0, NULL, NULL};
+                char label[160], spec[1024];
+                case_label(&c, label, sizeof label);
+                snprintf(spec, sizeof spec,
+                         "attention forward %s {\n  dtype = %s\n  head_dim = 64\n"
+                         "  tensors = (snk: f32[1])\n  sinks = snk\n  mask = %s\n"
+                         "  accumulate = true\n}\n", var ? "efficient" : "flash",
+                         aj_dtype_name(c.dtype), c.mask);
+                aj_op *op = NULL;
+                CHECK_MSG(aj_op_parse(ctx, spec, strlen(spec), label, &op) == AJ_OK, "%s: %s",
+                          label, aj_last_error(ctx));
+                aj_kernel *kern = compile(op, label);
+                if (!kern) {
+                    aj_op_destroy(op);
+                    continue;
+                }
+                sink_io x;
+                io_make(&x, &c);
+                uint64_t rng = 99;
+                fill(&x.q, 1.5, &rng);
+                fill(&x.k, 1.5, &rng);
+                fill(&x.v, 1.0, &rng);
+                fill_sinks(&x.sinks, c.hq, &rng);
+                ref_problem p = case_problem(&c, &x, op, NULL);
+                double *o_ref = calloc(x.o.n + 1, sizeof(double));
+                double *lse_ref = calloc(x.lse.n + 1, sizeof(double));
+                ref_forward(&p, x.q.ref, x.k.ref, x.v.ref, o_ref, lse_ref);
+                tensor acc;
+                tensor_make(&acc, dev, AJ_DTYPE_F32, 4, (int64_t[]){c.b, c.hq, c.sq, c.d});
+                for (size_t i = 0; i < acc.n; i++)
+                    acc.ref[i] = 0;
+                store_rounded(&acc);
+                for (size_t i = 0; i < x.lse.n; i++)
+                    x.lse.ref[i] = -INFINITY;
+                store_rounded(&x.lse);
+                const aj_side_tensor side = sinks_side(&x);
+                for (int n = 0; n < 3; n++) {
+                    int blk = order[n], j0 = starts[blk], len = starts[blk + 1] - j0;
+                    aj_fwd_args fa = AJ_FWD_ARGS_INIT;
+                    fa.q = x.q.t, fa.k = x.k.t, fa.v = x.v.t, fa.lse = x.lse.t, fa.o_acc = acc.t;
+                    size_t es = (size_t)aj_dtype_size(c.dtype);
+                    fa.k.data = (char *)x.k.t.data + (size_t)j0 * (size_t)x.k.t.strides[2] * es;
+                    fa.v.data = (char *)x.v.t.data + (size_t)j0 * (size_t)x.v.t.strides[2] * es;
+                    fa.k.shape[2] = fa.v.shape[2] = len;
+                    fa.kv_offset = j0;
+                    fa.sq_total = c.sq;
+                    fa.sk_total = c.sk;
+                    fa.side = &side, fa.num_side = 1;
+                    CHECK_MSG(aj_forward(ctx, dev, kern, &fa) == AJ_OK, "%s: %s", label,
+                              aj_last_error(ctx));
+                }
+                check_error(label, "chained o", &acc, o_ref, c.dtype);
+                check_error(label, "chained lse", &x.lse, lse_ref, AJ_DTYPE_F16);
+                free(o_ref);
+                free(lse_ref);
+                tensor_release(&acc);
+                io_release(&x);
+                aj_kernel_destroy(kern);
+                aj_op_destroy(op);
+                cases++;
+            }
+}
+
+static void (*const tests[])(void) = {test_sweep, test_accumulate, test_errors, NULL};
 
 int main(int argc, char **argv)
 {
