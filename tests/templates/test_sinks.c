@@ -5,7 +5,8 @@
  * names (sim by default; ctest runs it on sim and cpu).
  *
  * One generator of cases walks variant x dtype x mask x layout (padded,
- * varlen) x GQA x dropout x head dim, with sink logits that dominate some
+ * varlen) x GQA x dropout x score_mod (none, softcap, an expression over
+ * h) x head dim, with sink logits that dominate some
  * heads (+6), vanish in others (-inf: the op without a sink) and sit
  * among the scores elsewhere, and lengths that leave rows with no visible
  * key (their O is 0 and their LSE the sink).  dSinks is also checked to
@@ -44,6 +45,7 @@ typedef struct sink_case {
     aj_dtype dtype;
     const char *mask;          /* IR text */
     int d, b, hq, hkv, sq, sk;
+    const char *score_mod;     /* IR text; NULL: none */
     double dropout;
     const int *lens_q, *lens_k;  /* varlen when set: b lengths each */
 } sink_case;
@@ -51,13 +53,14 @@ typedef struct sink_case {
 static const char *const masks[] = {"none", "causal(bottom_right)", "window(5, 0, bottom_right)",
                                     "expr(k <= q && k % 3 != 1)"};
 static const int dims[] = {32, 64, 96, 128};
+static const char *const mods[] = {"none", "softcap(20.0)", "expr(score - 0.125 * h)"};
 static const int varlen_q[] = {7, 0, 19}, varlen_k[] = {7, 12, 25};
 
 static void case_label(const sink_case *c, char *out, size_t cap)
 {
-    snprintf(out, cap, "%s %s d%d %s hq%d/%d%s%s", aj_variant_name(c->variant),
-             aj_dtype_name(c->dtype), c->d, c->mask, c->hq, c->hkv, c->lens_q ? " varlen" : "",
-             c->dropout > 0 ? " dropout" : "");
+    snprintf(out, cap, "%s %s d%d %s %s hq%d/%d%s%s", aj_variant_name(c->variant),
+             aj_dtype_name(c->dtype), c->d, c->mask, c->score_mod ? c->score_mod : "none",
+             c->hq, c->hkv, c->lens_q ? " varlen" : "", c->dropout > 0 ? " dropout" : "");
 }
 
 /* The op text of a case, forward or backward. */
@@ -66,11 +69,12 @@ static aj_op *case_op(const sink_case *c, aj_kind kind, const char *label)
     char spec[1024];
     snprintf(spec, sizeof spec,
              "attention %s %s {\n  dtype = %s\n  head_dim = %d\n  tensors = (snk: f32[1])\n"
-             "  sinks = snk\n  mask = %s\n  dropout = %.17g\n  layout = %s\n}\n",
+             "  sinks = snk\n  mask = %s\n  score_mod = %s\n  dropout = %.17g\n"
+             "  layout = %s\n}\n",
              kind == AJ_KIND_FORWARD ? "forward" : "backward",
              c->variant == AJ_VARIANT_EFFICIENT ? "efficient" : "flash",
-             aj_dtype_name(c->dtype), c->d, c->mask, c->dropout,
-             c->lens_q ? "varlen" : "padded");
+             aj_dtype_name(c->dtype), c->d, c->mask, c->score_mod ? c->score_mod : "none",
+             c->dropout, c->lens_q ? "varlen" : "padded");
     aj_op *op = NULL;
     CHECK_MSG(aj_op_parse(ctx, spec, strlen(spec), label, &op) == AJ_OK, "%s: %s", label,
               aj_last_error(ctx));
@@ -160,10 +164,10 @@ static ref_problem case_problem(const sink_case *c, const sink_io *x, const aj_o
 {
     ref_problem p = ref_problem_of(c->b, c->hq, c->hkv, c->sq, c->sk, c->d, c->d);
     ref_mask(c->mask, &p);
-    if (strncmp(c->mask, "expr", 4) == 0) {
-        p.mask = AJ_MASK_EXPR;
+    if (strncmp(c->mask, "expr", 4) == 0 || (c->score_mod && strncmp(c->score_mod, "expr", 4) == 0))
         ref_use_expressions(&p, op, host_side, 1);
-    }
+    if (c->score_mod && strncmp(c->score_mod, "softcap", 7) == 0)
+        p.softcap = 20.0;
     if (c->lens_q) {
         p.cu_q = x->cu_q;
         p.cu_k = x->cu_k;
@@ -345,6 +349,7 @@ static void test_sweep(void)
                         .sq = 13 + n % 3 * 8,
                         .sk = 29 - n % 2 * 14,
                         .dropout = n % 3 == 2 ? 0.25 : 0,
+                        .score_mod = mods[n / 2 % 3],
                     };
                     if (varlen) {
                         c.lens_q = varlen_q;
@@ -371,7 +376,8 @@ static void test_errors(void)
         CHECK(strstr(aj_last_error(ctx), "sinks") != NULL);
         aj_op_destroy(op);
     }
-    sink_case c = {AJ_VARIANT_FLASH, AJ_DTYPE_F16, "none", 32, 1, 4, 4, 8, 8, 0, NULL, NULL};
+    sink_case c = {.variant = AJ_VARIANT_FLASH, .dtype = AJ_DTYPE_F16, .mask = "none", .d = 32,
+                   .b = 1, .hq = 4, .hkv = 4, .sq = 8, .sk = 8};
     aj_op *fop = case_op(&c, AJ_KIND_FORWARD, "errors");
     aj_kernel *fk = compile(fop, "errors");
     sink_io x;
@@ -414,9 +420,10 @@ static void test_accumulate(void)
     for (int var = 0; var < 2; var++)
         for (int m = 0; m < 2; m++)
             for (int dt = 0; dt < (cpu ? 2 : 1); dt++) {
-                sink_case c = {var ? AJ_VARIANT_EFFICIENT : AJ_VARIANT_FLASH,
-                               dt ? AJ_DTYPE_F32 : AJ_DTYPE_F16, m ? "causal(bottom_right)" : "none",
-                               64, 2, 4, 2, 13, 29, 0, NULL, NULL};
+                sink_case c = {.variant = var ? AJ_VARIANT_EFFICIENT : AJ_VARIANT_FLASH,
+                               .dtype = dt ? AJ_DTYPE_F32 : AJ_DTYPE_F16,
+                               .mask = m ? "causal(bottom_right)" : "none",
+                               .d = 64, .b = 2, .hq = 4, .hkv = 2, .sq = 13, .sk = 29};
                 char label[160], spec[1024];
                 case_label(&c, label, sizeof label);
                 snprintf(spec, sizeof spec,
