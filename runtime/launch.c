@@ -9,6 +9,7 @@
 
 #include "runtime/launch_internal.h"
 #include "templates/attn_common.h"
+#include "templates/score.h"
 
 /* The items of one part of a paged launch that have work: B Hkv where
  * the kernel packs each KV head's query heads into one item or CTA
@@ -127,11 +128,40 @@ typedef struct score_call {
     int64_t q_offset, kv_offset, sq_total, sk_total;
     const aj_block_mask *block_mask;
     void *stream;
+    int32_t check_bounds;   /* check_side_bounds */
 } score_call;
 
 #define SCORE_CALL_OF(a, sq_total, sk_total)                                                 \
     {(a)->side, (a)->num_side, &(a)->alibi_slopes, (a)->q_offset, (a)->kv_offset, (sq_total), \
-     (sk_total), (a)->block_mask, (a)->stream}
+     (sk_total), (a)->block_mask, (a)->stream, (a)->check_side_bounds}
+
+/* check_side_bounds: every load of the kernel's programs inside its
+ * tensor over the launch's ranges (templates/score.h), or the error. */
+static aj_status check_loads(aj_ctx *ctx, const char *fn, const aj_kernel *kernel,
+                             const score_call *c, const fwd_sizes *sz)
+{
+    const aj_score_prog *prog = aj_kernel_programs(kernel);
+    if (!c->check_bounds || !prog || prog->tensor_count == 0)
+        return AJ_OK;
+    int64_t shapes[AJ_OP_TENSORS_MAX + 1][4] = {{0}};
+    for (int t = 0; t < prog->tensor_count; t++) {
+        const aj_side_tensor *given = NULL;
+        for (int i = 0; i < c->num_side && !given; i++)
+            if (strcmp(c->side[i].name, prog->tensors[t].name) == 0)
+                given = &c->side[i];
+        for (int d = 0; d < prog->tensors[t].rank; d++)
+            shapes[t][d] = given ? given->shape[d] : c->slopes->shape[d];
+    }
+    const aj_score_ranges r = {0, sz->batch - 1, sz->head_offset,
+                               sz->head_offset + sz->heads_q - 1, c->q_offset,
+                               c->q_offset + sz->seq_q - 1, c->kv_offset,
+                               c->kv_offset + sz->seq_k - 1, c->sq_total, c->sk_total};
+    char msg[512];
+    if (r.b1 < 0 || r.h1 < r.h0 || sz->seq_q == 0 || sz->seq_k == 0 ||
+        aj_score_loads_in_bounds(prog, (const int64_t(*)[4])shapes, &r, msg, sizeof msg))
+        return AJ_OK;
+    return aj_fail(ctx, AJ_ERR_INVALID_ARG, "%s: check_side_bounds: %s", fn, msg);
+}
 
 /* Binds the op's score programs to the call's side tensors and slopes, then
  * its block mask (the caller's, or one built into *scratch). */
@@ -143,6 +173,8 @@ static aj_status bind_scores(aj_ctx *ctx, const char *fn, aj_device *dev,
                                   &ls->scores);
     if (st == AJ_OK)
         st = aj_check_sinks(ctx, fn, kernel, c->side, c->num_side, sz->heads_total);
+    if (st == AJ_OK)
+        st = check_loads(ctx, fn, kernel, c, sz);
     const aj_block_mask_shape shape = {sz->batch, sz->heads_q, sz->seq_q, sz->seq_k,
                                        c->q_offset, c->kv_offset, c->sq_total, c->sk_total,
                                        0, 0, sz->head_offset};

@@ -439,6 +439,20 @@ typedef struct aj_score_cache {
  * tensors in host memory (in the program's tensor order; NULL: loads are
  * unknown) through `cache` (may be NULL).  The same arithmetic as
  * aj_score_tile_class. */
+/* A launch's ranges: batch index b, global head h, positions q and k (all
+ * inclusive; an empty range has lo > hi), and the totals. */
+typedef struct aj_score_ranges {
+    int64_t b0, b1, h0, h1, q0, q1, k0, k1, sq, sk;
+} aj_score_ranges;
+/* Whether every load of the programs stays inside its tensor (shapes[t],
+ * the tensors in the programs' order) for every element of a launch of
+ * these ranges, by the interval rules with the load values unknown and
+ * the guards on the way to each load applied (a select's condition, the
+ * left side of && and ||, comparisons of an int node with a point);
+ * false with msg naming the tensor, the index and its range. */
+bool aj_score_loads_in_bounds(const aj_score_prog *p, const int64_t (*shapes)[4],
+                              const aj_score_ranges *r, char *msg, size_t cap);
+
 aj_tile_class aj_score_host_class(const aj_score_prog *p, const aj_side_tensor *tensors,
                                   aj_score_cache *cache, int64_t b, int64_t h, int64_t q0,
                                   int64_t q1, int64_t k0, int64_t k1, int64_t sq, int64_t sk);

@@ -3,6 +3,7 @@
  * tile's class on the host, for the ring and the block-mask checks.
  */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -117,6 +118,7 @@ aj_tile_class aj_score_host_class(const aj_score_prog *p, const aj_side_tensor *
                     (h < 0 ? AJ_SCORE_READS(AJ_VAR_H) : 0) | (tensors ? 0 : AJ_SCORE_READS_LOAD);
     c->point = host_point;
     c->load = host_load;
+    c->bh = false;
     c->q = (ival){{.i = q0}, {.i = q1}};
     c->k = (ival){{.i = k0}, {.i = k1}};
     x->env = (aj_expr_env){.b = b < 0 ? 0 : b, .h = h < 0 ? 0 : h, .sq = sq, .sk = sk,
@@ -146,4 +148,257 @@ aj_tile_class aj_score_host_class(const aj_score_prog *p, const aj_side_tensor *
     }
     free(x);
     return skip ? AJ_TILE_SKIP : full ? AJ_TILE_FULL : AJ_TILE_PARTIAL;
+}
+
+/* ---------------------------------------------------------------- loads in bounds */
+
+/* What a node is known to be where the walk stands: a guard's refinement
+ * of one node's interval. */
+typedef struct guard {
+    uint64_t hash;     /* of the node, by structure: equal trees, one guard */
+    int64_t lo, hi;
+} guard;
+
+enum { GUARDS_MAX = 16 };
+
+typedef struct bounds_walk {
+    const aj_score_prog *p;
+    const aj_score_ranges *r;
+    const int64_t (*shapes)[4];
+    hctx *x;
+    uint64_t hash[AJ_EXPR_NODES_MAX];   /* every node's, by structure */
+    ival narrowed[AJ_EXPR_NODES_MAX];   /* guarded's scratch */
+    guard g[GUARDS_MAX];
+    int ng;
+    char *msg;
+    size_t cap;
+    bool found;
+} bounds_walk;
+
+static uint64_t mix(uint64_t h, uint64_t v)
+{
+    h ^= v + 0x9e3779b97f4a7c15u + (h << 6) + (h >> 2);
+    return h * 0x100000001b3u;
+}
+
+/* A node's hash from its operator, type, leaf and its operands' hashes:
+ * equal for equal trees (the parser does not share leaves). */
+static uint64_t node_hash(int op, int type, uint64_t leaf, const uint64_t *args, int n)
+{
+    uint64_t h = mix(mix((uint64_t)op, (uint64_t)type), leaf);
+    for (int a = 0; a < n; a++)
+        h = mix(h, args[a]);
+    return h;
+}
+
+static void hash_nodes(bounds_walk *w)
+{
+    for (int id = 0; id < w->p->e.count; id++) {
+        const aj_expr_node *n = node(w->p, id);
+        uint64_t leaf = n->op == AJ_EXPR_LIT ? (uint64_t)n->u.i
+                      : n->op == AJ_EXPR_VAR ? (uint64_t)n->u.var
+                      : n->op == AJ_EXPR_LOAD ? (uint64_t)n->u.tensor : 0;
+        uint64_t args[AJ_EXPR_RANK_MAX];
+        int ar = aj_expr_arity(n);
+        for (int a = 0; a < ar; a++)
+            args[a] = w->hash[n->args[a]];
+        w->hash[id] = node_hash(n->op, n->type, leaf, args, ar);
+    }
+}
+
+/* The interval of node id under the walk's guards: a fresh context whose
+ * guarded nodes (every node of a guard's structure) start from their own
+ * intervals narrowed by the guards. */
+static ival guarded(bounds_walk *w, uint16_t id)
+{
+    ival_ctx *c = &w->x->c;
+    const int count = w->p->e.count;
+    const size_t n = (size_t)count * sizeof c->done[0];
+    ival *narrowed = w->narrowed;
+    bool hit[AJ_EXPR_NODES_MAX] = {false};
+    memset(c->done, 0, n);
+    for (int v = 0; v < count; v++)
+        for (int i = 0; i < w->ng; i++)
+            if (w->hash[v] == w->g[i].hash && !hit[v]) {
+                narrowed[v] = aj_ival_node(c, (uint16_t)v);
+                hit[v] = true;
+            }
+    for (int v = 0; v < count; v++)
+        for (int i = 0; hit[v] && i < w->ng; i++)
+            if (w->hash[v] == w->g[i].hash) {
+                narrowed[v].lo.i = narrowed[v].lo.i > w->g[i].lo ? narrowed[v].lo.i : w->g[i].lo;
+                narrowed[v].hi.i = narrowed[v].hi.i < w->g[i].hi ? narrowed[v].hi.i : w->g[i].hi;
+            }
+    memset(c->done, 0, n);
+    for (int v = 0; v < count; v++)
+        if (hit[v]) {
+            c->memo[v] = narrowed[v];
+            c->done[v] = true;
+        }
+    return aj_ival_node(c, id);
+}
+
+/* The band's rule (k in [q + lo, q + hi]) as guards on q - k and k - q,
+ * the relative position tables index by. */
+static void band_guards(bounds_walk *w)
+{
+    if (w->p->band_lo == NONE && w->p->band_hi == NONE)
+        return;
+    ival_ctx *c = &w->x->c;
+    memset(c->done, 0, (size_t)w->p->e.count * sizeof c->done[0]);
+    int64_t lo = INT64_MIN / 4, hi = INT64_MAX / 4;
+    if (w->p->band_lo != NONE)
+        lo = aj_ival_node(c, w->p->band_lo).lo.i;   /* its least over the heads */
+    if (w->p->band_hi != NONE)
+        hi = aj_ival_node(c, w->p->band_hi).hi.i;
+    const uint64_t vq = node_hash(AJ_EXPR_VAR, AJ_EXPR_INT, AJ_VAR_Q, NULL, 0);
+    const uint64_t vk = node_hash(AJ_EXPR_VAR, AJ_EXPR_INT, AJ_VAR_K, NULL, 0);
+    w->g[w->ng++] = (guard){node_hash(AJ_EXPR_SUB, AJ_EXPR_INT, 0, (uint64_t[]){vk, vq}, 2),
+                            lo, hi};
+    w->g[w->ng++] = (guard){node_hash(AJ_EXPR_SUB, AJ_EXPR_INT, 0, (uint64_t[]){vq, vk}, 2),
+                            lo == INT64_MIN / 4 ? lo : -hi, hi == INT64_MAX / 4 ? hi : -lo};
+}
+
+/* Adds what `cond` being `truth` says of an int node compared with a
+ * point (x < C, C <= x, x == C, and their ands / ors / nots). */
+static void refine(bounds_walk *w, uint16_t cond, bool truth)
+{
+    const aj_expr_node *n = node(w->p, cond);
+    if (n->op == AJ_EXPR_NOT) {
+        refine(w, n->args[0], !truth);
+        return;
+    }
+    if ((n->op == AJ_EXPR_AND && truth) || (n->op == AJ_EXPR_OR && !truth)) {
+        refine(w, n->args[0], truth);
+        refine(w, n->args[1], truth);
+        return;
+    }
+    if (n->op < AJ_EXPR_LT || n->op > AJ_EXPR_NE || w->ng == GUARDS_MAX)
+        return;
+    uint16_t a = n->args[0], b = n->args[1];
+    if (node(w->p, a)->type != AJ_EXPR_INT)
+        return;
+    ival_ctx *c = &w->x->c;
+    bool a_point = !(w->p->reads[a] & c->positional), b_point = !(w->p->reads[b] & c->positional);
+    if (a_point == b_point)
+        return;
+    aj_expr_op op = (aj_expr_op)n->op;
+    if (a_point) {   /* C op x  ->  x op' C */
+        static const aj_expr_op flip[] = {[AJ_EXPR_LT] = AJ_EXPR_GT, [AJ_EXPR_LE] = AJ_EXPR_GE,
+                                          [AJ_EXPR_GT] = AJ_EXPR_LT, [AJ_EXPR_GE] = AJ_EXPR_LE,
+                                          [AJ_EXPR_EQ] = AJ_EXPR_EQ, [AJ_EXPR_NE] = AJ_EXPR_NE};
+        op = flip[op];
+        uint16_t t = a;
+        a = b, b = t;
+    }
+    if (!truth) {
+        static const aj_expr_op neg[] = {[AJ_EXPR_LT] = AJ_EXPR_GE, [AJ_EXPR_LE] = AJ_EXPR_GT,
+                                         [AJ_EXPR_GT] = AJ_EXPR_LE, [AJ_EXPR_GE] = AJ_EXPR_LT,
+                                         [AJ_EXPR_EQ] = AJ_EXPR_NE, [AJ_EXPR_NE] = AJ_EXPR_EQ};
+        op = neg[op];
+    }
+    memset(c->done, 0, (size_t)w->p->e.count * sizeof c->done[0]);
+    int64_t k = aj_ival_node(c, b).lo.i;
+    guard g = {w->hash[a], INT64_MIN / 4, INT64_MAX / 4};
+    switch (op) {
+    case AJ_EXPR_LT: g.hi = k - 1; break;
+    case AJ_EXPR_LE: g.hi = k; break;
+    case AJ_EXPR_GT: g.lo = k + 1; break;
+    case AJ_EXPR_GE: g.lo = k; break;
+    case AJ_EXPR_EQ: g.lo = g.hi = k; break;
+    default: return;
+    }
+    w->g[w->ng++] = g;
+    /* abs(x) <= C: x in [-C, C] */
+    if (node(w->p, a)->op == AJ_EXPR_ABS && g.hi < INT64_MAX / 4 && w->ng < GUARDS_MAX)
+        w->g[w->ng++] = (guard){w->hash[node(w->p, a)->args[0]], -g.hi, g.hi};
+}
+
+static void walk(bounds_walk *w, uint16_t id)
+{
+    if (id == NONE || w->found)
+        return;
+    const aj_expr_node *n = node(w->p, id);
+
+    const int ng = w->ng;
+    switch (n->op) {
+    case AJ_EXPR_SELECT:
+        walk(w, n->args[0]);
+        refine(w, n->args[0], true);
+        walk(w, n->args[1]);
+        w->ng = ng;
+        refine(w, n->args[0], false);
+        walk(w, n->args[2]);
+        w->ng = ng;
+        return;
+    case AJ_EXPR_AND:
+    case AJ_EXPR_OR:
+        walk(w, n->args[0]);
+        refine(w, n->args[0], n->op == AJ_EXPR_AND);
+        walk(w, n->args[1]);
+        w->ng = ng;
+        return;
+    default:
+        break;
+    }
+    for (int i = 0; i < aj_expr_arity(n); i++)
+        walk(w, n->args[i]);
+    if (n->op != AJ_EXPR_LOAD || w->found)
+        return;
+    const aj_tensor_decl *d = &w->p->tensors[n->u.tensor];
+    for (int k = 0; k < d->rank; k++) {
+        ival v = guarded(w, n->args[k]);
+        int64_t ext = w->shapes[n->u.tensor][k];
+        if (v.lo.i >= 0 && v.hi.i < ext)
+            continue;
+        char lo[32], hi[32];
+        snprintf(lo, sizeof lo, "%lld", (long long)v.lo.i);
+        snprintf(hi, sizeof hi, "%lld", (long long)v.hi.i);
+        snprintf(w->msg, w->cap, "side tensor '%s': index %d of a load may be %s .. %s over the "
+                 "launch's positions and heads, outside its %lld elements (such a load reads "
+                 "0); guard it (clamp, min / max or a select on a bound), or launch without "
+                 "check_side_bounds (Python: oob=\"zero\") to read 0 there",
+                 d->name, k, v.lo.i <= -(1LL << 61) ? "unbounded" : lo,
+                 v.hi.i >= (1LL << 61) ? "unbounded" : hi, (long long)ext);
+        w->found = true;
+        return;
+    }
+}
+
+bool aj_score_loads_in_bounds(const aj_score_prog *p, const int64_t (*shapes)[4],
+                              const aj_score_ranges *r, char *msg, size_t cap)
+{
+    hctx *x = calloc(1, sizeof *x);   /* large for a stack */
+    if (!x)
+        return true;   /* the rule (a read past a tensor is 0) still holds */
+    ival_ctx *c = &x->c;
+    c->p = p;
+    /* positions, b, h and every load (no data: the values are unknown) vary */
+    c->positional = AJ_SCORE_READS_POSITION | AJ_SCORE_READS(AJ_VAR_B) |
+                    AJ_SCORE_READS(AJ_VAR_H) | AJ_SCORE_READS_LOAD;
+    c->point = host_point;
+    c->load = host_load;
+    c->bh = true;
+    c->q = (ival){{.i = r->q0}, {.i = r->q1}};
+    c->k = (ival){{.i = r->k0}, {.i = r->k1}};
+    c->b = (ival){{.i = r->b0}, {.i = r->b1}};
+    c->h = (ival){{.i = r->h0}, {.i = r->h1}};
+    x->env = (aj_expr_env){.sq = r->sq, .sk = r->sk};
+    bounds_walk *w = calloc(1, sizeof *w);
+    if (!w) {
+        free(x);
+        return true;
+    }
+    *w = (bounds_walk){.p = p, .r = r, .shapes = shapes, .x = x, .msg = msg, .cap = cap};
+    hash_nodes(w);
+    /* the band's bounds hold wherever a load's value can matter: the
+     * score_mod's and the rest's (a hidden key's score is never used) */
+    band_guards(w);
+    const uint16_t roots[4] = {p->mod, p->band_lo, p->band_hi, p->rest};
+    for (int i = 0; i < 4; i++)
+        walk(w, roots[i]);
+    bool found = w->found;
+    free(w);
+    free(x);
+    return !found;
 }

@@ -96,6 +96,8 @@ typedef struct ival_ctx {
      * the host b or h for any batch or head, loads without tensor data */
     uint16_t positional;
     ival q, k;                 /* the positions' ranges (i64) */
+    bool bh;                   /* b and h are the ranges b, h (host: a launch's) */
+    ival b, h;
     ival (*point)(struct ival_ctx *c, uint16_t id);   /* a point node's value */
     ival (*load)(struct ival_ctx *c, const aj_expr_node *n, const ival *idx);
     ival memo[AJ_EXPR_NODES_MAX];

@@ -363,9 +363,13 @@ static ival compute(ival_ctx *c, uint16_t id)
     aj_expr_type t = (aj_expr_type)n->type;
     if (!is_positional(c, id))
         return c->point(c, id);
-    if (op == AJ_EXPR_VAR)   /* q, k; b or h for any batch or head */
-        return n->u.var == AJ_VAR_Q ? c->q : n->u.var == AJ_VAR_K ? c->k
-                                                                  : aj_ival_unknown(c, t);
+    if (op == AJ_EXPR_VAR) {   /* q, k; b or h for any batch or head, or their ranges */
+        if (n->u.var == AJ_VAR_Q || n->u.var == AJ_VAR_K)
+            return n->u.var == AJ_VAR_Q ? c->q : c->k;
+        if (c->bh && (n->u.var == AJ_VAR_B || n->u.var == AJ_VAR_H))
+            return n->u.var == AJ_VAR_B ? c->b : c->h;
+        return aj_ival_unknown(c, t);
+    }
     ival x[AJ_EXPR_RANK_MAX];
     int ar = aj_expr_arity(n);
     for (int i = 0; i < ar; i++)

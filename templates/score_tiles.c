@@ -128,6 +128,7 @@ static void iemitter_init(iemitter *m, aj_score *s, LLVMValueRef i0, LLVMValueRe
     c->pt = &m->pt;
     c->p = s->p;
     c->positional = AJ_SCORE_READS_POSITION;
+    c->bh = false;
     c->point = ir_point;
     c->load = ir_load;
     c->q.lo.v = LLVMBuildAdd(b, s->q_origin, to_i64(kb, i0), "");

@@ -796,6 +796,15 @@ typedef struct aj_fwd_args {
      * heads_q_total, and alibi_slopes has heads_q_total entries.  Read
      * only by ops with dropout or whose programs read h. */
     int64_t head_offset, heads_q_total;
+    /* Version 5: non-zero asks the launch to prove, by interval
+     * arithmetic over its positions, heads and batch and the side
+     * tensors' shapes, that no load of the op's expressions can leave its
+     * tensor (a load outside reads 0: docs/ir.md "Side tensors in
+     * bounds"); one that may is AJ_ERR_INVALID_ARG naming the tensor and
+     * the index's range, unless its index is guarded (clamp, min / max, a
+     * select or && on a bound).  0: the rule alone, as before.  Padded
+     * and varlen kernels compiled here (not loaded from bytes). */
+    int32_t check_side_bounds;
 } aj_fwd_args;
 
 #define AJ_FWD_ARGS_INIT { .struct_size = sizeof(aj_fwd_args) }
@@ -937,6 +946,8 @@ typedef struct aj_bwd_args {
      * - lse) dO . O.  lse and o must be the forward's, whose LSE
      * includes the sink.  Empty (NULL data): not computed. */
     aj_tensor dsinks;
+    /* Version 4 too: as aj_fwd_args.check_side_bounds. */
+    int32_t check_side_bounds;
 } aj_bwd_args;
 
 #define AJ_BWD_ARGS_INIT { .struct_size = sizeof(aj_bwd_args) }

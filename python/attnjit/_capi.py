@@ -77,7 +77,7 @@ class FwdArgs(ctypes.Structure):
                 + [("k_cache", Tensor), ("v_cache", Tensor), ("block_table", c_void_p),
                    ("max_pages", i32), ("seqlens_k", c_void_p),
                    ("k_scale", Tensor), ("v_scale", Tensor)]
-                + _HEADS)
+                + _HEADS + [("check_side_bounds", i32)])
 
 
 class BwdArgs(ctypes.Structure):
@@ -85,7 +85,7 @@ class BwdArgs(ctypes.Structure):
                 + [("do_", Tensor), ("dq", Tensor), ("dk", Tensor), ("dv", Tensor)]
                 + _POSITIONS + [("dbias", Tensor)] + _DROPOUT_VARLEN
                 + [("workspace", c_void_p), ("workspace_bytes", c_size_t)] + _SIDE + _HEADS
-                + [("dsinks", Tensor)])
+                + [("dsinks", Tensor), ("check_side_bounds", i32)])
 
 
 class GridDim(ctypes.Structure):

@@ -73,6 +73,9 @@ def _positional_mask(causal, window):
 
 
 _SINKS = "aj_sinks"     # the side tensor of learned sinks (docs/ir.md "Sinks")
+# oob="zero": the body's last line, an IR comment the launches read
+# (check_side_bounds off: a load outside its side tensor reads 0)
+_OOB_ZERO = "\n  # oob = zero"
 
 
 def _body(dtype, d, dv, causal, window, softcap, alibi, has_bias, scale, dropout_p, mask,
@@ -316,6 +319,7 @@ def _bind_rest(a, alibi_slopes, rng, side, body):
         a.seed, a.offset = rng.tolist()
     side_arr, a.num_side = _bind_side(_side_names(body), side)
     a.side = side_arr
+    a.check_side_bounds = 0 if _OOB_ZERO in body else 1
 
 
 class Positions:
@@ -571,7 +575,7 @@ _attention_varlen_fwd.register_autograd(_varlen_backward, setup_context=_setup_v
 
 def attention(q, k, v, *, causal=False, window=None, softcap=None, alibi_slopes=None,
               bias=None, scale=None, dropout_p=0.0, mask=None, score_mod=None, tensors=None,
-              sinks=None, variant=None, return_lse=False):
+              sinks=None, variant=None, return_lse=False, oob="check"):
     """Attention over q (B, Hq, Sq, D), k (B, Hkv, Sk, D), v (B, Hkv, Sk, Dv):
     returns o (B, Hq, Sq, Dv), and with return_lse also lse (B, Hq, Sq),
     float32, natural log, -inf for a row that sees no key (whose o is 0).
@@ -588,10 +592,13 @@ def attention(q, k, v, *, causal=False, window=None, softcap=None, alibi_slopes=
     from torch's RNG.  sinks: (Hq,) learned sink logits (gpt-oss): each
     row's softmax denominator gains exp(sinks[h]), o gets nothing from it,
     lse includes it; sinks receives its gradient (summed over the batch
-    and rows in a fixed order).  lse carries no gradient."""
+    and rows in a fixed order).  oob: "check" (a load of mask / score_mod
+    that may leave its side tensor, by interval arithmetic over the call's
+    positions, raises InvalidArgError naming it) or "zero" (it reads 0,
+    the IR's rule).  lse carries no gradient."""
     q, k, v, bias, alibi_slopes, side, rng, variant, body = _prepare(
         q, k, v, causal, window, softcap, alibi_slopes, bias, scale, dropout_p, mask, score_mod,
-        tensors, variant, sinks=sinks)
+        tensors, variant, sinks=sinks, oob=oob)
     o, lse = torch.ops.attnjit.attention_fwd(q, k, v, bias, alibi_slopes, side, rng, variant,
                                              body)
     return (o, lse) if return_lse else o
@@ -600,7 +607,7 @@ def attention(q, k, v, *, causal=False, window=None, softcap=None, alibi_slopes=
 def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
                      causal=False, window=None, softcap=None, alibi_slopes=None, scale=None,
                      dropout_p=0.0, mask=None, score_mod=None, tensors=None, sinks=None,
-                     variant=None, return_lse=False):
+                     variant=None, return_lse=False, oob="check"):
     """attention() over packed sequences (FlashAttention's varlen layout):
     q (Tq, Hq, D), k (Tk, Hkv, D), v (Tk, Hkv, Dv); sequence b is rows
     cu_seqlens_q[b] .. cu_seqlens_q[b+1]-1 of q and cu_seqlens_k[b] ..
@@ -629,7 +636,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
         bounds.append(n)
     q, k, v, _, alibi_slopes, side, rng, variant, body = _prepare(
         q, k, v, causal, window, softcap, alibi_slopes, None, scale, dropout_p, mask, score_mod,
-        tensors, variant, layout="varlen", sinks=sinks)
+        tensors, variant, layout="varlen", sinks=sinks, oob=oob)
     o, lse = torch.ops.attnjit.attention_varlen_fwd(
         q, k, v, cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous(), bounds[0], bounds[1],
         alibi_slopes, side, rng, variant, body)
@@ -644,7 +651,7 @@ def _aligned_bias(bias):
 
 
 def _prepare(q, k, v, causal, window, softcap, alibi_slopes, bias, scale, dropout_p, mask,
-             score_mod, tensors, variant, layout="padded", sinks=None):
+             score_mod, tensors, variant, layout="padded", sinks=None, oob="check"):
     """The checks and conversions attention(), attention_varlen() and
     ring_attention() share: the tensors as the ops take them and the op's
     IR body (layout "padded": (B, H, S, D); "varlen": (T, H, D))."""
@@ -690,6 +697,11 @@ def _prepare(q, k, v, causal, window, softcap, alibi_slopes, bias, scale, dropou
         alibi_slopes = None
     if sinks is not None:
         side.append(sinks.to(device=q.device, dtype=torch.float32).contiguous())
+    if oob not in ("check", "zero"):
+        raise _fail("oob = %r; want 'check' (a load that may leave its side tensor is an "
+                    "error) or 'zero' (it reads 0)" % (oob,))
+    if oob == "zero":
+        body += _OOB_ZERO
     rng = None
     if dropout_p:
         rng = torch.randint(0, 2**62, (2,), dtype=torch.int64)
