@@ -145,10 +145,51 @@ void aj_sim_record_fault(sim_worker *w, const char *fmt, ...)
 #include <sanitizer/common_interface_defs.h>
 #endif
 
+/*
+ * Under ThreadSanitizer each GPU thread is a TSan fiber and every switch
+ * is announced (synchronising: the scheduler's switches order what the
+ * fibers of a CTA do, as the GPU's barriers and warp steps do), so TSan
+ * follows the fibers' stacks and sees races between CTAs on worker
+ * threads, not the fibers' interleaving on one.
+ */
+#if defined(__SANITIZE_THREAD__)
+#define AJ_TSAN_FIBERS 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define AJ_TSAN_FIBERS 1
+#endif
+#endif
+
+#ifdef AJ_TSAN_FIBERS
+#include <sanitizer/tsan_interface.h>
+#endif
+
+static void tsan_fiber_create(sim_thread *t)
+{
+#ifdef AJ_TSAN_FIBERS
+    t->tsan_fiber = __tsan_create_fiber(0);
+#else
+    (void)t;
+#endif
+}
+
+static void tsan_fiber_destroy(sim_thread *t)
+{
+#ifdef AJ_TSAN_FIBERS
+    if (t->tsan_fiber)
+        __tsan_destroy_fiber(t->tsan_fiber);
+#endif
+    t->tsan_fiber = NULL;
+}
+
 static void switch_to_fiber(sim_worker *w, sim_thread *t)
 {
 #ifdef AJ_ASAN_FIBERS
     __sanitizer_start_switch_fiber(&w->asan_fake_stack, t->stack, STACK_BYTES);
+#endif
+#ifdef AJ_TSAN_FIBERS
+    w->tsan_sched = __tsan_get_current_fiber();
+    __tsan_switch_to_fiber(t->tsan_fiber, 0);
 #endif
     swapcontext(&w->sched, &t->uc);
 #ifdef AJ_ASAN_FIBERS
@@ -163,6 +204,9 @@ static void switch_to_scheduler(sim_thread *t, int dying)
 #ifdef AJ_ASAN_FIBERS
     __sanitizer_start_switch_fiber(dying ? NULL : &t->asan_fake_stack, w->sched_stack,
                                    w->sched_stack_size);
+#endif
+#ifdef AJ_TSAN_FIBERS
+    __tsan_switch_to_fiber(w->tsan_sched, 0);
 #endif
     swapcontext(&t->uc, &w->sched);
 #ifdef AJ_ASAN_FIBERS
@@ -1134,6 +1178,7 @@ static void free_worker(sim_worker *w, int nthreads)
         for (int i = 0; i < nthreads; i++) {
             if (w->threads[i].stack)
                 munmap(w->threads[i].stack - getpagesize(), STACK_BYTES + (size_t)getpagesize());
+            tsan_fiber_destroy(&w->threads[i]);
             free(w->threads[i].copies);
             free(w->threads[i].synced);
         }
@@ -1172,6 +1217,7 @@ static int init_worker(sim_worker *w, sim_run *run, int nthreads)
             return -1;
         mprotect(m, page, PROT_NONE);
         t->stack = m + page;
+        tsan_fiber_create(t);
     }
     return 0;
 }

@@ -72,6 +72,7 @@ typedef struct sim_thread {
     ucontext_t uc;
     char *stack;               /* STACK_BYTES, with a guard page below */
     void *asan_fake_stack;     /* AddressSanitizer's fiber bookkeeping */
+    void *tsan_fiber;          /* ThreadSanitizer's (NULL without it) */
 } sim_thread;
 
 /* What last wrote a shared-memory byte (strict mode's race messages). */
@@ -116,6 +117,7 @@ typedef struct sim_worker {
     /* AddressSanitizer's view of the scheduler's stack, learnt when the
      * first fiber starts (see the fiber switches below) */
     void *asan_fake_stack;
+    void *tsan_sched;          /* ThreadSanitizer's fiber of the scheduler */
     const void *sched_stack;
     size_t sched_stack_size;
 } sim_worker;
