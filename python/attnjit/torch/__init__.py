@@ -21,12 +21,18 @@ them without graph breaks.
     attnjit.torch.shard(x, dim, rank, world_size, layout) / unshard(...)
     with attnjit.torch.context_parallel(buffers=..., buffer_seq_dims=...):
         ...    # every F.scaled_dot_product_attention runs as ring attention
+
+    attnjit.torch.flex_attention(q, k, v, score_mod=None, block_mask=None, ...)
+    attnjit.torch.create_block_mask(mask_mod, B, H, Q_LEN, KV_LEN)
+    FlexAttention's signatures; the mods traced into attnjit expressions
 """
 from ._ops import (attention, attention_varlen, kernel_cache_limit, kernel_cache_size,
                    set_kernel_cache_limit)
+from ._flex import BlockMask, create_block_mask, flex_attention
 from ._paged import paged_attention
 from ._ring import context_parallel, ring_attention, shard, unshard
 
-__all__ = ["attention", "attention_varlen", "context_parallel", "kernel_cache_limit",
+__all__ = ["BlockMask", "attention", "attention_varlen", "context_parallel",
+           "create_block_mask", "flex_attention", "kernel_cache_limit",
            "kernel_cache_size", "paged_attention", "ring_attention", "set_kernel_cache_limit",
            "shard", "unshard"]
