@@ -509,7 +509,8 @@ static inline paged_case paged_dim_case(int i)
  * queries with f16, bf16, f8e4m3 and f8e5m2 caches, both variants,
  * sequences of length 0 (one batch of only those), splits 1..4, and varlen
  * queries (chunked prefill): chunks of 0, 1, 7, 16, 33 queries and whole
- * sequences mixed per batch, packed and not in one launch (4 x 33 > 128).
+ * sequences mixed per batch, packed and not in one launch (4 x 33 > 128),
+ * and learned sinks over split-KV (packed decode, varlen chunks).
  * Fills out (PAGED_GPU_CASES of room), returns the count.
  */
 enum { PAGED_GPU_CASES = 32 };
@@ -614,6 +615,20 @@ static inline int paged_gpu_cases(paged_case *out)
         c.alibi = r == 1;
         c.page_size = r == 2 ? 7 : 16;
         c.splits = r + 1;
+        out[n++] = c;
+    }
+    /* learned sinks, counted once by the merge of the split-KV parts:
+     * packed 4:2 decode and the third launch's varlen chunks */
+    for (int i = 0; i < 2; i++) {
+        c = paged_base(i ? AJ_DTYPE_F16 : AJ_DTYPE_BF16, i ? AJ_DTYPE_F8E4M3 : AJ_DTYPE_BF16,
+                       64, i ? vlens : longer, i ? 6 : 2);
+        c.hq = 8;
+        c.hkv = i ? 8 : 2;
+        c.sq = 3;
+        c.chunks = i ? chunks[2] : NULL;
+        c.mask = AJ_MASK_CAUSAL;
+        c.splits = 2 + i;
+        c.sinks = 1;
         out[n++] = c;
     }
     return n;
