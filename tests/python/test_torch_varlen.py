@@ -1,6 +1,7 @@
 """attnjit.torch.attention_varlen (packed sequences, FlashAttention's varlen
 layout) against the float64 reference run on each sequence alone: forward
-(o, lse) and backward (dq, dk, dv) for every dtype, both variants, the
+(o, lse) and backward (dq, dk, dv) for every dtype, both variants, every
+head dim of 8..256 (D != Dv), the
 masks (causal in both alignments and windows apply per sequence), GQA,
 softcap and alibi, an expression mask over the sequence index with a side
 tensor; empty sequences; torch.compile(fullgraph=True); bad offsets and
@@ -48,6 +49,26 @@ def pack(seqs, h, d, dtype, seed):
 @pytest.mark.parametrize("name", sorted(OPTIONS))
 def test_varlen_matches_each_sequence(dtype, variant, name):
     opts, per_seq = OPTIONS[name]
+    check_each_sequence(dtype, variant, name, opts, per_seq, D, DV)
+
+
+# every head dim of the range (8..256, D != Dv where Dv walks it with a
+# stride prime to its 32 values), dtypes and variants in turn, causal
+SWEEP = [(8 * (i + 1), 8 * ((7 * i + 3) % 32 + 1), DTYPES[i % 3],
+          ("flash", "efficient")[i // 3 % 2]) for i in range(32)]
+
+
+@pytest.mark.parametrize("d,dv,dtype,variant", SWEEP,
+                         ids=["d%d-dv%d-%s-%s" % (d, dv, str(t)[6:], var)
+                              for d, dv, t, var in SWEEP])
+def test_varlen_head_dims(d, dv, dtype, variant):
+    opts, per_seq = OPTIONS["causal_bottom_right"]
+    check_each_sequence(dtype, variant, "d%d/%d" % (d, dv), opts, per_seq, d, dv)
+
+
+def check_each_sequence(dtype, variant, name, opts, per_seq, D, DV):
+    """attention_varlen's o, lse, dq, dk, dv against the reference run on
+    each sequence alone."""
     q, cu_q = pack(SEQS_Q, HQ, D, dtype, 0)
     k, cu_k = pack(SEQS_K, HKV, D, dtype, 1)
     v, _ = pack(SEQS_K, HKV, DV, dtype, 2)
