@@ -400,7 +400,7 @@ class _Ulysses:
 def ring_attention(q, k, v, *, group=None, layout="zigzag", rotate="p2p", causal=False,
                    window=None, softcap=None, alibi_slopes=None, scale=None, dropout_p=0.0,
                    mask=None, score_mod=None, tensors=None, sinks=None, variant=None,
-                   return_lse=False, method="ring", timeout=None):
+                   return_lse=False, method="ring", timeout=None, oob="check"):
     """attention() over a sequence sharded across the ranks of `group`:
     q, k, v are this rank's shards (shard(x, 2, rank, P, layout)); returns
     this rank's shard of o (and lse).  rotate: "p2p" (K/V to the next rank,
@@ -416,7 +416,8 @@ def ring_attention(q, k, v, *, group=None, layout="zigzag", rotate="p2p", causal
     attnjit.CommError, within it.  sinks: (Hq,) learned sink logits, the
     same on every rank, counted once per row; their gradient is the sum
     over the ranks (an all-gather and a sum in rank order), the same on
-    every rank."""
+    every rank.  oob: as attention()'s, each launch checked at its own
+    positions."""
     if method not in ("ring", "ulysses"):
         raise attnjit.UnsupportedError(
             4, "attnjit.torch.ring_attention: method = %r: over torch.distributed attnjit "
@@ -429,7 +430,7 @@ def ring_attention(q, k, v, *, group=None, layout="zigzag", rotate="p2p", causal
         raise _fail("ring_attention", "rotate = %r; want 'p2p' or 'allgather'" % (rotate,))
     q, k, v, _, alibi_slopes, side, rng, variant, body = _ops._prepare(
         q, k, v, causal, window, softcap, alibi_slopes, None, scale, dropout_p, mask,
-        score_mod, tensors, variant, sinks=sinks)
+        score_mod, tensors, variant, sinks=sinks, oob=oob)
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     sinks_t = None
     if sinks is not None:      # the last side tensor (_prepare); its gradient summed
