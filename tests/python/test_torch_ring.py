@@ -117,6 +117,9 @@ def _worker(rank, world, init_file):
             _check_launches(log, seen, layout, rotate, rank, world, what)
             assert_shards_match(ro, rlse, parts, o, lse, leaves, rank, world, layout, dtype,
                                 what)
+        # every rank past its last collective before any tears the group
+        # down (gloo aborts a rank whose peer closed mid-exchange)
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
@@ -202,6 +205,9 @@ def _cp_worker(rank, world, init_file):
                 assert "attn_mask cannot be sharded" in e.message
         assert torch.equal(pos, at.shard(torch.arange(whole.shape[1]), 0, rank, world)), \
             "pos stays sharded"
+        # every rank past its last collective before any tears the group
+        # down (gloo aborts a rank whose peer closed mid-exchange)
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 

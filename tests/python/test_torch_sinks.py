@@ -178,6 +178,9 @@ def _sinks_cp_worker(rank, world, init_file):
             # every rank holds the whole gradient of the (replicated) sinks
             torch.testing.assert_close(rsinks.grad, sinks.grad, atol=1e-5, rtol=1e-5,
                                        msg=lambda m: what + ": dsinks: " + m)
+        # every rank past its last collective before any tears the group
+        # down (gloo aborts a rank whose peer closed mid-exchange)
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
