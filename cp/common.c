@@ -358,24 +358,22 @@ aj_status aj_cp_sinks_grad(aj_ctx *ctx, aj_device *dev, aj_comm *comm, const aj_
     const int packed = info.layout == AJ_LAYOUT_VARLEN;
     const sink_rows r = {packed ? 1 : a->o.shape[0], a->o.shape[1],
                          a->o.shape[packed ? 0 : 2], info.head_dim_v, packed};
-    AJ_CHECK_ARG(ctx, a->dsinks.dtype == AJ_DTYPE_F32 && a->dsinks.rank == 1 &&
-                          a->dsinks.shape[0] == r.Hq && (a->dsinks.strides[0] >= 1 || r.Hq == 1),
-                 "%s: dsinks is %s of rank %d, %lld elements; want f32 [%lld] (one per query "
-                 "head), a stride of 1 or more", fn, aj_dtype_name(a->dsinks.dtype),
-                 (int)a->dsinks.rank, (long long)a->dsinks.shape[0], (long long)r.Hq);
+    aj_status st = aj_check_dsinks(ctx, fn, true, &a->dsinks, r.Hq);
+    if (st == AJ_OK)
+        st = aj_side_check_sinks(ctx, fn, info.tensors[sink].name, a->side, a->num_side, r.Hq);
+    if (st != AJ_OK)
+        return st;
     const aj_side_tensor *logits = NULL;
     for (int i = 0; i < a->num_side; i++)
         if (a->side[i].name && strcmp(a->side[i].name, info.tensors[sink].name) == 0)
             logits = &a->side[i];
-    AJ_CHECK_ARG(ctx, logits && logits->shape[0] == r.Hq, "%s: the sinks tensor '%s' is not "
-                 "given with one logit per query head (%lld)", fn, info.tensors[sink].name,
-                 (long long)r.Hq);
+    AJ_CHECK_ARG(ctx, logits, "%s: the sinks tensor '%s' is not given", fn,
+                 info.tensors[sink].name);
     const size_t rows = (size_t)(r.B * r.Hq * r.l), elems = rows * (size_t)r.Dv;
     float *o = NULL, *d = NULL, *lse = NULL, *sinks = calloc((size_t)r.Hq + 1, 4);
     float *all = calloc((size_t)comm->size * (size_t)r.Hq + 1, 4);
     float *mine = calloc((size_t)r.Hq + 1, 4), *total = calloc((size_t)r.Hq + 1, 4);
-    aj_status st = sinks && all && mine && total ? AJ_OK
-                                                 : aj_fail(ctx, AJ_ERR_OUT_OF_MEMORY, "out of memory");
+    st = sinks && all && mine && total ? AJ_OK : aj_fail(ctx, AJ_ERR_OUT_OF_MEMORY, "out of memory");
     if (st == AJ_OK)
         st = host_f32(ctx, dev, &a->o, elems, &o);
     if (st == AJ_OK)

@@ -875,14 +875,9 @@ static aj_status fwd_clear_acc(ring_plan *p, const aj_ring_fwd_args *a, void *o_
 {
     const size_t o_count = rows * (size_t)p->Dv;
     aj_status st = AJ_OK;
-    if (aj_score_has_sinks(&p->prog)) {
-        const aj_side_tensor *t = &p->host_side[p->prog.sinks];
-        const int64_t heads = p->heads_q_total ? p->heads_q_total : p->Hq;
-        if (t->shape[0] != heads)
-            return aj_fail(p->ctx, AJ_ERR_INVALID_ARG, "%s: sinks tensor '%s' has %lld logits; "
-                           "want one per query head of the op, %lld", p->fn, t->name,
-                           (long long)t->shape[0], (long long)heads);
-    }
+    if (aj_score_has_sinks(&p->prog))
+        AJ_TRY(aj_side_check_sinks(p->ctx, p->fn, p->prog.tensors[p->prog.sinks].name, a->side,
+                                   a->num_side, p->heads_q_total ? p->heads_q_total : p->Hq));
     if (p->host_memory) {
         for (size_t i = 0; i < rows; i++)
             ((float *)a->lse.data)[i] = row_start(p, i);

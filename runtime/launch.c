@@ -172,7 +172,8 @@ static aj_status bind_scores(aj_ctx *ctx, const char *fn, aj_device *dev,
     aj_status st = aj_bind_scores(ctx, fn, &kernel->op, c->side, c->num_side, c->slopes,
                                   &ls->scores);
     if (st == AJ_OK)
-        st = aj_check_sinks(ctx, fn, kernel, c->side, c->num_side, sz->heads_total);
+        st = aj_side_check_sinks(ctx, fn, aj_kernel_sinks_name(kernel), c->side, c->num_side,
+                                 sz->heads_total);
     if (st == AJ_OK)
         st = check_loads(ctx, fn, kernel, c, sz);
     const aj_block_mask_shape shape = {sz->batch, sz->heads_q, sz->seq_q, sz->seq_k,
@@ -252,7 +253,8 @@ static aj_status forward_paged(aj_ctx *ctx, aj_device *dev, const aj_kernel *ker
     if (st == AJ_OK)
         st = aj_bind_scores(ctx, FWD, op, a->side, a->num_side, &a->alibi_slopes, &ls->scores);
     if (st == AJ_OK)
-        st = aj_check_sinks(ctx, FWD, kernel, a->side, a->num_side, sz.heads_total);
+        st = aj_side_check_sinks(ctx, FWD, aj_kernel_sinks_name(kernel), a->side, a->num_side,
+                                 sz.heads_total);
     for (int s = 0; st == AJ_OK && s < (sz.splits > 1 ? 2 : 1); s++) {
         st = aj_bind_stage(ctx, dev, kernel, s, &v, &ls->scores, &ls->bound);
         if (st == AJ_OK)
@@ -453,7 +455,7 @@ aj_status aj_backward(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
     bwd_call call;
     st = aj_check_backward(ctx, op, args, &call);
     if (st == AJ_OK)
-        st = aj_check_dsinks(ctx, BWD, kernel, &args->dsinks, call.sz.heads_q);
+        st = aj_check_dsinks(ctx, BWD, kernel->sinks >= 0, &args->dsinks, call.sz.heads_q);
     if (st != AJ_OK)
         return st;
     const fwd_sizes *sz = &call.sz;

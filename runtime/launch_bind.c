@@ -60,13 +60,10 @@ aj_status aj_side_check_names(aj_ctx *ctx, const char *fn, const aj_op_info *op,
     return AJ_OK;
 }
 
-aj_status aj_check_sinks(aj_ctx *ctx, const char *fn, const aj_kernel *kernel,
-                         const aj_side_tensor *side, int32_t num_side, int64_t heads_total)
+aj_status aj_side_check_sinks(aj_ctx *ctx, const char *fn, const char *name,
+                              const aj_side_tensor *side, int32_t num_side, int64_t heads_total)
 {
-    if (kernel->sinks < 0)
-        return AJ_OK;
-    const char *name = kernel->op.tensors[kernel->sinks].name;
-    for (int i = 0; i < num_side; i++)
+    for (int i = 0; name && i < num_side; i++)
         if (side[i].name && strcmp(side[i].name, name) == 0)
             AJ_CHECK_ARG(ctx, side[i].rank == 1 && side[i].shape[0] == heads_total,
                          "%s: sinks tensor '%s' has %lld logits; want one per query head of "
@@ -75,12 +72,12 @@ aj_status aj_check_sinks(aj_ctx *ctx, const char *fn, const aj_kernel *kernel,
     return AJ_OK;
 }
 
-aj_status aj_check_dsinks(aj_ctx *ctx, const char *fn, const aj_kernel *kernel,
-                          const aj_tensor *dsinks, int64_t heads_q)
+aj_status aj_check_dsinks(aj_ctx *ctx, const char *fn, bool has_sinks, const aj_tensor *dsinks,
+                          int64_t heads_q)
 {
     if (!dsinks->data)
         return AJ_OK;
-    AJ_CHECK_ARG(ctx, kernel->sinks >= 0, "%s: dsinks is given, but the op has no sinks", fn);
+    AJ_CHECK_ARG(ctx, has_sinks, "%s: dsinks is given, but the op has no sinks", fn);
     AJ_CHECK_ARG(ctx, dsinks->dtype == AJ_DTYPE_F32 && dsinks->rank == 1 &&
                           dsinks->shape[0] == heads_q &&
                           (dsinks->strides[0] >= 1 || heads_q <= 1),

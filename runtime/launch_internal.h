@@ -158,16 +158,14 @@ launch_scratch *aj_launch_scratch_new(aj_ctx *ctx, const char *fn, aj_status *st
 /* Whether some stage of the kernel takes parameter `id`. */
 int aj_kernel_takes(const aj_kernel *kernel, aj_param_id id);
 
+/* The name of a kernel's sinks tensor (aj_kernel.sinks), NULL: none. */
+static inline const char *aj_kernel_sinks_name(const aj_kernel *kernel)
+{
+    return kernel->sinks >= 0 ? kernel->op.tensors[kernel->sinks].name : NULL;
+}
+
 /* Checks the side tensors of a launch against the op's declarations and
  * binds them and alibi's slopes, as `fn` in messages. */
-/* A kernel with sinks (aj_kernel.sinks): the sinks side tensor holds one
- * logit per query head of the op, heads_total of them (a shorter one
- * would read 0 for the heads past it: a wrong answer, not an error). */
-aj_status aj_check_sinks(aj_ctx *ctx, const char *fn, const aj_kernel *kernel,
-                         const aj_side_tensor *side, int32_t num_side, int64_t heads_total);
-/* dsinks (aj_bwd_args): empty, or, for a kernel with sinks, f32 [heads_q]. */
-aj_status aj_check_dsinks(aj_ctx *ctx, const char *fn, const aj_kernel *kernel,
-                          const aj_tensor *dsinks, int64_t heads_q);
 aj_status aj_bind_scores(aj_ctx *ctx, const char *fn, const aj_op_info *op,
                          const aj_side_tensor *side, int32_t num_side,
                          const aj_tensor *slopes, score_bindings *sb);

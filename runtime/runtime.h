@@ -159,6 +159,17 @@ uint64_t aj_launch_sources(aj_kind kind);
 aj_status aj_side_check_names(aj_ctx *ctx, const char *fn, const aj_op_info *op,
                               const aj_side_tensor *side, int32_t num_side);
 
+/* Learned sinks (docs/ir.md "Sinks"), for launches and the CP methods
+ * alike (launch_bind.c).  The side tensor `name` (NULL: the op has none),
+ * where side[] holds it, has one logit per query head of the op,
+ * heads_total of them: a shorter one would read 0 past its end, a wrong
+ * answer, not an error.  dsinks, when given (data not NULL), belongs to an
+ * op with sinks and is f32 [heads_q], a stride of 1 or more. */
+aj_status aj_side_check_sinks(aj_ctx *ctx, const char *fn, const char *name,
+                              const aj_side_tensor *side, int32_t num_side, int64_t heads_total);
+aj_status aj_check_dsinks(aj_ctx *ctx, const char *fn, bool has_sinks, const aj_tensor *dsinks,
+                          int64_t heads_q);
+
 /* The side tensors a score program reads (templates/score.h: the op's
  * declared tensors in order, then alibi's `slopes`), each found by name in
  * side[0 .. num_side - 1] and checked against its declaration, read back

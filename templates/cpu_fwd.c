@@ -303,11 +303,8 @@ static void emit_epilogue(cfwd *c, const cfwd_out *to)
         LLVMValueRef h = c->at.sc.h;
         if (c->per_head)   /* the row's head in the packed group */
             h = aj_kb_add(kb, h, LLVMBuildUDiv(b, ig, aj_kb_sext64(kb, c->per_head), ""));
-        if (accumulate)
-            aj_score_fold_sink_accumulate(kb, c->prog, h, aj_param(kb, AJ_PID(kv_offset)), &l2,
-                                          &scale_new, &lse);
-        else
-            aj_score_fold_sink(kb, c->prog, h, &l2, &scale_new, &lse);
+        aj_score_fold_sink(kb, c->prog, h, accumulate ? aj_param(kb, AJ_PID(kv_offset)) : NULL,
+                           &l2, &scale_new, &lse);
     }
     if (accumulate) {
         LLVMValueRef w_new;
@@ -811,7 +808,7 @@ static void build_paged_merge(cfwd *c, const aj_score_prog *prog)
     if (aj_score_has_sinks(prog)) {
         LLVMValueRef l2 = LLVMBuildFMul(b, lse, aj_kb_f32(kb, AJ_LOG2E), "");
         LLVMValueRef hg = LLVMBuildAdd(b, h, aj_param(kb, AJ_PID(head_offset)), "");
-        aj_score_fold_sink(kb, prog, hg, &l2, &inv, &lse);
+        aj_score_fold_sink(kb, prog, hg, NULL, &l2, &inv, &lse);
     }
     LLVMValueRef orow = aj_kb_add(kb, o_base, aj_kb_mul(kb, i, aj_param(kb, AJ_PID(stride_o_s))));
     LLVMValueRef d =

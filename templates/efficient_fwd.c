@@ -540,11 +540,10 @@ static void emit_epilogue(efwd *e, const efwd_out *dst)
         /* an f8 cache's V scale applies to O once, not to each V */
         LLVMValueRef w_prior = NULL;
         LLVMValueRef scale_new = e->v_scale ? LLVMBuildFMul(b, inv, e->v_scale, "") : inv;
-        if (aj_score_has_sinks(e->prog) && accumulate)
-            aj_score_fold_sink_accumulate(kb, e->prog, row_head_global(e, k),
-                                          aj_param(kb, AJ_PID(kv_offset)), &l2, &scale_new, &lse);
-        else if (aj_score_has_sinks(e->prog) && dst->o != AJ_PSRC_workspace)
-            aj_score_fold_sink(kb, e->prog, row_head_global(e, k), &l2, &scale_new, &lse);
+        if (aj_score_has_sinks(e->prog) && dst->o != AJ_PSRC_workspace)
+            aj_score_fold_sink(kb, e->prog, row_head_global(e, k),
+                               accumulate ? aj_param(kb, AJ_PID(kv_offset)) : NULL, &l2,
+                               &scale_new, &lse);
         if (accumulate) {
             LLVMValueRef w_new;
             emit_merge_weights(e, aj_kb_load(kb, kb->t_f32, lse_ptr, 4), l2, &w_prior, &w_new,
@@ -1190,7 +1189,7 @@ static void build_paged_merge(efwd *e)
             LLVMValueRef scale = aj_kb_f32(kb, 1);
             aj_score_fold_sink(kb, e->prog, LLVMBuildAdd(b, h, aj_param(kb, AJ_PID(head_offset)),
                                                          ""),
-                               &l2_row, &scale, &lse);
+                               NULL, &l2_row, &scale, &lse);
             val = LLVMBuildFMul(b, val, scale, "");
         }
         LLVMValueRef oat = LLVMBuildAdd(

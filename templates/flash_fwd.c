@@ -677,11 +677,10 @@ static void emit_epilogue(ffwd *e, LLVMValueRef o_base, LLVMValueRef lse_base)
                                             aj_kb_log2(kb, lsum), "");
             l2 = LLVMBuildSelect(b, seen, l2, aj_kb_f32(kb, -INFINITY), "");
             LLVMValueRef lse = LLVMBuildFMul(b, l2, aj_kb_f32(kb, AJ_LN2), "");
-            if (aj_score_has_sinks(e->prog) && accumulate)
-                aj_score_fold_sink_accumulate(kb, e->prog, e->sc.h,
-                                              aj_param(kb, AJ_PID(kv_offset)), &l2, &inv, &lse);
-            else if (aj_score_has_sinks(e->prog))
-                aj_score_fold_sink(kb, e->prog, e->sc.h, &l2, &inv, &lse);
+            if (aj_score_has_sinks(e->prog))
+                aj_score_fold_sink(kb, e->prog, e->sc.h,
+                                   accumulate ? aj_param(kb, AJ_PID(kv_offset)) : NULL, &l2, &inv,
+                                   &lse);
             /* rows past Sq read the last row: in bounds, never stored */
             LLVMValueRef ic = aj_kb_smin(kb, i, last_row);
             LLVMValueRef lse_ptr =

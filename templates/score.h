@@ -184,17 +184,15 @@ void aj_score_begin(aj_score *s, aj_kb *kb, const aj_score_prog *p, int lanes, L
  * LSE = sink[h] (so a row that saw no key gets O = 0 and LSE = sink[h]).
  * Scalar code, on every target.  Only where a row is finished: a split-KV
  * part or a ring step leaves it to the merge that finishes the row.  The
- * kernel takes the sinks tensor (a side tensor) and head_offset.
+ * kernel takes the sinks tensor (a side tensor) and head_offset.  An
+ * accumulate op passes its kv_offset (i64; NULL otherwise): only the call
+ * whose keys start the sequence, kv_offset = 0, folds, so that a chain
+ * over disjoint key blocks counts the sink once, and the others leave l2,
+ * scale and lse as they are.
  */
-void aj_score_fold_sink(aj_kb *kb, const aj_score_prog *p, LLVMValueRef h, LLVMValueRef *l2,
-                        LLVMValueRef *scale, LLVMValueRef *lse);
-/* An accumulate op's fold (before the merge into the prior): only in the
- * call whose keys start the sequence, kv_offset = 0 (i64), so that a
- * chain over disjoint key blocks counts the sink once; the other calls
- * leave l2, scale and lse as they are. */
-void aj_score_fold_sink_accumulate(aj_kb *kb, const aj_score_prog *p, LLVMValueRef h,
-                                   LLVMValueRef kv_offset, LLVMValueRef *l2, LLVMValueRef *scale,
-                                   LLVMValueRef *lse);
+void aj_score_fold_sink(aj_kb *kb, const aj_score_prog *p, LLVMValueRef h,
+                        LLVMValueRef kv_offset, LLVMValueRef *l2, LLVMValueRef *scale,
+                        LLVMValueRef *lse);
 /* The sink logit (f32, natural-log units) of global head h (i64). */
 LLVMValueRef aj_score_sink(aj_kb *kb, const aj_score_prog *p, LLVMValueRef h);
 

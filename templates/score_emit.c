@@ -120,8 +120,8 @@ static LLVMValueRef scalar_log2(aj_kb *kb, LLVMValueRef x)
  * 2^(l2 - L) = (l2 >= s2 ? 1 : e) / (1 + e).  Both -inf: L = -inf and
  * weight 0 (no NaN from -inf - -inf).
  */
-void aj_score_fold_sink(aj_kb *kb, const aj_score_prog *p, LLVMValueRef h, LLVMValueRef *l2,
-                        LLVMValueRef *scale, LLVMValueRef *lse)
+static void fold_sink(aj_kb *kb, const aj_score_prog *p, LLVMValueRef h, LLVMValueRef *l2,
+                      LLVMValueRef *scale, LLVMValueRef *lse)
 {
     LLVMBuilderRef b = kb->b;
     LLVMValueRef s2 = LLVMBuildFMul(b, aj_score_sink(kb, p, h), aj_kb_f32(kb, AJ_LOG2E), "");
@@ -140,14 +140,18 @@ void aj_score_fold_sink(aj_kb *kb, const aj_score_prog *p, LLVMValueRef h, LLVMV
     *scale = LLVMBuildFMul(b, *scale, LLVMBuildSelect(b, none, aj_kb_f32(kb, 0), w, ""), "");
 }
 
-void aj_score_fold_sink_accumulate(aj_kb *kb, const aj_score_prog *p, LLVMValueRef h,
-                                   LLVMValueRef kv_offset, LLVMValueRef *l2, LLVMValueRef *scale,
-                                   LLVMValueRef *lse)
+void aj_score_fold_sink(aj_kb *kb, const aj_score_prog *p, LLVMValueRef h,
+                        LLVMValueRef kv_offset, LLVMValueRef *l2, LLVMValueRef *scale,
+                        LLVMValueRef *lse)
 {
+    if (!kv_offset) {
+        fold_sink(kb, p, h, l2, scale, lse);
+        return;
+    }
     LLVMBuilderRef b = kb->b;
     LLVMValueRef first = LLVMBuildICmp(b, LLVMIntEQ, to_i64(kb, kv_offset), aj_kb_i64(kb, 0), "");
     LLVMValueRef f_l2 = *l2, f_scale = *scale, f_lse = *lse;
-    aj_score_fold_sink(kb, p, h, &f_l2, &f_scale, &f_lse);
+    fold_sink(kb, p, h, &f_l2, &f_scale, &f_lse);
     *l2 = LLVMBuildSelect(b, first, f_l2, *l2, "");
     *scale = LLVMBuildSelect(b, first, f_scale, *scale, "");
     *lse = LLVMBuildSelect(b, first, f_lse, *lse, "");

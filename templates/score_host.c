@@ -175,37 +175,6 @@ typedef struct bounds_walk {
     bool found;
 } bounds_walk;
 
-static uint64_t mix(uint64_t h, uint64_t v)
-{
-    h ^= v + 0x9e3779b97f4a7c15u + (h << 6) + (h >> 2);
-    return h * 0x100000001b3u;
-}
-
-/* A node's hash from its operator, type, leaf and its operands' hashes:
- * equal for equal trees (the parser does not share leaves). */
-static uint64_t node_hash(int op, int type, uint64_t leaf, const uint64_t *args, int n)
-{
-    uint64_t h = mix(mix((uint64_t)op, (uint64_t)type), leaf);
-    for (int a = 0; a < n; a++)
-        h = mix(h, args[a]);
-    return h;
-}
-
-static void hash_nodes(bounds_walk *w)
-{
-    for (int id = 0; id < w->p->e.count; id++) {
-        const aj_expr_node *n = node(w->p, id);
-        uint64_t leaf = n->op == AJ_EXPR_LIT ? (uint64_t)n->u.i
-                      : n->op == AJ_EXPR_VAR ? (uint64_t)n->u.var
-                      : n->op == AJ_EXPR_LOAD ? (uint64_t)n->u.tensor : 0;
-        uint64_t args[AJ_EXPR_RANK_MAX];
-        int ar = aj_expr_arity(n);
-        for (int a = 0; a < ar; a++)
-            args[a] = w->hash[n->args[a]];
-        w->hash[id] = node_hash(n->op, n->type, leaf, args, ar);
-    }
-}
-
 /* The interval of node id under the walk's guards: a fresh context whose
  * guarded nodes (every node of a guard's structure) start from their own
  * intervals narrowed by the guards. */
@@ -251,12 +220,15 @@ static void band_guards(bounds_walk *w)
         lo = aj_ival_node(c, w->p->band_lo).lo.i;   /* its least over the heads */
     if (w->p->band_hi != NONE)
         hi = aj_ival_node(c, w->p->band_hi).hi.i;
-    const uint64_t vq = node_hash(AJ_EXPR_VAR, AJ_EXPR_INT, AJ_VAR_Q, NULL, 0);
-    const uint64_t vk = node_hash(AJ_EXPR_VAR, AJ_EXPR_INT, AJ_VAR_K, NULL, 0);
-    w->g[w->ng++] = (guard){node_hash(AJ_EXPR_SUB, AJ_EXPR_INT, 0, (uint64_t[]){vk, vq}, 2),
-                            lo, hi};
-    w->g[w->ng++] = (guard){node_hash(AJ_EXPR_SUB, AJ_EXPR_INT, 0, (uint64_t[]){vq, vk}, 2),
-                            lo == INT64_MIN / 4 ? lo : -hi, hi == INT64_MAX / 4 ? hi : -lo};
+    const uint64_t vq = aj_score_node_hash(AJ_EXPR_VAR, AJ_EXPR_INT, AJ_VAR_Q, NULL, 0);
+    const uint64_t vk = aj_score_node_hash(AJ_EXPR_VAR, AJ_EXPR_INT, AJ_VAR_K, NULL, 0);
+    const uint64_t k_minus_q = aj_score_node_hash(AJ_EXPR_SUB, AJ_EXPR_INT, 0,
+                                                  (uint64_t[]){vk, vq}, 2);
+    const uint64_t q_minus_k = aj_score_node_hash(AJ_EXPR_SUB, AJ_EXPR_INT, 0,
+                                                  (uint64_t[]){vq, vk}, 2);
+    w->g[w->ng++] = (guard){k_minus_q, lo, hi};
+    w->g[w->ng++] = (guard){q_minus_k, lo == INT64_MIN / 4 ? lo : -hi,
+                            hi == INT64_MAX / 4 ? hi : -lo};
 }
 
 /* Adds what `cond` being `truth` says of an int node compared with a
@@ -319,7 +291,6 @@ static void walk(bounds_walk *w, uint16_t id)
     if (id == NONE || w->found)
         return;
     const aj_expr_node *n = node(w->p, id);
-
     const int ng = w->ng;
     switch (n->op) {
     case AJ_EXPR_SELECT:
@@ -390,7 +361,7 @@ bool aj_score_loads_in_bounds(const aj_score_prog *p, const int64_t (*shapes)[4]
         return true;
     }
     *w = (bounds_walk){.p = p, .r = r, .shapes = shapes, .x = x, .msg = msg, .cap = cap};
-    hash_nodes(w);
+    aj_score_hash_nodes(p, w->hash);
     /* the band's bounds hold wherever a load's value can matter: the
      * score_mod's and the rest's (a hidden key's score is never used) */
     band_guards(w);

@@ -105,6 +105,16 @@ typedef struct ival_ctx {
 } ival_ctx;
 
 ival aj_ival_node(ival_ctx *c, uint16_t id);
+
+/* Structural hashes of the programs' nodes (score_prog.c): equal for
+ * equal trees, which the parser does not share (two `q - k` are two
+ * nodes).  aj_score_node_hash is one node's from its operator, type, leaf
+ * (a literal's bits, a variable, a load's tensor; else 0) and operands'
+ * hashes; aj_score_hash_nodes fills hs[id] for every node; aj_score_mix
+ * is their step. */
+uint64_t aj_score_mix(uint64_t h, uint64_t v);
+uint64_t aj_score_node_hash(int op, int type, uint64_t leaf, const uint64_t *args, int n);
+void aj_score_hash_nodes(const aj_score_prog *p, uint64_t *hs);
 ival aj_ival_unknown(ival_ctx *c, aj_expr_type t);
 
 /* The calls that keep an emitter in aj_score.scratch: one each, reused by

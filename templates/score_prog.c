@@ -472,33 +472,48 @@ aj_status aj_score_prog_init(aj_ctx *ctx, const aj_op *op, aj_score_prog *p)
     return AJ_OK;
 }
 
-static uint64_t mix(uint64_t h, uint64_t v)
+uint64_t aj_score_mix(uint64_t h, uint64_t v)
 {
     h ^= v + 0x9e3779b97f4a7c15u + (h << 6) + (h >> 2);
     return h * 0x100000001b3u;
 }
 
-uint64_t aj_score_mask_hash(const aj_score_prog *p)
+uint64_t aj_score_node_hash(int op, int type, uint64_t leaf, const uint64_t *args, int n)
 {
-    uint64_t hs[AJ_EXPR_NODES_MAX];
+    uint64_t h = aj_score_mix(aj_score_mix((uint64_t)op, (uint64_t)type), leaf);
+    for (int a = 0; a < n; a++)
+        h = aj_score_mix(h, args[a]);
+    return h;
+}
+
+void aj_score_hash_nodes(const aj_score_prog *p, uint64_t *hs)
+{
     for (int id = 0; id < p->e.count; id++) {
         const aj_expr_node *n = node(p, id);
         uint64_t leaf = n->op == AJ_EXPR_LIT ? (uint64_t)n->u.i
                       : n->op == AJ_EXPR_VAR ? (uint64_t)n->u.var
                       : n->op == AJ_EXPR_LOAD ? (uint64_t)n->u.tensor : 0;
-        uint64_t h = mix(mix(n->op, n->type), leaf);
-        for (int a = 0; a < aj_expr_arity(n); a++)
-            h = mix(h, hs[n->args[a]]);
-        hs[id] = h;
+        uint64_t args[AJ_EXPR_RANK_MAX];
+        int ar = aj_expr_arity(n);
+        for (int a = 0; a < ar; a++)
+            args[a] = hs[n->args[a]];
+        hs[id] = aj_score_node_hash(n->op, n->type, leaf, args, ar);
     }
+}
+
+uint64_t aj_score_mask_hash(const aj_score_prog *p)
+{
+    uint64_t hs[AJ_EXPR_NODES_MAX];
+    aj_score_hash_nodes(p, hs);
     uint64_t h = 0xcbf29ce484222325u;
     const uint16_t roots[3] = {p->band_lo, p->band_hi, p->rest};
     for (int r = 0; r < 3; r++)
-        h = mix(h, roots[r] == NONE ? 0 : hs[roots[r]]);
+        h = aj_score_mix(h, roots[r] == NONE ? 0 : hs[roots[r]]);
     for (int t = 0; t < p->tensor_count; t++) {
         for (const char *c = p->tensors[t].name; *c; c++)
-            h = mix(h, (uint8_t)*c);
-        h = mix(mix(h, (uint64_t)p->tensors[t].dtype), (uint64_t)p->tensors[t].rank);
+            h = aj_score_mix(h, (uint8_t)*c);
+        h = aj_score_mix(aj_score_mix(h, (uint64_t)p->tensors[t].dtype),
+                         (uint64_t)p->tensors[t].rank);
     }
     return h;
 }

@@ -456,6 +456,18 @@ def _attention_bwd_fake(do, q, k, v, o, lse, bias, alibi_slopes, side, rng, vari
             _dsinks_like(q, body))
 
 
+def _sinks_tensor(sinks, q):
+    """sinks, checked to be one float logit per query head of q ((B, Hq,
+    S, D) or packed (T, Hq, D)), as the float32 side tensor the kernels read
+    (on q's device; the conversion keeps autograd's graph)."""
+    if not isinstance(sinks, torch.Tensor) or sinks.shape != (q.shape[1],) \
+            or not sinks.is_floating_point():
+        raise _fail("sinks must be a float tensor of one logit per query head, (%d,); got %s"
+                    % (q.shape[1], tuple(sinks.shape) if isinstance(sinks, torch.Tensor)
+                       else type(sinks).__name__))
+    return sinks.to(device=q.device, dtype=torch.float32).contiguous()
+
+
 def _dsinks_like(q, body):
     """The sinks' gradient of a backward: (Hq,) float32 for an op with
     sinks (q (B, Hq, S, D) or (T, Hq, D)), else empty."""
@@ -682,11 +694,7 @@ def _prepare(q, k, v, causal, window, softcap, alibi_slopes, bias, scale, dropou
             raise _fail("bias has %d dims; want at most 4" % bias.dim())
         bias = _aligned_bias(bias.to(q.dtype))
     if sinks is not None:
-        if not isinstance(sinks, torch.Tensor) or sinks.shape != (q.shape[1],) \
-                or not sinks.is_floating_point():
-            raise _fail("sinks must be a float tensor of one logit per query head, (%d,); got %s"
-                        % (q.shape[1], tuple(sinks.shape) if isinstance(sinks, torch.Tensor)
-                           else type(sinks).__name__))
+        sinks = _sinks_tensor(sinks, q)
     body = _body(q.dtype, q.shape[-1], v.shape[-1], causal, window, softcap, alibi,
                  bias is not None, scale, dropout_p, mask, score_mod, decls,
                  sinks=sinks is not None)
@@ -696,7 +704,7 @@ def _prepare(q, k, v, causal, window, softcap, alibi_slopes, bias, scale, dropou
         side.append(alibi_slopes)
         alibi_slopes = None
     if sinks is not None:
-        side.append(sinks.to(device=q.device, dtype=torch.float32).contiguous())
+        side.append(sinks)
     if oob not in ("check", "zero"):
         raise _fail("oob = %r; want 'check' (a load that may leave its side tensor is an "
                     "error) or 'zero' (it reads 0)" % (oob,))

@@ -10,7 +10,7 @@ from attnjit import _capi
 from attnjit._capi import lib as _lib
 
 from ._ops import (_AJ_DTYPE, _IR_DTYPE, _FWD_SIZE, _SINKS, _bind_side, _device_of, _fail,
-                   _kernel, _launch, _put)
+                   _kernel, _launch, _put, _sinks_tensor)
 
 # the caches' element types: the queries' three, and the f8 ones (kv_dtype)
 _KV_DTYPE = dict(_AJ_DTYPE)
@@ -59,13 +59,8 @@ def paged_attention(q, k_cache, v_cache, block_table, seqlens_k, *, cu_seqlens_q
         raise _fail("k_scale and v_scale go with (and only with) float8 caches")
     fields = ["dtype = %s" % _IR_DTYPE[q.dtype], "head_dim = %d" % q.shape[-1],
               "head_dim_v = %d" % v_cache.shape[-1]]
-    heads = q.shape[1]
     if sinks is not None:
-        if not isinstance(sinks, torch.Tensor) or sinks.shape != (heads,) \
-                or not sinks.is_floating_point():
-            raise _fail("sinks must be a float tensor of one logit per query head, (%d,)"
-                        % heads)
-        sinks = sinks.to(device=q.device, dtype=torch.float32).contiguous()
+        sinks = _sinks_tensor(sinks, q)
         fields = ["tensors = (%s: f32[1])" % _SINKS] + fields + ["sinks = " + _SINKS]
     if causal and window is None:
         fields.append("mask = causal(bottom_right)")
