@@ -227,8 +227,10 @@ static void band_guards(bounds_walk *w)
     const uint64_t q_minus_k = aj_score_node_hash(AJ_EXPR_SUB, AJ_EXPR_INT, 0,
                                                   (uint64_t[]){vq, vk}, 2);
     w->g[w->ng++] = (guard){k_minus_q, lo, hi};
-    w->g[w->ng++] = (guard){q_minus_k, lo == INT64_MIN / 4 ? lo : -hi,
-                            hi == INT64_MAX / 4 ? hi : -lo};
+    /* q - k = -(k - q): its lower bound from hi, its upper from lo, each
+     * unbounded where that side of the band is */
+    w->g[w->ng++] = (guard){q_minus_k, hi == INT64_MAX / 4 ? INT64_MIN / 4 : -hi,
+                            lo == INT64_MIN / 4 ? INT64_MAX / 4 : -lo};
 }
 
 /* Adds what `cond` being `truth` says of an int node compared with a

@@ -45,6 +45,11 @@ static const bounds_case cases[] = {
      "rel: f32[2]", {H, 9}, 2, 1, NULL},
     {"mask = expr(q - k < 4 && q - k > -4 && tab[q - k + 3] > 0)", "tab: i32[1]", {7}, 1, 1,
      NULL},
+    /* a causal band bounds q - k on one side only: 0 .. S - 1 */
+    {"mask = causal(top_left) score_mod = expr(score + rel[h, q - k])", "rel: f32[2]", {H, S},
+     2, 1, NULL},
+    {"mask = causal(top_left) score_mod = expr(score + rel[h, q - k])", "rel: f32[2]",
+     {H, S - 1}, 2, 0, "index 1 of a load may be 0 .. 15"},
     {"mask = expr(k < 2 || tab[k - 2] > 0)", "tab: i32[1]", {S - 2}, 1, 1, NULL},
     {"mask = expr(k < 2 || tab[k - 2] > 0)", "tab: i32[1]", {S - 3}, 1, 0,
      "index 0 of a load may be 0 .. 13"},
