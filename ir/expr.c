@@ -71,6 +71,19 @@ static int first_not_int(const aj_expr_type *types, int n)
     return -1;
 }
 
+/* pow's exponent must be an int literal within AJ_EXPR_POW_MAX: the
+ * kernels multiply, and the derivative's pow(x, N - 1) stays a literal. */
+static bool pow_exponent_ok(const aj_expr *e, uint16_t exponent, char *msg, size_t cap)
+{
+    const aj_expr_node *n = &e->nodes[exponent];
+    if (n->op == AJ_EXPR_LIT && n->type == AJ_EXPR_INT && n->u.i >= -AJ_EXPR_POW_MAX &&
+        n->u.i <= AJ_EXPR_POW_MAX)
+        return true;
+    snprintf(msg, cap, "the exponent of 'pow' must be an int literal from %d to %d "
+             "(write exp(y * log(x)) for others)", -AJ_EXPR_POW_MAX, AJ_EXPR_POW_MAX);
+    return false;
+}
+
 /* The type of a leaf: a LIT's own; a VAR's, score (a float, in a
  * score_mod only) or a position or size (an int). */
 static bool leaf_type(aj_expr_op op, const aj_expr_node *leaf, const aj_expr_scope *scope,
@@ -150,6 +163,15 @@ static bool rule_types(aj_expr_op op, const aj_expr_type *types, int n,
             return false;
         }
         *result = AJ_EXPR_INT;
+        return true;
+    case AJ_RULE_POW:
+        if (!is_number(types[0]) || types[1] != AJ_EXPR_INT) {
+            snprintf(msg, cap, "'pow' takes a number and an int exponent, got %s and %s",
+                     aj_expr_type_names[types[0]], aj_expr_type_names[types[1]]);
+            return false;
+        }
+        want[0] = AJ_EXPR_FLOAT;
+        *result = AJ_EXPR_FLOAT;
         return true;
     case AJ_RULE_LOGIC:
         if (!all_bool) {
@@ -296,6 +318,8 @@ bool aj_expr_add(aj_expr *e, const aj_expr_scope *scope, aj_expr_op op,
     }
     if (!rule_types(op, types, n, leaf, scope, &result, want, msg, cap))
         return false;
+    if (op == AJ_EXPR_POW && !pow_exponent_ok(e, ids[1], msg, cap))
+        return false;
     for (int i = 0; i < n; i++) {
         if (want[i] == types[i])
             continue;
@@ -419,6 +443,8 @@ static bool check_node(const checker *c, uint16_t id, uint16_t user)
     }
     if (!rule_types((aj_expr_op)n->op, types, arity, n, c->scope, &result,
                     want, c->msg, c->cap))
+        return false;
+    if (n->op == AJ_EXPR_POW && !pow_exponent_ok(c->e, n->args[1], c->msg, c->cap))
         return false;
     for (int i = 0; i < arity; i++) {
         if (want[i] != types[i]) {

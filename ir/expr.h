@@ -36,6 +36,13 @@
  * Semantics (docs/ir.md, "Expressions"), the same on every target:
  *   - int is i64 with two's-complement wrap-around; `/` and `%` floor
  *     toward -inf (-7 / 2 == -4, -7 % 2 == 1); x / 0 == 0 and x % 0 == 0.
+ *     & | ^ ~ act on the two's-complement bits; x << s is floor(x * 2^s)
+ *     wrapped to i64 and x >> s is floor(x / 2^s), for every count s: a
+ *     count of 64 or more shifts every bit out (x << 64 == 0, x >> 64 ==
+ *     (x < 0 ? -1 : 0)) and a negative count shifts the other way
+ *     (x << -s == x >> s).
+ *   - pow(x, N) takes an int literal N with |N| <= AJ_EXPR_POW_MAX: x
+ *     multiplied N times (1 / x^-N for N < 0; pow(x, 0) == 1).
  *   - float is f32: every float operation is rounded to f32 (the evaluator
  *     computes in double and rounds after each node).  A float literal
  *     keeps the double it was written as (for printing) and means its f32
@@ -59,6 +66,8 @@
 #define AJ_EXPR_TENSORS_MAX AJ_OP_TENSORS_MAX
 #define AJ_EXPR_NAME_MAX AJ_OP_TENSOR_NAME_MAX
 #define AJ_EXPR_RANK_MAX 4
+/* pow(x, N): the largest |N| */
+#define AJ_EXPR_POW_MAX 64
 
 /* No node: the root of a field that holds no expression. */
 #define AJ_EXPR_NONE UINT16_MAX
@@ -83,6 +92,7 @@ typedef enum aj_expr_rule {
     AJ_RULE_EQUAL,     /* numbers (promoted) or bools; bool */
     AJ_RULE_LOGIC,     /* bools; bool */
     AJ_RULE_SELECT,    /* bool, then numbers (promoted) or bools */
+    AJ_RULE_POW,       /* a number promoted to float, an int literal; float */
 } aj_expr_rule;
 
 /* How the printer writes a node (and the parser reads it). */
@@ -98,38 +108,54 @@ typedef enum aj_expr_form {
 /*
  * Every operator: enum name, spelling, form, C precedence (higher binds
  * tighter; only infix, prefix and select use it), operand count (LOAD: the
- * tensor's rank, given per node), typing rule.
+ * tensor's rank, given per node), typing rule.  The precedences are C's:
+ * prefix, multiplicative, additive, shifts, relational, equality, &, ^, |,
+ * &&, ||, ?:.
  */
-#define AJ_EXPR_OP_LIST(X)                                 \
-    X(LIT,      "",      AJ_FORM_ATOM,   9, 0, AJ_RULE_LEAF)   \
-    X(VAR,      "",      AJ_FORM_ATOM,   9, 0, AJ_RULE_LEAF)   \
-    X(LOAD,     "",      AJ_FORM_ATOM,   9, 0, AJ_RULE_LOAD)   \
-    X(TO_FLOAT, "",      AJ_FORM_HIDDEN, 9, 1, AJ_RULE_CONVERT) \
-    X(NEG,      "-",     AJ_FORM_PREFIX, 8, 1, AJ_RULE_SAME)   \
-    X(NOT,      "!",     AJ_FORM_PREFIX, 8, 1, AJ_RULE_LOGIC)  \
-    X(MUL,      "*",     AJ_FORM_INFIX,  7, 2, AJ_RULE_ARITH)  \
-    X(DIV,      "/",     AJ_FORM_INFIX,  7, 2, AJ_RULE_ARITH)  \
-    X(MOD,      "%",     AJ_FORM_INFIX,  7, 2, AJ_RULE_INT)    \
-    X(ADD,      "+",     AJ_FORM_INFIX,  6, 2, AJ_RULE_ARITH)  \
-    X(SUB,      "-",     AJ_FORM_INFIX,  6, 2, AJ_RULE_ARITH)  \
-    X(LT,       "<",     AJ_FORM_INFIX,  5, 2, AJ_RULE_ORDER)  \
-    X(LE,       "<=",    AJ_FORM_INFIX,  5, 2, AJ_RULE_ORDER)  \
-    X(GT,       ">",     AJ_FORM_INFIX,  5, 2, AJ_RULE_ORDER)  \
-    X(GE,       ">=",    AJ_FORM_INFIX,  5, 2, AJ_RULE_ORDER)  \
-    X(EQ,       "==",    AJ_FORM_INFIX,  4, 2, AJ_RULE_EQUAL)  \
-    X(NE,       "!=",    AJ_FORM_INFIX,  4, 2, AJ_RULE_EQUAL)  \
-    X(AND,      "&&",    AJ_FORM_INFIX,  3, 2, AJ_RULE_LOGIC)  \
-    X(OR,       "||",    AJ_FORM_INFIX,  2, 2, AJ_RULE_LOGIC)  \
-    X(SELECT,   "?",     AJ_FORM_SELECT, 1, 3, AJ_RULE_SELECT) \
-    X(MIN,      "min",   AJ_FORM_CALL,   9, 2, AJ_RULE_ARITH)  \
-    X(MAX,      "max",   AJ_FORM_CALL,   9, 2, AJ_RULE_ARITH)  \
-    X(ABS,      "abs",   AJ_FORM_CALL,   9, 1, AJ_RULE_SAME)   \
-    X(CLAMP,    "clamp", AJ_FORM_CALL,   9, 3, AJ_RULE_ARITH)  \
-    X(EXP,      "exp",   AJ_FORM_CALL,   9, 1, AJ_RULE_MATH)   \
-    X(LOG,      "log",   AJ_FORM_CALL,   9, 1, AJ_RULE_MATH)   \
-    X(TANH,     "tanh",  AJ_FORM_CALL,   9, 1, AJ_RULE_MATH)   \
-    X(SQRT,     "sqrt",  AJ_FORM_CALL,   9, 1, AJ_RULE_MATH)   \
-    X(FLOOR,    "floor", AJ_FORM_CALL,   9, 1, AJ_RULE_SAME)
+#define AJ_EXPR_OP_LIST(X)                                     \
+    X(LIT,      "",      AJ_FORM_ATOM,   14, 0, AJ_RULE_LEAF)    \
+    X(VAR,      "",      AJ_FORM_ATOM,   14, 0, AJ_RULE_LEAF)    \
+    X(LOAD,     "",      AJ_FORM_ATOM,   14, 0, AJ_RULE_LOAD)    \
+    X(TO_FLOAT, "",      AJ_FORM_HIDDEN, 14, 1, AJ_RULE_CONVERT) \
+    X(NEG,      "-",     AJ_FORM_PREFIX, 13, 1, AJ_RULE_SAME)    \
+    X(NOT,      "!",     AJ_FORM_PREFIX, 13, 1, AJ_RULE_LOGIC)   \
+    X(BIT_NOT,  "~",     AJ_FORM_PREFIX, 13, 1, AJ_RULE_INT)     \
+    X(MUL,      "*",     AJ_FORM_INFIX,  12, 2, AJ_RULE_ARITH)   \
+    X(DIV,      "/",     AJ_FORM_INFIX,  12, 2, AJ_RULE_ARITH)   \
+    X(MOD,      "%",     AJ_FORM_INFIX,  12, 2, AJ_RULE_INT)     \
+    X(ADD,      "+",     AJ_FORM_INFIX,  11, 2, AJ_RULE_ARITH)   \
+    X(SUB,      "-",     AJ_FORM_INFIX,  11, 2, AJ_RULE_ARITH)   \
+    X(SHL,      "<<",    AJ_FORM_INFIX,  10, 2, AJ_RULE_INT)     \
+    X(SHR,      ">>",    AJ_FORM_INFIX,  10, 2, AJ_RULE_INT)     \
+    X(LT,       "<",     AJ_FORM_INFIX,   9, 2, AJ_RULE_ORDER)   \
+    X(LE,       "<=",    AJ_FORM_INFIX,   9, 2, AJ_RULE_ORDER)   \
+    X(GT,       ">",     AJ_FORM_INFIX,   9, 2, AJ_RULE_ORDER)   \
+    X(GE,       ">=",    AJ_FORM_INFIX,   9, 2, AJ_RULE_ORDER)   \
+    X(EQ,       "==",    AJ_FORM_INFIX,   8, 2, AJ_RULE_EQUAL)   \
+    X(NE,       "!=",    AJ_FORM_INFIX,   8, 2, AJ_RULE_EQUAL)   \
+    X(BIT_AND,  "&",     AJ_FORM_INFIX,   7, 2, AJ_RULE_INT)     \
+    X(BIT_XOR,  "^",     AJ_FORM_INFIX,   6, 2, AJ_RULE_INT)     \
+    X(BIT_OR,   "|",     AJ_FORM_INFIX,   5, 2, AJ_RULE_INT)     \
+    X(AND,      "&&",    AJ_FORM_INFIX,   4, 2, AJ_RULE_LOGIC)   \
+    X(OR,       "||",    AJ_FORM_INFIX,   3, 2, AJ_RULE_LOGIC)   \
+    X(SELECT,   "?",     AJ_FORM_SELECT,  1, 3, AJ_RULE_SELECT)  \
+    X(MIN,      "min",   AJ_FORM_CALL,   14, 2, AJ_RULE_ARITH)   \
+    X(MAX,      "max",   AJ_FORM_CALL,   14, 2, AJ_RULE_ARITH)   \
+    X(ABS,      "abs",   AJ_FORM_CALL,   14, 1, AJ_RULE_SAME)    \
+    X(CLAMP,    "clamp", AJ_FORM_CALL,   14, 3, AJ_RULE_ARITH)   \
+    X(EXP,      "exp",   AJ_FORM_CALL,   14, 1, AJ_RULE_MATH)    \
+    X(LOG,      "log",   AJ_FORM_CALL,   14, 1, AJ_RULE_MATH)    \
+    X(TANH,     "tanh",  AJ_FORM_CALL,   14, 1, AJ_RULE_MATH)    \
+    X(SQRT,     "sqrt",  AJ_FORM_CALL,   14, 1, AJ_RULE_MATH)    \
+    X(FLOOR,    "floor", AJ_FORM_CALL,   14, 1, AJ_RULE_SAME)    \
+    X(EXP2,     "exp2",  AJ_FORM_CALL,   14, 1, AJ_RULE_MATH)    \
+    X(LOG2,     "log2",  AJ_FORM_CALL,   14, 1, AJ_RULE_MATH)    \
+    X(SIN,      "sin",   AJ_FORM_CALL,   14, 1, AJ_RULE_MATH)    \
+    X(COS,      "cos",   AJ_FORM_CALL,   14, 1, AJ_RULE_MATH)    \
+    X(TAN,      "tan",   AJ_FORM_CALL,   14, 1, AJ_RULE_MATH)    \
+    X(SIGMOID,  "sigmoid", AJ_FORM_CALL, 14, 1, AJ_RULE_MATH)    \
+    X(ERF,      "erf",   AJ_FORM_CALL,   14, 1, AJ_RULE_MATH)    \
+    X(POW,      "pow",   AJ_FORM_CALL,   14, 2, AJ_RULE_POW)
 
 typedef enum aj_expr_op {
 #define AJ_EXPR_OP_ENUM(e, spelling, form, prec, arity, rule) AJ_EXPR_##e,
@@ -311,6 +337,10 @@ double aj_expr_eval_f64(const aj_expr *e, uint16_t root,
  * derivative is computed in double from the f32 values. */
 double aj_expr_eval_grad(const aj_expr *e, uint16_t root,
                          const aj_expr_env *env, double *d_score);
+
+/* x << s as the IR defines it for every count s (floor(x * 2^s) wrapped
+ * to i64; x >> s is x << -s, and 0 for s == INT64_MIN). */
+int64_t aj_expr_shift(int64_t x, int64_t s);
 
 /* ---------------------------------------------------------------- built-ins */
 

@@ -11,6 +11,9 @@
 
 #include <math.h>
 
+#define EVAL_LN2 0.693147180559945309417232121458176568
+#define EVAL_2_SQRTPI 1.12837916709551257389615890312154517   /* 2 / sqrt(pi) */
+
 typedef struct dual {
     aj_expr_scalar v;
     double d;          /* d(value)/d(score); 0 for ints and bools */
@@ -92,6 +95,18 @@ static int64_t floor_mod(int64_t a, int64_t b)
     if (r != 0 && (r < 0) != (b < 0))
         r += b;
     return r;
+}
+
+int64_t aj_expr_shift(int64_t x, int64_t s)
+{
+    if (s >= 64)
+        return 0;
+    if (s >= 0)
+        return (int64_t)((uint64_t)x << s);
+    /* s < 0: floor(x / 2^-s), all sign bits from -s = 63 on (and for
+     * INT64_MIN, whose negation is no i64) */
+    int64_t r = s <= -63 ? 63 : -s;
+    return x < 0 ? ~(~x >> r) : x >> r;
 }
 
 /* ---------------------------------------------------------------- loads */
@@ -180,6 +195,30 @@ static dual eval_float(const aj_expr_node *n, const dual *x)
         float s = (float)sqrt(a);
         return num(s, da / (2.0 * s));
     }
+    case AJ_EXPR_EXP2: {
+        float v = (float)exp2(a);
+        return num(v, v * EVAL_LN2 * da);
+    }
+    case AJ_EXPR_LOG2: return num((float)log2(a), da / (a * EVAL_LN2));
+    case AJ_EXPR_SIN:  return num((float)sin(a), cos(a) * da);
+    case AJ_EXPR_COS:  return num((float)cos(a), -sin(a) * da);
+    case AJ_EXPR_TAN: {
+        float t = (float)tan(a);
+        return num(t, (1.0 + (double)t * t) * da);
+    }
+    case AJ_EXPR_SIGMOID: {
+        float s = (float)(1.0 / (1.0 + exp(-(double)a)));
+        return num(s, (double)s * (1.0 - s) * da);
+    }
+    case AJ_EXPR_ERF:
+        return num((float)erf(a), EVAL_2_SQRTPI * exp(-(double)a * a) * da);
+    case AJ_EXPR_POW: {
+        /* N multiplications: exact in double up to the last rounding for
+         * any f32 x and |N| <= AJ_EXPR_POW_MAX but for under- and overflow */
+        int64_t e = x[1].v.i;
+        double v = pow(a, (double)e);
+        return num((float)v, e == 0 ? 0.0 : (double)e * pow(a, (double)(e - 1)) * da);
+    }
     default:
         break;
     }
@@ -205,6 +244,12 @@ static dual eval_int(const aj_expr_node *n, const dual *x)
     }
     case AJ_EXPR_ABS:   return integer(a < 0 ? wrap_sub(0, a) : a);
     case AJ_EXPR_FLOOR: return integer(a);
+    case AJ_EXPR_BIT_NOT: return integer(~a);
+    case AJ_EXPR_BIT_AND: return integer(a & b);
+    case AJ_EXPR_BIT_OR:  return integer(a | b);
+    case AJ_EXPR_BIT_XOR: return integer(a ^ b);
+    case AJ_EXPR_SHL:     return integer(aj_expr_shift(a, b));
+    case AJ_EXPR_SHR:     return integer(b == INT64_MIN ? 0 : aj_expr_shift(a, -b));
     default:
         break;
     }

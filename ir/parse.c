@@ -690,7 +690,7 @@ done:
  *
  *   ternary = binary(2) [ "?" ternary ":" ternary ]
  *   binary(P) = unary { INFIX-of-precedence->=P binary(prec+1) }
- *   unary   = ("-" | "!") unary | primary
+ *   unary   = ("-" | "!" | "~") unary | primary
  *   primary = NUMBER | true | false | inf | VARIABLE | "(" ternary ")"
  *           | FUNCTION "(" ternary { "," ternary } ")"
  *           | TENSOR "[" ternary { "," ternary } "]"
@@ -813,9 +813,15 @@ static aj_status parse_name(expr_parser *ep, uint16_t *out)
                                 out);
             }
         }
+        char known[256];
+        size_t len = 0;
+        known[0] = '\0';
+        for (int op = 0; op < AJ_EXPR_OP_COUNT && len < sizeof known; op++)
+            if (aj_expr_ops[op].form == AJ_FORM_CALL)
+                len += (size_t)snprintf(known + len, sizeof known - len, "%s%s",
+                                        len ? ", " : "", aj_expr_ops[op].spelling);
         return fail_at(p, AJ_ERR_PARSE, name.pos, "unknown function %s "
-                       "(functions: min, max, abs, clamp, exp, log, tanh, "
-                       "sqrt, floor)", shown);
+                       "(functions: %s)", shown, known);
     }
     for (int t = 0; t < ep->scope.count; t++) {
         if (!is_word(&name, ep->scope.tensors[t].name))

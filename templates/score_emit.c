@@ -192,32 +192,262 @@ static LLVMValueRef host_math(emitter *m, LLVMValueRef (*fn)(aj_kb *, LLVMValueR
     return LLVMBuildExtractElement(kb->b, fn(kb, v, 1), zero, "");
 }
 
-/* exp, log, tanh: the cpu kernels' own (on the cpu target, for vectors
- * and scalars alike: a kernel of scalar code there, the block-mask
- * builder, computes what the vector kernels do), else the GPU targets'
- * intrinsics; sqrt and floor are LLVM's everywhere. */
+/* c (an f32 or i32 constant) in the shape of x: a scalar, or splat to
+ * x's lanes. */
+static LLVMValueRef like(aj_kb *kb, LLVMValueRef x, LLVMValueRef c)
+{
+    LLVMTypeRef t = LLVMTypeOf(x);
+    if (LLVMGetTypeKind(t) != LLVMVectorTypeKind)
+        return c;
+    return aj_cv_splat(kb, c, (int)LLVMGetVectorSize(t));
+}
+
+static LLVMValueRef fconst(aj_kb *kb, LLVMValueRef x, double v)
+{
+    return like(kb, x, aj_kb_f32(kb, v));
+}
+
+/* c[0] + t (c[1] + t (c[2] + ...)): n coefficients, lowest first */
+static LLVMValueRef horner(aj_kb *kb, LLVMValueRef t, const double *c, int n)
+{
+    LLVMValueRef p = fconst(kb, t, c[n - 1]);
+    for (int i = n - 2; i >= 0; i--)
+        p = aj_cv_fma(kb, p, t, fconst(kb, t, c[i]));
+    return p;
+}
+
+/* 2^x: the cpu kernels' polynomial on the host (inf from x >= 128 on, as
+ * the evaluator's), the GPU targets' ex2.approx elsewhere */
+static LLVMValueRef emit_exp2(emitter *m, bool host, LLVMValueRef x)
+{
+    aj_kb *kb = m->s->kb;
+    if (!host)
+        return aj_kb_exp2(kb, x);
+    LLVMValueRef r = host_math(m, aj_cv_exp2, x);
+    LLVMValueRef big = LLVMBuildFCmp(kb->b, LLVMRealOGE, x, fconst(kb, x, 128.0), "");
+    return LLVMBuildSelect(kb->b, big, fconst(kb, x, INFINITY), r, "");
+}
+
+/*
+ * e^x to about 2 ulp: x = k ln 2 + r with k = rint(x log2 e) and r by a
+ * two-part ln 2 (L1 short enough that k L1 is exact for |k| < 2^8), so
+ * that 2^(r log2 e) sees an argument of at most 1/2 with no rounding of
+ * k in it; 2^k goes in by two exact scalings (k / 2 and the rest, each a
+ * float built from its exponent bits), so overflow to inf and underflow
+ * to 0 come out right.  A NaN stays NaN.
+ */
+static LLVMValueRef emit_exp(emitter *m, bool host, LLVMValueRef x)
+{
+    static const double l1 = 0.693145751953125;        /* ln 2 to 16 bits */
+    static const double l2 = 1.428606765330187e-06;    /* the rest, rounded */
+    aj_kb *kb = m->s->kb;
+    LLVMBuilderRef b = kb->b;
+    LLVMTypeRef ft = LLVMTypeOf(x);
+    LLVMValueRef k = LLVMBuildFMul(b, x, fconst(kb, x, AJ_LOG2E), "");
+    k = aj_kb_call_overloaded(kb, "llvm.rint", &k, 1);
+    /* k within +-300 (beyond, 2^k over- or underflows anyway); NaN as 0 */
+    k = LLVMBuildSelect(b, LLVMBuildFCmp(b, LLVMRealOGT, k, fconst(kb, x, 300.0), ""),
+                        fconst(kb, x, 300.0), k, "");
+    k = LLVMBuildSelect(b, LLVMBuildFCmp(b, LLVMRealOLT, k, fconst(kb, x, -300.0), ""),
+                        fconst(kb, x, -300.0), k, "");
+    k = LLVMBuildSelect(b, LLVMBuildFCmp(b, LLVMRealORD, k, k, ""), k, LLVMConstNull(ft), "");
+    LLVMValueRef r = LLVMBuildFSub(b, x, LLVMBuildFMul(b, k, fconst(kb, x, l1), ""), "");
+    r = LLVMBuildFSub(b, r, LLVMBuildFMul(b, k, fconst(kb, x, l2), ""), "");
+    LLVMValueRef v = emit_exp2(m, host, LLVMBuildFMul(b, r, fconst(kb, x, AJ_LOG2E), ""));
+    LLVMTypeRef it = LLVMGetTypeKind(ft) == LLVMVectorTypeKind
+                         ? LLVMVectorType(kb->t_i32, LLVMGetVectorSize(ft)) : kb->t_i32;
+    LLVMValueRef ki = LLVMBuildFPToSI(b, k, it, "");
+    LLVMValueRef k1 = LLVMBuildAShr(b, ki, like(kb, ki, aj_kb_i32(kb, 1)), "");
+    LLVMValueRef halves[2] = {k1, LLVMBuildSub(b, ki, k1, "")};
+    for (int i = 0; i < 2; i++) {
+        /* 2^h for -150 <= h <= 150 as a float: h + 127 in the exponent
+         * field, clamped to 1 .. 254 (2^-126 .. 2^127: the second half
+         * finishes an underflow or an overflow) */
+        LLVMValueRef e = LLVMBuildAdd(b, halves[i], like(kb, ki, aj_kb_i32(kb, 127)), "");
+        LLVMValueRef args[2] = {e, like(kb, ki, aj_kb_i32(kb, 1))};
+        e = aj_kb_call_overloaded(kb, "llvm.smax", args, 2);
+        args[0] = e, args[1] = like(kb, ki, aj_kb_i32(kb, 254));
+        e = aj_kb_call_overloaded(kb, "llvm.smin", args, 2);
+        e = LLVMBuildShl(b, e, like(kb, ki, aj_kb_i32(kb, 23)), "");
+        v = LLVMBuildFMul(b, v, LLVMBuildBitCast(b, e, ft, ""), "");
+    }
+    return v;
+}
+
+/*
+ * sin, cos, tan (docs/ir.md, "Functions"): x = n pi/2 + r with |r| <=
+ * pi/4 by a three-part Cody-Waite reduction (pi/2 = P1 + P2 + P3, P1 and
+ * P2 short enough that n P1 and n P2 are exact for |n| < 2^13, so |x| up
+ * to about 12000 loses nothing), then sin r and cos r by polynomials
+ * fitted on [0, pi/4] (relative error below 1e-9 before rounding) and the
+ * quadrant n mod 4.  Plain IR on every target, so cpu, sim and GPU agree;
+ * a NaN or an infinity gives NaN.
+ */
+static LLVMValueRef emit_trig(emitter *m, aj_expr_op op, LLVMValueRef x)
+{
+    static const double sin_c[4] = {-1.6666666663848662e-01, 8.3333318678783240e-03,
+                                    -1.9840083357432997e-04, 2.7249541065378740e-06};
+    static const double cos_c[4] = {-4.9999999968735154e-01, 4.1666650478803610e-02,
+                                    -1.3887581537769110e-03, 2.4462944290714410e-05};
+    static const double p1 = 1.5703125;                    /* pi/2 to 8 bits */
+    static const double p2 = 4.837512969970703125e-4;      /* the rest to 11 bits */
+    static const double p3 = 7.549790126404332e-8;         /* the rest, rounded */
+    aj_kb *kb = m->s->kb;
+    LLVMBuilderRef b = kb->b;
+    LLVMTypeRef ft = LLVMTypeOf(x);
+    LLVMValueRef nf = LLVMBuildFMul(b, x, fconst(kb, x, 0.63661977236758134308), "");
+    nf = aj_kb_call_overloaded(kb, "llvm.rint", &nf, 1);
+    LLVMValueRef r = LLVMBuildFSub(b, x, LLVMBuildFMul(b, nf, fconst(kb, x, p1), ""), "");
+    r = LLVMBuildFSub(b, r, LLVMBuildFMul(b, nf, fconst(kb, x, p2), ""), "");
+    r = LLVMBuildFSub(b, r, LLVMBuildFMul(b, nf, fconst(kb, x, p3), ""), "");
+    LLVMValueRef r2 = LLVMBuildFMul(b, r, r, "");
+    LLVMValueRef sn = aj_cv_fma(kb, LLVMBuildFMul(b, r, r2, ""), horner(kb, r2, sin_c, 4), r);
+    LLVMValueRef cs = aj_cv_fma(kb, r2, horner(kb, r2, cos_c, 4), fconst(kb, x, 1.0));
+    /* the quadrant; a NaN, an infinity or a huge n converts as 0 (no poison) */
+    LLVMValueRef ok = LLVMBuildFCmp(b, LLVMRealOLT, aj_kb_call_overloaded(kb, "llvm.fabs", &nf, 1),
+                                    fconst(kb, x, 1073741824.0), "");
+    nf = LLVMBuildSelect(b, ok, nf, LLVMConstNull(ft), "");
+    LLVMValueRef q = LLVMBuildFPToSI(b, nf, LLVMGetTypeKind(ft) == LLVMVectorTypeKind
+                                                ? LLVMVectorType(kb->t_i32, LLVMGetVectorSize(ft))
+                                                : kb->t_i32, "");
+    LLVMValueRef zero = LLVMConstNull(LLVMTypeOf(q));
+    LLVMValueRef odd = LLVMBuildICmp(b, LLVMIntNE, LLVMBuildAnd(b, q, like(kb, q, aj_kb_i32(kb, 1)),
+                                                                ""), zero, "");
+    /* sin: s, c, -s, -c by quadrant; cos: c, -s, -c, s */
+    LLVMValueRef sin_v = LLVMBuildSelect(b, odd, cs, sn, "");
+    LLVMValueRef cos_v = LLVMBuildSelect(b, odd, sn, cs, "");
+    LLVMValueRef sin_neg = LLVMBuildICmp(b, LLVMIntNE, LLVMBuildAnd(b, q, like(kb, q, aj_kb_i32(kb, 2)),
+                                                                    ""), zero, "");
+    LLVMValueRef q1 = LLVMBuildAdd(b, q, like(kb, q, aj_kb_i32(kb, 1)), "");
+    LLVMValueRef cos_neg = LLVMBuildICmp(b, LLVMIntNE, LLVMBuildAnd(b, q1, like(kb, q, aj_kb_i32(kb, 2)),
+                                                                    ""), zero, "");
+    sin_v = LLVMBuildSelect(b, sin_neg, LLVMBuildFNeg(b, sin_v, ""), sin_v, "");
+    cos_v = LLVMBuildSelect(b, cos_neg, LLVMBuildFNeg(b, cos_v, ""), cos_v, "");
+    if (op == AJ_EXPR_SIN)
+        return sin_v;
+    if (op == AJ_EXPR_COS)
+        return cos_v;
+    return LLVMBuildFDiv(b, sin_v, cos_v, "");
+}
+
+/*
+ * erf (docs/ir.md, "Functions"): x P(x^2) below |x| = 1, sign(x) (1 -
+ * e^(-x^2) R(1/|x|)) from 1 to 4 (R fitted to erfc(x) e^(x^2)), sign(x)
+ * from 4 on, where erf rounds to +-1 in f32.  Within 3 ulp of erf over
+ * f32 (the fits' relative errors: 1.2e-9 and 1.4e-7 before rounding).
+ */
+static LLVMValueRef emit_erf(emitter *m, bool host, LLVMValueRef x)
+{
+    static const double small_c[7] = {1.1283791657434874e+00, -3.7612625872607150e-01,
+                                      1.1283585537920744e-01, -2.6853825276938050e-02,
+                                      5.1883498652757830e-03, -8.0103704958820810e-04,
+                                      7.8544037829225780e-05};
+    static const double tail_c[8] = {3.3298895323302430e-04, 5.5797838495905320e-01,
+                                     4.9617890171566474e-02, -5.0156937737642090e-01,
+                                     5.6786187061224760e-01, -3.4577798385426850e-01,
+                                     1.1582343272327082e-01, -1.6683568794911046e-02};
+    aj_kb *kb = m->s->kb;
+    LLVMBuilderRef b = kb->b;
+    LLVMValueRef a = aj_kb_call_overloaded(kb, "llvm.fabs", &x, 1);
+    LLVMValueRef small = LLVMBuildFMul(b, x, horner(kb, LLVMBuildFMul(b, x, x, ""), small_c, 7), "");
+    LLVMValueRef u = LLVMBuildFDiv(b, fconst(kb, x, 1.0), a, "");
+    LLVMValueRef g = emit_exp2(m, host, LLVMBuildFMul(b, LLVMBuildFNeg(b, LLVMBuildFMul(b, a, a, ""),
+                                                                       ""),
+                                                      fconst(kb, x, AJ_LOG2E), ""));
+    LLVMValueRef tail = LLVMBuildFSub(b, fconst(kb, x, 1.0),
+                                      LLVMBuildFMul(b, g, horner(kb, u, tail_c, 8), ""), "");
+    tail = LLVMBuildSelect(b, LLVMBuildFCmp(b, LLVMRealOGE, a, fconst(kb, x, 4.0), ""),
+                           fconst(kb, x, 1.0), tail, "");
+    LLVMValueRef args[2] = {tail, x};
+    tail = aj_kb_call_overloaded(kb, "llvm.copysign", args, 2);
+    return LLVMBuildSelect(b, LLVMBuildFCmp(b, LLVMRealOLT, a, fconst(kb, x, 1.0), ""), small, tail,
+                           "");
+}
+
+/* x^n for an int literal n (|n| <= AJ_EXPR_POW_MAX): squarings and
+ * products, 1 / x^-n for n < 0, 1 for n == 0 */
+static LLVMValueRef emit_pow(emitter *m, LLVMValueRef x, int64_t n)
+{
+    aj_kb *kb = m->s->kb;
+    LLVMBuilderRef b = kb->b;
+    LLVMValueRef r = NULL, base = x;
+    for (uint64_t e = n < 0 ? (uint64_t)-n : (uint64_t)n; e; e >>= 1) {
+        if (e & 1)
+            r = r ? LLVMBuildFMul(b, r, base, "") : base;
+        if (e > 1)
+            base = LLVMBuildFMul(b, base, base, "");
+    }
+    if (!r)
+        return fconst(kb, x, 1.0);
+    return n < 0 ? LLVMBuildFDiv(b, fconst(kb, x, 1.0), r, "") : r;
+}
+
+/* log, tanh, exp2, log2: the cpu kernels' own (on the cpu target, for
+ * vectors and scalars alike: a kernel of scalar code there, the
+ * block-mask builder, computes what the vector kernels do), else the GPU
+ * targets' intrinsics; exp and sigmoid reduce by ln 2 first (emit_exp);
+ * sqrt and floor are LLVM's everywhere; sin, cos, tan and erf the same
+ * plain IR on every target. */
 LLVMValueRef aj_score_emit_math(emitter *m, aj_expr_op op, LLVMValueRef a)
 {
     aj_kb *kb = m->s->kb;
     LLVMBuilderRef b = kb->b;
     bool host = m->s->lanes > 0 || !kb->desc->simt;
-    LLVMValueRef log2e = splat(m, aj_kb_f32(kb, AJ_LOG2E)), ln2 = splat(m, aj_kb_f32(kb, AJ_LN2));
+    LLVMValueRef ln2 = fconst(kb, a, AJ_LN2);
     switch (op) {
-    case AJ_EXPR_EXP: {
-        LLVMValueRef x = LLVMBuildFMul(b, a, log2e, "");
-        return host ? host_math(m, aj_cv_exp2, x) : aj_kb_exp2(kb, x);
-    }
-    case AJ_EXPR_LOG: {
+    case AJ_EXPR_EXP:
+        return emit_exp(m, host, a);
+    case AJ_EXPR_EXP2:
+        return emit_exp2(m, host, a);
+    case AJ_EXPR_LOG:
+    case AJ_EXPR_LOG2: {
         LLVMValueRef l2 = host ? aj_kb_call_overloaded(kb, "llvm.log2", &a, 1) : aj_kb_log2(kb, a);
-        return LLVMBuildFMul(b, l2, ln2, "");
+        return op == AJ_EXPR_LOG ? LLVMBuildFMul(b, l2, ln2, "") : l2;
     }
     case AJ_EXPR_TANH:
         return host ? host_math(m, aj_cv_tanh, a) : aj_attn_tanh(kb, a);
+    case AJ_EXPR_SIGMOID: {
+        LLVMValueRef e = emit_exp(m, host, LLVMBuildFNeg(b, a, ""));
+        return LLVMBuildFDiv(b, fconst(kb, a, 1.0), LLVMBuildFAdd(b, fconst(kb, a, 1.0), e, ""), "");
+    }
+    case AJ_EXPR_SIN:
+    case AJ_EXPR_COS:
+    case AJ_EXPR_TAN:
+        return emit_trig(m, op, a);
+    case AJ_EXPR_ERF:
+        return emit_erf(m, host, a);
     case AJ_EXPR_SQRT:
         return aj_kb_call_overloaded(kb, "llvm.sqrt", &a, 1);
     default:   /* floor */
         return aj_kb_call_overloaded(kb, "llvm.floor", &a, 1);
     }
+}
+
+/* x << s for every count s (ir/expr.h): 0 from s >= 64 on, an
+ * arithmetic shift right by -s (at most 63) for s < 0; no count reaches
+ * LLVM's shifts out of their range (poison there). */
+static LLVMValueRef emit_shl(emitter *m, LLVMValueRef x, LLVMValueRef s)
+{
+    aj_kb *kb = m->s->kb;
+    LLVMBuilderRef b = kb->b;
+    LLVMValueRef zero = LLVMConstNull(LLVMTypeOf(x)), c63 = like(kb, x, aj_kb_i64(kb, 63));
+    LLVMValueRef out = LLVMBuildICmp(b, LLVMIntUGT, s, c63, "");   /* s >= 64 or s < 0 */
+    LLVMValueRef left = LLVMBuildShl(b, x, LLVMBuildSelect(b, out, zero, s, ""), "");
+    left = LLVMBuildSelect(b, out, zero, left, "");
+    LLVMValueRef args[2] = {LLVMBuildSub(b, zero, s, ""), c63};
+    LLVMValueRef right = LLVMBuildAShr(b, x, aj_kb_call_overloaded(kb, "llvm.umin", args, 2), "");
+    return LLVMBuildSelect(b, LLVMBuildICmp(b, LLVMIntSLT, s, zero, ""), right, left, "");
+}
+
+/* x >> s == x << -s; 0 for s == INT64_MIN, whose negation wraps */
+static LLVMValueRef emit_shr(emitter *m, LLVMValueRef x, LLVMValueRef s)
+{
+    aj_kb *kb = m->s->kb;
+    LLVMBuilderRef b = kb->b;
+    LLVMValueRef zero = LLVMConstNull(LLVMTypeOf(x));
+    LLVMValueRef v = emit_shl(m, x, LLVMBuildSub(b, zero, s, ""));
+    LLVMValueRef min = LLVMBuildICmp(b, LLVMIntEQ, s, like(kb, x, aj_kb_i64(kb, INT64_MIN)), "");
+    return LLVMBuildSelect(b, min, zero, v, "");
 }
 
 /* min / max / clamp as the evaluator picks: b where b < a (b > a) or a is
@@ -348,6 +578,13 @@ LLVMValueRef aj_score_emit_node(emitter *m, uint16_t id)
                          LLVMBuildNeg(b, x[0], ""), x[0], "");
             break;
         case AJ_EXPR_FLOOR: v = fl ? aj_score_emit_math(m, op, x[0]) : x[0]; break;
+        case AJ_EXPR_BIT_NOT: v = LLVMBuildNot(b, x[0], ""); break;
+        case AJ_EXPR_BIT_AND: v = LLVMBuildAnd(b, x[0], x[1], ""); break;
+        case AJ_EXPR_BIT_OR: v = LLVMBuildOr(b, x[0], x[1], ""); break;
+        case AJ_EXPR_BIT_XOR: v = LLVMBuildXor(b, x[0], x[1], ""); break;
+        case AJ_EXPR_SHL: v = emit_shl(m, x[0], x[1]); break;
+        case AJ_EXPR_SHR: v = emit_shr(m, x[0], x[1]); break;
+        case AJ_EXPR_POW: v = emit_pow(m, x[0], m->s->p->e.nodes[n->args[1]].u.i); break;
         default: v = aj_score_emit_math(m, op, x[0]); break;
         }
     }

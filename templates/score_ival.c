@@ -188,7 +188,8 @@ static dval d_divmod(ival_ctx *c, dval a, dval d, int want_mod)
     return (dval){.i = want_mod ? r : q};
 }
 
-/* floor, exp, log, tanh, sqrt of a float (each monotone) */
+/* floor, exp, log, tanh, sqrt, exp2, log2, sigmoid, erf of a float (each
+ * monotone) */
 static dval d_math(ival_ctx *c, aj_expr_op op, dval a)
 {
     if (c->kb)
@@ -198,8 +199,19 @@ static dval d_math(ival_ctx *c, aj_expr_op op, dval a)
     case AJ_EXPR_EXP: return (dval){.f = expf(a.f)};
     case AJ_EXPR_LOG: return (dval){.f = logf(a.f)};
     case AJ_EXPR_TANH: return (dval){.f = tanhf(a.f)};
+    case AJ_EXPR_EXP2: return (dval){.f = exp2f(a.f)};
+    case AJ_EXPR_LOG2: return (dval){.f = log2f(a.f)};
+    case AJ_EXPR_SIGMOID: return (dval){.f = 1.0f / (1.0f + expf(-a.f))};
+    case AJ_EXPR_ERF: return (dval){.f = erff(a.f)};
     default: return (dval){.f = sqrtf(a.f)};
     }
+}
+
+/* 2^s for 0 <= s <= 62 */
+static dval d_pow2(ival_ctx *c, dval s)
+{
+    return c->kb ? (dval){.v = LLVMBuildShl(c->kb->b, aj_kb_i64(c->kb, 1), s.v, "")}
+                 : (dval){.i = INT64_C(1) << s.i};
 }
 
 /* ---------------------------------------------------------------- rules */
@@ -327,6 +339,27 @@ static ival modulo(ival_ctx *c, const aj_expr_node *n, const ival *x)
                   d_sel(c, pos, d_sel(c, narrow, r1, d_sub(c, k, d_int(c, 1))), u.hi)};
 }
 
+/* x << s, x >> s for a point s: a product by 2^s (0 <= s <= 30), a floor
+ * division by it (0 <= s <= 62), else unknown */
+static ival shift(ival_ctx *c, const aj_expr_node *n, const ival *x)
+{
+    ival u = aj_ival_unknown(c, AJ_EXPR_INT);
+    if (is_positional(c, n->args[1]))
+        return u;
+    int left = n->op == AJ_EXPR_SHL;
+    dval s = x[1].lo;
+    dval valid = d_and(c, d_icmp(c, LLVMIntSGE, s, d_int(c, 0)),
+                       d_icmp(c, LLVMIntSLE, s, d_int(c, left ? 30 : 62)));
+    dval k = d_pow2(c, d_sel(c, valid, s, d_int(c, 0)));
+    ival r;
+    if (left) {
+        r = scale_int(c, x[0], k);
+    } else {
+        r = (ival){d_divmod(c, x[0].lo, k, 0), d_divmod(c, x[0].hi, k, 0)};
+    }
+    return (ival){d_sel(c, valid, r.lo, u.lo), d_sel(c, valid, r.hi, u.hi)};
+}
+
 static ival absolute(ival_ctx *c, int fl, ival x)
 {
     if (fl) {
@@ -396,6 +429,8 @@ static ival compute(ival_ctx *c, uint16_t id)
         return product(c, n, x);
     case AJ_EXPR_MOD:
         return modulo(c, n, x);
+    case AJ_EXPR_SHL: case AJ_EXPR_SHR:
+        return shift(c, n, x);
     case AJ_EXPR_AND:
         return (ival){d_or(c, x[0].lo, x[1].lo), d_and(c, x[0].hi, x[1].hi)};
     case AJ_EXPR_OR:
@@ -411,7 +446,8 @@ static ival compute(ival_ctx *c, uint16_t id)
     case AJ_EXPR_ABS:
         return absolute(c, fl, x[0]);
     case AJ_EXPR_FLOOR: case AJ_EXPR_EXP: case AJ_EXPR_LOG: case AJ_EXPR_TANH:
-    case AJ_EXPR_SQRT:   /* monotone; an int floor is the identity */
+    case AJ_EXPR_SQRT: case AJ_EXPR_EXP2: case AJ_EXPR_LOG2: case AJ_EXPR_SIGMOID:
+    case AJ_EXPR_ERF:   /* monotone; an int floor is the identity */
         if (!fl)
             return x[0];
         return (ival){d_math(c, op, x[0].lo), d_math(c, op, x[0].hi)};

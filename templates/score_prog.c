@@ -219,6 +219,41 @@ static uint16_t diff(builder *bd, uint16_t id, const uint16_t *reads, uint16_t *
     case AJ_EXPR_SQRT:
         d = mk2(bd, AJ_EXPR_DIV, D(a), mk2(bd, AJ_EXPR_MUL, lit(bd, AJ_EXPR_FLOAT, 2), id));
         break;
+    case AJ_EXPR_EXP2:
+        d = mul_f(bd, mul_f(bd, id, lit(bd, AJ_EXPR_FLOAT, AJ_LN2)), D(a));
+        break;
+    case AJ_EXPR_LOG2:
+        d = mk2(bd, AJ_EXPR_DIV, D(a), mul_f(bd, a, lit(bd, AJ_EXPR_FLOAT, AJ_LN2)));
+        break;
+    case AJ_EXPR_SIN:
+        d = mul_f(bd, mk(bd, AJ_EXPR_COS, &a, 1), D(a));
+        break;
+    case AJ_EXPR_COS:
+        d = mul_f(bd, mk(bd, AJ_EXPR_NEG, &(uint16_t){mk(bd, AJ_EXPR_SIN, &a, 1)}, 1), D(a));
+        break;
+    case AJ_EXPR_TAN:
+        d = mul_f(bd, add_f(bd, one, mk2(bd, AJ_EXPR_MUL, id, id)), D(a));
+        break;
+    case AJ_EXPR_SIGMOID:
+        d = mul_f(bd, mul_f(bd, id, mk2(bd, AJ_EXPR_SUB, one, id)), D(a));
+        break;
+    case AJ_EXPR_ERF: {
+        uint16_t sq = mk2(bd, AJ_EXPR_MUL, a, a);
+        uint16_t g = mk(bd, AJ_EXPR_EXP, &(uint16_t){mk(bd, AJ_EXPR_NEG, &sq, 1)}, 1);
+        d = mul_f(bd, mul_f(bd, lit(bd, AJ_EXPR_FLOAT, AJ_2_SQRTPI), g), D(a));
+        break;
+    }
+    case AJ_EXPR_POW: {
+        /* N x^(N-1); for N < 0 as N x^N x^-1, so the exponent stays within
+         * AJ_EXPR_POW_MAX */
+        int64_t e = node(p, b)->u.i;
+        if (e == 0)
+            break;
+        uint16_t lower = e > 0 ? mk2(bd, AJ_EXPR_POW, a, lit(bd, AJ_EXPR_INT, (double)(e - 1)))
+                               : mul_f(bd, id, mk2(bd, AJ_EXPR_POW, a, lit(bd, AJ_EXPR_INT, -1)));
+        d = mul_f(bd, e == 1 ? one : mul_f(bd, lit(bd, AJ_EXPR_FLOAT, (double)e), lower), D(a));
+        break;
+    }
     case AJ_EXPR_SELECT: {
         uint16_t args[3] = {a, D(b), D(c)};
         d = mk(bd, AJ_EXPR_SELECT, args, 3);
@@ -248,13 +283,24 @@ static bool interval_bounds(const aj_score_prog *p, uint16_t root)
         ok[id] = true;
         if (!(p->reads[id] & AJ_SCORE_READS_POSITION))
             continue;
-        bool by_position = (n->op == AJ_EXPR_MOD || n->op == AJ_EXPR_DIV)
-                               ? (p->reads[n->args[1]] & AJ_SCORE_READS_POSITION) != 0
-                           : n->op == AJ_EXPR_MUL
-                               ? (p->reads[n->args[0]] & AJ_SCORE_READS_POSITION) &&
-                                     (p->reads[n->args[1]] & AJ_SCORE_READS_POSITION)
-                               : false;
-        ok[id] = n->op != AJ_EXPR_LOAD && !by_position;
+        bool positional[2] = {false, false};
+        for (int i = 0; i < 2 && i < aj_expr_arity(n); i++)
+            positional[i] = (p->reads[n->args[i]] & AJ_SCORE_READS_POSITION) != 0;
+        switch ((aj_expr_op)n->op) {
+        case AJ_EXPR_MOD: case AJ_EXPR_DIV: case AJ_EXPR_SHL: case AJ_EXPR_SHR:
+            ok[id] = !positional[1];   /* by a point */
+            break;
+        case AJ_EXPR_MUL:
+            ok[id] = !(positional[0] && positional[1]);
+            break;
+        case AJ_EXPR_LOAD:   /* data */
+        case AJ_EXPR_BIT_NOT: case AJ_EXPR_BIT_AND: case AJ_EXPR_BIT_OR: case AJ_EXPR_BIT_XOR:
+        case AJ_EXPR_SIN: case AJ_EXPR_COS: case AJ_EXPR_TAN: case AJ_EXPR_POW:
+            ok[id] = false;   /* no interval rule (score_ival.c) */
+            break;
+        default:
+            break;
+        }
         for (int i = 0; i < aj_expr_arity(n) && ok[id]; i++)
             ok[id] = ok[n->args[i]];
     }

@@ -159,6 +159,23 @@ static void test_print(void)
     /* numbers: one spelling */
     expect_print("  score_mod = expr(score * 1e-5 + 2.50 + .5e1)\n", "score_mod",
                  "expr(score * 1e-05 + 2.5 + 5.0)");
+    /* bit operators at C's precedence: shifts between + and <, then & ^ |
+     * between == and && */
+    expect_print("  mask = expr(((q >> 2) + 1) == (k >> (q + 1)))\n", "mask",
+                 "expr((q >> 2) + 1 == k >> q + 1)");
+    expect_print("  mask = expr(((q & 7) | (k ^ 1)) == ((q | k) & ~k))\n", "mask",
+                 "expr((q & 7 | k ^ 1) == ((q | k) & ~k))");
+    expect_print("  mask = expr((q & (k ^ (q | 1))) < 3 == true && (q << k) >= 0)\n", "mask",
+                 "expr((q & (k ^ (q | 1))) < 3 == true && q << k >= 0)");
+    /* ... and fold, with every shift count defined */
+    expect_print("  mask = expr(k <= q + (1 << 3) + (-8 >> 1) + (1 << 64) + (-1 >> 100) + "
+                 "(5 << -1) + ~0 + (6 & 3) + (6 | 3) + (6 ^ 3))\n", "mask",
+                 "expr(k <= q + 8 + -4 + 0 + -1 + 2 + -1 + 2 + 7 + 5)");
+    /* the functions; pow folds as the evaluator multiplies */
+    expect_print("  score_mod = expr(sin(score) + cos(score) * tan(score) - sigmoid(score) + "
+                 "exp2(score) / log2(score) + erf(score) + pow(score, -2) + pow(2.0, 3))\n",
+                 "score_mod", "expr(sin(score) + cos(score) * tan(score) - sigmoid(score) + "
+                 "exp2(score) / log2(score) + erf(score) + pow(score, -2) + 8.0)");
     /* the built-in forms keep their text */
     expect_print("  mask = causal(bottom_right)\n  score_mod = alibi\n", "mask",
                  "causal(bottom_right)");
@@ -226,8 +243,26 @@ static void test_errors(void)
                  "t.aj:5:1: expected ')' to close the 'expr(' at 4:14, found '}'");
     expect_error("  mask = expr(k = q)\n", AJ_ERR_PARSE,
                  "t.aj:4:17: expected an operator or ')', found '='");
-    expect_error("  mask = expr(k & q)\n", AJ_ERR_PARSE,
-                 "t.aj:4:17: unexpected character '&'");
+    expect_error("  mask = expr(k $ q)\n", AJ_ERR_PARSE,
+                 "t.aj:4:17: unexpected character '$'");
+    /* bit operators take ints; C's precedence puts == above & */
+    expect_error("  mask = expr(k & q)\n", AJ_ERR_VERIFY,
+                 "t.aj:4:15: the mask expression must be a bool, got int");
+    expect_error("  mask = expr(k & 1 == 1)\n", AJ_ERR_VERIFY,
+                 "t.aj:4:17: '&' needs ints, got bool");
+    expect_error("  score_mod = expr(score << 1)\n", AJ_ERR_VERIFY,
+                 "t.aj:4:26: '<<' needs ints, got float");
+    expect_error("  mask = expr(~(k < q))\n", AJ_ERR_VERIFY,
+                 "t.aj:4:15: '~' needs ints, got bool");
+    /* pow: an int literal exponent within 64 */
+    expect_error("  score_mod = expr(pow(score, 1.5))\n", AJ_ERR_VERIFY,
+                 "t.aj:4:20: 'pow' takes a number and an int exponent, got float and float");
+    expect_error("  score_mod = expr(pow(score, q))\n", AJ_ERR_VERIFY,
+                 "t.aj:4:20: the exponent of 'pow' must be an int literal from -64 to 64 "
+                 "(write exp(y * log(x)) for others)");
+    expect_error("  score_mod = expr(pow(score, 65))\n", AJ_ERR_VERIFY,
+                 "t.aj:4:20: the exponent of 'pow' must be an int literal from -64 to 64 "
+                 "(write exp(y * log(x)) for others)");
     expect_error("  mask = expr(q > 0 ? k < q)\n", AJ_ERR_PARSE,
                  "t.aj:4:28: expected ':' after the '?' arm, found ')'");
     expect_error("  mask = expr(min(k, q) == 1.5x)\n", AJ_ERR_PARSE,
@@ -240,7 +275,8 @@ static void test_errors(void)
                  "t.aj:4:15: unknown name 'j' (variables: b, h, q, k, sq, sk, score)");
     expect_error("  mask = expr(foo(q) > 0)\n", AJ_ERR_PARSE,
                  "t.aj:4:15: unknown function 'foo' (functions: min, max, abs, "
-                 "clamp, exp, log, tanh, sqrt, floor)");
+                 "clamp, exp, log, tanh, sqrt, floor, exp2, log2, sin, cos, tan, "
+                 "sigmoid, erf, pow)");
     expect_error("  mask = expr(doc[b, q] > 0)\n", AJ_ERR_PARSE,
                  "t.aj:4:15: unknown tensor 'doc' (declare it in 'tensors')");
     expect_error("  tensors = (doc: i32[2])\n  mask = expr(doc > 0)\n", AJ_ERR_PARSE,
@@ -655,6 +691,30 @@ static void test_eval(void)
     expect_value("score * 2.0 + score / (w[q] * 0.0)", INFINITY, INFINITY);
     /* min / max ignore a NaN operand (IEEE minNum / maxNum) */
     expect_value("min(sqrt(-score), 1.5)", 1.5, 0.0);
+    /* the functions and their derivatives, in double from the f32 value */
+    expect_value("sin(score)", (double)(float)sin(0.5), cos(0.5));
+    expect_value("cos(score * 2.0)", (double)(float)cos(1.0), -2 * sin(1.0));
+    expect_value("tan(score)", (double)(float)tan(0.5),
+                 1 + (double)(float)tan(0.5) * (float)tan(0.5));
+    expect_value("sigmoid(score)", (double)(float)(1 / (1 + exp(-0.5))),
+                 (double)(float)(1 / (1 + exp(-0.5))) * (1 - (double)(float)(1 / (1 + exp(-0.5)))));
+    expect_value("exp2(score)", (double)(float)sqrt(2.0), (double)(float)sqrt(2.0) * log(2.0));
+    expect_value("log2(score)", -1.0, 1 / (0.5 * log(2.0)));
+    expect_value("erf(score)", (double)(float)erf(0.5), 2 / sqrt(acos(-1.0)) * exp(-0.25));
+    expect_value("pow(score, 3)", 0.125, 0.75);
+    expect_value("pow(score, -2)", 4.0, -16.0);
+    expect_value("pow(score, 0)", 1.0, 0.0);
+    expect_value("pow(w[q] * 0.0, 0)", 1.0, 0.0);
+    /* shifts by every count: floor(x 2^s), the other way for s < 0 */
+    expect_value("q << 2", 20, 0);
+    expect_value("q << 61", (double)(INT64_C(5) << 61), 0);   /* wraps to 2^61 */
+    expect_value("q << 64", 0, 0);
+    expect_value("(k - q) >> 1", -2, 0);        /* floor(-3 / 2) */
+    expect_value("(k - q) >> 64", -1, 0);
+    expect_value("(k - q) >> (-9223372036854775807 - 1)", 0, 0);
+    expect_value("(k - q) << (-9223372036854775807 - 1)", -1, 0);
+    expect_value("q >> -2", 20, 0);
+    expect_value("(q ^ k) | (q & ~k)", 7, 0);
     /* && || ! ? with ints underneath */
     expect_value("(q > k && !(k == 2) || q == 5) ? 1 : 0", 1, 0);
 }

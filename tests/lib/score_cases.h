@@ -244,9 +244,16 @@ static int rx_int(rx_tree *t, int depth)
         }
     }
     static const char *const bin[] = {"(%0 + %1)", "(%0 - %1)", "min(%0, %1)", "max(%0, %1)"};
-    switch (rx_pick(t, 8)) {
+    switch (rx_pick(t, 9)) {
     case 0: case 1: case 2:
         return rx_add(t, 'i', bin[rx_pick(t, 4)], 2, rx_int(t, depth - 1), rx_int(t, depth - 1), -1);
+    case 8: {   /* bit operators; shifts by counts of every class (< 0, >= 64) */
+        static const char *const bits[] = {"(%0 & %1)", "(%0 | %1)", "(%0 ^ %1)", "~%0",
+                                           "(%0 << %1)", "(%0 >> %1)", "(%0 << 62)",
+                                           "(%0 >> 70)", "(%0 << -2)", "(%0 >> (k - q))"};
+        return rx_add(t, 'i', bits[rx_pick(t, 10)], 2, rx_int(t, depth - 1),
+                      rx_int(t, depth - 1), -1);
+    }
     case 3: {   /* floor division and modulo by a small literal of either sign */
         static const char *const dm[] = {"(%0 / 3)", "(%0 % 5)", "(%0 / -4)", "(%0 % -3)", "(%0 * 2)"};
         return rx_add(t, 'i', dm[rx_pick(t, 5)], 1, rx_int(t, depth - 1), -1, -1);
@@ -284,10 +291,12 @@ static int rx_float(rx_tree *t, int depth)
         return rx_add(t, 'f', "(%0 * tanh(%1))", 2, rx_float(t, depth - 1),
                       rx_float(t, depth - 1), -1);
     case 3: {
-        static const char *const un[] = {"tanh(%0)", "abs(%0)", "floor(%0)",
-                                         "exp(-abs(%0))", "log(abs(%0) + 1.0)",
-                                         "sqrt(abs(%0))", "-%0"};
-        return rx_add(t, 'f', un[rx_pick(t, 7)], 1, rx_float(t, depth - 1), -1, -1);
+        static const char *const un[] = {
+            "tanh(%0)", "abs(%0)", "floor(%0)", "exp(-abs(%0))", "log(abs(%0) + 1.0)",
+            "sqrt(abs(%0))", "-%0", "sin(%0)", "cos(%0 * 3.0)", "tan(clamp(%0, -1.3, 1.3))",
+            "sigmoid(%0 * 2.0)", "erf(%0)", "exp2(-abs(%0))", "log2(abs(%0) + 0.5)",
+            "pow(%0, 2)", "pow(clamp(%0, -2.0, 2.0), 5)", "pow(abs(%0) + 0.5, -2)"};
+        return rx_add(t, 'f', un[rx_pick(t, 17)], 1, rx_float(t, depth - 1), -1, -1);
     }
     case 4:
         return rx_add(t, 'f', rx_pick(t, 2) ? "min(%0, %1)" : "max(%0, %1)", 2,

@@ -30,6 +30,9 @@ MASKS = {
     "dilated_window": lambda b, h, q, k: (abs(q - k) <= 12) & ((q - k) % 3 == 0),
     "natten_1d": lambda b, h, q, k: abs(torch.clamp(q, 4, S - 5) - k) <= 4,
     "captured_bool": lambda b, h, q, k: KEEP[q, k] | (q == k),
+    "block_diagonal_shift": lambda b, h, q, k: ((q >> 3) == (k >> 3)) & (q >= k),
+    "bit_pattern": lambda b, h, q, k: (((q ^ k) & 3) == 0) | (q == k),
+    "bitwise_torch": lambda b, h, q, k: torch.bitwise_and(q, torch.bitwise_not(k)) == 0,
 }
 MODS = {
     "alibi": lambda s, b, h, q, k: s + SLOPES[h] * (k - q),
@@ -37,6 +40,11 @@ MODS = {
     "relative_bias": lambda s, b, h, q, k: s + REL[h, q - k + S - 1],
     "head_scale": lambda s, b, h, q, k: s * (1.0 + h / 8),
     "where_causal": lambda s, b, h, q, k: torch.where(q >= k, s, -float("inf")),
+    # issue 33's: no sin, cos, tan before
+    "trig": lambda s, b, h, q, k: torch.cos(s) * torch.sin(s) + torch.tan(b),
+    "sigmoid_erf": lambda s, b, h, q, k: s * torch.sigmoid(s) + torch.erf(s / 4),
+    "powers": lambda s, b, h, q, k: s - 0.01 * (q - k) ** 2 + torch.pow(s, 3) / 50,
+    "exp2_log2": lambda s, b, h, q, k: torch.log2(torch.exp2(s / 2) + 1.0) + (q & 1),
 }
 
 
@@ -106,7 +114,9 @@ def test_gqa_needs_enable_gqa():
 
 @pytest.mark.parametrize("fn,what", [
     (lambda s, b, h, q, k: s if q > k else s * 2, "Python control flow"),
-    (lambda s, b, h, q, k: s + torch.sin(s), "sin"),
+    (lambda s, b, h, q, k: s + torch.atan(s), "atan"),
+    (lambda s, b, h, q, k: s ** 1.5, "exponent 1.5"),
+    (lambda s, b, h, q, k: s + (s << 1), "'<<' of float and int"),
     (lambda s, b, h, q, k: s + REL, "used whole"),
 ])
 def test_unsupported_operations_are_named(fn, what):

@@ -15,6 +15,9 @@
  *              that take one) equal a recount of their classes
  *   builtins   causal / window / softcap / alibi written as expressions
  *              give the built-ins' results (the same programs)
+ *   functions  every function (sin .. erf, pow) over argument ranges,
+ *              value by value within a few ulp of the f32 rounding of
+ *              the exact function
  *   classes    tile classes (host interval arithmetic) against a
  *              position-by-position count: never wrong, and exact for the
  *              band masks and the chunked mask; a score_mod whose
@@ -25,7 +28,7 @@
  *              output that of the per-tile path bit for bit, refused for
  *              other sizes
  *
- * test_score DEVICE [VARIANT] [examples | random N | builtins | classes | blockmask]...:
+ * test_score DEVICE [VARIANT] [examples | random N | builtins | functions | classes | blockmask]...:
  * DEVICE is sim or cpu, VARIANT efficient (the default) or flash (whose
  * kernels take f16 / bf16 only: the random and builtin cases run in f16
  * there); with no section named, all of them.
@@ -287,6 +290,83 @@ static void test_builtins(void)
         CHECK_MSG(memcmp(o[0], o[1], bytes) == 0, "%s / %s differs from %s / %s", pairs[i][0],
                   pairs[i][1], pairs[i][2], pairs[i][3]);
         free(o[0]), free(o[1]);
+    }
+}
+
+/* ---------------------------------------------------------------- functions */
+
+/*
+ * Each function of the expression language on the device, value by value
+ * against the evaluator's f32 rounding of the exact function: a score_mod
+ * F(x(q)) with only key 0 kept (mask k == 0) makes each row's LSE the
+ * kernel's F(x) itself (one key: m = s, l = 1), so row q checks F at x =
+ * lo + step q, S of them per range.  The bound: a few ulp of the value
+ * (the table's) plus 2^-22 absolute (sin and cos near their zeros: the
+ * reduction's error is absolute), in f32.  The worst error per function
+ * is printed in ulp.  (Values stay below 2^127 / log2 e: the kernels'
+ * softmax works in log2 units.)
+ */
+static void test_functions(void)
+{
+    /* the bound in ulp: 4, but tanh's (1 - 2 / (e^2x + 1) cancels near 0)
+     * and pow's (|N| roundings in its squarings and products) */
+    static const struct { const char *f; double lo, hi, ulps; } cases[] = {
+        {"sin(X)", -8.0, 8.0, 4}, {"sin(X)", -8192.0, 8192.0, 4}, {"cos(X)", -8.0, 8.0, 4},
+        {"cos(X)", -8192.0, 8192.0, 4}, {"tan(X)", -1.5, 1.5, 4}, {"tan(X)", 3.0, 4.5, 4},
+        {"sigmoid(X)", -40.0, 40.0, 4}, {"erf(X)", -5.0, 5.0, 4}, {"erf(X)", -1.1, 1.1, 4},
+        {"exp2(X)", -120.0, 120.0, 4}, {"log2(X)", 1e-3, 1000.0, 4}, {"exp(X)", -100.0, 85.0, 4},
+        {"tanh(X)", -10.0, 10.0, 32}, {"pow(X, 2)", -30.0, 30.0, 4}, {"pow(X, 7)", -3.0, 3.0, 7},
+        {"pow(X, -3)", 0.25, 8.0, 4}, {"pow(X, 0)", -2.0, 2.0, 4}, {"pow(X, 64)", 0.5, 1.3, 64},
+    };
+    const int S = 1024, D = 8;
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        char x[128], f[160], spec[512];
+        double step = (cases[c].hi - cases[c].lo) / S;
+        snprintf(x, sizeof x, "(%.17g + %.17g * q)", cases[c].lo, step);
+        const char *at = strstr(cases[c].f, "X");
+        snprintf(f, sizeof f, "%.*s%s%s", (int)(at - cases[c].f), cases[c].f, x, at + 1);
+        snprintf(spec, sizeof spec, "attention forward %s { dtype = %s head_dim = %d "
+                 "mask = expr(k == 0) score_mod = expr(%s) }", variant_name,
+                 aj_dtype_name(case_dtype()), D, f);
+        aj_op *op = NULL;
+        aj_kernel *k = compile_spec(cases[c].f, spec, &op);
+        static aj_score_prog prog;
+        if (!k || aj_score_prog_init(ctx, op, &prog) != AJ_OK) {
+            CHECK_MSG(0, "%s: %s", spec, aj_last_error(ctx));
+            aj_kernel_destroy(k);
+            aj_op_destroy(op);
+            continue;
+        }
+        dev_fwd fw;
+        dev_fwd_make(&fw, case_dtype(), 1, 1, S, D);
+        CHECK_STATUS(ctx, aj_forward(ctx, dev, k, &fw.a), AJ_OK);
+        float *lse = malloc((size_t)S * 4);
+        aj_device_copy_from(dev, lse, fw.mem[4], (size_t)S * 4);
+        double worst = 0;
+        int bad = -1;
+        for (int q = 0; q < S; q++) {
+            aj_expr_env env = {.q = q, .sq = S, .sk = S};
+            float want = (float)aj_expr_eval_f64(&prog.e, prog.mod, &env);
+            float ulp = nextafterf(fabsf(want), INFINITY) - fabsf(want);
+            double err = fabs((double)lse[q] - want);
+            if (isinf(want) && lse[q] == want)
+                err = 0;
+            double in_ulp = err / ulp;
+            worst = in_ulp > worst ? in_ulp : worst;
+            if (!(err <= cases[c].ulps * ulp + 0x1p-22) && bad < 0)
+                bad = q;
+        }
+        printf("functions: %-10s on [%g, %g]: worst %.2f ulp\n", cases[c].f, cases[c].lo,
+               cases[c].hi, worst);
+        if (bad >= 0) {
+            aj_expr_env env = {.q = bad, .sq = S, .sk = S};
+            CHECK_MSG(0, "%s at q = %d: %.9g, want %.9g", f, bad, (double)lse[bad],
+                      aj_expr_eval_f64(&prog.e, prog.mod, &env));
+        }
+        free(lse);
+        dev_fwd_free(&fw);
+        aj_kernel_destroy(k);
+        aj_op_destroy(op);
     }
 }
 
@@ -674,6 +754,8 @@ int main(int argc, char **argv)
             test_random(what && i + 1 < argc ? atoi(argv[++i]) : 200);
         if (all || (what && strcmp(what, "builtins") == 0))
             test_builtins();
+        if (all || (what && strcmp(what, "functions") == 0))
+            test_functions();
         if (all || (what && strcmp(what, "classes") == 0)) {
             test_classes();
             test_program_limits();

@@ -6,8 +6,10 @@ into attnjit expressions (docs/ir.md, "Expressions").
     mask_mod(b, h, q_idx, kv_idx) -> bool
 
 The callables run once on symbolic values (_Sym) that record what is done
-to them: Python arithmetic and comparisons, & | ~, abs, torch.where,
-torch.tanh / exp / log / sqrt / floor / abs / clamp / minimum / maximum,
+to them: Python arithmetic and comparisons, & | ^ ~ (logical on bools,
+bitwise on ints), << >>, ** by a constant, abs, torch.where, torch's
+tanh / exp / log / sqrt / sin / cos / tan / sigmoid / exp2 / log2 / erf /
+floor / abs / clamp / minimum / maximum / pow / square / rsqrt / bitwise_*,
 and indexing of tensors they capture (which become side tensors, read by
 name).  Anything else raises attnjit.UnsupportedError naming the operation
 and the function.
@@ -113,11 +115,51 @@ class _Sym:
     def __ge__(self, o): return self._bin(o, ">=", "bool")
     def __eq__(self, o): return self._bin(o, "==", "bool")    # noqa: D105
     def __ne__(self, o): return self._bin(o, "!=", "bool")
-    def __and__(self, o): return self._bin(o, "&&", "bool")
-    def __rand__(self, o): return self._bin(o, "&&", "bool", swap=True)
-    def __or__(self, o): return self._bin(o, "||", "bool")
-    def __ror__(self, o): return self._bin(o, "||", "bool", swap=True)
-    def __invert__(self): return _Sym("(!%s)" % self.text, "bool", self.trace)
+    def _bits(self, other, logical, bitwise, swap=False):
+        """& | ^ as torch reads them: logical on bools, bitwise on ints."""
+        o = _lit(other, self.trace)
+        a, b = (o, self) if swap else (self, o)
+        if a.kind == "bool" and b.kind == "bool":
+            return _Sym("(%s %s %s)" % (a.text, logical, b.text), "bool", self.trace)
+        if a.kind == "int" and b.kind == "int":
+            return _Sym("(%s %s %s)" % (a.text, bitwise, b.text), "int", self.trace)
+        raise _unsupported("'%s' of %s and %s" % (bitwise, a.kind, b.kind), self.trace.fn)
+
+    def __and__(self, o): return self._bits(o, "&&", "&")
+    def __rand__(self, o): return self._bits(o, "&&", "&", swap=True)
+    def __or__(self, o): return self._bits(o, "||", "|")
+    def __ror__(self, o): return self._bits(o, "||", "|", swap=True)
+    def __xor__(self, o): return self._bits(o, "!=", "^")
+    def __rxor__(self, o): return self._bits(o, "!=", "^", swap=True)
+
+    def __invert__(self):
+        return _Sym("(%s%s)" % ("!" if self.kind == "bool" else "~", self.text), self.kind,
+                    self.trace)
+
+    def _shift(self, other, op, swap=False):
+        o = _lit(other, self.trace)
+        a, b = (o, self) if swap else (self, o)
+        if a.kind != "int" or b.kind != "int":
+            raise _unsupported("'%s' of %s and %s" % (op, a.kind, b.kind), self.trace.fn)
+        return _Sym("(%s %s %s)" % (a.text, op, b.text), "int", self.trace)
+
+    def __lshift__(self, o): return self._shift(o, "<<")
+    def __rlshift__(self, o): return self._shift(o, "<<", swap=True)
+    def __rshift__(self, o): return self._shift(o, ">>")
+    def __rrshift__(self, o): return self._shift(o, ">>", swap=True)
+
+    def __pow__(self, e):
+        return _pow(self.trace, self, e)
+
+    def __rpow__(self, base):
+        if isinstance(base, torch.Tensor) and base.dim() == 0:
+            base = base.item()
+        if not isinstance(base, (int, float)) or base <= 0:
+            raise _unsupported("a power with a traced exponent of base %r" % (base,),
+                               self.trace.fn)
+        if base == 2:
+            return _Sym("exp2(%s)" % self.text, "float", self.trace)
+        return _Sym("exp(%s * %r)" % (self.text, math.log(base)), "float", self.trace)
     __hash__ = None
 
     def __bool__(self):
@@ -144,6 +186,26 @@ class _Sym:
         if handler is None:
             raise _unsupported(getattr(func, "__name__", str(func)), trace.fn)
         return handler(trace, *args, **kwargs)
+
+
+def _pow(trace, x, e):
+    """x ** e for a constant e: an int power of an int by products (torch
+    keeps it an int), pow(x, N) otherwise, sqrt for 0.5."""
+    x = _lit(x, trace)
+    if isinstance(e, torch.Tensor) and e.dim() == 0:
+        e = e.item()
+    if isinstance(e, float) and e.is_integer():
+        e = int(e)
+    if isinstance(e, float) and e == 0.5:
+        return _Sym("sqrt(%s)" % x.text, "float", trace)
+    if not isinstance(e, int) or isinstance(e, bool) or abs(e) > 64:
+        raise _unsupported("a power with exponent %r (an int from -64 to 64, or 0.5)" % (e,),
+                           trace.fn)
+    if x.kind == "int" and 0 < e <= 8:
+        return _Sym("(%s)" % " * ".join([x.text] * e), "int", trace)
+    if x.kind == "int" and e == 0:
+        return _Sym("1", "int", trace)
+    return _Sym("pow(%s, %d)" % (x.text, e), "float", trace)
 
 
 def _call(name, kind=None):
@@ -200,26 +262,49 @@ def _binary(op, kind=None):
     return run
 
 
+# float functions of the IR under their torch names (torch.special's too)
+_FLOAT_FNS = {"tanh": "tanh", "exp": "exp", "log": "log", "sqrt": "sqrt", "sin": "sin",
+              "cos": "cos", "tan": "tan", "sigmoid": "sigmoid", "exp2": "exp2",
+              "log2": "log2", "erf": "erf"}
+
 _TORCH = {
     torch.Tensor.__getitem__: _getitem,
     torch.where: _where,
-    torch.tanh: _call("tanh"), torch.Tensor.tanh: _call("tanh"),
-    torch.exp: _call("exp"), torch.Tensor.exp: _call("exp"),
-    torch.log: _call("log"), torch.Tensor.log: _call("log"),
-    torch.sqrt: _call("sqrt"), torch.Tensor.sqrt: _call("sqrt"),
     torch.floor: _call("floor"), torch.Tensor.floor: _call("floor"),
     torch.abs: _call("abs"), torch.Tensor.abs: _call("abs"),
+    torch.pow: lambda trace, x, e: _pow(trace, x, e),
+    torch.Tensor.pow: lambda trace, x, e: _pow(trace, x, e),
+    torch.Tensor.__pow__: lambda trace, x, e: _pow(trace, x, e),
+    torch.square: lambda trace, x: _pow(trace, x, 2),
+    torch.Tensor.square: lambda trace, x: _pow(trace, x, 2),
+    torch.rsqrt: lambda trace, x: _Sym("(1.0 / sqrt(%s))" % _lit(x, trace).text, "float", trace),
+    torch.bitwise_and: lambda trace, a, b: _lit(a, trace) & b,
+    torch.bitwise_or: lambda trace, a, b: _lit(a, trace) | b,
+    torch.bitwise_xor: lambda trace, a, b: _lit(a, trace) ^ b,
+    torch.bitwise_not: lambda trace, x: ~_lit(x, trace),
+    torch.bitwise_left_shift: lambda trace, a, b: _lit(a, trace) << b,
+    torch.bitwise_right_shift: lambda trace, a, b: _lit(a, trace) >> b,
+    torch.Tensor.__lshift__: lambda trace, a, b: _lit(a, trace) << b,
+    torch.Tensor.__rshift__: lambda trace, a, b: _lit(a, trace) >> b,
     torch.clamp: _clamp, torch.Tensor.clamp: _clamp,
     torch.minimum: _minmax("min"), torch.maximum: _minmax("max"),
     torch.logical_and: _binary("&&", "bool"), torch.logical_or: _binary("||", "bool"),
+    torch.logical_xor: _binary("!=", "bool"),
     torch.logical_not: lambda trace, x: ~_lit(x, trace),
     torch.eq: _binary("==", "bool"), torch.ne: _binary("!=", "bool"),
     torch.lt: _binary("<", "bool"), torch.le: _binary("<=", "bool"),
     torch.gt: _binary(">", "bool"), torch.ge: _binary(">=", "bool"),
-    torch.Tensor.__and__: _binary("&&", "bool"), torch.Tensor.__or__: _binary("||", "bool"),
-    torch.Tensor.__rand__: lambda trace, a, b: _lit(b, trace)._bin(a, "&&", "bool"),
-    torch.Tensor.__ror__: lambda trace, a, b: _lit(b, trace)._bin(a, "||", "bool"),
+    torch.Tensor.__and__: lambda trace, a, b: _lit(a, trace) & b,
+    torch.Tensor.__or__: lambda trace, a, b: _lit(a, trace) | b,
+    torch.Tensor.__xor__: lambda trace, a, b: _lit(a, trace) ^ b,
+    torch.Tensor.__rand__: lambda trace, a, b: _lit(b, trace) & a,
+    torch.Tensor.__ror__: lambda trace, a, b: _lit(b, trace) | a,
 }
+for _name, _ir in _FLOAT_FNS.items():
+    for _owner in (torch, torch.Tensor, torch.special):
+        if hasattr(_owner, _name):
+            _TORCH[getattr(_owner, _name)] = _call(_ir, "float")
+_TORCH[torch.special.expit] = _call("sigmoid", "float")
 
 
 def _trace(fn, names, want):
