@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "attnjit/attnjit.h"
+#include "timing.h"
 
 typedef struct bench_int_option {
     const char *name;   /* "--heads" */
@@ -43,6 +44,46 @@ static inline bool bench_open(aj_device_kind kind, const char *prog, aj_ctx **ct
         return true;
     fprintf(stderr, "%s: %s\n", prog, aj_last_error(*ctx));
     return false;
+}
+
+/* One full compile of spec text (parse, verify, build, optimise, emit),
+ * the cache bypassed: its wall ms, or -1 with "prog: error" on stderr.
+ * The kernel's stage times are added to *stages (NULL: not kept); the
+ * kernel goes to *keep (NULL: destroyed). */
+static inline double bench_compile_once(aj_ctx *ctx, const char *prog, const char *name,
+                                        const char *text, size_t len, aj_target target,
+                                        int opt_level, aj_compile_stats *stages, aj_kernel **keep)
+{
+    double t0 = now_ms();
+    aj_op *op = NULL;
+    aj_kernel *k = NULL;
+    aj_compile_options opt = AJ_COMPILE_OPTIONS_INIT;
+    opt.target = target;
+    opt.opt_level = opt_level;
+    opt.bypass_cache = true;   /* every repeat is a real compile */
+    aj_status st = aj_op_parse(ctx, text, len, name, &op);
+    if (st == AJ_OK)
+        st = aj_compile(ctx, op, &opt, &k);
+    double t1 = now_ms();
+    aj_op_destroy(op);
+    if (st != AJ_OK) {
+        fprintf(stderr, "%s: %s: %s\n", prog, name, aj_last_error(ctx));
+        return -1;
+    }
+    if (stages) {
+        aj_compile_stats cs;
+        aj_kernel_compile_stats(k, &cs);
+        stages->build_ms += cs.build_ms;
+        stages->verify_ms += cs.verify_ms;
+        stages->optimize_ms += cs.optimize_ms;
+        stages->emit_ms += cs.emit_ms;
+        stages->ir_instructions = cs.ir_instructions;
+    }
+    if (keep)
+        *keep = k;
+    else
+        aj_kernel_destroy(k);
+    return t1 - t0;
 }
 
 #endif /* AJ_BENCH_COMMON_H */

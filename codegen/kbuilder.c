@@ -36,23 +36,32 @@ aj_status aj_kb_init(aj_kb *kb, aj_ctx *ctx, LLVMContextRef llctx,
 
 void *aj_kb_scratch(aj_kb *kb, size_t bytes)
 {
-    if (kb->num_scratch == kb->cap_scratch) {
-        int cap = kb->cap_scratch ? 2 * kb->cap_scratch : 4;
-        void **grown = realloc(kb->scratch, (size_t)cap * sizeof *grown);
-        if (!grown) {
-            aj_kb_fail(kb, AJ_ERR_OUT_OF_MEMORY, "out of memory building the kernel");
-            return NULL;
-        }
-        kb->scratch = grown;
-        kb->cap_scratch = cap;
-    }
     void *p = calloc(1, bytes);
     if (!p) {
         aj_kb_fail(kb, AJ_ERR_OUT_OF_MEMORY, "out of memory building the kernel");
         return NULL;
     }
-    kb->scratch[kb->num_scratch++] = p;
+    if (!aj_kb_adopt(kb, p)) {
+        free(p);
+        return NULL;
+    }
     return p;
+}
+
+bool aj_kb_adopt(aj_kb *kb, void *p)
+{
+    if (kb->num_scratch == kb->cap_scratch) {
+        int cap = kb->cap_scratch ? 2 * kb->cap_scratch : 4;
+        void **grown = realloc(kb->scratch, (size_t)cap * sizeof *grown);
+        if (!grown) {
+            aj_kb_fail(kb, AJ_ERR_OUT_OF_MEMORY, "out of memory building the kernel");
+            return false;
+        }
+        kb->scratch = grown;
+        kb->cap_scratch = cap;
+    }
+    kb->scratch[kb->num_scratch++] = p;
+    return true;
 }
 
 void aj_kb_dispose(aj_kb *kb)

@@ -144,6 +144,9 @@ void aj_kb_dispose(aj_kb *kb);
  * a stack), owned by the builder and freed by aj_kb_dispose; NULL when out
  * of memory, the builder then failed. */
 void *aj_kb_scratch(aj_kb *kb, size_t bytes);
+/* Frees malloc'ed p with the builder's scratch; false (the builder
+ * failed, p not taken) when out of memory. */
+bool aj_kb_adopt(aj_kb *kb, void *p);
 
 /* Records the first failure and returns it. */
 aj_status aj_kb_fail(aj_kb *kb, aj_status st, const char *fmt, ...)

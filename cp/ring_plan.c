@@ -302,6 +302,7 @@ static aj_status plan_side(ring_plan *p, const aj_side_tensor *side, int32_t num
 
 void aj_ring_plan_free(ring_plan *p)
 {
+    aj_score_prog_free(&p->prog);
     for (int t = 0; t < AJ_OP_TENSORS_MAX + 1; t++)
         free(p->host_mem[t]);
     free(p->cache);

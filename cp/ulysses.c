@@ -618,6 +618,7 @@ static aj_status finish(uly_call *c, aj_device *dev, aj_status st, aj_ring_stats
         aj_device_host_free(dev, c->t[i].heads);
     }
     aj_kernel_destroy(c->kernel);
+    aj_score_prog_free(&c->p.prog);
     free(c->p.len_q);
     free(c->p.runs_q);
     free(c->p.runs_k);

@@ -13,6 +13,7 @@
 #include <assert.h>
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* ---------------------------------------------------------------- tables */
@@ -228,6 +229,58 @@ static bool arena_full(const aj_expr *e, char *msg, size_t cap)
     return true;
 }
 
+/* Room for `more` nodes: an arena that has less grows to its full
+ * AJ_EXPR_NODES_MAX at once (so no later append moves it); the limit
+ * itself is arena_full's to report. */
+static bool reserve(aj_expr *e, int more, char *msg, size_t cap)
+{
+    if (e->cap == AJ_EXPR_NODES_MAX || e->count + more <= e->cap)
+        return true;
+    aj_expr_node *grown = realloc(e->nodes, AJ_EXPR_NODES_MAX * sizeof *grown);
+    if (!grown) {
+        snprintf(msg, cap, "out of memory for the expression's nodes");
+        return false;
+    }
+    e->nodes = grown;
+    e->cap = AJ_EXPR_NODES_MAX;
+    return true;
+}
+
+void aj_expr_free(aj_expr *e)
+{
+    free(e->nodes);
+    e->nodes = NULL;
+    e->count = e->cap = 0;
+}
+
+void aj_expr_compact(aj_expr *e)
+{
+    if (e->cap == e->count)
+        return;
+    if (e->count == 0) {
+        aj_expr_free(e);
+        return;
+    }
+    aj_expr_node *fit = realloc(e->nodes, (size_t)e->count * sizeof *fit);
+    if (fit) {
+        e->nodes = fit;
+        e->cap = e->count;
+    }
+}
+
+bool aj_expr_clone(aj_expr *dst, const aj_expr *src)
+{
+    *dst = (aj_expr){ .shared = src->shared };
+    if (src->count == 0)
+        return true;
+    dst->nodes = malloc((size_t)src->count * sizeof *dst->nodes);
+    if (!dst->nodes)
+        return false;
+    memcpy(dst->nodes, src->nodes, (size_t)src->count * sizeof *dst->nodes);
+    dst->count = dst->cap = src->count;
+    return true;
+}
+
 static uint16_t append(aj_expr *e, aj_expr_node node)
 {
     e->nodes[e->count] = node;
@@ -243,16 +296,7 @@ static void lit_to_float(aj_expr_node *lit)
 
 int aj_expr_depth(const aj_expr *e, uint16_t root)
 {
-    const aj_expr_node *n = &e->nodes[root];
-    int arity = aj_expr_arity(n);
-    int deepest = 0;
-
-    for (int i = 0; i < arity; i++) {
-        int d = aj_expr_depth(e, n->args[i]);
-        deepest = d > deepest ? d : deepest;
-    }
-    /* A TO_FLOAT is not written, so it does not count as a level. */
-    return deepest + (aj_expr_ops[n->op].form == AJ_FORM_HIDDEN ? 0 : 1);
+    return e->nodes[root].depth;
 }
 
 /* Replaces the node `id`, whose operands are all literals, by its value
@@ -263,7 +307,7 @@ static uint16_t fold(aj_expr *e, uint16_t id, int n)
 {
     aj_expr_node *node = &e->nodes[id];
     const aj_expr_env env = { 0 };
-    aj_expr_node lit = { .op = AJ_EXPR_LIT, .type = node->type };
+    aj_expr_node lit = { .op = AJ_EXPR_LIT, .type = node->type, .depth = 1 };
     aj_expr_scalar v;
     uint16_t lowest = id;
 
@@ -312,6 +356,10 @@ bool aj_expr_add(aj_expr *e, const aj_expr_scope *scope, aj_expr_op op,
                  arity, arity == 1 ? "" : "s", n);
         return false;
     }
+    /* every node this add may append (a conversion per operand, the node)
+     * has its slot before any pointer into the arena is taken */
+    if (!reserve(e, n + 1, msg, cap))
+        return false;
     for (int i = 0; i < n; i++) {
         ids[i] = args[i];
         types[i] = (aj_expr_type)e->nodes[args[i]].type;
@@ -339,10 +387,11 @@ bool aj_expr_add(aj_expr *e, const aj_expr_scope *scope, aj_expr_op op,
             return false;
         ids[i] = append(e, (aj_expr_node){
             .op = AJ_EXPR_TO_FLOAT, .type = AJ_EXPR_FLOAT,
-            .args = { ids[i], AJ_EXPR_NONE, AJ_EXPR_NONE, AJ_EXPR_NONE } });
+            .args = { ids[i], AJ_EXPR_NONE, AJ_EXPR_NONE, AJ_EXPR_NONE },
+            .depth = e->nodes[ids[i]].depth });
     }
     for (int i = 0; i < n; i++) {
-        int d = aj_expr_depth(e, ids[i]);
+        int d = e->nodes[ids[i]].depth;
         depth = d > depth ? d : depth;
     }
     if (depth + 1 > AJ_EXPR_DEPTH_MAX) {
@@ -355,6 +404,7 @@ bool aj_expr_add(aj_expr *e, const aj_expr_scope *scope, aj_expr_op op,
     if (leaf)
         node.u = leaf->u;
     node.type = (uint8_t)result;
+    node.depth = (uint16_t)(depth + (aj_expr_ops[op].form == AJ_FORM_HIDDEN ? 0 : 1));
     for (int i = 0; i < AJ_EXPR_RANK_MAX; i++)
         node.args[i] = i < n ? ids[i] : AJ_EXPR_NONE;
     *out = append(e, node);
@@ -387,7 +437,9 @@ static int tree_size(const aj_expr *e, uint16_t id)
 bool aj_expr_copy(aj_expr *dst, const aj_expr *src, uint16_t root,
                   uint16_t *out)
 {
-    if (dst->count + tree_size(src, root) > AJ_EXPR_NODES_MAX)
+    char msg[64];
+    int size = tree_size(src, root);
+    if (dst->count + size > AJ_EXPR_NODES_MAX || !reserve(dst, size, msg, sizeof msg))
         return false;
     *out = copy_node(dst, src, root);
     return true;
@@ -395,89 +447,110 @@ bool aj_expr_copy(aj_expr *dst, const aj_expr *src, uint16_t root,
 
 /* ---------------------------------------------------------------- check */
 
-typedef struct checker {
-    const aj_expr *e;
-    const aj_expr_scope *scope;
-    char *msg;
-    size_t cap;
-} checker;
-
-static bool check_node(const checker *c, uint16_t id, uint16_t user)
+/* Checks node id, whose operands (below it) have passed with depths in
+ * depth[]; returns its tree's depth, 0 on an error (in msg). */
+static int check_node(const aj_expr *e, const aj_expr_scope *scope, const uint16_t *depth,
+                      uint16_t id, char *msg, size_t cap)
 {
-    const aj_expr_node *n;
+    const aj_expr_node *n = &e->nodes[id];
     aj_expr_type types[AJ_EXPR_RANK_MAX] = { 0 }, want[AJ_EXPR_RANK_MAX];
     aj_expr_type result;
-    int arity;
+    int arity, d = 0;
 
-    if (id >= c->e->count || id >= user) {
-        snprintf(c->msg, c->cap, "node %d is out of order (want below %d "
-                 "and %d)", (int)id, (int)user, (int)c->e->count);
-        return false;
-    }
-    n = &c->e->nodes[id];
     if (n->op >= AJ_EXPR_OP_COUNT || n->type >= AJ_EXPR_TYPE_COUNT) {
-        snprintf(c->msg, c->cap, "node %d has op %d and type %d, out of "
-                 "range", (int)id, n->op, n->type);
-        return false;
+        snprintf(msg, cap, "node %d has op %d and type %d, out of range", (int)id, n->op,
+                 n->type);
+        return 0;
     }
     if ((n->op == AJ_EXPR_VAR && (n->u.var < 0 || n->u.var >= AJ_VAR_COUNT)) ||
-        (n->op == AJ_EXPR_LOAD &&
-         (n->u.tensor < 0 || n->u.tensor >= c->scope->count)) ||
-        (n->op == AJ_EXPR_LIT && n->type == AJ_EXPR_BOOL && n->u.i != 0 &&
-         n->u.i != 1)) {
-        snprintf(c->msg, c->cap, "node %d has a bad variable, tensor or "
-                 "literal", (int)id);
-        return false;
+        (n->op == AJ_EXPR_LOAD && (n->u.tensor < 0 || n->u.tensor >= scope->count)) ||
+        (n->op == AJ_EXPR_LIT && n->type == AJ_EXPR_BOOL && n->u.i != 0 && n->u.i != 1)) {
+        snprintf(msg, cap, "node %d has a bad variable, tensor or literal", (int)id);
+        return 0;
     }
     arity = aj_expr_arity(n);
-    if (n->op == AJ_EXPR_LOAD && arity != c->scope->tensors[n->u.tensor].rank) {
-        snprintf(c->msg, c->cap, "node %d loads '%s' with %d indices, want "
-                 "%d", (int)id, c->scope->tensors[n->u.tensor].name, arity,
-                 (int)c->scope->tensors[n->u.tensor].rank);
-        return false;
+    if (n->op == AJ_EXPR_LOAD && arity != scope->tensors[n->u.tensor].rank) {
+        snprintf(msg, cap, "node %d loads '%s' with %d indices, want %d", (int)id,
+                 scope->tensors[n->u.tensor].name, arity, (int)scope->tensors[n->u.tensor].rank);
+        return 0;
     }
     for (int i = 0; i < arity; i++) {
-        if (!check_node(c, n->args[i], id))
-            return false;
-        types[i] = (aj_expr_type)c->e->nodes[n->args[i]].type;
+        d = depth[n->args[i]] > d ? depth[n->args[i]] : d;
+        types[i] = (aj_expr_type)e->nodes[n->args[i]].type;
     }
-    if (!rule_types((aj_expr_op)n->op, types, arity, n, c->scope, &result,
-                    want, c->msg, c->cap))
-        return false;
-    if (n->op == AJ_EXPR_POW && !pow_exponent_ok(c->e, n->args[1], c->msg, c->cap))
-        return false;
+    if (!rule_types((aj_expr_op)n->op, types, arity, n, scope, &result, want, msg, cap))
+        return 0;
+    if (n->op == AJ_EXPR_POW && !pow_exponent_ok(e, n->args[1], msg, cap))
+        return 0;
     for (int i = 0; i < arity; i++) {
         if (want[i] != types[i]) {
-            snprintf(c->msg, c->cap, "node %d: operand %d is %s, want %s",
-                     (int)id, i + 1, aj_expr_type_names[types[i]],
-                     aj_expr_type_names[want[i]]);
-            return false;
+            snprintf(msg, cap, "node %d: operand %d is %s, want %s", (int)id, i + 1,
+                     aj_expr_type_names[types[i]], aj_expr_type_names[want[i]]);
+            return 0;
         }
     }
     if (result != n->type) {
-        snprintf(c->msg, c->cap, "node %d is typed %s, want %s", (int)id,
+        snprintf(msg, cap, "node %d is typed %s, want %s", (int)id,
                  aj_expr_type_names[n->type], aj_expr_type_names[result]);
-        return false;
+        return 0;
     }
-    return true;
+    d += aj_expr_ops[n->op].form == AJ_FORM_HIDDEN ? 0 : 1;
+    return d > AJ_EXPR_DEPTH_MAX ? AJ_EXPR_DEPTH_MAX + 1 : d;   /* no count wraps */
 }
 
+/*
+ * Without recursion (an arena poked into by hand may be deep, or share
+ * nodes): one pass from the root down marks the tree's nodes and checks
+ * that every operand id lies below its user's; one pass up checks each
+ * marked node over its checked operands.
+ */
 bool aj_expr_check(const aj_expr *e, uint16_t root, const aj_expr_scope *scope,
                    aj_expr_type want, const char *what, char *msg, size_t cap)
 {
     char why[160];
-    const checker c = { e, scope, why, sizeof why };
+    int d = 0;
 
-    if (e->count > AJ_EXPR_NODES_MAX) {
-        snprintf(msg, cap, "%s expression: %d nodes, more than %d", what,
-                 (int)e->count, AJ_EXPR_NODES_MAX);
+    if (e->count > AJ_EXPR_NODES_MAX || e->count > e->cap || root >= e->count) {
+        snprintf(msg, cap, "%s expression: %d nodes (room for %d, at most %d), root %d",
+                 what, (int)e->count, (int)e->cap, AJ_EXPR_NODES_MAX, (int)root);
         return false;
     }
-    if (!check_node(&c, root, AJ_EXPR_NONE)) {
+    uint16_t *depth = calloc(e->count, sizeof *depth);
+    if (!depth) {
+        snprintf(msg, cap, "%s expression: out of memory", what);
+        return false;
+    }
+    depth[root] = 1;   /* marked */
+    for (int id = root; id >= 0 && d == 0; id--) {
+        if (!depth[id])
+            continue;
+        const aj_expr_node *n = &e->nodes[id];
+        int arity = n->op < AJ_EXPR_OP_COUNT ? aj_expr_arity(n) : 0;
+        for (int i = 0; i < arity; i++) {
+            if (n->args[i] >= id) {
+                snprintf(why, sizeof why, "node %d is out of order (want below %d)",
+                         (int)n->args[i], id);
+                d = -1;
+                break;
+            }
+            depth[n->args[i]] = 1;
+        }
+    }
+    for (int id = 0; id <= root && d == 0; id++) {
+        if (!depth[id])
+            continue;
+        depth[id] = (uint16_t)check_node(e, scope, depth, (uint16_t)id, why, sizeof why);
+        if (!depth[id])
+            d = -1;
+    }
+    if (d == 0)
+        d = depth[root];
+    free(depth);
+    if (d < 0) {
         snprintf(msg, cap, "%s expression: %s", what, why);
         return false;
     }
-    if (aj_expr_depth(e, root) > AJ_EXPR_DEPTH_MAX) {
+    if (d > AJ_EXPR_DEPTH_MAX) {
         snprintf(msg, cap, "%s expression nests deeper than %d levels", what,
                  AJ_EXPR_DEPTH_MAX);
         return false;

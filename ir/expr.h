@@ -2,9 +2,10 @@
  * expr.h -- expressions of the op: `mask = expr(E)`, `score_mod = expr(E)`
  * and the side tensors they read (`tensors = (doc: i32[2])`).
  *
- * An op holds its expressions in one arena of nodes (aj_expr, a fixed array
- * inside the op, so the op stays a value that memcpy copies).  Nodes refer
- * to their operands by small integer ids into that array; an operand's id
+ * An op holds its expressions in one arena of nodes (aj_expr: a heap array
+ * the op owns, so an op of a few nodes stays small; copying an op shares
+ * the array until a setter replaces it, and aj_op_clone copies it).  Nodes
+ * refer to their operands by small integer ids into that array; an operand's id
  * is always smaller than its user's, so the arena is a topologically sorted
  * forest and a walk from a root never loops.  The op keeps one root per
  * expression field (aj_mask_spec.root, aj_score_mod_spec.root).
@@ -58,11 +59,14 @@
 
 #include "attnjit/attnjit.h"
 
-/* Limits (docs/ir.md): nodes of both expressions of an op together, depth
- * of one expression's tree (and of its parentheses), side tensors per op
- * and the length of a tensor's name. */
-#define AJ_EXPR_NODES_MAX 256
-#define AJ_EXPR_DEPTH_MAX 32
+/* Limits (docs/ir.md): nodes of both expressions of an op together (and
+ * of a score program, derivative included), depth of one expression's
+ * tree, nesting of its parentheses, prefix operators and argument lists
+ * (the parser recurses on those, not on a chain of infix operators), side
+ * tensors per op and the length of a tensor's name. */
+#define AJ_EXPR_NODES_MAX 4096
+#define AJ_EXPR_DEPTH_MAX 256
+#define AJ_EXPR_NEST_MAX 256
 #define AJ_EXPR_TENSORS_MAX AJ_OP_TENSORS_MAX
 #define AJ_EXPR_NAME_MAX AJ_OP_TENSOR_NAME_MAX
 #define AJ_EXPR_RANK_MAX 4
@@ -210,6 +214,9 @@ typedef struct aj_expr_node {
     uint8_t op;
     uint8_t type;
     uint16_t args[AJ_EXPR_RANK_MAX];
+    /* the depth of its tree as aj_expr_add made it (a leaf is 1, a
+     * TO_FLOAT its operand's), so depth checks cost O(1) per node */
+    uint16_t depth;
     union {
         int64_t i;
         double f;
@@ -218,15 +225,28 @@ typedef struct aj_expr_node {
     } u;
 } aj_expr_node;
 
-/* The arena: nodes[0 .. count-1].  `shared` marks an arena whose nodes
- * may be operands of several nodes (a score program, templates/score_prog.c): a
- * fold then never drops the nodes below it and an int literal meeting a
- * float is converted into a new node, not in place. */
+/* The arena: nodes[0 .. count-1] of a heap array of cap nodes (NULL
+ * until the first node: a zeroed aj_expr is an empty arena).  While an
+ * arena is built it holds AJ_EXPR_NODES_MAX slots, so node pointers stay
+ * valid through aj_expr_add; aj_expr_compact gives back the rest when it
+ * is done (the next add grows it back first).  `shared` marks an arena
+ * whose nodes may be operands of several nodes (a score program,
+ * templates/score_prog.c): a fold then never drops the nodes below it and
+ * an int literal meeting a float is converted into a new node, not in
+ * place.  The owner frees it with aj_expr_free. */
 typedef struct aj_expr {
-    uint16_t count;
+    aj_expr_node *nodes;
+    uint16_t count, cap;
     bool shared;
-    aj_expr_node nodes[AJ_EXPR_NODES_MAX];
 } aj_expr;
+
+/* Frees the nodes; e becomes an empty arena (shared kept). */
+void aj_expr_free(aj_expr *e);
+/* Shrinks the array to its count. */
+void aj_expr_compact(aj_expr *e);
+/* dst = a copy of src's nodes (compacted); false when out of memory
+ * (dst then empty).  dst is not freed first. */
+bool aj_expr_clone(aj_expr *dst, const aj_expr *src);
 
 /* How many operands the node has (a LOAD: its indices). */
 int aj_expr_arity(const aj_expr_node *n);
@@ -258,7 +278,7 @@ bool aj_expr_add(aj_expr *e, const aj_expr_scope *scope, aj_expr_op op,
                  uint16_t *out, char *msg, size_t cap);
 
 /* Copies the tree at `root` of src to the end of dst; its new root in
- * *out.  False if dst has no room. */
+ * *out.  False if dst has no room (or no memory). */
 bool aj_expr_copy(aj_expr *dst, const aj_expr *src, uint16_t root,
                   uint16_t *out);
 
@@ -270,7 +290,8 @@ bool aj_expr_copy(aj_expr *dst, const aj_expr *src, uint16_t root,
 bool aj_expr_check(const aj_expr *e, uint16_t root, const aj_expr_scope *scope,
                    aj_expr_type want, const char *what, char *msg, size_t cap);
 
-/* Depth of the tree at `root` (a leaf is 1). */
+/* Depth of the tree at `root` (a leaf is 1), as recorded when it was
+ * made (aj_expr_check recounts a tree it cannot trust). */
 int aj_expr_depth(const aj_expr *e, uint16_t root);
 
 /* Writes the canonical spelling of the tree at `root` (minimal parentheses

@@ -178,6 +178,8 @@ aj_status aj_op_create(aj_ctx *ctx, aj_kind kind, aj_variant variant,
 
 void aj_op_destroy(aj_op *op)
 {
+    if (op)
+        aj_expr_free(&op->expr);
     free(op);
 }
 
@@ -192,6 +194,10 @@ aj_status aj_op_clone(const aj_op *op, aj_op **out)
         return aj_fail(op->ctx, AJ_ERR_OUT_OF_MEMORY,
                        "aj_op_clone: out of memory");
     *copy = *op;
+    if (!aj_expr_clone(&copy->expr, &op->expr)) {
+        free(copy);
+        return aj_fail(op->ctx, AJ_ERR_OUT_OF_MEMORY, "aj_op_clone: out of memory");
+    }
     *out = copy;
     return AJ_OK;
 }
@@ -218,10 +224,20 @@ static aj_status op_fail(aj_op *op, aj_status st, const char *fmt, ...)
     return aj_fail(op->ctx, st, "%s", msg);
 }
 
+/* A candidate that rebuilt its arena (drop_expr) owns it: dropped with
+ * the candidate, or the op's once committed. */
+static void cand_drop(const aj_op *op, aj_op *cand)
+{
+    if (cand->expr.nodes != op->expr.nodes)
+        aj_expr_free(&cand->expr);
+}
+
 /* Checks `field` of the candidate `cand` (a copy of op with the field
- * changed) and commits it to op if it passes.  Every field but dtype,
- * head_dim_v and target is an error on a merge op, whatever its value. */
-static aj_status set_field(aj_op *op, const char *fn, const aj_op *cand,
+ * changed) and commits it to op if it passes (the op's arena replaced by
+ * the candidate's when that is a new one), else drops it.  Every field but
+ * dtype, head_dim_v and target is an error on a merge op, whatever its
+ * value. */
+static aj_status set_field(aj_op *op, const char *fn, aj_op *cand,
                            aj_field field)
 {
     char msg[sizeof op->sticky_msg];
@@ -233,8 +249,14 @@ static aj_status set_field(aj_op *op, const char *fn, const aj_op *cand,
     } else {
         st = aj_op_check_field(cand, field, msg, sizeof msg);
     }
-    if (st != AJ_OK)
+    if (st != AJ_OK) {
+        cand_drop(op, cand);
         return op_fail(op, st, "%s: %s", fn, msg);
+    }
+    if (cand->expr.nodes != op->expr.nodes) {
+        aj_expr_free(&op->expr);
+        aj_expr_compact(&cand->expr);
+    }
     *op = *cand;
     return AJ_OK;
 }
@@ -298,32 +320,34 @@ aj_status aj_op_set_head_dims(aj_op *op, int32_t head_dim, int32_t head_dim_v)
     return set_field(op, __func__, &cand, AJ_FIELD_HEAD_DIM_V);
 }
 
-/* Rebuilds cand's arena with only the tree of the expression field that
+/* Gives cand a new arena with only the tree of the expression field that
  * is not `field` (which is being replaced), so replaced expressions leave
- * no nodes behind. */
-static void drop_expr(aj_op *cand, aj_field field)
+ * no nodes behind; the op's arena, which cand shared, is not touched.
+ * False when out of memory. */
+static bool drop_expr(aj_op *cand, aj_field field)
 {
-    const aj_expr old = cand->expr;
     uint16_t *keep = field == AJ_FIELD_MASK ? &cand->score_mod.root
                                             : &cand->mask.root;
     bool kept = field == AJ_FIELD_MASK
                     ? cand->score_mod.kind == AJ_SCORE_MOD_EXPR
                     : cand->mask.kind == AJ_MASK_EXPR;
+    aj_expr fresh = { 0 };
 
-    bool copied;
-
-    cand->expr.count = 0;
-    /* The kept tree came from this arena, so it fits. */
-    copied = !kept || aj_expr_copy(&cand->expr, &old, *keep, keep);
-    assert(copied);
-    (void)copied;
+    /* The kept tree came from an arena of the same limit, so it fits. */
+    if (kept && !aj_expr_copy(&fresh, &cand->expr, *keep, keep)) {
+        aj_expr_free(&fresh);
+        return false;
+    }
+    cand->expr = fresh;
+    return true;
 }
 
 static aj_status set_mask(aj_op *op, const char *fn, aj_mask_spec mask)
 {
     aj_op cand = *op;
 
-    drop_expr(&cand, AJ_FIELD_MASK);
+    if (!drop_expr(&cand, AJ_FIELD_MASK))
+        return op_fail(op, AJ_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
     cand.mask = mask;
     return set_field(op, fn, &cand, AJ_FIELD_MASK);
 }
@@ -355,7 +379,8 @@ static aj_status set_score_mod(aj_op *op, const char *fn,
 {
     aj_op cand = *op;
 
-    drop_expr(&cand, AJ_FIELD_SCORE_MOD);
+    if (!drop_expr(&cand, AJ_FIELD_SCORE_MOD))
+        return op_fail(op, AJ_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
     cand.score_mod = score_mod;
     return set_field(op, fn, &cand, AJ_FIELD_SCORE_MOD);
 }
@@ -378,11 +403,14 @@ static aj_status set_expr(aj_op *op, const char *fn, aj_field field,
         return op_fail(op, AJ_ERR_VERIFY, "%s: %s", fn, msg);
     }
     cand = *op;
-    drop_expr(&cand, field);
+    if (!drop_expr(&cand, field))
+        return op_fail(op, AJ_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
     st = aj_expr_parse(&cand, score_mod, text, strlen(text), &root, msg,
                        sizeof msg);
-    if (st != AJ_OK)
+    if (st != AJ_OK) {
+        cand_drop(op, &cand);
         return op_fail(op, st, "%s: %s", fn, msg);
+    }
     if (score_mod)
         cand.score_mod = (aj_score_mod_spec){ .kind = AJ_SCORE_MOD_EXPR,
                                               .root = root };

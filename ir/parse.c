@@ -124,6 +124,7 @@ aj_status aj_op_parse(aj_ctx *ctx, const char *text, size_t len,
         aj_op_destroy(p.op);
         return st;
     }
+    aj_expr_compact(&p.op->expr);
     *out = p.op;
     return AJ_OK;
 }
@@ -723,11 +724,11 @@ static aj_status add_node(expr_parser *ep, aj_pos at, aj_expr_op op,
  * argument list) and refuses the one past the limit. */
 static aj_status enter(expr_parser *ep)
 {
-    if (++ep->p->depth <= AJ_EXPR_DEPTH_MAX)
+    if (++ep->p->depth <= AJ_EXPR_NEST_MAX)
         return AJ_OK;
     return fail_at(ep->p, AJ_ERR_VERIFY, ep->p->lx.tok.pos,
                    "the expression nests deeper than %d levels",
-                   AJ_EXPR_DEPTH_MAX);
+                   AJ_EXPR_NEST_MAX);
 }
 
 /* The operator of `form` the current token spells, or AJ_EXPR_OP_COUNT. */

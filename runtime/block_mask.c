@@ -188,6 +188,7 @@ aj_status aj_block_mask_create(aj_ctx *ctx, aj_device *dev, const aj_op *op,
     };
     m->mask_hash = aj_score_mask_hash(prog);
     m->classes = aj_block_mask_tensor(prog, &m->shape, NULL);
+    aj_score_prog_free(prog);
     free(prog);
     m->counts.block_m = m->shape.block_m;
     m->counts.block_n = m->shape.block_n;

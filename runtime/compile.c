@@ -125,6 +125,8 @@ typedef struct launch_plan {
 
 static void plan_destroy(aj_kernel_plan *plan)
 {
+    if (plan)
+        aj_score_prog_free(&((launch_plan *)plan)->prog);
     free(plan);
 }
 
@@ -166,7 +168,7 @@ static aj_status make_plan(aj_ctx *ctx, aj_kernel *k)
     }
     aj_kernel_plan *none = NULL;
     if (st != AJ_OK || !atomic_compare_exchange_strong(&k->plan, &none, &plan->base))
-        free(plan);
+        plan_destroy(&plan->base);
     return st;
 }
 

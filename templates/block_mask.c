@@ -269,11 +269,11 @@ static void build_columns(aj_kb *kb, const aj_op *op, const aj_score_prog *prog,
 static aj_status block_mask_build(aj_kb *kb, const aj_op *op, void *user)
 {
     (void)user;
-    aj_score_prog *prog = aj_kb_scratch(kb, sizeof *prog);   /* large for a stack */
+    const aj_score_prog *prog = NULL;
     aj_score_prog *by_intervals = aj_kb_scratch(kb, sizeof *by_intervals);
-    aj_status st = prog && by_intervals ? aj_score_prog_init(kb->ctx, op, prog) : kb->st;
-    if (st != AJ_OK)
-        return st;
+    aj_status st = by_intervals ? aj_score_prog_scratch(kb, op, &prog) : kb->st;
+    if (st != AJ_OK || !prog)
+        return st != AJ_OK ? st : kb->st;
     /* this kernel makes the classes a bound mask would give: its own
      * first class is the interval rule's */
     *by_intervals = *prog;

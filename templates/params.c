@@ -266,6 +266,7 @@ aj_status aj_op_kernel_params(aj_ctx *ctx, const aj_op *op, aj_target target, in
     AJ_TRY(aj_score_prog_init(ctx, op, &prog));
     *count = aj_params_list(stage == sinks_stage ? AJ_KSIG_SINKS_GRAD : tmpl->stage_sigs[stage],
                             op, &prog, params, cap);
+    aj_score_prog_free(&prog);
 done:
     return st;
 }

@@ -57,7 +57,8 @@
 
 /* Tile classes: aj_tile_class (attnjit.h). */
 
-/* The programs of an op (a value; no pointers into the op). */
+/* The programs of an op (no pointers into the op; its arena and reads
+ * are its own, freed by aj_score_prog_free: a copy by value shares them). */
 typedef struct aj_score_prog {
     aj_expr e;
     /* side tensors the programs read, in load order: the op's declared
@@ -83,8 +84,9 @@ typedef struct aj_score_prog {
     /* the op's learned sinks: their tensor's index in tensors, -1: none
      * (an op with sinks reads h: the kernel takes head_offset) */
     int sinks;
-    /* what each node's tree reads: AJ_SCORE_READS(var) bits, AJ_SCORE_READS_LOAD */
-    uint16_t reads[AJ_EXPR_NODES_MAX];
+    /* what each node's tree reads: AJ_SCORE_READS(var) bits,
+     * AJ_SCORE_READS_LOAD; e.count of them (owned, as e's nodes) */
+    uint16_t *reads;
     /* the pipeline's constants (aj_score_compose): q.k's scale, dropout's p */
     double scale, dropout;
 } aj_score_prog;
@@ -94,8 +96,14 @@ typedef struct aj_score_prog {
 #define AJ_SCORE_READS_POSITION (AJ_SCORE_READS(AJ_VAR_Q) | AJ_SCORE_READS(AJ_VAR_K))
 
 /* Builds the programs of `op` (verified).  AJ_ERR_UNSUPPORTED when the
- * derivative does not fit the node arena (the message says so). */
+ * derivative does not fit the node arena (the message says so); on an
+ * error p holds nothing to free. */
 aj_status aj_score_prog_init(aj_ctx *ctx, const aj_op *op, aj_score_prog *p);
+/* Frees what aj_score_prog_init made (p itself is the caller's). */
+void aj_score_prog_free(aj_score_prog *p);
+/* The programs of `op` in the builder's scratch (freed with it); *out
+ * NULL when out of memory. */
+aj_status aj_score_prog_scratch(aj_kb *kb, const aj_op *op, const aj_score_prog **out);
 /* Whether the programs of `op` can be built (aj_score_prog_init's status
  * and message), for a template's check, which keeps none of them. */
 aj_status aj_score_prog_check(aj_ctx *ctx, const aj_op *op);
@@ -145,19 +153,20 @@ typedef struct aj_score {
     LLVMValueRef k_origin;       /* i64: k = k_origin + j */
     LLVMValueRef sq, sk;         /* i64 totals (NULL when unused) */
     LLVMValueRef lo_off, hi_off; /* i32 band offsets, NULL: unbounded */
-    /* the values of the loads that read no position or score (alibi's
-     * slopes[h]), emitted once here (scalar), by node; NULL elsewhere */
-    LLVMValueRef loads[AJ_EXPR_NODES_MAX];
+    /* per node (the program's e.count of each, in the builder's scratch):
+     * the values of the loads that read no position or score (alibi's
+     * slopes[h]), emitted once here (scalar); NULL elsewhere */
+    LLVMValueRef *loads;
     /* the block mask (prog.block_mask): its classes (NULL pointer: none
      * given, classes by interval arithmetic), the (b, h) plane's first
      * element, the row stride and its tile (i64) */
     LLVMValueRef mask_classes, mask_plane, mask_stride_m, mask_bm, mask_bn;
     /* aj_score_fix_rows: the intervals of the nodes that read q but not
      * k over the fixed rows (lo, hi by node; NULL: not fixed) */
-    LLVMValueRef row_lo[AJ_EXPR_NODES_MAX], row_hi[AJ_EXPR_NODES_MAX];
+    LLVMValueRef *row_lo, *row_hi;
     /* aj_score_fix_cols, aj_score_load_cols: the same for the nodes that
      * read k but not q over the fixed keys */
-    LLVMValueRef col_lo[AJ_EXPR_NODES_MAX], col_hi[AJ_EXPR_NODES_MAX];
+    LLVMValueRef *col_lo, *col_hi;
     /* the emitters of the score module's calls (too large for a stack),
      * one per kind of call, made on first use in the builder's scratch
      * (score_internal.h) */

@@ -157,26 +157,48 @@ void aj_score_fold_sink(aj_kb *kb, const aj_score_prog *p, LLVMValueRef h,
     *lse = LLVMBuildSelect(b, first, f_lse, *lse, "");
 }
 
-static LLVMValueRef emit_load(emitter *m, const aj_expr_node *n)
+/* The element of each lane (idx: <W x i64> per dim): one masked gather,
+ * lanes outside the tensor masked off and 0, as load_scalar_at's rule.
+ * One instruction per load, not one load and its bounds per lane: a
+ * program of many loads (a rope dot product) stays a small function for
+ * the backend, whose time grows faster than linearly in a block's size. */
+static LLVMValueRef load_lanes(emitter *m, const aj_tensor_decl *d, const LLVMValueRef *idx)
 {
     aj_kb *kb = m->s->kb;
     LLVMBuilderRef b = kb->b;
+    const unsigned w = (unsigned)m->lanes;
+    LLVMValueRef inside = splat(m, LLVMConstInt(kb->t_i1, 1, 0));
+    LLVMValueRef at = splat(m, aj_kb_i64(kb, 0));
+    char name[64];
+    for (int dim = 0; dim < d->rank; dim++) {
+        aj_score_param_name(name, sizeof name, d->name, 's', dim);
+        LLVMValueRef size = splat(m, aj_kb_param(kb, name));
+        aj_score_param_name(name, sizeof name, d->name, 't', dim);
+        LLVMValueRef stride = splat(m, aj_kb_param(kb, name));
+        inside = LLVMBuildAnd(b, inside, LLVMBuildICmp(b, LLVMIntULT, idx[dim], size, ""), "");
+        at = LLVMBuildAdd(b, at, LLVMBuildMul(b, idx[dim], stride, ""), "");
+    }
+    LLVMTypeRef et = d->dtype == AJ_SIDE_I32 ? kb->t_i32 : kb->t_f32;
+    LLVMTypeRef vt = LLVMVectorType(et, w);
+    LLVMValueRef base = aj_kb_param(kb, d->name);
+    LLVMValueRef ptrs = LLVMBuildGEP2(b, et, base, &at, 1, "");
+    const char *gather = "llvm.masked.gather";
+    unsigned id = LLVMLookupIntrinsicID(gather, strlen(gather));
+    LLVMTypeRef over[2] = {vt, LLVMTypeOf(ptrs)};
+    LLVMValueRef fn = LLVMGetIntrinsicDeclaration(kb->mod, id, over, 2);
+    LLVMValueRef args[4] = {ptrs, aj_kb_i32(kb, 4), inside, LLVMConstNull(vt)};
+    LLVMValueRef v = LLVMBuildCall2(b, LLVMIntrinsicGetType(kb->llctx, id, over, 2), fn, args, 4,
+                                    "");
+    return d->dtype == AJ_SIDE_I32 ? LLVMBuildSExt(b, v, lane_type(m, kb->t_i64), "") : v;
+}
+
+static LLVMValueRef emit_load(emitter *m, const aj_expr_node *n)
+{
     const aj_tensor_decl *d = &m->s->p->tensors[n->u.tensor];
     LLVMValueRef idx[AJ_EXPR_RANK_MAX];
     for (int i = 0; i < d->rank; i++)
         idx[i] = aj_score_emit_node(m, n->args[i]);
-    if (!m->lanes)
-        return load_scalar(m, d, idx);
-    /* lane by lane: side tensors are small tables, not streams */
-    LLVMValueRef out = LLVMGetPoison(lane_type(m, n->type == AJ_EXPR_INT ? kb->t_i64
-                                                                         : kb->t_f32));
-    for (int l = 0; l < m->lanes; l++) {
-        LLVMValueRef li = aj_kb_i32(kb, l), one[AJ_EXPR_RANK_MAX];
-        for (int i = 0; i < d->rank; i++)
-            one[i] = LLVMBuildExtractElement(b, idx[i], li, "");
-        out = LLVMBuildInsertElement(b, out, load_scalar(m, d, one), li, "");
-    }
-    return out;
+    return m->lanes ? load_lanes(m, d, idx) : load_scalar(m, d, idx);
 }
 
 /* A cpu_vec.h function on this emission's lanes; a scalar (a uniform
@@ -618,11 +640,20 @@ void aj_score_begin(aj_score *s, aj_kb *kb, const aj_score_prog *p, int lanes, L
     s->k_origin = k_origin;
     s->sq = sq ? sq : aj_kb_i64(kb, 0);
     s->sk = sk ? sk : aj_kb_i64(kb, 0);
+    /* the per-node values, one block (zeroed) in the builder's scratch */
+    size_t count = p->e.count ? (size_t)p->e.count : 1;
+    LLVMValueRef *per_node = aj_kb_scratch(kb, 5 * count * sizeof *per_node);
+    if (!per_node)
+        return;
+    s->loads = per_node;
+    s->row_lo = per_node + count;
+    s->row_hi = per_node + 2 * count;
+    s->col_lo = per_node + 3 * count;
+    s->col_hi = per_node + 4 * count;
     /* the band's bounds read no position: one scalar emission per CTA */
-    emitter *m = score_scratch(s, SLOT_BAND, sizeof *m);
+    emitter *m = score_emitter(s, SLOT_BAND, 0, aj_kb_i32(kb, 0), aj_kb_i32(kb, 0), NULL);
     if (!m)
         return;
-    emitter_init(m, s, 0, aj_kb_i32(kb, 0), aj_kb_i32(kb, 0), NULL);
     LLVMValueRef delta = LLVMBuildSub(kb->b, q_origin, k_origin, "delta");
     if (p->band_hi != NONE)
         s->hi_off = clamp_to_i32(kb, LLVMBuildAdd(kb->b, delta, aj_score_emit_node(m, p->band_hi), ""));
@@ -651,10 +682,9 @@ LLVMValueRef aj_score_mod_value(aj_score *s, LLVMValueRef score, LLVMValueRef i,
 {
     if (s->p->mod == NONE)
         return score;
-    emitter *m = score_scratch(s, SLOT_MOD, sizeof *m);
+    emitter *m = score_emitter(s, SLOT_MOD, s->lanes, i, j, score);
     if (!m)
         return score;
-    emitter_init(m, s, s->lanes, i, j, score);
     return aj_score_emit_node(m, s->p->mod);
 }
 
@@ -662,12 +692,11 @@ LLVMValueRef aj_score_mod_grad(aj_score *s, LLVMValueRef score, LLVMValueRef i, 
                                LLVMValueRef *d)
 {
     aj_kb *kb = s->kb;
-    emitter *m = score_scratch(s, SLOT_GRAD, sizeof *m);
+    emitter *m = score_emitter(s, SLOT_GRAD, s->lanes, i, j, score);
     if (!m) {
         *d = score;
         return score;
     }
-    emitter_init(m, s, s->lanes, i, j, score);
     if (s->p->mod == NONE) {
         *d = splat(m, aj_kb_f32(kb, 1));
         return score;
@@ -679,10 +708,9 @@ LLVMValueRef aj_score_mod_grad(aj_score *s, LLVMValueRef score, LLVMValueRef i, 
 
 LLVMValueRef aj_score_visible_rest(aj_score *s, LLVMValueRef i, LLVMValueRef j)
 {
-    emitter *m = score_scratch(s, SLOT_REST, sizeof *m);
+    emitter *m = score_emitter(s, SLOT_REST, s->lanes, i, j, NULL);
     if (!m)
         return LLVMConstInt(s->kb->t_i1, 1, 0);
-    emitter_init(m, s, s->lanes, i, j, NULL);
     if (s->p->rest == NONE)
         return splat(m, LLVMConstInt(s->kb->t_i1, 1, 0));
     return aj_score_emit_node(m, s->p->rest);
@@ -692,10 +720,9 @@ LLVMValueRef aj_score_visible(aj_score *s, LLVMValueRef i, LLVMValueRef j)
 {
     aj_kb *kb = s->kb;
     LLVMBuilderRef b = kb->b;
-    emitter *m = score_scratch(s, SLOT_VISIBLE, sizeof *m);
+    emitter *m = score_emitter(s, SLOT_VISIBLE, s->lanes, i, j, NULL);
     if (!m)
         return LLVMConstInt(kb->t_i1, 1, 0);
-    emitter_init(m, s, s->lanes, i, j, NULL);
     LLVMValueRef vis = aj_score_visible_rest(s, i, j);
     if (s->hi_off)
         vis = LLVMBuildAnd(b, vis, LLVMBuildICmp(b, LLVMIntSLE, j,

@@ -104,11 +104,11 @@ aj_tile_class aj_score_host_class(const aj_score_prog *p, const aj_side_tensor *
                                   aj_score_cache *cache, int64_t b, int64_t h, int64_t q0,
                                   int64_t q1, int64_t k0, int64_t k1, int64_t sq, int64_t sk)
 {
-    hctx *x = malloc(sizeof *x);   /* large for a stack */
+    hctx *x = malloc(sizeof *x + ival_memo_bytes(p->e.count));   /* large for a stack */
     if (!x)
         return AJ_TILE_PARTIAL;   /* always safe: every element tested */
     ival_ctx *c = &x->c;
-    memset(c->done, 0, (size_t)p->e.count * sizeof c->done[0]);
+    ival_memo_init(c, x + 1, p->e.count);
     c->kb = NULL;
     c->pt = NULL;
     c->p = p;
@@ -166,8 +166,8 @@ typedef struct bounds_walk {
     const aj_score_ranges *r;
     const int64_t (*shapes)[4];
     hctx *x;
-    uint64_t hash[AJ_EXPR_NODES_MAX];   /* every node's, by structure */
-    ival narrowed[AJ_EXPR_NODES_MAX];   /* guarded's scratch */
+    uint64_t *hash;                     /* every node's, by structure */
+    ival *narrowed;                     /* guarded's scratch */
     guard g[GUARDS_MAX];
     int ng;
     char *msg;
@@ -341,10 +341,12 @@ static void walk(bounds_walk *w, uint16_t id)
 bool aj_score_loads_in_bounds(const aj_score_prog *p, const int64_t (*shapes)[4],
                               const aj_score_ranges *r, char *msg, size_t cap)
 {
-    hctx *x = calloc(1, sizeof *x);   /* large for a stack */
+    const int count = p->e.count;
+    hctx *x = calloc(1, sizeof *x + ival_memo_bytes(count));   /* large for a stack */
     if (!x)
         return true;   /* the rule (a read past a tensor is 0) still holds */
     ival_ctx *c = &x->c;
+    ival_memo_init(c, x + 1, count);
     c->p = p;
     /* positions, b, h and every load (no data: the values are unknown) vary */
     c->positional = AJ_SCORE_READS_POSITION | AJ_SCORE_READS(AJ_VAR_B) |
@@ -358,11 +360,14 @@ bool aj_score_loads_in_bounds(const aj_score_prog *p, const int64_t (*shapes)[4]
     c->h = (ival){{.i = r->h0}, {.i = r->h1}};
     x->env = (aj_expr_env){.sq = r->sq, .sk = r->sk};
     bounds_walk *w = calloc(1, sizeof *w);
-    if (!w) {
-        free(x);
+    uint64_t *hash = calloc(count ? count : 1, sizeof *hash);
+    ival *narrowed = calloc(count ? count : 1, sizeof *narrowed);
+    if (!w || !hash || !narrowed) {
+        free(w), free(hash), free(narrowed), free(x);
         return true;
     }
-    *w = (bounds_walk){.p = p, .r = r, .shapes = shapes, .x = x, .msg = msg, .cap = cap};
+    *w = (bounds_walk){.p = p, .r = r, .shapes = shapes, .x = x, .hash = hash,
+                       .narrowed = narrowed, .msg = msg, .cap = cap};
     aj_score_hash_nodes(p, w->hash);
     /* the band's bounds hold wherever a load's value can matter: the
      * score_mod's and the rest's (a hidden key's score is never used) */
@@ -371,7 +376,6 @@ bool aj_score_loads_in_bounds(const aj_score_prog *p, const int64_t (*shapes)[4]
     for (int i = 0; i < 4; i++)
         walk(w, roots[i]);
     bool found = w->found;
-    free(w);
-    free(x);
+    free(w), free(hash), free(narrowed), free(x);
     return !found;
 }

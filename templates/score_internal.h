@@ -45,19 +45,31 @@ typedef struct emitter {
     LLVMValueRef i, j;         /* i32, j maybe <lanes x i32> */
     LLVMValueRef score;        /* f32 or vector, NULL outside score_mod */
     LLVMValueRef *memo;        /* vmemo, or umemo while a uniform node is emitted */
-    LLVMValueRef vmemo[AJ_EXPR_NODES_MAX];
-    LLVMValueRef umemo[AJ_EXPR_NODES_MAX];   /* scalar values of uniform nodes */
+    LLVMValueRef *vmemo;       /* by node: its value (the program's e.count of them) */
+    LLVMValueRef *umemo;       /* scalar values of uniform nodes */
 } emitter;
 
-static inline void emitter_init(emitter *m, aj_score *s, int lanes, LLVMValueRef i, LLVMValueRef j,
-                         LLVMValueRef score)
+/* The bytes of an emitter's memos for programs of `count` nodes. */
+static inline size_t emitter_memo_bytes(int count)
 {
+    return 2 * (size_t)count * sizeof(LLVMValueRef);
+}
+
+/* An emission at (i, j) whose memos are `memos` (emitter_memo_bytes of
+ * the program's node count), all empty. */
+static inline void emitter_init(emitter *m, void *memos, aj_score *s, int lanes, LLVMValueRef i,
+                                LLVMValueRef j, LLVMValueRef score)
+{
+    int count = s->p->e.count;
     memset(m, 0, sizeof *m);
+    memset(memos, 0, emitter_memo_bytes(count));
     m->s = s;
     m->lanes = lanes;
     m->i = i;
     m->j = j;
     m->score = score;
+    m->vmemo = memos;
+    m->umemo = m->vmemo + count;
     m->memo = m->vmemo;
 }
 
@@ -100,9 +112,23 @@ typedef struct ival_ctx {
     ival b, h;
     ival (*point)(struct ival_ctx *c, uint16_t id);   /* a point node's value */
     ival (*load)(struct ival_ctx *c, const aj_expr_node *n, const ival *idx);
-    ival memo[AJ_EXPR_NODES_MAX];
-    bool done[AJ_EXPR_NODES_MAX];
+    ival *memo;                /* by node (the program's e.count of each) */
+    bool *done;
 } ival_ctx;
+
+/* The bytes of an ival_ctx's memo and done for `count` nodes. */
+static inline size_t ival_memo_bytes(int count)
+{
+    return (size_t)count * (sizeof(ival) + sizeof(bool));
+}
+
+/* Points c's memo and done into `mem` (ival_memo_bytes), all not done. */
+static inline void ival_memo_init(ival_ctx *c, void *mem, int count)
+{
+    c->memo = mem;
+    c->done = (bool *)(c->memo + count);
+    memset(c->done, 0, (size_t)count * sizeof(bool));
+}
 
 ival aj_ival_node(ival_ctx *c, uint16_t id);
 
@@ -132,6 +158,17 @@ static inline void *score_scratch(aj_score *s, int slot, size_t bytes)
     if (!s->scratch[slot])
         s->scratch[slot] = aj_kb_scratch(s->kb, bytes);
     return s->scratch[slot];
+}
+
+/* Slot `slot`'s emitter, at (i, j), with its memos after it in the
+ * scratch; NULL when out of memory. */
+static inline emitter *score_emitter(aj_score *s, int slot, int lanes, LLVMValueRef i,
+                                     LLVMValueRef j, LLVMValueRef score)
+{
+    emitter *m = score_scratch(s, slot, sizeof *m + emitter_memo_bytes(s->p->e.count));
+    if (m)
+        emitter_init(m, m + 1, s, lanes, i, j, score);
+    return m;
 }
 
 #endif /* AJ_TEMPLATES_SCORE_INTERNAL_H */

@@ -118,7 +118,7 @@ static aj_status add_field(aj_ctx *ctx, const aj_op *op, bool score_mod, aj_scor
     if (!tmp)
         return aj_fail(ctx, AJ_ERR_OUT_OF_MEMORY, "out of memory");
     *tmp = *op;
-    tmp->expr.count = 0;
+    tmp->expr = (aj_expr){0};   /* its own arena: the op's is not touched */
     if (needs_slopes) {
         aj_tensor_decl *d = &tmp->tensors[tmp->tensor_count++];
         memset(d, 0, sizeof *d);
@@ -138,6 +138,7 @@ static aj_status add_field(aj_ctx *ctx, const aj_op *op, bool score_mod, aj_scor
         *d = tmp->tensors[op->tensor_count];
         snprintf(d->name, sizeof d->name, "alibi_slopes");
     }
+    aj_expr_free(&tmp->expr);
     free(tmp);
     return st;
 }
@@ -455,11 +456,51 @@ aj_status aj_score_prog_check(aj_ctx *ctx, const aj_op *op)
     if (!p)
         return aj_fail(ctx, AJ_ERR_OUT_OF_MEMORY, "out of memory");
     aj_status st = aj_score_prog_init(ctx, op, p);
+    if (st == AJ_OK)
+        aj_score_prog_free(p);
     free(p);
     return st;
 }
 
+aj_status aj_score_prog_scratch(aj_kb *kb, const aj_op *op, const aj_score_prog **out)
+{
+    aj_score_prog *p = aj_kb_scratch(kb, sizeof *p);
+    *out = p;
+    if (!p)
+        return kb->st;
+    aj_status st = aj_score_prog_init(kb->ctx, op, p);
+    if (st != AJ_OK)
+        return st;
+    bool nodes = !p->e.nodes || aj_kb_adopt(kb, p->e.nodes);
+    if (nodes && aj_kb_adopt(kb, p->reads))
+        return AJ_OK;
+    if (!nodes)
+        aj_expr_free(&p->e);
+    free(p->reads);
+    p->e.nodes = NULL, p->reads = NULL;
+    return kb->st;
+}
+
+void aj_score_prog_free(aj_score_prog *p)
+{
+    aj_expr_free(&p->e);
+    free(p->reads);
+    p->reads = NULL;
+}
+
+static aj_status build(aj_ctx *ctx, const aj_op *op, aj_score_prog *p);
+
 aj_status aj_score_prog_init(aj_ctx *ctx, const aj_op *op, aj_score_prog *p)
+{
+    aj_status st = build(ctx, op, p);
+    if (st != AJ_OK)
+        aj_score_prog_free(p);
+    return st;
+}
+
+/* The programs into p, its arena at full size while they are made (node
+ * pointers stay put), compacted after. */
+static aj_status build(aj_ctx *ctx, const aj_op *op, aj_score_prog *p)
 {
     memset(p, 0, sizeof *p);
     p->e.shared = true;
@@ -494,7 +535,12 @@ aj_status aj_score_prog_init(aj_ctx *ctx, const aj_op *op, aj_score_prog *p)
         split_band(&bd, mask);
     if (!bd.ok)
         return aj_fail(ctx, AJ_ERR_UNSUPPORTED, "the score program and its derivative do not "
-                       "fit %d nodes; write a shorter mask or score_mod", AJ_EXPR_NODES_MAX);
+                       "fit %d nodes of depth at most %d; write a shorter mask or score_mod",
+                       AJ_EXPR_NODES_MAX, AJ_EXPR_DEPTH_MAX);
+    aj_expr_compact(&p->e);
+    p->reads = malloc((p->e.count ? p->e.count : 1) * sizeof *p->reads);
+    if (!p->reads)
+        return aj_fail(ctx, AJ_ERR_OUT_OF_MEMORY, "out of memory for the score program");
     mark_reads(p, p->reads);
     uint16_t roots[5] = {p->mod, p->dmod, p->band_lo, p->band_hi, p->rest};
     for (int r = 0; r < 5; r++)
@@ -549,7 +595,9 @@ void aj_score_hash_nodes(const aj_score_prog *p, uint64_t *hs)
 
 uint64_t aj_score_mask_hash(const aj_score_prog *p)
 {
-    uint64_t hs[AJ_EXPR_NODES_MAX];
+    uint64_t *hs = malloc((p->e.count ? p->e.count : 1) * sizeof *hs);
+    if (!hs)   /* no two programs share this: a builder is never taken for another's */
+        return (uint64_t)(uintptr_t)p;
     aj_score_hash_nodes(p, hs);
     uint64_t h = 0xcbf29ce484222325u;
     const uint16_t roots[3] = {p->band_lo, p->band_hi, p->rest};
@@ -561,6 +609,7 @@ uint64_t aj_score_mask_hash(const aj_score_prog *p)
         h = aj_score_mix(aj_score_mix(h, (uint64_t)p->tensors[t].dtype),
                          (uint64_t)p->tensors[t].rank);
     }
+    free(hs);
     return h;
 }
 

@@ -114,6 +114,12 @@ static ival ir_load(ival_ctx *c, const aj_expr_node *n, const ival *idx)
     return (ival){{.v = sel(kb, small, mn, u.lo.v)}, {.v = sel(kb, small, mx, u.hi.v)}};
 }
 
+/* An iemitter and its memos, for programs of `count` nodes. */
+static size_t iemitter_bytes(int count)
+{
+    return sizeof(iemitter) + emitter_memo_bytes(count) + ival_memo_bytes(count);
+}
+
 /* An interval emitter over rows [i0, i1] x keys [j0, j1], holding the
  * fixed rows' intervals (aj_score_fix_rows) where there are some. */
 static void iemitter_init(iemitter *m, aj_score *s, LLVMValueRef i0, LLVMValueRef i1,
@@ -121,9 +127,12 @@ static void iemitter_init(iemitter *m, aj_score *s, LLVMValueRef i0, LLVMValueRe
 {
     aj_kb *kb = s->kb;
     LLVMBuilderRef b = kb->b;
+    int count = s->p->e.count;
     memset(m, 0, sizeof *m);
-    emitter_init(&m->pt, s, 0, aj_kb_i32(kb, 0), aj_kb_i32(kb, 0), NULL);
+    char *memos = (char *)(m + 1);   /* iemitter_bytes: the point memos, the intervals' */
+    emitter_init(&m->pt, memos, s, 0, aj_kb_i32(kb, 0), aj_kb_i32(kb, 0), NULL);
     ival_ctx *c = &m->c;
+    ival_memo_init(c, memos + emitter_memo_bytes(count), count);
     c->kb = kb;
     c->pt = &m->pt;
     c->p = s->p;
@@ -148,7 +157,7 @@ void aj_score_fix_rows(aj_score *s, LLVMValueRef i0, LLVMValueRef i1)
     const aj_score_prog *p = s->p;
     if (p->rest == NONE)
         return;
-    iemitter *m = score_scratch(s, SLOT_FIX_ROWS, sizeof *m);
+    iemitter *m = score_scratch(s, SLOT_FIX_ROWS, iemitter_bytes(s->p->e.count));
     if (!m)
         return;
     iemitter_init(m, s, i0, i1, aj_kb_i32(s->kb, 0), aj_kb_i32(s->kb, 0));
@@ -180,7 +189,7 @@ int aj_score_col_slots(const aj_score_prog *p)
 void aj_score_fix_cols(aj_score *s, LLVMValueRef j0, LLVMValueRef j1)
 {
     const aj_score_prog *p = s->p;
-    iemitter *m = score_scratch(s, SLOT_FIX_COLS, sizeof *m);
+    iemitter *m = score_scratch(s, SLOT_FIX_COLS, iemitter_bytes(s->p->e.count));
     if (!m)
         return;
     iemitter_init(m, s, aj_kb_i32(s->kb, 0), aj_kb_i32(s->kb, 0), j0, j1);
@@ -249,7 +258,7 @@ static void interval_tile_class(aj_score *s, LLVMValueRef i0, LLVMValueRef i1, L
                                 LLVMValueRef j1, LLVMValueRef *skip, LLVMValueRef *full)
 {
     LLVMBuilderRef b = s->kb->b;
-    iemitter *m = score_scratch(s, SLOT_TILE_CLASS, sizeof *m);
+    iemitter *m = score_scratch(s, SLOT_TILE_CLASS, iemitter_bytes(s->p->e.count));
     if (!m) {
         *skip = *full = LLVMConstInt(s->kb->t_i1, 0, 0);
         return;

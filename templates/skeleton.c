@@ -6,10 +6,7 @@
 
 aj_status aj_kctx_programs(aj_kb *kb, const aj_op *op, const aj_score_prog **out)
 {
-    aj_score_prog *prog = aj_kb_scratch(kb, sizeof *prog);
-    aj_status st = prog ? aj_score_prog_init(kb->ctx, op, prog) : kb->st;
-    *out = prog;
-    return st;
+    return aj_score_prog_scratch(kb, op, out);
 }
 
 void aj_kctx_dropout(aj_kctx *k, LLVMValueRef bidx, LLVMValueRef h)

@@ -17,6 +17,7 @@
 #include <time.h>
 
 #include "attnjit/attnjit.h"
+#include "bench_common.h"
 #include "ptxas_util.h"
 #include "timing.h"
 
@@ -35,38 +36,12 @@ static char *read_all(const char *path, size_t *len)
 static aj_compile_stats stage_sum;
 static int opt_level = 2;
 
-/* One full IR-text-to-PTX compile; returns ms, or -1 with a message. */
+/* One full IR-text-to-PTX compile (bench_common.h); returns ms, or -1. */
 static double compile_once(aj_ctx *ctx, const char *name, const char *text, size_t len,
                            aj_target target, aj_kernel **keep)
 {
-    double t0 = now_ms();
-    aj_op *op = NULL;
-    aj_kernel *k = NULL;
-    aj_compile_options opt = AJ_COMPILE_OPTIONS_INIT;
-    opt.target = target;
-    opt.opt_level = opt_level;
-    opt.bypass_cache = true;   /* every repeat is a real compile */
-    aj_status st = aj_op_parse(ctx, text, len, name, &op);
-    if (st == AJ_OK)
-        st = aj_compile(ctx, op, &opt, &k);
-    double t1 = now_ms();
-    aj_op_destroy(op);
-    if (st != AJ_OK) {
-        fprintf(stderr, "bench_compile: %s: %s\n", name, aj_last_error(ctx));
-        return -1;
-    }
-    aj_compile_stats cs;
-    aj_kernel_compile_stats(k, &cs);
-    stage_sum.build_ms += cs.build_ms;
-    stage_sum.verify_ms += cs.verify_ms;
-    stage_sum.optimize_ms += cs.optimize_ms;
-    stage_sum.emit_ms += cs.emit_ms;
-    stage_sum.ir_instructions = cs.ir_instructions;
-    if (keep)
-        *keep = k;
-    else
-        aj_kernel_destroy(k);
-    return t1 - t0;
+    return bench_compile_once(ctx, "bench_compile", name, text, len, target, opt_level,
+                              &stage_sum, keep);
 }
 
 int main(int argc, char **argv)

@@ -132,10 +132,12 @@ static void check_block_mask_builders(aj_ctx *ctx, aj_target target, const char 
         opt.target = target;
         if (op)
             CHECK_STATUS(ctx, aj_compile(ctx, op, &opt, &k), AJ_OK);
-        static aj_score_prog prog;
-        if (k && aj_score_prog_init(ctx, op, &prog) == AJ_OK)
+        aj_score_prog prog;
+        if (k && aj_score_prog_init(ctx, op, &prog) == AJ_OK) {
             CHECK_STATUS(ctx, aj_compile_block_mask(ctx, k, op, aj_score_mask_hash(&prog),
                                                     &builder), AJ_OK);
+            aj_score_prog_free(&prog);
+        }
         if (builder)
             check_kernel(label, builder, target, arch, NULL);
         aj_kernel_destroy(k);

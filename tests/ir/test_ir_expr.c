@@ -20,7 +20,7 @@ static aj_ctx *ctx;
 /* HEAD + body + "}" parsed; NULL (with the error on ctx) on failure. */
 static aj_op *parse_body(const char *body, aj_status *st)
 {
-    char text[8192];
+    static char text[1 << 16];
     aj_op *op = NULL;
 
     snprintf(text, sizeof text, HEAD "%s}\n", body);
@@ -395,46 +395,54 @@ static void nested_mask(char *body, size_t cap, int levels)
     snprintf(body + n, cap - n, "\n");
 }
 
-/* Nesting, node count: stated limits, checked with their messages. */
+/* Nesting, depth, node count: stated limits, checked with their messages. */
 static void test_limits(void)
 {
-    char body[8192];
+    static char body[1 << 15];
     size_t n = 0;
     aj_status st;
     aj_op *op;
 
-    /* 32 levels of parentheses inside expr( ) pass, 33 do not */
-    nested_mask(body, sizeof body, 1 + 32);
+    /* 256 levels of parentheses inside expr( ) pass, 257 do not */
+    nested_mask(body, sizeof body, 1 + AJ_EXPR_NEST_MAX);
     op = parse_body(body, &st);
     CHECK_MSG(st == AJ_OK, "%s", aj_last_error(ctx));
     aj_op_destroy(op);
-    nested_mask(body, sizeof body, 1 + 33);
+    nested_mask(body, sizeof body, 1 + AJ_EXPR_NEST_MAX + 1);
     expect_error(body, AJ_ERR_VERIFY,
-                 "t.aj:4:47: the expression nests deeper than 32 levels");
+                 "t.aj:4:271: the expression nests deeper than 256 levels");
 
-    /* a left-deep chain: its tree is deep without any parentheses */
-    n = (size_t)snprintf(body, sizeof body, "  mask = expr(k");
-    for (int i = 0; i < 32; i++)
-        n += (size_t)snprintf(body + n, sizeof body - n, " + q");
-    snprintf(body + n, sizeof body - n, " > 0)\n");
-    expect_error(body, AJ_ERR_VERIFY,
-                 "t.aj:4:141: the expression nests deeper than 32 levels");
+    /* a left-deep chain: its tree is deep without any parentheses; k, 254
+     * additions and the comparison make depth 256, one more addition puts
+     * the comparison (its '>' at column 16 + 4 * 255 + 1) at 257 */
+    for (int adds = 254; adds <= 255; adds++) {
+        n = (size_t)snprintf(body, sizeof body, "  mask = expr(k");
+        for (int i = 0; i < adds; i++)
+            n += (size_t)snprintf(body + n, sizeof body - n, " + q");
+        snprintf(body + n, sizeof body - n, " > 0)\n");
+        op = parse_body(body, &st);
+        CHECK_MSG(adds == 254 ? st == AJ_OK
+                              : st == AJ_ERR_VERIFY &&
+                                    strcmp(aj_last_error(ctx), "t.aj:4:1037: the expression "
+                                           "nests deeper than 256 levels") == 0,
+                  "%d additions: %s", adds, aj_last_error(ctx));
+        aj_op_destroy(op);
+    }
 
-    /* nodes: a balanced sum of 128 loads d[q] (2 nodes each) and its 127
-     * additions; 64 loads fit */
-    for (int leaves = 64; leaves <= 128; leaves *= 2) {
+    /* nodes: a balanced sum of L loads d[q] (2 nodes each) and its L - 1
+     * additions: 3071 for 1024 loads fit, 6143 for 2048 do not */
+    for (int leaves = 1024; leaves <= 2048; leaves *= 2) {
         n = (size_t)snprintf(body, sizeof body, "  tensors = (d: i32[1])\n  mask = expr(");
         n += balanced_sum(body + n, sizeof body - n, leaves);
         snprintf(body + n, sizeof body - n, " > 0)\n");
         op = parse_body(body, &st);
-        CHECK_MSG(leaves == 64 ? st == AJ_OK
-                               : st == AJ_ERR_VERIFY &&
-                                     strstr(aj_last_error(ctx), "the op's expressions "
-                                            "have more than 256 nodes") != NULL,
+        CHECK_MSG(leaves == 1024 ? st == AJ_OK
+                                 : st == AJ_ERR_VERIFY &&
+                                       strstr(aj_last_error(ctx), "the op's expressions "
+                                              "have more than 4096 nodes") != NULL,
                   "%d loads: %s", leaves, aj_last_error(ctx));
         aj_op_destroy(op);
     }
-    aj_op_destroy(op);
 }
 
 /* ---------------------------------------------------------------- builder */
@@ -587,7 +595,7 @@ static void test_verifier(void)
     op->expr.nodes[3].type = AJ_EXPR_BOOL;
     op->expr.nodes[3].args[0] = 3;
     CHECK(aj_op_check(op, &field, msg, sizeof msg) == AJ_ERR_VERIFY);
-    CHECK_MSG(strcmp(msg, "the mask expression: node 3 is out of order (want below 3 and 4)")
+    CHECK_MSG(strcmp(msg, "the mask expression: node 3 is out of order (want below 3)")
               == 0, "%s", msg);
     op->expr.nodes[3].args[0] = 1;
     op->expr.nodes[1].u.tensor = 1;
@@ -707,7 +715,7 @@ static void test_eval(void)
     expect_value("pow(w[q] * 0.0, 0)", 1.0, 0.0);
     /* shifts by every count: floor(x 2^s), the other way for s < 0 */
     expect_value("q << 2", 20, 0);
-    expect_value("q << 61", (double)(INT64_C(5) << 61), 0);   /* wraps to 2^61 */
+    expect_value("q << 61", (double)(int64_t)(UINT64_C(5) << 61), 0);   /* wraps to 2^61 */
     expect_value("q << 64", 0, 0);
     expect_value("(k - q) >> 1", -2, 0);        /* floor(-3 / 2) */
     expect_value("(k - q) >> 64", -1, 0);

@@ -499,7 +499,7 @@ static void rx_batch_field(const rx_batch *b, char *out, size_t cap)
 static bool rx_batch_fits(aj_ctx *ctx, const char *tensors, const rx_batch *b)
 {
     static char field[33000], spec[68000];
-    static aj_score_prog prog;
+    aj_score_prog prog;
     rx_batch_field(b, field, sizeof field);
     snprintf(spec, sizeof spec, "attention backward efficient { dtype = f16 head_dim = 16 "
              "tensors = %s mask = %s score_mod = %s }", tensors,
@@ -508,6 +508,8 @@ static bool rx_batch_fits(aj_ctx *ctx, const char *tensors, const rx_batch *b)
     if (aj_op_parse(ctx, spec, strlen(spec), "batch", &op) != AJ_OK)
         return false;
     bool fits = aj_score_prog_init(ctx, op, &prog) == AJ_OK;
+    if (fits)
+        aj_score_prog_free(&prog);
     aj_op_destroy(op);
     return fits;
 }

@@ -21,6 +21,8 @@ PREFIX = torch.tensor([7, 19])
 SLOPES = torch.exp2(-torch.arange(1, H + 1) * 8.0 / H)
 REL = torch.randn(H, 2 * S - 1, generator=torch.Generator().manual_seed(3))
 KEEP = torch.rand(S, S, generator=torch.Generator().manual_seed(4)) > 0.3
+QR = torch.randn(H, S, 64, generator=torch.Generator().manual_seed(5)) / 8
+KR = torch.randn(S, 64, generator=torch.Generator().manual_seed(6)) / 8
 
 MASKS = {
     "causal": lambda b, h, q, k: q >= k,
@@ -45,6 +47,9 @@ MODS = {
     "sigmoid_erf": lambda s, b, h, q, k: s * torch.sigmoid(s) + torch.erf(s / 4),
     "powers": lambda s, b, h, q, k: s - 0.01 * (q - k) ** 2 + torch.pow(s, 3) / 50,
     "exp2_log2": lambda s, b, h, q, k: torch.log2(torch.exp2(s / 2) + 1.0) + (q & 1),
+    # issue 33's: a 64-wide rope dot product as in MLA's score (about 640
+    # nodes, a left-deep sum 66 levels deep; 256 nodes and 32 levels before)
+    "rope_dot64": lambda s, b, h, q, k: s + sum(QR[h, q, i] * KR[k, i] for i in range(64)),
 }
 
 
