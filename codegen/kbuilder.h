@@ -33,9 +33,7 @@ enum aj_intrinsic_id {
     AJ_INTR_COUNT
 };
 
-#define AJ_LOG2E 1.44269504088896340736
-#define AJ_LN2 0.693147180559945309417
-#define AJ_2_SQRTPI 1.12837916709551257390   /* 2 / sqrt(pi), erf's slope at 0 */
+/* AJ_LOG2E, AJ_LN2, AJ_2_SQRTPI: ir/dtype.h */
 
 /* Addresses spaces of NVPTX, which the sim target mirrors. */
 enum { AJ_AS_GENERIC = 0, AJ_AS_GLOBAL = 1, AJ_AS_SHARED = 3 };

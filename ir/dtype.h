@@ -1,7 +1,8 @@
 /*
  * dtype.h -- scalar conversions between f32 and the 16-bit float formats,
  * rounding to nearest even (as PTX cvt.rn does).  One implementation for
- * the emulator, the CLI and the tests.
+ * the emulator, the CLI and the tests.  And the constants of the numerics
+ * the kernels and the expression interpreter share.
  */
 #ifndef AJ_IR_DTYPE_H
 #define AJ_IR_DTYPE_H
@@ -10,6 +11,10 @@
 #include <stdint.h>
 
 #include "attnjit/attnjit.h"
+
+#define AJ_LOG2E 1.44269504088896340736
+#define AJ_LN2 0.693147180559945309417
+#define AJ_2_SQRTPI 1.12837916709551257390   /* 2 / sqrt(pi), erf's slope at 0 */
 
 float aj_f16_to_f32(uint16_t h);
 uint16_t aj_f32_to_f16(float f);

@@ -11,8 +11,7 @@
 
 #include <math.h>
 
-#define EVAL_LN2 0.693147180559945309417232121458176568
-#define EVAL_2_SQRTPI 1.12837916709551257389615890312154517   /* 2 / sqrt(pi) */
+#include "ir/dtype.h"
 
 typedef struct dual {
     aj_expr_scalar v;
@@ -197,9 +196,9 @@ static dual eval_float(const aj_expr_node *n, const dual *x)
     }
     case AJ_EXPR_EXP2: {
         float v = (float)exp2(a);
-        return num(v, v * EVAL_LN2 * da);
+        return num(v, v * AJ_LN2 * da);
     }
-    case AJ_EXPR_LOG2: return num((float)log2(a), da / (a * EVAL_LN2));
+    case AJ_EXPR_LOG2: return num((float)log2(a), da / (a * AJ_LN2));
     case AJ_EXPR_SIN:  return num((float)sin(a), cos(a) * da);
     case AJ_EXPR_COS:  return num((float)cos(a), -sin(a) * da);
     case AJ_EXPR_TAN: {
@@ -211,7 +210,7 @@ static dual eval_float(const aj_expr_node *n, const dual *x)
         return num(s, (double)s * (1.0 - s) * da);
     }
     case AJ_EXPR_ERF:
-        return num((float)erf(a), EVAL_2_SQRTPI * exp(-(double)a * a) * da);
+        return num((float)erf(a), AJ_2_SQRTPI * exp(-(double)a * a) * da);
     case AJ_EXPR_POW: {
         /* N multiplications: exact in double up to the last rounding for
          * any f32 x and |N| <= AJ_EXPR_POW_MAX but for under- and overflow */

@@ -60,20 +60,33 @@ LLVMValueRef aj_score_floor_divmod(emitter *m, LLVMValueRef x, LLVMValueRef y, i
 /* A side tensor's element at integer indices (scalar); 0 outside it.  The
  * index is clamped to element 0 before the load, so an out-of-range index
  * never touches memory past the tensor (the launch refuses empty ones). */
-static LLVMValueRef load_scalar_at(aj_kb *kb, const aj_tensor_decl *d, const LLVMValueRef *idx)
+/* Where indices idx (i64, or <lanes x i64>) fall in side tensor d: *at
+ * the element's offset (elements) and *inside whether every index lies
+ * within its size, from the tensor's size and stride parameters. */
+static void element_at(aj_kb *kb, const aj_tensor_decl *d, const LLVMValueRef *idx, int lanes,
+                       LLVMValueRef *inside, LLVMValueRef *at)
 {
     LLVMBuilderRef b = kb->b;
-    LLVMValueRef inside = LLVMConstInt(kb->t_i1, 1, 0);
-    LLVMValueRef at = aj_kb_i64(kb, 0);
+#define LANES(v) (lanes ? aj_cv_splat(kb, (v), lanes) : (v))
+    *inside = LANES(LLVMConstInt(kb->t_i1, 1, 0));
+    *at = LANES(aj_kb_i64(kb, 0));
     char name[64];
     for (int dim = 0; dim < d->rank; dim++) {
         aj_score_param_name(name, sizeof name, d->name, 's', dim);
-        LLVMValueRef size = aj_kb_param(kb, name);
+        LLVMValueRef size = LANES(aj_kb_param(kb, name));
         aj_score_param_name(name, sizeof name, d->name, 't', dim);
-        LLVMValueRef stride = aj_kb_param(kb, name);
-        inside = LLVMBuildAnd(b, inside, LLVMBuildICmp(b, LLVMIntULT, idx[dim], size, ""), "");
-        at = LLVMBuildAdd(b, at, LLVMBuildMul(b, idx[dim], stride, ""), "");
+        LLVMValueRef stride = LANES(aj_kb_param(kb, name));
+        *inside = LLVMBuildAnd(b, *inside, LLVMBuildICmp(b, LLVMIntULT, idx[dim], size, ""), "");
+        *at = LLVMBuildAdd(b, *at, LLVMBuildMul(b, idx[dim], stride, ""), "");
     }
+#undef LANES
+}
+
+static LLVMValueRef load_scalar_at(aj_kb *kb, const aj_tensor_decl *d, const LLVMValueRef *idx)
+{
+    LLVMBuilderRef b = kb->b;
+    LLVMValueRef inside, at;
+    element_at(kb, d, idx, 0, &inside, &at);
     at = LLVMBuildSelect(b, inside, at, aj_kb_i64(kb, 0), "");
     LLVMTypeRef et = d->dtype == AJ_SIDE_I32 ? kb->t_i32 : kb->t_f32;
     LLVMValueRef v = aj_kb_load(kb, et, aj_kb_gptr_offset(kb, aj_kb_param(kb, d->name),
@@ -167,17 +180,8 @@ static LLVMValueRef load_lanes(emitter *m, const aj_tensor_decl *d, const LLVMVa
     aj_kb *kb = m->s->kb;
     LLVMBuilderRef b = kb->b;
     const unsigned w = (unsigned)m->lanes;
-    LLVMValueRef inside = splat(m, LLVMConstInt(kb->t_i1, 1, 0));
-    LLVMValueRef at = splat(m, aj_kb_i64(kb, 0));
-    char name[64];
-    for (int dim = 0; dim < d->rank; dim++) {
-        aj_score_param_name(name, sizeof name, d->name, 's', dim);
-        LLVMValueRef size = splat(m, aj_kb_param(kb, name));
-        aj_score_param_name(name, sizeof name, d->name, 't', dim);
-        LLVMValueRef stride = splat(m, aj_kb_param(kb, name));
-        inside = LLVMBuildAnd(b, inside, LLVMBuildICmp(b, LLVMIntULT, idx[dim], size, ""), "");
-        at = LLVMBuildAdd(b, at, LLVMBuildMul(b, idx[dim], stride, ""), "");
-    }
+    LLVMValueRef inside, at;
+    element_at(kb, d, idx, m->lanes, &inside, &at);
     LLVMTypeRef et = d->dtype == AJ_SIDE_I32 ? kb->t_i32 : kb->t_f32;
     LLVMTypeRef vt = LLVMVectorType(et, w);
     LLVMValueRef base = aj_kb_param(kb, d->name);
@@ -222,6 +226,14 @@ static LLVMValueRef like(aj_kb *kb, LLVMValueRef x, LLVMValueRef c)
     if (LLVMGetTypeKind(t) != LLVMVectorTypeKind)
         return c;
     return aj_cv_splat(kb, c, (int)LLVMGetVectorSize(t));
+}
+
+/* i32 in the shape of x (f32 or <W x float>) */
+static LLVMTypeRef i32_like(aj_kb *kb, LLVMValueRef x)
+{
+    LLVMTypeRef t = LLVMTypeOf(x);
+    return LLVMGetTypeKind(t) == LLVMVectorTypeKind ? LLVMVectorType(kb->t_i32, LLVMGetVectorSize(t))
+                                                    : kb->t_i32;
 }
 
 static LLVMValueRef fconst(aj_kb *kb, LLVMValueRef x, double v)
@@ -276,9 +288,7 @@ static LLVMValueRef emit_exp(emitter *m, bool host, LLVMValueRef x)
     LLVMValueRef r = LLVMBuildFSub(b, x, LLVMBuildFMul(b, k, fconst(kb, x, l1), ""), "");
     r = LLVMBuildFSub(b, r, LLVMBuildFMul(b, k, fconst(kb, x, l2), ""), "");
     LLVMValueRef v = emit_exp2(m, host, LLVMBuildFMul(b, r, fconst(kb, x, AJ_LOG2E), ""));
-    LLVMTypeRef it = LLVMGetTypeKind(ft) == LLVMVectorTypeKind
-                         ? LLVMVectorType(kb->t_i32, LLVMGetVectorSize(ft)) : kb->t_i32;
-    LLVMValueRef ki = LLVMBuildFPToSI(b, k, it, "");
+    LLVMValueRef ki = LLVMBuildFPToSI(b, k, i32_like(kb, x), "");
     LLVMValueRef k1 = LLVMBuildAShr(b, ki, like(kb, ki, aj_kb_i32(kb, 1)), "");
     LLVMValueRef halves[2] = {k1, LLVMBuildSub(b, ki, k1, "")};
     for (int i = 0; i < 2; i++) {
@@ -329,9 +339,7 @@ static LLVMValueRef emit_trig(emitter *m, aj_expr_op op, LLVMValueRef x)
     LLVMValueRef ok = LLVMBuildFCmp(b, LLVMRealOLT, aj_kb_call_overloaded(kb, "llvm.fabs", &nf, 1),
                                     fconst(kb, x, 1073741824.0), "");
     nf = LLVMBuildSelect(b, ok, nf, LLVMConstNull(ft), "");
-    LLVMValueRef q = LLVMBuildFPToSI(b, nf, LLVMGetTypeKind(ft) == LLVMVectorTypeKind
-                                                ? LLVMVectorType(kb->t_i32, LLVMGetVectorSize(ft))
-                                                : kb->t_i32, "");
+    LLVMValueRef q = LLVMBuildFPToSI(b, nf, i32_like(kb, x), "");
     LLVMValueRef zero = LLVMConstNull(LLVMTypeOf(q));
     LLVMValueRef odd = LLVMBuildICmp(b, LLVMIntNE, LLVMBuildAnd(b, q, like(kb, q, aj_kb_i32(kb, 1)),
                                                                 ""), zero, "");

@@ -132,6 +132,12 @@ static inline void ival_memo_init(ival_ctx *c, void *mem, int count)
 
 ival aj_ival_node(ival_ctx *c, uint16_t id);
 
+/* Whether the rules bound node n (which reads a position) from its
+ * operands' intervals alone: not a load (data), not a product, quotient,
+ * remainder or shift by a position, not an operator compute() has no
+ * rule for.  The one list of what the rules cover, beside them. */
+bool aj_ival_by_positions(const aj_score_prog *p, const aj_expr_node *n);
+
 /* Structural hashes of the programs' nodes (score_prog.c): equal for
  * equal trees, which the parser does not share (two `q - k` are two
  * nodes).  aj_score_node_hash is one node's from its operator, type, leaf

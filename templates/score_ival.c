@@ -225,6 +225,25 @@ ival aj_ival_unknown(ival_ctx *c, aj_expr_type t)
     return (ival){d_int(c, -UNKNOWN_INT), d_int(c, UNKNOWN_INT)};
 }
 
+bool aj_ival_by_positions(const aj_score_prog *p, const aj_expr_node *n)
+{
+    bool positional[2] = {false, false};
+    for (int i = 0; i < 2 && i < aj_expr_arity(n); i++)
+        positional[i] = (p->reads[n->args[i]] & AJ_SCORE_READS_POSITION) != 0;
+    switch ((aj_expr_op)n->op) {
+    case AJ_EXPR_MOD: case AJ_EXPR_DIV: case AJ_EXPR_SHL: case AJ_EXPR_SHR:
+        return !positional[1];   /* by a point: product(), modulo(), shift() */
+    case AJ_EXPR_MUL:
+        return !(positional[0] && positional[1]);
+    case AJ_EXPR_LOAD:   /* data */
+    case AJ_EXPR_BIT_NOT: case AJ_EXPR_BIT_AND: case AJ_EXPR_BIT_OR: case AJ_EXPR_BIT_XOR:
+    case AJ_EXPR_SIN: case AJ_EXPR_COS: case AJ_EXPR_TAN: case AJ_EXPR_POW:
+        return false;   /* compute() has no rule: unknown */
+    default:
+        return true;
+    }
+}
+
 /* Whether a node's tree reads what makes it a range. */
 static bool is_positional(const ival_ctx *c, uint16_t id)
 {

@@ -271,11 +271,10 @@ static uint16_t diff(builder *bd, uint16_t id, const uint16_t *reads, uint16_t *
 /* ---------------------------------------------------------------- band */
 
 /* Whether the interval rules (score_ival.c) bound node `root` over a
- * tile by its positions alone: no load (its values are data), no product
- * of two position-dependent operands, no quotient or remainder by one
- * (those are "unknown").  The rest of a mask that fails this takes a
- * block mask (aj_score_prog.block_mask).  Operands have smaller ids: one
- * pass in id order. */
+ * tile by its positions alone: every node of its tree that reads a
+ * position passes aj_ival_by_positions.  The rest of a mask that fails
+ * this takes a block mask (aj_score_prog.block_mask).  Operands have
+ * smaller ids: one pass in id order. */
 static bool interval_bounds(const aj_score_prog *p, uint16_t root)
 {
     bool ok[AJ_EXPR_NODES_MAX];
@@ -284,24 +283,7 @@ static bool interval_bounds(const aj_score_prog *p, uint16_t root)
         ok[id] = true;
         if (!(p->reads[id] & AJ_SCORE_READS_POSITION))
             continue;
-        bool positional[2] = {false, false};
-        for (int i = 0; i < 2 && i < aj_expr_arity(n); i++)
-            positional[i] = (p->reads[n->args[i]] & AJ_SCORE_READS_POSITION) != 0;
-        switch ((aj_expr_op)n->op) {
-        case AJ_EXPR_MOD: case AJ_EXPR_DIV: case AJ_EXPR_SHL: case AJ_EXPR_SHR:
-            ok[id] = !positional[1];   /* by a point */
-            break;
-        case AJ_EXPR_MUL:
-            ok[id] = !(positional[0] && positional[1]);
-            break;
-        case AJ_EXPR_LOAD:   /* data */
-        case AJ_EXPR_BIT_NOT: case AJ_EXPR_BIT_AND: case AJ_EXPR_BIT_OR: case AJ_EXPR_BIT_XOR:
-        case AJ_EXPR_SIN: case AJ_EXPR_COS: case AJ_EXPR_TAN: case AJ_EXPR_POW:
-            ok[id] = false;   /* no interval rule (score_ival.c) */
-            break;
-        default:
-            break;
-        }
+        ok[id] = aj_ival_by_positions(p, n);
         for (int i = 0; i < aj_expr_arity(n) && ok[id]; i++)
             ok[id] = ok[n->args[i]];
     }

@@ -58,9 +58,7 @@ static void spec_of(const char *family, int terms, char *out, size_t cap)
         snprintf(out + n, cap - (size_t)n, "}");
         return;
     }
-    n += snprintf(out + n, cap - (size_t)n, "score_mod = expr(score + %s(",
-                  rope ? "0.01 * " : "");
-    out[n] = '\0';
+    snprintf(out + n, cap - (size_t)n, "score_mod = expr(score + %s(", rope ? "0.01 * " : "");
     sum_terms(family, 0, terms, out, cap);
     size_t len = strlen(out);
     snprintf(out + len, cap - len, ")) }");

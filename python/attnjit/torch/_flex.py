@@ -74,9 +74,13 @@ class _Sym:
     def __init__(self, text, kind, trace):
         self.text, self.kind, self.trace = text, kind, trace
 
-    def _bin(self, other, op, kind=None, swap=False):
+    def _operands(self, other, swap):
+        """(self, other) as _Syms, in the written order."""
         o = _lit(other, self.trace)
-        a, b = (o, self) if swap else (self, o)
+        return (o, self) if swap else (self, o)
+
+    def _bin(self, other, op, kind=None, swap=False):
+        a, b = self._operands(other, swap)
         if kind is None:
             kind = "float" if "float" in (a.kind, b.kind) else "int"
         return _Sym("(%s %s %s)" % (a.text, op, b.text), kind, self.trace)
@@ -117,8 +121,7 @@ class _Sym:
     def __ne__(self, o): return self._bin(o, "!=", "bool")
     def _bits(self, other, logical, bitwise, swap=False):
         """& | ^ as torch reads them: logical on bools, bitwise on ints."""
-        o = _lit(other, self.trace)
-        a, b = (o, self) if swap else (self, o)
+        a, b = self._operands(other, swap)
         if a.kind == "bool" and b.kind == "bool":
             return _Sym("(%s %s %s)" % (a.text, logical, b.text), "bool", self.trace)
         if a.kind == "int" and b.kind == "int":
@@ -137,8 +140,7 @@ class _Sym:
                     self.trace)
 
     def _shift(self, other, op, swap=False):
-        o = _lit(other, self.trace)
-        a, b = (o, self) if swap else (self, o)
+        a, b = self._operands(other, swap)
         if a.kind != "int" or b.kind != "int":
             raise _unsupported("'%s' of %s and %s" % (op, a.kind, b.kind), self.trace.fn)
         return _Sym("(%s %s %s)" % (a.text, op, b.text), "int", self.trace)
