@@ -227,7 +227,7 @@ void aj_kb_finish(aj_kb *kb, const aj_kernel_layout *layout)
 LLVMValueRef aj_kb_param(aj_kb *kb, const char *name)
 {
     int hidden = kb->sim_thread != NULL || kb->work_item != NULL;
-    for (int i = 0; i < kb->num_params; i++)
+    for (int i = 0; kb->fn && i < kb->num_params; i++)
         if (strcmp(kb->params[i].name, name) == 0)
             return LLVMGetParam(kb->fn, (unsigned)(hidden + i));
     aj_kb_fail(kb, AJ_ERR_INTERNAL, "no kernel parameter named '%s'", name);
@@ -237,7 +237,7 @@ LLVMValueRef aj_kb_param(aj_kb *kb, const char *name)
 LLVMValueRef aj_kb_param_id(aj_kb *kb, int32_t id, const char *name)
 {
     int hidden = kb->sim_thread != NULL || kb->work_item != NULL;
-    for (int i = 0; i < kb->num_params; i++)
+    for (int i = 0; kb->fn && i < kb->num_params; i++)
         if (kb->params[i].id == id)
             return LLVMGetParam(kb->fn, (unsigned)(hidden + i));
     aj_kb_fail(kb, AJ_ERR_INTERNAL, "the kernel has no parameter '%s'", name);
@@ -493,6 +493,15 @@ LLVMValueRef aj_kb_block_id(aj_kb *kb, int dim)
     static const enum aj_intrinsic_id ids[3] = {
         AJ_INTR_CTAID_X, AJ_INTR_CTAID_Y, AJ_INTR_CTAID_Z};
     return aj_kb_intrinsic(kb, ids[dim], NULL);
+}
+
+LLVMValueRef aj_kb_item_id(aj_kb *kb, int dim)
+{
+    if (!kb->work_item)
+        return aj_kb_block_id(kb, dim);
+    LLVMValueRef at = aj_kb_i32(kb, dim);
+    LLVMValueRef ptr = LLVMBuildGEP2(kb->b, kb->t_i32, kb->work_item, &at, 1, "");
+    return LLVMBuildLoad2(kb->b, kb->t_i32, ptr, "");
 }
 
 void aj_kb_barrier(aj_kb *kb)

@@ -42,7 +42,7 @@ enum { AJ_AS_GENERIC = 0, AJ_AS_GLOBAL = 1, AJ_AS_SHARED = 3 };
 #define AJ_KB_MAX_NEST 32
 #define AJ_KB_MAX_RESULTS 128  /* the most results a table row has (wgmma m64n256k16) */
 
-#define AJ_KB_MAX_STAGES 4   /* kernels one module may hold */
+#define AJ_KB_MAX_STAGES 8   /* kernels one module may hold */
 
 /* A kernel parameter: its name, type, and its row in the parameter table
  * (templates/params.def's aj_param_id, which codegen does not interpret),
@@ -242,6 +242,8 @@ void aj_kb_atomic_umin_i32(aj_kb *kb, LLVMValueRef ptr, LLVMValueRef value);
 /* GPU helpers built on the table */
 LLVMValueRef aj_kb_thread_id(aj_kb *kb);
 LLVMValueRef aj_kb_block_id(aj_kb *kb, int dim);   /* 0, 1, 2 */
+/* The grid coordinate dim (i32) of the CTA, or on cpu of the work item. */
+LLVMValueRef aj_kb_item_id(aj_kb *kb, int dim);
 void aj_kb_barrier(aj_kb *kb);
 /* butterfly max / sum of a float over aligned groups of `width` lanes
  * (a power of two <= 32) */

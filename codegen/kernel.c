@@ -126,6 +126,18 @@ aj_status aj_kernel_stage_info(const aj_kernel *kernel, int32_t stage, aj_launch
     return AJ_OK;
 }
 
+const char *aj_extent_name(aj_extent e)
+{
+    static const char *const names[AJ_EXTENT_COUNT] = {
+        [AJ_EXTENT_ONE] = "1",          [AJ_EXTENT_BATCH] = "batch",
+        [AJ_EXTENT_HEADS_Q] = "heads_q", [AJ_EXTENT_HEADS_KV] = "heads_kv",
+        [AJ_EXTENT_SEQ_Q] = "seq_q",    [AJ_EXTENT_SEQ_K] = "seq_k",
+        [AJ_EXTENT_SPLITS] = "splits",  [AJ_EXTENT_DSIDE_PARTS] = "dside_parts",
+        [AJ_EXTENT_DSIDE_ELEMENTS] = "dside_elements",
+    };
+    return (unsigned)e < AJ_EXTENT_COUNT ? names[e] : "?";
+}
+
 const char *aj_kernel_stage_entry(const aj_kernel *kernel, int32_t stage)
 {
     if (!kernel || stage < 0 || stage >= kernel->num_stages)
@@ -148,7 +160,7 @@ aj_status aj_kernel_compile_stats(const aj_kernel *kernel, aj_compile_stats *out
  * versions, and the header below pins the format and the struct sizes):
  *
  *   u32 KERNEL_FORMAT  u32 sizeof(aj_op_info)  u32 sizeof(aj_launch_info)
- *   u32 target  u32 emit  aj_op_info  i32 sinks  i32 num_stages  stage*
+ *   u32 target  u32 emit  aj_op_info  i32 sinks  u32 tensor_grad  i32 num_stages  stage*
  *   u64 code_size   code   u64 object_size   object
  *
  * with, per stage,
@@ -159,9 +171,10 @@ aj_status aj_kernel_compile_stats(const aj_kernel *kernel, aj_compile_stats *out
  *
  * where str is u32 length + bytes, and object is a host kernel's object
  * code (object_size 0 for GPU kernels).  Format 2 added the stages, 3 the
- * object code, 4 pack_rows, 5 the parameters' table rows (ids), 6 sinks.
+ * object code, 4 pack_rows, 5 the parameters' table rows (ids), 6 sinks,
+ * 7 tensor_grad.
  */
-#define KERNEL_FORMAT 6u
+#define KERNEL_FORMAT 7u
 
 typedef struct byte_writer {
     uint8_t *buf;
@@ -208,6 +221,7 @@ aj_status aj_kernel_serialize(aj_ctx *ctx, const aj_kernel *k, uint8_t **out, si
     put_u32(&w, (uint32_t)k->emit);
     put(&w, &k->op, sizeof k->op);
     put(&w, &k->sinks, 4);
+    put(&w, &k->tensor_grad, 4);
     put(&w, &k->num_stages, 4);
     for (int s = 0; s < k->num_stages; s++) {
         const aj_kernel_stage *ks = &k->stages[s];
@@ -312,6 +326,10 @@ aj_status aj_kernel_deserialize(aj_ctx *ctx, const uint8_t *data, size_t size,
     get(&r, &sinks, 4);
     if (sinks < -1 || sinks >= op.num_tensors)
         r.failed = 1;
+    uint32_t tensor_grad = 0;
+    get(&r, &tensor_grad, 4);
+    if (op.num_tensors < 32 && tensor_grad >> op.num_tensors)
+        r.failed = 1;
     int32_t num_stages = 0;
     get(&r, &num_stages, 4);
     if (num_stages < 1 || num_stages > AJ_KB_MAX_STAGES)
@@ -341,6 +359,7 @@ aj_status aj_kernel_deserialize(aj_ctx *ctx, const uint8_t *data, size_t size,
         return st;
     k->op = op;
     k->sinks = sinks;
+    k->tensor_grad = tensor_grad;
     if (host) {
         k->object = malloc((size_t)object_size);
         if (!k->object) {

@@ -19,13 +19,6 @@ static int fail(aj_ctx *ctx, const char *what)
     return 1;
 }
 
-static const char *extent_name(aj_extent e)
-{
-    static const char *const names[] = {"1", "batch", "heads_q", "heads_kv", "seq_q",
-                                        "seq_k"};
-    return (unsigned)e < AJ_EXTENT_COUNT ? names[e] : "?";
-}
-
 static const char *param_type_name(aj_param_type t)
 {
     static const char *const names[] = {"ptr", "i32", "i64", "f32"};
@@ -111,7 +104,7 @@ int main(int argc, char **argv)
            info.block[1], info.block[2], info.dynamic_smem);
     printf("grid  (");
     for (int i = 0; i < 3; i++)
-        printf("%sceil(%s / %d)", i ? ", " : "", extent_name(info.grid[i].extent),
+        printf("%sceil(%s / %d)", i ? ", " : "", aj_extent_name(info.grid[i].extent),
                info.grid[i].per_block);
     printf(")\nschedule block_m = %d, block_n = %d, warps = %d\n", info.schedule.block_m,
            info.schedule.block_n, info.schedule.warps);

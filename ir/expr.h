@@ -326,6 +326,15 @@ typedef struct aj_expr_env {
     double score;                  /* rounded to f32 when read */
     const aj_side_tensor *tensors;
     int tensor_count;
+    /* aj_expr_eval_grad's variable: 0, the score; t + 1, element
+     * grad_elem (row-major in its shape) of tensor t, a float tensor
+     * (a side tensor's gradient).  With grad_tensor set and `loaded` not
+     * NULL, every load of that tensor that falls inside it appends its
+     * element to loaded[0 .. *nloaded) (up to loaded_cap of them). */
+    int grad_tensor;
+    int64_t grad_elem;
+    int64_t *loaded;
+    int loaded_cap, *nloaded;
 } aj_expr_env;
 
 /* A value of an expression: b, i or f by the node's type. */
@@ -349,7 +358,7 @@ double aj_expr_eval_f64(const aj_expr *e, uint16_t root,
                         const aj_expr_env *env);
 
 /* A score_mod's value at env and, in *d_score, its derivative with
- * respect to `score` (forward mode: every node carries a dual number; int
+ * respect to `score` (or env's grad_tensor's element; forward mode: every node carries a dual number; int
  * and bool nodes and loads have derivative 0, a select, min, max or clamp
  * the derivative of the operand it picks, floor 0; a subtree that does
  * not read `score` has derivative 0 and adds no term to a product, even

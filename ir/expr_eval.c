@@ -132,6 +132,20 @@ static aj_expr_scalar load(const aj_expr_env *env, int tensor,
     return v;
 }
 
+/* The row-major element of tensor `tensor` at idx, -1 outside it. */
+static int64_t element(const aj_expr_env *env, int tensor, const int64_t *idx, int rank)
+{
+    int64_t at = 0;
+    if (tensor >= env->tensor_count)
+        return -1;
+    for (int d = 0; d < rank; d++) {
+        if (idx[d] < 0 || idx[d] >= env->tensors[tensor].shape[d])
+            return -1;
+        at = at * env->tensors[tensor].shape[d] + idx[d];
+    }
+    return at;
+}
+
 /* ---------------------------------------------------------------- walk */
 
 static dual num(float v, double d)
@@ -302,7 +316,8 @@ static dual eval_node(const aj_expr *e, uint16_t id, const aj_expr_env *env)
         const int64_t vars[] = { env->b, env->h, env->q, env->k, env->sq,
                                  env->sk };
         if (n->u.var == AJ_VAR_SCORE)
-            return (dual){ .v.f = (float)env->score, .d = 1.0, .live = true };
+            return (dual){ .v.f = (float)env->score, .d = env->grad_tensor ? 0.0 : 1.0,
+                           .live = !env->grad_tensor };
         return integer(vars[n->u.var]);
     }
     case AJ_EXPR_SELECT:
@@ -315,10 +330,20 @@ static dual eval_node(const aj_expr *e, uint16_t id, const aj_expr_env *env)
     for (int i = 0; i < arity; i++)
         x[i] = eval_node(e, n->args[i], env);
     switch (aj_expr_ops[n->op].rule) {
-    case AJ_RULE_LOAD:
+    case AJ_RULE_LOAD: {
         for (int i = 0; i < arity; i++)
             idx[i] = x[i].v.i;
-        return (dual){ .v = load(env, n->u.tensor, idx, arity) };
+        dual r = { .v = load(env, n->u.tensor, idx, arity) };
+        int64_t elem = n->u.tensor + 1 == env->grad_tensor ? element(env, n->u.tensor, idx, arity)
+                                                            : -1;
+        if (elem >= 0 && env->loaded && *env->nloaded < env->loaded_cap)
+            env->loaded[(*env->nloaded)++] = elem;
+        if (elem >= 0 && elem == env->grad_elem) {
+            r.d = 1.0;
+            r.live = true;
+        }
+        return r;
+    }
     case AJ_RULE_CONVERT:
         return num((float)x[0].v.i, 0.0);
     case AJ_RULE_LOGIC:

@@ -455,6 +455,33 @@ aj_status aj_op_declare_tensor(aj_op *op, const char *name,
     return set_field(op, __func__, &cand, AJ_FIELD_TENSORS);
 }
 
+aj_status aj_op_set_tensor_grad(aj_op *op, const char *name, bool grad)
+{
+    AJ_OP_ARG(op);
+    if (!name)
+        return op_fail(op, AJ_ERR_INVALID_ARG, "%s: name is NULL", __func__);
+    for (int i = 0; i < op->tensor_count; i++) {
+        if (strcmp(op->tensors[i].name, name) != 0)
+            continue;
+        aj_op cand = *op;
+        cand.tensor_grad = grad ? cand.tensor_grad | 1u << i : cand.tensor_grad & ~(1u << i);
+        return set_field(op, __func__, &cand, AJ_FIELD_TENSORS);
+    }
+    return op_fail(op, AJ_ERR_INVALID_ARG, "%s: no side tensor '%.40s' is declared", __func__,
+                   name);
+}
+
+aj_status aj_op_get_tensor_grad(const aj_op *op, int32_t index, bool *grad)
+{
+    AJ_OP_ARG(op);
+    AJ_CHECK_ARG(op->ctx, grad, "aj_op_get_tensor_grad: grad is NULL");
+    AJ_CHECK_ARG(op->ctx, index >= 0 && index < op->tensor_count,
+                 "aj_op_get_tensor_grad: index = %d; the op declares %d tensors", (int)index,
+                 (int)op->tensor_count);
+    *grad = (op->tensor_grad >> index) & 1u;
+    return AJ_OK;
+}
+
 aj_expr_scope aj_op_expr_scope(const aj_op *op, bool score_mod)
 {
     return (aj_expr_scope){ .tensors = op->tensors,
@@ -697,7 +724,7 @@ static bool field_is_default(const aj_op *op, aj_field field)
     case AJ_FIELD_DTYPE:         return op->dtype == AJ_DTYPE_F32;
     case AJ_FIELD_HEAD_DIM:      return op->head_dim == AJ_DEFAULT_HEAD_DIM;
     case AJ_FIELD_HEAD_DIM_V:    return op->head_dim_v == 0;
-    case AJ_FIELD_TENSORS:       return op->tensor_count == 0;
+    case AJ_FIELD_TENSORS:       return op->tensor_count == 0 && op->tensor_grad == 0;
     case AJ_FIELD_MASK:          return op->mask.kind == AJ_MASK_NONE;
     case AJ_FIELD_SCORE_MOD:     return op->score_mod.kind == AJ_SCORE_MOD_NONE;
     case AJ_FIELD_SINKS:         return op->sinks == 0;
@@ -808,6 +835,11 @@ static aj_status check_sinks(const aj_op *op, char *msg, size_t cap)
         return AJ_ERR_INVALID_ARG;
     }
     const aj_tensor_decl *t = &op->tensors[op->sinks - 1];
+    if (op->tensor_grad >> (op->sinks - 1) & 1u) {
+        snprintf(msg, cap, "sinks = %s: the sinks' tensor is not declared grad (the "
+                 "backward's dsinks is its gradient)", t->name);
+        return AJ_ERR_VERIFY;
+    }
     if (t->dtype != AJ_SIDE_F32 || t->rank != 1) {
         snprintf(msg, cap, "sinks = %s: the sink logits are f32[1] (one per query head), "
                  "not %s[%d]", t->name, t->dtype == AJ_SIDE_I32 ? "i32" : "f32",
@@ -864,6 +896,16 @@ static aj_status check_tensors(const aj_op *op, char *msg, size_t cap)
                      "1..%d)", t->name, (int)t->rank, AJ_EXPR_RANK_MAX);
             return AJ_ERR_INVALID_ARG;
         }
+        if ((op->tensor_grad >> i & 1u) && t->dtype != AJ_SIDE_F32) {
+            snprintf(msg, cap, "tensor '%s' is declared grad but is %s: only an f32 tensor "
+                     "has a gradient", t->name, aj_side_dtype_names[t->dtype]);
+            return AJ_ERR_VERIFY;
+        }
+    }
+    if (op->tensor_count < 32 && (op->tensor_grad >> op->tensor_count) != 0) {
+        snprintf(msg, cap, "tensor_grad marks tensors past the %d declared",
+                 (int)op->tensor_count);
+        return AJ_ERR_INVALID_ARG;
     }
     return AJ_OK;
 }

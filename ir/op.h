@@ -68,6 +68,9 @@ struct aj_op {
      * are live, a setter that replaces an expression drops its nodes. */
     int32_t tensor_count;
     aj_tensor_decl tensors[AJ_OP_TENSORS_MAX];
+    /* bit t: tensor t is declared `grad` (f32): the backward computes
+     * its gradient (docs/ir.md "Gradients of side tensors") */
+    uint32_t tensor_grad;
     aj_expr expr;
 
     /* First builder error, kept until the op is destroyed. */

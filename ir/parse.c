@@ -470,7 +470,7 @@ done:
     return st;
 }
 
-/* tensors = "(" NAME ":" DTYPE "[" RANK "]" { "," ... } ")".  The rules
+/* tensors = "(" NAME ":" DTYPE "[" RANK "]" ["grad"] { "," ... } ")".  The rules
  * on names and ranks are the verifier's; here only what the op can hold. */
 static aj_status parse_tensors(parser *p)
 {
@@ -504,11 +504,16 @@ static aj_status parse_tensors(parser *p)
         AJ_TRY(expect(p, TOK_RBRACKET, "the tensor rank"));
         t->dtype = (aj_side_dtype)dtype;
         t->rank = (int32_t)rank;
+        if (p->lx.tok.kind == TOK_IDENT && p->lx.tok.len == 4 &&
+            memcmp(p->lx.tok.text, "grad", 4) == 0) {
+            op->tensor_grad |= 1u << op->tensor_count;
+            AJ_TRY(next(p));
+        }
         op->tensor_count++;
         if (p->lx.tok.kind == TOK_RPAREN)
             return next(p);
         if (p->lx.tok.kind != TOK_COMMA)
-            return expected(p, "',' or ')' in the tensors");
+            return expected(p, "'grad', ',' or ')' in the tensors");
         AJ_TRY(next(p));
     }
 done:

@@ -159,13 +159,13 @@ static void print_expr(text_buf *t, const aj_op *op, uint16_t root)
     emit(t, ")");
 }
 
-/* (NAME: DTYPE[RANK], ...) */
+/* (NAME: DTYPE[RANK] [grad], ...) */
 static void print_tensors(text_buf *t, const aj_op *op)
 {
     for (int i = 0; i < op->tensor_count; i++)
-        emit(t, "%s%s: %s[%d]", i ? ", " : "(", op->tensors[i].name,
+        emit(t, "%s%s: %s[%d]%s", i ? ", " : "(", op->tensors[i].name,
              aj_side_dtype_names[op->tensors[i].dtype],
-             (int)op->tensors[i].rank);
+             (int)op->tensors[i].rank, op->tensor_grad >> i & 1u ? " grad" : "");
     emit(t, ")");
 }
 

@@ -60,6 +60,7 @@ static int64_t grid_extent(aj_extent e, const fwd_sizes *sz)
         [AJ_EXTENT_HEADS_Q] = sz->heads_q, [AJ_EXTENT_HEADS_KV] = sz->heads_kv,
         [AJ_EXTENT_SEQ_Q] = sz->seq_q, [AJ_EXTENT_SEQ_K] = sz->seq_k,
         [AJ_EXTENT_SPLITS] = sz->splits,
+        [AJ_EXTENT_DSIDE_PARTS] = sz->dside_parts, [AJ_EXTENT_DSIDE_ELEMENTS] = sz->dside_elements,
     };
     return e > AJ_EXTENT_ONE && e < AJ_EXTENT_COUNT ? extents[e] : 1;
 }
@@ -333,8 +334,10 @@ aj_status aj_block_mask_launch(aj_ctx *ctx, aj_device *dev, const char *fn,
     put_scalar(&v, AJ_PSRC_seq_q_total, shape->sq_total);
     put_scalar(&v, AJ_PSRC_seq_k_total, shape->sk_total);
     put_scalar(&v, AJ_PSRC_head_offset, shape->head_offset);
-    const fwd_sizes sz = {shape->batch, shape->heads, shape->heads, shape->seq_q, shape->seq_k, 1,
-                          shape->seq_q, shape->head_offset, shape->heads};
+    const fwd_sizes sz = {.batch = shape->batch, .heads_q = shape->heads,
+                          .heads_kv = shape->heads, .seq_q = shape->seq_q,
+                          .seq_k = shape->seq_k, .splits = 1, .tokens_q = shape->seq_q,
+                          .head_offset = shape->head_offset, .heads_total = shape->heads};
     st = aj_bind_scores(ctx, fn, &builder->op, side, num_side, slopes, &ls->scores);
     /* its stages in order: key-block hulls, classes and row lists, key-block lists */
     for (int s = 0; st == AJ_OK && s < builder->num_stages; s++) {
@@ -362,6 +365,24 @@ void aj_workspace_rule_of(const aj_kernel *kernel, aj_workspace_rule *out)
 
 /* A checked call's workspace: the rule the kernel's plan recorded (one
  * without a plan derives it here) times the call's rows. */
+/* The regions of the rule's rows into w (workspace_layout); returns
+ * their bytes. */
+static int64_t row_regions(const aj_workspace_rule *r, const bwd_call *call, bwd_workspace *w)
+{
+    const fwd_sizes *sz = &call->sz;
+    int64_t rows = (r->per_batch ? sz->batch : 1) * sz->heads_q * call->head_rows;
+    w->stride_b = r->per_batch ? sz->heads_q * call->head_rows : 0;
+    w->stride_h = call->head_rows;
+    int64_t at = 0;   /* bytes */
+    for (int i = 0; i < AJ_WS_REGIONS; i++) {
+        const aj_ws_region *g = &r->region[i];
+        at = (at + r->align - 1) / r->align * r->align;
+        w->offset[i] = at / g->elem_bytes;
+        at += rows * g->per_row * g->elem_bytes;
+    }
+    return at;
+}
+
 static bwd_workspace workspace_layout(const aj_kernel *kernel, const bwd_call *call)
 {
     aj_workspace_rule own;
@@ -370,29 +391,67 @@ static bwd_workspace workspace_layout(const aj_kernel *kernel, const bwd_call *c
         aj_workspace_rule_of(kernel, &own);
         r = &own;
     }
-    bwd_workspace w = {0, 0, {0}, 0};
-    if (!r->takes)
-        return w;
-    const fwd_sizes *sz = &call->sz;
-    int64_t rows = (r->per_batch ? sz->batch : 1) * sz->heads_q * call->head_rows;
-    w.stride_b = r->per_batch ? sz->heads_q * call->head_rows : 0;
-    w.stride_h = call->head_rows;
-    int64_t at = 0;   /* bytes */
-    for (int i = 0; i < AJ_WS_REGIONS; i++) {
-        const aj_ws_region *g = &r->region[i];
-        at = (at + r->align - 1) / r->align * r->align;
-        w.offset[i] = at / g->elem_bytes;
-        at += rows * g->per_row * g->elem_bytes;
+    bwd_workspace w = {0, 0, {0}, 0, 0};
+    int64_t at = r->takes ? row_regions(r, call, &w) : 0;   /* bytes */
+    /* then the side tensors' partial sums (templates/side_grad.c) */
+    if (call->dside.count > 0) {
+        at = (at + 15) / 16 * 16;
+        w.dside_offset = at / 4;
+        at += call->dside.parts_total * call->dside.part_size * 4;
     }
     w.bytes = (size_t)at;
     return w;
+}
+
+/* The stages of a backward's tail (templates/grad_tail.h), by their
+ * entries' names: what each is, or TAIL_NONE for the template's own. */
+typedef enum tail_stage { TAIL_NONE, TAIL_SINKS, TAIL_DSIDE, TAIL_DSIDE_SUM } tail_stage;
+
+static tail_stage tail_of(const aj_kernel *kernel, int s)
+{
+    static const char *const suffix[] = {NULL, "_dsinks", "_dside", "_dside_sum"};
+    const char *entry = aj_kernel_stage_entry(kernel, s);
+    size_t n = strlen(entry);
+    for (int t = TAIL_DSIDE_SUM; t > TAIL_NONE; t--)
+        if (n > strlen(suffix[t]) && strcmp(entry + n - strlen(suffix[t]), suffix[t]) == 0)
+            return (tail_stage)t;
+    return TAIL_NONE;
+}
+
+/* The rows per part of the side tensors' sums the kernel fixes: where no
+ * "dside" stage of its own adds into the parts, the tile rows of the
+ * template's stage that does (the cpu's dq stage); 0: the launch chooses. */
+static int64_t dside_fixed_rows(const aj_kernel *kernel)
+{
+    for (int s = 0; s < kernel->num_stages; s++)
+        if (tail_of(kernel, s) == TAIL_DSIDE)
+            return 0;
+    for (int s = 0; s < kernel->num_stages; s++)
+        for (int i = 0; tail_of(kernel, s) == TAIL_NONE && i < kernel->stages[s].launch.num_params;
+             i++)
+            if (kernel->stages[s].param_ids[i] == (int32_t)AJ_PID(dside_part))
+                return kernel->stages[s].launch.schedule.block_m;
+    return 0;
+}
+
+/* A backward call's checks: its shapes, dsinks and dside. */
+static aj_status check_call(aj_ctx *ctx, const aj_kernel *kernel, const aj_bwd_args *args,
+                            bwd_call *call)
+{
+    aj_status st = aj_check_backward(ctx, &kernel->op, args, call);
+    if (st == AJ_OK)
+        st = aj_check_dsinks(ctx, BWD, kernel->sinks >= 0, &args->dsinks, call->sz.heads_q);
+    if (st == AJ_OK)
+        st = aj_check_dside(ctx, BWD, &kernel->op, kernel->tensor_grad, args, &call->sz,
+                            dside_fixed_rows(kernel), &call->dside);
+    return st;
 }
 
 aj_status aj_backward_workspace(aj_ctx *ctx, const aj_kernel *kernel, const aj_bwd_args *args,
                                 bwd_workspace *out)
 {
     bwd_call call;
-    aj_status st = aj_check_backward(ctx, &kernel->op, args, &call);
+    aj_status st = check_call(ctx, kernel, args, &call);
     if (st == AJ_OK)
         *out = workspace_layout(kernel, &call);
     return st;
@@ -419,8 +478,7 @@ aj_status aj_backward_workspace_size(aj_ctx *ctx, const aj_kernel *kernel,
 }
 
 static aj_status run_backward(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
-                              const aj_bwd_args *args, const fwd_sizes *sz,
-                              const bwd_workspace *w, void *ws, void *word);
+                              const bwd_call *call, const bwd_workspace *w, void *ws, void *word);
 
 /* The workspace a launch uses: the caller's, checked, or (*scratch set)
  * the device's scratch for the call's stream, which the caller of this
@@ -453,15 +511,13 @@ aj_status aj_backward(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
 {
     BEGIN_LAUNCH("aj_backward", AJ_KIND_BACKWARD, aj_bwd_args, dv, BWD_ARGS);
     bwd_call call;
-    st = aj_check_backward(ctx, op, args, &call);
-    if (st == AJ_OK)
-        st = aj_check_dsinks(ctx, BWD, kernel->sinks >= 0, &args->dsinks, call.sz.heads_q);
+    st = check_call(ctx, kernel, args, &call);
     if (st != AJ_OK)
         return st;
     const fwd_sizes *sz = &call.sz;
-    /* no gradient element: nothing to launch (but dsinks, which is 0) */
+    /* no gradient element: nothing to launch (but dsinks and dside, 0) */
     if ((sz->batch == 0 || sz->heads_kv == 0 || (sz->seq_q == 0 && sz->seq_k == 0)) &&
-        !args->dsinks.data)
+        !args->dsinks.data && call.dside.count == 0)
         return AJ_OK;
 
     bwd_workspace w = workspace_layout(kernel, &call);
@@ -473,70 +529,99 @@ aj_status aj_backward(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
     if (st == AJ_OK && varlen)
         st = aj_device_status_word(dev, &word);
     if (st == AJ_OK)
-        st = run_backward(ctx, dev, kernel, &call.view, sz, &w, ws, word);
+        st = run_backward(ctx, dev, kernel, &call, &w, ws, word);
     if (scratch)
         aj_device_scratch_release(dev, args->stream, ws);
     return aj_device_launched(ctx, dev, varlen ? word : NULL, st, BWD);
 }
 
 static aj_status run_stages(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
-                            const aj_bwd_args *a, const fwd_sizes *szp, const launch_values *v,
-                            launch_scratch *ls);
+                            const bwd_call *call, const bwd_workspace *w, void *ws,
+                            launch_values *v, launch_scratch *ls);
 
 /* Binds and runs the stages of a checked backward launch. */
 static aj_status run_backward(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
-                              const aj_bwd_args *args, const fwd_sizes *szp,
-                              const bwd_workspace *w, void *ws, void *word)
+                              const bwd_call *call, const bwd_workspace *w, void *ws, void *word)
 {
-    const fwd_sizes sz = *szp;
+    const fwd_sizes sz = call->sz;
+    const aj_bwd_args *a = &call->view;
     aj_status st = AJ_OK;
-    int64_t sq_total = args->sq_total ? args->sq_total : sz.seq_q;
-    int64_t sk_total = args->sk_total ? args->sk_total : sz.seq_k;
-    const aj_bwd_args *a = args;
+    int64_t sq_total = a->sq_total ? a->sq_total : sz.seq_q;
+    int64_t sk_total = a->sk_total ? a->sk_total : sz.seq_k;
     launch_scratch *ls = aj_launch_scratch_new(ctx, BWD, &st);
     if (!ls)
         return st;
     launch_values v;
     aj_backward_values(a, &sz, sq_total, sk_total, w, ws, word, &v);
+    aj_dside_values(&call->dside, w, ws, NULL, 0, &v);
     void *scratch = NULL;
-    const score_call call = SCORE_CALL_OF(a, sq_total, sk_total);
-    st = bind_scores(ctx, BWD, dev, kernel, &call, &sz, &v, ls, &scratch);
+    const score_call scores = SCORE_CALL_OF(a, sq_total, sk_total);
+    st = bind_scores(ctx, BWD, dev, kernel, &scores, &sz, &v, ls, &scratch);
     if (st == AJ_OK)
-        st = run_stages(ctx, dev, kernel, a, &sz, &v, ls);
+        st = run_stages(ctx, dev, kernel, call, w, ws, &v, ls);
     free(ls);
     if (scratch)
         aj_device_scratch_release(dev, a->stream, scratch);
     return st;
 }
 
-/* Runs the stages of a bound backward launch in order; an empty grid (no
- * key or no query) is skipped. */
-static aj_status run_stages(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
-                            const aj_bwd_args *a, const fwd_sizes *szp, const launch_values *v,
-                            launch_scratch *ls)
+/* Stage s of a bound backward launch over grid sizes sz, unless its grid
+ * is empty; adds its instructions to *instructions. */
+static aj_status run_stage(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel, int s,
+                           const fwd_sizes *sz, const launch_values *v, launch_scratch *ls,
+                           void *stream, uint64_t *instructions)
 {
-    const fwd_sizes sz = *szp;
+    aj_launch_info li;
+    aj_kernel_stage_info(kernel, s, &li);
+    for (int d = 0; d < 3; d++)
+        if (grid_extent(li.grid[d].extent, sz) == 0)
+            return AJ_OK;
+    aj_status st = aj_bind_stage(ctx, dev, kernel, s, v, &ls->scores, &ls->bound);
+    if (st == AJ_OK)
+        st = run_kernel(ctx, dev, kernel, s, sz, ls->bound.argv, ls->bound.buffers, ls->bound.nb,
+                        stream);
+    if (st == AJ_OK)
+        *instructions += dev->last_instructions;
+    return st;
+}
+
+/* Runs the stages of a bound backward launch in order: the template's,
+ * then its tail's (templates/grad_tail.h) that the call asks for: the
+ * sinks' gradient with dsinks, the side tensors' partial sums and one sum
+ * per output of dside. */
+static aj_status run_stages(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
+                            const bwd_call *call, const bwd_workspace *w, void *ws,
+                            launch_values *v, launch_scratch *ls)
+{
+    const aj_bwd_args *a = &call->view;
+    fwd_sizes sz = call->sz;
+    sz.dside_parts = call->dside.parts;
     aj_status st = AJ_OK;
     uint64_t instructions = 0;
-    for (int s = 0; s < kernel->num_stages; s++) {
-        aj_launch_info li;
-        aj_kernel_stage_info(kernel, s, &li);
-        /* the sinks' gradient, the last stage: only when asked for */
-        int empty = kernel->sinks >= 0 && s == kernel->num_stages - 1 && !a->dsinks.data;
-        for (int d = 0; d < 3; d++)
-            empty |= grid_extent(li.grid[d].extent, &sz) == 0;
-        if (empty)
+    for (int s = 0; s < kernel->num_stages && st == AJ_OK; s++) {
+        tail_stage tail = tail_of(kernel, s);
+        if ((tail == TAIL_SINKS && !a->dsinks.data) ||
+            ((tail == TAIL_DSIDE || tail == TAIL_DSIDE_SUM) && call->dside.count == 0))
             continue;
-        st = aj_bind_stage(ctx, dev, kernel, s, v, &ls->scores, &ls->bound);
-        if (st == AJ_OK)
-            st = run_kernel(ctx, dev, kernel, s, &sz, ls->bound.argv, ls->bound.buffers,
-                            ls->bound.nb, a->stream);
-        if (st != AJ_OK)
-            return st;
-        instructions += dev->last_instructions;
+        if (tail != TAIL_DSIDE_SUM) {
+            st = run_stage(ctx, dev, kernel, s, &sz, v, ls, a->stream, &instructions);
+            continue;
+        }
+        for (int i = 0; i < call->dside.count && st == AJ_OK; i++) {
+            const aj_side_tensor *out = &a->dside[i];
+            int t = 0;
+            while (strcmp(kernel->op.tensors[t].name, out->name) != 0)
+                t++;
+            fwd_sizes one = sz;
+            one.dside_elements = 1;
+            for (int d = 0; d < out->rank; d++)
+                one.dside_elements *= out->shape[d];
+            aj_dside_values(&call->dside, w, ws, out, t, v);
+            st = run_stage(ctx, dev, kernel, s, &one, v, ls, a->stream, &instructions);
+        }
     }
     dev->last_instructions = instructions;
-    return AJ_OK;
+    return st;
 }
 
 /* ---------------------------------------------------------------- merge */

@@ -88,6 +88,143 @@ aj_status aj_check_dsinks(aj_ctx *ctx, const char *fn, bool has_sinks, const aj_
     return AJ_OK;
 }
 
+/* Whether the view's elements are distinct places: its dims of more than
+ * one element, by stride, each step past the previous dims' span. */
+static bool distinct_elements(int rank, const int64_t *shape, const int64_t *strides)
+{
+    int order[4], n = 0;
+    for (int d = 0; d < rank; d++)
+        if (shape[d] > 1)
+            order[n++] = d;
+    for (int x = 1; x < n; x++)   /* by stride, rising */
+        for (int y = x; y > 0 && strides[order[y]] < strides[order[y - 1]]; y--) {
+            int t = order[y];
+            order[y] = order[y - 1];
+            order[y - 1] = t;
+        }
+    int64_t span = 1;
+    for (int x = 0; x < n; x++) {
+        if (strides[order[x]] < span)
+            return false;
+        span = strides[order[x]] * shape[order[x]];
+    }
+    return true;
+}
+
+aj_status aj_check_dside(aj_ctx *ctx, const char *fn, const aj_op_info *op, uint32_t tensor_grad,
+                         const aj_bwd_args *a, const fwd_sizes *sz, int64_t fixed_rows,
+                         dside_plan *plan)
+{
+    memset(plan, 0, sizeof *plan);
+    AJ_CHECK_ARG(ctx, a->num_dside >= 0 && (a->num_dside == 0 || a->dside),
+                 "%s: num_dside = %d with dside %s; want a count of 0 or more, and the tensors "
+                 "when it is not 0", fn, (int)a->num_dside, a->dside ? "given" : "NULL");
+    if (a->num_dside == 0)
+        return AJ_OK;
+    AJ_CHECK_ARG(ctx, a->num_side >= 0 && (a->num_side == 0 || a->side),
+                 "%s: num_side = %d with side %s", fn, (int)a->num_side,
+                 a->side ? "given" : "NULL");
+    /* each grad tensor's elements, from its side tensor */
+    int64_t numel[AJ_OP_TENSORS_MAX] = {0};
+    for (int t = 0; t < op->num_tensors; t++) {
+        if (!(tensor_grad >> t & 1u))
+            continue;
+        const aj_side_tensor *given = NULL;
+        for (int i = 0; i < a->num_side && !given; i++)
+            if (a->side[i].name && strcmp(a->side[i].name, op->tensors[t].name) == 0)
+                given = &a->side[i];
+        AJ_CHECK_ARG(ctx, given && given->rank == op->tensors[t].rank,
+                     "%s: side tensor '%s' (%s[%d], grad) is not given", fn, op->tensors[t].name,
+                     aj_side_dtype_names[op->tensors[t].dtype], (int)op->tensors[t].rank);
+        numel[t] = 1;
+        for (int d = 0; d < given->rank; d++)
+            numel[t] *= given->shape[d] > 0 ? given->shape[d] : 0;
+        plan->base[t] = plan->part_size;
+        plan->part_size += numel[t];
+    }
+    for (int i = 0; i < a->num_dside; i++) {
+        const aj_side_tensor *d = &a->dside[i];
+        int t = -1;
+        for (int x = 0; x < op->num_tensors && t < 0; x++)
+            if (d->name && strcmp(d->name, op->tensors[x].name) == 0)
+                t = x;
+        AJ_CHECK_ARG(ctx, t >= 0, "%s: dside[%d] ('%s') is not a tensor the op declares", fn, i,
+                     d->name ? d->name : "(null)");
+        AJ_CHECK_ARG(ctx, tensor_grad >> t & 1u, "%s: dside[%d]: tensor '%s' is not declared "
+                     "grad (tensors = (%s: f32[%d] grad))", fn, i, d->name, d->name,
+                     (int)op->tensors[t].rank);
+        for (int j = 0; j < i; j++)
+            AJ_CHECK_ARG(ctx, strcmp(a->dside[j].name, d->name) != 0,
+                         "%s: dside[%d] and dside[%d] both name '%s'", fn, j, i, d->name);
+        const aj_side_tensor *given = NULL;
+        for (int x = 0; x < a->num_side && !given; x++)
+            if (a->side[x].name && strcmp(a->side[x].name, d->name) == 0)
+                given = &a->side[x];
+        AJ_CHECK_ARG(ctx, d->data, "%s: dside '%s' has no data", fn, d->name);
+        AJ_CHECK_ARG(ctx, d->dtype == AJ_SIDE_F32 && d->rank == given->rank,
+                     "%s: dside '%s' is %s[%d]; want f32[%d] (the gradient of side tensor "
+                     "'%s')", fn, d->name, (unsigned)d->dtype < AJ_SIDE_DTYPE_COUNT
+                                              ? aj_side_dtype_names[d->dtype] : "?",
+                     (int)d->rank, (int)given->rank, d->name);
+        for (int k = 0; k < d->rank; k++) {
+            AJ_CHECK_ARG(ctx, d->shape[k] == given->shape[k],
+                         "%s: dside '%s' has shape[%d] = %lld; want %lld (side tensor '%s')",
+                         fn, d->name, k, (long long)d->shape[k], (long long)given->shape[k],
+                         d->name);
+            AJ_CHECK_ARG(ctx, d->strides[k] >= 0, "%s: dside '%s' has stride[%d] = %lld; want "
+                         "0 or more", fn, d->name, k, (long long)d->strides[k]);
+        }
+        AJ_CHECK_ARG(ctx, distinct_elements(d->rank, d->shape, d->strides),
+                     "%s: dside '%s': its strides make two elements one place", fn, d->name);
+    }
+    /* about 256 parts in all: one per (b, h) at least, one per 16 rows at
+     * most, fewer where the sums would pass AJ_DSIDE_BYTES_MAX; or the
+     * kernel's rows per part */
+    int64_t bh = sz->batch * sz->heads_q, most = (sz->seq_q + 15) / 16;
+    int64_t parts = bh > 0 ? (256 + bh - 1) / bh : 1;
+    parts = parts > most ? most : parts;
+    parts = parts < 1 ? 1 : parts;
+    if (fixed_rows > 0)
+        parts = sz->seq_q > 0 ? (sz->seq_q + fixed_rows - 1) / fixed_rows : 1;
+    int64_t per = bh * plan->part_size * 4, want = parts;
+    if (per > 0 && parts * per > AJ_DSIDE_BYTES_MAX)
+        parts = fixed_rows > 0 ? 0 : AJ_DSIDE_BYTES_MAX / per;
+    AJ_CHECK_ARG(ctx, parts >= 1 || per == 0,
+                 "%s: the gradients of the grad side tensors (%lld elements) take %lld bytes of "
+                 "partial sums for %lld (b, h) x %lld parts, more than %lld: split the call "
+                 "over its heads or batch", fn, (long long)plan->part_size,
+                 (long long)(want * per), (long long)bh, (long long)want,
+                 (long long)AJ_DSIDE_BYTES_MAX);
+    plan->count = a->num_dside;
+    plan->rows = fixed_rows > 0          ? fixed_rows
+                 : sz->seq_q > 0 ? (sz->seq_q + parts - 1) / parts : 1;
+    plan->parts = sz->seq_q > 0 ? (sz->seq_q + plan->rows - 1) / plan->rows : 0;
+    plan->parts_total = bh * plan->parts;
+    return AJ_OK;
+}
+
+void aj_dside_values(const dside_plan *plan, const bwd_workspace *w, void *ws,
+                     const aj_side_tensor *out, int tensor, launch_values *v)
+{
+    float *parts = ws ? (float *)ws + w->dside_offset : NULL;
+    const aj_tensor all = {parts, AJ_DTYPE_F32, 1, {plan->parts_total * plan->part_size}, {1}};
+    put_tensor(v, AJ_PSRC_dside_part, &all);
+    put_scalar(v, AJ_PSRC_dside_rows, plan->rows);
+    put_scalar(v, AJ_PSRC_dside_parts, plan->parts);
+    put_scalar(v, AJ_PSRC_dside_part_size, plan->part_size);
+    put_scalar(v, AJ_PSRC_dside_parts_total, plan->parts_total);
+    if (!out)
+        return;
+    /* rank 4, the caller's dims last */
+    aj_tensor view = {(void *)out->data, AJ_DTYPE_F32, 4, {1, 1, 1, 1}, {0, 0, 0, 0}};
+    for (int d = 0; d < out->rank; d++) {
+        view.shape[4 - out->rank + d] = out->shape[d];
+        view.strides[4 - out->rank + d] = out->strides[d];
+    }
+    put_tensor(v, AJ_PSRC_dside, &view);
+    put_scalar(v, AJ_PSRC_dside_base, plan->base[tensor]);
+}
+
 /* Checks the side tensors of a launch against the op's declarations and
  * binds them and alibi's slopes, as `fn` in messages. */
 aj_status aj_bind_scores(aj_ctx *ctx, const char *fn, const aj_op_info *op,
@@ -447,8 +584,11 @@ uint64_t aj_launch_sources(aj_kind kind)
         aj_forward_values(&a, &sz, 0, 0, NULL, &v);
     } else if (kind == AJ_KIND_BACKWARD) {
         const aj_bwd_args a = AJ_BWD_ARGS_INIT;
-        const bwd_workspace w = {0, 0, {0}, 0};
+        const bwd_workspace w = {0, 0, {0}, 0, 0};
         aj_backward_values(&a, &sz, 0, 0, &w, NULL, NULL, &v);
+        const dside_plan plan = {0};
+        const aj_side_tensor out = {.rank = 1, .shape = {1}, .strides = {1}};
+        aj_dside_values(&plan, &w, NULL, &out, 0, &v);
     } else if (kind == AJ_KIND_MERGE) {
         const aj_merge_args a = AJ_MERGE_ARGS_INIT;
         aj_merge_values(&a, &sz, &v);

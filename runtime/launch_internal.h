@@ -32,7 +32,20 @@ typedef struct fwd_sizes {
     int64_t splits;   /* layout = paged: split-KV parts (else 1) */
     int64_t tokens_q; /* layout = paged: a query head's rows (Sq; varlen queries: T) */
     int64_t head_offset, heads_total;   /* the call's heads in the op's (check_heads) */
+    /* gradients of side tensors: parts per (b, h), and the elements of
+     * the tensor a sum stage writes (AJ_EXTENT_DSIDE_*) */
+    int64_t dside_parts, dside_elements;
 } fwd_sizes;
+
+/* The side tensors' gradients of a backward call (templates/side_grad.c):
+ * the tensors asked for and the partial sums' layout, in f32 elements. */
+typedef struct dside_plan {
+    int32_t count;                    /* outputs asked for (aj_bwd_args.dside) */
+    int64_t parts, rows;              /* parts per (b, h), the rows each covers */
+    int64_t part_size, parts_total;   /* elements of a part; parts in all */
+    int64_t base[AJ_OP_TENSORS_MAX];  /* each grad tensor's first element in a part */
+    int64_t offset;                   /* the first part's element in the workspace */
+} dside_plan;
 
 /* A checked backward call: its sizes (varlen: batch and the longest
  * lengths, which size the grid), the query rows of each head (Sq, or Tq
@@ -42,6 +55,7 @@ typedef struct bwd_call {
     fwd_sizes sz;
     int64_t head_rows;
     aj_bwd_args view;
+    dside_plan dside;
 } bwd_call;
 
 /* The workspace of a backward call: its rule (runtime.h,
@@ -50,6 +64,7 @@ typedef struct bwd_call {
 typedef struct bwd_workspace {
     int64_t stride_b, stride_h;
     int64_t offset[AJ_WS_REGIONS];
+    int64_t dside_offset;   /* the side tensors' partial sums (f32 elements) */
     size_t bytes;
 } bwd_workspace;
 
@@ -194,6 +209,22 @@ void aj_forward_values(const aj_fwd_args *a, const fwd_sizes *sz, int64_t sq_tot
 void aj_backward_values(const aj_bwd_args *a, const fwd_sizes *sz, int64_t sq_total,
                         int64_t sk_total, const bwd_workspace *w, void *ws, void *status,
                         launch_values *v);
+/* The most bytes of partial sums the side tensors' gradients take. */
+#define AJ_DSIDE_BYTES_MAX ((int64_t)1 << 30)
+
+/* Checks aj_bwd_args.dside (as `fn`) against the op's grad tensors
+ * (tensor_grad) and the side tensors given, and plans the partial sums
+ * of a call of sizes sz (templates/side_grad.c): parts of fixed_rows rows
+ * where the kernel fixes them (not 0), else of the rows it chooses. */
+aj_status aj_check_dside(aj_ctx *ctx, const char *fn, const aj_op_info *op, uint32_t tensor_grad,
+                         const aj_bwd_args *a, const fwd_sizes *sz, int64_t fixed_rows,
+                         dside_plan *plan);
+
+/* The values of the side tensors' gradient stages (plan's parts in ws),
+ * and of the sum stage writing output `out` of grad tensor `tensor`
+ * (out NULL: the parts' stage only). */
+void aj_dside_values(const dside_plan *plan, const bwd_workspace *w, void *ws,
+                     const aj_side_tensor *out, int tensor, launch_values *v);
 void aj_merge_values(const aj_merge_args *a, const fwd_sizes *sz, launch_values *v);
 
 #endif /* AJ_RUNTIME_LAUNCH_INTERNAL_H */

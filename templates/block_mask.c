@@ -98,11 +98,7 @@ static void stage_begin(bmask *m, aj_kb *kb, const aj_op *op, const aj_score_pro
     aj_kb_begin_stage(kb, name, m->threads);
     m->tid = aj_kb_i32(kb, 0);
     for (int d = 0; d < 3; d++)
-        m->item[d] = cpu ? LLVMBuildLoad2(b, kb->t_i32,
-                                          LLVMBuildGEP2(b, kb->t_i32, kb->work_item,
-                                                        (LLVMValueRef[]){aj_kb_i32(kb, d)}, 1,
-                                                        ""), "")
-                         : aj_kb_block_id(kb, d);
+        m->item[d] = aj_kb_item_id(kb, d);
     if (!cpu)
         m->tid = aj_kb_thread_id(kb);
     m->seq_q = aj_param(kb, AJ_PID(seq_q));

@@ -9,7 +9,10 @@
  *   dS_ij = P_ij (dP_ij - Delta_i) m'_ij,   Delta_i = dO_i . O_i
  *
  * m' = d score_mod / d score (score.h's derivative of the program; 1
- * without a score_mod); side tensors take no gradient.
+ * without a score_mod).  Grad side tensors: the dq item of query block m
+ * is part m of its (b, h)'s partial sums (side_grad.c), to which it adds
+ * each element's P (dP - Delta) times the score_mod's derivatives by the
+ * tensors' loads, where it computes them.
  *
  *   stage 0, dkdv: one item per (key block of bn keys, kv head, batch)
  *                  dV_j = sum_i z_ij P_ij dO_i      dK_j = scale sum_i dS_ij q_i
@@ -48,7 +51,7 @@
 #include <string.h>
 
 #include "templates/cpu_attn.h"
-#include "templates/sinks_grad.h"
+#include "templates/grad_tail.h"
 #include "templates/skeleton.h"
 #include "templates/template.h"
 
@@ -74,6 +77,8 @@ static aj_status plan_kernel(aj_ctx *ctx, const aj_op *op, cbwd_plan *p)
 static aj_status cbwd_check(aj_ctx *ctx, const aj_op *op, aj_target target)
 {
     aj_status st = aj_cpu_check_op(ctx, op, "cpu backward");
+    if (st == AJ_OK)
+        st = aj_side_grad_check(ctx, op);
     cbwd_plan plan;
     return st != AJ_OK ? st : plan_kernel(ctx, op, &plan);
 }
@@ -85,6 +90,9 @@ typedef struct cbwd {
     cbwd_plan p;
     aj_cpu_attn at;              /* of the current (b, h) */
     LLVMValueRef q, dob, kt, vt, kn, s, dp, z, lse2, delta;   /* stack buffers */
+    /* grad side tensors, the dq stage: the item's part of the sums, each
+     * grad tensor's first element in it, whether the call asks for them */
+    LLVMValueRef side_part, side_base[AJ_OP_TENSORS_MAX + 1], side_on;
 } cbwd;
 
 static LLVMValueRef buf_at(cbwd *c, LLVMValueRef buf, LLVMValueRef index)
@@ -132,9 +140,7 @@ static void set_head(cbwd *c, LLVMValueRef bidx, LLVMValueRef h)
 
 static LLVMValueRef item(cbwd *c, int d)
 {
-    aj_kb *kb = c->kb;
-    return LLVMBuildLoad2(c->b, kb->t_i32, aj_cv_at(kb, kb->t_i32, kb->work_item, aj_kb_i32(kb, d)),
-                          "");
+    return aj_kb_item_id(c->kb, d);
 }
 
 /*
@@ -237,10 +243,19 @@ static void emit_probabilities(cbwd *c, LLVMValueRef m0, LLVMValueRef n0)
         LLVMValueRef at = aj_kb_add(kb, row, aj_kb_i32(kb, n * w));
         LLVMValueRef jv = LLVMBuildAdd(
             b, aj_cv_splat(kb, aj_kb_add(kb, n0, aj_kb_i32(kb, n * w)), w), aj_cv_iota(kb, w), "");
-        LLVMValueRef dmod;
-        LLVMValueRef s2 = aj_cpu_scores(&c->at, vload(c, buf_at(c, c->s, at), w), ig, jv, &dmod);
+        LLVMValueRef dmod, t = vload(c, buf_at(c, c->s, at), w);
+        LLVMValueRef s2 = aj_cpu_scores(&c->at, t, ig, jv, &dmod);
         LLVMValueRef pv = aj_cv_exp2(kb, LLVMBuildFSub(b, s2, lse, ""), w);
         LLVMValueRef dpv = vload(c, buf_at(c, c->dp, at), w);
+        if (c->side_part) {   /* dq: the grad side tensors' terms (no dropout) */
+            LLVMValueRef live = LLVMBuildAnd(
+                b, aj_cv_splat(kb, row_in, w),
+                LLVMBuildFCmp(b, LLVMRealOGT, pv, aj_cv_splat(kb, aj_kb_f32(kb, 0), w), ""), "");
+            aj_kb_if_begin(kb, c->side_on);
+            aj_side_grad_add_lanes(&c->at.sc, c->side_base, c->side_part, t,
+                                   aj_score_ds(kb, pv, dpv, delta, NULL, row_in), live, ig, jv);
+            aj_kb_if_end(kb);
+        }
         LLVMValueRef pz = pv;
         if (op->dropout > 0) {
             LLVMValueRef z = vload(c, buf_at(c, c->z, at), w);
@@ -515,6 +530,11 @@ static void build_dq(cbwd *c)
     pr.dq = aj_cv_buffer(kb, p->bm * p->d, "dqbuf");
     LLVMValueRef h_item = item(c, 1), b_item = item(c, 2);
     pr.m0 = aj_kb_mul(kb, item(c, 0), aj_kb_i32(kb, p->bm));
+    if (c->prog->tensor_grad) {   /* the item's part: row block m of (b, h) */
+        c->side_on = LLVMBuildIsNotNull(b, aj_param(kb, AJ_PID(dside_part)), "");
+        c->side_part = aj_side_grad_part(kb, c->prog, b_item, h_item, item(c, 0),
+                                         aj_kb_i32(kb, 0), 1, c->side_on, c->side_base);
+    }
     LLVMValueRef one = aj_kb_i32(kb, 1);
     LLVMValueRef pairs_b, pairs_h, fold_b, fold_h;
     dq_pairs(c, b_item, h_item, &pairs_b, &pairs_h, &fold_b, &fold_h);
@@ -544,8 +564,7 @@ static aj_status cbwd_build(aj_kb *kb, const aj_op *op, void *user)
     aj_kctx_init(&c.k, kb, op, prog);
     build_dkdv(&c);
     build_dq(&c);
-    if (aj_score_has_sinks(prog))
-        aj_sinks_grad_build(kb, op, prog);
+    aj_grad_tail_build(kb, op, prog);
     return kb->st;
 }
 

@@ -457,9 +457,7 @@ static void alloc_buffers(cfwd *c)
 static void work_item(cfwd *c, LLVMValueRef item[3])
 {
     for (int d = 0; d < 3; d++)
-        item[d] = LLVMBuildLoad2(
-            c->b, c->kb->t_i32,
-            aj_cv_at(c->kb, c->kb->t_i32, c->kb->work_item, aj_kb_i32(c->kb, d)), "");
+        item[d] = aj_kb_item_id(c->kb, d);
 }
 
 /* A stage's opening: its parameters (`sig`), begin (`stage` NULL: the

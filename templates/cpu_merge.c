@@ -59,8 +59,7 @@ static aj_status cmerge_build(aj_kb *kb, const aj_op *op, void *user)
     aj_kb_begin(kb, 1);
     LLVMValueRef it[3];
     for (int d = 0; d < 3; d++)
-        it[d] = LLVMBuildLoad2(b, kb->t_i32, aj_cv_at(kb, kb->t_i32, kb->work_item,
-                                                       aj_kb_i32(kb, d)), "");
+        it[d] = aj_kb_item_id(kb, d);
     LLVMValueRef h = it[1], bidx = it[2];
     LLVMValueRef m0 = LLVMBuildMul(b, it[0], aj_kb_i32(kb, ROWS), "");
     LLVMValueRef end = aj_kb_smin(kb, LLVMBuildAdd(b, m0, aj_kb_i32(kb, ROWS), ""),

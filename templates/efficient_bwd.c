@@ -76,7 +76,7 @@
 #include "templates/attn_common.h"
 #include "templates/skeleton.h"
 #include "templates/score.h"
-#include "templates/sinks_grad.h"
+#include "templates/grad_tail.h"
 #include "templates/template.h"
 #include "templates/tile_io.h"
 
@@ -213,6 +213,8 @@ static aj_status plan_kernel(aj_ctx *ctx, const aj_op *op, aj_target target, ebw
 static aj_status ebwd_check(aj_ctx *ctx, const aj_op *op, aj_target target)
 {
     aj_status st = aj_attn_check_layout_and_dims(ctx, op, "efficient backward");
+    if (st == AJ_OK)
+        st = aj_side_grad_check(ctx, op);
     ebwd_plan plan;
     return st != AJ_OK ? st : aj_kctx_check_planned(ctx, op, plan_kernel(ctx, op, target, &plan));
 }
@@ -1073,8 +1075,7 @@ static aj_status ebwd_build(aj_kb *kb, const aj_op *op, void *user)
         return st;
     build_dkdv(kb, op, &plan, prog);
     build_dq(kb, op, &plan, prog);
-    if (aj_score_has_sinks(prog))
-        aj_sinks_grad_build(kb, op, prog);
+    aj_grad_tail_build(kb, op, prog);
     return kb->st;
 }
 

@@ -64,7 +64,7 @@
 #include <string.h>
 
 #include "templates/attn_common.h"
-#include "templates/sinks_grad.h"
+#include "templates/grad_tail.h"
 #include "templates/skeleton.h"
 #include "templates/score.h"
 #include "templates/template.h"
@@ -347,6 +347,8 @@ static aj_status fbwd_check(aj_ctx *ctx, const aj_op *op, aj_target target)
                        "dtype = f32: flash backward runs on tensor cores and takes f16 or "
                        "bf16; use `attention backward efficient` for f32");
     aj_status st = aj_attn_check_dims(ctx, op, "flash backward");
+    if (st == AJ_OK)
+        st = aj_side_grad_check(ctx, op);
     fbwd_plan plan;
     return st != AJ_OK ? st : aj_kctx_check_planned(ctx, op, plan_kernel(ctx, op, target, &plan));
 }
@@ -1390,8 +1392,7 @@ static aj_status fbwd_build(aj_kb *kb, const aj_op *op, void *user)
         build_dq(kb, op, &plan, prog);
     else
         build_dq_convert(kb, op, &plan, prog);
-    if (aj_score_has_sinks(prog))
-        aj_sinks_grad_build(kb, op, prog);
+    aj_grad_tail_build(kb, op, prog);
     return kb->st;
 }
 

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "templates/grad_tail.h"
 #include "templates/params.h"
 #include "templates/score.h"
 #include "templates/template.h"
@@ -50,6 +51,7 @@ typedef enum aj_param_when {
     AJ_PWHEN_F8_KV,           /* layout = paged with an f8 kv_dtype */
     AJ_PWHEN_VARLEN_Q,        /* layout = paged with q_layout = varlen */
     AJ_PWHEN_SINKS,           /* the op has learned sinks */
+    AJ_PWHEN_SIDE_GRAD,       /* a backward of an op with grad side tensors */
 } aj_param_when;
 
 static const struct sig_row {
@@ -149,6 +151,7 @@ static bool op_has(aj_param_when when, const aj_op *op, const aj_score_prog *pro
     case AJ_PWHEN_VARLEN_Q:
         return op->layout == AJ_LAYOUT_PAGED && op->q_layout == AJ_LAYOUT_VARLEN;
     case AJ_PWHEN_SINKS: return aj_score_has_sinks(prog);
+    case AJ_PWHEN_SIDE_GRAD: return prog->tensor_grad != 0;
     }
     return false;
 }
@@ -256,15 +259,18 @@ aj_status aj_op_kernel_params(aj_ctx *ctx, const aj_op *op, aj_target target, in
     int stages = 0;
     while (stages < AJ_KB_MAX_STAGES && tmpl->stage_sigs[stages] != AJ_KSIG_NONE)
         stages++;
-    /* a backward of an op with sinks ends with their gradient's stage */
-    int sinks_stage = op->kind == AJ_KIND_BACKWARD && op->sinks ? stages++ : -1;
+    /* a backward ends with the stages of its other gradients (grad_tail.h) */
+    aj_kernel_sig tail[4];
+    int template_stages = stages;
+    stages += aj_grad_tail_sigs(op, target, tail);
     if (num_stages)
         *num_stages = stages;
     AJ_CHECK_ARG(ctx, stage >= 0 && stage < stages, "%s: stage = %d; the %s kernel has "
                  "stages 0 .. %d", fn, stage, tmpl->name, stages - 1);
     aj_score_prog prog;
     AJ_TRY(aj_score_prog_init(ctx, op, &prog));
-    *count = aj_params_list(stage == sinks_stage ? AJ_KSIG_SINKS_GRAD : tmpl->stage_sigs[stage],
+    *count = aj_params_list(stage >= template_stages ? tail[stage - template_stages]
+                                                     : tmpl->stage_sigs[stage],
                             op, &prog, params, cap);
     aj_score_prog_free(&prog);
 done:

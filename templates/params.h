@@ -28,6 +28,8 @@ typedef enum aj_kernel_sig {
     AJ_KSIG_CPU_PAGED_FWD,
     AJ_KSIG_CPU_PAGED_MERGE,
     AJ_KSIG_SINKS_GRAD,
+    AJ_KSIG_SIDE_GRAD,
+    AJ_KSIG_SIDE_GRAD_SUM,
     AJ_KSIG_COUNT
 } aj_kernel_sig;
 

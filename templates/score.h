@@ -57,6 +57,9 @@
 
 /* Tile classes: aj_tile_class (attnjit.h). */
 
+/* Loads of grad tensors a score_mod may have (each a derivative). */
+#define AJ_SCORE_GRADS_MAX 32
+
 /* The programs of an op (no pointers into the op; its arena and reads
  * are its own, freed by aj_score_prog_free: a copy by value shares them). */
 typedef struct aj_score_prog {
@@ -89,6 +92,15 @@ typedef struct aj_score_prog {
     uint16_t *reads;
     /* the pipeline's constants (aj_score_compose): q.k's scale, dropout's p */
     double scale, dropout;
+    /* Gradients of side tensors (a backward's; docs/design.md "Gradients
+     * of side tensors"): the op's grad tensors (bit t), and the loads of
+     * one whose value reaches the score_mod's, each with d mod / d load
+     * (a node: the derivative of the mod with that load a variable) */
+    uint32_t tensor_grad;
+    int num_grads;
+    struct {
+        uint16_t load, d;
+    } grads[AJ_SCORE_GRADS_MAX];
 } aj_score_prog;
 
 #define AJ_SCORE_READS(var) ((uint16_t)(1u << (var)))
@@ -265,6 +277,19 @@ void aj_score_p_ds(aj_score *s, LLVMValueRef qk, LLVMValueRef dp, LLVMValueRef i
                    LLVMValueRef j, LLVMValueRef lse2, LLVMValueRef delta, LLVMValueRef visible,
                    LLVMValueRef bias, LLVMValueRef keep, LLVMValueRef *p_out,
                    LLVMValueRef *ds_out);
+
+/* Gradients of side tensors: the score_mod of `t` (the pre-mod score,
+ * f32; or <W x float> with s->lanes) at row i, key j (local) and, for
+ * each of the programs' grads g, val[g] = d mod / d load_g there and at[g]
+ * the element the load reads as a row-major index into its tensor's shape
+ * (i64; vectors with lanes), -1 where the index falls outside the tensor
+ * (the load read 0, which has no gradient).  Without a score_mod: t, and
+ * no grads. */
+LLVMValueRef aj_score_mod_side_grads(aj_score *s, LLVMValueRef t, LLVMValueRef i,
+                                     LLVMValueRef j, LLVMValueRef *val, LLVMValueRef *at);
+/* The elements of side tensor d (i64): the product of its size
+ * parameters. */
+LLVMValueRef aj_score_tensor_numel(aj_kb *kb, const aj_tensor_decl *d);
 
 /* Whether the mask shows key j to row i (i1 or <W x i1>).  Keys at or past
  * the key length are the caller's to hide. */

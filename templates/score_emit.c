@@ -714,6 +714,50 @@ LLVMValueRef aj_score_mod_grad(aj_score *s, LLVMValueRef score, LLVMValueRef i, 
     return v;
 }
 
+LLVMValueRef aj_score_tensor_numel(aj_kb *kb, const aj_tensor_decl *d)
+{
+    LLVMValueRef n = aj_kb_i64(kb, 1);
+    char name[64];
+    for (int dim = 0; dim < d->rank; dim++) {
+        aj_score_param_name(name, sizeof name, d->name, 's', dim);
+        n = LLVMBuildMul(kb->b, n, aj_kb_param(kb, name), "");
+    }
+    return n;
+}
+
+LLVMValueRef aj_score_mod_side_grads(aj_score *s, LLVMValueRef t, LLVMValueRef i,
+                                     LLVMValueRef j, LLVMValueRef *val, LLVMValueRef *at)
+{
+    aj_kb *kb = s->kb;
+    LLVMBuilderRef b = kb->b;
+    const aj_score_prog *p = s->p;
+    emitter *m = score_emitter(s, SLOT_GRAD, s->lanes, i, j, t);
+    if (!m || p->mod == NONE)
+        return t;
+    /* with lanes a uniform value may come as a scalar: every value a vector */
+#define LANES(x) (s->lanes && LLVMGetTypeKind(LLVMTypeOf(x)) != LLVMVectorTypeKind ? splat(m, x) : (x))
+    LLVMValueRef v = aj_score_emit_node(m, p->mod);
+    for (int g = 0; g < p->num_grads; g++) {
+        const aj_expr_node *n = node(p, p->grads[g].load);
+        const aj_tensor_decl *d = &p->tensors[n->u.tensor];
+        val[g] = LANES(aj_score_emit_node(m, p->grads[g].d));
+        /* the element's row-major index in the tensor's shape */
+        LLVMValueRef inside = splat(m, LLVMConstInt(kb->t_i1, 1, 0));
+        LLVMValueRef flat = splat(m, aj_kb_i64(kb, 0));
+        char name[64];
+        for (int dim = 0; dim < d->rank; dim++) {
+            LLVMValueRef x = LANES(aj_score_emit_node(m, n->args[dim]));
+            aj_score_param_name(name, sizeof name, d->name, 's', dim);
+            LLVMValueRef size = splat(m, aj_kb_param(kb, name));
+            inside = LLVMBuildAnd(b, inside, LLVMBuildICmp(b, LLVMIntULT, x, size, ""), "");
+            flat = LLVMBuildAdd(b, LLVMBuildMul(b, flat, size, ""), x, "");
+        }
+        at[g] = LLVMBuildSelect(b, inside, flat, splat(m, aj_kb_i64(kb, -1)), "");
+    }
+#undef LANES
+    return v;
+}
+
 LLVMValueRef aj_score_visible_rest(aj_score *s, LLVMValueRef i, LLVMValueRef j)
 {
     emitter *m = score_emitter(s, SLOT_REST, s->lanes, i, j, NULL);

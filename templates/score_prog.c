@@ -17,6 +17,10 @@ typedef struct builder {
     aj_score_prog *p;
     aj_expr_scope scope;
     bool ok;
+    /* diff's variable: NONE, the score; else load node `wrt`, with
+     * dep[id] whether node id's tree reads it */
+    uint16_t wrt;
+    const bool *dep;
 } builder;
 
 
@@ -145,15 +149,20 @@ static aj_status add_field(aj_ctx *ctx, const aj_op *op, bool score_mod, aj_scor
 
 /* ---------------------------------------------------------------- derivative */
 
-/* d node / d score into memo (NONE until made), zero where the node does
- * not read the score.  The rules of aj_expr_eval_grad, written as nodes. */
+/* d node / d variable into memo (NONE until made), zero where the node
+ * does not read it; the variable is the score, or load bd->wrt (a side
+ * tensor's gradient).  The rules of aj_expr_eval_grad, written as nodes. */
 static uint16_t diff(builder *bd, uint16_t id, const uint16_t *reads, uint16_t *memo,
                      uint16_t zero, uint16_t one)
 {
     const aj_score_prog *p = bd->p;
     const aj_expr_node *n = node(p, id);
-    if (!(reads[id] & AJ_SCORE_READS(AJ_VAR_SCORE)) || n->type != AJ_EXPR_FLOAT)
+    bool reads_var = bd->wrt == NONE ? (reads[id] & AJ_SCORE_READS(AJ_VAR_SCORE)) != 0
+                                     : bd->dep[id];
+    if (!reads_var || n->type != AJ_EXPR_FLOAT)
         return zero;
+    if (id == bd->wrt)
+        return one;
     if (memo[id] != NONE)
         return memo[id];
     uint16_t a = n->args[0], b = n->args[1], c = n->args[2];
@@ -161,7 +170,7 @@ static uint16_t diff(builder *bd, uint16_t id, const uint16_t *reads, uint16_t *
     uint16_t d = zero;
     switch ((aj_expr_op)n->op) {
     case AJ_EXPR_VAR:
-        d = n->u.var == AJ_VAR_SCORE ? one : zero;
+        d = n->u.var == AJ_VAR_SCORE && bd->wrt == NONE ? one : zero;
         break;
     case AJ_EXPR_NEG:
         d = mk(bd, AJ_EXPR_NEG, &(uint16_t){D(a)}, 1);
@@ -470,6 +479,59 @@ void aj_score_prog_free(aj_score_prog *p)
     p->reads = NULL;
 }
 
+/* The loads of grad tensors in the score_mod whose value reaches it (a
+ * float load; not one only an index or a condition reads), each with
+ * d mod / d load (p->grads).  False when there are more than
+ * AJ_SCORE_GRADS_MAX of them. */
+static bool grad_loads(builder *bd, uint16_t zero, uint16_t one)
+{
+    aj_score_prog *p = bd->p;
+    int count = p->e.count;
+    bool *used = calloc((size_t)count, sizeof *used), *dep = calloc((size_t)count, sizeof *dep);
+    uint16_t *memo = malloc((size_t)AJ_EXPR_NODES_MAX * sizeof *memo);
+    bool ok = used && dep && memo;
+    /* the mod's tree, walked down in id order (operands have smaller ids) */
+    if (ok)
+        used[p->mod] = true;
+    for (int id = p->mod; ok && id >= 0; id--) {
+        if (!used[id])
+            continue;
+        const aj_expr_node *n = node(p, (uint16_t)id);
+        for (int a = 0; a < aj_expr_arity(n); a++)
+            used[n->args[a]] = true;
+    }
+    for (int id = 0; ok && id < count; id++) {
+        const aj_expr_node *n = node(p, (uint16_t)id);
+        if (!used[id] || n->op != AJ_EXPR_LOAD || n->type != AJ_EXPR_FLOAT ||
+            !(p->tensor_grad >> n->u.tensor & 1u))
+            continue;
+        for (int j = 0; j < count; j++) {
+            const aj_expr_node *m = node(p, (uint16_t)j);
+            dep[j] = j == id;
+            for (int a = 0; a < aj_expr_arity(m) && !dep[j]; a++)
+                dep[j] = dep[m->args[a]];
+        }
+        for (int i = 0; i < AJ_EXPR_NODES_MAX; i++)
+            memo[i] = NONE;
+        bd->wrt = (uint16_t)id;
+        bd->dep = dep;
+        uint16_t d = diff(bd, p->mod, NULL, memo, zero, one);
+        bd->wrt = NONE;
+        if (!bd->ok || is_lit(p, d, 0))
+            continue;
+        if (p->num_grads == AJ_SCORE_GRADS_MAX) {
+            ok = false;
+            break;
+        }
+        p->grads[p->num_grads].load = (uint16_t)id;
+        p->grads[p->num_grads++].d = d;
+    }
+    free(used);
+    free(dep);
+    free(memo);
+    return ok;
+}
+
 static aj_status build(aj_ctx *ctx, const aj_op *op, aj_score_prog *p);
 
 aj_status aj_score_prog_init(aj_ctx *ctx, const aj_op *op, aj_score_prog *p)
@@ -499,8 +561,9 @@ static aj_status build(aj_ctx *ctx, const aj_op *op, aj_score_prog *p)
         st = add_field(ctx, op, true, p, &p->mod);
     if (st != AJ_OK)
         return st;
-    builder bd = {p, {p->tensors, AJ_OP_TENSORS_MAX + 1, true}, true};
+    builder bd = {p, {p->tensors, AJ_OP_TENSORS_MAX + 1, true}, true, NONE, NULL};
     bd.scope.count = p->tensor_count;
+    p->tensor_grad = op->kind == AJ_KIND_BACKWARD ? op->tensor_grad : 0;
     if (p->mod != NONE) {
         uint16_t reads[AJ_EXPR_NODES_MAX], memo[AJ_EXPR_NODES_MAX];
         mark_reads(p, reads);
@@ -512,6 +575,10 @@ static aj_status build(aj_ctx *ctx, const aj_op *op, aj_score_prog *p)
          * skips the chain rule's multiply and select per element */
         if (p->dmod != NONE && is_lit(p, p->dmod, 1))
             p->dmod = NONE;
+        if (p->tensor_grad && bd.ok && !grad_loads(&bd, zero, one))
+            return aj_fail(ctx, AJ_ERR_UNSUPPORTED, "the score_mod reads grad tensors at more "
+                           "than %d places; a gradient is computed for at most %d loads",
+                           AJ_SCORE_GRADS_MAX, AJ_SCORE_GRADS_MAX);
     }
     if (mask != NONE)
         split_band(&bd, mask);

@@ -22,20 +22,17 @@
 
 #include "templates/attn_common.h"
 #include "templates/cpu_attn.h"
-#include "templates/sinks_grad.h"
+#include "templates/grad_tail.h"
 
 #define SIMT_THREADS 128
 
-/* exp(x) in f32 on the target */
-static LLVMValueRef exp_f32(aj_kb *kb, LLVMValueRef x)
+LLVMValueRef aj_tail_exp(aj_kb *kb, LLVMValueRef x)
 {
     LLVMValueRef x2 = LLVMBuildFMul(kb->b, x, aj_kb_f32(kb, AJ_LOG2E), "");
     return kb->desc->simt ? aj_kb_exp2(kb, x2) : aj_kb_call_overloaded(kb, "llvm.exp2", &x2, 1);
 }
 
-/* the element of tensor parameter t (of dtype) at element offset `at`
- * (i64), as f32 */
-static LLVMValueRef load_elem(aj_kb *kb, aj_param_source t, aj_dtype dtype, LLVMValueRef at)
+LLVMValueRef aj_tail_load(aj_kb *kb, aj_param_source t, aj_dtype dtype, LLVMValueRef at)
 {
     int size = aj_dtype_size(dtype);
     if (!kb->desc->simt)   /* the cpu's own widening (cpu_vec.h), one lane */
@@ -48,41 +45,48 @@ static LLVMValueRef load_elem(aj_kb *kb, aj_param_source t, aj_dtype dtype, LLVM
                         dtype);
 }
 
+LLVMValueRef aj_tail_row_dot(aj_kb *kb, aj_param_source a, LLVMValueRef row_a,
+                             aj_param_source b_, LLVMValueRef row_b, int n, aj_dtype dtype)
+{
+    LLVMBuilderRef b = kb->b;
+    /* cpu: 8 columns at a time where n allows (the cpu's loads widen) */
+    int vw = !kb->desc->simt && n % 8 == 0 ? 8 : 1;
+    LLVMTypeRef acc_t = vw > 1 ? aj_cv_type(kb, vw) : kb->t_f32;
+    LLVMValueRef dot = aj_kb_var(kb, acc_t, LLVMConstNull(acc_t), "dot");
+    LLVMValueRef d = aj_kb_for_begin(kb, aj_kb_i64(kb, 0), aj_kb_i64(kb, n), aj_kb_i64(kb, vw),
+                                     "d");
+    LLVMValueRef x, y;
+    if (vw > 1) {
+        x = aj_cv_load(kb, aj_cpu_tensor_at(kb, a, dtype, LLVMBuildAdd(b, row_a, d, "")), dtype,
+                       vw);
+        y = aj_cv_load(kb, aj_cpu_tensor_at(kb, b_, dtype, LLVMBuildAdd(b, row_b, d, "")),
+                       dtype, vw);
+    } else {
+        x = aj_tail_load(kb, a, dtype, LLVMBuildAdd(b, row_a, d, ""));
+        y = aj_tail_load(kb, b_, dtype, LLVMBuildAdd(b, row_b, d, ""));
+    }
+    aj_kb_set(kb, dot, LLVMBuildFAdd(b, aj_kb_get(kb, dot), LLVMBuildFMul(b, x, y, ""), ""));
+    aj_kb_for_end(kb);
+    return vw > 1 ? aj_cv_hsum(kb, aj_kb_get(kb, dot), vw) : aj_kb_get(kb, dot);
+}
+
 /* P_sink D of row i of (b, h) */
 static LLVMValueRef row_term(aj_kb *kb, const aj_op *op, LLVMValueRef bidx, LLVMValueRef h,
                              LLVMValueRef i, LLVMValueRef sink)
 {
     LLVMBuilderRef b = kb->b;
-    int dv = aj_op_dv(op);
     LLVMValueRef orow = LLVMBuildAdd(b, aj_attn_slice_base(kb, AJ_PSRC_o, bidx, h),
                                      LLVMBuildMul(b, i, aj_param_stride_s(kb, AJ_PSRC_o), ""), "");
     LLVMValueRef drow = LLVMBuildAdd(b, aj_attn_slice_base(kb, AJ_PSRC_do, bidx, h),
                                      LLVMBuildMul(b, i, aj_param_stride_s(kb, AJ_PSRC_do), ""),
                                      "");
-    /* cpu: 8 columns at a time where Dv allows (the cpu's loads widen) */
-    int vw = !kb->desc->simt && dv % 8 == 0 ? 8 : 1;
-    LLVMTypeRef acc_t = vw > 1 ? aj_cv_type(kb, vw) : kb->t_f32;
-    LLVMValueRef dot = aj_kb_var(kb, acc_t, LLVMConstNull(acc_t), "dot");
-    LLVMValueRef d = aj_kb_for_begin(kb, aj_kb_i64(kb, 0), aj_kb_i64(kb, dv), aj_kb_i64(kb, vw),
-                                     "d");
-    LLVMValueRef o, g;
-    if (vw > 1) {
-        o = aj_cv_load(kb, aj_cpu_tensor_at(kb, AJ_PSRC_o, op->dtype, LLVMBuildAdd(b, orow, d, "")),
-                       op->dtype, vw);
-        g = aj_cv_load(kb, aj_cpu_tensor_at(kb, AJ_PSRC_do, op->dtype,
-                                            LLVMBuildAdd(b, drow, d, "")), op->dtype, vw);
-    } else {
-        o = load_elem(kb, AJ_PSRC_o, op->dtype, LLVMBuildAdd(b, orow, d, ""));
-        g = load_elem(kb, AJ_PSRC_do, op->dtype, LLVMBuildAdd(b, drow, d, ""));
-    }
-    aj_kb_set(kb, dot, LLVMBuildFAdd(b, aj_kb_get(kb, dot), LLVMBuildFMul(b, o, g, ""), ""));
-    aj_kb_for_end(kb);
-    LLVMValueRef dsum = vw > 1 ? aj_cv_hsum(kb, aj_kb_get(kb, dot), vw) : aj_kb_get(kb, dot);
-    LLVMValueRef lse = load_elem(kb, AJ_PSRC_lse, AJ_DTYPE_F32,
-                                 LLVMBuildAdd(b, aj_attn_slice_base(kb, AJ_PSRC_lse, bidx, h), i,
-                                              ""));
+    LLVMValueRef dsum = aj_tail_row_dot(kb, AJ_PSRC_o, orow, AJ_PSRC_do, drow, aj_op_dv(op),
+                                        op->dtype);
+    LLVMValueRef lse = aj_tail_load(kb, AJ_PSRC_lse, AJ_DTYPE_F32,
+                                    LLVMBuildAdd(b, aj_attn_slice_base(kb, AJ_PSRC_lse, bidx, h),
+                                                 i, ""));
     LLVMValueRef empty = LLVMBuildFCmp(b, LLVMRealOEQ, lse, aj_kb_f32(kb, -INFINITY), "");
-    LLVMValueRef p = exp_f32(kb, LLVMBuildFSub(b, sink, lse, ""));
+    LLVMValueRef p = aj_tail_exp(kb, LLVMBuildFSub(b, sink, lse, ""));
     return LLVMBuildSelect(b, empty, aj_kb_f32(kb, 0), LLVMBuildFMul(b, p, dsum, ""), "");
 }
 
@@ -99,8 +103,7 @@ void aj_sinks_grad_build(aj_kb *kb, const aj_op *op, const aj_score_prog *prog)
         h = aj_kb_block_id(kb, 1);
     } else {
         tid = aj_kb_i32(kb, 0);
-        h = LLVMBuildLoad2(b, kb->t_i32, aj_cv_at(kb, kb->t_i32, kb->work_item, aj_kb_i32(kb, 1)),
-                           "");
+        h = aj_kb_item_id(kb, 1);
     }
     LLVMValueRef h64 = LLVMBuildSExt(b, h, kb->t_i64, "");
     LLVMValueRef hg = LLVMBuildAdd(b, h64, LLVMBuildSExt(b, aj_param(kb, AJ_PID(head_offset)),
@@ -151,4 +154,27 @@ void aj_sinks_grad_build(aj_kb *kb, const aj_op *op, const aj_score_prog *prog)
         .schedule = {threads, aj_op_dv(op), simt ? threads / 32 : 1, 1},
     };
     aj_kb_finish(kb, &layout);
+}
+
+int aj_grad_tail_sigs(const aj_op *op, aj_target target, aj_kernel_sig *sigs)
+{
+    int n = 0;
+    if (op->kind != AJ_KIND_BACKWARD)
+        return 0;
+    if (op->sinks)
+        sigs[n++] = AJ_KSIG_SINKS_GRAD;
+    if (op->tensor_grad) {
+        if (target != AJ_TARGET_CPU)   /* the cpu's parts are its dq stage's */
+            sigs[n++] = AJ_KSIG_SIDE_GRAD;
+        sigs[n++] = AJ_KSIG_SIDE_GRAD_SUM;
+    }
+    return n;
+}
+
+void aj_grad_tail_build(aj_kb *kb, const aj_op *op, const aj_score_prog *prog)
+{
+    if (aj_score_has_sinks(prog))
+        aj_sinks_grad_build(kb, op, prog);
+    if (prog->tensor_grad)
+        aj_side_grad_build(kb, op, prog);
 }

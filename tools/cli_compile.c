@@ -27,8 +27,6 @@ static int write_output(const char *path, const void *data, size_t size)
     return CLI_EXIT_OK;
 }
 
-static const char *const extent_names[AJ_EXTENT_COUNT] = {
-    "1", "batch", "heads_q", "heads_kv", "seq_q", "seq_k"};
 static const char *const param_type_names[AJ_PARAM_COUNT] = {"ptr", "i32", "i64", "f32",
                                                              "byval128"};
 
@@ -46,7 +44,7 @@ static void print_launch(const aj_kernel *kernel)
         fprintf(stderr, "block: %d x %d x %d threads\n", li.block[0], li.block[1], li.block[2]);
         fprintf(stderr, "grid:");
         for (int i = 0; i < 3; i++)
-            fprintf(stderr, " %c = ceil(%s / %d)", "xyz"[i], extent_names[li.grid[i].extent],
+            fprintf(stderr, " %c = ceil(%s / %d)", "xyz"[i], aj_extent_name(li.grid[i].extent),
                     li.grid[i].per_block);
         fprintf(stderr, "\ndynamic shared memory: %d bytes\n", li.dynamic_smem);
         fprintf(stderr, "schedule: block_m = %d, block_n = %d, warps = %d, stages = %d\n",

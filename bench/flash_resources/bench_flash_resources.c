@@ -80,12 +80,6 @@ static int static_smem(const char *log, const char *entry)
     return ptxas_field(section, "bytes smem");
 }
 
-static const char *extent_name(aj_extent e)
-{
-    static const char *const names[] = {"1", "B", "Hq", "Hkv", "Sq", "Sk"};
-    return e < AJ_EXTENT_COUNT ? names[e] : "?";
-}
-
 /* The rows of one kind; returns the number of kernels that failed. */
 static int bench_kind(aj_ctx *ctx, const char *ptxas, FILE *csv, aj_kind kind_id)
 {
@@ -137,8 +131,8 @@ static int bench_kind(aj_ctx *ctx, const char *ptxas, FILE *csv, aj_kind kind_id
                     }
                     char grid[64];
                     snprintf(grid, sizeof grid, "%s/%d x %s x %s",
-                             extent_name(li.grid[0].extent), li.grid[0].per_block,
-                             extent_name(li.grid[1].extent), extent_name(li.grid[2].extent));
+                             aj_extent_name(li.grid[0].extent), li.grid[0].per_block,
+                             aj_extent_name(li.grid[1].extent), aj_extent_name(li.grid[2].extent));
                     int smem_static = static_smem(all.log, entry);
                     int insts = count_instructions(ptx, entry);
                     const aj_schedule *sc = &li.schedule;

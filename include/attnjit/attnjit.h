@@ -294,6 +294,14 @@ aj_status aj_op_set_dropout(aj_op *op, double p);
 aj_status aj_op_set_sinks(aj_op *op, const char *name);
 /* The index (in aj_op_info.tensors) of the op's sinks tensor, or -1. */
 aj_status aj_op_get_sinks(const aj_op *op, int32_t *tensor);
+/* Gradients of side tensors (docs/ir.md "Gradients of side tensors"):
+ * declared f32 tensor `name` gets d(loss)/d(tensor) from the backward
+ * (aj_bwd_args.dside), deterministic: the text form's `NAME: f32[R] grad`.
+ * Not the sinks' tensor (its gradient is aj_bwd_args.dsinks).  A forward
+ * ignores the flag. */
+aj_status aj_op_set_tensor_grad(aj_op *op, const char *name, bool grad);
+/* Whether declared tensor `index` (in aj_op_info.tensors) is grad. */
+aj_status aj_op_get_tensor_grad(const aj_op *op, int32_t index, bool *grad);
 aj_status aj_op_set_bias(aj_op *op, aj_bias bias);
 aj_status aj_op_set_layout(aj_op *op, aj_layout layout);
 aj_status aj_op_set_accumulate(aj_op *op, bool accumulate);
@@ -482,8 +490,17 @@ typedef enum aj_extent {
     AJ_EXTENT_SEQ_Q = 4,
     AJ_EXTENT_SEQ_K = 5,
     AJ_EXTENT_SPLITS = 6,      /* layout = paged: the split-KV parts of a launch */
+    /* gradients of side tensors (docs/api.md "Gradients of side
+     * tensors"): the parts per (b, h) a launch sums in, and the elements
+     * of the grad tensor one sum launch writes */
+    AJ_EXTENT_DSIDE_PARTS = 7,
+    AJ_EXTENT_DSIDE_ELEMENTS = 8,
     AJ_EXTENT_COUNT
 } aj_extent;
+
+/* The extent's name ("1", "batch", "heads_q", ..., "dside_elements"),
+ * "?" for a value out of range. */
+const char *aj_extent_name(aj_extent e);
 
 typedef struct aj_grid_dim {
     aj_extent extent;
@@ -948,6 +965,19 @@ typedef struct aj_bwd_args {
     aj_tensor dsinks;
     /* Version 4 too: as aj_fwd_args.check_side_bounds. */
     int32_t check_side_bounds;
+    /* Version 5, ops with grad side tensors (aj_op_set_tensor_grad):
+     * outputs, one per grad tensor wanted, named as declared, f32 of the
+     * same rank and shape as that tensor in `side`, any strides >= 0 that
+     * do not make two elements one, not overlapping any other tensor.
+     * Overwritten with d(loss)/d(tensor): every visible element's term,
+     * summed in an order fixed by the shapes (docs/api.md "Gradients of
+     * side tensors"), so bitwise repeatable run to run and for any
+     * number of threads, without atomics.  The sums take workspace
+     * (aj_backward_workspace_size counts it); a call whose sums would
+     * take more than 1 GiB is refused.  A grad tensor not named here is
+     * not computed. */
+    const aj_side_tensor *dside;
+    int32_t num_dside;
 } aj_bwd_args;
 
 #define AJ_BWD_ARGS_INIT { .struct_size = sizeof(aj_bwd_args) }

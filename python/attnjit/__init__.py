@@ -171,7 +171,8 @@ class Kernel:
         return {
             "entry": _lib.aj_kernel_stage_entry(self.ptr, i).decode(),
             "block": tuple(info.block),
-            "grid": tuple((_capi.EXTENT_NAMES[g.extent], g.per_block) for g in info.grid),
+            "grid": tuple((_lib.aj_extent_name(g.extent).decode(), g.per_block)
+                         for g in info.grid),
             "dynamic_smem": info.dynamic_smem,
             "params": [(info.params[j].name.decode(), _capi.PARAM_TYPE_NAMES[info.params[j].type])
                        for j in range(info.num_params)],

@@ -25,7 +25,6 @@ SIDE_I32, SIDE_F32 = 0, 1
 CACHE_DEFAULT, CACHE_MEMORY, CACHE_OFF = 0, 1, 2
 DEVICE_SIM, DEVICE_CUDA, DEVICE_CPU = 0, 1, 2
 EMIT_NAMES = ("ptx", "llvm_ir", "bitcode", "auto")
-EXTENT_NAMES = ("one", "batch", "heads_q", "heads_kv", "seq_q", "seq_k", "splits")
 PARAM_TYPE_NAMES = ("ptr", "i32", "i64", "f32", "byval128")
 TARGET_NAMES = ("any", "sm_80", "sm_90", "sm_90a", "sim", "cpu")
 SHARD_LAYOUTS = ("contiguous", "zigzag")
@@ -85,7 +84,8 @@ class BwdArgs(ctypes.Structure):
                 + [("do_", Tensor), ("dq", Tensor), ("dk", Tensor), ("dv", Tensor)]
                 + _POSITIONS + [("dbias", Tensor)] + _DROPOUT_VARLEN
                 + [("workspace", c_void_p), ("workspace_bytes", c_size_t)] + _SIDE + _HEADS
-                + [("dsinks", Tensor), ("check_side_bounds", i32)])
+                + [("dsinks", Tensor), ("check_side_bounds", i32),
+                   ("dside", ctypes.POINTER(SideTensor)), ("num_dside", i32)])
 
 
 class GridDim(ctypes.Structure):
@@ -172,6 +172,7 @@ _SIGNATURES = {
     "aj_kernel_num_stages": (i32, [P]),
     "aj_kernel_stage_info": (c_int, [P, i32, ctypes.POINTER(LaunchInfo)]),
     "aj_kernel_stage_entry": (c_char_p, [P, i32]),
+    "aj_extent_name": (c_char_p, [c_int]),
     "aj_device_open": (c_int, [P, c_int, c_int, PP]),
     "aj_device_close": (None, [P]),
     "aj_device_name": (c_char_p, [P]),

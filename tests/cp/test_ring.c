@@ -466,13 +466,9 @@ static int lse_matches(const float *got, const double *ref, size_t n)
 
 static void tolerance_for(aj_dtype dtype, double *atol, double *rtol)
 {
-    /* as the single-rank tests (test_sim_backward): the dtype's storage
-     * rounding; the ring adds f32 accumulation of the parts only */
-    switch (dtype) {
-    case AJ_DTYPE_F16: *atol = 1e-3; *rtol = 4e-3; break;
-    case AJ_DTYPE_BF16: *atol = 4e-3; *rtol = 2.4e-2; break;
-    default: *atol = 2e-5; *rtol = 1e-4; break;
-    }
+    /* as the single-rank tests: the dtype's storage rounding; the ring
+     * adds f32 accumulation of the parts only */
+    ref_storage_tolerance(dtype, atol, rtol);
 }
 
 /* ---------------------------------------------------------------- blocks */

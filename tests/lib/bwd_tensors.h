@@ -1,14 +1,16 @@
 /*
  * bwd_tensors.h -- the tensors of the backward tests (test_sim_backward.c,
- * test_sim_flash_bwd.c): device memory with a host staging copy and a
+ * test_sim_flash_bwd.c, test_sinks.c, test_side_grad.c): device memory with a host staging copy and a
  * double image that the float64 reference reads, and the norm-wise error
  * both tests check.
  *
  * Header-only with static functions, so that their CHECKs count in the
  * including test (check.h keeps its counters per file).  The includer
- * includes check.h and ref.h first and defines
+ * includes check.h and ref.h first and defines BWD_STORAGE_TOLERANCE or
  *
  *     static void tolerance_for(aj_dtype dtype, double *atol, double *rtol);
+ *
+ * (BWD_STORAGE_TOLERANCE: the dtype's storage rounding, ref.h's).
  */
 #ifndef AJ_TESTS_BWD_TENSORS_H
 #define AJ_TESTS_BWD_TENSORS_H
@@ -23,6 +25,13 @@
 #include "splitmix.h"
 
 static void tolerance_for(aj_dtype dtype, double *atol, double *rtol);
+
+#ifdef BWD_STORAGE_TOLERANCE
+static void tolerance_for(aj_dtype dtype, double *atol, double *rtol)
+{
+    ref_storage_tolerance(dtype, atol, rtol);
+}
+#endif
 
 /* A contiguous tensor in device memory, its host staging copy and its
  * double image. */
@@ -119,6 +128,27 @@ static double norm_error(const double *got, const double *ref, size_t n, aj_dtyp
         err = fmax(err, e);
     }
     return err / (atol + rtol * mx);
+}
+
+/* The op of spec text, or NULL (a failed CHECK naming the case by label). */
+static inline aj_op *bwd_parse(aj_ctx *ctx, const char *spec, const char *label)
+{
+    aj_op *op = NULL;
+    CHECK_MSG(aj_op_parse(ctx, spec, strlen(spec), label, &op) == AJ_OK, "%s: %s", label,
+              aj_last_error(ctx));
+    return op;
+}
+
+/* op (NULL: none) compiled for dev's target, or NULL (a failed CHECK). */
+static inline aj_kernel *bwd_compile(aj_ctx *ctx, aj_device *dev, const aj_op *op,
+                                     const char *label)
+{
+    aj_kernel *k = NULL;
+    aj_compile_options opt = AJ_COMPILE_OPTIONS_INIT;
+    opt.target = aj_device_target(dev);
+    if (op)
+        CHECK_MSG(aj_compile(ctx, op, &opt, &k) == AJ_OK, "%s: %s", label, aj_last_error(ctx));
+    return k;
 }
 
 /* The reference's mask fields from the IR mask text of a case. */

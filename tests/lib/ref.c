@@ -388,6 +388,79 @@ void ref_forward(const ref_problem *p, const double *q, const double *k,
  * into the same kv-head rows.  Delta is computed from the given O (as a
  * kernel does), so O and LSE must come from ref_forward on the same inputs.
  */
+/* One visible element (i, j) of a backward's slice: the rows and keys it
+ * reads, the pre-mod score t, ds/dt (g), P, dropout's factor m and dS =
+ * P (m dO . v - Delta), the gradient of the score s. */
+typedef struct ref_elem {
+    const ref_slice *sl;
+    int64_t i, j;
+    const double *qi, *kj, *vj, *doi;
+    double t, g, p, m, ds;
+} ref_elem;
+
+/* Calls fn for every visible element of the problem, row by row. */
+static void each_visible(const ref_problem *p, const double *q, const double *k,
+                         const double *v, const double *o, const double *lse,
+                         const double *dout, void (*fn)(void *, const ref_elem *), void *user)
+{
+    double *g = alloc_row(max_keys(p));
+    double *s = alloc_row(max_keys(p));
+    for (int64_t b = 0; b < p->B; b++) {
+        for (int64_t h = 0; h < p->Hq; h++) {
+            ref_slice sl = make_slice(p, b, h);
+            for (int64_t i = 0; i < sl.sq; i++) {
+                double row_lse = lse[lse_at(p, &sl, i)];
+                if (row_lse == -INFINITY)
+                    continue;
+                row_scores(p, &sl, q, k, i, g, s);
+                ref_elem e = {.sl = &sl, .i = i, .qi = q + q_row_at(p, &sl, i, p->D),
+                              .doi = dout + q_row_at(p, &sl, i, p->Dv)};
+                double delta = dot(e.doi, o + q_row_at(p, &sl, i, p->Dv), p->Dv);
+                for (int64_t j = 0; j < sl.sk; j++) {
+                    if (s[j] == -INFINITY)
+                        continue;
+                    e.j = j;
+                    e.kj = k + k_row_at(p, &sl, j, p->D);
+                    e.vj = v + k_row_at(p, &sl, j, p->Dv);
+                    e.t = sl.scale * dot(e.qi, e.kj, p->D);
+                    if (p->bias)
+                        e.t += p->bias[bias_at(p, &sl, i, j)];
+                    e.g = g[j];
+                    e.p = exp(s[j] - row_lse);
+                    e.m = dropout_factor(p, &sl, i, j);
+                    e.ds = e.p * (e.m * dot(e.doi, e.vj, p->Dv) - delta);
+                    fn(user, &e);
+                }
+            }
+        }
+    }
+    free(g);
+    free(s);
+}
+
+typedef struct backward_out {
+    const ref_problem *p;
+    double *dq, *dk, *dv, *dbias;
+} backward_out;
+
+static void backward_elem(void *user, const ref_elem *e)
+{
+    backward_out *x = user;
+    const ref_problem *p = x->p;
+    double *dqi = x->dq + q_row_at(p, e->sl, e->i, p->D);
+    double *dkj = x->dk + k_row_at(p, e->sl, e->j, p->D);
+    double *dvj = x->dv + k_row_at(p, e->sl, e->j, p->Dv);
+    for (int c = 0; c < p->Dv; c++)
+        dvj[c] += e->p * e->m * e->doi[c];
+    double dt = e->ds * e->g;
+    for (int c = 0; c < p->D; c++) {
+        dqi[c] += e->sl->scale * dt * e->kj[c];
+        dkj[c] += e->sl->scale * dt * e->qi[c];
+    }
+    if (x->dbias)
+        x->dbias[bias_at(p, e->sl, e->i, e->j)] += dt;
+}
+
 void ref_backward(const ref_problem *p, const double *q, const double *k,
                   const double *v, const double *o, const double *lse,
                   const double *dout, double *dq, double *dk, double *dv,
@@ -403,51 +476,8 @@ void ref_backward(const ref_problem *p, const double *q, const double *k,
         int64_t n = shape[0] * shape[1] * shape[2] * shape[3];
         memset(dbias, 0, (size_t)n * sizeof *dbias);
     }
-
-    double *g = alloc_row(max_keys(p));
-    double *s = alloc_row(max_keys(p));
-    for (int64_t b = 0; b < p->B; b++) {
-        for (int64_t h = 0; h < p->Hq; h++) {
-            ref_slice sl = make_slice(p, b, h);
-            for (int64_t i = 0; i < sl.sq; i++) {
-                double row_lse = lse[lse_at(p, &sl, i)];
-                if (row_lse == -INFINITY)
-                    continue;
-                row_scores(p, &sl, q, k, i, g, s);
-                const double *qi = q + q_row_at(p, &sl, i, p->D);
-                const double *oi = o + q_row_at(p, &sl, i, p->Dv);
-                const double *doi = dout + q_row_at(p, &sl, i, p->Dv);
-                double *dqi = dq + q_row_at(p, &sl, i, p->D);
-                double delta = dot(doi, oi, p->Dv);
-
-                for (int64_t j = 0; j < sl.sk; j++) {
-                    if (s[j] == -INFINITY)
-                        continue;
-                    const double *kj = k + k_row_at(p, &sl, j, p->D);
-                    const double *vj = v + k_row_at(p, &sl, j, p->Dv);
-                    double *dkj = dk + k_row_at(p, &sl, j, p->D);
-                    double *dvj = dv + k_row_at(p, &sl, j, p->Dv);
-
-                    double pij = exp(s[j] - row_lse);
-                    double m = dropout_factor(p, &sl, i, j);
-                    for (int c = 0; c < p->Dv; c++)
-                        dvj[c] += pij * m * doi[c];
-
-                    double dpij = m * dot(doi, vj, p->Dv);
-                    double dsij = pij * (dpij - delta);
-                    double dtij = dsij * g[j];
-                    for (int c = 0; c < p->D; c++) {
-                        dqi[c] += sl.scale * dtij * kj[c];
-                        dkj[c] += sl.scale * dtij * qi[c];
-                    }
-                    if (want_dbias)
-                        dbias[bias_at(p, &sl, i, j)] += dtij;
-                }
-            }
-        }
-    }
-    free(g);
-    free(s);
+    backward_out x = {p, dq, dk, dv, want_dbias ? dbias : NULL};
+    each_visible(p, q, k, v, o, lse, dout, backward_elem, &x);
 }
 
 void ref_sinks_grad(const ref_problem *p, const double *o, const double *lse,
@@ -468,6 +498,56 @@ void ref_sinks_grad(const ref_problem *p, const double *o, const double *lse,
             }
         }
     }
+}
+
+typedef struct side_grad_out {
+    const ref_problem *p;
+    int tensor;
+    double *grad;
+} side_grad_out;
+
+/* The elements of the tensor the score reads at e, then d score / d each. */
+static void side_grad_elem(void *user, const ref_elem *e)
+{
+    side_grad_out *x = user;
+    enum { LOADED_MAX = 64 };
+    int64_t loaded[LOADED_MAX];
+    int count = 0;
+    aj_expr_env env = expr_env(x->p, e->sl, e->i, e->j, e->t);
+    env.grad_tensor = x->tensor + 1;
+    env.grad_elem = -1;
+    env.loaded = loaded;
+    env.loaded_cap = LOADED_MAX;
+    env.nloaded = &count;
+    double d;
+    aj_expr_eval_grad(x->p->expr, x->p->score_root, &env, &d);
+    env.loaded = NULL;
+    for (int a = 0; a < count; a++) {
+        bool seen = false;
+        for (int b = 0; b < a; b++)
+            seen = seen || loaded[b] == loaded[a];
+        if (seen)
+            continue;
+        env.grad_elem = loaded[a];
+        aj_expr_eval_grad(x->p->expr, x->p->score_root, &env, &d);
+        x->grad[loaded[a]] += e->ds * d;
+    }
+}
+
+void ref_side_grad(const ref_problem *p, const double *q, const double *k, const double *v,
+                   const double *o, const double *lse, const double *dout, int tensor,
+                   double *grad)
+{
+    check_problem(p);
+    if (!p->score_expr || tensor < 0 || tensor >= p->tensor_count)
+        ref_fail("ref_side_grad: a score_mod expression and one of its tensors");
+    const aj_side_tensor *t = &p->tensors[tensor];
+    int64_t n = 1;
+    for (int d = 0; d < t->rank; d++)
+        n *= t->shape[d];
+    memset(grad, 0, (size_t)n * sizeof *grad);
+    side_grad_out x = {p, tensor, grad};
+    each_visible(p, q, k, v, o, lse, dout, side_grad_elem, &x);
 }
 
 /* ---------------------------------------------------------------- merge */

@@ -130,6 +130,19 @@ bool ref_visible(const ref_problem *p, int64_t b, int64_t h, int64_t i,
 double ref_score(const ref_problem *p, int64_t b, int64_t h, int64_t i,
                  int64_t j, double t, double *ds_dt);
 
+/* The tolerance of a backward's results in dtype (atol, and rtol of the
+ * largest reference element): f16 and bf16 carry their storage rounding
+ * (2^-11, 2^-8) plus that of the rounded O fed to Delta; f32 sees f32
+ * accumulation only. */
+static inline void ref_storage_tolerance(aj_dtype dtype, double *atol, double *rtol)
+{
+    switch (dtype) {
+    case AJ_DTYPE_F16: *atol = 1e-3; *rtol = 4e-3; break;
+    case AJ_DTYPE_BF16: *atol = 4e-3; *rtol = 2.4e-2; break;
+    default: *atol = 2e-5; *rtol = 1e-4; break;
+    }
+}
+
 /* Forward: writes o and lse (shapes above); lse may be NULL. */
 /* A padded problem of these sizes; every other field zero: no mask, the
  * default scale, offsets 0, the call's own totals. */
@@ -156,6 +169,16 @@ void ref_backward(const ref_problem *p, const double *q, const double *k,
  * forward's o and lse (which include the sinks) and dout. */
 void ref_sinks_grad(const ref_problem *p, const double *o, const double *lse,
                     const double *dout, double *dsinks);
+
+/* The gradient of the loss (sum O * dout) with respect to side tensor
+ * `tensor` of the score_mod expression (p->score_expr; no bias, no
+ * dropout), row-major in its shape: every visible (b, h, i, j)'s dS times
+ * d score / d element, by the interpreter's dual numbers with the
+ * element the variable (aj_expr_env.grad_tensor).  From the forward's o
+ * and lse. */
+void ref_side_grad(const ref_problem *p, const double *q, const double *k, const double *v,
+                   const double *o, const double *lse, const double *dout, int tensor,
+                   double *grad);
 
 /* Merge of two partial results over disjoint key sets, `rows` rows of width
  * dv: lse = logaddexp(lse1, lse2), o = o1*exp(lse1-lse) + o2*exp(lse2-lse).

@@ -92,7 +92,7 @@ static void score_walk_file(const char *name, const char *path, const char *text
  * the order they come); returns the number of spec files, -1 when dir
  * cannot be opened, and in *parsed how many parsed (the parser's last
  * message on ctx). */
-static int score_examples_each(aj_ctx *ctx, const char *dir, score_example_fn fn, void *user,
+static inline int score_examples_each(aj_ctx *ctx, const char *dir, score_example_fn fn, void *user,
                                int *parsed)
 {
     score_walk w = {ctx, fn, user, 0};
@@ -114,7 +114,7 @@ typedef struct side_data {
  * sequence length S: doc (B, S) sorted document ids; prefix (B) lengths in
  * 0..S; rel (Hq, 65) and slopes (Hq) as their examples read them; any
  * other tensor 7 per dim, i32 in -2..9 or f32 in [-1, 1]. */
-static void side_make(const aj_op_info *op, int B, int H, int S, uint64_t seed, side_data *d)
+static inline void side_make(const aj_op_info *op, int B, int H, int S, uint64_t seed, side_data *d)
 {
     memset(d, 0, sizeof *d);
     uint64_t rng = seed;
@@ -160,7 +160,7 @@ static void side_make(const aj_op_info *op, int B, int H, int S, uint64_t seed, 
     }
 }
 
-static void side_free(side_data *d)
+static inline void side_free(side_data *d)
 {
     for (int i = 0; i < d->n; i++)
         free(d->mem[i]);
@@ -555,7 +555,7 @@ static int rx_batch_flush(rx_batch *b, const rx_batch_runner *r, int *launches)
  * shrunk (rx_shrink) and reported with its smallest failing tree.
  * Returns how many failed; *launches says how many batches ran.
  */
-static int rx_batch_cases(rx_batch *b, int count, uint64_t seed, const rx_batch_runner *r,
+static inline int rx_batch_cases(rx_batch *b, int count, uint64_t seed, const rx_batch_runner *r,
                           int *launches)
 {
     int failed = 0;

@@ -73,6 +73,20 @@ def attention(q, k, v, seen=None, scale=None, bias=None, softcap=None, alibi_slo
     return p @ v, lse
 
 
+def inputs(b, hq, hkv, sq, sk, d, dtype, seed):
+    """q, k, v and dO of a problem, standard normal in float64 rounded to
+    dtype, from seed."""
+    g = torch.Generator().manual_seed(seed)
+    make = lambda *shape: torch.randn(*shape, generator=g, dtype=torch.float64).to(dtype)
+    return make(b, hq, sq, d), make(b, hkv, sk, d), make(b, hkv, sk, d), make(b, hq, sq, d)
+
+
+def check(name, got, want, dtype):
+    """Asserts close(got, want, dtype), naming the result."""
+    ok, why = close(got, want, dtype)
+    assert ok, "%s: %s" % (name, why)
+
+
 def close(got, want, dtype, scale_by=None):
     """max |got - want| <= atol + rtol * max |want| for dtype's tolerance."""
     atol, rtol = TOLERANCE[dtype]

@@ -33,17 +33,6 @@ def sink_logits(hq, seed):
     return s
 
 
-def inputs(b, hq, hkv, sq, sk, d, dtype, seed):
-    g = torch.Generator().manual_seed(seed)
-    make = lambda *shape: torch.randn(*shape, generator=g, dtype=torch.float64).to(dtype)
-    return make(b, hq, sq, d), make(b, hkv, sk, d), make(b, hkv, sk, d), make(b, hq, sq, d)
-
-
-def check(name, got, want, dtype):
-    ok, why = reference.close(got, want, dtype)
-    assert ok, "%s: %s" % (name, why)
-
-
 CASES = [(dtype, variant, mask, hkv, d)
          for i, (dtype, variant, mask) in enumerate(
              (dt, var, m) for dt in DTYPES for var in ("flash", "efficient") for m in sorted(MASKS))
@@ -55,7 +44,7 @@ CASES = [(dtype, variant, mask, hkv, d)
                               for c in CASES])
 def test_sinks_match_reference(dtype, variant, mask, hkv, d):
     b, hq, sq, sk = 2, 4, 11, 23 if mask != "causal" else 9   # causal top_left: rows see none
-    q, k, v, do = inputs(b, hq, hkv, sq, sk, d, dtype, 7)
+    q, k, v, do = reference.inputs(b, hq, hkv, sq, sk, d, dtype, 7)
     sinks = sink_logits(hq, 3)
     opts, ref_opts = MASKS[mask]
     leaves = [t.clone().requires_grad_() for t in (q, k, v)]
@@ -67,18 +56,18 @@ def test_sinks_match_reference(dtype, variant, mask, hkv, d):
     seen = reference.visible(b, hq, sq, sk, **ref_opts)
     o_ref, lse_ref = reference.attention(*ref_leaves, seen=seen, sinks=s_ref)
     o_ref.backward(do.double())
-    check("o", o, o_ref, dtype)
-    check("lse", lse, lse_ref, torch.float16)
+    reference.check("o", o, o_ref, dtype)
+    reference.check("lse", lse, lse_ref, torch.float16)
     for name, got, want in zip("qkv", leaves, ref_leaves):
-        check("d" + name, got.grad, want.grad, dtype)
+        reference.check("d" + name, got.grad, want.grad, dtype)
     # the -inf sink: no gradient (exp(-inf) = 0); the others the reference's
-    check("dsinks", s_leaf.grad, torch.nan_to_num(s_ref.grad, nan=0.0), torch.float16)
+    reference.check("dsinks", s_leaf.grad, torch.nan_to_num(s_ref.grad, nan=0.0), torch.float16)
 
 
 def test_rows_without_keys_get_the_sink():
     """causal top_left with Sq > Sk... every row sees key 0; use a window
     that leaves early rows empty: o = 0 and lse = the sink."""
-    q, k, v, _ = inputs(1, 4, 4, 8, 8, 32, torch.float32, 1)
+    q, k, v, _ = reference.inputs(1, 4, 4, 8, 8, 32, torch.float32, 1)
     sinks = torch.tensor([2.0, -1.0, 0.5, 3.0])
     o, lse = at.attention(q, k, v, mask="k >= 5 && k <= q", sinks=sinks, return_lse=True)
     assert torch.equal(o[:, :, :5], torch.zeros_like(o[:, :, :5]))
@@ -104,17 +93,17 @@ def test_varlen_sinks():
         seen = reference.visible(1, hq, sq, sk, causal="bottom_right")
         o_ref, _ = reference.attention(part(q, at_q, sq), part(k, at_k, sk), part(v, at_k, sk),
                                        seen=seen, sinks=s_ref)
-        check("o", o[at_q:at_q + sq].transpose(0, 1).unsqueeze(0), o_ref, torch.float32)
+        reference.check("o", o[at_q:at_q + sq].transpose(0, 1).unsqueeze(0), o_ref, torch.float32)
         loss = loss + (o_ref * part(do, at_q, sq)).sum()
         at_q, at_k = at_q + sq, at_k + sk
     loss.backward()
-    check("dsinks", sinks.grad, torch.nan_to_num(s_ref.grad, nan=0.0), torch.float32)
+    reference.check("dsinks", sinks.grad, torch.nan_to_num(s_ref.grad, nan=0.0), torch.float32)
 
 
 def test_dropout_with_sinks_changes_only_the_denominator():
     """The same dropout stream with and without sinks: o with sinks is o
     without them scaled by exp(lse - lse_with_sinks), row by row."""
-    q, k, v, _ = inputs(1, 4, 4, 16, 16, 32, torch.float32, 2)
+    q, k, v, _ = reference.inputs(1, 4, 4, 16, 16, 32, torch.float32, 2)
     sinks = torch.tensor([1.0, 0.0, -2.0, 0.5])
     torch.manual_seed(0)
     o0, lse0 = at.attention(q, k, v, causal=True, dropout_p=0.3, return_lse=True)
@@ -125,7 +114,7 @@ def test_dropout_with_sinks_changes_only_the_denominator():
 
 
 def test_sinks_gradient_is_repeatable_and_compiles():
-    q, k, v, do = inputs(2, 8, 2, 64, 64, 64, torch.bfloat16, 4)
+    q, k, v, do = reference.inputs(2, 8, 2, 64, 64, 64, torch.bfloat16, 4)
     grads = []
     f = torch.compile(lambda q, k, v, s: at.attention(q, k, v, causal=True, sinks=s),
                       fullgraph=True)
@@ -138,7 +127,7 @@ def test_sinks_gradient_is_repeatable_and_compiles():
 
 @pytest.mark.parametrize("bad", [torch.zeros(3), torch.zeros(4, 1), torch.zeros(4, dtype=torch.int32)])
 def test_bad_sinks_raise(bad):
-    q, k, v, _ = inputs(1, 4, 4, 8, 8, 32, torch.float32, 0)
+    q, k, v, _ = reference.inputs(1, 4, 4, 8, 8, 32, torch.float32, 0)
     with pytest.raises(attnjit.InvalidArgError, match="sinks"):
         at.attention(q, k, v, sinks=bad)
 
@@ -161,7 +150,7 @@ def _sinks_cp_worker(rank, world, init_file):
                             world_size=world)
     try:
         for method, layout, rotate, opts in CP_CASES:
-            q, k, v, do = inputs(2, 4, 2, 16, 16, 16, torch.float32, 11)
+            q, k, v, do = reference.inputs(2, 4, 2, 16, 16, 16, torch.float32, 11)
             leaves = [t.clone().requires_grad_() for t in (q, k, v)]
             sinks = sink_logits(4, 2).float().requires_grad_()
             o, lse = at.attention(*leaves, sinks=sinks, return_lse=True, **opts)

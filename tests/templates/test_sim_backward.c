@@ -11,7 +11,7 @@
  *
  *     max |got - ref| <= atol + rtol * max |ref|       (per tensor)
  *
- * with the pair per dtype in tolerance_for().  Cases with dropout pass the
+ * with the dtype's storage rounding (ref_storage_tolerance).  Cases with dropout pass the
  * reference the same p, seed and offset; cases with bias check dbias (f32,
  * the bias's broadcast shape) against ref_backward's dbias the same way.
  *
@@ -26,6 +26,7 @@
 
 #include "check.h"
 #include "ref.h"
+#define BWD_STORAGE_TOLERANCE
 #include "bwd_case.h"
 #include "test_main.h"
 
@@ -33,18 +34,6 @@ static aj_ctx *ctx;
 static aj_device *dev;
 static int cases_run;
 static int on_cpu;   /* the cpu device: test_cpu_variant_and_long runs */
-
-/* f16 and bf16 gradients carry their storage rounding (2^-11, 2^-8 of the
- * largest element) plus that of the rounded O fed to Delta; f32 sees
- * ex2.approx and f32 accumulation only. */
-static void tolerance_for(aj_dtype dtype, double *atol, double *rtol)
-{
-    switch (dtype) {
-    case AJ_DTYPE_F16: *atol = 1e-3; *rtol = 4e-3; break;
-    case AJ_DTYPE_BF16: *atol = 4e-3; *rtol = 2.4e-2; break;
-    default: *atol = 2e-5; *rtol = 1e-4; break;
-    }
-}
 
 /* ---------------------------------------------------------------- cases */
 

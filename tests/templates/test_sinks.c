@@ -23,21 +23,13 @@
 
 #include "check.h"
 #include "ref.h"
+#define BWD_STORAGE_TOLERANCE
 #include "bwd_tensors.h"
 #include "test_main.h"
 
 static aj_ctx *ctx;
 static aj_device *dev;
 static int cases;
-
-static void tolerance_for(aj_dtype dtype, double *atol, double *rtol)
-{
-    switch (dtype) {
-    case AJ_DTYPE_F16: *atol = 1e-3; *rtol = 4e-3; break;
-    case AJ_DTYPE_BF16: *atol = 4e-3; *rtol = 2.4e-2; break;
-    default: *atol = 2e-5; *rtol = 1e-4; break;
-    }
-}
 
 /* One case of the generator. */
 typedef struct sink_case {
@@ -75,20 +67,12 @@ static aj_op *case_op(const sink_case *c, aj_kind kind, const char *label)
              c->variant == AJ_VARIANT_EFFICIENT ? "efficient" : "flash",
              aj_dtype_name(c->dtype), c->d, c->mask, c->score_mod ? c->score_mod : "none",
              c->dropout, c->lens_q ? "varlen" : "padded");
-    aj_op *op = NULL;
-    CHECK_MSG(aj_op_parse(ctx, spec, strlen(spec), label, &op) == AJ_OK, "%s: %s", label,
-              aj_last_error(ctx));
-    return op;
+    return bwd_parse(ctx, spec, label);
 }
 
 static aj_kernel *compile(const aj_op *op, const char *label)
 {
-    aj_kernel *k = NULL;
-    aj_compile_options opt = AJ_COMPILE_OPTIONS_INIT;
-    opt.target = aj_device_target(dev);
-    if (op)
-        CHECK_MSG(aj_compile(ctx, op, &opt, &k) == AJ_OK, "%s: %s", label, aj_last_error(ctx));
-    return k;
+    return bwd_compile(ctx, dev, op, label);
 }
 
 /* The case's tensors: q k v o dout lse, the gradients, the sinks. */

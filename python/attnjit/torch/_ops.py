@@ -36,13 +36,13 @@ def _fail(message):
 
 # ---------------------------------------------------------------- the op description
 
-def _side_decl(name, t):
+def _side_decl(name, t, grad=False):
     if not name.isidentifier():
         raise _fail("tensors: %r is not an identifier" % (name,))
     if not 1 <= t.dim() <= 4:
         raise _fail("tensors[%r] has %d dims; side tensors have 1 to 4" % (name, t.dim()))
     kind = "f32" if t.is_floating_point() else "i32"
-    return "%s: %s[%d]" % (name, kind, t.dim())
+    return "%s: %s[%d]%s" % (name, kind, t.dim(), " grad" if grad else "")
 
 
 def _positional_mask(causal, window):
@@ -279,13 +279,23 @@ def _bind_side(names, side):
     return arr, len(side)
 
 
-def _side_names(body):
-    """The declared side tensors' names, in order, from the body's tensors
-    field (the order the ops receive them in)."""
+def _side_decls(body):
+    """The body's side tensor declarations, in order (the order the ops
+    receive the tensors in)."""
     if not body.startswith("tensors = ("):
         return []
-    decls = body[len("tensors = ("):body.index(")")]
-    return [d.split(":")[0].strip().encode() for d in decls.split(",")]
+    return body[len("tensors = ("):body.index(")")].split(",")
+
+
+def _side_names(body):
+    """The declared side tensors' names, in order."""
+    return [d.split(":")[0].strip().encode() for d in _side_decls(body)]
+
+
+def _side_grad_flags(body):
+    """Whether each declared side tensor is `grad` (docs/ir.md 'Gradients
+    of side tensors'), in order."""
+    return [d.strip().endswith(" grad") for d in _side_decls(body)]
 
 
 def _aligned(t, traced=False):
@@ -369,11 +379,12 @@ def forward_into(q, k, v, o, lse, bias, alibi_slopes, side, rng, variant, body,
 
 def backward_into(do, q, k, v, o, lse, dq, dk, dv, bias, dbias, alibi_slopes, side, rng,
                   variant, body, at=_WHOLE, masked=True, varlen=None, heads=(0, 0),
-                  dsinks=None):
+                  dsinks=None, dside=None):
     """aj_backward of the op `body` on torch tensors, writing dq, dk, dv
     (and dbias with a bias, dsinks (Hq,) float32 when given, for an op with
-    sinks); masked=False runs the op without its mask; varlen, heads: as
-    forward_into's."""
+    sinks, and dside[i], float32 of side[i]'s shape, for each grad side
+    tensor where dside is given); masked=False runs the op without its mask;
+    varlen, heads: as forward_into's."""
     dev, stream = _device_of(q)
     kernel = _kernel("backward", variant, body, dev, masked)
     a = _capi.BwdArgs(struct_size=_BWD_SIZE, stream=stream, q_offset=at.q_offset,
@@ -390,6 +401,12 @@ def backward_into(do, q, k, v, o, lse, dq, dk, dv, bias, dbias, alibi_slopes, si
     if dsinks is not None:
         _put(a.dsinks, dsinks)
     _bind_rest(a, alibi_slopes, rng, side, body)
+    dside_arr = None   # lives until the launch returns
+    if dside is not None:
+        wanted = [(name, t) for name, g, t in zip(_side_names(body), _side_grad_flags(body), dside)
+                  if g]
+        dside_arr, a.num_dside = _bind_side([n for n, _ in wanted], [t for _, t in wanted])
+        a.dside = dside_arr
     workspace = None
     if stream is not None:
         # cuda: the workspace comes from torch's allocator, on torch's stream
@@ -435,16 +452,18 @@ def _attention_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.
                    rng: Optional[torch.Tensor], variant: str, body: str, head_offset: int = 0,
                    heads_q_total: int = 0
                    ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
-                              torch.Tensor]:
+                              torch.Tensor, List[torch.Tensor]]:
     q, k, v, do = _aligned(q), _aligned(k), _aligned(v), _aligned(do)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     dbias = (torch.empty(bias.shape, dtype=torch.float32, device=q.device) if bias is not None
              else q.new_empty((0,), dtype=torch.float32))
     dsinks = _dsinks_like(q, body)
+    dside = _dside_like(side, body)
     backward_into(do, q, k, v, o, lse, dq, dk, dv, bias, dbias if bias is not None else None,
                   alibi_slopes, side, rng, variant, body, heads=(head_offset, heads_q_total),
-                  dsinks=dsinks if dsinks.numel() else None)
-    return dq, dk, dv, dbias, dsinks
+                  dsinks=dsinks if dsinks.numel() else None,
+                  dside=dside if any(_side_grad_flags(body)) else None)
+    return dq, dk, dv, dbias, dsinks, dside
 
 
 @_attention_bwd.register_fake
@@ -453,7 +472,7 @@ def _attention_bwd_fake(do, q, k, v, o, lse, bias, alibi_slopes, side, rng, vari
     dbias = (q.new_empty(bias.shape, dtype=torch.float32) if bias is not None
              else q.new_empty((0,), dtype=torch.float32))
     return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), dbias,
-            _dsinks_like(q, body))
+            _dsinks_like(q, body), _dside_like(side, body))
 
 
 def _sinks_tensor(sinks, q):
@@ -475,16 +494,26 @@ def _dsinks_like(q, body):
     return q.new_empty((n,), dtype=torch.float32)
 
 
-def _side_grads(side, body, dsinks, heads=(0, 0)):
+def _dside_like(side, body):
+    """The side tensors' gradients of a backward: float32 of its tensor's
+    shape for each grad one, empty for the others."""
+    return [t.new_empty(t.shape if g else (0,), dtype=torch.float32)
+            for t, g in zip(side, _side_grad_flags(body))]
+
+
+def _side_grads(side, body, dsinks, heads=(0, 0), dside=None):
     """The gradients of the side tensors: the sinks' where the op has them
     (a head shard's, heads = (head_offset, heads_q_total), in its place
-    among all the heads' zeros), None for the others (constants)."""
+    among all the heads' zeros), the grad tensors' (dside), None for the
+    others (constants)."""
     if dsinks.numel() and heads[1]:
         whole = dsinks.new_zeros((heads[1],))
         whole[heads[0]:heads[0] + dsinks.numel()] = dsinks
         dsinks = whole
-    return [dsinks if name == _SINKS.encode() and dsinks.numel() else None
-            for name, _ in zip(_side_names(body), side)]
+    grads = _side_grad_flags(body)
+    return [dsinks if name == _SINKS.encode() and dsinks.numel()
+            else dside[i] if dside is not None and grads[i] else None
+            for i, (name, _) in enumerate(zip(_side_names(body), side))]
 
 
 def _setup_context(ctx, inputs, output):
@@ -497,12 +526,12 @@ def _setup_context(ctx, inputs, output):
 
 def _backward(ctx, do, dlse):
     q, k, v, o, lse, bias, alibi_slopes, rng, *side = ctx.saved_tensors
-    dq, dk, dv, dbias, dsinks = torch.ops.attnjit.attention_bwd(
+    dq, dk, dv, dbias, dsinks, dside = torch.ops.attnjit.attention_bwd(
         do, q, k, v, o, lse, bias, alibi_slopes, side, rng, ctx.variant, ctx.body, *ctx.heads)
     dbias = dbias.to(bias.dtype) if bias is not None else None
     heads = tuple(ctx.heads) if len(ctx.heads) == 2 else (0, 0)
     # one gradient per input: q, k, v, bias, alibi_slopes, side, rng, variant, body, heads
-    return (dq, dk, dv, dbias, None, _side_grads(side, ctx.body, dsinks, heads),
+    return (dq, dk, dv, dbias, None, _side_grads(side, ctx.body, dsinks, heads, dside),
             None, None, None) + (None,) * len(ctx.heads)
 
 
@@ -663,10 +692,13 @@ def _aligned_bias(bias):
 
 
 def _prepare(q, k, v, causal, window, softcap, alibi_slopes, bias, scale, dropout_p, mask,
-             score_mod, tensors, variant, layout="padded", sinks=None, oob="check"):
+             score_mod, tensors, variant, layout="padded", sinks=None, oob="check",
+             side_grads=None):
     """The checks and conversions attention(), attention_varlen() and
     ring_attention() share: the tensors as the ops take them and the op's
-    IR body (layout "padded": (B, H, S, D); "varlen": (T, H, D))."""
+    IR body (layout "padded": (B, H, S, D); "varlen": (T, H, D)).  A float
+    side tensor that requires grad is declared grad (its gradient flows
+    back); side_grads, when set, names the caller that cannot do that."""
     rank, dims = (3, "(T, H, D)") if layout == "varlen" else (4, "(B, H, S, D)")
     if q.dim() != rank or k.dim() != rank or v.dim() != rank:
         raise _fail("q, k and v must be %d-D %s; got %d, %d and %d dims"
@@ -682,8 +714,17 @@ def _prepare(q, k, v, causal, window, softcap, alibi_slopes, bias, scale, dropou
         raise _fail("variant = %r; want 'flash' or 'efficient'" % (variant,))
     tensors = dict(tensors or {})
     side, decls = [], []
+    # what the backward's side-tensor gradients need (docs/ir.md)
+    why_not = (side_grads or ("layout = %s" % layout if layout != "padded" else None)
+               or ("dropout_p > 0" if dropout_p else None)
+               or ("an additive bias" if bias is not None else None))
     for name, t in tensors.items():
-        decls.append(_side_decl(name, t))
+        grad = t.is_floating_point() and t.requires_grad and torch.is_grad_enabled()
+        if grad and why_not:
+            raise _fail("tensors[%r] requires grad, but the gradients of side tensors are not "
+                        "computed with %s (docs/ir.md 'Gradients of side tensors'); detach it "
+                        "to use it as a constant" % (name, why_not))
+        decls.append(_side_decl(name, t, grad))
         side.append(t.to(device=q.device, dtype=torch.float32 if t.is_floating_point()
                          else torch.int32))
     alibi = alibi_slopes is not None

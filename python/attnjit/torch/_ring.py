@@ -430,7 +430,7 @@ def ring_attention(q, k, v, *, group=None, layout="zigzag", rotate="p2p", causal
         raise _fail("ring_attention", "rotate = %r; want 'p2p' or 'allgather'" % (rotate,))
     q, k, v, _, alibi_slopes, side, rng, variant, body = _ops._prepare(
         q, k, v, causal, window, softcap, alibi_slopes, None, scale, dropout_p, mask,
-        score_mod, tensors, variant, sinks=sinks, oob=oob)
+        score_mod, tensors, variant, sinks=sinks, oob=oob, side_grads="ring_attention")
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     sinks_t = None
     if sinks is not None:      # the last side tensor (_prepare); its gradient summed

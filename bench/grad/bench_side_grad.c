@@ -1,0 +1,161 @@
+/*
+ * bench_side_grad.c -- the cost of the gradients of side tensors
+ * (docs/ir.md "Gradients of side tensors"): a backward whose score_mod
+ * reads a learnable per-head relative bias, run without and with its
+ * gradient (aj_bwd_args.dside), launched in turn, the median of each and
+ * their ratio.  The baseline is the same op's backward with the tensor a
+ * constant (not declared grad), in the same process, interleaved.
+ *
+ *   bench_side_grad [--device cpu|sim|cuda] [--dtype f16|bf16|f32]
+ *                   [--batch B] [--heads H] [--seq S] [--dim D]
+ *                   [--causal 0|1] [--repeat N]
+ *
+ * Prints one row: the shape, the two medians in ms and grad / no grad.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bench_common.h"
+
+typedef struct config {
+    int batch, heads, seq, dim, causal, repeat;
+    aj_dtype dtype;
+    aj_device_kind device;
+} config;
+
+static aj_kernel *compile_bwd(aj_ctx *ctx, aj_device *dev, const config *c, int grad)
+{
+    char spec[512];
+    snprintf(spec, sizeof spec,
+             "attention backward %s { dtype = %s head_dim = %d tensors = (rel: f32[2]%s) "
+             "mask = %s score_mod = expr(score + rel[h, min(abs(q - k), 63)]) }",
+             c->dtype == AJ_DTYPE_F32 ? "efficient" : "flash", aj_dtype_name(c->dtype), c->dim,
+             grad ? " grad" : "", c->causal ? "causal(bottom_right)" : "none");
+    aj_op *op = NULL;
+    aj_kernel *k = NULL;
+    aj_compile_options opt = AJ_COMPILE_OPTIONS_INIT;
+    opt.target = aj_device_target(dev);
+    if (aj_op_parse(ctx, spec, strlen(spec), "bench", &op) != AJ_OK ||
+        aj_compile(ctx, op, &opt, &k) != AJ_OK)
+        fprintf(stderr, "bench_side_grad: %s\n", aj_last_error(ctx));
+    aj_op_destroy(op);
+    return k;
+}
+
+static void *device_zeros(aj_device *dev, size_t bytes)
+{
+    void *p = NULL, *host = calloc(1, bytes);
+    if (aj_device_alloc(dev, bytes, &p) == AJ_OK)
+        aj_device_copy_to(dev, p, host, bytes);
+    free(host);
+    return p;
+}
+
+/* A contiguous [B, H, S, W] tensor of dtype at p. */
+static aj_tensor bhsd(void *p, aj_dtype dtype, const config *c, int w)
+{
+    aj_tensor t = {p, dtype, 4, {c->batch, c->heads, c->seq, w}, {0}};
+    t.strides[3] = 1;
+    t.strides[2] = w;
+    t.strides[1] = (int64_t)c->seq * w;
+    t.strides[0] = (int64_t)c->heads * c->seq * w;
+    return t;
+}
+
+static double time_call(aj_ctx *ctx, aj_device *dev, const aj_kernel *k, const aj_bwd_args *a)
+{
+    double t0 = now_ms();
+    aj_status st = aj_backward(ctx, dev, k, a);
+    if (st == AJ_OK)
+        st = aj_device_synchronize(dev, NULL);
+    if (st != AJ_OK) {
+        fprintf(stderr, "bench_side_grad: %s\n", aj_last_error(ctx));
+        exit(1);
+    }
+    return now_ms() - t0;
+}
+
+int main(int argc, char **argv)
+{
+    config c = {.batch = 2, .heads = 8, .seq = 1024, .dim = 64, .causal = 1, .repeat = 7,
+                .dtype = AJ_DTYPE_BF16, .device = AJ_DEVICE_CPU};
+    const bench_int_option ints[] = {{"--batch", &c.batch}, {"--heads", &c.heads},
+                                     {"--seq", &c.seq},     {"--dim", &c.dim},
+                                     {"--causal", &c.causal}, {"--repeat", &c.repeat}};
+    for (int i = 1; i < argc; i++) {
+        const char *value = i + 1 < argc ? argv[i + 1] : NULL;
+        if (bench_int_arg(ints, (int)(sizeof ints / sizeof ints[0]), argv[i], value)) {
+            i++;
+        } else if (strcmp(argv[i], "--device") == 0 && value) {
+            c.device = strcmp(value, "sim") == 0    ? AJ_DEVICE_SIM
+                       : strcmp(value, "cuda") == 0 ? AJ_DEVICE_CUDA
+                                                    : AJ_DEVICE_CPU;
+            i++;
+        } else if (strcmp(argv[i], "--dtype") == 0 && value) {
+            c.dtype = strcmp(value, "f16") == 0   ? AJ_DTYPE_F16
+                      : strcmp(value, "f32") == 0 ? AJ_DTYPE_F32
+                                                  : AJ_DTYPE_BF16;
+            i++;
+        } else {
+            fprintf(stderr, "usage: bench_side_grad [--device cpu|sim|cuda] [--dtype "
+                            "f16|bf16|f32] [--batch B] [--heads H] [--seq S] [--dim D] "
+                            "[--causal 0|1] [--repeat N]\n");
+            return 2;
+        }
+    }
+    if (c.repeat < 1)
+        c.repeat = 1;
+    aj_ctx *ctx;
+    aj_device *dev;
+    if (!bench_open(c.device, "bench_side_grad", &ctx, &dev))
+        return 1;
+    aj_kernel *plain = compile_bwd(ctx, dev, &c, 0), *grad = compile_bwd(ctx, dev, &c, 1);
+    if (!plain || !grad)
+        return 1;
+    size_t es = (size_t)aj_dtype_size(c.dtype);
+    size_t n = (size_t)c.batch * (size_t)c.heads * (size_t)c.seq * (size_t)c.dim;
+    void *buf[9];
+    for (int i = 0; i < 9; i++)
+        buf[i] = device_zeros(dev, n * es);
+    void *lse = device_zeros(dev, (size_t)c.batch * (size_t)c.heads * (size_t)c.seq * 4);
+    void *rel = device_zeros(dev, (size_t)c.heads * 64 * 4);
+    void *drel = device_zeros(dev, (size_t)c.heads * 64 * 4);
+    aj_side_tensor side = {"rel", rel, AJ_SIDE_F32, 2, {c.heads, 64}, {64, 1}};
+    aj_side_tensor dside = {"rel", drel, AJ_SIDE_F32, 2, {c.heads, 64}, {64, 1}};
+    aj_bwd_args a = AJ_BWD_ARGS_INIT;
+    a.q = bhsd(buf[0], c.dtype, &c, c.dim), a.k = bhsd(buf[1], c.dtype, &c, c.dim);
+    a.v = bhsd(buf[2], c.dtype, &c, c.dim), a.o = bhsd(buf[3], c.dtype, &c, c.dim);
+    a.do_ = bhsd(buf[4], c.dtype, &c, c.dim), a.dq = bhsd(buf[5], c.dtype, &c, c.dim);
+    a.dk = bhsd(buf[6], c.dtype, &c, c.dim), a.dv = bhsd(buf[7], c.dtype, &c, c.dim);
+    a.lse = (aj_tensor){lse, AJ_DTYPE_F32, 3, {c.batch, c.heads, c.seq},
+                        {(int64_t)c.heads * c.seq, c.seq, 1}};
+    a.side = &side, a.num_side = 1;
+    aj_bwd_args with = a;
+    with.dside = &dside, with.num_dside = 1;
+    time_call(ctx, dev, plain, &a);   /* warm-up: first-touch and scratch */
+    time_call(ctx, dev, grad, &with);
+    double *t_plain = malloc(sizeof(double) * (size_t)c.repeat);
+    double *t_grad = malloc(sizeof(double) * (size_t)c.repeat);
+    for (int r = 0; r < c.repeat; r++) {
+        t_plain[r] = time_call(ctx, dev, plain, &a);
+        t_grad[r] = time_call(ctx, dev, grad, &with);
+    }
+    double mp = median(t_plain, c.repeat), mg = median(t_grad, c.repeat);
+    printf("device %s, %s, B %d H %d S %d D %d %s, median of %d interleaved: no grad %.2f ms, "
+           "with drel %.2f ms, ratio %.2fx\n",
+           aj_target_name(aj_device_target(dev)), aj_dtype_name(c.dtype), c.batch, c.heads,
+           c.seq, c.dim, c.causal ? "causal" : "full", c.repeat, mp, mg, mg / mp);
+    free(t_plain);
+    free(t_grad);
+    for (int i = 0; i < 9; i++)
+        aj_device_free(dev, buf[i]);
+    aj_device_free(dev, lse);
+    aj_device_free(dev, rel);
+    aj_device_free(dev, drel);
+    aj_kernel_destroy(plain);
+    aj_kernel_destroy(grad);
+    aj_device_close(dev);
+    aj_ctx_destroy(ctx);
+    return 0;
+}

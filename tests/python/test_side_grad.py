@@ -1,0 +1,142 @@
+"""Gradients of side tensors from Python (docs/ir.md "Gradients of side
+tensors"): a float tensor in tensors={...} that requires grad gets its
+gradient through autograd, against the float64 reference whose score_mod
+reads the same tensor (torch autograd there): FlexAttention's learnable
+relative bias, learned ALiBi slopes, a per-head gate, over dtype x
+variant x mask; through flex_attention with a captured nn.Parameter;
+bitwise repeatable; torch.compile(fullgraph=True); and the calls that
+cannot take one refuse with a message."""
+import pytest
+
+torch = pytest.importorskip("torch")
+import attnjit  # noqa: E402
+import attnjit.torch as at  # noqa: E402
+import reference  # noqa: E402
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+MASKS = {  # name: (attention's options, the reference's visibility options)
+    "none": (dict(), dict()),
+    "causal": (dict(causal="bottom_right"), dict(causal="bottom_right")),
+    "window": (dict(window=(5, 0), causal="bottom_right"),
+               dict(window=(5, 0), causal="bottom_right")),
+}
+# name: (the IR expression, the tensor's shape for (hq, s), the reference's score_mod)
+MODS = {
+    "relative_bias": ("score + rb[abs(q - k)]", lambda hq, s: (2 * s,),
+                      lambda t: lambda sc, b, h, q, k: sc + t[(q - k).abs()]),
+    "alibi_slopes": ("score - rb[h] * abs(q - k)", lambda hq, s: (hq,),
+                     lambda t: lambda sc, b, h, q, k: sc - t[h] * (q - k).abs()),
+    "head_gate": ("score * (1.0 + 0.5 * tanh(rb[h])) + rb[h + 4] * tanh(score / 4.0)",
+                  lambda hq, s: (hq + 4,),
+                  lambda t: lambda sc, b, h, q, k: sc * (1 + 0.5 * torch.tanh(t[h]))
+                  + t[h + 4] * torch.tanh(sc / 4)),
+}
+
+
+CASES = [(dtype, variant, mask, mod) for dtype in DTYPES for variant in ("flash", "efficient")
+         for mask in sorted(MASKS) for mod in sorted(MODS)]
+
+
+@pytest.mark.parametrize("dtype,variant,mask,mod", CASES,
+                         ids=["%s-%s-%s-%s" % (str(c[0])[6:], c[1], c[2], c[3]) for c in CASES])
+def test_side_grad_matches_reference(dtype, variant, mask, mod):
+    b, hq, hkv, sq, sk, d = 2, 4, 2, 11, 19, 32
+    q, k, v, do = reference.inputs(b, hq, hkv, sq, sk, d, dtype, 5)
+    text, shape, ref_mod = MODS[mod]
+    g = torch.Generator().manual_seed(9)
+    base = torch.randn(*shape(hq, sk), generator=g, dtype=torch.float64) * 0.5
+    if mod == "alibi_slopes":
+        base = base.abs() * 0.2
+    opts, ref_opts = MASKS[mask]
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    rb = base.float().requires_grad_()
+    o = at.attention(*leaves, score_mod=text, tensors={"rb": rb}, variant=variant, **opts)
+    o.backward(do)
+    ref_leaves = [t.double().requires_grad_() for t in (q, k, v)]
+    rb_ref = base.clone().requires_grad_()
+    seen = reference.visible(b, hq, sq, sk, **ref_opts)
+    o_ref, _ = reference.attention(*ref_leaves, seen=seen, score_mod=ref_mod(rb_ref))
+    o_ref.backward(do.double())
+    reference.check("o", o, o_ref, dtype)
+    for name, got, want in zip("qkv", leaves, ref_leaves):
+        reference.check("d" + name, got.grad, want.grad, dtype)
+    # a sum of many terms: f16's tolerance, bf16's for bf16
+    reference.check("drb", rb.grad, rb_ref.grad,
+                    torch.bfloat16 if dtype == torch.bfloat16 else torch.float16)
+
+
+def test_flex_learnable_bias_and_repeatable():
+    """FlexAttention's TestLearnableBiases: a captured parameter indexed by
+    the distance; its gradient equals the reference's and is the same bits
+    on a second backward."""
+    b, hq, s, d = 1, 2, 24, 32
+    q, k, v, do = reference.inputs(b, hq, hq, s, s, d, torch.float32, 3)
+    bias = torch.nn.Parameter(torch.randn(hq, 2 * s, dtype=torch.float32) * 0.3)
+
+    def mod(score, b_, h, q_idx, kv_idx):
+        return score + bias[h, (q_idx - kv_idx).abs()]
+
+    def run():
+        bias.grad = None
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        o = at.flex_attention(*leaves, score_mod=mod)
+        o.backward(do)
+        return bias.grad.clone(), leaves
+
+    first, leaves = run()
+    again, _ = run()
+    assert torch.equal(first, again), "the bias gradient differs between runs"
+    ref_bias = bias.detach().double().requires_grad_()
+    ref_leaves = [t.double().requires_grad_() for t in (q, k, v)]
+    o_ref, _ = reference.attention(*ref_leaves, score_mod=lambda sc, b_, h, qi, ki:
+                                   sc + ref_bias[h, (qi - ki).abs()])
+    o_ref.backward(do.double())
+    reference.check("dbias", first, ref_bias.grad, torch.float16)
+    reference.check("dq", leaves[0].grad, ref_leaves[0].grad, torch.float32)
+
+
+def test_compile_fullgraph():
+    """torch.compile(fullgraph=True) traces the op with a grad side tensor;
+    its gradients are eager's."""
+    q, k, v, do = reference.inputs(1, 2, 2, 16, 16, 32, torch.float32, 11)
+    rb = (torch.randn(32) * 0.3).requires_grad_()
+
+    def f(q, k, v, rb):
+        return at.attention(q, k, v, causal=True, score_mod="score + rb[abs(q - k)]",
+                            tensors={"rb": rb})
+
+    grads = []
+    for fn in (f, torch.compile(f, fullgraph=True)):
+        rb.grad = None
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        fn(*leaves, rb).backward(do)
+        grads.append((rb.grad.clone(), leaves[0].grad.clone()))
+    assert torch.equal(grads[0][0], grads[1][0])
+    assert torch.equal(grads[0][1], grads[1][1])
+
+
+def test_constant_when_not_requiring_grad():
+    """A tensor that does not require grad stays a constant: no gradient,
+    the same output."""
+    q, k, v, do = reference.inputs(1, 2, 2, 8, 8, 32, torch.float32, 2)
+    rb = torch.randn(16)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    o = at.attention(*leaves, score_mod="score + rb[abs(q - k)]", tensors={"rb": rb})
+    o.backward(do)
+    assert rb.grad is None and leaves[0].grad is not None
+
+
+@pytest.mark.parametrize("what", ["dropout", "bias", "varlen"])
+def test_refused_with_a_message(what):
+    q, k, v, _ = reference.inputs(1, 2, 2, 8, 8, 32, torch.float32, 1)
+    rb = torch.randn(16, requires_grad=True)
+    with pytest.raises(attnjit.InvalidArgError, match="tensors\\['rb'\\] requires grad"):
+        if what == "varlen":
+            cu = torch.tensor([0, 8], dtype=torch.int32)
+            at.attention_varlen(q[0].transpose(0, 1), k[0].transpose(0, 1),
+                                v[0].transpose(0, 1), cu, cu, 8, 8,
+                                score_mod="score + rb[abs(q - k)]", tensors={"rb": rb})
+        else:
+            extra = dict(dropout_p=0.1) if what == "dropout" else dict(bias=torch.zeros(8, 8))
+            at.attention(q, k, v, score_mod="score + rb[abs(q - k)]", tensors={"rb": rb},
+                         **extra)

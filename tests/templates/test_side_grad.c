@@ -1,0 +1,481 @@
+/*
+ * test_side_grad.c -- gradients of side tensors declared `grad` (docs/ir.md
+ * "Gradients of side tensors") against the float64 reference's derivative
+ * (ref_side_grad: the interpreter's dual numbers with the tensor's element
+ * the variable), on the device the argument names (sim by default; ctest
+ * runs it on sim and cpu):
+ *
+ *   - one generator of cases walks variant x dtype x mask x GQA x head
+ *     dim over the score_mods users write (FlexAttention's learnable
+ *     relative bias rb[abs(q - k)], ALiBi's slopes as a learned tensor, a
+ *     per-head gate, a 2-D table, two loads of one tensor, a load past
+ *     the tensor's end, a grad tensor only an index reads);
+ *   - a random-program sweep: score_mods from score_cases.h's generator,
+ *     whose float tensor tf is grad;
+ *   - every case: dQ, dK, dV still the reference's, dside bitwise the
+ *     same on a second run and on 1, 2 and 3 worker threads, and for some
+ *     the reference's derivative against a central finite difference of
+ *     its loss;
+ *   - what is refused, with its message.
+ *
+ *   test_side_grad [cpu | sim | cuda]
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "ref.h"
+#define BWD_STORAGE_TOLERANCE
+#include "bwd_tensors.h"
+#include "score_cases.h"
+#include "test_main.h"
+
+static aj_ctx *ctx;
+static aj_device *dev;
+static int cases;
+
+/* A score_mod and the tensors it reads, the first `grad` ones grad. */
+typedef struct grad_mod {
+    const char *name, *tensors, *mod;
+} grad_mod;
+
+/* side_make's data: rel (Hq, 65), slopes (Hq), every other dim 7 */
+static const grad_mod mods[] = {
+    {"relative bias", "(rel: f32[2] grad)", "score + rel[h, abs(q - k)]"},
+    {"alibi slopes", "(slopes: f32[1] grad)", "score - slopes[h] * abs(q - k)"},
+    {"head gate", "(g: f32[1] grad)",
+     "score * (1.0 + 0.5 * tanh(g[h])) + g[h] * tanh(score / 4.0)"},
+    {"2-D table", "(tb: f32[2] grad)", "score + tb[q % 5, k % 6] * 0.5"},
+    {"two loads", "(rb: f32[1] grad, w: f32[1])", "score + rb[q % 7] - rb[k % 7] * w[h]"},
+    {"past the end", "(rb: f32[1] grad)", "score + rb[k - q + 3]"},
+    {"index only", "(ix: f32[1] grad, rb: f32[1] grad)",
+     "score + rb[abs(q - k) % 4] * (ix[0] > 0.0 ? 1.0 : 0.5)"},
+};
+
+static const char *const masks[] = {"none", "causal(bottom_right)", "window(6, 2, top_left)",
+                                    "expr(k <= q && k % 5 != 2)"};
+static const int dims[] = {32, 64, 96, 128};
+
+typedef struct grad_case {
+    aj_variant variant;
+    aj_dtype dtype;
+    const char *name, *mask, *tensors, *mod;
+    int d, b, hq, hkv, sq, sk;
+    bool fd;          /* check the reference against a finite difference */
+} grad_case;
+
+static aj_op *case_op(const grad_case *c, aj_kind kind, const char *label)
+{
+    char spec[8192];
+    snprintf(spec, sizeof spec,
+             "attention %s %s {\n  dtype = %s\n  head_dim = %d\n  tensors = %s\n"
+             "  mask = %s\n  score_mod = expr(%s)\n}\n",
+             kind == AJ_KIND_FORWARD ? "forward" : "backward",
+             c->variant == AJ_VARIANT_EFFICIENT ? "efficient" : "flash", aj_dtype_name(c->dtype),
+             c->d, c->tensors, c->mask, c->mod);
+    return bwd_parse(ctx, spec, label);
+}
+
+static aj_kernel *compile(const aj_op *op, const char *label)
+{
+    return bwd_compile(ctx, dev, op, label);
+}
+
+static void check_error(const char *label, const char *what, const double *got, const double *want,
+                        size_t n, aj_dtype dtype)
+{
+    double err = norm_error(got, want, n, dtype);
+    CHECK_MSG(err <= 1.0, "%s: %s error %.3g of the tolerance", label, what, err);
+}
+
+/* The reference's loss sum(O dO) with element e of side tensor t moved by
+ * delta (the f32 data: delta is a power of two). */
+static double ref_loss(ref_problem p, const aj_side_tensor *host, int t, int64_t e, float delta,
+                       const tensor *q, const tensor *k, const tensor *v, const tensor *dout)
+{
+    float *data = (float *)host[t].data, saved = data[e];
+    data[e] += delta;
+    double *o = calloc(dout->n + 1, sizeof(double));
+    ref_forward(&p, q->ref, k->ref, v->ref, o, NULL);
+    data[e] = saved;
+    double loss = 0;
+    for (size_t i = 0; i < dout->n; i++)
+        loss += o[i] * dout->ref[i];
+    free(o);
+    return loss;
+}
+
+/* One backward launch with outputs dside[0 .. count - 1], on `workers`
+ * threads (0: the device's default). */
+static bool run_dside(aj_kernel *bk, aj_bwd_args ba, const aj_side_tensor *dside, int count,
+                      int workers, const char *label)
+{
+    if (workers)
+        CHECK(aj_device_set_workers(dev, workers) == AJ_OK);
+    ba.dside = dside;
+    ba.num_dside = count;
+    aj_status st = aj_backward(ctx, dev, bk, &ba);
+    CHECK_MSG(st == AJ_OK, "%s: %s", label, aj_last_error(ctx));
+    if (workers)
+        CHECK(aj_device_set_workers(dev, 0) == AJ_OK);
+    return st == AJ_OK;
+}
+
+static void run_case(const grad_case *c, const char *label)
+{
+    aj_op *fop = case_op(c, AJ_KIND_FORWARD, label), *bop = case_op(c, AJ_KIND_BACKWARD, label);
+    aj_kernel *bk = compile(bop, label);
+    if (!fop || !bk)
+        goto out_ops;
+    aj_op_info info;
+    CHECK(aj_op_get_info(bop, &info) == AJ_OK);
+    uint64_t rng = 77 + (uint64_t)cases;
+    side_data host;
+    side_make(&info, c->b, c->hq, c->sq, rng, &host);
+    aj_side_tensor side[AJ_OP_TENSORS_MAX], dside[AJ_OP_TENSORS_MAX];
+    void *dmem[AJ_OP_TENSORS_MAX] = {0};
+    tensor gout[AJ_OP_TENSORS_MAX];
+    int grads[AJ_OP_TENSORS_MAX], ngrad = 0;
+    for (int t = 0; t < info.num_tensors; t++) {
+        size_t bytes = 4;
+        for (int d = 0; d < host.t[t].rank; d++)
+            bytes *= (size_t)host.t[t].shape[d];
+        side[t] = host.t[t];
+        CHECK(aj_device_alloc(dev, bytes, &dmem[t]) == AJ_OK);
+        CHECK(aj_device_copy_to(dev, dmem[t], host.t[t].data, bytes) == AJ_OK);
+        side[t].data = dmem[t];
+        bool g = false;
+        CHECK(aj_op_get_tensor_grad(bop, t, &g) == AJ_OK);
+        if (!g)
+            continue;
+        tensor_make(&gout[ngrad], dev, AJ_DTYPE_F32, host.t[t].rank, host.t[t].shape);
+        poison(&gout[ngrad]);   /* every element must be written */
+        dside[ngrad] = host.t[t];
+        dside[ngrad].data = gout[ngrad].t.data;
+        grads[ngrad++] = t;
+    }
+
+    tensor q, k, v, o, dout, lse, dq, dk, dv;
+    int64_t qs[4] = {c->b, c->hq, c->sq, c->d}, ks[4] = {c->b, c->hkv, c->sk, c->d};
+    tensor_make(&q, dev, c->dtype, 4, qs);
+    tensor_make(&k, dev, c->dtype, 4, ks);
+    tensor_make(&v, dev, c->dtype, 4, ks);
+    tensor_make(&o, dev, c->dtype, 4, qs);
+    tensor_make(&dout, dev, c->dtype, 4, qs);
+    tensor_make(&lse, dev, AJ_DTYPE_F32, 3, (int64_t[]){c->b, c->hq, c->sq});
+    tensor_make(&dq, dev, c->dtype, 4, qs);
+    tensor_make(&dk, dev, c->dtype, 4, ks);
+    tensor_make(&dv, dev, c->dtype, 4, ks);
+    fill(&q, 1.5, &rng);
+    fill(&k, 1.5, &rng);
+    fill(&v, 1.0, &rng);
+    fill(&dout, 1.0, &rng);
+    ref_problem p = ref_problem_of(c->b, c->hq, c->hkv, c->sq, c->sk, c->d, c->d);
+    ref_mask(c->mask, &p);
+    ref_use_expressions(&p, fop, host.t, info.num_tensors);
+    ref_forward(&p, q.ref, k.ref, v.ref, o.ref, lse.ref);
+    double *o_exact = malloc((o.n + 1) * sizeof(double)), *lse_exact = malloc((lse.n + 1) * 8);
+    memcpy(o_exact, o.ref, o.n * sizeof(double));
+    memcpy(lse_exact, lse.ref, lse.n * sizeof(double));
+    store_rounded(&o);
+    store_rounded(&lse);
+
+    aj_bwd_args ba = AJ_BWD_ARGS_INIT;
+    ba.q = q.t, ba.k = k.t, ba.v = v.t, ba.o = o.t, ba.lse = lse.t;
+    ba.do_ = dout.t, ba.dq = dq.t, ba.dk = dk.t, ba.dv = dv.t;
+    ba.side = side, ba.num_side = info.num_tensors;
+    if (!run_dside(bk, ba, dside, ngrad, 0, label))
+        goto out;
+    double *want = malloc(sizeof(double) * (q.n + k.n + v.n + 3));
+    double *got = malloc(sizeof(double) * (q.n + k.n + v.n + 3));
+    ref_backward(&p, q.ref, k.ref, v.ref, o.ref, lse.ref, dout.ref, want, want + q.n,
+                 want + q.n + k.n, NULL);
+    read_back(&dq, got);
+    read_back(&dk, got + q.n);
+    read_back(&dv, got + q.n + k.n);
+    check_error(label, "dq", got, want, q.n, c->dtype);
+    check_error(label, "dk", got + q.n, want + q.n, k.n, c->dtype);
+    check_error(label, "dv", got + q.n + k.n, want + q.n + k.n, v.n, c->dtype);
+    free(want);
+    free(got);
+
+    double *first[AJ_OP_TENSORS_MAX];
+    for (int x = 0; x < ngrad; x++) {
+        int t = grads[x];
+        size_t n = gout[x].n;
+        double *want_g = malloc((n + 1) * sizeof(double));
+        first[x] = malloc((n + 1) * sizeof(double));
+        ref_side_grad(&p, q.ref, k.ref, v.ref, o.ref, lse.ref, dout.ref, t, want_g);
+        read_back(&gout[x], first[x]);
+        char what[64];
+        snprintf(what, sizeof what, "d%s", info.tensors[t].name);
+        /* sums of many terms: the f16 rows' tolerance, bf16's for bf16 */
+        check_error(label, what, first[x], want_g, n,
+                    c->dtype == AJ_DTYPE_BF16 ? AJ_DTYPE_BF16 : AJ_DTYPE_F16);
+        if (c->fd && x == 0) {
+            /* the reference's own derivative against its loss, from the
+             * unrounded O and LSE */
+            ref_side_grad(&p, q.ref, k.ref, v.ref, o_exact, lse_exact, dout.ref, t, want_g);
+            for (int64_t e = 0; e < (int64_t)n && e < 3; e++) {
+                const float h = 0x1p-9f;
+                double fd = (ref_loss(p, host.t, t, e, h, &q, &k, &v, &dout) -
+                             ref_loss(p, host.t, t, e, -h, &q, &k, &v, &dout)) / (2.0 * h);
+                CHECK_MSG(fabs(fd - want_g[e]) <= 2e-4 * (1 + fabs(fd)),
+                          "%s: d%s[%lld] %.9g, finite difference %.9g", label,
+                          info.tensors[t].name, (long long)e, want_g[e], fd);
+            }
+        }
+        free(want_g);
+    }
+    /* the same bits again, and on other thread counts */
+    const int workers[3] = {1, 2, 3};
+    for (int w = 0; w < 3; w++) {
+        for (int x = 0; x < ngrad; x++)
+            poison(&gout[x]);
+        if (!run_dside(bk, ba, dside, ngrad, workers[w], label))
+            break;
+        for (int x = 0; x < ngrad; x++) {
+            double *again = malloc((gout[x].n + 1) * sizeof(double));
+            read_back(&gout[x], again);
+            CHECK_MSG(memcmp(first[x], again, gout[x].n * sizeof(double)) == 0,
+                      "%s: d%s differs on %d workers", label, info.tensors[grads[x]].name,
+                      workers[w]);
+            free(again);
+        }
+    }
+    for (int x = 0; x < ngrad; x++)
+        free(first[x]);
+    cases++;
+out:
+    free(o_exact);
+    free(lse_exact);
+    tensor *all[] = {&q, &k, &v, &o, &dout, &lse, &dq, &dk, &dv};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        tensor_release(all[i]);
+    for (int t = 0; t < info.num_tensors; t++)
+        aj_device_free(dev, dmem[t]);
+    for (int x = 0; x < ngrad; x++)
+        tensor_release(&gout[x]);
+    side_free(&host);
+out_ops:
+    aj_kernel_destroy(bk);
+    aj_op_destroy(bop);
+    aj_op_destroy(fop);
+}
+
+/* Case n of the sweep: every score_mod x variant x mask, the dtype, GQA
+ * ratio, head dim and lengths cycling so that each meets every mask. */
+static grad_case sweep_case(int n, int dtypes)
+{
+    static const aj_dtype order[3] = {AJ_DTYPE_F16, AJ_DTYPE_BF16, AJ_DTYPE_F32};
+    const int nmasks = (int)(sizeof masks / sizeof masks[0]), mk = n % nmasks;
+    const int var = n / nmasks % 2, m = n / nmasks / 2;
+    return (grad_case){
+        .variant = var ? AJ_VARIANT_EFFICIENT : AJ_VARIANT_FLASH,
+        .dtype = order[n % dtypes],
+        .name = mods[m].name,
+        .mask = masks[mk],
+        .tensors = mods[m].tensors,
+        .mod = mods[m].mod,
+        .d = dims[n % 4],
+        .b = 2,
+        .hq = 4,
+        .hkv = n % 2 ? 2 : 4,
+        .sq = 9 + n % 3 * 10,
+        .sk = 23 - n % 2 * 8,
+        .fd = mk == 0 && var == 0,
+    };
+}
+
+static void test_sweep(void)
+{
+    const int cpu = aj_device_target(dev) == AJ_TARGET_CPU;
+    const int count = (int)(sizeof mods / sizeof mods[0] * 2 * (sizeof masks / sizeof masks[0]));
+    for (int n = 0; n < count; n++) {
+        grad_case c = sweep_case(n, cpu ? 3 : 2);   /* f32: the cpu's */
+        if (!check_sampled())
+            continue;
+        char label[256];
+        snprintf(label, sizeof label, "%s %s %s d%d %s hq%d/%d", c.name,
+                 aj_variant_name(c.variant), aj_dtype_name(c.dtype), c.d, c.mask, c.hq, c.hkv);
+        run_case(&c, label);
+    }
+}
+
+/* Random score_mods (score_cases.h) over tf, which is grad, and ti. */
+static void test_random(void)
+{
+    const int count = check_sample_count(24);
+    const int cpu = aj_device_target(dev) == AJ_TARGET_CPU;
+    for (int i = 0; i < count; i++) {
+        rx_tree t;
+        int root = rx_case_tree(&t, 0x51de, 2 * i + 1);
+        char field[8192], body[8192];
+        rx_expression(&t, root, true, field, sizeof field);
+        /* rx_expression's expr(...) around the body: the case takes the body */
+        snprintf(body, sizeof body, "%.*s", (int)strlen(field) - 6, field + 5);
+        grad_case c = {
+            .variant = i % 2 ? AJ_VARIANT_EFFICIENT : AJ_VARIANT_FLASH,
+            .dtype = cpu && i % 3 == 0 ? AJ_DTYPE_F32 : AJ_DTYPE_F16,
+            .mask = masks[i % 4],
+            .tensors = "(ti: i32[2], tf: f32[1] grad)",
+            .mod = body,
+            .d = 32,
+            .b = 2,
+            .hq = 2,
+            .hkv = 1,
+            .sq = 11 + i % 3 * 6,
+            .sk = 17,
+        };
+        char label[9000];
+        snprintf(label, sizeof label, "random %d %s %s: %s", i, aj_variant_name(c.variant),
+                 c.mask, body);
+        run_case(&c, label);
+    }
+}
+
+/* What is refused, with its message. */
+static void test_errors(void)
+{
+    static const struct {
+        const char *spec, *needle;
+        aj_status st;
+    } bad[] = {
+        {"attention backward flash { dtype = f16 head_dim = 32 tensors = (t: i32[1] grad) "
+         "score_mod = expr(score + t[0]) }", "only an f32 tensor has a gradient", AJ_ERR_VERIFY},
+        {"attention backward flash { dtype = f16 head_dim = 32 tensors = (s: f32[1] grad) "
+         "sinks = s }", "dsinks", AJ_ERR_VERIFY},
+        {"attention backward flash { dtype = f16 head_dim = 32 tensors = (t: f32[1] gard) }",
+         "'grad', ',' or ')'", AJ_ERR_PARSE},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        aj_op *op = NULL;
+        CHECK_STATUS(ctx, aj_op_parse(ctx, bad[i].spec, strlen(bad[i].spec), "bad", &op),
+                     bad[i].st);
+        CHECK_ERROR(ctx, bad[i].needle);
+        aj_op_destroy(op);
+    }
+    /* what the gradient stages do not take: varlen, dropout, a bias */
+    static const char *const unsupported[] = {"flash", "layout = varlen", "flash", "dropout = 0.1",
+                                              "efficient", "bias = add"};
+    for (size_t i = 0; i < 3; i++) {
+        char spec[512];
+        snprintf(spec, sizeof spec, "attention backward %s { dtype = f16 head_dim = 32 "
+                 "tensors = (rb: f32[1] grad) score_mod = expr(score + rb[q - k]) %s }",
+                 unsupported[2 * i], unsupported[2 * i + 1]);
+        aj_op *op = NULL;
+        CHECK(aj_op_parse(ctx, spec, strlen(spec), "unsupported", &op) == AJ_OK);
+        aj_kernel *k = NULL;
+        aj_compile_options opt = AJ_COMPILE_OPTIONS_INIT;
+        opt.target = aj_device_target(dev);
+        CHECK_STATUS(ctx, aj_compile(ctx, op, &opt, &k), AJ_ERR_UNSUPPORTED);
+        CHECK_ERROR(ctx, "side tensors");
+        aj_op_destroy(op);
+    }
+    /* the builder: set, read back, print, parse back */
+    aj_op *op = NULL;
+    CHECK(aj_op_create(ctx, AJ_KIND_BACKWARD, AJ_VARIANT_FLASH, &op) == AJ_OK);
+    CHECK(aj_op_declare_tensor(op, "rb", AJ_SIDE_F32, 1) == AJ_OK);
+    CHECK_STATUS(ctx, aj_op_set_tensor_grad(op, "nope", true), AJ_ERR_INVALID_ARG);
+    aj_op_destroy(op);
+    CHECK(aj_op_create(ctx, AJ_KIND_BACKWARD, AJ_VARIANT_FLASH, &op) == AJ_OK);
+    CHECK(aj_op_declare_tensor(op, "rb", AJ_SIDE_F32, 1) == AJ_OK);
+    CHECK(aj_op_set_tensor_grad(op, "rb", true) == AJ_OK);
+    bool g = false;
+    CHECK(aj_op_get_tensor_grad(op, 0, &g) == AJ_OK && g);
+    CHECK_STATUS(ctx, aj_op_get_tensor_grad(op, 1, &g), AJ_ERR_INVALID_ARG);
+    char *text = NULL;
+    CHECK(aj_op_print(op, &text) == AJ_OK && strstr(text, "rb: f32[1] grad") != NULL);
+    aj_op *back = NULL;
+    CHECK(text && aj_op_parse(ctx, text, strlen(text), "printed", &back) == AJ_OK);
+    g = false;
+    CHECK(back && aj_op_get_tensor_grad(back, 0, &g) == AJ_OK && g);
+    aj_op_destroy(back);
+    aj_free(text);
+    aj_op_destroy(op);
+
+    /* launch arguments */
+    grad_case c = {.variant = AJ_VARIANT_EFFICIENT, .dtype = AJ_DTYPE_F16, .mask = "none",
+                   .tensors = "(rb: f32[1] grad, w: f32[1])",
+                   .mod = "score + rb[abs(q - k)] * w[0]",
+                   .d = 32, .b = 1, .hq = 2, .hkv = 2, .sq = 8, .sk = 8};
+    aj_op *bop = case_op(&c, AJ_KIND_BACKWARD, "errors");
+    aj_kernel *bk = compile(bop, "errors");
+    tensor q, k, v, o, dout, lse, dq, dk, dv;
+    int64_t qs[4] = {1, 2, 8, 32};
+    tensor *all[] = {&q, &k, &v, &o, &dout, &dq, &dk, &dv};
+    for (int i = 0; i < 8; i++)
+        tensor_make(all[i], dev, c.dtype, 4, qs);
+    tensor_make(&lse, dev, AJ_DTYPE_F32, 3, (int64_t[]){1, 2, 8});
+    void *data = NULL, *gdata = NULL;
+    CHECK(aj_device_alloc(dev, 64 * 4, &data) == AJ_OK);
+    CHECK(aj_device_alloc(dev, 64 * 4, &gdata) == AJ_OK);
+    aj_side_tensor side[2] = {{"rb", data, AJ_SIDE_F32, 1, {16}, {1}},
+                              {"w", data, AJ_SIDE_F32, 1, {4}, {1}}};
+    aj_bwd_args ba = AJ_BWD_ARGS_INIT;
+    ba.q = q.t, ba.k = k.t, ba.v = v.t, ba.o = o.t, ba.lse = lse.t;
+    ba.do_ = dout.t, ba.dq = dq.t, ba.dk = dk.t, ba.dv = dv.t;
+    ba.side = side, ba.num_side = 2;
+    static const struct {
+        aj_side_tensor d;
+        const char *needle;
+    } wrong[] = {
+        {{"w", NULL, AJ_SIDE_F32, 1, {4}, {1}}, "tensor 'w' is not declared grad"},
+        {{"zz", NULL, AJ_SIDE_F32, 1, {4}, {1}}, "is not a tensor the op declares"},
+        {{"rb", NULL, AJ_SIDE_F32, 1, {15}, {1}}, "has shape[0] = 15; want 16"},
+        {{"rb", NULL, AJ_SIDE_I32, 1, {16}, {1}}, "want f32[1]"},
+        {{"rb", NULL, AJ_SIDE_F32, 1, {16}, {0}}, "make two elements one place"},
+        {{"rb", NULL, AJ_SIDE_F32, 1, {16}, {-1}}, "want 0 or more"},
+    };
+    for (size_t i = 0; bk && i < sizeof wrong / sizeof wrong[0]; i++) {
+        aj_side_tensor d = wrong[i].d;
+        d.data = gdata;
+        ba.dside = &d, ba.num_dside = 1;
+        CHECK_STATUS(ctx, aj_backward(ctx, dev, bk, &ba), AJ_ERR_INVALID_ARG);
+        CHECK_ERROR(ctx, wrong[i].needle);
+    }
+    /* the same tensor twice; sums past the limit (the shape alone decides:
+     * nothing is launched) */
+    aj_side_tensor twice[2] = {{"rb", gdata, AJ_SIDE_F32, 1, {16}, {1}},
+                               {"rb", gdata, AJ_SIDE_F32, 1, {16}, {1}}};
+    ba.dside = twice, ba.num_dside = 2;
+    if (bk) {
+        CHECK_STATUS(ctx, aj_backward(ctx, dev, bk, &ba), AJ_ERR_INVALID_ARG);
+        CHECK_ERROR(ctx, "both name 'rb'");
+    }
+    aj_side_tensor huge[2] = {{"rb", data, AJ_SIDE_F32, 1, {(int64_t)1 << 29}, {1}}, side[1]};
+    aj_side_tensor dhuge = huge[0];
+    dhuge.data = gdata;
+    ba.side = huge, ba.dside = &dhuge, ba.num_dside = 1;
+    size_t bytes = 0;
+    if (bk) {
+        CHECK_STATUS(ctx, aj_backward_workspace_size(ctx, bk, &ba, &bytes), AJ_ERR_INVALID_ARG);
+        CHECK_ERROR(ctx, "partial sums");
+        /* a small one: the sums are in the workspace size */
+        ba.side = side, ba.dside = twice, ba.num_dside = 1;
+        size_t without = 0;
+        aj_bwd_args none = ba;
+        none.num_dside = 0;
+        CHECK(aj_backward_workspace_size(ctx, bk, &none, &without) == AJ_OK);
+        CHECK(aj_backward_workspace_size(ctx, bk, &ba, &bytes) == AJ_OK);
+        CHECK_MSG(bytes >= without + 2 * 16 * 4, "workspace %zu with dside, %zu without", bytes,
+                  without);
+    }
+    for (int i = 0; i < 8; i++)
+        tensor_release(all[i]);
+    tensor_release(&lse);
+    aj_device_free(dev, data);
+    aj_device_free(dev, gdata);
+    aj_kernel_destroy(bk);
+    aj_op_destroy(bop);
+}
+
+static void (*const tests[])(void) = {test_sweep, test_random, test_errors, NULL};
+
+int main(int argc, char **argv)
+{
+    const test_main_args m = {AJ_DEVICE_SIM, &ctx, &dev, tests, &cases, NULL};
+    return test_main(argc, argv, &m);
+}
