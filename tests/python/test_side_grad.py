@@ -4,8 +4,9 @@ gradient through autograd, against the float64 reference whose score_mod
 reads the same tensor (torch autograd there): FlexAttention's learnable
 relative bias, learned ALiBi slopes, a per-head gate, over dtype x
 variant x mask; through flex_attention with a captured nn.Parameter;
-bitwise repeatable; torch.compile(fullgraph=True); and the calls that
-cannot take one refuse with a message."""
+bitwise repeatable; torch.compile(fullgraph=True); ring (p2p,
+all-gather) and Ulysses over 2 gloo ranks against one rank; and the
+calls that cannot take one refuse with a message."""
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -140,3 +141,56 @@ def test_refused_with_a_message(what):
             extra = dict(dropout_p=0.1) if what == "dropout" else dict(bias=torch.zeros(8, 8))
             at.attention(q, k, v, score_mod="score + rb[abs(q - k)]", tensors={"rb": rb},
                          **extra)
+
+
+CP_CASES = [  # method, layout, rotate, mask options
+    ("ring", "zigzag", "p2p", dict(causal=True)),
+    ("ring", "contiguous", "allgather", dict()),
+    ("ring", "zigzag", "p2p", dict(mask="k % 3 != 1")),
+    ("ulysses", "zigzag", None, dict(causal=True)),
+]
+
+
+def _side_grad_cp_worker(rank, world, init_file):
+    import torch.distributed as dist
+    from cp_check import assert_shards_match
+    dist.init_process_group("gloo", init_method="file://" + init_file, rank=rank,
+                            world_size=world)
+    try:
+        for method, layout, rotate, opts in CP_CASES:
+            q, k, v, do = reference.inputs(2, 4, 2, 16, 16, 16, torch.float32, 11)
+            base = torch.randn(32, generator=torch.Generator().manual_seed(4)) * 0.5
+            mod = dict(score_mod="score + rb[abs(q - k)] * 0.5 + rb[h] * tanh(score)")
+            leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+            rb = base.clone().requires_grad_()
+            o, lse = at.attention(*leaves, tensors={"rb": rb}, return_lse=True, **mod, **opts)
+            o.backward(do)
+            parts = [at.shard(t, 2, rank, world, layout).requires_grad_() for t in (q, k, v)]
+            rrb = base.clone().requires_grad_()
+            ro, rlse = at.ring_attention(*parts, layout=layout, method=method,
+                                         tensors={"rb": rrb}, return_lse=True, timeout=60,
+                                         **(dict(rotate=rotate) if rotate else {}), **mod,
+                                         **opts)
+            ro.backward(at.shard(do, 2, rank, world, layout))
+            what = "%s %s %s rank %d/%d" % (method, layout, sorted(opts), rank, world)
+            assert_shards_match(ro, rlse, parts, o, lse, leaves, rank, world, layout,
+                                torch.float32, what)
+            # every rank holds the whole gradient of the (replicated) tensor
+            torch.testing.assert_close(rrb.grad, rb.grad, atol=1e-5, rtol=1e-5,
+                                       msg=lambda m: what + ": drb: " + m)
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("world", [2])
+def test_context_parallel_side_grad_equal_one_rank(world):
+    """ring (p2p, all-gather) and Ulysses with a grad side tensor: each
+    rank's shards and the whole gradient of the tensor, summed over the
+    ranks in rank order, equal one rank's attention."""
+    import os
+    import tempfile
+    import torch.multiprocessing as mp
+    with tempfile.TemporaryDirectory() as tmp:
+        mp.spawn(_side_grad_cp_worker, args=(world, os.path.join(tmp, "init")), nprocs=world,
+                 join=True)

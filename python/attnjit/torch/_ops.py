@@ -692,13 +692,12 @@ def _aligned_bias(bias):
 
 
 def _prepare(q, k, v, causal, window, softcap, alibi_slopes, bias, scale, dropout_p, mask,
-             score_mod, tensors, variant, layout="padded", sinks=None, oob="check",
-             side_grads=None):
+             score_mod, tensors, variant, layout="padded", sinks=None, oob="check"):
     """The checks and conversions attention(), attention_varlen() and
     ring_attention() share: the tensors as the ops take them and the op's
     IR body (layout "padded": (B, H, S, D); "varlen": (T, H, D)).  A float
     side tensor that requires grad is declared grad (its gradient flows
-    back); side_grads, when set, names the caller that cannot do that."""
+    back)."""
     rank, dims = (3, "(T, H, D)") if layout == "varlen" else (4, "(B, H, S, D)")
     if q.dim() != rank or k.dim() != rank or v.dim() != rank:
         raise _fail("q, k and v must be %d-D %s; got %d, %d and %d dims"
@@ -715,7 +714,7 @@ def _prepare(q, k, v, causal, window, softcap, alibi_slopes, bias, scale, dropou
     tensors = dict(tensors or {})
     side, decls = [], []
     # what the backward's side-tensor gradients need (docs/ir.md)
-    why_not = (side_grads or ("layout = %s" % layout if layout != "padded" else None)
+    why_not = (("layout = %s" % layout if layout != "padded" else None)
                or ("dropout_p > 0" if dropout_p else None)
                or ("an additive bias" if bias is not None else None))
     for name, t in tensors.items():

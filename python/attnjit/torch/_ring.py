@@ -240,7 +240,13 @@ class _Ring:
         return o_acc.to(q.dtype), lse
 
     def backward(self, do, q, k, v, o, lse):
+        """dq, dk, dv of this rank's shards and this rank's part of each grad
+        side tensor's gradient (its rows' terms, summed in step order; the
+        ranks' parts are summed by _SumOverRanks), None for the others."""
         dq_acc = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+        grads = _ops._side_grad_flags(self.step_body)
+        dside_acc = [torch.zeros(t.shape, dtype=torch.float32, device=q.device) if g else None
+                     for t, g in zip(self.side, grads)]
         gathered = self.rotate == "allgather"
         # dK/dV sums: per block (allgather), or the travelling block's (p2p)
         dkv = [[torch.zeros(t.shape, dtype=torch.float32, device=q.device) for t in (k, v)]
@@ -250,10 +256,14 @@ class _Ring:
             for qi, ki, at, masked in self.launches(pairs):
                 dq = torch.empty_like(q[:, :, qi])
                 dk, dv = torch.empty_like(kb[:, :, ki]), torch.empty_like(vb[:, :, ki])
+                dside = _ops._dside_like(self.side, self.step_body) if any(grads) else None
                 _ops.backward_into(do[:, :, qi], q[:, :, qi], kb[:, :, ki], vb[:, :, ki],
                                    o[:, :, qi], lse[:, :, qi], dq, dk, dv, None, None,
                                    self.alibi, self.side, self.rng, self.variant,
-                                   self.step_body, at=at, masked=masked)
+                                   self.step_body, at=at, masked=masked, dside=dside)
+                for acc_t, part in zip(dside_acc, dside or ()):
+                    if acc_t is not None:
+                        acc_t += part
                 dq_acc[:, :, qi] += dq
                 acc[0][:, :, ki] += dk
                 acc[1][:, :, ki] += dv
@@ -268,7 +278,7 @@ class _Ring:
             mine = dkv[self.rank]
         else:
             mine = dkv[0]          # after P hops, this rank's own block's sums
-        return dq_acc.to(q.dtype), mine[0].to(k.dtype), mine[1].to(v.dtype)
+        return dq_acc.to(q.dtype), mine[0].to(k.dtype), mine[1].to(v.dtype), dside_acc
 
 
 def _sinks_grad(sinks, do, o, lse):
@@ -281,8 +291,11 @@ def _sinks_grad(sinks, do, o, lse):
 
 
 class _RingFunction(torch.autograd.Function):
+    """The ring's forward and backward; `side` are the ring's side tensors
+    (ring.side), inputs here so that the grad ones get their gradients."""
+
     @staticmethod
-    def forward(ctx, ring, q, k, v, sinks):
+    def forward(ctx, ring, q, k, v, sinks, *side):
         o, lse = ring.forward(q, k, v, sinks)
         ctx.ring = ring
         ctx.save_for_backward(q, k, v, o, lse, sinks)
@@ -293,15 +306,16 @@ class _RingFunction(torch.autograd.Function):
     def backward(ctx, do, dlse):
         q, k, v, o, lse, sinks = ctx.saved_tensors
         do = do.contiguous()
-        dq, dk, dv = ctx.ring.backward(do, q, k, v, o, lse)
+        dq, dk, dv, dside = ctx.ring.backward(do, q, k, v, o, lse)
         dsinks = _sinks_grad(sinks, do, o, lse) if sinks is not None else None
-        return None, dq, dk, dv, dsinks
+        return (None, dq, dk, dv, dsinks) + tuple(dside)
 
 
 class _SumOverRanks(torch.autograd.Function):
     """Identity forward; the backward sums the ranks' gradients of a
-    replicated tensor (the sinks) by an all-gather and a sum in rank order,
-    so every rank holds the same bits whatever the collective's own order."""
+    replicated tensor (the sinks, a grad side tensor) by an all-gather and
+    a sum in rank order, so every rank holds the same bits whatever the
+    collective's own order."""
 
     @staticmethod
     def forward(ctx, x, group, timeout):
@@ -314,7 +328,7 @@ class _SumOverRanks(torch.autograd.Function):
         grad = grad.contiguous()
         parts = [torch.empty_like(grad) for _ in range(dist.get_world_size(group))]
         _complete(lambda: dist.all_gather(parts, grad, group=group, async_op=True),
-                  "the all-gather of the sinks' gradient", group, timeout)
+                  "the all-gather of a replicated tensor's gradient", group, timeout)
         total = parts[0].clone()
         for part in parts[1:]:
             total += part
@@ -416,7 +430,8 @@ def ring_attention(q, k, v, *, group=None, layout="zigzag", rotate="p2p", causal
     attnjit.CommError, within it.  sinks: (Hq,) learned sink logits, the
     same on every rank, counted once per row; their gradient is the sum
     over the ranks (an all-gather and a sum in rank order), the same on
-    every rank.  oob: as attention()'s, each launch checked at its own
+    every rank, as a grad side tensor's (one in `tensors` that requires
+    grad).  oob: as attention()'s, each launch checked at its own
     positions."""
     if method not in ("ring", "ulysses"):
         raise attnjit.UnsupportedError(
@@ -430,11 +445,15 @@ def ring_attention(q, k, v, *, group=None, layout="zigzag", rotate="p2p", causal
         raise _fail("ring_attention", "rotate = %r; want 'p2p' or 'allgather'" % (rotate,))
     q, k, v, _, alibi_slopes, side, rng, variant, body = _ops._prepare(
         q, k, v, causal, window, softcap, alibi_slopes, None, scale, dropout_p, mask,
-        score_mod, tensors, variant, sinks=sinks, oob=oob, side_grads="ring_attention")
+        score_mod, tensors, variant, sinks=sinks, oob=oob)
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     sinks_t = None
     if sinks is not None:      # the last side tensor (_prepare); its gradient summed
         sinks_t = side[-1] = _SumOverRanks.apply(side[-1], group, timeout)
+    # grad side tensors: each rank's rows give a part; the parts summed
+    for i, grad in enumerate(_ops._side_grad_flags(body)):
+        if grad:
+            side[i] = _SumOverRanks.apply(side[i], group, timeout)
     if timeout is not None and not timeout > 0:
         raise _fail("ring_attention", "timeout = %r; want seconds > 0, or None" % (timeout,))
     if rng is not None:       # one dropout stream for the whole sequence
@@ -448,7 +467,7 @@ def ring_attention(q, k, v, *, group=None, layout="zigzag", rotate="p2p", causal
         return (o, lse) if return_lse else o
     ring = _Ring(group, layout, rotate, variant, body, alibi_slopes, side, rng, q, k.shape[2],
                  timeout)
-    o, lse = _RingFunction.apply(ring, q, k, v, sinks_t)
+    o, lse = _RingFunction.apply(ring, q, k, v, sinks_t, *side)
     return (o, lse) if return_lse else o
 
 
