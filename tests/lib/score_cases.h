@@ -112,8 +112,9 @@ typedef struct side_data {
 
 /* Data for each declaration of `op` for a problem of batch B, Hq heads and
  * sequence length S: doc (B, S) sorted document ids; prefix (B) lengths in
- * 0..S; rel (Hq, 65) and slopes (Hq) as their examples read them; any
- * other tensor 7 per dim, i32 in -2..9 or f32 in [-1, 1]. */
+ * 0..S; rel (Hq, 65) and slopes (Hq) as their examples read them; snk
+ * (Hq: learned sinks' logits, in [-1, 1]); any other tensor 7 per dim, i32
+ * in -2..9 or f32 in [-1, 1]. */
 static inline void side_make(const aj_op_info *op, int B, int H, int S, uint64_t seed, side_data *d)
 {
     memset(d, 0, sizeof *d);
@@ -132,7 +133,8 @@ static inline void side_make(const aj_op_info *op, int B, int H, int S, uint64_t
             t->shape[0] = B;
         else if (strcmp(decl->name, "rel") == 0 && decl->rank == 2)
             t->shape[0] = H, t->shape[1] = 65;
-        else if (strcmp(decl->name, "slopes") == 0 && decl->rank == 1)
+        else if ((strcmp(decl->name, "slopes") == 0 || strcmp(decl->name, "snk") == 0) &&
+                 decl->rank == 1)
             t->shape[0] = H;
         int64_t n = 1;
         for (int k = decl->rank - 1; k >= 0; k--) {

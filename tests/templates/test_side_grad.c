@@ -6,7 +6,8 @@
  * runs it on sim and cpu):
  *
  *   - one generator of cases walks variant x dtype x mask x GQA x head
- *     dim over the score_mods users write (FlexAttention's learnable
+ *     dim (learned sinks in every fifth case) over the score_mods users
+ *     write (FlexAttention's learnable
  *     relative bias rb[abs(q - k)], ALiBi's slopes as a learned tensor, a
  *     per-head gate, a 2-D table, two loads of one tensor, a load past
  *     the tensor's end, a grad tensor only an index reads);
@@ -64,17 +65,20 @@ typedef struct grad_case {
     const char *name, *mask, *tensors, *mod;
     int d, b, hq, hkv, sq, sk;
     bool fd;          /* check the reference against a finite difference */
+    bool sinks;       /* learned sinks too (tensor snk) */
 } grad_case;
 
 static aj_op *case_op(const grad_case *c, aj_kind kind, const char *label)
 {
     char spec[8192];
+    /* with sinks: their tensor declared last, `sinks = snk` */
     snprintf(spec, sizeof spec,
-             "attention %s %s {\n  dtype = %s\n  head_dim = %d\n  tensors = %s\n"
-             "  mask = %s\n  score_mod = expr(%s)\n}\n",
+             "attention %s %s {\n  dtype = %s\n  head_dim = %d\n  tensors = %.*s%s\n"
+             "  mask = %s\n  score_mod = expr(%s)\n%s}\n",
              kind == AJ_KIND_FORWARD ? "forward" : "backward",
              c->variant == AJ_VARIANT_EFFICIENT ? "efficient" : "flash", aj_dtype_name(c->dtype),
-             c->d, c->tensors, c->mask, c->mod);
+             c->d, (int)strlen(c->tensors) - 1, c->tensors, c->sinks ? ", snk: f32[1])" : ")",
+             c->mask, c->mod, c->sinks ? "  sinks = snk\n" : "");
     return bwd_parse(ctx, spec, label);
 }
 
@@ -175,6 +179,13 @@ static void run_case(const grad_case *c, const char *label)
     ref_problem p = ref_problem_of(c->b, c->hq, c->hkv, c->sq, c->sk, c->d, c->d);
     ref_mask(c->mask, &p);
     ref_use_expressions(&p, fop, host.t, info.num_tensors);
+    double sinks[64];
+    if (c->sinks) {   /* the last tensor */
+        const float *logits = host.t[info.num_tensors - 1].data;
+        for (int h = 0; h < c->hq; h++)
+            sinks[h] = logits[h];
+        p.sinks = sinks;
+    }
     ref_forward(&p, q.ref, k.ref, v.ref, o.ref, lse.ref);
     double *o_exact = malloc((o.n + 1) * sizeof(double)), *lse_exact = malloc((lse.n + 1) * 8);
     memcpy(o_exact, o.ref, o.n * sizeof(double));
@@ -288,6 +299,7 @@ static grad_case sweep_case(int n, int dtypes)
         .sq = 9 + n % 3 * 10,
         .sk = 23 - n % 2 * 8,
         .fd = mk == 0 && var == 0,
+        .sinks = n % 5 == 3,
     };
 }
 
@@ -300,8 +312,9 @@ static void test_sweep(void)
         if (!check_sampled())
             continue;
         char label[256];
-        snprintf(label, sizeof label, "%s %s %s d%d %s hq%d/%d", c.name,
-                 aj_variant_name(c.variant), aj_dtype_name(c.dtype), c.d, c.mask, c.hq, c.hkv);
+        snprintf(label, sizeof label, "%s %s %s d%d %s hq%d/%d%s", c.name,
+                 aj_variant_name(c.variant), aj_dtype_name(c.dtype), c.d, c.mask, c.hq, c.hkv,
+                 c.sinks ? " sinks" : "");
         run_case(&c, label);
     }
 }
