@@ -346,6 +346,86 @@ static aj_status host_f32(aj_ctx *ctx, aj_device *dev, const aj_tensor *t, size_
     return st;
 }
 
+aj_status aj_cp_zero(aj_ctx *ctx, aj_device *dev, const void *ptr, size_t bytes)
+{
+    void *zeros = calloc(1, bytes ? bytes : 1);
+    aj_status st = zeros ? aj_device_copy_to(dev, (void *)ptr, zeros, bytes)
+                         : aj_fail(ctx, AJ_ERR_OUT_OF_MEMORY, "out of memory");
+    free(zeros);
+    return st;
+}
+
+int64_t aj_cp_side_numel(const aj_side_tensor *t)
+{
+    int64_t n = 1;
+    for (int d = 0; d < t->rank; d++)
+        n *= t->shape[d];
+    return n;
+}
+
+aj_status aj_cp_side_grad_check(aj_ctx *ctx, const aj_op *op, const aj_ring_bwd_args *a)
+{
+    static const char fn[] = "aj_ring_backward";
+    AJ_CHECK_ARG(ctx, a->num_dside >= 0 && (a->num_dside == 0 || a->dside),
+                 "%s: num_dside = %d with dside %s", fn, (int)a->num_dside,
+                 a->dside ? "given" : "NULL");
+    AJ_CHECK_ARG(ctx, op || a->num_dside == 0, "%s: op is NULL", fn);
+    for (int i = 0; i < a->num_dside; i++) {
+        const aj_side_tensor *d = &a->dside[i];
+        bool grad = false;
+        aj_op_info info;
+        aj_op_get_info(op, &info);
+        for (int t = 0; t < info.num_tensors; t++)
+            if (d->name && strcmp(d->name, info.tensors[t].name) == 0)
+                aj_op_get_tensor_grad(op, t, &grad);
+        AJ_CHECK_ARG(ctx, grad, "%s: dside[%d] ('%s') is not a grad tensor of the op", fn, i,
+                     d->name ? d->name : "(null)");
+        const aj_side_tensor *given = NULL;
+        for (int x = 0; x < a->num_side && !given; x++)
+            if (a->side[x].name && strcmp(a->side[x].name, d->name) == 0)
+                given = &a->side[x];
+        AJ_CHECK_ARG(ctx, given, "%s: side tensor '%s' is not given", fn, d->name);
+        int64_t stride = 1;
+        bool ok = d->data && d->dtype == AJ_SIDE_F32 && d->rank == given->rank;
+        for (int k = d->rank - 1; ok && k >= 0; k--) {
+            ok = d->shape[k] == given->shape[k] && (d->strides[k] == stride || d->shape[k] == 1);
+            stride *= d->shape[k];
+        }
+        AJ_CHECK_ARG(ctx, ok, "%s: dside '%s' must be f32 of side tensor '%s''s shape, "
+                     "contiguous, with data", fn, d->name, d->name);
+    }
+    return AJ_OK;
+}
+
+aj_status aj_cp_side_grad_sum(aj_ctx *ctx, aj_device *dev, aj_comm *comm,
+                              const aj_ring_bwd_args *a)
+{
+    static const char fn[] = "aj_ring_backward";
+    aj_status st = AJ_OK;
+    for (int i = 0; st == AJ_OK && i < a->num_dside; i++) {
+        const size_t n = (size_t)aj_cp_side_numel(&a->dside[i]);
+        float *mine = calloc(n + 1, 4), *all = calloc((size_t)comm->size * n + 1, 4);
+        st = mine && all ? AJ_OK : aj_fail(ctx, AJ_ERR_OUT_OF_MEMORY, "out of memory");
+        if (st == AJ_OK)
+            st = aj_device_copy_from(dev, mine, a->dside[i].data, n * 4);
+        if (st == AJ_OK)
+            st = comm->engine->allgather(comm, mine, all, n * 4);
+        if (st != AJ_OK && st != AJ_ERR_OUT_OF_MEMORY && st != AJ_ERR_INVALID_ARG)
+            st = aj_fail(ctx, st, "%s: the all-gather of d%s failed: %s", fn, a->dside[i].name,
+                         aj_last_error(ctx));
+        if (st == AJ_OK) {   /* in rank order */
+            memcpy(mine, all, n * 4);
+            for (int rk = 1; rk < comm->size; rk++)
+                for (size_t e = 0; e < n; e++)
+                    mine[e] += all[(size_t)rk * n + e];
+            st = aj_device_copy_to(dev, (void *)a->dside[i].data, mine, n * 4);   /* an output */
+        }
+        free(mine);
+        free(all);
+    }
+    return st;
+}
+
 aj_status aj_cp_sinks_grad(aj_ctx *ctx, aj_device *dev, aj_comm *comm, const aj_op *op,
                            const aj_ring_bwd_args *a)
 {

@@ -161,6 +161,19 @@ aj_status aj_ulysses_backward(aj_ctx *ctx, aj_device *dev, struct aj_comm *comm,
 aj_status aj_cp_sinks_grad(aj_ctx *ctx, aj_device *dev, struct aj_comm *comm, const aj_op *op,
                            const aj_ring_bwd_args *args);
 
+/* The grad side tensors' gradients of a ring backward (args->dside):
+ * aj_cp_side_grad_check before the method runs (each output f32, the
+ * shape of its side tensor, contiguous); the method leaves each rank's
+ * part in the outputs; aj_cp_side_grad_sum gathers the parts from every
+ * rank and writes their sum in rank order (common.c). */
+aj_status aj_cp_side_grad_check(aj_ctx *ctx, const aj_op *op, const aj_ring_bwd_args *args);
+aj_status aj_cp_side_grad_sum(aj_ctx *ctx, aj_device *dev, struct aj_comm *comm,
+                              const aj_ring_bwd_args *args);
+/* The elements of side tensor t (its shape's product). */
+int64_t aj_cp_side_numel(const aj_side_tensor *t);
+/* Zeros `bytes` of device memory at ptr. */
+aj_status aj_cp_zero(aj_ctx *ctx, aj_device *dev, const void *ptr, size_t bytes);
+
 /* method = hybrid's ring (ulysses.c calls it between its all-to-alls):
  * each of the comm's ranks is a group of `members` ranks of a layout over
  * size x members ranks whose totals the hybrid call agreed on (sq, sk);

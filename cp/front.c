@@ -65,9 +65,23 @@ static aj_status method_row(aj_ctx *ctx, const char *fn, aj_cp_method method,
         const struct cp_method *m = NULL;                                                    \
         aj_status st = method_row(ctx, #name, args->method, args->ulysses_size, &m);         \
         if (st == AJ_OK)                                                                     \
+            st = before_##entry(ctx, op, args);                                              \
+        if (st == AJ_OK)                                                                     \
             st = m->entry(ctx, dev, comm, op, args, stats);                                  \
         return st != AJ_OK ? st : after_##entry(ctx, dev, comm, op, args);                    \
     }
+
+static aj_status before_forward(aj_ctx *ctx, const aj_op *op, const aj_ring_fwd_args *args)
+{
+    (void)ctx, (void)op, (void)args;
+    return AJ_OK;
+}
+
+/* A backward's checks of its own outputs beyond the method's. */
+static aj_status before_backward(aj_ctx *ctx, const aj_op *op, const aj_ring_bwd_args *args)
+{
+    return aj_cp_side_grad_check(ctx, op, args);
+}
 
 static aj_status after_forward(aj_ctx *ctx, aj_device *dev, aj_comm *comm, const aj_op *op,
                                const aj_ring_fwd_args *args)
@@ -76,11 +90,13 @@ static aj_status after_forward(aj_ctx *ctx, aj_device *dev, aj_comm *comm, const
     return AJ_OK;
 }
 
-/* Every method's backward ends alike: the sinks' gradient, when asked. */
+/* Every method's backward ends alike: the sinks' gradient and the grad
+ * side tensors' sums over the ranks, when asked. */
 static aj_status after_backward(aj_ctx *ctx, aj_device *dev, aj_comm *comm, const aj_op *op,
                                 const aj_ring_bwd_args *args)
 {
-    return args->dsinks.data ? aj_cp_sinks_grad(ctx, dev, comm, op, args) : AJ_OK;
+    aj_status st = args->dsinks.data ? aj_cp_sinks_grad(ctx, dev, comm, op, args) : AJ_OK;
+    return st == AJ_OK && args->num_dside ? aj_cp_side_grad_sum(ctx, dev, comm, args) : st;
 }
 
 FRONT_DOOR(aj_ring_forward, aj_ring_fwd_args, lse, RING_FWD_ARGS, forward)

@@ -1048,6 +1048,12 @@ typedef struct bwd_parts {
     void *dq_h, *dk_h, *dv_h;        /* host (on host-memory devices: dq, dk, dv) */
     size_t dq_bytes, dk_bytes, dv_bytes;
     float *scratch;
+    /* the grad side tensors' gradients (args->dside): each launch's, in
+     * device memory and its host copy, and this rank's sums (host) */
+    int nside;
+    aj_side_tensor side[AJ_OP_TENSORS_MAX];
+    void *side_h[AJ_OP_TENSORS_MAX];
+    float *side_acc[AJ_OP_TENSORS_MAX];
 } bwd_parts;
 
 /* A gradient part of `bytes`: in device memory, and its host copy (where
@@ -1111,14 +1117,24 @@ static aj_status bwd_block(ring_plan *p, const ring_kernels *kern, const aj_ring
             b.dk = as_packed(&b.dk);
             b.dv = as_packed(&b.dv);
         }
+        b.dside = parts->side;
+        b.num_dside = parts->nside;
         double t0 = aj_now();
         AJ_TRY(aj_backward(p->ctx, p->dev, kernel_for(kern, x->block), &b));
         if (!p->host_memory) {
             AJ_TRY(from_dev(p, parts->dq_h, parts->dq, parts->dq_bytes));
             AJ_TRY(from_dev(p, parts->dk_h, parts->dk, parts->dk_bytes));
             AJ_TRY(from_dev(p, parts->dv_h, parts->dv, parts->dv_bytes));
+            for (int t = 0; t < parts->nside; t++)
+                AJ_TRY(from_dev(p, parts->side_h[t], parts->side[t].data,
+                                (size_t)aj_cp_side_numel(&parts->side[t]) * 4));
         }
         AJ_TRY(ring_wait(p, "the block's kernels"));
+        for (int t = 0; t < parts->nside; t++) {   /* in step order */
+            const float *got = parts->side_h[t];
+            for (int64_t e = 0; e < aj_cp_side_numel(&parts->side[t]); e++)
+                parts->side_acc[t][e] += got[e];
+        }
         AJ_TRY(add_part(p, dq_acc, p->lq, x->q.local, parts->dq_h, p->Hq, cq, p->D,
                         parts->scratch, false));
         bool store = false;   /* none of the launch's rows written yet */
@@ -1303,7 +1319,7 @@ typedef struct bwd_buffers {
     void *gathered, *all_dkv, *typed;
 } bwd_buffers;
 
-static aj_status bwd_alloc_parts(ring_plan *p, bwd_parts *parts);
+static aj_status bwd_alloc_parts(ring_plan *p, const aj_ring_bwd_args *a, bwd_parts *parts);
 static aj_status bwd_p2p(ring_plan *p, const ring_kernels *kern, const aj_ring_bwd_args *a,
                          bwd_buffers *b, void *kv_dev, const bwd_parts *parts,
                          aj_comm_req reqs[2], float **own);
@@ -1332,7 +1348,7 @@ aj_status aj_ring_backward_group(aj_ctx *ctx, aj_device *dev, aj_comm *comm, con
     const size_t dq_count = (size_t)(p->B * p->Hq * p->lq * p->D);
     AJ_TRY(alloc_host(p, dq_count * sizeof(float), 1, &b.dq_acc));
     AJ_TRY(alloc_host(p, (dq_count > dkv_count ? dq_count : dkv_count) * p->elem, 0, &b.typed));
-    AJ_TRY(bwd_alloc_parts(p, &parts));
+    AJ_TRY(bwd_alloc_parts(p, args, &parts));
     const shared_layout lay = shared_layout_of(p);
     AJ_TRY(shared_segments(p, lay.bytes, &c.seg));
     /* as the forward: in place where device memory is host memory */
@@ -1351,12 +1367,20 @@ aj_status aj_ring_backward_group(aj_ctx *ctx, aj_device *dev, aj_comm *comm, con
     if (c.seg)   /* own was read in place: the closing fence, overlapping dQ's rounding */
         AJ_TRY(fence_start(p, &reqs[0], "closing"));
     AJ_TRY(store_rounded(p, b.dq_acc, dq_count, args->dq.data, b.typed));
+    for (int t = 0; t < parts.nside; t++)   /* this rank's parts (the front door sums) */
+        AJ_TRY(to_dev(p, (void *)args->dside[t].data, parts.side_acc[t],
+                      (size_t)aj_cp_side_numel(&parts.side[t]) * 4));
     AJ_TRY(exchange_finish(p, &reqs[0]));
 done:
     ring_close(&c, dev, comm, reqs, 2);
     free_part(p, parts.dq_h);
     free_part(p, parts.dk_h);
     free_part(p, parts.dv_h);
+    for (int t = 0; t < parts.nside; t++) {
+        free_part(p, parts.side_h[t]);
+        aj_device_host_free(dev, parts.side_acc[t]);
+        aj_device_free(dev, (void *)parts.side[t].data);
+    }
     void *host[] = {b.kv[0], b.kv[1], b.acc[0], b.acc[1], b.step, b.dq_acc, b.gathered,
                     b.all_dkv, b.typed, parts.scratch};
     void *device[] = {kv_dev, parts.dq, parts.dk, parts.dv};
@@ -1367,7 +1391,7 @@ done:
 /* The gradient parts of the longest chunks: longest_chunk's, of the
  * longest document for packed ones (no chunk of a shorter one is longer),
  * and the f32 scratch that adds them up. */
-static aj_status bwd_alloc_parts(ring_plan *p, bwd_parts *parts)
+static aj_status bwd_alloc_parts(ring_plan *p, const aj_ring_bwd_args *a, bwd_parts *parts)
 {
     const int64_t cq = aj_ring_longest_chunk(p, p->sh.varlen ? p->docs.max_q : p->sq);
     const int64_t ck = aj_ring_longest_chunk(p, p->sh.varlen ? p->docs.max_k : p->sk);
@@ -1382,6 +1406,16 @@ static aj_status bwd_alloc_parts(ring_plan *p, bwd_parts *parts)
     AJ_TRY(alloc_part(p, parts->dv_bytes, &parts->dv, &parts->dv_h));
     AJ_TRY(alloc_host(p, (size_t)(chunk * width * (p->sh.varlen ? p->Hq : 1)) * sizeof(float), 0,
                       (void **)&parts->scratch));
+    for (int t = 0; t < a->num_dside; t++) {   /* the outputs' shapes, contiguous */
+        const size_t bytes = (size_t)aj_cp_side_numel(&a->dside[t]) * 4;
+        void *data = NULL;
+        parts->side[t] = a->dside[t];
+        parts->side[t].data = NULL;
+        AJ_TRY(alloc_part(p, bytes, &data, &parts->side_h[t]));
+        parts->side[t].data = data;
+        parts->nside = t + 1;
+        AJ_TRY(alloc_host(p, bytes, 1, (void **)&parts->side_acc[t]));
+    }
 done:
     return st;
 }

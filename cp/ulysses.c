@@ -805,11 +805,17 @@ aj_status aj_ulysses_backward(aj_ctx *ctx, aj_device *dev, aj_comm *comm, const 
         aj_ring_bwd_args r = *a;
         SET_BWD_VIEWS(r, c, &a->alibi_slopes);
         AJ_TRY(ring_across(&c, op, NULL, &r));
-    } else if (launch) {
+    } else if (launch) {   /* the grad side tensors: this rank's heads' part */
         aj_bwd_args b = AJ_BWD_ARGS_INIT;
         SET_BWD_VIEWS(b, c, &a->alibi_slopes);
         SET_LAUNCH(b, p, a);
+        b.dside = a->dside;
+        b.num_dside = a->num_dside;
         AJ_TRY(aj_backward(ctx, dev, c.kernel, &b));
+    } else {
+        for (int t = 0; t < a->num_dside; t++)   /* no launch: a part of zeros */
+            AJ_TRY(aj_cp_zero(ctx, dev, a->dside[t].data,
+                              (size_t)aj_cp_side_numel(&a->dside[t]) * 4));
     }
     AJ_TRY(end(&c, p->across || launch));
 done:

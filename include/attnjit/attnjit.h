@@ -1307,6 +1307,13 @@ typedef struct aj_ring_bwd_args {
      * rank and summed in rank order, the same on every rank.  Every rank
      * passes one, or none does.  Empty (NULL data): not computed. */
     aj_tensor dsinks;
+    /* Version 6, ops with grad side tensors, layout = padded: outputs as
+     * aj_bwd_args.dside (contiguous here), the gradients over the WHOLE
+     * sequence: each rank's rows' parts summed in step order, then
+     * gathered from every rank and summed in rank order, the same bits on
+     * every rank.  Every rank passes the same list, or none does. */
+    const aj_side_tensor *dside;
+    int32_t num_dside;
 } aj_ring_bwd_args;
 
 #define AJ_RING_BWD_ARGS_INIT { .struct_size = sizeof(aj_ring_bwd_args) }

@@ -143,7 +143,7 @@ static const ring_case cases[] = {
  * third length.  Hybrid runs where P = 4 splits into U = 2 and R = 2 (a
  * true 2-D grid): on cpu every mask family at every other length, on sim
  * one case. */
-enum { ULY_MASKS = 5, ULY_LENGTHS = 8, ULY_HEADS = 2,
+enum { ULY_MASKS = 5, ULY_LENGTHS = 8, ULY_HEADS = 3,
        ULY_MAX_CASES = AJ_METHOD_COUNT * (ULY_MASKS * ULY_LENGTHS + ULY_HEADS) };
 
 static const struct uly_mask {
@@ -169,18 +169,23 @@ static const struct uly_mask {
  * and the flash kernels, GQA 2:1, uneven lengths.  Each method computes
  * its heads as the unsharded op does: method = ulysses and hybrid run a
  * rank's heads as heads r H/U .. of the op (aj_fwd_args.head_offset).
- * Ulysses runs both; the ring (which has run dropout and alibi all
- * along: the cases above) and hybrid the first, whose mask reads h (the
- * ring classes its blocks by it).  On sim too: they are small. */
+ * Ulysses runs them all; the ring (which has run dropout and alibi all
+ * along: the cases above) and hybrid the first and the last, whose masks
+ * read h (the ring classes its blocks by it).  On sim too: they are
+ * small. */
 static const struct uly_heads {
     const char *name;
     aj_dtype dtype;
     double dropout;
     int rel, head_mask, alibi, flash, extra;   /* Sq = 2P + extra */
+    int every_method;                          /* else Ulysses only */
 } uly_heads[ULY_HEADS] = {
     {"f32 dropout 0.2 + relative bias rel[h] + window narrowing with h", AJ_DTYPE_F32, 0.2, 1,
-     1, 0, 0, 1},
-    {"bf16 flash causal + dropout 0.1 + alibi", AJ_DTYPE_BF16, 0.1, 0, 0, 1, 1, -1},
+     1, 0, 0, 1, 1},
+    {"bf16 flash causal + dropout 0.1 + alibi", AJ_DTYPE_BF16, 0.1, 0, 0, 1, 1, -1, 0},
+    /* rel's gradient (no dropout): every method's parts summed over the ranks */
+    {"f16 learned relative bias rel[h] (drel) + window narrowing with h", AJ_DTYPE_F16, 0, 1,
+     1, 0, 0, 2, 1},
 };
 
 /* Packed documents (layout = varlen): per method (ring, ulysses, and
@@ -278,7 +283,8 @@ static int generated_cases(ring_case *out, char (*labels)[112], int small)
     for (int method = 0; method < AJ_METHOD_COUNT; method++)
         for (int i = 0; i < ULY_HEADS; i++) {
             const int hybrid = method == AJ_METHOD_HYBRID;
-            if ((hybrid && size % 2 != 0) || (i > 0 && method != AJ_METHOD_ULYSSES))
+            if ((hybrid && size % 2 != 0) ||
+                (!uly_heads[i].every_method && method != AJ_METHOD_ULYSSES))
                 continue;
             const struct uly_heads *u = &uly_heads[i];
             const int sq = 2 * size + u->extra;
@@ -703,6 +709,13 @@ static aj_comm *open_comm(double timeout_s)
 
 /* ---------------------------------------------------------------- a case */
 
+/* Whether the case checks rel's gradient (docs/ir.md "Gradients of side
+ * tensors": padded, no dropout). */
+static bool rel_grad(const ring_case *c)
+{
+    return c->rel && !c->docs && c->dropout == 0;
+}
+
 static aj_op *parse_op(const ring_case *c, const char *kind)
 {
     char mask[96], text[512];
@@ -718,10 +731,13 @@ static aj_op *parse_op(const ring_case *c, const char *kind)
         snprintf(mask, sizeof mask, "%s",
                  c->doc_len ? DOC_MASK : c->head_mask ? HEAD_MASK : "none");
     char tensors[96] = "";
+    /* the backward of a padded op without dropout: rel's gradient too */
+    const char *rel = strcmp(kind, "backward") == 0 && rel_grad(c) ? "rel: f32[2] grad"
+                                                                   : "rel: f32[2]";
     if (c->doc_len || c->rel || c->sinks)
         snprintf(tensors, sizeof tensors, "tensors = (%s%s%s%s%s)%s",
                  c->doc_len ? "doc: i32[2]" : "", c->doc_len && c->rel ? ", " : "",
-                 c->rel ? "rel: f32[2]" : "", (c->doc_len || c->rel) && c->sinks ? ", " : "",
+                 c->rel ? rel : "", (c->doc_len || c->rel) && c->sinks ? ", " : "",
                  c->sinks ? "snk: f32[1]" : "", c->sinks ? " sinks = snk" : "");
     snprintf(text, sizeof text, "attention %s %s { dtype = %s head_dim = %d %s mask = %s "
              "score_mod = %s dropout = %g layout = %s }", kind, c->flash ? "flash" : "efficient",
@@ -974,10 +990,28 @@ static void run_case(const ring_case *c)
     float dsinks[16];
     if (c->sinks)
         ba.dsinks = tensor_dims(dsinks, AJ_DTYPE_F32, 1, c->hq, 0, 0, 0);
+    float *drel = alloc64((size_t)c->hq * 9 * 4);
+    const aj_side_tensor drel_t = {"rel", drel, AJ_SIDE_F32, 2, {c->hq, 9}, {9, 1}};
+    if (rel_grad(c))
+        ba.dside = &drel_t, ba.num_dside = 1;
     CHECK_STATUS(ctx, aj_ring_backward(ctx, dev, comm, bop, &ba, &bs), AJ_OK);
-    /* (the sinks' gradient's all-gather aside: the methods' own traffic) */
+    /* (the all-gathers of the sinks' and rel's gradients aside: the
+     * methods' own traffic) */
     const uint64_t bwd_sent = aj_comm_bytes_sent(comm) - sent_before - fwd_sent -
-                              (c->sinks ? (uint64_t)(size - 1) * (uint64_t)c->hq * 4 : 0);
+                              (c->sinks ? (uint64_t)(size - 1) * (uint64_t)c->hq * 4 : 0) -
+                              (rel_grad(c) ? (uint64_t)(size - 1) * (uint64_t)c->hq * 9 * 4 : 0);
+    if (rel_grad(c)) {   /* the whole gradient, on every rank */
+        double want_dr[16 * 9];
+        ref_side_grad(&pr, q.ref, k.ref, v.ref, o_ref, lse_ref, dout.ref, nside - 1 - c->sinks,
+                      want_dr);
+        double mx = 0;
+        for (int i = 0; i < c->hq * 9; i++)
+            mx = fmax(mx, fabs(want_dr[i]));
+        e = 0;
+        for (int i = 0; i < c->hq * 9; i++)
+            e = fmax(e, fabs(drel[i] - want_dr[i]) / (atol + rtol * mx + 1e-3));
+        CHECK_MSG(e <= 1.0, "rank %d: %s: drel error %.3g of the tolerance", rank, c->label, e);
+    }
     if (c->sinks) {   /* the whole gradient, on every rank */
         double want_ds[16];
         ref_sinks_grad(&pr, o_ref, lse_ref, dout.ref, want_ds);
@@ -1050,8 +1084,9 @@ static void run_case(const ring_case *c)
     aj_comm_destroy(comm);
     aj_op_destroy(fop);
     aj_op_destroy(bop);
-    void *bufs[] = {doc, rel, q_s, k_s, v_s, do_s, o_ref_s, lse_ref_s, dq_ref_s, dk_ref_s, dv_ref_s,
-                    o_s, dq_s, dk_s, dv_s, lse_s, o_ref, lse_ref, dq_ref, dk_ref, dv_ref};
+    void *bufs[] = {doc,      rel,      drel,   q_s,  k_s,   v_s,   do_s,   o_ref_s,
+                    lse_ref_s, dq_ref_s, dk_ref_s, dv_ref_s, o_s, dq_s, dk_s, dv_s,
+                    lse_s,    o_ref,    lse_ref, dq_ref, dk_ref, dv_ref};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         free(bufs[i]);
     free_full(&q);

@@ -55,8 +55,9 @@ static const grad_mod mods[] = {
      "score + rb[abs(q - k) % 4] * (ix[0] > 0.0 ? 1.0 : 0.5)"},
 };
 
+/* the last: a product of positions, which takes a block mask */
 static const char *const masks[] = {"none", "causal(bottom_right)", "window(6, 2, top_left)",
-                                    "expr(k <= q && k % 5 != 2)"};
+                                    "expr(k <= q && (q * k) % 5 != 2)"};
 static const int dims[] = {32, 64, 96, 128};
 
 typedef struct grad_case {
