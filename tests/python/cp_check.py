@@ -23,3 +23,39 @@ def assert_shards_match(ro, rlse, parts, o, lse, leaves, rank, world, layout, dt
     for name, part, whole in zip(("dq", "dk", "dv"), parts, leaves):
         torch.testing.assert_close(part.grad, shard(whole.grad), atol=2 * tol, rtol=2 * tol,
                                    msg=lambda m, n=name: "%s: %s: %s" % (what, n, m))
+
+
+def check_replicated_grad(rank, world, init_file, cases, replicated, name):
+    """A context-parallel worker's body: in a gloo group, for each (method,
+    layout, rotate, mask options) of cases, one rank's attention and
+    ring_attention over the shards, each with a fresh copy of a replicated
+    tensor (replicated() gives the leaf and attention's options that carry
+    it); asserts the shards (assert_shards_match) and that every rank holds
+    the whole gradient of the tensor (`name` in messages)."""
+    import torch.distributed as dist
+    import reference
+    dist.init_process_group("gloo", init_method="file://" + init_file, rank=rank,
+                            world_size=world)
+    try:
+        for method, layout, rotate, opts in cases:
+            q, k, v, do = reference.inputs(2, 4, 2, 16, 16, 16, torch.float32, 11)
+            leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+            t, extra = replicated()
+            o, lse = at.attention(*leaves, return_lse=True, **extra, **opts)
+            o.backward(do)
+            parts = [at.shard(x, 2, rank, world, layout).requires_grad_() for x in (q, k, v)]
+            rt, rextra = replicated()
+            ro, rlse = at.ring_attention(*parts, layout=layout, method=method, return_lse=True,
+                                         timeout=60, **(dict(rotate=rotate) if rotate else {}),
+                                         **rextra, **opts)
+            ro.backward(at.shard(do, 2, rank, world, layout))
+            what = "%s %s %s rank %d/%d" % (method, layout, sorted(opts), rank, world)
+            assert_shards_match(ro, rlse, parts, o, lse, leaves, rank, world, layout,
+                                torch.float32, what)
+            torch.testing.assert_close(rt.grad, t.grad, atol=1e-5, rtol=1e-5,
+                                       msg=lambda m: "%s: %s: %s" % (what, name, m))
+        # every rank past its last collective before any tears the group
+        # down (gloo aborts a rank whose peer closed mid-exchange)
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()

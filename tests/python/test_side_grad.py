@@ -152,35 +152,14 @@ CP_CASES = [  # method, layout, rotate, mask options
 
 
 def _side_grad_cp_worker(rank, world, init_file):
-    import torch.distributed as dist
-    from cp_check import assert_shards_match
-    dist.init_process_group("gloo", init_method="file://" + init_file, rank=rank,
-                            world_size=world)
-    try:
-        for method, layout, rotate, opts in CP_CASES:
-            q, k, v, do = reference.inputs(2, 4, 2, 16, 16, 16, torch.float32, 11)
-            base = torch.randn(32, generator=torch.Generator().manual_seed(4)) * 0.5
-            mod = dict(score_mod="score + rb[abs(q - k)] * 0.5 + rb[h] * tanh(score)")
-            leaves = [t.clone().requires_grad_() for t in (q, k, v)]
-            rb = base.clone().requires_grad_()
-            o, lse = at.attention(*leaves, tensors={"rb": rb}, return_lse=True, **mod, **opts)
-            o.backward(do)
-            parts = [at.shard(t, 2, rank, world, layout).requires_grad_() for t in (q, k, v)]
-            rrb = base.clone().requires_grad_()
-            ro, rlse = at.ring_attention(*parts, layout=layout, method=method,
-                                         tensors={"rb": rrb}, return_lse=True, timeout=60,
-                                         **(dict(rotate=rotate) if rotate else {}), **mod,
-                                         **opts)
-            ro.backward(at.shard(do, 2, rank, world, layout))
-            what = "%s %s %s rank %d/%d" % (method, layout, sorted(opts), rank, world)
-            assert_shards_match(ro, rlse, parts, o, lse, leaves, rank, world, layout,
-                                torch.float32, what)
-            # every rank holds the whole gradient of the (replicated) tensor
-            torch.testing.assert_close(rrb.grad, rb.grad, atol=1e-5, rtol=1e-5,
-                                       msg=lambda m: what + ": drb: " + m)
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
+    from cp_check import check_replicated_grad
+    base = torch.randn(32, generator=torch.Generator().manual_seed(4)) * 0.5
+
+    def rb():
+        t = base.clone().requires_grad_()
+        return t, dict(tensors={"rb": t},
+                       score_mod="score + rb[abs(q - k)] * 0.5 + rb[h] * tanh(score)")
+    check_replicated_grad(rank, world, init_file, CP_CASES, rb, "drb")
 
 
 @pytest.mark.parametrize("world", [2])

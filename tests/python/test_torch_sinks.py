@@ -144,34 +144,12 @@ CP_CASES = [  # (method, layout, rotate, options)
 
 
 def _sinks_cp_worker(rank, world, init_file):
-    import torch.distributed as dist
-    from cp_check import assert_shards_match
-    dist.init_process_group("gloo", init_method="file://" + init_file, rank=rank,
-                            world_size=world)
-    try:
-        for method, layout, rotate, opts in CP_CASES:
-            q, k, v, do = reference.inputs(2, 4, 2, 16, 16, 16, torch.float32, 11)
-            leaves = [t.clone().requires_grad_() for t in (q, k, v)]
-            sinks = sink_logits(4, 2).float().requires_grad_()
-            o, lse = at.attention(*leaves, sinks=sinks, return_lse=True, **opts)
-            o.backward(do)
-            parts = [at.shard(t, 2, rank, world, layout).requires_grad_() for t in (q, k, v)]
-            rsinks = sink_logits(4, 2).float().requires_grad_()
-            ro, rlse = at.ring_attention(*parts, layout=layout, method=method, sinks=rsinks,
-                                         return_lse=True, timeout=60,
-                                         **(dict(rotate=rotate) if rotate else {}), **opts)
-            ro.backward(at.shard(do, 2, rank, world, layout))
-            what = "%s %s %s rank %d/%d" % (method, layout, sorted(opts), rank, world)
-            assert_shards_match(ro, rlse, parts, o, lse, leaves, rank, world, layout,
-                                torch.float32, what)
-            # every rank holds the whole gradient of the (replicated) sinks
-            torch.testing.assert_close(rsinks.grad, sinks.grad, atol=1e-5, rtol=1e-5,
-                                       msg=lambda m: what + ": dsinks: " + m)
-        # every rank past its last collective before any tears the group
-        # down (gloo aborts a rank whose peer closed mid-exchange)
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
+    from cp_check import check_replicated_grad
+
+    def sinks():
+        t = sink_logits(4, 2).float().requires_grad_()
+        return t, dict(sinks=t)
+    check_replicated_grad(rank, world, init_file, CP_CASES, sinks, "dsinks")
 
 
 @pytest.mark.parametrize("world", [2])
