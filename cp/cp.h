@@ -162,15 +162,13 @@ aj_status aj_cp_sinks_grad(aj_ctx *ctx, aj_device *dev, struct aj_comm *comm, co
                            const aj_ring_bwd_args *args);
 
 /* The grad side tensors' gradients of a ring backward (args->dside):
- * aj_cp_side_grad_check before the method runs (each output f32, the
- * shape of its side tensor, contiguous); the method leaves each rank's
+ * aj_cp_side_grad_check before the method runs (aj_check_dside_outputs,
+ * and contiguous); the method leaves each rank's
  * part in the outputs; aj_cp_side_grad_sum gathers the parts from every
  * rank and writes their sum in rank order (common.c). */
 aj_status aj_cp_side_grad_check(aj_ctx *ctx, const aj_op *op, const aj_ring_bwd_args *args);
 aj_status aj_cp_side_grad_sum(aj_ctx *ctx, aj_device *dev, struct aj_comm *comm,
                               const aj_ring_bwd_args *args);
-/* The elements of side tensor t (its shape's product). */
-int64_t aj_cp_side_numel(const aj_side_tensor *t);
 /* Zeros `bytes` of device memory at ptr. */
 aj_status aj_cp_zero(aj_ctx *ctx, aj_device *dev, const void *ptr, size_t bytes);
 

@@ -1127,12 +1127,12 @@ static aj_status bwd_block(ring_plan *p, const ring_kernels *kern, const aj_ring
             AJ_TRY(from_dev(p, parts->dv_h, parts->dv, parts->dv_bytes));
             for (int t = 0; t < parts->nside; t++)
                 AJ_TRY(from_dev(p, parts->side_h[t], parts->side[t].data,
-                                (size_t)aj_cp_side_numel(&parts->side[t]) * 4));
+                                (size_t)aj_side_numel(&parts->side[t]) * 4));
         }
         AJ_TRY(ring_wait(p, "the block's kernels"));
         for (int t = 0; t < parts->nside; t++) {   /* in step order */
             const float *got = parts->side_h[t];
-            for (int64_t e = 0; e < aj_cp_side_numel(&parts->side[t]); e++)
+            for (int64_t e = 0; e < aj_side_numel(&parts->side[t]); e++)
                 parts->side_acc[t][e] += got[e];
         }
         AJ_TRY(add_part(p, dq_acc, p->lq, x->q.local, parts->dq_h, p->Hq, cq, p->D,
@@ -1369,7 +1369,7 @@ aj_status aj_ring_backward_group(aj_ctx *ctx, aj_device *dev, aj_comm *comm, con
     AJ_TRY(store_rounded(p, b.dq_acc, dq_count, args->dq.data, b.typed));
     for (int t = 0; t < parts.nside; t++)   /* this rank's parts (the front door sums) */
         AJ_TRY(to_dev(p, (void *)args->dside[t].data, parts.side_acc[t],
-                      (size_t)aj_cp_side_numel(&parts.side[t]) * 4));
+                      (size_t)aj_side_numel(&parts.side[t]) * 4));
     AJ_TRY(exchange_finish(p, &reqs[0]));
 done:
     ring_close(&c, dev, comm, reqs, 2);
@@ -1407,7 +1407,7 @@ static aj_status bwd_alloc_parts(ring_plan *p, const aj_ring_bwd_args *a, bwd_pa
     AJ_TRY(alloc_host(p, (size_t)(chunk * width * (p->sh.varlen ? p->Hq : 1)) * sizeof(float), 0,
                       (void **)&parts->scratch));
     for (int t = 0; t < a->num_dside; t++) {   /* the outputs' shapes, contiguous */
-        const size_t bytes = (size_t)aj_cp_side_numel(&a->dside[t]) * 4;
+        const size_t bytes = (size_t)aj_side_numel(&a->dside[t]) * 4;
         void *data = NULL;
         parts->side[t] = a->dside[t];
         parts->side[t].data = NULL;

@@ -815,7 +815,7 @@ aj_status aj_ulysses_backward(aj_ctx *ctx, aj_device *dev, aj_comm *comm, const 
     } else {
         for (int t = 0; t < a->num_dside; t++)   /* no launch: a part of zeros */
             AJ_TRY(aj_cp_zero(ctx, dev, a->dside[t].data,
-                              (size_t)aj_cp_side_numel(&a->dside[t]) * 4));
+                              (size_t)aj_side_numel(&a->dside[t]) * 4));
     }
     AJ_TRY(end(&c, p->across || launch));
 done:

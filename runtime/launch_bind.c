@@ -111,39 +111,41 @@ static bool distinct_elements(int rank, const int64_t *shape, const int64_t *str
     return true;
 }
 
-aj_status aj_check_dside(aj_ctx *ctx, const char *fn, const aj_op_info *op, uint32_t tensor_grad,
-                         const aj_bwd_args *a, const fwd_sizes *sz, int64_t fixed_rows,
-                         dside_plan *plan)
+int64_t aj_side_numel(const aj_side_tensor *t)
 {
-    memset(plan, 0, sizeof *plan);
-    AJ_CHECK_ARG(ctx, a->num_dside >= 0 && (a->num_dside == 0 || a->dside),
+    int64_t n = 1;
+    for (int d = 0; d < t->rank; d++)
+        n *= t->shape[d] > 0 ? t->shape[d] : 0;
+    return n;
+}
+
+const aj_side_tensor *aj_side_named(const aj_side_tensor *side, int32_t n, const char *name)
+{
+    for (int i = 0; name && i < n; i++)
+        if (side[i].name && strcmp(side[i].name, name) == 0)
+            return &side[i];
+    return NULL;
+}
+
+aj_status aj_check_dside_outputs(aj_ctx *ctx, const char *fn, const aj_op_info *op,
+                                 uint32_t tensor_grad, const aj_side_tensor *side,
+                                 int32_t num_side, const aj_side_tensor *dside, int32_t num_dside)
+{
+    AJ_CHECK_ARG(ctx, num_dside >= 0 && (num_dside == 0 || dside),
                  "%s: num_dside = %d with dside %s; want a count of 0 or more, and the tensors "
-                 "when it is not 0", fn, (int)a->num_dside, a->dside ? "given" : "NULL");
-    if (a->num_dside == 0)
+                 "when it is not 0", fn, (int)num_dside, dside ? "given" : "NULL");
+    if (num_dside == 0)
         return AJ_OK;
-    AJ_CHECK_ARG(ctx, a->num_side >= 0 && (a->num_side == 0 || a->side),
-                 "%s: num_side = %d with side %s", fn, (int)a->num_side,
-                 a->side ? "given" : "NULL");
-    /* each grad tensor's elements, from its side tensor */
-    int64_t numel[AJ_OP_TENSORS_MAX] = {0};
+    AJ_CHECK_ARG(ctx, num_side >= 0 && (num_side == 0 || side),
+                 "%s: num_side = %d with side %s", fn, (int)num_side, side ? "given" : "NULL");
     for (int t = 0; t < op->num_tensors; t++) {
-        if (!(tensor_grad >> t & 1u))
-            continue;
-        const aj_side_tensor *given = NULL;
-        for (int i = 0; i < a->num_side && !given; i++)
-            if (a->side[i].name && strcmp(a->side[i].name, op->tensors[t].name) == 0)
-                given = &a->side[i];
-        AJ_CHECK_ARG(ctx, given && given->rank == op->tensors[t].rank,
+        const aj_side_tensor *given = aj_side_named(side, num_side, op->tensors[t].name);
+        AJ_CHECK_ARG(ctx, !(tensor_grad >> t & 1u) || (given && given->rank == op->tensors[t].rank),
                      "%s: side tensor '%s' (%s[%d], grad) is not given", fn, op->tensors[t].name,
                      aj_side_dtype_names[op->tensors[t].dtype], (int)op->tensors[t].rank);
-        numel[t] = 1;
-        for (int d = 0; d < given->rank; d++)
-            numel[t] *= given->shape[d] > 0 ? given->shape[d] : 0;
-        plan->base[t] = plan->part_size;
-        plan->part_size += numel[t];
     }
-    for (int i = 0; i < a->num_dside; i++) {
-        const aj_side_tensor *d = &a->dside[i];
+    for (int i = 0; i < num_dside; i++) {
+        const aj_side_tensor *d = &dside[i];
         int t = -1;
         for (int x = 0; x < op->num_tensors && t < 0; x++)
             if (d->name && strcmp(d->name, op->tensors[x].name) == 0)
@@ -154,12 +156,9 @@ aj_status aj_check_dside(aj_ctx *ctx, const char *fn, const aj_op_info *op, uint
                      "grad (tensors = (%s: f32[%d] grad))", fn, i, d->name, d->name,
                      (int)op->tensors[t].rank);
         for (int j = 0; j < i; j++)
-            AJ_CHECK_ARG(ctx, strcmp(a->dside[j].name, d->name) != 0,
+            AJ_CHECK_ARG(ctx, strcmp(dside[j].name, d->name) != 0,
                          "%s: dside[%d] and dside[%d] both name '%s'", fn, j, i, d->name);
-        const aj_side_tensor *given = NULL;
-        for (int x = 0; x < a->num_side && !given; x++)
-            if (a->side[x].name && strcmp(a->side[x].name, d->name) == 0)
-                given = &a->side[x];
+        const aj_side_tensor *given = aj_side_named(side, num_side, d->name);
         AJ_CHECK_ARG(ctx, d->data, "%s: dside '%s' has no data", fn, d->name);
         AJ_CHECK_ARG(ctx, d->dtype == AJ_SIDE_F32 && d->rank == given->rank,
                      "%s: dside '%s' is %s[%d]; want f32[%d] (the gradient of side tensor "
@@ -176,6 +175,26 @@ aj_status aj_check_dside(aj_ctx *ctx, const char *fn, const aj_op_info *op, uint
         }
         AJ_CHECK_ARG(ctx, distinct_elements(d->rank, d->shape, d->strides),
                      "%s: dside '%s': its strides make two elements one place", fn, d->name);
+    }
+    return AJ_OK;
+}
+
+aj_status aj_check_dside(aj_ctx *ctx, const char *fn, const aj_op_info *op, uint32_t tensor_grad,
+                         const aj_bwd_args *a, const fwd_sizes *sz, int64_t fixed_rows,
+                         dside_plan *plan)
+{
+    memset(plan, 0, sizeof *plan);
+    aj_status st = aj_check_dside_outputs(ctx, fn, op, tensor_grad, a->side, a->num_side,
+                                          a->dside, a->num_dside);
+    if (st != AJ_OK || a->num_dside == 0)
+        return st;
+    /* each grad tensor's elements, from its side tensor (given: checked) */
+    for (int t = 0; t < op->num_tensors; t++) {
+        if (!(tensor_grad >> t & 1u))
+            continue;
+        plan->base[t] = plan->part_size;
+        plan->part_size += aj_side_numel(aj_side_named(a->side, a->num_side,
+                                                       op->tensors[t].name));
     }
     /* about 256 parts in all: one per (b, h) at least, one per 16 rows at
      * most, fewer where the sums would pass AJ_DSIDE_BYTES_MAX; or the

@@ -170,6 +170,21 @@ aj_status aj_side_check_sinks(aj_ctx *ctx, const char *fn, const char *name,
 aj_status aj_check_dsinks(aj_ctx *ctx, const char *fn, bool has_sinks, const aj_tensor *dsinks,
                           int64_t heads_q);
 
+/* The side tensor of side[0 .. n) named `name`, or NULL. */
+const aj_side_tensor *aj_side_named(const aj_side_tensor *side, int32_t n, const char *name);
+/* The elements of side tensor t (its shape's product; a dim below 1
+ * counts 0). */
+int64_t aj_side_numel(const aj_side_tensor *t);
+/* Checks outputs dside[0 .. num_dside) of the grad side tensors (as
+ * `fn`) against the op's grad tensors (tensor_grad, bit t) and the side
+ * tensors given: every grad tensor given; each output names one, once,
+ * with data, f32 of its side tensor's rank and shape, strides >= 0 that
+ * keep elements apart.  aj_backward's and the rings' (which also want
+ * them contiguous). */
+aj_status aj_check_dside_outputs(aj_ctx *ctx, const char *fn, const aj_op_info *op,
+                                 uint32_t tensor_grad, const aj_side_tensor *side,
+                                 int32_t num_side, const aj_side_tensor *dside, int32_t num_dside);
+
 /* The side tensors a score program reads (templates/score.h: the op's
  * declared tensors in order, then alibi's `slopes`), each found by name in
  * side[0 .. num_side - 1] and checked against its declaration, read back
