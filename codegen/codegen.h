@@ -94,6 +94,17 @@ typedef struct aj_kernel_plan {
     void (*destroy)(struct aj_kernel_plan *plan);
 } aj_kernel_plan;
 
+/* Something a runtime layer holds for a kernel and must let go of when
+ * the kernel is freed (a GPU device's module of it, runtime/cuda/driver.c):
+ * release runs once, from the last aj_kernel_destroy, before the kernel's
+ * memory goes.  Hooks are pushed (aj_kernel_on_release) while the kernel
+ * is referenced, so none is added while they run. */
+typedef struct aj_kernel_hook {
+    void (*release)(void *owner, const aj_kernel *kernel);
+    void *owner;
+    struct aj_kernel_hook *next;
+} aj_kernel_hook;
+
 /* the kernel object (kernel.c); shared by reference count with the cache */
 struct aj_kernel {
     atomic_int refs;
@@ -122,6 +133,8 @@ struct aj_kernel {
     _Atomic(uint64_t) mask_builder_hash;
     /* the launch plan, set once after source (runtime/compile.c) */
     _Atomic(aj_kernel_plan *) plan;
+    /* run and freed by the last aj_kernel_destroy (aj_kernel_on_release) */
+    _Atomic(aj_kernel_hook *) hooks;
 };
 
 /* Makes a kernel that owns a copy of code and of the stages' launch
@@ -132,6 +145,12 @@ aj_status aj_kernel_new(aj_ctx *ctx, const aj_kb_stage *stages, int num_stages,
 
 /* Adds a reference (released by aj_kernel_destroy). */
 aj_kernel *aj_kernel_retain(aj_kernel *kernel);
+
+/* Calls release(owner, kernel) when the kernel is freed; the caller holds
+ * a reference.  Thread-safe (hooks are pushed atomically). */
+aj_status aj_kernel_on_release(aj_ctx *ctx, aj_kernel *kernel,
+                               void (*release)(void *owner, const aj_kernel *kernel),
+                               void *owner);
 
 /* A kernel's code (and a host kernel's object code) and launch contract as
  * bytes, for the disk cache.  *out is malloc'd. */

@@ -45,6 +45,7 @@ aj_status aj_kernel_new(aj_ctx *ctx, const aj_kb_stage *stages, int num_stages,
         return aj_fail(ctx, AJ_ERR_OUT_OF_MEMORY, "out of memory for the compiled kernel");
     }
     atomic_init(&k->refs, 1);
+    atomic_init(&k->hooks, NULL);
     memcpy(k->code, code, code_size);
     k->code[code_size] = '\0';
     k->code_size = code_size;
@@ -65,10 +66,28 @@ aj_kernel *aj_kernel_retain(aj_kernel *kernel)
     return kernel;
 }
 
+aj_status aj_kernel_on_release(aj_ctx *ctx, aj_kernel *kernel,
+                               void (*release)(void *owner, const aj_kernel *kernel),
+                               void *owner)
+{
+    aj_kernel_hook *hook = malloc(sizeof *hook);
+    if (!hook)
+        return aj_fail(ctx, AJ_ERR_OUT_OF_MEMORY, "out of memory");
+    *hook = (aj_kernel_hook){release, owner, atomic_load(&kernel->hooks)};
+    while (!atomic_compare_exchange_weak(&kernel->hooks, &hook->next, hook))
+        ;
+    return AJ_OK;
+}
+
 void aj_kernel_destroy(aj_kernel *kernel)
 {
     if (!kernel || atomic_fetch_sub(&kernel->refs, 1) != 1)
         return;
+    for (aj_kernel_hook *h = atomic_load(&kernel->hooks), *next; h; h = next) {
+        next = h->next;
+        h->release(h->owner, kernel);
+        free(h);
+    }
     aj_host_jit_dispose(kernel->jit);
     aj_op_destroy(atomic_load(&kernel->source));
     aj_kernel_destroy(atomic_load(&kernel->mask_builder));

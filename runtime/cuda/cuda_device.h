@@ -5,18 +5,28 @@
 #define AJ_RUNTIME_CUDA_DEVICE_H
 
 #include <pthread.h>
+#include <stdatomic.h>
 
 #include "codegen/codegen.h"
 #include "runtime/cuda/cuda_api.h"
 
-/* A kernel loaded on the device: one module per kernel, one function per
- * stage. */
+/* A kernel loaded on the device: one module per kernel object, one
+ * function per stage.  The kernel's release hook unloads it (so no slot
+ * outlives its kernel, and a pointer names one kernel here). */
 typedef struct aj_cuda_loaded {
-    char entry[128];             /* stage 0's */
-    uint64_t code_hash;
+    const aj_kernel *kernel;
     CUmodule mod;
     CUfunction fns[AJ_KB_MAX_STAGES];
 } aj_cuda_loaded;
+
+/* What the kernels' release hooks hold of a device: the device while it is
+ * open (NULL from aj_cuda_device_close on), counted so that it outlives
+ * both the device and the kernels. */
+typedef struct aj_cuda_anchor {
+    pthread_mutex_t lock;        /* guards device; held while a hook unloads */
+    struct aj_cuda_device *device;
+    atomic_int refs;             /* the device's and one per hook */
+} aj_cuda_anchor;
 
 /* A scratch buffer the device owns, for one stream at a time (see
  * aj_cuda_scratch). */
@@ -50,6 +60,7 @@ typedef struct aj_cuda_device {
     aj_target target;            /* what its kernels are compiled for */
     char name[128];
     pthread_mutex_t lock;        /* guards loaded */
+    aj_cuda_anchor *anchor;
     aj_cuda_loaded *loaded;
     size_t num_loaded, cap_loaded;
     pthread_mutex_t scratch_lock;   /* guards scratch and scratch_clock */

@@ -120,6 +120,14 @@ aj_status aj_cuda_device_open(aj_ctx *ctx, int index, void *user_context,
     if (!d)
         return aj_fail(ctx, AJ_ERR_OUT_OF_MEMORY, "out of memory");
     d->cu = cu;
+    d->anchor = calloc(1, sizeof *d->anchor);
+    if (!d->anchor) {
+        free(d);
+        return aj_fail(ctx, AJ_ERR_OUT_OF_MEMORY, "out of memory");
+    }
+    pthread_mutex_init(&d->anchor->lock, NULL);
+    d->anchor->device = d;
+    atomic_init(&d->anchor->refs, 1);
     pthread_mutex_init(&d->lock, NULL);
     pthread_mutex_init(&d->scratch_lock, NULL);
     pthread_mutex_init(&d->pinned_lock, NULL);
@@ -169,10 +177,24 @@ done:
     return st;
 }
 
+static void anchor_drop(aj_cuda_anchor *a)
+{
+    if (atomic_fetch_sub(&a->refs, 1) != 1)
+        return;
+    pthread_mutex_destroy(&a->lock);
+    free(a);
+}
+
 void aj_cuda_device_close(aj_cuda_device *d)
 {
     if (!d)
         return;
+    /* kernels freed from now on leave the device alone (and a hook
+     * unloading now finishes first) */
+    pthread_mutex_lock(&d->anchor->lock);
+    d->anchor->device = NULL;
+    pthread_mutex_unlock(&d->anchor->lock);
+    anchor_drop(d->anchor);
     if (d->cuctx && d->cu->CtxPushCurrent(d->cuctx) == AJ_CUDA_SUCCESS) {
         for (size_t i = 0; i < d->num_loaded; i++)
             d->cu->ModuleUnload(d->loaded[i].mod);
@@ -291,16 +313,49 @@ static aj_status module_functions(aj_ctx *ctx, aj_cuda_device *d, const aj_kerne
 static aj_cuda_loaded *find_loaded(aj_cuda_device *d, const aj_kernel *k)
 {
     for (size_t i = 0; i < d->num_loaded; i++)
-        if (d->loaded[i].code_hash == k->code_hash &&
-            strcmp(d->loaded[i].entry, k->stages[0].entry) == 0)
+        if (d->loaded[i].kernel == k)
             return &d->loaded[i];
     return NULL;
 }
 
+/*
+ * A kernel's release hook (aj_kernel_on_release): the last reference to
+ * the kernel is gone -- the memory cache evicted it and no caller holds
+ * it -- so its module leaves the device, if the device is still open.
+ * Launches of it may still be queued on some stream: the module is
+ * unloaded once the context's work is done (cuCtxSynchronize), which
+ * costs an eviction, never a launch.
+ */
+static void unload_released(void *owner, const aj_kernel *k)
+{
+    aj_cuda_anchor *a = owner;
+    pthread_mutex_lock(&a->lock);
+    aj_cuda_device *d = a->device;
+    CUmodule mod = NULL;
+    if (d) {
+        pthread_mutex_lock(&d->lock);
+        aj_cuda_loaded *slot = find_loaded(d, k);
+        if (slot) {
+            mod = slot->mod;
+            *slot = d->loaded[--d->num_loaded];
+        }
+        pthread_mutex_unlock(&d->lock);
+    }
+    if (mod && d->cu->CtxPushCurrent(d->cuctx) == AJ_CUDA_SUCCESS) {
+        d->cu->CtxSynchronize();   /* a fault here is the next call's to report */
+        d->cu->ModuleUnload(mod);
+        CUcontext popped;
+        d->cu->CtxPopCurrent(&popped);
+    }
+    pthread_mutex_unlock(&a->lock);
+    anchor_drop(a);
+}
+
 /* The loaded function of a kernel's stage (one module per kernel and
  * device, holding every stage), loading it on first use (the context
- * pushed).  Two threads loading one kernel at once both load it; the
- * second to finish unloads its copy. */
+ * pushed) and asking the kernel to unload it when it is freed.  Two
+ * threads loading one kernel at once both load it; the second to finish
+ * unloads its copy. */
 static aj_status function_for(aj_ctx *ctx, aj_cuda_device *d, const aj_kernel *k, int stage,
                               CUfunction *out)
 {
@@ -340,9 +395,17 @@ static aj_status function_for(aj_ctx *ctx, aj_cuda_device *d, const aj_kernel *k
         d->loaded = bigger;
         d->cap_loaded = cap;
     }
+    /* the hooks are the kernel's bookkeeping, not what it computes: a
+     * const kernel takes one */
+    atomic_fetch_add(&d->anchor->refs, 1);
+    st = aj_kernel_on_release(ctx, (aj_kernel *)k, unload_released, d->anchor);
+    if (st != AJ_OK) {
+        atomic_fetch_sub(&d->anchor->refs, 1);
+        d->cu->ModuleUnload(mod);
+        goto done;
+    }
     aj_cuda_loaded *slot = &d->loaded[d->num_loaded++];
-    snprintf(slot->entry, sizeof slot->entry, "%s", k->stages[0].entry);
-    slot->code_hash = k->code_hash;
+    slot->kernel = k;
     slot->mod = mod;
     memcpy(slot->fns, fns, sizeof slot->fns);
     *out = fns[stage];

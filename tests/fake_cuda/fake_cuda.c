@@ -31,6 +31,10 @@
  *   - an async copy from or to pageable host memory is logged "staged":
  *     the real driver makes it synchronous.
  *   - parameters are sized by the module's PTX (.u32/.u64 ...).
+ *   - an unloaded module's functions are dead: launching one, getting one
+ *     or unloading the module again is CUDA_ERROR_INVALID_HANDLE (its
+ *     memory is kept, so the mistake is an error, not a use after free);
+ *     fake_cuda_live_modules() counts the modules loaded and not unloaded.
  * What it records: one line per call in a log the tests read through
  * fake_cuda_log() (dlsym), with the stream each operation went to
  * (stream=0 is the legacy default stream, stream=N the N-th created):
@@ -46,11 +50,13 @@
  *   EventRecord event=2 stream=1 / StreamWaitEvent stream=2 event=1
  *   EventElapsedTime_v2 start=1 end=2 (or " v1": the old entry point)
  *   DevicePrimaryCtxRetain dev=1 / LinkComplete / ModuleLoadData cubin
+ *   ModuleUnload
  *
  * (and, with FAKE_CUDA_LOG=PREFIX, into the file PREFIX.PID as it goes)
  * Streams and events are done at once (the work is done when queued).
  */
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -577,9 +583,19 @@ CUresult cuMemsetD32Async(CUdeviceptr dst, unsigned value, size_t n, void *s)
 typedef struct function function;
 
 typedef struct module {
-    char *ptx;
+    char *ptx;             /* NULL once unloaded */
     function *functions;   /* handed out by cuModuleGetFunction, freed with the module */
+    struct module *next_dead;
 } module;
+
+static _Atomic int live_modules;
+static module *_Atomic dead_modules;   /* unloaded, kept (reachable) to tell their use */
+
+int fake_cuda_live_modules(void);
+int fake_cuda_live_modules(void)
+{
+    return live_modules;
+}
 
 struct function {
     module *mod;
@@ -601,6 +617,7 @@ static CUresult load(module **out, const char *image, const char *how)
     if (!m)
         return OUT_OF_MEMORY;
     m->ptx = strdup(image);
+    live_modules++;
     *out = m;
     return SUCCESS;
 }
@@ -627,15 +644,15 @@ CUresult cuModuleLoadData(module **mod, const void *image)
 CUresult cuModuleUnload(module *m);
 CUresult cuModuleUnload(module *m)
 {
-    if (m) {
-        free(m->ptx);
-        while (m->functions) {
-            function *next = m->functions->next;
-            free(m->functions);
-            m->functions = next;
-        }
-    }
-    free(m);
+    if (!m || !m->ptx)
+        return INVALID_HANDLE;
+    note("ModuleUnload");
+    free(m->ptx);
+    m->ptx = NULL;
+    live_modules--;
+    m->next_dead = dead_modules;
+    while (!atomic_compare_exchange_weak(&dead_modules, &m->next_dead, m))
+        ;
     return SUCCESS;
 }
 
@@ -656,7 +673,9 @@ static const char *entry_of(const module *m, const char *name)
 CUresult cuModuleGetFunction(function **f, module *m, const char *name);
 CUresult cuModuleGetFunction(function **f, module *m, const char *name)
 {
-    if (!m || !entry_of(m, name))
+    if (!m || !m->ptx)
+        return INVALID_HANDLE;
+    if (!entry_of(m, name))
         return NOT_FOUND;
     function *fn = malloc(sizeof *fn);
     if (!fn)
@@ -738,6 +757,10 @@ CUresult cuLaunchKernel(function *f, unsigned gx, unsigned gy, unsigned gz, unsi
         return sticky;
     if (!f || gx == 0 || gy == 0 || gz == 0 || gy > 65535 || gz > 65535)
         return INVALID_VALUE;
+    if (!f->mod->ptx) {
+        note("FAULT: %s is a function of an unloaded module", f->name);
+        return INVALID_HANDLE;
+    }
     note("LaunchKernel fn=%s grid=%u,%u,%u stream=%d", f->name, gx, gy, gz, stream_id(stream));
     int bytes[256];
     int n = parse_params(entry_of(f->mod, f->name), bytes, 256);

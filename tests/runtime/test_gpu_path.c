@@ -10,9 +10,14 @@
  *                          else queued or synchronised; a backward without
  *                          a workspace twice: no allocation, free or
  *                          synchronisation on the second call; a varlen
- *                          forward with no copy back to the host; host
- *                          memory handed to a kernel: AJ_ERR_KERNEL_FAULT
- *                          at the next synchronising call
+ *                          forward with no copy back to the host; the
+ *                          memory cache's bound evicting kernels unloads
+ *                          their modules (after the context's work), a
+ *                          kernel the caller holds stays loaded, and one
+ *                          freed after its device closed is left alone;
+ *                          host memory handed to a kernel:
+ *                          AJ_ERR_KERNEL_FAULT at the next synchronising
+ *                          call
  *   test_gpu_path sass     (AJ_CACHE unset) a kernel's first load links its
  *                          PTX to a cubin (cuLinkComplete) and stores it
  *                          in the disk cache; aj_compile_many with the
@@ -232,6 +237,77 @@ static void check_host_memory_faults(void *stream)
     aj_kernel_destroy(k);
 }
 
+/* The spec of the i-th kernel of check_eviction: windows of i keys. */
+static aj_kernel *compile_window(int i)
+{
+    char spec[160];
+    snprintf(spec, sizeof spec, "attention forward flash { dtype = f16 head_dim = 64 "
+             "mask = window(%d, 0) }", i);
+    return compile(spec);
+}
+
+/* A kernel's module leaves the GPU with the kernel's last reference: the
+ * memory cache (bound 2 here) evicts kernels no caller holds, each
+ * eviction unloads its module after the context's work (cuCtxSynchronize
+ * first), a kernel the caller holds stays loaded and launches, and a
+ * kernel that outlives its device is freed without touching it.  The
+ * stand-in counts modules and refuses a launch of an unloaded one. */
+static void check_eviction(void *stream)
+{
+    void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    int (*live)(void) = NULL;
+    *(void **)&live = dlsym(h, "fake_cuda_live_modules");
+    CHECK_MSG(live, "the stand-in lacks fake_cuda_live_modules");
+    if (!live)
+        return;
+    aj_fwd_args a = fwd_args(stream);
+    CHECK_STATUS(ctx, aj_cache_set_max_kernels(ctx, 2), AJ_OK);
+    aj_kernel *held = compile_window(1);
+    CHECK_STATUS(ctx, aj_forward(ctx, dev, held, &a), AJ_OK);
+    cuda_log_clear();
+    enum { N = 6 };
+    for (int i = 2; i < 2 + N; i++) {
+        aj_kernel *k = compile_window(i);
+        CHECK_STATUS(ctx, aj_forward(ctx, dev, k, &a), AJ_OK);
+        aj_kernel_destroy(k);   /* the cache keeps it until evicted */
+    }
+    /* the last two in the cache and the one held: every other is gone */
+    CHECK_MSG(live() == 3, "%d modules loaded, expected 3", live());
+    CHECK_MSG(count(cuda_log(), "ModuleUnload") >= N - 2, "%d modules unloaded:\n%s",
+              count(cuda_log(), "ModuleUnload"), cuda_log());
+    const char *sync = strstr(cuda_log(), "CtxSynchronize");
+    const char *unload = strstr(cuda_log(), "ModuleUnload");
+    CHECK_MSG(sync && unload && sync < unload,
+              "a module was unloaded before the context's work was done:\n%s", cuda_log());
+    cuda_log_clear();
+    CHECK_STATUS(ctx, aj_forward(ctx, dev, held, &a), AJ_OK);   /* evicted, held: loaded */
+    CHECK_LOG_LACKS("ModuleLoad");
+    CHECK_LOG_LACKS("FAULT");
+    aj_kernel_destroy(held);
+    CHECK_MSG(live() == 2, "%d modules loaded after the held kernel was freed", live());
+
+    /* a second device on the same GPU loads its own module of a kernel;
+     * closing it unloads that one, and the kernel, freed later, leaves
+     * the closed device alone */
+    aj_device *other = NULL;
+    CHECK_STATUS(ctx, aj_device_open(ctx, AJ_DEVICE_CUDA, 0, &other), AJ_OK);
+    aj_kernel *shared = compile_window(2 + N);
+    CHECK_STATUS(ctx, aj_forward(ctx, dev, shared, &a), AJ_OK);
+    CHECK_STATUS(ctx, aj_forward(ctx, other, shared, &a), AJ_OK);
+    const int both = live();
+    aj_device_close(other);
+    CHECK_MSG(live() == both - 1, "closing a device left %d of %d modules", live(), both);
+    aj_kernel_destroy(shared);
+    CHECK_STATUS(ctx, aj_cache_set_max_kernels(ctx, 1), AJ_OK);
+    aj_kernel *last = compile_window(3 + N);   /* evicts shared: its module on dev goes */
+    CHECK_STATUS(ctx, aj_forward(ctx, dev, last, &a), AJ_OK);
+    aj_kernel_destroy(last);
+    CHECK_MSG(live() == 1, "%d modules loaded with one kernel cached", live());
+    CHECK_STATUS(ctx, aj_cache_set_max_kernels(ctx, 256), AJ_OK);
+    CHECK_STATUS(ctx, aj_device_synchronize(dev, stream), AJ_OK);
+    free_tensors((aj_tensor *[]){&a.q, &a.k, &a.v, &a.o, &a.lse}, 5);
+}
+
 static int run_launch(void)
 {
     void *stream = NULL;
@@ -239,6 +315,7 @@ static int run_launch(void)
     check_forward_stream(stream);
     check_backward_workspace(stream);
     check_varlen_async(stream);
+    check_eviction(stream);
     check_host_memory_faults(stream);
     return check_report();
 }
