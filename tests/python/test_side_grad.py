@@ -3,7 +3,8 @@ tensors"): a float tensor in tensors={...} that requires grad gets its
 gradient through autograd, against the float64 reference whose score_mod
 reads the same tensor (torch autograd there): FlexAttention's learnable
 relative bias, learned ALiBi slopes, a per-head gate, over dtype x
-variant x mask; through flex_attention with a captured nn.Parameter;
+variant x mask; alibi_slopes that require grad (with and without
+softcap); through flex_attention with a captured nn.Parameter;
 bitwise repeatable; torch.compile(fullgraph=True); ring (p2p,
 all-gather) and Ulysses over 2 gloo ranks against one rank; and the
 calls that cannot take one refuse with a message."""
@@ -162,14 +163,95 @@ def _side_grad_cp_worker(rank, world, init_file):
     check_replicated_grad(rank, world, init_file, CP_CASES, rb, "drb")
 
 
+def _alibi_grad_cp_worker(rank, world, init_file):
+    from cp_check import check_replicated_grad
+
+    def slopes():
+        t = torch.tensor([0.1, 0.2, 0.35, 0.5], requires_grad=True)
+        return t, dict(alibi_slopes=t, softcap=10.0)
+    check_replicated_grad(rank, world, init_file, CP_CASES[::3], slopes, "dslopes")
+
+
+def _spawn(worker, world):
+    import os
+    import tempfile
+    import torch.multiprocessing as mp
+    with tempfile.TemporaryDirectory() as tmp:
+        mp.spawn(worker, args=(world, os.path.join(tmp, "init")), nprocs=world, join=True)
+
+
+@pytest.mark.parametrize("world", [2])
+def test_context_parallel_alibi_grad_equal_one_rank(world):
+    """Learned alibi slopes (with softcap) through the zigzag ring and
+    Ulysses: the slopes' gradient summed over the ranks equals one rank's."""
+    _spawn(_alibi_grad_cp_worker, world)
+
+
 @pytest.mark.parametrize("world", [2])
 def test_context_parallel_side_grad_equal_one_rank(world):
     """ring (p2p, all-gather) and Ulysses with a grad side tensor: each
     rank's shards and the whole gradient of the tensor, summed over the
     ranks in rank order, equal one rank's attention."""
-    import os
-    import tempfile
-    import torch.multiprocessing as mp
-    with tempfile.TemporaryDirectory() as tmp:
-        mp.spawn(_side_grad_cp_worker, args=(world, os.path.join(tmp, "init")), nprocs=world,
-                 join=True)
+    _spawn(_side_grad_cp_worker, world)
+
+
+ALIBI_CASES = [(dtype, variant, mask, softcap) for dtype in DTYPES
+               for variant in ("flash", "efficient") for mask in sorted(MASKS)
+               for softcap in (None, 8.0)]
+
+
+@pytest.mark.parametrize("dtype,variant,mask,softcap", ALIBI_CASES,
+                         ids=["%s-%s-%s-%s" % (str(c[0])[6:], c[1], c[2],
+                                               "softcap" if c[3] else "plain")
+                              for c in ALIBI_CASES])
+def test_alibi_slopes_grad(dtype, variant, mask, softcap):
+    """alibi_slopes that require grad get d loss / d slopes (the slopes
+    become a grad side tensor of the same expression), with and without
+    softcap, against the float64 reference; slopes that do not stay the
+    built-in alibi and get none."""
+    b, hq, hkv, sq, sk, d = 2, 4, 2, 11, 19, 32
+    q, k, v, do = reference.inputs(b, hq, hkv, sq, sk, d, dtype, 6)
+    base = torch.linspace(0.05, 0.6, hq, dtype=torch.float64)
+    opts, ref_opts = MASKS[mask]
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    slopes = base.float().requires_grad_()
+    o = at.attention(*leaves, alibi_slopes=slopes, softcap=softcap, variant=variant, **opts)
+    o.backward(do)
+    ref_leaves = [t.double().requires_grad_() for t in (q, k, v)]
+    ref_slopes = base.clone().requires_grad_()
+
+    def ref_mod(sc, b_, h, qi, ki):
+        if softcap is not None:
+            sc = softcap * torch.tanh(sc / softcap)
+        return sc - ref_slopes[h] * (qi - ki).abs()
+
+    seen = reference.visible(b, hq, sq, sk, **ref_opts)
+    o_ref, _ = reference.attention(*ref_leaves, seen=seen, score_mod=ref_mod)
+    o_ref.backward(do.double())
+    reference.check("o", o, o_ref, dtype)
+    for name, got, want in zip("qkv", leaves, ref_leaves):
+        reference.check("d" + name, got.grad, want.grad, dtype)
+    reference.check("dslopes", slopes.grad, ref_slopes.grad,
+                    torch.bfloat16 if dtype == torch.bfloat16 else torch.float16)
+    # constant slopes: the built-in alibi, the same output, no gradient
+    fixed = base.float()
+    o_fixed = at.attention(*[t.detach() for t in leaves], alibi_slopes=fixed,
+                           softcap=softcap, variant=variant, **opts)
+    reference.check("o (constant slopes)", o_fixed, o_ref, dtype)
+    assert fixed.grad is None
+
+
+@pytest.mark.parametrize("what", ["dropout", "varlen"])
+def test_alibi_slopes_grad_refused(what):
+    """Where side tensors get no gradient, slopes that require one are
+    refused by name (detached, they run as before)."""
+    q, k, v, _ = reference.inputs(1, 2, 2, 8, 8, 32, torch.float32, 1)
+    slopes = torch.tensor([0.25, 0.5], requires_grad=True)
+    with pytest.raises(attnjit.InvalidArgError, match="alibi_slopes requires grad"):
+        if what == "varlen":
+            cu = torch.tensor([0, 8], dtype=torch.int32)
+            at.attention_varlen(q[0].transpose(0, 1), k[0].transpose(0, 1),
+                                v[0].transpose(0, 1), cu, cu, 8, 8, alibi_slopes=slopes)
+        else:
+            at.attention(q, k, v, alibi_slopes=slopes, dropout_p=0.1)
+    at.attention(q, k, v, alibi_slopes=slopes.detach(), dropout_p=0.1)

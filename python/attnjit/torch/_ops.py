@@ -73,16 +73,18 @@ def _positional_mask(causal, window):
 
 
 _SINKS = "aj_sinks"     # the side tensor of learned sinks (docs/ir.md "Sinks")
+_ALIBI = "aj_alibi_slopes"   # alibi's slopes where an expression reads them
 # oob="zero": the body's last line, an IR comment the launches read
 # (check_side_bounds off: a load outside its side tensor reads 0)
 _OOB_ZERO = "\n  # oob = zero"
 
 
 def _body(dtype, d, dv, causal, window, softcap, alibi, has_bias, scale, dropout_p, mask,
-          score_mod, side_decls, sinks=False):
+          score_mod, side_decls, sinks=False, alibi_grad=False):
     """The IR fields (docs/ir.md) of the op these options describe; the
     side tensors in order: side_decls, alibi's slopes where an expression
-    reads them, then the sinks."""
+    reads them (with softcap, or with alibi_grad: declared grad, the
+    slopes' gradient is the side tensor's), then the sinks."""
     fields = ["dtype = %s" % _IR_DTYPE[dtype], "head_dim = %d" % d, "head_dim_v = %d" % dv]
     decls = list(side_decls)
     builtin, as_expr = _positional_mask(causal, window)
@@ -92,15 +94,17 @@ def _body(dtype, d, dv, causal, window, softcap, alibi, has_bias, scale, dropout
     elif builtin is not None:
         fields.append("mask = " + builtin)
     mods = [m for m in (softcap is not None, alibi, score_mod is not None) if m]
-    if len(mods) > 1:
-        if score_mod is not None:
-            raise _fail("score_mod cannot be combined with softcap or alibi_slopes: write "
-                        "them into the expression (docs/ir.md, 'Expressions')")
+    if len(mods) > 1 and score_mod is not None:
+        raise _fail("score_mod cannot be combined with softcap or alibi_slopes: write "
+                    "them into the expression (docs/ir.md, 'Expressions')")
+    if alibi and (softcap is not None or alibi_grad):
         # softcap, then alibi (docs/design.md); alibi's slopes as a side tensor
-        decls.append("aj_alibi_slopes: f32[1]")
-        c = repr(float(softcap))
-        fields.append("score_mod = expr(%s * tanh(score / %s) - aj_alibi_slopes[h] * "
-                      "abs(q - k))" % (c, c))
+        decls.append("%s: f32[1]%s" % (_ALIBI, " grad" if alibi_grad else ""))
+        score = "score"
+        if softcap is not None:
+            c = repr(float(softcap))
+            score = "%s * tanh(score / %s)" % (c, c)
+        fields.append("score_mod = expr(%s - %s[h] * abs(q - k))" % (score, _ALIBI))
     elif softcap is not None:
         fields.append("score_mod = softcap(%r)" % float(softcap))
     elif alibi:
@@ -727,6 +731,11 @@ def _prepare(q, k, v, causal, window, softcap, alibi_slopes, bias, scale, dropou
         side.append(t.to(device=q.device, dtype=torch.float32 if t.is_floating_point()
                          else torch.int32))
     alibi = alibi_slopes is not None
+    alibi_grad = alibi and alibi_slopes.requires_grad and torch.is_grad_enabled()
+    if alibi_grad and why_not:
+        raise _fail("alibi_slopes requires grad, but the gradients of side tensors (the "
+                    "slopes' among them) are not computed with %s (docs/ir.md 'Gradients of "
+                    "side tensors'); detach them to use them as constants" % why_not)
     if alibi:
         alibi_slopes = alibi_slopes.to(device=q.device, dtype=torch.float32).contiguous()
     if bias is not None:
@@ -737,10 +746,10 @@ def _prepare(q, k, v, causal, window, softcap, alibi_slopes, bias, scale, dropou
         sinks = _sinks_tensor(sinks, q)
     body = _body(q.dtype, q.shape[-1], v.shape[-1], causal, window, softcap, alibi,
                  bias is not None, scale, dropout_p, mask, score_mod, decls,
-                 sinks=sinks is not None)
+                 sinks=sinks is not None, alibi_grad=alibi_grad)
     if layout != "padded":
         body += "\n  layout = " + layout
-    if "aj_alibi_slopes" in body:          # softcap and alibi: slopes as a side tensor
+    if _ALIBI in body:          # slopes as a side tensor (with softcap, or learned)
         side.append(alibi_slopes)
         alibi_slopes = None
     if sinks is not None:
