@@ -247,7 +247,13 @@ static void emit_probabilities(cbwd *c, LLVMValueRef m0, LLVMValueRef n0)
         LLVMValueRef s2 = aj_cpu_scores(&c->at, t, ig, jv, &dmod);
         LLVMValueRef pv = aj_cv_exp2(kb, LLVMBuildFSub(b, s2, lse, ""), w);
         LLVMValueRef dpv = vload(c, buf_at(c, c->dp, at), w);
-        if (c->side_part) {   /* dq: the grad side tensors' terms (no dropout) */
+        LLVMValueRef pz = pv;
+        if (op->dropout > 0) {
+            LLVMValueRef z = vload(c, buf_at(c, c->z, at), w);
+            pz = LLVMBuildFMul(b, pv, z, "");
+            dpv = LLVMBuildFMul(b, dpv, z, "");
+        }
+        if (c->side_part) {   /* dq: the grad side tensors' terms, dS of the score */
             LLVMValueRef live = LLVMBuildAnd(
                 b, aj_cv_splat(kb, row_in, w),
                 LLVMBuildFCmp(b, LLVMRealOGT, pv, aj_cv_splat(kb, aj_kb_f32(kb, 0), w), ""), "");
@@ -255,12 +261,6 @@ static void emit_probabilities(cbwd *c, LLVMValueRef m0, LLVMValueRef n0)
             aj_side_grad_add_lanes(&c->at.sc, c->side_base, c->side_part, t,
                                    aj_score_ds(kb, pv, dpv, delta, NULL, row_in), live, ig, jv);
             aj_kb_if_end(kb);
-        }
-        LLVMValueRef pz = pv;
-        if (op->dropout > 0) {
-            LLVMValueRef z = vload(c, buf_at(c, c->z, at), w);
-            pz = LLVMBuildFMul(b, pv, z, "");
-            dpv = LLVMBuildFMul(b, dpv, z, "");
         }
         /* the chain rule through the score_mod: 0 in rows past Sq */
         LLVMValueRef ds = aj_score_ds(kb, pv, dpv, delta, dmod, row_in);

@@ -42,14 +42,16 @@
  *
  * The partial sums take parts x dside_part_size floats of the backward's
  * workspace; the launch chooses parts (runtime/launch.c) and refuses a
- * call whose sums would not fit.  Padded layout, no dropout, no bias
- * (aj_side_grad_check).
+ * call whose sums would not fit.  With dropout dP_ij carries the
+ * forward's keep mask (the cpu's dq stage has it already).  Padded
+ * layout, no bias (aj_side_grad_check).
  */
 #include <math.h>
 
 #include "templates/attn_common.h"
 #include "templates/cpu_attn.h"
 #include "templates/grad_tail.h"
+#include "templates/skeleton.h"
 
 #define SIMT_THREADS 128
 #define SUM_PER_ITEM 256  /* cpu: elements a work item of the sum stage adds */
@@ -59,7 +61,6 @@ aj_status aj_side_grad_check(aj_ctx *ctx, const aj_op *op)
     if (op->kind != AJ_KIND_BACKWARD || !op->tensor_grad)
         return AJ_OK;
     const char *why = op->layout != AJ_LAYOUT_PADDED ? "layout = padded"
-                      : op->dropout > 0.0             ? "dropout = 0"
                       : op->bias != AJ_BIAS_NONE      ? "bias = none"
                                                       : NULL;
     if (why)
@@ -87,6 +88,7 @@ typedef struct side_grad {
     const aj_op *op;
     const aj_score_prog *p;
     aj_score s;
+    aj_attn_dropout drop;            /* dropout > 0 */
     LLVMValueRef bidx, h, hk;        /* i64 */
     LLVMValueRef base[AJ_OP_TENSORS_MAX + 1];
 } side_grad;
@@ -125,6 +127,9 @@ static void terms(side_grad *g, LLVMValueRef i, LLVMValueRef j, LLVMValueRef del
                                       op->head_dim, op->dtype);
     LLVMValueRef dp = aj_tail_row_dot(kb, AJ_PSRC_do, do_i, AJ_PSRC_v,
                                       row_at(g, AJ_PSRC_v, g->hk, j), aj_op_dv(op), op->dtype);
+    if (op->dropout > 0)   /* dP_ij = m_ij dO_i . v_j, the forward's keep mask m */
+        dp = aj_score_dropped(kb, op->dropout,
+                              aj_attn_dropout_keep(kb, &g->drop, op->dropout, i, j), dp);
     LLVMValueRef t = LLVMBuildFMul(b, qk, aj_kb_f32(kb, g->p->scale), "t");
     LLVMValueRef d[AJ_SCORE_GRADS_MAX], e[AJ_SCORE_GRADS_MAX];
     LLVMValueRef s = aj_score_mod_side_grads(&g->s, t, i, j, d, e);
@@ -321,6 +326,10 @@ static void build_parts(aj_kb *kb, const aj_op *op, const aj_score_prog *p)
         }
         aj_score_begin(&g.s, kb, p, 0, g.bidx, g.h, aj_param(kb, AJ_PID(q_offset)),
                        aj_param(kb, AJ_PID(kv_offset)), sq, sk);
+        aj_kctx x;
+        aj_kctx_init(&x, kb, op, p);
+        aj_kctx_dropout(&x, aj_kb_item_id(kb, 2), aj_kb_item_id(kb, 1));
+        g.drop = x.drop;
         LLVMValueRef rows = aj_param(kb, AJ_PID(dside_rows));
         LLVMValueRef seq_q = aj_param(kb, AJ_PID(seq_q)), seq_k = aj_param(kb, AJ_PID(seq_k));
         LLVMValueRef r0 = LLVMBuildMul(b, m, rows, "r0");

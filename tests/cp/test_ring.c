@@ -710,10 +710,10 @@ static aj_comm *open_comm(double timeout_s)
 /* ---------------------------------------------------------------- a case */
 
 /* Whether the case checks rel's gradient (docs/ir.md "Gradients of side
- * tensors": padded, no dropout). */
+ * tensors": padded; dropout's keep mask in dS). */
 static bool rel_grad(const ring_case *c)
 {
-    return c->rel && !c->docs && c->dropout == 0;
+    return c->rel && !c->docs;
 }
 
 static aj_op *parse_op(const ring_case *c, const char *kind)

@@ -128,7 +128,50 @@ def test_constant_when_not_requiring_grad():
     assert rb.grad is None and leaves[0].grad is not None
 
 
-@pytest.mark.parametrize("what", ["dropout", "bias", "varlen"])
+DROPOUT_CASES = [("relative_bias", torch.float32, "flash"), ("head_gate", torch.float16, "efficient"),
+                 ("alibi", torch.bfloat16, "flash"), ("alibi", torch.float32, "efficient")]
+
+
+@pytest.mark.parametrize("mod,dtype,variant", DROPOUT_CASES,
+                         ids=["%s-%s-%s" % (c[0], str(c[1])[6:], c[2]) for c in DROPOUT_CASES])
+def test_side_grad_with_dropout(mod, dtype, variant):
+    """With dropout the side tensors' gradients (and alibi_slopes') use the
+    forward's keep mask: read back from a run with V = I and the same torch
+    seed, it makes the float64 reference's dropout."""
+    b, hq, hkv, sq, sk, d, p = 1, 4, 2, 12, 24, 32, 0.25   # sk: V = I is a head dim
+    q, k, v, do = reference.inputs(b, hq, hkv, sq, sk, d, dtype, 8)
+    opts = dict(causal="bottom_right", variant=variant, dropout_p=p)
+    if mod == "alibi":
+        base = torch.linspace(0.05, 0.6, hq, dtype=torch.float64)
+        ref_mod = lambda t: lambda sc, b_, h, qi, ki: sc - t[h] * (qi - ki).abs()  # noqa: E731
+        carry = lambda t: dict(alibi_slopes=t)  # noqa: E731
+    else:
+        text, shape, ref_mod = MODS[mod]
+        base = torch.randn(*shape(hq, sk), generator=torch.Generator().manual_seed(3),
+                           dtype=torch.float64) * 0.5
+        carry = lambda t: dict(score_mod=text, tensors={"rb": t})  # noqa: E731
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    rb = base.float().requires_grad_()
+    torch.manual_seed(21)
+    o = at.attention(*leaves, **carry(rb), **opts)
+    o.backward(do)
+    torch.manual_seed(21)   # the same stream, V = I: o is the dropped P
+    eye = torch.eye(sk, dtype=dtype).expand(b, hkv, sk, sk)
+    kept = at.attention(q, k, eye, **carry(base.float()), **opts) != 0
+    ref_leaves = [t.double().requires_grad_() for t in (q, k, v)]
+    rb_ref = base.clone().requires_grad_()
+    o_ref, _ = reference.attention(*ref_leaves, seen=reference.visible(b, hq, sq, sk,
+                                                                       causal="bottom_right"),
+                                   score_mod=ref_mod(rb_ref), keep=kept, dropout_p=p)
+    o_ref.backward(do.double())
+    reference.check("o", o, o_ref, dtype)
+    for name, got, want in zip("qkv", leaves, ref_leaves):
+        reference.check("d" + name, got.grad, want.grad, dtype)
+    reference.check("drb", rb.grad, rb_ref.grad,
+                    torch.bfloat16 if dtype == torch.bfloat16 else torch.float16)
+
+
+@pytest.mark.parametrize("what", ["bias", "varlen"])
 def test_refused_with_a_message(what):
     q, k, v, _ = reference.inputs(1, 2, 2, 8, 8, 32, torch.float32, 1)
     rb = torch.randn(16, requires_grad=True)
@@ -139,9 +182,8 @@ def test_refused_with_a_message(what):
                                 v[0].transpose(0, 1), cu, cu, 8, 8,
                                 score_mod="score + rb[abs(q - k)]", tensors={"rb": rb})
         else:
-            extra = dict(dropout_p=0.1) if what == "dropout" else dict(bias=torch.zeros(8, 8))
             at.attention(q, k, v, score_mod="score + rb[abs(q - k)]", tensors={"rb": rb},
-                         **extra)
+                         bias=torch.zeros(8, 8))
 
 
 CP_CASES = [  # method, layout, rotate, mask options
@@ -241,7 +283,7 @@ def test_alibi_slopes_grad(dtype, variant, mask, softcap):
     assert fixed.grad is None
 
 
-@pytest.mark.parametrize("what", ["dropout", "varlen"])
+@pytest.mark.parametrize("what", ["bias", "varlen"])
 def test_alibi_slopes_grad_refused(what):
     """Where side tensors get no gradient, slopes that require one are
     refused by name (detached, they run as before)."""
@@ -253,5 +295,5 @@ def test_alibi_slopes_grad_refused(what):
             at.attention_varlen(q[0].transpose(0, 1), k[0].transpose(0, 1),
                                 v[0].transpose(0, 1), cu, cu, 8, 8, alibi_slopes=slopes)
         else:
-            at.attention(q, k, v, alibi_slopes=slopes, dropout_p=0.1)
-    at.attention(q, k, v, alibi_slopes=slopes.detach(), dropout_p=0.1)
+            at.attention(q, k, v, alibi_slopes=slopes, bias=torch.zeros(8, 8))
+    at.attention(q, k, v, alibi_slopes=slopes.detach(), bias=torch.zeros(8, 8))

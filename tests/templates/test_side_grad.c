@@ -6,7 +6,8 @@
  * runs it on sim and cpu):
  *
  *   - one generator of cases walks variant x dtype x mask x GQA x head
- *     dim (learned sinks in every fifth case) over the score_mods users
+ *     dim (learned sinks in every fifth case, dropout 0.25 in every
+ *     seventh: the backward draws the reference's keep mask) over the score_mods users
  *     write (FlexAttention's learnable
  *     relative bias rb[abs(q - k)], ALiBi's slopes as a learned tensor, a
  *     per-head gate, a 2-D table, two loads of one tensor, a load past
@@ -67,19 +68,22 @@ typedef struct grad_case {
     int d, b, hq, hkv, sq, sk;
     bool fd;          /* check the reference against a finite difference */
     bool sinks;       /* learned sinks too (tensor snk) */
+    double dropout;   /* 0: none */
 } grad_case;
 
 static aj_op *case_op(const grad_case *c, aj_kind kind, const char *label)
 {
-    char spec[8192];
+    char spec[8192], dropout[64] = "";
+    if (c->dropout > 0)
+        snprintf(dropout, sizeof dropout, "  dropout = %g\n", c->dropout);
     /* with sinks: their tensor declared last, `sinks = snk` */
     snprintf(spec, sizeof spec,
              "attention %s %s {\n  dtype = %s\n  head_dim = %d\n  tensors = %.*s%s\n"
-             "  mask = %s\n  score_mod = expr(%s)\n%s}\n",
+             "  mask = %s\n  score_mod = expr(%s)\n%s%s}\n",
              kind == AJ_KIND_FORWARD ? "forward" : "backward",
              c->variant == AJ_VARIANT_EFFICIENT ? "efficient" : "flash", aj_dtype_name(c->dtype),
              c->d, (int)strlen(c->tensors) - 1, c->tensors, c->sinks ? ", snk: f32[1])" : ")",
-             c->mask, c->mod, c->sinks ? "  sinks = snk\n" : "");
+             c->mask, c->mod, c->sinks ? "  sinks = snk\n" : "", dropout);
     return bwd_parse(ctx, spec, label);
 }
 
@@ -187,6 +191,9 @@ static void run_case(const grad_case *c, const char *label)
             sinks[h] = logits[h];
         p.sinks = sinks;
     }
+    p.dropout_p = c->dropout;   /* the backward's stream is the reference's */
+    p.seed = 0x5eed0000u + (uint64_t)cases;
+    p.offset = (uint64_t)cases << 33 | 12;
     ref_forward(&p, q.ref, k.ref, v.ref, o.ref, lse.ref);
     double *o_exact = malloc((o.n + 1) * sizeof(double)), *lse_exact = malloc((lse.n + 1) * 8);
     memcpy(o_exact, o.ref, o.n * sizeof(double));
@@ -198,6 +205,7 @@ static void run_case(const grad_case *c, const char *label)
     ba.q = q.t, ba.k = k.t, ba.v = v.t, ba.o = o.t, ba.lse = lse.t;
     ba.do_ = dout.t, ba.dq = dq.t, ba.dk = dk.t, ba.dv = dv.t;
     ba.side = side, ba.num_side = info.num_tensors;
+    ba.seed = p.seed, ba.offset = p.offset;
     if (!run_dside(bk, ba, dside, ngrad, 0, label))
         goto out;
     double *want = malloc(sizeof(double) * (q.n + k.n + v.n + 3));
@@ -301,6 +309,7 @@ static grad_case sweep_case(int n, int dtypes)
         .sk = 23 - n % 2 * 8,
         .fd = mk == 0 && var == 0,
         .sinks = n % 5 == 3,
+        .dropout = n % 7 == 4 ? 0.25 : 0.0,
     };
 }
 
@@ -313,9 +322,9 @@ static void test_sweep(void)
         if (!check_sampled())
             continue;
         char label[256];
-        snprintf(label, sizeof label, "%s %s %s d%d %s hq%d/%d%s", c.name,
+        snprintf(label, sizeof label, "%s %s %s d%d %s hq%d/%d%s%s", c.name,
                  aj_variant_name(c.variant), aj_dtype_name(c.dtype), c.d, c.mask, c.hq, c.hkv,
-                 c.sinks ? " sinks" : "");
+                 c.sinks ? " sinks" : "", c.dropout > 0 ? " dropout" : "");
         run_case(&c, label);
     }
 }
@@ -373,10 +382,10 @@ static void test_errors(void)
         CHECK_ERROR(ctx, bad[i].needle);
         aj_op_destroy(op);
     }
-    /* what the gradient stages do not take: varlen, dropout, a bias */
-    static const char *const unsupported[] = {"flash", "layout = varlen", "flash", "dropout = 0.1",
-                                              "efficient", "bias = add"};
-    for (size_t i = 0; i < 3; i++) {
+    /* what the gradient stages do not take: varlen, a bias */
+    static const char *const unsupported[] = {"flash", "layout = varlen", "efficient",
+                                              "bias = add"};
+    for (size_t i = 0; i < 2; i++) {
         char spec[512];
         snprintf(spec, sizeof spec, "attention backward %s { dtype = f16 head_dim = 32 "
                  "tensors = (rb: f32[1] grad) score_mod = expr(score + rb[q - k]) %s }",
