@@ -35,6 +35,17 @@ MODS = {
 }
 
 
+def check_grads(o, o_ref, leaves, ref_leaves, side, ref_side, name, dtype):
+    """o and dq, dk, dv against the reference's, and the side tensor's
+    gradient (`name`): a sum of many terms, at f16's tolerance (bf16's for
+    bf16)."""
+    reference.check("o", o, o_ref, dtype)
+    for x, got, want in zip("qkv", leaves, ref_leaves):
+        reference.check("d" + x, got.grad, want.grad, dtype)
+    reference.check(name, side.grad, ref_side.grad,
+                    torch.bfloat16 if dtype == torch.bfloat16 else torch.float16)
+
+
 CASES = [(dtype, variant, mask, mod) for dtype in DTYPES for variant in ("flash", "efficient")
          for mask in sorted(MASKS) for mod in sorted(MODS)]
 
@@ -59,12 +70,7 @@ def test_side_grad_matches_reference(dtype, variant, mask, mod):
     seen = reference.visible(b, hq, sq, sk, **ref_opts)
     o_ref, _ = reference.attention(*ref_leaves, seen=seen, score_mod=ref_mod(rb_ref))
     o_ref.backward(do.double())
-    reference.check("o", o, o_ref, dtype)
-    for name, got, want in zip("qkv", leaves, ref_leaves):
-        reference.check("d" + name, got.grad, want.grad, dtype)
-    # a sum of many terms: f16's tolerance, bf16's for bf16
-    reference.check("drb", rb.grad, rb_ref.grad,
-                    torch.bfloat16 if dtype == torch.bfloat16 else torch.float16)
+    check_grads(o, o_ref, leaves, ref_leaves, rb, rb_ref, "drb", dtype)
 
 
 def test_flex_learnable_bias_and_repeatable():
@@ -164,11 +170,7 @@ def test_side_grad_with_dropout(mod, dtype, variant):
                                                                        causal="bottom_right"),
                                    score_mod=ref_mod(rb_ref), keep=kept, dropout_p=p)
     o_ref.backward(do.double())
-    reference.check("o", o, o_ref, dtype)
-    for name, got, want in zip("qkv", leaves, ref_leaves):
-        reference.check("d" + name, got.grad, want.grad, dtype)
-    reference.check("drb", rb.grad, rb_ref.grad,
-                    torch.bfloat16 if dtype == torch.bfloat16 else torch.float16)
+    check_grads(o, o_ref, leaves, ref_leaves, rb, rb_ref, "drb", dtype)
 
 
 @pytest.mark.parametrize("what", ["bias", "varlen"])
@@ -270,11 +272,7 @@ def test_alibi_slopes_grad(dtype, variant, mask, softcap):
     seen = reference.visible(b, hq, sq, sk, **ref_opts)
     o_ref, _ = reference.attention(*ref_leaves, seen=seen, score_mod=ref_mod)
     o_ref.backward(do.double())
-    reference.check("o", o, o_ref, dtype)
-    for name, got, want in zip("qkv", leaves, ref_leaves):
-        reference.check("d" + name, got.grad, want.grad, dtype)
-    reference.check("dslopes", slopes.grad, ref_slopes.grad,
-                    torch.bfloat16 if dtype == torch.bfloat16 else torch.float16)
+    check_grads(o, o_ref, leaves, ref_leaves, slopes, ref_slopes, "dslopes", dtype)
     # constant slopes: the built-in alibi, the same output, no gradient
     fixed = base.float()
     o_fixed = at.attention(*[t.detach() for t in leaves], alibi_slopes=fixed,
