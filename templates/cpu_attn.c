@@ -596,12 +596,8 @@ void aj_cpu_gemm_acc(aj_kb *kb, int ncols, LLVMValueRef c, LLVMValueRef rscale,
     aj_kb_for_end(kb);
 }
 
-/* bias[b, h, i, j] over the lanes' keys (aj_score_bias's load): rows past
- * Sq and keys past Sk read the last row / key, in bounds, and masked or
- * never stored */
-static LLVMValueRef load_bias(void *user, LLVMValueRef ig, LLVMValueRef jv)
+LLVMValueRef aj_cpu_bias(aj_cpu_attn *a, LLVMValueRef ig, LLVMValueRef jv)
 {
-    aj_cpu_attn *a = user;
     aj_kb *kb = a->kb;
     LLVMBuilderRef b = kb->b;
     int w = a->w;
@@ -620,6 +616,13 @@ static LLVMValueRef load_bias(void *user, LLVMValueRef ig, LLVMValueRef jv)
                                     aj_kb_i32(kb, e), "");
     }
     return bv;
+}
+
+/* aj_score_bias's load: aj_cpu_bias (masked or never stored where it read
+ * the last row / key) */
+static LLVMValueRef load_bias(void *user, LLVMValueRef ig, LLVMValueRef jv)
+{
+    return aj_cpu_bias(user, ig, jv);
 }
 
 LLVMValueRef aj_cpu_scores(aj_cpu_attn *a, LLVMValueRef s, LLVMValueRef ig, LLVMValueRef jv,

@@ -193,6 +193,9 @@ void aj_cpu_gemm_acc(aj_kb *kb, int ncols, LLVMValueRef c, LLVMValueRef rscale,
  * key.  With dmod (the backward), *dmod = d score_mod / d score per key,
  * 0 where hidden (so that dS = 0 there whatever the derivative is), or
  * NULL when the op has no score_mod (the derivative is 1). */
+/* bias[b, h, i, j] over the lanes' keys jv of row ig (f32 lanes): rows past
+ * Sq and keys past Sk read the last row / key, in bounds (bias = add). */
+LLVMValueRef aj_cpu_bias(aj_cpu_attn *a, LLVMValueRef ig, LLVMValueRef jv);
 LLVMValueRef aj_cpu_scores(aj_cpu_attn *a, LLVMValueRef s, LLVMValueRef ig, LLVMValueRef jv,
                            LLVMValueRef *dmod);
 

@@ -266,29 +266,6 @@ static void load_rows(ebwd *e, aj_param_source t, LLVMValueRef base, LLVMValueRe
     aj_tile_load_f32(kb, &src, rows, width, smem, ld, e->tid, e->p.threads);
 }
 
-/* bias[b,h,i,j] (f32) of the current slice; i and j are clamped into the
- * tensor, so out-of-range elements read an in-bounds value that the mask
- * or the store guard then discards.  NULL without bias. */
-static LLVMValueRef emit_bias_at(ebwd *e, LLVMValueRef i, LLVMValueRef j)
-{
-    aj_kb *kb = e->kb;
-    LLVMBuilderRef b = e->b;
-    aj_dtype dt = e->op->dtype;
-    if (e->op->bias != AJ_BIAS_ADD)
-        return NULL;
-    LLVMValueRef ic = aj_kb_smin(kb, i, LLVMBuildSub(b, e->seq_q, aj_kb_i32(kb, 1), ""));
-    LLVMValueRef jc = aj_kb_smin(kb, j, LLVMBuildSub(b, e->seq_k, aj_kb_i32(kb, 1), ""));
-    LLVMValueRef at = LLVMBuildAdd(
-        b, e->bias_base,
-        LLVMBuildMul(b, aj_kb_sext64(kb, ic), aj_param(kb, AJ_PID(stride_bias_s)), ""), "");
-    at = LLVMBuildAdd(b, at, aj_kb_sext64(kb, jc), "");
-    at = LLVMBuildMul(b, at, aj_kb_i64(kb, aj_dtype_size(dt)), "");
-    LLVMValueRef raw = aj_kb_load(kb, aj_kb_storage_type(kb, dt),
-                                  aj_kb_gptr_offset(kb, aj_param(kb, AJ_PID(bias)), at),
-                                  (unsigned)aj_dtype_size(dt));
-    return aj_kb_to_f32(kb, raw, dt);
-}
-
 /* Whether dropout keeps (i, j) of the current slice, exactly as the
  * forward decides: keep iff (out[0] >> 8) >= ceil(p 2^24).  NULL without
  * dropout. */
@@ -417,7 +394,7 @@ static void emit_p_ds(ebwd *e, int full, LLVMValueRef seq_q, LLVMValueRef qk_var
     aj_kb *kb = e->kb;
     aj_score_p_ds(&e->sc, aj_kb_get(kb, qk_var), aj_kb_get(kb, dp_var), i, j, lse2, delta,
                   aj_score_visible_in_tile(&e->sc, full, seq_q, e->seq_k, i, j),
-                  emit_bias_at(e, i, j), emit_keep(e, i, j), p_out, ds_out);
+                  aj_kctx_bias_at(&e->k, i, j), emit_keep(e, i, j), p_out, ds_out);
 }
 
 /*

@@ -43,8 +43,9 @@
  * The partial sums take parts x dside_part_size floats of the backward's
  * workspace; the launch chooses parts (runtime/launch.c) and refuses a
  * call whose sums would not fit.  With dropout dP_ij carries the
- * forward's keep mask (the cpu's dq stage has it already).  Padded
- * layout, no bias (aj_side_grad_check).
+ * forward's keep mask, with a bias the score_mod reads scale q.k + bias
+ * (the cpu's dq stage has both already).  Padded layout
+ * (aj_side_grad_check).
  */
 #include <math.h>
 
@@ -60,12 +61,9 @@ aj_status aj_side_grad_check(aj_ctx *ctx, const aj_op *op)
 {
     if (op->kind != AJ_KIND_BACKWARD || !op->tensor_grad)
         return AJ_OK;
-    const char *why = op->layout != AJ_LAYOUT_PADDED ? "layout = padded"
-                      : op->bias != AJ_BIAS_NONE      ? "bias = none"
-                                                      : NULL;
-    if (why)
+    if (op->layout != AJ_LAYOUT_PADDED)
         return aj_fail(ctx, AJ_ERR_UNSUPPORTED, "the gradients of side tensors (tensors "
-                       "declared grad) need %s", why);
+                       "declared grad) need layout = padded");
     return AJ_OK;
 }
 
@@ -88,7 +86,7 @@ typedef struct side_grad {
     const aj_op *op;
     const aj_score_prog *p;
     aj_score s;
-    aj_attn_dropout drop;            /* dropout > 0 */
+    aj_kctx x;                       /* the dropout stream, the bias slice */
     LLVMValueRef bidx, h, hk;        /* i64 */
     LLVMValueRef base[AJ_OP_TENSORS_MAX + 1];
 } side_grad;
@@ -129,8 +127,10 @@ static void terms(side_grad *g, LLVMValueRef i, LLVMValueRef j, LLVMValueRef del
                                       row_at(g, AJ_PSRC_v, g->hk, j), aj_op_dv(op), op->dtype);
     if (op->dropout > 0)   /* dP_ij = m_ij dO_i . v_j, the forward's keep mask m */
         dp = aj_score_dropped(kb, op->dropout,
-                              aj_attn_dropout_keep(kb, &g->drop, op->dropout, i, j), dp);
+                              aj_attn_dropout_keep(kb, &g->x.drop, op->dropout, i, j), dp);
     LLVMValueRef t = LLVMBuildFMul(b, qk, aj_kb_f32(kb, g->p->scale), "t");
+    if (op->bias == AJ_BIAS_ADD)   /* the score_mod reads scale q.k + bias */
+        t = LLVMBuildFAdd(b, t, aj_kctx_bias_at(&g->x, i, j), "");
     LLVMValueRef d[AJ_SCORE_GRADS_MAX], e[AJ_SCORE_GRADS_MAX];
     LLVMValueRef s = aj_score_mod_side_grads(&g->s, t, i, j, d, e);
     LLVMValueRef p = aj_tail_exp(kb, LLVMBuildFSub(b, s, lse, ""));
@@ -326,10 +326,12 @@ static void build_parts(aj_kb *kb, const aj_op *op, const aj_score_prog *p)
         }
         aj_score_begin(&g.s, kb, p, 0, g.bidx, g.h, aj_param(kb, AJ_PID(q_offset)),
                        aj_param(kb, AJ_PID(kv_offset)), sq, sk);
-        aj_kctx x;
-        aj_kctx_init(&x, kb, op, p);
-        aj_kctx_dropout(&x, aj_kb_item_id(kb, 2), aj_kb_item_id(kb, 1));
-        g.drop = x.drop;
+        aj_kctx_init(&g.x, kb, op, p);
+        aj_kctx_dropout(&g.x, aj_kb_item_id(kb, 2), aj_kb_item_id(kb, 1));
+        g.x.seq_q = aj_param(kb, AJ_PID(seq_q));
+        g.x.seq_k = aj_param(kb, AJ_PID(seq_k));
+        if (op->bias == AJ_BIAS_ADD)
+            g.x.bias_base = aj_attn_slice_base(kb, AJ_PSRC_bias, g.bidx, g.h);
         LLVMValueRef rows = aj_param(kb, AJ_PID(dside_rows));
         LLVMValueRef seq_q = aj_param(kb, AJ_PID(seq_q)), seq_k = aj_param(kb, AJ_PID(seq_k));
         LLVMValueRef r0 = LLVMBuildMul(b, m, rows, "r0");

@@ -18,6 +18,26 @@ void aj_kctx_dropout(aj_kctx *k, LLVMValueRef bidx, LLVMValueRef h)
             aj_param(kb, AJ_PID(q_offset)), aj_param(kb, AJ_PID(kv_offset)), bidx, h);
 }
 
+LLVMValueRef aj_kctx_bias_at(const aj_kctx *k, LLVMValueRef i, LLVMValueRef j)
+{
+    aj_kb *kb = k->kb;
+    LLVMBuilderRef b = k->b;
+    aj_dtype dt = k->op->dtype;
+    if (k->op->bias != AJ_BIAS_ADD)
+        return NULL;
+    LLVMValueRef ic = aj_kb_smin(kb, i, LLVMBuildSub(b, k->seq_q, aj_kb_i32(kb, 1), ""));
+    LLVMValueRef jc = aj_kb_smin(kb, j, LLVMBuildSub(b, k->seq_k, aj_kb_i32(kb, 1), ""));
+    LLVMValueRef at = LLVMBuildAdd(
+        b, k->bias_base,
+        LLVMBuildMul(b, aj_kb_sext64(kb, ic), aj_param(kb, AJ_PID(stride_bias_s)), ""), "");
+    at = LLVMBuildAdd(b, at, aj_kb_sext64(kb, jc), "");
+    at = LLVMBuildMul(b, at, aj_kb_i64(kb, aj_dtype_size(dt)), "");
+    LLVMValueRef raw = aj_kb_load(kb, aj_kb_storage_type(kb, dt),
+                                  aj_kb_gptr_offset(kb, aj_param(kb, AJ_PID(bias)), at),
+                                  (unsigned)aj_dtype_size(dt));
+    return aj_kb_to_f32(kb, raw, dt);
+}
+
 void aj_kctx_set_head(aj_kctx *k, LLVMValueRef bidx, LLVMValueRef h, LLVMValueRef sq,
                       LLVMValueRef sk)
 {

@@ -88,6 +88,11 @@ static inline void aj_kctx_init(aj_kctx *k, aj_kb *kb, const aj_op *op,
 /* The dropout stream of (bidx, h) into k->drop, for an op with dropout. */
 void aj_kctx_dropout(aj_kctx *k, LLVMValueRef bidx, LLVMValueRef h);
 
+/* bias[b, h, i, j] of the slice at k->bias_base (scalar i, j, i32; rows
+ * past seq_q and keys past seq_k read the last, in bounds), as f32; NULL
+ * without bias = add. */
+LLVMValueRef aj_kctx_bias_at(const aj_kctx *k, LLVMValueRef i, LLVMValueRef j);
+
 /* Per (b, h), scalar code: the score programs at (bidx, h) with the
  * totals sq, sk (NULL where unread), the bias slice's base (bias = add)
  * and the dropout stream. */

@@ -171,8 +171,9 @@ void ref_sinks_grad(const ref_problem *p, const double *o, const double *lse,
                     const double *dout, double *dsinks);
 
 /* The gradient of the loss (sum O * dout) with respect to side tensor
- * `tensor` of the score_mod expression (p->score_expr; no bias, no
- * dropout), row-major in its shape: every visible (b, h, i, j)'s dS times
+ * `tensor` of the score_mod expression (p->score_expr; with the bias and
+ * dropout of the problem), row-major in its shape: every visible (b, h,
+ * i, j)'s dS times
  * d score / d element, by the interpreter's dual numbers with the
  * element the variable (aj_expr_env.grad_tensor).  From the forward's o
  * and lse. */

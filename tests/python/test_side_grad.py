@@ -134,6 +134,19 @@ def test_constant_when_not_requiring_grad():
     assert rb.grad is None and leaves[0].grad is not None
 
 
+def _learned(mod, hq, sk, generator):
+    """What a case learns, "alibi" (alibi_slopes) or a MODS table (in
+    tensors as rb): its float64 start, the reference's score_mod of a
+    tensor, and attention's options that carry a tensor."""
+    if mod == "alibi":
+        return (torch.linspace(0.05, 0.6, hq, dtype=torch.float64),
+                lambda t: lambda sc, b_, h, qi, ki: sc - t[h] * (qi - ki).abs(),
+                lambda t: dict(alibi_slopes=t))
+    text, shape, ref_mod = MODS[mod]
+    base = torch.randn(*shape(hq, sk), generator=generator, dtype=torch.float64) * 0.5
+    return base, ref_mod, lambda t: dict(score_mod=text, tensors={"rb": t})
+
+
 DROPOUT_CASES = [("relative_bias", torch.float32, "flash"), ("head_gate", torch.float16, "efficient"),
                  ("alibi", torch.bfloat16, "flash"), ("alibi", torch.float32, "efficient")]
 
@@ -147,15 +160,7 @@ def test_side_grad_with_dropout(mod, dtype, variant):
     b, hq, hkv, sq, sk, d, p = 1, 4, 2, 12, 24, 32, 0.25   # sk: V = I is a head dim
     q, k, v, do = reference.inputs(b, hq, hkv, sq, sk, d, dtype, 8)
     opts = dict(causal="bottom_right", variant=variant, dropout_p=p)
-    if mod == "alibi":
-        base = torch.linspace(0.05, 0.6, hq, dtype=torch.float64)
-        ref_mod = lambda t: lambda sc, b_, h, qi, ki: sc - t[h] * (qi - ki).abs()  # noqa: E731
-        carry = lambda t: dict(alibi_slopes=t)  # noqa: E731
-    else:
-        text, shape, ref_mod = MODS[mod]
-        base = torch.randn(*shape(hq, sk), generator=torch.Generator().manual_seed(3),
-                           dtype=torch.float64) * 0.5
-        carry = lambda t: dict(score_mod=text, tensors={"rb": t})  # noqa: E731
+    base, ref_mod, carry = _learned(mod, hq, sk, torch.Generator().manual_seed(3))
     leaves = [t.clone().requires_grad_() for t in (q, k, v)]
     rb = base.float().requires_grad_()
     torch.manual_seed(21)
@@ -173,19 +178,47 @@ def test_side_grad_with_dropout(mod, dtype, variant):
     check_grads(o, o_ref, leaves, ref_leaves, rb, rb_ref, "drb", dtype)
 
 
-@pytest.mark.parametrize("what", ["bias", "varlen"])
-def test_refused_with_a_message(what):
+BIAS_CASES = [("relative_bias", torch.float32), ("alibi", torch.float16),
+              ("head_gate", torch.bfloat16)]
+
+
+@pytest.mark.parametrize("mod,dtype", BIAS_CASES,
+                         ids=["%s-%s" % (c[0], str(c[1])[6:]) for c in BIAS_CASES])
+def test_side_grad_with_bias(mod, dtype):
+    """With an additive bias (which requires grad too) the score_mod reads
+    scale q.k + bias: the side tensor's gradient, alibi_slopes' and dbias
+    against the float64 reference (the efficient variant)."""
+    b, hq, hkv, sq, sk, d = 2, 4, 2, 10, 17, 32
+    q, k, v, do = reference.inputs(b, hq, hkv, sq, sk, d, dtype, 12)
+    g = torch.Generator().manual_seed(5)
+    bias0 = torch.randn(1, hq, sq, sk, generator=g, dtype=torch.float64)
+    base, ref_mod, carry = _learned(mod, hq, sk, g)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    rb = base.float().requires_grad_()
+    bias = bias0.to(dtype).requires_grad_()
+    o = at.attention(*leaves, **carry(rb), bias=bias, causal=True)
+    o.backward(do)
+    ref_leaves = [t.double().requires_grad_() for t in (q, k, v)]
+    rb_ref = base.clone().requires_grad_()
+    bias_ref = bias0.to(dtype).double().requires_grad_()
+    o_ref, _ = reference.attention(*ref_leaves, seen=reference.visible(b, hq, sq, sk,
+                                                                       causal=True),
+                                   bias=bias_ref, score_mod=ref_mod(rb_ref))
+    o_ref.backward(do.double())
+    check_grads(o, o_ref, leaves, ref_leaves, rb, rb_ref, "drb", dtype)
+    reference.check("dbias", bias.grad, bias_ref.grad,
+                    torch.bfloat16 if dtype == torch.bfloat16 else torch.float16)
+
+
+def test_refused_with_a_message():
+    """varlen: the side tensor that requires grad is named."""
     q, k, v, _ = reference.inputs(1, 2, 2, 8, 8, 32, torch.float32, 1)
     rb = torch.randn(16, requires_grad=True)
+    cu = torch.tensor([0, 8], dtype=torch.int32)
     with pytest.raises(attnjit.InvalidArgError, match="tensors\\['rb'\\] requires grad"):
-        if what == "varlen":
-            cu = torch.tensor([0, 8], dtype=torch.int32)
-            at.attention_varlen(q[0].transpose(0, 1), k[0].transpose(0, 1),
-                                v[0].transpose(0, 1), cu, cu, 8, 8,
-                                score_mod="score + rb[abs(q - k)]", tensors={"rb": rb})
-        else:
-            at.attention(q, k, v, score_mod="score + rb[abs(q - k)]", tensors={"rb": rb},
-                         bias=torch.zeros(8, 8))
+        at.attention_varlen(q[0].transpose(0, 1), k[0].transpose(0, 1), v[0].transpose(0, 1),
+                            cu, cu, 8, 8, score_mod="score + rb[abs(q - k)]",
+                            tensors={"rb": rb})
 
 
 CP_CASES = [  # method, layout, rotate, mask options
@@ -281,17 +314,13 @@ def test_alibi_slopes_grad(dtype, variant, mask, softcap):
     assert fixed.grad is None
 
 
-@pytest.mark.parametrize("what", ["bias", "varlen"])
-def test_alibi_slopes_grad_refused(what):
-    """Where side tensors get no gradient, slopes that require one are
-    refused by name (detached, they run as before)."""
+def test_alibi_slopes_grad_refused():
+    """varlen, where side tensors get no gradient: slopes that require one
+    are refused by name (detached, they run as before)."""
     q, k, v, _ = reference.inputs(1, 2, 2, 8, 8, 32, torch.float32, 1)
     slopes = torch.tensor([0.25, 0.5], requires_grad=True)
+    cu = torch.tensor([0, 8], dtype=torch.int32)
+    qkv = [t[0].transpose(0, 1) for t in (q, k, v)]
     with pytest.raises(attnjit.InvalidArgError, match="alibi_slopes requires grad"):
-        if what == "varlen":
-            cu = torch.tensor([0, 8], dtype=torch.int32)
-            at.attention_varlen(q[0].transpose(0, 1), k[0].transpose(0, 1),
-                                v[0].transpose(0, 1), cu, cu, 8, 8, alibi_slopes=slopes)
-        else:
-            at.attention(q, k, v, alibi_slopes=slopes, bias=torch.zeros(8, 8))
-    at.attention(q, k, v, alibi_slopes=slopes.detach(), bias=torch.zeros(8, 8))
+        at.attention_varlen(*qkv, cu, cu, 8, 8, alibi_slopes=slopes)
+    at.attention_varlen(*qkv, cu, cu, 8, 8, alibi_slopes=slopes.detach())

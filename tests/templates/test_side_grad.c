@@ -7,7 +7,9 @@
  *
  *   - one generator of cases walks variant x dtype x mask x GQA x head
  *     dim (learned sinks in every fifth case, dropout 0.25 in every
- *     seventh: the backward draws the reference's keep mask) over the score_mods users
+ *     seventh: the backward draws the reference's keep mask; a bias,
+ *     broadcast over the batch, in every third efficient one, its dbias
+ *     checked too) over the score_mods users
  *     write (FlexAttention's learnable
  *     relative bias rb[abs(q - k)], ALiBi's slopes as a learned tensor, a
  *     per-head gate, a 2-D table, two loads of one tensor, a load past
@@ -69,6 +71,7 @@ typedef struct grad_case {
     bool fd;          /* check the reference against a finite difference */
     bool sinks;       /* learned sinks too (tensor snk) */
     double dropout;   /* 0: none */
+    bool bias;        /* bias = add, of shape (1, Hq, Sq, Sk) (efficient) */
 } grad_case;
 
 static aj_op *case_op(const grad_case *c, aj_kind kind, const char *label)
@@ -76,6 +79,8 @@ static aj_op *case_op(const grad_case *c, aj_kind kind, const char *label)
     char spec[8192], dropout[64] = "";
     if (c->dropout > 0)
         snprintf(dropout, sizeof dropout, "  dropout = %g\n", c->dropout);
+    if (c->bias)
+        strcat(dropout, "  bias = add\n");
     /* with sinks: their tensor declared last, `sinks = snk` */
     snprintf(spec, sizeof spec,
              "attention %s %s {\n  dtype = %s\n  head_dim = %d\n  tensors = %.*s%s\n"
@@ -191,6 +196,16 @@ static void run_case(const grad_case *c, const char *label)
             sinks[h] = logits[h];
         p.sinks = sinks;
     }
+    tensor bias = {0}, dbias = {0};
+    if (c->bias) {   /* broadcast over the batch */
+        const int64_t bs[4] = {1, c->hq, c->sq, c->sk};
+        tensor_make(&bias, dev, c->dtype, 4, bs);
+        tensor_make(&dbias, dev, AJ_DTYPE_F32, 4, bs);
+        fill(&bias, 2.0, &rng);
+        poison(&dbias);
+        p.bias = bias.ref;
+        memcpy(p.bias_shape, bs, sizeof p.bias_shape);
+    }
     p.dropout_p = c->dropout;   /* the backward's stream is the reference's */
     p.seed = 0x5eed0000u + (uint64_t)cases;
     p.offset = (uint64_t)cases << 33 | 12;
@@ -206,18 +221,26 @@ static void run_case(const grad_case *c, const char *label)
     ba.do_ = dout.t, ba.dq = dq.t, ba.dk = dk.t, ba.dv = dv.t;
     ba.side = side, ba.num_side = info.num_tensors;
     ba.seed = p.seed, ba.offset = p.offset;
+    if (c->bias)
+        ba.bias = bias.t, ba.dbias = dbias.t;
     if (!run_dside(bk, ba, dside, ngrad, 0, label))
         goto out;
-    double *want = malloc(sizeof(double) * (q.n + k.n + v.n + 3));
-    double *got = malloc(sizeof(double) * (q.n + k.n + v.n + 3));
+    const size_t n_all = q.n + k.n + v.n + dbias.n;
+    double *want = malloc(sizeof(double) * (n_all + 4));
+    double *got = malloc(sizeof(double) * (n_all + 4));
     ref_backward(&p, q.ref, k.ref, v.ref, o.ref, lse.ref, dout.ref, want, want + q.n,
-                 want + q.n + k.n, NULL);
+                 want + q.n + k.n, c->bias ? want + q.n + k.n + v.n : NULL);
     read_back(&dq, got);
     read_back(&dk, got + q.n);
     read_back(&dv, got + q.n + k.n);
     check_error(label, "dq", got, want, q.n, c->dtype);
     check_error(label, "dk", got + q.n, want + q.n, k.n, c->dtype);
     check_error(label, "dv", got + q.n + k.n, want + q.n + k.n, v.n, c->dtype);
+    if (c->bias) {   /* dbias beside the side tensors' gradients */
+        read_back(&dbias, got + q.n + k.n + v.n);
+        check_error(label, "dbias", got + q.n + k.n + v.n, want + q.n + k.n + v.n, dbias.n,
+                    c->dtype == AJ_DTYPE_BF16 ? AJ_DTYPE_BF16 : AJ_DTYPE_F16);
+    }
     free(want);
     free(got);
 
@@ -276,6 +299,10 @@ out:
     tensor *all[] = {&q, &k, &v, &o, &dout, &lse, &dq, &dk, &dv};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
         tensor_release(all[i]);
+    if (c->bias) {
+        tensor_release(&bias);
+        tensor_release(&dbias);
+    }
     for (int t = 0; t < info.num_tensors; t++)
         aj_device_free(dev, dmem[t]);
     for (int x = 0; x < ngrad; x++)
@@ -310,6 +337,7 @@ static grad_case sweep_case(int n, int dtypes)
         .fd = mk == 0 && var == 0,
         .sinks = n % 5 == 3,
         .dropout = n % 7 == 4 ? 0.25 : 0.0,
+        .bias = var == 1 && n % 3 == 0,
     };
 }
 
@@ -322,9 +350,10 @@ static void test_sweep(void)
         if (!check_sampled())
             continue;
         char label[256];
-        snprintf(label, sizeof label, "%s %s %s d%d %s hq%d/%d%s%s", c.name,
+        snprintf(label, sizeof label, "%s %s %s d%d %s hq%d/%d%s%s%s", c.name,
                  aj_variant_name(c.variant), aj_dtype_name(c.dtype), c.d, c.mask, c.hq, c.hkv,
-                 c.sinks ? " sinks" : "", c.dropout > 0 ? " dropout" : "");
+                 c.sinks ? " sinks" : "", c.dropout > 0 ? " dropout" : "",
+                 c.bias ? " bias" : "");
         run_case(&c, label);
     }
 }
@@ -382,10 +411,9 @@ static void test_errors(void)
         CHECK_ERROR(ctx, bad[i].needle);
         aj_op_destroy(op);
     }
-    /* what the gradient stages do not take: varlen, a bias */
-    static const char *const unsupported[] = {"flash", "layout = varlen", "efficient",
-                                              "bias = add"};
-    for (size_t i = 0; i < 2; i++) {
+    /* what the gradient stages do not take: varlen */
+    static const char *const unsupported[] = {"flash", "layout = varlen"};
+    for (size_t i = 0; i < 1; i++) {
         char spec[512];
         snprintf(spec, sizeof spec, "attention backward %s { dtype = f16 head_dim = 32 "
                  "tensors = (rb: f32[1] grad) score_mod = expr(score + rb[q - k]) %s }",

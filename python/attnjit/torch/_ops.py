@@ -718,8 +718,7 @@ def _prepare(q, k, v, causal, window, softcap, alibi_slopes, bias, scale, dropou
     tensors = dict(tensors or {})
     side, decls = [], []
     # what the backward's side-tensor gradients need (docs/ir.md)
-    why_not = (("layout = %s" % layout if layout != "padded" else None)
-               or ("an additive bias" if bias is not None else None))
+    why_not = "layout = %s" % layout if layout != "padded" else None
     for name, t in tensors.items():
         grad = t.is_floating_point() and t.requires_grad and torch.is_grad_enabled()
         if grad and why_not:
