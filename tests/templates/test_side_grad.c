@@ -13,7 +13,8 @@
  *     write (FlexAttention's learnable
  *     relative bias rb[abs(q - k)], ALiBi's slopes as a learned tensor, a
  *     per-head gate, a 2-D table, two loads of one tensor, a load past
- *     the tensor's end, a grad tensor only an index reads);
+ *     the tensor's end, a grad tensor only an index reads, a tensor read
+ *     at the 32 places the stages take), head dims over 8 .. 256;
  *   - a random-program sweep: score_mods from score_cases.h's generator,
  *     whose float tensor tf is grad (24 on cpu, 12 on sim);
  *   - every case: dQ, dK, dV still the reference's, dside bitwise the
@@ -35,6 +36,10 @@
 #include "bwd_tensors.h"
 #include "score_cases.h"
 #include "test_main.h"
+
+/* the loads of grad tensors a score_mod may have (templates/score.h's
+ * AJ_SCORE_GRADS_MAX; docs/ir.md) */
+enum { AJ_GRAD_LOADS_MAX = 32 };
 
 static aj_ctx *ctx;
 static aj_device *dev;
@@ -58,10 +63,25 @@ static const grad_mod mods[] = {
      "score + rb[abs(q - k) % 4] * (ix[0] > 0.0 ? 1.0 : 0.5)"},
 };
 
+/* score + 0.1 (rb[(q + k) % 9] + rb[(q + k + 1) % 9] + ...): a grad
+ * tensor read at n places (the parser shares no leaf: n loads) */
+static const char *loads_mod(int n)
+{
+    static char text[4096];
+    int at = snprintf(text, sizeof text, "score + 0.1 * (");
+    for (int i = 0; i < n; i++)
+        at += snprintf(text + at, sizeof text - (size_t)at, "%srb[(q + k + %d) %% 9]",
+                       i ? " + " : "", i);
+    snprintf(text + at, sizeof text - (size_t)at, ")");
+    return text;
+}
+
 /* the last: a product of positions, which takes a block mask */
 static const char *const masks[] = {"none", "causal(bottom_right)", "window(6, 2, top_left)",
                                     "expr(k <= q && (q * k) % 5 != 2)"};
-static const int dims[] = {32, 64, 96, 128};
+/* the backward's range, 8 .. 256 */
+static const int dims[] = {8, 40, 64, 128, 200, 256};
+enum { NDIMS = sizeof dims / sizeof dims[0] };
 
 typedef struct grad_case {
     aj_variant variant;
@@ -328,7 +348,7 @@ static grad_case sweep_case(int n, int dtypes)
         .mask = masks[mk],
         .tensors = mods[m].tensors,
         .mod = mods[m].mod,
-        .d = dims[n % 4],
+        .d = dims[n % NDIMS],
         .b = 2,
         .hq = 4,
         .hkv = n % 2 ? 2 : 4,
@@ -409,6 +429,22 @@ static void test_errors(void)
         CHECK_STATUS(ctx, aj_op_parse(ctx, bad[i].spec, strlen(bad[i].spec), "bad", &op),
                      bad[i].st);
         CHECK_ERROR(ctx, bad[i].needle);
+        aj_op_destroy(op);
+    }
+    /* one load more than the gradient stages take (test_loads takes them
+     * all) */
+    {
+        char spec[4600];
+        snprintf(spec, sizeof spec, "attention backward efficient { dtype = f32 head_dim = 32 "
+                 "tensors = (rb: f32[1] grad) score_mod = expr(%s) }",
+                 loads_mod(AJ_GRAD_LOADS_MAX + 1));
+        aj_op *op = NULL;
+        CHECK(aj_op_parse(ctx, spec, strlen(spec), "loads", &op) == AJ_OK);
+        aj_kernel *k = NULL;
+        aj_compile_options opt = AJ_COMPILE_OPTIONS_INIT;
+        opt.target = aj_device_target(dev);
+        CHECK_STATUS(ctx, aj_compile(ctx, op, &opt, &k), AJ_ERR_UNSUPPORTED);
+        CHECK_ERROR(ctx, "reads grad tensors at more than 32 places");
         aj_op_destroy(op);
     }
     /* what the gradient stages do not take: varlen */
@@ -525,7 +561,25 @@ static void test_errors(void)
     aj_op_destroy(bop);
 }
 
-static void (*const tests[])(void) = {test_sweep, test_random, test_errors, NULL};
+/* A grad tensor read at the 32 places the stages take, on each variant
+ * (its terms fill a step's shared memory: one row per step on sim). */
+static void test_loads(void)
+{
+    for (int var = 0; var < 2; var++) {
+        grad_case c = sweep_case(var ? 4 : 8, 2);   /* mask none; dropout, sinks */
+        c.name = "32 loads";
+        c.tensors = "(rb: f32[1] grad)";
+        c.mod = loads_mod(AJ_GRAD_LOADS_MAX);
+        c.fd = false;   /* its curvature is the finite difference's error */
+        char label[128];
+        snprintf(label, sizeof label, "32 loads %s %s d%d%s%s", aj_variant_name(c.variant),
+                 aj_dtype_name(c.dtype), c.d, c.sinks ? " sinks" : "",
+                 c.dropout > 0 ? " dropout" : "");
+        run_case(&c, label);
+    }
+}
+
+static void (*const tests[])(void) = {test_sweep, test_random, test_loads, test_errors, NULL};
 
 int main(int argc, char **argv)
 {
