@@ -411,6 +411,19 @@ static void test_random(void)
 }
 
 /* What is refused, with its message. */
+/* spec parses and its compile is AJ_ERR_UNSUPPORTED with `needle`. */
+static void check_unsupported(const char *spec, const char *needle)
+{
+    aj_op *op = NULL;
+    CHECK(aj_op_parse(ctx, spec, strlen(spec), "unsupported", &op) == AJ_OK);
+    aj_kernel *k = NULL;
+    aj_compile_options opt = AJ_COMPILE_OPTIONS_INIT;
+    opt.target = aj_device_target(dev);
+    CHECK_STATUS(ctx, aj_compile(ctx, op, &opt, &k), AJ_ERR_UNSUPPORTED);
+    CHECK_ERROR(ctx, needle);
+    aj_op_destroy(op);
+}
+
 static void test_errors(void)
 {
     static const struct {
@@ -432,37 +445,15 @@ static void test_errors(void)
         aj_op_destroy(op);
     }
     /* one load more than the gradient stages take (test_loads takes them
-     * all) */
-    {
-        char spec[4600];
-        snprintf(spec, sizeof spec, "attention backward efficient { dtype = f32 head_dim = 32 "
-                 "tensors = (rb: f32[1] grad) score_mod = expr(%s) }",
-                 loads_mod(AJ_GRAD_LOADS_MAX + 1));
-        aj_op *op = NULL;
-        CHECK(aj_op_parse(ctx, spec, strlen(spec), "loads", &op) == AJ_OK);
-        aj_kernel *k = NULL;
-        aj_compile_options opt = AJ_COMPILE_OPTIONS_INIT;
-        opt.target = aj_device_target(dev);
-        CHECK_STATUS(ctx, aj_compile(ctx, op, &opt, &k), AJ_ERR_UNSUPPORTED);
-        CHECK_ERROR(ctx, "reads grad tensors at more than 32 places");
-        aj_op_destroy(op);
-    }
-    /* what the gradient stages do not take: varlen */
-    static const char *const unsupported[] = {"flash", "layout = varlen"};
-    for (size_t i = 0; i < 1; i++) {
-        char spec[512];
-        snprintf(spec, sizeof spec, "attention backward %s { dtype = f16 head_dim = 32 "
-                 "tensors = (rb: f32[1] grad) score_mod = expr(score + rb[q - k]) %s }",
-                 unsupported[2 * i], unsupported[2 * i + 1]);
-        aj_op *op = NULL;
-        CHECK(aj_op_parse(ctx, spec, strlen(spec), "unsupported", &op) == AJ_OK);
-        aj_kernel *k = NULL;
-        aj_compile_options opt = AJ_COMPILE_OPTIONS_INIT;
-        opt.target = aj_device_target(dev);
-        CHECK_STATUS(ctx, aj_compile(ctx, op, &opt, &k), AJ_ERR_UNSUPPORTED);
-        CHECK_ERROR(ctx, "side tensors");
-        aj_op_destroy(op);
-    }
+     * all); varlen */
+    char spec[4600];
+    snprintf(spec, sizeof spec, "attention backward efficient { dtype = f32 head_dim = 32 "
+             "tensors = (rb: f32[1] grad) score_mod = expr(%s) }",
+             loads_mod(AJ_GRAD_LOADS_MAX + 1));
+    check_unsupported(spec, "reads grad tensors at more than 32 places");
+    check_unsupported("attention backward flash { dtype = f16 head_dim = 32 tensors = (rb: "
+                      "f32[1] grad) score_mod = expr(score + rb[q - k]) layout = varlen }",
+                      "side tensors");
     /* the builder: set, read back, print, parse back */
     aj_op *op = NULL;
     CHECK(aj_op_create(ctx, AJ_KIND_BACKWARD, AJ_VARIANT_FLASH, &op) == AJ_OK);
