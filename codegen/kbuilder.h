@@ -38,7 +38,7 @@ enum aj_intrinsic_id {
 /* Addresses spaces of NVPTX, which the sim target mirrors. */
 enum { AJ_AS_GENERIC = 0, AJ_AS_GLOBAL = 1, AJ_AS_SHARED = 3 };
 
-#define AJ_KB_MAX_PARAMS 64
+#define AJ_KB_MAX_PARAMS 96
 #define AJ_KB_MAX_NEST 32
 #define AJ_KB_MAX_RESULTS 128  /* the most results a table row has (wgmma m64n256k16) */
 

@@ -77,8 +77,6 @@ static aj_status plan_kernel(aj_ctx *ctx, const aj_op *op, cbwd_plan *p)
 static aj_status cbwd_check(aj_ctx *ctx, const aj_op *op, aj_target target)
 {
     aj_status st = aj_cpu_check_op(ctx, op, "cpu backward");
-    if (st == AJ_OK)
-        st = aj_side_grad_check(ctx, op);
     cbwd_plan plan;
     return st != AJ_OK ? st : plan_kernel(ctx, op, &plan);
 }

@@ -213,8 +213,6 @@ static aj_status plan_kernel(aj_ctx *ctx, const aj_op *op, aj_target target, ebw
 static aj_status ebwd_check(aj_ctx *ctx, const aj_op *op, aj_target target)
 {
     aj_status st = aj_attn_check_layout_and_dims(ctx, op, "efficient backward");
-    if (st == AJ_OK)
-        st = aj_side_grad_check(ctx, op);
     ebwd_plan plan;
     return st != AJ_OK ? st : aj_kctx_check_planned(ctx, op, plan_kernel(ctx, op, target, &plan));
 }

@@ -20,10 +20,6 @@
  * sigs (at most 3), in launch order; returns their number. */
 int aj_grad_tail_sigs(const aj_op *op, aj_target target, aj_kernel_sig *sigs);
 
-/* Whether a backward template can add the side tensors' gradient
- * stages to its op: AJ_ERR_UNSUPPORTED naming what they lack. */
-aj_status aj_side_grad_check(aj_ctx *ctx, const aj_op *op);
-
 /* Builds them, after the template's own stages. */
 void aj_grad_tail_build(aj_kb *kb, const aj_op *op, const aj_score_prog *prog);
 

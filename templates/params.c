@@ -228,8 +228,8 @@ void aj_params_declare(aj_kb *kb, aj_kernel_sig sig, const aj_op *op,
     int32_t ids[AJ_KB_MAX_PARAMS];
     int n = list_params(sig, op, prog, list, ids, AJ_KB_MAX_PARAMS);
     if (n > AJ_KB_MAX_PARAMS) {
-        aj_kb_fail(kb, AJ_ERR_INTERNAL, "the op's kernel takes %d parameters; at most %d", n,
-                   AJ_KB_MAX_PARAMS);
+        aj_kb_fail(kb, AJ_ERR_UNSUPPORTED, "the op's kernel takes %d parameters in one stage "
+                   "(its side tensors' among them); at most %d", n, AJ_KB_MAX_PARAMS);
         return;
     }
     for (int i = 0; i < n; i++)

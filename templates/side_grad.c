@@ -44,8 +44,8 @@
  * workspace; the launch chooses parts (runtime/launch.c) and refuses a
  * call whose sums would not fit.  With dropout dP_ij carries the
  * forward's keep mask, with a bias the score_mod reads scale q.k + bias
- * (the cpu's dq stage has both already).  Padded layout
- * (aj_side_grad_check).
+ * (the cpu's dq stage has both already); varlen: a part's rows are its
+ * sequence's (b the sequence, rows and keys from cu_seqlens).
  */
 #include <math.h>
 
@@ -57,15 +57,6 @@
 #define SIMT_THREADS 128
 #define SUM_PER_ITEM 256  /* cpu: elements a work item of the sum stage adds */
 
-aj_status aj_side_grad_check(aj_ctx *ctx, const aj_op *op)
-{
-    if (op->kind != AJ_KIND_BACKWARD || !op->tensor_grad)
-        return AJ_OK;
-    if (op->layout != AJ_LAYOUT_PADDED)
-        return aj_fail(ctx, AJ_ERR_UNSUPPORTED, "the gradients of side tensors (tensors "
-                       "declared grad) need layout = padded");
-    return AJ_OK;
-}
 
 /* The first element of each grad tensor in a part (i64), by the
  * tensors' declaration order, into base[t]; returns the part's size. */
@@ -88,17 +79,20 @@ typedef struct side_grad {
     aj_score s;
     aj_kctx x;                       /* the dropout stream, the bias slice */
     LLVMValueRef bidx, h, hk;        /* i64 */
+    LLVMValueRef q_start, k_start;   /* i64: the sequence's first packed row (varlen), else 0 */
     LLVMValueRef base[AJ_OP_TENSORS_MAX + 1];
 } side_grad;
 
 /* The row offsets (elements, i64) of row i (i32) of tensor t in the
- * (b, head) slice. */
+ * (b, head) slice: a query-side tensor's (q, o, dO; varlen: from the
+ * sequence's first query row) or a key-side one's (k, v). */
 static LLVMValueRef row_at(side_grad *g, aj_param_source t, LLVMValueRef head, LLVMValueRef i)
 {
     LLVMBuilderRef b = g->kb->b;
+    LLVMValueRef start = t == AJ_PSRC_k || t == AJ_PSRC_v ? g->k_start : g->q_start;
+    LLVMValueRef row = LLVMBuildAdd(b, start, aj_kb_sext64(g->kb, i), "");
     return LLVMBuildAdd(b, aj_attn_slice_base(g->kb, t, g->bidx, head),
-                        LLVMBuildMul(b, aj_kb_sext64(g->kb, i), aj_param_stride_s(g->kb, t), ""),
-                        "");
+                        LLVMBuildMul(b, row, aj_param_stride_s(g->kb, t), ""), "");
 }
 
 /* Delta_i = dO_i . O_i and LSE_i (natural log) of row i. */
@@ -109,7 +103,8 @@ static void row_values(side_grad *g, LLVMValueRef i, LLVMValueRef *delta, LLVMVa
                              row_at(g, AJ_PSRC_o, g->h, i), aj_op_dv(g->op), g->op->dtype);
     *lse = aj_tail_load(kb, AJ_PSRC_lse, AJ_DTYPE_F32,
                         LLVMBuildAdd(kb->b, aj_attn_slice_base(kb, AJ_PSRC_lse, g->bidx, g->h),
-                                     aj_kb_sext64(kb, i), ""));
+                                     LLVMBuildAdd(kb->b, g->q_start, aj_kb_sext64(kb, i), ""),
+                                     ""));
 }
 
 /* The terms of visible (i, j): val[k] the gradient term of grad load k,
@@ -318,22 +313,30 @@ static void build_parts(aj_kb *kb, const aj_op *op, const aj_score_prog *p)
     LLVMValueRef part = aj_side_grad_part(kb, p, g.bidx, g.h, m, tid, SIMT_THREADS, NULL,
                                           g.base);
     aj_kb_barrier(kb);
+    /* the batch's lengths, or the sequence's (varlen: rows from cu_seqlens) */
+    LLVMValueRef seq_q, seq_k;
+    g.q_start = g.k_start = aj_kb_i64(kb, 0);
+    if (op->layout == AJ_LAYOUT_VARLEN) {
+        aj_attn_varlen_seq seq;
+        aj_attn_varlen_seq_of(kb, aj_kb_item_id(kb, 2), &seq);
+        seq_q = seq.len_q, seq_k = seq.len_k;
+        g.q_start = seq.start_q, g.k_start = seq.start_k;
+    } else {
+        seq_q = aj_param(kb, AJ_PID(seq_q));
+        seq_k = aj_param(kb, AJ_PID(seq_k));
+    }
     if (p->num_grads > 0) {
-        LLVMValueRef sq = NULL, sk = NULL;
-        if (p->reads_totals) {
-            sq = aj_param(kb, AJ_PID(seq_q_total));
-            sk = aj_param(kb, AJ_PID(seq_k_total));
-        }
+        LLVMValueRef sq, sk;
+        aj_attn_score_totals(kb, p, op->layout, seq_q, seq_k, &sq, &sk);
         aj_score_begin(&g.s, kb, p, 0, g.bidx, g.h, aj_param(kb, AJ_PID(q_offset)),
                        aj_param(kb, AJ_PID(kv_offset)), sq, sk);
         aj_kctx_init(&g.x, kb, op, p);
         aj_kctx_dropout(&g.x, aj_kb_item_id(kb, 2), aj_kb_item_id(kb, 1));
-        g.x.seq_q = aj_param(kb, AJ_PID(seq_q));
-        g.x.seq_k = aj_param(kb, AJ_PID(seq_k));
+        g.x.seq_q = seq_q;
+        g.x.seq_k = seq_k;
         if (op->bias == AJ_BIAS_ADD)
             g.x.bias_base = aj_attn_slice_base(kb, AJ_PSRC_bias, g.bidx, g.h);
         LLVMValueRef rows = aj_param(kb, AJ_PID(dside_rows));
-        LLVMValueRef seq_q = aj_param(kb, AJ_PID(seq_q)), seq_k = aj_param(kb, AJ_PID(seq_k));
         LLVMValueRef r0 = LLVMBuildMul(b, m, rows, "r0");
         LLVMValueRef r1 = aj_kb_smin(kb, LLVMBuildAdd(b, r0, rows, ""), seq_q);
         parts_simt(&g, part, tid, r0, r1, seq_k);

@@ -1366,6 +1366,21 @@ static void run_varlen_refusals(void)
     CHECK_ERROR(ctx, "aj_shard_varlen: full->seq = 7; the packed batch has cu_seqlens[3] = 8 "
                 "positions");
     aj_op_destroy(op);
+    /* a grad side tensor's dside: one rank's aj_backward only */
+    static const char grad_spec[] =
+        "attention backward flash { dtype = f16 head_dim = 64 layout = varlen "
+        "tensors = (rb: f32[1] grad) score_mod = expr(score + rb[abs(q - k)]) }";
+    op = NULL;
+    CHECK(aj_op_parse(ctx, grad_spec, strlen(grad_spec), "grad", &op) == AJ_OK);
+    float rb[16] = {0}, drb[16];
+    const aj_side_tensor side = {"rb", rb, AJ_SIDE_F32, 1, {16}, {1}};
+    const aj_side_tensor dside = {"rb", drb, AJ_SIDE_F32, 1, {16}, {1}};
+    aj_ring_bwd_args ba = AJ_RING_BWD_ARGS_INIT;
+    ba.side = &side, ba.num_side = 1;
+    ba.dside = &dside, ba.num_dside = 1;
+    CHECK_STATUS(ctx, aj_ring_backward(ctx, dev, comm, op, &ba, NULL), AJ_ERR_UNSUPPORTED);
+    CHECK_ERROR(ctx, "aj_ring_backward: dside with packed documents (layout = varlen)");
+    aj_op_destroy(op);
     free(m);
     aj_comm_destroy(comm);
 }

@@ -6,8 +6,8 @@ relative bias, learned ALiBi slopes, a per-head gate, over dtype x
 variant x mask; alibi_slopes that require grad (with and without
 softcap); through flex_attention with a captured nn.Parameter;
 bitwise repeatable; torch.compile(fullgraph=True); ring (p2p,
-all-gather) and Ulysses over 2 gloo ranks against one rank; and the
-calls that cannot take one refuse with a message."""
+all-gather) and Ulysses over 2 gloo ranks against one rank; with
+dropout, with a bias, and over attention_varlen's sequences."""
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -210,15 +210,47 @@ def test_side_grad_with_bias(mod, dtype):
                     torch.bfloat16 if dtype == torch.bfloat16 else torch.float16)
 
 
-def test_refused_with_a_message():
-    """varlen: the side tensor that requires grad is named."""
-    q, k, v, _ = reference.inputs(1, 2, 2, 8, 8, 32, torch.float32, 1)
-    rb = torch.randn(16, requires_grad=True)
-    cu = torch.tensor([0, 8], dtype=torch.int32)
-    with pytest.raises(attnjit.InvalidArgError, match="tensors\\['rb'\\] requires grad"):
-        at.attention_varlen(q[0].transpose(0, 1), k[0].transpose(0, 1), v[0].transpose(0, 1),
-                            cu, cu, 8, 8, score_mod="score + rb[abs(q - k)]",
-                            tensors={"rb": rb})
+VARLEN_CASES = [("relative_bias", torch.float32, "flash"), ("alibi", torch.float32, "efficient"),
+                ("head_gate", torch.bfloat16, "flash")]
+
+
+@pytest.mark.parametrize("mod,dtype,variant", VARLEN_CASES,
+                         ids=["%s-%s-%s" % (c[0], str(c[1])[6:], c[2]) for c in VARLEN_CASES])
+def test_varlen_side_grad(mod, dtype, variant):
+    """attention_varlen over sequences of 5, 0, 9 and 1 queries (7, 3, 12,
+    1 keys): the side tensor's (or alibi_slopes') gradient is the sum of
+    every sequence's, against the float64 reference run on each sequence
+    alone with the same tensor."""
+    seqs_q, seqs_k, hq, hkv, d = [5, 0, 9, 1], [7, 3, 12, 1], 4, 2, 32
+    g = torch.Generator().manual_seed(6)
+    pack = lambda seqs, h: torch.cat([torch.randn(n, h, d, generator=g) for n in seqs])  # noqa
+    cu = lambda seqs: torch.tensor([0] + list(torch.tensor(seqs).cumsum(0)),  # noqa: E731
+                                   dtype=torch.int32)
+    q, k, v, do = (pack(seqs_q, hq), pack(seqs_k, hkv), pack(seqs_k, hkv), pack(seqs_q, hq))
+    q, k, v, do = (t.to(dtype) for t in (q, k, v, do))
+    base, ref_mod, carry = _learned(mod, hq, max(seqs_k), g)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    rb = base.float().requires_grad_()
+    o = at.attention_varlen(*leaves, cu(seqs_q), cu(seqs_k), max(seqs_q), max(seqs_k),
+                            causal="bottom_right", variant=variant, **carry(rb))
+    o.backward(do)
+    rb_ref = base.clone().requires_grad_()
+    ref_leaves = [t.double().requires_grad_() for t in (q, k, v)]
+    part = lambda t, at_, n: t[at_:at_ + n].transpose(0, 1).unsqueeze(0)  # noqa: E731
+    loss, at_q, at_k = 0.0, 0, 0
+    for sq, sk in zip(seqs_q, seqs_k):
+        o_ref, _ = reference.attention(
+            part(ref_leaves[0], at_q, sq), part(ref_leaves[1], at_k, sk),
+            part(ref_leaves[2], at_k, sk), score_mod=ref_mod(rb_ref),
+            seen=reference.visible(1, hq, sq, sk, causal="bottom_right"))
+        reference.check("o", part(o, at_q, sq), o_ref, dtype)
+        loss = loss + (o_ref * part(do.double(), at_q, sq)).sum()
+        at_q, at_k = at_q + sq, at_k + sk
+    loss.backward()
+    for name, got, want in zip("qkv", leaves, ref_leaves):
+        reference.check("d" + name, got.grad, want.grad, dtype)
+    reference.check("drb", rb.grad, rb_ref.grad,
+                    torch.bfloat16 if dtype == torch.bfloat16 else torch.float16)
 
 
 CP_CASES = [  # method, layout, rotate, mask options
@@ -312,15 +344,3 @@ def test_alibi_slopes_grad(dtype, variant, mask, softcap):
                            softcap=softcap, variant=variant, **opts)
     reference.check("o (constant slopes)", o_fixed, o_ref, dtype)
     assert fixed.grad is None
-
-
-def test_alibi_slopes_grad_refused():
-    """varlen, where side tensors get no gradient: slopes that require one
-    are refused by name (detached, they run as before)."""
-    q, k, v, _ = reference.inputs(1, 2, 2, 8, 8, 32, torch.float32, 1)
-    slopes = torch.tensor([0.25, 0.5], requires_grad=True)
-    cu = torch.tensor([0, 8], dtype=torch.int32)
-    qkv = [t[0].transpose(0, 1) for t in (q, k, v)]
-    with pytest.raises(attnjit.InvalidArgError, match="alibi_slopes requires grad"):
-        at.attention_varlen(*qkv, cu, cu, 8, 8, alibi_slopes=slopes)
-    at.attention_varlen(*qkv, cu, cu, 8, 8, alibi_slopes=slopes.detach())

@@ -92,7 +92,10 @@ typedef struct grad_case {
     bool sinks;       /* learned sinks too (tensor snk) */
     double dropout;   /* 0: none */
     bool bias;        /* bias = add, of shape (1, Hq, Sq, Sk) (efficient) */
+    const int *lens_q, *lens_k;   /* layout = varlen: b sequences' lengths (sq, sk: the longest) */
 } grad_case;
+
+enum { SEQS_MAX = 8 };
 
 static aj_op *case_op(const grad_case *c, aj_kind kind, const char *label)
 {
@@ -101,6 +104,8 @@ static aj_op *case_op(const grad_case *c, aj_kind kind, const char *label)
         snprintf(dropout, sizeof dropout, "  dropout = %g\n", c->dropout);
     if (c->bias)
         strcat(dropout, "  bias = add\n");
+    if (c->lens_q)
+        strcat(dropout, "  layout = varlen\n");
     /* with sinks: their tensor declared last, `sinks = snk` */
     snprintf(spec, sizeof spec,
              "attention %s %s {\n  dtype = %s\n  head_dim = %d\n  tensors = %.*s%s\n"
@@ -191,22 +196,37 @@ static void run_case(const grad_case *c, const char *label)
         grads[ngrad++] = t;
     }
 
+    /* padded: BHSD, LSE [B, Hq, Sq]; varlen: THD packed over the
+     * sequences, LSE [Hq, Tq] */
+    int32_t cu_q[SEQS_MAX + 1] = {0}, cu_k[SEQS_MAX + 1] = {0};
+    for (int s = 0; c->lens_q && s < c->b; s++)
+        cu_q[s + 1] = cu_q[s] + c->lens_q[s], cu_k[s + 1] = cu_k[s] + c->lens_k[s];
+    const int rank = c->lens_q ? 3 : 4;
+    const int64_t(*shapes)[4] = c->lens_q
+        ? (const int64_t[3][4]){{cu_q[c->b], c->hq, c->d}, {cu_k[c->b], c->hkv, c->d},
+                                {c->hq, cu_q[c->b]}}
+        : (const int64_t[3][4]){{c->b, c->hq, c->sq, c->d}, {c->b, c->hkv, c->sk, c->d},
+                                {c->b, c->hq, c->sq}};
     tensor q, k, v, o, dout, lse, dq, dk, dv;
-    int64_t qs[4] = {c->b, c->hq, c->sq, c->d}, ks[4] = {c->b, c->hkv, c->sk, c->d};
-    tensor_make(&q, dev, c->dtype, 4, qs);
-    tensor_make(&k, dev, c->dtype, 4, ks);
-    tensor_make(&v, dev, c->dtype, 4, ks);
-    tensor_make(&o, dev, c->dtype, 4, qs);
-    tensor_make(&dout, dev, c->dtype, 4, qs);
-    tensor_make(&lse, dev, AJ_DTYPE_F32, 3, (int64_t[]){c->b, c->hq, c->sq});
-    tensor_make(&dq, dev, c->dtype, 4, qs);
-    tensor_make(&dk, dev, c->dtype, 4, ks);
-    tensor_make(&dv, dev, c->dtype, 4, ks);
+    tensor *const rows_q[] = {&q, &o, &dout, &dq}, *const rows_k[] = {&k, &v, &dk, &dv};
+    for (int i = 0; i < 4; i++) {
+        tensor_make(rows_q[i], dev, c->dtype, rank, shapes[0]);
+        tensor_make(rows_k[i], dev, c->dtype, rank, shapes[1]);
+    }
+    tensor_make(&lse, dev, AJ_DTYPE_F32, rank - 1, shapes[2]);
     fill(&q, 1.5, &rng);
     fill(&k, 1.5, &rng);
     fill(&v, 1.0, &rng);
     fill(&dout, 1.0, &rng);
     ref_problem p = ref_problem_of(c->b, c->hq, c->hkv, c->sq, c->sk, c->d, c->d);
+    void *dcu[2] = {NULL, NULL};
+    if (c->lens_q) {
+        p.cu_q = cu_q, p.cu_k = cu_k;
+        CHECK(aj_device_alloc(dev, sizeof cu_q, &dcu[0]) == AJ_OK);
+        CHECK(aj_device_alloc(dev, sizeof cu_k, &dcu[1]) == AJ_OK);
+        CHECK(aj_device_copy_to(dev, dcu[0], cu_q, sizeof cu_q) == AJ_OK);
+        CHECK(aj_device_copy_to(dev, dcu[1], cu_k, sizeof cu_k) == AJ_OK);
+    }
     ref_mask(c->mask, &p);
     ref_use_expressions(&p, fop, host.t, info.num_tensors);
     double sinks[64];
@@ -243,6 +263,10 @@ static void run_case(const grad_case *c, const char *label)
     ba.seed = p.seed, ba.offset = p.offset;
     if (c->bias)
         ba.bias = bias.t, ba.dbias = dbias.t;
+    if (c->lens_q) {
+        ba.cu_seqlens_q = dcu[0], ba.cu_seqlens_k = dcu[1];
+        ba.batch = c->b, ba.max_seqlen_q = c->sq, ba.max_seqlen_k = c->sk;
+    }
     if (!run_dside(bk, ba, dside, ngrad, 0, label))
         goto out;
     const size_t n_all = q.n + k.n + v.n + dbias.n;
@@ -323,6 +347,8 @@ out:
         tensor_release(&bias);
         tensor_release(&dbias);
     }
+    aj_device_free(dev, dcu[0]);
+    aj_device_free(dev, dcu[1]);
     for (int t = 0; t < info.num_tensors; t++)
         aj_device_free(dev, dmem[t]);
     for (int x = 0; x < ngrad; x++)
@@ -445,15 +471,12 @@ static void test_errors(void)
         aj_op_destroy(op);
     }
     /* one load more than the gradient stages take (test_loads takes them
-     * all); varlen */
+     * all) */
     char spec[4600];
     snprintf(spec, sizeof spec, "attention backward efficient { dtype = f32 head_dim = 32 "
              "tensors = (rb: f32[1] grad) score_mod = expr(%s) }",
              loads_mod(AJ_GRAD_LOADS_MAX + 1));
     check_unsupported(spec, "reads grad tensors at more than 32 places");
-    check_unsupported("attention backward flash { dtype = f16 head_dim = 32 tensors = (rb: "
-                      "f32[1] grad) score_mod = expr(score + rb[q - k]) layout = varlen }",
-                      "side tensors");
     /* the builder: set, read back, print, parse back */
     aj_op *op = NULL;
     CHECK(aj_op_create(ctx, AJ_KIND_BACKWARD, AJ_VARIANT_FLASH, &op) == AJ_OK);
@@ -570,7 +593,30 @@ static void test_loads(void)
     }
 }
 
-static void (*const tests[])(void) = {test_sweep, test_random, test_loads, test_errors, NULL};
+/* layout = varlen: sequences of 5, 0, 13 and 1 queries (9, 3, 13 and 1
+ * keys), b the sequence and a part's rows its own; four score_mods,
+ * causal(bottom_right) per sequence; flash on sim and cpu, efficient on
+ * cpu (sim's efficient backward has no varlen). */
+static void test_varlen(void)
+{
+    static const int lens_q[4] = {5, 0, 13, 1}, lens_k[4] = {9, 3, 13, 1};
+    const int cpu = aj_device_target(dev) == AJ_TARGET_CPU;
+    for (int m = 0; m < 4; m++)
+        for (int var = 0; var < (cpu ? 2 : 1); var++) {
+            grad_case c = sweep_case(m * 8 + var * 4 + 1, cpu ? 3 : 2);
+            c.b = 4, c.sq = 13, c.sk = 13;
+            c.lens_q = lens_q, c.lens_k = lens_k;
+            c.bias = false, c.fd = false;
+            char label[256];
+            snprintf(label, sizeof label, "varlen %s %s %s d%d %s hq%d/%d%s%s", c.name,
+                     aj_variant_name(c.variant), aj_dtype_name(c.dtype), c.d, c.mask, c.hq,
+                     c.hkv, c.sinks ? " sinks" : "", c.dropout > 0 ? " dropout" : "");
+            run_case(&c, label);
+        }
+}
+
+static void (*const tests[])(void) = {test_sweep, test_random, test_loads, test_varlen,
+                                      test_errors, NULL};
 
 int main(int argc, char **argv)
 {

@@ -577,21 +577,24 @@ def _attention_varlen_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
                           alibi_slopes: Optional[torch.Tensor], side: List[torch.Tensor],
                           rng: Optional[torch.Tensor], variant: str,
                           body: str
-                          ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+                          ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                                     List[torch.Tensor]]:
     q, k, v, do = _aligned(q), _aligned(k), _aligned(v), _aligned(do)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     dsinks = _dsinks_like(q, body)
+    dside = _dside_like(side, body)
     backward_into(do, q, k, v, o, lse, dq, dk, dv, None, None, alibi_slopes, side, rng,
                   variant, body, varlen=(cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                                         max_seqlen_k), dsinks=dsinks if dsinks.numel() else None)
-    return dq, dk, dv, dsinks
+                                         max_seqlen_k), dsinks=dsinks if dsinks.numel() else None,
+                  dside=dside if any(_side_grad_flags(body)) else None)
+    return dq, dk, dv, dsinks, dside
 
 
 @_attention_varlen_bwd.register_fake
 def _attention_varlen_bwd_fake(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                max_seqlen_k, alibi_slopes, side, rng, variant, body):
     return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v),
-            _dsinks_like(q, body))
+            _dsinks_like(q, body), _dside_like(side, body))
 
 
 def _setup_varlen_context(ctx, inputs, output):
@@ -604,13 +607,13 @@ def _setup_varlen_context(ctx, inputs, output):
 
 def _varlen_backward(ctx, do, dlse):
     q, k, v, o, lse, cu_q, cu_k, alibi_slopes, rng, *side = ctx.saved_tensors
-    dq, dk, dv, dsinks = torch.ops.attnjit.attention_varlen_bwd(
+    dq, dk, dv, dsinks, dside = torch.ops.attnjit.attention_varlen_bwd(
         do, q, k, v, o, lse, cu_q, cu_k, *ctx.bounds, alibi_slopes, side, rng, ctx.variant,
         ctx.body)
     # one gradient per input: q, k, v, cu_q, cu_k, max_q, max_k, alibi_slopes, side, rng,
     # variant, body
-    return (dq, dk, dv, None, None, None, None, None, _side_grads(side, ctx.body, dsinks),
-            None, None, None)
+    return (dq, dk, dv, None, None, None, None, None,
+            _side_grads(side, ctx.body, dsinks, dside=dside), None, None, None)
 
 
 _attention_varlen_fwd.register_autograd(_varlen_backward, setup_context=_setup_varlen_context)
@@ -717,23 +720,13 @@ def _prepare(q, k, v, causal, window, softcap, alibi_slopes, bias, scale, dropou
         raise _fail("variant = %r; want 'flash' or 'efficient'" % (variant,))
     tensors = dict(tensors or {})
     side, decls = [], []
-    # what the backward's side-tensor gradients need (docs/ir.md)
-    why_not = "layout = %s" % layout if layout != "padded" else None
     for name, t in tensors.items():
         grad = t.is_floating_point() and t.requires_grad and torch.is_grad_enabled()
-        if grad and why_not:
-            raise _fail("tensors[%r] requires grad, but the gradients of side tensors are not "
-                        "computed with %s (docs/ir.md 'Gradients of side tensors'); detach it "
-                        "to use it as a constant" % (name, why_not))
         decls.append(_side_decl(name, t, grad))
         side.append(t.to(device=q.device, dtype=torch.float32 if t.is_floating_point()
                          else torch.int32))
     alibi = alibi_slopes is not None
     alibi_grad = alibi and alibi_slopes.requires_grad and torch.is_grad_enabled()
-    if alibi_grad and why_not:
-        raise _fail("alibi_slopes requires grad, but the gradients of side tensors (the "
-                    "slopes' among them) are not computed with %s (docs/ir.md 'Gradients of "
-                    "side tensors'); detach them to use them as constants" % why_not)
     if alibi:
         alibi_slopes = alibi_slopes.to(device=q.device, dtype=torch.float32).contiguous()
     if bias is not None:
