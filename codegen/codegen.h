@@ -118,7 +118,8 @@ struct aj_kernel {
     aj_compile_stats stats;
     aj_op_info op;               /* what the kernel computes, for launches */
     int32_t sinks;               /* the op's sinks tensor, an index in op.tensors; -1: none */
-    uint32_t tensor_grad;        /* bit t: op.tensors[t] is grad (a backward's) */
+    uint32_t tensor_grad;        /* bit t: op.tensors[t] is grad, bit num_tensors alibi's
+                                  * slopes (a backward's: aj_op_grad_bits) */
     char *object;                /* sim, cpu: the host object code (ELF) */
     size_t object_size;
     void *jit;                   /* sim, cpu: the LLJIT that runs the object */

@@ -347,7 +347,8 @@ aj_status aj_kernel_deserialize(aj_ctx *ctx, const uint8_t *data, size_t size,
         r.failed = 1;
     uint32_t tensor_grad = 0;
     get(&r, &tensor_grad, 4);
-    if (op.num_tensors < 32 && tensor_grad >> op.num_tensors)
+    /* the op's tensors, and alibi's slopes after them (aj_op_grad_bits) */
+    if (tensor_grad >> op.num_tensors > (op.score_mod == AJ_SCORE_MOD_ALIBI ? 1u : 0u))
         r.failed = 1;
     int32_t num_stages = 0;
     get(&r, &num_stages, 4);

@@ -378,7 +378,12 @@ aj_status aj_cp_side_grad_check(aj_ctx *ctx, const aj_op *op, const aj_ring_bwd_
         aj_op_get_tensor_grad(op, t, &g);
         grads |= (uint32_t)g << t;
     }
-    aj_status st = aj_check_dside_outputs(ctx, fn, &info, grads, a->side, a->num_side, a->dside,
+    bool slopes = false;   /* alibi(grad): the input after the op's tensors */
+    aj_op_get_alibi_grad(op, &slopes);
+    grads |= (uint32_t)slopes << info.num_tensors;
+    aj_side_tensor inputs[AJ_OP_TENSORS_MAX + 1];
+    const int n = aj_grad_inputs(&info, a->side, a->num_side, &a->alibi_slopes, inputs);
+    aj_status st = aj_check_dside_outputs(ctx, fn, &info, grads, inputs, n, a->dside,
                                           a->num_dside);
     for (int i = 0; st == AJ_OK && i < a->num_dside; i++) {   /* and contiguous */
         const aj_side_tensor *d = &a->dside[i];

@@ -1051,9 +1051,9 @@ typedef struct bwd_parts {
     /* the grad side tensors' gradients (args->dside): each launch's, in
      * device memory and its host copy, and this rank's sums (host) */
     int nside;
-    aj_side_tensor side[AJ_OP_TENSORS_MAX];
-    void *side_h[AJ_OP_TENSORS_MAX];
-    float *side_acc[AJ_OP_TENSORS_MAX];
+    aj_side_tensor side[AJ_OP_TENSORS_MAX + 1];   /* the tensors', then alibi's slopes */
+    void *side_h[AJ_OP_TENSORS_MAX + 1];
+    float *side_acc[AJ_OP_TENSORS_MAX + 1];
 } bwd_parts;
 
 /* A gradient part of `bytes`: in device memory, and its host copy (where

@@ -460,6 +460,8 @@ aj_status aj_op_set_tensor_grad(aj_op *op, const char *name, bool grad)
     AJ_OP_ARG(op);
     if (!name)
         return op_fail(op, AJ_ERR_INVALID_ARG, "%s: name is NULL", __func__);
+    if (strcmp(name, "alibi_slopes") == 0)
+        return aj_op_set_alibi_grad(op, grad);
     for (int i = 0; i < op->tensor_count; i++) {
         if (strcmp(op->tensors[i].name, name) != 0)
             continue;
@@ -509,6 +511,34 @@ aj_status aj_op_set_alibi(aj_op *op)
     AJ_OP_ARG(op);
     return set_score_mod(op, __func__,
                          (aj_score_mod_spec){ .kind = AJ_SCORE_MOD_ALIBI });
+}
+
+aj_status aj_op_set_alibi_grad(aj_op *op, bool grad)
+{
+    AJ_OP_ARG(op);
+    if (op->score_mod.kind != AJ_SCORE_MOD_ALIBI)
+        return op_fail(op, AJ_ERR_INVALID_ARG, "%s: the score_mod is %s; only alibi's slopes "
+                       "take this flag (a side tensor's gradient: aj_op_set_tensor_grad)",
+                       __func__, aj_score_mod_names[op->score_mod.kind]);
+    aj_op cand = *op;
+    cand.score_mod.grad = grad;
+    return set_field(op, __func__, &cand, AJ_FIELD_SCORE_MOD);
+}
+
+aj_status aj_op_get_alibi_grad(const aj_op *op, bool *grad)
+{
+    AJ_OP_ARG(op);
+    AJ_CHECK_ARG(op->ctx, grad, "aj_op_get_alibi_grad: grad is NULL");
+    *grad = op->score_mod.kind == AJ_SCORE_MOD_ALIBI && op->score_mod.grad;
+    return AJ_OK;
+}
+
+uint32_t aj_op_grad_bits(const aj_op *op)
+{
+    if (op->kind != AJ_KIND_BACKWARD)
+        return 0;
+    uint32_t slopes = op->score_mod.kind == AJ_SCORE_MOD_ALIBI && op->score_mod.grad;
+    return op->tensor_grad | slopes << op->tensor_count;
 }
 
 aj_status aj_op_set_scale(aj_op *op, double scale)

@@ -36,6 +36,7 @@ typedef struct aj_score_mod_spec {
     aj_score_mod kind;
     double softcap;        /* softcap only; finite, > 0 */
     uint16_t root;         /* expr only: its tree in aj_op.expr */
+    bool grad;             /* alibi only: its slopes get a gradient (alibi(grad)) */
 } aj_score_mod_spec;
 
 struct aj_op {
@@ -185,6 +186,11 @@ bool aj_scale_ok(double scale, char *msg, size_t cap);
 /* The scope an op's mask (score_mod false) or score_mod expression is
  * typed in: the op's tensors, and `score` for the score_mod. */
 aj_expr_scope aj_op_expr_scope(const aj_op *op, bool score_mod);
+
+/* The tensors a backward's gradient is asked for, bit t: the op's
+ * tensor_grad, and bit tensor_count for alibi(grad)'s slopes (the score
+ * program's tensor after the op's own); 0 for other kinds. */
+uint32_t aj_op_grad_bits(const aj_op *op);
 
 /* Parses `text` (len bytes), an expression of the op's mask (score_mod
  * false) or score_mod, into op->expr, typed against op's tensors; the root

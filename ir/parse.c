@@ -599,7 +599,7 @@ done:
     return st;
 }
 
-/* score_mod = none | softcap(NUMBER) | alibi | expr(E) */
+/* score_mod = none | softcap(NUMBER) | alibi | alibi(grad) | expr(E) */
 static aj_status parse_score_mod(parser *p, aj_score_mod_spec *mod)
 {
     int kind = 0;
@@ -612,6 +612,15 @@ static aj_status parse_score_mod(parser *p, aj_score_mod_spec *mod)
                                 .root = AJ_EXPR_NONE };
     if (kind == AJ_SCORE_MOD_EXPR)
         return defer_expr(p, &p->deferred[1]);
+    if (kind == AJ_SCORE_MOD_ALIBI && p->lx.tok.kind == TOK_LPAREN) {
+        AJ_TRY(next(p));
+        if (!is_word(&p->lx.tok, "grad"))
+            return expected(p, "grad (alibi(grad): the slopes get a gradient)");
+        mod->grad = true;
+        AJ_TRY(next(p));
+        AJ_TRY(expect(p, TOK_RPAREN, "alibi(grad"));
+        return AJ_OK;
+    }
     if (kind != AJ_SCORE_MOD_SOFTCAP)
         return AJ_OK;
     AJ_TRY(expect(p, TOK_LPAREN, "'softcap'"));

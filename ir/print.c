@@ -240,6 +240,8 @@ static void print_value(text_buf *t, const aj_op *op, aj_field field)
             return;
         }
         emit(t, "%s", aj_score_mod_names[op->score_mod.kind]);
+        if (op->score_mod.kind == AJ_SCORE_MOD_ALIBI && op->score_mod.grad)
+            emit(t, "(grad)");
         if (op->score_mod.kind == AJ_SCORE_MOD_SOFTCAP) {
             emit(t, "(");
             emit_number(t, op->score_mod.softcap);

@@ -217,7 +217,7 @@ static aj_status compile_one(aj_ctx *ctx, aj_kernel_cache *cache, const aj_op *o
     AJ_TRY(aj_codegen_run(ctx, op, opt, entry, tmpl->build, NULL, out));
     aj_op_get_info(op, &(*out)->op);
     (*out)->sinks = op->sinks - 1;
-    (*out)->tensor_grad = op->kind == AJ_KIND_BACKWARD ? op->tensor_grad : 0;
+    (*out)->tensor_grad = aj_op_grad_bits(op);
     if (cached)
         aj_cache_store(ctx, cache, kind, key, *out);
 done:

@@ -609,8 +609,8 @@ static aj_status run_stages(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel
         }
         for (int i = 0; i < call->dside.count && st == AJ_OK; i++) {
             const aj_side_tensor *out = &a->dside[i];
-            int t = 0;
-            while (strcmp(kernel->op.tensors[t].name, out->name) != 0)
+            int t = 0;   /* checked: one of the op's tensors, else alibi's slopes */
+            while (t < kernel->op.num_tensors && strcmp(kernel->op.tensors[t].name, out->name))
                 t++;
             fwd_sizes one = sz;
             one.dside_elements = 1;

@@ -127,38 +127,66 @@ const aj_side_tensor *aj_side_named(const aj_side_tensor *side, int32_t n, const
     return NULL;
 }
 
+int aj_grad_inputs(const aj_op_info *op, const aj_side_tensor *side, int32_t num_side,
+                   const aj_tensor *slopes, aj_side_tensor out[AJ_OP_TENSORS_MAX + 1])
+{
+    int n = 0;
+    for (; n < op->num_tensors; n++) {
+        const aj_side_tensor *given = aj_side_named(side, num_side, op->tensors[n].name);
+        out[n] = given ? *given : (aj_side_tensor){0};
+    }
+    if (op->score_mod == AJ_SCORE_MOD_ALIBI) {
+        out[n] = (aj_side_tensor){0};
+        if (slopes && slopes->data && slopes->rank == 1 && slopes->dtype == AJ_DTYPE_F32)
+            out[n] = (aj_side_tensor){"alibi_slopes", slopes->data, AJ_SIDE_F32, 1,
+                                      {slopes->shape[0]}, {slopes->strides[0]}};
+        n++;
+    }
+    return n;
+}
+
+/* Input t's name and rank, as the op declares them (alibi's slopes: t =
+ * num_tensors). */
+static const char *input_name(const aj_op_info *op, int t, int *rank)
+{
+    *rank = t < op->num_tensors ? op->tensors[t].rank : 1;
+    return t < op->num_tensors ? op->tensors[t].name : "alibi_slopes";
+}
+
 aj_status aj_check_dside_outputs(aj_ctx *ctx, const char *fn, const aj_op_info *op,
-                                 uint32_t tensor_grad, const aj_side_tensor *side,
-                                 int32_t num_side, const aj_side_tensor *dside, int32_t num_dside)
+                                 uint32_t tensor_grad, const aj_side_tensor *inputs,
+                                 int32_t num_inputs, const aj_side_tensor *dside,
+                                 int32_t num_dside)
 {
     AJ_CHECK_ARG(ctx, num_dside >= 0 && (num_dside == 0 || dside),
                  "%s: num_dside = %d with dside %s; want a count of 0 or more, and the tensors "
                  "when it is not 0", fn, (int)num_dside, dside ? "given" : "NULL");
     if (num_dside == 0)
         return AJ_OK;
-    AJ_CHECK_ARG(ctx, num_side >= 0 && (num_side == 0 || side),
-                 "%s: num_side = %d with side %s", fn, (int)num_side, side ? "given" : "NULL");
-    for (int t = 0; t < op->num_tensors; t++) {
-        const aj_side_tensor *given = aj_side_named(side, num_side, op->tensors[t].name);
-        AJ_CHECK_ARG(ctx, !(tensor_grad >> t & 1u) || (given && given->rank == op->tensors[t].rank),
-                     "%s: side tensor '%s' (%s[%d], grad) is not given", fn, op->tensors[t].name,
-                     aj_side_dtype_names[op->tensors[t].dtype], (int)op->tensors[t].rank);
+    int rank;
+    for (int t = 0; t < num_inputs; t++) {
+        const char *name = input_name(op, t, &rank);
+        AJ_CHECK_ARG(ctx, !(tensor_grad >> t & 1u) || (inputs[t].name && inputs[t].rank == rank),
+                     "%s: side tensor '%s' (f32[%d], grad) is not given", fn, name, rank);
     }
     for (int i = 0; i < num_dside; i++) {
         const aj_side_tensor *d = &dside[i];
         int t = -1;
-        for (int x = 0; x < op->num_tensors && t < 0; x++)
-            if (d->name && strcmp(d->name, op->tensors[x].name) == 0)
+        for (int x = 0; x < num_inputs && t < 0; x++)
+            if (d->name && strcmp(d->name, input_name(op, x, &rank)) == 0)
                 t = x;
         AJ_CHECK_ARG(ctx, t >= 0, "%s: dside[%d] ('%s') is not a tensor the op declares", fn, i,
                      d->name ? d->name : "(null)");
+        input_name(op, t, &rank);
+        AJ_CHECK_ARG(ctx, tensor_grad >> t & 1u || t < op->num_tensors,
+                     "%s: dside[%d]: alibi's slopes are not declared grad (score_mod = "
+                     "alibi(grad))", fn, i);
         AJ_CHECK_ARG(ctx, tensor_grad >> t & 1u, "%s: dside[%d]: tensor '%s' is not declared "
-                     "grad (tensors = (%s: f32[%d] grad))", fn, i, d->name, d->name,
-                     (int)op->tensors[t].rank);
+                     "grad (tensors = (%s: f32[%d] grad))", fn, i, d->name, d->name, rank);
         for (int j = 0; j < i; j++)
             AJ_CHECK_ARG(ctx, strcmp(dside[j].name, d->name) != 0,
                          "%s: dside[%d] and dside[%d] both name '%s'", fn, j, i, d->name);
-        const aj_side_tensor *given = aj_side_named(side, num_side, d->name);
+        const aj_side_tensor *given = &inputs[t];
         AJ_CHECK_ARG(ctx, d->data, "%s: dside '%s' has no data", fn, d->name);
         AJ_CHECK_ARG(ctx, d->dtype == AJ_SIDE_F32 && d->rank == given->rank,
                      "%s: dside '%s' is %s[%d]; want f32[%d] (the gradient of side tensor "
@@ -184,17 +212,19 @@ aj_status aj_check_dside(aj_ctx *ctx, const char *fn, const aj_op_info *op, uint
                          dside_plan *plan)
 {
     memset(plan, 0, sizeof *plan);
-    aj_status st = aj_check_dside_outputs(ctx, fn, op, tensor_grad, a->side, a->num_side,
-                                          a->dside, a->num_dside);
+    aj_side_tensor inputs[AJ_OP_TENSORS_MAX + 1];
+    const int n = aj_grad_inputs(op, a->side, a->num_side, &a->alibi_slopes, inputs);
+    aj_status st = aj_check_dside_outputs(ctx, fn, op, tensor_grad, inputs, n, a->dside,
+                                          a->num_dside);
     if (st != AJ_OK || a->num_dside == 0)
         return st;
-    /* each grad tensor's elements, from its side tensor (given: checked) */
-    for (int t = 0; t < op->num_tensors; t++) {
+    /* each grad tensor's elements, from its side tensor (given: checked),
+     * in the score program's order (templates/side_grad.c part_layout) */
+    for (int t = 0; t < n; t++) {
         if (!(tensor_grad >> t & 1u))
             continue;
         plan->base[t] = plan->part_size;
-        plan->part_size += aj_side_numel(aj_side_named(a->side, a->num_side,
-                                                       op->tensors[t].name));
+        plan->part_size += aj_side_numel(&inputs[t]);
     }
     /* about 256 parts in all: one per (b, h) at least, one per 16 rows at
      * most, fewer where the sums would pass AJ_DSIDE_BYTES_MAX; or the

@@ -43,7 +43,8 @@ typedef struct dside_plan {
     int32_t count;                    /* outputs asked for (aj_bwd_args.dside) */
     int64_t parts, rows;              /* parts per (b, h), the rows each covers */
     int64_t part_size, parts_total;   /* elements of a part; parts in all */
-    int64_t base[AJ_OP_TENSORS_MAX];  /* each grad tensor's first element in a part */
+    int64_t base[AJ_OP_TENSORS_MAX + 1];   /* each grad input's first element in a part
+                                         * (aj_grad_inputs' order) */
     int64_t offset;                   /* the first part's element in the workspace */
 } dside_plan;
 

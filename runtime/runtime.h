@@ -175,15 +175,23 @@ const aj_side_tensor *aj_side_named(const aj_side_tensor *side, int32_t n, const
 /* The elements of side tensor t (its shape's product; a dim below 1
  * counts 0). */
 int64_t aj_side_numel(const aj_side_tensor *t);
-/* Checks outputs dside[0 .. num_dside) of the grad side tensors (as
- * `fn`) against the op's grad tensors (tensor_grad, bit t) and the side
- * tensors given: every grad tensor given; each output names one, once,
- * with data, f32 of its side tensor's rank and shape, strides >= 0 that
- * keep elements apart.  aj_backward's and the rings' (which also want
- * them contiguous). */
+/* The inputs a backward may give gradients of, in the score program's
+ * order (templates/score.h): the op's declared tensors as found by name
+ * in side (zeroed where not given), then, for score_mod = alibi, its
+ * slopes as a side tensor named "alibi_slopes" (zeroed where not f32 of
+ * rank 1).  Returns their count. */
+int aj_grad_inputs(const aj_op_info *op, const aj_side_tensor *side, int32_t num_side,
+                   const aj_tensor *slopes, aj_side_tensor out[AJ_OP_TENSORS_MAX + 1]);
+/* Checks outputs dside[0 .. num_dside) (as `fn`) against the inputs the
+ * op asks gradients of (tensor_grad, bit t: aj_op_grad_bits) and those
+ * inputs (aj_grad_inputs): every grad input given; each output names
+ * one, once, with data, f32 of its input's rank and shape, strides >= 0
+ * that keep elements apart.  aj_backward's and the rings' (which also
+ * want them contiguous). */
 aj_status aj_check_dside_outputs(aj_ctx *ctx, const char *fn, const aj_op_info *op,
-                                 uint32_t tensor_grad, const aj_side_tensor *side,
-                                 int32_t num_side, const aj_side_tensor *dside, int32_t num_dside);
+                                 uint32_t tensor_grad, const aj_side_tensor *inputs,
+                                 int32_t num_inputs, const aj_side_tensor *dside,
+                                 int32_t num_dside);
 
 /* The side tensors a score program reads (templates/score.h: the op's
  * declared tensors in order, then alibi's `slopes`), each found by name in

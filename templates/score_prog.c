@@ -563,7 +563,7 @@ static aj_status build(aj_ctx *ctx, const aj_op *op, aj_score_prog *p)
         return st;
     builder bd = {p, {p->tensors, AJ_OP_TENSORS_MAX + 1, true}, true, NONE, NULL};
     bd.scope.count = p->tensor_count;
-    p->tensor_grad = op->kind == AJ_KIND_BACKWARD ? op->tensor_grad : 0;
+    p->tensor_grad = aj_op_grad_bits(op);
     if (p->mod != NONE) {
         uint16_t reads[AJ_EXPR_NODES_MAX], memo[AJ_EXPR_NODES_MAX];
         mark_reads(p, reads);

@@ -268,6 +268,13 @@ aj_status aj_op_set_mask_window(aj_op *op, int64_t left, int64_t right,
 aj_status aj_op_set_score_mod_none(aj_op *op);
 aj_status aj_op_set_softcap(aj_op *op, double cap);
 aj_status aj_op_set_alibi(aj_op *op);
+/* score_mod = alibi only (the text form's `alibi(grad)`): the backward
+ * gives the slopes' gradient as the dside output named "alibi_slopes",
+ * f32 [heads_q_total], as a grad side tensor's (docs/ir.md "Gradients of
+ * side tensors").  aj_op_set_tensor_grad(op, "alibi_slopes", grad) is
+ * the same call.  Setting the score_mod again clears it. */
+aj_status aj_op_set_alibi_grad(aj_op *op, bool grad);
+aj_status aj_op_get_alibi_grad(const aj_op *op, bool *grad);
 /* Expressions (docs/ir.md, "Expressions").  aj_op_declare_tensor adds a
  * side input the expressions may read, after those declared before; name
  * is copied (an identifier of 1..AJ_OP_TENSOR_NAME_MAX characters that is
@@ -298,7 +305,7 @@ aj_status aj_op_get_sinks(const aj_op *op, int32_t *tensor);
  * declared f32 tensor `name` gets d(loss)/d(tensor) from the backward
  * (aj_bwd_args.dside), deterministic: the text form's `NAME: f32[R] grad`.
  * Not the sinks' tensor (its gradient is aj_bwd_args.dsinks).  A forward
- * ignores the flag. */
+ * ignores the flag.  Name "alibi_slopes" is aj_op_set_alibi_grad. */
 aj_status aj_op_set_tensor_grad(aj_op *op, const char *name, bool grad);
 /* Whether declared tensor `index` (in aj_op_info.tensors) is grad. */
 aj_status aj_op_get_tensor_grad(const aj_op *op, int32_t index, bool *grad);

@@ -716,6 +716,32 @@ static bool rel_grad(const ring_case *c)
     return c->rel && !c->docs;
 }
 
+/* x[0 .. n) rounded to dtype (as a kernel stores it), malloc'd. */
+static double *rounded(const double *x, size_t n, aj_dtype dtype)
+{
+    double *out = malloc((n + 1) * sizeof *out);
+    float *f = malloc((n + 1) * sizeof *f);
+    uint16_t *h = malloc((n + 1) * sizeof *h);
+    for (size_t i = 0; i < n; i++)
+        f[i] = (float)x[i];
+    if (dtype != AJ_DTYPE_F32) {
+        CHECK(aj_convert(f, AJ_DTYPE_F32, h, dtype, n) == AJ_OK);
+        CHECK(aj_convert(h, dtype, f, AJ_DTYPE_F32, n) == AJ_OK);
+    }
+    for (size_t i = 0; i < n; i++)
+        out[i] = f[i];
+    free(f);
+    free(h);
+    return out;
+}
+
+/* Whether it checks alibi's slopes' gradient (score_mod = alibi(grad)):
+ * padded too. */
+static bool alibi_grad(const ring_case *c)
+{
+    return c->alibi && !c->docs;
+}
+
 static aj_op *parse_op(const ring_case *c, const char *kind)
 {
     char mask[96], text[512];
@@ -742,7 +768,8 @@ static aj_op *parse_op(const ring_case *c, const char *kind)
     snprintf(text, sizeof text, "attention %s %s { dtype = %s head_dim = %d %s mask = %s "
              "score_mod = %s dropout = %g layout = %s }", kind, c->flash ? "flash" : "efficient",
              aj_dtype_name(c->dtype), HEAD_DIM, tensors, mask,
-             c->alibi ? "alibi" : c->rel ? REL_BIAS : "none", c->dropout,
+             c->alibi ? strcmp(kind, "backward") == 0 && alibi_grad(c) ? "alibi(grad)" : "alibi"
+                      : c->rel ? REL_BIAS : "none", c->dropout,
              c->docs ? "varlen" : "padded");
     aj_op *op = NULL;
     CHECK_STATUS(ctx, aj_op_parse(ctx, text, strlen(text), c->label, &op), AJ_OK);
@@ -990,16 +1017,37 @@ static void run_case(const ring_case *c)
     float dsinks[16];
     if (c->sinks)
         ba.dsinks = tensor_dims(dsinks, AJ_DTYPE_F32, 1, c->hq, 0, 0, 0);
-    float *drel = alloc64((size_t)c->hq * 9 * 4);
-    const aj_side_tensor drel_t = {"rel", drel, AJ_SIDE_F32, 2, {c->hq, 9}, {9, 1}};
+    float *drel = alloc64((size_t)c->hq * 9 * 4), dslopes[16];
+    aj_side_tensor dside[2];
+    int ndside = 0;
     if (rel_grad(c))
-        ba.dside = &drel_t, ba.num_dside = 1;
+        dside[ndside++] = (aj_side_tensor){"rel", drel, AJ_SIDE_F32, 2, {c->hq, 9}, {9, 1}};
+    if (alibi_grad(c))
+        dside[ndside++] = (aj_side_tensor){"alibi_slopes", dslopes, AJ_SIDE_F32, 1, {c->hq}, {1}};
+    ba.dside = dside, ba.num_dside = ndside;
     CHECK_STATUS(ctx, aj_ring_backward(ctx, dev, comm, bop, &ba, &bs), AJ_OK);
-    /* (the all-gathers of the sinks' and rel's gradients aside: the
-     * methods' own traffic) */
+    /* (the all-gathers of the sinks', rel's and the slopes' gradients
+     * aside: the methods' own traffic) */
     const uint64_t bwd_sent = aj_comm_bytes_sent(comm) - sent_before - fwd_sent -
                               (c->sinks ? (uint64_t)(size - 1) * (uint64_t)c->hq * 4 : 0) -
-                              (rel_grad(c) ? (uint64_t)(size - 1) * (uint64_t)c->hq * 9 * 4 : 0);
+                              (rel_grad(c) ? (uint64_t)(size - 1) * (uint64_t)c->hq * 9 * 4 : 0) -
+                              (alibi_grad(c) ? (uint64_t)(size - 1) * (uint64_t)c->hq * 4 : 0);
+    if (alibi_grad(c)) {   /* the whole gradient, on every rank */
+        /* from O as stored (the backward's rowsum(dO O)): a slope's terms
+         * weigh each row's by distances up to S, which cancel nothing */
+        double want_dsl[16], *o_st = rounded(o_ref, nq, dt);
+        ref_side_grad(&pr, q.ref, k.ref, v.ref, o_st, lse_ref, dout.ref, REF_ALIBI_SLOPES,
+                      want_dsl);
+        free(o_st);
+        double mx = 0;
+        for (int h = 0; h < c->hq; h++)
+            mx = fmax(mx, fabs(want_dsl[h]));
+        e = 0;
+        for (int h = 0; h < c->hq; h++)
+            e = fmax(e, fabs(dslopes[h] - want_dsl[h]) / (atol + rtol * mx + 1e-3));
+        CHECK_MSG(e <= 1.0, "rank %d: %s: dalibi_slopes error %.3g of the tolerance", rank,
+                  c->label, e);
+    }
     if (rel_grad(c)) {   /* the whole gradient, on every rank */
         double want_dr[16 * 9];
         ref_side_grad(&pr, q.ref, k.ref, v.ref, o_ref, lse_ref, dout.ref, nside - 1 - c->sinks,

@@ -510,6 +510,11 @@ typedef struct side_grad_out {
 static void side_grad_elem(void *user, const ref_elem *e)
 {
     side_grad_out *x = user;
+    if (x->tensor == REF_ALIBI_SLOPES) {   /* d(u - slope[h] |dist|) / d slope[h] */
+        int64_t dist = (x->p->q_offset + e->sl->q_base + e->i) - (x->p->kv_offset + e->j);
+        x->grad[e->sl->h] -= e->ds * (double)llabs(dist);
+        return;
+    }
     enum { LOADED_MAX = 64 };
     int64_t loaded[LOADED_MAX];
     int count = 0;
@@ -539,12 +544,18 @@ void ref_side_grad(const ref_problem *p, const double *q, const double *k, const
                    double *grad)
 {
     check_problem(p);
-    if (!p->score_expr || tensor < 0 || tensor >= p->tensor_count)
+    int64_t n = p->Hq;
+    if (tensor == REF_ALIBI_SLOPES) {
+        if (!p->alibi_slopes)
+            ref_fail("ref_side_grad: REF_ALIBI_SLOPES without alibi_slopes");
+    } else if (!p->score_expr || tensor < 0 || tensor >= p->tensor_count) {
         ref_fail("ref_side_grad: a score_mod expression and one of its tensors");
-    const aj_side_tensor *t = &p->tensors[tensor];
-    int64_t n = 1;
-    for (int d = 0; d < t->rank; d++)
-        n *= t->shape[d];
+    } else {
+        const aj_side_tensor *t = &p->tensors[tensor];
+        n = 1;
+        for (int d = 0; d < t->rank; d++)
+            n *= t->shape[d];
+    }
     memset(grad, 0, (size_t)n * sizeof *grad);
     side_grad_out x = {p, tensor, grad};
     each_visible(p, q, k, v, o, lse, dout, side_grad_elem, &x);

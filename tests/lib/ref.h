@@ -176,7 +176,9 @@ void ref_sinks_grad(const ref_problem *p, const double *o, const double *lse,
  * i, j)'s dS times
  * d score / d element, by the interpreter's dual numbers with the
  * element the variable (aj_expr_env.grad_tensor).  From the forward's o
- * and lse. */
+ * and lse.  tensor = REF_ALIBI_SLOPES: the gradient of the built-in
+ * alibi's slopes (p->alibi_slopes), [Hq]. */
+enum { REF_ALIBI_SLOPES = -1 };
 void ref_side_grad(const ref_problem *p, const double *q, const double *k, const double *v,
                    const double *o, const double *lse, const double *dout, int tensor,
                    double *grad);

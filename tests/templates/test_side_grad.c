@@ -11,7 +11,9 @@
  *     broadcast over the batch, in every third efficient one, its dbias
  *     checked too) over the score_mods users
  *     write (FlexAttention's learnable
- *     relative bias rb[abs(q - k)], ALiBi's slopes as a learned tensor, a
+ *     relative bias rb[abs(q - k)], ALiBi's slopes as a learned tensor
+ *     -- with every other mask the built-in `score_mod = alibi(grad)`,
+ *     its gradient output "alibi_slopes", against the same reference -- a
  *     per-head gate, a 2-D table, two loads of one tensor, a load past
  *     the tensor's end, a grad tensor only an index reads, a tensor read
  *     at the 32 places the stages take), head dims over 8 .. 256;
@@ -93,6 +95,10 @@ typedef struct grad_case {
     double dropout;   /* 0: none */
     bool bias;        /* bias = add, of shape (1, Hq, Sq, Sk) (efficient) */
     const int *lens_q, *lens_k;   /* layout = varlen: b sequences' lengths (sq, sk: the longest) */
+    /* the backward is the built-in score_mod = alibi(grad), its slopes
+     * aj_bwd_args.alibi_slopes; the reference is the mod, tensors
+     * "(slopes: f32[1] grad)" */
+    bool builtin_alibi;
 } grad_case;
 
 enum { SEQS_MAX = 8 };
@@ -107,13 +113,20 @@ static aj_op *case_op(const grad_case *c, aj_kind kind, const char *label)
     if (c->lens_q)
         strcat(dropout, "  layout = varlen\n");
     /* with sinks: their tensor declared last, `sinks = snk` */
+    char tensors[512], mod[4200];
+    snprintf(tensors, sizeof tensors, "  tensors = %.*s%s\n", (int)strlen(c->tensors) - 1,
+             c->tensors, c->sinks ? ", snk: f32[1])" : ")");
+    snprintf(mod, sizeof mod, "expr(%s)", c->mod);
+    if (c->builtin_alibi && kind == AJ_KIND_BACKWARD) {
+        snprintf(tensors, sizeof tensors, "%s", c->sinks ? "  tensors = (snk: f32[1])\n" : "");
+        snprintf(mod, sizeof mod, "alibi(grad)");
+    }
     snprintf(spec, sizeof spec,
-             "attention %s %s {\n  dtype = %s\n  head_dim = %d\n  tensors = %.*s%s\n"
-             "  mask = %s\n  score_mod = expr(%s)\n%s%s}\n",
+             "attention %s %s {\n  dtype = %s\n  head_dim = %d\n%s"
+             "  mask = %s\n  score_mod = %s\n%s%s}\n",
              kind == AJ_KIND_FORWARD ? "forward" : "backward",
              c->variant == AJ_VARIANT_EFFICIENT ? "efficient" : "flash", aj_dtype_name(c->dtype),
-             c->d, (int)strlen(c->tensors) - 1, c->tensors, c->sinks ? ", snk: f32[1])" : ")",
-             c->mask, c->mod, c->sinks ? "  sinks = snk\n" : "", dropout);
+             c->d, tensors, c->mask, mod, c->sinks ? "  sinks = snk\n" : "", dropout);
     return bwd_parse(ctx, spec, label);
 }
 
@@ -168,8 +181,10 @@ static void run_case(const grad_case *c, const char *label)
     aj_kernel *bk = compile(bop, label);
     if (!fop || !bk)
         goto out_ops;
+    /* the reference's tensors (built-in alibi: its slopes first, which
+     * the backward takes as alibi_slopes) */
     aj_op_info info;
-    CHECK(aj_op_get_info(bop, &info) == AJ_OK);
+    CHECK(aj_op_get_info(fop, &info) == AJ_OK);
     uint64_t rng = 77 + (uint64_t)cases;
     side_data host;
     side_make(&info, c->b, c->hq, c->sq, rng, &host);
@@ -186,13 +201,15 @@ static void run_case(const grad_case *c, const char *label)
         CHECK(aj_device_copy_to(dev, dmem[t], host.t[t].data, bytes) == AJ_OK);
         side[t].data = dmem[t];
         bool g = false;
-        CHECK(aj_op_get_tensor_grad(bop, t, &g) == AJ_OK);
+        CHECK(aj_op_get_tensor_grad(fop, t, &g) == AJ_OK);
         if (!g)
             continue;
         tensor_make(&gout[ngrad], dev, AJ_DTYPE_F32, host.t[t].rank, host.t[t].shape);
         poison(&gout[ngrad]);   /* every element must be written */
         dside[ngrad] = host.t[t];
         dside[ngrad].data = gout[ngrad].t.data;
+        if (c->builtin_alibi && t == 0)
+            dside[ngrad].name = "alibi_slopes";
         grads[ngrad++] = t;
     }
 
@@ -260,6 +277,10 @@ static void run_case(const grad_case *c, const char *label)
     ba.q = q.t, ba.k = k.t, ba.v = v.t, ba.o = o.t, ba.lse = lse.t;
     ba.do_ = dout.t, ba.dq = dq.t, ba.dk = dk.t, ba.dv = dv.t;
     ba.side = side, ba.num_side = info.num_tensors;
+    if (c->builtin_alibi) {   /* slopes: side[0] as a tensor */
+        ba.alibi_slopes = (aj_tensor){(void *)side[0].data, AJ_DTYPE_F32, 1, {c->hq}, {1}};
+        ba.side = side + 1, ba.num_side = info.num_tensors - 1;
+    }
     ba.seed = p.seed, ba.offset = p.offset;
     if (c->bias)
         ba.bias = bias.t, ba.dbias = dbias.t;
@@ -381,6 +402,7 @@ static grad_case sweep_case(int n, int dtypes)
         .sq = 9 + n % 3 * 10,
         .sk = 23 - n % 2 * 8,
         .fd = mk == 0 && var == 0,
+        .builtin_alibi = strcmp(mods[m].name, "alibi slopes") == 0 && mk % 2 == 1,
         .sinks = n % 5 == 3,
         .dropout = n % 7 == 4 ? 0.25 : 0.0,
         .bias = var == 1 && n % 3 == 0,
@@ -396,7 +418,8 @@ static void test_sweep(void)
         if (!check_sampled())
             continue;
         char label[256];
-        snprintf(label, sizeof label, "%s %s %s d%d %s hq%d/%d%s%s%s", c.name,
+        snprintf(label, sizeof label, "%s%s %s %s d%d %s hq%d/%d%s%s%s",
+                 c.builtin_alibi ? "built-in " : "", c.name,
                  aj_variant_name(c.variant), aj_dtype_name(c.dtype), c.d, c.mask, c.hq, c.hkv,
                  c.sinks ? " sinks" : "", c.dropout > 0 ? " dropout" : "",
                  c.bias ? " bias" : "");
@@ -450,6 +473,45 @@ static void check_unsupported(const char *spec, const char *needle)
     aj_op_destroy(op);
 }
 
+/* dside "alibi_slopes": refused where the op's slopes are not grad, and
+ * checked against alibi_slopes' shape where they are. */
+static void test_alibi_errors(void)
+{
+    static const char *const specs[2] = {
+        "attention backward efficient { dtype = f16 head_dim = 32 score_mod = alibi }",
+        "attention backward efficient { dtype = f16 head_dim = 32 score_mod = alibi(grad) }"};
+    tensor q, k, v, o, dout, lse, dq, dk, dv, slopes, dslopes;
+    int64_t qs[4] = {1, 2, 8, 32};
+    tensor *all[] = {&q, &k, &v, &o, &dout, &dq, &dk, &dv};
+    for (int i = 0; i < 8; i++)
+        tensor_make(all[i], dev, AJ_DTYPE_F16, 4, qs);
+    tensor_make(&lse, dev, AJ_DTYPE_F32, 3, (int64_t[]){1, 2, 8});
+    tensor_make(&slopes, dev, AJ_DTYPE_F32, 1, (int64_t[]){2});
+    tensor_make(&dslopes, dev, AJ_DTYPE_F32, 1, (int64_t[]){3});
+    aj_bwd_args ba = AJ_BWD_ARGS_INIT;
+    ba.q = q.t, ba.k = k.t, ba.v = v.t, ba.o = o.t, ba.lse = lse.t;
+    ba.do_ = dout.t, ba.dq = dq.t, ba.dk = dk.t, ba.dv = dv.t, ba.alibi_slopes = slopes.t;
+    aj_side_tensor d = {"alibi_slopes", dslopes.t.data, AJ_SIDE_F32, 1, {3}, {1}};
+    ba.dside = &d, ba.num_dside = 1;
+    static const char *const needles[2] = {"alibi's slopes are not declared grad",
+                                           "has shape[0] = 3; want 2"};
+    for (int i = 0; i < 2; i++) {
+        aj_op *op = bwd_parse(ctx, specs[i], "alibi errors");
+        aj_kernel *bk = compile(op, "alibi errors");
+        if (bk) {
+            CHECK_STATUS(ctx, aj_backward(ctx, dev, bk, &ba), AJ_ERR_INVALID_ARG);
+            CHECK_ERROR(ctx, needles[i]);
+        }
+        aj_kernel_destroy(bk);
+        aj_op_destroy(op);
+    }
+    for (int i = 0; i < 8; i++)
+        tensor_release(all[i]);
+    tensor_release(&lse);
+    tensor_release(&slopes);
+    tensor_release(&dslopes);
+}
+
 static void test_errors(void)
 {
     static const struct {
@@ -462,6 +524,10 @@ static void test_errors(void)
          "sinks = s }", "dsinks", AJ_ERR_VERIFY},
         {"attention backward flash { dtype = f16 head_dim = 32 tensors = (t: f32[1] gard) }",
          "'grad', ',' or ')'", AJ_ERR_PARSE},
+        {"attention backward flash { dtype = f16 head_dim = 32 score_mod = alibi(grd) }",
+         "expected grad (alibi(grad)", AJ_ERR_PARSE},
+        {"attention backward flash { dtype = f16 head_dim = 32 score_mod = alibi(grad }",
+         "')' after alibi(grad", AJ_ERR_PARSE},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         aj_op *op = NULL;
@@ -497,6 +563,20 @@ static void test_errors(void)
     CHECK(back && aj_op_get_tensor_grad(back, 0, &g) == AJ_OK && g);
     aj_op_destroy(back);
     aj_free(text);
+    aj_op_destroy(op);
+    /* alibi(grad): only on alibi, cleared with the score_mod, printed */
+    CHECK(aj_op_create(ctx, AJ_KIND_BACKWARD, AJ_VARIANT_FLASH, &op) == AJ_OK);
+    CHECK_STATUS(ctx, aj_op_set_alibi_grad(op, true), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "the score_mod is none; only alibi's slopes");
+    CHECK(aj_op_set_alibi(op) == AJ_OK && aj_op_set_tensor_grad(op, "alibi_slopes", true) == 0);
+    CHECK(aj_op_get_alibi_grad(op, &g) == AJ_OK && g);
+    CHECK(aj_op_print(op, &text) == AJ_OK && strstr(text, "score_mod = alibi(grad)") != NULL);
+    CHECK(text && aj_op_parse(ctx, text, strlen(text), "printed", &back) == AJ_OK);
+    g = false;
+    CHECK(back && aj_op_get_alibi_grad(back, &g) == AJ_OK && g);
+    aj_op_destroy(back);
+    aj_free(text);
+    CHECK(aj_op_set_alibi(op) == AJ_OK && aj_op_get_alibi_grad(op, &g) == AJ_OK && !g);
     aj_op_destroy(op);
 
     /* launch arguments */
@@ -573,6 +653,7 @@ static void test_errors(void)
     aj_device_free(dev, gdata);
     aj_kernel_destroy(bk);
     aj_op_destroy(bop);
+    test_alibi_errors();
 }
 
 /* A grad tensor read at the 32 places the stages take, on each variant
