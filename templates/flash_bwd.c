@@ -384,18 +384,7 @@ static void setup(fbwd *f, aj_kb *kb, const aj_op *op, const fbwd_plan *p,
     f->g = LLVMBuildLShr(f->b, f->lane, aj_kb_i32(f->kb, 2), "g");
     f->t = LLVMBuildAnd(f->b, f->lane, aj_kb_i32(f->kb, 3), "t");
     f->bidx = aj_kb_block_id(kb, 2);
-    if (op->layout == AJ_LAYOUT_VARLEN) {
-        aj_attn_varlen_seq seq;
-        aj_attn_varlen_seq_of(kb, f->bidx, &seq);
-        f->seq_q = seq.len_q;
-        f->seq_k = seq.len_k;
-        f->q_start = seq.start_q;
-        f->k_start = seq.start_k;
-    } else {
-        f->seq_q = aj_param(kb, AJ_PID(seq_q));
-        f->seq_k = aj_param(kb, AJ_PID(seq_k));
-        f->q_start = f->k_start = aj_kb_i64(kb, 0);
-    }
+    aj_kctx_sequence(&f->k, f->bidx, &f->q_start, &f->k_start);
     aj_attn_score_totals(kb, prog, op->layout, f->seq_q, f->seq_k, &f->sq, &f->sk);
 }
 

@@ -250,11 +250,6 @@ static aj_param_source out_tensor(const aj_op *op)
     return op->accumulate ? AJ_PSRC_o_acc : AJ_PSRC_o;
 }
 
-static int varlen(const ffwd *e)
-{
-    return e->op->layout == AJ_LAYOUT_VARLEN;
-}
-
 /* ptr addrspace(3) to byte `base + bytes` of shared memory.  Addresses are
  * built as one per-thread register plus a constant, so that ptxas folds
  * the constant into the instruction and no per-access address stays live
@@ -865,18 +860,8 @@ static aj_status ffwd_build(aj_kb *kb, const aj_op *op, void *user)
     LLVMValueRef h = aj_kb_block_id(kb, 1);
     LLVMValueRef bidx = aj_kb_block_id(kb, 2);
     e.m0 = LLVMBuildMul(b, mblk, aj_kb_i32(kb, p->bm), "m0");
-    LLVMValueRef q_start = aj_kb_i64(kb, 0), k_start = aj_kb_i64(kb, 0);
-    if (varlen(&e)) {
-        aj_attn_varlen_seq seq;
-        aj_attn_varlen_seq_of(kb, bidx, &seq);
-        e.seq_q = seq.len_q;
-        e.seq_k = seq.len_k;
-        q_start = seq.start_q;
-        k_start = seq.start_k;
-    } else {
-        e.seq_q = aj_param(kb, AJ_PID(seq_q));
-        e.seq_k = aj_param(kb, AJ_PID(seq_k));
-    }
+    LLVMValueRef q_start, k_start;
+    aj_kctx_sequence(&e.k, bidx, &q_start, &k_start);
     /* the grid covers the longest sequence; the CTAs past this one's end
      * have nothing to do */
     aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntSLT, e.m0, e.seq_q, ""));

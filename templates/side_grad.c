@@ -76,8 +76,7 @@ typedef struct side_grad {
     aj_kb *kb;
     const aj_op *op;
     const aj_score_prog *p;
-    aj_score s;
-    aj_kctx x;                       /* the dropout stream, the bias slice */
+    aj_kctx x;                       /* the scores, dropout stream, bias slice at (b, h) */
     LLVMValueRef bidx, h, hk;        /* i64 */
     LLVMValueRef q_start, k_start;   /* i64: the sequence's first packed row (varlen), else 0 */
     LLVMValueRef base[AJ_OP_TENSORS_MAX + 1];
@@ -127,7 +126,7 @@ static void terms(side_grad *g, LLVMValueRef i, LLVMValueRef j, LLVMValueRef del
     if (op->bias == AJ_BIAS_ADD)   /* the score_mod reads scale q.k + bias */
         t = LLVMBuildFAdd(b, t, aj_kctx_bias_at(&g->x, i, j), "");
     LLVMValueRef d[AJ_SCORE_GRADS_MAX], e[AJ_SCORE_GRADS_MAX];
-    LLVMValueRef s = aj_score_mod_side_grads(&g->s, t, i, j, d, e);
+    LLVMValueRef s = aj_score_mod_side_grads(&g->x.sc, t, i, j, d, e);
     LLVMValueRef p = aj_tail_exp(kb, LLVMBuildFSub(b, s, lse, ""));
     LLVMValueRef ds = LLVMBuildFMul(b, p, LLVMBuildFSub(b, dp, delta, ""), "ds");
     for (int k = 0; k < g->p->num_grads; k++) {
@@ -183,7 +182,7 @@ static void parts_simt(side_grad *g, LLVMValueRef part, LLVMValueRef tid, LLVMVa
     aj_kb_if_end(kb);
     aj_kb_barrier(kb);
     LLVMValueRef jlo, jhi;
-    aj_score_key_range(&g->s, i0, last, seq_k, &jlo, &jhi);
+    aj_score_key_range(&g->x.sc, i0, last, seq_k, &jlo, &jhi);
     LLVMValueRef j0 = aj_kb_for_begin(kb, jlo, LLVMBuildAdd(b, jhi, aj_kb_i32(kb, 1), ""),
                                       aj_kb_i32(kb, T), "j0");
     {
@@ -204,7 +203,7 @@ static void parts_simt(side_grad *g, LLVMValueRef part, LLVMValueRef tid, LLVMVa
         LLVMValueRef row_delta = aj_kb_load(kb, kb->t_f32, word_at(kb, rows, pr), 4);
         LLVMValueRef row_lse = aj_kb_load(
             kb, kb->t_f32, word_at(kb, rows, LLVMBuildAdd(b, pr, aj_kb_i32(kb, 1), "")), 4);
-        aj_kb_if_begin(kb, LLVMBuildAnd(b, aj_score_visible(&g->s, i, j),
+        aj_kb_if_begin(kb, LLVMBuildAnd(b, aj_score_visible(&g->x.sc, i, j),
                                         LLVMBuildFCmp(b, LLVMRealONE, row_lse,
                                                       aj_kb_f32(kb, -INFINITY), ""), ""));
         LLVMValueRef val[AJ_SCORE_GRADS_MAX], at[AJ_SCORE_GRADS_MAX];
@@ -314,32 +313,16 @@ static void build_parts(aj_kb *kb, const aj_op *op, const aj_score_prog *p)
                                           g.base);
     aj_kb_barrier(kb);
     /* the batch's lengths, or the sequence's (varlen: rows from cu_seqlens) */
-    LLVMValueRef seq_q, seq_k;
-    g.q_start = g.k_start = aj_kb_i64(kb, 0);
-    if (op->layout == AJ_LAYOUT_VARLEN) {
-        aj_attn_varlen_seq seq;
-        aj_attn_varlen_seq_of(kb, aj_kb_item_id(kb, 2), &seq);
-        seq_q = seq.len_q, seq_k = seq.len_k;
-        g.q_start = seq.start_q, g.k_start = seq.start_k;
-    } else {
-        seq_q = aj_param(kb, AJ_PID(seq_q));
-        seq_k = aj_param(kb, AJ_PID(seq_k));
-    }
+    aj_kctx_init(&g.x, kb, op, p);
+    aj_kctx_sequence(&g.x, aj_kb_item_id(kb, 2), &g.q_start, &g.k_start);
     if (p->num_grads > 0) {
         LLVMValueRef sq, sk;
-        aj_attn_score_totals(kb, p, op->layout, seq_q, seq_k, &sq, &sk);
-        aj_score_begin(&g.s, kb, p, 0, g.bidx, g.h, aj_param(kb, AJ_PID(q_offset)),
-                       aj_param(kb, AJ_PID(kv_offset)), sq, sk);
-        aj_kctx_init(&g.x, kb, op, p);
-        aj_kctx_dropout(&g.x, aj_kb_item_id(kb, 2), aj_kb_item_id(kb, 1));
-        g.x.seq_q = seq_q;
-        g.x.seq_k = seq_k;
-        if (op->bias == AJ_BIAS_ADD)
-            g.x.bias_base = aj_attn_slice_base(kb, AJ_PSRC_bias, g.bidx, g.h);
+        aj_attn_score_totals(kb, p, op->layout, g.x.seq_q, g.x.seq_k, &sq, &sk);
+        aj_kctx_set_head(&g.x, aj_kb_item_id(kb, 2), aj_kb_item_id(kb, 1), sq, sk);
         LLVMValueRef rows = aj_param(kb, AJ_PID(dside_rows));
         LLVMValueRef r0 = LLVMBuildMul(b, m, rows, "r0");
-        LLVMValueRef r1 = aj_kb_smin(kb, LLVMBuildAdd(b, r0, rows, ""), seq_q);
-        parts_simt(&g, part, tid, r0, r1, seq_k);
+        LLVMValueRef r1 = aj_kb_smin(kb, LLVMBuildAdd(b, r0, rows, ""), g.x.seq_q);
+        parts_simt(&g, part, tid, r0, r1, g.x.seq_k);
     }
     const aj_kernel_layout layout = {
         .grid = {{AJ_EXTENT_DSIDE_PARTS, 1}, {AJ_EXTENT_HEADS_Q, 1}, {AJ_EXTENT_BATCH, 1}},

@@ -9,6 +9,22 @@ aj_status aj_kctx_programs(aj_kb *kb, const aj_op *op, const aj_score_prog **out
     return aj_score_prog_scratch(kb, op, out);
 }
 
+void aj_kctx_sequence(aj_kctx *k, LLVMValueRef bidx, LLVMValueRef *q_start,
+                      LLVMValueRef *k_start)
+{
+    aj_kb *kb = k->kb;
+    if (k->op->layout == AJ_LAYOUT_VARLEN) {
+        aj_attn_varlen_seq seq;
+        aj_attn_varlen_seq_of(kb, bidx, &seq);
+        k->seq_q = seq.len_q, k->seq_k = seq.len_k;
+        *q_start = seq.start_q, *k_start = seq.start_k;
+        return;
+    }
+    k->seq_q = aj_param(kb, AJ_PID(seq_q));
+    k->seq_k = aj_param(kb, AJ_PID(seq_k));
+    *q_start = *k_start = aj_kb_i64(kb, 0);
+}
+
 void aj_kctx_dropout(aj_kctx *k, LLVMValueRef bidx, LLVMValueRef h)
 {
     aj_kb *kb = k->kb;

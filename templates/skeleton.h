@@ -85,6 +85,13 @@ static inline void aj_kctx_init(aj_kctx *k, aj_kb *kb, const aj_op *op,
     k->prog = prog;
 }
 
+/* The sequence of batch entry bidx (i32): its lengths into k->seq_q and
+ * k->seq_k (layout = varlen: from cu_seqlens, aj_attn_varlen_seq_of; else
+ * the parameters seq_q and seq_k) and its first packed query row and key
+ * into *q_start and *k_start (i64; 0 for padded tensors). */
+void aj_kctx_sequence(aj_kctx *k, LLVMValueRef bidx, LLVMValueRef *q_start,
+                      LLVMValueRef *k_start);
+
 /* The dropout stream of (bidx, h) into k->drop, for an op with dropout. */
 void aj_kctx_dropout(aj_kctx *k, LLVMValueRef bidx, LLVMValueRef h);
 
