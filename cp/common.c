@@ -367,12 +367,6 @@ aj_status aj_cp_side_grad_check(aj_ctx *ctx, const aj_op *op, const aj_ring_bwd_
     aj_op_info info;
     uint32_t grads = 0;
     aj_op_get_info(op, &info);
-    /* a document's pieces launch as batches of one over the packed rows
-     * (docs/ring.md): their parts are not yet summed per document */
-    if (info.layout == AJ_LAYOUT_VARLEN)
-        return aj_fail(ctx, AJ_ERR_UNSUPPORTED, "%s: dside with packed documents (layout = "
-                       "varlen): the rings do not give side tensors' gradients over packed "
-                       "documents yet; aj_backward does, on one rank", fn);
     for (int t = 0; t < info.num_tensors; t++) {
         bool g = false;
         aj_op_get_tensor_grad(op, t, &g);

@@ -1314,7 +1314,7 @@ typedef struct aj_ring_bwd_args {
      * rank and summed in rank order, the same on every rank.  Every rank
      * passes one, or none does.  Empty (NULL data): not computed. */
     aj_tensor dsinks;
-    /* Version 6, ops with grad side tensors, layout = padded: outputs as
+    /* Version 6, ops with grad side tensors (any layout): outputs as
      * aj_bwd_args.dside (contiguous here), the gradients over the WHOLE
      * sequence: each rank's rows' parts summed in step order, then
      * gathered from every rank and summed in rank order, the same bits on

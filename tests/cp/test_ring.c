@@ -28,7 +28,9 @@
  * aj_shard).  The rotation counts (forward P-1, backward 2P-1 for p2p: 3P-2
  * in all; one collective per direction for all-gather) and the launch
  * counts (every block pair classified by brute force over its positions:
- * skipped pairs must not be launched) are asserted too.
+ * skipped pairs must not be launched) are asserted too.  Cases that read
+ * rel or alibi's slopes check their gradients too (check_side_grad),
+ * padded and packed.
  */
 #include <math.h>
 #include <mpi.h>
@@ -220,9 +222,9 @@ static int generated_varlen_cases(ring_case *out, char (*labels)[112], int small
                 const aj_ring_rotate R = d == 2 && method != AJ_METHOD_ULYSSES
                                              ? AJ_ROTATE_ALLGATHER : AJ_ROTATE_P2P;
                 const int drop = method && d != 1;
-                snprintf(labels[n], 112, "varlen %s f16 flash %s%s, %s%s, %s",
+                snprintf(labels[n], 112, "varlen %s f16 flash %s%s%s, %s%s, %s",
                          method_names[method], m ? "window(2, 1)" : "causal top_left",
-                         drop ? " + dropout 0.1" : "",
+                         drop ? " + dropout 0.1" : "", d % 2 == 0 ? " + rel" : "",
                          L == AJ_SHARD_ZIGZAG ? "zigzag" : "contiguous",
                          R == AJ_ROTATE_P2P ? "" : ", all-gather", varlen_set_names[d]);
                 out[n] = (ring_case){.label = labels[n], .dtype = AJ_DTYPE_F16, .flash = 1,
@@ -230,6 +232,7 @@ static int generated_varlen_cases(ring_case *out, char (*labels)[112], int small
                                      .align = AJ_ALIGN_TOP_LEFT, .left = 2, .right = 1,
                                      .hq = 2 * size, .hkv = size, .layout = L,
                                      .rotate = R, .dropout = drop ? 0.1 : 0,
+                                     .rel = d % 2 == 0,
                                      .method = (aj_cp_method)method, .docs = varlen_sets[d],
                                      .ulysses_size = 2 * hybrid};
                 n++;
@@ -240,7 +243,7 @@ static int generated_varlen_cases(ring_case *out, char (*labels)[112], int small
     for (int i = 0; i < (small ? 1 : VARLEN_BY_DOC); i++) {
         const int by_b = i == 1;
         snprintf(labels[n], 112, "varlen ring f16 flash %s, %s, %s",
-                 by_b ? "expr(k + b % 2 <= q)" : "causal top_left + dropout 0.25",
+                 by_b ? "expr(k + b % 2 <= q)" : "causal top_left + dropout 0.25 + rel",
                  by_b ? "contiguous, all-gather" : "zigzag", varlen_set_names[by_b ? 3 : 2]);
         out[n] = (ring_case){.label = labels[n], .dtype = AJ_DTYPE_F16, .flash = 1,
                              .mask = by_b ? AJ_MASK_NONE : AJ_MASK_CAUSAL,
@@ -248,6 +251,7 @@ static int generated_varlen_cases(ring_case *out, char (*labels)[112], int small
                              .align = AJ_ALIGN_TOP_LEFT, .hq = 2 * size, .hkv = size,
                              .layout = by_b ? AJ_SHARD_CONTIGUOUS : AJ_SHARD_ZIGZAG,
                              .rotate = by_b ? AJ_ROTATE_ALLGATHER : AJ_ROTATE_P2P,
+                             .rel = !by_b,
                              .method = AJ_METHOD_RING, .docs = varlen_sets[by_b ? 3 : 2]};
         n++;
     }
@@ -710,10 +714,10 @@ static aj_comm *open_comm(double timeout_s)
 /* ---------------------------------------------------------------- a case */
 
 /* Whether the case checks rel's gradient (docs/ir.md "Gradients of side
- * tensors": padded; dropout's keep mask in dS). */
+ * tensors"; dropout's keep mask in dS): wherever it reads rel. */
 static bool rel_grad(const ring_case *c)
 {
-    return c->rel && !c->docs;
+    return c->rel;
 }
 
 /* x[0 .. n) rounded to dtype (as a kernel stores it), malloc'd. */
@@ -735,11 +739,51 @@ static double *rounded(const double *x, size_t n, aj_dtype dtype)
     return out;
 }
 
+/* What a side tensor's reference gradient is made from. */
+typedef struct ref_inputs {
+    const double *q, *k, *v, *o, *lse, *dout;
+    size_t o_count;
+    aj_dtype dtype;
+} ref_inputs;
+
+/* got[0 .. n) against the reference's gradient of side tensor `tensor`
+ * (ref_side_grad), made from O as stored (the backward's rowsum(dO O)):
+ * within the dtype's tolerance of the largest, plus four times the
+ * spread rounding O makes (exact O against stored O).  The kernel's O,
+ * from the ring's forward, is an ulp or so from the reference's stored
+ * one, elements in any direction, and a gradient's terms weigh each row's
+ * Delta (by distances up to S for a slope) with little to cancel it:
+ * documents of one key make dS = dP - Delta pure rounding. */
+static void check_side_grad(const ring_case *c, const ref_problem *pr, const ref_inputs *in,
+                            int tensor, const float *got, int n, const char *name)
+{
+    double atol, rtol, want[16 * 9], exact[16 * 9], *o_st = rounded(in->o, in->o_count, in->dtype);
+    tolerance_for(in->dtype, &atol, &rtol);
+    ref_side_grad(pr, in->q, in->k, in->v, o_st, in->lse, in->dout, tensor, want);
+    ref_side_grad(pr, in->q, in->k, in->v, in->o, in->lse, in->dout, tensor, exact);
+    free(o_st);
+    double mx = 0, e = 0;
+    for (int i = 0; i < n; i++)
+        mx = fmax(mx, fabs(want[i]));
+    for (int i = 0; i < n; i++)
+        e = fmax(e, fabs(got[i] - want[i]) /
+                        (atol + rtol * mx + 4 * fabs(exact[i] - want[i]) + 1e-3));
+    CHECK_MSG(e <= 1.0, "rank %d: %s: %s error %.3g of the tolerance", rank, c->label, name, e);
+}
+
 /* Whether it checks alibi's slopes' gradient (score_mod = alibi(grad)):
- * padded too. */
+ * wherever it has alibi. */
 static bool alibi_grad(const ring_case *c)
 {
-    return c->alibi && !c->docs;
+    return c->alibi;
+}
+
+/* What a backward's all-gathers of the sinks', rel's and the slopes'
+ * gradients send from this rank (aside from the methods' own traffic). */
+static uint64_t grad_gather_bytes(const ring_case *c)
+{
+    const uint64_t per_head = (c->sinks ? 1 : 0) + (rel_grad(c) ? 9 : 0) + (alibi_grad(c) ? 1 : 0);
+    return (uint64_t)(size - 1) * (uint64_t)c->hq * per_head * 4;
 }
 
 static aj_op *parse_op(const ring_case *c, const char *kind)
@@ -839,7 +883,7 @@ static void check_message_path(const ring_case *c, aj_comm *comm, aj_op *fop, aj
     CHECK_STATUS(ctx, aj_ring_forward(ctx, dev, comm, fop, &f, &fm), AJ_OK);
     const uint64_t fwd_msg = aj_comm_bytes_sent(comm) - before;
     CHECK_STATUS(ctx, aj_ring_backward(ctx, dev, comm, bop, &b, &bm), AJ_OK);
-    const uint64_t bwd_msg = aj_comm_bytes_sent(comm) - before - fwd_msg;
+    const uint64_t bwd_msg = aj_comm_bytes_sent(comm) - before - fwd_msg - grad_gather_bytes(c);
     comm->messages_only = false;
     static const char *const names[5] = {"O", "LSE", "dQ", "dK", "dV"};
     for (int t = 0; t < 5; t++) {
@@ -1029,37 +1073,13 @@ static void run_case(const ring_case *c)
     /* (the all-gathers of the sinks', rel's and the slopes' gradients
      * aside: the methods' own traffic) */
     const uint64_t bwd_sent = aj_comm_bytes_sent(comm) - sent_before - fwd_sent -
-                              (c->sinks ? (uint64_t)(size - 1) * (uint64_t)c->hq * 4 : 0) -
-                              (rel_grad(c) ? (uint64_t)(size - 1) * (uint64_t)c->hq * 9 * 4 : 0) -
-                              (alibi_grad(c) ? (uint64_t)(size - 1) * (uint64_t)c->hq * 4 : 0);
-    if (alibi_grad(c)) {   /* the whole gradient, on every rank */
-        /* from O as stored (the backward's rowsum(dO O)): a slope's terms
-         * weigh each row's by distances up to S, which cancel nothing */
-        double want_dsl[16], *o_st = rounded(o_ref, nq, dt);
-        ref_side_grad(&pr, q.ref, k.ref, v.ref, o_st, lse_ref, dout.ref, REF_ALIBI_SLOPES,
-                      want_dsl);
-        free(o_st);
-        double mx = 0;
-        for (int h = 0; h < c->hq; h++)
-            mx = fmax(mx, fabs(want_dsl[h]));
-        e = 0;
-        for (int h = 0; h < c->hq; h++)
-            e = fmax(e, fabs(dslopes[h] - want_dsl[h]) / (atol + rtol * mx + 1e-3));
-        CHECK_MSG(e <= 1.0, "rank %d: %s: dalibi_slopes error %.3g of the tolerance", rank,
-                  c->label, e);
-    }
-    if (rel_grad(c)) {   /* the whole gradient, on every rank */
-        double want_dr[16 * 9];
-        ref_side_grad(&pr, q.ref, k.ref, v.ref, o_ref, lse_ref, dout.ref, nside - 1 - c->sinks,
-                      want_dr);
-        double mx = 0;
-        for (int i = 0; i < c->hq * 9; i++)
-            mx = fmax(mx, fabs(want_dr[i]));
-        e = 0;
-        for (int i = 0; i < c->hq * 9; i++)
-            e = fmax(e, fabs(drel[i] - want_dr[i]) / (atol + rtol * mx + 1e-3));
-        CHECK_MSG(e <= 1.0, "rank %d: %s: drel error %.3g of the tolerance", rank, c->label, e);
-    }
+                              grad_gather_bytes(c);
+    /* the whole gradients, on every rank */
+    const ref_inputs in = {q.ref, k.ref, v.ref, o_ref, lse_ref, dout.ref, nq, dt};
+    if (alibi_grad(c))
+        check_side_grad(c, &pr, &in, REF_ALIBI_SLOPES, dslopes, c->hq, "dalibi_slopes");
+    if (rel_grad(c))
+        check_side_grad(c, &pr, &in, nside - 1 - c->sinks, drel, c->hq * 9, "drel");
     if (c->sinks) {   /* the whole gradient, on every rank */
         double want_ds[16];
         ref_sinks_grad(&pr, o_ref, lse_ref, dout.ref, want_ds);
@@ -1413,21 +1433,6 @@ static void run_varlen_refusals(void)
                                       &full, m, m), AJ_ERR_INVALID_ARG);
     CHECK_ERROR(ctx, "aj_shard_varlen: full->seq = 7; the packed batch has cu_seqlens[3] = 8 "
                 "positions");
-    aj_op_destroy(op);
-    /* a grad side tensor's dside: one rank's aj_backward only */
-    static const char grad_spec[] =
-        "attention backward flash { dtype = f16 head_dim = 64 layout = varlen "
-        "tensors = (rb: f32[1] grad) score_mod = expr(score + rb[abs(q - k)]) }";
-    op = NULL;
-    CHECK(aj_op_parse(ctx, grad_spec, strlen(grad_spec), "grad", &op) == AJ_OK);
-    float rb[16] = {0}, drb[16];
-    const aj_side_tensor side = {"rb", rb, AJ_SIDE_F32, 1, {16}, {1}};
-    const aj_side_tensor dside = {"rb", drb, AJ_SIDE_F32, 1, {16}, {1}};
-    aj_ring_bwd_args ba = AJ_RING_BWD_ARGS_INIT;
-    ba.side = &side, ba.num_side = 1;
-    ba.dside = &dside, ba.num_dside = 1;
-    CHECK_STATUS(ctx, aj_ring_backward(ctx, dev, comm, op, &ba, NULL), AJ_ERR_UNSUPPORTED);
-    CHECK_ERROR(ctx, "aj_ring_backward: dside with packed documents (layout = varlen)");
     aj_op_destroy(op);
     free(m);
     aj_comm_destroy(comm);
