@@ -258,6 +258,13 @@ LLVMValueRef aj_side_grad_part(aj_kb *kb, const aj_score_prog *p, LLVMValueRef b
     return part;
 }
 
+/* Whether grad load `load`'s element depends on the key (the cpu's
+ * lanes): its index reads k or the score. */
+static bool reads_key(const aj_score_prog *p, uint16_t load)
+{
+    return (p->reads[load] & (AJ_SCORE_READS(AJ_VAR_K) | AJ_SCORE_READS(AJ_VAR_SCORE))) != 0;
+}
+
 void aj_side_grad_add_lanes(aj_score *s, const LLVMValueRef *base, LLVMValueRef part,
                             LLVMValueRef t, LLVMValueRef ds, LLVMValueRef live, LLVMValueRef i,
                             LLVMValueRef jv)
@@ -278,11 +285,25 @@ void aj_side_grad_add_lanes(aj_score *s, const LLVMValueRef *base, LLVMValueRef 
         LLVMValueRef keep = LLVMBuildAnd(
             b, live, LLVMBuildICmp(b, LLVMIntSGE, e[k], aj_cv_splat(kb, aj_kb_i64(kb, 0), w), ""),
             "");
+        LLVMValueRef term = LLVMBuildFMul(b, ds, d[k], "");
+        LLVMValueRef slot = aj_kb_i32(kb, k * w);
+        if (!reads_key(p, p->grads[k].load)) {
+            /* one element for every lane (slopes[h], rb[q % 7]): the lanes'
+             * terms summed in a fixed tree (a hidden lane's is -0, which
+             * adds nothing), then one add -- not w adds to one place */
+            LLVMValueRef sum = aj_cv_hsum(
+                kb, LLVMBuildSelect(b, keep, term, aj_cv_splat(kb, aj_kb_f32(kb, -0.0), w), ""),
+                w);
+            LLVMValueRef e0 = LLVMBuildExtractElement(b, e[k], aj_kb_i32(kb, 0), "");
+            aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntSGE, e0, aj_kb_i64(kb, 0), ""));
+            add_to(kb, part, LLVMBuildAdd(b, e0, base[tensor], ""), sum);
+            aj_kb_if_end(kb);
+            LLVMBuildStore(b, none, aj_cv_at(kb, kb->t_i64, ats, slot));
+            continue;
+        }
         LLVMValueRef at = LLVMBuildSelect(
             b, keep, LLVMBuildAdd(b, e[k], aj_cv_splat(kb, base[tensor], w), ""), none, "");
-        LLVMValueRef slot = aj_kb_i32(kb, k * w);
-        aj_cv_store(kb, LLVMBuildFMul(b, ds, d[k], ""), aj_cv_at(kb, kb->t_f32, vals, slot),
-                    AJ_DTYPE_F32, w);
+        aj_cv_store(kb, term, aj_cv_at(kb, kb->t_f32, vals, slot), AJ_DTYPE_F32, w);
         LLVMBuildStore(b, at, aj_cv_at(kb, kb->t_i64, ats, slot));
     }
     /* lane by lane, in (load, key) order */

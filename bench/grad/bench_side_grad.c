@@ -1,14 +1,18 @@
 /*
  * bench_side_grad.c -- the cost of the gradients of side tensors
  * (docs/ir.md "Gradients of side tensors"): a backward whose score_mod
- * reads a learnable per-head relative bias, run without and with its
- * gradient (aj_bwd_args.dside), launched in turn, the median of each and
- * their ratio.  The baseline is the same op's backward with the tensor a
- * constant (not declared grad), in the same process, interleaved.
+ * reads a learnable per-head relative bias (--mod rel) or the built-in
+ * alibi's slopes (--mod alibi: alibi against alibi(grad)), run without
+ * and with its gradient (aj_bwd_args.dside), launched in turn, the median
+ * of each and their ratio.  The baseline is the same op's backward with
+ * the tensor a constant (not declared grad), in the same process,
+ * interleaved.  --dropout P and --bias 1 (bias = add, [B, H, S, S], and
+ * its dbias, f32; the efficient variant) go into both.
  *
  *   bench_side_grad [--device cpu|sim|cuda] [--dtype f16|bf16|f32]
  *                   [--batch B] [--heads H] [--seq S] [--dim D]
- *                   [--causal 0|1] [--repeat N]
+ *                   [--causal 0|1] [--repeat N] [--mod rel|alibi]
+ *                   [--dropout P] [--bias 0|1]
  *
  * Prints one row: the shape, the two medians in ms and grad / no grad.
  */
@@ -19,19 +23,25 @@
 #include "bench_common.h"
 
 typedef struct config {
-    int batch, heads, seq, dim, causal, repeat;
+    int batch, heads, seq, dim, causal, repeat, bias, alibi;
+    double dropout;
     aj_dtype dtype;
     aj_device_kind device;
 } config;
 
 static aj_kernel *compile_bwd(aj_ctx *ctx, aj_device *dev, const config *c, int grad)
 {
-    char spec[512];
+    char spec[512], mod[128];
+    if (c->alibi)
+        snprintf(mod, sizeof mod, "score_mod = alibi%s", grad ? "(grad)" : "");
+    else
+        snprintf(mod, sizeof mod, "tensors = (rel: f32[2]%s) score_mod = expr(score + rel[h, "
+                 "min(abs(q - k), 63)])", grad ? " grad" : "");
     snprintf(spec, sizeof spec,
-             "attention backward %s { dtype = %s head_dim = %d tensors = (rel: f32[2]%s) "
-             "mask = %s score_mod = expr(score + rel[h, min(abs(q - k), 63)]) }",
-             c->dtype == AJ_DTYPE_F32 ? "efficient" : "flash", aj_dtype_name(c->dtype), c->dim,
-             grad ? " grad" : "", c->causal ? "causal(bottom_right)" : "none");
+             "attention backward %s { dtype = %s head_dim = %d mask = %s %s dropout = %g "
+             "bias = %s }", c->dtype == AJ_DTYPE_F32 || c->bias ? "efficient" : "flash",
+             aj_dtype_name(c->dtype), c->dim, c->causal ? "causal(bottom_right)" : "none", mod,
+             c->dropout, c->bias ? "add" : "none");
     aj_op *op = NULL;
     aj_kernel *k = NULL;
     aj_compile_options opt = AJ_COMPILE_OPTIONS_INIT;
@@ -82,7 +92,8 @@ int main(int argc, char **argv)
                 .dtype = AJ_DTYPE_BF16, .device = AJ_DEVICE_CPU};
     const bench_int_option ints[] = {{"--batch", &c.batch}, {"--heads", &c.heads},
                                      {"--seq", &c.seq},     {"--dim", &c.dim},
-                                     {"--causal", &c.causal}, {"--repeat", &c.repeat}};
+                                     {"--causal", &c.causal}, {"--repeat", &c.repeat},
+                                     {"--bias", &c.bias}};
     for (int i = 1; i < argc; i++) {
         const char *value = i + 1 < argc ? argv[i + 1] : NULL;
         if (bench_int_arg(ints, (int)(sizeof ints / sizeof ints[0]), argv[i], value)) {
@@ -92,6 +103,12 @@ int main(int argc, char **argv)
                        : strcmp(value, "cuda") == 0 ? AJ_DEVICE_CUDA
                                                     : AJ_DEVICE_CPU;
             i++;
+        } else if (strcmp(argv[i], "--mod") == 0 && value) {
+            c.alibi = strcmp(value, "alibi") == 0;
+            i++;
+        } else if (strcmp(argv[i], "--dropout") == 0 && value) {
+            c.dropout = atof(value);
+            i++;
         } else if (strcmp(argv[i], "--dtype") == 0 && value) {
             c.dtype = strcmp(value, "f16") == 0   ? AJ_DTYPE_F16
                       : strcmp(value, "f32") == 0 ? AJ_DTYPE_F32
@@ -100,7 +117,8 @@ int main(int argc, char **argv)
         } else {
             fprintf(stderr, "usage: bench_side_grad [--device cpu|sim|cuda] [--dtype "
                             "f16|bf16|f32] [--batch B] [--heads H] [--seq S] [--dim D] "
-                            "[--causal 0|1] [--repeat N]\n");
+                            "[--causal 0|1] [--repeat N] [--mod rel|alibi] [--dropout P] "
+                            "[--bias 0|1]\n");
             return 2;
         }
     }
@@ -123,6 +141,11 @@ int main(int argc, char **argv)
     void *drel = device_zeros(dev, (size_t)c.heads * 64 * 4);
     aj_side_tensor side = {"rel", rel, AJ_SIDE_F32, 2, {c.heads, 64}, {64, 1}};
     aj_side_tensor dside = {"rel", drel, AJ_SIDE_F32, 2, {c.heads, 64}, {64, 1}};
+    if (c.alibi)   /* rel's first row are the slopes */
+        dside = (aj_side_tensor){"alibi_slopes", drel, AJ_SIDE_F32, 1, {c.heads}, {1}};
+    const size_t nbias = (size_t)c.batch * (size_t)c.heads * (size_t)c.seq * (size_t)c.seq;
+    void *bias = c.bias ? device_zeros(dev, nbias * es) : NULL;
+    void *dbias = c.bias ? device_zeros(dev, nbias * 4) : NULL;
     aj_bwd_args a = AJ_BWD_ARGS_INIT;
     a.q = bhsd(buf[0], c.dtype, &c, c.dim), a.k = bhsd(buf[1], c.dtype, &c, c.dim);
     a.v = bhsd(buf[2], c.dtype, &c, c.dim), a.o = bhsd(buf[3], c.dtype, &c, c.dim);
@@ -130,7 +153,16 @@ int main(int argc, char **argv)
     a.dk = bhsd(buf[6], c.dtype, &c, c.dim), a.dv = bhsd(buf[7], c.dtype, &c, c.dim);
     a.lse = (aj_tensor){lse, AJ_DTYPE_F32, 3, {c.batch, c.heads, c.seq},
                         {(int64_t)c.heads * c.seq, c.seq, 1}};
-    a.side = &side, a.num_side = 1;
+    a.side = &side, a.num_side = c.alibi ? 0 : 1;
+    if (c.alibi)
+        a.alibi_slopes = (aj_tensor){rel, AJ_DTYPE_F32, 1, {c.heads}, {1}};
+    if (c.bias) {
+        a.bias = (aj_tensor){bias, c.dtype, 4, {c.batch, c.heads, c.seq, c.seq},
+                             {(int64_t)c.heads * c.seq * c.seq, (int64_t)c.seq * c.seq, c.seq, 1}};
+        a.dbias = a.bias;
+        a.dbias.data = dbias, a.dbias.dtype = AJ_DTYPE_F32;
+    }
+    a.seed = 1;
     aj_bwd_args with = a;
     with.dside = &dside, with.num_dside = 1;
     time_call(ctx, dev, plain, &a);   /* warm-up: first-touch and scratch */
@@ -142,10 +174,11 @@ int main(int argc, char **argv)
         t_grad[r] = time_call(ctx, dev, grad, &with);
     }
     double mp = median(t_plain, c.repeat), mg = median(t_grad, c.repeat);
-    printf("device %s, %s, B %d H %d S %d D %d %s, median of %d interleaved: no grad %.2f ms, "
-           "with drel %.2f ms, ratio %.2fx\n",
+    printf("device %s, %s, B %d H %d S %d D %d %s%s%s, median of %d interleaved: no grad "
+           "%.2f ms, with d%s %.2f ms, ratio %.2fx\n",
            aj_target_name(aj_device_target(dev)), aj_dtype_name(c.dtype), c.batch, c.heads,
-           c.seq, c.dim, c.causal ? "causal" : "full", c.repeat, mp, mg, mg / mp);
+           c.seq, c.dim, c.causal ? "causal" : "full", c.dropout > 0 ? ", dropout" : "",
+           c.bias ? ", bias" : "", c.repeat, mp, c.alibi ? "slopes" : "rel", mg, mg / mp);
     free(t_plain);
     free(t_grad);
     for (int i = 0; i < 9; i++)
@@ -153,6 +186,8 @@ int main(int argc, char **argv)
     aj_device_free(dev, lse);
     aj_device_free(dev, rel);
     aj_device_free(dev, drel);
+    aj_device_free(dev, bias);
+    aj_device_free(dev, dbias);
     aj_kernel_destroy(plain);
     aj_kernel_destroy(grad);
     aj_device_close(dev);
