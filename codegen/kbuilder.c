@@ -224,6 +224,90 @@ void aj_kb_finish(aj_kb *kb, const aj_kernel_layout *layout)
         kb->smem_base = NULL;
 }
 
+/* ---------------------------------------------------------------- helpers */
+
+/* The kernel's own arguments: the hidden one, then its parameters. */
+static int own_args(const aj_kb *kb)
+{
+    return (kb->desc->hidden != AJ_HIDDEN_NONE ? 1 : 0) + kb->num_params;
+}
+
+LLVMValueRef aj_kb_helper_begin(aj_kb *kb, const char *name, LLVMTypeRef ret,
+                                LLVMTypeRef *extra, int n, aj_kb_helper_saved *saved)
+{
+    memset(saved, 0, sizeof *saved);
+    if (kb->st != AJ_OK || !kb->fn)
+        return NULL;
+    const int own = own_args(kb);
+    LLVMTypeRef types[AJ_KB_MAX_PARAMS + 1 + 16];
+    if (n > 16) {
+        aj_kb_fail(kb, AJ_ERR_INTERNAL, "a helper takes at most 16 extra arguments");
+        return NULL;
+    }
+    LLVMGetParamTypes(LLVMGlobalGetValueType(kb->fn), types);
+    for (int i = 0; i < n; i++)
+        types[own + i] = extra[i];
+    LLVMValueRef fn = LLVMAddFunction(kb->mod, name, LLVMFunctionType(ret, types,
+                                                                      (unsigned)(own + n), 0));
+    LLVMSetLinkage(fn, LLVMInternalLinkage);
+    unsigned noinline = LLVMGetEnumAttributeKindForName("noinline", 8);
+    LLVMAddAttributeAtIndex(fn, LLVMAttributeFunctionIndex,
+                            LLVMCreateEnumAttribute(kb->llctx, noinline, 0));
+    saved->fn = kb->fn, saved->sim_thread = kb->sim_thread, saved->work_item = kb->work_item;
+    saved->entry = kb->entry, saved->at = LLVMGetInsertBlock(kb->b), saved->depth = kb->depth;
+    memcpy(saved->scopes, kb->scopes, sizeof saved->scopes);
+    kb->fn = fn;
+    if (kb->sim_thread)
+        kb->sim_thread = LLVMGetParam(fn, 0);
+    if (kb->work_item)
+        kb->work_item = LLVMGetParam(fn, 0);
+    kb->entry = LLVMAppendBasicBlockInContext(kb->llctx, fn, "entry");
+    kb->depth = 0;   /* the kernel's open scopes wait in *saved */
+    LLVMPositionBuilderAtEnd(kb->b, kb->entry);
+    return fn;
+}
+
+LLVMValueRef aj_kb_helper_arg(aj_kb *kb, int index)
+{
+    return LLVMGetParam(kb->fn, (unsigned)(own_args(kb) + index));
+}
+
+void aj_kb_helper_end(aj_kb *kb, LLVMValueRef value, aj_kb_helper_saved *saved)
+{
+    if (!saved->fn)
+        return;
+    if (kb->depth != 0)
+        aj_kb_fail(kb, AJ_ERR_INTERNAL, "a helper ended with %d open scopes", kb->depth);
+    if (value)
+        LLVMBuildRet(kb->b, value);
+    else
+        LLVMBuildRetVoid(kb->b);
+    memcpy(kb->scopes, saved->scopes, sizeof saved->scopes);
+    kb->depth = saved->depth;
+    kb->fn = saved->fn;
+    kb->sim_thread = saved->sim_thread;
+    kb->work_item = saved->work_item;
+    kb->entry = saved->entry;
+    LLVMPositionBuilderAtEnd(kb->b, saved->at);
+}
+
+LLVMValueRef aj_kb_helper_call(aj_kb *kb, LLVMValueRef fn, LLVMValueRef *extra, int n)
+{
+    const int own = own_args(kb), hidden = own - kb->num_params;
+    LLVMValueRef args[AJ_KB_MAX_PARAMS + 1 + 16];
+    for (int i = 0; i < own; i++) {
+        /* not a by-value parameter (a TMA descriptor): NVPTX would copy a
+         * kernel's byval argument to local memory once its address
+         * escapes, for every use; a helper reads none */
+        LLVMValueRef a = LLVMGetParam(kb->fn, (unsigned)i);
+        args[i] = i >= hidden && kb->params[i - hidden].type == AJ_PARAM_BYVAL128
+                      ? LLVMGetPoison(LLVMTypeOf(a)) : a;
+    }
+    for (int i = 0; i < n; i++)
+        args[own + i] = extra[i];
+    return LLVMBuildCall2(kb->b, LLVMGlobalGetValueType(fn), fn, args, (unsigned)(own + n), "");
+}
+
 LLVMValueRef aj_kb_param(aj_kb *kb, const char *name)
 {
     int hidden = kb->sim_thread != NULL || kb->work_item != NULL;

@@ -168,6 +168,32 @@ void aj_kb_begin_stage(aj_kb *kb, const char *stage_name, int32_t threads);
  * it as the next stage with its launch layout; the builder is then ready
  * for another kernel's parameters. */
 void aj_kb_finish(aj_kb *kb, const aj_kernel_layout *layout);
+
+/*
+ * Helper functions of the kernel being built: a function of the module
+ * named `name` (internal, noinline), taking the kernel's own arguments
+ * (its hidden one and parameters, so that aj_kb_param and the target's
+ * intrinsics work inside as in the kernel) and then extra[0 .. n), and
+ * returning `ret`.  aj_kb_helper_begin makes it and moves the builder
+ * into its body (no scope open); aj_kb_helper_arg gives its extra
+ * arguments (a by-value parameter, a TMA descriptor, is not passed on:
+ * poison inside); aj_kb_helper_end returns `value` and puts the builder back
+ * where it was, in the kernel.  aj_kb_helper_call calls it from the
+ * kernel with the kernel's arguments, then extra.  Code that LLVM's
+ * backend would otherwise see at every call site (a large score
+ * program, docs/design.md "Score programs") is compiled once.
+ */
+typedef struct aj_kb_helper_saved {
+    LLVMValueRef fn, sim_thread, work_item;
+    LLVMBasicBlockRef entry, at;
+    int depth;
+    struct aj_kb_scope scopes[AJ_KB_MAX_NEST];
+} aj_kb_helper_saved;
+LLVMValueRef aj_kb_helper_begin(aj_kb *kb, const char *name, LLVMTypeRef ret,
+                                LLVMTypeRef *extra, int n, aj_kb_helper_saved *saved);
+LLVMValueRef aj_kb_helper_arg(aj_kb *kb, int index);
+void aj_kb_helper_end(aj_kb *kb, LLVMValueRef value, aj_kb_helper_saved *saved);
+LLVMValueRef aj_kb_helper_call(aj_kb *kb, LLVMValueRef fn, LLVMValueRef *extra, int n);
 /* The value of parameter `name` (declared earlier): for parameters
  * outside the table (side tensors'); table rows go by id. */
 LLVMValueRef aj_kb_param(aj_kb *kb, const char *name);

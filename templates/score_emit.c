@@ -686,10 +686,84 @@ void aj_score_begin(aj_score *s, aj_kb *kb, const aj_score_prog *p, int lanes, L
     }
 }
 
+/* ---------------------------------------------------------------- outlined */
+
+/* Programs of more nodes than this are called, not inlined: the mod (and
+ * its derivative) is emitted once per kernel as a helper function
+ * (aj_kb_helper_begin) that every element calls.  A tile emits the
+ * program at each of its elements, and LLVM's backend is slower than
+ * linear in one block's size (bench/README.md "program size"); below
+ * it, inlined code keeps the loads an element's neighbours share. */
+enum { OUTLINE_NODES = 1024 };
+
+/* i (and j) as i32 (or <lanes x i32>): what the helpers take. */
+static LLVMValueRef as_i32(aj_kb *kb, LLVMValueRef v)
+{
+    LLVMTypeRef t = LLVMTypeOf(v);
+    LLVMTypeRef e = LLVMGetTypeKind(t) == LLVMVectorTypeKind ? LLVMGetElementType(t) : t;
+    if (LLVMGetIntTypeWidth(e) == 32)
+        return v;
+    LLVMTypeRef to = e == t ? kb->t_i32 : LLVMVectorType(kb->t_i32, LLVMGetVectorSize(t));
+    return LLVMBuildTrunc(kb->b, v, to, "");
+}
+
+/* Slot `slot`'s helper in this kernel (SLOT_MOD: the mod; SLOT_GRAD: {the
+ * mod, d mod / d score}), made on first use, called at (score, i, j): its
+ * result.  NULL when the builder failed. */
+static LLVMValueRef call_outlined(aj_score *s, int slot, LLVMValueRef score, LLVMValueRef i,
+                                  LLVMValueRef j)
+{
+    aj_kb *kb = s->kb;
+    const int w = s->lanes;
+    LLVMTypeRef tf = w ? LLVMVectorType(kb->t_f32, (unsigned)w) : kb->t_f32;
+    LLVMTypeRef ti = w ? LLVMVectorType(kb->t_i32, (unsigned)w) : kb->t_i32;
+    LLVMTypeRef pair[2] = {tf, tf};
+    LLVMTypeRef ret = slot == SLOT_MOD ? tf : LLVMStructTypeInContext(kb->llctx, pair, 2, 0);
+    char name[192];
+    size_t len = 0;
+    const char *kernel = LLVMGetValueName2(kb->fn, &len);
+    snprintf(name, sizeof name, "%.*s.score_%s", (int)len, kernel,
+             slot == SLOT_MOD ? "mod" : "grad");
+    LLVMValueRef fn = LLVMGetNamedFunction(kb->mod, name);
+    if (!fn) {
+        /* score, i, j, then what the program's leaves read */
+        LLVMTypeRef extra[9] = {tf, kb->t_i32, ti, kb->t_i64, kb->t_i64,
+                                kb->t_i64, kb->t_i64, kb->t_i64, kb->t_i64};
+        aj_kb_helper_saved *saved = aj_kb_scratch(kb, sizeof *saved);
+        LLVMValueRef *loads = aj_kb_scratch(kb, (size_t)s->p->e.count * sizeof *loads + 1);
+        if (!saved || !loads || !(fn = aj_kb_helper_begin(kb, name, ret, extra, 9, saved)))
+            return NULL;
+        aj_score in = *s;   /* its leaves the helper's arguments; loads read inside */
+        LLVMValueRef *leaf[6] = {&in.b, &in.h, &in.q_origin, &in.k_origin, &in.sq, &in.sk};
+        for (int a = 0; a < 6; a++)
+            *leaf[a] = aj_kb_helper_arg(kb, 3 + a);
+        in.loads = loads;
+        memset(in.scratch, 0, sizeof in.scratch);
+        emitter *m = score_emitter(&in, slot, w, aj_kb_helper_arg(kb, 1),
+                                   aj_kb_helper_arg(kb, 2), aj_kb_helper_arg(kb, 0));
+        LLVMValueRef v = m ? aj_score_emit_node(m, s->p->mod) : LLVMGetUndef(tf);
+        if (slot == SLOT_GRAD) {
+            LLVMValueRef d = !m                    ? LLVMGetUndef(tf)
+                             : s->p->dmod == NONE ? splat(m, aj_kb_f32(kb, 1))
+                                                  : aj_score_emit_node(m, s->p->dmod);
+            v = LLVMBuildInsertValue(kb->b, LLVMBuildInsertValue(kb->b, LLVMGetUndef(ret), v,
+                                                                 0, ""), d, 1, "");
+        }
+        aj_kb_helper_end(kb, v, saved);
+    }
+    LLVMValueRef args[9] = {score, as_i32(kb, i), as_i32(kb, j), s->b, s->h,
+                            s->q_origin, s->k_origin, s->sq, s->sk};
+    return aj_kb_helper_call(kb, fn, args, 9);
+}
+
 LLVMValueRef aj_score_mod_value(aj_score *s, LLVMValueRef score, LLVMValueRef i, LLVMValueRef j)
 {
     if (s->p->mod == NONE)
         return score;
+    if (s->p->e.count > OUTLINE_NODES) {
+        LLVMValueRef v = call_outlined(s, SLOT_MOD, score, i, j);
+        return v ? v : score;
+    }
     emitter *m = score_emitter(s, SLOT_MOD, s->lanes, i, j, score);
     if (!m)
         return score;
@@ -708,6 +782,11 @@ LLVMValueRef aj_score_mod_grad(aj_score *s, LLVMValueRef score, LLVMValueRef i, 
     if (s->p->mod == NONE) {
         *d = splat(m, aj_kb_f32(kb, 1));
         return score;
+    }
+    if (s->p->e.count > OUTLINE_NODES) {
+        LLVMValueRef r = call_outlined(s, SLOT_GRAD, score, i, j);
+        *d = r ? LLVMBuildExtractValue(kb->b, r, 1, "") : score;
+        return r ? LLVMBuildExtractValue(kb->b, r, 0, "") : score;
     }
     LLVMValueRef v = aj_score_emit_node(m, s->p->mod);
     *d = s->p->dmod == NONE ? splat(m, aj_kb_f32(kb, 1)) : aj_score_emit_node(m, s->p->dmod);

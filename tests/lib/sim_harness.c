@@ -77,8 +77,11 @@ const int fwd_shape_row_count = sizeof fwd_shape_rows / sizeof fwd_shape_rows[0]
 
 /* ---------------------------------------------------------------- kernels */
 
+/* a spec's text at most (programs of a few thousand nodes fit) */
+enum { SPEC_MAX = 8192 };
+
 typedef struct cached_kernel {
-    char spec[2048];
+    char spec[SPEC_MAX];
     aj_kernel *kernel;
 } cached_kernel;
 
@@ -375,7 +378,7 @@ fwd_result fwd_run_case_ext(aj_ctx *ctx, aj_device *dev, const fwd_case *c,
         run = &no_run;
     fwd_result r;
     memset(&r, 0, sizeof r);
-    char spec[2048];
+    static _Thread_local char spec[SPEC_MAX];
     write_spec(c, opts, run, spec, sizeof spec);
     aj_kernel *kernel = NULL;
     r.status = kernel_for(ctx, aj_device_target(dev), spec, &kernel);

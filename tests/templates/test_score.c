@@ -63,7 +63,7 @@ static bool run_fields(const char *label, aj_dtype dtype, int d, const char *ten
                        const char *mask, const char *mod, int B, int H, int S, uint64_t seed,
                        bool report)
 {
-    char spec[4096];
+    static char spec[16384];
     snprintf(spec, sizeof spec, "attention forward %s { dtype = %s head_dim = %d %s%s "
              "mask = %s score_mod = %s }", variant_name, aj_dtype_name(dtype), d,
              tensors[0] ? "tensors = " : "", tensors, mask, mod);
@@ -500,6 +500,25 @@ static void test_program_limits(void)
     }
 }
 
+/* A score_mod of about 1600 nodes with its derivative, past the size at
+ * which the kernels call the program instead of inlining it at every
+ * element (score_emit.c, OUTLINE_NODES): the forward against the
+ * reference, with a mask and without. */
+static void test_outlined(void)
+{
+    static char mod[16384];
+    snprintf(mod, sizeof mod, "expr(score + 0.02 * ");
+    tanh_sum(0, 120, mod, sizeof mod);
+    strcat(mod, ")");
+    static const char *const masks[2] = {"causal(bottom_right)", "none"};
+    for (int m = 0; m < 2; m++) {
+        char label[64];
+        snprintf(label, sizeof label, "outlined program, mask %s", masks[m]);
+        run_fields(label, case_dtype(), 32, "(tf: f32[1])", masks[m], mod, 2, 2, 37 + m * 20,
+                   900 + (uint64_t)m, true);
+    }
+}
+
 /* ---------------------------------------------------------------- block masks */
 
 /* The lists of block mask `bm` (aj_block_mask_list: what the kernels
@@ -769,6 +788,7 @@ int main(int argc, char **argv)
         if (all || (what && strcmp(what, "classes") == 0)) {
             test_classes();
             test_program_limits();
+            test_outlined();
         }
         if (all || (what && strcmp(what, "blockmask") == 0))
             test_block_masks();

@@ -700,8 +700,32 @@ static void test_varlen(void)
         }
 }
 
+/* A score_mod of about 1500 nodes with its derivative, which the kernels
+ * call instead of inlining at every element (score_emit.c,
+ * OUTLINE_NODES): dQ, dK, dV and drb against the reference, both
+ * variants (sim: flash). */
+static void test_outlined(void)
+{
+    static char mod[8192];
+    int at = snprintf(mod, sizeof mod, "score + rb[abs(q - k) %% 9] + 0.02 * (");
+    for (int t = 0; t < 110; t++)
+        at += snprintf(mod + at, sizeof mod - (size_t)at, "%stanh(score * w[%d])", t ? " + " : "",
+                       t % 7);
+    snprintf(mod + at, sizeof mod - (size_t)at, ")");
+    const int cpu = aj_device_target(dev) == AJ_TARGET_CPU;
+    for (int var = 0; var < (cpu ? 2 : 1); var++) {
+        grad_case c = {.variant = var ? AJ_VARIANT_EFFICIENT : AJ_VARIANT_FLASH,
+                       .dtype = AJ_DTYPE_F16, .name = "outlined", .mask = masks[1],
+                       .tensors = "(rb: f32[1] grad, w: f32[1])", .mod = mod, .d = 32, .b = 2,
+                       .hq = 2, .hkv = 1, .sq = 19, .sk = 23};
+        char label[64];
+        snprintf(label, sizeof label, "outlined program, %s", aj_variant_name(c.variant));
+        run_case(&c, label);
+    }
+}
+
 static void (*const tests[])(void) = {test_sweep, test_random, test_loads, test_varlen,
-                                      test_errors, NULL};
+                                      test_outlined, test_errors, NULL};
 
 int main(int argc, char **argv)
 {
