@@ -138,6 +138,13 @@ void aj_kb_begin(aj_kb *kb, int32_t threads)
     aj_kb_begin_stage(kb, NULL, threads);
 }
 
+/* A kernel's arguments before its parameters: 1 for the sim thread state
+ * or the cpu work item, else 0. */
+static int hidden_args(const aj_kb *kb)
+{
+    return kb->desc->hidden != AJ_HIDDEN_NONE ? 1 : 0;
+}
+
 void aj_kb_begin_stage(aj_kb *kb, const char *stage_name, int32_t threads)
 {
     if (kb->num_stages == AJ_KB_MAX_STAGES) {
@@ -150,8 +157,7 @@ void aj_kb_begin_stage(aj_kb *kb, const char *stage_name, int32_t threads)
     else
         snprintf(stage->entry, sizeof stage->entry, "%s", kb->entry_name);
     LLVMTypeRef types[AJ_KB_MAX_PARAMS + 1];
-    /* the sim thread state, or the cpu work item */
-    int hidden = kb->desc->hidden != AJ_HIDDEN_NONE;
+    const int hidden = hidden_args(kb);
     if (hidden)
         types[0] = kb->t_ptr;
     for (int i = 0; i < kb->num_params; i++)
@@ -229,7 +235,7 @@ void aj_kb_finish(aj_kb *kb, const aj_kernel_layout *layout)
 /* The kernel's own arguments: the hidden one, then its parameters. */
 static int own_args(const aj_kb *kb)
 {
-    return (kb->desc->hidden != AJ_HIDDEN_NONE ? 1 : 0) + kb->num_params;
+    return hidden_args(kb) + kb->num_params;
 }
 
 LLVMValueRef aj_kb_helper_begin(aj_kb *kb, const char *name, LLVMTypeRef ret,
@@ -293,7 +299,7 @@ void aj_kb_helper_end(aj_kb *kb, LLVMValueRef value, aj_kb_helper_saved *saved)
 
 LLVMValueRef aj_kb_helper_call(aj_kb *kb, LLVMValueRef fn, LLVMValueRef *extra, int n)
 {
-    const int own = own_args(kb), hidden = own - kb->num_params;
+    const int own = own_args(kb), hidden = hidden_args(kb);
     LLVMValueRef args[AJ_KB_MAX_PARAMS + 1 + 16];
     for (int i = 0; i < own; i++) {
         /* not a by-value parameter (a TMA descriptor): NVPTX would copy a
@@ -310,7 +316,7 @@ LLVMValueRef aj_kb_helper_call(aj_kb *kb, LLVMValueRef fn, LLVMValueRef *extra, 
 
 LLVMValueRef aj_kb_param(aj_kb *kb, const char *name)
 {
-    int hidden = kb->sim_thread != NULL || kb->work_item != NULL;
+    const int hidden = hidden_args(kb);
     for (int i = 0; kb->fn && i < kb->num_params; i++)
         if (strcmp(kb->params[i].name, name) == 0)
             return LLVMGetParam(kb->fn, (unsigned)(hidden + i));
@@ -320,7 +326,7 @@ LLVMValueRef aj_kb_param(aj_kb *kb, const char *name)
 
 LLVMValueRef aj_kb_param_id(aj_kb *kb, int32_t id, const char *name)
 {
-    int hidden = kb->sim_thread != NULL || kb->work_item != NULL;
+    const int hidden = hidden_args(kb);
     for (int i = 0; kb->fn && i < kb->num_params; i++)
         if (kb->params[i].id == id)
             return LLVMGetParam(kb->fn, (unsigned)(hidden + i));

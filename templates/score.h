@@ -106,6 +106,9 @@ typedef struct aj_score_prog {
 #define AJ_SCORE_READS(var) ((uint16_t)(1u << (var)))
 #define AJ_SCORE_READS_LOAD ((uint16_t)(1u << AJ_VAR_COUNT))
 #define AJ_SCORE_READS_POSITION (AJ_SCORE_READS(AJ_VAR_Q) | AJ_SCORE_READS(AJ_VAR_K))
+/* what a node's tree reads that changes with the key: a node reading
+ * neither has one value for a whole row (every lane of a cpu vector) */
+#define AJ_SCORE_READS_KEY (AJ_SCORE_READS(AJ_VAR_K) | AJ_SCORE_READS(AJ_VAR_SCORE))
 
 /* Builds the programs of `op` (verified).  AJ_ERR_UNSUPPORTED when the
  * derivative does not fit the node arena (the message says so); on an

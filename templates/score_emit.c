@@ -549,7 +549,7 @@ LLVMValueRef aj_score_emit_node(emitter *m, uint16_t id)
     if (m->memo[id])
         return m->memo[id];
     if (m->lanes &&
-        !(m->s->p->reads[id] & (AJ_SCORE_READS(AJ_VAR_K) | AJ_SCORE_READS(AJ_VAR_SCORE)))) {
+        !(m->s->p->reads[id] & AJ_SCORE_READS_KEY)) {
         int lanes = m->lanes;
         m->lanes = 0;
         m->memo = m->umemo;

@@ -163,7 +163,7 @@ void aj_score_fix_rows(aj_score *s, LLVMValueRef i0, LLVMValueRef i1)
     iemitter_init(m, s, i0, i1, aj_kb_i32(s->kb, 0), aj_kb_i32(s->kb, 0));
     for (int id = 0; id < p->e.count; id++)
         if ((p->reads[id] & AJ_SCORE_READS(AJ_VAR_Q)) &&
-            !(p->reads[id] & (AJ_SCORE_READS(AJ_VAR_K) | AJ_SCORE_READS(AJ_VAR_SCORE)))) {
+            !(p->reads[id] & AJ_SCORE_READS_KEY)) {
             ival v = aj_ival_node(&m->c, (uint16_t)id);
             s->row_lo[id] = v.lo.v;
             s->row_hi[id] = v.hi.v;

@@ -73,10 +73,7 @@ static LLVMValueRef part_layout(aj_kb *kb, const aj_score_prog *p, LLVMValueRef 
 
 /* What the terms of one (i, j) need: the programs, the row's values. */
 typedef struct side_grad {
-    aj_kb *kb;
-    const aj_op *op;
-    const aj_score_prog *p;
-    aj_kctx x;                       /* the scores, dropout stream, bias slice at (b, h) */
+    aj_kctx x;   /* builder, op, programs; the scores, dropout stream, bias slice at (b, h) */
     LLVMValueRef bidx, h, hk;        /* i64 */
     LLVMValueRef q_start, k_start;   /* i64: the sequence's first packed row (varlen), else 0 */
     LLVMValueRef base[AJ_OP_TENSORS_MAX + 1];
@@ -87,19 +84,19 @@ typedef struct side_grad {
  * sequence's first query row) or a key-side one's (k, v). */
 static LLVMValueRef row_at(side_grad *g, aj_param_source t, LLVMValueRef head, LLVMValueRef i)
 {
-    LLVMBuilderRef b = g->kb->b;
+    LLVMBuilderRef b = g->x.kb->b;
     LLVMValueRef start = t == AJ_PSRC_k || t == AJ_PSRC_v ? g->k_start : g->q_start;
-    LLVMValueRef row = LLVMBuildAdd(b, start, aj_kb_sext64(g->kb, i), "");
-    return LLVMBuildAdd(b, aj_attn_slice_base(g->kb, t, g->bidx, head),
-                        LLVMBuildMul(b, row, aj_param_stride_s(g->kb, t), ""), "");
+    LLVMValueRef row = LLVMBuildAdd(b, start, aj_kb_sext64(g->x.kb, i), "");
+    return LLVMBuildAdd(b, aj_attn_slice_base(g->x.kb, t, g->bidx, head),
+                        LLVMBuildMul(b, row, aj_param_stride_s(g->x.kb, t), ""), "");
 }
 
 /* Delta_i = dO_i . O_i and LSE_i (natural log) of row i. */
 static void row_values(side_grad *g, LLVMValueRef i, LLVMValueRef *delta, LLVMValueRef *lse)
 {
-    aj_kb *kb = g->kb;
+    aj_kb *kb = g->x.kb;
     *delta = aj_tail_row_dot(kb, AJ_PSRC_do, row_at(g, AJ_PSRC_do, g->h, i), AJ_PSRC_o,
-                             row_at(g, AJ_PSRC_o, g->h, i), aj_op_dv(g->op), g->op->dtype);
+                             row_at(g, AJ_PSRC_o, g->h, i), aj_op_dv(g->x.op), g->x.op->dtype);
     *lse = aj_tail_load(kb, AJ_PSRC_lse, AJ_DTYPE_F32,
                         LLVMBuildAdd(kb->b, aj_attn_slice_base(kb, AJ_PSRC_lse, g->bidx, g->h),
                                      LLVMBuildAdd(kb->b, g->q_start, aj_kb_sext64(kb, i), ""),
@@ -111,9 +108,10 @@ static void row_values(side_grad *g, LLVMValueRef i, LLVMValueRef *delta, LLVMVa
 static void terms(side_grad *g, LLVMValueRef i, LLVMValueRef j, LLVMValueRef delta,
                   LLVMValueRef lse, LLVMValueRef *val, LLVMValueRef *at)
 {
-    aj_kb *kb = g->kb;
+    aj_kb *kb = g->x.kb;
     LLVMBuilderRef b = kb->b;
-    const aj_op *op = g->op;
+    const aj_op *op = g->x.op;
+    const aj_score_prog *prog = g->x.prog;
     LLVMValueRef qi = row_at(g, AJ_PSRC_q, g->h, i), do_i = row_at(g, AJ_PSRC_do, g->h, i);
     LLVMValueRef qk = aj_tail_row_dot(kb, AJ_PSRC_q, qi, AJ_PSRC_k, row_at(g, AJ_PSRC_k, g->hk, j),
                                       op->head_dim, op->dtype);
@@ -122,15 +120,15 @@ static void terms(side_grad *g, LLVMValueRef i, LLVMValueRef j, LLVMValueRef del
     if (op->dropout > 0)   /* dP_ij = m_ij dO_i . v_j, the forward's keep mask m */
         dp = aj_score_dropped(kb, op->dropout,
                               aj_attn_dropout_keep(kb, &g->x.drop, op->dropout, i, j), dp);
-    LLVMValueRef t = LLVMBuildFMul(b, qk, aj_kb_f32(kb, g->p->scale), "t");
+    LLVMValueRef t = LLVMBuildFMul(b, qk, aj_kb_f32(kb, prog->scale), "t");
     if (op->bias == AJ_BIAS_ADD)   /* the score_mod reads scale q.k + bias */
         t = LLVMBuildFAdd(b, t, aj_kctx_bias_at(&g->x, i, j), "");
     LLVMValueRef d[AJ_SCORE_GRADS_MAX], e[AJ_SCORE_GRADS_MAX];
     LLVMValueRef s = aj_score_mod_side_grads(&g->x.sc, t, i, j, d, e);
     LLVMValueRef p = aj_tail_exp(kb, LLVMBuildFSub(b, s, lse, ""));
     LLVMValueRef ds = LLVMBuildFMul(b, p, LLVMBuildFSub(b, dp, delta, ""), "ds");
-    for (int k = 0; k < g->p->num_grads; k++) {
-        int tensor = g->p->e.nodes[g->p->grads[k].load].u.tensor;
+    for (int k = 0; k < prog->num_grads; k++) {
+        int tensor = prog->e.nodes[prog->grads[k].load].u.tensor;
         val[k] = LLVMBuildFMul(b, ds, d[k], "");
         at[k] = LLVMBuildSelect(b, LLVMBuildICmp(b, LLVMIntSLT, e[k], aj_kb_i64(kb, 0), ""),
                                 aj_kb_i64(kb, -1), LLVMBuildAdd(b, g->base[tensor], e[k], ""),
@@ -157,11 +155,12 @@ static LLVMValueRef word_at(aj_kb *kb, int32_t base, LLVMValueRef index)
 static void parts_simt(side_grad *g, LLVMValueRef part, LLVMValueRef tid, LLVMValueRef r0,
                        LLVMValueRef r1, LLVMValueRef seq_k)
 {
-    aj_kb *kb = g->kb;
+    aj_kb *kb = g->x.kb;
     LLVMBuilderRef b = kb->b;
     /* rows per step: R G <= 16 where G allows, so a step's terms take
      * 8 max(16, G) T bytes (32 KiB at most) */
-    const int T = SIMT_THREADS, G = g->p->num_grads, R = G >= 16 ? 1 : 16 / G > 8 ? 8 : 16 / G;
+    const int T = SIMT_THREADS, G = g->x.prog->num_grads;
+    const int R = G >= 16 ? 1 : 16 / G > 8 ? 8 : 16 / G;
     const int slots = R * G * T;
     /* per slot (r, k, t) = (r G + k) T + t: the term and its element;
      * per row of the step: Delta and LSE */
@@ -258,13 +257,6 @@ LLVMValueRef aj_side_grad_part(aj_kb *kb, const aj_score_prog *p, LLVMValueRef b
     return part;
 }
 
-/* Whether grad load `load`'s element depends on the key (the cpu's
- * lanes): its index reads k or the score. */
-static bool reads_key(const aj_score_prog *p, uint16_t load)
-{
-    return (p->reads[load] & (AJ_SCORE_READS(AJ_VAR_K) | AJ_SCORE_READS(AJ_VAR_SCORE))) != 0;
-}
-
 void aj_side_grad_add_lanes(aj_score *s, const LLVMValueRef *base, LLVMValueRef part,
                             LLVMValueRef t, LLVMValueRef ds, LLVMValueRef live, LLVMValueRef i,
                             LLVMValueRef jv)
@@ -287,7 +279,7 @@ void aj_side_grad_add_lanes(aj_score *s, const LLVMValueRef *base, LLVMValueRef 
             "");
         LLVMValueRef term = LLVMBuildFMul(b, ds, d[k], "");
         LLVMValueRef slot = aj_kb_i32(kb, k * w);
-        if (!reads_key(p, p->grads[k].load)) {
+        if (!(p->reads[p->grads[k].load] & AJ_SCORE_READS_KEY)) {
             /* one element for every lane (slopes[h], rb[q % 7]): the lanes'
              * terms summed in a fixed tree (a hidden lane's is -0, which
              * adds nothing), then one add -- not w adds to one place */
@@ -322,7 +314,8 @@ static void build_parts(aj_kb *kb, const aj_op *op, const aj_score_prog *p)
     LLVMBuilderRef b = kb->b;
     aj_params_declare(kb, AJ_KSIG_SIDE_GRAD, op, p);
     aj_kb_begin_stage(kb, "dside", SIMT_THREADS);
-    side_grad g = {.kb = kb, .op = op, .p = p};
+    side_grad g = {0};
+    aj_kctx_init(&g.x, kb, op, p);
     LLVMValueRef tid = aj_kb_thread_id(kb);
     LLVMValueRef m = aj_kb_item_id(kb, 0);
     g.h = aj_kb_sext64(kb, aj_kb_item_id(kb, 1));
@@ -334,7 +327,6 @@ static void build_parts(aj_kb *kb, const aj_op *op, const aj_score_prog *p)
                                           g.base);
     aj_kb_barrier(kb);
     /* the batch's lengths, or the sequence's (varlen: rows from cu_seqlens) */
-    aj_kctx_init(&g.x, kb, op, p);
     aj_kctx_sequence(&g.x, aj_kb_item_id(kb, 2), &g.q_start, &g.k_start);
     if (p->num_grads > 0) {
         LLVMValueRef sq, sk;
