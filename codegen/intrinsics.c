@@ -13,7 +13,8 @@
 #define MAX_ARGS 12
 #define MAX_RESULTS 128
 
-enum nvptx_kind { KIND_NVVM, KIND_ASM, KIND_WGMMA, KIND_SIMONLY };
+/* KIND_WGMMA_TB: a wgmma row whose B is N-major (imm-trans-b = 1) */
+enum nvptx_kind { KIND_NVVM, KIND_ASM, KIND_WGMMA, KIND_WGMMA_TB, KIND_SIMONLY };
 enum sync_scope { SYNC_LANE, SYNC_WARP, SYNC_WARPGROUP, SYNC_CTA };
 enum arg_type { VOID, I1, I16, I32, I64, F32, PTR1, PTR3 };
 
@@ -39,6 +40,11 @@ static const intrinsic_desc table[] = {
 #include "codegen/intrinsics.def"
 #undef AJ_INTRINSIC
 };
+
+static int is_wgmma(const intrinsic_desc *d)
+{
+    return d->kind == KIND_WGMMA || d->kind == KIND_WGMMA_TB;
+}
 
 _Static_assert(sizeof table / sizeof table[0] == AJ_INTR_COUNT,
                "intrinsic table and enum disagree");
@@ -181,9 +187,10 @@ static void lower_nvptx(aj_kb *kb, const intrinsic_desc *d, LLVMValueRef *args,
                                   LLVMInlineAsmDialectATT, 0);
         break;
     case KIND_WGMMA:
+    case KIND_WGMMA_TB:
     case KIND_SIMONLY:
         aj_kb_fail(kb, AJ_ERR_INTERNAL, "intrinsic %s: %s", d->id_name,
-                   d->kind == KIND_WGMMA ? "call aj_kb_wgmma" : "exists only on sim");
+                   is_wgmma(d) ? "call aj_kb_wgmma" : "exists only on sim");
         break;
     }
     if (!callee) {
@@ -254,7 +261,7 @@ void aj_kb_intrinsic_results(aj_kb *kb, enum aj_intrinsic_id id, LLVMValueRef *a
                              LLVMValueRef *results)
 {
     const intrinsic_desc *d = &table[id];
-    if (d->kind == KIND_WGMMA) {
+    if (is_wgmma(d)) {
         aj_kb_fail(kb, AJ_ERR_INTERNAL, "intrinsic %s: call aj_kb_wgmma", d->id_name);
         undef_results(kb, d, results);
         return;
@@ -316,7 +323,10 @@ static void asm_register_list(char *buf, size_t cap, int first, int n)
  * nvptx: the row's mnemonic with its operands, as CUTLASS-style inline PTX:
  *
  *   { .reg .pred p; setp.ne.b32 p, $scale_d, 0;
- *     MNEMONIC {$0 .. $R-1}, A, $b_desc, p, 1, 1, 0[, 0]; }
+ *     MNEMONIC {$0 .. $R-1}, A, $b_desc, p, 1, 1, [0,] TB; }
+ *
+ * (imm-scale-a and -b 1; imm-trans-a 0 where A is in shared memory;
+ * imm-trans-b TB: 1 for the rows of kind WGMMA_TB)
  *
  * outputs $0..$R-1 ("=f"), then the row's arguments (A: one descriptor, or
  * four registers), then the R accumulators tied to the outputs.
@@ -334,8 +344,8 @@ static void lower_wgmma_nvptx(aj_kb *kb, const intrinsic_desc *d, LLVMValueRef a
         asm_register_list(text, sizeof text, r, 4);
     else
         snprintf(text + strlen(text), sizeof text - strlen(text), "$%d", r);
-    snprintf(text + strlen(text), sizeof text - strlen(text), ", $%d, p, 1, 1, 0%s; }",
-             r + d->nargs - 2, from_registers ? "" : ", 0");
+    snprintf(text + strlen(text), sizeof text - strlen(text), ", $%d, p, 1, 1, %s%d; }",
+             r + d->nargs - 2, from_registers ? "" : "0, ", d->kind == KIND_WGMMA_TB);
     cons[0] = '\0';
     for (int i = 0; i < r; i++)
         strncat(cons, "=f,", sizeof cons - strlen(cons) - 1);
@@ -396,10 +406,10 @@ void aj_kb_wgmma(aj_kb *kb, enum aj_intrinsic_id id, LLVMValueRef acc, LLVMValue
     const intrinsic_desc *d = &table[id];
     if (kb->st != AJ_OK)
         return;
-    if (d->kind != KIND_WGMMA || acc_length(acc) != (unsigned)d->nres) {
+    if (!is_wgmma(d) || acc_length(acc) != (unsigned)d->nres) {
         aj_kb_fail(kb, AJ_ERR_INTERNAL, "aj_kb_wgmma: %s wants an accumulator array of %d "
                    "f32, not %s with %u", d->id_name, d->nres,
-                   d->kind == KIND_WGMMA ? "one" : "a non-wgmma row", acc_length(acc));
+                   is_wgmma(d) ? "one" : "a non-wgmma row", acc_length(acc));
         return;
     }
     if (kb->target == AJ_TARGET_SIM)

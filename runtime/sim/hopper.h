@@ -35,6 +35,7 @@ typedef struct aj_sim_hopper_thread {
         uint64_t a_desc, b_desc;
         uint32_t a[4];
         int32_t scale_d, bf16, a_in_registers;
+        int32_t trans_b;       /* 1: B is N-major (imm-trans-b) */
     } mma;
     /* the sync counter at the thread's latest fence.proxy.async: generic
      * writes before it are visible to the async proxy (TMA, wgmma) */
@@ -74,10 +75,12 @@ void aj_sim_hopper_diagnose(struct sim_worker *w, int tid);
     X(bulk_wait_group_read)
 /* and the wgmma entries, N by N (AJ_WGMMA_NS(AJ_SIM_WGMMA_ENTRIES) with
  * AJ_SIM_HOPPER_ENTRY(name) defined) */
-#define AJ_SIM_WGMMA_ENTRIES(N)                                                            \
-    AJ_SIM_HOPPER_ENTRY(wgmma_m64n##N##k16_f16_ss) AJ_SIM_HOPPER_ENTRY(wgmma_m64n##N##k16_f16_rs) \
-    AJ_SIM_HOPPER_ENTRY(wgmma_m64n##N##k16_bf16_ss)                                        \
-    AJ_SIM_HOPPER_ENTRY(wgmma_m64n##N##k16_bf16_rs)
+#define AJ_SIM_WGMMA_ENTRIES_OF(N, type)                                                   \
+    AJ_SIM_HOPPER_ENTRY(wgmma_m64n##N##k16_##type##_ss)                                    \
+    AJ_SIM_HOPPER_ENTRY(wgmma_m64n##N##k16_##type##_rs)                                    \
+    AJ_SIM_HOPPER_ENTRY(wgmma_m64n##N##k16_##type##_ss_tb)                                 \
+    AJ_SIM_HOPPER_ENTRY(wgmma_m64n##N##k16_##type##_rs_tb)
+#define AJ_SIM_WGMMA_ENTRIES(N) AJ_SIM_WGMMA_ENTRIES_OF(N, f16) AJ_SIM_WGMMA_ENTRIES_OF(N, bf16)
 
 void aj_sim_mbarrier_init(struct sim_thread *t, uint8_t *bar, int32_t count);
 void aj_sim_mbarrier_arrive(struct sim_thread *t, uint8_t *bar);
@@ -100,7 +103,14 @@ void aj_sim_wgmma_wait_group(struct sim_thread *t, int32_t site, int32_t pending
     void aj_sim_wgmma_m64n##N##k16_##type##_rs(struct sim_thread *t, int32_t site,        \
                                                float *acc, int32_t a0, int32_t a1,         \
                                                int32_t a2, int32_t a3, uint64_t b_desc,    \
-                                               int32_t scale_d);
+                                               int32_t scale_d);                           \
+    void aj_sim_wgmma_m64n##N##k16_##type##_ss_tb(struct sim_thread *t, int32_t site,     \
+                                                  float *acc, uint64_t a_desc,             \
+                                                  uint64_t b_desc, int32_t scale_d);       \
+    void aj_sim_wgmma_m64n##N##k16_##type##_rs_tb(struct sim_thread *t, int32_t site,     \
+                                                  float *acc, int32_t a0, int32_t a1,      \
+                                                  int32_t a2, int32_t a3, uint64_t b_desc, \
+                                                  int32_t scale_d);
 #define AJ_SIM_WGMMA_DECLARE_BOTH(N) AJ_SIM_WGMMA_DECLARE(N, f16) AJ_SIM_WGMMA_DECLARE(N, bf16)
 AJ_WGMMA_NS(AJ_SIM_WGMMA_DECLARE_BOTH)
 #undef AJ_SIM_WGMMA_DECLARE_BOTH

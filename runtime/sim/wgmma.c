@@ -25,9 +25,9 @@
 #include "runtime/sim/hopper_internal.h"
 
 /*
- * A K-major operand in shared memory by its descriptor (PTX ISA,
- * "Asynchronous Warpgroup Level Matrix Shared Memory Layout"): rows of
- * 8 x 16-byte core matrices.  Element (row, k), 16-bit, at
+ * An operand in shared memory by its descriptor (PTX ISA, "Asynchronous
+ * Warpgroup Level Matrix Shared Memory Layout").  K-major: rows of
+ * 8 x 16-byte core matrices, element (row, k), 16-bit, at
  *
  *   no swizzle:  start + (row / 8) sbo + (2k / 16) lbo + (row % 8) 16 + 2k % 16
  *   swizzle S:   start + (row / 8) sbo + (row % 8) S + 2k, then the 16-byte
@@ -115,18 +115,42 @@ static int async_read(sim_thread *lead, uint32_t offset)
     return 1;
 }
 
-/* Element (row, k) of a K-major 16-bit operand, as a double; 0 after a
- * fault (an address outside shared memory, or strict mode's checks). */
-static int operand_element(sim_thread *t, const smem_operand *op, int row, int k, int bf16,
-                           double *out)
+/*
+ * The byte offset of element (row, k) of a 16-bit operand: K-major (above)
+ * or, for B with imm-trans-b = 1, N-major ("Major-ness supported by
+ * Strides", "Canonical Layouts"): rows (N) run along the 16-byte chunks
+ * and k down them,
+ *
+ *   no swizzle:  start + (row / 8) sbo + (k / 8) lbo + (k % 8) 16 + 2 (row % 8)
+ *   swizzle S:   start + (row / (S / 2)) lbo + (k / 8) sbo + (k % 8) S + 2 (row % (S / 2)),
+ *                then swizzled as above
+ *
+ * (LBO and SBO trade places between the two: the ISA's tables).
+ */
+static uint32_t operand_offset(const smem_operand *op, int row, int k, int n_major)
 {
-    uint32_t bk = 2u * (uint32_t)k, offset;
-    if (op->span)
-        offset = aj_sim_swizzled(op->start + (uint32_t)(row / 8) * op->sbo +
-                          (uint32_t)(row % 8 * op->span) + bk, op->span);
-    else
-        offset = op->start + (uint32_t)(row / 8) * op->sbo + bk / 16 * op->lbo +
-                 (uint32_t)(row % 8 * 16) + bk % 16;
+    uint32_t r = (uint32_t)row, kk = (uint32_t)k;
+    if (!n_major) {
+        if (op->span)
+            return aj_sim_swizzled(op->start + r / 8 * op->sbo + r % 8 * (uint32_t)op->span +
+                                   2 * kk, op->span);
+        return op->start + r / 8 * op->sbo + 2 * kk / 16 * op->lbo + r % 8 * 16 + 2 * kk % 16;
+    }
+    if (op->span) {
+        uint32_t per_row = (uint32_t)op->span / 2;
+        return aj_sim_swizzled(op->start + r / per_row * op->lbo + kk / 8 * op->sbo +
+                               kk % 8 * (uint32_t)op->span + 2 * (r % per_row), op->span);
+    }
+    return op->start + r / 8 * op->sbo + kk / 8 * op->lbo + kk % 8 * 16 + 2 * (r % 8);
+}
+
+/* Element (row, k) of a 16-bit operand (N-major where n_major), as a
+ * double; 0 after a fault (an address outside shared memory, or strict
+ * mode's checks). */
+static int operand_element(sim_thread *t, const smem_operand *op, int row, int k, int n_major,
+                           int bf16, double *out)
+{
+    uint32_t offset = operand_offset(op, row, k, n_major);
     if (offset + 2 > (uint32_t)t->w->launch->smem_bytes) {
         aj_sim_record_fault(t->w, "thread %d: wgmma.mma_async reads element (%d, %d) at shared "
                             "offset %u, outside the %d bytes of shared memory", t->tid, row, k,
@@ -239,7 +263,7 @@ static int gather_a(sim_thread *group, double a[64][16])
             return 0;
         for (int m = 0; m < 64; m++)
             for (int k = 0; k < 16; k++)
-                if (!operand_element(&group[0], &op, m, k, bf16, &a[m][k]))
+                if (!operand_element(&group[0], &op, m, k, 0, bf16, &a[m][k]))
                     return 0;
         return 1;
     }
@@ -262,6 +286,7 @@ static int uniform_operands(sim_worker *w, sim_thread *group)
         if (u->hop.wg_value == lead->hop.wg_value && u->hop.mma.bf16 == lead->hop.mma.bf16 &&
             u->hop.mma.b_desc == lead->hop.mma.b_desc &&
             u->hop.mma.scale_d == lead->hop.mma.scale_d &&
+            u->hop.mma.trans_b == lead->hop.mma.trans_b &&
             (u->hop.mma.a_in_registers || u->hop.mma.a_desc == lead->hop.mma.a_desc))
             continue;
         aj_sim_record_fault(w, "thread %d: wgmma.mma_async with other operands than thread %d "
@@ -298,7 +323,7 @@ static wgmma_result *push_result(sim_worker *w, const sim_thread *t)
 
 /*
  * D = A B + (scale_d ? C : 0) for the warpgroup, in double, rounded once
- * to f32 (as complete_mma in emulator.c).  B (N x 16, K-major) by its
+ * to f32 (as complete_mma in emulator.c).  B (N x 16, K- or N-major) by its
  * descriptor.  Thread 32 w + 4 g + t holds D's register r at
  *
  *   row 16 w + g + 8 ((r >> 1) & 1),  col 8 (r >> 2) + 2 t + (r & 1)
@@ -320,7 +345,8 @@ int aj_sim_wgmma_complete(sim_worker *w, sim_thread *group)
         return 0;
     for (int col = 0; col < n; col++)
         for (int k = 0; k < 16; k++)
-            if (!operand_element(&group[0], &bop, col, k, bf16, &b[col][k]))
+            if (!operand_element(&group[0], &bop, col, k, lead->hop.mma.trans_b, bf16,
+                                 &b[col][k]))
                 return 0;
     for (int i = 0; i < WARPGROUP; i++) {
         sim_thread *t = &group[i];
@@ -347,9 +373,10 @@ int aj_sim_wgmma_complete(sim_worker *w, sim_thread *group)
     return 1;
 }
 
-static void wgmma_issue(sim_thread *t, int32_t site, int n, int bf16, float *acc,
+static void wgmma_issue(sim_thread *t, int32_t site, int n, int bf16, int trans_b, float *acc,
                         uint64_t b_desc, int32_t scale_d)
 {
+    t->hop.mma.trans_b = trans_b;
     t->hop.mma.acc = acc;
     t->hop.mma.b_desc = b_desc;
     t->hop.mma.scale_d = scale_d != 0;
@@ -357,18 +384,21 @@ static void wgmma_issue(sim_thread *t, int32_t site, int n, int bf16, float *acc
     aj_sim_warpgroup_join(t, site, WG_WGMMA, n);
 }
 
-#define WGMMA_ENTRIES(N, type, bf16)                                                       \
-    void aj_sim_wgmma_m64n##N##k16_##type##_ss(sim_thread *t, int32_t site, float *acc,    \
-                                               uint64_t a_desc, uint64_t b_desc,           \
-                                               int32_t scale_d)                            \
+/* The entries of one row: A by descriptor (_ss) or in registers (_rs),
+ * B K-major, or N-major with the suffix _tb (imm-trans-b = 1). */
+#define WGMMA_ENTRIES_TB(N, type, bf16, tb, suffix)                                        \
+    void aj_sim_wgmma_m64n##N##k16_##type##_ss##suffix(sim_thread *t, int32_t site,        \
+                                                       float *acc, uint64_t a_desc,        \
+                                                       uint64_t b_desc, int32_t scale_d)   \
     {                                                                                      \
         t->hop.mma.a_in_registers = 0;                                                     \
         t->hop.mma.a_desc = a_desc;                                                        \
-        wgmma_issue(t, site, N, bf16, acc, b_desc, scale_d);                               \
+        wgmma_issue(t, site, N, bf16, tb, acc, b_desc, scale_d);                           \
     }                                                                                      \
-    void aj_sim_wgmma_m64n##N##k16_##type##_rs(sim_thread *t, int32_t site, float *acc,    \
-                                               int32_t a0, int32_t a1, int32_t a2,         \
-                                               int32_t a3, uint64_t b_desc, int32_t scale_d) \
+    void aj_sim_wgmma_m64n##N##k16_##type##_rs##suffix(sim_thread *t, int32_t site,        \
+                                                       float *acc, int32_t a0, int32_t a1, \
+                                                       int32_t a2, int32_t a3,             \
+                                                       uint64_t b_desc, int32_t scale_d)   \
     {                                                                                      \
         t->hop.mma.a_in_registers = 1;                                                     \
         t->hop.mma.a_desc = 0;                                                             \
@@ -376,12 +406,15 @@ static void wgmma_issue(sim_thread *t, int32_t site, int n, int bf16, float *acc
         t->hop.mma.a[1] = (uint32_t)a1;                                                    \
         t->hop.mma.a[2] = (uint32_t)a2;                                                    \
         t->hop.mma.a[3] = (uint32_t)a3;                                                    \
-        wgmma_issue(t, site, N, bf16, acc, b_desc, scale_d);                               \
+        wgmma_issue(t, site, N, bf16, tb, acc, b_desc, scale_d);                           \
     }
+#define WGMMA_ENTRIES(N, type, bf16)                                                       \
+    WGMMA_ENTRIES_TB(N, type, bf16, 0, ) WGMMA_ENTRIES_TB(N, type, bf16, 1, _tb)
 #define WGMMA_ENTRIES_BOTH(N) WGMMA_ENTRIES(N, f16, 0) WGMMA_ENTRIES(N, bf16, 1)
 AJ_WGMMA_NS(WGMMA_ENTRIES_BOTH)
 #undef WGMMA_ENTRIES_BOTH
 #undef WGMMA_ENTRIES
+#undef WGMMA_ENTRIES_TB
 
 void aj_sim_wgmma_fence(sim_thread *t, int32_t site)
 {

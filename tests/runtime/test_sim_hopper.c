@@ -687,6 +687,19 @@ static void test_setmaxnreg(void)
  *          atoms SBO = 8 S apart, the 16-byte chunk of byte b of row r at
  *          chunk ^ (r % 8 >> (128 / S >> 1)); wgmma s starts 32 s bytes
  *          into the row
+ *
+ * or B N-major (imm-trans-b = 1: the _TB rows), by the ISA's canonical
+ * N-major layouts ("Canonical Layouts", the CuTe forms transcribed):
+ *
+ *   none:  ((8,1,m),(8,k)) : ((1,8,SBO),(8,LBO))      in elements
+ *   S-byte swizzle, E = S / 2 elements a row:
+ *          ((8,E/8,m),(8,k)) : ((1,8,LBO),(E,SBO)), then the swizzle
+ *
+ * with the ISA's own examples ("MN-Major, no-swizzling / 32B / 64B
+ * swizzling and bf16 type": N 16 / 32 / 64, their LBO and SBO) and the
+ * 128-byte case of the flash forward's P V (B = V: N = Dv in 64-wide
+ * panels LBO = K S apart, k-groups SBO = 8 S apart); wgmma s starts two
+ * k-groups further.
  */
 typedef struct wgmma_case {
     int n, bf16, a_in_registers, span;   /* span: swizzle bytes, 0 none */
@@ -694,6 +707,7 @@ typedef struct wgmma_case {
     int probe;                           /* 1: also read acc[0] before the wait */
     int a_start;                         /* A's descriptor starts this far into the tile */
     int no_proxy_fence;                  /* 1: the image's stores lack fence.proxy.async */
+    int n_major_b, b_lbo, b_sbo;         /* B N-major, its LBO and SBO in bytes */
 } wgmma_case;
 
 #define IMG_WORDS 10240        /* the shared image: A at 0, B at 8192, 40 KiB */
@@ -721,14 +735,29 @@ static uint32_t kmajor_offset(const wgmma_case *c, uint32_t base, int row, int k
     return off ^ ((off >> 7 & (uint32_t)(c->span / 16 - 1)) << 4);
 }
 
+/* byte offset of element (n, k) of B at `base`: K-major, or N-major */
+static uint32_t b_offset(const wgmma_case *c, uint32_t base, int n, int k)
+{
+    if (!c->n_major_b)
+        return kmajor_offset(c, base, n, k);
+    uint32_t nn = (uint32_t)n, kk = (uint32_t)k, lbo = (uint32_t)c->b_lbo, sbo = (uint32_t)c->b_sbo;
+    if (!c->span)
+        return base + nn / 8 * sbo + kk / 8 * lbo + kk % 8 * 16 + 2 * (nn % 8);
+    uint32_t e = (uint32_t)c->span / 2;
+    uint32_t off = base + nn / e * lbo + kk / 8 * sbo + kk % 8 * (uint32_t)c->span + 2 * (nn % e);
+    return off ^ ((off >> 7 & (uint32_t)(c->span / 16 - 1)) << 4);
+}
+
 static enum aj_intrinsic_id wgmma_row(const wgmma_case *c)
 {
-#define ROW_IDS(N)                                                                         \
-    {{AJ_INTR_WGMMA_M64N##N##K16_F16_SS, AJ_INTR_WGMMA_M64N##N##K16_F16_RS},               \
-     {AJ_INTR_WGMMA_M64N##N##K16_BF16_SS, AJ_INTR_WGMMA_M64N##N##K16_BF16_RS}},
-    static const enum aj_intrinsic_id rows[][2][2] = {AJ_WGMMA_NS(ROW_IDS)};
+#define ROW_IDS_OF(N, T)                                                                   \
+    {{AJ_INTR_WGMMA_M64N##N##K16_##T##_SS, AJ_INTR_WGMMA_M64N##N##K16_##T##_SS_TB},        \
+     {AJ_INTR_WGMMA_M64N##N##K16_##T##_RS, AJ_INTR_WGMMA_M64N##N##K16_##T##_RS_TB}}
+#define ROW_IDS(N) {ROW_IDS_OF(N, F16), ROW_IDS_OF(N, BF16)},
+    static const enum aj_intrinsic_id rows[][2][2][2] = {AJ_WGMMA_NS(ROW_IDS)};
 #undef ROW_IDS
-    return rows[c->n / 8 - 1][c->bf16][c->a_in_registers];
+#undef ROW_IDS_OF
+    return rows[c->n / 8 - 1][c->bf16][c->a_in_registers][c->n_major_b];
 }
 
 static const wgmma_case *current_wgmma;
@@ -762,8 +791,11 @@ static void wgmma_body(aj_kb *kb, int variant)
     aj_kb_intrinsic(kb, AJ_INTR_WGMMA_FENCE, NULL);
     for (int step = 0; step < k_total / 16; step++) {
         int advance = c->span ? 32 * step : 2 * 128 * step;
-        LLVMValueRef b_desc = aj_kb_wgmma_desc(kb, smem_at(kb, c32(kb, B_BASE + advance)), 128,
-                                               wgmma_sbo(c), wgmma_swizzle_mode(c->span));
+        /* N-major: two k-groups on (SBO apart with a swizzle, LBO without) */
+        int b_advance = !c->n_major_b ? advance : 2 * step * (c->span ? c->b_sbo : c->b_lbo);
+        LLVMValueRef b_desc = aj_kb_wgmma_desc(
+            kb, smem_at(kb, c32(kb, B_BASE + b_advance)), c->n_major_b ? c->b_lbo : 128,
+            c->n_major_b ? c->b_sbo : wgmma_sbo(c), wgmma_swizzle_mode(c->span));
         LLVMValueRef scale = c32(kb, step > 0 || c->scale_d);
         if (c->a_in_registers) {
             LLVMValueRef at = aj_kb_add(kb, aj_kb_mul(kb, tid, c32(kb, 4)),
@@ -820,7 +852,7 @@ static void wgmma_inputs(const wgmma_case *c, double (*d)[256])
         for (int k = 0; k < k_total; k++) {
             state = state * 6364136223846793005ull + 1442695040888963407ull;
             b[nn][k] = to_half((float)((int)(state >> 40 & 15) - 7) / 4.0f, c->bf16);
-            set_half(kmajor_offset(c, B_BASE, nn, k), b[nn][k]);
+            set_half(b_offset(c, B_BASE, nn, k), b[nn][k]);
         }
     /* A's fragment of wgmma `step`, thread 32 w + 4 g + t, register r:
      * row 16 w + g + 8 (r & 1), k 16 step + 2 t + 8 (r >> 1) (+1 high half) */
@@ -853,18 +885,28 @@ static void wgmma_inputs(const wgmma_case *c, double (*d)[256])
 static void test_wgmma(void)
 {
     static const wgmma_case cases[] = {
-        /* n, bf16, A in registers, swizzle, scale-d, probe, A's start, no proxy fence */
-        {64, 0, 0, 0, 1, 1, 0, 0},   {128, 1, 0, 128, 1, 0, 0, 0}, {256, 0, 0, 64, 1, 0, 0, 0},
-        {64, 1, 0, 32, 1, 0, 0, 0},  {128, 0, 1, 128, 1, 0, 0, 0}, {256, 1, 1, 0, 1, 0, 0, 0},
-        {64, 0, 0, 128, 0, 0, 0, 0}, {256, 0, 0, 128, 1, 1, 0, 0},
-        {8, 1, 0, 0, 1, 0, 0, 0},    {24, 0, 1, 64, 1, 0, 0, 0},  {200, 1, 0, 128, 1, 0, 0, 0},
+        /* n, bf16, A in registers, swizzle, scale-d, probe, A's start, no proxy fence,
+         * B N-major, B's LBO, SBO */
+        {64, 0, 0, 0, 1, 1, 0, 0, 0, 0, 0},    {128, 1, 0, 128, 1, 0, 0, 0, 0, 0, 0},
+        {256, 0, 0, 64, 1, 0, 0, 0, 0, 0, 0},  {64, 1, 0, 32, 1, 0, 0, 0, 0, 0, 0},
+        {128, 0, 1, 128, 1, 0, 0, 0, 0, 0, 0}, {256, 1, 1, 0, 1, 0, 0, 0, 0, 0, 0},
+        {64, 0, 0, 128, 0, 0, 0, 0, 0, 0, 0},  {256, 0, 0, 128, 1, 1, 0, 0, 0, 0, 0},
+        {8, 1, 0, 0, 1, 0, 0, 0, 0, 0, 0},     {24, 0, 1, 64, 1, 0, 0, 0, 0, 0, 0},
+        {200, 1, 0, 128, 1, 0, 0, 0, 0, 0, 0},
+        /* B N-major: the ISA's three bf16 examples (LBO, SBO from its tables) ... */
+        {16, 1, 0, 0, 1, 0, 0, 0, 1, 256, 128},  {32, 1, 1, 32, 1, 0, 0, 0, 1, 256, 512},
+        {64, 1, 0, 64, 1, 0, 0, 0, 1, 512, 1024},
+        /* ... and P V's: V in 64-column panels of K = 64 keys, f16 and bf16 */
+        {128, 0, 1, 128, 1, 0, 0, 0, 1, 8192, 1024}, {256, 1, 1, 128, 0, 0, 0, 0, 1, 8192, 1024},
+        {64, 0, 0, 128, 1, 0, 0, 0, 1, 8192, 1024},
     };
     static double d[64][256];
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         const wgmma_case *c = &cases[i];
         char name[64];
-        snprintf(name, sizeof name, "t_wgmma_n%d_%s_%s_sw%d%s", c->n, c->bf16 ? "bf16" : "f16",
-                 c->a_in_registers ? "rs" : "ss", c->span, c->scale_d ? "" : "_zero_c");
+        snprintf(name, sizeof name, "t_wgmma_n%d_%s_%s_sw%d%s%s", c->n,
+                 c->bf16 ? "bf16" : "f16", c->a_in_registers ? "rs" : "ss", c->span,
+                 c->scale_d ? "" : "_zero_c", c->n_major_b ? "_nmajor" : "");
         current_wgmma = c;
         const hopper_kernel k = {name, 128, 40960, wgmma_body, 0};
         char needle[96];
@@ -931,8 +973,8 @@ static void wgmma_wait_8_body(aj_kb *kb, int variant)
 
 static void test_wgmma_faults(void)
 {
-    static const wgmma_case misaligned = {64, 0, 0, 128, 1, 0, 128, 0};
-    static const wgmma_case unfenced = {64, 0, 0, 0, 1, 0, 0, 1};
+    static const wgmma_case misaligned = {64, 0, 0, 128, 1, 0, 128, 0, 0, 0, 0};
+    static const wgmma_case unfenced = {64, 0, 0, 0, 1, 0, 0, 1, 0, 0, 0};
     current_wgmma = &misaligned;
     const hopper_kernel k = {"t_wgmma_swizzle_start", 128, 40960, wgmma_body, 0};
     static const char *const start[] = {
