@@ -421,6 +421,21 @@ void aj_kb_wgmma(aj_kb *kb, enum aj_intrinsic_id id, LLVMValueRef acc, LLVMValue
                    aj_target_name(kb->target));
 }
 
+enum aj_intrinsic_id aj_kb_wgmma_row(int n, int bf16, int a_in_registers, int n_major_b)
+{
+#define ROWS_OF(N, T)                                                                      \
+    {{AJ_INTR_WGMMA_M64N##N##K16_##T##_SS, AJ_INTR_WGMMA_M64N##N##K16_##T##_SS_TB},        \
+     {AJ_INTR_WGMMA_M64N##N##K16_##T##_RS, AJ_INTR_WGMMA_M64N##N##K16_##T##_RS_TB}}
+#define ROWS(N) {ROWS_OF(N, F16), ROWS_OF(N, BF16)},
+    static const enum aj_intrinsic_id rows[][2][2][2] = {AJ_WGMMA_NS(ROWS)};
+#undef ROWS
+#undef ROWS_OF
+    int i = n / 8 - 1;
+    if (n % 8 || i < 0 || i >= (int)(sizeof rows / sizeof rows[0]))
+        return AJ_INTR_COUNT;
+    return rows[i][bf16 != 0][a_in_registers != 0][n_major_b != 0];
+}
+
 void aj_kb_wgmma_wait(aj_kb *kb, int pending, const LLVMValueRef *accs, int count)
 {
     LLVMValueRef n = aj_kb_i32(kb, pending);

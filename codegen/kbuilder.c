@@ -514,6 +514,22 @@ int32_t aj_kb_smem_reserve(aj_kb *kb, int32_t bytes)
     return off;
 }
 
+int32_t aj_kb_smem_reserve_aligned(aj_kb *kb, int32_t bytes, int32_t align)
+{
+    if (align < 16 || align > 1024 || (align & (align - 1))) {
+        aj_kb_fail(kb, AJ_ERR_INTERNAL, "aj_kb_smem_reserve_aligned: align = %d is not a power "
+                   "of two in 16..1024", align);
+        return 0;
+    }
+    kb->dynamic_smem = (kb->dynamic_smem + align - 1) & ~(align - 1);
+    if (align > kb->smem_align) {
+        kb->smem_align = align;
+        if (kb->smem_base && !kb->desc->emulated)
+            LLVMSetAlignment(kb->smem_base, (unsigned)align);
+    }
+    return aj_kb_smem_reserve(kb, bytes);
+}
+
 LLVMValueRef aj_kb_smem_ptr(aj_kb *kb, LLVMValueRef byte_offset)
 {
     /* sim: the base is the CTA's arena, fetched once in aj_kb_begin */
@@ -522,7 +538,7 @@ LLVMValueRef aj_kb_smem_ptr(aj_kb *kb, LLVMValueRef byte_offset)
         LLVMTypeRef arr = LLVMArrayType2(kb->t_i8, 0);
         kb->smem_base = LLVMAddGlobalInAddressSpace(kb->mod, arr, "aj_smem", AJ_AS_SHARED);
         LLVMSetLinkage(kb->smem_base, LLVMExternalLinkage);
-        LLVMSetAlignment(kb->smem_base, 16);
+        LLVMSetAlignment(kb->smem_base, kb->smem_align > 16 ? (unsigned)kb->smem_align : 16);
     }
     return LLVMBuildInBoundsGEP2(kb->b, kb->t_i8, kb->smem_base, &byte_offset, 1, "");
 }
@@ -732,6 +748,19 @@ LLVMValueRef aj_kb_wgmma_desc(aj_kb *kb, LLVMValueRef smem_ptr, int lbo, int sbo
     uint64_t fields = (uint64_t)((lbo >> 4) & 0x3fff) << 16 |
                       (uint64_t)((sbo >> 4) & 0x3fff) << 32 | (uint64_t)(swizzle & 3) << 62;
     return LLVMBuildOr(kb->b, start, LLVMConstInt(kb->t_i64, fields, 0), "");
+}
+
+LLVMValueRef aj_kb_swizzle(aj_kb *kb, LLVMValueRef offset, int span)
+{
+    LLVMValueRef bits = LLVMBuildAnd(kb->b, LLVMBuildLShr(kb->b, offset, aj_kb_i32(kb, 7), ""),
+                                     aj_kb_i32(kb, span / 16 - 1), "");
+    return LLVMBuildXor(kb->b, offset, LLVMBuildShl(kb->b, bits, aj_kb_i32(kb, 4), ""), "");
+}
+
+int aj_kb_swizzle_mode(int span)
+{
+    return span == 128 ? AJ_WGMMA_SWIZZLE_128B : span == 64 ? AJ_WGMMA_SWIZZLE_64B
+         : span == 32 ? AJ_WGMMA_SWIZZLE_32B : AJ_WGMMA_SWIZZLE_NONE;
 }
 
 void aj_kb_mbarrier_wait(aj_kb *kb, LLVMValueRef bar, LLVMValueRef parity)

@@ -113,6 +113,7 @@ typedef struct aj_kb {
     int32_t block_threads;
     int32_t min_ctas_per_sm;   /* occupancy the template designs for; >= 1 */
     int32_t dynamic_smem;      /* bytes requested with aj_kb_smem_reserve */
+    int32_t smem_align;        /* the base's alignment (aj_kb_smem_reserve_aligned) */
     LLVMValueRef smem_base;
 
     /* the kernels finished so far, in launch order */
@@ -247,6 +248,10 @@ void aj_kb_if_end(aj_kb *kb);
 /* Shared memory: reserves `bytes` (16-byte aligned) of the kernel's dynamic
  * shared memory and returns its byte offset. */
 int32_t aj_kb_smem_reserve(aj_kb *kb, int32_t bytes);
+/* The same at an offset that is a multiple of `align` (a power of two, 16
+ * to 1024; wgmma's and TMA's swizzled tiles need 8 swizzle rows, up to
+ * 1024 bytes); the dynamic shared memory's base is then aligned as well. */
+int32_t aj_kb_smem_reserve_aligned(aj_kb *kb, int32_t bytes, int32_t align);
 /* ptr addrspace(3) to dynamic shared memory at a byte offset (i32). */
 LLVMValueRef aj_kb_smem_ptr(aj_kb *kb, LLVMValueRef byte_offset);
 
@@ -352,12 +357,23 @@ void aj_kb_mbarrier_wait(aj_kb *kb, LLVMValueRef bar, LLVMValueRef parity);
  * the wait.
  */
 void aj_kb_wgmma(aj_kb *kb, enum aj_intrinsic_id id, LLVMValueRef acc, LLVMValueRef *args);
+/* The row of m64nNk16 for f16 or bf16 (`bf16`), A in registers (_RS) or
+ * by descriptor (_SS), B N-major (_TB) or K-major; AJ_INTR_COUNT for an N
+ * that has none (codegen/wgmma_shapes.h). */
+enum aj_intrinsic_id aj_kb_wgmma_row(int n, int bf16, int a_in_registers, int n_major_b);
 void aj_kb_wgmma_wait(aj_kb *kb, int pending, const LLVMValueRef *accs, int count);
 /* A shared-memory matrix descriptor (i64) for `smem_ptr` (K-major, the
  * byte offsets lbo and sbo, swizzle AJ_WGMMA_SWIZZLE_*). */
 enum { AJ_WGMMA_SWIZZLE_NONE = 0, AJ_WGMMA_SWIZZLE_128B = 1, AJ_WGMMA_SWIZZLE_64B = 2,
        AJ_WGMMA_SWIZZLE_32B = 3 };
 LLVMValueRef aj_kb_wgmma_desc(aj_kb *kb, LLVMValueRef smem_ptr, int lbo, int sbo, int swizzle);
+/* Byte offset `offset` (i32, from a base aligned to 8 span-byte rows) under
+ * the span-byte swizzle (span 32, 64 or 128) that wgmma and TMA share: the
+ * 16-byte chunk (bits 4..) XORed with bits 7.. (span / 16 - 1 of them). */
+LLVMValueRef aj_kb_swizzle(aj_kb *kb, LLVMValueRef offset, int span);
+/* The swizzle mode (AJ_WGMMA_SWIZZLE_*) of a span of 128, 64 or 32 bytes;
+ * 0 (none) for any other. */
+int aj_kb_swizzle_mode(int span);
 
 /* element conversions between a storage dtype and f32 */
 LLVMTypeRef aj_kb_storage_type(aj_kb *kb, aj_dtype dtype); /* i8, i16 or f32 */

@@ -276,6 +276,7 @@ static aj_status set_field(aj_op *op, const char *fn, aj_op *cand,
     X(layout, aj_layout, layout, LAYOUT) \
     X(q_layout, aj_layout, q_layout, Q_LAYOUT) \
     X(splits, int32_t, splits, SCHEDULE) \
+    X(warpgroups, int32_t, warpgroups, SCHEDULE) \
     X(accumulate, bool, accumulate, ACCUMULATE) \
     X(deterministic, bool, deterministic, DETERMINISTIC) \
     X(target, aj_target, target, TARGET)
@@ -588,6 +589,14 @@ aj_status aj_op_get_sinks(const aj_op *op, int32_t *tensor)
     return AJ_OK;
 }
 
+aj_status aj_op_get_warpgroups(const aj_op *op, int32_t *warpgroups)
+{
+    AJ_OP_ARG(op);
+    AJ_CHECK_ARG(NULL, warpgroups, "%s: warpgroups is NULL", __func__);
+    *warpgroups = op->warpgroups;
+    return AJ_OK;
+}
+
 aj_status aj_op_set_schedule(aj_op *op, const aj_schedule *schedule)
 {
     aj_op cand;
@@ -640,6 +649,7 @@ static aj_status check_dropout(double p, char *msg, size_t cap);
 static aj_status check_schedule(const aj_schedule *s, char *msg, size_t cap);
 static aj_status check_layout(const aj_op *op, char *msg, size_t cap);
 static aj_status check_splits(const aj_op *op, char *msg, size_t cap);
+static aj_status check_warpgroups(const aj_op *op, char *msg, size_t cap);
 static aj_status check_q_layout(const aj_op *op, char *msg, size_t cap);
 
 aj_status aj_op_check_field(const aj_op *op, aj_field field, char *msg,
@@ -721,9 +731,10 @@ aj_status aj_op_check_field(const aj_op *op, aj_field field, char *msg,
         }
         return AJ_OK;
     case AJ_FIELD_SCHEDULE:
-        if ((st = check_schedule(&op->schedule, msg, cap)))
+        if ((st = check_schedule(&op->schedule, msg, cap)) ||
+            (st = check_splits(op, msg, cap)))
             return st;
-        return check_splits(op, msg, cap);
+        return check_warpgroups(op, msg, cap);
     case AJ_FIELD_TARGET:
         return check_enum("target", (int)op->target, AJ_TARGET_COUNT, msg, cap);
     case AJ_FIELD_COUNT:
@@ -1090,6 +1101,27 @@ static aj_status check_splits(const aj_op *op, char *msg, size_t cap)
     if (op->splits && op->layout != AJ_LAYOUT_PAGED) {
         snprintf(msg, cap, "schedule splits applies only to layout = paged, "
                            "not %s", aj_layout_names[op->layout]);
+        return AJ_ERR_VERIFY;
+    }
+    return AJ_OK;
+}
+
+/* The wgmma flash forward's consumer warpgroups (docs/ir.md, schedule):
+ * 0 (the mma.sync template), 1 or 2, on a flash forward over padded or
+ * varlen tensors. */
+static aj_status check_warpgroups(const aj_op *op, char *msg, size_t cap)
+{
+    if (op->warpgroups < 0 || op->warpgroups > AJ_WARPGROUPS_MAX) {
+        snprintf(msg, cap, "schedule warpgroups %d is out of range (want 0..%d)",
+                 (int)op->warpgroups, AJ_WARPGROUPS_MAX);
+        return AJ_ERR_INVALID_ARG;
+    }
+    if (op->warpgroups && (op->kind != AJ_KIND_FORWARD || op->variant != AJ_VARIANT_FLASH ||
+                           op->layout == AJ_LAYOUT_PAGED)) {
+        snprintf(msg, cap, "schedule warpgroups applies only to flash forward ops over padded "
+                 "or varlen tensors (the wgmma template), not %s %s over %s",
+                 aj_kind_names[op->kind], op->variant == AJ_VARIANT_FLASH ? "flash" : "efficient",
+                 op->layout == AJ_LAYOUT_PAGED ? "paged caches" : "these tensors");
         return AJ_ERR_VERIFY;
     }
     return AJ_OK;

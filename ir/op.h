@@ -58,6 +58,7 @@ struct aj_op {
     aj_dtype kv_dtype;     /* paged only, when kv_dtype_set; else dtype */
     bool kv_dtype_set;
     int32_t splits;        /* paged only: 0 = chosen at launch */
+    int32_t warpgroups;    /* flash forward: wgmma warpgroups (0: mma.sync) */
     aj_layout q_layout;    /* paged only: padded or varlen queries */
     bool accumulate;       /* forward only */
     bool deterministic;    /* backward only */
@@ -85,11 +86,12 @@ static inline int32_t aj_op_dv(const aj_op *op)
     return op->head_dim_v ? op->head_dim_v : op->head_dim;
 }
 
-/* Every schedule field left to the template. */
+/* Every schedule field left to the template (the tuner's to choose), the
+ * template itself included (warpgroups). */
 static inline bool aj_op_schedule_is_default(const aj_op *op)
 {
     return op->schedule.block_m == 0 && op->schedule.block_n == 0 &&
-           op->schedule.warps == 0 && op->schedule.stages == 0;
+           op->schedule.warps == 0 && op->schedule.stages == 0 && op->warpgroups == 0;
 }
 
 /* Effective kv_dtype: the op's, or its dtype. */

@@ -158,7 +158,7 @@ aj_status aj_block_mask_create(aj_ctx *ctx, aj_device *dev, const aj_op *op,
     AJ_CHECK_ARG(ctx, args->q.rank == 4 && args->k.rank == 4,
                  "aj_block_mask_create: q and k must be [B, H, S, D] (ranks %d, %d)",
                  args->q.rank, args->k.rank);
-    AJ_CHECK_ARG(ctx, kernel->target == aj_device_target(dev),
+    AJ_CHECK_ARG(ctx, aj_device_runs(dev, kernel->target),
                  "aj_block_mask_create: kernel compiled for %s cannot run on a %s device",
                  aj_target_name(kernel->target), aj_target_name(aj_device_target(dev)));
     aj_launch_info li;

@@ -186,6 +186,13 @@ static aj_status compile_one(aj_ctx *ctx, aj_kernel_cache *cache, const aj_op *o
     char entry[64], key[AJ_CACHE_KEY_MAX];
 
     AJ_TRY(check_op(ctx, op));
+    aj_compile_options wgmma_opt;
+    if (opt->device && op->warpgroups && aj_device_runs(opt->device, AJ_TARGET_SM_90A)) {
+        /* the wgmma template's code is sm_90a's, which a 9.0 device runs */
+        wgmma_opt = *opt;
+        wgmma_opt.target = AJ_TARGET_SM_90A;
+        opt = &wgmma_opt;
+    }
     if (opt->device && aj_op_schedule_is_default(op))
         return compile_tuned(ctx, cache, op, opt, out);
     if (op->target != AJ_TARGET_ANY && op->target != opt->target) {

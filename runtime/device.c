@@ -103,6 +103,17 @@ aj_target aj_device_target(const aj_device *dev)
     return dev ? dev->ops->target(dev) : AJ_TARGET_ANY;
 }
 
+bool aj_device_runs(const aj_device *dev, aj_target kernel_target)
+{
+    aj_target own = aj_device_target(dev);
+    if (kernel_target == own)
+        return true;
+    /* sm_90a code runs on compute capability 9.0 itself, whose device
+     * target is sm_90 (docs/gpu.md) */
+    return kernel_target == AJ_TARGET_SM_90A && own == AJ_TARGET_SM_90 && dev && dev->cuda &&
+           dev->cuda->cc_major == 9 && dev->cuda->cc_minor == 0;
+}
+
 const char *aj_device_name(const aj_device *dev)
 {
     return dev ? dev->ops->device_name(dev) : "";

@@ -99,7 +99,7 @@ static aj_status check_launch(aj_ctx *ctx, const char *fn, aj_device *dev,
     AJ_CHECK_ARG(ctx, args, "%s: args is NULL", fn);
     AJ_CHECK_ARG(ctx, kernel->op.kind == kind, "%s: kernel %s computes a %s op", fn,
                  aj_kernel_entry(kernel), aj_kind_name(kernel->op.kind));
-    AJ_CHECK_ARG(ctx, kernel->target == aj_device_target(dev),
+    AJ_CHECK_ARG(ctx, aj_device_runs(dev, kernel->target),
                  "%s: kernel compiled for %s cannot run on a %s device", fn,
                  aj_target_name(kernel->target), aj_target_name(aj_device_target(dev)));
     return AJ_OK;

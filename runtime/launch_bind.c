@@ -603,7 +603,7 @@ aj_status aj_kernel_encode_param(aj_ctx *ctx, aj_device *dev, const aj_kernel *k
     const char *fn = "aj_kernel_encode_param";
     AJ_CHECK_ARG(ctx, dev && kernel && tensor && out, "%s: %s is NULL", fn,
                  !dev ? "dev" : !kernel ? "kernel" : !tensor ? "tensor" : "out");
-    AJ_CHECK_ARG(ctx, kernel->target == aj_device_target(dev),
+    AJ_CHECK_ARG(ctx, aj_device_runs(dev, kernel->target),
                  "%s: kernel compiled for %s cannot run on a %s device", fn,
                  aj_target_name(kernel->target), aj_target_name(aj_device_target(dev)));
     AJ_CHECK_ARG(ctx, stage >= 0 && stage < kernel->num_stages, "%s: stage = %d; kernel %s "

@@ -98,6 +98,9 @@ struct aj_device {
 /* The CUDA device under dev, for what needs the driver itself (the NCCL
  * engine's context); NULL for other kinds. */
 aj_cuda_device *aj_device_cuda(const aj_device *dev);
+/* Whether dev runs a kernel of `kernel_target`: its own target's, and
+ * sm_90a's on a device of compute capability 9.0 (whose target is sm_90). */
+bool aj_device_runs(const aj_device *dev, aj_target kernel_target);
 
 /* Stream-ordered work for launch.c and ring.c, on any device (see
  * cuda_device.h for cuda; sim and cpu run their work synchronously: their

@@ -52,6 +52,9 @@
  * skip are neither loaded nor computed; tiles of class full skip the
  * element mask.  Rows that see no key end with O = 0 and LSE = -inf.
  *
+ * With schedule warpgroups = G (sm_90a, sim) the same kernel runs its two
+ * GEMMs on wgmma over swizzled shared-memory panels: see "wgmma" below.
+ *
  * Options: dropout (the efficient forward's Philox stream, attn_common.h),
  * accumulate (merge into a prior o_acc / lse), layout = varlen (cu_seqlens;
  * each CTA reads its sequence's bounds, rows past the sequence do nothing,
@@ -91,10 +94,16 @@
  * 184/200, 192/184, 240/216) and not for others; below 124 none of the
  * 992 pairs spills. */
 #define DEFAULT_STATE 124
+/* The wgmma template's: its accumulators are wgmma's registers, in the
+ * same layout, with the whole tile's state live around each GEMM;
+ * test_ptx checks its defaults for spills on sm_90a. */
+#define WGMMA_STATE_BUDGET 200
 
 typedef struct ffwd_plan {
     aj_dtype dtype;
     int d, dv;
+    int wg;                        /* wgmma warpgroups; 0: mma.sync (see "wgmma" below) */
+    int span_qk, span_v;           /* wgmma: swizzle bytes of Q/K's and V's panels */
     int bm, bn, warps, stages, threads;
     int mt;                        /* m-tiles per warp */
     int ldq, ldk, ldv;             /* shared-memory row pitches, in elements */
@@ -122,6 +131,17 @@ static const aj_schedule default_candidates[] = {
     {.block_m = 64, .block_n = 32, .warps = 4, .stages = 1},
 };
 
+/*
+ * The wgmma template's (schedule warpgroups = G): 64 G rows on 4 G warps,
+ * the widest key tile whose state fits; block_m and warps follow G.
+ */
+static const aj_schedule wgmma_candidates[] = {
+    {.block_n = 128, .stages = 2},
+    {.block_n = 64, .stages = 2},
+    {.block_n = 32, .stages = 2},
+    {.block_n = 16, .stages = 2},
+};
+
 /* `given`'s fields over candidate `s`: a block_m or warps given alone
  * brings the other with it, 16 rows per warp (at most 4 warps), as the
  * candidates have. */
@@ -142,6 +162,43 @@ static aj_schedule merge_schedule(aj_schedule s, const aj_schedule *given)
     return s;
 }
 
+/* The swizzle span (bytes) of a wgmma tile `width` elements wide: its rows
+ * are cut into panels of span / 2 elements, the widest of 64, 32 and 16
+ * that divides the width. */
+static int panel_span(int width)
+{
+    return width % 64 == 0 ? 128 : width % 32 == 0 ? 64 : 32;
+}
+
+/* The wgmma template's checks and its fixed fields: the target, the head
+ * dims, 64 rows per warpgroup on 4 warps each; `s` completed. */
+static aj_status plan_wgmma(aj_ctx *ctx, const aj_op *op, aj_target target, aj_schedule *s,
+                            ffwd_plan *p)
+{
+    if (target != AJ_TARGET_SM_90A && target != AJ_TARGET_SIM)
+        return aj_fail(ctx, AJ_ERR_UNSUPPORTED,
+                       "schedule: warpgroups = %d needs wgmma, which %s lacks: target sm_90a "
+                       "(or sim, which emulates it), or warpgroups = 0 for the mma.sync "
+                       "template", p->wg, aj_target_name(target));
+    if (p->d % 16 || p->dv % 16)
+        return aj_fail(ctx, AJ_ERR_UNSUPPORTED,
+                       "schedule: warpgroups = %d takes head dims that are multiples of 16 (a "
+                       "wgmma k-step), not head_dim %d / head_dim_v %d; warpgroups = 0 (the "
+                       "mma.sync template) takes multiples of 8", p->wg, p->d, p->dv);
+    if (!s->block_m)
+        s->block_m = 64 * p->wg;
+    if (!s->warps)
+        s->warps = 4 * p->wg;
+    if (s->block_m != 64 * p->wg || s->warps != 4 * p->wg)
+        return aj_fail(ctx, AJ_ERR_UNSUPPORTED,
+                       "schedule: warpgroups = %d runs block_m = %d rows on warps = %d (64 rows "
+                       "per warpgroup of 4 warps), not block_m = %d, warps = %d", p->wg,
+                       64 * p->wg, 4 * p->wg, s->block_m, s->warps);
+    p->span_qk = panel_span(p->d);
+    p->span_v = panel_span(p->dv);
+    return AJ_OK;
+}
+
 /* The plan of schedule `s`, or AJ_ERR_UNSUPPORTED naming the limit it
  * breaks (the message on ctx, which may be NULL). */
 static aj_status plan_schedule(aj_ctx *ctx, const aj_op *op, aj_target target,
@@ -153,6 +210,12 @@ static aj_status plan_schedule(aj_ctx *ctx, const aj_op *op, aj_target target,
     p->dtype = op->dtype;
     p->d = op->head_dim;
     p->dv = aj_op_dv(op);
+    p->wg = op->warpgroups;
+    if (p->wg) {
+        aj_status st = plan_wgmma(ctx, op, target, &s, p);
+        if (st != AJ_OK)
+            return st;
+    }
 #define CHECK_VALUE(field, allowed, ok)                                                    \
     {                                                                                      \
         int v = s.field;                                                                   \
@@ -162,7 +225,7 @@ static aj_status plan_schedule(aj_ctx *ctx, const aj_op *op, aj_target target,
     }
     SCHEDULE_VALUES(CHECK_VALUE)
 #undef CHECK_VALUE
-    if (s.block_m != 16 * s.warps && s.block_m != 32 * s.warps)
+    if (!p->wg && s.block_m != 16 * s.warps && s.block_m != 32 * s.warps)
         return aj_fail(ctx, AJ_ERR_UNSUPPORTED,
                        "schedule: block_m = %d with warps = %d: flash forward gives each warp "
                        "16 or 32 rows (block_m = %d or %d)", s.block_m, s.warps,
@@ -177,17 +240,19 @@ static aj_status plan_schedule(aj_ctx *ctx, const aj_op *op, aj_target target,
     p->default_state = state + p->mt * p->bn / 2 *
                                    (aj_attn_option_regs_per_element(op) +
                                     aj_attn_score_mod_regs_per_element(op));
-    if (state > STATE_BUDGET)
+    if (state > (p->wg ? WGMMA_STATE_BUDGET : STATE_BUDGET))
         return aj_fail(ctx, AJ_ERR_UNSUPPORTED,
                        "schedule: block_m = %d, block_n = %d, warps = %d keeps %d f32 values "
                        "per thread at head_dim_v %d (budget %d); use fewer rows per warp or "
-                       "a smaller block_n", p->bm, p->bn, p->warps, state, p->dv, STATE_BUDGET);
-    p->ldq = aj_mma_tile_ld(p->d);
-    p->ldk = aj_mma_tile_ld(p->d);
-    p->ldv = aj_mma_tile_ld(p->dv);
+                       "a smaller block_n", p->bm, p->bn, p->warps, state, p->dv,
+                       p->wg ? WGMMA_STATE_BUDGET : STATE_BUDGET);
+    /* the wgmma tiles are unpadded panels (see "wgmma"), each 1024-byte aligned */
+    p->ldq = p->wg ? p->d : aj_mma_tile_ld(p->d);
+    p->ldk = p->wg ? p->d : aj_mma_tile_ld(p->d);
+    p->ldv = p->wg ? p->dv : aj_mma_tile_ld(p->dv);
     int64_t elems = (int64_t)p->bm * p->ldq +
                     (int64_t)p->stages * p->bn * (p->ldk + p->ldv);
-    int64_t bytes = 2 * elems;
+    int64_t bytes = 2 * elems + (p->wg ? 2 * 1024 : 0);
     if (bytes > aj_target_smem_limit(target))
         return aj_fail(ctx, AJ_ERR_UNSUPPORTED,
                        "schedule: block_m = %d, block_n = %d, stages = %d needs %lld bytes of "
@@ -206,11 +271,13 @@ static int plan_state(const void *plan)
  * fits, the first one's failure (attn_common.h). */
 static aj_status plan_kernel(aj_ctx *ctx, const aj_op *op, aj_target target, ffwd_plan *p)
 {
+    int wg = op->warpgroups != 0;
     const aj_attn_schedule_rule rule = {
-        .candidates = default_candidates,
-        .n = (int)(sizeof default_candidates / sizeof default_candidates[0]),
+        .candidates = wg ? wgmma_candidates : default_candidates,
+        .n = wg ? (int)(sizeof wgmma_candidates / sizeof wgmma_candidates[0])
+                : (int)(sizeof default_candidates / sizeof default_candidates[0]),
         .plan = plan_schedule,
-        .complete = merge_schedule,
+        .complete = wg ? NULL : merge_schedule,
         .state = plan_state,
         .state_goal = DEFAULT_STATE,
     };
@@ -243,6 +310,9 @@ typedef struct ffwd {
     LLVMValueRef s[MAX_MT][MAX_NT][4];   /* vars: scores of the current tile */
     LLVMValueRef o[MAX_MT][MAX_VT][4];   /* vars: output accumulators */
     LLVMValueRef m[MAX_MT][2], l[MAX_MT][2];  /* vars: running max (log2), lane sum */
+    /* wgmma: the accumulator arrays of S ([bn/2] f32) and O ([dv/2] f32),
+     * and the byte offset of the warpgroup's first Q row in Q's panel 0 */
+    LLVMValueRef acc_s, acc_o, q_wg;
 } ffwd;
 
 static aj_param_source out_tensor(const aj_op *op)
@@ -267,6 +337,28 @@ static LLVMValueRef tile_offset(ffwd *e, LLVMValueRef row, LLVMValueRef col, int
 }
 
 /*
+ * Byte offset (i32) in a tile of `rows` x `width` elements of the 16-byte
+ * chunk at (row, col), col a multiple of 8: row-major with pitch ld for
+ * mma.sync; for wgmma the panel layout of "wgmma" below, swizzled.
+ */
+static LLVMValueRef tile_chunk(ffwd *e, LLVMValueRef row, LLVMValueRef col, int rows, int width,
+                               int ld)
+{
+    if (!e->p.wg)
+        return tile_offset(e, row, col, ld);
+    aj_kb *kb = e->kb;
+    LLVMBuilderRef b = e->b;
+    int span = panel_span(width), per_panel = span / 2;
+    LLVMValueRef panel = LLVMBuildUDiv(b, col, aj_kb_i32(kb, per_panel), "");
+    LLVMValueRef in_panel = LLVMBuildURem(b, col, aj_kb_i32(kb, per_panel), "");
+    LLVMValueRef off = aj_kb_add(
+        kb, LLVMBuildMul(b, panel, aj_kb_i32(kb, rows * span), ""),
+        aj_kb_add(kb, LLVMBuildMul(b, row, aj_kb_i32(kb, span), ""),
+                  LLVMBuildShl(b, in_panel, aj_kb_i32(kb, 1), "")));
+    return aj_kb_swizzle(kb, off, span);
+}
+
+/*
  * cp.async of `rows` rows of `width` elements, starting at row `row0` of a
  * slice (element offset `base`, row stride `stride`), into shared memory
  * at byte offset `dst` with pitch `ld`.  A row is width / 8 chunks of 16
@@ -285,12 +377,14 @@ static void load_tile_async(ffwd *e, aj_param_source tensor, LLVMValueRef base, 
     int per_row = width / 8;
     int chunks = rows * per_row;
     int threads = e->p.threads;
-    int fixed_col = threads % per_row == 0;
+    /* wgmma's swizzle repeats every 8 rows: a fixed column keeps its
+     * address pattern only where the rows step by multiples of 8 */
+    int fixed_col = threads % per_row == 0 && (!e->p.wg || threads / per_row % 8 == 0);
     LLVMValueRef last = LLVMBuildSub(b, limit, aj_kb_i32(kb, 1), "");
     LLVMValueRef r0 = LLVMBuildUDiv(b, e->tid, aj_kb_i32(kb, per_row), "");
     LLVMValueRef col0 =
         LLVMBuildShl(b, LLVMBuildURem(b, e->tid, aj_kb_i32(kb, per_row), ""), aj_kb_i32(kb, 3), "");
-    LLVMValueRef lane_dst = aj_kb_add(kb, dst, tile_offset(e, r0, col0, ld));
+    LLVMValueRef lane_dst = aj_kb_add(kb, dst, tile_chunk(e, r0, col0, rows, width, ld));
     for (int it = 0; it * threads < chunks; it++) {
         LLVMValueRef c = aj_kb_add(kb, e->tid, aj_kb_i32(kb, it * threads));
         int partial = (it + 1) * threads > chunks;
@@ -301,12 +395,13 @@ static void load_tile_async(ffwd *e, aj_param_source tensor, LLVMValueRef base, 
             int dr = it * (threads / per_row);
             r = aj_kb_add(kb, r0, aj_kb_i32(kb, dr));
             col = col0;
-            sptr = smem_at(e, lane_dst, 2 * (int64_t)dr * ld);
+            sptr = smem_at(e, lane_dst,
+                           e->p.wg ? (int64_t)dr * panel_span(width) : 2 * (int64_t)dr * ld);
         } else {
             r = LLVMBuildUDiv(b, c, aj_kb_i32(kb, per_row), "");
             col = LLVMBuildShl(b, LLVMBuildURem(b, c, aj_kb_i32(kb, per_row), ""), aj_kb_i32(kb, 3),
                                "");
-            sptr = smem_at(e, aj_kb_add(kb, dst, tile_offset(e, r, col, ld)), 0);
+            sptr = smem_at(e, aj_kb_add(kb, dst, tile_chunk(e, r, col, rows, width, ld)), 0);
         }
         LLVMValueRef grow = aj_kb_add(kb, row0, r);
         LLVMValueRef in = LLVMBuildICmp(b, LLVMIntSLT, grow, limit, "");
@@ -421,7 +516,112 @@ static void lane_addresses(ffwd *e)
         tile_offset(e, aj_kb_add(e->kb, e->wrow, aj_kb_add(e->kb, l7, bit3)), bit4, p->ldq));
     e->k_lane = tile_offset(e, aj_kb_add(e->kb, l7, bit4), bit3, p->ldk);
     e->v_lane = tile_offset(e, aj_kb_add(e->kb, l7, bit3), bit4, p->ldv);
+    /* wgmma: the warpgroup's 64 rows start 64 rows into each Q panel */
+    e->q_wg = aj_kb_add(e->kb, aj_kb_i32(e->kb, p->smem_q),
+                        LLVMBuildMul(b, LLVMBuildLShr(b, e->tid, aj_kb_i32(e->kb, 7), ""),
+                                     aj_kb_i32(e->kb, 64 * panel_span(p->d)), ""));
 }
+
+/* ---------------------------------------------------------------- wgmma */
+
+/*
+ * wgmma (schedule warpgroups = G, sm_90a and sim): the same kernel with
+ * its two GEMMs on wgmma.mma_async.  Warpgroup w (warps 4w .. 4w + 3) owns
+ * rows 64 w .. 64 w + 63; wgmma's accumulator layout is, warp by warp,
+ * mma.sync's C fragment of n8 tiles (register 4 j + c = s[0][j][c]), so
+ * the score mods, the mask, the online softmax and the epilogue are the
+ * mma.sync template's, and P, repacked as above, is wgmma's A in
+ * registers.
+ *
+ * Shared memory holds each tile in panels of E = span / 2 columns (E 64,
+ * 32 or 16, the widest dividing the width: panel_span), panel after
+ * panel, each a run of span-byte rows under the span-byte swizzle
+ * (aj_kb_swizzle), every tile 1024-byte aligned:
+ *
+ *   S = Q K^T   wgmma m64n{block_n}k16 per 16 columns of D, A = Q and B =
+ *               K by descriptor, both K-major: a k-step's descriptor
+ *               starts in its panel, 32 bytes per step into the row; SBO
+ *               = 8 rows
+ *   O += P V    wgmma m64n{Dv}k16 per 16 keys, A = P in registers, B = V
+ *               N-major (imm-trans-b): V's rows are its k, so the step
+ *               starts 16 rows on; LBO = a panel (block_n rows), SBO = 8
+ *               rows
+ *
+ * cp.async writes the chunks (generic proxy), so each thread fences
+ * (fence.proxy.async) before the barrier that hands a tile to wgmma.  Each
+ * GEMM is fenced, committed and waited for whole (the accumulators pass
+ * through variables around it, which registers hold on sm_90a).
+ */
+
+static LLVMValueRef acc_elem(ffwd *e, LLVMValueRef acc, int r)
+{
+    LLVMValueRef idx[2] = {aj_kb_i32(e->kb, 0), aj_kb_i32(e->kb, r)};
+    return LLVMBuildInBoundsGEP2(e->b, LLVMGetAllocatedType(acc), acc, idx, 2, "");
+}
+
+/* A GEMM's end: commit its wgmmas, wait for them, and its n8 tiles'
+ * accumulators (register 4 j + c) into the variables vars[j][c]. */
+static void finish_gemm(ffwd *e, LLVMValueRef acc, int n8, LLVMValueRef (*vars)[4])
+{
+    aj_kb *kb = e->kb;
+    aj_kb_intrinsic(kb, AJ_INTR_WGMMA_COMMIT_GROUP, NULL);
+    aj_kb_wgmma_wait(kb, 0, &acc, 1);
+    for (int j = 0; j < n8; j++)
+        for (int c = 0; c < 4; c++)
+            aj_kb_set(kb, vars[j][c],
+                      LLVMBuildLoad2(e->b, kb->t_f32, acc_elem(e, acc, 4 * j + c), ""));
+}
+
+/* The descriptor of 16 columns from column `col` of a K-major tile of
+ * `rows` x `width` elements at shared byte offset `base`. */
+static LLVMValueRef kmajor_desc(ffwd *e, LLVMValueRef base, int rows, int width, int col)
+{
+    int span = panel_span(width), per_panel = span / 2;
+    int64_t at = (int64_t)(col / per_panel) * rows * span + 2 * (col % per_panel);
+    return aj_kb_wgmma_desc(e->kb, smem_at(e, base, at), 16, 8 * span, aj_kb_swizzle_mode(span));
+}
+
+/* S = Q K^T on wgmma: the warpgroup's 64 rows against the key tile at
+ * shared byte offset `kbase`, into the score variables. */
+static void emit_qk_wgmma(ffwd *e, LLVMValueRef kbase)
+{
+    aj_kb *kb = e->kb;
+    const ffwd_plan *p = &e->p;
+    enum aj_intrinsic_id row = aj_kb_wgmma_row(p->bn, p->dtype == AJ_DTYPE_BF16, 0, 0);
+    aj_kb_intrinsic(kb, AJ_INTR_WGMMA_FENCE, NULL);
+    for (int kk = 0; kk < p->d / 16; kk++) {
+        LLVMValueRef args[3] = {kmajor_desc(e, e->q_wg, p->bm, p->d, 16 * kk),
+                                kmajor_desc(e, kbase, p->bn, p->d, 16 * kk),
+                                aj_kb_i32(kb, kk > 0)};
+        aj_kb_wgmma(kb, row, e->acc_s, args);
+    }
+    finish_gemm(e, e->acc_s, p->bn / 8, e->s[0]);
+}
+
+/* O += P V on wgmma, P's A fragments given (a[kk][0..3] per 16 keys); V's
+ * tile at shared byte offset `vbase`. */
+static void emit_pv_wgmma(ffwd *e, LLVMValueRef a[][4], LLVMValueRef vbase)
+{
+    aj_kb *kb = e->kb;
+    const ffwd_plan *p = &e->p;
+    int span = p->span_v;
+    enum aj_intrinsic_id row = aj_kb_wgmma_row(p->dv, p->dtype == AJ_DTYPE_BF16, 1, 1);
+    for (int v = 0; v < p->dv / 8; v++)
+        for (int c = 0; c < 4; c++)
+            LLVMBuildStore(e->b, aj_kb_get(kb, e->o[0][v][c]), acc_elem(e, e->acc_o, 4 * v + c));
+    aj_kb_intrinsic(kb, AJ_INTR_WGMMA_FENCE, NULL);
+    for (int kk = 0; kk < p->bn / 16; kk++) {
+        LLVMValueRef args[6] = {a[kk][0], a[kk][1], a[kk][2], a[kk][3],
+                                aj_kb_wgmma_desc(kb, smem_at(e, vbase, (int64_t)16 * kk * span),
+                                                 p->bn * span, 8 * span,
+                                                 aj_kb_swizzle_mode(span)),
+                                aj_kb_i32(kb, 1)};
+        aj_kb_wgmma(kb, row, e->acc_o, args);
+    }
+    finish_gemm(e, e->acc_o, p->dv / 8, e->o[0]);
+}
+
+/* ---------------------------------------------------------------- mma.sync */
 
 /* S = Q K^T for the warp's m-tiles over the key tile whose K starts at
  * shared byte offset `kbase`, into the score variables. */
@@ -429,6 +629,10 @@ static void emit_qk(ffwd *e, LLVMValueRef kbase)
 {
     aj_kb *kb = e->kb;
     const ffwd_plan *p = &e->p;
+    if (p->wg) {
+        emit_qk_wgmma(e, kbase);
+        return;
+    }
     int nt = p->bn / 8;
     LLVMValueRef acc[MAX_MT][MAX_NT][4];
     for (int mi = 0; mi < p->mt; mi++)
@@ -592,6 +796,17 @@ static void emit_softmax_pv(ffwd *e, LLVMValueRef n0, LLVMValueRef vbase)
         }
 
     /* O += P V: A = P (see the diagram at the top), B = V */
+    if (p->wg) {
+        LLVMValueRef a[MAX_NT / 2][4];
+        for (int kk = 0; kk < p->bn / 16; kk++) {
+            a[kk][0] = pack2(e, pf[0][2 * kk][0], pf[0][2 * kk][1]);
+            a[kk][1] = pack2(e, pf[0][2 * kk][2], pf[0][2 * kk][3]);
+            a[kk][2] = pack2(e, pf[0][2 * kk + 1][0], pf[0][2 * kk + 1][1]);
+            a[kk][3] = pack2(e, pf[0][2 * kk + 1][2], pf[0][2 * kk + 1][3]);
+        }
+        emit_pv_wgmma(e, a, vbase);
+        return;
+    }
     LLVMValueRef vt = aj_kb_add(kb, vbase, e->v_lane);
     LLVMValueRef acc[MAX_MT][MAX_VT][4];
     for (int mi = 0; mi < p->mt; mi++)
@@ -734,9 +949,14 @@ static void alloc_state(ffwd *e)
 {
     aj_kb *kb = e->kb;
     const ffwd_plan *p = &e->p;
-    e->p.smem_q = aj_kb_smem_reserve(kb, 2 * p->bm * p->ldq);
-    e->p.smem_k = aj_kb_smem_reserve(kb, 2 * p->stages * p->bn * p->ldk);
-    e->p.smem_v = aj_kb_smem_reserve(kb, 2 * p->stages * p->bn * p->ldv);
+    int align = p->wg ? 1024 : 16;   /* wgmma: 8 rows of a 128-byte swizzle */
+    e->p.smem_q = aj_kb_smem_reserve_aligned(kb, 2 * p->bm * p->ldq, align);
+    e->p.smem_k = aj_kb_smem_reserve_aligned(kb, 2 * p->stages * p->bn * p->ldk, align);
+    e->p.smem_v = aj_kb_smem_reserve_aligned(kb, 2 * p->stages * p->bn * p->ldv, align);
+    if (p->wg) {
+        e->acc_s = aj_kb_var(kb, LLVMArrayType2(kb->t_f32, (uint64_t)p->bn / 2), NULL, "acc_s");
+        e->acc_o = aj_kb_var(kb, LLVMArrayType2(kb->t_f32, (uint64_t)p->dv / 2), NULL, "acc_o");
+    }
     for (int mi = 0; mi < p->mt; mi++) {
         for (int j = 0; j < p->bn / 8; j++)
             for (int c = 0; c < 4; c++)
@@ -774,8 +994,11 @@ static void prologue(ffwd *e, aj_score_walk *walk, LLVMValueRef q_src, int gated
 {
     aj_kb *kb = e->kb;
     const ffwd_plan *p = &e->p;
-    aj_mma_tile_zero_pad(kb, aj_kb_i32(kb, p->smem_q), p->bm, p->d, e->tid, p->threads);
-    aj_mma_tile_zero_pad(kb, aj_kb_i32(kb, p->smem_k), p->stages * p->bn, p->d, e->tid, p->threads);
+    if (!p->wg) {   /* wgmma's tiles have no pad columns */
+        aj_mma_tile_zero_pad(kb, aj_kb_i32(kb, p->smem_q), p->bm, p->d, e->tid, p->threads);
+        aj_mma_tile_zero_pad(kb, aj_kb_i32(kb, p->smem_k), p->stages * p->bn, p->d, e->tid,
+                             p->threads);
+    }
     load_tile_async(e, AJ_PSRC_q, q_src, aj_param(kb, AJ_PID(stride_q_s)), e->m0, e->seq_q, p->bm,
                     p->d, aj_kb_i32(kb, e->p.smem_q), p->ldq);
     for (int s = 0; s < p->stages - 1; s++) {
@@ -802,6 +1025,8 @@ static void mainloop(ffwd *e, aj_score_walk *walk, int gated, LLVMValueRef *ahea
                   gated ? ahead[p->stages - 1] : NULL, gated ? ahead_tile[p->stages - 1] : NULL);
     aj_kb_cp_async_commit(kb);
     aj_kb_cp_async_wait(kb, p->stages - 1);
+    if (p->wg)   /* the copies' generic writes, to the async proxy wgmma reads through */
+        aj_kb_intrinsic(kb, AJ_INTR_FENCE_PROXY_ASYNC, NULL);
     aj_kb_barrier(kb);
     LLVMValueRef slot =
         LLVMBuildURem(b, LLVMBuildSub(b, at, walk->begin, ""), aj_kb_i32(kb, p->stages), "");

@@ -325,6 +325,15 @@ aj_status aj_op_set_kv_dtype(aj_op *op, aj_dtype kv_dtype);
  * form's `schedule = (splits = N)`. */
 #define AJ_SPLITS_MAX 16
 aj_status aj_op_set_splits(aj_op *op, int32_t splits);
+/* Flash forward over padded or varlen tensors, for sm_90a (and sim, which
+ * emulates it): the number of consumer warpgroups (1..AJ_WARPGROUPS_MAX,
+ * 64 query rows each) of the wgmma template, whose GEMMs are
+ * wgmma.mma_async; 0, the default, keeps the mma.sync template, which
+ * every target runs.  The text form's `schedule = (warpgroups = N)`
+ * (docs/ir.md, docs/gpu.md). */
+#define AJ_WARPGROUPS_MAX 2
+aj_status aj_op_set_warpgroups(aj_op *op, int32_t warpgroups);
+aj_status aj_op_get_warpgroups(const aj_op *op, int32_t *warpgroups);
 /* layout = paged only: the queries' layout, AJ_LAYOUT_PADDED (q [B, Hq,
  * Sq, D], the default) or AJ_LAYOUT_VARLEN (q [T, Hq, D] with
  * cu_seqlens_q: chunked prefill).  The text form's `q_layout`. */

@@ -569,7 +569,7 @@ static const bad_spec bad_specs[] = {
       "t.aj:4:14: expected a schedule (default or (block_m = N, block_n = N, "
       "warps = N, stages = N)), found 'fast'" },
     { FWD REQ "  schedule = ()\n}", 0, AJ_ERR_PARSE,
-      "t.aj:4:15: expected a schedule key (block_m, block_n, warps, stages or splits), found ')'" },
+      "t.aj:4:15: expected a schedule key (block_m, block_n, warps, stages, splits or warpgroups), found ')'" },
     { FWD REQ "  schedule = (block_m = 64, block_m = 64)\n}", 0, AJ_ERR_PARSE,
       "t.aj:4:29: duplicate schedule key 'block_m'" },
     { FWD REQ "  schedule = (warps = 4 stages = 2)\n}", 0, AJ_ERR_PARSE,
@@ -652,6 +652,18 @@ static const bad_spec bad_specs[] = {
       "t.aj:4:3: schedule splits applies only to layout = paged, not padded" },
     { FWD REQ "  layout = paged\n  schedule = (splits = 17)\n}", 0, AJ_ERR_VERIFY,
       "t.aj:5:3: schedule splits 17 is out of range (want 0..16)" },
+    { FWD REQ "  schedule = (warpgroups = 3)\n}", 0, AJ_ERR_VERIFY,
+      "t.aj:4:3: schedule warpgroups 3 is out of range (want 0..2)" },
+    { BWD REQ "  schedule = (warpgroups = 1)\n}", 0, AJ_ERR_VERIFY,
+      "t.aj:4:3: schedule warpgroups applies only to flash forward ops over padded or varlen "
+      "tensors (the wgmma template), not backward flash over these tensors" },
+    { "attention forward efficient {\n" REQ "  schedule = (warpgroups = 1)\n}", 0,
+      AJ_ERR_VERIFY, "t.aj:4:3: schedule warpgroups applies only to flash forward ops over "
+      "padded or varlen tensors (the wgmma template), not forward efficient over these "
+      "tensors" },
+    { FWD REQ "  layout = paged\n  schedule = (warpgroups = 2)\n}", 0, AJ_ERR_VERIFY,
+      "t.aj:5:3: schedule warpgroups applies only to flash forward ops over padded or varlen "
+      "tensors (the wgmma template), not forward flash over paged caches" },
 };
 
 static void test_bad_specs(aj_ctx *ctx)
@@ -825,6 +837,50 @@ static void test_verifier_direct(aj_ctx *ctx)
 
 /* layout = paged with kv_dtype and splits: builder, text and hash agree;
  * kv_dtype prints only for paged ops, so the others hash as before. */
+/* schedule warpgroups: builder, text and hash agree; the setter refuses
+ * what the verifier does; 0 prints nothing (the hash of before) */
+static void test_warpgroups(aj_ctx *ctx)
+{
+    static const char text[] =
+        "attention forward flash {\n  dtype = bf16\n  head_dim = 128\n"
+        "  schedule = (block_n = 64, warpgroups = 2)\n}\n";
+    aj_op *built = NULL, *parsed = NULL;
+    char hb[AJ_HASH_HEX_LEN + 1], hp[AJ_HASH_HEX_LEN + 1], h0[AJ_HASH_HEX_LEN + 1];
+    char *printed = NULL;
+    int32_t wg = -1;
+    CHECK(aj_op_create(ctx, AJ_KIND_FORWARD, AJ_VARIANT_FLASH, &built) == AJ_OK);
+    CHECK(aj_op_parse(ctx, text, strlen(text), "w.aj", &parsed) == AJ_OK);
+    if (!built || !parsed)
+        goto done;
+    CHECK(aj_op_set_dtype(built, AJ_DTYPE_BF16) == AJ_OK);
+    CHECK(aj_op_set_head_dims(built, 128, 0) == AJ_OK);
+    CHECK(aj_op_set_schedule(built, &(aj_schedule){.block_n = 64}) == AJ_OK);
+    CHECK(aj_op_get_warpgroups(built, &wg) == AJ_OK && wg == 0);
+    CHECK(aj_op_hash(built, h0) == AJ_OK);
+    CHECK(aj_op_set_warpgroups(built, 2) == AJ_OK);
+    CHECK(aj_op_get_warpgroups(built, &wg) == AJ_OK && wg == 2);
+    CHECK(aj_op_hash(built, hb) == AJ_OK && aj_op_hash(parsed, hp) == AJ_OK);
+    CHECK_MSG(strcmp(hb, hp) == 0 && strcmp(hb, h0) != 0, "built %s, parsed %s, plain %s", hb,
+              hp, h0);
+    CHECK(aj_op_print(parsed, &printed) == AJ_OK);
+    CHECK_MSG(printed && strstr(printed, "  schedule = (block_n = 64, warpgroups = 2)\n"),
+              "printed: %s", printed);
+    /* the wgmma template is not the paged one's: the op as a whole is refused */
+    CHECK(aj_op_set_layout(built, AJ_LAYOUT_PAGED) == AJ_OK);
+    CHECK_STATUS(ctx, aj_op_verify(built), AJ_ERR_VERIFY);
+    CHECK_ERROR(ctx, "schedule warpgroups applies only to flash forward ops over padded or "
+                     "varlen tensors");
+    CHECK(aj_op_set_layout(built, AJ_LAYOUT_PADDED) == AJ_OK);
+    CHECK(aj_op_set_warpgroups(built, 0) == AJ_OK && aj_op_hash(built, hb) == AJ_OK &&
+          strcmp(hb, h0) == 0);
+    CHECK_STATUS(ctx, aj_op_set_warpgroups(built, -1), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "aj_op_set_warpgroups: schedule warpgroups -1 is out of range (want 0..2)");
+done:
+    aj_free(printed);
+    aj_op_destroy(built);
+    aj_op_destroy(parsed);
+}
+
 static void test_paged(aj_ctx *ctx)
 {
     static const char text[] =
@@ -1411,6 +1467,7 @@ int main(int argc, char **argv)
     test_verifier_direct(ctx);
     test_setter_errors(ctx);
     test_paged(ctx);
+    test_warpgroups(ctx);
     test_f8_convert();
     test_convert_paths();
     test_sticky(ctx);

@@ -203,13 +203,23 @@ static void free_tensor(host_tensor *h)
 static void write_spec(const fwd_case *c, const fwd_options *x, const fwd_run_options *run,
                        char *spec, size_t cap)
 {
+    /* the case's schedule with the run's warpgroups among its keys */
+    char sched[160];
+    const char *given = c->schedule && strcmp(c->schedule, "default") ? c->schedule : NULL;
+    if (run->warpgroups && given)
+        snprintf(sched, sizeof sched, "%.*s, warpgroups = %d)", (int)strlen(given) - 1, given,
+                 run->warpgroups);
+    else if (run->warpgroups)
+        snprintf(sched, sizeof sched, "(warpgroups = %d)", run->warpgroups);
+    else
+        snprintf(sched, sizeof sched, "%s", given ? given : "default");
     snprintf(spec, cap,
              "attention forward %s {\n  dtype = %s\n  head_dim = %d\n"
              "  head_dim_v = %d\n  mask = %s\n  score_mod = %s\n  schedule = %s\n"
              "  bias = %s\n  dropout = %.17g\n  layout = %s\n  accumulate = %s\n%s%s%s}\n",
              run->variant == AJ_VARIANT_FLASH ? "flash" : "efficient",
              aj_dtype_name(c->dtype), c->d, c->dv ? c->dv : c->d, c->mask,
-             c->score_mod ? c->score_mod : "none", c->schedule ? c->schedule : "default",
+             c->score_mod ? c->score_mod : "none", sched,
              x->bias_shape[3] ? "add" : "none", x->dropout,
              run->seqlens_q ? "varlen" : "padded", run->accumulate_parts > 0 ? "true" : "false",
              x->tensors ? "  tensors = " : "", x->tensors ? x->tensors : "",

@@ -110,6 +110,9 @@ typedef struct fwd_run_options {
     /* non-NULL (both): layout = varlen with c->b sequences of these lengths
      * packed as [T, H, D] (c->sq and c->sk are unused) */
     const int32_t *seqlens_q, *seqlens_k;
+    /* > 0: the schedule's warpgroups (the flash forward's wgmma template),
+     * added to c->schedule's keys */
+    int warpgroups;
 } fwd_run_options;
 
 /* The same with run options; x and run may be NULL. */

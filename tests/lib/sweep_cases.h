@@ -45,6 +45,7 @@ typedef struct sweep_case {
     /* options beyond the main product, off unless a caller sets them */
     double dropout;
     int accumulate, deterministic, varlen;
+    int warpgroups;        /* flash forward: the wgmma template's (schedule) */
 } sweep_case;
 
 /* Case `index` of the main product (dv = d, no further options). */
@@ -115,23 +116,27 @@ static inline int sweep_spec(const sweep_case *c, char *buf, size_t cap)
     return snprintf(buf, cap,
                     "attention %s %s {\n  dtype = %s\n  head_dim = %d\n  head_dim_v = %d\n"
                     "  mask = %s\n  score_mod = %s\n  bias = %s\n  dropout = %g\n"
-                    "  layout = %s\n%s%s%s%s%s}\n",
+                    "  layout = %s\n%s%s%s%s%s%s}\n",
                     aj_kind_name(c->kind), aj_variant_name(c->variant),
                     aj_dtype_name(c->dtype), c->d, c->dv, c->mask, c->score_mod,
                     c->bias ? "add" : "none", c->dropout, c->varlen ? "varlen" : "padded",
                     c->tensors ? "  tensors = " : "", c->tensors ? c->tensors : "",
                     c->tensors ? "\n" : "", c->accumulate ? "  accumulate = true\n" : "",
-                    c->deterministic ? "  deterministic = true\n" : "");
+                    c->deterministic ? "  deterministic = true\n" : "",
+                    c->warpgroups == 1   ? "  schedule = (warpgroups = 1)\n"
+                    : c->warpgroups == 2 ? "  schedule = (warpgroups = 2)\n"
+                                         : "");
 }
 
 /* A short label: "bwd efficient bf16 d72/72 causal(bottom_right) alibi bias". */
 static inline void sweep_label(const sweep_case *c, char *buf, size_t cap)
 {
-    snprintf(buf, cap, "%s %s %s d%d/%d %s %s%s%s%s%s", c->kind == AJ_KIND_FORWARD ? "fwd" : "bwd",
+    snprintf(buf, cap, "%s %s %s d%d/%d %s %s%s%s%s%s%s", c->kind == AJ_KIND_FORWARD ? "fwd" : "bwd",
              aj_variant_name(c->variant), aj_dtype_name(c->dtype), c->d, c->dv, c->mask,
              c->score_mod, c->bias ? " bias" : "", c->dropout > 0 ? " dropout" : "",
              c->accumulate ? " accumulate" : c->deterministic ? " deterministic" : "",
-             c->varlen ? " varlen" : "");
+             c->varlen ? " varlen" : "",
+             c->warpgroups == 1 ? " wgmma x1" : c->warpgroups == 2 ? " wgmma x2" : "");
 }
 
 #endif /* AJ_TESTS_SWEEP_CASES_H */

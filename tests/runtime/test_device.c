@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "spec_compile.h"
 #include "runtime/runtime.h"
 
 static aj_ctx *ctx;
@@ -165,6 +166,27 @@ static void check_device(int i)
     }
     aj_device_host_free(dev, host);
     aj_device_free(dev, mem);
+
+    /* the kernels it runs: its target's, and sm_90a's on a 9.0 GPU (the
+     * stand-in is one), where a wgmma op (schedule warpgroups) compiles
+     * for sm_90a */
+    int gpu90 = c.kind == AJ_DEVICE_CUDA && c.cc_major == 9 && c.cc_minor == 0;
+    for (int t = 0; t < AJ_TARGET_COUNT; t++)
+        CHECK_MSG(aj_device_runs(dev, (aj_target)t) ==
+                      (t == (int)c.target || (gpu90 && t == AJ_TARGET_SM_90A)),
+                  "%s: runs %s", expected[i].name, aj_target_name((aj_target)t));
+    if (c.kind != AJ_DEVICE_CPU) {
+        static const char wg[] = "attention forward flash {\n  dtype = bf16\n  head_dim = 64\n"
+                                 "  schedule = (warpgroups = 1)\n}\n";
+        aj_kernel *k = NULL;
+        aj_compile_options opt = AJ_COMPILE_OPTIONS_INIT;
+        opt.device = dev;
+        CHECK_STATUS(ctx, spec_compile(ctx, wg, "wg.aj", &opt, &k), AJ_OK);
+        CHECK_MSG(k && aj_kernel_target(k) == (gpu90 ? AJ_TARGET_SM_90A : c.target),
+                  "%s: the wgmma kernel's target is %s", expected[i].name,
+                  k ? aj_target_name(aj_kernel_target(k)) : "none");
+        aj_kernel_destroy(k);
+    }
 
     /* errors */
     CHECK_STATUS(ctx, aj_device_get_caps(dev, NULL), AJ_ERR_INVALID_ARG);

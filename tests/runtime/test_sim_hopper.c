@@ -717,11 +717,7 @@ typedef struct wgmma_case {
 #define PROBE_OFF 16384        /* out: acc[0] read before the wait */
 
 static int wgmma_k(const wgmma_case *c) { return c->span ? c->span / 2 : 32; }
-static int wgmma_swizzle_mode(int span)
-{
-    return span == 128 ? AJ_WGMMA_SWIZZLE_128B : span == 64 ? AJ_WGMMA_SWIZZLE_64B
-         : span == 32 ? AJ_WGMMA_SWIZZLE_32B : AJ_WGMMA_SWIZZLE_NONE;
-}
+static int wgmma_swizzle_mode(int span) { return aj_kb_swizzle_mode(span); }
 static int wgmma_sbo(const wgmma_case *c) { return c->span ? 8 * c->span : wgmma_k(c) / 8 * 128; }
 
 /* byte offset of element (row, k) of a K-major operand at `base` */
@@ -750,14 +746,7 @@ static uint32_t b_offset(const wgmma_case *c, uint32_t base, int n, int k)
 
 static enum aj_intrinsic_id wgmma_row(const wgmma_case *c)
 {
-#define ROW_IDS_OF(N, T)                                                                   \
-    {{AJ_INTR_WGMMA_M64N##N##K16_##T##_SS, AJ_INTR_WGMMA_M64N##N##K16_##T##_SS_TB},        \
-     {AJ_INTR_WGMMA_M64N##N##K16_##T##_RS, AJ_INTR_WGMMA_M64N##N##K16_##T##_RS_TB}}
-#define ROW_IDS(N) {ROW_IDS_OF(N, F16), ROW_IDS_OF(N, BF16)},
-    static const enum aj_intrinsic_id rows[][2][2][2] = {AJ_WGMMA_NS(ROW_IDS)};
-#undef ROW_IDS
-#undef ROW_IDS_OF
-    return rows[c->n / 8 - 1][c->bf16][c->a_in_registers][c->n_major_b];
+    return aj_kb_wgmma_row(c->n, c->bf16, c->a_in_registers, c->n_major_b);
 }
 
 static const wgmma_case *current_wgmma;

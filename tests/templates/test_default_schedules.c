@@ -200,8 +200,17 @@ static int pair_cases(sweep_case *out, int stride)
 /* `cases` compiled for sm_80 and sm_90 at the default schedule and
  * assembled (those of shard `shard` of `shards`): every kernel of the
  * module with 0 spill bytes. */
+typedef struct ptxas_arch {
+    aj_target target;
+    const char *arch;
+} ptxas_arch;
+
+static const ptxas_arch mma_archs[] = {{AJ_TARGET_SM_80, "sm_80"}, {AJ_TARGET_SM_90, "sm_90"},
+                                       {0, NULL}};
+static const ptxas_arch wgmma_archs[] = {{AJ_TARGET_SM_90A, "sm_90a"}, {0, NULL}};
+
 static void assemble_cases(aj_ctx *ctx, const sweep_case *cases, int count, int shard,
-                           int shards)
+                           int shards, const ptxas_arch *archs)
 {
     char ptxas[1024];
     if (!ptxas_find(ptxas, sizeof ptxas)) {
@@ -213,9 +222,7 @@ static void assemble_cases(aj_ctx *ctx, const sweep_case *cases, int count, int 
     char(*labels)[160] = calloc((size_t)count, sizeof *labels);
     ptxas_result *results = calloc((size_t)count, sizeof *results);
     CHECK(jobs && ops && labels && results);
-    static const struct { aj_target target; const char *arch; } archs[2] = {
-        {AJ_TARGET_SM_80, "sm_80"}, {AJ_TARGET_SM_90, "sm_90"}};
-    for (int a = 0; a < 2 && jobs && ops && labels && results; a++) {
+    for (int a = 0; archs[a].arch && jobs && ops && labels && results; a++) {
         int n = 0;
         for (int slot = 0; slot < count; slot++) {
             if (slot % shards != shard)
@@ -246,6 +253,10 @@ static void assemble_cases(aj_ctx *ctx, const sweep_case *cases, int count, int 
                 continue;
             CHECK_MSG(results[j].exit_code == 0, "%s %s: ptxas failed:\n%s", labels[j],
                       archs[a].arch, results[j].log);
+            /* wgmma: no serialisation of the warpgroup's GEMMs (ptxas
+             * warns where it must insert waits of its own) */
+            CHECK_MSG(!strstr(results[j].log, "serializ"), "%s %s: ptxas says:\n%s",
+                      labels[j], archs[a].arch, results[j].log);
             for (int st = 0; st < aj_kernel_num_stages(jobs[j].kernel); st++) {
                 ptxas_result r;
                 const char *entry = aj_kernel_stage_entry(jobs[j].kernel, st);
@@ -270,12 +281,38 @@ static void assemble_cases(aj_ctx *ctx, const sweep_case *cases, int count, int 
 
 /* `ptxas [shard shards]`: the main product; `ptxas pairs [stride [shard
  * shards]]`: the (D, Dv) pairs, every PAIR_STRIDE-th by default, every
- * one with stride 1. */
+ * one with stride 1; `ptxas wgmma`: the flash forward's wgmma template. */
 #define PAIR_STRIDE 29
+
+/* The wgmma template's cases (sm_90a): every head dim it takes (multiples
+ * of 16 to 256) with both dtypes and 1 and 2 warpgroups in turn, and D !=
+ * Dv pairs (every D with a Dv 7 steps on), in the HEAVIEST option set. */
+static int wgmma_cases(sweep_case *out)
+{
+    int n = 0;
+    for (int d = 16; d <= 256; d += 16)
+        for (int dt = 0; dt < 2; dt++) {   /* f16, bf16 */
+            sweep_case c = {.kind = AJ_KIND_FORWARD, .variant = AJ_VARIANT_FLASH,
+                            .dtype = sweep_dtypes[dt], .d = d, .dv = d};
+            c = with_options(c, HEAVIEST);
+            c.warpgroups = 1 + (d / 16 + dt) % 2;
+            out[n++] = c;
+            c.dv = 16 + (d / 16 + 6) % 16 * 16;
+            c.warpgroups = 3 - c.warpgroups;
+            out[n++] = c;
+        }
+    return n;
+}
 
 static void test_ptxas(aj_ctx *ctx, int argc, char **argv)
 {
     static sweep_case cases[4 * SWEEP_PAIRS + 2 * 2 * SWEEP_N_DTYPES * SWEEP_DIMS * PTXAS_SETS];
+    if (argc > 2 && strcmp(argv[2], "wgmma") == 0) {
+        int n = wgmma_cases(cases);
+        printf("ptxas wgmma: %d flash forward cases on the wgmma template\n", n);
+        assemble_cases(ctx, cases, n, 0, 1, wgmma_archs);
+        return;
+    }
     int pairs = argc > 2 && strcmp(argv[2], "pairs") == 0;
     int at = 2 + pairs;
     int stride = pairs && argc > at ? atoi(argv[at++]) : PAIR_STRIDE;
@@ -288,7 +325,7 @@ static void test_ptxas(aj_ctx *ctx, int argc, char **argv)
     int n = pairs ? pair_cases(cases, stride) : main_cases(cases);
     if (pairs)
         printf("ptxas pairs: every %d-th (D, Dv) pair with D != Dv, %d cases\n", stride, n);
-    assemble_cases(ctx, cases, n, shard, shards);
+    assemble_cases(ctx, cases, n, shard, shards, mma_archs);
 }
 
 /* ---------------------------------------------------------------- numeric */

@@ -12,6 +12,11 @@
  * over key blocks, and varlen batches.  Tolerances are sim_harness.c's per
  * dtype (f16: 1e-3 + 2e-3 |ref|, bf16: 8e-3 + 1.6e-2 |ref|; LSE 1e-4 +
  * 1e-5 |ref|); rows that see no key must give exactly O = 0, LSE = -inf.
+ *
+ * `test_sim_flash_fwd sim wgmma` (ctest test_sim_wgmma_fwd) runs the same
+ * cases on the wgmma template (schedule warpgroups 1 and 2 in turn), which
+ * refuses head dims that are not multiples of 16 by name, and checks what
+ * it refuses on other targets.
  */
 #include <stdio.h>
 #include <string.h>
@@ -19,11 +24,31 @@
 #include "check.h"
 #include "fwd_check.h"
 #include "sim_harness.h"
+#include "spec_compile.h"
 #include "test_main.h"
 
 static aj_ctx *ctx;
 static aj_device *dev;
 static int cases_run;
+/* `test_sim_flash_fwd sim wgmma`: every case on the wgmma template
+ * (schedule warpgroups), 1 and 2 warpgroups in turn */
+static int wgmma;
+
+/* The wgmma template takes head dims that are multiples of 16; it refuses
+ * the others by name. */
+static int wgmma_refuses(const fwd_case *c, const fwd_result *r)
+{
+    int dv = c->dv ? c->dv : c->d;
+    if (!wgmma || (c->d % 16 == 0 && dv % 16 == 0))
+        return 0;
+    char want[96];
+    snprintf(want, sizeof want, "not head_dim %d / head_dim_v %d", c->d, dv);
+    CHECK_MSG(r->status == AJ_ERR_UNSUPPORTED && strstr(aj_last_error(ctx), want),
+              "%s: want the wgmma template's refusal naming the head dims, got %s: %s",
+              c->label, aj_status_str(r->status), aj_last_error(ctx));
+    printf("%-56s refused: %s\n", c->label, want);
+    return 1;
+}
 
 static void run_ext(const fwd_case *c, const fwd_options *x, const fwd_run_options *how)
 {
@@ -31,9 +56,11 @@ static void run_ext(const fwd_case *c, const fwd_options *x, const fwd_run_optio
         return;
     fwd_run_options flash = how ? *how : (fwd_run_options){0};
     flash.variant = AJ_VARIANT_FLASH;
+    if (wgmma)
+        flash.warpgroups = 1 + cases_run % 2;
     fwd_result r = fwd_run_case_ext(ctx, dev, c, x, &flash);
     cases_run++;
-    if (!fwd_check_result(ctx, c, &r))
+    if (wgmma_refuses(c, &r) || !fwd_check_result(ctx, c, &r))
         return;
     printf("%-56s O %.3f LSE %.3f empty rows %4lld  %5.2f s\n", c->label, r.max_err_o,
            r.max_err_lse, (long long)r.rows_without_keys, r.seconds);
@@ -173,13 +200,20 @@ static void test_dropout(void)
 /* every supported value of each schedule field, with masks and tails */
 static void test_schedules(void)
 {
-    static const char *const scheds[] = {
+    static const char *const mma_scheds[] = {
         "(block_m = 16, block_n = 16, warps = 1, stages = 1)",
         "(block_m = 32, block_n = 32, warps = 1, stages = 3)",
         "(block_m = 64, block_n = 128, warps = 4, stages = 2)",
         "(block_m = 128, block_n = 64, warps = 8, stages = 3)",
         "(block_m = 128, block_n = 32, warps = 4, stages = 1)",
     };
+    /* wgmma: block_m and warps follow the warpgroups */
+    static const char *const wgmma_scheds[] = {
+        "(block_n = 16, stages = 1)", "(block_n = 32, stages = 3)",
+        "(block_n = 128, stages = 2)", "(block_n = 64, stages = 3)",
+        "(block_n = 32, stages = 1)",
+    };
+    const char *const *scheds = wgmma ? wgmma_scheds : mma_scheds;
     char label[160];
     for (int i = 0; i < 5; i++) {
         aj_dtype dt = i % 2 ? AJ_DTYPE_BF16 : AJ_DTYPE_F16;
@@ -193,7 +227,8 @@ static void test_schedules(void)
     }
     /* fewer key tiles than pipeline stages: one tile in a 3-slot ring */
     fwd_case c = base("f16 d128 one key tile, stages = 3", AJ_DTYPE_F16, 128, "none");
-    c.schedule = "(block_m = 64, block_n = 64, warps = 4, stages = 3)";
+    c.schedule = wgmma ? "(block_n = 64, stages = 3)"
+                       : "(block_m = 64, block_n = 64, warps = 4, stages = 3)";
     c.sq = 70;
     c.sk = 20;
     run(&c);
@@ -368,12 +403,12 @@ static void test_tile_skipping(void)
 {
     uint64_t inst[2];
     static const char *const masks[2] = {"none", "causal(top_left)"};
-    fwd_run_options how = {.variant = AJ_VARIANT_FLASH};
+    fwd_run_options how = {.variant = AJ_VARIANT_FLASH, .warpgroups = wgmma};
     for (int m = 0; m < 2; m++) {
         fwd_case c = base(masks[m], AJ_DTYPE_F16, 32, masks[m]);
         c.hq = 1;
         c.sq = c.sk = 512;
-        c.schedule = "(block_m = 64, block_n = 64, warps = 4)";
+        c.schedule = wgmma ? "(block_n = 64)" : "(block_m = 64, block_n = 64, warps = 4)";
         fwd_result r = fwd_run_case_ext(ctx, dev, &c, NULL, &how);
         CHECK_MSG(r.status == AJ_OK && r.max_err_o <= 1.0, "tile skipping %s: %s, O error %.3g",
                   masks[m], aj_status_str(r.status), r.max_err_o);
@@ -385,14 +420,55 @@ static void test_tile_skipping(void)
               "instructions; tiles above the diagonal are not skipped", ratio);
 }
 
+/* What the wgmma template refuses, by message: GPU targets without wgmma,
+ * and rows or warps other than 64 and 4 per warpgroup; the cpu, whose
+ * template is its own, compiles the op as it is (NULL needle). */
+static void test_wgmma_refusals(void)
+{
+    static const struct {
+        aj_target target;
+        const char *schedule, *needle;
+    } rows[] = {
+        {AJ_TARGET_SM_80, "(warpgroups = 1)",
+         "schedule: warpgroups = 1 needs wgmma, which sm_80 lacks: target sm_90a"},
+        {AJ_TARGET_SM_90, "(warpgroups = 2)",
+         "schedule: warpgroups = 2 needs wgmma, which sm_90 lacks"},
+        {AJ_TARGET_CPU, "(warpgroups = 1)", NULL},
+        {AJ_TARGET_SIM, "(block_m = 64, warpgroups = 2)",
+         "schedule: warpgroups = 2 runs block_m = 128 rows on warps = 8 (64 rows per "
+         "warpgroup of 4 warps), not block_m = 64, warps = 8"},
+        {AJ_TARGET_SM_90A, "(warps = 4, warpgroups = 2)", "not block_m = 128, warps = 4"},
+    };
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+        char spec[256];
+        snprintf(spec, sizeof spec, "attention forward flash {\n  dtype = f16\n  head_dim = 64\n"
+                 "  schedule = %s\n}\n", rows[i].schedule);
+        aj_compile_options opt = AJ_COMPILE_OPTIONS_INIT;
+        opt.target = rows[i].target;
+        aj_kernel *k = NULL;
+        CHECK_STATUS(ctx, spec_compile(ctx, spec, "w.aj", &opt, &k),
+                     rows[i].needle ? AJ_ERR_UNSUPPORTED : AJ_OK);
+        if (rows[i].needle)
+            CHECK_ERROR(ctx, rows[i].needle);
+        aj_kernel_destroy(k);
+    }
+}
+
 int main(int argc, char **argv)
 {
     static void (*const tests[])(void) = {
         test_matrix, test_odd_dims, test_heads_and_layout, test_offsets, test_score_mods,
         test_dropout, test_schedules, test_accumulate, test_varlen, test_varlen_arguments,
         test_tile_skipping, NULL};
+    /* the same cases on the wgmma template; the varlen argument checks are
+     * the launch's, the same for both */
+    static void (*const wgmma_tests[])(void) = {
+        test_matrix, test_odd_dims, test_heads_and_layout, test_offsets, test_score_mods,
+        test_dropout, test_schedules, test_accumulate, test_varlen, test_tile_skipping,
+        test_wgmma_refusals, NULL};
+    wgmma = argc > 2 && strcmp(argv[2], "wgmma") == 0;
     return test_main(argc, argv,
                      &(test_main_args){.fallback = AJ_DEVICE_SIM, .ctx = &ctx, .dev = &dev,
-                                       .tests = tests, .cases = &cases_run,
-                                       .cleanup = fwd_cache_clear});
+                                       .tests = wgmma ? wgmma_tests : tests,
+                                       .cases = &cases_run, .cleanup = fwd_cache_clear});
 }
