@@ -45,6 +45,10 @@ aj_status aj_codegen_target_supported(aj_ctx *ctx, aj_target target);
 
 /* GPU targets (nvptx.c).  Marks fn as a kernel with `threads` threads per CTA, designed to run
  * at least `min_ctas_per_sm` CTAs per SM. */
+/* Marks the kernel's parameters `params` (1-based, n of them; by-value
+ * blobs) grid-constant: their address is the parameter space's. */
+void aj_nvptx_annotate_grid_constant(LLVMModuleRef mod, LLVMValueRef fn, const int *params,
+                                     int n);
 void aj_nvptx_annotate_kernel(LLVMModuleRef mod, LLVMValueRef fn,
                               int32_t threads, int32_t min_ctas_per_sm);
 

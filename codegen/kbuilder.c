@@ -2,6 +2,7 @@
  * kbuilder.c -- the kernel builder over LLVM-C (see kbuilder.h).
  */
 #include "codegen/kbuilder.h"
+#include "codegen/codegen.h"
 
 #include <llvm-c/DebugInfo.h>
 #include <llvm-c/Target.h>
@@ -175,6 +176,7 @@ void aj_kb_begin_stage(aj_kb *kb, const char *stage_name, int32_t threads)
         kb->work_item = LLVMGetParam(kb->fn, 0);
         LLVMSetValueName2(kb->work_item, "item", 4);
     }
+    int grid_constant[AJ_KB_MAX_PARAMS], n_grid_constant = 0;
     for (int i = 0; i < kb->num_params; i++) {
         LLVMValueRef p = LLVMGetParam(kb->fn, (unsigned)(hidden + i));
         LLVMSetValueName2(p, kb->params[i].name, strlen(kb->params[i].name));
@@ -193,8 +195,13 @@ void aj_kb_begin_stage(aj_kb *kb, const char *stage_name, int32_t threads)
             LLVMAddAttributeAtIndex(kb->fn, at, LLVMCreateTypeAttribute(kb->llctx, byval, bytes));
             LLVMAddAttributeAtIndex(kb->fn, at,
                                     LLVMCreateEnumAttribute(kb->llctx, align, AJ_BYVAL_ALIGN));
+            grid_constant[n_grid_constant++] = (int)at;
         }
     }
+    /* grid-constant: the blob's address is the parameter's own (cvta.param),
+     * which a TMA instruction takes as its tensor map, not a local copy */
+    if (n_grid_constant)
+        aj_nvptx_annotate_grid_constant(kb->mod, kb->fn, grid_constant, n_grid_constant);
     kb->entry = LLVMAppendBasicBlockInContext(kb->llctx, kb->fn, "entry");
     LLVMPositionBuilderAtEnd(kb->b, kb->entry);
     if (kb->desc->emulated)

@@ -59,6 +59,20 @@ static void annotate(LLVMModuleRef mod, LLVMValueRef fn, const char *key, int32_
     LLVMAddNamedMetadataOperand(mod, "nvvm.annotations", node);
 }
 
+void aj_nvptx_annotate_grid_constant(LLVMModuleRef mod, LLVMValueRef fn, const int *params,
+                                     int n)
+{
+    LLVMContextRef c = LLVMGetModuleContext(mod);
+    LLVMMetadataRef list[64];
+    for (int i = 0; i < n && i < 64; i++)
+        list[i] = md_i32(c, params[i]);
+    LLVMMetadataRef ops[3] = {LLVMValueAsMetadata(fn),
+                              LLVMMDStringInContext2(c, "grid_constant", 13),
+                              LLVMMDNodeInContext2(c, list, (size_t)(n < 64 ? n : 64))};
+    LLVMValueRef node = LLVMMetadataAsValue(c, LLVMMDNodeInContext2(c, ops, 3));
+    LLVMAddNamedMetadataOperand(mod, "nvvm.annotations", node);
+}
+
 void aj_nvptx_annotate_kernel(LLVMModuleRef mod, LLVMValueRef fn,
                               int32_t threads, int32_t min_ctas_per_sm)
 {

@@ -10,6 +10,7 @@
 #include <time.h>
 
 #include "runtime/runtime.h"
+#include "runtime/sim/hopper.h"
 #include "templates/attn_common.h"
 
 static const aj_device_ops sim_ops, cpu_ops, cuda_ops;
@@ -112,6 +113,11 @@ bool aj_device_runs(const aj_device *dev, aj_target kernel_target)
      * target is sm_90 (docs/gpu.md) */
     return kernel_target == AJ_TARGET_SM_90A && own == AJ_TARGET_SM_90 && dev && dev->cuda &&
            dev->cuda->cc_major == 9 && dev->cuda->cc_minor == 0;
+}
+
+bool aj_device_has_tensor_map(const aj_device *dev)
+{
+    return dev && dev->ops->tensor_map && (!dev->ops->has_tensor_map || dev->ops->has_tensor_map(dev));
 }
 
 const char *aj_device_name(const aj_device *dev)
@@ -575,6 +581,21 @@ static void sim_caps(const aj_device *dev, aj_device_caps *c)
     c->multiprocessors = aj_cpu_default_workers();
 }
 
+/* The emulator's own tensor map, by the driver's rules (sim/tma.c). */
+static aj_status sim_tensor_map(aj_ctx *ctx, aj_device *dev, const aj_tensor_map_args *a,
+                                void *map)
+{
+    (void)dev;
+    aj_sim_tensor_map_args s = {.elem_bytes = 2, .rank = a->rank, .base = a->base,
+                                .span = a->span};
+    for (int i = 0; i < a->rank && i < 5; i++) {
+        s.dims[i] = a->dims[i];
+        s.strides[i] = a->strides[i];
+        s.box[i] = a->box[i];
+    }
+    return aj_sim_tensor_map_encode(ctx, map, &s);
+}
+
 static aj_status sim_launch(aj_ctx *ctx, aj_device *dev, const aj_device_launch *l)
 {
     aj_launch_info li;
@@ -606,6 +627,7 @@ static const aj_device_ops sim_ops = {
     .device_name = sim_name,
     .caps = sim_caps,
     .launch = sim_launch,
+    .tensor_map = sim_tensor_map,
 };
 
 /* ---------------------------------------------------------------- cpu */
@@ -663,6 +685,17 @@ static aj_status cuda_open(aj_device *dev, int index, void *cu_context)
 static void cuda_close(aj_device *dev)
 {
     aj_cuda_device_close(dev->cuda);
+}
+
+static aj_status cuda_tensor_map(aj_ctx *ctx, aj_device *dev, const aj_tensor_map_args *a,
+                                 void *map)
+{
+    return aj_cuda_tensor_map(ctx, dev->cuda, a, map);
+}
+
+static bool cuda_has_tensor_map(const aj_device *dev)
+{
+    return aj_cuda_has_tensor_map(dev->cuda);
 }
 
 static aj_target cuda_target(const aj_device *dev)
@@ -794,4 +827,6 @@ static const aj_device_ops cuda_ops = {
     .load_kernel = cuda_load_kernel,
     .launch = cuda_launch,
     .stage_resources = cuda_stage_resources,
+    .tensor_map = cuda_tensor_map,
+    .has_tensor_map = cuda_has_tensor_map,
 };

@@ -301,6 +301,7 @@ aj_status aj_forward(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
         return aj_device_launched(ctx, dev, varlen ? word : NULL, st, FWD);
     launch_values v;
     aj_forward_values(&as_padded, &sz, sq_total, sk_total, word, &v);
+    put_scalar(&v, AJ_PSRC_tma, aj_tma_usable(dev, kernel, &v));
     void *scratch = NULL;
     const score_call call = SCORE_CALL_OF(args, sq_total, sk_total);
     st = bind_scores(ctx, FWD, dev, kernel, &call, &sz, &v, ls, &scratch);

@@ -463,7 +463,11 @@ static aj_status encode_byvals(aj_ctx *ctx, aj_device *dev, const aj_kernel *ker
         if (a->stage != stage)
             continue;
         unsigned char *blob = out->blobs[k++];
-        st = a->encode(ctx, dev, &v->tensor[a->source], blob);
+        /* a TMA map the launch does not use (tma = 0): zeros, never read */
+        if (a->tma && !v->scalar[AJ_PSRC_tma])
+            memset(blob, 0, AJ_BYVAL_BYTES);
+        else
+            st = a->encode(ctx, dev, kernel, &v->tensor[a->source], blob);
         out->argv[a->index] = blob;
         out->buffers[out->nb++] = (aj_sim_buffer){li.params[a->index].name, blob,
                                                   AJ_BYVAL_BYTES};
@@ -561,8 +565,10 @@ void aj_backward_values(const aj_bwd_args *a, const fwd_sizes *sz, int64_t sq_to
 /* ---------------------------------------------------------------- by value */
 
 /* AJ_PENC_TENSOR_DESC: the tensor's view (params.h, aj_tensor_desc). */
-static aj_status encode_tensor_desc(aj_ctx *ctx, aj_device *dev, const aj_tensor *t, void *out)
+static aj_status encode_tensor_desc(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
+                                    const aj_tensor *t, void *out)
 {
+    (void)kernel;
     aj_tensor_desc d = {(uint64_t)(uintptr_t)t->data, (int32_t)t->dtype, t->rank, {0}, {0}};
     for (int i = 0; i < t->rank && i < 4; i++) {
         d.shape[i] = t->shape[i];
@@ -573,9 +579,101 @@ static aj_status encode_tensor_desc(aj_ctx *ctx, aj_device *dev, const aj_tensor
     return AJ_OK;
 }
 
+/*
+ * The TMA tensor map of a padded [B, H, S, D] tensor (params.h,
+ * AJ_PENC_TMA_*): 4 dims (D, S, H, B), box (E, rows, 1, 1) with E =
+ * aj_wgmma_panel_span(width) / 2 and that swizzle.  0 where TMA cannot
+ * describe it (a 16-byte-aligned base, D contiguous and `width` wide, the
+ * other strides multiples of 16 bytes under 2^40): the launch then runs
+ * the kernel's cp.async loads.  A dim of size 1 takes the stride of the
+ * dims inside it, which is never read.
+ */
+static int tma_describe(const aj_tensor *t, int rows, int width, aj_tensor_map_args *a)
+{
+    if (t->rank != 4 || (t->dtype != AJ_DTYPE_F16 && t->dtype != AJ_DTYPE_BF16) ||
+        (uintptr_t)t->data % 16 || t->strides[3] != 1 || t->shape[3] != width)
+        return 0;
+    int span = aj_wgmma_panel_span(width);
+    *a = (aj_tensor_map_args){.dtype = t->dtype, .rank = 4, .base = t->data, .span = span,
+                              .box = {(uint32_t)span / 2, (uint32_t)rows, 1, 1}};
+    uint64_t inner = (uint64_t)width * 2;
+    for (int i = 0; i < 4; i++) {
+        int dim = 3 - i;   /* map dim i is the tensor's dim 3 - i */
+        uint64_t bytes = (uint64_t)t->strides[dim] * 2;
+        if (t->shape[dim] < 1 || (uint64_t)t->shape[dim] > (1ull << 32))
+            return 0;
+        if (i && t->shape[dim] == 1)
+            bytes = (inner + 15) / 16 * 16;
+        else if (i && (t->strides[dim] <= 0 || bytes % 16 || bytes >= (1ull << 40)))
+            return 0;
+        a->dims[i] = (uint64_t)t->shape[dim];
+        a->strides[i] = i ? bytes : 2;
+        inner = a->strides[i] * a->dims[i];
+    }
+    return 1;
+}
+
+/* Q's (block_m rows, D), K's (block_n, D) or V's (block_n, Dv) box. */
+static void tma_box(const aj_kernel *kernel, aj_param_encoder which, int *rows, int *width)
+{
+    const aj_schedule *s = &kernel->stages[0].launch.schedule;
+    int d = kernel->op.head_dim, dv = kernel->op.head_dim_v ? kernel->op.head_dim_v : d;
+    *rows = which == AJ_PENC_TMA_Q ? s->block_m : s->block_n;
+    *width = which == AJ_PENC_TMA_V ? dv : d;
+}
+
+static aj_status encode_tma(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
+                            aj_param_encoder which, const aj_tensor *t, void *out)
+{
+    int rows, width;
+    aj_tensor_map_args a;
+    tma_box(kernel, which, &rows, &width);
+    if (!aj_device_has_tensor_map(dev))
+        return aj_fail(ctx, AJ_ERR_UNSUPPORTED, "kernel %s: device %s encodes no TMA tensor "
+                       "maps", aj_kernel_entry(kernel), aj_device_name(dev));
+    if (!tma_describe(t, rows, width, &a))
+        return aj_fail(ctx, AJ_ERR_INVALID_ARG, "kernel %s: TMA cannot describe this tensor "
+                       "(rank 4, f16 or bf16, a 16-byte-aligned base, dim 3 contiguous and %d "
+                       "wide, the other strides multiples of 16 bytes); launch with tma = 0",
+                       aj_kernel_entry(kernel), width);
+    memset(out, 0, AJ_BYVAL_BYTES);
+    return dev->ops->tensor_map(ctx, dev, &a, out);
+}
+
+#define TMA_ENCODER(which, fn)                                                             \
+    static aj_status fn(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,              \
+                        const aj_tensor *t, void *out)                                     \
+    {                                                                                      \
+        return encode_tma(ctx, dev, kernel, which, t, out);                                \
+    }
+TMA_ENCODER(AJ_PENC_TMA_Q, encode_tma_q)
+TMA_ENCODER(AJ_PENC_TMA_K, encode_tma_k)
+TMA_ENCODER(AJ_PENC_TMA_V, encode_tma_v)
+#undef TMA_ENCODER
+
 static const aj_byval_encode encoders[AJ_PENC_COUNT] = {
     [AJ_PENC_TENSOR_DESC] = encode_tensor_desc,
+    [AJ_PENC_TMA_Q] = encode_tma_q,
+    [AJ_PENC_TMA_K] = encode_tma_k,
+    [AJ_PENC_TMA_V] = encode_tma_v,
 };
+
+int aj_tma_usable(const aj_device *dev, const aj_kernel *kernel, const launch_values *v)
+{
+    static const struct { aj_param_encoder which; aj_param_source source; } maps[3] = {
+        {AJ_PENC_TMA_Q, AJ_PSRC_q}, {AJ_PENC_TMA_K, AJ_PSRC_k}, {AJ_PENC_TMA_V, AJ_PSRC_v}};
+    if (!aj_device_has_tensor_map(dev))
+        return 0;
+    for (int i = 0; i < 3; i++) {
+        int rows, width;
+        aj_tensor_map_args a;
+        tma_box(kernel, maps[i].which, &rows, &width);
+        if (!(v->given & (1ull << maps[i].source)) ||
+            !tma_describe(&v->tensor[maps[i].source], rows, width, &a))
+            return 0;
+    }
+    return 1;
+}
 
 aj_status aj_byval_args_of(aj_ctx *ctx, const aj_kernel *kernel, aj_byval_args *out)
 {
@@ -589,7 +687,8 @@ aj_status aj_byval_args_of(aj_ctx *ctx, const aj_kernel *kernel, aj_byval_args *
                 return aj_fail(ctx, AJ_ERR_INTERNAL, "kernel %s: more than %d by-value "
                                "parameters, or '%s' has no encoder", aj_kernel_entry(kernel),
                                AJ_BYVAL_MAX, p->name);
-            out->arg[out->n++] = (aj_byval_arg){s, i, p->source, encoders[p->dim]};
+            out->arg[out->n++] = (aj_byval_arg){s, i, p->source, encoders[p->dim],
+                                                p->dim >= AJ_PENC_TMA_Q && p->dim <= AJ_PENC_TMA_V};
         }
     return AJ_OK;
 }
@@ -619,7 +718,7 @@ aj_status aj_kernel_encode_param(aj_ctx *ctx, aj_device *dev, const aj_kernel *k
                  "passed by value (AJ_PARAM_BYVAL128)", fn, index, stage, li.params[index].name);
     AJ_CHECK_ARG(ctx, (uintptr_t)out % AJ_BYVAL_ALIGN == 0, "%s: out = %p is not %d-byte "
                  "aligned", fn, out, AJ_BYVAL_ALIGN);
-    return encoders[p->dim](ctx, dev, tensor, out);
+    return encoders[p->dim](ctx, dev, kernel, tensor, out);
 }
 
 /* ---------------------------------------------------------------- sources */

@@ -205,6 +205,10 @@ aj_status aj_bind_stage(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel, in
 
 /* The values of each entry point (a: the padded views of its arguments;
  * backward: with the workspace `ws` of layout w). */
+/* The wgmma flash forward's `tma` (params.def): 1 where the device
+ * encodes tensor maps and TMA can describe q, k and v at the kernel's
+ * boxes (launch_bind.c), else 0 -- the kernel then loads by cp.async. */
+int aj_tma_usable(const aj_device *dev, const aj_kernel *kernel, const launch_values *v);
 void aj_forward_values(const aj_fwd_args *a, const fwd_sizes *sz, int64_t sq_total,
                        int64_t sk_total, void *status, launch_values *v);
 void aj_backward_values(const aj_bwd_args *a, const fwd_sizes *sz, int64_t sq_total,

@@ -36,6 +36,21 @@ typedef struct aj_device_launch {
     void *stream;                 /* cuda */
 } aj_device_launch;
 
+/* A TMA tensor map's description (the arguments of the driver's
+ * cuTensorMapEncodeTiled): `rank` dims innermost first, contiguous in dim
+ * 0, strides in bytes (strides[0] unread), a box of box[] elements and
+ * its shared-memory swizzle (span bytes: 0, 32, 64 or 128); out-of-bounds
+ * elements read as zero. */
+typedef struct aj_tensor_map_args {
+    aj_dtype dtype;            /* f16 or bf16 */
+    int rank;                  /* 1..5 */
+    const void *base;
+    uint64_t dims[5];
+    uint64_t strides[5];
+    uint32_t box[5];
+    int span;
+} aj_tensor_map_args;
+
 typedef struct aj_device_ops {
     /* what every device of the kind is and can do (aj_device_kind_caps:
      * kind, kind_name -- "sim", "cuda", "cpu", as --device takes it --,
@@ -77,6 +92,11 @@ typedef struct aj_device_ops {
      * of a stage, for aj_tune's pruning */
     aj_status (*stage_resources)(aj_ctx *ctx, aj_device *dev, const aj_kernel *k, int stage,
                                  aj_cuda_resources *out);
+    /* optional (NULL: no TMA): a tensor map of `a` into the 128 bytes at
+     * map (64-byte aligned); has_tensor_map says whether this device can
+     * (cuda: compute capability 9.0+ and a driver with the encoder) */
+    aj_status (*tensor_map)(aj_ctx *ctx, aj_device *dev, const aj_tensor_map_args *a, void *map);
+    bool (*has_tensor_map)(const aj_device *dev);
 } aj_device_ops;
 
 /* The table of a kind; NULL for a value that is not one. */
@@ -101,6 +121,8 @@ aj_cuda_device *aj_device_cuda(const aj_device *dev);
 /* Whether dev runs a kernel of `kernel_target`: its own target's, and
  * sm_90a's on a device of compute capability 9.0 (whose target is sm_90). */
 bool aj_device_runs(const aj_device *dev, aj_target kernel_target);
+/* Whether dev encodes TMA tensor maps (aj_device_ops.tensor_map). */
+bool aj_device_has_tensor_map(const aj_device *dev);
 
 /* Stream-ordered work for launch.c and ring.c, on any device (see
  * cuda_device.h for cuda; sim and cpu run their work synchronously: their
@@ -266,8 +288,8 @@ typedef struct aj_workspace_rule {
  * bytes embed the tensor's address, shape and strides (a Hopper TMA
  * descriptor), so they are made at every launch, never kept.
  */
-typedef aj_status (*aj_byval_encode)(aj_ctx *ctx, aj_device *dev, const aj_tensor *t,
-                                     void *out);
+typedef aj_status (*aj_byval_encode)(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
+                                     const aj_tensor *t, void *out);
 
 #define AJ_BYVAL_MAX 8   /* a kernel's, all stages together */
 
@@ -275,6 +297,7 @@ typedef struct aj_byval_arg {
     int32_t stage, index;   /* the parameter */
     int32_t source;         /* the launch value encoded (an aj_param_source) */
     aj_byval_encode encode; /* writes AJ_BYVAL_BYTES at out */
+    int32_t tma;            /* a TMA map: encoded only where the launch's tma is 1 */
 } aj_byval_arg;
 
 typedef struct aj_byval_args {

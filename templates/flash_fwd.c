@@ -162,13 +162,6 @@ static aj_schedule merge_schedule(aj_schedule s, const aj_schedule *given)
     return s;
 }
 
-/* The swizzle span (bytes) of a wgmma tile `width` elements wide: its rows
- * are cut into panels of span / 2 elements, the widest of 64, 32 and 16
- * that divides the width. */
-static int panel_span(int width)
-{
-    return width % 64 == 0 ? 128 : width % 32 == 0 ? 64 : 32;
-}
 
 /* The wgmma template's checks and its fixed fields: the target, the head
  * dims, 64 rows per warpgroup on 4 warps each; `s` completed. */
@@ -194,8 +187,8 @@ static aj_status plan_wgmma(aj_ctx *ctx, const aj_op *op, aj_target target, aj_s
                        "schedule: warpgroups = %d runs block_m = %d rows on warps = %d (64 rows "
                        "per warpgroup of 4 warps), not block_m = %d, warps = %d", p->wg,
                        64 * p->wg, 4 * p->wg, s->block_m, s->warps);
-    p->span_qk = panel_span(p->d);
-    p->span_v = panel_span(p->dv);
+    p->span_qk = aj_wgmma_panel_span(p->d);
+    p->span_v = aj_wgmma_panel_span(p->dv);
     return AJ_OK;
 }
 
@@ -313,6 +306,11 @@ typedef struct ffwd {
     /* wgmma: the accumulator arrays of S ([bn/2] f32) and O ([dv/2] f32),
      * and the byte offset of the warpgroup's first Q row in Q's panel 0 */
     LLVMValueRef acc_s, acc_o, q_wg;
+    /* wgmma over padded tensors: the launch's tma (i32; NULL: no TMA
+     * code), the tile's batch entry and KV head, and the mbarriers' shared
+     * byte offset (Q's, then one per ring slot) */
+    LLVMValueRef tma, bidx, h, hkv;
+    int32_t smem_bar;
 } ffwd;
 
 static aj_param_source out_tensor(const aj_op *op)
@@ -348,7 +346,7 @@ static LLVMValueRef tile_chunk(ffwd *e, LLVMValueRef row, LLVMValueRef col, int 
         return tile_offset(e, row, col, ld);
     aj_kb *kb = e->kb;
     LLVMBuilderRef b = e->b;
-    int span = panel_span(width), per_panel = span / 2;
+    int span = aj_wgmma_panel_span(width), per_panel = span / 2;
     LLVMValueRef panel = LLVMBuildUDiv(b, col, aj_kb_i32(kb, per_panel), "");
     LLVMValueRef in_panel = LLVMBuildURem(b, col, aj_kb_i32(kb, per_panel), "");
     LLVMValueRef off = aj_kb_add(
@@ -396,7 +394,8 @@ static void load_tile_async(ffwd *e, aj_param_source tensor, LLVMValueRef base, 
             r = aj_kb_add(kb, r0, aj_kb_i32(kb, dr));
             col = col0;
             sptr = smem_at(e, lane_dst,
-                           e->p.wg ? (int64_t)dr * panel_span(width) : 2 * (int64_t)dr * ld);
+                           e->p.wg ? (int64_t)dr * aj_wgmma_panel_span(width)
+                                   : 2 * (int64_t)dr * ld);
         } else {
             r = LLVMBuildUDiv(b, c, aj_kb_i32(kb, per_row), "");
             col = LLVMBuildShl(b, LLVMBuildURem(b, c, aj_kb_i32(kb, per_row), ""), aj_kb_i32(kb, 3),
@@ -419,6 +418,31 @@ static void load_tile_async(ffwd *e, aj_param_source tensor, LLVMValueRef base, 
     }
 }
 
+/* The shared byte offset (i32) of ring slot `slot`'s mbarrier (TMA). */
+static LLVMValueRef slot_bar(ffwd *e, LLVMValueRef slot)
+{
+    return aj_kb_add(e->kb, aj_kb_i32(e->kb, e->smem_bar + 8),
+                     LLVMBuildShl(e->b, slot, aj_kb_i32(e->kb, 3), ""));
+}
+
+/* TMA loads of a wgmma tile of `rows` x `width` into shared byte offset
+ * `dst`, one box per panel (params.h, AJ_PENC_TMA_*): the tensor map
+ * parameter `map`'s box at (panel column, row0, head h, e->bidx),
+ * completing on the mbarrier at `bar`. */
+static void tma_tile(ffwd *e, aj_param_id map, LLVMValueRef dst, int rows, int width,
+                     LLVMValueRef row0, LLVMValueRef h, LLVMValueRef bar)
+{
+    aj_kb *kb = e->kb;
+    int span = aj_wgmma_panel_span(width);
+    LLVMValueRef addr = LLVMBuildPtrToInt(e->b, aj_param(kb, map), kb->t_i64, "");
+    for (int panel = 0; panel < width / (span / 2); panel++) {
+        LLVMValueRef args[7] = {smem_at(e, dst, (int64_t)panel * rows * span), addr,
+                                aj_kb_i32(kb, panel * span / 2), row0, h, e->bidx,
+                                smem_at(e, bar, 0)};
+        aj_kb_intrinsic(kb, AJ_INTR_TMA_LOAD_4D, args);
+    }
+}
+
 /* Issues the copies of key tile `n` (K and V) into ring slot
  * (at - first) % stages: `at` is its position in the walk (score.h). */
 static void load_kv_tile(ffwd *e, LLVMValueRef n, LLVMValueRef at, LLVMValueRef first)
@@ -432,10 +456,39 @@ static void load_kv_tile(ffwd *e, LLVMValueRef n, LLVMValueRef at, LLVMValueRef 
                                   LLVMBuildMul(b, slot, aj_kb_i32(e->kb, 2 * p->bn * p->ldk), ""));
     LLVMValueRef vdst = aj_kb_add(e->kb, aj_kb_i32(e->kb, p->smem_v),
                                   LLVMBuildMul(b, slot, aj_kb_i32(e->kb, 2 * p->bn * p->ldv), ""));
+    if (e->tma) {   /* thread 0 issues the tile's TMA boxes, else cp.async */
+        aj_kb_if_begin(e->kb, LLVMBuildICmp(b, LLVMIntNE, e->tma, aj_kb_i32(e->kb, 0), ""));
+        aj_kb_if_begin(e->kb, LLVMBuildICmp(b, LLVMIntEQ, e->tid, aj_kb_i32(e->kb, 0), ""));
+        LLVMValueRef bar = slot_bar(e, slot);
+        LLVMValueRef tx[2] = {smem_at(e, bar, 0), aj_kb_i32(e->kb, 2 * p->bn * (p->d + p->dv))};
+        aj_kb_intrinsic(e->kb, AJ_INTR_MBARRIER_ARRIVE_EXPECT_TX, tx);
+        tma_tile(e, AJ_PID(k_tma), kdst, p->bn, p->d, n0, e->hkv, bar);
+        tma_tile(e, AJ_PID(v_tma), vdst, p->bn, p->dv, n0, e->hkv, bar);
+        aj_kb_if_end(e->kb);
+        aj_kb_else(e->kb);
+    }
     load_tile_async(e, AJ_PSRC_k, e->k_src, aj_param(e->kb, AJ_PID(stride_k_s)), n0, e->seq_k,
                     p->bn, p->d, kdst, p->ldk);
     load_tile_async(e, AJ_PSRC_v, e->v_src, aj_param(e->kb, AJ_PID(stride_v_s)), n0, e->seq_k,
                     p->bn, p->dv, vdst, p->ldv);
+    if (e->tma)
+        aj_kb_if_end(e->kb);
+}
+
+/* TMA, with the launch's tma set, thread 0: a walk position that loads
+ * nothing still completes its slot's phase (a plain arrival), so that
+ * each slot's k-th phase is the k-th position it serves. */
+static void tma_no_tile(ffwd *e, LLVMValueRef at, LLVMValueRef first)
+{
+    LLVMBuilderRef b = e->b;
+    LLVMValueRef slot =
+        LLVMBuildURem(b, LLVMBuildSub(b, at, first, ""), aj_kb_i32(e->kb, e->p.stages), "");
+    aj_kb_if_begin(e->kb, LLVMBuildAnd(
+        b, LLVMBuildICmp(b, LLVMIntNE, e->tma, aj_kb_i32(e->kb, 0), ""),
+        LLVMBuildICmp(b, LLVMIntEQ, e->tid, aj_kb_i32(e->kb, 0), ""), ""));
+    LLVMValueRef bar = smem_at(e, slot_bar(e, slot), 0);
+    aj_kb_intrinsic(e->kb, AJ_INTR_MBARRIER_ARRIVE, &bar);
+    aj_kb_if_end(e->kb);
 }
 
 /* The CTA's last row that the sequence has. */
@@ -483,8 +536,16 @@ static void issue_kv_tile(ffwd *e, const aj_score_walk *w, LLVMValueRef at, LLVM
         aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntNE, c, aj_kb_i32(kb, AJ_TILE_SKIP), ""));
     }
     load_kv_tile(e, n, at, w->begin);
+    if (cls && e->tma) {
+        aj_kb_else(kb);
+        tma_no_tile(e, at, w->begin);
+    }
     if (cls)
         aj_kb_if_end(kb);
+    if (e->tma) {
+        aj_kb_else(kb);
+        tma_no_tile(e, at, w->begin);
+    }
     aj_kb_if_end(kb);
 }
 
@@ -519,7 +580,7 @@ static void lane_addresses(ffwd *e)
     /* wgmma: the warpgroup's 64 rows start 64 rows into each Q panel */
     e->q_wg = aj_kb_add(e->kb, aj_kb_i32(e->kb, p->smem_q),
                         LLVMBuildMul(b, LLVMBuildLShr(b, e->tid, aj_kb_i32(e->kb, 7), ""),
-                                     aj_kb_i32(e->kb, 64 * panel_span(p->d)), ""));
+                                     aj_kb_i32(e->kb, 64 * aj_wgmma_panel_span(p->d)), ""));
 }
 
 /* ---------------------------------------------------------------- wgmma */
@@ -547,10 +608,18 @@ static void lane_addresses(ffwd *e)
  *               starts 16 rows on; LBO = a panel (block_n rows), SBO = 8
  *               rows
  *
- * cp.async writes the chunks (generic proxy), so each thread fences
- * (fence.proxy.async) before the barrier that hands a tile to wgmma.  Each
- * GEMM is fenced, committed and waited for whole (the accumulators pass
- * through variables around it, which registers hold on sm_90a).
+ * Loads, over padded tensors with the launch's `tma` set: thread 0 sets
+ * up one mbarrier for Q and one per ring slot, and issues each tile as
+ * TMA boxes of one panel (params.h, AJ_PENC_TMA_*) with the tile's bytes
+ * expected on its slot's mbarrier; every thread waits for the slot's
+ * phase of the walk position (a position that loads nothing still
+ * arrives, tma_no_tile).  Otherwise (varlen, whose boxes would read the
+ * next sequence's rows; a view TMA cannot describe; tma = 0) the cp.async
+ * pipeline writes the same swizzled chunks -- generic writes, so each
+ * thread fences the async proxy (fence.proxy.async) before the barrier
+ * that hands a tile to wgmma.  Each GEMM is fenced, committed and waited
+ * for whole (the accumulators pass through variables around it, which
+ * registers hold on sm_90a).
  */
 
 static LLVMValueRef acc_elem(ffwd *e, LLVMValueRef acc, int r)
@@ -576,7 +645,7 @@ static void finish_gemm(ffwd *e, LLVMValueRef acc, int n8, LLVMValueRef (*vars)[
  * `rows` x `width` elements at shared byte offset `base`. */
 static LLVMValueRef kmajor_desc(ffwd *e, LLVMValueRef base, int rows, int width, int col)
 {
-    int span = panel_span(width), per_panel = span / 2;
+    int span = aj_wgmma_panel_span(width), per_panel = span / 2;
     int64_t at = (int64_t)(col / per_panel) * rows * span + 2 * (col % per_panel);
     return aj_kb_wgmma_desc(e->kb, smem_at(e, base, at), 16, 8 * span, aj_kb_swizzle_mode(span));
 }
@@ -953,6 +1022,8 @@ static void alloc_state(ffwd *e)
     e->p.smem_q = aj_kb_smem_reserve_aligned(kb, 2 * p->bm * p->ldq, align);
     e->p.smem_k = aj_kb_smem_reserve_aligned(kb, 2 * p->stages * p->bn * p->ldk, align);
     e->p.smem_v = aj_kb_smem_reserve_aligned(kb, 2 * p->stages * p->bn * p->ldv, align);
+    if (p->wg && e->op->layout == AJ_LAYOUT_PADDED)   /* TMA's mbarriers */
+        e->smem_bar = aj_kb_smem_reserve_aligned(kb, 8 * (p->stages + 1), 16);
     if (p->wg) {
         e->acc_s = aj_kb_var(kb, LLVMArrayType2(kb->t_f32, (uint64_t)p->bn / 2), NULL, "acc_s");
         e->acc_o = aj_kb_var(kb, LLVMArrayType2(kb->t_f32, (uint64_t)p->dv / 2), NULL, "acc_o");
@@ -999,8 +1070,31 @@ static void prologue(ffwd *e, aj_score_walk *walk, LLVMValueRef q_src, int gated
         aj_mma_tile_zero_pad(kb, aj_kb_i32(kb, p->smem_k), p->stages * p->bn, p->d, e->tid,
                              p->threads);
     }
+    if (e->tma) {   /* thread 0 sets up the mbarriers and loads Q by TMA */
+        LLVMBuilderRef b = e->b;
+        LLVMValueRef t0 = LLVMBuildICmp(b, LLVMIntEQ, e->tid, aj_kb_i32(kb, 0), "");
+        aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntNE, e->tma, aj_kb_i32(kb, 0), ""));
+        aj_kb_if_begin(kb, t0);
+        for (int s = 0; s <= p->stages; s++) {
+            LLVMValueRef init[2] = {smem_at(e, aj_kb_i32(kb, e->smem_bar), 8 * s),
+                                    aj_kb_i32(kb, 1)};
+            aj_kb_intrinsic(kb, AJ_INTR_MBARRIER_INIT, init);
+        }
+        aj_kb_intrinsic(kb, AJ_INTR_FENCE_PROXY_ASYNC, NULL);
+        aj_kb_if_end(kb);
+        aj_kb_barrier(kb);
+        aj_kb_if_begin(kb, t0);
+        LLVMValueRef bar_q = aj_kb_i32(kb, e->smem_bar);
+        LLVMValueRef tx[2] = {smem_at(e, bar_q, 0), aj_kb_i32(kb, 2 * p->bm * p->d)};
+        aj_kb_intrinsic(kb, AJ_INTR_MBARRIER_ARRIVE_EXPECT_TX, tx);
+        tma_tile(e, AJ_PID(q_tma), aj_kb_i32(kb, p->smem_q), p->bm, p->d, e->m0, e->h, bar_q);
+        aj_kb_if_end(kb);
+        aj_kb_else(kb);
+    }
     load_tile_async(e, AJ_PSRC_q, q_src, aj_param(kb, AJ_PID(stride_q_s)), e->m0, e->seq_q, p->bm,
                     p->d, aj_kb_i32(kb, e->p.smem_q), p->ldq);
+    if (e->tma)
+        aj_kb_if_end(kb);
     for (int s = 0; s < p->stages - 1; s++) {
         issue_kv_tile(e, walk, aj_kb_add(kb, walk->begin, aj_kb_i32(kb, s)),
                       gated ? ahead[s] : NULL, gated ? ahead_tile[s] : NULL);
@@ -1025,11 +1119,18 @@ static void mainloop(ffwd *e, aj_score_walk *walk, int gated, LLVMValueRef *ahea
                   gated ? ahead[p->stages - 1] : NULL, gated ? ahead_tile[p->stages - 1] : NULL);
     aj_kb_cp_async_commit(kb);
     aj_kb_cp_async_wait(kb, p->stages - 1);
+    LLVMValueRef pos = LLVMBuildSub(b, at, walk->begin, "");
+    LLVMValueRef slot = LLVMBuildURem(b, pos, aj_kb_i32(kb, p->stages), "");
+    if (e->tma) {   /* TMA: the slot's phase of this position (tma_no_tile) */
+        aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntNE, e->tma, aj_kb_i32(kb, 0), ""));
+        LLVMValueRef parity = LLVMBuildAnd(
+            b, LLVMBuildUDiv(b, pos, aj_kb_i32(kb, p->stages), ""), aj_kb_i32(kb, 1), "");
+        aj_kb_mbarrier_wait(kb, smem_at(e, slot_bar(e, slot), 0), parity);
+        aj_kb_if_end(kb);
+    }
     if (p->wg)   /* the copies' generic writes, to the async proxy wgmma reads through */
         aj_kb_intrinsic(kb, AJ_INTR_FENCE_PROXY_ASYNC, NULL);
     aj_kb_barrier(kb);
-    LLVMValueRef slot =
-        LLVMBuildURem(b, LLVMBuildSub(b, at, walk->begin, ""), aj_kb_i32(kb, p->stages), "");
     LLVMValueRef kbase = aj_kb_add(kb, aj_kb_i32(kb, p->smem_k),
                                    LLVMBuildMul(b, slot, aj_kb_i32(kb, 2 * p->bn * p->ldk), ""));
     LLVMValueRef vbase = aj_kb_add(kb, aj_kb_i32(kb, p->smem_v),
@@ -1093,6 +1194,11 @@ static aj_status ffwd_build(aj_kb *kb, const aj_op *op, void *user)
     LLVMValueRef group_size =
         LLVMBuildSDiv(b, aj_param(kb, AJ_PID(heads_q)), aj_param(kb, AJ_PID(heads_kv)), "");
     LLVMValueRef hkv = LLVMBuildSDiv(b, h, group_size, "hkv");
+    e.bidx = bidx;
+    e.h = h;
+    e.hkv = hkv;
+    if (p->wg && op->layout == AJ_LAYOUT_PADDED)
+        e.tma = aj_param(kb, AJ_PID(tma));
     LLVMValueRef sq, sk;
     aj_attn_score_totals(kb, prog, op->layout, e.seq_q, e.seq_k, &sq, &sk);
     aj_kctx_set_head(&e.k, bidx, h, sq, sk);
@@ -1126,6 +1232,11 @@ static aj_status ffwd_build(aj_kb *kb, const aj_op *op, void *user)
     }
 
     prologue(&e, &walk, q_src, gated, ahead, ahead_tile);
+    if (e.tma) {   /* Q's box has landed */
+        aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntNE, e.tma, aj_kb_i32(kb, 0), ""));
+        aj_kb_mbarrier_wait(kb, smem_at(&e, aj_kb_i32(kb, e.smem_bar), 0), aj_kb_i32(kb, 0));
+        aj_kb_if_end(kb);
+    }
     mainloop(&e, &walk, gated, ahead, ahead_tile);
     aj_kb_cp_async_wait_all(kb);   /* Q's copy, when no tile was visited */
     emit_epilogue(&e, o_base, lse_base);

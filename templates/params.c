@@ -52,6 +52,7 @@ typedef enum aj_param_when {
     AJ_PWHEN_VARLEN_Q,        /* layout = paged with q_layout = varlen */
     AJ_PWHEN_SINKS,           /* the op has learned sinks */
     AJ_PWHEN_SIDE_GRAD,       /* a backward of an op with grad side tensors */
+    AJ_PWHEN_TMA,             /* the wgmma flash forward over padded tensors */
 } aj_param_when;
 
 static const struct sig_row {
@@ -152,6 +153,7 @@ static bool op_has(aj_param_when when, const aj_op *op, const aj_score_prog *pro
         return op->layout == AJ_LAYOUT_PAGED && op->q_layout == AJ_LAYOUT_VARLEN;
     case AJ_PWHEN_SINKS: return aj_score_has_sinks(prog);
     case AJ_PWHEN_SIDE_GRAD: return prog->tensor_grad != 0;
+    case AJ_PWHEN_TMA: return op->warpgroups && op->layout == AJ_LAYOUT_PADDED;
     }
     return false;
 }

@@ -66,8 +66,24 @@ typedef enum aj_param_how {
  * at each launch, aj_kernel_encode_param for an embedder). */
 typedef enum aj_param_encoder {
     AJ_PENC_TENSOR_DESC = 0,   /* the tensor's view: aj_tensor_desc */
+    /* TMA tensor maps (the device's tensor_map, cuTensorMapEncodeTiled on
+     * a GPU) of a padded [B, H, S, D] tensor as 4 dims (D, S, H, B), box
+     * (aj_wgmma_panel_span(width) / 2, rows, 1, 1) with that swizzle:
+     * Q's rows block_m (width D), K's and V's block_n (widths D, Dv) */
+    AJ_PENC_TMA_Q,
+    AJ_PENC_TMA_K,
+    AJ_PENC_TMA_V,
     AJ_PENC_COUNT
 } aj_param_encoder;
+
+/* The swizzle span (bytes) of a wgmma tile `width` 16-bit elements wide:
+ * its rows are cut into panels of span / 2 elements, the widest of 64, 32
+ * and 16 that divides the width (templates/flash_fwd.c, "wgmma"); a TMA
+ * box is one panel. */
+static inline int aj_wgmma_panel_span(int width)
+{
+    return width % 64 == 0 ? 128 : width % 32 == 0 ? 64 : 32;
+}
 
 /* AJ_PENC_TENSOR_DESC's bytes (the rest of the AJ_BYVAL_BYTES are zero). */
 typedef struct aj_tensor_desc {

@@ -556,6 +556,10 @@ typedef enum aj_param_role {
     AJ_ROLE_OFFSET = 7,    /* a position or element offset (q_offset, kv_offset) */
     AJ_ROLE_SEED = 8,      /* dropout's seed and offset */
     AJ_ROLE_TOTAL = 9,     /* a total length (sq_total, seq_q_total) */
+    AJ_ROLE_TENSOR_MAP = 10, /* a TMA tensor map of a tensor, by value: the launch
+                              * encodes it (aj_kernel_encode_param) */
+    AJ_ROLE_MODE = 11,     /* a launch-time choice: `tma`, 1 where the tensor maps
+                            * are valid, 0 where the kernel loads by cp.async */
     AJ_ROLE_COUNT
 } aj_param_role;
 

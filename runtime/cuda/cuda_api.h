@@ -112,10 +112,20 @@ enum { AJ_CUDA_FUNCTION_COUNT_CHECK = 0
 #undef AJ_CUDA_COUNT
 };
 
+/* cuTensorMapEncodeTiled (CUDA 12.0+): optional, NULL in an older
+ * driver, whose devices then load by cp.async (docs/gpu.md).  The enum
+ * values are the driver's: data type f16 6, bf16 9; swizzle none 0, 32 B
+ * 1, 64 B 2, 128 B 3; L2 promotion 128 B 2; interleave and OOB fill 0. */
+typedef CUresult (*aj_cu_tensor_map_encode_tiled)(
+    void *map, int data_type, uint32_t rank, void *base, const uint64_t *dims,
+    const uint64_t *strides, const uint32_t *box, const uint32_t *element_strides,
+    int interleave, int swizzle, int l2_promotion, int oob_fill);
+
 typedef struct aj_cuda {
 #define AJ_CUDA_FIELD(field, sym, params) CUresult (*field) params;
     AJ_CUDA_FUNCTIONS(AJ_CUDA_FIELD)
 #undef AJ_CUDA_FIELD
+    aj_cu_tensor_map_encode_tiled TensorMapEncodeTiled;
     int driver_version;
 } aj_cuda;
 

@@ -76,6 +76,13 @@ aj_status aj_cuda_device_open(aj_ctx *ctx, int index, void *user_context,
                               aj_cuda_device **out);
 void aj_cuda_device_close(aj_cuda_device *d);
 
+/* TMA: whether the device and its driver encode tensor maps, and the
+ * encoding of one (cuTensorMapEncodeTiled; runtime.h's args). */
+struct aj_tensor_map_args;
+bool aj_cuda_has_tensor_map(const aj_cuda_device *d);
+aj_status aj_cuda_tensor_map(aj_ctx *ctx, aj_cuda_device *d, const struct aj_tensor_map_args *a,
+                             void *map);
+
 /* Launches stage `stage` of a PTX kernel (loading its module on first
  * use) on `stream`. */
 aj_status aj_cuda_launch(aj_ctx *ctx, aj_cuda_device *d, const aj_kernel *k, int stage,

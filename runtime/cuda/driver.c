@@ -18,6 +18,7 @@
 
 #include "runtime/cache.h"
 #include "runtime/cuda/cuda_device.h"
+#include "runtime/runtime.h"
 
 /* ---------------------------------------------------------------- driver */
 
@@ -53,6 +54,9 @@ static void load_driver(void)
     void *elapsed_v2 = dlsym(h, "cuEventElapsedTime_v2");
     if (elapsed_v2)
         memcpy(&driver.EventElapsedTime, &elapsed_v2, sizeof elapsed_v2);
+    void *encode = dlsym(h, "cuTensorMapEncodeTiled");   /* optional: CUDA 12.0+ */
+    if (encode)
+        memcpy(&driver.TensorMapEncodeTiled, &encode, sizeof encode);
     CUresult r = driver.Init(0);
     if (r != AJ_CUDA_SUCCESS) {
         const char *name = "?";
@@ -785,5 +789,32 @@ done:
             cu->CtxPopCurrent(&popped);
         }
     }
+    return st;
+}
+
+/* ---------------------------------------------------------------- TMA */
+
+bool aj_cuda_has_tensor_map(const aj_cuda_device *d)
+{
+    return d->cu->TensorMapEncodeTiled && d->cc_major >= 9;
+}
+
+aj_status aj_cuda_tensor_map(aj_ctx *ctx, aj_cuda_device *d, const aj_tensor_map_args *a,
+                             void *map)
+{
+    aj_status st = AJ_OK;
+    if (!aj_cuda_has_tensor_map(d))
+        return aj_fail(ctx, AJ_ERR_UNSUPPORTED, "%s cannot encode TMA tensor maps (compute "
+                       "capability %d.%d; cuTensorMapEncodeTiled %s)", d->name, d->cc_major,
+                       d->cc_minor, d->cu->TensorMapEncodeTiled ? "found" : "missing");
+    uint32_t element_strides[5] = {1, 1, 1, 1, 1};
+    int swizzle = a->span == 128 ? 3 : a->span == 64 ? 2 : a->span == 32 ? 1 : 0;
+    AJ_CU_TRY(ctx, d->cu,
+              d->cu->TensorMapEncodeTiled(map, a->dtype == AJ_DTYPE_BF16 ? 9 : 6,
+                                          (uint32_t)a->rank, (void *)a->base, a->dims,
+                                          a->strides + 1, a->box, element_strides, 0, swizzle,
+                                          2, 0),
+              "cuTensorMapEncodeTiled");
+done:
     return st;
 }

@@ -785,6 +785,59 @@ CUresult cuLaunchKernel(function *f, unsigned gx, unsigned gy, unsigned gz, unsi
 }
 #endif
 
+/* ---------------------------------------------------------------- TMA */
+
+#ifndef FAKE_CUDA_OLD_DRIVER   /* CUDA 12.0's; an old driver lacks it */
+/* cuTensorMapEncodeTiled: the driver's documented rules checked (a
+ * 64-byte-aligned map, a 16-byte-aligned base, dims 1..2^32, strides
+ * multiples of 16 under 2^40, boxes 1..256, the inner box within the
+ * swizzle span, unit element strides); the call logged, and the map's
+ * first words the base and (rank, swizzle, box 0, box 1), which
+ * cuLaunchKernel's log shows where a kernel is handed it. */
+CUresult cuTensorMapEncodeTiled(void *map, int type, uint32_t rank, void *base,
+                                const uint64_t *dims, const uint64_t *strides,
+                                const uint32_t *box, const uint32_t *elem, int interleave,
+                                int swizzle, int l2, int oob);
+CUresult cuTensorMapEncodeTiled(void *map, int type, uint32_t rank, void *base,
+                                const uint64_t *dims, const uint64_t *strides,
+                                const uint32_t *box, const uint32_t *elem, int interleave,
+                                int swizzle, int l2, int oob)
+{
+    static const int spans[4] = {0, 32, 64, 128};
+    int bytes = type == 6 || type == 9 ? 2 : 0;   /* f16, bf16: what attnjit encodes */
+    if (!map || (uintptr_t)map % 64 || (uintptr_t)base % 16 || rank < 1 || rank > 5 ||
+        !bytes || interleave || swizzle < 0 || swizzle > 3 || l2 < 0 || l2 > 3 || oob)
+        return INVALID_VALUE;
+    for (uint32_t i = 0; i < rank; i++) {
+        if (dims[i] < 1 || dims[i] > (1ull << 32) || box[i] < 1 || box[i] > 256 || elem[i] != 1)
+            return INVALID_VALUE;
+        if (i && (strides[i - 1] % 16 || strides[i - 1] >= (1ull << 40)))
+            return INVALID_VALUE;
+    }
+    if (box[0] * bytes % 16 || (swizzle && box[0] * (uint32_t)bytes > (uint32_t)spans[swizzle]))
+        return INVALID_VALUE;
+    char text[256];
+    int n = snprintf(text, sizeof text, "TensorMapEncodeTiled type=%d rank=%u dims=", type, rank);
+    for (uint32_t i = 0; i < rank; i++)
+        n += snprintf(text + n, sizeof text - (size_t)n, "%s%llu", i ? "," : "",
+                      (unsigned long long)dims[i]);
+    n += snprintf(text + n, sizeof text - (size_t)n, " strides=");
+    for (uint32_t i = 1; i < rank; i++)
+        n += snprintf(text + n, sizeof text - (size_t)n, "%s%llu", i > 1 ? "," : "",
+                      (unsigned long long)strides[i - 1]);
+    n += snprintf(text + n, sizeof text - (size_t)n, " box=");
+    for (uint32_t i = 0; i < rank; i++)
+        n += snprintf(text + n, sizeof text - (size_t)n, "%s%u", i ? "," : "", box[i]);
+    note("%s swizzle=%d", text, swizzle);
+    memset(map, 0, 128);
+    uint64_t head[2] = {(uint64_t)(uintptr_t)base,
+                        rank | (uint64_t)swizzle << 8 | (uint64_t)box[0] << 16 |
+                            (uint64_t)box[1] << 32};
+    memcpy(map, head, sizeof head);
+    return SUCCESS;
+}
+#endif
+
 /* ---------------------------------------------------------------- linker */
 
 /* cuLinkCreate / AddData / Complete: the "cubin" is the PTX behind a tag,

@@ -214,6 +214,85 @@ done:
     aj_device_close(dev);
 }
 
+/*
+ * The wgmma flash forward on the stand-in (a 9.0 GPU): aj_forward encodes
+ * Q's, K's and V's tensor maps through cuTensorMapEncodeTiled -- 4 dims
+ * (D, S, H, B) with byte strides, boxes of one 128-byte panel by block_m
+ * or block_n rows, 128-byte swizzle -- and hands their 128 bytes to
+ * cuLaunchKernel; with K and V as expanded views (batch stride 0) it
+ * encodes none and passes zeros (tma = 0: the kernel's cp.async loads).
+ */
+static void run_cuda_tma(void)
+{
+    enum { B = 2, H = 2, S = 96, D = 128 };
+    aj_device *dev = NULL;
+    CHECK_STATUS(ctx, aj_device_open(ctx, AJ_DEVICE_CUDA, 0, &dev), AJ_OK);
+    void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    const char *(*cuda_log)(void) = NULL;
+    void (*cuda_log_clear)(void) = NULL;
+    if (h) {
+        *(void **)&cuda_log = dlsym(h, "fake_cuda_log");
+        *(void **)&cuda_log_clear = dlsym(h, "fake_cuda_log_clear");
+    }
+    static const char spec[] = "attention forward flash { dtype = bf16 head_dim = 128 "
+                               "mask = causal(bottom_right) schedule = (warpgroups = 2) }";
+    aj_compile_options opt = AJ_COMPILE_OPTIONS_INIT;
+    opt.device = dev;
+    aj_kernel *k = NULL;
+    if (dev)
+        CHECK_STATUS(ctx, spec_compile(ctx, spec, "tma.aj", &opt, &k), AJ_OK);
+    void *mem[5] = {NULL};
+    const size_t bytes = (size_t)B * H * S * D * 2;
+    for (int i = 0; k && i < 5; i++)
+        CHECK_STATUS(ctx, aj_device_alloc(dev, bytes, &mem[i]), AJ_OK);
+    if (!k || !cuda_log || !cuda_log_clear || !mem[4])
+        goto done;
+    CHECK(aj_kernel_target(k) == AJ_TARGET_SM_90A);
+    aj_launch_info info;
+    CHECK_STATUS(ctx, aj_kernel_launch_info(k, &info), AJ_OK);
+    for (int pass = 0; pass < 2; pass++) {
+        int64_t kb = pass ? 0 : (int64_t)H * S * D;
+        aj_fwd_args a = AJ_FWD_ARGS_INIT;
+        a.q = (aj_tensor){mem[0], AJ_DTYPE_BF16, 4, {B, H, S, D}, {H * S * D, S * D, D, 1}};
+        a.k = (aj_tensor){mem[1], AJ_DTYPE_BF16, 4, {B, H, S, D}, {kb, S * D, D, 1}};
+        a.v = (aj_tensor){mem[2], AJ_DTYPE_BF16, 4, {B, H, S, D}, {kb, S * D, D, 1}};
+        a.o = (aj_tensor){mem[3], AJ_DTYPE_BF16, 4, {B, H, S, D}, {H * S * D, S * D, D, 1}};
+        a.lse = (aj_tensor){mem[4], AJ_DTYPE_F32, 3, {B, H, S, 0}, {H * S, S, 1, 0}};
+        cuda_log_clear();
+        CHECK_STATUS(ctx, aj_forward(ctx, dev, k, &a), AJ_OK);
+        CHECK_STATUS(ctx, aj_device_synchronize(dev, NULL), AJ_OK);
+        const char *log = cuda_log();
+        char want[3][200];
+        snprintf(want[0], sizeof want[0], "TensorMapEncodeTiled type=9 rank=4 dims=%d,%d,%d,%d "
+                 "strides=%d,%d,%d box=64,%d,1,1 swizzle=3", D, S, H, B, 2 * D, 2 * S * D,
+                 2 * H * S * D, (int)info.schedule.block_m);
+        snprintf(want[1], sizeof want[1], "TensorMapEncodeTiled type=9 rank=4 dims=%d,%d,%d,%d "
+                 "strides=%d,%d,%d box=64,%d,1,1 swizzle=3", D, S, H, B, 2 * D, 2 * S * D,
+                 2 * H * S * D, (int)info.schedule.block_n);
+        snprintf(want[2], sizeof want[2], "ByValue fn=%s param=", aj_kernel_entry(k));
+        if (pass == 0) {
+            CHECK_MSG(strstr(log, want[0]) && strstr(log, want[1]), "the driver log lacks the "
+                      "tensor maps:\n%s\nwant:\n%s\n%s", log, want[0], want[1]);
+            char head[64];
+            snprintf(head, sizeof head, "bytes=128 head=0x%llx,",
+                     (unsigned long long)(uintptr_t)mem[0]);
+            CHECK_MSG(strstr(log, head), "cuLaunchKernel was not handed Q's map:\n%s", log);
+        } else {
+            CHECK_MSG(!strstr(log, "TensorMapEncodeTiled"), "an expanded K encoded a map:\n%s",
+                      log);
+            CHECK_MSG(strstr(log, "bytes=128 head=0x0,0x0"), "the unused maps are not zeros:\n%s",
+                      log);
+        }
+        CHECK_MSG(strstr(log, want[2]) != NULL, "no by-value parameter launched:\n%s", log);
+    }
+done:
+    for (int i = 0; i < 5; i++)
+        if (mem[i])
+            aj_device_free(dev, mem[i]);
+    aj_kernel_destroy(k);
+    aj_device_close(dev);
+}
+
 int main(int argc, char **argv)
 {
     CHECK_STATUS(ctx, aj_ctx_create(NULL, &ctx), AJ_OK);
@@ -221,6 +300,7 @@ int main(int argc, char **argv)
     CHECK_STATUS(ctx, aj_op_parse(ctx, text, strlen(text), "t", &any_op), AJ_OK);
     if (argc > 1 && strcmp(argv[1], "cuda") == 0) {
         run_cuda();
+        run_cuda_tma();
     } else {
         run_on(AJ_DEVICE_SIM, AJ_TARGET_SIM);
         run_on(AJ_DEVICE_CPU, AJ_TARGET_CPU);

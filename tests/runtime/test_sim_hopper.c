@@ -1057,7 +1057,8 @@ static void tma_call(aj_kb *kb, const tma_case *c, int load)
     int n = 0;
     if (load)
         args[n++] = smem_at(kb, c32(kb, c->tile));
-    args[n++] = global_at(kb, "in", c32(kb, load ? 0 : 32));
+    args[n++] = LLVMBuildPtrToInt(kb->b, global_at(kb, "in", c32(kb, load ? 0 : 32)), kb->t_i64,
+                                  "");
     for (int d = 0; d < c->rank; d++)
         args[n++] = c32(kb, c->c[d]);
     args[n++] = load ? bar_at(kb, 0) : smem_at(kb, c32(kb, c->tile));
@@ -1320,7 +1321,8 @@ static void ap_wgmmas(aj_kb *kb, LLVMValueRef acc, int scale_first)
 
 static void ap_tma(aj_kb *kb, int map_byte, int tile, int row)
 {
-    LLVMValueRef args[5] = {smem_at(kb, c32(kb, tile)), global_at(kb, "in", c32(kb, map_byte / 4)),
+    LLVMValueRef map = global_at(kb, "in", c32(kb, map_byte / 4));
+    LLVMValueRef args[5] = {smem_at(kb, c32(kb, tile)), LLVMBuildPtrToInt(kb->b, map, kb->t_i64, ""),
                             c32(kb, 0), c32(kb, row), bar_at(kb, 0)};
     aj_kb_intrinsic(kb, AJ_INTR_TMA_LOAD_2D, args);
 }

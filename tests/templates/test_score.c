@@ -29,9 +29,10 @@
  *              other sizes
  *
  * test_score DEVICE [VARIANT] [examples | random N | builtins | functions | classes | blockmask]...:
- * DEVICE is sim or cpu, VARIANT efficient (the default) or flash (whose
+ * DEVICE is sim or cpu, VARIANT efficient (the default), flash (whose
  * kernels take f16 / bf16 only: the random and builtin cases run in f16
- * there); with no section named, all of them.
+ * there) or wgmma (the flash forward on wgmma, schedule warpgroups = 1,
+ * sim); with no section named, all of them.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -46,6 +47,10 @@
 static aj_ctx *ctx;
 static aj_device *dev;
 static const char *variant_name = "efficient";
+/* `test_score sim wgmma ...`: the flash forward on the wgmma template
+ * (schedule warpgroups = 1), these fields in every spec */
+static int warpgroups;
+static const char *extra_fields = "";
 
 /* The most precise dtype the variant runs: the cases' dtype where the
  * spec does not fix one. */
@@ -64,8 +69,8 @@ static bool run_fields(const char *label, aj_dtype dtype, int d, const char *ten
                        bool report)
 {
     static char spec[16384];
-    snprintf(spec, sizeof spec, "attention forward %s { dtype = %s head_dim = %d %s%s "
-             "mask = %s score_mod = %s }", variant_name, aj_dtype_name(dtype), d,
+    snprintf(spec, sizeof spec, "attention forward %s { %sdtype = %s head_dim = %d %s%s "
+             "mask = %s score_mod = %s }", variant_name, extra_fields, aj_dtype_name(dtype), d,
              tensors[0] ? "tensors = " : "", tensors, mask, mod);
     aj_op *op = NULL;
     if (aj_op_parse(ctx, spec, strlen(spec), label, &op) != AJ_OK) {
@@ -81,7 +86,8 @@ static bool run_fields(const char *label, aj_dtype dtype, int d, const char *ten
                   .b = B, .hq = H, .hkv = H, .sq = S, .sk = S, .magnitude = 1.0, .seed = seed};
     fwd_options x = {.tensors = tensors[0] ? tensors : NULL, .side = side.t, .num_side = side.n};
     fwd_run_options run = {.variant = strcmp(variant_name, "flash") == 0 ? AJ_VARIANT_FLASH
-                                                                         : AJ_VARIANT_EFFICIENT};
+                                                                         : AJ_VARIANT_EFFICIENT,
+                           .warpgroups = warpgroups};
     fwd_result r = fwd_run_case_ext(ctx, dev, &c, &x, &run);
     /* the lists (each costs a compile and a build): on the cpu, once per
      * run (not again under AJ_CPU_ISA), for the examples and the random
@@ -273,8 +279,9 @@ static void test_builtins(void)
         size_t bytes = 0;
         for (int w = 0; w < 2; w++) {
             char spec[1024];
-            snprintf(spec, sizeof spec, "attention forward %s { dtype = %s head_dim = 32 "
-                     "mask = %s score_mod = %s }", variant_name, aj_dtype_name(dt),
+            snprintf(spec, sizeof spec, "attention forward %s { %sdtype = %s head_dim = 32 "
+                     "mask = %s score_mod = %s }", variant_name, extra_fields,
+                     aj_dtype_name(dt),
                      pairs[i][2 * w], pairs[i][2 * w + 1]);
             aj_kernel *k = compile_spec("builtin", spec, NULL);
             dev_fwd f;
@@ -325,8 +332,8 @@ static void test_functions(void)
         snprintf(x, sizeof x, "(%.17g + %.17g * q)", cases[c].lo, step);
         const char *at = strstr(cases[c].f, "X");
         snprintf(f, sizeof f, "%.*s%s%s", (int)(at - cases[c].f), cases[c].f, x, at + 1);
-        snprintf(spec, sizeof spec, "attention forward %s { dtype = %s head_dim = %d "
-                 "mask = expr(k == 0) score_mod = expr(%s) }", variant_name,
+        snprintf(spec, sizeof spec, "attention forward %s { %sdtype = %s head_dim = %d "
+                 "mask = expr(k == 0) score_mod = expr(%s) }", variant_name, extra_fields,
                  aj_dtype_name(case_dtype()), D, f);
         aj_op *op = NULL;
         aj_kernel *k = compile_spec(cases[c].f, spec, &op);
@@ -625,9 +632,9 @@ static void test_block_masks(void)
     for (size_t m = 0; m < sizeof masks / sizeof masks[0]; m++) {
         const char *mask = masks[m].mask;
         char spec[512], fields[256];
-        snprintf(spec, sizeof spec, "attention forward %s { dtype = %s head_dim = %d "
-                 "tensors = (doc: i32[2]) mask = expr(%s) }", variant_name, aj_dtype_name(dt),
-                 D, mask);
+        snprintf(spec, sizeof spec, "attention forward %s { %sdtype = %s head_dim = %d "
+                 "tensors = (doc: i32[2]) mask = expr(%s) }", variant_name, extra_fields,
+                 aj_dtype_name(dt), D, mask);
         aj_op *op = NULL;
         aj_kernel *k = compile_spec("block mask", spec, &op);
         if (!k) {
@@ -668,9 +675,11 @@ static void test_block_masks(void)
              * tiles from the two it covers, walking every tile of the band
              * (no list) -- the list walk's output, bit for bit */
             char other_spec[640];
-            snprintf(other_spec, sizeof other_spec, "%.*s schedule = (block_m = %d, block_n = "
-                     "%d) }", (int)(strrchr(spec, '}') - spec), spec, counts.block_m,
-                     counts.block_n / 2);
+            snprintf(other_spec, sizeof other_spec, "attention forward %s { dtype = %s "
+                     "head_dim = %d tensors = (doc: i32[2]) mask = expr(%s) schedule = "
+                     "(block_m = %d, block_n = %d%s) }", variant_name, aj_dtype_name(dt), D,
+                     mask, counts.block_m, counts.block_n / 2,
+                     warpgroups ? ", warpgroups = 1" : "");
             aj_op *other_op = NULL;
             aj_kernel *other_k = compile_spec("block mask tile", other_spec, &other_op);
             aj_block_mask *halves = NULL;
@@ -767,6 +776,12 @@ int main(int argc, char **argv)
     int first = 2;   /* the first section argument */
     if (argc > 2 && (strcmp(argv[2], "flash") == 0 || strcmp(argv[2], "efficient") == 0))
         variant_name = argv[first++];
+    else if (argc > 2 && strcmp(argv[2], "wgmma") == 0) {
+        variant_name = "flash";
+        warpgroups = 1;
+        extra_fields = "schedule = (warpgroups = 1) ";
+        first++;
+    }
     CHECK(aj_ctx_create(NULL, &ctx) == AJ_OK);
     CHECK_STATUS(ctx, aj_device_open(ctx, strcmp(device, "cpu") == 0 ? AJ_DEVICE_CPU
                                                                        : AJ_DEVICE_SIM, 0, &dev),

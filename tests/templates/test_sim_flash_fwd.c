@@ -24,7 +24,9 @@
 #include "check.h"
 #include "fwd_check.h"
 #include "sim_harness.h"
+#include "ir/dtype.h"
 #include "spec_compile.h"
+#include "splitmix.h"
 #include "test_main.h"
 
 static aj_ctx *ctx;
@@ -454,6 +456,58 @@ static void test_wgmma_refusals(void)
     }
 }
 
+/*
+ * The wgmma forward's two loads agree bit for bit: K and V as an expanded
+ * view (batch stride 0, which TMA cannot describe: the launch sets tma = 0
+ * and the kernel loads by cp.async) against the same values laid out in
+ * full (TMA).  The emulated instruction counts differ: each path ran.
+ */
+enum { TB = 2, TH = 2, TS = 70, TD = 64, TN = TB * TH * TS * TD };
+static _Alignas(64) uint16_t tq[TN], tk[TN], tv[TN], to[2][TN];
+static float tlse[2][TB * TH * TS];
+
+static void test_tma_fallback(void)
+{
+    static const char spec[] = "attention forward flash { dtype = f16 head_dim = 64 "
+                               "mask = causal(bottom_right) schedule = (warpgroups = 1) }";
+    uint64_t rng = 7;
+    for (int i = 0; i < TN; i++) {
+        tq[i] = aj_f32_to_f16((float)((int)(splitmix_next(&rng) % 2001) - 1000) / 1000.0f);
+        /* batch 1's K and V repeat batch 0's */
+        int j = i % (TH * TS * TD);
+        tk[i] = i == j ? aj_f32_to_f16((float)((int)(splitmix_next(&rng) % 2001) - 1000) / 700.0f)
+                       : tk[j];
+        tv[i] = i == j ? aj_f32_to_f16((float)((int)(splitmix_next(&rng) % 2001) - 1000) / 500.0f)
+                       : tv[j];
+    }
+    aj_compile_options opt = AJ_COMPILE_OPTIONS_INIT;
+    opt.target = AJ_TARGET_SIM;
+    aj_kernel *k = NULL;
+    CHECK_STATUS(ctx, spec_compile(ctx, spec, "tma.aj", &opt, &k), AJ_OK);
+    uint64_t inst[2] = {0, 0};
+    for (int pass = 0; k && pass < 2; pass++) {
+        const int64_t full[4] = {TH * TS * TD, TS * TD, TD, 1};
+        const int64_t expanded[4] = {0, TS * TD, TD, 1};
+        const int64_t *kv = pass ? expanded : full;
+        aj_fwd_args a = AJ_FWD_ARGS_INIT;
+        a.q = (aj_tensor){tq, AJ_DTYPE_F16, 4, {TB, TH, TS, TD}, {full[0], full[1], full[2], 1}};
+        a.k = (aj_tensor){tk, AJ_DTYPE_F16, 4, {TB, TH, TS, TD}, {kv[0], kv[1], kv[2], 1}};
+        a.v = (aj_tensor){tv, AJ_DTYPE_F16, 4, {TB, TH, TS, TD}, {kv[0], kv[1], kv[2], 1}};
+        a.o = (aj_tensor){to[pass], AJ_DTYPE_F16, 4, {TB, TH, TS, TD},
+                          {full[0], full[1], full[2], 1}};
+        a.lse = (aj_tensor){tlse[pass], AJ_DTYPE_F32, 3, {TB, TH, TS, 0}, {TH * TS, TS, 1, 0}};
+        CHECK_STATUS(ctx, aj_forward(ctx, dev, k, &a), AJ_OK);
+        inst[pass] = aj_device_last_instructions(dev);
+    }
+    CHECK_MSG(memcmp(to[0], to[1], sizeof to[0]) == 0 && memcmp(tlse[0], tlse[1], sizeof tlse[0]) == 0,
+              "the TMA and cp.async loads give different outputs");
+    CHECK_MSG(inst[0] != inst[1], "both launches ran %llu emulated instructions: one path only",
+              (unsigned long long)inst[0]);
+    printf("TMA / cp.async loads: outputs identical, emulated instructions %llu / %llu\n",
+           (unsigned long long)inst[0], (unsigned long long)inst[1]);
+    aj_kernel_destroy(k);
+}
+
 int main(int argc, char **argv)
 {
     static void (*const tests[])(void) = {
@@ -465,7 +519,7 @@ int main(int argc, char **argv)
     static void (*const wgmma_tests[])(void) = {
         test_matrix, test_odd_dims, test_heads_and_layout, test_offsets, test_score_mods,
         test_dropout, test_schedules, test_accumulate, test_varlen, test_tile_skipping,
-        test_wgmma_refusals, NULL};
+        test_wgmma_refusals, test_tma_fallback, NULL};
     wgmma = argc > 2 && strcmp(argv[2], "wgmma") == 0;
     return test_main(argc, argv,
                      &(test_main_args){.fallback = AJ_DEVICE_SIM, .ctx = &ctx, .dev = &dev,
