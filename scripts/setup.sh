@@ -48,17 +48,29 @@ cmake --build "$build" -j"$jobs"
 if [ "$mode" = demo ]; then
   exec "$root/scripts/demo.sh" "$build"
 fi
+# The tests' virtual environment (below); first, ptxas: the PTX checks
+# (sm_80, sm_90, sm_90a, Blackwell's sm_100 and sm_120) run, never skip,
+# in this command (issue #30).  The CUDA toolkit's ptxas where one is
+# installed, else NVIDIA's from the Python package index
+# (nvidia-cuda-nvcc-cu12, 12.8 or newer for sm_120) in the environment.
+venv=$build/venv
+[ -x "$venv/bin/python" ] || python3 -m venv "$venv"
+pip=("$venv/bin/python" -m pip install -q --disable-pip-version-check)
+if [ -z "${AJ_PTXAS:-}" ] && ! command -v ptxas >/dev/null && [ ! -x /usr/local/cuda/bin/ptxas ]; then
+  echo "== ptxas from the Python package index ($(elapsed))"
+  "${pip[@]}" "nvidia-cuda-nvcc-cu12>=12.8"
+  AJ_PTXAS=$(ls "$venv"/lib/python3*/site-packages/nvidia/cuda_nvcc/bin/ptxas | head -n 1)
+  export AJ_PTXAS
+fi
+export AJ_REQUIRE_PTXAS=1
 echo "== running the tests ($(elapsed))"
 ctest --test-dir "$build" --output-on-failure -j"$jobs"
 
-# The Python package (docs/python.md): a virtual environment in the build
-# directory with torch from the Python package index (its CUDA wheels: the
-# index has no CPU-only build), the package installed by `pip install .`
-# (which builds libattnjit.so.0 with CMake), then its tests.
-venv=$build/venv
+# The Python package (docs/python.md): the virtual environment with torch
+# from the Python package index (its CUDA wheels: the index has no
+# CPU-only build), the package installed by `pip install .` (which builds
+# libattnjit.so.0 with CMake), then its tests.
 echo "== the Python package in $venv ($(elapsed))"
-[ -x "$venv/bin/python" ] || python3 -m venv "$venv"
-pip=("$venv/bin/python" -m pip install -q --disable-pip-version-check)
 "${pip[@]}" torch pytest numpy hypothesis transformers
 CMAKE_BUILD_PARALLEL_LEVEL=$jobs "${pip[@]}" --config-settings=build-dir="$build/python-build" "$root"
 (cd "$build" && "$venv/bin/python" -m pytest -q "$root/tests/python")

@@ -69,10 +69,13 @@ expect 0 "ptxas" "$aj" info
 expect 0 "cpu device" "$aj" info
 
 # the acceptance check: ptxas accepts the sm_90 causal kernel
-ptxas=$(command -v ptxas || true)
+ptxas=${AJ_PTXAS:-$(command -v ptxas || true)}
 [ -n "$ptxas" ] || { [ -x /usr/local/cuda/bin/ptxas ] && ptxas=/usr/local/cuda/bin/ptxas; }
 if [ -n "$ptxas" ]; then
     expect 0 "0 bytes spill stores" "$ptxas" -arch=sm_90 -v -o "$tmp/k.cubin" "$tmp/k.ptx"
+elif [ -n "${AJ_REQUIRE_PTXAS:-}" ] && [ "$AJ_REQUIRE_PTXAS" != 0 ]; then
+    echo "FAIL ptxas check: ptxas not found and AJ_REQUIRE_PTXAS is set"
+    exit 1
 else
     echo "SKIP ptxas check: ptxas not found on PATH or in /usr/local/cuda/bin"
 fi

@@ -4,7 +4,8 @@
  * for the forward accumulate, bias and dropout, for the backward bias and
  * dropout), the paged forward's parts and merge, and the merge kernel
  * compile to PTX that ptxas accepts for sm_80 and sm_90 with no spills
- * (each kernel of a multi-kernel module on its own).
+ * (each kernel of a multi-kernel module on its own); the example specs'
+ * sm_80 and sm_90 PTX for Blackwell's sm_100 and sm_120 too.
  *
  * GQA and the sequence lengths are launch arguments, not part of the op, so
  * they do not change the kernel and are not a dimension here (the numeric
@@ -110,6 +111,52 @@ static void check_examples(aj_ctx *ctx, const char *dir)
 {
     int seen = spec_dir_each(dir, check_example, ctx);
     CHECK_MSG(seen >= 8, "only %d example specs in %s", seen, dir);
+}
+
+/*
+ * Blackwell runs what exists (issue #30 stage 6): a 10.x or 12.x GPU
+ * reports target sm_90 and its driver compiles the sm_90 PTX (sm_90a code
+ * runs on 9.0 only), so every example spec's sm_90 kernel, and its sm_80
+ * one, must assemble for sm_100 (B200) and sm_120 (RTX 50-series) with
+ * no spills.
+ */
+static void check_blackwell_example(const char *name, const char *path, const char *text,
+                                    size_t len, void *user)
+{
+    (void)len;
+    aj_ctx *ctx = user;
+    static const char *const blackwell[] = {"sm_100", "sm_120"};
+    CHECK_MSG(text != NULL, "cannot read %s", path);
+    for (int t = 0; text && t < 2; t++) {
+        aj_target target = t ? AJ_TARGET_SM_90 : AJ_TARGET_SM_80;
+        aj_op *op = NULL;
+        aj_kernel *k = NULL;
+        CHECK_STATUS(ctx, aj_op_parse(ctx, text, strlen(text), name, &op), AJ_OK);
+        aj_compile_options opt = AJ_COMPILE_OPTIONS_INIT;
+        opt.target = target;
+        if (op)
+            CHECK_STATUS(ctx, aj_compile(ctx, op, &opt, &k), AJ_OK);
+        aj_op_destroy(op);
+        for (int b = 0; k && b < 2; b++) {
+            char label[160];
+            snprintf(label, sizeof label, "%s (%s PTX)", name, aj_target_name(target));
+            size_t n;
+            const char *ptx = aj_kernel_code(k, &n);
+            ptxas_result r;
+            ptxas_run(ptxas, blackwell[b], ptx, n, &r);
+            CHECK_MSG(r.exit_code == 0, "%s %s: ptxas failed:\n%s", label, blackwell[b], r.log);
+            for (int s = 0; r.exit_code == 0 && s < aj_kernel_num_stages(k); s++) {
+                ptxas_result e;
+                const char *entry = aj_kernel_stage_entry(k, s);
+                CHECK_MSG(ptxas_entry(&r, entry, &e) == 0 && e.spill_stores == 0 &&
+                          e.spill_loads == 0, "%s %s (%s): spills %d/%d bytes", label,
+                          blackwell[b], entry, e.spill_stores, e.spill_loads);
+            }
+            kernels++;
+            assembled++;
+        }
+        aj_kernel_destroy(k);
+    }
 }
 
 /* The block-mask builders (templates/block_mask.c) of the masks that
@@ -385,8 +432,8 @@ int main(int argc, char **argv)
     aj_ctx_create(NULL, &ctx);
     have_ptxas = ptxas_find(ptxas, sizeof ptxas);
     if (!have_ptxas)
-        printf("SKIP ptxas assembly: ptxas not found on PATH or in /usr/local/cuda/bin "
-               "(PTX is still generated and checked)\n");
+        CHECK_MSG(!ptxas_missing("ptxas assembly (PTX is still generated and checked)"),
+                  "ptxas is required");
     char spec[512];
     for (size_t a = 0; a < 2; a++) {
         aj_target target = a == 0 ? AJ_TARGET_SM_80 : AJ_TARGET_SM_90;
@@ -481,6 +528,12 @@ int main(int argc, char **argv)
     check_flash_bwd(ctx);
     if (argc > 1)
         check_examples(ctx, argv[1]);
+    if (argc > 1 && have_ptxas) {
+        int before = assembled;
+        CHECK(spec_dir_each(argv[1], check_blackwell_example, ctx) >= 8);
+        printf("Blackwell: %d example kernels (sm_80 and sm_90 PTX) assembled for sm_100 and "
+               "sm_120, no spills\n", assembled - before);
+    }
     printf("%d kernels generated, %d assembled by ptxas\n", kernels, assembled);
     aj_ctx_destroy(ctx);
     return check_report();

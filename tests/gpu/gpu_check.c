@@ -4,11 +4,13 @@
  *
  *   gpu_check [--family F] [--out DIR] [--quick] [--dump DIR] [--specs DIR]
  *
- *   1. correctness (families efficient_fwd, flash_fwd): every template x
+ *   1. correctness (families efficient_fwd, flash_fwd, wgmma_fwd -- the
+ *      flash forward on wgmma, on 9.0 GPUs): every template x
  *      dtype x head dim x mask at moderate sizes on the GPU against the
  *      float64 reference (on this machine's CPUs), with the tolerances of
  *      the sim tests;
- *   2. speed (bench): the forward kernels, bf16, at B*S = 16k tokens,
+ *   2. speed (bench): the forward kernels (the wgmma one beside them on a
+ *      9.0 GPU), bf16, at B*S = 16k tokens,
  *      hidden 2048 (H = 2048 / d), S in 1k..16k, d 64 and 128, causal and
  *      not; TFLOP/s counted as FlashAttention counts them (4 B S^2 D H,
  *      halved for causal), the median of launches timed with CUDA events
@@ -35,6 +37,7 @@
 #include <time.h>
 
 #include "runtime/cuda/cuda_api.h"
+#include "runtime/runtime.h"
 #include "paged_cases.h"
 #include "sim_harness.h"
 #include "temp_dir.h"
@@ -122,20 +125,30 @@ static int check_efficient_fwd(aj_ctx *ctx, aj_device *dev, int quick)
 }
 
 /* the flash forward: f16 / bf16 x its head dims x the masks, then
- * accumulate over 3 key blocks and a varlen batch */
-static int check_flash_fwd(aj_ctx *ctx, aj_device *dev, int quick)
+ * accumulate over 3 key blocks and a varlen batch; with `wgmma` the same
+ * cases on the wgmma template (schedule warpgroups 1 and 2 in turn: TMA
+ * loads over padded tensors, cp.async for varlen), on a GPU of compute
+ * capability 9.0 only */
+static int check_flash_fwd(aj_ctx *ctx, aj_device *dev, int quick, int wgmma)
 {
     static const int flash_dims[][2] = {{32, 32}, {64, 64}, {96, 96}, {128, 128},
                                         {192, 192}, {256, 256}, {192, 128}};
     static const int32_t lq[] = {1, 300, 0, 129}, lk[] = {257, 64, 5, 0};
     int failed = 0, cases = 0;
-    correctness_header(dev, "the flash forward", "correctness_flash_fwd");
+    if (wgmma && !aj_device_runs(dev, AJ_TARGET_SM_90A)) {
+        say("\nSKIP the wgmma flash forward: %s is not compute capability 9.0 (sm_90a)\n",
+            aj_device_name(dev));
+        return 0;
+    }
+    correctness_header(dev, wgmma ? "the wgmma flash forward" : "the flash forward",
+                       wgmma ? "correctness_wgmma_fwd" : "correctness_flash_fwd");
     for (int t = 0; t < 2; t++)
         for (int d = 0; d < 7; d++)
             for (int m = 0; m < 6; m++) {
                 if (quick && (d % 2 || m % 2))
                     continue;
-                fwd_run_options how = {.variant = AJ_VARIANT_FLASH};
+                fwd_run_options how = {.variant = AJ_VARIANT_FLASH,
+                                       .warpgroups = wgmma ? 1 + (d + m) % 2 : 0};
                 if (m == 4)
                     how.accumulate_parts = 3;
                 if (m == 5) {
@@ -143,7 +156,7 @@ static int check_flash_fwd(aj_ctx *ctx, aj_device *dev, int quick)
                     how.seqlens_k = lk;
                 }
                 char label[128];
-                snprintf(label, sizeof label, "flash fwd %s d%d/%d %s%s",
+                snprintf(label, sizeof label, "%s fwd %s d%d/%d %s%s", wgmma ? "wgmma" : "flash",
                          aj_dtype_name(dtypes[t]), flash_dims[d][0], flash_dims[d][1],
                          masks[m % 4], m == 4 ? " accumulate" : m == 5 ? " varlen" : "");
                 fwd_case c = {label, dtypes[t], flash_dims[d][0], flash_dims[d][1], masks[m % 4],
@@ -157,17 +170,20 @@ static int check_flash_fwd(aj_ctx *ctx, aj_device *dev, int quick)
 
 /* ---------------------------------------------------------------- 2 */
 
+/* variant "wgmma": the flash forward on wgmma, 2 warpgroups (sm_90a) */
 static aj_kernel *compile_for(aj_ctx *ctx, aj_device *dev, const char *variant, aj_dtype dtype,
                               int d, int causal)
 {
     char text[256];
+    int wgmma = strcmp(variant, "wgmma") == 0;
     snprintf(text, sizeof text, "attention forward %s { dtype = %s head_dim = %d "
-             "mask = %s }", variant, aj_dtype_name(dtype), d,
-             causal ? "causal(bottom_right)" : "none");
+             "mask = %s%s }", wgmma ? "flash" : variant, aj_dtype_name(dtype), d,
+             causal ? "causal(bottom_right)" : "none",
+             wgmma ? " schedule = (warpgroups = 2)" : "");
     aj_op *op = NULL;
     aj_kernel *k = NULL;
     aj_compile_options opt = AJ_COMPILE_OPTIONS_INIT;
-    opt.target = aj_device_target(dev);
+    opt.target = wgmma ? AJ_TARGET_SM_90A : aj_device_target(dev);
     if (aj_op_parse(ctx, text, strlen(text), "bench", &op) == AJ_OK)
         aj_compile(ctx, op, &opt, &k);
     aj_op_destroy(op);
@@ -298,8 +314,9 @@ static int benchmark(aj_ctx *ctx, aj_device *dev, int quick)
     if (json)
         fprintf(json, ",\n  \"forward_speed\": [\n");
     int failed = 0, first = 1;
-    static const char *const variants[] = {"efficient", "flash"};
-    for (int vi = 0; vi < 2; vi++) {
+    static const char *const variants[] = {"efficient", "flash", "wgmma"};
+    int nv = aj_device_runs(dev, AJ_TARGET_SM_90A) ? 3 : 2;   /* wgmma: 9.0 only */
+    for (int vi = 0; vi < nv; vi++) {
         for (int di = 0; di < 2; di++)
             for (int si = 0; si < 5; si++)
                 for (int causal = 0; causal < 2; causal++) {
@@ -573,8 +590,8 @@ static int check_paged(aj_ctx *ctx, aj_device *dev, int quick)
     return failed;
 }
 
-static const char *const families[] = {"all", "efficient_fwd", "flash_fwd", "paged", "bench",
-                                       "startup", "dump"};
+static const char *const families[] = {"all",   "efficient_fwd", "flash_fwd", "wgmma_fwd",
+                                       "paged", "bench",         "startup",   "dump"};
 
 int main(int argc, char **argv)
 {
@@ -592,8 +609,9 @@ int main(int argc, char **argv)
         else if (strcmp(argv[i], "--quick") == 0)
             quick = 1;
         else {
-            fprintf(stderr, "usage: gpu_check [--family all|efficient_fwd|flash_fwd|paged|bench|"
-                    "startup|dump] [--out DIR] [--dump DIR] [--specs DIR] [--quick]\n");
+            fprintf(stderr, "usage: gpu_check [--family all|efficient_fwd|flash_fwd|wgmma_fwd|"
+                    "paged|bench|startup|dump] [--out DIR] [--dump DIR] [--specs DIR] "
+                    "[--quick]\n");
             return 2;
         }
     }
@@ -635,7 +653,9 @@ int main(int argc, char **argv)
     if (all || strcmp(family, "efficient_fwd") == 0)
         failed += check_efficient_fwd(ctx, dev, quick);
     if (all || strcmp(family, "flash_fwd") == 0)
-        failed += check_flash_fwd(ctx, dev, quick);
+        failed += check_flash_fwd(ctx, dev, quick, 0);
+    if (all || strcmp(family, "wgmma_fwd") == 0)
+        failed += check_flash_fwd(ctx, dev, quick, 1);
     if (all || strcmp(family, "paged") == 0)
         failed += check_paged(ctx, dev, quick);
     if (dump_dir && (all || strcmp(family, "dump") == 0))

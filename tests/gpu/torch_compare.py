@@ -113,22 +113,24 @@ def bench_torch(quick):
 
 
 def speed_table(torch_rows, attnjit_rows):
-    """The speed table's markdown lines: per torch row, attnjit's efficient
-    and flash forward at the same (d, S, causal) -- gpu_check's rows are
-    keyed by kernel too, so one variant never stands in for the other."""
+    """The speed table's markdown lines: per torch row, attnjit's efficient,
+    flash and (on 9.0 GPUs) wgmma forward at the same (d, S, causal) --
+    gpu_check's rows are keyed by kernel too, so one variant never stands
+    in for another."""
     ours = {(r["kernel"], r["d"], r["S"], r["causal"]): r for r in attnjit_rows}
 
     def tflops(kernel, r):
         mine = ours.get((kernel, r["d"], r["S"], r["causal"]))
         return mine["tflops"] if mine else float("nan")
 
-    md = ["| d | S | causal | attnjit efficient fwd | attnjit flash fwd | torch backend | fwd | "
-          "bwd | best attnjit / torch fwd |",
-          "|---:|---:|---|---:|---:|---|---:|---:|---:|"]
+    md = ["| d | S | causal | attnjit efficient fwd | attnjit flash fwd | attnjit wgmma fwd | "
+          "torch backend | fwd | bwd | best attnjit / torch fwd |",
+          "|---:|---:|---|---:|---:|---:|---|---:|---:|---:|"]
     for r in torch_rows:
-        eff, flash = tflops("efficient_fwd", r), tflops("flash_fwd", r)
-        best = max((x for x in (eff, flash) if not math.isnan(x)), default=float("nan"))
-        head = f"| {r['d']} | {r['S']} | {r['causal']} | {eff:.1f} | {flash:.1f} | {r['backend']} | "
+        ours_r = [tflops(k, r) for k in ("efficient_fwd", "flash_fwd", "wgmma_fwd")]
+        best = max((x for x in ours_r if not math.isnan(x)), default=float("nan"))
+        head = (f"| {r['d']} | {r['S']} | {r['causal']} | " +
+                " | ".join(f"{x:.1f}" for x in ours_r) + f" | {r['backend']} | ")
         if "error" in r:
             md.append(head + f"- | - | ({r['error']}) |")
         else:

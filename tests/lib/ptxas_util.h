@@ -1,8 +1,11 @@
 /*
  * ptxas_util.h -- runs NVIDIA's ptxas on generated PTX (tests and bench).
  *
- * ptxas is looked up on PATH, then in /usr/local/cuda/bin; where it is
- * absent, ptxas_find() says so and callers skip with that reason.
+ * ptxas is $AJ_PTXAS, else looked up on PATH, then in /usr/local/cuda/bin;
+ * where it is absent, ptxas_find() says so and callers skip with that
+ * reason -- unless $AJ_REQUIRE_PTXAS is set (the README's test command
+ * sets it, having installed ptxas: issue #30), where ptxas_missing() makes
+ * the absence a failure.
  */
 #ifndef AJ_TESTS_PTXAS_UTIL_H
 #define AJ_TESTS_PTXAS_UTIL_H
@@ -27,6 +30,11 @@ typedef struct ptxas_result {
 
 static inline int ptxas_find(char *out, size_t cap)
 {
+    const char *given = getenv("AJ_PTXAS");
+    if (given && *given) {
+        snprintf(out, cap, "%s", given);
+        return access(out, X_OK) == 0;
+    }
     const char *env = getenv("PATH");
     char dirs[4096];
     snprintf(dirs, sizeof dirs, "%s:/usr/local/cuda/bin", env ? env : "");
@@ -37,6 +45,19 @@ static inline int ptxas_find(char *out, size_t cap)
             return 1;
     }
     return 0;
+}
+
+/* Where ptxas_find() found none: prints why `what` is not assembled and
+ * returns 0 (skip), or, with $AJ_REQUIRE_PTXAS set, prints the failure
+ * and returns 1 (the caller fails the test). */
+static inline int ptxas_missing(const char *what)
+{
+    const char *required = getenv("AJ_REQUIRE_PTXAS");
+    int fail = required && *required && strcmp(required, "0") != 0;
+    printf("%s %s: ptxas not found (AJ_PTXAS, PATH, /usr/local/cuda/bin)%s\n",
+           fail ? "FAIL" : "SKIP", what,
+           fail ? "; AJ_REQUIRE_PTXAS is set: the PTX checks must run" : "");
+    return fail;
 }
 
 static inline int ptxas_field(const char *log, const char *suffix)

@@ -214,7 +214,7 @@ static void assemble_cases(aj_ctx *ctx, const sweep_case *cases, int count, int 
 {
     char ptxas[1024];
     if (!ptxas_find(ptxas, sizeof ptxas)) {
-        printf("SKIP ptxas sweep: ptxas is not on PATH or in /usr/local/cuda/bin\n");
+        CHECK_MSG(!ptxas_missing("ptxas sweep"), "ptxas is required");
         return;
     }
     aj_compile_job *jobs = calloc((size_t)count, sizeof *jobs);
