@@ -117,7 +117,8 @@ bool aj_device_runs(const aj_device *dev, aj_target kernel_target)
 
 bool aj_device_has_tensor_map(const aj_device *dev)
 {
-    return dev && dev->ops->tensor_map && (!dev->ops->has_tensor_map || dev->ops->has_tensor_map(dev));
+    return dev && dev->ops->tensor_map &&
+           (!dev->ops->has_tensor_map || dev->ops->has_tensor_map(dev));
 }
 
 const char *aj_device_name(const aj_device *dev)

@@ -49,10 +49,11 @@ if [ "$mode" = demo ]; then
   exec "$root/scripts/demo.sh" "$build"
 fi
 # The tests' virtual environment (below); first, ptxas: the PTX checks
-# (sm_80, sm_90, sm_90a, Blackwell's sm_100 and sm_120) run, never skip,
-# in this command (issue #30).  The CUDA toolkit's ptxas where one is
-# installed, else NVIDIA's from the Python package index
-# (nvidia-cuda-nvcc-cu12, 12.8 or newer for sm_120) in the environment.
+# (sm_80, sm_90, sm_90a, Blackwell's sm_100 and sm_120) and `attnjit
+# audit` run, never skip, in this command (issue #30).  The CUDA toolkit's
+# ptxas and nvdisasm where they are installed, else NVIDIA's from the
+# Python package index (nvidia-cuda-nvcc-cu12, 12.8 or newer for sm_120;
+# nvidia-cuda-nvdisasm) in the environment.
 venv=$build/venv
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
 pip=("$venv/bin/python" -m pip install -q --disable-pip-version-check)
@@ -61,6 +62,14 @@ if [ -z "${AJ_PTXAS:-}" ] && ! command -v ptxas >/dev/null && [ ! -x /usr/local/
   "${pip[@]}" "nvidia-cuda-nvcc-cu12>=12.8"
   AJ_PTXAS=$(ls "$venv"/lib/python3*/site-packages/nvidia/cuda_nvcc/bin/ptxas | head -n 1)
   export AJ_PTXAS
+fi
+# ... and nvdisasm, which `attnjit audit` reads the SASS with
+if [ -z "${AJ_NVDISASM:-}" ] && ! command -v nvdisasm >/dev/null &&
+   [ ! -x /usr/local/cuda/bin/nvdisasm ]; then
+  echo "== nvdisasm from the Python package index ($(elapsed))"
+  "${pip[@]}" nvidia-cuda-nvdisasm
+  AJ_NVDISASM=$(find "$venv"/lib/python3*/site-packages/nvidia -name nvdisasm -type f | head -n 1)
+  export AJ_NVDISASM
 fi
 export AJ_REQUIRE_PTXAS=1
 echo "== running the tests ($(elapsed))"

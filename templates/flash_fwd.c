@@ -96,7 +96,7 @@
 #define DEFAULT_STATE 124
 /* The wgmma template's: its accumulators are wgmma's registers, in the
  * same layout, with the whole tile's state live around each GEMM;
- * test_ptx checks its defaults for spills on sm_90a. */
+ * test_sweep_ptxas_wgmma checks its defaults for spills on sm_90a. */
 #define WGMMA_STATE_BUDGET 200
 
 typedef struct ffwd_plan {
@@ -161,7 +161,6 @@ static aj_schedule merge_schedule(aj_schedule s, const aj_schedule *given)
         s.stages = given->stages;
     return s;
 }
-
 
 /* The wgmma template's checks and its fixed fields: the target, the head
  * dims, 64 rows per warpgroup on 4 warps each; `s` completed. */
@@ -245,6 +244,7 @@ static aj_status plan_schedule(aj_ctx *ctx, const aj_op *op, aj_target target,
     p->ldv = p->wg ? p->dv : aj_mma_tile_ld(p->dv);
     int64_t elems = (int64_t)p->bm * p->ldq +
                     (int64_t)p->stages * p->bn * (p->ldk + p->ldv);
+    /* wgmma: the tiles' 1024-byte alignment and the mbarriers, at most 2 KiB */
     int64_t bytes = 2 * elems + (p->wg ? 2 * 1024 : 0);
     if (bytes > aj_target_smem_limit(target))
         return aj_fail(ctx, AJ_ERR_UNSUPPORTED,

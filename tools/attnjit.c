@@ -3,6 +3,7 @@
  *
  *   attnjit compile SPEC --target T [--emit ptx|llvm|bc] [-o FILE] [-O N] [-v]
  *   attnjit check SPEC
+ *   attnjit audit SPEC --target sm_80|sm_90|sm_90a [--arch A]
  *   attnjit run SPEC --device sim|cpu|cuda --in NAME=F ... --out NAME=F ...
  *   attnjit tune SPEC --device sim|cpu|cuda [--budget-s N] [--csv FILE] ...
  *   mpirun -np P attnjit ring SPEC --device sim|cpu|cuda --in q=F ... --out o=F ...
@@ -36,6 +37,8 @@ int main(int argc, char **argv)
         rc = cli_compile(ctx, argc - 2, argv + 2);
     else if (strcmp(cmd, "check") == 0)
         rc = cli_check(ctx, argc - 2, argv + 2);
+    else if (strcmp(cmd, "audit") == 0)
+        rc = cli_audit(ctx, argc - 2, argv + 2);
     else if (strcmp(cmd, "run") == 0)
         rc = cli_run(ctx, argc - 2, argv + 2);
     else if (strcmp(cmd, "tune") == 0)

@@ -49,6 +49,8 @@ typedef struct cli_compile_opts {
 int cli_parse_compile_args(aj_ctx *ctx, int argc, char **argv, cli_compile_opts *out);
 int cli_compile(aj_ctx *ctx, int argc, char **argv);
 int cli_check(aj_ctx *ctx, int argc, char **argv);
+/* `attnjit audit` (cli_audit.c) */
+int cli_audit(aj_ctx *ctx, int argc, char **argv);
 
 /* --in NAME=FILE for a name a command does not know: the op's side
  * tensors, checked against its declarations once the op is read

@@ -80,6 +80,32 @@ else
     echo "SKIP ptxas check: ptxas not found on PATH or in /usr/local/cuda/bin"
 fi
 
+# audit: ptxas and nvdisasm on the flash forward, mma.sync (sm_80 PTX as an
+# H100 runs it) and wgmma (sm_90a); required where the test command
+# installed them (AJ_REQUIRE_PTXAS)
+nvdisasm=${AJ_NVDISASM:-$(command -v nvdisasm || true)}
+[ -n "$nvdisasm" ] || { [ -x /usr/local/cuda/bin/nvdisasm ] && nvdisasm=/usr/local/cuda/bin/nvdisasm; }
+flash=$specs/flash_fwd_bf16_d128_causal.aj
+printf 'attention forward flash {\n  dtype = bf16\n  head_dim = 128\n  schedule = (warpgroups = 2)\n}\n' \
+    > "$tmp/wgmma.aj"
+if [ -n "$ptxas" ] && [ -n "$nvdisasm" ]; then
+    expect 0 "HMMA.16816.F32.BF16 128" env AJ_PTXAS="$ptxas" AJ_NVDISASM="$nvdisasm" \
+        "$aj" audit "$flash" --target sm_80
+    expect 0 "bound: " env AJ_PTXAS="$ptxas" AJ_NVDISASM="$nvdisasm" \
+        "$aj" audit "$flash" --target sm_80
+    expect 0 "HGMMA.64x64x16.F32.BF16 8, HGMMA.64x128x16.F32.BF16 4" \
+        env AJ_PTXAS="$ptxas" AJ_NVDISASM="$nvdisasm" "$aj" audit "$tmp/wgmma.aj" --target sm_90a
+elif [ -n "${AJ_REQUIRE_PTXAS:-}" ] && [ "$AJ_REQUIRE_PTXAS" != 0 ]; then
+    echo "FAIL audit check: ptxas or nvdisasm not found and AJ_REQUIRE_PTXAS is set"
+    exit 1
+else
+    echo "SKIP audit check: ptxas or nvdisasm not found (AJ_NVDISASM, PATH, /usr/local/cuda/bin)"
+fi
+expect 1 "audit: --target takes sm_80, sm_90 or sm_90a, not 'cpu'" "$aj" audit "$flash" --target cpu
+expect 1 "audit needs SPEC and --target" "$aj" audit "$flash"
+expect 2 "needs NVIDIA's ptxas and nvdisasm" env AJ_NVDISASM=/nonexistent "$aj" audit "$flash" \
+    --target sm_80
+
 # tune: a tiny problem on sim, progress as plain lines (not a terminal),
 # the ranked table, the CSV, the database under AJ_CACHE_DIR
 printf 'attention forward efficient {\n  dtype = f32\n  head_dim = 16\n}\n' > "$tmp/tune.aj"

@@ -569,7 +569,8 @@ static const bad_spec bad_specs[] = {
       "t.aj:4:14: expected a schedule (default or (block_m = N, block_n = N, "
       "warps = N, stages = N)), found 'fast'" },
     { FWD REQ "  schedule = ()\n}", 0, AJ_ERR_PARSE,
-      "t.aj:4:15: expected a schedule key (block_m, block_n, warps, stages, splits or warpgroups), found ')'" },
+      "t.aj:4:15: expected a schedule key (block_m, block_n, warps, stages, splits or "
+      "warpgroups), found ')'" },
     { FWD REQ "  schedule = (block_m = 64, block_m = 64)\n}", 0, AJ_ERR_PARSE,
       "t.aj:4:29: duplicate schedule key 'block_m'" },
     { FWD REQ "  schedule = (warps = 4 stages = 2)\n}", 0, AJ_ERR_PARSE,

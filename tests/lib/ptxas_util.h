@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "attnjit/attnjit.h"
+#include "tools/find_tool.h"
 
 typedef struct ptxas_result {
     int exit_code;
@@ -30,21 +31,7 @@ typedef struct ptxas_result {
 
 static inline int ptxas_find(char *out, size_t cap)
 {
-    const char *given = getenv("AJ_PTXAS");
-    if (given && *given) {
-        snprintf(out, cap, "%s", given);
-        return access(out, X_OK) == 0;
-    }
-    const char *env = getenv("PATH");
-    char dirs[4096];
-    snprintf(dirs, sizeof dirs, "%s:/usr/local/cuda/bin", env ? env : "");
-    char *save = NULL;
-    for (char *d = strtok_r(dirs, ":", &save); d; d = strtok_r(NULL, ":", &save)) {
-        snprintf(out, cap, "%s/ptxas", d);
-        if (access(out, X_OK) == 0)
-            return 1;
-    }
-    return 0;
+    return aj_find_tool("AJ_PTXAS", "ptxas", out, cap);
 }
 
 /* Where ptxas_find() found none: prints why `what` is not assembled and

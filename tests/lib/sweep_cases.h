@@ -131,7 +131,8 @@ static inline int sweep_spec(const sweep_case *c, char *buf, size_t cap)
 /* A short label: "bwd efficient bf16 d72/72 causal(bottom_right) alibi bias". */
 static inline void sweep_label(const sweep_case *c, char *buf, size_t cap)
 {
-    snprintf(buf, cap, "%s %s %s d%d/%d %s %s%s%s%s%s%s", c->kind == AJ_KIND_FORWARD ? "fwd" : "bwd",
+    snprintf(buf, cap, "%s %s %s d%d/%d %s %s%s%s%s%s%s",
+             c->kind == AJ_KIND_FORWARD ? "fwd" : "bwd",
              aj_variant_name(c->variant), aj_dtype_name(c->dtype), c->d, c->dv, c->mask,
              c->score_mod, c->bias ? " bias" : "", c->dropout > 0 ? " dropout" : "",
              c->accumulate ? " accumulate" : c->deterministic ? " deterministic" : "",

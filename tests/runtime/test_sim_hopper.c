@@ -1322,7 +1322,8 @@ static void ap_wgmmas(aj_kb *kb, LLVMValueRef acc, int scale_first)
 static void ap_tma(aj_kb *kb, int map_byte, int tile, int row)
 {
     LLVMValueRef map = global_at(kb, "in", c32(kb, map_byte / 4));
-    LLVMValueRef args[5] = {smem_at(kb, c32(kb, tile)), LLVMBuildPtrToInt(kb->b, map, kb->t_i64, ""),
+    LLVMValueRef args[5] = {smem_at(kb, c32(kb, tile)),
+                            LLVMBuildPtrToInt(kb->b, map, kb->t_i64, ""),
                             c32(kb, 0), c32(kb, row), bar_at(kb, 0)};
     aj_kb_intrinsic(kb, AJ_INTR_TMA_LOAD_2D, args);
 }

@@ -499,7 +499,8 @@ static void test_tma_fallback(void)
         CHECK_STATUS(ctx, aj_forward(ctx, dev, k, &a), AJ_OK);
         inst[pass] = aj_device_last_instructions(dev);
     }
-    CHECK_MSG(memcmp(to[0], to[1], sizeof to[0]) == 0 && memcmp(tlse[0], tlse[1], sizeof tlse[0]) == 0,
+    CHECK_MSG(memcmp(to[0], to[1], sizeof to[0]) == 0 &&
+                  memcmp(tlse[0], tlse[1], sizeof tlse[0]) == 0,
               "the TMA and cp.async loads give different outputs");
     CHECK_MSG(inst[0] != inst[1], "both launches ran %llu emulated instructions: one path only",
               (unsigned long long)inst[0]);
