@@ -21,13 +21,16 @@ enum warpgroup_op {
     WG_WGMMA_FENCE, WG_WGMMA_COMMIT, WG_WGMMA_WAIT, WG_WGMMA,
 };
 
+/* The most accumulators a thread has in one wgmma: N / 2 at N = 256. */
+#define WGMMA_MAX_REGS 128
+
 /* A wgmma's results for one thread, waiting for the wait_group that lands
  * them in its accumulators. */
 typedef struct wgmma_result {
     float *acc;
     int64_t group;             /* the commit group it belongs to */
     int n;                     /* accumulators: N / 2 */
-    float d[128];
+    float d[WGMMA_MAX_REGS];
 } wgmma_result;
 
 /* Accumulators a thread's wait_group landed, with a checksum of what it

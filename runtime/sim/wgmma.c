@@ -350,9 +350,13 @@ int aj_sim_wgmma_complete(sim_worker *w, sim_thread *group)
                 return 0;
     for (int i = 0; i < WARPGROUP; i++) {
         sim_thread *t = &group[i];
-        const float *c = accumulator_in(w, t);
-        if (!c)
+        const float *in = accumulator_in(w, t);
+        if (!in)
             return 0;
+        /* C by value: `in` may be a result still in the queue, which
+         * push_result's realloc can move */
+        float c[WGMMA_MAX_REGS];
+        memcpy(c, in, (size_t)n / 2 * sizeof *c);
         wgmma_result *r = push_result(w, t);
         if (!r || (i == 0 && !note_reads(w, t))) {
             aj_sim_record_fault(w, "thread %d: wgmma.mma_async: out of host memory", t->tid);
