@@ -162,8 +162,8 @@ static aj_schedule merge_schedule(aj_schedule s, const aj_schedule *given)
     return s;
 }
 
-/* The wgmma template's checks and its fixed fields: the target, the head
- * dims, 64 rows per warpgroup on 4 warps each; `s` completed. */
+/* The wgmma template's checks and its fixed fields: the target, 64 rows
+ * per warpgroup on 4 warps each; `s` completed. */
 static aj_status plan_wgmma(aj_ctx *ctx, const aj_op *op, aj_target target, aj_schedule *s,
                             ffwd_plan *p)
 {
@@ -172,11 +172,6 @@ static aj_status plan_wgmma(aj_ctx *ctx, const aj_op *op, aj_target target, aj_s
                        "schedule: warpgroups = %d needs wgmma, which %s lacks: target sm_90a "
                        "(or sim, which emulates it), or warpgroups = 0 for the mma.sync "
                        "template", p->wg, aj_target_name(target));
-    if (p->d % 16 || p->dv % 16)
-        return aj_fail(ctx, AJ_ERR_UNSUPPORTED,
-                       "schedule: warpgroups = %d takes head dims that are multiples of 16 (a "
-                       "wgmma k-step), not head_dim %d / head_dim_v %d; warpgroups = 0 (the "
-                       "mma.sync template) takes multiples of 8", p->wg, p->d, p->dv);
     if (!s->block_m)
         s->block_m = 64 * p->wg;
     if (!s->warps)
@@ -239,9 +234,9 @@ static aj_status plan_schedule(aj_ctx *ctx, const aj_op *op, aj_target target,
                        "a smaller block_n", p->bm, p->bn, p->warps, state, p->dv,
                        p->wg ? WGMMA_STATE_BUDGET : STATE_BUDGET);
     /* the wgmma tiles are unpadded panels (see "wgmma"), each 1024-byte aligned */
-    p->ldq = p->wg ? p->d : aj_mma_tile_ld(p->d);
-    p->ldk = p->wg ? p->d : aj_mma_tile_ld(p->d);
-    p->ldv = p->wg ? p->dv : aj_mma_tile_ld(p->dv);
+    p->ldq = p->wg ? aj_wgmma_tile_width(p->d) : aj_mma_tile_ld(p->d);
+    p->ldk = p->wg ? aj_wgmma_tile_width(p->d) : aj_mma_tile_ld(p->d);
+    p->ldv = p->wg ? aj_wgmma_tile_width(p->dv) : aj_mma_tile_ld(p->dv);
     int64_t elems = (int64_t)p->bm * p->ldq +
                     (int64_t)p->stages * p->bn * (p->ldk + p->ldv);
     /* wgmma: the tiles' 1024-byte alignment and the mbarriers, at most 2 KiB */
@@ -435,7 +430,7 @@ static void tma_tile(ffwd *e, aj_param_id map, LLVMValueRef dst, int rows, int w
     aj_kb *kb = e->kb;
     int span = aj_wgmma_panel_span(width);
     LLVMValueRef addr = LLVMBuildPtrToInt(e->b, aj_param(kb, map), kb->t_i64, "");
-    for (int panel = 0; panel < width / (span / 2); panel++) {
+    for (int panel = 0; panel < aj_wgmma_tile_width(width) / (span / 2); panel++) {
         LLVMValueRef args[7] = {smem_at(e, dst, (int64_t)panel * rows * span), addr,
                                 aj_kb_i32(kb, panel * span / 2), row0, h, e->bidx,
                                 smem_at(e, bar, 0)};
@@ -460,7 +455,8 @@ static void load_kv_tile(ffwd *e, LLVMValueRef n, LLVMValueRef at, LLVMValueRef 
         aj_kb_if_begin(e->kb, LLVMBuildICmp(b, LLVMIntNE, e->tma, aj_kb_i32(e->kb, 0), ""));
         aj_kb_if_begin(e->kb, LLVMBuildICmp(b, LLVMIntEQ, e->tid, aj_kb_i32(e->kb, 0), ""));
         LLVMValueRef bar = slot_bar(e, slot);
-        LLVMValueRef tx[2] = {smem_at(e, bar, 0), aj_kb_i32(e->kb, 2 * p->bn * (p->d + p->dv))};
+        /* the whole boxes, the zeros past D and Dv included */
+        LLVMValueRef tx[2] = {smem_at(e, bar, 0), aj_kb_i32(e->kb, 2 * p->bn * (p->ldk + p->ldv))};
         aj_kb_intrinsic(e->kb, AJ_INTR_MBARRIER_ARRIVE_EXPECT_TX, tx);
         tma_tile(e, AJ_PID(k_tma), kdst, p->bn, p->d, n0, e->hkv, bar);
         tma_tile(e, AJ_PID(v_tma), vdst, p->bn, p->dv, n0, e->hkv, bar);
@@ -595,9 +591,11 @@ static void lane_addresses(ffwd *e)
  * registers.
  *
  * Shared memory holds each tile in panels of E = span / 2 columns (E 64,
- * 32 or 16, the widest dividing the width: panel_span), panel after
- * panel, each a run of span-byte rows under the span-byte swizzle
- * (aj_kb_swizzle), every tile 1024-byte aligned:
+ * 32 or 16, the widest dividing the width rounded up to 16:
+ * aj_wgmma_panel_span), panel after panel, each a run of span-byte rows
+ * under the span-byte swizzle (aj_kb_swizzle), every tile 1024-byte
+ * aligned; at an odd multiple of 8 the last 8 columns are zeros
+ * (wgmma_zero_pads, or TMA's fill):
  *
  *   S = Q K^T   wgmma m64n{block_n}k16 per 16 columns of D, A = Q and B =
  *               K by descriptor, both K-major: a k-step's descriptor
@@ -658,7 +656,7 @@ static void emit_qk_wgmma(ffwd *e, LLVMValueRef kbase)
     const ffwd_plan *p = &e->p;
     enum aj_intrinsic_id row = aj_kb_wgmma_row(p->bn, p->dtype == AJ_DTYPE_BF16, 0, 0);
     aj_kb_intrinsic(kb, AJ_INTR_WGMMA_FENCE, NULL);
-    for (int kk = 0; kk < p->d / 16; kk++) {
+    for (int kk = 0; kk < aj_wgmma_tile_width(p->d) / 16; kk++) {
         LLVMValueRef args[3] = {kmajor_desc(e, e->q_wg, p->bm, p->d, 16 * kk),
                                 kmajor_desc(e, kbase, p->bn, p->d, 16 * kk),
                                 aj_kb_i32(kb, kk > 0)};
@@ -1057,6 +1055,30 @@ static void thread_coords(ffwd *e)
                            aj_kb_i32(kb, 16 * p->mt), "wrow");
 }
 
+/* wgmma, loading by cp.async, where D is an odd multiple of 8: the 8
+ * columns past D of every Q row and K row of each slot, which the last
+ * k-step of Q K^T reads, hold zeros (the loads never write them; TMA's
+ * boxes zero-fill them itself).  Generic stores, fenced with the copies. */
+static void wgmma_zero_pads(ffwd *e)
+{
+    const ffwd_plan *p = &e->p;
+    aj_kb *kb = e->kb;
+    if (p->d % 16 == 0)
+        return;
+    LLVMValueRef zero = LLVMConstNull(LLVMVectorType(kb->t_i32, 4));
+    const struct { int32_t base; int rows, slots, slot_bytes; } tiles[2] = {
+        {p->smem_q, p->bm, 1, 0}, {p->smem_k, p->bn, p->stages, 2 * p->bn * p->ldk}};
+    for (int t = 0; t < 2; t++)
+        for (int s = 0; s < tiles[t].slots; s++) {
+            LLVMValueRef base = aj_kb_i32(kb, tiles[t].base + s * tiles[t].slot_bytes);
+            LLVMValueRef r = aj_kb_for_begin(kb, e->tid, aj_kb_i32(kb, tiles[t].rows),
+                                             aj_kb_i32(kb, p->threads), "pad");
+            LLVMValueRef at = tile_chunk(e, r, aj_kb_i32(kb, p->d), tiles[t].rows, p->d, 0);
+            aj_kb_store(kb, zero, smem_at(e, aj_kb_add(kb, base, at), 0), 16);
+            aj_kb_for_end(kb);
+        }
+}
+
 /* The prologue: Q's and the K slots' pad columns (before the barrier of
  * the first tile), Q with the first tile's group, then the key tiles up
  * to stages - 1, each its own commit group. */
@@ -1065,7 +1087,7 @@ static void prologue(ffwd *e, aj_score_walk *walk, LLVMValueRef q_src, int gated
 {
     aj_kb *kb = e->kb;
     const ffwd_plan *p = &e->p;
-    if (!p->wg) {   /* wgmma's tiles have no pad columns */
+    if (!p->wg) {   /* wgmma's pad columns: wgmma_zero_pads, for the cp.async loads */
         aj_mma_tile_zero_pad(kb, aj_kb_i32(kb, p->smem_q), p->bm, p->d, e->tid, p->threads);
         aj_mma_tile_zero_pad(kb, aj_kb_i32(kb, p->smem_k), p->stages * p->bn, p->d, e->tid,
                              p->threads);
@@ -1085,12 +1107,14 @@ static void prologue(ffwd *e, aj_score_walk *walk, LLVMValueRef q_src, int gated
         aj_kb_barrier(kb);
         aj_kb_if_begin(kb, t0);
         LLVMValueRef bar_q = aj_kb_i32(kb, e->smem_bar);
-        LLVMValueRef tx[2] = {smem_at(e, bar_q, 0), aj_kb_i32(kb, 2 * p->bm * p->d)};
+        LLVMValueRef tx[2] = {smem_at(e, bar_q, 0), aj_kb_i32(kb, 2 * p->bm * p->ldq)};
         aj_kb_intrinsic(kb, AJ_INTR_MBARRIER_ARRIVE_EXPECT_TX, tx);
         tma_tile(e, AJ_PID(q_tma), aj_kb_i32(kb, p->smem_q), p->bm, p->d, e->m0, e->h, bar_q);
         aj_kb_if_end(kb);
         aj_kb_else(kb);
     }
+    if (p->wg)
+        wgmma_zero_pads(e);
     load_tile_async(e, AJ_PSRC_q, q_src, aj_param(kb, AJ_PID(stride_q_s)), e->m0, e->seq_q, p->bm,
                     p->d, aj_kb_i32(kb, e->p.smem_q), p->ldq);
     if (e->tma)

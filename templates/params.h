@@ -77,12 +77,20 @@ typedef enum aj_param_encoder {
 } aj_param_encoder;
 
 /* The swizzle span (bytes) of a wgmma tile `width` 16-bit elements wide:
- * its rows are cut into panels of span / 2 elements, the widest of 64, 32
- * and 16 that divides the width (templates/flash_fwd.c, "wgmma"); a TMA
- * box is one panel. */
+ * its rows, the width rounded up to 16 (a wgmma k-step), are cut into
+ * panels of span / 2 elements, the widest of 64, 32 and 16 that divides
+ * that (templates/flash_fwd.c, "wgmma"); a TMA box is one panel, its
+ * columns past the width read as zeros. */
 static inline int aj_wgmma_panel_span(int width)
 {
-    return width % 64 == 0 ? 128 : width % 32 == 0 ? 64 : 32;
+    int w = (width + 15) / 16 * 16;
+    return w % 64 == 0 ? 128 : w % 32 == 0 ? 64 : 32;
+}
+
+/* A wgmma tile's row width in elements: `width` rounded up to 16. */
+static inline int aj_wgmma_tile_width(int width)
+{
+    return (width + 15) / 16 * 16;
 }
 
 /* AJ_PENC_TENSOR_DESC's bytes (the rest of the AJ_BYVAL_BYTES are zero). */

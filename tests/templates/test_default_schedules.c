@@ -284,20 +284,20 @@ static void assemble_cases(aj_ctx *ctx, const sweep_case *cases, int count, int 
  * one with stride 1; `ptxas wgmma`: the flash forward's wgmma template. */
 #define PAIR_STRIDE 29
 
-/* The wgmma template's cases (sm_90a): every head dim it takes (multiples
- * of 16 to 256) with both dtypes and 1 and 2 warpgroups in turn, and D !=
- * Dv pairs (every D with a Dv 7 steps on), in the HEAVIEST option set. */
+/* The wgmma template's cases (sm_90a): every head dim (8..256) with both
+ * dtypes and 1 and 2 warpgroups in turn, and D != Dv pairs (every D with a
+ * Dv 13 steps on), in the HEAVIEST option set. */
 static int wgmma_cases(sweep_case *out)
 {
     int n = 0;
-    for (int d = 16; d <= 256; d += 16)
+    for (int d = SWEEP_DIM_STEP; d <= SWEEP_DIM_STEP * SWEEP_DIMS; d += SWEEP_DIM_STEP)
         for (int dt = 0; dt < 2; dt++) {   /* f16, bf16 */
             sweep_case c = {.kind = AJ_KIND_FORWARD, .variant = AJ_VARIANT_FLASH,
                             .dtype = sweep_dtypes[dt], .d = d, .dv = d};
             c = with_options(c, HEAVIEST);
-            c.warpgroups = 1 + (d / 16 + dt) % 2;
+            c.warpgroups = 1 + (d / 8 + dt) % 2;
             out[n++] = c;
-            c.dv = 16 + (d / 16 + 6) % 16 * 16;
+            c.dv = SWEEP_DIM_STEP * (1 + (d / SWEEP_DIM_STEP + 12) % SWEEP_DIMS);
             c.warpgroups = 3 - c.warpgroups;
             out[n++] = c;
         }
