@@ -103,7 +103,6 @@ typedef struct ffwd_plan {
     aj_dtype dtype;
     int d, dv;
     int wg;                        /* wgmma warpgroups; 0: mma.sync (see "wgmma" below) */
-    int span_qk, span_v;           /* wgmma: swizzle bytes of Q/K's and V's panels */
     int bm, bn, warps, stages, threads;
     int mt;                        /* m-tiles per warp */
     int ldq, ldk, ldv;             /* shared-memory row pitches, in elements */
@@ -181,8 +180,6 @@ static aj_status plan_wgmma(aj_ctx *ctx, const aj_op *op, aj_target target, aj_s
                        "schedule: warpgroups = %d runs block_m = %d rows on warps = %d (64 rows "
                        "per warpgroup of 4 warps), not block_m = %d, warps = %d", p->wg,
                        64 * p->wg, 4 * p->wg, s->block_m, s->warps);
-    p->span_qk = aj_wgmma_panel_span(p->d);
-    p->span_v = aj_wgmma_panel_span(p->dv);
     return AJ_OK;
 }
 
@@ -413,6 +410,19 @@ static void load_tile_async(ffwd *e, aj_param_source tensor, LLVMValueRef base, 
     }
 }
 
+/* The ring slot (i32) of walk position `at`, the walk starting at `first`. */
+static LLVMValueRef ring_slot(ffwd *e, LLVMValueRef at, LLVMValueRef first)
+{
+    return LLVMBuildURem(e->b, LLVMBuildSub(e->b, at, first, ""),
+                         aj_kb_i32(e->kb, e->p.stages), "");
+}
+
+/* i1: the launch's tma is set (the kernel has TMA code: e->tma). */
+static LLVMValueRef tma_on(ffwd *e)
+{
+    return LLVMBuildICmp(e->b, LLVMIntNE, e->tma, aj_kb_i32(e->kb, 0), "");
+}
+
 /* The shared byte offset (i32) of ring slot `slot`'s mbarrier (TMA). */
 static LLVMValueRef slot_bar(ffwd *e, LLVMValueRef slot)
 {
@@ -444,15 +454,14 @@ static void load_kv_tile(ffwd *e, LLVMValueRef n, LLVMValueRef at, LLVMValueRef 
 {
     const ffwd_plan *p = &e->p;
     LLVMBuilderRef b = e->b;
-    LLVMValueRef slot =
-        LLVMBuildURem(b, LLVMBuildSub(b, at, first, ""), aj_kb_i32(e->kb, p->stages), "");
+    LLVMValueRef slot = ring_slot(e, at, first);
     LLVMValueRef n0 = LLVMBuildMul(b, n, aj_kb_i32(e->kb, p->bn), "");
     LLVMValueRef kdst = aj_kb_add(e->kb, aj_kb_i32(e->kb, p->smem_k),
                                   LLVMBuildMul(b, slot, aj_kb_i32(e->kb, 2 * p->bn * p->ldk), ""));
     LLVMValueRef vdst = aj_kb_add(e->kb, aj_kb_i32(e->kb, p->smem_v),
                                   LLVMBuildMul(b, slot, aj_kb_i32(e->kb, 2 * p->bn * p->ldv), ""));
     if (e->tma) {   /* thread 0 issues the tile's TMA boxes, else cp.async */
-        aj_kb_if_begin(e->kb, LLVMBuildICmp(b, LLVMIntNE, e->tma, aj_kb_i32(e->kb, 0), ""));
+        aj_kb_if_begin(e->kb, tma_on(e));
         aj_kb_if_begin(e->kb, LLVMBuildICmp(b, LLVMIntEQ, e->tid, aj_kb_i32(e->kb, 0), ""));
         LLVMValueRef bar = slot_bar(e, slot);
         /* the whole boxes, the zeros past D and Dv included */
@@ -477,11 +486,9 @@ static void load_kv_tile(ffwd *e, LLVMValueRef n, LLVMValueRef at, LLVMValueRef 
 static void tma_no_tile(ffwd *e, LLVMValueRef at, LLVMValueRef first)
 {
     LLVMBuilderRef b = e->b;
-    LLVMValueRef slot =
-        LLVMBuildURem(b, LLVMBuildSub(b, at, first, ""), aj_kb_i32(e->kb, e->p.stages), "");
+    LLVMValueRef slot = ring_slot(e, at, first);
     aj_kb_if_begin(e->kb, LLVMBuildAnd(
-        b, LLVMBuildICmp(b, LLVMIntNE, e->tma, aj_kb_i32(e->kb, 0), ""),
-        LLVMBuildICmp(b, LLVMIntEQ, e->tid, aj_kb_i32(e->kb, 0), ""), ""));
+        b, tma_on(e), LLVMBuildICmp(b, LLVMIntEQ, e->tid, aj_kb_i32(e->kb, 0), ""), ""));
     LLVMValueRef bar = smem_at(e, slot_bar(e, slot), 0);
     aj_kb_intrinsic(e->kb, AJ_INTR_MBARRIER_ARRIVE, &bar);
     aj_kb_if_end(e->kb);
@@ -671,7 +678,7 @@ static void emit_pv_wgmma(ffwd *e, LLVMValueRef a[][4], LLVMValueRef vbase)
 {
     aj_kb *kb = e->kb;
     const ffwd_plan *p = &e->p;
-    int span = p->span_v;
+    int span = aj_wgmma_panel_span(p->dv);
     enum aj_intrinsic_id row = aj_kb_wgmma_row(p->dv, p->dtype == AJ_DTYPE_BF16, 1, 1);
     for (int v = 0; v < p->dv / 8; v++)
         for (int c = 0; c < 4; c++)
@@ -809,6 +816,17 @@ static LLVMValueRef pack2(ffwd *e, LLVMValueRef lo, LLVMValueRef hi)
     return LLVMBuildOr(b, l16, LLVMBuildShl(b, h16, aj_kb_i32(kb, 16), ""), "");
 }
 
+/* P's A fragment for keys 16 kk .. 16 kk + 15 from one m-tile's
+ * probabilities pf[n8 tile][element] (see the diagram at the top): the
+ * same registers for mma.sync and wgmma's A in registers. */
+static void pack_p(ffwd *e, LLVMValueRef (*pf)[4], int kk, LLVMValueRef a[4])
+{
+    a[0] = pack2(e, pf[2 * kk][0], pf[2 * kk][1]);
+    a[1] = pack2(e, pf[2 * kk][2], pf[2 * kk][3]);
+    a[2] = pack2(e, pf[2 * kk + 1][0], pf[2 * kk + 1][1]);
+    a[3] = pack2(e, pf[2 * kk + 1][2], pf[2 * kk + 1][3]);
+}
+
 /*
  * The online softmax of the tile and O += P V.  Per row: m_new =
  * max(m, tile max), alpha = 2^(m - m_new), P = 2^(s - m_new), l = l alpha
@@ -865,12 +883,8 @@ static void emit_softmax_pv(ffwd *e, LLVMValueRef n0, LLVMValueRef vbase)
     /* O += P V: A = P (see the diagram at the top), B = V */
     if (p->wg) {
         LLVMValueRef a[MAX_NT / 2][4];
-        for (int kk = 0; kk < p->bn / 16; kk++) {
-            a[kk][0] = pack2(e, pf[0][2 * kk][0], pf[0][2 * kk][1]);
-            a[kk][1] = pack2(e, pf[0][2 * kk][2], pf[0][2 * kk][3]);
-            a[kk][2] = pack2(e, pf[0][2 * kk + 1][0], pf[0][2 * kk + 1][1]);
-            a[kk][3] = pack2(e, pf[0][2 * kk + 1][2], pf[0][2 * kk + 1][3]);
-        }
+        for (int kk = 0; kk < p->bn / 16; kk++)
+            pack_p(e, pf[0], kk, a[kk]);
         emit_pv_wgmma(e, a, vbase);
         return;
     }
@@ -882,12 +896,8 @@ static void emit_softmax_pv(ffwd *e, LLVMValueRef n0, LLVMValueRef vbase)
                 acc[mi][v][c] = aj_kb_get(kb, e->o[mi][v][c]);
     for (int kk = 0; kk < p->bn / 16; kk++) {
         LLVMValueRef a[MAX_MT][4];
-        for (int mi = 0; mi < p->mt; mi++) {
-            a[mi][0] = pack2(e, pf[mi][2 * kk][0], pf[mi][2 * kk][1]);
-            a[mi][1] = pack2(e, pf[mi][2 * kk][2], pf[mi][2 * kk][3]);
-            a[mi][2] = pack2(e, pf[mi][2 * kk + 1][0], pf[mi][2 * kk + 1][1]);
-            a[mi][3] = pack2(e, pf[mi][2 * kk + 1][2], pf[mi][2 * kk + 1][3]);
-        }
+        for (int mi = 0; mi < p->mt; mi++)
+            pack_p(e, pf[mi], kk, a[mi]);
         for (int v = 0; v < p->dv / 8; v += 2) {
             /* two n8 tiles per ldmatrix; an odd last one alone (lanes 0-15's
              * addresses are those of its two 8x8 matrices) */
@@ -1095,7 +1105,7 @@ static void prologue(ffwd *e, aj_score_walk *walk, LLVMValueRef q_src, int gated
     if (e->tma) {   /* thread 0 sets up the mbarriers and loads Q by TMA */
         LLVMBuilderRef b = e->b;
         LLVMValueRef t0 = LLVMBuildICmp(b, LLVMIntEQ, e->tid, aj_kb_i32(kb, 0), "");
-        aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntNE, e->tma, aj_kb_i32(kb, 0), ""));
+        aj_kb_if_begin(kb, tma_on(e));
         aj_kb_if_begin(kb, t0);
         for (int s = 0; s <= p->stages; s++) {
             LLVMValueRef init[2] = {smem_at(e, aj_kb_i32(kb, e->smem_bar), 8 * s),
@@ -1143,12 +1153,13 @@ static void mainloop(ffwd *e, aj_score_walk *walk, int gated, LLVMValueRef *ahea
                   gated ? ahead[p->stages - 1] : NULL, gated ? ahead_tile[p->stages - 1] : NULL);
     aj_kb_cp_async_commit(kb);
     aj_kb_cp_async_wait(kb, p->stages - 1);
-    LLVMValueRef pos = LLVMBuildSub(b, at, walk->begin, "");
-    LLVMValueRef slot = LLVMBuildURem(b, pos, aj_kb_i32(kb, p->stages), "");
+    LLVMValueRef slot = ring_slot(e, at, walk->begin);
     if (e->tma) {   /* TMA: the slot's phase of this position (tma_no_tile) */
-        aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntNE, e->tma, aj_kb_i32(kb, 0), ""));
+        aj_kb_if_begin(kb, tma_on(e));
         LLVMValueRef parity = LLVMBuildAnd(
-            b, LLVMBuildUDiv(b, pos, aj_kb_i32(kb, p->stages), ""), aj_kb_i32(kb, 1), "");
+            b, LLVMBuildUDiv(b, LLVMBuildSub(b, at, walk->begin, ""), aj_kb_i32(kb, p->stages),
+                             ""),
+            aj_kb_i32(kb, 1), "");
         aj_kb_mbarrier_wait(kb, smem_at(e, slot_bar(e, slot), 0), parity);
         aj_kb_if_end(kb);
     }
@@ -1257,7 +1268,7 @@ static aj_status ffwd_build(aj_kb *kb, const aj_op *op, void *user)
 
     prologue(&e, &walk, q_src, gated, ahead, ahead_tile);
     if (e.tma) {   /* Q's box has landed */
-        aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntNE, e.tma, aj_kb_i32(kb, 0), ""));
+        aj_kb_if_begin(kb, tma_on(&e));
         aj_kb_mbarrier_wait(kb, smem_at(&e, aj_kb_i32(kb, e.smem_bar), 0), aj_kb_i32(kb, 0));
         aj_kb_if_end(kb);
     }

@@ -96,25 +96,23 @@ void aj_sim_setmaxnreg_dec(struct sim_thread *t, int32_t site, int32_t count);
 void aj_sim_wgmma_fence(struct sim_thread *t, int32_t site);
 void aj_sim_wgmma_commit_group(struct sim_thread *t, int32_t site);
 void aj_sim_wgmma_wait_group(struct sim_thread *t, int32_t site, int32_t pending);
+/* One row's entries: A by descriptor (_ss) or in registers (_rs), B
+ * K-major or, with the suffix _tb, N-major (wgmma.c) */
+#define AJ_SIM_WGMMA_DECLARE_TB(N, type, suffix)                                           \
+    void aj_sim_wgmma_m64n##N##k16_##type##_ss##suffix(struct sim_thread *t, int32_t site, \
+                                                       float *acc, uint64_t a_desc,        \
+                                                       uint64_t b_desc, int32_t scale_d);  \
+    void aj_sim_wgmma_m64n##N##k16_##type##_rs##suffix(struct sim_thread *t, int32_t site, \
+                                                       float *acc, int32_t a0, int32_t a1, \
+                                                       int32_t a2, int32_t a3,             \
+                                                       uint64_t b_desc, int32_t scale_d);
 #define AJ_SIM_WGMMA_DECLARE(N, type)                                                      \
-    void aj_sim_wgmma_m64n##N##k16_##type##_ss(struct sim_thread *t, int32_t site,        \
-                                               float *acc, uint64_t a_desc,                \
-                                               uint64_t b_desc, int32_t scale_d);          \
-    void aj_sim_wgmma_m64n##N##k16_##type##_rs(struct sim_thread *t, int32_t site,        \
-                                               float *acc, int32_t a0, int32_t a1,         \
-                                               int32_t a2, int32_t a3, uint64_t b_desc,    \
-                                               int32_t scale_d);                           \
-    void aj_sim_wgmma_m64n##N##k16_##type##_ss_tb(struct sim_thread *t, int32_t site,     \
-                                                  float *acc, uint64_t a_desc,             \
-                                                  uint64_t b_desc, int32_t scale_d);       \
-    void aj_sim_wgmma_m64n##N##k16_##type##_rs_tb(struct sim_thread *t, int32_t site,     \
-                                                  float *acc, int32_t a0, int32_t a1,      \
-                                                  int32_t a2, int32_t a3, uint64_t b_desc, \
-                                                  int32_t scale_d);
+    AJ_SIM_WGMMA_DECLARE_TB(N, type, ) AJ_SIM_WGMMA_DECLARE_TB(N, type, _tb)
 #define AJ_SIM_WGMMA_DECLARE_BOTH(N) AJ_SIM_WGMMA_DECLARE(N, f16) AJ_SIM_WGMMA_DECLARE(N, bf16)
 AJ_WGMMA_NS(AJ_SIM_WGMMA_DECLARE_BOTH)
 #undef AJ_SIM_WGMMA_DECLARE_BOTH
 #undef AJ_SIM_WGMMA_DECLARE
+#undef AJ_SIM_WGMMA_DECLARE_TB
 
 /* cp.async.bulk.tensor tile loads (dst, map, coordinates, mbarrier) and
  * stores (map, coordinates, src), 2 to 5 dimensions */
