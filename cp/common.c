@@ -166,8 +166,8 @@ bool aj_cp_reads(const aj_score_prog *prog, int var)
     return false;
 }
 
-aj_status aj_cp_check_op(aj_ctx *ctx, const char *fn, const aj_op *op, int varlen_ok,
-                         aj_op_info *info, aj_score_prog *prog)
+aj_status aj_cp_check_op(aj_ctx *ctx, const char *fn, const aj_op *op, aj_op_info *info,
+                         aj_score_prog *prog)
 {
     AJ_CHECK_ARG(ctx, op, "%s: op is NULL", fn);
     aj_status st = aj_op_verify(op);
@@ -177,13 +177,9 @@ aj_status aj_cp_check_op(aj_ctx *ctx, const char *fn, const aj_op *op, int varle
     if (info->kind != AJ_KIND_FORWARD && info->kind != AJ_KIND_BACKWARD)
         return aj_fail(ctx, AJ_ERR_INVALID_ARG, "%s: the op is `attention %s`; want a "
                        "forward or backward op", fn, aj_kind_name(info->kind));
-    if (info->layout == AJ_LAYOUT_PAGED || (info->layout == AJ_LAYOUT_VARLEN && !varlen_ok))
-        return aj_fail(ctx, AJ_ERR_UNSUPPORTED, "%s: layout = %s: %s", fn,
-                       info->layout == AJ_LAYOUT_PAGED ? "paged" : "varlen",
-                       info->layout == AJ_LAYOUT_PAGED
-                           ? "context parallelism shards padded or varlen tensors"
-                           : "one rank's lengths tell a padded batch only; aj_ring_forward "
-                             "shards packed documents (docs/ring.md)");
+    if (info->layout == AJ_LAYOUT_PAGED)
+        return aj_fail(ctx, AJ_ERR_UNSUPPORTED, "%s: layout = paged: context parallelism "
+                       "shards padded or varlen tensors", fn);
     if (info->bias != AJ_BIAS_NONE)
         return aj_fail(ctx, AJ_ERR_UNSUPPORTED, "%s: bias = add: the ring does not shard a "
                        "bias tensor", fn);
@@ -205,7 +201,7 @@ aj_status aj_cp_check_call(aj_ctx *ctx, const char *fn, aj_device *dev, aj_comm 
     AJ_CHECK_ARG(ctx, comm, "%s: comm is NULL", fn);
     AJ_CHECK_ARG(ctx, (unsigned)layout < AJ_SHARD_LAYOUT_COUNT,
                  "%s: layout = %d is not a shard layout", fn, (int)layout);
-    aj_status st = aj_cp_check_op(ctx, fn, op, 1, info, prog);
+    aj_status st = aj_cp_check_op(ctx, fn, op, info, prog);
     if (st != AJ_OK)
         return st;
     if (info->kind != kind)

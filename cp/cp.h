@@ -100,10 +100,10 @@ aj_status aj_shard_varlen_chunks_any(aj_ctx *ctx, const char *fn, aj_cp_method m
                                      aj_shard_chunk *chunks, int32_t *count, int64_t *len);
 
 /* The op as every method (and aj_ring_plan) takes it: a forward or
- * backward op without bias or accumulate, padded (or varlen where
- * varlen_ok); *info, and its score programs *prog.  Errors name `fn`. */
-aj_status aj_cp_check_op(aj_ctx *ctx, const char *fn, const aj_op *op, int varlen_ok,
-                         aj_op_info *info, aj_score_prog *prog);
+ * backward op without bias or accumulate, padded or varlen; *info, and
+ * its score programs *prog.  Errors name `fn`. */
+aj_status aj_cp_check_op(aj_ctx *ctx, const char *fn, const aj_op *op, aj_op_info *info,
+                         aj_score_prog *prog);
 /* The checks every method makes of a call: the handles, the layout, the
  * op (aj_cp_check_op, of `kind`), and q, k, v (contiguous BHSD of the op's
  * dtype, or varlen's packed [l, H, D]; GQA heads: *sh).  Errors name

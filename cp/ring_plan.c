@@ -193,7 +193,7 @@ static aj_status plan_op(ring_plan *p, const aj_op *op)
 {
     AJ_CHECK_ARG(p->ctx, (unsigned)p->rotate < AJ_ROTATE_COUNT,
                  "%s: rotate = %d is not a rotate method", p->fn, (int)p->rotate);
-    return aj_cp_check_op(p->ctx, p->fn, op, 0, &p->op, &p->prog);
+    return aj_cp_check_op(p->ctx, p->fn, op, &p->op, &p->prog);
 }
 
 /* Rank r's query (keys: key) positions: the layout's shard of the
@@ -328,8 +328,9 @@ aj_status aj_ring_plan(aj_ctx *ctx, aj_device *dev, const aj_op *op,
                              AJ_RING_PLAN_ARGS_INIT, args);
     ring_plan p = {.fn = "aj_ring_plan", .ctx = ctx, .dev = dev, .layout = args->layout,
                    .rotate = args->rotate, .rank = args->rank, .size = args->size,
-                   .members = 1, .B = args->batch, .Hq = args->heads_q, .lq = args->seq_q,
-                   .lk = args->seq_k};
+                   .members = args->members > 1 ? args->members : 1, .B = args->batch,
+                   .Hq = args->heads_q, .lq = args->seq_q, .lk = args->seq_k,
+                   .head_offset = args->head_offset};
     AJ_CHECK_ARG(ctx, dev, "aj_ring_plan: dev is NULL");
     AJ_CHECK_ARG(ctx, count, "aj_ring_plan: count is NULL");
     AJ_CHECK_ARG(ctx, cap >= 0 && (cap == 0 || pairs), "aj_ring_plan: cap = %d with pairs "
@@ -341,14 +342,31 @@ aj_status aj_ring_plan(aj_ctx *ctx, aj_device *dev, const aj_op *op,
     AJ_CHECK_ARG(ctx, args->seq_q >= 0 && args->seq_k >= 0, "aj_ring_plan: seq_q = %lld, "
                  "seq_k = %lld; want lengths of 0 or more", (long long)args->seq_q,
                  (long long)args->seq_k);
+    AJ_CHECK_ARG(ctx, args->members >= 0 && args->head_offset >= 0, "aj_ring_plan: members "
+                 "= %d, head_offset = %lld; want 0 or more", (int)args->members,
+                 (long long)args->head_offset);
     aj_status st = AJ_OK;
     AJ_TRY(plan_op(&p, op));
-    /* one rank's lengths tell the totals only when every shard is as long */
-    aj_shard_chunk c[2];
-    int nc = 0;
-    AJ_TRY(aj_shard_chunks(ctx, p.fn, p.layout, p.rank, p.size, p.lq * p.size, c, &nc));
-    AJ_TRY(aj_shard_chunks(ctx, p.fn, p.layout, p.rank, p.size, p.lk * p.size, c, &nc));
-    AJ_TRY(plan_chunks(&p, p.lq * p.size, p.lk * p.size));
+    if (p.op.layout == AJ_LAYOUT_VARLEN) {
+        /* packed documents: the pieces of every document (one position
+         * batch, b the document) */
+        p.sh.varlen = true;
+        p.B = 1;
+        AJ_TRY(aj_cp_read_docs(ctx, p.fn, dev, args->cu_seqlens_q, args->cu_seqlens_k,
+                               (int32_t)args->batch, &p.docs));
+        AJ_TRY(plan_chunks(&p, p.docs.cu_q[p.docs.batch], p.docs.cu_k[p.docs.batch]));
+    } else {
+        /* one rank's lengths tell the totals only when every shard is as
+         * long (a hybrid group's first member stands for the group) */
+        const int P = p.size * p.members;
+        aj_shard_chunk c[2];
+        int nc = 0;
+        AJ_CHECK_ARG(ctx, p.rank >= 0 && p.rank < p.size, "aj_ring_plan: rank = %d is outside "
+                     "0 .. %d", p.rank, p.size - 1);
+        AJ_TRY(aj_shard_chunks(ctx, p.fn, p.layout, p.rank * p.members, P, p.lq * P, c, &nc));
+        AJ_TRY(aj_shard_chunks(ctx, p.fn, p.layout, p.rank * p.members, P, p.lk * P, c, &nc));
+        AJ_TRY(plan_chunks(&p, p.lq * P, p.lk * P));
+    }
     AJ_TRY(plan_side(&p, args->side, args->num_side, &args->alibi_slopes));
     *count = 0;
     for (int s = 0; s < p.size; s++) {
@@ -358,7 +376,7 @@ aj_status aj_ring_plan(aj_ctx *ctx, aj_device *dev, const aj_op *op,
             if (*count < cap) {
                 const ring_pair *x = &p.pairs[i];
                 pairs[*count] = (aj_ring_pair){.step = x->step, .src = x->src, .q = x->q,
-                                               .k = x->k, .block = x->block};
+                                               .k = x->k, .block = x->block, .doc = x->doc};
             }
     }
 done:

@@ -1359,11 +1359,16 @@ typedef enum aj_ring_block {
  * its query chunk q against that block's key chunk k (q.local is in this
  * rank's shard, k.local in src's; the globals are the launch's q_offset
  * and kv_offset, the totals P seq_q and P seq_k).  A forward merges
- * every launch into its f32 accumulator (accumulate = true), in order. */
+ * every launch into its f32 accumulator (accumulate = true), in order.
+ * Packed documents: the pair's document `doc` (0 otherwise); its globals
+ * are positions in it, its totals the document's lengths, and the locals
+ * positions in the packed shards.  (doc sits in what was the struct's
+ * tail padding: the size is unchanged.) */
 typedef struct aj_ring_pair {
     int32_t step, src;
     aj_shard_chunk q, k;
     aj_ring_block block;
+    int32_t doc;
 } aj_ring_pair;
 
 /* The facts a ring call's plan depends on.  Start from
@@ -1379,16 +1384,34 @@ typedef struct aj_ring_plan_args {
     aj_tensor alibi_slopes;
     const aj_side_tensor *side;
     int32_t num_side;
+    /* Version 2 (0 keeps version 1's meaning).  method = hybrid's ring
+     * across its groups: `members` ranks (U) make one ring rank; rank and
+     * size are then the group's index and the group count R (seq_q, seq_k
+     * stay this rank's shard lengths: a group holds U times them), heads_q
+     * counts this rank's heads and head_offset is the first one's index
+     * among the op's (member m of a group: m Hq/U), by which a mask that
+     * reads h is classed.  0 or 1: the ring over every rank. */
+    int32_t members;
+    int64_t head_offset;
+    /* layout = varlen ops: the whole packed batch's offsets, int32
+     * [batch + 1] each, in the memory of aj_ring_plan's dev (as
+     * aj_ring_fwd_args); batch is then the document count, and seq_q,
+     * seq_k are not read (the shards are the documents' pieces,
+     * aj_shard_varlen_chunks). */
+    const int32_t *cu_seqlens_q, *cu_seqlens_k;
 } aj_ring_plan_args;
 
 #define AJ_RING_PLAN_ARGS_INIT { .struct_size = sizeof(aj_ring_plan_args) }
 
 /* The ring's schedule for rank args->rank, as aj_ring_forward and
  * aj_ring_backward follow it: every (query chunk, key chunk) pair of
- * every step (P of them contiguous, 4P zigzag), skipped ones included,
+ * every step (P of them contiguous, 4P zigzag; packed documents: per
+ * document, pairs with an empty piece left out), skipped ones included,
  * in order, for a caller that runs the exchange itself
- * (attnjit.torch.ring_attention).  op: the forward or backward op as the
- * ring takes it; dev: where the side tensors are.  Writes the first
+ * (attnjit.torch.ring_attention, hybrid's ring across its groups too).
+ * Padded ops need even shards (one rank's lengths give the totals).  op:
+ * the forward or backward op as the ring takes it; dev: where the side
+ * tensors and offsets are.  Writes the first
  * min(cap, count) pairs to `pairs` (NULL when cap is 0) and the count to
  * *count.  No communication. */
 aj_status aj_ring_plan(aj_ctx *ctx, aj_device *dev, const aj_op *op,

@@ -29,6 +29,7 @@ PARAM_TYPE_NAMES = ("ptr", "i32", "i64", "f32", "byval128")
 TARGET_NAMES = ("any", "sm_80", "sm_90", "sm_90a", "sim", "cpu")
 SHARD_LAYOUTS = ("contiguous", "zigzag")
 RING_ROTATES = ("p2p", "allgather")
+CP_METHODS = ("ring", "ulysses", "hybrid")        # aj_cp_method
 RING_BLOCK_SKIP, RING_BLOCK_FULL, RING_BLOCK_PARTIAL = 0, 1, 2
 
 
@@ -114,14 +115,16 @@ def chunk_tuple(c):
 
 class RingPair(ctypes.Structure):
     _fields_ = [("step", i32), ("src", i32), ("q", ShardChunk), ("k", ShardChunk),
-                ("block", c_int)]
+                ("block", c_int), ("doc", i32)]
 
 
 class RingPlanArgs(ctypes.Structure):
     _fields_ = [("struct_size", c_size_t), ("layout", c_int), ("rotate", c_int),
                 ("rank", i32), ("size", i32), ("batch", i64), ("heads_q", i64),
                 ("seq_q", i64), ("seq_k", i64), ("alibi_slopes", Tensor),
-                ("side", ctypes.POINTER(SideTensor)), ("num_side", i32)]
+                ("side", ctypes.POINTER(SideTensor)), ("num_side", i32),
+                ("members", i32), ("head_offset", i64), ("cu_seqlens_q", c_void_p),
+                ("cu_seqlens_k", c_void_p)]
 
 
 PROGRESS_FN = ctypes.CFUNCTYPE(None, c_void_p, i32, i32, c_char_p)
@@ -185,6 +188,9 @@ _SIGNATURES = {
                         ctypes.POINTER(ctypes.POINTER(TuneResult)), ctypes.POINTER(i32)]),
     "aj_shard_get_chunks": (c_int, [P, c_int, c_int, c_int, i64, ctypes.POINTER(ShardChunk),
                                     ctypes.POINTER(c_int)]),
+    "aj_shard_varlen_chunks": (c_int, [P, c_int, c_int, c_int, c_int, ctypes.POINTER(i32), i32,
+                                       ctypes.POINTER(ShardChunk), i32, ctypes.POINTER(i32),
+                                       ctypes.POINTER(i64)]),
     "aj_ring_plan": (c_int, [P, P, P, ctypes.POINTER(RingPlanArgs), ctypes.POINTER(RingPair),
                              i32, ctypes.POINTER(i32)]),
 }

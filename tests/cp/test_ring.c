@@ -622,28 +622,49 @@ static void varlen_ring_traffic(const ring_case *c, const ref_problem *pr, int64
 }
 
 /* aj_ring_plan's classes are the ring's: as many launches, full and
- * skipped pairs as the call counted. */
+ * skipped pairs as the call counted -- hybrid's across its groups (as
+ * members U, the group's index and count, this rank's heads from its
+ * offset) and packed documents' too. */
 static void check_plan(const ring_case *c, const aj_op *op, const aj_ring_fwd_args *fa,
                        const aj_ring_stats *s)
 {
+    const int U = ring_members(c), varlen = c->docs != NULL;
     aj_ring_plan_args a = AJ_RING_PLAN_ARGS_INIT;
     a.layout = c->layout;
     a.rotate = c->rotate;
-    a.rank = rank;
-    a.size = size;
-    a.batch = fa->q.shape[0];
-    a.heads_q = c->hq;
-    a.seq_q = fa->q.shape[2];
-    a.seq_k = fa->k.shape[2];
+    a.rank = rank / U;
+    a.size = size / U;
+    a.members = U;
+    a.batch = varlen ? fa->batch : fa->q.shape[0];
+    a.heads_q = c->hq / U;
+    a.head_offset = rank % U * a.heads_q;
+    a.seq_q = varlen ? 0 : fa->q.shape[2];
+    a.seq_k = varlen ? 0 : fa->k.shape[2];
+    a.cu_seqlens_q = fa->cu_seqlens_q;
+    a.cu_seqlens_k = fa->cu_seqlens_k;
     a.alibi_slopes = fa->alibi_slopes;
     a.side = fa->side;
     a.num_side = fa->num_side;
-    aj_ring_pair pairs[16];
+    enum { CAP = 512 };
+    aj_ring_pair pairs[CAP];
     int32_t count = 0, n[AJ_RING_BLOCK_COUNT] = {0};
-    CHECK_STATUS(ctx, aj_ring_plan(ctx, dev, op, &a, pairs, 16, &count), AJ_OK);
-    for (int i = 0; i < count && i < 16; i++)
+    CHECK_STATUS(ctx, aj_ring_plan(ctx, dev, op, &a, pairs, CAP, &count), AJ_OK);
+    for (int i = 0; i < count && i < CAP; i++) {
         n[pairs[i].block]++;
-    CHECK_MSG(count <= 16 && n[AJ_RING_BLOCK_FULL] == s->full_blocks &&
+        /* a document's pairs: its own pieces, within its lengths */
+        if (varlen) {
+            const int32_t d = pairs[i].doc, len = c->docs[d];
+            CHECK_MSG(d >= 0 && d < fa->batch && pairs[i].q.len > 0 && pairs[i].k.len > 0 &&
+                          pairs[i].q.global + pairs[i].q.len <= len &&
+                          pairs[i].k.global + pairs[i].k.len <= len,
+                      "rank %d: %s: pair %d of document %d: q %lld+%lld, k %lld+%lld", rank,
+                      c->label, i, d, (long long)pairs[i].q.global, (long long)pairs[i].q.len,
+                      (long long)pairs[i].k.global, (long long)pairs[i].k.len);
+        } else {
+            CHECK(pairs[i].doc == 0);
+        }
+    }
+    CHECK_MSG(count <= CAP && n[AJ_RING_BLOCK_FULL] == s->full_blocks &&
                   n[AJ_RING_BLOCK_PARTIAL] == s->partial_blocks &&
                   n[AJ_RING_BLOCK_SKIP] == s->skipped_blocks,
               "rank %d: %s: aj_ring_plan full/partial/skipped %d/%d/%d, the ring's %d/%d/%d",
@@ -1137,12 +1158,12 @@ static void run_case(const ring_case *c)
             check_message_path(c, comm, fop, bop, &fa, &ba, &fs, &bs, fwd_sent, bwd_sent,
                                c->docs ? &traffic : NULL);
         }
-        /* aj_ring_plan takes one rank's lengths: even splits only */
-        const int parts = L == AJ_SHARD_ZIGZAG ? 2 * size : size;
-        if (!c->docs && sq % parts == 0 && sk % parts == 0) {
-            check_plan(c, fop, &fa, &fs);
-            check_plan(c, bop, &fa, &bs);
-        }
+    }
+    /* aj_ring_plan takes one rank's lengths: padded, even splits only */
+    const int parts = L == AJ_SHARD_ZIGZAG ? 2 * size : size;
+    if (!ulysses && (c->docs || (sq % parts == 0 && sk % parts == 0))) {
+        check_plan(c, fop, &fa, &fs);
+        check_plan(c, bop, &fa, &bs);
     }
     if (rank == 0)
         printf("%-66s P=%d fwd %.3f s (comm %.4f, exposed %.4f) bwd %.3f s, %d launches, "
@@ -1425,9 +1446,12 @@ static void run_varlen_refusals(void)
     pa.size = 2;
     pa.batch = pa.heads_q = 1;
     int32_t count = 0;
-    CHECK_STATUS(ctx, aj_ring_plan(ctx, dev, op, &pa, NULL, 0, &count), AJ_ERR_UNSUPPORTED);
-    CHECK_ERROR(ctx, "aj_ring_plan: layout = varlen: one rank's lengths tell a padded batch "
-                "only");
+    CHECK_STATUS(ctx, aj_ring_plan(ctx, dev, op, &pa, NULL, 0, &count), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "aj_ring_plan: layout = varlen needs cu_seqlens_q, cu_seqlens_k and batch "
+                ">= 1 (the whole packed batch's; got NULL, NULL, batch = 1)");
+    pa.members = -1;
+    CHECK_STATUS(ctx, aj_ring_plan(ctx, dev, op, &pa, NULL, 0, &count), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "aj_ring_plan: members = -1, head_offset = 0; want 0 or more");
     const aj_seq_shape full = {1, 7, 2 * HEAD_DIM, 2};
     CHECK_STATUS(ctx, aj_shard_varlen(ctx, AJ_METHOD_RING, AJ_SHARD_ZIGZAG, rank, size, cu, 3,
                                       &full, m, m), AJ_ERR_INVALID_ARG);

@@ -8,17 +8,21 @@ import attnjit.torch as at
 TOL = {torch.float32: 2e-5, torch.bfloat16: 2e-2}   # o; gradients get twice it
 
 
-def assert_shards_match(ro, rlse, parts, o, lse, leaves, rank, world, layout, dtype, what):
-    """ro, rlse and parts' gradients (this rank's shards, dim 2) against the
-    whole o, lse and leaves' gradients."""
+def assert_shards_match(ro, rlse, parts, o, lse, leaves, rank, world, layout, dtype, what,
+                        cu=None, method="ring"):
+    """ro, rlse and parts' gradients (this rank's shards, dim 2; packed
+    documents with offsets cu: this rank's pieces by `method`, dim 0 and
+    lse's dim 1) against the whole o, lse and leaves' gradients."""
     tol = TOL[dtype]
 
-    def shard(t):
-        return at.shard(t, 2, rank, world, layout)
+    def shard(t, lse=False):
+        if cu is None:
+            return at.shard(t, 2, rank, world, layout)
+        return at.shard_varlen(t, cu, rank, world, layout, method, dim=1 if lse else 0)
 
     torch.testing.assert_close(ro, shard(o), atol=tol, rtol=tol,
                                msg=lambda m: what + ": o: " + m)
-    torch.testing.assert_close(rlse, shard(lse), atol=1e-4, rtol=1e-4,
+    torch.testing.assert_close(rlse, shard(lse, True), atol=1e-4, rtol=1e-4,
                                msg=lambda m: what + ": lse: " + m)
     for name, part, whole in zip(("dq", "dk", "dv"), parts, leaves):
         torch.testing.assert_close(part.grad, shard(whole.grad), atol=2 * tol, rtol=2 * tol,

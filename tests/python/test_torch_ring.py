@@ -149,10 +149,12 @@ def test_shard_errors():
         at.shard(torch.zeros(2, 20), 1, 0, 4)
     with pytest.raises(attnjit.InvalidArgError, match="not initialised"):
         at.ring_attention(*(torch.zeros(1, 1, 8, 16) for _ in range(3)))
-    with pytest.raises(attnjit.UnsupportedError,
-                       match="method = 'hybrid': over torch.distributed attnjit runs 'ring' and "
-                             "'ulysses'"):
-        at.ring_attention(*(torch.zeros(1, 1, 8, 16) for _ in range(3)), method="hybrid")
+    with pytest.raises(attnjit.InvalidArgError,
+                       match="method = 'tree'; want 'ring', 'ulysses' or 'hybrid'"):
+        at.ring_attention(*(torch.zeros(1, 1, 8, 16) for _ in range(3)), method="tree")
+    with pytest.raises(attnjit.InvalidArgError, match="attnjit.torch.shard_varlen: "
+                       "aj_shard_varlen_chunks: cu_seqlens\\[0\\] = 0 and sequence 1 of -2 positions"):
+        at.shard_varlen(torch.zeros(5, 2, 8), torch.tensor([0, 5, 3], dtype=torch.int32), 0, 2)
 
 
 class _Block(torch.nn.Module):

@@ -4,8 +4,9 @@ attention, forward (o, lse) and backward (dq, dk, dv): both layouts,
 causal, a window, GQA, alibi, an expression mask over the head and a side
 tensor of documents, and dropout -- bit for bit the single-device keep
 mask, since heads and positions stay global; SDPA under
-context_parallel(method="ulysses") with its gradient; and the refusals
-(heads not divisible by the ranks, hybrid)."""
+context_parallel(method="ulysses") with its gradient; and the refusal of
+heads not divisible by the ranks (hybrid and packed documents:
+test_torch_cp_methods)."""
 import os
 import tempfile
 
@@ -71,11 +72,6 @@ def _worker(rank, world, init_file):
             raise AssertionError("3 heads over %d ranks did not raise" % world)
         except attnjit.InvalidArgError as e:
             assert "not a multiple of %d" % world in e.message, e.message
-        try:
-            at.ring_attention(q, q, q, method="hybrid")
-            raise AssertionError("hybrid did not raise")
-        except attnjit.UnsupportedError as e:
-            assert "hybrid" in e.message
         # every rank past its last collective before any tears the group
         # down (gloo aborts a rank whose peer closed mid-exchange)
         dist.barrier()

@@ -17,8 +17,12 @@ them without graph breaks.
     over a paged KV cache (decode; chunked prefill with cu_seqlens_q)
 
     attnjit.torch.ring_attention(q, k, v, *, group=None, layout="zigzag",
-                                 rotate="p2p", ...)      this rank's shards
+                                 rotate="p2p", method="ring", ...)   this rank's shards
+        method "ring", "ulysses" or "hybrid" (ulysses_size=U); packed
+        documents with cu_seqlens_q / cu_seqlens_k
     attnjit.torch.shard(x, dim, rank, world_size, layout) / unshard(...)
+    attnjit.torch.shard_varlen(x, cu_seqlens, rank, world_size, layout, method)
+                                                         / unshard_varlen(...)
     with attnjit.torch.context_parallel(buffers=..., buffer_seq_dims=...):
         ...    # every F.scaled_dot_product_attention runs as ring attention
 
@@ -30,9 +34,10 @@ from ._ops import (attention, attention_varlen, kernel_cache_limit, kernel_cache
                    set_kernel_cache_limit)
 from ._flex import BlockMask, create_block_mask, flex_attention
 from ._paged import paged_attention
-from ._ring import context_parallel, ring_attention, shard, unshard
+from ._ring import (context_parallel, ring_attention, shard, shard_varlen, unshard,
+                    unshard_varlen)
 
 __all__ = ["BlockMask", "attention", "attention_varlen", "context_parallel",
            "create_block_mask", "flex_attention", "kernel_cache_limit",
            "kernel_cache_size", "paged_attention", "ring_attention", "set_kernel_cache_limit",
-           "shard", "unshard"]
+           "shard", "shard_varlen", "unshard", "unshard_varlen"]

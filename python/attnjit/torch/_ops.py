@@ -549,20 +549,23 @@ def _attention_varlen_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                           cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
                           max_seqlen_q: int, max_seqlen_k: int,
                           alibi_slopes: Optional[torch.Tensor], side: List[torch.Tensor],
-                          rng: Optional[torch.Tensor], variant: str,
-                          body: str) -> Tuple[torch.Tensor, torch.Tensor]:
+                          rng: Optional[torch.Tensor], variant: str, body: str,
+                          head_offset: int = 0,
+                          heads_q_total: int = 0) -> Tuple[torch.Tensor, torch.Tensor]:
     q, k, v = _aligned(q), _aligned(k), _aligned(v)
     Tq, Hq, _ = q.shape
     o = torch.empty((Tq, Hq, v.shape[-1]), dtype=q.dtype, device=q.device)
     lse = torch.empty((Hq, Tq), dtype=torch.float32, device=q.device)
     forward_into(q, k, v, o, lse, None, alibi_slopes, side, rng, variant, body,
-                 varlen=(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k))
+                 varlen=(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k),
+                 heads=(head_offset, heads_q_total))
     return o, lse
 
 
 @_attention_varlen_fwd.register_fake
 def _attention_varlen_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                               max_seqlen_k, alibi_slopes, side, rng, variant, body):
+                               max_seqlen_k, alibi_slopes, side, rng, variant, body,
+                               head_offset=0, heads_q_total=0):
     _verify(variant, body)
     Tq, Hq, _ = q.shape
     return (q.new_empty((Tq, Hq, v.shape[-1])),
@@ -575,8 +578,8 @@ def _attention_varlen_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
                           cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
                           max_seqlen_q: int, max_seqlen_k: int,
                           alibi_slopes: Optional[torch.Tensor], side: List[torch.Tensor],
-                          rng: Optional[torch.Tensor], variant: str,
-                          body: str
+                          rng: Optional[torch.Tensor], variant: str, body: str,
+                          head_offset: int = 0, heads_q_total: int = 0
                           ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
                                      List[torch.Tensor]]:
     q, k, v, do = _aligned(q), _aligned(k), _aligned(v), _aligned(do)
@@ -585,23 +588,25 @@ def _attention_varlen_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
     dside = _dside_like(side, body)
     backward_into(do, q, k, v, o, lse, dq, dk, dv, None, None, alibi_slopes, side, rng,
                   variant, body, varlen=(cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                                         max_seqlen_k), dsinks=dsinks if dsinks.numel() else None,
+                                         max_seqlen_k), heads=(head_offset, heads_q_total),
+                  dsinks=dsinks if dsinks.numel() else None,
                   dside=dside if any(_side_grad_flags(body)) else None)
     return dq, dk, dv, dsinks, dside
 
 
 @_attention_varlen_bwd.register_fake
 def _attention_varlen_bwd_fake(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                               max_seqlen_k, alibi_slopes, side, rng, variant, body):
+                               max_seqlen_k, alibi_slopes, side, rng, variant, body,
+                               head_offset=0, heads_q_total=0):
     return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v),
             _dsinks_like(q, body), _dside_like(side, body))
 
 
 def _setup_varlen_context(ctx, inputs, output):
-    q, k, v, cu_q, cu_k, max_q, max_k, alibi_slopes, side, rng, variant, body = inputs
+    q, k, v, cu_q, cu_k, max_q, max_k, alibi_slopes, side, rng, variant, body, *heads = inputs
     o, lse = output
     ctx.save_for_backward(q, k, v, o, lse, cu_q, cu_k, alibi_slopes, rng, *side)
-    ctx.bounds, ctx.variant, ctx.body = (max_q, max_k), variant, body
+    ctx.bounds, ctx.variant, ctx.body, ctx.heads = (max_q, max_k), variant, body, heads
     ctx.mark_non_differentiable(lse)
 
 
@@ -609,11 +614,13 @@ def _varlen_backward(ctx, do, dlse):
     q, k, v, o, lse, cu_q, cu_k, alibi_slopes, rng, *side = ctx.saved_tensors
     dq, dk, dv, dsinks, dside = torch.ops.attnjit.attention_varlen_bwd(
         do, q, k, v, o, lse, cu_q, cu_k, *ctx.bounds, alibi_slopes, side, rng, ctx.variant,
-        ctx.body)
+        ctx.body, *ctx.heads)
+    heads = tuple(ctx.heads) if len(ctx.heads) == 2 else (0, 0)
     # one gradient per input: q, k, v, cu_q, cu_k, max_q, max_k, alibi_slopes, side, rng,
-    # variant, body
+    # variant, body, heads
     return (dq, dk, dv, None, None, None, None, None,
-            _side_grads(side, ctx.body, dsinks, dside=dside), None, None, None)
+            _side_grads(side, ctx.body, dsinks, heads, dside), None, None,
+            None) + (None,) * len(ctx.heads)
 
 
 _attention_varlen_fwd.register_autograd(_varlen_backward, setup_context=_setup_varlen_context)
