@@ -80,8 +80,14 @@ ctest --test-dir "$build" --output-on-failure -j"$jobs"
 # CPU-only build), the package installed by `pip install .` (which builds
 # libattnjit.so.0 with CMake), then its tests.
 echo "== the Python package in $venv ($(elapsed))"
-"${pip[@]}" torch pytest numpy hypothesis transformers
+"${pip[@]}" torch pytest numpy hypothesis transformers jax
 CMAKE_BUILD_PARALLEL_LEVEL=$jobs "${pip[@]}" --config-settings=build-dir="$build/python-build" "$root"
+# attnjit.jax's XLA FFI handler (docs/jax.md), built against the installed
+# jaxlib's headers; its tests must run (AJ_REQUIRE_JAX), not skip
+jax_include=$("$venv/bin/python" -c 'import jax.ffi; print(jax.ffi.include_dir())')
+cmake -S "$root" -B "$build" -DAJ_JAX_FFI_INCLUDE="$jax_include" >/dev/null
+cmake --build "$build" -j"$jobs" --target attnjit_jax
+export AJ_JAX_LIBRARY="$build/libattnjit_jax.so" AJ_REQUIRE_JAX=1
 (cd "$build" && "$venv/bin/python" -m pytest -q "$root/tests/python")
 
 # The same unit and numeric tests again under AddressSanitizer (with
