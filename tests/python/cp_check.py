@@ -1,7 +1,11 @@
 """What the context-parallel tests (ring and Ulysses over torch.distributed)
 assert of one rank: its shards of o, lse and the gradients equal the same
 shards of one rank's attention over the whole sequence."""
+import contextlib
+import datetime
+
 import torch
+import torch.distributed as dist
 
 import attnjit.torch as at
 
@@ -29,6 +33,29 @@ def assert_shards_match(ro, rlse, parts, o, lse, leaves, rank, world, layout, dt
                                    msg=lambda m, n=name: "%s: %s: %s" % (what, n, m))
 
 
+@contextlib.contextmanager
+def gloo_group(rank, world, init_file):
+    """A gloo process group for one worker of a test, torn down so that no
+    rank closes its connections while a peer's gloo thread still finishes
+    the last exchange (which aborts that peer: "terminate called without an
+    active exception"): after the body, a gloo barrier, then every rank
+    waits at a rendezvous through a file store of its own (no gloo
+    connection) until all have left the barrier; only then is the group
+    destroyed.  A body that raises skips both (its peers fail or time
+    out anyway)."""
+    dist.init_process_group("gloo", init_method="file://" + init_file, rank=rank,
+                            world_size=world)
+    try:
+        yield
+        dist.barrier()
+        done = dist.FileStore(init_file + ".done", world)
+        done.set("left the barrier %d" % rank, "1")
+        done.wait(["left the barrier %d" % r for r in range(world)],
+                  datetime.timedelta(seconds=120))
+    finally:
+        dist.destroy_process_group()
+
+
 def check_replicated_grad(rank, world, init_file, cases, replicated, name):
     """A context-parallel worker's body: in a gloo group, for each (method,
     layout, rotate, mask options) of cases, one rank's attention and
@@ -36,11 +63,8 @@ def check_replicated_grad(rank, world, init_file, cases, replicated, name):
     tensor (replicated() gives the leaf and attention's options that carry
     it); asserts the shards (assert_shards_match) and that every rank holds
     the whole gradient of the tensor (`name` in messages)."""
-    import torch.distributed as dist
     import reference
-    dist.init_process_group("gloo", init_method="file://" + init_file, rank=rank,
-                            world_size=world)
-    try:
+    with gloo_group(rank, world, init_file):
         for method, layout, rotate, opts in cases:
             q, k, v, do = reference.inputs(2, 4, 2, 16, 16, 16, torch.float32, 11)
             leaves = [t.clone().requires_grad_() for t in (q, k, v)]
@@ -58,8 +82,3 @@ def check_replicated_grad(rank, world, init_file, cases, replicated, name):
                                 torch.float32, what)
             torch.testing.assert_close(rt.grad, t.grad, atol=1e-5, rtol=1e-5,
                                        msg=lambda m: "%s: %s: %s" % (what, name, m))
-        # every rank past its last collective before any tears the group
-        # down (gloo aborts a rank whose peer closed mid-exchange)
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()

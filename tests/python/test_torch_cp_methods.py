@@ -16,12 +16,11 @@ import tempfile
 import pytest
 
 torch = pytest.importorskip("torch")
-import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
 import attnjit  # noqa: E402
 import attnjit.torch as at  # noqa: E402
-from cp_check import assert_shards_match  # noqa: E402
+from cp_check import assert_shards_match, gloo_group  # noqa: E402
 
 D = 16
 OPTIONS = [  # (dtype, options): each meets every method
@@ -139,9 +138,7 @@ def _refusals(rank, world):
 
 
 def _worker(rank, world, init_file, packed):
-    dist.init_process_group("gloo", init_method="file://" + init_file, rank=rank,
-                            world_size=world)
-    try:
+    with gloo_group(rank, world, init_file):
         for (method, U, rotate), (dtype, opts), layout, docs in cases(world, packed):
             _run_case(rank, world, method, U, rotate, dtype, opts, layout,
                       docs if packed else None)
@@ -165,11 +162,6 @@ def _worker(rank, world, init_file, packed):
             # (the squares' gradients reach ~10: f32 sums in another order)
             torch.testing.assert_close(part.grad, at.shard(whole.grad, 1, rank, world),
                                        atol=2e-4, rtol=1e-4)
-        # every rank past its last collective before any tears the group
-        # down (gloo aborts a rank whose peer closed mid-exchange)
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
 
 
 @pytest.mark.parametrize("packed", [False, True], ids=["hybrid", "packed"])

@@ -16,7 +16,7 @@ import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
 import attnjit.torch as at  # noqa: E402
-from cp_check import assert_shards_match  # noqa: E402
+from cp_check import assert_shards_match, gloo_group  # noqa: E402
 from attnjit.torch import _ops  # noqa: E402
 from reference import visible  # noqa: E402
 
@@ -85,10 +85,8 @@ def _check_launches(log, seen, layout, rotate, rank, world, what):
 
 
 def _worker(rank, world, init_file):
-    dist.init_process_group("gloo", init_method="file://" + init_file, rank=rank,
-                            world_size=world)
     log = _record_launches()
-    try:
+    with gloo_group(rank, world, init_file):
         S = 8 * 2 * world
         for layout, rotate, dtype, opts in CASES:
             g = torch.Generator().manual_seed(0)
@@ -117,11 +115,6 @@ def _worker(rank, world, init_file):
             _check_launches(log, seen, layout, rotate, rank, world, what)
             assert_shards_match(ro, rlse, parts, o, lse, leaves, rank, world, layout, dtype,
                                 what)
-        # every rank past its last collective before any tears the group
-        # down (gloo aborts a rank whose peer closed mid-exchange)
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
 
 
 @pytest.mark.parametrize("world", [2, 3])
@@ -177,9 +170,7 @@ class _Block(torch.nn.Module):
 
 
 def _cp_worker(rank, world, init_file):
-    dist.init_process_group("gloo", init_method="file://" + init_file, rank=rank,
-                            world_size=world)
-    try:
+    with gloo_group(rank, world, init_file):
         torch.manual_seed(0)
         model, x = _Block(), torch.randn(2, 8 * 2 * world, 32)
         whole = x.clone()
@@ -207,11 +198,6 @@ def _cp_worker(rank, world, init_file):
                 assert "attn_mask cannot be sharded" in e.message
         assert torch.equal(pos, at.shard(torch.arange(whole.shape[1]), 0, rank, world)), \
             "pos stays sharded"
-        # every rank past its last collective before any tears the group
-        # down (gloo aborts a rank whose peer closed mid-exchange)
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
 
 
 def test_context_parallel_training_step_equals_one_device():

@@ -13,12 +13,11 @@ import tempfile
 import pytest
 
 torch = pytest.importorskip("torch")
-import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
 import attnjit  # noqa: E402
 import attnjit.torch as at  # noqa: E402
-from cp_check import assert_shards_match  # noqa: E402
+from cp_check import assert_shards_match, gloo_group  # noqa: E402
 
 S, HQ, HKV, D = 32, 8, 4, 16
 DOC = torch.tensor([[0] * 11 + [1] * 21, [0] * 32], dtype=torch.int32)
@@ -33,9 +32,7 @@ CASES = [  # (layout, dtype, options)
 
 
 def _worker(rank, world, init_file):
-    dist.init_process_group("gloo", init_method="file://" + init_file, rank=rank,
-                            world_size=world)
-    try:
+    with gloo_group(rank, world, init_file):
         for layout, dtype, opts in CASES:
             g = torch.Generator().manual_seed(0)
             q, k, v, do = (torch.randn(2, h, S, D, generator=g).to(dtype)
@@ -72,11 +69,6 @@ def _worker(rank, world, init_file):
             raise AssertionError("3 heads over %d ranks did not raise" % world)
         except attnjit.InvalidArgError as e:
             assert "not a multiple of %d" % world in e.message, e.message
-        # every rank past its last collective before any tears the group
-        # down (gloo aborts a rank whose peer closed mid-exchange)
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
 
 
 @pytest.mark.parametrize("world", [2, 4])
