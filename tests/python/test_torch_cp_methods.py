@@ -6,9 +6,10 @@ documents (cu_seqlens_q / cu_seqlens_k) with the ring (p2p and
 all-gather), Ulysses and hybrid, both layouts -- forward (o, lse) and
 backward (dq, dk, dv, and the sinks' gradient where the op has sinks),
 each rank's shard against the same shard of the single-rank result; the
-dropout cases bit for bit the single-device keep mask (heads, positions
-and documents stay global).  One generator gives the cases: every option
-set meets every method over the runs of both world sizes."""
+dropout cases draw the single-device keep mask (heads, positions and
+documents stay global; another mask would miss by far more than the
+tolerance).  One generator gives the cases: at each P every option set
+and every method runs, paired in turn (the pairing shifts with P)."""
 import itertools
 import os
 import tempfile
@@ -48,11 +49,14 @@ def _methods(world):
 
 
 def cases(world, packed):
-    """One run's cases: every option set against every method (cycled),
-    layouts alternating, documents cycling; padded runs take hybrid only
-    (the ring's and Ulysses' padded cases are test_torch_ring's and
+    """One run's cases: the option sets and the methods paired in turn,
+    each list cycled to the other's length, the methods' start shifted by
+    P; layouts alternating, documents cycling.  Padded runs take hybrid
+    only (the ring's and Ulysses' padded cases are test_torch_ring's and
     test_torch_ulysses')."""
     methods = [m for m in _methods(world) if packed or m[0] == "hybrid"]
+    shift = world % len(methods)
+    methods = methods[shift:] + methods[:shift]
     n = max(len(methods), len(OPTIONS))
     for i, (m, o) in enumerate(zip(itertools.islice(itertools.cycle(methods), n),
                                    itertools.islice(itertools.cycle(OPTIONS), n))):
