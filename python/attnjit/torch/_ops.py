@@ -574,6 +574,17 @@ def attention(q, k, v, *, causal=False, window=None, softcap=None, alibi_slopes=
     return (o, lse) if return_lse else o
 
 
+def _offsets_problem(name, t, q):
+    """What keeps cu_seqlens tensor t (called `name`) from a varlen launch
+    with q: not a 1-D int32 tensor on q's device; None when nothing."""
+    if not isinstance(t, torch.Tensor) or t.dim() != 1 or t.dtype != torch.int32:
+        return ("%s must be a 1-D int32 tensor (B + 1 offsets); got %s"
+                % (name, getattr(t, "dtype", type(t).__name__)))
+    if t.device != q.device:
+        return "%s is on %s, q on %s" % (name, t.device, q.device)
+    return None
+
+
 def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
                      causal=False, window=None, softcap=None, alibi_slopes=None, scale=None,
                      dropout_p=0.0, mask=None, score_mod=None, tensors=None, sinks=None,
@@ -591,11 +602,9 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     are attention()'s; no bias.  Offsets that break the rules (or a
     sequence longer than its bound) raise InvalidArgError."""
     for name, t in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
-        if not isinstance(t, torch.Tensor) or t.dim() != 1 or t.dtype != torch.int32:
-            raise _fail("%s must be a 1-D int32 tensor (B + 1 offsets); got %s"
-                        % (name, getattr(t, "dtype", type(t).__name__)))
-        if t.device != q.device:
-            raise _fail("%s is on %s, q on %s" % (name, t.device, q.device))
+        why = _offsets_problem(name, t, q)
+        if why:
+            raise _fail(why)
     if cu_seqlens_q.shape != cu_seqlens_k.shape or cu_seqlens_q.shape[0] < 1:
         raise _fail("cu_seqlens_q (%d) and cu_seqlens_k (%d) must both hold B + 1 >= 1 offsets"
                     % (cu_seqlens_q.shape[0], cu_seqlens_k.shape[0]))

@@ -103,14 +103,17 @@ def _positions(chunks):
 
 def _offsets(fn, name, cu, like):
     """cu_seqlens as a list (read to the host: the plans need it) after the
-    checks attention_varlen makes."""
-    if not isinstance(cu, torch.Tensor) or cu.dim() != 1 or cu.dtype != torch.int32 \
-            or cu.shape[0] < 2:
-        raise _fail(fn, "%s must be a 1-D int32 tensor of B + 1 >= 2 offsets; got %s"
-                    % (name, getattr(cu, "dtype", type(cu).__name__)))
-    if cu.device != like.device:
-        raise _fail(fn, "%s is on %s, q on %s" % (name, cu.device, like.device))
+    checks attention_varlen makes, and at least one document."""
+    why = _ops._offsets_problem(name, cu, like)
+    if why:
+        raise _fail(fn, why)
+    if cu.shape[0] < 2:
+        raise _fail(fn, "%s holds %d offsets; want B + 1 >= 2" % (name, cu.shape[0]))
     return cu.tolist()
+
+
+def _as_list(cu_seqlens):
+    return cu_seqlens.tolist() if isinstance(cu_seqlens, torch.Tensor) else list(cu_seqlens)
 
 
 def shard_varlen(x, cu_seqlens, rank, world_size, layout="zigzag", method="ring", dim=0):
@@ -119,8 +122,8 @@ def shard_varlen(x, cu_seqlens, rank, world_size, layout="zigzag", method="ring"
     method "ring" and "hybrid" cut every document by the layout (zigzag:
     each document's head and tail chunks, the causal work balanced per
     document), "ulysses" the packed axis (aj_shard_varlen_chunks)."""
-    cu = cu_seqlens.tolist() if isinstance(cu_seqlens, torch.Tensor) else list(cu_seqlens)
-    pos = _positions(_varlen_chunks("shard_varlen", method, layout, rank, world_size, cu))
+    pos = _positions(_varlen_chunks("shard_varlen", method, layout, rank, world_size,
+                                    _as_list(cu_seqlens)))
     return x.index_select(dim, pos.to(x.device))
 
 
@@ -129,7 +132,7 @@ def unshard_varlen(x, cu_seqlens, rank, world_size, layout="zigzag", method="rin
     """The inverse of shard_varlen: writes rank `rank`'s shard x into its
     positions of `out` (zeros of the whole packed length when None) and
     returns out."""
-    cu = cu_seqlens.tolist() if isinstance(cu_seqlens, torch.Tensor) else list(cu_seqlens)
+    cu = _as_list(cu_seqlens)
     pos = _positions(_varlen_chunks("unshard_varlen", method, layout, rank, world_size, cu))
     if out is None:
         shape = list(x.shape)
