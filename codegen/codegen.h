@@ -124,6 +124,7 @@ struct aj_kernel {
     int32_t sinks;               /* the op's sinks tensor, an index in op.tensors; -1: none */
     uint32_t tensor_grad;        /* bit t: op.tensors[t] is grad, bit num_tensors alibi's
                                   * slopes (a backward's: aj_op_grad_bits) */
+    uint32_t kv_shared;          /* 1: layout = paged reading V from k_cache (kv_shared) */
     char *object;                /* sim, cpu: the host object code (ELF) */
     size_t object_size;
     void *jit;                   /* sim, cpu: the LLJIT that runs the object */

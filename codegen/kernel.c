@@ -179,7 +179,8 @@ aj_status aj_kernel_compile_stats(const aj_kernel *kernel, aj_compile_stats *out
  * versions, and the header below pins the format and the struct sizes):
  *
  *   u32 KERNEL_FORMAT  u32 sizeof(aj_op_info)  u32 sizeof(aj_launch_info)
- *   u32 target  u32 emit  aj_op_info  i32 sinks  u32 tensor_grad  i32 num_stages  stage*
+ *   u32 target  u32 emit  aj_op_info  i32 sinks  u32 tensor_grad  u32 kv_shared
+ *   i32 num_stages  stage*
  *   u64 code_size   code   u64 object_size   object
  *
  * with, per stage,
@@ -191,9 +192,9 @@ aj_status aj_kernel_compile_stats(const aj_kernel *kernel, aj_compile_stats *out
  * where str is u32 length + bytes, and object is a host kernel's object
  * code (object_size 0 for GPU kernels).  Format 2 added the stages, 3 the
  * object code, 4 pack_rows, 5 the parameters' table rows (ids), 6 sinks,
- * 7 tensor_grad.
+ * 7 tensor_grad, 8 kv_shared.
  */
-#define KERNEL_FORMAT 7u
+#define KERNEL_FORMAT 8u
 
 typedef struct byte_writer {
     uint8_t *buf;
@@ -241,6 +242,7 @@ aj_status aj_kernel_serialize(aj_ctx *ctx, const aj_kernel *k, uint8_t **out, si
     put(&w, &k->op, sizeof k->op);
     put(&w, &k->sinks, 4);
     put(&w, &k->tensor_grad, 4);
+    put_u32(&w, k->kv_shared);
     put(&w, &k->num_stages, 4);
     for (int s = 0; s < k->num_stages; s++) {
         const aj_kernel_stage *ks = &k->stages[s];
@@ -350,6 +352,9 @@ aj_status aj_kernel_deserialize(aj_ctx *ctx, const uint8_t *data, size_t size,
     /* the op's tensors, and alibi's slopes after them (aj_op_grad_bits) */
     if (tensor_grad >> op.num_tensors > (op.score_mod == AJ_SCORE_MOD_ALIBI ? 1u : 0u))
         r.failed = 1;
+    uint32_t kv_shared = get_u32(&r);
+    if (kv_shared > 1 || (kv_shared && op.layout != AJ_LAYOUT_PAGED))
+        r.failed = 1;
     int32_t num_stages = 0;
     get(&r, &num_stages, 4);
     if (num_stages < 1 || num_stages > AJ_KB_MAX_STAGES)
@@ -380,6 +385,7 @@ aj_status aj_kernel_deserialize(aj_ctx *ctx, const uint8_t *data, size_t size,
     k->op = op;
     k->sinks = sinks;
     k->tensor_grad = tensor_grad;
+    k->kv_shared = kv_shared;
     if (host) {
         k->object = malloc((size_t)object_size);
         if (!k->object) {

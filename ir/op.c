@@ -275,6 +275,7 @@ static aj_status set_field(aj_op *op, const char *fn, aj_op *cand,
     X(bias, aj_bias, bias, BIAS) \
     X(layout, aj_layout, layout, LAYOUT) \
     X(q_layout, aj_layout, q_layout, Q_LAYOUT) \
+    X(kv_shared, bool, kv_shared, KV_SHARED) \
     X(splits, int32_t, splits, SCHEDULE) \
     X(warpgroups, int32_t, warpgroups, SCHEDULE) \
     X(accumulate, bool, accumulate, ACCUMULATE) \
@@ -589,6 +590,14 @@ aj_status aj_op_get_sinks(const aj_op *op, int32_t *tensor)
     return AJ_OK;
 }
 
+aj_status aj_op_get_kv_shared(const aj_op *op, bool *kv_shared)
+{
+    AJ_OP_ARG(op);
+    AJ_CHECK_ARG(NULL, kv_shared, "%s: kv_shared is NULL", __func__);
+    *kv_shared = op->kv_shared;
+    return AJ_OK;
+}
+
 aj_status aj_op_get_warpgroups(const aj_op *op, int32_t *warpgroups)
 {
     AJ_OP_ARG(op);
@@ -651,6 +660,7 @@ static aj_status check_layout(const aj_op *op, char *msg, size_t cap);
 static aj_status check_splits(const aj_op *op, char *msg, size_t cap);
 static aj_status check_warpgroups(const aj_op *op, char *msg, size_t cap);
 static aj_status check_q_layout(const aj_op *op, char *msg, size_t cap);
+static aj_status check_kv_shared(const aj_op *op, char *msg, size_t cap);
 
 aj_status aj_op_check_field(const aj_op *op, aj_field field, char *msg,
                             size_t cap)
@@ -711,6 +721,8 @@ aj_status aj_op_check_field(const aj_op *op, aj_field field, char *msg,
         return AJ_OK;
     case AJ_FIELD_Q_LAYOUT:
         return check_q_layout(op, msg, cap);
+    case AJ_FIELD_KV_SHARED:
+        return check_kv_shared(op, msg, cap);
     case AJ_FIELD_ACCUMULATE:
         if (op->accumulate && op->kind != AJ_KIND_FORWARD) {
             snprintf(msg, cap, "accumulate = true applies only to forward "
@@ -775,6 +787,7 @@ static bool field_is_default(const aj_op *op, aj_field field)
     case AJ_FIELD_LAYOUT:        return op->layout == AJ_LAYOUT_PADDED;
     case AJ_FIELD_KV_DTYPE:      return !op->kv_dtype_set;
     case AJ_FIELD_Q_LAYOUT:      return op->q_layout == AJ_LAYOUT_PADDED;
+    case AJ_FIELD_KV_SHARED:     return !op->kv_shared;
     case AJ_FIELD_ACCUMULATE:    return !op->accumulate;
     case AJ_FIELD_DETERMINISTIC: return !op->deterministic;
     case AJ_FIELD_SCHEDULE:
@@ -1086,6 +1099,34 @@ static aj_status check_q_layout(const aj_op *op, char *msg, size_t cap)
     if (op->q_layout != AJ_LAYOUT_PADDED && op->layout != AJ_LAYOUT_PAGED) {
         snprintf(msg, cap, "q_layout applies only to layout = paged (the layout of its "
                            "queries), not %s", aj_layout_names[op->layout]);
+        return AJ_ERR_VERIFY;
+    }
+    return AJ_OK;
+}
+
+/* One cache for K and V (absorbed MLA: the latent rows, V their first
+ * head_dim_v columns): paged only, Dv <= D, and the scale given, since
+ * 1/sqrt(head_dim) is not MLA's (docs/ir.md "Shared K/V cache"). */
+static aj_status check_kv_shared(const aj_op *op, char *msg, size_t cap)
+{
+    if (!op->kv_shared)
+        return AJ_OK;
+    if (op->layout != AJ_LAYOUT_PAGED) {
+        snprintf(msg, cap, "kv_shared = true applies only to layout = paged (one cache "
+                           "holds K and V), not %s", aj_layout_names[op->layout]);
+        return AJ_ERR_VERIFY;
+    }
+    if (aj_op_dv(op) > op->head_dim) {
+        snprintf(msg, cap, "kv_shared = true: head_dim_v = %d exceeds head_dim = %d (V is "
+                           "the first head_dim_v columns of the cache's rows)",
+                 aj_op_dv(op), op->head_dim);
+        return AJ_ERR_VERIFY;
+    }
+    if (op->scale == AJ_SCALE_DEFAULT) {
+        snprintf(msg, cap, "kv_shared = true needs an explicit scale (set it before "
+                           "kv_shared): 1/sqrt(head_dim) = 1/sqrt(%d) is not the softmax "
+                           "scale of absorbed MLA, which is 1/sqrt(qk_nope_head_dim + "
+                           "qk_rope_head_dim) times its YaRN factor", op->head_dim);
         return AJ_ERR_VERIFY;
     }
     return AJ_OK;

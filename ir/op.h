@@ -60,6 +60,7 @@ struct aj_op {
     int32_t splits;        /* paged only: 0 = chosen at launch */
     int32_t warpgroups;    /* flash forward: wgmma warpgroups (0: mma.sync) */
     aj_layout q_layout;    /* paged only: padded or varlen queries */
+    bool kv_shared;        /* paged only: V is the first head_dim_v columns of K's cache */
     bool accumulate;       /* forward only */
     bool deterministic;    /* backward only */
     aj_schedule schedule;  /* 0 fields: template default */
@@ -120,6 +121,7 @@ double aj_op_scale(const aj_op *op);
     X(LAYOUT, "layout")                   \
     X(KV_DTYPE, "kv_dtype")               \
     X(Q_LAYOUT, "q_layout")               \
+    X(KV_SHARED, "kv_shared")             \
     X(ACCUMULATE, "accumulate")           \
     X(DETERMINISTIC, "deterministic")     \
     X(SCHEDULE, "schedule")               \

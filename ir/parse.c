@@ -428,6 +428,10 @@ static aj_status parse_value(parser *p, aj_field field)
                             NULL, &v));
         op->q_layout = (aj_layout)v;
         break;
+    case AJ_FIELD_KV_SHARED:
+        AJ_TRY(parse_choice(p, bool_names, 2, "a boolean", NULL, &v));
+        op->kv_shared = v;
+        break;
     case AJ_FIELD_ACCUMULATE:
         AJ_TRY(parse_choice(p, bool_names, 2, "a boolean", NULL, &v));
         op->accumulate = v;

@@ -112,6 +112,9 @@ aj_status aj_op_canonical(const aj_op *op, char *buf, size_t cap, size_t *len)
          * op with padded ones keeps its text */
         if (f == AJ_FIELD_Q_LAYOUT && op->q_layout == AJ_LAYOUT_PADDED)
             continue;
+        /* and kv_shared, printed only when true */
+        if (f == AJ_FIELD_KV_SHARED && !op->kv_shared)
+            continue;
         emit(&t, "  %s = ", aj_field_names[f]);
         print_value(&t, op, (aj_field)f);
         emit(&t, "\n");
@@ -273,6 +276,9 @@ static void print_value(text_buf *t, const aj_op *op, aj_field field)
         return;
     case AJ_FIELD_Q_LAYOUT:
         emit(t, "%s", aj_layout_names[op->q_layout]);
+        return;
+    case AJ_FIELD_KV_SHARED:
+        emit(t, "%s", op->kv_shared ? "true" : "false");
         return;
     case AJ_FIELD_ACCUMULATE:
         emit(t, "%s", op->accumulate ? "true" : "false");

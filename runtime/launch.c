@@ -198,10 +198,25 @@ static aj_status bind_scores(aj_ctx *ctx, const char *fn, aj_device *dev,
  * and stage 1 merges them into o and lse (the merge contract).
  */
 static aj_status forward_paged(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
-                               const aj_fwd_args *a)
+                               const aj_fwd_args *given)
 {
     const aj_op_info *op = &kernel->op;
     fwd_sizes sz = {.splits = 1};
+    /* kv_shared: V is k_cache's first Dv columns (and v_scale k_scale), a
+     * view the kernel reads as it reads a v_cache */
+    aj_fwd_args shared;
+    const aj_fwd_args *a = given;
+    if (kernel->kv_shared) {
+        AJ_CHECK_ARG(ctx, !given->v_cache.data && !given->v_scale.data, "%s: v_cache and "
+                     "v_scale stay empty with kv_shared = true (V is the first head_dim_v "
+                     "columns of k_cache, scaled by k_scale)", FWD);
+        shared = *given;
+        shared.v_cache = given->k_cache;
+        if (shared.v_cache.rank == 4)
+            shared.v_cache.shape[3] = op->head_dim_v;
+        shared.v_scale = given->k_scale;
+        a = &shared;
+    }
     aj_status st = aj_check_forward_paged(ctx, op, a, &sz);
     const int tiles_by_chunks = aj_target_desc_of(kernel->target)->simt;  /* cp.async */
     if (st == AJ_OK && tiles_by_chunks)

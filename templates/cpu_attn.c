@@ -39,7 +39,7 @@ aj_status aj_cpu_check_op(aj_ctx *ctx, const aj_op *op, const char *who)
     if (op->layout == AJ_LAYOUT_VARLEN && op->bias == AJ_BIAS_ADD)
         return aj_fail(ctx, AJ_ERR_UNSUPPORTED, "bias = add with layout = varlen: %s supports "
                        "a bias on layout = padded only", who);
-    aj_status st = aj_attn_check_dims(ctx, op, who);
+    aj_status st = aj_attn_check_dims(ctx, op, who, AJ_HEAD_DIM_MAX_CPU);
     return st != AJ_OK ? st : aj_score_prog_check(ctx, op);
 }
 

@@ -275,7 +275,7 @@ static aj_status ffwd_check(aj_ctx *ctx, const aj_op *op, aj_target target)
         return aj_fail(ctx, AJ_ERR_UNSUPPORTED,
                        "dtype = f32: flash forward runs on f16 / bf16 tensor cores; use "
                        "`attention forward efficient` for f32");
-    aj_status st = aj_attn_check_dims(ctx, op, "flash forward");
+    aj_status st = aj_attn_check_dims(ctx, op, "flash forward", AJ_HEAD_DIM_MAX_GPU);
     ffwd_plan plan;
     return st != AJ_OK ? st : aj_kctx_check_planned(ctx, op, plan_kernel(ctx, op, target, &plan));
 }

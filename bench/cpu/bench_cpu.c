@@ -3,7 +3,7 @@
  * machine's own fp32 FMA peak and a plain C loop, measured in one run.
  *
  *   bench_cpu [--quick | --full] [--workers N] [--dtype f16|bf16|f32]
- *             [--heads H] [--repeat R] [--csv FILE]
+ *             [--heads H] [--repeat R] [--csv FILE] [--dims D,D,...]
  *   bench_cpu --jit [-O 0..3] [--seq S] [--compiles N] [...]
  *   bench_cpu --dtypes [--heads H] [--repeat R] [--workers N]
  *
@@ -28,6 +28,7 @@
  *           short.  It is what a user without attnjit writes first.
  *
  * --quick (the default): S 512, 1024, 2048.  --full: S 512 .. 8192.
+ * --dims: the head dims (default 64,128; up to 8 of them, each 8..512).
  *
  * --jit: what a kernel costs to make and what it then runs at, per pass
  * and head dim (64, 128, 256; causal and not) at one S (default 2048):
@@ -461,7 +462,7 @@ static int bench_dtypes(aj_ctx *ctx, aj_device *dev, const config *cfg, int s, i
 static int usage(void)
 {
     fprintf(stderr, "usage: bench_cpu [--quick | --full] [--workers N] [--dtype f16|bf16|f32] "
-                    "[--heads H] [--repeat R] [--csv FILE]\n"
+                    "[--heads H] [--repeat R] [--csv FILE] [--dims D,D,...]\n"
                     "       bench_cpu --jit [-O 0..3] [--seq S] [--compiles N] [...]\n"
                     "       bench_cpu --dtypes [--heads H] [--repeat R] [--workers N]\n");
     return 1;
@@ -470,6 +471,7 @@ static int usage(void)
 int main(int argc, char **argv)
 {
     config cfg = {AJ_DTYPE_BF16, 8, 5, 0, 0, NULL, 0, 2, 5, 2048, 0};
+    int dims[8] = {64, 128}, ndims = 2;
     const bench_int_option ints[] = {{"--workers", &cfg.workers}, {"--heads", &cfg.heads},
                                      {"--repeat", &cfg.repeat},   {"-O", &cfg.opt_level},
                                      {"--compiles", &cfg.compiles}, {"--seq", &cfg.seq}};
@@ -487,6 +489,16 @@ int main(int argc, char **argv)
             cfg.jit = 1;
         } else if (strcmp(a, "--csv") == 0 && next) {
             cfg.csv = argv[++i];
+        } else if (strcmp(a, "--dims") == 0 && next) {
+            ndims = 0;
+            for (const char *p = argv[++i]; *p && ndims < 8; p += *p == ',') {
+                char *end;
+                long d = strtol(p, &end, 10);
+                if (end == p || d < 8 || d > 512 || d % 8)
+                    return usage();
+                dims[ndims++] = (int)d;
+                p = end;
+            }
         } else if (strcmp(a, "--dtype") == 0 && next) {
             const char *t = argv[++i];
             if (strcmp(t, "f16") == 0)
@@ -567,8 +579,7 @@ int main(int argc, char **argv)
     const int *sizes = cfg.full ? full : quick;
     int nsizes = cfg.full ? 5 : 3;
     int failed = 0;
-    static const int dims[] = {64, 128};
-    for (int di = 0; di < 2; di++)
+    for (int di = 0; di < ndims; di++)
         for (int causal = 0; causal < 2; causal++)
             for (int si = 0; si < nsizes; si++)
                 failed |= bench_one(ctx, dev, &cfg, sizes[si], dims[di], causal, pk, csv);

@@ -31,18 +31,23 @@ def timed(fn):
     return time.perf_counter() - t0
 
 
-def pair(fn_a, fn_b, repeats, sample_s=0.1):
-    """Per-call medians of fn_a and fn_b, run alternately after one warm-up
-    each.  Each sample runs a side back to back for about sample_s seconds
-    (at least once), so that neither side pays for the other's thread pool
-    still spinning down (torch's OpenMP threads spin after a parallel
-    region; on 2 cores that lands on the next call)."""
-    counts = [max(1, int(sample_s / max(timed(f), 1e-6))) for f in (fn_a, fn_b)]
-    a, b = [], []
+def sides(fns, repeats, sample_s=0.1):
+    """Per-call medians of each of fns, run in turn after one warm-up each.
+    Each sample runs a side back to back for about sample_s seconds (at
+    least once), so that no side pays for another's thread pool still
+    spinning down (torch's OpenMP threads spin after a parallel region; on
+    2 cores that lands on the next call)."""
+    counts = [max(1, int(sample_s / max(timed(f), 1e-6))) for f in fns]
+    samples = [[] for _ in fns]
     for _ in range(repeats):
-        for f, n, out in ((fn_a, counts[0], a), (fn_b, counts[1], b)):
+        for f, n, out in zip(fns, counts, samples):
             out.append(timed(lambda: [f() for _ in range(n)]) / n)
-    return statistics.median(a), statistics.median(b)
+    return [statistics.median(s) for s in samples]
+
+
+def pair(fn_a, fn_b, repeats, sample_s=0.1):
+    """sides() of two."""
+    return tuple(sides([fn_a, fn_b], repeats, sample_s))
 
 
 def throughput(args):

@@ -13,14 +13,17 @@ Prints a markdown table: attnjit, SDPA and floor per call (ms), SDPA /
 attnjit (above 1: attnjit faster), and attnjit's time above the floor.
 """
 import argparse
-import statistics
-import time
+import os
+import sys
 from typing import List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 
 import attnjit.torch as at
+
+sys.path.insert(0, os.path.dirname(__file__))
+from bench_attention import sides  # noqa: E402
 
 
 @torch.library.custom_op("ajbench::floor_fwd", mutates_args=())
@@ -50,22 +53,6 @@ def _backward(ctx, do, dlse):
 
 
 _floor_fwd.register_autograd(_backward, setup_context=_setup)
-
-
-def timed(fn):
-    t0 = time.perf_counter()
-    fn()
-    return time.perf_counter() - t0
-
-
-def sides(fns, repeats, sample_s=0.1):
-    """Per-call medians of each fn, run alternately after one warm-up each."""
-    counts = [max(1, int(sample_s / max(timed(f), 1e-6))) for f in fns]
-    samples = [[] for _ in fns]
-    for _ in range(repeats):
-        for f, n, out in zip(fns, counts, samples):
-            out.append(timed(lambda: [f() for _ in range(n)]) / n)
-    return [statistics.median(s) for s in samples]
 
 
 def main():

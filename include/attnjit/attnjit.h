@@ -338,6 +338,13 @@ aj_status aj_op_get_warpgroups(const aj_op *op, int32_t *warpgroups);
  * Sq, D], the default) or AJ_LAYOUT_VARLEN (q [T, Hq, D] with
  * cu_seqlens_q: chunked prefill).  The text form's `q_layout`. */
 aj_status aj_op_set_q_layout(aj_op *op, aj_layout q_layout);
+/* layout = paged only: one cache holds K and V (absorbed MLA's latent
+ * cache): V is the first head_dim_v (<= head_dim) columns of k_cache's
+ * rows, and aj_fwd_args.v_cache / v_scale stay empty.  Needs an explicit
+ * scale (set before it).  The text form's `kv_shared = true` (docs/ir.md
+ * "Shared K/V cache"). */
+aj_status aj_op_set_kv_shared(aj_op *op, bool kv_shared);
+aj_status aj_op_get_kv_shared(const aj_op *op, bool *kv_shared);
 
 /* Checks the op as a whole (sticky builder error first, then every rule of
  * docs/ir.md).  Returns AJ_OK or AJ_ERR_VERIFY / AJ_ERR_INVALID_ARG with

@@ -498,7 +498,7 @@ static const bad_spec bad_specs[] = {
     { FWD REQ "  maks = none\n}", 0, AJ_ERR_PARSE,
       "t.aj:4:3: unknown field 'maks' (expected one of dtype, head_dim, head_dim_v, "
       "tensors, mask, score_mod, sinks, scale, dropout, bias, layout, kv_dtype, q_layout, "
-      "accumulate, deterministic, schedule or target)" },
+      "kv_shared, accumulate, deterministic, schedule or target)" },
     { MERGE "  dtype = f16\n  head_dimv = 64\n}", 0, AJ_ERR_PARSE,
       "t.aj:3:3: unknown field 'head_dimv' (expected one of dtype, head_dim_v or target)" },
     { FWD REQ "  dtype = bf16\n}", 0, AJ_ERR_PARSE,
@@ -643,6 +643,15 @@ static const bad_spec bad_specs[] = {
     { FWD REQ "  layout = varlen\n  q_layout = varlen\n}", 0, AJ_ERR_VERIFY,
       "t.aj:5:3: q_layout applies only to layout = paged (the layout of its queries), not "
       "varlen" },
+    { FWD REQ "  layout = paged\n  kv_shared = true\n}", 0, AJ_ERR_VERIFY,
+      "t.aj:5:3: kv_shared = true needs an explicit scale" },
+    { FWD REQ "  scale = 0.1\n  kv_shared = true\n}", 0, AJ_ERR_VERIFY,
+      "t.aj:5:3: kv_shared = true applies only to layout = paged (one cache holds K and V), "
+      "not padded" },
+    { FWD REQ "  head_dim_v = 72\n  scale = 0.1\n  layout = paged\n  kv_shared = true\n}", 0,
+      AJ_ERR_VERIFY, "t.aj:7:3: kv_shared = true: head_dim_v = 72 exceeds head_dim = 64" },
+    { FWD REQ "  layout = paged\n  kv_shared = yes\n}", 0, AJ_ERR_PARSE,
+      "t.aj:5:15: expected a boolean" },
     { FWD REQ "  layout = paged\n  q_layout = paged\n}", 0, AJ_ERR_PARSE,
       "t.aj:5:14: expected a query layout (padded or varlen), found 'paged'" },
     { FWD REQ "  layout = paged\n  kv_dtype = f4\n}", 0, AJ_ERR_PARSE,

@@ -58,6 +58,8 @@ typedef struct paged_case {
     int efficient;              /* compile the efficient variant (else flash) */
     int repeat;                 /* calls of aj_forward, the best timed (0: one) */
     int sinks;                  /* sinks = snk, logit paged_sink(h) of head h */
+    int shared;                 /* kv_shared: V is the K cache's first dv columns */
+    double scale;               /* the op's scale; 0: the default (shared needs one) */
 } paged_case;
 
 /* The sink logit of head h of a case with sinks: one that dominates, the
@@ -106,14 +108,14 @@ static inline void paged_label(const paged_case *c, char *buf, size_t cap)
     int tq = 0;
     for (int b = 0; c->chunks && b < c->b; b++)
         tq += c->chunks[b];
-    snprintf(buf + n, cap - n, " ps%d gqa %d:1 b%d %s %d %s%s%s%s%s %s splits %d%s", c->page_size,
+    snprintf(buf + n, cap - n, " ps%d gqa %d:1 b%d %s %d %s%s%s%s%s %s splits %d%s%s", c->page_size,
              c->hq / c->hkv, c->b, c->chunks ? "varlen T" : "sq", c->chunks ? tq : c->sq,
              c->mask_expr ? "mask expr" : c->mask == AJ_MASK_CAUSAL ? "causal"
              : c->mask == AJ_MASK_WINDOW ? "window" : "none",
              c->softcap ? " softcap" : "", c->alibi ? " alibi" : "",
              c->score_expr ? " score expr" : "", c->sinks ? " sinks" : "", layouts[c->pages],
              c->splits,
-             c->efficient ? " efficient" : "");
+             c->efficient ? " efficient" : "", c->shared ? " kv_shared" : "");
 }
 
 /* Varlen query chunks (chunked prefill), mixed per batch: sequence b
@@ -180,6 +182,10 @@ static inline aj_status paged_op(aj_ctx *ctx, const paged_case *c, aj_op **out)
     aj_op_set_splits(op, c->splits);
     if (c->chunks)
         aj_op_set_q_layout(op, AJ_LAYOUT_VARLEN);
+    if (c->scale)
+        aj_op_set_scale(op, c->scale);
+    if (c->shared)
+        aj_op_set_kv_shared(op, true);
     if (c->mask == AJ_MASK_CAUSAL)
         aj_op_set_mask_causal(op, AJ_ALIGN_BOTTOM_RIGHT);
     if (c->mask == AJ_MASK_WINDOW)
@@ -306,8 +312,10 @@ static inline paged_result paged_run(aj_ctx *ctx, aj_device *dev, const aj_kerne
         r.status = paged_fill(dev, c->dtype, nq, 1.0, 1.0, &seed, &mem[0], q);
     if (r.status == AJ_OK)
         r.status = paged_fill(dev, c->kv_dtype, rows * c->d, 1.0, k_scale, &seed, &mem[1], kc);
-    if (r.status == AJ_OK)
+    if (r.status == AJ_OK && !c->shared)
         r.status = paged_fill(dev, c->kv_dtype, rows * dv, 1.0, v_scale, &seed, &mem[2], vc);
+    for (size_t i = 0; r.status == AJ_OK && c->shared && i < rows; i++)
+        memcpy(vc + i * dv, kc + i * c->d, (size_t)dv * sizeof *vc);   /* V: K's columns */
     size_t o_bytes = no * (size_t)aj_dtype_size(c->dtype);
     size_t lse_n = (size_t)tq * c->hq;
     float scales[2] = {(float)k_scale, (float)v_scale};
@@ -365,7 +373,8 @@ static inline paged_result paged_run(aj_ctx *ctx, aj_device *dev, const aj_kerne
         const int64_t vs[4] = {num_pages, c->page_size, c->hkv, dv}, one[1] = {1};
         a.q = tensor_contiguous(mem[0], c->dtype, 4, qs);
         a.k_cache = tensor_contiguous(mem[1], c->kv_dtype, 4, ks);
-        a.v_cache = tensor_contiguous(mem[2], c->kv_dtype, 4, vs);
+        if (!c->shared)
+            a.v_cache = tensor_contiguous(mem[2], c->kv_dtype, 4, vs);
         if (c->fault == PAGED_FAULT_ALIGN) {
             a.k_cache.data = (char *)mem[1] + aj_dtype_size(c->kv_dtype);
             a.k_cache.shape[0] = a.v_cache.shape[0] = num_pages - 1;
@@ -389,7 +398,8 @@ static inline paged_result paged_run(aj_ctx *ctx, aj_device *dev, const aj_kerne
             a.alibi_slopes = tensor_contiguous(mem[8], AJ_DTYPE_F32, 1, heads);
         if (f8) {
             a.k_scale = tensor_contiguous(mem[7], AJ_DTYPE_F32, 1, one);
-            a.v_scale = tensor_contiguous((float *)mem[7] + 1, AJ_DTYPE_F32, 1, one);
+            if (!c->shared)
+                a.v_scale = tensor_contiguous((float *)mem[7] + 1, AJ_DTYPE_F32, 1, one);
         }
         r.seconds = INFINITY;
         for (int rep = 0; rep < (c->repeat > 1 ? c->repeat : 1) && r.status == AJ_OK; rep++) {
@@ -423,8 +433,9 @@ static inline paged_result paged_run(aj_ctx *ctx, aj_device *dev, const aj_kerne
         p.softcap = c->softcap;
         p.alibi_slopes = c->alibi ? slopes : NULL;
         p.sinks = c->sinks ? sinks : NULL;
+        p.scale = c->scale;
         ref_paged pg = {num_pages, c->page_size, max_pages, kc, vc, table, c->seqlens,
-                        k_scale, v_scale};
+                        k_scale, c->shared ? k_scale : v_scale};
         /* expressions: the reference interprets the op's nodes */
         aj_op *op = NULL;
         if (c->score_expr || c->mask_expr) {
@@ -474,22 +485,23 @@ static inline paged_result paged_run(aj_ctx *ctx, aj_device *dev, const aj_kerne
 
 /*
  * The head dims of the layout, one case each (test_cpu_paged on cpu and on
- * sim): D = 8, 16, .. 256 (case i: 8 (i + 1)), Dv walking the same range
- * with a stride prime to its 32 values (every Dv once, D != Dv but for
- * four), queries f16 / bf16 in turn, the cache's dtype rotating through
+ * sim): D = 8, 16, .. 8n (case i of n: 8 (i + 1); n = PAGED_DIMS_CPU, to
+ * 512, on cpu, PAGED_DIMS_GPU, to 256, on sim), Dv walking the same range
+ * with a stride prime to its n values (every Dv once, D != Dv but for a
+ * few), queries f16 / bf16 in turn, the cache's dtype rotating through
  * the query's, the query's, e4m3 and e5m2 (f16, bf16, e4m3, e5m2), each
  * with both variants (flash for cases 0..3 mod 8, efficient for 4..7),
  * GQA 2:1 with Sq 2 (packed), a causal mask, ragged lengths over shuffled
  * pages of 16.
  */
-enum { PAGED_DIM_CASES = 32 };
-static inline paged_case paged_dim_case(int i)
+enum { PAGED_DIMS_CPU = 64, PAGED_DIMS_GPU = 32 };
+static inline paged_case paged_dim_case(int i, int n)
 {
     static const int32_t lens[2] = {37, 20};
     aj_dtype q = i % 2 ? AJ_DTYPE_BF16 : AJ_DTYPE_F16;
     aj_dtype kv = i % 4 < 2 ? q : i % 4 == 2 ? AJ_DTYPE_F8E4M3 : AJ_DTYPE_F8E5M2;
     paged_case c = paged_base(q, kv, 8 * (i + 1), lens, 2);
-    c.dv = 8 * (1 + (i * 13 + 5) % PAGED_DIM_CASES);
+    c.dv = 8 * (1 + (i * 13 + 5) % n);
     c.sq = 2;
     c.mask = AJ_MASK_CAUSAL;
     c.efficient = i / 4 % 2;

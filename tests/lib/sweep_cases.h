@@ -4,7 +4,7 @@
  * test_sim_flash_bwd.c): every op of
  *
  *   kind (forward, backward) x variant (flash, efficient) x dtype
- *   x head dim 8..256 step 8 x mask {none, causal bottom_right, window}
+ *   x head dim 8..512 step 8 x mask {none, causal bottom_right, window}
  *   x score mod {none, softcap, alibi} x bias {none, add}
  *
  * numbered 0 .. SWEEP_COUNT - 1, so a test can walk all of them, shard
@@ -21,8 +21,10 @@
 #include "attnjit/attnjit.h"
 
 #define SWEEP_DIM_STEP 8
-#define SWEEP_DIM_MAX 256
+#define SWEEP_DIM_MAX 512       /* the cpu's head dims */
+#define SWEEP_GPU_DIM_MAX 256   /* the GPU templates' (sim, sm_80 .. sm_90a) */
 #define SWEEP_DIMS (SWEEP_DIM_MAX / SWEEP_DIM_STEP)
+#define SWEEP_GPU_DIMS (SWEEP_GPU_DIM_MAX / SWEEP_DIM_STEP)
 
 static const char *const sweep_masks[] = {"none", "causal(bottom_right)",
                                           "window(12, 3, bottom_right)"};
@@ -68,14 +70,42 @@ static inline sweep_case sweep_case_at(int index)
     return c;
 }
 
-/* The (D, Dv) pairs of the range, numbered 0 .. SWEEP_PAIRS - 1 row by
- * row (D major).  Pair `index` with D != Dv or D == Dv alike. */
-#define SWEEP_PAIRS (SWEEP_DIMS * SWEEP_DIMS)
+/* Case k (0 .. SWEEP_DIMS - 1) of the head-dim walk of `kind`: D = 8 (k +
+ * 1), Dv a stride prime to the dim count on from it (so the walk meets
+ * every D and every Dv once, D = Dv where the stride lands there), the
+ * variant alternating, dtype, mask, mod and bias rotating with k. */
+#define SWEEP_WALK_STRIDE 23
+
+static inline sweep_case sweep_dim_case(int k, aj_kind kind)
+{
+    sweep_case c = {0};
+    c.kind = kind;
+    c.d = SWEEP_DIM_STEP * (1 + k);
+    c.dv = SWEEP_DIM_STEP * (1 + (k * SWEEP_WALK_STRIDE + 7) % SWEEP_DIMS);
+    c.variant = k % 2 ? AJ_VARIANT_EFFICIENT : AJ_VARIANT_FLASH;
+    c.dtype = sweep_dtypes[k / 2 % SWEEP_N_DTYPES];
+    if (c.variant == AJ_VARIANT_FLASH && c.dtype == AJ_DTYPE_F32)
+        c.dtype = AJ_DTYPE_F16;   /* flash runs on f16 / bf16 */
+    c.mask = sweep_masks[k / 3 % SWEEP_N_MASKS];
+    c.score_mod = sweep_mods[k / 5 % SWEEP_N_MODS];
+    c.bias = c.variant == AJ_VARIANT_EFFICIENT && k % 4 == 1;
+    return c;
+}
+
+/* Whether both head dims are in the GPU templates' range. */
+static inline int sweep_case_on_gpu(const sweep_case *c)
+{
+    return c->d <= SWEEP_GPU_DIM_MAX && c->dv <= SWEEP_GPU_DIM_MAX;
+}
+
+/* The (D, Dv) pairs of the GPU range, numbered 0 .. SWEEP_PAIRS - 1 row
+ * by row (D major).  Pair `index` with D != Dv or D == Dv alike. */
+#define SWEEP_PAIRS (SWEEP_GPU_DIMS * SWEEP_GPU_DIMS)
 
 /* A number that mixes D and Dv, for rotating the other axes of a pair. */
 static inline int sweep_pair_mix(int index)
 {
-    return index / SWEEP_DIMS + index % SWEEP_DIMS;
+    return index / SWEEP_GPU_DIMS + index % SWEEP_GPU_DIMS;
 }
 
 /* Case `combo` (0..3: kind x variant) of pair `index`: dtype, mask and
@@ -84,8 +114,8 @@ static inline sweep_case sweep_pair_case(int index, int combo)
 {
     sweep_case c = {0};
     int mix = sweep_pair_mix(index);
-    c.d = SWEEP_DIM_STEP * (1 + index / SWEEP_DIMS);
-    c.dv = SWEEP_DIM_STEP * (1 + index % SWEEP_DIMS);
+    c.d = SWEEP_DIM_STEP * (1 + index / SWEEP_GPU_DIMS);
+    c.dv = SWEEP_DIM_STEP * (1 + index % SWEEP_GPU_DIMS);
     c.kind = combo / 2 ? AJ_KIND_BACKWARD : AJ_KIND_FORWARD;
     c.variant = combo % 2 ? AJ_VARIANT_EFFICIENT : AJ_VARIANT_FLASH;
     c.dtype = sweep_dtypes[(mix + combo) % SWEEP_N_DTYPES];

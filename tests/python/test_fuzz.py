@@ -5,8 +5,8 @@ raises one of attnjit's typed errors (attnjit.Error) -- never a crash, a
 hang, another exception, or NaN where the reference has none.
 
 Draws: dtype f32/f16/bf16; B 1-2, Hkv 1-3, Hq a multiple; Sq, Sk 1-40;
-head dims 8..256 (the cpu kernels' multiples of 8; odd ones and ones above
-256 must raise UnsupportedError naming the head dim), Dv = D or another;
+head dims 8..512 (the cpu kernels' multiples of 8; odd ones and ones above
+512 must raise UnsupportedError naming the head dim), Dv = D or another;
 a scale of 0.25 to 2 times the default;
 q/k/v laid out contiguous, as (B, S, H, D) transposed, strided along S, or
 with a head dim read at stride 2; no mask, causal (both alignments), a
@@ -59,8 +59,8 @@ LAYOUTS = {
     "strided_s": lambda t: t.repeat_interleave(2, dim=2)[:, :, ::2],
     "strided_d": lambda t: t.repeat_interleave(2, dim=3)[..., ::2],
 }
-HEAD_DIMS = [8, 16, 24, 32, 40, 48, 64, 80, 96, 128, 160, 256]   # the cpu kernels': 8..256
-ODD_HEAD_DIMS = [1, 5, 12, 100, 264, 1000]                         # refused with a message
+HEAD_DIMS = [8, 16, 24, 32, 40, 48, 64, 80, 96, 128, 160, 256, 264, 384, 448, 512]  # cpu: 8..512
+ODD_HEAD_DIMS = [1, 5, 12, 100, 260, 520, 1000]                    # refused with a message
 
 
 @st.composite

@@ -8,7 +8,7 @@
  * KV head and not (a group too long for one block) -- then every split
  * count 1..16 of one problem against the reference and against each other,
  * varlen queries (q_layout = varlen: chunked prefill, test_varlen_queries),
- * every head dim 8..256 with D != Dv (paged_dim_case, here and on sim),
+ * every head dim 8..512 with D != Dv (paged_dim_case; to 256 on sim),
  * and the faults the kernel finds (a page outside the cache, a length
  * beyond the table, a negative length; varlen: decreasing cu_seqlens_q, a
  * chunk longer than its sequence), each named by its sequence.
@@ -351,13 +351,110 @@ static void test_sinks(void)
     }
 }
 
-/* Every head dim of the range, D != Dv (paged_dim_case), on either device. */
-static void test_head_dims(void)
+/* Every head dim of the device's range, D != Dv (paged_dim_case). */
+static void test_head_dims(int sim)
 {
-    for (int i = 0; i < PAGED_DIM_CASES; i++) {
-        paged_case c = paged_dim_case(i);
+    int n = sim ? PAGED_DIMS_GPU : PAGED_DIMS_CPU;
+    for (int i = 0; i < n; i++) {
+        paged_case c = paged_dim_case(i, n);
         run(&c);
     }
+}
+
+/*
+ * One cache for K and V (kv_shared, absorbed MLA): on cpu DeepSeek-V3's
+ * latent rows (D 576, V their first 512 columns) with every query head
+ * (16, 128) over the one latent head, Sq 1, 4 and 16 (decode,
+ * multi-token prediction, speculative runs) and varlen chunks, page sizes
+ * 1 / 16 / 64, f16 / bf16 / e4m3 / e5m2 caches, causal, a window and an
+ * expression mask, split-KV; on sim the GPU kernel over shared caches of
+ * its head dims (D 128 / Dv 64, D 256 / Dv 256, D 72 / Dv 40).  The
+ * scale is DeepSeek's kind, 1/sqrt(192) times a YaRN factor.  Then the
+ * refusals: a v_cache beside a shared cache, the IR's rules.
+ */
+static void test_shared(int sim)
+{
+    static const int32_t lens[3] = {130, 0, 61};
+    static const int32_t chunks[3] = {16, 0, 3};
+    static const aj_dtype kvs[4] = {AJ_DTYPE_BF16, AJ_DTYPE_F16, AJ_DTYPE_F8E4M3,
+                                    AJ_DTYPE_F8E5M2};
+    static const int dims[3][2] = {{128, 64}, {256, 256}, {72, 40}};
+    static const int sqs[3] = {1, 4, 16}, pages[3] = {64, 1, 16}, hqs[2] = {16, 128};
+    const double scale = 1.0 / sqrt(192.0) * 1.25;
+    for (int i = 0; i < 6; i++) {
+        aj_dtype q = i % 2 ? AJ_DTYPE_F16 : AJ_DTYPE_BF16;
+        aj_dtype kv = kvs[i % 4] == AJ_DTYPE_F16 || kvs[i % 4] == AJ_DTYPE_BF16 ? q : kvs[i % 4];
+        paged_case c = paged_base(q, kv, sim ? dims[i % 3][0] : 576, lens, 3);
+        c.dv = sim ? dims[i % 3][1] : 512;
+        c.shared = 1;
+        c.scale = scale;
+        c.hkv = 1;
+        c.hq = sim ? 8 : hqs[i % 2];
+        c.sq = sqs[i % 3];
+        c.page_size = pages[i % 3];
+        c.mask = i == 4 ? AJ_MASK_WINDOW : AJ_MASK_CAUSAL;
+        c.left = 40;
+        c.mask_expr = i == 5 ? "k % 5 != 2 && q - k < 90" : NULL;
+        c.chunks = i == 3 ? chunks : NULL;
+        c.splits = i % 4;
+        run(&c);
+    }
+    /* the refusals: a v_cache or v_scale beside a shared cache */
+    paged_case c = paged_base(AJ_DTYPE_F16, AJ_DTYPE_F16, 128, lens, 3);
+    c.dv = 64;
+    c.shared = 1;
+    c.scale = scale;
+    aj_kernel *kernel = NULL;
+    CHECK(paged_compile(ctx, dev, &c, &kernel) == AJ_OK);
+    aj_fwd_args a = AJ_FWD_ARGS_INIT;
+    a.v_cache.data = &a;
+    CHECK_STATUS(ctx, aj_forward(ctx, dev, kernel, &a), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "aj_forward: v_cache and v_scale stay empty with kv_shared = true (V is "
+                     "the first head_dim_v columns of k_cache, scaled by k_scale)");
+    aj_kernel_destroy(kernel);
+    /* the IR's rules (the text form; a builder's failed set sticks) */
+    static const char *const bad[][2] = {
+        {"head_dim = 576\n head_dim_v = 512\n layout = paged\n kv_shared = true",
+         "kv_shared = true needs an explicit scale (set it before kv_shared): 1/sqrt(head_dim) "
+         "= 1/sqrt(576) is not the softmax scale of absorbed MLA"},
+        {"head_dim = 512\n head_dim_v = 576\n scale = 0.09\n layout = paged\n kv_shared = true",
+         "kv_shared = true: head_dim_v = 576 exceeds head_dim = 512"},
+        {"head_dim = 576\n head_dim_v = 512\n scale = 0.09\n kv_shared = true",
+         "kv_shared = true applies only to layout = paged"}};
+    char spec[256];
+    aj_op *op = NULL;
+    for (int i = 0; i < 3; i++) {
+        snprintf(spec, sizeof spec, "attention forward flash {\n dtype = f16\n %s\n}\n", bad[i][0]);
+        CHECK_STATUS(ctx, aj_op_parse(ctx, spec, strlen(spec), "shared", &op), AJ_ERR_VERIFY);
+        CHECK_ERROR(ctx, bad[i][1]);
+    }
+    /* 576 is a shared cache's width only, and a GPU target's not yet */
+    snprintf(spec, sizeof spec, "attention forward flash {\n dtype = f16\n head_dim = 576\n "
+             "head_dim_v = 512\n scale = 0.09\n layout = paged\n kv_shared = true\n}\n");
+    CHECK(aj_op_parse(ctx, spec, strlen(spec), "shared", &op) == AJ_OK);
+    bool shared = false;
+    CHECK(aj_op_get_kv_shared(op, &shared) == AJ_OK && shared);
+    char *text = NULL;
+    CHECK(aj_op_print(op, &text) == AJ_OK && strstr(text, "  kv_shared = true\n"));
+    aj_free(text);
+    aj_compile_options opt = AJ_COMPILE_OPTIONS_INIT;
+    opt.target = aj_device_target(dev);
+    aj_status st = aj_compile(ctx, op, &opt, &kernel);
+    if (sim) {
+        CHECK_STATUS(ctx, st, AJ_ERR_UNSUPPORTED);
+        CHECK_ERROR(ctx, "head_dim = 576: paged forward supports multiples of 8 up to 256");
+    } else {
+        CHECK_STATUS(ctx, st, AJ_OK);
+        aj_kernel_destroy(kernel);
+        aj_op_destroy(op);
+        snprintf(spec, sizeof spec, "attention forward flash {\n dtype = f16\n head_dim = "
+                 "576\n head_dim_v = 512\n scale = 0.09\n layout = paged\n}\n");
+        op = NULL;
+        CHECK(aj_op_parse(ctx, spec, strlen(spec), "wide", &op) == AJ_OK);
+        CHECK_STATUS(ctx, aj_compile(ctx, op, &opt, &kernel), AJ_ERR_UNSUPPORTED);
+        CHECK_ERROR(ctx, "head_dim = 576: cpu forward supports multiples of 8 up to 512");
+    }
+    aj_op_destroy(op);
 }
 
 /* argv[1] "sim": the sim's cases and faults (test_sim_paged); else the
@@ -377,7 +474,8 @@ int main(int argc, char **argv)
         test_splits();
         test_varlen_queries();
     }
-    test_head_dims();
+    test_head_dims(sim);
+    test_shared(sim);
     test_sinks();
     test_faults();
     test_errors();

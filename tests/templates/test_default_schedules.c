@@ -3,7 +3,7 @@
  * template accepts (issue 14's sweep).
  *
  *   accept   every case of tests/lib/sweep_cases.h (kind x variant x dtype x
- *            head dim 8..256 step 8 x mask x score mod x bias), each also
+ *            head dim 8..512 step 8 x mask x score mod x bias), each also
  *            with dropout, with accumulate (forward) or deterministic
  *            (backward), and with layout = varlen, and every (D, Dv) pair
  *            of the range: on sm_80, sm_90, sm_90a, sim and cpu the op's
@@ -11,15 +11,18 @@
  *            forward runs on f16 / bf16", "layout = varlen: ...") or its
  *            default schedule passes its own check.  A refusal that blames
  *            the schedule ("schedule: ...") of an op given no schedule is
- *            a failure.
+ *            a failure.  The cpu takes every head dim; the GPU targets
+ *            take 8..256 and refuse the rest naming the limit.
  *   ptxas    `ptxas [SHARD SHARDS]`: the GPU kernels of the sweep at their
  *            default schedules through ptxas for sm_80 and sm_90 with no
  *            spill bytes (main_cases); `ptxas pairs [STRIDE [SHARD
  *            SHARDS]]`: the same for (D, Dv) pairs with D != Dv, every
  *            STRIDE-th pair (default PAIR_STRIDE; 1 is all of them).
  *   numeric  `numeric`: a spread-out sample of the forward cases on sim
- *            and cpu against the float64 reference, B1 H2, S 17..40 (the
- *            backward sample runs in test_sim_flash_bwd sweep).
+ *            and cpu against the float64 reference, B1 H2, S 17..40, then
+ *            the head-dim walk (sweep_dim_case: every D and Dv of the
+ *            device's range; the backward sample and walk run in
+ *            test_sim_flash_bwd sweep).
  */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -81,10 +84,22 @@ static void accept_case(aj_ctx *ctx, const sweep_case *c, accept_counts *n)
     sweep_label(c, label, sizeof label);
     n->ops++;
     for (int t = 0; t < N_TARGETS; t++) {
-        if (template_takes(ctx, op, all_targets[t], label))
-            n->accepted++;
+        int takes = template_takes(ctx, op, all_targets[t], label);
+        n->accepted += takes;
+        n->declined += !takes;
+        /* head dims: the cpu takes the whole range, the GPU templates 8..256
+         * and refuse the rest by name */
+        const char *why = takes ? "" : aj_last_error(ctx);
+        if (all_targets[t] == AJ_TARGET_CPU)
+            CHECK_MSG(!strstr(why, "head_dim"), "%s on cpu: %s", label, why);
+        else if (!sweep_case_on_gpu(c))
+            CHECK_MSG(!takes && (!strstr(why, "head_dim") ||
+                                 strstr(why, "supports multiples of 8 up to 256")),
+                      "%s on %s: %s", label, aj_target_name(all_targets[t]),
+                      takes ? "taken past the GPU range" : why);
         else
-            n->declined++;
+            CHECK_MSG(!strstr(why, "head_dim"), "%s on %s: %s", label,
+                      aj_target_name(all_targets[t]), why);
     }
     aj_op_destroy(op);
 }
@@ -188,7 +203,7 @@ static int pair_cases(sweep_case *out, int stride)
 {
     int n = 0;
     for (int i = 0; i < SWEEP_PAIRS; i += stride) {
-        if (i / SWEEP_DIMS == i % SWEEP_DIMS)
+        if (i / SWEEP_GPU_DIMS == i % SWEEP_GPU_DIMS)
             continue;
         for (int combo = 0; combo < 4; combo++)
             out[n++] = with_options(sweep_pair_case(i, combo),
@@ -290,14 +305,14 @@ static void assemble_cases(aj_ctx *ctx, const sweep_case *cases, int count, int 
 static int wgmma_cases(sweep_case *out)
 {
     int n = 0;
-    for (int d = SWEEP_DIM_STEP; d <= SWEEP_DIM_STEP * SWEEP_DIMS; d += SWEEP_DIM_STEP)
+    for (int d = SWEEP_DIM_STEP; d <= SWEEP_GPU_DIM_MAX; d += SWEEP_DIM_STEP)
         for (int dt = 0; dt < 2; dt++) {   /* f16, bf16 */
             sweep_case c = {.kind = AJ_KIND_FORWARD, .variant = AJ_VARIANT_FLASH,
                             .dtype = sweep_dtypes[dt], .d = d, .dv = d};
             c = with_options(c, HEAVIEST);
             c.warpgroups = 1 + (d / 8 + dt) % 2;
             out[n++] = c;
-            c.dv = SWEEP_DIM_STEP * (1 + (d / SWEEP_DIM_STEP + 12) % SWEEP_DIMS);
+            c.dv = SWEEP_DIM_STEP * (1 + (d / SWEEP_DIM_STEP + 12) % SWEEP_GPU_DIMS);
             c.warpgroups = 3 - c.warpgroups;
             out[n++] = c;
         }
@@ -382,8 +397,13 @@ static void test_numeric(aj_ctx *ctx)
                 continue;
             ran += run_forward_sample(ctx, dev, i, &c);
         }
-        printf("numeric: %d forward sweep cases on %s against the reference\n", ran,
-               aj_target_name(aj_device_target(dev)));
+        int walked = 0;
+        for (int k = 0; k < SWEEP_DIMS; k++) {
+            sweep_case c = sweep_dim_case(k, AJ_KIND_FORWARD);
+            walked += run_forward_sample(ctx, dev, SWEEP_COUNT + k, &c);
+        }
+        printf("numeric: %d forward sweep cases and %d of the head-dim walk on %s against the "
+               "reference\n", ran, walked, aj_target_name(aj_device_target(dev)));
         fwd_cache_clear();
         aj_device_close(dev);
     }

@@ -102,7 +102,7 @@ static void sweep(aj_ctx *ctx)
     const int structural = per_dim * 2 * 2;
     for (int c = 0; c < structural; c++) {
         int low = c % per_dim, high = c / per_dim;   /* high: variant, kind */
-        int dim = c % SWEEP_DIMS, dtype = c % SWEEP_N_DTYPES;
+        int dim = c % SWEEP_GPU_DIMS, dtype = c % SWEEP_N_DTYPES;   /* both targets take it */
         int index = low + per_dim * (dim + SWEEP_DIMS * (dtype + SWEEP_N_DTYPES * high));
         for (int option = 0; option < 4; option++) {
             sweep_case sc = sweep_case_at(index);

@@ -707,49 +707,58 @@ static void test_varlen_errors(void)
  * without the bias here (their dbias is test_sim_backward's); the
  * template's claim decides which cases a device takes (flash f32: none).
  * On cpu, where one kernel serves both variants and a backward takes about
- * a second to compile, every other case of the sample. */
+ * a second to compile, every fourth case of the sample.  Then the
+ * head-dim walk (sweep_dim_case): every D and Dv of the device's range. */
 #define SWEEP_SAMPLE_STRIDE 37
+
+/* Backward sweep case `s` (number i: lengths, GQA and seed) on this
+ * device: 1 when it ran, 0 when the device's template declines it. */
+static int run_sweep_case(int i, sweep_case s)
+{
+    s.bias = 0;
+    char spec[512], label[160];
+    sweep_spec(&s, spec, sizeof spec);
+    sweep_label(&s, label, sizeof label);
+    aj_op *op = NULL;
+    aj_kernel *probe = NULL;
+    CHECK_MSG(aj_op_parse(ctx, spec, strlen(spec), label, &op) == AJ_OK, "%s: %s", label,
+              aj_last_error(ctx));
+    aj_compile_options opt = AJ_COMPILE_OPTIONS_INIT;
+    opt.target = aj_device_target(dev);
+    aj_status st = op ? aj_compile(ctx, op, &opt, &probe) : AJ_ERR_INVALID_ARG;
+    aj_op_destroy(op);
+    aj_kernel_destroy(probe);
+    if (st != AJ_OK) {   /* declined: the accept sweep fails refused defaults */
+        CHECK_MSG(strncmp(aj_last_error(ctx), "schedule:", 9) != 0, "%s: %s", label,
+                  aj_last_error(ctx));
+        return 0;
+    }
+    bwd_case c = base(label, s.dtype, s.d, s.mask);
+    c.variant = s.variant;
+    c.dv = s.dv;
+    c.score_mod = strcmp(s.score_mod, "none") ? s.score_mod : NULL;
+    c.hkv = i % 2 ? 1 : 2;
+    c.sq = 17 + i % 24;
+    c.sk = 17 + (i / 24) % 24;
+    c.seed = (uint64_t)i;
+    c.deterministic = s.variant == AJ_VARIANT_FLASH && i % 3 == 0;
+    run(&c);
+    return 1;
+}
 
 static void test_sweep_sample(void)
 {
-    int ran = 0;
-    int stride = on_cpu ? 2 * SWEEP_SAMPLE_STRIDE : SWEEP_SAMPLE_STRIDE;
+    int ran = 0, walked = 0;
+    int stride = on_cpu ? 4 * SWEEP_SAMPLE_STRIDE : SWEEP_SAMPLE_STRIDE;
     for (int i = 0; i < SWEEP_COUNT; i += stride) {
         sweep_case s = sweep_case_at(i);
-        if (s.kind != AJ_KIND_BACKWARD)
-            continue;
-        s.bias = 0;
-        char spec[512], label[160];
-        sweep_spec(&s, spec, sizeof spec);
-        sweep_label(&s, label, sizeof label);
-        aj_op *op = NULL;
-        aj_kernel *probe = NULL;
-        CHECK_MSG(aj_op_parse(ctx, spec, strlen(spec), label, &op) == AJ_OK, "%s: %s", label,
-                  aj_last_error(ctx));
-        aj_compile_options opt = AJ_COMPILE_OPTIONS_INIT;
-        opt.target = aj_device_target(dev);
-        aj_status st = op ? aj_compile(ctx, op, &opt, &probe) : AJ_ERR_INVALID_ARG;
-        aj_op_destroy(op);
-        aj_kernel_destroy(probe);
-        if (st != AJ_OK) {   /* declined: the accept sweep fails refused defaults */
-            CHECK_MSG(strncmp(aj_last_error(ctx), "schedule:", 9) != 0, "%s: %s", label,
-                      aj_last_error(ctx));
-            continue;
-        }
-        bwd_case c = base(label, s.dtype, s.d, s.mask);
-        c.variant = s.variant;
-        c.dv = s.dv;
-        c.score_mod = strcmp(s.score_mod, "none") ? s.score_mod : NULL;
-        c.hkv = i % 2 ? 1 : 2;
-        c.sq = 17 + i % 24;
-        c.sk = 17 + (i / 24) % 24;
-        c.seed = (uint64_t)i;
-        c.deterministic = s.variant == AJ_VARIANT_FLASH && i % 3 == 0;
-        run(&c);
-        ran++;
+        if (s.kind == AJ_KIND_BACKWARD)
+            ran += run_sweep_case(i, s);
     }
-    printf("sweep: %d backward cases on %s against the reference\n", ran,
-           aj_target_name(aj_device_target(dev)));
+    for (int k = 0; k < SWEEP_DIMS; k++)
+        walked += run_sweep_case(SWEEP_COUNT + k, sweep_dim_case(k, AJ_KIND_BACKWARD));
+    printf("sweep: %d backward cases and %d of the head-dim walk on %s against the "
+           "reference\n", ran, walked, aj_target_name(aj_device_target(dev)));
 }
 
 /* ---------------------------------------------------------------- scores */

@@ -15,6 +15,9 @@ them without graph breaks.
                                   cu_seqlens_q=None, k_scale=None, v_scale=None,
                                   causal=False, window=None, ...)   -> (o, lse)
     over a paged KV cache (decode; chunked prefill with cu_seqlens_q)
+    attnjit.torch.mla_decode(q, kv_cache, block_table, seqlens_k, *,
+                             head_dim_v, scale, ...)   -> (o, lse)
+    absorbed MLA: every query head over one latent cache, V its first columns
 
     attnjit.torch.ring_attention(q, k, v, *, group=None, layout="zigzag",
                                  rotate="p2p", method="ring", ...)   this rank's shards
@@ -33,11 +36,11 @@ them without graph breaks.
 from ._ops import (attention, attention_varlen, kernel_cache_limit, kernel_cache_size,
                    set_kernel_cache_limit)
 from ._flex import BlockMask, create_block_mask, flex_attention
-from ._paged import paged_attention
+from ._paged import mla_decode, paged_attention
 from ._ring import (context_parallel, ring_attention, shard, shard_varlen, unshard,
                     unshard_varlen)
 
 __all__ = ["BlockMask", "attention", "attention_varlen", "context_parallel",
            "create_block_mask", "flex_attention", "kernel_cache_limit",
-           "kernel_cache_size", "paged_attention", "ring_attention", "set_kernel_cache_limit",
+           "kernel_cache_size", "mla_decode", "paged_attention", "ring_attention", "set_kernel_cache_limit",
            "shard", "shard_varlen", "unshard", "unshard_varlen"]

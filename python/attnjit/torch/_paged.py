@@ -1,6 +1,7 @@
-"""attnjit.torch.paged_attention: the forward over a paged KV cache
-(docs/ir.md "paged"): decode with padded queries, chunked prefill with
-varlen ones, bound to aj_forward's paged fields."""
+"""attnjit.torch.paged_attention and mla_decode: the forward over a paged
+KV cache (docs/ir.md "paged"): decode with padded queries, chunked prefill
+with varlen ones, absorbed MLA over one latent cache (kv_shared), bound to
+aj_forward's paged fields."""
 import ctypes
 
 import torch
@@ -45,20 +46,74 @@ def paged_attention(q, k_cache, v_cache, block_table, seqlens_k, *, cu_seqlens_q
     split-KV parts (0: the launch chooses).  sinks: (Hq,) learned sink
     logits (docs/ir.md "Sinks"), counted once per row by the merge of the
     split-KV parts."""
-    varlen = cu_seqlens_q is not None
-    if q.dtype not in _AJ_DTYPE:
-        raise _fail("q.dtype = %s; attnjit computes in float16, bfloat16 and float32" % q.dtype)
     if k_cache.dtype not in _KV_DTYPE or v_cache.dtype != k_cache.dtype:
         raise _fail("k_cache (%s) and v_cache (%s) must share a cache dtype" %
                     (k_cache.dtype, v_cache.dtype))
-    if q.dim() != (3 if varlen else 4) or k_cache.dim() != 4 or v_cache.dim() != 4:
-        raise _fail("q must be %s and the caches (num_pages, page_size, H, D)" %
-                    ("(T, H, D) with cu_seqlens_q" if varlen else "(B, H, S, D)"))
+    if v_cache.dim() != 4:
+        raise _fail("the caches must be (num_pages, page_size, H, D)")
     f8 = k_cache.dtype not in _AJ_DTYPE
     if f8 != (k_scale is not None and v_scale is not None):
         raise _fail("k_scale and v_scale go with (and only with) float8 caches")
+    return _paged(q, k_cache, v_cache, v_cache.shape[-1], block_table, seqlens_k,
+                  cu_seqlens_q=cu_seqlens_q, k_scale=k_scale, v_scale=v_scale,
+                  causal=causal, window=window, softcap=softcap, scale=scale, splits=splits,
+                  max_seqlen_q=max_seqlen_q, sinks=sinks)
+
+
+def mla_decode(q, kv_cache, block_table, seqlens_k, *, head_dim_v, scale, cu_seqlens_q=None,
+               kv_scale=None, causal=False, window=None, softcap=None, splits=0,
+               max_seqlen_q=0, sinks=None):
+    """Absorbed multi-head latent attention (DeepSeek-V2/V3, Kimi, GLM's
+    MLA) over one paged latent cache; returns (o, lse).
+
+    q (B, Hq, Sq, D), or packed (T, Hq, D) with cu_seqlens_q: the absorbed
+    queries, each head's q_nope W_UK (kv_lora_rank columns) followed by its
+    rope part (D = 512 + 64 = 576 for DeepSeek-V3).  kv_cache (num_pages,
+    page_size, D) or (num_pages, page_size, 1, D): each row a token's
+    latent c_kv followed by its rope key, float16 / bfloat16 or (with
+    kv_scale, a one-element float32 tensor) float8.  Every query head
+    reads the one latent head (all Hq heads of a sequence are packed
+    against it); V is the first head_dim_v columns of the same rows, so o
+    is (B, Hq, Sq, head_dim_v) in latent space (apply W_UV after).  scale
+    is required: MLA's is 1/sqrt(qk_nope_head_dim + qk_rope_head_dim)
+    times its YaRN factor, not 1/sqrt(D).  Queries are the last positions
+    of their sequence (decode, speculative / multi-token steps); the
+    other arguments are paged_attention's (docs/python.md "MLA decode")."""
+    if scale is None:
+        raise _fail("mla_decode needs scale: MLA's softmax scale is 1/sqrt(qk_nope_head_dim "
+                    "+ qk_rope_head_dim) times its YaRN factor, not 1/sqrt(%d)" % q.shape[-1])
+    if kv_cache.dim() == 3:
+        kv_cache = kv_cache.unsqueeze(2)
+    if kv_cache.dim() != 4 or kv_cache.shape[2] != 1:
+        raise _fail("kv_cache must be (num_pages, page_size, D) or (num_pages, page_size, 1, "
+                    "D): one latent head; got %s" % (tuple(kv_cache.shape),))
+    if kv_cache.dtype not in _KV_DTYPE:
+        raise _fail("kv_cache.dtype = %s; the cache holds float16, bfloat16, float32 or "
+                    "float8" % kv_cache.dtype)
+    if (kv_cache.dtype not in _AJ_DTYPE) != (kv_scale is not None):
+        raise _fail("kv_scale goes with (and only with) a float8 cache")
+    if not isinstance(head_dim_v, int) or not 0 < head_dim_v <= kv_cache.shape[-1]:
+        raise _fail("head_dim_v = %r: V is the first head_dim_v columns of the cache's %d"
+                    % (head_dim_v, kv_cache.shape[-1]))
+    return _paged(q, kv_cache, None, head_dim_v, block_table, seqlens_k,
+                  cu_seqlens_q=cu_seqlens_q, k_scale=kv_scale, v_scale=None, causal=causal,
+                  window=window, softcap=softcap, scale=scale, splits=splits,
+                  max_seqlen_q=max_seqlen_q, sinks=sinks)
+
+
+def _paged(q, k_cache, v_cache, dv, block_table, seqlens_k, *, cu_seqlens_q, k_scale, v_scale,
+           causal, window, softcap, scale, splits, max_seqlen_q, sinks):
+    """The paged forward of both entries: v_cache None reads V from the
+    first dv columns of k_cache (kv_shared)."""
+    varlen = cu_seqlens_q is not None
+    shared = v_cache is None
+    if q.dtype not in _AJ_DTYPE:
+        raise _fail("q.dtype = %s; attnjit computes in float16, bfloat16 and float32" % q.dtype)
+    if q.dim() != (3 if varlen else 4) or k_cache.dim() != 4:
+        raise _fail("q must be %s and the caches (num_pages, page_size, H, D)" %
+                    ("(T, H, D) with cu_seqlens_q" if varlen else "(B, H, S, D)"))
     fields = ["dtype = %s" % _IR_DTYPE[q.dtype], "head_dim = %d" % q.shape[-1],
-              "head_dim_v = %d" % v_cache.shape[-1]]
+              "head_dim_v = %d" % dv]
     if sinks is not None:
         sinks = _sinks_tensor(sinks, q)
         fields = ["tensors = (%s: f32[1])" % _SINKS] + fields + ["sinks = " + _SINKS]
@@ -74,6 +129,8 @@ def paged_attention(q, k_cache, v_cache, block_table, seqlens_k, *, cu_seqlens_q
     fields += ["layout = paged", "kv_dtype = %s" % _KV_IR[k_cache.dtype]]
     if varlen:
         fields.append("q_layout = varlen")
+    if shared:
+        fields.append("kv_shared = true")
     if splits:
         fields.append("schedule = (splits = %d)" % splits)
     dev, stream = _device_of(q)
@@ -84,15 +141,17 @@ def paged_attention(q, k_cache, v_cache, block_table, seqlens_k, *, cu_seqlens_q
     batch = block_table.shape[0]
     if varlen:
         cu_seqlens_q = _int32("cu_seqlens_q", cu_seqlens_q, 1)
-        o = q.new_empty(q.shape[0], q.shape[1], v_cache.shape[-1])
+        o = q.new_empty(q.shape[0], q.shape[1], dv)
         lse = q.new_empty(q.shape[1], q.shape[0], dtype=torch.float32)
     else:
-        o = q.new_empty(*q.shape[:3], v_cache.shape[-1])
+        o = q.new_empty(*q.shape[:3], dv)
         lse = q.new_empty(*q.shape[:3], dtype=torch.float32)
     a = _capi.FwdArgs(struct_size=_FWD_SIZE, stream=stream)
     for field, t in ((a.q, q), (a.o, o), (a.lse, lse)):
         _put(field, t)
     for field, t in ((a.k_cache, k_cache), (a.v_cache, v_cache)):   # (f8: not _put's)
+        if t is None:
+            continue
         field.data = t.data_ptr()
         field.dtype = _KV_DTYPE[t.dtype]
         field.rank = 4
@@ -105,10 +164,11 @@ def paged_attention(q, k_cache, v_cache, block_table, seqlens_k, *, cu_seqlens_q
         a.cu_seqlens_q = cu_seqlens_q.data_ptr()
         a.batch = batch
         a.max_seqlen_q = max_seqlen_q
-    if f8:
+    if k_scale is not None:
         k_scale = k_scale.to(device=q.device, dtype=torch.float32).reshape(1).contiguous()
-        v_scale = v_scale.to(device=q.device, dtype=torch.float32).reshape(1).contiguous()
         _put(a.k_scale, k_scale)
+    if v_scale is not None:
+        v_scale = v_scale.to(device=q.device, dtype=torch.float32).reshape(1).contiguous()
         _put(a.v_scale, v_scale)
     side_arr = None
     if sinks is not None:
