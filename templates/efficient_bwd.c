@@ -201,6 +201,8 @@ static aj_status plan_kernel(aj_ctx *ctx, const aj_op *op, aj_target target, ebw
     const aj_schedule candidates[] = {
         {32, wide ? 16 : 32, wide ? 8 : 4, 1}, {32, 32, 2, 1}, {32, 16, 4, 1}, {16, 16, 2, 1},
         {32, 32, 1, 1}, {16, 16, 1, 1}, {8, 8, 1, 1},
+        /* head dims past 256 (to 512): one key row of dK and dV per thread */
+        {16, 16, 8, 1},
     };
     const aj_attn_schedule_rule rule = {
         .candidates = candidates,
@@ -212,7 +214,8 @@ static aj_status plan_kernel(aj_ctx *ctx, const aj_op *op, aj_target target, ebw
 
 static aj_status ebwd_check(aj_ctx *ctx, const aj_op *op, aj_target target)
 {
-    aj_status st = aj_attn_check_layout_and_dims(ctx, op, "efficient backward");
+    aj_status st = aj_attn_check_layout_and_dims(ctx, op, "efficient backward",
+                                                 AJ_HEAD_DIM_MAX_EFFICIENT);
     ebwd_plan plan;
     return st != AJ_OK ? st : aj_kctx_check_planned(ctx, op, plan_kernel(ctx, op, target, &plan));
 }

@@ -203,8 +203,9 @@ static aj_status plan_kernel(aj_ctx *ctx, const aj_op *op, aj_target target, efw
 static aj_status efwd_check(aj_ctx *ctx, const aj_op *op, aj_target target)
 {
     aj_status st = op->layout == AJ_LAYOUT_PAGED
-                       ? aj_attn_check_dims(ctx, op, "paged forward", AJ_HEAD_DIM_MAX_GPU)
-                       : aj_attn_check_layout_and_dims(ctx, op, "efficient forward");
+                       ? aj_attn_check_dims(ctx, op, "paged forward", AJ_HEAD_DIM_MAX_EFFICIENT)
+                       : aj_attn_check_layout_and_dims(ctx, op, "efficient forward",
+                                                       AJ_HEAD_DIM_MAX_EFFICIENT);
     efwd_plan plan;
     return st != AJ_OK ? st : aj_kctx_check_planned(ctx, op, plan_kernel(ctx, op, target, &plan));
 }

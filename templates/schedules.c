@@ -5,12 +5,12 @@
 
 #include <stdio.h>
 
-aj_status aj_attn_check_layout_and_dims(aj_ctx *ctx, const aj_op *op, const char *who)
+aj_status aj_attn_check_layout_and_dims(aj_ctx *ctx, const aj_op *op, const char *who, int max)
 {
     if (op->layout != AJ_LAYOUT_PADDED)
         return aj_fail(ctx, AJ_ERR_UNSUPPORTED,
                        "layout = varlen: %s supports layout = padded only", who);
-    return aj_attn_check_dims(ctx, op, who, AJ_HEAD_DIM_MAX_GPU);
+    return aj_attn_check_dims(ctx, op, who, max);
 }
 
 aj_status aj_attn_check_dims(aj_ctx *ctx, const aj_op *op, const char *who, int max)
@@ -19,7 +19,7 @@ aj_status aj_attn_check_dims(aj_ctx *ctx, const aj_op *op, const char *who, int 
     const char *names[2] = {"head_dim", "head_dim_v"};
     /* a shared K/V cache's rows (MLA's latent + rope) may be wider than
      * the head dims the template takes otherwise; its V may not */
-    int maxes[2] = {op->kv_shared && max == AJ_HEAD_DIM_MAX_CPU ? AJ_HEAD_DIM_MAX_SHARED : max,
+    int maxes[2] = {op->kv_shared && max >= AJ_HEAD_DIM_MAX_CPU ? AJ_HEAD_DIM_MAX_SHARED : max,
                     max};
     for (int i = 0; i < 2; i++)
         if (dims[i] % 8 != 0 || dims[i] > maxes[i])

@@ -12,12 +12,15 @@
 /* The padded-layout, head-dim rules both efficient templates share:
  * AJ_ERR_UNSUPPORTED naming the option, `who` ("efficient forward") in
  * the message. */
-aj_status aj_attn_check_layout_and_dims(aj_ctx *ctx, const aj_op *op, const char *who);
+aj_status aj_attn_check_layout_and_dims(aj_ctx *ctx, const aj_op *op, const char *who, int max);
 /* The largest head dims (D and Dv alike) the templates take: the GPU
  * templates' register plans stop at 256, the cpu kernels' stack tiles at
  * 512 (docs/design.md, "Head dims"). */
 #define AJ_HEAD_DIM_MAX_GPU 256
 #define AJ_HEAD_DIM_MAX_CPU 512
+/* ... the efficient (SIMT) templates', whose plans size their tiles to
+ * the head dims and refuse what does not fit */
+#define AJ_HEAD_DIM_MAX_EFFICIENT 512
 /* ... and the cpu's head_dim over a shared K/V cache (kv_shared: MLA's
  * 512 latent + 64 rope columns), its head_dim_v still within 512 */
 #define AJ_HEAD_DIM_MAX_SHARED 576

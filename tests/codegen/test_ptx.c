@@ -483,6 +483,19 @@ int main(int argc, char **argv)
             {"paged bf16/e5m2 d256 varlen window alibi",
              "dtype = bf16\n head_dim = 256\n layout = paged\n q_layout = varlen\n"
              " kv_dtype = f8e5m2\n score_mod = alibi\n mask = window(64, 0, bottom_right)"},
+            /* absorbed MLA over one latent cache (kv_shared): DeepSeek's
+             * 576 / 512, a bf16 and an e4m3 cache */
+            {"paged mla bf16 d576/512 causal",
+             "dtype = bf16\n head_dim = 576\n head_dim_v = 512\n scale = 0.09\n"
+             " layout = paged\n kv_shared = true\n mask = causal(bottom_right)"},
+            {"paged mla bf16/e4m3 d576/512", "dtype = bf16\n head_dim = 576\n head_dim_v = 512\n"
+                                             " scale = 0.09\n layout = paged\n"
+                                             " kv_dtype = f8e4m3\n kv_shared = true"},
+            /* the efficient forward's widest head dims */
+            {"f16 d512 softcap causal", "dtype = f16\n head_dim = 512\n"
+                                        " score_mod = softcap(30.0)\n mask = causal(top_left)"},
+            {"f32 d384/512 bias", "dtype = f32\n head_dim = 384\n head_dim_v = 512\n"
+                                  " bias = add"},
         };
         check_fields(ctx, "forward", extra, sizeof extra / sizeof extra[0], target, archs[a]);
         /* the backward pass: both kernels of every dtype x head dim, with no
@@ -497,6 +510,10 @@ int main(int argc, char **argv)
             {"bwd f32 d256 alibi window", "dtype = f32\n head_dim = 256\n score_mod = alibi\n"
                                           " mask = window(64, 0, bottom_right)"},
             {"bwd f32 d8", "dtype = f32\n head_dim = 8"},
+            {"bwd bf16 d512 causal", "dtype = bf16\n head_dim = 512\n"
+                                     " mask = causal(bottom_right)"},
+            {"bwd f16 d264/512 dropout", "dtype = f16\n head_dim = 264\n head_dim_v = 512\n"
+                                         " dropout = 0.1"},
             /* dropout, bias (dbias), alone and together */
             {"bwd f16 d128 dropout causal", "dtype = f16\n head_dim = 128\n dropout = 0.1\n"
                                             " mask = causal(top_left)"},

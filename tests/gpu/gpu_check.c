@@ -104,11 +104,12 @@ static int correctness_footer(int cases, int failed)
 /* the efficient forward: f16 / bf16 / f32 x head dims x masks */
 static int check_efficient_fwd(aj_ctx *ctx, aj_device *dev, int quick)
 {
-    static const int dims[] = {32, 64, 96, 128, 256};
+    static const int dims[] = {32, 64, 96, 128, 256, 384, 512};
+    const int n_dims = (int)(sizeof dims / sizeof dims[0]);
     int failed = 0, cases = 0;
     correctness_header(dev, "the efficient forward", "correctness_efficient_fwd");
     for (int t = 0; t < 3; t++)
-        for (int d = 0; d < 5; d++)
+        for (int d = 0; d < n_dims; d++)
             for (int m = 0; m < 4; m++) {
                 if (quick && (d % 2 || m % 2))
                     continue;

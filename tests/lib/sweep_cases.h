@@ -10,6 +10,10 @@
  * numbered 0 .. SWEEP_COUNT - 1, so a test can walk all of them, shard
  * them or draw a spread-out sample by index.  Cases the IR itself rejects
  * (flash with bias) are part of the numbering; sweep_spec() says so.
+ * Head dims past 256 are the cpu's and the efficient templates' (the
+ * flash templates refuse them by name, docs/design.md "Head dims"): the
+ * (D, Dv) pairs below are the flash range's, sweep_case_on_gpu says what
+ * the GPU targets take.
  *
  * Header-only with static functions (tests include it where they need it).
  */
@@ -21,8 +25,8 @@
 #include "attnjit/attnjit.h"
 
 #define SWEEP_DIM_STEP 8
-#define SWEEP_DIM_MAX 512       /* the cpu's head dims */
-#define SWEEP_GPU_DIM_MAX 256   /* the GPU templates' (sim, sm_80 .. sm_90a) */
+#define SWEEP_DIM_MAX 512       /* the cpu's and the efficient templates' head dims */
+#define SWEEP_GPU_DIM_MAX 256   /* the flash templates' (sim, sm_80 .. sm_90a) */
 #define SWEEP_DIMS (SWEEP_DIM_MAX / SWEEP_DIM_STEP)
 #define SWEEP_GPU_DIMS (SWEEP_GPU_DIM_MAX / SWEEP_DIM_STEP)
 
@@ -92,13 +96,15 @@ static inline sweep_case sweep_dim_case(int k, aj_kind kind)
     return c;
 }
 
-/* Whether both head dims are in the GPU templates' range. */
+/* Whether both head dims are in the GPU templates' range (the flash
+ * variant's 256, the efficient one's 512). */
 static inline int sweep_case_on_gpu(const sweep_case *c)
 {
-    return c->d <= SWEEP_GPU_DIM_MAX && c->dv <= SWEEP_GPU_DIM_MAX;
+    int max = c->variant == AJ_VARIANT_EFFICIENT ? SWEEP_DIM_MAX : SWEEP_GPU_DIM_MAX;
+    return c->d <= max && c->dv <= max;
 }
 
-/* The (D, Dv) pairs of the GPU range, numbered 0 .. SWEEP_PAIRS - 1 row
+/* The (D, Dv) pairs of the flash range, numbered 0 .. SWEEP_PAIRS - 1 row
  * by row (D major).  Pair `index` with D != Dv or D == Dv alike. */
 #define SWEEP_PAIRS (SWEEP_GPU_DIMS * SWEEP_GPU_DIMS)
 

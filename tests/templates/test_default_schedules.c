@@ -11,8 +11,9 @@
  *            forward runs on f16 / bf16", "layout = varlen: ...") or its
  *            default schedule passes its own check.  A refusal that blames
  *            the schedule ("schedule: ...") of an op given no schedule is
- *            a failure.  The cpu takes every head dim; the GPU targets
- *            take 8..256 and refuse the rest naming the limit.
+ *            a failure.  The cpu and the efficient templates take every
+ *            head dim; the flash templates take 8..256 and refuse the rest
+ *            naming the limit.
  *   ptxas    `ptxas [SHARD SHARDS]`: the GPU kernels of the sweep at their
  *            default schedules through ptxas for sm_80 and sm_90 with no
  *            spill bytes (main_cases); `ptxas pairs [STRIDE [SHARD
@@ -87,8 +88,8 @@ static void accept_case(aj_ctx *ctx, const sweep_case *c, accept_counts *n)
         int takes = template_takes(ctx, op, all_targets[t], label);
         n->accepted += takes;
         n->declined += !takes;
-        /* head dims: the cpu takes the whole range, the GPU templates 8..256
-         * and refuse the rest by name */
+        /* head dims: the cpu and the efficient templates take the whole
+         * range, the flash templates 8..256 and refuse the rest by name */
         const char *why = takes ? "" : aj_last_error(ctx);
         if (all_targets[t] == AJ_TARGET_CPU)
             CHECK_MSG(!strstr(why, "head_dim"), "%s on cpu: %s", label, why);
@@ -196,9 +197,11 @@ static int main_cases(sweep_case *out)
     return n;
 }
 
-/* Every `stride`-th (D, Dv) pair with D != Dv, each in the four (kind,
- * variant) combinations, in an option set that rotates with the pair: a
- * stride prime to the dim count walks through every D and Dv. */
+/* Every `stride`-th (D, Dv) pair with D != Dv of the flash range, each
+ * in the four (kind, variant) combinations, in an option set that rotates
+ * with the pair: a stride prime to the dim count walks through every D
+ * and Dv.  Then the efficient templates' pairs past it: the head-dim walk
+ * (sweep_dim_case) of both kinds where D or Dv exceeds 256. */
 static int pair_cases(sweep_case *out, int stride)
 {
     int n = 0;
@@ -209,6 +212,13 @@ static int pair_cases(sweep_case *out, int stride)
             out[n++] = with_options(sweep_pair_case(i, combo),
                                     (sweep_pair_mix(i) / 3 + combo) % PTXAS_SETS);
     }
+    for (int k = 0; k < SWEEP_DIMS; k++)
+        for (int kind = 0; kind < 2; kind++) {
+            sweep_case c = sweep_dim_case(k, kind ? AJ_KIND_BACKWARD : AJ_KIND_FORWARD);
+            c.variant = AJ_VARIANT_EFFICIENT;
+            if (c.d > SWEEP_GPU_DIM_MAX || c.dv > SWEEP_GPU_DIM_MAX)
+                out[n++] = with_options(c, (k + kind) % PTXAS_SETS);
+        }
     return n;
 }
 
@@ -321,7 +331,8 @@ static int wgmma_cases(sweep_case *out)
 
 static void test_ptxas(aj_ctx *ctx, int argc, char **argv)
 {
-    static sweep_case cases[4 * SWEEP_PAIRS + 2 * 2 * SWEEP_N_DTYPES * SWEEP_DIMS * PTXAS_SETS];
+    static sweep_case cases[4 * SWEEP_PAIRS + 2 * 2 * SWEEP_N_DTYPES * SWEEP_DIMS * PTXAS_SETS +
+                            2 * SWEEP_DIMS];
     if (argc > 2 && strcmp(argv[2], "wgmma") == 0) {
         int n = wgmma_cases(cases);
         printf("ptxas wgmma: %d flash forward cases on the wgmma template\n", n);
@@ -339,7 +350,8 @@ static void test_ptxas(aj_ctx *ctx, int argc, char **argv)
     }
     int n = pairs ? pair_cases(cases, stride) : main_cases(cases);
     if (pairs)
-        printf("ptxas pairs: every %d-th (D, Dv) pair with D != Dv, %d cases\n", stride, n);
+        printf("ptxas pairs: every %d-th (D, Dv) pair with D != Dv and the efficient head-dim "
+               "walk past 256, %d cases\n", stride, n);
     assemble_cases(ctx, cases, n, shard, shards, mma_archs);
 }
 
