@@ -12,16 +12,17 @@ def _fail(who, message):
     return attnjit.InvalidArgError(1, "%s: %s" % (who, message))
 
 
-def _positional_mask(causal, window, who):
-    """The built-in mask as IR (None for none), and as an expression."""
-    align = None
+def _positional_mask(causal, window, who, align=None):
+    """The built-in mask as IR (None for none), and as an expression.
+    align: a window's alignment without causal (default top_left; the
+    paged entries' queries are the last positions: bottom_right)."""
     if causal:
         align = "top_left" if causal is True else causal
         if align not in _ALIGN:
             raise _fail(who, "causal = %r; want False, True, 'top_left' or 'bottom_right'"
                         % (causal,))
     if window is None:
-        if align is None:
+        if not causal:
             return None, None
         shift = "" if align == "top_left" else " + (sk - sq)"
         return "causal(%s)" % align, "k <= q%s" % shift
@@ -31,9 +32,11 @@ def _positional_mask(causal, window, who):
         raise _fail(who, "window = %r; want (left, right)" % (window,)) from None
     left = _WINDOW_MAX if left is None or left < 0 else int(left)
     right = _WINDOW_MAX if right is None or right < 0 else int(right)
-    if align is not None:
+    if causal:
         right = 0       # causal and a window: FlashAttention's window_size=(left, 0)
     align = align or "top_left"
+    if align not in _ALIGN:
+        raise _fail(who, "window alignment %r; want 'top_left' or 'bottom_right'" % (align,))
     shift = "" if align == "top_left" else " + (sk - sq)"
     suffix = "" if align == "top_left" else ", bottom_right"
     return ("window(%d, %d%s)" % (left, right, suffix),
@@ -48,14 +51,15 @@ _OOB_ZERO = "\n  # oob = zero"
 
 
 def _body(dtype, d, dv, causal, window, softcap, alibi, has_bias, scale, dropout_p, mask,
-          score_mod, side_decls, sinks=False, alibi_grad=False, who="attnjit.torch.attention"):
+          score_mod, side_decls, sinks=False, alibi_grad=False, who="attnjit.torch.attention",
+          align=None):
     """The IR fields (docs/ir.md) of the op these options describe; the
     side tensors in order: side_decls, alibi's slopes where an expression
     reads them (with softcap, or with alibi_grad: declared grad, the
     slopes' gradient is the side tensor's), then the sinks."""
     fields = ["dtype = %s" % dtype, "head_dim = %d" % d, "head_dim_v = %d" % dv]
     decls = list(side_decls)
-    builtin, as_expr = _positional_mask(causal, window, who)
+    builtin, as_expr = _positional_mask(causal, window, who, align)
     if mask is not None:
         fields.append("mask = expr(%s)" % (mask if as_expr is None
                                            else "(%s) && (%s)" % (mask, as_expr)))

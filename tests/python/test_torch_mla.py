@@ -4,8 +4,8 @@ per sequence, every query head over the one latent head, V the first
 head_dim_v columns of the same rows.  DeepSeek-V3's shapes (576 = 512
 latent + 64 rope, 16 and 128 query heads, scale 1/sqrt(192) times a YaRN
 factor), decode and short query runs (Sq 1..16: speculative decoding,
-multi-token prediction) with the bottom-right causal mask, chunked varlen
-queries, page sizes 1 / 16 / 64, f16 / bf16 and e4m3 caches, split-KV; one
+multi-token prediction) with the bottom-right causal mask and an
+expression mask, chunked varlen queries, page sizes 1 / 16 / 64, f16 / bf16 and e4m3 caches, split-KV; one
 case computed the un-absorbed way (keys and values up-projected per head)
 to show that the absorbed call is the same attention; the errors (no
 scale, two latent heads, a V wider than the row)."""
@@ -45,9 +45,10 @@ def rows_of(cache, table, b, n):
     return torch.stack(rows) if rows else torch.zeros(0, D, dtype=torch.float64)
 
 
-def reference(q_rows, kv, dv, causal, scale=SCALE):
+def reference(q_rows, kv, dv, causal, scale=SCALE, keep=None):
     """q_rows (Tq, Hq, D) as the last Tq of len(kv) positions over one
-    latent head: (o (Tq, Hq, dv), lse (Hq, Tq)) in float64."""
+    latent head: (o (Tq, Hq, dv), lse (Hq, Tq)) in float64; keep(k): the
+    keys an extra mask lets through."""
     tq, hq, n = q_rows.shape[0], q_rows.shape[1], kv.shape[0]
     if n == 0 or tq == 0:
         return (torch.zeros(tq, hq, dv, dtype=torch.float64),
@@ -56,6 +57,8 @@ def reference(q_rows, kv, dv, causal, scale=SCALE):
     if causal:
         pos = torch.arange(n - tq, n).unsqueeze(1)
         s = s.masked_fill(torch.arange(n).unsqueeze(0) > pos, float("-inf"))
+    if keep is not None:
+        s = s.masked_fill(~keep(torch.arange(n)), float("-inf"))
     lse = torch.logsumexp(s, -1)
     o = torch.softmax(s, -1) @ kv[:, :dv]
     return o.transpose(0, 1), lse
@@ -115,6 +118,20 @@ def test_fp8_latent_cache():
     for b, n in enumerate(lens):
         o_ref, lse_ref = reference(q[b].transpose(0, 1), rows_of(c8.float(), table, b, n) / 8,
                                    LATENT, True)
+        check(o[b].transpose(0, 1), lse[b], o_ref, lse_ref, 3e-2)
+
+
+def test_expression_mask():
+    """An IR mask expression beside causal (a speculative run that skips
+    every fifth key, say)."""
+    lens = [90, 33]
+    cache, table = make_latent(lens, 16, torch.bfloat16, 13)
+    q = (torch.randn(2, 16, 4, D, generator=torch.Generator().manual_seed(14)) * 0.5).bfloat16()
+    o, lse = at.mla_decode(q, cache, table, torch.tensor(lens, dtype=torch.int32),
+                           head_dim_v=LATENT, scale=SCALE, causal=True, mask="k % 5 != 2")
+    for b, n in enumerate(lens):
+        o_ref, lse_ref = reference(q[b].transpose(0, 1), rows_of(cache, table, b, n), LATENT,
+                                   True, keep=lambda k: k % 5 != 2)
         check(o[b].transpose(0, 1), lse[b], o_ref, lse_ref, 3e-2)
 
 

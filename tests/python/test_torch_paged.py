@@ -2,8 +2,9 @@
 sequence and SDPA in float64 with the queries at the last positions
 (bottom-right causal).  Page sizes 1 and 16 (shuffled pages), GQA, decode
 (padded queries) and chunked prefill (varlen queries, chunks 0 .. the whole
-sequence), an e4m3 cache with its scales, and a chunk longer than its
-sequence named as an error."""
+sequence), an e4m3 cache with its scales, learned sinks, an expression mask
+over a side tensor, and a chunk longer than its sequence named as an
+error."""
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -34,9 +35,10 @@ def gather(cache, table, b, n):
     return torch.stack(rows) if rows else cache.new_zeros(0, *cache.shape[2:])
 
 
-def reference(q_rows, k, v, causal, scale_kv=(1.0, 1.0)):
+def reference(q_rows, k, v, causal, scale_kv=(1.0, 1.0), keep=None):
     """SDPA in float64 of q_rows (Tq, Hq, D) as the last Tq of len(k)
-    positions: (o (Tq, Hq, Dv), lse (Hq, Tq))."""
+    positions: (o (Tq, Hq, Dv), lse (Hq, Tq)); keep (n,) bool: the keys
+    an extra mask lets through."""
     tq, hq, n = q_rows.shape[0], q_rows.shape[1], k.shape[0]
     if n == 0 or tq == 0:
         return (torch.zeros(tq, hq, v.shape[-1], dtype=torch.float64),
@@ -49,6 +51,8 @@ def reference(q_rows, k, v, causal, scale_kv=(1.0, 1.0)):
     if causal:
         pos = torch.arange(n - tq, n).unsqueeze(1)
         s = s.masked_fill(torch.arange(n).unsqueeze(0) > pos, float("-inf"))
+    if keep is not None:
+        s = s.masked_fill(~keep[:n], float("-inf"))
     lse = torch.logsumexp(s, -1)
     o = torch.softmax(s, -1) @ vv
     return o.transpose(0, 1), lse
@@ -139,3 +143,19 @@ def test_decode_with_sinks(splits, hq, hkv):
         with_sink = torch.logaddexp(lse_ref, sinks.double().view(hq, 1))
         o_ref = o_ref * torch.exp(lse_ref - with_sink).transpose(0, 1).unsqueeze(-1)
         check(o[b].transpose(0, 1), lse[b], o_ref, with_sink, 2e-2)
+
+
+def test_expression_mask_over_a_side_tensor():
+    """mask= an IR expression reading a side tensor (here: which key
+    positions are kept, per sequence), with the bottom-right causal mask."""
+    lens, d, sq = [37, 70], 64, 3
+    k_cache, v_cache, table = make_cache(lens, 16, 2, d, torch.float16, 11)
+    q = torch.randn(len(lens), 4, sq, d, generator=torch.Generator().manual_seed(12)).half()
+    keep = (torch.arange(2 * 80).view(2, 80) % 7 != 3).int()
+    keep[1, 60:] = 0
+    o, lse = at.paged_attention(q, k_cache, v_cache, table, torch.tensor(lens, dtype=torch.int32),
+                                causal=True, mask="keep[b, k] != 0", tensors={"keep": keep})
+    for b, n in enumerate(lens):
+        o_ref, lse_ref = reference(q[b].transpose(0, 1), gather(k_cache, table, b, n),
+                                   gather(v_cache, table, b, n), True, keep=keep[b] != 0)
+        check(o[b].transpose(0, 1), lse[b], o_ref, lse_ref, 2e-2)

@@ -10,8 +10,8 @@ import attnjit
 from attnjit import _capi
 from attnjit._capi import lib as _lib
 
-from ._ops import (_AJ_DTYPE, _IR_DTYPE, _FWD_SIZE, _SINKS, _bind_side, _device_of, _fail,
-                   _kernel, _launch, _put, _sinks_tensor)
+from ._ops import (_AJ_DTYPE, _IR_DTYPE, _FWD_SIZE, _SINKS, _bind_side, _body, _device_of,
+                   _fail, _kernel, _launch, _put, _side_decl, _sinks_tensor)
 
 # the caches' element types: the queries' three, and the f8 ones (kv_dtype)
 _KV_DTYPE = dict(_AJ_DTYPE)
@@ -31,7 +31,8 @@ def _int32(name, t, dims):
 
 def paged_attention(q, k_cache, v_cache, block_table, seqlens_k, *, cu_seqlens_q=None,
                     k_scale=None, v_scale=None, causal=False, window=None, softcap=None,
-                    scale=None, splits=0, max_seqlen_q=0, sinks=None):
+                    scale=None, splits=0, max_seqlen_q=0, sinks=None, mask=None,
+                    score_mod=None, tensors=None):
     """Attention of q over a paged KV cache; returns (o, lse).
 
     k_cache (num_pages, page_size, Hkv, D), v_cache (.., Dv) of float16,
@@ -45,7 +46,9 @@ def paged_attention(q, k_cache, v_cache, block_table, seqlens_k, *, cu_seqlens_q
     window are bottom-right aligned (window=(left, right)); splits: the
     split-KV parts (0: the launch chooses).  sinks: (Hq,) learned sink
     logits (docs/ir.md "Sinks"), counted once per row by the merge of the
-    split-KV parts."""
+    split-KV parts.  mask / score_mod: IR expressions over b, h, q, k, sq,
+    sk (q, k positions in the sequence, sq = sk = its length; and score),
+    reading the side tensors of `tensors` by name, as attention()'s."""
     if k_cache.dtype not in _KV_DTYPE or v_cache.dtype != k_cache.dtype:
         raise _fail("k_cache (%s) and v_cache (%s) must share a cache dtype" %
                     (k_cache.dtype, v_cache.dtype))
@@ -57,12 +60,13 @@ def paged_attention(q, k_cache, v_cache, block_table, seqlens_k, *, cu_seqlens_q
     return _paged(q, k_cache, v_cache, v_cache.shape[-1], block_table, seqlens_k,
                   cu_seqlens_q=cu_seqlens_q, k_scale=k_scale, v_scale=v_scale,
                   causal=causal, window=window, softcap=softcap, scale=scale, splits=splits,
-                  max_seqlen_q=max_seqlen_q, sinks=sinks)
+                  max_seqlen_q=max_seqlen_q, sinks=sinks, mask=mask, score_mod=score_mod,
+                  tensors=tensors, who="attnjit.torch.paged_attention")
 
 
 def mla_decode(q, kv_cache, block_table, seqlens_k, *, head_dim_v, scale, cu_seqlens_q=None,
                kv_scale=None, causal=False, window=None, softcap=None, splits=0,
-               max_seqlen_q=0, sinks=None):
+               max_seqlen_q=0, sinks=None, mask=None, score_mod=None, tensors=None):
     """Absorbed multi-head latent attention (DeepSeek-V2/V3, Kimi, GLM's
     MLA) over one paged latent cache; returns (o, lse).
 
@@ -98,11 +102,13 @@ def mla_decode(q, kv_cache, block_table, seqlens_k, *, head_dim_v, scale, cu_seq
     return _paged(q, kv_cache, None, head_dim_v, block_table, seqlens_k,
                   cu_seqlens_q=cu_seqlens_q, k_scale=kv_scale, v_scale=None, causal=causal,
                   window=window, softcap=softcap, scale=scale, splits=splits,
-                  max_seqlen_q=max_seqlen_q, sinks=sinks)
+                  max_seqlen_q=max_seqlen_q, sinks=sinks, mask=mask, score_mod=score_mod,
+                  tensors=tensors, who="attnjit.torch.mla_decode")
 
 
 def _paged(q, k_cache, v_cache, dv, block_table, seqlens_k, *, cu_seqlens_q, k_scale, v_scale,
-           causal, window, softcap, scale, splits, max_seqlen_q, sinks):
+           causal, window, softcap, scale, splits, max_seqlen_q, sinks, mask, score_mod, tensors,
+           who):
     """The paged forward of both entries: v_cache None reads V from the
     first dv columns of k_cache (kv_shared)."""
     varlen = cu_seqlens_q is not None
@@ -112,20 +118,18 @@ def _paged(q, k_cache, v_cache, dv, block_table, seqlens_k, *, cu_seqlens_q, k_s
     if q.dim() != (3 if varlen else 4) or k_cache.dim() != 4:
         raise _fail("q must be %s and the caches (num_pages, page_size, H, D)" %
                     ("(T, H, D) with cu_seqlens_q" if varlen else "(B, H, S, D)"))
-    fields = ["dtype = %s" % _IR_DTYPE[q.dtype], "head_dim = %d" % q.shape[-1],
-              "head_dim_v = %d" % dv]
+    tensors = dict(tensors or {})
+    decls = [_side_decl(name, t) for name, t in tensors.items()]
+    side = [t.to(device=q.device, dtype=torch.float32 if t.is_floating_point() else torch.int32)
+            for t in tensors.values()]
+    names = list(tensors)
     if sinks is not None:
-        sinks = _sinks_tensor(sinks, q)
-        fields = ["tensors = (%s: f32[1])" % _SINKS] + fields + ["sinks = " + _SINKS]
-    if causal and window is None:
-        fields.append("mask = causal(bottom_right)")
-    elif window is not None:
-        left, right = window
-        fields.append("mask = window(%d, %d, bottom_right)" % (left, 0 if causal else right))
-    if softcap is not None:
-        fields.append("score_mod = softcap(%r)" % float(softcap))
-    if scale is not None:
-        fields.append("scale = %r" % float(scale))
+        side.append(_sinks_tensor(sinks, q))
+        names.append(_SINKS)
+    # the queries are the last positions: causal and windows bottom-right
+    fields = [_body(_IR_DTYPE[q.dtype], q.shape[-1], dv, "bottom_right" if causal else False,
+                    window, softcap, False, False, scale, 0.0, mask, score_mod, decls,
+                    sinks=sinks is not None, who=who, align="bottom_right")]
     fields += ["layout = paged", "kv_dtype = %s" % _KV_IR[k_cache.dtype]]
     if varlen:
         fields.append("q_layout = varlen")
@@ -171,8 +175,8 @@ def _paged(q, k_cache, v_cache, dv, block_table, seqlens_k, *, cu_seqlens_q, k_s
         v_scale = v_scale.to(device=q.device, dtype=torch.float32).reshape(1).contiguous()
         _put(a.v_scale, v_scale)
     side_arr = None
-    if sinks is not None:
-        side_arr, a.num_side = _bind_side([_SINKS.encode()], [sinks])
+    if side:
+        side_arr, a.num_side = _bind_side([n.encode() for n in names], side)
         a.side = side_arr
     _launch(_lib.aj_forward, kernel, dev, a)
     return o, lse
