@@ -533,6 +533,64 @@ static int dump_cases(aj_ctx *ctx, aj_device *dev, const char *dir)
     return failed;
 }
 
+/* report_case for a paged case's result. */
+static int report_paged(aj_ctx *ctx, const char *label, const paged_result *r, int first)
+{
+    fwd_result fr;
+    memset(&fr, 0, sizeof fr);
+    fr.status = r->status;
+    fr.max_err_o = r->err_o;
+    fr.max_err_lse = r->err_lse;
+    fr.exact_empty_rows = r->exact_empty;
+    return report_case(ctx, label, &fr, first);
+}
+
+/*
+ * Absorbed MLA (kv_shared, docs/ir.md "Shared K/V cache"): DeepSeek-V3's
+ * latent rows (576 = 512 + 64, V their first 512 columns), 128 query
+ * heads over the one latent head, a decode (Sq 1) over 4 contexts (1
+ * with --quick) of 4096 in pages of 64, bf16, causal, the scale 1/sqrt(192) x 1.25; checked
+ * against the float64 reference and timed (best of 10): the latent bytes
+ * read per second.  The paged build's SIMT tiles: the figure an mma-tile
+ * version would have to beat.
+ */
+static int check_mla(aj_ctx *ctx, aj_device *dev, int quick)
+{
+    enum { CTX = 4096 };
+    const int B = quick ? 1 : 4;   /* (the host's float64 reference: 1.1 GFLOP a sequence) */
+    static int32_t lens[4];
+    for (int b = 0; b < B; b++)
+        lens[b] = CTX;
+    paged_case c = paged_base(AJ_DTYPE_BF16, AJ_DTYPE_BF16, 576, lens, B);
+    c.dv = 512;
+    c.shared = 1;
+    c.scale = 1.0 / sqrt(192.0) * 1.25;
+    c.hq = 128;
+    c.hkv = 1;
+    c.page_size = 64;
+    c.mask = AJ_MASK_CAUSAL;
+    c.repeat = quick ? 3 : 10;
+    correctness_header(dev, "absorbed MLA decode", "correctness_mla");
+    char label[160];
+    paged_label(&c, label, sizeof label);
+    aj_kernel *k = NULL;
+    paged_result r = {paged_compile(ctx, dev, &c, &k), 0, 0, 1, 0};
+    if (r.status == AJ_OK)
+        r = paged_run(ctx, dev, k, &c);
+    aj_kernel_destroy(k);
+    int failed = correctness_footer(1, report_paged(ctx, label, &r, 1));
+    double bytes = (double)B * CTX * 576 * 2;
+    double flops = 2.0 * B * CTX * 128 * (576 + 512);
+    say("\n## MLA decode on %s: B %d, context %d, 128 heads over one latent head, 576/512, "
+        "bf16, page 64\n\n| ms | latent GB/s | TFLOP/s |\n|---:|---:|---:|\n"
+        "| %.4f | %.1f | %.2f |\n", aj_device_name(dev), B, CTX, r.seconds * 1e3,
+        bytes / r.seconds * 1e-9, flops / r.seconds * 1e-12);
+    if (json)
+        fprintf(json, ",\n  \"mla_decode\": {\"seconds\": %.6g, \"latent_bytes\": %.6g, "
+                "\"flops\": %.6g}", r.seconds, bytes, flops);
+    return failed;
+}
+
 /*
  * layout = paged: paged_gpu_cases (test_sim_paged's) against the float64
  * reference, then a decode of bench/decode's heads at a quarter of its
@@ -568,13 +626,7 @@ static int check_paged(aj_ctx *ctx, aj_device *dev, int quick)
         if (r.status == AJ_OK)
             r = paged_run(ctx, dev, k, &cases[i]);
         aj_kernel_destroy(k);
-        fwd_result fr;
-        memset(&fr, 0, sizeof fr);
-        fr.status = r.status;
-        fr.max_err_o = r.err_o;
-        fr.max_err_lse = r.err_lse;
-        fr.exact_empty_rows = r.exact_empty;
-        failed += report_case(ctx, label, &fr, i == 0);
+        failed += report_paged(ctx, label, &r, i == 0);
         if (i >= n - 2)
             best[i - (n - 2)] = r.status == AJ_OK ? r.seconds : NAN;
     }
@@ -588,7 +640,7 @@ static int check_paged(aj_ctx *ctx, aj_device *dev, int quick)
     if (json)
         fprintf(json, ",\n  \"paged_decode\": {\"seconds_split\": %.6g, \"seconds_unsplit\": "
                 "%.6g, \"kv_bytes\": %.6g}", best[0], best[1], bytes);
-    return failed;
+    return failed + check_mla(ctx, dev, quick);
 }
 
 static const char *const families[] = {"all",   "efficient_fwd", "flash_fwd", "wgmma_fwd",

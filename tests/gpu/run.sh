@@ -123,7 +123,7 @@ step flash_fwd 40 "$out/gpu_check_flash_fwd.json" \
 # on other GPUs
 step wgmma_fwd 30 "$out/gpu_check_wgmma_fwd.json" \
   "$bin" check --family wgmma_fwd --out "$out" "${quick[@]}"
-step paged 20 "$out/gpu_check_paged.json" \
+step paged 30 "$out/gpu_check_paged.json" \
   "$bin" check --family paged --out "$out" "${quick[@]}"
 step backward 45 "" "$bin" backward cuda
 step flash_bwd 55 "" "$bin" flash-bwd cuda
