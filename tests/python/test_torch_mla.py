@@ -5,10 +5,11 @@ head_dim_v columns of the same rows.  DeepSeek-V3's shapes (576 = 512
 latent + 64 rope, 16 and 128 query heads, scale 1/sqrt(192) times a YaRN
 factor), decode and short query runs (Sq 1..16: speculative decoding,
 multi-token prediction) with the bottom-right causal mask and an
-expression mask, chunked varlen queries, page sizes 1 / 16 / 64, f16 / bf16 and e4m3 caches, split-KV; one
-case computed the un-absorbed way (keys and values up-projected per head)
-to show that the absorbed call is the same attention; the errors (no
-scale, two latent heads, a V wider than the row)."""
+expression mask, chunked varlen queries, page sizes 1 / 16 / 64, f16 /
+bf16 and e4m3 caches, split-KV; one case computed the un-absorbed way
+(keys and values up-projected per head) to show that the absorbed call is
+the same attention; the errors (no scale, two latent heads, a V wider
+than the row)."""
 import math
 
 import pytest

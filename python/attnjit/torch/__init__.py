@@ -42,5 +42,5 @@ from ._ring import (context_parallel, ring_attention, shard, shard_varlen, unsha
 
 __all__ = ["BlockMask", "attention", "attention_varlen", "context_parallel",
            "create_block_mask", "flex_attention", "kernel_cache_limit",
-           "kernel_cache_size", "mla_decode", "paged_attention", "ring_attention", "set_kernel_cache_limit",
-           "shard", "shard_varlen", "unshard", "unshard_varlen"]
+           "kernel_cache_size", "mla_decode", "paged_attention", "ring_attention",
+           "set_kernel_cache_limit", "shard", "shard_varlen", "unshard", "unshard_varlen"]
