@@ -9,13 +9,19 @@
  * registers by, and the few C library functions the JIT-compiled code may
  * call.
  */
+#define _GNU_SOURCE   /* syscall */
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <math.h>
 #include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <llvm-c/TargetMachine.h>
 
+#include "codegen/amx.h"
 #include "codegen/codegen.h"
 
 #define XXH_INLINE_ALL
@@ -47,6 +53,44 @@ static const struct isa_level *isa_level(void)
     return NULL;
 }
 
+/* AJ_CPU_AMX: auto (unset or empty too: AJ_AMX_NATIVE where the host can),
+ * off, standin, native (AMX_FORCE_NATIVE: whether or not the host can);
+ * -1 for another */
+enum { AMX_FORCE_NATIVE = AJ_AMX_NATIVE + 1 };
+static int amx_setting(void)
+{
+    const char *env = getenv("AJ_CPU_AMX");
+    if (!env || !*env || strcmp(env, "auto") == 0)
+        return AJ_AMX_NATIVE;
+    if (strcmp(env, "off") == 0)
+        return AJ_AMX_OFF;
+    if (strcmp(env, "standin") == 0)
+        return AJ_AMX_STANDIN;
+    if (strcmp(env, "native") == 0)
+        return AMX_FORCE_NATIVE;
+    return -1;
+}
+
+/* The host's name and CPUID features as LLVM reads them, once per process
+ * (a hundred microseconds a call, and they do not change) */
+static pthread_once_t host_once = PTHREAD_ONCE_INIT;
+static char host_name[64], *host_feature_text;
+
+static void host_read(void)
+{
+    char *name = LLVMGetHostCPUName(), *features = LLVMGetHostCPUFeatures();
+    snprintf(host_name, sizeof host_name, "%s", name ? name : "");
+    host_feature_text = strdup(features ? features : "");
+    LLVMDisposeMessage(name);
+    LLVMDisposeMessage(features);
+}
+
+static const char *host_features(void)
+{
+    pthread_once(&host_once, host_read);
+    return host_feature_text ? host_feature_text : "";
+}
+
 aj_status aj_host_cpu(aj_ctx *ctx, char **name, char **features)
 {
     const struct isa_level *level = isa_level();
@@ -54,9 +98,10 @@ aj_status aj_host_cpu(aj_ctx *ctx, char **name, char **features)
     if (!level)
         return aj_fail(ctx, AJ_ERR_INVALID_ARG, "AJ_CPU_ISA = '%s': expected native, avx512 "
                        "or avx2", getenv("AJ_CPU_ISA"));
-    char *host = LLVMGetHostCPUFeatures();
-    char *out = strdup(host ? host : "");
-    LLVMDisposeMessage(host);
+    if (amx_setting() < 0)
+        return aj_fail(ctx, AJ_ERR_INVALID_ARG, "AJ_CPU_AMX = '%s': expected auto, off, "
+                       "standin or native", getenv("AJ_CPU_AMX"));
+    char *out = strdup(host_features());
     if (!out)
         return aj_fail(ctx, AJ_ERR_OUT_OF_MEMORY, "out of memory");
     /* "+sse2,+avx512f,..." -> "-avx512f" for the masked ones, in place */
@@ -67,8 +112,18 @@ aj_status aj_host_cpu(aj_ctx *ctx, char **name, char **features)
                 *p = '-';
         p = end ? end + 1 : p + strlen(p);
     }
+    /* AJ_CPU_AMX=native on a host without AMX: code for one that has it */
+    if (amx_setting() == AMX_FORCE_NATIVE && !strstr(out, "+amx-bf16")) {
+        static const char extra[] = ",+amx-tile,+amx-bf16";
+        char *more = realloc(out, strlen(out) + sizeof extra);
+        if (!more) {
+            free(out);
+            return aj_fail(ctx, AJ_ERR_OUT_OF_MEMORY, "out of memory");
+        }
+        out = strcat(more, extra);
+    }
     *features = out;
-    *name = LLVMGetHostCPUName();
+    *name = LLVMCreateMessage(host_name);
     return AJ_OK;
 }
 
@@ -79,10 +134,25 @@ void aj_host_cpu_id(char *out, size_t cap)
         snprintf(out, cap, "cpu ?");
         return;
     }
-    snprintf(out, cap, "cpu %s %016llx", name,
-             (unsigned long long)XXH3_64bits(features, strlen(features)));
+    snprintf(out, cap, "cpu %s %016llx amx-%s", name,
+             (unsigned long long)XXH3_64bits(features, strlen(features)),
+             aj_amx_mode_name(aj_cpu_amx_mode(NULL, 0)));
     LLVMDisposeMessage(name);
     free(features);
+}
+
+/* Whether a feature string ("+a,-b,...") enables f */
+static int features_enable(const char *features, const char *f)
+{
+    size_t n = strlen(f);
+    for (const char *p = features; *p;) {
+        const char *end = strchr(p, ',');
+        size_t len = end ? (size_t)(end - p) : strlen(p);
+        if (len == n + 1 && p[0] == '+' && memcmp(p + 1, f, n) == 0)
+            return 1;
+        p = end ? end + 1 : p + len;
+    }
+    return 0;
 }
 
 int aj_cpu_has_feature(const char *f)
@@ -90,22 +160,170 @@ int aj_cpu_has_feature(const char *f)
     char *name = NULL, *features = NULL;
     if (aj_host_cpu(NULL, &name, &features) != AJ_OK)
         return 0;
-    size_t n = strlen(f);
-    int found = 0;
-    for (const char *p = features; *p && !found;) {
-        const char *end = strchr(p, ',');
-        size_t len = end ? (size_t)(end - p) : strlen(p);
-        found = len == n + 1 && p[0] == '+' && memcmp(p + 1, f, n) == 0;
-        p = end ? end + 1 : p + len;
-    }
+    int found = features_enable(features, f);
     LLVMDisposeMessage(name);
     free(features);
     return found;
 }
 
+/* Whether the host's CPUID enables f, whatever AJ_CPU_ISA masks */
+static int host_enables(const char *f)
+{
+    return features_enable(host_features(), f);
+}
+
 int aj_cpu_vector_width(void)
 {
     return aj_cpu_has_feature("avx512f") ? 16 : aj_cpu_has_feature("avx") ? 8 : 4;
+}
+
+/* The tile data is an XSAVE component the OS enables per process on
+ * request (Linux: arch_prctl ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA);
+ * asked once, its answer kept. */
+#define AJ_ARCH_REQ_XCOMP_PERM 0x1023
+#define AJ_XFEATURE_XTILEDATA 18
+static pthread_once_t amx_once = PTHREAD_ONCE_INIT;
+static int amx_perm_errno;
+
+static void amx_request(void)
+{
+#if defined(__x86_64__) && defined(SYS_arch_prctl)
+    amx_perm_errno = syscall(SYS_arch_prctl, AJ_ARCH_REQ_XCOMP_PERM, AJ_XFEATURE_XTILEDATA) == 0
+                         ? 0 : errno;
+#else
+    amx_perm_errno = ENOSYS;
+#endif
+}
+
+/* Whether this process can run tile instructions; why not in `why` */
+static int amx_runnable(char *why, size_t cap)
+{
+    /* from CPUID itself: aj_host_cpu's features gain AMX under
+     * AJ_CPU_AMX=native */
+    if (!host_enables("amx-tile") || !host_enables("amx-bf16")) {
+        snprintf(why, cap, "CPUID reports no amx-tile and amx-bf16 (or the OS has not enabled "
+                 "their state in XCR0)");
+        return 0;
+    }
+    if (isa_level() != &isa_levels[0]) {   /* every other level masks amx- */
+        snprintf(why, cap, "AJ_CPU_ISA=%s masks amx-tile and amx-bf16", getenv("AJ_CPU_ISA"));
+        return 0;
+    }
+    pthread_once(&amx_once, amx_request);
+    if (amx_perm_errno) {
+        snprintf(why, cap, "the OS refused the tile data (arch_prctl(ARCH_REQ_XCOMP_PERM): %s)",
+                 strerror(amx_perm_errno));
+        return 0;
+    }
+    snprintf(why, cap, "CPUID reports amx-tile and amx-bf16; the OS granted the tile data");
+    return 1;
+}
+
+aj_amx_mode aj_cpu_amx_mode(char *why, size_t cap)
+{
+    char scratch[8];
+    if (!why) {
+        why = scratch;
+        cap = sizeof scratch;
+    }
+    switch (amx_setting()) {
+    case AJ_AMX_STANDIN:
+        snprintf(why, cap, "the stand-in, as AJ_CPU_AMX=standin asks");
+        return AJ_AMX_STANDIN;
+    case AJ_AMX_OFF:
+        snprintf(why, cap, "AJ_CPU_AMX=off");
+        return AJ_AMX_OFF;
+    case AJ_AMX_NATIVE:
+        return amx_runnable(why, cap) ? AJ_AMX_NATIVE : AJ_AMX_OFF;
+    case AMX_FORCE_NATIVE: {
+        char host[160];
+        if (amx_runnable(host, sizeof host))
+            snprintf(why, cap, "%s", host);
+        else
+            snprintf(why, cap, "AJ_CPU_AMX=native, for another host: %s, so its kernels "
+                     "compile here but do not run", host);
+        return AJ_AMX_NATIVE;
+    }
+    default:
+        snprintf(why, cap, "AJ_CPU_AMX = '%s' is not a setting", getenv("AJ_CPU_AMX"));
+        return AJ_AMX_OFF;
+    }
+}
+
+aj_status aj_cpu_amx_check_runnable(aj_ctx *ctx)
+{
+    char why[200];
+    if (amx_setting() != AMX_FORCE_NATIVE || amx_runnable(why, sizeof why))
+        return AJ_OK;
+    return aj_fail(ctx, AJ_ERR_UNSUPPORTED, "AJ_CPU_AMX=native: this host cannot run tile "
+                   "instructions (%s); unset it or use auto, off or standin", why);
+}
+
+/* The features that choose a cpu path, in the order aj_cpu_describe lists
+ * them */
+static const char *const path_features[] = {
+    "fma", "avx2", "avx512f", "avx512bw", "avx512vl", "avx512bf16", "avx512fp16",
+    "amx-tile", "amx-bf16", "amx-fp16",
+};
+
+size_t aj_cpu_describe(char *buf, size_t cap)
+{
+    char *name = NULL, *features = NULL;
+    char text[1024], why[200];
+    size_t n = 0;
+#define PUT(...) (n += (size_t)snprintf(text + n, n < sizeof text ? sizeof text - n : 0, \
+                                        __VA_ARGS__))
+    aj_ctx *ctx = NULL;
+    aj_ctx_create(NULL, &ctx);
+    if (aj_host_cpu(ctx, &name, &features) != AJ_OK) {
+        PUT("features    none: %s\n", ctx ? aj_last_error(ctx) : "out of memory");
+    } else {
+        PUT("features   ");
+        int missing = 0;
+        for (size_t i = 0; i < sizeof path_features / sizeof path_features[0]; i++)
+            if (features_enable(features, path_features[i]))
+                PUT(" %s", path_features[i]);
+            else
+                missing++;
+        if (missing) {
+            PUT("; not");
+            for (size_t i = 0; i < sizeof path_features / sizeof path_features[0]; i++)
+                if (!features_enable(features, path_features[i]))
+                    PUT(" %s", path_features[i]);
+        }
+        const char *isa = getenv("AJ_CPU_ISA");
+        PUT(" (CPUID%s%s%s%s; LLVM names the CPU %s)\n", isa && *isa ? ", AJ_CPU_ISA=" : "",
+            isa && *isa ? isa : "", isa && *isa ? " masking" : "",
+            amx_setting() == AMX_FORCE_NATIVE && !host_enables("amx-bf16")
+                ? ", AJ_CPU_AMX=native adding amx-tile and amx-bf16" : "",
+            name);
+        int w = aj_cpu_vector_width();
+        PUT("vectors     %d floats (%s)\n", w,
+            w == 16 ? "avx512f" : w == 8 ? "avx, no avx512f" : "no avx");
+        aj_amx_mode amx = aj_cpu_amx_mode(why, sizeof why);
+        int dp = features_enable(features, "avx512bf16");
+        const char *vec = w != 16 ? "widened to f32 (no avx512f)"
+                          : dp      ? "pairs by vdpbf16ps (avx512bf16)"
+                                    : "widened to f32 (no avx512bf16)";
+        if (amx != AJ_AMX_OFF && w == 16)
+            PUT("bf16        forward and backward on AMX tiles where head dims and block_m "
+                "are multiples of 32, else %s\n", vec);
+        else
+            PUT("bf16        %s\n", vec);
+        PUT("AMX         %s: %s\n", aj_amx_mode_name(amx), why);
+    }
+#undef PUT
+    aj_ctx_destroy(ctx);
+    LLVMDisposeMessage(name);
+    free(features);
+    if (n >= sizeof text)
+        n = sizeof text - 1;
+    if (buf && cap) {
+        size_t k = n < cap - 1 ? n : cap - 1;
+        memcpy(buf, text, k);
+        buf[k] = '\0';
+    }
+    return n;
 }
 
 /* Wrappers with plain C types, so the table holds function pointers. */
@@ -124,6 +342,13 @@ const aj_host_symbol *aj_cpu_symbols(size_t *count)
         {"rintf", (void *)cpu_rintf},   {"floorf", (void *)cpu_floorf},
         {"fmaf", (void *)cpu_fmaf},     {"fmaxf", (void *)cpu_fmaxf},
         {"fminf", (void *)cpu_fminf},
+        /* the AMX stand-in (amx.h) */
+        {"aj_amx_standin_ldtilecfg", (void *)aj_amx_standin_ldtilecfg},
+        {"aj_amx_standin_tilerelease", (void *)aj_amx_standin_tilerelease},
+        {"aj_amx_standin_tilezero", (void *)aj_amx_standin_tilezero},
+        {"aj_amx_standin_tileloadd", (void *)aj_amx_standin_tileloadd},
+        {"aj_amx_standin_tilestored", (void *)aj_amx_standin_tilestored},
+        {"aj_amx_standin_tdpbf16ps", (void *)aj_amx_standin_tdpbf16ps},
     };
     *count = sizeof symbols / sizeof symbols[0];
     return symbols;

@@ -596,6 +596,105 @@ void aj_cpu_gemm_acc(aj_kb *kb, int ncols, LLVMValueRef c, LLVMValueRef rscale,
     aj_kb_for_end(kb);
 }
 
+/* byte offset `bytes` (i32) into buffer buf */
+static LLVMValueRef byte_at(aj_kb *kb, LLVMValueRef buf, LLVMValueRef bytes)
+{
+    return aj_cv_at(kb, kb->t_i8, buf, bytes);
+}
+
+void aj_cpu_amx_gemm(aj_amx *t, LLVMValueRef c, LLVMValueRef a, int lda, LLVMValueRef b, int n,
+                     int kn, LLVMValueRef m_end, int accumulate)
+{
+    aj_kb *kb = t->kb;
+    const int half = AJ_AMX_ROWS;   /* 16 rows, 16 f32 columns, 32 k per tile */
+    LLVMValueRef c_stride = aj_kb_i64(kb, 4 * n), a_stride = aj_kb_i64(kb, 2 * lda);
+    LLVMValueRef b_stride = aj_kb_i64(kb, 4 * n);
+    LLVMValueRef i0 = aj_kb_for_begin(kb, aj_kb_i32(kb, 0), m_end,
+                                      aj_kb_i32(kb, AJ_CPU_AMX_ROWS), "xi");
+    LLVMValueRef j0 = aj_kb_for_begin(kb, aj_kb_i32(kb, 0), aj_kb_i32(kb, n),
+                                      aj_kb_i32(kb, 2 * half), "xj");
+    /* C tile 2 r + x: rows i0 + 16 r, columns j0 + 16 x */
+    LLVMValueRef c_at[4];
+    for (int r = 0; r < 2; r++)
+        for (int x = 0; x < 2; x++) {
+            LLVMValueRef row = aj_kb_add(kb, i0, aj_kb_i32(kb, r * half));
+            LLVMValueRef col = aj_kb_add(kb, j0, aj_kb_i32(kb, x * half));
+            c_at[2 * r + x] = aj_cpu_buf_at(kb, c, aj_kb_add(kb, aj_kb_mul(kb, row,
+                                                             aj_kb_i32(kb, n)), col));
+            if (accumulate)
+                aj_amx_load(t, 2 * r + x, c_at[2 * r + x], c_stride);
+            else
+                aj_amx_zero(t, 2 * r + x);
+        }
+    LLVMValueRef k0 = aj_kb_for_begin(kb, aj_kb_i32(kb, 0), aj_kb_i32(kb, kn),
+                                      aj_kb_i32(kb, 2 * half), "xk");
+    for (int r = 0; r < 2; r++) {
+        LLVMValueRef row = aj_kb_add(kb, i0, aj_kb_i32(kb, r * half));
+        LLVMValueRef at = aj_kb_mul(kb, aj_kb_add(kb, aj_kb_mul(kb, row, aj_kb_i32(kb, lda)), k0),
+                                    aj_kb_i32(kb, 2));
+        aj_amx_load(t, 4 + r, byte_at(kb, a, at), a_stride);
+    }
+    for (int x = 0; x < 2; x++) {
+        /* pair row k0 / 2, word column j0 + 16 x */
+        LLVMValueRef word = aj_kb_add(kb, aj_kb_mul(kb, LLVMBuildLShr(kb->b, k0, aj_kb_i32(kb, 1),
+                                                                      ""), aj_kb_i32(kb, n)),
+                                      aj_kb_add(kb, j0, aj_kb_i32(kb, x * half)));
+        aj_amx_load(t, 6 + x, aj_cpu_buf_at(kb, b, word), b_stride);
+    }
+    for (int r = 0; r < 2; r++)
+        for (int x = 0; x < 2; x++)
+            aj_amx_dot_bf16(t, 2 * r + x, 4 + r, 6 + x);
+    aj_kb_for_end(kb);
+    for (int tile = 0; tile < 4; tile++)
+        aj_amx_store(t, tile, c_at[tile], c_stride);
+    aj_kb_for_end(kb);
+    aj_kb_for_end(kb);
+}
+
+void aj_cpu_scale_rows(aj_kb *kb, LLVMValueRef c, int ncols, LLVMValueRef rscale,
+                       LLVMValueRef m_end)
+{
+    int w = aj_cpu_vector_width();
+    int vw = ncols % w == 0 ? w : 8;
+    LLVMValueRef m = aj_kb_for_begin(kb, aj_kb_i32(kb, 0), m_end, aj_kb_i32(kb, 1), "sr");
+    LLVMValueRef rs = aj_cv_splat(kb, aj_cpu_fload(kb, aj_cpu_buf_at(kb, rscale, m)), vw);
+    LLVMValueRef row = aj_kb_mul(kb, m, aj_kb_i32(kb, ncols));
+    for (int x = 0; x < ncols; x += vw) {
+        LLVMValueRef at = aj_cpu_buf_at(kb, c, aj_kb_add(kb, row, aj_kb_i32(kb, x)));
+        aj_cpu_vstore(kb, LLVMBuildFMul(kb->b, rs, aj_cpu_vload(kb, at, vw), ""), at);
+    }
+    aj_kb_for_end(kb);
+}
+
+void aj_cpu_transpose_bf16(aj_kb *kb, LLVMValueRef dst, LLVMValueRef src, int rows, int cols)
+{
+    LLVMValueRef r8 =
+        aj_kb_for_begin(kb, aj_kb_i32(kb, 0), aj_kb_i32(kb, rows), aj_kb_i32(kb, 8), "tr");
+    LLVMValueRef c8 =
+        aj_kb_for_begin(kb, aj_kb_i32(kb, 0), aj_kb_i32(kb, cols), aj_kb_i32(kb, 8), "tc");
+    LLVMValueRef a[8], out[8];
+    for (int e = 0; e < 8; e++)
+        a[e] = aj_cpu_vload(kb, aj_cpu_buf_at(kb, src, aj_kb_add(kb, aj_kb_mul(kb, aj_kb_add(kb,
+                            r8, aj_kb_i32(kb, e)), aj_kb_i32(kb, cols)), c8)), 8);
+    transpose8(kb, a, out);
+    for (int j = 0; j < 8; j++) {
+        LLVMValueRef at = aj_kb_add(kb, aj_kb_mul(kb, aj_kb_add(kb, c8, aj_kb_i32(kb, j)),
+                                                  aj_kb_i32(kb, rows)), r8);
+        aj_cv_store(kb, out[j], aj_cv_at(kb, kb->t_i16, dst, at), AJ_DTYPE_BF16, 8);
+    }
+    aj_kb_for_end(kb);
+    aj_kb_for_end(kb);
+}
+
+void aj_cpu_round_bf16(aj_kb *kb, LLVMValueRef dst, LLVMValueRef src, int n)
+{
+    LLVMValueRef i = aj_kb_for_begin(kb, aj_kb_i32(kb, 0), aj_kb_i32(kb, n), aj_kb_i32(kb, 16),
+                                     "rb");
+    aj_cv_store(kb, aj_cpu_vload(kb, aj_cpu_buf_at(kb, src, i), 16),
+                aj_cv_at(kb, kb->t_i16, dst, i), AJ_DTYPE_BF16, 16);
+    aj_kb_for_end(kb);
+}
+
 LLVMValueRef aj_cpu_bias(aj_cpu_attn *a, LLVMValueRef ig, LLVMValueRef jv)
 {
     aj_kb *kb = a->kb;

@@ -18,6 +18,7 @@
 #ifndef AJ_TEMPLATES_CPU_ATTN_H
 #define AJ_TEMPLATES_CPU_ATTN_H
 
+#include "codegen/amx.h"
 #include "codegen/codegen.h"
 #include "templates/attn_common.h"
 #include "templates/cpu_vec.h"
@@ -186,6 +187,35 @@ void aj_cpu_gemm_nt(aj_kb *kb, int w, LLVMValueRef c, LLVMValueRef a, int k, LLV
 void aj_cpu_gemm_acc(aj_kb *kb, int ncols, LLVMValueRef c, LLVMValueRef rscale,
                      LLVMValueRef p, int ldp_m, int ldp_k, LLVMValueRef b, int kn,
                      LLVMValueRef m_end, int pairs);
+
+/*
+ * Tile products (AMX, codegen/amx.h; docs/cpu.md "AMX tiles") of pairs
+ * operands, where the plan chose them over vdpbf16ps:
+ *
+ *   C[m][0..n) (+)= sum_{k < kn} A[m][k] B[k][0..n)   for m < m_end
+ *
+ * A in bf16 rows of lda elements (Q, P), B in pairs [kn/2][n] (Kt, V:
+ * the VNNI layout tdpbf16ps reads), C f32 rows of n; m_end (i32) a
+ * multiple of AJ_CPU_AMX_ROWS, n and kn multiples of 32.  Per step, four
+ * f32 tiles hold 32 rows x 32 columns of C (tiles 0..3), two A tiles the
+ * rows' next 32 k (4, 5), two B tiles the columns' (6, 7); accumulate
+ * loads C first, else it starts at zero.  The tiles must be configured
+ * (aj_amx_config) around it.
+ */
+#define AJ_CPU_AMX_ROWS 32
+void aj_cpu_amx_gemm(aj_amx *t, LLVMValueRef c, LLVMValueRef a, int lda, LLVMValueRef b, int n,
+                     int kn, LLVMValueRef m_end, int accumulate);
+/* C[m][0..ncols) *= rscale[m] for m < m_end (ncols a multiple of 8) */
+void aj_cpu_scale_rows(aj_kb *kb, LLVMValueRef c, int ncols, LLVMValueRef rscale,
+                       LLVMValueRef m_end);
+
+/* dst (bf16, rows of `rows` elements) [c][r] = src (f32 [rows][cols])
+ * [r][c] rounded to nearest even, by 8 x 8 transposes (rows and cols
+ * multiples of 8): the A operand of a tile product over r (P^T, dS^T) */
+void aj_cpu_transpose_bf16(aj_kb *kb, LLVMValueRef dst, LLVMValueRef src, int rows, int cols);
+/* dst (bf16) [i] = src (f32) [i] rounded to nearest even, i < n (a
+ * multiple of 16) */
+void aj_cpu_round_bf16(aj_kb *kb, LLVMValueRef dst, LLVMValueRef src, int n);
 
 /* The W scores (log2 units) of row ig for keys jv (both local indices of
  * the call; jv an <W x i32>) from s = the scaled q.k: bias, the

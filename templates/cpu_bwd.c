@@ -62,6 +62,9 @@ typedef struct cbwd_plan {
     int d, dv;
     int w;
     int bm, bn;
+    /* bf16 products on AMX tiles (native or stand-in; docs/cpu.md "AMX
+     * tiles"), else off: everything widened to f32 */
+    aj_amx_mode amx;
 } cbwd_plan;
 
 static aj_status plan_kernel(aj_ctx *ctx, const aj_op *op, cbwd_plan *p)
@@ -71,7 +74,12 @@ static aj_status plan_kernel(aj_ctx *ctx, const aj_op *op, cbwd_plan *p)
     p->d = op->head_dim;
     p->dv = aj_op_dv(op);
     p->w = aj_cpu_vector_width();
-    return aj_cpu_plan_tiles(ctx, op, "cpu backward", p->w, 64, &p->bm, &p->bn);
+    aj_status st = aj_cpu_plan_tiles(ctx, op, "cpu backward", p->w, 64, &p->bm, &p->bn);
+    /* tile products take 32 rows, 32 k and 32 columns a step (cpu_attn.h) */
+    if (p->dtype == AJ_DTYPE_BF16 && p->w == 16 && p->d % 32 == 0 && p->dv % 32 == 0 &&
+        p->bm % AJ_CPU_AMX_ROWS == 0 && p->bn % 32 == 0)
+        p->amx = aj_cpu_amx_mode(NULL, 0);
+    return st;
 }
 
 static aj_status cbwd_check(aj_ctx *ctx, const aj_op *op, aj_target target)
@@ -88,6 +96,11 @@ typedef struct cbwd {
     cbwd_plan p;
     aj_cpu_attn at;              /* of the current (b, h) */
     LLVMValueRef q, dob, kt, vt, kn, s, dp, z, lse2, delta;   /* stack buffers */
+    /* p.amx: Q, dO rows zipped in pairs (B operands), P^T, dS^T (dkdv) and
+     * dS (dq) in bf16 (A operands); q, dob, kt, vt, kn then hold bf16 or
+     * pairs (below) */
+    LLVMValueRef qz, doz, pt, dst, dsa;
+    aj_amx amx;
     /* grad side tensors, the dq stage: the item's part of the sums, each
      * grad tensor's first element in it, whether the call asks for them */
     LLVMValueRef side_part, side_base[AJ_OP_TENSORS_MAX + 1], side_on;
@@ -127,6 +140,10 @@ static void alloc_buffers(cbwd *c)
     c->delta = aj_cv_buffer(c->kb, p->bm, "delta");
     if (c->op->dropout > 0)
         c->z = aj_cv_buffer(c->kb, p->bm * p->bn, "zbuf");
+    if (p->amx) {
+        aj_amx_init(&c->amx, c->kb, p->amx);
+        aj_amx_config(&c->amx);
+    }
 }
 
 /* Scores and the dropout stream of query head h of batch bidx. */
@@ -145,10 +162,12 @@ static LLVMValueRef item(cbwd *c, int d)
  * The query side of rows m0 .. m0 + bm - 1 of (bidx, h), set_head's: Q
  * (scaled), dO, LSE in log2 units and Delta = dO . O.  Rows past Sq get
  * Q = dO = 0 and LSE = +inf (so P = 0); a row whose LSE is -inf saw no key
- * in the forward and gets 0, so that its P = 2^(-inf - 0) = 0.
+ * in the forward and gets 0, so that its P = 2^(-inf - 0) = 0.  With
+ * p.amx, Q (unscaled: the scores take the scale) and dO stay bf16 rows,
+ * and `zipped` also fills qz and doz.
  */
 static void load_query_side(cbwd *c, LLVMValueRef bidx, LLVMValueRef h, LLVMValueRef m0,
-                            LLVMValueRef rows)
+                            LLVMValueRef rows, int zipped)
 {
     aj_kb *kb = c->kb;
     LLVMBuilderRef b = c->b;
@@ -159,9 +178,19 @@ static void load_query_side(cbwd *c, LLVMValueRef bidx, LLVMValueRef h, LLVMValu
                                 .stride_s = aj_param(kb, AJ_PID(stride_q_s))};
     const aj_cpu_rows do_rows = {.base = aj_cpu_seq_base(kb, AJ_PSRC_do, bidx, h, start),
                                  .stride_s = aj_param(kb, AJ_PID(stride_do_s))};
-    aj_cpu_load_rows(kb, c->q, p->d, AJ_PSRC_q, p->dtype, &q_rows, m0, rows, bm, aj_op_scale(c->op),
-                     0);
-    aj_cpu_load_rows(kb, c->dob, p->dv, AJ_PSRC_do, p->dtype, &do_rows, m0, rows, bm, 1.0, 0);
+    if (p->amx) {
+        aj_cpu_load_rows(kb, c->q, p->d / 2, AJ_PSRC_q, p->dtype, &q_rows, m0, rows, bm, 1.0, 1);
+        aj_cpu_load_rows(kb, c->dob, p->dv / 2, AJ_PSRC_do, p->dtype, &do_rows, m0, rows, bm, 1.0,
+                         1);
+        if (zipped) {
+            aj_cpu_load_row_pairs(kb, c->qz, p->d, p->bm, AJ_PSRC_q, &q_rows, m0, rows);
+            aj_cpu_load_row_pairs(kb, c->doz, p->dv, p->bm, AJ_PSRC_do, &do_rows, m0, rows);
+        }
+    } else {
+        aj_cpu_load_rows(kb, c->q, p->d, AJ_PSRC_q, p->dtype, &q_rows, m0, rows, bm,
+                         aj_op_scale(c->op), 0);
+        aj_cpu_load_rows(kb, c->dob, p->dv, AJ_PSRC_do, p->dtype, &do_rows, m0, rows, bm, 1.0, 0);
+    }
     LLVMValueRef o_base = aj_cpu_seq_base(kb, AJ_PSRC_o, bidx, h, start);
     LLVMValueRef lse_base = aj_kb_add(kb, aj_attn_slice_base(kb, AJ_PSRC_lse, bidx, h), start);
     LLVMValueRef i = aj_kb_for_begin(kb, aj_kb_i32(kb, 0), bm, aj_kb_i32(kb, 1), "qs");
@@ -176,6 +205,9 @@ static void load_query_side(cbwd *c, LLVMValueRef bidx, LLVMValueRef h, LLVMValu
                        buf_at(c, c->lse2, i));
         LLVMValueRef orow =
             aj_kb_add(kb, o_base, aj_kb_mul(kb, ig, aj_param(kb, AJ_PID(stride_o_s))));
+        LLVMValueRef dorow =
+            aj_kb_add(kb, aj_cpu_seq_base(kb, AJ_PSRC_do, bidx, h, start),
+                      aj_kb_mul(kb, ig, aj_param(kb, AJ_PID(stride_do_s))));
         LLVMValueRef acc = aj_kb_var(kb, aj_cv_type(kb, 8), NULL, "delta");
         aj_kb_set(kb, acc, LLVMConstNull(aj_cv_type(kb, 8)));
         LLVMValueRef x =
@@ -183,8 +215,10 @@ static void load_query_side(cbwd *c, LLVMValueRef bidx, LLVMValueRef h, LLVMValu
         LLVMValueRef ov = aj_cv_load(
             kb, aj_cpu_tensor_at(kb, AJ_PSRC_o, p->dtype, aj_kb_add(kb, orow, aj_kb_sext64(kb, x))),
             p->dtype, 8);
-        LLVMValueRef dv = vload(
-            c, buf_at(c, c->dob, aj_kb_add(kb, aj_kb_mul(kb, i, aj_kb_i32(kb, p->dv)), x)), 8);
+        LLVMValueRef dv = aj_cv_load(
+            kb,
+            aj_cpu_tensor_at(kb, AJ_PSRC_do, p->dtype, aj_kb_add(kb, dorow, aj_kb_sext64(kb, x))),
+            p->dtype, 8);
         aj_kb_set(kb, acc, aj_cv_fma(kb, ov, dv, aj_kb_get(kb, acc)));
         aj_kb_for_end(kb);
         LLVMBuildStore(b, aj_cv_hsum(kb, aj_kb_get(kb, acc), 8), buf_at(c, c->delta, i));
@@ -242,6 +276,8 @@ static void emit_probabilities(cbwd *c, LLVMValueRef m0, LLVMValueRef n0)
         LLVMValueRef jv = LLVMBuildAdd(
             b, aj_cv_splat(kb, aj_kb_add(kb, n0, aj_kb_i32(kb, n * w)), w), aj_cv_iota(kb, w), "");
         LLVMValueRef dmod, t = vload(c, buf_at(c, c->s, at), w);
+        if (p->amx)   /* the products saw Q unscaled */
+            t = LLVMBuildFMul(b, t, aj_cv_splat(kb, aj_kb_f32(kb, aj_op_scale(op)), w), "");
         LLVMValueRef s2 = aj_cpu_scores(&c->at, t, ig, jv, &dmod);
         LLVMValueRef pv = aj_cv_exp2(kb, LLVMBuildFSub(b, s2, lse, ""), w);
         LLVMValueRef dpv = vload(c, buf_at(c, c->dp, at), w);
@@ -309,6 +345,12 @@ static void build_dkdv(cbwd *c)
     aj_params_declare(kb, AJ_KSIG_CPU_BWD_DKDV, c->op, c->prog);
     aj_kb_begin_stage(kb, "dkdv", 1);
     alloc_buffers(c);
+    if (p->amx) {
+        c->qz = aj_cv_buffer(kb, p->bm * p->d / 2, "qzbuf");
+        c->doz = aj_cv_buffer(kb, p->bm * p->dv / 2, "dozbuf");
+        c->pt = aj_cv_buffer(kb, p->bn * p->bm / 2, "ptbuf");
+        c->dst = aj_cv_buffer(kb, p->bn * p->bm / 2, "dstbuf");
+    }
     LLVMValueRef dk = aj_cv_buffer(kb, p->bn * p->d, "dkbuf");
     LLVMValueRef dv = aj_cv_buffer(kb, p->bn * p->dv, "dvbuf");
     LLVMValueRef hkv = item(c, 1), bidx = item(c, 2);
@@ -323,8 +365,11 @@ static void build_dkdv(cbwd *c)
     LLVMValueRef v_base = aj_cpu_seq_base(kb, AJ_PSRC_v, bidx, hkv, seq.start_k);
     const aj_cpu_rows k_rows = {.base = k_base, .stride_s = aj_param(kb, AJ_PID(stride_k_s))};
     const aj_cpu_rows v_rows = {.base = v_base, .stride_s = aj_param(kb, AJ_PID(stride_v_s))};
-    aj_cpu_load_cols(kb, c->kt, p->d, p->bn, AJ_PSRC_k, p->dtype, &k_rows, n0, kcount, 0);
-    aj_cpu_load_cols(kb, c->vt, p->dv, p->bn, AJ_PSRC_v, p->dtype, &v_rows, n0, kcount, 0);
+    int pairs = p->amx != AJ_AMX_OFF, per_slot = pairs ? 2 : 1;
+    aj_cpu_load_cols(kb, c->kt, p->d / per_slot, p->bn, AJ_PSRC_k, p->dtype, &k_rows, n0, kcount,
+                     pairs);
+    aj_cpu_load_cols(kb, c->vt, p->dv / per_slot, p->bn, AJ_PSRC_v, p->dtype, &v_rows, n0, kcount,
+                     pairs);
     aj_cpu_zero(kb, dk, p->bn * p->d);
     aj_cpu_zero(kb, dv, p->bn * p->dv);
     LLVMValueRef group =
@@ -352,25 +397,41 @@ static void build_dkdv(cbwd *c)
             LLVMValueRef m0 = aj_kb_mul(kb, m, bm);
             LLVMValueRef rows = rows_from(c, m0);
             aj_cpu_skip_begin(&c->at, cls);
-            load_query_side(c, bidx, h, m0, rows);
-            aj_cpu_gemm_nt(kb, p->w, c->s, c->q, p->d, c->kt, p->bn, bm, 0);
-            aj_cpu_gemm_nt(kb, p->w, c->dp, c->dob, p->dv, c->vt, p->bn, bm, 0);
-            emit_probabilities(c, m0, n0);
-            /* dV += (z P)^T dO, dK += dS^T Q: P^T read with strides (1, bn) */
-            aj_cpu_gemm_acc(kb, p->dv, dv, NULL, c->s, 1, p->bn, c->dob, p->bm,
-                            aj_kb_i32(kb, p->bn), 0);
-            aj_cpu_gemm_acc(kb, p->d, dk, NULL, c->dp, 1, p->bn, c->q, p->bm, aj_kb_i32(kb, p->bn),
-                            0);
+            load_query_side(c, bidx, h, m0, rows, 1);
+            if (pairs) {
+                /* the tiles: S = Q Kt, dP = dO Vt; dV += (z P)^T dO and dK
+                 * += dS^T Q with P^T and dS^T rounded to bf16 rows */
+                aj_cpu_amx_gemm(&c->amx, c->s, c->q, p->d, c->kt, p->bn, p->d, bm, 0);
+                aj_cpu_amx_gemm(&c->amx, c->dp, c->dob, p->dv, c->vt, p->bn, p->dv, bm, 0);
+                emit_probabilities(c, m0, n0);
+                aj_cpu_transpose_bf16(kb, c->pt, c->s, p->bm, p->bn);
+                aj_cpu_transpose_bf16(kb, c->dst, c->dp, p->bm, p->bn);
+                LLVMValueRef bn = aj_kb_i32(kb, p->bn);
+                aj_cpu_amx_gemm(&c->amx, dv, c->pt, p->bm, c->doz, p->dv, p->bm, bn, 1);
+                aj_cpu_amx_gemm(&c->amx, dk, c->dst, p->bm, c->qz, p->d, p->bm, bn, 1);
+            } else {
+                aj_cpu_gemm_nt(kb, p->w, c->s, c->q, p->d, c->kt, p->bn, bm, 0);
+                aj_cpu_gemm_nt(kb, p->w, c->dp, c->dob, p->dv, c->vt, p->bn, bm, 0);
+                emit_probabilities(c, m0, n0);
+                /* dV += (z P)^T dO, dK += dS^T Q: P^T read with strides (1, bn) */
+                aj_cpu_gemm_acc(kb, p->dv, dv, NULL, c->s, 1, p->bn, c->dob, p->bm,
+                                aj_kb_i32(kb, p->bn), 0);
+                aj_cpu_gemm_acc(kb, p->d, dk, NULL, c->dp, 1, p->bn, c->q, p->bm,
+                                aj_kb_i32(kb, p->bn), 0);
+            }
             aj_cpu_skip_end(&c->at);
         }
         aj_kb_for_end(kb);
     }
     aj_kb_for_end(kb);
+    /* with tiles Q was unscaled: dK takes the scale here */
     store_rows(c, dk, p->d, AJ_PSRC_dk, aj_cpu_seq_base(kb, AJ_PSRC_dk, bidx, hkv, seq.start_k), n0,
-               kcount, 1.0);
+               kcount, pairs ? aj_op_scale(c->op) : 1.0);
     store_rows(c, dv, p->dv, AJ_PSRC_dv, aj_cpu_seq_base(kb, AJ_PSRC_dv, bidx, hkv, seq.start_k),
                n0, kcount, 1.0);
     aj_kb_if_end(kb);
+    if (pairs)
+        aj_amx_release(&c->amx);
     const aj_kernel_layout layout = {
         .grid = {{AJ_EXTENT_SEQ_K, p->bn}, {AJ_EXTENT_HEADS_KV, 1}, {AJ_EXTENT_BATCH, 1}},
         .schedule = {p->bm, p->bn, 1, 1},
@@ -458,15 +519,29 @@ static void dq_step(cbwd *c, const dq_pair *pr, const aj_score_walk *walk, LLVMV
         aj_cpu_skip_begin(&c->at, cls);
     const aj_cpu_rows k_rows = {.base = pr->k_base, .stride_s = aj_param(kb, AJ_PID(stride_k_s))};
     const aj_cpu_rows v_rows = {.base = pr->v_base, .stride_s = aj_param(kb, AJ_PID(stride_v_s))};
-    aj_cpu_load_cols(kb, c->kt, p->d, p->bn, AJ_PSRC_k, p->dtype, &k_rows, n0, kcount, 0);
-    aj_cpu_load_rows(kb, c->kn, p->d, AJ_PSRC_k, p->dtype, &k_rows, n0, kcount,
-                     aj_kb_i32(kb, p->bn), 1.0, 0);
-    aj_cpu_load_cols(kb, c->vt, p->dv, p->bn, AJ_PSRC_v, p->dtype, &v_rows, n0, kcount, 0);
-    aj_cpu_gemm_nt(kb, p->w, c->s, c->q, p->d, c->kt, p->bn, aj_kb_i32(kb, p->bm), 0);
-    aj_cpu_gemm_nt(kb, p->w, c->dp, c->dob, p->dv, c->vt, p->bn, aj_kb_i32(kb, p->bm), 0);
-    emit_probabilities(c, pr->m0, n0);
-    aj_cpu_gemm_acc(kb, p->d, pr->dq, NULL, c->dp, p->bn, 1, c->kn, p->bn, aj_kb_i32(kb, p->bm),
-                    0);
+    LLVMValueRef bm = aj_kb_i32(kb, p->bm);
+    if (p->amx) {
+        /* the tiles: S, dP as dkdv's; dQ += dS K, dS rounded to bf16 rows
+         * and K's rows zipped in pairs */
+        aj_cpu_load_cols(kb, c->kt, p->d / 2, p->bn, AJ_PSRC_k, p->dtype, &k_rows, n0, kcount, 1);
+        aj_cpu_load_row_pairs(kb, c->kn, p->d, p->bn, AJ_PSRC_k, &k_rows, n0, kcount);
+        aj_cpu_load_cols(kb, c->vt, p->dv / 2, p->bn, AJ_PSRC_v, p->dtype, &v_rows, n0, kcount,
+                         1);
+        aj_cpu_amx_gemm(&c->amx, c->s, c->q, p->d, c->kt, p->bn, p->d, bm, 0);
+        aj_cpu_amx_gemm(&c->amx, c->dp, c->dob, p->dv, c->vt, p->bn, p->dv, bm, 0);
+        emit_probabilities(c, pr->m0, n0);
+        aj_cpu_round_bf16(kb, c->dsa, c->dp, p->bm * p->bn);
+        aj_cpu_amx_gemm(&c->amx, pr->dq, c->dsa, p->bn, c->kn, p->d, p->bn, bm, 1);
+    } else {
+        aj_cpu_load_cols(kb, c->kt, p->d, p->bn, AJ_PSRC_k, p->dtype, &k_rows, n0, kcount, 0);
+        aj_cpu_load_rows(kb, c->kn, p->d, AJ_PSRC_k, p->dtype, &k_rows, n0, kcount,
+                         aj_kb_i32(kb, p->bn), 1.0, 0);
+        aj_cpu_load_cols(kb, c->vt, p->dv, p->bn, AJ_PSRC_v, p->dtype, &v_rows, n0, kcount, 0);
+        aj_cpu_gemm_nt(kb, p->w, c->s, c->q, p->d, c->kt, p->bn, bm, 0);
+        aj_cpu_gemm_nt(kb, p->w, c->dp, c->dob, p->dv, c->vt, p->bn, bm, 0);
+        emit_probabilities(c, pr->m0, n0);
+        aj_cpu_gemm_acc(kb, p->d, pr->dq, NULL, c->dp, p->bn, 1, c->kn, p->bn, bm, 0);
+    }
     if (has_bias)
         emit_dbias(c, pr->bidx, pr->h,
                    LLVMBuildAnd(b, LLVMBuildICmp(b, LLVMIntEQ, pr->pb, aj_kb_i32(kb, 0), ""),
@@ -492,7 +567,7 @@ static void dq_row_block(cbwd *c, dq_pair *pr)
                                      LLVMBuildSDiv(b, aj_param(kb, AJ_PID(heads_q)),
                                                    aj_param(kb, AJ_PID(heads_kv)), ""),
                                      "");
-    load_query_side(c, pr->bidx, pr->h, m0, rows);
+    load_query_side(c, pr->bidx, pr->h, m0, rows, 0);
     aj_cpu_zero(kb, pr->dq, p->bm * p->d);
     LLVMValueRef n_begin = aj_kb_i32(kb, 0), n_end;
     if (has_bias)
@@ -528,6 +603,8 @@ static void build_dq(cbwd *c)
     aj_kb_begin_stage(kb, "dq", 1);
     alloc_buffers(c);
     c->kn = aj_cv_buffer(kb, p->bn * p->d, "knbuf");
+    if (p->amx)
+        c->dsa = aj_cv_buffer(kb, p->bm * p->bn / 2, "dsabuf");
     dq_pair pr;
     pr.dq = aj_cv_buffer(kb, p->bm * p->d, "dqbuf");
     LLVMValueRef h_item = item(c, 1), b_item = item(c, 2);
@@ -548,6 +625,8 @@ static void build_dq(cbwd *c)
     dq_row_block(c, &pr);
     aj_kb_for_end(kb);
     aj_kb_for_end(kb);
+    if (p->amx)
+        aj_amx_release(&c->amx);
     const aj_kernel_layout layout = {
         .grid = {{AJ_EXTENT_SEQ_Q, p->bm}, {AJ_EXTENT_HEADS_Q, 1}, {AJ_EXTENT_BATCH, 1}},
         .schedule = {p->bm, p->bn, 1, 1},

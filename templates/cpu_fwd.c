@@ -62,7 +62,9 @@ typedef struct cfwd_plan {
     int w;            /* floats per vector register */
     int vw;           /* output-column vector width */
     int bm, bn;
-    int pairs;        /* bf16 products by vdpbf16ps: Q, Kt, P, V in pairs (cpu_attn.h) */
+    int pairs;        /* bf16 products of pairs: Q, Kt, P, V in pairs (cpu_attn.h) */
+    aj_amx_mode amx;  /* pairs: the products on AMX tiles (native or stand-in), else off:
+                       * vdpbf16ps */
 } cfwd_plan;
 
 static aj_status plan_kernel(aj_ctx *ctx, const aj_op *op, cfwd_plan *p)
@@ -75,10 +77,16 @@ static aj_status plan_kernel(aj_ctx *ctx, const aj_op *op, cfwd_plan *p)
     p->w = aj_cpu_vector_width();
     /* head dims are multiples of 8: 8-wide output vectors always divide */
     p->vw = p->dv % p->w == 0 ? p->w : 8;
-    /* the transposes of K move 8 words (16 bf16) at a time */
-    p->pairs = p->dtype == AJ_DTYPE_BF16 && p->kv_dtype == AJ_DTYPE_BF16 && p->w == 16 &&
-               p->d % 16 == 0 && aj_cpu_has_feature("avx512bf16");
-    return aj_cpu_plan_tiles(ctx, op, "cpu forward", p->w, 128, &p->bm, &p->bn);
+    aj_status st = aj_cpu_plan_tiles(ctx, op, "cpu forward", p->w, 128, &p->bm, &p->bn);
+    /* bf16 pairs: the transposes of K move 8 words (16 bf16) at a time;
+     * tile products take 32 rows, 32 k and 32 columns a step (cpu_attn.h) */
+    int bf16 = p->dtype == AJ_DTYPE_BF16 && p->kv_dtype == AJ_DTYPE_BF16 && p->w == 16 &&
+               p->d % 16 == 0;
+    aj_amx_mode amx = aj_cpu_amx_mode(NULL, 0);
+    if (bf16 && p->d % 32 == 0 && p->dv % 32 == 0 && p->bm % AJ_CPU_AMX_ROWS == 0)
+        p->amx = amx;
+    p->pairs = bf16 && (p->amx != AJ_AMX_OFF || aj_cpu_has_feature("avx512bf16"));
+    return st;
 }
 
 static aj_status cfwd_check(aj_ctx *ctx, const aj_op *op, aj_target target)
@@ -105,6 +113,7 @@ typedef struct cfwd {
     LLVMValueRef per_head;
     aj_param_source k_tensor, v_tensor;   /* the K and V tensors: k, v or the caches */
     LLVMValueRef m, l, alpha;
+    aj_amx amx;                     /* p.amx: the tile operations */
 } cfwd;
 
 /* Where a row block's results go: O rows of `o` (dtype, row stride
@@ -363,7 +372,7 @@ static void emit_row_block(cfwd *c, const cfwd_block *blk, int log2e_in_q)
     const cfwd_plan *p = &c->p;
     const aj_cpu_seq *seq = &c->at.seq;
     int per_slot = p->pairs ? 2 : 1;
-    const int rm = aj_cpu_tile_rows();
+    const int rm = p->amx ? AJ_CPU_AMX_ROWS : aj_cpu_tile_rows();
     c->rows_pad = LLVMBuildAnd(b, aj_kb_add(kb, c->rows, aj_kb_i32(kb, rm - 1)), aj_kb_i32(kb, -rm),
                                "rows_pad");
     emit_init_rows(c);
@@ -387,6 +396,8 @@ static void emit_row_block(cfwd *c, const cfwd_block *blk, int log2e_in_q)
     aj_score_walk_keys(&c->at.sc, &walk, pos0,
                        aj_kb_add(kb, pos0, LLVMBuildSub(b, pos_rows, aj_kb_i32(kb, 1), "")), p->bn,
                        n_begin, n_end, seq->len_q, seq->len_k);
+    if (p->amx)
+        aj_amx_config(&c->amx);
     LLVMValueRef at = aj_kb_for_begin(kb, walk.begin, walk.end, aj_kb_i32(kb, 1), "walk");
     {
         LLVMValueRef cls = NULL;
@@ -417,8 +428,11 @@ static void emit_row_block(cfwd *c, const cfwd_block *blk, int log2e_in_q)
                              aj_kb_i32(kb, p->bn), 1.0, 0);
         if (next0)
             aj_cpu_prefetch_rows(kb, c->k_tensor, p->kv_dtype, &blk->k, next0, ncount, p->d);
-        aj_cpu_gemm_nt(kb, p->w, c->s, c->q, p->d / per_slot, c->kt, p->bn, c->rows_pad,
-                       p->pairs);
+        if (p->amx)
+            aj_cpu_amx_gemm(&c->amx, c->s, c->q, p->d, c->kt, p->bn, p->d, c->rows_pad, 0);
+        else
+            aj_cpu_gemm_nt(kb, p->w, c->s, c->q, p->d / per_slot, c->kt, p->bn, c->rows_pad,
+                           p->pairs);
         emit_softmax(c, n0);
         if (c->op->dropout > 0)
             emit_dropout(c, n0, kcount);
@@ -426,11 +440,18 @@ static void emit_row_block(cfwd *c, const cfwd_block *blk, int log2e_in_q)
             emit_round_p(c);
         if (next0)
             aj_cpu_prefetch_rows(kb, c->v_tensor, p->kv_dtype, &blk->v, next0, ncount, p->dv);
-        aj_cpu_gemm_acc(kb, p->dv, c->o, c->alpha, p->pairs ? c->pw : c->s, p->bn / per_slot, 1,
-                        c->v, p->bn, c->rows_pad, p->pairs);
+        if (p->amx) {
+            aj_cpu_scale_rows(kb, c->o, p->dv, c->alpha, c->rows_pad);
+            aj_cpu_amx_gemm(&c->amx, c->o, c->pw, p->bn, c->v, p->dv, p->bn, c->rows_pad, 1);
+        } else {
+            aj_cpu_gemm_acc(kb, p->dv, c->o, c->alpha, p->pairs ? c->pw : c->s,
+                            p->bn / per_slot, 1, c->v, p->bn, c->rows_pad, p->pairs);
+        }
         aj_cpu_skip_end(&c->at);
     }
     aj_kb_for_end(kb);
+    if (p->amx)
+        aj_amx_release(&c->amx);
     emit_epilogue(c, &blk->out);
 }
 
@@ -451,6 +472,8 @@ static void alloc_buffers(cfwd *c)
     c->m = aj_cv_buffer(kb, p->bm, "mrow");
     c->l = aj_cv_buffer(kb, p->bm, "lrow");
     c->alpha = aj_cv_buffer(kb, p->bm, "alpha");
+    if (p->amx)
+        aj_amx_init(&c->amx, kb, p->amx);
 }
 
 /* The work item's (x, y, z). */

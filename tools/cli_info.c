@@ -85,8 +85,15 @@ static void probe_cpu(void)
     if (aj_ctx_create(NULL, &ctx) == AJ_OK && aj_device_open(ctx, AJ_DEVICE_CPU, 0, &dev) == AJ_OK)
         printf("%-12s %s, %d threads\n", "cpu device", aj_device_name(dev),
                aj_device_workers(dev));
+    else if (ctx)
+        printf("%-12s not opened: %s\n", "cpu device", aj_last_error(ctx));
     aj_device_close(dev);
     aj_ctx_destroy(ctx);
+    /* the paths the cpu kernels take here, each line indented under it */
+    char text[1024];
+    aj_cpu_describe(text, sizeof text);
+    for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n"))
+        printf("  cpu %s\n", line);
 }
 
 int cli_info(void)

@@ -401,25 +401,19 @@ static int bench_one(aj_ctx *ctx, aj_device *dev, const config *cfg, int s, int 
     return failed;
 }
 
-static int host_has_avx512bf16(void)
-{
-#ifdef HAVE_X86
-    return __builtin_cpu_supports("avx512bf16");
-#else
-    return 0;
-#endif
-}
-
 /*
- * --dtypes: the forward in f32, in bf16 as this host runs it, and in bf16
- * compiled with AJ_CPU_ISA=avx512 (widened to f32: what a host without
- * AVX512-BF16 runs), launched in turn R times each, best of each.
+ * --dtypes: the forward in f32, in bf16 as this host runs it (AMX tiles
+ * where it has them, docs/cpu.md), in bf16 with AJ_CPU_AMX=off (vdpbf16ps
+ * where the host has AVX512-BF16) and in bf16 compiled with
+ * AJ_CPU_ISA=avx512 (widened to f32: what a host without AVX512-BF16
+ * runs), launched in turn R times each, best of each.
  */
 static int bench_dtypes(aj_ctx *ctx, aj_device *dev, const config *cfg, int s, int d,
                         int causal)
 {
-    enum { F32, BF16, BF16_WIDE, KINDS };
-    static const aj_dtype dtypes[KINDS] = {AJ_DTYPE_F32, AJ_DTYPE_BF16, AJ_DTYPE_BF16};
+    enum { F32, BF16, BF16_NO_AMX, BF16_WIDE, KINDS };
+    static const aj_dtype dtypes[KINDS] = {AJ_DTYPE_F32, AJ_DTYPE_BF16, AJ_DTYPE_BF16,
+                                           AJ_DTYPE_BF16};
     config one = *cfg;
     one.jit = 0;
     aj_kernel *k[KINDS] = {0};
@@ -430,8 +424,11 @@ static int bench_dtypes(aj_ctx *ctx, aj_device *dev, const config *cfg, int s, i
         one.dtype = dtypes[i];
         if (i == BF16_WIDE)
             setenv("AJ_CPU_ISA", "avx512", 1);
+        if (i == BF16_NO_AMX)
+            setenv("AJ_CPU_AMX", "off", 1);
         failed |= compile_op(ctx, &one, "forward", d, causal, &k[i], &ms) != AJ_OK;
         unsetenv("AJ_CPU_ISA");
+        unsetenv("AJ_CPU_AMX");
         problem_init(&pr[i], dev, dtypes[i], cfg->heads, s, d);
         best[i] = -1;
     }
@@ -446,10 +443,12 @@ static int bench_dtypes(aj_ctx *ctx, aj_device *dev, const config *cfg, int s, i
         }
     if (!failed) {
         double flops = 4.0 * cfg->heads * (double)s * s * d * (causal ? 0.5 : 1.0);
-        printf("| %5d | %3d | %-6s | %8.2f | %8.2f | %8.2f | %6.1f | %6.1f | %5.2fx | %5.2fx |\n",
+        printf("| %5d | %3d | %-6s | %8.2f | %8.2f | %8.2f | %8.2f | %6.1f | %6.1f | %5.2fx | "
+               "%5.2fx | %5.2fx |\n",
                s, d, causal ? "causal" : "none", best[F32] * 1e3, best[BF16] * 1e3,
-               best[BF16_WIDE] * 1e3, flops / best[F32] / 1e9, flops / best[BF16] / 1e9,
-               best[F32] / best[BF16], best[BF16_WIDE] / best[BF16]);
+               best[BF16_NO_AMX] * 1e3, best[BF16_WIDE] * 1e3, flops / best[F32] / 1e9,
+               flops / best[BF16] / 1e9, best[F32] / best[BF16], best[BF16_NO_AMX] / best[BF16],
+               best[BF16_WIDE] / best[BF16]);
         fflush(stdout);
     }
     for (int i = 0; i < KINDS; i++) {
@@ -535,12 +534,14 @@ int main(int argc, char **argv)
         return 1;
     }
     if (cfg.dtypes) {
-        printf("cpu: %s, %d threads; flash forward, B 1, H %d; f32, bf16 (vdpbf16ps where the "
-               "host has it: %s) and bf16 widened (AJ_CPU_ISA=avx512), launched in turn, best "
-               "of %d\n\n| S | d | mask | f32 ms | bf16 ms | bf16 widened ms | f32 GFLOP/s | "
-               "bf16 GFLOP/s | bf16 vs f32 | vs widened |\n|---:|---:|---|---:|---:|---:|---:|"
-               "---:|---:|---:|\n", aj_device_name(dev), threads, cfg.heads,
-               host_has_avx512bf16() ? "yes" : "no", cfg.repeat);
+        char paths[1024];
+        aj_cpu_describe(paths, sizeof paths);
+        printf("cpu: %s, %d threads; flash forward, B 1, H %d; f32, bf16 as this host runs it, "
+               "bf16 with AJ_CPU_AMX=off and bf16 widened (AJ_CPU_ISA=avx512), launched in "
+               "turn, best of %d\n\n```\n%s```\n\n| S | d | mask | f32 ms | bf16 ms | "
+               "bf16 no-AMX ms | bf16 widened ms | f32 GFLOP/s | bf16 GFLOP/s | bf16 vs f32 | "
+               "vs no AMX | vs widened |\n|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|"
+               "---:|---:|\n", aj_device_name(dev), threads, cfg.heads, cfg.repeat, paths);
         static const int seqs[] = {1024, 2048, 4096};
         int failed = 0;
         for (int di = 0; di < 2; di++)

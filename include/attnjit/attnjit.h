@@ -1501,6 +1501,13 @@ aj_status aj_tune_lookup(aj_ctx *ctx, const struct aj_device *dev, const aj_op *
 const char *aj_llvm_version(void);
 /* PTX ISA version emitted for a GPU target ("7.8"), or NULL. */
 const char *aj_ptx_version(aj_target target);
+/* The cpu target on this host, for people (`attnjit info` prints it):
+ * the CPU features its kernels are compiled for (from CPUID, less what
+ * AJ_CPU_ISA masks) and the path each choice takes, with the reason --
+ * vector width, bf16 products, AMX tiles (docs/cpu.md "Host features").
+ * Lines "name  value\n".  Writes at most cap bytes (NUL included) to buf
+ * (NULL with cap 0 to measure); returns the whole text's length. */
+size_t aj_cpu_describe(char *buf, size_t cap);
 
 #ifdef __cplusplus
 }

@@ -18,8 +18,13 @@
 
 #include <llvm-c/TargetMachine.h>
 
+#include "codegen/amx.h"
+
 aj_status aj_cpu_device_open(aj_ctx *ctx, aj_cpu_device **out)
 {
+    aj_status st = aj_cpu_amx_check_runnable(ctx);
+    if (st != AJ_OK)
+        return st;
     aj_cpu_device *cpu = calloc(1, sizeof *cpu);
     if (!cpu)
         return aj_fail(ctx, AJ_ERR_OUT_OF_MEMORY, "out of memory");

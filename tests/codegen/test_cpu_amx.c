@@ -1,0 +1,489 @@
+/*
+ * test_cpu_amx.c -- the AMX tiles of the cpu target (codegen/amx.h,
+ * docs/cpu.md "AMX tiles"):
+ *
+ *   stand-in   tdpbf16ps and the tile moves against their definition in
+ *              Intel's AMX reference: sums against float64, exact integer
+ *              products, the two products of a pair added in order, DAZ on
+ *              inputs, FTZ on results, partial shapes and row strides; the
+ *              faults (#UD) a wrong configuration or shape raises
+ *   selection  which kernels take the tiles under AJ_CPU_AMX (bf16 with
+ *              head dims and block_m multiples of 32; not f16, not d 80, not
+ *              block_m 16, not off), the cache key moving with the mode, a
+ *              bad AJ_CPU_AMX refused, aj_cpu_describe's AMX line
+ *   native     AJ_CPU_AMX=native: the forward's IR calls the tile
+ *              intrinsics, LLVM compiles them to ldtilecfg / tileloadd /
+ *              tdpbf16ps / tilestored / tilerelease, the kernel compiles to
+ *              object code, and a host without AMX refuses the cpu device
+ *
+ * The numbers of whole kernels on the tiles are the numeric tests run again
+ * with AJ_CPU_AMX=standin (tests/CMakeLists.txt, label cpu_isa).
+ */
+#include <math.h>
+#include <signal.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <llvm-c/IRReader.h>
+#include <llvm-c/Target.h>
+#include <llvm-c/TargetMachine.h>
+
+#include "check.h"
+#include "check_compile.h"
+#include "codegen/amx.h"
+#include "codegen/codegen.h"
+#include "splitmix.h"
+
+static aj_ctx *ctx;
+
+/* uniform in [0, 1) */
+static double uniform(uint64_t *rng)
+{
+    return (double)(splitmix_next(rng) >> 11) * 0x1p-53;
+}
+
+/* ---------------------------------------------------------------- stand-in */
+
+static uint16_t bf16_of(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    return (uint16_t)((u + 0x7fff + ((u >> 16) & 1)) >> 16);
+}
+
+static double f64_of(uint16_t h)
+{
+    uint32_t u = (uint32_t)h << 16;
+    float x;
+    memcpy(&x, &u, sizeof x);
+    return x;
+}
+
+/* A palette-1 block: tile t rows[t] x colsb[t] */
+static void config(uint8_t cfg[64], const int rows[8], const int colsb[8])
+{
+    memset(cfg, 0, 64);
+    cfg[0] = 1;
+    for (int t = 0; t < 8; t++) {
+        cfg[16 + 2 * t] = (uint8_t)colsb[t];
+        cfg[48 + t] = (uint8_t)rows[t];
+    }
+}
+
+static void config_full(uint8_t cfg[64])
+{
+    const int rows[8] = {16, 16, 16, 16, 16, 16, 16, 16};
+    const int colsb[8] = {64, 64, 64, 64, 64, 64, 64, 64};
+    config(cfg, rows, colsb);
+}
+
+/* C (m x n f32, ldc) += A (m x 2kp bf16) B (kp x n pairs), through tiles
+ * 0 (C), 1 (A), 2 (B) shaped to fit */
+static void standin_product(int m, int kp, int n, float *c, int ldc, const uint16_t *a, int lda,
+                            const uint16_t *b, int ldb)
+{
+    static aj_amx_file file;
+    uint8_t cfg[64];
+    const int rows[8] = {m, m, kp, 0, 0, 0, 0, 0};
+    const int colsb[8] = {4 * n, 4 * kp, 4 * n, 0, 0, 0, 0, 0};
+    config(cfg, rows, colsb);
+    aj_amx_standin_ldtilecfg(&file, cfg);
+    aj_amx_standin_tileloadd(&file, 0, c, 4 * ldc);
+    aj_amx_standin_tileloadd(&file, 1, a, 2 * lda);
+    aj_amx_standin_tileloadd(&file, 2, b, 2 * ldb);
+    aj_amx_standin_tdpbf16ps(&file, 0, 1, 2);
+    aj_amx_standin_tilestored(&file, 0, c, 4 * ldc);
+    aj_amx_standin_tilerelease(&file);
+}
+
+/* Full and partial shapes, strided rows, random bf16: each C against the
+ * float64 sum (32 products of f32-exact terms: relative 2^-20 of the sum of
+ * magnitudes), and rows and columns outside the tile untouched. */
+static void test_standin_sums(void)
+{
+    static const int shapes[][3] = {{16, 16, 16}, {4, 4, 8}, {1, 1, 1}, {16, 3, 5}, {7, 16, 16}};
+    uint64_t rng = 7;
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        int m = shapes[s][0], kp = shapes[s][1], n = shapes[s][2];
+        enum { LD = 40 };   /* row strides wider than any tile */
+        float c[17 * LD];
+        uint16_t a[17 * LD], b[17 * LD];
+        double want[17 * LD], mag[17 * LD];
+        for (int i = 0; i < 17 * LD; i++) {
+            c[i] = (float)(uniform(&rng) * 4 - 2);
+            a[i] = bf16_of((float)(uniform(&rng) * 2 - 1));
+            b[i] = bf16_of((float)(uniform(&rng) * 2 - 1));
+            want[i] = c[i];
+            mag[i] = fabs(c[i]);
+        }
+        for (int i = 0; i < m; i++)
+            for (int j = 0; j < n; j++)
+                for (int k = 0; k < kp; k++)
+                    for (int e = 0; e < 2; e++) {
+                        double p = f64_of(a[i * LD + 2 * k + e]) * f64_of(b[k * LD + 2 * j + e]);
+                        want[i * LD + j] += p;
+                        mag[i * LD + j] += fabs(p);
+                    }
+        standin_product(m, kp, n, c, LD, a, LD, b, LD);
+        int bad = 0;
+        for (int i = 0; i < 17; i++)
+            for (int j = 0; j < LD; j++) {
+                double tol = i < m && j < n ? mag[i * LD + j] * 0x1p-20 : 0;
+                bad += fabs(c[i * LD + j] - want[i * LD + j]) > tol;
+            }
+        CHECK_MSG(bad == 0, "shape m %d kp %d n %d: %d elements off", m, kp, n, bad);
+    }
+}
+
+/* Small integers are exact in bf16 and their sums in f32: C must equal the
+ * integer product exactly. */
+static void test_standin_exact(void)
+{
+    uint16_t a[16 * 32], b[16 * 32];
+    float c[16 * 16];
+    long want[16 * 16];
+    uint64_t rng = 11;
+    for (int i = 0; i < 16 * 32; i++) {
+        a[i] = bf16_of((float)((int)(uniform(&rng) * 31) - 15));
+        b[i] = bf16_of((float)((int)(uniform(&rng) * 31) - 15));
+    }
+    for (int i = 0; i < 16; i++)
+        for (int j = 0; j < 16; j++) {
+            c[i * 16 + j] = (float)(i - j);
+            want[i * 16 + j] = i - j;
+            for (int k = 0; k < 32; k++)
+                want[i * 16 + j] += (long)f64_of(a[i * 32 + k]) *
+                                    (long)f64_of(b[(k / 2) * 32 + 2 * j + k % 2]);
+        }
+    standin_product(16, 16, 16, c, 16, a, 32, b, 32);
+    int bad = 0;
+    for (int i = 0; i < 256; i++)
+        bad += c[i] != (float)want[i];
+    CHECK_MSG(bad == 0, "%d of 256 integer products differ", bad);
+}
+
+/* One pair into one C element: c + a0 b0 + a1 b1, in that order. */
+static float one_pair(float c, float a0, float b0, float a1, float b1)
+{
+    uint16_t a[2] = {bf16_of(a0), bf16_of(a1)}, b[2] = {bf16_of(b0), bf16_of(b1)};
+    standin_product(1, 1, 1, &c, 1, a, 2, b, 2);
+    return c;
+}
+
+static void test_standin_rounding(void)
+{
+    /* 1 + 2^-24 ties to 1, twice; the products summed first would make
+     * 1 + 2^-23 */
+    CHECK(one_pair(1.0f, 0x1p-12f, 0x1p-12f, 0x1p-12f, 0x1p-12f) == 1.0f);
+    /* a denormal bf16 input reads as zero (DAZ): 2^-130 x 2^100 adds nothing */
+    uint16_t tiny = 0x0001;   /* the smallest bf16 denormal */
+    float tiny_f;
+    uint32_t u = (uint32_t)tiny << 16;
+    memcpy(&tiny_f, &u, sizeof tiny_f);
+    CHECK(one_pair(0.5f, tiny_f, 0x1p100f, 0.0f, 0.0f) == 0.5f);
+    /* a denormal result is flushed, keeping its sign (FTZ; -0 + -0 then
+     * stays -0) */
+    float r = one_pair(0.0f, -0x1p-70f, 0x1p-70f, -0.0f, 0.0f);
+    CHECK(r == 0.0f && signbit(r));
+    CHECK(one_pair(0.0f, 0x1p-60f, 0x1p-60f, 0.0f, 0.0f) == 0x1p-120f);   /* normal: kept */
+    /* infinities and NaN go through */
+    CHECK(isinf(one_pair(0.0f, INFINITY, 2.0f, 0.0f, 0.0f)));
+    CHECK(isnan(one_pair(0.0f, INFINITY, 0.0f, 0.0f, 0.0f)));
+}
+
+/* tilezero, load / store strides, release forgetting the configuration */
+static void test_standin_moves(void)
+{
+    static aj_amx_file file;
+    uint8_t cfg[64];
+    config_full(cfg);
+    aj_amx_standin_ldtilecfg(&file, cfg);
+    float src[16][20], dst[16][20];
+    for (int i = 0; i < 16; i++)
+        for (int j = 0; j < 20; j++) {
+            src[i][j] = (float)(i * 100 + j);
+            dst[i][j] = -1;
+        }
+    aj_amx_standin_tileloadd(&file, 3, src, sizeof src[0]);
+    aj_amx_standin_tilestored(&file, 3, dst, sizeof dst[0]);
+    int bad = 0;
+    for (int i = 0; i < 16; i++)
+        for (int j = 0; j < 20; j++)
+            bad += dst[i][j] != (j < 16 ? src[i][j] : -1.0f);
+    CHECK_MSG(bad == 0, "load / store of 16 x 64 bytes, stride 80: %d elements off", bad);
+    aj_amx_standin_tilezero(&file, 3);
+    aj_amx_standin_tilestored(&file, 3, dst, sizeof dst[0]);
+    bad = 0;
+    for (int i = 0; i < 16; i++)
+        for (int j = 0; j < 16; j++)
+            bad += dst[i][j] != 0.0f;
+    CHECK_MSG(bad == 0, "tilezero: %d elements not zero", bad);
+    aj_amx_standin_tilerelease(&file);
+    CHECK(file.configured == 0);
+}
+
+/* The child runs `what` on a fresh file; it must abort with a message. */
+static void expect_fault(const char *label, int what)
+{
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+        static aj_amx_file file;
+        uint8_t cfg[64];
+        freopen("/dev/null", "w", stderr);
+        config_full(cfg);
+        if (what == 0) {   /* no ldtilecfg */
+            aj_amx_standin_tilezero(&file, 0);
+        } else if (what == 1) {   /* palette 2 */
+            cfg[0] = 2;
+            aj_amx_standin_ldtilecfg(&file, cfg);
+        } else if (what == 2) {   /* C.rows != A.rows */
+            const int rows[8] = {16, 8, 16, 0, 0, 0, 0, 0}, colsb[8] = {64, 64, 64};
+            config(cfg, rows, colsb);
+            aj_amx_standin_ldtilecfg(&file, cfg);
+            aj_amx_standin_tdpbf16ps(&file, 0, 1, 2);
+        } else if (what == 3) {   /* A.colsb != 4 B.rows */
+            const int rows[8] = {16, 16, 8, 0, 0, 0, 0, 0}, colsb[8] = {64, 64, 64};
+            config(cfg, rows, colsb);
+            aj_amx_standin_ldtilecfg(&file, cfg);
+            aj_amx_standin_tdpbf16ps(&file, 0, 1, 2);
+        } else if (what == 4) {   /* an unconfigured tile */
+            const int rows[8] = {16, 16, 16, 0, 0, 0, 0, 0}, colsb[8] = {64, 64, 64};
+            config(cfg, rows, colsb);
+            aj_amx_standin_ldtilecfg(&file, cfg);
+            aj_amx_standin_tdpbf16ps(&file, 0, 1, 5);
+        } else {   /* 17 rows */
+            cfg[48] = 17;
+            aj_amx_standin_ldtilecfg(&file, cfg);
+        }
+        _exit(0);
+    }
+    int status = 0;
+    CHECK(pid > 0 && waitpid(pid, &status, 0) == pid);
+    CHECK_MSG(WIFSIGNALED(status) && WTERMSIG(status) == SIGABRT, "%s: not a fault", label);
+}
+
+static void test_standin_faults(void)
+{
+    expect_fault("a tile before ldtilecfg", 0);
+    expect_fault("palette 2", 1);
+    expect_fault("C rows != A rows", 2);
+    expect_fault("A colsb != 4 B rows", 3);
+    expect_fault("an unconfigured tile", 4);
+    expect_fault("17 rows", 5);
+}
+
+/* --------------------------------------------------------------- kernels */
+
+/* The LLVM IR text of a cpu kernel of `spec` (freed by the caller), or NULL */
+static char *cpu_ir(const char *spec)
+{
+    aj_compile_options opt = AJ_COMPILE_OPTIONS_INIT;
+    opt.target = AJ_TARGET_CPU;
+    opt.emit = AJ_EMIT_LLVM_IR;
+    aj_kernel *k = check_compile(ctx, spec, "spec", &opt);
+    if (!k)
+        return NULL;
+    size_t size = 0;
+    const char *code = aj_kernel_code(k, &size);
+    char *text = malloc(size + 1);
+    if (text) {
+        memcpy(text, code, size);
+        text[size] = '\0';
+    }
+    aj_kernel_destroy(k);
+    return text;
+}
+
+static char *fwd_spec(char *buf, size_t cap, const char *dtype, int d, const char *extra)
+{
+    snprintf(buf, cap, "attention forward flash { dtype = %s head_dim = %d mask = causal(top_left) %s }",
+             dtype, d, extra);
+    return buf;
+}
+
+/* Whether the kernel of the spec calls `symbol` */
+static int calls(const char *spec, const char *symbol)
+{
+    char *ir = cpu_ir(spec);
+    int found = ir && strstr(ir, symbol) != NULL;
+    free(ir);
+    return found;
+}
+
+static void test_selection(void)
+{
+    char spec[256], id_off[128], id_standin[128];
+    static const char standin[] = "@aj_amx_standin_tdpbf16ps";
+    setenv("AJ_CPU_AMX", "standin", 1);
+    aj_host_cpu_id(id_standin, sizeof id_standin);
+    if (aj_cpu_vector_width() == 16) {
+        for (int d = 32; d <= 512; d += 32) {
+            CHECK_MSG(calls(fwd_spec(spec, sizeof spec, "bf16", d, ""), standin),
+                      "bf16 d%d: no tile products", d);
+        }
+        CHECK(calls("attention forward flash { dtype = bf16 head_dim = 128 head_dim_v = 64 "
+                    "mask = causal(bottom_right) layout = paged }", standin));
+        CHECK(!calls(fwd_spec(spec, sizeof spec, "bf16", 80, ""), standin));
+        CHECK(!calls("attention forward flash { dtype = bf16 head_dim = 128 head_dim_v = 48 }",
+                     standin));
+        CHECK(!calls(fwd_spec(spec, sizeof spec, "bf16", 128, "schedule = (block_m = 16)"),
+                     standin));
+        CHECK(!calls(fwd_spec(spec, sizeof spec, "f16", 128, ""), standin));
+        CHECK(!calls(fwd_spec(spec, sizeof spec, "f32", 128, ""), standin));
+        /* the backward: both stages, five products */
+        for (int d = 32; d <= 512; d += 96) {
+            snprintf(spec, sizeof spec, "attention backward flash { dtype = bf16 head_dim = %d "
+                     "mask = causal(top_left) }", d);
+            char *ir = cpu_ir(spec);
+            int products = 0;
+            /* each product of tiles is four tdpbf16ps calls (a 32 x 32 step) */
+            for (const char *at = ir; at && (at = strstr(at, "call void @aj_amx_standin_tdpbf16ps"));
+                 at++)
+                products++;
+            CHECK_MSG(ir && strstr(ir, "_dkdv") && strstr(ir, "_dq"), "backward d%d: no stages",
+                      d);
+            /* S and dP in both stages, dV, dK, dQ */
+            CHECK_MSG(products == 4 * 7, "backward bf16 d%d: %d tdpbf16ps sites, want 28", d,
+                      products);
+            free(ir);
+        }
+        CHECK(!calls("attention backward flash { dtype = bf16 head_dim = 80 }", standin));
+        CHECK(!calls("attention backward flash { dtype = f16 head_dim = 128 }", standin));
+        CHECK(!calls("attention backward flash { dtype = bf16 head_dim = 128 "
+                     "schedule = (block_m = 16) }", standin));
+    }
+    char text[1024];
+    aj_cpu_describe(text, sizeof text);
+    CHECK_MSG(strstr(text, "AMX         standin: ") != NULL, "%s", text);
+    setenv("AJ_CPU_AMX", "off", 1);
+    aj_host_cpu_id(id_off, sizeof id_off);
+    CHECK_MSG(strcmp(id_off, id_standin) != 0, "the cache key ignores the mode: %s", id_off);
+    CHECK(!calls(fwd_spec(spec, sizeof spec, "bf16", 128, ""), standin));
+    size_t n = aj_cpu_describe(text, sizeof text);
+    CHECK(n == strlen(text) && n == aj_cpu_describe(NULL, 0));
+    CHECK_MSG(strstr(text, "AMX         off: AJ_CPU_AMX=off") != NULL, "%s", text);
+    char small[8];
+    CHECK(aj_cpu_describe(small, sizeof small) == n && strlen(small) == 7);
+
+    setenv("AJ_CPU_AMX", "tiles", 1);
+    aj_op *op = NULL;
+    aj_kernel *k = NULL;
+    const char *s = fwd_spec(spec, sizeof spec, "bf16", 64, "");
+    CHECK_STATUS(ctx, aj_op_parse(ctx, s, strlen(s), "spec", &op), AJ_OK);
+    aj_compile_options opt = AJ_COMPILE_OPTIONS_INIT;
+    opt.target = AJ_TARGET_CPU;
+    CHECK_STATUS(ctx, aj_compile(ctx, op, &opt, &k), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "AJ_CPU_AMX = 'tiles': expected auto, off, standin or native");
+    aj_kernel_destroy(k);
+    aj_op_destroy(op);
+    unsetenv("AJ_CPU_AMX");
+}
+
+/* The assembly LLVM makes of IR text for this host plus amx-tile and
+ * amx-bf16, or NULL */
+static char *amx_assembly(const char *ir)
+{
+    LLVMInitializeNativeTarget();
+    LLVMInitializeNativeAsmPrinter();
+    LLVMInitializeNativeAsmParser();
+    LLVMContextRef llctx = LLVMContextCreate();
+    LLVMMemoryBufferRef in =
+        LLVMCreateMemoryBufferWithMemoryRangeCopy(ir, strlen(ir), "kernel.ll");
+    LLVMModuleRef mod = NULL;
+    char *err = NULL, *out = NULL;
+    if (LLVMParseIRInContext(llctx, in, &mod, &err)) {
+        CHECK_MSG(0, "the kernel's IR does not parse: %s", err);
+        LLVMDisposeMessage(err);
+        LLVMContextDispose(llctx);
+        return NULL;
+    }
+    char *triple = LLVMGetDefaultTargetTriple(), *cpu = LLVMGetHostCPUName();
+    char *host = LLVMGetHostCPUFeatures();
+    char features[4096];
+    snprintf(features, sizeof features, "%s,+amx-tile,+amx-bf16", host);
+    LLVMTargetRef t = NULL;
+    if (!LLVMGetTargetFromTriple(triple, &t, &err)) {
+        LLVMTargetMachineRef tm = LLVMCreateTargetMachine(
+            t, triple, cpu, features, LLVMCodeGenLevelDefault, LLVMRelocPIC, LLVMCodeModelDefault);
+        LLVMMemoryBufferRef asm_buf = NULL;
+        if (LLVMTargetMachineEmitToMemoryBuffer(tm, mod, LLVMAssemblyFile, &err, &asm_buf)) {
+            CHECK_MSG(0, "LLVM does not compile the tile intrinsics: %s", err);
+        } else {
+            size_t size = LLVMGetBufferSize(asm_buf);
+            out = malloc(size + 1);
+            memcpy(out, LLVMGetBufferStart(asm_buf), size);
+            out[size] = '\0';
+            LLVMDisposeMemoryBuffer(asm_buf);
+        }
+        LLVMDisposeTargetMachine(tm);
+    }
+    LLVMDisposeMessage(err);
+    LLVMDisposeMessage(triple);
+    LLVMDisposeMessage(cpu);
+    LLVMDisposeMessage(host);
+    LLVMDisposeModule(mod);
+    LLVMContextDispose(llctx);
+    return out;
+}
+
+static void test_native(void)
+{
+    if (aj_cpu_vector_width() != 16) {
+        printf("native AMX lowering: skipped (the host has no AVX-512, which the tile path "
+               "builds on)\n");
+        return;
+    }
+    setenv("AJ_CPU_AMX", "native", 1);
+    char spec[256];
+    static const char *const mnemonics[] = {"ldtilecfg", "tileloadd", "tdpbf16ps", "tilestored",
+                                            "tilerelease"};
+    const char *specs[2] = {fwd_spec(spec, sizeof spec, "bf16", 128, ""),
+                            "attention backward flash { dtype = bf16 head_dim = 64 "
+                            "mask = causal(top_left) }"};
+    for (int i = 0; i < 2; i++) {
+        char *ir = cpu_ir(specs[i]);
+        CHECK_MSG(ir && strstr(ir, "@llvm.x86.tdpbf16ps") && !strstr(ir, "aj_amx_standin"),
+                  "%s: not the native intrinsics", i ? "backward" : "forward");
+        char *text = ir ? amx_assembly(ir) : NULL;
+        for (size_t m = 0; text && m < sizeof mnemonics / sizeof mnemonics[0]; m++)
+            CHECK_MSG(strstr(text, mnemonics[m]) != NULL, "%s: no %s in the assembly",
+                      i ? "backward" : "forward", mnemonics[m]);
+        CHECK(!text || i == 1 || strstr(text, "tilezero"));   /* the forward's S starts at 0 */
+        free(text);
+        free(ir);
+        /* object code too (this host's features plus the tile ones) */
+        aj_kernel_destroy(check_compile(ctx, specs[i], "spec", NULL));
+    }
+    char why[256];
+    CHECK(aj_cpu_amx_mode(why, sizeof why) == AJ_AMX_NATIVE);
+    aj_device *dev = NULL;
+    aj_status st = aj_device_open(ctx, AJ_DEVICE_CPU, 0, &dev);
+    if (strstr(why, "for another host")) {
+        CHECK_STATUS(ctx, st, AJ_ERR_UNSUPPORTED);
+        CHECK_ERROR(ctx, "AJ_CPU_AMX=native: this host cannot run tile instructions");
+    } else {
+        CHECK_STATUS(ctx, st, AJ_OK);
+    }
+    aj_device_close(dev);
+    unsetenv("AJ_CPU_AMX");
+}
+
+int main(void)
+{
+    CHECK(aj_ctx_create(NULL, &ctx) == AJ_OK);
+    test_standin_sums();
+    test_standin_exact();
+    test_standin_rounding();
+    test_standin_moves();
+    test_standin_faults();
+    test_selection();
+    test_native();
+    char why[256];
+    aj_amx_mode mode = aj_cpu_amx_mode(why, sizeof why);
+    printf("this host: AMX %s (%s)\n", aj_amx_mode_name(mode), why);
+    aj_ctx_destroy(ctx);
+    return check_report();
+}
