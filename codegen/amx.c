@@ -93,31 +93,44 @@ static inline float ftz(float x)
     return fabsf(x) < FLT_MIN ? copysignf(0.0f, x) : x;
 }
 
-/* The bf16 of a tile's rows as f32 (DAZ), row r at out[r * 32] */
-static void tile_bf16(const aj_amx_file *f, int32_t t, float *out)
+/* An f16 as f32 (exactly: denormals included) */
+static float f16_exact(uint16_t h)
+{
+    int exp = (h >> 10) & 0x1f, man = h & 0x3ff;
+    float x = exp == 0    ? ldexpf((float)man, -24)
+              : exp == 31 ? (man ? NAN : INFINITY)
+                          : ldexpf((float)(man | 0x400), exp - 25);
+    return h & 0x8000 ? -x : x;
+}
+
+/* The 16-bit elements of a tile's rows as f32 (bf16 with DAZ, or f16),
+ * row r at out[r * 32] */
+static void tile_halves(const aj_amx_file *f, int32_t t, int f16, float *out)
 {
     for (int r = 0; r < f->rows[t]; r++)
         for (int e = 0; e < f->colsb[t] / 2; e++) {
             uint16_t h;
             memcpy(&h, f->tile[t][r] + 2 * e, sizeof h);
-            out[r * (AJ_AMX_COLSB / 2) + e] = bf16_daz(h);
+            out[r * (AJ_AMX_COLSB / 2) + e] = f16 ? f16_exact(h) : bf16_daz(h);
         }
 }
 
-void aj_amx_standin_tdpbf16ps(aj_amx_file *f, int32_t c, int32_t a, int32_t b)
+/* tdpbf16ps (f16 = 0) and tdpfp16ps (f16 = 1) */
+static void dot_pairs(aj_amx_file *f, int32_t c, int32_t a, int32_t b, int f16)
 {
-    check_tile(f, c, "tdpbf16ps before ldtilecfg");
-    check_tile(f, a, "tdpbf16ps before ldtilecfg");
-    check_tile(f, b, "tdpbf16ps before ldtilecfg");
+    const char *op = f16 ? "tdpfp16ps before ldtilecfg" : "tdpbf16ps before ldtilecfg";
+    check_tile(f, c, op);
+    check_tile(f, a, op);
+    check_tile(f, b, op);
     if (c == a || c == b || a == b)
-        standin_fault("tdpbf16ps with a tile twice", c);
+        standin_fault("a tile product with a tile twice", c);
     if (f->rows[c] != f->rows[a] || f->colsb[c] != f->colsb[b] ||
         f->colsb[a] != 4 * f->rows[b])
-        standin_fault("tdpbf16ps of tiles whose shapes disagree", c);
+        standin_fault("a tile product of tiles whose shapes disagree", c);
     enum { W = AJ_AMX_COLSB / 2 };
     float av[AJ_AMX_ROWS * W], bv[AJ_AMX_ROWS * W];
-    tile_bf16(f, a, av);
-    tile_bf16(f, b, bv);
+    tile_halves(f, a, f16, av);
+    tile_halves(f, b, f16, bv);
     int kpairs = f->colsb[a] / 4, n = f->colsb[c] / 4;
     for (int m = 0; m < f->rows[c]; m++) {
         float acc[AJ_AMX_COLSB / 4];
@@ -126,7 +139,7 @@ void aj_amx_standin_tdpbf16ps(aj_amx_file *f, int32_t c, int32_t a, int32_t b)
             float a0 = av[m * W + 2 * k], a1 = av[m * W + 2 * k + 1];
             const float *brow = bv + k * W;
             /* per column the two products in order, each sum rounded
-             * (bf16 products are exact in f32) and flushed */
+             * (bf16 and f16 products are exact in f32) and flushed */
             for (int j = 0; j < n; j++) {
                 acc[j] = ftz(acc[j] + a0 * brow[2 * j]);
                 acc[j] = ftz(acc[j] + a1 * brow[2 * j + 1]);
@@ -134,6 +147,16 @@ void aj_amx_standin_tdpbf16ps(aj_amx_file *f, int32_t c, int32_t a, int32_t b)
         }
         memcpy(f->tile[c][m], acc, sizeof acc);
     }
+}
+
+void aj_amx_standin_tdpbf16ps(aj_amx_file *f, int32_t c, int32_t a, int32_t b)
+{
+    dot_pairs(f, c, a, b, 0);
+}
+
+void aj_amx_standin_tdpfp16ps(aj_amx_file *f, int32_t c, int32_t a, int32_t b)
+{
+    dot_pairs(f, c, a, b, 1);
 }
 
 /* ------------------------------------------------------------ emitters */
@@ -164,11 +187,12 @@ static LLVMValueRef config_block(aj_kb *kb)
     return g;
 }
 
-void aj_amx_init(aj_amx *t, aj_kb *kb, aj_amx_mode mode)
+void aj_amx_init(aj_amx *t, aj_kb *kb, aj_amx_mode mode, aj_dtype dtype)
 {
     memset(t, 0, sizeof *t);
     t->kb = kb;
     t->mode = mode;
+    t->dtype = dtype;
     t->cfg = config_block(kb);
     if (mode == AJ_AMX_STANDIN) {
         t->file = aj_kb_var(kb, LLVMArrayType(kb->t_i8, sizeof(aj_amx_file)), NULL, "amx_file");
@@ -248,8 +272,9 @@ void aj_amx_store(aj_amx *t, int tile, LLVMValueRef base, LLVMValueRef stride)
     emit_op(t, "tilestored64", "tilestored", &tile, 1, extra, 2);
 }
 
-void aj_amx_dot_bf16(aj_amx *t, int c, int a, int b)
+void aj_amx_dot(aj_amx *t, int c, int a, int b)
 {
     const int ids[3] = {c, a, b};
-    emit_op(t, "tdpbf16ps", "tdpbf16ps", ids, 3, NULL, 0);
+    const char *op = t->dtype == AJ_DTYPE_F16 ? "tdpfp16ps" : "tdpbf16ps";
+    emit_op(t, op, op, ids, 3, NULL, 0);
 }

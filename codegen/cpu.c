@@ -113,8 +113,8 @@ aj_status aj_host_cpu(aj_ctx *ctx, char **name, char **features)
         p = end ? end + 1 : p + strlen(p);
     }
     /* AJ_CPU_AMX=native on a host without AMX: code for one that has it */
-    if (amx_setting() == AMX_FORCE_NATIVE && !strstr(out, "+amx-bf16")) {
-        static const char extra[] = ",+amx-tile,+amx-bf16";
+    if (amx_setting() == AMX_FORCE_NATIVE) {
+        static const char extra[] = ",+amx-tile,+amx-bf16,+amx-fp16";
         char *more = realloc(out, strlen(out) + sizeof extra);
         if (!more) {
             free(out);
@@ -134,9 +134,10 @@ void aj_host_cpu_id(char *out, size_t cap)
         snprintf(out, cap, "cpu ?");
         return;
     }
-    snprintf(out, cap, "cpu %s %016llx amx-%s", name,
+    snprintf(out, cap, "cpu %s %016llx amx-%s-%s", name,
              (unsigned long long)XXH3_64bits(features, strlen(features)),
-             aj_amx_mode_name(aj_cpu_amx_mode(NULL, 0)));
+             aj_amx_mode_name(aj_cpu_amx_mode(AJ_DTYPE_BF16, NULL, 0)),
+             aj_amx_mode_name(aj_cpu_amx_mode(AJ_DTYPE_F16, NULL, 0)));
     LLVMDisposeMessage(name);
     free(features);
 }
@@ -195,18 +196,30 @@ static void amx_request(void)
 #endif
 }
 
-/* Whether this process can run tile instructions; why not in `why` */
-static int amx_runnable(char *why, size_t cap)
+/* The feature of products of dtype: amx-bf16, amx-fp16, or NULL */
+static const char *amx_product_feature(aj_dtype dtype)
 {
+    return dtype == AJ_DTYPE_BF16 ? "amx-bf16" : dtype == AJ_DTYPE_F16 ? "amx-fp16" : NULL;
+}
+
+/* Whether this process can run tile products of dtype; why not in `why` */
+static int amx_runnable(aj_dtype dtype, char *why, size_t cap)
+{
+    const char *product = amx_product_feature(dtype);
+    if (!product) {
+        snprintf(why, cap, "no tile products of %s", aj_dtype_name(dtype));
+        return 0;
+    }
     /* from CPUID itself: aj_host_cpu's features gain AMX under
      * AJ_CPU_AMX=native */
-    if (!host_enables("amx-tile") || !host_enables("amx-bf16")) {
-        snprintf(why, cap, "CPUID reports no amx-tile and amx-bf16 (or the OS has not enabled "
-                 "their state in XCR0)");
+    if (!host_enables("amx-tile") || !host_enables(product)) {
+        snprintf(why, cap, "CPUID reports no amx-tile and %s (or the OS has not enabled "
+                 "their state in XCR0)", product);
         return 0;
     }
     if (isa_level() != &isa_levels[0]) {   /* every other level masks amx- */
-        snprintf(why, cap, "AJ_CPU_ISA=%s masks amx-tile and amx-bf16", getenv("AJ_CPU_ISA"));
+        snprintf(why, cap, "AJ_CPU_ISA=%s masks amx-tile and %s", getenv("AJ_CPU_ISA"),
+                 product);
         return 0;
     }
     pthread_once(&amx_once, amx_request);
@@ -215,16 +228,20 @@ static int amx_runnable(char *why, size_t cap)
                  strerror(amx_perm_errno));
         return 0;
     }
-    snprintf(why, cap, "CPUID reports amx-tile and amx-bf16; the OS granted the tile data");
+    snprintf(why, cap, "CPUID reports amx-tile and %s; the OS granted the tile data", product);
     return 1;
 }
 
-aj_amx_mode aj_cpu_amx_mode(char *why, size_t cap)
+aj_amx_mode aj_cpu_amx_mode(aj_dtype dtype, char *why, size_t cap)
 {
     char scratch[8];
     if (!why) {
         why = scratch;
         cap = sizeof scratch;
+    }
+    if (!amx_product_feature(dtype)) {
+        snprintf(why, cap, "no tile products of %s", aj_dtype_name(dtype));
+        return AJ_AMX_OFF;
     }
     switch (amx_setting()) {
     case AJ_AMX_STANDIN:
@@ -234,10 +251,10 @@ aj_amx_mode aj_cpu_amx_mode(char *why, size_t cap)
         snprintf(why, cap, "AJ_CPU_AMX=off");
         return AJ_AMX_OFF;
     case AJ_AMX_NATIVE:
-        return amx_runnable(why, cap) ? AJ_AMX_NATIVE : AJ_AMX_OFF;
+        return amx_runnable(dtype, why, cap) ? AJ_AMX_NATIVE : AJ_AMX_OFF;
     case AMX_FORCE_NATIVE: {
         char host[160];
-        if (amx_runnable(host, sizeof host))
+        if (amx_runnable(dtype, host, sizeof host))
             snprintf(why, cap, "%s", host);
         else
             snprintf(why, cap, "AJ_CPU_AMX=native, for another host: %s, so its kernels "
@@ -253,7 +270,8 @@ aj_amx_mode aj_cpu_amx_mode(char *why, size_t cap)
 aj_status aj_cpu_amx_check_runnable(aj_ctx *ctx)
 {
     char why[200];
-    if (amx_setting() != AMX_FORCE_NATIVE || amx_runnable(why, sizeof why))
+    if (amx_setting() != AMX_FORCE_NATIVE || (amx_runnable(AJ_DTYPE_BF16, why, sizeof why) &&
+                                              amx_runnable(AJ_DTYPE_F16, why, sizeof why)))
         return AJ_OK;
     return aj_fail(ctx, AJ_ERR_UNSUPPORTED, "AJ_CPU_AMX=native: this host cannot run tile "
                    "instructions (%s); unset it or use auto, off or standin", why);
@@ -294,23 +312,37 @@ size_t aj_cpu_describe(char *buf, size_t cap)
         const char *isa = getenv("AJ_CPU_ISA");
         PUT(" (CPUID%s%s%s%s; LLVM names the CPU %s)\n", isa && *isa ? ", AJ_CPU_ISA=" : "",
             isa && *isa ? isa : "", isa && *isa ? " masking" : "",
-            amx_setting() == AMX_FORCE_NATIVE && !host_enables("amx-bf16")
-                ? ", AJ_CPU_AMX=native adding amx-tile and amx-bf16" : "",
+            amx_setting() == AMX_FORCE_NATIVE &&
+                    !(host_enables("amx-tile") && host_enables("amx-bf16") &&
+                      host_enables("amx-fp16"))
+                ? ", AJ_CPU_AMX=native adding amx-tile, amx-bf16 and amx-fp16" : "",
             name);
         int w = aj_cpu_vector_width();
         PUT("vectors     %d floats (%s)\n", w,
             w == 16 ? "avx512f" : w == 8 ? "avx, no avx512f" : "no avx");
-        aj_amx_mode amx = aj_cpu_amx_mode(why, sizeof why);
         int dp = features_enable(features, "avx512bf16");
-        const char *vec = w != 16 ? "widened to f32 (no avx512f)"
-                          : dp      ? "pairs by vdpbf16ps (avx512bf16)"
-                                    : "widened to f32 (no avx512bf16)";
-        if (amx != AJ_AMX_OFF && w == 16)
-            PUT("bf16        forward and backward on AMX tiles where head dims and block_m "
-                "are multiples of 32, else %s\n", vec);
-        else
-            PUT("bf16        %s\n", vec);
-        PUT("AMX         %s: %s\n", aj_amx_mode_name(amx), why);
+        /* per 16-bit dtype: the path, then the AMX line with its reason */
+        static const struct {
+            aj_dtype dtype;
+            const char *label, *amx_label;
+        } halves[2] = {{AJ_DTYPE_BF16, "bf16       ", "AMX bf16   "},
+                       {AJ_DTYPE_F16, "f16        ", "AMX f16    "}};
+        for (int i = 0; i < 2; i++) {
+            aj_amx_mode amx = aj_cpu_amx_mode(halves[i].dtype, why, sizeof why);
+            const char *vec = w != 16                           ? "widened to f32 (no avx512f)"
+                              : halves[i].dtype == AJ_DTYPE_F16 ? "widened to f32"
+                              : dp ? "pairs by vdpbf16ps (avx512bf16)"
+                                   : "widened to f32 (no avx512bf16)";
+            if (amx != AJ_AMX_OFF && w == 16)
+                PUT("%s forward and backward on AMX tiles where head dims and block_m are "
+                    "multiples of 32, else %s\n", halves[i].label, vec);
+            else
+                PUT("%s %s\n", halves[i].label, vec);
+        }
+        for (int i = 0; i < 2; i++) {
+            aj_amx_mode amx = aj_cpu_amx_mode(halves[i].dtype, why, sizeof why);
+            PUT("%s %s: %s\n", halves[i].amx_label, aj_amx_mode_name(amx), why);
+        }
     }
 #undef PUT
     aj_ctx_destroy(ctx);
@@ -349,6 +381,7 @@ const aj_host_symbol *aj_cpu_symbols(size_t *count)
         {"aj_amx_standin_tileloadd", (void *)aj_amx_standin_tileloadd},
         {"aj_amx_standin_tilestored", (void *)aj_amx_standin_tilestored},
         {"aj_amx_standin_tdpbf16ps", (void *)aj_amx_standin_tdpbf16ps},
+        {"aj_amx_standin_tdpfp16ps", (void *)aj_amx_standin_tdpfp16ps},
     };
     *count = sizeof symbols / sizeof symbols[0];
     return symbols;

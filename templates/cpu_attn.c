@@ -643,7 +643,7 @@ void aj_cpu_amx_gemm(aj_amx *t, LLVMValueRef c, LLVMValueRef a, int lda, LLVMVal
     }
     for (int r = 0; r < 2; r++)
         for (int x = 0; x < 2; x++)
-            aj_amx_dot_bf16(t, 2 * r + x, 4 + r, 6 + x);
+            aj_amx_dot(t, 2 * r + x, 4 + r, 6 + x);
     aj_kb_for_end(kb);
     for (int tile = 0; tile < 4; tile++)
         aj_amx_store(t, tile, c_at[tile], c_stride);
@@ -666,7 +666,8 @@ void aj_cpu_scale_rows(aj_kb *kb, LLVMValueRef c, int ncols, LLVMValueRef rscale
     aj_kb_for_end(kb);
 }
 
-void aj_cpu_transpose_bf16(aj_kb *kb, LLVMValueRef dst, LLVMValueRef src, int rows, int cols)
+void aj_cpu_transpose_half(aj_kb *kb, LLVMValueRef dst, LLVMValueRef src, int rows, int cols,
+                           aj_dtype dtype)
 {
     LLVMValueRef r8 =
         aj_kb_for_begin(kb, aj_kb_i32(kb, 0), aj_kb_i32(kb, rows), aj_kb_i32(kb, 8), "tr");
@@ -680,18 +681,18 @@ void aj_cpu_transpose_bf16(aj_kb *kb, LLVMValueRef dst, LLVMValueRef src, int ro
     for (int j = 0; j < 8; j++) {
         LLVMValueRef at = aj_kb_add(kb, aj_kb_mul(kb, aj_kb_add(kb, c8, aj_kb_i32(kb, j)),
                                                   aj_kb_i32(kb, rows)), r8);
-        aj_cv_store(kb, out[j], aj_cv_at(kb, kb->t_i16, dst, at), AJ_DTYPE_BF16, 8);
+        aj_cv_store(kb, out[j], aj_cv_at(kb, kb->t_i16, dst, at), dtype, 8);
     }
     aj_kb_for_end(kb);
     aj_kb_for_end(kb);
 }
 
-void aj_cpu_round_bf16(aj_kb *kb, LLVMValueRef dst, LLVMValueRef src, int n)
+void aj_cpu_round_half(aj_kb *kb, LLVMValueRef dst, LLVMValueRef src, int n, aj_dtype dtype)
 {
     LLVMValueRef i = aj_kb_for_begin(kb, aj_kb_i32(kb, 0), aj_kb_i32(kb, n), aj_kb_i32(kb, 16),
                                      "rb");
     aj_cv_store(kb, aj_cpu_vload(kb, aj_cpu_buf_at(kb, src, i), 16),
-                aj_cv_at(kb, kb->t_i16, dst, i), AJ_DTYPE_BF16, 16);
+                aj_cv_at(kb, kb->t_i16, dst, i), dtype, 16);
     aj_kb_for_end(kb);
 }
 

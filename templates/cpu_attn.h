@@ -190,11 +190,11 @@ void aj_cpu_gemm_acc(aj_kb *kb, int ncols, LLVMValueRef c, LLVMValueRef rscale,
 
 /*
  * Tile products (AMX, codegen/amx.h; docs/cpu.md "AMX tiles") of pairs
- * operands, where the plan chose them over vdpbf16ps:
+ * operands (bf16 or f16, t->dtype), where the plan chose them:
  *
  *   C[m][0..n) (+)= sum_{k < kn} A[m][k] B[k][0..n)   for m < m_end
  *
- * A in bf16 rows of lda elements (Q, P), B in pairs [kn/2][n] (Kt, V:
+ * A in 16-bit rows of lda elements (Q, P), B in pairs [kn/2][n] (Kt, V:
  * the VNNI layout tdpbf16ps reads), C f32 rows of n; m_end (i32) a
  * multiple of AJ_CPU_AMX_ROWS, n and kn multiples of 32.  Per step, four
  * f32 tiles hold 32 rows x 32 columns of C (tiles 0..3), two A tiles the
@@ -209,13 +209,15 @@ void aj_cpu_amx_gemm(aj_amx *t, LLVMValueRef c, LLVMValueRef a, int lda, LLVMVal
 void aj_cpu_scale_rows(aj_kb *kb, LLVMValueRef c, int ncols, LLVMValueRef rscale,
                        LLVMValueRef m_end);
 
-/* dst (bf16, rows of `rows` elements) [c][r] = src (f32 [rows][cols])
- * [r][c] rounded to nearest even, by 8 x 8 transposes (rows and cols
- * multiples of 8): the A operand of a tile product over r (P^T, dS^T) */
-void aj_cpu_transpose_bf16(aj_kb *kb, LLVMValueRef dst, LLVMValueRef src, int rows, int cols);
-/* dst (bf16) [i] = src (f32) [i] rounded to nearest even, i < n (a
- * multiple of 16) */
-void aj_cpu_round_bf16(aj_kb *kb, LLVMValueRef dst, LLVMValueRef src, int n);
+/* dst (`dtype`: bf16 or f16, rows of `rows` elements) [c][r] = src (f32
+ * [rows][cols]) [r][c] rounded to nearest even, by 8 x 8 transposes (rows
+ * and cols multiples of 8): the A operand of a tile product over r (P^T,
+ * dS^T) */
+void aj_cpu_transpose_half(aj_kb *kb, LLVMValueRef dst, LLVMValueRef src, int rows, int cols,
+                           aj_dtype dtype);
+/* dst (`dtype`: bf16 or f16) [i] = src (f32) [i] rounded to nearest even,
+ * i < n (a multiple of 16) */
+void aj_cpu_round_half(aj_kb *kb, LLVMValueRef dst, LLVMValueRef src, int n, aj_dtype dtype);
 
 /* The W scores (log2 units) of row ig for keys jv (both local indices of
  * the call; jv an <W x i32>) from s = the scaled q.k: bias, the

@@ -62,7 +62,7 @@ typedef struct cbwd_plan {
     int d, dv;
     int w;
     int bm, bn;
-    /* bf16 products on AMX tiles (native or stand-in; docs/cpu.md "AMX
+    /* bf16 / f16 products on AMX tiles (native or stand-in; docs/cpu.md "AMX
      * tiles"), else off: everything widened to f32 */
     aj_amx_mode amx;
 } cbwd_plan;
@@ -76,9 +76,9 @@ static aj_status plan_kernel(aj_ctx *ctx, const aj_op *op, cbwd_plan *p)
     p->w = aj_cpu_vector_width();
     aj_status st = aj_cpu_plan_tiles(ctx, op, "cpu backward", p->w, 64, &p->bm, &p->bn);
     /* tile products take 32 rows, 32 k and 32 columns a step (cpu_attn.h) */
-    if (p->dtype == AJ_DTYPE_BF16 && p->w == 16 && p->d % 32 == 0 && p->dv % 32 == 0 &&
-        p->bm % AJ_CPU_AMX_ROWS == 0 && p->bn % 32 == 0)
-        p->amx = aj_cpu_amx_mode(NULL, 0);
+    if (p->w == 16 && p->d % 32 == 0 && p->dv % 32 == 0 && p->bm % AJ_CPU_AMX_ROWS == 0 &&
+        p->bn % 32 == 0)
+        p->amx = aj_cpu_amx_mode(p->dtype, NULL, 0);   /* off but for bf16 and f16 */
     return st;
 }
 
@@ -97,7 +97,7 @@ typedef struct cbwd {
     aj_cpu_attn at;              /* of the current (b, h) */
     LLVMValueRef q, dob, kt, vt, kn, s, dp, z, lse2, delta;   /* stack buffers */
     /* p.amx: Q, dO rows zipped in pairs (B operands), P^T, dS^T (dkdv) and
-     * dS (dq) in bf16 (A operands); q, dob, kt, vt, kn then hold bf16 or
+     * dS (dq) in the dtype (A operands); q, dob, kt, vt, kn then hold rows or
      * pairs (below) */
     LLVMValueRef qz, doz, pt, dst, dsa;
     aj_amx amx;
@@ -141,7 +141,7 @@ static void alloc_buffers(cbwd *c)
     if (c->op->dropout > 0)
         c->z = aj_cv_buffer(c->kb, p->bm * p->bn, "zbuf");
     if (p->amx) {
-        aj_amx_init(&c->amx, c->kb, p->amx);
+        aj_amx_init(&c->amx, c->kb, p->amx, p->dtype);
         aj_amx_config(&c->amx);
     }
 }
@@ -163,7 +163,7 @@ static LLVMValueRef item(cbwd *c, int d)
  * (scaled), dO, LSE in log2 units and Delta = dO . O.  Rows past Sq get
  * Q = dO = 0 and LSE = +inf (so P = 0); a row whose LSE is -inf saw no key
  * in the forward and gets 0, so that its P = 2^(-inf - 0) = 0.  With
- * p.amx, Q (unscaled: the scores take the scale) and dO stay bf16 rows,
+ * p.amx, Q (unscaled: the scores take the scale) and dO stay 16-bit rows,
  * and `zipped` also fills qz and doz.
  */
 static void load_query_side(cbwd *c, LLVMValueRef bidx, LLVMValueRef h, LLVMValueRef m0,
@@ -400,12 +400,12 @@ static void build_dkdv(cbwd *c)
             load_query_side(c, bidx, h, m0, rows, 1);
             if (pairs) {
                 /* the tiles: S = Q Kt, dP = dO Vt; dV += (z P)^T dO and dK
-                 * += dS^T Q with P^T and dS^T rounded to bf16 rows */
+                 * += dS^T Q with P^T and dS^T rounded to the dtype's rows */
                 aj_cpu_amx_gemm(&c->amx, c->s, c->q, p->d, c->kt, p->bn, p->d, bm, 0);
                 aj_cpu_amx_gemm(&c->amx, c->dp, c->dob, p->dv, c->vt, p->bn, p->dv, bm, 0);
                 emit_probabilities(c, m0, n0);
-                aj_cpu_transpose_bf16(kb, c->pt, c->s, p->bm, p->bn);
-                aj_cpu_transpose_bf16(kb, c->dst, c->dp, p->bm, p->bn);
+                aj_cpu_transpose_half(kb, c->pt, c->s, p->bm, p->bn, p->dtype);
+                aj_cpu_transpose_half(kb, c->dst, c->dp, p->bm, p->bn, p->dtype);
                 LLVMValueRef bn = aj_kb_i32(kb, p->bn);
                 aj_cpu_amx_gemm(&c->amx, dv, c->pt, p->bm, c->doz, p->dv, p->bm, bn, 1);
                 aj_cpu_amx_gemm(&c->amx, dk, c->dst, p->bm, c->qz, p->d, p->bm, bn, 1);
@@ -521,7 +521,7 @@ static void dq_step(cbwd *c, const dq_pair *pr, const aj_score_walk *walk, LLVMV
     const aj_cpu_rows v_rows = {.base = pr->v_base, .stride_s = aj_param(kb, AJ_PID(stride_v_s))};
     LLVMValueRef bm = aj_kb_i32(kb, p->bm);
     if (p->amx) {
-        /* the tiles: S, dP as dkdv's; dQ += dS K, dS rounded to bf16 rows
+        /* the tiles: S, dP as dkdv's; dQ += dS K, dS rounded to the dtype's rows
          * and K's rows zipped in pairs */
         aj_cpu_load_cols(kb, c->kt, p->d / 2, p->bn, AJ_PSRC_k, p->dtype, &k_rows, n0, kcount, 1);
         aj_cpu_load_row_pairs(kb, c->kn, p->d, p->bn, AJ_PSRC_k, &k_rows, n0, kcount);
@@ -530,7 +530,7 @@ static void dq_step(cbwd *c, const dq_pair *pr, const aj_score_walk *walk, LLVMV
         aj_cpu_amx_gemm(&c->amx, c->s, c->q, p->d, c->kt, p->bn, p->d, bm, 0);
         aj_cpu_amx_gemm(&c->amx, c->dp, c->dob, p->dv, c->vt, p->bn, p->dv, bm, 0);
         emit_probabilities(c, pr->m0, n0);
-        aj_cpu_round_bf16(kb, c->dsa, c->dp, p->bm * p->bn);
+        aj_cpu_round_half(kb, c->dsa, c->dp, p->bm * p->bn, p->dtype);
         aj_cpu_amx_gemm(&c->amx, pr->dq, c->dsa, p->bn, c->kn, p->d, p->bn, bm, 1);
     } else {
         aj_cpu_load_cols(kb, c->kt, p->d, p->bn, AJ_PSRC_k, p->dtype, &k_rows, n0, kcount, 0);

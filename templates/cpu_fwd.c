@@ -62,9 +62,9 @@ typedef struct cfwd_plan {
     int w;            /* floats per vector register */
     int vw;           /* output-column vector width */
     int bm, bn;
-    int pairs;        /* bf16 products of pairs: Q, Kt, P, V in pairs (cpu_attn.h) */
+    int pairs;        /* 16-bit products of pairs: Q, Kt, P, V in pairs (cpu_attn.h) */
     aj_amx_mode amx;  /* pairs: the products on AMX tiles (native or stand-in), else off:
-                       * vdpbf16ps */
+                       * vdpbf16ps (bf16 only) */
 } cfwd_plan;
 
 static aj_status plan_kernel(aj_ctx *ctx, const aj_op *op, cfwd_plan *p)
@@ -78,14 +78,16 @@ static aj_status plan_kernel(aj_ctx *ctx, const aj_op *op, cfwd_plan *p)
     /* head dims are multiples of 8: 8-wide output vectors always divide */
     p->vw = p->dv % p->w == 0 ? p->w : 8;
     aj_status st = aj_cpu_plan_tiles(ctx, op, "cpu forward", p->w, 128, &p->bm, &p->bn);
-    /* bf16 pairs: the transposes of K move 8 words (16 bf16) at a time;
-     * tile products take 32 rows, 32 k and 32 columns a step (cpu_attn.h) */
-    int bf16 = p->dtype == AJ_DTYPE_BF16 && p->kv_dtype == AJ_DTYPE_BF16 && p->w == 16 &&
-               p->d % 16 == 0;
-    aj_amx_mode amx = aj_cpu_amx_mode(NULL, 0);
-    if (bf16 && p->d % 32 == 0 && p->dv % 32 == 0 && p->bm % AJ_CPU_AMX_ROWS == 0)
-        p->amx = amx;
-    p->pairs = bf16 && (p->amx != AJ_AMX_OFF || aj_cpu_has_feature("avx512bf16"));
+    /* pairs of 16-bit elements: the transposes of K move 8 words (16
+     * elements) at a time; tile products (bf16 on amx-bf16, f16 on
+     * amx-fp16) take 32 rows, 32 k and 32 columns a step (cpu_attn.h);
+     * without them, bf16 pairs by vdpbf16ps */
+    int half = (p->dtype == AJ_DTYPE_BF16 || p->dtype == AJ_DTYPE_F16) &&
+               p->kv_dtype == p->dtype && p->w == 16 && p->d % 16 == 0;
+    if (half && p->d % 32 == 0 && p->dv % 32 == 0 && p->bm % AJ_CPU_AMX_ROWS == 0)
+        p->amx = aj_cpu_amx_mode(p->dtype, NULL, 0);
+    p->pairs = half && (p->amx != AJ_AMX_OFF ||
+                        (p->dtype == AJ_DTYPE_BF16 && aj_cpu_has_feature("avx512bf16")));
     return st;
 }
 
@@ -199,7 +201,7 @@ static void emit_softmax(cfwd *c, LLVMValueRef n0)
         LLVMValueRef pv = aj_cv_exp2(kb, LLVMBuildFSub(b, s[n], mv, ""), w);
         LLVMValueRef at = aj_kb_add(kb, srow, aj_kb_i32(kb, n * w));
         if (round_here)
-            aj_cv_store(kb, pv, aj_cv_at(kb, kb->t_i16, c->pw, at), AJ_DTYPE_BF16, w);
+            aj_cv_store(kb, pv, aj_cv_at(kb, kb->t_i16, c->pw, at), p->dtype, w);
         else
             vstore(c, pv, buf_at(c, c->s, at));
         sum = LLVMBuildFAdd(b, sum, pv, "");
@@ -240,7 +242,7 @@ static void emit_round_p(cfwd *c)
     for (int n = 0; n < bn; n += w) {
         LLVMValueRef at = aj_kb_add(kb, aj_kb_mul(kb, i, aj_kb_i32(kb, bn)), aj_kb_i32(kb, n));
         aj_cv_store(kb, vload(c, buf_at(c, c->s, at), w), aj_cv_at(kb, kb->t_i16, c->pw, at),
-                    AJ_DTYPE_BF16, w);
+                    c->p.dtype, w);
     }
     aj_kb_for_end(kb);
 }
@@ -473,7 +475,7 @@ static void alloc_buffers(cfwd *c)
     c->l = aj_cv_buffer(kb, p->bm, "lrow");
     c->alpha = aj_cv_buffer(kb, p->bm, "alpha");
     if (p->amx)
-        aj_amx_init(&c->amx, kb, p->amx);
+        aj_amx_init(&c->amx, kb, p->amx, p->dtype);
 }
 
 /* The work item's (x, y, z). */

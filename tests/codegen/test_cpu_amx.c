@@ -79,10 +79,10 @@ static void config_full(uint8_t cfg[64])
     config(cfg, rows, colsb);
 }
 
-/* C (m x n f32, ldc) += A (m x 2kp bf16) B (kp x n pairs), through tiles
- * 0 (C), 1 (A), 2 (B) shaped to fit */
-static void standin_product(int m, int kp, int n, float *c, int ldc, const uint16_t *a, int lda,
-                            const uint16_t *b, int ldb)
+/* C (m x n f32, ldc) += A (m x 2kp bf16, or f16 with f16 set) B (kp x n
+ * pairs), through tiles 0 (C), 1 (A), 2 (B) shaped to fit */
+static void standin_product_of(int f16, int m, int kp, int n, float *c, int ldc,
+                               const uint16_t *a, int lda, const uint16_t *b, int ldb)
 {
     static aj_amx_file file;
     uint8_t cfg[64];
@@ -93,9 +93,18 @@ static void standin_product(int m, int kp, int n, float *c, int ldc, const uint1
     aj_amx_standin_tileloadd(&file, 0, c, 4 * ldc);
     aj_amx_standin_tileloadd(&file, 1, a, 2 * lda);
     aj_amx_standin_tileloadd(&file, 2, b, 2 * ldb);
-    aj_amx_standin_tdpbf16ps(&file, 0, 1, 2);
+    if (f16)
+        aj_amx_standin_tdpfp16ps(&file, 0, 1, 2);
+    else
+        aj_amx_standin_tdpbf16ps(&file, 0, 1, 2);
     aj_amx_standin_tilestored(&file, 0, c, 4 * ldc);
     aj_amx_standin_tilerelease(&file);
+}
+
+static void standin_product(int m, int kp, int n, float *c, int ldc, const uint16_t *a, int lda,
+                            const uint16_t *b, int ldb)
+{
+    standin_product_of(0, m, kp, n, c, ldc, a, lda, b, ldb);
 }
 
 /* Full and partial shapes, strided rows, random bf16: each C against the
@@ -174,7 +183,8 @@ static float one_pair(float c, float a0, float b0, float a1, float b1)
 
 static void test_standin_rounding(void)
 {
-    /* 1 + 2^-24 ties to 1, twice; the products summed first would make
+    /* the stand-in's order (the Intrinsics Guide's, codegen/amx.h): 1 +
+     * 2^-24 ties to 1, twice; the products summed first would make
      * 1 + 2^-23 */
     CHECK(one_pair(1.0f, 0x1p-12f, 0x1p-12f, 0x1p-12f, 0x1p-12f) == 1.0f);
     /* a denormal bf16 input reads as zero (DAZ): 2^-130 x 2^100 adds nothing */
@@ -191,6 +201,68 @@ static void test_standin_rounding(void)
     /* infinities and NaN go through */
     CHECK(isinf(one_pair(0.0f, INFINITY, 2.0f, 0.0f, 0.0f)));
     CHECK(isnan(one_pair(0.0f, INFINITY, 0.0f, 0.0f, 0.0f)));
+}
+
+/* f16 of small integers and powers of two (exact) */
+static uint16_t f16_of(int v, int exp2)
+{
+    /* v 0..1023 times 2^exp2 as a normal f16, or 0 */
+    if (v == 0)
+        return 0;
+    int sign = v < 0;
+    unsigned m = (unsigned)(sign ? -v : v);
+    int e = 0;
+    while (m < 0x400) {
+        m <<= 1;
+        e--;
+    }
+    while (m >= 0x800) {   /* callers keep |v| small enough to stay exact */
+        m >>= 1;
+        e++;
+    }
+    int biased = e + exp2 + 10 + 15;
+    return (uint16_t)((sign ? 0x8000 : 0) | (unsigned)biased << 10 | (m & 0x3ff));
+}
+
+/* tdpfp16ps: exact integer products, denormal f16 inputs counted (no DAZ),
+ * a denormal accumulator flushed as bf16's is */
+static void test_standin_f16(void)
+{
+    uint16_t a[16 * 32], b[16 * 32];
+    float c[16 * 16];
+    long want[16 * 16];
+    uint64_t rng = 13;
+    int av[16 * 32], bv[16 * 32];
+    for (int i = 0; i < 16 * 32; i++) {
+        av[i] = (int)(uniform(&rng) * 61) - 30;
+        bv[i] = (int)(uniform(&rng) * 61) - 30;
+        a[i] = f16_of(av[i], 0);
+        b[i] = f16_of(bv[i], 0);
+    }
+    for (int i = 0; i < 16; i++)
+        for (int j = 0; j < 16; j++) {
+            c[i * 16 + j] = (float)(2 * i - j);
+            want[i * 16 + j] = 2 * i - j;
+            for (int k = 0; k < 32; k++)
+                want[i * 16 + j] += (long)av[i * 32 + k] * bv[(k / 2) * 32 + 2 * j + k % 2];
+        }
+    standin_product_of(1, 16, 16, 16, c, 16, a, 32, b, 32);
+    int bad = 0;
+    for (int i = 0; i < 256; i++)
+        bad += c[i] != (float)want[i];
+    CHECK_MSG(bad == 0, "f16: %d of 256 integer products differ", bad);
+    /* 2^-24 (the smallest f16 denormal) x 2^14 adds 2^-10 */
+    uint16_t a2[2] = {0x0001, 0}, b2[2] = {f16_of(1, 14), 0};
+    float acc = 0.5f;
+    standin_product_of(1, 1, 1, 1, &acc, 1, a2, 2, b2, 2);
+    CHECK_MSG(acc == 0.5f + 0x1p-10f, "f16 denormal input: %a", acc);
+    /* a denormal accumulator plus 0: flushed, by either product */
+    for (int f16 = 0; f16 < 2; f16++) {
+        uint16_t z[2] = {0, 0};
+        float den = 0x1p-140f;
+        standin_product_of(f16, 1, 1, 1, &den, 1, z, 2, z, 2);
+        CHECK_MSG(den == 0.0f, "%s: a denormal C stays %a", f16 ? "f16" : "bf16", den);
+    }
 }
 
 /* tilezero, load / store strides, release forgetting the configuration */
@@ -331,8 +403,16 @@ static void test_selection(void)
                      standin));
         CHECK(!calls(fwd_spec(spec, sizeof spec, "bf16", 128, "schedule = (block_m = 16)"),
                      standin));
-        CHECK(!calls(fwd_spec(spec, sizeof spec, "f16", 128, ""), standin));
-        CHECK(!calls(fwd_spec(spec, sizeof spec, "f32", 128, ""), standin));
+        /* f16: tdpfp16ps (amx-fp16) */
+        static const char standin16[] = "@aj_amx_standin_tdpfp16ps";
+        for (int d = 32; d <= 512; d += 160)
+            CHECK_MSG(calls(fwd_spec(spec, sizeof spec, "f16", d, ""), standin16) &&
+                          !calls(spec, standin),
+                      "f16 d%d: not tdpfp16ps", d);
+        CHECK(calls("attention backward flash { dtype = f16 head_dim = 128 }", standin16));
+        CHECK(!calls(fwd_spec(spec, sizeof spec, "f16", 80, ""), standin16));
+        CHECK(!calls(fwd_spec(spec, sizeof spec, "f32", 128, ""), standin) &&
+              !calls(spec, standin16));
         /* the backward: both stages, five products */
         for (int d = 32; d <= 512; d += 96) {
             snprintf(spec, sizeof spec, "attention backward flash { dtype = bf16 head_dim = %d "
@@ -351,20 +431,21 @@ static void test_selection(void)
             free(ir);
         }
         CHECK(!calls("attention backward flash { dtype = bf16 head_dim = 80 }", standin));
-        CHECK(!calls("attention backward flash { dtype = f16 head_dim = 128 }", standin));
+        CHECK(!calls("attention backward flash { dtype = f32 head_dim = 128 }", standin));
         CHECK(!calls("attention backward flash { dtype = bf16 head_dim = 128 "
                      "schedule = (block_m = 16) }", standin));
     }
     char text[1024];
     aj_cpu_describe(text, sizeof text);
-    CHECK_MSG(strstr(text, "AMX         standin: ") != NULL, "%s", text);
+    CHECK_MSG(strstr(text, "AMX bf16    standin: ") && strstr(text, "AMX f16     standin: "),
+              "%s", text);
     setenv("AJ_CPU_AMX", "off", 1);
     aj_host_cpu_id(id_off, sizeof id_off);
     CHECK_MSG(strcmp(id_off, id_standin) != 0, "the cache key ignores the mode: %s", id_off);
     CHECK(!calls(fwd_spec(spec, sizeof spec, "bf16", 128, ""), standin));
     size_t n = aj_cpu_describe(text, sizeof text);
     CHECK(n == strlen(text) && n == aj_cpu_describe(NULL, 0));
-    CHECK_MSG(strstr(text, "AMX         off: AJ_CPU_AMX=off") != NULL, "%s", text);
+    CHECK_MSG(strstr(text, "AMX bf16    off: AJ_CPU_AMX=off") != NULL, "%s", text);
     char small[8];
     CHECK(aj_cpu_describe(small, sizeof small) == n && strlen(small) == 7);
 
@@ -403,7 +484,7 @@ static char *amx_assembly(const char *ir)
     char *triple = LLVMGetDefaultTargetTriple(), *cpu = LLVMGetHostCPUName();
     char *host = LLVMGetHostCPUFeatures();
     char features[4096];
-    snprintf(features, sizeof features, "%s,+amx-tile,+amx-bf16", host);
+    snprintf(features, sizeof features, "%s,+amx-tile,+amx-bf16,+amx-fp16", host);
     LLVMTargetRef t = NULL;
     if (!LLVMGetTargetFromTriple(triple, &t, &err)) {
         LLVMTargetMachineRef tm = LLVMCreateTargetMachine(
@@ -440,28 +521,39 @@ static void test_native(void)
     char spec[256];
     static const char *const mnemonics[] = {"ldtilecfg", "tileloadd", "tdpbf16ps", "tilestored",
                                             "tilerelease"};
-    const char *specs[2] = {fwd_spec(spec, sizeof spec, "bf16", 128, ""),
+    /* bf16 forward, bf16 backward, f16 forward (its products tdpfp16ps) */
+    const char *specs[3] = {fwd_spec(spec, sizeof spec, "bf16", 128, ""),
                             "attention backward flash { dtype = bf16 head_dim = 64 "
-                            "mask = causal(top_left) }"};
-    for (int i = 0; i < 2; i++) {
+                            "mask = causal(top_left) }",
+                            "attention forward flash { dtype = f16 head_dim = 96 }"};
+    static const char *const labels[3] = {"bf16 forward", "bf16 backward", "f16 forward"};
+    for (int i = 0; i < 3; i++) {
+        const char *product = i == 2 ? "tdpfp16ps" : "tdpbf16ps";
+        char intrinsic[64];
+        snprintf(intrinsic, sizeof intrinsic, "@llvm.x86.%s", product);
         char *ir = cpu_ir(specs[i]);
-        CHECK_MSG(ir && strstr(ir, "@llvm.x86.tdpbf16ps") && !strstr(ir, "aj_amx_standin"),
-                  "%s: not the native intrinsics", i ? "backward" : "forward");
+        CHECK_MSG(ir && strstr(ir, intrinsic) && !strstr(ir, "aj_amx_standin"),
+                  "%s: not the native intrinsics", labels[i]);
         char *text = ir ? amx_assembly(ir) : NULL;
-        for (size_t m = 0; text && m < sizeof mnemonics / sizeof mnemonics[0]; m++)
-            CHECK_MSG(strstr(text, mnemonics[m]) != NULL, "%s: no %s in the assembly",
-                      i ? "backward" : "forward", mnemonics[m]);
-        CHECK(!text || i == 1 || strstr(text, "tilezero"));   /* the forward's S starts at 0 */
+        for (size_t m = 0; text && m < sizeof mnemonics / sizeof mnemonics[0]; m++) {
+            const char *want = strcmp(mnemonics[m], "tdpbf16ps") == 0 ? product : mnemonics[m];
+            CHECK_MSG(strstr(text, want) != NULL, "%s: no %s in the assembly", labels[i], want);
+        }
+        CHECK(!text || strstr(text, "tilezero"));   /* S starts at 0 */
         free(text);
         free(ir);
         /* object code too (this host's features plus the tile ones) */
         aj_kernel_destroy(check_compile(ctx, specs[i], "spec", NULL));
     }
     char why[256];
-    CHECK(aj_cpu_amx_mode(why, sizeof why) == AJ_AMX_NATIVE);
+    char why16[256];
+    CHECK(aj_cpu_amx_mode(AJ_DTYPE_F32, why, sizeof why) == AJ_AMX_OFF);
+    CHECK(aj_cpu_amx_mode(AJ_DTYPE_F16, why16, sizeof why16) == AJ_AMX_NATIVE);
+    CHECK(aj_cpu_amx_mode(AJ_DTYPE_BF16, why, sizeof why) == AJ_AMX_NATIVE);
     aj_device *dev = NULL;
     aj_status st = aj_device_open(ctx, AJ_DEVICE_CPU, 0, &dev);
-    if (strstr(why, "for another host")) {
+    /* the device refuses where either product cannot run */
+    if (strstr(why, "for another host") || strstr(why16, "for another host")) {
         CHECK_STATUS(ctx, st, AJ_ERR_UNSUPPORTED);
         CHECK_ERROR(ctx, "AJ_CPU_AMX=native: this host cannot run tile instructions");
     } else {
@@ -477,13 +569,17 @@ int main(void)
     test_standin_sums();
     test_standin_exact();
     test_standin_rounding();
+    test_standin_f16();
     test_standin_moves();
     test_standin_faults();
     test_selection();
     test_native();
     char why[256];
-    aj_amx_mode mode = aj_cpu_amx_mode(why, sizeof why);
-    printf("this host: AMX %s (%s)\n", aj_amx_mode_name(mode), why);
+    for (int i = 0; i < 2; i++) {
+        aj_dtype dtype = i ? AJ_DTYPE_F16 : AJ_DTYPE_BF16;
+        aj_amx_mode mode = aj_cpu_amx_mode(dtype, why, sizeof why);
+        printf("this host: AMX %s %s (%s)\n", aj_dtype_name(dtype), aj_amx_mode_name(mode), why);
+    }
     aj_ctx_destroy(ctx);
     return check_report();
 }
