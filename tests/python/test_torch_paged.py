@@ -3,8 +3,8 @@ sequence and SDPA in float64 with the queries at the last positions
 (bottom-right causal).  Page sizes 1 and 16 (shuffled pages), GQA, decode
 (padded queries) and chunked prefill (varlen queries, chunks 0 .. the whole
 sequence), an e4m3 cache with its scales, learned sinks, an expression mask
-over a side tensor, and a chunk longer than its sequence named as an
-error."""
+over a side tensor, and a chunk longer than its sequence and misplaced
+scales named as errors."""
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -113,6 +113,21 @@ def test_fp8_cache():
         o_ref, lse_ref = reference(q[rows], gather(k8.float(), table, b, n),
                                    gather(v8.float(), table, b, n), False, (0.25, 0.125))
         check(o[rows], lse[:, rows], o_ref, lse_ref, 2e-2)
+
+
+def test_cache_scales_named():
+    """Scales come in a pair and only with float8 caches; a lone or
+    misplaced one is an error, never ignored."""
+    k_cache, v_cache, table = make_cache([5], 16, 2, 64, torch.float16, 8)
+    k8, v8 = k_cache.to(torch.float8_e4m3fn), v_cache.to(torch.float8_e4m3fn)
+    q, lens, one = torch.randn(1, 2, 1, 64).half(), torch.tensor([5], dtype=torch.int32), \
+        torch.tensor([1.0])
+    for kc, vc, ks, vs, match in ((k_cache, v_cache, one, None, "come together"),
+                                  (k8, v8, None, one, "come together"),
+                                  (k_cache, v_cache, one, one, "only with"),
+                                  (k8, v8, None, None, "only with")):
+        with pytest.raises(attnjit.Error, match=match):
+            at.paged_attention(q, kc, vc, table, lens, k_scale=ks, v_scale=vs)
 
 
 def test_chunk_beyond_sequence():

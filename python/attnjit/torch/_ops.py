@@ -198,6 +198,20 @@ def _bind_side(names, side):
     return arr, len(side)
 
 
+def _side_tensors(tensors, q, grads=True):
+    """The side tensors of `tensors` (a dict name: tensor, or None) as the
+    kernels read them -- float32 or int32 on q's device, in order -- and
+    their IR declarations; with grads, a float tensor that requires grad
+    (autograd on) is declared grad."""
+    side, decls = [], []
+    for name, t in (tensors or {}).items():
+        grad = grads and t.is_floating_point() and t.requires_grad and torch.is_grad_enabled()
+        decls.append(_side_decl(name, t, grad))
+        side.append(t.to(device=q.device, dtype=torch.float32 if t.is_floating_point()
+                         else torch.int32))
+    return side, decls
+
+
 def _side_decls(body):
     """The body's side tensor declarations, in order (the order the ops
     receive the tensors in)."""
@@ -651,13 +665,7 @@ def _prepare(q, k, v, causal, window, softcap, alibi_slopes, bias, scale, dropou
     variant = variant or ("efficient" if bias is not None or wide else "flash")
     if variant not in ("flash", "efficient"):
         raise _fail("variant = %r; want 'flash' or 'efficient'" % (variant,))
-    tensors = dict(tensors or {})
-    side, decls = [], []
-    for name, t in tensors.items():
-        grad = t.is_floating_point() and t.requires_grad and torch.is_grad_enabled()
-        decls.append(_side_decl(name, t, grad))
-        side.append(t.to(device=q.device, dtype=torch.float32 if t.is_floating_point()
-                         else torch.int32))
+    side, decls = _side_tensors(tensors, q)
     alibi = alibi_slopes is not None
     alibi_grad = alibi and alibi_slopes.requires_grad and torch.is_grad_enabled()
     if alibi:

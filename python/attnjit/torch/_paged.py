@@ -11,7 +11,7 @@ from attnjit import _capi
 from attnjit._capi import lib as _lib
 
 from ._ops import (_AJ_DTYPE, _IR_DTYPE, _FWD_SIZE, _SINKS, _bind_side, _body, _device_of,
-                   _fail, _kernel, _launch, _put, _side_decl, _sinks_tensor)
+                   _fail, _kernel, _launch, _put, _side_tensors, _sinks_tensor)
 
 # the caches' element types: the queries' three, and the f8 ones (kv_dtype)
 _KV_DTYPE = dict(_AJ_DTYPE)
@@ -21,6 +21,16 @@ for _name, _code, _ir in (("float8_e4m3fn", _capi.DTYPE_F8E4M3, "f8e4m3"),
     if hasattr(torch, _name):
         _KV_DTYPE[getattr(torch, _name)] = _code
         _KV_IR[getattr(torch, _name)] = _ir
+
+
+def _check_cache(cache, scaled, name, scales):
+    """A cache's dtype, and its scales (`scales`, given when `scaled`) with
+    and only with float8."""
+    if cache.dtype not in _KV_DTYPE:
+        raise _fail("%s.dtype = %s; a cache holds float16, bfloat16, float32 or float8"
+                    % (name, cache.dtype))
+    if (cache.dtype not in _AJ_DTYPE) != scaled:
+        raise _fail("%s with (and only with) a float8 cache" % scales)
 
 
 def _int32(name, t, dims):
@@ -49,14 +59,14 @@ def paged_attention(q, k_cache, v_cache, block_table, seqlens_k, *, cu_seqlens_q
     split-KV parts.  mask / score_mod: IR expressions over b, h, q, k, sq,
     sk (q, k positions in the sequence, sq = sk = its length; and score),
     reading the side tensors of `tensors` by name, as attention()'s."""
-    if k_cache.dtype not in _KV_DTYPE or v_cache.dtype != k_cache.dtype:
+    if v_cache.dtype != k_cache.dtype:
         raise _fail("k_cache (%s) and v_cache (%s) must share a cache dtype" %
                     (k_cache.dtype, v_cache.dtype))
     if v_cache.dim() != 4:
         raise _fail("the caches must be (num_pages, page_size, H, D)")
-    f8 = k_cache.dtype not in _AJ_DTYPE
-    if f8 != (k_scale is not None and v_scale is not None):
-        raise _fail("k_scale and v_scale go with (and only with) float8 caches")
+    if (k_scale is None) != (v_scale is None):
+        raise _fail("k_scale and v_scale come together (one-element float32 tensors)")
+    _check_cache(k_cache, k_scale is not None, "k_cache", "k_scale and v_scale go")
     return _paged(q, k_cache, v_cache, v_cache.shape[-1], block_table, seqlens_k,
                   cu_seqlens_q=cu_seqlens_q, k_scale=k_scale, v_scale=v_scale,
                   causal=causal, window=window, softcap=softcap, scale=scale, splits=splits,
@@ -91,11 +101,7 @@ def mla_decode(q, kv_cache, block_table, seqlens_k, *, head_dim_v, scale, cu_seq
     if kv_cache.dim() != 4 or kv_cache.shape[2] != 1:
         raise _fail("kv_cache must be (num_pages, page_size, D) or (num_pages, page_size, 1, "
                     "D): one latent head; got %s" % (tuple(kv_cache.shape),))
-    if kv_cache.dtype not in _KV_DTYPE:
-        raise _fail("kv_cache.dtype = %s; the cache holds float16, bfloat16, float32 or "
-                    "float8" % kv_cache.dtype)
-    if (kv_cache.dtype not in _AJ_DTYPE) != (kv_scale is not None):
-        raise _fail("kv_scale goes with (and only with) a float8 cache")
+    _check_cache(kv_cache, kv_scale is not None, "kv_cache", "kv_scale goes")
     if not isinstance(head_dim_v, int) or not 0 < head_dim_v <= kv_cache.shape[-1]:
         raise _fail("head_dim_v = %r: V is the first head_dim_v columns of the cache's %d"
                     % (head_dim_v, kv_cache.shape[-1]))
@@ -118,11 +124,8 @@ def _paged(q, k_cache, v_cache, dv, block_table, seqlens_k, *, cu_seqlens_q, k_s
     if q.dim() != (3 if varlen else 4) or k_cache.dim() != 4:
         raise _fail("q must be %s and the caches (num_pages, page_size, H, D)" %
                     ("(T, H, D) with cu_seqlens_q" if varlen else "(B, H, S, D)"))
-    tensors = dict(tensors or {})
-    decls = [_side_decl(name, t) for name, t in tensors.items()]
-    side = [t.to(device=q.device, dtype=torch.float32 if t.is_floating_point() else torch.int32)
-            for t in tensors.values()]
-    names = list(tensors)
+    side, decls = _side_tensors(tensors, q, grads=False)   # (a forward without autograd)
+    names = list(tensors or {})
     if sinks is not None:
         side.append(_sinks_tensor(sinks, q))
         names.append(_SINKS)
