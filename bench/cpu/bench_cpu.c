@@ -533,9 +533,11 @@ int main(int argc, char **argv)
         fprintf(stderr, "bench_cpu: cannot write %s\n", cfg.csv);
         return 1;
     }
+    /* every table names what the kernels were compiled for (CPUID
+     * features, paths; aj_cpu_describe) */
+    char paths[1024];
+    aj_cpu_describe(paths, sizeof paths);
     if (cfg.dtypes) {
-        char paths[1024];
-        aj_cpu_describe(paths, sizeof paths);
         printf("cpu: %s, %d threads; flash forward, B 1, H %d; f32, bf16 as this host runs it, "
                "bf16 with AJ_CPU_AMX=off and bf16 widened (AJ_CPU_ISA=avx512), launched in "
                "turn, best of %d\n\n```\n%s```\n\n| S | d | mask | f32 ms | bf16 ms | "
@@ -554,9 +556,10 @@ int main(int argc, char **argv)
     }
     if (cfg.jit) {
         printf("cpu: %s, %d threads; %s, B 1, H %d, S %d; compile: median of %d, cache "
-               "bypassed; run: best of %d\n\n| pass | d | mask | opt | compile ms | run ms | "
-               "GFLOP/s |\n|---|---:|---|---|---:|---:|---:|\n", aj_device_name(dev), threads,
-               aj_dtype_name(cfg.dtype), cfg.heads, cfg.seq, cfg.compiles, cfg.repeat);
+               "bypassed; run: best of %d\n\n```\n%s```\n\n| pass | d | mask | opt | "
+               "compile ms | run ms | GFLOP/s |\n|---|---:|---|---|---:|---:|---:|\n",
+               aj_device_name(dev), threads, aj_dtype_name(cfg.dtype), cfg.heads, cfg.seq,
+               cfg.compiles, cfg.repeat, paths);
         int failed = 0;
         static const int jit_dims[] = {64, 128, 256};
         for (int di = 0; di < 3; di++)
@@ -572,8 +575,7 @@ int main(int argc, char **argv)
     printf("cpu: %s, %d threads; peak: %s chains on every thread, measured after each row\n",
            aj_device_name(dev), threads, pk.name);
     printf("flash forward and backward, %s, B 1, H %d, Sq = Sk = S, best of %d (peak: best "
-           "of 3)\n\n", aj_dtype_name(cfg.dtype),
-           cfg.heads, cfg.repeat);
+           "of 3)\n\n```\n%s```\n\n", aj_dtype_name(cfg.dtype), cfg.heads, cfg.repeat, paths);
     printf("| pass | S | d | mask | ms | GFLOP/s | peak GFLOP/s | of peak | C loop GFLOP/s | "
            "speedup |\n|---|---:|---:|---|---:|---:|---:|---:|---:|---:|\n");
     static const int quick[] = {512, 1024, 2048}, full[] = {512, 1024, 2048, 4096, 8192};

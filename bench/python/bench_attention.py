@@ -31,6 +31,18 @@ def timed(fn):
     return time.perf_counter() - t0
 
 
+def host_header():
+    """The run's host for a table's header: torch's version and threads,
+    attnjit's, the cpu device, and what its kernels are compiled for here
+    (CPUID features and the paths they select: attnjit.cpu_describe), so
+    that every CPU figure carries its host's flags."""
+    lines = ["torch %s, %d threads; attnjit %s on %s" % (
+        torch.__version__, torch.get_num_threads(), attnjit.__version__,
+        _capi.lib.aj_device_name(attnjit.device("cpu")).decode())]
+    lines += ["  cpu %s: %s" % kv for kv in attnjit.cpu_describe().items()]
+    return "\n".join(lines) + "\n"
+
+
 def sides(fns, repeats, sample_s=0.1):
     """Per-call medians of each of fns, run in turn after one warm-up each.
     Each sample runs a side back to back for about sample_s seconds (at
@@ -139,9 +151,7 @@ def main():
     args.dims = [int(d) for d in args.dims.split(",")]
     args.dtypes = [getattr(torch, d) for d in args.dtypes.split(",")]
     args.causal = [c == "causal" for c in args.causal.split(",")]
-    print("torch %s, %d threads; attnjit %s on %s\n" % (
-        torch.__version__, torch.get_num_threads(), attnjit.__version__,
-        _capi.lib.aj_device_name(attnjit.device("cpu")).decode()))
+    print(host_header())
     if args.only != "overhead":
         throughput(args)
     if args.only != "throughput":

@@ -25,7 +25,7 @@ from torch.nn.attention import flex_attention as tf  # noqa: E402
 import attnjit.torch as at  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(__file__))
-from bench_attention import pair  # noqa: E402
+from bench_attention import host_header, pair  # noqa: E402
 
 
 def mods(S, H):
@@ -71,6 +71,7 @@ def main():
     p.add_argument("--dtype", default="float32")
     p.add_argument("--repeats", type=int, default=5)
     args = p.parse_args()
+    print(host_header())
     torch.set_num_threads(2)
     S, D, H, dtype = args.seq, args.dim, args.heads, getattr(torch, args.dtype)
     g = torch.Generator().manual_seed(0)

@@ -28,7 +28,7 @@ import torch
 import attnjit.torch as at
 
 sys.path.insert(0, os.path.dirname(__file__))
-from bench_attention import sides  # noqa: E402
+from bench_attention import host_header, sides  # noqa: E402
 
 LATENT, ROPE = 512, 64
 D = LATENT + ROPE
@@ -80,6 +80,7 @@ def main():
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--repeats", type=int, default=5)
     args = p.parse_args()
+    print(host_header())
     print("| heads | Sq | S | B | attnjit ms | GB/s | copy GB/s | of copy | GFLOP/s "
           "| torch f32 dense ms | torch / attnjit |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")

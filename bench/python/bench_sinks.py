@@ -19,7 +19,7 @@ import torch
 import attnjit.torch as at
 
 sys.path.insert(0, os.path.dirname(__file__))
-from bench_attention import pair  # noqa: E402
+from bench_attention import host_header, pair  # noqa: E402
 
 
 def main():
@@ -28,6 +28,7 @@ def main():
     p.add_argument("--dtypes", default="float32,bfloat16")
     p.add_argument("--repeats", type=int, default=5)
     args = p.parse_args()
+    print(host_header())
     torch.set_num_threads(2)
     print("| dtype | S | mask | fwd+bwd ms, no sinks | with sinks | cost |")
     print("| --- | --- | --- | --- | --- | --- |")

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 import attnjit.torch as at
 
 sys.path.insert(0, os.path.dirname(__file__))
-from bench_attention import sides  # noqa: E402
+from bench_attention import host_header, sides  # noqa: E402
 
 
 @torch.library.custom_op("ajbench::floor_fwd", mutates_args=())
@@ -62,6 +62,7 @@ def main():
     p.add_argument("--dtype", default="float32")
     p.add_argument("--repeats", type=int, default=5)
     args = p.parse_args()
+    print(host_header())
     torch.set_num_threads(2)
     dtype = getattr(torch, args.dtype)
     print("| S | D | attnjit ms | SDPA ms | floor ms | SDPA / attnjit | attnjit - floor ms |")

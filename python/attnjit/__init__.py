@@ -16,7 +16,8 @@ from . import _capi
 from ._capi import lib as _lib
 
 __version__ = _lib.aj_version_string().decode()
-__all__ = ["Error", "Kernel", "check", "compile", "tune", "llvm_version", "__version__"]
+__all__ = ["Error", "Kernel", "check", "compile", "cpu_describe", "tune", "llvm_version",
+           "__version__"]
 
 
 # ---------------------------------------------------------------- errors
@@ -260,3 +261,20 @@ def tune(spec, device_kind="cpu", *, batch=0, heads_q=0, heads_kv=0, seq_q=0, se
 
 def llvm_version():
     return _lib.aj_llvm_version().decode()
+
+
+def cpu_describe():
+    """What the cpu device's kernels are compiled for on this host, as
+    `attnjit info` prints it (aj_cpu_describe): the CPU features from
+    CPUID and, per choice (vector width, bf16 and f16 products, AMX tiles),
+    the path taken and why -- a dict of its lines, {"features": ..., "vectors":
+    ..., "bf16": ..., "f16": ..., "AMX bf16": ..., "AMX f16": ...}.  Read at
+    each call, so AJ_CPU_ISA and AJ_CPU_AMX set since count."""
+    n = _lib.aj_cpu_describe(None, 0)
+    buf = ctypes.create_string_buffer(n + 1)
+    _lib.aj_cpu_describe(buf, n + 1)
+    lines = {}
+    for line in buf.value.decode().splitlines():
+        # "name  value": the name is the first 11 columns
+        lines[line[:11].strip()] = line[11:].strip()
+    return lines

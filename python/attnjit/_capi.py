@@ -161,6 +161,7 @@ _SIGNATURES = {
     "aj_free": (None, [P]),
     "aj_version_string": (c_char_p, []),
     "aj_llvm_version": (c_char_p, []),
+    "aj_cpu_describe": (c_size_t, [ctypes.c_char_p, c_size_t]),
     "aj_op_parse": (c_int, [P, c_char_p, c_size_t, c_char_p, PP]),
     "aj_op_destroy": (None, [P]),
     "aj_op_print": (c_int, [P, PP]),

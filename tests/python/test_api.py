@@ -1,5 +1,5 @@
-"""attnjit.check / compile / tune and the error classes, over the C API;
-and the ctypes structs' layouts against the C compiler's."""
+"""attnjit.check / compile / tune / cpu_describe and the error classes,
+over the C API; and the ctypes structs' layouts against the C compiler's."""
 import os
 import shutil
 import subprocess
@@ -50,6 +50,23 @@ def test_errors():
     with pytest.raises(attnjit.InvalidArgError, match="sm_75"):
         attnjit.compile(SPEC, target="sm_75")
     assert issubclass(attnjit.ParseError, attnjit.Error)
+
+
+def test_cpu_describe(monkeypatch):
+    """The cpu paths as attnjit info prints them, following AJ_CPU_AMX and
+    AJ_CPU_ISA at each call."""
+    lines = attnjit.cpu_describe()
+    assert list(lines) == ["features", "vectors", "bf16", "f16", "AMX bf16", "AMX f16"]
+    assert "CPUID" in lines["features"] and "floats" in lines["vectors"]
+    monkeypatch.setenv("AJ_CPU_AMX", "standin")
+    lines = attnjit.cpu_describe()
+    assert lines["AMX bf16"].startswith("standin: ") and lines["AMX f16"].startswith("standin")
+    monkeypatch.setenv("AJ_CPU_AMX", "off")
+    monkeypatch.setenv("AJ_CPU_ISA", "avx2")
+    lines = attnjit.cpu_describe()
+    assert lines["vectors"].startswith("8 floats") and lines["AMX bf16"] == "off: AJ_CPU_AMX=off"
+    monkeypatch.setenv("AJ_CPU_AMX", "tiles")
+    assert "expected auto, off, standin or native" in attnjit.cpu_describe()["features"]
 
 
 def test_tune_on_cpu():
