@@ -11,6 +11,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ir/dtype.h"
+
 _Static_assert(sizeof(aj_amx_file) % 64 == 0, "the tile file is a whole number of lines");
 
 /* ------------------------------------------------------------ stand-in */
@@ -79,28 +81,13 @@ void aj_amx_standin_tilestored(aj_amx_file *f, int32_t t, void *base, int64_t st
 /* A bf16 as f32, a denormal read as zero (DAZ) */
 static float bf16_daz(uint16_t h)
 {
-    if ((h & 0x7f80) == 0)
-        h &= 0x8000;
-    uint32_t bits = (uint32_t)h << 16;
-    float x;
-    memcpy(&x, &bits, sizeof x);
-    return x;
+    return aj_bf16_to_f32((h & 0x7f80) == 0 ? h & 0x8000 : h);
 }
 
 /* x with a denormal flushed to zero of its sign (FTZ) */
 static inline float ftz(float x)
 {
     return fabsf(x) < FLT_MIN ? copysignf(0.0f, x) : x;
-}
-
-/* An f16 as f32 (exactly: denormals included) */
-static float f16_exact(uint16_t h)
-{
-    int exp = (h >> 10) & 0x1f, man = h & 0x3ff;
-    float x = exp == 0    ? ldexpf((float)man, -24)
-              : exp == 31 ? (man ? NAN : INFINITY)
-                          : ldexpf((float)(man | 0x400), exp - 25);
-    return h & 0x8000 ? -x : x;
 }
 
 /* The 16-bit elements of a tile's rows as f32 (bf16 with DAZ, or f16),
@@ -111,7 +98,8 @@ static void tile_halves(const aj_amx_file *f, int32_t t, int f16, float *out)
         for (int e = 0; e < f->colsb[t] / 2; e++) {
             uint16_t h;
             memcpy(&h, f->tile[t][r] + 2 * e, sizeof h);
-            out[r * (AJ_AMX_COLSB / 2) + e] = f16 ? f16_exact(h) : bf16_daz(h);
+            /* f16: exact, denormals included */
+            out[r * (AJ_AMX_COLSB / 2) + e] = f16 ? aj_f16_to_f32(h) : bf16_daz(h);
         }
 }
 

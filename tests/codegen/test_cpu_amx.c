@@ -34,6 +34,7 @@
 #include "check_compile.h"
 #include "codegen/amx.h"
 #include "codegen/codegen.h"
+#include "ir/dtype.h"
 #include "splitmix.h"
 
 static aj_ctx *ctx;
@@ -45,21 +46,6 @@ static double uniform(uint64_t *rng)
 }
 
 /* ---------------------------------------------------------------- stand-in */
-
-static uint16_t bf16_of(float x)
-{
-    uint32_t u;
-    memcpy(&u, &x, sizeof u);
-    return (uint16_t)((u + 0x7fff + ((u >> 16) & 1)) >> 16);
-}
-
-static double f64_of(uint16_t h)
-{
-    uint32_t u = (uint32_t)h << 16;
-    float x;
-    memcpy(&x, &u, sizeof x);
-    return x;
-}
 
 /* A palette-1 block: tile t rows[t] x colsb[t] */
 static void config(uint8_t cfg[64], const int rows[8], const int colsb[8])
@@ -122,8 +108,8 @@ static void test_standin_sums(void)
         double want[17 * LD], mag[17 * LD];
         for (int i = 0; i < 17 * LD; i++) {
             c[i] = (float)(uniform(&rng) * 4 - 2);
-            a[i] = bf16_of((float)(uniform(&rng) * 2 - 1));
-            b[i] = bf16_of((float)(uniform(&rng) * 2 - 1));
+            a[i] = aj_f32_to_bf16((float)(uniform(&rng) * 2 - 1));
+            b[i] = aj_f32_to_bf16((float)(uniform(&rng) * 2 - 1));
             want[i] = c[i];
             mag[i] = fabs(c[i]);
         }
@@ -131,7 +117,8 @@ static void test_standin_sums(void)
             for (int j = 0; j < n; j++)
                 for (int k = 0; k < kp; k++)
                     for (int e = 0; e < 2; e++) {
-                        double p = f64_of(a[i * LD + 2 * k + e]) * f64_of(b[k * LD + 2 * j + e]);
+                        double p = (double)aj_bf16_to_f32(a[i * LD + 2 * k + e]) *
+                                   aj_bf16_to_f32(b[k * LD + 2 * j + e]);
                         want[i * LD + j] += p;
                         mag[i * LD + j] += fabs(p);
                     }
@@ -155,16 +142,16 @@ static void test_standin_exact(void)
     long want[16 * 16];
     uint64_t rng = 11;
     for (int i = 0; i < 16 * 32; i++) {
-        a[i] = bf16_of((float)((int)(uniform(&rng) * 31) - 15));
-        b[i] = bf16_of((float)((int)(uniform(&rng) * 31) - 15));
+        a[i] = aj_f32_to_bf16((float)((int)(uniform(&rng) * 31) - 15));
+        b[i] = aj_f32_to_bf16((float)((int)(uniform(&rng) * 31) - 15));
     }
     for (int i = 0; i < 16; i++)
         for (int j = 0; j < 16; j++) {
             c[i * 16 + j] = (float)(i - j);
             want[i * 16 + j] = i - j;
             for (int k = 0; k < 32; k++)
-                want[i * 16 + j] += (long)f64_of(a[i * 32 + k]) *
-                                    (long)f64_of(b[(k / 2) * 32 + 2 * j + k % 2]);
+                want[i * 16 + j] += (long)aj_bf16_to_f32(a[i * 32 + k]) *
+                                    (long)aj_bf16_to_f32(b[(k / 2) * 32 + 2 * j + k % 2]);
         }
     standin_product(16, 16, 16, c, 16, a, 32, b, 32);
     int bad = 0;
@@ -176,7 +163,8 @@ static void test_standin_exact(void)
 /* One pair into one C element: c + a0 b0 + a1 b1, in that order. */
 static float one_pair(float c, float a0, float b0, float a1, float b1)
 {
-    uint16_t a[2] = {bf16_of(a0), bf16_of(a1)}, b[2] = {bf16_of(b0), bf16_of(b1)};
+    uint16_t a[2] = {aj_f32_to_bf16(a0), aj_f32_to_bf16(a1)};
+    uint16_t b[2] = {aj_f32_to_bf16(b0), aj_f32_to_bf16(b1)};
     standin_product(1, 1, 1, &c, 1, a, 2, b, 2);
     return c;
 }
@@ -203,25 +191,10 @@ static void test_standin_rounding(void)
     CHECK(isnan(one_pair(0.0f, INFINITY, 0.0f, 0.0f, 0.0f)));
 }
 
-/* f16 of small integers and powers of two (exact) */
+/* v 2^exp2 as an f16 (exact for the small integers and powers of two used) */
 static uint16_t f16_of(int v, int exp2)
 {
-    /* v 0..1023 times 2^exp2 as a normal f16, or 0 */
-    if (v == 0)
-        return 0;
-    int sign = v < 0;
-    unsigned m = (unsigned)(sign ? -v : v);
-    int e = 0;
-    while (m < 0x400) {
-        m <<= 1;
-        e--;
-    }
-    while (m >= 0x800) {   /* callers keep |v| small enough to stay exact */
-        m >>= 1;
-        e++;
-    }
-    int biased = e + exp2 + 10 + 15;
-    return (uint16_t)((sign ? 0x8000 : 0) | (unsigned)biased << 10 | (m & 0x3ff));
+    return aj_f32_to_f16(ldexpf((float)v, exp2));
 }
 
 /* tdpfp16ps: exact integer products, denormal f16 inputs counted (no DAZ),
