@@ -71,6 +71,9 @@ void aj_host_jit_dispose(void *jit);
  * avx512 | avx2) masks; AJ_ERR_INVALID_ARG for another AJ_CPU_ISA.  *name
  * is freed with LLVMDisposeMessage, *features with free. */
 aj_status aj_host_cpu(aj_ctx *ctx, char **name, char **features);
+/* LLVM's name of the host CPU ("znver4"; "" where it has none), read once
+ * per process as the features are */
+const char *aj_host_cpu_name(void);
 /* "cpu <name> <xxh3 of the features>": what cached host code depends on */
 void aj_host_cpu_id(char *out, size_t cap);
 /* Whether the features of aj_host_cpu enable f ("avx512bf16") */

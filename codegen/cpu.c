@@ -91,6 +91,12 @@ static const char *host_features(void)
     return host_feature_text ? host_feature_text : "";
 }
 
+const char *aj_host_cpu_name(void)
+{
+    pthread_once(&host_once, host_read);
+    return host_name;
+}
+
 aj_status aj_host_cpu(aj_ctx *ctx, char **name, char **features)
 {
     const struct isa_level *level = isa_level();
@@ -123,7 +129,7 @@ aj_status aj_host_cpu(aj_ctx *ctx, char **name, char **features)
         out = strcat(more, extra);
     }
     *features = out;
-    *name = LLVMCreateMessage(host_name);
+    *name = LLVMCreateMessage(aj_host_cpu_name());
     return AJ_OK;
 }
 
@@ -287,7 +293,7 @@ static const char *const path_features[] = {
 size_t aj_cpu_describe(char *buf, size_t cap)
 {
     char *name = NULL, *features = NULL;
-    char text[1024], why[200];
+    char text[1024], why[2][200];
     size_t n = 0;
 #define PUT(...) (n += (size_t)snprintf(text + n, n < sizeof text ? sizeof text - n : 0, \
                                         __VA_ARGS__))
@@ -327,22 +333,21 @@ size_t aj_cpu_describe(char *buf, size_t cap)
             const char *label, *amx_label;
         } halves[2] = {{AJ_DTYPE_BF16, "bf16       ", "AMX bf16   "},
                        {AJ_DTYPE_F16, "f16        ", "AMX f16    "}};
+        aj_amx_mode amx[2];
         for (int i = 0; i < 2; i++) {
-            aj_amx_mode amx = aj_cpu_amx_mode(halves[i].dtype, why, sizeof why);
+            amx[i] = aj_cpu_amx_mode(halves[i].dtype, why[i], sizeof why[i]);
             const char *vec = w != 16                           ? "widened to f32 (no avx512f)"
                               : halves[i].dtype == AJ_DTYPE_F16 ? "widened to f32"
                               : dp ? "pairs by vdpbf16ps (avx512bf16)"
                                    : "widened to f32 (no avx512bf16)";
-            if (amx != AJ_AMX_OFF && w == 16)
+            if (amx[i] != AJ_AMX_OFF && w == 16)
                 PUT("%s forward and backward on AMX tiles where head dims and block_m are "
                     "multiples of 32, else %s\n", halves[i].label, vec);
             else
                 PUT("%s %s\n", halves[i].label, vec);
         }
-        for (int i = 0; i < 2; i++) {
-            aj_amx_mode amx = aj_cpu_amx_mode(halves[i].dtype, why, sizeof why);
-            PUT("%s %s: %s\n", halves[i].amx_label, aj_amx_mode_name(amx), why);
-        }
+        for (int i = 0; i < 2; i++)
+            PUT("%s %s: %s\n", halves[i].amx_label, aj_amx_mode_name(amx[i]), why[i]);
     }
 #undef PUT
     aj_ctx_destroy(ctx);

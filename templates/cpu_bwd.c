@@ -205,9 +205,7 @@ static void load_query_side(cbwd *c, LLVMValueRef bidx, LLVMValueRef h, LLVMValu
                        buf_at(c, c->lse2, i));
         LLVMValueRef orow =
             aj_kb_add(kb, o_base, aj_kb_mul(kb, ig, aj_param(kb, AJ_PID(stride_o_s))));
-        LLVMValueRef dorow =
-            aj_kb_add(kb, aj_cpu_seq_base(kb, AJ_PSRC_do, bidx, h, start),
-                      aj_kb_mul(kb, ig, aj_param(kb, AJ_PID(stride_do_s))));
+        LLVMValueRef dorow = aj_kb_add(kb, do_rows.base, aj_kb_mul(kb, ig, do_rows.stride_s));
         LLVMValueRef acc = aj_kb_var(kb, aj_cv_type(kb, 8), NULL, "delta");
         aj_kb_set(kb, acc, LLVMConstNull(aj_cv_type(kb, 8)));
         LLVMValueRef x =
@@ -336,6 +334,36 @@ static LLVMValueRef rows_from(cbwd *c, LLVMValueRef m0)
                       LLVMBuildSub(c->b, c->at.seq.len_q, m0, ""));
 }
 
+/* Kt and Vt of keys n0 .. n0 + kcount (the block's rest 0): floats, or
+ * with tiles pairs of 16-bit elements (words) */
+static void load_key_side(cbwd *c, const aj_cpu_rows *k_rows, const aj_cpu_rows *v_rows,
+                          LLVMValueRef n0, LLVMValueRef kcount)
+{
+    const cbwd_plan *p = &c->p;
+    int pairs = p->amx != AJ_AMX_OFF, per_slot = pairs ? 2 : 1;
+    aj_cpu_load_cols(c->kb, c->kt, p->d / per_slot, p->bn, AJ_PSRC_k, p->dtype, k_rows, n0,
+                     kcount, pairs);
+    aj_cpu_load_cols(c->kb, c->vt, p->dv / per_slot, p->bn, AJ_PSRC_v, p->dtype, v_rows, n0,
+                     kcount, pairs);
+}
+
+/* S = Q Kt and dP = dO Vt of the block (on tiles, or register tiles),
+ * then P and dS from them (emit_probabilities) */
+static void emit_block_products(cbwd *c, LLVMValueRef m0, LLVMValueRef n0)
+{
+    aj_kb *kb = c->kb;
+    const cbwd_plan *p = &c->p;
+    LLVMValueRef bm = aj_kb_i32(kb, p->bm);
+    if (p->amx) {
+        aj_cpu_amx_gemm(&c->amx, c->s, c->q, p->d, c->kt, p->bn, p->d, bm, 0);
+        aj_cpu_amx_gemm(&c->amx, c->dp, c->dob, p->dv, c->vt, p->bn, p->dv, bm, 0);
+    } else {
+        aj_cpu_gemm_nt(kb, p->w, c->s, c->q, p->d, c->kt, p->bn, bm, 0);
+        aj_cpu_gemm_nt(kb, p->w, c->dp, c->dob, p->dv, c->vt, p->bn, bm, 0);
+    }
+    emit_probabilities(c, m0, n0);
+}
+
 /* stage 0: dK and dV of one key block of one kv head */
 static void build_dkdv(cbwd *c)
 {
@@ -365,11 +393,7 @@ static void build_dkdv(cbwd *c)
     LLVMValueRef v_base = aj_cpu_seq_base(kb, AJ_PSRC_v, bidx, hkv, seq.start_k);
     const aj_cpu_rows k_rows = {.base = k_base, .stride_s = aj_param(kb, AJ_PID(stride_k_s))};
     const aj_cpu_rows v_rows = {.base = v_base, .stride_s = aj_param(kb, AJ_PID(stride_v_s))};
-    int pairs = p->amx != AJ_AMX_OFF, per_slot = pairs ? 2 : 1;
-    aj_cpu_load_cols(kb, c->kt, p->d / per_slot, p->bn, AJ_PSRC_k, p->dtype, &k_rows, n0, kcount,
-                     pairs);
-    aj_cpu_load_cols(kb, c->vt, p->dv / per_slot, p->bn, AJ_PSRC_v, p->dtype, &v_rows, n0, kcount,
-                     pairs);
+    load_key_side(c, &k_rows, &v_rows, n0, kcount);
     aj_cpu_zero(kb, dk, p->bn * p->d);
     aj_cpu_zero(kb, dv, p->bn * p->dv);
     LLVMValueRef group =
@@ -398,21 +422,16 @@ static void build_dkdv(cbwd *c)
             LLVMValueRef rows = rows_from(c, m0);
             aj_cpu_skip_begin(&c->at, cls);
             load_query_side(c, bidx, h, m0, rows, 1);
-            if (pairs) {
-                /* the tiles: S = Q Kt, dP = dO Vt; dV += (z P)^T dO and dK
-                 * += dS^T Q with P^T and dS^T rounded to the dtype's rows */
-                aj_cpu_amx_gemm(&c->amx, c->s, c->q, p->d, c->kt, p->bn, p->d, bm, 0);
-                aj_cpu_amx_gemm(&c->amx, c->dp, c->dob, p->dv, c->vt, p->bn, p->dv, bm, 0);
-                emit_probabilities(c, m0, n0);
+            emit_block_products(c, m0, n0);
+            if (p->amx) {
+                /* the tiles: dV += (z P)^T dO and dK += dS^T Q with P^T and
+                 * dS^T rounded to the dtype's rows */
                 aj_cpu_transpose_half(kb, c->pt, c->s, p->bm, p->bn, p->dtype);
                 aj_cpu_transpose_half(kb, c->dst, c->dp, p->bm, p->bn, p->dtype);
                 LLVMValueRef bn = aj_kb_i32(kb, p->bn);
                 aj_cpu_amx_gemm(&c->amx, dv, c->pt, p->bm, c->doz, p->dv, p->bm, bn, 1);
                 aj_cpu_amx_gemm(&c->amx, dk, c->dst, p->bm, c->qz, p->d, p->bm, bn, 1);
             } else {
-                aj_cpu_gemm_nt(kb, p->w, c->s, c->q, p->d, c->kt, p->bn, bm, 0);
-                aj_cpu_gemm_nt(kb, p->w, c->dp, c->dob, p->dv, c->vt, p->bn, bm, 0);
-                emit_probabilities(c, m0, n0);
                 /* dV += (z P)^T dO, dK += dS^T Q: P^T read with strides (1, bn) */
                 aj_cpu_gemm_acc(kb, p->dv, dv, NULL, c->s, 1, p->bn, c->dob, p->bm,
                                 aj_kb_i32(kb, p->bn), 0);
@@ -426,11 +445,11 @@ static void build_dkdv(cbwd *c)
     aj_kb_for_end(kb);
     /* with tiles Q was unscaled: dK takes the scale here */
     store_rows(c, dk, p->d, AJ_PSRC_dk, aj_cpu_seq_base(kb, AJ_PSRC_dk, bidx, hkv, seq.start_k), n0,
-               kcount, pairs ? aj_op_scale(c->op) : 1.0);
+               kcount, p->amx ? aj_op_scale(c->op) : 1.0);
     store_rows(c, dv, p->dv, AJ_PSRC_dv, aj_cpu_seq_base(kb, AJ_PSRC_dv, bidx, hkv, seq.start_k),
                n0, kcount, 1.0);
     aj_kb_if_end(kb);
-    if (pairs)
+    if (p->amx)
         aj_amx_release(&c->amx);
     const aj_kernel_layout layout = {
         .grid = {{AJ_EXTENT_SEQ_K, p->bn}, {AJ_EXTENT_HEADS_KV, 1}, {AJ_EXTENT_BATCH, 1}},
@@ -520,26 +539,18 @@ static void dq_step(cbwd *c, const dq_pair *pr, const aj_score_walk *walk, LLVMV
     const aj_cpu_rows k_rows = {.base = pr->k_base, .stride_s = aj_param(kb, AJ_PID(stride_k_s))};
     const aj_cpu_rows v_rows = {.base = pr->v_base, .stride_s = aj_param(kb, AJ_PID(stride_v_s))};
     LLVMValueRef bm = aj_kb_i32(kb, p->bm);
-    if (p->amx) {
-        /* the tiles: S, dP as dkdv's; dQ += dS K, dS rounded to the dtype's rows
-         * and K's rows zipped in pairs */
-        aj_cpu_load_cols(kb, c->kt, p->d / 2, p->bn, AJ_PSRC_k, p->dtype, &k_rows, n0, kcount, 1);
+    load_key_side(c, &k_rows, &v_rows, n0, kcount);
+    /* K's rows for dQ += dS K: zipped in pairs for the tiles, else floats */
+    if (p->amx)
         aj_cpu_load_row_pairs(kb, c->kn, p->d, p->bn, AJ_PSRC_k, &k_rows, n0, kcount);
-        aj_cpu_load_cols(kb, c->vt, p->dv / 2, p->bn, AJ_PSRC_v, p->dtype, &v_rows, n0, kcount,
-                         1);
-        aj_cpu_amx_gemm(&c->amx, c->s, c->q, p->d, c->kt, p->bn, p->d, bm, 0);
-        aj_cpu_amx_gemm(&c->amx, c->dp, c->dob, p->dv, c->vt, p->bn, p->dv, bm, 0);
-        emit_probabilities(c, pr->m0, n0);
+    else
+        aj_cpu_load_rows(kb, c->kn, p->d, AJ_PSRC_k, p->dtype, &k_rows, n0, kcount,
+                         aj_kb_i32(kb, p->bn), 1.0, 0);
+    emit_block_products(c, pr->m0, n0);
+    if (p->amx) {   /* dS rounded to the dtype's rows on the tiles */
         aj_cpu_round_half(kb, c->dsa, c->dp, p->bm * p->bn, p->dtype);
         aj_cpu_amx_gemm(&c->amx, pr->dq, c->dsa, p->bn, c->kn, p->d, p->bn, bm, 1);
     } else {
-        aj_cpu_load_cols(kb, c->kt, p->d, p->bn, AJ_PSRC_k, p->dtype, &k_rows, n0, kcount, 0);
-        aj_cpu_load_rows(kb, c->kn, p->d, AJ_PSRC_k, p->dtype, &k_rows, n0, kcount,
-                         aj_kb_i32(kb, p->bn), 1.0, 0);
-        aj_cpu_load_cols(kb, c->vt, p->dv, p->bn, AJ_PSRC_v, p->dtype, &v_rows, n0, kcount, 0);
-        aj_cpu_gemm_nt(kb, p->w, c->s, c->q, p->d, c->kt, p->bn, bm, 0);
-        aj_cpu_gemm_nt(kb, p->w, c->dp, c->dob, p->dv, c->vt, p->bn, bm, 0);
-        emit_probabilities(c, pr->m0, n0);
         aj_cpu_gemm_acc(kb, p->d, pr->dq, NULL, c->dp, p->bn, 1, c->kn, p->bn, bm, 0);
     }
     if (has_bias)

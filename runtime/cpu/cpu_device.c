@@ -16,8 +16,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include <llvm-c/TargetMachine.h>
-
 #include "codegen/amx.h"
 
 aj_status aj_cpu_device_open(aj_ctx *ctx, aj_cpu_device **out)
@@ -28,10 +26,9 @@ aj_status aj_cpu_device_open(aj_ctx *ctx, aj_cpu_device **out)
     aj_cpu_device *cpu = calloc(1, sizeof *cpu);
     if (!cpu)
         return aj_fail(ctx, AJ_ERR_OUT_OF_MEMORY, "out of memory");
-    char *name = LLVMGetHostCPUName();
+    const char *name = aj_host_cpu_name();
     pthread_mutex_init(&cpu->pool_lock, NULL);
-    snprintf(cpu->name, sizeof cpu->name, "%s", name && *name ? name : "cpu");
-    LLVMDisposeMessage(name);
+    snprintf(cpu->name, sizeof cpu->name, "%s", *name ? name : "cpu");
     *out = cpu;
     return AJ_OK;
 }

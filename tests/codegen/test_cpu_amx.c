@@ -344,8 +344,8 @@ static char *cpu_ir(const char *spec)
 
 static char *fwd_spec(char *buf, size_t cap, const char *dtype, int d, const char *extra)
 {
-    snprintf(buf, cap, "attention forward flash { dtype = %s head_dim = %d mask = causal(top_left) %s }",
-             dtype, d, extra);
+    snprintf(buf, cap, "attention forward flash { dtype = %s head_dim = %d "
+             "mask = causal(top_left) %s }", dtype, d, extra);
     return buf;
 }
 
@@ -393,8 +393,8 @@ static void test_selection(void)
             char *ir = cpu_ir(spec);
             int products = 0;
             /* each product of tiles is four tdpbf16ps calls (a 32 x 32 step) */
-            for (const char *at = ir; at && (at = strstr(at, "call void @aj_amx_standin_tdpbf16ps"));
-                 at++)
+            const char *call = "call void @aj_amx_standin_tdpbf16ps";
+            for (const char *at = ir; at && (at = strstr(at, call)); at++)
                 products++;
             CHECK_MSG(ir && strstr(ir, "_dkdv") && strstr(ir, "_dq"), "backward d%d: no stages",
                       d);
