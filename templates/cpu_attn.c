@@ -681,7 +681,7 @@ void aj_cpu_transpose_half(aj_kb *kb, LLVMValueRef dst, LLVMValueRef src, int ro
     for (int j = 0; j < 8; j++) {
         LLVMValueRef at = aj_kb_add(kb, aj_kb_mul(kb, aj_kb_add(kb, c8, aj_kb_i32(kb, j)),
                                                   aj_kb_i32(kb, rows)), r8);
-        aj_cv_store(kb, out[j], aj_cv_at(kb, kb->t_i16, dst, at), dtype, 8);
+        aj_cv_store_operand(kb, out[j], aj_cv_at(kb, kb->t_i16, dst, at), dtype, 8);
     }
     aj_kb_for_end(kb);
     aj_kb_for_end(kb);
@@ -691,8 +691,8 @@ void aj_cpu_round_half(aj_kb *kb, LLVMValueRef dst, LLVMValueRef src, int n, aj_
 {
     LLVMValueRef i = aj_kb_for_begin(kb, aj_kb_i32(kb, 0), aj_kb_i32(kb, n), aj_kb_i32(kb, 16),
                                      "rb");
-    aj_cv_store(kb, aj_cpu_vload(kb, aj_cpu_buf_at(kb, src, i), 16),
-                aj_cv_at(kb, kb->t_i16, dst, i), dtype, 16);
+    aj_cv_store_operand(kb, aj_cpu_vload(kb, aj_cpu_buf_at(kb, src, i), 16),
+                        aj_cv_at(kb, kb->t_i16, dst, i), dtype, 16);
     aj_kb_for_end(kb);
 }
 

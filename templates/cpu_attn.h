@@ -203,6 +203,18 @@ void aj_cpu_gemm_acc(aj_kb *kb, int ncols, LLVMValueRef c, LLVMValueRef rscale,
  * (aj_amx_config) around it.
  */
 #define AJ_CPU_AMX_ROWS 32
+/* The tiles an AMX kernel takes where the schedule leaves them unset.
+ * Larger than the vector kernels' (128 x 64 forward, 64 x 64 backward):
+ * each key block pays fixed costs (Kt and V repacked into pairs, O loaded
+ * into and stored from tiles, rescaled) that the tile products, several
+ * times faster than vector FMAs, no longer hide.  Measured on a
+ * Sapphire-Rapids-class Xeon (amx-tile, amx-bf16; bench/README.md "AMX
+ * tiles"), bf16 d 128, S 2048, against the vector kernels' tiles: forward
+ * 256 x 256 1.59x (1.49x causal), backward 128 x 128 1.33x (1.23x). */
+#define AJ_CPU_AMX_FWD_BM 256
+#define AJ_CPU_AMX_FWD_BN 256
+#define AJ_CPU_AMX_BWD_BM 128
+#define AJ_CPU_AMX_BWD_BN 128
 void aj_cpu_amx_gemm(aj_amx *t, LLVMValueRef c, LLVMValueRef a, int lda, LLVMValueRef b, int n,
                      int kn, LLVMValueRef m_end, int accumulate);
 /* C[m][0..ncols) *= rscale[m] for m < m_end (ncols a multiple of 8) */

@@ -79,6 +79,10 @@ static aj_status plan_kernel(aj_ctx *ctx, const aj_op *op, cbwd_plan *p)
     if (p->w == 16 && p->d % 32 == 0 && p->dv % 32 == 0 && p->bm % AJ_CPU_AMX_ROWS == 0 &&
         p->bn % 32 == 0)
         p->amx = aj_cpu_amx_mode(p->dtype, NULL, 0);   /* off but for bf16 and f16 */
+    if (p->amx != AJ_AMX_OFF) {
+        p->bm = op->schedule.block_m ? p->bm : AJ_CPU_AMX_BWD_BM;
+        p->bn = op->schedule.block_n ? p->bn : AJ_CPU_AMX_BWD_BN;
+    }
     return st;
 }
 
@@ -277,7 +281,7 @@ static void emit_probabilities(cbwd *c, LLVMValueRef m0, LLVMValueRef n0)
         if (p->amx)   /* the products saw Q unscaled */
             t = LLVMBuildFMul(b, t, aj_cv_splat(kb, aj_kb_f32(kb, aj_op_scale(op)), w), "");
         LLVMValueRef s2 = aj_cpu_scores(&c->at, t, ig, jv, &dmod);
-        LLVMValueRef pv = aj_cv_exp2(kb, LLVMBuildFSub(b, s2, lse, ""), w);
+        LLVMValueRef pv = aj_cv_exp2_softmax(kb, LLVMBuildFSub(b, s2, lse, ""), w);
         LLVMValueRef dpv = vload(c, buf_at(c, c->dp, at), w);
         LLVMValueRef pz = pv;
         if (op->dropout > 0) {

@@ -86,6 +86,10 @@ static aj_status plan_kernel(aj_ctx *ctx, const aj_op *op, cfwd_plan *p)
                p->kv_dtype == p->dtype && p->w == 16 && p->d % 16 == 0;
     if (half && p->d % 32 == 0 && p->dv % 32 == 0 && p->bm % AJ_CPU_AMX_ROWS == 0)
         p->amx = aj_cpu_amx_mode(p->dtype, NULL, 0);
+    if (p->amx != AJ_AMX_OFF) {
+        p->bm = op->schedule.block_m ? p->bm : AJ_CPU_AMX_FWD_BM;
+        p->bn = op->schedule.block_n ? p->bn : AJ_CPU_AMX_FWD_BN;
+    }
     p->pairs = half && (p->amx != AJ_AMX_OFF ||
                         (p->dtype == AJ_DTYPE_BF16 && aj_cpu_has_feature("avx512bf16")));
     return st;
@@ -115,6 +119,7 @@ typedef struct cfwd {
     LLVMValueRef per_head;
     aj_param_source k_tensor, v_tensor;   /* the K and V tensors: k, v or the caches */
     LLVMValueRef m, l, alpha;
+    LLVMValueRef rescale;           /* AMX: i1 var, some row's alpha of the block is not 1 */
     aj_amx amx;                     /* p.amx: the tile operations */
 } cfwd;
 
@@ -170,6 +175,8 @@ static void emit_softmax(cfwd *c, LLVMValueRef n0)
     int w = p->w, nv = p->bn / w;
     LLVMTypeRef vt = aj_cv_type(kb, w);
     LLVMValueRef ninf = aj_cv_splat(kb, aj_kb_f32(kb, -INFINITY), w);
+    if (c->rescale)
+        aj_kb_set(kb, c->rescale, LLVMConstInt(kb->t_i1, 0, 0));
     LLVMValueRef i = aj_kb_for_begin(kb, aj_kb_i32(kb, 0), c->rows_pad, aj_kb_i32(kb, 1), "pi");
     LLVMValueRef ig = aj_kb_add(kb, c->m0, i); /* the row's local index in the call */
     if (c->per_head)
@@ -198,10 +205,10 @@ static void emit_softmax(cfwd *c, LLVMValueRef n0)
     /* pairs without dropout: P goes straight to bf16 (emit_round_p's work) */
     int round_here = p->pairs && c->op->dropout == 0;
     for (int n = 0; n < nv; n++) {
-        LLVMValueRef pv = aj_cv_exp2(kb, LLVMBuildFSub(b, s[n], mv, ""), w);
+        LLVMValueRef pv = aj_cv_exp2_softmax(kb, LLVMBuildFSub(b, s[n], mv, ""), w);
         LLVMValueRef at = aj_kb_add(kb, srow, aj_kb_i32(kb, n * w));
         if (round_here)
-            aj_cv_store(kb, pv, aj_cv_at(kb, kb->t_i16, c->pw, at), p->dtype, w);
+            aj_cv_store_operand(kb, pv, aj_cv_at(kb, kb->t_i16, c->pw, at), p->dtype, w);
         else
             vstore(c, pv, buf_at(c, c->s, at));
         sum = LLVMBuildFAdd(b, sum, pv, "");
@@ -213,6 +220,10 @@ static void emit_softmax(cfwd *c, LLVMValueRef n0)
     LLVMBuildStore(b, aj_cv_fma(kb, l, alpha, aj_cv_hsum(kb, sum, w)), buf_at(c, c->l, i));
     LLVMBuildStore(b, m_new, buf_at(c, c->m, i));
     LLVMBuildStore(b, alpha, buf_at(c, c->alpha, i));
+    if (c->rescale)
+        aj_kb_set(kb, c->rescale, LLVMBuildOr(b, aj_kb_get(kb, c->rescale),
+                                              LLVMBuildFCmp(b, LLVMRealUNE, alpha,
+                                                            aj_kb_f32(kb, 1.0), ""), ""));
     aj_kb_for_end(kb);
 }
 
@@ -241,7 +252,7 @@ static void emit_round_p(cfwd *c)
     LLVMValueRef i = aj_kb_for_begin(kb, aj_kb_i32(kb, 0), c->rows_pad, aj_kb_i32(kb, 1), "ri");
     for (int n = 0; n < bn; n += w) {
         LLVMValueRef at = aj_kb_add(kb, aj_kb_mul(kb, i, aj_kb_i32(kb, bn)), aj_kb_i32(kb, n));
-        aj_cv_store(kb, vload(c, buf_at(c, c->s, at), w), aj_cv_at(kb, kb->t_i16, c->pw, at),
+        aj_cv_store_operand(kb, vload(c, buf_at(c, c->s, at), w), aj_cv_at(kb, kb->t_i16, c->pw, at),
                     c->p.dtype, w);
     }
     aj_kb_for_end(kb);
@@ -443,7 +454,9 @@ static void emit_row_block(cfwd *c, const cfwd_block *blk, int log2e_in_q)
         if (next0)
             aj_cpu_prefetch_rows(kb, c->v_tensor, p->kv_dtype, &blk->v, next0, ncount, p->dv);
         if (p->amx) {
+            aj_kb_if_begin(kb, aj_kb_get(kb, c->rescale));
             aj_cpu_scale_rows(kb, c->o, p->dv, c->alpha, c->rows_pad);
+            aj_kb_if_end(kb);
             aj_cpu_amx_gemm(&c->amx, c->o, c->pw, p->bn, c->v, p->dv, p->bn, c->rows_pad, 1);
         } else {
             aj_cpu_gemm_acc(kb, p->dv, c->o, c->alpha, p->pairs ? c->pw : c->s,
@@ -474,6 +487,7 @@ static void alloc_buffers(cfwd *c)
     c->m = aj_cv_buffer(kb, p->bm, "mrow");
     c->l = aj_cv_buffer(kb, p->bm, "lrow");
     c->alpha = aj_cv_buffer(kb, p->bm, "alpha");
+    c->rescale = p->amx ? aj_kb_var(kb, kb->t_i1, NULL, "rescale") : NULL;
     if (p->amx)
         aj_amx_init(&c->amx, kb, p->amx, p->dtype);
 }

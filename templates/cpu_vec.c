@@ -3,6 +3,8 @@
  */
 #include "templates/cpu_vec.h"
 
+#include "codegen/codegen.h"
+
 #include <string.h>
 
 LLVMTypeRef aj_cv_type(aj_kb *kb, int n)
@@ -83,16 +85,43 @@ LLVMValueRef aj_cv_hsum(aj_kb *kb, LLVMValueRef v, int n)
     return reduce(kb, v, n, 0);
 }
 
-LLVMValueRef aj_cv_exp2(aj_kb *kb, LLVMValueRef x, int n)
+/* p 2^k for integral k in [-126, 127]: vscalefps where the host has it
+ * (one instruction for the shift, add and multiply; the same bits, 2^k
+ * being normal) */
+static LLVMValueRef times_pow2(aj_kb *kb, LLVMValueRef p, LLVMValueRef k, int n)
 {
     LLVMBuilderRef b = kb->b;
+    const char *name = n == 16 ? "llvm.x86.avx512.mask.scalef.ps.512"
+                               : "llvm.x86.avx512.mask.scalef.ps.256";
+    unsigned id = LLVMLookupIntrinsicID(name, strlen(name));
+    if (id && aj_cpu_has_feature("avx512f") &&
+        (n == 16 || (n == 8 && aj_cpu_has_feature("avx512vl")))) {
+        {
+            LLVMValueRef args[5] = {p, k, LLVMGetUndef(aj_cv_type(kb, n)),
+                                    LLVMConstInt(n == 16 ? kb->t_i16 : kb->t_i8, ~0ull, 0),
+                                    aj_kb_i32(kb, 4)};   /* the current rounding */
+            LLVMValueRef fn = LLVMGetIntrinsicDeclaration(kb->mod, id, NULL, 0);
+            return LLVMBuildCall2(b, LLVMIntrinsicGetType(kb->llctx, id, NULL, 0), fn, args,
+                                  n == 16 ? 5 : 4, "");
+        }
+    }
     LLVMTypeRef vi = LLVMVectorType(kb->t_i32, (unsigned)n);
+    LLVMValueRef e = LLVMBuildFPToSI(b, k, vi, "");
+    e = LLVMBuildShl(b, LLVMBuildAdd(b, e, aj_cv_splat(kb, aj_kb_i32(kb, 127), n), ""),
+                     aj_cv_splat(kb, aj_kb_i32(kb, 23), n), "");
+    return LLVMBuildFMul(b, p, LLVMBuildBitCast(b, e, aj_cv_type(kb, n), ""), "");
+}
+
+static LLVMValueRef exp2_of(aj_kb *kb, LLVMValueRef x, int n, int clamp_high)
+{
+    LLVMBuilderRef b = kb->b;
     LLVMValueRef lo = aj_cv_splat(kb, aj_kb_f32(kb, -126.0), n);
     LLVMValueRef hi = aj_cv_splat(kb, aj_kb_f32(kb, 127.0), n);
     /* compares, not min/max, so that NaN passes through */
     LLVMValueRef tiny = LLVMBuildFCmp(b, LLVMRealOLT, x, lo, "");
     LLVMValueRef xc = LLVMBuildSelect(b, tiny, lo, x, "");
-    xc = LLVMBuildSelect(b, LLVMBuildFCmp(b, LLVMRealOGT, xc, hi, ""), hi, xc, "");
+    if (clamp_high)
+        xc = LLVMBuildSelect(b, LLVMBuildFCmp(b, LLVMRealOGT, xc, hi, ""), hi, xc, "");
     LLVMValueRef k = aj_kb_call_overloaded(kb, "llvm.rint", &xc, 1);
     LLVMValueRef f = LLVMBuildFSub(b, xc, k, "");
     /* (ln 2)^i / i!, highest first */
@@ -102,11 +131,18 @@ LLVMValueRef aj_cv_exp2(aj_kb *kb, LLVMValueRef x, int n)
     LLVMValueRef p = aj_cv_splat(kb, aj_kb_f32(kb, c[0]), n);
     for (int i = 1; i < 7; i++)
         p = aj_cv_fma(kb, p, f, aj_cv_splat(kb, aj_kb_f32(kb, c[i]), n));
-    LLVMValueRef e = LLVMBuildFPToSI(b, k, vi, "");
-    e = LLVMBuildShl(b, LLVMBuildAdd(b, e, aj_cv_splat(kb, aj_kb_i32(kb, 127), n), ""),
-                     aj_cv_splat(kb, aj_kb_i32(kb, 23), n), "");
-    LLVMValueRef r = LLVMBuildFMul(b, p, LLVMBuildBitCast(b, e, aj_cv_type(kb, n), ""), "");
-    return LLVMBuildSelect(b, tiny, LLVMConstNull(aj_cv_type(kb, n)), r, "");
+    return LLVMBuildSelect(b, tiny, LLVMConstNull(aj_cv_type(kb, n)), times_pow2(kb, p, k, n),
+                           "");
+}
+
+LLVMValueRef aj_cv_exp2(aj_kb *kb, LLVMValueRef x, int n)
+{
+    return exp2_of(kb, x, n, 1);
+}
+
+LLVMValueRef aj_cv_exp2_softmax(aj_kb *kb, LLVMValueRef x, int n)
+{
+    return exp2_of(kb, x, n, 0);
 }
 
 LLVMValueRef aj_cv_tanh(aj_kb *kb, LLVMValueRef x, int n)
@@ -190,6 +226,24 @@ void aj_cv_store(aj_kb *kb, LLVMValueRef v, LLVMValueRef ptr, aj_dtype dtype, in
     }
     LLVMValueRef st = LLVMBuildStore(b, out, ptr);
     LLVMSetAlignment(st, align);
+}
+
+void aj_cv_store_operand(aj_kb *kb, LLVMValueRef v, LLVMValueRef ptr, aj_dtype dtype, int n)
+{
+    const char *name = n == 16 ? "llvm.x86.avx512bf16.cvtneps2bf16.512"
+                               : "llvm.x86.avx512bf16.cvtneps2bf16.256";
+    unsigned id = LLVMLookupIntrinsicID(name, strlen(name));
+    if (dtype != AJ_DTYPE_BF16 || (n != 16 && n != 8) || id == 0 ||
+        !aj_cpu_has_feature("avx512bf16")) {
+        aj_cv_store(kb, v, ptr, dtype, n);
+        return;
+    }
+    LLVMValueRef fn = LLVMGetIntrinsicDeclaration(kb->mod, id, NULL, 0);
+    LLVMValueRef h = LLVMBuildCall2(kb->b, LLVMIntrinsicGetType(kb->llctx, id, NULL, 0), fn, &v, 1,
+                                    "");
+    LLVMValueRef st = LLVMBuildStore(
+        kb->b, LLVMBuildBitCast(kb->b, h, LLVMVectorType(kb->t_i16, (unsigned)n), ""), ptr);
+    LLVMSetAlignment(st, 2);
 }
 
 LLVMValueRef aj_cv_at(aj_kb *kb, LLVMTypeRef elem, LLVMValueRef ptr, LLVMValueRef index)

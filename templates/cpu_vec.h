@@ -33,6 +33,9 @@ LLVMValueRef aj_cv_hsum(aj_kb *kb, LLVMValueRef v, int n);
  * x = k + f with k = rint(x), |f| <= 1/2, 2^f by its degree-6 Taylor
  * polynomial (relative error below 1.2e-7), 2^k put in the exponent. */
 LLVMValueRef aj_cv_exp2(aj_kb *kb, LLVMValueRef x, int n);
+/* aj_cv_exp2 of a softmax's x = s - max (or s - lse): at most a rounding
+ * above 0, so without the clamp at 127 */
+LLVMValueRef aj_cv_exp2_softmax(aj_kb *kb, LLVMValueRef x, int n);
 /* tanh(x) = sign(x) (1 - 2 / (2^(2|x| log2 e) + 1)), as attn_common's */
 LLVMValueRef aj_cv_tanh(aj_kb *kb, LLVMValueRef x, int n);
 
@@ -41,6 +44,11 @@ LLVMValueRef aj_cv_tanh(aj_kb *kb, LLVMValueRef x, int n);
 LLVMValueRef aj_cv_load(aj_kb *kb, LLVMValueRef ptr, aj_dtype dtype, int n);
 /* <n x float> rounded to nearest even into `dtype` and stored at ptr */
 void aj_cv_store(aj_kb *kb, LLVMValueRef v, LLVMValueRef ptr, aj_dtype dtype, int n);
+/* aj_cv_store of an operand that only a product reading denormals as zero
+ * will read (P, dS: tdpbf16ps, vdpbf16ps).  bf16 on a host with
+ * avx512bf16: one vcvtneps2bf16 (round to nearest even, a denormal result
+ * flushed to zero -- the same operand for such a product); else aj_cv_store. */
+void aj_cv_store_operand(aj_kb *kb, LLVMValueRef v, LLVMValueRef ptr, aj_dtype dtype, int n);
 
 /* ptr + index elements of `elem` (index i32 or i64) */
 LLVMValueRef aj_cv_at(aj_kb *kb, LLVMTypeRef elem, LLVMValueRef ptr, LLVMValueRef index);

@@ -11,6 +11,10 @@
  *              head dims and block_m multiples of 32; not f16, not d 80, not
  *              block_m 16, not off), the cache key moving with the mode, a
  *              bad AJ_CPU_AMX refused, aj_cpu_describe's AMX line
+ *   hardware   on a host whose AMX runs: tdpbf16ps itself against float64
+ *              within the bound the stand-in is held to (the order of its
+ *              sums is not the stand-in's: the bits that differ are
+ *              counted and printed, docs/cpu.md "AMX tiles")
  *   native     AJ_CPU_AMX=native: the forward's IR calls the tile
  *              intrinsics, LLVM compiles them to ldtilecfg / tileloadd /
  *              tdpbf16ps / tilestored / tilerelease, the kernel compiles to
@@ -19,6 +23,10 @@
  * The numbers of whole kernels on the tiles are the numeric tests run again
  * with AJ_CPU_AMX=standin (tests/CMakeLists.txt, label cpu_isa).
  */
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#define HAVE_TILE_ASM 1
+#endif
 #include <math.h>
 #include <signal.h>
 #include <stdint.h>
@@ -483,6 +491,81 @@ static char *amx_assembly(const char *ir)
     return out;
 }
 
+/* ---------------------------------------------------------------- hardware */
+
+#ifdef HAVE_TILE_ASM
+/* C (16 x 16 f32) += A (16 x 32 bf16) B (16 pair rows x 16), on the tiles */
+__attribute__((target("amx-tile,amx-bf16"))) static void hardware_product(float *c,
+                                                                          const uint16_t *a,
+                                                                          const uint16_t *b)
+{
+    uint8_t cfg[64];
+    config_full(cfg);
+    _tile_loadconfig(cfg);
+    _tile_loadd(0, c, 64);
+    _tile_loadd(1, a, 64);
+    _tile_loadd(2, b, 64);
+    _tile_dpbf16ps(0, 1, 2);
+    _tile_stored(0, c, 64);
+    _tile_release();
+}
+#endif
+
+/* Where this host runs tile instructions (AJ_CPU_AMX=auto finds them
+ * native): tdpbf16ps on random bf16 against float64, within the stand-in's
+ * bound (test_standin_sums), and small integers exactly; how many results
+ * differ from the stand-in's in any bit is printed, not checked -- the
+ * hardware's order of sums is its own. */
+static void test_hardware(void)
+{
+    char why[256];
+    if (aj_cpu_amx_mode(AJ_DTYPE_BF16, why, sizeof why) != AJ_AMX_NATIVE) {
+        printf("tdpbf16ps on this host's tiles: skipped (%s)\n", why);
+        return;
+    }
+#ifdef HAVE_TILE_ASM
+    uint64_t rng = 11;
+    long differ = 0, total = 0;
+    for (int round = 0; round < 200; round++) {
+        int integers = round % 4 == 0;
+        float c[256], hw[256];
+        uint16_t a[512], b[512];
+        double want[256] = {0}, mag[256] = {0};
+        for (int i = 0; i < 512; i++) {
+            double x = uniform(&rng) * 2 - 1, y = uniform(&rng) * 2 - 1;
+            a[i] = aj_f32_to_bf16(integers ? (float)floor(x * 16) : (float)x);
+            b[i] = aj_f32_to_bf16(integers ? (float)floor(y * 16) : (float)(y * 64));
+        }
+        for (int i = 0; i < 256; i++) {
+            c[i] = hw[i] = integers ? (float)floor(uniform(&rng) * 64) : (float)(uniform(&rng) * 4);
+            want[i] = c[i];
+            mag[i] = fabs(c[i]);
+            for (int k = 0; k < 32; k++) {
+                double p = (double)aj_bf16_to_f32(a[i / 16 * 32 + k]) *
+                           aj_bf16_to_f32(b[k / 2 * 32 + 2 * (i % 16) + k % 2]);
+                want[i] += p;
+                mag[i] += fabs(p);
+            }
+        }
+        hardware_product(hw, a, b);
+        standin_product(16, 16, 16, c, 16, a, 32, b, 32);
+        int bad = 0;
+        for (int i = 0; i < 256; i++) {
+            double tol = integers ? 0 : mag[i] * 0x1p-20;
+            bad += !(fabs(hw[i] - want[i]) <= tol);
+            differ += memcmp(&hw[i], &c[i], sizeof c[i]) != 0;
+            total++;
+        }
+        CHECK_MSG(bad == 0, "round %d (%s): %d of tdpbf16ps's sums off float64", round,
+                  integers ? "integers" : "random", bad);
+    }
+    printf("tdpbf16ps on this host's tiles: within 2^-20 of float64's magnitudes; %ld of %ld "
+           "sums differ from the stand-in's in some bit\n", differ, total);
+#else
+    printf("tdpbf16ps on this host's tiles: skipped (no tile instructions in this compiler)\n");
+#endif
+}
+
 static void test_native(void)
 {
     if (aj_cpu_vector_width() != 16) {
@@ -546,6 +629,7 @@ int main(void)
     test_standin_moves();
     test_standin_faults();
     test_selection();
+    test_hardware();
     test_native();
     char why[256];
     for (int i = 0; i < 2; i++) {
