@@ -104,8 +104,8 @@ def overhead(args):
     q, k, v = (torch.randn(1, 4, S, D) for _ in range(3))
     with torch.no_grad():
         at.attention(q, k, v, causal=True)          # compiles the kernel
-    body = _ops._body(torch.float32, D, D, True, None, None, False, False, None, 0.0, None,
-                      None, [])
+    body = _ops._body(_ops._IR_DTYPE[torch.float32], D, D, True, None, None, False, False, None,
+                      0.0, None, None, [])
     dev, _ = _ops._device_of(q)
     kernel = _ops._kernel("forward", "flash", body, dev)
     o, lse = torch.empty(1, 4, S, D), torch.empty(1, 4, S)

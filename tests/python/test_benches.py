@@ -1,0 +1,38 @@
+"""The Python benchmarks (bench/python) keep running: each script once on a
+tiny configuration, in a child process as a user runs it, its table
+checked for rows.  Their numbers are not looked at here (benchmarks measure,
+tests assert): this guards against a script that no longer runs against
+the package (bench_attention's overhead mode called a helper with an
+argument the helper had stopped taking, and nothing noticed)."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "bench" / "python"
+
+# script, arguments, how many table rows it must print
+CASES = [
+    ("bench_attention.py", ["--seqs", "64", "--heads", "2/1", "--dims", "32", "--causal",
+                            "causal", "--repeats", "1", "--calls", "3"], 2 + 3),
+    ("bench_small.py", ["--seqs", "32", "--dims", "16", "--repeats", "1"], 1),
+    ("bench_sinks.py", ["--seqs", "64", "--dtypes", "float32", "--repeats", "1"], 2),
+    ("bench_mla.py", ["--heads", "16", "--seqs", "128", "--batch", "1", "--repeats", "1"], 1),
+]
+
+
+@pytest.mark.parametrize("script,args,rows", CASES, ids=[c[0] for c in CASES])
+def test_bench_runs(script, args, rows):
+    env = dict(os.environ)
+    run = subprocess.run([sys.executable, str(BENCH / script)] + args, env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, "%s failed:\n%s%s" % (script, run.stdout, run.stderr)
+    # data rows: markdown rows whose last cell holds a number (headers hold words)
+    cells = [line.strip().strip("|").split("|") for line in run.stdout.splitlines()
+             if line.startswith("| ") and not line.startswith("| ---")]
+    data = [c for c in cells if any(ch.isdigit() for ch in c[-1])]
+    assert len(data) >= rows, "%s printed too few rows:\n%s" % (script, run.stdout)
+    assert "cpu features" in run.stdout or "cpu:" in run.stdout, \
+        "%s printed no host header" % script
