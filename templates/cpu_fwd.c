@@ -193,7 +193,7 @@ static void emit_softmax(cfwd *c, LLVMValueRef n0)
         if (c->k_scale)
             qk = LLVMBuildFMul(b, qk, aj_cv_splat(kb, c->k_scale, w), "");
         s[n] = aj_cpu_scores(&c->at, qk, ig, jv, NULL);
-        mx = aj_cv_max(kb, mx, s[n]);
+        mx = aj_cv_max_nn(kb, s[n], mx);   /* mx starts at -inf: never NaN */
     }
     LLVMValueRef m_old = fload(c, buf_at(c, c->m, i));
     LLVMValueRef m_new = aj_cv_max(kb, m_old, aj_cv_hmax(kb, mx, w));

@@ -25,13 +25,19 @@ LLVMValueRef aj_cv_fma(aj_kb *kb, LLVMValueRef a, LLVMValueRef b, LLVMValueRef c
 LLVMValueRef aj_cv_dot_bf16(aj_kb *kb, LLVMValueRef acc, LLVMValueRef a, LLVMValueRef b, int n);
 /* llvm.maxnum on f32 or vectors */
 LLVMValueRef aj_cv_max(aj_kb *kb, LLVMValueRef a, LLVMValueRef b);
-/* max or sum of the n lanes of v (a tree of halving shuffles) */
+/* max(a, b) for a b that is never NaN: a > b ? a : b, so a NaN a gives b
+ * as maxnum would, in one compare-and-select (x86's vmaxps) where maxnum
+ * takes three */
+LLVMValueRef aj_cv_max_nn(aj_kb *kb, LLVMValueRef a, LLVMValueRef b);
+/* max or sum of the n lanes of v (a tree of halving shuffles); the max of
+ * a v without NaN (aj_cv_max_nn's steps) */
 LLVMValueRef aj_cv_hmax(aj_kb *kb, LLVMValueRef v, int n);
 LLVMValueRef aj_cv_hsum(aj_kb *kb, LLVMValueRef v, int n);
 
 /* 2^x lane-wise for x <= 128 (NaN stays NaN, below -126 gives 0):
- * x = k + f with k = rint(x), |f| <= 1/2, 2^f by its degree-6 Taylor
- * polynomial (relative error below 1.2e-7), 2^k put in the exponent. */
+ * x = k + f with k = rint(x), |f| <= 1/2, 2^f by a degree-5 polynomial
+ * with p(0) = 1 (relative error 1.7e-7 in f32; 2^0 is exactly 1), 2^k put
+ * in the exponent (vscalefps where the host has it). */
 LLVMValueRef aj_cv_exp2(aj_kb *kb, LLVMValueRef x, int n);
 /* aj_cv_exp2 of a softmax's x = s - max (or s - lse): at most a rounding
  * above 0, so without the clamp at 127 */

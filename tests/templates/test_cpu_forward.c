@@ -7,7 +7,7 @@
  * sequence, GQA, alibi, dropout, totals, accumulate), and the same bits
  * from 1, 2 or 3 threads, against the float64 reference.  Tolerances as
  * sim's (sim_harness.c), which the polynomial exp2 (relative error
- * < 1.2e-7) meets.
+ * 1.7e-7 in f32, cpu_vec.h) meets.
  */
 #include <math.h>
 #include <stdio.h>
