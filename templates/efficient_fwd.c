@@ -1101,6 +1101,44 @@ static void build_paged_parts(efwd *e)
     aj_kb_finish(e->kb, &layout);
 }
 
+/* Split-KV merge: the LSE of partial row `row` (i64, counted from the
+ * workspace's first partial row) in log2 units, from the LSE block at
+ * lse_at of workspace ws */
+static LLVMValueRef part_lse2(aj_kb *kb, LLVMValueRef ws, LLVMValueRef lse_at, LLVMValueRef row)
+{
+    LLVMBuilderRef b = kb->b;
+    LLVMValueRef at = LLVMBuildShl(b, LLVMBuildAdd(b, lse_at, row, ""), aj_kb_i64(kb, 2), "");
+    return LLVMBuildFMul(b, aj_kb_load(kb, kb->t_f32, aj_kb_gptr_offset(kb, ws, at), 4),
+                         aj_kb_f32(kb, AJ_LOG2E), "");
+}
+
+/* Split-KV merge: element (i, c) of the merged O (the op's dtype) at
+ * o_base, and from column 0 row i's LSE at lse_base (i, c: i32) */
+static void store_merged(efwd *e, LLVMValueRef o_base, LLVMValueRef lse_base, LLVMValueRef i,
+                         LLVMValueRef c, LLVMValueRef val, LLVMValueRef lse)
+{
+    aj_kb *kb = e->kb;
+    LLVMBuilderRef b = e->b;
+    LLVMValueRef oat = LLVMBuildAdd(
+        b,
+        LLVMBuildAdd(b, o_base,
+                     LLVMBuildMul(b, aj_kb_sext64(kb, i), aj_param(kb, AJ_PID(stride_o_s)), ""),
+                     ""),
+        LLVMBuildZExt(b, c, kb->t_i64, ""), "");
+    int size = aj_dtype_size(e->p.dtype);
+    aj_kb_store(kb, aj_kb_from_f32(kb, val, e->p.dtype),
+                aj_kb_gptr_offset(kb, aj_param(kb, AJ_PID(o)),
+                                  LLVMBuildMul(b, oat, aj_kb_i64(kb, size), "")),
+                (unsigned)size);
+    aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntEQ, c, aj_kb_i32(kb, 0), ""));
+    LLVMValueRef lat = LLVMBuildAdd(b, lse_base, aj_kb_sext64(kb, i), "");
+    aj_kb_store(kb, lse,
+                aj_kb_gptr_offset(kb, aj_param(kb, AJ_PID(lse)),
+                                  LLVMBuildShl(b, lat, aj_kb_i64(kb, 2), "")),
+                4);
+    aj_kb_if_end(kb);
+}
+
 /*
  * layout = paged, stage 1 (run for splits > 1): grid (1, Hq, B), thread t
  * takes elements t, t + T, ... of the (Sq, Dv) rows and merges their
@@ -1153,10 +1191,7 @@ static void build_paged_merge(efwd *e)
         /* partial row of part s: row0 + s Sq + i */
         LLVMValueRef s = aj_kb_for_begin(kb, aj_kb_i32(kb, 0), splits, aj_kb_i32(kb, 1), "s");
         LLVMValueRef r = aj_kb_sext64(kb, LLVMBuildAdd(b, LLVMBuildMul(b, s, sq, ""), i, ""));
-        LLVMValueRef l2 = LLVMBuildFMul(b, aj_kb_load(kb, kb->t_f32, aj_kb_gptr_offset(kb, ws,
-                                        LLVMBuildShl(b, LLVMBuildAdd(b, lse_at, LLVMBuildAdd(b,
-                                        row0, r, ""), ""), aj_kb_i64(kb, 2), "")), 4),
-                                        aj_kb_f32(kb, AJ_LOG2E), "");
+        LLVMValueRef l2 = part_lse2(kb, ws, lse_at, LLVMBuildAdd(b, row0, r, ""));
         LLVMValueRef init = LLVMBuildICmp(b, LLVMIntEQ, s, aj_kb_i32(kb, 0), "");
         aj_kb_set(kb, mx, LLVMBuildSelect(b, init, l2, aj_kb_fmax(kb, aj_kb_get(kb, mx), l2), ""));
         aj_kb_for_end(kb);
@@ -1167,11 +1202,8 @@ static void build_paged_merge(efwd *e)
         s = aj_kb_for_begin(kb, aj_kb_i32(kb, 0), splits, aj_kb_i32(kb, 1), "s");
         r = LLVMBuildAdd(b, row0,
                          aj_kb_sext64(kb, LLVMBuildAdd(b, LLVMBuildMul(b, s, sq, ""), i, "")), "");
-        LLVMValueRef l2s = LLVMBuildFMul(b, aj_kb_load(kb, kb->t_f32, aj_kb_gptr_offset(kb, ws,
-                                         LLVMBuildShl(b, LLVMBuildAdd(b, lse_at, r, ""),
-                                                      aj_kb_i64(kb, 2), "")), 4),
-                                         aj_kb_f32(kb, AJ_LOG2E), "");
-        LLVMValueRef w = aj_kb_exp2(kb, LLVMBuildFSub(b, l2s, m_use, ""));
+        LLVMValueRef w =
+            aj_kb_exp2(kb, LLVMBuildFSub(b, part_lse2(kb, ws, lse_at, r), m_use, ""));
         LLVMValueRef at = LLVMBuildAdd(b, LLVMBuildMul(b, r, aj_kb_i64(kb, p->dv), ""),
                                        LLVMBuildZExt(b, c, kb->t_i64, ""), "");
         LLVMValueRef part_o = aj_kb_load(kb, kb->t_f32, aj_kb_gptr_offset(kb, ws,
@@ -1193,24 +1225,7 @@ static void build_paged_merge(efwd *e)
                                NULL, &l2_row, &scale, &lse);
             val = LLVMBuildFMul(b, val, scale, "");
         }
-        LLVMValueRef oat = LLVMBuildAdd(
-            b,
-            LLVMBuildAdd(b, o_base,
-                         LLVMBuildMul(b, aj_kb_sext64(kb, i), aj_param(kb, AJ_PID(stride_o_s)), ""),
-                         ""),
-            LLVMBuildZExt(b, c, kb->t_i64, ""), "");
-        int size = aj_dtype_size(p->dtype);
-        aj_kb_store(kb, aj_kb_from_f32(kb, val, p->dtype),
-                    aj_kb_gptr_offset(kb, aj_param(kb, AJ_PID(o)),
-                                      LLVMBuildMul(b, oat, aj_kb_i64(kb, size), "")),
-                    (unsigned)size);
-        aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntEQ, c, aj_kb_i32(kb, 0), ""));
-        LLVMValueRef lat = LLVMBuildAdd(b, lse_base, aj_kb_sext64(kb, i), "");
-        aj_kb_store(kb, lse,
-                    aj_kb_gptr_offset(kb, aj_param(kb, AJ_PID(lse)),
-                                      LLVMBuildShl(b, lat, aj_kb_i64(kb, 2), "")),
-                    4);
-        aj_kb_if_end(kb);
+        store_merged(e, o_base, lse_base, i, c, val, lse);
     }
     aj_kb_for_end(kb);
     const aj_kernel_layout layout = {

@@ -149,9 +149,61 @@ static aj_status add_field(aj_ctx *ctx, const aj_op *op, bool score_mod, aj_scor
 
 /* ---------------------------------------------------------------- derivative */
 
+/* The chain rule of a one-argument function node id = f(a) (exp, log,
+ * tanh, sqrt, exp2, log2, sin, cos, tan, sigmoid, erf): d id = *slope x
+ * d a, or d a / *divisor for log, log2 and sqrt (the nodes keep
+ * aj_expr_eval_grad's own roundings); false for any other op. */
+static bool chain_factor(builder *bd, const aj_expr_node *n, uint16_t id, uint16_t one,
+                         uint16_t *slope, uint16_t *divisor)
+{
+    uint16_t a = n->args[0];
+    *slope = *divisor = NONE;
+    switch ((aj_expr_op)n->op) {
+    case AJ_EXPR_EXP:
+        *slope = id;
+        return true;
+    case AJ_EXPR_LOG:
+        *divisor = a;
+        return true;
+    case AJ_EXPR_TANH:
+        *slope = mk2(bd, AJ_EXPR_SUB, one, mk2(bd, AJ_EXPR_MUL, id, id));
+        return true;
+    case AJ_EXPR_SQRT:
+        *divisor = mk2(bd, AJ_EXPR_MUL, lit(bd, AJ_EXPR_FLOAT, 2), id);
+        return true;
+    case AJ_EXPR_EXP2:
+        *slope = mul_f(bd, id, lit(bd, AJ_EXPR_FLOAT, AJ_LN2));
+        return true;
+    case AJ_EXPR_LOG2:
+        *divisor = mul_f(bd, a, lit(bd, AJ_EXPR_FLOAT, AJ_LN2));
+        return true;
+    case AJ_EXPR_SIN:
+        *slope = mk(bd, AJ_EXPR_COS, &a, 1);
+        return true;
+    case AJ_EXPR_COS:
+        *slope = mk(bd, AJ_EXPR_NEG, &(uint16_t){mk(bd, AJ_EXPR_SIN, &a, 1)}, 1);
+        return true;
+    case AJ_EXPR_TAN:
+        *slope = add_f(bd, one, mk2(bd, AJ_EXPR_MUL, id, id));
+        return true;
+    case AJ_EXPR_SIGMOID:
+        *slope = mul_f(bd, id, mk2(bd, AJ_EXPR_SUB, one, id));
+        return true;
+    case AJ_EXPR_ERF: {
+        uint16_t sq = mk2(bd, AJ_EXPR_MUL, a, a);
+        uint16_t g = mk(bd, AJ_EXPR_EXP, &(uint16_t){mk(bd, AJ_EXPR_NEG, &sq, 1)}, 1);
+        *slope = mul_f(bd, lit(bd, AJ_EXPR_FLOAT, AJ_2_SQRTPI), g);
+        return true;
+    }
+    default:
+        return false;
+    }
+}
+
 /* d node / d variable into memo (NONE until made), zero where the node
  * does not read it; the variable is the score, or load bd->wrt (a side
- * tensor's gradient).  The rules of aj_expr_eval_grad, written as nodes. */
+ * tensor's gradient).  The rules of aj_expr_eval_grad, written as nodes:
+ * one-argument functions by chain_factor, the rest here. */
 static uint16_t diff(builder *bd, uint16_t id, const uint16_t *reads, uint16_t *memo,
                      uint16_t zero, uint16_t one)
 {
@@ -167,7 +219,13 @@ static uint16_t diff(builder *bd, uint16_t id, const uint16_t *reads, uint16_t *
         return memo[id];
     uint16_t a = n->args[0], b = n->args[1], c = n->args[2];
 #define D(x) diff(bd, (x), reads, memo, zero, one)
-    uint16_t d = zero;
+    uint16_t d = zero, slope, divisor;
+    if (chain_factor(bd, n, id, one, &slope, &divisor)) {
+        uint16_t da = D(a);
+        d = divisor != NONE ? mk2(bd, AJ_EXPR_DIV, da, divisor) : mul_f(bd, slope, da);
+        memo[id] = d;
+        return d;
+    }
     switch ((aj_expr_op)n->op) {
     case AJ_EXPR_VAR:
         d = n->u.var == AJ_VAR_SCORE && bd->wrt == NONE ? one : zero;
@@ -215,42 +273,6 @@ static uint16_t diff(builder *bd, uint16_t id, const uint16_t *reads, uint16_t *
         uint16_t args[3] = {mk2(bd, AJ_EXPR_LT, a, lit(bd, AJ_EXPR_FLOAT, 0)),
                             mk(bd, AJ_EXPR_NEG, &da, 1), da};
         d = mk(bd, AJ_EXPR_SELECT, args, 3);
-        break;
-    }
-    case AJ_EXPR_EXP:
-        d = mul_f(bd, id, D(a));
-        break;
-    case AJ_EXPR_LOG:
-        d = mk2(bd, AJ_EXPR_DIV, D(a), a);
-        break;
-    case AJ_EXPR_TANH:
-        d = mul_f(bd, mk2(bd, AJ_EXPR_SUB, one, mk2(bd, AJ_EXPR_MUL, id, id)), D(a));
-        break;
-    case AJ_EXPR_SQRT:
-        d = mk2(bd, AJ_EXPR_DIV, D(a), mk2(bd, AJ_EXPR_MUL, lit(bd, AJ_EXPR_FLOAT, 2), id));
-        break;
-    case AJ_EXPR_EXP2:
-        d = mul_f(bd, mul_f(bd, id, lit(bd, AJ_EXPR_FLOAT, AJ_LN2)), D(a));
-        break;
-    case AJ_EXPR_LOG2:
-        d = mk2(bd, AJ_EXPR_DIV, D(a), mul_f(bd, a, lit(bd, AJ_EXPR_FLOAT, AJ_LN2)));
-        break;
-    case AJ_EXPR_SIN:
-        d = mul_f(bd, mk(bd, AJ_EXPR_COS, &a, 1), D(a));
-        break;
-    case AJ_EXPR_COS:
-        d = mul_f(bd, mk(bd, AJ_EXPR_NEG, &(uint16_t){mk(bd, AJ_EXPR_SIN, &a, 1)}, 1), D(a));
-        break;
-    case AJ_EXPR_TAN:
-        d = mul_f(bd, add_f(bd, one, mk2(bd, AJ_EXPR_MUL, id, id)), D(a));
-        break;
-    case AJ_EXPR_SIGMOID:
-        d = mul_f(bd, mul_f(bd, id, mk2(bd, AJ_EXPR_SUB, one, id)), D(a));
-        break;
-    case AJ_EXPR_ERF: {
-        uint16_t sq = mk2(bd, AJ_EXPR_MUL, a, a);
-        uint16_t g = mk(bd, AJ_EXPR_EXP, &(uint16_t){mk(bd, AJ_EXPR_NEG, &sq, 1)}, 1);
-        d = mul_f(bd, mul_f(bd, lit(bd, AJ_EXPR_FLOAT, AJ_2_SQRTPI), g), D(a));
         break;
     }
     case AJ_EXPR_POW: {
