@@ -208,8 +208,8 @@ void aj_cpu_gemm_acc(aj_kb *kb, int ncols, LLVMValueRef c, LLVMValueRef rscale,
  * each key block pays fixed costs (Kt and V repacked into pairs, O loaded
  * into and stored from tiles, rescaled) that the tile products, several
  * times faster than vector FMAs, no longer hide.  Measured on a
- * Sapphire-Rapids-class Xeon (amx-tile, amx-bf16; bench/README.md "AMX
- * tiles"), bf16 d 128, S 2048, against the vector kernels' tiles: forward
+ * Sapphire-Rapids-class Xeon (amx-tile, amx-bf16; bench/README.md "The
+ * AMX host"), bf16 d 128, S 2048, against the vector kernels' tiles: forward
  * 256 x 256 1.59x (1.49x causal), backward 128 x 128 1.33x (1.23x). */
 #define AJ_CPU_AMX_FWD_BM 256
 #define AJ_CPU_AMX_FWD_BN 256

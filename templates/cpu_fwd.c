@@ -252,8 +252,8 @@ static void emit_round_p(cfwd *c)
     LLVMValueRef i = aj_kb_for_begin(kb, aj_kb_i32(kb, 0), c->rows_pad, aj_kb_i32(kb, 1), "ri");
     for (int n = 0; n < bn; n += w) {
         LLVMValueRef at = aj_kb_add(kb, aj_kb_mul(kb, i, aj_kb_i32(kb, bn)), aj_kb_i32(kb, n));
-        aj_cv_store_operand(kb, vload(c, buf_at(c, c->s, at), w), aj_cv_at(kb, kb->t_i16, c->pw, at),
-                    c->p.dtype, w);
+        aj_cv_store_operand(kb, vload(c, buf_at(c, c->s, at), w),
+                            aj_cv_at(kb, kb->t_i16, c->pw, at), c->p.dtype, w);
     }
     aj_kb_for_end(kb);
 }
