@@ -945,6 +945,16 @@ void aj_kb_philox4x32_10(aj_kb *kb, const LLVMValueRef ctr[4],
         out[i] = x[i];
 }
 
+LLVMValueRef aj_kb_call_intrinsic(aj_kb *kb, const char *name, LLVMValueRef *args, int n)
+{
+    unsigned id = LLVMLookupIntrinsicID(name, strlen(name));
+    if (id == 0)
+        return NULL;
+    LLVMValueRef fn = LLVMGetIntrinsicDeclaration(kb->mod, id, NULL, 0);
+    return LLVMBuildCall2(kb->b, LLVMIntrinsicGetType(kb->llctx, id, NULL, 0), fn, args,
+                          (unsigned)n, "");
+}
+
 LLVMValueRef aj_kb_call_overloaded(aj_kb *kb, const char *name, LLVMValueRef *args, int n)
 {
     LLVMTypeRef t = LLVMTypeOf(args[0]);

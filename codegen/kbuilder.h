@@ -220,6 +220,10 @@ size_t aj_intrinsic_sim_symbols(const char **names, size_t cap);
 /* A call of the LLVM intrinsic `name` (llvm.sqrt, llvm.fabs, ...)
  * overloaded on the type of its first argument; args has n values. */
 LLVMValueRef aj_kb_call_overloaded(aj_kb *kb, const char *name, LLVMValueRef *args, int n);
+/* A call of the LLVM intrinsic `name` that is not overloaded
+ * (llvm.x86.avx512bf16.cvtneps2bf16.512, ...); NULL, emitting nothing,
+ * where this LLVM has no intrinsic of that name. */
+LLVMValueRef aj_kb_call_intrinsic(aj_kb *kb, const char *name, LLVMValueRef *args, int n);
 
 /* constants */
 LLVMValueRef aj_kb_i32(aj_kb *kb, int64_t v);

@@ -60,6 +60,12 @@ aj_status aj_cpu_plan_tiles(aj_ctx *ctx, const aj_op *op, const char *who, int w
     return AJ_OK;
 }
 
+void aj_cpu_amx_tiles(const aj_op *op, int default_bm, int default_bn, int *bm, int *bn)
+{
+    *bm = op->schedule.block_m ? *bm : default_bm;
+    *bn = op->schedule.block_n ? *bn : default_bn;
+}
+
 void aj_cpu_seq_of(aj_kb *kb, const aj_op *op, const aj_score_prog *prog, LLVMValueRef bidx,
                    aj_cpu_seq *s)
 {

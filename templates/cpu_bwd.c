@@ -79,10 +79,8 @@ static aj_status plan_kernel(aj_ctx *ctx, const aj_op *op, cbwd_plan *p)
     if (p->w == 16 && p->d % 32 == 0 && p->dv % 32 == 0 && p->bm % AJ_CPU_AMX_ROWS == 0 &&
         p->bn % 32 == 0)
         p->amx = aj_cpu_amx_mode(p->dtype, NULL, 0);   /* off but for bf16 and f16 */
-    if (p->amx != AJ_AMX_OFF) {
-        p->bm = op->schedule.block_m ? p->bm : AJ_CPU_AMX_BWD_BM;
-        p->bn = op->schedule.block_n ? p->bn : AJ_CPU_AMX_BWD_BN;
-    }
+    if (p->amx != AJ_AMX_OFF)
+        aj_cpu_amx_tiles(op, AJ_CPU_AMX_BWD_BM, AJ_CPU_AMX_BWD_BN, &p->bm, &p->bn);
     return st;
 }
 

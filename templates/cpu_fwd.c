@@ -86,10 +86,8 @@ static aj_status plan_kernel(aj_ctx *ctx, const aj_op *op, cfwd_plan *p)
                p->kv_dtype == p->dtype && p->w == 16 && p->d % 16 == 0;
     if (half && p->d % 32 == 0 && p->dv % 32 == 0 && p->bm % AJ_CPU_AMX_ROWS == 0)
         p->amx = aj_cpu_amx_mode(p->dtype, NULL, 0);
-    if (p->amx != AJ_AMX_OFF) {
-        p->bm = op->schedule.block_m ? p->bm : AJ_CPU_AMX_FWD_BM;
-        p->bn = op->schedule.block_n ? p->bn : AJ_CPU_AMX_FWD_BN;
-    }
+    if (p->amx != AJ_AMX_OFF)
+        aj_cpu_amx_tiles(op, AJ_CPU_AMX_FWD_BM, AJ_CPU_AMX_FWD_BN, &p->bm, &p->bn);
     p->pairs = half && (p->amx != AJ_AMX_OFF ||
                         (p->dtype == AJ_DTYPE_BF16 && aj_cpu_has_feature("avx512bf16")));
     return st;
@@ -261,10 +259,7 @@ static void emit_round_p(cfwd *c)
 /* log2 / exp2 of one f32, through LLVM's intrinsics (libm on the host) */
 static LLVMValueRef scalar_math(cfwd *c, const char *name, LLVMValueRef x)
 {
-    LLVMTypeRef t = c->kb->t_f32;
-    unsigned id = LLVMLookupIntrinsicID(name, strlen(name));
-    LLVMValueRef fn = LLVMGetIntrinsicDeclaration(c->kb->mod, id, &t, 1);
-    return LLVMBuildCall2(c->b, LLVMIntrinsicGetType(c->kb->llctx, id, &t, 1), fn, &x, 1, "");
+    return aj_kb_call_overloaded(c->kb, name, &x, 1);
 }
 
 /*

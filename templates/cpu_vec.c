@@ -5,8 +5,6 @@
 
 #include "codegen/codegen.h"
 
-#include <string.h>
-
 LLVMTypeRef aj_cv_type(aj_kb *kb, int n)
 {
     return LLVMVectorType(kb->t_f32, (unsigned)n);
@@ -38,16 +36,15 @@ LLVMValueRef aj_cv_dot_bf16(aj_kb *kb, LLVMValueRef acc, LLVMValueRef a, LLVMVal
 {
     const char *name = n == 16 ? "llvm.x86.avx512bf16.dpbf16ps.512"
                                : "llvm.x86.avx512bf16.dpbf16ps.256";
-    unsigned id = LLVMLookupIntrinsicID(name, strlen(name));
-    if (id == 0 || (n != 16 && n != 8)) {
-        aj_kb_fail(kb, AJ_ERR_INTERNAL, "%s is not an intrinsic of this LLVM", name);
-        return acc;
-    }
     LLVMTypeRef pairs = LLVMVectorType(LLVMBFloatTypeInContext(kb->llctx), (unsigned)(2 * n));
     LLVMValueRef args[3] = {acc, LLVMBuildBitCast(kb->b, a, pairs, ""),
                             LLVMBuildBitCast(kb->b, b, pairs, "")};
-    LLVMValueRef fn = LLVMGetIntrinsicDeclaration(kb->mod, id, NULL, 0);
-    return LLVMBuildCall2(kb->b, LLVMIntrinsicGetType(kb->llctx, id, NULL, 0), fn, args, 3, "");
+    LLVMValueRef r = n == 16 || n == 8 ? aj_kb_call_intrinsic(kb, name, args, 3) : NULL;
+    if (!r) {
+        aj_kb_fail(kb, AJ_ERR_INTERNAL, "%s is not an intrinsic of this LLVM", name);
+        return acc;
+    }
+    return r;
 }
 
 LLVMValueRef aj_cv_max(aj_kb *kb, LLVMValueRef a, LLVMValueRef b)
@@ -96,19 +93,15 @@ LLVMValueRef aj_cv_hsum(aj_kb *kb, LLVMValueRef v, int n)
 static LLVMValueRef times_pow2(aj_kb *kb, LLVMValueRef p, LLVMValueRef k, int n)
 {
     LLVMBuilderRef b = kb->b;
-    const char *name = n == 16 ? "llvm.x86.avx512.mask.scalef.ps.512"
-                               : "llvm.x86.avx512.mask.scalef.ps.256";
-    unsigned id = LLVMLookupIntrinsicID(name, strlen(name));
-    if (id && aj_cpu_has_feature("avx512f") &&
-        (n == 16 || (n == 8 && aj_cpu_has_feature("avx512vl")))) {
-        {
-            LLVMValueRef args[5] = {p, k, LLVMGetUndef(aj_cv_type(kb, n)),
-                                    LLVMConstInt(n == 16 ? kb->t_i16 : kb->t_i8, ~0ull, 0),
-                                    aj_kb_i32(kb, 4)};   /* the current rounding */
-            LLVMValueRef fn = LLVMGetIntrinsicDeclaration(kb->mod, id, NULL, 0);
-            return LLVMBuildCall2(b, LLVMIntrinsicGetType(kb->llctx, id, NULL, 0), fn, args,
-                                  n == 16 ? 5 : 4, "");
-        }
+    if (aj_cpu_has_feature("avx512f") && (n == 16 || (n == 8 && aj_cpu_has_feature("avx512vl")))) {
+        LLVMValueRef args[5] = {p, k, LLVMGetUndef(aj_cv_type(kb, n)),
+                                LLVMConstInt(n == 16 ? kb->t_i16 : kb->t_i8, ~0ull, 0),
+                                aj_kb_i32(kb, 4)};   /* the current rounding */
+        LLVMValueRef r = aj_kb_call_intrinsic(kb, n == 16 ? "llvm.x86.avx512.mask.scalef.ps.512"
+                                                          : "llvm.x86.avx512.mask.scalef.ps.256",
+                                              args, n == 16 ? 5 : 4);
+        if (r)
+            return r;
     }
     LLVMTypeRef vi = LLVMVectorType(kb->t_i32, (unsigned)n);
     LLVMValueRef e = LLVMBuildFPToSI(b, k, vi, "");
@@ -239,17 +232,14 @@ void aj_cv_store(aj_kb *kb, LLVMValueRef v, LLVMValueRef ptr, aj_dtype dtype, in
 
 void aj_cv_store_operand(aj_kb *kb, LLVMValueRef v, LLVMValueRef ptr, aj_dtype dtype, int n)
 {
-    const char *name = n == 16 ? "llvm.x86.avx512bf16.cvtneps2bf16.512"
-                               : "llvm.x86.avx512bf16.cvtneps2bf16.256";
-    unsigned id = LLVMLookupIntrinsicID(name, strlen(name));
-    if (dtype != AJ_DTYPE_BF16 || (n != 16 && n != 8) || id == 0 ||
-        !aj_cpu_has_feature("avx512bf16")) {
+    LLVMValueRef h = NULL;
+    if (dtype == AJ_DTYPE_BF16 && (n == 16 || n == 8) && aj_cpu_has_feature("avx512bf16"))
+        h = aj_kb_call_intrinsic(kb, n == 16 ? "llvm.x86.avx512bf16.cvtneps2bf16.512"
+                                             : "llvm.x86.avx512bf16.cvtneps2bf16.256", &v, 1);
+    if (!h) {
         aj_cv_store(kb, v, ptr, dtype, n);
         return;
     }
-    LLVMValueRef fn = LLVMGetIntrinsicDeclaration(kb->mod, id, NULL, 0);
-    LLVMValueRef h = LLVMBuildCall2(kb->b, LLVMIntrinsicGetType(kb->llctx, id, NULL, 0), fn, &v, 1,
-                                    "");
     LLVMValueRef st = LLVMBuildStore(
         kb->b, LLVMBuildBitCast(kb->b, h, LLVMVectorType(kb->t_i16, (unsigned)n), ""), ptr);
     LLVMSetAlignment(st, 2);

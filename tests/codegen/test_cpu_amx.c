@@ -101,6 +101,22 @@ static void standin_product(int m, int kp, int n, float *c, int ldc, const uint1
     standin_product_of(0, m, kp, n, c, ldc, a, lda, b, ldb);
 }
 
+/* The float64 sums of C (m x n, ldc) += A (m x 2kp bf16, lda) B (kp pair
+ * rows of n pairs, ldb) added to want, and their products' magnitudes to
+ * mag (the caller starts both at C and |C|) */
+static void reference_product(int m, int kp, int n, const uint16_t *a, int lda,
+                              const uint16_t *b, int ldb, double *want, double *mag, int ldc)
+{
+    for (int i = 0; i < m; i++)
+        for (int j = 0; j < n; j++)
+            for (int k = 0; k < 2 * kp; k++) {
+                double p = (double)aj_bf16_to_f32(a[i * lda + k]) *
+                           aj_bf16_to_f32(b[k / 2 * ldb + 2 * j + k % 2]);
+                want[i * ldc + j] += p;
+                mag[i * ldc + j] += fabs(p);
+            }
+}
+
 /* Full and partial shapes, strided rows, random bf16: each C against the
  * float64 sum (32 products of f32-exact terms: relative 2^-20 of the sum of
  * magnitudes), and rows and columns outside the tile untouched. */
@@ -121,15 +137,7 @@ static void test_standin_sums(void)
             want[i] = c[i];
             mag[i] = fabs(c[i]);
         }
-        for (int i = 0; i < m; i++)
-            for (int j = 0; j < n; j++)
-                for (int k = 0; k < kp; k++)
-                    for (int e = 0; e < 2; e++) {
-                        double p = (double)aj_bf16_to_f32(a[i * LD + 2 * k + e]) *
-                                   aj_bf16_to_f32(b[k * LD + 2 * j + e]);
-                        want[i * LD + j] += p;
-                        mag[i * LD + j] += fabs(p);
-                    }
+        reference_product(m, kp, n, a, LD, b, LD, want, mag, LD);
         standin_product(m, kp, n, c, LD, a, LD, b, LD);
         int bad = 0;
         for (int i = 0; i < 17; i++)
@@ -530,7 +538,7 @@ static void test_hardware(void)
         int integers = round % 4 == 0;
         float c[256], hw[256];
         uint16_t a[512], b[512];
-        double want[256] = {0}, mag[256] = {0};
+        double want[256], mag[256];
         for (int i = 0; i < 512; i++) {
             double x = uniform(&rng) * 2 - 1, y = uniform(&rng) * 2 - 1;
             a[i] = aj_f32_to_bf16(integers ? (float)floor(x * 16) : (float)x);
@@ -540,13 +548,8 @@ static void test_hardware(void)
             c[i] = hw[i] = integers ? (float)floor(uniform(&rng) * 64) : (float)(uniform(&rng) * 4);
             want[i] = c[i];
             mag[i] = fabs(c[i]);
-            for (int k = 0; k < 32; k++) {
-                double p = (double)aj_bf16_to_f32(a[i / 16 * 32 + k]) *
-                           aj_bf16_to_f32(b[k / 2 * 32 + 2 * (i % 16) + k % 2]);
-                want[i] += p;
-                mag[i] += fabs(p);
-            }
         }
+        reference_product(16, 16, 16, a, 32, b, 32, want, mag, 16);
         hardware_product(hw, a, b);
         standin_product(16, 16, 16, c, 16, a, 32, b, 32);
         int bad = 0;
