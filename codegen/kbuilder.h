@@ -63,6 +63,8 @@ typedef struct aj_kernel_layout {
      * packing"); 0 where the op's score programs keep a head per item.
      * The launch counts the items that work by it. */
     int32_t pack_rows;
+    aj_stage_plan plan;      /* AJ_STAGE_EVERY unless the template has two plans
+                                (attnjit.h) */
 } aj_kernel_layout;
 
 /*

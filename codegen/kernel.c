@@ -29,6 +29,7 @@ static void stage_from_kb(aj_kernel_stage *ks, const aj_kb_stage *st)
     ks->launch.params = ks->params;
     ks->launch.schedule = st->layout.schedule;
     ks->pack_rows = st->layout.pack_rows;
+    ks->plan = (int32_t)st->layout.plan;
 }
 
 aj_status aj_kernel_new(aj_ctx *ctx, const aj_kb_stage *stages, int num_stages,
@@ -164,6 +165,13 @@ const char *aj_kernel_stage_entry(const aj_kernel *kernel, int32_t stage)
     return kernel->stages[stage].entry;
 }
 
+int32_t aj_kernel_stage_plan(const aj_kernel *kernel, int32_t stage)
+{
+    if (!kernel || stage < 0 || stage >= kernel->num_stages)
+        return -1;
+    return kernel->stages[stage].plan;
+}
+
 aj_status aj_kernel_compile_stats(const aj_kernel *kernel, aj_compile_stats *out)
 {
     if (!kernel || !out)
@@ -186,15 +194,15 @@ aj_status aj_kernel_compile_stats(const aj_kernel *kernel, aj_compile_stats *out
  * with, per stage,
  *
  *   str entry   i32 block[3]   {i32 extent, i32 per_block}[3]
- *   i32 dynamic_smem   aj_schedule   i32 pack_rows   i32 num_params
+ *   i32 dynamic_smem   aj_schedule   i32 pack_rows   i32 plan   i32 num_params
  *   {str name, u32 type, i32 id}*
  *
  * where str is u32 length + bytes, and object is a host kernel's object
  * code (object_size 0 for GPU kernels).  Format 2 added the stages, 3 the
  * object code, 4 pack_rows, 5 the parameters' table rows (ids), 6 sinks,
- * 7 tensor_grad, 8 kv_shared.
+ * 7 tensor_grad, 8 kv_shared, 9 plan.
  */
-#define KERNEL_FORMAT 8u
+#define KERNEL_FORMAT 9u
 
 typedef struct byte_writer {
     uint8_t *buf;
@@ -252,6 +260,7 @@ aj_status aj_kernel_serialize(aj_ctx *ctx, const aj_kernel *k, uint8_t **out, si
         put(&w, &ks->launch.dynamic_smem, 4);
         put(&w, &ks->launch.schedule, sizeof ks->launch.schedule);
         put(&w, &ks->pack_rows, 4);
+        put(&w, &ks->plan, 4);
         put(&w, &ks->launch.num_params, 4);
         for (int i = 0; i < ks->launch.num_params; i++) {
             put_str(&w, ks->params[i].name);
@@ -318,6 +327,11 @@ static void get_stage(byte_reader *r, aj_kb_stage *st)
     get(r, &st->dynamic_smem, 4);
     get(r, &st->layout.schedule, sizeof st->layout.schedule);
     get(r, &st->layout.pack_rows, 4);
+    int32_t plan = 0;
+    get(r, &plan, 4);
+    if ((unsigned)plan > AJ_STAGE_UNUSED)
+        r->failed = 1;
+    st->layout.plan = (aj_stage_plan)plan;
     get(r, &st->num_params, 4);
     if (st->num_params < 0 || st->num_params > AJ_KB_MAX_PARAMS)
         r->failed = 1;

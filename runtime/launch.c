@@ -68,12 +68,26 @@ static int64_t grid_extent(aj_extent e, const fwd_sizes *sz)
 /* Runs stage `stage` of the bound kernel over the grid its launch info
  * asks for, on `stream` (sim: with `buffers` as the memory its accesses
  * may touch). */
+/* The items (CTAs) of stage `stage` along each grid dimension; returns
+ * their product. */
+static int64_t stage_grid(const aj_kernel *kernel, int stage, const fwd_sizes *sz,
+                          int32_t grid[3])
+{
+    aj_launch_info li;
+    aj_kernel_stage_info(kernel, stage, &li);
+    int64_t items = 1;
+    for (int d = 0; d < 3; d++) {
+        int64_t e = grid_extent(li.grid[d].extent, sz);
+        grid[d] = (int32_t)((e + li.grid[d].per_block - 1) / li.grid[d].per_block);
+        items *= grid[d];
+    }
+    return items;
+}
+
 static aj_status run_kernel(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel, int stage,
                             const fwd_sizes *sz, void **argv, const aj_sim_buffer *buffers,
                             int num_buffers, void *stream)
 {
-    aj_launch_info li;
-    aj_kernel_stage_info(kernel, stage, &li);
     aj_device_launch l = {
         .kernel = kernel,
         .stage = stage,
@@ -82,10 +96,7 @@ static aj_status run_kernel(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel
         .num_buffers = num_buffers,
         .stream = stream,
     };
-    for (int d = 0; d < 3; d++) {
-        int64_t e = grid_extent(li.grid[d].extent, sz);
-        l.grid[d] = (int32_t)((e + li.grid[d].per_block - 1) / li.grid[d].per_block);
-    }
+    stage_grid(kernel, stage, sz, l.grid);
     return aj_device_launch_stage(ctx, dev, &l);
 }
 
@@ -366,17 +377,29 @@ aj_status aj_block_mask_launch(aj_ctx *ctx, aj_device *dev, const char *fn,
     return st;
 }
 
-/* The flash backward's rule (runtime.h, aj_workspace_rule): Delta, then
- * the dQ sums where the op is not deterministic, f32, on 16 bytes. */
+/* The stage of kernel with plan `plan`, or -1. */
+static int stage_of_plan(const aj_kernel *kernel, aj_stage_plan plan)
+{
+    for (int s = 0; s < kernel->num_stages; s++)
+        if (kernel->stages[s].plan == (int32_t)plan)
+            return s;
+    return -1;
+}
+
+/* The backward workspace's rule (runtime.h, aj_workspace_rule): Delta,
+ * then the dQ sums, f32, on 16 bytes: the flash backward's where the op is
+ * not deterministic (atomics), the cpu's fused plan's always (the launch
+ * may take either plan). */
 void aj_workspace_rule_of(const aj_kernel *kernel, aj_workspace_rule *out)
 {
     *out = (aj_workspace_rule){.takes = aj_kernel_takes(kernel, AJ_PID(workspace))};
     if (!out->takes)
         return;
+    int dq = !kernel->op.deterministic || stage_of_plan(kernel, AJ_STAGE_FUSED) >= 0;
     out->per_batch = kernel->op.layout != AJ_LAYOUT_VARLEN;
     out->align = 16;
     out->region[AJ_WS_DELTA] = (aj_ws_region){4, 1};
-    out->region[AJ_WS_DQ] = (aj_ws_region){4, kernel->op.deterministic ? 0 : kernel->op.head_dim};
+    out->region[AJ_WS_DQ] = (aj_ws_region){4, dq ? kernel->op.head_dim : 0};
 }
 
 /* A checked call's workspace: the rule the kernel's plan recorded (one
@@ -601,10 +624,35 @@ static aj_status run_stage(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
     return st;
 }
 
-/* Runs the stages of a bound backward launch in order: the template's,
- * then its tail's (templates/grad_tail.h) that the call asks for: the
- * sinks' gradient with dsinks, the side tensors' partial sums and one sum
- * per output of dside. */
+/*
+ * Whether a backward launch takes its kernel's fused plan, the stage
+ * AJ_STAGE_FUSED in place of the AJ_STAGE_SPLIT ones (the cpu backward,
+ * templates/cpu_bwd.c; both plans give the same bits): where the fused
+ * stage's items keep the device's workers busy: on one worker always;
+ * else, padded, at least one item a worker and at most a fifth of the
+ * workers' time idle in the rounds they take (4 items on 2 workers, 8 or
+ * 10 on 4; not 3 on 2, 5 or 9 on 4).  Varlen items are as unequal as the
+ * sequences, which this rule does not read: the split plan, whose items
+ * are blocks of keys or queries.
+ */
+static int takes_fused_plan(const aj_kernel *kernel, const aj_device *dev, const fwd_sizes *sz)
+{
+    int s = stage_of_plan(kernel, AJ_STAGE_FUSED);
+    int64_t workers = aj_device_workers(dev);
+    if (s < 0 || workers == 1)
+        return s >= 0;
+    if (kernel->op.layout == AJ_LAYOUT_VARLEN)
+        return 0;
+    int32_t grid[3];
+    int64_t items = stage_grid(kernel, s, sz, grid);
+    int64_t rounds = (items + workers - 1) / workers;
+    return items >= workers && 4 * rounds * workers <= 5 * items;
+}
+
+/* Runs the stages of a bound backward launch in order: the template's
+ * (those of the plan it takes), then its tail's (templates/grad_tail.h)
+ * that the call asks for: the sinks' gradient with dsinks, the side
+ * tensors' partial sums and one sum per output of dside. */
 static aj_status run_stages(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
                             const bwd_call *call, const bwd_workspace *w, void *ws,
                             launch_values *v, launch_scratch *ls)
@@ -614,8 +662,13 @@ static aj_status run_stages(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel
     sz.dside_parts = call->dside.parts;
     aj_status st = AJ_OK;
     uint64_t instructions = 0;
+    const aj_stage_plan skipped =
+        takes_fused_plan(kernel, dev, &sz) ? AJ_STAGE_SPLIT : AJ_STAGE_FUSED;
     for (int s = 0; s < kernel->num_stages && st == AJ_OK; s++) {
         tail_stage tail = tail_of(kernel, s);
+        if (kernel->stages[s].plan == (int32_t)skipped ||
+            kernel->stages[s].plan == (int32_t)AJ_STAGE_UNUSED)
+            continue;
         if ((tail == TAIL_SINKS && !a->dsinks.data) ||
             ((tail == TAIL_DSIDE || tail == TAIL_DSIDE_SUM) && call->dside.count == 0))
             continue;

@@ -34,6 +34,11 @@ static LLVMValueRef shuffle8(aj_kb *kb, LLVMValueRef x, LLVMValueRef y, const in
     return LLVMBuildShuffleVector(kb->b, x, y, LLVMConstVector(mask, 8), "");
 }
 
+bool aj_cpu_bwd_fuses(const aj_op *op, const aj_score_prog *prog)
+{
+    return op->bias != AJ_BIAS_ADD && !prog->tensor_grad;
+}
+
 aj_status aj_cpu_check_op(aj_ctx *ctx, const aj_op *op, const char *who)
 {
     if (op->layout == AJ_LAYOUT_VARLEN && op->bias == AJ_BIAS_ADD)

@@ -57,6 +57,10 @@ typedef struct aj_cpu_seq {
  * packed sequences: the flash ones have no bias, the efficient ones no
  * varlen). */
 aj_status aj_cpu_check_op(aj_ctx *ctx, const aj_op *op, const char *who);
+/* Whether the cpu backward of op (its programs prog) has a fused plan
+ * (cpu_bwd.c): not with bias, whose dbias slices fold (b, h) pairs, nor
+ * with grad side tensors, whose parts are the dq stage's row blocks. */
+bool aj_cpu_bwd_fuses(const aj_op *op, const aj_score_prog *prog);
 /* The tiles of the cpu kernel `who` on w-float vectors: block_m (default_bm
  * when the schedule leaves it unset) and block_n (a multiple of CN vectors,
  * default 64 or one such multiple); warps and stages, which the cpu target

@@ -23,6 +23,20 @@
  *                  dQ_i = scale sum_j dS_ij k_j over the visible key blocks
  *                  (likewise without skip tiles)
  *
+ * or, the fused plan (docs/cpu.md "The backward"), where the launch finds
+ * enough (kv head, batch) pairs to fill the workers:
+ *
+ *   stage 2, fused: one item per (kv head, batch): stage 0's work for
+ *                  every key block in order, each tile also adding dS K
+ *                  into the dQ rows of its query head, f32 in the
+ *                  workspace; then dQ stored
+ *
+ * five products a tile where the split plan does seven (stage 1 computes
+ * S and dP again).  Each dQ element gets the same terms in the same order
+ * (key blocks ascending, each one's gemm), so both plans give the same
+ * bits, whichever the launch takes.  Not with bias or grad side tensors
+ * (aj_cpu_bwd_fuses): their stage keeps its place, unused.
+ *
  * Both per block, on the stack (f32):
  *
  *   Q [bm][D] (scaled)   dO [bm][Dv]   Kt [D][bn]   Vt [Dv][bn]
@@ -106,6 +120,9 @@ typedef struct cbwd {
     /* grad side tensors, the dq stage: the item's part of the sums, each
      * grad tensor's first element in it, whether the call asks for them */
     LLVMValueRef side_part, side_base[AJ_OP_TENSORS_MAX + 1], side_on;
+    /* the fused stage: a dQ tile [bm][D] between the workspace's rows and
+     * the product (NULL in the others) */
+    LLVMValueRef fused_dq;
 } cbwd;
 
 static LLVMValueRef buf_at(cbwd *c, LLVMValueRef buf, LLVMValueRef index)
@@ -308,24 +325,23 @@ static void emit_probabilities(cbwd *c, LLVMValueRef m0, LLVMValueRef n0)
     aj_kb_for_end(kb);
 }
 
-/* rows [0, count) of an f32 buffer [n][width], times `scale`, into tensor
- * t of `dtype` at rows r0.. of slice `base` */
+/* rows [0, count) of an f32 buffer [n][width], times `scale`, into rows
+ * r0.. of dst in tensor t (of the plan's dtype, or the f32 workspace) */
 static void store_rows(cbwd *c, LLVMValueRef buf, int width, aj_param_source t,
-                       LLVMValueRef base, LLVMValueRef r0, LLVMValueRef count, double scale)
+                       const aj_cpu_rows *dst, LLVMValueRef r0, LLVMValueRef count, double scale)
 {
     aj_kb *kb = c->kb;
+    aj_dtype dtype = t == AJ_PSRC_workspace ? AJ_DTYPE_F32 : c->p.dtype;
     LLVMValueRef r = aj_kb_for_begin(kb, aj_kb_i32(kb, 0), count, aj_kb_i32(kb, 1), "sr");
-    LLVMValueRef row =
-        aj_kb_add(c->kb, base,
-                  aj_kb_mul(kb, aj_kb_sext64(kb, aj_kb_add(kb, r0, r)), aj_param_stride(kb, t, 2)));
+    LLVMValueRef row = aj_cpu_row_at(kb, dst, aj_kb_add(kb, r0, r));
     LLVMValueRef x =
         aj_kb_for_begin(kb, aj_kb_i32(kb, 0), aj_kb_i32(kb, width), aj_kb_i32(kb, 8), "srx");
     LLVMValueRef v =
         vload(c, buf_at(c, buf, aj_kb_add(kb, aj_kb_mul(kb, r, aj_kb_i32(kb, width)), x)), 8);
     if (scale != 1.0)
         v = LLVMBuildFMul(c->b, v, aj_cv_splat(kb, aj_kb_f32(kb, scale), 8), "");
-    aj_cv_store(kb, v, aj_cpu_tensor_at(kb, t, c->p.dtype, aj_kb_add(kb, row, aj_kb_sext64(kb, x))),
-                c->p.dtype, 8);
+    aj_cv_store(kb, v, aj_cpu_tensor_at(kb, t, dtype, aj_kb_add(kb, row, aj_kb_sext64(kb, x))),
+                dtype, 8);
     aj_kb_for_end(kb);
     aj_kb_for_end(kb);
 }
@@ -366,36 +382,77 @@ static void emit_block_products(cbwd *c, LLVMValueRef m0, LLVMValueRef n0)
     emit_probabilities(c, m0, n0);
 }
 
-/* stage 0: dK and dV of one key block of one kv head */
-static void build_dkdv(cbwd *c)
+/* Rows of slice (bidx, h) of tensor t from the sequence's first row. */
+static aj_cpu_rows slice_rows(cbwd *c, aj_param_source t, LLVMValueRef bidx, LLVMValueRef h,
+                              LLVMValueRef start)
+{
+    return (aj_cpu_rows){.base = aj_cpu_seq_base(c->kb, t, bidx, h, start),
+                         .stride_s = aj_param_stride(c->kb, t, 2)};
+}
+
+/* The fused stage's dQ rows of (bidx, h) in the workspace (params.def,
+ * CPU_BWD_FUSED), from the sequence's first row. */
+static aj_cpu_rows dq_sums(cbwd *c, LLVMValueRef bidx, LLVMValueRef h, LLVMValueRef start)
+{
+    aj_kb *kb = c->kb;
+    LLVMValueRef row0 = aj_kb_add(
+        kb, aj_kb_mul(kb, aj_kb_sext64(kb, bidx), aj_param(kb, AJ_PID(stride_ws_b))),
+        aj_kb_mul(kb, aj_kb_sext64(kb, h), aj_param(kb, AJ_PID(stride_ws_h))));
+    LLVMValueRef d = aj_kb_i64(kb, c->p.d);
+    return (aj_cpu_rows){.base = aj_kb_add(kb, aj_param(kb, AJ_PID(ws_dq_offset)),
+                                           aj_kb_mul(kb, aj_kb_add(kb, row0, start), d)),
+                         .stride_s = d};
+}
+
+/* The fused stage's dQ rows m0 .. m0 + rows of head h += dS K, through
+ * the dQ tile: the same product, on the same values, as stage 1's. */
+static void fused_dq_tile(cbwd *c, LLVMValueRef bidx, LLVMValueRef h, LLVMValueRef m0,
+                          LLVMValueRef rows)
+{
+    aj_kb *kb = c->kb;
+    const cbwd_plan *p = &c->p;
+    LLVMValueRef bm = aj_kb_i32(kb, p->bm);
+    const aj_cpu_rows sums = dq_sums(c, bidx, h, c->at.seq.start_q);
+    aj_cpu_load_rows(kb, c->fused_dq, p->d, AJ_PSRC_workspace, AJ_DTYPE_F32, &sums, m0, rows, bm,
+                     1.0, 0);
+    if (p->amx) {   /* dS rounded to the dtype's rows on the tiles */
+        aj_cpu_round_half(kb, c->dsa, c->dp, p->bm * p->bn, p->dtype);
+        aj_cpu_amx_gemm(&c->amx, c->fused_dq, c->dsa, p->bn, c->kn, p->d, p->bn, bm, 1);
+    } else {
+        aj_cpu_gemm_acc(kb, p->d, c->fused_dq, NULL, c->dp, p->bn, 1, c->kn, p->bn, bm, 0);
+    }
+    store_rows(c, c->fused_dq, p->d, AJ_PSRC_workspace, &sums, m0, rows, 1.0);
+}
+
+/* K's rows for dQ += dS K: zipped in pairs for the tiles, else floats */
+static void load_key_rows(cbwd *c, const aj_cpu_rows *k_rows, LLVMValueRef n0,
+                          LLVMValueRef kcount)
+{
+    aj_kb *kb = c->kb;
+    const cbwd_plan *p = &c->p;
+    if (p->amx)
+        aj_cpu_load_row_pairs(kb, c->kn, p->d, p->bn, AJ_PSRC_k, k_rows, n0, kcount);
+    else
+        aj_cpu_load_rows(kb, c->kn, p->d, AJ_PSRC_k, p->dtype, k_rows, n0, kcount,
+                         aj_kb_i32(kb, p->bn), 1.0, 0);
+}
+
+/* dK and dV of key block n0 (< the sequence's length) of kv head hkv of
+ * batch bidx, over the query heads of its group and the row blocks that
+ * see it; in the fused stage each tile's dS K also goes into dQ. */
+static void key_block(cbwd *c, LLVMValueRef bidx, LLVMValueRef hkv, LLVMValueRef n0,
+                      const aj_cpu_seq *seq, LLVMValueRef dk, LLVMValueRef dv)
 {
     aj_kb *kb = c->kb;
     LLVMBuilderRef b = c->b;
     const cbwd_plan *p = &c->p;
-    aj_params_declare(kb, AJ_KSIG_CPU_BWD_DKDV, c->op, c->prog);
-    aj_kb_begin_stage(kb, "dkdv", 1);
-    alloc_buffers(c);
-    if (p->amx) {
-        c->qz = aj_cv_buffer(kb, p->bm * p->d / 2, "qzbuf");
-        c->doz = aj_cv_buffer(kb, p->bm * p->dv / 2, "dozbuf");
-        c->pt = aj_cv_buffer(kb, p->bn * p->bm / 2, "ptbuf");
-        c->dst = aj_cv_buffer(kb, p->bn * p->bm / 2, "dstbuf");
-    }
-    LLVMValueRef dk = aj_cv_buffer(kb, p->bn * p->d, "dkbuf");
-    LLVMValueRef dv = aj_cv_buffer(kb, p->bn * p->dv, "dvbuf");
-    LLVMValueRef hkv = item(c, 1), bidx = item(c, 2);
-    LLVMValueRef n0 = aj_kb_mul(kb, item(c, 0), aj_kb_i32(kb, p->bn));
-    aj_cpu_seq seq;
-    aj_cpu_seq_of(kb, c->op, c->prog, bidx, &seq);
-    /* varlen: the grid covers the longest sequence; items past this one's
-     * end have nothing to do */
-    aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntSLT, n0, seq.len_k, ""));
-    LLVMValueRef kcount = aj_kb_smin(kb, aj_kb_i32(kb, p->bn), LLVMBuildSub(b, seq.len_k, n0, ""));
-    LLVMValueRef k_base = aj_cpu_seq_base(kb, AJ_PSRC_k, bidx, hkv, seq.start_k);
-    LLVMValueRef v_base = aj_cpu_seq_base(kb, AJ_PSRC_v, bidx, hkv, seq.start_k);
-    const aj_cpu_rows k_rows = {.base = k_base, .stride_s = aj_param(kb, AJ_PID(stride_k_s))};
-    const aj_cpu_rows v_rows = {.base = v_base, .stride_s = aj_param(kb, AJ_PID(stride_v_s))};
+    LLVMValueRef kcount = aj_kb_smin(kb, aj_kb_i32(kb, p->bn), LLVMBuildSub(b, seq->len_k, n0, ""));
+    LLVMValueRef n_last = LLVMBuildSub(b, aj_kb_add(kb, n0, kcount), aj_kb_i32(kb, 1), "");
+    const aj_cpu_rows k_rows = slice_rows(c, AJ_PSRC_k, bidx, hkv, seq->start_k);
+    const aj_cpu_rows v_rows = slice_rows(c, AJ_PSRC_v, bidx, hkv, seq->start_k);
     load_key_side(c, &k_rows, &v_rows, n0, kcount);
+    if (c->fused_dq)
+        load_key_rows(c, &k_rows, n0, kcount);
     aj_cpu_zero(kb, dk, p->bn * p->d);
     aj_cpu_zero(kb, dv, p->bn * p->dv);
     LLVMValueRef group =
@@ -405,16 +462,13 @@ static void build_dkdv(cbwd *c)
         LLVMValueRef h = aj_kb_add(kb, aj_kb_mul(kb, hkv, group), g);
         set_head(c, bidx, h);
         LLVMValueRef m_begin, m_end;
-        aj_cpu_row_blocks(&c->at, p->bm, n0,
-                          LLVMBuildSub(b, aj_kb_add(kb, n0, kcount), aj_kb_i32(kb, 1), ""),
-                          &m_begin, &m_end);
+        aj_cpu_row_blocks(&c->at, p->bm, n0, n_last, &m_begin, &m_end);
         LLVMValueRef bm = aj_kb_i32(kb, p->bm);
         /* the row blocks of the range, or the block mask's list of the key
          * block (score.h) */
         aj_score_walk walk;
-        aj_score_walk_rows(&c->at.sc, &walk, n0,
-                           LLVMBuildSub(b, aj_kb_add(kb, n0, kcount), aj_kb_i32(kb, 1), ""), p->bm,
-                           m_begin, m_end, seq.len_q, seq.len_k);
+        aj_score_walk_rows(&c->at.sc, &walk, n0, n_last, p->bm, m_begin, m_end, seq->len_q,
+                           seq->len_k);
         LLVMValueRef at = aj_kb_for_begin(kb, walk.begin, walk.end, aj_kb_i32(kb, 1), "walk");
         {
             LLVMValueRef cls = NULL;
@@ -440,24 +494,134 @@ static void build_dkdv(cbwd *c)
                 aj_cpu_gemm_acc(kb, p->d, dk, NULL, c->dp, 1, p->bn, c->q, p->bm,
                                 aj_kb_i32(kb, p->bn), 0);
             }
+            if (c->fused_dq)
+                fused_dq_tile(c, bidx, h, m0, rows);
             aj_cpu_skip_end(&c->at);
         }
         aj_kb_for_end(kb);
     }
     aj_kb_for_end(kb);
     /* with tiles Q was unscaled: dK takes the scale here */
-    store_rows(c, dk, p->d, AJ_PSRC_dk, aj_cpu_seq_base(kb, AJ_PSRC_dk, bidx, hkv, seq.start_k), n0,
-               kcount, p->amx ? aj_op_scale(c->op) : 1.0);
-    store_rows(c, dv, p->dv, AJ_PSRC_dv, aj_cpu_seq_base(kb, AJ_PSRC_dv, bidx, hkv, seq.start_k),
-               n0, kcount, 1.0);
+    const aj_cpu_rows dk_rows = slice_rows(c, AJ_PSRC_dk, bidx, hkv, seq->start_k);
+    const aj_cpu_rows dv_rows = slice_rows(c, AJ_PSRC_dv, bidx, hkv, seq->start_k);
+    store_rows(c, dk, p->d, AJ_PSRC_dk, &dk_rows, n0, kcount, p->amx ? aj_op_scale(c->op) : 1.0);
+    store_rows(c, dv, p->dv, AJ_PSRC_dv, &dv_rows, n0, kcount, 1.0);
+}
+
+/* The buffers of stages 0 and 2: the common ones, the tiles' operands,
+ * dK and dV of a key block into *dk, *dv. */
+static void alloc_key_side(cbwd *c, LLVMValueRef *dk, LLVMValueRef *dv)
+{
+    aj_kb *kb = c->kb;
+    const cbwd_plan *p = &c->p;
+    alloc_buffers(c);
+    if (p->amx) {
+        c->qz = aj_cv_buffer(kb, p->bm * p->d / 2, "qzbuf");
+        c->doz = aj_cv_buffer(kb, p->bm * p->dv / 2, "dozbuf");
+        c->pt = aj_cv_buffer(kb, p->bn * p->bm / 2, "ptbuf");
+        c->dst = aj_cv_buffer(kb, p->bn * p->bm / 2, "dstbuf");
+    }
+    *dk = aj_cv_buffer(kb, p->bn * p->d, "dkbuf");
+    *dv = aj_cv_buffer(kb, p->bn * p->dv, "dvbuf");
+}
+
+static void finish_stage(cbwd *c, aj_extent e0, int per0, aj_extent e1, aj_extent e2,
+                         aj_stage_plan plan)
+{
+    const aj_kernel_layout layout = {
+        .grid = {{e0, per0}, {e1, 1}, {e2, 1}},
+        .schedule = {c->p.bm, c->p.bn, 1, 1},
+        .plan = plan,
+    };
+    aj_kb_finish(c->kb, &layout);
+}
+
+/* stage 0: dK and dV of one key block of one kv head */
+static void build_dkdv(cbwd *c)
+{
+    aj_kb *kb = c->kb;
+    const cbwd_plan *p = &c->p;
+    aj_params_declare(kb, AJ_KSIG_CPU_BWD_DKDV, c->op, c->prog);
+    aj_kb_begin_stage(kb, "dkdv", 1);
+    LLVMValueRef dk, dv;
+    alloc_key_side(c, &dk, &dv);
+    LLVMValueRef hkv = item(c, 1), bidx = item(c, 2);
+    LLVMValueRef n0 = aj_kb_mul(kb, item(c, 0), aj_kb_i32(kb, p->bn));
+    aj_cpu_seq seq;
+    aj_cpu_seq_of(kb, c->op, c->prog, bidx, &seq);
+    /* varlen: the grid covers the longest sequence; items past this one's
+     * end have nothing to do */
+    aj_kb_if_begin(kb, LLVMBuildICmp(c->b, LLVMIntSLT, n0, seq.len_k, ""));
+    key_block(c, bidx, hkv, n0, &seq, dk, dv);
     aj_kb_if_end(kb);
     if (p->amx)
         aj_amx_release(&c->amx);
-    const aj_kernel_layout layout = {
-        .grid = {{AJ_EXTENT_SEQ_K, p->bn}, {AJ_EXTENT_HEADS_KV, 1}, {AJ_EXTENT_BATCH, 1}},
-        .schedule = {p->bm, p->bn, 1, 1},
-    };
-    aj_kb_finish(kb, &layout);
+    finish_stage(c, AJ_EXTENT_SEQ_K, p->bn, AJ_EXTENT_HEADS_KV, AJ_EXTENT_BATCH,
+                 aj_cpu_bwd_fuses(c->op, c->prog) ? AJ_STAGE_SPLIT : AJ_STAGE_EVERY);
+}
+
+/* For each query head of kv head hkv (group of them), its dQ rows in the
+ * workspace: zeroed (`zero`), else stored to dq, scaled. */
+static void fused_dq_rows(cbwd *c, LLVMValueRef bidx, LLVMValueRef hkv, LLVMValueRef group,
+                          const aj_cpu_seq *seq, int zero)
+{
+    aj_kb *kb = c->kb;
+    LLVMBuilderRef b = c->b;
+    const cbwd_plan *p = &c->p;
+    LLVMValueRef bm = aj_kb_i32(kb, p->bm);
+    LLVMValueRef g = aj_kb_for_begin(kb, aj_kb_i32(kb, 0), group, aj_kb_i32(kb, 1), "gq");
+    LLVMValueRef h = aj_kb_add(kb, aj_kb_mul(kb, hkv, group), g);
+    const aj_cpu_rows sums = dq_sums(c, bidx, h, seq->start_q);
+    const aj_cpu_rows dq_rows = slice_rows(c, AJ_PSRC_dq, bidx, h, seq->start_q);
+    LLVMValueRef m0 = aj_kb_for_begin(kb, aj_kb_i32(kb, 0), seq->len_q, bm, "mq");
+    LLVMValueRef rows = aj_kb_smin(kb, bm, LLVMBuildSub(b, seq->len_q, m0, ""));
+    if (zero) {
+        aj_cpu_zero(kb, c->fused_dq, p->bm * p->d);
+        store_rows(c, c->fused_dq, p->d, AJ_PSRC_workspace, &sums, m0, rows, 1.0);
+    } else {
+        aj_cpu_load_rows(kb, c->fused_dq, p->d, AJ_PSRC_workspace, AJ_DTYPE_F32, &sums, m0, rows,
+                         bm, 1.0, 0);
+        store_rows(c, c->fused_dq, p->d, AJ_PSRC_dq, &dq_rows, m0, rows, aj_op_scale(c->op));
+    }
+    aj_kb_for_end(kb);
+    aj_kb_for_end(kb);
+}
+
+/* stage 2, the fused plan: every key block of one kv head, and the dQ of
+ * its query heads; an op without one keeps the stage (its parameters, no
+ * work) */
+static void build_fused(cbwd *c)
+{
+    aj_kb *kb = c->kb;
+    LLVMBuilderRef b = c->b;
+    const cbwd_plan *p = &c->p;
+    aj_params_declare(kb, AJ_KSIG_CPU_BWD_FUSED, c->op, c->prog);
+    aj_kb_begin_stage(kb, "fused", 1);
+    if (!aj_cpu_bwd_fuses(c->op, c->prog)) {
+        finish_stage(c, AJ_EXTENT_HEADS_KV, 1, AJ_EXTENT_BATCH, AJ_EXTENT_ONE, AJ_STAGE_UNUSED);
+        return;
+    }
+    LLVMValueRef dk, dv;
+    alloc_key_side(c, &dk, &dv);
+    c->kn = aj_cv_buffer(kb, p->bn * p->d, "knbuf");
+    if (p->amx)
+        c->dsa = aj_cv_buffer(kb, p->bm * p->bn / 2, "dsabuf");
+    c->fused_dq = aj_cv_buffer(kb, p->bm * p->d, "dqbuf");
+    LLVMValueRef hkv = item(c, 0), bidx = item(c, 1);
+    aj_cpu_seq seq;
+    aj_cpu_seq_of(kb, c->op, c->prog, bidx, &seq);
+    LLVMValueRef group =
+        LLVMBuildSDiv(b, aj_param(kb, AJ_PID(heads_q)), aj_param(kb, AJ_PID(heads_kv)), "");
+    fused_dq_rows(c, bidx, hkv, group, &seq, 1);
+    LLVMValueRef n0 =
+        aj_kb_for_begin(kb, aj_kb_i32(kb, 0), seq.len_k, aj_kb_i32(kb, p->bn), "keys");
+    key_block(c, bidx, hkv, n0, &seq, dk, dv);
+    aj_kb_for_end(kb);
+    fused_dq_rows(c, bidx, hkv, group, &seq, 0);
+    if (p->amx)
+        aj_amx_release(&c->amx);
+    c->fused_dq = NULL;
+    finish_stage(c, AJ_EXTENT_HEADS_KV, 1, AJ_EXTENT_BATCH, AJ_EXTENT_ONE, AJ_STAGE_FUSED);
 }
 
 /* dbias rows m0.. and keys n0.. of pair (bidx, h) += dS (= on the first
@@ -542,12 +706,7 @@ static void dq_step(cbwd *c, const dq_pair *pr, const aj_score_walk *walk, LLVMV
     const aj_cpu_rows v_rows = {.base = pr->v_base, .stride_s = aj_param(kb, AJ_PID(stride_v_s))};
     LLVMValueRef bm = aj_kb_i32(kb, p->bm);
     load_key_side(c, &k_rows, &v_rows, n0, kcount);
-    /* K's rows for dQ += dS K: zipped in pairs for the tiles, else floats */
-    if (p->amx)
-        aj_cpu_load_row_pairs(kb, c->kn, p->d, p->bn, AJ_PSRC_k, &k_rows, n0, kcount);
-    else
-        aj_cpu_load_rows(kb, c->kn, p->d, AJ_PSRC_k, p->dtype, &k_rows, n0, kcount,
-                         aj_kb_i32(kb, p->bn), 1.0, 0);
+    load_key_rows(c, &k_rows, n0, kcount);
     emit_block_products(c, pr->m0, n0);
     if (p->amx) {   /* dS rounded to the dtype's rows on the tiles */
         aj_cpu_round_half(kb, c->dsa, c->dp, p->bm * p->bn, p->dtype);
@@ -599,9 +758,8 @@ static void dq_row_block(cbwd *c, dq_pair *pr)
     LLVMValueRef at = aj_kb_for_begin(kb, walk.begin, walk.end, one, "walk");
     dq_step(c, pr, &walk, at);
     aj_kb_for_end(kb);
-    store_rows(c, pr->dq, p->d, AJ_PSRC_dq,
-               aj_cpu_seq_base(kb, AJ_PSRC_dq, pr->bidx, pr->h, c->at.seq.start_q), m0, rows,
-               aj_op_scale(c->op));
+    const aj_cpu_rows dq_rows = slice_rows(c, AJ_PSRC_dq, pr->bidx, pr->h, c->at.seq.start_q);
+    store_rows(c, pr->dq, p->d, AJ_PSRC_dq, &dq_rows, m0, rows, aj_op_scale(c->op));
     aj_kb_if_end(kb);
 }
 
@@ -640,11 +798,8 @@ static void build_dq(cbwd *c)
     aj_kb_for_end(kb);
     if (p->amx)
         aj_amx_release(&c->amx);
-    const aj_kernel_layout layout = {
-        .grid = {{AJ_EXTENT_SEQ_Q, p->bm}, {AJ_EXTENT_HEADS_Q, 1}, {AJ_EXTENT_BATCH, 1}},
-        .schedule = {p->bm, p->bn, 1, 1},
-    };
-    aj_kb_finish(kb, &layout);
+    finish_stage(c, AJ_EXTENT_SEQ_Q, p->bm, AJ_EXTENT_HEADS_Q, AJ_EXTENT_BATCH,
+                 aj_cpu_bwd_fuses(c->op, c->prog) ? AJ_STAGE_SPLIT : AJ_STAGE_EVERY);
 }
 
 static aj_status cbwd_build(aj_kb *kb, const aj_op *op, void *user)
@@ -658,10 +813,12 @@ static aj_status cbwd_build(aj_kb *kb, const aj_op *op, void *user)
     aj_kctx_init(&c.k, kb, op, prog);
     build_dkdv(&c);
     build_dq(&c);
+    build_fused(&c);
     aj_grad_tail_build(kb, op, prog);
     return kb->st;
 }
 
 AJ_TEMPLATE_BOTH_VARIANTS(aj_template_cpu_bwd, "cpu_bwd", AJ_KIND_BACKWARD, cbwd_check, cbwd_build,
                           .targets = 1u << AJ_TARGET_CPU,
-                          .stage_sigs = {AJ_KSIG_CPU_BWD_DKDV, AJ_KSIG_CPU_BWD_DQ});
+                          .stage_sigs = {AJ_KSIG_CPU_BWD_DKDV, AJ_KSIG_CPU_BWD_DQ,
+                                         AJ_KSIG_CPU_BWD_FUSED});

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "templates/cpu_attn.h"
 #include "templates/grad_tail.h"
 #include "templates/params.h"
 #include "templates/score.h"
@@ -53,6 +54,7 @@ typedef enum aj_param_when {
     AJ_PWHEN_SINKS,           /* the op has learned sinks */
     AJ_PWHEN_SIDE_GRAD,       /* a backward of an op with grad side tensors */
     AJ_PWHEN_TMA,             /* the wgmma flash forward over padded tensors */
+    AJ_PWHEN_CPU_FUSES,       /* a cpu backward that has a fused plan (aj_cpu_bwd_fuses) */
 } aj_param_when;
 
 static const struct sig_row {
@@ -154,6 +156,7 @@ static bool op_has(aj_param_when when, const aj_op *op, const aj_score_prog *pro
     case AJ_PWHEN_SINKS: return aj_score_has_sinks(prog);
     case AJ_PWHEN_SIDE_GRAD: return prog->tensor_grad != 0;
     case AJ_PWHEN_TMA: return op->warpgroups && op->layout == AJ_LAYOUT_PADDED;
+    case AJ_PWHEN_CPU_FUSES: return aj_cpu_bwd_fuses(op, prog);
     }
     return false;
 }

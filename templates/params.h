@@ -23,6 +23,7 @@ typedef enum aj_kernel_sig {
     AJ_KSIG_CPU_FWD,
     AJ_KSIG_CPU_BWD_DKDV,
     AJ_KSIG_CPU_BWD_DQ,
+    AJ_KSIG_CPU_BWD_FUSED,
     AJ_KSIG_MERGE,
     AJ_KSIG_BLOCK_MASK,
     AJ_KSIG_CPU_PAGED_FWD,

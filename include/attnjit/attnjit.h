@@ -620,6 +620,20 @@ int32_t aj_kernel_num_stages(const aj_kernel *kernel);
 aj_status aj_kernel_stage_info(const aj_kernel *kernel, int32_t stage, aj_launch_info *out);
 /* Stage `stage`'s symbol name (owned by the kernel), or NULL as above. */
 const char *aj_kernel_stage_entry(const aj_kernel *kernel, int32_t stage);
+/* Which launches run a stage.  A kernel's stages run in order, except
+ * where it has two plans of which a launch runs one: the cpu backward's
+ * split stages (dK and dV, then dQ) or its fused stage, which aj_backward
+ * chooses per call (docs/cpu.md "The backward"; both give the same bits).
+ * An op that cannot fuse keeps the fused stage's place, never run. */
+typedef enum aj_stage_plan {
+    AJ_STAGE_EVERY = 0,   /* run by every launch */
+    AJ_STAGE_SPLIT = 1,   /* run unless the launch fuses */
+    AJ_STAGE_FUSED = 2,   /* run instead of the split stages */
+    AJ_STAGE_UNUSED = 3,  /* never run */
+} aj_stage_plan;
+/* Stage `stage`'s plan, or -1 for a NULL kernel or a stage outside
+ * 0 .. num_stages - 1. */
+int32_t aj_kernel_stage_plan(const aj_kernel *kernel, int32_t stage);
 
 /* Where a compile spent its time (wall clock, milliseconds). */
 typedef struct aj_compile_stats {

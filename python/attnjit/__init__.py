@@ -143,6 +143,9 @@ def _target(name):
 
 # ---------------------------------------------------------------- compile
 
+_STAGE_PLANS = ("every", "split", "fused", "unused")   # aj_stage_plan
+
+
 def _schedule_dict(s):
     return {"block_m": s.block_m, "block_n": s.block_n, "warps": s.warps, "stages": s.stages}
 
@@ -178,6 +181,9 @@ class Kernel:
             "params": [(info.params[j].name.decode(), _capi.PARAM_TYPE_NAMES[info.params[j].type])
                        for j in range(info.num_params)],
             "schedule": _schedule_dict(info.schedule),
+            # which launches run it: "every", or one of a backward's two
+            # plans, "split" or "fused" (docs/cpu.md "The backward"); "unused"
+            "plan": _STAGE_PLANS[_lib.aj_kernel_stage_plan(self.ptr, i)],
         }
 
     def __repr__(self):

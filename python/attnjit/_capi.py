@@ -176,6 +176,7 @@ _SIGNATURES = {
     "aj_kernel_num_stages": (i32, [P]),
     "aj_kernel_stage_info": (c_int, [P, i32, ctypes.POINTER(LaunchInfo)]),
     "aj_kernel_stage_entry": (c_char_p, [P, i32]),
+    "aj_kernel_stage_plan": (i32, [P, i32]),
     "aj_extent_name": (c_char_p, [c_int]),
     "aj_device_open": (c_int, [P, c_int, c_int, PP]),
     "aj_device_close": (None, [P]),

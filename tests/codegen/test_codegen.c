@@ -332,6 +332,70 @@ done:
     aj_op_destroy(op);
 }
 
+/* Whether stage `stage` of op on the cpu takes a parameter `name`
+ * (aj_op_kernel_params). */
+static int stage_takes(aj_ctx *ctx, const aj_op *op, int stage, const char *name)
+{
+    aj_param_desc params[AJ_KB_MAX_PARAMS];
+    int32_t count = 0;
+    CHECK_STATUS(ctx, aj_op_kernel_params(ctx, op, AJ_TARGET_CPU, stage, params,
+                                          AJ_KB_MAX_PARAMS, &count, NULL), AJ_OK);
+    for (int i = 0; i < count && i < AJ_KB_MAX_PARAMS; i++)
+        if (strcmp(params[i].name, name) == 0)
+            return 1;
+    return 0;
+}
+
+/* The cpu backward's two plans (docs/cpu.md "The backward"): split
+ * stages and a fused one where the op can fuse, else every stage run and
+ * the fused one's place unused; the plans survive the byte form; a GPU
+ * kernel's stages are all run. */
+static void test_stage_plans(aj_ctx *ctx)
+{
+    static const struct {
+        const char *text;
+        aj_target target;
+        int plans[3];
+    } cases[] = {
+        {"attention backward flash { dtype = bf16 head_dim = 64 mask = causal(top_left) }",
+         AJ_TARGET_CPU, {AJ_STAGE_SPLIT, AJ_STAGE_SPLIT, AJ_STAGE_FUSED}},
+        {"attention backward efficient { dtype = f32 head_dim = 32 bias = add }", AJ_TARGET_CPU,
+         {AJ_STAGE_EVERY, AJ_STAGE_EVERY, AJ_STAGE_UNUSED}},
+        {"attention backward efficient { dtype = f16 head_dim = 64 }", AJ_TARGET_SM_80,
+         {AJ_STAGE_EVERY, AJ_STAGE_EVERY, -1}},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        aj_op *op = NULL;
+        aj_kernel *k = NULL, *back = NULL;
+        uint8_t *bytes = NULL;
+        size_t size = 0;
+        CHECK_STATUS(ctx, aj_op_parse(ctx, cases[i].text, strlen(cases[i].text), "p.aj", &op),
+                     AJ_OK);
+        aj_compile_options opt = AJ_COMPILE_OPTIONS_INIT;
+        opt.target = cases[i].target;
+        opt.bypass_cache = true;
+        CHECK_STATUS(ctx, aj_compile(ctx, op, &opt, &k), AJ_OK);
+        if (k && aj_kernel_serialize(ctx, k, &bytes, &size) == AJ_OK)
+            CHECK_STATUS(ctx, aj_kernel_deserialize(ctx, bytes, size, &back), AJ_OK);
+        for (int s = 0; k && s < 3; s++) {
+            CHECK_MSG(aj_kernel_stage_plan(k, s) == cases[i].plans[s], "%s: stage %d plan %d",
+                      cases[i].text, s, aj_kernel_stage_plan(k, s));
+            CHECK(!back || aj_kernel_stage_plan(back, s) == cases[i].plans[s]);
+        }
+        if (cases[i].target == AJ_TARGET_CPU) {
+            /* the workspace only where the op fuses */
+            int fuses = cases[i].plans[2] == AJ_STAGE_FUSED;
+            CHECK(stage_takes(ctx, op, 2, "workspace") == fuses);
+            CHECK(stage_takes(ctx, op, 2, "dq") && stage_takes(ctx, op, 2, "dk"));
+        }
+        free(bytes);
+        aj_kernel_destroy(back);
+        aj_kernel_destroy(k);
+        aj_op_destroy(op);
+    }
+    CHECK(aj_kernel_stage_plan(NULL, 0) == -1);
+}
+
 static int dumped;
 
 static void capture_log(void *user, aj_log_level level, const char *message)
@@ -377,6 +441,7 @@ int main(void)
     test_unsupported(ctx);
     test_emission(ctx);
     test_stages(ctx);
+    test_stage_plans(ctx);
     test_dump_after();
     aj_ctx_destroy(ctx);
     return check_report();

@@ -402,7 +402,7 @@ static void test_selection(void)
         CHECK(!calls(fwd_spec(spec, sizeof spec, "f16", 80, ""), standin16));
         CHECK(!calls(fwd_spec(spec, sizeof spec, "f32", 128, ""), standin) &&
               !calls(spec, standin16));
-        /* the backward: both stages, five products */
+        /* the backward: both plans, five products each */
         for (int d = 32; d <= 512; d += 96) {
             snprintf(spec, sizeof spec, "attention backward flash { dtype = bf16 head_dim = %d "
                      "mask = causal(top_left) }", d);
@@ -414,9 +414,11 @@ static void test_selection(void)
                 products++;
             CHECK_MSG(ir && strstr(ir, "_dkdv") && strstr(ir, "_dq"), "backward d%d: no stages",
                       d);
-            /* S and dP in both stages, dV, dK, dQ */
-            CHECK_MSG(products == 4 * 7, "backward bf16 d%d: %d tdpbf16ps sites, want 28", d,
-                      products);
+            /* the split plan: S and dP in both stages, dV, dK, dQ; the
+             * fused stage: S, dP, dV, dK, dQ */
+            CHECK_MSG(ir && strstr(ir, "_fused"), "backward d%d: no fused stage", d);
+            CHECK_MSG(products == 4 * (7 + 5), "backward bf16 d%d: %d tdpbf16ps sites, want 48",
+                      d, products);
             free(ir);
         }
         CHECK(!calls("attention backward flash { dtype = bf16 head_dim = 80 }", standin));

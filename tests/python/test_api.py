@@ -35,9 +35,16 @@ def test_compile_cpu_llvm_ir_and_two_stage_backward():
     k = attnjit.compile("attention backward efficient { dtype = f32 head_dim = 32 }",
                         target="cpu")
     assert k.emit == "llvm_ir" and "define" in k.code
+    # the cpu backward's two plans (docs/cpu.md "The backward")
+    assert [s["plan"] for s in k.stages] == ["split", "split", "fused"]
+    assert k.stages[2]["grid"][0] == ("heads_kv", 1)
+    assert ("workspace", "ptr") in k.stages[2]["params"]
+    k = attnjit.compile("attention backward efficient { dtype = f32 head_dim = 32 bias = add }",
+                        target="cpu")
+    assert [s["plan"] for s in k.stages] == ["every", "every", "unused"]
     k = attnjit.compile("attention backward efficient { dtype = f32 head_dim = 32 }",
                         target="sim")
-    assert len(k.stages) == 2
+    assert len(k.stages) == 2 and {s["plan"] for s in k.stages} == {"every"}
 
 
 def test_errors():

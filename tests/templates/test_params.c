@@ -164,13 +164,13 @@ static void api_errors(aj_ctx *ctx)
     CHECK_STATUS(ctx, aj_op_kernel_params(ctx, op, AJ_TARGET_CPU, 0, NULL, 4, &n, NULL),
                  AJ_ERR_INVALID_ARG);
     CHECK_ERROR(ctx, "aj_op_kernel_params: params is NULL with cap = 4");
-    CHECK_STATUS(ctx, aj_op_kernel_params(ctx, op, AJ_TARGET_CPU, 2, list, 4, &n, &stages),
+    CHECK_STATUS(ctx, aj_op_kernel_params(ctx, op, AJ_TARGET_CPU, 3, list, 4, &n, &stages),
                  AJ_ERR_INVALID_ARG);
-    CHECK_ERROR(ctx, "aj_op_kernel_params: stage = 2; the cpu_bwd kernel has "
-                "stages 0 .. 1");
+    CHECK_ERROR(ctx, "aj_op_kernel_params: stage = 3; the cpu_bwd kernel has "
+                "stages 0 .. 2");
     /* a count with a small cap, then the dq stage's side tensor and its dims */
     CHECK(aj_op_kernel_params(ctx, op, AJ_TARGET_CPU, 1, NULL, 0, &n, &stages) == AJ_OK);
-    CHECK(stages == 2 && n > 5);
+    CHECK(stages == 3 && n > 5);   /* dkdv, dq and the fused plan's stage */
     int32_t total = n;
     CHECK(aj_op_kernel_params(ctx, op, AJ_TARGET_CPU, 1, list, AJ_KB_MAX_PARAMS, &n, NULL) ==
           AJ_OK && n == total);
