@@ -386,10 +386,35 @@ static int stage_of_plan(const aj_kernel *kernel, aj_stage_plan plan)
     return -1;
 }
 
+/*
+ * Whether a backward launch takes its kernel's fused plan, the stage
+ * AJ_STAGE_FUSED in place of the AJ_STAGE_SPLIT ones (the cpu backward,
+ * templates/cpu_bwd.c; both plans give the same bits): where the fused
+ * stage's items keep the device's workers busy: on one worker always;
+ * else, padded, at least one item a worker and at most a fifth of the
+ * workers' time idle in the rounds they take (4 items on 2 workers, 8 or
+ * 10 on 4; not 3 on 2, 5 or 9 on 4).  Varlen items are as unequal as the
+ * sequences, which this rule does not read: the split plan, whose items
+ * are blocks of keys or queries.
+ */
+static int takes_fused_plan(const aj_kernel *kernel, const aj_device *dev, const fwd_sizes *sz)
+{
+    int s = stage_of_plan(kernel, AJ_STAGE_FUSED);
+    int64_t workers = aj_device_workers(dev);
+    if (s < 0 || workers == 1)
+        return s >= 0;
+    if (kernel->op.layout == AJ_LAYOUT_VARLEN)
+        return 0;
+    int32_t grid[3];
+    int64_t items = stage_grid(kernel, s, sz, grid);
+    int64_t rounds = (items + workers - 1) / workers;
+    return items >= workers && 4 * rounds * workers <= 5 * items;
+}
+
 /* The backward workspace's rule (runtime.h, aj_workspace_rule): Delta,
  * then the dQ sums, f32, on 16 bytes: the flash backward's where the op is
- * not deterministic (atomics), the cpu's fused plan's always (the launch
- * may take either plan). */
+ * not deterministic (atomics), the cpu's fused plan's (a call that takes
+ * the split plan lays out none: workspace_layout). */
 void aj_workspace_rule_of(const aj_kernel *kernel, aj_workspace_rule *out)
 {
     *out = (aj_workspace_rule){.takes = aj_kernel_takes(kernel, AJ_PID(workspace))};
@@ -422,7 +447,9 @@ static int64_t row_regions(const aj_workspace_rule *r, const bwd_call *call, bwd
     return at;
 }
 
-static bwd_workspace workspace_layout(const aj_kernel *kernel, const bwd_call *call)
+/* The workspace of a call that takes the kernel's fused plan or not
+ * (`fused`; the dQ sums of a kernel with that plan are its alone). */
+static bwd_workspace workspace_layout(const aj_kernel *kernel, const bwd_call *call, int fused)
 {
     aj_workspace_rule own;
     const aj_workspace_rule *r = aj_kernel_workspace_rule(kernel);
@@ -430,7 +457,13 @@ static bwd_workspace workspace_layout(const aj_kernel *kernel, const bwd_call *c
         aj_workspace_rule_of(kernel, &own);
         r = &own;
     }
-    bwd_workspace w = {0, 0, {0}, 0, 0};
+    fused = fused && stage_of_plan(kernel, AJ_STAGE_FUSED) >= 0;
+    if (!fused && stage_of_plan(kernel, AJ_STAGE_FUSED) >= 0) {
+        own = *r;
+        own.region[AJ_WS_DQ].per_row = 0;
+        r = &own;
+    }
+    bwd_workspace w = {0, 0, {0}, 0, 0, fused};
     int64_t at = r->takes ? row_regions(r, call, &w) : 0;   /* bytes */
     /* then the side tensors' partial sums (templates/side_grad.c) */
     if (call->dside.count > 0) {
@@ -492,7 +525,7 @@ aj_status aj_backward_workspace(aj_ctx *ctx, const aj_kernel *kernel, const aj_b
     bwd_call call;
     aj_status st = check_call(ctx, kernel, args, &call);
     if (st == AJ_OK)
-        *out = workspace_layout(kernel, &call);
+        *out = workspace_layout(kernel, &call, 1);   /* the most a call may take */
     return st;
 }
 
@@ -559,10 +592,18 @@ aj_status aj_backward(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
         !args->dsinks.data && call.dside.count == 0)
         return AJ_OK;
 
-    bwd_workspace w = workspace_layout(kernel, &call);
+    /* the plan decides the workspace; where the fused plan's dQ sums do
+     * not fit in memory, the split plan, which needs none */
+    bwd_workspace w = workspace_layout(kernel, &call, takes_fused_plan(kernel, dev, sz));
     void *ws = NULL;
     int scratch = 0;
     st = bind_workspace(ctx, dev, args, &w, &ws, &scratch);
+    if (st == AJ_ERR_OUT_OF_MEMORY && w.fused && !args->workspace) {
+        aj_log(ctx, AJ_LOG_DEBUG, "%s: no memory for the fused plan's %zu-byte workspace; "
+               "the split plan", BWD, w.bytes);
+        w = workspace_layout(kernel, &call, 0);
+        st = bind_workspace(ctx, dev, args, &w, &ws, &scratch);
+    }
     const int varlen = op->layout == AJ_LAYOUT_VARLEN;
     void *word = dev->status;   /* this launch's status word (varlen) */
     if (st == AJ_OK && varlen)
@@ -624,31 +665,6 @@ static aj_status run_stage(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
     return st;
 }
 
-/*
- * Whether a backward launch takes its kernel's fused plan, the stage
- * AJ_STAGE_FUSED in place of the AJ_STAGE_SPLIT ones (the cpu backward,
- * templates/cpu_bwd.c; both plans give the same bits): where the fused
- * stage's items keep the device's workers busy: on one worker always;
- * else, padded, at least one item a worker and at most a fifth of the
- * workers' time idle in the rounds they take (4 items on 2 workers, 8 or
- * 10 on 4; not 3 on 2, 5 or 9 on 4).  Varlen items are as unequal as the
- * sequences, which this rule does not read: the split plan, whose items
- * are blocks of keys or queries.
- */
-static int takes_fused_plan(const aj_kernel *kernel, const aj_device *dev, const fwd_sizes *sz)
-{
-    int s = stage_of_plan(kernel, AJ_STAGE_FUSED);
-    int64_t workers = aj_device_workers(dev);
-    if (s < 0 || workers == 1)
-        return s >= 0;
-    if (kernel->op.layout == AJ_LAYOUT_VARLEN)
-        return 0;
-    int32_t grid[3];
-    int64_t items = stage_grid(kernel, s, sz, grid);
-    int64_t rounds = (items + workers - 1) / workers;
-    return items >= workers && 4 * rounds * workers <= 5 * items;
-}
-
 /* Runs the stages of a bound backward launch in order: the template's
  * (those of the plan it takes), then its tail's (templates/grad_tail.h)
  * that the call asks for: the sinks' gradient with dsinks, the side
@@ -662,8 +678,7 @@ static aj_status run_stages(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel
     sz.dside_parts = call->dside.parts;
     aj_status st = AJ_OK;
     uint64_t instructions = 0;
-    const aj_stage_plan skipped =
-        takes_fused_plan(kernel, dev, &sz) ? AJ_STAGE_SPLIT : AJ_STAGE_FUSED;
+    const aj_stage_plan skipped = w->fused ? AJ_STAGE_SPLIT : AJ_STAGE_FUSED;
     for (int s = 0; s < kernel->num_stages && st == AJ_OK; s++) {
         tail_stage tail = tail_of(kernel, s);
         if (kernel->stages[s].plan == (int32_t)skipped ||

@@ -732,7 +732,7 @@ uint64_t aj_launch_sources(aj_kind kind)
         aj_forward_values(&a, &sz, 0, 0, NULL, &v);
     } else if (kind == AJ_KIND_BACKWARD) {
         const aj_bwd_args a = AJ_BWD_ARGS_INIT;
-        const bwd_workspace w = {0, 0, {0}, 0, 0};
+        const bwd_workspace w = {0, 0, {0}, 0, 0, 0};
         aj_backward_values(&a, &sz, 0, 0, &w, NULL, NULL, &v);
         const dside_plan plan = {0};
         const aj_side_tensor out = {.rank = 1, .shape = {1}, .strides = {1}};

@@ -67,6 +67,7 @@ typedef struct bwd_workspace {
     int64_t offset[AJ_WS_REGIONS];
     int64_t dside_offset;   /* the side tensors' partial sums (f32 elements) */
     size_t bytes;
+    int fused;              /* laid out for the kernel's fused plan (launch.c) */
 } bwd_workspace;
 
 /* The workspace aj_backward binds for these arguments, checked as it

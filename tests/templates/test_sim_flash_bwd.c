@@ -33,7 +33,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <malloc.h>
 #include <time.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "check.h"
 #include "ref.h"
@@ -438,6 +442,81 @@ static void test_schedules(void)
 }
 
 /* packed sequences of very different lengths, one of them empty */
+/* The cpu backward's fused plan without memory for its dQ sums (8 MB at
+ * Sq 8192, D 128, two heads): in a child whose address space is capped
+ * just above what it holds, aj_backward takes the split plan and gives the
+ * fused plan's bits (templates/cpu_bwd.c). */
+static void test_fused_without_memory(void)
+{
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+    printf("  skipped the fused plan without memory: a sanitizer's allocator does not return "
+           "NULL under an address-space cap\n");
+    return;
+#endif
+    bwd_case c = {.label = "f32 d128 Sq 8192 Sk 16, the fused plan without memory",
+                  .dtype = AJ_DTYPE_F32, .d = 128, .mask = "none", .b = 1, .hq = 2, .hkv = 1,
+                  .sq = 8192, .sk = 16, .seed = 5, .deterministic = 1};
+    aj_op *op = bwd_case_op(ctx, &c);
+    aj_kernel *kernel = bwd_case_kernel(ctx, dev, op, &c);
+    if (!kernel) {
+        aj_op_destroy(op);
+        return;
+    }
+    bwd_io x;
+    bwd_io_make(&x, dev, &c, NULL, NULL);
+    bwd_io_fill(&x, &c);
+    bwd_slopes slopes;
+    ref_problem p = bwd_case_problem(&c, &slopes);
+    ref_forward(&p, x.q.ref, x.k.ref, x.v.ref, x.o.ref, x.lse.ref);
+    store_rounded(&x.o);
+    store_rounded(&x.lse);
+    aj_bwd_args a = bwd_case_args(&c, &x, &slopes);
+    tensor *outs[3] = {&x.dq, &x.dk, &x.dv};
+    CHECK(aj_device_set_workers(dev, 1) == AJ_OK);   /* the fused plan */
+    CHECK_MSG(aj_backward(ctx, dev, kernel, &a) == AJ_OK, "%s", aj_last_error(ctx));
+    bwd_check_grads(&c, &p, &x, NULL);
+    void *first[3];
+    save_bits(outs, first);
+    size_t ws = 0;
+    CHECK(aj_backward_workspace_size(ctx, kernel, &a, &ws) == AJ_OK && ws > (8u << 20));
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+        /* a device of the child's own (the parent's pool threads are not
+         * here), its one worker started before the cap; blocks of 1 MB and
+         * more mapped and unmapped each time (no heap keeps the first
+         * run's workspace for the second) */
+        mallopt(M_MMAP_THRESHOLD, 1 << 20);
+        aj_device *mine = NULL;
+        if (aj_device_open(ctx, AJ_DEVICE_CPU, 0, &mine) != AJ_OK ||
+            aj_device_set_workers(mine, 1) != AJ_OK)
+            _exit(2);
+        dev = mine;
+        rerun_expect_bits(&c, kernel, &a, outs, first, "on the child's device");
+        long pages = 0;
+        FILE *f = fopen("/proc/self/statm", "r");
+        if (!f || fscanf(f, "%ld", &pages) != 1)
+            _exit(3);
+        fclose(f);
+        struct rlimit cap = {(rlim_t)pages * 4096 + (2u << 20), RLIM_INFINITY};
+        if (setrlimit(RLIMIT_AS, &cap) != 0)
+            _exit(4);
+        rerun_expect_bits(&c, kernel, &a, outs, first, "without memory for the fused plan");
+        _exit(check_failed ? 1 : 0);
+    }
+    int status = 0;
+    CHECK(pid > 0 && waitpid(pid, &status, 0) == pid);
+    CHECK_MSG(WIFEXITED(status) && WEXITSTATUS(status) == 0,
+              "%s: the child exited with %d (signal %d)", c.label,
+              WIFEXITED(status) ? WEXITSTATUS(status) : -1,
+              WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+    CHECK(aj_device_set_workers(dev, 0) == AJ_OK);
+    free_bits(first);
+    bwd_io_release(&x);
+    aj_kernel_destroy(kernel);
+    aj_op_destroy(op);
+}
+
 static void test_varlen(void)
 {
     static const int lq1[4] = {37, 0, 5, 70}, lk1[4] = {20, 9, 64, 70};
@@ -932,7 +1011,8 @@ int main(int argc, char **argv)
         test_matrix, test_odd_dims, test_shapes, test_offsets, test_score_mods, test_dropout,
         test_deterministic, test_schedules, test_expressions, test_varlen, test_workspace,
         test_varlen_errors, NULL};
-    static void (*const cpu_suite[])(void) = {test_varlen, test_varlen_errors, NULL};
+    static void (*const cpu_suite[])(void) = {test_varlen, test_varlen_errors,
+                                              test_fused_without_memory, NULL};
     static void (*const sweep[])(void) = {test_sweep_sample, NULL};
     static void (*const full[])(void) = {test_full_tiles, NULL};
     static void (*const scores[])(void) = {test_score_sample, NULL};
