@@ -517,16 +517,22 @@ static aj_status host_time(aj_device *dev, void *stream, aj_status (*run)(void *
     return st;
 }
 
+/* The cpu device keeps its scratch (aj_cpu_scratch); sim allocates per call. */
 static aj_status host_scratch(aj_device *dev, void *stream, size_t bytes, void **out)
 {
     (void)stream;
+    if (dev->cpu)
+        return aj_cpu_scratch(dev->ctx, dev->cpu, bytes, out);
     return host_alloc(dev, bytes, out);
 }
 
 static void host_scratch_release(aj_device *dev, void *stream, void *ptr)
 {
     (void)stream;
-    host_free(dev, ptr);
+    if (dev->cpu)
+        aj_cpu_scratch_release(dev->cpu, ptr);
+    else
+        host_free(dev, ptr);
 }
 
 static aj_status host_load_kernel(aj_ctx *ctx, aj_device *dev, const aj_kernel *k)

@@ -161,8 +161,9 @@ aj_status aj_device_launched(aj_ctx *ctx, aj_device *dev, void *word, aj_status 
 
 /* Scratch memory for work on `stream`, released with
  * aj_device_scratch_release once that work is queued: cuda's is owned by
- * the device and reused (aj_cuda_scratch); sim's and cpu's is host memory
- * of the call's own. */
+ * the device and reused (aj_cuda_scratch), cpu's likewise kept by the
+ * device (aj_cpu_scratch: a block of its own for a call that finds it
+ * held); sim's is host memory of the call's own. */
 aj_status aj_device_scratch(aj_device *dev, void *stream, size_t bytes, void **out);
 void aj_device_scratch_release(aj_device *dev, void *stream, void *ptr);
 

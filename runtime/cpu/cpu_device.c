@@ -37,6 +37,7 @@ void aj_cpu_device_close(aj_cpu_device *cpu)
 {
     if (!cpu)
         return;
+    free(cpu->scratch);
     aj_cpu_pool_destroy(cpu->pool);
     pthread_mutex_destroy(&cpu->pool_lock);
     free(cpu);
@@ -80,4 +81,44 @@ aj_status aj_cpu_launch(aj_ctx *ctx, aj_cpu_device *cpu, int workers, aj_host_en
     launch l = {entry, {grid[0], grid[1], grid[2]}, args};
     aj_cpu_pool_run(pool, threads, (int64_t)grid[0] * grid[1] * grid[2], run_item, &l);
     return AJ_OK;
+}
+
+/* as the device's memory (device.c): 64-byte aligned, the size rounded
+ * up, and 64 bytes more */
+static void *aligned_block(size_t bytes)
+{
+    return aligned_alloc(64, (bytes + 63) / 64 * 64 + 64);
+}
+
+aj_status aj_cpu_scratch(aj_ctx *ctx, aj_cpu_device *cpu, size_t bytes, void **out)
+{
+    *out = NULL;
+    pthread_mutex_lock(&cpu->pool_lock);
+    int mine = !cpu->scratch_taken;
+    if (mine && cpu->scratch_bytes < bytes) {
+        free(cpu->scratch);
+        cpu->scratch = aligned_block(bytes);
+        cpu->scratch_bytes = cpu->scratch ? bytes : 0;
+    }
+    if (mine && cpu->scratch) {
+        cpu->scratch_taken = 1;
+        *out = cpu->scratch;
+    }
+    pthread_mutex_unlock(&cpu->pool_lock);
+    if (!*out && !mine)
+        *out = aligned_block(bytes);
+    if (!*out)
+        return aj_fail(ctx, AJ_ERR_OUT_OF_MEMORY, "the device's scratch: %zu bytes", bytes);
+    return AJ_OK;
+}
+
+void aj_cpu_scratch_release(aj_cpu_device *cpu, void *ptr)
+{
+    pthread_mutex_lock(&cpu->pool_lock);
+    int kept = ptr && ptr == cpu->scratch;
+    if (kept)
+        cpu->scratch_taken = 0;
+    pthread_mutex_unlock(&cpu->pool_lock);
+    if (!kept)
+        free(ptr);
 }

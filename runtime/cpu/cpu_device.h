@@ -12,8 +12,13 @@
 
 typedef struct aj_cpu_device {
     char name[64];          /* LLVM's name of the host CPU ("znver3") */
-    pthread_mutex_t pool_lock;  /* guards making the pool */
+    pthread_mutex_t pool_lock;  /* guards making the pool, and the scratch */
     aj_cpu_pool *pool;      /* made at the first launch, grown to the widest launch */
+    /* the scratch block (64-byte aligned) kept for the device's calls,
+     * its bytes, and whether a call holds it (aj_cpu_scratch) */
+    void *scratch;
+    size_t scratch_bytes;
+    int scratch_taken;
 } aj_cpu_device;
 
 aj_status aj_cpu_device_open(aj_ctx *ctx, aj_cpu_device **out);
@@ -26,5 +31,14 @@ int aj_cpu_default_workers(void);
  * once: each launch is a batch of its own on the shared pool. */
 aj_status aj_cpu_launch(aj_ctx *ctx, aj_cpu_device *cpu, int workers, aj_host_entry_fn entry,
                         const int32_t grid[3], void **args);
+/* At least `bytes` of scratch (a backward's workspace), 64-byte aligned,
+ * in *out: the device's kept block, grown where a call needs more and kept
+ * until the device closes, as a GPU device's per-stream scratch is, so a
+ * call of a size made before allocates nothing and touches no new page; a
+ * call that finds the block held by another thread's gets a block of its
+ * own.  AJ_ERR_OUT_OF_MEMORY naming the bytes. */
+aj_status aj_cpu_scratch(aj_ctx *ctx, aj_cpu_device *cpu, size_t bytes, void **out);
+/* Gives back what aj_cpu_scratch returned. */
+void aj_cpu_scratch_release(aj_cpu_device *cpu, void *ptr);
 
 #endif /* AJ_RUNTIME_CPU_DEVICE_H */

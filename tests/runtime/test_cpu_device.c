@@ -5,11 +5,13 @@
  * (each work item is computed whole by one thread, so the split cannot
  * change a result).  About 2 s.
  */
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "check.h"
+#include "runtime/runtime.h"
 
 static aj_ctx *ctx;
 
@@ -185,6 +187,31 @@ static void test_threads_same_bits(void)
     aj_kernel_destroy(k);
 }
 
+/* The cpu device's scratch (aj_cpu_scratch): kept between calls (the
+ * same block again, nothing made), grown where a call needs more, 64-byte
+ * aligned; a call that finds it held gets a block of its own. */
+static void test_scratch(void)
+{
+    aj_device *d = NULL;
+    CHECK(aj_device_open(ctx, AJ_DEVICE_CPU, 0, &d) == AJ_OK);
+    void *a = NULL, *b = NULL, *c = NULL, *e = NULL;
+    CHECK(aj_device_scratch(d, NULL, 100000, &a) == AJ_OK && a && (uintptr_t)a % 64 == 0);
+    memset(a, 1, 100000);
+    aj_device_scratch_release(d, NULL, a);
+    CHECK(aj_device_scratch(d, NULL, 50000, &b) == AJ_OK && b == a);
+    CHECK(aj_device_scratch(d, NULL, 1000, &c) == AJ_OK && c && c != b && (uintptr_t)c % 64 == 0);
+    memset(c, 2, 1000);
+    aj_device_scratch_release(d, NULL, c);
+    aj_device_scratch_release(d, NULL, b);
+    CHECK(aj_device_scratch(d, NULL, (size_t)1 << 22, &e) == AJ_OK && e && (uintptr_t)e % 64 == 0);
+    memset(e, 3, (size_t)1 << 22);
+    aj_device_scratch_release(d, NULL, e);
+    void *again = NULL;
+    CHECK(aj_device_scratch(d, NULL, 100, &again) == AJ_OK && again == e);
+    aj_device_scratch_release(d, NULL, again);
+    aj_device_close(d);
+}
+
 int main(void)
 {
     CHECK(aj_ctx_create(NULL, &ctx) == AJ_OK);
@@ -192,6 +219,7 @@ int main(void)
     test_unsupported();
     test_wrong_device();
     test_threads_same_bits();
+    test_scratch();
     aj_ctx_destroy(ctx);
     return check_report();
 }

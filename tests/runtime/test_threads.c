@@ -9,19 +9,22 @@
  * reference.  Checks: every result matches; the shared cache compiled each
  * distinct op exactly once (misses == distinct ops), however many threads
  * asked for it at once; a fault a kernel records reaches its own launch
- * and no other, on the launch's own context (varlen_faults); nothing hangs (ctest's timeout would say
- * so).
+ * and no other, on the launch's own context (varlen_faults); the cpu
+ * device's scratch is held by one thread at a time (scratch_threads);
+ * nothing hangs (ctest's timeout would say so).
  *
  *   test_threads [cpu|sim]    (both when no argument)
  */
 #include <math.h>
 #include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "check.h"
 #include "ref.h"
+#include "runtime/runtime.h"
 #include "sim_harness.h"
 
 enum { MAX_THREADS = 16, NUM_SPECS = 3 };
@@ -344,6 +347,54 @@ static void varlen_faults(aj_device_kind kind)
     aj_ctx_destroy(ctx[1]);
 }
 
+/* Threads taking and giving back the cpu device's scratch at once
+ * (aj_cpu_scratch): each fills what it holds with its own byte and finds
+ * it unchanged before giving it back, so no two ever hold one block. */
+typedef struct scratch_job {
+    aj_device *dev;
+    int id, bad;
+} scratch_job;
+
+static void *scratch_main(void *arg)
+{
+    scratch_job *j = arg;
+    uint64_t rng = 0x9e3779b97f4a7c15ull * (uint64_t)(j->id + 1);
+    for (int i = 0; i < 200; i++) {
+        size_t bytes = 64 + next_random(&rng) % (256 << 10);
+        void *p = NULL;
+        if (aj_device_scratch(j->dev, NULL, bytes, &p) != AJ_OK || !p || (uintptr_t)p % 64) {
+            j->bad++;
+            continue;
+        }
+        memset(p, j->id, bytes);
+        for (size_t k = 0; k < bytes; k += 97)
+            j->bad += ((unsigned char *)p)[k] != (unsigned char)j->id;
+        aj_device_scratch_release(j->dev, NULL, p);
+    }
+    return NULL;
+}
+
+static void scratch_threads(void)
+{
+    aj_ctx *ctx = NULL;
+    aj_device *dev = NULL;
+    CHECK(aj_ctx_create(NULL, &ctx) == AJ_OK);
+    CHECK(aj_device_open(ctx, AJ_DEVICE_CPU, 0, &dev) == AJ_OK);
+    pthread_t t[8];
+    scratch_job jobs[8];
+    for (int i = 0; i < 8; i++) {
+        jobs[i] = (scratch_job){dev, i + 1, 0};
+        CHECK(pthread_create(&t[i], NULL, scratch_main, &jobs[i]) == 0);
+    }
+    for (int i = 0; i < 8; i++) {
+        pthread_join(t[i], NULL);
+        CHECK_MSG(jobs[i].bad == 0, "scratch: thread %d found %d bytes not its own", i,
+                  jobs[i].bad);
+    }
+    aj_device_close(dev);
+    aj_ctx_destroy(ctx);
+}
+
 int main(int argc, char **argv)
 {
     const char *only = argc > 1 ? argv[1] : NULL;
@@ -352,6 +403,7 @@ int main(int argc, char **argv)
         run(AJ_DEVICE_CPU, 16, 12, 1);
         run(AJ_DEVICE_CPU, 8, 8, 0);
         varlen_faults(AJ_DEVICE_CPU);
+        scratch_threads();
     }
     if (!only || strcmp(only, "sim") == 0) {
         run(AJ_DEVICE_SIM, 8, 4, 1);
