@@ -65,9 +65,6 @@ static int64_t grid_extent(aj_extent e, const fwd_sizes *sz)
     return e > AJ_EXTENT_ONE && e < AJ_EXTENT_COUNT ? extents[e] : 1;
 }
 
-/* Runs stage `stage` of the bound kernel over the grid its launch info
- * asks for, on `stream` (sim: with `buffers` as the memory its accesses
- * may touch). */
 /* The items (CTAs) of stage `stage` along each grid dimension; returns
  * their product. */
 static int64_t stage_grid(const aj_kernel *kernel, int stage, const fwd_sizes *sz,
@@ -84,6 +81,9 @@ static int64_t stage_grid(const aj_kernel *kernel, int stage, const fwd_sizes *s
     return items;
 }
 
+/* Runs stage `stage` of the bound kernel over the grid its launch info
+ * asks for, on `stream` (sim: with `buffers` as the memory its accesses
+ * may touch). */
 static aj_status run_kernel(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel, int stage,
                             const fwd_sizes *sz, void **argv, const aj_sim_buffer *buffers,
                             int num_buffers, void *stream)

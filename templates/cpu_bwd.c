@@ -382,6 +382,22 @@ static void emit_block_products(cbwd *c, LLVMValueRef m0, LLVMValueRef n0)
     emit_probabilities(c, m0, n0);
 }
 
+/* dq (an f32 tile [bm][D]) += dS K, the block's: on tiles with dS
+ * rounded to the dtype's rows, else in vectors.  Stage 1 and the fused
+ * stage both add through this, so a dQ element gets the same terms in
+ * the same order in either plan. */
+static void dq_product(cbwd *c, LLVMValueRef dq)
+{
+    const cbwd_plan *p = &c->p;
+    LLVMValueRef bm = aj_kb_i32(c->kb, p->bm);
+    if (p->amx) {
+        aj_cpu_round_half(c->kb, c->dsa, c->dp, p->bm * p->bn, p->dtype);
+        aj_cpu_amx_gemm(&c->amx, dq, c->dsa, p->bn, c->kn, p->d, p->bn, bm, 1);
+    } else {
+        aj_cpu_gemm_acc(c->kb, p->d, dq, NULL, c->dp, p->bn, 1, c->kn, p->bn, bm, 0);
+    }
+}
+
 /* Rows of slice (bidx, h) of tensor t from the sequence's first row. */
 static aj_cpu_rows slice_rows(cbwd *c, aj_param_source t, LLVMValueRef bidx, LLVMValueRef h,
                               LLVMValueRef start)
@@ -415,12 +431,7 @@ static void fused_dq_tile(cbwd *c, LLVMValueRef bidx, LLVMValueRef h, LLVMValueR
     const aj_cpu_rows sums = dq_sums(c, bidx, h, c->at.seq.start_q);
     aj_cpu_load_rows(kb, c->fused_dq, p->d, AJ_PSRC_workspace, AJ_DTYPE_F32, &sums, m0, rows, bm,
                      1.0, 0);
-    if (p->amx) {   /* dS rounded to the dtype's rows on the tiles */
-        aj_cpu_round_half(kb, c->dsa, c->dp, p->bm * p->bn, p->dtype);
-        aj_cpu_amx_gemm(&c->amx, c->fused_dq, c->dsa, p->bn, c->kn, p->d, p->bn, bm, 1);
-    } else {
-        aj_cpu_gemm_acc(kb, p->d, c->fused_dq, NULL, c->dp, p->bn, 1, c->kn, p->bn, bm, 0);
-    }
+    dq_product(c, c->fused_dq);
     store_rows(c, c->fused_dq, p->d, AJ_PSRC_workspace, &sums, m0, rows, 1.0);
 }
 
@@ -704,16 +715,10 @@ static void dq_step(cbwd *c, const dq_pair *pr, const aj_score_walk *walk, LLVMV
         aj_cpu_skip_begin(&c->at, cls);
     const aj_cpu_rows k_rows = {.base = pr->k_base, .stride_s = aj_param(kb, AJ_PID(stride_k_s))};
     const aj_cpu_rows v_rows = {.base = pr->v_base, .stride_s = aj_param(kb, AJ_PID(stride_v_s))};
-    LLVMValueRef bm = aj_kb_i32(kb, p->bm);
     load_key_side(c, &k_rows, &v_rows, n0, kcount);
     load_key_rows(c, &k_rows, n0, kcount);
     emit_block_products(c, pr->m0, n0);
-    if (p->amx) {   /* dS rounded to the dtype's rows on the tiles */
-        aj_cpu_round_half(kb, c->dsa, c->dp, p->bm * p->bn, p->dtype);
-        aj_cpu_amx_gemm(&c->amx, pr->dq, c->dsa, p->bn, c->kn, p->d, p->bn, bm, 1);
-    } else {
-        aj_cpu_gemm_acc(kb, p->d, pr->dq, NULL, c->dp, p->bn, 1, c->kn, p->bn, bm, 0);
-    }
+    dq_product(c, pr->dq);
     if (has_bias)
         emit_dbias(c, pr->bidx, pr->h,
                    LLVMBuildAnd(b, LLVMBuildICmp(b, LLVMIntEQ, pr->pb, aj_kb_i32(kb, 0), ""),
