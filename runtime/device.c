@@ -429,10 +429,10 @@ enum {
  * Device memory is host memory; copies are memmove and every call runs to
  * completion, so streams are NULL and waits return at once. */
 
-/* 64-byte aligned, the size rounded up, and 64 bytes more. */
+/* aj_cpu_block's memory, or AJ_ERR_OUT_OF_MEMORY naming `what`. */
 static aj_status aligned_host(aj_device *dev, size_t bytes, const char *what, void **out)
 {
-    void *p = aligned_alloc(64, (bytes + 63) / 64 * 64 + 64);
+    void *p = aj_cpu_block(bytes);
     if (!p)
         return aj_fail(dev->ctx, AJ_ERR_OUT_OF_MEMORY, "%s: %zu bytes", what, bytes);
     *out = p;

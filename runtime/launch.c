@@ -457,8 +457,9 @@ static bwd_workspace workspace_layout(const aj_kernel *kernel, const bwd_call *c
         aj_workspace_rule_of(kernel, &own);
         r = &own;
     }
-    fused = fused && stage_of_plan(kernel, AJ_STAGE_FUSED) >= 0;
-    if (!fused && stage_of_plan(kernel, AJ_STAGE_FUSED) >= 0) {
+    int has_plan = stage_of_plan(kernel, AJ_STAGE_FUSED) >= 0;
+    fused = fused && has_plan;
+    if (has_plan && !fused) {
         own = *r;
         own.region[AJ_WS_DQ].per_row = 0;
         r = &own;

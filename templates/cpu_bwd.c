@@ -411,12 +411,9 @@ static aj_cpu_rows slice_rows(cbwd *c, aj_param_source t, LLVMValueRef bidx, LLV
 static aj_cpu_rows dq_sums(cbwd *c, LLVMValueRef bidx, LLVMValueRef h, LLVMValueRef start)
 {
     aj_kb *kb = c->kb;
-    LLVMValueRef row0 = aj_kb_add(
-        kb, aj_kb_mul(kb, aj_kb_sext64(kb, bidx), aj_param(kb, AJ_PID(stride_ws_b))),
-        aj_kb_mul(kb, aj_kb_sext64(kb, h), aj_param(kb, AJ_PID(stride_ws_h))));
     LLVMValueRef d = aj_kb_i64(kb, c->p.d);
     return (aj_cpu_rows){.base = aj_kb_add(kb, aj_param(kb, AJ_PID(ws_dq_offset)),
-                                           aj_kb_mul(kb, aj_kb_add(kb, row0, start), d)),
+                                           aj_kb_mul(kb, aj_attn_ws_row(kb, bidx, h, start), d)),
                          .stride_s = d};
 }
 
@@ -664,7 +661,7 @@ static void emit_dbias(cbwd *c, LLVMValueRef bidx, LLVMValueRef h, LLVMValueRef 
 typedef struct dq_pair {
     LLVMValueRef bidx, h, m0, rows;   /* i32 */
     LLVMValueRef pb, ph;              /* i32: the pair loops' indices (bias: pair 0 writes dbias) */
-    LLVMValueRef k_base, v_base;      /* i64 */
+    aj_cpu_rows k_rows, v_rows;       /* the pair's kv head */
     LLVMValueRef dq;                  /* the dQ buffer */
 } dq_pair;
 
@@ -713,10 +710,8 @@ static void dq_step(cbwd *c, const dq_pair *pr, const aj_score_walk *walk, LLVMV
         aj_kb_smin(kb, aj_kb_i32(kb, p->bn), LLVMBuildSub(b, c->at.seq.len_k, n0, ""));
     if (!has_bias)
         aj_cpu_skip_begin(&c->at, cls);
-    const aj_cpu_rows k_rows = {.base = pr->k_base, .stride_s = aj_param(kb, AJ_PID(stride_k_s))};
-    const aj_cpu_rows v_rows = {.base = pr->v_base, .stride_s = aj_param(kb, AJ_PID(stride_v_s))};
-    load_key_side(c, &k_rows, &v_rows, n0, kcount);
-    load_key_rows(c, &k_rows, n0, kcount);
+    load_key_side(c, &pr->k_rows, &pr->v_rows, n0, kcount);
+    load_key_rows(c, &pr->k_rows, n0, kcount);
     emit_block_products(c, pr->m0, n0);
     dq_product(c, pr->dq);
     if (has_bias)
@@ -753,8 +748,8 @@ static void dq_row_block(cbwd *c, dq_pair *pr)
     else
         aj_cpu_key_blocks(&c->at, p->bn, m0, aj_kb_add(kb, m0, LLVMBuildSub(b, rows, one, "")),
                           &n_begin, &n_end);
-    pr->k_base = aj_cpu_seq_base(kb, AJ_PSRC_k, pr->bidx, hkv, c->at.seq.start_k);
-    pr->v_base = aj_cpu_seq_base(kb, AJ_PSRC_v, pr->bidx, hkv, c->at.seq.start_k);
+    pr->k_rows = slice_rows(c, AJ_PSRC_k, pr->bidx, hkv, c->at.seq.start_k);
+    pr->v_rows = slice_rows(c, AJ_PSRC_v, pr->bidx, hkv, c->at.seq.start_k);
     aj_score_walk walk;
     aj_score_walk_keys(&c->at.sc, &walk, m0, aj_kb_add(kb, m0, LLVMBuildSub(b, rows, one, "")),
                        p->bn, n_begin, n_end, c->at.seq.len_q, c->at.seq.len_k);

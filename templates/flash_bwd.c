@@ -407,11 +407,7 @@ static LLVMValueRef row0_base(fbwd *f, aj_param_source t, LLVMValueRef h, LLVMVa
 /* Workspace float index of Delta_0 of (b, h). */
 static LLVMValueRef ws_row0(fbwd *f, LLVMValueRef h)
 {
-    LLVMValueRef r =
-        aj_kb_mul(f->kb, aj_kb_sext64(f->kb, f->bidx), aj_param(f->kb, AJ_PID(stride_ws_b)));
-    r = aj_kb_add(f->kb, r,
-                  aj_kb_mul(f->kb, aj_kb_sext64(f->kb, h), aj_param(f->kb, AJ_PID(stride_ws_h))));
-    return aj_kb_add(f->kb, r, f->q_start);
+    return aj_attn_ws_row(f->kb, f->bidx, h, f->q_start);
 }
 
 static LLVMValueRef ws_ptr(fbwd *f, LLVMValueRef float_index)

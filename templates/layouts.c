@@ -13,6 +13,13 @@ LLVMValueRef aj_attn_slice_base(aj_kb *kb, aj_param_source t, LLVMValueRef b, LL
     return LLVMBuildAdd(kb->b, off, LLVMBuildMul(kb->b, h64, aj_param_stride(kb, t, 1), ""), "");
 }
 
+LLVMValueRef aj_attn_ws_row(aj_kb *kb, LLVMValueRef b, LLVMValueRef h, LLVMValueRef start)
+{
+    LLVMValueRef r = aj_kb_mul(kb, aj_kb_sext64(kb, b), aj_param(kb, AJ_PID(stride_ws_b)));
+    r = aj_kb_add(kb, r, aj_kb_mul(kb, aj_kb_sext64(kb, h), aj_param(kb, AJ_PID(stride_ws_h))));
+    return aj_kb_add(kb, r, start);
+}
+
 static LLVMValueRef load_offset(aj_kb *kb, aj_param_id array, LLVMValueRef idx)
 {
     LLVMValueRef at = LLVMBuildMul(kb->b, LLVMBuildSExt(kb->b, idx, kb->t_i64, ""),

@@ -15,6 +15,11 @@
 /* Element offset (i64) of slice (b, h) of tensor t, by its batch and head
  * strides (the table's stride parameters of t, dims 0 and 1). */
 LLVMValueRef aj_attn_slice_base(aj_kb *kb, aj_param_source t, LLVMValueRef b, LLVMValueRef h);
+/* The workspace row (i64) of row 0 of (b, h) in a backward's workspace
+ * (params.def: b stride_ws_b + h stride_ws_h), plus `start` (i64, the
+ * sequence's first packed row, 0 when padded): Delta's index there, and
+ * head_dim times it the dQ sums' past ws_dq_offset. */
+LLVMValueRef aj_attn_ws_row(aj_kb *kb, LLVMValueRef b, LLVMValueRef h, LLVMValueRef start);
 
 /*
  * layout = varlen: sequence b's rows and keys come from cu_seqlens, read

@@ -83,9 +83,7 @@ aj_status aj_cpu_launch(aj_ctx *ctx, aj_cpu_device *cpu, int workers, aj_host_en
     return AJ_OK;
 }
 
-/* as the device's memory (device.c): 64-byte aligned, the size rounded
- * up, and 64 bytes more */
-static void *aligned_block(size_t bytes)
+void *aj_cpu_block(size_t bytes)
 {
     return aligned_alloc(64, (bytes + 63) / 64 * 64 + 64);
 }
@@ -97,7 +95,7 @@ aj_status aj_cpu_scratch(aj_ctx *ctx, aj_cpu_device *cpu, size_t bytes, void **o
     int mine = !cpu->scratch_taken;
     if (mine && cpu->scratch_bytes < bytes) {
         free(cpu->scratch);
-        cpu->scratch = aligned_block(bytes);
+        cpu->scratch = aj_cpu_block(bytes);
         cpu->scratch_bytes = cpu->scratch ? bytes : 0;
     }
     if (mine && cpu->scratch) {
@@ -106,7 +104,7 @@ aj_status aj_cpu_scratch(aj_ctx *ctx, aj_cpu_device *cpu, size_t bytes, void **o
     }
     pthread_mutex_unlock(&cpu->pool_lock);
     if (!*out && !mine)
-        *out = aligned_block(bytes);
+        *out = aj_cpu_block(bytes);
     if (!*out)
         return aj_fail(ctx, AJ_ERR_OUT_OF_MEMORY, "the device's scratch: %zu bytes", bytes);
     return AJ_OK;

@@ -31,6 +31,10 @@ int aj_cpu_default_workers(void);
  * once: each launch is a batch of its own on the shared pool. */
 aj_status aj_cpu_launch(aj_ctx *ctx, aj_cpu_device *cpu, int workers, aj_host_entry_fn entry,
                         const int32_t grid[3], void **args);
+/* Host memory as the host devices (sim, cpu) hand it out: 64-byte
+ * aligned, the size rounded up to 64 bytes and 64 more (a vector read
+ * past a buffer's end stays inside); NULL when out of memory, free()d. */
+void *aj_cpu_block(size_t bytes);
 /* At least `bytes` of scratch (a backward's workspace), 64-byte aligned,
  * in *out: the device's kept block, grown where a call needs more and kept
  * until the device closes, as a GPU device's per-stream scratch is, so a
