@@ -141,6 +141,10 @@ struct aj_kernel {
      * first, once) */
     _Atomic(aj_kernel *) mask_builder;
     _Atomic(uint64_t) mask_builder_hash;
+    /* a GPU kernel's sim twin, which emulated launches run again over the
+     * same buffers (runtime/compile.c, aj_compile_twin), a reference, set
+     * once */
+    _Atomic(aj_kernel *) twin;
     /* the launch plan, set once after source (runtime/compile.c) */
     _Atomic(aj_kernel_plan *) plan;
     /* run and freed by the last aj_kernel_destroy (aj_kernel_on_release) */

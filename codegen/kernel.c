@@ -92,6 +92,7 @@ void aj_kernel_destroy(aj_kernel *kernel)
     aj_host_jit_dispose(kernel->jit);
     aj_op_destroy(atomic_load(&kernel->source));
     aj_kernel_destroy(atomic_load(&kernel->mask_builder));
+    aj_kernel_destroy(atomic_load(&kernel->twin));
     aj_kernel_plan *plan = atomic_load(&kernel->plan);
     if (plan)
         plan->destroy(plan);

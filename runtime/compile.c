@@ -294,6 +294,33 @@ aj_status aj_compile_block_mask(aj_ctx *ctx, const aj_kernel *kernel, const aj_o
     return AJ_OK;
 }
 
+aj_status aj_compile_twin(aj_ctx *ctx, const aj_kernel *kernel, aj_kernel **out)
+{
+    aj_kernel *k = (aj_kernel *)kernel;
+    aj_kernel *kept = atomic_load(&k->twin);
+    if (kept) {
+        *out = aj_kernel_retain(kept);
+        return AJ_OK;
+    }
+    const aj_op *source = atomic_load(&k->source);
+    if (!source)
+        return aj_fail(ctx, AJ_ERR_UNSUPPORTED,
+                       "emulated launches (AJ_CUDA_EMULATE=1) run a kernel's op again on the "
+                       "emulator; this kernel was loaded from bytes and keeps no op");
+    aj_op on_sim = *source;   /* the same op and schedule, on the emulator */
+    on_sim.target = AJ_TARGET_ANY;
+    aj_compile_options opt = AJ_COMPILE_OPTIONS_INIT;
+    opt.target = AJ_TARGET_SIM;
+    opt.emit = AJ_EMIT_LLVM_IR;
+    aj_status st = compile_one(ctx, aj_cache_of(ctx), &on_sim, &opt, NULL, out);
+    if (st != AJ_OK)
+        return st;
+    aj_kernel *none = NULL, *mine = aj_kernel_retain(*out);
+    if (!atomic_compare_exchange_strong(&k->twin, &none, mine))
+        aj_kernel_destroy(mine);   /* another thread kept its own */
+    return AJ_OK;
+}
+
 /* ---------------------------------------------------------------- many */
 
 typedef struct batch {

@@ -389,6 +389,8 @@ aj_status aj_device_set_workers(aj_device *dev, int workers)
     AJ_CHECK_ARG(dev->ctx, workers >= 0, "aj_device_set_workers: workers = %d is negative",
                  workers);
     dev->workers = workers;
+    if (dev->twin)   /* emulated launches: the emulator's threads */
+        dev->twin->workers = workers;
     return AJ_OK;
 }
 
@@ -684,13 +686,39 @@ static const aj_device_ops cpu_ops = {
 
 /* ---------------------------------------------------------------- cuda */
 
+/* Emulated launches (docs/testing.md "Emulated launches"): with
+ * AJ_CUDA_EMULATE=1, on a stand-in libcuda whose device memory is host
+ * memory, the device keeps a sim twin that runs each launch's op again
+ * over the same buffers (launch.c: aj_emulate_*), so a stand-in GPU's
+ * results are real numbers.  A real driver refuses the mode. */
+static aj_status open_twin(aj_device *dev)
+{
+    const char *mode = getenv("AJ_CUDA_EMULATE");
+    if (!mode || !*mode || strcmp(mode, "0") == 0)
+        return AJ_OK;
+    if (strcmp(mode, "1") != 0)
+        return aj_fail(dev->ctx, AJ_ERR_INVALID_ARG,
+                       "aj_device_open: AJ_CUDA_EMULATE = '%s'; it takes 1 (emulated launches "
+                       "on a stand-in libcuda) or 0", mode);
+    const aj_cuda *cu = dev->cuda->cu;
+    if (!cu->stand_in_host_memory || !cu->stand_in_host_memory())
+        return aj_fail(dev->ctx, AJ_ERR_UNSUPPORTED,
+                       "aj_device_open: AJ_CUDA_EMULATE=1 runs every launch again on the "
+                       "emulator over the device's memory, which needs a stand-in libcuda "
+                       "whose device memory is host memory (tests/fake_cuda); this driver's "
+                       "is not");
+    return open_device(dev->ctx, &sim_ops, 0, NULL, &dev->twin);
+}
+
 static aj_status cuda_open(aj_device *dev, int index, void *cu_context)
 {
-    return aj_cuda_device_open(dev->ctx, index, cu_context, &dev->cuda);
+    aj_status st = aj_cuda_device_open(dev->ctx, index, cu_context, &dev->cuda);
+    return st == AJ_OK ? open_twin(dev) : st;
 }
 
 static void cuda_close(aj_device *dev)
 {
+    aj_device_close(dev->twin);
     aj_cuda_device_close(dev->cuda);
 }
 

@@ -294,8 +294,8 @@ static aj_status forward_paged(aj_ctx *ctx, aj_device *dev, const aj_kernel *ker
     return aj_device_launched(ctx, dev, word, st, FWD);
 }
 
-aj_status aj_forward(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
-                     const aj_fwd_args *given)
+static aj_status forward_on(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
+                            const aj_fwd_args *given)
 {
     BEGIN_LAUNCH("aj_forward", AJ_KIND_FORWARD, aj_fwd_args, lse, FWD_ARGS);
     fwd_sizes sz = {.splits = 1};
@@ -579,8 +579,8 @@ static aj_status bind_workspace(aj_ctx *ctx, aj_device *dev, const aj_bwd_args *
     return AJ_OK;
 }
 
-aj_status aj_backward(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
-                      const aj_bwd_args *given)
+static aj_status backward_on(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
+                             const aj_bwd_args *given)
 {
     BEGIN_LAUNCH("aj_backward", AJ_KIND_BACKWARD, aj_bwd_args, dv, BWD_ARGS);
     bwd_call call;
@@ -711,8 +711,8 @@ static aj_status run_stages(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel
 
 /* ---------------------------------------------------------------- merge */
 
-aj_status aj_merge(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
-                   const aj_merge_args *given)
+static aj_status merge_on(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
+                          const aj_merge_args *given)
 {
     BEGIN_LAUNCH("aj_merge", AJ_KIND_MERGE, aj_merge_args, lse, MERGE_ARGS);
     fwd_sizes sz = {.splits = 1};
@@ -733,4 +733,73 @@ aj_status aj_merge(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
                         ls->bound.nb, args->stream);
     free(ls);
     return st;
+}
+/* ---------------------------------------------------------------- emulated launches */
+
+/*
+ * On a cuda device with a sim twin (AJ_CUDA_EMULATE=1 on a stand-in
+ * libcuda, device.c: open_twin), every launch is queued on the GPU as
+ * ever -- the stand-in checks its memory and logs it -- and then the
+ * kernel's sim twin (aj_compile_twin: the same op and schedule) runs the
+ * same call over the same buffers, which are host memory there, so what
+ * the GPU path computes are real numbers (docs/testing.md "Emulated
+ * launches").  The stand-in does a stream's work when it is queued, so
+ * running the twin at once keeps the stream's order.  The twin gets the
+ * device's own workspace and builds its own block masks: those the GPU
+ * path holds were never written.
+ */
+
+#define EMULATE(fn, launch, type, last_required, NAME, ...)                                   \
+    do {                                                                                      \
+        AJ_READ_STRUCT_OR_RETURN(ctx, fn ": args", given, type, last_required,                \
+                                 AJ_##NAME##_INIT, args);                                     \
+        type on_sim = *args;                                                                  \
+        on_sim.stream = NULL;                                                                 \
+        __VA_ARGS__;                                                                          \
+        aj_kernel *twin = NULL;                                                               \
+        aj_status emu_st = aj_compile_twin(ctx, kernel, &twin);                               \
+        if (emu_st == AJ_OK)                                                                  \
+            emu_st = launch(ctx, dev->twin, twin, &on_sim);                                   \
+        aj_kernel_destroy(twin);                                                              \
+        return emu_st;                                                                        \
+    } while (0)
+
+static aj_status emulate_forward(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
+                                 const aj_fwd_args *given)
+{
+    EMULATE("aj_forward", forward_on, aj_fwd_args, lse, FWD_ARGS, on_sim.block_mask = NULL);
+}
+
+static aj_status emulate_backward(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
+                                  const aj_bwd_args *given)
+{
+    EMULATE("aj_backward", backward_on, aj_bwd_args, dv, BWD_ARGS, on_sim.block_mask = NULL;
+            on_sim.workspace = NULL; on_sim.workspace_bytes = 0);
+}
+
+static aj_status emulate_merge(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
+                               const aj_merge_args *given)
+{
+    EMULATE("aj_merge", merge_on, aj_merge_args, lse, MERGE_ARGS, (void)0);
+}
+
+aj_status aj_forward(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
+                     const aj_fwd_args *given)
+{
+    aj_status st = forward_on(ctx, dev, kernel, given);
+    return st == AJ_OK && dev->twin ? emulate_forward(ctx, dev, kernel, given) : st;
+}
+
+aj_status aj_backward(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
+                      const aj_bwd_args *given)
+{
+    aj_status st = backward_on(ctx, dev, kernel, given);
+    return st == AJ_OK && dev->twin ? emulate_backward(ctx, dev, kernel, given) : st;
+}
+
+aj_status aj_merge(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
+                   const aj_merge_args *given)
+{
+    aj_status st = merge_on(ctx, dev, kernel, given);
+    return st == AJ_OK && dev->twin ? emulate_merge(ctx, dev, kernel, given) : st;
 }

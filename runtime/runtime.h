@@ -110,6 +110,10 @@ struct aj_device {
     _Atomic uint64_t last_instructions;  /* sim: of the last launch, any thread's */
     aj_cuda_device *cuda;        /* cuda's own state: device.c's, and aj_device_cuda */
     aj_cpu_device *cpu;          /* cpu's own state: device.c's */
+    /* cuda with emulated launches (AJ_CUDA_EMULATE=1 on a stand-in
+     * libcuda): the sim device that runs each launch again over the same
+     * memory (device.c: open_twin; launch.c: aj_emulate_*); else NULL */
+    struct aj_device *twin;
     /* device memory: the u32 the varlen kernels record a bad cu_seqlens
      * in (templates/attn_common.h), AJ_VARLEN_STATUS_CLEAR while none */
     uint32_t *status;
@@ -324,6 +328,11 @@ const aj_workspace_rule *aj_kernel_workspace_rule(const aj_kernel *kernel);
  * target through the cache, or the one kept on the kernel (compile.c). */
 aj_status aj_compile_block_mask(aj_ctx *ctx, const aj_kernel *kernel, const aj_op *op,
                                 uint64_t mask_hash, aj_kernel **out);
+/* The sim twin of a GPU kernel: its op (the source kept on it) compiled
+ * for the emulator, with the same schedule, for emulated launches
+ * (launch.c); kept on the kernel, the caller gets a reference.
+ * AJ_ERR_UNSUPPORTED for a kernel loaded from bytes (no op kept). */
+aj_status aj_compile_twin(aj_ctx *ctx, const aj_kernel *kernel, aj_kernel **out);
 
 /* Queues `builder` on dev's `stream`: the classes of `shape`'s tiles into
  * `classes` (aj_block_mask_tensor's layout), reading the side tensors

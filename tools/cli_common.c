@@ -35,7 +35,7 @@ const char cli_usage_text[] =
     "                           time the template's schedules on the device, rank them,\n"
     "                           record the best for later compiles (docs/tune.md)\n"
     "  ring SPEC --device sim|cpu|cuda [--layout contiguous|zigzag] [--rotate p2p|allgather]\n"
-    "          [--method ring|ulysses] [--ulysses-size U]\n"
+    "          [--method ring|ulysses|hybrid] [--ulysses-size U] [--comm mpi|nccl]\n"
     "          --in q=F --in k=F --in v=F [--in alibi_slopes=F] [--in NAME=F] --out o=F\n"
     "          [--out lse=F] [--grad --in do=F --out dq=F --out dk=F --out dv=F] [--seed N]\n"
     "          [--offset N] [--timeout S] [--workers N] [--device-index N] [--check] [-v]\n"

@@ -4,7 +4,7 @@
  *
  *   mpirun -np P attnjit ring SPEC --device sim|cpu|cuda
  *       [--method ring|ulysses|hybrid] [--ulysses-size U]
- *       [--layout contiguous|zigzag] [--rotate p2p|allgather]
+ *       [--layout contiguous|zigzag] [--rotate p2p|allgather] [--comm mpi|nccl]
  *       --in q=F --in k=F --in v=F [--in alibi_slopes=F] [--in NAME=F (side
  *       tensors)] [--in cu_seqlens_q=F --in cu_seqlens_k=F (layout = varlen)]
  *       --out o=F [--out lse=F]
@@ -53,6 +53,7 @@ typedef struct ring_opts {
     aj_shard_layout layout;
     aj_ring_rotate rotate;
     aj_cp_method method;
+    aj_comm_kind comm;       /* --comm: the transport */
     int ulysses_size;
     const char *in[R_IN_COUNT], *out[R_OUT_COUNT];
     cli_side_opts side;      /* --in NAME=FILE for the op's side tensors */
@@ -117,6 +118,7 @@ static const char *const method_names[AJ_METHOD_COUNT] = {
     [AJ_METHOD_RING] = "ring", [AJ_METHOD_ULYSSES] = "ulysses", [AJ_METHOD_HYBRID] = "hybrid"};
 static const char *const rotate_names[AJ_ROTATE_COUNT] = {
     [AJ_ROTATE_P2P] = "p2p", [AJ_ROTATE_ALLGATHER] = "allgather"};
+static const char *const comm_names[] = {[AJ_COMM_MPI] = "mpi", [AJ_COMM_NCCL] = "nccl"};
 
 /* *out: the index of s in names[0 .. n-1]; else the usage, with `fail`
  * (one %s: s). */
@@ -149,7 +151,7 @@ static int parse_ring_args(int argc, char **argv, ring_opts *o)
         if (!v)
             continue;
         double num = 0;
-        int pick = 0;   /* --layout, --method, --rotate: the index of the name */
+        int pick = 0;   /* --layout, --method, --rotate, --comm: the index of the name */
         if (strcmp(a, "--device") == 0) {
             o->device = v;
         } else if (strcmp(a, "--layout") == 0) {
@@ -167,6 +169,9 @@ static int parse_ring_args(int argc, char **argv, ring_opts *o)
             rc = choose(v, rotate_names, AJ_ROTATE_COUNT, &pick,
                         "--rotate takes p2p or allgather, not '%s'");
             o->rotate = (aj_ring_rotate)pick;
+        } else if (strcmp(a, "--comm") == 0) {
+            rc = choose(v, comm_names, AJ_COMM_KIND_COUNT, &pick, "--comm takes mpi or nccl, not '%s'");
+            o->comm = (aj_comm_kind)pick;
         } else if (strcmp(a, "--in") == 0 && strncmp(v, "cu_seqlens_", 11) == 0) {
             rc = bind(a, v, cu_names, 2, o->cu_path, NULL);
         } else if (strcmp(a, "--in") == 0) {
@@ -939,6 +944,7 @@ static aj_status open_device(aj_ctx *ctx, ring_run *r)
         st = shard_to_device(r->dev, &r->out[t], 0);
     aj_comm_config cc = AJ_COMM_CONFIG_INIT;
     cc.timeout_s = o->timeout_s;
+    cc.kind = o->comm;
     if (st == AJ_OK)
         st = aj_comm_create(ctx, r->dev, &cc, &r->comm);
     if (st == AJ_OK)

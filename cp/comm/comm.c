@@ -120,8 +120,8 @@ aj_status aj_comm_wait(aj_comm *comm, aj_comm_req *req, const char *fn, double *
         return AJ_OK;
     const double start = aj_now();
     aj_status st = AJ_OK;
-    for (;;) {
-        bool done = false;
+    /* seen completed already (exchange_progress): not tested again */
+    for (bool done = req->completed != 0; !done;) {
         st = comm->engine->exchange_test(comm, req, &done);
         if (st != AJ_OK)
             break;

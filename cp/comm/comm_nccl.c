@@ -153,9 +153,11 @@ typedef struct nccl_state {
 } nccl_state;
 
 /* An exchange in flight, in aj_comm_req.impl: its slot, and where the
- * bytes go when it completes. */
+ * bytes go when it completes.  Once it has completed the slot is free for
+ * the next exchange, so the request lets go of it (slot = -1): testing or
+ * cancelling it again must not touch that exchange's slot. */
 typedef struct nccl_req {
-    int slot;
+    int slot;   /* -1: completed */
     void *recv;
     size_t bytes;
 } nccl_req;
@@ -409,9 +411,11 @@ static nccl_req req_of(const aj_comm_req *req)
 
 static aj_status nccl_exchange_test(aj_comm *comm, aj_comm_req *req, bool *done)
 {
-    const nccl_req r = req_of(req);
+    nccl_req r = req_of(req);
+    *done = r.slot < 0;
+    if (*done)
+        return AJ_OK;
     nccl_slot *slot = &state_of(comm)->slots[r.slot];
-    *done = false;
     aj_status st = check_usable(comm, "an exchange");
     if (st != AJ_OK)
         return st;
@@ -422,6 +426,8 @@ static aj_status nccl_exchange_test(aj_comm *comm, aj_comm_req *req, bool *done)
         if (r.recv)
             memcpy(r.recv, slot->host_recv, r.bytes);
         slot->busy = false;
+        r.slot = -1;
+        memcpy(req->impl, &r, sizeof r);
     }
 done:
     return st;
@@ -430,6 +436,8 @@ done:
 static void nccl_exchange_cancel(aj_comm *comm, aj_comm_req *req)
 {
     nccl_state *s = state_of(comm);
+    if (req_of(req).slot < 0)
+        return;   /* completed: its slot may be another exchange's now */
     nccl_slot *slot = &s->slots[req_of(req).slot];
     /* Done already: nothing to stop.  Otherwise the NCCL kernels wait for
      * a peer that is not coming, and only an abort ends them. */

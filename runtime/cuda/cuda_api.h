@@ -126,6 +126,10 @@ typedef struct aj_cuda {
     AJ_CUDA_FUNCTIONS(AJ_CUDA_FIELD)
 #undef AJ_CUDA_FIELD
     aj_cu_tensor_map_encode_tiled TensorMapEncodeTiled;
+    /* A stand-in libcuda's mark (tests/fake_cuda): its device memory is
+     * host memory, so the emulator can run each launch again over it
+     * (emulated launches, docs/testing.md); NULL in a real driver. */
+    int (*stand_in_host_memory)(void);
     int driver_version;
 } aj_cuda;
 

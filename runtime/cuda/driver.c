@@ -57,6 +57,9 @@ static void load_driver(void)
     void *encode = dlsym(h, "cuTensorMapEncodeTiled");   /* optional: CUDA 12.0+ */
     if (encode)
         memcpy(&driver.TensorMapEncodeTiled, &encode, sizeof encode);
+    void *stand_in = dlsym(h, "attnjit_stand_in_host_memory");   /* tests/fake_cuda only */
+    if (stand_in)
+        memcpy(&driver.stand_in_host_memory, &stand_in, sizeof stand_in);
     CUresult r = driver.Init(0);
     if (r != AJ_CUDA_SUCCESS) {
         const char *name = "?";

@@ -14,7 +14,9 @@
  * send and a receive per peer, uneven counts); the caller's communicator used
  * and never destroyed; a stuck exchange and a stuck collective ending in
  * AJ_ERR_COMM within the timeout with ncclCommAbort; NCCL's async error;
- * a caller's communicator NCCL rejects; a third exchange in flight; a
+ * a caller's communicator NCCL rejects; a third exchange in flight; an
+ * exchange tested, waited for and cancelled again after the next exchange
+ * took its slot (its bytes left alone); a
  * nonblocking communicator (ncclInProgress);
  * a failing ncclCommInitRank; a unique id that never comes; MPI not
  * initialised; a split (ncclCommSplit, method = hybrid's) whose parts
@@ -170,6 +172,31 @@ static void check_own_comm(void)
         CHECK_STATUS(ctx, aj_comm_wait(comm, &reqs[i], "test", NULL), AJ_OK);
         CHECK_MSG(in[i] == 10 * from + i + 1, "rank %d: exchange %d got %d", rank, i, in[i]);
     }
+
+    /* an exchange seen complete (the ring's progress polling) lets go of
+     * its slot: the next exchange takes it, and testing, waiting for or
+     * cancelling the first again leaves its bytes alone (the ring's K/V
+     * block once got the dK/dV bytes that way) */
+    unsigned char first_in = 0, second_in = 0, first_out = (unsigned char)(rank + 60);
+    unsigned char second_out = (unsigned char)(rank + 90);
+    aj_comm_req first = {.what = "K/V", .active = true}, second = {.what = "dK/dV"};
+    CHECK_STATUS(ctx, comm->engine->exchange_start(comm, &first_out, &first_in, 1, to, from, 0,
+                                                   &first), AJ_OK);
+    bool done = false;
+    while (!done)
+        CHECK_STATUS(ctx, comm->engine->exchange_test(comm, &first, &done), AJ_OK);
+    first.completed = aj_now();
+    CHECK_STATUS(ctx, comm->engine->exchange_start(comm, &second_out, &second_in, 1, to, from, 1,
+                                                   &second), AJ_OK);
+    second.active = true;
+    CHECK_STATUS(ctx, aj_comm_wait(comm, &second, "test", NULL), AJ_OK);
+    done = false;
+    CHECK_STATUS(ctx, comm->engine->exchange_test(comm, &first, &done), AJ_OK);
+    CHECK(done);
+    comm->engine->exchange_cancel(comm, &first);
+    CHECK_STATUS(ctx, aj_comm_wait(comm, &first, "test", NULL), AJ_OK);
+    CHECK_MSG(first_in == from + 60 && second_in == from + 90, "rank %d: the exchanges got %d "
+              "and %d, want %d and %d", rank, first_in, second_in, from + 60, from + 90);
 
     /* one-sided (the ring's skipped transfers): rank 0 sends to rank 1,
      * which only receives; the others post nothing.  Only what is sent

@@ -21,6 +21,14 @@
  *                                    generated-cpu on cpu ranks
  *                                    ($TEST_RING_ONLY: the cases whose
  *                                    label holds it)
+ *   mpirun -np P test_ring generated-cuda, cases-cuda
+ *                                    the same on cuda ranks over NCCL:
+ *                                    the stand-in libcuda (GPU r for rank
+ *                                    r) and libnccl, with emulated
+ *                                    launches (AJ_CUDA_EMULATE=1), the
+ *                                    shards in device memory; packed
+ *                                    documents' p2p traffic checked
+ *                                    against the blocks needed
  *
  * Every rank builds the same full inputs (same seed), takes its shard with
  * aj_shard, runs the ring, and compares its shard of O, LSE, dQ, dK, dV
@@ -423,11 +431,60 @@ static void *take_shard(const shard_rule *r, int keys, const void *full, int64_t
     return s;
 }
 
+/* ---------------------------------------------------------------- device memory */
+
+/*
+ * On cuda ranks (generated-cuda: the stand-in libcuda and libnccl, with
+ * emulated launches) what the calls read and write lives in device
+ * memory: each host buffer a call is handed gets a mirror there
+ * (on_device copies it in), and after each call every mirror is copied
+ * back (from_devices), so the checks read what the GPU path left.  Sim and
+ * cpu ranks take host memory in place.
+ */
+static int on_gpu;
+typedef struct mirror {
+    void *host, *dev;
+    size_t bytes;
+} mirror;
+static mirror mirrors[32];
+static int num_mirrors;
+
+static void *on_device(void *host, size_t bytes)
+{
+    if (!on_gpu || !host)
+        return host;
+    for (int i = 0; i < num_mirrors; i++)
+        if (mirrors[i].host == host)
+            return mirrors[i].dev;
+    CHECK(num_mirrors < (int)(sizeof mirrors / sizeof mirrors[0]));
+    mirror *m = &mirrors[num_mirrors++];
+    *m = (mirror){host, NULL, bytes};
+    CHECK_STATUS(ctx, aj_device_alloc(dev, bytes ? bytes : 1, &m->dev), AJ_OK);
+    CHECK_STATUS(ctx, aj_device_copy_to(dev, m->dev, host, bytes), AJ_OK);
+    return m->dev;
+}
+
+static void from_devices(void)
+{
+    for (int i = 0; i < num_mirrors; i++)
+        CHECK_STATUS(ctx, aj_device_copy_from(dev, mirrors[i].host, mirrors[i].dev,
+                                              mirrors[i].bytes), AJ_OK);
+}
+
+static void free_mirrors(void)
+{
+    for (int i = 0; i < num_mirrors; i++)
+        CHECK_STATUS(ctx, aj_device_free(dev, mirrors[i].dev), AJ_OK);
+    num_mirrors = 0;
+}
+
 /* A shard's tensor as the call takes it: padded [1, H, l, W] (LSE, W = 0:
- * [1, H, l]), varlen [l, H, W] (LSE [H, l]). */
+ * [1, H, l]), varlen [l, H, W] (LSE [H, l]); on cuda ranks, over its
+ * mirror in device memory. */
 static aj_tensor rows_view(const ring_case *c, void *data, aj_dtype dtype, int64_t H, int64_t l,
                            int64_t W)
 {
+    data = on_device(data, (size_t)(H * l * (W ? W : 1)) * (dtype == AJ_DTYPE_F32 ? 4 : 2));
     if (c->docs)
         return W ? tensor_dims(data, dtype, 3, l, H, W, 0)
                  : tensor_dims(data, dtype, 2, H, l, 0, 0);
@@ -679,8 +736,10 @@ static void check_ring_blocks(const ring_case *c, const ref_problem *pr, const a
     int full, partial, skipped;
     expected_blocks(c, pr, &full, &partial, &skipped);
     const int p2p = c->rotate == AJ_ROTATE_P2P;
-    CHECK_MSG(fs->rotations == (p2p ? size - 1 : size > 1), "rank %d: %s: %d forward "
-              "rotations", rank, c->label, fs->rotations);
+    /* (packed documents over messages, the cuda ranks': run_case checks
+     * them against the blocks needed) */
+    CHECK_MSG((c->docs && p2p && on_gpu) || fs->rotations == (p2p ? size - 1 : size > 1),
+              "rank %d: %s: %d forward rotations", rank, c->label, fs->rotations);
     /* a mask over positions has exact classes; one that reads a side
      * tensor sound ones (a skipped block sees nothing, a full one all) */
     const int exact = !c->doc_len && !c->mask_expr;
@@ -728,6 +787,8 @@ static aj_comm *open_comm(double timeout_s)
     aj_comm *comm = NULL;
     aj_comm_config cc = AJ_COMM_CONFIG_INIT;
     cc.timeout_s = timeout_s;
+    if (on_gpu)
+        cc.kind = AJ_COMM_NCCL;
     CHECK_STATUS(ctx, aj_comm_create(ctx, dev, &cc, &comm), AJ_OK);
     return comm;
 }
@@ -978,11 +1039,14 @@ static void run_case(const ring_case *c)
     for (int i = 0; i < c->hq * 9; i++)
         rel[i] = (float)((double)(splitmix_next(&rng) >> 11) * 0x1p-52 * 2.0 - 1.0);
     if (c->doc_len)
-        side[nside++] = (aj_side_tensor){"doc", doc, AJ_SIDE_I32, 2, {B, sq}, {sq, 1}};
+        side[nside++] = (aj_side_tensor){"doc", on_device(doc, (size_t)sq * 4), AJ_SIDE_I32, 2,
+                                         {B, sq}, {sq, 1}};
     if (c->rel)
-        side[nside++] = (aj_side_tensor){"rel", rel, AJ_SIDE_F32, 2, {c->hq, 9}, {9, 1}};
+        side[nside++] = (aj_side_tensor){"rel", on_device(rel, (size_t)c->hq * 9 * 4),
+                                         AJ_SIDE_F32, 2, {c->hq, 9}, {9, 1}};
     if (c->sinks)
-        side[nside++] = (aj_side_tensor){"snk", snk, AJ_SIDE_F32, 1, {c->hq}, {1}};
+        side[nside++] = (aj_side_tensor){"snk", on_device(snk, sizeof snk), AJ_SIDE_F32, 1,
+                                         {c->hq}, {1}};
     aj_op *fop = parse_op(c, "forward"), *bop = parse_op(c, "backward");
 
     /* the reference, unsharded */
@@ -1031,10 +1095,11 @@ static void run_case(const ring_case *c)
     fa.o = rows_view(c, o_s, dt, hq, lq, D);
     fa.lse = rows_view(c, lse_s, AJ_DTYPE_F32, hq, lq, 0);
     if (c->docs) {
-        fa.cu_seqlens_q = fa.cu_seqlens_k = cu;
+        fa.cu_seqlens_q = fa.cu_seqlens_k = on_device(cu, sizeof cu);
         fa.batch = ndocs;
     }
-    fa.alibi_slopes = tensor_dims(slopes, AJ_DTYPE_F32, 1, c->hq, 0, 0, 0);
+    fa.alibi_slopes = tensor_dims(on_device(slopes, sizeof slopes), AJ_DTYPE_F32, 1, c->hq, 0,
+                                  0, 0);
     fa.layout = L;
     fa.rotate = c->rotate;
     fa.method = c->method;
@@ -1046,6 +1111,7 @@ static void run_case(const ring_case *c)
     aj_ring_stats fs = {0}, bs = {0};
     const uint64_t sent_before = aj_comm_bytes_sent(comm);
     CHECK_STATUS(ctx, aj_ring_forward(ctx, dev, comm, fop, &fa, &fs), AJ_OK);
+    from_devices();
     const uint64_t fwd_sent = aj_comm_bytes_sent(comm) - sent_before;
 
     double atol, rtol;
@@ -1081,16 +1147,20 @@ static void run_case(const ring_case *c)
                                               rows_view(c, dv_s, dt, hkv, lk, D));
     float dsinks[16];
     if (c->sinks)
-        ba.dsinks = tensor_dims(dsinks, AJ_DTYPE_F32, 1, c->hq, 0, 0, 0);
+        ba.dsinks = tensor_dims(on_device(dsinks, sizeof dsinks), AJ_DTYPE_F32, 1, c->hq, 0, 0,
+                                0);
     float *drel = alloc64((size_t)c->hq * 9 * 4), dslopes[16];
     aj_side_tensor dside[2];
     int ndside = 0;
     if (rel_grad(c))
-        dside[ndside++] = (aj_side_tensor){"rel", drel, AJ_SIDE_F32, 2, {c->hq, 9}, {9, 1}};
+        dside[ndside++] = (aj_side_tensor){"rel", on_device(drel, (size_t)c->hq * 9 * 4),
+                                           AJ_SIDE_F32, 2, {c->hq, 9}, {9, 1}};
     if (alibi_grad(c))
-        dside[ndside++] = (aj_side_tensor){"alibi_slopes", dslopes, AJ_SIDE_F32, 1, {c->hq}, {1}};
+        dside[ndside++] = (aj_side_tensor){"alibi_slopes", on_device(dslopes, sizeof dslopes),
+                                           AJ_SIDE_F32, 1, {c->hq}, {1}};
     ba.dside = dside, ba.num_dside = ndside;
     CHECK_STATUS(ctx, aj_ring_backward(ctx, dev, comm, bop, &ba, &bs), AJ_OK);
+    from_devices();
     /* (the all-gathers of the sinks', rel's and the slopes' gradients
      * aside: the methods' own traffic) */
     const uint64_t bwd_sent = aj_comm_bytes_sent(comm) - sent_before - fwd_sent -
@@ -1138,15 +1208,25 @@ static void run_case(const ring_case *c)
                   (unsigned long long)formula[0], (unsigned long long)formula[1]);
     } else {
         const int p2p = c->rotate == AJ_ROTATE_P2P;
-        CHECK_MSG(bs.rotations == (p2p ? (size > 1 ? 2 * size - 1 : 0) : 2 * (size > 1)),
-                  "rank %d: %s: %d backward rotations", rank, c->label, bs.rotations);
+        if (c->docs && p2p && on_gpu && size > 1)   /* messages: only the needed blocks */
+            CHECK_MSG(fwd_sent == traffic.sent[0] && bwd_sent == traffic.sent[1] &&
+                          fs.rotations == traffic.rotations[0] &&
+                          bs.rotations == traffic.rotations[1],
+                      "rank %d: %s: sent %llu + %llu bytes in %d + %d exchanges; the formula "
+                      "%llu + %llu in %d + %d", rank, c->label, (unsigned long long)fwd_sent,
+                      (unsigned long long)bwd_sent, fs.rotations, bs.rotations,
+                      (unsigned long long)traffic.sent[0], (unsigned long long)traffic.sent[1],
+                      traffic.rotations[0], traffic.rotations[1]);
+        else
+            CHECK_MSG(bs.rotations == (p2p ? (size > 1 ? 2 * size - 1 : 0) : 2 * (size > 1)),
+                      "rank %d: %s: %d backward rotations", rank, c->label, bs.rotations);
         if (c->docs && !p2p)
             CHECK_MSG(fwd_sent == traffic.sent[0] && bwd_sent == traffic.sent[1],
                       "rank %d: %s: all-gather sent %llu + %llu bytes, the formula %llu + "
                       "%llu", rank, c->label, (unsigned long long)fwd_sent,
                       (unsigned long long)bwd_sent, (unsigned long long)traffic.sent[0],
                       (unsigned long long)traffic.sent[1]);
-        if (p2p && size > 1)
+        if (p2p && size > 1 && !(c->docs && on_gpu))
             CHECK(fs.rotations + bs.rotations == 3 * size - 2);
         CHECK(bs.launches == fs.launches && bs.skipped_blocks == fs.skipped_blocks);
         /* cpu ranks, uneven shards (kept cheap: Sq = 2P+1, 5P+1; packed
@@ -1171,6 +1251,7 @@ static void run_case(const ring_case *c)
                bs.total_s, fs.launches, fs.skipped_blocks);
 
     aj_comm_destroy(comm);
+    free_mirrors();
     aj_op_destroy(fop);
     aj_op_destroy(bop);
     void *bufs[] = {doc,      rel,      drel,   q_s,  k_s,   v_s,   do_s,   o_ref_s,
@@ -1477,14 +1558,22 @@ int main(int argc, char **argv)
     MPI_Comm_size(MPI_COMM_WORLD, &size);
     const char *mode = argc > 1 ? argv[1] : "cases";
     const int on_cpu = strcmp(mode, "generated-cpu") == 0;
+    on_gpu = strcmp(mode, "generated-cuda") == 0 || strcmp(mode, "cases-cuda") == 0;
     CHECK(aj_ctx_create(NULL, &ctx) == AJ_OK);
-    CHECK(aj_device_open(ctx, on_cpu ? AJ_DEVICE_CPU : AJ_DEVICE_SIM, 0, &dev) == AJ_OK);
+    /* cuda ranks: GPU r of the stand-in's, their launches emulated */
+    CHECK_STATUS(ctx, aj_device_open(ctx, on_gpu ? AJ_DEVICE_CUDA : on_cpu ? AJ_DEVICE_CPU
+                                                                            : AJ_DEVICE_SIM,
+                                     on_gpu ? rank : 0, &dev), AJ_OK);
+    if (!dev) {   /* reported above */
+        MPI_Finalize();
+        return check_report();
+    }
     /* ranks share the cores: one emulator thread each */
     aj_device_set_workers(dev, 1);
-    if (strcmp(mode, "cases") == 0) {
+    if (strcmp(mode, "cases") == 0 || strcmp(mode, "cases-cuda") == 0) {
         for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
             run_case(&cases[i]);
-    } else if (strcmp(mode, "generated") == 0 || on_cpu) {
+    } else if (strcmp(mode, "generated") == 0 || on_cpu || on_gpu) {
         ring_case generated[ULY_MAX_CASES];
         char labels[ULY_MAX_CASES][112];
         const int n = generated_cases(generated, labels, !on_cpu);

@@ -1,7 +1,7 @@
 /*
  * fake_cuda.c -- a stand-in libcuda.so.1 for testing attnjit's GPU path on
- * machines without a GPU.  It cannot run a kernel, but it holds attnjit to
- * the driver's rules and records what attnjit asked of it.
+ * machines without a GPU.  It cannot run a kernel itself, but it holds
+ * attnjit to the driver's rules and records what attnjit asked of it.
  *
  * FAKE_CUDA_MODE picks what it pretends:
  *   "no_device"  cuInit fails with CUDA_ERROR_NO_DEVICE (the default)
@@ -12,6 +12,11 @@
  *                with 227 KiB of opt-in shared memory, as an H100/H200
  *   "stuck"      as no_gpus, but no event ever completes
  *                (CUDA_ERROR_NOT_READY), like work waiting on a dead peer
+ * It marks itself as a stand-in (attnjit_stand_in_host_memory): with
+ * AJ_CUDA_EMULATE=1 attnjit runs each launch again on its emulator over
+ * this library's device memory, which is host memory (docs/testing.md
+ * "Emulated launches"), so the GPU path's results are real numbers;
+ * FAKE_CUDA_NOT_HOST=1 makes it answer as a real driver would (no).
  * FAKE_CUDA_STUCK=1 makes any mode's GPU work never end: events stay
  * CUDA_ERROR_NOT_READY and cuCtxSynchronize, cuStreamSynchronize and
  * cuEventSynchronize block (for FAKE_CUDA_HANG_S seconds, default 3600),
@@ -204,6 +209,16 @@ static CUresult untrack(uintptr_t p, int pinned)
 
 /* ---------------------------------------------------------------- init */
 
+/* The mark attnjit's driver loader looks for (runtime/cuda/driver.c):
+ * device memory here is host memory, so AJ_CUDA_EMULATE=1 may run every
+ * launch again on the emulator over it. */
+int attnjit_stand_in_host_memory(void);
+int attnjit_stand_in_host_memory(void)
+{
+    const char *v = getenv("FAKE_CUDA_NOT_HOST");   /* plays a real driver's memory */
+    return !(v && strcmp(v, "1") == 0);
+}
+
 CUresult cuInit(unsigned flags);
 CUresult cuInit(unsigned flags)
 {
@@ -348,7 +363,7 @@ CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t bytes)
     if (sticky)
         return sticky;
     note("MemAlloc bytes=%zu", bytes);
-    void *m = malloc(bytes);
+    void *m = aligned_alloc(256, (bytes + 255) & ~(size_t)255);   /* the driver's alignment */
     *p = (CUdeviceptr)(uintptr_t)m;
     return track(m, bytes, 0);
 }
