@@ -77,6 +77,7 @@
 #include "runtime/runtime.h"
 #include "templates/score.h"
 #include "cp/ring_plan.h"
+#include "templates/template.h"
 
 enum { TAG_KV = 1, TAG_DKV = 2 };
 
@@ -251,7 +252,8 @@ static aj_status alloc_host(const ring_plan *p, size_t bytes, int zero, void **o
 
 /* Device memory: the buffers the kernels read and write.  On sim (and
  * cpu) it is host memory and the copies are memcpy; on a GPU they stage
- * through the host, where MPI moves the bytes.
+ * through the host, where MPI moves the bytes -- unless the ring is
+ * resident, when they never leave the device.
  *
  * Every copy and launch goes on the ring's own stream, in order; the host
  * waits for that stream only where it reads what the GPU wrote, by
@@ -260,7 +262,40 @@ static aj_status alloc_host(const ring_plan *p, size_t bytes, int zero, void **o
  * engine's stream and, with a dead peer, hang inside the driver. */
 static aj_status dev_alloc(const ring_plan *p, size_t bytes, void **out)
 {
+    if (p->resident)   /* blocks the comm keeps: later calls allocate nothing */
+        return aj_comm_block_get(p->comm, bytes, out);
     return aj_device_alloc(p->dev, bytes ? bytes : 64, out);
+}
+
+/* Frees dev_alloc's memory (NULL: nothing), once the work on it is done. */
+static void dev_free(const ring_plan *p, void *ptr)
+{
+    if (p->resident)
+        aj_comm_block_put(p->comm, ptr);
+    else if (ptr)
+        aj_device_free(p->dev, ptr);
+}
+
+/* What travels and what adds up (K/V blocks, the f32 accumulators): host
+ * memory as alloc_host gives it, or where the ring is resident (cuda
+ * ranks over NCCL) device memory, cleared on the ring's stream when
+ * `zero`.  freed by free_sums. */
+static aj_status alloc_sums(const ring_plan *p, size_t bytes, int zero, void **out)
+{
+    if (!p->resident)
+        return alloc_host(p, bytes, zero, out);
+    aj_status st = dev_alloc(p, bytes, out);
+    if (st == AJ_OK && zero)
+        st = aj_device_fill32_async(p->dev, *out, 0, bytes / 4, p->stream);
+    return st;
+}
+
+static void free_sums(const ring_plan *p, void *ptr)
+{
+    if (p->resident)
+        dev_free(p, ptr);
+    else
+        aj_device_host_free(p->dev, ptr);
 }
 
 static aj_status to_dev(const ring_plan *p, void *dst, const void *src, size_t bytes)
@@ -269,12 +304,14 @@ static aj_status to_dev(const ring_plan *p, void *dst, const void *src, size_t b
 }
 
 /* The K/V block of a ring step as the kernels read it: where it arrived
- * (host memory devices), else its copy in `staged` (device memory). */
+ * (host memory devices, a resident ring), else its copy in `staged`
+ * (device memory). */
 static aj_status visiting_block(const ring_plan *p, void *staged, const void *arrived,
                                 size_t bytes, const void **out)
 {
-    *out = p->host_memory ? arrived : staged;
-    return p->host_memory ? AJ_OK : to_dev(p, staged, arrived, bytes);
+    const bool in_place = p->host_memory || p->resident;
+    *out = in_place ? arrived : staged;
+    return in_place ? AJ_OK : to_dev(p, staged, arrived, bytes);
 }
 
 /* Queued only: the bytes are there after ring_wait. */
@@ -290,17 +327,19 @@ static aj_status ring_wait(const ring_plan *p, const char *what)
     return aj_cp_wait(p->dev, p->stream, p->comm, p->fn, what);
 }
 
-/* This rank's K and V, packed (K, then V) into a host buffer: the block
- * that travels. */
+/* This rank's K and V, packed (K, then V) into the block that travels
+ * (alloc_sums: a resident ring's on the device). */
 static aj_status pack_kv(const ring_plan *p, const aj_tensor *k, const aj_tensor *v,
                          void *kv)
 {
     const size_t rows = (size_t)(p->B * p->Hkv * p->lk);
-    aj_status st = from_dev(p, kv, k->data, rows * (size_t)p->D * p->elem);
+    const int dir = p->resident ? AJ_COPY_ON_DEVICE : 0;
+    aj_status st = aj_device_copy_async(p->dev, kv, k->data, rows * (size_t)p->D * p->elem, dir,
+                                        p->stream);
     if (st == AJ_OK)
-        st = from_dev(p, (char *)kv + p->k_elems * p->elem, v->data,
-                      rows * (size_t)p->Dv * p->elem);
-    return st == AJ_OK ? ring_wait(p, "copying K and V to the host") : st;
+        st = aj_device_copy_async(p->dev, (char *)kv + p->k_elems * p->elem, v->data,
+                                  rows * (size_t)p->Dv * p->elem, dir, p->stream);
+    return st == AJ_OK ? ring_wait(p, "packing K and V") : st;
 }
 
 /* An f32 host buffer, rounded to the op's dtype, into device memory
@@ -344,7 +383,122 @@ static aj_status store_rows(const ring_plan *p, const float *acc, const float *l
 }
 #undef ROW_EMPTY
 
+/* ---------------------------------------------------------------- sums on the device */
+
+/*
+ * A resident ring (cuda ranks over NCCL) keeps what adds up in device
+ * memory and sums there, with the row kernels (templates/rows.c,
+ * aj_rows_launch) on the ring's stream: a gradient part's rows added into
+ * (or stored as) an accumulator's, accumulators added whole, rows
+ * cleared, and at the end the accumulators rounded into the outputs.
+ * Elsewhere the same sums are host loops (add_rows, add_f32, ...).
+ */
+
+/* dst[i] += src[i] for n floats. */
+static void add_f32(float *dst, const float *src, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        dst[i] += src[i];
+}
+
+/* The row kernels a resident call runs: the op's dtype D and Dv wide,
+ * and f32 `flat` wide for whole accumulators (the widest of 256 .. 8
+ * that divides their length: D + Dv is a multiple of 16). */
+static aj_status compile_rows(ring_plan *p)
+{
+    if (!p->resident)
+        return AJ_OK;
+    const int64_t n = (int64_t)(p->k_elems + p->v_elems);
+    for (p->flat = 256; p->flat > 8 && n % p->flat; p->flat /= 2)
+        ;
+    const aj_target t = aj_device_target(p->dev);
+    aj_status st = aj_compile_rows(p->ctx, t, p->op.dtype, (int32_t)p->D, &p->rows_d);
+    if (st == AJ_OK)
+        st = aj_compile_rows(p->ctx, t, p->op.dtype, (int32_t)p->Dv, &p->rows_dv);
+    if (st == AJ_OK)
+        st = aj_compile_rows(p->ctx, t, AJ_DTYPE_F32, (int32_t)p->flat, &p->rows_flat);
+    return st;
+}
+
+/* The row kernel of width W (D or Dv). */
+static const aj_kernel *rows_of(const ring_plan *p, int64_t W)
+{
+    return W == p->D ? p->rows_d : p->rows_dv;
+}
+
+/* An f32 accumulator of H heads, `acc_rows` positions and W wide in the
+ * call's layout ([B, H, rows, W], varlen [rows, H, W]) as padded rows,
+ * its positions row0 .. row0 + rows. */
+static aj_tensor acc_rows_view(const ring_plan *p, const float *acc, int64_t H, int64_t acc_rows,
+                               int64_t W, int64_t row0, int64_t rows)
+{
+    const aj_tensor t = aj_cp_rows((void *)acc, AJ_DTYPE_F32, &p->sh, H, acc_rows, W);
+    const aj_tensor padded = aj_cp_as_padded(&t, &p->sh);
+    const aj_shard_chunk c = {.local = row0, .len = rows};
+    return seq_view(&padded, &c);
+}
+
+/* A resident ring's f32 accumulator `acc` of H heads, `len` positions and
+ * W wide, rounded into the output `out` (the call's layout). */
+static aj_status round_rows(const ring_plan *p, const float *acc, const aj_tensor *out,
+                            int64_t H, int64_t len, int64_t W)
+{
+    const aj_tensor a = acc_rows_view(p, acc, H, len, W, 0, len);
+    const aj_tensor o = aj_cp_as_padded(out, &p->sh);
+    return aj_rows_launch(p->ctx, p->dev, rows_of(p, W), AJ_ROWS_ROUND, &o, &a, NULL,
+                          p->stream);
+}
+
+/* n f32 as [1, 1, n / flat, flat] rows. */
+static aj_tensor flat_view(const ring_plan *p, const float *x, size_t n)
+{
+    const int64_t w = p->flat;
+    return (aj_tensor){(void *)x, AJ_DTYPE_F32, 4, {1, 1, (int64_t)n / w, w},
+                       {(int64_t)n, (int64_t)n, w, 1}};
+}
+
+/* dst[0 .. n) += src[0 .. n), f32, in the ring's sums. */
+static aj_status sums_add(const ring_plan *p, float *dst, const float *src, size_t n)
+{
+    if (!p->resident) {
+        add_f32(dst, src, n);
+        return AJ_OK;
+    }
+    const aj_tensor d = flat_view(p, dst, n), x = flat_view(p, src, n);
+    return aj_rows_launch(p->ctx, p->dev, p->rows_flat, AJ_ROWS_ADD, &x, &d, NULL, p->stream);
+}
+
+/* dst[0 .. n) = 0, f32, in the ring's sums. */
+static aj_status sums_zero(const ring_plan *p, float *dst, size_t n)
+{
+    if (!p->resident) {
+        memset(dst, 0, n * sizeof(float));
+        return AJ_OK;
+    }
+    return aj_device_fill32_async(p->dev, dst, 0, n, p->stream);
+}
+
 /* ---------------------------------------------------------------- comm */
+
+/* The engine about to move the ring's buffers: where they are device
+ * memory (resident), once the ring's stream has done what writes the
+ * buffer sent and what still reads the one received into (an earlier
+ * step's kernels), and told so (comm->device_buffers, until engine_end;
+ * the opening agreement and the methods' host buffers go as host
+ * memory). */
+static aj_status engine_begin(ring_plan *p)
+{
+    if (!p->resident)
+        return AJ_OK;
+    aj_status st = ring_wait(p, "the work before a transfer");
+    p->comm->device_buffers = st == AJ_OK;
+    return st;
+}
+
+static void engine_end(ring_plan *p)
+{
+    p->comm->device_buffers = false;
+}
 
 /* Sends `send` to rank `to` and receives `recv` from rank `from`; a
  * negative rank skips that side, and with both negative nothing is
@@ -357,8 +511,10 @@ static aj_status exchange_with(ring_plan *p, aj_comm_req *req, const char *what,
                          .posted = aj_now()};
     if (to < 0 && from < 0)
         return AJ_OK;
-    aj_status st = p->comm->engine->exchange_start(p->comm, send, recv, bytes, to, from, tag,
-                                                   req);
+    aj_status st = engine_begin(p);
+    if (st == AJ_OK)
+        st = p->comm->engine->exchange_start(p->comm, send, recv, bytes, to, from, tag, req);
+    engine_end(p);
     if (st == AJ_OK) {
         req->active = true;
         p->stats->rotations++;
@@ -440,8 +596,11 @@ static aj_status alltoall_needed(ring_plan *p, const void *send, size_t send_str
         recv_off[d] = (size_t)d * bytes;
     }
     const double t0 = aj_now();
-    const aj_status st = aj_ring_collective_status(p, p->comm->engine->alltoallv(
-        p->comm, send, send_bytes, send_off, recv, recv_bytes, recv_off));
+    aj_status st = engine_begin(p);
+    if (st == AJ_OK)
+        st = aj_ring_collective_status(p, p->comm->engine->alltoallv(
+            p->comm, send, send_bytes, send_off, recv, recv_bytes, recv_off));
+    engine_end(p);
     count_collective(p, t0);
     free(n);
     return st;
@@ -451,6 +610,8 @@ static aj_status alltoall_needed(ring_plan *p, const void *send, size_t send_str
  * (packed documents) the blocks this rank needs. */
 static aj_status gather_blocks(ring_plan *p, const void *kv, void *gathered, size_t bytes)
 {
+    if (p->size == 1 && p->resident)
+        return aj_device_copy_async(p->dev, gathered, kv, bytes, AJ_COPY_ON_DEVICE, p->stream);
     if (p->size == 1) {
         memcpy(gathered, kv, bytes);
         return AJ_OK;
@@ -458,8 +619,11 @@ static aj_status gather_blocks(ring_plan *p, const void *kv, void *gathered, siz
     if (p->need)
         return alltoall_needed(p, kv, 0, gathered, bytes, false);
     const double t0 = aj_now();
-    const aj_status st = aj_ring_collective_status(p, p->comm->engine->allgather(p->comm, kv, gathered,
-                                                                         bytes));
+    aj_status st = engine_begin(p);
+    if (st == AJ_OK)
+        st = aj_ring_collective_status(p, p->comm->engine->allgather(p->comm, kv, gathered,
+                                                                     bytes));
+    engine_end(p);
     count_collective(p, t0);
     return st;
 }
@@ -738,7 +902,13 @@ typedef struct ring_call {
 static aj_status ring_open(ring_call *c, const aj_op *op)
 {
     aj_status st = compile_kernels(&c->p, op, &c->kern);
-    return st == AJ_OK ? aj_device_stream_create(c->p.dev, &c->p.stream) : st;
+    if (st == AJ_OK)
+        st = compile_rows(&c->p);
+    aj_comm *comm = c->p.comm;
+    if (st == AJ_OK && !comm->ring_stream)   /* the comm's, kept for later calls */
+        st = aj_device_stream_create(c->p.dev, &comm->ring_stream);
+    c->p.stream = comm->ring_stream;
+    return st;
 }
 
 /* Tensors *t[0 .. n-1] as padded ones, in place: a packed one's pieces
@@ -749,46 +919,48 @@ static void as_padded(const aj_cp_shapes *sh, aj_tensor *const *t, int n)
         *t[i] = aj_cp_as_padded(t[i], sh);
 }
 
-/* This rank's K/V block packed into host memory (*kv), unless the ranks
- * share segments (its own segment holds it then); and where device memory
- * is not host memory, the device buffer (*kv_dev) the kernels read each
- * visiting block from -- elsewhere they read it where it arrived. */
+/* This rank's K/V block packed into what travels (*kv: host memory, a
+ * resident ring's device memory), unless the ranks share segments (its
+ * own segment holds it then); and where the kernels cannot read a block
+ * where it arrives (a GPU ring staged through the host), the device
+ * buffer (*kv_dev) they read each visiting block from. */
 static aj_status own_kv(ring_plan *p, const aj_tensor *k, const aj_tensor *v, void **seg,
                         size_t kv_bytes, void **kv, void **kv_dev)
 {
     aj_status st = AJ_OK;
     if (!seg) {
-        AJ_TRY(alloc_host(p, kv_bytes, 0, kv));
+        AJ_TRY(alloc_sums(p, kv_bytes, 0, kv));
         AJ_TRY(pack_kv(p, k, v, *kv));
     }
-    if (!p->host_memory)
+    if (!p->host_memory && !p->resident)
         AJ_TRY(dev_alloc(p, kv_bytes, kv_dev));
 done:
     return st;
 }
 
 /* Releases what the call holds, its exchanges still in flight cancelled. */
-static void ring_close(ring_call *c, aj_device *dev, aj_comm *comm, aj_comm_req *reqs,
-                       int nreqs)
+static void ring_close(ring_call *c, aj_comm *comm, aj_comm_req *reqs, int nreqs)
 {
     for (int i = 0; i < nreqs; i++)
         if (reqs[i].active)
             comm->engine->exchange_cancel(comm, &reqs[i]);
     free(c->seg);
-    aj_device_stream_destroy(dev, c->p.stream);
     free_kernels(&c->kern);
     aj_ring_plan_free(&c->p);
 }
 
-/* Frees a call's host and device buffers; NULL ones are skipped. */
-static void free_buffers(aj_device *dev, void **host, size_t nhost, void **device,
-                         size_t ndevice)
+/* Frees a call's buffers: its sums (alloc_sums), host and device
+ * buffers; NULL ones are skipped. */
+static void free_buffers(const ring_plan *p, void **sums, size_t nsums, void **host,
+                         size_t nhost, void **device, size_t ndevice)
 {
+    aj_device *dev = p->dev;
+    for (size_t i = 0; i < nsums; i++)
+        free_sums(p, sums[i]);
     for (size_t i = 0; i < nhost; i++)
         aj_device_host_free(dev, host[i]);
     for (size_t i = 0; i < ndevice; i++)
-        if (device[i])
-            aj_device_free(dev, device[i]);
+        dev_free(p, device[i]);
 }
 
 /* A call's status, after its statistics (its time added) go to *out, if
@@ -811,7 +983,7 @@ static aj_status fwd_p2p(ring_plan *p, const ring_kernels *kern, const aj_ring_f
 static aj_status fwd_gathered(ring_plan *p, const ring_kernels *kern, const aj_ring_fwd_args *a,
                               const void *own, void **gathered, void *kv_dev, size_t kv_bytes,
                               const aj_tensor *o_acc, aj_comm_req *req);
-static aj_status fwd_store(ring_plan *p, const aj_ring_fwd_args *a, void *o_acc_dev,
+static aj_status fwd_store(ring_plan *p, const aj_ring_fwd_args *a, const aj_tensor *o_acc,
                            size_t rows, void *host_o, void *typed_o);
 
 aj_status aj_ring_forward_group(aj_ctx *ctx, aj_device *dev, aj_comm *comm, const aj_op *op,
@@ -844,12 +1016,14 @@ aj_status aj_ring_forward_group(aj_ctx *ctx, aj_device *dev, aj_comm *comm, cons
     else
         AJ_TRY(fwd_gathered(p, &c.kern, &shards, kv[0], &gathered, kv_dev, kv_bytes, &o_acc,
                             &req));
-    AJ_TRY(fwd_store(p, args, o_acc_dev, rows, host_o, typed_o));
+    AJ_TRY(fwd_store(p, args, &o_acc, rows, host_o, typed_o));
     AJ_TRY(exchange_finish(p, &req));   /* fwd_shared's closing fence */
 done:
-    ring_close(&c, dev, comm, &req, 1);
-    void *host[] = {kv[0], kv[1], gathered, host_o, typed_o}, *device[] = {kv_dev, o_acc_dev};
-    free_buffers(dev, host, AJ_COUNT_OF(host), device, AJ_COUNT_OF(device));
+    ring_close(&c, comm, &req, 1);
+    void *sums[] = {kv[0], kv[1], gathered}, *host[] = {host_o, typed_o};
+    void *device[] = {kv_dev, o_acc_dev};
+    free_buffers(p, sums, AJ_COUNT_OF(sums), host, AJ_COUNT_OF(host), device,
+                 AJ_COUNT_OF(device));
     return ring_stats_out(&c, st, stats);
 }
 
@@ -885,6 +1059,17 @@ static aj_status fwd_clear_acc(ring_plan *p, const aj_ring_fwd_args *a, void *o_
             memset(o_acc_dev, 0, o_count * sizeof(float));
         return AJ_OK;
     }
+    if (p->resident) {   /* on the device: each head's run of rows starts alike */
+        AJ_TRY(aj_device_fill32_async(p->dev, o_acc_dev, 0, o_count, p->stream));
+        for (size_t r = 0; r < rows; r += (size_t)p->lq) {
+            const float start = row_start(p, r);
+            uint32_t bits;
+            memcpy(&bits, &start, sizeof bits);
+            AJ_TRY(aj_device_fill32_async(p->dev, (float *)a->lse.data + r, bits,
+                                          (size_t)p->lq, p->stream));
+        }
+        return AJ_OK;
+    }
     AJ_TRY(alloc_host(p, o_count * sizeof(float), 1, host_o));
     AJ_TRY(alloc_host(p, o_count * p->elem, 0, typed_o));
     AJ_TRY(to_dev(p, o_acc_dev, *host_o, o_count * sizeof(float)));
@@ -906,7 +1091,7 @@ static aj_status fwd_p2p(ring_plan *p, const ring_kernels *kern, const aj_ring_f
 {
     const void *block = NULL;   /* the visiting K/V block the kernels read */
     aj_status st = AJ_OK;
-    AJ_TRY(alloc_host(p, kv_bytes, 0, &kv[1]));
+    AJ_TRY(alloc_sums(p, kv_bytes, 0, &kv[1]));
     int cur = 0;
     for (int s = 0; s < p->size; s++) {
         if (s < p->size - 1)
@@ -928,7 +1113,7 @@ static aj_status fwd_gathered(ring_plan *p, const ring_kernels *kern, const aj_r
 {
     const void *block = NULL;
     aj_status st = AJ_OK;
-    AJ_TRY(alloc_host(p, kv_bytes * (size_t)p->size, 0, gathered));
+    AJ_TRY(alloc_sums(p, kv_bytes * (size_t)p->size, 0, gathered));
     AJ_TRY(gather_blocks(p, own, *gathered, kv_bytes));
     for (int s = 0; s < p->size; s++) {
         const size_t at = (size_t)aj_ring_step_src(p, s) * kv_bytes;
@@ -939,16 +1124,24 @@ done:
     return st;
 }
 
-/* The accumulator's rows into the caller's o, rounded to its dtype (a
- * GPU's through host_o and typed_o), and their LSE into lse. */
-static aj_status fwd_store(ring_plan *p, const aj_ring_fwd_args *a, void *o_acc_dev,
+/* The accumulator's rows (o_acc: the padded view of them) into the
+ * caller's o, rounded to its dtype (rows that saw no key: 0), by the host
+ * (a GPU's staged through host_o and typed_o) or a resident ring's row
+ * kernel. */
+static aj_status fwd_store(ring_plan *p, const aj_ring_fwd_args *a, const aj_tensor *o_acc,
                            size_t rows, void *host_o, void *typed_o)
 {
     const size_t o_count = rows * (size_t)p->Dv;
     aj_status st = AJ_OK;
     if (p->host_memory)
-        return store_rows(p, o_acc_dev, a->lse.data, rows, a->o.data);
-    AJ_TRY(from_dev(p, host_o, o_acc_dev, o_count * sizeof(float)));
+        return store_rows(p, o_acc->data, a->lse.data, rows, a->o.data);
+    if (p->resident) {
+        const aj_tensor o = aj_cp_as_padded(&a->o, &p->sh), lse = aj_cp_as_padded(&a->lse, &p->sh);
+        AJ_TRY(aj_rows_launch(p->ctx, p->dev, p->rows_dv, AJ_ROWS_ROUND_MASKED, &o, o_acc, &lse,
+                              p->stream));
+        return ring_wait(p, "the results");
+    }
+    AJ_TRY(from_dev(p, host_o, o_acc->data, o_count * sizeof(float)));
     AJ_TRY(ring_wait(p, "the last step's kernels"));
     AJ_TRY(store_rounded(p, host_o, o_count, a->o.data, typed_o));
 done:
@@ -957,12 +1150,6 @@ done:
 
 /* ---------------------------------------------------------------- backward */
 
-/* dst[i] += src[i] for n floats. */
-static void add_f32(float *dst, const float *src, size_t n)
-{
-    for (size_t i = 0; i < n; i++)
-        dst[i] += src[i];
-}
 
 /* acc[o][row0 + i][:] += part[o][i][:] (part in `dtype`, `inner` wide,
  * `rows` rows per outer index; acc has acc_rows rows); with `store`,
@@ -1016,6 +1203,12 @@ static aj_status add_part(const ring_plan *p, float *acc, int64_t acc_rows, int6
                           const void *part, int64_t H, int64_t rows, int64_t W, float *scratch,
                           bool store)
 {
+    if (p->resident) {   /* the row kernel, on the part where the kernel wrote it */
+        const aj_tensor o = part_view(p, (void *)part, H, rows, W);
+        const aj_tensor a = acc_rows_view(p, acc, H, acc_rows, W, row0, rows);
+        return aj_rows_launch(p->ctx, p->dev, rows_of(p, W), store ? AJ_ROWS_STORE : AJ_ROWS_ADD,
+                              &o, &a, NULL, p->stream);
+    }
     int64_t outer, inner;
     acc_shape(p, H, W, &outer, &inner);
     return add_rows(acc, acc_rows, row0, part, p->op.dtype, outer, rows, inner, scratch, store);
@@ -1024,20 +1217,33 @@ static aj_status add_part(const ring_plan *p, float *acc, int64_t acc_rows, int6
 /* A step's dK/dV accumulator (`dkv`, K part then V part, `lk` rows)
  * cleared where written[] says no launch has written, rows row0 ..
  * row0 + rows, in runs. */
-static void clear_unwritten(const ring_plan *p, float *dkv, int64_t lk, const bool *written,
-                            int64_t row0, int64_t rows)
+static aj_status clear_unwritten(const ring_plan *p, float *dkv, int64_t lk,
+                                 const bool *written, int64_t row0, int64_t rows)
 {
     int64_t outer_k, inner_k, outer_v, inner_v;
     acc_shape(p, p->Hkv, p->D, &outer_k, &inner_k);
     acc_shape(p, p->Hkv, p->Dv, &outer_v, &inner_v);
-    for (int64_t r = row0, end; r < row0 + rows; r = end) {
+    aj_status st = AJ_OK;
+    for (int64_t r = row0, end; r < row0 + rows && st == AJ_OK; r = end) {
         for (end = r + 1; end < row0 + rows && written[end] == written[r]; end++)
             ;
         if (written[r])
             continue;
+        if (p->resident) {   /* the row kernel's zero stage on both parts */
+            const aj_tensor k = acc_rows_view(p, dkv, p->Hkv, lk, p->D, r, end - r);
+            const aj_tensor v = acc_rows_view(p, dkv + p->k_elems, p->Hkv, lk, p->Dv, r,
+                                              end - r);
+            st = aj_rows_launch(p->ctx, p->dev, p->rows_d, AJ_ROWS_ZERO, &k, &k, NULL,
+                                p->stream);
+            if (st == AJ_OK)
+                st = aj_rows_launch(p->ctx, p->dev, p->rows_dv, AJ_ROWS_ZERO, &v, &v, NULL,
+                                    p->stream);
+            continue;
+        }
         clear_rows(dkv, lk, r, outer_k, end - r, inner_k);
         clear_rows(dkv + p->k_elems, lk, r, outer_v, end - r, inner_v);
     }
+    return st;
 }
 
 /* Per-launch outputs of the backward kernel (one Q chunk, one K/V chunk)
@@ -1056,13 +1262,15 @@ typedef struct bwd_parts {
     float *side_acc[AJ_OP_TENSORS_MAX + 1];
 } bwd_parts;
 
-/* A gradient part of `bytes`: in device memory, and its host copy (where
- * device memory is host memory, the same buffer: added where the kernel
- * wrote it). */
-static aj_status alloc_part(const ring_plan *p, size_t bytes, void **dev, void **host)
+/* A gradient part of `bytes`: in device memory, and its copy where the
+ * sums read it -- `in_place`, the same buffer: added where the kernel
+ * wrote it (host-memory devices; a resident ring's dQ, dK, dV, which add
+ * up on the device), else host memory. */
+static aj_status alloc_part(const ring_plan *p, size_t bytes, bool in_place, void **dev,
+                           void **host)
 {
     aj_status st = dev_alloc(p, bytes, dev);
-    if (st == AJ_OK && p->host_memory)
+    if (st == AJ_OK && in_place)
         *host = *dev;
     else if (st == AJ_OK)
         st = alloc_host(p, bytes, 0, host);
@@ -1071,9 +1279,9 @@ static aj_status alloc_part(const ring_plan *p, size_t bytes, void **dev, void *
 
 /* Frees alloc_part's host copy (the device buffer is freed with the
  * others). */
-static void free_part(const ring_plan *p, void *host)
+static void free_part(const ring_plan *p, void *host, bool in_place)
 {
-    if (!p->host_memory)
+    if (!in_place)
         aj_device_host_free(p->dev, host);
 }
 
@@ -1121,15 +1329,17 @@ static aj_status bwd_block(ring_plan *p, const ring_kernels *kern, const aj_ring
         b.num_dside = parts->nside;
         double t0 = aj_now();
         AJ_TRY(aj_backward(p->ctx, p->dev, kernel_for(kern, x->block), &b));
-        if (!p->host_memory) {
+        if (!p->host_memory && !p->resident) {
             AJ_TRY(from_dev(p, parts->dq_h, parts->dq, parts->dq_bytes));
             AJ_TRY(from_dev(p, parts->dk_h, parts->dk, parts->dk_bytes));
             AJ_TRY(from_dev(p, parts->dv_h, parts->dv, parts->dv_bytes));
-            for (int t = 0; t < parts->nside; t++)
-                AJ_TRY(from_dev(p, parts->side_h[t], parts->side[t].data,
-                                (size_t)aj_side_numel(&parts->side[t]) * 4));
         }
-        AJ_TRY(ring_wait(p, "the block's kernels"));
+        /* the side tensors' gradient parts add up on the host, in order */
+        for (int t = 0; t < parts->nside && !p->host_memory; t++)
+            AJ_TRY(from_dev(p, parts->side_h[t], parts->side[t].data,
+                            (size_t)aj_side_numel(&parts->side[t]) * 4));
+        if (!p->resident || parts->nside)   /* resident: the sums follow on the stream */
+            AJ_TRY(ring_wait(p, "the block's kernels"));
         for (int t = 0; t < parts->nside; t++) {   /* in step order */
             const float *got = parts->side_h[t];
             for (int64_t e = 0; e < aj_side_numel(&parts->side[t]); e++)
@@ -1144,7 +1354,7 @@ static aj_status bwd_block(ring_plan *p, const ring_kernels *kern, const aj_ring
                 seen += written[r];
             store = seen == 0;
             if (seen > 0 && seen < ck)   /* some rows written: the others from 0 */
-                clear_unwritten(p, dkv, lk, written, x->k.local, ck);
+                AJ_TRY(clear_unwritten(p, dkv, lk, written, x->k.local, ck));
             memset(written + x->k.local, 1, (size_t)ck * sizeof *written);
         }
         AJ_TRY(add_part(p, dk_acc, lk, x->k.local, parts->dk_h, p->Hkv, ck, p->D,
@@ -1156,14 +1366,14 @@ static aj_status bwd_block(ring_plan *p, const ring_kernels *kern, const aj_ring
             AJ_TRY(exchange_progress(p, &reqs[r]));
     }
     if (written) {   /* rows no launch wrote, and the slots past a shorter block */
-        clear_unwritten(p, dkv, lk, written, 0, lk);
+        AJ_TRY(clear_unwritten(p, dkv, lk, written, 0, lk));
         int64_t outer_k, inner_k, outer_v, inner_v;
         acc_shape(p, p->Hkv, p->D, &outer_k, &inner_k);
         acc_shape(p, p->Hkv, p->Dv, &outer_v, &inner_v);
         const size_t used_k = (size_t)(outer_k * lk * inner_k);
         const size_t used_v = (size_t)(outer_v * lk * inner_v);
-        memset(dk_acc + used_k, 0, (p->k_elems - used_k) * sizeof(float));
-        memset(dv_acc + used_v, 0, (p->v_elems - used_v) * sizeof(float));
+        AJ_TRY(sums_zero(p, dk_acc + used_k, p->k_elems - used_k));
+        AJ_TRY(sums_zero(p, dv_acc + used_v, p->v_elems - used_v));
     }
 done:
     free(written);
@@ -1252,7 +1462,7 @@ static aj_status bwd_p2p_home(ring_plan *p, const ring_kernels *kern, const aj_r
         AJ_TRY(bwd_block(p, kern, a, block, s, dq_acc, mine, s > 0, parts, reqs, 2));
         AJ_TRY(exchange_finish(p, &reqs[1]));
         if (incoming)
-            add_f32(own, in, count);
+            AJ_TRY(sums_add(p, own, in, count));
         incoming = false;
         if (s > 0) {
             const int home = (r - s + P) % P, from = (r + s) % P;
@@ -1265,7 +1475,7 @@ static aj_status bwd_p2p_home(ring_plan *p, const ring_kernels *kern, const aj_r
     }
     AJ_TRY(exchange_finish(p, &reqs[1]));
     if (incoming)
-        add_f32(own, in, count);
+        AJ_TRY(sums_add(p, own, in, count));
 done:
     return st;
 }
@@ -1295,7 +1505,7 @@ static aj_status bwd_p2p_relay(ring_plan *p, const ring_kernels *kern,
          * received from rank r-1 */
         AJ_TRY(exchange_finish(p, &reqs[1]));
         double t0 = aj_now();
-        add_f32(acc[ac], step, dkv_count);
+        AJ_TRY(sums_add(p, acc[ac], step, dkv_count));
         p->stats->compute_s += aj_now() - t0;
         if (p->size > 1) {
             AJ_TRY(exchange_start(p, &reqs[1], "dK/dV", acc[ac], acc[ac ^ 1],
@@ -1346,8 +1556,10 @@ aj_status aj_ring_backward_group(aj_ctx *ctx, aj_device *dev, aj_comm *comm, con
     const size_t kv_bytes = (p->k_elems + p->v_elems) * p->elem;
     const size_t dkv_count = p->k_elems + p->v_elems;
     const size_t dq_count = (size_t)(p->B * p->Hq * p->lq * p->D);
-    AJ_TRY(alloc_host(p, dq_count * sizeof(float), 1, &b.dq_acc));
-    AJ_TRY(alloc_host(p, (dq_count > dkv_count ? dq_count : dkv_count) * p->elem, 0, &b.typed));
+    AJ_TRY(alloc_sums(p, dq_count * sizeof(float), 1, &b.dq_acc));
+    if (!p->resident)   /* the host's rounding, staged to the device */
+        AJ_TRY(alloc_host(p, (dq_count > dkv_count ? dq_count : dkv_count) * p->elem, 0,
+                          &b.typed));
     AJ_TRY(bwd_alloc_parts(p, args, &parts));
     const shared_layout lay = shared_layout_of(p);
     AJ_TRY(shared_segments(p, lay.bytes, &c.seg));
@@ -1362,29 +1574,39 @@ aj_status aj_ring_backward_group(aj_ctx *ctx, aj_device *dev, aj_comm *comm, con
     else
         AJ_TRY(bwd_gathered(p, &c.kern, &shards, &b, kv_dev, &parts, reqs, &own));
     const size_t rows = (size_t)(p->B * p->Hkv * p->lk);   /* this rank's block, home */
-    AJ_TRY(store_rounded(p, own, rows * (size_t)p->D, args->dk.data, b.typed));
-    AJ_TRY(store_rounded(p, own + p->k_elems, rows * (size_t)p->Dv, args->dv.data, b.typed));
-    if (c.seg)   /* own was read in place: the closing fence, overlapping dQ's rounding */
-        AJ_TRY(fence_start(p, &reqs[0], "closing"));
-    AJ_TRY(store_rounded(p, b.dq_acc, dq_count, args->dq.data, b.typed));
+    if (p->resident) {
+        AJ_TRY(round_rows(p, own, &args->dk, p->Hkv, p->lk, p->D));
+        AJ_TRY(round_rows(p, own + p->k_elems, &args->dv, p->Hkv, p->lk, p->Dv));
+        AJ_TRY(round_rows(p, b.dq_acc, &args->dq, p->Hq, p->lq, p->D));
+        AJ_TRY(ring_wait(p, "the results"));
+    } else {
+        AJ_TRY(store_rounded(p, own, rows * (size_t)p->D, args->dk.data, b.typed));
+        AJ_TRY(store_rounded(p, own + p->k_elems, rows * (size_t)p->Dv, args->dv.data,
+                             b.typed));
+        if (c.seg)   /* own was read in place: the closing fence, overlapping dQ's rounding */
+            AJ_TRY(fence_start(p, &reqs[0], "closing"));
+        AJ_TRY(store_rounded(p, b.dq_acc, dq_count, args->dq.data, b.typed));
+    }
     for (int t = 0; t < parts.nside; t++)   /* this rank's parts (the front door sums) */
         AJ_TRY(to_dev(p, (void *)args->dside[t].data, parts.side_acc[t],
                       (size_t)aj_side_numel(&parts.side[t]) * 4));
     AJ_TRY(exchange_finish(p, &reqs[0]));
 done:
-    ring_close(&c, dev, comm, reqs, 2);
-    free_part(p, parts.dq_h);
-    free_part(p, parts.dk_h);
-    free_part(p, parts.dv_h);
+    ring_close(&c, comm, reqs, 2);
+    const bool in_place = p->host_memory || p->resident;
+    free_part(p, parts.dq_h, in_place);
+    free_part(p, parts.dk_h, in_place);
+    free_part(p, parts.dv_h, in_place);
     for (int t = 0; t < parts.nside; t++) {
-        free_part(p, parts.side_h[t]);
+        free_part(p, parts.side_h[t], p->host_memory);
         aj_device_host_free(dev, parts.side_acc[t]);
-        aj_device_free(dev, (void *)parts.side[t].data);
+        dev_free(p, (void *)parts.side[t].data);
     }
-    void *host[] = {b.kv[0], b.kv[1], b.acc[0], b.acc[1], b.step, b.dq_acc, b.gathered,
-                    b.all_dkv, b.typed, parts.scratch};
-    void *device[] = {kv_dev, parts.dq, parts.dk, parts.dv};
-    free_buffers(dev, host, AJ_COUNT_OF(host), device, AJ_COUNT_OF(device));
+    void *sums[] = {b.kv[0], b.kv[1], b.acc[0], b.acc[1], b.step, b.dq_acc, b.gathered,
+                    b.all_dkv};
+    void *host[] = {b.typed, parts.scratch}, *device[] = {kv_dev, parts.dq, parts.dk, parts.dv};
+    free_buffers(p, sums, AJ_COUNT_OF(sums), host, AJ_COUNT_OF(host), device,
+                 AJ_COUNT_OF(device));
     return ring_stats_out(&c, st, stats);
 }
 
@@ -1401,17 +1623,19 @@ static aj_status bwd_alloc_parts(ring_plan *p, const aj_ring_bwd_args *a, bwd_pa
     parts->dq_bytes = (size_t)(p->B * p->Hq * cq * p->D) * p->elem;
     parts->dk_bytes = (size_t)(p->B * p->Hkv * ck * p->D) * p->elem;
     parts->dv_bytes = (size_t)(p->B * p->Hkv * ck * p->Dv) * p->elem;
-    AJ_TRY(alloc_part(p, parts->dq_bytes, &parts->dq, &parts->dq_h));
-    AJ_TRY(alloc_part(p, parts->dk_bytes, &parts->dk, &parts->dk_h));
-    AJ_TRY(alloc_part(p, parts->dv_bytes, &parts->dv, &parts->dv_h));
-    AJ_TRY(alloc_host(p, (size_t)(chunk * width * (p->sh.varlen ? p->Hq : 1)) * sizeof(float), 0,
-                      (void **)&parts->scratch));
+    const bool in_place = p->host_memory || p->resident;
+    AJ_TRY(alloc_part(p, parts->dq_bytes, in_place, &parts->dq, &parts->dq_h));
+    AJ_TRY(alloc_part(p, parts->dk_bytes, in_place, &parts->dk, &parts->dk_h));
+    AJ_TRY(alloc_part(p, parts->dv_bytes, in_place, &parts->dv, &parts->dv_h));
+    if (!p->resident)   /* the host's sums of typed parts */
+        AJ_TRY(alloc_host(p, (size_t)(chunk * width * (p->sh.varlen ? p->Hq : 1)) *
+                                 sizeof(float), 0, (void **)&parts->scratch));
     for (int t = 0; t < a->num_dside; t++) {   /* the outputs' shapes, contiguous */
         const size_t bytes = (size_t)aj_side_numel(&a->dside[t]) * 4;
         void *data = NULL;
         parts->side[t] = a->dside[t];
         parts->side[t].data = NULL;
-        AJ_TRY(alloc_part(p, bytes, &data, &parts->side_h[t]));
+        AJ_TRY(alloc_part(p, bytes, p->host_memory, &data, &parts->side_h[t]));
         parts->side[t].data = data;
         parts->nside = t + 1;
         AJ_TRY(alloc_host(p, bytes, 1, (void **)&parts->side_acc[t]));
@@ -1431,12 +1655,12 @@ static aj_status bwd_p2p(ring_plan *p, const ring_kernels *kern, const aj_ring_b
     const size_t dkv_count = p->k_elems + p->v_elems, bytes = dkv_count * sizeof(float);
     const bool home = p->need != NULL;
     aj_status st = AJ_OK;
-    AJ_TRY(alloc_host(p, dkv_count * p->elem, 0, &b->kv[1]));
-    AJ_TRY(alloc_host(p, bytes, 1, &b->acc[0]));
-    AJ_TRY(alloc_host(p, bytes, !home, &b->acc[1]));
-    AJ_TRY(alloc_host(p, bytes, 0, &b->step));
+    AJ_TRY(alloc_sums(p, dkv_count * p->elem, 0, &b->kv[1]));
+    AJ_TRY(alloc_sums(p, bytes, 1, &b->acc[0]));
+    AJ_TRY(alloc_sums(p, bytes, !home, &b->acc[1]));
+    AJ_TRY(alloc_sums(p, bytes, 0, &b->step));
     if (home) {
-        AJ_TRY(alloc_host(p, bytes, 0, &b->gathered));
+        AJ_TRY(alloc_sums(p, bytes, 0, &b->gathered));
         float *part[2] = {b->step, b->acc[1]};
         *own = b->acc[0];
         AJ_TRY(bwd_p2p_home(p, kern, a, b->kv, kv_dev, b->dq_acc, parts, *own, part,
@@ -1461,9 +1685,9 @@ static aj_status bwd_gathered(ring_plan *p, const ring_kernels *kern, const aj_r
     const size_t bytes = dkv_count * sizeof(float);
     const void *block = NULL;   /* the visiting K/V block the kernels read */
     aj_status st = AJ_OK;
-    AJ_TRY(alloc_host(p, kv_bytes * (size_t)p->size, 0, &b->gathered));
-    AJ_TRY(alloc_host(p, bytes * (size_t)p->size, 1, &b->all_dkv));
-    AJ_TRY(alloc_host(p, bytes, 0, &b->step));
+    AJ_TRY(alloc_sums(p, kv_bytes * (size_t)p->size, 0, &b->gathered));
+    AJ_TRY(alloc_sums(p, bytes * (size_t)p->size, 1, &b->all_dkv));
+    AJ_TRY(alloc_sums(p, bytes, 0, &b->step));
     AJ_TRY(gather_blocks(p, b->kv[0], b->gathered, kv_bytes));
     for (int s = 0; s < p->size; s++) {
         const size_t src = (size_t)aj_ring_step_src(p, s);
@@ -1474,17 +1698,23 @@ static aj_status bwd_gathered(ring_plan *p, const ring_kernels *kern, const aj_r
     }
     *own = b->step;
     if (p->size > 1 && p->need) {   /* the parts home, summed there */
-        AJ_TRY(alloc_host(p, bytes * (size_t)p->size, 0, &b->acc[0]));
+        AJ_TRY(alloc_sums(p, bytes * (size_t)p->size, 0, &b->acc[0]));
         AJ_TRY(alltoall_needed(p, b->all_dkv, bytes, b->acc[0], bytes, true));
-        memset(b->step, 0, bytes);
+        AJ_TRY(sums_zero(p, b->step, dkv_count));
         for (int r = 0; r < p->size; r++)
             if (aj_ring_needs(p, r, p->rank))
-                add_f32(b->step, (const float *)b->acc[0] + (size_t)r * dkv_count, dkv_count);
+                AJ_TRY(sums_add(p, b->step, (const float *)b->acc[0] + (size_t)r * dkv_count,
+                                dkv_count));
     } else if (p->size > 1) {
         double t0 = aj_now();
-        AJ_TRY(aj_ring_collective_status(
-            p, p->comm->engine->reduce_scatter_f32(p->comm, b->all_dkv, b->step, dkv_count)));
+        st = engine_begin(p);
+        if (st == AJ_OK)
+            st = aj_ring_collective_status(p, p->comm->engine->reduce_scatter_f32(
+                                                  p->comm, b->all_dkv, b->step, dkv_count));
+        engine_end(p);
         count_collective(p, t0);
+        if (st != AJ_OK)
+            goto done;
     } else {
         *own = b->all_dkv;
     }

@@ -268,6 +268,7 @@ static aj_status plan_common(ring_plan *p, aj_ctx *ctx, aj_device *dev, aj_comm 
     if (caps_st != AJ_OK)
         return caps_st;
     p->host_memory = caps.host_memory;
+    p->resident = !caps.host_memory && comm->engine->moves_device_memory;
     p->comm = comm;
     p->layout = layout;
     p->rank = comm->rank;
@@ -314,6 +315,9 @@ void aj_ring_plan_free(ring_plan *p)
     if (p->doc_cu)
         aj_device_free(p->dev, p->doc_cu);
     aj_cp_docs_free(&p->docs);
+    aj_kernel_destroy(p->rows_d);
+    aj_kernel_destroy(p->rows_dv);
+    aj_kernel_destroy(p->rows_flat);
 }
 
 /* ---------------------------------------------------------------- the plan */

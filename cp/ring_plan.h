@@ -72,6 +72,13 @@ typedef struct ring_plan {
     void *stream;                /* the ring's own compute stream (NULL: sim, cpu) */
     bool host_memory;            /* device memory is host memory (sim, cpu): the
                                     kernels read the travelling buffers in place */
+    /* cuda ranks over an engine that moves device memory (NCCL): what
+     * travels and what adds up stays in device memory too, the sums done
+     * by the row kernels (templates/rows.c) of the op's dtype D and Dv
+     * wide, and of f32 `flat` wide for whole accumulators */
+    bool resident;
+    aj_kernel *rows_d, *rows_dv, *rows_flat;
+    int64_t flat;
 } ring_plan;
 
 /* The rank whose K/V block a step computes with: p2p receives them from

@@ -294,6 +294,24 @@ aj_status aj_compile_block_mask(aj_ctx *ctx, const aj_kernel *kernel, const aj_o
     return AJ_OK;
 }
 
+aj_status aj_compile_rows(aj_ctx *ctx, aj_target target, aj_dtype dtype, int32_t width,
+                          aj_kernel **out)
+{
+    aj_op *op = NULL;
+    aj_status st = aj_op_create(ctx, AJ_KIND_FORWARD, AJ_VARIANT_FLASH, &op);
+    if (st == AJ_OK)
+        st = aj_op_set_dtype(op, dtype);
+    if (st == AJ_OK)
+        st = aj_op_set_head_dims(op, width, width);
+    aj_compile_options opt = AJ_COMPILE_OPTIONS_INIT;
+    opt.target = target;
+    opt.emit = aj_target_is_nvptx(target) ? AJ_EMIT_PTX : AJ_EMIT_LLVM_IR;
+    if (st == AJ_OK)
+        st = compile_one(ctx, aj_cache_of(ctx), op, &opt, &aj_template_rows, out);
+    aj_op_destroy(op);
+    return st;
+}
+
 aj_status aj_compile_twin(aj_ctx *ctx, const aj_kernel *kernel, aj_kernel **out)
 {
     aj_kernel *k = (aj_kernel *)kernel;

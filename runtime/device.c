@@ -220,6 +220,12 @@ aj_status aj_device_copy_async(aj_device *dev, void *dst, const void *src, size_
     return bytes == 0 ? AJ_OK : dev->ops->copy_async(dev, dst, src, bytes, to_device, stream);
 }
 
+aj_status aj_device_fill32_async(aj_device *dev, void *dst, uint32_t value, size_t count,
+                                 void *stream)
+{
+    return count == 0 ? AJ_OK : dev->ops->fill32_async(dev, dst, value, count, stream);
+}
+
 aj_status aj_device_scratch(aj_device *dev, void *stream, size_t bytes, void **out)
 {
     return dev->ops->scratch(dev, stream, bytes, out);
@@ -478,6 +484,16 @@ static aj_status host_copy_async(aj_device *dev, void *dst, const void *src, siz
     return host_copy(dev, dst, src, bytes, to_device);
 }
 
+static aj_status host_fill32_async(aj_device *dev, void *dst, uint32_t value, size_t count,
+                                   void *stream)
+{
+    (void)dev;
+    (void)stream;
+    for (size_t i = 0; i < count; i++)
+        memcpy((char *)dst + 4 * i, &value, 4);
+    return AJ_OK;
+}
+
 static aj_status host_stream_create(aj_device *dev, void **stream)
 {
     (void)dev;
@@ -548,6 +564,7 @@ static aj_status host_load_kernel(aj_ctx *ctx, aj_device *dev, const aj_kernel *
     .alloc = host_alloc, .free = host_free,                             \
     .host_alloc = host_buffer_alloc, .host_free = host_free_void,              \
     .copy = host_copy, .copy_async = host_copy_async,                   \
+    .fill32_async = host_fill32_async,                                  \
     .stream_create = host_stream_create,                                \
     .stream_destroy = host_stream_destroy,                              \
     .synchronize = host_synchronize, .wait = host_wait,                 \
@@ -785,6 +802,12 @@ static aj_status cuda_copy_async(aj_device *dev, void *dst, const void *src, siz
     return aj_cuda_copy_async(dev->ctx, dev->cuda, dst, src, bytes, to_device, stream);
 }
 
+static aj_status cuda_fill32_async(aj_device *dev, void *dst, uint32_t value, size_t count,
+                                   void *stream)
+{
+    return aj_cuda_fill32_async(dev->ctx, dev->cuda, dst, value, count, stream);
+}
+
 static aj_status cuda_stream_create(aj_device *dev, void **stream)
 {
     return aj_cuda_stream_create(dev->ctx, dev->cuda, stream);
@@ -852,6 +875,7 @@ static const aj_device_ops cuda_ops = {
     .host_free = cuda_host_free,
     .copy = cuda_copy,
     .copy_async = cuda_copy_async,
+    .fill32_async = cuda_fill32_async,
     .stream_create = cuda_stream_create,
     .stream_destroy = cuda_stream_destroy,
     .synchronize = cuda_synchronize,

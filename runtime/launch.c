@@ -377,6 +377,53 @@ aj_status aj_block_mask_launch(aj_ctx *ctx, aj_device *dev, const char *fn,
     return st;
 }
 
+/* ---------------------------------------------------------------- row kernels */
+
+static aj_status rows_on(aj_ctx *ctx, aj_device *dev, const aj_kernel *rows, int stage,
+                         const aj_tensor *o, const aj_tensor *acc, const aj_tensor *lse,
+                         void *stream)
+{
+    aj_status st = AJ_OK;
+    launch_scratch *ls = aj_launch_scratch_new(ctx, "aj_rows_launch", &st);
+    if (!ls)
+        return st;
+    /* the stages that read no LSE are bound with one over the
+     * accumulator's first elements of each (b, h), never read */
+    const aj_tensor unread = {acc->data, AJ_DTYPE_F32, 3, {acc->shape[0], acc->shape[1],
+                              acc->shape[2]}, {acc->strides[0], acc->strides[1], 1}};
+    launch_values v = {.given = 0};
+    put_tensor(&v, AJ_PSRC_o, o);
+    put_tensor(&v, AJ_PSRC_o_acc, acc);
+    put_tensor(&v, AJ_PSRC_lse, lse ? lse : &unread);
+    put_scalar(&v, AJ_PSRC_seq_q, o->shape[2]);
+    const fwd_sizes sz = {.batch = o->shape[0], .heads_q = o->shape[1], .heads_kv = o->shape[1],
+                          .seq_q = o->shape[2], .seq_k = o->shape[2], .splits = 1,
+                          .tokens_q = o->shape[2]};
+    st = aj_bind_stage(ctx, dev, rows, stage, &v, NULL, &ls->bound);
+    if (st == AJ_OK)
+        st = run_kernel(ctx, dev, rows, stage, &sz, ls->bound.argv, ls->bound.buffers,
+                        ls->bound.nb, stream);
+    free(ls);
+    return st;
+}
+
+aj_status aj_rows_launch(aj_ctx *ctx, aj_device *dev, const aj_kernel *rows, int stage,
+                         const aj_tensor *o, const aj_tensor *acc, const aj_tensor *lse,
+                         void *stream)
+{
+    if (o->shape[0] == 0 || o->shape[1] == 0 || o->shape[2] == 0)
+        return AJ_OK;   /* no row */
+    aj_status st = rows_on(ctx, dev, rows, stage, o, acc, lse, stream);
+    if (st != AJ_OK || !dev->twin)
+        return st;
+    aj_kernel *twin = NULL;   /* emulated launches: the same rows on the emulator */
+    st = aj_compile_rows(ctx, AJ_TARGET_SIM, rows->op.dtype, rows->op.head_dim_v, &twin);
+    if (st == AJ_OK)
+        st = rows_on(ctx, dev->twin, twin, stage, o, acc, lse, NULL);
+    aj_kernel_destroy(twin);
+    return st;
+}
+
 /* The stage of kernel with plan `plan`, or -1. */
 static int stage_of_plan(const aj_kernel *kernel, aj_stage_plan plan)
 {

@@ -76,6 +76,9 @@ typedef struct aj_device_ops {
     aj_status (*copy)(aj_device *dev, void *dst, const void *src, size_t bytes, int to_device);
     aj_status (*copy_async)(aj_device *dev, void *dst, const void *src, size_t bytes,
                             int to_device, void *stream);
+    /* count u32 words at dst (device memory) set to value, on stream */
+    aj_status (*fill32_async)(aj_device *dev, void *dst, uint32_t value, size_t count,
+                              void *stream);
 
     aj_status (*stream_create)(aj_device *dev, void **stream);
     void (*stream_destroy)(aj_device *dev, void *stream);
@@ -130,10 +133,16 @@ bool aj_device_has_tensor_map(const aj_device *dev);
 
 /* Stream-ordered work for launch.c and ring.c, on any device (see
  * cuda_device.h for cuda; sim and cpu run their work synchronously: their
- * streams are NULL, copies are memmove, waits return at once).  Streams
+ * streams are NULL, copies are memmove, waits return at once).  A copy's
+ * to_device is 1 (host to device), 0 (device to host) or
+ * AJ_COPY_ON_DEVICE (device to device).  Streams
  * themselves: aj_device_stream_create / _destroy (attnjit.h). */
 aj_status aj_device_copy_async(aj_device *dev, void *dst, const void *src, size_t bytes,
                                int to_device, void *stream);
+/* count u32 words of device memory at dst set to `value` (a float's bits:
+ * -inf, a sink's logit), queued on stream. */
+aj_status aj_device_fill32_async(aj_device *dev, void *dst, uint32_t value, size_t count,
+                                 void *stream);
 aj_status aj_device_wait(aj_device *dev, void *stream, double timeout_s, const char *what);
 /* Host memory for copies on the device's streams: pinned on cuda (so an
  * async copy is one), plain elsewhere; zeroed when `zero`. */
@@ -328,6 +337,20 @@ const aj_workspace_rule *aj_kernel_workspace_rule(const aj_kernel *kernel);
  * target through the cache, or the one kept on the kernel (compile.c). */
 aj_status aj_compile_block_mask(aj_ctx *ctx, const aj_kernel *kernel, const aj_op *op,
                                 uint64_t mask_hash, aj_kernel **out);
+/* The row kernels (templates/rows.c) of `dtype` rows `width` wide for
+ * `target`, through the kernel cache: what the context-parallel methods
+ * run on a GPU to keep their sums in device memory (compile.c). */
+aj_status aj_compile_rows(aj_ctx *ctx, aj_target target, aj_dtype dtype, int32_t width,
+                          aj_kernel **out);
+/* Queues stage `stage` (aj_rows_stage) of the row kernels on dev's
+ * stream between the typed rows `o` and the f32 accumulator `acc`, both
+ * [B, H, S, W] (any strides, W the kernel's), and `lse` [B, H, S] (read by
+ * AJ_ROWS_ROUND_MASKED only; NULL for the others).  Emulated launches run
+ * it again on the twin (launch.c). */
+aj_status aj_rows_launch(aj_ctx *ctx, aj_device *dev, const aj_kernel *rows, int stage,
+                         const aj_tensor *o, const aj_tensor *acc, const aj_tensor *lse,
+                         void *stream);
+
 /* The sim twin of a GPU kernel: its op (the source kept on it) compiled
  * for the emulator, with the same schedule, for emulated launches
  * (launch.c); kept on the kernel, the caller gets a reference.

@@ -32,39 +32,10 @@
 #define MERGE_THREADS 128
 #define MERGE_MAX_DV 1024
 
-/* Lanes per row: the widest (up to 32) that splits Dv into 4-wide chunks
- * evenly. */
-static int merge_lanes(int dv)
-{
-    int g = 32;
-    while (g > 1 && dv % (4 * g) != 0)
-        g /= 2;
-    return g;
-}
-
 static aj_status merge_check(aj_ctx *ctx, const aj_op *op, aj_target target)
 {
     (void)target;
-    int dv = aj_op_dv(op);
-    if (dv % 8 != 0 || dv > MERGE_MAX_DV)
-        return aj_fail(ctx, AJ_ERR_UNSUPPORTED,
-                       "head_dim_v = %d: merge supports multiples of 8 up to %d", dv,
-                       MERGE_MAX_DV);
-    return AJ_OK;
-}
-
-/* element offset of (b, h, row) of tensor t, whose strides are parameters */
-static LLVMValueRef row_offset(aj_kb *kb, aj_param_source t, LLVMValueRef b, LLVMValueRef h,
-                               LLVMValueRef row, int has_seq_stride)
-{
-    LLVMBuilderRef bld = kb->b;
-    LLVMValueRef off = LLVMBuildMul(bld, aj_kb_sext64(kb, b), aj_param_stride(kb, t, 0), "");
-    off = LLVMBuildAdd(bld, off,
-                       LLVMBuildMul(bld, aj_kb_sext64(kb, h), aj_param_stride(kb, t, 1), ""), "");
-    LLVMValueRef s = aj_kb_sext64(kb, row);
-    if (has_seq_stride)
-        s = LLVMBuildMul(bld, s, aj_param_stride(kb, t, 2), "");
-    return LLVMBuildAdd(bld, off, s, "");
+    return aj_row_width_check(ctx, op, MERGE_MAX_DV, "merge supports");
 }
 
 /* f32 pointer to lse tensor t at element offset `at` */
@@ -88,7 +59,7 @@ static aj_status merge_build(aj_kb *kb, const aj_op *op, void *user)
     (void)user;
     LLVMBuilderRef b = kb->b;
     int dv = aj_op_dv(op);
-    int g = merge_lanes(dv);
+    int g = aj_row_group_lanes(dv);
     int rows = MERGE_THREADS / g;
     aj_params_declare(kb, AJ_KSIG_MERGE, op, NULL);
     aj_kb_begin(kb, MERGE_THREADS);
@@ -111,7 +82,7 @@ static aj_status merge_build(aj_kb *kb, const aj_op *op, void *user)
     LLVMValueRef l2[2];
     static const aj_param_source lse_in[2] = {AJ_PSRC_lse1, AJ_PSRC_lse2};
     for (int s = 0; s < 2; s++) {
-        LLVMValueRef at = row_offset(kb, lse_in[s], bidx, h, rc, 0);
+        LLVMValueRef at = aj_row_offset(kb, lse_in[s], bidx, h, rc, 0);
         LLVMValueRef v = aj_kb_load(kb, kb->t_f32, lse_ptr(kb, lse_in[s], at), 4);
         v = aj_kb_group_sum(kb, LLVMBuildSelect(b, is_lane0, v, zero, ""), g);
         l2[s] = LLVMBuildFMul(b, v, aj_kb_f32(kb, AJ_LOG2E), "");
@@ -130,9 +101,9 @@ static aj_status merge_build(aj_kb *kb, const aj_op *op, void *user)
     LLVMValueRef lse = LLVMBuildSelect(b, none, ninf,
                                        LLVMBuildFMul(b, l, aj_kb_f32(kb, AJ_LN2), ""), "");
 
-    LLVMValueRef o1 = row_offset(kb, AJ_PSRC_o1, bidx, h, rc, 1);
-    LLVMValueRef o2 = row_offset(kb, AJ_PSRC_o2, bidx, h, rc, 1);
-    LLVMValueRef o = row_offset(kb, AJ_PSRC_o, bidx, h, rc, 1);
+    LLVMValueRef o1 = aj_row_offset(kb, AJ_PSRC_o1, bidx, h, rc, 1);
+    LLVMValueRef o2 = aj_row_offset(kb, AJ_PSRC_o2, bidx, h, rc, 1);
+    LLVMValueRef o = aj_row_offset(kb, AJ_PSRC_o, bidx, h, rc, 1);
     LLVMValueRef lane_col = aj_kb_sext64(kb, LLVMBuildShl(b, lane, aj_kb_i32(kb, 2), ""));
     aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntSLT, row, seq, ""));
     for (int u = 0; u < dv / (4 * g); u++) {
@@ -150,7 +121,7 @@ static aj_status merge_build(aj_kb *kb, const aj_op *op, void *user)
         aj_global_store4(kb, aj_param(kb, AJ_PID(o)), LLVMBuildAdd(b, o, col, ""), vals, op->dtype);
     }
     aj_kb_if_begin(kb, is_lane0);
-    aj_kb_store(kb, lse, lse_ptr(kb, AJ_PSRC_lse, row_offset(kb, AJ_PSRC_lse, bidx, h, rc, 0)), 4);
+    aj_kb_store(kb, lse, lse_ptr(kb, AJ_PSRC_lse, aj_row_offset(kb, AJ_PSRC_lse, bidx, h, rc, 0)), 4);
     aj_kb_if_end(kb);
     aj_kb_if_end(kb);
     /* block_n: the columns a row group covers */

@@ -31,6 +31,7 @@ typedef enum aj_kernel_sig {
     AJ_KSIG_SINKS_GRAD,
     AJ_KSIG_SIDE_GRAD,
     AJ_KSIG_SIDE_GRAD_SUM,
+    AJ_KSIG_ROWS,
     AJ_KSIG_COUNT
 } aj_kernel_sig;
 

@@ -71,5 +71,16 @@ extern const aj_template aj_template_cpu_merge;
 /* the block-mask builder (block_mask.c): not looked up by kind; the
  * runtime compiles an op's mask with it (aj_compile_block_mask) */
 extern const aj_template aj_template_block_mask;
+/* the row kernels of the context-parallel methods on a GPU (rows.c),
+ * likewise compiled by the runtime (aj_compile_rows); a stage each */
+extern const aj_template aj_template_rows;
+typedef enum aj_rows_stage {
+    AJ_ROWS_ROUND_MASKED,   /* o = round(o_acc), 0 where lse = -inf */
+    AJ_ROWS_ROUND,          /* o = round(o_acc) */
+    AJ_ROWS_ADD,            /* o_acc += o */
+    AJ_ROWS_STORE,          /* o_acc = o */
+    AJ_ROWS_ZERO,           /* o_acc = 0 */
+    AJ_ROWS_STAGE_COUNT
+} aj_rows_stage;
 
 #endif /* AJ_TEMPLATES_TEMPLATE_H */

@@ -304,3 +304,33 @@ void aj_mma_tile_zero_pad(aj_kb *kb, LLVMValueRef smem_off, int rows, int width,
             aj_kb_if_end(kb);
     }
 }
+
+int aj_row_group_lanes(int w)
+{
+    int g = 32;
+    while (g > 1 && w % (4 * g) != 0)
+        g /= 2;
+    return g;
+}
+
+aj_status aj_row_width_check(aj_ctx *ctx, const aj_op *op, int limit, const char *takes)
+{
+    int w = aj_op_dv(op);
+    if (w % 8 != 0 || w > limit)
+        return aj_fail(ctx, AJ_ERR_UNSUPPORTED, "head_dim_v = %d: %s multiples of 8 up to %d",
+                       w, takes, limit);
+    return AJ_OK;
+}
+
+LLVMValueRef aj_row_offset(aj_kb *kb, aj_param_source t, LLVMValueRef b, LLVMValueRef h,
+                           LLVMValueRef row, int has_seq_stride)
+{
+    LLVMBuilderRef bld = kb->b;
+    LLVMValueRef off = LLVMBuildMul(bld, aj_kb_sext64(kb, b), aj_param_stride(kb, t, 0), "");
+    off = LLVMBuildAdd(bld, off,
+                       LLVMBuildMul(bld, aj_kb_sext64(kb, h), aj_param_stride(kb, t, 1), ""), "");
+    LLVMValueRef s = aj_kb_sext64(kb, row);
+    if (has_seq_stride)
+        s = LLVMBuildMul(bld, s, aj_param_stride(kb, t, 2), "");
+    return LLVMBuildAdd(bld, off, s, "");
+}

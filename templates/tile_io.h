@@ -10,6 +10,7 @@
 #define AJ_TEMPLATES_TILE_IO_H
 
 #include "codegen/kbuilder.h"
+#include "templates/params.h"
 
 typedef struct aj_tile_src {
     LLVMValueRef ptr;          /* global base pointer */
@@ -137,5 +138,19 @@ static inline int aj_mma_tile_ld(int width)
  * barrier stay zero however often the tile is refilled. */
 void aj_mma_tile_zero_pad(aj_kb *kb, LLVMValueRef smem_off, int rows, int width,
                           LLVMValueRef tid, int threads);
+
+/* Row kernels over [B, H, S, W] tensors (merge.c, rows.c): 128 threads in
+ * row groups of G lanes, lane l taking the 4-wide column chunks 4l,
+ * 4l + 4G, ... of its group's row.  G: the widest (up to 32) that splits
+ * W into 4-wide chunks evenly. */
+int aj_row_group_lanes(int w);
+/* The op's head_dim_v, which such a kernel takes as W: a multiple of 8 up
+ * to `limit`, else AJ_ERR_UNSUPPORTED ("head_dim_v = 12: <takes> multiples
+ * of 8 up to 1024"). */
+aj_status aj_row_width_check(aj_ctx *ctx, const aj_op *op, int limit, const char *takes);
+/* Element offset of (b, h, row) in tensor t, whose strides are kernel
+ * parameters (has_seq_stride 0: an LSE, its rows 1 apart). */
+LLVMValueRef aj_row_offset(aj_kb *kb, aj_param_source t, LLVMValueRef b, LLVMValueRef h,
+                           LLVMValueRef row, int has_seq_stride);
 
 #endif /* AJ_TEMPLATES_TILE_IO_H */

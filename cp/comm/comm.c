@@ -77,6 +77,61 @@ aj_status aj_comm_split(aj_comm *comm, int color, int key, aj_comm **out)
     return AJ_OK;
 }
 
+/* ---------------------------------------------------------------- blocks */
+
+typedef struct aj_comm_block {
+    void *ptr;
+    size_t bytes;
+    bool busy;
+} aj_comm_block;
+
+aj_status aj_comm_block_get(aj_comm *comm, size_t bytes, void **out)
+{
+    bytes = bytes ? bytes : 64;
+    if (!comm->blocks && !(comm->blocks = calloc(AJ_COMM_BLOCKS, sizeof *comm->blocks)))
+        return aj_fail(comm->ctx, AJ_ERR_OUT_OF_MEMORY, "out of memory");
+    aj_comm_block *fit = NULL, *idle = NULL;   /* the smallest that fits; one to replace */
+    for (int i = 0; i < comm->num_blocks; i++) {
+        aj_comm_block *b = &comm->blocks[i];
+        if (b->busy)
+            continue;
+        if (b->bytes >= bytes && (!fit || b->bytes < fit->bytes))
+            fit = b;
+        if (!idle || b->bytes < idle->bytes)
+            idle = b;
+    }
+    if (fit) {
+        fit->busy = true;
+        *out = fit->ptr;
+        return AJ_OK;
+    }
+    aj_comm_block *slot = comm->num_blocks < AJ_COMM_BLOCKS ? &comm->blocks[comm->num_blocks]
+                                                            : idle;
+    if (slot && slot->ptr) {   /* a kept block too small for anything now: replaced */
+        aj_device_free(comm->dev, slot->ptr);
+        *slot = (aj_comm_block){0};
+    }
+    aj_status st = aj_device_alloc(comm->dev, bytes, out);
+    if (st != AJ_OK || !slot)
+        return st;   /* every kept block busy: the call's own */
+    *slot = (aj_comm_block){*out, bytes, true};
+    if (slot == &comm->blocks[comm->num_blocks])
+        comm->num_blocks++;
+    return AJ_OK;
+}
+
+void aj_comm_block_put(aj_comm *comm, void *ptr)
+{
+    if (!ptr)
+        return;
+    for (int i = 0; i < comm->num_blocks; i++)
+        if (comm->blocks[i].ptr == ptr) {
+            comm->blocks[i].busy = false;
+            return;
+        }
+    aj_device_free(comm->dev, ptr);   /* not kept: the call's own */
+}
+
 void aj_comm_destroy(aj_comm *comm)
 {
     if (!comm)
@@ -85,6 +140,11 @@ void aj_comm_destroy(aj_comm *comm)
     aj_comm_destroy(comm->across);
     if (comm->ring_memo)
         comm->ring_memo_free(comm->ring_memo);
+    if (comm->ring_stream)
+        aj_device_stream_destroy(comm->dev, comm->ring_stream);
+    for (int i = 0; i < comm->num_blocks; i++)
+        aj_device_free(comm->dev, comm->blocks[i].ptr);
+    free(comm->blocks);
     comm->engine->destroy(comm);
     free(comm);
 }

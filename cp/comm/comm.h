@@ -30,9 +30,13 @@ typedef struct aj_comm_req {
 } aj_comm_req;
 
 /* A transport.  Buffers are host memory (the NCCL engine stages them
- * through device memory itself). */
+ * through device memory itself), or device memory where the comm says so
+ * (device_buffers, on an engine that moves_device_memory). */
 typedef struct aj_comm_engine {
     const char *name;
+    /* it sends and receives device memory in place (NCCL), when the comm's
+     * device_buffers says the buffers are; else it takes host memory only */
+    bool moves_device_memory;
     /* Starts sending `bytes` of `send` to rank `to` and receiving as many
      * into `recv` from rank `from`; to < 0 sends nothing, from < 0
      * receives nothing (a one-sided exchange: the ring's skipped
@@ -84,6 +88,10 @@ struct aj_comm {
     double timeout_s;
     uint64_t bytes_sent;       /* aj_comm_bytes_sent: the engines count */
     bool messages_only;        /* no shared segments even on one node (tests) */
+    /* the buffers a method hands the engine are device memory (the ring on
+     * cuda ranks over an engine that moves it: moves_device_memory), set
+     * for the length of its call; else host memory */
+    bool device_buffers;
     /* method = hybrid's sub-communicators (hybrid.c), made on first use
      * and freed with the comm: `group`, the U consecutive ranks of this
      * rank's Ulysses group, and `across`, the ranks at this rank's place
@@ -94,7 +102,26 @@ struct aj_comm {
      * ring_memo_free; NULL until a ring call keeps some */
     void *ring_memo;
     void (*ring_memo_free)(void *memo);
+    /* device memory the methods keep between calls (aj_comm_block),
+     * freed with the comm */
+    struct aj_comm_block *blocks;
+    int num_blocks;
+    /* the ring's compute stream (cp/ring.c), made by its first call and
+     * kept, so that the device's per-stream scratch (the flash backward's
+     * workspace) serves every later call; destroyed with the comm */
+    void *ring_stream;
 };
+
+/* Device memory of at least `bytes` on the comm's device, for the length
+ * of a call: a block the comm keeps from an earlier call when one fits
+ * (the smallest that does), else a new one it keeps from now on (up to
+ * AJ_COMM_BLOCKS; past them a block of the call's own).  A resident ring
+ * (cp/ring.c) takes its buffers so, and its calls after the first of a
+ * size allocate nothing.  Given back by aj_comm_block_put once the work
+ * using it is done; freed by aj_comm_destroy. */
+enum { AJ_COMM_BLOCKS = 32 };
+aj_status aj_comm_block_get(aj_comm *comm, size_t bytes, void **out);
+void aj_comm_block_put(aj_comm *comm, void *ptr);
 
 /* The engine's shared segments (shared_segments), or AJ_ERR_UNSUPPORTED
  * where it has none, the ranks span nodes or messages_only is set. */

@@ -3,9 +3,11 @@
  * collectives on a comm stream, libnccl.so.2 loaded at run time.
  *
  * The library is looked for with dlopen, like the CUDA driver, so attnjit
- * builds and runs without it.  The ring hands every engine HOST buffers
- * (cp/ring.c keeps what travels on the host), so this engine stages
- * them through a slot of pinned host memory and device memory:
+ * builds and runs without it.  A method hands it device memory where it
+ * keeps what travels there (comm->device_buffers: the ring on cuda ranks,
+ * cp/ring.c), and NCCL sends and receives it in place; host buffers (the
+ * methods that keep them on the host) it stages through a slot of pinned
+ * host memory and device memory:
  *
  *   exchange_start                                       exchange_test
  *   send --memcpy--> pinned --HtoD--> dev.send            event done?
@@ -32,6 +34,7 @@
 
 #include "ir/diag.h"
 #include "cp/comm/comm_mpi.h"
+#include "cp/cp.h"
 #include "runtime/runtime.h"
 
 /* nccl.h's values (NCCL 2.x ABI). */
@@ -130,13 +133,16 @@ static void load_nccl(void)
 }
 
 /* One transfer's staging: pinned host memory and device memory for what
- * goes out and what comes in, and the event after its last copy. */
+ * goes out and what comes in, and the event after its last copy; and
+ * where the NCCL calls of the transfer in it read and write (send_at,
+ * recv_at): the staging buffers, or the caller's device memory. */
 typedef struct nccl_slot {
     bool busy;
     CUevent done;
     void *host_send, *host_recv;          /* pinned */
     CUdeviceptr dev_send, dev_recv;
     size_t send_cap, recv_cap;
+    CUdeviceptr send_at, recv_at;
 } nccl_slot;
 
 /* The ring keeps at most two exchanges in flight (K/V and dK/dV); a
@@ -236,8 +242,9 @@ static void free_buffers(const aj_cuda *cu, nccl_slot *slot)
 }
 
 /* Grows a slot to hold `send` and `recv` bytes (in the pushed context);
- * neither side shrinks, so a slot that alternates stays allocated. */
-static aj_status reserve(aj_comm *comm, nccl_slot *slot, size_t send, size_t recv)
+ * neither side shrinks, so a slot that alternates stays allocated.  Not
+ * `staged` (the caller's device memory): only the slot's event. */
+static aj_status reserve(aj_comm *comm, nccl_slot *slot, bool staged, size_t send, size_t recv)
 {
     nccl_state *s = state_of(comm);
     const aj_cuda *cu = s->cu;
@@ -245,6 +252,8 @@ static aj_status reserve(aj_comm *comm, nccl_slot *slot, size_t send, size_t rec
     if (!slot->done)
         AJ_CU_TRY(comm->ctx, cu, cu->EventCreate(&slot->done, AJ_CU_EVENT_DISABLE_TIMING),
                   "NCCL staging: cuEventCreate");
+    if (!staged)   /* the caller's device memory: the event only */
+        return AJ_OK;
     /* the driver refuses 0-byte allocations: an empty transfer gets 1 */
     send += send == 0;
     recv += recv == 0;
@@ -296,24 +305,34 @@ static aj_status wait_in_progress(aj_comm *comm, const char *what)
 }
 
 /* Queues: pinned send -> device, the NCCL calls `post` makes, device ->
- * pinned recv, the event.  `bytes` were already copied into host_send. */
+ * pinned recv, the event.  `bytes` were already copied into host_send.
+ * On the caller's device memory (comm->device_buffers: `send` and `recv`
+ * are device pointers) only the NCCL calls and the event. */
 typedef int (*post_fn)(nccl_state *s, nccl_slot *slot, const void *args);
 
-static aj_status enqueue(aj_comm *comm, nccl_slot *slot, size_t send_bytes, size_t recv_bytes,
-                         post_fn post, const void *args, const char *what)
+static aj_status enqueue(aj_comm *comm, nccl_slot *slot, const void *send, size_t send_bytes,
+                         void *recv, size_t recv_bytes, post_fn post, const void *args,
+                         const char *what)
 {
     nccl_state *s = state_of(comm);
     const aj_cuda *cu = s->cu;
+    const bool staged = !comm->device_buffers;
     aj_status st = AJ_OK;
-    AJ_CU_TRY(comm->ctx, cu, cu->MemcpyHtoDAsync(slot->dev_send, slot->host_send, send_bytes,
-                                                 s->stream), "NCCL staging: cuMemcpyHtoDAsync");
+    slot->send_at = staged ? slot->dev_send : (CUdeviceptr)(uintptr_t)send;
+    slot->recv_at = staged ? slot->dev_recv : (CUdeviceptr)(uintptr_t)recv;
+    if (staged)
+        AJ_CU_TRY(comm->ctx, cu, cu->MemcpyHtoDAsync(slot->dev_send, slot->host_send,
+                                                     send_bytes, s->stream),
+                  "NCCL staging: cuMemcpyHtoDAsync");
     int r = post(s, slot, args);
     if (r != NCCL_SUCCESS && r != NCCL_IN_PROGRESS)
         return nccl_fail(comm, r, what);
     if (r == NCCL_IN_PROGRESS)
         AJ_TRY(wait_in_progress(comm, what));
-    AJ_CU_TRY(comm->ctx, cu, cu->MemcpyDtoHAsync(slot->host_recv, slot->dev_recv, recv_bytes,
-                                                 s->stream), "NCCL staging: cuMemcpyDtoHAsync");
+    if (staged)
+        AJ_CU_TRY(comm->ctx, cu, cu->MemcpyDtoHAsync(slot->host_recv, slot->dev_recv,
+                                                     recv_bytes, s->stream),
+                  "NCCL staging: cuMemcpyDtoHAsync");
     AJ_CU_TRY(comm->ctx, cu, cu->EventRecord(slot->done, s->stream),
               "NCCL staging: cuEventRecord");
 done:
@@ -355,11 +374,11 @@ static int post_exchange(nccl_state *s, nccl_slot *slot, const void *args)
         return r;
     /* a negative peer: that side of the exchange is skipped */
     int send = a->to < 0 ? NCCL_SUCCESS
-                         : nccl.Send((const void *)(uintptr_t)slot->dev_send, a->bytes,
+                         : nccl.Send((const void *)(uintptr_t)slot->send_at, a->bytes,
                                      NCCL_INT8, a->to, s->comm, s->stream);
     int recv = send != NCCL_SUCCESS || a->from < 0
                    ? send
-                   : nccl.Recv((void *)(uintptr_t)slot->dev_recv, a->bytes, NCCL_INT8,
+                   : nccl.Recv((void *)(uintptr_t)slot->recv_at, a->bytes, NCCL_INT8,
                                a->from, s->comm, s->stream);
     /* the group is closed whatever happened inside it */
     int end = nccl.GroupEnd();
@@ -382,12 +401,14 @@ static aj_status nccl_exchange_start(aj_comm *comm, const void *send, void *recv
         return aj_fail(comm->ctx, AJ_ERR_INTERNAL, "NCCL: rank %d: more than %d exchanges in "
                        "flight", comm->rank, NCCL_EXCHANGE_SLOTS);
     nccl_slot *slot = &s->slots[index];
+    const bool staged = !comm->device_buffers;
     AJ_TRY(push_ctx(comm));
-    st = reserve(comm, slot, bytes, bytes);
+    st = reserve(comm, slot, staged, bytes, bytes);
     if (st == AJ_OK) {
-        memcpy(slot->host_send, send, bytes);
+        if (staged)
+            memcpy(slot->host_send, send, bytes);
         const exchange_args a = {bytes, to, from};
-        st = enqueue(comm, slot, bytes, bytes, post_exchange, &a,
+        st = enqueue(comm, slot, send, bytes, recv, bytes, post_exchange, &a,
                      "an exchange (ncclGroupStart/ncclSend/ncclRecv/ncclGroupEnd)");
     }
     pop_ctx(comm);
@@ -395,7 +416,9 @@ static aj_status nccl_exchange_start(aj_comm *comm, const void *send, void *recv
         if (to >= 0 && to != comm->rank)
             aj_comm_count_sent(comm, bytes);
         slot->busy = true;
-        const nccl_req r = {index, from < 0 ? NULL : recv, bytes};   /* NULL: nothing comes */
+        /* where the bytes go when it completes: NULL, nothing to copy (nothing
+         * comes, or NCCL received them in place) */
+        const nccl_req r = {index, from < 0 || !staged ? NULL : recv, bytes};
         memcpy(req->impl, &r, sizeof r);
     }
 done:
@@ -465,11 +488,13 @@ static aj_status collective(aj_comm *comm, const void *send, size_t send_bytes, 
     aj_status st = check_usable(comm, what);
     if (st != AJ_OK)
         return st;
+    const bool staged = !comm->device_buffers;
     AJ_TRY(push_ctx(comm));
-    st = reserve(comm, slot, send_bytes, recv_bytes);
+    st = reserve(comm, slot, staged, send_bytes, recv_bytes);
     if (st == AJ_OK) {
-        memcpy(slot->host_send, send, send_bytes);
-        st = enqueue(comm, slot, send_bytes, recv_bytes, post, args, what);
+        if (staged)
+            memcpy(slot->host_send, send, send_bytes);
+        st = enqueue(comm, slot, send, send_bytes, recv, recv_bytes, post, args, what);
     }
     const double start = aj_now();
     bool finished = false;
@@ -488,7 +513,7 @@ static aj_status collective(aj_comm *comm, const void *send, size_t send_bytes, 
         }
     }
     pop_ctx(comm);
-    if (st == AJ_OK)
+    if (st == AJ_OK && staged)
         memcpy(recv, slot->host_recv, recv_bytes);
 done:
     return st;
@@ -496,8 +521,8 @@ done:
 
 static int post_allgather(nccl_state *s, nccl_slot *slot, const void *args)
 {
-    return nccl.AllGather((const void *)(uintptr_t)slot->dev_send,
-                          (void *)(uintptr_t)slot->dev_recv, *(const size_t *)args, NCCL_INT8,
+    return nccl.AllGather((const void *)(uintptr_t)slot->send_at,
+                          (void *)(uintptr_t)slot->recv_at, *(const size_t *)args, NCCL_INT8,
                           s->comm, s->stream);
 }
 
@@ -510,8 +535,8 @@ static aj_status nccl_allgather(aj_comm *comm, const void *send, void *recv, siz
 
 static int post_reduce_scatter(nccl_state *s, nccl_slot *slot, const void *args)
 {
-    return nccl.ReduceScatter((const void *)(uintptr_t)slot->dev_send,
-                              (void *)(uintptr_t)slot->dev_recv, *(const size_t *)args,
+    return nccl.ReduceScatter((const void *)(uintptr_t)slot->send_at,
+                              (void *)(uintptr_t)slot->recv_at, *(const size_t *)args,
                               NCCL_FLOAT32, NCCL_SUM, s->comm, s->stream);
 }
 
@@ -538,10 +563,10 @@ static int post_alltoallv(nccl_state *s, nccl_slot *slot, const void *args)
     if (r != NCCL_SUCCESS)
         return r;
     for (int peer = 0; peer < a->size && r == NCCL_SUCCESS; peer++) {
-        r = nccl.Send((const void *)(uintptr_t)(slot->dev_send + a->send_off[peer]),
+        r = nccl.Send((const void *)(uintptr_t)(slot->send_at + a->send_off[peer]),
                       a->send_bytes[peer], NCCL_INT8, peer, s->comm, s->stream);
         if (r == NCCL_SUCCESS)
-            r = nccl.Recv((void *)(uintptr_t)(slot->dev_recv + a->recv_off[peer]),
+            r = nccl.Recv((void *)(uintptr_t)(slot->recv_at + a->recv_off[peer]),
                           a->recv_bytes[peer], NCCL_INT8, peer, s->comm, s->stream);
     }
     /* the group is closed whatever happened inside it */
@@ -644,6 +669,7 @@ static void nccl_destroy(aj_comm *comm)
 
 static const aj_comm_engine nccl_engine = {
     .name = "nccl",
+    .moves_device_memory = true,
     .exchange_start = nccl_exchange_start,
     .exchange_test = nccl_exchange_test,
     .exchange_cancel = nccl_exchange_cancel,
@@ -742,6 +768,19 @@ aj_status aj_comm_nccl_open_on(aj_comm *comm, const aj_comm_config *config,
     }
     if (st == AJ_OK)
         st = open_comm(comm, config, s);
+    if (st == AJ_OK) {
+        /* the collective slot, sized for every call's opening agreement
+         * (cp/common.c): no call pins memory for it */
+        st = reserve(comm, &s->slots[NCCL_EXCHANGE_SLOTS], true, sizeof(aj_cp_call),
+                     sizeof(aj_cp_call) * (size_t)comm->size);
+        if (st != AJ_OK) {
+            for (int i = 0; i < NCCL_SLOTS; i++)
+                if (s->slots[i].done)
+                    cu->EventDestroy(s->slots[i].done);
+            if (s->owns_comm)
+                nccl.CommDestroy(s->comm);
+        }
+    }
     if (st != AJ_OK && s->owns_stream)
         cu->StreamDestroy(s->stream);
     pop_ctx(comm);

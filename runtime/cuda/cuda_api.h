@@ -94,7 +94,11 @@ enum {
       (CUdeviceptr dst, const void *src, size_t bytes, CUstream stream))                 \
     X(MemcpyDtoHAsync, "cuMemcpyDtoHAsync_v2",                                           \
       (void *dst, CUdeviceptr src, size_t bytes, CUstream stream))                       \
+    X(MemcpyDtoDAsync, "cuMemcpyDtoDAsync_v2",                                           \
+      (CUdeviceptr dst, CUdeviceptr src, size_t bytes, CUstream stream))                 \
     X(MemsetD8, "cuMemsetD8_v2", (CUdeviceptr dst, unsigned char value, size_t n))       \
+    X(MemsetD32Async, "cuMemsetD32Async",                                                \
+      (CUdeviceptr dst, unsigned value, size_t n, CUstream stream))                      \
     X(MemFreeAsync, "cuMemFreeAsync", (CUdeviceptr ptr, CUstream stream))                \
     X(StreamWaitEvent, "cuStreamWaitEvent", (CUstream stream, CUevent event, unsigned flags))\
     X(EventCreate, "cuEventCreate", (CUevent *event, unsigned flags))                    \

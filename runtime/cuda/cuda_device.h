@@ -113,10 +113,14 @@ void aj_cuda_host_free(aj_cuda_device *d, void *ptr);
  * so far, by polling an event, that gives up after timeout_s seconds with
  * AJ_ERR_COMM ("`what` did not finish within ...": a peer's work it
  * depends on has stopped) rather than block inside the driver. */
+enum { AJ_COPY_ON_DEVICE = 2 };   /* copy_async's to_device: device to device */
 aj_status aj_cuda_stream_create(aj_ctx *ctx, aj_cuda_device *d, void **stream);
 void aj_cuda_stream_destroy(aj_cuda_device *d, void *stream);
 aj_status aj_cuda_copy_async(aj_ctx *ctx, aj_cuda_device *d, void *dst, const void *src,
                              size_t bytes, int to_device, void *stream);
+/* count u32 words of device memory at dst set to value, queued on stream */
+aj_status aj_cuda_fill32_async(aj_ctx *ctx, aj_cuda_device *d, void *dst, uint32_t value,
+                               size_t count, void *stream);
 aj_status aj_cuda_wait(aj_ctx *ctx, aj_cuda_device *d, void *stream, double timeout_s,
                        const char *what);
 

@@ -604,12 +604,26 @@ aj_status aj_cuda_copy_async(aj_ctx *ctx, aj_cuda_device *d, void *dst, const vo
                              size_t bytes, int to_device, void *stream)
 {
     aj_status st = AJ_OK;
-    if (to_device)
+    if (to_device == AJ_COPY_ON_DEVICE)
+        WITH_CONTEXT(d, d->cu->MemcpyDtoDAsync((CUdeviceptr)(uintptr_t)dst,
+                                               (CUdeviceptr)(uintptr_t)src, bytes,
+                                               (CUstream)stream), "cuMemcpyDtoDAsync");
+    else if (to_device)
         WITH_CONTEXT(d, d->cu->MemcpyHtoDAsync((CUdeviceptr)(uintptr_t)dst, src, bytes,
                                                (CUstream)stream), "cuMemcpyHtoDAsync");
     else
         WITH_CONTEXT(d, d->cu->MemcpyDtoHAsync(dst, (CUdeviceptr)(uintptr_t)src, bytes,
                                                (CUstream)stream), "cuMemcpyDtoHAsync");
+done:
+    return st;
+}
+
+aj_status aj_cuda_fill32_async(aj_ctx *ctx, aj_cuda_device *d, void *dst, uint32_t value,
+                               size_t count, void *stream)
+{
+    aj_status st = AJ_OK;
+    WITH_CONTEXT(d, d->cu->MemsetD32Async((CUdeviceptr)(uintptr_t)dst, value, count,
+                                          (CUstream)stream), "cuMemsetD32Async");
 done:
     return st;
 }

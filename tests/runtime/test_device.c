@@ -10,6 +10,7 @@
  *                      (tests/fake_cuda, FAKE_CUDA_MODE=gpu: an sm_90 GPU
  *                      with 132 SMs and 227 KiB of opt-in shared memory)
  */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -61,6 +62,7 @@ static void check_table(aj_device_kind kind)
     SLOT(host_free);
     SLOT(copy);
     SLOT(copy_async);
+    SLOT(fill32_async);
     SLOT(stream_create);
     SLOT(stream_destroy);
     SLOT(synchronize);
@@ -164,6 +166,20 @@ static void check_device(int i)
         CHECK_STATUS(ctx, aj_device_copy_from(dev, back, mem, sizeof back), AJ_OK);
         CHECK(back[2] == 2.5f);
     }
+    /* device to device, and words filled, on a stream */
+    void *mem2 = NULL;
+    CHECK_STATUS(ctx, aj_device_alloc(dev, sizeof back, &mem2), AJ_OK);
+    if (host && mem && mem2) {
+        const float ninf = -INFINITY;
+        uint32_t bits;
+        memcpy(&bits, &ninf, 4);
+        CHECK_STATUS(ctx, aj_device_copy_async(dev, mem2, mem, sizeof back, AJ_COPY_ON_DEVICE,
+                                               NULL), AJ_OK);
+        CHECK_STATUS(ctx, aj_device_fill32_async(dev, mem2, bits, 2, NULL), AJ_OK);
+        CHECK_STATUS(ctx, aj_device_copy_from(dev, back, mem2, sizeof back), AJ_OK);
+        CHECK(back[0] == -INFINITY && back[1] == -INFINITY && back[2] == 2.5f && back[3] == 0);
+    }
+    aj_device_free(dev, mem2);
     aj_device_host_free(dev, host);
     aj_device_free(dev, mem);
 

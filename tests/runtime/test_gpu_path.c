@@ -33,6 +33,12 @@
  *                          pins nothing (the device reuses the blocks);
  *                          Ulysses likewise on its stream, with device
  *                          memory only
+ *   test_gpu_path ring-nccl
+ *                          (mpirun, the stand-in libnccl) the same over
+ *                          the NCCL engine, where the ring is resident:
+ *                          no pinned memory, K/V packed on the device, and
+ *                          between host and device only the opening
+ *                          agreement's bytes in each call
  *   test_gpu_path stuck    (mpirun, FAKE_CUDA_STUCK=1: GPU work never ends)
  *                          the ring fails with AJ_ERR_COMM within its
  *                          timeout instead of hanging in the driver
@@ -46,6 +52,7 @@
 #include "check.h"
 #include "check_compile.h"
 #include "temp_dir.h"
+#include "cp/cp.h"   /* aj_cp_call: the opening agreement's bytes */
 
 static aj_ctx *ctx;
 static aj_device *dev;
@@ -415,13 +422,32 @@ static void check_between_launches(const char *what)
     free(span);
 }
 
-static int run_ring(int stuck)
+/* A resident ring call's log (NCCL): no pinned memory, and between the
+ * host and the device only the opening agreement's bytes, through the
+ * engine's collective slot -- none of the attention data. */
+static void check_resident(const char *what, int size)
+{
+    char line[64];
+    CHECK_LOG_LACKS("MemAllocHost");
+    CHECK_LOG_HAS("MemcpyDtoDAsync");   /* this rank's K/V packed on the device */
+    snprintf(line, sizeof line, "MemcpyHtoDAsync bytes=%zu ", sizeof(aj_cp_call));
+    CHECK_MSG(count(cuda_log(), "MemcpyHtoD") == 1 && count(cuda_log(), line) == 1,
+              "%s: host to device, other than the agreement's %zu bytes:\n%s", what,
+              sizeof(aj_cp_call), cuda_log());
+    snprintf(line, sizeof line, "MemcpyDtoHAsync bytes=%zu ", sizeof(aj_cp_call) * (size_t)size);
+    CHECK_MSG(count(cuda_log(), "MemcpyDtoH") == 1 && count(cuda_log(), line) == 1,
+              "%s: device to host, other than the agreement's:\n%s", what, cuda_log());
+}
+
+static int run_ring(int stuck, int nccl)
 {
     int rank = 0, size = 1;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &size);
     aj_comm_config cc = AJ_COMM_CONFIG_INIT;
     cc.timeout_s = stuck ? 2 : 60;
+    if (nccl)
+        cc.kind = AJ_COMM_NCCL;
     aj_comm *comm = NULL;
     CHECK_STATUS(ctx, aj_comm_create(ctx, dev, &cc, &comm), AJ_OK);
     if (!comm)
@@ -450,7 +476,10 @@ static int run_ring(int stuck)
         CHECK_STATUS(ctx, st, AJ_OK);
         CHECK_LOG_LACKS("CtxSynchronize");
         CHECK_LOG_LACKS(" staged");   /* host buffers pinned: copies stay async */
-        CHECK_LOG_HAS("MemAllocHost");
+        if (nccl)
+            check_resident("aj_ring_forward", size);
+        else
+            CHECK_LOG_HAS("MemAllocHost");
         check_between_launches("aj_ring_forward");
         aj_ring_bwd_args b = AJ_RING_BWD_ARGS_INIT;
         b.q = f.q, b.k = f.k, b.v = f.v, b.o = f.o, b.lse = f.lse;
@@ -466,6 +495,12 @@ static int run_ring(int stuck)
             CHECK_LOG_LACKS(" staged");
             if (call == 1)   /* the first call's pinned buffers, reused */
                 CHECK_LOG_LACKS("MemAllocHost");
+            if (call == 1 && nccl) {   /* and the resident ring's device blocks */
+                CHECK_LOG_LACKS("MemAlloc bytes");
+                CHECK_LOG_LACKS("MemFree");
+            }
+            if (nccl)
+                check_resident("aj_ring_backward", size);
             check_between_launches("aj_ring_backward");
         }
         /* method = ulysses (H = 2 heads over 2 ranks): its one launch on
@@ -490,11 +525,12 @@ static int run_ring(int stuck)
 int main(int argc, char **argv)
 {
     const char *what = argc > 1 ? argv[1] : "";
-    const int ring = strcmp(what, "ring") == 0, stuck = strcmp(what, "stuck") == 0;
+    const int nccl = strcmp(what, "ring-nccl") == 0;
+    const int ring = nccl || strcmp(what, "ring") == 0, stuck = strcmp(what, "stuck") == 0;
     if (strcmp(what, "sass") == 0)
         return run_sass();
     if (!ring && !stuck && strcmp(what, "launch") != 0) {
-        fprintf(stderr, "usage: test_gpu_path launch|sass|ring|stuck\n");
+        fprintf(stderr, "usage: test_gpu_path launch|sass|ring|ring-nccl|stuck\n");
         return 2;
     }
     if (ring || stuck)
@@ -504,7 +540,7 @@ int main(int argc, char **argv)
     if (!dev)
         return check_report();
     bind_fake();
-    int rc = ring || stuck ? run_ring(stuck) : run_launch();
+    int rc = ring || stuck ? run_ring(stuck, nccl) : run_launch();
     aj_device_close(dev);
     aj_ctx_destroy(ctx);
     if (ring || stuck)
