@@ -93,7 +93,11 @@ typedef struct uly_plan {
     size_t elem;                 /* bytes per element of the op's dtype */
     aj_cp_docs docs;             /* layout = varlen: the packed batch's documents */
     aj_ring_stats *stats;
-    void *stream;                /* the call's own compute stream (NULL: sim, cpu) */
+    void *stream;                /* the comm's compute stream (NULL: sim, cpu) */
+    /* cuda ranks over an engine that moves device memory (NCCL): the
+     * all-to-alls move device buffers and the shards never leave the
+     * device (cp/ring.c's `resident`) */
+    bool resident;
 } uly_plan;
 
 /* One tensor through an all-to-all, in host memory: its sequence shard
@@ -181,6 +185,9 @@ static aj_status plan_group(uly_plan *p)
         AJ_TRY(aj_cp_split(p->ctx, p->fn, p->comm, p->members, &p->a2a, &p->across));
         p->first = p->rank - p->rank % p->members;
     }
+    aj_device_caps caps = AJ_DEVICE_CAPS_INIT;
+    AJ_TRY(aj_device_get_caps(p->dev, &caps));
+    p->resident = !caps.host_memory && p->a2a->engine->moves_device_memory;
     AJ_TRY(group_runs(p, p->docs.cu_q, p->sq, &p->runs_q, &p->nruns_q, &p->gq));
     AJ_TRY(group_runs(p, p->docs.cu_k, p->sk, &p->runs_k, &p->nruns_k, &p->gk));
 done:
@@ -320,12 +327,27 @@ done:
 
 /* ---------------------------------------------------------------- memory */
 
-/* Host buffers, zeroed: pinned on cuda, so the copies to and from the
- * device are asynchronous (a copy from pageable memory may wait for the
- * stream inside the driver).  Freed with aj_device_host_free. */
-static aj_status alloc_host(const uly_plan *p, size_t bytes, void **out)
+/* Buffers of the all-to-alls and the shards, zeroed: host memory, pinned
+ * on cuda, so the copies to and from the device are asynchronous (a copy
+ * from pageable memory may wait for the stream inside the driver); or
+ * where the call is resident, blocks of device memory the comm keeps
+ * (aj_comm_block_get), cleared on the call's stream.  Freed by
+ * free_buffer. */
+static aj_status alloc_buffer(const uly_plan *p, size_t bytes, void **out)
 {
-    return aj_device_host_alloc(p->dev, bytes ? bytes : 64, 1, out);
+    if (!p->resident)
+        return aj_device_host_alloc(p->dev, bytes ? bytes : 64, 1, out);
+    aj_status st = aj_comm_block_get(p->comm, bytes, out);
+    return st == AJ_OK ? aj_device_fill32_async(p->dev, *out, 0, (bytes + 3) / 4, p->stream)
+                       : st;
+}
+
+static void free_buffer(const uly_plan *p, void *ptr)
+{
+    if (p->resident)
+        aj_comm_block_put(p->comm, ptr);
+    else
+        aj_device_host_free(p->dev, ptr);
 }
 
 /* Every copy and launch goes on the call's stream, in order; the host
@@ -355,29 +377,41 @@ static size_t row_bytes(const uly_tensor *t, int64_t len)
     return (size_t)(len * t->W) * t->elem;
 }
 
+/* `height` rows of `width` bytes between x (rows xpitch apart) and y
+ * (ypitch apart): x to y with into_buf, else y to x.  Memcpy, or where the
+ * call is resident a device copy queued on its stream. */
+static aj_status move_rows(const uly_plan *p, char *x, size_t xpitch, char *y, size_t ypitch,
+                           size_t width, size_t height, int into_buf)
+{
+    char *dst = into_buf ? y : x;
+    const char *src = into_buf ? x : y;
+    const size_t dp = into_buf ? ypitch : xpitch, sp = into_buf ? xpitch : ypitch;
+    if (p->resident && height == 1)
+        return aj_device_copy_async(p->dev, dst, src, width, AJ_COPY_ON_DEVICE, p->stream);
+    if (p->resident)
+        return aj_device_copy2d_async(p->dev, dst, dp, src, sp, width, height, p->stream);
+    for (size_t r = 0; r < height; r++)
+        memcpy(dst + r * dp, src + r * sp, width);
+    return AJ_OK;
+}
+
 /* Between the sequence shard's heads of group member `peer` and a packed
- * block [B, H/U, l_rank, W] at buf (either way); returns the bytes. */
-static size_t seq_block(const uly_plan *p, const uly_tensor *t, int peer, char *buf,
-                        int into_buf)
+ * block [B, H/U, l_rank, W] at buf (either way); *bytes: the block's. */
+static aj_status seq_block(const uly_plan *p, const uly_tensor *t, int peer, char *buf,
+                           int into_buf, size_t *bytes)
 {
     const int64_t h = t->H / p->members, l = lengths_of(p, t)[p->rank];
     if (t->packed) {   /* position i's heads of peer: h W elements from (i H + peer h) W */
         const size_t part = row_bytes(t, h), pos = row_bytes(t, t->H);
-        for (int64_t i = 0; i < l; i++) {
-            char *x = (char *)t->seq + (size_t)i * pos + (size_t)peer * part;
-            char *y = buf + (size_t)i * part;
-            memcpy(into_buf ? y : x, into_buf ? x : y, part);
-        }
-        return (size_t)l * part;
+        *bytes = (size_t)l * part;
+        return move_rows(p, (char *)t->seq + (size_t)peer * part, pos, buf, part, part,
+                         (size_t)l, into_buf);
     }
+    /* batch b's heads peer h .. peer h + h - 1: one run of h rows */
     const size_t row = row_bytes(t, l);
-    for (int64_t b = 0; b < p->sh.B; b++)
-        for (int64_t i = 0; i < h; i++) {
-            char *x = (char *)t->seq + (size_t)(b * t->H + peer * h + i) * row;
-            char *y = buf + (size_t)(b * h + i) * row;
-            memcpy(into_buf ? y : x, into_buf ? x : y, row);
-        }
-    return (size_t)(p->sh.B * h) * row;
+    *bytes = (size_t)(p->sh.B * h) * row;
+    return move_rows(p, (char *)t->seq + (size_t)(peer * h) * row, (size_t)t->H * row, buf,
+                     (size_t)h * row, (size_t)h * row, (size_t)p->sh.B, into_buf);
 }
 
 /* Where global position `pos` sits among the group's positions. */
@@ -390,9 +424,9 @@ static int64_t group_local(const aj_shard_chunk *runs, int n, int64_t pos)
 }
 
 /* Between the head shard's positions of group member `peer` and a packed
- * block [B, H/U, l_peer, W] at buf (either way); returns the bytes. */
-static size_t heads_block(const uly_plan *p, const uly_tensor *t, int peer, char *buf,
-                          int into_buf)
+ * block [B, H/U, l_peer, W] at buf (either way); *bytes: the block's. */
+static aj_status heads_block(const uly_plan *p, const uly_tensor *t, int peer, char *buf,
+                             int into_buf, size_t *bytes)
 {
     const int64_t h = t->H / p->members;
     const int64_t g = t->keys ? p->gk : p->gq;
@@ -401,28 +435,29 @@ static size_t heads_block(const uly_plan *p, const uly_tensor *t, int peer, char
     const int64_t l = lengths_of(p, t)[p->first + peer];
     const aj_shard_chunk *c = p->member;
     const int32_t n = member_chunks(p, p->first + peer, t->keys);
+    aj_status st = AJ_OK;
     if (t->packed) {   /* [L_g, H/U, W]: a chunk's positions are one run */
         const size_t pos = row_bytes(t, h);
-        for (int32_t j = 0; j < n; j++) {
-            if (c[j].len == 0)
-                continue;
-            char *x = (char *)t->heads + (size_t)group_local(runs, nruns, c[j].global) * pos;
-            char *y = buf + (size_t)c[j].local * pos;
-            memcpy(into_buf ? y : x, into_buf ? x : y, (size_t)c[j].len * pos);
-        }
-        return (size_t)l * pos;
+        for (int32_t j = 0; j < n && st == AJ_OK; j++)
+            if (c[j].len > 0)
+                st = move_rows(p,
+                               (char *)t->heads +
+                                   (size_t)group_local(runs, nruns, c[j].global) * pos,
+                               0, buf + (size_t)c[j].local * pos, 0, (size_t)c[j].len * pos, 1,
+                               into_buf);
+        *bytes = (size_t)l * pos;
+        return st;
     }
+    /* a chunk's run of positions in each of the B H/U rows */
     const size_t pos = row_bytes(t, 1);
-    for (int64_t bi = 0; bi < p->sh.B * h; bi++)
-        for (int32_t j = 0; j < n; j++) {
-            if (c[j].len == 0)
-                continue;
-            const int64_t at = group_local(runs, nruns, c[j].global);
-            char *x = (char *)t->heads + ((size_t)(bi * g + at)) * pos;
-            char *y = buf + ((size_t)(bi * l + c[j].local)) * pos;
-            memcpy(into_buf ? y : x, into_buf ? x : y, (size_t)c[j].len * pos);
-        }
-    return (size_t)(p->sh.B * h) * row_bytes(t, l);
+    for (int32_t j = 0; j < n && st == AJ_OK; j++)
+        if (c[j].len > 0)
+            st = move_rows(p, (char *)t->heads + (size_t)group_local(runs, nruns, c[j].global) *
+                                                     pos,
+                           (size_t)g * pos, buf + (size_t)c[j].local * pos, (size_t)l * pos,
+                           (size_t)c[j].len * pos, (size_t)(p->sh.B * h), into_buf);
+    *bytes = (size_t)(p->sh.B * h) * row_bytes(t, l);
+    return st;
 }
 
 /* One all-to-all of n tensors, sequence shards to head shards (to_heads)
@@ -455,41 +490,49 @@ static aj_status alltoall(uly_plan *p, const uly_tensor *ts, int n, int to_heads
         recv_total += recv_bytes[peer];
     }
     char *send = NULL, *recv = NULL;
-    aj_status st = alloc_host(p, send_total, (void **)&send);
+    aj_status st = alloc_buffer(p, send_total, (void **)&send);
     if (st == AJ_OK)
-        st = alloc_host(p, recv_total, (void **)&recv);
+        st = alloc_buffer(p, recv_total, (void **)&recv);
+    size_t moved = 0;
+    for (int peer = 0; peer < P && st == AJ_OK; peer++) {
+        char *at = send + send_off[peer];
+        for (int i = 0; i < n && st == AJ_OK; i++, at += moved)
+            st = to_heads ? seq_block(p, &ts[i], peer, at, 1, &moved)
+                          : heads_block(p, &ts[i], peer, at, 1, &moved);
+    }
     if (st != AJ_OK)
         goto done;
-    for (int peer = 0; peer < P; peer++) {
-        char *at = send + send_off[peer];
-        for (int i = 0; i < n; i++)
-            at += to_heads ? seq_block(p, &ts[i], peer, at, 1)
-                           : heads_block(p, &ts[i], peer, at, 1);
-    }
     if (P > 1) {
         const double t0 = aj_now();
-        st = aj_cp_collective_status(p->ctx, p->fn,
-                                     p->a2a->engine->alltoallv(p->a2a, send, send_bytes,
-                                                              send_off, recv, recv_bytes,
-                                                              recv_off));
+        if (p->resident)   /* the blocks packed before NCCL reads them */
+            st = wait_dev(p, "packing the all-to-all");
+        p->a2a->device_buffers = p->resident;
+        if (st == AJ_OK)
+            st = aj_cp_collective_status(p->ctx, p->fn,
+                                         p->a2a->engine->alltoallv(p->a2a, send, send_bytes,
+                                                                  send_off, recv, recv_bytes,
+                                                                  recv_off));
+        p->a2a->device_buffers = false;
         const double t = aj_now() - t0;
         p->stats->comm_s += t;
         p->stats->exposed_comm_s += t;
         p->stats->rotations++;
         if (st != AJ_OK)
             goto done;
+    } else if (p->resident) {
+        st = aj_device_copy_async(p->dev, recv, send, send_total, AJ_COPY_ON_DEVICE, p->stream);
     } else {
         memcpy(recv, send, send_total);
     }
-    for (int peer = 0; peer < P; peer++) {
+    for (int peer = 0; peer < P && st == AJ_OK; peer++) {
         char *at = recv + recv_off[peer];
-        for (int i = 0; i < n; i++)
-            at += to_heads ? heads_block(p, &ts[i], peer, at, 0)
-                           : seq_block(p, &ts[i], peer, at, 0);
+        for (int i = 0; i < n && st == AJ_OK; i++, at += moved)
+            st = to_heads ? heads_block(p, &ts[i], peer, at, 0, &moved)
+                          : seq_block(p, &ts[i], peer, at, 0, &moved);
     }
 done:
-    aj_device_host_free(p->dev, send);
-    aj_device_host_free(p->dev, recv);
+    free_buffer(p, send);   /* (resident: a later use of the block follows on the stream) */
+    free_buffer(p, recv);
     free(counts);
     return st;
 }
@@ -553,15 +596,22 @@ static aj_status begin(uly_call *c, const aj_op *op, const uly_io *io, int n, in
     c->n_in = n_in;
     if (!p->across)   /* hybrid: the ring compiles its own */
         AJ_TRY(compile(c, op));
-    AJ_TRY(aj_device_stream_create(p->dev, &p->stream));
+    if (!p->comm->ring_stream)   /* the comm's, kept for later calls (as the ring's) */
+        AJ_TRY(aj_device_stream_create(p->dev, &p->comm->ring_stream));
+    p->stream = p->comm->ring_stream;
     for (int i = 0; i < n; i++) {
         uly_tensor *t = &c->t[i];
         *t = (uly_tensor){.H = io[i].H, .W = io[i].W, .elem = io[i].f32 ? 4 : p->elem,
                           .keys = io[i].keys, .packed = p->sh.varlen && !io[i].f32};
         c->to[i] = io[i].to;
-        AJ_TRY(alloc_host(p, seq_bytes(p, t), &t->seq));
-        AJ_TRY(alloc_host(p, heads_bytes(p, t), &t->heads));
-        if (io[i].from)
+        /* resident: the caller's shards are the sequence shards, the head
+         * shards the kernel's tensors */
+        if (p->resident)
+            t->seq = io[i].from ? io[i].from->data : io[i].to->data;
+        else
+            AJ_TRY(alloc_buffer(p, seq_bytes(p, t), &t->seq));
+        AJ_TRY(alloc_buffer(p, heads_bytes(p, t), &t->heads));
+        if (io[i].from && !p->resident)
             AJ_TRY(copy(p, t->seq, io[i].from->data, seq_bytes(p, t), 0));
     }
     AJ_TRY(wait_dev(p, "copying the inputs to the host"));
@@ -569,8 +619,11 @@ static aj_status begin(uly_call *c, const aj_op *op, const uly_io *io, int n, in
     for (int i = 0; i < n; i++) {
         const uly_tensor *t = &c->t[i];
         const size_t bytes = heads_bytes(p, t);
-        AJ_TRY(aj_device_alloc(p->dev, bytes ? bytes : 64, &c->mem[i]));
-        if (i < n_in)
+        if (p->resident)
+            c->mem[i] = t->heads;
+        else
+            AJ_TRY(aj_device_alloc(p->dev, bytes ? bytes : 64, &c->mem[i]));
+        if (i < n_in && !p->resident)
             AJ_TRY(copy(p, c->mem[i], t->heads, bytes, 1));
         c->view[i] = aj_cp_rows(c->mem[i], io[i].f32 ? AJ_DTYPE_F32 : p->op.dtype, &p->sh,
                                 t->H / p->members, t->keys ? p->gk : p->gq,
@@ -588,7 +641,7 @@ static aj_status end(uly_call *c, int launched)
 {
     uly_plan *p = &c->p;
     aj_status st = AJ_OK;
-    for (int i = c->n_in; i < c->n && launched; i++)
+    for (int i = c->n_in; i < c->n && launched && !p->resident; i++)
         AJ_TRY(copy(p, c->t[i].heads, c->mem[i], heads_bytes(p, &c->t[i]), 0));
     AJ_TRY(wait_dev(p, "the kernel"));
     if (launched && !p->across) {
@@ -600,7 +653,7 @@ static aj_status end(uly_call *c, int launched)
             c->stats.full_blocks++;
     }
     AJ_TRY(alltoall(p, c->t + c->n_in, c->n - c->n_in, 0));
-    for (int i = c->n_in; i < c->n; i++)
+    for (int i = c->n_in; i < c->n && !p->resident; i++)
         AJ_TRY(copy(p, c->to[i]->data, c->t[i].seq, seq_bytes(p, &c->t[i]), 1));
     AJ_TRY(wait_dev(p, "storing the results"));
 done:
@@ -610,12 +663,13 @@ done:
 /* Frees the call (its stream's work is done, or failed) and reports. */
 static aj_status finish(uly_call *c, aj_device *dev, aj_status st, aj_ring_stats *stats)
 {
-    aj_device_stream_destroy(dev, c->p.stream);
+    const uly_plan *p = &c->p;
     for (int i = 0; i < c->n; i++) {
-        if (c->mem[i])
+        if (c->mem[i] && !p->resident)
             aj_device_free(dev, c->mem[i]);
-        aj_device_host_free(dev, c->t[i].seq);
-        aj_device_host_free(dev, c->t[i].heads);
+        if (!p->resident)   /* (resident: the caller's shards) */
+            free_buffer(p, c->t[i].seq);
+        free_buffer(p, c->t[i].heads);
     }
     aj_kernel_destroy(c->kernel);
     aj_score_prog_free(&c->p.prog);

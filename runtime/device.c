@@ -220,6 +220,14 @@ aj_status aj_device_copy_async(aj_device *dev, void *dst, const void *src, size_
     return bytes == 0 ? AJ_OK : dev->ops->copy_async(dev, dst, src, bytes, to_device, stream);
 }
 
+aj_status aj_device_copy2d_async(aj_device *dev, void *dst, size_t dpitch, const void *src,
+                                 size_t spitch, size_t width, size_t height, void *stream)
+{
+    if (width == 0 || height == 0)
+        return AJ_OK;
+    return dev->ops->copy2d_async(dev, dst, dpitch, src, spitch, width, height, stream);
+}
+
 aj_status aj_device_fill32_async(aj_device *dev, void *dst, uint32_t value, size_t count,
                                  void *stream)
 {
@@ -484,6 +492,16 @@ static aj_status host_copy_async(aj_device *dev, void *dst, const void *src, siz
     return host_copy(dev, dst, src, bytes, to_device);
 }
 
+static aj_status host_copy2d_async(aj_device *dev, void *dst, size_t dpitch, const void *src,
+                                   size_t spitch, size_t width, size_t height, void *stream)
+{
+    (void)dev;
+    (void)stream;
+    for (size_t r = 0; r < height; r++)
+        memmove((char *)dst + r * dpitch, (const char *)src + r * spitch, width);
+    return AJ_OK;
+}
+
 static aj_status host_fill32_async(aj_device *dev, void *dst, uint32_t value, size_t count,
                                    void *stream)
 {
@@ -565,6 +583,7 @@ static aj_status host_load_kernel(aj_ctx *ctx, aj_device *dev, const aj_kernel *
     .host_alloc = host_buffer_alloc, .host_free = host_free_void,              \
     .copy = host_copy, .copy_async = host_copy_async,                   \
     .fill32_async = host_fill32_async,                                  \
+    .copy2d_async = host_copy2d_async,                                  \
     .stream_create = host_stream_create,                                \
     .stream_destroy = host_stream_destroy,                              \
     .synchronize = host_synchronize, .wait = host_wait,                 \
@@ -802,6 +821,13 @@ static aj_status cuda_copy_async(aj_device *dev, void *dst, const void *src, siz
     return aj_cuda_copy_async(dev->ctx, dev->cuda, dst, src, bytes, to_device, stream);
 }
 
+static aj_status cuda_copy2d_async(aj_device *dev, void *dst, size_t dpitch, const void *src,
+                                   size_t spitch, size_t width, size_t height, void *stream)
+{
+    return aj_cuda_copy2d_async(dev->ctx, dev->cuda, dst, dpitch, src, spitch, width, height,
+                                stream);
+}
+
 static aj_status cuda_fill32_async(aj_device *dev, void *dst, uint32_t value, size_t count,
                                    void *stream)
 {
@@ -876,6 +902,7 @@ static const aj_device_ops cuda_ops = {
     .copy = cuda_copy,
     .copy_async = cuda_copy_async,
     .fill32_async = cuda_fill32_async,
+    .copy2d_async = cuda_copy2d_async,
     .stream_create = cuda_stream_create,
     .stream_destroy = cuda_stream_destroy,
     .synchronize = cuda_synchronize,

@@ -76,6 +76,10 @@ typedef struct aj_device_ops {
     aj_status (*copy)(aj_device *dev, void *dst, const void *src, size_t bytes, int to_device);
     aj_status (*copy_async)(aj_device *dev, void *dst, const void *src, size_t bytes,
                             int to_device, void *stream);
+    /* height rows of width bytes, device memory to device memory, rows
+     * dpitch / spitch bytes apart, on stream */
+    aj_status (*copy2d_async)(aj_device *dev, void *dst, size_t dpitch, const void *src,
+                              size_t spitch, size_t width, size_t height, void *stream);
     /* count u32 words at dst (device memory) set to value, on stream */
     aj_status (*fill32_async)(aj_device *dev, void *dst, uint32_t value, size_t count,
                               void *stream);
@@ -139,6 +143,11 @@ bool aj_device_has_tensor_map(const aj_device *dev);
  * themselves: aj_device_stream_create / _destroy (attnjit.h). */
 aj_status aj_device_copy_async(aj_device *dev, void *dst, const void *src, size_t bytes,
                                int to_device, void *stream);
+/* height rows of width bytes from device memory at src (rows spitch bytes
+ * apart) to device memory at dst (dpitch apart), queued on stream: the
+ * strided moves of the all-to-alls (cp/ulysses.c). */
+aj_status aj_device_copy2d_async(aj_device *dev, void *dst, size_t dpitch, const void *src,
+                                 size_t spitch, size_t width, size_t height, void *stream);
 /* count u32 words of device memory at dst set to `value` (a float's bits:
  * -inf, a sink's logit), queued on stream. */
 aj_status aj_device_fill32_async(aj_device *dev, void *dst, uint32_t value, size_t count,

@@ -50,6 +50,25 @@ enum {
     AJ_CU_EVENT_DISABLE_TIMING = 2,
 };
 
+/* cuda.h's CUDA_MEMCPY2D (v2): a copy of Height rows of WidthInBytes,
+ * rows srcPitch / dstPitch apart; memory types host 1, device 2. */
+typedef struct aj_cu_memcpy2d {
+    size_t srcXInBytes, srcY;
+    int srcMemoryType;
+    const void *srcHost;
+    CUdeviceptr srcDevice;
+    void *srcArray;
+    size_t srcPitch;
+    size_t dstXInBytes, dstY;
+    int dstMemoryType;
+    void *dstHost;
+    CUdeviceptr dstDevice;
+    void *dstArray;
+    size_t dstPitch;
+    size_t WidthInBytes, Height;
+} aj_cu_memcpy2d;
+enum { AJ_CU_MEMORYTYPE_DEVICE = 2 };
+
 /* X(field, "exported symbol", return, (parameters)) -- one row per
  * driver function attnjit calls. */
 #define AJ_CUDA_FUNCTIONS(X)                                                             \
@@ -96,6 +115,7 @@ enum {
       (void *dst, CUdeviceptr src, size_t bytes, CUstream stream))                       \
     X(MemcpyDtoDAsync, "cuMemcpyDtoDAsync_v2",                                           \
       (CUdeviceptr dst, CUdeviceptr src, size_t bytes, CUstream stream))                 \
+    X(Memcpy2DAsync, "cuMemcpy2DAsync_v2", (const aj_cu_memcpy2d *copy, CUstream stream))  \
     X(MemsetD8, "cuMemsetD8_v2", (CUdeviceptr dst, unsigned char value, size_t n))       \
     X(MemsetD32Async, "cuMemsetD32Async",                                                \
       (CUdeviceptr dst, unsigned value, size_t n, CUstream stream))                      \

@@ -118,6 +118,11 @@ aj_status aj_cuda_stream_create(aj_ctx *ctx, aj_cuda_device *d, void **stream);
 void aj_cuda_stream_destroy(aj_cuda_device *d, void *stream);
 aj_status aj_cuda_copy_async(aj_ctx *ctx, aj_cuda_device *d, void *dst, const void *src,
                              size_t bytes, int to_device, void *stream);
+/* height rows of width bytes, device to device, rows dpitch / spitch
+ * bytes apart, queued on stream */
+aj_status aj_cuda_copy2d_async(aj_ctx *ctx, aj_cuda_device *d, void *dst, size_t dpitch,
+                               const void *src, size_t spitch, size_t width, size_t height,
+                               void *stream);
 /* count u32 words of device memory at dst set to value, queued on stream */
 aj_status aj_cuda_fill32_async(aj_ctx *ctx, aj_cuda_device *d, void *dst, uint32_t value,
                                size_t count, void *stream);

@@ -618,6 +618,21 @@ done:
     return st;
 }
 
+aj_status aj_cuda_copy2d_async(aj_ctx *ctx, aj_cuda_device *d, void *dst, size_t dpitch,
+                               const void *src, size_t spitch, size_t width, size_t height,
+                               void *stream)
+{
+    aj_status st = AJ_OK;
+    const aj_cu_memcpy2d c = {.srcMemoryType = AJ_CU_MEMORYTYPE_DEVICE,
+                              .srcDevice = (CUdeviceptr)(uintptr_t)src, .srcPitch = spitch,
+                              .dstMemoryType = AJ_CU_MEMORYTYPE_DEVICE,
+                              .dstDevice = (CUdeviceptr)(uintptr_t)dst, .dstPitch = dpitch,
+                              .WidthInBytes = width, .Height = height};
+    WITH_CONTEXT(d, d->cu->Memcpy2DAsync(&c, (CUstream)stream), "cuMemcpy2DAsync");
+done:
+    return st;
+}
+
 aj_status aj_cuda_fill32_async(aj_ctx *ctx, aj_cuda_device *d, void *dst, uint32_t value,
                                size_t count, void *stream)
 {

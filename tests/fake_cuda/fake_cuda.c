@@ -47,6 +47,8 @@
  *   MemAlloc bytes=64 / MemFree / MemAllocHost bytes=64
  *   MemcpyHtoD bytes=64 (synchronous) / MemcpyDtoH bytes=64
  *   MemcpyHtoDAsync bytes=64 stream=1 [staged]
+ *   MemcpyDtoDAsync bytes=64 stream=1 / Memcpy2DAsync DtoD width=64 height=2 stream=1
+ *   MemsetD32Async words=16 stream=1
  *   LaunchKernel fn=NAME grid=4,2,1 stream=1
  *   ByValue fn=NAME param=1 bytes=128 head=0x...,0x... (after its
  *   LaunchKernel, for a by-value `.param .align A .b8 NAME[N]`: the size
@@ -564,6 +566,49 @@ CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t n, void *
 {
     return copy("MemcpyDtoDAsync", (void *)(uintptr_t)dst, (const void *)(uintptr_t)src, n, 1,
                 1, s, 1);
+}
+
+/* cuda.h's CUDA_MEMCPY2D (v2); memory types host 1, device 2 */
+typedef struct memcpy2d {
+    size_t src_x, src_y;
+    int src_type;
+    const void *src_host;
+    CUdeviceptr src_device;
+    void *src_array;
+    size_t src_pitch;
+    size_t dst_x, dst_y;
+    int dst_type;
+    void *dst_host;
+    CUdeviceptr dst_device;
+    void *dst_array;
+    size_t dst_pitch;
+    size_t width, height;
+} memcpy2d;
+
+CUresult cuMemcpy2DAsync_v2(const memcpy2d *c, void *s);
+CUresult cuMemcpy2DAsync_v2(const memcpy2d *c, void *s)
+{
+    if (sticky)
+        return sticky;
+    if (c->width > c->src_pitch || c->width > c->dst_pitch || c->src_x || c->src_y ||
+        c->dst_x || c->dst_y)
+        return INVALID_VALUE;   /* what attnjit never asks */
+    const char *src = c->src_type == 2 ? (const char *)(uintptr_t)c->src_device : c->src_host;
+    char *dst = c->dst_type == 2 ? (char *)(uintptr_t)c->dst_device : c->dst_host;
+    const size_t src_span = c->height ? (c->height - 1) * c->src_pitch + c->width : 0;
+    const size_t dst_span = c->height ? (c->height - 1) * c->dst_pitch + c->width : 0;
+    if ((c->src_type == 2 && !is_device((uintptr_t)src, src_span)) ||
+        (c->dst_type == 2 && !is_device((uintptr_t)dst, dst_span))) {
+        note("Memcpy2DAsync width=%zu height=%zu REJECTED: the device side is not device "
+             "memory", c->width, c->height);
+        return INVALID_VALUE;
+    }
+    note("Memcpy2DAsync %s width=%zu height=%zu stream=%d",
+         c->src_type == 2 ? (c->dst_type == 2 ? "DtoD" : "DtoH") : "HtoD", c->width, c->height,
+         stream_id(s));
+    for (size_t r = 0; r < c->height; r++)
+        memmove(dst + r * c->dst_pitch, src + r * c->src_pitch, c->width);
+    return SUCCESS;
 }
 
 CUresult cuMemsetD8_v2(CUdeviceptr dst, unsigned char value, size_t n);

@@ -63,6 +63,7 @@ static void check_table(aj_device_kind kind)
     SLOT(copy);
     SLOT(copy_async);
     SLOT(fill32_async);
+    SLOT(copy2d_async);
     SLOT(stream_create);
     SLOT(stream_destroy);
     SLOT(synchronize);
@@ -178,6 +179,10 @@ static void check_device(int i)
         CHECK_STATUS(ctx, aj_device_fill32_async(dev, mem2, bits, 2, NULL), AJ_OK);
         CHECK_STATUS(ctx, aj_device_copy_from(dev, back, mem2, sizeof back), AJ_OK);
         CHECK(back[0] == -INFINITY && back[1] == -INFINITY && back[2] == 2.5f && back[3] == 0);
+        /* two rows of one float, 2 floats apart, to rows 1 apart */
+        CHECK_STATUS(ctx, aj_device_copy2d_async(dev, mem, 4, mem2, 8, 4, 2, NULL), AJ_OK);
+        CHECK_STATUS(ctx, aj_device_copy_from(dev, back, mem, sizeof back), AJ_OK);
+        CHECK(back[0] == -INFINITY && back[1] == 2.5f && back[2] == 2.5f);
     }
     aj_device_free(dev, mem2);
     aj_device_host_free(dev, host);

@@ -35,10 +35,12 @@
  *                          memory only
  *   test_gpu_path ring-nccl
  *                          (mpirun, the stand-in libnccl) the same over
- *                          the NCCL engine, where the ring is resident:
- *                          no pinned memory, K/V packed on the device, and
+ *                          the NCCL engine, where the ring and Ulysses are
+ *                          resident: no pinned memory, K/V packed (the
+ *                          all-to-all's blocks moved) on the device,
  *                          between host and device only the opening
- *                          agreement's bytes in each call
+ *                          agreement's bytes in each call, and the ring's
+ *                          second call allocating nothing
  *   test_gpu_path stuck    (mpirun, FAKE_CUDA_STUCK=1: GPU work never ends)
  *                          the ring fails with AJ_ERR_COMM within its
  *                          timeout instead of hanging in the driver
@@ -429,7 +431,7 @@ static void check_resident(const char *what, int size)
 {
     char line[64];
     CHECK_LOG_LACKS("MemAllocHost");
-    CHECK_LOG_HAS("MemcpyDtoDAsync");   /* this rank's K/V packed on the device */
+    CHECK_LOG_HAS("DtoD");   /* K/V packed, or the all-to-all's blocks, on the device */
     snprintf(line, sizeof line, "MemcpyHtoDAsync bytes=%zu ", sizeof(aj_cp_call));
     CHECK_MSG(count(cuda_log(), "MemcpyHtoD") == 1 && count(cuda_log(), line) == 1,
               "%s: host to device, other than the agreement's %zu bytes:\n%s", what,
@@ -506,13 +508,20 @@ static int run_ring(int stuck, int nccl)
         /* method = ulysses (H = 2 heads over 2 ranks): its one launch on
          * the call's stream, device memory only, no synchronisation */
         f.method = b.method = AJ_METHOD_ULYSSES;
-        cuda_log_clear();
-        CHECK_STATUS(ctx, aj_ring_forward(ctx, dev, comm, fop, &f, NULL), AJ_OK);
-        CHECK_STATUS(ctx, aj_ring_backward(ctx, dev, comm, bop, &b, NULL), AJ_OK);
-        CHECK_MSG(strstr(cuda_log(), "LaunchKernel"), "ulysses: no launch:\n%s", cuda_log());
-        const char *bad[] = {"Synchronize", "stream=0 ", "FAULT", "REJECTED"};
-        for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
-            CHECK_LOG_LACKS(bad[i]);
+        for (int call = 0; call < 2; call++) {   /* (resident: each call's log) */
+            cuda_log_clear();
+            if (call == 0)
+                CHECK_STATUS(ctx, aj_ring_forward(ctx, dev, comm, fop, &f, NULL), AJ_OK);
+            else
+                CHECK_STATUS(ctx, aj_ring_backward(ctx, dev, comm, bop, &b, NULL), AJ_OK);
+            CHECK_MSG(strstr(cuda_log(), "LaunchKernel"), "ulysses: no launch:\n%s",
+                      cuda_log());
+            const char *bad[] = {"Synchronize", "stream=0 ", "FAULT", "REJECTED"};
+            for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+                CHECK_LOG_LACKS(bad[i]);
+            if (nccl)
+                check_resident(call ? "ulysses backward" : "ulysses forward", size);
+        }
         free_tensors((aj_tensor *[]){&b.do_, &b.dq, &b.dk, &b.dv}, 4);
     }
     free_tensors((aj_tensor *[]){&f.q, &f.k, &f.v, &f.o, &f.lse}, 5);
