@@ -641,10 +641,25 @@ static aj_status sim_tensor_map(aj_ctx *ctx, aj_device *dev, const aj_tensor_map
     return aj_sim_tensor_map_encode(ctx, map, &s);
 }
 
+/* A twin's launch (emulated launches): what it read and wrote, for the
+ * stand-in's stream-order model, as the accesses of the launch the cuda
+ * device queued on l->stream. */
+static void report_accesses(const aj_device *dev, const aj_device_launch *l,
+                            const _Atomic unsigned char *use)
+{
+    const aj_cuda *cu = dev->twin_of->cuda->cu;
+    for (int i = 0; use && cu->stand_in_access && i < l->num_buffers; i++)
+        for (int write = 0; write < 2; write++)
+            if (use[i] & (1 << write))
+                cu->stand_in_access((CUstream)l->stream, l->buffers[i].base,
+                                    l->buffers[i].bytes, write, l->buffers[i].name);
+}
+
 static aj_status sim_launch(aj_ctx *ctx, aj_device *dev, const aj_device_launch *l)
 {
     aj_launch_info li;
     aj_kernel_stage_info(l->kernel, l->stage, &li);
+    _Atomic unsigned char *use = dev->twin_of ? calloc((size_t)l->num_buffers + 1, 1) : NULL;
     aj_sim_launch launch = {
         .kernel_name = aj_kernel_stage_entry(l->kernel, l->stage),
         .entry = l->kernel->stages[l->stage].host_entry,
@@ -655,9 +670,13 @@ static aj_status sim_launch(aj_ctx *ctx, aj_device *dev, const aj_device_launch 
         .buffers = l->buffers,
         .num_buffers = l->num_buffers,
         .workers = dev->workers,
+        .buffer_use = use,
     };
     aj_status st = aj_sim_run(ctx, &launch);
     dev->last_instructions = launch.instructions;
+    if (st == AJ_OK && use)
+        report_accesses(dev, l, use);
+    free((void *)use);
     return st;
 }
 
@@ -743,7 +762,10 @@ static aj_status open_twin(aj_device *dev)
                        "emulator over the device's memory, which needs a stand-in libcuda "
                        "whose device memory is host memory (tests/fake_cuda); this driver's "
                        "is not");
-    return open_device(dev->ctx, &sim_ops, 0, NULL, &dev->twin);
+    aj_status st = open_device(dev->ctx, &sim_ops, 0, NULL, &dev->twin);
+    if (st == AJ_OK)
+        dev->twin->twin_of = dev;
+    return st;
 }
 
 static aj_status cuda_open(aj_device *dev, int index, void *cu_context)

@@ -419,7 +419,7 @@ aj_status aj_rows_launch(aj_ctx *ctx, aj_device *dev, const aj_kernel *rows, int
     aj_kernel *twin = NULL;   /* emulated launches: the same rows on the emulator */
     st = aj_compile_rows(ctx, AJ_TARGET_SIM, rows->op.dtype, rows->op.head_dim_v, &twin);
     if (st == AJ_OK)
-        st = rows_on(ctx, dev->twin, twin, stage, o, acc, lse, NULL);
+        st = rows_on(ctx, dev->twin, twin, stage, o, acc, lse, stream);
     aj_kernel_destroy(twin);
     return st;
 }
@@ -793,15 +793,16 @@ static aj_status merge_on(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
  * launches").  The stand-in does a stream's work when it is queued, so
  * running the twin at once keeps the stream's order.  The twin gets the
  * device's own workspace and builds its own block masks: those the GPU
- * path holds were never written.
+ * path holds were never written.  It keeps the call's stream, which the
+ * sim ignores but names in the accesses its launches report to the
+ * stand-in's stream-order model (device.c: sim_launch).
  */
 
 #define EMULATE(fn, launch, type, last_required, NAME, ...)                                   \
     do {                                                                                      \
         AJ_READ_STRUCT_OR_RETURN(ctx, fn ": args", given, type, last_required,                \
                                  AJ_##NAME##_INIT, args);                                     \
-        type on_sim = *args;                                                                  \
-        on_sim.stream = NULL;                                                                 \
+        type on_sim = *args;   /* (its stream: the sim ignores it, its accesses name it) */  \
         __VA_ARGS__;                                                                          \
         aj_kernel *twin = NULL;                                                               \
         aj_status emu_st = aj_compile_twin(ctx, kernel, &twin);                               \

@@ -121,6 +121,10 @@ struct aj_device {
      * libcuda): the sim device that runs each launch again over the same
      * memory (device.c: open_twin; launch.c: aj_emulate_*); else NULL */
     struct aj_device *twin;
+    /* a twin: the cuda device whose launches it runs again (their streams
+     * are that device's: each launch's accesses go to the stand-in's
+     * stream-order model, sim_launch) */
+    struct aj_device *twin_of;
     /* device memory: the u32 the varlen kernels record a bad cu_seqlens
      * in (templates/attn_common.h), AJ_VARLEN_STATUS_CLEAR while none */
     uint32_t *status;

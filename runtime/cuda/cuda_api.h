@@ -154,6 +154,11 @@ typedef struct aj_cuda {
      * host memory, so the emulator can run each launch again over it
      * (emulated launches, docs/testing.md); NULL in a real driver. */
     int (*stand_in_host_memory)(void);
+    /* the stand-in's stream-order model: a kernel's read (write) of device
+     * memory, reported by the emulated launch after the launch on
+     * `stream` (tests/fake_cuda); NULL in a real driver */
+    void (*stand_in_access)(CUstream stream, const void *p, size_t bytes, int write,
+                            const char *what);
     int driver_version;
 } aj_cuda;
 

@@ -60,6 +60,9 @@ static void load_driver(void)
     void *stand_in = dlsym(h, "attnjit_stand_in_host_memory");   /* tests/fake_cuda only */
     if (stand_in)
         memcpy(&driver.stand_in_host_memory, &stand_in, sizeof stand_in);
+    void *access = dlsym(h, "attnjit_stand_in_access");
+    if (access)
+        memcpy(&driver.stand_in_access, &access, sizeof access);
     CUresult r = driver.Init(0);
     if (r != AJ_CUDA_SUCCESS) {
         const char *name = "?";

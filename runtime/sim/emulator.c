@@ -276,8 +276,14 @@ void aj_sim_check_global_bounds(sim_thread *t, const char *op, uintptr_t a, int3
     for (int i = 0; i < launch->num_buffers; i++) {
         const aj_sim_buffer *buf = &launch->buffers[i];
         uintptr_t lo = (uintptr_t)buf->base, hi = lo + buf->bytes;
-        if (a >= lo && a + (uintptr_t)bytes <= hi)
+        if (a >= lo && a + (uintptr_t)bytes <= hi) {
+            if (launch->buffer_use) {
+                const int write = strcmp(op, "store") == 0 || strcmp(op, "red.add") == 0 ||
+                                  strcmp(op, "TMA store") == 0;
+                atomic_fetch_or(&launch->buffer_use[i], (unsigned char)(write ? 2 : 1));
+            }
             return;
+        }
         long long dist = a < lo ? (long long)(lo - a) : (long long)(a + (uintptr_t)bytes - hi);
         if (!near || dist < near_dist) {
             near = buf;

@@ -53,6 +53,9 @@ typedef struct aj_sim_launch {
      * at most 256 */
     int32_t registers;
     uint64_t instructions;        /* out: emulated thread-instructions */
+    /* optional out: per buffer, bit 0 once the kernel read it, bit 1 once
+     * it wrote it (emulated launches report them: device.c) */
+    _Atomic unsigned char *buffer_use;
 } aj_sim_launch;
 
 /* Runs the whole grid; AJ_ERR_KERNEL_FAULT (with the emulator's message) if

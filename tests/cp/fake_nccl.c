@@ -27,6 +27,7 @@
  * polled, has answered ncclInProgress twice and then ncclSuccess; logged
  * "GroupEnd in progress" and "GetAsyncError done").
  */
+#include <dlfcn.h>
 #include <mpi.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -275,6 +276,23 @@ static void run_group(const void *args)
     num_pending = 0;
 }
 
+/* What NCCL reads and writes on `stream`, told to the stand-in libcuda's
+ * stream-order model (tests/fake_cuda: fake_cuda_queue_access) when it is
+ * the libcuda loaded. */
+static void queued(void *stream, const void *buf, size_t bytes, int write, const char *what)
+{
+    static void (*tell)(void *, const void *, size_t, int, const char *);
+    static int looked;
+    if (!looked) {
+        looked = 1;
+        void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+        if (h)
+            *(void **)&tell = dlsym(h, "fake_cuda_queue_access");
+    }
+    if (tell)
+        tell(stream, buf, bytes, write, what);
+}
+
 static int queue(int is_send, void *buf, size_t count, int type, int peer,
                  const fake_comm *comm)
 {
@@ -291,12 +309,14 @@ int ncclSend(const void *buf, size_t count, int type, int peer, const fake_comm 
 int ncclSend(const void *buf, size_t count, int type, int peer, const fake_comm *comm,
              void *stream)
 {
+    queued(stream, buf, count * type_size(type), 0, "ncclSend");
     return queue(1, (void *)buf, count, type, peer, comm);
 }
 
 int ncclRecv(void *buf, size_t count, int type, int peer, const fake_comm *comm, void *stream);
 int ncclRecv(void *buf, size_t count, int type, int peer, const fake_comm *comm, void *stream)
 {
+    queued(stream, buf, count * type_size(type), 1, "ncclRecv");
     return queue(0, buf, count, type, peer, comm);
 }
 
@@ -325,6 +345,8 @@ int ncclAllGather(const void *send, void *recv, size_t count, int type,
                   const fake_comm *comm, void *stream)
 {
     note("AllGather count=%zu type=%d comm=%s", count, type, who(comm));
+    queued(stream, send, count * type_size(type), 0, "ncclAllGather");
+    queued(stream, recv, count * type_size(type) * (size_t)comm->nranks, 1, "ncclAllGather");
     const collective_args a = {send, recv, count * type_size(type), comm->mpi};
     return defer(run_allgather, &a, sizeof a);
 }
@@ -337,6 +359,8 @@ int ncclReduceScatter(const void *send, void *recv, size_t count, int type, int 
     note("ReduceScatter count=%zu type=%d op=%d comm=%s", count, type, op, who(comm));
     if (type != 7 || op != 0)
         return INVALID_USAGE;   /* the stand-in sums floats only */
+    queued(stream, send, count * 4 * (size_t)comm->nranks, 0, "ncclReduceScatter");
+    queued(stream, recv, count * 4, 1, "ncclReduceScatter");
     const collective_args a = {send, recv, count, comm->mpi};
     return defer(run_reduce_scatter, &a, sizeof a);
 }

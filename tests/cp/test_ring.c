@@ -40,6 +40,7 @@
  * rel or alibi's slopes check their gradients too (check_side_grad),
  * padded and packed.
  */
+#include <dlfcn.h>
 #include <math.h>
 #include <mpi.h>
 #include <signal.h>
@@ -1598,6 +1599,14 @@ int main(int argc, char **argv)
         run_faulty_peer(strcmp(mode, "stopped") == 0  ? PEER_STOPPED
                         : strcmp(mode, "killed") == 0 ? PEER_KILLED
                                                       : PEER_SILENT);
+    }
+    if (on_gpu) {   /* the stand-in's stream-order model saw every access in order */
+        void *cuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+        int (*races)(void) = NULL;
+        if (cuda)
+            *(void **)&races = dlsym(cuda, "fake_cuda_races");
+        CHECK_MSG(races && races() == 0, "rank %d: %d stream-order races (the stand-in's log)",
+                  rank, races ? races() : -1);
     }
     aj_device_close(dev);
     aj_ctx_destroy(ctx);

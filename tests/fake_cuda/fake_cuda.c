@@ -60,7 +60,9 @@
  *   ModuleUnload
  *
  * (and, with FAKE_CUDA_LOG=PREFIX, into the file PREFIX.PID as it goes)
- * Streams and events are done at once (the work is done when queued).
+ * Streams and events are done at once (the work is done when queued);
+ * the order a GPU would give them is modelled ("stream order" below), and
+ * an access out of that order is logged as a RACE.
  */
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -348,10 +350,12 @@ CUresult cuCtxGetDevice(int *dev)
 }
 
 CUresult cuCtxSynchronize(void);
+static void host_sees_all(void);
 CUresult cuCtxSynchronize(void)
 {
     note("CtxSynchronize");
     hang("CtxSynchronize");
+    host_sees_all();
     return sticky;
 }
 
@@ -391,18 +395,155 @@ CUresult cuMemFreeHost(void *p)
     return untrack((uintptr_t)p, 1);
 }
 
+/* ---------------------------------------------------------------- stream order */
+
+/*
+ * The stand-in does a stream's work when it is queued, so a program that
+ * forgets a wait still gets the right bytes here -- and not on a GPU.  The
+ * model below keeps the order a GPU would give: a vector clock per stream
+ * (entry s: the operations queued on stream s), joined by cuStreamWaitEvent
+ * with the clock an event recorded, and a host clock joined wherever the
+ * host sees work finish (cuEventQuery answering success, the
+ * synchronisations, a synchronous copy), which every operation queued
+ * after it follows.  Each operation's device memory accesses are kept
+ * (copies and memsets here; a kernel's, which attnjit's emulated launches
+ * report through attnjit_stand_in_access; NCCL's, which the stand-in
+ * libnccl reports through fake_cuda_queue_access), and an access that
+ * overlaps an earlier one on another stream, one of them a write, without
+ * the earlier being ordered before it, is logged
+ *
+ *   RACE RAW|WAR|WAW: <what> (<read|write>, stream S) after <what> (...)
+ *
+ * and counted (fake_cuda_races).  Streams past ORDER_STREAMS turn the
+ * model off (logged once).
+ */
+enum { ORDER_STREAMS = 64, ORDER_RECORDS = 4096 };
+
+typedef struct vclock {
+    uint32_t t[ORDER_STREAMS];
+} vclock;
+
+typedef struct access_rec {
+    uintptr_t lo, hi;
+    int stream, write;
+    uint32_t at;                 /* the operation: entry `stream` of its clock */
+    char what[48];
+} access_rec;
+
+static vclock stream_clock[ORDER_STREAMS], host_clock;
+static access_rec records[ORDER_RECORDS];
+static int num_records, next_record, order_off, races;
+
+int fake_cuda_races(void);
+int fake_cuda_races(void)
+{
+    return races;
+}
+
+static void join(vclock *a, const vclock *b)
+{
+    for (int i = 0; i < ORDER_STREAMS; i++)
+        if (b->t[i] > a->t[i])
+            a->t[i] = b->t[i];
+}
+
+static int order_on(int s)
+{
+    if (s < ORDER_STREAMS)
+        return !order_off;
+    if (!order_off)
+        note("ORDER off: more than %d streams", ORDER_STREAMS);
+    order_off = 1;
+    return 0;
+}
+
+/* A new operation on stream s: after the stream's earlier work and what
+ * the host has seen finish. */
+static void stream_op(int s)
+{
+    if (!order_on(s))
+        return;
+    join(&stream_clock[s], &host_clock);
+    stream_clock[s].t[s]++;
+}
+
+/* The host has seen stream s's work so far finish. */
+static void host_sees(int s)
+{
+    if (order_on(s))
+        join(&host_clock, &stream_clock[s]);
+}
+
+static void host_sees_all(void)
+{
+    for (int s = 0; s < ORDER_STREAMS; s++)
+        host_sees(s);
+}
+
+/* Stream s's latest operation reads (writes) [p, p + bytes); device
+ * memory only. */
+static void access_at(int s, const void *p, size_t bytes, int write, const char *what)
+{
+    const uintptr_t lo = (uintptr_t)p, hi = lo + bytes;
+    if (!order_on(s) || bytes == 0 || !find(lo, 1))
+        return;
+    const vclock *now = &stream_clock[s];
+    for (int i = 0; i < num_records; i++) {
+        const access_rec *r = &records[i];
+        if (r->hi <= lo || r->lo >= hi || (!r->write && !write) || r->at <= now->t[r->stream])
+            continue;
+        races++;
+        note("RACE %s: %s (%s, stream %d) after %s (%s, stream %d) at 0x%llx: not ordered by "
+             "an event or a host wait", r->write ? (write ? "WAW" : "RAW") : "WAR", what,
+             write ? "write" : "read", s, r->what, r->write ? "write" : "read", r->stream,
+             (unsigned long long)(lo > r->lo ? lo : r->lo));
+        break;
+    }
+    access_rec *slot = num_records < ORDER_RECORDS ? &records[num_records++]
+                                                   : &records[next_record++ % ORDER_RECORDS];
+    *slot = (access_rec){lo, hi, s, write, now->t[s], ""};
+    snprintf(slot->what, sizeof slot->what, "%s", what);
+}
+
 /* ---------------------------------------------------------------- streams */
 
-/* A stream or event is a small number: its place in creation order. */
+/* A stream or event is a small number: its place in creation order; an
+ * event also holds the clock it recorded. */
 typedef struct handle {
     int id;
 } handle;
+
+typedef struct event {
+    int id;
+    vclock clock;
+} event;
 
 static int next_stream = 1, next_event = 1;
 
 static int stream_id(const void *s)
 {
     return s ? ((const handle *)s)->id : 0;
+}
+
+/* A kernel's access, reported by attnjit's emulated launch after it ran
+ * (the stream's latest operation is that launch). */
+void attnjit_stand_in_access(void *stream, const void *p, size_t bytes, int write,
+                             const char *what);
+void attnjit_stand_in_access(void *stream, const void *p, size_t bytes, int write,
+                             const char *what)
+{
+    access_at(stream_id(stream), p, bytes, write, what);
+}
+
+/* An access of a new operation on `stream` (the stand-in libnccl's sends
+ * and receives). */
+void fake_cuda_queue_access(void *stream, const void *p, size_t bytes, int write,
+                            const char *what);
+void fake_cuda_queue_access(void *stream, const void *p, size_t bytes, int write,
+                            const char *what)
+{
+    stream_op(stream_id(stream));
+    access_at(stream_id(stream), p, bytes, write, what);
 }
 
 CUresult cuStreamCreate(void **s, unsigned flags);
@@ -430,6 +571,7 @@ CUresult cuStreamSynchronize(void *s)
 {
     note("StreamSynchronize stream=%d", stream_id(s));
     hang("StreamSynchronize");
+    host_sees(stream_id(s));
     return sticky;
 }
 
@@ -438,6 +580,8 @@ CUresult cuStreamWaitEvent(void *s, void *e, unsigned flags)
 {
     (void)flags;
     note("StreamWaitEvent stream=%d event=%d", stream_id(s), stream_id(e));
+    if (order_on(stream_id(s)))
+        join(&stream_clock[stream_id(s)], &((const event *)e)->clock);
     return sticky;
 }
 
@@ -453,7 +597,7 @@ CUresult cuEventCreate(void **e, unsigned flags);
 CUresult cuEventCreate(void **e, unsigned flags)
 {
     (void)flags;
-    handle *h = malloc(sizeof *h);
+    event *h = calloc(1, sizeof *h);
     if (!h)
         return OUT_OF_MEMORY;
     h->id = next_event++;
@@ -472,16 +616,23 @@ CUresult cuEventRecord(void *e, void *s);
 CUresult cuEventRecord(void *e, void *s)
 {
     note("EventRecord event=%d stream=%d", stream_id(e), stream_id(s));
+    const int id = stream_id(s);
+    if (order_on(id)) {   /* the stream's work so far, and what the host saw first */
+        join(&stream_clock[id], &host_clock);
+        ((event *)e)->clock = stream_clock[id];
+    }
     return sticky;
 }
 
 CUresult cuEventQuery(void *e);
 CUresult cuEventQuery(void *e)
 {
-    (void)e;
     if (sticky)
         return sticky;
-    return stuck() ? NOT_READY : SUCCESS;
+    if (stuck())
+        return NOT_READY;
+    join(&host_clock, &((const event *)e)->clock);
+    return SUCCESS;
 }
 
 CUresult cuEventSynchronize(void *e);
@@ -489,6 +640,7 @@ CUresult cuEventSynchronize(void *e)
 {
     note("EventSynchronize event=%d", stream_id(e));
     hang("EventSynchronize");
+    join(&host_clock, &((const event *)e)->clock);
     return sticky;
 }
 
@@ -533,6 +685,14 @@ static CUresult copy(const char *what, void *dst, const void *src, size_t n, int
         note("%s bytes=%zu stream=%d%s", what, n, stream_id(stream), staged ? " staged" : "");
     else
         note("%s bytes=%zu", what, n);
+    const int s = async ? stream_id(stream) : 0;
+    stream_op(s);
+    if (src_dev)
+        access_at(s, src, n, 0, what);
+    if (dst_dev)
+        access_at(s, dst, n, 1, what);
+    if (!async || staged)   /* the host waits for it */
+        host_sees(s);
     memmove(dst, src, n);
     return SUCCESS;
 }
@@ -606,6 +766,11 @@ CUresult cuMemcpy2DAsync_v2(const memcpy2d *c, void *s)
     note("Memcpy2DAsync %s width=%zu height=%zu stream=%d",
          c->src_type == 2 ? (c->dst_type == 2 ? "DtoD" : "DtoH") : "HtoD", c->width, c->height,
          stream_id(s));
+    stream_op(stream_id(s));   /* (the rows' span, gaps included) */
+    if (c->src_type == 2)
+        access_at(stream_id(s), src, src_span, 0, "Memcpy2DAsync");
+    if (c->dst_type == 2)
+        access_at(stream_id(s), dst, dst_span, 1, "Memcpy2DAsync");
     for (size_t r = 0; r < c->height; r++)
         memmove(dst + r * c->dst_pitch, src + r * c->src_pitch, c->width);
     return SUCCESS;
@@ -619,6 +784,9 @@ CUresult cuMemsetD8_v2(CUdeviceptr dst, unsigned char value, size_t n)
     if (!is_device((uintptr_t)dst, n))
         return INVALID_VALUE;
     note("MemsetD8 bytes=%zu", n);
+    stream_op(0);
+    access_at(0, (void *)(uintptr_t)dst, n, 1, "MemsetD8");
+    host_sees(0);
     memset((void *)(uintptr_t)dst, value, n);
     return SUCCESS;
 }
@@ -631,6 +799,8 @@ CUresult cuMemsetD32Async(CUdeviceptr dst, unsigned value, size_t n, void *s)
     if (!is_device((uintptr_t)dst, n * 4))
         return INVALID_VALUE;
     note("MemsetD32Async words=%zu stream=%d", n, stream_id(s));
+    stream_op(stream_id(s));
+    access_at(stream_id(s), (void *)(uintptr_t)dst, n * 4, 1, "MemsetD32Async");
     for (size_t i = 0; i < n; i++)
         memcpy((char *)(uintptr_t)dst + 4 * i, &value, 4);
     return SUCCESS;
@@ -822,6 +992,7 @@ CUresult cuLaunchKernel(function *f, unsigned gx, unsigned gy, unsigned gz, unsi
         return INVALID_HANDLE;
     }
     note("LaunchKernel fn=%s grid=%u,%u,%u stream=%d", f->name, gx, gy, gz, stream_id(stream));
+    stream_op(stream_id(stream));   /* its accesses: attnjit_stand_in_access */
     int bytes[256];
     int n = parse_params(entry_of(f->mod, f->name), bytes, 256);
     for (int i = 0; i < n; i++) {

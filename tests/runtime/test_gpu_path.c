@@ -417,7 +417,7 @@ static void check_between_launches(const char *what)
         return;
     char *span = strndup(first, (size_t)(last - first));
     const char *bad[] = {"MemAlloc", "MemFree", "CtxSynchronize", "stream=0 ", "FAULT",
-                         "REJECTED"};
+                         "REJECTED", "RACE"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
         CHECK_MSG(!strstr(span, bad[i]), "%s: \"%s\" between the launches:\n%s", what,
                   bad[i], span);
@@ -431,6 +431,7 @@ static void check_resident(const char *what, int size)
 {
     char line[64];
     CHECK_LOG_LACKS("MemAllocHost");
+    CHECK_LOG_LACKS("RACE");   /* the stand-in's stream-order model */
     CHECK_LOG_HAS("DtoD");   /* K/V packed, or the all-to-all's blocks, on the device */
     snprintf(line, sizeof line, "MemcpyHtoDAsync bytes=%zu ", sizeof(aj_cp_call));
     CHECK_MSG(count(cuda_log(), "MemcpyHtoD") == 1 && count(cuda_log(), line) == 1,
@@ -516,7 +517,7 @@ static int run_ring(int stuck, int nccl)
                 CHECK_STATUS(ctx, aj_ring_backward(ctx, dev, comm, bop, &b, NULL), AJ_OK);
             CHECK_MSG(strstr(cuda_log(), "LaunchKernel"), "ulysses: no launch:\n%s",
                       cuda_log());
-            const char *bad[] = {"Synchronize", "stream=0 ", "FAULT", "REJECTED"};
+            const char *bad[] = {"Synchronize", "stream=0 ", "FAULT", "REJECTED", "RACE"};
             for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
                 CHECK_LOG_LACKS(bad[i]);
             if (nccl)
