@@ -1229,6 +1229,19 @@ static void run_case(const ring_case *c)
                       (unsigned long long)traffic.sent[1]);
         if (p2p && size > 1 && !(c->docs && on_gpu))
             CHECK(fs.rotations + bs.rotations == 3 * size - 2);
+        if (on_gpu && !c->docs) {   /* messages: every block, each in a slot of the longest shard */
+            const uint64_t P = (uint64_t)size;
+            const uint64_t block = (uint64_t)(B * c->hkv * longest_group(&rule, 1, 1, sk) * 2 *
+                                              D);
+            const uint64_t agree = (P - 1) * sizeof(aj_cp_call);
+            const uint64_t formula[2] = {(P - 1) * block * es + agree,
+                                         (P - 1) * block * es + (p2p ? P : P - 1) * block * 4 +
+                                             agree};
+            CHECK_MSG(size == 1 || (fwd_sent == formula[0] && bwd_sent == formula[1]),
+                      "rank %d: %s: sent %llu + %llu bytes, the formula %llu + %llu", rank,
+                      c->label, (unsigned long long)fwd_sent, (unsigned long long)bwd_sent,
+                      (unsigned long long)formula[0], (unsigned long long)formula[1]);
+        }
         CHECK(bs.launches == fs.launches && bs.skipped_blocks == fs.skipped_blocks);
         /* cpu ranks, uneven shards (kept cheap: Sq = 2P+1, 5P+1; packed
          * documents' pieces): p2p over shared memory against messages */
