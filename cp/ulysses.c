@@ -504,15 +504,17 @@ static aj_status alltoall(uly_plan *p, const uly_tensor *ts, int n, int to_heads
         goto done;
     if (P > 1) {
         const double t0 = aj_now();
-        if (p->resident)   /* the blocks packed before NCCL reads them */
-            st = wait_dev(p, "packing the all-to-all");
+        /* resident: NCCL reads the blocks once the call's stream packed
+         * them (an event the engine's stream waits for) */
         p->a2a->device_buffers = p->resident;
+        p->a2a->after_stream = p->resident ? p->stream : NULL;
         if (st == AJ_OK)
             st = aj_cp_collective_status(p->ctx, p->fn,
                                          p->a2a->engine->alltoallv(p->a2a, send, send_bytes,
                                                                   send_off, recv, recv_bytes,
                                                                   recv_off));
         p->a2a->device_buffers = false;
+        p->a2a->after_stream = NULL;
         const double t = aj_now() - t0;
         p->stats->comm_s += t;
         p->stats->exposed_comm_s += t;

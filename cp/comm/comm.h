@@ -90,8 +90,12 @@ struct aj_comm {
     bool messages_only;        /* no shared segments even on one node (tests) */
     /* the buffers a method hands the engine are device memory (the ring on
      * cuda ranks over an engine that moves it: moves_device_memory), set
-     * for the length of its call; else host memory */
+     * around its transfers; else host memory */
     bool device_buffers;
+    /* with device_buffers: the stream whose work queued so far the
+     * engine's transfers wait for on the device (an event), so the method
+     * need not wait on the host before it starts one; NULL: none */
+    void *after_stream;
     /* method = hybrid's sub-communicators (hybrid.c), made on first use
      * and freed with the comm: `group`, the U consecutive ranks of this
      * rank's Ulysses group, and `across`, the ranks at this rank's place

@@ -139,6 +139,7 @@ static void load_nccl(void)
 typedef struct nccl_slot {
     bool busy;
     CUevent done;
+    CUevent ready;                        /* the caller's after_stream, recorded */
     void *host_send, *host_recv;          /* pinned */
     CUdeviceptr dev_send, dev_recv;
     size_t send_cap, recv_cap;
@@ -252,6 +253,9 @@ static aj_status reserve(aj_comm *comm, nccl_slot *slot, bool staged, size_t sen
     if (!slot->done)
         AJ_CU_TRY(comm->ctx, cu, cu->EventCreate(&slot->done, AJ_CU_EVENT_DISABLE_TIMING),
                   "NCCL staging: cuEventCreate");
+    if (!slot->ready)
+        AJ_CU_TRY(comm->ctx, cu, cu->EventCreate(&slot->ready, AJ_CU_EVENT_DISABLE_TIMING),
+                  "NCCL staging: cuEventCreate");
     if (!staged)   /* the caller's device memory: the event only */
         return AJ_OK;
     /* the driver refuses 0-byte allocations: an empty transfer gets 1 */
@@ -320,6 +324,12 @@ static aj_status enqueue(aj_comm *comm, nccl_slot *slot, const void *send, size_
     aj_status st = AJ_OK;
     slot->send_at = staged ? slot->dev_send : (CUdeviceptr)(uintptr_t)send;
     slot->recv_at = staged ? slot->dev_recv : (CUdeviceptr)(uintptr_t)recv;
+    if (!staged && comm->after_stream) {   /* after the caller's work on its buffers */
+        AJ_CU_TRY(comm->ctx, cu, cu->EventRecord(slot->ready, (CUstream)comm->after_stream),
+                  "NCCL: cuEventRecord");
+        AJ_CU_TRY(comm->ctx, cu, cu->StreamWaitEvent(s->stream, slot->ready, 0),
+                  "NCCL: cuStreamWaitEvent");
+    }
     if (staged)
         AJ_CU_TRY(comm->ctx, cu, cu->MemcpyHtoDAsync(slot->dev_send, slot->host_send,
                                                      send_bytes, s->stream),
@@ -659,6 +669,8 @@ static void nccl_destroy(aj_comm *comm)
             free_buffers(s->cu, &s->slots[i]);
             if (s->slots[i].done)
                 s->cu->EventDestroy(s->slots[i].done);
+            if (s->slots[i].ready)
+                s->cu->EventDestroy(s->slots[i].ready);
         }
         if (s->owns_stream)
             s->cu->StreamDestroy(s->stream);
@@ -774,9 +786,12 @@ aj_status aj_comm_nccl_open_on(aj_comm *comm, const aj_comm_config *config,
         st = reserve(comm, &s->slots[NCCL_EXCHANGE_SLOTS], true, sizeof(aj_cp_call),
                      sizeof(aj_cp_call) * (size_t)comm->size);
         if (st != AJ_OK) {
-            for (int i = 0; i < NCCL_SLOTS; i++)
+            for (int i = 0; i < NCCL_SLOTS; i++) {
                 if (s->slots[i].done)
                     cu->EventDestroy(s->slots[i].done);
+                if (s->slots[i].ready)
+                    cu->EventDestroy(s->slots[i].ready);
+            }
             if (s->owns_comm)
                 nccl.CommDestroy(s->comm);
         }
