@@ -339,7 +339,8 @@ static aj_status pack_kv(const ring_plan *p, const aj_tensor *k, const aj_tensor
     if (st == AJ_OK)
         st = aj_device_copy_async(p->dev, (char *)kv + p->k_elems * p->elem, v->data,
                                   rows * (size_t)p->Dv * p->elem, dir, p->stream);
-    return st == AJ_OK ? ring_wait(p, "packing K and V") : st;
+    /* resident: the send waits for the copies on the device (after_stream) */
+    return st == AJ_OK && !p->resident ? ring_wait(p, "packing K and V") : st;
 }
 
 /* An f32 host buffer, rounded to the op's dtype, into device memory
@@ -566,6 +567,13 @@ static aj_status exchange_finish(ring_plan *p, aj_comm_req *req)
 {
     if (!req->active)
         return AJ_OK;
+    if (p->resident && p->comm->engine->exchange_join) {
+        /* the ring's stream waits for it on the device; the host goes on
+         * (a failure shows at the call's last wait: ring_close aborts) */
+        req->active = false;
+        p->stats->comm_s += aj_now() - req->posted;
+        return p->comm->engine->exchange_join(p->comm, req, p->stream);
+    }
     double waited = 0;
     aj_status st = aj_comm_wait(p->comm, req, p->fn, &waited);
     p->stats->exposed_comm_s += waited;
@@ -948,12 +956,18 @@ done:
     return st;
 }
 
-/* Releases what the call holds, its exchanges still in flight cancelled. */
-static void ring_close(ring_call *c, aj_comm *comm, aj_comm_req *reqs, int nreqs)
+/* Releases what the call holds (st: the call's status so far), its
+ * exchanges still in flight cancelled. */
+static void ring_close(ring_call *c, aj_comm *comm, aj_comm_req *reqs, int nreqs,
+                       aj_status st)
 {
     for (int i = 0; i < nreqs; i++)
         if (reqs[i].active)
             comm->engine->exchange_cancel(comm, &reqs[i]);
+    /* a resident call's transfers joined to its stream: a wait that timed
+     * out may be on one, whose NCCL kernels only an abort ends */
+    if (st == AJ_ERR_COMM && c->p.resident && comm->engine->abort)
+        comm->engine->abort(comm);
     free(c->seg);
     free_kernels(&c->kern);
     aj_ring_plan_free(&c->p);
@@ -1029,7 +1043,7 @@ aj_status aj_ring_forward_group(aj_ctx *ctx, aj_device *dev, aj_comm *comm, cons
     AJ_TRY(fwd_store(p, args, &o_acc, rows, host_o, typed_o));
     AJ_TRY(exchange_finish(p, &req));   /* fwd_shared's closing fence */
 done:
-    ring_close(&c, comm, &req, 1);
+    ring_close(&c, comm, &req, 1, st);
     void *sums[] = {kv[0], kv[1], gathered}, *host[] = {host_o, typed_o};
     void *device[] = {kv_dev, o_acc_dev};
     free_buffers(p, sums, AJ_COUNT_OF(sums), host, AJ_COUNT_OF(host), device,
@@ -1604,7 +1618,7 @@ aj_status aj_ring_backward_group(aj_ctx *ctx, aj_device *dev, aj_comm *comm, con
         AJ_TRY(ring_wait(p, "storing the side tensors' gradients"));
     AJ_TRY(exchange_finish(p, &reqs[0]));
 done:
-    ring_close(&c, comm, reqs, 2);
+    ring_close(&c, comm, reqs, 2, st);
     const bool in_place = p->host_memory || p->resident;
     free_part(p, parts.dq_h, in_place);
     free_part(p, parts.dk_h, in_place);

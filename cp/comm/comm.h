@@ -48,6 +48,16 @@ typedef struct aj_comm_engine {
     /* Abandons an exchange after a failure (its buffers may still be
      * touched by the transport until the comm is destroyed). */
     void (*exchange_cancel)(aj_comm *comm, aj_comm_req *req);
+    /* Optional (NULL: none), device buffers only: the work queued on
+     * `stream` from now on waits, on the device, for the exchange to
+     * complete; the exchange is then done for the caller, who never waits
+     * for it on the host (a resident ring's kernels after the transfer
+     * that brings their block). */
+    aj_status (*exchange_join)(aj_comm *comm, aj_comm_req *req, void *stream);
+    /* Optional: ends whatever the engine left queued after a failure the
+     * caller saw on its own stream (a resident call's last wait timing out
+     * on a transfer joined to it): ncclCommAbort. */
+    void (*abort)(aj_comm *comm);
     /* recv [size][bytes] gets every rank's `bytes` of send, by rank. */
     aj_status (*allgather)(aj_comm *comm, const void *send, void *recv, size_t bytes);
     /* recv [count] f32 gets the sum over ranks of send's rank-th slice of

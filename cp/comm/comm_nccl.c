@@ -485,6 +485,37 @@ static void nccl_exchange_cancel(aj_comm *comm, aj_comm_req *req)
     slot->busy = false;
 }
 
+static aj_status nccl_exchange_join(aj_comm *comm, aj_comm_req *req, void *stream)
+{
+    nccl_req r = req_of(req);
+    if (r.slot < 0)
+        return AJ_OK;
+    nccl_state *s = state_of(comm);
+    nccl_slot *slot = &s->slots[r.slot];
+    aj_status st = check_usable(comm, "an exchange");
+    if (st != AJ_OK)
+        return st;
+    AJ_TRY(push_ctx(comm));
+    /* the wait takes the event as recorded now: the slot may record it
+     * again for its next exchange */
+    CUresult q = s->cu->StreamWaitEvent((CUstream)stream, slot->done, 0);
+    pop_ctx(comm);
+    if (q != AJ_CUDA_SUCCESS) {
+        abort_comm(s);
+        return aj_cuda_fail(comm->ctx, s->cu, q, "NCCL: cuStreamWaitEvent");
+    }
+    slot->busy = false;
+    r.slot = -1;
+    memcpy(req->impl, &r, sizeof r);
+done:
+    return st;
+}
+
+static void nccl_abort(aj_comm *comm)
+{
+    abort_comm(state_of(comm));
+}
+
 /* ---------------------------------------------------------- collectives */
 
 /* Copies `send_bytes` in, runs `post`, waits under the deadline, copies
@@ -685,6 +716,8 @@ static const aj_comm_engine nccl_engine = {
     .exchange_start = nccl_exchange_start,
     .exchange_test = nccl_exchange_test,
     .exchange_cancel = nccl_exchange_cancel,
+    .exchange_join = nccl_exchange_join,
+    .abort = nccl_abort,
     .allgather = nccl_allgather,
     .reduce_scatter_f32 = nccl_reduce_scatter_f32,
     .alltoallv = nccl_alltoallv,

@@ -488,16 +488,20 @@ static void access_at(int s, const void *p, size_t bytes, int write, const char 
     if (!order_on(s) || bytes == 0 || !find(lo, 1))
         return;
     const vclock *now = &stream_clock[s];
+    int seen = 0;   /* the kinds reported for this access: each once */
     for (int i = 0; i < num_records; i++) {
         const access_rec *r = &records[i];
         if (r->hi <= lo || r->lo >= hi || (!r->write && !write) || r->at <= now->t[r->stream])
             continue;
+        const int kind = r->write ? (write ? 4 : 1) : 2;   /* RAW 1, WAR 2, WAW 4 */
+        if (seen & kind)
+            continue;
+        seen |= kind;
         races++;
         note("RACE %s: %s (%s, stream %d) after %s (%s, stream %d) at 0x%llx: not ordered by "
-             "an event or a host wait", r->write ? (write ? "WAW" : "RAW") : "WAR", what,
+             "an event or a host wait", kind == 1 ? "RAW" : kind == 2 ? "WAR" : "WAW", what,
              write ? "write" : "read", s, r->what, r->write ? "write" : "read", r->stream,
              (unsigned long long)(lo > r->lo ? lo : r->lo));
-        break;
     }
     access_rec *slot = num_records < ORDER_RECORDS ? &records[num_records++]
                                                    : &records[next_record++ % ORDER_RECORDS];

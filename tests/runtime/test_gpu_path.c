@@ -42,6 +42,10 @@
  *                          agreement's bytes in each call, and the ring's
  *                          second call allocating nothing
  *   test_gpu_path stuck    (mpirun, FAKE_CUDA_STUCK=1: GPU work never ends)
+ *   test_gpu_path stuck-nccl
+ *                          the same for the resident ring over NCCL, whose
+ *                          communicator it must then abort (its transfers
+ *                          are joined to its stream, never waited on)
  *                          the ring fails with AJ_ERR_COMM within its
  *                          timeout instead of hanging in the driver
  */
@@ -475,6 +479,15 @@ static int run_ring(int stuck, int nccl)
         CHECK_ERROR(ctx, "timeout");
         double waited = MPI_Wtime() - t0;
         CHECK_MSG(waited < 30, "the stuck ring took %.1f s to fail", waited);
+        if (nccl) {   /* its transfers joined to its stream: only an abort ends them */
+            const char *lib = getenv("AJ_NCCL_LIBRARY");
+            void *h = lib ? dlopen(lib, RTLD_NOW | RTLD_NOLOAD) : NULL;
+            const char *(*nccl_log)(void) = NULL;
+            if (h)
+                *(void **)&nccl_log = dlsym(h, "fake_nccl_log");
+            CHECK_MSG(nccl_log && strstr(nccl_log(), "CommAbort"),
+                      "the stuck resident ring did not abort its NCCL communicator");
+        }
     } else {
         CHECK_STATUS(ctx, st, AJ_OK);
         CHECK_LOG_LACKS("CtxSynchronize");
@@ -535,12 +548,13 @@ static int run_ring(int stuck, int nccl)
 int main(int argc, char **argv)
 {
     const char *what = argc > 1 ? argv[1] : "";
-    const int nccl = strcmp(what, "ring-nccl") == 0;
-    const int ring = nccl || strcmp(what, "ring") == 0, stuck = strcmp(what, "stuck") == 0;
+    const int nccl = strcmp(what, "ring-nccl") == 0 || strcmp(what, "stuck-nccl") == 0;
+    const int stuck = strcmp(what, "stuck") == 0 || strcmp(what, "stuck-nccl") == 0;
+    const int ring = !stuck && (nccl || strcmp(what, "ring") == 0);
     if (strcmp(what, "sass") == 0)
         return run_sass();
     if (!ring && !stuck && strcmp(what, "launch") != 0) {
-        fprintf(stderr, "usage: test_gpu_path launch|sass|ring|ring-nccl|stuck\n");
+        fprintf(stderr, "usage: test_gpu_path launch|sass|ring|ring-nccl|stuck|stuck-nccl\n");
         return 2;
     }
     if (ring || stuck)
