@@ -342,6 +342,32 @@ static aj_status host_f32(aj_ctx *ctx, aj_device *dev, const aj_tensor *t, size_
     return st;
 }
 
+bool aj_cp_resident(aj_device *dev, const aj_comm *comm)
+{
+    aj_device_caps caps = AJ_DEVICE_CAPS_INIT;
+    return aj_device_get_caps(dev, &caps) == AJ_OK && !caps.host_memory &&
+           comm->engine->moves_device_memory;
+}
+
+aj_status aj_cp_buffer(aj_device *dev, aj_comm *comm, bool resident, size_t bytes, int zero,
+                       void *stream, void **out)
+{
+    bytes = bytes ? bytes : 64;
+    if (!resident)
+        return aj_device_host_alloc(dev, bytes, zero, out);
+    aj_status st = aj_comm_block_get(comm, bytes, out);
+    return st == AJ_OK && zero ? aj_device_fill32_async(dev, *out, 0, (bytes + 3) / 4, stream)
+                               : st;
+}
+
+void aj_cp_buffer_free(aj_device *dev, aj_comm *comm, bool resident, void *ptr)
+{
+    if (resident)
+        aj_comm_block_put(comm, ptr);
+    else
+        aj_device_host_free(dev, ptr);
+}
+
 aj_status aj_cp_zero(aj_ctx *ctx, aj_device *dev, const void *ptr, size_t bytes)
 {
     void *zeros = calloc(1, bytes ? bytes : 1);

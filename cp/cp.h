@@ -169,6 +169,18 @@ aj_status aj_cp_sinks_grad(aj_ctx *ctx, aj_device *dev, struct aj_comm *comm, co
 aj_status aj_cp_side_grad_check(aj_ctx *ctx, const aj_op *op, const aj_ring_bwd_args *args);
 aj_status aj_cp_side_grad_sum(aj_ctx *ctx, aj_device *dev, struct aj_comm *comm,
                               const aj_ring_bwd_args *args);
+/* Whether a call of dev over `comm` is resident: cuda ranks over an
+ * engine that moves device memory (NCCL), so what travels and adds up
+ * stays in device memory (docs/ring.md "Devices and the NCCL engine"). */
+bool aj_cp_resident(aj_device *dev, const struct aj_comm *comm);
+/* A call's buffer of `bytes` (the ring's blocks and sums, Ulysses'
+ * all-to-alls and shards): host memory from the device (pinned on cuda),
+ * or where the call is resident a block the comm keeps; zeroed when
+ * `zero` (resident: queued on `stream`).  Freed by aj_cp_buffer_free. */
+aj_status aj_cp_buffer(aj_device *dev, struct aj_comm *comm, bool resident, size_t bytes,
+                       int zero, void *stream, void **out);
+void aj_cp_buffer_free(aj_device *dev, struct aj_comm *comm, bool resident, void *ptr);
+
 /* Zeros `bytes` of device memory at ptr. */
 aj_status aj_cp_zero(aj_ctx *ctx, aj_device *dev, const void *ptr, size_t bytes);
 

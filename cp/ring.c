@@ -282,20 +282,12 @@ static void dev_free(const ring_plan *p, void *ptr)
  * `zero`.  freed by free_sums. */
 static aj_status alloc_sums(const ring_plan *p, size_t bytes, int zero, void **out)
 {
-    if (!p->resident)
-        return alloc_host(p, bytes, zero, out);
-    aj_status st = dev_alloc(p, bytes, out);
-    if (st == AJ_OK && zero)
-        st = aj_device_fill32_async(p->dev, *out, 0, bytes / 4, p->stream);
-    return st;
+    return aj_cp_buffer(p->dev, p->comm, p->resident, bytes, zero, p->stream, out);
 }
 
 static void free_sums(const ring_plan *p, void *ptr)
 {
-    if (p->resident)
-        dev_free(p, ptr);
-    else
-        aj_device_host_free(p->dev, ptr);
+    aj_cp_buffer_free(p->dev, p->comm, p->resident, ptr);
 }
 
 static aj_status to_dev(const ring_plan *p, void *dst, const void *src, size_t bytes)
@@ -498,15 +490,13 @@ static aj_status engine_begin(ring_plan *p, const char *what)
      * stand-in libcuda's stream-order model must catch (docs/design.md
      * "Emulated launches") */
     const char *skip = getenv("AJ_TEST_RING_SKIP_WAIT");
-    p->comm->device_buffers = true;
-    p->comm->after_stream = skip && strcmp(skip, what) == 0 ? NULL : p->stream;
+    aj_comm_device_transfers(p->comm, true, skip && strcmp(skip, what) == 0 ? NULL : p->stream);
     return AJ_OK;
 }
 
 static void engine_end(ring_plan *p)
 {
-    p->comm->device_buffers = false;
-    p->comm->after_stream = NULL;
+    aj_comm_device_transfers(p->comm, false, NULL);
 }
 
 /* Sends `send` to rank `to` and receives `recv` from rank `from`; a

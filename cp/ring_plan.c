@@ -268,7 +268,7 @@ static aj_status plan_common(ring_plan *p, aj_ctx *ctx, aj_device *dev, aj_comm 
     if (caps_st != AJ_OK)
         return caps_st;
     p->host_memory = caps.host_memory;
-    p->resident = !caps.host_memory && comm->engine->moves_device_memory;
+    p->resident = aj_cp_resident(dev, comm);
     p->comm = comm;
     p->layout = layout;
     p->rank = comm->rank;

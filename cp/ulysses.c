@@ -185,9 +185,7 @@ static aj_status plan_group(uly_plan *p)
         AJ_TRY(aj_cp_split(p->ctx, p->fn, p->comm, p->members, &p->a2a, &p->across));
         p->first = p->rank - p->rank % p->members;
     }
-    aj_device_caps caps = AJ_DEVICE_CAPS_INIT;
-    AJ_TRY(aj_device_get_caps(p->dev, &caps));
-    p->resident = !caps.host_memory && p->a2a->engine->moves_device_memory;
+    p->resident = aj_cp_resident(p->dev, p->a2a);
     AJ_TRY(group_runs(p, p->docs.cu_q, p->sq, &p->runs_q, &p->nruns_q, &p->gq));
     AJ_TRY(group_runs(p, p->docs.cu_k, p->sk, &p->runs_k, &p->nruns_k, &p->gk));
 done:
@@ -335,19 +333,12 @@ done:
  * free_buffer. */
 static aj_status alloc_buffer(const uly_plan *p, size_t bytes, void **out)
 {
-    if (!p->resident)
-        return aj_device_host_alloc(p->dev, bytes ? bytes : 64, 1, out);
-    aj_status st = aj_comm_block_get(p->comm, bytes, out);
-    return st == AJ_OK ? aj_device_fill32_async(p->dev, *out, 0, (bytes + 3) / 4, p->stream)
-                       : st;
+    return aj_cp_buffer(p->dev, p->comm, p->resident, bytes, 1, p->stream, out);
 }
 
 static void free_buffer(const uly_plan *p, void *ptr)
 {
-    if (p->resident)
-        aj_comm_block_put(p->comm, ptr);
-    else
-        aj_device_host_free(p->dev, ptr);
+    aj_cp_buffer_free(p->dev, p->comm, p->resident, ptr);
 }
 
 /* Every copy and launch goes on the call's stream, in order; the host
@@ -506,15 +497,13 @@ static aj_status alltoall(uly_plan *p, const uly_tensor *ts, int n, int to_heads
         const double t0 = aj_now();
         /* resident: NCCL reads the blocks once the call's stream packed
          * them (an event the engine's stream waits for) */
-        p->a2a->device_buffers = p->resident;
-        p->a2a->after_stream = p->resident ? p->stream : NULL;
+        aj_comm_device_transfers(p->a2a, p->resident, p->stream);
         if (st == AJ_OK)
             st = aj_cp_collective_status(p->ctx, p->fn,
                                          p->a2a->engine->alltoallv(p->a2a, send, send_bytes,
                                                                   send_off, recv, recv_bytes,
                                                                   recv_off));
-        p->a2a->device_buffers = false;
-        p->a2a->after_stream = NULL;
+        aj_comm_device_transfers(p->a2a, false, NULL);
         const double t = aj_now() - t0;
         p->stats->comm_s += t;
         p->stats->exposed_comm_s += t;

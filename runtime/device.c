@@ -741,11 +741,12 @@ static const aj_device_ops cpu_ops = {
 
 /* ---------------------------------------------------------------- cuda */
 
-/* Emulated launches (docs/testing.md "Emulated launches"): with
+/* Emulated launches (docs/design.md "Emulated launches"): with
  * AJ_CUDA_EMULATE=1, on a stand-in libcuda whose device memory is host
  * memory, the device keeps a sim twin that runs each launch's op again
- * over the same buffers (launch.c: aj_emulate_*), so a stand-in GPU's
- * results are real numbers.  A real driver refuses the mode. */
+ * over the same buffers (launch.c: emulate_forward and its twins), so a
+ * stand-in GPU's results are real numbers.  A real driver refuses the
+ * mode. */
 static aj_status open_twin(aj_device *dev)
 {
     const char *mode = getenv("AJ_CUDA_EMULATE");

@@ -781,6 +781,7 @@ static aj_status merge_on(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
     free(ls);
     return st;
 }
+
 /* ---------------------------------------------------------------- emulated launches */
 
 /*
@@ -789,7 +790,7 @@ static aj_status merge_on(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
  * ever -- the stand-in checks its memory and logs it -- and then the
  * kernel's sim twin (aj_compile_twin: the same op and schedule) runs the
  * same call over the same buffers, which are host memory there, so what
- * the GPU path computes are real numbers (docs/testing.md "Emulated
+ * the GPU path computes are real numbers (docs/design.md "Emulated
  * launches").  The stand-in does a stream's work when it is queued, so
  * running the twin at once keeps the stream's order.  The twin gets the
  * device's own workspace and builds its own block masks: those the GPU

@@ -119,7 +119,8 @@ struct aj_device {
     aj_cpu_device *cpu;          /* cpu's own state: device.c's */
     /* cuda with emulated launches (AJ_CUDA_EMULATE=1 on a stand-in
      * libcuda): the sim device that runs each launch again over the same
-     * memory (device.c: open_twin; launch.c: aj_emulate_*); else NULL */
+     * memory (device.c: open_twin; launch.c: emulate_forward and its
+     * twins); else NULL */
     struct aj_device *twin;
     /* a twin: the cuda device whose launches it runs again (their streams
      * are that device's: each launch's accesses go to the stand-in's

@@ -87,7 +87,7 @@ typedef struct aj_comm_block {
 
 aj_status aj_comm_block_get(aj_comm *comm, size_t bytes, void **out)
 {
-    bytes = bytes ? bytes : 64;
+    bytes = bytes ? (bytes + 3) / 4 * 4 : 64;   /* whole words: fill32 clears them */
     if (!comm->blocks && !(comm->blocks = calloc(AJ_COMM_BLOCKS, sizeof *comm->blocks)))
         return aj_fail(comm->ctx, AJ_ERR_OUT_OF_MEMORY, "out of memory");
     aj_comm_block *fit = NULL, *idle = NULL;   /* the smallest that fits; one to replace */

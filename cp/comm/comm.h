@@ -126,8 +126,8 @@ struct aj_comm {
     void *ring_stream;
 };
 
-/* Device memory of at least `bytes` on the comm's device, for the length
- * of a call: a block the comm keeps from an earlier call when one fits
+/* Device memory of at least `bytes` (whole 4-byte words) on the comm's
+ * device, for the length of a call: a block the comm keeps from an earlier call when one fits
  * (the smallest that does), else a new one it keeps from now on (up to
  * AJ_COMM_BLOCKS; past them a block of the call's own).  A resident ring
  * (cp/ring.c) takes its buffers so, and its calls after the first of a
@@ -136,6 +136,16 @@ struct aj_comm {
 enum { AJ_COMM_BLOCKS = 32 };
 aj_status aj_comm_block_get(aj_comm *comm, size_t bytes, void **out);
 void aj_comm_block_put(aj_comm *comm, void *ptr);
+
+/* The engine's next transfers move device memory in place (a resident
+ * call's), each starting on the device once `after` (a stream; NULL: no
+ * wait) has done the work queued on it so far -- or, on_device false,
+ * host memory again. */
+static inline void aj_comm_device_transfers(aj_comm *comm, bool on_device, void *after)
+{
+    comm->device_buffers = on_device;
+    comm->after_stream = on_device ? after : NULL;
+}
 
 /* The engine's shared segments (shared_segments), or AJ_ERR_UNSUPPORTED
  * where it has none, the ranks span nodes or messages_only is set. */

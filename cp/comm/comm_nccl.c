@@ -442,6 +442,15 @@ static nccl_req req_of(const aj_comm_req *req)
     return r;
 }
 
+/* The exchange `r` of req is done for its caller: its slot is free for
+ * the next one, and the request lets go of it. */
+static void release(nccl_state *s, aj_comm_req *req, nccl_req r)
+{
+    s->slots[r.slot].busy = false;
+    r.slot = -1;
+    memcpy(req->impl, &r, sizeof r);
+}
+
 static aj_status nccl_exchange_test(aj_comm *comm, aj_comm_req *req, bool *done)
 {
     nccl_req r = req_of(req);
@@ -458,9 +467,7 @@ static aj_status nccl_exchange_test(aj_comm *comm, aj_comm_req *req, bool *done)
     if (st == AJ_OK && *done) {
         if (r.recv)
             memcpy(r.recv, slot->host_recv, r.bytes);
-        slot->busy = false;
-        r.slot = -1;
-        memcpy(req->impl, &r, sizeof r);
+        release(state_of(comm), req, r);
     }
 done:
     return st;
@@ -504,9 +511,7 @@ static aj_status nccl_exchange_join(aj_comm *comm, aj_comm_req *req, void *strea
         abort_comm(s);
         return aj_cuda_fail(comm->ctx, s->cu, q, "NCCL: cuStreamWaitEvent");
     }
-    slot->busy = false;
-    r.slot = -1;
-    memcpy(req->impl, &r, sizeof r);
+    release(s, req, r);
 done:
     return st;
 }

@@ -152,7 +152,7 @@ typedef struct aj_cuda {
     aj_cu_tensor_map_encode_tiled TensorMapEncodeTiled;
     /* A stand-in libcuda's mark (tests/fake_cuda): its device memory is
      * host memory, so the emulator can run each launch again over it
-     * (emulated launches, docs/testing.md); NULL in a real driver. */
+     * (emulated launches, docs/design.md); NULL in a real driver. */
     int (*stand_in_host_memory)(void);
     /* the stand-in's stream-order model: a kernel's read (write) of device
      * memory, reported by the emulated launch after the launch on

@@ -14,7 +14,7 @@
  *                (CUDA_ERROR_NOT_READY), like work waiting on a dead peer
  * It marks itself as a stand-in (attnjit_stand_in_host_memory): with
  * AJ_CUDA_EMULATE=1 attnjit runs each launch again on its emulator over
- * this library's device memory, which is host memory (docs/testing.md
+ * this library's device memory, which is host memory (docs/design.md
  * "Emulated launches"), so the GPU path's results are real numbers;
  * FAKE_CUDA_NOT_HOST=1 makes it answer as a real driver would (no).
  * FAKE_CUDA_STUCK=1 makes any mode's GPU work never end: events stay
