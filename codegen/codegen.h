@@ -87,6 +87,7 @@ typedef struct aj_kernel_stage {
     aj_launch_info launch;
     int32_t pack_rows;           /* aj_kernel_layout's */
     int32_t plan;                /* aj_kernel_layout's (an aj_stage_plan) */
+    int64_t stack_bytes;         /* aj_kb_stage's: a host work item's stack buffers */
     aj_param_info params[AJ_KB_MAX_PARAMS];
     char param_names[AJ_KB_MAX_PARAMS][32];
     /* each parameter's table row, which the launcher binds it by

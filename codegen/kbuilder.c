@@ -208,6 +208,22 @@ void aj_kb_begin_stage(aj_kb *kb, const char *stage_name, int32_t threads)
         kb->smem_base = aj_kb_intrinsic(kb, AJ_INTR_SIM_SMEM, NULL);
 }
 
+/* The bytes of the allocas at the top of the entry block, where aj_kb_var
+ * puts every variable, each rounded up to its alignment. */
+static int64_t entry_stack_bytes(aj_kb *kb)
+{
+    LLVMTargetDataRef td = LLVMGetModuleDataLayout(kb->mod);
+    int64_t bytes = 0;
+    for (LLVMValueRef i = LLVMGetFirstInstruction(kb->entry); i; i = LLVMGetNextInstruction(i)) {
+        if (LLVMGetInstructionOpcode(i) != LLVMAlloca)
+            continue;
+        int64_t align = LLVMGetAlignment(i) > 0 ? LLVMGetAlignment(i) : 16;
+        int64_t size = (int64_t)LLVMABISizeOfType(td, LLVMGetAllocatedType(i));
+        bytes += (size + align - 1) / align * align;
+    }
+    return bytes;
+}
+
 void aj_kb_finish(aj_kb *kb, const aj_kernel_layout *layout)
 {
     if (kb->depth != 0)
@@ -224,6 +240,7 @@ void aj_kb_finish(aj_kb *kb, const aj_kernel_layout *layout)
     stage->block_threads = kb->block_threads;
     stage->min_ctas_per_sm = kb->min_ctas_per_sm;
     stage->dynamic_smem = kb->dynamic_smem;
+    stage->stack_bytes = entry_stack_bytes(kb);
     stage->layout = *layout;
     /* the next kernel starts from nothing: no parameters, no shared memory */
     kb->fn = NULL;

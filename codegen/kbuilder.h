@@ -84,6 +84,10 @@ typedef struct aj_kb_stage {
     int32_t block_threads;
     int32_t min_ctas_per_sm;
     int32_t dynamic_smem;
+    /* host targets: the bytes of the entry block's allocas (a work item's
+     * stack buffers), which the cpu device checks a calling thread's stack
+     * against before it runs items there (runtime/cpu/pool.c) */
+    int64_t stack_bytes;
     aj_kernel_layout layout;
 } aj_kb_stage;
 

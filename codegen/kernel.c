@@ -30,6 +30,7 @@ static void stage_from_kb(aj_kernel_stage *ks, const aj_kb_stage *st)
     ks->launch.schedule = st->layout.schedule;
     ks->pack_rows = st->layout.pack_rows;
     ks->plan = (int32_t)st->layout.plan;
+    ks->stack_bytes = st->stack_bytes;
 }
 
 aj_status aj_kernel_new(aj_ctx *ctx, const aj_kb_stage *stages, int num_stages,
@@ -195,15 +196,16 @@ aj_status aj_kernel_compile_stats(const aj_kernel *kernel, aj_compile_stats *out
  * with, per stage,
  *
  *   str entry   i32 block[3]   {i32 extent, i32 per_block}[3]
- *   i32 dynamic_smem   aj_schedule   i32 pack_rows   i32 plan   i32 num_params
+ *   i32 dynamic_smem   aj_schedule   i32 pack_rows   i32 plan   i64 stack_bytes
+ *   i32 num_params
  *   {str name, u32 type, i32 id}*
  *
  * where str is u32 length + bytes, and object is a host kernel's object
  * code (object_size 0 for GPU kernels).  Format 2 added the stages, 3 the
  * object code, 4 pack_rows, 5 the parameters' table rows (ids), 6 sinks,
- * 7 tensor_grad, 8 kv_shared, 9 plan.
+ * 7 tensor_grad, 8 kv_shared, 9 plan, 10 stack_bytes.
  */
-#define KERNEL_FORMAT 9u
+#define KERNEL_FORMAT 10u
 
 typedef struct byte_writer {
     uint8_t *buf;
@@ -262,6 +264,7 @@ aj_status aj_kernel_serialize(aj_ctx *ctx, const aj_kernel *k, uint8_t **out, si
         put(&w, &ks->launch.schedule, sizeof ks->launch.schedule);
         put(&w, &ks->pack_rows, 4);
         put(&w, &ks->plan, 4);
+        put(&w, &ks->stack_bytes, 8);
         put(&w, &ks->launch.num_params, 4);
         for (int i = 0; i < ks->launch.num_params; i++) {
             put_str(&w, ks->params[i].name);
@@ -333,6 +336,9 @@ static void get_stage(byte_reader *r, aj_kb_stage *st)
     if ((unsigned)plan > AJ_STAGE_UNUSED)
         r->failed = 1;
     st->layout.plan = (aj_stage_plan)plan;
+    get(r, &st->stack_bytes, 8);
+    if (st->stack_bytes < 0)
+        r->failed = 1;
     get(r, &st->num_params, 4);
     if (st->num_params < 0 || st->num_params > AJ_KB_MAX_PARAMS)
         r->failed = 1;

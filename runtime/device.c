@@ -723,8 +723,9 @@ static void cpu_caps(const aj_device *dev, aj_device_caps *c)
 
 static aj_status cpu_launch(aj_ctx *ctx, aj_device *dev, const aj_device_launch *l)
 {
-    return aj_cpu_launch(ctx, dev->cpu, dev->workers, l->kernel->stages[l->stage].host_entry,
-                         l->grid, l->argv);
+    const aj_kernel_stage *ks = &l->kernel->stages[l->stage];
+    return aj_cpu_launch(ctx, dev->cpu, dev->workers, ks->host_entry, ks->stack_bytes, l->grid,
+                         l->argv);
 }
 
 static const aj_device_ops cpu_ops = {

@@ -68,7 +68,7 @@ static void run_item(void *arg, int64_t i)
 }
 
 aj_status aj_cpu_launch(aj_ctx *ctx, aj_cpu_device *cpu, int workers, aj_host_entry_fn entry,
-                        const int32_t grid[3], void **args)
+                        int64_t stack_bytes, const int32_t grid[3], void **args)
 {
     int threads = workers > 0 ? workers : aj_cpu_default_workers();
     pthread_mutex_lock(&cpu->pool_lock);
@@ -79,7 +79,8 @@ aj_status aj_cpu_launch(aj_ctx *ctx, aj_cpu_device *cpu, int workers, aj_host_en
     if (st != AJ_OK)
         return st;
     launch l = {entry, {grid[0], grid[1], grid[2]}, args};
-    aj_cpu_pool_run(pool, threads, (int64_t)grid[0] * grid[1] * grid[2], run_item, &l);
+    aj_cpu_pool_run(pool, threads, (int64_t)grid[0] * grid[1] * grid[2], stack_bytes, run_item,
+                    &l);
     return AJ_OK;
 }
 

@@ -27,10 +27,12 @@ void aj_cpu_device_close(aj_cpu_device *cpu);
 int aj_cpu_default_workers(void);
 /* Runs entry over every work item of grid (x, y, z) with `args` (one
  * pointer per kernel parameter, as kernelParams) on `workers` threads
- * (0: aj_cpu_default_workers()).  Threads may launch on one device at
- * once: each launch is a batch of its own on the shared pool. */
+ * (0: aj_cpu_default_workers()), the calling one among them where its
+ * stack has room for an item's `stack_bytes` (aj_cpu_pool_run).  Threads
+ * may launch on one device at once: each launch is a batch of its own on
+ * the shared pool. */
 aj_status aj_cpu_launch(aj_ctx *ctx, aj_cpu_device *cpu, int workers, aj_host_entry_fn entry,
-                        const int32_t grid[3], void **args);
+                        int64_t stack_bytes, const int32_t grid[3], void **args);
 /* Host memory as the host devices (sim, cpu) hand it out: 64-byte
  * aligned, the size rounded up to 64 bytes and 64 more (a vector read
  * past a buffer's end stays inside); NULL when out of memory, free()d. */

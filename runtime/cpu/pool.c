@@ -16,11 +16,23 @@
  * it has left the queue and the last worker inside has left it.  So any
  * number of threads may submit at once: each waits on its own batch, no
  * submitter overwrites another's, and no wake-up is lost (every state
- * change is made under the pool's lock and announced by broadcast).
- * Items never run on the caller's stack, whose size the library does not
- * control.  The pool only grows: a batch narrower than the pool is joined
- * by at most `width` workers.
+ * change is made under the pool's lock and announced by broadcast).  The
+ * pool only grows: a batch narrower than the pool is joined by at most
+ * `width` workers.
+ *
+ * The caller runs items too, where its stack has room for them (docs/cpu.md
+ * "Small shapes"): it is then one of the batch's `width` threads, claims
+ * items from the same counter as soon as it has queued the batch, and waits
+ * only for the items workers are still running when none is left.  Waking
+ * a sleeping worker takes tens of microseconds (on a virtual machine about
+ * 40 us, more than a small launch's arithmetic), and the caller's own wake
+ * as much again; a caller that works meanwhile pays neither, and a batch of
+ * one item, or a launch on one thread, never touches the workers.  A
+ * kernel's item keeps its buffers on the stack (the stage's stack_bytes),
+ * so a thread whose stack has less room left than those and a margin only
+ * waits, as every caller did before.
  */
+#define _GNU_SOURCE   /* pthread_getattr_np */
 #include "runtime/cpu/pool.h"
 
 #include <pthread.h>
@@ -35,6 +47,15 @@
  * schedule); give workers room whatever RLIMIT_STACK says. */
 #define WORKER_STACK_BYTES ((size_t)16 << 20)
 
+/* What a calling thread's stack must have left beyond an item's buffers
+ * before the item runs there: the kernel's spills and the calls it makes
+ * (libm, the runtime's helpers). */
+#define CALLER_STACK_MARGIN ((int64_t)512 << 10)
+
+/* How many pause instructions a caller spins for its batch's last items
+ * (a few tens of microseconds) before it sleeps. */
+#define CALLER_SPINS 20000
+
 typedef struct batch {
     struct batch *next_in_queue;
     aj_cpu_item_fn fn;
@@ -45,6 +66,7 @@ typedef struct batch {
     int joined;                  /* workers that joined (pool lock) */
     int inside;                  /* workers still running it (pool lock) */
     bool queued;                 /* still open to workers (pool lock) */
+    atomic_bool done;            /* inside reached 0 (set under the lock) */
     pthread_cond_t finished;     /* signalled when it is done */
 } batch;
 
@@ -102,8 +124,10 @@ static void *worker_main(void *arg)
         pthread_mutex_lock(&pool->lock);
         if (b->queued)           /* every item is claimed: no one else need join */
             dequeue(pool, b);
-        if (--b->inside == 0)
+        if (--b->inside == 0) {   /* the last touch of b: its caller waits for the lock */
+            atomic_store_explicit(&b->done, true, memory_order_release);
             pthread_cond_signal(&b->finished);
+        }
     }
     pthread_mutex_unlock(&pool->lock);
     return NULL;
@@ -172,22 +196,81 @@ void aj_cpu_pool_destroy(aj_cpu_pool *pool)
     free(pool);
 }
 
-void aj_cpu_pool_run(aj_cpu_pool *pool, int width, int64_t n, aj_cpu_item_fn fn, void *arg)
+/* The bytes left below the caller's frame on its thread's stack, from the
+ * stack's bounds (looked up once per thread); 0 where they are unknown. */
+static int64_t stack_left(void)
+{
+    static _Thread_local uintptr_t low;   /* 0: not looked up yet; 1: unknown */
+    if (!low) {
+        low = 1;
+        pthread_attr_t attr;
+        if (pthread_getattr_np(pthread_self(), &attr) == 0) {
+            void *addr;
+            size_t size;
+            if (pthread_attr_getstack(&attr, &addr, &size) == 0 && (uintptr_t)addr > 1)
+                low = (uintptr_t)addr;
+            pthread_attr_destroy(&attr);
+        }
+    }
+    /* the frame's own address, not a local's (a sanitizer may keep those
+     * on a heap "fake stack") */
+    uintptr_t here = (uintptr_t)__builtin_frame_address(0);
+    return low > 1 && here > low ? (int64_t)(here - low) : 0;
+}
+
+static void relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+}
+
+void aj_cpu_pool_run(aj_cpu_pool *pool, int width, int64_t n, int64_t item_stack,
+                     aj_cpu_item_fn fn, void *arg)
 {
     if (n <= 0)
         return;
-    batch b = {.fn = fn, .arg = arg, .n = n, .width = width, .queued = true};
+    const bool caller = item_stack >= 0 && stack_left() >= item_stack + CALLER_STACK_MARGIN;
+    batch b = {.fn = fn, .arg = arg, .n = n, .queued = true};
     atomic_init(&b.next_item, 0);
-    pthread_cond_init(&b.finished, NULL);
+    atomic_init(&b.done, false);
     pthread_mutex_lock(&pool->lock);
-    if (b.width < 1 || b.width > pool->started)
-        b.width = pool->started;
+    /* the threads that run items, the caller among them where it can */
+    int runners = width < 1 ? pool->started : width;
+    if (runners > pool->started + caller)
+        runners = pool->started + caller;
+    b.width = runners - caller;
+    if (caller && (b.width == 0 || n == 1)) {   /* this thread alone */
+        pthread_mutex_unlock(&pool->lock);
+        drain(&b);
+        return;
+    }
+    pthread_cond_init(&b.finished, NULL);
     if (pool->tail)
         pool->tail->next_in_queue = &b;
     else
         pool->head = &b;
     pool->tail = &b;
+    b.inside = caller;
     pthread_cond_broadcast(&pool->posted);
+    if (caller) {
+        pthread_mutex_unlock(&pool->lock);
+        drain(&b);
+        pthread_mutex_lock(&pool->lock);
+        if (b.queued)            /* every item is claimed: no worker need join */
+            dequeue(pool, &b);
+        bool last = --b.inside == 0;
+        pthread_mutex_unlock(&pool->lock);
+        /* the workers still inside are each finishing one item */
+        for (int k = 0; !last && k < CALLER_SPINS; k++) {
+            if (atomic_load_explicit(&b.done, memory_order_acquire))
+                break;
+            relax();
+        }
+        /* done or not, the lock orders this return after the last worker's
+         * touch of b (it sets done and signals under the lock) */
+        pthread_mutex_lock(&pool->lock);
+    }
     while (b.queued || b.inside > 0)
         pthread_cond_wait(&b.finished, &pool->lock);
     pthread_mutex_unlock(&pool->lock);

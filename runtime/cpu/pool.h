@@ -23,10 +23,15 @@ void aj_cpu_pool_destroy(aj_cpu_pool *pool);
  * Safe while batches run.  AJ_ERR_OUT_OF_MEMORY as for create (the
  * workers started before the failure stay). */
 aj_status aj_cpu_pool_grow(aj_ctx *ctx, aj_cpu_pool *pool, int threads);
-/* Runs fn(arg, i) for every i in [0, n) on at most `width` of the pool's
- * threads (< 1 or more than the pool: all of them), each item once, in any
- * order, and returns when all are done.  Any number of threads may call
- * it at once on one pool: batches are served in the order they came. */
-void aj_cpu_pool_run(aj_cpu_pool *pool, int width, int64_t n, aj_cpu_item_fn fn, void *arg);
+/* Runs fn(arg, i) for every i in [0, n) on at most `width` threads (< 1:
+ * as many as the pool has workers; never more than its workers and the
+ * caller), each item once, in any order, and returns when all are done.
+ * The calling thread is one of them where its stack has item_stack bytes
+ * and a margin left (item_stack < 0: never): an item's stack buffers (a
+ * stage's stack_bytes).  Any number of threads
+ * may call it at once on one pool: batches are served in the order they
+ * came. */
+void aj_cpu_pool_run(aj_cpu_pool *pool, int width, int64_t n, int64_t item_stack,
+                     aj_cpu_item_fn fn, void *arg);
 
 #endif /* AJ_RUNTIME_CPU_POOL_H */

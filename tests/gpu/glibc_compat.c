@@ -87,6 +87,9 @@ WRAP(int, pthread_rwlock_rdlock, (pthread_rwlock_t *l), (l))
 WRAP(int, pthread_rwlock_wrlock, (pthread_rwlock_t *l), (l))
 WRAP(int, pthread_rwlock_unlock, (pthread_rwlock_t *l), (l))
 WRAP(int, pthread_attr_setstacksize, (pthread_attr_t *a, size_t bytes), (a, bytes))
+WRAP(int, pthread_attr_getstack, (const pthread_attr_t *a, void **addr, size_t *bytes),
+     (a, addr, bytes))
+WRAP(int, pthread_getattr_np, (pthread_t t, pthread_attr_t *a), (t, a))   /* 2.32 */
 WRAP(int, pthread_sigmask, (int how, const sigset_t *set, sigset_t *old), (how, set, old))
 WRAP(void *, dlopen, (const char *file, int mode), (file, mode))
 WRAP(int, dlclose, (void *handle), (handle))

@@ -3,14 +3,22 @@
  * thread counts, and every error a caller can provoke (status and
  * message); and that a launch gives the same bits on 1, 2 or 3 threads
  * (each work item is computed whole by one thread, so the split cannot
- * change a result).  About 2 s.
+ * change a result), launched from a thread with room on its stack (which
+ * then runs items itself) or without; the pool's caller rule; a stage's
+ * stack_bytes.  About 3 s.
  */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "check.h"
+#include "codegen/codegen.h"
+#include "runtime/cpu/pool.h"
 #include "runtime/runtime.h"
 
 static aj_ctx *ctx;
@@ -61,6 +69,33 @@ static void test_open(void)
            (aj_device_set_workers(dev, 0), aj_device_workers(dev)));
     aj_device_close(dev);
     CHECK(aj_device_workers(NULL) == 0);
+}
+
+/* A call made from a thread with a 256 KB stack: less than any kernel's
+ * items need beside the pool's margin, so they run on workers only. */
+typedef struct small_stack_call {
+    aj_device *dev;
+    aj_kernel *k;
+    const aj_fwd_args *args;
+    aj_status st;
+} small_stack_call;
+
+static void *forward_on(void *arg)
+{
+    small_stack_call *c = arg;
+    c->st = aj_forward(ctx, c->dev, c->k, c->args);
+    return NULL;
+}
+
+static bool on_small_stack(void *(*fn)(void *), void *arg)
+{
+    pthread_attr_t attr;
+    pthread_t t;
+    pthread_attr_init(&attr);
+    pthread_attr_setstacksize(&attr, (size_t)256 << 10);
+    bool ok = pthread_create(&t, &attr, fn, arg) == 0 && pthread_join(t, NULL) == 0;
+    pthread_attr_destroy(&attr);
+    return ok;
 }
 
 /* Ops the cpu target does not implement, or implements with limits. */
@@ -149,8 +184,8 @@ static void test_threads_same_bits(void)
     if (!k || !dev)
         return;
     size_t nq = (size_t)B * HQ * S * D, nk = (size_t)B * HKV * S * D;
-    uint16_t *q = malloc(nq * 2), *kv = malloc(nk * 2), *o[3];
-    float *lse[3];
+    uint16_t *q = malloc(nq * 2), *kv = malloc(nk * 2), *o[4];
+    float *lse[4];
     uint64_t rng = 5;
     for (size_t i = 0; i < nq; i++) {
         rng = rng * 6364136223846793005ull + 1442695040888963407ull;
@@ -163,21 +198,31 @@ static void test_threads_same_bits(void)
     a.q = (aj_tensor){q, AJ_DTYPE_BF16, 4, {B, HQ, S, D}, {HQ * S * D, S * D, D, 1}};
     a.k = (aj_tensor){kv, AJ_DTYPE_BF16, 4, {B, HKV, S, D}, {HKV * S * D, S * D, D, 1}};
     a.v = a.k;
-    for (int t = 0; t < 3; t++) {
+    /* 1, 2, 3 threads from this thread (which runs items: its stack has
+     * room), then 2 from a thread whose small stack has none */
+    for (int t = 0; t < 4; t++) {
         o[t] = calloc(nq, 2);
         lse[t] = calloc((size_t)B * HQ * S, 4);
         a.o = a.q;
         a.o.data = o[t];
         a.lse = (aj_tensor){lse[t], AJ_DTYPE_F32, 3, {B, HQ, S, 0}, {HQ * S, S, 1, 0}};
-        CHECK_STATUS(ctx, aj_device_set_workers(dev, t + 1), AJ_OK);
-        CHECK_STATUS(ctx, aj_forward(ctx, dev, k, &a), AJ_OK);
+        CHECK_STATUS(ctx, aj_device_set_workers(dev, t < 3 ? t + 1 : 2), AJ_OK);
+        if (t < 3) {
+            CHECK_STATUS(ctx, aj_forward(ctx, dev, k, &a), AJ_OK);
+        } else {
+            small_stack_call call = {dev, k, &a, AJ_ERR_INTERNAL};
+            CHECK(on_small_stack(forward_on, &call));
+            CHECK_STATUS(ctx, call.st, AJ_OK);
+        }
     }
-    for (int t = 1; t < 3; t++) {
-        CHECK_MSG(memcmp(o[0], o[t], nq * 2) == 0, "O from %d threads differs from 1", t + 1);
+    for (int t = 1; t < 4; t++) {
+        CHECK_MSG(memcmp(o[0], o[t], nq * 2) == 0, "O from %d threads%s differs from 1",
+                  t < 3 ? t + 1 : 2, t < 3 ? "" : " (small-stack caller)");
         CHECK_MSG(memcmp(lse[0], lse[t], (size_t)B * HQ * S * 4) == 0,
-                  "LSE from %d threads differs from 1", t + 1);
+                  "LSE from %d threads%s differs from 1", t < 3 ? t + 1 : 2,
+                  t < 3 ? "" : " (small-stack caller)");
     }
-    for (int t = 0; t < 3; t++) {
+    for (int t = 0; t < 4; t++) {
         free(o[t]);
         free(lse[t]);
     }
@@ -212,6 +257,101 @@ static void test_scratch(void)
     aj_device_close(d);
 }
 
+/* The pool's caller rule (aj_cpu_pool_run): which thread ran each item. */
+typedef struct pool_probe {
+    pthread_t caller;
+    atomic_int on_caller, runs[64];
+    int sleep_us;
+} pool_probe;
+
+static void probe_item(void *arg, int64_t i)
+{
+    pool_probe *p = arg;
+    if (pthread_equal(pthread_self(), p->caller))
+        atomic_fetch_add(&p->on_caller, 1);
+    atomic_fetch_add(&p->runs[i], 1);
+    if (p->sleep_us) {
+        struct timespec ts = {0, (long)p->sleep_us * 1000};
+        nanosleep(&ts, NULL);
+    }
+}
+
+/* Runs 64 items of sleep_us each; how many ran on this thread (-1 if an
+ * item did not run exactly once). */
+static int probe(aj_cpu_pool *pool, int width, int64_t item_stack, int sleep_us)
+{
+    pool_probe p = {.caller = pthread_self(), .sleep_us = sleep_us};
+    aj_cpu_pool_run(pool, width, 64, item_stack, probe_item, &p);
+    for (int i = 0; i < 64; i++)
+        if (atomic_load(&p.runs[i]) != 1)
+            return -1;
+    return atomic_load(&p.on_caller);
+}
+
+typedef struct probe_call {
+    aj_cpu_pool *pool;
+    int on_caller;
+} probe_call;
+
+static void *probe_small_stack(void *arg)
+{
+    probe_call *c = arg;
+    c->on_caller = probe(c->pool, 0, 0, 0);
+    return NULL;
+}
+
+static void test_pool_caller(void)
+{
+    aj_cpu_pool *pool = NULL;
+    CHECK(aj_cpu_pool_create(ctx, 2, &pool) == AJ_OK);
+    if (!pool)
+        return;
+    /* one thread: the caller alone; never: the workers alone */
+    CHECK_MSG(probe(pool, 1, 0, 0) == 64, "width 1: the caller runs every item");
+    CHECK_MSG(probe(pool, 1, (int64_t)1 << 12, 0) == 64, "a small item_stack fits");
+    CHECK_MSG(probe(pool, 0, -1, 0) == 0, "item_stack < 0: the caller runs none");
+    CHECK_MSG(probe(pool, 0, (int64_t)1 << 40, 0) == 0, "items too big for the caller's stack");
+    /* the caller and the workers share a batch of slow items */
+    int mine = probe(pool, 3, 0, 300);
+    CHECK_MSG(mine > 0 && mine < 64, "width 3, 64 items of 300 us: the caller ran %d", mine);
+    /* a thread whose stack is under the margin only waits */
+    probe_call c = {pool, -2};
+    CHECK(on_small_stack(probe_small_stack, &c));
+    CHECK_MSG(c.on_caller == 0, "a 256 KB stack's thread ran %d items itself", c.on_caller);
+    aj_cpu_pool_destroy(pool);
+}
+
+/* A cpu stage's stack_bytes: its items' buffers, growing with the head
+ * dim and the blocks, and kept by the kernel's bytes (format 10). */
+static void test_stack_bytes(void)
+{
+    aj_kernel *small = NULL, *big = NULL, *back = NULL;
+    CHECK_STATUS(ctx, compile("attention forward flash { dtype = f32 head_dim = 64 "
+                              "schedule = (block_m = 32, block_n = 32) }", AJ_TARGET_CPU,
+                              AJ_EMIT_LLVM_IR, &small), AJ_OK);
+    CHECK_STATUS(ctx, compile("attention forward flash { dtype = f32 head_dim = 512 "
+                              "schedule = (block_m = 256, block_n = 256) }", AJ_TARGET_CPU,
+                              AJ_EMIT_LLVM_IR, &big), AJ_OK);
+    if (!small || !big)
+        return;
+    /* Q, Kt, V, S, O: 32 x 64 + 64 x 32 + 32 x 64 + 32 x 32 + 32 x 64 floats */
+    int64_t want_small = 4 * (32 * 64 * 4 + 32 * 32);
+    int64_t s = small->stages[0].stack_bytes, b = big->stages[0].stack_bytes;
+    CHECK_MSG(s >= want_small && s < want_small + 4096, "d 64, 32 x 32: stack_bytes %lld, "
+              "want %lld and a little", (long long)s, (long long)want_small);
+    CHECK_MSG(b > (int64_t)2 << 20 && b < (int64_t)3 << 20,
+              "d 512, 256 x 256: stack_bytes %lld, want 2-3 MB", (long long)b);
+    uint8_t *bytes = NULL;
+    size_t n = 0;
+    CHECK_STATUS(ctx, aj_kernel_serialize(ctx, big, &bytes, &n), AJ_OK);
+    CHECK_STATUS(ctx, aj_kernel_deserialize(ctx, bytes, n, &back), AJ_OK);
+    CHECK(back && back->stages[0].stack_bytes == b);
+    free(bytes);
+    aj_kernel_destroy(back);
+    aj_kernel_destroy(small);
+    aj_kernel_destroy(big);
+}
+
 int main(void)
 {
     CHECK(aj_ctx_create(NULL, &ctx) == AJ_OK);
@@ -220,6 +360,8 @@ int main(void)
     test_wrong_device();
     test_threads_same_bits();
     test_scratch();
+    test_pool_caller();
+    test_stack_bytes();
     aj_ctx_destroy(ctx);
     return check_report();
 }
