@@ -9,7 +9,9 @@ The IR body (every field but the header) travels through the ops as a
 string; each op names its kind and variant, compiles the op on first use
 per (op, device) and keeps the kernel (the C library's kernel cache also
 keeps it on disk).  Tensors bind to the C argument structs by field name;
-side tensors by their declared names.
+side tensors by their declared names.  An eager call on plain tensors runs
+the ops' implementations and registered backward without the custom ops'
+dispatch (_eager, _Direct; docs/python.md "Eager calls").
 """
 import collections
 import ctypes
@@ -354,8 +356,7 @@ def backward_into(do, q, k, v, o, lse, dq, dk, dv, bias, dbias, alibi_slopes, si
     _launch(_lib.aj_backward, kernel, dev, a)
 
 
-@torch.library.custom_op("attnjit::attention_fwd", mutates_args=())
-def _attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+def _attention_fwd_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                    bias: Optional[torch.Tensor], alibi_slopes: Optional[torch.Tensor],
                    side: List[torch.Tensor], rng: Optional[torch.Tensor], variant: str,
                    body: str, head_offset: int = 0,
@@ -369,6 +370,10 @@ def _attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     return o, lse
 
 
+_attention_fwd = torch.library.custom_op("attnjit::attention_fwd",
+                                         mutates_args=())(_attention_fwd_impl)
+
+
 @_attention_fwd.register_fake
 def _attention_fwd_fake(q, k, v, bias, alibi_slopes, side, rng, variant, body, head_offset=0,
                         heads_q_total=0):
@@ -378,8 +383,7 @@ def _attention_fwd_fake(q, k, v, bias, alibi_slopes, side, rng, variant, body, h
             q.new_empty((B, Hq, Sq), dtype=torch.float32))
 
 
-@torch.library.custom_op("attnjit::attention_bwd", mutates_args=())
-def _attention_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+def _attention_bwd_impl(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                    o: torch.Tensor, lse: torch.Tensor, bias: Optional[torch.Tensor],
                    alibi_slopes: Optional[torch.Tensor], side: List[torch.Tensor],
                    rng: Optional[torch.Tensor], variant: str, body: str, head_offset: int = 0,
@@ -397,6 +401,10 @@ def _attention_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.
                   dsinks=dsinks if dsinks.numel() else None,
                   dside=dside if any(_side_grad_flags(body)) else None)
     return dq, dk, dv, dbias, dsinks, dside
+
+
+_attention_bwd = torch.library.custom_op("attnjit::attention_bwd",
+                                         mutates_args=())(_attention_bwd_impl)
 
 
 @_attention_bwd.register_fake
@@ -459,7 +467,9 @@ def _setup_context(ctx, inputs, output):
 
 def _backward(ctx, do, dlse):
     q, k, v, o, lse, bias, alibi_slopes, rng, *side = ctx.saved_tensors
-    dq, dk, dv, dbias, dsinks, dside = torch.ops.attnjit.attention_bwd(
+    eager = _eager(do, q, k, v, o, lse, bias, alibi_slopes, rng, *side)
+    bwd = _attention_bwd_impl if eager else torch.ops.attnjit.attention_bwd
+    dq, dk, dv, dbias, dsinks, dside = bwd(
         do, q, k, v, o, lse, bias, alibi_slopes, side, rng, ctx.variant, ctx.body, *ctx.heads)
     dbias = dbias.to(bias.dtype) if bias is not None else None
     heads = tuple(ctx.heads) if len(ctx.heads) == 2 else (0, 0)
@@ -473,8 +483,7 @@ _attention_fwd.register_autograd(_backward, setup_context=_setup_context)
 
 # layout = varlen: q (Tq, Hq, D), k (Tk, Hkv, D), v (Tk, Hkv, Dv), o (Tq, Hq, Dv),
 # lse (Hq, Tq), with cu_seqlens_q / _k (int32, B + 1) and the length bounds
-@torch.library.custom_op("attnjit::attention_varlen_fwd", mutates_args=())
-def _attention_varlen_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+def _attention_varlen_fwd_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                           cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
                           max_seqlen_q: int, max_seqlen_k: int,
                           alibi_slopes: Optional[torch.Tensor], side: List[torch.Tensor],
@@ -491,6 +500,10 @@ def _attention_varlen_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     return o, lse
 
 
+_attention_varlen_fwd = torch.library.custom_op("attnjit::attention_varlen_fwd",
+                                                mutates_args=())(_attention_varlen_fwd_impl)
+
+
 @_attention_varlen_fwd.register_fake
 def _attention_varlen_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                max_seqlen_k, alibi_slopes, side, rng, variant, body,
@@ -501,8 +514,7 @@ def _attention_varlen_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q
             q.new_empty((Hq, Tq), dtype=torch.float32))
 
 
-@torch.library.custom_op("attnjit::attention_varlen_bwd", mutates_args=())
-def _attention_varlen_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
+def _attention_varlen_bwd_impl(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
                           v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
                           cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
                           max_seqlen_q: int, max_seqlen_k: int,
@@ -523,6 +535,10 @@ def _attention_varlen_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
     return dq, dk, dv, dsinks, dside
 
 
+_attention_varlen_bwd = torch.library.custom_op("attnjit::attention_varlen_bwd",
+                                                mutates_args=())(_attention_varlen_bwd_impl)
+
+
 @_attention_varlen_bwd.register_fake
 def _attention_varlen_bwd_fake(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                max_seqlen_k, alibi_slopes, side, rng, variant, body,
@@ -541,7 +557,9 @@ def _setup_varlen_context(ctx, inputs, output):
 
 def _varlen_backward(ctx, do, dlse):
     q, k, v, o, lse, cu_q, cu_k, alibi_slopes, rng, *side = ctx.saved_tensors
-    dq, dk, dv, dsinks, dside = torch.ops.attnjit.attention_varlen_bwd(
+    eager = _eager(do, q, k, v, o, lse, cu_q, cu_k, alibi_slopes, rng, *side)
+    bwd = _attention_varlen_bwd_impl if eager else torch.ops.attnjit.attention_varlen_bwd
+    dq, dk, dv, dsinks, dside = bwd(
         do, q, k, v, o, lse, cu_q, cu_k, *ctx.bounds, alibi_slopes, side, rng, ctx.variant,
         ctx.body, *ctx.heads)
     heads = tuple(ctx.heads) if len(ctx.heads) == 2 else (0, 0)
@@ -553,6 +571,79 @@ def _varlen_backward(ctx, do, dlse):
 
 
 _attention_varlen_fwd.register_autograd(_varlen_backward, setup_context=_setup_varlen_context)
+
+
+# ---------------------------------------------------------------- eager calls
+
+def _eager(*tensors):
+    """Whether a call may run an op's implementation without the custom op:
+    eager mode (no torch.compile, TorchScript trace, functorch transform,
+    torch function or dispatch mode, each of which must see the op) and
+    plain tensors (no subclass: FakeTensor, FunctionalTensor, DTensor ...)
+    on the cpu or a GPU.  torch.library's Python dispatch of a custom op
+    costs about 0.1 ms a call on the team's hosts, more than the whole
+    attention at small shapes (docs/python.md "Eager calls")."""
+    if (torch.compiler.is_compiling() or torch._C._get_tracing_state() is not None
+            or torch._C._are_functorch_transforms_active()
+            or torch._C._len_torch_dispatch_stack() > 0
+            or torch._C._is_torch_function_mode_enabled()):
+        return False
+    return all(t is None or (type(t) is torch.Tensor and t.device.type in ("cpu", "cuda"))
+               for t in tensors)
+
+
+# each forward op's implementation, its autograd setup and backward (as
+# registered with the custom op) and the index of its side-tensor list
+_DIRECT = {
+    "padded": (_attention_fwd_impl, _setup_context, _backward, 5),
+    "varlen": (_attention_varlen_fwd_impl, _setup_varlen_context, _varlen_backward, 8),
+}
+
+
+class _Direct(torch.autograd.Function):
+    """A forward op and its registered backward for an eager call (_eager),
+    without the custom op's dispatch: the same implementation, context and
+    gradients.  The side tensors travel flattened after the op's other
+    inputs (autograd sees a tensor only as an argument of its own)."""
+
+    @staticmethod
+    def forward(ctx, layout, n_side, *flat):
+        impl, setup, _, at = _DIRECT[layout]
+        inputs = _unflatten(flat, n_side, at)
+        out = impl(*inputs)
+        setup(ctx, inputs, out)
+        ctx.layout, ctx.n_side = layout, n_side
+        return out
+
+    @staticmethod
+    def backward(ctx, do, dlse):
+        _, _, backward, at = _DIRECT[ctx.layout]
+        grads = backward(ctx, do, dlse)
+        return (None, None) + _flatten(grads, at)
+
+
+def _flatten(items, at):
+    """items with the list at index `at` moved, spread, to the end."""
+    return tuple(items[:at]) + tuple(items[at + 1:]) + tuple(items[at])
+
+
+def _unflatten(flat, n_side, at):
+    """_flatten's inverse: the last n_side items as a list at index `at`."""
+    rest = list(flat[:len(flat) - n_side])
+    return rest[:at] + [list(flat[len(flat) - n_side:])] + rest[at:]
+
+
+def _forward_op(layout, *inputs):
+    """The forward op `layout` ("padded": attention_fwd, "varlen":
+    attention_varlen_fwd) on inputs, as an eager call where it may be."""
+    at = _DIRECT[layout][3]
+    side = inputs[at]
+    tensors = [t for t in inputs if t is None or isinstance(t, torch.Tensor)]
+    if _eager(*tensors, *side):
+        return _Direct.apply(layout, len(side), *_flatten(inputs, at))
+    op = torch.ops.attnjit.attention_fwd if layout == "padded" \
+        else torch.ops.attnjit.attention_varlen_fwd
+    return op(*inputs)
 
 
 # ---------------------------------------------------------------- the entry point
@@ -583,8 +674,7 @@ def attention(q, k, v, *, causal=False, window=None, softcap=None, alibi_slopes=
     q, k, v, bias, alibi_slopes, side, rng, variant, body = _prepare(
         q, k, v, causal, window, softcap, alibi_slopes, bias, scale, dropout_p, mask, score_mod,
         tensors, variant, sinks=sinks, oob=oob)
-    o, lse = torch.ops.attnjit.attention_fwd(q, k, v, bias, alibi_slopes, side, rng, variant,
-                                             body)
+    o, lse = _forward_op("padded", q, k, v, bias, alibi_slopes, side, rng, variant, body)
     return (o, lse) if return_lse else o
 
 
@@ -630,9 +720,9 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     q, k, v, _, alibi_slopes, side, rng, variant, body = _prepare(
         q, k, v, causal, window, softcap, alibi_slopes, None, scale, dropout_p, mask, score_mod,
         tensors, variant, layout="varlen", sinks=sinks, oob=oob)
-    o, lse = torch.ops.attnjit.attention_varlen_fwd(
-        q, k, v, cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous(), bounds[0], bounds[1],
-        alibi_slopes, side, rng, variant, body)
+    o, lse = _forward_op("varlen", q, k, v, cu_seqlens_q.contiguous(),
+                         cu_seqlens_k.contiguous(), bounds[0], bounds[1], alibi_slopes, side,
+                         rng, variant, body)
     return (o, lse) if return_lse else o
 
 
