@@ -6,6 +6,7 @@
 #define AJ_RUNTIME_CPU_DEVICE_H
 
 #include <pthread.h>
+#include <stdatomic.h>
 
 #include "codegen/codegen.h"
 #include "runtime/cpu/pool.h"
@@ -19,6 +20,13 @@ typedef struct aj_cpu_device {
     void *scratch;
     size_t scratch_bytes;
     int scratch_taken;
+    /* the last launch's time per item of each stage entry (a few slots,
+     * by the entry's address), which tells short launches, whose caller
+     * runs items, from long ones (aj_cpu_launch) */
+    struct {
+        _Atomic(uintptr_t) entry;
+        atomic_llong ns_per_item;
+    } item_time[32];
 } aj_cpu_device;
 
 aj_status aj_cpu_device_open(aj_ctx *ctx, aj_cpu_device **out);

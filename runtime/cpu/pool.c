@@ -30,7 +30,8 @@
  * one item, or a launch on one thread, never touches the workers.  A
  * kernel's item keeps its buffers on the stack (the stage's stack_bytes),
  * so a thread whose stack has less room left than those and a margin only
- * waits, as every caller did before.
+ * waits, as every caller did before; so does the caller of a long launch
+ * (aj_cpu_launch passes item_stack -1, runtime/cpu/cpu_device.c).
  */
 #define _GNU_SOURCE   /* pthread_getattr_np */
 #include "runtime/cpu/pool.h"
