@@ -4,7 +4,6 @@
  */
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include <llvm-c/Analysis.h>
 #include <llvm-c/BitWriter.h>
@@ -27,9 +26,7 @@ aj_status aj_codegen_target_supported(aj_ctx *ctx, aj_target target)
 
 static double now_ms(void)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+    return aj_now() * 1e3;
 }
 
 static int32_t count_instructions(LLVMModuleRef mod)

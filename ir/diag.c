@@ -1,5 +1,5 @@
 /*
- * diag.c -- status names, the context, error text and logging.
+ * diag.c -- status names, the context, error text, logging and the clock.
  *
  * The context is the only place error text lives: a failing call formats
  * its message into ctx->error with aj_fail(), and aj_last_error() hands the
@@ -13,6 +13,7 @@
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 /* ---------------------------------------------------------------- status */
 
@@ -181,4 +182,11 @@ const char *aj_version_string(void)
 {
     return AJ_STR(AJ_VERSION_MAJOR) "." AJ_STR(AJ_VERSION_MINOR) "."
            AJ_STR(AJ_VERSION_PATCH);
+}
+
+double aj_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }

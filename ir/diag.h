@@ -1,5 +1,5 @@
 /*
- * diag.h -- the context, error text and logging shared by every layer.
+ * diag.h -- the context, error text, logging and clock shared by every layer.
  *
  * A failing call records its status and a message on the context with
  * aj_fail(); the public aj_last_error() reads it back.  AJ_TRY propagates a
@@ -102,5 +102,8 @@ aj_status aj_read_struct(aj_ctx *ctx, const char *what, const void *in, size_t m
             return read_st_;                                                                \
     } while (0);                                                                            \
     const type *name = &name##_read_
+
+/* Seconds on a monotonic clock (timings, timeouts, compile statistics). */
+double aj_now(void);
 
 #endif /* AJ_IR_DIAG_H */

@@ -7,7 +7,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "runtime/runtime.h"
 #include "runtime/sim/hopper.h"
@@ -536,20 +535,13 @@ static aj_status host_wait(aj_device *dev, void *stream, double timeout_s, const
     return AJ_OK;
 }
 
-static double seconds_now(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
 static aj_status host_time(aj_device *dev, void *stream, aj_status (*run)(void *user),
                            void *user, double *ms)
 {
     (void)dev, (void)stream;
-    const double t0 = seconds_now();
+    const double t0 = aj_now();
     aj_status st = run(user);
-    *ms = (seconds_now() - t0) * 1e3;
+    *ms = (aj_now() - t0) * 1e3;
     return st;
 }
 

@@ -18,7 +18,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
 
 #define XXH_INLINE_ALL
@@ -38,13 +37,6 @@ static const int32_t space_stages[] = {1, 2, 3};
                         AJ_COUNT_OF(space_warps) * AJ_COUNT_OF(space_stages))
 /* cpu: thread counts 1, 2, 4, ... up to the device's, and the device's */
 #define MAX_WORKER_CHOICES 12
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 /* ---------------------------------------------------------------- database */
 
@@ -505,7 +497,7 @@ static aj_status time_candidates(aj_ctx *ctx, aj_device *dev, const aj_tune_opti
         aj_tune_result *r = &res[i];
         if (r->status != AJ_OK)
             continue;
-        if (o->budget_s > 0 && now_s() - t_start > o->budget_s && *timed > 0) {
+        if (o->budget_s > 0 && aj_now() - t_start > o->budget_s && *timed > 0) {
             snprintf(r->message, sizeof r->message, "not timed: the %.1f s budget ran out",
                      o->budget_s);
             continue;
@@ -572,7 +564,7 @@ aj_status aj_tune(aj_ctx *ctx, aj_device *dev, const aj_op *op,
     problem prob = {0};
     int have_problem = 0;
     aj_tune_options o;
-    double t_start = now_s();
+    double t_start = aj_now();
     AJ_TRY(read_tune_options(ctx, dev, options, &o));
     res = calloc(N * MAX_WORKER_CHOICES, sizeof *res);
     job_of = calloc(N * MAX_WORKER_CHOICES, sizeof *job_of);

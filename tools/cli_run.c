@@ -35,8 +35,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
+#include "ir/diag.h"
 #include "tools/cli.h"
 #include "tools/npy.h"
 
@@ -648,9 +648,7 @@ static size_t tensor_bytes(const aj_tensor *t)
 
 static double now_ms(void)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+    return aj_now() * 1e3;
 }
 
 /* ---------------------------------------------------------------- launch */

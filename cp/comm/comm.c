@@ -12,13 +12,6 @@
 
 #define DEFAULT_TIMEOUT_S 300.0
 
-double aj_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 void aj_comm_pause(void)
 {
     /* 50 us: short against any block's compute, long enough that P ranks

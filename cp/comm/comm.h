@@ -176,8 +176,6 @@ static inline void aj_comm_count_alltoall(aj_comm *comm, const size_t *send_byte
  * and timeout; *out is freed with aj_comm_destroy. */
 aj_status aj_comm_split(aj_comm *comm, int color, int key, aj_comm **out);
 
-/* Seconds on a monotonic clock. */
-double aj_now(void);
 /* Gives the core to another process for a moment: ranks oversubscribing
  * the cores must not spin each other out of their time slices. */
 void aj_comm_pause(void);

@@ -16,7 +16,6 @@
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <time.h>
 
 #include "codegen/amx.h"
 
@@ -78,13 +77,6 @@ static void run_item(void *arg, int64_t i)
  * 80 us, are noise there.  Shorter launches gain those 80 us. */
 #define CALLER_LAUNCH_NS 1000000
 
-static int64_t now_ns(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
-}
-
 aj_status aj_cpu_launch(aj_ctx *ctx, aj_cpu_device *cpu, int workers, aj_host_entry_fn entry,
                         int64_t stack_bytes, const int32_t grid[3], void **args)
 {
@@ -104,10 +96,10 @@ aj_status aj_cpu_launch(aj_ctx *ctx, aj_cpu_device *cpu, int workers, aj_host_en
     int64_t per_item = atomic_load(&cpu->item_time[slot].entry) == key
                            ? atomic_load(&cpu->item_time[slot].ns_per_item) : 0;
     const bool short_launch = per_item * n / threads < CALLER_LAUNCH_NS;
-    int64_t t0 = now_ns();
+    const double t0 = aj_now();
     aj_cpu_pool_run(pool, threads, n, short_launch ? stack_bytes : -1, run_item, &l);
     if (n > 0) {
-        atomic_store(&cpu->item_time[slot].ns_per_item, (now_ns() - t0) * threads / n);
+        atomic_store(&cpu->item_time[slot].ns_per_item, (int64_t)((aj_now() - t0) * 1e9) * threads / n);
         atomic_store(&cpu->item_time[slot].entry, key);
     }
     return AJ_OK;

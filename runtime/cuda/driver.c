@@ -646,13 +646,6 @@ done:
     return st;
 }
 
-static double seconds_now(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
 aj_status aj_cuda_wait(aj_ctx *ctx, aj_cuda_device *d, void *stream, double timeout_s,
                        const char *what)
 {
@@ -665,14 +658,14 @@ aj_status aj_cuda_wait(aj_ctx *ctx, aj_cuda_device *d, void *stream, double time
     AJ_CU_TRY(ctx, cu, cu->EventCreate(&done_event, AJ_CU_EVENT_DISABLE_TIMING),
               "cuEventCreate");
     AJ_CU_TRY(ctx, cu, cu->EventRecord(done_event, (CUstream)stream), "cuEventRecord");
-    const double start = seconds_now();
+    const double start = aj_now();
     for (;;) {
         CUresult r = cu->EventQuery(done_event);
         if (r == AJ_CUDA_SUCCESS)
             break;
         if (r != AJ_CUDA_ERROR_NOT_READY)
             AJ_CU_TRY(ctx, cu, r, what);
-        if (seconds_now() - start > timeout_s) {
+        if (aj_now() - start > timeout_s) {
             st = aj_fail(ctx, AJ_ERR_COMM, "%s did not finish within the comm timeout of "
                          "%g s; the GPU work waits on a peer that has stopped or died", what,
                          timeout_s);
