@@ -28,9 +28,8 @@ aj_status aj_cpu_pool_grow(aj_ctx *ctx, aj_cpu_pool *pool, int threads);
  * caller), each item once, in any order, and returns when all are done.
  * The calling thread is one of them where its stack has item_stack bytes
  * and a margin left (item_stack < 0: never): an item's stack buffers (a
- * stage's stack_bytes).  Any number of threads
- * may call it at once on one pool: batches are served in the order they
- * came. */
+ * stage's stack_bytes).  Any number of threads may call it at once on one
+ * pool: batches are served in the order they came. */
 void aj_cpu_pool_run(aj_cpu_pool *pool, int width, int64_t n, int64_t item_stack,
                      aj_cpu_item_fn fn, void *arg);
 

@@ -592,11 +592,13 @@ def _eager(*tensors):
                for t in tensors)
 
 
-# each forward op's implementation, its autograd setup and backward (as
-# registered with the custom op) and the index of its side-tensor list
+# each forward op: the custom op, its implementation, its autograd setup
+# and backward (as registered with the custom op) and the index of its
+# side-tensor list
 _DIRECT = {
-    "padded": (_attention_fwd_impl, _setup_context, _backward, 5),
-    "varlen": (_attention_varlen_fwd_impl, _setup_varlen_context, _varlen_backward, 8),
+    "padded": (_attention_fwd, _attention_fwd_impl, _setup_context, _backward, 5),
+    "varlen": (_attention_varlen_fwd, _attention_varlen_fwd_impl, _setup_varlen_context,
+               _varlen_backward, 8),
 }
 
 
@@ -608,7 +610,7 @@ class _Direct(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, layout, n_side, *flat):
-        impl, setup, _, at = _DIRECT[layout]
+        _, impl, setup, _, at = _DIRECT[layout]
         inputs = _unflatten(flat, n_side, at)
         out = impl(*inputs)
         setup(ctx, inputs, out)
@@ -617,7 +619,7 @@ class _Direct(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, do, dlse):
-        _, _, backward, at = _DIRECT[ctx.layout]
+        _, _, _, backward, at = _DIRECT[ctx.layout]
         grads = backward(ctx, do, dlse)
         return (None, None) + _flatten(grads, at)
 
@@ -636,13 +638,11 @@ def _unflatten(flat, n_side, at):
 def _forward_op(layout, *inputs):
     """The forward op `layout` ("padded": attention_fwd, "varlen":
     attention_varlen_fwd) on inputs, as an eager call where it may be."""
-    at = _DIRECT[layout][3]
+    op, at = _DIRECT[layout][0], _DIRECT[layout][4]
     side = inputs[at]
     tensors = [t for t in inputs if t is None or isinstance(t, torch.Tensor)]
     if _eager(*tensors, *side):
         return _Direct.apply(layout, len(side), *_flatten(inputs, at))
-    op = torch.ops.attnjit.attention_fwd if layout == "padded" \
-        else torch.ops.attnjit.attention_varlen_fwd
     return op(*inputs)
 
 
