@@ -130,6 +130,8 @@ struct aj_kernel {
     uint32_t tensor_grad;        /* bit t: op.tensors[t] is grad, bit num_tensors alibi's
                                   * slopes (a backward's: aj_op_grad_bits) */
     uint32_t kv_shared;          /* 1: layout = paged reading V from k_cache (kv_shared) */
+    aj_dtype q_dtype;            /* f8 queries' element type (q_dtype); else unread:
+                                  * aj_kernel_q_dtype */
     char *object;                /* sim, cpu: the host object code (ELF) */
     size_t object_size;
     void *jit;                   /* sim, cpu: the LLJIT that runs the object */
@@ -151,6 +153,12 @@ struct aj_kernel {
     /* run and freed by the last aj_kernel_destroy (aj_kernel_on_release) */
     _Atomic(aj_kernel_hook *) hooks;
 };
+
+/* The element type of the kernel's queries: its op's dtype, or f8. */
+static inline aj_dtype aj_kernel_q_dtype(const aj_kernel *k)
+{
+    return k->q_dtype >= AJ_DTYPE_F8E4M3 ? k->q_dtype : k->op.dtype;
+}
 
 /* Makes a kernel that owns a copy of code and of the stages' launch
  * contracts. */

@@ -565,6 +565,23 @@ aj_status aj_op_set_kv_dtype(aj_op *op, aj_dtype kv_dtype)
     return set_field(op, __func__, &cand, AJ_FIELD_KV_DTYPE);
 }
 
+aj_status aj_op_set_q_dtype(aj_op *op, aj_dtype q_dtype)
+{
+    AJ_OP_ARG(op);
+    aj_op cand = *op;
+    cand.q_dtype = q_dtype;
+    cand.q_dtype_set = true;
+    return set_field(op, __func__, &cand, AJ_FIELD_Q_DTYPE);
+}
+
+aj_status aj_op_get_q_dtype(const aj_op *op, aj_dtype *q_dtype)
+{
+    AJ_OP_ARG(op);
+    AJ_CHECK_ARG(NULL, q_dtype, "%s: q_dtype is NULL", __func__);
+    *q_dtype = aj_op_q_dtype(op);
+    return AJ_OK;
+}
+
 aj_status aj_op_set_sinks(aj_op *op, const char *name)
 {
     AJ_OP_ARG(op);
@@ -661,6 +678,8 @@ static aj_status check_splits(const aj_op *op, char *msg, size_t cap);
 static aj_status check_warpgroups(const aj_op *op, char *msg, size_t cap);
 static aj_status check_q_layout(const aj_op *op, char *msg, size_t cap);
 static aj_status check_kv_shared(const aj_op *op, char *msg, size_t cap);
+static aj_status check_q_dtype(const aj_op *op, char *msg, size_t cap);
+static aj_status check_kv_dtype(const aj_op *op, char *msg, size_t cap);
 
 aj_status aj_op_check_field(const aj_op *op, aj_field field, char *msg,
                             size_t cap)
@@ -676,7 +695,7 @@ aj_status aj_op_check_field(const aj_op *op, aj_field field, char *msg,
     case AJ_FIELD_HEADER:
         return check_header(op, msg, cap);
     case AJ_FIELD_DTYPE:
-        /* the f8 dtypes are a KV cache's (kv_dtype), not an op's */
+        /* the f8 dtypes are inputs' (q_dtype, kv_dtype), not O's */
         return check_enum("dtype", (int)op->dtype, AJ_DTYPE_F8E4M3, msg, cap);
     case AJ_FIELD_HEAD_DIM:
         return aj_head_dim_ok("head_dim", op->head_dim, msg, cap)
@@ -709,16 +728,10 @@ aj_status aj_op_check_field(const aj_op *op, aj_field field, char *msg,
         return AJ_OK;
     case AJ_FIELD_LAYOUT:
         return check_layout(op, msg, cap);
+    case AJ_FIELD_Q_DTYPE:
+        return check_q_dtype(op, msg, cap);
     case AJ_FIELD_KV_DTYPE:
-        if ((st = check_enum("kv_dtype", (int)op->kv_dtype, AJ_DTYPE_COUNT, msg, cap)))
-            return st;
-        if (op->kv_dtype_set && op->layout != AJ_LAYOUT_PAGED) {
-            snprintf(msg, cap, "kv_dtype applies only to layout = paged (the "
-                               "element type of its KV caches), not %s",
-                     aj_layout_names[op->layout]);
-            return AJ_ERR_VERIFY;
-        }
-        return AJ_OK;
+        return check_kv_dtype(op, msg, cap);
     case AJ_FIELD_Q_LAYOUT:
         return check_q_layout(op, msg, cap);
     case AJ_FIELD_KV_SHARED:
@@ -785,6 +798,7 @@ static bool field_is_default(const aj_op *op, aj_field field)
     case AJ_FIELD_DROPOUT:       return op->dropout == 0.0;
     case AJ_FIELD_BIAS:          return op->bias == AJ_BIAS_NONE;
     case AJ_FIELD_LAYOUT:        return op->layout == AJ_LAYOUT_PADDED;
+    case AJ_FIELD_Q_DTYPE:       return !op->q_dtype_set;
     case AJ_FIELD_KV_DTYPE:      return !op->kv_dtype_set;
     case AJ_FIELD_Q_LAYOUT:      return op->q_layout == AJ_LAYOUT_PADDED;
     case AJ_FIELD_KV_SHARED:     return !op->kv_shared;
@@ -1082,6 +1096,67 @@ static aj_status check_layout(const aj_op *op, char *msg, size_t cap)
         return AJ_ERR_VERIFY;
     }
     return AJ_OK;
+}
+
+/* FP8 inputs (docs/ir.md "FP8 inputs"): an f8 element type, other than
+ * the op's dtype (O's), is a forward's only: read, dequantised by the
+ * call's descales, never differentiated. */
+static aj_status f8_forward_only(const aj_op *op, const char *field, aj_dtype dtype,
+                                 char *msg, size_t cap)
+{
+    if (op->kind == AJ_KIND_FORWARD)
+        return AJ_OK;
+    snprintf(msg, cap, "%s = %s applies only to forward ops, not %s (8-bit inputs are "
+                       "read with their descales, not differentiated)", field,
+             aj_dtype_names[dtype], aj_kind_names[op->kind]);
+    return AJ_ERR_VERIFY;
+}
+
+/* The queries' element type: the op's dtype, or f8 on a padded or varlen
+ * forward (a paged op's queries stay 16-bit; its caches may be f8). */
+static aj_status check_q_dtype(const aj_op *op, char *msg, size_t cap)
+{
+    aj_status st;
+
+    if ((st = check_enum("q_dtype", (int)op->q_dtype, AJ_DTYPE_COUNT, msg, cap)))
+        return st;
+    if (!op->q_dtype_set || op->q_dtype == op->dtype)
+        return AJ_OK;
+    if (op->q_dtype < AJ_DTYPE_F8E4M3) {
+        snprintf(msg, cap, "q_dtype = %s differs from dtype = %s; the queries are the op's "
+                           "dtype or 8-bit floats (f8e4m3, f8e5m2)",
+                 aj_dtype_names[op->q_dtype], aj_dtype_names[op->dtype]);
+        return AJ_ERR_VERIFY;
+    }
+    if ((st = f8_forward_only(op, "q_dtype", op->q_dtype, msg, cap)))
+        return st;
+    if (op->layout == AJ_LAYOUT_PAGED) {
+        snprintf(msg, cap, "q_dtype = %s: a paged op's queries are its dtype (its caches "
+                           "may be 8-bit: kv_dtype)", aj_dtype_names[op->q_dtype]);
+        return AJ_ERR_VERIFY;
+    }
+    return AJ_OK;
+}
+
+/* K's and V's element type: any for a paged cache; else the op's dtype
+ * or f8 on a forward. */
+static aj_status check_kv_dtype(const aj_op *op, char *msg, size_t cap)
+{
+    aj_status st;
+
+    if ((st = check_enum("kv_dtype", (int)op->kv_dtype, AJ_DTYPE_COUNT, msg, cap)))
+        return st;
+    if (!op->kv_dtype_set || op->layout == AJ_LAYOUT_PAGED || op->kv_dtype == op->dtype)
+        return AJ_OK;
+    if (op->kv_dtype < AJ_DTYPE_F8E4M3) {
+        snprintf(msg, cap, "kv_dtype = %s differs from dtype = %s on layout = %s; K and V "
+                           "are the op's dtype or 8-bit floats (f8e4m3, f8e5m2), other "
+                           "element types are paged caches' only",
+                 aj_dtype_names[op->kv_dtype], aj_dtype_names[op->dtype],
+                 aj_layout_names[op->layout]);
+        return AJ_ERR_VERIFY;
+    }
+    return f8_forward_only(op, "kv_dtype", op->kv_dtype, msg, cap);
 }
 
 /* The queries of a paged op: padded [B, Hq, Sq, D] (the default) or

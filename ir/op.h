@@ -55,8 +55,10 @@ struct aj_op {
     double dropout;        /* 0 <= p < 1 */
     aj_bias bias;
     aj_layout layout;
-    aj_dtype kv_dtype;     /* paged only, when kv_dtype_set; else dtype */
+    aj_dtype kv_dtype;     /* when kv_dtype_set; else dtype (f8 or paged only) */
     bool kv_dtype_set;
+    aj_dtype q_dtype;      /* forward only, when q_dtype_set: f8 queries; else dtype */
+    bool q_dtype_set;
     int32_t splits;        /* paged only: 0 = chosen at launch */
     int32_t warpgroups;    /* flash forward: wgmma warpgroups (0: mma.sync) */
     aj_layout q_layout;    /* paged only: padded or varlen queries */
@@ -101,6 +103,19 @@ static inline aj_dtype aj_op_kv_dtype(const aj_op *op)
     return op->kv_dtype_set ? op->kv_dtype : op->dtype;
 }
 
+/* Effective q_dtype: the op's, or its dtype. */
+static inline aj_dtype aj_op_q_dtype(const aj_op *op)
+{
+    return op->q_dtype_set ? op->q_dtype : op->dtype;
+}
+
+/* Whether the op reads 8-bit floats: f8 queries or an f8 K/V (either
+ * comes with its f32 descales, docs/ir.md "FP8 inputs"). */
+static inline bool aj_op_has_f8(const aj_op *op)
+{
+    return aj_op_q_dtype(op) >= AJ_DTYPE_F8E4M3 || aj_op_kv_dtype(op) >= AJ_DTYPE_F8E4M3;
+}
+
 /* Effective scale: the op's, or 1/sqrt(head_dim). */
 double aj_op_scale(const aj_op *op);
 
@@ -119,6 +134,7 @@ double aj_op_scale(const aj_op *op);
     X(DROPOUT, "dropout")                 \
     X(BIAS, "bias")                       \
     X(LAYOUT, "layout")                   \
+    X(Q_DTYPE, "q_dtype")                 \
     X(KV_DTYPE, "kv_dtype")               \
     X(Q_LAYOUT, "q_layout")               \
     X(KV_SHARED, "kv_shared")             \

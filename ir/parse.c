@@ -374,7 +374,7 @@ static aj_status parse_value(parser *p, aj_field field)
 
     switch (field) {
     case AJ_FIELD_DTYPE:
-        /* the f8 dtypes are kv_dtype's only */
+        /* the f8 dtypes are the inputs' only (q_dtype, kv_dtype) */
         AJ_TRY(parse_choice(p, aj_dtype_names, AJ_DTYPE_F8E4M3, "a dtype",
                             NULL, &v));
         op->dtype = (aj_dtype)v;
@@ -415,6 +415,12 @@ static aj_status parse_value(parser *p, aj_field field)
         AJ_TRY(parse_choice(p, aj_layout_names, AJ_LAYOUT_COUNT, "a layout",
                             NULL, &v));
         op->layout = (aj_layout)v;
+        break;
+    case AJ_FIELD_Q_DTYPE:
+        AJ_TRY(parse_choice(p, aj_dtype_names, AJ_DTYPE_COUNT, "a query dtype",
+                            NULL, &v));
+        op->q_dtype = (aj_dtype)v;
+        op->q_dtype_set = true;
         break;
     case AJ_FIELD_KV_DTYPE:
         AJ_TRY(parse_choice(p, aj_dtype_names, AJ_DTYPE_COUNT, "a KV dtype",

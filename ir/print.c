@@ -105,8 +105,11 @@ aj_status aj_op_canonical(const aj_op *op, char *buf, size_t cap, size_t *len)
         /* and sinks, when there are none */
         if (f == AJ_FIELD_SINKS && op->sinks == 0)
             continue;
-        /* Likewise kv_dtype, which only the paged layout has. */
-        if (f == AJ_FIELD_KV_DTYPE && op->layout != AJ_LAYOUT_PAGED)
+        /* Likewise kv_dtype, which the paged layout always prints and the
+         * others only when set (f8 inputs), and q_dtype only when set. */
+        if (f == AJ_FIELD_KV_DTYPE && op->layout != AJ_LAYOUT_PAGED && !op->kv_dtype_set)
+            continue;
+        if (f == AJ_FIELD_Q_DTYPE && !op->q_dtype_set)
             continue;
         /* and q_layout, printed only for varlen queries, so that a paged
          * op with padded ones keeps its text */
@@ -270,6 +273,9 @@ static void print_value(text_buf *t, const aj_op *op, aj_field field)
         return;
     case AJ_FIELD_LAYOUT:
         emit(t, "%s", aj_layout_names[op->layout]);
+        return;
+    case AJ_FIELD_Q_DTYPE:
+        emit(t, "%s", aj_dtype_names[aj_op_q_dtype(op)]);
         return;
     case AJ_FIELD_KV_DTYPE:
         emit(t, "%s", aj_dtype_names[aj_op_kv_dtype(op)]);

@@ -226,6 +226,7 @@ static aj_status compile_one(aj_ctx *ctx, aj_kernel_cache *cache, const aj_op *o
     (*out)->sinks = op->sinks - 1;
     (*out)->tensor_grad = aj_op_grad_bits(op);
     (*out)->kv_shared = op->kv_shared;
+    (*out)->q_dtype = aj_op_q_dtype(op);
     if (cached)
         aj_cache_store(ctx, cache, kind, key, *out);
 done:

@@ -302,8 +302,8 @@ static aj_status forward_on(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel
     int varlen = op->layout == AJ_LAYOUT_VARLEN;
     if (op->layout == AJ_LAYOUT_PAGED)
         return forward_paged(ctx, dev, kernel, args);
-    st = varlen ? aj_check_forward_varlen(ctx, op, args, &sz)
-                : aj_check_forward(ctx, op, args, &sz);
+    st = varlen ? aj_check_forward_varlen(ctx, op, aj_kernel_q_dtype(kernel), args, &sz)
+                : aj_check_forward(ctx, op, aj_kernel_q_dtype(kernel), args, &sz);
     if (st != AJ_OK)
         return st;
     if (sz.batch == 0 || sz.heads_q == 0 || sz.seq_q == 0)

@@ -529,6 +529,9 @@ void aj_forward_values(const aj_fwd_args *a, const fwd_sizes *sz, int64_t sq_tot
     put_tensor(v, AJ_PSRC_o, &a->o);
     put_tensor(v, AJ_PSRC_o_acc, &a->o_acc);
     put_tensor(v, AJ_PSRC_bias, &a->bias);
+    put_tensor(v, AJ_PSRC_q_scale, &a->q_scale);
+    put_tensor(v, AJ_PSRC_k_scale, &a->k_scale);
+    put_tensor(v, AJ_PSRC_v_scale, &a->v_scale);
 }
 
 void aj_merge_values(const aj_merge_args *a, const fwd_sizes *sz, launch_values *v)

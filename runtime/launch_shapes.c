@@ -81,7 +81,11 @@ static aj_status check_tensor(aj_ctx *ctx, const char *fn, const char *name,
                        (long long)t->strides[rank - 1]);
     if (!t->data && aj_tensor_extent_bytes(t, elem_size(dtype)) > 0)
         return aj_fail(ctx, AJ_ERR_INVALID_ARG, "%s: %s.data is NULL", fn, name);
-    return aligned ? check_aligned(ctx, fn, name, t, rank, elem_size(dtype), 16, "") : AJ_OK;
+    /* the GPU templates load 16 bytes at a time, 8 of 8-bit floats (a row
+     * of 8 elements at least) */
+    return aligned ? check_aligned(ctx, fn, name, t, rank, elem_size(dtype),
+                                   elem_size(dtype) == 1 ? 8 : 16, "")
+                   : AJ_OK;
 }
 
 static aj_status check_dim(aj_ctx *ctx, const char *fn, const char *name, int i,
@@ -127,14 +131,14 @@ done:
 /* What forward and backward calls share: q, k, v and the sizes they
  * imply, lengths and grid limits, alibi slopes and the totals.  `fn`
  * names the call in messages. */
-static aj_status check_qkv(aj_ctx *ctx, const char *fn, const aj_op_info *op,
+static aj_status check_qkv(aj_ctx *ctx, const char *fn, const aj_op_info *op, aj_dtype q_dtype,
                            const aj_tensor *q, const aj_tensor *k, const aj_tensor *v,
                            int64_t sq_total, int64_t sk_total, fwd_sizes *sz)
 {
     aj_status st = AJ_OK;
-    AJ_TRY(check_tensor(ctx, fn, "q", q, 4, op->dtype, 1));
-    AJ_TRY(check_tensor(ctx, fn, "k", k, 4, op->dtype, 1));
-    AJ_TRY(check_tensor(ctx, fn, "v", v, 4, op->dtype, 1));
+    AJ_TRY(check_tensor(ctx, fn, "q", q, 4, q_dtype, 1));
+    AJ_TRY(check_tensor(ctx, fn, "k", k, 4, op->kv_dtype, 1));
+    AJ_TRY(check_tensor(ctx, fn, "v", v, 4, op->kv_dtype, 1));
     sz->batch = q->shape[0];
     sz->heads_q = q->shape[1];
     sz->seq_q = q->shape[2];
@@ -169,6 +173,44 @@ static aj_status check_qkv(aj_ctx *ctx, const char *fn, const aj_op_info *op,
                      "totals are lengths (0: this call's)", fn, (long long)sq_total,
                      (long long)sk_total);
         goto done;
+    }
+done:
+    return st;
+}
+
+/* One descale tensor: f32 [1] (per tensor) or [heads] (per head). */
+static aj_status check_descale(aj_ctx *ctx, const char *fn, const char *name, const aj_tensor *t,
+                               int64_t heads, const char *whose)
+{
+    aj_status st = AJ_OK;
+    AJ_TRY(check_tensor(ctx, fn, name, t, 1, AJ_DTYPE_F32, 0));
+    if (t->shape[0] != 1 && t->shape[0] != heads)
+        st = aj_fail(ctx, AJ_ERR_INVALID_ARG, "%s: %s.shape[0] = %lld, want 1 (one descale "
+                     "per tensor) or %lld (one per %s head)", fn, name,
+                     (long long)t->shape[0], (long long)heads, whose);
+done:
+    return st;
+}
+
+/* The descales of 8-bit inputs (docs/ir.md "FP8 inputs"): q_scale for f8
+ * queries, k_scale and v_scale for an f8 K/V, each of one element or one
+ * per head; left empty otherwise. */
+static aj_status check_descales(aj_ctx *ctx, const aj_op_info *op, aj_dtype q_dtype,
+                           const aj_fwd_args *a, const fwd_sizes *sz)
+{
+    aj_status st = AJ_OK;
+    if (q_dtype >= AJ_DTYPE_F8E4M3)
+        AJ_TRY(check_descale(ctx, FWD, "q_scale", &a->q_scale, sz->heads_q, "query"));
+    else
+        AJ_CHECK_ARG(ctx, !a->q_scale.data, "%s: q_scale is for f8 queries; this kernel's "
+                     "are %s (leave it empty)", FWD, aj_dtype_name(q_dtype));
+    if (op->kv_dtype >= AJ_DTYPE_F8E4M3) {
+        AJ_TRY(check_descale(ctx, FWD, "k_scale", &a->k_scale, sz->heads_kv, "KV"));
+        AJ_TRY(check_descale(ctx, FWD, "v_scale", &a->v_scale, sz->heads_kv, "KV"));
+    } else {
+        AJ_CHECK_ARG(ctx, !a->k_scale.data && !a->v_scale.data, "%s: k_scale and v_scale are "
+                     "for f8 keys and values; this kernel's are %s (leave them empty)", FWD,
+                     aj_dtype_name(op->kv_dtype));
     }
 done:
     return st;
@@ -251,13 +293,14 @@ static aj_status check_not_varlen(aj_ctx *ctx, const char *fn, const aj_op_info 
     return AJ_OK;
 }
 
-aj_status aj_check_forward(aj_ctx *ctx, const aj_op_info *op, const aj_fwd_args *a,
-                           fwd_sizes *sz)
+aj_status aj_check_forward(aj_ctx *ctx, const aj_op_info *op, aj_dtype q_dtype,
+                           const aj_fwd_args *a, fwd_sizes *sz)
 {
     aj_status st = AJ_OK;
     AJ_TRY(check_not_varlen(ctx, FWD, op, a->cu_seqlens_q, a->cu_seqlens_k, a->batch,
                             a->max_seqlen_q, a->max_seqlen_k));
-    AJ_TRY(check_qkv(ctx, FWD, op, &a->q, &a->k, &a->v, a->sq_total, a->sk_total, sz));
+    AJ_TRY(check_qkv(ctx, FWD, op, q_dtype, &a->q, &a->k, &a->v, a->sq_total, a->sk_total, sz));
+    AJ_TRY(check_descales(ctx, op, q_dtype, a, sz));
     AJ_TRY(check_heads(ctx, FWD, op, &a->alibi_slopes, a->head_offset, a->heads_q_total, sz));
     /* the output: o, or the f32 accumulator o_acc of accumulate kernels */
     const char *out = op->accumulate ? "o_acc" : "o";
@@ -288,8 +331,8 @@ static void varlen_sizes(const aj_tensor *q, const aj_tensor *k, int batch, int 
  * o or o_acc [Tq, Hq, Dv], lse [Hq, Tq], and cu_seqlens_q / _k of batch + 1
  * entries.  The grid covers batch sequences of up to max_seqlen_q rows.
  */
-aj_status aj_check_forward_varlen(aj_ctx *ctx, const aj_op_info *op, const aj_fwd_args *a,
-                                  fwd_sizes *sz)
+aj_status aj_check_forward_varlen(aj_ctx *ctx, const aj_op_info *op, aj_dtype q_dtype,
+                                  const aj_fwd_args *a, fwd_sizes *sz)
 {
     aj_status st = AJ_OK;
     AJ_CHECK_ARG(ctx, a->cu_seqlens_q && a->cu_seqlens_k, "%s: cu_seqlens_%s is NULL; "
@@ -304,9 +347,9 @@ aj_status aj_check_forward_varlen(aj_ctx *ctx, const aj_op_info *op, const aj_fw
                  a->max_seqlen_q < MAX_SEQ && a->max_seqlen_k < MAX_SEQ,
                  "%s: max_seqlen_q = %d, max_seqlen_k = %d; each must be 0 to 2^30 - 1", FWD,
                  a->max_seqlen_q, a->max_seqlen_k);
-    AJ_TRY(check_tensor(ctx, FWD, "q", &a->q, 3, op->dtype, 1));
-    AJ_TRY(check_tensor(ctx, FWD, "k", &a->k, 3, op->dtype, 1));
-    AJ_TRY(check_tensor(ctx, FWD, "v", &a->v, 3, op->dtype, 1));
+    AJ_TRY(check_tensor(ctx, FWD, "q", &a->q, 3, q_dtype, 1));
+    AJ_TRY(check_tensor(ctx, FWD, "k", &a->k, 3, op->kv_dtype, 1));
+    AJ_TRY(check_tensor(ctx, FWD, "v", &a->v, 3, op->kv_dtype, 1));
     int64_t tq = a->q.shape[0], tk = a->k.shape[0];
     varlen_sizes(&a->q, &a->k, a->batch, a->max_seqlen_q, a->max_seqlen_k, sz);
     AJ_TRY(check_dim(ctx, FWD, "q", 2, a->q.shape[2], op->head_dim, "the op's head_dim"));
@@ -327,6 +370,7 @@ aj_status aj_check_forward_varlen(aj_ctx *ctx, const aj_op_info *op, const aj_fw
         goto done;
     }
     AJ_TRY(check_heads(ctx, FWD, op, &a->alibi_slopes, a->head_offset, a->heads_q_total, sz));
+    AJ_TRY(check_descales(ctx, op, q_dtype, a, sz));
     if (a->sq_total < 0 || a->sk_total < 0) {
         st = aj_fail(ctx, AJ_ERR_INVALID_ARG, "%s: sq_total = %lld, sk_total = %lld; "
                      "totals are lengths (0: each sequence's own)", FWD,
@@ -415,14 +459,7 @@ aj_status aj_check_forward_paged(aj_ctx *ctx, const aj_op_info *op, const aj_fwd
                  "%s: block_table = %p, seqlens_k = %p; int32 arrays must be 4-byte aligned",
                  FWD, (const void *)a->block_table, (const void *)a->seqlens_k);
     sz->seq_k = (int64_t)a->max_pages * kc->shape[1];
-    if (op->kv_dtype >= AJ_DTYPE_F8E4M3) {
-        AJ_TRY(check_tensor(ctx, FWD, "k_scale", &a->k_scale, 1, AJ_DTYPE_F32, 0));
-        AJ_TRY(check_dim(ctx, FWD, "k_scale", 0, a->k_scale.shape[0], 1, "one scale per "
-                         "tensor"));
-        AJ_TRY(check_tensor(ctx, FWD, "v_scale", &a->v_scale, 1, AJ_DTYPE_F32, 0));
-        AJ_TRY(check_dim(ctx, FWD, "v_scale", 0, a->v_scale.shape[0], 1, "one scale per "
-                         "tensor"));
-    }
+    AJ_TRY(check_descales(ctx, op, op->dtype, a, sz));
     AJ_TRY(check_heads(ctx, FWD, op, &a->alibi_slopes, a->head_offset, a->heads_q_total, sz));
     if (varlen_q) {
         AJ_TRY(check_packed_out(ctx, "o", &a->o, op->dtype, op->head_dim_v, sz->tokens_q,
@@ -592,7 +629,7 @@ static aj_status check_backward_padded(aj_ctx *ctx, const aj_op_info *op,
     aj_status st = AJ_OK;
     AJ_TRY(check_not_varlen(ctx, BWD, op, a->cu_seqlens_q, a->cu_seqlens_k, a->batch,
                             a->max_seqlen_q, a->max_seqlen_k));
-    AJ_TRY(check_qkv(ctx, BWD, op, &a->q, &a->k, &a->v, a->sq_total, a->sk_total, sz));
+    AJ_TRY(check_qkv(ctx, BWD, op, op->dtype, &a->q, &a->k, &a->v, a->sq_total, a->sk_total, sz));
     AJ_TRY(check_heads(ctx, BWD, op, &a->alibi_slopes, a->head_offset, a->heads_q_total, sz));
     AJ_TRY(check_rows(ctx, BWD, "o", &a->o, op->dtype, op->head_dim_v, "the op's head_dim_v",
                       sz));

@@ -71,3 +71,27 @@ void aj_attn_merge_weights(aj_kb *kb, LLVMValueRef lse_prior, LLVMValueRef l2_ne
     *w_new = aj_kb_exp2(kb, LLVMBuildFSub(b, l2_new, l2_use, ""));
     *lse_out = LLVMBuildSelect(b, none, ninf, LLVMBuildFMul(b, l2, aj_kb_f32(kb, AJ_LN2), ""), "");
 }
+
+/* Element `head` (i32) of a descale (f32), its stride a parameter. */
+static LLVMValueRef load_descale(aj_kb *kb, aj_param_id ptr, aj_param_id stride,
+                                 LLVMValueRef head)
+{
+    LLVMValueRef at = LLVMBuildMul(kb->b, aj_kb_sext64(kb, head), aj_param(kb, stride), "");
+    return aj_kb_load(kb, kb->t_f32,
+                      aj_kb_gptr_offset(kb, aj_param(kb, ptr),
+                                        LLVMBuildShl(kb->b, at, aj_kb_i64(kb, 2), "")),
+                      4);
+}
+
+void aj_attn_descales(aj_kb *kb, const aj_op *op, LLVMValueRef h, LLVMValueRef hkv,
+                      LLVMValueRef *score, LLVMValueRef *out)
+{
+    *score = *out = NULL;
+    if (aj_op_q_dtype(op) >= AJ_DTYPE_F8E4M3)
+        *score = load_descale(kb, AJ_PID(q_scale), AJ_PID(stride_q_scale), h);
+    if (aj_op_kv_dtype(op) < AJ_DTYPE_F8E4M3)
+        return;
+    LLVMValueRef k = load_descale(kb, AJ_PID(k_scale), AJ_PID(stride_k_scale), hkv);
+    *score = *score ? LLVMBuildFMul(kb->b, *score, k, "") : k;
+    *out = load_descale(kb, AJ_PID(v_scale), AJ_PID(stride_v_scale), hkv);
+}

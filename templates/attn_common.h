@@ -52,4 +52,14 @@ LLVMValueRef aj_attn_dropout_keep(aj_kb *kb, const aj_attn_dropout *d, double p,
 void aj_attn_merge_weights(aj_kb *kb, LLVMValueRef lse_prior, LLVMValueRef l2_new,
                            LLVMValueRef *w_prior, LLVMValueRef *w_new, LLVMValueRef *lse_out);
 
+/*
+ * FP8 inputs (docs/ir.md "FP8 inputs"): the descales of query head h and
+ * KV head hkv (i32): *score, the factor of q.k (q_scale[h] k_scale[hkv],
+ * either alone where only that input is f8), and *out, the factor of P V
+ * (v_scale[hkv]); NULL where no input they scale is f8.  A descale of one
+ * element has stride 0 (its BSTRIDE parameter), one per head stride 1.
+ */
+void aj_attn_descales(aj_kb *kb, const aj_op *op, LLVMValueRef h, LLVMValueRef hkv,
+                      LLVMValueRef *score, LLVMValueRef *out);
+
 #endif /* AJ_TEMPLATES_ATTN_COMMON_H */

@@ -57,7 +57,8 @@
 
 typedef struct cfwd_plan {
     aj_dtype dtype;
-    aj_dtype kv_dtype;    /* of K and V: dtype, or a paged cache's */
+    aj_dtype q_dtype;     /* of Q: dtype, or f8 (FP8 inputs) */
+    aj_dtype kv_dtype;    /* of K and V: dtype, or a paged cache's, or f8 */
     int d, dv;
     int w;            /* floats per vector register */
     int vw;           /* output-column vector width */
@@ -71,6 +72,7 @@ static aj_status plan_kernel(aj_ctx *ctx, const aj_op *op, cfwd_plan *p)
 {
     memset(p, 0, sizeof *p);
     p->dtype = op->dtype;
+    p->q_dtype = aj_op_q_dtype(op);
     p->kv_dtype = aj_op_kv_dtype(op);
     p->d = op->head_dim;
     p->dv = aj_op_dv(op);
@@ -83,7 +85,8 @@ static aj_status plan_kernel(aj_ctx *ctx, const aj_op *op, cfwd_plan *p)
      * amx-fp16) take 32 rows, 32 k and 32 columns a step (cpu_attn.h);
      * without them, bf16 pairs by vdpbf16ps */
     int half = (p->dtype == AJ_DTYPE_BF16 || p->dtype == AJ_DTYPE_F16) &&
-               p->kv_dtype == p->dtype && p->w == 16 && p->d % 16 == 0;
+               p->q_dtype == p->dtype && p->kv_dtype == p->dtype && p->w == 16 &&
+               p->d % 16 == 0;
     if (half && p->d % 32 == 0 && p->dv % 32 == 0 && p->bm % AJ_CPU_AMX_ROWS == 0)
         p->amx = aj_cpu_amx_mode(p->dtype, NULL, 0);
     if (p->amx != AJ_AMX_OFF)
@@ -110,7 +113,8 @@ typedef struct cfwd {
     LLVMValueRef q, kt, v, s, o;    /* the stack buffers */
     LLVMValueRef pw;                /* pairs: P in bf16 pairs */
     double q_scale;                 /* pairs: the scale S takes (Q stays bf16) */
-    LLVMValueRef k_scale, v_scale;  /* f32 factors of S and O (f8 caches), else NULL */
+    LLVMValueRef k_scale, v_scale;  /* f32 factors of S and O (f8 inputs' descales,
+                                     * aj_attn_descales), else NULL */
     /* packed heads (paged GQA): rows per head (i32), else NULL; the row
      * block's query rows for the band and tile classes are then all of
      * [0, per_head) */
@@ -387,7 +391,7 @@ static void emit_row_block(cfwd *c, const cfwd_block *blk, int log2e_in_q)
     double q_scale = aj_op_scale(c->op) * (log2e_in_q ? AJ_LOG2E : 1.0);
     /* pairs: Q stays bf16 and the scores take the scale */
     c->q_scale = q_scale;
-    aj_cpu_load_rows(kb, c->q, p->d / per_slot, AJ_PSRC_q, p->dtype, &blk->q, c->m0, c->rows,
+    aj_cpu_load_rows(kb, c->q, p->d / per_slot, AJ_PSRC_q, p->q_dtype, &blk->q, c->m0, c->rows,
                      c->rows_pad, p->pairs ? 1.0 : q_scale, p->pairs);
     /* the query rows the block holds: m0 .., or every row of a packed head */
     LLVMValueRef pos0 = c->per_head ? aj_kb_i32(kb, 0) : c->m0;
@@ -526,6 +530,7 @@ static void build_dense(cfwd *c, const aj_score_prog *prog, int log2e_in_q)
     LLVMValueRef group =
         LLVMBuildSDiv(b, aj_param(kb, AJ_PID(heads_q)), aj_param(kb, AJ_PID(heads_kv)), "");
     LLVMValueRef hkv = LLVMBuildSDiv(b, h, group, "hkv");
+    aj_attn_descales(kb, op, h, hkv, &c->k_scale, &c->v_scale);
     aj_kctx_dropout(&c->k, bidx, h);
     const aj_param_source out = out_tensor(op);
     cfwd_block blk = {
@@ -712,13 +717,11 @@ static void build_paged_parts(cfwd *c, const aj_score_prog *prog, int log2e_in_q
     begin_items(c, prog, AJ_KSIG_CPU_PAGED_FWD, "parts", item);
     LLVMValueRef part = item[0], h = item[1], bidx = item[2];
     aj_cpu_attn_init(&c->at, kb, c->op, prog, log2e_in_q, bidx, h);
-    if (aj_op_kv_dtype(c->op) >= AJ_DTYPE_F8E4M3) {
-        c->k_scale = aj_kb_load(kb, kb->t_f32, aj_param(kb, AJ_PID(k_scale)), 4);
-        c->v_scale = aj_kb_load(kb, kb->t_f32, aj_param(kb, AJ_PID(v_scale)), 4);
-    }
     cfwd_block blk;
     part_keys(c, part, bidx, &blk);
     LLVMValueRef group = part_sources(c, bidx, h, &blk);
+    /* f8 caches: K's and V's descales, of the KV head all packed heads share */
+    aj_attn_descales(kb, c->op, h, LLVMBuildSDiv(c->b, h, group, ""), &c->k_scale, &c->v_scale);
     cfwd_out outs[2];
     part_outs(c, part, bidx, h, outs);
     LLVMValueRef one = LLVMBuildICmp(c->b, LLVMIntEQ, aj_param(kb, AJ_PID(splits)),

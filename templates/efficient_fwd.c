@@ -60,7 +60,8 @@
 #define MAX_CV 64
 
 typedef struct efwd_plan {
-    aj_dtype dtype, kv_dtype;      /* of Q and O; of K and V (a paged cache's) */
+    aj_dtype dtype, kv_dtype;      /* of O; of K and V (a paged cache's, f8 inputs') */
+    aj_dtype q_dtype;              /* of Q: dtype, or f8 */
     int paged;                     /* layout = paged */
     int stream;                    /* paged: K/V streamed by cp.async (emit_key_blocks) */
     int d, dv;
@@ -109,6 +110,7 @@ static aj_status plan_schedule(aj_ctx *ctx, const aj_op *op, aj_target target,
     memset(p, 0, sizeof *p);
     p->dtype = op->dtype;
     p->kv_dtype = aj_op_kv_dtype(op);
+    p->q_dtype = aj_op_q_dtype(op);
     p->paged = op->layout == AJ_LAYOUT_PAGED;
     p->d = op->head_dim;
     p->dv = aj_op_dv(op);
@@ -202,10 +204,13 @@ static aj_status plan_kernel(aj_ctx *ctx, const aj_op *op, aj_target target, efw
 
 static aj_status efwd_check(aj_ctx *ctx, const aj_op *op, aj_target target)
 {
-    aj_status st = op->layout == AJ_LAYOUT_PAGED
-                       ? aj_attn_check_dims(ctx, op, "paged forward", AJ_HEAD_DIM_MAX_EFFICIENT)
-                       : aj_attn_check_layout_and_dims(ctx, op, "efficient forward",
-                                                       AJ_HEAD_DIM_MAX_EFFICIENT);
+    if (op->layout == AJ_LAYOUT_VARLEN && op->bias == AJ_BIAS_ADD)
+        return aj_fail(ctx, AJ_ERR_UNSUPPORTED, "bias = add with layout = varlen: the "
+                       "efficient forward on sim and GPUs takes a bias over padded tensors "
+                       "only (the cpu target takes both)");
+    aj_status st = aj_attn_check_dims(ctx, op, op->layout == AJ_LAYOUT_PAGED ? "paged forward"
+                                                                             : "efficient forward",
+                                      AJ_HEAD_DIM_MAX_EFFICIENT);
     efwd_plan plan;
     return st != AJ_OK ? st : aj_kctx_check_planned(ctx, op, plan_kernel(ctx, op, target, &plan));
 }
@@ -798,7 +803,17 @@ static void emit_key_blocks(efwd *e, efwd_kv *kv, LLVMValueRef n_begin, LLVMValu
     aj_kb_for_end(kb);
 }
 
-/* layout = padded (and varlen's views): grid (ceil(Sq / bm), Hq, B). */
+/* The element offset (i64) of row `start` of slice (b, h) of t. */
+static LLVMValueRef row_base(aj_kb *kb, aj_param_source t, LLVMValueRef bidx, LLVMValueRef h,
+                             LLVMValueRef start)
+{
+    return aj_kb_add(kb, aj_attn_slice_base(kb, t, bidx, h),
+                     LLVMBuildMul(kb->b, start, aj_param_stride(kb, t, 2), ""));
+}
+
+/* layout = padded, and varlen (the packed tensors as [1, H, T, D] views,
+ * sequence b's rows and keys from cu_seqlens, aj_kctx_sequence): grid
+ * (ceil(Sq / bm), Hq, B), Sq the longest sequence's. */
 static void build_padded(efwd *e)
 {
     aj_kb *kb = e->kb;
@@ -812,38 +827,44 @@ static void build_padded(efwd *e)
     LLVMValueRef h = aj_kb_block_id(kb, 1);
     LLVMValueRef bidx = aj_kb_block_id(kb, 2);
     e->m0 = LLVMBuildMul(b, mblk, aj_kb_i32(kb, p->bm), "m0");
-    e->seq_q = aj_param(kb, AJ_PID(seq_q));
-    e->seq_k = aj_param(kb, AJ_PID(seq_k));
+    LLVMValueRef q_start, k_start;
+    aj_kctx_sequence(&e->k, bidx, &q_start, &k_start);
+    /* varlen: the CTAs past this sequence's rows have nothing to do (the
+     * same branch for every thread of the CTA) */
+    aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntSLT, e->m0, e->seq_q, ""));
     rows_padded(e);
     LLVMValueRef group_size =
         LLVMBuildSDiv(b, aj_param(kb, AJ_PID(heads_q)), aj_param(kb, AJ_PID(heads_kv)), "");
     LLVMValueRef hkv = LLVMBuildSDiv(b, h, group_size, "hkv");
-    int totals = e->prog->reads_totals;
-    aj_kctx_set_head(&e->k, bidx, h, totals ? aj_param(kb, AJ_PID(seq_q_total)) : NULL,
-                     totals ? aj_param(kb, AJ_PID(seq_k_total)) : NULL);
-    LLVMValueRef q_base = aj_attn_slice_base(kb, AJ_PSRC_q, bidx, h);
+    aj_attn_descales(kb, op, h, hkv, &e->k_scale, &e->v_scale);
+    LLVMValueRef sq, sk;
+    aj_attn_score_totals(kb, e->prog, op->layout, e->seq_q, e->seq_k, &sq, &sk);
+    aj_kctx_set_head(&e->k, bidx, h, sq, sk);
+    LLVMValueRef q_base = row_base(kb, AJ_PSRC_q, bidx, h, q_start);
     aj_tile_src qsrc = {aj_param(kb, AJ_PID(q)),
                         q_base,
                         aj_param(kb, AJ_PID(stride_q_s)),
                         e->m0,
                         e->seq_q,
-                        p->dtype};
+                        p->q_dtype};
     aj_tile_load_f32(kb, &qsrc, p->bm, p->d, p->smem_q, p->ldq, e->tid, p->threads);
 
     efwd_kv kv = {
-        .k = {aj_param(kb, AJ_PID(k)), aj_attn_slice_base(kb, AJ_PSRC_k, bidx, hkv),
-              aj_param(kb, AJ_PID(stride_k_s)), NULL, e->seq_k, p->dtype},
-        .v = {aj_param(kb, AJ_PID(v)), aj_attn_slice_base(kb, AJ_PSRC_v, bidx, hkv),
-              aj_param(kb, AJ_PID(stride_v_s)), NULL, e->seq_k, p->dtype},
+        .k = {aj_param(kb, AJ_PID(k)), row_base(kb, AJ_PSRC_k, bidx, hkv, k_start),
+              aj_param(kb, AJ_PID(stride_k_s)), NULL, e->seq_k, p->kv_dtype},
+        .v = {aj_param(kb, AJ_PID(v)), row_base(kb, AJ_PSRC_v, bidx, hkv, k_start),
+              aj_param(kb, AJ_PID(stride_v_s)), NULL, e->seq_k, p->kv_dtype},
     };
     LLVMValueRef n_begin, n_end;
     key_block_range(e, &n_begin, &n_end);
     emit_key_blocks(e, &kv, n_begin, n_end);
     const efwd_out out = {out_tensor(op), AJ_PSRC_lse, op->accumulate ? AJ_DTYPE_F32 : p->dtype,
-                          aj_attn_slice_base(kb, out_tensor(op), bidx, h),
+                          row_base(kb, out_tensor(op), bidx, h, q_start),
                           aj_param_stride(kb, out_tensor(op), 2),
-                          aj_attn_slice_base(kb, AJ_PSRC_lse, bidx, h), NULL, NULL};
+                          aj_kb_add(kb, aj_attn_slice_base(kb, AJ_PSRC_lse, bidx, h), q_start),
+                          NULL, NULL};
     emit_epilogue(e, &out);
+    aj_kb_if_end(kb);
     const aj_kernel_layout layout = {
         .grid = {{AJ_EXTENT_SEQ_Q, p->bm}, {AJ_EXTENT_HEADS_Q, 1}, {AJ_EXTENT_BATCH, 1}},
         .schedule = {p->bm, p->bn, p->warps, 1},
@@ -932,14 +953,13 @@ static void paged_part_begin(efwd *e, paged_part *pt)
     pt->start_q = aj_kb_i64(kb, 0);
     if (op->q_layout == AJ_LAYOUT_VARLEN)
         aj_attn_paged_queries(kb, bidx, e->seq_k, e->seq_q, &pt->start_q, &e->seq_q);
-    if (p->kv_dtype >= AJ_DTYPE_F8E4M3) {
-        e->k_scale = aj_kb_load(kb, kb->t_f32, aj_param(kb, AJ_PID(k_scale)), 4);
-        e->v_scale = aj_kb_load(kb, kb->t_f32, aj_param(kb, AJ_PID(v_scale)), 4);
-    }
     LLVMValueRef one = aj_kb_i32(kb, 1);
     LLVMValueRef group =
         LLVMBuildSDiv(b, aj_param(kb, AJ_PID(heads_q)), aj_param(kb, AJ_PID(heads_kv)), "");
-    pt->hkv = aj_kb_sext64(kb, LLVMBuildSDiv(b, h, group, "hkv"));
+    LLVMValueRef hkv = LLVMBuildSDiv(b, h, group, "hkv");
+    pt->hkv = aj_kb_sext64(kb, hkv);
+    /* f8 caches: K's and V's descales, of the KV head all packed heads share */
+    aj_attn_descales(kb, op, h, hkv, &e->k_scale, &e->v_scale);
     /* GQA packing: heads h0 .. h0 + heads - 1 */
     LLVMValueRef heads = one;
     pt->h0 = h;

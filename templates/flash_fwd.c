@@ -275,6 +275,12 @@ static aj_status ffwd_check(aj_ctx *ctx, const aj_op *op, aj_target target)
         return aj_fail(ctx, AJ_ERR_UNSUPPORTED,
                        "dtype = f32: flash forward runs on f16 / bf16 tensor cores; use "
                        "`attention forward efficient` for f32");
+    if (aj_op_has_f8(op))
+        return aj_fail(ctx, AJ_ERR_UNSUPPORTED,
+                       "q_dtype = %s, kv_dtype = %s: 8-bit inputs run on the efficient "
+                       "forward on sim and GPUs (flash's f8 tensor-core path, mma m16n8k32, "
+                       "is not built yet); use `attention forward efficient`",
+                       aj_dtype_name(aj_op_q_dtype(op)), aj_dtype_name(aj_op_kv_dtype(op)));
     aj_status st = aj_attn_check_dims(ctx, op, "flash forward", AJ_HEAD_DIM_MAX_GPU);
     ffwd_plan plan;
     return st != AJ_OK ? st : aj_kctx_check_planned(ctx, op, plan_kernel(ctx, op, target, &plan));

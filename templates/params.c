@@ -49,7 +49,8 @@ typedef enum aj_param_when {
     AJ_PWHEN_PLAIN,           /* accumulate = false */
     AJ_PWHEN_ACCUMULATE,
     AJ_PWHEN_BLOCK_MASK,      /* the kernels read tile classes from a block mask */
-    AJ_PWHEN_F8_KV,           /* layout = paged with an f8 kv_dtype */
+    AJ_PWHEN_F8_KV,           /* an f8 kv_dtype (paged caches, FP8 inputs) */
+    AJ_PWHEN_F8_Q,            /* an f8 q_dtype (FP8 inputs) */
     AJ_PWHEN_VARLEN_Q,        /* layout = paged with q_layout = varlen */
     AJ_PWHEN_SINKS,           /* the op has learned sinks */
     AJ_PWHEN_SIDE_GRAD,       /* a backward of an op with grad side tensors */
@@ -149,8 +150,8 @@ static bool op_has(aj_param_when when, const aj_op *op, const aj_score_prog *pro
     case AJ_PWHEN_PLAIN: return !op->accumulate;
     case AJ_PWHEN_ACCUMULATE: return op->accumulate;
     case AJ_PWHEN_BLOCK_MASK: return prog->block_mask;
-    case AJ_PWHEN_F8_KV:
-        return op->layout == AJ_LAYOUT_PAGED && aj_op_kv_dtype(op) >= AJ_DTYPE_F8E4M3;
+    case AJ_PWHEN_F8_KV: return aj_op_kv_dtype(op) >= AJ_DTYPE_F8E4M3;
+    case AJ_PWHEN_F8_Q: return aj_op_q_dtype(op) >= AJ_DTYPE_F8E4M3;
     case AJ_PWHEN_VARLEN_Q:
         return op->layout == AJ_LAYOUT_PAGED && op->q_layout == AJ_LAYOUT_VARLEN;
     case AJ_PWHEN_SINKS: return aj_score_has_sinks(prog);

@@ -68,11 +68,11 @@ int main(int argc, char **argv)
     aj_device_set_workers(dev, workers);
     static const fwd_case cases[] = {
         {"f16 d64 causal, B1 H4 S512", AJ_DTYPE_F16, 64, 0, "causal(top_left)", NULL, NULL,
-         1, 4, 4, 512, 512, 0, 0, 0, 0, 1.0, 0, 1},
+         1, 4, 4, 512, 512, 0, 0, 0, 0, 1.0, 0, 1, AJ_DTYPE_F16, 0, 0},
         {"bf16 d128 none, B1 H2 S512", AJ_DTYPE_BF16, 128, 0, "none", NULL, NULL,
-         1, 2, 2, 512, 512, 0, 0, 0, 0, 1.0, 0, 2},
+         1, 2, 2, 512, 512, 0, 0, 0, 0, 1.0, 0, 2, AJ_DTYPE_F16, 0, 0},
         {"f32 d256 causal, B1 H2 S256", AJ_DTYPE_F32, 256, 0, "causal(bottom_right)", NULL, NULL,
-         1, 2, 1, 256, 256, 0, 0, 0, 0, 1.0, 0, 3},
+         1, 2, 1, 256, 256, 0, 0, 0, 0, 1.0, 0, 3, AJ_DTYPE_F16, 0, 0},
     };
     printf("sim workers: %d (0 = one per core)\n\n", workers);
     printf("| problem | thread-instructions | sim (s) | M inst/s | float64 reference (s) | "

@@ -141,8 +141,9 @@ typedef enum aj_dtype {
     AJ_DTYPE_F16 = 0,
     AJ_DTYPE_BF16 = 1,
     AJ_DTYPE_F32 = 2,
-    /* 8-bit floats: the elements of a paged KV cache only (kv_dtype), with
-     * a per-tensor f32 scale; an op's dtype is one of the three above */
+    /* 8-bit floats: the elements of a forward's inputs only (q_dtype,
+     * kv_dtype: FP8 attention, or a paged KV cache), with f32 descales;
+     * an op's dtype (O's) is one of the three above */
     AJ_DTYPE_F8E4M3 = 3,       /* OCP e4m3fn: no inf, max 448 */
     AJ_DTYPE_F8E5M2 = 4,       /* OCP e5m2: inf and NaN as in IEEE */
     AJ_DTYPE_COUNT
@@ -315,9 +316,16 @@ aj_status aj_op_set_accumulate(aj_op *op, bool accumulate);
 aj_status aj_op_set_deterministic(aj_op *op, bool deterministic);
 aj_status aj_op_set_schedule(aj_op *op, const aj_schedule *schedule);
 aj_status aj_op_set_target(aj_op *op, aj_target target);
-/* layout = paged only: the KV caches' element type (f16, bf16, f32,
- * f8e4m3, f8e5m2); until set, the op's dtype. */
+/* K's and V's element type; until set, the op's dtype.  layout = paged:
+ * the KV caches' (f16, bf16, f32, f8e4m3, f8e5m2); padded and varlen
+ * forwards: the dtype or f8e4m3 / f8e5m2 (FP8 attention, with k_scale and
+ * v_scale; docs/ir.md "FP8 inputs"). */
 aj_status aj_op_set_kv_dtype(aj_op *op, aj_dtype kv_dtype);
+/* Padded and varlen forwards: the queries' element type, the dtype or
+ * f8e4m3 / f8e5m2 (with q_scale); until set, the op's dtype, which stays
+ * O's.  The text form's `q_dtype`. */
+aj_status aj_op_set_q_dtype(aj_op *op, aj_dtype q_dtype);
+aj_status aj_op_get_q_dtype(const aj_op *op, aj_dtype *q_dtype);
 /* layout = paged only: the number of parts the key range of a sequence is
  * split into (split-KV), 1..AJ_SPLITS_MAX (each count is tested against
  * the reference; the launch heuristic chooses no more); 0 lets the launch
@@ -376,7 +384,7 @@ typedef struct aj_op_info {
     /* the side tensors its expressions read, in declaration order */
     int32_t num_tensors;
     aj_side_decl tensors[AJ_OP_TENSORS_MAX];
-    aj_dtype kv_dtype;     /* resolved: the dtype unless layout = paged set it */
+    aj_dtype kv_dtype;     /* resolved: the dtype unless set (paged caches, f8 inputs) */
     int32_t splits;        /* as given; 0 = chosen at launch */
     aj_layout q_layout;    /* layout = paged: its queries' (else padded) */
 } aj_op_info;
@@ -830,8 +838,9 @@ typedef struct aj_fwd_args {
      * sequence b in order; seqlens_k: int32 [B], sequence b's keys (0 ..
      * max_pages page_size); all in device memory.  The queries are the
      * last Sq positions of their sequence.  k_scale, v_scale: f32 tensors
-     * of one element that the stored K and V are multiplied by, f8
-     * kv_dtype only (required there).  A bad page index or length is
+     * of one element (or, since version 6, one per KV head) that the
+     * stored K and V are multiplied by, f8 kv_dtype only (required there;
+     * padded and varlen f8 ops take them too).  A bad page index or length is
      * found by the kernel (AJ_ERR_INVALID_ARG naming the sequence, as
      * varlen's offsets).  q_offset, kv_offset and the totals must be 0.
      * q_layout = varlen (chunked prefill): q [T, Hq, D], o [T, Hq, Dv], lse
@@ -863,6 +872,14 @@ typedef struct aj_fwd_args {
      * select or && on a bound).  0: the rule alone, as before.  Padded
      * and varlen kernels compiled here (not loaded from bytes). */
     int32_t check_side_bounds;
+    /* Version 6: FP8 inputs (docs/ir.md "FP8 inputs").  An op whose
+     * q_dtype is f8 reads q as 8-bit floats and multiplies them by q_scale
+     * (f32, [1]: per tensor, or [Hq]: per query head; required there); an
+     * f8 kv_dtype on a padded or varlen op, k and v by k_scale and v_scale
+     * (above; [1] or [Hkv], per KV head; paged caches too).  Each scales
+     * what it multiplies exactly: scores use q_scale[h] k_scale[h / G]
+     * q.k, outputs v_scale[h / G] P V. */
+    aj_tensor q_scale;
 } aj_fwd_args;
 
 #define AJ_FWD_ARGS_INIT { .struct_size = sizeof(aj_fwd_args) }

@@ -20,7 +20,7 @@ STATUS_NAMES = ("AJ_OK", "AJ_ERR_INVALID_ARG", "AJ_ERR_PARSE", "AJ_ERR_VERIFY",
                 "AJ_ERR_UNSUPPORTED", "AJ_ERR_CODEGEN", "AJ_ERR_NO_DEVICE", "AJ_ERR_IO",
                 "AJ_ERR_OUT_OF_MEMORY", "AJ_ERR_INTERNAL", "AJ_ERR_KERNEL_FAULT", "AJ_ERR_COMM")
 DTYPE_F16, DTYPE_BF16, DTYPE_F32 = 0, 1, 2
-DTYPE_F8E4M3, DTYPE_F8E5M2 = 3, 4      # KV caches only (kv_dtype)
+DTYPE_F8E4M3, DTYPE_F8E5M2 = 3, 4      # inputs only (q_dtype, kv_dtype)
 SIDE_I32, SIDE_F32 = 0, 1
 CACHE_DEFAULT, CACHE_MEMORY, CACHE_OFF = 0, 1, 2
 DEVICE_SIM, DEVICE_CUDA, DEVICE_CPU = 0, 1, 2
@@ -77,7 +77,7 @@ class FwdArgs(ctypes.Structure):
                 + [("k_cache", Tensor), ("v_cache", Tensor), ("block_table", c_void_p),
                    ("max_pages", i32), ("seqlens_k", c_void_p),
                    ("k_scale", Tensor), ("v_scale", Tensor)]
-                + _HEADS + [("check_side_bounds", i32)])
+                + _HEADS + [("check_side_bounds", i32), ("q_scale", Tensor)])
 
 
 class BwdArgs(ctypes.Structure):

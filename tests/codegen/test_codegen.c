@@ -95,8 +95,9 @@ static void test_unsupported(aj_ctx *ctx)
          "166912"},
         {"attention merge { dtype = f32 head_dim_v = 100 }", AJ_TARGET_SM_80,
          "head_dim_v = 100: merge supports multiples of 8"},
-        {"attention forward efficient { dtype = f16 head_dim = 64 layout = varlen }",
-         AJ_TARGET_SM_80, "layout = varlen"},
+        {"attention forward efficient { dtype = f16 head_dim = 64 layout = varlen "
+         "bias = add }", AJ_TARGET_SM_80, "bias = add with layout = varlen: the efficient "
+         "forward on sim and GPUs takes a bias over padded tensors only"},
         {"attention forward efficient { dtype = f16 head_dim = 100 }", AJ_TARGET_SM_80,
          "head_dim = 100"},
         {"attention forward efficient { dtype = f16 head_dim = 520 }", AJ_TARGET_SM_90,

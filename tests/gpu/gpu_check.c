@@ -118,7 +118,7 @@ static int check_efficient_fwd(aj_ctx *ctx, aj_device *dev, int quick)
                          aj_dtype_name(dtypes[t]), dims[d], masks[m]);
                 fwd_case c = {label, dtypes[t], dims[d], 0, masks[m], NULL, NULL,
                               2, 8, 2, 257, 300, 0, 0, 0, 0, 1.0, 0,
-                              (uint64_t)(100 * t + 10 * d + m + 1)};
+                              (uint64_t)(100 * t + 10 * d + m + 1), AJ_DTYPE_F16, 0, 0};
                 fwd_result r = fwd_run_case(ctx, dev, &c);
                 failed += report_case(ctx, label, &r, cases++ == 0);
             }
@@ -162,7 +162,7 @@ static int check_flash_fwd(aj_ctx *ctx, aj_device *dev, int quick, int wgmma)
                          masks[m % 4], m == 4 ? " accumulate" : m == 5 ? " varlen" : "");
                 fwd_case c = {label, dtypes[t], flash_dims[d][0], flash_dims[d][1], masks[m % 4],
                               NULL, NULL, m == 5 ? 4 : 2, 8, 2, 257, 300, 0, 0, 0, 0, 1.0, 0,
-                              (uint64_t)(1000 + 100 * t + 10 * d + m)};
+                              (uint64_t)(1000 + 100 * t + 10 * d + m), AJ_DTYPE_F16, 0, 0};
                 fwd_result r = fwd_run_case_ext(ctx, dev, &c, NULL, &how);
                 failed += report_case(ctx, label, &r, cases++ == 0);
             }

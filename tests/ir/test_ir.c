@@ -497,7 +497,7 @@ static const bad_spec bad_specs[] = {
     /* fields */
     { FWD REQ "  maks = none\n}", 0, AJ_ERR_PARSE,
       "t.aj:4:3: unknown field 'maks' (expected one of dtype, head_dim, head_dim_v, "
-      "tensors, mask, score_mod, sinks, scale, dropout, bias, layout, kv_dtype, q_layout, "
+      "tensors, mask, score_mod, sinks, scale, dropout, bias, layout, q_dtype, kv_dtype, q_layout, "
       "kv_shared, accumulate, deterministic, schedule or target)" },
     { MERGE "  dtype = f16\n  head_dimv = 64\n}", 0, AJ_ERR_PARSE,
       "t.aj:3:3: unknown field 'head_dimv' (expected one of dtype, head_dim_v or target)" },
@@ -637,9 +637,18 @@ static const bad_spec bad_specs[] = {
       "t.aj:5:3: layout = paged takes no dropout (an inference layout)" },
     { FWD REQ "  layout = paged\n  accumulate = true\n}", 0, AJ_ERR_VERIFY,
       "t.aj:5:3: accumulate = true does not apply to layout = paged" },
-    { FWD REQ "  kv_dtype = f8e4m3\n}", 0, AJ_ERR_VERIFY,
-      "t.aj:4:3: kv_dtype applies only to layout = paged (the element type of its KV "
-      "caches), not padded" },
+    { FWD REQ "  kv_dtype = bf16\n}", 0, AJ_ERR_VERIFY,
+      "t.aj:4:3: kv_dtype = bf16 differs from dtype = f16 on layout = padded; K and V are the "
+      "op's dtype or 8-bit floats (f8e4m3, f8e5m2), other element types are paged caches' "
+      "only" },
+    { "attention backward flash {\n" REQ "  kv_dtype = f8e5m2\n}", 0, AJ_ERR_VERIFY,
+      "t.aj:4:3: kv_dtype = f8e5m2 applies only to forward ops, not backward (8-bit inputs "
+      "are read with their descales, not differentiated)" },
+    { FWD REQ "  q_dtype = f8e4m3\n  layout = paged\n}", 0, AJ_ERR_VERIFY,
+      "q_dtype = f8e4m3: a paged op's queries are its dtype (its caches may be 8-bit: "
+      "kv_dtype)" },
+    { FWD REQ "  q_dtype = f4\n}", 0, AJ_ERR_PARSE,
+      "t.aj:4:13: expected a query dtype (f16, bf16, f32, f8e4m3 or f8e5m2), found 'f4'" },
     { FWD REQ "  layout = varlen\n  q_layout = varlen\n}", 0, AJ_ERR_VERIFY,
       "t.aj:5:3: q_layout applies only to layout = paged (the layout of its queries), not "
       "varlen" },
@@ -947,8 +956,9 @@ static void test_paged(aj_ctx *ctx)
     CHECK_ERROR(ctx, "aj_op_set_splits: schedule splits -1 is out of range (want 0..16)");
     CHECK(aj_op_create(ctx, AJ_KIND_FORWARD, AJ_VARIANT_FLASH, &plain) == AJ_OK);
     if (plain) {
-        CHECK_STATUS(ctx, aj_op_set_kv_dtype(plain, AJ_DTYPE_F8E4M3), AJ_ERR_VERIFY);
-        CHECK_ERROR(ctx, "aj_op_set_kv_dtype: kv_dtype applies only to layout = paged");
+        CHECK_STATUS(ctx, aj_op_set_kv_dtype(plain, AJ_DTYPE_F16), AJ_ERR_VERIFY);
+        CHECK_ERROR(ctx, "aj_op_set_kv_dtype: kv_dtype = f16 differs from dtype = f32 on "
+                         "layout = padded");
         aj_free(printed);
         printed = NULL;
         CHECK(aj_op_print(plain, &printed) == AJ_OK);

@@ -131,7 +131,7 @@ typedef struct host_tensor {
 static void make_tensor(host_tensor *h, aj_dtype dtype, int64_t b, int64_t hs, int64_t s,
                         int64_t d, int bshd)
 {
-    int elem = dtype == AJ_DTYPE_F32 ? 4 : 2;
+    int elem = aj_dtype_size(dtype);
     size_t n = (size_t)(b * hs * s * d);
     memset(h, 0, sizeof *h);
     h->mem = aligned_alloc(64, (n * (size_t)elem + 64) / 64 * 64 + 64);
@@ -182,6 +182,49 @@ static void fill_tensor(host_tensor *h, double magnitude, uint64_t *rng)
                 }
 }
 
+/* FP8 inputs: h (f32, filled) quantised to f8 in place, per head (dim
+ * head_axis) or per tensor: descale = amax / the format's largest finite
+ * value, stored = f8(value / descale), and the double image becomes the
+ * dequantised stored * descale.  scales gets the descale(s), *n_scales
+ * their count. */
+static void quantize_f8(host_tensor *h, aj_dtype f8, int head_axis, int per_head, float *scales,
+                        int64_t *n_scales)
+{
+    aj_tensor *t = &h->t;
+    const double largest = f8 == AJ_DTYPE_F8E4M3 ? 448.0 : 57344.0;
+    const int64_t heads = per_head ? t->shape[head_axis] : 1;
+    double amax[64] = {0};
+    size_t r = 0;
+    int64_t ix[4];
+    for (ix[0] = 0; ix[0] < t->shape[0]; ix[0]++)
+        for (ix[1] = 0; ix[1] < t->shape[1]; ix[1]++)
+            for (ix[2] = 0; ix[2] < t->shape[2]; ix[2]++)
+                for (ix[3] = 0; ix[3] < t->shape[3]; ix[3]++, r++) {
+                    double *m = &amax[per_head ? ix[head_axis] : 0];
+                    *m = fmax(*m, fabs(h->ref[r]));
+                }
+    for (int64_t g = 0; g < heads; g++)
+        scales[g] = amax[g] > 0 ? (float)(amax[g] / largest) : 1.0f;
+    *n_scales = heads;
+    const float *src = (const float *)t->data;
+    uint8_t *dst = aligned_alloc(64, ((size_t)r + 64) / 64 * 64 + 64);
+    r = 0;
+    for (ix[0] = 0; ix[0] < t->shape[0]; ix[0]++)
+        for (ix[1] = 0; ix[1] < t->shape[1]; ix[1]++)
+            for (ix[2] = 0; ix[2] < t->shape[2]; ix[2]++)
+                for (ix[3] = 0; ix[3] < t->shape[3]; ix[3]++, r++) {
+                    int64_t at = offset_of(t, ix[0], ix[1], ix[2], ix[3]);
+                    float scale = scales[per_head ? ix[head_axis] : 0];
+                    float f = src[at] / scale, back;
+                    aj_convert(&f, AJ_DTYPE_F32, dst + at, f8, 1);
+                    aj_convert(dst + at, f8, &back, AJ_DTYPE_F32, 1);
+                    h->ref[r] = (double)back * scale;
+                }
+    free(h->mem);
+    h->mem = t->data = dst;
+    t->dtype = f8;
+}
+
 static double read_element(const aj_tensor *t, int64_t at)
 {
     float f;
@@ -213,15 +256,21 @@ static void write_spec(const fwd_case *c, const fwd_options *x, const fwd_run_op
         snprintf(sched, sizeof sched, "(warpgroups = %d)", run->warpgroups);
     else
         snprintf(sched, sizeof sched, "%s", given ? given : "default");
+    char f8[80] = "";
+    if (c->f8 >= AJ_DTYPE_F8E4M3)
+        snprintf(f8, sizeof f8, "%s%s%s  kv_dtype = %s\n", c->f8_q ? "  q_dtype = " : "",
+                 c->f8_q ? aj_dtype_name(c->f8) : "", c->f8_q ? "\n" : "",
+                 aj_dtype_name(c->f8));
     snprintf(spec, cap,
              "attention forward %s {\n  dtype = %s\n  head_dim = %d\n"
              "  head_dim_v = %d\n  mask = %s\n  score_mod = %s\n  schedule = %s\n"
-             "  bias = %s\n  dropout = %.17g\n  layout = %s\n  accumulate = %s\n%s%s%s}\n",
+             "  bias = %s\n  dropout = %.17g\n  layout = %s\n%s  accumulate = %s\n%s%s%s}\n",
              run->variant == AJ_VARIANT_FLASH ? "flash" : "efficient",
              aj_dtype_name(c->dtype), c->d, c->dv ? c->dv : c->d, c->mask,
              c->score_mod ? c->score_mod : "none", sched,
              x->bias_shape[3] ? "add" : "none", x->dropout,
-             run->seqlens_q ? "varlen" : "padded", run->accumulate_parts > 0 ? "true" : "false",
+             run->seqlens_q ? "varlen" : "padded", f8,
+             run->accumulate_parts > 0 ? "true" : "false",
              x->tensors ? "  tensors = " : "", x->tensors ? x->tensors : "",
              x->tensors ? "\n" : "");
 }
@@ -283,7 +332,7 @@ static void reference_problem(const fwd_case *c, const fwd_options *x, ref_probl
 /* Bytes a tensor spans (its data is contiguous in every layout used here). */
 static size_t device_bytes(const aj_tensor *t)
 {
-    size_t n = t->dtype == AJ_DTYPE_F32 ? 4 : 2;
+    size_t n = (size_t)aj_dtype_size(t->dtype);
     for (int i = 0; i < t->rank; i++)
         n *= (size_t)t->shape[i];
     return n;
@@ -360,7 +409,7 @@ static aj_status launch(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel, co
 {
     if (parts <= 0)
         return aj_forward(ctx, dev, kernel, a);
-    int elem = c->dtype == AJ_DTYPE_F32 ? 4 : 2;
+    int elem = aj_dtype_size(a->k.dtype);
     for (int part = 0; part < parts; part++) {
         int64_t k0 = (int64_t)c->sk * part / parts, k1 = (int64_t)c->sk * (part + 1) / parts;
         aj_fwd_args x = *a;
@@ -409,22 +458,33 @@ fwd_result fwd_run_case_ext(aj_ctx *ctx, aj_device *dev, const fwd_case *c,
     int64_t nb = varlen ? 1 : c->b;
     int64_t sq = varlen ? cu_q[c->b] : c->sq, sk = varlen ? cu_k[c->b] : c->sk;
     host_tensor q, k, v, o, o_acc;
+    /* FP8 inputs are drawn in f32, then quantised (below) */
+    const int f8 = c->f8 >= AJ_DTYPE_F8E4M3, head_axis = varlen ? 2 : 1;
+    const aj_dtype q_drawn = f8 && c->f8_q ? AJ_DTYPE_F32 : c->dtype;
+    const aj_dtype kv_drawn = f8 ? AJ_DTYPE_F32 : c->dtype;
     if (varlen) {
-        make_tensor(&q, c->dtype, 1, sq, c->hq, c->d, 0);
-        make_tensor(&k, c->dtype, 1, sk, c->hkv, c->d, 0);
-        make_tensor(&v, c->dtype, 1, sk, c->hkv, dv, 0);
+        make_tensor(&q, q_drawn, 1, sq, c->hq, c->d, 0);
+        make_tensor(&k, kv_drawn, 1, sk, c->hkv, c->d, 0);
+        make_tensor(&v, kv_drawn, 1, sk, c->hkv, dv, 0);
         make_tensor(&o, c->dtype, 1, sq, c->hq, dv, 0);
         make_tensor(&o_acc, AJ_DTYPE_F32, 1, sq, c->hq, dv, 0);
     } else {
-        make_tensor(&q, c->dtype, nb, c->hq, sq, c->d, c->bshd);
-        make_tensor(&k, c->dtype, nb, c->hkv, sk, c->d, c->bshd);
-        make_tensor(&v, c->dtype, nb, c->hkv, sk, dv, c->bshd);
+        make_tensor(&q, q_drawn, nb, c->hq, sq, c->d, c->bshd);
+        make_tensor(&k, kv_drawn, nb, c->hkv, sk, c->d, c->bshd);
+        make_tensor(&v, kv_drawn, nb, c->hkv, sk, dv, c->bshd);
         make_tensor(&o, c->dtype, nb, c->hq, sq, dv, c->bshd);
         make_tensor(&o_acc, AJ_DTYPE_F32, nb, c->hq, sq, dv, c->bshd);
     }
     fill_tensor(&q, c->magnitude, &rng);
     fill_tensor(&k, c->magnitude, &rng);
     fill_tensor(&v, 1.0, &rng);
+    /* FP8 inputs: quantised with their descales (the head axis is dim 2
+     * of varlen's [1, T, H, D], else dim 1); q only with f8_q */
+    float descales[3][64];
+    int64_t n_descales[3] = {0, 0, 0};
+    host_tensor *quantised[3] = {&q, &k, &v};
+    for (int i = c->f8_q ? 0 : 1; f8 && i < 3; i++)
+        quantize_f8(quantised[i], c->f8, head_axis, c->f8_per_head, descales[i], &n_descales[i]);
     /* a prior that must not leak: lse = -inf rows ignore whatever O holds */
     size_t acc_elems = (size_t)(nb * c->hq * sq * dv);
     for (size_t i = 0; i < acc_elems; i++)
@@ -477,10 +537,17 @@ fwd_result fwd_run_case_ext(aj_ctx *ctx, aj_device *dev, const fwd_case *c,
     a.seed = opts->drop_seed;
     a.offset = opts->drop_offset;
     /* the tensors travel to the device and back (for sim: host copies) */
-    aj_tensor *moved[8] = {&a.q, &a.k, &a.v, &a.o, &a.lse, &a.alibi_slopes, &a.o_acc, &a.bias};
-    size_t bytes[8];
-    void *host[8];
+    aj_tensor *scale_args[3] = {&a.q_scale, &a.k_scale, &a.v_scale};
+    for (int i = 0; i < 3; i++)
+        if (n_descales[i])
+            *scale_args[i] = (aj_tensor){descales[i], AJ_DTYPE_F32, 1, {n_descales[i]}, {1}};
+    aj_tensor *moved[11] = {&a.q, &a.k, &a.v, &a.o, &a.lse, &a.alibi_slopes, &a.o_acc, &a.bias};
+    size_t bytes[11];
+    void *host[11];
     int n_moved = opts->bias_shape[3] ? 8 : 7;
+    for (int i = 0; i < 3; i++)   /* the descales, where given */
+        if (n_descales[i])
+            moved[n_moved++] = scale_args[i];
     for (int i = 0; i < n_moved; i++) {
         host[i] = moved[i]->data;
         bytes[i] = moved[i]->data ? device_bytes(moved[i]) : 0;

@@ -26,6 +26,12 @@ typedef struct fwd_case {
     double magnitude;          /* inputs uniform in [-magnitude, magnitude] */
     int bshd;                  /* lay q, k, v, o out as [B, S, H, D] (strided BHSD views) */
     uint64_t seed;
+    /* FP8 inputs (docs/ir.md "FP8 inputs"): AJ_DTYPE_F8E4M3 or _F8E5M2
+     * quantises q (when f8_q), k and v to it from their drawn values, each
+     * with its amax descale (per tensor, or per head when f8_per_head);
+     * the reference gets the dequantised values.  Below F8E4M3: none. */
+    aj_dtype f8;
+    int f8_q, f8_per_head;
 } fwd_case;
 
 /* The tests' usual case: b 1, Hq 2 over Hkv 1, Sq 67 and Sk 83 (tails on

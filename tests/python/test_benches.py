@@ -20,6 +20,7 @@ CASES = [
     ("bench_small.py", ["--seqs", "32", "--dims", "16", "--repeats", "1"], 1),
     ("bench_sinks.py", ["--seqs", "64", "--dtypes", "float32", "--repeats", "1"], 2),
     ("bench_mla.py", ["--heads", "16", "--seqs", "128", "--batch", "1", "--repeats", "1"], 1),
+    ("bench_fp8.py", ["--seq", "64", "--dim", "64", "--repeats", "1"], 3),
 ]
 
 

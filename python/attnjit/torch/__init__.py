@@ -36,11 +36,12 @@ them without graph breaks.
 from ._ops import (attention, attention_varlen, kernel_cache_limit, kernel_cache_size,
                    set_kernel_cache_limit)
 from ._flex import BlockMask, create_block_mask, flex_attention
+from ._fp8 import quantize_fp8
 from ._paged import mla_decode, paged_attention
 from ._ring import (context_parallel, ring_attention, shard, shard_varlen, unshard,
                     unshard_varlen)
 
 __all__ = ["BlockMask", "attention", "attention_varlen", "context_parallel",
            "create_block_mask", "flex_attention", "kernel_cache_limit",
-           "kernel_cache_size", "mla_decode", "paged_attention", "ring_attention",
-           "set_kernel_cache_limit", "shard", "shard_varlen", "unshard", "unshard_varlen"]
+           "kernel_cache_size", "mla_decode", "paged_attention", "quantize_fp8",
+           "ring_attention", "set_kernel_cache_limit", "shard", "shard_varlen", "unshard", "unshard_varlen"]

@@ -28,6 +28,9 @@ from attnjit._options import _ALIBI, _OOB_ZERO, _SINKS, _body, _spec  # noqa: F4
 _AJ_DTYPE = {torch.float16: _capi.DTYPE_F16, torch.bfloat16: _capi.DTYPE_BF16,
              torch.float32: _capi.DTYPE_F32}
 _IR_DTYPE = {torch.float16: "f16", torch.bfloat16: "bf16", torch.float32: "f32"}
+# FP8 inputs go to _fp8.forward (imported there: it builds on this module)
+_F8_DTYPES = frozenset(getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2")
+                       if hasattr(torch, n))
 _FWD_SIZE, _BWD_SIZE = ctypes.sizeof(_capi.FwdArgs), ctypes.sizeof(_capi.BwdArgs)
 
 
@@ -650,7 +653,8 @@ def _forward_op(layout, *inputs):
 
 def attention(q, k, v, *, causal=False, window=None, softcap=None, alibi_slopes=None,
               bias=None, scale=None, dropout_p=0.0, mask=None, score_mod=None, tensors=None,
-              sinks=None, variant=None, return_lse=False, oob="check"):
+              sinks=None, variant=None, return_lse=False, oob="check", q_descale=None,
+              k_descale=None, v_descale=None, out_dtype=None):
     """Attention over q (B, Hq, Sq, D), k (B, Hkv, Sk, D), v (B, Hkv, Sk, Dv):
     returns o (B, Hq, Sq, Dv), and with return_lse also lse (B, Hq, Sq),
     float32, natural log, -inf for a row that sees no key (whose o is 0).
@@ -670,13 +674,46 @@ def attention(q, k, v, *, causal=False, window=None, softcap=None, alibi_slopes=
     and rows in a fixed order).  oob: "check" (a load of mask / score_mod
     that may leave its side tensor, by interval arithmetic over the call's
     positions, raises InvalidArgError naming it) or "zero" (it reads 0,
-    the IR's rule).  lse carries no gradient."""
+    the IR's rule).  lse carries no gradient.
+
+    FP8 inputs (a forward; docs/python.md "FP8 inputs"): k and v of
+    float8_e4m3fn or float8_e5m2 with k_descale and v_descale (floats, or
+    float32 tensors of 1 or Hkv elements: what the stored values are
+    multiplied by), q of the same 8-bit kind with q_descale (1 or Hq) or
+    16-bit; o is out_dtype (default bfloat16, or q's 16-bit dtype).
+    attnjit.torch.quantize_fp8 makes such inputs."""
+    if _is_fp8(q, k, v, k_descale, v_descale):
+        from . import _fp8
+        _fp8_refuses(alibi_slopes=alibi_slopes, bias=bias, dropout_p=dropout_p)
+        return _fp8.forward(q, k, v, q_descale=q_descale, k_descale=k_descale,
+                            v_descale=v_descale, out_dtype=out_dtype, causal=causal,
+                            window=window, softcap=softcap, scale=scale, mask=mask,
+                            score_mod=score_mod, tensors=tensors, sinks=sinks,
+                            return_lse=return_lse)
+    if q_descale is not None or out_dtype is not None:
+        raise _fail("q_descale and out_dtype apply to FP8 inputs (float8 k and v)")
     q, k, v, bias, alibi_slopes, side, rng, variant, body = _prepare(
         q, k, v, causal, window, softcap, alibi_slopes, bias, scale, dropout_p, mask, score_mod,
         tensors, variant, sinks=sinks, oob=oob)
     body += _short_tiles(q, k)
     o, lse = _forward_op("padded", q, k, v, bias, alibi_slopes, side, rng, variant, body)
     return (o, lse) if return_lse else o
+
+
+def _is_fp8(q, k, v, k_descale, v_descale):
+    """Whether a call has FP8 inputs (float8 tensors, or descales)."""
+    return (k_descale is not None or v_descale is not None
+            or any(getattr(t, "dtype", None) in _F8_DTYPES for t in (q, k, v)))
+
+
+def _fp8_refuses(alibi_slopes=None, bias=None, dropout_p=0.0):
+    """What the FP8 forward does not take (write alibi as a score_mod
+    expression; a forward of 8-bit inputs is inference's, without dropout)."""
+    for name, given in (("alibi_slopes", alibi_slopes is not None),
+                        ("bias", bias is not None), ("dropout_p", bool(dropout_p))):
+        if given:
+            raise _fail("%s with FP8 inputs: not supported (alibi: write it as a score_mod "
+                        "expression over a side tensor; docs/python.md 'FP8 inputs')" % name)
 
 
 def _offsets_problem(name, t, q):
@@ -693,7 +730,8 @@ def _offsets_problem(name, t, q):
 def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
                      causal=False, window=None, softcap=None, alibi_slopes=None, scale=None,
                      dropout_p=0.0, mask=None, score_mod=None, tensors=None, sinks=None,
-                     variant=None, return_lse=False, oob="check"):
+                     variant=None, return_lse=False, oob="check", q_descale=None,
+                     k_descale=None, v_descale=None, out_dtype=None):
     """attention() over packed sequences (FlashAttention's varlen layout):
     q (Tq, Hq, D), k (Tk, Hkv, D), v (Tk, Hkv, Dv); sequence b is rows
     cu_seqlens_q[b] .. cu_seqlens_q[b+1]-1 of q and cu_seqlens_k[b] ..
@@ -704,8 +742,8 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     lse (Hq, Tq).  Positions restart at each sequence: causal, window,
     mask and score_mod (b is the sequence) apply per sequence, as do
     bottom_right shifts (each sequence's own lengths).  The other options
-    are attention()'s; no bias.  Offsets that break the rules (or a
-    sequence longer than its bound) raise InvalidArgError."""
+    are attention()'s (FP8 inputs too); no bias.  Offsets that break the
+    rules (or a sequence longer than its bound) raise InvalidArgError."""
     for name, t in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
         why = _offsets_problem(name, t, q)
         if why:
@@ -718,6 +756,18 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
         if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n < 2**31:
             raise _fail("%s = %r; want an int in 0 .. 2^31 - 1" % (name, n))
         bounds.append(n)
+    if _is_fp8(q, k, v, k_descale, v_descale):
+        from . import _fp8
+        _fp8_refuses(alibi_slopes=alibi_slopes, dropout_p=dropout_p)
+        return _fp8.forward(q, k, v, q_descale=q_descale, k_descale=k_descale,
+                            v_descale=v_descale, out_dtype=out_dtype, causal=causal,
+                            window=window, softcap=softcap, scale=scale, mask=mask,
+                            score_mod=score_mod, tensors=tensors, sinks=sinks,
+                            return_lse=return_lse,
+                            varlen=(cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous(),
+                                    bounds[0], bounds[1]))
+    if q_descale is not None or out_dtype is not None:
+        raise _fail("q_descale and out_dtype apply to FP8 inputs (float8 k and v)")
     q, k, v, _, alibi_slopes, side, rng, variant, body = _prepare(
         q, k, v, causal, window, softcap, alibi_slopes, None, scale, dropout_p, mask, score_mod,
         tensors, variant, layout="varlen", sinks=sinks, oob=oob)
