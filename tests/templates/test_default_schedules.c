@@ -18,7 +18,9 @@
  *            default schedules through ptxas for sm_80 and sm_90 with no
  *            spill bytes (main_cases); `ptxas pairs [STRIDE [SHARD
  *            SHARDS]]`: the same for (D, Dv) pairs with D != Dv, every
- *            STRIDE-th pair (default PAIR_STRIDE; 1 is all of them).
+ *            STRIDE-th pair (default PAIR_STRIDE; 1 is all of them);
+ *            `ptxas fp8`: the efficient forward with f8 inputs, every head
+ *            dim 8..512 (fp8_cases), for sm_80, sm_90 and sm_90a.
  *   numeric  `numeric`: a spread-out sample of the forward cases on sim
  *            and cpu against the float64 reference, B1 H2, S 17..40, then
  *            the head-dim walk (sweep_dim_case: every D and Dv of the
@@ -239,6 +241,8 @@ typedef struct ptxas_arch {
 static const ptxas_arch mma_archs[] = {{AJ_TARGET_SM_80, "sm_80"}, {AJ_TARGET_SM_90, "sm_90"},
                                        {0, NULL}};
 static const ptxas_arch wgmma_archs[] = {{AJ_TARGET_SM_90A, "sm_90a"}, {0, NULL}};
+static const ptxas_arch all_gpu_archs[] = {{AJ_TARGET_SM_80, "sm_80"}, {AJ_TARGET_SM_90, "sm_90"},
+                                           {AJ_TARGET_SM_90A, "sm_90a"}, {0, NULL}};
 
 static void assemble_cases(aj_ctx *ctx, const sweep_case *cases, int count, int shard,
                            int shards, const ptxas_arch *archs)
@@ -335,10 +339,40 @@ static int wgmma_cases(sweep_case *out)
     return n;
 }
 
+/* FP8 inputs (the efficient forward's, docs/ir.md "FP8 inputs"): every
+ * head dim 8..512 with D = Dv, and every fourth with a Dv 13 steps on,
+ * e4m3 and e5m2, bf16 and f16 outputs, padded and varlen in turn, in the
+ * heaviest option set the layout allows (varlen: no bias on the GPU
+ * templates). */
+static int fp8_cases(sweep_case *out)
+{
+    int n = 0;
+    for (int d = SWEEP_DIM_STEP; d <= SWEEP_DIM_MAX; d += SWEEP_DIM_STEP)
+        for (int pair = 0; pair < (d / SWEEP_DIM_STEP % 4 == 0 ? 2 : 1); pair++) {
+            int k = d / SWEEP_DIM_STEP;
+            sweep_case c = {.kind = AJ_KIND_FORWARD, .variant = AJ_VARIANT_EFFICIENT,
+                            .dtype = sweep_dtypes[(k + pair) % 2], .d = d, .dv = d};
+            c = with_options(c, HEAVIEST);
+            c.f8 = (k + pair) / 2 % 2 ? AJ_DTYPE_F8E5M2 : AJ_DTYPE_F8E4M3;
+            c.varlen = (k + pair) % 3 == 0;
+            c.bias = c.bias && !c.varlen;
+            if (pair)
+                c.dv = SWEEP_DIM_STEP * (1 + (k - 1 + 13) % SWEEP_DIMS);
+            out[n++] = c;
+        }
+    return n;
+}
+
 static void test_ptxas(aj_ctx *ctx, int argc, char **argv)
 {
     static sweep_case cases[4 * SWEEP_PAIRS + 2 * 2 * SWEEP_N_DTYPES * SWEEP_DIMS * PTXAS_SETS +
                             2 * SWEEP_DIMS];
+    if (argc > 2 && strcmp(argv[2], "fp8") == 0) {
+        int n = fp8_cases(cases);
+        printf("ptxas fp8: %d efficient forward cases with f8 inputs\n", n);
+        assemble_cases(ctx, cases, n, 0, 1, all_gpu_archs);
+        return;
+    }
     if (argc > 2 && strcmp(argv[2], "wgmma") == 0) {
         int n = wgmma_cases(cases);
         printf("ptxas wgmma: %d flash forward cases on the wgmma template\n", n);
