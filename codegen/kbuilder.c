@@ -710,6 +710,32 @@ void aj_kb_mma_m16n8k16(aj_kb *kb, aj_dtype dtype, const LLVMValueRef a[4],
                             args, d);
 }
 
+void aj_kb_mma_m16n8k32(aj_kb *kb, aj_dtype dtype, const LLVMValueRef a[4],
+                        const LLVMValueRef b[2], const LLVMValueRef c[4],
+                        LLVMValueRef d[4])
+{
+    const char *why = NULL;
+    if (dtype != AJ_DTYPE_F8E4M3 && dtype != AJ_DTYPE_F8E5M2)
+        why = "mma.m16n8k32 here takes f8e4m3 or f8e5m2 inputs";
+    else if (kb->target == AJ_TARGET_SM_80)
+        why = "mma.m16n8k32 with 8-bit floats needs compute capability 8.9 or newer; sm_80 has "
+              "no FP8 tensor cores";
+    if (why) {
+        aj_kb_fail(kb, AJ_ERR_UNSUPPORTED, "%s (not %s on %s)", why, aj_dtype_name(dtype),
+                   aj_target_name(kb->target));
+        for (int i = 0; i < 4; i++)
+            d[i] = LLVMGetUndef(kb->t_f32);
+        return;
+    }
+    /* PTX ISA 8.4 extended mma to .e4m3 / .e5m2 */
+    if (kb->desc->family == AJ_FAMILY_NVPTX && kb->ptx_isa_min < 84)
+        kb->ptx_isa_min = 84;
+    LLVMValueRef args[10] = {a[0], a[1], a[2], a[3], b[0], b[1], c[0], c[1], c[2], c[3]};
+    aj_kb_intrinsic_results(kb, dtype == AJ_DTYPE_F8E4M3 ? AJ_INTR_MMA_M16N8K32_E4M3
+                                                         : AJ_INTR_MMA_M16N8K32_E5M2,
+                            args, d);
+}
+
 void aj_kb_ldmatrix(aj_kb *kb, int count, int trans, LLVMValueRef smem_ptr,
                     LLVMValueRef out[4])
 {

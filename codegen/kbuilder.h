@@ -109,6 +109,11 @@ typedef struct aj_kb {
     LLVMValueRef sim_thread;     /* sim: the hidden thread-state argument */
     LLVMValueRef work_item;      /* cpu: the hidden argument, ptr to i32 x, y, z */
     int32_t sim_sites;           /* sim: collective call sites numbered so far */
+    /* NVPTX: the module's least PTX ISA version past the target's own
+     * (10 x major + minor, 0: the target's), raised by instructions that
+     * need it (aj_kb_mma_m16n8k32: 84); the pipeline makes the target
+     * machine for it */
+    int ptx_isa_min;
     void **scratch;              /* aj_kb_scratch's blocks, freed by aj_kb_dispose */
     int num_scratch, cap_scratch;
 
@@ -312,6 +317,26 @@ LLVMValueRef aj_kb_vote_any(aj_kb *kb, LLVMValueRef pred);
  *   row g+8    a[1]       a[3]    k 2t+8,2t+9   b[1]   row g+8   c[2]    c[3]
  */
 void aj_kb_mma_m16n8k16(aj_kb *kb, aj_dtype dtype, const LLVMValueRef a[4],
+                        const LLVMValueRef b[2], const LLVMValueRef c[4],
+                        LLVMValueRef d[4]);
+
+/*
+ * mma.sync m16n8k32 with 8-bit float inputs (dtype AJ_DTYPE_F8E4M3 or
+ * _F8E5M2), f32 accumulation: the same as m16n8k16's but that a[4] and
+ * b[2] hold four elements each, the lowest index in the lowest byte (PTX
+ * ISA "Matrix Fragments for mma.m16n8k32"):
+ *
+ *   A 16x32, row-major: a[r] holds row g + 8 (r & 1), k 4t + 16 (r >> 1) .. +3
+ *   B 32x8, k x n:      b[r] holds column g, k 4t + 16 r .. +3
+ *   C, D:               as m16n8k16's
+ *
+ * The bytes of A's row and of B's column are k-consecutive: ldmatrix
+ * (16-bit elements) loads both from k-contiguous rows, as for f16 tiles of
+ * half the width.  sim runs it; on NVPTX targets it needs compute
+ * capability 8.9 and PTX ISA 8.4 (kb->ptx_isa_min): sm_90 and sm_90a take
+ * it, sm_80 fails the build (no FP8 tensor cores).
+ */
+void aj_kb_mma_m16n8k32(aj_kb *kb, aj_dtype dtype, const LLVMValueRef a[4],
                         const LLVMValueRef b[2], const LLVMValueRef c[4],
                         LLVMValueRef d[4]);
 

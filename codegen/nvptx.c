@@ -1,6 +1,7 @@
 /*
  * nvptx.c -- NVPTX target: target machines, kernel annotations, limits.
  */
+#include <stdio.h>
 #include <pthread.h>
 #include <string.h>
 
@@ -23,6 +24,16 @@ static void nvptx_init(void)
 aj_status aj_nvptx_target_machine(aj_ctx *ctx, aj_target target,
                                   int opt_level, LLVMTargetMachineRef *out)
 {
+    return aj_nvptx_target_machine_isa(ctx, target, opt_level, 0, out);
+}
+
+aj_status aj_nvptx_target_machine_isa(aj_ctx *ctx, aj_target target, int opt_level,
+                                      int ptx_isa, LLVMTargetMachineRef *out)
+{
+    /* "+ptxNN" raises the module's .version past the CPU's own */
+    char features[16] = "";
+    if (ptx_isa > 0)
+        snprintf(features, sizeof features, "+ptx%d", ptx_isa);
     pthread_once(&nvptx_once, nvptx_init);
     LLVMTargetRef t = NULL;
     char *err = NULL;
@@ -35,7 +46,7 @@ aj_status aj_nvptx_target_machine(aj_ctx *ctx, aj_target target,
         LLVMCodeGenLevelNone, LLVMCodeGenLevelLess, LLVMCodeGenLevelDefault,
         LLVMCodeGenLevelAggressive};
     LLVMTargetMachineRef tm = LLVMCreateTargetMachine(
-        t, NVPTX_TRIPLE, aj_target_name(target), "", levels[opt_level],
+        t, NVPTX_TRIPLE, aj_target_name(target), features, levels[opt_level],
         LLVMRelocDefault, LLVMCodeModelDefault);
     if (!tm)
         return aj_fail(ctx, AJ_ERR_CODEGEN, "cannot create an NVPTX target machine for %s",

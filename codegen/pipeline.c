@@ -193,6 +193,15 @@ aj_status aj_codegen_run(aj_ctx *ctx, const aj_op *op,
     stats.verify_ms = t1 - t0;
     dump_stage(ctx, options, "verify", kb.mod);
 
+    /* a module whose instructions need a newer PTX ISA than its target's
+     * (aj_kb.ptx_isa_min) is emitted by a machine that declares it */
+    if (kb.ptx_isa_min && desc->family == AJ_FAMILY_NVPTX) {
+        LLVMDisposeTargetMachine(tm);
+        tm = NULL;
+        AJ_TRY(aj_nvptx_target_machine_isa(ctx, options->target, options->opt_level,
+                                           kb.ptx_isa_min, &tm));
+    }
+
     /* stage: optimize */
     t0 = now_ms();
     AJ_TRY(optimize(ctx, kb.mod, tm, options->opt_level));

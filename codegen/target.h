@@ -83,6 +83,10 @@ bool aj_target_is_nvptx(aj_target target);
 int32_t aj_target_smem_limit(aj_target target);
 
 /* The machines the rows name (codegen/nvptx.c, codegen/host.c). */
+/* The NVPTX machine for a module that needs PTX ISA `ptx_isa` (10 x major
+ * + minor; 0: the target's own; aj_kb.ptx_isa_min). */
+aj_status aj_nvptx_target_machine_isa(aj_ctx *ctx, aj_target target, int opt_level,
+                                      int ptx_isa, LLVMTargetMachineRef *out);
 aj_status aj_nvptx_target_machine(aj_ctx *ctx, aj_target target, int opt_level,
                                   LLVMTargetMachineRef *out);
 aj_status aj_host_target_machine(aj_ctx *ctx, aj_target target, int opt_level,

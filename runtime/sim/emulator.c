@@ -88,6 +88,8 @@ static const char *warp_op_name(const warp_call *c)
         [OP_VOTE_ANY] = "vote.sync.any.pred",
         [OP_MMA_F16] = "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32",
         [OP_MMA_BF16] = "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32",
+        [OP_MMA_E4M3] = "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32",
+        [OP_MMA_E5M2] = "mma.sync.aligned.m16n8k32.row.col.f32.e5m2.e5m2.f32",
         [OP_BAR_WARP_SYNC] = "bar.warp.sync",
         [OP_ELECT] = "elect.sync",
     };
@@ -585,6 +587,8 @@ static int32_t sim_elect_sync(sim_thread *t, int32_t site, int32_t mask)
     }
 MMA(sim_mma_m16n8k16_f16, OP_MMA_F16)
 MMA(sim_mma_m16n8k16_bf16, OP_MMA_BF16)
+MMA(sim_mma_m16n8k32_e4m3, OP_MMA_E4M3)
+MMA(sim_mma_m16n8k32_e5m2, OP_MMA_E5M2)
 #undef MMA
 
 /* ldmatrix: lanes 0 .. 8*count-1 pass row addresses, checked here so that
@@ -747,6 +751,8 @@ static const aj_host_symbol symbols[] = {
     SYM("aj_sim_bar_warp_sync", sim_bar_warp_sync),
     SYM("aj_sim_mma_m16n8k16_f16", sim_mma_m16n8k16_f16),
     SYM("aj_sim_mma_m16n8k16_bf16", sim_mma_m16n8k16_bf16),
+    SYM("aj_sim_mma_m16n8k32_e4m3", sim_mma_m16n8k32_e4m3),
+    SYM("aj_sim_mma_m16n8k32_e5m2", sim_mma_m16n8k32_e5m2),
     SYM("aj_sim_ldmatrix_x1", sim_ldmatrix_x1),
     SYM("aj_sim_ldmatrix_x2", sim_ldmatrix_x2),
     SYM("aj_sim_ldmatrix_x4", sim_ldmatrix_x4),
@@ -833,46 +839,56 @@ static void complete_vote(sim_thread *warp, uint32_t group)
     }
 }
 
-static double half_value(uint32_t reg, int high, int bf16)
+/* Element e of an mma fragment register: of two f16 / bf16 (e = 0 the low
+ * half) or four e4m3 / e5m2 (e = 0 the lowest byte). */
+static double mma_element(int op, uint32_t reg, int e)
 {
-    uint16_t h = (uint16_t)(reg >> (16 * high));
-    return bf16 ? aj_bf16_to_f32(h) : aj_f16_to_f32(h);
+    switch (op) {
+    case OP_MMA_F16: return aj_f16_to_f32((uint16_t)(reg >> (16 * e)));
+    case OP_MMA_BF16: return aj_bf16_to_f32((uint16_t)(reg >> (16 * e)));
+    case OP_MMA_E4M3: return aj_f8e4m3_to_f32((uint8_t)(reg >> (8 * e)));
+    default: return aj_f8e5m2_to_f32((uint8_t)(reg >> (8 * e)));
+    }
 }
 
 /*
- * mma.m16n8k16, f32 accumulation.  Lane 4g + t holds (PTX ISA, "Matrix
- * Fragments for mma.m16n8k16 with floating point type"; lo/hi = the
- * halves of a register):
+ * mma.m16n8k16 (f16, bf16) and mma.m16n8k32 (e4m3, e5m2), f32
+ * accumulation: E elements a register (2 or 4), K = 8 E.  Lane 4g + t
+ * holds (PTX ISA, "Matrix Fragments for mma.m16n8k16 with floating point
+ * type" and "... for mma.m16n8k32"; element e of a register, lowest
+ * first):
  *
- *   A 16x16, a[r] = (lo, hi) at         B 16x8, b[r] = (lo, hi) at
- *     row g + 8 (r & 1),                  k 2t + 8 r, 2t + 8 r + 1,
- *     cols 2t + 8 (r >> 1), +1            col g
+ *   A 16xK, a[r] element e at            B Kx8, b[r] element e at
+ *     row g + 8 (r & 1),                   k E t + 4E r + e,
+ *     col E t + 4E (r >> 1) + e            col g
  *
  *   C, D 16x8, c[i] at row g + 8 (i >> 1), col 2t + (i & 1)
  *
- * The products of f16 / bf16 values are exact in double, and so is their
- * sum with c in all but extreme cases; the result is rounded to f32 once.
+ * The products of the inputs are exact in double, and so is their sum
+ * with c in all but extreme cases; the result is rounded to f32 once.
  * (Tensor cores round the sum differently in the last bits; kernels are
  * tested against tolerances that allow for that.)
  */
-static void complete_mma(sim_thread *warp, int bf16)
+static void complete_mma(sim_thread *warp, int op)
 {
-    double a[16][16], b[16][8], d[16][8];
+    const int E = op == OP_MMA_E4M3 || op == OP_MMA_E5M2 ? 4 : 2, K = 8 * E;
+    double a[16][32], b[32][8], d[16][8];
     for (int lane = 0; lane < WARP; lane++) {
         const warp_call *c = &warp[lane].call;
         int g = lane >> 2, t = lane & 3;
         for (int r = 0; r < 4; r++)
-            for (int h = 0; h < 2; h++)
-                a[g + 8 * (r & 1)][2 * t + 8 * (r >> 1) + h] = half_value(c->in.mma.a[r], h, bf16);
+            for (int e = 0; e < E; e++)
+                a[g + 8 * (r & 1)][E * t + 4 * E * (r >> 1) + e] =
+                    mma_element(op, c->in.mma.a[r], e);
         for (int r = 0; r < 2; r++)
-            for (int h = 0; h < 2; h++)
-                b[2 * t + 8 * r + h][g] = half_value(c->in.mma.b[r], h, bf16);
+            for (int e = 0; e < E; e++)
+                b[E * t + 4 * E * r + e][g] = mma_element(op, c->in.mma.b[r], e);
         for (int i = 0; i < 4; i++)
             d[g + 8 * (i >> 1)][2 * t + (i & 1)] = c->in.mma.c[i];
     }
     for (int m = 0; m < 16; m++)
         for (int n = 0; n < 8; n++)
-            for (int k = 0; k < 16; k++)
+            for (int k = 0; k < K; k++)
                 d[m][n] += a[m][k] * b[k][n];
     for (int lane = 0; lane < WARP; lane++) {
         int g = lane >> 2, t = lane & 3;
@@ -935,7 +951,9 @@ static int complete_warp_call(sim_worker *w, sim_thread *warp, int base, uint32_
         break;
     case OP_MMA_F16:
     case OP_MMA_BF16:
-        complete_mma(warp, warp[lead].call.op == OP_MMA_BF16);
+    case OP_MMA_E4M3:
+    case OP_MMA_E5M2:
+        complete_mma(warp, warp[lead].call.op);
         break;
     case OP_LDMATRIX:
         complete_ldmatrix(warp);
@@ -1019,7 +1037,8 @@ static void diagnose_warp_wait(sim_worker *w, int nthreads, int tid)
     uint32_t missing = t->call.mask & ~lanes_meeting(warp, lanes, tid - base);
     int lane = __builtin_ctz(missing);
     char who[192], mask[64];
-    if (t->call.op == OP_MMA_F16 || t->call.op == OP_MMA_BF16 || t->call.op == OP_LDMATRIX)
+    if (t->call.op == OP_MMA_F16 || t->call.op == OP_MMA_BF16 || t->call.op == OP_MMA_E4M3 ||
+        t->call.op == OP_MMA_E5M2 || t->call.op == OP_LDMATRIX)
         snprintf(mask, sizeof mask, "all 32 lanes of the warp");
     else
         snprintf(mask, sizeof mask, "membermask 0x%08x", t->call.mask);

@@ -4,7 +4,8 @@
  * Small kernels written directly with the kernel builder run on the `sim`
  * target, and their results are checked against the PTX ISA's definition
  * written out here: shfl.sync in every mode with clamps and segments,
- * vote.sync, mma.sync m16n8k16 (f16, bf16) against a float64 product,
+ * vote.sync, mma.sync m16n8k16 (f16, bf16) and m16n8k32 (e4m3, e5m2: PTX
+ * for sm_90 and sm_90a at ISA 8.4, refused on sm_80) against a float64 product,
  * ldmatrix x1/x2/x4 with and without .trans, cp.async with its
  * delayed visibility, and red.add.f32 as a host atomic across workers.
  * Deliberately broken kernels show that every detector fires (bounds,
@@ -47,6 +48,9 @@ struct test_kernel {
     const char *ptx_needles[5];       /* instructions the PTX must contain */
 };
 
+/* the FP8 mma's body: its PTX is sm_90's and sm_90a's, not sm_80's */
+static void mma8_body(aj_kb *kb, const test_kernel *k);
+
 static aj_status build_test_kernel(aj_kb *kb, const aj_op *unused, void *user)
 {
     const test_kernel *k = user;
@@ -65,26 +69,28 @@ static aj_kernel *compile(const test_kernel *k, aj_target target)
     return kb_kernel_compile(ctx, op, k->name, build_test_kernel, (void *)k, target);
 }
 
-/* The kernel's PTX for sm_80 and sm_90 holds its instructions and, where
- * ptxas is found, assembles. */
+/* The kernel's PTX for sm_80 and sm_90 (an FP8 kernel's: sm_90 and
+ * sm_90a) holds its instructions and, where ptxas is found, assembles. */
 static void check_ptx(const test_kernel *k)
 {
-    static const aj_target targets[2] = {AJ_TARGET_SM_80, AJ_TARGET_SM_90};
+    static const aj_target targets[2][2] = {{AJ_TARGET_SM_80, AJ_TARGET_SM_90},
+                                            {AJ_TARGET_SM_90, AJ_TARGET_SM_90A}};
     for (int i = 0; i < 2; i++) {
-        aj_kernel *kern = compile(k, targets[i]);
+        aj_target target = targets[k->body == mma8_body][i];
+        aj_kernel *kern = compile(k, target);
         if (!kern)
             continue;
         size_t len;
         const char *ptx = aj_kernel_code(kern, &len);
         for (int n = 0; n < 5 && k->ptx_needles[n]; n++)
             CHECK_MSG(strstr(ptx, k->ptx_needles[n]) != NULL, "%s %s: PTX lacks '%s'",
-                      k->name, aj_target_name(targets[i]), k->ptx_needles[n]);
+                      k->name, aj_target_name(target), k->ptx_needles[n]);
         ptx_kernels++;
         if (have_ptxas) {
             ptxas_result r;
-            ptxas_run(ptxas, aj_target_name(targets[i]), ptx, len, &r);
+            ptxas_run(ptxas, aj_target_name(target), ptx, len, &r);
             CHECK_MSG(r.exit_code == 0, "%s: ptxas -arch=%s failed:\n%s\n%s", k->name,
-                      aj_target_name(targets[i]), r.log, ptx);
+                      aj_target_name(target), r.log, ptx);
             ptx_assembled += r.exit_code == 0;
         }
         aj_kernel_destroy(kern);
@@ -395,6 +401,36 @@ static void test_vote(void)
 
 /* ---------------------------------------------------------------- mma.sync */
 
+/* C's fragment (16x8 f32, row-major in "c"): c[i] = C[g + 8 (i >> 1)][2t +
+ * (i & 1)], and the elements' indices, where D's go too. */
+static void mma_load_c(aj_kb *kb, LLVMValueRef g, LLVMValueRef t, LLVMValueRef c[4],
+                       LLVMValueRef cd_at[4])
+{
+    LLVMValueRef t2 = mul(kb, t, c32(kb, 2));
+    for (int i = 0; i < 4; i++) {
+        LLVMValueRef row = add(kb, g, c32(kb, 8 * (i >> 1)));
+        cd_at[i] = add(kb, mul(kb, row, c32(kb, 8)), add(kb, t2, c32(kb, i & 1)));
+        c[i] = gload(kb, kb->t_f32, "c", cd_at[i]);
+    }
+}
+
+/* The worst relative error of D (16x8) against C + A B in float64, A 16xK
+ * and B Kx8 row-major; a NaN is infinitely bad. */
+static double mma_worst(const float *c, const float *d, const double *a, const double *b, int K)
+{
+    double worst = 0;
+    for (int m = 0; m < 16; m++)
+        for (int n = 0; n < 8; n++) {
+            double want = c[m * 8 + n];
+            for (int kk = 0; kk < K; kk++)
+                want += a[m * K + kk] * b[kk * 8 + n];
+            double err = fabs(d[m * 8 + n] - want) / fmax(fabs(want), 1.0);
+            if (!(err <= worst))
+                worst = isnan(err) ? INFINITY : err;
+        }
+    return worst;
+}
+
 /*
  * Each lane loads its fragments by the PTX ISA's layout (lane = 4g + t):
  *
@@ -423,11 +459,7 @@ static void mma_body(aj_kb *kb, const test_kernel *k)
                     gload(kb, kb->t_i16, "b", add(kb, at, c32(kb, 8))));
     }
     LLVMValueRef cd_at[4];
-    for (int i = 0; i < 4; i++) {
-        LLVMValueRef row = add(kb, g, c32(kb, 8 * (i >> 1)));
-        cd_at[i] = add(kb, mul(kb, row, c32(kb, 8)), add(kb, t2, c32(kb, i & 1)));
-        c[i] = gload(kb, kb->t_f32, "c", cd_at[i]);
-    }
+    mma_load_c(kb, g, t, c, cd_at);
     aj_kb_mma_m16n8k16(kb, (aj_dtype)k->variant, a, b, c, d);
     for (int i = 0; i < 4; i++)
         gstore(kb, d[i], "d", cd_at[i]);
@@ -465,19 +497,92 @@ static void test_mma(aj_dtype dtype)
     void *bufs[] = {a, b, c, d};
     size_t bytes[] = {sizeof a, sizeof b, sizeof c, sizeof d};
     CHECK_STATUS(ctx, run(&k, bufs, bytes), AJ_OK);
-    double worst = 0;
-    for (int m = 0; m < 16; m++)
-        for (int n = 0; n < 8; n++) {
-            double want = c[m * 8 + n];
-            for (int kk = 0; kk < 16; kk++)
-                want += ad[m * 16 + kk] * bd[kk * 8 + n];
-            double got = d[m * 8 + n];
-            double err = fabs(got - want) / fmax(fabs(want), 1.0);
-            if (!(err <= worst))
-                worst = isnan(err) ? INFINITY : err;
-        }
+    double worst = mma_worst(c, d, ad, bd, 16);
     CHECK_MSG(worst <= 1e-6, "mma %s: relative error %g against the float64 product",
               aj_dtype_name(dtype), worst);
+}
+
+/*
+ * mma.m16n8k32 with 8-bit floats (PTX ISA "Matrix Fragments for
+ * mma.m16n8k32"): lane 4g + t loads 4 consecutive bytes per register,
+ *
+ *   a[r] = A[g + 8 (r & 1)][4t + 16 (r >> 1) + 0..3]      (row-major 16x32)
+ *   b[r] = B[4t + 16 r + 0..3][g]                         (32x8, k x n; stored
+ *                                                          as B^T, n-major)
+ *   c, d as m16n8k16's
+ */
+static void mma8_body(aj_kb *kb, const test_kernel *k)
+{
+    LLVMValueRef lane = lane_id(kb);
+    LLVMValueRef g = lshr(kb, lane, 2), t = and(kb, lane, c32(kb, 3));
+    LLVMValueRef t4 = mul(kb, t, c32(kb, 4));
+    LLVMValueRef a[4], b[2], c[4], d[4];
+    for (int r = 0; r < 4; r++) {   /* byte offsets / 4: the u32 words */
+        LLVMValueRef row = add(kb, g, c32(kb, 8 * (r & 1)));
+        LLVMValueRef at = add(kb, mul(kb, row, c32(kb, 32)), add(kb, t4, c32(kb, 16 * (r >> 1))));
+        a[r] = gload(kb, kb->t_i32, "a", lshr(kb, at, 2));
+    }
+    for (int r = 0; r < 2; r++) {
+        LLVMValueRef at = add(kb, mul(kb, g, c32(kb, 32)), add(kb, t4, c32(kb, 16 * r)));
+        b[r] = gload(kb, kb->t_i32, "b", lshr(kb, at, 2));
+    }
+    LLVMValueRef cd_at[4];
+    mma_load_c(kb, g, t, c, cd_at);
+    aj_kb_mma_m16n8k32(kb, (aj_dtype)k->variant, a, b, c, d);
+    for (int i = 0; i < 4; i++)
+        gstore(kb, d[i], "d", cd_at[i]);
+}
+
+static void test_mma8(aj_dtype dtype)
+{
+    static uint8_t a[16 * 32], bt[8 * 32];   /* A row-major; B^T: bt[n * 32 + k] = B[k][n] */
+    static float c[16 * 8], d[16 * 8];
+    double ad[16 * 32], bd[32 * 8];
+    /* quarters in [-2, 2] are exact in both formats; for e5m2 row 5 of A
+     * is scaled by 2^10, beyond e4m3's 448, so an e4m3 decoding would
+     * show; every sum stays exact in f32 */
+    for (int i = 0; i < 16 * 32; i++) {
+        float f = (float)rand_int(-8, 8) * 0.25f, back;
+        if (dtype == AJ_DTYPE_F8E5M2 && i / 32 == 5)
+            f *= 1024.0f;
+        aj_convert(&f, AJ_DTYPE_F32, &a[i], dtype, 1);
+        aj_convert(&a[i], dtype, &back, AJ_DTYPE_F32, 1);
+        CHECK(back == f);
+        ad[i] = f;
+    }
+    for (int kk = 0; kk < 32; kk++)
+        for (int n = 0; n < 8; n++) {
+            float f = (float)rand_int(-8, 8) * 0.25f;
+            aj_convert(&f, AJ_DTYPE_F32, &bt[n * 32 + kk], dtype, 1);
+            bd[kk * 8 + n] = f;
+        }
+    for (int i = 0; i < 16 * 8; i++) {
+        c[i] = (float)rand_int(-16, 16);
+        d[i] = NAN;
+    }
+    char name[32];
+    snprintf(name, sizeof name, "t_mma8_%s", aj_dtype_name(dtype));
+    const test_kernel k = {name, 32, 0, {"a", "b", "c", "d"}, mma8_body, (int)dtype,
+                           {dtype == AJ_DTYPE_F8E4M3
+                                ? "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32"
+                                : "mma.sync.aligned.m16n8k32.row.col.f32.e5m2.e5m2.f32",
+                            ".version 8.4"}};
+    void *bufs[] = {a, bt, c, d};
+    size_t bytes[] = {sizeof a, sizeof bt, sizeof c, sizeof d};
+    CHECK_STATUS(ctx, run(&k, bufs, bytes), AJ_OK);
+    double worst = mma_worst(c, d, ad, bd, 32);
+    CHECK_MSG(worst <= 1e-6, "mma m16n8k32 %s: relative error %g against the float64 product",
+              aj_dtype_name(dtype), worst);
+    /* sm_80 has no FP8 tensor cores: the build says so */
+    aj_compile_options opt = AJ_COMPILE_OPTIONS_INIT;
+    opt.target = AJ_TARGET_SM_80;
+    opt.emit = AJ_EMIT_PTX;
+    aj_kernel *on80 = NULL;
+    CHECK_STATUS(ctx, aj_codegen_run(ctx, op, &opt, k.name, build_test_kernel, (void *)&k, &on80),
+                 AJ_ERR_UNSUPPORTED);
+    CHECK_ERROR(ctx, "mma.m16n8k32 with 8-bit floats needs compute capability 8.9 or newer; "
+                     "sm_80 has no FP8 tensor cores");
+    aj_kernel_destroy(on80);
 }
 
 /* ---------------------------------------------------------------- ldmatrix */
@@ -955,14 +1060,16 @@ int main(void)
     test_vote();
     test_mma(AJ_DTYPE_F16);
     test_mma(AJ_DTYPE_BF16);
+    test_mma8(AJ_DTYPE_F8E4M3);
+    test_mma8(AJ_DTYPE_F8E5M2);
     test_ldmatrix();
     test_cp_async();
     test_red_add();
     test_detectors();
     test_races();
 
-    printf("PTX: %d kernels generated, %d assembled by ptxas (sm_80, sm_90)\n", ptx_kernels,
-           ptx_assembled);
+    printf("PTX: %d kernels generated, %d assembled by ptxas (sm_80, sm_90; FP8 mma: sm_90, "
+           "sm_90a)\n", ptx_kernels, ptx_assembled);
     aj_op_destroy(op);
     aj_ctx_destroy(ctx);
     return check_report();
