@@ -268,6 +268,7 @@ void aj_kb_intrinsic_results(aj_kb *kb, enum aj_intrinsic_id id, LLVMValueRef *a
     }
     switch (kb->target) {
     case AJ_TARGET_SM_80:
+    case AJ_TARGET_SM_89:
     case AJ_TARGET_SM_90:
     case AJ_TARGET_SM_90A:
         lower_nvptx(kb, d, args, results);

@@ -14,6 +14,11 @@ static const aj_target_desc rows[AJ_TARGET_COUNT] = {
                          .smem_limit = 163 * KIB, .ptx_isa = "7.0",
                          .machine = aj_nvptx_target_machine, .machine_opt_follows_op = true,
                          .cache_kind = AJ_CACHE_PTX},
+    /* L4, L40S (Ada): 100 KiB a block may opt into, less 1 KiB reserved */
+    [AJ_TARGET_SM_89] = {.family = AJ_FAMILY_NVPTX, .hidden = AJ_HIDDEN_NONE, .simt = true,
+                         .smem_limit = 99 * KIB, .ptx_isa = "7.8",
+                         .machine = aj_nvptx_target_machine, .machine_opt_follows_op = true,
+                         .cache_kind = AJ_CACHE_PTX},
     /* H100 / H200 */
     [AJ_TARGET_SM_90] = {.family = AJ_FAMILY_NVPTX, .hidden = AJ_HIDDEN_NONE, .simt = true,
                          .smem_limit = 227 * KIB, .ptx_isa = "7.8",

@@ -94,6 +94,7 @@ const char *const aj_target_names[] = {
     [AJ_TARGET_SM_90A] = "sm_90a",
     [AJ_TARGET_SIM] = "sim",
     [AJ_TARGET_CPU] = "cpu",
+    [AJ_TARGET_SM_89] = "sm_89",
 };
 static_assert(AJ_COUNT_OF(aj_target_names) == AJ_TARGET_COUNT,
               "target names");
@@ -137,7 +138,7 @@ aj_status aj_target_from_name(aj_ctx *ctx, const char *name, aj_target *out)
     }
     return aj_fail(ctx, AJ_ERR_INVALID_ARG,
                    "aj_target_from_name: unknown target '%s' (expected any, "
-                   "sm_80, sm_90, sm_90a, sim or cpu)", name);
+                   "sm_80, sm_89, sm_90, sm_90a, sim or cpu)", name);
 }
 
 /* ---------------------------------------------------------------- create */

@@ -203,13 +203,27 @@ static aj_status plan_kernel(aj_ctx *ctx, const aj_op *op, aj_target target, ebw
         {32, 32, 1, 1}, {16, 16, 1, 1}, {8, 8, 1, 1},
         /* head dims past 256 (to 512): one key row of dK and dV per thread */
         {16, 16, 8, 1},
+        /* sm_89's 99 KiB of shared memory: 8 x 8 tiles where 16 x 16 do not fit */
+        {8, 8, 2, 1},
     };
     const aj_attn_schedule_rule rule = {
         .candidates = candidates,
         .n = (int)(sizeof candidates / sizeof candidates[0]),
         .plan = plan_schedule,
     };
-    return aj_attn_plan_schedule(ctx, op, target, &rule, p);
+    aj_status st = aj_attn_plan_schedule(ctx, op, target, &rule, p);
+    /* where shared memory is smallest (sm_89), the widest head-dim pairs
+     * have no schedule: the tiles hold K, V, Q and dO rows in f32, 32 (D +
+     * Dv) floats at 16 x 16, and 8 x 8 tiles need more registers than a
+     * thread keeps past D + Dv of about 768 */
+    if (st != AJ_OK && aj_op_schedule_is_default(op) && aj_target_smem_limit(target) < 128 * 1024)
+        return aj_fail(ctx, AJ_ERR_UNSUPPORTED,
+                       "head_dim %d / head_dim_v %d: efficient backward does not fit the %d KiB "
+                       "of shared memory of %s (its tiles hold K, V, Q and dO rows in f32; D + "
+                       "Dv up to about 768 fit there); sm_80 and sm_90 take every head dim",
+                       op->head_dim, aj_op_dv(op), aj_target_smem_limit(target) / 1024,
+                       aj_target_name(target));
+    return st;
 }
 
 static aj_status ebwd_check(aj_ctx *ctx, const aj_op *op, aj_target target)

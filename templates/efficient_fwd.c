@@ -192,6 +192,9 @@ static aj_status plan_kernel(aj_ctx *ctx, const aj_op *op, aj_target target, efw
         {32, 32, wide ? 8 : 4, 1}, {32, 32, wide ? 4 : 2, 1}, {32, 32, 1, 1},
         {64, 16, 4, 1},            {32, 16, 2, 1},            {16, 16, 1, 1},
         {16, 8, 1, 1},
+        /* where the shared memory is smaller (sm_89's 99 KiB) past head dim
+         * 256: fewer rows and keys, 8 warps for the output columns */
+        {32, 16, 8, 1},            {16, 16, 8, 1},
     };
     const int first = paged ? 0 : 3;
     const aj_attn_schedule_rule rule = {

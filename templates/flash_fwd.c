@@ -100,7 +100,16 @@
 #define WGMMA_STATE_BUDGET 200
 
 typedef struct ffwd_plan {
-    aj_dtype dtype;
+    aj_dtype dtype;                /* O's */
+    /* FP8 inputs (q_dtype = kv_dtype = f8e4m3 or f8e5m2; else 0): S = Q K^T
+     * on mma m16n8k32, V widened to f16 as it is loaded and P V on f16
+     * mma (pv_dtype) */
+    aj_dtype f8;
+    aj_dtype pv_dtype;             /* P's and V's in the P V mma: dtype, or f16 */
+    /* d: the Q and K tiles' width in 16-bit units, the head dim (f8: half
+     * of it -- an f8 row of D bytes is D / 2 of them, and m16n8k32's A and
+     * B fragments are m16n8k16's over byte pairs, so the same ldmatrix
+     * addresses serve) */
     int d, dv;
     int wg;                        /* wgmma warpgroups; 0: mma.sync (see "wgmma" below) */
     int bm, bn, warps, stages, threads;
@@ -192,7 +201,9 @@ static aj_status plan_schedule(aj_ctx *ctx, const aj_op *op, aj_target target,
     aj_schedule s = *sched;
     memset(p, 0, sizeof *p);
     p->dtype = op->dtype;
-    p->d = op->head_dim;
+    p->f8 = aj_op_has_f8(op) ? aj_op_kv_dtype(op) : 0;
+    p->pv_dtype = p->f8 ? AJ_DTYPE_F16 : op->dtype;
+    p->d = p->f8 ? op->head_dim / 2 : op->head_dim;
     p->dv = aj_op_dv(op);
     p->wg = op->warpgroups;
     if (p->wg) {
@@ -242,7 +253,7 @@ static aj_status plan_schedule(aj_ctx *ctx, const aj_op *op, aj_target target,
         return aj_fail(ctx, AJ_ERR_UNSUPPORTED,
                        "schedule: block_m = %d, block_n = %d, stages = %d needs %lld bytes of "
                        "shared memory at head_dim %d/%d; %s allows %d", p->bm, p->bn,
-                       p->stages, (long long)bytes, p->d, p->dv, aj_target_name(target),
+                       p->stages, (long long)bytes, op->head_dim, p->dv, aj_target_name(target),
                        aj_target_smem_limit(target));
     return AJ_OK;
 }
@@ -275,12 +286,28 @@ static aj_status ffwd_check(aj_ctx *ctx, const aj_op *op, aj_target target)
         return aj_fail(ctx, AJ_ERR_UNSUPPORTED,
                        "dtype = f32: flash forward runs on f16 / bf16 tensor cores; use "
                        "`attention forward efficient` for f32");
-    if (aj_op_has_f8(op))
-        return aj_fail(ctx, AJ_ERR_UNSUPPORTED,
-                       "q_dtype = %s, kv_dtype = %s: 8-bit inputs run on the efficient "
-                       "forward on sim and GPUs (flash's f8 tensor-core path, mma m16n8k32, "
-                       "is not built yet); use `attention forward efficient`",
-                       aj_dtype_name(aj_op_q_dtype(op)), aj_dtype_name(aj_op_kv_dtype(op)));
+    if (aj_op_has_f8(op)) {
+        /* FP8 tensor cores: Q and K of one 8-bit format, whole k32 steps
+         * of the head dim, compute capability 8.9 and up, mma.sync */
+        const char *why = aj_op_q_dtype(op) != aj_op_kv_dtype(op)
+                              ? "needs q_dtype = kv_dtype (Q and K meet on the f8 tensor cores)"
+                          : op->head_dim % 32 ? "needs a head_dim that is a multiple of 32"
+                          : target == AJ_TARGET_SM_80
+                              ? "needs FP8 tensor cores (compute capability 8.9 or newer); sm_80 "
+                                "has none"
+                          : target == AJ_TARGET_SM_90 || target == AJ_TARGET_SM_90A
+                              ? "runs on Ada's mma.sync FP8 tensor cores (sm_89); Hopper's are "
+                                "wgmma's, and its ptxas lowers mma.sync e4m3 to f16 HMMA (no "
+                                "FP8 rate, more registers)"
+                          : op->warpgroups ? "runs on mma.sync (warpgroups = 0) for now"
+                                           : NULL;
+        if (why)
+            return aj_fail(ctx, AJ_ERR_UNSUPPORTED,
+                           "q_dtype = %s, kv_dtype = %s, head_dim = %d: flash forward with "
+                           "8-bit inputs %s; `attention forward efficient` takes them",
+                           aj_dtype_name(aj_op_q_dtype(op)), aj_dtype_name(aj_op_kv_dtype(op)),
+                           op->head_dim, why);
+    }
     aj_status st = aj_attn_check_dims(ctx, op, "flash forward", AJ_HEAD_DIM_MAX_GPU);
     ffwd_plan plan;
     return st != AJ_OK ? st : aj_kctx_check_planned(ctx, op, plan_kernel(ctx, op, target, &plan));
@@ -309,6 +336,9 @@ typedef struct ffwd {
      * byte offset (Q's, then one per ring slot) */
     LLVMValueRef tma, bidx, h, hkv;
     int32_t smem_bar;
+    /* FP8 inputs: the factors of S (q_scale k_scale) and of O (v_scale,
+     * times 2^8 for e4m3, whose f16 widening divides by it), else NULL */
+    LLVMValueRef s_scale, o_scale;
 } ffwd;
 
 static aj_param_source out_tensor(const aj_op *op)
@@ -355,8 +385,9 @@ static LLVMValueRef tile_chunk(ffwd *e, LLVMValueRef row, LLVMValueRef col, int 
 }
 
 /*
- * cp.async of `rows` rows of `width` elements, starting at row `row0` of a
- * slice (element offset `base`, row stride `stride`), into shared memory
+ * cp.async of `rows` rows of `width` 16-bit elements, starting at row `row0` of a
+ * slice (element offset `base`, row stride `stride`, in the tensor's
+ * elements of `esize` bytes: 1 for an f8 row of 2 width), into shared memory
  * at byte offset `dst` with pitch `ld`.  A row is width / 8 chunks of 16
  * bytes; thread tid copies chunks tid, tid + T, ...  (when T is a multiple
  * of the chunks per row, always the same column, T / (width / 8) rows
@@ -364,9 +395,9 @@ static LLVMValueRef tile_chunk(ffwd *e, LLVMValueRef row, LLVMValueRef col, int 
  * clamped to the last row, so the math after never meets garbage such as
  * 0 * NaN.
  */
-static void load_tile_async(ffwd *e, aj_param_source tensor, LLVMValueRef base, LLVMValueRef stride,
-                            LLVMValueRef row0, LLVMValueRef limit, int rows, int width,
-                            LLVMValueRef dst, int ld)
+static void load_tile_async(ffwd *e, aj_param_source tensor, int esize, LLVMValueRef base,
+                            LLVMValueRef stride, LLVMValueRef row0, LLVMValueRef limit, int rows,
+                            int width, LLVMValueRef dst, int ld)
 {
     aj_kb *kb = e->kb;
     LLVMBuilderRef b = e->b;
@@ -403,17 +434,54 @@ static void load_tile_async(ffwd *e, aj_param_source tensor, LLVMValueRef base, 
         LLVMValueRef grow = aj_kb_add(kb, row0, r);
         LLVMValueRef in = LLVMBuildICmp(b, LLVMIntSLT, grow, limit, "");
         LLVMValueRef srow = aj_kb_smin(kb, grow, last);
-        LLVMValueRef at =
-            aj_kb_add(kb, base,
-                      aj_kb_add(kb, LLVMBuildMul(b, aj_kb_sext64(kb, srow), stride, ""),
-                                aj_kb_sext64(kb, col)));
-        at = LLVMBuildMul(b, at, aj_kb_i64(kb, 2), "");
+        /* bytes: the row's in the tensor's elements (esize bytes), the
+         * column's in 16-bit units */
+        LLVMValueRef at = LLVMBuildMul(
+            b, aj_kb_add(kb, base, LLVMBuildMul(b, aj_kb_sext64(kb, srow), stride, "")),
+            aj_kb_i64(kb, esize), "");
+        at = aj_kb_add(kb, at, LLVMBuildShl(b, aj_kb_sext64(kb, col), aj_kb_i64(kb, 1), ""));
         LLVMValueRef src = aj_kb_gptr_offset(kb, aj_param_data(kb, tensor), at);
         LLVMValueRef bytes = LLVMBuildSelect(b, in, aj_kb_i32(kb, 16), aj_kb_i32(kb, 0), "");
         aj_kb_cp_async_16(kb, sptr, src, bytes);
         if (partial)
             aj_kb_if_end(kb);
     }
+}
+
+/*
+ * FP8 V: the tile's rows at key n0 widened to f16 as they are loaded (an
+ * e5m2 byte is the top byte of the same f16; an e4m3 one becomes the f16
+ * of its value / 2^8, exactly, o_scale putting the 2^8 back), 8 elements
+ * a thread a step, by plain loads and stores into the slot at shared byte
+ * offset `vdst` (pitch ldv), rows past Sk zero.  The slot is free when it
+ * is refilled, as for cp.async, whose writes may land as early.
+ */
+static void load_v_f8(ffwd *e, LLVMValueRef n0, LLVMValueRef vdst)
+{
+    aj_kb *kb = e->kb;
+    LLVMBuilderRef b = e->b;
+    const ffwd_plan *p = &e->p;
+    int per_row = p->dv / 8;
+    LLVMValueRef last = LLVMBuildSub(b, e->seq_k, aj_kb_i32(kb, 1), "");
+    LLVMValueRef stride = aj_param(kb, AJ_PID(stride_v_s));
+    LLVMTypeRef bytes8 = LLVMVectorType(kb->t_i8, 8);
+    LLVMValueRef c = aj_kb_for_begin(kb, e->tid, aj_kb_i32(kb, p->bn * per_row),
+                                     aj_kb_i32(kb, p->threads), "vchunk");
+    LLVMValueRef r = LLVMBuildUDiv(b, c, aj_kb_i32(kb, per_row), "");
+    LLVMValueRef col =
+        LLVMBuildShl(b, LLVMBuildURem(b, c, aj_kb_i32(kb, per_row), ""), aj_kb_i32(kb, 3), "");
+    LLVMValueRef grow = aj_kb_add(kb, n0, r);
+    LLVMValueRef in = LLVMBuildICmp(b, LLVMIntSLT, grow, e->seq_k, "");
+    LLVMValueRef at = aj_kb_add(
+        kb, e->v_src,
+        aj_kb_add(kb, LLVMBuildMul(b, aj_kb_sext64(kb, aj_kb_smin(kb, grow, last)), stride, ""),
+                  aj_kb_sext64(kb, col)));
+    LLVMValueRef raw =
+        aj_kb_load(kb, bytes8, aj_kb_gptr_offset(kb, aj_param_data(kb, AJ_PSRC_v), at), 8);
+    LLVMValueRef half = aj_kb_f8_to_f16_bits(kb, raw, p->f8);
+    half = LLVMBuildSelect(b, in, half, LLVMConstNull(LLVMTypeOf(half)), "");
+    aj_kb_store(kb, half, smem_at(e, aj_kb_add(kb, vdst, tile_offset(e, r, col, p->ldv)), 0), 16);
+    aj_kb_for_end(kb);
 }
 
 /* The ring slot (i32) of walk position `at`, the walk starting at `first`. */
@@ -478,10 +546,13 @@ static void load_kv_tile(ffwd *e, LLVMValueRef n, LLVMValueRef at, LLVMValueRef 
         aj_kb_if_end(e->kb);
         aj_kb_else(e->kb);
     }
-    load_tile_async(e, AJ_PSRC_k, e->k_src, aj_param(e->kb, AJ_PID(stride_k_s)), n0, e->seq_k,
-                    p->bn, p->d, kdst, p->ldk);
-    load_tile_async(e, AJ_PSRC_v, e->v_src, aj_param(e->kb, AJ_PID(stride_v_s)), n0, e->seq_k,
-                    p->bn, p->dv, vdst, p->ldv);
+    load_tile_async(e, AJ_PSRC_k, p->f8 ? 1 : 2, e->k_src, aj_param(e->kb, AJ_PID(stride_k_s)),
+                    n0, e->seq_k, p->bn, p->d, kdst, p->ldk);
+    if (p->f8)
+        load_v_f8(e, n0, vdst);
+    else
+        load_tile_async(e, AJ_PSRC_v, 2, e->v_src, aj_param(e->kb, AJ_PID(stride_v_s)), n0,
+                        e->seq_k, p->bn, p->dv, vdst, p->ldv);
     if (e->tma)
         aj_kb_if_end(e->kb);
 }
@@ -729,6 +800,12 @@ static void emit_qk(ffwd *e, LLVMValueRef kbase)
             LLVMValueRef kf[4];
             aj_kb_ldmatrix(kb, 4, 0, smem_at(e, kt, 2 * (8 * j * p->ldk + 16 * kk)), kf);
             for (int mi = 0; mi < p->mt; mi++) {
+                if (p->f8) {   /* the same fragments over byte pairs: k32 a step */
+                    aj_kb_mma_m16n8k32(kb, p->f8, a[mi], &kf[0], acc[mi][j], acc[mi][j]);
+                    aj_kb_mma_m16n8k32(kb, p->f8, a[mi], &kf[2], acc[mi][j + 1],
+                                       acc[mi][j + 1]);
+                    continue;
+                }
                 aj_kb_mma_m16n8k16(kb, p->dtype, a[mi], &kf[0], acc[mi][j], acc[mi][j]);
                 aj_kb_mma_m16n8k16(kb, p->dtype, a[mi], &kf[2], acc[mi][j + 1],
                                    acc[mi][j + 1]);
@@ -738,7 +815,9 @@ static void emit_qk(ffwd *e, LLVMValueRef kbase)
     for (int mi = 0; mi < p->mt; mi++)
         for (int j = 0; j < nt; j++)
             for (int c = 0; c < 4; c++)
-                aj_kb_set(kb, e->s[mi][j][c], acc[mi][j][c]);
+                aj_kb_set(kb, e->s[mi][j][c],
+                          e->s_scale ? LLVMBuildFMul(e->b, acc[mi][j][c], e->s_scale, "")
+                                     : acc[mi][j][c]);
 }
 
 /* Row (local to the CTA) of score element c of m-tile mi: g or g + 8. */
@@ -813,12 +892,12 @@ static void emit_element_mask(ffwd *e, LLVMValueRef n0)
 }
 
 /* Two f32 values as a pair of the dtype in one i32 (first in the low half). */
-static LLVMValueRef pack2(ffwd *e, LLVMValueRef lo, LLVMValueRef hi)
+static LLVMValueRef pack2(ffwd *e, aj_dtype dtype, LLVMValueRef lo, LLVMValueRef hi)
 {
     aj_kb *kb = e->kb;
     LLVMBuilderRef b = e->b;
-    LLVMValueRef l16 = LLVMBuildZExt(b, aj_kb_from_f32(kb, lo, e->p.dtype), kb->t_i32, "");
-    LLVMValueRef h16 = LLVMBuildZExt(b, aj_kb_from_f32(kb, hi, e->p.dtype), kb->t_i32, "");
+    LLVMValueRef l16 = LLVMBuildZExt(b, aj_kb_from_f32(kb, lo, dtype), kb->t_i32, "");
+    LLVMValueRef h16 = LLVMBuildZExt(b, aj_kb_from_f32(kb, hi, dtype), kb->t_i32, "");
     return LLVMBuildOr(b, l16, LLVMBuildShl(b, h16, aj_kb_i32(kb, 16), ""), "");
 }
 
@@ -827,10 +906,11 @@ static LLVMValueRef pack2(ffwd *e, LLVMValueRef lo, LLVMValueRef hi)
  * same registers for mma.sync and wgmma's A in registers. */
 static void pack_p(ffwd *e, LLVMValueRef (*pf)[4], int kk, LLVMValueRef a[4])
 {
-    a[0] = pack2(e, pf[2 * kk][0], pf[2 * kk][1]);
-    a[1] = pack2(e, pf[2 * kk][2], pf[2 * kk][3]);
-    a[2] = pack2(e, pf[2 * kk + 1][0], pf[2 * kk + 1][1]);
-    a[3] = pack2(e, pf[2 * kk + 1][2], pf[2 * kk + 1][3]);
+    aj_dtype t = e->p.pv_dtype;
+    a[0] = pack2(e, t, pf[2 * kk][0], pf[2 * kk][1]);
+    a[1] = pack2(e, t, pf[2 * kk][2], pf[2 * kk][3]);
+    a[2] = pack2(e, t, pf[2 * kk + 1][0], pf[2 * kk + 1][1]);
+    a[3] = pack2(e, t, pf[2 * kk + 1][2], pf[2 * kk + 1][3]);
 }
 
 /*
@@ -912,9 +992,9 @@ static void emit_softmax_pv(ffwd *e, LLVMValueRef n0, LLVMValueRef vbase)
             aj_kb_ldmatrix(kb, pair ? 4 : 2, 1, smem_at(e, vt, 2 * (16 * kk * p->ldv + 8 * v)),
                            vf);
             for (int mi = 0; mi < p->mt; mi++) {
-                aj_kb_mma_m16n8k16(kb, p->dtype, a[mi], &vf[0], acc[mi][v], acc[mi][v]);
+                aj_kb_mma_m16n8k16(kb, p->pv_dtype, a[mi], &vf[0], acc[mi][v], acc[mi][v]);
                 if (pair)
-                    aj_kb_mma_m16n8k16(kb, p->dtype, a[mi], &vf[2], acc[mi][v + 1],
+                    aj_kb_mma_m16n8k16(kb, p->pv_dtype, a[mi], &vf[2], acc[mi][v + 1],
                                        acc[mi][v + 1]);
             }
         }
@@ -974,6 +1054,8 @@ static void emit_epilogue(ffwd *e, LLVMValueRef o_base, LLVMValueRef lse_base)
                 aj_score_fold_sink(kb, e->prog, e->sc.h,
                                    accumulate ? aj_param(kb, AJ_PID(kv_offset)) : NULL, &l2, &inv,
                                    &lse);
+            if (e->o_scale)   /* FP8: V's descale (and e4m3's widening) */
+                inv = LLVMBuildFMul(b, inv, e->o_scale, "");
             /* rows past Sq read the last row: in bounds, never stored */
             LLVMValueRef ic = aj_kb_smin(kb, i, last_row);
             LLVMValueRef lse_ptr =
@@ -1016,7 +1098,7 @@ static void emit_epilogue(ffwd *e, LLVMValueRef o_base, LLVMValueRef lse_base)
                 } else {
                     LLVMValueRef ptr = aj_kb_gptr_offset(kb, aj_param_data(kb, out),
                                                          LLVMBuildMul(b, at, aj_kb_i64(kb, 2), ""));
-                    aj_kb_store(kb, pack2(e, vals[0], vals[1]), ptr, 4);
+                    aj_kb_store(kb, pack2(e, p->dtype, vals[0], vals[1]), ptr, 4);
                 }
             }
             aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntEQ, e->t, aj_kb_i32(kb, 0), ""));
@@ -1131,7 +1213,8 @@ static void prologue(ffwd *e, aj_score_walk *walk, LLVMValueRef q_src, int gated
     }
     if (p->wg)
         wgmma_zero_pads(e);
-    load_tile_async(e, AJ_PSRC_q, q_src, aj_param(kb, AJ_PID(stride_q_s)), e->m0, e->seq_q, p->bm,
+    load_tile_async(e, AJ_PSRC_q, p->f8 ? 1 : 2, q_src, aj_param(kb, AJ_PID(stride_q_s)), e->m0,
+                    e->seq_q, p->bm,
                     p->d, aj_kb_i32(kb, e->p.smem_q), p->ldq);
     if (e->tma)
         aj_kb_if_end(kb);
@@ -1238,6 +1321,11 @@ static aj_status ffwd_build(aj_kb *kb, const aj_op *op, void *user)
     e.bidx = bidx;
     e.h = h;
     e.hkv = hkv;
+    if (p->f8) {   /* FP8: the descales, e4m3's V widened as value / 2^8 */
+        aj_attn_descales(kb, op, h, hkv, &e.s_scale, &e.o_scale);
+        if (p->f8 == AJ_DTYPE_F8E4M3)
+            e.o_scale = LLVMBuildFMul(b, e.o_scale, aj_kb_f32(kb, AJ_F8E4M3_F16_FACTOR), "");
+    }
     if (p->wg && op->layout == AJ_LAYOUT_PADDED)
         e.tma = aj_param(kb, AJ_PID(tma));
     LLVMValueRef sq, sk;

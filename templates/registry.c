@@ -21,7 +21,8 @@ static const aj_template *const templates[] = {
 };
 
 #define GPU_AND_SIM_TARGETS                                                         \
-    ((1u << AJ_TARGET_SM_80) | (1u << AJ_TARGET_SM_90) | (1u << AJ_TARGET_SM_90A) | \
+    ((1u << AJ_TARGET_SM_80) | (1u << AJ_TARGET_SM_89) | (1u << AJ_TARGET_SM_90) | \
+     (1u << AJ_TARGET_SM_90A) | \
      (1u << AJ_TARGET_SIM))
 
 aj_status aj_template_find(aj_ctx *ctx, const aj_op *op, aj_target target,

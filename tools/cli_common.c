@@ -13,7 +13,7 @@ const char cli_usage_text[] =
     "usage: attnjit <command> [options]\n"
     "\n"
     "commands:\n"
-    "  compile SPEC --target sm_80|sm_90|sm_90a [--emit ptx|llvm|bc] [-o FILE]\n"
+    "  compile SPEC --target sm_80|sm_89|sm_90|sm_90a [--emit ptx|llvm|bc] [-o FILE]\n"
     "          [-O 0..3] [-v] [--no-cache]\n"
     "                           compile an op (-O2 default); -v prints the launch contract\n"
     "  check SPEC               verify an op, print its canonical form and hash\n"

@@ -194,6 +194,9 @@ typedef enum aj_target {
     AJ_TARGET_SM_90A = 3,
     AJ_TARGET_SIM = 4,
     AJ_TARGET_CPU = 5,
+    /* Ada (compute capability 8.9: L4, L40S, RTX 40xx): sm_80's kernels,
+     * and the first GPUs with FP8 tensor cores (docs/gpu.md) */
+    AJ_TARGET_SM_89 = 6,
     AJ_TARGET_COUNT
 } aj_target;
 

@@ -172,9 +172,12 @@ aj_status aj_cuda_device_open(aj_ctx *ctx, int index, void *user_context,
                      "kernels need 8.0 (sm_80) or newer", d->name, d->cc_major, d->cc_minor);
         goto done;
     }
-    /* PTX for sm_80 runs on every 8.x GPU and sm_90 PTX on 9.x and later
-     * through the driver's JIT; sm_90a only on 9.0 itself. */
-    d->target = d->cc_major >= 9 ? AJ_TARGET_SM_90 : AJ_TARGET_SM_80;
+    /* PTX for sm_80 runs on every 8.x GPU, sm_89's on 8.9 (Ada) and sm_90
+     * PTX on 9.x and later through the driver's JIT; sm_90a only on 9.0
+     * itself. */
+    d->target = d->cc_major >= 9                           ? AJ_TARGET_SM_90
+                : d->cc_major == 8 && d->cc_minor >= 9 ? AJ_TARGET_SM_89
+                                                         : AJ_TARGET_SM_80;
     if (!d->cuctx) {   /* a usable GPU: now take its primary context */
         AJ_CU_TRY(ctx, cu, cu->DevicePrimaryCtxRetain(&d->cuctx, d->dev),
                   "cuDevicePrimaryCtxRetain");

@@ -578,7 +578,7 @@ static const bad_spec bad_specs[] = {
     { FWD REQ "  schedule = (warps = -4)\n}", 0, AJ_ERR_PARSE,
       "t.aj:4:23: expected an integer (decimal digits, no sign), found '-4'" },
     { FWD REQ "  target = sm_75\n}", 0, AJ_ERR_PARSE,
-      "t.aj:4:12: expected a target (any, sm_80, sm_90, sm_90a, sim or cpu), found 'sm_75'" },
+      "t.aj:4:12: expected a target (any, sm_80, sm_90, sm_90a, sim, cpu or sm_89), found 'sm_75'" },
     /* verifier rules, reported at the field */
     { FWD "  dtype = f16\n  head_dim = 0\n}", 0, AJ_ERR_VERIFY,
       "t.aj:3:3: head_dim 0 is out of range (want 1..1024)" },
@@ -1126,7 +1126,7 @@ static void test_setter_errors(aj_ctx *ctx)
     CHECK_STATUS(ctx, aj_op_set_layout(fwd, (aj_layout)9), AJ_ERR_INVALID_ARG);
     CHECK_ERROR(ctx, "aj_op_set_layout: layout 9 is out of range (want 0..2)");
     CHECK_STATUS(ctx, aj_op_set_target(fwd, AJ_TARGET_COUNT), AJ_ERR_INVALID_ARG);
-    CHECK_ERROR(ctx, "aj_op_set_target: target 6 is out of range (want 0..5)");
+    CHECK_ERROR(ctx, "aj_op_set_target: target 7 is out of range (want 0..6)");
 
     /* Out-of-range values. */
     CHECK_STATUS(ctx, aj_op_set_head_dims(fwd, 0, 0), AJ_ERR_INVALID_ARG);
@@ -1325,14 +1325,14 @@ static void test_null_args(aj_ctx *ctx)
     CHECK_STATUS(ctx, aj_target_from_name(ctx, "sm_75", &target),
                  AJ_ERR_INVALID_ARG);
     CHECK_ERROR(ctx, "aj_target_from_name: unknown target 'sm_75' (expected any, "
-                     "sm_80, sm_90, sm_90a, sim or cpu)");
+                     "sm_80, sm_89, sm_90, sm_90a, sim or cpu)");
     CHECK(aj_target_from_name(NULL, "SM_90", &target) == AJ_ERR_INVALID_ARG);
 }
 
 static void test_names(aj_ctx *ctx)
 {
     static const char *const targets[] = { "any", "sm_80", "sm_90", "sm_90a",
-                                           "sim", "cpu" };
+                                           "sim", "cpu", "sm_89" };
 
     for (int t = 0; t < AJ_TARGET_COUNT; t++) {
         aj_target back = AJ_TARGET_COUNT;

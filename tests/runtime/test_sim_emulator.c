@@ -5,7 +5,7 @@
  * target, and their results are checked against the PTX ISA's definition
  * written out here: shfl.sync in every mode with clamps and segments,
  * vote.sync, mma.sync m16n8k16 (f16, bf16) and m16n8k32 (e4m3, e5m2: PTX
- * for sm_90 and sm_90a at ISA 8.4, refused on sm_80) against a float64 product,
+ * for sm_89 and sm_90 at ISA 8.4, refused on sm_80) against a float64 product,
  * ldmatrix x1/x2/x4 with and without .trans, cp.async with its
  * delayed visibility, and red.add.f32 as a host atomic across workers.
  * Deliberately broken kernels show that every detector fires (bounds,
@@ -48,7 +48,7 @@ struct test_kernel {
     const char *ptx_needles[5];       /* instructions the PTX must contain */
 };
 
-/* the FP8 mma's body: its PTX is sm_90's and sm_90a's, not sm_80's */
+/* the FP8 mma's body: its PTX is sm_89's and sm_90's, not sm_80's */
 static void mma8_body(aj_kb *kb, const test_kernel *k);
 
 static aj_status build_test_kernel(aj_kb *kb, const aj_op *unused, void *user)
@@ -69,12 +69,12 @@ static aj_kernel *compile(const test_kernel *k, aj_target target)
     return kb_kernel_compile(ctx, op, k->name, build_test_kernel, (void *)k, target);
 }
 
-/* The kernel's PTX for sm_80 and sm_90 (an FP8 kernel's: sm_90 and
- * sm_90a) holds its instructions and, where ptxas is found, assembles. */
+/* The kernel's PTX for sm_80 and sm_90 (an FP8 kernel's: sm_89 and
+ * sm_90) holds its instructions and, where ptxas is found, assembles. */
 static void check_ptx(const test_kernel *k)
 {
     static const aj_target targets[2][2] = {{AJ_TARGET_SM_80, AJ_TARGET_SM_90},
-                                            {AJ_TARGET_SM_90, AJ_TARGET_SM_90A}};
+                                            {AJ_TARGET_SM_89, AJ_TARGET_SM_90}};
     for (int i = 0; i < 2; i++) {
         aj_target target = targets[k->body == mma8_body][i];
         aj_kernel *kern = compile(k, target);
@@ -1068,8 +1068,8 @@ int main(void)
     test_detectors();
     test_races();
 
-    printf("PTX: %d kernels generated, %d assembled by ptxas (sm_80, sm_90; FP8 mma: sm_90, "
-           "sm_90a)\n", ptx_kernels, ptx_assembled);
+    printf("PTX: %d kernels generated, %d assembled by ptxas (sm_80, sm_90; FP8 mma: sm_89, "
+           "sm_90)\n", ptx_kernels, ptx_assembled);
     aj_op_destroy(op);
     aj_ctx_destroy(ctx);
     return check_report();

@@ -7,8 +7,9 @@
  * One generator of cases (test_sweep): every mask family (none, causal
  * top-left and bottom-right, a window, an expression) x head dims 64, 128
  * and 256, each case also cycling the format, per-tensor and per-head
- * descales, f8 queries or 16-bit ones, the output dtype, the variant (cpu),
- * a score_mod and the GQA ratio; then layout = varlen for every mask
+ * descales, f8 queries or 16-bit ones, the output dtype, the variant (on
+ * sim flash is the FP8 tensor-core kernel: Q K^T on mma m16n8k32), a
+ * score_mod and the GQA ratio; then layout = varlen for every mask
  * family, D != Dv, and the faults a caller can make (a missing or
  * mis-shaped descale, one given to a kernel without f8 inputs, the IR's
  * refusals).
@@ -67,12 +68,14 @@ static void run_case(const fwd_case *c, const fwd_run_options *how)
            r.seconds * 1e3);
 }
 
-/* The efficient forward everywhere; on cpu, where one kernel serves both
- * variants, flash every other case. */
-static fwd_run_options variant_of(int i)
+/* Every other case of f8 queries on the flash variant (on sim the FP8
+ * tensor-core kernel: mma m16n8k32 for Q K^T, V widened to f16), the rest
+ * on the efficient one; 16-bit queries over an f8 K/V are the efficient
+ * variant's on sim (the flash one wants q_dtype = kv_dtype). */
+static fwd_run_options variant_of(int i, const fwd_case *c)
 {
     fwd_run_options how = {0};
-    how.variant = on_cpu && i % 2 ? AJ_VARIANT_FLASH : AJ_VARIANT_EFFICIENT;
+    how.variant = i % 2 && (on_cpu || c->f8_q) ? AJ_VARIANT_FLASH : AJ_VARIANT_EFFICIENT;
     return how;
 }
 
@@ -85,7 +88,7 @@ static void test_sweep(void)
             fwd_case c = sweep_case(i, masks[m], dims[di], label, sizeof label);
             c.sq = on_cpu ? 67 : 37;   /* tails on both sides, shorter on the emulator */
             c.sk = on_cpu ? 83 : 45;
-            fwd_run_options how = variant_of(i);
+            fwd_run_options how = variant_of(i, &c);
             if (!check_sampled())
                 continue;
             run_case(&c, &how);
@@ -104,7 +107,7 @@ static void test_varlen(void)
         if (m == 2)
             c.dv = 64;
         strncat(label, " varlen", sizeof label - strlen(label) - 1);
-        fwd_run_options how = variant_of(m);
+        fwd_run_options how = variant_of(m, &c);
         how.seqlens_q = lens_q;
         how.seqlens_k = lens_k;
         run_case(&c, &how);
@@ -148,11 +151,52 @@ static void test_errors(void)
     CHECK_ERROR(ctx, "kv_dtype = f8e4m3 applies only to forward ops, not backward");
     aj_op_destroy(op);
     if (!on_cpu) {
-        /* the mma flash forward has no f8 path yet: refused, not wrong */
+        /* what the FP8 tensor-core kernel does not take: refused by name */
+        static const struct {
+            const char *body, *message;
+        } flash[] = {
+            {"  q_dtype = f8e5m2\n  kv_dtype = f8e4m3\n  head_dim = 64\n",
+             "needs q_dtype = kv_dtype (Q and K meet on the f8 tensor cores)"},
+            {"  kv_dtype = f8e4m3\n  head_dim = 64\n", "needs q_dtype = kv_dtype"},
+            {"  q_dtype = f8e4m3\n  kv_dtype = f8e4m3\n  head_dim = 72\n",
+             "needs a head_dim that is a multiple of 32"},
+        };
+        for (size_t i = 0; i < sizeof flash / sizeof flash[0]; i++) {
+            char body[256];
+            snprintf(body, sizeof body, "  dtype = bf16\n%s", flash[i].body);
+            aj_kernel *k = NULL;
+            CHECK_STATUS(ctx, compile("flash", body, &k), AJ_ERR_UNSUPPORTED);
+            CHECK_ERROR(ctx, flash[i].message);
+            CHECK_ERROR(ctx, "`attention forward efficient` takes them");
+        }
+    }
+    /* the FP8 tensor-core kernel is Ada's (sm_89): sm_80 has no FP8 tensor
+     * cores, and Hopper's ptxas lowers mma.sync e4m3 to f16 HMMA */
+    static const struct {
+        aj_target target;
+        const char *message;
+    } gpus[] = {
+        {AJ_TARGET_SM_80, "needs FP8 tensor cores (compute capability 8.9 or newer)"},
+        {AJ_TARGET_SM_90, "runs on Ada's mma.sync FP8 tensor cores (sm_89)"},
+        {AJ_TARGET_SM_90A, "Hopper's are wgmma's"},
+        {AJ_TARGET_SM_89, NULL},
+    };
+    for (size_t i = 0; i < sizeof gpus / sizeof gpus[0]; i++) {
+        const char *text = "attention forward flash {\n  dtype = bf16\n  q_dtype = f8e4m3\n"
+                           "  kv_dtype = f8e4m3\n  head_dim = 128\n}\n";
+        aj_compile_options opt = AJ_COMPILE_OPTIONS_INIT;
+        opt.target = gpus[i].target;
+        opt.emit = AJ_EMIT_PTX;
         aj_kernel *k = NULL;
-        CHECK_STATUS(ctx, compile("flash", "  dtype = bf16\n  q_dtype = f8e4m3\n  kv_dtype = "
-                                  "f8e4m3\n  head_dim = 64\n", &k), AJ_ERR_UNSUPPORTED);
-        CHECK_ERROR(ctx, "8-bit inputs run on the efficient forward");
+        CHECK_STATUS(ctx, spec_compile(ctx, text, "gpu.aj", &opt, &k),
+                     gpus[i].message ? AJ_ERR_UNSUPPORTED : AJ_OK);
+        if (gpus[i].message)
+            CHECK_ERROR(ctx, gpus[i].message);
+        else   /* Ada: Q K^T on mma.sync e4m3 at PTX ISA 8.4 */
+            CHECK(k && strstr(aj_kernel_code(k, NULL), "mma.sync.aligned.m16n8k32.row.col.f32."
+                                                        "e4m3.e4m3.f32") &&
+                  strstr(aj_kernel_code(k, NULL), ".version 8.4"));
+        aj_kernel_destroy(k);
     }
 
     /* the launch: one f8 kernel, arguments broken one at a time */
