@@ -266,13 +266,11 @@ void aj_kb_intrinsic_results(aj_kb *kb, enum aj_intrinsic_id id, LLVMValueRef *a
         undef_results(kb, d, results);
         return;
     }
-    switch (kb->target) {
-    case AJ_TARGET_SM_80:
-    case AJ_TARGET_SM_89:
-    case AJ_TARGET_SM_90:
-    case AJ_TARGET_SM_90A:
+    if (kb->desc->family == AJ_FAMILY_NVPTX) {
         lower_nvptx(kb, d, args, results);
         return;
+    }
+    switch (kb->target) {
     case AJ_TARGET_SIM:
         if (kb->sim_thread) {
             lower_sim(kb, d, args, results);

@@ -714,15 +714,15 @@ void aj_kb_mma_m16n8k32(aj_kb *kb, aj_dtype dtype, const LLVMValueRef a[4],
                         const LLVMValueRef b[2], const LLVMValueRef c[4],
                         LLVMValueRef d[4])
 {
-    const char *why = NULL;
-    if (dtype != AJ_DTYPE_F8E4M3 && dtype != AJ_DTYPE_F8E5M2)
-        why = "mma.m16n8k32 here takes f8e4m3 or f8e5m2 inputs";
-    else if (kb->target == AJ_TARGET_SM_80)
-        why = "mma.m16n8k32 with 8-bit floats needs compute capability 8.9 or newer; sm_80 has "
-              "no FP8 tensor cores";
-    if (why) {
-        aj_kb_fail(kb, AJ_ERR_UNSUPPORTED, "%s (not %s on %s)", why, aj_dtype_name(dtype),
-                   aj_target_name(kb->target));
+    const int f8 = dtype == AJ_DTYPE_F8E4M3 || dtype == AJ_DTYPE_F8E5M2;
+    if (!f8 || kb->desc->f8_mma == AJ_F8_MMA_NONE) {
+        if (!f8)
+            aj_kb_fail(kb, AJ_ERR_UNSUPPORTED, "mma.m16n8k32 here takes f8e4m3 or f8e5m2 "
+                       "inputs, not %s", aj_dtype_name(dtype));
+        else
+            aj_kb_fail(kb, AJ_ERR_UNSUPPORTED, "mma.m16n8k32 with 8-bit floats needs compute "
+                       "capability 8.9 or newer; %s has no FP8 tensor cores",
+                       aj_target_name(kb->target));
         for (int i = 0; i < 4; i++)
             d[i] = LLVMGetUndef(kb->t_f32);
         return;

@@ -333,8 +333,9 @@ void aj_kb_mma_m16n8k16(aj_kb *kb, aj_dtype dtype, const LLVMValueRef a[4],
  * The bytes of A's row and of B's column are k-consecutive: ldmatrix
  * (16-bit elements) loads both from k-contiguous rows, as for f16 tiles of
  * half the width.  sim runs it; on NVPTX targets it needs compute
- * capability 8.9 and PTX ISA 8.4 (kb->ptx_isa_min): sm_90 and sm_90a take
- * it, sm_80 fails the build (no FP8 tensor cores).
+ * capability 8.9 and PTX ISA 8.4 (kb->ptx_isa_min): the target table's
+ * f8_mma says what a target makes of it (sm_89 native, sm_90 / sm_90a
+ * lowered to f16 HMMA by ptxas, sm_80 refused: no FP8 tensor cores).
  */
 void aj_kb_mma_m16n8k32(aj_kb *kb, aj_dtype dtype, const LLVMValueRef a[4],
                         const LLVMValueRef b[2], const LLVMValueRef c[4],

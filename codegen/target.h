@@ -51,6 +51,14 @@ typedef struct aj_host_symbol {
 typedef aj_status (*aj_machine_fn)(aj_ctx *ctx, aj_target target, int opt_level,
                                    LLVMTargetMachineRef *out);
 
+/* mma.sync with 8-bit float inputs (m16n8k32 e4m3 / e5m2) on a target. */
+typedef enum aj_f8_mma {
+    AJ_F8_MMA_NONE,      /* no FP8 tensor cores: the instruction is refused */
+    AJ_F8_MMA_LOWERED,   /* accepted, but ptxas lowers it to f8-to-f16 unpacks and f16
+                          * HMMA (Hopper, whose FP8 tensor cores are wgmma's) */
+    AJ_F8_MMA_NATIVE,    /* at the FP8 rate (Ada's QMMA); sim emulates it */
+} aj_f8_mma;
+
 typedef struct aj_target_desc {
     aj_target_family family;
     aj_hidden_arg hidden;
@@ -61,6 +69,7 @@ typedef struct aj_target_desc {
      * instruction counts through it */
     bool emulated;
     int32_t smem_limit;        /* bytes of dynamic shared memory a CTA may use */
+    aj_f8_mma f8_mma;          /* mma.sync m16n8k32 e4m3 / e5m2 */
     const char *ptx_isa;       /* nvptx: the PTX ISA version LLVM 19 emits; else NULL */
     aj_machine_fn machine;     /* the LLVM target machine; NULL for AJ_FAMILY_NONE */
     /* machine-level code generation at the op's opt_level; false: none

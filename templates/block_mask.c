@@ -282,6 +282,5 @@ static aj_status block_mask_build(aj_kb *kb, const aj_op *op, void *user)
 
 AJ_TEMPLATE(aj_template_block_mask, "block_mask", AJ_KIND_FORWARD, AJ_VARIANT_FLASH,
             block_mask_check, block_mask_build,
-            .targets = (1u << AJ_TARGET_SM_80) | (1u << AJ_TARGET_SM_89) | (1u << AJ_TARGET_SM_90) |
-                       (1u << AJ_TARGET_SM_90A) | (1u << AJ_TARGET_SIM) | (1u << AJ_TARGET_CPU),
+            .targets = ((1u << AJ_TARGET_COUNT) - 1) & ~(1u << AJ_TARGET_ANY),   /* every one */
             .stage_sigs = {AJ_KSIG_BLOCK_MASK, AJ_KSIG_BLOCK_MASK, AJ_KSIG_BLOCK_MASK});

@@ -806,14 +806,6 @@ static void emit_key_blocks(efwd *e, efwd_kv *kv, LLVMValueRef n_begin, LLVMValu
     aj_kb_for_end(kb);
 }
 
-/* The element offset (i64) of row `start` of slice (b, h) of t. */
-static LLVMValueRef row_base(aj_kb *kb, aj_param_source t, LLVMValueRef bidx, LLVMValueRef h,
-                             LLVMValueRef start)
-{
-    return aj_kb_add(kb, aj_attn_slice_base(kb, t, bidx, h),
-                     LLVMBuildMul(kb->b, start, aj_param_stride(kb, t, 2), ""));
-}
-
 /* layout = padded, and varlen (the packed tensors as [1, H, T, D] views,
  * sequence b's rows and keys from cu_seqlens, aj_kctx_sequence): grid
  * (ceil(Sq / bm), Hq, B), Sq the longest sequence's. */
@@ -843,7 +835,7 @@ static void build_padded(efwd *e)
     LLVMValueRef sq, sk;
     aj_attn_score_totals(kb, e->prog, op->layout, e->seq_q, e->seq_k, &sq, &sk);
     aj_kctx_set_head(&e->k, bidx, h, sq, sk);
-    LLVMValueRef q_base = row_base(kb, AJ_PSRC_q, bidx, h, q_start);
+    LLVMValueRef q_base = aj_cpu_seq_base(kb, AJ_PSRC_q, bidx, h, q_start);
     aj_tile_src qsrc = {aj_param(kb, AJ_PID(q)),
                         q_base,
                         aj_param(kb, AJ_PID(stride_q_s)),
@@ -853,16 +845,16 @@ static void build_padded(efwd *e)
     aj_tile_load_f32(kb, &qsrc, p->bm, p->d, p->smem_q, p->ldq, e->tid, p->threads);
 
     efwd_kv kv = {
-        .k = {aj_param(kb, AJ_PID(k)), row_base(kb, AJ_PSRC_k, bidx, hkv, k_start),
+        .k = {aj_param(kb, AJ_PID(k)), aj_cpu_seq_base(kb, AJ_PSRC_k, bidx, hkv, k_start),
               aj_param(kb, AJ_PID(stride_k_s)), NULL, e->seq_k, p->kv_dtype},
-        .v = {aj_param(kb, AJ_PID(v)), row_base(kb, AJ_PSRC_v, bidx, hkv, k_start),
+        .v = {aj_param(kb, AJ_PID(v)), aj_cpu_seq_base(kb, AJ_PSRC_v, bidx, hkv, k_start),
               aj_param(kb, AJ_PID(stride_v_s)), NULL, e->seq_k, p->kv_dtype},
     };
     LLVMValueRef n_begin, n_end;
     key_block_range(e, &n_begin, &n_end);
     emit_key_blocks(e, &kv, n_begin, n_end);
     const efwd_out out = {out_tensor(op), AJ_PSRC_lse, op->accumulate ? AJ_DTYPE_F32 : p->dtype,
-                          row_base(kb, out_tensor(op), bidx, h, q_start),
+                          aj_cpu_seq_base(kb, out_tensor(op), bidx, h, q_start),
                           aj_param_stride(kb, out_tensor(op), 2),
                           aj_kb_add(kb, aj_attn_slice_base(kb, AJ_PSRC_lse, bidx, h), q_start),
                           NULL, NULL};

@@ -288,14 +288,16 @@ static aj_status ffwd_check(aj_ctx *ctx, const aj_op *op, aj_target target)
                        "`attention forward efficient` for f32");
     if (aj_op_has_f8(op)) {
         /* FP8 tensor cores: Q and K of one 8-bit format, whole k32 steps
-         * of the head dim, compute capability 8.9 and up, mma.sync */
+         * of the head dim, a target whose mma.sync runs them at their rate
+         * (the target table's f8_mma) */
+        const aj_f8_mma mma = aj_target_desc_of(target)->f8_mma;
         const char *why = aj_op_q_dtype(op) != aj_op_kv_dtype(op)
                               ? "needs q_dtype = kv_dtype (Q and K meet on the f8 tensor cores)"
                           : op->head_dim % 32 ? "needs a head_dim that is a multiple of 32"
-                          : target == AJ_TARGET_SM_80
-                              ? "needs FP8 tensor cores (compute capability 8.9 or newer); sm_80 "
-                                "has none"
-                          : target == AJ_TARGET_SM_90 || target == AJ_TARGET_SM_90A
+                          : mma == AJ_F8_MMA_NONE
+                              ? "needs FP8 tensor cores (compute capability 8.9 or newer), "
+                                "which it lacks"
+                          : mma == AJ_F8_MMA_LOWERED
                               ? "runs on Ada's mma.sync FP8 tensor cores (sm_89); Hopper's are "
                                 "wgmma's, and its ptxas lowers mma.sync e4m3 to f16 HMMA (no "
                                 "FP8 rate, more registers)"
@@ -304,9 +306,9 @@ static aj_status ffwd_check(aj_ctx *ctx, const aj_op *op, aj_target target)
         if (why)
             return aj_fail(ctx, AJ_ERR_UNSUPPORTED,
                            "q_dtype = %s, kv_dtype = %s, head_dim = %d: flash forward with "
-                           "8-bit inputs %s; `attention forward efficient` takes them",
+                           "8-bit inputs on %s %s; `attention forward efficient` takes them",
                            aj_dtype_name(aj_op_q_dtype(op)), aj_dtype_name(aj_op_kv_dtype(op)),
-                           op->head_dim, why);
+                           op->head_dim, aj_target_name(target), why);
     }
     aj_status st = aj_attn_check_dims(ctx, op, "flash forward", AJ_HEAD_DIM_MAX_GPU);
     ffwd_plan plan;

@@ -20,18 +20,14 @@ static const aj_template *const templates[] = {
     &aj_template_cpu_merge,
 };
 
-#define GPU_AND_SIM_TARGETS                                                         \
-    ((1u << AJ_TARGET_SM_80) | (1u << AJ_TARGET_SM_89) | (1u << AJ_TARGET_SM_90) | \
-     (1u << AJ_TARGET_SM_90A) | \
-     (1u << AJ_TARGET_SIM))
-
 aj_status aj_template_find(aj_ctx *ctx, const aj_op *op, aj_target target,
                            const aj_template **out)
 {
     for (size_t i = 0; i < sizeof templates / sizeof templates[0]; i++) {
-        unsigned targets = templates[i]->targets ? templates[i]->targets : GPU_AND_SIM_TARGETS;
-        if (templates[i]->kind == op->kind && templates[i]->variant == op->variant &&
-            (targets & (1u << target)) &&
+        /* no mask: the SIMT targets (the GPUs' and sim), by the target table */
+        bool builds = templates[i]->targets ? (templates[i]->targets >> target) & 1u
+                                            : aj_target_desc_of(target)->simt;
+        if (templates[i]->kind == op->kind && templates[i]->variant == op->variant && builds &&
             templates[i]->paged == (op->layout == AJ_LAYOUT_PAGED)) {
             *out = templates[i];
             return AJ_OK;

@@ -20,7 +20,7 @@ typedef struct aj_template {
     aj_status (*check)(aj_ctx *ctx, const aj_op *op, aj_target target);
     aj_build_fn build;
     /* the targets it builds for, a mask of (1u << aj_target); 0 means the
-     * GPU targets and sim (sm_80, sm_90, sm_90a, sim) */
+     * SIMT targets of the target table (the GPUs' and sim) */
     unsigned targets;
     /* whether it builds layout = paged (K/V gathered through a page table) */
     bool paged;

@@ -10,27 +10,8 @@ import torch
 from attnjit import _capi
 from attnjit._capi import lib as _lib
 
-from ._ops import (_AJ_DTYPE, _IR_DTYPE, _FWD_SIZE, _SINKS, _bind_side, _body, _device_of,
+from ._ops import (_AJ_DTYPE, _F8, _IR_DTYPE, _FWD_SIZE, _SINKS, _bind_side, _body, _device_of,
                    _fail, _kernel, _launch, _put, _side_tensors, _sinks_tensor)
-
-# the 8-bit element types torch has, as the C API and the IR name them
-_F8 = {}
-for _name, _code, _ir, _max in (("float8_e4m3fn", _capi.DTYPE_F8E4M3, "f8e4m3", 448.0),
-                                ("float8_e5m2", _capi.DTYPE_F8E5M2, "f8e5m2", 57344.0)):
-    if hasattr(torch, _name):
-        _F8[getattr(torch, _name)] = (_code, _ir, _max)
-
-
-def _put_any(field, t):
-    """_put for 8-bit tensors too."""
-    if t.dtype in _AJ_DTYPE:
-        _put(field, t)
-        return
-    field.data = t.data_ptr()
-    field.dtype = _F8[t.dtype][0]
-    n = field.rank = t.dim()
-    field.shape[:n] = t.shape
-    field.strides[:n] = t.stride()
 
 
 def _descale(name, s, t, heads, whose):
@@ -96,7 +77,7 @@ def forward(q, k, v, *, q_descale, k_descale, v_descale, out_dtype, causal, wind
     a = _capi.FwdArgs(struct_size=_FWD_SIZE, stream=stream)
     for field, t in ((a.q, q), (a.k, k), (a.v, v), (a.o, o), (a.lse, lse),
                      (a.k_scale, scales[0]), (a.v_scale, scales[1])):
-        _put_any(field, t)
+        _put(field, t)
     if q8:
         _put(a.q_scale, scales[2])
     if packed:

@@ -28,9 +28,14 @@ from attnjit._options import _ALIBI, _OOB_ZERO, _SINKS, _body, _spec  # noqa: F4
 _AJ_DTYPE = {torch.float16: _capi.DTYPE_F16, torch.bfloat16: _capi.DTYPE_BF16,
              torch.float32: _capi.DTYPE_F32}
 _IR_DTYPE = {torch.float16: "f16", torch.bfloat16: "bf16", torch.float32: "f32"}
-# FP8 inputs go to _fp8.forward (imported there: it builds on this module)
-_F8_DTYPES = frozenset(getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2")
-                       if hasattr(torch, n))
+# The 8-bit floats torch has, inputs only (q_dtype, kv_dtype: FP8 inputs,
+# _fp8.py, and paged caches, _paged.py): the C API's code, the IR's name
+# and the largest finite value
+_F8 = {getattr(torch, name): (code, ir, largest) for name, code, ir, largest in (
+    ("float8_e4m3fn", _capi.DTYPE_F8E4M3, "f8e4m3", 448.0),
+    ("float8_e5m2", _capi.DTYPE_F8E5M2, "f8e5m2", 57344.0)) if hasattr(torch, name)}
+# every element type a tensor may be bound with (_put)
+_ANY_DTYPE = {**_AJ_DTYPE, **{t: v[0] for t, v in _F8.items()}}
 _FWD_SIZE, _BWD_SIZE = ctypes.sizeof(_capi.FwdArgs), ctypes.sizeof(_capi.BwdArgs)
 
 
@@ -182,7 +187,7 @@ def _put(field, t):
     """Points aj_tensor `field` (of an args struct) at torch tensor t, which
     the caller keeps alive; fills it in place (cheaper than a new struct)."""
     field.data = t.data_ptr()
-    field.dtype = _AJ_DTYPE[t.dtype]
+    field.dtype = _ANY_DTYPE[t.dtype]
     n = field.rank = t.dim()
     field.shape[:n] = t.shape
     field.strides[:n] = t.stride()
@@ -683,7 +688,7 @@ def attention(q, k, v, *, causal=False, window=None, softcap=None, alibi_slopes=
     16-bit; o is out_dtype (default bfloat16, or q's 16-bit dtype).
     attnjit.torch.quantize_fp8 makes such inputs."""
     if _is_fp8(q, k, v, k_descale, v_descale):
-        from . import _fp8
+        from . import _fp8   # (it builds on this module)
         _fp8_refuses(alibi_slopes=alibi_slopes, bias=bias, dropout_p=dropout_p)
         return _fp8.forward(q, k, v, q_descale=q_descale, k_descale=k_descale,
                             v_descale=v_descale, out_dtype=out_dtype, causal=causal,
@@ -703,7 +708,7 @@ def attention(q, k, v, *, causal=False, window=None, softcap=None, alibi_slopes=
 def _is_fp8(q, k, v, k_descale, v_descale):
     """Whether a call has FP8 inputs (float8 tensors, or descales)."""
     return (k_descale is not None or v_descale is not None
-            or any(getattr(t, "dtype", None) in _F8_DTYPES for t in (q, k, v)))
+            or any(getattr(t, "dtype", None) in _F8 for t in (q, k, v)))
 
 
 def _fp8_refuses(alibi_slopes=None, bias=None, dropout_p=0.0):

@@ -10,23 +10,17 @@ import attnjit
 from attnjit import _capi
 from attnjit._capi import lib as _lib
 
-from ._ops import (_AJ_DTYPE, _IR_DTYPE, _FWD_SIZE, _SINKS, _bind_side, _body, _device_of,
-                   _fail, _kernel, _launch, _put, _side_tensors, _sinks_tensor)
+from ._ops import (_AJ_DTYPE, _ANY_DTYPE, _F8, _IR_DTYPE, _FWD_SIZE, _SINKS, _bind_side, _body,
+                   _device_of, _fail, _kernel, _launch, _put, _side_tensors, _sinks_tensor)
 
 # the caches' element types: the queries' three, and the f8 ones (kv_dtype)
-_KV_DTYPE = dict(_AJ_DTYPE)
-_KV_IR = dict(_IR_DTYPE)
-for _name, _code, _ir in (("float8_e4m3fn", _capi.DTYPE_F8E4M3, "f8e4m3"),
-                          ("float8_e5m2", _capi.DTYPE_F8E5M2, "f8e5m2")):
-    if hasattr(torch, _name):
-        _KV_DTYPE[getattr(torch, _name)] = _code
-        _KV_IR[getattr(torch, _name)] = _ir
+_KV_IR = {**_IR_DTYPE, **{t: v[1] for t, v in _F8.items()}}
 
 
 def _check_cache(cache, scaled, name, scales):
     """A cache's dtype, and its scales (`scales`, given when `scaled`) with
     and only with float8."""
-    if cache.dtype not in _KV_DTYPE:
+    if cache.dtype not in _ANY_DTYPE:
         raise _fail("%s.dtype = %s; a cache holds float16, bfloat16, float32 or float8"
                     % (name, cache.dtype))
     if (cache.dtype not in _AJ_DTYPE) != scaled:
@@ -154,16 +148,10 @@ def _paged(q, k_cache, v_cache, dv, block_table, seqlens_k, *, cu_seqlens_q, k_s
         o = q.new_empty(*q.shape[:3], dv)
         lse = q.new_empty(*q.shape[:3], dtype=torch.float32)
     a = _capi.FwdArgs(struct_size=_FWD_SIZE, stream=stream)
-    for field, t in ((a.q, q), (a.o, o), (a.lse, lse)):
-        _put(field, t)
-    for field, t in ((a.k_cache, k_cache), (a.v_cache, v_cache)):   # (f8: not _put's)
-        if t is None:
-            continue
-        field.data = t.data_ptr()
-        field.dtype = _KV_DTYPE[t.dtype]
-        field.rank = 4
-        field.shape[:4] = t.shape
-        field.strides[:4] = t.stride()
+    for field, t in ((a.q, q), (a.o, o), (a.lse, lse), (a.k_cache, k_cache),
+                     (a.v_cache, v_cache)):
+        if t is not None:   # (kv_shared: no v_cache)
+            _put(field, t)
     a.block_table = block_table.data_ptr()
     a.max_pages = block_table.shape[1]
     a.seqlens_k = seqlens_k.data_ptr()
