@@ -9,7 +9,8 @@
  * and 256, each case also cycling the format, per-tensor and per-head
  * descales, f8 queries or 16-bit ones, the output dtype, the variant (on
  * sim flash is the FP8 tensor-core kernel: Q K^T on mma m16n8k32), a
- * score_mod and the GQA ratio; then layout = varlen for every mask
+ * score_mod and the GQA ratio; the flash FP8 kernel at every head dim it
+ * takes (32 .. 256, D = Dv and D != Dv); then layout = varlen for every mask
  * family, D != Dv, and the faults a caller can make (a missing or
  * mis-shaped descale, one given to a kernel without f8 inputs, the IR's
  * refusals).
@@ -38,15 +39,15 @@ static const int dims[] = {64, 128, 256};
 
 /* Case i of the generator over `mask` and head dim d: the other
  * dimensions cycle with i (periods 2, 3, 4, 5, 7 so that every pair
- * meets). */
-static fwd_case sweep_case(int i, const char *mask, int d, char *label, size_t cap)
+ * meets); with q8 the queries are always f8. */
+static fwd_case sweep_case(int i, const char *mask, int d, int q8, char *label, size_t cap)
 {
     static const int gqa[4][2] = {{2, 1}, {4, 2}, {4, 4}, {6, 2}};
     static const char *const mods[5] = {NULL, "softcap(20.0)", "alibi", NULL, NULL};
     fwd_case c = fwd_case_base(label, i % 3 == 2 ? AJ_DTYPE_F16 : AJ_DTYPE_BF16, d, mask);
     c.f8 = i % 2 ? AJ_DTYPE_F8E5M2 : AJ_DTYPE_F8E4M3;
     c.f8_per_head = i / 2 % 2;
-    c.f8_q = i % 7 != 3;   /* now and then 16-bit queries over an f8 K/V */
+    c.f8_q = q8 || i % 7 != 3;   /* now and then 16-bit queries over an f8 K/V */
     c.hq = gqa[i % 4][0];
     c.hkv = gqa[i % 4][1];
     c.score_mod = mods[i % 5];
@@ -85,12 +86,32 @@ static void test_sweep(void)
     for (int m = 0; m < N_MASKS; m++)
         for (int di = 0; di < 3; di++, i++) {
             char label[160];
-            fwd_case c = sweep_case(i, masks[m], dims[di], label, sizeof label);
+            fwd_case c = sweep_case(i, masks[m], dims[di], 0, label, sizeof label);
             c.sq = on_cpu ? 67 : 37;   /* tails on both sides, shorter on the emulator */
             c.sk = on_cpu ? 83 : 45;
             fwd_run_options how = variant_of(i, &c);
             if (!check_sampled())
                 continue;
+            run_case(&c, &how);
+        }
+}
+
+/* The flash variant's FP8 tensor-core kernel (on sim) over every head dim
+ * it takes, 32 .. 256 in steps of 32, D = Dv and D with the next Dv, both
+ * formats, mask and granularity cycling (on cpu the one template again). */
+static void test_flash_dims(void)
+{
+    for (int d = 32, i = 0; d <= 256; d += 32)
+        for (int pair = 0; pair < 2; pair++, i++) {
+            char label[160];
+            fwd_case c = sweep_case(i, masks[i % N_MASKS], d, 1, label, sizeof label);
+            c.dv = pair ? d % 256 + 32 : 0;
+            c.sq = on_cpu ? 67 : 37;
+            c.sk = on_cpu ? 83 : 45;
+            if (pair)
+                strncat(label, " dv+32", sizeof label - strlen(label) - 1);
+            strncat(label, " flash", sizeof label - strlen(label) - 1);
+            fwd_run_options how = {.variant = AJ_VARIANT_FLASH};
             run_case(&c, &how);
         }
 }
@@ -102,7 +123,7 @@ static void test_varlen(void)
     static const int32_t lens_q[3] = {19, 0, 33}, lens_k[3] = {27, 5, 33};
     for (int m = 0; m < N_MASKS; m++) {
         char label[160];
-        fwd_case c = sweep_case(m + 1, masks[m], 128, label, sizeof label);
+        fwd_case c = sweep_case(m + 1, masks[m], 128, 0, label, sizeof label);
         c.b = 3;
         if (m == 2)
             c.dv = 64;
@@ -280,7 +301,8 @@ static void test_ir(void)
 
 int main(int argc, char **argv)
 {
-    static void (*const tests[])(void) = {test_ir, test_errors, test_sweep, test_varlen, NULL};
+    static void (*const tests[])(void) = {test_ir, test_errors, test_sweep, test_flash_dims,
+                                          test_varlen, NULL};
     on_cpu = test_main_device(argc, argv, AJ_DEVICE_CPU) == AJ_DEVICE_CPU;
     return test_main(argc, argv,
                      &(test_main_args){.fallback = AJ_DEVICE_CPU, .ctx = &ctx, .dev = &dev,
