@@ -13,8 +13,9 @@
 #define MAX_ARGS 12
 #define MAX_RESULTS 128
 
-/* KIND_WGMMA_TB: a wgmma row whose B is N-major (imm-trans-b = 1) */
-enum nvptx_kind { KIND_NVVM, KIND_ASM, KIND_WGMMA, KIND_WGMMA_TB, KIND_SIMONLY };
+/* KIND_WGMMA_TB: a wgmma row whose B is N-major (imm-trans-b = 1);
+ * KIND_WGMMA_F8: one with 8-bit inputs, which take no imm-trans operands */
+enum nvptx_kind { KIND_NVVM, KIND_ASM, KIND_WGMMA, KIND_WGMMA_TB, KIND_WGMMA_F8, KIND_SIMONLY };
 enum sync_scope { SYNC_LANE, SYNC_WARP, SYNC_WARPGROUP, SYNC_CTA };
 enum arg_type { VOID, I1, I16, I32, I64, F32, PTR1, PTR3 };
 
@@ -43,7 +44,7 @@ static const intrinsic_desc table[] = {
 
 static int is_wgmma(const intrinsic_desc *d)
 {
-    return d->kind == KIND_WGMMA || d->kind == KIND_WGMMA_TB;
+    return d->kind == KIND_WGMMA || d->kind == KIND_WGMMA_TB || d->kind == KIND_WGMMA_F8;
 }
 
 _Static_assert(sizeof table / sizeof table[0] == AJ_INTR_COUNT,
@@ -188,6 +189,7 @@ static void lower_nvptx(aj_kb *kb, const intrinsic_desc *d, LLVMValueRef *args,
         break;
     case KIND_WGMMA:
     case KIND_WGMMA_TB:
+    case KIND_WGMMA_F8:
     case KIND_SIMONLY:
         aj_kb_fail(kb, AJ_ERR_INTERNAL, "intrinsic %s: %s", d->id_name,
                    is_wgmma(d) ? "call aj_kb_wgmma" : "exists only on sim");
@@ -322,10 +324,11 @@ static void asm_register_list(char *buf, size_t cap, int first, int n)
  * nvptx: the row's mnemonic with its operands, as CUTLASS-style inline PTX:
  *
  *   { .reg .pred p; setp.ne.b32 p, $scale_d, 0;
- *     MNEMONIC {$0 .. $R-1}, A, $b_desc, p, 1, 1, [0,] TB; }
+ *     MNEMONIC {$0 .. $R-1}, A, $b_desc, p, 1, 1[, [0,] TB]; }
  *
  * (imm-scale-a and -b 1; imm-trans-a 0 where A is in shared memory;
- * imm-trans-b TB: 1 for the rows of kind WGMMA_TB)
+ * imm-trans-b TB: 1 for the rows of kind WGMMA_TB; 8-bit rows, kind
+ * WGMMA_F8, have neither)
  *
  * outputs $0..$R-1 ("=f"), then the row's arguments (A: one descriptor, or
  * four registers), then the R accumulators tied to the outputs.
@@ -343,8 +346,12 @@ static void lower_wgmma_nvptx(aj_kb *kb, const intrinsic_desc *d, LLVMValueRef a
         asm_register_list(text, sizeof text, r, 4);
     else
         snprintf(text + strlen(text), sizeof text - strlen(text), "$%d", r);
-    snprintf(text + strlen(text), sizeof text - strlen(text), ", $%d, p, 1, 1, %s%d; }",
-             r + d->nargs - 2, from_registers ? "" : "0, ", d->kind == KIND_WGMMA_TB);
+    if (d->kind == KIND_WGMMA_F8)
+        snprintf(text + strlen(text), sizeof text - strlen(text), ", $%d, p, 1, 1; }",
+                 r + d->nargs - 2);
+    else
+        snprintf(text + strlen(text), sizeof text - strlen(text), ", $%d, p, 1, 1, %s%d; }",
+                 r + d->nargs - 2, from_registers ? "" : "0, ", d->kind == KIND_WGMMA_TB);
     cons[0] = '\0';
     for (int i = 0; i < r; i++)
         strncat(cons, "=f,", sizeof cons - strlen(cons) - 1);
@@ -411,16 +418,17 @@ void aj_kb_wgmma(aj_kb *kb, enum aj_intrinsic_id id, LLVMValueRef acc, LLVMValue
                    is_wgmma(d) ? "one" : "a non-wgmma row", acc_length(acc));
         return;
     }
-    if (kb->target == AJ_TARGET_SIM)
-        lower_wgmma_sim(kb, d, acc, args);
-    else if (kb->target == AJ_TARGET_SM_90A)
-        lower_wgmma_nvptx(kb, d, acc, args);
-    else
+    if (!kb->desc->wgmma)
         aj_kb_fail(kb, AJ_ERR_UNSUPPORTED, "intrinsic %s needs sm_90a, not '%s'", d->id_name,
                    aj_target_name(kb->target));
+    else if (kb->desc->family == AJ_FAMILY_HOST)
+        lower_wgmma_sim(kb, d, acc, args);
+    else
+        lower_wgmma_nvptx(kb, d, acc, args);
 }
 
-enum aj_intrinsic_id aj_kb_wgmma_row(int n, int bf16, int a_in_registers, int n_major_b)
+enum aj_intrinsic_id aj_kb_wgmma_row(int n, aj_dtype a_type, aj_dtype b_type, int a_in_registers,
+                                     int n_major_b)
 {
 #define ROWS_OF(N, T)                                                                      \
     {{AJ_INTR_WGMMA_M64N##N##K16_##T##_SS, AJ_INTR_WGMMA_M64N##N##K16_##T##_SS_TB},        \
@@ -429,10 +437,24 @@ enum aj_intrinsic_id aj_kb_wgmma_row(int n, int bf16, int a_in_registers, int n_
     static const enum aj_intrinsic_id rows[][2][2][2] = {AJ_WGMMA_NS(ROWS)};
 #undef ROWS
 #undef ROWS_OF
+    /* 8-bit: [e4m3.e4m3, e5m2.e5m2, e4m3.e5m2][A in registers] */
+#define ROWS_OF(N, A, B) {AJ_INTR_WGMMA_M64N##N##K32_##A##_##B##_SS, AJ_INTR_WGMMA_M64N##N##K32_##A##_##B##_RS}
+#define ROWS(N) {ROWS_OF(N, E4M3, E4M3), ROWS_OF(N, E5M2, E5M2), ROWS_OF(N, E4M3, E5M2)},
+    static const enum aj_intrinsic_id rows_f8[][3][2] = {AJ_WGMMA_NS(ROWS)};
+#undef ROWS
+#undef ROWS_OF
     int i = n / 8 - 1;
     if (n % 8 || i < 0 || i >= (int)(sizeof rows / sizeof rows[0]))
         return AJ_INTR_COUNT;
-    return rows[i][bf16 != 0][a_in_registers != 0][n_major_b != 0];
+    if (a_type == b_type && (a_type == AJ_DTYPE_F16 || a_type == AJ_DTYPE_BF16))
+        return rows[i][a_type == AJ_DTYPE_BF16][a_in_registers != 0][n_major_b != 0];
+    int pair = a_type == AJ_DTYPE_F8E4M3 && b_type == AJ_DTYPE_F8E4M3   ? 0
+               : a_type == AJ_DTYPE_F8E5M2 && b_type == AJ_DTYPE_F8E5M2 ? 1
+               : a_type == AJ_DTYPE_F8E4M3 && b_type == AJ_DTYPE_F8E5M2 ? 2
+                                                                       : -1;
+    if (pair < 0 || n_major_b)   /* 8-bit operands are K-major only */
+        return AJ_INTR_COUNT;
+    return rows_f8[i][pair][a_in_registers != 0];
 }
 
 void aj_kb_wgmma_wait(aj_kb *kb, int pending, const LLVMValueRef *accs, int count)

@@ -710,15 +710,19 @@ void aj_kb_mma_m16n8k16(aj_kb *kb, aj_dtype dtype, const LLVMValueRef a[4],
                             args, d);
 }
 
-void aj_kb_mma_m16n8k32(aj_kb *kb, aj_dtype dtype, const LLVMValueRef a[4],
-                        const LLVMValueRef b[2], const LLVMValueRef c[4],
-                        LLVMValueRef d[4])
+void aj_kb_mma_m16n8k32(aj_kb *kb, aj_dtype a_type, aj_dtype b_type, const LLVMValueRef a[4],
+                        const LLVMValueRef b[2], const LLVMValueRef c[4], LLVMValueRef d[4])
 {
-    const int f8 = dtype == AJ_DTYPE_F8E4M3 || dtype == AJ_DTYPE_F8E5M2;
-    if (!f8 || kb->desc->f8_mma == AJ_F8_MMA_NONE) {
-        if (!f8)
-            aj_kb_fail(kb, AJ_ERR_UNSUPPORTED, "mma.m16n8k32 here takes f8e4m3 or f8e5m2 "
-                       "inputs, not %s", aj_dtype_name(dtype));
+    const enum aj_intrinsic_id id =
+        a_type == AJ_DTYPE_F8E4M3 && b_type == AJ_DTYPE_F8E4M3   ? AJ_INTR_MMA_M16N8K32_E4M3
+        : a_type == AJ_DTYPE_F8E5M2 && b_type == AJ_DTYPE_F8E5M2 ? AJ_INTR_MMA_M16N8K32_E5M2
+        : a_type == AJ_DTYPE_F8E4M3 && b_type == AJ_DTYPE_F8E5M2 ? AJ_INTR_MMA_M16N8K32_E4M3_E5M2
+                                                                  : AJ_INTR_COUNT;
+    if (id == AJ_INTR_COUNT || kb->desc->f8_mma == AJ_F8_MMA_NONE) {
+        if (id == AJ_INTR_COUNT)
+            aj_kb_fail(kb, AJ_ERR_UNSUPPORTED, "mma.m16n8k32 here takes f8e4m3 x f8e4m3, "
+                       "f8e5m2 x f8e5m2 or f8e4m3 x f8e5m2 inputs, not %s x %s",
+                       aj_dtype_name(a_type), aj_dtype_name(b_type));
         else
             aj_kb_fail(kb, AJ_ERR_UNSUPPORTED, "mma.m16n8k32 with 8-bit floats needs compute "
                        "capability 8.9 or newer; %s has no FP8 tensor cores",
@@ -731,9 +735,7 @@ void aj_kb_mma_m16n8k32(aj_kb *kb, aj_dtype dtype, const LLVMValueRef a[4],
     if (kb->desc->family == AJ_FAMILY_NVPTX && kb->ptx_isa_min < 84)
         kb->ptx_isa_min = 84;
     LLVMValueRef args[10] = {a[0], a[1], a[2], a[3], b[0], b[1], c[0], c[1], c[2], c[3]};
-    aj_kb_intrinsic_results(kb, dtype == AJ_DTYPE_F8E4M3 ? AJ_INTR_MMA_M16N8K32_E4M3
-                                                         : AJ_INTR_MMA_M16N8K32_E5M2,
-                            args, d);
+    aj_kb_intrinsic_results(kb, id, args, d);
 }
 
 void aj_kb_ldmatrix(aj_kb *kb, int count, int trans, LLVMValueRef smem_ptr,
@@ -903,6 +905,17 @@ LLVMValueRef aj_kb_from_f32(aj_kb *kb, LLVMValueRef v, aj_dtype dtype)
     default:
         return v;
     }
+}
+
+LLVMValueRef aj_kb_e4m3x2(aj_kb *kb, LLVMValueRef lo, LLVMValueRef hi)
+{
+    if (kb->desc->f8_mma == AJ_F8_MMA_NONE) {
+        aj_kb_fail(kb, AJ_ERR_UNSUPPORTED, "cvt to e4m3 needs compute capability 8.9 or newer; "
+                   "%s has no FP8 conversions", aj_target_name(kb->target));
+        return LLVMGetUndef(kb->t_i16);
+    }
+    LLVMValueRef args[2] = {hi, lo};
+    return aj_kb_intrinsic(kb, AJ_INTR_CVT_E4M3X2_F32, args);
 }
 
 /* ---------------------------------------------------------------- arith */

@@ -321,8 +321,9 @@ void aj_kb_mma_m16n8k16(aj_kb *kb, aj_dtype dtype, const LLVMValueRef a[4],
                         LLVMValueRef d[4]);
 
 /*
- * mma.sync m16n8k32 with 8-bit float inputs (dtype AJ_DTYPE_F8E4M3 or
- * _F8E5M2), f32 accumulation: the same as m16n8k16's but that a[4] and
+ * mma.sync m16n8k32 with 8-bit float inputs (A and B of AJ_DTYPE_F8E4M3
+ * or _F8E5M2: both the same, or A e4m3 and B e5m2), f32 accumulation:
+ * the same as m16n8k16's but that a[4] and
  * b[2] hold four elements each, the lowest index in the lowest byte (PTX
  * ISA "Matrix Fragments for mma.m16n8k32"):
  *
@@ -337,9 +338,8 @@ void aj_kb_mma_m16n8k16(aj_kb *kb, aj_dtype dtype, const LLVMValueRef a[4],
  * f8_mma says what a target makes of it (sm_89 native, sm_90 / sm_90a
  * lowered to f16 HMMA by ptxas, sm_80 refused: no FP8 tensor cores).
  */
-void aj_kb_mma_m16n8k32(aj_kb *kb, aj_dtype dtype, const LLVMValueRef a[4],
-                        const LLVMValueRef b[2], const LLVMValueRef c[4],
-                        LLVMValueRef d[4]);
+void aj_kb_mma_m16n8k32(aj_kb *kb, aj_dtype a_type, aj_dtype b_type, const LLVMValueRef a[4],
+                        const LLVMValueRef b[2], const LLVMValueRef c[4], LLVMValueRef d[4]);
 
 /*
  * ldmatrix: `count` (1, 2, 4) 8x8 matrices of 16-bit elements from shared
@@ -393,10 +393,13 @@ void aj_kb_mbarrier_wait(aj_kb *kb, LLVMValueRef bar, LLVMValueRef parity);
  * the wait.
  */
 void aj_kb_wgmma(aj_kb *kb, enum aj_intrinsic_id id, LLVMValueRef acc, LLVMValueRef *args);
-/* The row of m64nNk16 for f16 or bf16 (`bf16`), A in registers (_RS) or
- * by descriptor (_SS), B N-major (_TB) or K-major; AJ_INTR_COUNT for an N
- * that has none (codegen/wgmma_shapes.h). */
-enum aj_intrinsic_id aj_kb_wgmma_row(int n, int bf16, int a_in_registers, int n_major_b);
+/* The row of m64nNk16 (A and B both f16 or both bf16) or m64nNk32 (8-bit
+ * floats: e4m3 x e4m3, e5m2 x e5m2, e4m3 x e5m2), A in registers (_RS) or
+ * by descriptor (_SS), B N-major (_TB, 16-bit only) or K-major;
+ * AJ_INTR_COUNT for a combination or an N that has none
+ * (codegen/wgmma_shapes.h). */
+enum aj_intrinsic_id aj_kb_wgmma_row(int n, aj_dtype a_type, aj_dtype b_type, int a_in_registers,
+                                     int n_major_b);
 void aj_kb_wgmma_wait(aj_kb *kb, int pending, const LLVMValueRef *accs, int count);
 /* A shared-memory matrix descriptor (i64) for `smem_ptr` (K-major, the
  * byte offsets lbo and sbo, swizzle AJ_WGMMA_SWIZZLE_*). */
@@ -421,6 +424,10 @@ LLVMValueRef aj_kb_to_f32(aj_kb *kb, LLVMValueRef v, aj_dtype dtype);
  * 480).  One rule for every target: aj_kb_to_f32 and the cpu vector loads
  * widen through it. */
 #define AJ_F8E4M3_F16_FACTOR 256.0f
+/* Two f32 as a pair of e4m3 in an i16, `lo` in the low byte, rounded to
+ * nearest even and saturated at +-448 (cvt.rn.satfinite.e4m3x2.f32: targets
+ * with FP8 -- the target table's f8_mma -- and sim). */
+LLVMValueRef aj_kb_e4m3x2(aj_kb *kb, LLVMValueRef lo, LLVMValueRef hi);
 LLVMValueRef aj_kb_f8_to_f16_bits(aj_kb *kb, LLVMValueRef v, aj_dtype dtype);
 LLVMValueRef aj_kb_from_f32(aj_kb *kb, LLVMValueRef v, aj_dtype dtype);
 /* (the element sizes: aj_dtype_size, attnjit.h) */

@@ -70,6 +70,9 @@ typedef struct aj_target_desc {
     bool emulated;
     int32_t smem_limit;        /* bytes of dynamic shared memory a CTA may use */
     aj_f8_mma f8_mma;          /* mma.sync m16n8k32 e4m3 / e5m2 */
+    /* Hopper's asynchronous machinery: wgmma, TMA, mbarriers (sm_90a;
+     * sim emulates it) */
+    bool wgmma;
     const char *ptx_isa;       /* nvptx: the PTX ISA version LLVM 19 emits; else NULL */
     aj_machine_fn machine;     /* the LLVM target machine; NULL for AJ_FAMILY_NONE */
     /* machine-level code generation at the op's opt_level; false: none

@@ -125,6 +125,17 @@ uint8_t aj_f32_to_f8e4m3(float f) { return f8_encode(&e4m3, f); }
 float aj_f8e5m2_to_f32(uint8_t b) { return f8_decode(&e5m2, b); }
 uint8_t aj_f32_to_f8e5m2(float f) { return f8_encode(&e5m2, f); }
 
+float aj_fragment_element(aj_dtype t, uint32_t reg, int e)
+{
+    switch (t) {
+    case AJ_DTYPE_F16: return aj_f16_to_f32((uint16_t)(reg >> (16 * e)));
+    case AJ_DTYPE_BF16: return aj_bf16_to_f32((uint16_t)(reg >> (16 * e)));
+    case AJ_DTYPE_F8E4M3: return aj_f8e4m3_to_f32((uint8_t)(reg >> (8 * e)));
+    case AJ_DTYPE_F8E5M2: return aj_f8e5m2_to_f32((uint8_t)(reg >> (8 * e)));
+    default: return NAN;
+    }
+}
+
 int aj_dtype_size(aj_dtype dtype)
 {
     if ((unsigned)dtype >= AJ_DTYPE_COUNT)

@@ -27,6 +27,10 @@ float aj_f8e4m3_to_f32(uint8_t b);
 uint8_t aj_f32_to_f8e4m3(float f);
 float aj_f8e5m2_to_f32(uint8_t b);
 uint8_t aj_f32_to_f8e5m2(float f);
+/* Element e (lowest first) of a 32-bit register of packed 16-bit (f16,
+ * bf16: two) or 8-bit (f8e4m3, f8e5m2: four) floats, as mma and wgmma
+ * fragments hold them; NaN for another dtype. */
+float aj_fragment_element(aj_dtype t, uint32_t reg, int e);
 /* aj_convert's batch loops by instruction set.  Every path gives the
  * scalar loops' bits; aj_convert runs the widest the host has. */
 typedef enum aj_convert_isa {

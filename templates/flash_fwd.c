@@ -54,6 +54,8 @@
  *
  * With schedule warpgroups = G (sm_90a, sim) the same kernel runs its two
  * GEMMs on wgmma over swizzled shared-memory panels: see "wgmma" below.
+ * With 8-bit Q, K and V both GEMMs run on the FP8 tensor cores, V's slot
+ * holding V^T: see "FP8" below.
  *
  * Options: dropout (the efficient forward's Philox stream, attn_common.h),
  * accumulate (merge into a prior o_acc / lse), layout = varlen (cu_seqlens;
@@ -101,11 +103,9 @@
 
 typedef struct ffwd_plan {
     aj_dtype dtype;                /* O's */
-    /* FP8 inputs (q_dtype = kv_dtype = f8e4m3 or f8e5m2; else 0): S = Q K^T
-     * on mma m16n8k32, V widened to f16 as it is loaded and P V on f16
-     * mma (pv_dtype) */
+    /* FP8 inputs (q_dtype = kv_dtype = f8e4m3 or f8e5m2; else 0): both
+     * GEMMs on the 8-bit tensor cores (see "FP8" below) */
     aj_dtype f8;
-    aj_dtype pv_dtype;             /* P's and V's in the P V mma: dtype, or f16 */
     /* d: the Q and K tiles' width in 16-bit units, the head dim (f8: half
      * of it -- an f8 row of D bytes is D / 2 of them, and m16n8k32's A and
      * B fragments are m16n8k16's over byte pairs, so the same ldmatrix
@@ -114,7 +114,10 @@ typedef struct ffwd_plan {
     int wg;                        /* wgmma warpgroups; 0: mma.sync (see "wgmma" below) */
     int bm, bn, warps, stages, threads;
     int mt;                        /* m-tiles per warp */
-    int ldq, ldk, ldv;             /* shared-memory row pitches, in elements */
+    /* shared-memory row pitches, in 16-bit units; f8's V slot holds V^T,
+     * Dv rows of block_n bytes (ldv: its pitch) */
+    int ldq, ldk, ldv;
+    int32_t v_slot;                /* bytes of a V ring slot */
     int32_t smem_q, smem_k, smem_v;  /* byte offsets in shared memory */
     int default_state;             /* the state with the score tile's option work */
 } ffwd_plan;
@@ -170,12 +173,24 @@ static aj_schedule merge_schedule(aj_schedule s, const aj_schedule *given)
     return s;
 }
 
+/* The warpgroups the kernel runs: the op's schedule's, except that FP8
+ * inputs on a target whose mma.sync lowers them (Hopper: the target
+ * table's f8_mma) and that has wgmma take two, as FA3 does -- Hopper's FP8
+ * tensor cores are wgmma's. */
+static int plan_warpgroups(const aj_op *op, aj_target target)
+{
+    const aj_target_desc *t = aj_target_desc_of(target);
+    if (!op->warpgroups && aj_op_has_f8(op) && t->f8_mma == AJ_F8_MMA_LOWERED && t->wgmma)
+        return 2;
+    return op->warpgroups;
+}
+
 /* The wgmma template's checks and its fixed fields: the target, 64 rows
  * per warpgroup on 4 warps each; `s` completed. */
 static aj_status plan_wgmma(aj_ctx *ctx, const aj_op *op, aj_target target, aj_schedule *s,
                             ffwd_plan *p)
 {
-    if (target != AJ_TARGET_SM_90A && target != AJ_TARGET_SIM)
+    if (!aj_target_desc_of(target)->wgmma)
         return aj_fail(ctx, AJ_ERR_UNSUPPORTED,
                        "schedule: warpgroups = %d needs wgmma, which %s lacks: target sm_90a "
                        "(or sim, which emulates it), or warpgroups = 0 for the mma.sync "
@@ -202,10 +217,9 @@ static aj_status plan_schedule(aj_ctx *ctx, const aj_op *op, aj_target target,
     memset(p, 0, sizeof *p);
     p->dtype = op->dtype;
     p->f8 = aj_op_has_f8(op) ? aj_op_kv_dtype(op) : 0;
-    p->pv_dtype = p->f8 ? AJ_DTYPE_F16 : op->dtype;
     p->d = p->f8 ? op->head_dim / 2 : op->head_dim;
     p->dv = aj_op_dv(op);
-    p->wg = op->warpgroups;
+    p->wg = plan_warpgroups(op, target);
     if (p->wg) {
         aj_status st = plan_wgmma(ctx, op, target, &s, p);
         if (st != AJ_OK)
@@ -225,6 +239,10 @@ static aj_status plan_schedule(aj_ctx *ctx, const aj_op *op, aj_target target,
                        "schedule: block_m = %d with warps = %d: flash forward gives each warp "
                        "16 or 32 rows (block_m = %d or %d)", s.block_m, s.warps,
                        16 * s.warps, 32 * s.warps);
+    if (p->f8 && s.block_n % 32)
+        return aj_fail(ctx, AJ_ERR_UNSUPPORTED,
+                       "schedule: block_n = %d: flash forward with 8-bit inputs takes keys 32 at "
+                       "a time (P V on k32 tensor-core steps); use a multiple of 32", s.block_n);
     p->bm = s.block_m;
     p->bn = s.block_n;
     p->warps = s.warps;
@@ -244,11 +262,13 @@ static aj_status plan_schedule(aj_ctx *ctx, const aj_op *op, aj_target target,
     /* the wgmma tiles are unpadded panels (see "wgmma"), each 1024-byte aligned */
     p->ldq = p->wg ? aj_wgmma_tile_width(p->d) : aj_mma_tile_ld(p->d);
     p->ldk = p->wg ? aj_wgmma_tile_width(p->d) : aj_mma_tile_ld(p->d);
-    p->ldv = p->wg ? aj_wgmma_tile_width(p->dv) : aj_mma_tile_ld(p->dv);
-    int64_t elems = (int64_t)p->bm * p->ldq +
-                    (int64_t)p->stages * p->bn * (p->ldk + p->ldv);
+    int vt_width = p->f8 ? p->bn / 2 : p->dv;   /* f8: V^T's rows, block_n bytes */
+    p->ldv = p->wg ? aj_wgmma_tile_width(vt_width) : aj_mma_tile_ld(vt_width);
+    p->v_slot = 2 * (p->f8 ? p->dv : p->bn) * p->ldv;
+    int64_t bytes = 2 * (int64_t)p->bm * p->ldq +
+                    (int64_t)p->stages * (2 * p->bn * p->ldk + p->v_slot);
     /* wgmma: the tiles' 1024-byte alignment and the mbarriers, at most 2 KiB */
-    int64_t bytes = 2 * elems + (p->wg ? 2 * 1024 : 0);
+    bytes += p->wg ? 2 * 1024 : 0;
     if (bytes > aj_target_smem_limit(target))
         return aj_fail(ctx, AJ_ERR_UNSUPPORTED,
                        "schedule: block_m = %d, block_n = %d, stages = %d needs %lld bytes of "
@@ -267,7 +287,7 @@ static int plan_state(const void *plan)
  * fits, the first one's failure (attn_common.h). */
 static aj_status plan_kernel(aj_ctx *ctx, const aj_op *op, aj_target target, ffwd_plan *p)
 {
-    int wg = op->warpgroups != 0;
+    int wg = plan_warpgroups(op, target) != 0;
     const aj_attn_schedule_rule rule = {
         .candidates = wg ? wgmma_candidates : default_candidates,
         .n = wg ? (int)(sizeof wgmma_candidates / sizeof wgmma_candidates[0])
@@ -289,7 +309,7 @@ static aj_status ffwd_check(aj_ctx *ctx, const aj_op *op, aj_target target)
     if (aj_op_has_f8(op)) {
         /* FP8 tensor cores: Q and K of one 8-bit format, whole k32 steps
          * of the head dim, a target whose mma.sync runs them at their rate
-         * (the target table's f8_mma) */
+         * or whose wgmma does (the target table's f8_mma and wgmma) */
         const aj_f8_mma mma = aj_target_desc_of(target)->f8_mma;
         const char *why = aj_op_q_dtype(op) != aj_op_kv_dtype(op)
                               ? "needs q_dtype = kv_dtype (Q and K meet on the f8 tensor cores)"
@@ -297,12 +317,10 @@ static aj_status ffwd_check(aj_ctx *ctx, const aj_op *op, aj_target target)
                           : mma == AJ_F8_MMA_NONE
                               ? "needs FP8 tensor cores (compute capability 8.9 or newer), "
                                 "which it lacks"
-                          : mma == AJ_F8_MMA_LOWERED
-                              ? "runs on Ada's mma.sync FP8 tensor cores (sm_89); Hopper's are "
-                                "wgmma's, and its ptxas lowers mma.sync e4m3 to f16 HMMA (no "
-                                "FP8 rate, more registers)"
-                          : op->warpgroups ? "runs on mma.sync (warpgroups = 0) for now"
-                                           : NULL;
+                          : mma == AJ_F8_MMA_LOWERED && plan_warpgroups(op, target) == 0
+                              ? "needs target sm_90a on Hopper: its FP8 tensor cores are "
+                                "wgmma's (ptxas lowers mma.sync e4m3 to f16 HMMA)"
+                              : NULL;
         if (why)
             return aj_fail(ctx, AJ_ERR_UNSUPPORTED,
                            "q_dtype = %s, kv_dtype = %s, head_dim = %d: flash forward with "
@@ -338,8 +356,8 @@ typedef struct ffwd {
      * byte offset (Q's, then one per ring slot) */
     LLVMValueRef tma, bidx, h, hkv;
     int32_t smem_bar;
-    /* FP8 inputs: the factors of S (q_scale k_scale) and of O (v_scale,
-     * times 2^8 for e4m3, whose f16 widening divides by it), else NULL */
+    /* FP8 inputs: the factors of S (q_scale k_scale) and of O (v_scale),
+     * else NULL */
     LLVMValueRef s_scale, o_scale;
 } ffwd;
 
@@ -451,38 +469,107 @@ static void load_tile_async(ffwd *e, aj_param_source tensor, int esize, LLVMValu
 }
 
 /*
- * FP8 V: the tile's rows at key n0 widened to f16 as they are loaded (an
- * e5m2 byte is the top byte of the same f16; an e4m3 one becomes the f16
- * of its value / 2^8, exactly, o_scale putting the 2^8 back), 8 elements
- * a thread a step, by plain loads and stores into the slot at shared byte
- * offset `vdst` (pitch ldv), rows past Sk zero.  The slot is free when it
- * is refilled, as for cp.async, whose writes may land as early.
+ * FP8 (q_dtype = kv_dtype = e4m3 or e5m2): both GEMMs on the 8-bit tensor
+ * cores, k32 a step -- mma.sync m16n8k32 (sm_89, sim) or wgmma m64nNk32
+ * (sm_90a, sim).  Q and K are the 16-bit kernel's tiles at half the width
+ * (an f8 row of D bytes is D / 2 16-bit units; the fragments and
+ * descriptors of a k32 step are a k16 step's over byte pairs).  P V needs
+ * both operands K-major -- the 8-bit forms have no transposed B and
+ * ldmatrix's transpose is 16-bit -- so V is transposed as it is loaded:
+ * its slot holds V^T, Dv rows of block_n bytes, laid out as a K tile of
+ * width block_n / 2 (row pitch ldv, or wgmma's panels).  P, rounded to
+ * e4m3 (cvt.rn.satfinite; P <= 1 needs e4m3's mantissa bit more than
+ * e5m2's range), is A straight from the S accumulators: within each 16
+ * keys, lane t holds keys 2t, 2t + 1, 8 + 2t, 9 + 2t of its rows, which
+ * the k32 A fragment wants at k = 4t .. 4t + 3 -- so V^T's k order is
+ * permuted the same way (vt_key), and the sum over keys is unchanged:
+ *
+ *   k (V^T's byte in the row) = 16 h + 4 t + i  <-  key 16 h + 2 t + i      (i = 0, 1)
+ *                                                   key 16 h + 8 + 2 t + i - 2  (i = 2, 3)
+ *
+ * V^T is written with plain stores (a 4 x 4 byte block a thread a step:
+ * four 32-bit loads of keys, a byte transpose, four 32-bit stores), so
+ * its slot is free when refilled as for cp.async, and wgmma reads it
+ * after the fence.proxy.async each thread makes before the tile's
+ * barrier.  FP8 loads run by cp.async (TMA maps are 16-bit for now).
  */
-static void load_v_f8(ffwd *e, LLVMValueRef n0, LLVMValueRef vdst)
+
+/* The key (within 16) whose column k16 (0..15) of V^T holds: see "FP8". */
+static int vt_key(int k16)
+{
+    int t = k16 % 16 / 4, i = k16 % 4;
+    return i < 2 ? 2 * t + i : 8 + 2 * t + i - 2;
+}
+
+/* The i32 byte offset, in the V^T slot at `vdst`, of row n (a column of
+ * V) at byte `byte` (a multiple of 4) of the row. */
+static LLVMValueRef vt_offset(ffwd *e, LLVMValueRef vdst, LLVMValueRef n, LLVMValueRef byte)
 {
     aj_kb *kb = e->kb;
     LLVMBuilderRef b = e->b;
     const ffwd_plan *p = &e->p;
-    int per_row = p->dv / 8;
+    /* the 16-byte chunk (8 16-bit units) holding the byte, then its place in it */
+    LLVMValueRef chunk = LLVMBuildShl(b, LLVMBuildLShr(b, byte, aj_kb_i32(kb, 4), ""),
+                                      aj_kb_i32(kb, 3), "");
+    LLVMValueRef at = p->wg ? tile_chunk(e, n, chunk, p->dv, p->bn / 2, 0)
+                            : tile_offset(e, n, chunk, p->ldv);
+    return aj_kb_add(kb, vdst, aj_kb_add(kb, at, LLVMBuildAnd(b, byte, aj_kb_i32(kb, 15), "")));
+}
+
+/*
+ * FP8 V: the tile at key n0 into the slot at shared byte offset `vdst` as
+ * V^T in "FP8"'s key order, keys past Sk zero.  Work item c: columns
+ * 4 (c % (Dv / 4)) .. +3 of V and V^T's bytes 4 L .. 4 L + 3 (L = c / (Dv /
+ * 4)), which hold keys 16 h + {2t, 2t + 1, 8 + 2t, 9 + 2t} (h = L / 4, t =
+ * L % 4): a warp's loads run along a row.
+ */
+static void load_vt_f8(ffwd *e, LLVMValueRef n0, LLVMValueRef vdst)
+{
+    aj_kb *kb = e->kb;
+    LLVMBuilderRef b = e->b;
+    const ffwd_plan *p = &e->p;
+    int groups = p->dv / 4;
     LLVMValueRef last = LLVMBuildSub(b, e->seq_k, aj_kb_i32(kb, 1), "");
     LLVMValueRef stride = aj_param(kb, AJ_PID(stride_v_s));
-    LLVMTypeRef bytes8 = LLVMVectorType(kb->t_i8, 8);
-    LLVMValueRef c = aj_kb_for_begin(kb, e->tid, aj_kb_i32(kb, p->bn * per_row),
-                                     aj_kb_i32(kb, p->threads), "vchunk");
-    LLVMValueRef r = LLVMBuildUDiv(b, c, aj_kb_i32(kb, per_row), "");
-    LLVMValueRef col =
-        LLVMBuildShl(b, LLVMBuildURem(b, c, aj_kb_i32(kb, per_row), ""), aj_kb_i32(kb, 3), "");
-    LLVMValueRef grow = aj_kb_add(kb, n0, r);
-    LLVMValueRef in = LLVMBuildICmp(b, LLVMIntSLT, grow, e->seq_k, "");
-    LLVMValueRef at = aj_kb_add(
-        kb, e->v_src,
-        aj_kb_add(kb, LLVMBuildMul(b, aj_kb_sext64(kb, aj_kb_smin(kb, grow, last)), stride, ""),
-                  aj_kb_sext64(kb, col)));
-    LLVMValueRef raw =
-        aj_kb_load(kb, bytes8, aj_kb_gptr_offset(kb, aj_param_data(kb, AJ_PSRC_v), at), 8);
-    LLVMValueRef half = aj_kb_f8_to_f16_bits(kb, raw, p->f8);
-    half = LLVMBuildSelect(b, in, half, LLVMConstNull(LLVMTypeOf(half)), "");
-    aj_kb_store(kb, half, smem_at(e, aj_kb_add(kb, vdst, tile_offset(e, r, col, p->ldv)), 0), 16);
+    LLVMTypeRef words = LLVMVectorType(kb->t_i32, 4), bytes = LLVMVectorType(kb->t_i8, 16);
+    LLVMValueRef c = aj_kb_for_begin(kb, e->tid, aj_kb_i32(kb, p->bn / 4 * groups),
+                                     aj_kb_i32(kb, p->threads), "vtitem");
+    LLVMValueRef col = LLVMBuildShl(b, LLVMBuildURem(b, c, aj_kb_i32(kb, groups), ""),
+                                    aj_kb_i32(kb, 2), "");
+    LLVMValueRef lg = LLVMBuildUDiv(b, c, aj_kb_i32(kb, groups), "");
+    LLVMValueRef h16 = LLVMBuildShl(b, LLVMBuildLShr(b, lg, aj_kb_i32(kb, 2), ""),
+                                    aj_kb_i32(kb, 4), "");
+    LLVMValueRef t2 = LLVMBuildShl(b, LLVMBuildAnd(b, lg, aj_kb_i32(kb, 3), ""),
+                                   aj_kb_i32(kb, 1), "");
+    LLVMValueRef rows = LLVMGetUndef(words);
+    for (int i = 0; i < 4; i++) {
+        LLVMValueRef key = aj_kb_add(kb, h16, aj_kb_add(kb, t2, aj_kb_i32(kb, vt_key(i))));
+        LLVMValueRef grow = aj_kb_add(kb, n0, key);
+        LLVMValueRef in = LLVMBuildICmp(b, LLVMIntSLT, grow, e->seq_k, "");
+        LLVMValueRef at = aj_kb_add(
+            kb, e->v_src,
+            aj_kb_add(kb, LLVMBuildMul(b, aj_kb_sext64(kb, aj_kb_smin(kb, grow, last)), stride, ""),
+                      aj_kb_sext64(kb, col)));
+        LLVMValueRef w =
+            aj_kb_load(kb, kb->t_i32, aj_kb_gptr_offset(kb, aj_param_data(kb, AJ_PSRC_v), at), 4);
+        w = LLVMBuildSelect(b, in, w, aj_kb_i32(kb, 0), "");
+        rows = LLVMBuildInsertElement(b, rows, w, aj_kb_i32(kb, i), "");
+    }
+    /* byte j of row word i -> byte i of column word j */
+    LLVMValueRef mask[16];
+    for (int j = 0; j < 4; j++)
+        for (int i = 0; i < 4; i++)
+            mask[4 * j + i] = aj_kb_i32(kb, 4 * i + j);
+    LLVMValueRef as_bytes = LLVMBuildBitCast(b, rows, bytes, "");
+    LLVMValueRef cols = LLVMBuildBitCast(
+        b, LLVMBuildShuffleVector(b, as_bytes, LLVMGetUndef(bytes), LLVMConstVector(mask, 16), ""),
+        words, "");
+    LLVMValueRef kbyte = LLVMBuildShl(b, lg, aj_kb_i32(kb, 2), "");
+    for (int j = 0; j < 4; j++) {
+        LLVMValueRef n = aj_kb_add(kb, col, aj_kb_i32(kb, j));
+        aj_kb_store(kb, LLVMBuildExtractElement(b, cols, aj_kb_i32(kb, j), ""),
+                    smem_at(e, vt_offset(e, vdst, n, kbyte), 0), 4);
+    }
     aj_kb_for_end(kb);
 }
 
@@ -535,13 +622,14 @@ static void load_kv_tile(ffwd *e, LLVMValueRef n, LLVMValueRef at, LLVMValueRef 
     LLVMValueRef kdst = aj_kb_add(e->kb, aj_kb_i32(e->kb, p->smem_k),
                                   LLVMBuildMul(b, slot, aj_kb_i32(e->kb, 2 * p->bn * p->ldk), ""));
     LLVMValueRef vdst = aj_kb_add(e->kb, aj_kb_i32(e->kb, p->smem_v),
-                                  LLVMBuildMul(b, slot, aj_kb_i32(e->kb, 2 * p->bn * p->ldv), ""));
+                                  LLVMBuildMul(b, slot, aj_kb_i32(e->kb, p->v_slot), ""));
     if (e->tma) {   /* thread 0 issues the tile's TMA boxes, else cp.async */
         aj_kb_if_begin(e->kb, tma_on(e));
         aj_kb_if_begin(e->kb, LLVMBuildICmp(b, LLVMIntEQ, e->tid, aj_kb_i32(e->kb, 0), ""));
         LLVMValueRef bar = slot_bar(e, slot);
         /* the whole boxes, the zeros past D and Dv included */
-        LLVMValueRef tx[2] = {smem_at(e, bar, 0), aj_kb_i32(e->kb, 2 * p->bn * (p->ldk + p->ldv))};
+        LLVMValueRef tx[2] = {smem_at(e, bar, 0),
+                              aj_kb_i32(e->kb, 2 * p->bn * p->ldk + p->v_slot)};
         aj_kb_intrinsic(e->kb, AJ_INTR_MBARRIER_ARRIVE_EXPECT_TX, tx);
         tma_tile(e, AJ_PID(k_tma), kdst, p->bn, p->d, n0, e->hkv, bar);
         tma_tile(e, AJ_PID(v_tma), vdst, p->bn, p->dv, n0, e->hkv, bar);
@@ -551,7 +639,7 @@ static void load_kv_tile(ffwd *e, LLVMValueRef n, LLVMValueRef at, LLVMValueRef 
     load_tile_async(e, AJ_PSRC_k, p->f8 ? 1 : 2, e->k_src, aj_param(e->kb, AJ_PID(stride_k_s)),
                     n0, e->seq_k, p->bn, p->d, kdst, p->ldk);
     if (p->f8)
-        load_v_f8(e, n0, vdst);
+        load_vt_f8(e, n0, vdst);
     else
         load_tile_async(e, AJ_PSRC_v, 2, e->v_src, aj_param(e->kb, AJ_PID(stride_v_s)), n0,
                         e->seq_k, p->bn, p->dv, vdst, p->ldv);
@@ -658,7 +746,9 @@ static void lane_addresses(ffwd *e)
         e->kb, aj_kb_i32(e->kb, p->smem_q),
         tile_offset(e, aj_kb_add(e->kb, e->wrow, aj_kb_add(e->kb, l7, bit3)), bit4, p->ldq));
     e->k_lane = tile_offset(e, aj_kb_add(e->kb, l7, bit4), bit3, p->ldk);
-    e->v_lane = tile_offset(e, aj_kb_add(e->kb, l7, bit3), bit4, p->ldv);
+    /* f8's V^T is read as a K tile is (see "FP8") */
+    e->v_lane = p->f8 ? tile_offset(e, aj_kb_add(e->kb, l7, bit4), bit3, p->ldv)
+                      : tile_offset(e, aj_kb_add(e->kb, l7, bit3), bit4, p->ldv);
     /* wgmma: the warpgroup's 64 rows start 64 rows into each Q panel */
     e->q_wg = aj_kb_add(e->kb, aj_kb_i32(e->kb, p->smem_q),
                         LLVMBuildMul(b, LLVMBuildLShr(b, e->tid, aj_kb_i32(e->kb, 7), ""),
@@ -740,7 +830,8 @@ static void emit_qk_wgmma(ffwd *e, LLVMValueRef kbase)
 {
     aj_kb *kb = e->kb;
     const ffwd_plan *p = &e->p;
-    enum aj_intrinsic_id row = aj_kb_wgmma_row(p->bn, p->dtype == AJ_DTYPE_BF16, 0, 0);
+    aj_dtype t = p->f8 ? p->f8 : p->dtype;   /* f8: k32 steps over the same bytes */
+    enum aj_intrinsic_id row = aj_kb_wgmma_row(p->bn, t, t, 0, 0);
     aj_kb_intrinsic(kb, AJ_INTR_WGMMA_FENCE, NULL);
     for (int kk = 0; kk < aj_wgmma_tile_width(p->d) / 16; kk++) {
         LLVMValueRef args[3] = {kmajor_desc(e, e->q_wg, p->bm, p->d, 16 * kk),
@@ -749,25 +840,32 @@ static void emit_qk_wgmma(ffwd *e, LLVMValueRef kbase)
         aj_kb_wgmma(kb, row, e->acc_s, args);
     }
     finish_gemm(e, e->acc_s, p->bn / 8, e->s[0]);
+    for (int j = 0; e->s_scale && j < p->bn / 8; j++)   /* FP8: Q's and K's descales */
+        for (int c = 0; c < 4; c++)
+            aj_kb_set(kb, e->s[0][j][c],
+                      LLVMBuildFMul(e->b, aj_kb_get(kb, e->s[0][j][c]), e->s_scale, ""));
 }
 
-/* O += P V on wgmma, P's A fragments given (a[kk][0..3] per 16 keys); V's
- * tile at shared byte offset `vbase`. */
+/* O += P V on wgmma, P's A fragments given (a[kk][0..3] per k-step: 16
+ * keys, f8 32); V's tile (f8: V^T) at shared byte offset `vbase`. */
 static void emit_pv_wgmma(ffwd *e, LLVMValueRef a[][4], LLVMValueRef vbase)
 {
     aj_kb *kb = e->kb;
     const ffwd_plan *p = &e->p;
     int span = aj_wgmma_panel_span(p->dv);
-    enum aj_intrinsic_id row = aj_kb_wgmma_row(p->dv, p->dtype == AJ_DTYPE_BF16, 1, 1);
+    /* f8: P in e4m3 against K-major V^T, k32 a step (see "FP8") */
+    enum aj_intrinsic_id row = p->f8 ? aj_kb_wgmma_row(p->dv, AJ_DTYPE_F8E4M3, p->f8, 1, 0)
+                                     : aj_kb_wgmma_row(p->dv, p->dtype, p->dtype, 1, 1);
     for (int v = 0; v < p->dv / 8; v++)
         for (int c = 0; c < 4; c++)
             LLVMBuildStore(e->b, aj_kb_get(kb, e->o[0][v][c]), acc_elem(e, e->acc_o, 4 * v + c));
     aj_kb_intrinsic(kb, AJ_INTR_WGMMA_FENCE, NULL);
-    for (int kk = 0; kk < p->bn / 16; kk++) {
-        LLVMValueRef args[6] = {a[kk][0], a[kk][1], a[kk][2], a[kk][3],
-                                aj_kb_wgmma_desc(kb, smem_at(e, vbase, (int64_t)16 * kk * span),
-                                                 p->bn * span, 8 * span,
-                                                 aj_kb_swizzle_mode(span)),
+    for (int kk = 0; kk < p->bn / (p->f8 ? 32 : 16); kk++) {
+        LLVMValueRef b_desc =
+            p->f8 ? kmajor_desc(e, vbase, p->dv, p->bn / 2, 16 * kk)
+                  : aj_kb_wgmma_desc(kb, smem_at(e, vbase, (int64_t)16 * kk * span),
+                                     p->bn * span, 8 * span, aj_kb_swizzle_mode(span));
+        LLVMValueRef args[6] = {a[kk][0], a[kk][1], a[kk][2], a[kk][3], b_desc,
                                 aj_kb_i32(kb, 1)};
         aj_kb_wgmma(kb, row, e->acc_o, args);
     }
@@ -803,8 +901,8 @@ static void emit_qk(ffwd *e, LLVMValueRef kbase)
             aj_kb_ldmatrix(kb, 4, 0, smem_at(e, kt, 2 * (8 * j * p->ldk + 16 * kk)), kf);
             for (int mi = 0; mi < p->mt; mi++) {
                 if (p->f8) {   /* the same fragments over byte pairs: k32 a step */
-                    aj_kb_mma_m16n8k32(kb, p->f8, a[mi], &kf[0], acc[mi][j], acc[mi][j]);
-                    aj_kb_mma_m16n8k32(kb, p->f8, a[mi], &kf[2], acc[mi][j + 1],
+                    aj_kb_mma_m16n8k32(kb, p->f8, p->f8, a[mi], &kf[0], acc[mi][j], acc[mi][j]);
+                    aj_kb_mma_m16n8k32(kb, p->f8, p->f8, a[mi], &kf[2], acc[mi][j + 1],
                                        acc[mi][j + 1]);
                     continue;
                 }
@@ -893,14 +991,20 @@ static void emit_element_mask(ffwd *e, LLVMValueRef n0)
         }
 }
 
-/* Two f32 values as a pair of the dtype in one i32 (first in the low half). */
-static LLVMValueRef pack2(ffwd *e, aj_dtype dtype, LLVMValueRef lo, LLVMValueRef hi)
+/* Two i16 as one i32, `lo` in the low half. */
+static LLVMValueRef join16(ffwd *e, LLVMValueRef lo, LLVMValueRef hi)
 {
     aj_kb *kb = e->kb;
     LLVMBuilderRef b = e->b;
-    LLVMValueRef l16 = LLVMBuildZExt(b, aj_kb_from_f32(kb, lo, dtype), kb->t_i32, "");
-    LLVMValueRef h16 = LLVMBuildZExt(b, aj_kb_from_f32(kb, hi, dtype), kb->t_i32, "");
-    return LLVMBuildOr(b, l16, LLVMBuildShl(b, h16, aj_kb_i32(kb, 16), ""), "");
+    LLVMValueRef l32 = LLVMBuildZExt(b, lo, kb->t_i32, "");
+    return LLVMBuildOr(b, l32, LLVMBuildShl(b, LLVMBuildZExt(b, hi, kb->t_i32, ""),
+                                            aj_kb_i32(kb, 16), ""), "");
+}
+
+/* Two f32 values as a pair of the dtype in one i32 (first in the low half). */
+static LLVMValueRef pack2(ffwd *e, aj_dtype dtype, LLVMValueRef lo, LLVMValueRef hi)
+{
+    return join16(e, aj_kb_from_f32(e->kb, lo, dtype), aj_kb_from_f32(e->kb, hi, dtype));
 }
 
 /* P's A fragment for keys 16 kk .. 16 kk + 15 from one m-tile's
@@ -908,11 +1012,64 @@ static LLVMValueRef pack2(ffwd *e, aj_dtype dtype, LLVMValueRef lo, LLVMValueRef
  * same registers for mma.sync and wgmma's A in registers. */
 static void pack_p(ffwd *e, LLVMValueRef (*pf)[4], int kk, LLVMValueRef a[4])
 {
-    aj_dtype t = e->p.pv_dtype;
+    aj_dtype t = e->p.dtype;
     a[0] = pack2(e, t, pf[2 * kk][0], pf[2 * kk][1]);
     a[1] = pack2(e, t, pf[2 * kk][2], pf[2 * kk][3]);
     a[2] = pack2(e, t, pf[2 * kk + 1][0], pf[2 * kk + 1][1]);
     a[3] = pack2(e, t, pf[2 * kk + 1][2], pf[2 * kk + 1][3]);
+}
+
+/* FP8: P's k32 A fragment for keys 32 kk .. 32 kk + 31 in e4m3, straight
+ * from the lane's elements of n8 tiles 4 kk .. 4 kk + 3 (V^T's key order
+ * matches: see "FP8"); the same registers for mma.sync and wgmma. */
+static void pack_p_f8(ffwd *e, LLVMValueRef (*pf)[4], int kk, LLVMValueRef a[4])
+{
+    for (int r = 0; r < 4; r++) {
+        int j = 4 * kk + 2 * (r >> 1), c = 2 * (r & 1);   /* rows g (r even), g + 8 */
+        a[r] = join16(e, aj_kb_e4m3x2(e->kb, pf[j][c], pf[j][c + 1]),
+                      aj_kb_e4m3x2(e->kb, pf[j + 1][c], pf[j + 1][c + 1]));
+    }
+}
+
+/* O += P V on mma.sync for the warp's m-tiles: 16-bit, A = P (pack_p) and
+ * B = V by ldmatrix.trans, 16 keys a step; FP8, A = P in e4m3 (pack_p_f8)
+ * and B from V^T, read as a K tile is (lane_addresses), 32 keys a step.
+ * Two n8 tiles (columns of V) per ldmatrix, an odd last one alone (lanes
+ * 0-15's addresses are those of its two 8x8 matrices). */
+static void emit_pv_mma(ffwd *e, LLVMValueRef (*pf)[MAX_NT][4], LLVMValueRef vbase)
+{
+    aj_kb *kb = e->kb;
+    const ffwd_plan *p = &e->p;
+    const int f8 = p->f8 != 0, step = f8 ? 32 : 16;
+    LLVMValueRef vt = aj_kb_add(kb, vbase, e->v_lane);
+    LLVMValueRef acc[MAX_MT][MAX_VT][4];
+    for (int mi = 0; mi < p->mt; mi++)
+        for (int v = 0; v < p->dv / 8; v++)
+            for (int c = 0; c < 4; c++)
+                acc[mi][v][c] = aj_kb_get(kb, e->o[mi][v][c]);
+    for (int kk = 0; kk < p->bn / step; kk++) {
+        LLVMValueRef a[MAX_MT][4];
+        for (int mi = 0; mi < p->mt; mi++)
+            (f8 ? pack_p_f8 : pack_p)(e, pf[mi], kk, a[mi]);
+        for (int v = 0; v < p->dv / 8; v += 2) {
+            int pair = v + 1 < p->dv / 8;
+            int64_t at = f8 ? 2 * (8 * v * p->ldv + 16 * kk) : 2 * (16 * kk * p->ldv + 8 * v);
+            LLVMValueRef vf[4];
+            aj_kb_ldmatrix(kb, pair ? 4 : 2, !f8, smem_at(e, vt, at), vf);
+            for (int mi = 0; mi < p->mt; mi++)
+                for (int x = 0; x <= pair; x++) {
+                    LLVMValueRef *c = acc[mi][v + x];
+                    if (f8)
+                        aj_kb_mma_m16n8k32(kb, AJ_DTYPE_F8E4M3, p->f8, a[mi], &vf[2 * x], c, c);
+                    else
+                        aj_kb_mma_m16n8k16(kb, p->dtype, a[mi], &vf[2 * x], c, c);
+                }
+        }
+    }
+    for (int mi = 0; mi < p->mt; mi++)
+        for (int v = 0; v < p->dv / 8; v++)
+            for (int c = 0; c < 4; c++)
+                aj_kb_set(kb, e->o[mi][v][c], acc[mi][v][c]);
 }
 
 /*
@@ -971,40 +1128,12 @@ static void emit_softmax_pv(ffwd *e, LLVMValueRef n0, LLVMValueRef vbase)
     /* O += P V: A = P (see the diagram at the top), B = V */
     if (p->wg) {
         LLVMValueRef a[MAX_NT / 2][4];
-        for (int kk = 0; kk < p->bn / 16; kk++)
-            pack_p(e, pf[0], kk, a[kk]);
+        for (int kk = 0; kk < p->bn / (p->f8 ? 32 : 16); kk++)
+            (p->f8 ? pack_p_f8 : pack_p)(e, pf[0], kk, a[kk]);
         emit_pv_wgmma(e, a, vbase);
         return;
     }
-    LLVMValueRef vt = aj_kb_add(kb, vbase, e->v_lane);
-    LLVMValueRef acc[MAX_MT][MAX_VT][4];
-    for (int mi = 0; mi < p->mt; mi++)
-        for (int v = 0; v < p->dv / 8; v++)
-            for (int c = 0; c < 4; c++)
-                acc[mi][v][c] = aj_kb_get(kb, e->o[mi][v][c]);
-    for (int kk = 0; kk < p->bn / 16; kk++) {
-        LLVMValueRef a[MAX_MT][4];
-        for (int mi = 0; mi < p->mt; mi++)
-            pack_p(e, pf[mi], kk, a[mi]);
-        for (int v = 0; v < p->dv / 8; v += 2) {
-            /* two n8 tiles per ldmatrix; an odd last one alone (lanes 0-15's
-             * addresses are those of its two 8x8 matrices) */
-            int pair = v + 1 < p->dv / 8;
-            LLVMValueRef vf[4];
-            aj_kb_ldmatrix(kb, pair ? 4 : 2, 1, smem_at(e, vt, 2 * (16 * kk * p->ldv + 8 * v)),
-                           vf);
-            for (int mi = 0; mi < p->mt; mi++) {
-                aj_kb_mma_m16n8k16(kb, p->pv_dtype, a[mi], &vf[0], acc[mi][v], acc[mi][v]);
-                if (pair)
-                    aj_kb_mma_m16n8k16(kb, p->pv_dtype, a[mi], &vf[2], acc[mi][v + 1],
-                                       acc[mi][v + 1]);
-            }
-        }
-    }
-    for (int mi = 0; mi < p->mt; mi++)
-        for (int v = 0; v < p->dv / 8; v++)
-            for (int c = 0; c < 4; c++)
-                aj_kb_set(kb, e->o[mi][v][c], acc[mi][v][c]);
+    emit_pv_mma(e, pf, vbase);
 }
 
 /*
@@ -1110,6 +1239,13 @@ static void emit_epilogue(ffwd *e, LLVMValueRef o_base, LLVMValueRef lse_base)
         }
 }
 
+/* Whether the kernel has TMA code: wgmma over padded tensors of 16 bits
+ * (FP8 loads by cp.async: see "FP8"). */
+static int uses_tma(const ffwd *e)
+{
+    return e->p.wg && e->op->layout == AJ_LAYOUT_PADDED && !e->p.f8;
+}
+
 /* Shared memory for Q and the K/V ring, and the thread's accumulators:
  * S, O, and each row's running max m and sum l. */
 static void alloc_state(ffwd *e)
@@ -1119,8 +1255,8 @@ static void alloc_state(ffwd *e)
     int align = p->wg ? 1024 : 16;   /* wgmma: 8 rows of a 128-byte swizzle */
     e->p.smem_q = aj_kb_smem_reserve_aligned(kb, 2 * p->bm * p->ldq, align);
     e->p.smem_k = aj_kb_smem_reserve_aligned(kb, 2 * p->stages * p->bn * p->ldk, align);
-    e->p.smem_v = aj_kb_smem_reserve_aligned(kb, 2 * p->stages * p->bn * p->ldv, align);
-    if (p->wg && e->op->layout == AJ_LAYOUT_PADDED)   /* TMA's mbarriers */
+    e->p.smem_v = aj_kb_smem_reserve_aligned(kb, p->stages * p->v_slot, align);
+    if (uses_tma(e))   /* TMA's mbarriers */
         e->smem_bar = aj_kb_smem_reserve_aligned(kb, 8 * (p->stages + 1), 16);
     if (p->wg) {
         e->acc_s = aj_kb_var(kb, LLVMArrayType2(kb->t_f32, (uint64_t)p->bn / 2), NULL, "acc_s");
@@ -1260,7 +1396,7 @@ static void mainloop(ffwd *e, aj_score_walk *walk, int gated, LLVMValueRef *ahea
     LLVMValueRef kbase = aj_kb_add(kb, aj_kb_i32(kb, p->smem_k),
                                    LLVMBuildMul(b, slot, aj_kb_i32(kb, 2 * p->bn * p->ldk), ""));
     LLVMValueRef vbase = aj_kb_add(kb, aj_kb_i32(kb, p->smem_v),
-                                   LLVMBuildMul(b, slot, aj_kb_i32(kb, 2 * p->bn * p->ldv), ""));
+                                   LLVMBuildMul(b, slot, aj_kb_i32(kb, p->v_slot), ""));
     LLVMValueRef cls = NULL, n = at;
     if (gated) {   /* the ring moves on; the class is the same in every thread */
         cls = aj_kb_get(kb, ahead[0]);
@@ -1323,12 +1459,9 @@ static aj_status ffwd_build(aj_kb *kb, const aj_op *op, void *user)
     e.bidx = bidx;
     e.h = h;
     e.hkv = hkv;
-    if (p->f8) {   /* FP8: the descales, e4m3's V widened as value / 2^8 */
+    if (p->f8)   /* FP8: the descales */
         aj_attn_descales(kb, op, h, hkv, &e.s_scale, &e.o_scale);
-        if (p->f8 == AJ_DTYPE_F8E4M3)
-            e.o_scale = LLVMBuildFMul(b, e.o_scale, aj_kb_f32(kb, AJ_F8E4M3_F16_FACTOR), "");
-    }
-    if (p->wg && op->layout == AJ_LAYOUT_PADDED)
+    if (uses_tma(&e))
         e.tma = aj_param(kb, AJ_PID(tma));
     LLVMValueRef sq, sk;
     aj_attn_score_totals(kb, prog, op->layout, e.seq_q, e.seq_k, &sq, &sk);

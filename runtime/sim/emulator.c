@@ -90,6 +90,7 @@ static const char *warp_op_name(const warp_call *c)
         [OP_MMA_BF16] = "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32",
         [OP_MMA_E4M3] = "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32",
         [OP_MMA_E5M2] = "mma.sync.aligned.m16n8k32.row.col.f32.e5m2.e5m2.f32",
+        [OP_MMA_E4M3_E5M2] = "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e5m2.f32",
         [OP_BAR_WARP_SYNC] = "bar.warp.sync",
         [OP_ELECT] = "elect.sync",
     };
@@ -589,6 +590,7 @@ MMA(sim_mma_m16n8k16_f16, OP_MMA_F16)
 MMA(sim_mma_m16n8k16_bf16, OP_MMA_BF16)
 MMA(sim_mma_m16n8k32_e4m3, OP_MMA_E4M3)
 MMA(sim_mma_m16n8k32_e5m2, OP_MMA_E5M2)
+MMA(sim_mma_m16n8k32_e4m3_e5m2, OP_MMA_E4M3_E5M2)
 #undef MMA
 
 /* ldmatrix: lanes 0 .. 8*count-1 pass row addresses, checked here so that
@@ -729,6 +731,10 @@ static float sim_lg2_approx(sim_thread *t, float x) { return log2f(flush(x)); }
 static float sim_cvt_f32_f16(sim_thread *t, uint16_t h) { return aj_f16_to_f32(h); }
 static uint16_t sim_cvt_f16_f32(sim_thread *t, float f) { return aj_f32_to_f16(f); }
 static uint16_t sim_cvt_bf16_f32(sim_thread *t, float f) { return aj_f32_to_bf16(f); }
+static uint16_t sim_cvt_e4m3x2_f32(sim_thread *t, float hi, float lo)
+{
+    return (uint16_t)(aj_f32_to_f8e4m3(hi) << 8 | aj_f32_to_f8e4m3(lo));
+}
 
 static void *sim_smem(sim_thread *t) { return t->w->smem; }
 
@@ -753,6 +759,7 @@ static const aj_host_symbol symbols[] = {
     SYM("aj_sim_mma_m16n8k16_bf16", sim_mma_m16n8k16_bf16),
     SYM("aj_sim_mma_m16n8k32_e4m3", sim_mma_m16n8k32_e4m3),
     SYM("aj_sim_mma_m16n8k32_e5m2", sim_mma_m16n8k32_e5m2),
+    SYM("aj_sim_mma_m16n8k32_e4m3_e5m2", sim_mma_m16n8k32_e4m3_e5m2),
     SYM("aj_sim_ldmatrix_x1", sim_ldmatrix_x1),
     SYM("aj_sim_ldmatrix_x2", sim_ldmatrix_x2),
     SYM("aj_sim_ldmatrix_x4", sim_ldmatrix_x4),
@@ -770,6 +777,7 @@ static const aj_host_symbol symbols[] = {
     SYM("aj_sim_cvt_f32_f16", sim_cvt_f32_f16),
     SYM("aj_sim_cvt_f16_f32", sim_cvt_f16_f32),
     SYM("aj_sim_cvt_bf16_f32", sim_cvt_bf16_f32),
+    SYM("aj_sim_cvt_e4m3x2_f32", sim_cvt_e4m3x2_f32),
     SYM("aj_sim_smem", sim_smem),
     SYM("aj_sim_check", sim_check),
     SYM("aj_sim_elect_sync", sim_elect_sync),
@@ -839,15 +847,15 @@ static void complete_vote(sim_thread *warp, uint32_t group)
     }
 }
 
-/* Element e of an mma fragment register: of two f16 / bf16 (e = 0 the low
- * half) or four e4m3 / e5m2 (e = 0 the lowest byte). */
-static double mma_element(int op, uint32_t reg, int e)
+/* The element types of an mma op's A and B. */
+static void mma_types(int op, aj_dtype *a, aj_dtype *b)
 {
     switch (op) {
-    case OP_MMA_F16: return aj_f16_to_f32((uint16_t)(reg >> (16 * e)));
-    case OP_MMA_BF16: return aj_bf16_to_f32((uint16_t)(reg >> (16 * e)));
-    case OP_MMA_E4M3: return aj_f8e4m3_to_f32((uint8_t)(reg >> (8 * e)));
-    default: return aj_f8e5m2_to_f32((uint8_t)(reg >> (8 * e)));
+    case OP_MMA_F16: *a = *b = AJ_DTYPE_F16; break;
+    case OP_MMA_BF16: *a = *b = AJ_DTYPE_BF16; break;
+    case OP_MMA_E4M3: *a = *b = AJ_DTYPE_F8E4M3; break;
+    case OP_MMA_E5M2: *a = *b = AJ_DTYPE_F8E5M2; break;
+    default: *a = AJ_DTYPE_F8E4M3; *b = AJ_DTYPE_F8E5M2; break;
     }
 }
 
@@ -871,7 +879,9 @@ static double mma_element(int op, uint32_t reg, int e)
  */
 static void complete_mma(sim_thread *warp, int op)
 {
-    const int E = op == OP_MMA_E4M3 || op == OP_MMA_E5M2 ? 4 : 2, K = 8 * E;
+    aj_dtype ta, tb;
+    mma_types(op, &ta, &tb);
+    const int E = 4 / aj_dtype_size(ta), K = 8 * E;
     double a[16][32], b[32][8], d[16][8];
     for (int lane = 0; lane < WARP; lane++) {
         const warp_call *c = &warp[lane].call;
@@ -879,10 +889,10 @@ static void complete_mma(sim_thread *warp, int op)
         for (int r = 0; r < 4; r++)
             for (int e = 0; e < E; e++)
                 a[g + 8 * (r & 1)][E * t + 4 * E * (r >> 1) + e] =
-                    mma_element(op, c->in.mma.a[r], e);
+                    aj_fragment_element(ta, c->in.mma.a[r], e);
         for (int r = 0; r < 2; r++)
             for (int e = 0; e < E; e++)
-                b[E * t + 4 * E * r + e][g] = mma_element(op, c->in.mma.b[r], e);
+                b[E * t + 4 * E * r + e][g] = aj_fragment_element(tb, c->in.mma.b[r], e);
         for (int i = 0; i < 4; i++)
             d[g + 8 * (i >> 1)][2 * t + (i & 1)] = c->in.mma.c[i];
     }
@@ -953,6 +963,7 @@ static int complete_warp_call(sim_worker *w, sim_thread *warp, int base, uint32_
     case OP_MMA_BF16:
     case OP_MMA_E4M3:
     case OP_MMA_E5M2:
+    case OP_MMA_E4M3_E5M2:
         complete_mma(warp, warp[lead].call.op);
         break;
     case OP_LDMATRIX:

@@ -34,7 +34,8 @@ typedef struct aj_sim_hopper_thread {
         float *acc;
         uint64_t a_desc, b_desc;
         uint32_t a[4];
-        int32_t scale_d, bf16, a_in_registers;
+        int32_t scale_d, a_in_registers;
+        int32_t a_type, b_type;  /* aj_dtype: f16, bf16 (k16), f8e4m3, f8e5m2 (k32) */
         int32_t trans_b;       /* 1: B is N-major (imm-trans-b) */
     } mma;
     /* the sync counter at the thread's latest fence.proxy.async: generic
@@ -80,7 +81,13 @@ void aj_sim_hopper_diagnose(struct sim_worker *w, int tid);
     AJ_SIM_HOPPER_ENTRY(wgmma_m64n##N##k16_##type##_rs)                                    \
     AJ_SIM_HOPPER_ENTRY(wgmma_m64n##N##k16_##type##_ss_tb)                                 \
     AJ_SIM_HOPPER_ENTRY(wgmma_m64n##N##k16_##type##_rs_tb)
-#define AJ_SIM_WGMMA_ENTRIES(N) AJ_SIM_WGMMA_ENTRIES_OF(N, f16) AJ_SIM_WGMMA_ENTRIES_OF(N, bf16)
+#define AJ_SIM_WGMMA_F8_ENTRIES_OF(N, a, b)                                                \
+    AJ_SIM_HOPPER_ENTRY(wgmma_m64n##N##k32_##a##_##b##_ss)                                 \
+    AJ_SIM_HOPPER_ENTRY(wgmma_m64n##N##k32_##a##_##b##_rs)
+#define AJ_SIM_WGMMA_ENTRIES(N)                                                            \
+    AJ_SIM_WGMMA_ENTRIES_OF(N, f16) AJ_SIM_WGMMA_ENTRIES_OF(N, bf16)                       \
+    AJ_SIM_WGMMA_F8_ENTRIES_OF(N, e4m3, e4m3) AJ_SIM_WGMMA_F8_ENTRIES_OF(N, e5m2, e5m2)    \
+    AJ_SIM_WGMMA_F8_ENTRIES_OF(N, e4m3, e5m2)
 
 void aj_sim_mbarrier_init(struct sim_thread *t, uint8_t *bar, int32_t count);
 void aj_sim_mbarrier_arrive(struct sim_thread *t, uint8_t *bar);
@@ -108,9 +115,22 @@ void aj_sim_wgmma_wait_group(struct sim_thread *t, int32_t site, int32_t pending
                                                        uint64_t b_desc, int32_t scale_d);
 #define AJ_SIM_WGMMA_DECLARE(N, type)                                                      \
     AJ_SIM_WGMMA_DECLARE_TB(N, type, ) AJ_SIM_WGMMA_DECLARE_TB(N, type, _tb)
-#define AJ_SIM_WGMMA_DECLARE_BOTH(N) AJ_SIM_WGMMA_DECLARE(N, f16) AJ_SIM_WGMMA_DECLARE(N, bf16)
+/* and the 8-bit rows' (k32, K-major B only): A type a, B type b */
+#define AJ_SIM_WGMMA_DECLARE_F8(N, a, b)                                                   \
+    void aj_sim_wgmma_m64n##N##k32_##a##_##b##_ss(struct sim_thread *t, int32_t site,      \
+                                                  float *acc, uint64_t a_desc,             \
+                                                  uint64_t b_desc, int32_t scale_d);       \
+    void aj_sim_wgmma_m64n##N##k32_##a##_##b##_rs(struct sim_thread *t, int32_t site,      \
+                                                  float *acc, int32_t a0, int32_t a1,      \
+                                                  int32_t a2, int32_t a3, uint64_t b_desc, \
+                                                  int32_t scale_d);
+#define AJ_SIM_WGMMA_DECLARE_BOTH(N)                                                       \
+    AJ_SIM_WGMMA_DECLARE(N, f16) AJ_SIM_WGMMA_DECLARE(N, bf16)                             \
+    AJ_SIM_WGMMA_DECLARE_F8(N, e4m3, e4m3) AJ_SIM_WGMMA_DECLARE_F8(N, e5m2, e5m2)          \
+    AJ_SIM_WGMMA_DECLARE_F8(N, e4m3, e5m2)
 AJ_WGMMA_NS(AJ_SIM_WGMMA_DECLARE_BOTH)
 #undef AJ_SIM_WGMMA_DECLARE_BOTH
+#undef AJ_SIM_WGMMA_DECLARE_F8
 #undef AJ_SIM_WGMMA_DECLARE
 #undef AJ_SIM_WGMMA_DECLARE_TB
 

@@ -77,7 +77,7 @@ struct aj_sim_hopper_cta {
     named_barrier named[NAMED_BARRIERS];
     int32_t *warp_registers;   /* per warp: registers per thread */
     wgmma_queue *wgmma;        /* per thread */
-    double mma_a[64][16], mma_b[256][16];   /* a wgmma's operands */
+    double mma_a[64][32], mma_b[256][32];   /* a wgmma's operands (K 16 or 32) */
     uint32_t read_lo, read_hi;              /* the shared bytes it reads */
     uint32_t *stamps;          /* strict: the arrays above, nthreads each */
 };

@@ -27,10 +27,11 @@
 /*
  * An operand in shared memory by its descriptor (PTX ISA, "Asynchronous
  * Warpgroup Level Matrix Shared Memory Layout").  K-major: rows of
- * 8 x 16-byte core matrices, element (row, k), 16-bit, at
+ * 8 x 16-byte core matrices, element (row, k) of E bytes (2: f16, bf16;
+ * 1: e4m3, e5m2, whose K per wgmma is 32 -- the same 32 bytes a row) at
  *
- *   no swizzle:  start + (row / 8) sbo + (2k / 16) lbo + (row % 8) 16 + 2k % 16
- *   swizzle S:   start + (row / 8) sbo + (row % 8) S + 2k, then the 16-byte
+ *   no swizzle:  start + (row / 8) sbo + (Ek / 16) lbo + (row % 8) 16 + Ek % 16
+ *   swizzle S:   start + (row / 8) sbo + (row % 8) S + Ek, then the 16-byte
  *                chunk (address bits 4..) XORed with bits 7.. of the address
  *                (S = 128: 3 bits, 64: 2, 32: 1), the same pattern TMA writes
  */
@@ -116,8 +117,8 @@ static int async_read(sim_thread *lead, uint32_t offset)
 }
 
 /*
- * The byte offset of element (row, k) of a 16-bit operand: K-major (above)
- * or, for B with imm-trans-b = 1, N-major ("Major-ness supported by
+ * The byte offset of element (row, k) of an operand of `esize`-byte
+ * elements: K-major (above) or, for 16-bit B with imm-trans-b = 1, N-major ("Major-ness supported by
  * Strides", "Canonical Layouts"): rows (N) run along the 16-byte chunks
  * and k down them,
  *
@@ -127,14 +128,14 @@ static int async_read(sim_thread *lead, uint32_t offset)
  *
  * (LBO and SBO trade places between the two: the ISA's tables).
  */
-static uint32_t operand_offset(const smem_operand *op, int row, int k, int n_major)
+static uint32_t operand_offset(const smem_operand *op, int row, int k, int n_major, int esize)
 {
-    uint32_t r = (uint32_t)row, kk = (uint32_t)k;
+    uint32_t r = (uint32_t)row, kk = (uint32_t)k, kb = (uint32_t)esize * kk;
     if (!n_major) {
         if (op->span)
-            return aj_sim_swizzled(op->start + r / 8 * op->sbo + r % 8 * (uint32_t)op->span +
-                                   2 * kk, op->span);
-        return op->start + r / 8 * op->sbo + 2 * kk / 16 * op->lbo + r % 8 * 16 + 2 * kk % 16;
+            return aj_sim_swizzled(op->start + r / 8 * op->sbo + r % 8 * (uint32_t)op->span + kb,
+                                   op->span);
+        return op->start + r / 8 * op->sbo + kb / 16 * op->lbo + r % 8 * 16 + kb % 16;
     }
     if (op->span) {
         uint32_t per_row = (uint32_t)op->span / 2;
@@ -144,14 +145,15 @@ static uint32_t operand_offset(const smem_operand *op, int row, int k, int n_maj
     return op->start + r / 8 * op->sbo + kk / 8 * op->lbo + kk % 8 * 16 + 2 * (r % 8);
 }
 
-/* Element (row, k) of a 16-bit operand (N-major where n_major), as a
+/* Element (row, k) of an operand of `type` (N-major where n_major), as a
  * double; 0 after a fault (an address outside shared memory, or strict
  * mode's checks). */
 static int operand_element(sim_thread *t, const smem_operand *op, int row, int k, int n_major,
-                           int bf16, double *out)
+                           aj_dtype type, double *out)
 {
-    uint32_t offset = operand_offset(op, row, k, n_major);
-    if (offset + 2 > (uint32_t)t->w->launch->smem_bytes) {
+    int esize = aj_dtype_size(type);
+    uint32_t offset = operand_offset(op, row, k, n_major, esize);
+    if (offset + (uint32_t)esize > (uint32_t)t->w->launch->smem_bytes) {
         aj_sim_record_fault(t->w, "thread %d: wgmma.mma_async reads element (%d, %d) at shared "
                             "offset %u, outside the %d bytes of shared memory", t->tid, row, k,
                             offset, t->w->launch->smem_bytes);
@@ -159,17 +161,14 @@ static int operand_element(sim_thread *t, const smem_operand *op, int row, int k
     }
     if (t->w->shadow && !async_read(t, offset))
         return 0;
-    uint16_t h;
-    memcpy(&h, t->w->smem + offset, 2);
-    *out = bf16 ? aj_bf16_to_f32(h) : aj_f16_to_f32(h);
+    uint32_t bits = 0;
+    memcpy(&bits, t->w->smem + offset, (size_t)esize);   /* little-endian, as the GPU */
+    *out = aj_fragment_element(type, bits, 0);
     return 1;
 }
 
-static double half_of(uint32_t reg, int high, int bf16)
-{
-    uint16_t h = (uint16_t)(reg >> (16 * high));
-    return bf16 ? aj_bf16_to_f32(h) : aj_f16_to_f32(h);
-}
+/* A wgmma's K: 16 16-bit or 32 8-bit elements, 32 bytes a row either way. */
+static int wgmma_k(aj_dtype type) { return 32 / aj_dtype_size(type); }
 
 /* What the accumulators hold while a wgmma is in flight: a quiet NaN
  * with a payload, so that a write in between shows at the wait. */
@@ -251,28 +250,32 @@ static void wgmma_reads_done(sim_thread *lead, int64_t group_limit)
     q->num_reads = kept;
 }
 
-/* A (64 x 16) from the descriptor, or from the threads' registers in
- * mma.sync's A layout per warp (rows 16 w + g (+8), k 2t, 2t+1 (+8)). */
-static int gather_a(sim_thread *group, double a[64][16])
+/* A (64 x K) from the descriptor, or from the threads' registers in
+ * mma.sync's A layout per warp, E = 4 / element size a register: rows
+ * 16 w + g (+8), k E t .. E t + E - 1 (+4E) -- m16n8k16's for 16-bit,
+ * m16n8k32's for 8-bit elements (PTX ISA, "Register Fragments and Shared
+ * Memory Matrix Layouts", the wgmma .m64nNk16 and .m64nNk32 A fragments). */
+static int gather_a(sim_thread *group, double a[64][32])
 {
     const sim_thread *lead = &group[0];
-    int bf16 = lead->hop.mma.bf16;
+    aj_dtype type = (aj_dtype)lead->hop.mma.a_type;
+    int K = wgmma_k(type), E = 4 / aj_dtype_size(type);
     if (!lead->hop.mma.a_in_registers) {
         smem_operand op;
         if (!decode_descriptor(&group[0], "A", lead->hop.mma.a_desc, &op))
             return 0;
         for (int m = 0; m < 64; m++)
-            for (int k = 0; k < 16; k++)
-                if (!operand_element(&group[0], &op, m, k, 0, bf16, &a[m][k]))
+            for (int k = 0; k < K; k++)
+                if (!operand_element(&group[0], &op, m, k, 0, type, &a[m][k]))
                     return 0;
         return 1;
     }
     for (int i = 0; i < WARPGROUP; i++) {
         int warp = i / WARP, g = i % WARP / 4, tq = i % 4;
         for (int r = 0; r < 4; r++)
-            for (int hi = 0; hi < 2; hi++)
-                a[16 * warp + g + 8 * (r & 1)][2 * tq + 8 * (r >> 1) + hi] =
-                    half_of(group[i].hop.mma.a[r], hi, bf16);
+            for (int e = 0; e < E; e++)
+                a[16 * warp + g + 8 * (r & 1)][E * tq + 4 * E * (r >> 1) + e] =
+                    aj_fragment_element(type, group[i].hop.mma.a[r], e);
     }
     return 1;
 }
@@ -283,7 +286,8 @@ static int uniform_operands(sim_worker *w, sim_thread *group)
     const sim_thread *lead = &group[0];
     for (int i = 1; i < WARPGROUP; i++) {
         const sim_thread *u = &group[i];
-        if (u->hop.wg_value == lead->hop.wg_value && u->hop.mma.bf16 == lead->hop.mma.bf16 &&
+        if (u->hop.wg_value == lead->hop.wg_value && u->hop.mma.a_type == lead->hop.mma.a_type &&
+            u->hop.mma.b_type == lead->hop.mma.b_type &&
             u->hop.mma.b_desc == lead->hop.mma.b_desc &&
             u->hop.mma.scale_d == lead->hop.mma.scale_d &&
             u->hop.mma.trans_b == lead->hop.mma.trans_b &&
@@ -323,20 +327,21 @@ static wgmma_result *push_result(sim_worker *w, const sim_thread *t)
 
 /*
  * D = A B + (scale_d ? C : 0) for the warpgroup, in double, rounded once
- * to f32 (as complete_mma in emulator.c).  B (N x 16, K- or N-major) by its
+ * to f32 (as complete_mma in emulator.c).  B (N x K, K- or N-major) by its
  * descriptor.  Thread 32 w + 4 g + t holds D's register r at
  *
  *   row 16 w + g + 8 ((r >> 1) & 1),  col 8 (r >> 2) + 2 t + (r & 1)
  *
  * (PTX ISA, "Register Fragments and Shared Memory Matrix Layouts": the
- * wgmma .m64nNk16 D fragment).  The results wait in each thread's queue;
+ * wgmma .m64nNk16 and .m64nNk32 D fragments).  The results wait in each thread's queue;
  * its accumulators read NaN until a wait_group lands them.
  */
 int aj_sim_wgmma_complete(sim_worker *w, sim_thread *group)
 {
     const sim_thread *lead = &group[0];
-    int n = lead->hop.wg_value, bf16 = lead->hop.mma.bf16;
-    double (*a)[16] = w->hop->mma_a, (*b)[16] = w->hop->mma_b;
+    int n = lead->hop.wg_value, K = wgmma_k((aj_dtype)lead->hop.mma.a_type);
+    aj_dtype b_type = (aj_dtype)lead->hop.mma.b_type;
+    double (*a)[32] = w->hop->mma_a, (*b)[32] = w->hop->mma_b;
     smem_operand bop;
     w->hop->read_lo = UINT32_MAX;
     w->hop->read_hi = 0;
@@ -344,8 +349,8 @@ int aj_sim_wgmma_complete(sim_worker *w, sim_thread *group)
         !decode_descriptor(&group[0], "B", lead->hop.mma.b_desc, &bop))
         return 0;
     for (int col = 0; col < n; col++)
-        for (int k = 0; k < 16; k++)
-            if (!operand_element(&group[0], &bop, col, k, lead->hop.mma.trans_b, bf16,
+        for (int k = 0; k < K; k++)
+            if (!operand_element(&group[0], &bop, col, k, lead->hop.mma.trans_b, b_type,
                                  &b[col][k]))
                 return 0;
     for (int i = 0; i < WARPGROUP; i++) {
@@ -366,7 +371,7 @@ int aj_sim_wgmma_complete(sim_worker *w, sim_thread *group)
         for (int reg = 0; reg < n / 2; reg++) {
             int row = 16 * warp + g + 8 * (reg >> 1 & 1), col = 8 * (reg >> 2) + 2 * tq + (reg & 1);
             double sum = lead->hop.mma.scale_d ? c[reg] : 0.0;
-            for (int k = 0; k < 16; k++)
+            for (int k = 0; k < K; k++)
                 sum += a[row][k] * b[col][k];
             r->d[reg] = (float)sum;
         }
@@ -377,32 +382,33 @@ int aj_sim_wgmma_complete(sim_worker *w, sim_thread *group)
     return 1;
 }
 
-static void wgmma_issue(sim_thread *t, int32_t site, int n, int bf16, int trans_b, float *acc,
-                        uint64_t b_desc, int32_t scale_d)
+static void wgmma_issue(sim_thread *t, int32_t site, int n, aj_dtype a_type, aj_dtype b_type,
+                        int trans_b, float *acc, uint64_t b_desc, int32_t scale_d)
 {
     t->hop.mma.trans_b = trans_b;
     t->hop.mma.acc = acc;
     t->hop.mma.b_desc = b_desc;
     t->hop.mma.scale_d = scale_d != 0;
-    t->hop.mma.bf16 = bf16;
+    t->hop.mma.a_type = a_type;
+    t->hop.mma.b_type = b_type;
     aj_sim_warpgroup_join(t, site, WG_WGMMA, n);
 }
 
 /* The entries of one row: A by descriptor (_ss) or in registers (_rs),
- * B K-major, or N-major with the suffix _tb (imm-trans-b = 1). */
-#define WGMMA_ENTRIES_TB(N, type, bf16, tb, suffix)                                        \
-    void aj_sim_wgmma_m64n##N##k16_##type##_ss##suffix(sim_thread *t, int32_t site,        \
-                                                       float *acc, uint64_t a_desc,        \
-                                                       uint64_t b_desc, int32_t scale_d)   \
+ * named by `stem`, of A and B types ta and tb, B K-major or N-major (tb).
+ * The 16-bit rows are k16 with a _tb twin; the 8-bit ones k32, K-major. */
+#define WGMMA_ENTRY_PAIR(stem, N, ta, tb, trans, suffix)                                   \
+    void aj_sim_wgmma_##stem##_ss##suffix(sim_thread *t, int32_t site, float *acc,          \
+                                          uint64_t a_desc, uint64_t b_desc,                 \
+                                          int32_t scale_d)                                  \
     {                                                                                      \
         t->hop.mma.a_in_registers = 0;                                                     \
         t->hop.mma.a_desc = a_desc;                                                        \
-        wgmma_issue(t, site, N, bf16, tb, acc, b_desc, scale_d);                           \
+        wgmma_issue(t, site, N, ta, tb, trans, acc, b_desc, scale_d);                      \
     }                                                                                      \
-    void aj_sim_wgmma_m64n##N##k16_##type##_rs##suffix(sim_thread *t, int32_t site,        \
-                                                       float *acc, int32_t a0, int32_t a1, \
-                                                       int32_t a2, int32_t a3,             \
-                                                       uint64_t b_desc, int32_t scale_d)   \
+    void aj_sim_wgmma_##stem##_rs##suffix(sim_thread *t, int32_t site, float *acc,          \
+                                          int32_t a0, int32_t a1, int32_t a2, int32_t a3,   \
+                                          uint64_t b_desc, int32_t scale_d)                 \
     {                                                                                      \
         t->hop.mma.a_in_registers = 1;                                                     \
         t->hop.mma.a_desc = 0;                                                             \
@@ -410,15 +416,20 @@ static void wgmma_issue(sim_thread *t, int32_t site, int n, int bf16, int trans_
         t->hop.mma.a[1] = (uint32_t)a1;                                                    \
         t->hop.mma.a[2] = (uint32_t)a2;                                                    \
         t->hop.mma.a[3] = (uint32_t)a3;                                                    \
-        wgmma_issue(t, site, N, bf16, tb, acc, b_desc, scale_d);                           \
+        wgmma_issue(t, site, N, ta, tb, trans, acc, b_desc, scale_d);                      \
     }
-#define WGMMA_ENTRIES(N, type, bf16)                                                       \
-    WGMMA_ENTRIES_TB(N, type, bf16, 0, ) WGMMA_ENTRIES_TB(N, type, bf16, 1, _tb)
-#define WGMMA_ENTRIES_BOTH(N) WGMMA_ENTRIES(N, f16, 0) WGMMA_ENTRIES(N, bf16, 1)
-AJ_WGMMA_NS(WGMMA_ENTRIES_BOTH)
-#undef WGMMA_ENTRIES_BOTH
+#define WGMMA_ENTRIES(N, type, T)                                                          \
+    WGMMA_ENTRY_PAIR(m64n##N##k16_##type, N, T, T, 0, )                                    \
+    WGMMA_ENTRY_PAIR(m64n##N##k16_##type, N, T, T, 1, _tb)
+#define WGMMA_ENTRIES_ALL(N)                                                               \
+    WGMMA_ENTRIES(N, f16, AJ_DTYPE_F16) WGMMA_ENTRIES(N, bf16, AJ_DTYPE_BF16)              \
+    WGMMA_ENTRY_PAIR(m64n##N##k32_e4m3_e4m3, N, AJ_DTYPE_F8E4M3, AJ_DTYPE_F8E4M3, 0, )    \
+    WGMMA_ENTRY_PAIR(m64n##N##k32_e5m2_e5m2, N, AJ_DTYPE_F8E5M2, AJ_DTYPE_F8E5M2, 0, )    \
+    WGMMA_ENTRY_PAIR(m64n##N##k32_e4m3_e5m2, N, AJ_DTYPE_F8E4M3, AJ_DTYPE_F8E5M2, 0, )
+AJ_WGMMA_NS(WGMMA_ENTRIES_ALL)
+#undef WGMMA_ENTRIES_ALL
 #undef WGMMA_ENTRIES
-#undef WGMMA_ENTRIES_TB
+#undef WGMMA_ENTRY_PAIR
 
 void aj_sim_wgmma_fence(sim_thread *t, int32_t site)
 {

@@ -528,12 +528,14 @@ static void mma8_body(aj_kb *kb, const test_kernel *k)
     }
     LLVMValueRef cd_at[4];
     mma_load_c(kb, g, t, c, cd_at);
-    aj_kb_mma_m16n8k32(kb, (aj_dtype)k->variant, a, b, c, d);
+    aj_kb_mma_m16n8k32(kb, (aj_dtype)(k->variant & 0xff), (aj_dtype)(k->variant >> 8), a, b, c,
+                       d);
     for (int i = 0; i < 4; i++)
         gstore(kb, d[i], "d", cd_at[i]);
 }
 
-static void test_mma8(aj_dtype dtype)
+/* A of type `dtype`, B of `b_type` (e4m3 x e4m3, e5m2 x e5m2, e4m3 x e5m2) */
+static void test_mma8(aj_dtype dtype, aj_dtype b_type)
 {
     static uint8_t a[16 * 32], bt[8 * 32];   /* A row-major; B^T: bt[n * 32 + k] = B[k][n] */
     static float c[16 * 8], d[16 * 8];
@@ -553,26 +555,27 @@ static void test_mma8(aj_dtype dtype)
     for (int kk = 0; kk < 32; kk++)
         for (int n = 0; n < 8; n++) {
             float f = (float)rand_int(-8, 8) * 0.25f;
-            aj_convert(&f, AJ_DTYPE_F32, &bt[n * 32 + kk], dtype, 1);
+            if (b_type == AJ_DTYPE_F8E5M2 && n == 3)   /* beyond e4m3's range */
+                f *= 512.0f;
+            aj_convert(&f, AJ_DTYPE_F32, &bt[n * 32 + kk], b_type, 1);
             bd[kk * 8 + n] = f;
         }
     for (int i = 0; i < 16 * 8; i++) {
         c[i] = (float)rand_int(-16, 16);
         d[i] = NAN;
     }
-    char name[32];
-    snprintf(name, sizeof name, "t_mma8_%s", aj_dtype_name(dtype));
-    const test_kernel k = {name, 32, 0, {"a", "b", "c", "d"}, mma8_body, (int)dtype,
-                           {dtype == AJ_DTYPE_F8E4M3
-                                ? "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32"
-                                : "mma.sync.aligned.m16n8k32.row.col.f32.e5m2.e5m2.f32",
-                            ".version 8.4"}};
+    char name[48], needle[64];
+    snprintf(name, sizeof name, "t_mma8_%s_%s", aj_dtype_name(dtype), aj_dtype_name(b_type));
+    snprintf(needle, sizeof needle, "mma.sync.aligned.m16n8k32.row.col.f32.%s.%s.f32",
+             dtype == AJ_DTYPE_F8E4M3 ? "e4m3" : "e5m2", b_type == AJ_DTYPE_F8E4M3 ? "e4m3" : "e5m2");
+    const test_kernel k = {name, 32, 0, {"a", "b", "c", "d"}, mma8_body,
+                           (int)dtype | (int)b_type << 8, {needle, ".version 8.4"}};
     void *bufs[] = {a, bt, c, d};
     size_t bytes[] = {sizeof a, sizeof bt, sizeof c, sizeof d};
     CHECK_STATUS(ctx, run(&k, bufs, bytes), AJ_OK);
     double worst = mma_worst(c, d, ad, bd, 32);
-    CHECK_MSG(worst <= 1e-6, "mma m16n8k32 %s: relative error %g against the float64 product",
-              aj_dtype_name(dtype), worst);
+    CHECK_MSG(worst <= 1e-6, "mma m16n8k32 %s x %s: relative error %g against the float64 "
+              "product", aj_dtype_name(dtype), aj_dtype_name(b_type), worst);
     /* sm_80 has no FP8 tensor cores: the build says so */
     aj_compile_options opt = AJ_COMPILE_OPTIONS_INIT;
     opt.target = AJ_TARGET_SM_80;
@@ -1060,8 +1063,9 @@ int main(void)
     test_vote();
     test_mma(AJ_DTYPE_F16);
     test_mma(AJ_DTYPE_BF16);
-    test_mma8(AJ_DTYPE_F8E4M3);
-    test_mma8(AJ_DTYPE_F8E5M2);
+    test_mma8(AJ_DTYPE_F8E4M3, AJ_DTYPE_F8E4M3);
+    test_mma8(AJ_DTYPE_F8E5M2, AJ_DTYPE_F8E5M2);
+    test_mma8(AJ_DTYPE_F8E4M3, AJ_DTYPE_F8E5M2);
     test_ldmatrix();
     test_cp_async();
     test_red_add();

@@ -708,6 +708,7 @@ typedef struct wgmma_case {
     int a_start;                         /* A's descriptor starts this far into the tile */
     int no_proxy_fence;                  /* 1: the image's stores lack fence.proxy.async */
     int n_major_b, b_lbo, b_sbo;         /* B N-major, its LBO and SBO in bytes */
+    aj_dtype f8a, f8b;                   /* 8-bit A and B (k32 rows); 0: 16-bit, by bf16 */
 } wgmma_case;
 
 #define IMG_WORDS 10240        /* the shared image: A at 0, B at 8192, 40 KiB */
@@ -716,14 +717,25 @@ typedef struct wgmma_case {
 #define C_OFF 16384            /* in: C, 128 registers a thread */
 #define PROBE_OFF 16384        /* out: acc[0] read before the wait */
 
-static int wgmma_k(const wgmma_case *c) { return c->span ? c->span / 2 : 32; }
+static aj_dtype a_type(const wgmma_case *c)
+{
+    return c->f8a ? c->f8a : c->bf16 ? AJ_DTYPE_BF16 : AJ_DTYPE_F16;
+}
+static aj_dtype b_type(const wgmma_case *c)
+{
+    return c->f8b ? c->f8b : c->bf16 ? AJ_DTYPE_BF16 : AJ_DTYPE_F16;
+}
+static int esize(const wgmma_case *c) { return aj_dtype_size(a_type(c)); }
+/* the elements of a row: S bytes with a swizzle, else 64 bytes (two
+ * wgmmas of 32 bytes each, whatever the element size) */
+static int wgmma_k(const wgmma_case *c) { return (c->span ? c->span : 64) / esize(c); }
 static int wgmma_swizzle_mode(int span) { return aj_kb_swizzle_mode(span); }
-static int wgmma_sbo(const wgmma_case *c) { return c->span ? 8 * c->span : wgmma_k(c) / 8 * 128; }
+static int wgmma_sbo(const wgmma_case *c) { return c->span ? 8 * c->span : 64 / 16 * 128; }
 
 /* byte offset of element (row, k) of a K-major operand at `base` */
 static uint32_t kmajor_offset(const wgmma_case *c, uint32_t base, int row, int k)
 {
-    uint32_t b = 2u * (uint32_t)k;
+    uint32_t b = (uint32_t)(esize(c) * k);
     if (!c->span)
         return base + (uint32_t)(row / 8 * wgmma_sbo(c)) + b / 16 * 128 + (uint32_t)(row % 8) * 16 +
                b % 16;
@@ -746,7 +758,7 @@ static uint32_t b_offset(const wgmma_case *c, uint32_t base, int n, int k)
 
 static enum aj_intrinsic_id wgmma_row(const wgmma_case *c)
 {
-    return aj_kb_wgmma_row(c->n, c->bf16, c->a_in_registers, c->n_major_b);
+    return aj_kb_wgmma_row(c->n, a_type(c), b_type(c), c->a_in_registers, c->n_major_b);
 }
 
 static const wgmma_case *current_wgmma;
@@ -765,7 +777,7 @@ static LLVMValueRef load_in_i32(aj_kb *kb, LLVMValueRef index)
 static void wgmma_body(aj_kb *kb, int variant)
 {
     const wgmma_case *c = current_wgmma;
-    int regs = c->n / 2, k_total = wgmma_k(c);
+    int regs = c->n / 2, steps = wgmma_k(c) * esize(c) / 32;
     LLVMValueRef tid = tid_of(kb);
     LLVMValueRef i = aj_kb_for_begin(kb, tid, c32(kb, IMG_WORDS), c32(kb, 128), "i");
     aj_kb_store(kb, load_in_i32(kb, i), smem_at(kb, aj_kb_mul(kb, i, c32(kb, 4))), 4);
@@ -778,7 +790,7 @@ static void wgmma_body(aj_kb *kb, int variant)
     for (int r = 0; r < regs; r++)
         LLVMBuildStore(kb->b, load_in(kb, aj_kb_add(kb, c_base, c32(kb, r))), acc_at(kb, acc, r));
     aj_kb_intrinsic(kb, AJ_INTR_WGMMA_FENCE, NULL);
-    for (int step = 0; step < k_total / 16; step++) {
+    for (int step = 0; step < steps; step++) {
         int advance = c->span ? 32 * step : 2 * 128 * step;
         /* N-major: two k-groups on (SBO apart with a swizzle, LBO without) */
         int b_advance = !c->n_major_b ? advance : 2 * step * (c->span ? c->b_sbo : c->b_lbo);
@@ -812,52 +824,63 @@ static void wgmma_body(aj_kb *kb, int variant)
                   aj_kb_add(kb, aj_kb_mul(kb, tid, c32(kb, regs)), c32(kb, r)));
 }
 
-static uint16_t to_half(float f, int bf16) { return bf16 ? aj_f32_to_bf16(f) : aj_f32_to_f16(f); }
-static double from_half(uint16_t h, int bf16)
+/* f's bits in `type` (16- or 8-bit) */
+static uint16_t to_elem(float f, aj_dtype type)
 {
-    return bf16 ? aj_bf16_to_f32(h) : aj_f16_to_f32(h);
+    uint16_t bits = 0;
+    aj_convert(&f, AJ_DTYPE_F32, &bits, type, 1);
+    return bits;
 }
 
-static void set_half(uint32_t offset, uint16_t h)
+static void set_elem(uint32_t offset, uint16_t bits, aj_dtype type)
 {
-    memcpy((char *)in + offset, &h, 2);
+    memcpy((char *)in + offset, &bits, (size_t)aj_dtype_size(type));
 }
 
 /* Fills in: the shared image of A and B, A's register fragments, C; and
  * the float64 D (64 x n) into d. */
 static void wgmma_inputs(const wgmma_case *c, double (*d)[256])
 {
-    static uint16_t a[64][64], b[256][64];
-    int k_total = wgmma_k(c);
+    static uint16_t a[64][128], b[256][128];
+    int k_total = wgmma_k(c), es = esize(c);
+    const aj_dtype ta = a_type(c), tb = b_type(c);
     memset(in, 0, sizeof in);
-    uint64_t state = 0x9e3779b97f4a7c15ull * (uint64_t)(c->n + 7 * c->span + 3 * c->bf16 + 1);
+    uint64_t state = 0x9e3779b97f4a7c15ull * (uint64_t)(c->n + 7 * c->span + 3 * c->bf16 +
+                                                        11 * c->f8a + 13 * c->f8b + 1);
     for (int m = 0; m < 64; m++)
         for (int k = 0; k < k_total; k++) {
             state = state * 6364136223846793005ull + 1442695040888963407ull;
-            a[m][k] = to_half((float)((int)(state >> 40 & 15) - 7) / 8.0f, c->bf16);
-            set_half(kmajor_offset(c, 0, m, k), a[m][k]);
+            a[m][k] = to_elem((float)((int)(state >> 40 & 15) - 7) / 8.0f, ta);
+            set_elem(kmajor_offset(c, 0, m, k), a[m][k], ta);
         }
     for (int nn = 0; nn < c->n; nn++)
         for (int k = 0; k < k_total; k++) {
             state = state * 6364136223846793005ull + 1442695040888963407ull;
-            b[nn][k] = to_half((float)((int)(state >> 40 & 15) - 7) / 4.0f, c->bf16);
-            set_half(b_offset(c, B_BASE, nn, k), b[nn][k]);
+            /* e5m2 B past e4m3's 448 in one column: an e4m3 decoding shows */
+            float scale = tb == AJ_DTYPE_F8E5M2 && nn == 5 ? 1024.0f : 1.0f;
+            b[nn][k] = to_elem(scale * (float)((int)(state >> 40 & 15) - 7) / 4.0f, tb);
+            set_elem(b_offset(c, B_BASE, nn, k), b[nn][k], tb);
         }
-    /* A's fragment of wgmma `step`, thread 32 w + 4 g + t, register r:
-     * row 16 w + g + 8 (r & 1), k 16 step + 2 t + 8 (r >> 1) (+1 high half) */
-    for (int step = 0; step < k_total / 16; step++)
+    /* A's fragment of wgmma `step`, thread 32 w + 4 g + t, register r, E =
+     * 4 / element size a register: row 16 w + g + 8 (r & 1), k
+     * 32 / size step + E t + 4E (r >> 1) + e (element e from the low end) */
+    int E = 4 / es;
+    for (int step = 0; step < k_total * es / 32; step++)
         for (int t = 0; t < 128; t++)
             for (int r = 0; r < 4; r++) {
                 int row = 16 * (t / 32) + t % 32 / 4 + 8 * (r & 1);
-                int k = 16 * step + 2 * (t % 4) + 8 * (r >> 1);
-                uint32_t reg = a[row][k] | (uint32_t)a[row][k + 1] << 16;
+                int k = 32 / es * step + E * (t % 4) + 4 * E * (r >> 1);
+                uint32_t reg = 0;
+                for (int e = 0; e < E; e++)
+                    reg |= (uint32_t)a[row][k + e] << (8 * es * e);
                 memcpy(&in[AREG_OFF + 512 * step + 4 * t + r], &reg, 4);
             }
     for (int row = 0; row < 64; row++)
         for (int col = 0; col < c->n; col++) {
             double sum = 0;
             for (int k = 0; k < k_total; k++)
-                sum += from_half(a[row][k], c->bf16) * from_half(b[col][k], c->bf16);
+                sum += (double)aj_fragment_element(ta, a[row][k], 0) *
+                       (double)aj_fragment_element(tb, b[col][k], 0);
             d[row][col] = sum;
         }
     /* C, at each thread's registers (D's layout), and into d */
@@ -876,31 +899,44 @@ static void test_wgmma(void)
     static const wgmma_case cases[] = {
         /* n, bf16, A in registers, swizzle, scale-d, probe, A's start, no proxy fence,
          * B N-major, B's LBO, SBO */
-        {64, 0, 0, 0, 1, 1, 0, 0, 0, 0, 0},    {128, 1, 0, 128, 1, 0, 0, 0, 0, 0, 0},
-        {256, 0, 0, 64, 1, 0, 0, 0, 0, 0, 0},  {64, 1, 0, 32, 1, 0, 0, 0, 0, 0, 0},
-        {128, 0, 1, 128, 1, 0, 0, 0, 0, 0, 0}, {256, 1, 1, 0, 1, 0, 0, 0, 0, 0, 0},
-        {64, 0, 0, 128, 0, 0, 0, 0, 0, 0, 0},  {256, 0, 0, 128, 1, 1, 0, 0, 0, 0, 0},
-        {8, 1, 0, 0, 1, 0, 0, 0, 0, 0, 0},     {24, 0, 1, 64, 1, 0, 0, 0, 0, 0, 0},
-        {200, 1, 0, 128, 1, 0, 0, 0, 0, 0, 0},
+        {64, 0, 0, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0},    {128, 1, 0, 128, 1, 0, 0, 0, 0, 0, 0, 0, 0},
+        {256, 0, 0, 64, 1, 0, 0, 0, 0, 0, 0, 0, 0},  {64, 1, 0, 32, 1, 0, 0, 0, 0, 0, 0, 0, 0},
+        {128, 0, 1, 128, 1, 0, 0, 0, 0, 0, 0, 0, 0}, {256, 1, 1, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0},
+        {64, 0, 0, 128, 0, 0, 0, 0, 0, 0, 0, 0, 0},  {256, 0, 0, 128, 1, 1, 0, 0, 0, 0, 0, 0, 0},
+        {8, 1, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0},     {24, 0, 1, 64, 1, 0, 0, 0, 0, 0, 0, 0, 0},
+        {200, 1, 0, 128, 1, 0, 0, 0, 0, 0, 0, 0, 0},
         /* B N-major: the ISA's three bf16 examples (LBO, SBO from its tables) ... */
-        {16, 1, 0, 0, 1, 0, 0, 0, 1, 256, 128},  {32, 1, 1, 32, 1, 0, 0, 0, 1, 256, 512},
-        {64, 1, 0, 64, 1, 0, 0, 0, 1, 512, 1024},
+        {16, 1, 0, 0, 1, 0, 0, 0, 1, 256, 128, 0, 0},  {32, 1, 1, 32, 1, 0, 0, 0, 1, 256, 512, 0, 0},
+        {64, 1, 0, 64, 1, 0, 0, 0, 1, 512, 1024, 0, 0},
         /* ... and P V's: V in 64-column panels of K = 64 keys, f16 and bf16 */
-        {128, 0, 1, 128, 1, 0, 0, 0, 1, 8192, 1024}, {256, 1, 1, 128, 0, 0, 0, 0, 1, 8192, 1024},
-        {64, 0, 0, 128, 1, 0, 0, 0, 1, 8192, 1024},
+        {128, 0, 1, 128, 1, 0, 0, 0, 1, 8192, 1024, 0, 0}, {256, 1, 1, 128, 0, 0, 0, 0, 1, 8192, 1024, 0, 0},
+        {64, 0, 0, 128, 1, 0, 0, 0, 1, 8192, 1024, 0, 0},
+        /* 8-bit (k32): Q K^T's (both by descriptor, one format) and P V's
+         * (A = P e4m3 in registers, B = the transposed V, e4m3 or e5m2),
+         * every swizzle */
+        {64, 0, 0, 128, 1, 0, 0, 0, 0, 0, 0, AJ_DTYPE_F8E4M3, AJ_DTYPE_F8E4M3},
+        {128, 0, 0, 64, 1, 0, 0, 0, 0, 0, 0, AJ_DTYPE_F8E5M2, AJ_DTYPE_F8E5M2},
+        {32, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, AJ_DTYPE_F8E4M3, AJ_DTYPE_F8E4M3},
+        {128, 0, 1, 128, 1, 0, 0, 0, 0, 0, 0, AJ_DTYPE_F8E4M3, AJ_DTYPE_F8E4M3},
+        {256, 0, 1, 64, 0, 0, 0, 0, 0, 0, 0, AJ_DTYPE_F8E4M3, AJ_DTYPE_F8E5M2},
+        {96, 0, 1, 32, 1, 0, 0, 0, 0, 0, 0, AJ_DTYPE_F8E4M3, AJ_DTYPE_F8E5M2},
+        {8, 0, 0, 128, 1, 0, 0, 0, 0, 0, 0, AJ_DTYPE_F8E5M2, AJ_DTYPE_F8E5M2},
     };
     static double d[64][256];
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         const wgmma_case *c = &cases[i];
         char name[64];
-        snprintf(name, sizeof name, "t_wgmma_n%d_%s_%s_sw%d%s%s", c->n,
-                 c->bf16 ? "bf16" : "f16", c->a_in_registers ? "rs" : "ss", c->span,
-                 c->scale_d ? "" : "_zero_c", c->n_major_b ? "_nmajor" : "");
+        const char *ta = c->f8a ? (c->f8a == AJ_DTYPE_F8E4M3 ? "e4m3" : "e5m2")
+                         : c->bf16 ? "bf16" : "f16";
+        const char *tb = c->f8b ? (c->f8b == AJ_DTYPE_F8E4M3 ? "e4m3" : "e5m2") : ta;
+        snprintf(name, sizeof name, "t_wgmma_n%d_%s_%s_%s_sw%d%s%s", c->n, ta, tb,
+                 c->a_in_registers ? "rs" : "ss", c->span, c->scale_d ? "" : "_zero_c",
+                 c->n_major_b ? "_nmajor" : "");
         current_wgmma = c;
         const hopper_kernel k = {name, 128, 40960, wgmma_body, 0};
         char needle[96];
-        snprintf(needle, sizeof needle, "wgmma.mma_async.sync.aligned.m64n%dk16.f32.%s.%s", c->n,
-                 c->bf16 ? "bf16" : "f16", c->bf16 ? "bf16" : "f16");
+        snprintf(needle, sizeof needle, "wgmma.mma_async.sync.aligned.m64n%dk%d.f32.%s.%s", c->n,
+                 c->f8a ? 32 : 16, ta, tb);
         check_sm90a(&k, needle);
         wgmma_inputs(c, d);
         /* the first case is the fixed twin of t_wgmma_no_proxy_fence: every seed */
@@ -962,8 +998,8 @@ static void wgmma_wait_8_body(aj_kb *kb, int variant)
 
 static void test_wgmma_faults(void)
 {
-    static const wgmma_case misaligned = {64, 0, 0, 128, 1, 0, 128, 0, 0, 0, 0};
-    static const wgmma_case unfenced = {64, 0, 0, 0, 1, 0, 0, 1, 0, 0, 0};
+    static const wgmma_case misaligned = {64, 0, 0, 128, 1, 0, 128, 0, 0, 0, 0, 0, 0};
+    static const wgmma_case unfenced = {64, 0, 0, 0, 1, 0, 0, 1, 0, 0, 0, 0, 0};
     current_wgmma = &misaligned;
     const hopper_kernel k = {"t_wgmma_swizzle_start", 128, 40960, wgmma_body, 0};
     static const char *const start[] = {

@@ -20,9 +20,10 @@
  *            SHARDS]]`: the same for (D, Dv) pairs with D != Dv, every
  *            STRIDE-th pair (default PAIR_STRIDE; 1 is all of them);
  *            `ptxas fp8`: the efficient forward with f8 inputs, every head
- *            dim 8..512 (fp8_cases), for sm_80, sm_90 and sm_90a, and
- *            the flash forward's FP8 tensor-core kernel (fp8_flash_cases)
- *            for sm_90 and sm_90a.
+ *            dim 8..512 (fp8_cases), for sm_80, sm_89, sm_90 and sm_90a,
+ *            and the flash forward's FP8 tensor-core kernels
+ *            (fp8_flash_cases: mma.sync on sm_89, wgmma on sm_90a with
+ *            two warpgroups and with one).
  *   numeric  `numeric`: a spread-out sample of the forward cases on sim
  *            and cpu against the float64 reference, B1 H2, S 17..40, then
  *            the head-dim walk (sweep_dim_case: every D and Dv of the
@@ -248,8 +249,10 @@ static const ptxas_arch wgmma_archs[] = {{AJ_TARGET_SM_90A, "sm_90a"}, {0, NULL}
 static const ptxas_arch all_gpu_archs[] = {{AJ_TARGET_SM_80, "sm_80"}, {AJ_TARGET_SM_89, "sm_89"},
                                            {AJ_TARGET_SM_90, "sm_90"}, {AJ_TARGET_SM_90A, "sm_90a"},
                                            {0, NULL}};
-/* mma.sync on FP8 tensor cores: Ada (Hopper's are wgmma's) */
-static const ptxas_arch f8_mma_archs[] = {{AJ_TARGET_SM_89, "sm_89"}, {0, NULL}};
+/* the flash forward on FP8 tensor cores: Ada's mma.sync, Hopper's wgmma
+ * (sm_90a takes the wgmma template without a schedule) */
+static const ptxas_arch f8_mma_archs[] = {{AJ_TARGET_SM_89, "sm_89"}, {AJ_TARGET_SM_90A, "sm_90a"},
+                                          {0, NULL}};
 
 static void assemble_cases(aj_ctx *ctx, const sweep_case *cases, int count, int shard,
                            int shards, const ptxas_arch *archs)
@@ -401,6 +404,10 @@ static void test_ptxas(aj_ctx *ctx, int argc, char **argv)
         n = fp8_flash_cases(cases);
         printf("ptxas fp8: %d flash forward cases on FP8 tensor cores\n", n);
         assemble_cases(ctx, cases, n, 0, 1, f8_mma_archs);
+        for (int i = 0; i < n; i++)   /* and on one warpgroup (sm_90a's default: two) */
+            cases[i].warpgroups = 1;
+        printf("ptxas fp8: the same on one warpgroup\n");
+        assemble_cases(ctx, cases, n, 0, 1, wgmma_archs);
         return;
     }
     if (argc > 2 && strcmp(argv[2], "wgmma") == 0) {

@@ -70,14 +70,24 @@ static void run_case(const fwd_case *c, const fwd_run_options *how)
 }
 
 /* Every other case of f8 queries on the flash variant (on sim the FP8
- * tensor-core kernel: mma m16n8k32 for Q K^T, V widened to f16), the rest
- * on the efficient one; 16-bit queries over an f8 K/V are the efficient
- * variant's on sim (the flash one wants q_dtype = kv_dtype). */
+ * tensor-core kernel, on mma.sync m16n8k32 or on wgmma m64nNk32 with one
+ * or two warpgroups in turn), the rest on the efficient one; 16-bit
+ * queries over an f8 K/V are the efficient variant's on sim (the flash one
+ * wants q_dtype = kv_dtype). */
 static fwd_run_options variant_of(int i, const fwd_case *c)
 {
     fwd_run_options how = {0};
     how.variant = i % 2 && (on_cpu || c->f8_q) ? AJ_VARIANT_FLASH : AJ_VARIANT_EFFICIENT;
+    if (how.variant == AJ_VARIANT_FLASH && !on_cpu)
+        how.warpgroups = i / 2 % 3;
     return how;
+}
+
+/* " wgmma xN" on the label of a case run with N warpgroups */
+static void label_warpgroups(const fwd_run_options *how, char *label, size_t cap)
+{
+    if (how->warpgroups)
+        snprintf(label + strlen(label), cap - strlen(label), " wgmma x%d", how->warpgroups);
 }
 
 static void test_sweep(void)
@@ -90,30 +100,35 @@ static void test_sweep(void)
             c.sq = on_cpu ? 67 : 37;   /* tails on both sides, shorter on the emulator */
             c.sk = on_cpu ? 83 : 45;
             fwd_run_options how = variant_of(i, &c);
+            label_warpgroups(&how, label, sizeof label);
             if (!check_sampled())
                 continue;
             run_case(&c, &how);
         }
 }
 
-/* The flash variant's FP8 tensor-core kernel (on sim) over every head dim
- * it takes, 32 .. 256 in steps of 32, D = Dv and D with the next Dv, both
- * formats, mask and granularity cycling (on cpu the one template again). */
+/* The flash variant's FP8 tensor-core kernels (on sim) over every head
+ * dim they take, 32 .. 256 in steps of 32, D = Dv and D with the next Dv,
+ * both formats, mask and granularity cycling, each on mma.sync and on
+ * wgmma (one or two warpgroups in turn); on cpu the one template again. */
 static void test_flash_dims(void)
 {
     for (int d = 32, i = 0; d <= 256; d += 32)
-        for (int pair = 0; pair < 2; pair++, i++) {
-            char label[160];
-            fwd_case c = sweep_case(i, masks[i % N_MASKS], d, 1, label, sizeof label);
-            c.dv = pair ? d % 256 + 32 : 0;
-            c.sq = on_cpu ? 67 : 37;
-            c.sk = on_cpu ? 83 : 45;
-            if (pair)
-                strncat(label, " dv+32", sizeof label - strlen(label) - 1);
-            strncat(label, " flash", sizeof label - strlen(label) - 1);
-            fwd_run_options how = {.variant = AJ_VARIANT_FLASH};
-            run_case(&c, &how);
-        }
+        for (int pair = 0; pair < 2; pair++, i++)
+            for (int wg = 0; wg < (on_cpu ? 1 : 2); wg++) {
+                char label[160];
+                fwd_case c = sweep_case(i, masks[i % N_MASKS], d, 1, label, sizeof label);
+                c.dv = pair ? d % 256 + 32 : 0;
+                c.sq = on_cpu ? 67 : 37;
+                c.sk = on_cpu ? 83 : 45;
+                if (pair)
+                    strncat(label, " dv+32", sizeof label - strlen(label) - 1);
+                strncat(label, " flash", sizeof label - strlen(label) - 1);
+                fwd_run_options how = {.variant = AJ_VARIANT_FLASH,
+                                       .warpgroups = wg ? 1 + i % 2 : 0};
+                label_warpgroups(&how, label, sizeof label);
+                run_case(&c, &how);
+            }
 }
 
 /* layout = varlen: three sequences of different lengths (one empty) per
@@ -191,20 +206,33 @@ static void test_errors(void)
             CHECK_ERROR(ctx, "`attention forward efficient` takes them");
         }
     }
-    /* the FP8 tensor-core kernel is Ada's (sm_89): sm_80 has no FP8 tensor
-     * cores, and Hopper's ptxas lowers mma.sync e4m3 to f16 HMMA */
+    /* the FP8 tensor-core kernels: Ada's mma.sync (sm_89) and Hopper's
+     * wgmma (sm_90a, chosen there without a schedule); sm_80 has no FP8
+     * tensor cores, and plain sm_90 no wgmma (its ptxas lowers mma.sync
+     * e4m3 to f16 HMMA) */
     static const struct {
         aj_target target;
         const char *message;
+        const char *needles[3];   /* Q K^T's and P V's instructions, P's conversion */
     } gpus[] = {
-        {AJ_TARGET_SM_80, "needs FP8 tensor cores (compute capability 8.9 or newer)"},
-        {AJ_TARGET_SM_90, "runs on Ada's mma.sync FP8 tensor cores (sm_89)"},
-        {AJ_TARGET_SM_90A, "Hopper's are wgmma's"},
-        {AJ_TARGET_SM_89, NULL},
+        {AJ_TARGET_SM_80, "needs FP8 tensor cores (compute capability 8.9 or newer)", {NULL}},
+        {AJ_TARGET_SM_90, "needs target sm_90a on Hopper: its FP8 tensor cores are wgmma's",
+         {NULL}},
+        {AJ_TARGET_SM_90A, NULL,
+         {"k32.f32.e5m2.e5m2", /* Q K^T: m64n{block_n} */
+          "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e5m2",
+          "cvt.rn.satfinite.e4m3x2.f32"}},
+        {AJ_TARGET_SM_89, NULL,
+         {"mma.sync.aligned.m16n8k32.row.col.f32.e5m2.e5m2.f32",
+          "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e5m2.f32", ".version 8.4"}},
     };
     for (size_t i = 0; i < sizeof gpus / sizeof gpus[0]; i++) {
-        const char *text = "attention forward flash {\n  dtype = bf16\n  q_dtype = f8e4m3\n"
-                           "  kv_dtype = f8e4m3\n  head_dim = 128\n}\n";
+        /* Q K^T in one format; e5m2 V meets P's e4m3 in P V */
+        const char *text = gpus[i].message
+                               ? "attention forward flash {\n  dtype = bf16\n  q_dtype = f8e4m3\n"
+                                 "  kv_dtype = f8e4m3\n  head_dim = 128\n}\n"
+                               : "attention forward flash {\n  dtype = bf16\n  q_dtype = f8e5m2\n"
+                                 "  kv_dtype = f8e5m2\n  head_dim = 128\n}\n";
         aj_compile_options opt = AJ_COMPILE_OPTIONS_INIT;
         opt.target = gpus[i].target;
         opt.emit = AJ_EMIT_PTX;
@@ -213,10 +241,10 @@ static void test_errors(void)
                      gpus[i].message ? AJ_ERR_UNSUPPORTED : AJ_OK);
         if (gpus[i].message)
             CHECK_ERROR(ctx, gpus[i].message);
-        else   /* Ada: Q K^T on mma.sync e4m3 at PTX ISA 8.4 */
-            CHECK(k && strstr(aj_kernel_code(k, NULL), "mma.sync.aligned.m16n8k32.row.col.f32."
-                                                        "e4m3.e4m3.f32") &&
-                  strstr(aj_kernel_code(k, NULL), ".version 8.4"));
+        for (int n = 0; !gpus[i].message && n < 3; n++)
+            CHECK_MSG(k && strstr(aj_kernel_code(k, NULL), gpus[i].needles[n]),
+                      "flash FP8 on %s: no '%s' in the PTX", aj_target_name(gpus[i].target),
+                      gpus[i].needles[n]);
         aj_kernel_destroy(k);
     }
 
