@@ -93,6 +93,46 @@ def test_varlen_and_sinks():
         assert torch.allclose(lse[:, q0:q1].double(), lse_ref[0], atol=1e-4, rtol=1e-5)
 
 
+def test_flash_kernel_or_the_efficient_one(monkeypatch):
+    """Q and K of one format ask for the flash variant first (on a GPU the
+    FP8 tensor-core kernel); a target that refuses it (AJ_ERR_UNSUPPORTED:
+    sm_80, a head dim off its steps) gets the efficient one, once asked;
+    other errors pass through."""
+    from attnjit.torch import _fp8
+    asked = []
+    real = _fp8._kernel
+    refuse = {"status": "AJ_ERR_UNSUPPORTED"}
+
+    def kernel(kind, variant, body, dev, *rest):
+        asked.append(variant)
+        if variant == "flash" and refuse["status"]:
+            code = attnjit._capi.STATUS_NAMES.index(refuse["status"])
+            raise attnjit.Error(code, "flash forward with 8-bit inputs refused (test)")
+        return real(kind, variant, body, dev, *rest)
+
+    monkeypatch.setattr(_fp8, "_kernel", kernel)
+    monkeypatch.setattr(_fp8, "_no_flash", set())
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, 2, 21, 64, generator=g) for _ in range(3))
+    (q8, qd), (k8, kd), (v8, vd) = (at.quantize_fp8(t, E4M3) for t in (q, k, v))
+    want, _ = ref.attention(dequant(q8, qd), dequant(k8, kd), dequant(v8, vd),
+                            ref.visible(1, 2, 21, 21, causal=True))
+    for call in range(2):
+        o = at.attention(q8, k8, v8, q_descale=qd, k_descale=kd, v_descale=vd, causal=True)
+        ref.check("o", o, want, torch.bfloat16)
+    assert asked == ["flash", "efficient", "efficient"]   # the refusal is remembered
+    asked.clear()
+    q16 = q.to(torch.bfloat16)   # 16-bit queries: the efficient variant's alone
+    at.attention(q16, k8, v8, k_descale=kd, v_descale=vd)
+    assert asked == ["efficient"]
+    refuse["status"], asked[:] = None, []   # a target that takes it: flash
+    o = at.attention(q8, k8, v8, q_descale=qd, k_descale=kd, v_descale=vd, softcap=9.0)
+    assert asked == ["flash"]
+    refuse["status"] = "AJ_ERR_INTERNAL"
+    with pytest.raises(attnjit.Error, match="AJ_ERR_INTERNAL"):
+        at.attention(q8, k8, v8, q_descale=qd, k_descale=kd, v_descale=vd, softcap=7.0)
+
+
 def test_quantize_rotation():
     """The Hadamard rotation keeps q.k, and on outlier-heavy inputs (FA3's:
     N(0, 1) plus N(0, 10^2) at 0.1% of the elements) the FP8 output's error

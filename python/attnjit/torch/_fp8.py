@@ -7,6 +7,7 @@ import math
 
 import torch
 
+import attnjit
 from attnjit import _capi
 from attnjit._capi import lib as _lib
 
@@ -62,7 +63,7 @@ def forward(q, k, v, *, q_descale, k_descale, v_descale, out_dtype, causal, wind
         fields.append("q_dtype = " + _F8[q.dtype][1])
     fields.append("kv_dtype = " + _F8[k.dtype][1])
     dev, stream = _device_of(q)
-    kernel = _kernel("forward", "efficient", "\n  ".join(fields), dev)
+    kernel = _fp8_kernel("\n  ".join(fields), dev, q8 and q.dtype == k.dtype)
     # the kernels want each row contiguous (its last dim of stride 1)
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
     scales = [_descale("k_descale", k_descale, k, hkv, "KV"),
@@ -91,6 +92,25 @@ def forward(q, k, v, *, q_descale, k_descale, v_descale, out_dtype, causal, wind
         a.side = side_arr
     _launch(_lib.aj_forward, kernel, dev, a)
     return (o, lse) if return_lse else o
+
+
+# the (body, device) pairs whose flash FP8 kernel the target refused
+_no_flash = set()
+
+
+def _fp8_kernel(body, dev, same_format):
+    """The flash variant's kernel where Q and K share a format and the
+    target has one (on a GPU the FP8 tensor-core kernel: Ada's mma.sync,
+    Hopper's wgmma; on the cpu one template serves both), else -- a head
+    dim or a target it refuses -- the efficient one."""
+    if same_format and (body, dev.value) not in _no_flash:
+        try:
+            return _kernel("forward", "flash", body, dev)
+        except attnjit.Error as e:
+            if e.status != "AJ_ERR_UNSUPPORTED":
+                raise
+            _no_flash.add((body, dev.value))
+    return _kernel("forward", "efficient", body, dev)
 
 
 def _hadamard(n, device):
