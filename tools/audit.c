@@ -14,8 +14,10 @@
  * rate (documented).  FP32 128 lanes, MUFU (exp2, rcp, tanh) 16 lanes per
  * clock per SM (the CUDA programming guide's throughput table for compute
  * capability 9.0), one warp-instruction per clock from each of the 4
- * schedulers (documented).  mma.sync's rate on Hopper is not documented:
- * 2/3 of wgmma's is assumed (public microbenchmarks measure about that).
+ * schedulers (documented).  FP8 (QGMMA) runs at twice the rate, NVIDIA's
+ * dense FP8 peak of 1979 TFLOP/s (documented).  mma.sync's rate on Hopper
+ * is not documented: 2/3 of wgmma's is assumed (public microbenchmarks
+ * measure about that).
  */
 const audit_gpu audit_gh100 = {
     .name = "H100 SXM / H200 (GH100: 132 SMs at 1830 MHz)",
@@ -47,9 +49,10 @@ static int starts(const char *s, const char *prefix)
 static void count(audit_counts *c, const char *op)
 {
     c->total++;
-    if (starts(op, "HMMA") || starts(op, "HGMMA")) {
+    if (starts(op, "HMMA") || starts(op, "HGMMA") || starts(op, "QMMA") || starts(op, "QGMMA")) {
         c->tensor++;
-        c->hgmma += starts(op, "HGMMA");
+        c->hgmma += starts(op, "HGMMA") || starts(op, "QGMMA");
+        c->fp8 += starts(op, "QMMA") || starts(op, "QGMMA");
         int i = 0;
         while (i < c->nshapes && strcmp(c->shape[i], op) != 0)
             i++;
@@ -211,7 +214,9 @@ int audit_main_loop(const char *sass, const char *function, audit_loop *out,
 audit_model audit_apply(const audit_gpu *gpu, const audit_counts *c, int warps, double flops)
 {
     audit_model m = {0};
-    double rate = c->hgmma ? gpu->wgmma_flop : gpu->mma_flop;
+    /* a loop whose tensor instructions are all 8-bit runs at FP8's rate */
+    double rate = (c->hgmma ? gpu->wgmma_flop : gpu->mma_flop) *
+                  (c->tensor && c->fp8 == c->tensor ? 2.0 : 1.0);
     m.tensor = c->tensor ? flops / rate : 0.0;
     m.issue = (double)warps * c->total / gpu->issue;
     m.mufu = (double)warps * 32.0 * c->mufu / gpu->mufu;

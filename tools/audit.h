@@ -12,8 +12,9 @@
 /* Instructions of one warp over a range of code, by class. */
 typedef struct audit_counts {
     int total;
-    int tensor;                 /* HMMA and HGMMA */
-    int hgmma;                  /* of them, HGMMA (wgmma) */
+    int tensor;                 /* HMMA and HGMMA, QMMA and QGMMA (8-bit) */
+    int hgmma;                  /* of them, HGMMA and QGMMA (wgmma) */
+    int fp8;                    /* of them, QMMA and QGMMA */
     int mufu;                   /* MUFU.* (exp2, rcp, tanh, ...) */
     int fp32;                   /* FFMA, FMUL, FADD, FMNMX */
     int lds, sts;               /* LDS / LDSM, STS */

@@ -111,9 +111,10 @@ static int audit_stage(const aj_kernel *k, int s, const aj_op_info *info, const 
     const audit_gpu *gpu = &audit_gh100;
     audit_model m = audit_apply(gpu, &loop.counts, li.block[0] / 32, flops);
     printf("model per tile, %s, clocks per SM:\n", gpu->name);
-    printf("  tensor    %8.0f   (%s: %.0f FLOP/clock/SM, %s)\n", m.tensor,
-           loop.counts.hgmma ? "wgmma" : "mma.sync",
-           loop.counts.hgmma ? gpu->wgmma_flop : gpu->mma_flop,
+    int fp8 = loop.counts.tensor && loop.counts.fp8 == loop.counts.tensor;
+    printf("  tensor    %8.0f   (%s%s: %.0f FLOP/clock/SM, %s)\n", m.tensor,
+           loop.counts.hgmma ? "wgmma" : "mma.sync", fp8 ? " FP8" : "",
+           m.tensor > 0 ? flops / m.tensor : 0.0,
            loop.counts.hgmma ? "documented" : "assumed 2/3 of wgmma's");
     printf("  issue     %8.0f   (%.0f warp-instructions/clock/SM, documented)\n", m.issue,
            gpu->issue);

@@ -97,6 +97,26 @@ static void test_model(void)
     c.total = 10;
     m = audit_apply(&audit_gh100, &c, 8, flops);
     CHECK(fabs(m.tflops - 989.4 * 2 / 3) < 0.5);
+    c.hgmma = c.fp8 = 4;   /* QGMMA: FP8's documented 1979 TFLOP/s */
+    m = audit_apply(&audit_gh100, &c, 8, flops);
+    CHECK_MSG(fabs(m.tflops - 1978.8) < 1.0, "FP8: %.1f TFLOP/s", m.tflops);
+    audit_counts q = {0};   /* the 8-bit instructions count as tensor and fp8 */
+    static const char qsass[] =
+        ".text.q:\n"
+        ".L_x_0:\n"
+        "        /*0000*/                   QGMMA.64x64x32.F32.E4M3.E4M3 R24, gdesc[UR4], RZ ;\n"
+        "        /*0010*/                   QMMA.16832.F32.E4M3.E5M2 R0, R4, R8, R0 ;\n"
+        "        /*0020*/                   HGMMA.64x64x16.F32.BF16 R88, gdesc[UR8], R88 ;\n"
+        "        /*0030*/               @P0 BRA `(.L_x_0) ;\n"
+        "        /*0040*/                   EXIT ;\n";
+    audit_loop loop;
+    CHECK(audit_main_loop(qsass, "q", &loop, &q) == 0);
+    CHECK_MSG(loop.counts.tensor == 3 && loop.counts.hgmma == 2 && loop.counts.fp8 == 2,
+              "tensor %d hgmma %d fp8 %d", loop.counts.tensor, loop.counts.hgmma,
+              loop.counts.fp8);
+    /* mixed with 16-bit ones: the 16-bit rate, conservatively */
+    m = audit_apply(&audit_gh100, &loop.counts, 8, flops);
+    CHECK(fabs(m.tensor - flops / 4096.0) < 1e-9);
 }
 
 int main(void)
