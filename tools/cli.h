@@ -94,9 +94,9 @@ typedef struct cli_run_opts {
     aj_device_kind device;
     /* files by tensor, in the order of cli_run.c's RUN_TENSORS: q, k, v,
      * alibi_slopes, bias, o, lse, o_acc, do, dq, dk, dv, dbias, o1, lse1,
-     * o2, lse2, k_cache, v_cache, block_table, seqlens_k, k_scale, v_scale,
+     * o2, lse2, k_cache, v_cache, block_table, seqlens_k, q_scale, k_scale, v_scale,
      * cu_seqlens_q, cu_seqlens_k */
-    const char *in[25], *out[25];
+    const char *in[26], *out[26];
     int64_t q_offset, kv_offset, sq_total, sk_total;
     uint64_t seed, offset;
     int workers;

@@ -25,6 +25,7 @@ const char cli_usage_text[] =
     "          [--seed N] [--offset N] [--workers N] [--no-cache]\n"
     "                           run an op on BHSD .npy tensors (f32 or f16); by kind:\n"
     "                           forward   in q k v [alibi_slopes bias]  out o lse\n"
+    "                             (8-bit q / k, v: uint8 codes, in q_scale / k_scale v_scale)\n"
     "                             (accumulate = true: in and out o_acc lse)\n"
     "                           backward  in q k v o lse do [alibi_slopes bias]\n"
     "                                     out dq dk dv [dbias]\n"

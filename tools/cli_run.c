@@ -27,9 +27,11 @@
  * launcher and the templates cannot disagree.
  *
  * Inputs are arrays of f32 or f16 (f8 is accepted too), converted to the
- * op's dtype (alibi_slopes, lse, o_acc, the scales stay f32; the caches
- * take its kv_dtype, whose f8 codes come as uint8 arrays); block_table,
- * seqlens_k and the cu_seqlens are int32 arrays; outputs are f32.
+ * op's dtype (alibi_slopes, lse, o_acc, the scales stay f32; q takes its
+ * q_dtype, k and v or the caches its kv_dtype, and 8-bit floats come as
+ * their uint8 codes, with --in q_scale= / k_scale= / v_scale=: docs/ir.md
+ * "FP8 inputs"); block_table, seqlens_k and the cu_seqlens are int32
+ * arrays; outputs are f32.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -49,10 +51,11 @@ enum { K_FORWARD, K_ACCUMULATE, K_BACKWARD, K_MERGE, K_COUNT };
 enum { IN = 1, OUT = 2 };
 
 /* The feature of an op that brings a tensor, as messages name it. */
-enum { WITH_NONE, WITH_ALIBI, WITH_BIAS, WITH_PAGED, WITH_F8, WITH_VARLEN };
+enum { WITH_NONE, WITH_ALIBI, WITH_BIAS, WITH_PAGED, WITH_F8, WITH_F8Q, WITH_VARLEN };
 
-/* A tensor's elements: the op's dtype, f32, the op's kv_dtype, int32. */
-enum { EL_OP, EL_F32, EL_KV, EL_I32 };
+/* A tensor's elements: the op's dtype, f32, the op's kv_dtype, int32, its
+ * q_dtype (run_elements gives each its dtype). */
+enum { EL_OP, EL_F32, EL_KV, EL_I32, EL_Q, EL_COUNT };
 
 /* An output's shape: that of another tensor, or the kind's rows tensor's
  * with (LIKE_ROWS_WIDTH) the last dim of its width tensor's, or
@@ -67,11 +70,11 @@ enum { LIKE_NONE = -1, LIKE_ROWS = -2, LIKE_ROWS_WIDTH = -3 };
 #define RUN_TENSORS(X)                                                                        \
     /* id    name            forward accumulate backward merge with          rank el          \
      *   like             shape, packed rank and shape                             */         \
-    X(Q,     "q",            IN,     IN,        IN,      0,    WITH_NONE,    4,   EL_OP,      \
+    X(Q,     "q",            IN,     IN,        IN,      0,    WITH_NONE,    4,   EL_Q,       \
       LIKE_NONE,       "B, Hq, Sq, D", 3, "T, Hq, D")                                         \
-    X(K,     "k",            IN,     IN,        IN,      0,    WITH_NONE,    4,   EL_OP,      \
+    X(K,     "k",            IN,     IN,        IN,      0,    WITH_NONE,    4,   EL_KV,      \
       LIKE_NONE,       "B, Hkv, Sk, D", 3, "Tk, Hkv, D")                                      \
-    X(V,     "v",            IN,     IN,        IN,      0,    WITH_NONE,    4,   EL_OP,      \
+    X(V,     "v",            IN,     IN,        IN,      0,    WITH_NONE,    4,   EL_KV,      \
       LIKE_NONE,       "B, Hkv, Sk, Dv", 3, "Tk, Hkv, Dv")                                    \
     X(ALIBI, "alibi_slopes", IN,     IN,        IN,      0,    WITH_ALIBI,   1,   EL_F32,     \
       LIKE_NONE,       "Hq", 0, NULL)                                                         \
@@ -109,10 +112,12 @@ enum { LIKE_NONE = -1, LIKE_ROWS = -2, LIKE_ROWS_WIDTH = -3 };
       LIKE_NONE,       "B, max_pages", 0, NULL)                                               \
     X(SEQLENS, "seqlens_k",  IN,     0,         0,       0,    WITH_PAGED,   1,   EL_I32,     \
       LIKE_NONE,       "B", 0, NULL)                                                          \
+    X(Q_SCALE, "q_scale",    IN,     0,         0,       0,    WITH_F8Q,     1,   EL_F32,     \
+      LIKE_NONE,       "1 or Hq", 0, NULL)                                                    \
     X(K_SCALE, "k_scale",    IN,     0,         0,       0,    WITH_F8,      1,   EL_F32,     \
-      LIKE_NONE,       "1", 0, NULL)                                                          \
+      LIKE_NONE,       "1 or Hkv", 0, NULL)                                                   \
     X(V_SCALE, "v_scale",    IN,     0,         0,       0,    WITH_F8,      1,   EL_F32,     \
-      LIKE_NONE,       "1", 0, NULL)                                                          \
+      LIKE_NONE,       "1 or Hkv", 0, NULL)                                                   \
     X(CU_Q, "cu_seqlens_q",  IN,     IN,        IN,      0,    WITH_VARLEN,  1,   EL_I32,     \
       LIKE_NONE,       "B + 1", 0, NULL)                                                      \
     X(CU_K, "cu_seqlens_k",  IN,     IN,        IN,      0,    WITH_VARLEN,  1,   EL_I32,     \
@@ -288,7 +293,7 @@ static int kind_of(const aj_op_info *info)
 
 static const char *const with_feature[] = {
     [WITH_NONE] = "", [WITH_ALIBI] = "alibi", [WITH_BIAS] = "bias",
-    [WITH_PAGED] = "paged layout", [WITH_F8] = "f8 kv_dtype",
+    [WITH_PAGED] = "paged layout", [WITH_F8] = "f8 kv_dtype", [WITH_F8Q] = "f8 q_dtype",
     [WITH_VARLEN] = "varlen layout"};
 
 /* Whether the op's queries are packed [T, Hq, D] with cu_seqlens_q: layout
@@ -471,26 +476,35 @@ static int alloc_tensor(host_buffer *h, aj_dtype dtype, int rank, const int64_t 
     return CLI_EXIT_OK;
 }
 
-/* The dtype tensor t is stored in (int32 as 4-byte f32 elements, as the
- * launch binds int32 arrays). */
-static aj_dtype dtype_of(const aj_op_info *info, int t)
+/* The dtype of each kind of elements (EL_*) for an op: int32 as 4-byte f32
+ * elements, as the launch binds int32 arrays. */
+typedef struct run_elements {
+    const aj_op_info *info;
+    aj_dtype of[EL_COUNT];
+} run_elements;
+
+static run_elements run_elements_of(const aj_op *op, const aj_op_info *info)
 {
-    switch (tensors[t].el) {
-    case EL_OP: return info->dtype;
-    case EL_KV: return info->kv_dtype;
-    default: return AJ_DTYPE_F32;
-    }
+    run_elements r = {info, {[EL_OP] = info->dtype, [EL_F32] = AJ_DTYPE_F32,
+                             [EL_KV] = info->kv_dtype, [EL_I32] = AJ_DTYPE_F32,
+                             [EL_Q] = info->dtype}};
+    aj_op_get_q_dtype(op, &r.of[EL_Q]);
+    return r;
 }
 
-/* Whether input t is read as integers: int32 tables, an f8 cache's codes. */
-static int read_as_int(const aj_op_info *info, int t)
+static aj_dtype dtype_of(const run_elements *el, int t)
 {
-    return tensors[t].el == EL_I32 || (tensors[t].el == EL_KV && info->kv_dtype >=
-                                                                      AJ_DTYPE_F8E4M3);
+    return el->of[tensors[t].el];
+}
+
+/* Whether input t is read as integers: int32 tables, 8-bit floats' codes. */
+static int read_as_int(const run_elements *el, int t)
+{
+    return tensors[t].el == EL_I32 || dtype_of(el, t) >= AJ_DTYPE_F8E4M3;
 }
 
 /* Integers into h: int32 as they are, f8 codes (0..255) as bytes. */
-static int store_ints(const aj_op_info *info, int t, const npy_array *a, host_buffer *h)
+static int store_ints(const run_elements *el, int t, const npy_array *a, host_buffer *h)
 {
     if (tensors[t].el == EL_I32) {
         memcpy(h->mem, a->i32, a->count * sizeof *a->i32);
@@ -498,8 +512,9 @@ static int store_ints(const aj_op_info *info, int t, const npy_array *a, host_bu
     }
     for (size_t i = 0; i < a->count; i++) {
         if (a->i32[i] < 0 || a->i32[i] > 255) {
-            fprintf(stderr, "attnjit: %s: element %zu is %d; an %s cache holds byte codes "
-                    "(uint8)\n", tensors[t].name, i, a->i32[i], aj_dtype_name(info->kv_dtype));
+            fprintf(stderr, "attnjit: %s: element %zu is %d; %s elements come as byte codes "
+                    "(uint8)\n", tensors[t].name, i, a->i32[i],
+                    aj_dtype_name(dtype_of(el, t)));
             return CLI_EXIT_INPUT;
         }
         ((unsigned char *)h->mem)[i] = (unsigned char)a->i32[i];
@@ -509,12 +524,13 @@ static int store_ints(const aj_op_info *info, int t, const npy_array *a, host_bu
 
 /* Reads input t from `path` (of the rank the table gives) and converts it
  * to its dtype. */
-static int load_input(const aj_op_info *info, int t, const char *path, host_buffer *h)
+static int load_input(const run_elements *el, int t, const char *path, host_buffer *h)
 {
+    const aj_op_info *info = el->info;
     npy_array a;
     char err[512];
     const char *name = tensors[t].name;
-    int ints = read_as_int(info, t);
+    int ints = read_as_int(el, t);
     npy_status ns = ints ? npy_read_i32(path, &a, err, sizeof err)
                          : npy_read_f32(path, &a, err, sizeof err);
     if (ns != NPY_OK) {
@@ -527,11 +543,11 @@ static int load_input(const aj_op_info *info, int t, const char *path, host_buff
                 rank_of(info, t), shape_of(info, t));
         rc = CLI_EXIT_INPUT;
     }
-    aj_dtype dtype = dtype_of(info, t);
+    aj_dtype dtype = dtype_of(el, t);
     if (rc == CLI_EXIT_OK)
         rc = alloc_tensor(h, dtype, a.rank, a.shape);
     if (rc == CLI_EXIT_OK && ints)
-        rc = store_ints(info, t, &a, h);
+        rc = store_ints(el, t, &a, h);
     else if (rc == CLI_EXIT_OK)
         aj_convert(a.f32, AJ_DTYPE_F32, h->mem, dtype, a.count);
     npy_free(&a);
@@ -541,13 +557,14 @@ static int load_input(const aj_op_info *info, int t, const char *path, host_buff
 /* Every input given, and every output the op writes that is not also an
  * input (o_acc, an accumulating forward's lse) zero-filled in the shape
  * its `like` names. */
-static int host_tensors(const aj_op_info *info, int kind, const unsigned char *uses,
+static int host_tensors(const run_elements *el, int kind, const unsigned char *uses,
                         const run_opts *o, host_buffer *buf)
 {
+    const aj_op_info *info = el->info;
     int rc = CLI_EXIT_OK;
     for (int t = 0; t < T_COUNT && rc == CLI_EXIT_OK; t++)
         if (o->in[t])
-            rc = load_input(info, t, o->in[t], &buf[t]);
+            rc = load_input(el, t, o->in[t], &buf[t]);
     const aj_tensor *rows = &buf[kinds[kind].rows].t, *width = &buf[kinds[kind].width].t;
     if (!buf[kinds[kind].width].mem && buf[T_V_CACHE].mem)
         width = &buf[T_V_CACHE].t;   /* paged: V's width is its cache's */
@@ -564,7 +581,7 @@ static int host_tensors(const aj_op_info *info, int kind, const unsigned char *u
             shape[0] = from->shape[1];
             shape[1] = from->shape[0];
         }
-        rc = alloc_tensor(&buf[t], dtype_of(info, t), rank, shape);
+        rc = alloc_tensor(&buf[t], dtype_of(el, t), rank, shape);
     }
     return rc;
 }
@@ -695,6 +712,7 @@ static void fill_args(const aj_tensor *t, const run_opts *o, const packed_sizes 
     a->fwd.block_table = t[T_TABLE].data;
     a->fwd.max_pages = (int32_t)t[T_TABLE].shape[1];
     a->fwd.seqlens_k = t[T_SEQLENS].data;
+    a->fwd.q_scale = t[T_Q_SCALE];
     a->fwd.k_scale = t[T_K_SCALE];
     a->fwd.v_scale = t[T_V_SCALE];
 
@@ -816,7 +834,8 @@ int cli_run(aj_ctx *ctx, int argc, char **argv)
         rc = cli_report(ctx, st);
         goto done;
     }
-    rc = host_tensors(&info, kind, uses, &o, buf);
+    const run_elements elements = run_elements_of(op, &info);
+    rc = host_tensors(&elements, kind, uses, &o, buf);
     packed_sizes sizes;
     if (rc == CLI_EXIT_OK)
         rc = packed_sizes_of(&info, buf, &sizes);

@@ -426,8 +426,8 @@ static void test_run_errors(void)
         {"run OP --device sim --in x=Q --in k=K --in v=V --out o=O", 1,
          "attnjit: unknown tensor 'x': not one of run's (q, k, v, alibi_slopes, bias, o, lse, "
          "o_acc, do, dq, dk, dv, dbias, o1, lse1, o2, lse2, k_cache, v_cache, block_table, "
-         "seqlens_k, k_scale, v_scale, cu_seqlens_q, cu_seqlens_k) nor a side tensor the op "
-         "declares\n"},
+         "seqlens_k, q_scale, k_scale, v_scale, cu_seqlens_q, cu_seqlens_k) nor a side tensor "
+         "the op declares\n"},
         {"run OP --device sim --in q=Q --in k=K --in v=V --out x=O", 1,
          "attnjit: unknown tensor 'x' (run's outputs: o, lse, o_acc, dq, dk, dv, dbias)\n"},
         {"run OP --device sim --in q=Q --in k=K --in v=V --out q=O", 1,
@@ -821,7 +821,8 @@ static void test_paged(void)
     run_command(args, sizeof args, "paged.aj", "cpu", "p_",
                 "q k_cache v_cache block_table seqlens_k k_scale", "o", "");
     CHECK(run_cli(args, err, sizeof err) == 1);
-    CHECK_MSG(strstr(err, "attnjit: a forward op with f8 kv_dtype needs --in v_scale=FILE (1)"),
+    CHECK_MSG(strstr(err, "attnjit: a forward op with f8 kv_dtype needs --in v_scale=FILE "
+                          "(1 or Hkv)"),
               "%s", err);
     run_command(args, sizeof args, "paged.aj", "cpu", "p_",
                 "q k_cache v_cache block_table seqlens_k k_scale v_scale k", "o", "");
@@ -841,6 +842,92 @@ static void test_paged(void)
 
 /* The stand-in libcuda's log of the run that had FAKE_CUDA_LOG=prefix (it
  * writes PREFIX.PID at exit). */
+/*
+ * FP8 inputs through the CLI (docs/ir.md "FP8 inputs"): q, k and v as
+ * f8e4m3 codes in uint8 .npy files with q_scale (one), k_scale (per KV
+ * head) and v_scale, a causal forward with GQA 2:1, against the reference
+ * of the dequantised values: the efficient variant on cpu and sim (f32
+ * products), the flash one on sim (the FP8 tensor-core kernel, whose P in
+ * e4m3 may add 2^-4 of sum_j w_j |v_j| <= 2^-4 max |v|); then a missing
+ * q_scale and a code past 255.
+ */
+static void test_fp8_inputs(void)
+{
+    enum { B = 1, HQ = 4, HKV = 2, SQ = 21, SK = 29, D = 64 };
+    const int64_t qs[4] = {B, HQ, SQ, D}, ks[4] = {B, HKV, SK, D}, one[1] = {1},
+                  kv_heads[1] = {HKV};
+    const size_t n[3] = {B * HQ * SQ * D, B * HKV * SK * D, B * HKV * SK * D};
+    const char *const names[3] = {"q", "k", "v"};
+    const float q_scale = 0.25f, k_scale[HKV] = {0.5f, 0.125f}, v_scale = 2.0f;
+    double *x[3], *o = malloc(n[0] * sizeof *o), *lse = malloc(B * HQ * SQ * sizeof *lse);
+    uint8_t *codes = malloc(n[1] > n[0] ? n[1] : n[0]);
+    for (int t = 0; t < 3; t++) {
+        x[t] = malloc(n[t] * sizeof *x[t]);
+        for (size_t i = 0; i < n[t]; i++) {
+            float f = (float)(uniform() * 16.0 - 8.0);
+            aj_convert(&f, AJ_DTYPE_F32, &codes[i], AJ_DTYPE_F8E4M3, 1);
+            aj_convert(&codes[i], AJ_DTYPE_F8E4M3, &f, AJ_DTYPE_F32, 1);
+            /* the dequantised value: k's scale is its KV head's */
+            double s = t == 0 ? q_scale : t == 2 ? v_scale : k_scale[i / (SK * D) % HKV];
+            x[t][i] = f * s;
+        }
+        write_u8(tensor_path("f8_", names[t]), codes, 4, t ? ks : qs);
+    }
+    write_tensor("f8_", "q_scale", &q_scale, 1, one);
+    write_tensor("f8_", "k_scale", k_scale, 1, kv_heads);
+    write_tensor("f8_", "v_scale", &v_scale, 1, one);
+    ref_problem p = {.B = B, .Hq = HQ, .Hkv = HKV, .D = D, .Dv = D, .Sq = SQ, .Sk = SK,
+                     .mask = AJ_MASK_CAUSAL, .align = AJ_ALIGN_BOTTOM_RIGHT};
+    ref_forward(&p, x[0], x[1], x[2], o, lse);
+    double v_most = 0;
+    for (size_t i = 0; i < n[2]; i++)
+        v_most = fmax(v_most, fabs(x[2][i]));
+    static const struct {
+        const char *variant, *device;
+    } runs[] = {{"efficient", "cpu"}, {"efficient", "sim"}, {"flash", "sim"}};
+    char err[4096], args[4096], spec[256];
+    for (size_t r = 0; r < sizeof runs / sizeof runs[0]; r++) {
+        snprintf(spec, sizeof spec, "attention forward %s {\n dtype = f16\n head_dim = %d\n"
+                 " q_dtype = f8e4m3\n kv_dtype = f8e4m3\n mask = causal(bottom_right)\n}\n",
+                 runs[r].variant, D);
+        write_text(path("fp8.aj"), spec);
+        run_command(args, sizeof args, "fp8.aj", runs[r].device, "f8_",
+                    "q k v q_scale k_scale v_scale", "o lse", "");
+        int rc = run_cli(args, err, sizeof err);
+        CHECK_MSG(rc == 0, "fp8 %s on %s exited %d: %s", runs[r].variant, runs[r].device, rc,
+                  err);
+        int p8 = strcmp(runs[r].variant, "flash") == 0 && strcmp(runs[r].device, "sim") == 0;
+        double e_o = result_error("f8_", "o", o, 4, qs, f16_atol + (p8 ? 0x1p-4 * v_most : 0),
+                                  f16_rtol);
+        double e_lse = result_error("f8_", "lse", lse, 3, qs, 1e-4, 1e-5);
+        CHECK_MSG(e_o <= 1 && e_lse <= 1, "fp8 %s on %s: o %.3g lse %.3g x tolerance",
+                  runs[r].variant, runs[r].device, e_o, e_lse);
+        printf("attnjit run fp8 %s on %s: o %.3f lse %.3f of tolerance\n", runs[r].variant,
+               runs[r].device, e_o, e_lse);
+    }
+    run_command(args, sizeof args, "fp8.aj", "cpu", "f8_", "q k v k_scale v_scale", "o", "");
+    CHECK(run_cli(args, err, sizeof err) == 1);
+    CHECK_MSG(strstr(err, "attnjit: a forward op with f8 q_dtype needs --in q_scale=FILE "
+                          "(1 or Hq)"), "%s", err);
+    const int64_t big_shape[4] = {1, 1, 1, 1};
+    const int32_t big[1] = {300};
+    write_i32("f8_", "big", big, 4, big_shape);
+    snprintf(args, sizeof args, "run '%s' --device cpu --in q='%s' --in k='%s' --in v='%s' "
+             "--in q_scale='%s' --in k_scale='%s' --in v_scale='%s' --out o='%s'",
+             path("fp8.aj"), tensor_path("f8_", "big"), tensor_path("f8_", "k"),
+             tensor_path("f8_", "v"), tensor_path("f8_", "q_scale"),
+             tensor_path("f8_", "k_scale"), tensor_path("f8_", "v_scale"),
+             tensor_path("f8_", "o"));
+    CHECK(run_cli(args, err, sizeof err) != 0);
+    CHECK_MSG(strstr(err, "attnjit: q: element 0 is 300; f8e4m3 elements come as byte codes "
+                          "(uint8)"), "%s", err);
+    for (int t = 0; t < 3; t++)
+        free(x[t]);
+    free(o);
+    free(lse);
+    free(codes);
+}
+
 static const char *driver_log(const char *prefix)
 {
     static char log[1 << 20];
@@ -951,6 +1038,7 @@ static void test_local_devices(void)
     test_run_errors();
     test_paged();
     test_varlen();
+    test_fp8_inputs();
 }
 
 int main(int argc, char **argv)
