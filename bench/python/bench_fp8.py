@@ -2,6 +2,7 @@
 speed.
 
     python bench/python/bench_fp8.py [--seq 1024] [--dim 128] [--repeats 5]
+                                     [--cli build/attnjit --sim-seq 256]
 
 Accuracy: the relative RMS error of o against the float64 reference of the
 unquantised inputs (B 1, H 4, S --seq, D --dim, not causal), for Gaussian
@@ -10,11 +11,19 @@ the elements), e4m3 and e5m2 with per-tensor descales, with and without
 quantize_fp8's Hadamard rotation of Q and K; bf16 inputs as the baseline
 (every number from the same draws).  Speed: the forward of the f8 inputs
 against the same op in bf16, interleaved (bench_attention.pair), causal,
-8 query heads over 2 KV heads.  Prints two markdown tables.
+8 query heads over 2 KV heads.  With --cli (the attnjit binary), a third
+table: what the flash variant's FP8 tensor-core kernel adds by rounding P
+to e4m3 (docs/ir.md "FP8 inputs"), run on the emulator (`attnjit run
+--device sim`, B 1, H 2, S --sim-seq) beside the efficient kernel (f32 P)
+on the same codes.  Prints markdown tables.
 """
 import argparse
 import os
+import subprocess
 import sys
+import tempfile
+
+import numpy as np
 
 import torch
 
@@ -79,16 +88,59 @@ def speed(seq, dim, repeats):
     print("| %d | %d | %.2f | %.2f | %.2f |" % (seq, dim, a * 1e3, b * 1e3, b / a))
 
 
+def p_rounding(cli, seq, dim):
+    """The relative RMS error of o (f16) against the float64 reference of
+    the unquantised inputs, the efficient kernel's and the flash FP8
+    kernel's, on sim."""
+    print()
+    print("| inputs | format | efficient (f32 P) | flash tensor cores (e4m3 P) | ratio |")
+    print("| --- | --- | --- | --- | --- |")
+    with tempfile.TemporaryDirectory() as tmp:
+        def path(name):
+            return os.path.join(tmp, name)
+
+        for name, outliers in (("Gaussian", False), ("outlier-heavy", True)):
+            g = torch.Generator().manual_seed(0)
+            q, k, v = (draw(g, (1, 2, seq, dim), outliers) for _ in range(3))
+            want, _ = ref.attention(q, k, v)
+            for fmt, fname in ((torch.float8_e4m3fn, "f8e4m3"), (torch.float8_e5m2, "f8e5m2")):
+                ins = []
+                for t, x in (("q", q), ("k", k), ("v", v)):
+                    x8, d = at.quantize_fp8(x, fmt)
+                    np.save(path(t + ".npy"), x8.view(torch.uint8).numpy())
+                    np.save(path(t + "_scale.npy"), d.float().reshape(1).numpy())
+                    ins += ["--in", "%s=%s" % (t, path(t + ".npy")),
+                            "--in", "%s_scale=%s" % (t, path(t + "_scale.npy"))]
+                row = []
+                for variant in ("efficient", "flash"):
+                    with open(path("op.aj"), "w") as f:
+                        f.write("attention forward %s {\n  dtype = f16\n  head_dim = %d\n"
+                                "  q_dtype = %s\n  kv_dtype = %s\n}\n" % (variant, dim, fname,
+                                                                          fname))
+                    run = subprocess.run([cli, "run", path("op.aj"), "--device", "sim"] + ins +
+                                         ["--out", "o=" + path("o.npy")], capture_output=True,
+                                         text=True)
+                    if run.returncode:
+                        raise SystemExit("attnjit run failed:\n" + run.stderr)
+                    row.append(rel_rms(torch.from_numpy(np.load(path("o.npy"))), want))
+                print("| %s | %s | %.2e | %.2e | %.2f |" % (name, fname[2:], row[0], row[1],
+                                                            row[1] / row[0]))
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--seq", type=int, default=1024)
     p.add_argument("--dim", type=int, default=128)
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--cli", help="the attnjit binary: the FP8 tensor-core kernel on sim")
+    p.add_argument("--sim-seq", type=int, default=256)
     args = p.parse_args()
     print(host_header())
     torch.set_num_threads(2)
     accuracy(args.seq, args.dim)
     speed(args.seq, args.dim, args.repeats)
+    if args.cli:
+        p_rounding(args.cli, args.sim_seq, args.dim)
 
 
 if __name__ == "__main__":

@@ -21,11 +21,26 @@ CASES = [
     ("bench_sinks.py", ["--seqs", "64", "--dtypes", "float32", "--repeats", "1"], 2),
     ("bench_mla.py", ["--heads", "16", "--seqs", "128", "--batch", "1", "--repeats", "1"], 1),
     ("bench_fp8.py", ["--seq", "64", "--dim", "64", "--repeats", "1"], 3),
+    # and its table of the FP8 tensor-core kernel on sim, through the CLI
+    ("bench_fp8.py", ["--seq", "64", "--dim", "64", "--repeats", "1", "--cli", "{cli}",
+                      "--sim-seq", "32"], 3 + 4),
 ]
 
 
-@pytest.mark.parametrize("script,args,rows", CASES, ids=[c[0] for c in CASES])
+def cli_binary():
+    """The attnjit binary: $AJ_CLI, else the build directory's, where the
+    test command runs pytest."""
+    return os.environ.get("AJ_CLI") or str(Path.cwd() / "attnjit")
+
+
+@pytest.mark.parametrize("script,args,rows", CASES,
+                         ids=[c[0] + (" --cli" if "--cli" in c[1] else "") for c in CASES])
 def test_bench_runs(script, args, rows):
+    if "{cli}" in args:
+        cli = cli_binary()
+        if not os.access(cli, os.X_OK):
+            pytest.skip("no attnjit binary at %s (set AJ_CLI)" % cli)
+        args = [cli if a == "{cli}" else a for a in args]
     env = dict(os.environ)
     run = subprocess.run([sys.executable, str(BENCH / script)] + args, env=env,
                          capture_output=True, text=True, timeout=300)
