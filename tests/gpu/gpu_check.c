@@ -5,7 +5,9 @@
  *   gpu_check [--family F] [--out DIR] [--quick] [--dump DIR] [--specs DIR]
  *
  *   1. correctness (families efficient_fwd, flash_fwd, wgmma_fwd -- the
- *      flash forward on wgmma, on 9.0 GPUs): every template x
+ *      flash forward on wgmma, on 9.0 GPUs -- and fp8: FP8 inputs on the
+ *      efficient kernel and the FP8 tensor-core one, with one timed
+ *      shape beside bf16): every template x
  *      dtype x head dim x mask at moderate sizes on the GPU against the
  *      float64 reference (on this machine's CPUs), with the tolerances of
  *      the sim tests;
@@ -298,6 +300,106 @@ static void kernel_resources(gpu_clock *c, const aj_kernel *k, int *regs, int *l
     cu->CtxPopCurrent(&popped);
 }
 
+/* One row of the speed table and of its JSON (TFLOP/s counted as
+ * FlashAttention counts them: 4 B S^2 D H, halved for causal); 1 if the
+ * kernel did not run. */
+static int report_speed(aj_ctx *ctx, const char *kernel, int d, int s, int b, int h, int causal,
+                        aj_status st, double ms, int regs, int local, int *first)
+{
+    double flops = 4.0 * b * (double)s * s * d * h / (causal ? 2 : 1);
+    if (st != AJ_OK) {
+        say("| %s fwd | %d | %d | %d x %d | %s | %s | - | %d | %d |\n", kernel, d, s, b, h,
+            causal ? "yes" : "no", aj_status_str(st), regs, local);
+        fprintf(stderr, "gpu_check: %s d%d S%d: %s\n", kernel, d, s, aj_last_error(ctx));
+        return 1;
+    }
+    say("| %s fwd | %d | %d | %d x %d | %s | %.3f | %.1f | %d | %d |\n", kernel, d, s, b, h,
+        causal ? "yes" : "no", ms, flops / ms / 1e9, regs, local);
+    if (json)
+        fprintf(json, "%s    {\"kernel\": \"%s_fwd\", \"d\": %d, \"S\": %d, \"B\": %d, \"H\": %d, "
+                "\"causal\": %s, \"ms\": %.4f, \"tflops\": %.3f, \"registers\": %d, "
+                "\"local_bytes\": %d}", *first ? "" : ",\n", kernel, d, s, b, h,
+                causal ? "true" : "false", ms, flops / ms / 1e9, regs, local);
+    *first = 0;
+    return 0;
+}
+
+/*
+ * The median of `reps` forwards of kernel k (after 3 warm-up launches,
+ * the first loading its module) over B x H x S x d inputs of `in` (bf16,
+ * or f8e4m3 with descales of 1), a fixed small pattern uploaded once, o in
+ * bf16; AJ_OK and *ms, or the failure.
+ */
+static aj_status time_kernel(aj_ctx *ctx, gpu_clock *clock, aj_device *dev, const aj_kernel *k,
+                             aj_dtype in, int b, int h, int s, int d, int reps, double *ms)
+{
+    size_t elems = (size_t)b * h * s * d, isz = (size_t)aj_dtype_size(in);
+    void *q = NULL, *kk = NULL, *v = NULL, *o = NULL, *lse = NULL, *one = NULL;
+    aj_status st = AJ_OK;
+    if (st == AJ_OK) st = aj_device_alloc(dev, elems * isz, &q);
+    if (st == AJ_OK) st = aj_device_alloc(dev, elems * isz, &kk);
+    if (st == AJ_OK) st = aj_device_alloc(dev, elems * isz, &v);
+    if (st == AJ_OK) st = aj_device_alloc(dev, elems * 2, &o);
+    if (st == AJ_OK) st = aj_device_alloc(dev, (size_t)b * h * s * 4, &lse);
+    if (st == AJ_OK) st = aj_device_alloc(dev, 4, &one);
+    unsigned char *host = malloc(elems * isz);
+    for (size_t i = 0; host && i < elems; i++) {
+        float f = (float)((i * 2654435761u) % 2001) / 1000.0f - 1.0f;
+        aj_convert(&f, AJ_DTYPE_F32, host + i * isz, in, 1);
+    }
+    const float unit = 1.0f;
+    if (st == AJ_OK && host) st = aj_device_copy_to(dev, q, host, elems * isz);
+    if (st == AJ_OK && host) st = aj_device_copy_to(dev, kk, host, elems * isz);
+    if (st == AJ_OK && host) st = aj_device_copy_to(dev, v, host, elems * isz);
+    if (st == AJ_OK) st = aj_device_copy_to(dev, one, &unit, 4);
+    free(host);
+    aj_fwd_args a = AJ_FWD_ARGS_INIT;
+    a.q = dev_tensor(q, in, b, h, s, d);
+    a.k = dev_tensor(kk, in, b, h, s, d);
+    a.v = dev_tensor(v, in, b, h, s, d);
+    a.o = dev_tensor(o, AJ_DTYPE_BF16, b, h, s, d);
+    a.lse = (aj_tensor){lse, AJ_DTYPE_F32, 3, {b, h, s, 0}, {(int64_t)h * s, s, 1, 0}};
+    if (in != AJ_DTYPE_BF16)
+        a.q_scale = a.k_scale = a.v_scale = (aj_tensor){one, AJ_DTYPE_F32, 1, {1}, {1}};
+    double times[16];
+    for (int r = 0; r < 3 && st == AJ_OK; r++)
+        st = time_forward(ctx, clock, dev, k, &a, &times[0]);
+    for (int r = 0; r < reps && st == AJ_OK; r++)
+        st = time_forward(ctx, clock, dev, k, &a, &times[r]);
+    if (st == AJ_OK) {
+        qsort(times, (size_t)reps, sizeof times[0], cmp_double);
+        *ms = times[reps / 2];
+    }
+    void *mem[] = {q, kk, v, o, lse, one};
+    for (size_t i = 0; i < sizeof mem / sizeof mem[0]; i++)
+        aj_device_free(dev, mem[i]);
+    return st;
+}
+
+/* A timed shape: the kernel's name in the table, its inputs' dtype, B x
+ * H x S x d, causal or not. */
+typedef struct speed_case {
+    const char *name;
+    aj_dtype in;
+    int b, h, s, d, causal;
+} speed_case;
+
+/* Kernel k (NULL: its compile failed) timed on c with its registers and
+ * spills, one row reported; destroys k; 1 if it did not run. */
+static int measure(aj_ctx *ctx, gpu_clock *clock, aj_device *dev, aj_kernel *k,
+                   const speed_case *c, int reps, int *first)
+{
+    int regs = -1, local = -1;
+    double ms = 0;
+    if (k)
+        kernel_resources(clock, k, &regs, &local);
+    aj_status st = k ? time_kernel(ctx, clock, dev, k, c->in, c->b, c->h, c->s, c->d, reps, &ms)
+                     : AJ_ERR_CODEGEN;
+    aj_kernel_destroy(k);
+    return report_speed(ctx, c->name, c->d, c->s, c->b, c->h, c->causal, st, ms, regs, local,
+                        first);
+}
+
 static int benchmark(aj_ctx *ctx, aj_device *dev, int quick)
 {
     static const int seqs[] = {1024, 2048, 4096, 8192, 16384};
@@ -325,68 +427,119 @@ static int benchmark(aj_ctx *ctx, aj_device *dev, int quick)
                     if (quick && si % 2)
                         continue;
                     aj_kernel *k = compile_for(ctx, dev, variants[vi], AJ_DTYPE_BF16, d, causal);
-                    int regs = -1, local = -1;
-                    if (k)
-                        kernel_resources(&clock, k, &regs, &local);
-                    size_t n = (size_t)b * h * s * d * 2;
-                    void *q = NULL, *kk = NULL, *v = NULL, *o = NULL, *lse = NULL;
-                    aj_status st = k ? AJ_OK : AJ_ERR_CODEGEN;
-                    if (st == AJ_OK) st = aj_device_alloc(dev, n, &q);
-                    if (st == AJ_OK) st = aj_device_alloc(dev, n, &kk);
-                    if (st == AJ_OK) st = aj_device_alloc(dev, n, &v);
-                    if (st == AJ_OK) st = aj_device_alloc(dev, n, &o);
-                    if (st == AJ_OK) st = aj_device_alloc(dev, (size_t)b * h * s * 4, &lse);
-                    /* inputs: a fixed small pattern, uploaded once */
-                    uint16_t *host = malloc(n);
-                    for (size_t i = 0; host && i < n / 2; i++) {
-                        float f = (float)((i * 2654435761u) % 2001) / 1000.0f - 1.0f;
-                        aj_convert(&f, AJ_DTYPE_F32, &host[i], AJ_DTYPE_BF16, 1);
-                    }
-                    if (st == AJ_OK && host) st = aj_device_copy_to(dev, q, host, n);
-                    if (st == AJ_OK && host) st = aj_device_copy_to(dev, kk, host, n);
-                    if (st == AJ_OK && host) st = aj_device_copy_to(dev, v, host, n);
-                    free(host);
-                    aj_fwd_args a = AJ_FWD_ARGS_INIT;
-                    a.q = dev_tensor(q, AJ_DTYPE_BF16, b, h, s, d);
-                    a.k = dev_tensor(kk, AJ_DTYPE_BF16, b, h, s, d);
-                    a.v = dev_tensor(v, AJ_DTYPE_BF16, b, h, s, d);
-                    a.o = dev_tensor(o, AJ_DTYPE_BF16, b, h, s, d);
-                    a.lse = (aj_tensor){lse, AJ_DTYPE_F32, 3, {b, h, s, 0},
-                                        {(int64_t)h * s, s, 1, 0}};
-                    double times[16];
-                    for (int r = 0; r < 3 && st == AJ_OK; r++)   /* warm-up, module load */
-                        st = time_forward(ctx, &clock, dev, k, &a, &times[0]);
-                    for (int r = 0; r < reps && st == AJ_OK; r++)
-                        st = time_forward(ctx, &clock, dev, k, &a, &times[r]);
-                    double flops = 4.0 * b * (double)s * s * d * h / (causal ? 2 : 1);
-                    if (st == AJ_OK) {
-                        qsort(times, (size_t)reps, sizeof times[0], cmp_double);
-                        double ms = times[reps / 2];
-                        say("| %s fwd | %d | %d | %d x %d | %s | %.3f | %.1f | %d | %d |\n",
-                            variants[vi], d, s, b, h, causal ? "yes" : "no", ms,
-                            flops / ms / 1e9, regs, local);
-                        if (json)
-                            fprintf(json, "%s    {\"kernel\": \"%s_fwd\", \"d\": %d, \"S\": %d, "
-                                    "\"B\": %d, \"H\": %d, \"causal\": %s, \"ms\": %.4f, "
-                                    "\"tflops\": %.3f, \"registers\": %d, \"local_bytes\": %d}",
-                                    first ? "" : ",\n", variants[vi], d, s, b, h,
-                                    causal ? "true" : "false", ms, flops / ms / 1e9, regs, local);
-                        first = 0;
-                    } else {
-                        say("| %s fwd | %d | %d | %d x %d | %s | %s | - | %d | %d |\n",
-                            variants[vi], d, s, b, h, causal ? "yes" : "no", aj_status_str(st),
-                            regs, local);
-                        fprintf(stderr, "gpu_check: d%d S%d: %s\n", d, s, aj_last_error(ctx));
-                        failed++;
-                    }
-                    aj_device_free(dev, q);
-                    aj_device_free(dev, kk);
-                    aj_device_free(dev, v);
-                    aj_device_free(dev, o);
-                    aj_device_free(dev, lse);
-                    aj_kernel_destroy(k);
+                    const speed_case sc = {variants[vi], AJ_DTYPE_BF16, b, h, s, d, causal};
+                    failed += measure(ctx, &clock, dev, k, &sc, reps, &first);
                 }
     }
+    clock_close(&clock);
+    if (json)
+        fprintf(json, "\n  ]");
+    return failed;
+}
+
+/* The kernel of spec `text` for dev, the device going with the compile
+ * (the target it picks: sm_90a for the wgmma kernels on a 9.0 GPU); NULL
+ * after a failure, reported. */
+static aj_kernel *compile_spec(aj_ctx *ctx, aj_device *dev, const char *text)
+{
+    aj_op *op = NULL;
+    aj_kernel *k = NULL;
+    aj_compile_options opt = AJ_COMPILE_OPTIONS_INIT;
+    opt.target = aj_device_target(dev);
+    opt.device = dev;
+    if (aj_op_parse(ctx, text, strlen(text), "fp8", &op) != AJ_OK ||
+        aj_compile(ctx, op, &opt, &k) != AJ_OK)
+        fprintf(stderr, "gpu_check: %s\n%s\n", aj_last_error(ctx), text);
+    aj_op_destroy(op);
+    return k;
+}
+
+/*
+ * FP8 inputs (docs/ir.md "FP8 inputs"): the efficient forward (every GPU)
+ * and the flash forward's FP8 tensor-core kernel (Ada's mma.sync on 8.9,
+ * Hopper's wgmma on 9.0), e4m3 and e5m2, d 64 / 128 / 256 x the masks and
+ * a varlen batch, per-tensor and per-head descales, GQA 8/2, against the
+ * float64 reference of the dequantised inputs (the harness allows the
+ * tensor-core kernel's P in e4m3); then one shape timed, bf16 out, d 128,
+ * S 4096, 16k tokens, causal and not: the FP8 kernels beside the bf16
+ * flash forward.
+ */
+static int check_fp8(aj_ctx *ctx, aj_device *dev, int quick)
+{
+    static const int dims[] = {64, 128, 256};
+    static const int32_t lq[] = {1, 300, 0, 129}, lk[] = {257, 64, 5, 0};
+    const int tensor_cores =
+        aj_device_target(dev) == AJ_TARGET_SM_89 || aj_device_runs(dev, AJ_TARGET_SM_90A);
+    int failed = 0, cases = 0;
+    correctness_header(dev, "FP8 inputs", "correctness_fp8");
+    for (int v = 0; v < 1 + tensor_cores; v++)
+        for (int d = 0; d < 3; d++)
+            for (int m = 0; m < 5; m++) {
+                if (quick && (d + m) % 2)
+                    continue;
+                fwd_run_options how = {.variant = v ? AJ_VARIANT_FLASH : AJ_VARIANT_EFFICIENT};
+                if (m == 4) {
+                    how.seqlens_q = lq;
+                    how.seqlens_k = lk;
+                }
+                char label[128];
+                aj_dtype f8 = (d + m / 2 + v) % 2 ? AJ_DTYPE_F8E5M2 : AJ_DTYPE_F8E4M3;
+                snprintf(label, sizeof label, "%s fwd %s d%d %s%s%s", v ? "flash" : "efficient",
+                         aj_dtype_name(f8), dims[d], masks[m % 4], m % 2 ? " per-head" : "",
+                         m == 4 ? " varlen" : "");
+                fwd_case c = fwd_case_base(label, AJ_DTYPE_BF16, dims[d], masks[m % 4]);
+                c.f8 = f8;
+                c.f8_q = 1;
+                c.f8_per_head = m % 2;
+                c.b = m == 4 ? 4 : 2;
+                c.hq = 8;
+                c.hkv = 2;
+                c.sq = 257;
+                c.sk = 300;
+                c.magnitude = 2.0;
+                c.seed = (uint64_t)(3000 + 100 * v + 10 * d + m);
+                fwd_result r = fwd_run_case_ext(ctx, dev, &c, NULL, &how);
+                failed += report_case(ctx, label, &r, cases++ == 0);
+            }
+    failed = correctness_footer(cases, failed);
+    if (!tensor_cores)
+        say("\nSKIP the FP8 tensor-core kernel: %s has no FP8 tensor cores (8.9 or 9.0)\n",
+            aj_device_name(dev));
+
+    gpu_clock clock;
+    if (clock_open(ctx, &clock) != AJ_OK) {
+        fprintf(stderr, "gpu_check: CUDA events: %s\n", aj_last_error(ctx));
+        return failed + 1;
+    }
+    say("\n## FP8 forward speed on %s (bf16 out, d 128, S 4096, 4 x 16 heads)\n\n",
+        aj_device_name(dev));
+    say("| kernel | d | S | B x H | causal | median (ms) | TFLOP/s | registers | local bytes |\n"
+        "|---|---:|---:|---|---|---:|---:|---:|---:|\n");
+    if (json)
+        fprintf(json, ",\n  \"fp8_speed\": [\n");
+    static const struct {
+        const char *name, *variant, *inputs;
+        int tensor_cores;
+    } kernels[] = {
+        {"bf16 flash", "flash", "", 0},
+        {"e4m3 efficient", "efficient", " q_dtype = f8e4m3 kv_dtype = f8e4m3", 0},
+        {"e4m3 flash", "flash", " q_dtype = f8e4m3 kv_dtype = f8e4m3", 1},
+    };
+    int first = 1;
+    for (size_t i = 0; i < sizeof kernels / sizeof kernels[0]; i++)
+        for (int causal = 0; causal < 2; causal++) {
+            if (kernels[i].tensor_cores && !tensor_cores)
+                continue;
+            char text[256];
+            snprintf(text, sizeof text, "attention forward %s { dtype = bf16 head_dim = 128%s "
+                     "mask = %s }", kernels[i].variant, kernels[i].inputs,
+                     causal ? "causal(bottom_right)" : "none");
+            aj_kernel *k = compile_spec(ctx, dev, text);
+            const speed_case sc = {kernels[i].name,
+                                   kernels[i].inputs[0] ? AJ_DTYPE_F8E4M3 : AJ_DTYPE_BF16,
+                                   4, 16, 4096, 128, causal};
+            failed += measure(ctx, &clock, dev, k, &sc, quick ? 5 : 10, &first);
+        }
     clock_close(&clock);
     if (json)
         fprintf(json, "\n  ]");
@@ -643,7 +796,7 @@ static int check_paged(aj_ctx *ctx, aj_device *dev, int quick)
     return failed + check_mla(ctx, dev, quick);
 }
 
-static const char *const families[] = {"all",   "efficient_fwd", "flash_fwd", "wgmma_fwd",
+static const char *const families[] = {"all",   "efficient_fwd", "flash_fwd", "wgmma_fwd", "fp8",
                                        "paged", "bench",         "startup",   "dump"};
 
 int main(int argc, char **argv)
@@ -663,7 +816,7 @@ int main(int argc, char **argv)
             quick = 1;
         else {
             fprintf(stderr, "usage: gpu_check [--family all|efficient_fwd|flash_fwd|wgmma_fwd|"
-                    "paged|bench|startup|dump] [--out DIR] [--dump DIR] [--specs DIR] "
+                    "fp8|paged|bench|startup|dump] [--out DIR] [--dump DIR] [--specs DIR] "
                     "[--quick]\n");
             return 2;
         }
@@ -709,6 +862,8 @@ int main(int argc, char **argv)
         failed += check_flash_fwd(ctx, dev, quick, 0);
     if (all || strcmp(family, "wgmma_fwd") == 0)
         failed += check_flash_fwd(ctx, dev, quick, 1);
+    if (all || strcmp(family, "fp8") == 0)
+        failed += check_fp8(ctx, dev, quick);
     if (all || strcmp(family, "paged") == 0)
         failed += check_paged(ctx, dev, quick);
     if (dump_dir && (all || strcmp(family, "dump") == 0))

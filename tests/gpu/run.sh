@@ -7,8 +7,9 @@
 #
 # Every step is a process of its own under its own timeout (a kernel fault
 # leaves a CUDA context unusable: it must not take the other checks with
-# it), and the whole run stays within 540 s: the step timeouts below add up
-# to 515 s, a step never gets more than what is left of 515 s, and the two
+# it), and the whole run stays within 540 s: a step never gets more than
+# its timeout below or what is left of 515 s (the timeouts add up to more:
+# the last steps give way when the earlier ones run long), and the two
 # probes for torch between steps take at most 20 s each.  --quick (fewer
 # cases and shapes per step) gives the steps 190 s in all, so that it ends
 # within 4 minutes and a 15-minute device loan leaves room to run it again.  After each
@@ -123,6 +124,8 @@ step flash_fwd 40 "$out/gpu_check_flash_fwd.json" \
 # on other GPUs
 step wgmma_fwd 30 "$out/gpu_check_wgmma_fwd.json" \
   "$bin" check --family wgmma_fwd --out "$out" "${quick[@]}"
+# FP8 inputs: the efficient kernel, and the FP8 tensor-core one on 8.9 / 9.0
+step fp8 30 "$out/gpu_check_fp8.json" "$bin" check --family fp8 --out "$out" "${quick[@]}"
 step paged 30 "$out/gpu_check_paged.json" \
   "$bin" check --family paged --out "$out" "${quick[@]}"
 step backward 45 "" "$bin" backward cuda

@@ -82,6 +82,7 @@ enum { SPEC_MAX = 8192 };
 
 typedef struct cached_kernel {
     char spec[SPEC_MAX];
+    aj_target target;          /* the device's */
     aj_kernel *kernel;
 } cached_kernel;
 
@@ -95,15 +96,21 @@ void fwd_cache_clear(void)
     cache_len = 0;
 }
 
-static aj_status kernel_for(aj_ctx *ctx, aj_target target, const char *spec, aj_kernel **out)
+/* The case's kernel for dev.  On a GPU the device goes with the compile,
+ * which then picks the code's target as for any caller (sm_90a for the
+ * wgmma kernels on a 9.0 GPU); on sim and cpu, their own. */
+static aj_status kernel_for(aj_ctx *ctx, aj_device *dev, const char *spec, aj_kernel **out)
 {
+    const aj_target target = aj_device_target(dev);
     for (int i = 0; i < cache_len; i++)
-        if (strcmp(cache[i].spec, spec) == 0 && aj_kernel_target(cache[i].kernel) == target) {
+        if (strcmp(cache[i].spec, spec) == 0 && cache[i].target == target) {
             *out = cache[i].kernel;
             return AJ_OK;
         }
     aj_compile_options opt = AJ_COMPILE_OPTIONS_INIT;
     opt.target = target;
+    if (target != AJ_TARGET_SIM && target != AJ_TARGET_CPU)
+        opt.device = dev;
     opt.emit = target == AJ_TARGET_SIM || target == AJ_TARGET_CPU ? AJ_EMIT_LLVM_IR
                                                                    : AJ_EMIT_PTX;
     aj_status st = spec_compile(ctx, spec, "case", &opt, out);
@@ -114,6 +121,7 @@ static aj_status kernel_for(aj_ctx *ctx, aj_target target, const char *spec, aj_
     if (cache_len == (int)(sizeof cache / sizeof cache[0]))
         fwd_cache_clear();
     snprintf(cache[cache_len].spec, sizeof cache[0].spec, "%s", spec);
+    cache[cache_len].target = target;
     cache[cache_len++].kernel = *out;
     return st;
 }
@@ -440,7 +448,7 @@ fwd_result fwd_run_case_ext(aj_ctx *ctx, aj_device *dev, const fwd_case *c,
     static _Thread_local char spec[SPEC_MAX];
     write_spec(c, opts, run, spec, sizeof spec);
     aj_kernel *kernel = NULL;
-    r.status = kernel_for(ctx, aj_device_target(dev), spec, &kernel);
+    r.status = kernel_for(ctx, dev, spec, &kernel);
     if (r.status != AJ_OK)
         return r;
 

@@ -189,8 +189,9 @@ static void check_device(int i)
     aj_device_free(dev, mem);
 
     /* the kernels it runs: its target's, and sm_90a's on a 9.0 GPU (the
-     * stand-in is one), where a wgmma op (schedule warpgroups) compiles
-     * for sm_90a */
+     * stand-in is one), where a wgmma op (schedule warpgroups) and the
+     * flash forward on 8-bit inputs (Hopper's FP8 tensor cores are
+     * wgmma's) compile for sm_90a */
     int gpu90 = c.kind == AJ_DEVICE_CUDA && c.cc_major == 9 && c.cc_minor == 0;
     for (int t = 0; t < AJ_TARGET_COUNT; t++)
         CHECK_MSG(aj_device_runs(dev, (aj_target)t) ==
@@ -206,6 +207,18 @@ static void check_device(int i)
         CHECK_MSG(k && aj_kernel_target(k) == (gpu90 ? AJ_TARGET_SM_90A : c.target),
                   "%s: the wgmma kernel's target is %s", expected[i].name,
                   k ? aj_target_name(aj_kernel_target(k)) : "none");
+        aj_kernel_destroy(k);
+        static const char f8[] = "attention forward flash {\n  dtype = bf16\n  head_dim = 64\n"
+                                 "  q_dtype = f8e4m3\n  kv_dtype = f8e4m3\n}\n";
+        k = NULL;
+        CHECK_STATUS(ctx, spec_compile(ctx, f8, "f8.aj", &opt, &k),
+                     c.target == AJ_TARGET_SM_80 ? AJ_ERR_UNSUPPORTED : AJ_OK);
+        CHECK_MSG(c.target == AJ_TARGET_SM_80 ||
+                      (k && aj_kernel_target(k) == (gpu90 ? AJ_TARGET_SM_90A : c.target)),
+                  "%s: the FP8 flash kernel's target is %s", expected[i].name,
+                  k ? aj_target_name(aj_kernel_target(k)) : "none");
+        if (gpu90 && k)
+            CHECK(strstr(aj_kernel_code(k, NULL), "k32.f32.e4m3.e4m3") != NULL);
         aj_kernel_destroy(k);
     }
 
