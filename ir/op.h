@@ -116,6 +116,15 @@ static inline bool aj_op_has_f8(const aj_op *op)
     return aj_op_q_dtype(op) >= AJ_DTYPE_F8E4M3 || aj_op_kv_dtype(op) >= AJ_DTYPE_F8E4M3;
 }
 
+/* Whether the op's kernel runs wgmma on Hopper: the wgmma template's
+ * (schedule warpgroups), and the flash forward on 8-bit inputs, whose
+ * Hopper kernel is wgmma's (docs/ir.md "FP8 inputs"): sm_90a code. */
+static inline bool aj_op_runs_wgmma(const aj_op *op)
+{
+    return op->warpgroups ||
+           (op->kind == AJ_KIND_FORWARD && op->variant == AJ_VARIANT_FLASH && aj_op_has_f8(op));
+}
+
 /* Effective scale: the op's, or 1/sqrt(head_dim). */
 double aj_op_scale(const aj_op *op);
 

@@ -172,15 +172,6 @@ static aj_status make_plan(aj_ctx *ctx, aj_kernel *k)
     return st;
 }
 
-/* Whether the op's kernel on Hopper is sm_90a code: the wgmma template's
- * (schedule warpgroups), and the flash forward on 8-bit inputs, whose
- * Hopper kernel is wgmma's (docs/ir.md "FP8 inputs"). */
-static int wants_sm_90a(const aj_op *op)
-{
-    return op->warpgroups ||
-           (op->kind == AJ_KIND_FORWARD && op->variant == AJ_VARIANT_FLASH && aj_op_has_f8(op));
-}
-
 /* Compiles one op, reporting on ctx, consulting `cache` (may be NULL),
  * with the template of its kind and variant, or `forced` (not NULL: the
  * block-mask builder, which the key then names). */
@@ -196,7 +187,7 @@ static aj_status compile_one(aj_ctx *ctx, aj_kernel_cache *cache, const aj_op *o
 
     AJ_TRY(check_op(ctx, op));
     aj_compile_options wgmma_opt;
-    if (opt->device && wants_sm_90a(op) && aj_device_runs(opt->device, AJ_TARGET_SM_90A)) {
+    if (opt->device && aj_op_runs_wgmma(op) && aj_device_runs(opt->device, AJ_TARGET_SM_90A)) {
         /* wgmma code is sm_90a's, which a 9.0 device runs */
         wgmma_opt = *opt;
         wgmma_opt.target = AJ_TARGET_SM_90A;

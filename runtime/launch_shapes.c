@@ -60,7 +60,20 @@ static aj_status check_aligned(aj_ctx *ctx, const char *fn, const char *name, co
     return AJ_OK;
 }
 
-/* Rank, dtype, non-negative shape and strides, unit last stride, data. */
+/* The row alignment in bytes that q / k (qk) or v of the op must keep:
+ * the GPU templates load 16 bytes at a time, 8 of 8-bit floats (a row of
+ * 8 elements at least) -- but 16 for q and k of the flash forward's FP8
+ * tensor-core kernel (head dims multiples of 32: its cp.async moves 16
+ * bytes), whose V is read 4 bytes at a time. */
+static int row_alignment(const aj_op_info *op, aj_dtype dtype, int qk)
+{
+    if (elem_size(dtype) != 1)
+        return 16;
+    return qk && op->variant == AJ_VARIANT_FLASH && op->head_dim % 32 == 0 ? 16 : 8;
+}
+
+/* Rank, dtype, non-negative shape and strides, unit last stride, data;
+ * `aligned`: 0, or every row starting on that many bytes. */
 static aj_status check_tensor(aj_ctx *ctx, const char *fn, const char *name,
                               const aj_tensor *t, int rank, aj_dtype dtype, int aligned)
 {
@@ -81,10 +94,7 @@ static aj_status check_tensor(aj_ctx *ctx, const char *fn, const char *name,
                        (long long)t->strides[rank - 1]);
     if (!t->data && aj_tensor_extent_bytes(t, elem_size(dtype)) > 0)
         return aj_fail(ctx, AJ_ERR_INVALID_ARG, "%s: %s.data is NULL", fn, name);
-    /* the GPU templates load 16 bytes at a time, 8 of 8-bit floats (a row
-     * of 8 elements at least) */
-    return aligned ? check_aligned(ctx, fn, name, t, rank, elem_size(dtype),
-                                   elem_size(dtype) == 1 ? 8 : 16, "")
+    return aligned ? check_aligned(ctx, fn, name, t, rank, elem_size(dtype), aligned, "")
                    : AJ_OK;
 }
 
@@ -136,9 +146,9 @@ static aj_status check_qkv(aj_ctx *ctx, const char *fn, const aj_op_info *op, aj
                            int64_t sq_total, int64_t sk_total, fwd_sizes *sz)
 {
     aj_status st = AJ_OK;
-    AJ_TRY(check_tensor(ctx, fn, "q", q, 4, q_dtype, 1));
-    AJ_TRY(check_tensor(ctx, fn, "k", k, 4, op->kv_dtype, 1));
-    AJ_TRY(check_tensor(ctx, fn, "v", v, 4, op->kv_dtype, 1));
+    AJ_TRY(check_tensor(ctx, fn, "q", q, 4, q_dtype, row_alignment(op, q_dtype, 1)));
+    AJ_TRY(check_tensor(ctx, fn, "k", k, 4, op->kv_dtype, row_alignment(op, op->kv_dtype, 1)));
+    AJ_TRY(check_tensor(ctx, fn, "v", v, 4, op->kv_dtype, row_alignment(op, op->kv_dtype, 0)));
     sz->batch = q->shape[0];
     sz->heads_q = q->shape[1];
     sz->seq_q = q->shape[2];
@@ -222,7 +232,7 @@ static aj_status check_rows(aj_ctx *ctx, const char *fn, const char *name, const
                             const fwd_sizes *sz)
 {
     aj_status st = AJ_OK;
-    AJ_TRY(check_tensor(ctx, fn, name, t, 4, dtype, 1));
+    AJ_TRY(check_tensor(ctx, fn, name, t, 4, dtype, 16));
     AJ_TRY(check_dim(ctx, fn, name, 0, t->shape[0], sz->batch, "q's batch"));
     AJ_TRY(check_dim(ctx, fn, name, 1, t->shape[1], sz->heads_q, "q's heads"));
     AJ_TRY(check_dim(ctx, fn, name, 2, t->shape[2], sz->seq_q, "q's length"));
@@ -250,7 +260,7 @@ static aj_status check_packed_out(aj_ctx *ctx, const char *name, const aj_tensor
                                   const aj_tensor *lse, const fwd_sizes *sz)
 {
     aj_status st = AJ_OK;
-    AJ_TRY(check_tensor(ctx, FWD, name, o, 3, dtype, 1));
+    AJ_TRY(check_tensor(ctx, FWD, name, o, 3, dtype, 16));
     AJ_TRY(check_dim(ctx, FWD, name, 0, o->shape[0], tq, "q's total length"));
     AJ_TRY(check_dim(ctx, FWD, name, 1, o->shape[1], sz->heads_q, "q's heads"));
     AJ_TRY(check_dim(ctx, FWD, name, 2, o->shape[2], width, "the op's head_dim_v"));
@@ -347,9 +357,9 @@ aj_status aj_check_forward_varlen(aj_ctx *ctx, const aj_op_info *op, aj_dtype q_
                  a->max_seqlen_q < MAX_SEQ && a->max_seqlen_k < MAX_SEQ,
                  "%s: max_seqlen_q = %d, max_seqlen_k = %d; each must be 0 to 2^30 - 1", FWD,
                  a->max_seqlen_q, a->max_seqlen_k);
-    AJ_TRY(check_tensor(ctx, FWD, "q", &a->q, 3, q_dtype, 1));
-    AJ_TRY(check_tensor(ctx, FWD, "k", &a->k, 3, op->kv_dtype, 1));
-    AJ_TRY(check_tensor(ctx, FWD, "v", &a->v, 3, op->kv_dtype, 1));
+    AJ_TRY(check_tensor(ctx, FWD, "q", &a->q, 3, q_dtype, row_alignment(op, q_dtype, 1)));
+    AJ_TRY(check_tensor(ctx, FWD, "k", &a->k, 3, op->kv_dtype, row_alignment(op, op->kv_dtype, 1)));
+    AJ_TRY(check_tensor(ctx, FWD, "v", &a->v, 3, op->kv_dtype, row_alignment(op, op->kv_dtype, 0)));
     int64_t tq = a->q.shape[0], tk = a->k.shape[0];
     varlen_sizes(&a->q, &a->k, a->batch, a->max_seqlen_q, a->max_seqlen_k, sz);
     AJ_TRY(check_dim(ctx, FWD, "q", 2, a->q.shape[2], op->head_dim, "the op's head_dim"));
@@ -402,7 +412,7 @@ aj_status aj_check_forward_paged(aj_ctx *ctx, const aj_op_info *op, const aj_fwd
                  !a->sk_total, "%s: k, v, cu_seqlens, offsets and totals are not for layout = "
                  "paged kernels (the keys are k_cache and v_cache; positions follow "
                  "seqlens_k)", FWD);
-    AJ_TRY(check_tensor(ctx, FWD, "q", &a->q, varlen_q ? 3 : 4, op->dtype, 1));
+    AJ_TRY(check_tensor(ctx, FWD, "q", &a->q, varlen_q ? 3 : 4, op->dtype, 16));
     AJ_TRY(check_tensor(ctx, FWD, "k_cache", &a->k_cache, 4, op->kv_dtype, 0));
     AJ_TRY(check_tensor(ctx, FWD, "v_cache", &a->v_cache, 4, op->kv_dtype, 0));
     const aj_tensor *kc = &a->k_cache;
@@ -542,7 +552,7 @@ static aj_status check_shape(aj_ctx *ctx, const char *name, const aj_tensor *t, 
                              aj_dtype dtype, const int64_t *want, const char *const *what)
 {
     aj_status st = AJ_OK;
-    AJ_TRY(check_tensor(ctx, BWD, name, t, rank, dtype, rank > 2));
+    AJ_TRY(check_tensor(ctx, BWD, name, t, rank, dtype, rank > 2 ? 16 : 0));
     for (int i = 0; i < rank; i++)
         AJ_TRY(check_dim(ctx, BWD, name, i, t->shape[i], want[i], what[i]));
 done:
@@ -569,8 +579,8 @@ static aj_status check_backward_varlen(aj_ctx *ctx, const aj_op_info *op,
         a->max_seqlen_k >= MAX_SEQ)
         return aj_fail(ctx, AJ_ERR_INVALID_ARG, "%s: max_seqlen_q = %d, max_seqlen_k = %d; "
                        "each must be in 0 .. 2^30 - 1", BWD, a->max_seqlen_q, a->max_seqlen_k);
-    AJ_TRY(check_tensor(ctx, BWD, "q", &a->q, 3, op->dtype, 1));
-    AJ_TRY(check_tensor(ctx, BWD, "k", &a->k, 3, op->dtype, 1));
+    AJ_TRY(check_tensor(ctx, BWD, "q", &a->q, 3, op->dtype, 16));
+    AJ_TRY(check_tensor(ctx, BWD, "k", &a->k, 3, op->dtype, 16));
     int64_t tq = a->q.shape[0], tk = a->k.shape[0];
     varlen_sizes(&a->q, &a->k, a->batch, a->max_seqlen_q, a->max_seqlen_k, sz);
     call->head_rows = tq;
@@ -644,7 +654,7 @@ static aj_status check_backward_padded(aj_ctx *ctx, const aj_op_info *op,
         {"k's batch", "k's heads", "k's length", "the op's head_dim"},
         {"v's batch", "v's heads", "v's length", "the op's head_dim_v"}};
     for (int t = 0; t < 2; t++) {
-        AJ_TRY(check_tensor(ctx, BWD, names[t], grads[t], 4, op->dtype, 1));
+        AJ_TRY(check_tensor(ctx, BWD, names[t], grads[t], 4, op->dtype, 16));
         for (int i = 0; i < 4; i++)
             AJ_TRY(check_dim(ctx, BWD, names[t], i, grads[t]->shape[i], like[t]->shape[i],
                              what[t][i]));
@@ -673,7 +683,7 @@ aj_status aj_check_merge(aj_ctx *ctx, const aj_op_info *op, const aj_merge_args 
     const char *const lse_names[3] = {"lse1", "lse2", "lse"};
     const aj_tensor *os[3] = {&a->o1, &a->o2, &a->o};
     const aj_tensor *lses[3] = {&a->lse1, &a->lse2, &a->lse};
-    AJ_TRY(check_tensor(ctx, MERGE, "o1", &a->o1, 4, op->dtype, 1));
+    AJ_TRY(check_tensor(ctx, MERGE, "o1", &a->o1, 4, op->dtype, 16));
     memset(sz, 0, sizeof *sz);
     sz->batch = a->o1.shape[0];
     sz->heads_q = a->o1.shape[1];
@@ -682,7 +692,7 @@ aj_status aj_check_merge(aj_ctx *ctx, const aj_op_info *op, const aj_merge_args 
     const char *const what[4] = {"o1's batch", "o1's heads", "o1's length",
                                  "the op's head_dim_v"};
     for (int t = 0; t < 3; t++) {
-        AJ_TRY(check_tensor(ctx, MERGE, o_names[t], os[t], 4, op->dtype, 1));
+        AJ_TRY(check_tensor(ctx, MERGE, o_names[t], os[t], 4, op->dtype, 16));
         AJ_TRY(check_tensor(ctx, MERGE, lse_names[t], lses[t], 3, AJ_DTYPE_F32, 0));
         for (int i = 0; i < 4; i++)
             AJ_TRY(check_dim(ctx, MERGE, o_names[t], i, os[t]->shape[i], want[i], what[i]));

@@ -175,14 +175,17 @@ static aj_schedule merge_schedule(aj_schedule s, const aj_schedule *given)
 
 /* The warpgroups the kernel runs: the op's schedule's, except that FP8
  * inputs on a target whose mma.sync lowers them (Hopper: the target
- * table's f8_mma) and that has wgmma take two, as FA3 does -- Hopper's FP8
- * tensor cores are wgmma's. */
+ * table's f8_mma) and that has wgmma take wgmma -- Hopper's FP8 tensor
+ * cores are wgmma's --, one warpgroup where the schedule asks for 64 rows
+ * or 4 warps, else two, as FA3 does. */
 static int plan_warpgroups(const aj_op *op, aj_target target)
 {
     const aj_target_desc *t = aj_target_desc_of(target);
-    if (!op->warpgroups && aj_op_has_f8(op) && t->f8_mma == AJ_F8_MMA_LOWERED && t->wgmma)
-        return 2;
-    return op->warpgroups;
+    if (op->warpgroups || !aj_op_has_f8(op) || t->f8_mma != AJ_F8_MMA_LOWERED || !t->wgmma)
+        return op->warpgroups;
+    /* a schedule's rows or warps say how many (64 rows on 4 warps each) */
+    const aj_schedule *s = &op->schedule;
+    return s->block_m == 64 || (!s->block_m && s->warps == 4) ? 1 : 2;
 }
 
 /* The wgmma template's checks and its fixed fields: the target, 64 rows
@@ -320,6 +323,8 @@ static aj_status ffwd_check(aj_ctx *ctx, const aj_op *op, aj_target target)
                           : mma == AJ_F8_MMA_LOWERED && plan_warpgroups(op, target) == 0
                               ? "needs target sm_90a on Hopper: its FP8 tensor cores are "
                                 "wgmma's (ptxas lowers mma.sync e4m3 to f16 HMMA)"
+                          : op->dropout > 0
+                              ? "takes no dropout (its P goes to e4m3 scaled for P <= 1)"
                               : NULL;
         if (why)
             return aj_fail(ctx, AJ_ERR_UNSUPPORTED,
@@ -477,9 +482,10 @@ static void load_tile_async(ffwd *e, aj_param_source tensor, int esize, LLVMValu
  * both operands K-major -- the 8-bit forms have no transposed B and
  * ldmatrix's transpose is 16-bit -- so V is transposed as it is loaded:
  * its slot holds V^T, Dv rows of block_n bytes, laid out as a K tile of
- * width block_n / 2 (row pitch ldv, or wgmma's panels).  P, rounded to
- * e4m3 (cvt.rn.satfinite; P <= 1 needs e4m3's mantissa bit more than
- * e5m2's range), is A straight from the S accumulators: within each 16
+ * width block_n / 2 (row pitch ldv, or wgmma's panels).  P, times 2^8
+ * (P_E4M3_LOG2) and rounded to e4m3 (P <= 1 needs e4m3's mantissa bit
+ * more than e5m2's range), is A straight from the S accumulators: within
+ * each 16
  * keys, lane t holds keys 2t, 2t + 1, 8 + 2t, 9 + 2t of its rows, which
  * the k32 A fragment wants at k = 4t .. 4t + 3 -- so V^T's k order is
  * permuted the same way (vt_key), and the sum over keys is unchanged:
@@ -491,8 +497,16 @@ static void load_tile_async(ffwd *e, aj_param_source tensor, int esize, LLVMValu
  * four 32-bit loads of keys, a byte transpose, four 32-bit stores), so
  * its slot is free when refilled as for cp.async, and wgmma reads it
  * after the fence.proxy.async each thread makes before the tile's
- * barrier.  FP8 loads run by cp.async (TMA maps are 16-bit for now).
+ * barrier.  FP8 loads run by cp.async: the TMA path's tensor maps are
+ * 16-bit (and V would still be the threads' to transpose).
  */
+
+/* FP8's P enters P V times 2^8 -- its exponent's offset, exact and free --
+ * so that P down to 2^-14 is a normal e4m3 (relative error at most 2^-4)
+ * where e4m3's subnormals below 2^-6 would round small P to 0 and bias O
+ * (the row sum takes them whole); 256 stays under e4m3's 448.  The row
+ * sum takes each tile's share back down, o_scale the accumulators'. */
+#define P_E4M3_LOG2 8
 
 /* The key (within 16) whose column k16 (0..15) of V^T holds: see "FP8". */
 static int vt_key(int k16)
@@ -1019,7 +1033,8 @@ static void pack_p(ffwd *e, LLVMValueRef (*pf)[4], int kk, LLVMValueRef a[4])
     a[3] = pack2(e, t, pf[2 * kk + 1][2], pf[2 * kk + 1][3]);
 }
 
-/* FP8: P's k32 A fragment for keys 32 kk .. 32 kk + 31 in e4m3, straight
+/* FP8: P's k32 A fragment for keys 32 kk .. 32 kk + 31 (P 2^8 times
+ * over: P_E4M3_LOG2) in e4m3, straight
  * from the lane's elements of n8 tiles 4 kk .. 4 kk + 3 (V^T's key order
  * matches: see "FP8"); the same registers for mma.sync and wgmma. */
 static void pack_p_f8(ffwd *e, LLVMValueRef (*pf)[4], int kk, LLVMValueRef a[4])
@@ -1101,6 +1116,10 @@ static void emit_softmax_pv(ffwd *e, LLVMValueRef n0, LLVMValueRef vbase)
             LLVMValueRef none = LLVMBuildFCmp(b, LLVMRealOEQ, m_new, aj_kb_f32(kb, -INFINITY), "");
             LLVMValueRef m_use = LLVMBuildSelect(b, none, aj_kb_f32(kb, 0), m_new, "");
             LLVMValueRef alpha = aj_kb_exp2(kb, LLVMBuildFSub(b, m_old, m_use, ""));
+            /* FP8: P 2^8 times over (P_E4M3_LOG2), the row sum's share
+             * brought back below */
+            LLVMValueRef m_exp =
+                p->f8 ? LLVMBuildFSub(b, m_use, aj_kb_f32(kb, (float)P_E4M3_LOG2), "") : m_use;
             LLVMValueRef sum = aj_kb_f32(kb, 0);
             LLVMValueRef i = NULL;
             if (op->dropout > 0)
@@ -1108,7 +1127,7 @@ static void emit_softmax_pv(ffwd *e, LLVMValueRef n0, LLVMValueRef vbase)
             for (int j = 0; j < nt; j++)
                 for (int c = 2 * half; c < 2 * half + 2; c++) {
                     LLVMValueRef pr = aj_kb_exp2(kb, LLVMBuildFSub(b, aj_kb_get(kb, e->s[mi][j][c]),
-                                                                   m_use, ""));
+                                                                   m_exp, ""));
                     sum = LLVMBuildFAdd(b, sum, pr, "");
                     if (op->dropout > 0) {
                         LLVMValueRef keep = aj_attn_dropout_keep(
@@ -1117,6 +1136,8 @@ static void emit_softmax_pv(ffwd *e, LLVMValueRef n0, LLVMValueRef vbase)
                     }
                     pf[mi][j][c] = pr;
                 }
+            if (p->f8)
+                sum = LLVMBuildFMul(b, sum, aj_kb_f32(kb, ldexpf(1.0f, -P_E4M3_LOG2)), "");
             aj_kb_set(kb, e->l[mi][half], aj_kb_fma(kb, aj_kb_get(kb, e->l[mi][half]), alpha, sum));
             aj_kb_set(kb, e->m[mi][half], m_new);
             for (int v = 0; v < p->dv / 8; v++)
@@ -1185,7 +1206,7 @@ static void emit_epilogue(ffwd *e, LLVMValueRef o_base, LLVMValueRef lse_base)
                 aj_score_fold_sink(kb, e->prog, e->sc.h,
                                    accumulate ? aj_param(kb, AJ_PID(kv_offset)) : NULL, &l2, &inv,
                                    &lse);
-            if (e->o_scale)   /* FP8: V's descale (and e4m3's widening) */
+            if (e->o_scale)   /* FP8: V's descale, and P's 2^8 (P_E4M3_LOG2) */
                 inv = LLVMBuildFMul(b, inv, e->o_scale, "");
             /* rows past Sq read the last row: in bounds, never stored */
             LLVMValueRef ic = aj_kb_smin(kb, i, last_row);
@@ -1459,8 +1480,10 @@ static aj_status ffwd_build(aj_kb *kb, const aj_op *op, void *user)
     e.bidx = bidx;
     e.h = h;
     e.hkv = hkv;
-    if (p->f8)   /* FP8: the descales */
+    if (p->f8) {   /* FP8: the descales, and O's 2^8 (P_E4M3_LOG2) back out */
         aj_attn_descales(kb, op, h, hkv, &e.s_scale, &e.o_scale);
+        e.o_scale = LLVMBuildFMul(b, e.o_scale, aj_kb_f32(kb, ldexpf(1.0f, -P_E4M3_LOG2)), "");
+    }
     if (uses_tma(&e))
         e.tma = aj_param(kb, AJ_PID(tma));
     LLVMValueRef sq, sk;

@@ -58,7 +58,7 @@ static const char *warpgroup_op_name(int op)
         [WG_WGMMA_FENCE] = "wgmma.fence.sync.aligned",
         [WG_WGMMA_COMMIT] = "wgmma.commit_group.sync.aligned",
         [WG_WGMMA_WAIT] = "wgmma.wait_group.sync.aligned",
-        [WG_WGMMA] = "wgmma.mma_async.sync.aligned.m64nNk16",
+        [WG_WGMMA] = "wgmma.mma_async.sync.aligned.m64nNk16 / k32",
     };
     return names[op];
 }

@@ -928,6 +928,53 @@ static void test_fp8_inputs(void)
     free(codes);
 }
 
+/*
+ * The tensor-core kernel's P in e4m3 where P is small: one key scores
+ * 8.3125 above 1999 others (P = e^-8.3125, about 2^-12 each, a third of
+ * the row's weight), V 0 at that key and 1 at the others, so O = 0.33 is
+ * made of small P alone.  e4m3's subnormals would round such P to 0 (O =
+ * 0); the kernel scales P by 2^8 first (docs/ir.md "FP8 inputs").  Exact
+ * codes: q = 8 in dim 0, k = 8 (key 0) or -0.3125, d 64, scale 1/8.
+ */
+static void test_fp8_small_p(void)
+{
+    enum { SQ = 16, SK = 2000, D = 64 };
+    const int64_t qs[4] = {1, 1, SQ, D}, ks[4] = {1, 1, SK, D}, one[1] = {1};
+    static uint8_t codes[SK * D];
+    static double q[SQ * D], k[SK * D], v[SK * D], o[SQ * D], lse[SQ];
+    const float unit = 1.0f;
+    for (int i = 0; i < SQ * D; i++)
+        q[i] = i % D == 0 ? 8.0 : 0.0;
+    for (int i = 0; i < SK * D; i++) {
+        k[i] = i % D ? 0.0 : i == 0 ? 8.0 : -0.3125;
+        v[i] = i < D ? 0.0 : 1.0;
+    }
+    const double *x[3] = {q, k, v};
+    const char *const names[3] = {"q", "k", "v"};
+    for (int t = 0; t < 3; t++) {
+        int n = t ? SK * D : SQ * D;
+        for (int i = 0; i < n; i++) {
+            float f = (float)x[t][i];
+            aj_convert(&f, AJ_DTYPE_F32, &codes[i], AJ_DTYPE_F8E4M3, 1);
+        }
+        write_u8(tensor_path("sp_", names[t]), codes, 4, t ? ks : qs);
+        write_tensor("sp_", t == 0 ? "q_scale" : t == 1 ? "k_scale" : "v_scale", &unit, 1, one);
+    }
+    ref_problem p = {.B = 1, .Hq = 1, .Hkv = 1, .D = D, .Dv = D, .Sq = SQ, .Sk = SK};
+    ref_forward(&p, q, k, v, o, lse);
+    write_text(path("small_p.aj"), "attention forward flash {\n dtype = f16\n head_dim = 64\n"
+                                   " q_dtype = f8e4m3\n kv_dtype = f8e4m3\n}\n");
+    char err[4096], args[4096];
+    run_command(args, sizeof args, "small_p.aj", "sim", "sp_", "q k v q_scale k_scale v_scale",
+                "o", "");
+    int rc = run_cli(args, err, sizeof err);
+    CHECK_MSG(rc == 0, "small P exited %d: %s", rc, err);
+    /* P's rounding: 2^-4 of sum_j w_j |v_j| = 2^-4 O */
+    double e_o = result_error("sp_", "o", o, 4, qs, f16_atol + 0x1p-4 * o[1], f16_rtol);
+    CHECK_MSG(o[1] > 0.3 && e_o <= 1, "small P: o %.3g x tolerance (want %.4f)", e_o, o[1]);
+    printf("attnjit run fp8 flash on sim, small P (O = %.4f): o %.3f of tolerance\n", o[1], e_o);
+}
+
 static const char *driver_log(const char *prefix)
 {
     static char log[1 << 20];
@@ -1039,6 +1086,7 @@ static void test_local_devices(void)
     test_paged();
     test_varlen();
     test_fp8_inputs();
+    test_fp8_small_p();
 }
 
 int main(int argc, char **argv)

@@ -196,6 +196,8 @@ static void test_errors(void)
             {"  kv_dtype = f8e4m3\n  head_dim = 64\n", "needs q_dtype = kv_dtype"},
             {"  q_dtype = f8e4m3\n  kv_dtype = f8e4m3\n  head_dim = 72\n",
              "needs a head_dim that is a multiple of 32"},
+            {"  q_dtype = f8e4m3\n  kv_dtype = f8e4m3\n  head_dim = 64\n  dropout = 0.1\n",
+             "takes no dropout (its P goes to e4m3 scaled for P <= 1)"},
         };
         for (size_t i = 0; i < sizeof flash / sizeof flash[0]; i++) {
             char body[256];
@@ -289,6 +291,24 @@ static void test_errors(void)
         CHECK_STATUS(ctx, aj_forward(ctx, dev, k, &x), AJ_ERR_INVALID_ARG);
         CHECK_ERROR(ctx, "v.strides[2] = 68 is not a multiple of 8 elements (8 bytes)");
         aj_kernel_destroy(k);
+    }
+    /* the flash forward at head dims multiples of 32 (on GPUs the
+     * tensor-core kernel, whose Q and K loads move 16 bytes) wants q's and
+     * k's rows on 16 bytes; V's, as the efficient kernel's rows, on 8 */
+    aj_kernel *fk = NULL;
+    CHECK_STATUS(ctx, compile("flash", "  dtype = bf16\n  q_dtype = f8e4m3\n  kv_dtype = "
+                              "f8e4m3\n  head_dim = 64\n", &fk), AJ_OK);
+    if (fk) {
+        static uint8_t wide[2 * 8 * 72];
+        aj_fwd_args x = a;
+        CHECK_STATUS(ctx, aj_forward(ctx, dev, fk, &x), AJ_OK);
+        x.q = (aj_tensor){wide, AJ_DTYPE_F8E4M3, 4, {1, 2, 8, 64}, {2 * 8 * 72, 8 * 72, 72, 1}};
+        CHECK_STATUS(ctx, aj_forward(ctx, dev, fk, &x), AJ_ERR_INVALID_ARG);
+        CHECK_ERROR(ctx, "q.strides[2] = 72 is not a multiple of 16 elements (16 bytes)");
+        x = a;
+        x.v = (aj_tensor){wide, AJ_DTYPE_F8E4M3, 4, {1, 1, 8, 64}, {8 * 72, 8 * 72, 72, 1}};
+        CHECK_STATUS(ctx, aj_forward(ctx, dev, fk, &x), AJ_OK);
+        aj_kernel_destroy(fk);
     }
     /* descales given to a kernel without f8 inputs are a mistake */
     aj_kernel *plain = NULL;

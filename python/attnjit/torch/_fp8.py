@@ -11,8 +11,8 @@ import attnjit
 from attnjit import _capi
 from attnjit._capi import lib as _lib
 
-from ._ops import (_AJ_DTYPE, _F8, _IR_DTYPE, _FWD_SIZE, _SINKS, _bind_side, _body, _device_of,
-                   _fail, _kernel, _launch, _put, _side_tensors, _sinks_tensor)
+from ._ops import (_AJ_DTYPE, _F8, _IR_DTYPE, _FWD_SIZE, _SINKS, _aligned, _bind_side, _body,
+                   _device_of, _fail, _kernel, _launch, _put, _side_tensors, _sinks_tensor)
 
 
 def _descale(name, s, t, heads, whose):
@@ -64,8 +64,9 @@ def forward(q, k, v, *, q_descale, k_descale, v_descale, out_dtype, causal, wind
     fields.append("kv_dtype = " + _F8[k.dtype][1])
     dev, stream = _device_of(q)
     kernel = _fp8_kernel("\n  ".join(fields), dev, q8 and q.dtype == k.dtype)
-    # the kernels want each row contiguous (its last dim of stride 1)
-    q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
+    # the kernels' rules: rows contiguous and aligned (a view that breaks
+    # them is copied)
+    q, k, v = (_aligned(t) for t in (q, k, v))
     scales = [_descale("k_descale", k_descale, k, hkv, "KV"),
               _descale("v_descale", v_descale, v, hkv, "KV")]
     if q8:
