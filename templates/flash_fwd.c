@@ -829,6 +829,13 @@ static void finish_gemm(ffwd *e, LLVMValueRef acc, int n8, LLVMValueRef (*vars)[
                       LLVMBuildLoad2(e->b, kb->t_f32, acc_elem(e, acc, 4 * j + c), ""));
 }
 
+/* The keys of one P V k-step: 16, or FP8's 32 (k32 on the 8-bit tensor
+ * cores). */
+static int pv_step_keys(const ffwd_plan *p)
+{
+    return p->f8 ? 32 : 16;
+}
+
 /* The descriptor of 16 columns from column `col` of a K-major tile of
  * `rows` x `width` elements at shared byte offset `base`. */
 static LLVMValueRef kmajor_desc(ffwd *e, LLVMValueRef base, int rows, int width, int col)
@@ -874,7 +881,7 @@ static void emit_pv_wgmma(ffwd *e, LLVMValueRef a[][4], LLVMValueRef vbase)
         for (int c = 0; c < 4; c++)
             LLVMBuildStore(e->b, aj_kb_get(kb, e->o[0][v][c]), acc_elem(e, e->acc_o, 4 * v + c));
     aj_kb_intrinsic(kb, AJ_INTR_WGMMA_FENCE, NULL);
-    for (int kk = 0; kk < p->bn / (p->f8 ? 32 : 16); kk++) {
+    for (int kk = 0; kk < p->bn / pv_step_keys(p); kk++) {
         LLVMValueRef b_desc =
             p->f8 ? kmajor_desc(e, vbase, p->dv, p->bn / 2, 16 * kk)
                   : aj_kb_wgmma_desc(kb, smem_at(e, vbase, (int64_t)16 * kk * span),
@@ -1046,6 +1053,13 @@ static void pack_p_f8(ffwd *e, LLVMValueRef (*pf)[4], int kk, LLVMValueRef a[4])
     }
 }
 
+/* P's A fragment for P V's k-step kk (pv_step_keys): pack_p's, or FP8's
+ * pack_p_f8's -- the same registers for mma.sync and wgmma. */
+static void pack_pv_a(ffwd *e, LLVMValueRef (*pf)[4], int kk, LLVMValueRef a[4])
+{
+    (e->p.f8 ? pack_p_f8 : pack_p)(e, pf, kk, a);
+}
+
 /* O += P V on mma.sync for the warp's m-tiles: 16-bit, A = P (pack_p) and
  * B = V by ldmatrix.trans, 16 keys a step; FP8, A = P in e4m3 (pack_p_f8)
  * and B from V^T, read as a K tile is (lane_addresses), 32 keys a step.
@@ -1055,17 +1069,17 @@ static void emit_pv_mma(ffwd *e, LLVMValueRef (*pf)[MAX_NT][4], LLVMValueRef vba
 {
     aj_kb *kb = e->kb;
     const ffwd_plan *p = &e->p;
-    const int f8 = p->f8 != 0, step = f8 ? 32 : 16;
+    const int f8 = p->f8 != 0;
     LLVMValueRef vt = aj_kb_add(kb, vbase, e->v_lane);
     LLVMValueRef acc[MAX_MT][MAX_VT][4];
     for (int mi = 0; mi < p->mt; mi++)
         for (int v = 0; v < p->dv / 8; v++)
             for (int c = 0; c < 4; c++)
                 acc[mi][v][c] = aj_kb_get(kb, e->o[mi][v][c]);
-    for (int kk = 0; kk < p->bn / step; kk++) {
+    for (int kk = 0; kk < p->bn / pv_step_keys(p); kk++) {
         LLVMValueRef a[MAX_MT][4];
         for (int mi = 0; mi < p->mt; mi++)
-            (f8 ? pack_p_f8 : pack_p)(e, pf[mi], kk, a[mi]);
+            pack_pv_a(e, pf[mi], kk, a[mi]);
         for (int v = 0; v < p->dv / 8; v += 2) {
             int pair = v + 1 < p->dv / 8;
             int64_t at = f8 ? 2 * (8 * v * p->ldv + 16 * kk) : 2 * (16 * kk * p->ldv + 8 * v);
@@ -1149,8 +1163,8 @@ static void emit_softmax_pv(ffwd *e, LLVMValueRef n0, LLVMValueRef vbase)
     /* O += P V: A = P (see the diagram at the top), B = V */
     if (p->wg) {
         LLVMValueRef a[MAX_NT / 2][4];
-        for (int kk = 0; kk < p->bn / (p->f8 ? 32 : 16); kk++)
-            (p->f8 ? pack_p_f8 : pack_p)(e, pf[0], kk, a[kk]);
+        for (int kk = 0; kk < p->bn / pv_step_keys(p); kk++)
+            pack_pv_a(e, pf[0], kk, a[kk]);
         emit_pv_wgmma(e, a, vbase);
         return;
     }
