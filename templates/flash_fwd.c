@@ -57,6 +57,18 @@
  * With 8-bit Q, K and V both GEMMs run on the FP8 tensor cores, V's slot
  * holding V^T: see "FP8" below.
  *
+ * Head dims past 256 (Dv to 512, mma.sync with 16-bit inputs): a warp's O
+ * is Dv / 2 floats a thread, so Dv splits in two across warp pairs.  Warp
+ * w is split w / (warps / 2) of row group w % (warps / 2): both warps of
+ * a pair compute the same S = Q K^T of their 16 rows (the same bits, so
+ * the same statistics and dropout draws, no exchange), each runs P V for
+ * its vt = ceil(dv / 16) n8 tiles of columns (at an odd dv / 8 the second
+ * split's last tile covers V's zeroed pad and is not stored), and split 0
+ * stores the LSE (with accumulate, after a barrier that follows every
+ * warp's read of the prior).  The price is Q K^T twice per row block; the
+ * default is 64 x 32 tiles on 8 warps.  D alone past 256 needs no split
+ * (Q's and K's widths are shared memory, not registers).
+ *
  * Options: dropout (the efficient forward's Philox stream, attn_common.h),
  * accumulate (merge into a prior o_acc / lse), layout = varlen (cu_seqlens;
  * each CTA reads its sequence's bounds, rows past the sequence do nothing,
@@ -74,7 +86,10 @@
 
 #define MAX_MT 2                /* m-tiles (16 rows) per warp */
 #define MAX_NT 16               /* n8 tiles of a key tile: block_n <= 128 */
-#define MAX_VT 32               /* n8 tiles of the output: Dv <= 256 */
+#define MAX_VT 32               /* n8 tiles of a warp's output columns: 256 */
+/* Dv past 256 is split across warp pairs (see "Head dims past 256"): at
+ * most two splits, so Dv <= 512 */
+#define MAX_DV_SPLITS 2
 #define MAX_STAGES 3
 
 /* The schedule values the template implements (docs/ir.md), warps first:
@@ -114,6 +129,9 @@ typedef struct ffwd_plan {
     int wg;                        /* wgmma warpgroups; 0: mma.sync (see "wgmma" below) */
     int bm, bn, warps, stages, threads;
     int mt;                        /* m-tiles per warp */
+    /* Dv's splits (1, or 2 past 256: see "Head dims past 256") and the n8
+     * tiles of output columns each warp owns: dv / 8 without a split */
+    int dvs, vt;
     /* shared-memory row pitches, in 16-bit units; f8's V slot holds V^T,
      * Dv rows of block_n bytes (ldv: its pitch) */
     int ldq, ldk, ldv;
@@ -140,6 +158,15 @@ static const aj_schedule default_candidates[] = {
     {.block_m = 128, .block_n = 32, .warps = 8, .stages = 2},
     {.block_m = 64, .block_n = 32, .warps = 4, .stages = 2},
     {.block_m = 64, .block_n = 32, .warps = 4, .stages = 1},
+    /* Dv past 256 (see "Head dims past 256"): 4 row groups of 16 rows,
+     * each on a warp pair, then 2 for sm_89's 99 KiB at D 512; never
+     * accepted below it (16 rows per warp would be 128 or 64 rows) */
+    {.block_m = 64, .block_n = 32, .warps = 8, .stages = 2},
+    {.block_m = 64, .block_n = 32, .warps = 8, .stages = 1},
+    {.block_m = 32, .block_n = 32, .warps = 4, .stages = 1},
+    /* D near 512 with Dv up to 256 in sm_89's 99 KiB; below D 256 the
+     * 64-row ones always fit with the same state, and win the tie */
+    {.block_m = 32, .block_n = 32, .warps = 2, .stages = 1},
 };
 
 /*
@@ -222,6 +249,8 @@ static aj_status plan_schedule(aj_ctx *ctx, const aj_op *op, aj_target target,
     p->f8 = aj_op_has_f8(op) ? aj_op_kv_dtype(op) : 0;
     p->d = p->f8 ? op->head_dim / 2 : op->head_dim;
     p->dv = aj_op_dv(op);
+    p->dvs = (p->dv + 8 * MAX_VT - 1) / (8 * MAX_VT);
+    p->vt = (p->dv / 8 + p->dvs - 1) / p->dvs;
     p->wg = plan_warpgroups(op, target);
     if (p->wg) {
         aj_status st = plan_wgmma(ctx, op, target, &s, p);
@@ -237,11 +266,18 @@ static aj_status plan_schedule(aj_ctx *ctx, const aj_op *op, aj_target target,
     }
     SCHEDULE_VALUES(CHECK_VALUE)
 #undef CHECK_VALUE
-    if (!p->wg && s.block_m != 16 * s.warps && s.block_m != 32 * s.warps)
+    if (s.warps % p->dvs)
+        return aj_fail(ctx, AJ_ERR_UNSUPPORTED,
+                       "schedule: warps = %d at head_dim_v %d: flash forward splits Dv past 256 "
+                       "across warp pairs, so warps must be even", s.warps, p->dv);
+    /* the warps of one Dv split (all of them without one) */
+    int row_warps = s.warps / p->dvs;
+    if (!p->wg && s.block_m != 16 * row_warps && s.block_m != 32 * row_warps)
         return aj_fail(ctx, AJ_ERR_UNSUPPORTED,
                        "schedule: block_m = %d with warps = %d: flash forward gives each warp "
-                       "16 or 32 rows (block_m = %d or %d)", s.block_m, s.warps,
-                       16 * s.warps, 32 * s.warps);
+                       "16 or 32 rows%s (block_m = %d or %d)", s.block_m, s.warps,
+                       p->dvs > 1 ? ", a warp pair each row block past Dv 256" : "",
+                       16 * row_warps, 32 * row_warps);
     if (p->f8 && s.block_n % 32)
         return aj_fail(ctx, AJ_ERR_UNSUPPORTED,
                        "schedule: block_n = %d: flash forward with 8-bit inputs takes keys 32 at "
@@ -251,8 +287,8 @@ static aj_status plan_schedule(aj_ctx *ctx, const aj_op *op, aj_target target,
     p->warps = s.warps;
     p->stages = s.stages;
     p->threads = 32 * p->warps;
-    p->mt = p->bm / (16 * p->warps);
-    int state = p->mt * (p->dv / 2 + p->bn / 2 + 4);
+    p->mt = p->bm / (16 * row_warps);
+    int state = p->mt * (4 * p->vt + p->bn / 2 + 4);
     p->default_state = state + p->mt * p->bn / 2 *
                                    (aj_attn_option_regs_per_element(op) +
                                     aj_attn_score_mod_regs_per_element(op));
@@ -333,7 +369,15 @@ static aj_status ffwd_check(aj_ctx *ctx, const aj_op *op, aj_target target)
                            aj_dtype_name(aj_op_q_dtype(op)), aj_dtype_name(aj_op_kv_dtype(op)),
                            op->head_dim, aj_target_name(target), why);
     }
-    aj_status st = aj_attn_check_dims(ctx, op, "flash forward", AJ_HEAD_DIM_MAX_GPU);
+    /* past 256, Dv splits across warp pairs on mma.sync only (see "Head
+     * dims past 256") */
+    aj_status st =
+        aj_op_has_f8(op) ? aj_attn_check_dims(ctx, op, "flash forward with 8-bit inputs",
+                                              AJ_HEAD_DIM_MAX_GPU)
+        : plan_warpgroups(op, target)
+            ? aj_attn_check_dims(ctx, op, "flash forward on wgmma (schedule warpgroups)",
+                                 AJ_HEAD_DIM_MAX_GPU)
+            : aj_attn_check_dims(ctx, op, "flash forward", AJ_HEAD_DIM_MAX_FLASH_FWD);
     ffwd_plan plan;
     return st != AJ_OK ? st : aj_kctx_check_planned(ctx, op, plan_kernel(ctx, op, target, &plan));
 }
@@ -345,6 +389,9 @@ typedef struct ffwd {
     ffwd_plan p;
     LLVMValueRef lane, g, t;        /* i32: lane, lane / 4, lane % 4 */
     LLVMValueRef wrow;              /* i32: the warp's first local row */
+    /* i32: the warp's Dv split and its first output column (NULL without
+     * splits: see "Head dims past 256") */
+    LLVMValueRef split, vcol;
     LLVMValueRef m0;                /* i32: first query row of the CTA */
     LLVMValueRef k_src, v_src;      /* i64: element offsets of the K / V slices */
     /* i32 byte offsets of this lane's ldmatrix row addresses: Q's (with
@@ -762,7 +809,8 @@ static void lane_addresses(ffwd *e)
     e->k_lane = tile_offset(e, aj_kb_add(e->kb, l7, bit4), bit3, p->ldk);
     /* f8's V^T is read as a K tile is (see "FP8") */
     e->v_lane = p->f8 ? tile_offset(e, aj_kb_add(e->kb, l7, bit4), bit3, p->ldv)
-                      : tile_offset(e, aj_kb_add(e->kb, l7, bit3), bit4, p->ldv);
+                      : tile_offset(e, aj_kb_add(e->kb, l7, bit3),
+                                    e->vcol ? aj_kb_add(e->kb, bit4, e->vcol) : bit4, p->ldv);
     /* wgmma: the warpgroup's 64 rows start 64 rows into each Q panel */
     e->q_wg = aj_kb_add(e->kb, aj_kb_i32(e->kb, p->smem_q),
                         LLVMBuildMul(b, LLVMBuildLShr(b, e->tid, aj_kb_i32(e->kb, 7), ""),
@@ -1073,15 +1121,15 @@ static void emit_pv_mma(ffwd *e, LLVMValueRef (*pf)[MAX_NT][4], LLVMValueRef vba
     LLVMValueRef vt = aj_kb_add(kb, vbase, e->v_lane);
     LLVMValueRef acc[MAX_MT][MAX_VT][4];
     for (int mi = 0; mi < p->mt; mi++)
-        for (int v = 0; v < p->dv / 8; v++)
+        for (int v = 0; v < p->vt; v++)
             for (int c = 0; c < 4; c++)
                 acc[mi][v][c] = aj_kb_get(kb, e->o[mi][v][c]);
     for (int kk = 0; kk < p->bn / pv_step_keys(p); kk++) {
         LLVMValueRef a[MAX_MT][4];
         for (int mi = 0; mi < p->mt; mi++)
             pack_pv_a(e, pf[mi], kk, a[mi]);
-        for (int v = 0; v < p->dv / 8; v += 2) {
-            int pair = v + 1 < p->dv / 8;
+        for (int v = 0; v < p->vt; v += 2) {
+            int pair = v + 1 < p->vt;
             int64_t at = f8 ? 2 * (8 * v * p->ldv + 16 * kk) : 2 * (16 * kk * p->ldv + 8 * v);
             LLVMValueRef vf[4];
             aj_kb_ldmatrix(kb, pair ? 4 : 2, !f8, smem_at(e, vt, at), vf);
@@ -1096,7 +1144,7 @@ static void emit_pv_mma(ffwd *e, LLVMValueRef (*pf)[MAX_NT][4], LLVMValueRef vba
         }
     }
     for (int mi = 0; mi < p->mt; mi++)
-        for (int v = 0; v < p->dv / 8; v++)
+        for (int v = 0; v < p->vt; v++)
             for (int c = 0; c < 4; c++)
                 aj_kb_set(kb, e->o[mi][v][c], acc[mi][v][c]);
 }
@@ -1154,7 +1202,7 @@ static void emit_softmax_pv(ffwd *e, LLVMValueRef n0, LLVMValueRef vbase)
                 sum = LLVMBuildFMul(b, sum, aj_kb_f32(kb, ldexpf(1.0f, -P_E4M3_LOG2)), "");
             aj_kb_set(kb, e->l[mi][half], aj_kb_fma(kb, aj_kb_get(kb, e->l[mi][half]), alpha, sum));
             aj_kb_set(kb, e->m[mi][half], m_new);
-            for (int v = 0; v < p->dv / 8; v++)
+            for (int v = 0; v < p->vt; v++)
                 for (int c = 2 * half; c < 2 * half + 2; c++)
                     aj_kb_set(kb, e->o[mi][v][c], LLVMBuildFMul(b, aj_kb_get(kb, e->o[mi][v][c]),
                                                                alpha, ""));
@@ -1190,9 +1238,20 @@ static void emit_merge_weights(ffwd *e, LLVMValueRef lse_prior, LLVMValueRef l2_
     aj_attn_merge_weights(kb, lse_prior, l2_new, w_prior, w_new, lse_out);
 }
 
+/* The LSE's address of row `ic` (i32, within the sequence). */
+static LLVMValueRef lse_at(ffwd *e, LLVMValueRef lse_base, LLVMValueRef ic)
+{
+    aj_kb *kb = e->kb;
+    return aj_kb_gptr_offset(kb, aj_param(kb, AJ_PID(lse)),
+                             LLVMBuildMul(e->b, aj_kb_add(kb, lse_base, aj_kb_sext64(kb, ic)),
+                                          aj_kb_i64(kb, 4), ""));
+}
+
 /* O = acc / l (0 for rows that saw no key), LSE = (m + log2 l) ln 2, merged
  * into the prior with accumulate; each lane stores its column pairs, lane
- * t = 0 of the quad the LSE. */
+ * t = 0 of the quad (of Dv split 0) the LSE.  With Dv split, every warp of
+ * a row reads the prior LSE before a barrier and split 0 stores the new
+ * one after it. */
 static void emit_epilogue(ffwd *e, LLVMValueRef o_base, LLVMValueRef lse_base)
 {
     aj_kb *kb = e->kb;
@@ -1202,7 +1261,26 @@ static void emit_epilogue(ffwd *e, LLVMValueRef o_base, LLVMValueRef lse_base)
     const aj_param_source out = out_tensor(e->op);
     LLVMValueRef last_row = LLVMBuildSub(b, e->seq_q, aj_kb_i32(kb, 1), "");
     LLVMValueRef col_t = aj_kb_sext64(kb, LLVMBuildShl(b, e->t, aj_kb_i32(kb, 1), ""));
+    if (e->vcol)
+        col_t = aj_kb_add(kb, col_t, aj_kb_sext64(kb, e->vcol));
     LLVMTypeRef pair = LLVMVectorType(kb->t_f32, 2);
+    LLVMValueRef lse_prior[MAX_MT][2] = {{NULL}};
+    if (accumulate && e->split) {
+        for (int mi = 0; mi < p->mt; mi++)
+            for (int half = 0; half < 2; half++)
+                lse_prior[mi][half] = aj_kb_load(
+                    kb, kb->t_f32,
+                    lse_at(e, lse_base,
+                           aj_kb_smin(kb, aj_kb_add(kb, e->m0, elem_row(e, mi, 2 * half)),
+                                      last_row)),
+                    4);
+        aj_kb_barrier(kb);
+    }
+    /* the last split's last n8 tile past Dv (an odd dv / 8): computed on
+     * V's zero pad columns, never stored */
+    int ragged = p->dvs * p->vt > p->dv / 8;
+    LLVMValueRef lse_owner =
+        e->split ? LLVMBuildICmp(b, LLVMIntEQ, e->split, aj_kb_i32(kb, 0), "") : NULL;
     for (int mi = 0; mi < p->mt; mi++)
         for (int half = 0; half < 2; half++) {
             LLVMValueRef lsum = aj_kb_group_sum(kb, aj_kb_get(kb, e->l[mi][half]), 4);
@@ -1224,22 +1302,25 @@ static void emit_epilogue(ffwd *e, LLVMValueRef o_base, LLVMValueRef lse_base)
                 inv = LLVMBuildFMul(b, inv, e->o_scale, "");
             /* rows past Sq read the last row: in bounds, never stored */
             LLVMValueRef ic = aj_kb_smin(kb, i, last_row);
-            LLVMValueRef lse_ptr =
-                aj_kb_gptr_offset(kb, aj_param(kb, AJ_PID(lse)),
-                                  LLVMBuildMul(b, aj_kb_add(kb, lse_base, aj_kb_sext64(kb, ic)),
-                                               aj_kb_i64(kb, 4), ""));
+            LLVMValueRef lse_ptr = lse_at(e, lse_base, ic);
             LLVMValueRef orow =
                 aj_kb_add(e->kb, o_base,
                           LLVMBuildMul(b, aj_kb_sext64(kb, ic), aj_param_stride(kb, out, 2), ""));
             LLVMValueRef w_prior = NULL, scale_new = inv;
             if (accumulate) {
                 LLVMValueRef w_new;
-                emit_merge_weights(e, aj_kb_load(kb, kb->t_f32, lse_ptr, 4), l2, &w_prior, &w_new,
-                                   &lse);
+                emit_merge_weights(e,
+                                   lse_prior[mi][half] ? lse_prior[mi][half]
+                                                   : aj_kb_load(kb, kb->t_f32, lse_ptr, 4),
+                                   l2, &w_prior, &w_new, &lse);
                 scale_new = LLVMBuildFMul(b, w_new, inv, "");
             }
             aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntSLT, i, e->seq_q, ""));
-            for (int v = 0; v < p->dv / 8; v++) {
+            for (int v = 0; v < p->vt; v++) {
+                if (ragged && v == p->vt - 1)
+                    aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntSLT,
+                                                     aj_kb_add(kb, e->vcol, aj_kb_i32(kb, 8 * v)),
+                                                     aj_kb_i32(kb, p->dv), ""));
                 LLVMValueRef at = aj_kb_add(kb, orow, aj_kb_add(kb, col_t, aj_kb_i64(kb, 8 * v)));
                 LLVMValueRef vals[2];
                 for (int x = 0; x < 2; x++)
@@ -1266,8 +1347,11 @@ static void emit_epilogue(ffwd *e, LLVMValueRef o_base, LLVMValueRef lse_base)
                                                          LLVMBuildMul(b, at, aj_kb_i64(kb, 2), ""));
                     aj_kb_store(kb, pack2(e, p->dtype, vals[0], vals[1]), ptr, 4);
                 }
+                if (ragged && v == p->vt - 1)
+                    aj_kb_if_end(kb);
             }
-            aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntEQ, e->t, aj_kb_i32(kb, 0), ""));
+            LLVMValueRef t0 = LLVMBuildICmp(b, LLVMIntEQ, e->t, aj_kb_i32(kb, 0), "");
+            aj_kb_if_begin(kb, lse_owner ? LLVMBuildAnd(b, t0, lse_owner, "") : t0);
             aj_kb_store(kb, lse, lse_ptr, 4);
             aj_kb_if_end(kb);
             aj_kb_if_end(kb);
@@ -1301,7 +1385,7 @@ static void alloc_state(ffwd *e)
         for (int j = 0; j < p->bn / 8; j++)
             for (int c = 0; c < 4; c++)
                 e->s[mi][j][c] = aj_kb_var(kb, kb->t_f32, NULL, "s");
-        for (int v = 0; v < p->dv / 8; v++)
+        for (int v = 0; v < p->vt; v++)
             for (int c = 0; c < 4; c++)
                 e->o[mi][v][c] = aj_kb_var(kb, kb->t_f32, aj_kb_f32(kb, 0), "o");
         for (int half = 0; half < 2; half++) {
@@ -1322,8 +1406,14 @@ static void thread_coords(ffwd *e)
     e->lane = LLVMBuildAnd(b, e->tid, aj_kb_i32(kb, 31), "lane");
     e->g = LLVMBuildLShr(b, e->lane, aj_kb_i32(kb, 2), "g");
     e->t = LLVMBuildAnd(b, e->lane, aj_kb_i32(kb, 3), "t");
-    e->wrow = LLVMBuildMul(b, LLVMBuildLShr(b, e->tid, aj_kb_i32(kb, 5), ""),
-                           aj_kb_i32(kb, 16 * p->mt), "wrow");
+    LLVMValueRef warp = LLVMBuildLShr(b, e->tid, aj_kb_i32(kb, 5), "");
+    if (p->dvs > 1) {   /* warp = split * row_warps + row group */
+        LLVMValueRef row_warps = aj_kb_i32(kb, p->warps / p->dvs);
+        e->split = LLVMBuildUDiv(b, warp, row_warps, "split");
+        e->vcol = LLVMBuildMul(b, e->split, aj_kb_i32(kb, 8 * p->vt), "vcol");
+        warp = LLVMBuildURem(b, warp, row_warps, "");
+    }
+    e->wrow = LLVMBuildMul(b, warp, aj_kb_i32(kb, 16 * p->mt), "wrow");
 }
 
 /* wgmma, loading by cp.async, where D is an odd multiple of 8: the 8
@@ -1362,6 +1452,11 @@ static void prologue(ffwd *e, aj_score_walk *walk, LLVMValueRef q_src, int gated
         aj_mma_tile_zero_pad(kb, aj_kb_i32(kb, p->smem_q), p->bm, p->d, e->tid, p->threads);
         aj_mma_tile_zero_pad(kb, aj_kb_i32(kb, p->smem_k), p->stages * p->bn, p->d, e->tid,
                              p->threads);
+        /* Dv split at an odd dv / 8: the last split's last n8 tile reads
+         * V's pad columns (see "Head dims past 256") */
+        if (p->dvs * p->vt > p->dv / 8)
+            aj_mma_tile_zero_pad(kb, aj_kb_i32(kb, p->smem_v), p->stages * p->bn, p->dv, e->tid,
+                                 p->threads);
     }
     if (e->tma) {   /* thread 0 sets up the mbarriers and loads Q by TMA */
         LLVMBuilderRef b = e->b;

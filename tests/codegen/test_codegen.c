@@ -69,9 +69,9 @@ static void test_unsupported(aj_ctx *ctx)
          "dtype = f32: flash forward runs on f16 / bf16 tensor cores; use `attention "
          "forward efficient` for f32"},
         {"attention forward flash { dtype = f16 head_dim = 100 }", AJ_TARGET_SM_80,
-         "head_dim = 100: flash forward supports multiples of 8 up to 256"},
+         "head_dim = 100: flash forward supports multiples of 8 up to 512"},
         {"attention forward flash { dtype = bf16 head_dim = 64 head_dim_v = 76 }",
-         AJ_TARGET_SM_80, "head_dim_v = 76: flash forward supports multiples of 8 up to 256"},
+         AJ_TARGET_SM_80, "head_dim_v = 76: flash forward supports multiples of 8 up to 512"},
         {"attention forward flash { dtype = f16 head_dim = 64 schedule = (block_m = 256) }",
          AJ_TARGET_SM_80, "schedule: block_m = 256 is not supported by flash forward "
          "(allowed: 16, 32, 64 or 128)"},

@@ -131,11 +131,14 @@ static int check_efficient_fwd(aj_ctx *ctx, aj_device *dev, int quick)
  * accumulate over 3 key blocks and a varlen batch; with `wgmma` the same
  * cases on the wgmma template (schedule warpgroups 1 and 2 in turn: TMA
  * loads over padded tensors, cp.async for varlen), on a GPU of compute
- * capability 9.0 only */
+ * capability 9.0 only, without the head dims past 256 (mma.sync's: Dv
+ * split across warp pairs) */
 static int check_flash_fwd(aj_ctx *ctx, aj_device *dev, int quick, int wgmma)
 {
-    static const int flash_dims[][2] = {{32, 32}, {64, 64}, {96, 96}, {128, 128},
-                                        {192, 192}, {256, 256}, {192, 128}};
+    static const int flash_dims[][2] = {{32, 32},   {64, 64},   {96, 96},   {128, 128},
+                                        {192, 192}, {256, 256}, {192, 128}, {384, 384},
+                                        {512, 512}, {264, 512}};
+    const int n_dims = wgmma ? 7 : (int)(sizeof flash_dims / sizeof flash_dims[0]);
     static const int32_t lq[] = {1, 300, 0, 129}, lk[] = {257, 64, 5, 0};
     int failed = 0, cases = 0;
     if (wgmma && !aj_device_runs(dev, AJ_TARGET_SM_90A)) {
@@ -146,7 +149,7 @@ static int check_flash_fwd(aj_ctx *ctx, aj_device *dev, int quick, int wgmma)
     correctness_header(dev, wgmma ? "the wgmma flash forward" : "the flash forward",
                        wgmma ? "correctness_wgmma_fwd" : "correctness_flash_fwd");
     for (int t = 0; t < 2; t++)
-        for (int d = 0; d < 7; d++)
+        for (int d = 0; d < n_dims; d++)
             for (int m = 0; m < 6; m++) {
                 if (quick && (d % 2 || m % 2))
                     continue;
@@ -431,6 +434,16 @@ static int benchmark(aj_ctx *ctx, aj_device *dev, int quick)
                     failed += measure(ctx, &clock, dev, k, &sc, reps, &first);
                 }
     }
+    /* head dim 512 (Gemma-4's global layers), S 4096: the efficient
+     * forward and the flash forward's Dv split across warp pairs */
+    for (int vi = 0; vi < 2; vi++)
+        for (int causal = 0; causal < 2; causal++) {
+            const int d = 512, s = 4096;
+            aj_kernel *k = compile_for(ctx, dev, variants[vi], AJ_DTYPE_BF16, d, causal);
+            const speed_case sc = {variants[vi], AJ_DTYPE_BF16, tokens / s, hidden / d, s, d,
+                                   causal};
+            failed += measure(ctx, &clock, dev, k, &sc, reps, &first);
+        }
     clock_close(&clock);
     if (json)
         fprintf(json, "\n  ]");

@@ -275,6 +275,94 @@ static void test_varlen(void)
     run_ext(&c, &x, &how);
 }
 
+/* Head dims past 256 (mma.sync): Dv split across warp pairs, both
+ * computing the same scores.  Odd dv / 8 (the second split's last n8 tile
+ * on V's zero pad, not stored), D past 256 alone (no split), D != Dv both
+ * ways, GQA with dropout (both warps of a pair draw the same keep mask),
+ * accumulate (the split-0 LSE store after every warp's read of the prior),
+ * varlen and a given schedule; every mask meets a split. */
+static void test_wide_heads(void)
+{
+    static const struct { int d, dv, mask; } dims[] = {
+        {512, 512, 2}, {264, 264, 3}, {512, 264, 1}, {264, 512, 0},
+        {384, 8, 2}, {8, 512, 1}, {320, 392, 3},
+    };
+    for (int i = 0; i < 7; i++)
+        run_dims_case(100 + i, dims[i].d, dims[i].dv, dims[i].mask);
+    fwd_options x;
+    memset(&x, 0, sizeof x);
+    x.dropout = 0.2;
+    x.drop_seed = 99;
+    fwd_case c = base("bf16 d320 GQA 4:2 dropout 0.2 causal(bottom_right)", AJ_DTYPE_BF16, 320,
+                      "causal(bottom_right)");
+    c.hq = 4;
+    c.hkv = 2;
+    c.sq = 40;
+    c.sk = 70;
+    run_with(&c, &x);
+    fwd_run_options how = {.accumulate_parts = 2};
+    c = base("f16 d512/296 accumulate 2 blocks + dropout + softcap", AJ_DTYPE_F16, 512, "none");
+    c.dv = 296;
+    c.score_mod = "softcap(20.0)";
+    c.sq = 20;
+    c.sk = 50;
+    run_ext(&c, &x, &how);
+    static const int32_t lq[] = {17, 0, 40}, lk[] = {33, 9, 70};
+    fwd_run_options var = {.seqlens_q = lq, .seqlens_k = lk};
+    c = base("bf16 d384 varlen B3 window(20, 4, bottom_right)", AJ_DTYPE_BF16, 384,
+             "window(20, 4, bottom_right)");
+    c.b = 3;
+    run_ext(&c, NULL, &var);
+    c = base("f16 d296 (block_m = 32, block_n = 16, warps = 4, stages = 3)", AJ_DTYPE_F16, 296,
+             "causal(top_left)");
+    c.schedule = "(block_m = 32, block_n = 16, warps = 4, stages = 3)";
+    run(&c);
+}
+
+/* One op the template refuses on a target: the op's fields, and the
+ * message's needle (NULL: it compiles). */
+typedef struct refusal {
+    aj_target target;
+    const char *fields, *needle;
+} refusal;
+
+/* Each row compiled for its target: AJ_ERR_UNSUPPORTED with its needle in
+ * the message, or AJ_OK without one. */
+static void expect_refusals(const refusal *rows, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        char spec[256];
+        snprintf(spec, sizeof spec, "attention forward flash { %s }", rows[i].fields);
+        aj_compile_options opt = AJ_COMPILE_OPTIONS_INIT;
+        opt.target = rows[i].target;
+        aj_kernel *k = NULL;
+        CHECK_STATUS(ctx, spec_compile(ctx, spec, "w.aj", &opt, &k),
+                     rows[i].needle ? AJ_ERR_UNSUPPORTED : AJ_OK);
+        if (rows[i].needle)
+            CHECK_ERROR(ctx, rows[i].needle);
+        aj_kernel_destroy(k);
+    }
+}
+
+/* What the flash forward refuses past 256, by message: an odd warp count
+ * (no warp pairs), the wgmma template and FP8 inputs (up to 256), and past
+ * 512. */
+static void test_wide_refusals(void)
+{
+    static const refusal rows[] = {
+        {AJ_TARGET_SIM, "dtype = f16 head_dim = 512 schedule = (block_m = 16, warps = 1)",
+         "warps = 1 at head_dim_v 512: flash forward splits Dv past 256 across warp pairs"},
+        {AJ_TARGET_SIM, "dtype = bf16 head_dim = 264 schedule = (warpgroups = 1)",
+         "head_dim = 264: flash forward on wgmma (schedule warpgroups) supports multiples of 8 "
+         "up to 256"},
+        {AJ_TARGET_SM_89, "dtype = bf16 q_dtype = f8e4m3 kv_dtype = f8e4m3 head_dim = 288",
+         "head_dim = 288: flash forward with 8-bit inputs supports multiples of 8 up to 256"},
+        {AJ_TARGET_SM_80, "dtype = f16 head_dim = 64 head_dim_v = 520",
+         "head_dim_v = 520: flash forward supports multiples of 8 up to 512"},
+    };
+    expect_refusals(rows, sizeof rows / sizeof rows[0]);
+}
+
 /* ---------------------------------------------------------------- varlen arguments */
 
 enum { VB = 2, VTQ = 8, VTK = 6, VHQ = 2, VHKV = 1, VD = 32 };
@@ -412,33 +500,20 @@ static void test_tile_skipping(void)
  * template is its own, compiles the op as it is (NULL needle). */
 static void test_wgmma_refusals(void)
 {
-    static const struct {
-        aj_target target;
-        const char *schedule, *needle;
-    } rows[] = {
-        {AJ_TARGET_SM_80, "(warpgroups = 1)",
+#define F16_D64 "dtype = f16 head_dim = 64 schedule = "
+    static const refusal rows[] = {
+        {AJ_TARGET_SM_80, F16_D64 "(warpgroups = 1)",
          "schedule: warpgroups = 1 needs wgmma, which sm_80 lacks: target sm_90a"},
-        {AJ_TARGET_SM_90, "(warpgroups = 2)",
+        {AJ_TARGET_SM_90, F16_D64 "(warpgroups = 2)",
          "schedule: warpgroups = 2 needs wgmma, which sm_90 lacks"},
-        {AJ_TARGET_CPU, "(warpgroups = 1)", NULL},
-        {AJ_TARGET_SIM, "(block_m = 64, warpgroups = 2)",
+        {AJ_TARGET_CPU, F16_D64 "(warpgroups = 1)", NULL},
+        {AJ_TARGET_SIM, F16_D64 "(block_m = 64, warpgroups = 2)",
          "schedule: warpgroups = 2 runs block_m = 128 rows on warps = 8 (64 rows per "
          "warpgroup of 4 warps), not block_m = 64, warps = 8"},
-        {AJ_TARGET_SM_90A, "(warps = 4, warpgroups = 2)", "not block_m = 128, warps = 4"},
+        {AJ_TARGET_SM_90A, F16_D64 "(warps = 4, warpgroups = 2)", "not block_m = 128, warps = 4"},
     };
-    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
-        char spec[256];
-        snprintf(spec, sizeof spec, "attention forward flash {\n  dtype = f16\n  head_dim = 64\n"
-                 "  schedule = %s\n}\n", rows[i].schedule);
-        aj_compile_options opt = AJ_COMPILE_OPTIONS_INIT;
-        opt.target = rows[i].target;
-        aj_kernel *k = NULL;
-        CHECK_STATUS(ctx, spec_compile(ctx, spec, "w.aj", &opt, &k),
-                     rows[i].needle ? AJ_ERR_UNSUPPORTED : AJ_OK);
-        if (rows[i].needle)
-            CHECK_ERROR(ctx, rows[i].needle);
-        aj_kernel_destroy(k);
-    }
+#undef F16_D64
+    expect_refusals(rows, sizeof rows / sizeof rows[0]);
 }
 
 /*
@@ -501,7 +576,7 @@ int main(int argc, char **argv)
     static void (*const tests[])(void) = {
         test_matrix, test_odd_dims, test_heads_and_layout, test_offsets, test_score_mods,
         test_dropout, test_schedules, test_accumulate, test_varlen, test_varlen_arguments,
-        test_tile_skipping, NULL};
+        test_tile_skipping, test_wide_heads, test_wide_refusals, NULL};
     /* the same cases on the wgmma template; the varlen argument checks are
      * the launch's, the same for both */
     static void (*const wgmma_tests[])(void) = {
