@@ -346,7 +346,7 @@ static aj_status fbwd_check(aj_ctx *ctx, const aj_op *op, aj_target target)
         return aj_fail(ctx, AJ_ERR_UNSUPPORTED,
                        "dtype = f32: flash backward runs on tensor cores and takes f16 or "
                        "bf16; use `attention backward efficient` for f32");
-    aj_status st = aj_attn_check_dims(ctx, op, "flash backward", AJ_HEAD_DIM_MAX_GPU);
+    aj_status st = aj_attn_check_dims(ctx, op, "flash backward", AJ_HEAD_DIM_MAX_FLASH);
     fbwd_plan plan;
     return st != AJ_OK ? st : aj_kctx_check_planned(ctx, op, plan_kernel(ctx, op, target, &plan));
 }

@@ -377,7 +377,7 @@ static aj_status ffwd_check(aj_ctx *ctx, const aj_op *op, aj_target target)
         : plan_warpgroups(op, target)
             ? aj_attn_check_dims(ctx, op, "flash forward on wgmma (schedule warpgroups)",
                                  AJ_HEAD_DIM_MAX_GPU)
-            : aj_attn_check_dims(ctx, op, "flash forward", AJ_HEAD_DIM_MAX_FLASH_FWD);
+            : aj_attn_check_dims(ctx, op, "flash forward", AJ_HEAD_DIM_MAX_FLASH);
     ffwd_plan plan;
     return st != AJ_OK ? st : aj_kctx_check_planned(ctx, op, plan_kernel(ctx, op, target, &plan));
 }

@@ -13,13 +13,14 @@
  * AJ_ERR_UNSUPPORTED naming the option, `who` ("efficient forward") in
  * the message. */
 aj_status aj_attn_check_layout_and_dims(aj_ctx *ctx, const aj_op *op, const char *who, int max);
-/* The largest head dims (D and Dv alike) the templates take: the GPU
- * templates' register plans stop at 256, the cpu kernels' stack tiles at
- * 512 (docs/design.md, "Head dims"). */
+/* The largest head dims (D and Dv alike) the templates take
+ * (docs/design.md, "Head dims"): the flash templates on mma.sync 512 (the
+ * forward splits Dv past 256 across warp pairs, templates/flash_fwd.c
+ * "Head dims past 256"; the backward's warp grids split every product's
+ * columns), their wgmma forward and FP8 inputs 256, the cpu kernels'
+ * stack tiles 512. */
+#define AJ_HEAD_DIM_MAX_FLASH 512
 #define AJ_HEAD_DIM_MAX_GPU 256
-/* ... except the flash forward on mma.sync, which splits Dv past 256
- * across warp pairs (templates/flash_fwd.c, "Head dims past 256") */
-#define AJ_HEAD_DIM_MAX_FLASH_FWD 512
 #define AJ_HEAD_DIM_MAX_CPU 512
 /* ... the efficient (SIMT) templates', whose plans size their tiles to
  * the head dims and refuse what does not fit */

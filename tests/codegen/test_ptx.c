@@ -228,6 +228,14 @@ static void check_flash_forward(aj_ctx *ctx, aj_target target, const char *arch)
         {"flash f16 d32 varlen+softcap+dropout", "dtype = f16\n head_dim = 32\n"
                                                  " layout = varlen\n dropout = 0.3\n"
                                                  " score_mod = softcap(30.0)"},
+        /* past Dv 256: warp pairs, each half of O (an odd half at 264) */
+        {"flash bf16 d512 dropout+alibi+acc window", "dtype = bf16\n head_dim = 512\n"
+                                                     " dropout = 0.2\n score_mod = alibi\n"
+                                                     " accumulate = true\n"
+                                                     " mask = window(64, 0, bottom_right)"},
+        {"flash f16 d264 varlen+softcap causal", "dtype = f16\n head_dim = 264\n"
+                                                 " layout = varlen\n score_mod = softcap(30.0)\n"
+                                                 " mask = causal(bottom_right)"},
     };
     static const char *const flash_masks[] = {"none", "causal(top_left)",
                                               "window(128, 0, bottom_right)"};
@@ -239,7 +247,10 @@ static void check_flash_forward(aj_ctx *ctx, aj_target target, const char *arch)
         odd_dims[i][0] = odd_dims[i][1] = 8 + 16 * i;
     static const int odd_pairs[3][2] = {{40, 24}, {72, 136}, {248, 8}};
     memcpy(odd_dims[16], odd_pairs, sizeof odd_pairs);
-    enum { N_MATRIX = 2 * 7 * 3, N = N_MATRIX + 7 + N_ODD };
+    enum {
+        N_MATRIX = 2 * 7 * 3,
+        N = N_MATRIX + (int)(sizeof flash_extra / sizeof flash_extra[0]) + N_ODD
+    };
     static char labels[N][128], specs[N][512];
     static aj_compile_job jobs[N];
     static aj_op *ops[N];
@@ -331,16 +342,19 @@ static void check_flash_bwd(aj_ctx *ctx)
 {
     static const int fdims[7][2] = {{32, 32},   {64, 64},   {96, 96}, {128, 128},
                                     {192, 192}, {256, 256}, {192, 128}};
-    static const char *const extras[3] = {
+    static const char *const extras[4] = {
         "dtype = f16 head_dim = 128 score_mod = softcap(30.0) dropout = 0.1 "
         "mask = causal(top_left)",
         "dtype = bf16 head_dim = 64 score_mod = alibi layout = varlen deterministic = true "
         "mask = causal(bottom_right)",
         "dtype = bf16 head_dim = 256 dropout = 0.2 deterministic = true "
         "mask = window(64, 0, bottom_right)",
+        /* past 256: 16 x 16 tiles on 8 warps, the most registers there */
+        "dtype = bf16 head_dim = 512 score_mod = softcap(30.0) dropout = 0.2 "
+        "mask = window(64, 0, bottom_right)",
     };
     static const int odd_dims[10] = {8, 24, 40, 72, 80, 88, 152, 176, 216, 248};
-    enum { PER_ARCH = 14 + 3 + 10, N = 2 * PER_ARCH };
+    enum { PER_ARCH = 14 + 4 + 10, N = 2 * PER_ARCH };
     char labels[N][96], specs[N][320];
     aj_op *ops[N] = {0};
     aj_compile_job jobs[N];
@@ -356,13 +370,13 @@ static void check_flash_bwd(aj_ctx *ctx)
             snprintf(labels[x], sizeof labels[x], "flash bwd %s d%d/%d %s%s", dt, fdims[d][0],
                      fdims[d][1], det ? "det " : "", mask);
         }
-        for (int i = 0; i < 3; i++) {
+        for (int i = 0; i < 4; i++) {
             int x = a * PER_ARCH + 14 + i;
             snprintf(specs[x], sizeof specs[x], "attention backward flash { %s }", extras[i]);
             snprintf(labels[x], sizeof labels[x], "flash bwd extra %d", i);
         }
         for (int i = 0; i < 10; i++) {
-            int x = a * PER_ARCH + 17 + i, det = (i + a) % 2;
+            int x = a * PER_ARCH + 18 + i, det = (i + a) % 2;
             const char *dt = dtypes[i % 2], *mask = masks[(i + a) % 4];
             snprintf(specs[x], sizeof specs[x], "attention backward flash { dtype = %s "
                      "head_dim = %d mask = %s deterministic = %s }", dt, odd_dims[i], mask,

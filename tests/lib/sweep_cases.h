@@ -10,11 +10,10 @@
  * numbered 0 .. SWEEP_COUNT - 1, so a test can walk all of them, shard
  * them or draw a spread-out sample by index.  Cases the IR itself rejects
  * (flash with bias) are part of the numbering; sweep_spec() says so.
- * Head dims past 256 are the cpu's, the efficient templates' and the
- * flash forward's on mma.sync (the flash backward, the wgmma forward and
- * FP8 inputs refuse them by name, docs/design.md "Head dims"): the (D, Dv)
- * pairs below are the flash range's, sweep_case_on_gpu says what the GPU
- * targets take.
+ * Head dims past 256 are every template's but the wgmma forward's and
+ * FP8 inputs' (which refuse them by name, docs/design.md "Head dims"): the
+ * (D, Dv) pairs below are the range of those two and of the flash
+ * templates before, sweep_case_on_gpu says what the GPU targets take.
  *
  * Header-only with static functions (tests include it where they need it).
  */
@@ -27,7 +26,7 @@
 
 #define SWEEP_DIM_STEP 8
 #define SWEEP_DIM_MAX 512       /* the cpu's and the efficient templates' head dims */
-#define SWEEP_GPU_DIM_MAX 256   /* the flash templates' (sim, sm_80 .. sm_90a) but ... */
+#define SWEEP_GPU_DIM_MAX 256   /* the wgmma forward's and FP8 inputs' (sim, sm_89 .. sm_90a) */
 #define SWEEP_DIMS (SWEEP_DIM_MAX / SWEEP_DIM_STEP)
 #define SWEEP_GPU_DIMS (SWEEP_GPU_DIM_MAX / SWEEP_DIM_STEP)
 
@@ -98,22 +97,12 @@ static inline sweep_case sweep_dim_case(int k, aj_kind kind)
     return c;
 }
 
-/* Whether the case is the flash forward's on mma.sync with 16-bit
- * inputs, which takes head dims to 512 (Dv split across warp pairs). */
-static inline int sweep_case_flash_fwd_mma(const sweep_case *c)
-{
-    return c->variant == AJ_VARIANT_FLASH && c->kind == AJ_KIND_FORWARD && !c->warpgroups &&
-           !c->f8;
-}
-
-/* Whether both head dims are in the GPU templates' range (the flash
- * variant's 256, the efficient one's and the flash forward's on mma.sync
- * 512). */
+/* Whether both head dims are in the GPU templates' range: 512, but 256
+ * for the wgmma forward and FP8 inputs on the flash templates. */
 static inline int sweep_case_on_gpu(const sweep_case *c)
 {
-    int max = c->variant == AJ_VARIANT_EFFICIENT || sweep_case_flash_fwd_mma(c)
-                  ? SWEEP_DIM_MAX
-                  : SWEEP_GPU_DIM_MAX;
+    int max = c->variant == AJ_VARIANT_FLASH && (c->warpgroups || c->f8) ? SWEEP_GPU_DIM_MAX
+                                                                       : SWEEP_DIM_MAX;
     return c->d <= max && c->dv <= max;
 }
 

@@ -11,9 +11,9 @@
  *            forward runs on f16 / bf16", "layout = varlen: ...") or its
  *            default schedule passes its own check.  A refusal that blames
  *            the schedule ("schedule: ...") of an op given no schedule is
- *            a failure.  The cpu and the efficient templates take every
- *            head dim; the flash templates take 8..256 and refuse the rest
- *            naming the limit.
+ *            a failure.  Every template takes every head dim, but the
+ *            wgmma forward and FP8 inputs on the flash forward take 8..256
+ *            and refuse the rest naming the limit.
  *   ptxas    `ptxas [SHARD SHARDS]`: the GPU kernels of the sweep at their
  *            default schedules through ptxas for sm_80 and sm_90 with no
  *            spill bytes (main_cases); `ptxas pairs [STRIDE [SHARD
@@ -93,8 +93,9 @@ static void accept_case(aj_ctx *ctx, const sweep_case *c, accept_counts *n)
         int takes = template_takes(ctx, op, all_targets[t], label);
         n->accepted += takes;
         n->declined += !takes;
-        /* head dims: the cpu and the efficient templates take the whole
-         * range, the flash templates 8..256 and refuse the rest by name */
+        /* head dims: every template takes the whole range but the wgmma
+         * forward and FP8 inputs, which take 8..256 and refuse the rest by
+         * name */
         const char *why = takes ? "" : aj_last_error(ctx);
         if (all_targets[t] == AJ_TARGET_CPU)
             CHECK_MSG(!strstr(why, "head_dim"), "%s on cpu: %s", label, why);
@@ -190,8 +191,8 @@ static sweep_case with_options(sweep_case c, int set)
 }
 
 /* The main product's cases for ptxas: every (kind, variant, dtype, head
- * dim) of the sweep in the HEAVIEST option set -- past 256 (the efficient
- * templates') every third head dim and 512, for CI time: the pairs'
+ * dim) of the sweep in the HEAVIEST option set -- past 256 every third
+ * head dim and 512, for CI time: the pairs'
  * head-dim walk assembles every one of them (D or Dv) too.  The other
  * sets' code is a subset of its code at the same default schedule
  * (defaults depend on the dtype, head dims and kind only); test_ptx
@@ -210,11 +211,12 @@ static int main_cases(sweep_case *out)
     return n;
 }
 
-/* Every `stride`-th (D, Dv) pair with D != Dv of the flash range, each
- * in the four (kind, variant) combinations, in an option set that rotates
- * with the pair: a stride prime to the dim count walks through every D
- * and Dv.  Then the efficient templates' pairs past it: the head-dim walk
- * (sweep_dim_case) of both kinds where D or Dv exceeds 256. */
+/* Every `stride`-th (D, Dv) pair with D != Dv to 256, each in the four
+ * (kind, variant) combinations, in an option set that rotates with the
+ * pair: a stride prime to the dim count walks through every D and Dv.
+ * Then the pairs past it: the head-dim walk (sweep_dim_case) of both
+ * kinds where D or Dv exceeds 256, its variant alternating (so every D
+ * and Dv past 256 is assembled by some template). */
 static int pair_cases(sweep_case *out, int stride)
 {
     int n = 0;
@@ -226,9 +228,8 @@ static int pair_cases(sweep_case *out, int stride)
                                     (sweep_pair_mix(i) / 3 + combo) % PTXAS_SETS);
     }
     for (int k = 0; k < SWEEP_DIMS; k++)
-        for (int kind = 0; kind < 2; kind++) {
+        for (int kind = 0; kind < 2; kind++) {   /* the walk's variant alternates with k */
             sweep_case c = sweep_dim_case(k, kind ? AJ_KIND_BACKWARD : AJ_KIND_FORWARD);
-            c.variant = AJ_VARIANT_EFFICIENT;
             if (c.d > SWEEP_GPU_DIM_MAX || c.dv > SWEEP_GPU_DIM_MAX)
                 out[n++] = with_options(c, (k + kind) % PTXAS_SETS);
         }
@@ -431,8 +432,8 @@ static void test_ptxas(aj_ctx *ctx, int argc, char **argv)
     }
     int n = pairs ? pair_cases(cases, stride) : main_cases(cases);
     if (pairs)
-        printf("ptxas pairs: every %d-th (D, Dv) pair with D != Dv and the efficient head-dim "
-               "walk past 256, %d cases\n", stride, n);
+        printf("ptxas pairs: every %d-th (D, Dv) pair with D != Dv and the head-dim walk past "
+               "256, %d cases\n", stride, n);
     assemble_cases(ctx, cases, n, shard, shards, mma_archs);
 }
 

@@ -349,6 +349,25 @@ static void run_rows(const bwd_case *rows, int n, int deterministic)
     bwd_case_rows(&b, rows, n, run);
 }
 
+/* head dims past 256 (16 x 16 tiles on 8 warps by default, each warp a
+ * share of every product's columns): D = Dv, odd multiples of 8, D != Dv
+ * far apart both ways, every mask and both dq modes; then dropout with
+ * GQA and atomic dq at 320 */
+static void test_wide_dims(void)
+{
+    static const int dims[][2] = {{512, 512}, {264, 264}, {512, 8}, {8, 512}, {384, 296}};
+    char label[96];
+    for (int d = 0; d < 5; d++)
+        run_dims_case(label, sizeof label, d % 2 ? AJ_DTYPE_BF16 : AJ_DTYPE_F16, dims[d][0],
+                      dims[d][1], d % 4, d % 2);
+    static const bwd_case atomic[] = {
+        {.label = "bf16 d320 GQA 4:2 dropout 0.2 causal(bottom_right), atomic dq",
+         .dtype = AJ_DTYPE_BF16, .d = 320, .mask = "causal(bottom_right)", .hq = 4, .hkv = 2,
+         .sq = 21, .sk = 40, .dropout = 0.2, .drop_seed = 77, .drop_offset = 3},
+    };
+    run_rows(atomic, sizeof atomic / sizeof atomic[0], 0);
+}
+
 static void test_shapes(void)
 {
     static const bwd_case rows[] = {
@@ -1016,7 +1035,7 @@ static void test_score_sample(void)
 int main(int argc, char **argv)
 {
     static void (*const suite[])(void) = {
-        test_matrix, test_odd_dims, test_shapes, test_offsets, test_score_mods, test_dropout,
+        test_matrix, test_odd_dims, test_wide_dims, test_shapes, test_offsets, test_score_mods, test_dropout,
         test_deterministic, test_schedules, test_expressions, test_varlen, test_workspace,
         test_varlen_errors, NULL};
     static void (*const cpu_suite[])(void) = {test_varlen, test_varlen_errors,

@@ -824,10 +824,7 @@ def _prepare(q, k, v, causal, window, softcap, alibi_slopes, bias, scale, dropou
         raise _fail("k (%s) and v (%s) must have q's dtype %s" % (k.dtype, v.dtype, q.dtype))
     if not 0.0 <= dropout_p < 1.0:
         raise _fail("dropout_p = %r; want 0 <= p < 1" % (dropout_p,))
-    # the flash backward stops at head dim 256 on GPUs (the forward and the
-    # efficient templates at 512): one variant serves both directions
-    wide = max(q.shape[-1], v.shape[-1]) > 256
-    variant = variant or ("efficient" if bias is not None or wide else "flash")
+    variant = variant or ("efficient" if bias is not None else "flash")
     if variant not in ("flash", "efficient"):
         raise _fail("variant = %r; want 'flash' or 'efficient'" % (variant,))
     side, decls = _side_tensors(tensors, q)
