@@ -120,18 +120,28 @@ static void test_second_process(const char *self, const char *dir)
 }
 
 /* The key holds the CPU's features: code built with AVX-512 masked off is
- * another entry, and the native one is still there. */
+ * another entry, and the native one is still there.  On a host without
+ * AVX-512 the mask changes no feature, and the native entry serves. */
 static void test_features_in_key(const char *dir)
 {
+    int avx512 = __builtin_cpu_supports("avx512f");
     setenv("AJ_CPU_ISA", "avx2", 1);
     aj_ctx *ctx = new_ctx(dir);
     double ms = 0;
     int wide = compile_and_run(ctx, "avx2", &ms);
     aj_cache_stats s = stats_of(ctx);
-    CHECK_MSG(s.disk_hits == 0 && s.misses == 1 && s.disk_writes == 1,
-              "AJ_CPU_ISA=avx2: disk hits %llu", (unsigned long long)s.disk_hits);
+    if (avx512)
+        CHECK_MSG(s.disk_hits == 0 && s.misses == 1 && s.disk_writes == 1,
+                  "AJ_CPU_ISA=avx2: disk hits %llu", (unsigned long long)s.disk_hits);
+    else   /* the same features, the same key */
+        CHECK_MSG(s.disk_hits == 1 && s.disk_writes == 0,
+                  "AJ_CPU_ISA=avx2 on a host without AVX-512: disk hits %llu, writes %llu",
+                  (unsigned long long)s.disk_hits, (unsigned long long)s.disk_writes);
     CHECK_MSG(!wide, "AJ_CPU_ISA=avx2 still emits 512-bit vectors");
-    CHECK(entries(dir, NULL, 0) == 2);
+    CHECK(entries(dir, NULL, 0) == (avx512 ? 2 : 1));
+    if (!avx512)
+        printf("host without AVX-512: AJ_CPU_ISA=avx2 masks nothing and hits the native "
+               "entry\n");
     aj_ctx_destroy(ctx);
 
     setenv("AJ_CPU_ISA", "pentium", 1);

@@ -15,13 +15,14 @@
  *            wgmma forward and FP8 inputs on the flash forward take 8..256
  *            and refuse the rest naming the limit.
  *   ptxas    `ptxas [SHARD SHARDS]`: the GPU kernels of the sweep at their
- *            default schedules through ptxas for sm_80 and sm_90 with no
- *            spill bytes (main_cases); `ptxas pairs [STRIDE [SHARD
- *            SHARDS]]`: the same for (D, Dv) pairs with D != Dv, every
- *            STRIDE-th pair (default PAIR_STRIDE; 1 is all of them);
+ *            default schedules through ptxas with no spill bytes, each
+ *            on sm_80 or sm_90 in turn (arch_takes; test_ptx assembles
+ *            its kernels for both) (main_cases); `ptxas pairs [STRIDE
+ *            [SHARD SHARDS]]`: the same for (D, Dv) pairs with D != Dv,
+ *            every STRIDE-th pair (default PAIR_STRIDE; 1 is all of them);
  *            `ptxas fp8`: the efficient forward with f8 inputs, every head
- *            dim 8..512 (fp8_cases), for sm_80, sm_89, sm_90 and sm_90a,
- *            and the flash forward's FP8 tensor-core kernels
+ *            dim 8..512 (fp8_cases), on sm_80 and sm_90 or on sm_89 and
+ *            sm_90a in turn, and the flash forward's FP8 tensor-core kernels
  *            (fp8_flash_cases: mma.sync on sm_89, wgmma on sm_90a with
  *            two warpgroups and with one).
  *   numeric  `numeric`: a spread-out sample of the forward cases on sim
@@ -255,8 +256,19 @@ static const ptxas_arch all_gpu_archs[] = {{AJ_TARGET_SM_80, "sm_80"}, {AJ_TARGE
 static const ptxas_arch f8_mma_archs[] = {{AJ_TARGET_SM_89, "sm_89"}, {AJ_TARGET_SM_90A, "sm_90a"},
                                           {0, NULL}};
 
+/* Whether arch `a` of a list assembles case `slot` when the cases are
+ * spread over the archs, `spread` apart (0: every arch every case): arch a
+ * takes the cases whose (slot + slot / 4) % spread is a % spread -- so
+ * that consecutive cases (the next head dim; a pair's four (kind, variant)
+ * combinations) alternate, and each kind, variant and dtype meets every
+ * arch over the dims.  CI time: ptxas is most of the suite's. */
+static int arch_takes(int a, int slot, int spread)
+{
+    return !spread || (slot + slot / 4) % spread == a % spread;
+}
+
 static void assemble_cases(aj_ctx *ctx, const sweep_case *cases, int count, int shard,
-                           int shards, const ptxas_arch *archs)
+                           int shards, const ptxas_arch *archs, int spread)
 {
     char ptxas[1024];
     if (!ptxas_find(ptxas, sizeof ptxas)) {
@@ -271,7 +283,7 @@ static void assemble_cases(aj_ctx *ctx, const sweep_case *cases, int count, int 
     for (int a = 0; archs[a].arch && jobs && ops && labels && results; a++) {
         int n = 0;
         for (int slot = 0; slot < count; slot++) {
-            if (slot % shards != shard)
+            if (slot % shards != shard || !arch_takes(a, slot, spread))
                 continue;
             const sweep_case *c = &cases[slot];
             sweep_label(c, labels[n], sizeof labels[n]);
@@ -405,20 +417,20 @@ static void test_ptxas(aj_ctx *ctx, int argc, char **argv)
     if (argc > 2 && strcmp(argv[2], "fp8") == 0) {
         int n = fp8_cases(cases);
         printf("ptxas fp8: %d efficient forward cases with f8 inputs\n", n);
-        assemble_cases(ctx, cases, n, 0, 1, all_gpu_archs);
+        assemble_cases(ctx, cases, n, 0, 1, all_gpu_archs, 2);
         n = fp8_flash_cases(cases);
         printf("ptxas fp8: %d flash forward cases on FP8 tensor cores\n", n);
-        assemble_cases(ctx, cases, n, 0, 1, f8_mma_archs);
+        assemble_cases(ctx, cases, n, 0, 1, f8_mma_archs, 0);
         for (int i = 0; i < n; i++)   /* and on one warpgroup (sm_90a's default: two) */
             cases[i].warpgroups = 1;
         printf("ptxas fp8: the same on one warpgroup\n");
-        assemble_cases(ctx, cases, n, 0, 1, wgmma_archs);
+        assemble_cases(ctx, cases, n, 0, 1, wgmma_archs, 0);
         return;
     }
     if (argc > 2 && strcmp(argv[2], "wgmma") == 0) {
         int n = wgmma_cases(cases);
         printf("ptxas wgmma: %d flash forward cases on the wgmma template\n", n);
-        assemble_cases(ctx, cases, n, 0, 1, wgmma_archs);
+        assemble_cases(ctx, cases, n, 0, 1, wgmma_archs, 0);
         return;
     }
     int pairs = argc > 2 && strcmp(argv[2], "pairs") == 0;
@@ -434,7 +446,7 @@ static void test_ptxas(aj_ctx *ctx, int argc, char **argv)
     if (pairs)
         printf("ptxas pairs: every %d-th (D, Dv) pair with D != Dv and the head-dim walk past "
                "256, %d cases\n", stride, n);
-    assemble_cases(ctx, cases, n, shard, shards, mma_archs);
+    assemble_cases(ctx, cases, n, shard, shards, mma_archs, 2);
 }
 
 /* ---------------------------------------------------------------- numeric */
