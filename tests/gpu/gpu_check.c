@@ -176,7 +176,25 @@ static int check_flash_fwd(aj_ctx *ctx, aj_device *dev, int quick, int wgmma)
 
 /* ---------------------------------------------------------------- 2 */
 
-/* variant "wgmma": the flash forward on wgmma, 2 warpgroups (sm_90a) */
+/* The kernel of spec `text` for dev, the device going with the compile
+ * (the target it picks: sm_90a for the wgmma kernels on a 9.0 GPU; its
+ * tuned schedules); NULL after a failure, reported. */
+static aj_kernel *compile_spec(aj_ctx *ctx, aj_device *dev, const char *text)
+{
+    aj_op *op = NULL;
+    aj_kernel *k = NULL;
+    aj_compile_options opt = AJ_COMPILE_OPTIONS_INIT;
+    opt.target = aj_device_target(dev);
+    opt.device = dev;
+    if (aj_op_parse(ctx, text, strlen(text), "gpu_check", &op) != AJ_OK ||
+        aj_compile(ctx, op, &opt, &k) != AJ_OK)
+        fprintf(stderr, "gpu_check: %s\n%s\n", aj_last_error(ctx), text);
+    aj_op_destroy(op);
+    return k;
+}
+
+/* The forward of `variant` ("efficient", "flash", or "wgmma": the flash
+ * forward on wgmma, 2 warpgroups, which a 9.0 device compiles for sm_90a) */
 static aj_kernel *compile_for(aj_ctx *ctx, aj_device *dev, const char *variant, aj_dtype dtype,
                               int d, int causal)
 {
@@ -186,14 +204,7 @@ static aj_kernel *compile_for(aj_ctx *ctx, aj_device *dev, const char *variant, 
              "mask = %s%s }", wgmma ? "flash" : variant, aj_dtype_name(dtype), d,
              causal ? "causal(bottom_right)" : "none",
              wgmma ? " schedule = (warpgroups = 2)" : "");
-    aj_op *op = NULL;
-    aj_kernel *k = NULL;
-    aj_compile_options opt = AJ_COMPILE_OPTIONS_INIT;
-    opt.target = wgmma ? AJ_TARGET_SM_90A : aj_device_target(dev);
-    if (aj_op_parse(ctx, text, strlen(text), "bench", &op) == AJ_OK)
-        aj_compile(ctx, op, &opt, &k);
-    aj_op_destroy(op);
-    return k;
+    return compile_spec(ctx, dev, text);
 }
 
 static aj_tensor dev_tensor(void *p, aj_dtype dt, int64_t b, int64_t h, int64_t s, int64_t d)
@@ -448,23 +459,6 @@ static int benchmark(aj_ctx *ctx, aj_device *dev, int quick)
     if (json)
         fprintf(json, "\n  ]");
     return failed;
-}
-
-/* The kernel of spec `text` for dev, the device going with the compile
- * (the target it picks: sm_90a for the wgmma kernels on a 9.0 GPU); NULL
- * after a failure, reported. */
-static aj_kernel *compile_spec(aj_ctx *ctx, aj_device *dev, const char *text)
-{
-    aj_op *op = NULL;
-    aj_kernel *k = NULL;
-    aj_compile_options opt = AJ_COMPILE_OPTIONS_INIT;
-    opt.target = aj_device_target(dev);
-    opt.device = dev;
-    if (aj_op_parse(ctx, text, strlen(text), "fp8", &op) != AJ_OK ||
-        aj_compile(ctx, op, &opt, &k) != AJ_OK)
-        fprintf(stderr, "gpu_check: %s\n%s\n", aj_last_error(ctx), text);
-    aj_op_destroy(op);
-    return k;
 }
 
 /*

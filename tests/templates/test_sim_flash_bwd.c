@@ -1035,9 +1035,9 @@ static void test_score_sample(void)
 int main(int argc, char **argv)
 {
     static void (*const suite[])(void) = {
-        test_matrix, test_odd_dims, test_wide_dims, test_shapes, test_offsets, test_score_mods, test_dropout,
-        test_deterministic, test_schedules, test_expressions, test_varlen, test_workspace,
-        test_varlen_errors, NULL};
+        test_matrix, test_odd_dims, test_wide_dims, test_shapes, test_offsets, test_score_mods,
+        test_dropout, test_deterministic, test_schedules, test_expressions, test_varlen,
+        test_workspace, test_varlen_errors, NULL};
     static void (*const cpu_suite[])(void) = {test_varlen, test_varlen_errors,
                                               test_fused_without_memory, NULL};
     static void (*const sweep[])(void) = {test_sweep_sample, NULL};

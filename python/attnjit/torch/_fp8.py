@@ -11,8 +11,8 @@ import attnjit
 from attnjit import _capi
 from attnjit._capi import lib as _lib
 
-from ._ops import (_AJ_DTYPE, _F8, _IR_DTYPE, _FWD_SIZE, _SINKS, _aligned, _bind_side, _body,
-                   _device_of, _fail, _kernel, _launch, _put, _side_tensors, _sinks_tensor)
+from ._ops import (_AJ_DTYPE, _F8, _IR_DTYPE, _FWD_SIZE, _SINKS, _Bounded, _aligned, _bind_side,
+                   _body, _device_of, _fail, _kernel, _launch, _put, _side_tensors, _sinks_tensor)
 
 
 def _descale(name, s, t, heads, whose):
@@ -95,8 +95,9 @@ def forward(q, k, v, *, q_descale, k_descale, v_descale, out_dtype, causal, wind
     return (o, lse) if return_lse else o
 
 
-# the (body, device) pairs whose flash FP8 kernel the target refused
-_no_flash = set()
+# the (body, device) pairs whose flash FP8 kernel the target refused, as
+# many as the kernel cache keeps (each stands for a kernel it holds)
+_no_flash = _Bounded(attnjit.KERNEL_CACHE_LIMIT)
 
 
 def _fp8_kernel(body, dev, same_format):
@@ -104,13 +105,13 @@ def _fp8_kernel(body, dev, same_format):
     target has one (on a GPU the FP8 tensor-core kernel: Ada's mma.sync,
     Hopper's wgmma; on the cpu one template serves both), else -- a head
     dim or a target it refuses -- the efficient one."""
-    if same_format and (body, dev.value) not in _no_flash:
+    if same_format and not _no_flash.get((body, dev.value)):
         try:
             return _kernel("forward", "flash", body, dev)
         except attnjit.Error as e:
             if e.status != "AJ_ERR_UNSUPPORTED":
                 raise
-            _no_flash.add((body, dev.value))
+            _no_flash.put((body, dev.value), True)
     return _kernel("forward", "efficient", body, dev)
 
 
