@@ -86,10 +86,9 @@
 
 #define MAX_MT 2                /* m-tiles (16 rows) per warp */
 #define MAX_NT 16               /* n8 tiles of a key tile: block_n <= 128 */
-#define MAX_VT 32               /* n8 tiles of a warp's output columns: 256 */
-/* Dv past 256 is split across warp pairs (see "Head dims past 256"): at
- * most two splits, so Dv <= 512 */
-#define MAX_DV_SPLITS 2
+/* n8 tiles of a warp's output columns: 256 (Dv past it splits across warp
+ * pairs, see "Head dims past 256") */
+#define MAX_VT 32
 #define MAX_STAGES 3
 
 /* The schedule values the template implements (docs/ir.md), warps first:
