@@ -268,21 +268,27 @@ static const ptxas_arch f8_mma_archs[] = {{AJ_TARGET_SM_89, "sm_89"}, {AJ_TARGET
  * takes the cases whose (slot + slot / 4) % spread is a % spread -- so
  * that consecutive cases (the next head dim; a pair's four (kind, variant)
  * combinations) alternate, and each kind, variant and dtype meets every
- * arch over the dims.  CI time: ptxas is most of the suite's;
- * AJ_PTXAS_SPREAD overrides `spread` (0: all on all). */
+ * arch over the dims.  CI time: ptxas is most of the suite's. */
 static int arch_takes(int a, int slot, int spread)
 {
-    /* AJ_PTXAS_SPREAD=0: every case on every arch (about twice the time) */
-    const char *env = getenv("AJ_PTXAS_SPREAD");
-    if (env && *env)
-        spread = atoi(env);
     return spread <= 0 || (slot + slot / 4) % spread == a % spread;
+}
+
+/* The spread a list asks for, unless it asks for every arch (0: each arch
+ * compiles its own template there) and AJ_PTXAS_SPREAD gives another --
+ * AJ_PTXAS_SPREAD=0 assembles every case on every arch (about twice the
+ * time). */
+static int ptxas_spread(int spread)
+{
+    const char *env = getenv("AJ_PTXAS_SPREAD");
+    return spread > 0 && env && *env ? atoi(env) : spread;
 }
 
 static void assemble_cases(aj_ctx *ctx, const sweep_case *cases, int count, int shard,
                            int shards, const ptxas_arch *archs, int spread)
 {
     char ptxas[1024];
+    spread = ptxas_spread(spread);
     if (!ptxas_find(ptxas, sizeof ptxas)) {
         CHECK_MSG(!ptxas_missing("ptxas sweep"), "ptxas is required");
         return;
