@@ -58,6 +58,10 @@ void aj_host_add_entry(aj_kb *kb, const aj_kb_stage *stage);
 /* Emulated targets: every block adds its instruction count to the thread's
  * counter. */
 void aj_sim_count_instructions(LLVMModuleRef mod);
+/* Cuts every block longer than `limit` instructions into a chain of
+ * blocks no longer (host code made without machine-level optimisation:
+ * see aj_host_target_machine). */
+void aj_host_split_blocks(LLVMModuleRef mod, int limit);
 /* Loads kernel->object into a new LLJIT (kernel->jit), binding `symbols`,
  * and fills each stage's host_entry (sim and cpu). */
 aj_status aj_host_jit(aj_ctx *ctx, aj_kernel *kernel);

@@ -57,6 +57,12 @@ static aj_status host_target_ready(aj_ctx *ctx)
  * (bench_sim), while its instruction scheduling is quadratic in the size of
  * the templates' unrolled blocks: -O2 made sim compiles 2.5-3x slower (a
  * paged forward 155-195 ms against 55-63) and the sim tests about 2x.
+ * Even at none the instruction selector's scheduler is quadratic in a
+ * block's length (its topological order, kept for physical-register
+ * dependences), so sim kernels reach it in blocks of at most the row's
+ * block_limit instructions (aj_host_split_blocks): a batch of eight random
+ * score programs on the wgmma template compiled in 16 s whole, 0.45 s cut
+ * at 256 (test_score sim wgmma random 64: 126 s, 3.7 s).
  * The cpu target's code is the kernel itself: it keeps the op's opt_level
  * (at none, the paged decode ran at half its speed, bench_decode).
  */
@@ -145,6 +151,62 @@ void aj_sim_count_instructions(LLVMModuleRef mod)
             LLVMValueRef old = LLVMBuildLoad2(b, i64, thread, "");
             LLVMBuildStore(b, LLVMBuildAdd(b, old, LLVMConstInt(i64, (unsigned long long)n, 0), ""),
                            thread);
+        }
+    }
+    LLVMDisposeBuilder(b);
+}
+
+/* Every terminator of fn that branches to `to` branches to `via` instead. */
+static void retarget(LLVMValueRef fn, LLVMBasicBlockRef to, LLVMBasicBlockRef via)
+{
+    for (LLVMBasicBlockRef bb = LLVMGetFirstBasicBlock(fn); bb; bb = LLVMGetNextBasicBlock(bb)) {
+        LLVMValueRef term = bb == via ? NULL : LLVMGetBasicBlockTerminator(bb);
+        for (unsigned s = 0, n = term ? LLVMGetNumSuccessors(term) : 0; s < n; s++)
+            if (LLVMGetSuccessor(term, s) == to)
+                LLVMSetSuccessor(term, s, via);
+    }
+}
+
+/* Cuts bb's instructions into runs of at most `limit` (its phis stay
+ * together in the first), each a new block that falls through to the
+ * next: the predecessors enter the first run, which takes the phis, and
+ * the last keeps the terminator, so no phi anywhere changes. */
+static void split_block(LLVMContextRef c, LLVMBuilderRef b, LLVMValueRef fn,
+                        LLVMBasicBlockRef bb, int limit)
+{
+    int n = 0, phis = 0;
+    for (LLVMValueRef i = LLVMGetFirstInstruction(bb); i; i = LLVMGetNextInstruction(i)) {
+        n++;
+        phis += LLVMIsAPHINode(i) != NULL;
+    }
+    while (n - 1 > limit) {   /* the terminator stays */
+        const int take = phis > limit ? phis : limit;
+        phis = 0;
+        LLVMBasicBlockRef run = LLVMInsertBasicBlockInContext(c, bb, "");
+        retarget(fn, bb, run);
+        LLVMPositionBuilderAtEnd(b, run);
+        for (int k = 0; k < take; k++) {
+            LLVMValueRef i = LLVMGetFirstInstruction(bb);
+            LLVMInstructionRemoveFromParent(i);
+            LLVMInsertIntoBuilder(b, i);
+        }
+        LLVMBuildBr(b, bb);
+        n -= take;
+    }
+}
+
+void aj_host_split_blocks(LLVMModuleRef mod, int limit)
+{
+    if (limit < 1)
+        return;
+    LLVMContextRef c = LLVMGetModuleContext(mod);
+    LLVMBuilderRef b = LLVMCreateBuilderInContext(c);
+    for (LLVMValueRef f = LLVMGetFirstFunction(mod); f; f = LLVMGetNextFunction(f)) {
+        LLVMBasicBlockRef bb = LLVMGetFirstBasicBlock(f);
+        while (bb) {
+            LLVMBasicBlockRef next = LLVMGetNextBasicBlock(bb);
+            split_block(c, b, f, bb, limit);
+            bb = next;
         }
     }
     LLVMDisposeBuilder(b);

@@ -207,6 +207,8 @@ aj_status aj_codegen_run(aj_ctx *ctx, const aj_op *op,
     AJ_TRY(optimize(ctx, kb.mod, tm, options->opt_level));
     if (desc->emulated)
         aj_sim_count_instructions(kb.mod);
+    if (desc->block_limit)
+        aj_host_split_blocks(kb.mod, desc->block_limit);
     t1 = now_ms();
     stats.optimize_ms = t1 - t0;
     stats.ir_instructions = count_instructions(kb.mod);

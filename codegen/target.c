@@ -34,6 +34,7 @@ static const aj_target_desc rows[AJ_TARGET_COUNT] = {
                        .emulated = true, .smem_limit = 227 * KIB, .f8_mma = AJ_F8_MMA_NATIVE,
                        .wgmma = true,
                        .machine = aj_host_target_machine, .machine_opt_follows_op = false,
+                       .block_limit = 256,
                        .cache_kind = AJ_CACHE_SIM_OBJECT, .host_symbols = aj_sim_symbols,
                        .loads_from_bytes = false},
     [AJ_TARGET_CPU] = {.family = AJ_FAMILY_HOST, .hidden = AJ_HIDDEN_WORK_ITEM, .simt = false,

@@ -78,6 +78,10 @@ typedef struct aj_target_desc {
     /* machine-level code generation at the op's opt_level; false: none
      * (sim: see codegen/host.c) */
     bool machine_opt_follows_op;
+    /* host code at machine level none: its blocks cut to at most this many
+     * instructions before instruction selection (0: left whole; codegen/
+     * host.c, aj_host_split_blocks) */
+    int32_t block_limit;
     aj_cache_kind cache_kind;  /* what its compiles make */
     /* host family: the functions its code may call (NULL: none) */
     const aj_host_symbol *(*host_symbols)(size_t *count);

@@ -1,11 +1,14 @@
 /*
  * test_codegen.c -- aj_compile: argument checks, options no template
  * implements (AJ_ERR_UNSUPPORTED naming the option), the three emission
- * forms, the launch contract, determinism, and the stage dump.
+ * forms, the launch contract, determinism, the stage dump, and the cut
+ * of long host blocks (aj_host_split_blocks).
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include <llvm-c/Analysis.h>
 
 #include "check.h"
 #include "codegen/codegen.h"
@@ -432,6 +435,116 @@ static void test_intrinsic_table(aj_ctx *ctx)
     CHECK(aj_ptx_version(AJ_TARGET_SIM) == NULL);
 }
 
+
+/* ------------------------------------------------------ long host blocks */
+
+/* i64 f(i64 n): a long entry block, then a loop whose one block starts
+ * with `phis` phis and runs `ops` more instructions before branching back
+ * to itself. */
+static LLVMValueRef long_blocks(LLVMModuleRef mod, int phis, int ops)
+{
+    LLVMContextRef c = LLVMGetModuleContext(mod);
+    LLVMTypeRef i64 = LLVMInt64TypeInContext(c);
+    LLVMValueRef fn = LLVMAddFunction(mod, "f", LLVMFunctionType(i64, &i64, 1, 0));
+    LLVMBasicBlockRef entry = LLVMAppendBasicBlockInContext(c, fn, "entry");
+    LLVMBasicBlockRef loop = LLVMAppendBasicBlockInContext(c, fn, "loop");
+    LLVMBasicBlockRef exit = LLVMAppendBasicBlockInContext(c, fn, "exit");
+    LLVMBuilderRef b = LLVMCreateBuilderInContext(c);
+    LLVMPositionBuilderAtEnd(b, entry);
+    LLVMValueRef n = LLVMGetParam(fn, 0), x = n;
+    for (int k = 0; k < ops; k++)
+        x = LLVMBuildAdd(b, LLVMBuildMul(b, x, n, ""), LLVMConstInt(i64, (unsigned)k, 0), "");
+    LLVMBuildBr(b, loop);
+    LLVMPositionBuilderAtEnd(b, loop);
+    LLVMValueRef phi[16] = {0}, next[16] = {0};
+    for (int p = 0; p < phis; p++)
+        phi[p] = LLVMBuildPhi(b, i64, "");
+    LLVMValueRef y = phi[0];
+    for (int k = 0; k < ops; k++)
+        y = LLVMBuildXor(b, LLVMBuildAdd(b, y, phi[k % phis], ""), x, "");
+    for (int p = 0; p < phis; p++)
+        next[p] = LLVMBuildAdd(b, phi[p], p ? y : LLVMConstInt(i64, 1, 0), "");
+    LLVMBuildCondBr(b, LLVMBuildICmp(b, LLVMIntULT, next[0], n, ""), loop, exit);
+    for (int p = 0; p < phis; p++) {
+        LLVMValueRef values[2] = {p ? x : LLVMConstInt(i64, 0, 0), next[p]};
+        LLVMBasicBlockRef from[2] = {entry, loop};
+        LLVMAddIncoming(phi[p], values, from, 2);
+    }
+    LLVMPositionBuilderAtEnd(b, exit);
+    LLVMBuildRet(b, y);
+    LLVMDisposeBuilder(b);
+    return fn;
+}
+
+/* fn's instructions in layout order, unconditional branches left out
+ * (the cut adds only those), as opcodes and operand counts; and the
+ * length of its longest block and of its longest block without phis. */
+static int layout(LLVMValueRef fn, int *code, int cap, int *longest, int *longest_plain)
+{
+    int n = 0;
+    *longest = *longest_plain = 0;
+    for (LLVMBasicBlockRef bb = LLVMGetFirstBasicBlock(fn); bb; bb = LLVMGetNextBasicBlock(bb)) {
+        int here = 0, phis = 0;
+        for (LLVMValueRef i = LLVMGetFirstInstruction(bb); i; i = LLVMGetNextInstruction(i)) {
+            here++;
+            phis += LLVMIsAPHINode(i) != NULL;
+            if (LLVMIsABranchInst(i) && !LLVMIsConditional(i))
+                continue;
+            CHECK(n < cap);
+            if (n < cap)
+                code[n++] = (int)LLVMGetInstructionOpcode(i) * 8 + LLVMGetNumOperands(i);
+        }
+        *longest = here > *longest ? here : *longest;
+        if (!phis)
+            *longest_plain = here > *longest_plain ? here : *longest_plain;
+    }
+    return n;
+}
+
+static void test_split_blocks(void)
+{
+    enum { CAP = 1024 };
+    static const int shapes[][3] = {   /* phis, ops, limit */
+        {2, 40, 5}, {2, 40, 1}, {9, 30, 4}, {3, 7, 200}, {1, 100, 16},
+    };
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        const int phis = shapes[s][0], ops = shapes[s][1], limit = shapes[s][2];
+        LLVMContextRef c = LLVMContextCreate();
+        LLVMModuleRef mod = LLVMModuleCreateWithNameInContext("split", c);
+        LLVMValueRef fn = long_blocks(mod, phis, ops);
+        static int before[CAP], after[CAP];
+        int longest = 0, plain = 0;
+        const int n = layout(fn, before, CAP, &longest, &plain);
+        const unsigned blocks = LLVMCountBasicBlocks(fn);
+        aj_host_split_blocks(mod, limit);
+        char *msg = NULL;
+        CHECK_MSG(!LLVMVerifyModule(mod, LLVMReturnStatusAction, &msg),
+                  "phis %d ops %d limit %d: %s", phis, ops, limit, msg);
+        LLVMDisposeMessage(msg);
+        CHECK(layout(fn, after, CAP, &longest, &plain) == n);
+        CHECK_MSG(memcmp(before, after, sizeof *before * (size_t)n) == 0,
+                  "limit %d: the instructions moved out of order", limit);
+        /* a block holds `limit` instructions and a branch; the first of
+         * a cut block keeps all its phis */
+        CHECK_MSG(plain <= limit + 1 && longest <= (phis > limit ? phis : limit) + 1,
+                  "limit %d: blocks of %d (%d without phis)", limit, longest, plain);
+        if (2 * ops + 1 > limit + 1)
+            CHECK(LLVMCountBasicBlocks(fn) > blocks);
+        else
+            CHECK(LLVMCountBasicBlocks(fn) == blocks);
+        /* the function's entry is the first run of the old entry: nothing
+         * branches to it */
+        LLVMBasicBlockRef first = LLVMGetEntryBasicBlock(fn);
+        for (LLVMBasicBlockRef bb = first; bb; bb = LLVMGetNextBasicBlock(bb)) {
+            LLVMValueRef term = LLVMGetBasicBlockTerminator(bb);
+            for (unsigned k = 0; k < LLVMGetNumSuccessors(term); k++)
+                CHECK(LLVMGetSuccessor(term, k) != first);
+        }
+        LLVMDisposeModule(mod);
+        LLVMContextDispose(c);
+    }
+}
+
 int main(void)
 {
     aj_ctx *ctx = NULL;
@@ -444,6 +557,7 @@ int main(void)
     test_stages(ctx);
     test_stage_plans(ctx);
     test_dump_after();
+    test_split_blocks();
     aj_ctx_destroy(ctx);
     return check_report();
 }
