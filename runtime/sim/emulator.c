@@ -60,6 +60,9 @@
  *     ldmatrix) order nothing, as in the PTX memory model.
  */
 #define _GNU_SOURCE
+/* fibers switch by longjmp between stacks, which glibc's fortified
+ * longjmp takes for a corrupt jump (see the fiber switches) */
+#undef _FORTIFY_SOURCE
 #include "runtime/sim/sim_internal.h"
 
 #include "ir/dtype.h"
@@ -132,9 +135,15 @@ void aj_sim_record_fault(sim_worker *w, const char *fmt, ...)
 }
 
 /*
- * Fiber switches.  Under AddressSanitizer every switch is announced, so it
- * tracks which stack is live (without this it reports false errors on
- * fiber stacks); elsewhere these are plain swapcontext calls.
+ * Fiber switches.  A fiber's first entry is a swapcontext into the context
+ * prepare_fiber made; every later switch, either way, is a setjmp /
+ * longjmp pair, which saves and restores no signal mask: swapcontext's
+ * two sigprocmask system calls per switch were 35-40% of an emulated
+ * launch (perf, test_sim_flash_bwd).  (A longjmp to a frame on another
+ * live stack: glibc's fortified longjmp refuses it, see the top of the
+ * file.)  Under AddressSanitizer every switch is announced, so it tracks
+ * which stack is live (without this it reports false errors on fiber
+ * stacks).
  */
 #if defined(__SANITIZE_ADDRESS__)
 #define AJ_ASAN_FIBERS 1
@@ -187,31 +196,47 @@ static void tsan_fiber_destroy(sim_thread *t)
 
 static void switch_to_fiber(sim_worker *w, sim_thread *t)
 {
+    if (setjmp(w->back) == 0) {
 #ifdef AJ_ASAN_FIBERS
-    __sanitizer_start_switch_fiber(&w->asan_fake_stack, t->stack, STACK_BYTES);
+        __sanitizer_start_switch_fiber(&w->asan_fake_stack, t->stack, STACK_BYTES);
 #endif
 #ifdef AJ_TSAN_FIBERS
-    w->tsan_sched = __tsan_get_current_fiber();
-    __tsan_switch_to_fiber(t->tsan_fiber, 0);
+        w->tsan_sched = __tsan_get_current_fiber();
+        __tsan_switch_to_fiber(t->tsan_fiber, 0);
 #endif
-    swapcontext(&w->sched, &t->uc);
+        if (t->started)
+            longjmp(t->resume, 1);
+        t->started = true;
+        swapcontext(&w->sched, &t->uc);   /* the fiber comes back by longjmp */
+    }
 #ifdef AJ_ASAN_FIBERS
     __sanitizer_finish_switch_fiber(w->asan_fake_stack, NULL, NULL);
 #endif
 }
 
-/* `dying`: the fiber will never be resumed (finished or faulted). */
-static void switch_to_scheduler(sim_thread *t, int dying)
+/* The scheduler resumes; `dying`: the fiber will never be resumed
+ * (finished or faulted). */
+static _Noreturn void jump_to_scheduler(sim_thread *t, int dying)
 {
     sim_worker *w = t->w;
 #ifdef AJ_ASAN_FIBERS
     __sanitizer_start_switch_fiber(dying ? NULL : &t->asan_fake_stack, w->sched_stack,
                                    w->sched_stack_size);
+#else
+    (void)dying;
 #endif
 #ifdef AJ_TSAN_FIBERS
     __tsan_switch_to_fiber(w->tsan_sched, 0);
 #endif
-    swapcontext(&t->uc, &w->sched);
+    longjmp(w->back, 1);
+}
+
+static void switch_to_scheduler(sim_thread *t, int dying)
+{
+    if (dying)
+        jump_to_scheduler(t, 1);
+    if (setjmp(t->resume) == 0)
+        jump_to_scheduler(t, 0);
 #ifdef AJ_ASAN_FIBERS
     __sanitizer_finish_switch_fiber(t->asan_fake_stack, NULL, NULL);
 #endif
@@ -1121,6 +1146,7 @@ static __attribute__((noinline)) void prepare_fiber(sim_thread *t)
     t->state = T_READY;
     t->num_copies = 0;
     t->groups_committed = 0;
+    t->started = false;
     getcontext(&t->uc);
     t->uc.uc_stack.ss_sp = t->stack;
     t->uc.uc_stack.ss_size = STACK_BYTES;

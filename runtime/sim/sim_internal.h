@@ -8,6 +8,8 @@
 #define AJ_RUNTIME_SIM_INTERNAL_H
 
 #include <pthread.h>
+#include <setjmp.h>
+#include <stdbool.h>
 #include <stdatomic.h>
 #include <ucontext.h>
 
@@ -69,7 +71,9 @@ typedef struct sim_thread {
      * mbarrier phases); NULL when not strict */
     uint32_t *synced;
     aj_sim_hopper_thread hop;
-    ucontext_t uc;
+    ucontext_t uc;             /* where a fresh fiber starts (prepare_fiber) */
+    jmp_buf resume;            /* where a started fiber resumes */
+    bool started;
     char *stack;               /* STACK_BYTES, with a guard page below */
     void *asan_fake_stack;     /* AddressSanitizer's fiber bookkeeping */
     void *tsan_fiber;          /* ThreadSanitizer's (NULL without it) */
@@ -110,7 +114,8 @@ typedef struct sim_worker {
     uint64_t rng;
     uint32_t preempt_countdown;
     int *order;
-    ucontext_t sched;
+    ucontext_t sched;          /* unused: a fiber's first entry saves into it */
+    jmp_buf back;              /* where the scheduler resumes */
     int faulted;
     uint64_t instructions;
     aj_sim_hopper_cta *hop;    /* hopper.c's per-CTA state */
