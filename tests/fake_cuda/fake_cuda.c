@@ -961,22 +961,48 @@ static int parse_params(const char *p, int *bytes, int max)
     return n;
 }
 
-/* Whether v is an address of this process's host memory (a mapping in
- * /proc/self/maps): a GPU given it faults. */
-static int host_memory(uintptr_t v)
+/* This process's host mappings (/proc/self/maps), read once per launch
+ * and only when a parameter might be an address. */
+typedef struct {
+    int read;
+    size_t n, cap;
+    uintptr_t (*range)[2];
+} host_maps;
+
+/* Whether v is an address of this process's host memory: a GPU given it
+ * faults.  (Nothing is mapped below 64 KiB, vm.mmap_min_addr's default:
+ * the sizes and strides among the parameters are not addresses.) */
+static int host_memory(host_maps *m, uintptr_t v)
 {
-    FILE *f = fopen("/proc/self/maps", "r");
-    if (!f)
+    if (v < 65536)
         return 0;
-    char line[512];
-    int found = 0;
-    while (!found && fgets(line, sizeof line, f)) {
-        unsigned long lo = 0, hi = 0;
-        if (sscanf(line, "%lx-%lx", &lo, &hi) == 2)
-            found = v >= lo && v < hi;
+    if (!m->read) {
+        m->read = 1;
+        FILE *f = fopen("/proc/self/maps", "r");
+        char line[512];
+        while (f && fgets(line, sizeof line, f)) {
+            unsigned long lo = 0, hi = 0;
+            if (sscanf(line, "%lx-%lx", &lo, &hi) != 2)
+                continue;
+            if (m->n == m->cap) {
+                size_t cap = m->cap ? 2 * m->cap : 256;
+                void *grown = realloc(m->range, cap * sizeof *m->range);
+                if (!grown)
+                    break;
+                m->range = grown;
+                m->cap = cap;
+            }
+            m->range[m->n][0] = lo;
+            m->range[m->n][1] = hi;
+            m->n++;
+        }
+        if (f)
+            fclose(f);
     }
-    fclose(f);
-    return found;
+    for (size_t i = 0; i < m->n; i++)
+        if (v >= m->range[i][0] && v < m->range[i][1])
+            return 1;
+    return 0;
 }
 
 CUresult cuLaunchKernel(function *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
@@ -999,6 +1025,7 @@ CUresult cuLaunchKernel(function *f, unsigned gx, unsigned gy, unsigned gz, unsi
     stream_op(stream_id(stream));   /* its accesses: attnjit_stand_in_access */
     int bytes[256];
     int n = parse_params(entry_of(f->mod, f->name), bytes, 256);
+    host_maps maps = {0};
     for (int i = 0; i < n; i++) {
         if (bytes[i] > 8) {
             uint64_t head[2];
@@ -1010,12 +1037,13 @@ CUresult cuLaunchKernel(function *f, unsigned gx, unsigned gy, unsigned gz, unsi
             continue;
         uintptr_t v;
         memcpy(&v, params[i], sizeof v);
-        if (v == 0 || find(v, 1) || !host_memory(v))
+        if (v == 0 || find(v, 1) || !host_memory(&maps, v))
             continue;   /* NULL, device or pinned memory, or not an address */
         note("FAULT: %s parameter %d = %p is host memory, not device memory", f->name, i,
              (void *)v);
         sticky = ILLEGAL_ADDRESS;   /* reported by the next synchronising call */
     }
+    free(maps.range);
     return SUCCESS;
 }
 #endif
