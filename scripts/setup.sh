@@ -41,35 +41,46 @@ fi
 
 jobs=$(nproc 2>/dev/null || echo 2)
 elapsed() { printf '%dm%02ds' $((SECONDS / 60)) $((SECONDS % 60)); }
+if [ "$mode" = test ]; then
+  # The tests' virtual environment (the Python tests', below); first,
+  # ptxas: the PTX checks
+  # (sm_80, sm_90, sm_90a, Blackwell's sm_100 and sm_120) and `attnjit
+  # audit` run, never skip, in this command (issue #30).  The CUDA toolkit's
+  # ptxas and nvdisasm where they are installed, else NVIDIA's from the
+  # Python package index (nvidia-cuda-nvcc-cu12, 12.8 or newer for sm_120;
+  # nvidia-cuda-nvdisasm) in the environment.
+  venv=$build/venv
+  [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
+  pip=("$venv/bin/python" -m pip install -q --disable-pip-version-check)
+  if [ -z "${AJ_PTXAS:-}" ] && ! command -v ptxas >/dev/null &&
+     [ ! -x /usr/local/cuda/bin/ptxas ]; then
+    echo "== ptxas from the Python package index ($(elapsed))"
+    "${pip[@]}" "nvidia-cuda-nvcc-cu12>=12.8"
+    AJ_PTXAS=$(ls "$venv"/lib/python3*/site-packages/nvidia/cuda_nvcc/bin/ptxas | head -n 1)
+    export AJ_PTXAS
+  fi
+  # ... and nvdisasm, which `attnjit audit` reads the SASS with
+  if [ -z "${AJ_NVDISASM:-}" ] && ! command -v nvdisasm >/dev/null &&
+     [ ! -x /usr/local/cuda/bin/nvdisasm ]; then
+    echo "== nvdisasm from the Python package index ($(elapsed))"
+    "${pip[@]}" nvidia-cuda-nvdisasm
+    AJ_NVDISASM=$(find "$venv"/lib/python3*/site-packages/nvidia -name nvdisasm -type f | head -n 1)
+    export AJ_NVDISASM
+  fi
+  # The Python tests' packages download and install while the C code
+  # builds and its tests run (the wait is before the Python tests).
+  echo "== the Python tests' packages, in the background ($build/pip.log)"
+  "${pip[@]}" torch pytest pytest-xdist numpy hypothesis transformers jax \
+    > "$build/pip.log" 2>&1 &
+  pip_job=$!
+  trap 'kill "$pip_job" 2>/dev/null || true' EXIT   # a failed step ends it too
+fi
 echo "== configuring and building in $build"
 cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DAJ_WERROR=ON >/dev/null
 cmake --build "$build" -j"$jobs"
 
 if [ "$mode" = demo ]; then
   exec "$root/scripts/demo.sh" "$build"
-fi
-# The tests' virtual environment (below); first, ptxas: the PTX checks
-# (sm_80, sm_90, sm_90a, Blackwell's sm_100 and sm_120) and `attnjit
-# audit` run, never skip, in this command (issue #30).  The CUDA toolkit's
-# ptxas and nvdisasm where they are installed, else NVIDIA's from the
-# Python package index (nvidia-cuda-nvcc-cu12, 12.8 or newer for sm_120;
-# nvidia-cuda-nvdisasm) in the environment.
-venv=$build/venv
-[ -x "$venv/bin/python" ] || python3 -m venv "$venv"
-pip=("$venv/bin/python" -m pip install -q --disable-pip-version-check)
-if [ -z "${AJ_PTXAS:-}" ] && ! command -v ptxas >/dev/null && [ ! -x /usr/local/cuda/bin/ptxas ]; then
-  echo "== ptxas from the Python package index ($(elapsed))"
-  "${pip[@]}" "nvidia-cuda-nvcc-cu12>=12.8"
-  AJ_PTXAS=$(ls "$venv"/lib/python3*/site-packages/nvidia/cuda_nvcc/bin/ptxas | head -n 1)
-  export AJ_PTXAS
-fi
-# ... and nvdisasm, which `attnjit audit` reads the SASS with
-if [ -z "${AJ_NVDISASM:-}" ] && ! command -v nvdisasm >/dev/null &&
-   [ ! -x /usr/local/cuda/bin/nvdisasm ]; then
-  echo "== nvdisasm from the Python package index ($(elapsed))"
-  "${pip[@]}" nvidia-cuda-nvdisasm
-  AJ_NVDISASM=$(find "$venv"/lib/python3*/site-packages/nvidia -name nvdisasm -type f | head -n 1)
-  export AJ_NVDISASM
 fi
 export AJ_REQUIRE_PTXAS=1
 echo "== running the tests ($(elapsed))"
@@ -80,7 +91,7 @@ ctest --test-dir "$build" --output-on-failure -j"$jobs"
 # CPU-only build), the package installed by `pip install .` (which builds
 # libattnjit.so.0 with CMake), then its tests.
 echo "== the Python package in $venv ($(elapsed))"
-"${pip[@]}" torch pytest numpy hypothesis transformers jax
+wait "$pip_job" || { cat "$build/pip.log"; echo "pip install failed" >&2; exit 1; }
 CMAKE_BUILD_PARALLEL_LEVEL=$jobs "${pip[@]}" --config-settings=build-dir="$build/python-build" "$root"
 # attnjit.jax's XLA FFI handler (docs/jax.md), built against the installed
 # jaxlib's headers; its tests must run (AJ_REQUIRE_JAX), not skip
@@ -88,7 +99,8 @@ jax_include=$("$venv/bin/python" -c 'import jax.ffi; print(jax.ffi.include_dir()
 cmake -S "$root" -B "$build" -DAJ_JAX_FFI_INCLUDE="$jax_include" >/dev/null
 cmake --build "$build" -j"$jobs" --target attnjit_jax
 export AJ_JAX_LIBRARY="$build/libattnjit_jax.so" AJ_REQUIRE_JAX=1
-(cd "$build" && "$venv/bin/python" -m pytest -q "$root/tests/python")
+# one pytest worker per core (pytest-xdist), each test file on one worker
+(cd "$build" && "$venv/bin/python" -m pytest -q -n "$jobs" --dist loadfile "$root/tests/python")
 
 # The same unit and numeric tests again under AddressSanitizer (with
 # LeakSanitizer) and UndefinedBehaviorSanitizer: any report fails the run.
