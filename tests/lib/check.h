@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "attnjit/attnjit.h"
+#include "splitmix.h"
 
 static int check_passed, check_failed;
 
@@ -61,11 +62,13 @@ static inline bool check_record(bool ok, const char *file, int line, const char 
               "error \"%s\" lacks \"%s\"", aj_last_error(ctx), (needle))
 
 /* Case sampling.  The sanitizer pass of scripts/setup.sh sets
- * AJ_TEST_SAMPLE=N: the numeric tests' case runners then run every N-th
- * case (the first, the N+1-th, ...) and random generators 1/N of their
- * count.  The plain pass runs them all; check_report says how many ran.
- * The sanitizers watch the host code (IR building, launches, the sim),
- * which every case of a runner shares. */
+ * AJ_TEST_SAMPLE=N: the numeric tests' case runners then run about one
+ * case in N -- the first, then those whose index hashes to 0 mod N, not
+ * every N-th, which would see one option only of a table that cycles
+ * through 2, 3 or N -- and random generators 1/N of their count.  The
+ * plain pass runs them all; check_report says how many ran.  The
+ * sanitizers watch the host code (IR building, launches, the sim), which
+ * every case of a runner shares. */
 static int check_sample_seen, check_sample_ran;
 
 static inline int check_sample_stride(void)
@@ -78,7 +81,8 @@ static inline int check_sample_stride(void)
 /* Whether the case runner should run its next case. */
 static inline bool check_sampled(void)
 {
-    bool run = check_sample_seen++ % check_sample_stride() == 0;
+    uint64_t index = (uint64_t)check_sample_seen++;
+    bool run = index == 0 || splitmix_next(&index) % (uint64_t)check_sample_stride() == 0;
     check_sample_ran += run;
     return run;
 }
