@@ -28,7 +28,12 @@
  * directory that cannot be used degrades the cache to memory only, with
  * one warning; a write that fails (a full disk, a directory made read-only
  * since) is a warning and leaves the kernel in memory.  Processes share a
- * directory without locks: docs/api.md "The kernel cache" says what holds.
+ * directory without locks for correctness: docs/api.md "The kernel cache"
+ * says what holds.  One advisory lock saves work: a compile that misses
+ * takes an flock on <entry>.lock, looks again, and keeps the lock until
+ * its entry is stored, so processes that want the same kernel at once
+ * compile it once (compile_lock).  A lost race there costs a duplicate
+ * compile, never a wrong entry.
  */
 #include "runtime/cache.h"
 
@@ -41,6 +46,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -53,6 +59,8 @@
 #define MAX_ENTRY_BYTES ((size_t)256 << 20)
 #define DEFAULT_MAX_BYTES ((uint64_t)1 << 30)
 #define DEFAULT_MAX_KERNELS 256
+/* how long a compile waits for another process's compile of the same key */
+#define COMPILE_LOCK_SECONDS 120
 
 /* ---------------------------------------------------------------- keys */
 
@@ -106,10 +114,13 @@ typedef struct mem_entry {
     aj_kernel *kernel;
 } mem_entry;
 
-/* A key some thread has claimed to compile (aj_cache_lookup_or_claim). */
+/* A key some thread has claimed to compile (aj_cache_lookup_or_claim),
+ * and the key's lock file while it holds it (compile_lock; -1: none). */
 typedef struct claim {
     struct claim *next;
     char *key;
+    int lock_fd;
+    char lock_path[608];
 } claim;
 
 struct aj_kernel_cache {
@@ -550,6 +561,38 @@ static void disk_store(aj_ctx *ctx, aj_kernel_cache *c, aj_cache_kind kind, cons
     free(payload);
 }
 
+/* The cross-process lock of key's compile: an flock on <entry>.lock,
+ * waited for (polling, COMPILE_LOCK_SECONDS at most: a holder that hangs
+ * must not hang this process too; one that dies releases it).  Returns
+ * the locked descriptor, or -1 (no lock: the caller compiles anyway). */
+static int compile_lock(aj_ctx *ctx, aj_kernel_cache *c, aj_cache_kind kind, const char *key,
+                        char *path, size_t cap)
+{
+    char entry[600];
+    entry_path(c, kind, key, entry, sizeof entry);
+    snprintf(path, cap, "%s.lock", entry);
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (fd < 0)
+        return -1;
+    struct timespec start, now, nap = {0, 100000};
+    clock_gettime(CLOCK_MONOTONIC, &start);
+    while (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        if ((errno != EWOULDBLOCK && errno != EINTR) ||
+            now.tv_sec - start.tv_sec >= COMPILE_LOCK_SECONDS) {
+            if (errno == EWOULDBLOCK)
+                aj_log(ctx, AJ_LOG_WARN, "kernel cache: %s held for %d s by another process; "
+                       "compiling without it", path, COMPILE_LOCK_SECONDS);
+            close(fd);
+            return -1;
+        }
+        nanosleep(&nap, NULL);
+        if (nap.tv_nsec < 20000000)   /* 0.1 ms doubling to 20 ms */
+            nap.tv_nsec *= 2;
+    }
+    return fd;
+}
+
 /* ---------------------------------------------------------------- lookup */
 
 static void memory_store(aj_kernel_cache *c, const char *key, aj_kernel *k);
@@ -599,15 +642,25 @@ aj_kernel *aj_cache_lookup_or_claim(aj_ctx *ctx, aj_kernel_cache *c, aj_cache_ki
     claim *mine = malloc(sizeof *mine);
     char *copy = mine ? strdup(key) : NULL;
     if (copy) {          /* out of memory: compile unclaimed, as without a cache */
-        *mine = (claim){c->claims, copy};
+        *mine = (claim){c->claims, copy, -1, ""};
         c->claims = mine;
         *claimed = 1;
     } else {
         free(mine);
+        mine = NULL;
     }
     pthread_mutex_unlock(&c->lock);
-    if (kind != AJ_CACHE_NONE && entry_kinds[kind].disk && c->disk)
+    const int disk = kind != AJ_CACHE_NONE && entry_kinds[kind].disk && c->disk;
+    if (disk)
         k = disk_lookup(ctx, c, kind, key);
+    if (disk && !k && mine) {
+        /* another process may be compiling it: wait for its entry (only
+         * this thread touches its claim's lock fields) */
+        mine->lock_fd = compile_lock(ctx, c, kind, key, mine->lock_path,
+                                     sizeof mine->lock_path);
+        if (mine->lock_fd >= 0)
+            k = disk_lookup(ctx, c, kind, key);
+    }
     pthread_mutex_lock(&c->lock);
     if (k)
         c->stats.disk_hits++;
@@ -625,18 +678,28 @@ aj_kernel *aj_cache_lookup_or_claim(aj_ctx *ctx, aj_kernel_cache *c, aj_cache_ki
 
 void aj_cache_end_claim(aj_kernel_cache *c, const char *key)
 {
+    claim *ended = NULL;
     pthread_mutex_lock(&c->lock);
     for (claim **link = &c->claims; *link; link = &(*link)->next) {
         claim *p = *link;
         if (strcmp(p->key, key) == 0) {
             *link = p->next;
-            free(p->key);
-            free(p);
+            ended = p;
             break;
         }
     }
     pthread_cond_broadcast(&c->claim_ended);
     pthread_mutex_unlock(&c->lock);
+    if (ended && ended->lock_fd >= 0) {
+        /* the entry is stored (or the compile failed): waiters look again;
+         * the file goes, so the directory keeps no lock of a finished key */
+        unlink(ended->lock_path);
+        close(ended->lock_fd);
+    }
+    if (ended) {
+        free(ended->key);
+        free(ended);
+    }
 }
 
 /* Under the lock: the least recently used of c's (one or more) entries. */

@@ -2,9 +2,11 @@
  * test_cache.c -- the kernel cache (memory and disk) and aj_compile_many.
  *
  * Hit, miss, a corrupt and a truncated entry (discarded and rebuilt, never
- * used), two processes writing the same entry at once, a directory that
- * cannot be used (memory only, with a warning), eviction under a size cap,
- * the switches that turn caching off; then batches of good and bad ops.
+ * used), two processes compiling one op at once (one compiles, the other
+ * waits on its lock and reads the entry) and two writing one entry at
+ * once, a directory that cannot be used (memory only, with a warning),
+ * eviction under a size cap, the switches that turn caching off; then
+ * batches of good and bad ops.
  */
 #include <dirent.h>
 #include <stdio.h>
@@ -15,6 +17,7 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "runtime/cache.h"
 #include "temp_dir.h"
 
 static char dir[] = "/tmp/aj_cache_test_XXXXXX";
@@ -70,7 +73,8 @@ static int entry_file(char *out, size_t cap)
     DIR *d = opendir(dir);
     int found = 0;
     for (struct dirent *e; d && (e = readdir(d));)
-        if (strstr(e->d_name, ".ajk") && !strstr(e->d_name, ".tmp")) {
+        if (strstr(e->d_name, ".ajk") && !strstr(e->d_name, ".tmp") &&
+            !strstr(e->d_name, ".lock")) {
             snprintf(out, cap, "%s/%s", dir, e->d_name);
             found++;
         }
@@ -189,9 +193,22 @@ static void test_damaged_entries(void)
     check_damaged("bad magic", overwrite_header);
 }
 
+/* Names in the cache directory containing `part`. */
+static int count_files(const char *part)
+{
+    DIR *d = opendir(dir);
+    int n = 0;
+    for (struct dirent *e; d && (e = readdir(d));)
+        n += strstr(e->d_name, part) != NULL;
+    if (d)
+        closedir(d);
+    return n;
+}
+
 static void test_two_writers(void)
 {
-    /* both processes miss and write the same entry at once */
+    /* both processes miss at once: one compiles and writes the entry, the
+     * other waits on its compile lock and reads it (exit 0: wrote, 2: read) */
     char path[600];
     if (entry_file(path, sizeof path) == 1)
         unlink(path);
@@ -201,10 +218,46 @@ static void test_two_writers(void)
         if (kids[i] == 0) {
             aj_ctx *c = new_ctx(dir, AJ_CACHE_DEFAULT, 0);
             aj_kernel *k = compile(c, 64);
-            int ok = k && stats_of(c).disk_writes == 1;
+            aj_cache_stats s = stats_of(c);
+            int code = !k ? 1 : s.disk_writes == 1 && s.disk_hits == 0 ? 0
+                              : s.disk_writes == 0 && s.disk_hits == 1 ? 2 : 1;
             aj_kernel_destroy(k);
             aj_ctx_destroy(c);
-            _exit(ok ? 0 : 1);
+            _exit(code);
+        }
+    }
+    int wrote = 0, read = 0;
+    for (int i = 0; i < 2; i++) {
+        int status = 0;
+        waitpid(kids[i], &status, 0);
+        wrote += WIFEXITED(status) && WEXITSTATUS(status) == 0;
+        read += WIFEXITED(status) && WEXITSTATUS(status) == 2;
+    }
+    CHECK_MSG(wrote == 1 && read == 1, "two processes at once: %d wrote, %d read", wrote, read);
+    CHECK(entry_file(path, sizeof path) == 1);   /* one entry, no temp files left */
+    CHECK(count_files(".lock") == 0 && count_files(".tmp") == 0);
+    aj_ctx *c = new_ctx(dir, AJ_CACHE_DEFAULT, 0);
+    aj_kernel *k = compile(c, 64);
+    aj_cache_stats s = stats_of(c);
+    CHECK(s.disk_hits == 1 && s.corrupt_entries == 0);
+    aj_kernel_destroy(k);
+    aj_ctx_destroy(c);
+
+    /* two writers of one key at the same time (a compile lock lost in a
+     * race or waited for past its bound): each writes the entry 100 times,
+     * and one whole entry is left, no temporary file */
+    static uint8_t payload[1 << 16];
+    for (size_t i = 0; i < sizeof payload; i++)
+        payload[i] = (uint8_t)(i * 131u >> 3);
+    for (int i = 0; i < 2; i++) {
+        kids[i] = fork();
+        if (kids[i] == 0) {
+            aj_ctx *w = new_ctx(dir, AJ_CACHE_DEFAULT, 0);
+            for (int n = 0; n < 100; n++)
+                aj_cache_blob_store(w, aj_cache_of(w), AJ_CACHE_CUBIN, "two writers", payload,
+                                    sizeof payload);
+            aj_ctx_destroy(w);
+            _exit(0);
         }
     }
     for (int i = 0; i < 2; i++) {
@@ -212,12 +265,21 @@ static void test_two_writers(void)
         waitpid(kids[i], &status, 0);
         CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
     }
-    CHECK(entry_file(path, sizeof path) == 1);   /* one entry, no temp files left */
-    aj_ctx *c = new_ctx(dir, AJ_CACHE_DEFAULT, 0);
-    aj_kernel *k = compile(c, 64);
-    aj_cache_stats s = stats_of(c);
-    CHECK(s.disk_hits == 1 && s.corrupt_entries == 0);
-    aj_kernel_destroy(k);
+    c = new_ctx(dir, AJ_CACHE_DEFAULT, 0);
+    size_t len = 0;
+    uint8_t *back = aj_cache_blob_lookup(c, aj_cache_of(c), AJ_CACHE_CUBIN, "two writers", &len);
+    CHECK(back && len == sizeof payload && memcmp(back, payload, len) == 0);
+    CHECK(count_files(".cubin") == 1 && count_files(".tmp") == 0);
+    free(back);
+    char cubin[640];
+    DIR *d = opendir(dir);
+    for (struct dirent *e; d && (e = readdir(d));)
+        if (strstr(e->d_name, ".cubin")) {
+            snprintf(cubin, sizeof cubin, "%s/%s", dir, e->d_name);
+            unlink(cubin);
+        }
+    if (d)
+        closedir(d);
     aj_ctx_destroy(c);
 }
 

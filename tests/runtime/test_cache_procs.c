@@ -16,7 +16,9 @@
  * seen (entries discarded and rebuilt); after the run, one more store
  * leaves the directory within its cap and without any temporary file of a
  * dead writer.  Then a write that fails after the context is made: a
- * warning, the kernel still returned and kept in memory.
+ * warning, the kernel still returned and kept in memory.  Then processes
+ * that want one kernel at the same moment: it is compiled once (the
+ * compile lock), the others read its entry.
  */
 #define _DEFAULT_SOURCE   /* usleep, MAP_ANONYMOUS */
 #include <dirent.h>
@@ -294,6 +296,72 @@ static void test_write_fails(const char *parent)
     aj_ctx_destroy(ctx);
 }
 
+/* WORKERS processes released at once into an empty directory, each
+ * compiling the same cpu op: one compiles (a miss), the others wait on
+ * its lock and read its entry (disk hits), and no lock file is left. */
+static void test_one_compile(const char *parent)
+{
+    char sub[600];
+    snprintf(sub, sizeof sub, "%s/together", parent);
+    CHECK(mkdir(sub, 0700) == 0);
+    volatile unsigned long long *shared = mmap(NULL, 4096, PROT_READ | PROT_WRITE,
+                                               MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    CHECK(shared != MAP_FAILED);
+    if (shared == MAP_FAILED)
+        return;
+    /* [0] go, [1 + 2i] misses, [2 + 2i] disk hits of worker i */
+    memset((void *)shared, 0, 4096);
+    fflush(NULL);
+    pid_t kids[WORKERS];
+    for (int i = 0; i < WORKERS; i++) {
+        if ((kids[i] = fork()) != 0)
+            continue;
+        aj_ctx *ctx = new_ctx(sub, 0);
+        while (!shared[0])
+            usleep(100);
+        const char *text = "attention forward efficient { dtype = f32 head_dim = 128 "
+                           "mask = causal(top_left) dropout = 0.1 }";
+        aj_compile_options opt = AJ_COMPILE_OPTIONS_INIT;
+        opt.target = AJ_TARGET_CPU;
+        aj_kernel *k = NULL;
+        aj_cache_stats st;
+        int ok = ctx && spec_compile(ctx, text, "t", &opt, &k) == AJ_OK &&
+                 aj_cache_get_stats(ctx, &st) == AJ_OK;
+        if (ok) {
+            shared[1 + 2 * i] = st.misses;
+            shared[2 + 2 * i] = st.disk_hits;
+        }
+        aj_kernel_destroy(k);
+        aj_ctx_destroy(ctx);
+        _exit(ok ? 0 : 1);
+    }
+    usleep(200000);   /* every worker has its context and waits */
+    shared[0] = 1;
+    unsigned long long misses = 0, hits = 0;
+    for (int i = 0; i < WORKERS; i++) {
+        int status = 0;
+        waitpid(kids[i], &status, 0);
+        CHECK_MSG(WIFEXITED(status) && WEXITSTATUS(status) == 0, "worker %d failed", i);
+        misses += shared[1 + 2 * i];
+        hits += shared[2 + 2 * i];
+    }
+    CHECK_MSG(misses == 1 && hits == WORKERS - 1,
+              "%d processes compiling one op at once: %llu compiles, %llu disk hits", WORKERS,
+              misses, hits);
+    DIR *d = opendir(sub);
+    int locks = 0, entries = 0;
+    for (struct dirent *e; d && (e = readdir(d));) {
+        locks += strstr(e->d_name, ".lock") != NULL;
+        entries += strstr(e->d_name, ".ajk") != NULL && !strstr(e->d_name, ".lock");
+    }
+    if (d)
+        closedir(d);
+    CHECK_MSG(locks == 0 && entries == 1, "%d lock files, %d entries left", locks, entries);
+    printf("%d processes compiling one op at once: %llu compile, %llu disk hits\n", WORKERS,
+           misses, hits);
+    munmap((void *)shared, 4096);
+}
+
 int main(void)
 {
     char dir[] = "/tmp/aj_cache_procs_XXXXXX";
@@ -361,6 +429,7 @@ int main(void)
            "%d temporary files\n", WORKERS, sum.rounds, sum.mismatches, sum.disk_hits,
            sum.disk_writes, sum.corrupt, sum.evictions, bytes, (unsigned long long)cap, temps);
     test_write_fails(dir);
+    test_one_compile(dir);
     temp_dir_remove(dir);
     return check_report();
 }
