@@ -99,8 +99,12 @@ jax_include=$("$venv/bin/python" -c 'import jax.ffi; print(jax.ffi.include_dir()
 cmake -S "$root" -B "$build" -DAJ_JAX_FFI_INCLUDE="$jax_include" >/dev/null
 cmake --build "$build" -j"$jobs" --target attnjit_jax
 export AJ_JAX_LIBRARY="$build/libattnjit_jax.so" AJ_REQUIRE_JAX=1
-# one pytest worker per core (pytest-xdist), each test file on one worker
-(cd "$build" && "$venv/bin/python" -m pytest -q -n "$jobs" --dist loadfile "$root/tests/python")
+# one pytest worker per core (pytest-xdist), each test file on one worker;
+# the workers and the ranks their tests spawn share one fresh disk cache, so
+# a kernel is compiled once (docs/api.md "The kernel cache": its lock)
+rm -rf "$build/cache-python"
+(cd "$build" && AJ_CACHE=disk AJ_CACHE_DIR="$build/cache-python" \
+   "$venv/bin/python" -m pytest -q -n "$jobs" --dist loadfile "$root/tests/python")
 
 # The same unit and numeric tests again under AddressSanitizer (with
 # LeakSanitizer) and UndefinedBehaviorSanitizer: any report fails the run.
@@ -115,8 +119,10 @@ export AJ_JAX_LIBRARY="$build/libattnjit_jax.so" AJ_REQUIRE_JAX=1
 # and the pass above ran them all.
 asan=${AJ_ASAN_BUILD_DIR:-$root/build-asan}
 echo "== building with AJ_SANITIZE=ON in $asan ($(elapsed))"
+# (-g1: line tables for the reports' stacks, not the variables; a fifth
+# faster to build)
 cmake -S "$root" -B "$asan" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DAJ_WERROR=ON -DAJ_SANITIZE=ON \
-      -DAJ_BUILD_BENCH=OFF >/dev/null
+      -DAJ_BUILD_BENCH=OFF -DCMAKE_C_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG" >/dev/null
 cmake --build "$asan" -j"$jobs"
 echo "== running the unit and numeric tests under the sanitizers ($(elapsed))"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \

@@ -1,6 +1,8 @@
 """pytest set-up for the attnjit Python tests (run by scripts/setup.sh test
 in its virtual environment; see docs/python.md).  The kernel cache stays in
-memory, as in the C tests."""
+memory, as in the C tests, unless AJ_CACHE says otherwise: the README's
+test command gives the pytest workers and the ranks they spawn one disk
+directory (AJ_CACHE=disk, AJ_CACHE_DIR), so a kernel is compiled once."""
 import os
 import sys
 
