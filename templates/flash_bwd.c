@@ -78,10 +78,12 @@
 #define DEFAULT_LIMIT 128 /* past DEFAULT_STATE, the most before the least-state one */
 #define PHILOX_STATE 32   /* dropout's Philox keys, counters and outputs per thread */
 #define UNEVEN_SHARE 4    /* a product dealt to warps in uneven shares (warp_grid_for) */
-/* A second stage's buffers past head dim 256, where every candidate but
- * 16 x 16 tiles is out of reach and those sit at ptxas's 255: 440/272 with
- * dropout and alibi spilled 4 bytes on sm_80, 8 on sm_90 with 2 stages and
- * none with 1, so the model charges the second stage there */
+/* A second stage's buffers past head dim WIDE_HEAD_DIM, where every
+ * candidate but 16 x 16 tiles is out of reach and those sit at ptxas's
+ * 255: 440/272 with dropout and alibi spilled 4 bytes on sm_80, 8 on sm_90
+ * with 2 stages and none with 1, so the model charges the second stage
+ * there */
+#define WIDE_HEAD_DIM 256
 #define WIDE_STAGE_REGS 16
 #define DELTA_ROWS 128    /* query rows per CTA of the delta and convert kernels */
 
@@ -294,7 +296,7 @@ static aj_status plan_schedule(aj_ctx *ctx, const aj_op *op, aj_target target,
                                     aj_attn_option_regs_per_element(op) +
                                         aj_attn_score_mod_regs_per_element(op)) +
                        fragment_regs(g) + uneven_regs(g) + (op->dropout > 0 ? PHILOX_STATE : 0);
-    if (p->stages > 1 && (p->d > AJ_HEAD_DIM_MAX_GPU || p->dv > AJ_HEAD_DIM_MAX_GPU))
+    if (p->stages > 1 && (p->d > WIDE_HEAD_DIM || p->dv > WIDE_HEAD_DIM))
         p->default_state += WIDE_STAGE_REGS;
     if (state > STATE_BUDGET)
         return aj_fail(ctx, AJ_ERR_UNSUPPORTED,
