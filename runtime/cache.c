@@ -577,10 +577,11 @@ static int compile_lock(aj_ctx *ctx, aj_kernel_cache *c, aj_cache_kind kind, con
     struct timespec start, now, nap = {0, 100000};
     clock_gettime(CLOCK_MONOTONIC, &start);
     while (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        const int why = errno;
         clock_gettime(CLOCK_MONOTONIC, &now);
-        if ((errno != EWOULDBLOCK && errno != EINTR) ||
+        if ((why != EWOULDBLOCK && why != EINTR) ||
             now.tv_sec - start.tv_sec >= COMPILE_LOCK_SECONDS) {
-            if (errno == EWOULDBLOCK)
+            if (why == EWOULDBLOCK)
                 aj_log(ctx, AJ_LOG_WARN, "kernel cache: %s held for %d s by another process; "
                        "compiling without it", path, COMPILE_LOCK_SECONDS);
             close(fd);
