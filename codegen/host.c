@@ -160,7 +160,7 @@ void aj_sim_count_instructions(LLVMModuleRef mod)
 static void retarget(LLVMValueRef fn, LLVMBasicBlockRef to, LLVMBasicBlockRef via)
 {
     for (LLVMBasicBlockRef bb = LLVMGetFirstBasicBlock(fn); bb; bb = LLVMGetNextBasicBlock(bb)) {
-        LLVMValueRef term = bb == via ? NULL : LLVMGetBasicBlockTerminator(bb);
+        LLVMValueRef term = LLVMGetBasicBlockTerminator(bb);
         for (unsigned s = 0, n = term ? LLVMGetNumSuccessors(term) : 0; s < n; s++)
             if (LLVMGetSuccessor(term, s) == to)
                 LLVMSetSuccessor(term, s, via);
@@ -179,18 +179,22 @@ static void split_block(LLVMContextRef c, LLVMBuilderRef b, LLVMValueRef fn,
         n++;
         phis += LLVMIsAPHINode(i) != NULL;
     }
+    LLVMValueRef last_branch = NULL;   /* the previous run's, to bb */
     while (n - 1 > limit) {   /* the terminator stays */
         const int take = phis > limit ? phis : limit;
         phis = 0;
         LLVMBasicBlockRef run = LLVMInsertBasicBlockInContext(c, bb, "");
-        retarget(fn, bb, run);
+        if (last_branch)
+            LLVMSetSuccessor(last_branch, 0, run);
+        else
+            retarget(fn, bb, run);   /* the first run: bb's predecessors enter it */
         LLVMPositionBuilderAtEnd(b, run);
         for (int k = 0; k < take; k++) {
             LLVMValueRef i = LLVMGetFirstInstruction(bb);
             LLVMInstructionRemoveFromParent(i);
             LLVMInsertIntoBuilder(b, i);
         }
-        LLVMBuildBr(b, bb);
+        last_branch = LLVMBuildBr(b, bb);
         n -= take;
     }
 }

@@ -43,12 +43,11 @@ jobs=$(nproc 2>/dev/null || echo 2)
 elapsed() { printf '%dm%02ds' $((SECONDS / 60)) $((SECONDS % 60)); }
 if [ "$mode" = test ]; then
   # The tests' virtual environment (the Python tests', below); first,
-  # ptxas: the PTX checks
-  # (sm_80, sm_90, sm_90a, Blackwell's sm_100 and sm_120) and `attnjit
-  # audit` run, never skip, in this command (issue #30).  The CUDA toolkit's
-  # ptxas and nvdisasm where they are installed, else NVIDIA's from the
-  # Python package index (nvidia-cuda-nvcc-cu12, 12.8 or newer for sm_120;
-  # nvidia-cuda-nvdisasm) in the environment.
+  # ptxas: the PTX checks (sm_80, sm_90, sm_90a, Blackwell's sm_100 and
+  # sm_120) and `attnjit audit` run, never skip, in this command (issue
+  # #30).  The CUDA toolkit's ptxas and nvdisasm where they are installed,
+  # else NVIDIA's from the Python package index (nvidia-cuda-nvcc-cu12, 12.8
+  # or newer for sm_120; nvidia-cuda-nvdisasm) in the environment.
   venv=$build/venv
   [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
   pip=("$venv/bin/python" -m pip install -q --disable-pip-version-check)
