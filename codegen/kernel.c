@@ -396,14 +396,10 @@ aj_status aj_kernel_deserialize(aj_ctx *ctx, const uint8_t *data, size_t size,
     else
         r.failed = 1;
     get(&r, &object_size, 8);
-    const aj_target_desc *desc = aj_target_desc_of(target);
-    int host = desc->family == AJ_FAMILY_HOST;
+    int host = aj_target_desc_of(target)->family == AJ_FAMILY_HOST;
     if (r.failed || object_size != (uint64_t)(r.end - r.p) || (unsigned)target >= AJ_TARGET_COUNT ||
         (unsigned)emit >= AJ_EMIT_COUNT || host != (object_size != 0))
         return aj_fail(ctx, AJ_ERR_IO, "not a kernel of this attnjit build");
-    if (host && !desc->loads_from_bytes)
-        return aj_fail(ctx, AJ_ERR_UNSUPPORTED, "%s kernels are not loaded from bytes",
-                       aj_target_name(target));
     aj_kernel *k = NULL;
     aj_status st = aj_kernel_new(ctx, stages, num_stages, target, emit, code, (size_t)code_size,
                                  &k);

@@ -35,12 +35,11 @@ static const aj_target_desc rows[AJ_TARGET_COUNT] = {
                        .wgmma = true,
                        .machine = aj_host_target_machine, .machine_opt_follows_op = false,
                        .block_limit = 256,
-                       .cache_kind = AJ_CACHE_SIM_OBJECT, .host_symbols = aj_sim_symbols,
-                       .loads_from_bytes = false},
+                       .cache_kind = AJ_CACHE_SIM_OBJECT, .host_symbols = aj_sim_symbols},
     [AJ_TARGET_CPU] = {.family = AJ_FAMILY_HOST, .hidden = AJ_HIDDEN_WORK_ITEM, .simt = false,
                        .smem_limit = 48 * KIB, .machine = aj_host_target_machine,
                        .machine_opt_follows_op = true, .cache_kind = AJ_CACHE_CPU_OBJECT,
-                       .host_symbols = aj_cpu_symbols, .loads_from_bytes = true},
+                       .host_symbols = aj_cpu_symbols},
 };
 
 const aj_target_desc *aj_target_desc_of(aj_target target)

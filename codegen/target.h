@@ -83,11 +83,9 @@ typedef struct aj_target_desc {
      * host.c, aj_host_split_blocks) */
     int32_t block_limit;
     aj_cache_kind cache_kind;  /* what its compiles make */
-    /* host family: the functions its code may call (NULL: none) */
+    /* host family: the functions its code may call (NULL: none), bound by
+     * name whenever its object code is loaded (codegen/host.c) */
     const aj_host_symbol *(*host_symbols)(size_t *count);
-    /* host family: a serialized kernel (the disk cache's) can be loaded
-     * again; sim kernels call into this process's emulator and are not */
-    bool loads_from_bytes;
 } aj_target_desc;
 
 /* The row of `target`; a value outside the enum gets AJ_TARGET_ANY's. */

@@ -11,8 +11,7 @@
  * where LLVM made it, and attnjit's version and a digest of the sources
  * that generate code, so no build of attnjit ever reads entries another
  * build wrote.  Memory entries hold a reference to a kernel; disk entries
- * (the kinds whose row allows it: not sim's, which calls into this
- * process) are files
+ * (the kinds whose row allows it) are files
  *
  *     <dir>/<xxh3-64 of the key>.<suffix of the entry's kind>:
  *         "AJKC"  u32 format  u32 key length  key  u64 payload length
@@ -64,6 +63,16 @@
 
 /* ---------------------------------------------------------------- keys */
 
+/* What sim kernels' object code depends on: the host CPU's, and the
+ * emulator it calls (AJ_EMULATOR_ID: a digest of runtime/sim's sources,
+ * whose functions it binds by name and whose thread record it writes). */
+static void sim_depends(char *out, size_t cap)
+{
+    char cpu[224];
+    aj_host_cpu_id(cpu, sizeof cpu);
+    snprintf(out, cap, "%s|emulator %s", cpu, AJ_EMULATOR_ID);
+}
+
 /*
  * Entry kinds, one row each (the target table says which kind each
  * target's compiles make; a cubin is made by the driver's linker from a
@@ -81,8 +90,9 @@ static const struct {
     [AJ_CACHE_PTX] = {"ptx", NULL, true, true, "ajk"},
     /* host object code for this CPU and its features (AJ_CPU_ISA included) */
     [AJ_CACHE_CPU_OBJECT] = {"cpu-object", aj_host_cpu_id, true, true, "ajk"},
-    /* host code that calls into this process's emulator: memory only */
-    [AJ_CACHE_SIM_OBJECT] = {"sim-object", aj_host_cpu_id, true, false, "ajk"},
+    /* host code that calls into the emulator: for this CPU, and for the
+     * emulator's functions and thread layout as this build has them */
+    [AJ_CACHE_SIM_OBJECT] = {"sim-object", sim_depends, true, true, "ajk"},
     /* a GPU's machine code, keyed by the PTX's hash, the compute capability
      * and the driver version (the fields): disk only */
     [AJ_CACHE_CUBIN] = {"cubin", NULL, false, true, "cubin"},

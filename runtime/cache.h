@@ -17,8 +17,8 @@ aj_kernel_cache *aj_cache_of(aj_ctx *ctx);
 /* What a cache entry holds (aj_cache_kind, codegen/target.h): a row of
  * cache.c's entry_kinds (its key prefix, what its content depends on,
  * whether it goes to disk, its file suffix).  PTX, cpu and sim kernels are
- * aj_kernels (sim in memory only); a cubin is the driver linker's output
- * for one PTX (disk only). */
+ * aj_kernels; a cubin is the driver linker's output for one PTX (disk
+ * only). */
 
 /* The kind of entry a compile for `target` makes (its target row's). */
 aj_cache_kind aj_cache_kind_of(aj_target target);
@@ -26,7 +26,7 @@ aj_cache_kind aj_cache_kind_of(aj_target target);
 /* The key of an entry of `kind`: the kind, `fields` (what decides the
  * content: op hash, target, options; PTX hash, compute capability, driver
  * version), what the kind's content depends on (the host CPU for host
- * code) and the versions of what produces it.  The one place keys are
+ * code, and the emulator for sim's) and the versions of what produces it.  The one place keys are
  * made.  Returns whether entries of the kind may go to disk. */
 int aj_cache_key(aj_cache_kind kind, const char *fields, char *out, size_t cap);
 

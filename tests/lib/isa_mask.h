@@ -3,7 +3,7 @@
  * cpu JIT compiles for on this host: it masks features only where the
  * host has them (the avx2 and avx512 levels mask nothing on a host without
  * AVX-512).  The one test of it, for tests/lib/isa_gate.c and the tests
- * that expect a masked level to differ (test_cpu_cache).
+ * that expect a masked level to differ (test_host_cache).
  *
  * Header-only; links the static library (codegen/codegen.h's aj_host_cpu).
  */

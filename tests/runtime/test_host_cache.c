@@ -1,10 +1,12 @@
 /*
- * test_cpu_cache.c -- cpu kernels in the disk cache: object code written
- * by one process is loaded by another (this program run again with
- * --warm DIR) and computes what the float64 reference says; the key moves
- * with the CPU features code is built for (AJ_CPU_ISA); a damaged entry,
- * one that fails its checksum and one whose checksum holds but whose
- * object code does not link, is discarded and rebuilt, never run.
+ * test_host_cache.c -- host kernels (cpu, and sim's, which call the
+ * emulator) in the disk cache: object code written by one process is
+ * loaded by another (this program run again with --warm DIR TARGET) and
+ * computes what the float64 reference says; the key moves with the CPU
+ * features code is built for (AJ_CPU_ISA) and, for sim, holds the
+ * emulator's digest; a damaged entry, one that fails its checksum and one
+ * whose checksum holds but whose object code does not link, is discarded
+ * and rebuilt, never run.
  */
 #include <dirent.h>
 #include <stdio.h>
@@ -31,6 +33,13 @@ static const fwd_case problem = {
     .magnitude = 2.0, .seed = 19,
 };
 
+/* The targets whose kernels are host object code, and their devices */
+static const struct {
+    aj_target target;
+    aj_device_kind device;
+    const char *name;
+} hosts[] = {{AJ_TARGET_CPU, AJ_DEVICE_CPU, "cpu"}, {AJ_TARGET_SIM, AJ_DEVICE_SIM, "sim"}};
+
 static aj_ctx *new_ctx(const char *dir)
 {
     aj_ctx_config cfg = AJ_CTX_CONFIG_INIT;
@@ -47,15 +56,15 @@ static aj_cache_stats stats_of(aj_ctx *ctx)
     return s;
 }
 
-/* Compiles the spec for cpu on ctx (timed into *ms), then runs the
+/* Compiles the spec for hosts[h] on ctx (timed into *ms), then runs the
  * problem against the reference; returns the kernel's IR text's vector
  * width check: 1 if the code uses 512-bit vectors. */
-static int compile_and_run(aj_ctx *ctx, const char *what, double *ms)
+static int compile_and_run(aj_ctx *ctx, int h, const char *what, double *ms)
 {
     aj_op *op = NULL;
     CHECK_STATUS(ctx, aj_op_parse(ctx, spec, strlen(spec), "t", &op), AJ_OK);
     aj_compile_options opt = AJ_COMPILE_OPTIONS_INIT;
-    opt.target = AJ_TARGET_CPU;
+    opt.target = hosts[h].target;
     aj_kernel *k = NULL;
     double t0 = now_ms();
     CHECK_STATUS(ctx, aj_compile(ctx, op, &opt, &k), AJ_OK);
@@ -65,10 +74,10 @@ static int compile_and_run(aj_ctx *ctx, const char *what, double *ms)
     aj_kernel_destroy(k);
 
     aj_device *dev = NULL;
-    CHECK_STATUS(ctx, aj_device_open(ctx, AJ_DEVICE_CPU, 0, &dev), AJ_OK);
+    CHECK_STATUS(ctx, aj_device_open(ctx, hosts[h].device, 0, &dev), AJ_OK);
     fwd_result r = fwd_run_case(ctx, dev, &problem);
     CHECK_MSG(r.status == AJ_OK && r.max_err_o <= 1 && r.max_err_lse <= 1,
-              "%s: %s, O error %.2f, LSE error %.2f of tolerance", what,
+              "%s %s: %s, O error %.2f, LSE error %.2f of tolerance", hosts[h].name, what,
               aj_status_str(r.status), r.max_err_o, r.max_err_lse);
     fwd_cache_clear();
     aj_device_close(dev);
@@ -91,32 +100,32 @@ static int entries(const char *dir, char *out, size_t cap)
 }
 
 /* The second process: a disk hit, no compile, correct results. */
-static int warm_child(const char *dir)
+static int warm_child(const char *dir, int h)
 {
     aj_ctx *ctx = new_ctx(dir);
     double ms = 0;
-    compile_and_run(ctx, "warm process", &ms);
+    compile_and_run(ctx, h, "warm process", &ms);
     aj_cache_stats s = stats_of(ctx);
     CHECK_MSG(s.disk_hits == 1 && s.misses == 0 && s.corrupt_entries == 0,
               "disk hits %llu, misses %llu, corrupt %llu", (unsigned long long)s.disk_hits,
               (unsigned long long)s.misses, (unsigned long long)s.corrupt_entries);
-    printf("warm process: compile (disk hit) %.2f ms\n", ms);
+    printf("%s warm process: compile (disk hit) %.2f ms\n", hosts[h].name, ms);
     aj_ctx_destroy(ctx);
     return check_report();
 }
 
-static void test_second_process(const char *self, const char *dir)
+static void test_second_process(const char *self, const char *dir, int h)
 {
     aj_ctx *ctx = new_ctx(dir);
     double ms = 0;
-    compile_and_run(ctx, "cold", &ms);
+    compile_and_run(ctx, h, "cold", &ms);
     aj_cache_stats s = stats_of(ctx);
     CHECK(s.disk_enabled && s.misses == 1 && s.disk_writes == 1);
-    printf("cold process: compile %.1f ms\n", ms);
+    printf("%s cold process: compile %.1f ms\n", hosts[h].name, ms);
     aj_ctx_destroy(ctx);
     CHECK(entries(dir, NULL, 0) == 1);
     char cmd[1200];
-    snprintf(cmd, sizeof cmd, "'%s' --warm '%s'", self, dir);
+    snprintf(cmd, sizeof cmd, "'%s' --warm '%s' %d", self, dir, h);
     CHECK_MSG(system(cmd) == 0, "the warm process failed: %s", cmd);
 }
 
@@ -129,7 +138,7 @@ static void test_features_in_key(const char *dir)
     setenv("AJ_CPU_ISA", "avx2", 1);
     aj_ctx *ctx = new_ctx(dir);
     double ms = 0;
-    int wide = compile_and_run(ctx, "avx2", &ms);
+    int wide = compile_and_run(ctx, 0, "avx2", &ms);
     aj_cache_stats s = stats_of(ctx);
     if (avx512)
         CHECK_MSG(s.disk_hits == 0 && s.misses == 1 && s.disk_writes == 1,
@@ -160,7 +169,7 @@ static void test_features_in_key(const char *dir)
     unsetenv("AJ_CPU_ISA");
 
     ctx = new_ctx(dir);
-    compile_and_run(ctx, "native again", &ms);
+    compile_and_run(ctx, 0, "native again", &ms);
     CHECK(stats_of(ctx).disk_hits == 1 && stats_of(ctx).misses == 0);
     aj_ctx_destroy(ctx);
 }
@@ -221,7 +230,7 @@ static void damage_object(const char *path, int fix_checksum)
     free(buf);
 }
 
-static void test_damaged(const char *dir, int fix_checksum)
+static void test_damaged(const char *dir, int h, int fix_checksum)
 {
     const char *what = fix_checksum ? "bad object, good checksum" : "bad checksum";
     char path[1024];
@@ -229,38 +238,64 @@ static void test_damaged(const char *dir, int fix_checksum)
     damage_object(path, fix_checksum);
     aj_ctx *ctx = new_ctx(dir);
     double ms = 0;
-    compile_and_run(ctx, what, &ms);
+    compile_and_run(ctx, h, what, &ms);
     aj_cache_stats s = stats_of(ctx);
     CHECK_MSG(s.corrupt_entries == 1 && s.disk_hits == 0 && s.misses == 1 && s.disk_writes == 1,
-              "%s: corrupt %llu, hits %llu", what, (unsigned long long)s.corrupt_entries,
-              (unsigned long long)s.disk_hits);
+              "%s %s: corrupt %llu, hits %llu", hosts[h].name, what,
+              (unsigned long long)s.corrupt_entries, (unsigned long long)s.disk_hits);
     aj_ctx_destroy(ctx);
     ctx = new_ctx(dir);   /* rebuilt whole */
-    compile_and_run(ctx, what, &ms);
-    CHECK_MSG(stats_of(ctx).disk_hits == 1, "%s: the entry was not rewritten", what);
+    compile_and_run(ctx, h, what, &ms);
+    CHECK_MSG(stats_of(ctx).disk_hits == 1, "%s %s: the entry was not rewritten", hosts[h].name,
+              what);
     aj_ctx_destroy(ctx);
+}
+
+/* A sim entry's key names the emulator it was built against. */
+static void test_emulator_in_key(const char *dir)
+{
+    char path[1024];
+    CHECK(entries(dir, path, sizeof path) == 1);
+    size_t len = 0;
+    unsigned char *buf = read_file(path, &len);
+    CHECK(buf && len > 12);
+    if (!buf)
+        return;
+    /* "AJKC" u32 format u32 key length key ... */
+    uint32_t klen = 0;
+    memcpy(&klen, buf + 8, 4);
+    CHECK(12 + (size_t)klen <= len);
+    char key[1024] = "";
+    memcpy(key, buf + 12, klen < sizeof key - 1 ? klen : sizeof key - 1);
+    CHECK_MSG(strncmp(key, "aj-sim-object|", 14) == 0 && strstr(key, "|emulator ") != NULL,
+              "a sim entry's key: %s", key);
+    free(buf);
+}
+
+/* The second process, the damage tests (from one entry) of hosts[h] */
+static void test_host(const char *self, const char *dir, int h)
+{
+    char cmd[1200];
+    snprintf(cmd, sizeof cmd, "rm -f '%s'/*.ajk", dir);
+    CHECK(system(cmd) == 0);
+    test_second_process(self, dir, h);
+    if (hosts[h].target == AJ_TARGET_SIM)
+        test_emulator_in_key(dir);
+    test_damaged(dir, h, 0);
+    test_damaged(dir, h, 1);
 }
 
 int main(int argc, char **argv)
 {
     unsetenv("AJ_CPU_ISA");
-    if (argc == 3 && strcmp(argv[1], "--warm") == 0)
-        return warm_child(argv[2]);
-    char dir[] = "/tmp/aj_cpu_cache_XXXXXX";
+    if (argc == 4 && strcmp(argv[1], "--warm") == 0)
+        return warm_child(argv[2], atoi(argv[3]) ? 1 : 0);
+    char dir[] = "/tmp/aj_host_cache_XXXXXX";
     if (!temp_dir_make(dir))
         return 2;
-    test_second_process(argv[0], dir);
+    test_host(argv[0], dir, 1);
+    test_host(argv[0], dir, 0);   /* leaves the native cpu entry */
     test_features_in_key(dir);
-    /* one entry left for the damage tests */
-    char cmd[1200];
-    snprintf(cmd, sizeof cmd, "rm -f '%s'/*.ajk", dir);
-    CHECK(system(cmd) == 0);
-    aj_ctx *ctx = new_ctx(dir);
-    double ms = 0;
-    compile_and_run(ctx, "refill", &ms);
-    aj_ctx_destroy(ctx);
-    test_damaged(dir, 0);
-    test_damaged(dir, 1);
     temp_dir_remove(dir);
     return check_report();
 }
