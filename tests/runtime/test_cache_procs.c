@@ -9,7 +9,10 @@
  *   - a vandal process damages entries in place (a flipped payload byte, a
  *     truncation, a bad header, another key's entry copied over one: a
  *     valid file of the wrong kernel), and leaves temporary files of a
- *     writer that no longer exists;
+ *     writer that no longer exists, once per round a worker finishes (so
+ *     damage keeps pace with the writes on a host or build of any speed:
+ *     against the clock, a slow sanitizer build once saw its entries
+ *     damaged faster than they could pile up to the cap, and no eviction);
  *   - one worker is killed (SIGKILL) part-way, whatever it is doing.
  * Checks: every other worker exits normally with every forward matching
  * the float64 reference (no wrong kernel was ever loaded); the damage was
@@ -192,12 +195,22 @@ static void vandalise(const char *dir, uint64_t *rng, pid_t dead)
     close(fd);
 }
 
-static _Noreturn void vandal(const char *dir, volatile int *stop, pid_t dead)
+/* Damages an entry each time the workers' rounds, in shared memory,
+ * advance (a round or more since the last damage), until *stop. */
+static _Noreturn void vandal(const char *dir, volatile int *stop, pid_t dead,
+                             const volatile worker_report *reports)
 {
     uint64_t rng = 0x2545f4914f6cdd1dull;
+    int seen = 0;
     while (!*stop) {
-        vandalise(dir, &rng, dead);
-        usleep(3000 + (useconds_t)(next_random(&rng) % 9000));
+        int rounds = 0;
+        for (int i = 0; i < WORKERS; i++)
+            rounds += reports[i].rounds;
+        if (rounds > seen) {
+            seen = rounds;
+            vandalise(dir, &rng, dead);
+        }
+        usleep(500 + (useconds_t)(next_random(&rng) % 2000));
     }
     _exit(0);
 }
@@ -382,7 +395,7 @@ int main(void)
     pid_t dead = dead_pid();
     pid_t vandal_pid = fork();
     if (vandal_pid == 0)
-        vandal(dir, stop, dead);
+        vandal(dir, stop, dead, reports);
     pid_t kids[WORKERS];
     for (int i = 0; i < WORKERS; i++)
         if ((kids[i] = fork()) == 0)
