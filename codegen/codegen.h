@@ -136,6 +136,9 @@ struct aj_kernel {
     uint32_t kv_shared;          /* 1: layout = paged reading V from k_cache (kv_shared) */
     aj_dtype q_dtype;            /* f8 queries' element type (q_dtype); else unread:
                                   * aj_kernel_q_dtype */
+    /* the bytes each row of q, k and v must start on: the width of the
+     * template's loads (aj_kb_row_align) */
+    int32_t row_align[AJ_ROW_TENSORS];
     char *object;                /* sim, cpu: the host object code (ELF) */
     size_t object_size;
     void *jit;                   /* sim, cpu: the LLJIT that runs the object */

@@ -554,6 +554,21 @@ int32_t aj_kb_smem_reserve_aligned(aj_kb *kb, int32_t bytes, int32_t align)
     return aj_kb_smem_reserve(kb, bytes);
 }
 
+void aj_kb_row_align(aj_kb *kb, aj_row_tensor t, int32_t bytes)
+{
+    if ((unsigned)t >= AJ_ROW_TENSORS || bytes < 1 || bytes > 1024 || (bytes & (bytes - 1))) {
+        aj_kb_fail(kb, AJ_ERR_INTERNAL, "aj_kb_row_align: tensor %d, %d bytes", (int)t, bytes);
+        return;
+    }
+    if (bytes > kb->row_align[t])
+        kb->row_align[t] = bytes;
+}
+
+int32_t aj_row_align_default(aj_dtype dtype)
+{
+    return aj_dtype_size(dtype) == 1 ? 8 : 16;
+}
+
 LLVMValueRef aj_kb_smem_ptr(aj_kb *kb, LLVMValueRef byte_offset)
 {
     /* sim: the base is the CTA's arena, fetched once in aj_kb_begin */

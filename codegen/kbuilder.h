@@ -91,6 +91,11 @@ typedef struct aj_kb_stage {
     aj_kernel_layout layout;
 } aj_kb_stage;
 
+/* The input tensors whose rows a kernel loads in vectors: its launch
+ * contract asks each row of them to start on the kernel's row_align bytes
+ * (runtime/launch_shapes.c checks it). */
+typedef enum { AJ_ROW_Q, AJ_ROW_K, AJ_ROW_V, AJ_ROW_TENSORS } aj_row_tensor;
+
 typedef struct aj_kb {
     aj_ctx *ctx;
     aj_target target;
@@ -125,6 +130,9 @@ typedef struct aj_kb {
     int32_t min_ctas_per_sm;   /* occupancy the template designs for; >= 1 */
     int32_t dynamic_smem;      /* bytes requested with aj_kb_smem_reserve */
     int32_t smem_align;        /* the base's alignment (aj_kb_smem_reserve_aligned) */
+    /* the bytes each row of q, k, v must start on (aj_kb_row_align; the
+     * pipeline raises them to the element type's default) */
+    int32_t row_align[AJ_ROW_TENSORS];
     LLVMValueRef smem_base;
 
     /* the kernels finished so far, in launch order */
@@ -267,6 +275,17 @@ int32_t aj_kb_smem_reserve(aj_kb *kb, int32_t bytes);
  * to 1024; wgmma's and TMA's swizzled tiles need 8 swizzle rows, up to
  * 1024 bytes); the dynamic shared memory's base is then aligned as well. */
 int32_t aj_kb_smem_reserve_aligned(aj_kb *kb, int32_t bytes, int32_t align);
+/* The kernel loads the rows of input `t` (q, k or v) in pieces of
+ * `bytes` (a power of two up to 1024), so a launch must start every row
+ * on that many bytes: raises the kernel's figure, never lowers it.  Each
+ * is at least the pipeline's default for the tensor's element type
+ * (aj_row_align_default). */
+void aj_kb_row_align(aj_kb *kb, aj_row_tensor t, int32_t bytes);
+/* The row alignment every kernel asks of a tensor of `dtype`: 16 bytes,
+ * the loads' vector (8 for 8-bit floats, whose rows the templates load 8
+ * elements at a time unless they say more). */
+int32_t aj_row_align_default(aj_dtype dtype);
+
 /* ptr addrspace(3) to dynamic shared memory at a byte offset (i32). */
 LLVMValueRef aj_kb_smem_ptr(aj_kb *kb, LLVMValueRef byte_offset);
 

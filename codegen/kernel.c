@@ -190,7 +190,7 @@ aj_status aj_kernel_compile_stats(const aj_kernel *kernel, aj_compile_stats *out
  *
  *   u32 KERNEL_FORMAT  u32 sizeof(aj_op_info)  u32 sizeof(aj_launch_info)
  *   u32 target  u32 emit  aj_op_info  i32 sinks  u32 tensor_grad  u32 kv_shared
- *   u32 q_dtype
+ *   u32 q_dtype  i32 row_align[3]
  *   i32 num_stages  stage*
  *   u64 code_size   code   u64 object_size   object
  *
@@ -204,9 +204,9 @@ aj_status aj_kernel_compile_stats(const aj_kernel *kernel, aj_compile_stats *out
  * where str is u32 length + bytes, and object is a host kernel's object
  * code (object_size 0 for GPU kernels).  Format 2 added the stages, 3 the
  * object code, 4 pack_rows, 5 the parameters' table rows (ids), 6 sinks,
- * 7 tensor_grad, 8 kv_shared, 9 plan, 10 stack_bytes, 11 q_dtype.
+ * 7 tensor_grad, 8 kv_shared, 9 plan, 10 stack_bytes, 11 q_dtype, 12 row_align.
  */
-#define KERNEL_FORMAT 11u
+#define KERNEL_FORMAT 12u
 
 typedef struct byte_writer {
     uint8_t *buf;
@@ -256,6 +256,7 @@ aj_status aj_kernel_serialize(aj_ctx *ctx, const aj_kernel *k, uint8_t **out, si
     put(&w, &k->tensor_grad, 4);
     put_u32(&w, k->kv_shared);
     put_u32(&w, (uint32_t)aj_kernel_q_dtype(k));
+    put(&w, k->row_align, sizeof k->row_align);
     put(&w, &k->num_stages, 4);
     for (int s = 0; s < k->num_stages; s++) {
         const aj_kernel_stage *ks = &k->stages[s];
@@ -382,6 +383,12 @@ aj_status aj_kernel_deserialize(aj_ctx *ctx, const uint8_t *data, size_t size,
     uint32_t q_dtype = get_u32(&r);
     if (q_dtype >= AJ_DTYPE_COUNT || (q_dtype != (uint32_t)op.dtype && q_dtype < AJ_DTYPE_F8E4M3))
         r.failed = 1;
+    /* powers of two up to 1024 (aj_kb_row_align) */
+    int32_t row_align[AJ_ROW_TENSORS];
+    get(&r, row_align, sizeof row_align);
+    for (int t = 0; t < AJ_ROW_TENSORS; t++)
+        if (row_align[t] < 1 || row_align[t] > 1024 || (row_align[t] & (row_align[t] - 1)))
+            r.failed = 1;
     int32_t num_stages = 0;
     get(&r, &num_stages, 4);
     if (num_stages < 1 || num_stages > AJ_KB_MAX_STAGES)
@@ -410,6 +417,7 @@ aj_status aj_kernel_deserialize(aj_ctx *ctx, const uint8_t *data, size_t size,
     k->tensor_grad = tensor_grad;
     k->kv_shared = kv_shared;
     k->q_dtype = (aj_dtype)q_dtype;
+    memcpy(k->row_align, row_align, sizeof row_align);
     if (host) {
         k->object = malloc((size_t)object_size);
         if (!k->object) {

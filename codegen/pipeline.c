@@ -256,7 +256,8 @@ static aj_status prepare_target(aj_ctx *ctx, const aj_compile_options *options, 
 }
 
 /* The template writes its stages; each then gets what its target's
- * kernels carry (host: an entry wrapper; GPU: the kernel annotations). */
+ * kernels carry (host: an entry wrapper; GPU: the kernel annotations),
+ * and the kernel's row alignments at least their element types' default. */
 static aj_status build_stages(aj_ctx *ctx, aj_kb *kb, const aj_op *op, aj_build_fn build,
                               void *user)
 {
@@ -278,6 +279,11 @@ static aj_status build_stages(aj_ctx *ctx, aj_kb *kb, const aj_op *op, aj_build_
             aj_nvptx_annotate_kernel(kb->mod, stage->fn, stage->block_threads,
                                      stage->min_ctas_per_sm);
     }
+    const aj_dtype rows[AJ_ROW_TENSORS] = {
+        [AJ_ROW_Q] = aj_op_q_dtype(op), [AJ_ROW_K] = aj_op_kv_dtype(op),
+        [AJ_ROW_V] = aj_op_kv_dtype(op)};
+    for (int t = 0; t < AJ_ROW_TENSORS; t++)
+        aj_kb_row_align(kb, (aj_row_tensor)t, aj_row_align_default(rows[t]));
     return AJ_OK;
 }
 
@@ -296,6 +302,7 @@ static aj_status emit_kernel(aj_ctx *ctx, const aj_compile_options *options, aj_
         AJ_TRY(emit_object(ctx, kb->mod, tm, &object, &object_size));
     AJ_TRY(aj_kernel_new(ctx, kb->stages, kb->num_stages, options->target, options->emit,
                          code, code_size, &kernel));
+    memcpy(kernel->row_align, kb->row_align, sizeof kernel->row_align);
     if (host) {
         kernel->object = object;
         kernel->object_size = object_size;

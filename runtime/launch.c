@@ -302,8 +302,8 @@ static aj_status forward_on(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel
     int varlen = op->layout == AJ_LAYOUT_VARLEN;
     if (op->layout == AJ_LAYOUT_PAGED)
         return forward_paged(ctx, dev, kernel, args);
-    st = varlen ? aj_check_forward_varlen(ctx, op, aj_kernel_q_dtype(kernel), args, &sz)
-                : aj_check_forward(ctx, op, aj_kernel_q_dtype(kernel), args, &sz);
+    st = varlen ? aj_check_forward_varlen(ctx, kernel, args, &sz)
+                : aj_check_forward(ctx, kernel, args, &sz);
     if (st != AJ_OK)
         return st;
     if (sz.batch == 0 || sz.heads_q == 0 || sz.seq_q == 0)
@@ -558,7 +558,7 @@ static int64_t dside_fixed_rows(const aj_kernel *kernel)
 static aj_status check_call(aj_ctx *ctx, const aj_kernel *kernel, const aj_bwd_args *args,
                             bwd_call *call)
 {
-    aj_status st = aj_check_backward(ctx, &kernel->op, args, call);
+    aj_status st = aj_check_backward(ctx, kernel, args, call);
     if (st == AJ_OK)
         st = aj_check_dsinks(ctx, BWD, kernel->sinks >= 0, &args->dsinks, call->sz.heads_q);
     if (st == AJ_OK)

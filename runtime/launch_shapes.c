@@ -60,18 +60,6 @@ static aj_status check_aligned(aj_ctx *ctx, const char *fn, const char *name, co
     return AJ_OK;
 }
 
-/* The row alignment in bytes that q / k (qk) or v of the op must keep:
- * the GPU templates load 16 bytes at a time, 8 of 8-bit floats (a row of
- * 8 elements at least) -- but 16 for q and k of the flash forward's FP8
- * tensor-core kernel (head dims multiples of 32: its cp.async moves 16
- * bytes), whose V is read 4 bytes at a time. */
-static int row_alignment(const aj_op_info *op, aj_dtype dtype, int qk)
-{
-    if (elem_size(dtype) != 1)
-        return 16;
-    return qk && op->variant == AJ_VARIANT_FLASH && op->head_dim % 32 == 0 ? 16 : 8;
-}
-
 /* Rank, dtype, non-negative shape and strides, unit last stride, data;
  * `aligned`: 0, or every row starting on that many bytes. */
 static aj_status check_tensor(aj_ctx *ctx, const char *fn, const char *name,
@@ -142,13 +130,14 @@ done:
  * imply, lengths and grid limits, alibi slopes and the totals.  `fn`
  * names the call in messages. */
 static aj_status check_qkv(aj_ctx *ctx, const char *fn, const aj_op_info *op, aj_dtype q_dtype,
-                           const aj_tensor *q, const aj_tensor *k, const aj_tensor *v,
-                           int64_t sq_total, int64_t sk_total, fwd_sizes *sz)
+                           const int32_t *row_align, const aj_tensor *q, const aj_tensor *k,
+                           const aj_tensor *v, int64_t sq_total, int64_t sk_total,
+                           fwd_sizes *sz)
 {
     aj_status st = AJ_OK;
-    AJ_TRY(check_tensor(ctx, fn, "q", q, 4, q_dtype, row_alignment(op, q_dtype, 1)));
-    AJ_TRY(check_tensor(ctx, fn, "k", k, 4, op->kv_dtype, row_alignment(op, op->kv_dtype, 1)));
-    AJ_TRY(check_tensor(ctx, fn, "v", v, 4, op->kv_dtype, row_alignment(op, op->kv_dtype, 0)));
+    AJ_TRY(check_tensor(ctx, fn, "q", q, 4, q_dtype, row_align[AJ_ROW_Q]));
+    AJ_TRY(check_tensor(ctx, fn, "k", k, 4, op->kv_dtype, row_align[AJ_ROW_K]));
+    AJ_TRY(check_tensor(ctx, fn, "v", v, 4, op->kv_dtype, row_align[AJ_ROW_V]));
     sz->batch = q->shape[0];
     sz->heads_q = q->shape[1];
     sz->seq_q = q->shape[2];
@@ -303,13 +292,16 @@ static aj_status check_not_varlen(aj_ctx *ctx, const char *fn, const aj_op_info 
     return AJ_OK;
 }
 
-aj_status aj_check_forward(aj_ctx *ctx, const aj_op_info *op, aj_dtype q_dtype,
-                           const aj_fwd_args *a, fwd_sizes *sz)
+aj_status aj_check_forward(aj_ctx *ctx, const aj_kernel *kernel, const aj_fwd_args *a,
+                           fwd_sizes *sz)
 {
     aj_status st = AJ_OK;
+    const aj_op_info *op = &kernel->op;
+    const aj_dtype q_dtype = aj_kernel_q_dtype(kernel);
     AJ_TRY(check_not_varlen(ctx, FWD, op, a->cu_seqlens_q, a->cu_seqlens_k, a->batch,
                             a->max_seqlen_q, a->max_seqlen_k));
-    AJ_TRY(check_qkv(ctx, FWD, op, q_dtype, &a->q, &a->k, &a->v, a->sq_total, a->sk_total, sz));
+    AJ_TRY(check_qkv(ctx, FWD, op, q_dtype, kernel->row_align, &a->q, &a->k, &a->v, a->sq_total,
+                     a->sk_total, sz));
     AJ_TRY(check_descales(ctx, op, q_dtype, a, sz));
     AJ_TRY(check_heads(ctx, FWD, op, &a->alibi_slopes, a->head_offset, a->heads_q_total, sz));
     /* the output: o, or the f32 accumulator o_acc of accumulate kernels */
@@ -341,10 +333,13 @@ static void varlen_sizes(const aj_tensor *q, const aj_tensor *k, int batch, int 
  * o or o_acc [Tq, Hq, Dv], lse [Hq, Tq], and cu_seqlens_q / _k of batch + 1
  * entries.  The grid covers batch sequences of up to max_seqlen_q rows.
  */
-aj_status aj_check_forward_varlen(aj_ctx *ctx, const aj_op_info *op, aj_dtype q_dtype,
-                                  const aj_fwd_args *a, fwd_sizes *sz)
+aj_status aj_check_forward_varlen(aj_ctx *ctx, const aj_kernel *kernel, const aj_fwd_args *a,
+                                  fwd_sizes *sz)
 {
     aj_status st = AJ_OK;
+    const aj_op_info *op = &kernel->op;
+    const aj_dtype q_dtype = aj_kernel_q_dtype(kernel);
+    const int32_t *row_align = kernel->row_align;
     AJ_CHECK_ARG(ctx, a->cu_seqlens_q && a->cu_seqlens_k, "%s: cu_seqlens_%s is NULL; "
                  "layout = varlen kernels need cu_seqlens_q and cu_seqlens_k", FWD,
                  a->cu_seqlens_q ? "k" : "q");
@@ -357,9 +352,9 @@ aj_status aj_check_forward_varlen(aj_ctx *ctx, const aj_op_info *op, aj_dtype q_
                  a->max_seqlen_q < MAX_SEQ && a->max_seqlen_k < MAX_SEQ,
                  "%s: max_seqlen_q = %d, max_seqlen_k = %d; each must be 0 to 2^30 - 1", FWD,
                  a->max_seqlen_q, a->max_seqlen_k);
-    AJ_TRY(check_tensor(ctx, FWD, "q", &a->q, 3, q_dtype, row_alignment(op, q_dtype, 1)));
-    AJ_TRY(check_tensor(ctx, FWD, "k", &a->k, 3, op->kv_dtype, row_alignment(op, op->kv_dtype, 1)));
-    AJ_TRY(check_tensor(ctx, FWD, "v", &a->v, 3, op->kv_dtype, row_alignment(op, op->kv_dtype, 0)));
+    AJ_TRY(check_tensor(ctx, FWD, "q", &a->q, 3, q_dtype, row_align[AJ_ROW_Q]));
+    AJ_TRY(check_tensor(ctx, FWD, "k", &a->k, 3, op->kv_dtype, row_align[AJ_ROW_K]));
+    AJ_TRY(check_tensor(ctx, FWD, "v", &a->v, 3, op->kv_dtype, row_align[AJ_ROW_V]));
     int64_t tq = a->q.shape[0], tk = a->k.shape[0];
     varlen_sizes(&a->q, &a->k, a->batch, a->max_seqlen_q, a->max_seqlen_k, sz);
     AJ_TRY(check_dim(ctx, FWD, "q", 2, a->q.shape[2], op->head_dim, "the op's head_dim"));
@@ -520,18 +515,20 @@ aj_tensor aj_padded_view(const aj_tensor *t)
 /* ---------------------------------------------------------------- backward */
 
 static aj_status check_backward_padded(aj_ctx *ctx, const aj_op_info *op,
-                                       const aj_bwd_args *a, fwd_sizes *sz);
+                                       const int32_t *row_align, const aj_bwd_args *a,
+                                       fwd_sizes *sz);
 static aj_status check_backward_varlen(aj_ctx *ctx, const aj_op_info *op,
-                                       const aj_bwd_args *a, bwd_call *call);
+                                       const int32_t *row_align, const aj_bwd_args *a,
+                                       bwd_call *call);
 
-aj_status aj_check_backward(aj_ctx *ctx, const aj_op_info *op, const aj_bwd_args *a,
+aj_status aj_check_backward(aj_ctx *ctx, const aj_kernel *kernel, const aj_bwd_args *a,
                             bwd_call *call)
 {
     call->view = *a;
-    if (op->layout == AJ_LAYOUT_VARLEN)
-        return check_backward_varlen(ctx, op, a, call);
+    if (kernel->op.layout == AJ_LAYOUT_VARLEN)
+        return check_backward_varlen(ctx, &kernel->op, kernel->row_align, a, call);
     call->head_rows = a->q.shape[2];
-    return check_backward_padded(ctx, op, a, &call->sz);
+    return check_backward_padded(ctx, &kernel->op, kernel->row_align, a, &call->sz);
 }
 
 /* [T, H, width] packed rows as a [batch, H, T, width] view with batch
@@ -563,7 +560,8 @@ done:
  * o, do [Tq, Hq, Dv], lse [Hq, Tq] (aj_fwd_args); cu_seqlens_* are checked
  * against Tq and Tk by the kernels (templates/attn_common.h), on the device. */
 static aj_status check_backward_varlen(aj_ctx *ctx, const aj_op_info *op,
-                                       const aj_bwd_args *a, bwd_call *call)
+                                       const int32_t *row_align, const aj_bwd_args *a,
+                                       bwd_call *call)
 {
     aj_status st = AJ_OK;
     fwd_sizes *sz = &call->sz;
@@ -579,8 +577,8 @@ static aj_status check_backward_varlen(aj_ctx *ctx, const aj_op_info *op,
         a->max_seqlen_k >= MAX_SEQ)
         return aj_fail(ctx, AJ_ERR_INVALID_ARG, "%s: max_seqlen_q = %d, max_seqlen_k = %d; "
                        "each must be in 0 .. 2^30 - 1", BWD, a->max_seqlen_q, a->max_seqlen_k);
-    AJ_TRY(check_tensor(ctx, BWD, "q", &a->q, 3, op->dtype, 16));
-    AJ_TRY(check_tensor(ctx, BWD, "k", &a->k, 3, op->dtype, 16));
+    AJ_TRY(check_tensor(ctx, BWD, "q", &a->q, 3, op->dtype, row_align[AJ_ROW_Q]));
+    AJ_TRY(check_tensor(ctx, BWD, "k", &a->k, 3, op->dtype, row_align[AJ_ROW_K]));
     int64_t tq = a->q.shape[0], tk = a->k.shape[0];
     varlen_sizes(&a->q, &a->k, a->batch, a->max_seqlen_q, a->max_seqlen_k, sz);
     call->head_rows = tq;
@@ -634,12 +632,14 @@ done:
 }
 
 static aj_status check_backward_padded(aj_ctx *ctx, const aj_op_info *op,
-                                       const aj_bwd_args *a, fwd_sizes *sz)
+                                       const int32_t *row_align, const aj_bwd_args *a,
+                                       fwd_sizes *sz)
 {
     aj_status st = AJ_OK;
     AJ_TRY(check_not_varlen(ctx, BWD, op, a->cu_seqlens_q, a->cu_seqlens_k, a->batch,
                             a->max_seqlen_q, a->max_seqlen_k));
-    AJ_TRY(check_qkv(ctx, BWD, op, op->dtype, &a->q, &a->k, &a->v, a->sq_total, a->sk_total, sz));
+    AJ_TRY(check_qkv(ctx, BWD, op, op->dtype, row_align, &a->q, &a->k, &a->v, a->sq_total,
+                     a->sk_total, sz));
     AJ_TRY(check_heads(ctx, BWD, op, &a->alibi_slopes, a->head_offset, a->heads_q_total, sz));
     AJ_TRY(check_rows(ctx, BWD, "o", &a->o, op->dtype, op->head_dim_v, "the op's head_dim_v",
                       sz));

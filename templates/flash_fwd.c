@@ -1570,6 +1570,10 @@ static aj_status ffwd_build(aj_kb *kb, const aj_op *op, void *user)
     aj_kctx_init(&e.k, kb, op, prog);
 
     aj_params_declare(kb, AJ_KSIG_FLASH_FWD, op, prog);
+    if (p->f8) {   /* FP8: Q's and K's rows move by 16-byte cp.async (load_tile_async) */
+        aj_kb_row_align(kb, AJ_ROW_Q, 16);
+        aj_kb_row_align(kb, AJ_ROW_K, 16);
+    }
     aj_kb_begin(kb, p->threads);
     alloc_state(&e);
     thread_coords(&e);

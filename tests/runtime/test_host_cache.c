@@ -19,6 +19,7 @@
 #include <xxhash.h>
 
 #include "check.h"
+#include "codegen/codegen.h"
 #include "isa_mask.h"
 #include "sim_harness.h"
 #include "temp_dir.h"
@@ -71,6 +72,10 @@ static int compile_and_run(aj_ctx *ctx, int h, const char *what, double *ms)
     *ms = now_ms() - t0;
     aj_op_destroy(op);
     int wide = k && strstr(aj_kernel_code(k, NULL), "<16 x float>") != NULL;
+    /* what the launch checks comes back from the bytes too (bf16 rows: 16) */
+    for (int t = 0; k && t < AJ_ROW_TENSORS; t++)
+        CHECK_MSG(k->row_align[t] == 16, "%s %s: row_align[%d] = %d", hosts[h].name, what, t,
+                  k->row_align[t]);
     aj_kernel_destroy(k);
 
     aj_device *dev = NULL;
