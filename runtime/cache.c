@@ -77,25 +77,26 @@ static void sim_depends(char *out, size_t cap)
  * Entry kinds, one row each (the target table says which kind each
  * target's compiles make; a cubin is made by the driver's linker from a
  * kernel's PTX): what its content depends on beyond the key's fields
- * (optional), whether LLVM made it, whether it may go to disk, and its
- * file suffix.  A new kind of code is a new row.
+ * (optional), whether LLVM made it, and its file suffix.  Every kind goes
+ * to disk where the cache has a directory.  A new kind of code is a new
+ * row.
  */
 static const struct {
     const char *name;
     void (*depends)(char *out, size_t cap);   /* optional */
-    bool llvm, disk;
+    bool llvm;
     const char *suffix;
 } entry_kinds[AJ_CACHE_KIND_COUNT] = {
     /* PTX text: portable across GPUs of the target, loaded by the driver */
-    [AJ_CACHE_PTX] = {"ptx", NULL, true, true, "ajk"},
+    [AJ_CACHE_PTX] = {"ptx", NULL, true, "ajk"},
     /* host object code for this CPU and its features (AJ_CPU_ISA included) */
-    [AJ_CACHE_CPU_OBJECT] = {"cpu-object", aj_host_cpu_id, true, true, "ajk"},
+    [AJ_CACHE_CPU_OBJECT] = {"cpu-object", aj_host_cpu_id, true, "ajk"},
     /* host code that calls into the emulator: for this CPU, and for the
      * emulator's functions and thread layout as this build has them */
-    [AJ_CACHE_SIM_OBJECT] = {"sim-object", sim_depends, true, true, "ajk"},
+    [AJ_CACHE_SIM_OBJECT] = {"sim-object", sim_depends, true, "ajk"},
     /* a GPU's machine code, keyed by the PTX's hash, the compute capability
      * and the driver version (the fields): disk only */
-    [AJ_CACHE_CUBIN] = {"cubin", NULL, false, true, "cubin"},
+    [AJ_CACHE_CUBIN] = {"cubin", NULL, false, "cubin"},
 };
 
 aj_cache_kind aj_cache_kind_of(aj_target target)
@@ -103,7 +104,7 @@ aj_cache_kind aj_cache_kind_of(aj_target target)
     return aj_target_desc_of(target)->cache_kind;
 }
 
-int aj_cache_key(aj_cache_kind kind, const char *fields, char *out, size_t cap)
+void aj_cache_key(aj_cache_kind kind, const char *fields, char *out, size_t cap)
 {
     const int known = kind != AJ_CACHE_NONE;
     char depends[256] = "", llvm[64] = "";
@@ -114,7 +115,6 @@ int aj_cache_key(aj_cache_kind kind, const char *fields, char *out, size_t cap)
     /* AJ_CODEGEN_ID: a digest of the IR, codegen and template sources */
     snprintf(out, cap, "aj-%s|%s|%sattnjit %s+%s|%s", known ? entry_kinds[kind].name : "-",
              fields, llvm, aj_version_string(), AJ_CODEGEN_ID, depends);
-    return known && entry_kinds[kind].disk;
 }
 
 typedef struct mem_entry {
@@ -661,7 +661,7 @@ aj_kernel *aj_cache_lookup_or_claim(aj_ctx *ctx, aj_kernel_cache *c, aj_cache_ki
         mine = NULL;
     }
     pthread_mutex_unlock(&c->lock);
-    const int disk = kind != AJ_CACHE_NONE && entry_kinds[kind].disk && c->disk;
+    const int disk = kind != AJ_CACHE_NONE && c->disk;
     if (disk)
         k = disk_lookup(ctx, c, kind, key);
     if (disk && !k && mine) {
@@ -795,7 +795,7 @@ void aj_cache_store(aj_ctx *ctx, aj_kernel_cache *c, aj_cache_kind kind, const c
                     aj_kernel *k)
 {
     memory_store(c, key, k);
-    if (kind != AJ_CACHE_NONE && entry_kinds[kind].disk && c->disk)
+    if (kind != AJ_CACHE_NONE && c->disk)
         disk_store(ctx, c, kind, key, k);
 }
 

@@ -16,7 +16,8 @@ aj_kernel_cache *aj_cache_of(aj_ctx *ctx);
 
 /* What a cache entry holds (aj_cache_kind, codegen/target.h): a row of
  * cache.c's entry_kinds (its key prefix, what its content depends on,
- * whether it goes to disk, its file suffix).  PTX, cpu and sim kernels are
+ * its file suffix); every kind goes to disk where the cache has a
+ * directory.  PTX, cpu and sim kernels are
  * aj_kernels; a cubin is the driver linker's output for one PTX (disk
  * only). */
 
@@ -26,12 +27,12 @@ aj_cache_kind aj_cache_kind_of(aj_target target);
 /* The key of an entry of `kind`: the kind, `fields` (what decides the
  * content: op hash, target, options; PTX hash, compute capability, driver
  * version), what the kind's content depends on (the host CPU for host
- * code, and the emulator for sim's) and the versions of what produces it.  The one place keys are
- * made.  Returns whether entries of the kind may go to disk. */
-int aj_cache_key(aj_cache_kind kind, const char *fields, char *out, size_t cap);
+ * code, and the emulator for sim's) and the versions of what produces it.
+ * The one place keys are made. */
+void aj_cache_key(aj_cache_kind kind, const char *fields, char *out, size_t cap);
 
-/* A new reference to the kernel cached under `key`, from memory, else (if
- * the kind goes to disk) from disk.  On a miss, NULL with *claimed = 1:
+/* A new reference to the kernel cached under `key`, from memory, else
+ * (with a cache directory) from disk.  On a miss, NULL with *claimed = 1:
  * the caller now owns the key's compile and must end the claim with
  * aj_cache_end_claim (after aj_cache_store, or on failure); a thread that
  * looks up a claimed key waits until the claim ends, then looks again, so
@@ -41,7 +42,7 @@ aj_kernel *aj_cache_lookup_or_claim(aj_ctx *ctx, aj_kernel_cache *c, aj_cache_ki
                                     const char *key, int *claimed);
 void aj_cache_end_claim(aj_kernel_cache *c, const char *key);
 
-/* Keeps a reference in memory and, if the kind goes to disk, writes the
+/* Keeps a reference in memory and, with a cache directory, writes the
  * disk entry. */
 void aj_cache_store(aj_ctx *ctx, aj_kernel_cache *c, aj_cache_kind kind, const char *key,
                     aj_kernel *k);
