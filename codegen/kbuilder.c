@@ -556,7 +556,7 @@ int32_t aj_kb_smem_reserve_aligned(aj_kb *kb, int32_t bytes, int32_t align)
 
 void aj_kb_row_align(aj_kb *kb, aj_row_tensor t, int32_t bytes)
 {
-    if ((unsigned)t >= AJ_ROW_TENSORS || bytes < 1 || bytes > 1024 || (bytes & (bytes - 1))) {
+    if ((unsigned)t >= AJ_ROW_TENSORS || !aj_row_align_valid(bytes)) {
         aj_kb_fail(kb, AJ_ERR_INTERNAL, "aj_kb_row_align: tensor %d, %d bytes", (int)t, bytes);
         return;
     }

@@ -281,6 +281,12 @@ int32_t aj_kb_smem_reserve_aligned(aj_kb *kb, int32_t bytes, int32_t align);
  * is at least the pipeline's default for the tensor's element type
  * (aj_row_align_default). */
 void aj_kb_row_align(aj_kb *kb, aj_row_tensor t, int32_t bytes);
+/* Whether `bytes` is a row alignment a kernel may state: a power of two
+ * up to 1024 (aj_kb_row_align; a kernel read from bytes is checked too). */
+static inline bool aj_row_align_valid(int32_t bytes)
+{
+    return bytes >= 1 && bytes <= 1024 && (bytes & (bytes - 1)) == 0;
+}
 /* The row alignment every kernel asks of a tensor of `dtype`: 16 bytes,
  * the loads' vector (8 for 8-bit floats, whose rows the templates load 8
  * elements at a time unless they say more). */

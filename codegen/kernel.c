@@ -383,11 +383,10 @@ aj_status aj_kernel_deserialize(aj_ctx *ctx, const uint8_t *data, size_t size,
     uint32_t q_dtype = get_u32(&r);
     if (q_dtype >= AJ_DTYPE_COUNT || (q_dtype != (uint32_t)op.dtype && q_dtype < AJ_DTYPE_F8E4M3))
         r.failed = 1;
-    /* powers of two up to 1024 (aj_kb_row_align) */
     int32_t row_align[AJ_ROW_TENSORS];
     get(&r, row_align, sizeof row_align);
     for (int t = 0; t < AJ_ROW_TENSORS; t++)
-        if (row_align[t] < 1 || row_align[t] > 1024 || (row_align[t] & (row_align[t] - 1)))
+        if (!aj_row_align_valid(row_align[t]))
             r.failed = 1;
     int32_t num_stages = 0;
     get(&r, &num_stages, 4);

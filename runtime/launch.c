@@ -228,7 +228,7 @@ static aj_status forward_paged(aj_ctx *ctx, aj_device *dev, const aj_kernel *ker
         shared.v_scale = given->k_scale;
         a = &shared;
     }
-    aj_status st = aj_check_forward_paged(ctx, op, a, &sz);
+    aj_status st = aj_check_forward_paged(ctx, kernel, a, &sz);
     const int tiles_by_chunks = aj_target_desc_of(kernel->target)->simt;  /* cp.async */
     if (st == AJ_OK && tiles_by_chunks)
         st = aj_check_cache_chunks(ctx, "k_cache", &a->k_cache, op->kv_dtype, op->head_dim);

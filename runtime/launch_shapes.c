@@ -397,17 +397,19 @@ done:
  * values are the kernel's to check), the f8 caches' scales.  seq_k is the
  * longest a sequence may be: max_pages page_size.
  */
-aj_status aj_check_forward_paged(aj_ctx *ctx, const aj_op_info *op, const aj_fwd_args *a,
+aj_status aj_check_forward_paged(aj_ctx *ctx, const aj_kernel *kernel, const aj_fwd_args *a,
                                  fwd_sizes *sz)
 {
     aj_status st = AJ_OK;
+    const aj_op_info *op = &kernel->op;
     const int varlen_q = op->q_layout == AJ_LAYOUT_VARLEN;
     AJ_CHECK_ARG(ctx, !a->k.data && !a->v.data && (varlen_q || !a->cu_seqlens_q) &&
                  !a->cu_seqlens_k && !a->q_offset && !a->kv_offset && !a->sq_total &&
                  !a->sk_total, "%s: k, v, cu_seqlens, offsets and totals are not for layout = "
                  "paged kernels (the keys are k_cache and v_cache; positions follow "
                  "seqlens_k)", FWD);
-    AJ_TRY(check_tensor(ctx, FWD, "q", &a->q, varlen_q ? 3 : 4, op->dtype, 16));
+    AJ_TRY(check_tensor(ctx, FWD, "q", &a->q, varlen_q ? 3 : 4, op->dtype,
+                        kernel->row_align[AJ_ROW_Q]));
     AJ_TRY(check_tensor(ctx, FWD, "k_cache", &a->k_cache, 4, op->kv_dtype, 0));
     AJ_TRY(check_tensor(ctx, FWD, "v_cache", &a->v_cache, 4, op->kv_dtype, 0));
     const aj_tensor *kc = &a->k_cache;
