@@ -36,6 +36,7 @@ static const char *const masks[] = {"none", "causal(top_left)", "causal(bottom_r
 static const char *const archs[] = {"sm_80", "sm_90"};
 
 static int have_ptxas;
+static int spread;   /* the matrices' (matrix_takes): ptxas_spread(2) */
 static char ptxas[1024];
 static int kernels, assembled;
 
@@ -105,8 +106,7 @@ static void check_kernel(const char *label, aj_kernel *k, aj_target target, cons
 /* Whether the a-th of two archs assembles case `slot` (see the top) */
 static int matrix_takes(size_t a, size_t slot)
 {
-    const char *env = getenv("AJ_PTXAS_SPREAD");
-    return (env && *env && atoi(env) == 0) || slot % 2 == a;
+    return spread <= 0 || slot % (size_t)spread == a % (size_t)spread;
 }
 
 /* Every example spec a user copies from compiles and assembles too. */
@@ -465,6 +465,7 @@ int main(int argc, char **argv)
     aj_ctx *ctx = NULL;
     aj_ctx_create(NULL, &ctx);
     have_ptxas = ptxas_find(ptxas, sizeof ptxas);
+    spread = ptxas_spread(2);
     if (!have_ptxas)
         CHECK_MSG(!ptxas_missing("ptxas assembly (PTX is still generated and checked)"),
                   "ptxas is required");

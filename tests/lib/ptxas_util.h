@@ -21,6 +21,17 @@
 #include "attnjit/attnjit.h"
 #include "tools/find_tool.h"
 
+/* The spread over archs a list of cases asks for (each case assembled on
+ * one of `spread` archs in turn; 0: every case on every arch), unless it
+ * asks for every arch (0: each arch compiles its own template there) and
+ * AJ_PTXAS_SPREAD gives another -- AJ_PTXAS_SPREAD=0 assembles every case
+ * on every arch (about twice the time).  Read it once per list. */
+static inline int ptxas_spread(int spread)
+{
+    const char *env = getenv("AJ_PTXAS_SPREAD");
+    return spread > 0 && env && *env ? atoi(env) : spread;
+}
+
 typedef struct ptxas_result {
     int exit_code;
     int registers;

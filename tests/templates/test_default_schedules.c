@@ -274,16 +274,6 @@ static int arch_takes(int a, int slot, int spread)
     return spread <= 0 || (slot + slot / 4) % spread == a % spread;
 }
 
-/* The spread a list asks for, unless it asks for every arch (0: each arch
- * compiles its own template there) and AJ_PTXAS_SPREAD gives another --
- * AJ_PTXAS_SPREAD=0 assembles every case on every arch (about twice the
- * time). */
-static int ptxas_spread(int spread)
-{
-    const char *env = getenv("AJ_PTXAS_SPREAD");
-    return spread > 0 && env && *env ? atoi(env) : spread;
-}
-
 static void assemble_cases(aj_ctx *ctx, const sweep_case *cases, int count, int shard,
                            int shards, const ptxas_arch *archs, int spread)
 {
