@@ -93,8 +93,11 @@ typedef struct aj_kb_stage {
 
 /* The input tensors whose rows a kernel loads in vectors: its launch
  * contract asks each row of them to start on the kernel's row_align bytes
- * (runtime/launch_shapes.c checks it). */
-typedef enum { AJ_ROW_Q, AJ_ROW_K, AJ_ROW_V, AJ_ROW_TENSORS } aj_row_tensor;
+ * (runtime/launch_shapes.c checks it).  A paged kernel's keys and values
+ * are its caches' rows (k and v stay empty there). */
+typedef enum {
+    AJ_ROW_Q, AJ_ROW_K, AJ_ROW_V, AJ_ROW_K_CACHE, AJ_ROW_V_CACHE, AJ_ROW_TENSORS
+} aj_row_tensor;
 
 typedef struct aj_kb {
     aj_ctx *ctx;
@@ -130,8 +133,8 @@ typedef struct aj_kb {
     int32_t min_ctas_per_sm;   /* occupancy the template designs for; >= 1 */
     int32_t dynamic_smem;      /* bytes requested with aj_kb_smem_reserve */
     int32_t smem_align;        /* the base's alignment (aj_kb_smem_reserve_aligned) */
-    /* the bytes each row of q, k, v must start on (aj_kb_row_align; the
-     * pipeline raises them to the element type's default) */
+    /* the bytes each row of q, k, v and the caches must start on
+     * (aj_kb_row_align; the pipeline raises them to the defaults) */
     int32_t row_align[AJ_ROW_TENSORS];
     LLVMValueRef smem_base;
 
@@ -278,8 +281,9 @@ int32_t aj_kb_smem_reserve_aligned(aj_kb *kb, int32_t bytes, int32_t align);
 /* The kernel loads the rows of input `t` (q, k or v) in pieces of
  * `bytes` (a power of two up to 1024), so a launch must start every row
  * on that many bytes: raises the kernel's figure, never lowers it.  Each
- * is at least the pipeline's default for the tensor's element type
- * (aj_row_align_default). */
+ * is at least the pipeline's default: q, k and v rows aj_row_align_default
+ * of their element type, cache rows an element (the cpu kernel reads them
+ * at any alignment; a template that loads them in chunks says so). */
 void aj_kb_row_align(aj_kb *kb, aj_row_tensor t, int32_t bytes);
 /* Whether `bytes` is a row alignment a kernel may state: a power of two
  * up to 1024 (aj_kb_row_align; a kernel read from bytes is checked too). */

@@ -190,7 +190,7 @@ aj_status aj_kernel_compile_stats(const aj_kernel *kernel, aj_compile_stats *out
  *
  *   u32 KERNEL_FORMAT  u32 sizeof(aj_op_info)  u32 sizeof(aj_launch_info)
  *   u32 target  u32 emit  aj_op_info  i32 sinks  u32 tensor_grad  u32 kv_shared
- *   u32 q_dtype  i32 row_align[3]
+ *   u32 q_dtype  i32 row_align[5]
  *   i32 num_stages  stage*
  *   u64 code_size   code   u64 object_size   object
  *
@@ -204,9 +204,10 @@ aj_status aj_kernel_compile_stats(const aj_kernel *kernel, aj_compile_stats *out
  * where str is u32 length + bytes, and object is a host kernel's object
  * code (object_size 0 for GPU kernels).  Format 2 added the stages, 3 the
  * object code, 4 pack_rows, 5 the parameters' table rows (ids), 6 sinks,
- * 7 tensor_grad, 8 kv_shared, 9 plan, 10 stack_bytes, 11 q_dtype, 12 row_align.
+ * 7 tensor_grad, 8 kv_shared, 9 plan, 10 stack_bytes, 11 q_dtype, 12 row_align,
+ * 13 row_align for the paged caches.
  */
-#define KERNEL_FORMAT 12u
+#define KERNEL_FORMAT 13u
 
 typedef struct byte_writer {
     uint8_t *buf;

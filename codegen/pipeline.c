@@ -279,11 +279,13 @@ static aj_status build_stages(aj_ctx *ctx, aj_kb *kb, const aj_op *op, aj_build_
             aj_nvptx_annotate_kernel(kb->mod, stage->fn, stage->block_threads,
                                      stage->min_ctas_per_sm);
     }
-    const aj_dtype rows[AJ_ROW_TENSORS] = {
-        [AJ_ROW_Q] = aj_op_q_dtype(op), [AJ_ROW_K] = aj_op_kv_dtype(op),
-        [AJ_ROW_V] = aj_op_kv_dtype(op)};
+    const aj_dtype kv = aj_op_kv_dtype(op);
+    const int32_t defaults[AJ_ROW_TENSORS] = {
+        [AJ_ROW_Q] = aj_row_align_default(aj_op_q_dtype(op)),
+        [AJ_ROW_K] = aj_row_align_default(kv), [AJ_ROW_V] = aj_row_align_default(kv),
+        [AJ_ROW_K_CACHE] = aj_dtype_size(kv), [AJ_ROW_V_CACHE] = aj_dtype_size(kv)};
     for (int t = 0; t < AJ_ROW_TENSORS; t++)
-        aj_kb_row_align(kb, (aj_row_tensor)t, aj_row_align_default(rows[t]));
+        aj_kb_row_align(kb, (aj_row_tensor)t, defaults[t]);
     return AJ_OK;
 }
 

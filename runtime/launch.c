@@ -229,11 +229,6 @@ static aj_status forward_paged(aj_ctx *ctx, aj_device *dev, const aj_kernel *ker
         a = &shared;
     }
     aj_status st = aj_check_forward_paged(ctx, kernel, a, &sz);
-    const int tiles_by_chunks = aj_target_desc_of(kernel->target)->simt;  /* cp.async */
-    if (st == AJ_OK && tiles_by_chunks)
-        st = aj_check_cache_chunks(ctx, "k_cache", &a->k_cache, op->kv_dtype, op->head_dim);
-    if (st == AJ_OK && tiles_by_chunks)
-        st = aj_check_cache_chunks(ctx, "v_cache", &a->v_cache, op->kv_dtype, op->head_dim_v);
     if (st != AJ_OK || sz.batch == 0 || sz.heads_q == 0 || sz.tokens_q == 0)
         return st;
     const int varlen_q = op->q_layout == AJ_LAYOUT_VARLEN;

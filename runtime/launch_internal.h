@@ -81,19 +81,16 @@ aj_status aj_backward_workspace(aj_ctx *ctx, const aj_kernel *kernel, const aj_b
 int64_t aj_tensor_extent_bytes(const aj_tensor *t, int elem);
 
 /* The checks of each layout (launch_shapes.c), errors naming the
- * argument: a padded, varlen or paged forward (paged: without the
- * caches' chunk alignment, aj_check_cache_chunks), a backward (padded or
+ * argument: a padded, varlen or paged forward, a backward (padded or
  * varlen, by the op), a merge.  They fill the sizes the call implies.
- * q, k and v rows (paged: q's) start on the kernel's row_align bytes,
- * which its template stated (aj_kb_row_align). */
+ * q, k and v rows (paged: q's and the caches') start on the kernel's
+ * row_align bytes, which its template stated (aj_kb_row_align). */
 aj_status aj_check_forward(aj_ctx *ctx, const aj_kernel *kernel, const aj_fwd_args *a,
                            fwd_sizes *sz);
 aj_status aj_check_forward_varlen(aj_ctx *ctx, const aj_kernel *kernel, const aj_fwd_args *a,
                                   fwd_sizes *sz);
 aj_status aj_check_forward_paged(aj_ctx *ctx, const aj_kernel *kernel, const aj_fwd_args *a,
                                  fwd_sizes *sz);
-aj_status aj_check_cache_chunks(aj_ctx *ctx, const char *name, const aj_tensor *t,
-                                aj_dtype dtype, int width);
 aj_status aj_check_backward(aj_ctx *ctx, const aj_kernel *kernel, const aj_bwd_args *a,
                             bwd_call *call);
 aj_status aj_check_merge(aj_ctx *ctx, const aj_op_info *op, const aj_merge_args *a,

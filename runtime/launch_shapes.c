@@ -390,6 +390,23 @@ done:
     return st;
 }
 
+/* A paged cache [num_pages, page_size, Hkv, D or Dv] of the op's
+ * kv_dtype, each row on the bytes the kernel reads it in (the sim/GPU
+ * kernel: chunks of 16 bytes, 8 for an f8 cache it loads by threads;
+ * docs/gpu.md; the cpu kernel: any element). */
+static aj_status check_cache(aj_ctx *ctx, const aj_kernel *kernel, const char *name,
+                             const aj_tensor *t, aj_row_tensor rows)
+{
+    const aj_dtype dtype = kernel->op.kv_dtype;
+    const int size = elem_size(dtype), chunk = kernel->row_align[rows];
+    aj_status st = check_tensor(ctx, FWD, name, t, 4, dtype, 0);
+    if (st != AJ_OK || chunk <= size)
+        return st;
+    char why[64];
+    snprintf(why, sizeof why, " (the paged kernel reads cache rows in %d-byte chunks)", chunk);
+    return check_aligned(ctx, FWD, name, t, 4, size, chunk, why);
+}
+
 /*
  * layout = paged (aj_fwd_args): q [B, Hq, Sq, D], o [B, Hq, Sq, Dv], lse
  * [B, Hq, Sq], the caches [num_pages, page_size, Hkv, D or Dv] of the
@@ -410,8 +427,8 @@ aj_status aj_check_forward_paged(aj_ctx *ctx, const aj_kernel *kernel, const aj_
                  "seqlens_k)", FWD);
     AJ_TRY(check_tensor(ctx, FWD, "q", &a->q, varlen_q ? 3 : 4, op->dtype,
                         kernel->row_align[AJ_ROW_Q]));
-    AJ_TRY(check_tensor(ctx, FWD, "k_cache", &a->k_cache, 4, op->kv_dtype, 0));
-    AJ_TRY(check_tensor(ctx, FWD, "v_cache", &a->v_cache, 4, op->kv_dtype, 0));
+    AJ_TRY(check_cache(ctx, kernel, "k_cache", &a->k_cache, AJ_ROW_K_CACHE));
+    AJ_TRY(check_cache(ctx, kernel, "v_cache", &a->v_cache, AJ_ROW_V_CACHE));
     const aj_tensor *kc = &a->k_cache;
     sz->batch = a->q.shape[0];
     sz->heads_q = a->q.shape[1];
@@ -478,19 +495,6 @@ aj_status aj_check_forward_paged(aj_ctx *ctx, const aj_kernel *kernel, const aj_
     }
 done:
     return st;
-}
-
-/* The sim/GPU paged kernel reads cache rows in chunks of 16 bytes (8 for
- * an f8 row that is not whole 16-byte chunks; docs/gpu.md), so there a
- * cache's data and strides must fall on them; the cpu kernel reads any
- * alignment. */
-aj_status aj_check_cache_chunks(aj_ctx *ctx, const char *name, const aj_tensor *t,
-                                aj_dtype dtype, int width)
-{
-    const int size = elem_size(dtype), chunk = size == 1 && width % 16 ? 8 : 16;
-    return check_aligned(ctx, FWD, name, t, 4, size, chunk, chunk == 8 ?
-                         " (the sim/GPU paged kernel reads cache rows in 8-byte chunks)" :
-                         " (the sim/GPU paged kernel reads cache rows in 16-byte chunks)");
 }
 
 /* A packed [T, H, D] tensor as the [1, H, T, D] view the padded binding

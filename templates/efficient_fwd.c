@@ -631,6 +631,11 @@ static void begin_cta(efwd *e)
     if (p->paged) {
         p->smem_rows = aj_kb_smem_reserve(kb, aj_tile_paged_rows_bytes(p->bn));
         p->smem_qrows = aj_kb_smem_reserve(kb, aj_tile_paged_rows_bytes(p->bm));
+        /* cache rows go in 16-byte chunks (cp.async when streamed), 8-byte
+         * ones for an f8 cache loaded by the threads (aj_tile_load) */
+        int chunk = p->stream || aj_dtype_size(p->kv_dtype) > 1 ? 16 : 8;
+        aj_kb_row_align(kb, AJ_ROW_K_CACHE, chunk);
+        aj_kb_row_align(kb, AJ_ROW_V_CACHE, chunk);
     }
     if (p->stream) {
         int size = aj_dtype_size(p->kv_dtype);

@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "codegen/codegen.h"
 #include "paged_cases.h"
 
 static aj_ctx *ctx;
@@ -273,6 +274,42 @@ static void test_faults(void)
         }
 }
 
+/* The caches' rows start on the chunks the kernel states it reads them in
+ * (row_align): the cpu kernel any element; sim/GPU 16 bytes, 8 for an f8
+ * cache whose rows are not whole 16-byte chunks (loaded by the threads);
+ * a cache off them is refused by that figure. */
+static void test_cache_chunks(const int32_t *lens)
+{
+    static const struct {
+        aj_dtype kv;
+        int d, chunk;
+    } caches[] = {{AJ_DTYPE_F16, 64, 16}, {AJ_DTYPE_F32, 40, 16}, {AJ_DTYPE_F8E4M3, 64, 16},
+                  {AJ_DTYPE_F8E5M2, 72, 8}};
+    const int cpu = aj_device_target(dev) == AJ_TARGET_CPU;
+    for (size_t i = 0; i < sizeof caches / sizeof caches[0]; i++) {
+        paged_case c = paged_base(AJ_DTYPE_F16, caches[i].kv, caches[i].d, lens, 1);
+        aj_kernel *kernel = NULL;
+        if (!compile_case(&c, &kernel))
+            continue;
+        const int want = cpu ? aj_dtype_size(caches[i].kv) : caches[i].chunk;
+        CHECK_MSG(kernel->row_align[AJ_ROW_K_CACHE] == want &&
+                  kernel->row_align[AJ_ROW_V_CACHE] == want, "cache %zu: row_align %d %d, want "
+                  "%d", i, kernel->row_align[AJ_ROW_K_CACHE], kernel->row_align[AJ_ROW_V_CACHE],
+                  want);
+        if (!cpu) {
+            c.fault = PAGED_FAULT_ALIGN;
+            paged_result r = paged_run(ctx, dev, kernel, &c);
+            char msg[96];
+            snprintf(msg, sizeof msg, "is not %d-byte aligned (the paged kernel reads cache rows "
+                     "in %d-byte chunks)", want, want);
+            CHECK_MSG(r.status == AJ_ERR_INVALID_ARG && strstr(aj_last_error(ctx), msg),
+                      "cache %zu off its chunks: %s (%s)", i, aj_status_str(r.status),
+                      aj_last_error(ctx));
+        }
+        aj_kernel_destroy(kernel);
+    }
+}
+
 /* The host checks name the argument. */
 static void test_errors(void)
 {
@@ -294,11 +331,12 @@ static void test_errors(void)
         CHECK_MSG(r.status == AJ_ERR_INVALID_ARG, "misaligned k_cache: %s",
                   aj_status_str(r.status));
         CHECK_ERROR(ctx, "aj_forward: k_cache.data = ");
-        CHECK_ERROR(ctx, "is not 16-byte aligned (the sim/GPU paged kernel reads cache rows in "
-                         "16-byte chunks)");
+        CHECK_ERROR(ctx, "is not 16-byte aligned (the paged kernel reads cache rows in 16-byte "
+                         "chunks)");
         c.fault = PAGED_NO_FAULT;
     }
     aj_kernel_destroy(kernel);
+    test_cache_chunks(lens);
     /* varlen queries: a packed q */
     static const int32_t chunk[1] = {3};
     c.chunks = chunk;
