@@ -54,6 +54,7 @@
 #include "templates/score.h"
 #include "templates/template.h"
 #include "templates/tile_io.h"
+#include "templates/tile_pipe.h"
 
 #define MAX_RM 16
 #define MAX_CN 16
@@ -684,85 +685,75 @@ static LLVMValueRef walk_tile(efwd *e, const aj_score_walk *walk, LLVMValueRef p
     return LLVMBuildMul(e->b, n, aj_kb_i32(kb, e->p.bn), "n0");
 }
 
-/* stream: the copies of one tile's K or V (row table at smem_rows) into
- * their staging buffer when `live`, then -- always, so that every
- * thread's groups stay in step -- the group's close. */
-static void stream_issue(efwd *e, const aj_tile_src *src, LLVMValueRef stride_page, int width,
-                         int32_t stage, LLVMValueRef live)
+/* stream (layout = paged on sim/GPU, plan_schedule's choice): K and V
+ * come through cp.async one tile ahead by operand (aj_tile_stream, K
+ * operand 0, V 1), so that a tile's copy from the pages overlaps the math
+ * of the one before.  One row table serves: V(t+1)'s issue, its last
+ * reader, is behind the next tile's first barrier before the next
+ * prepare rewrites it. */
+typedef struct efwd_stream {
+    efwd *e;
+    efwd_kv *kv;
+    const aj_score_walk *walk;
+} efwd_stream;
+
+static LLVMValueRef stream_tile(void *user, LLVMValueRef pos, LLVMValueRef *cls,
+                                LLVMValueRef *live)
 {
-    aj_kb *kb = e->kb;
-    aj_kb_if_begin(kb, live);
-    aj_tile_issue_paged_async(kb, src, aj_kb_i32(kb, e->p.smem_rows), stride_page, e->p.bn,
-                              width, aj_kb_i32(kb, stage), e->tid, e->p.threads);
-    aj_kb_if_end(kb);
-    aj_kb_cp_async_commit(kb);
+    efwd_stream *s = user;
+    return walk_tile(s->e, s->walk, pos, cls, live);
 }
 
-/*
- * stream (layout = paged on sim/GPU, plan_schedule's choice): K and V
- * come through cp.async one tile ahead, so that a tile's copy from the
- * pages overlaps the math of the one before.  The groups, oldest first,
- * are always (K of the current tile, V of the current tile) at a K step
- * and (V current, K next) at a V step, so wait(1) lands exactly the
- * step's own:
- *
- *   prologue   rows(t0); barrier; issue K(t0), V(t0)
- *   tile t     wait(1) barrier  widen K(t)  rows(t+1)  barrier  issue K(t+1)
- *              S = Q K^T, softmax
- *              wait(1) barrier  widen V(t)             barrier  issue V(t+1)
- *              O += P V
- *
- * One row table serves: V(t+1)'s issue, its last reader, is behind the
- * next tile's first barrier before rows(t+2) rewrites it.  A skip tile
- * (its class, uniform) is neither copied nor widened nor computed; its
- * groups are empty.
- */
+/* the row table of the tile at n0 */
+static void stream_prepare(void *user, LLVMValueRef n0)
+{
+    efwd_stream *s = user;
+    efwd *e = s->e;
+    aj_tile_paged_rows(e->kb, aj_kb_i32(e->kb, e->p.smem_rows), e->p.bn, n0, e->seq_k,
+                       s->kv->bidx, e->tid, e->p.threads);
+}
+
+/* K's or V's rows from the pages into their staging buffer, raw */
+static void stream_issue(void *user, int g)
+{
+    efwd_stream *s = user;
+    efwd *e = s->e;
+    aj_kb *kb = e->kb;
+    const efwd_kv *kv = s->kv;
+    aj_tile_issue_paged_async(kb, g ? &kv->v : &kv->k, aj_kb_i32(kb, e->p.smem_rows),
+                              g ? kv->v_stride_page : kv->k_stride_page, e->p.bn,
+                              g ? e->p.dv : e->p.d,
+                              aj_kb_i32(kb, g ? e->p.smem_stage_v : e->p.smem_stage_k), e->tid,
+                              e->p.threads);
+}
+
+/* K or V widened to f32 into the key tile's buffer */
+static void stream_land(void *user, int g)
+{
+    efwd_stream *s = user;
+    efwd *e = s->e;
+    const efwd_plan *p = &e->p;
+    aj_tile_widen_staged_f32(e->kb, p->kv_dtype, aj_kb_i32(e->kb, g ? p->smem_stage_v
+                                                                    : p->smem_stage_k),
+                             p->bn, g ? p->dv : p->d, p->smem_kv, p->ldkv, e->tid, p->threads);
+}
+
 static void emit_key_blocks_streamed(efwd *e, efwd_kv *kv, const aj_score_walk *walk)
 {
     aj_kb *kb = e->kb;
-    LLVMBuilderRef b = e->b;
-    const efwd_plan *p = &e->p;
-    LLVMValueRef rows = aj_kb_i32(kb, p->smem_rows), one = aj_kb_i32(kb, 1), cls, live;
-    aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntSLT, walk->begin, walk->end, ""));
-    {
-        LLVMValueRef n0 = walk_tile(e, walk, walk->begin, &cls, &live);
-        aj_kb_if_begin(kb, live);
-        aj_tile_paged_rows(kb, rows, p->bn, n0, e->seq_k, kv->bidx, e->tid, p->threads);
-        aj_kb_if_end(kb);
-        aj_kb_barrier(kb);
-        stream_issue(e, &kv->k, kv->k_stride_page, p->d, p->smem_stage_k, live);
-        stream_issue(e, &kv->v, kv->v_stride_page, p->dv, p->smem_stage_v, live);
-    }
-    aj_kb_if_end(kb);
-    LLVMValueRef at = aj_kb_for_begin(kb, walk->begin, walk->end, one, "walk");
-    LLVMValueRef n0 = walk_tile(e, walk, at, &cls, &live);
-    LLVMValueRef next_at = LLVMBuildAdd(b, at, one, ""), next_cls, next_live;
-    LLVMValueRef next_n0 = walk_tile(e, walk, aj_kb_smin(kb, next_at, LLVMBuildSub(b, walk->end,
-                                     one, "")), &next_cls, &next_live);
-    next_live = LLVMBuildAnd(b, next_live, LLVMBuildICmp(b, LLVMIntSLT, next_at, walk->end, ""),
-                             "");
-    aj_kb_cp_async_wait(kb, 1);
-    aj_kb_barrier(kb);   /* K(t) landed everywhere; the previous tile's P V is done */
-    aj_kb_if_begin(kb, live);
-    aj_tile_widen_staged_f32(kb, p->kv_dtype, aj_kb_i32(kb, p->smem_stage_k), p->bn, p->d,
-                             p->smem_kv, p->ldkv, e->tid, p->threads);
-    aj_kb_if_end(kb);
-    aj_kb_if_begin(kb, next_live);
-    aj_tile_paged_rows(kb, rows, p->bn, next_n0, e->seq_k, kv->bidx, e->tid, p->threads);
-    aj_kb_if_end(kb);
-    aj_kb_barrier(kb);   /* K widened, its stage free; t+1's row table written */
-    stream_issue(e, &kv->k, kv->k_stride_page, p->d, p->smem_stage_k, next_live);
+    efwd_stream user = {e, kv, walk};
+    aj_tile_stream s = {.kb = kb, .walk = walk, .groups = 2, .tile = stream_tile,
+                        .prepare = stream_prepare, .issue = stream_issue, .land = stream_land,
+                        .user = &user};
+    aj_tile_stream_begin(&s);
+    LLVMValueRef at = aj_kb_for_begin(kb, walk->begin, walk->end, aj_kb_i32(kb, 1), "walk");
+    LLVMValueRef cls, live;
+    LLVMValueRef n0 = aj_tile_stream_step(&s, at, &cls, &live);
+    aj_tile_stream_operand(&s, 0);   /* K(t) in, K(t+1) issued */
     aj_kb_if_begin(kb, live);
     emit_scores(e, cls, n0);
     aj_kb_if_end(kb);
-    aj_kb_cp_async_wait(kb, 1);
-    aj_kb_barrier(kb);   /* V(t) landed everywhere; K fully read; P fully written */
-    aj_kb_if_begin(kb, live);
-    aj_tile_widen_staged_f32(kb, p->kv_dtype, aj_kb_i32(kb, p->smem_stage_v), p->bn, p->dv,
-                             p->smem_kv, p->ldkv, e->tid, p->threads);
-    aj_kb_if_end(kb);
-    aj_kb_barrier(kb);   /* V widened, its stage free */
-    stream_issue(e, &kv->v, kv->v_stride_page, p->dv, p->smem_stage_v, next_live);
+    aj_tile_stream_operand(&s, 1);   /* V(t) in (P fully written), V(t+1) issued */
     aj_kb_if_begin(kb, live);
     emit_pv(e);
     aj_kb_if_end(kb);

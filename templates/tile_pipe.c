@@ -1,5 +1,6 @@
 /*
- * tile_pipe.c -- the pipelined tile walk (tile_pipe.h).
+ * tile_pipe.c -- the pipelined tile walk, whole tiles or by operand
+ * groups (tile_pipe.h).
  */
 #include "templates/tile_pipe.h"
 
@@ -71,4 +72,66 @@ LLVMValueRef aj_tile_pipe_step(aj_tile_pipe *pp, LLVMValueRef pos, LLVMValueRef 
     aj_kb_cp_async_commit(kb);
     aj_kb_cp_async_wait(kb, 1);
     return x;
+}
+
+/* ---------------------------------------------------------------- by operand groups */
+
+/* Operand g's copies of the tile prepared last when `live`, then -- always,
+ * so that every thread's groups stay in step -- the group's close. */
+static void stream_issue(aj_tile_stream *s, int g, LLVMValueRef live)
+{
+    aj_kb_if_begin(s->kb, live);
+    s->issue(s->user, g);
+    aj_kb_if_end(s->kb);
+    aj_kb_cp_async_commit(s->kb);
+}
+
+void aj_tile_stream_begin(aj_tile_stream *s)
+{
+    aj_kb *kb = s->kb;
+    const aj_score_walk *w = s->walk;
+    LLVMValueRef cls, live;
+    aj_kb_if_begin(kb, LLVMBuildICmp(kb->b, LLVMIntSLT, w->begin, w->end, ""));
+    LLVMValueRef x = s->tile(s->user, w->begin, &cls, &live);
+    aj_kb_if_begin(kb, live);
+    s->prepare(s->user, x);
+    aj_kb_if_end(kb);
+    aj_kb_barrier(kb);
+    for (int g = 0; g < s->groups; g++)
+        stream_issue(s, g, live);
+    aj_kb_if_end(kb);
+}
+
+LLVMValueRef aj_tile_stream_step(aj_tile_stream *s, LLVMValueRef pos, LLVMValueRef *cls,
+                                 LLVMValueRef *live)
+{
+    aj_kb *kb = s->kb;
+    LLVMBuilderRef b = kb->b;
+    const aj_score_walk *w = s->walk;
+    LLVMValueRef one = aj_kb_i32(kb, 1), next_cls;
+    LLVMValueRef x = s->tile(s->user, pos, cls, live);
+    LLVMValueRef at = LLVMBuildAdd(b, pos, one, "");
+    s->next = s->tile(s->user, aj_kb_smin(kb, at, LLVMBuildSub(b, w->end, one, "")), &next_cls,
+                      &s->next_live);
+    s->next_live = LLVMBuildAnd(b, s->next_live, LLVMBuildICmp(b, LLVMIntSLT, at, w->end, ""),
+                                "");
+    s->live = *live;
+    return x;
+}
+
+void aj_tile_stream_operand(aj_tile_stream *s, int g)
+{
+    aj_kb *kb = s->kb;
+    aj_kb_cp_async_wait(kb, s->groups - 1);
+    aj_kb_barrier(kb);   /* operand g landed everywhere; the math before is done */
+    aj_kb_if_begin(kb, s->live);
+    s->land(s->user, g);
+    aj_kb_if_end(kb);
+    if (g == 0) {
+        aj_kb_if_begin(kb, s->next_live);
+        s->prepare(s->user, s->next);
+        aj_kb_if_end(kb);
+    }
+    aj_kb_barrier(kb);   /* the slot free; (g = 0) the next tile's table written */
+    stream_issue(s, g, s->next_live);
 }

@@ -56,4 +56,63 @@ void aj_tile_pipe_begin(aj_tile_pipe *pp);
  * its copies complete in this thread. */
 LLVMValueRef aj_tile_pipe_step(aj_tile_pipe *pp, LLVMValueRef pos, LLVMValueRef *cls);
 
+/*
+ * The same walk by operand groups (the paged decode's K and V): each of
+ * `groups` operands has one staging slot and its own copy group, issued
+ * one tile ahead in operand order, so that a step consumes its operands
+ * one at a time and each refills its slot with the next tile's copy as
+ * soon as it has moved the landed one out.  The thread's groups in flight,
+ * oldest first, are then always the step's own operand g and the
+ * operands after it (then the next tile's before it), so wait(groups - 1)
+ * lands exactly operand g:
+ *
+ *   begin      prepare(t0); barrier; issue 0(t0) .. G-1(t0), a commit each
+ *   operand g  wait(G-1) barrier  land g(t)  [g = 0: prepare(t+1)]  barrier
+ *              issue g(t+1), commit
+ *              ... the template's math on operand g
+ *
+ * A tile whose class is skip (`live` false) is neither prepared, copied
+ * nor landed; its groups are empty, committed all the same.
+ *
+ *   aj_tile_stream s = {kb, &walk, groups, tile, prepare, issue, land, user};
+ *   aj_tile_stream_begin(&s);
+ *   for pos in walk.begin .. walk.end:
+ *       x = aj_tile_stream_step(&s, pos, &cls, &live);
+ *       for g in 0 .. groups - 1:
+ *           aj_tile_stream_operand(&s, g);
+ *           ... compute on operand g where live
+ */
+typedef struct aj_tile_stream {
+    aj_kb *kb;
+    const aj_score_walk *walk;
+    int groups;                   /* operands, each with its slot and copy group */
+    /* the tile at walk position pos (i32): what the template calls it
+     * (its first row), its class into *cls (NULL: no mask) and whether it
+     * is computed into *live (i1) */
+    LLVMValueRef (*tile)(void *user, LLVMValueRef pos, LLVMValueRef *cls, LLVMValueRef *live);
+    /* before tile x's copies are issued, where live: what they read (the
+     * paged row table) */
+    void (*prepare)(void *user, LLVMValueRef x);
+    /* operand g's copies of the tile prepared last into its slot, where
+     * live; the stream commits */
+    void (*issue)(void *user, int g);
+    /* operand g's copies have landed in its slot: moves them where the
+     * math reads them (live only) */
+    void (*land)(void *user, int g);
+    void *user;
+    LLVMValueRef live, next, next_live;   /* the step's: set by aj_tile_stream_step */
+} aj_tile_stream;
+
+/* Before the walk's loop: the first tile prepared, its operands issued. */
+void aj_tile_stream_begin(aj_tile_stream *s);
+
+/* The step at walk position `pos`: its tile (tile's value), class and
+ * liveness; the next tile looked up. */
+LLVMValueRef aj_tile_stream_step(aj_tile_stream *s, LLVMValueRef pos, LLVMValueRef *cls,
+                                 LLVMValueRef *live);
+
+/* Operand g of the step: landed where it is read, its slot refilled with
+ * the next tile's copies (operand 0 prepares that tile first). */
+void aj_tile_stream_operand(aj_tile_stream *s, int g);
+
 #endif /* AJ_TEMPLATES_TILE_PIPE_H */
