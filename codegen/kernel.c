@@ -375,7 +375,7 @@ aj_status aj_kernel_deserialize(aj_ctx *ctx, const uint8_t *data, size_t size,
     uint32_t tensor_grad = 0;
     get(&r, &tensor_grad, 4);
     /* the op's tensors, and alibi's slopes after them (aj_op_grad_bits) */
-    if (tensor_grad >> op.num_tensors > (op.score_mod == AJ_SCORE_MOD_ALIBI ? 1u : 0u))
+    if (tensor_grad >> op.num_tensors > (aj_op_info_alibi_slopes(&op) ? 1u : 0u))
         r.failed = 1;
     uint32_t kv_shared = get_u32(&r);
     if (kv_shared > 1 || (kv_shared && op.layout != AJ_LAYOUT_PAGED))

@@ -764,10 +764,17 @@ bool aj_expr_builtin_text(const aj_op *op, bool score_mod, char *buf,
             aj_format_number(op->score_mod.softcap, c);
             n = snprintf(buf, cap, "%s * tanh(score / %s)", c, c);
             break;
-        case AJ_SCORE_MOD_ALIBI:
-            *needs_slopes = true;
-            n = snprintf(buf, cap, "score - slopes[h] * abs(q - k)");
+        case AJ_SCORE_MOD_ALIBI: {
+            /* softcap(C) + alibi: the cap first; alibi(NAME): NAME's slopes */
+            char capped[2 * AJ_NUMBER_MAX + 24] = "score";
+            aj_format_number(op->score_mod.softcap, c);
+            if (op->score_mod.softcap > 0)
+                snprintf(capped, sizeof capped, "%s * tanh(score / %s)", c, c);
+            *needs_slopes = op->score_mod.slopes == 0;
+            n = snprintf(buf, cap, "%s - %s[h] * abs(q - k)", capped, op->score_mod.slopes
+                         ? op->tensors[op->score_mod.slopes - 1].name : "slopes");
             break;
+        }
         case AJ_SCORE_MOD_EXPR:
         case AJ_SCORE_MOD_COUNT:
             return false;

@@ -516,6 +516,31 @@ aj_status aj_op_set_alibi(aj_op *op)
                          (aj_score_mod_spec){ .kind = AJ_SCORE_MOD_ALIBI });
 }
 
+/* 1 + the index of declared tensor `name` (NULL or "": none, 0), for a
+ * field that names one (sinks, alibi(NAME)); -1, reported as `fn: what`,
+ * when no tensor has that name. */
+static int32_t named_tensor(aj_op *op, const char *fn, const char *what, const char *name)
+{
+    if (!name || !*name)
+        return 0;
+    for (int i = 0; i < op->tensor_count; i++)
+        if (strcmp(op->tensors[i].name, name) == 0)
+            return i + 1;
+    op_fail(op, AJ_ERR_VERIFY, "%s: %s: no side tensor of that name is declared "
+            "(aj_op_declare_tensor it as f32, rank 1, first)", fn, what);
+    return -1;
+}
+
+aj_status aj_op_set_alibi_with(aj_op *op, const char *slopes, double softcap)
+{
+    AJ_OP_ARG(op);
+    char what[AJ_OP_TENSOR_NAME_MAX + 16];
+    snprintf(what, sizeof what, "alibi(%.*s)", AJ_OP_TENSOR_NAME_MAX, slopes ? slopes : "");
+    aj_score_mod_spec mod = {.kind = AJ_SCORE_MOD_ALIBI, .softcap = softcap,
+                             .slopes = named_tensor(op, __func__, what, slopes)};
+    return mod.slopes < 0 ? AJ_ERR_VERIFY : set_score_mod(op, __func__, mod);
+}
+
 aj_status aj_op_set_alibi_grad(aj_op *op, bool grad)
 {
     AJ_OP_ARG(op);
@@ -523,6 +548,10 @@ aj_status aj_op_set_alibi_grad(aj_op *op, bool grad)
         return op_fail(op, AJ_ERR_INVALID_ARG, "%s: the score_mod is %s; only alibi's slopes "
                        "take this flag (a side tensor's gradient: aj_op_set_tensor_grad)",
                        __func__, aj_score_mod_names[op->score_mod.kind]);
+    if (op->score_mod.slopes)
+        return op_fail(op, AJ_ERR_INVALID_ARG, "%s: the slopes of alibi(%s) are a side tensor: "
+                       "its gradient is the tensor's (aj_op_set_tensor_grad)", __func__,
+                       op->tensors[op->score_mod.slopes - 1].name);
     aj_op cand = *op;
     cand.score_mod.grad = grad;
     return set_field(op, __func__, &cand, AJ_FIELD_SCORE_MOD);
@@ -587,17 +616,10 @@ aj_status aj_op_set_sinks(aj_op *op, const char *name)
 {
     AJ_OP_ARG(op);
     aj_op cand = *op;
-    cand.sinks = 0;
-    if (name && *name) {
-        for (int i = 0; i < op->tensor_count; i++)
-            if (strcmp(op->tensors[i].name, name) == 0)
-                cand.sinks = i + 1;
-        if (!cand.sinks)
-            return op_fail(op, AJ_ERR_VERIFY,
-                           "%s: sinks = %s: no side tensor of that name is declared "
-                           "(aj_op_declare_tensor it as f32, rank 1, first)", __func__, name);
-    }
-    return set_field(op, __func__, &cand, AJ_FIELD_SINKS);
+    char what[AJ_OP_TENSOR_NAME_MAX + 16];
+    snprintf(what, sizeof what, "sinks = %.*s", AJ_OP_TENSOR_NAME_MAX, name ? name : "");
+    cand.sinks = named_tensor(op, __func__, what, name);
+    return cand.sinks < 0 ? AJ_ERR_VERIFY : set_field(op, __func__, &cand, AJ_FIELD_SINKS);
 }
 
 aj_status aj_op_get_sinks(const aj_op *op, int32_t *tensor)
@@ -1002,6 +1024,8 @@ static aj_status check_mask(const aj_op *op, char *msg, size_t cap)
     return check_window_bound("right", mask->right, msg, cap);
 }
 
+static aj_status check_alibi_slopes(const aj_op *op, char *msg, size_t cap);
+
 static aj_status check_score_mod(const aj_op *op, char *msg, size_t cap)
 {
     const aj_score_mod_spec *mod = &op->score_mod;
@@ -1016,13 +1040,41 @@ static aj_status check_score_mod(const aj_op *op, char *msg, size_t cap)
         return aj_expr_check(&op->expr, mod->root, &scope, AJ_EXPR_FLOAT,
                              "the score_mod", msg, cap) ? AJ_OK
                                                         : AJ_ERR_INVALID_ARG;
-    if (mod->kind != AJ_SCORE_MOD_SOFTCAP ||
+    if (mod->kind == AJ_SCORE_MOD_ALIBI && mod->slopes &&
+        (st = check_alibi_slopes(op, msg, cap)) != AJ_OK)
+        return st;
+    if ((mod->kind != AJ_SCORE_MOD_SOFTCAP &&
+         (mod->kind != AJ_SCORE_MOD_ALIBI || mod->softcap == 0)) ||
         (isfinite(mod->softcap) && mod->softcap > 0))
         return AJ_OK;
     aj_format_number(mod->softcap, num);
     snprintf(msg, cap, "softcap %s is out of range (want a finite number > 0)",
              num);
     return AJ_ERR_INVALID_ARG;
+}
+
+/* alibi(NAME): a declared f32[1] tensor of one slope per query head, its
+ * gradient its own (no alibi(grad) flag). */
+static aj_status check_alibi_slopes(const aj_op *op, char *msg, size_t cap)
+{
+    const aj_score_mod_spec *mod = &op->score_mod;
+    if (mod->slopes < 0 || mod->slopes > op->tensor_count) {
+        snprintf(msg, cap, "alibi names tensor %d of %d declared", (int)mod->slopes - 1,
+                 (int)op->tensor_count);
+        return AJ_ERR_INVALID_ARG;
+    }
+    const aj_tensor_decl *t = &op->tensors[mod->slopes - 1];
+    if (t->dtype != AJ_SIDE_F32 || t->rank != 1) {
+        snprintf(msg, cap, "alibi(%s): the slopes are f32[1] (one per query head), not "
+                 "%s[%d]", t->name, t->dtype == AJ_SIDE_F32 ? "f32" : "i32", (int)t->rank);
+        return AJ_ERR_INVALID_ARG;
+    }
+    if (mod->grad) {
+        snprintf(msg, cap, "alibi(%s): the slopes' gradient is the tensor's (declare it "
+                 "%s: f32[1] grad), not alibi(grad)'s", t->name, t->name);
+        return AJ_ERR_INVALID_ARG;
+    }
+    return AJ_OK;
 }
 
 static aj_status check_dropout(double p, char *msg, size_t cap)
@@ -1281,6 +1333,8 @@ aj_status aj_op_get_info(const aj_op *op, aj_op_info *out)
         .kv_dtype = aj_op_kv_dtype(op),
         .splits = op->splits,
         .q_layout = op->q_layout,
+        .alibi_tensor = op->score_mod.kind == AJ_SCORE_MOD_ALIBI ? op->score_mod.slopes - 1
+                                                                 : -1,
     };
     for (int i = 0; i < op->tensor_count; i++) {
         snprintf(out->tensors[i].name, sizeof out->tensors[i].name, "%s", op->tensors[i].name);

@@ -34,9 +34,12 @@ typedef struct aj_mask_spec {
 
 typedef struct aj_score_mod_spec {
     aj_score_mod kind;
-    double softcap;        /* softcap only; finite, > 0 */
+    double softcap;        /* softcap, and alibi after one: finite, > 0; else 0 */
     uint16_t root;         /* expr only: its tree in aj_op.expr */
     bool grad;             /* alibi only: its slopes get a gradient (alibi(grad)) */
+    /* alibi only: 1 + the index of its slopes' side tensor (alibi(NAME));
+     * 0: the launch's alibi_slopes */
+    int32_t slopes;
 } aj_score_mod_spec;
 
 struct aj_op {
@@ -95,6 +98,14 @@ static inline bool aj_op_schedule_is_default(const aj_op *op)
 {
     return op->schedule.block_m == 0 && op->schedule.block_n == 0 &&
            op->schedule.warps == 0 && op->schedule.stages == 0 && op->warpgroups == 0;
+}
+
+/* Whether a launch of the op reads alibi_slopes (aj_fwd_args): score_mod
+ * = alibi without a tensor of its own (alibi(NAME) reads side tensor
+ * NAME). */
+static inline bool aj_op_info_alibi_slopes(const aj_op_info *op)
+{
+    return op->score_mod == AJ_SCORE_MOD_ALIBI && op->alibi_tensor < 0;
 }
 
 /* Effective kv_dtype: the op's, or its dtype. */

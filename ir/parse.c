@@ -35,6 +35,7 @@ typedef enum tok_kind {
     TOK_NUMBER,    /* a lexeme the NUMBER grammar accepts */
     TOK_LBRACE, TOK_RBRACE, TOK_LPAREN, TOK_RPAREN, TOK_EQUALS, TOK_COMMA,
     TOK_LBRACKET, TOK_RBRACKET, TOK_COLON,
+    TOK_PLUS,      /* outside an expression: softcap(C) + alibi */
     TOK_QUESTION,  /* in an expression only */
     TOK_OP,        /* in an expression only: an operator of aj_expr_ops */
 } tok_kind;
@@ -72,6 +73,7 @@ typedef struct parser {
     aj_op *op;
     deferred_expr deferred[2]; /* [0] mask, [1] score_mod */
     token sinks;               /* sinks = NAME, resolved with the expressions */
+    token alibi;               /* score_mod = alibi(NAME), likewise */
     int depth;                 /* of the expression being parsed */
     aj_pos header;             /* where 'attention' was written */
     aj_pos open, close;        /* the body's braces */
@@ -192,6 +194,7 @@ static const char *punct_text(tok_kind kind)
     case TOK_LBRACKET: return "'['";
     case TOK_RBRACKET: return "']'";
     case TOK_COLON:  return "':'";
+    case TOK_PLUS:   return "'+'";
     case TOK_QUESTION: return "'?'";
     case TOK_END:
     case TOK_IDENT:
@@ -610,7 +613,10 @@ done:
     return st;
 }
 
-/* score_mod = none | softcap(NUMBER) | alibi | alibi(grad) | expr(E) */
+static aj_status parse_alibi_slopes(parser *p, aj_score_mod_spec *mod);
+
+/* score_mod = none | softcap(NUMBER) [+ ALIBI] | ALIBI | expr(E), where
+ * ALIBI = alibi [(grad) | (NAME)] */
 static aj_status parse_score_mod(parser *p, aj_score_mod_spec *mod)
 {
     int kind = 0;
@@ -623,20 +629,45 @@ static aj_status parse_score_mod(parser *p, aj_score_mod_spec *mod)
                                 .root = AJ_EXPR_NONE };
     if (kind == AJ_SCORE_MOD_EXPR)
         return defer_expr(p, &p->deferred[1]);
-    if (kind == AJ_SCORE_MOD_ALIBI && p->lx.tok.kind == TOK_LPAREN) {
-        AJ_TRY(next(p));
-        if (!is_word(&p->lx.tok, "grad"))
-            return expected(p, "grad (alibi(grad): the slopes get a gradient)");
-        mod->grad = true;
-        AJ_TRY(next(p));
-        AJ_TRY(expect(p, TOK_RPAREN, "alibi(grad"));
-        return AJ_OK;
-    }
+    if (kind == AJ_SCORE_MOD_ALIBI)
+        return parse_alibi_slopes(p, mod);
     if (kind != AJ_SCORE_MOD_SOFTCAP)
         return AJ_OK;
     AJ_TRY(expect(p, TOK_LPAREN, "'softcap'"));
     AJ_TRY(parse_number(p, &mod->softcap));
     AJ_TRY(expect(p, TOK_RPAREN, "the softcap"));
+    if (p->lx.tok.kind != TOK_PLUS)
+        return AJ_OK;
+    if (mod->softcap == 0)   /* (0 stands for no cap beside alibi) */
+        return fail_at(p, AJ_ERR_VERIFY, p->lx.tok.pos, "softcap 0 is out of range (want a "
+                       "finite number > 0)");
+    AJ_TRY(next(p));   /* softcap(C) + alibi...: ALiBi after the cap */
+    if (!is_word(&p->lx.tok, "alibi"))
+        return expected(p, "alibi (softcap(C) + alibi: ALiBi after the softcap)");
+    AJ_TRY(next(p));
+    mod->kind = AJ_SCORE_MOD_ALIBI;
+    return parse_alibi_slopes(p, mod);
+done:
+    return st;
+}
+
+/* After `alibi`: nothing (the launch's alibi_slopes), (grad) (theirs
+ * with a gradient) or (NAME) (side tensor NAME's, resolved with the
+ * expressions). */
+static aj_status parse_alibi_slopes(parser *p, aj_score_mod_spec *mod)
+{
+    aj_status st = AJ_OK;
+    if (p->lx.tok.kind != TOK_LPAREN)
+        return AJ_OK;
+    AJ_TRY(next(p));
+    if (p->lx.tok.kind != TOK_IDENT)
+        return expected(p, "grad or a tensor name (alibi(grad): the slopes get a gradient; "
+                        "alibi(NAME): side tensor NAME holds them)");
+    mod->grad = is_word(&p->lx.tok, "grad");
+    if (!mod->grad)
+        p->alibi = p->lx.tok;
+    AJ_TRY(next(p));
+    AJ_TRY(expect(p, TOK_RPAREN, mod->grad ? "alibi(grad" : "alibi(NAME"));
 done:
     return st;
 }
@@ -1023,6 +1054,22 @@ done:
     return st;
 }
 
+/* A field's tensor name `name` (sinks = NAME, alibi(NAME)) as 1 + its
+ * index into *slot; else the error, `what` printing the name. */
+static aj_status resolve_tensor(parser *p, const token *name, const char *what, int32_t *slot)
+{
+    for (int i = 0; i < p->op->tensor_count; i++)
+        if (strlen(p->op->tensors[i].name) == name->len &&
+            memcmp(p->op->tensors[i].name, name->text, name->len) == 0) {
+            *slot = i + 1;
+            return AJ_OK;
+        }
+    char field[AJ_OP_TENSOR_NAME_MAX + 32];
+    snprintf(field, sizeof field, what, (int)name->len, name->text);
+    return fail_at(p, AJ_ERR_VERIFY, name->pos, "%s: no side tensor of that name (declare it: "
+                   "tensors = (%.*s: f32[1]))", field, (int)name->len, name->text);
+}
+
 /* The expressions deferred by defer_expr, mask first; the tensors are
  * checked first, since the expressions are typed against them. */
 static aj_status parse_deferred(parser *p)
@@ -1033,17 +1080,10 @@ static aj_status parse_deferred(parser *p)
     if (aj_op_check_field(p->op, AJ_FIELD_TENSORS, msg, sizeof msg) != AJ_OK)
         return fail_at(p, AJ_ERR_VERIFY, p->field_at[AJ_FIELD_TENSORS], "%s",
                        msg);
-    if (p->sinks.len && !(p->sinks.len == 4 && memcmp(p->sinks.text, "none", 4) == 0)) {
-        for (int i = 0; i < p->op->tensor_count; i++)
-            if (strlen(p->op->tensors[i].name) == p->sinks.len &&
-                memcmp(p->op->tensors[i].name, p->sinks.text, p->sinks.len) == 0)
-                p->op->sinks = i + 1;
-        if (!p->op->sinks)
-            return fail_at(p, AJ_ERR_VERIFY, p->sinks.pos,
-                           "sinks = %.*s: no side tensor of that name (declare it: "
-                           "tensors = (%.*s: f32[1]))", (int)p->sinks.len, p->sinks.text,
-                           (int)p->sinks.len, p->sinks.text);
-    }
+    if (p->sinks.len && !(p->sinks.len == 4 && memcmp(p->sinks.text, "none", 4) == 0))
+        AJ_TRY(resolve_tensor(p, &p->sinks, "sinks = %.*s", &p->op->sinks));
+    if (p->alibi.len)
+        AJ_TRY(resolve_tensor(p, &p->alibi, "alibi(%.*s)", &p->op->score_mod.slopes));
     for (int i = 0; i < 2; i++) {
         if (!p->deferred[i].set)
             continue;
@@ -1257,10 +1297,13 @@ static bool is_ident_char(char c)
 
 /* In an expression '+' and '-' are operators; elsewhere they sign a
  * number. */
-static bool is_number_start(const parser *p, char c)
+static bool is_number_start(const parser *p, const char *s, size_t left)
 {
+    /* a '+' before anything but a digit or '.' is softcap(C) + alibi's */
+    const char c = s[0];
     return is_digit(c) || c == '.' ||
-           (!p->lx.in_expr && (c == '+' || c == '-'));
+           (!p->lx.in_expr && (c == '-' || (c == '+' && left > 1 &&
+                                            (is_digit(s[1]) || s[1] == '.'))));
 }
 
 /* Moves the cursor over n bytes of one line. */
@@ -1352,6 +1395,7 @@ static tok_kind punct_kind(char c)
     case '[': return TOK_LBRACKET;
     case ']': return TOK_RBRACKET;
     case ':': return TOK_COLON;
+    case '+': return TOK_PLUS;
     default:  return TOK_END;
     }
 }
@@ -1395,7 +1439,7 @@ static aj_status next(parser *p)
     } else if (p->lx.in_expr && c == '?') {
         t->kind = TOK_QUESTION;
         t->len = 1;
-    } else if (is_number_start(p, c)) {
+    } else if (is_number_start(p, s, p->len - p->lx.at)) {
         t->kind = TOK_NUMBER;
         t->len = number_extent(p);
         if (!number_grammar_ok(s, t->len)) {

@@ -224,6 +224,24 @@ static void print_schedule(text_buf *t, const aj_schedule *s, int32_t splits,
         emit(t, "default");
 }
 
+/* none, softcap(C), [softcap(C) + ]alibi[(grad) | (NAME)] */
+static void print_score_mod(text_buf *t, const aj_op *op)
+{
+    const aj_score_mod_spec *mod = &op->score_mod;
+    if (mod->softcap > 0) {
+        emit(t, "softcap(");
+        emit_number(t, mod->softcap);
+        emit(t, ")%s", mod->kind == AJ_SCORE_MOD_ALIBI ? " + " : "");
+    }
+    if (mod->kind == AJ_SCORE_MOD_SOFTCAP)
+        return;
+    emit(t, "%s", aj_score_mod_names[mod->kind]);
+    if (mod->kind == AJ_SCORE_MOD_ALIBI && mod->grad)
+        emit(t, "(grad)");
+    if (mod->kind == AJ_SCORE_MOD_ALIBI && mod->slopes)
+        emit(t, "(%s)", op->tensors[mod->slopes - 1].name);
+}
+
 static void print_value(text_buf *t, const aj_op *op, aj_field field)
 {
     switch (field) {
@@ -247,14 +265,7 @@ static void print_value(text_buf *t, const aj_op *op, aj_field field)
             print_expr(t, op, op->score_mod.root);
             return;
         }
-        emit(t, "%s", aj_score_mod_names[op->score_mod.kind]);
-        if (op->score_mod.kind == AJ_SCORE_MOD_ALIBI && op->score_mod.grad)
-            emit(t, "(grad)");
-        if (op->score_mod.kind == AJ_SCORE_MOD_SOFTCAP) {
-            emit(t, "(");
-            emit_number(t, op->score_mod.softcap);
-            emit(t, ")");
-        }
+        print_score_mod(t, op);
         return;
     case AJ_FIELD_SINKS:
         emit(t, "%s", op->sinks ? op->tensors[op->sinks - 1].name : "none");

@@ -135,7 +135,7 @@ int aj_grad_inputs(const aj_op_info *op, const aj_side_tensor *side, int32_t num
         const aj_side_tensor *given = aj_side_named(side, num_side, op->tensors[n].name);
         out[n] = given ? *given : (aj_side_tensor){0};
     }
-    if (op->score_mod == AJ_SCORE_MOD_ALIBI) {
+    if (aj_op_info_alibi_slopes(op)) {
         out[n] = (aj_side_tensor){0};
         if (slopes && slopes->data && slopes->rank == 1 && slopes->dtype == AJ_DTYPE_F32)
             out[n] = (aj_side_tensor){"alibi_slopes", slopes->data, AJ_SIDE_F32, 1,
@@ -281,7 +281,7 @@ aj_status aj_bind_scores(aj_ctx *ctx, const char *fn, const aj_op_info *op,
                          const aj_tensor *slopes, score_bindings *sb)
 {
     memset(sb, 0, sizeof *sb);
-    if (op->score_mod == AJ_SCORE_MOD_ALIBI)
+    if (aj_op_info_alibi_slopes(op))
         score_bind_tensor(sb, "alibi_slopes", slopes->data, 1, slopes->shape, slopes->strides);
     aj_status st = aj_side_check_names(ctx, fn, op, side, num_side);
     if (st != AJ_OK)

@@ -117,7 +117,7 @@ static aj_status check_heads(aj_ctx *ctx, const char *fn, const aj_op_info *op,
     }
     sz->head_offset = head_offset;
     sz->heads_total = total;
-    if (op->score_mod == AJ_SCORE_MOD_ALIBI) {
+    if (aj_op_info_alibi_slopes(op)) {
         AJ_TRY(check_tensor(ctx, fn, "alibi_slopes", alibi_slopes, 1, AJ_DTYPE_F32, 0));
         AJ_TRY(check_dim(ctx, fn, "alibi_slopes", 0, alibi_slopes->shape[0], total,
                          heads_q_total ? "heads_q_total" : "q's heads"));

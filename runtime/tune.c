@@ -239,7 +239,7 @@ static aj_status problem_init(aj_ctx *ctx, aj_device *dev, const aj_op *op,
     AJ_TRY(new_tensor(p, t, 4, (int64_t[]){B, Hq, Sq, D}, -1, 1, &q));
     AJ_TRY(new_tensor(p, t, 4, (int64_t[]){B, Hk, Sk, D}, -1, 1, &k));
     AJ_TRY(new_tensor(p, t, 4, (int64_t[]){B, Hk, Sk, Dv}, -1, 1, &v));
-    if (oi->score_mod == AJ_SCORE_MOD_ALIBI)
+    if (aj_op_info_alibi_slopes(oi))
         AJ_TRY(new_tensor(p, AJ_DTYPE_F32, 1, (int64_t[]){Hq}, 0.01, 0.5, &slopes));
     if (oi->bias == AJ_BIAS_ADD)
         AJ_TRY(new_tensor(p, t, 4, (int64_t[]){B, Hq, Sq, Sk}, -1, 1, &bias));

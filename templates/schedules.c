@@ -82,5 +82,6 @@ int aj_attn_option_regs_per_element(const aj_op *op)
 
 int aj_attn_score_mod_regs_per_element(const aj_op *op)
 {
-    return op->score_mod.kind == AJ_SCORE_MOD_SOFTCAP || op->score_mod.kind == AJ_SCORE_MOD_EXPR;
+    /* a softcap's tanh (alone or before alibi) or an expression */
+    return op->score_mod.softcap > 0 || op->score_mod.kind == AJ_SCORE_MOD_EXPR;
 }

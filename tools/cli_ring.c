@@ -848,7 +848,8 @@ static int load_inputs(aj_ctx *ctx, ring_run *r)
     if (rc == CLI_EXIT_OK)
         rc = cli_device_kind(o->device, &r->kind);
     if (rc == CLI_EXIT_OK &&
-        (r->info.score_mod == AJ_SCORE_MOD_ALIBI) != (o->in[R_ALIBI] != NULL))
+        (r->info.score_mod == AJ_SCORE_MOD_ALIBI && r->info.alibi_tensor < 0) !=
+            (o->in[R_ALIBI] != NULL))
         rc = cli_usage("%s", o->in[R_ALIBI] ? "--in alibi_slopes given, but the op has no alibi"
                                             : "the op uses alibi: give --in alibi_slopes=FILE");
     if (rc == CLI_EXIT_OK)

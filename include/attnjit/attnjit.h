@@ -169,7 +169,10 @@ typedef enum aj_align {
 typedef enum aj_score_mod {
     AJ_SCORE_MOD_NONE = 0,
     AJ_SCORE_MOD_SOFTCAP = 1,  /* s = C * tanh(s / C) */
-    AJ_SCORE_MOD_ALIBI = 2,    /* s -= slope[h] * |q_pos - kv_pos| */
+    /* s -= slope[h] * |q_pos - kv_pos|, after a softcap where
+     * aj_op_info.softcap > 0 (`softcap(C) + alibi`); the slopes are the
+     * launch's alibi_slopes, or side tensor aj_op_info.alibi_tensor */
+    AJ_SCORE_MOD_ALIBI = 2,
     AJ_SCORE_MOD_EXPR = 3,     /* score_mod = expr(E): aj_op_set_score_mod_expr */
     AJ_SCORE_MOD_COUNT
 } aj_score_mod;
@@ -279,6 +282,13 @@ aj_status aj_op_set_alibi(aj_op *op);
  * the same call.  Setting the score_mod again clears it. */
 aj_status aj_op_set_alibi_grad(aj_op *op, bool grad);
 aj_status aj_op_get_alibi_grad(const aj_op *op, bool *grad);
+/* ALiBi in full (docs/ir.md "Score modifications"): the text form's
+ * `[softcap(C) +] alibi[(NAME)]`.  `slopes` names a side tensor declared
+ * before, f32 of rank 1 with one slope per query head (its gradient, as
+ * any side tensor's: aj_op_set_tensor_grad), or is NULL / "" for the
+ * launch's alibi_slopes; `softcap` > 0 caps the score first (C tanh(s /
+ * C)), 0 does not. */
+aj_status aj_op_set_alibi_with(aj_op *op, const char *slopes, double softcap);
 /* Expressions (docs/ir.md, "Expressions").  aj_op_declare_tensor adds a
  * side input the expressions may read, after those declared before; name
  * is copied (an identifier of 1..AJ_OP_TENSOR_NAME_MAX characters that is
@@ -374,7 +384,7 @@ typedef struct aj_op_info {
     int64_t window_left;
     int64_t window_right;
     aj_score_mod score_mod;
-    double softcap;
+    double softcap;        /* softcap(C), and alibi after one: C; else 0 */
     double scale;          /* resolved: never AJ_SCALE_DEFAULT */
     bool scale_is_default;
     double dropout;
@@ -390,6 +400,9 @@ typedef struct aj_op_info {
     aj_dtype kv_dtype;     /* resolved: the dtype unless set (paged caches, f8 inputs) */
     int32_t splits;        /* as given; 0 = chosen at launch */
     aj_layout q_layout;    /* layout = paged: its queries' (else padded) */
+    /* score_mod = alibi(NAME): NAME's index in tensors; -1: the slopes
+     * are the launch's alibi_slopes (or there is no alibi) */
+    int32_t alibi_tensor;
 } aj_op_info;
 
 aj_status aj_op_get_info(const aj_op *op, aj_op_info *out);

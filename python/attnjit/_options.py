@@ -44,7 +44,7 @@ def _positional_mask(causal, window, who, align=None):
 
 
 _SINKS = "aj_sinks"     # the side tensor of learned sinks (docs/ir.md "Sinks")
-_ALIBI = "aj_alibi_slopes"   # alibi's slopes where an expression reads them
+_ALIBI = "aj_alibi_slopes"   # alibi's slopes as a side tensor: alibi(aj_alibi_slopes)
 # oob="zero": the body's last line, an IR comment the launches read
 # (check_side_bounds off: a load outside its side tensor reads 0)
 _OOB_ZERO = "\n  # oob = zero"
@@ -54,9 +54,9 @@ def _body(dtype, d, dv, causal, window, softcap, alibi, has_bias, scale, dropout
           score_mod, side_decls, sinks=False, alibi_grad=False, who="attnjit.torch.attention",
           align=None):
     """The IR fields (docs/ir.md) of the op these options describe; the
-    side tensors in order: side_decls, alibi's slopes where an expression
-    reads them (with softcap, or with alibi_grad: declared grad, the
-    slopes' gradient is the side tensor's), then the sinks."""
+    side tensors in order: side_decls, alibi's slopes where the built-in
+    reads them as a side tensor (with softcap, or with alibi_grad: declared
+    grad, the slopes' gradient is the side tensor's), then the sinks."""
     fields = ["dtype = %s" % dtype, "head_dim = %d" % d, "head_dim_v = %d" % dv]
     decls = list(side_decls)
     builtin, as_expr = _positional_mask(causal, window, who, align)
@@ -70,13 +70,10 @@ def _body(dtype, d, dv, causal, window, softcap, alibi, has_bias, scale, dropout
         raise _fail(who, "score_mod cannot be combined with softcap or alibi_slopes: write "
                     "them into the expression (docs/ir.md, 'Expressions')")
     if alibi and (softcap is not None or alibi_grad):
-        # softcap, then alibi (docs/design.md); alibi's slopes as a side tensor
+        # softcap, then alibi (docs/ir.md); alibi's slopes as a side tensor
         decls.append("%s: f32[1]%s" % (_ALIBI, " grad" if alibi_grad else ""))
-        score = "score"
-        if softcap is not None:
-            c = repr(float(softcap))
-            score = "%s * tanh(score / %s)" % (c, c)
-        fields.append("score_mod = expr(%s - %s[h] * abs(q - k))" % (score, _ALIBI))
+        cap = "" if softcap is None else "softcap(%r) + " % float(softcap)
+        fields.append("score_mod = %salibi(%s)" % (cap, _ALIBI))
     elif softcap is not None:
         fields.append("score_mod = softcap(%r)" % float(softcap))
     elif alibi:

@@ -70,6 +70,9 @@ const fwd_case fwd_shape_rows[] = {
      .mask = "causal(top_left)", .score_mod = "softcap(30.0)", .magnitude = 4.0},
     {.label = "f32 d64 alibi causal(bottom_right)", .dtype = AJ_DTYPE_F32, .d = 64,
      .mask = "causal(bottom_right)", .score_mod = "alibi"},
+    {.label = "bf16 d64 softcap(20) + alibi window", .dtype = AJ_DTYPE_BF16, .d = 64,
+     .mask = "window(40, 3, bottom_right)", .score_mod = "softcap(20.0) + alibi",
+     .magnitude = 4.0},
     {.label = "f16 d64 BSHD strides, batch 2", .dtype = AJ_DTYPE_F16, .d = 64,
      .mask = "causal(top_left)", .bshd = 1, .b = 2, .hq = 4, .hkv = 2},
 };
@@ -330,7 +333,9 @@ static void reference_problem(const fwd_case *c, const fwd_options *x, ref_probl
     double cap = 0;
     if (c->score_mod && sscanf(c->score_mod, "softcap(%lf", &cap) == 1)
         p->softcap = cap;
-    if (c->score_mod && strcmp(c->score_mod, "alibi") == 0)
+    /* alibi, or softcap(C) + alibi: the slopes the launch is given */
+    const char *alibi = c->score_mod ? strstr(c->score_mod, "alibi") : NULL;
+    if (alibi && strcmp(alibi, "alibi") == 0)
         p->alibi_slopes = slopes;
     p->dropout_p = x->dropout;
     p->seed = x->drop_seed;

@@ -129,6 +129,21 @@ def test_softcap_and_alibi_compose():
              ref=dict(softcap=5.0, alibi_slopes=slopes))
 
 
+@pytest.mark.parametrize("softcap,learned,want", [
+    (5.0, False, "score_mod = softcap(5.0) + alibi(aj_alibi_slopes)"),
+    (5.0, True, "score_mod = softcap(5.0) + alibi(aj_alibi_slopes)"),
+    (None, True, "score_mod = alibi(aj_alibi_slopes)"),
+    (None, False, "score_mod = alibi\n")])
+def test_alibi_ops_use_builtin_names(softcap, learned, want):
+    """The op Python builds names the built-ins (docs/ir.md, "Score
+    modifications"), as a C caller would write it: no formula."""
+    from attnjit._options import _body
+    body = _body("f32", 16, 16, False, None, softcap, True, False, None, 0.0, None, None, [],
+                 alibi_grad=learned) + "\n"
+    assert want in body and "tanh" not in body and "abs(" not in body
+    assert ("aj_alibi_slopes: f32[1]" + (" grad" if learned else "") in body) == ("(" in want)
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("shape", [(2, 4, 37, 45), (1, 4, 37, 45), (37, 45)],
                          ids=["full", "batch_broadcast", "2d"])

@@ -197,11 +197,14 @@ static void test_random(int count)
 /* The built-ins and the expressions aj_expr_builtin_text says they are:
  * the same program, so the same outputs, bit for bit. */
 /* A forward's device tensors: q, k, v of seeded values in [-0.5, 0.5)
- * (dtype dt, [B, H, S, D] contiguous), o and lse, bound in f->a. */
+ * (dtype dt, [B, H, S, D] contiguous), o and lse, bound in f->a; ALiBi's
+ * slopes (H of them, 2^-(h+1)) as alibi_slopes and as side tensor "slp"
+ * (dev_fwd_side binds it). */
 typedef struct dev_fwd {
     aj_fwd_args a;
-    void *mem[5];
+    void *mem[6];
     size_t n, elem;
+    aj_side_tensor slp;
 } dev_fwd;
 
 static void dev_fwd_make(dev_fwd *f, aj_dtype dt, int B, int H, int S, int D)
@@ -212,6 +215,11 @@ static void dev_fwd_make(dev_fwd *f, aj_dtype dt, int B, int H, int S, int D)
     uint64_t rng = 3;
     for (int t = 0; t < 5; t++)
         aj_device_alloc(dev, t < 4 ? f->n * f->elem : (size_t)B * H * S * 4, &f->mem[t]);
+    float slopes[64];
+    for (int h = 0; h < H && h < 64; h++)
+        slopes[h] = ldexpf(1.0f, -(h + 1));
+    aj_device_alloc(dev, (size_t)H * 4, &f->mem[5]);
+    aj_device_copy_to(dev, f->mem[5], slopes, (size_t)H * 4);
     /* q, k, v drawn element by element, interleaved */
     float *qkv[3] = {malloc(f->n * 4), malloc(f->n * 4), malloc(f->n * 4)};
     for (size_t e = 0; e < f->n; e++)
@@ -232,6 +240,15 @@ static void dev_fwd_make(dev_fwd *f, aj_dtype dt, int B, int H, int S, int D)
         memcpy(ts[t]->strides, strides, sizeof strides);
     }
     f->a.lse = (aj_tensor){f->mem[4], AJ_DTYPE_F32, 3, {B, H, S}, {H * S, S, 1}};
+    f->a.alibi_slopes = (aj_tensor){f->mem[5], AJ_DTYPE_F32, 1, {H}, {1}};
+    f->slp = (aj_side_tensor){"slp", f->mem[5], AJ_SIDE_F32, 1, {H}, {1}};
+}
+
+/* The slopes as side tensor "slp" too (an op that declares it). */
+static void dev_fwd_side(dev_fwd *f)
+{
+    f->a.side = &f->slp;
+    f->a.num_side = 1;
 }
 
 /* o, read back (malloc'ed). */
@@ -244,7 +261,7 @@ static void *dev_fwd_output(const dev_fwd *f)
 
 static void dev_fwd_free(dev_fwd *f)
 {
-    for (int t = 0; t < 5; t++)
+    for (int t = 0; t < 6; t++)
         aj_device_free(dev, f->mem[t]);
 }
 
@@ -272,6 +289,13 @@ static void test_builtins(void)
         {"causal(bottom_right)", "none", "expr(k <= q + (sk - sq))", "none"},
         {"window(9, 2, bottom_right)", "none", "expr(q + (sk - sq) - 9 <= k && k <= q + (sk - sq) + 2)", "none"},
         {"causal(top_left)", "softcap(7.0)", "causal(top_left)", "expr(7.0 * tanh(score / 7.0))"},
+        /* ALiBi's slopes from the launch or a side tensor, after a softcap */
+        {"none", "alibi", "none", "alibi(slp)"},
+        {"none", "alibi(slp)", "none", "expr(score - slp[h] * abs(q - k))"},
+        {"causal(bottom_right)", "softcap(7.0) + alibi", "causal(bottom_right)",
+         "softcap(7.0) + alibi(slp)"},
+        {"window(9, 2, bottom_right)", "softcap(7.0) + alibi(slp)", "window(9, 2, bottom_right)",
+         "expr(7.0 * tanh(score / 7.0) - slp[h] * abs(q - k))"},
     };
     for (size_t i = 0; i < sizeof pairs / sizeof pairs[0]; i++) {
         const aj_dtype dt = case_dtype();
@@ -279,13 +303,16 @@ static void test_builtins(void)
         size_t bytes = 0;
         for (int w = 0; w < 2; w++) {
             char spec[1024];
+            const int slp = strstr(pairs[i][2 * w + 1], "slp") != NULL;
             snprintf(spec, sizeof spec, "attention forward %s { %sdtype = %s head_dim = 32 "
-                     "mask = %s score_mod = %s }", variant_name, extra_fields,
-                     aj_dtype_name(dt),
+                     "%smask = %s score_mod = %s }", variant_name, extra_fields,
+                     aj_dtype_name(dt), slp ? "tensors = (slp: f32[1]) " : "",
                      pairs[i][2 * w], pairs[i][2 * w + 1]);
             aj_kernel *k = compile_spec("builtin", spec, NULL);
             dev_fwd f;
             dev_fwd_make(&f, dt, 1, 2, 37, 32);
+            if (slp)
+                dev_fwd_side(&f);
             f.a.sk_total = 37 + 5;   /* bottom_right over a longer key total */
             f.a.kv_offset = 5;
             CHECK_STATUS(ctx, aj_forward(ctx, dev, k, &f.a), AJ_OK);

@@ -47,22 +47,26 @@ static aj_ctx *ctx;
 static aj_device *dev;
 static int cases;
 
-/* A score_mod and the tensors it reads, the first `grad` ones grad. */
+/* A score_mod and the tensors it reads, the first `grad` ones grad; for
+ * ALiBi, the built-in it is, which takes its slopes as (grad) -- the
+ * launch's alibi_slopes -- or (slopes), the side tensor. */
 typedef struct grad_mod {
-    const char *name, *tensors, *mod;
+    const char *name, *tensors, *mod, *builtin;
 } grad_mod;
 
 /* side_make's data: rel (Hq, 65), slopes (Hq), every other dim 7 */
 static const grad_mod mods[] = {
-    {"relative bias", "(rel: f32[2] grad)", "score + rel[h, abs(q - k)]"},
-    {"alibi slopes", "(slopes: f32[1] grad)", "score - slopes[h] * abs(q - k)"},
+    {"relative bias", "(rel: f32[2] grad)", "score + rel[h, abs(q - k)]", NULL},
+    {"alibi slopes", "(slopes: f32[1] grad)", "score - slopes[h] * abs(q - k)", "alibi"},
+    {"softcap alibi", "(slopes: f32[1] grad)", "7.0 * tanh(score / 7.0) - slopes[h] * abs(q - k)",
+     "softcap(7.0) + alibi"},
     {"head gate", "(g: f32[1] grad)",
-     "score * (1.0 + 0.5 * tanh(g[h])) + g[h] * tanh(score / 4.0)"},
-    {"2-D table", "(tb: f32[2] grad)", "score + tb[q % 5, k % 6] * 0.5"},
-    {"two loads", "(rb: f32[1] grad, w: f32[1])", "score + rb[q % 7] - rb[k % 7] * w[h]"},
-    {"past the end", "(rb: f32[1] grad)", "score + rb[k - q + 3]"},
+     "score * (1.0 + 0.5 * tanh(g[h])) + g[h] * tanh(score / 4.0)", NULL},
+    {"2-D table", "(tb: f32[2] grad)", "score + tb[q % 5, k % 6] * 0.5", NULL},
+    {"two loads", "(rb: f32[1] grad, w: f32[1])", "score + rb[q % 7] - rb[k % 7] * w[h]", NULL},
+    {"past the end", "(rb: f32[1] grad)", "score + rb[k - q + 3]", NULL},
     {"index only", "(ix: f32[1] grad, rb: f32[1] grad)",
-     "score + rb[abs(q - k) % 4] * (ix[0] > 0.0 ? 1.0 : 0.5)"},
+     "score + rb[abs(q - k) % 4] * (ix[0] > 0.0 ? 1.0 : 0.5)", NULL},
 };
 
 /* score + 0.1 (rb[(q + k) % 9] + rb[(q + k + 1) % 9] + ...): a grad
@@ -95,10 +99,12 @@ typedef struct grad_case {
     double dropout;   /* 0: none */
     bool bias;        /* bias = add, of shape (1, Hq, Sq, Sk) (efficient) */
     const int *lens_q, *lens_k;   /* layout = varlen: b sequences' lengths (sq, sk: the longest) */
-    /* the backward is the built-in score_mod = alibi(grad), its slopes
-     * aj_bwd_args.alibi_slopes; the reference is the mod, tensors
-     * "(slopes: f32[1] grad)" */
-    bool builtin_alibi;
+    /* ALIBI_FIELD: the backward is the mod's built-in with (grad), its
+     * slopes aj_bwd_args.alibi_slopes; ALIBI_NAMED: with (slopes), the
+     * side tensor; the reference is the mod, tensors "(slopes: f32[1]
+     * grad)" */
+    enum { ALIBI_EXPR, ALIBI_FIELD, ALIBI_NAMED } builtin_alibi;
+    const char *builtin;
 } grad_case;
 
 enum { SEQS_MAX = 8 };
@@ -117,10 +123,12 @@ static aj_op *case_op(const grad_case *c, aj_kind kind, const char *label)
     snprintf(tensors, sizeof tensors, "  tensors = %.*s%s\n", (int)strlen(c->tensors) - 1,
              c->tensors, c->sinks ? ", snk: f32[1])" : ")");
     snprintf(mod, sizeof mod, "expr(%s)", c->mod);
-    if (c->builtin_alibi && kind == AJ_KIND_BACKWARD) {
+    if (c->builtin_alibi == ALIBI_FIELD && kind == AJ_KIND_BACKWARD) {
         snprintf(tensors, sizeof tensors, "%s", c->sinks ? "  tensors = (snk: f32[1])\n" : "");
-        snprintf(mod, sizeof mod, "alibi(grad)");
+        snprintf(mod, sizeof mod, "%s(grad)", c->builtin);
     }
+    if (c->builtin_alibi == ALIBI_NAMED && kind == AJ_KIND_BACKWARD)
+        snprintf(mod, sizeof mod, "%s(slopes)", c->builtin);
     snprintf(spec, sizeof spec,
              "attention %s %s {\n  dtype = %s\n  head_dim = %d\n%s"
              "  mask = %s\n  score_mod = %s\n%s%s}\n",
@@ -208,7 +216,7 @@ static void run_case(const grad_case *c, const char *label)
         poison(&gout[ngrad]);   /* every element must be written */
         dside[ngrad] = host.t[t];
         dside[ngrad].data = gout[ngrad].t.data;
-        if (c->builtin_alibi && t == 0)
+        if (c->builtin_alibi == ALIBI_FIELD && t == 0)
             dside[ngrad].name = "alibi_slopes";
         grads[ngrad++] = t;
     }
@@ -277,7 +285,7 @@ static void run_case(const grad_case *c, const char *label)
     ba.q = q.t, ba.k = k.t, ba.v = v.t, ba.o = o.t, ba.lse = lse.t;
     ba.do_ = dout.t, ba.dq = dq.t, ba.dk = dk.t, ba.dv = dv.t;
     ba.side = side, ba.num_side = info.num_tensors;
-    if (c->builtin_alibi) {   /* slopes: side[0] as a tensor */
+    if (c->builtin_alibi == ALIBI_FIELD) {   /* slopes: side[0] as a tensor */
         ba.alibi_slopes = (aj_tensor){(void *)side[0].data, AJ_DTYPE_F32, 1, {c->hq}, {1}};
         ba.side = side + 1, ba.num_side = info.num_tensors - 1;
     }
@@ -402,7 +410,10 @@ static grad_case sweep_case(int n, int dtypes)
         .sq = 9 + n % 3 * 10,
         .sk = 23 - n % 2 * 8,
         .fd = mk == 0 && var == 0,
-        .builtin_alibi = strcmp(mods[m].name, "alibi slopes") == 0 && mk % 2 == 1,
+        /* ALiBi's built-ins with every other mask, its two slopes in turn */
+        .builtin_alibi = !mods[m].builtin || mk % 2 == 0 ? ALIBI_EXPR
+                         : mk == 1 ? ALIBI_FIELD : ALIBI_NAMED,
+        .builtin = mods[m].builtin,
         .sinks = n % 5 == 3,
         .dropout = n % 7 == 4 ? 0.25 : 0.0,
         .bias = var == 1 && n % 3 == 0,
@@ -419,7 +430,8 @@ static void test_sweep(void)
             continue;
         char label[256];
         snprintf(label, sizeof label, "%s%s %s %s d%d %s hq%d/%d%s%s%s",
-                 c.builtin_alibi ? "built-in " : "", c.name,
+                 c.builtin_alibi == ALIBI_FIELD ? "built-in " :
+                 c.builtin_alibi == ALIBI_NAMED ? "built-in named " : "", c.name,
                  aj_variant_name(c.variant), aj_dtype_name(c.dtype), c.d, c.mask, c.hq, c.hkv,
                  c.sinks ? " sinks" : "", c.dropout > 0 ? " dropout" : "",
                  c.bias ? " bias" : "");
@@ -525,7 +537,15 @@ static void test_errors(void)
         {"attention backward flash { dtype = f16 head_dim = 32 tensors = (t: f32[1] gard) }",
          "'grad', ',' or ')'", AJ_ERR_PARSE},
         {"attention backward flash { dtype = f16 head_dim = 32 score_mod = alibi(grd) }",
-         "expected grad (alibi(grad)", AJ_ERR_PARSE},
+         "alibi(grd): no side tensor of that name", AJ_ERR_VERIFY},
+        {"attention backward flash { dtype = f16 head_dim = 32 score_mod = alibi(3) }",
+         "expected grad or a tensor name (alibi(grad)", AJ_ERR_PARSE},
+        {"attention backward flash { dtype = f16 head_dim = 32 tensors = (s: i32[1]) "
+         "score_mod = alibi(s) }", "alibi(s): the slopes are f32[1]", AJ_ERR_VERIFY},
+        {"attention backward flash { dtype = f16 head_dim = 32 score_mod = softcap(5) + none }",
+         "expected alibi (softcap(C) + alibi", AJ_ERR_PARSE},
+        {"attention backward flash { dtype = f16 head_dim = 32 score_mod = softcap(0) + alibi }",
+         "softcap 0 is out of range", AJ_ERR_VERIFY},
         {"attention backward flash { dtype = f16 head_dim = 32 score_mod = alibi(grad }",
          "')' after alibi(grad", AJ_ERR_PARSE},
     };
@@ -577,6 +597,29 @@ static void test_errors(void)
     aj_op_destroy(back);
     aj_free(text);
     CHECK(aj_op_set_alibi(op) == AJ_OK && aj_op_get_alibi_grad(op, &g) == AJ_OK && !g);
+    /* alibi(NAME) after a softcap: the setter, the info, the text both
+     * ways; its gradient is the tensor's, not alibi(grad)'s */
+    CHECK_STATUS(ctx, aj_op_set_alibi_with(op, "sl", 5.0), AJ_ERR_VERIFY);
+    CHECK_ERROR(ctx, "alibi(sl): no side tensor of that name is declared");
+    CHECK(aj_op_declare_tensor(op, "sl", AJ_SIDE_F32, 1) == AJ_OK &&
+          aj_op_set_tensor_grad(op, "sl", true) == AJ_OK &&
+          aj_op_set_alibi_with(op, "sl", 5.0) == AJ_OK);
+    aj_op_info info;
+    CHECK(aj_op_get_info(op, &info) == AJ_OK && info.score_mod == AJ_SCORE_MOD_ALIBI &&
+          info.softcap == 5.0 && info.alibi_tensor == 0);
+    CHECK_STATUS(ctx, aj_op_set_alibi_grad(op, true), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "the slopes of alibi(sl) are a side tensor");
+    CHECK(aj_op_print(op, &text) == AJ_OK &&
+          strstr(text, "score_mod = softcap(5.0) + alibi(sl)") != NULL);
+    CHECK(text && aj_op_parse(ctx, text, strlen(text), "printed", &back) == AJ_OK);
+    CHECK(back && aj_op_get_info(back, &info) == AJ_OK && info.softcap == 5.0 &&
+          info.alibi_tensor == 0);
+    aj_op_destroy(back);
+    aj_free(text);
+    CHECK_STATUS(ctx, aj_op_set_alibi_with(op, NULL, -2.0), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "softcap -2.0 is out of range");
+    CHECK(aj_op_set_alibi_with(op, "", 0) == AJ_OK && aj_op_get_info(op, &info) == AJ_OK &&
+          info.alibi_tensor == -1 && info.softcap == 0);
     aj_op_destroy(op);
 
     /* launch arguments */
