@@ -155,6 +155,15 @@ static const char *const valid_specs[] = {
     "attention forward flash {\n"
     "  dtype = f32\n  head_dim = 80\n  scale = 1.7976931348623157e308\n"
     "  score_mod = softcap(4.9406564584124654e-324)\n  dropout = 1e-300\n}\n",
+    /* ALiBi's slopes named and after a softcap, spaced or not */
+    "attention backward flash {\n"
+    "  dtype = bf16\n  head_dim = 64\n  tensors = (slp: f32[1] grad)\n"
+    "  score_mod = softcap(+2.5e1)+alibi(slp)\n}\n",
+    "attention forward efficient {\n"
+    "  dtype = f16\n  head_dim = 32\n  score_mod = softcap(30) +  alibi ( grad )\n}\n",
+    "attention forward flash {\n"
+    "  dtype = f16\n  head_dim = 32\n  tensors = (a: i32[2], s: f32[1])\n"
+    "  mask = expr(a[q, k] != 0)\n  score_mod = alibi(s)\n}\n",
 };
 
 static void test_valid_specs(aj_ctx *ctx)
@@ -185,6 +194,28 @@ static void test_spec_dir(aj_ctx *ctx, const char *dir)
 }
 
 /* ---------------------------------------------------------------- canonical */
+
+/* ALiBi's forms print canonically: the number as the printer writes
+ * numbers, one space each side of the '+', the slopes' name or grad. */
+static void test_alibi_forms(aj_ctx *ctx)
+{
+    static const char *const forms[][2] = {
+        {"softcap(+2.5e1)+alibi(slp)", "score_mod = softcap(25.0) + alibi(slp)\n"},
+        {"softcap(30) +  alibi ( grad )", "score_mod = softcap(30.0) + alibi(grad)\n"},
+        {"softcap(1e-1) + alibi", "score_mod = softcap(0.1) + alibi\n"},
+        {"alibi(slp)", "score_mod = alibi(slp)\n"},
+        {"alibi", "score_mod = alibi\n"},
+    };
+    for (size_t i = 0; i < sizeof forms / sizeof forms[0]; i++) {
+        char spec[256];
+        snprintf(spec, sizeof spec, "attention backward flash { dtype = f16 head_dim = 32 "
+                 "tensors = (slp: f32[1] grad) score_mod = %s }", forms[i][0]);
+        aj_op *op = parse_ok(ctx, spec, "alibi form");
+        CHECK_MSG(strstr(canonical(op), forms[i][1]) != NULL, "%s printed:\n%s", forms[i][0],
+                  canonical(op));
+        aj_op_destroy(op);
+    }
+}
 
 static void test_canonical_form(aj_ctx *ctx)
 {
@@ -542,6 +573,15 @@ static const bad_spec bad_specs[] = {
       "'tanh'" },
     { FWD REQ "  score_mod = softcap\n}", 0, AJ_ERR_PARSE,
       "t.aj:5:1: expected '(' after 'softcap', found '}'" },
+    { FWD REQ "  score_mod = softcap(3) +\n}", 0, AJ_ERR_PARSE,
+      "t.aj:5:1: expected alibi (softcap(C) + alibi: ALiBi after the softcap), found '}'" },
+    { FWD REQ "  score_mod = softcap(3) + softcap(4)\n}", 0, AJ_ERR_PARSE,
+      "t.aj:4:28: expected alibi (softcap(C) + alibi: ALiBi after the softcap), found "
+      "'softcap'" },
+    { FWD REQ "  score_mod = alibi + softcap(4)\n}", 0, AJ_ERR_PARSE,
+      "t.aj:4:21: expected a field name or '}', found '+'" },
+    { FWD REQ "  score_mod = alibi(slp\n}", 0, AJ_ERR_PARSE,
+      "t.aj:5:1: expected ')' after alibi(NAME, found '}'" },
     { FWD REQ "  score_mod = softcap(inf)\n}", 0, AJ_ERR_PARSE,
       "t.aj:4:23: expected a number, found 'inf'" },
     { FWD REQ "  score_mod = softcap(1e999)\n}", 0, AJ_ERR_PARSE,
@@ -1477,6 +1517,7 @@ int main(int argc, char **argv)
     if (argc >= 2)
         test_spec_dir(ctx, argv[1]);
     test_canonical_form(ctx);
+    test_alibi_forms(ctx);
     test_known_hash(ctx);
     test_numbers(ctx);
     test_builder(ctx);
