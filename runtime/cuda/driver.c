@@ -89,7 +89,14 @@ aj_status aj_cuda_fail(aj_ctx *ctx, const aj_cuda *cu, CUresult r, const char *w
     cu->GetErrorName(r, &name);
     cu->GetErrorString(r, &text);
     aj_status st;
+    const char *hint = "";
     switch (r) {
+    case 900: /* CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED ... */
+    case 901: case 902: case 903: case 904: case 905: case 906: case 907: case 908:
+        st = AJ_ERR_UNSUPPORTED;
+        hint = "; inside a CUDA graph capture: a call's first run of its size allocates its "
+               "workspace, so run one before capturing (docs/api.md \"CUDA graphs\")";
+        break;
     case 1:   /* CUDA_ERROR_INVALID_VALUE */
         st = AJ_ERR_INVALID_ARG;
         break;
@@ -114,7 +121,7 @@ aj_status aj_cuda_fail(aj_ctx *ctx, const aj_cuda *cu, CUresult r, const char *w
     default:
         st = AJ_ERR_INTERNAL;
     }
-    return aj_fail(ctx, st, "%s: %s (%s)", what, name, text);
+    return aj_fail(ctx, st, "%s: %s (%s)%s", what, name, text, hint);
 }
 
 /* ---------------------------------------------------------------- device */

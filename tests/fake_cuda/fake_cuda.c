@@ -36,6 +36,9 @@
  *   - an async copy from or to pageable host memory is logged "staged":
  *     the real driver makes it synchronous.
  *   - parameters are sized by the module's PTX (.u32/.u64 ...).
+ *   - a stream capture (cuStreamBeginCapture_v2 .. cuStreamEndCapture)
+ *     records its stream's work into a graph that cuGraphLaunch replays,
+ *     and refuses what a capture forbids ("graph capture" below).
  *   - an unloaded module's functions are dead: launching one, getting one
  *     or unloading the module again is CUDA_ERROR_INVALID_HANDLE (its
  *     memory is kept, so the mistake is an error, not a use after free);
@@ -291,7 +294,8 @@ CUresult cuGetErrorName(CUresult r, const char **s)
 {
     *s = r == NO_DEVICE ? "CUDA_ERROR_NO_DEVICE" : r == INVALID_VALUE ? "CUDA_ERROR_INVALID_VALUE"
        : r == ILLEGAL_ADDRESS ? "CUDA_ERROR_ILLEGAL_ADDRESS" : r == NOT_READY
-       ? "CUDA_ERROR_NOT_READY" : "CUDA_ERROR_UNKNOWN";
+       ? "CUDA_ERROR_NOT_READY" : r == 900 ? "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED"
+       : r == 901 ? "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED" : "CUDA_ERROR_UNKNOWN";
     return SUCCESS;
 }
 
@@ -300,7 +304,8 @@ CUresult cuGetErrorString(CUresult r, const char **s)
 {
     *s = r == NO_DEVICE ? "no CUDA-capable device is detected"
        : r == INVALID_VALUE ? "invalid argument"
-       : r == ILLEGAL_ADDRESS ? "an illegal memory access was encountered" : "unknown error";
+       : r == ILLEGAL_ADDRESS ? "an illegal memory access was encountered"
+       : r == 900 ? "operation not permitted when stream is capturing" : "unknown error";
     return SUCCESS;
 }
 
@@ -349,10 +354,174 @@ CUresult cuCtxGetDevice(int *dev)
     return SUCCESS;
 }
 
+/* ---------------------------------------------------------------- graph capture */
+
+/*
+ * Stream capture as the driver's global mode (CU_STREAM_CAPTURE_MODE_GLOBAL,
+ * what torch.cuda.graph uses): between cuStreamBeginCapture_v2 and
+ * cuStreamEndCapture on a stream, the work queued there -- and on a stream
+ * that waits on an event recorded in the capture, which joins it -- is
+ * recorded as the graph's nodes instead of done: async copies and memsets,
+ * kernel launches, event records and waits.  While a capture is open, a
+ * call a capture forbids fails with CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED,
+ * logged "CAPTURE REFUSED <call>", and invalidates the capture
+ * (cuStreamEndCapture then answers CUDA_ERROR_STREAM_CAPTURE_INVALIDATED):
+ * allocating or freeing memory, a synchronous copy or memset, synchronising
+ * the context, a stream or an event, querying an event, loading a module.
+ * cuGraphLaunch replays an instantiated graph's nodes in order: the copies
+ * and memsets again, each kernel logged "GraphKernel fn=NAME grid=X,Y,Z"
+ * (the stand-in runs no kernel; with emulated launches attnjit computes
+ * at the call, so a replay's numbers are not checked here).
+ */
+enum { CAPTURE_UNSUPPORTED = 900, CAPTURE_INVALIDATED = 901, CAPTURE_STREAMS = 64,
+       GRAPH_NODES = 512 };
+
+typedef struct graph_node {
+    enum { NODE_COPY, NODE_SET32, NODE_KERNEL, NODE_EVENT } kind;
+    void *dst;
+    const void *src;
+    size_t n;
+    unsigned value;
+    char what[160];
+} graph_node;
+
+typedef struct graph {
+    int num_nodes;
+    graph_node nodes[GRAPH_NODES];
+} graph;
+
+static struct {
+    int open, invalid, origin;
+    unsigned char joined[CAPTURE_STREAMS];
+    graph *g;
+} capture;
+
+static int stream_id(const void *s);
+
+/* Whether work queued on stream s is recorded (s is in the open capture). */
+static int capturing(const void *s)
+{
+    const int id = stream_id(s);
+    return capture.open && id < CAPTURE_STREAMS && capture.joined[id];
+}
+
+/* A call a capture forbids: refused (and the capture invalidated) while
+ * one is open. */
+static int refused(const char *call)
+{
+    if (!capture.open)
+        return 0;
+    capture.invalid = 1;
+    note("CAPTURE REFUSED %s", call);
+    return 1;
+}
+
+static void record(int kind, void *dst, const void *src, size_t n, unsigned value,
+                   const char *what)
+{
+    graph *g = capture.g;
+    if (g->num_nodes == GRAPH_NODES) {
+        capture.invalid = 1;
+        return;
+    }
+    graph_node *node = &g->nodes[g->num_nodes++];
+    *node = (graph_node){kind, dst, src, n, value, ""};
+    snprintf(node->what, sizeof node->what, "%s", what);
+}
+
+CUresult cuStreamBeginCapture_v2(void *s, int mode);
+CUresult cuStreamBeginCapture_v2(void *s, int mode)
+{
+    const int id = stream_id(s);
+    if (capture.open || id == 0 || id >= CAPTURE_STREAMS || mode != 0)
+        return INVALID_VALUE;   /* one capture, on a created stream, global mode */
+    graph *g = calloc(1, sizeof *g);
+    if (!g)
+        return OUT_OF_MEMORY;
+    memset(&capture, 0, sizeof capture);
+    capture.open = 1;
+    capture.origin = id;
+    capture.joined[id] = 1;
+    capture.g = g;
+    note("StreamBeginCapture stream=%d", id);
+    return SUCCESS;
+}
+
+CUresult cuStreamIsCapturing(void *s, int *status);
+CUresult cuStreamIsCapturing(void *s, int *status)
+{
+    *status = capturing(s);   /* CU_STREAM_CAPTURE_STATUS_ACTIVE = 1 */
+    return SUCCESS;
+}
+
+CUresult cuStreamEndCapture(void *s, graph **out);
+CUresult cuStreamEndCapture(void *s, graph **out)
+{
+    if (!capture.open || stream_id(s) != capture.origin)
+        return INVALID_VALUE;
+    graph *g = capture.g;
+    const int invalid = capture.invalid;
+    note("StreamEndCapture stream=%d nodes=%d%s", capture.origin, g->num_nodes,
+         invalid ? " INVALIDATED" : "");
+    memset(&capture, 0, sizeof capture);
+    *out = invalid ? NULL : g;
+    if (invalid)
+        free(g);
+    return invalid ? CAPTURE_INVALIDATED : SUCCESS;
+}
+
+CUresult cuGraphInstantiateWithFlags(graph **exec, const graph *g, unsigned long long flags);
+CUresult cuGraphInstantiateWithFlags(graph **exec, const graph *g, unsigned long long flags)
+{
+    if (!g || flags)
+        return INVALID_VALUE;
+    *exec = malloc(sizeof **exec);
+    if (!*exec)
+        return OUT_OF_MEMORY;
+    **exec = *g;
+    return SUCCESS;
+}
+
+CUresult cuGraphLaunch(const graph *exec, void *s);
+CUresult cuGraphLaunch(const graph *exec, void *s)
+{
+    if (sticky)
+        return sticky;
+    if (!exec || refused("GraphLaunch"))
+        return exec ? CAPTURE_UNSUPPORTED : INVALID_VALUE;
+    note("GraphLaunch nodes=%d stream=%d", exec->num_nodes, stream_id(s));
+    for (int i = 0; i < exec->num_nodes; i++) {
+        const graph_node *node = &exec->nodes[i];
+        if (node->kind == NODE_COPY)
+            memmove(node->dst, node->src, node->n);
+        for (size_t w = 0; node->kind == NODE_SET32 && w < node->n; w++)
+            memcpy((char *)node->dst + 4 * w, &node->value, 4);
+        if (node->kind == NODE_KERNEL)
+            note("GraphKernel %s", node->what);
+    }
+    return SUCCESS;
+}
+
+CUresult cuGraphExecDestroy(graph *exec);
+CUresult cuGraphExecDestroy(graph *exec)
+{
+    free(exec);
+    return SUCCESS;
+}
+
+CUresult cuGraphDestroy(graph *g);
+CUresult cuGraphDestroy(graph *g)
+{
+    free(g);
+    return SUCCESS;
+}
+
 CUresult cuCtxSynchronize(void);
 static void host_sees_all(void);
 CUresult cuCtxSynchronize(void)
 {
+    if (refused("CtxSynchronize"))
+        return CAPTURE_UNSUPPORTED;
     note("CtxSynchronize");
     hang("CtxSynchronize");
     host_sees_all();
@@ -368,6 +537,8 @@ CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t bytes)
         return INVALID_VALUE;   /* as the driver answers */
     if (sticky)
         return sticky;
+    if (refused("MemAlloc"))
+        return CAPTURE_UNSUPPORTED;
     note("MemAlloc bytes=%zu", bytes);
     void *m = aligned_alloc(256, (bytes + 255) & ~(size_t)255);   /* the driver's alignment */
     *p = (CUdeviceptr)(uintptr_t)m;
@@ -377,6 +548,8 @@ CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t bytes)
 CUresult cuMemFree_v2(CUdeviceptr p);
 CUresult cuMemFree_v2(CUdeviceptr p)
 {
+    if (refused("MemFree"))
+        return CAPTURE_UNSUPPORTED;
     note("MemFree");
     return untrack((uintptr_t)p, 0);
 }
@@ -384,6 +557,8 @@ CUresult cuMemFree_v2(CUdeviceptr p)
 CUresult cuMemAllocHost_v2(void **p, size_t bytes);
 CUresult cuMemAllocHost_v2(void **p, size_t bytes)
 {
+    if (refused("MemAllocHost"))
+        return CAPTURE_UNSUPPORTED;
     note("MemAllocHost bytes=%zu", bytes);
     *p = malloc(bytes ? bytes : 1);
     return track(*p, bytes ? bytes : 1, 1);
@@ -392,6 +567,8 @@ CUresult cuMemAllocHost_v2(void **p, size_t bytes)
 CUresult cuMemFreeHost(void *p);
 CUresult cuMemFreeHost(void *p)
 {
+    if (refused("MemFreeHost"))
+        return CAPTURE_UNSUPPORTED;
     return untrack((uintptr_t)p, 1);
 }
 
@@ -520,6 +697,7 @@ typedef struct handle {
 typedef struct event {
     int id;
     vclock clock;
+    int captured;   /* recorded in the open capture (graph capture) */
 } event;
 
 static int next_stream = 1, next_event = 1;
@@ -573,6 +751,8 @@ CUresult cuStreamDestroy_v2(void *s)
 CUresult cuStreamSynchronize(void *s);
 CUresult cuStreamSynchronize(void *s)
 {
+    if (refused("StreamSynchronize"))
+        return CAPTURE_UNSUPPORTED;
     note("StreamSynchronize stream=%d", stream_id(s));
     hang("StreamSynchronize");
     host_sees(stream_id(s));
@@ -583,6 +763,15 @@ CUresult cuStreamWaitEvent(void *s, void *e, unsigned flags);
 CUresult cuStreamWaitEvent(void *s, void *e, unsigned flags)
 {
     (void)flags;
+    if (capture.open && ((const event *)e)->captured && stream_id(s) < CAPTURE_STREAMS)
+        capture.joined[stream_id(s)] = 1;   /* a fork into the capture */
+    if (capturing(s)) {
+        char what[64];
+        snprintf(what, sizeof what, "StreamWaitEvent stream=%d event=%d", stream_id(s),
+                 stream_id(e));
+        record(NODE_EVENT, NULL, NULL, 0, 0, what);
+        return SUCCESS;
+    }
     note("StreamWaitEvent stream=%d event=%d", stream_id(s), stream_id(e));
     if (order_on(stream_id(s)))
         join(&stream_clock[stream_id(s)], &((const event *)e)->clock);
@@ -593,6 +782,8 @@ CUresult cuStreamWaitEvent(void *s, void *e, unsigned flags)
 CUresult cuMemFreeAsync(CUdeviceptr p, void *s);
 CUresult cuMemFreeAsync(CUdeviceptr p, void *s)
 {
+    if (refused("MemFreeAsync"))   /* (a graph's own frees are not modelled) */
+        return CAPTURE_UNSUPPORTED;
     note("MemFreeAsync stream=%d", stream_id(s));
     return untrack((uintptr_t)p, 0);
 }
@@ -619,6 +810,13 @@ CUresult cuEventDestroy_v2(void *e)
 CUresult cuEventRecord(void *e, void *s);
 CUresult cuEventRecord(void *e, void *s)
 {
+    ((event *)e)->captured = capturing(s);
+    if (capturing(s)) {   /* (a join back from a forked stream needs no more here) */
+        char what[64];
+        snprintf(what, sizeof what, "EventRecord event=%d stream=%d", stream_id(e), stream_id(s));
+        record(NODE_EVENT, NULL, NULL, 0, 0, what);
+        return SUCCESS;
+    }
     note("EventRecord event=%d stream=%d", stream_id(e), stream_id(s));
     const int id = stream_id(s);
     if (order_on(id)) {   /* the stream's work so far, and what the host saw first */
@@ -633,6 +831,8 @@ CUresult cuEventQuery(void *e)
 {
     if (sticky)
         return sticky;
+    if (refused("EventQuery"))
+        return CAPTURE_UNSUPPORTED;
     if (stuck())
         return NOT_READY;
     join(&host_clock, &((const event *)e)->clock);
@@ -642,6 +842,8 @@ CUresult cuEventQuery(void *e)
 CUresult cuEventSynchronize(void *e);
 CUresult cuEventSynchronize(void *e)
 {
+    if (refused("EventSynchronize"))
+        return CAPTURE_UNSUPPORTED;
     note("EventSynchronize event=%d", stream_id(e));
     hang("EventSynchronize");
     join(&host_clock, &((const event *)e)->clock);
@@ -683,6 +885,12 @@ static CUresult copy(const char *what, void *dst, const void *src, size_t n, int
     if ((dst_dev && !is_device((uintptr_t)dst, n)) || (src_dev && !is_device((uintptr_t)src, n))) {
         note("%s bytes=%zu REJECTED: the device side is not device memory", what, n);
         return INVALID_VALUE;
+    }
+    if (!async && refused(what))
+        return CAPTURE_UNSUPPORTED;
+    if (async && capturing(stream)) {
+        record(NODE_COPY, dst, src, n, 0, what);
+        return SUCCESS;
     }
     int staged = async && ((!dst_dev && !is_pinned(dst, n)) || (!src_dev && !is_pinned(src, n)));
     if (async)
@@ -767,6 +975,12 @@ CUresult cuMemcpy2DAsync_v2(const memcpy2d *c, void *s)
              "memory", c->width, c->height);
         return INVALID_VALUE;
     }
+    if (capturing(s)) {   /* a row at a time */
+        for (size_t r = 0; r < c->height; r++)
+            record(NODE_COPY, dst + r * c->dst_pitch, src + r * c->src_pitch, c->width, 0,
+                   "Memcpy2DAsync");
+        return SUCCESS;
+    }
     note("Memcpy2DAsync %s width=%zu height=%zu stream=%d",
          c->src_type == 2 ? (c->dst_type == 2 ? "DtoD" : "DtoH") : "HtoD", c->width, c->height,
          stream_id(s));
@@ -787,6 +1001,8 @@ CUresult cuMemsetD8_v2(CUdeviceptr dst, unsigned char value, size_t n)
         return sticky;
     if (!is_device((uintptr_t)dst, n))
         return INVALID_VALUE;
+    if (refused("MemsetD8"))
+        return CAPTURE_UNSUPPORTED;
     note("MemsetD8 bytes=%zu", n);
     stream_op(0);
     access_at(0, (void *)(uintptr_t)dst, n, 1, "MemsetD8");
@@ -802,6 +1018,10 @@ CUresult cuMemsetD32Async(CUdeviceptr dst, unsigned value, size_t n, void *s)
         return sticky;
     if (!is_device((uintptr_t)dst, n * 4))
         return INVALID_VALUE;
+    if (capturing(s)) {
+        record(NODE_SET32, (void *)(uintptr_t)dst, NULL, n, value, "MemsetD32Async");
+        return SUCCESS;
+    }
     note("MemsetD32Async words=%zu stream=%d", n, stream_id(s));
     stream_op(stream_id(s));
     access_at(stream_id(s), (void *)(uintptr_t)dst, n * 4, 1, "MemsetD32Async");
@@ -846,6 +1066,8 @@ static CUresult load(module **out, const char *image, const char *how)
     if (!image || (strncmp(image, cubin_tag, sizeof cubin_tag - 1) != 0 &&
                    !strstr(image, ".entry")))
         return INVALID_IMAGE;
+    if (refused(how))
+        return CAPTURE_UNSUPPORTED;
     note("%s", how);
     module *m = calloc(1, sizeof *m);
     if (!m)
@@ -1021,8 +1243,16 @@ CUresult cuLaunchKernel(function *f, unsigned gx, unsigned gy, unsigned gz, unsi
         note("FAULT: %s is a function of an unloaded module", f->name);
         return INVALID_HANDLE;
     }
-    note("LaunchKernel fn=%s grid=%u,%u,%u stream=%d", f->name, gx, gy, gz, stream_id(stream));
-    stream_op(stream_id(stream));   /* its accesses: attnjit_stand_in_access */
+    const int recorded = capturing(stream);
+    if (recorded) {
+        char what[160];
+        snprintf(what, sizeof what, "fn=%s grid=%u,%u,%u", f->name, gx, gy, gz);
+        record(NODE_KERNEL, NULL, NULL, 0, 0, what);
+    } else {
+        note("LaunchKernel fn=%s grid=%u,%u,%u stream=%d", f->name, gx, gy, gz,
+             stream_id(stream));
+        stream_op(stream_id(stream));   /* its accesses: attnjit_stand_in_access */
+    }
     int bytes[256];
     int n = parse_params(entry_of(f->mod, f->name), bytes, 256);
     host_maps maps = {0};

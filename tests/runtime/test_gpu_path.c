@@ -10,7 +10,11 @@
  *                          else queued or synchronised; a backward without
  *                          a workspace twice: no allocation, free or
  *                          synchronisation on the second call; a varlen
- *                          forward with no copy back to the host; the
+ *                          forward with no copy back to the host; a
+ *                          forward, varlen forward, paged decode and
+ *                          backward captured into a CUDA graph after a
+ *                          first call (nothing refused, two replays), a
+ *                          first backward's allocation refused; the
  *                          memory cache's bound evicting kernels unloads
  *                          their modules (after the context's work), a
  *                          kernel the caller holds stays loaded, and one
@@ -197,12 +201,10 @@ static void check_backward_workspace(void *stream)
     aj_kernel_destroy(k);
 }
 
-/* A varlen forward reads cu_seqlens on the device only: no copy back to
- * the host, nothing but the launch on the stream. */
-static void check_varlen_async(void *stream)
+/* A varlen forward's arguments: two sequences packed, cu_seqlens in
+ * device memory (*cq, *ck). */
+static aj_fwd_args varlen_args(void *stream, aj_tensor *cq, aj_tensor *ck)
 {
-    aj_kernel *k = compile("attention forward flash { dtype = f16 head_dim = 64 "
-                           "layout = varlen }");
     const int32_t cu[3] = {0, 24, 64};
     const int64_t ts3[3] = {S, H, D}, ls[2] = {H, S}, cs[1] = {3};
     aj_fwd_args a = AJ_FWD_ARGS_INIT;
@@ -211,14 +213,25 @@ static void check_varlen_async(void *stream)
     a.v = dev_tensor(AJ_DTYPE_F16, 3, ts3);
     a.o = dev_tensor(AJ_DTYPE_F16, 3, ts3);
     a.lse = dev_tensor(AJ_DTYPE_F32, 2, ls);
-    aj_tensor cq = dev_tensor(AJ_DTYPE_F32, 1, cs), ck = dev_tensor(AJ_DTYPE_F32, 1, cs);
-    CHECK_STATUS(ctx, aj_device_copy_to(dev, cq.data, cu, sizeof cu), AJ_OK);
-    CHECK_STATUS(ctx, aj_device_copy_to(dev, ck.data, cu, sizeof cu), AJ_OK);
-    a.cu_seqlens_q = cq.data;
-    a.cu_seqlens_k = ck.data;
+    *cq = dev_tensor(AJ_DTYPE_F32, 1, cs), *ck = dev_tensor(AJ_DTYPE_F32, 1, cs);
+    CHECK_STATUS(ctx, aj_device_copy_to(dev, cq->data, cu, sizeof cu), AJ_OK);
+    CHECK_STATUS(ctx, aj_device_copy_to(dev, ck->data, cu, sizeof cu), AJ_OK);
+    a.cu_seqlens_q = cq->data;
+    a.cu_seqlens_k = ck->data;
     a.batch = 2;
     a.max_seqlen_q = a.max_seqlen_k = 40;
     a.stream = stream;
+    return a;
+}
+
+/* A varlen forward reads cu_seqlens on the device only: no copy back to
+ * the host, nothing but the launch on the stream. */
+static void check_varlen_async(void *stream)
+{
+    aj_kernel *k = compile("attention forward flash { dtype = f16 head_dim = 64 "
+                           "layout = varlen }");
+    aj_tensor cq, ck;
+    aj_fwd_args a = varlen_args(stream, &cq, &ck);
     cuda_log_clear();
     CHECK_STATUS(ctx, aj_forward(ctx, dev, k, &a), AJ_OK);
     CHECK_LOG_HAS("LaunchKernel");
@@ -228,6 +241,140 @@ static void check_varlen_async(void *stream)
     CHECK_STATUS(ctx, aj_device_synchronize(dev, stream), AJ_OK);
     free_tensors((aj_tensor *[]){&a.q, &a.k, &a.v, &a.o, &a.lse, &cq, &ck}, 7);
     aj_kernel_destroy(k);
+}
+
+/* ---------------------------------------------------------------- capture */
+
+/* The stand-in's graph capture (tests/fake_cuda: global mode, refusing
+ * what a capture forbids) */
+static struct {
+    int (*begin)(void *stream, int mode);
+    int (*end)(void *stream, void **graph);
+    int (*instantiate)(void **exec, void *graph, unsigned long long flags);
+    int (*launch)(void *exec, void *stream);
+    int (*exec_destroy)(void *exec);
+    int (*destroy)(void *graph);
+} graphs;
+
+/* Captures `call` (run once before, outside the capture, when `warm`):
+ * whether the capture held (no call refused), and then replays the graph
+ * twice, each replay the captured launches again. */
+static void capture_call(void *stream, const char *label, int warm,
+                         aj_status (*call)(void *user), void *user)
+{
+    if (warm)
+        CHECK_STATUS(ctx, call(user), AJ_OK);
+    CHECK_STATUS(ctx, aj_device_synchronize(dev, stream), AJ_OK);
+    cuda_log_clear();
+    CHECK_MSG(graphs.begin(stream, 0) == 0, "%s: cuStreamBeginCapture_v2", label);
+    aj_status st = call(user);
+    void *graph = NULL;
+    int ended = graphs.end(stream, &graph);
+    const int launches = count(cuda_log(), "LaunchKernel");   /* outside the capture */
+    CHECK_MSG(launches == 0, "%s: %d launches ran during the capture", label, launches);
+    if (!warm) {   /* the first call allocates: refused, the capture invalidated */
+        CHECK_MSG(st == AJ_ERR_UNSUPPORTED && ended == 901 &&
+                  count(cuda_log(), "CAPTURE REFUSED Mem"), "%s: a cold call in a capture "
+                  "gave %s, end %d:\n%s", label, aj_status_str(st), ended, cuda_log());
+        CHECK_ERROR(ctx, "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED");
+        CHECK_ERROR(ctx, "run one before capturing");
+        return;
+    }
+    CHECK_MSG(st == AJ_OK && ended == 0 && graph, "%s: %s (%s), end %d:\n%s", label,
+              aj_status_str(st), aj_last_error(ctx), ended, cuda_log());
+    CHECK_LOG_LACKS("CAPTURE REFUSED");
+    if (!graph)
+        return;
+    void *exec = NULL;
+    CHECK(graphs.instantiate(&exec, graph, 0) == 0);
+    cuda_log_clear();
+    for (int r = 0; r < 2; r++)
+        CHECK(graphs.launch(exec, stream) == 0);
+    const int kernels = count(cuda_log(), "GraphKernel");
+    CHECK_MSG(kernels >= 2 && kernels % 2 == 0, "%s: %d kernels in two replays:\n%s", label,
+              kernels, cuda_log());
+    graphs.exec_destroy(exec);
+    graphs.destroy(graph);
+}
+
+static aj_status run_forward(void *user)
+{
+    void **kv = user;
+    return aj_forward(ctx, dev, kv[0], kv[1]);
+}
+
+static aj_status run_backward(void *user)
+{
+    void **kv = user;
+    return aj_backward(ctx, dev, kv[0], kv[1]);
+}
+
+/* aj_forward and aj_backward (its workspace the device's) capture into a
+ * CUDA graph once a call of their size has run: no allocation, query or
+ * synchronisation inside (docs/api.md); a backward's first call, which
+ * allocates its workspace, is refused by the capture. */
+static void check_capture(void *stream)
+{
+    void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    *(void **)&graphs.begin = dlsym(h, "cuStreamBeginCapture_v2");
+    *(void **)&graphs.end = dlsym(h, "cuStreamEndCapture");
+    *(void **)&graphs.instantiate = dlsym(h, "cuGraphInstantiateWithFlags");
+    *(void **)&graphs.launch = dlsym(h, "cuGraphLaunch");
+    *(void **)&graphs.exec_destroy = dlsym(h, "cuGraphExecDestroy");
+    *(void **)&graphs.destroy = dlsym(h, "cuGraphDestroy");
+    CHECK(graphs.begin && graphs.end && graphs.instantiate && graphs.launch &&
+          graphs.exec_destroy && graphs.destroy);
+    if (!graphs.begin || !graphs.end || !graphs.instantiate || !graphs.launch)
+        return;
+    aj_kernel *fk = compile("attention forward flash { dtype = f16 head_dim = 64 "
+                            "mask = causal(bottom_right) }");
+    aj_fwd_args fa = fwd_args(stream);
+    capture_call(stream, "forward", 1, run_forward, (void *[]){fk, &fa});
+    aj_kernel *vk = compile("attention forward flash { dtype = f16 head_dim = 64 "
+                            "layout = varlen }");
+    aj_tensor cq, ck;
+    aj_fwd_args va = varlen_args(stream, &cq, &ck);
+    capture_call(stream, "varlen forward", 1, run_forward, (void *[]){vk, &va});
+    free_tensors((aj_tensor *[]){&va.q, &va.k, &va.v, &va.o, &va.lse, &cq, &ck}, 7);
+    aj_kernel_destroy(vk);
+    /* a paged decode (what a server captures per batch size), splits from the launch */
+    aj_kernel *pk = compile("attention forward efficient { dtype = f16 head_dim = 64 "
+                            "layout = paged }");
+    const int64_t pq[4] = {2, 4, 1, D}, pl[3] = {2, 4, 1}, cache[4] = {8, 16, 2, D};
+    const int64_t table[2] = {2, 4}, lens[1] = {2};
+    aj_fwd_args pa = AJ_FWD_ARGS_INIT;
+    pa.q = dev_tensor(AJ_DTYPE_F16, 4, pq);
+    pa.o = dev_tensor(AJ_DTYPE_F16, 4, pq);
+    pa.lse = dev_tensor(AJ_DTYPE_F32, 3, pl);
+    pa.k_cache = dev_tensor(AJ_DTYPE_F16, 4, cache);
+    pa.v_cache = dev_tensor(AJ_DTYPE_F16, 4, cache);
+    aj_tensor bt = dev_tensor(AJ_DTYPE_F32, 2, table), sl = dev_tensor(AJ_DTYPE_F32, 1, lens);
+    const int32_t pages[8] = {0, 1, 2, 3, 4, 5, 6, 7}, seqlens[2] = {50, 17};
+    CHECK_STATUS(ctx, aj_device_copy_to(dev, bt.data, pages, sizeof pages), AJ_OK);
+    CHECK_STATUS(ctx, aj_device_copy_to(dev, sl.data, seqlens, sizeof seqlens), AJ_OK);
+    pa.block_table = bt.data;
+    pa.seqlens_k = sl.data;
+    pa.max_pages = 4;
+    pa.stream = stream;
+    capture_call(stream, "paged forward", 1, run_forward, (void *[]){pk, &pa});
+    free_tensors((aj_tensor *[]){&pa.q, &pa.o, &pa.lse, &pa.k_cache, &pa.v_cache, &bt, &sl}, 7);
+    aj_kernel_destroy(pk);
+    /* a backward whose workspace is larger than any before: cold, then warm */
+    aj_kernel *bk = compile("attention backward flash { dtype = f16 head_dim = 64 }");
+    const int64_t qs[4] = {B, 2 * H, 2 * S, D}, ls[3] = {B, 2 * H, 2 * S};
+    aj_bwd_args ba = AJ_BWD_ARGS_INIT;
+    aj_tensor *ts[] = {&ba.q, &ba.k, &ba.v, &ba.o, &ba.do_, &ba.dq, &ba.dk, &ba.dv, &ba.lse};
+    for (int i = 0; i < 8; i++)
+        *ts[i] = dev_tensor(AJ_DTYPE_F16, 4, qs);
+    ba.lse = dev_tensor(AJ_DTYPE_F32, 3, ls);
+    ba.stream = stream;
+    capture_call(stream, "backward, cold", 0, run_backward, (void *[]){bk, &ba});
+    capture_call(stream, "backward", 1, run_backward, (void *[]){bk, &ba});
+    CHECK_STATUS(ctx, aj_device_synchronize(dev, stream), AJ_OK);
+    free_tensors((aj_tensor *[]){&fa.q, &fa.k, &fa.v, &fa.o, &fa.lse}, 5);
+    free_tensors(ts, 9);
+    aj_kernel_destroy(fk);
+    aj_kernel_destroy(bk);
 }
 
 /* Host memory handed to a kernel: the launch is queued (as on a GPU), the
@@ -328,6 +475,7 @@ static int run_launch(void)
     check_forward_stream(stream);
     check_backward_workspace(stream);
     check_varlen_async(stream);
+    check_capture(stream);
     check_eviction(stream);
     check_host_memory_faults(stream);
     return check_report();
