@@ -770,6 +770,7 @@ static aj_status cuda_open(aj_device *dev, int index, void *cu_context)
 
 static void cuda_close(aj_device *dev)
 {
+    aj_emulated_runs_free(dev);
     aj_device_close(dev->twin);
     aj_cuda_device_close(dev->cuda);
 }

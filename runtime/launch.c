@@ -794,7 +794,94 @@ static aj_status merge_on(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
  * stand-in's stream-order model (device.c: sim_launch).
  */
 
-#define EMULATE(fn, launch, type, last_required, NAME, ...)                                   \
+/*
+ * Inside a CUDA graph capture the GPU launch is recorded, not run, so the
+ * twin's run must be too: it is queued on the stream as a host node
+ * (aj_cuda_host_node), which each replay of the graph runs, over a copy
+ * of the call's arguments (side tensors and their names included) that
+ * lives, with the twin, until the device closes.
+ */
+typedef struct aj_emulated_run {
+    struct aj_emulated_run *next;
+    aj_ctx *ctx;
+    aj_device *sim;
+    aj_kernel *twin;
+    aj_status (*run)(struct aj_emulated_run *r);
+    union {
+        aj_fwd_args fwd;
+        aj_bwd_args bwd;
+        aj_merge_args merge;
+    } a;
+    aj_side_tensor side[AJ_OP_TENSORS_MAX + 1], dside[AJ_OP_TENSORS_MAX + 1];
+    char names[2][AJ_OP_TENSORS_MAX + 1][AJ_OP_TENSOR_NAME_MAX + 1];
+} aj_emulated_run;
+
+static void run_captured(void *user)
+{
+    aj_emulated_run *r = user;
+    if (r->run(r) != AJ_OK)
+        fprintf(stderr, "attnjit: an emulated launch replayed from a CUDA graph failed: %s\n",
+                aj_last_error(r->ctx));
+}
+
+/* Copies n side tensors and their names into the run's slot `which`
+ * (NULL past its room, which a call that passed its checks never needs). */
+static const aj_side_tensor *keep_side(aj_emulated_run *r, int which, const aj_side_tensor *t,
+                                       int32_t n)
+{
+    aj_side_tensor *to = which ? r->dside : r->side;
+    if (n > AJ_OP_TENSORS_MAX + 1)
+        return NULL;
+    for (int32_t i = 0; i < n; i++) {
+        to[i] = t[i];
+        snprintf(r->names[which][i], sizeof r->names[which][i], "%s", t[i].name);
+        to[i].name = r->names[which][i];
+    }
+    return n ? to : NULL;
+}
+
+/* Queues r on the capturing stream (*queued: r, and its twin, are then the
+ * device's), or frees r (the stream is not capturing). */
+static aj_status emulate_captured(aj_ctx *ctx, aj_device *dev, void *stream, aj_emulated_run *r,
+                                  bool *queued)
+{
+    aj_status st = aj_cuda_host_node(ctx, dev->cuda, stream, run_captured, r, queued);
+    if (st != AJ_OK || !*queued) {
+        free(r);
+        return st;
+    }
+    r->next = atomic_load(&dev->captured);
+    while (!atomic_compare_exchange_weak(&dev->captured, &r->next, r))
+        ;
+    return AJ_OK;
+}
+
+void aj_emulated_runs_free(aj_device *dev)
+{
+    for (aj_emulated_run *r = atomic_exchange(&dev->captured, NULL), *next; r; r = next) {
+        next = r->next;
+        aj_kernel_destroy(r->twin);
+        free(r);
+    }
+}
+
+static aj_status run_fwd(aj_emulated_run *r)
+{
+    return forward_on(r->ctx, r->sim, r->twin, &r->a.fwd);
+}
+
+static aj_status run_bwd(aj_emulated_run *r)
+{
+    return backward_on(r->ctx, r->sim, r->twin, &r->a.bwd);
+}
+
+static aj_status run_merge(aj_emulated_run *r)
+{
+    return merge_on(r->ctx, r->sim, r->twin, &r->a.merge);
+}
+
+/* `keep` fills r_ (its run and arguments) from on_sim. */
+#define EMULATE(fn, launch, type, last_required, NAME, keep, ...)                             \
     do {                                                                                      \
         AJ_READ_STRUCT_OR_RETURN(ctx, fn ": args", given, type, last_required,                \
                                  AJ_##NAME##_INIT, args);                                     \
@@ -802,6 +889,17 @@ static aj_status merge_on(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
         __VA_ARGS__;                                                                          \
         aj_kernel *twin = NULL;                                                               \
         aj_status emu_st = aj_compile_twin(ctx, kernel, &twin);                               \
+        bool queued = false;                                                                  \
+        aj_emulated_run *r_ = emu_st == AJ_OK ? calloc(1, sizeof *r_) : NULL;                 \
+        if (r_) {                                                                             \
+            r_->ctx = ctx, r_->sim = dev->twin, r_->twin = twin;                              \
+            keep;                                                                             \
+            emu_st = emulate_captured(ctx, dev, args->stream, r_, &queued);                   \
+        } else if (emu_st == AJ_OK) {                                                         \
+            emu_st = aj_fail(ctx, AJ_ERR_OUT_OF_MEMORY, "out of memory");                     \
+        }                                                                                     \
+        if (queued)                                                                           \
+            return AJ_OK;   /* each replay runs the twin (a host node) */                     \
         if (emu_st == AJ_OK)                                                                  \
             emu_st = launch(ctx, dev->twin, twin, &on_sim);                                   \
         aj_kernel_destroy(twin);                                                              \
@@ -811,20 +909,27 @@ static aj_status merge_on(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
 static aj_status emulate_forward(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
                                  const aj_fwd_args *given)
 {
-    EMULATE("aj_forward", forward_on, aj_fwd_args, lse, FWD_ARGS, on_sim.block_mask = NULL);
+    EMULATE("aj_forward", forward_on, aj_fwd_args, lse, FWD_ARGS,
+            (r_->run = run_fwd, r_->a.fwd = on_sim,
+             r_->a.fwd.side = keep_side(r_, 0, on_sim.side, on_sim.num_side)),
+            on_sim.block_mask = NULL);
 }
 
 static aj_status emulate_backward(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
                                   const aj_bwd_args *given)
 {
-    EMULATE("aj_backward", backward_on, aj_bwd_args, dv, BWD_ARGS, on_sim.block_mask = NULL;
-            on_sim.workspace = NULL; on_sim.workspace_bytes = 0);
+    EMULATE("aj_backward", backward_on, aj_bwd_args, dv, BWD_ARGS,
+            (r_->run = run_bwd, r_->a.bwd = on_sim,
+             r_->a.bwd.side = keep_side(r_, 0, on_sim.side, on_sim.num_side),
+             r_->a.bwd.dside = keep_side(r_, 1, on_sim.dside, on_sim.num_dside)),
+            on_sim.block_mask = NULL; on_sim.workspace = NULL; on_sim.workspace_bytes = 0);
 }
 
 static aj_status emulate_merge(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
                                const aj_merge_args *given)
 {
-    EMULATE("aj_merge", merge_on, aj_merge_args, lse, MERGE_ARGS, (void)0);
+    EMULATE("aj_merge", merge_on, aj_merge_args, lse, MERGE_ARGS,
+            (r_->run = run_merge, r_->a.merge = on_sim), (void)0);
 }
 
 aj_status aj_forward(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,

@@ -126,10 +126,17 @@ struct aj_device {
      * are that device's: each launch's accesses go to the stand-in's
      * stream-order model, sim_launch) */
     struct aj_device *twin_of;
+    /* emulated launches captured into a CUDA graph: the twin's runs, each
+     * a host node the graph replays (launch.c: emulate_captured), freed
+     * with the device */
+    struct aj_emulated_run *_Atomic captured;
     /* device memory: the u32 the varlen kernels record a bad cu_seqlens
      * in (templates/attn_common.h), AJ_VARLEN_STATUS_CLEAR while none */
     uint32_t *status;
 };
+
+/* Frees dev's captured emulated runs (launch.c; at the device's close). */
+void aj_emulated_runs_free(aj_device *dev);
 
 /* The CUDA device under dev, for what needs the driver itself (the NCCL
  * engine's context); NULL for other kinds. */

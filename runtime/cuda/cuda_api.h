@@ -159,6 +159,11 @@ typedef struct aj_cuda {
      * `stream` (tests/fake_cuda); NULL in a real driver */
     void (*stand_in_access)(CUstream stream, const void *p, size_t bytes, int write,
                             const char *what);
+    /* cuStreamIsCapturing and cuLaunchHostFunc (CUDA 10+), for emulated
+     * launches inside a CUDA graph capture (the twin's run queued as a host
+     * node, aj_cuda_host_node); NULL where the driver lacks them */
+    CUresult (*StreamIsCapturing)(CUstream stream, int *status);
+    CUresult (*LaunchHostFunc)(CUstream stream, void (*fn)(void *), void *user);
     int driver_version;
 } aj_cuda;
 

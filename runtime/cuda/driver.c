@@ -63,6 +63,11 @@ static void load_driver(void)
     void *access = dlsym(h, "attnjit_stand_in_access");
     if (access)
         memcpy(&driver.stand_in_access, &access, sizeof access);
+    void *capturing = dlsym(h, "cuStreamIsCapturing"), *host = dlsym(h, "cuLaunchHostFunc");
+    if (capturing && host) {
+        memcpy(&driver.StreamIsCapturing, &capturing, sizeof capturing);
+        memcpy(&driver.LaunchHostFunc, &host, sizeof host);
+    }
     CUresult r = driver.Init(0);
     if (r != AJ_CUDA_SUCCESS) {
         const char *name = "?";
@@ -652,6 +657,24 @@ aj_status aj_cuda_fill32_async(aj_ctx *ctx, aj_cuda_device *d, void *dst, uint32
     aj_status st = AJ_OK;
     WITH_CONTEXT(d, d->cu->MemsetD32Async((CUdeviceptr)(uintptr_t)dst, value, count,
                                           (CUstream)stream), "cuMemsetD32Async");
+done:
+    return st;
+}
+
+aj_status aj_cuda_host_node(aj_ctx *ctx, aj_cuda_device *d, void *stream, void (*fn)(void *),
+                            void *user, bool *queued)
+{
+    aj_status st = AJ_OK;
+    int capturing = 0;
+    *queued = false;
+    if (!d->cu->StreamIsCapturing || !d->cu->LaunchHostFunc)
+        return AJ_OK;
+    WITH_CONTEXT(d, d->cu->StreamIsCapturing((CUstream)stream, &capturing),
+                 "cuStreamIsCapturing");
+    if (capturing == 1) {   /* CU_STREAM_CAPTURE_STATUS_ACTIVE */
+        WITH_CONTEXT(d, d->cu->LaunchHostFunc((CUstream)stream, fn, user), "cuLaunchHostFunc");
+        *queued = true;
+    }
 done:
     return st;
 }

@@ -370,19 +370,22 @@ CUresult cuCtxGetDevice(int *dev)
  * the context, a stream or an event, querying an event, loading a module.
  * cuGraphLaunch replays an instantiated graph's nodes in order: the copies
  * and memsets again, each kernel logged "GraphKernel fn=NAME grid=X,Y,Z"
- * (the stand-in runs no kernel; with emulated launches attnjit computes
- * at the call, so a replay's numbers are not checked here).
+ * (the stand-in runs no kernel), each host function (cuLaunchHostFunc)
+ * called -- so attnjit's emulated launches, which queue the twin's run as
+ * one inside a capture, compute again at every replay.
  */
 enum { CAPTURE_UNSUPPORTED = 900, CAPTURE_INVALIDATED = 901, CAPTURE_STREAMS = 64,
        GRAPH_NODES = 512 };
 
 typedef struct graph_node {
-    enum { NODE_COPY, NODE_SET32, NODE_KERNEL, NODE_EVENT } kind;
+    enum { NODE_COPY, NODE_SET32, NODE_KERNEL, NODE_EVENT, NODE_HOST } kind;
     void *dst;
     const void *src;
     size_t n;
     unsigned value;
     char what[160];
+    void (*fn)(void *);   /* NODE_HOST: cuLaunchHostFunc's */
+    void *user;
 } graph_node;
 
 typedef struct graph {
@@ -416,17 +419,20 @@ static int refused(const char *call)
     return 1;
 }
 
-static void record(int kind, void *dst, const void *src, size_t n, unsigned value,
-                   const char *what)
+/* The open capture's next node (NULL, the capture invalidated, when the
+ * graph is full). */
+static graph_node *record(int kind, void *dst, const void *src, size_t n, unsigned value,
+                          const char *what)
 {
     graph *g = capture.g;
     if (g->num_nodes == GRAPH_NODES) {
         capture.invalid = 1;
-        return;
+        return NULL;
     }
     graph_node *node = &g->nodes[g->num_nodes++];
-    *node = (graph_node){kind, dst, src, n, value, ""};
+    *node = (graph_node){kind, dst, src, n, value, "", NULL, NULL};
     snprintf(node->what, sizeof node->what, "%s", what);
+    return node;
 }
 
 CUresult cuStreamBeginCapture_v2(void *s, int mode);
@@ -498,7 +504,27 @@ CUresult cuGraphLaunch(const graph *exec, void *s)
             memcpy((char *)node->dst + 4 * w, &node->value, 4);
         if (node->kind == NODE_KERNEL)
             note("GraphKernel %s", node->what);
+        if (node->kind == NODE_HOST)
+            node->fn(node->user);
     }
+    return SUCCESS;
+}
+
+/* A host function in stream order: called now (the stand-in's streams are
+ * done when queued), or recorded in a capture. */
+CUresult cuLaunchHostFunc(void *s, void (*fn)(void *), void *user);
+CUresult cuLaunchHostFunc(void *s, void (*fn)(void *), void *user)
+{
+    if (sticky)
+        return sticky;
+    if (!capturing(s)) {
+        note("LaunchHostFunc stream=%d", stream_id(s));
+        fn(user);
+        return SUCCESS;
+    }
+    graph_node *node = record(NODE_HOST, NULL, NULL, 0, 0, "LaunchHostFunc");
+    if (node)
+        node->fn = fn, node->user = user;
     return SUCCESS;
 }
 

@@ -22,6 +22,11 @@
  *                          host memory handed to a kernel:
  *                          AJ_ERR_KERNEL_FAULT at the next synchronising
  *                          call
+ *   test_gpu_path capture  (AJ_CUDA_EMULATE=1: emulated launches, real
+ *                          numbers) a forward and a backward captured into
+ *                          a CUDA graph compute nothing at the capture;
+ *                          each of two replays writes the outputs a plain
+ *                          call wrote, bit for bit
  *   test_gpu_path sass     (AJ_CACHE unset) a kernel's first load links its
  *                          PTX to a cubin (cuLinkComplete) and stores it
  *                          in the disk cache; aj_compile_many with the
@@ -313,7 +318,7 @@ static aj_status run_backward(void *user)
  * CUDA graph once a call of their size has run: no allocation, query or
  * synchronisation inside (docs/api.md); a backward's first call, which
  * allocates its workspace, is refused by the capture. */
-static void check_capture(void *stream)
+static void bind_graphs(void)
 {
     void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
     *(void **)&graphs.begin = dlsym(h, "cuStreamBeginCapture_v2");
@@ -324,7 +329,15 @@ static void check_capture(void *stream)
     *(void **)&graphs.destroy = dlsym(h, "cuGraphDestroy");
     CHECK(graphs.begin && graphs.end && graphs.instantiate && graphs.launch &&
           graphs.exec_destroy && graphs.destroy);
-    if (!graphs.begin || !graphs.end || !graphs.instantiate || !graphs.launch)
+    if (!graphs.end || !graphs.instantiate || !graphs.launch || !graphs.exec_destroy ||
+        !graphs.destroy)
+        graphs.begin = NULL;
+}
+
+static void check_capture(void *stream)
+{
+    bind_graphs();
+    if (!graphs.begin)
         return;
     aj_kernel *fk = compile("attention forward flash { dtype = f16 head_dim = 64 "
                             "mask = causal(bottom_right) }");
@@ -375,6 +388,113 @@ static void check_capture(void *stream)
     free_tensors(ts, 9);
     aj_kernel_destroy(fk);
     aj_kernel_destroy(bk);
+}
+
+/* A tensor's bytes, read back (malloc'ed), and set to `fill` there. */
+static void *read_back(const aj_tensor *t, size_t bytes, int fill)
+{
+    void *host = malloc(bytes), *filled = malloc(bytes);
+    CHECK_STATUS(ctx, aj_device_copy_from(dev, host, t->data, bytes), AJ_OK);
+    memset(filled, fill, bytes);
+    CHECK_STATUS(ctx, aj_device_copy_to(dev, t->data, filled, bytes), AJ_OK);
+    free(filled);
+    return host;
+}
+
+/* The outputs of `call`, `n` tensors of bytes[i]: a plain call's; then a
+ * capture, after which they must still hold the 0x7f bytes set before it
+ * (nothing ran); then two replays, each writing the plain call's bits
+ * again (emulated launches: the twin's run is each replay's host node). */
+static void replay_numbers(void *stream, const char *label, aj_status (*call)(void *user),
+                           void *user, aj_tensor *const *outs, const size_t *bytes, int n)
+{
+    void *want[4], *got;
+    CHECK_STATUS(ctx, call(user), AJ_OK);
+    CHECK_STATUS(ctx, aj_device_synchronize(dev, stream), AJ_OK);
+    for (int i = 0; i < n; i++)
+        want[i] = read_back(outs[i], bytes[i], 0x7f);
+    void *graph = NULL, *exec = NULL;
+    CHECK(graphs.begin(stream, 0) == 0);
+    CHECK_STATUS(ctx, call(user), AJ_OK);
+    CHECK_MSG(graphs.end(stream, &graph) == 0 && graph, "%s: the capture failed:\n%s", label,
+              cuda_log());
+    for (int i = 0; i < n; i++) {
+        got = read_back(outs[i], bytes[i], 0x7f);
+        CHECK_MSG(((unsigned char *)got)[0] == 0x7f && ((unsigned char *)got)[bytes[i] - 1] ==
+                  0x7f, "%s: output %d was written during the capture", label, i);
+        free(got);
+    }
+    CHECK(graph && graphs.instantiate(&exec, graph, 0) == 0);
+    for (int r = 0; exec && r < 2; r++) {
+        CHECK(graphs.launch(exec, stream) == 0);
+        for (int i = 0; i < n; i++) {
+            got = read_back(outs[i], bytes[i], 0x7f);
+            CHECK_MSG(memcmp(got, want[i], bytes[i]) == 0, "%s: replay %d's output %d differs "
+                      "from the plain call's", label, r, i);
+            free(got);
+        }
+    }
+    if (exec)
+        graphs.exec_destroy(exec);
+    if (graph)
+        graphs.destroy(graph);
+    for (int i = 0; i < n; i++)
+        free(want[i]);
+}
+
+/* A tensor of the seeded values in [-1, 1) (f16, or f32 for lse). */
+static void fill_random(aj_tensor *t, uint64_t seed)
+{
+    int64_t n = 1;
+    for (int i = 0; i < t->rank; i++)
+        n *= t->shape[i];
+    float *f = malloc((size_t)n * 4);
+    void *h = malloc((size_t)n * 4);
+    for (int64_t i = 0; i < n; i++) {
+        seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+        f[i] = (float)((double)(seed >> 11) / 9007199254740992.0 * 2 - 1);
+    }
+    CHECK(aj_convert(f, AJ_DTYPE_F32, h, t->dtype, (size_t)n) == AJ_OK);
+    CHECK_STATUS(ctx, aj_device_copy_to(dev, t->data, h, (size_t)n * aj_dtype_size(t->dtype)),
+                 AJ_OK);
+    free(f);
+    free(h);
+}
+
+static int run_capture(void)
+{
+    void *stream = NULL;
+    CHECK(stream_create(&stream, 1) == 0);
+    bind_graphs();
+    if (!graphs.begin)
+        return check_report();
+    aj_kernel *fk = compile("attention forward flash { dtype = f16 head_dim = 64 "
+                            "mask = causal(bottom_right) }");
+    aj_fwd_args fa = fwd_args(stream);
+    fill_random(&fa.q, 1), fill_random(&fa.k, 2), fill_random(&fa.v, 3);
+    const size_t ob = (size_t)B * H * S * D * 2, lb = (size_t)B * H * S * 4;
+    replay_numbers(stream, "forward", run_forward, (void *[]){fk, &fa},
+                   (aj_tensor *[]){&fa.o, &fa.lse}, (size_t[]){ob, lb}, 2);
+    aj_kernel *bk = compile("attention backward flash { dtype = f16 head_dim = 64 "
+                            "mask = causal(bottom_right) }");
+    aj_bwd_args ba = AJ_BWD_ARGS_INIT;
+    ba.q = fa.q, ba.k = fa.k, ba.v = fa.v, ba.o = fa.o, ba.lse = fa.lse;
+    const int64_t qs[4] = {B, H, S, D};
+    ba.do_ = dev_tensor(AJ_DTYPE_F16, 4, qs);
+    fill_random(&ba.do_, 4);
+    ba.dq = dev_tensor(AJ_DTYPE_F16, 4, qs);
+    ba.dk = dev_tensor(AJ_DTYPE_F16, 4, qs);
+    ba.dv = dev_tensor(AJ_DTYPE_F16, 4, qs);
+    CHECK_STATUS(ctx, aj_forward(ctx, dev, fk, &fa), AJ_OK);   /* o and lse for the backward */
+    ba.stream = stream;
+    replay_numbers(stream, "backward", run_backward, (void *[]){bk, &ba},
+                   (aj_tensor *[]){&ba.dq, &ba.dk, &ba.dv}, (size_t[]){ob, ob, ob}, 3);
+    CHECK_STATUS(ctx, aj_device_synchronize(dev, stream), AJ_OK);
+    free_tensors((aj_tensor *[]){&fa.q, &fa.k, &fa.v, &fa.o, &fa.lse, &ba.do_, &ba.dq, &ba.dk,
+                                 &ba.dv}, 9);
+    aj_kernel_destroy(fk);
+    aj_kernel_destroy(bk);
+    return check_report();
 }
 
 /* Host memory handed to a kernel: the launch is queued (as on a GPU), the
@@ -699,10 +819,12 @@ int main(int argc, char **argv)
     const int nccl = strcmp(what, "ring-nccl") == 0 || strcmp(what, "stuck-nccl") == 0;
     const int stuck = strcmp(what, "stuck") == 0 || strcmp(what, "stuck-nccl") == 0;
     const int ring = !stuck && (nccl || strcmp(what, "ring") == 0);
+    const int capture = strcmp(what, "capture") == 0;
     if (strcmp(what, "sass") == 0)
         return run_sass();
-    if (!ring && !stuck && strcmp(what, "launch") != 0) {
-        fprintf(stderr, "usage: test_gpu_path launch|sass|ring|ring-nccl|stuck|stuck-nccl\n");
+    if (!ring && !stuck && !capture && strcmp(what, "launch") != 0) {
+        fprintf(stderr, "usage: test_gpu_path launch|capture|sass|ring|ring-nccl|stuck|"
+                "stuck-nccl\n");
         return 2;
     }
     if (ring || stuck)
@@ -712,7 +834,7 @@ int main(int argc, char **argv)
     if (!dev)
         return check_report();
     bind_fake();
-    int rc = ring || stuck ? run_ring(stuck, nccl) : run_launch();
+    int rc = ring || stuck ? run_ring(stuck, nccl) : capture ? run_capture() : run_launch();
     aj_device_close(dev);
     aj_ctx_destroy(ctx);
     if (ring || stuck)
