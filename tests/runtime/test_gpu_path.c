@@ -206,21 +206,27 @@ static void check_backward_workspace(void *stream)
     aj_kernel_destroy(k);
 }
 
+/* n int32 values in device memory (the tensor's dtype a stand-in: the
+ * launches read the pointer). */
+static aj_tensor dev_i32(const int32_t *values, int64_t n)
+{
+    aj_tensor t = dev_tensor(AJ_DTYPE_F32, 1, &n);
+    CHECK_STATUS(ctx, aj_device_copy_to(dev, t.data, values, (size_t)n * 4), AJ_OK);
+    return t;
+}
+
 /* A varlen forward's arguments: two sequences packed, cu_seqlens in
  * device memory (*cq, *ck). */
 static aj_fwd_args varlen_args(void *stream, aj_tensor *cq, aj_tensor *ck)
 {
     const int32_t cu[3] = {0, 24, 64};
-    const int64_t ts3[3] = {S, H, D}, ls[2] = {H, S}, cs[1] = {3};
+    const int64_t ts3[3] = {S, H, D}, ls[2] = {H, S};
     aj_fwd_args a = AJ_FWD_ARGS_INIT;
-    a.q = dev_tensor(AJ_DTYPE_F16, 3, ts3);
-    a.k = dev_tensor(AJ_DTYPE_F16, 3, ts3);
-    a.v = dev_tensor(AJ_DTYPE_F16, 3, ts3);
-    a.o = dev_tensor(AJ_DTYPE_F16, 3, ts3);
+    aj_tensor *rows[4] = {&a.q, &a.k, &a.v, &a.o};
+    for (int i = 0; i < 4; i++)
+        *rows[i] = dev_tensor(AJ_DTYPE_F16, 3, ts3);
     a.lse = dev_tensor(AJ_DTYPE_F32, 2, ls);
-    *cq = dev_tensor(AJ_DTYPE_F32, 1, cs), *ck = dev_tensor(AJ_DTYPE_F32, 1, cs);
-    CHECK_STATUS(ctx, aj_device_copy_to(dev, cq->data, cu, sizeof cu), AJ_OK);
-    CHECK_STATUS(ctx, aj_device_copy_to(dev, ck->data, cu, sizeof cu), AJ_OK);
+    *cq = dev_i32(cu, 3), *ck = dev_i32(cu, 3);
     a.cu_seqlens_q = cq->data;
     a.cu_seqlens_k = ck->data;
     a.batch = 2;
@@ -354,17 +360,13 @@ static void check_capture(void *stream)
     aj_kernel *pk = compile("attention forward efficient { dtype = f16 head_dim = 64 "
                             "layout = paged }");
     const int64_t pq[4] = {2, 4, 1, D}, pl[3] = {2, 4, 1}, cache[4] = {8, 16, 2, D};
-    const int64_t table[2] = {2, 4}, lens[1] = {2};
     aj_fwd_args pa = AJ_FWD_ARGS_INIT;
-    pa.q = dev_tensor(AJ_DTYPE_F16, 4, pq);
-    pa.o = dev_tensor(AJ_DTYPE_F16, 4, pq);
+    aj_tensor *paged[4] = {&pa.q, &pa.o, &pa.k_cache, &pa.v_cache};
+    for (int i = 0; i < 4; i++)
+        *paged[i] = dev_tensor(AJ_DTYPE_F16, 4, i < 2 ? pq : cache);
     pa.lse = dev_tensor(AJ_DTYPE_F32, 3, pl);
-    pa.k_cache = dev_tensor(AJ_DTYPE_F16, 4, cache);
-    pa.v_cache = dev_tensor(AJ_DTYPE_F16, 4, cache);
-    aj_tensor bt = dev_tensor(AJ_DTYPE_F32, 2, table), sl = dev_tensor(AJ_DTYPE_F32, 1, lens);
     const int32_t pages[8] = {0, 1, 2, 3, 4, 5, 6, 7}, seqlens[2] = {50, 17};
-    CHECK_STATUS(ctx, aj_device_copy_to(dev, bt.data, pages, sizeof pages), AJ_OK);
-    CHECK_STATUS(ctx, aj_device_copy_to(dev, sl.data, seqlens, sizeof seqlens), AJ_OK);
+    aj_tensor bt = dev_i32(pages, 8), sl = dev_i32(seqlens, 2);   /* a [2, 4] table */
     pa.block_table = bt.data;
     pa.seqlens_k = sl.data;
     pa.max_pages = 4;
