@@ -796,8 +796,8 @@ static aj_status merge_on(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
 
 /*
  * Inside a CUDA graph capture the GPU launch is recorded, not run, so the
- * twin's run must be too: it is queued on the stream as a host node
- * (aj_cuda_host_node), which each replay of the graph runs, over a copy
+ * twin's run must be too: it is queued on the stream as a host function
+ * (aj_cuda_host_func), a node each replay of the graph runs, over a copy
  * of the call's arguments (side tensors and their names included) that
  * lives, with the twin, until the device closes.
  */
@@ -840,13 +840,12 @@ static const aj_side_tensor *keep_side(aj_emulated_run *r, int which, const aj_s
     return n ? to : NULL;
 }
 
-/* Queues r on the capturing stream (*queued: r, and its twin, are then the
- * device's), or frees r (the stream is not capturing). */
-static aj_status emulate_captured(aj_ctx *ctx, aj_device *dev, void *stream, aj_emulated_run *r,
-                                  bool *queued)
+/* Queues r on the capturing stream: r, and its twin, are then the
+ * device's (on failure r is freed, the twin left to the caller). */
+static aj_status emulate_captured(aj_ctx *ctx, aj_device *dev, void *stream, aj_emulated_run *r)
 {
-    aj_status st = aj_cuda_host_node(ctx, dev->cuda, stream, run_captured, r, queued);
-    if (st != AJ_OK || !*queued) {
+    aj_status st = aj_cuda_host_func(ctx, dev->cuda, stream, run_captured, r);
+    if (st != AJ_OK) {
         free(r);
         return st;
     }
@@ -889,19 +888,23 @@ static aj_status run_merge(aj_emulated_run *r)
         __VA_ARGS__;                                                                          \
         aj_kernel *twin = NULL;                                                               \
         aj_status emu_st = aj_compile_twin(ctx, kernel, &twin);                               \
-        bool queued = false;                                                                  \
-        aj_emulated_run *r_ = emu_st == AJ_OK ? calloc(1, sizeof *r_) : NULL;                 \
-        if (r_) {                                                                             \
+        bool capturing = false;                                                               \
+        if (emu_st == AJ_OK)                                                                  \
+            emu_st = aj_cuda_capturing(ctx, dev->cuda, args->stream, &capturing);             \
+        if (emu_st == AJ_OK && capturing) {   /* each replay runs the twin (a host node) */   \
+            aj_emulated_run *r_ = calloc(1, sizeof *r_);                                      \
+            if (!r_) {                                                                        \
+                aj_kernel_destroy(twin);                                                      \
+                return aj_fail(ctx, AJ_ERR_OUT_OF_MEMORY, "out of memory");                   \
+            }                                                                                 \
             r_->ctx = ctx, r_->sim = dev->twin, r_->twin = twin;                              \
             keep;                                                                             \
-            emu_st = emulate_captured(ctx, dev, args->stream, r_, &queued);                   \
+            emu_st = emulate_captured(ctx, dev, args->stream, r_);                            \
+            if (emu_st == AJ_OK)                                                              \
+                return AJ_OK;                                                                 \
         } else if (emu_st == AJ_OK) {                                                         \
-            emu_st = aj_fail(ctx, AJ_ERR_OUT_OF_MEMORY, "out of memory");                     \
-        }                                                                                     \
-        if (queued)                                                                           \
-            return AJ_OK;   /* each replay runs the twin (a host node) */                     \
-        if (emu_st == AJ_OK)                                                                  \
             emu_st = launch(ctx, dev->twin, twin, &on_sim);                                   \
+        }                                                                                     \
         aj_kernel_destroy(twin);                                                              \
         return emu_st;                                                                        \
     } while (0)

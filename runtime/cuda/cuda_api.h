@@ -161,7 +161,7 @@ typedef struct aj_cuda {
                             const char *what);
     /* cuStreamIsCapturing and cuLaunchHostFunc (CUDA 10+), for emulated
      * launches inside a CUDA graph capture (the twin's run queued as a host
-     * node, aj_cuda_host_node); NULL where the driver lacks them */
+     * function, aj_cuda_host_func); NULL where the driver lacks them */
     CUresult (*StreamIsCapturing)(CUstream stream, int *status);
     CUresult (*LaunchHostFunc)(CUstream stream, void (*fn)(void *), void *user);
     int driver_version;

@@ -123,12 +123,14 @@ aj_status aj_cuda_copy_async(aj_ctx *ctx, aj_cuda_device *d, void *dst, const vo
 aj_status aj_cuda_copy2d_async(aj_ctx *ctx, aj_cuda_device *d, void *dst, size_t dpitch,
                                const void *src, size_t spitch, size_t width, size_t height,
                                void *stream);
+/* Whether `stream` is being captured into a CUDA graph (false where the
+ * driver lacks cuStreamIsCapturing or cuLaunchHostFunc); and fn(user)
+ * queued on it as a host function (cuLaunchHostFunc: in a capture, a node
+ * each replay runs).  For emulated launches. */
+aj_status aj_cuda_capturing(aj_ctx *ctx, aj_cuda_device *d, void *stream, bool *capturing);
+aj_status aj_cuda_host_func(aj_ctx *ctx, aj_cuda_device *d, void *stream, void (*fn)(void *),
+                            void *user);
 /* count u32 words of device memory at dst set to value, queued on stream */
-/* When `stream` is being captured into a CUDA graph: queues fn(user) on it
- * as a host function (cuLaunchHostFunc: a node each replay runs) and sets
- * *queued; else does nothing (*queued false).  For emulated launches. */
-aj_status aj_cuda_host_node(aj_ctx *ctx, aj_cuda_device *d, void *stream, void (*fn)(void *),
-                            void *user, bool *queued);
 aj_status aj_cuda_fill32_async(aj_ctx *ctx, aj_cuda_device *d, void *dst, uint32_t value,
                                size_t count, void *stream);
 aj_status aj_cuda_wait(aj_ctx *ctx, aj_cuda_device *d, void *stream, double timeout_s,

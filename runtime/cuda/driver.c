@@ -661,20 +661,24 @@ done:
     return st;
 }
 
-aj_status aj_cuda_host_node(aj_ctx *ctx, aj_cuda_device *d, void *stream, void (*fn)(void *),
-                            void *user, bool *queued)
+aj_status aj_cuda_capturing(aj_ctx *ctx, aj_cuda_device *d, void *stream, bool *capturing)
 {
     aj_status st = AJ_OK;
-    int capturing = 0;
-    *queued = false;
+    int status = 0;
+    *capturing = false;
     if (!d->cu->StreamIsCapturing || !d->cu->LaunchHostFunc)
         return AJ_OK;
-    WITH_CONTEXT(d, d->cu->StreamIsCapturing((CUstream)stream, &capturing),
-                 "cuStreamIsCapturing");
-    if (capturing == 1) {   /* CU_STREAM_CAPTURE_STATUS_ACTIVE */
-        WITH_CONTEXT(d, d->cu->LaunchHostFunc((CUstream)stream, fn, user), "cuLaunchHostFunc");
-        *queued = true;
-    }
+    WITH_CONTEXT(d, d->cu->StreamIsCapturing((CUstream)stream, &status), "cuStreamIsCapturing");
+    *capturing = status == 1;   /* CU_STREAM_CAPTURE_STATUS_ACTIVE */
+done:
+    return st;
+}
+
+aj_status aj_cuda_host_func(aj_ctx *ctx, aj_cuda_device *d, void *stream, void (*fn)(void *),
+                            void *user)
+{
+    aj_status st = AJ_OK;
+    WITH_CONTEXT(d, d->cu->LaunchHostFunc((CUstream)stream, fn, user), "cuLaunchHostFunc");
 done:
     return st;
 }
