@@ -695,6 +695,12 @@ typedef struct efwd_stream {
     efwd *e;
     efwd_kv *kv;
     const aj_score_walk *walk;
+    /* per operand (K, V): its pages, their page stride (i64), its row
+     * width and its staging buffer */
+    const aj_tile_src *src[2];
+    LLVMValueRef stride_page[2];
+    int width[2];
+    int32_t stage[2];
 } efwd_stream;
 
 static LLVMValueRef stream_tile(void *user, LLVMValueRef pos, LLVMValueRef *cls,
@@ -719,11 +725,8 @@ static void stream_issue(void *user, int g)
     efwd_stream *s = user;
     efwd *e = s->e;
     aj_kb *kb = e->kb;
-    const efwd_kv *kv = s->kv;
-    aj_tile_issue_paged_async(kb, g ? &kv->v : &kv->k, aj_kb_i32(kb, e->p.smem_rows),
-                              g ? kv->v_stride_page : kv->k_stride_page, e->p.bn,
-                              g ? e->p.dv : e->p.d,
-                              aj_kb_i32(kb, g ? e->p.smem_stage_v : e->p.smem_stage_k), e->tid,
+    aj_tile_issue_paged_async(kb, s->src[g], aj_kb_i32(kb, e->p.smem_rows), s->stride_page[g],
+                              e->p.bn, s->width[g], aj_kb_i32(kb, s->stage[g]), e->tid,
                               e->p.threads);
 }
 
@@ -733,15 +736,16 @@ static void stream_land(void *user, int g)
     efwd_stream *s = user;
     efwd *e = s->e;
     const efwd_plan *p = &e->p;
-    aj_tile_widen_staged_f32(e->kb, p->kv_dtype, aj_kb_i32(e->kb, g ? p->smem_stage_v
-                                                                    : p->smem_stage_k),
-                             p->bn, g ? p->dv : p->d, p->smem_kv, p->ldkv, e->tid, p->threads);
+    aj_tile_widen_staged_f32(e->kb, p->kv_dtype, aj_kb_i32(e->kb, s->stage[g]), p->bn,
+                             s->width[g], p->smem_kv, p->ldkv, e->tid, p->threads);
 }
 
 static void emit_key_blocks_streamed(efwd *e, efwd_kv *kv, const aj_score_walk *walk)
 {
     aj_kb *kb = e->kb;
-    efwd_stream user = {e, kv, walk};
+    const efwd_plan *p = &e->p;
+    efwd_stream user = {e, kv, walk, {&kv->k, &kv->v}, {kv->k_stride_page, kv->v_stride_page},
+                        {p->d, p->dv}, {p->smem_stage_k, p->smem_stage_v}};
     aj_tile_stream s = {.kb = kb, .walk = walk, .groups = 2, .tile = stream_tile,
                         .prepare = stream_prepare, .issue = stream_issue, .land = stream_land,
                         .user = &user};
