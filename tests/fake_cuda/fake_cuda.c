@@ -419,10 +419,12 @@ static int refused(const char *call)
     return 1;
 }
 
-/* The open capture's next node (NULL, the capture invalidated, when the
- * graph is full). */
+/* The open capture's next node, described by `fmt` (NULL, the capture
+ * invalidated, when the graph is full). */
 static graph_node *record(int kind, void *dst, const void *src, size_t n, unsigned value,
-                          const char *what)
+                          const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+static graph_node *record(int kind, void *dst, const void *src, size_t n, unsigned value,
+                          const char *fmt, ...)
 {
     graph *g = capture.g;
     if (g->num_nodes == GRAPH_NODES) {
@@ -431,7 +433,10 @@ static graph_node *record(int kind, void *dst, const void *src, size_t n, unsign
     }
     graph_node *node = &g->nodes[g->num_nodes++];
     *node = (graph_node){kind, dst, src, n, value, "", NULL, NULL};
-    snprintf(node->what, sizeof node->what, "%s", what);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(node->what, sizeof node->what, fmt, ap);
+    va_end(ap);
     return node;
 }
 
@@ -792,10 +797,8 @@ CUresult cuStreamWaitEvent(void *s, void *e, unsigned flags)
     if (capture.open && ((const event *)e)->captured && stream_id(s) < CAPTURE_STREAMS)
         capture.joined[stream_id(s)] = 1;   /* a fork into the capture */
     if (capturing(s)) {
-        char what[64];
-        snprintf(what, sizeof what, "StreamWaitEvent stream=%d event=%d", stream_id(s),
-                 stream_id(e));
-        record(NODE_EVENT, NULL, NULL, 0, 0, what);
+        record(NODE_EVENT, NULL, NULL, 0, 0, "StreamWaitEvent stream=%d event=%d", stream_id(s),
+               stream_id(e));
         return SUCCESS;
     }
     note("StreamWaitEvent stream=%d event=%d", stream_id(s), stream_id(e));
@@ -838,9 +841,8 @@ CUresult cuEventRecord(void *e, void *s)
 {
     ((event *)e)->captured = capturing(s);
     if (capturing(s)) {   /* (a join back from a forked stream needs no more here) */
-        char what[64];
-        snprintf(what, sizeof what, "EventRecord event=%d stream=%d", stream_id(e), stream_id(s));
-        record(NODE_EVENT, NULL, NULL, 0, 0, what);
+        record(NODE_EVENT, NULL, NULL, 0, 0, "EventRecord event=%d stream=%d", stream_id(e),
+               stream_id(s));
         return SUCCESS;
     }
     note("EventRecord event=%d stream=%d", stream_id(e), stream_id(s));
@@ -915,7 +917,7 @@ static CUresult copy(const char *what, void *dst, const void *src, size_t n, int
     if (!async && refused(what))
         return CAPTURE_UNSUPPORTED;
     if (async && capturing(stream)) {
-        record(NODE_COPY, dst, src, n, 0, what);
+        record(NODE_COPY, dst, src, n, 0, "%s", what);
         return SUCCESS;
     }
     int staged = async && ((!dst_dev && !is_pinned(dst, n)) || (!src_dev && !is_pinned(src, n)));
@@ -1269,11 +1271,8 @@ CUresult cuLaunchKernel(function *f, unsigned gx, unsigned gy, unsigned gz, unsi
         note("FAULT: %s is a function of an unloaded module", f->name);
         return INVALID_HANDLE;
     }
-    const int recorded = capturing(stream);
-    if (recorded) {
-        char what[160];
-        snprintf(what, sizeof what, "fn=%s grid=%u,%u,%u", f->name, gx, gy, gz);
-        record(NODE_KERNEL, NULL, NULL, 0, 0, what);
+    if (capturing(stream)) {
+        record(NODE_KERNEL, NULL, NULL, 0, 0, "fn=%s grid=%u,%u,%u", f->name, gx, gy, gz);
     } else {
         note("LaunchKernel fn=%s grid=%u,%u,%u stream=%d", f->name, gx, gy, gz,
              stream_id(stream));
