@@ -251,8 +251,52 @@ aj_status aj_cp_collective_status(aj_ctx *ctx, const char *fn, aj_status st)
     return aj_fail(ctx, st, "%s: %s", fn, engine_message);
 }
 
+/* An agreement the comm remembers: this rank's record and every rank's
+ * values (comm->agreed). */
+typedef struct agreed_call {
+    const char *fn;
+    aj_cp_call mine;
+    int n;
+    uint64_t used;             /* comm->agreed_clock when last agreed or reused */
+    int64_t all[];             /* [size][n] */
+} agreed_call;
+
+/* The remembered agreement of this rank's record `mine`, or NULL. */
+static agreed_call *agreed_find(aj_comm *comm, const char *fn, const aj_cp_call *mine, int n)
+{
+    for (size_t i = 0; i < AJ_COUNT_OF(comm->agreed); i++) {
+        agreed_call *a = comm->agreed[i];
+        if (a && a->n == n && strcmp(a->fn, fn) == 0 && memcmp(&a->mine, mine, sizeof *mine) == 0)
+            return a;
+    }
+    return NULL;
+}
+
+/* Remembers an agreement, in place of the least recently used (every rank
+ * makes the same calls, so every rank's memory holds the same ones). */
+static void agreed_keep(aj_comm *comm, const char *fn, const aj_cp_call *mine, int n,
+                        const int64_t *all)
+{
+    size_t slot = 0;
+    for (size_t i = 0; i < AJ_COUNT_OF(comm->agreed); i++) {
+        const agreed_call *a = comm->agreed[i], *b = comm->agreed[slot];
+        if (!a || (b && a->used < b->used))
+            slot = i;
+        if (!a)
+            break;
+    }
+    const size_t count = (size_t)comm->size * (size_t)n;
+    agreed_call *a = realloc(comm->agreed[slot], sizeof *a + count * sizeof a->all[0]);
+    if (!a)
+        return;   /* not remembered: the next such call agrees again */
+    *a = (agreed_call){.fn = fn, .mine = *mine, .n = n, .used = ++comm->agreed_clock};
+    memcpy(a->all, all, count * sizeof a->all[0]);
+    comm->agreed[slot] = a;
+}
+
 aj_status aj_cp_agree(aj_ctx *ctx, aj_comm *comm, const char *fn, const aj_op *op, int n,
-                      const char *const *names, const int64_t *values, int64_t *all_values)
+                      const char *const *names, const int64_t *values, bool reuse,
+                      int64_t *all_values)
 {
     aj_cp_call mine;
     memset(&mine, 0, sizeof mine);
@@ -262,6 +306,13 @@ aj_status aj_cp_agree(aj_ctx *ctx, aj_comm *comm, const char *fn, const aj_op *o
         memcpy(all_values, values, (size_t)n * sizeof *values);
     if (st != AJ_OK || comm->size == 1)
         return st;
+    agreed_call *known = reuse ? agreed_find(comm, fn, &mine, n) : NULL;
+    if (known) {   /* the ranks agreed on this call before: nothing to send */
+        known->used = ++comm->agreed_clock;
+        if (all_values)
+            memcpy(all_values, known->all, (size_t)comm->size * (size_t)n * sizeof *values);
+        return AJ_OK;
+    }
     aj_cp_call *all = calloc((size_t)comm->size, sizeof *all);
     if (!all)
         return aj_fail(ctx, AJ_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
@@ -284,9 +335,29 @@ aj_status aj_cp_agree(aj_ctx *ctx, aj_comm *comm, const char *fn, const aj_op *o
                 break;
             }
     }
-    for (int r = 0; r < comm->size && all_values; r++)
-        memcpy(all_values + (size_t)r * (size_t)n, all[r].v, (size_t)n * sizeof *values);
+    int64_t *values_of_all = malloc((size_t)comm->size * (size_t)n * sizeof *values);
+    for (int r = 0; r < comm->size && values_of_all; r++)
+        memcpy(values_of_all + (size_t)r * (size_t)n, all[r].v, (size_t)n * sizeof *values);
+    if (values_of_all && all_values)
+        memcpy(all_values, values_of_all, (size_t)comm->size * (size_t)n * sizeof *values);
+    else if (all_values)   /* out of memory for the copy: read them from the records */
+        for (int r = 0; r < comm->size; r++)
+            memcpy(all_values + (size_t)r * (size_t)n, all[r].v, (size_t)n * sizeof *values);
+    if (st == AJ_OK && values_of_all)
+        agreed_keep(comm, fn, &mine, n, values_of_all);
+    free(values_of_all);
     free(all);
+    return st;
+}
+
+aj_status aj_cp_stream(aj_device *dev, aj_comm *comm, void **out)
+{
+    aj_status st = AJ_OK;
+    if (!comm->ring_stream)
+        st = aj_device_stream_create(dev, &comm->ring_stream);
+    if (st == AJ_OK && !comm->order_event && comm->ring_stream)
+        st = aj_device_event_create(dev, &comm->order_event);
+    *out = comm->ring_stream;
     return st;
 }
 

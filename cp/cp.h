@@ -128,15 +128,21 @@ aj_status aj_cp_collective_status(aj_ctx *ctx, const char *fn, aj_status st);
  * op's hash with rank 0's, and all fail alike.  The message is the same
  * size for every method, so ranks calling different methods meet in it
  * and are told so.  all_values (may be NULL) gets [size][n]: every rank's
- * values, whatever the status. */
+ * values, whatever the status.  The comm remembers its last 8 agreements;
+ * with `reuse` (an asynchronous call) one whose record this rank's repeats
+ * is taken as it is, with nothing sent. */
 enum { AJ_CP_CALL_FIELDS_MAX = 16 };
 typedef struct aj_cp_call {      /* what each rank sends: the same size for every method */
     int64_t v[AJ_CP_CALL_FIELDS_MAX];
     char hash[AJ_HASH_HEX_LEN + 8];
 } aj_cp_call;
 aj_status aj_cp_agree(aj_ctx *ctx, struct aj_comm *comm, const char *fn, const aj_op *op,
-                      int n, const char *const *names, const int64_t *values,
+                      int n, const char *const *names, const int64_t *values, bool reuse,
                       int64_t *all_values);
+/* The comm's compute stream (comm->ring_stream, made on first use with the
+ * comm's order_event; NULL on sim and cpu), on which every method's call
+ * queues its work. */
+aj_status aj_cp_stream(aj_device *dev, struct aj_comm *comm, void **out);
 
 /* The ranks' lengths, all[r * stride + field_q] and [.. + field_k] for
  * rank r (as aj_cp_agree gathers them), sum to *sq and *sk and are each
@@ -193,6 +199,7 @@ typedef struct aj_ring_group {
     int members;
     int64_t sq, sk;
     int64_t head_offset, heads_q_total;   /* the rank's heads in the op's (aj_fwd_args) */
+    void *stream;                /* the hybrid call's stream, which the ring queues on */
 } aj_ring_group;
 aj_status aj_ring_forward_group(aj_ctx *ctx, aj_device *dev, struct aj_comm *comm,
                                 const aj_op *op, const aj_ring_fwd_args *args,

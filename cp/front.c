@@ -8,9 +8,13 @@
  *   aj_ring_forward ──► method ring ──────────────► ring.c
  *                  └──► method ulysses, hybrid ──► ulysses.c ──(hybrid)──► ring.c
  */
+#include <stdio.h>
+
 #include "cp/cp.h"
 #include "cp/comm/comm.h"
 #include "ir/diag.h"
+#include "ir/op.h"
+#include "runtime/runtime.h"
 
 static aj_status ring_forward(aj_ctx *ctx, aj_device *dev, aj_comm *comm, const aj_op *op,
                               const aj_ring_fwd_args *args, aj_ring_stats *stats)
@@ -51,10 +55,47 @@ static aj_status method_row(aj_ctx *ctx, const char *fn, aj_cp_method method,
     return AJ_OK;
 }
 
+/* Whether a call given a stream can return before its work is done
+ * (attnjit.h, "Asynchronous calls"): everything it does is queued on the
+ * device -- resident (cuda over NCCL), padded (varlen reads its documents'
+ * offsets on the host), reading no side tensor or alibi slopes (the ring
+ * reads them on the host to class its blocks), and for a backward no
+ * dsinks or side gradients (summed on the host). */
+static bool async_ok(aj_device *dev, const aj_comm *comm, const aj_op *op, bool host_outputs)
+{
+    return dev && comm && op && aj_cp_resident(dev, (aj_comm *)comm) &&
+           op->layout == AJ_LAYOUT_PADDED && op->tensor_count == 0 &&
+           op->score_mod.kind != AJ_SCORE_MOD_ALIBI && !host_outputs;
+}
+
+/* The call's order on the caller's stream (*stream; NULL: none).  An
+ * asynchronous call's work waits for it on the device; any other call
+ * waits for it on the host now and forgets it (*stream = NULL), and then
+ * runs as a call without one. */
+static aj_status order_before(aj_ctx *ctx, aj_device *dev, aj_comm *comm, const char *fn,
+                              bool async, void **stream)
+{
+    if (!*stream || !dev || !comm)   /* (no dev or comm: the method says so) */
+        return AJ_OK;
+    void *own = NULL;
+    aj_status st = AJ_OK;
+    if (!async) {
+        char what[96];
+        snprintf(what, sizeof what, "%s: the caller's stream", fn);
+        st = aj_device_wait(dev, *stream, comm->timeout_s, what);
+        *stream = NULL;
+        return st;
+    }
+    st = aj_cp_stream(dev, comm, &own);
+    return st == AJ_OK ? aj_device_stream_after(dev, own, *stream, comm->order_event) : st;
+}
+
 /* The two entry points, alike but for their args struct (read as
  * AJ_<NAME>_INIT describes, pasted so that errors name the macro) and the
- * method's entry they call. */
-#define FRONT_DOOR(name, type, last_required, NAME, entry)                                    \
+ * method's entry they call.  A failure the watchdog found fails the call
+ * first; an asynchronous call ends by handing its stream's work to the
+ * watchdog and ordering the caller's stream after it. */
+#define FRONT_DOOR(name, type, last_required, NAME, entry, host_outputs)                      \
     aj_status name(aj_ctx *ctx, aj_device *dev, aj_comm *comm, const aj_op *op,               \
                    const type *given, aj_ring_stats *stats)                                  \
     {                                                                                        \
@@ -64,11 +105,20 @@ static aj_status method_row(aj_ctx *ctx, const char *fn, aj_cp_method method,
                                  AJ_##NAME##_INIT, args);                                    \
         const struct cp_method *m = NULL;                                                    \
         aj_status st = method_row(ctx, #name, args->method, args->ulysses_size, &m);         \
+        if (st == AJ_OK && comm)                                                             \
+            st = aj_comm_watch_check(comm, ctx, #name, NULL);                                \
+        const bool async = async_ok(dev, comm, op, host_outputs(args));                      \
+        if (st == AJ_OK)                                                                     \
+            st = order_before(ctx, dev, comm, #name, async, &args_read_.stream);              \
         if (st == AJ_OK)                                                                     \
             st = before_##entry(ctx, op, args);                                              \
         if (st == AJ_OK)                                                                     \
             st = m->entry(ctx, dev, comm, op, args, stats);                                  \
-        return st != AJ_OK ? st : after_##entry(ctx, dev, comm, op, args);                    \
+        if (st == AJ_OK)                                                                     \
+            st = after_##entry(ctx, dev, comm, op, args);                                    \
+        if (st == AJ_OK && args->stream)                                                     \
+            st = aj_comm_watch_add(comm, ctx, comm->ring_stream, args->stream, #name);       \
+        return st;                                                                           \
     }
 
 static aj_status before_forward(aj_ctx *ctx, const aj_op *op, const aj_ring_fwd_args *args)
@@ -99,5 +149,9 @@ static aj_status after_backward(aj_ctx *ctx, aj_device *dev, aj_comm *comm, cons
     return st == AJ_OK && args->num_dside ? aj_cp_side_grad_sum(ctx, dev, comm, args) : st;
 }
 
-FRONT_DOOR(aj_ring_forward, aj_ring_fwd_args, lse, RING_FWD_ARGS, forward)
-FRONT_DOOR(aj_ring_backward, aj_ring_bwd_args, dv, RING_BWD_ARGS, backward)
+/* What a call returns through the host (no asynchronous call then). */
+#define FWD_HOST_OUTPUTS(args) false
+#define BWD_HOST_OUTPUTS(args) ((args)->dsinks.data != NULL || (args)->num_dside > 0)
+
+FRONT_DOOR(aj_ring_forward, aj_ring_fwd_args, lse, RING_FWD_ARGS, forward, FWD_HOST_OUTPUTS)
+FRONT_DOOR(aj_ring_backward, aj_ring_bwd_args, dv, RING_BWD_ARGS, backward, BWD_HOST_OUTPUTS)

@@ -541,10 +541,12 @@ static aj_status kv_exchange(ring_plan *p, aj_comm_req *req, int s, const void *
 }
 
 /* Lets MPI move the bytes while the kernels run (rendezvous transfers
- * progress only inside MPI calls). */
+ * progress only inside MPI calls).  A resident ring's transfers progress
+ * on the device and are joined there (exchange_finish): nothing to poll,
+ * so its host never asks the driver (nor may it in a graph capture). */
 static aj_status exchange_progress(ring_plan *p, aj_comm_req *req)
 {
-    if (!req->active || req->completed)
+    if (!req->active || req->completed || (p->resident && p->comm->engine->exchange_join))
         return AJ_OK;
     bool done = false;
     aj_status st = p->comm->engine->exchange_test(p->comm, req, &done);
@@ -912,10 +914,8 @@ static aj_status ring_open(ring_call *c, const aj_op *op)
     aj_status st = compile_kernels(&c->p, op, &c->kern);
     if (st == AJ_OK)
         st = compile_rows(&c->p);
-    aj_comm *comm = c->p.comm;
-    if (st == AJ_OK && !comm->ring_stream)   /* the comm's, kept for later calls */
-        st = aj_device_stream_create(c->p.dev, &comm->ring_stream);
-    c->p.stream = comm->ring_stream;
+    if (st == AJ_OK && !c->p.stream)   /* the comm's (a hybrid call's is set) */
+        st = aj_cp_stream(c->p.dev, c->p.comm, &c->p.stream);
     return st;
 }
 
@@ -1153,7 +1153,7 @@ static aj_status fwd_store(ring_plan *p, const aj_ring_fwd_args *a, const aj_ten
         const aj_tensor o = aj_cp_as_padded(&a->o, &p->sh), lse = aj_cp_as_padded(&a->lse, &p->sh);
         AJ_TRY(aj_rows_launch(p->ctx, p->dev, p->rows_dv, AJ_ROWS_ROUND_MASKED, &o, o_acc, &lse,
                               p->stream));
-        return ring_wait(p, "the results");
+        return p->async ? AJ_OK : ring_wait(p, "the results");
     }
     AJ_TRY(from_dev(p, host_o, o_acc->data, o_count * sizeof(float)));
     AJ_TRY(ring_wait(p, "the last step's kernels"));
@@ -1592,7 +1592,8 @@ aj_status aj_ring_backward_group(aj_ctx *ctx, aj_device *dev, aj_comm *comm, con
         AJ_TRY(round_rows(p, own, &args->dk, p->Hkv, p->lk, p->D));
         AJ_TRY(round_rows(p, own + p->k_elems, &args->dv, p->Hkv, p->lk, p->Dv));
         AJ_TRY(round_rows(p, b.dq_acc, &args->dq, p->Hq, p->lq, p->D));
-        AJ_TRY(ring_wait(p, "the results"));
+        if (!p->async)
+            AJ_TRY(ring_wait(p, "the results"));
     } else {
         AJ_TRY(store_rounded(p, own, rows * (size_t)p->D, args->dk.data, b.typed));
         AJ_TRY(store_rounded(p, own + p->k_elems, rows * (size_t)p->Dv, args->dv.data,

@@ -428,7 +428,8 @@ static aj_status agree_on_call(ring_plan *p, const aj_op *op, aj_ring_rotate rot
     int64_t *all = calloc((size_t)p->size * CALL_FIELDS, sizeof *all);
     if (!all)
         return aj_fail(p->ctx, AJ_ERR_OUT_OF_MEMORY, "%s: out of memory", p->fn);
-    aj_status st = aj_cp_agree(p->ctx, p->comm, p->fn, op, CALL_FIELDS, call_fields, mine, all);
+    aj_status st = aj_cp_agree(p->ctx, p->comm, p->fn, op, CALL_FIELDS, call_fields, mine,
+                               p->async, all);
     int64_t sq = 0, sk = 0;
     if (st == AJ_OK && !p->sh.varlen)
         st = aj_cp_check_lengths(p->ctx, p->fn, p->layout, p->size, all, CALL_FIELDS,
@@ -462,6 +463,7 @@ static aj_status plan_lengths(ring_plan *p, const aj_op *op, const aj_ring_group
     if (!group)
         return agree_on_call(p, op, rotate, seed, offset);
     p->members = group->members;
+    p->stream = group->stream;
     p->head_offset = group->head_offset;
     p->heads_q_total = group->heads_q_total;
     return plan_chunks(p, group->sq, group->sk);
@@ -472,6 +474,7 @@ aj_status aj_ring_plan_forward(ring_plan *p, aj_ctx *ctx, aj_device *dev, aj_com
                                const aj_ring_group *group, aj_ring_stats *stats)
 {
     aj_status st = AJ_OK;
+    p->async = a->stream != NULL;
     AJ_TRY(plan_common(p, ctx, dev, comm, op, AJ_KIND_FORWARD, a->layout, a->rotate, &a->q,
                        &a->k, &a->v, a->cu_seqlens_q, a->cu_seqlens_k, a->batch, stats));
     AJ_TRY(aj_cp_check_fwd_outputs(ctx, p->fn, p->op.dtype, &p->sh, &a->o, &a->lse));
@@ -490,6 +493,7 @@ aj_status aj_ring_plan_backward(ring_plan *p, aj_ctx *ctx, aj_device *dev, aj_co
                                 const aj_ring_group *group, aj_ring_stats *stats)
 {
     aj_status st = AJ_OK;
+    p->async = a->stream != NULL;
     AJ_TRY(plan_common(p, ctx, dev, comm, op, AJ_KIND_BACKWARD, a->layout, a->rotate, &a->q,
                        &a->k, &a->v, a->cu_seqlens_q, a->cu_seqlens_k, a->batch, stats));
     AJ_TRY(aj_cp_check_bwd_outputs(ctx, p->fn, p->op.dtype, &p->sh, &a->o, &a->do_, &a->lse,

@@ -69,7 +69,8 @@ typedef struct ring_plan {
     aj_side_tensor host_side[AJ_OP_TENSORS_MAX + 1];
     void *host_mem[AJ_OP_TENSORS_MAX + 1];
     aj_score_cache *cache;
-    void *stream;                /* the ring's own compute stream (NULL: sim, cpu) */
+    void *stream;                /* the call's compute stream: the comm's (aj_cp_stream),
+                                    or a hybrid call's (NULL: sim, cpu) */
     bool host_memory;            /* device memory is host memory (sim, cpu): the
                                     kernels read the travelling buffers in place */
     /* cuda ranks over an engine that moves device memory (NCCL): what
@@ -77,6 +78,10 @@ typedef struct ring_plan {
      * by the row kernels (templates/rows.c) of the op's dtype D and Dv
      * wide, and of f32 `flat` wide for whole accumulators */
     bool resident;
+    /* an asynchronous call (the front door kept the caller's stream: its
+     * work is all on the device): no wait at its end, and the opening
+     * agreement reused where it repeats one */
+    bool async;
     aj_kernel *rows_d, *rows_dv, *rows_flat;
     int64_t flat;
 } ring_plan;

@@ -98,6 +98,7 @@ typedef struct uly_plan {
      * all-to-alls move device buffers and the shards never leave the
      * device (cp/ring.c's `resident`) */
     bool resident;
+    bool async;                  /* as cp/ring_plan.h's */
 } uly_plan;
 
 /* One tensor through an all-to-all, in host memory: its sequence shard
@@ -300,7 +301,7 @@ static aj_status plan_call(uly_plan *p, aj_ctx *ctx, aj_device *dev, aj_comm *co
         return aj_fail(ctx, AJ_ERR_OUT_OF_MEMORY, "%s: out of memory", p->fn);
     }
     p->len_k = p->len_q + p->size;
-    st = aj_cp_agree(ctx, comm, p->fn, op, ULY_FIELDS, uly_fields, mine, all);
+    st = aj_cp_agree(ctx, comm, p->fn, op, ULY_FIELDS, uly_fields, mine, p->async, all);
     for (int r = 0; r < p->size; r++) {
         p->len_q[r] = all[r * ULY_FIELDS + FIELD_LQ];
         p->len_k[r] = all[r * ULY_FIELDS + FIELD_LK];
@@ -343,15 +344,20 @@ static void free_buffer(const uly_plan *p, void *ptr)
 
 /* Every copy and launch goes on the call's stream, in order; the host
  * waits for it (aj_cp_wait, under the comm's timeout) where it reads what
- * the device wrote, and before it frees or reuses what the device reads. */
+ * the device wrote, and before it frees or reuses what the device reads --
+ * which a resident call never does before its end (its all-to-alls wait
+ * for the stream on the device, and the stream for them), and an
+ * asynchronous call not even there (`last`: the call's end). */
 static aj_status copy(const uly_plan *p, void *dst, const void *src, size_t bytes,
                       int to_device)
 {
     return aj_device_copy_async(p->dev, dst, src, bytes, to_device, p->stream);
 }
 
-static aj_status wait_dev(const uly_plan *p, const char *what)
+static aj_status wait_dev(const uly_plan *p, const char *what, bool last)
 {
+    if (p->resident && (!last || p->async))
+        return AJ_OK;
     return aj_cp_wait(p->dev, p->stream, p->comm, p->fn, what);
 }
 
@@ -587,9 +593,7 @@ static aj_status begin(uly_call *c, const aj_op *op, const uly_io *io, int n, in
     c->n_in = n_in;
     if (!p->across)   /* hybrid: the ring compiles its own */
         AJ_TRY(compile(c, op));
-    if (!p->comm->ring_stream)   /* the comm's, kept for later calls (as the ring's) */
-        AJ_TRY(aj_device_stream_create(p->dev, &p->comm->ring_stream));
-    p->stream = p->comm->ring_stream;
+    AJ_TRY(aj_cp_stream(p->dev, p->comm, &p->stream));   /* the comm's, as the ring's */
     for (int i = 0; i < n; i++) {
         uly_tensor *t = &c->t[i];
         *t = (uly_tensor){.H = io[i].H, .W = io[i].W, .elem = io[i].f32 ? 4 : p->elem,
@@ -605,7 +609,7 @@ static aj_status begin(uly_call *c, const aj_op *op, const uly_io *io, int n, in
         if (io[i].from && !p->resident)
             AJ_TRY(copy(p, t->seq, io[i].from->data, seq_bytes(p, t), 0));
     }
-    AJ_TRY(wait_dev(p, "copying the inputs to the host"));
+    AJ_TRY(wait_dev(p, "copying the inputs to the host", false));
     AJ_TRY(alltoall(p, c->t, n_in, 1));
     for (int i = 0; i < n; i++) {
         const uly_tensor *t = &c->t[i];
@@ -634,7 +638,7 @@ static aj_status end(uly_call *c, int launched)
     aj_status st = AJ_OK;
     for (int i = c->n_in; i < c->n && launched && !p->resident; i++)
         AJ_TRY(copy(p, c->t[i].heads, c->mem[i], heads_bytes(p, &c->t[i]), 0));
-    AJ_TRY(wait_dev(p, "the kernel"));
+    AJ_TRY(wait_dev(p, "the kernel", false));
     if (launched && !p->across) {
         c->stats.compute_s += aj_now() - c->launched;
         c->stats.launches++;
@@ -646,7 +650,7 @@ static aj_status end(uly_call *c, int launched)
     AJ_TRY(alltoall(p, c->t + c->n_in, c->n - c->n_in, 0));
     for (int i = c->n_in; i < c->n && !p->resident; i++)
         AJ_TRY(copy(p, c->to[i]->data, c->t[i].seq, seq_bytes(p, &c->t[i]), 1));
-    AJ_TRY(wait_dev(p, "storing the results"));
+    AJ_TRY(wait_dev(p, "storing the results", true));
 done:
     return st;
 }
@@ -714,9 +718,10 @@ static aj_status ring_across(uly_call *c, const aj_op *op, const aj_ring_fwd_arg
                              const aj_ring_bwd_args *bwd)
 {
     uly_plan *p = &c->p;
-    const aj_ring_group group = {p->members, p->sq, p->sk, head_offset(p), p->sh.Hq};
+    const aj_ring_group group = {p->members, p->sq, p->sk, head_offset(p), p->sh.Hq,
+                                 p->stream};
     aj_ring_stats ring = {0};
-    aj_status st = wait_dev(p, "copying the head shards to the device");
+    aj_status st = wait_dev(p, "copying the head shards to the device", false);
     if (st == AJ_OK)
         st = fwd ? aj_ring_forward_group(p->ctx, p->dev, p->across, op, fwd, &group, &ring)
                  : aj_ring_backward_group(p->ctx, p->dev, p->across, op, bwd, &group, &ring);
@@ -770,6 +775,7 @@ aj_status aj_ulysses_forward(aj_ctx *ctx, aj_device *dev, aj_comm *comm, const a
     uly_call c = {.p = {.fn = "aj_ring_forward"}, .start = aj_now()};
     uly_plan *p = &c.p;
     aj_status st = AJ_OK;
+    p->async = a->stream != NULL;
     AJ_TRY(plan_call(p, ctx, dev, comm, op, AJ_KIND_FORWARD, a->layout, a->method,
                      a->ulysses_size, a->rotate, &a->q, &a->k, &a->v, a->side, a->num_side,
                      a->cu_seqlens_q, a->cu_seqlens_k, a->batch, a->seed, a->offset,
@@ -826,6 +832,7 @@ aj_status aj_ulysses_backward(aj_ctx *ctx, aj_device *dev, aj_comm *comm, const 
     uly_call c = {.p = {.fn = "aj_ring_backward"}, .start = aj_now()};
     uly_plan *p = &c.p;
     aj_status st = AJ_OK;
+    p->async = a->stream != NULL;
     AJ_TRY(plan_call(p, ctx, dev, comm, op, AJ_KIND_BACKWARD, a->layout, a->method,
                      a->ulysses_size, a->rotate, &a->q, &a->k, &a->v, a->side, a->num_side,
                      a->cu_seqlens_q, a->cu_seqlens_k, a->batch, a->seed, a->offset,

@@ -386,6 +386,55 @@ aj_status aj_device_wait(aj_device *dev, void *stream, double timeout_s, const c
     return dev->ops->wait(dev, stream, timeout_s, what);
 }
 
+aj_status aj_device_event_create(aj_device *dev, void **event)
+{
+    *event = NULL;
+    return dev->ops->event_create ? dev->ops->event_create(dev, event) : AJ_OK;
+}
+
+void aj_device_event_destroy(aj_device *dev, void *event)
+{
+    if (event && dev->ops->event_destroy)
+        dev->ops->event_destroy(dev, event);
+}
+
+aj_status aj_device_event_record(aj_device *dev, void *event, void *stream)
+{
+    return dev->ops->event_record ? dev->ops->event_record(dev, event, stream) : AJ_OK;
+}
+
+aj_status aj_device_stream_wait_event(aj_device *dev, void *stream, void *event)
+{
+    return dev->ops->stream_wait_event ? dev->ops->stream_wait_event(dev, stream, event)
+                                       : AJ_OK;
+}
+
+aj_status aj_device_event_done(aj_ctx *ctx, aj_device *dev, void *event, bool *done)
+{
+    *done = true;
+    return dev->ops->event_done ? dev->ops->event_done(ctx, dev, event, done) : AJ_OK;
+}
+
+aj_status aj_device_capturing(aj_ctx *ctx, aj_device *dev, void *stream, bool *capturing)
+{
+    *capturing = false;
+    return dev->cuda ? aj_cuda_capturing(ctx, dev->cuda, stream, capturing) : AJ_OK;
+}
+
+void aj_device_relax_capture(aj_device *dev)
+{
+    if (dev->cuda)
+        aj_cuda_relax_capture_mode(dev->cuda);
+}
+
+aj_status aj_device_stream_after(aj_device *dev, void *waiter, void *after, void *event)
+{
+    if (waiter == after)
+        return AJ_OK;
+    aj_status st = aj_device_event_record(dev, event, after);
+    return st == AJ_OK ? aj_device_stream_wait_event(dev, waiter, event) : st;
+}
+
 aj_status aj_device_time(aj_device *dev, void *stream, aj_status (*run)(void *user),
                          void *user, double *ms)
 {
@@ -888,6 +937,31 @@ static void cuda_scratch_release(aj_device *dev, void *stream, void *ptr)
     aj_cuda_scratch_release(dev->cuda, stream);
 }
 
+static aj_status cuda_event_create(aj_device *dev, void **event)
+{
+    return aj_cuda_event_create(dev->ctx, dev->cuda, event);
+}
+
+static void cuda_event_destroy(aj_device *dev, void *event)
+{
+    aj_cuda_event_destroy(dev->cuda, event);
+}
+
+static aj_status cuda_event_record(aj_device *dev, void *event, void *stream)
+{
+    return aj_cuda_event_record(dev->ctx, dev->cuda, event, stream);
+}
+
+static aj_status cuda_stream_wait_event(aj_device *dev, void *stream, void *event)
+{
+    return aj_cuda_stream_wait_event(dev->ctx, dev->cuda, stream, event);
+}
+
+static aj_status cuda_event_done(aj_ctx *ctx, aj_device *dev, void *event, bool *done)
+{
+    return aj_cuda_event_done(ctx, dev->cuda, event, done);
+}
+
 static aj_status cuda_load_kernel(aj_ctx *ctx, aj_device *dev, const aj_kernel *k)
 {
     return aj_cuda_load(ctx, dev->cuda, k);
@@ -927,6 +1001,11 @@ static const aj_device_ops cuda_ops = {
     .time = cuda_time,
     .scratch = cuda_scratch,
     .scratch_release = cuda_scratch_release,
+    .event_create = cuda_event_create,
+    .event_destroy = cuda_event_destroy,
+    .event_record = cuda_event_record,
+    .stream_wait_event = cuda_stream_wait_event,
+    .event_done = cuda_event_done,
     .load_kernel = cuda_load_kernel,
     .launch = cuda_launch,
     .stage_resources = cuda_stage_resources,

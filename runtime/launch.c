@@ -374,6 +374,10 @@ aj_status aj_block_mask_launch(aj_ctx *ctx, aj_device *dev, const char *fn,
 
 /* ---------------------------------------------------------------- row kernels */
 
+static aj_status emulate_rows(aj_ctx *ctx, aj_device *dev, const aj_kernel *rows, int stage,
+                              const aj_tensor *o, const aj_tensor *acc, const aj_tensor *lse,
+                              void *stream);
+
 static aj_status rows_on(aj_ctx *ctx, aj_device *dev, const aj_kernel *rows, int stage,
                          const aj_tensor *o, const aj_tensor *acc, const aj_tensor *lse,
                          void *stream)
@@ -411,12 +415,7 @@ aj_status aj_rows_launch(aj_ctx *ctx, aj_device *dev, const aj_kernel *rows, int
     aj_status st = rows_on(ctx, dev, rows, stage, o, acc, lse, stream);
     if (st != AJ_OK || !dev->twin)
         return st;
-    aj_kernel *twin = NULL;   /* emulated launches: the same rows on the emulator */
-    st = aj_compile_rows(ctx, AJ_TARGET_SIM, rows->op.dtype, rows->op.head_dim_v, &twin);
-    if (st == AJ_OK)
-        st = rows_on(ctx, dev->twin, twin, stage, o, acc, lse, stream);
-    aj_kernel_destroy(twin);
-    return st;
+    return emulate_rows(ctx, dev, rows, stage, o, acc, lse, stream);
 }
 
 /* The stage of kernel with plan `plan`, or -1. */
@@ -811,6 +810,12 @@ typedef struct aj_emulated_run {
         aj_fwd_args fwd;
         aj_bwd_args bwd;
         aj_merge_args merge;
+        struct {
+            int stage;
+            aj_tensor o, acc, lse;
+            bool has_lse;
+            void *stream;
+        } rows;
     } a;
     aj_side_tensor side[AJ_OP_TENSORS_MAX + 1], dside[AJ_OP_TENSORS_MAX + 1];
     char names[2][AJ_OP_TENSORS_MAX + 1][AJ_OP_TENSOR_NAME_MAX + 1];
@@ -877,6 +882,45 @@ static aj_status run_bwd(aj_emulated_run *r)
 static aj_status run_merge(aj_emulated_run *r)
 {
     return merge_on(r->ctx, r->sim, r->twin, &r->a.merge);
+}
+
+static aj_status run_rows(aj_emulated_run *r)
+{
+    return rows_on(r->ctx, r->sim, r->twin, r->a.rows.stage, &r->a.rows.o, &r->a.rows.acc,
+                   r->a.rows.has_lse ? &r->a.rows.lse : NULL, r->a.rows.stream);
+}
+
+/* A row kernel's launch again on the emulator (the ring's sums): now, or
+ * inside a capture at each replay, as emulate_forward does. */
+static aj_status emulate_rows(aj_ctx *ctx, aj_device *dev, const aj_kernel *rows, int stage,
+                              const aj_tensor *o, const aj_tensor *acc, const aj_tensor *lse,
+                              void *stream)
+{
+    aj_kernel *twin = NULL;
+    aj_status st = aj_compile_rows(ctx, AJ_TARGET_SIM, rows->op.dtype, rows->op.head_dim_v,
+                                   &twin);
+    bool capturing = false;
+    if (st == AJ_OK)
+        st = aj_cuda_capturing(ctx, dev->cuda, stream, &capturing);
+    if (st == AJ_OK && capturing) {   /* each replay runs the twin (a host node) */
+        aj_emulated_run *r = calloc(1, sizeof *r);
+        if (!r) {
+            aj_kernel_destroy(twin);
+            return aj_fail(ctx, AJ_ERR_OUT_OF_MEMORY, "out of memory");
+        }
+        r->ctx = ctx, r->sim = dev->twin, r->twin = twin, r->run = run_rows;
+        r->a.rows.stage = stage, r->a.rows.o = *o, r->a.rows.acc = *acc;
+        r->a.rows.has_lse = lse != NULL, r->a.rows.stream = stream;
+        if (lse)
+            r->a.rows.lse = *lse;
+        st = emulate_captured(ctx, dev, stream, r);
+        if (st == AJ_OK)
+            return AJ_OK;
+    } else if (st == AJ_OK) {
+        st = rows_on(ctx, dev->twin, twin, stage, o, acc, lse, stream);
+    }
+    aj_kernel_destroy(twin);
+    return st;
 }
 
 /* `keep` fills r_ (its run and arguments) from on_sim. */

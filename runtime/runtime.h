@@ -92,6 +92,13 @@ typedef struct aj_device_ops {
                       double *ms);
     aj_status (*scratch)(aj_device *dev, void *stream, size_t bytes, void **out);
     void (*scratch_release)(aj_device *dev, void *stream, void *ptr);
+    /* optional (NULL: the device runs its work when it is queued, so
+     * events need no state and are always done: sim, cpu) */
+    aj_status (*event_create)(aj_device *dev, void **event);
+    void (*event_destroy)(aj_device *dev, void *event);
+    aj_status (*event_record)(aj_device *dev, void *event, void *stream);
+    aj_status (*stream_wait_event)(aj_device *dev, void *stream, void *event);
+    aj_status (*event_done)(aj_ctx *ctx, aj_device *dev, void *event, bool *done);
 
     aj_status (*load_kernel)(aj_ctx *ctx, aj_device *dev, const aj_kernel *k);
     aj_status (*launch)(aj_ctx *ctx, aj_device *dev, const aj_device_launch *l);
@@ -165,6 +172,33 @@ aj_status aj_device_copy2d_async(aj_device *dev, void *dst, size_t dpitch, const
 aj_status aj_device_fill32_async(aj_device *dev, void *dst, uint32_t value, size_t count,
                                  void *stream);
 aj_status aj_device_wait(aj_device *dev, void *stream, double timeout_s, const char *what);
+/* Device-side order between streams, for calls that return before their
+ * work is done (cp/'s asynchronous calls: docs/ring.md "Asynchronous
+ * calls").  An event marks the work queued on a stream so far
+ * (aj_device_event_record); aj_device_stream_wait_event makes the work
+ * queued on `stream` from now on wait for the event's latest record, on
+ * the device; aj_device_event_done tells whether that work is done,
+ * without waiting (from any thread: its errors go to `ctx`).  On sim and
+ * cpu, which run their work when it is queued, events are NULL and always
+ * done. */
+aj_status aj_device_event_create(aj_device *dev, void **event);
+void aj_device_event_destroy(aj_device *dev, void *event);
+aj_status aj_device_event_record(aj_device *dev, void *event, void *stream);
+aj_status aj_device_stream_wait_event(aj_device *dev, void *stream, void *event);
+aj_status aj_device_event_done(aj_ctx *ctx, aj_device *dev, void *event, bool *done);
+/* Whether `stream` is being captured into a CUDA graph (cuda; false on
+ * other devices and drivers that cannot tell). */
+aj_status aj_device_capturing(aj_ctx *ctx, aj_device *dev, void *stream, bool *capturing);
+/* The calling thread's driver calls stay out of other threads' CUDA graph
+ * captures (cuda: the relaxed capture mode; nothing elsewhere): for a
+ * thread that polls events while the caller may be capturing. */
+void aj_device_relax_capture(aj_device *dev);
+/* Work queued on `waiter` from now on waits for the work queued on
+ * `after` so far, through `event` (any of the device's events: the wait
+ * takes its record as it is now, so the event may be recorded again at
+ * once). */
+aj_status aj_device_stream_after(aj_device *dev, void *waiter, void *after, void *event);
+
 /* Host memory for copies on the device's streams: pinned on cuda (so an
  * async copy is one), plain elsewhere; zeroed when `zero`. */
 aj_status aj_device_host_alloc(aj_device *dev, size_t bytes, int zero, void **out);

@@ -9,6 +9,7 @@
 #include <time.h>
 
 #include "ir/diag.h"
+#include "runtime/runtime.h"
 
 #define DEFAULT_TIMEOUT_S 300.0
 
@@ -129,12 +130,16 @@ void aj_comm_destroy(aj_comm *comm)
 {
     if (!comm)
         return;
+    aj_comm_watch_free(comm);   /* its calls' work done (or failed) first */
     aj_comm_destroy(comm->group);
     aj_comm_destroy(comm->across);
     if (comm->ring_memo)
         comm->ring_memo_free(comm->ring_memo);
     if (comm->ring_stream)
         aj_device_stream_destroy(comm->dev, comm->ring_stream);
+    aj_device_event_destroy(comm->dev, comm->order_event);
+    for (size_t i = 0; i < sizeof comm->agreed / sizeof comm->agreed[0]; i++)
+        free(comm->agreed[i]);
     for (int i = 0; i < comm->num_blocks; i++)
         aj_device_free(comm->dev, comm->blocks[i].ptr);
     free(comm->blocks);

@@ -56,8 +56,18 @@ typedef struct aj_comm_engine {
     aj_status (*exchange_join)(aj_comm *comm, aj_comm_req *req, void *stream);
     /* Optional: ends whatever the engine left queued after a failure the
      * caller saw on its own stream (a resident call's last wait timing out
-     * on a transfer joined to it): ncclCommAbort. */
+     * on a transfer joined to it): ncclCommAbort.  Any thread (the
+     * watchdog's too). */
     void (*abort)(aj_comm *comm);
+    /* Optional (NULL: none to ask): an error the transport found on its own
+     * since its work was queued (ncclCommGetAsyncError), as text into msg
+     * and AJ_ERR_COMM; AJ_OK while there is none.  Any thread: the
+     * watchdog polls it (cp/comm/watch.c). */
+    aj_status (*async_error)(aj_comm *comm, char *msg, size_t cap);
+    /* The collectives below return once their results are in recv --
+     * or, on device buffers with an after_stream (comm->device_buffers),
+     * once they are queued after that stream's work, the stream then
+     * waiting for them on the device. */
     /* recv [size][bytes] gets every rank's `bytes` of send, by rank. */
     aj_status (*allgather)(aj_comm *comm, const void *send, void *recv, size_t bytes);
     /* recv [count] f32 gets the sum over ranks of send's rank-th slice of
@@ -120,11 +130,46 @@ struct aj_comm {
      * freed with the comm */
     struct aj_comm_block *blocks;
     int num_blocks;
-    /* the ring's compute stream (cp/ring.c), made by its first call and
-     * kept, so that the device's per-stream scratch (the flash backward's
-     * workspace) serves every later call; destroyed with the comm */
+    /* the methods' compute stream (aj_cp_stream), made by the first call
+     * and kept, so that the device's per-stream scratch (the flash
+     * backward's workspace) serves every later call; destroyed with the
+     * comm */
     void *ring_stream;
+    /* the event through which a call's stream and the caller's wait for
+     * each other (aj_device_stream_after); made with ring_stream */
+    void *order_event;
+    /* the opening agreements the comm remembers (cp/common.c:
+     * aj_cp_agree), which a repeated asynchronous call reuses: malloc'd,
+     * freed with the comm */
+    void *agreed[8];
+    uint64_t agreed_clock;
+    /* the watchdog of the asynchronous calls (watch.c), NULL until the
+     * first; stopped by aj_comm_destroy before anything else goes */
+    struct aj_comm_watch *watch;
 };
+
+/* ---- asynchronous calls' watchdog (watch.c; docs/ring.md "Asynchronous
+ * calls") */
+
+/* After an asynchronous call's work was queued on `stream`: an event
+ * recorded there, which the caller's stream `caller` waits for and the
+ * watchdog thread (started by the comm's first) polls until it is done,
+ * with the engine's async_error; past the comm's timeout from now, or on
+ * an error, it records AJ_ERR_COMM and aborts the engine.  Inside a CUDA
+ * graph capture only the wait is queued (a graph's work is its
+ * launcher's to watch).  With AJ_COMM_WATCH_MAX calls pending, waits for
+ * the oldest first.  `fn` names the call in messages. */
+enum { AJ_COMM_WATCH_MAX = 16 };
+aj_status aj_comm_watch_add(aj_comm *comm, aj_ctx *ctx, void *stream, void *caller,
+                            const char *fn);
+/* AJ_ERR_COMM on ctx, naming fn, once the watchdog found a failure;
+ * else AJ_OK, with the calls still pending in *pending (may be NULL). */
+aj_status aj_comm_watch_check(aj_comm *comm, aj_ctx *ctx, const char *fn, int32_t *pending);
+/* Waits until no call is pending or one failed (each pending call's
+ * deadline bounds it); then as aj_comm_watch_check. */
+aj_status aj_comm_watch_drain(aj_comm *comm, aj_ctx *ctx, const char *fn);
+/* Stops the thread (after draining) and frees the watchdog; aj_comm_destroy. */
+void aj_comm_watch_free(aj_comm *comm);
 
 /* Device memory of at least `bytes` (whole 4-byte words) on the comm's
  * device, for the length of a call: a block the comm keeps from an earlier call when one fits

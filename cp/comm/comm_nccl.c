@@ -28,6 +28,7 @@
 #include <limits.h>
 #include <mpi.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -155,7 +156,8 @@ typedef struct nccl_state {
     CUcontext cuctx;                      /* NULL: whatever is current */
     nccl_comm_t comm;
     CUstream stream;
-    bool owns_comm, owns_stream, aborted;
+    bool owns_comm, owns_stream;
+    _Atomic bool aborted;                 /* the watchdog's thread may abort too */
     nccl_slot slots[NCCL_SLOTS];
 } nccl_state;
 
@@ -205,10 +207,8 @@ static const char *nccl_text(int result)
  * dead peer stop only when it is aborted.  Later calls answer AJ_ERR_COMM. */
 static void abort_comm(nccl_state *s)
 {
-    if (s->aborted)
-        return;
-    nccl.CommAbort(s->comm);
-    s->aborted = true;
+    if (!atomic_exchange(&s->aborted, true))   /* once, whichever thread comes first */
+        nccl.CommAbort(s->comm);
 }
 
 static aj_status nccl_fail(aj_comm *comm, int result, const char *what)
@@ -521,10 +521,26 @@ static void nccl_abort(aj_comm *comm)
     abort_comm(state_of(comm));
 }
 
+static aj_status nccl_async_error(aj_comm *comm, char *msg, size_t cap)
+{
+    nccl_state *s = state_of(comm);
+    if (atomic_load(&s->aborted))
+        return AJ_OK;   /* what aborted it has said why */
+    int async = NCCL_SUCCESS;
+    int r = nccl.CommGetAsyncError(s->comm, &async);
+    if (r == NCCL_SUCCESS && (async == NCCL_SUCCESS || async == NCCL_IN_PROGRESS))
+        return AJ_OK;
+    snprintf(msg, cap, "NCCL: rank %d: %s", comm->rank,
+             r != NCCL_SUCCESS ? "ncclCommGetAsyncError failed" : nccl_text(async));
+    return AJ_ERR_COMM;
+}
+
 /* ---------------------------------------------------------- collectives */
 
 /* Copies `send_bytes` in, runs `post`, waits under the deadline, copies
- * `recv_bytes` out. */
+ * `recv_bytes` out; or, on the caller's device buffers with an
+ * after_stream, runs `post` after that stream's work and makes the stream
+ * wait for it on the device (the host waits for nothing). */
 static aj_status collective(aj_comm *comm, const void *send, size_t send_bytes, void *recv,
                             size_t recv_bytes, post_fn post, const void *args,
                             const char *what)
@@ -541,6 +557,17 @@ static aj_status collective(aj_comm *comm, const void *send, size_t send_bytes, 
         if (staged)
             memcpy(slot->host_send, send, send_bytes);
         st = enqueue(comm, slot, send, send_bytes, recv, recv_bytes, post, args, what);
+    }
+    if (st == AJ_OK && !staged && comm->after_stream) {
+        /* the caller's device buffers: its stream waits for the result on
+         * the device, as for a joined exchange; the host goes on */
+        CUresult q = s->cu->StreamWaitEvent((CUstream)comm->after_stream, slot->done, 0);
+        pop_ctx(comm);
+        if (q != AJ_CUDA_SUCCESS) {
+            abort_comm(s);
+            return aj_cuda_fail(comm->ctx, s->cu, q, "NCCL: cuStreamWaitEvent");
+        }
+        return AJ_OK;
     }
     const double start = aj_now();
     bool finished = false;
@@ -723,6 +750,7 @@ static const aj_comm_engine nccl_engine = {
     .exchange_cancel = nccl_exchange_cancel,
     .exchange_join = nccl_exchange_join,
     .abort = nccl_abort,
+    .async_error = nccl_async_error,
     .allgather = nccl_allgather,
     .reduce_scatter_f32 = nccl_reduce_scatter_f32,
     .alltoallv = nccl_alltoallv,

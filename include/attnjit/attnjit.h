@@ -1172,6 +1172,14 @@ int aj_comm_size(const aj_comm *comm);   /* -1 for NULL */
  * rank's part for itself does not count): what the ring and Ulysses move
  * per rank, for the formulas in docs/ring.md.  0 for NULL. */
 uint64_t aj_comm_bytes_sent(const aj_comm *comm);
+/* The comm's asynchronous calls (aj_ring_forward, "Asynchronous calls"):
+ * *pending (may be NULL) gets how many have work not yet done; AJ_OK, or
+ * AJ_ERR_COMM with the watchdog's message once one has failed (and every
+ * later call and query then fails so). */
+aj_status aj_comm_query(aj_comm *comm, int32_t *pending);
+/* Waits until the comm's asynchronous calls are done (each within the
+ * comm's timeout of being queued), then answers as aj_comm_query. */
+aj_status aj_comm_synchronize(aj_comm *comm);
 
 /* How a sequence is split over P ranks.  Any length S: cut into n chunks
  * (n = P contiguous, 2P zigzag), chunk c holds S/n positions, one more for
@@ -1344,6 +1352,14 @@ typedef struct aj_ring_fwd_args {
      * the method), lse [Hq, lq]. */
     const int32_t *cu_seqlens_q, *cu_seqlens_k;
     int32_t batch;
+    /* version 5, optional: the caller's stream (cuda: a CUstream), which
+     * orders the call: its work starts after the work queued on stream
+     * so far, and work queued on stream after it sees its results.  A
+     * call the comm can run on the device alone (aj_ring_forward's
+     * "Asynchronous calls") returns once its work is queued; any other
+     * waits for stream first and for its results before returning.
+     * NULL: the call waits for its results (as before). */
+    void *stream;
 } aj_ring_fwd_args;
 
 #define AJ_RING_FWD_ARGS_INIT { .struct_size = sizeof(aj_ring_fwd_args) }
@@ -1353,7 +1369,20 @@ typedef struct aj_ring_fwd_args {
  * starts with a small all-gather that compares them, and a difference
  * fails every rank with AJ_ERR_INVALID_ARG naming it.  (A rank that fails
  * its own argument checks before that leaves the others to time out with
- * AJ_ERR_COMM.) */
+ * AJ_ERR_COMM.)
+ *
+ * Asynchronous calls (docs/ring.md): a call given a stream on cuda ranks
+ * over NCCL, padded layout, returning no dsinks or side gradients, queues
+ * its work and returns without waiting for it.  It skips the opening
+ * all-gather when this rank's call repeats one the ranks agreed on before
+ * (one of the comm's last 8 agreements, synchronous calls' included), so
+ * such a call never waits on the host: a CUDA graph can capture it.  A
+ * failure after it returned -- an NCCL error, or work not done within the
+ * comm's timeout of being queued -- is found by the comm's watchdog
+ * thread, which aborts the NCCL communicator; the comm's next call,
+ * aj_comm_query and aj_comm_synchronize then answer AJ_ERR_COMM.  A rank
+ * whose call differs from its peers' where they skip the agreement is
+ * found by the timeout, not named. */
 aj_status aj_ring_forward(aj_ctx *ctx, aj_device *dev, aj_comm *comm, const aj_op *op,
                           const aj_ring_fwd_args *args, aj_ring_stats *stats);
 
@@ -1388,6 +1417,7 @@ typedef struct aj_ring_bwd_args {
      * every rank.  Every rank passes the same list, or none does. */
     const aj_side_tensor *dside;
     int32_t num_dside;
+    void *stream;                    /* as aj_ring_fwd_args (version 7) */
 } aj_ring_bwd_args;
 
 #define AJ_RING_BWD_ARGS_INIT { .struct_size = sizeof(aj_ring_bwd_args) }

@@ -164,6 +164,11 @@ typedef struct aj_cuda {
      * function, aj_cuda_host_func); NULL where the driver lacks them */
     CUresult (*StreamIsCapturing)(CUstream stream, int *status);
     CUresult (*LaunchHostFunc)(CUstream stream, void (*fn)(void *), void *user);
+    /* cuThreadExchangeStreamCaptureMode (CUDA 10.1+): the calling thread's
+     * capture mode (relaxed: 2), for the ring's watchdog thread, whose
+     * event queries another thread's global-mode capture would otherwise
+     * refuse; NULL where the driver lacks it */
+    CUresult (*ThreadExchangeStreamCaptureMode)(int *mode);
     int driver_version;
 } aj_cuda;
 

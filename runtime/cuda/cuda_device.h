@@ -130,6 +130,19 @@ aj_status aj_cuda_copy2d_async(aj_ctx *ctx, aj_cuda_device *d, void *dst, size_t
 aj_status aj_cuda_capturing(aj_ctx *ctx, aj_cuda_device *d, void *stream, bool *capturing);
 aj_status aj_cuda_host_func(aj_ctx *ctx, aj_cuda_device *d, void *stream, void (*fn)(void *),
                             void *user);
+/* Events (CUevent, timing disabled): `event` marks the work queued on
+ * `stream` so far (record); work queued on `stream` from now on waits for
+ * the event's latest record, on the device (wait); whether that work is
+ * done, without waiting (done; any thread, errors on `ctx`). */
+aj_status aj_cuda_event_create(aj_ctx *ctx, aj_cuda_device *d, void **event);
+void aj_cuda_event_destroy(aj_cuda_device *d, void *event);
+aj_status aj_cuda_event_record(aj_ctx *ctx, aj_cuda_device *d, void *event, void *stream);
+aj_status aj_cuda_stream_wait_event(aj_ctx *ctx, aj_cuda_device *d, void *stream, void *event);
+aj_status aj_cuda_event_done(aj_ctx *ctx, aj_cuda_device *d, void *event, bool *done);
+/* The calling thread's capture mode made relaxed (where the driver can):
+ * its calls no longer fail, nor invalidate, another thread's capture in
+ * the global mode (the ring's watchdog, cp/comm/watch.c). */
+void aj_cuda_relax_capture_mode(aj_cuda_device *d);
 /* count u32 words of device memory at dst set to value, queued on stream */
 aj_status aj_cuda_fill32_async(aj_ctx *ctx, aj_cuda_device *d, void *dst, uint32_t value,
                                size_t count, void *stream);

@@ -68,6 +68,9 @@ static void load_driver(void)
         memcpy(&driver.StreamIsCapturing, &capturing, sizeof capturing);
         memcpy(&driver.LaunchHostFunc, &host, sizeof host);
     }
+    void *exchange = dlsym(h, "cuThreadExchangeStreamCaptureMode");
+    if (exchange)
+        memcpy(&driver.ThreadExchangeStreamCaptureMode, &exchange, sizeof exchange);
     CUresult r = driver.Init(0);
     if (r != AJ_CUDA_SUCCESS) {
         const char *name = "?";
@@ -609,13 +612,68 @@ done:
     return st;
 }
 
+/* A call whose failure nobody can act on (a destroy), in d's context. */
+#define IN_CONTEXT(d, call)                                          \
+    do {                                                             \
+        CUcontext popped_;                                           \
+        if ((d)->cu->CtxPushCurrent((d)->cuctx) == AJ_CUDA_SUCCESS) { \
+            (call);                                                  \
+            (d)->cu->CtxPopCurrent(&popped_);                        \
+        }                                                            \
+    } while (0)
+
 void aj_cuda_stream_destroy(aj_cuda_device *d, void *stream)
 {
+    if (stream)
+        IN_CONTEXT(d, d->cu->StreamDestroy((CUstream)stream));   /* its work finishes first */
+}
+
+aj_status aj_cuda_event_create(aj_ctx *ctx, aj_cuda_device *d, void **event)
+{
+    aj_status st = AJ_OK;
+    *event = NULL;   /* (CUevent is a pointer) */
+    WITH_CONTEXT(d, d->cu->EventCreate((CUevent *)event, AJ_CU_EVENT_DISABLE_TIMING),
+                 "cuEventCreate");
+done:
+    return st;
+}
+
+void aj_cuda_event_destroy(aj_cuda_device *d, void *event)
+{
+    if (event)
+        IN_CONTEXT(d, d->cu->EventDestroy((CUevent)event));
+}
+
+aj_status aj_cuda_event_record(aj_ctx *ctx, aj_cuda_device *d, void *event, void *stream)
+{
+    aj_status st = AJ_OK;
+    WITH_CONTEXT(d, d->cu->EventRecord((CUevent)event, (CUstream)stream), "cuEventRecord");
+done:
+    return st;
+}
+
+aj_status aj_cuda_stream_wait_event(aj_ctx *ctx, aj_cuda_device *d, void *stream, void *event)
+{
+    aj_status st = AJ_OK;
+    WITH_CONTEXT(d, d->cu->StreamWaitEvent((CUstream)stream, (CUevent)event, 0),
+                 "cuStreamWaitEvent");
+done:
+    return st;
+}
+
+aj_status aj_cuda_event_done(aj_ctx *ctx, aj_cuda_device *d, void *event, bool *done)
+{
+    aj_status st = AJ_OK;
+    const aj_cuda *cu = d->cu;
+    AJ_CU_TRY(ctx, cu, cu->CtxPushCurrent(d->cuctx), "cuCtxPushCurrent");
+    CUresult r = cu->EventQuery((CUevent)event);
     CUcontext popped;
-    if (stream && d->cu->CtxPushCurrent(d->cuctx) == AJ_CUDA_SUCCESS) {
-        d->cu->StreamDestroy((CUstream)stream);   /* its work finishes first */
-        d->cu->CtxPopCurrent(&popped);
-    }
+    cu->CtxPopCurrent(&popped);
+    *done = r == AJ_CUDA_SUCCESS;
+    if (r != AJ_CUDA_ERROR_NOT_READY)
+        AJ_CU_TRY(ctx, cu, r, "cuEventQuery");
+done:
+    return st;
 }
 
 aj_status aj_cuda_copy_async(aj_ctx *ctx, aj_cuda_device *d, void *dst, const void *src,
@@ -672,6 +730,13 @@ aj_status aj_cuda_capturing(aj_ctx *ctx, aj_cuda_device *d, void *stream, bool *
     *capturing = status == 1;   /* CU_STREAM_CAPTURE_STATUS_ACTIVE */
 done:
     return st;
+}
+
+void aj_cuda_relax_capture_mode(aj_cuda_device *d)
+{
+    int mode = 2;   /* CU_STREAM_CAPTURE_MODE_RELAXED */
+    if (d->cu->ThreadExchangeStreamCaptureMode)
+        d->cu->ThreadExchangeStreamCaptureMode(&mode);
 }
 
 aj_status aj_cuda_host_func(aj_ctx *ctx, aj_cuda_device *d, void *stream, void (*fn)(void *),

@@ -13,6 +13,10 @@
  *   AllGather count=8 type=0 comm=own
  *   ReduceScatter count=4 type=7 op=0 comm=own
  *   CommAbort comm=own / CommDestroy comm=own
+ *   captured                                     (a group or collective queued on
+ *                                                a stream the stand-in libcuda is
+ *                                                capturing: recorded as a host
+ *                                                function the graph's replays run)
  *   CommSplit color=1 key=3 comm=own             (the new one: comm=split; its
  *                                                ranks are an MPI_Comm_split's)
  *
@@ -53,8 +57,15 @@ typedef struct pending {
     MPI_Comm mpi;
 } pending;
 
+/* A group's sends and receives, as ncclGroupEnd runs them. */
+typedef struct group_args {
+    int n;
+    pending p[MAX_PENDING];
+} group_args;
+
 static pending group[MAX_PENDING];
 static int group_depth, num_pending;
+static void *group_stream;        /* the stream of the group's last send or receive */
 static fake_comm caller_comm = {CALLER, 0, 0, MPI_COMM_NULL};
 
 static int mode_is(const char *m)
@@ -68,21 +79,62 @@ static int mode_is(const char *m)
 typedef struct deferred {
     int polls_left;
     void (*run)(const void *args);
-    unsigned char args[64];
+    _Alignas(16) unsigned char args[sizeof(group_args)];
 } deferred;
 
 static deferred later;
 
-static int defer(void (*run)(const void *), const void *args, size_t bytes)
+/* Graph capture (the stand-in libcuda's, tests/fake_cuda): work queued on
+ * a capturing stream is recorded as a host function that the graph's
+ * replays run, where NCCL records its kernels.  The record is kept for
+ * the process's life (a graph may be replayed until it ends). */
+static void *cuda_symbol(const char *name)
 {
+    void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    return h ? dlsym(h, name) : NULL;
+}
+
+static int stream_capturing(void *stream)
+{
+    int (*is_capturing)(void *, int *) = NULL;
+    *(void **)&is_capturing = cuda_symbol("cuStreamIsCapturing");
+    int status = 0;
+    return stream && is_capturing && is_capturing(stream, &status) == 0 && status == 1;
+}
+
+static void run_recorded(void *user)
+{
+    const deferred *d = user;
+    d->run(d->args);
+}
+
+static int record_in_graph(void *stream, void (*run)(const void *), const void *args,
+                           size_t bytes)
+{
+    int (*host_func)(void *, void (*)(void *), void *) = NULL;
+    *(void **)&host_func = cuda_symbol("cuLaunchHostFunc");
+    deferred *d = calloc(1, sizeof *d);
+    if (!host_func || !d || bytes > sizeof d->args) {
+        free(d);
+        return SYSTEM_ERROR;
+    }
+    d->run = run;
+    memcpy(d->args, args, bytes);
+    note("captured");
+    return host_func(stream, run_recorded, d) == 0 ? SUCCESS : SYSTEM_ERROR;
+}
+
+static int defer(void (*run)(const void *), const void *args, size_t bytes, void *stream)
+{
+    if (stream_capturing(stream))
+        return record_in_graph(stream, run, args, bytes);
     if (!mode_is("nonblocking")) {
         run(args);
         return SUCCESS;
     }
     later.polls_left = 2;
     later.run = run;
-    if (bytes)   /* ncclGroupEnd defers a call without arguments (NULL, 0) */
-        memcpy(later.args, args, bytes);
+    memcpy(later.args, args, bytes);
     return IN_PROGRESS;
 }
 
@@ -255,7 +307,10 @@ int ncclGroupEnd(void)
         return INVALID_USAGE;
     if (--group_depth > 0)
         return SUCCESS;
-    int r = defer(run_group, NULL, 0);
+    group_args ga = {.n = num_pending};
+    memcpy(ga.p, group, (size_t)num_pending * sizeof group[0]);
+    num_pending = 0;
+    int r = defer(run_group, &ga, sizeof ga, group_stream);
     if (r == IN_PROGRESS)
         note("GroupEnd in progress");
     return r;
@@ -263,17 +318,16 @@ int ncclGroupEnd(void)
 
 static void run_group(const void *args)
 {
-    (void)args;
+    const group_args *g = args;
     MPI_Request r[MAX_PENDING];
-    for (int i = 0; i < num_pending; i++) {
-        const pending *p = &group[i];
+    for (int i = 0; i < g->n; i++) {
+        const pending *p = &g->p[i];
         if (p->is_send)
             MPI_Isend(p->buf, (int)p->bytes, MPI_BYTE, p->peer, TAG, p->mpi, &r[i]);
         else
             MPI_Irecv(p->buf, (int)p->bytes, MPI_BYTE, p->peer, TAG, p->mpi, &r[i]);
     }
-    MPI_Waitall(num_pending, r, MPI_STATUSES_IGNORE);
-    num_pending = 0;
+    MPI_Waitall(g->n, r, MPI_STATUSES_IGNORE);
 }
 
 /* What NCCL reads and writes on `stream`, told to the stand-in libcuda's
@@ -281,6 +335,8 @@ static void run_group(const void *args)
  * the libcuda loaded. */
 static void queued(void *stream, const void *buf, size_t bytes, int write, const char *what)
 {
+    if (stream_capturing(stream))
+        return;   /* recorded, not done: a replay's work is the graph's order */
     static void (*tell)(void *, const void *, size_t, int, const char *);
     static int looked;
     if (!looked) {
@@ -294,8 +350,9 @@ static void queued(void *stream, const void *buf, size_t bytes, int write, const
 }
 
 static int queue(int is_send, void *buf, size_t count, int type, int peer,
-                 const fake_comm *comm)
+                 const fake_comm *comm, void *stream)
 {
+    group_stream = stream;
     note("%s count=%zu type=%d peer=%d comm=%s", is_send ? "Send" : "Recv", count, type, peer,
          who(comm));
     if (group_depth == 0 || num_pending == MAX_PENDING)
@@ -310,14 +367,14 @@ int ncclSend(const void *buf, size_t count, int type, int peer, const fake_comm 
              void *stream)
 {
     queued(stream, buf, count * type_size(type), 0, "ncclSend");
-    return queue(1, (void *)buf, count, type, peer, comm);
+    return queue(1, (void *)buf, count, type, peer, comm, stream);
 }
 
 int ncclRecv(void *buf, size_t count, int type, int peer, const fake_comm *comm, void *stream);
 int ncclRecv(void *buf, size_t count, int type, int peer, const fake_comm *comm, void *stream)
 {
     queued(stream, buf, count * type_size(type), 1, "ncclRecv");
-    return queue(0, buf, count, type, peer, comm);
+    return queue(0, buf, count, type, peer, comm, stream);
 }
 
 typedef struct collective_args {
@@ -348,7 +405,7 @@ int ncclAllGather(const void *send, void *recv, size_t count, int type,
     queued(stream, send, count * type_size(type), 0, "ncclAllGather");
     queued(stream, recv, count * type_size(type) * (size_t)comm->nranks, 1, "ncclAllGather");
     const collective_args a = {send, recv, count * type_size(type), comm->mpi};
-    return defer(run_allgather, &a, sizeof a);
+    return defer(run_allgather, &a, sizeof a, stream);
 }
 
 int ncclReduceScatter(const void *send, void *recv, size_t count, int type, int op,
@@ -362,5 +419,5 @@ int ncclReduceScatter(const void *send, void *recv, size_t count, int type, int 
     queued(stream, send, count * 4 * (size_t)comm->nranks, 0, "ncclReduceScatter");
     queued(stream, recv, count * 4, 1, "ncclReduceScatter");
     const collective_args a = {send, recv, count, comm->mpi};
-    return defer(run_reduce_scatter, &a, sizeof a);
+    return defer(run_reduce_scatter, &a, sizeof a, stream);
 }

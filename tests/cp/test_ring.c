@@ -465,11 +465,35 @@ static void *on_device(void *host, size_t bytes)
     return m->dev;
 }
 
+/* On cuda ranks every other case passes the ring a stream of the test's
+ * own (aj_ring_fwd_args.stream): the cases the comm runs on the device
+ * alone are then asynchronous, the others wait for it first; the results
+ * are read after the stream's work (the stand-in's stream-order model
+ * checks that the call ordered the stream after its own). */
+static void *caller_stream;
+static int cases_run;
+
+static void *case_stream(void)
+{
+    if (!on_gpu || cases_run++ % 2 == 0)
+        return NULL;
+    if (!caller_stream)
+        CHECK_STATUS(ctx, aj_device_stream_create(dev, &caller_stream), AJ_OK);
+    return caller_stream;
+}
+
 static void from_devices(void)
 {
     for (int i = 0; i < num_mirrors; i++)
         CHECK_STATUS(ctx, aj_device_copy_from(dev, mirrors[i].host, mirrors[i].dev,
                                               mirrors[i].bytes), AJ_OK);
+}
+
+static void from_devices_after(void *stream)
+{
+    if (stream)
+        CHECK_STATUS(ctx, aj_device_synchronize(dev, stream), AJ_OK);
+    from_devices();
 }
 
 static void free_mirrors(void)
@@ -1109,10 +1133,11 @@ static void run_case(const ring_case *c)
     fa.offset = 3;
     fa.side = side;
     fa.num_side = nside;
+    fa.stream = case_stream();
     aj_ring_stats fs = {0}, bs = {0};
     const uint64_t sent_before = aj_comm_bytes_sent(comm);
     CHECK_STATUS(ctx, aj_ring_forward(ctx, dev, comm, fop, &fa, &fs), AJ_OK);
-    from_devices();
+    from_devices_after(fa.stream);
     const uint64_t fwd_sent = aj_comm_bytes_sent(comm) - sent_before;
 
     double atol, rtol;
@@ -1161,7 +1186,7 @@ static void run_case(const ring_case *c)
                                            AJ_SIDE_F32, 1, {c->hq}, {1}};
     ba.dside = dside, ba.num_dside = ndside;
     CHECK_STATUS(ctx, aj_ring_backward(ctx, dev, comm, bop, &ba, &bs), AJ_OK);
-    from_devices();
+    from_devices_after(ba.stream);
     /* (the all-gathers of the sinks', rel's and the slopes' gradients
      * aside: the methods' own traffic) */
     const uint64_t bwd_sent = aj_comm_bytes_sent(comm) - sent_before - fwd_sent -
@@ -1264,6 +1289,13 @@ static void run_case(const ring_case *c)
                "%d skipped\n", c->label, size, fs.total_s, fs.comm_s, fs.exposed_comm_s,
                bs.total_s, fs.launches, fs.skipped_blocks);
 
+    if (fa.stream) {   /* the asynchronous calls' work, done without a failure */
+        int32_t pending = -1;
+        CHECK_STATUS(ctx, aj_comm_synchronize(comm), AJ_OK);
+        CHECK_STATUS(ctx, aj_comm_query(comm, &pending), AJ_OK);
+        CHECK_MSG(pending == 0, "rank %d: %s: %d calls pending after aj_comm_synchronize",
+                  rank, c->label, pending);
+    }
     aj_comm_destroy(comm);
     free_mirrors();
     aj_op_destroy(fop);
@@ -1622,6 +1654,8 @@ int main(int argc, char **argv)
         CHECK_MSG(races && races() == 0, "rank %d: %d stream-order races (the stand-in's log)",
                   rank, races ? races() : -1);
     }
+    if (caller_stream)
+        aj_device_stream_destroy(dev, caller_stream);
     aj_device_close(dev);
     aj_ctx_destroy(ctx);
     if (!peer_died)

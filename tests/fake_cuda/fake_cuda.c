@@ -408,11 +408,24 @@ static int capturing(const void *s)
     return capture.open && id < CAPTURE_STREAMS && capture.joined[id];
 }
 
+/* The calling thread's capture mode is relaxed (cuThreadExchangeStreamCaptureMode):
+ * the calls a capture forbids are its own business. */
+static _Thread_local int relaxed;
+
+CUresult cuThreadExchangeStreamCaptureMode(int *mode);
+CUresult cuThreadExchangeStreamCaptureMode(int *mode)
+{
+    const int was = relaxed ? 2 : 0;   /* CU_STREAM_CAPTURE_MODE_RELAXED, _GLOBAL */
+    relaxed = *mode == 2;
+    *mode = was;
+    return SUCCESS;
+}
+
 /* A call a capture forbids: refused (and the capture invalidated) while
- * one is open. */
+ * one is open, unless the calling thread is relaxed. */
 static int refused(const char *call)
 {
-    if (!capture.open)
+    if (!capture.open || relaxed)
         return 0;
     capture.invalid = 1;
     note("CAPTURE REFUSED %s", call);
@@ -610,7 +623,7 @@ CUresult cuMemFreeHost(void *p)
  * forgets a wait still gets the right bytes here -- and not on a GPU.  The
  * model below keeps the order a GPU would give: a vector clock per stream
  * (entry s: the operations queued on stream s), joined by cuStreamWaitEvent
- * with the clock an event recorded, and a host clock joined wherever the
+ * with the clock an event recorded, and a host clock (per thread) joined wherever the
  * host sees work finish (cuEventQuery answering success, the
  * synchronisations, a synchronous copy), which every operation queued
  * after it follows.  Each operation's device memory accesses are kept
@@ -638,7 +651,11 @@ typedef struct access_rec {
     char what[48];
 } access_rec;
 
-static vclock stream_clock[ORDER_STREAMS], host_clock;
+static vclock stream_clock[ORDER_STREAMS];
+/* what the calling thread has seen finish: a thread that sees an event
+ * done (attnjit's watchdog of asynchronous ring calls) orders nothing the
+ * other threads queue */
+static _Thread_local vclock host_clock;
 static access_rec records[ORDER_RECORDS];
 static int num_records, next_record, order_off, races;
 
@@ -854,9 +871,19 @@ CUresult cuEventRecord(void *e, void *s)
     return sticky;
 }
 
+/* The calling thread's cuEventQuery calls (not logged: attnjit polls
+ * with them): a call that returns before its work is done makes none. */
+static _Thread_local int event_queries;
+int fake_cuda_event_queries(void);
+int fake_cuda_event_queries(void)
+{
+    return event_queries;
+}
+
 CUresult cuEventQuery(void *e);
 CUresult cuEventQuery(void *e)
 {
+    event_queries++;
     if (sticky)
         return sticky;
     if (refused("EventQuery"))

@@ -66,7 +66,7 @@ static inline aj_fwd_args fwd_args_before(const aj_bwd_args *from)
 #define AJ_TESTS_RING_FWD_BWD_SHARED(X)                                          \
     X(q) X(k) X(v) X(o) X(lse) X(alibi_slopes) X(layout) X(rotate) X(seed)       \
     X(offset) X(side) X(num_side) X(method) X(ulysses_size) X(cu_seqlens_q)      \
-    X(cu_seqlens_k) X(batch)
+    X(cu_seqlens_k) X(batch) X(stream)
 
 /* The ring backward of the ring forward `from`: every field the two
  * share, with dO and the gradients' tensors. */

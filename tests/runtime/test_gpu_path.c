@@ -49,7 +49,21 @@
  *                          all-to-all's blocks moved) on the device,
  *                          between host and device only the opening
  *                          agreement's bytes in each call, and the ring's
- *                          second call allocating nothing
+ *                          second call allocating nothing; then each
+ *                          asynchronously (a stream of the test's): no
+ *                          wait, no host copy, ordered after the stream
+ *   test_gpu_path ring-capture
+ *                          (mpirun, 2 ranks, AJ_CUDA_EMULATE=1, the
+ *                          stand-in libnccl) asynchronous ring and Ulysses
+ *                          forward and backward captured into CUDA graphs
+ *                          after a first call: nothing refused or computed
+ *                          at the capture, two replays on both ranks
+ *                          writing the plain call's bits
+ *   test_gpu_path async-failure
+ *                          (one rank, FAKE_CUDA_STUCK=1 or
+ *                          FAKE_NCCL_MODE=async_error) an asynchronous
+ *                          call returns at once; the watchdog finds the
+ *                          failure, aborts NCCL, and the comm answers it
  *   test_gpu_path stuck    (mpirun, FAKE_CUDA_STUCK=1: GPU work never ends)
  *   test_gpu_path stuck-nccl
  *                          the same for the resident ring over NCCL, whose
@@ -66,6 +80,7 @@
 
 #include "check.h"
 #include "check_compile.h"
+#include "launch_args.h"
 #include "temp_dir.h"
 #include "cp/cp.h"   /* aj_cp_call: the opening agreement's bytes */
 
@@ -408,7 +423,8 @@ static void *read_back(const aj_tensor *t, size_t bytes, int fill)
  * (nothing ran); then two replays, each writing the plain call's bits
  * again (emulated launches: the twin's run is each replay's host node). */
 static void replay_numbers(void *stream, const char *label, aj_status (*call)(void *user),
-                           void *user, aj_tensor *const *outs, const size_t *bytes, int n)
+                           void *user, aj_tensor *const *outs, const size_t *bytes, int n,
+                           void (*between)(void *user))
 {
     void *want[4], *got;
     CHECK_STATUS(ctx, call(user), AJ_OK);
@@ -426,6 +442,8 @@ static void replay_numbers(void *stream, const char *label, aj_status (*call)(vo
                   0x7f, "%s: output %d was written during the capture", label, i);
         free(got);
     }
+    if (between)   /* (optional) work between the capture and the replays */
+        between(user);
     CHECK(graph && graphs.instantiate(&exec, graph, 0) == 0);
     for (int r = 0; exec && r < 2; r++) {
         CHECK(graphs.launch(exec, stream) == 0);
@@ -476,7 +494,7 @@ static int run_capture(void)
     fill_random(&fa.q, 1), fill_random(&fa.k, 2), fill_random(&fa.v, 3);
     const size_t ob = (size_t)B * H * S * D * 2, lb = (size_t)B * H * S * 4;
     replay_numbers(stream, "forward", run_forward, (void *[]){fk, &fa},
-                   (aj_tensor *[]){&fa.o, &fa.lse}, (size_t[]){ob, lb}, 2);
+                   (aj_tensor *[]){&fa.o, &fa.lse}, (size_t[]){ob, lb}, 2, NULL);
     aj_kernel *bk = compile("attention backward flash { dtype = f16 head_dim = 64 "
                             "mask = causal(bottom_right) }");
     aj_bwd_args ba = AJ_BWD_ARGS_INIT;
@@ -490,7 +508,7 @@ static int run_capture(void)
     CHECK_STATUS(ctx, aj_forward(ctx, dev, fk, &fa), AJ_OK);   /* o and lse for the backward */
     ba.stream = stream;
     replay_numbers(stream, "backward", run_backward, (void *[]){bk, &ba},
-                   (aj_tensor *[]){&ba.dq, &ba.dk, &ba.dv}, (size_t[]){ob, ob, ob}, 3);
+                   (aj_tensor *[]){&ba.dq, &ba.dk, &ba.dv}, (size_t[]){ob, ob, ob}, 3, NULL);
     CHECK_STATUS(ctx, aj_device_synchronize(dev, stream), AJ_OK);
     free_tensors((aj_tensor *[]){&fa.q, &fa.k, &fa.v, &fa.o, &fa.lse, &ba.do_, &ba.dq, &ba.dk,
                                  &ba.dv}, 9);
@@ -716,31 +734,250 @@ static void check_resident(const char *what, int size)
               "%s: device to host, other than the agreement's:\n%s", what, cuda_log());
 }
 
+/* Whether the stand-in libnccl ($AJ_NCCL_LIBRARY) logged `what`. */
+static bool nccl_logged(const char *what)
+{
+    const char *lib = getenv("AJ_NCCL_LIBRARY");
+    void *h = lib ? dlopen(lib, RTLD_NOW | RTLD_NOLOAD) : NULL;
+    const char *(*nccl_log)(void) = NULL;
+    if (h)
+        *(void **)&nccl_log = dlsym(h, "fake_nccl_log");
+    return nccl_log && strstr(nccl_log(), what);
+}
+
+static bool nccl_aborted(void)
+{
+    return nccl_logged("CommAbort");
+}
+
+/* Asynchronous calls (a stream of the test's in the args) over the NCCL
+ * engine, after synchronous calls of the same shapes: the caller's last
+ * write of an input is queued on its stream just before (the stand-in's
+ * stream-order model sees a race unless the call's work waits for the
+ * stream), and the call returns with no synchronisation, no event polled,
+ * nothing copied between host and device (the opening agreement reused)
+ * and no race; aj_comm_synchronize then finds every call done. */
+static void check_async(aj_comm *comm, const aj_op *fop, const aj_op *bop,
+                        aj_ring_fwd_args f, aj_ring_bwd_args b)
+{
+    int (*queries)(void) = NULL;
+    int (*memset32)(void *dst, unsigned value, size_t n, void *stream) = NULL;
+    void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    *(void **)&queries = dlsym(h, "fake_cuda_event_queries");
+    *(void **)&memset32 = dlsym(h, "cuMemsetD32Async");
+    void *stream = NULL;
+    CHECK(queries && memset32 && stream_create(&stream, 1) == 0);
+    if (!queries || !memset32 || !stream)
+        return;
+    const char *names[] = {"ring forward", "ring backward", "ulysses forward",
+                           "ulysses backward"};
+    for (int call = 0; call < 4; call++) {
+        f.method = b.method = call < 2 ? AJ_METHOD_RING : AJ_METHOD_ULYSSES;
+        f.stream = b.stream = stream;
+        /* (K: the calls' device copies read it, which the model sees) */
+        CHECK(memset32(f.k.data, 0, (size_t)(B * H * S * D) / 2, stream) == 0);
+        cuda_log_clear();
+        const int polled = queries();
+        CHECK_STATUS(ctx, call % 2 ? aj_ring_backward(ctx, dev, comm, bop, &b, NULL)
+                                   : aj_ring_forward(ctx, dev, comm, fop, &f, NULL), AJ_OK);
+        CHECK_MSG(queries() == polled, "%s: the asynchronous call polled %d events",
+                  names[call], queries() - polled);
+        const char *bad[] = {"Synchronize", "MemcpyHtoD", "MemcpyDtoH", "MemAllocHost",
+                             "RACE", "FAULT"};
+        for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+            CHECK_MSG(!strstr(cuda_log(), bad[i]), "%s: \"%s\" in the asynchronous call:\n%s",
+                      names[call], bad[i], cuda_log());
+        CHECK_LOG_HAS("StreamWaitEvent");
+    }
+    int32_t pending = -1;
+    CHECK_STATUS(ctx, aj_comm_synchronize(comm), AJ_OK);
+    CHECK_STATUS(ctx, aj_comm_query(comm, &pending), AJ_OK);
+    CHECK_MSG(pending == 0, "%d asynchronous calls pending after aj_comm_synchronize", pending);
+    /* a synchronous call polls its end (the counter counts) */
+    f.stream = NULL;
+    f.method = AJ_METHOD_RING;
+    const int polled = queries();
+    CHECK_STATUS(ctx, aj_ring_forward(ctx, dev, comm, fop, &f, NULL), AJ_OK);
+    CHECK_MSG(queries() > polled, "the synchronous call polled no event");
+    aj_device_stream_destroy(dev, stream);
+}
+
+/* The ring tests' comm (NCCL or MPI, with a timeout), a causal f16 d 64
+ * forward and backward op, and this rank's shards as forward arguments
+ * (zigzag): NULL when something failed (reported). */
+static aj_comm *open_ring(int nccl, double timeout_s, aj_op **fop, aj_op **bop,
+                          aj_ring_fwd_args *f)
+{
+    aj_comm_config cc = AJ_COMM_CONFIG_INIT;
+    cc.timeout_s = timeout_s;
+    if (nccl)
+        cc.kind = AJ_COMM_NCCL;
+    aj_comm *comm = NULL;
+    CHECK_STATUS(ctx, aj_comm_create(ctx, dev, &cc, &comm), AJ_OK);
+    const char *fspec = "attention forward flash { dtype = f16 head_dim = 64 "
+                        "mask = causal(top_left) }";
+    const char *bspec = "attention backward flash { dtype = f16 head_dim = 64 "
+                        "mask = causal(top_left) }";
+    CHECK_STATUS(ctx, aj_op_parse(ctx, fspec, strlen(fspec), "f", fop), AJ_OK);
+    CHECK_STATUS(ctx, aj_op_parse(ctx, bspec, strlen(bspec), "b", bop), AJ_OK);
+    const aj_fwd_args shards = fwd_args(NULL);   /* this rank's */
+    *f = (aj_ring_fwd_args)AJ_RING_FWD_ARGS_INIT;
+    f->q = shards.q, f->k = shards.k, f->v = shards.v, f->o = shards.o, f->lse = shards.lse;
+    f->layout = AJ_SHARD_ZIGZAG;
+    if (comm && *fop && *bop)
+        return comm;
+    aj_comm_destroy(comm);
+    return NULL;
+}
+
+/* The backward after ring forward f: its fields, with new dO, dQ, dK, dV. */
+static aj_ring_bwd_args ring_bwd_of(const aj_ring_fwd_args *f)
+{
+    const int64_t qs[4] = {B, H, S, D};
+    return ring_bwd_args_after(f, dev_tensor(AJ_DTYPE_F16, 4, qs),
+                               dev_tensor(AJ_DTYPE_F16, 4, qs), dev_tensor(AJ_DTYPE_F16, 4, qs),
+                               dev_tensor(AJ_DTYPE_F16, 4, qs));
+}
+
+/* An asynchronous call whose work never ends (FAKE_CUDA_STUCK=1) or whose
+ * NCCL communicator reports an error (FAKE_NCCL_MODE=async_error), one
+ * rank: the call returns AJ_OK at once, and the watchdog finds the
+ * failure -- within the timeout, the communicator aborted -- which
+ * aj_comm_synchronize, aj_comm_query and the next call then answer. */
+static int run_async_failure(void)
+{
+    const int stuck = getenv("FAKE_CUDA_STUCK") != NULL;
+    aj_op *fop = NULL, *bop = NULL;
+    aj_ring_fwd_args f;
+    aj_comm *comm = open_ring(1, 2, &fop, &bop, &f);
+    void *stream = NULL;
+    CHECK(stream_create(&stream, 1) == 0);
+    if (!comm || !stream)
+        return check_report();
+    f.stream = stream;
+    const double t0 = MPI_Wtime();
+    CHECK_STATUS(ctx, aj_ring_forward(ctx, dev, comm, fop, &f, NULL), AJ_OK);
+    CHECK_MSG(MPI_Wtime() - t0 < 1.5, "the asynchronous call took %.1f s to return",
+              MPI_Wtime() - t0);
+    int32_t pending = -1;
+    aj_status st = aj_comm_query(comm, &pending);
+    CHECK_MSG((st == AJ_OK && pending == 1) || st == AJ_ERR_COMM,
+              "aj_comm_query: status %d, %d pending; want the call pending or failed", st,
+              pending);
+    CHECK_STATUS(ctx, aj_comm_synchronize(comm), AJ_ERR_COMM);
+    CHECK_ERROR(ctx, stuck ? "did not finish within the comm timeout of 2 s"
+                           : "NCCL: rank 0: remote process exited");
+    CHECK_MSG(MPI_Wtime() - t0 < 30, "the failure took %.1f s to show", MPI_Wtime() - t0);
+    CHECK_MSG(nccl_aborted(), "the watchdog did not abort the NCCL communicator");
+    CHECK_STATUS(ctx, aj_comm_query(comm, &pending), AJ_ERR_COMM);
+    CHECK_STATUS(ctx, aj_ring_forward(ctx, dev, comm, fop, &f, NULL), AJ_ERR_COMM);
+    CHECK_ERROR(ctx, "aj_ring_forward: rank 0: an earlier call failed: aj_ring_forward "
+                "(asynchronous");
+    aj_comm_destroy(comm);
+    free_tensors((aj_tensor *[]){&f.q, &f.k, &f.v, &f.o, &f.lse}, 5);
+    aj_op_destroy(fop);
+    aj_op_destroy(bop);
+    return check_report();
+}
+
+/* A ring call for replay_numbers: forward (b NULL) or backward, on
+ * inputs seeded by `seed` and the rank. */
+typedef struct ring_call {
+    aj_comm *comm;
+    const aj_op *op;
+    const aj_ring_fwd_args *f;
+    const aj_ring_bwd_args *b;
+    int rank;
+} ring_call;
+
+static aj_status run_ring_call(void *user)
+{
+    const ring_call *c = user;
+    return c->b ? aj_ring_backward(ctx, dev, c->comm, c->op, c->b, NULL)
+                : aj_ring_forward(ctx, dev, c->comm, c->op, c->f, NULL);
+}
+
+static void seed_inputs(const ring_call *c, uint64_t seed)
+{
+    const aj_ring_fwd_args *f = c->f;
+    aj_tensor q = f ? f->q : c->b->q, k = f ? f->k : c->b->k, v = f ? f->v : c->b->v;
+    seed += 100 * (uint64_t)c->rank;
+    fill_random(&q, seed + 1), fill_random(&k, seed + 2), fill_random(&v, seed + 3);
+    if (c->b)
+        fill_random((aj_tensor *)&c->b->do_, seed + 4);
+}
+
+/* Between the capture and the replays: a plain call on other inputs (its
+ * transfers leave other blocks in the comm's buffers, so a replay that
+ * did not move them again would compute with those), then the captured
+ * inputs back. */
+static void other_call_between(void *user)
+{
+    const ring_call *c = user;
+    seed_inputs(c, 50);
+    CHECK_STATUS(ctx, run_ring_call(user), AJ_OK);
+    CHECK_STATUS(ctx, aj_device_synchronize(dev, c->f ? c->f->stream : c->b->stream), AJ_OK);
+    seed_inputs(c, 0);
+}
+
+/* Asynchronous ring and Ulysses calls captured into a CUDA graph on the
+ * caller's stream (AJ_CUDA_EMULATE=1, the stand-in libnccl recording its
+ * transfers as host functions): after a first call of their shape, the
+ * capture refuses nothing and computes nothing, and each of two replays
+ * -- the ranks replaying their graphs together -- writes the plain call's
+ * bits. */
+static int run_ring_capture(void)
+{
+    aj_op *fop = NULL, *bop = NULL;
+    aj_ring_fwd_args f;
+    aj_comm *comm = open_ring(1, 60, &fop, &bop, &f);
+    void *stream = NULL;
+    CHECK(stream_create(&stream, 1) == 0);
+    bind_graphs();
+    if (!comm || !stream || !graphs.begin)
+        return check_report();
+    int rank = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    f.stream = stream;
+    aj_ring_bwd_args b = ring_bwd_of(&f);
+    const size_t ob = (size_t)B * H * S * D * 2, lb = (size_t)B * H * S * 4;
+    for (int m = 0; m < 2; m++) {
+        f.method = b.method = m ? AJ_METHOD_ULYSSES : AJ_METHOD_RING;
+        const ring_call fc = {comm, fop, &f, NULL, rank}, bc = {comm, bop, NULL, &b, rank};
+        seed_inputs(&bc, 0);
+        replay_numbers(stream, m ? "ulysses forward" : "ring forward", run_ring_call,
+                       (void *)&fc, (aj_tensor *[]){&f.o, &f.lse}, (size_t[]){ob, lb}, 2,
+                       other_call_between);
+        /* the backward reads the forward's o and lse: the plain call's */
+        CHECK_STATUS(ctx, run_ring_call((void *)&fc), AJ_OK);
+        CHECK_STATUS(ctx, aj_device_synchronize(dev, stream), AJ_OK);
+        replay_numbers(stream, m ? "ulysses backward" : "ring backward", run_ring_call,
+                       (void *)&bc, (aj_tensor *[]){&b.dq, &b.dk, &b.dv},
+                       (size_t[]){ob, ob, ob}, 3, other_call_between);
+        CHECK_LOG_LACKS("CAPTURE REFUSED");
+    }
+    CHECK_MSG(nccl_logged("captured"), "no NCCL work was recorded in a graph");
+    CHECK_STATUS(ctx, aj_device_synchronize(dev, stream), AJ_OK);
+    CHECK_STATUS(ctx, aj_comm_synchronize(comm), AJ_OK);
+    aj_comm_destroy(comm);
+    free_tensors((aj_tensor *[]){&f.q, &f.k, &f.v, &f.o, &f.lse, &b.do_, &b.dq, &b.dk, &b.dv},
+                 9);
+    aj_device_stream_destroy(dev, stream);
+    aj_op_destroy(fop);
+    aj_op_destroy(bop);
+    return check_report();
+}
+
 static int run_ring(int stuck, int nccl)
 {
     int rank = 0, size = 1;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &size);
-    aj_comm_config cc = AJ_COMM_CONFIG_INIT;
-    cc.timeout_s = stuck ? 2 : 60;
-    if (nccl)
-        cc.kind = AJ_COMM_NCCL;
-    aj_comm *comm = NULL;
-    CHECK_STATUS(ctx, aj_comm_create(ctx, dev, &cc, &comm), AJ_OK);
+    aj_op *fop = NULL, *bop = NULL;
+    aj_ring_fwd_args f;
+    aj_comm *comm = open_ring(nccl, stuck ? 2 : 60, &fop, &bop, &f);
     if (!comm)
         return check_report();
-    const char *fspec = "attention forward flash { dtype = f16 head_dim = 64 "
-                        "mask = causal(top_left) }";
-    const char *bspec = "attention backward flash { dtype = f16 head_dim = 64 "
-                        "mask = causal(top_left) }";
-    aj_op *fop = NULL, *bop = NULL;
-    CHECK_STATUS(ctx, aj_op_parse(ctx, fspec, strlen(fspec), "f", &fop), AJ_OK);
-    CHECK_STATUS(ctx, aj_op_parse(ctx, bspec, strlen(bspec), "b", &bop), AJ_OK);
-    const int64_t qs[4] = {B, H, S, D};
-    const aj_fwd_args shards = fwd_args(NULL);   /* this rank's */
-    aj_ring_fwd_args f = AJ_RING_FWD_ARGS_INIT;
-    f.q = shards.q, f.k = shards.k, f.v = shards.v, f.o = shards.o, f.lse = shards.lse;
-    f.layout = AJ_SHARD_ZIGZAG;
     const double t0 = MPI_Wtime();
     cuda_log_clear();
     aj_status st = aj_ring_forward(ctx, dev, comm, fop, &f, NULL);
@@ -749,15 +986,9 @@ static int run_ring(int stuck, int nccl)
         CHECK_ERROR(ctx, "timeout");
         double waited = MPI_Wtime() - t0;
         CHECK_MSG(waited < 30, "the stuck ring took %.1f s to fail", waited);
-        if (nccl) {   /* its transfers joined to its stream: only an abort ends them */
-            const char *lib = getenv("AJ_NCCL_LIBRARY");
-            void *h = lib ? dlopen(lib, RTLD_NOW | RTLD_NOLOAD) : NULL;
-            const char *(*nccl_log)(void) = NULL;
-            if (h)
-                *(void **)&nccl_log = dlsym(h, "fake_nccl_log");
-            CHECK_MSG(nccl_log && strstr(nccl_log(), "CommAbort"),
-                      "the stuck resident ring did not abort its NCCL communicator");
-        }
+        if (nccl)   /* its transfers joined to its stream: only an abort ends them */
+            CHECK_MSG(nccl_aborted(), "the stuck resident ring did not abort its NCCL "
+                      "communicator");
     } else {
         CHECK_STATUS(ctx, st, AJ_OK);
         CHECK_LOG_LACKS("CtxSynchronize");
@@ -767,13 +998,7 @@ static int run_ring(int stuck, int nccl)
         else
             CHECK_LOG_HAS("MemAllocHost");
         check_between_launches("aj_ring_forward");
-        aj_ring_bwd_args b = AJ_RING_BWD_ARGS_INIT;
-        b.q = f.q, b.k = f.k, b.v = f.v, b.o = f.o, b.lse = f.lse;
-        b.do_ = dev_tensor(AJ_DTYPE_F16, 4, qs);
-        b.dq = dev_tensor(AJ_DTYPE_F16, 4, qs);
-        b.dk = dev_tensor(AJ_DTYPE_F16, 4, qs);
-        b.dv = dev_tensor(AJ_DTYPE_F16, 4, qs);
-        b.layout = AJ_SHARD_ZIGZAG;
+        aj_ring_bwd_args b = ring_bwd_of(&f);
         for (int call = 0; call < 2; call++) {
             cuda_log_clear();
             CHECK_STATUS(ctx, aj_ring_backward(ctx, dev, comm, bop, &b, NULL), AJ_OK);
@@ -806,6 +1031,8 @@ static int run_ring(int stuck, int nccl)
             if (nccl)
                 check_resident(call ? "ulysses backward" : "ulysses forward", size);
         }
+        if (nccl)
+            check_async(comm, fop, bop, f, b);
         free_tensors((aj_tensor *[]){&b.do_, &b.dq, &b.dk, &b.dv}, 4);
     }
     free_tensors((aj_tensor *[]){&f.q, &f.k, &f.v, &f.o, &f.lse}, 5);
@@ -822,24 +1049,31 @@ int main(int argc, char **argv)
     const int stuck = strcmp(what, "stuck") == 0 || strcmp(what, "stuck-nccl") == 0;
     const int ring = !stuck && (nccl || strcmp(what, "ring") == 0);
     const int capture = strcmp(what, "capture") == 0;
+    const int async_failure = strcmp(what, "async-failure") == 0;
+    const int ring_capture = strcmp(what, "ring-capture") == 0;
     if (strcmp(what, "sass") == 0)
         return run_sass();
-    if (!ring && !stuck && !capture && strcmp(what, "launch") != 0) {
+    const int mpi = ring || stuck || async_failure || ring_capture;
+    if (!mpi && !capture && strcmp(what, "launch") != 0) {
         fprintf(stderr, "usage: test_gpu_path launch|capture|sass|ring|ring-nccl|stuck|"
-                "stuck-nccl\n");
+                "stuck-nccl|async-failure|ring-capture\n");
         return 2;
     }
-    if (ring || stuck)
+    if (mpi)
         MPI_Init(&argc, &argv);
     CHECK(aj_ctx_create(NULL, &ctx) == AJ_OK);
     CHECK_STATUS(ctx, aj_device_open(ctx, AJ_DEVICE_CUDA, 0, &dev), AJ_OK);
     if (!dev)
         return check_report();
     bind_fake();
-    int rc = ring || stuck ? run_ring(stuck, nccl) : capture ? run_capture() : run_launch();
+    int rc = ring || stuck      ? run_ring(stuck, nccl)
+             : async_failure    ? run_async_failure()
+             : ring_capture     ? run_ring_capture()
+             : capture          ? run_capture()
+                                : run_launch();
     aj_device_close(dev);
     aj_ctx_destroy(ctx);
-    if (ring || stuck)
+    if (mpi)
         MPI_Finalize();
     return rc;
 }
