@@ -35,12 +35,14 @@
  * all blocks, and returns dK/dV with one reduce-scatter.
  *
  * Buffers: what travels (K/V, the dK/dV accumulators) and what adds up
- * (dQ, the per-block gradient parts) lives on the host, where the MPI
- * engine moves it; the kernels read the current K/V block and write O's
- * f32 accumulator and the gradient parts in device memory.  On sim and cpu
- * device memory is host memory and the copies between them are memcpy;
- * on a GPU they stage through the host (the NCCL engine, too, is handed
- * host buffers and stages them through device memory: docs/ring.md).
+ * (dQ, the per-block gradient parts) lives where the engine moves it.  On
+ * sim and cpu device memory is host memory: the kernels read a block where
+ * it arrived.  On cuda over NCCL the ring is resident: every buffer is
+ * device memory the comm keeps, NCCL moves it in place, the sums are row
+ * kernels, and the whole call is queued on its stream, transfers joined
+ * by events (asynchronous with the caller's stream: docs/ring.md).  On
+ * cuda over MPI the buffers are pinned host memory, staged to the device
+ * for the kernels.
  *
  * Per (Q chunk, K/V chunk) pair the mask's visible band decides: skip
  * (no pair visible: nothing launched), full (all visible: the kernel

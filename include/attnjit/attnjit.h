@@ -1118,8 +1118,8 @@ aj_status aj_merge(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
 
 typedef enum aj_comm_kind {
     AJ_COMM_MPI = 0,           /* CPU ranks: MPI nonblocking send/recv */
-    AJ_COMM_NCCL = 1,          /* GPUs: NCCL send/recv on a comm stream,
-                                  staged through host memory (docs/ring.md) */
+    AJ_COMM_NCCL = 1,          /* GPUs: NCCL send/recv of device memory in
+                                  place, stream-ordered (docs/ring.md) */
     AJ_COMM_KIND_COUNT
 } aj_comm_kind;
 

@@ -51,11 +51,13 @@
  *                          agreement's bytes in each call, and the ring's
  *                          second call allocating nothing; then each
  *                          asynchronously (a stream of the test's): no
- *                          wait, no host copy, ordered after the stream
+ *                          wait, no host copy, ordered after the stream;
+ *                          hybrid and packed documents: no attention data
+ *                          between host and device either
  *   test_gpu_path ring-capture
  *                          (mpirun, 2 ranks, AJ_CUDA_EMULATE=1, the
- *                          stand-in libnccl) asynchronous ring and Ulysses
- *                          forward and backward captured into CUDA graphs
+ *                          stand-in libnccl) asynchronous ring, Ulysses and
+ *                          hybrid forward and backward captured into graphs
  *                          after a first call: nothing refused or computed
  *                          at the capture, two replays on both ranks
  *                          writing the plain call's bits
@@ -925,7 +927,7 @@ static void other_call_between(void *user)
  * transfers as host functions): after a first call of their shape, the
  * capture refuses nothing and computes nothing, and each of two replays
  * -- the ranks replaying their graphs together -- writes the plain call's
- * bits. */
+ * bits; ring, Ulysses and hybrid. */
 static int run_ring_capture(void)
 {
     aj_op *fop = NULL, *bop = NULL;
@@ -941,17 +943,22 @@ static int run_ring_capture(void)
     f.stream = stream;
     aj_ring_bwd_args b = ring_bwd_of(&f);
     const size_t ob = (size_t)B * H * S * D * 2, lb = (size_t)B * H * S * 4;
-    for (int m = 0; m < 2; m++) {
-        f.method = b.method = m ? AJ_METHOD_ULYSSES : AJ_METHOD_RING;
+    const char *names[3][2] = {{"ring forward", "ring backward"},
+                               {"ulysses forward", "ulysses backward"},
+                               {"hybrid forward", "hybrid backward"}};
+    for (int m = 0; m < 3; m++) {   /* ring, Ulysses, hybrid (U = 1: the ring across) */
+        f.method = b.method = m == 0 ? AJ_METHOD_RING : m == 1 ? AJ_METHOD_ULYSSES
+                                                               : AJ_METHOD_HYBRID;
+        f.ulysses_size = b.ulysses_size = m == 2;
         const ring_call fc = {comm, fop, &f, NULL, rank}, bc = {comm, bop, NULL, &b, rank};
         seed_inputs(&bc, 0);
-        replay_numbers(stream, m ? "ulysses forward" : "ring forward", run_ring_call,
+        replay_numbers(stream, names[m][0], run_ring_call,
                        (void *)&fc, (aj_tensor *[]){&f.o, &f.lse}, (size_t[]){ob, lb}, 2,
                        other_call_between);
         /* the backward reads the forward's o and lse: the plain call's */
         CHECK_STATUS(ctx, run_ring_call((void *)&fc), AJ_OK);
         CHECK_STATUS(ctx, aj_device_synchronize(dev, stream), AJ_OK);
-        replay_numbers(stream, m ? "ulysses backward" : "ring backward", run_ring_call,
+        replay_numbers(stream, names[m][1], run_ring_call,
                        (void *)&bc, (aj_tensor *[]){&b.dq, &b.dk, &b.dv},
                        (size_t[]){ob, ob, ob}, 3, other_call_between);
         CHECK_LOG_LACKS("CAPTURE REFUSED");
@@ -966,6 +973,67 @@ static int run_ring_capture(void)
     aj_op_destroy(fop);
     aj_op_destroy(bop);
     return check_report();
+}
+
+/* Every copy between host and device in the log moved at most `limit`
+ * bytes (the opening agreement's, a few documents' offsets: no attention
+ * data), and nothing was pinned. */
+static void check_small_copies(const char *what, size_t limit)
+{
+    CHECK_LOG_LACKS("MemAllocHost");
+    CHECK_LOG_LACKS("RACE");
+    const char *log = cuda_log();
+    const char *kinds[] = {"MemcpyHtoD", "MemcpyDtoH"};
+    for (int k = 0; k < 2; k++)
+        for (const char *at = strstr(log, kinds[k]); at; at = strstr(at + 1, kinds[k])) {
+            const char *b = strstr(at, "bytes=");
+            const size_t bytes = b ? strtoull(b + 6, NULL, 10) : 0;
+            CHECK_MSG(b && bytes <= limit, "%s: %.40s: more than %zu bytes between host and "
+                      "device", what, at, limit);
+        }
+}
+
+/* Hybrid (U = 1: a ring across two groups of one; U = 2: one Ulysses
+ * group) and packed documents (two of 64 positions, zigzag: 64 on each
+ * rank) on the resident path: no attention data between host and device,
+ * nothing pinned, no race. */
+static void check_resident_more(aj_comm *comm, const aj_op *fop, const aj_op *bop,
+                                aj_ring_fwd_args f, aj_ring_bwd_args b)
+{
+    const size_t agreement = sizeof(aj_cp_call) * 2;
+    for (int u = 1; u <= 2; u++) {
+        f.method = b.method = AJ_METHOD_HYBRID;
+        f.ulysses_size = b.ulysses_size = u;
+        cuda_log_clear();
+        CHECK_STATUS(ctx, aj_ring_forward(ctx, dev, comm, fop, &f, NULL), AJ_OK);
+        CHECK_STATUS(ctx, aj_ring_backward(ctx, dev, comm, bop, &b, NULL), AJ_OK);
+        check_small_copies(u == 1 ? "hybrid U = 1" : "hybrid U = 2", agreement);
+    }
+    const char *fv = "attention forward flash { dtype = f16 head_dim = 64 "
+                     "mask = causal(top_left) layout = varlen }";
+    const char *bv = "attention backward flash { dtype = f16 head_dim = 64 "
+                     "mask = causal(top_left) layout = varlen }";
+    aj_op *fvop = NULL, *bvop = NULL;
+    CHECK_STATUS(ctx, aj_op_parse(ctx, fv, strlen(fv), "fv", &fvop), AJ_OK);
+    CHECK_STATUS(ctx, aj_op_parse(ctx, bv, strlen(bv), "bv", &bvop), AJ_OK);
+    const int32_t cu[3] = {0, S, 2 * S};   /* the whole batch; this rank holds S positions */
+    aj_tensor cus = dev_i32(cu, 3);
+    aj_tensor *packed[] = {&f.q, &f.k, &f.v, &f.o, &b.do_, &b.dq, &b.dk, &b.dv};
+    for (int i = 0; i < 8; i++)   /* [S, H, D] over the same buffers */
+        *packed[i] = (aj_tensor){packed[i]->data, AJ_DTYPE_F16, 3, {S, H, D}, {H * D, D, 1}};
+    f.lse = (aj_tensor){f.lse.data, AJ_DTYPE_F32, 2, {H, S}, {S, 1}};
+    b.q = f.q, b.k = f.k, b.v = f.v, b.o = f.o, b.lse = f.lse;
+    f.method = b.method = AJ_METHOD_RING;
+    f.ulysses_size = b.ulysses_size = 0;
+    f.cu_seqlens_q = f.cu_seqlens_k = b.cu_seqlens_q = b.cu_seqlens_k = cus.data;
+    f.batch = b.batch = 2;
+    cuda_log_clear();
+    CHECK_STATUS(ctx, aj_ring_forward(ctx, dev, comm, fvop, &f, NULL), AJ_OK);
+    CHECK_STATUS(ctx, aj_ring_backward(ctx, dev, comm, bvop, &b, NULL), AJ_OK);
+    check_small_copies("packed documents", agreement);
+    free_tensors((aj_tensor *[]){&cus}, 1);
+    aj_op_destroy(fvop);
+    aj_op_destroy(bvop);
 }
 
 static int run_ring(int stuck, int nccl)
@@ -1031,8 +1099,10 @@ static int run_ring(int stuck, int nccl)
             if (nccl)
                 check_resident(call ? "ulysses backward" : "ulysses forward", size);
         }
-        if (nccl)
+        if (nccl) {
             check_async(comm, fop, bop, f, b);
+            check_resident_more(comm, fop, bop, f, b);
+        }
         free_tensors((aj_tensor *[]){&b.do_, &b.dq, &b.dk, &b.dv}, 4);
     }
     free_tensors((aj_tensor *[]){&f.q, &f.k, &f.v, &f.o, &f.lse}, 5);
