@@ -176,7 +176,8 @@ aj_status aj_comm_watch_add(aj_comm *comm, aj_ctx *ctx, void *stream, void *call
     pthread_mutex_lock(&w->mu);
     while (w->count == AJ_COMM_WATCH_MAX && w->failed == AJ_OK)
         pthread_cond_wait(&w->changed, &w->mu);   /* the oldest's deadline bounds it */
-    if (w->failed == AJ_OK) {
+    const bool failed = w->failed != AJ_OK;
+    if (!failed) {
         watch_entry *e = &w->ring[(w->head + w->count) % AJ_COMM_WATCH_MAX];
         st = aj_device_event_record(comm->dev, e->event, stream);
         if (st == AJ_OK)
@@ -190,7 +191,9 @@ aj_status aj_comm_watch_add(aj_comm *comm, aj_ctx *ctx, void *stream, void *call
         }
     }
     pthread_mutex_unlock(&w->mu);
-    return st == AJ_OK ? aj_comm_watch_check(comm, ctx, fn, NULL) : st;
+    /* a failure found since this call's work was queued is the next
+     * call's (or a query's) to report, whenever the watchdog finds it */
+    return failed ? aj_comm_watch_check(comm, ctx, fn, NULL) : st;
 done:
     return st;
 }

@@ -330,7 +330,7 @@ CUresult cuDevicePrimaryCtxRelease_v2(int dev)
     return SUCCESS;
 }
 
-static void *current;
+static _Thread_local void *current;   /* a thread's current context, as the driver's */
 
 CUresult cuCtxPushCurrent_v2(void *ctx);
 CUresult cuCtxPushCurrent_v2(void *ctx)
@@ -425,7 +425,7 @@ CUresult cuThreadExchangeStreamCaptureMode(int *mode)
  * one is open, unless the calling thread is relaxed. */
 static int refused(const char *call)
 {
-    if (!capture.open || relaxed)
+    if (relaxed || !capture.open)   /* (a relaxed thread never looks at the capture) */
         return 0;
     capture.invalid = 1;
     note("CAPTURE REFUSED %s", call);
