@@ -129,14 +129,16 @@ ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:ha
   -LE "long|cpu_isa"
 
 # The thread tests again under ThreadSanitizer (docs/api.md "Threads"):
-# many threads compiling and launching on one context and device.  Only
-# their targets are built; any report fails the run.  LLVM's own library is
-# not instrumented, so its internal locks are not followed (tests/lib/tsan.supp).
+# many threads compiling and launching on one context and device, and a
+# comm's watchdog thread beside the calls it watches (asynchronous ring
+# calls on the stand-in GPUs).  Only their targets are built; any report
+# fails the run.  LLVM's own library is not instrumented, so its internal
+# locks are not followed (tests/lib/tsan.supp).
 tsan=${AJ_TSAN_BUILD_DIR:-$root/build-tsan}
 echo "== the thread tests under ThreadSanitizer in $tsan ($(elapsed))"
 cmake -S "$root" -B "$tsan" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DAJ_WERROR=ON -DAJ_TSAN=ON \
       -DAJ_BUILD_BENCH=OFF >/dev/null
-cmake --build "$tsan" -j"$jobs" --target test_threads
+cmake --build "$tsan" -j"$jobs" --target test_threads test_gpu_path fake_nccl fake_cuda_normal
 TSAN_OPTIONS="halt_on_error=1:suppressions=$root/tests/lib/tsan.supp" \
   ctest --test-dir "$tsan" --output-on-failure -L threads
 echo "== done in $(elapsed)"
