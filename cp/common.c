@@ -275,7 +275,7 @@ static agreed_call *agreed_find(aj_comm *comm, const char *fn, const aj_cp_call 
 /* Remembers an agreement, in place of the least recently used (every rank
  * makes the same calls, so every rank's memory holds the same ones). */
 static void agreed_keep(aj_comm *comm, const char *fn, const aj_cp_call *mine, int n,
-                        const int64_t *all)
+                        const aj_cp_call *all)
 {
     size_t slot = 0;
     for (size_t i = 0; i < AJ_COUNT_OF(comm->agreed); i++) {
@@ -290,7 +290,8 @@ static void agreed_keep(aj_comm *comm, const char *fn, const aj_cp_call *mine, i
     if (!a)
         return;   /* not remembered: the next such call agrees again */
     *a = (agreed_call){.fn = fn, .mine = *mine, .n = n, .used = ++comm->agreed_clock};
-    memcpy(a->all, all, count * sizeof a->all[0]);
+    for (int r = 0; r < comm->size; r++)
+        memcpy(a->all + (size_t)r * (size_t)n, all[r].v, (size_t)n * sizeof a->all[0]);
     comm->agreed[slot] = a;
 }
 
@@ -335,17 +336,10 @@ aj_status aj_cp_agree(aj_ctx *ctx, aj_comm *comm, const char *fn, const aj_op *o
                 break;
             }
     }
-    int64_t *values_of_all = malloc((size_t)comm->size * (size_t)n * sizeof *values);
-    for (int r = 0; r < comm->size && values_of_all; r++)
-        memcpy(values_of_all + (size_t)r * (size_t)n, all[r].v, (size_t)n * sizeof *values);
-    if (values_of_all && all_values)
-        memcpy(all_values, values_of_all, (size_t)comm->size * (size_t)n * sizeof *values);
-    else if (all_values)   /* out of memory for the copy: read them from the records */
-        for (int r = 0; r < comm->size; r++)
-            memcpy(all_values + (size_t)r * (size_t)n, all[r].v, (size_t)n * sizeof *values);
-    if (st == AJ_OK && values_of_all)
-        agreed_keep(comm, fn, &mine, n, values_of_all);
-    free(values_of_all);
+    for (int r = 0; r < comm->size && all_values; r++)
+        memcpy(all_values + (size_t)r * (size_t)n, all[r].v, (size_t)n * sizeof *values);
+    if (st == AJ_OK)
+        agreed_keep(comm, fn, &mine, n, all);
     free(all);
     return st;
 }

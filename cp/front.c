@@ -72,8 +72,8 @@ static bool async_ok(aj_device *dev, const aj_comm *comm, const aj_op *op, bool 
  * asynchronous call's work waits for it on the device; any other call
  * waits for it on the host now and forgets it (*stream = NULL), and then
  * runs as a call without one. */
-static aj_status order_before(aj_ctx *ctx, aj_device *dev, aj_comm *comm, const char *fn,
-                              bool async, void **stream)
+static aj_status order_before(aj_device *dev, aj_comm *comm, const char *fn, bool async,
+                              void **stream)
 {
     if (!*stream || !dev || !comm)   /* (no dev or comm: the method says so) */
         return AJ_OK;
@@ -109,7 +109,7 @@ static aj_status order_before(aj_ctx *ctx, aj_device *dev, aj_comm *comm, const 
             st = aj_comm_watch_check(comm, ctx, #name, NULL);                                \
         const bool async = async_ok(dev, comm, op, host_outputs(args));                      \
         if (st == AJ_OK)                                                                     \
-            st = order_before(ctx, dev, comm, #name, async, &args_read_.stream);              \
+            st = order_before(dev, comm, #name, async, &args_read_.stream);                   \
         if (st == AJ_OK)                                                                     \
             st = before_##entry(ctx, op, args);                                              \
         if (st == AJ_OK)                                                                     \

@@ -890,6 +890,59 @@ static aj_status run_rows(aj_emulated_run *r)
                    r->a.rows.has_lse ? &r->a.rows.lse : NULL, r->a.rows.stream);
 }
 
+/* Runs twin run r (heap; its ctx, sim, twin, run and arguments filled)
+ * on the emulator now, then frees it and its twin; or, inside a capture on
+ * `stream`, queues it as a host node each replay runs (r and its twin are
+ * then the device's). */
+static aj_status run_or_capture(aj_ctx *ctx, aj_device *dev, void *stream, aj_emulated_run *r)
+{
+    aj_kernel *twin = r->twin;
+    bool capturing = false;
+    aj_status st = aj_cuda_capturing(ctx, dev->cuda, stream, &capturing);
+    if (st == AJ_OK && capturing) {
+        st = emulate_captured(ctx, dev, stream, r);   /* (r freed on a failure) */
+        if (st != AJ_OK)
+            aj_kernel_destroy(twin);
+        return st;
+    }
+    if (st == AJ_OK)
+        st = r->run(r);
+    aj_kernel_destroy(twin);
+    free(r);
+    return st;
+}
+
+/* A run record of `twin` (st: how making it went) on dev's twin device;
+ * on a failure *out is NULL, the twin freed and the failure on ctx. */
+static aj_status new_run(aj_ctx *ctx, aj_device *dev, aj_kernel *twin, aj_status st,
+                         aj_emulated_run **out)
+{
+    *out = st == AJ_OK ? calloc(1, sizeof **out) : NULL;
+    if (!*out) {
+        aj_kernel_destroy(twin);
+        return st != AJ_OK ? st : aj_fail(ctx, AJ_ERR_OUT_OF_MEMORY, "out of memory");
+    }
+    (*out)->ctx = ctx, (*out)->sim = dev->twin, (*out)->twin = twin;
+    return AJ_OK;
+}
+
+/* `keep` fills r_ (its run and arguments) from on_sim. */
+#define EMULATE(fn, type, last_required, NAME, keep, ...)                                     \
+    do {                                                                                      \
+        AJ_READ_STRUCT_OR_RETURN(ctx, fn ": args", given, type, last_required,                \
+                                 AJ_##NAME##_INIT, args);                                     \
+        type on_sim = *args;   /* (its stream: the sim ignores it, its accesses name it) */  \
+        __VA_ARGS__;                                                                          \
+        aj_kernel *twin = NULL;                                                               \
+        aj_emulated_run *r_ = NULL;                                                           \
+        aj_status emu_st = aj_compile_twin(ctx, kernel, &twin);                               \
+        emu_st = new_run(ctx, dev, twin, emu_st, &r_);                                        \
+        if (emu_st != AJ_OK)                                                                  \
+            return emu_st;                                                                    \
+        keep;                                                                                 \
+        return run_or_capture(ctx, dev, args->stream, r_);                                    \
+    } while (0)
+
 /* A row kernel's launch again on the emulator (the ring's sums): now, or
  * inside a capture at each replay, as emulate_forward does. */
 static aj_status emulate_rows(aj_ctx *ctx, aj_device *dev, const aj_kernel *rows, int stage,
@@ -897,66 +950,24 @@ static aj_status emulate_rows(aj_ctx *ctx, aj_device *dev, const aj_kernel *rows
                               void *stream)
 {
     aj_kernel *twin = NULL;
+    aj_emulated_run *r = NULL;
     aj_status st = aj_compile_rows(ctx, AJ_TARGET_SIM, rows->op.dtype, rows->op.head_dim_v,
                                    &twin);
-    bool capturing = false;
-    if (st == AJ_OK)
-        st = aj_cuda_capturing(ctx, dev->cuda, stream, &capturing);
-    if (st == AJ_OK && capturing) {   /* each replay runs the twin (a host node) */
-        aj_emulated_run *r = calloc(1, sizeof *r);
-        if (!r) {
-            aj_kernel_destroy(twin);
-            return aj_fail(ctx, AJ_ERR_OUT_OF_MEMORY, "out of memory");
-        }
-        r->ctx = ctx, r->sim = dev->twin, r->twin = twin, r->run = run_rows;
-        r->a.rows.stage = stage, r->a.rows.o = *o, r->a.rows.acc = *acc;
-        r->a.rows.has_lse = lse != NULL, r->a.rows.stream = stream;
-        if (lse)
-            r->a.rows.lse = *lse;
-        st = emulate_captured(ctx, dev, stream, r);
-        if (st == AJ_OK)
-            return AJ_OK;
-    } else if (st == AJ_OK) {
-        st = rows_on(ctx, dev->twin, twin, stage, o, acc, lse, stream);
-    }
-    aj_kernel_destroy(twin);
+    AJ_TRY(new_run(ctx, dev, twin, st, &r));
+    r->run = run_rows;
+    r->a.rows.stage = stage, r->a.rows.o = *o, r->a.rows.acc = *acc;
+    r->a.rows.has_lse = lse != NULL, r->a.rows.stream = stream;
+    if (lse)
+        r->a.rows.lse = *lse;
+    return run_or_capture(ctx, dev, stream, r);
+done:
     return st;
 }
-
-/* `keep` fills r_ (its run and arguments) from on_sim. */
-#define EMULATE(fn, launch, type, last_required, NAME, keep, ...)                             \
-    do {                                                                                      \
-        AJ_READ_STRUCT_OR_RETURN(ctx, fn ": args", given, type, last_required,                \
-                                 AJ_##NAME##_INIT, args);                                     \
-        type on_sim = *args;   /* (its stream: the sim ignores it, its accesses name it) */  \
-        __VA_ARGS__;                                                                          \
-        aj_kernel *twin = NULL;                                                               \
-        aj_status emu_st = aj_compile_twin(ctx, kernel, &twin);                               \
-        bool capturing = false;                                                               \
-        if (emu_st == AJ_OK)                                                                  \
-            emu_st = aj_cuda_capturing(ctx, dev->cuda, args->stream, &capturing);             \
-        if (emu_st == AJ_OK && capturing) {   /* each replay runs the twin (a host node) */   \
-            aj_emulated_run *r_ = calloc(1, sizeof *r_);                                      \
-            if (!r_) {                                                                        \
-                aj_kernel_destroy(twin);                                                      \
-                return aj_fail(ctx, AJ_ERR_OUT_OF_MEMORY, "out of memory");                   \
-            }                                                                                 \
-            r_->ctx = ctx, r_->sim = dev->twin, r_->twin = twin;                              \
-            keep;                                                                             \
-            emu_st = emulate_captured(ctx, dev, args->stream, r_);                            \
-            if (emu_st == AJ_OK)                                                              \
-                return AJ_OK;                                                                 \
-        } else if (emu_st == AJ_OK) {                                                         \
-            emu_st = launch(ctx, dev->twin, twin, &on_sim);                                   \
-        }                                                                                     \
-        aj_kernel_destroy(twin);                                                              \
-        return emu_st;                                                                        \
-    } while (0)
 
 static aj_status emulate_forward(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
                                  const aj_fwd_args *given)
 {
-    EMULATE("aj_forward", forward_on, aj_fwd_args, lse, FWD_ARGS,
+    EMULATE("aj_forward", aj_fwd_args, lse, FWD_ARGS,
             (r_->run = run_fwd, r_->a.fwd = on_sim,
              r_->a.fwd.side = keep_side(r_, 0, on_sim.side, on_sim.num_side)),
             on_sim.block_mask = NULL);
@@ -965,7 +976,7 @@ static aj_status emulate_forward(aj_ctx *ctx, aj_device *dev, const aj_kernel *k
 static aj_status emulate_backward(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
                                   const aj_bwd_args *given)
 {
-    EMULATE("aj_backward", backward_on, aj_bwd_args, dv, BWD_ARGS,
+    EMULATE("aj_backward", aj_bwd_args, dv, BWD_ARGS,
             (r_->run = run_bwd, r_->a.bwd = on_sim,
              r_->a.bwd.side = keep_side(r_, 0, on_sim.side, on_sim.num_side),
              r_->a.bwd.dside = keep_side(r_, 1, on_sim.dside, on_sim.num_dside)),
@@ -975,7 +986,7 @@ static aj_status emulate_backward(aj_ctx *ctx, aj_device *dev, const aj_kernel *
 static aj_status emulate_merge(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
                                const aj_merge_args *given)
 {
-    EMULATE("aj_merge", merge_on, aj_merge_args, lse, MERGE_ARGS,
+    EMULATE("aj_merge", aj_merge_args, lse, MERGE_ARGS,
             (r_->run = run_merge, r_->a.merge = on_sim), (void)0);
 }
 

@@ -492,26 +492,33 @@ static void nccl_exchange_cancel(aj_comm *comm, aj_comm_req *req)
     slot->busy = false;
 }
 
+/* Work queued on `stream` from now on waits, on the device, for the
+ * slot's transfer (in the pushed context).  The wait takes the event as
+ * recorded now: the slot may record it again for its next transfer. */
+static aj_status join_on_device(aj_comm *comm, nccl_slot *slot, void *stream)
+{
+    nccl_state *s = state_of(comm);
+    CUresult q = s->cu->StreamWaitEvent((CUstream)stream, slot->done, 0);
+    if (q == AJ_CUDA_SUCCESS)
+        return AJ_OK;
+    abort_comm(s);
+    return aj_cuda_fail(comm->ctx, s->cu, q, "NCCL: cuStreamWaitEvent");
+}
+
 static aj_status nccl_exchange_join(aj_comm *comm, aj_comm_req *req, void *stream)
 {
     nccl_req r = req_of(req);
     if (r.slot < 0)
         return AJ_OK;
     nccl_state *s = state_of(comm);
-    nccl_slot *slot = &s->slots[r.slot];
     aj_status st = check_usable(comm, "an exchange");
     if (st != AJ_OK)
         return st;
     AJ_TRY(push_ctx(comm));
-    /* the wait takes the event as recorded now: the slot may record it
-     * again for its next exchange */
-    CUresult q = s->cu->StreamWaitEvent((CUstream)stream, slot->done, 0);
+    st = join_on_device(comm, &s->slots[r.slot], stream);
     pop_ctx(comm);
-    if (q != AJ_CUDA_SUCCESS) {
-        abort_comm(s);
-        return aj_cuda_fail(comm->ctx, s->cu, q, "NCCL: cuStreamWaitEvent");
-    }
-    release(s, req, r);
+    if (st == AJ_OK)
+        release(s, req, r);
 done:
     return st;
 }
@@ -561,13 +568,9 @@ static aj_status collective(aj_comm *comm, const void *send, size_t send_bytes, 
     if (st == AJ_OK && !staged && comm->after_stream) {
         /* the caller's device buffers: its stream waits for the result on
          * the device, as for a joined exchange; the host goes on */
-        CUresult q = s->cu->StreamWaitEvent((CUstream)comm->after_stream, slot->done, 0);
+        st = join_on_device(comm, slot, comm->after_stream);
         pop_ctx(comm);
-        if (q != AJ_CUDA_SUCCESS) {
-            abort_comm(s);
-            return aj_cuda_fail(comm->ctx, s->cu, q, "NCCL: cuStreamWaitEvent");
-        }
-        return AJ_OK;
+        return st;
     }
     const double start = aj_now();
     bool finished = false;

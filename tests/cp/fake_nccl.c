@@ -337,14 +337,8 @@ static void queued(void *stream, const void *buf, size_t bytes, int write, const
 {
     if (stream_capturing(stream))
         return;   /* recorded, not done: a replay's work is the graph's order */
-    static void (*tell)(void *, const void *, size_t, int, const char *);
-    static int looked;
-    if (!looked) {
-        looked = 1;
-        void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
-        if (h)
-            *(void **)&tell = dlsym(h, "fake_cuda_queue_access");
-    }
+    void (*tell)(void *, const void *, size_t, int, const char *) = NULL;
+    *(void **)&tell = cuda_symbol("fake_cuda_queue_access");
     if (tell)
         tell(stream, buf, bytes, write, what);
 }

@@ -109,6 +109,13 @@ static void bind_fake(void)
         exit(check_report());
 }
 
+/* Symbol `name` of the libcuda.so.1 attnjit loaded (the stand-in), or NULL. */
+static void *fake_symbol(const char *name)
+{
+    void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    return h ? dlsym(h, name) : NULL;
+}
+
 static int count(const char *log, const char *what)
 {
     int n = 0;
@@ -343,13 +350,12 @@ static aj_status run_backward(void *user)
  * allocates its workspace, is refused by the capture. */
 static void bind_graphs(void)
 {
-    void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
-    *(void **)&graphs.begin = dlsym(h, "cuStreamBeginCapture_v2");
-    *(void **)&graphs.end = dlsym(h, "cuStreamEndCapture");
-    *(void **)&graphs.instantiate = dlsym(h, "cuGraphInstantiateWithFlags");
-    *(void **)&graphs.launch = dlsym(h, "cuGraphLaunch");
-    *(void **)&graphs.exec_destroy = dlsym(h, "cuGraphExecDestroy");
-    *(void **)&graphs.destroy = dlsym(h, "cuGraphDestroy");
+    *(void **)&graphs.begin = fake_symbol("cuStreamBeginCapture_v2");
+    *(void **)&graphs.end = fake_symbol("cuStreamEndCapture");
+    *(void **)&graphs.instantiate = fake_symbol("cuGraphInstantiateWithFlags");
+    *(void **)&graphs.launch = fake_symbol("cuGraphLaunch");
+    *(void **)&graphs.exec_destroy = fake_symbol("cuGraphExecDestroy");
+    *(void **)&graphs.destroy = fake_symbol("cuGraphDestroy");
     CHECK(graphs.begin && graphs.end && graphs.instantiate && graphs.launch &&
           graphs.exec_destroy && graphs.destroy);
     if (!graphs.end || !graphs.instantiate || !graphs.launch || !graphs.exec_destroy ||
@@ -556,9 +562,8 @@ static aj_kernel *compile_window(int i)
  * stand-in counts modules and refuses a launch of an unloaded one. */
 static void check_eviction(void *stream)
 {
-    void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
     int (*live)(void) = NULL;
-    *(void **)&live = dlsym(h, "fake_cuda_live_modules");
+    *(void **)&live = fake_symbol("fake_cuda_live_modules");
     CHECK_MSG(live, "the stand-in lacks fake_cuda_live_modules");
     if (!live)
         return;
@@ -764,9 +769,8 @@ static void check_async(aj_comm *comm, const aj_op *fop, const aj_op *bop,
 {
     int (*queries)(void) = NULL;
     int (*memset32)(void *dst, unsigned value, size_t n, void *stream) = NULL;
-    void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
-    *(void **)&queries = dlsym(h, "fake_cuda_event_queries");
-    *(void **)&memset32 = dlsym(h, "cuMemsetD32Async");
+    *(void **)&queries = fake_symbol("fake_cuda_event_queries");
+    *(void **)&memset32 = fake_symbol("cuMemsetD32Async");
     void *stream = NULL;
     CHECK(queries && memset32 && stream_create(&stream, 1) == 0);
     if (!queries || !memset32 || !stream)
