@@ -12,6 +12,7 @@
 #include "cp/comm/comm.h"
 #include "cp/cp.h"
 #include "runtime/runtime.h"
+#include "templates/template.h"
 
 aj_tensor aj_cp_dense(void *data, aj_dtype dtype, int rank, const int64_t *shape)
 {
@@ -479,11 +480,106 @@ aj_status aj_cp_side_grad_check(aj_ctx *ctx, const aj_op *op, const aj_ring_bwd_
     return st;
 }
 
+/*
+ * A resident call's sums over the ranks (cuda over NCCL) stay in device
+ * memory: each rank's n f32 (padded with zeros to whole rows of RANK_SUM_W)
+ * are gathered by the engine on the device, added in rank order by the
+ * f32 row kernels (templates/rows.c) on the comm's stream, and the total
+ * copied into the output there -- the same order, so the same bits, on
+ * every rank.  Elsewhere the parts travel through the host and add up
+ * there (aj_cp_side_grad_sum, aj_cp_sinks_grad).
+ */
+enum { RANK_SUM_W = 8 };
+
+static size_t rank_sum_padded(size_t n)
+{
+    return (n + RANK_SUM_W - 1) / RANK_SUM_W * RANK_SUM_W;
+}
+
+/* n_pad f32 as [1, 1, n_pad / RANK_SUM_W, RANK_SUM_W] rows. */
+static aj_tensor rank_sum_view(const float *x, size_t n_pad)
+{
+    return (aj_tensor){(void *)x, AJ_DTYPE_F32, 4,
+                       {1, 1, (int64_t)(n_pad / RANK_SUM_W), RANK_SUM_W},
+                       {(int64_t)n_pad, (int64_t)n_pad, RANK_SUM_W, 1}};
+}
+
+/* dst[i * stride] = the sum over the ranks of their part[i], i < n: part
+ * (device memory, rank_sum_padded(n) f32, zero past n) written by work
+ * queued on `stream`; waits for the result.  `what` names the sum in
+ * messages. */
+static aj_status rank_sum_device(aj_ctx *ctx, aj_device *dev, aj_comm *comm, void *stream,
+                                 const float *part, size_t n, float *dst, int64_t stride,
+                                 const char *what)
+{
+    static const char fn[] = "aj_ring_backward";
+    const size_t n_pad = rank_sum_padded(n);
+    float *all = NULL;
+    aj_kernel *rows = NULL;
+    aj_status st = aj_compile_rows(ctx, aj_device_target(dev), AJ_DTYPE_F32, RANK_SUM_W, &rows);
+    if (st == AJ_OK)
+        st = aj_comm_block_get(comm, (size_t)comm->size * n_pad * 4, (void **)&all);
+    if (st == AJ_OK) {
+        aj_comm_device_transfers(comm, true, stream);
+        st = comm->engine->allgather(comm, part, all, n_pad * 4);
+        aj_comm_device_transfers(comm, false, NULL);
+        if (st != AJ_OK && st != AJ_ERR_OUT_OF_MEMORY && st != AJ_ERR_INVALID_ARG)
+            st = aj_fail(ctx, st, "%s: the all-gather of %s failed: %s", fn, what,
+                         aj_last_error(ctx));
+    }
+    const aj_tensor total = rank_sum_view(all, n_pad);
+    for (int rk = 1; st == AJ_OK && rk < comm->size; rk++) {   /* in rank order */
+        const aj_tensor x = rank_sum_view(all + (size_t)rk * n_pad, n_pad);
+        st = aj_rows_launch(ctx, dev, rows, AJ_ROWS_ADD, &x, &total, NULL, stream);
+    }
+    if (st == AJ_OK)
+        st = stride == 1 ? aj_device_copy_async(dev, dst, all, n * 4, AJ_COPY_ON_DEVICE, stream)
+                         : aj_device_copy2d_async(dev, dst, (size_t)stride * 4, all, 4, 4, n,
+                                                  stream);
+    if (st == AJ_OK) {
+        char msg[96];
+        snprintf(msg, sizeof msg, "%s: the sum of %s", fn, what);
+        st = aj_device_wait(dev, stream, comm->timeout_s, msg);
+    }
+    if (all)
+        aj_comm_block_put(comm, all);
+    aj_kernel_destroy(rows);
+    return st;
+}
+
+/* The grad side tensors' sums of a resident call: each output's part
+ * (written on the comm's stream) padded into a block, summed over the
+ * ranks back into it. */
+static aj_status side_grad_sum_device(aj_ctx *ctx, aj_device *dev, aj_comm *comm,
+                                      const aj_ring_bwd_args *a)
+{
+    void *stream = NULL;
+    aj_status st = aj_cp_stream(dev, comm, &stream);
+    for (int i = 0; st == AJ_OK && i < a->num_dside; i++) {
+        const size_t n = (size_t)aj_side_numel(&a->dside[i]), n_pad = rank_sum_padded(n);
+        float *part = NULL;
+        char what[AJ_OP_TENSOR_NAME_MAX + 8];
+        snprintf(what, sizeof what, "d%s", a->dside[i].name);
+        st = aj_cp_buffer(dev, comm, true, n_pad * 4, 1, stream, (void **)&part);
+        if (st == AJ_OK && n)
+            st = aj_device_copy_async(dev, part, a->dside[i].data, n * 4, AJ_COPY_ON_DEVICE,
+                                      stream);
+        if (st == AJ_OK)
+            st = rank_sum_device(ctx, dev, comm, stream, part, n, (float *)a->dside[i].data, 1,
+                                 what);
+        if (part)
+            aj_cp_buffer_free(dev, comm, true, part);
+    }
+    return st;
+}
+
 aj_status aj_cp_side_grad_sum(aj_ctx *ctx, aj_device *dev, aj_comm *comm,
                               const aj_ring_bwd_args *a)
 {
     static const char fn[] = "aj_ring_backward";
     aj_status st = AJ_OK;
+    if (aj_cp_resident(dev, comm))
+        return side_grad_sum_device(ctx, dev, comm, a);
     for (int i = 0; st == AJ_OK && i < a->num_dside; i++) {
         const size_t n = (size_t)aj_side_numel(&a->dside[i]);
         float *mine = calloc(n + 1, 4), *all = calloc((size_t)comm->size * n + 1, 4);
@@ -505,6 +601,58 @@ aj_status aj_cp_side_grad_sum(aj_ctx *ctx, aj_device *dev, aj_comm *comm,
         free(mine);
         free(all);
     }
+    return st;
+}
+
+/* A resident call's sinks' gradient: this rank's part by the sinks' stage
+ * of the op's own backward (aj_backward_sinks: the rank's rows, as padded
+ * tensors, no mask -- the stage reads O, dO, LSE and the sinks only) into
+ * a block, then summed over the ranks into a->dsinks. */
+static aj_status sinks_grad_device(aj_ctx *ctx, aj_device *dev, aj_comm *comm, const aj_op *op,
+                                   const aj_ring_bwd_args *a, int packed, int64_t Hq)
+{
+    const aj_cp_shapes sh = {.varlen = packed};
+    void *stream = NULL;
+    float *part = NULL;
+    aj_op *v = NULL;
+    aj_kernel *kernel = NULL;
+    aj_status st = aj_cp_stream(dev, comm, &stream);
+    if (st == AJ_OK)
+        st = aj_op_clone(op, &v);
+    if (st == AJ_OK)
+        st = aj_op_set_mask_none(v);
+    if (st == AJ_OK && packed)
+        st = aj_op_set_layout(v, AJ_LAYOUT_PADDED);
+    aj_compile_options opt = AJ_COMPILE_OPTIONS_INIT;
+    opt.device = dev;
+    if (st == AJ_OK)
+        st = aj_compile(ctx, v, &opt, &kernel);
+    const size_t n_pad = rank_sum_padded((size_t)Hq);
+    if (st == AJ_OK)
+        st = aj_cp_buffer(dev, comm, true, n_pad * 4, 1, stream, (void **)&part);
+    if (st == AJ_OK) {
+        aj_bwd_args b = AJ_BWD_ARGS_INIT;
+        const aj_tensor *in[] = {&a->q, &a->k, &a->v, &a->o, &a->do_, &a->lse, &a->dq, &a->dk,
+                                 &a->dv};
+        aj_tensor *to[] = {&b.q, &b.k, &b.v, &b.o, &b.do_, &b.lse, &b.dq, &b.dk, &b.dv};
+        for (size_t i = 0; i < AJ_COUNT_OF(in); i++)
+            *to[i] = aj_cp_as_padded(in[i], &sh);
+        b.alibi_slopes = a->alibi_slopes;
+        b.side = a->side;
+        b.num_side = a->num_side;
+        b.seed = a->seed;
+        b.offset = a->offset;
+        b.dsinks = (aj_tensor){part, AJ_DTYPE_F32, 1, {Hq}, {1}};
+        b.stream = stream;
+        st = aj_backward_sinks(ctx, dev, kernel, &b);
+    }
+    if (st == AJ_OK)
+        st = rank_sum_device(ctx, dev, comm, stream, part, (size_t)Hq, (float *)a->dsinks.data,
+                             a->dsinks.strides[0], "the sinks' gradient");
+    if (part)
+        aj_cp_buffer_free(dev, comm, true, part);
+    aj_kernel_destroy(kernel);
+    aj_op_destroy(v);
     return st;
 }
 
@@ -531,6 +679,8 @@ aj_status aj_cp_sinks_grad(aj_ctx *ctx, aj_device *dev, aj_comm *comm, const aj_
             logits = &a->side[i];
     AJ_CHECK_ARG(ctx, logits, "%s: the sinks tensor '%s' is not given", fn,
                  info.tensors[sink].name);
+    if (aj_cp_resident(dev, comm))
+        return sinks_grad_device(ctx, dev, comm, op, a, packed, r.Hq);
     const size_t rows = (size_t)(r.B * r.Hq * r.l), elems = rows * (size_t)r.Dv;
     float *o = NULL, *d = NULL, *lse = NULL, *sinks = calloc((size_t)r.Hq + 1, 4);
     float *all = calloc((size_t)comm->size * (size_t)r.Hq + 1, 4);

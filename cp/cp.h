@@ -161,9 +161,10 @@ aj_status aj_ulysses_backward(aj_ctx *ctx, aj_device *dev, struct aj_comm *comm,
                               aj_ring_stats *stats);
 
 /* The sinks' gradient of a finished ring backward (any method): this
- * rank's rows' part, -sum exp(sink[h] - lse) dO . O per head (in double,
- * rows in order), gathered from every rank and summed in rank order into
- * args->dsinks (common.c). */
+ * rank's rows' part, -sum exp(sink[h] - lse) dO . O per head (on the host
+ * in double, rows in order; resident, by the kernel's sinks stage),
+ * gathered from every rank and summed in rank order into args->dsinks
+ * (common.c; resident: on the device). */
 aj_status aj_cp_sinks_grad(aj_ctx *ctx, aj_device *dev, struct aj_comm *comm, const aj_op *op,
                            const aj_ring_bwd_args *args);
 
@@ -171,7 +172,8 @@ aj_status aj_cp_sinks_grad(aj_ctx *ctx, aj_device *dev, struct aj_comm *comm, co
  * aj_cp_side_grad_check before the method runs (aj_check_dside_outputs,
  * and contiguous); the method leaves each rank's
  * part in the outputs; aj_cp_side_grad_sum gathers the parts from every
- * rank and writes their sum in rank order (common.c). */
+ * rank and writes their sum in rank order (common.c; resident: on the
+ * device). */
 aj_status aj_cp_side_grad_check(aj_ctx *ctx, const aj_op *op, const aj_ring_bwd_args *args);
 aj_status aj_cp_side_grad_sum(aj_ctx *ctx, aj_device *dev, struct aj_comm *comm,
                               const aj_ring_bwd_args *args);

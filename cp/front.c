@@ -60,7 +60,8 @@ static aj_status method_row(aj_ctx *ctx, const char *fn, aj_cp_method method,
  * device -- resident (cuda over NCCL), padded (varlen reads its documents'
  * offsets on the host), reading no side tensor or alibi slopes (the ring
  * reads them on the host to class its blocks), and for a backward no
- * dsinks or side gradients (summed on the host). */
+ * dsinks or side gradients (their sums over the ranks wait for their
+ * result: common.c). */
 static bool async_ok(aj_device *dev, const aj_comm *comm, const aj_op *op, bool host_outputs)
 {
     return dev && comm && op && aj_cp_resident(dev, (aj_comm *)comm) &&

@@ -1262,6 +1262,15 @@ static aj_status clear_unwritten(const ring_plan *p, float *dkv, int64_t lk,
     return st;
 }
 
+/* The bytes of a grad side tensor's part and sum: its f32 elements, or
+ * where the ring is resident whole rows of the f32 row kernel that adds
+ * them (sums_add), zeros past its end. */
+static size_t side_bytes(const ring_plan *p, const aj_side_tensor *t)
+{
+    const size_t n = (size_t)aj_side_numel(t), w = (size_t)p->flat;
+    return (p->resident ? (n + w - 1) / w * w : n) * 4;
+}
+
 /* Per-launch outputs of the backward kernel (one Q chunk, one K/V chunk)
  * in device memory, their host copies, and the f32 scratch that adds them
  * up. */
@@ -1350,13 +1359,17 @@ static aj_status bwd_block(ring_plan *p, const ring_kernels *kern, const aj_ring
             AJ_TRY(from_dev(p, parts->dk_h, parts->dk, parts->dk_bytes));
             AJ_TRY(from_dev(p, parts->dv_h, parts->dv, parts->dv_bytes));
         }
-        /* the side tensors' gradient parts add up on the host, in order */
-        for (int t = 0; t < parts->nside && !p->host_memory; t++)
+        /* the side tensors' gradient parts add up in order: on the device
+         * where the ring is resident, else on the host */
+        for (int t = 0; t < parts->nside && p->resident; t++)
+            AJ_TRY(sums_add(p, parts->side_acc[t], parts->side[t].data,
+                            side_bytes(p, &parts->side[t]) / 4));
+        for (int t = 0; t < parts->nside && !p->host_memory && !p->resident; t++)
             AJ_TRY(from_dev(p, parts->side_h[t], parts->side[t].data,
                             (size_t)aj_side_numel(&parts->side[t]) * 4));
-        if (!p->resident || parts->nside)   /* resident: the sums follow on the stream */
+        if (!p->resident)   /* resident: the sums follow on the stream */
             AJ_TRY(ring_wait(p, "the block's kernels"));
-        for (int t = 0; t < parts->nside; t++) {   /* in step order */
+        for (int t = 0; t < parts->nside && !p->resident; t++) {   /* in step order */
             const float *got = parts->side_h[t];
             for (int64_t e = 0; e < aj_side_numel(&parts->side[t]); e++)
                 parts->side_acc[t][e] += got[e];
@@ -1605,9 +1618,12 @@ aj_status aj_ring_backward_group(aj_ctx *ctx, aj_device *dev, aj_comm *comm, con
         AJ_TRY(store_rounded(p, b.dq_acc, dq_count, args->dq.data, b.typed));
     }
     for (int t = 0; t < parts.nside; t++)   /* this rank's parts (the front door sums) */
-        AJ_TRY(to_dev(p, (void *)args->dside[t].data, parts.side_acc[t],
-                      (size_t)aj_side_numel(&parts.side[t]) * 4));
-    if (parts.nside)   /* before the front door reads them and side_acc is freed */
+        AJ_TRY(aj_device_copy_async(p->dev, (void *)args->dside[t].data, parts.side_acc[t],
+                                    (size_t)aj_side_numel(&parts.side[t]) * 4,
+                                    p->resident ? AJ_COPY_ON_DEVICE : 1, p->stream));
+    if (parts.nside && !p->resident)   /* before the front door reads them, side_acc freed
+                                        * (resident: the front door's sums follow on the
+                                        * stream) */
         AJ_TRY(ring_wait(p, "storing the side tensors' gradients"));
     AJ_TRY(exchange_finish(p, &reqs[0]));
 done:
@@ -1617,8 +1633,8 @@ done:
     free_part(p, parts.dk_h, in_place);
     free_part(p, parts.dv_h, in_place);
     for (int t = 0; t < parts.nside; t++) {
-        free_part(p, parts.side_h[t], p->host_memory);
-        aj_device_host_free(dev, parts.side_acc[t]);
+        free_part(p, parts.side_h[t], in_place);
+        free_sums(p, parts.side_acc[t]);
         dev_free(p, (void *)parts.side[t].data);
     }
     void *sums[] = {b.kv[0], b.kv[1], b.acc[0], b.acc[1], b.step, b.dq_acc, b.gathered,
@@ -1650,14 +1666,16 @@ static aj_status bwd_alloc_parts(ring_plan *p, const aj_ring_bwd_args *a, bwd_pa
         AJ_TRY(alloc_host(p, (size_t)(chunk * width * (p->sh.varlen ? p->Hq : 1)) *
                                  sizeof(float), 0, (void **)&parts->scratch));
     for (int t = 0; t < a->num_dside; t++) {   /* the outputs' shapes, contiguous */
-        const size_t bytes = (size_t)aj_side_numel(&a->dside[t]) * 4;
+        const size_t bytes = side_bytes(p, &a->dside[t]);
         void *data = NULL;
         parts->side[t] = a->dside[t];
         parts->side[t].data = NULL;
-        AJ_TRY(alloc_part(p, bytes, p->host_memory, &data, &parts->side_h[t]));
+        AJ_TRY(alloc_part(p, bytes, in_place, &data, &parts->side_h[t]));
         parts->side[t].data = data;
         parts->nside = t + 1;
-        AJ_TRY(alloc_host(p, bytes, 1, (void **)&parts->side_acc[t]));
+        if (p->resident)   /* zeros past the part's end, which the kernel never writes */
+            AJ_TRY(aj_device_fill32_async(p->dev, data, 0, bytes / 4, p->stream));
+        AJ_TRY(alloc_sums(p, bytes, 1, (void **)&parts->side_acc[t]));
     }
 done:
     return st;

@@ -865,9 +865,12 @@ aj_status aj_ulysses_backward(aj_ctx *ctx, aj_device *dev, aj_comm *comm, const 
         b.num_dside = a->num_dside;
         AJ_TRY(aj_backward(ctx, dev, c.kernel, &b));
     } else {
-        for (int t = 0; t < a->num_dside; t++)   /* no launch: a part of zeros */
-            AJ_TRY(aj_cp_zero(ctx, dev, a->dside[t].data,
-                              (size_t)aj_side_numel(&a->dside[t]) * 4));
+        for (int t = 0; t < a->num_dside; t++) {   /* no launch: a part of zeros */
+            const size_t n = (size_t)aj_side_numel(&a->dside[t]);
+            AJ_TRY(p->resident ? aj_device_fill32_async(dev, (void *)a->dside[t].data, 0, n,
+                                                        p->stream)
+                               : aj_cp_zero(ctx, dev, a->dside[t].data, n * 4));
+        }
     }
     AJ_TRY(end(&c, p->across || launch));
 done:

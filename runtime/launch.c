@@ -621,13 +621,17 @@ static aj_status bind_workspace(aj_ctx *ctx, aj_device *dev, const aj_bwd_args *
 }
 
 static aj_status backward_on(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
-                             const aj_bwd_args *given)
+                             const aj_bwd_args *given, bool sinks_only)
 {
     BEGIN_LAUNCH("aj_backward", AJ_KIND_BACKWARD, aj_bwd_args, dv, BWD_ARGS);
     bwd_call call;
     st = check_call(ctx, kernel, args, &call);
     if (st != AJ_OK)
         return st;
+    call.sinks_only = sinks_only;
+    if (sinks_only && (kernel->sinks < 0 || !args->dsinks.data || call.dside.count))
+        return aj_fail(ctx, AJ_ERR_INTERNAL, "%s: the sinks' stage alone wants an op with "
+                       "sinks, dsinks and no dside", BWD);
     const fwd_sizes *sz = &call.sz;
     /* no gradient element: nothing to launch (but dsinks and dside, 0) */
     if ((sz->batch == 0 || sz->heads_kv == 0 || (sz->seq_q == 0 && sz->seq_k == 0)) &&
@@ -637,6 +641,8 @@ static aj_status backward_on(aj_ctx *ctx, aj_device *dev, const aj_kernel *kerne
     /* the plan decides the workspace; where the fused plan's dQ sums do
      * not fit in memory, the split plan, which needs none */
     bwd_workspace w = workspace_layout(kernel, &call, takes_fused_plan(kernel, dev, sz));
+    if (sinks_only)   /* (the sinks' stage reads none) */
+        w.bytes = 0;
     void *ws = NULL;
     int scratch = 0;
     st = bind_workspace(ctx, dev, args, &w, &ws, &scratch);
@@ -726,7 +732,7 @@ static aj_status run_stages(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel
         if (kernel->stages[s].plan == (int32_t)skipped ||
             kernel->stages[s].plan == (int32_t)AJ_STAGE_UNUSED)
             continue;
-        if ((tail == TAIL_SINKS && !a->dsinks.data) ||
+        if ((tail == TAIL_SINKS && !a->dsinks.data) || (call->sinks_only && tail != TAIL_SINKS) ||
             ((tail == TAIL_DSIDE || tail == TAIL_DSIDE_SUM) && call->dside.count == 0))
             continue;
         if (tail != TAIL_DSIDE_SUM) {
@@ -806,6 +812,7 @@ typedef struct aj_emulated_run {
     aj_device *sim;
     aj_kernel *twin;
     aj_status (*run)(struct aj_emulated_run *r);
+    bool sinks_only;   /* a backward's: aj_backward_sinks */
     union {
         aj_fwd_args fwd;
         aj_bwd_args bwd;
@@ -876,7 +883,7 @@ static aj_status run_fwd(aj_emulated_run *r)
 
 static aj_status run_bwd(aj_emulated_run *r)
 {
-    return backward_on(r->ctx, r->sim, r->twin, &r->a.bwd);
+    return backward_on(r->ctx, r->sim, r->twin, &r->a.bwd, r->sinks_only);
 }
 
 static aj_status run_merge(aj_emulated_run *r)
@@ -974,10 +981,10 @@ static aj_status emulate_forward(aj_ctx *ctx, aj_device *dev, const aj_kernel *k
 }
 
 static aj_status emulate_backward(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
-                                  const aj_bwd_args *given)
+                                  const aj_bwd_args *given, bool sinks_only)
 {
     EMULATE("aj_backward", aj_bwd_args, dv, BWD_ARGS,
-            (r_->run = run_bwd, r_->a.bwd = on_sim,
+            (r_->run = run_bwd, r_->sinks_only = sinks_only, r_->a.bwd = on_sim,
              r_->a.bwd.side = keep_side(r_, 0, on_sim.side, on_sim.num_side),
              r_->a.bwd.dside = keep_side(r_, 1, on_sim.dside, on_sim.num_dside)),
             on_sim.block_mask = NULL; on_sim.workspace = NULL; on_sim.workspace_bytes = 0);
@@ -1000,8 +1007,15 @@ aj_status aj_forward(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
 aj_status aj_backward(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
                       const aj_bwd_args *given)
 {
-    aj_status st = backward_on(ctx, dev, kernel, given);
-    return st == AJ_OK && dev->twin ? emulate_backward(ctx, dev, kernel, given) : st;
+    aj_status st = backward_on(ctx, dev, kernel, given, false);
+    return st == AJ_OK && dev->twin ? emulate_backward(ctx, dev, kernel, given, false) : st;
+}
+
+aj_status aj_backward_sinks(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
+                            const aj_bwd_args *args)
+{
+    aj_status st = backward_on(ctx, dev, kernel, args, true);
+    return st == AJ_OK && dev->twin ? emulate_backward(ctx, dev, kernel, args, true) : st;
 }
 
 aj_status aj_merge(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,

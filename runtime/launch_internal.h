@@ -57,6 +57,7 @@ typedef struct bwd_call {
     int64_t head_rows;
     aj_bwd_args view;
     dside_plan dside;
+    bool sinks_only;   /* aj_backward_sinks: the sinks' gradient stage alone */
 } bwd_call;
 
 /* The workspace of a backward call: its rule (runtime.h,

@@ -406,6 +406,15 @@ aj_status aj_rows_launch(aj_ctx *ctx, aj_device *dev, const aj_kernel *rows, int
                          const aj_tensor *o, const aj_tensor *acc, const aj_tensor *lse,
                          void *stream);
 
+/* A backward launch of kernel (an op with sinks) that runs its sinks'
+ * gradient stage alone (templates/sinks_grad.c): args->dsinks gets
+ * -sum exp(sink - lse) dO . O over args' rows, and no other output is
+ * written (args' others must still be a valid call's).  What a rank of a
+ * resident context-parallel backward adds to the sinks' gradient
+ * (cp/common.c). */
+aj_status aj_backward_sinks(aj_ctx *ctx, aj_device *dev, const aj_kernel *kernel,
+                            const aj_bwd_args *args);
+
 /* The sim twin of a GPU kernel: its op (the source kept on it) compiled
  * for the emulator, with the same schedule, for emulated launches
  * (launch.c); kept on the kernel, the caller gets a reference.

@@ -889,8 +889,15 @@ static bool alibi_grad(const ring_case *c)
  * gradients send from this rank (aside from the methods' own traffic). */
 static uint64_t grad_gather_bytes(const ring_case *c)
 {
-    const uint64_t per_head = (c->sinks ? 1 : 0) + (rel_grad(c) ? 9 : 0) + (alibi_grad(c) ? 1 : 0);
-    return (uint64_t)(size - 1) * (uint64_t)c->hq * per_head * 4;
+    /* cuda ranks over NCCL sum on the device, each gradient gathered as
+     * whole rows of 8 f32 (cp/common.c: rank_sum_device) */
+    const uint64_t row = on_gpu ? 8 : 1, hq = (uint64_t)c->hq;
+    const uint64_t each[3] = {c->sinks ? hq : 0, rel_grad(c) ? hq * 9 : 0,
+                              alibi_grad(c) ? hq : 0};
+    uint64_t floats = 0;
+    for (int i = 0; i < 3; i++)
+        floats += (each[i] + row - 1) / row * row;
+    return (uint64_t)(size - 1) * floats * 4;
 }
 
 static aj_op *parse_op(const ring_case *c, const char *kind)

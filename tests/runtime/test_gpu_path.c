@@ -1040,6 +1040,53 @@ static void check_resident_more(aj_comm *comm, const aj_op *fop, const aj_op *bo
     aj_op_destroy(bvop);
 }
 
+/* The sinks' gradient and a side tensor's (alibi's slopes, alibi(grad))
+ * on the resident path, by ring, Ulysses and hybrid: each rank's part
+ * made and the parts summed over the ranks on the device -- between host
+ * and device only the agreement and the few values the ring classes its
+ * blocks by, nothing pinned, no race (test_ring and test_cp check the
+ * numbers). */
+static void check_resident_side_grads(aj_comm *comm, aj_ring_fwd_args f, aj_ring_bwd_args b)
+{
+    const char *text[2] = {
+        "attention forward flash { dtype = f16 head_dim = 64 mask = causal(top_left) "
+        "tensors = (snk: f32[1]) sinks = snk score_mod = alibi }",
+        "attention backward flash { dtype = f16 head_dim = 64 mask = causal(top_left) "
+        "tensors = (snk: f32[1]) sinks = snk score_mod = alibi(grad) }"};
+    aj_op *op[2] = {NULL, NULL};
+    for (int i = 0; i < 2; i++)
+        CHECK_STATUS(ctx, aj_op_parse(ctx, text[i], strlen(text[i]), "side", &op[i]), AJ_OK);
+    const int64_t h = H;
+    aj_tensor snk = dev_tensor(AJ_DTYPE_F32, 1, &h), slopes = dev_tensor(AJ_DTYPE_F32, 1, &h);
+    aj_tensor dsinks = dev_tensor(AJ_DTYPE_F32, 1, &h), dslopes = dev_tensor(AJ_DTYPE_F32, 1, &h);
+    const float logits[H] = {0.5f, -1.0f}, m[H] = {0.25f, 0.5f};
+    CHECK_STATUS(ctx, aj_device_copy_to(dev, snk.data, logits, sizeof logits), AJ_OK);
+    CHECK_STATUS(ctx, aj_device_copy_to(dev, slopes.data, m, sizeof m), AJ_OK);
+    aj_side_tensor side = {"snk", snk.data, AJ_SIDE_F32, 1, {H}, {1}};
+    aj_side_tensor dside = {"alibi_slopes", dslopes.data, AJ_SIDE_F32, 1, {H}, {1}};
+    f.side = b.side = &side;
+    f.num_side = b.num_side = 1;
+    f.alibi_slopes = b.alibi_slopes = slopes;
+    b.dsinks = dsinks;
+    b.dside = &dside;
+    b.num_dside = 1;
+    const aj_cp_method methods[3] = {AJ_METHOD_RING, AJ_METHOD_ULYSSES, AJ_METHOD_HYBRID};
+    const char *names[3] = {"ring: dsinks, dalibi_slopes", "ulysses: dsinks, dalibi_slopes",
+                            "hybrid U = 1: dsinks, dalibi_slopes"};
+    for (int m_ = 0; m_ < 3 && op[0] && op[1]; m_++) {
+        f.method = b.method = methods[m_];
+        f.ulysses_size = b.ulysses_size = methods[m_] == AJ_METHOD_HYBRID;
+        CHECK_STATUS(ctx, aj_ring_forward(ctx, dev, comm, op[0], &f, NULL), AJ_OK);
+        cuda_log_clear();
+        CHECK_STATUS(ctx, aj_ring_backward(ctx, dev, comm, op[1], &b, NULL), AJ_OK);
+        check_small_copies(names[m_], sizeof(aj_cp_call) * 2);
+        CHECK_MSG(count(cuda_log(), "LaunchKernel") > 0, "%s: no launch", names[m_]);
+    }
+    free_tensors((aj_tensor *[]){&snk, &slopes, &dsinks, &dslopes}, 4);
+    aj_op_destroy(op[0]);
+    aj_op_destroy(op[1]);
+}
+
 static int run_ring(int stuck, int nccl)
 {
     int rank = 0, size = 1;
@@ -1106,6 +1153,7 @@ static int run_ring(int stuck, int nccl)
         if (nccl) {
             check_async(comm, fop, bop, f, b);
             check_resident_more(comm, fop, bop, f, b);
+            check_resident_side_grads(comm, f, b);
         }
         free_tensors((aj_tensor *[]){&b.do_, &b.dq, &b.dk, &b.dv}, 4);
     }
