@@ -113,7 +113,7 @@ rm -rf "$build/cache-python"
 # pass above: their host code is the same as that of the tests the
 # sanitizers do run, and JIT-compiled kernels carry no sanitizer
 # instrumentation anyway.  For the same reason the numeric tests' case
-# runners run about one case in twelve here, a hashed pick (AJ_TEST_SAMPLE,
+# runners run about one case in sixteen here, a hashed pick (AJ_TEST_SAMPLE,
 # tests/lib/check.h; the first case always): each runner's host code is
 # shared by all its cases, and the pass above ran them all.
 asan=${AJ_ASAN_BUILD_DIR:-$root/build-asan}
@@ -125,7 +125,7 @@ cmake -S "$root" -B "$asan" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DAJ_WERROR=ON -DA
 cmake --build "$asan" -j"$jobs"
 echo "== running the unit and numeric tests under the sanitizers ($(elapsed))"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-  AJ_TEST_SAMPLE=12 ctest --test-dir "$asan" --output-on-failure -j"$jobs" -L "unit|numeric" \
+  AJ_TEST_SAMPLE=16 ctest --test-dir "$asan" --output-on-failure -j"$jobs" -L "unit|numeric" \
   -LE "long|cpu_isa"
 
 # The thread tests again under ThreadSanitizer (docs/api.md "Threads"):
