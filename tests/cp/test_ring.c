@@ -54,6 +54,7 @@
 #include "launch_args.h"
 #include "ref.h"
 #include "splitmix.h"
+#include "stand_in_cuda.h"
 #include "cp/alltoall_check.h"
 #include "cp/leak_check.h"
 #include "cp/comm/comm.h"
@@ -1035,6 +1036,34 @@ static void check_message_path(const ring_case *c, aj_comm *comm, aj_op *fop, aj
               (unsigned long long)(aj_comm_bytes_sent(comm) - before));
 }
 
+/* On cuda ranks (resident: NCCL), the ring call just made moved no
+ * attention data between host and device (stand_in_cuda.h): each copy at
+ * most the opening agreement's records, or one of the values the ring
+ * classes its blocks by (a side tensor, alibi's slopes, the documents'
+ * offsets), or a step's per-document offsets where packed documents
+ * launch per document (cp/ring.c: stage_doc_cu; at most (docs + 2)^2
+ * pairs of 2 (docs + 1) int32, a loose bound). */
+static void check_resident_call(const ring_case *c, const char *call, const aj_side_tensor *side,
+                                int nside, int ndocs)
+{
+    if (!on_gpu)
+        return;
+    const size_t cu_bytes = ndocs ? (size_t)((ndocs + 2) * (ndocs + 2) * 2 * (ndocs + 1)) * 4
+                                  : 0;
+    size_t limit = (size_t)size * sizeof(aj_cp_call), slopes = (size_t)c->hq * 4;
+    limit = limit > slopes ? limit : slopes;
+    limit = limit > cu_bytes ? limit : cu_bytes;
+    for (int i = 0; i < nside; i++) {
+        size_t bytes = 4;
+        for (int d = 0; d < side[i].rank; d++)
+            bytes *= (size_t)side[i].shape[d];
+        limit = limit > bytes ? limit : bytes;
+    }
+    char what[192];
+    snprintf(what, sizeof what, "rank %d: %s: %s", rank, c->label, call);
+    stand_in_check_small_copies(what, limit);
+}
+
 static void run_case(const ring_case *c)
 {
     const aj_dtype dt = c->dtype;
@@ -1143,7 +1172,9 @@ static void run_case(const ring_case *c)
     fa.stream = case_stream();
     aj_ring_stats fs = {0}, bs = {0};
     const uint64_t sent_before = aj_comm_bytes_sent(comm);
+    stand_in_cuda_log_clear();
     CHECK_STATUS(ctx, aj_ring_forward(ctx, dev, comm, fop, &fa, &fs), AJ_OK);
+    check_resident_call(c, "aj_ring_forward", side, nside, c->docs ? ndocs : 0);
     from_devices_after(fa.stream);
     const uint64_t fwd_sent = aj_comm_bytes_sent(comm) - sent_before;
 
@@ -1192,7 +1223,9 @@ static void run_case(const ring_case *c)
         dside[ndside++] = (aj_side_tensor){"alibi_slopes", on_device(dslopes, sizeof dslopes),
                                            AJ_SIDE_F32, 1, {c->hq}, {1}};
     ba.dside = dside, ba.num_dside = ndside;
+    stand_in_cuda_log_clear();
     CHECK_STATUS(ctx, aj_ring_backward(ctx, dev, comm, bop, &ba, &bs), AJ_OK);
+    check_resident_call(c, "aj_ring_backward", side, nside, c->docs ? ndocs : 0);
     from_devices_after(ba.stream);
     /* (the all-gathers of the sinks', rel's and the slopes' gradients
      * aside: the methods' own traffic) */
@@ -1654,10 +1687,8 @@ int main(int argc, char **argv)
                                                       : PEER_SILENT);
     }
     if (on_gpu) {   /* the stand-in's stream-order model saw every access in order */
-        void *cuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
         int (*races)(void) = NULL;
-        if (cuda)
-            *(void **)&races = dlsym(cuda, "fake_cuda_races");
+        *(void **)&races = stand_in_cuda_symbol("fake_cuda_races");
         CHECK_MSG(races && races() == 0, "rank %d: %d stream-order races (the stand-in's log)",
                   rank, races ? races() : -1);
     }

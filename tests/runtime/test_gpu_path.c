@@ -83,6 +83,7 @@
 #include "check.h"
 #include "check_compile.h"
 #include "launch_args.h"
+#include "stand_in_cuda.h"
 #include "temp_dir.h"
 #include "cp/cp.h"   /* aj_cp_call: the opening agreement's bytes */
 
@@ -109,27 +110,12 @@ static void bind_fake(void)
         exit(check_report());
 }
 
-/* Symbol `name` of the libcuda.so.1 attnjit loaded (the stand-in), or NULL. */
-static void *fake_symbol(const char *name)
-{
-    void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
-    return h ? dlsym(h, name) : NULL;
-}
-
-static int count(const char *log, const char *what)
-{
-    int n = 0;
-    for (const char *p = strstr(log, what); p; p = strstr(p + 1, what))
-        n++;
-    return n;
-}
-
-#define CHECK_LOG_HAS(what)                                                             \
-    CHECK_MSG(count(cuda_log(), what) > 0, "the driver log lacks \"%s\":\n%s", (what),  \
-              cuda_log())
-#define CHECK_LOG_LACKS(what)                                                           \
-    CHECK_MSG(count(cuda_log(), what) == 0, "the driver log has \"%s\":\n%s", (what),   \
-              cuda_log())
+#define CHECK_LOG_HAS(what)                                                                 \
+    CHECK_MSG(stand_in_count(cuda_log(), what) > 0, "the driver log lacks \"%s\":\n%s",     \
+              (what), cuda_log())
+#define CHECK_LOG_LACKS(what)                                                               \
+    CHECK_MSG(stand_in_count(cuda_log(), what) == 0, "the driver log has \"%s\":\n%s",      \
+              (what), cuda_log())
 
 static aj_kernel *compile(const char *spec)
 {
@@ -305,11 +291,11 @@ static void capture_call(void *stream, const char *label, int warm,
     aj_status st = call(user);
     void *graph = NULL;
     int ended = graphs.end(stream, &graph);
-    const int launches = count(cuda_log(), "LaunchKernel");   /* outside the capture */
+    const int launches = stand_in_count(cuda_log(), "LaunchKernel");   /* outside the capture */
     CHECK_MSG(launches == 0, "%s: %d launches ran during the capture", label, launches);
     if (!warm) {   /* the first call allocates: refused, the capture invalidated */
         CHECK_MSG(st == AJ_ERR_UNSUPPORTED && ended == 901 &&
-                  count(cuda_log(), "CAPTURE REFUSED Mem"), "%s: a cold call in a capture "
+                  stand_in_count(cuda_log(), "CAPTURE REFUSED Mem"), "%s: a cold call in a capture "
                   "gave %s, end %d:\n%s", label, aj_status_str(st), ended, cuda_log());
         CHECK_ERROR(ctx, "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED");
         CHECK_ERROR(ctx, "run one before capturing");
@@ -325,7 +311,7 @@ static void capture_call(void *stream, const char *label, int warm,
     cuda_log_clear();
     for (int r = 0; r < 2; r++)
         CHECK(graphs.launch(exec, stream) == 0);
-    const int kernels = count(cuda_log(), "GraphKernel");
+    const int kernels = stand_in_count(cuda_log(), "GraphKernel");
     CHECK_MSG(kernels >= 2 && kernels % 2 == 0, "%s: %d kernels in two replays:\n%s", label,
               kernels, cuda_log());
     graphs.exec_destroy(exec);
@@ -350,12 +336,12 @@ static aj_status run_backward(void *user)
  * allocates its workspace, is refused by the capture. */
 static void bind_graphs(void)
 {
-    *(void **)&graphs.begin = fake_symbol("cuStreamBeginCapture_v2");
-    *(void **)&graphs.end = fake_symbol("cuStreamEndCapture");
-    *(void **)&graphs.instantiate = fake_symbol("cuGraphInstantiateWithFlags");
-    *(void **)&graphs.launch = fake_symbol("cuGraphLaunch");
-    *(void **)&graphs.exec_destroy = fake_symbol("cuGraphExecDestroy");
-    *(void **)&graphs.destroy = fake_symbol("cuGraphDestroy");
+    *(void **)&graphs.begin = stand_in_cuda_symbol("cuStreamBeginCapture_v2");
+    *(void **)&graphs.end = stand_in_cuda_symbol("cuStreamEndCapture");
+    *(void **)&graphs.instantiate = stand_in_cuda_symbol("cuGraphInstantiateWithFlags");
+    *(void **)&graphs.launch = stand_in_cuda_symbol("cuGraphLaunch");
+    *(void **)&graphs.exec_destroy = stand_in_cuda_symbol("cuGraphExecDestroy");
+    *(void **)&graphs.destroy = stand_in_cuda_symbol("cuGraphDestroy");
     CHECK(graphs.begin && graphs.end && graphs.instantiate && graphs.launch &&
           graphs.exec_destroy && graphs.destroy);
     if (!graphs.end || !graphs.instantiate || !graphs.launch || !graphs.exec_destroy ||
@@ -563,7 +549,7 @@ static aj_kernel *compile_window(int i)
 static void check_eviction(void *stream)
 {
     int (*live)(void) = NULL;
-    *(void **)&live = fake_symbol("fake_cuda_live_modules");
+    *(void **)&live = stand_in_cuda_symbol("fake_cuda_live_modules");
     CHECK_MSG(live, "the stand-in lacks fake_cuda_live_modules");
     if (!live)
         return;
@@ -580,8 +566,8 @@ static void check_eviction(void *stream)
     }
     /* the last two in the cache and the one held: every other is gone */
     CHECK_MSG(live() == 3, "%d modules loaded, expected 3", live());
-    CHECK_MSG(count(cuda_log(), "ModuleUnload") >= N - 2, "%d modules unloaded:\n%s",
-              count(cuda_log(), "ModuleUnload"), cuda_log());
+    CHECK_MSG(stand_in_count(cuda_log(), "ModuleUnload") >= N - 2, "%d modules unloaded:\n%s",
+              stand_in_count(cuda_log(), "ModuleUnload"), cuda_log());
     const char *sync = strstr(cuda_log(), "CtxSynchronize");
     const char *unload = strstr(cuda_log(), "ModuleUnload");
     CHECK_MSG(sync && unload && sync < unload,
@@ -678,8 +664,8 @@ static int run_sass(void)
         opt.device = dev;
         opt.target = aj_device_target(dev);
         CHECK_STATUS(ctx, aj_compile_many(ctx, jobs, 2, &opt, 2), AJ_OK);
-        const int linked = count(cuda_log(), "LinkComplete");
-        const int loaded = count(cuda_log(), "ModuleLoadData cubin");
+        const int linked = stand_in_count(cuda_log(), "LinkComplete");
+        const int loaded = stand_in_count(cuda_log(), "ModuleLoadData cubin");
         CHECK_MSG(loaded == 3, "run %d: %d cubins loaded, want 3:\n%s", run, loaded,
                   cuda_log());
         CHECK_MSG(linked == (run == 0 ? 3 : 0), "run %d: %d PTX linked, want %d:\n%s", run,
@@ -733,11 +719,13 @@ static void check_resident(const char *what, int size)
     CHECK_LOG_LACKS("RACE");   /* the stand-in's stream-order model */
     CHECK_LOG_HAS("DtoD");   /* K/V packed, or the all-to-all's blocks, on the device */
     snprintf(line, sizeof line, "MemcpyHtoDAsync bytes=%zu ", sizeof(aj_cp_call));
-    CHECK_MSG(count(cuda_log(), "MemcpyHtoD") == 1 && count(cuda_log(), line) == 1,
+    CHECK_MSG(stand_in_count(cuda_log(), "MemcpyHtoD") == 1 &&
+                  stand_in_count(cuda_log(), line) == 1,
               "%s: host to device, other than the agreement's %zu bytes:\n%s", what,
               sizeof(aj_cp_call), cuda_log());
     snprintf(line, sizeof line, "MemcpyDtoHAsync bytes=%zu ", sizeof(aj_cp_call) * (size_t)size);
-    CHECK_MSG(count(cuda_log(), "MemcpyDtoH") == 1 && count(cuda_log(), line) == 1,
+    CHECK_MSG(stand_in_count(cuda_log(), "MemcpyDtoH") == 1 &&
+                  stand_in_count(cuda_log(), line) == 1,
               "%s: device to host, other than the agreement's:\n%s", what, cuda_log());
 }
 
@@ -769,8 +757,8 @@ static void check_async(aj_comm *comm, const aj_op *fop, const aj_op *bop,
 {
     int (*queries)(void) = NULL;
     int (*memset32)(void *dst, unsigned value, size_t n, void *stream) = NULL;
-    *(void **)&queries = fake_symbol("fake_cuda_event_queries");
-    *(void **)&memset32 = fake_symbol("cuMemsetD32Async");
+    *(void **)&queries = stand_in_cuda_symbol("fake_cuda_event_queries");
+    *(void **)&memset32 = stand_in_cuda_symbol("cuMemsetD32Async");
     void *stream = NULL;
     CHECK(queries && memset32 && stream_create(&stream, 1) == 0);
     if (!queries || !memset32 || !stream)
@@ -979,24 +967,6 @@ static int run_ring_capture(void)
     return check_report();
 }
 
-/* Every copy between host and device in the log moved at most `limit`
- * bytes (the opening agreement's, a few documents' offsets: no attention
- * data), and nothing was pinned. */
-static void check_small_copies(const char *what, size_t limit)
-{
-    CHECK_LOG_LACKS("MemAllocHost");
-    CHECK_LOG_LACKS("RACE");
-    const char *log = cuda_log();
-    const char *kinds[] = {"MemcpyHtoD", "MemcpyDtoH"};
-    for (int k = 0; k < 2; k++)
-        for (const char *at = strstr(log, kinds[k]); at; at = strstr(at + 1, kinds[k])) {
-            const char *b = strstr(at, "bytes=");
-            const size_t bytes = b ? strtoull(b + 6, NULL, 10) : 0;
-            CHECK_MSG(b && bytes <= limit, "%s: %.40s: more than %zu bytes between host and "
-                      "device", what, at, limit);
-        }
-}
-
 /* Hybrid (U = 1: a ring across two groups of one; U = 2: one Ulysses
  * group) and packed documents (two of 64 positions, zigzag: 64 on each
  * rank) on the resident path: no attention data between host and device,
@@ -1011,7 +981,7 @@ static void check_resident_more(aj_comm *comm, const aj_op *fop, const aj_op *bo
         cuda_log_clear();
         CHECK_STATUS(ctx, aj_ring_forward(ctx, dev, comm, fop, &f, NULL), AJ_OK);
         CHECK_STATUS(ctx, aj_ring_backward(ctx, dev, comm, bop, &b, NULL), AJ_OK);
-        check_small_copies(u == 1 ? "hybrid U = 1" : "hybrid U = 2", agreement);
+        stand_in_check_small_copies(u == 1 ? "hybrid U = 1" : "hybrid U = 2", agreement);
     }
     const char *fv = "attention forward flash { dtype = f16 head_dim = 64 "
                      "mask = causal(top_left) layout = varlen }";
@@ -1034,7 +1004,7 @@ static void check_resident_more(aj_comm *comm, const aj_op *fop, const aj_op *bo
     cuda_log_clear();
     CHECK_STATUS(ctx, aj_ring_forward(ctx, dev, comm, fvop, &f, NULL), AJ_OK);
     CHECK_STATUS(ctx, aj_ring_backward(ctx, dev, comm, bvop, &b, NULL), AJ_OK);
-    check_small_copies("packed documents", agreement);
+    stand_in_check_small_copies("packed documents", agreement);
     free_tensors((aj_tensor *[]){&cus}, 1);
     aj_op_destroy(fvop);
     aj_op_destroy(bvop);
@@ -1079,8 +1049,8 @@ static void check_resident_side_grads(aj_comm *comm, aj_ring_fwd_args f, aj_ring
         CHECK_STATUS(ctx, aj_ring_forward(ctx, dev, comm, op[0], &f, NULL), AJ_OK);
         cuda_log_clear();
         CHECK_STATUS(ctx, aj_ring_backward(ctx, dev, comm, op[1], &b, NULL), AJ_OK);
-        check_small_copies(names[m_], sizeof(aj_cp_call) * 2);
-        CHECK_MSG(count(cuda_log(), "LaunchKernel") > 0, "%s: no launch", names[m_]);
+        stand_in_check_small_copies(names[m_], sizeof(aj_cp_call) * 2);
+        CHECK_MSG(stand_in_count(cuda_log(), "LaunchKernel") > 0, "%s: no launch", names[m_]);
     }
     free_tensors((aj_tensor *[]){&snk, &slopes, &dsinks, &dslopes}, 4);
     aj_op_destroy(op[0]);
