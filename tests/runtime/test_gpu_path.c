@@ -919,7 +919,7 @@ static void other_call_between(void *user)
  * transfers as host functions): after a first call of their shape, the
  * capture refuses nothing and computes nothing, and each of two replays
  * -- the ranks replaying their graphs together -- writes the plain call's
- * bits; ring, Ulysses and hybrid. */
+ * bits; ring, Ulysses and hybrid (U = 1 and 2). */
 static int run_ring_capture(void)
 {
     aj_op *fop = NULL, *bop = NULL;
@@ -935,13 +935,14 @@ static int run_ring_capture(void)
     f.stream = stream;
     aj_ring_bwd_args b = ring_bwd_of(&f);
     const size_t ob = (size_t)B * H * S * D * 2, lb = (size_t)B * H * S * 4;
-    const char *names[3][2] = {{"ring forward", "ring backward"},
+    const char *names[4][2] = {{"ring forward", "ring backward"},
                                {"ulysses forward", "ulysses backward"},
-                               {"hybrid forward", "hybrid backward"}};
-    for (int m = 0; m < 3; m++) {   /* ring, Ulysses, hybrid (U = 1: the ring across) */
+                               {"hybrid U = 1 forward", "hybrid U = 1 backward"},
+                               {"hybrid U = 2 forward", "hybrid U = 2 backward"}};
+    for (int m = 0; m < 4; m++) {   /* ring, Ulysses, hybrid: U = 1 (the ring across), 2 */
         f.method = b.method = m == 0 ? AJ_METHOD_RING : m == 1 ? AJ_METHOD_ULYSSES
                                                                : AJ_METHOD_HYBRID;
-        f.ulysses_size = b.ulysses_size = m == 2;
+        f.ulysses_size = b.ulysses_size = m >= 2 ? m - 1 : 0;
         const ring_call fc = {comm, fop, &f, NULL, rank}, bc = {comm, bop, NULL, &b, rank};
         seed_inputs(&bc, 0);
         replay_numbers(stream, names[m][0], run_ring_call,
