@@ -82,7 +82,8 @@ const char *aj_host_cpu_name(void);
 void aj_host_cpu_id(char *out, size_t cap);
 /* Whether the features of aj_host_cpu enable f ("avx512bf16") */
 int aj_cpu_has_feature(const char *f);
-/* floats per SIMD register of this host: 16 with AVX-512, 8 with AVX, else 4 */
+/* floats per SIMD register of this host: 16 with AVX-512 (or under the AMX
+ * stand-in on an AVX host), 8 with AVX, else 4 */
 int aj_cpu_vector_width(void);
 
 /* One kernel of a compiled module, launched in stage order. */

@@ -179,9 +179,18 @@ static int host_enables(const char *f)
     return features_enable(host_features(), f);
 }
 
+/* 16 floats with AVX-512 -- and under the AMX stand-in (AJ_CPU_AMX=
+ * standin) on any AVX host: it stands in for an AMX host, whose kernels
+ * are 16 wide (their tile paths ask for it), so the stand-in's kernels
+ * are those, LLVM splitting each vector in two where the host has no
+ * AVX-512. */
 int aj_cpu_vector_width(void)
 {
-    return aj_cpu_has_feature("avx512f") ? 16 : aj_cpu_has_feature("avx") ? 8 : 4;
+    if (aj_cpu_has_feature("avx512f"))
+        return 16;
+    if (!aj_cpu_has_feature("avx"))
+        return 4;
+    return amx_setting() == AJ_AMX_STANDIN ? 16 : 8;
 }
 
 /* The tile data is an XSAVE component the OS enables per process on
@@ -325,7 +334,9 @@ size_t aj_cpu_describe(char *buf, size_t cap)
             name);
         int w = aj_cpu_vector_width();
         PUT("vectors     %d floats (%s)\n", w,
-            w == 16 ? "avx512f" : w == 8 ? "avx, no avx512f" : "no avx");
+            w == 16 ? (aj_cpu_has_feature("avx512f") ? "avx512f"
+                                                     : "AJ_CPU_AMX=standin's, split for avx")
+            : w == 8 ? "avx, no avx512f" : "no avx");
         int dp = features_enable(features, "avx512bf16");
         /* per 16-bit dtype: the path, then the AMX line with its reason */
         static const struct {
