@@ -53,7 +53,8 @@ typedef struct ring_opts {
     aj_shard_layout layout;
     aj_ring_rotate rotate;
     aj_cp_method method;
-    aj_comm_kind comm;       /* --comm: the transport */
+    aj_comm_kind comm;       /* --comm: the transport (default: nccl on cuda, else mpi) */
+    int comm_given;
     int ulysses_size;
     const char *in[R_IN_COUNT], *out[R_OUT_COUNT];
     cli_side_opts side;      /* --in NAME=FILE for the op's side tensors */
@@ -172,6 +173,7 @@ static int parse_ring_args(int argc, char **argv, ring_opts *o)
         } else if (strcmp(a, "--comm") == 0) {
             rc = choose(v, comm_names, AJ_COMM_KIND_COUNT, &pick, "--comm takes mpi or nccl, not '%s'");
             o->comm = (aj_comm_kind)pick;
+            o->comm_given = 1;
         } else if (strcmp(a, "--in") == 0 && strncmp(v, "cu_seqlens_", 11) == 0) {
             rc = bind(a, v, cu_names, 2, o->cu_path, NULL);
         } else if (strcmp(a, "--in") == 0) {
@@ -203,6 +205,10 @@ static int parse_ring_args(int argc, char **argv, ring_opts *o)
         return cli_usage("ring needs a SPEC file%s", "");
     if (!o->device)
         return cli_usage("ring needs --device (sim, cpu or cuda)%s", "");
+    /* GPUs talk over NCCL unless told otherwise: the resident ring (over
+     * MPI every block stages through host memory) */
+    if (!o->comm_given)
+        o->comm = strcmp(o->device, "cuda") == 0 ? AJ_COMM_NCCL : AJ_COMM_MPI;
     for (int t = R_Q; t <= R_V; t++)
         if (!o->in[t]) {
             fprintf(stderr, "attnjit: ring needs --in %s=FILE\n", in_names[t]);
@@ -1023,7 +1029,7 @@ static void print_header(const ring_run *r)
     else if (o->method == AJ_METHOD_HYBRID)
         snprintf(method, sizeof method, "hybrid (%d groups of %d), ", r->size /
                  (o->ulysses_size ? o->ulysses_size : 1), o->ulysses_size);
-    printf("ring: %d ranks, %s%s, %s, %s, on %s\n", r->size, method,
+    printf("ring: %d ranks, %s%s, %s, %s, on %s over %s\n", r->size, method,
            o->layout == AJ_SHARD_ZIGZAG ? "zigzag" : "contiguous",
            o->method == AJ_METHOD_ULYSSES  ? "all-to-all"
            : o->method == AJ_METHOD_HYBRID ? (o->rotate == AJ_ROTATE_P2P
@@ -1031,7 +1037,8 @@ static void print_header(const ring_run *r)
                                                   : "all-to-all + all-gather")
            : o->rotate == AJ_ROTATE_P2P    ? "p2p"
                                            : "all-gather",
-           o->grad ? "forward + backward" : "forward", aj_device_name(r->dev));
+           o->grad ? "forward + backward" : "forward", aj_device_name(r->dev),
+           o->comm == AJ_COMM_NCCL ? "NCCL" : "MPI");
 }
 
 /* The results gathered to rank 0, the timing tables, the outputs written

@@ -39,7 +39,7 @@ run_ring 2 "$spec" --device sim --layout zigzag --rotate p2p "${io[@]}" \
   --out o=o.npy --out lse=lse.npy --grad --in do=do.npy --out dq=dq.npy --out dk=dk.npy \
   --out dv=dv.npy --check --workers 1
 want 0 "of the tolerance: match"
-want 0 "ring: 2 ranks, zigzag, p2p, forward + backward, on sim"
+want 0 "ring: 2 ranks, zigzag, p2p, forward + backward, on sim over MPI"
 for f in o lse dq dk dv; do
   [ -s $f.npy ] || { echo "FAIL: $f.npy not written"; fails=$((fails + 1)); }
 done
@@ -90,10 +90,11 @@ want 2 "doc (i32[2]): rel.npy: dtype '<f4' is not int32"
 # buffers, so the NCCL ring's numbers are checked like sim's
 LD_LIBRARY_PATH=$fake_cuda FAKE_CUDA_MODE=gpu FAKE_CUDA_GPUS=2 FAKE_CUDA_LOG=$dir/cuda \
   AJ_CUDA_EMULATE=1 AJ_NCCL_LIBRARY=$fake_nccl \
-  "$mpiexec" -n 2 "$aj" ring "$spec" --device cuda --comm nccl --layout zigzag "${io[@]}" \
+  "$mpiexec" -n 2 "$aj" ring "$spec" --device cuda --layout zigzag "${io[@]}" \
   --out o=o6.npy --grad --in do=do.npy --out dq=dq6.npy --check >out.txt 2>&1
 rc=$?
-want 0 "ring: 2 ranks, zigzag, p2p, forward + backward, on Fake GPU H200"
+# (--device cuda talks over NCCL by default: the resident ring)
+want 0 "ring: 2 ranks, zigzag, p2p, forward + backward, on Fake GPU H200 over NCCL"
 want 0 "of the tolerance: match"
 cat "$dir"/cuda.* >cuda.txt 2>/dev/null
 for gpu in 0 1; do
