@@ -1359,21 +1359,17 @@ static aj_status bwd_block(ring_plan *p, const ring_kernels *kern, const aj_ring
             AJ_TRY(from_dev(p, parts->dk_h, parts->dk, parts->dk_bytes));
             AJ_TRY(from_dev(p, parts->dv_h, parts->dv, parts->dv_bytes));
         }
-        /* the side tensors' gradient parts add up in order: on the device
-         * where the ring is resident, else on the host */
-        for (int t = 0; t < parts->nside && p->resident; t++)
-            AJ_TRY(sums_add(p, parts->side_acc[t], parts->side[t].data,
-                            side_bytes(p, &parts->side[t]) / 4));
+        /* the side tensors' gradient parts add up in step order (sums_add:
+         * on the device where the ring is resident, where side_h is the
+         * part itself; else on the host, after the copy) */
         for (int t = 0; t < parts->nside && !p->host_memory && !p->resident; t++)
             AJ_TRY(from_dev(p, parts->side_h[t], parts->side[t].data,
                             (size_t)aj_side_numel(&parts->side[t]) * 4));
         if (!p->resident)   /* resident: the sums follow on the stream */
             AJ_TRY(ring_wait(p, "the block's kernels"));
-        for (int t = 0; t < parts->nside && !p->resident; t++) {   /* in step order */
-            const float *got = parts->side_h[t];
-            for (int64_t e = 0; e < aj_side_numel(&parts->side[t]); e++)
-                parts->side_acc[t][e] += got[e];
-        }
+        for (int t = 0; t < parts->nside; t++)
+            AJ_TRY(sums_add(p, parts->side_acc[t], parts->side_h[t],
+                            side_bytes(p, &parts->side[t]) / 4));
         AJ_TRY(add_part(p, dq_acc, p->lq, x->q.local, parts->dq_h, p->Hq, cq, p->D,
                         parts->scratch, false));
         bool store = false;   /* none of the launch's rows written yet */
