@@ -456,6 +456,24 @@ aj_status aj_device_set_workers(aj_device *dev, int workers)
     return AJ_OK;
 }
 
+aj_status aj_device_set_cpu_threads(aj_device *dev, aj_cpu_threads threads)
+{
+    if (!dev)
+        return AJ_ERR_INVALID_ARG;
+    AJ_CHECK_ARG(dev->ctx, threads == AJ_CPU_THREADS_POOL || threads == AJ_CPU_THREADS_OPENMP,
+                 "aj_device_set_cpu_threads: %d is not an aj_cpu_threads", (int)threads);
+    if (!dev->cpu)
+        return aj_fail(dev->ctx, AJ_ERR_UNSUPPORTED,
+                       "aj_device_set_cpu_threads: a %s device's launches do not run on host "
+                       "threads of its own choosing (cpu devices only)", aj_device_name(dev));
+    return aj_cpu_set_threads(dev->ctx, dev->cpu, threads);
+}
+
+aj_cpu_threads aj_device_cpu_threads(const aj_device *dev)
+{
+    return dev && dev->cpu ? aj_cpu_get_threads(dev->cpu) : AJ_CPU_THREADS_POOL;
+}
+
 int aj_device_workers(const aj_device *dev)
 {
     if (!dev || !dev->ops->kind_caps.worker_threads)

@@ -10,7 +10,11 @@ interleaved in one run (per-call medians of `repeats` samples of about
 
 B 2, 4 query heads over 2 KV heads (Llama's GQA shape, small), causal.
 Prints a markdown table: attnjit, SDPA and floor per call (ms), SDPA /
-attnjit (above 1: attnjit faster), and attnjit's time above the floor.
+attnjit (above 1: attnjit faster), and attnjit's time above the floor;
+where torch's threads are OpenMP's (attnjit then runs on them, docs/cpu.md
+"Whose threads"), also attnjit on its own pool in the same run
+(attnjit.set_cpu_threads("pool") around each of its calls) and the pool's
+time over the OpenMP threads'.
 """
 import argparse
 import os
@@ -20,7 +24,9 @@ from typing import List, Optional, Tuple
 import torch
 import torch.nn.functional as F
 
+import attnjit
 import attnjit.torch as at
+from attnjit import _capi
 
 sys.path.insert(0, os.path.dirname(__file__))
 from bench_attention import host_header, sides  # noqa: E402
@@ -65,8 +71,14 @@ def main():
     print(host_header())
     torch.set_num_threads(2)
     dtype = getattr(torch, args.dtype)
-    print("| S | D | attnjit ms | SDPA ms | floor ms | SDPA / attnjit | attnjit - floor ms |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
+    probe = torch.zeros(1, 1, 8, 8)
+    at.attention(probe, probe, probe)   # attnjit.torch chooses the cpu device's threads
+    openmp = _capi.lib.aj_device_cpu_threads(attnjit.device("cpu")) == _capi.CPU_THREADS_OPENMP
+    print("attnjit runs on %s\n" % ("torch's OpenMP threads" if openmp else "its own pool"))
+    pool_cols = " attnjit on its pool ms | pool / OpenMP |" if openmp else ""
+    print("| S | D | attnjit ms | SDPA ms | floor ms | SDPA / attnjit | attnjit - floor ms |"
+          + pool_cols)
+    print("| --- | --- | --- | --- | --- | --- | --- |" + (" --- | --- |" if openmp else ""))
     for S in (int(s) for s in args.seqs.split(",")):
         for D in (int(d) for d in args.dims.split(",")):
             g = torch.Generator().manual_seed(0)
@@ -87,9 +99,16 @@ def main():
                                                    "dtype = f32")
                 o.backward(do)
 
-            a, s, f = sides([attnjit_step, sdpa_step, floor_step], args.repeats)
+            def pool_step():
+                attnjit.set_cpu_threads("pool")
+                attnjit_step()
+                attnjit.set_cpu_threads("openmp")
+
+            steps = [attnjit_step, sdpa_step, floor_step] + ([pool_step] if openmp else [])
+            a, s, f, *pool = sides(steps, args.repeats)
+            extra = " %.3f | %.2f |" % (pool[0] * 1e3, pool[0] / a) if openmp else ""
             print("| %d | %d | %.3f | %.3f | %.3f | %.2f | %.3f |"
-                  % (S, D, a * 1e3, s * 1e3, f * 1e3, s / a, (a - f) * 1e3))
+                  % (S, D, a * 1e3, s * 1e3, f * 1e3, s / a, (a - f) * 1e3) + extra)
 
 
 if __name__ == "__main__":

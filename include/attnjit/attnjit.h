@@ -716,6 +716,24 @@ aj_status aj_device_set_workers(aj_device *dev, int workers);
 /* cpu: the threads a launch runs on (the set count, or what 0 resolves
  * to); 0 for other devices and NULL. */
 int aj_device_workers(const aj_device *dev);
+/* cpu: whose threads run a launch's work items (docs/cpu.md "Whose
+ * threads").  AJ_CPU_THREADS_POOL, the default: the device's own pool.
+ * AJ_CPU_THREADS_OPENMP: the OpenMP runtime the process has loaded, as a
+ * framework such as PyTorch loads it (attnjit never loads one): each
+ * launch is a parallel region of the set workers (0: the runtime's own
+ * team size, which follows omp_set_num_threads in the calling thread), so
+ * the framework's threads, awake and spinning after its own operators,
+ * run the items instead of competing with the pool for the cores; items
+ * whose stack buffers an OpenMP thread's stack has no room for run on the
+ * pool.  Results are the same bits either way.  AJ_ERR_UNSUPPORTED where
+ * no OpenMP runtime is loaded, or for a device other than cpu. */
+typedef enum aj_cpu_threads {
+    AJ_CPU_THREADS_POOL = 0,
+    AJ_CPU_THREADS_OPENMP = 1
+} aj_cpu_threads;
+aj_status aj_device_set_cpu_threads(aj_device *dev, aj_cpu_threads threads);
+/* The setting (AJ_CPU_THREADS_POOL for other devices and NULL). */
+aj_cpu_threads aj_device_cpu_threads(const aj_device *dev);
 /* sim: emulated thread-instructions of the last launch (LLVM IR
  * instructions executed, summed over GPU threads); 0 elsewhere. */
 uint64_t aj_device_last_instructions(const aj_device *dev);

@@ -238,6 +238,19 @@ def device(kind="cpu", index=0):
     return dev
 
 
+def set_cpu_threads(kind):
+    """Whose threads run the cpu device's launches (aj_device_set_cpu_threads,
+    docs/cpu.md "Whose threads"): "pool", attnjit's own (the default), or
+    "openmp", the OpenMP runtime the process has loaded (PyTorch's: an
+    UnsupportedError where none is)."""
+    kinds = {"pool": _capi.CPU_THREADS_POOL, "openmp": _capi.CPU_THREADS_OPENMP}
+    if kind not in kinds:
+        raise InvalidArgError(1, "cpu threads %r is not one of %s" % (kind, sorted(kinds)))
+    dev = device("cpu")
+    with _ctx.lock:
+        _ctx.check(_lib.aj_device_set_cpu_threads(dev, kinds[kind]))
+
+
 def tune(spec, device_kind="cpu", *, batch=0, heads_q=0, heads_kv=0, seq_q=0, seq_k=0,
          budget_s=0.0, warmup=0, repeats=0, persist=True):
     """Tunes spec's schedule on a device (aj_tune); returns the candidates,

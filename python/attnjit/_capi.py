@@ -24,6 +24,7 @@ DTYPE_F8E4M3, DTYPE_F8E5M2 = 3, 4      # inputs only (q_dtype, kv_dtype)
 SIDE_I32, SIDE_F32 = 0, 1
 CACHE_DEFAULT, CACHE_MEMORY, CACHE_OFF = 0, 1, 2
 DEVICE_SIM, DEVICE_CUDA, DEVICE_CPU = 0, 1, 2
+CPU_THREADS_POOL, CPU_THREADS_OPENMP = 0, 1
 EMIT_NAMES = ("ptx", "llvm_ir", "bitcode", "auto")
 PARAM_TYPE_NAMES = ("ptr", "i32", "i64", "f32", "byval128")
 TARGET_NAMES = ("any", "sm_80", "sm_90", "sm_90a", "sim", "cpu", "sm_89")
@@ -180,6 +181,8 @@ _SIGNATURES = {
     "aj_extent_name": (c_char_p, [c_int]),
     "aj_device_open": (c_int, [P, c_int, c_int, PP]),
     "aj_device_close": (None, [P]),
+    "aj_device_set_cpu_threads": (c_int, [P, c_int]),
+    "aj_device_cpu_threads": (c_int, [P]),
     "aj_device_name": (c_char_p, [P]),
     "aj_device_target": (c_int, [P]),
     "aj_forward": (c_int, [P, P, P, ctypes.POINTER(FwdArgs)]),

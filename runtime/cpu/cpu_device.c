@@ -18,6 +18,7 @@
 #include <stdlib.h>
 
 #include "codegen/amx.h"
+#include "runtime/cpu/omp.h"
 
 aj_status aj_cpu_device_open(aj_ctx *ctx, aj_cpu_device **out)
 {
@@ -39,7 +40,8 @@ void aj_cpu_device_close(aj_cpu_device *cpu)
     if (!cpu)
         return;
     free(cpu->scratch);
-    aj_cpu_pool_destroy(cpu->pool);
+    if (cpu->pool && !aj_cpu_pool_forked(cpu->pool))   /* else its workers are the parent's */
+        aj_cpu_pool_destroy(cpu->pool);
     pthread_mutex_destroy(&cpu->pool_lock);
     free(cpu);
 }
@@ -80,16 +82,26 @@ static void run_item(void *arg, int64_t i)
 aj_status aj_cpu_launch(aj_ctx *ctx, aj_cpu_device *cpu, int workers, aj_host_entry_fn entry,
                         int64_t stack_bytes, const int32_t grid[3], void **args)
 {
+    launch l = {entry, {grid[0], grid[1], grid[2]}, args};
+    const int64_t n = (int64_t)grid[0] * grid[1] * grid[2];
+    if (n <= 0)
+        return AJ_OK;
+    /* GNU OpenMP's threads do not survive fork() either: a forked child's
+     * launches take the pool */
+    if (atomic_load(&cpu->threads) == AJ_CPU_THREADS_OPENMP &&
+        atomic_load(&cpu->threads_generation) == aj_cpu_fork_generation() &&
+        aj_cpu_omp_run(workers, n, stack_bytes, run_item, &l))
+        return AJ_OK;   /* else no thread of the runtime had the stack: the pool */
     int threads = workers > 0 ? workers : aj_cpu_default_workers();
     pthread_mutex_lock(&cpu->pool_lock);
+    if (cpu->pool && aj_cpu_pool_forked(cpu->pool))
+        cpu->pool = NULL;   /* made in the parent, its workers there: dropped */
     aj_status st = cpu->pool ? aj_cpu_pool_grow(ctx, cpu->pool, threads)
                              : aj_cpu_pool_create(ctx, threads, &cpu->pool);
     aj_cpu_pool *pool = cpu->pool;
     pthread_mutex_unlock(&cpu->pool_lock);
     if (st != AJ_OK)
         return st;
-    launch l = {entry, {grid[0], grid[1], grid[2]}, args};
-    const int64_t n = (int64_t)grid[0] * grid[1] * grid[2];
     /* a heuristic: slots may be overwritten by another entry's time */
     uintptr_t key = (uintptr_t)entry;
     size_t slot = (size_t)(key >> 4) % (sizeof cpu->item_time / sizeof cpu->item_time[0]);
@@ -98,11 +110,26 @@ aj_status aj_cpu_launch(aj_ctx *ctx, aj_cpu_device *cpu, int workers, aj_host_en
     const bool short_launch = per_item * n / threads < CALLER_LAUNCH_NS;
     const double t0 = aj_now();
     aj_cpu_pool_run(pool, threads, n, short_launch ? stack_bytes : -1, run_item, &l);
-    if (n > 0) {
-        atomic_store(&cpu->item_time[slot].ns_per_item, (int64_t)((aj_now() - t0) * 1e9) * threads / n);
-        atomic_store(&cpu->item_time[slot].entry, key);
-    }
+    atomic_store(&cpu->item_time[slot].ns_per_item, (int64_t)((aj_now() - t0) * 1e9) * threads / n);
+    atomic_store(&cpu->item_time[slot].entry, key);
     return AJ_OK;
+}
+
+aj_status aj_cpu_set_threads(aj_ctx *ctx, aj_cpu_device *cpu, aj_cpu_threads threads)
+{
+    if (threads == AJ_CPU_THREADS_OPENMP && !aj_cpu_omp_available())
+        return aj_fail(ctx, AJ_ERR_UNSUPPORTED,
+                       "aj_device_set_cpu_threads: AJ_CPU_THREADS_OPENMP needs an OpenMP runtime "
+                       "loaded in the process (libgomp, libomp or libiomp5, as a framework such "
+                       "as PyTorch loads it); none is, and attnjit does not load one");
+    atomic_store(&cpu->threads_generation, aj_cpu_fork_generation());
+    atomic_store(&cpu->threads, threads);
+    return AJ_OK;
+}
+
+aj_cpu_threads aj_cpu_get_threads(const aj_cpu_device *cpu)
+{
+    return atomic_load(&cpu->threads);
 }
 
 void *aj_cpu_block(size_t bytes)

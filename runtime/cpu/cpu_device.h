@@ -27,6 +27,8 @@ typedef struct aj_cpu_device {
         _Atomic(uintptr_t) entry;
         atomic_llong ns_per_item;
     } item_time[32];
+    _Atomic(aj_cpu_threads) threads;   /* whose threads run items (aj_cpu_set_threads) */
+    atomic_uint threads_generation;    /* aj_cpu_fork_generation() when set */
 } aj_cpu_device;
 
 aj_status aj_cpu_device_open(aj_ctx *ctx, aj_cpu_device **out);
@@ -36,11 +38,19 @@ int aj_cpu_default_workers(void);
 /* Runs entry over every work item of grid (x, y, z) with `args` (one
  * pointer per kernel parameter, as kernelParams) on `workers` threads
  * (0: aj_cpu_default_workers()), the calling one among them where its
- * stack has room for an item's `stack_bytes` (aj_cpu_pool_run).  Threads
+ * stack has room for an item's `stack_bytes` (aj_cpu_pool_run); with
+ * AJ_CPU_THREADS_OPENMP on a parallel region of the process's OpenMP
+ * runtime (omp.h; 0: its team size), the pool running only the items
+ * whose stack need its threads lacked.  Threads
  * may launch on one device at once: each launch is a batch of its own on
  * the shared pool. */
 aj_status aj_cpu_launch(aj_ctx *ctx, aj_cpu_device *cpu, int workers, aj_host_entry_fn entry,
                         int64_t stack_bytes, const int32_t grid[3], void **args);
+/* Whose threads run the device's launches (aj_device_set_cpu_threads);
+ * AJ_ERR_UNSUPPORTED for AJ_CPU_THREADS_OPENMP where the process has no
+ * OpenMP runtime loaded. */
+aj_status aj_cpu_set_threads(aj_ctx *ctx, aj_cpu_device *cpu, aj_cpu_threads threads);
+aj_cpu_threads aj_cpu_get_threads(const aj_cpu_device *cpu);
 /* Host memory as the host devices (sim, cpu) hand it out: 64-byte
  * aligned, the size rounded up to 64 bytes and 64 more (a vector read
  * past a buffer's end stays inside); NULL when out of memory, free()d. */

@@ -48,11 +48,6 @@
  * schedule); give workers room whatever RLIMIT_STACK says. */
 #define WORKER_STACK_BYTES ((size_t)16 << 20)
 
-/* What a calling thread's stack must have left beyond an item's buffers
- * before the item runs there: the kernel's spills and the calls it makes
- * (libm, the runtime's helpers). */
-#define CALLER_STACK_MARGIN ((int64_t)512 << 10)
-
 /* How many pause instructions a caller spins for its batch's last items
  * (a few tens of microseconds) before it sleeps. */
 #define CALLER_SPINS 20000
@@ -79,7 +74,35 @@ struct aj_cpu_pool {
     int started;                 /* workers running */
     int capacity;                /* length of workers[] */
     int stopping;
+    unsigned generation;         /* aj_cpu_fork_generation() when made */
 };
+
+/* fork()s of which this process is the child, counted from the first
+ * pool's making (pthread_atfork): a forked child has none of its parent's
+ * threads, so a pool made before the fork has no workers here. */
+static atomic_uint forks_seen;
+static pthread_once_t watch_forks_once = PTHREAD_ONCE_INIT;
+
+static void count_fork(void)
+{
+    atomic_fetch_add(&forks_seen, 1);
+}
+
+static void watch_forks(void)
+{
+    pthread_atfork(NULL, NULL, count_fork);
+}
+
+unsigned aj_cpu_fork_generation(void)
+{
+    pthread_once(&watch_forks_once, watch_forks);
+    return atomic_load(&forks_seen);
+}
+
+bool aj_cpu_pool_forked(const aj_cpu_pool *pool)
+{
+    return pool->generation != aj_cpu_fork_generation();
+}
 
 /* Under the lock: closes b to further workers. */
 static void dequeue(aj_cpu_pool *pool, batch *b)
@@ -141,6 +164,7 @@ aj_status aj_cpu_pool_create(aj_ctx *ctx, int threads, aj_cpu_pool **out)
         return aj_fail(ctx, AJ_ERR_OUT_OF_MEMORY, "out of memory");
     pthread_mutex_init(&pool->lock, NULL);
     pthread_cond_init(&pool->posted, NULL);
+    pool->generation = aj_cpu_fork_generation();
     aj_status st = aj_cpu_pool_grow(ctx, pool, threads);
     if (st != AJ_OK) {
         aj_cpu_pool_destroy(pool);
@@ -197,9 +221,7 @@ void aj_cpu_pool_destroy(aj_cpu_pool *pool)
     free(pool);
 }
 
-/* The bytes left below the caller's frame on its thread's stack, from the
- * stack's bounds (looked up once per thread); 0 where they are unknown. */
-static int64_t stack_left(void)
+int64_t aj_cpu_stack_left(void)
 {
     static _Thread_local uintptr_t low;   /* 0: not looked up yet; 1: unknown */
     if (!low) {
@@ -231,7 +253,7 @@ void aj_cpu_pool_run(aj_cpu_pool *pool, int width, int64_t n, int64_t item_stack
 {
     if (n <= 0)
         return;
-    const bool caller = item_stack >= 0 && stack_left() >= item_stack + CALLER_STACK_MARGIN;
+    const bool caller = item_stack >= 0 && aj_cpu_stack_left() >= item_stack + AJ_CPU_STACK_MARGIN;
     batch b = {.fn = fn, .arg = arg, .n = n, .queued = true};
     atomic_init(&b.next_item, 0);
     atomic_init(&b.done, false);

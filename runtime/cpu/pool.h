@@ -4,6 +4,7 @@
 #ifndef AJ_RUNTIME_CPU_POOL_H
 #define AJ_RUNTIME_CPU_POOL_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "attnjit/attnjit.h"
@@ -17,8 +18,15 @@ typedef void (*aj_cpu_item_fn)(void *arg, int64_t i);
  * 16 MiB stack.  AJ_ERR_OUT_OF_MEMORY naming the failure if a thread
  * cannot be started. */
 aj_status aj_cpu_pool_create(aj_ctx *ctx, int threads, aj_cpu_pool **out);
-/* Stops and joins the workers; NULL is a no-op. */
+/* Stops and joins the workers; NULL is a no-op.  Not for a forked pool. */
 void aj_cpu_pool_destroy(aj_cpu_pool *pool);
+/* How many fork()s this process is the child of, counted from the first
+ * call (which watches them with pthread_atfork; the first pool makes it). */
+unsigned aj_cpu_fork_generation(void);
+/* Whether this process is a child forked after the pool was made: its
+ * workers stayed in the parent, so the pool can neither run a batch nor
+ * be joined here, only dropped (its memory is the parent's copy). */
+bool aj_cpu_pool_forked(const aj_cpu_pool *pool);
 /* Starts workers until the pool has at least `threads`; it never shrinks.
  * Safe while batches run.  AJ_ERR_OUT_OF_MEMORY as for create (the
  * workers started before the failure stay). */
@@ -32,5 +40,13 @@ aj_status aj_cpu_pool_grow(aj_ctx *ctx, aj_cpu_pool *pool, int threads);
  * pool: batches are served in the order they came. */
 void aj_cpu_pool_run(aj_cpu_pool *pool, int width, int64_t n, int64_t item_stack,
                      aj_cpu_item_fn fn, void *arg);
+
+/* What a thread's stack must have left beyond an item's buffers before
+ * the item runs there: the kernel's spills and the calls it makes (libm,
+ * the runtime's helpers). */
+#define AJ_CPU_STACK_MARGIN ((int64_t)512 << 10)
+/* The bytes left below the caller's frame on its thread's stack, from the
+ * stack's bounds (looked up once per thread); 0 where they are unknown. */
+int64_t aj_cpu_stack_left(void);
 
 #endif /* AJ_RUNTIME_CPU_POOL_H */

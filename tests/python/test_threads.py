@@ -1,13 +1,16 @@
 """Threads calling attnjit.torch.attention at once (the reliability issue's
 first report: two threads on one warm cpu kernel never finished).  Each
 thread runs forward and backward calls of its own shapes and checks them
-against torch's float64 SDPA; the pool must serve every caller."""
+against torch's float64 SDPA; the pool, or torch's OpenMP threads where
+attnjit runs on them (docs/cpu.md "Whose threads"), must serve every
+caller."""
 import concurrent.futures
 import math
 
 import pytest
 
 torch = pytest.importorskip("torch")
+import attnjit  # noqa: E402
 import attnjit.torch as at  # noqa: E402
 import reference  # noqa: E402
 
@@ -31,8 +34,22 @@ def one_thread(index, calls):
     return worst
 
 
+OPENMP = "parallel backend: OpenMP" in torch.__config__.parallel_info()
+
+
+@pytest.mark.parametrize("runner", ["openmp", "pool"])
 @pytest.mark.parametrize("threads", [2, 8])
-def test_threads_share_the_cpu_device(threads):
+def test_threads_share_the_cpu_device(threads, runner):
+    if runner == "openmp" and not OPENMP:
+        pytest.skip("torch's intra-op threads are not OpenMP's")
+    attnjit.set_cpu_threads(runner)
+    try:
+        run_threads(threads)
+    finally:
+        attnjit.set_cpu_threads("openmp" if OPENMP else "pool")
+
+
+def run_threads(threads):
     calls = 20 if threads == 2 else 6
     with concurrent.futures.ThreadPoolExecutor(threads) as pool:
         futures = [pool.submit(one_thread, i, calls) for i in range(threads)]

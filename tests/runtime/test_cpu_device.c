@@ -5,7 +5,7 @@
  * (each work item is computed whole by one thread, so the split cannot
  * change a result), launched from a thread with room on its stack (which
  * then runs items itself) or without; the pool's caller rule; a stage's
- * stack_bytes.  About 3 s.
+ * stack_bytes; launches in a child forked after one.  About 3 s.
  */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -14,7 +14,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "check.h"
 #include "codegen/codegen.h"
@@ -65,6 +67,15 @@ static void test_open(void)
     CHECK_STATUS(ctx, aj_device_alloc(dev, 100, &p), AJ_OK);
     CHECK(p && (uintptr_t)p % 64 == 0);
     CHECK_STATUS(ctx, aj_device_free(dev, p), AJ_OK);
+    /* no OpenMP runtime in this process (test_cpu_omp has one) */
+    CHECK(aj_device_cpu_threads(dev) == AJ_CPU_THREADS_POOL);
+    CHECK_STATUS(ctx, aj_device_set_cpu_threads(dev, AJ_CPU_THREADS_OPENMP), AJ_ERR_UNSUPPORTED);
+    CHECK_ERROR(ctx, "needs an OpenMP runtime loaded in the process");
+    CHECK(aj_device_cpu_threads(dev) == AJ_CPU_THREADS_POOL);
+    CHECK_STATUS(ctx, aj_device_set_cpu_threads(dev, (aj_cpu_threads)7), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "7 is not an aj_cpu_threads");
+    CHECK_STATUS(ctx, aj_device_set_cpu_threads(dev, AJ_CPU_THREADS_POOL), AJ_OK);
+    CHECK(aj_device_cpu_threads(NULL) == AJ_CPU_THREADS_POOL);
     printf("cpu device: %s, %d threads by default\n", aj_device_name(dev),
            (aj_device_set_workers(dev, 0), aj_device_workers(dev)));
     aj_device_close(dev);
@@ -154,6 +165,9 @@ static void test_wrong_device(void)
     CHECK_ERROR(ctx, "kernel compiled for sim cannot run on a cpu device");
     CHECK_STATUS(ctx, aj_forward(ctx, sim, cpu_k, &a), AJ_ERR_INVALID_ARG);
     CHECK_ERROR(ctx, "kernel compiled for cpu cannot run on a sim device");
+    CHECK_STATUS(ctx, aj_device_set_cpu_threads(sim, AJ_CPU_THREADS_POOL), AJ_ERR_UNSUPPORTED);
+    CHECK_ERROR(ctx, "a sim device's launches do not run on host threads of its own choosing");
+    CHECK(aj_device_cpu_threads(sim) == AJ_CPU_THREADS_POOL);
     /* the same arguments are checked as on every device */
     a.k.shape[3] = 16;
     CHECK_STATUS(ctx, aj_forward(ctx, cpu, cpu_k, &a), AJ_ERR_INVALID_ARG);
@@ -228,6 +242,61 @@ static void test_threads_same_bits(void)
     }
     free(q);
     free(kv);
+    aj_device_close(dev);
+    aj_kernel_destroy(k);
+}
+
+/* A process that launched, then forked (a pre-forking server warms its
+ * kernels first): the child's launches start a pool of its own (the
+ * parent's workers are not in it) and give the parent's bits; the
+ * parent's pool still runs.  A child that hangs is killed by its alarm
+ * (before the fix, every child hung). */
+static void test_fork(void)
+{
+    /* long enough a launch (> 1 ms) that its caller leaves every item to
+     * the pool's workers */
+    enum { S = 1024, D = 32 };
+    aj_kernel *k = NULL;
+    CHECK_STATUS(ctx, compile("attention forward flash { dtype = f32 head_dim = 32 "
+                              "mask = causal(top_left) }", AJ_TARGET_CPU, AJ_EMIT_LLVM_IR, &k),
+                 AJ_OK);
+    aj_device *dev = NULL;
+    CHECK_STATUS(ctx, aj_device_open(ctx, AJ_DEVICE_CPU, 0, &dev), AJ_OK);
+    if (!k || !dev)
+        return;
+    static float q[2 * S * D], o[2][2 * S * D], lse[2][2 * S];
+    for (int i = 0; i < 2 * S * D; i++)
+        q[i] = (float)((i * 37) % 101) / 50.0f - 1.0f;
+    aj_fwd_args a = AJ_FWD_ARGS_INIT;
+    a.q = (aj_tensor){q, AJ_DTYPE_F32, 4, {1, 2, S, D}, {2 * S * D, S * D, D, 1}};
+    a.k = a.v = a.q;
+    CHECK_STATUS(ctx, aj_device_set_workers(dev, 2), AJ_OK);
+    for (int t = 0; t < 2; t++) {   /* the parent's launch, then the child's */
+        a.o = a.q;
+        a.o.data = o[t];
+        a.lse = (aj_tensor){lse[t], AJ_DTYPE_F32, 3, {1, 2, S, 0}, {2 * S, S, 1, 0}};
+        if (t == 0) {
+            CHECK_STATUS(ctx, aj_forward(ctx, dev, k, &a), AJ_OK);
+            continue;
+        }
+        fflush(stdout);
+        pid_t child = fork();
+        if (child == 0) {
+            alarm(60);
+            int same = aj_forward(ctx, dev, k, &a) == AJ_OK &&
+                       memcmp(o[0], o[1], sizeof o[0]) == 0 &&
+                       memcmp(lse[0], lse[1], sizeof lse[0]) == 0;
+            aj_device_close(dev);   /* drops the parent's pool, joins its own */
+            _exit(same ? 0 : 1);
+        }
+        int status = 0;
+        CHECK(child > 0 && waitpid(child, &status, 0) == child);
+        CHECK_MSG(WIFEXITED(status) && WEXITSTATUS(status) == 0,
+                  "the forked child's launch %s", WIFSIGNALED(status) ? "hung (killed by its "
+                  "alarm)" : "failed or gave other bits");
+    }
+    CHECK_STATUS(ctx, aj_forward(ctx, dev, k, &a), AJ_OK);   /* the parent's pool */
+    CHECK(memcmp(o[0], o[1], sizeof o[0]) == 0);
     aj_device_close(dev);
     aj_kernel_destroy(k);
 }
@@ -361,6 +430,7 @@ int main(void)
     test_unsupported();
     test_wrong_device();
     test_threads_same_bits();
+    test_fork();
     test_scratch();
     test_pool_caller();
     test_stack_bytes();

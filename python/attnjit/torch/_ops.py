@@ -15,6 +15,7 @@ dispatch (_eager, _Direct; docs/python.md "Eager calls").
 """
 import collections
 import ctypes
+import os
 import threading
 from typing import List, Optional, Tuple
 
@@ -144,9 +145,28 @@ def _verify(variant, body):
         _verified.put(key, True)
 
 
+_cpu_threads_chosen = []
+
+
+def _cpu_device():
+    """The cpu device, whose launches run on torch's own intra-op threads
+    where those are OpenMP's (docs/cpu.md "Whose threads"): they are awake
+    after torch's operators, and attnjit's pool would compete with them for
+    the cores.  AJ_TORCH_CPU_THREADS=pool in the environment keeps the pool."""
+    dev = attnjit.device("cpu")
+    if not _cpu_threads_chosen:
+        _cpu_threads_chosen.append(True)
+        wanted = os.environ.get("AJ_TORCH_CPU_THREADS", "openmp")
+        if wanted not in ("openmp", "pool"):
+            raise _fail("AJ_TORCH_CPU_THREADS=%r: 'openmp' or 'pool'" % wanted)
+        if wanted == "openmp" and "parallel backend: OpenMP" in torch.__config__.parallel_info():
+            attnjit.set_cpu_threads("openmp")
+    return dev
+
+
 def _device_of(t):
     if t.device.type == "cpu":
-        return attnjit.device("cpu"), None
+        return _cpu_device(), None
     if t.device.type == "cuda":
         index = t.device.index if t.device.index is not None else torch.cuda.current_device()
         return attnjit.device("cuda", index), torch.cuda.current_stream(t.device).cuda_stream
