@@ -63,8 +63,11 @@ def pair(fn_a, fn_b, repeats, sample_s=0.1):
 
 
 def throughput(args):
-    print("| dtype | heads q/kv | D | S | mask | pass | attnjit ms | SDPA ms | SDPA / attnjit |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    pool = " attnjit on its pool ms | pool / attnjit |" if args.pool else ""
+    print("| dtype | heads q/kv | D | S | mask | pass | attnjit ms | SDPA ms | SDPA / attnjit |"
+          + pool)
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+          + (" --- | --- |" if args.pool else ""))
     B = args.batch
     for dtype in args.dtypes:
         for hq, hkv in args.heads:
@@ -91,11 +94,20 @@ def throughput_row(args, B, hq, hkv, D, S, dtype, causal):
     ours = lambda q, k, v: at.attention(q, k, v, causal=causal)  # noqa: E731
     sdpa = lambda q, k, v: F.scaled_dot_product_attention(  # noqa: E731
         q, k, v, is_causal=causal, enable_gqa=gqa)
+    def on_pool(q, k, v):
+        attnjit.set_cpu_threads("pool")
+        try:
+            return ours(q, k, v)
+        finally:
+            attnjit.set_cpu_threads("openmp")
+
     for name, run in (("fwd", fwd), ("fwd+bwd", fwd_bwd)):
-        a, b = pair(lambda: run(ours), lambda: run(sdpa), args.repeats)
+        fns = [lambda: run(ours), lambda: run(sdpa)] + ([lambda: run(on_pool)] if args.pool else [])
+        a, b, *c = sides(fns, args.repeats)
+        extra = " %.1f | %.2f |" % (c[0] * 1e3, c[0] / a) if args.pool else ""
         print("| %s | %d/%d | %d | %d | %s | %s | %.1f | %.1f | %.2f |" % (
             str(dtype).replace("torch.", ""), hq, hkv, D, S, "causal" if causal else "none",
-            name, a * 1e3, b * 1e3, b / a), flush=True)
+            name, a * 1e3, b * 1e3, b / a) + extra, flush=True)
 
 
 def overhead(args):
@@ -145,7 +157,13 @@ def main():
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--calls", type=int, default=500)
     p.add_argument("--only", choices=("throughput", "overhead"))
+    p.add_argument("--pool", action="store_true",
+                   help="also attnjit on its own thread pool, where it runs on torch's OpenMP "
+                        "threads (docs/cpu.md \"Whose threads\")")
     args = p.parse_args()
+    if args.pool and "parallel backend: OpenMP" not in torch.__config__.parallel_info():
+        print("--pool: attnjit runs on its pool already (torch's threads are not OpenMP's)")
+        args.pool = False
     args.seqs = [int(s) for s in args.seqs.split(",")]
     args.heads = [tuple(int(x) for x in h.split("/")) for h in args.heads.split(",")]
     args.dims = [int(d) for d in args.dims.split(",")]

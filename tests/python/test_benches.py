@@ -17,6 +17,9 @@ BENCH = Path(__file__).resolve().parents[2] / "bench" / "python"
 CASES = [
     ("bench_attention.py", ["--seqs", "64", "--heads", "2/1", "--dims", "32", "--causal",
                             "causal", "--repeats", "1", "--calls", "3"], 2 + 3),
+    # and attnjit on its own pool beside it, where torch's threads are OpenMP's
+    ("bench_attention.py", ["--seqs", "64", "--heads", "2/1", "--dims", "32", "--causal",
+                            "none", "--repeats", "1", "--only", "throughput", "--pool"], 2),
     ("bench_small.py", ["--seqs", "32", "--dims", "16", "--repeats", "1"], 1),
     ("bench_sinks.py", ["--seqs", "64", "--dtypes", "float32", "--repeats", "1"], 2),
     ("bench_mla.py", ["--heads", "16", "--seqs", "128", "--batch", "1", "--repeats", "1"], 1),
@@ -34,7 +37,8 @@ def cli_binary():
 
 
 @pytest.mark.parametrize("script,args,rows", CASES,
-                         ids=[c[0] + (" --cli" if "--cli" in c[1] else "") for c in CASES])
+                         ids=[c[0] + "".join(" " + a for a in ("--cli", "--pool") if a in c[1])
+                              for c in CASES])
 def test_bench_runs(script, args, rows):
     if "{cli}" in args:
         cli = cli_binary()
