@@ -76,8 +76,11 @@ typedef struct cbwd_plan {
     int d, dv;
     int w;
     int bm, bn;
-    /* bf16 / f16 products on AMX tiles (native or stand-in; docs/cpu.md "AMX
-     * tiles"), else off: everything widened to f32 */
+    /* the products' operands in 16-bit pairs: bf16 / f16 on AMX tiles
+     * (native or stand-in; docs/cpu.md "AMX tiles"), else bf16 by vdpbf16ps
+     * register tiles on AVX512-BF16 hosts, as the forward's; without
+     * either, everything widened to f32 */
+    int pairs;
     aj_amx_mode amx;
 } cbwd_plan;
 
@@ -89,12 +92,16 @@ static aj_status plan_kernel(aj_ctx *ctx, const aj_op *op, cbwd_plan *p)
     p->dv = aj_op_dv(op);
     p->w = aj_cpu_vector_width();
     aj_status st = aj_cpu_plan_tiles(ctx, op, "cpu backward", p->w, 64, &p->bm, &p->bn);
-    /* tile products take 32 rows, 32 k and 32 columns a step (cpu_attn.h) */
-    if (p->w == 16 && p->d % 32 == 0 && p->dv % 32 == 0 && p->bm % AJ_CPU_AMX_ROWS == 0 &&
-        p->bn % 32 == 0)
+    /* tile products take 32 rows, 32 k and 32 columns a step (cpu_attn.h),
+     * register tiles 32 keys */
+    int tiles = p->w == 16 && p->d % 32 == 0 && p->dv % 32 == 0 &&
+                p->bm % AJ_CPU_AMX_ROWS == 0 && p->bn % 32 == 0;
+    if (tiles)
         p->amx = aj_cpu_amx_mode(p->dtype, NULL, 0);   /* off but for bf16 and f16 */
     if (p->amx != AJ_AMX_OFF)
         aj_cpu_amx_tiles(op, AJ_CPU_AMX_BWD_BM, AJ_CPU_AMX_BWD_BN, &p->bm, &p->bn);
+    p->pairs = tiles && (p->amx != AJ_AMX_OFF ||
+                         (p->dtype == AJ_DTYPE_BF16 && aj_cpu_has_feature("avx512bf16")));
     return st;
 }
 
@@ -112,7 +119,7 @@ typedef struct cbwd {
     cbwd_plan p;
     aj_cpu_attn at;              /* of the current (b, h) */
     LLVMValueRef q, dob, kt, vt, kn, s, dp, z, lse2, delta;   /* stack buffers */
-    /* p.amx: Q, dO rows zipped in pairs (B operands), P^T, dS^T (dkdv) and
+    /* p.pairs: Q, dO rows zipped in pairs (B operands), P^T, dS^T (dkdv) and
      * dS (dq) in the dtype (A operands); q, dob, kt, vt, kn then hold rows or
      * pairs (below) */
     LLVMValueRef qz, doz, pt, dst, dsa;
@@ -182,7 +189,7 @@ static LLVMValueRef item(cbwd *c, int d)
  * (scaled), dO, LSE in log2 units and Delta = dO . O.  Rows past Sq get
  * Q = dO = 0 and LSE = +inf (so P = 0); a row whose LSE is -inf saw no key
  * in the forward and gets 0, so that its P = 2^(-inf - 0) = 0.  With
- * p.amx, Q (unscaled: the scores take the scale) and dO stay 16-bit rows,
+ * p.pairs, Q (unscaled: the scores take the scale) and dO stay 16-bit rows,
  * and `zipped` also fills qz and doz.
  */
 static void load_query_side(cbwd *c, LLVMValueRef bidx, LLVMValueRef h, LLVMValueRef m0,
@@ -197,7 +204,7 @@ static void load_query_side(cbwd *c, LLVMValueRef bidx, LLVMValueRef h, LLVMValu
                                 .stride_s = aj_param(kb, AJ_PID(stride_q_s))};
     const aj_cpu_rows do_rows = {.base = aj_cpu_seq_base(kb, AJ_PSRC_do, bidx, h, start),
                                  .stride_s = aj_param(kb, AJ_PID(stride_do_s))};
-    if (p->amx) {
+    if (p->pairs) {
         aj_cpu_load_rows(kb, c->q, p->d / 2, AJ_PSRC_q, p->dtype, &q_rows, m0, rows, bm, 1.0, 1);
         aj_cpu_load_rows(kb, c->dob, p->dv / 2, AJ_PSRC_do, p->dtype, &do_rows, m0, rows, bm, 1.0,
                          1);
@@ -293,7 +300,7 @@ static void emit_probabilities(cbwd *c, LLVMValueRef m0, LLVMValueRef n0)
         LLVMValueRef jv = LLVMBuildAdd(
             b, aj_cv_splat(kb, aj_kb_add(kb, n0, aj_kb_i32(kb, n * w)), w), aj_cv_iota(kb, w), "");
         LLVMValueRef dmod, t = vload(c, buf_at(c, c->s, at), w);
-        if (p->amx)   /* the products saw Q unscaled */
+        if (p->pairs)   /* the products saw Q unscaled */
             t = LLVMBuildFMul(b, t, aj_cv_splat(kb, aj_kb_f32(kb, aj_op_scale(op)), w), "");
         LLVMValueRef s2 = aj_cpu_scores(&c->at, t, ig, jv, &dmod);
         LLVMValueRef pv = aj_cv_exp2_softmax(kb, LLVMBuildFSub(b, s2, lse, ""), w);
@@ -358,23 +365,37 @@ static void load_key_side(cbwd *c, const aj_cpu_rows *k_rows, const aj_cpu_rows 
                           LLVMValueRef n0, LLVMValueRef kcount)
 {
     const cbwd_plan *p = &c->p;
-    int pairs = p->amx != AJ_AMX_OFF, per_slot = pairs ? 2 : 1;
+    int pairs = p->pairs, per_slot = pairs ? 2 : 1;
     aj_cpu_load_cols(c->kb, c->kt, p->d / per_slot, p->bn, AJ_PSRC_k, p->dtype, k_rows, n0,
                      kcount, pairs);
     aj_cpu_load_cols(c->kb, c->vt, p->dv / per_slot, p->bn, AJ_PSRC_v, p->dtype, v_rows, n0,
                      kcount, pairs);
 }
 
-/* S = Q Kt and dP = dO Vt of the block (on tiles, or register tiles),
+/* p.pairs: C [m_end][n] (f32) = A B, or += with `acc`, over k: A's rows
+ * 16-bit (k elements each), B in pairs of rows (words [k / 2][n]); on AMX
+ * tiles, else by vdpbf16ps register tiles (cpu_attn.h) */
+static void pairs_gemm(cbwd *c, LLVMValueRef cm, LLVMValueRef a, LLVMValueRef bmat, int n, int k,
+                       LLVMValueRef m_end, int acc)
+{
+    if (c->p.amx)
+        aj_cpu_amx_gemm(&c->amx, cm, a, k, bmat, n, k, m_end, acc);
+    else if (acc)
+        aj_cpu_gemm_acc(c->kb, n, cm, NULL, a, k / 2, 1, bmat, k, m_end, 1);
+    else
+        aj_cpu_gemm_nt(c->kb, c->p.w, cm, a, k / 2, bmat, n, m_end, 1);
+}
+
+/* S = Q Kt and dP = dO Vt of the block (in pairs, or f32 register tiles),
  * then P and dS from them (emit_probabilities) */
 static void emit_block_products(cbwd *c, LLVMValueRef m0, LLVMValueRef n0)
 {
     aj_kb *kb = c->kb;
     const cbwd_plan *p = &c->p;
     LLVMValueRef bm = aj_kb_i32(kb, p->bm);
-    if (p->amx) {
-        aj_cpu_amx_gemm(&c->amx, c->s, c->q, p->d, c->kt, p->bn, p->d, bm, 0);
-        aj_cpu_amx_gemm(&c->amx, c->dp, c->dob, p->dv, c->vt, p->bn, p->dv, bm, 0);
+    if (p->pairs) {
+        pairs_gemm(c, c->s, c->q, c->kt, p->bn, p->d, bm, 0);
+        pairs_gemm(c, c->dp, c->dob, c->vt, p->bn, p->dv, bm, 0);
     } else {
         aj_cpu_gemm_nt(kb, p->w, c->s, c->q, p->d, c->kt, p->bn, bm, 0);
         aj_cpu_gemm_nt(kb, p->w, c->dp, c->dob, p->dv, c->vt, p->bn, bm, 0);
@@ -382,17 +403,17 @@ static void emit_block_products(cbwd *c, LLVMValueRef m0, LLVMValueRef n0)
     emit_probabilities(c, m0, n0);
 }
 
-/* dq (an f32 tile [bm][D]) += dS K, the block's: on tiles with dS
- * rounded to the dtype's rows, else in vectors.  Stage 1 and the fused
+/* dq (an f32 tile [bm][D]) += dS K, the block's: in pairs with dS
+ * rounded to the dtype's rows, else in f32 vectors.  Stage 1 and the fused
  * stage both add through this, so a dQ element gets the same terms in
  * the same order in either plan. */
 static void dq_product(cbwd *c, LLVMValueRef dq)
 {
     const cbwd_plan *p = &c->p;
     LLVMValueRef bm = aj_kb_i32(c->kb, p->bm);
-    if (p->amx) {
+    if (p->pairs) {
         aj_cpu_round_half(c->kb, c->dsa, c->dp, p->bm * p->bn, p->dtype);
-        aj_cpu_amx_gemm(&c->amx, dq, c->dsa, p->bn, c->kn, p->d, p->bn, bm, 1);
+        pairs_gemm(c, dq, c->dsa, c->kn, p->d, p->bn, bm, 1);
     } else {
         aj_cpu_gemm_acc(c->kb, p->d, dq, NULL, c->dp, p->bn, 1, c->kn, p->bn, bm, 0);
     }
@@ -432,13 +453,13 @@ static void fused_dq_tile(cbwd *c, LLVMValueRef bidx, LLVMValueRef h, LLVMValueR
     store_rows(c, c->fused_dq, p->d, AJ_PSRC_workspace, &sums, m0, rows, 1.0);
 }
 
-/* K's rows for dQ += dS K: zipped in pairs for the tiles, else floats */
+/* K's rows for dQ += dS K: zipped in pairs, else floats */
 static void load_key_rows(cbwd *c, const aj_cpu_rows *k_rows, LLVMValueRef n0,
                           LLVMValueRef kcount)
 {
     aj_kb *kb = c->kb;
     const cbwd_plan *p = &c->p;
-    if (p->amx)
+    if (p->pairs)
         aj_cpu_load_row_pairs(kb, c->kn, p->d, p->bn, AJ_PSRC_k, k_rows, n0, kcount);
     else
         aj_cpu_load_rows(kb, c->kn, p->d, AJ_PSRC_k, p->dtype, k_rows, n0, kcount,
@@ -487,14 +508,14 @@ static void key_block(cbwd *c, LLVMValueRef bidx, LLVMValueRef hkv, LLVMValueRef
             aj_cpu_skip_begin(&c->at, cls);
             load_query_side(c, bidx, h, m0, rows, 1);
             emit_block_products(c, m0, n0);
-            if (p->amx) {
-                /* the tiles: dV += (z P)^T dO and dK += dS^T Q with P^T and
-                 * dS^T rounded to the dtype's rows */
+            if (p->pairs) {
+                /* dV += (z P)^T dO and dK += dS^T Q with P^T and dS^T
+                 * rounded to the dtype's rows */
                 aj_cpu_transpose_half(kb, c->pt, c->s, p->bm, p->bn, p->dtype);
                 aj_cpu_transpose_half(kb, c->dst, c->dp, p->bm, p->bn, p->dtype);
                 LLVMValueRef bn = aj_kb_i32(kb, p->bn);
-                aj_cpu_amx_gemm(&c->amx, dv, c->pt, p->bm, c->doz, p->dv, p->bm, bn, 1);
-                aj_cpu_amx_gemm(&c->amx, dk, c->dst, p->bm, c->qz, p->d, p->bm, bn, 1);
+                pairs_gemm(c, dv, c->pt, c->doz, p->dv, p->bm, bn, 1);
+                pairs_gemm(c, dk, c->dst, c->qz, p->d, p->bm, bn, 1);
             } else {
                 /* dV += (z P)^T dO, dK += dS^T Q: P^T read with strides (1, bn) */
                 aj_cpu_gemm_acc(kb, p->dv, dv, NULL, c->s, 1, p->bn, c->dob, p->bm,
@@ -509,10 +530,10 @@ static void key_block(cbwd *c, LLVMValueRef bidx, LLVMValueRef hkv, LLVMValueRef
         aj_kb_for_end(kb);
     }
     aj_kb_for_end(kb);
-    /* with tiles Q was unscaled: dK takes the scale here */
+    /* in pairs Q was unscaled: dK takes the scale here */
     const aj_cpu_rows dk_rows = slice_rows(c, AJ_PSRC_dk, bidx, hkv, seq->start_k);
     const aj_cpu_rows dv_rows = slice_rows(c, AJ_PSRC_dv, bidx, hkv, seq->start_k);
-    store_rows(c, dk, p->d, AJ_PSRC_dk, &dk_rows, n0, kcount, p->amx ? aj_op_scale(c->op) : 1.0);
+    store_rows(c, dk, p->d, AJ_PSRC_dk, &dk_rows, n0, kcount, p->pairs ? aj_op_scale(c->op) : 1.0);
     store_rows(c, dv, p->dv, AJ_PSRC_dv, &dv_rows, n0, kcount, 1.0);
 }
 
@@ -523,7 +544,7 @@ static void alloc_key_side(cbwd *c, LLVMValueRef *dk, LLVMValueRef *dv)
     aj_kb *kb = c->kb;
     const cbwd_plan *p = &c->p;
     alloc_buffers(c);
-    if (p->amx) {
+    if (p->pairs) {
         c->qz = aj_cv_buffer(kb, p->bm * p->d / 2, "qzbuf");
         c->doz = aj_cv_buffer(kb, p->bm * p->dv / 2, "dozbuf");
         c->pt = aj_cv_buffer(kb, p->bn * p->bm / 2, "ptbuf");
@@ -612,7 +633,7 @@ static void build_fused(cbwd *c)
     LLVMValueRef dk, dv;
     alloc_key_side(c, &dk, &dv);
     c->kn = aj_cv_buffer(kb, p->bn * p->d, "knbuf");
-    if (p->amx)
+    if (p->pairs)
         c->dsa = aj_cv_buffer(kb, p->bm * p->bn / 2, "dsabuf");
     c->fused_dq = aj_cv_buffer(kb, p->bm * p->d, "dqbuf");
     LLVMValueRef hkv = item(c, 0), bidx = item(c, 1);
@@ -774,7 +795,7 @@ static void build_dq(cbwd *c)
     aj_kb_begin_stage(kb, "dq", 1);
     alloc_buffers(c);
     c->kn = aj_cv_buffer(kb, p->bn * p->d, "knbuf");
-    if (p->amx)
+    if (p->pairs)
         c->dsa = aj_cv_buffer(kb, p->bm * p->bn / 2, "dsabuf");
     dq_pair pr;
     pr.dq = aj_cv_buffer(kb, p->bm * p->d, "dqbuf");
