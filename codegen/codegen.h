@@ -83,8 +83,19 @@ void aj_host_cpu_id(char *out, size_t cap);
 /* Whether the features of aj_host_cpu enable f ("avx512bf16") */
 int aj_cpu_has_feature(const char *f);
 /* floats per SIMD register of this host: 16 with AVX-512 (or under the AMX
- * stand-in on an AVX host), 8 with AVX, else 4 */
+ * or vdpbf16ps stand-in on an AVX host), 8 with AVX, else 4 */
 int aj_cpu_vector_width(void);
+/* How the cpu kernels multiply bf16 in pairs (docs/cpu.md "Host features"):
+ * not at all (widened to f32), by vdpbf16ps where the features of
+ * aj_host_cpu have avx512bf16, or by its stand-in under AJ_CPU_BF16=standin
+ * (two f32 FMAs a pair, on any AVX host, 16 floats wide), so that the pairs
+ * paths run and are tested on every host */
+typedef enum aj_bf16_pairs {
+    AJ_BF16_PAIRS_OFF,
+    AJ_BF16_PAIRS_NATIVE,
+    AJ_BF16_PAIRS_STANDIN
+} aj_bf16_pairs;
+aj_bf16_pairs aj_cpu_bf16_pairs(void);
 
 /* One kernel of a compiled module, launched in stage order. */
 typedef struct aj_kernel_stage {

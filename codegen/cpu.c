@@ -71,6 +71,16 @@ static int amx_setting(void)
     return -1;
 }
 
+/* AJ_CPU_BF16: 1 for standin, 0 for auto (unset or empty too), -1 for
+ * another */
+static int bf16_standin(void)
+{
+    const char *env = getenv("AJ_CPU_BF16");
+    if (!env || !*env || strcmp(env, "auto") == 0)
+        return 0;
+    return strcmp(env, "standin") == 0 ? 1 : -1;
+}
+
 /* The host's name and CPUID features as LLVM reads them, once per process
  * (a hundred microseconds a call, and they do not change) */
 static pthread_once_t host_once = PTHREAD_ONCE_INIT;
@@ -107,6 +117,9 @@ aj_status aj_host_cpu(aj_ctx *ctx, char **name, char **features)
     if (amx_setting() < 0)
         return aj_fail(ctx, AJ_ERR_INVALID_ARG, "AJ_CPU_AMX = '%s': expected auto, off, "
                        "standin or native", getenv("AJ_CPU_AMX"));
+    if (bf16_standin() < 0)
+        return aj_fail(ctx, AJ_ERR_INVALID_ARG, "AJ_CPU_BF16 = '%s': expected auto or standin",
+                       getenv("AJ_CPU_BF16"));
     char *out = strdup(host_features());
     if (!out)
         return aj_fail(ctx, AJ_ERR_OUT_OF_MEMORY, "out of memory");
@@ -140,10 +153,12 @@ void aj_host_cpu_id(char *out, size_t cap)
         snprintf(out, cap, "cpu ?");
         return;
     }
-    snprintf(out, cap, "cpu %s %016llx amx-%s-%s", name,
+    static const char *const pairs[] = {"off", "native", "standin"};
+    snprintf(out, cap, "cpu %s %016llx amx-%s-%s bf16-%s", name,
              (unsigned long long)XXH3_64bits(features, strlen(features)),
              aj_amx_mode_name(aj_cpu_amx_mode(AJ_DTYPE_BF16, NULL, 0)),
-             aj_amx_mode_name(aj_cpu_amx_mode(AJ_DTYPE_F16, NULL, 0)));
+             aj_amx_mode_name(aj_cpu_amx_mode(AJ_DTYPE_F16, NULL, 0)),
+             pairs[aj_cpu_bf16_pairs()]);
     LLVMDisposeMessage(name);
     free(features);
 }
@@ -180,17 +195,24 @@ static int host_enables(const char *f)
 }
 
 /* 16 floats with AVX-512 -- and under the AMX stand-in (AJ_CPU_AMX=
- * standin) on any AVX host: it stands in for an AMX host, whose kernels
- * are 16 wide (their tile paths ask for it), so the stand-in's kernels
- * are those, LLVM splitting each vector in two where the host has no
- * AVX-512. */
+ * standin) or vdpbf16ps's (AJ_CPU_BF16=standin) on any AVX host: each
+ * stands in for a host whose kernels are 16 wide (their paths ask for
+ * it), so the stand-in's kernels are those, LLVM splitting each vector in
+ * two where the host has no AVX-512. */
 int aj_cpu_vector_width(void)
 {
     if (aj_cpu_has_feature("avx512f"))
         return 16;
     if (!aj_cpu_has_feature("avx"))
         return 4;
-    return amx_setting() == AJ_AMX_STANDIN ? 16 : 8;
+    return amx_setting() == AJ_AMX_STANDIN || bf16_standin() == 1 ? 16 : 8;
+}
+
+aj_bf16_pairs aj_cpu_bf16_pairs(void)
+{
+    if (bf16_standin() == 1)
+        return aj_cpu_has_feature("avx") ? AJ_BF16_PAIRS_STANDIN : AJ_BF16_PAIRS_OFF;
+    return aj_cpu_has_feature("avx512bf16") ? AJ_BF16_PAIRS_NATIVE : AJ_BF16_PAIRS_OFF;
 }
 
 /* The tile data is an XSAVE component the OS enables per process on
@@ -335,9 +357,9 @@ size_t aj_cpu_describe(char *buf, size_t cap)
         int w = aj_cpu_vector_width();
         PUT("vectors     %d floats (%s)\n", w,
             w == 16 ? (aj_cpu_has_feature("avx512f") ? "avx512f"
-                                                     : "AJ_CPU_AMX=standin's, split for avx")
+                                                     : "a stand-in's, split for avx")
             : w == 8 ? "avx, no avx512f" : "no avx");
-        int dp = features_enable(features, "avx512bf16");
+        aj_bf16_pairs dp = aj_cpu_bf16_pairs();
         /* per 16-bit dtype: the path, then the AMX line with its reason */
         static const struct {
             aj_dtype dtype;
@@ -349,8 +371,10 @@ size_t aj_cpu_describe(char *buf, size_t cap)
             amx[i] = aj_cpu_amx_mode(halves[i].dtype, why[i], sizeof why[i]);
             const char *vec = w != 16                           ? "widened to f32 (no avx512f)"
                               : halves[i].dtype == AJ_DTYPE_F16 ? "widened to f32"
-                              : dp ? "pairs by vdpbf16ps (avx512bf16)"
-                                   : "widened to f32 (no avx512bf16)";
+                              : dp == AJ_BF16_PAIRS_NATIVE ? "pairs by vdpbf16ps (avx512bf16)"
+                              : dp == AJ_BF16_PAIRS_STANDIN
+                                  ? "pairs by a stand-in of vdpbf16ps (AJ_CPU_BF16=standin)"
+                                  : "widened to f32 (no avx512bf16)";
             if (amx[i] != AJ_AMX_OFF && w == 16)
                 PUT("%s forward and backward on AMX tiles where head dims and block_m are "
                     "multiples of 32, else %s\n", halves[i].label, vec);

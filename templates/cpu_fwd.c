@@ -92,7 +92,7 @@ static aj_status plan_kernel(aj_ctx *ctx, const aj_op *op, cfwd_plan *p)
     if (p->amx != AJ_AMX_OFF)
         aj_cpu_amx_tiles(op, AJ_CPU_AMX_FWD_BM, AJ_CPU_AMX_FWD_BN, &p->bm, &p->bn);
     p->pairs = half && (p->amx != AJ_AMX_OFF ||
-                        (p->dtype == AJ_DTYPE_BF16 && aj_cpu_has_feature("avx512bf16")));
+                        (p->dtype == AJ_DTYPE_BF16 && aj_cpu_bf16_pairs()));
     return st;
 }
 

@@ -32,8 +32,27 @@ LLVMValueRef aj_cv_fma(aj_kb *kb, LLVMValueRef a, LLVMValueRef b, LLVMValueRef c
     return aj_kb_call_overloaded(kb, "llvm.fmuladd", args, 3);
 }
 
+/* The bf16 of each word's high half (odd: element 2i + 1) or low half,
+ * widened to f32 */
+static LLVMValueRef bf16_half(aj_kb *kb, LLVMValueRef words, int odd, int n)
+{
+    LLVMTypeRef vi = LLVMVectorType(kb->t_i32, (unsigned)n);
+    LLVMValueRef w = LLVMBuildBitCast(kb->b, words, vi, "");
+    LLVMValueRef high = aj_cv_splat(kb, aj_kb_i32(kb, (int32_t)0xffff0000u), n);
+    LLVMValueRef bits = odd ? LLVMBuildAnd(kb->b, w, high, "")
+                            : LLVMBuildShl(kb->b, w, aj_cv_splat(kb, aj_kb_i32(kb, 16), n), "");
+    return LLVMBuildBitCast(kb->b, bits, aj_cv_type(kb, n), "");
+}
+
 LLVMValueRef aj_cv_dot_bf16(aj_kb *kb, LLVMValueRef acc, LLVMValueRef a, LLVMValueRef b, int n)
 {
+    if (aj_cpu_bf16_pairs() != AJ_BF16_PAIRS_NATIVE) {
+        /* the stand-in: vdpbf16ps's order (the odd elements, then the even;
+         * each product of two bf16 is exact in f32), without its flushing
+         * of subnormals */
+        acc = aj_cv_fma(kb, bf16_half(kb, a, 1, n), bf16_half(kb, b, 1, n), acc);
+        return aj_cv_fma(kb, bf16_half(kb, a, 0, n), bf16_half(kb, b, 0, n), acc);
+    }
     const char *name = n == 16 ? "llvm.x86.avx512bf16.dpbf16ps.512"
                                : "llvm.x86.avx512bf16.dpbf16ps.256";
     LLVMTypeRef pairs = LLVMVectorType(LLVMBFloatTypeInContext(kb->llctx), (unsigned)(2 * n));

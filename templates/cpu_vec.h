@@ -21,7 +21,8 @@ LLVMValueRef aj_cv_fma(aj_kb *kb, LLVMValueRef a, LLVMValueRef b, LLVMValueRef c
 /* acc + the dot products of bf16 pairs: lane i of <n x float> acc gets
  * a[2i] b[2i] + a[2i+1] b[2i+1], where a and b are <n x i32> words each
  * holding two bf16 (the lower index in the low half); n = 16 or 8.  One
- * vdpbf16ps (AVX512-BF16): only where aj_cpu_has_feature("avx512bf16"). */
+ * vdpbf16ps (AVX512-BF16) where aj_cpu_bf16_pairs() is native, its
+ * stand-in's two FMAs where it is standin. */
 LLVMValueRef aj_cv_dot_bf16(aj_kb *kb, LLVMValueRef acc, LLVMValueRef a, LLVMValueRef b, int n);
 /* llvm.maxnum on f32 or vectors */
 LLVMValueRef aj_cv_max(aj_kb *kb, LLVMValueRef a, LLVMValueRef b);

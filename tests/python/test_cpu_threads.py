@@ -81,3 +81,18 @@ def test_environment_keeps_the_pool():
     r = run_python(CHOICE, AJ_TORCH_CPU_THREADS="omp")
     assert r.returncode != 0
     assert "AJ_TORCH_CPU_THREADS='omp': 'openmp' or 'pool'" in r.stderr
+
+
+def test_openmp_needs_a_runtime_in_the_process():
+    """Without torch (or another OpenMP user) loaded, there are no OpenMP
+    threads to run on: a clear refusal, and the pool stays."""
+    code = """
+import attnjit
+try:
+    attnjit.set_cpu_threads("openmp")
+except attnjit.UnsupportedError as e:
+    print("refused:", e)
+"""
+    r = run_python(code)
+    assert r.returncode == 0, r.stderr
+    assert "refused:" in r.stdout and "needs an OpenMP runtime loaded in the process" in r.stdout

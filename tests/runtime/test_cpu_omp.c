@@ -131,6 +131,14 @@ static void test_launch(void)
     /* a child forked after a parallel region: GNU OpenMP's threads are not
      * in it (its regions would wait for them forever), so its launches run
      * on a pool of its own */
+    /* the pool's workers started by the launch above are idle by now (a
+     * worker still starting, under ASan inside its allocator, would leave
+     * the child a lock nobody holds: GCC 12's ASan allocator does not
+     * guard fork as glibc's malloc does) */
+    launched = &on_pool;
+    CHECK_STATUS(ctx, aj_cpu_launch(ctx, cpu, 2, launch_entry, (int64_t)1 << 40, grid, NULL),
+                 AJ_OK);
+    nanosleep(&(struct timespec){0, 100000000}, NULL);
     fflush(stdout);
     pid_t child = fork();
     if (child == 0) {
