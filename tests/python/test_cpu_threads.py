@@ -1,8 +1,9 @@
 """attnjit.torch's cpu launches on torch's own OpenMP threads (docs/cpu.md
 "Whose threads"): chosen where torch's intra-op threads are OpenMP's, kept
-off by AJ_TORCH_CPU_THREADS=pool, and the same bits as attnjit's pool at
-every head dim (the widest's items need more stack than an OpenMP thread
-may have: those launches fall back to the pool)."""
+off by AJ_TORCH_CPU_THREADS=pool, refused where no OpenMP runtime is
+loaded, and the same bits as attnjit's pool at every head dim (the widest
+items need the most stack: where an OpenMP thread's is too small, the
+launch runs on the pool, test_cpu_omp)."""
 import os
 import subprocess
 import sys
