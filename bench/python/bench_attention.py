@@ -62,6 +62,19 @@ def pair(fn_a, fn_b, repeats, sample_s=0.1):
     return tuple(sides([fn_a, fn_b], repeats, sample_s))
 
 
+def on_pool(fn):
+    """fn with attnjit's cpu launches on its own thread pool rather than
+    torch's OpenMP threads (docs/cpu.md "Whose threads"), as a side of an
+    interleaved comparison."""
+    def run(*args):
+        attnjit.set_cpu_threads("pool")
+        try:
+            return fn(*args)
+        finally:
+            attnjit.set_cpu_threads("openmp")
+    return run
+
+
 def throughput(args):
     pool = " attnjit on its pool ms | pool / attnjit |" if args.pool else ""
     print("| dtype | heads q/kv | D | S | mask | pass | attnjit ms | SDPA ms | SDPA / attnjit |"
@@ -94,15 +107,9 @@ def throughput_row(args, B, hq, hkv, D, S, dtype, causal):
     ours = lambda q, k, v: at.attention(q, k, v, causal=causal)  # noqa: E731
     sdpa = lambda q, k, v: F.scaled_dot_product_attention(  # noqa: E731
         q, k, v, is_causal=causal, enable_gqa=gqa)
-    def on_pool(q, k, v):
-        attnjit.set_cpu_threads("pool")
-        try:
-            return ours(q, k, v)
-        finally:
-            attnjit.set_cpu_threads("openmp")
-
+    pooled = on_pool(ours)
     for name, run in (("fwd", fwd), ("fwd+bwd", fwd_bwd)):
-        fns = [lambda: run(ours), lambda: run(sdpa)] + ([lambda: run(on_pool)] if args.pool else [])
+        fns = [lambda: run(ours), lambda: run(sdpa)] + ([lambda: run(pooled)] if args.pool else [])
         a, b, *c = sides(fns, args.repeats)
         extra = " %.1f | %.2f |" % (c[0] * 1e3, c[0] / a) if args.pool else ""
         print("| %s | %d/%d | %d | %d | %s | %s | %.1f | %.1f | %.2f |" % (

@@ -29,7 +29,7 @@ import attnjit.torch as at
 from attnjit import _capi
 
 sys.path.insert(0, os.path.dirname(__file__))
-from bench_attention import host_header, sides  # noqa: E402
+from bench_attention import host_header, on_pool, sides  # noqa: E402
 
 
 @torch.library.custom_op("ajbench::floor_fwd", mutates_args=())
@@ -99,12 +99,9 @@ def main():
                                                    "dtype = f32")
                 o.backward(do)
 
-            def pool_step():
-                attnjit.set_cpu_threads("pool")
-                attnjit_step()
-                attnjit.set_cpu_threads("openmp")
-
-            steps = [attnjit_step, sdpa_step, floor_step] + ([pool_step] if openmp else [])
+            steps = [attnjit_step, sdpa_step, floor_step]
+            if openmp:
+                steps.append(on_pool(attnjit_step))
             a, s, f, *pool = sides(steps, args.repeats)
             extra = " %.3f | %.2f |" % (pool[0] * 1e3, pool[0] / a) if openmp else ""
             print("| %d | %d | %.3f | %.3f | %.3f | %.2f | %.3f |"

@@ -86,12 +86,9 @@ aj_status aj_cpu_launch(aj_ctx *ctx, aj_cpu_device *cpu, int workers, aj_host_en
     const int64_t n = (int64_t)grid[0] * grid[1] * grid[2];
     if (n <= 0)
         return AJ_OK;
-    /* GNU OpenMP's threads do not survive fork() either: a forked child's
-     * launches take the pool */
     if (atomic_load(&cpu->threads) == AJ_CPU_THREADS_OPENMP &&
-        atomic_load(&cpu->threads_generation) == aj_cpu_fork_generation() &&
         aj_cpu_omp_run(workers, n, stack_bytes, run_item, &l))
-        return AJ_OK;   /* else no thread of the runtime had the stack: the pool */
+        return AJ_OK;   /* else (no thread had the stack; a forked child) the pool */
     int threads = workers > 0 ? workers : aj_cpu_default_workers();
     pthread_mutex_lock(&cpu->pool_lock);
     if (cpu->pool && aj_cpu_pool_forked(cpu->pool))
@@ -122,7 +119,6 @@ aj_status aj_cpu_set_threads(aj_ctx *ctx, aj_cpu_device *cpu, aj_cpu_threads thr
                        "aj_device_set_cpu_threads: AJ_CPU_THREADS_OPENMP needs an OpenMP runtime "
                        "loaded in the process (libgomp, libomp or libiomp5, as a framework such "
                        "as PyTorch loads it); none is, and attnjit does not load one");
-    atomic_store(&cpu->threads_generation, aj_cpu_fork_generation());
     atomic_store(&cpu->threads, threads);
     return AJ_OK;
 }

@@ -28,7 +28,6 @@ typedef struct aj_cpu_device {
         atomic_llong ns_per_item;
     } item_time[32];
     _Atomic(aj_cpu_threads) threads;   /* whose threads run items (aj_cpu_set_threads) */
-    atomic_uint threads_generation;    /* aj_cpu_fork_generation() when set */
 } aj_cpu_device;
 
 aj_status aj_cpu_device_open(aj_ctx *ctx, aj_cpu_device **out);
@@ -40,10 +39,9 @@ int aj_cpu_default_workers(void);
  * (0: aj_cpu_default_workers()), the calling one among them where its
  * stack has room for an item's `stack_bytes` (aj_cpu_pool_run); with
  * AJ_CPU_THREADS_OPENMP on a parallel region of the process's OpenMP
- * runtime (omp.h; 0: its team size), the pool running only the items
- * whose stack need its threads lacked.  Threads
- * may launch on one device at once: each launch is a batch of its own on
- * the shared pool. */
+ * runtime (omp.h; 0: its team size), the pool running the launch only
+ * where aj_cpu_omp_run could not.  Threads may launch on one device at
+ * once: each launch is a batch of its own on the shared pool. */
 aj_status aj_cpu_launch(aj_ctx *ctx, aj_cpu_device *cpu, int workers, aj_host_entry_fn entry,
                         int64_t stack_bytes, const int32_t grid[3], void **args);
 /* Whose threads run the device's launches (aj_device_set_cpu_threads);

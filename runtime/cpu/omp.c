@@ -18,7 +18,8 @@
  * thread of the team claims items from one atomic counter, as the pool's
  * workers do, where its stack has room for an item; where no thread's has
  * (a kernel of large tiles, a runtime whose threads have small stacks),
- * the launch goes back to the caller, which runs it on the pool.
+ * or in a child forked after the runtime was found, the launch goes back
+ * to the caller, which runs it on the pool.
  */
 #define _GNU_SOURCE   /* RTLD_NOLOAD */
 #include "runtime/cpu/omp.h"
@@ -35,8 +36,12 @@ static const char *const runtime_names[] = {"libgomp.so.1", "libomp.so", "libomp
                                             "libiomp5.so"};
 
 /* Found once, then kept: a loaded runtime stays loaded (a framework
- * does not unload its own). */
+ * does not unload its own); with the fork count of the process that found
+ * it (aj_cpu_fork_generation), since a child forked after that has none
+ * of the team's threads, and GNU OpenMP's regions there would wait for
+ * them forever. */
 static _Atomic(gomp_parallel_fn) found;
+static atomic_uint found_generation;
 
 static gomp_parallel_fn find_parallel(void)
 {
@@ -50,6 +55,7 @@ static gomp_parallel_fn find_parallel(void)
         void *sym = dlsym(lib, "GOMP_parallel");
         dlclose(lib);   /* the process keeps it loaded: it was before */
         if (sym) {
+            atomic_store(&found_generation, aj_cpu_fork_generation());
             atomic_store_explicit(&found, (gomp_parallel_fn)sym, memory_order_release);
             return (gomp_parallel_fn)sym;
         }
@@ -72,17 +78,14 @@ typedef struct team_batch {
 static void team_main(void *data)
 {
     team_batch *b = data;
-    if (aj_cpu_stack_left() < b->item_stack + AJ_CPU_STACK_MARGIN)
-        return;   /* too small a stack for an item: the others, or the pool */
-    for (int64_t i = atomic_fetch_add(&b->next_item, 1); i < b->n;
-         i = atomic_fetch_add(&b->next_item, 1))
-        b->fn(b->arg, i);
+    if (aj_cpu_stack_fits(b->item_stack))   /* else the others', or the pool's */
+        aj_cpu_claim_items(&b->next_item, b->n, b->fn, b->arg);
 }
 
 bool aj_cpu_omp_run(int threads, int64_t n, int64_t item_stack, aj_cpu_item_fn fn, void *arg)
 {
     gomp_parallel_fn parallel = find_parallel();
-    if (!parallel)
+    if (!parallel || atomic_load(&found_generation) != aj_cpu_fork_generation())
         return false;
     team_batch b = {.fn = fn, .arg = arg, .n = n, .item_stack = item_stack};
     atomic_init(&b.next_item, 0);

@@ -48,6 +48,11 @@
  * schedule); give workers room whatever RLIMIT_STACK says. */
 #define WORKER_STACK_BYTES ((size_t)16 << 20)
 
+/* What a thread's stack must have left beyond an item's buffers before
+ * the item runs there: the kernel's spills and the calls it makes (libm,
+ * the runtime's helpers). */
+#define STACK_MARGIN ((int64_t)512 << 10)
+
 /* How many pause instructions a caller spins for its batch's last items
  * (a few tens of microseconds) before it sleeps. */
 #define CALLER_SPINS 20000
@@ -119,14 +124,15 @@ static void dequeue(aj_cpu_pool *pool, batch *b)
     b->queued = false;
 }
 
+void aj_cpu_claim_items(atomic_llong *next, int64_t n, aj_cpu_item_fn fn, void *arg)
+{
+    for (int64_t i = atomic_fetch_add(next, 1); i < n; i = atomic_fetch_add(next, 1))
+        fn(arg, i);
+}
+
 static void drain(batch *b)
 {
-    for (;;) {
-        int64_t i = atomic_fetch_add(&b->next_item, 1);
-        if (i >= b->n)
-            return;
-        b->fn(b->arg, i);
-    }
+    aj_cpu_claim_items(&b->next_item, b->n, b->fn, b->arg);
 }
 
 static void *worker_main(void *arg)
@@ -221,7 +227,9 @@ void aj_cpu_pool_destroy(aj_cpu_pool *pool)
     free(pool);
 }
 
-int64_t aj_cpu_stack_left(void)
+/* The bytes left below the caller's frame on its thread's stack, from the
+ * stack's bounds (looked up once per thread); 0 where they are unknown. */
+static int64_t stack_left(void)
 {
     static _Thread_local uintptr_t low;   /* 0: not looked up yet; 1: unknown */
     if (!low) {
@@ -241,6 +249,11 @@ int64_t aj_cpu_stack_left(void)
     return low > 1 && here > low ? (int64_t)(here - low) : 0;
 }
 
+bool aj_cpu_stack_fits(int64_t item_stack)
+{
+    return item_stack >= 0 && stack_left() >= item_stack + STACK_MARGIN;
+}
+
 static void relax(void)
 {
 #if defined(__x86_64__) || defined(__i386__)
@@ -253,7 +266,7 @@ void aj_cpu_pool_run(aj_cpu_pool *pool, int width, int64_t n, int64_t item_stack
 {
     if (n <= 0)
         return;
-    const bool caller = item_stack >= 0 && aj_cpu_stack_left() >= item_stack + AJ_CPU_STACK_MARGIN;
+    const bool caller = aj_cpu_stack_fits(item_stack);
     batch b = {.fn = fn, .arg = arg, .n = n, .queued = true};
     atomic_init(&b.next_item, 0);
     atomic_init(&b.done, false);

@@ -4,6 +4,7 @@
 #ifndef AJ_RUNTIME_CPU_POOL_H
 #define AJ_RUNTIME_CPU_POOL_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -41,12 +42,12 @@ aj_status aj_cpu_pool_grow(aj_ctx *ctx, aj_cpu_pool *pool, int threads);
 void aj_cpu_pool_run(aj_cpu_pool *pool, int width, int64_t n, int64_t item_stack,
                      aj_cpu_item_fn fn, void *arg);
 
-/* What a thread's stack must have left beyond an item's buffers before
- * the item runs there: the kernel's spills and the calls it makes (libm,
- * the runtime's helpers). */
-#define AJ_CPU_STACK_MARGIN ((int64_t)512 << 10)
-/* The bytes left below the caller's frame on its thread's stack, from the
- * stack's bounds (looked up once per thread); 0 where they are unknown. */
-int64_t aj_cpu_stack_left(void);
+/* Whether the calling thread's stack has room for an item whose buffers
+ * take item_stack bytes (< 0: never), beside a margin for the kernel's
+ * spills and the calls it makes; false where its bounds are unknown. */
+bool aj_cpu_stack_fits(int64_t item_stack);
+/* Runs fn(arg, i) for items claimed one at a time from *next (shared by
+ * the threads of a batch) until none below n is left. */
+void aj_cpu_claim_items(atomic_llong *next, int64_t n, aj_cpu_item_fn fn, void *arg);
 
 #endif /* AJ_RUNTIME_CPU_POOL_H */

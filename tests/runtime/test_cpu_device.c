@@ -14,11 +14,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 #include <time.h>
-#include <unistd.h>
 
 #include "check.h"
+#include "forked.h"
 #include "codegen/codegen.h"
 #include "runtime/cpu/pool.h"
 #include "runtime/runtime.h"
@@ -246,6 +245,25 @@ static void test_threads_same_bits(void)
     aj_kernel_destroy(k);
 }
 
+/* The forked child's launch of test_fork; its check: the parent's bits */
+typedef struct fork_call {
+    aj_device *dev;
+    const aj_kernel *k;
+    const aj_fwd_args *args;
+    const void *o, *lse;   /* the parent's outputs */
+    size_t o_bytes, lse_bytes;
+} fork_call;
+
+static int child_launch(void *arg)
+{
+    const fork_call *c = arg;
+    int same = aj_forward(ctx, c->dev, c->k, c->args) == AJ_OK &&
+               memcmp(c->o, c->args->o.data, c->o_bytes) == 0 &&
+               memcmp(c->lse, c->args->lse.data, c->lse_bytes) == 0;
+    aj_device_close(c->dev);   /* drops the parent's pool, joins its own */
+    return same;
+}
+
 /* A process that launched, then forked (a pre-forking server warms its
  * kernels first): the child's launches start a pool of its own (the
  * parent's workers are not in it) and give the parent's bits; the
@@ -276,30 +294,15 @@ static void test_fork(void)
         a.o.data = o[t];
         a.lse = (aj_tensor){lse[t], AJ_DTYPE_F32, 3, {1, 2, S, 0}, {2 * S, S, 1, 0}};
         if (t == 0) {
-            /* twice, and a pause: the first launch starts the workers, and
-             * one still starting (under ASan, inside its allocator) when
-             * fork() comes would leave the child a lock nobody holds;
-             * glibc's malloc guards fork, GCC 12's ASan allocator does not */
+            /* twice: the first starts the workers, the second finds them
+             * started (in_forked_child lets them settle) */
             CHECK_STATUS(ctx, aj_forward(ctx, dev, k, &a), AJ_OK);
             CHECK_STATUS(ctx, aj_forward(ctx, dev, k, &a), AJ_OK);
-            nanosleep(&(struct timespec){0, 100000000}, NULL);
             continue;
         }
-        fflush(stdout);
-        pid_t child = fork();
-        if (child == 0) {
-            alarm(60);
-            int same = aj_forward(ctx, dev, k, &a) == AJ_OK &&
-                       memcmp(o[0], o[1], sizeof o[0]) == 0 &&
-                       memcmp(lse[0], lse[1], sizeof lse[0]) == 0;
-            aj_device_close(dev);   /* drops the parent's pool, joins its own */
-            _exit(same ? 0 : 1);
-        }
-        int status = 0;
-        CHECK(child > 0 && waitpid(child, &status, 0) == child);
-        CHECK_MSG(WIFEXITED(status) && WEXITSTATUS(status) == 0,
-                  "the forked child's launch %s", WIFSIGNALED(status) ? "hung (killed by its "
-                  "alarm)" : "failed or gave other bits");
+        fork_call call = {dev, k, &a, o[0], lse[0], sizeof o[0], sizeof lse[0]};
+        const char *why = in_forked_child(child_launch, &call, 60);
+        CHECK_MSG(!*why, "the forked child's launch %s", why);
     }
     CHECK_STATUS(ctx, aj_forward(ctx, dev, k, &a), AJ_OK);   /* the parent's pool */
     CHECK(memcmp(o[0], o[1], sizeof o[0]) == 0);

@@ -19,11 +19,10 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 #include <time.h>
-#include <unistd.h>
 
 #include "check.h"
+#include "forked.h"
 #include "launch_args.h"
 #include "runtime/cpu/cpu_device.h"
 #include "runtime/cpu/omp.h"
@@ -106,6 +105,17 @@ static void launch_entry(void *thread, void **args)
     probe_item(launched, item[0]);
 }
 
+/* The forked child's launch of test_launch; its check: every item once,
+ * none in a parallel region (on the pool) */
+static team_probe in_child;
+
+static int child_launch(void *cpu)
+{
+    const int32_t grid[3] = {ITEMS, 1, 1};
+    return aj_cpu_launch(ctx, cpu, 2, launch_entry, 0, grid, NULL) == AJ_OK &&
+           ran_once(&in_child, 0) && atomic_load(&in_child.in_region) == 0;
+}
+
 static void test_launch(void)
 {
     aj_cpu_device *cpu = NULL;
@@ -131,28 +141,9 @@ static void test_launch(void)
     /* a child forked after a parallel region: GNU OpenMP's threads are not
      * in it (its regions would wait for them forever), so its launches run
      * on a pool of its own */
-    /* the pool's workers started by the launch above are idle by now (a
-     * worker still starting, under ASan inside its allocator, would leave
-     * the child a lock nobody holds: GCC 12's ASan allocator does not
-     * guard fork as glibc's malloc does) */
-    launched = &on_pool;
-    CHECK_STATUS(ctx, aj_cpu_launch(ctx, cpu, 2, launch_entry, (int64_t)1 << 40, grid, NULL),
-                 AJ_OK);
-    nanosleep(&(struct timespec){0, 100000000}, NULL);
-    fflush(stdout);
-    pid_t child = fork();
-    if (child == 0) {
-        alarm(60);
-        team_probe in_child = {.meet = 0};
-        launched = &in_child;
-        int ok = aj_cpu_launch(ctx, cpu, 2, launch_entry, 0, grid, NULL) == AJ_OK &&
-                 ran_once(&in_child, 0) && atomic_load(&in_child.in_region) == 0;
-        _exit(ok ? 0 : 1);
-    }
-    int status = 0;
-    CHECK(child > 0 && waitpid(child, &status, 0) == child);
-    CHECK_MSG(WIFEXITED(status) && WEXITSTATUS(status) == 0, "the forked child's launch %s",
-              WIFSIGNALED(status) ? "hung (killed by its alarm)" : "failed or ran in a region");
+    launched = &in_child;
+    const char *why = in_forked_child(child_launch, cpu, 60);
+    CHECK_MSG(!*why, "the forked child's launch %s", why);
     aj_cpu_device_close(cpu);
 }
 
