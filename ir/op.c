@@ -279,6 +279,7 @@ static aj_status set_field(aj_op *op, const char *fn, aj_op *cand,
     X(kv_shared, bool, kv_shared, KV_SHARED) \
     X(splits, int32_t, splits, SCHEDULE) \
     X(warpgroups, int32_t, warpgroups, SCHEDULE) \
+    X(producer, int32_t, producer, SCHEDULE) \
     X(accumulate, bool, accumulate, ACCUMULATE) \
     X(deterministic, bool, deterministic, DETERMINISTIC) \
     X(target, aj_target, target, TARGET)
@@ -643,6 +644,14 @@ aj_status aj_op_get_warpgroups(const aj_op *op, int32_t *warpgroups)
     AJ_OP_ARG(op);
     AJ_CHECK_ARG(NULL, warpgroups, "%s: warpgroups is NULL", __func__);
     *warpgroups = op->warpgroups;
+    return AJ_OK;
+}
+
+aj_status aj_op_get_producer(const aj_op *op, int32_t *producer)
+{
+    AJ_OP_ARG(op);
+    AJ_CHECK_ARG(NULL, producer, "%s: producer is NULL", __func__);
+    *producer = op->producer;
     return AJ_OK;
 }
 
@@ -1291,6 +1300,16 @@ static aj_status check_warpgroups(const aj_op *op, char *msg, size_t cap)
                  "or varlen tensors (the wgmma template), not %s %s over %s",
                  aj_kind_names[op->kind], op->variant == AJ_VARIANT_FLASH ? "flash" : "efficient",
                  op->layout == AJ_LAYOUT_PAGED ? "paged caches" : "these tensors");
+        return AJ_ERR_VERIFY;
+    }
+    if (op->producer != 0 && op->producer != 1) {
+        snprintf(msg, cap, "schedule producer %d is out of range (want 0 or 1)",
+                 (int)op->producer);
+        return AJ_ERR_INVALID_ARG;
+    }
+    if (op->producer && !op->warpgroups) {
+        snprintf(msg, cap, "schedule producer = 1 specialises the wgmma template's warps: it "
+                 "needs warpgroups = 1 or 2");
         return AJ_ERR_VERIFY;
     }
     return AJ_OK;

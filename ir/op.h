@@ -64,6 +64,7 @@ struct aj_op {
     bool q_dtype_set;
     int32_t splits;        /* paged only: 0 = chosen at launch */
     int32_t warpgroups;    /* flash forward: wgmma warpgroups (0: mma.sync) */
+    int32_t producer;      /* wgmma: 1, a producer warpgroup loads (warp specialised) */
     aj_layout q_layout;    /* paged only: padded or varlen queries */
     bool kv_shared;        /* paged only: V is the first head_dim_v columns of K's cache */
     bool accumulate;       /* forward only */
@@ -97,7 +98,8 @@ static inline int32_t aj_op_dv(const aj_op *op)
 static inline bool aj_op_schedule_is_default(const aj_op *op)
 {
     return op->schedule.block_m == 0 && op->schedule.block_n == 0 &&
-           op->schedule.warps == 0 && op->schedule.stages == 0 && op->warpgroups == 0;
+           op->schedule.warps == 0 && op->schedule.stages == 0 && op->warpgroups == 0 &&
+           op->producer == 0;
 }
 
 /* Whether a launch of the op reads alibi_slopes (aj_fwd_args): score_mod

@@ -365,7 +365,7 @@ static aj_status parse_mask(parser *p, aj_mask_spec *mask);
 static aj_status parse_score_mod(parser *p, aj_score_mod_spec *mod);
 static aj_status parse_scale(parser *p, double *scale);
 static aj_status parse_schedule(parser *p, aj_schedule *schedule, int32_t *splits,
-                               int32_t *warpgroups);
+                               int32_t *warpgroups, int32_t *producer);
 
 static const char *const bool_names[] = { "false", "true" };
 
@@ -450,7 +450,7 @@ static aj_status parse_value(parser *p, aj_field field)
         op->deterministic = v;
         break;
     case AJ_FIELD_SCHEDULE:
-        AJ_TRY(parse_schedule(p, &op->schedule, &op->splits, &op->warpgroups));
+        AJ_TRY(parse_schedule(p, &op->schedule, &op->splits, &op->warpgroups, &op->producer));
         break;
     case AJ_FIELD_TARGET:
         AJ_TRY(parse_choice(p, aj_target_names, AJ_TARGET_COUNT, "a target",
@@ -698,19 +698,20 @@ done:
 
 /* schedule = default | "(" KEY "=" INT { "," KEY "=" INT } ")" */
 static aj_status parse_schedule(parser *p, aj_schedule *schedule, int32_t *splits,
-                               int32_t *warpgroups)
+                               int32_t *warpgroups, int32_t *producer)
 {
-    static const char *const keys[] = { "block_m", "block_n", "warps",
-                                        "stages", "splits", "warpgroups" };
-    int32_t *slots[] = { &schedule->block_m, &schedule->block_n,
-                         &schedule->warps, &schedule->stages, splits, warpgroups };
-    bool seen[6] = { false };
+    static const char *const keys[] = { "block_m", "block_n", "warps", "stages",
+                                        "splits", "warpgroups", "producer" };
+    int32_t *slots[] = { &schedule->block_m, &schedule->block_n, &schedule->warps,
+                         &schedule->stages, splits, warpgroups, producer };
+    bool seen[7] = { false };
     char quoted[16];
     aj_status st = AJ_OK;
 
     *schedule = (aj_schedule){ 0 };
     *splits = 0;
     *warpgroups = 0;
+    *producer = 0;
     if (is_word(&p->lx.tok, "default"))
         return next(p);
     if (p->lx.tok.kind != TOK_LPAREN)

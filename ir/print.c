@@ -203,12 +203,12 @@ static void print_mask(text_buf *t, const aj_op *op)
 
 /* "default", or the non-zero keys in a fixed order. */
 static void print_schedule(text_buf *t, const aj_schedule *s, int32_t splits,
-                           int32_t warpgroups)
+                           int32_t warpgroups, int32_t producer)
 {
     const struct { const char *key; int32_t value; } keys[] = {
         { "block_m", s->block_m }, { "block_n", s->block_n },
         { "warps", s->warps }, { "stages", s->stages }, { "splits", splits },
-        { "warpgroups", warpgroups },
+        { "warpgroups", warpgroups }, { "producer", producer },
     };
     int written = 0;
 
@@ -304,7 +304,7 @@ static void print_value(text_buf *t, const aj_op *op, aj_field field)
         emit(t, "%s", op->deterministic ? "true" : "false");
         return;
     case AJ_FIELD_SCHEDULE:
-        print_schedule(t, &op->schedule, op->splits, op->warpgroups);
+        print_schedule(t, &op->schedule, op->splits, op->warpgroups, op->producer);
         return;
     case AJ_FIELD_TARGET:
         emit(t, "%s", aj_target_names[op->target]);

@@ -53,7 +53,9 @@
  * element mask.  Rows that see no key end with O = 0 and LSE = -inf.
  *
  * With schedule warpgroups = G (sm_90a, sim) the same kernel runs its two
- * GEMMs on wgmma over swizzled shared-memory panels: see "wgmma" below.
+ * GEMMs on wgmma over swizzled shared-memory panels: see "wgmma" below;
+ * with producer = 1 as well, a producer warpgroup loads and the G
+ * consumer warpgroups compute: see "Warp specialisation" below.
  * With 8-bit Q, K and V both GEMMs run on the FP8 tensor cores, V's slot
  * holding V^T: see "FP8" below.
  *
@@ -114,6 +116,15 @@
  * same layout, with the whole tile's state live around each GEMM;
  * test_sweep_ptxas_wgmma checks its defaults for spills on sm_90a. */
 #define WGMMA_STATE_BUDGET 200
+#define WARPGROUP_THREADS 128
+/* Warp specialised with two consumer warpgroups: the registers per thread
+ * the producer warpgroup gives back down to and the consumers take, out
+ * of 168 each at launch (65536 / 384): 40 x 128 + 232 x 256 = 64512. */
+#define WS_PRODUCER_REGS 40
+#define WS_CONSUMER_REGS 232
+/* The named barriers of the consumers' turns at the tensor cores: id
+ * TURN_BAR + w is warpgroup w's (bar 0 is the CTA's barrier). */
+#define TURN_BAR 1
 
 typedef struct ffwd_plan {
     aj_dtype dtype;                /* O's */
@@ -126,6 +137,9 @@ typedef struct ffwd_plan {
      * addresses serve) */
     int d, dv;
     int wg;                        /* wgmma warpgroups; 0: mma.sync (see "wgmma" below) */
+    /* 1: a producer warpgroup after the wg consumers loads every tile
+     * (see "Warp specialisation" below) */
+    int ws;
     int bm, bn, warps, stages, threads;
     int mt;                        /* m-tiles per warp */
     /* Dv's splits (1, or 2 past 256: see "Head dims past 256") and the n8
@@ -285,7 +299,8 @@ static aj_status plan_schedule(aj_ctx *ctx, const aj_op *op, aj_target target,
     p->bn = s.block_n;
     p->warps = s.warps;
     p->stages = s.stages;
-    p->threads = 32 * p->warps;
+    p->ws = p->wg && op->producer;
+    p->threads = 32 * p->warps + (p->ws ? WARPGROUP_THREADS : 0);
     p->mt = p->bm / (16 * row_warps);
     int state = p->mt * (4 * p->vt + p->bn / 2 + 4);
     p->default_state = state + p->mt * p->bn / 2 *
@@ -305,7 +320,8 @@ static aj_status plan_schedule(aj_ctx *ctx, const aj_op *op, aj_target target,
     p->v_slot = 2 * (p->f8 ? p->dv : p->bn) * p->ldv;
     int64_t bytes = 2 * (int64_t)p->bm * p->ldq +
                     (int64_t)p->stages * (2 * p->bn * p->ldk + p->v_slot);
-    /* wgmma: the tiles' 1024-byte alignment and the mbarriers, at most 2 KiB */
+    /* wgmma: the tiles' 1024-byte alignment and the mbarriers, at most 2 KiB
+     * (warp specialised: 1 + 2 stages of them, 56 bytes) */
     bytes += p->wg ? 2 * 1024 : 0;
     if (bytes > aj_target_smem_limit(target))
         return aj_fail(ctx, AJ_ERR_UNSUPPORTED,
@@ -407,6 +423,11 @@ typedef struct ffwd {
      * byte offset (Q's, then one per ring slot) */
     LLVMValueRef tma, bidx, h, hkv;
     int32_t smem_bar;
+    /* i32: the loading thread's index among the ld_threads that load
+     * (every thread; warp specialised, the producer warpgroup's) */
+    LLVMValueRef ld_tid;
+    int ld_threads;
+    LLVMValueRef wgi;               /* i32: the thread's warpgroup */
     /* FP8 inputs: the factors of S (q_scale k_scale) and of O (v_scale),
      * else NULL */
     LLVMValueRef s_scale, o_scale;
@@ -474,18 +495,25 @@ static void load_tile_async(ffwd *e, aj_param_source tensor, int esize, LLVMValu
     LLVMBuilderRef b = e->b;
     int per_row = width / 8;
     int chunks = rows * per_row;
-    int threads = e->p.threads;
+    int threads = e->ld_threads;
     /* wgmma's swizzle repeats every 8 rows: a fixed column keeps its
      * address pattern only where the rows step by multiples of 8 */
     int fixed_col = threads % per_row == 0 && (!e->p.wg || threads / per_row % 8 == 0);
     LLVMValueRef last = LLVMBuildSub(b, limit, aj_kb_i32(kb, 1), "");
-    LLVMValueRef r0 = LLVMBuildUDiv(b, e->tid, aj_kb_i32(kb, per_row), "");
-    LLVMValueRef col0 =
-        LLVMBuildShl(b, LLVMBuildURem(b, e->tid, aj_kb_i32(kb, per_row), ""), aj_kb_i32(kb, 3), "");
+    LLVMValueRef r0 = LLVMBuildUDiv(b, e->ld_tid, aj_kb_i32(kb, per_row), "");
+    LLVMValueRef col0 = LLVMBuildShl(b, LLVMBuildURem(b, e->ld_tid, aj_kb_i32(kb, per_row), ""),
+                                     aj_kb_i32(kb, 3), "");
     LLVMValueRef lane_dst = aj_kb_add(kb, dst, tile_chunk(e, r0, col0, rows, width, ld));
-    for (int it = 0; it * threads < chunks; it++) {
-        LLVMValueRef c = aj_kb_add(kb, e->tid, aj_kb_i32(kb, it * threads));
-        int partial = (it + 1) * threads > chunks;
+    /* warp specialised, the producer keeps few registers: a loop, not
+     * unrolled, each chunk's address from its index */
+    int rolled = e->p.ws;
+    if (rolled)
+        fixed_col = 0;
+    for (int it = 0; it * threads < chunks && (!rolled || it == 0); it++) {
+        LLVMValueRef c = rolled ? aj_kb_for_begin(kb, e->ld_tid, aj_kb_i32(kb, chunks),
+                                                  aj_kb_i32(kb, threads), "chunk")
+                                : aj_kb_add(kb, e->ld_tid, aj_kb_i32(kb, it * threads));
+        int partial = !rolled && (it + 1) * threads > chunks;
         if (partial)
             aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntSLT, c, aj_kb_i32(kb, chunks), ""));
         LLVMValueRef r, col, sptr;
@@ -516,6 +544,8 @@ static void load_tile_async(ffwd *e, aj_param_source tensor, int esize, LLVMValu
         aj_kb_cp_async_16(kb, sptr, src, bytes);
         if (partial)
             aj_kb_if_end(kb);
+        if (rolled)
+            aj_kb_for_end(kb);
     }
 }
 
@@ -592,8 +622,8 @@ static void load_vt_f8(ffwd *e, LLVMValueRef n0, LLVMValueRef vdst)
     LLVMValueRef last = LLVMBuildSub(b, e->seq_k, aj_kb_i32(kb, 1), "");
     LLVMValueRef stride = aj_param(kb, AJ_PID(stride_v_s));
     LLVMTypeRef words = LLVMVectorType(kb->t_i32, 4), bytes = LLVMVectorType(kb->t_i8, 16);
-    LLVMValueRef c = aj_kb_for_begin(kb, e->tid, aj_kb_i32(kb, p->bn / 4 * groups),
-                                     aj_kb_i32(kb, p->threads), "vtitem");
+    LLVMValueRef c = aj_kb_for_begin(kb, e->ld_tid, aj_kb_i32(kb, p->bn / 4 * groups),
+                                     aj_kb_i32(kb, e->ld_threads), "vtitem");
     LLVMValueRef col = LLVMBuildShl(b, LLVMBuildURem(b, c, aj_kb_i32(kb, groups), ""),
                                     aj_kb_i32(kb, 2), "");
     LLVMValueRef lg = LLVMBuildUDiv(b, c, aj_kb_i32(kb, groups), "");
@@ -646,11 +676,34 @@ static LLVMValueRef tma_on(ffwd *e)
     return LLVMBuildICmp(e->b, LLVMIntNE, e->tma, aj_kb_i32(e->kb, 0), "");
 }
 
-/* The shared byte offset (i32) of ring slot `slot`'s mbarrier (TMA). */
+/* The shared byte offset (i32) of ring slot `slot`'s mbarrier (TMA; warp
+ * specialised, its "full" one). */
 static LLVMValueRef slot_bar(ffwd *e, LLVMValueRef slot)
 {
     return aj_kb_add(e->kb, aj_kb_i32(e->kb, e->smem_bar + 8),
                      LLVMBuildShl(e->b, slot, aj_kb_i32(e->kb, 3), ""));
+}
+
+/* Warp specialised: the shared byte offset (i32) of ring slot `slot`'s
+ * "empty" mbarrier, which every consumer thread arrives on when done
+ * with the slot. */
+static LLVMValueRef empty_bar(ffwd *e, LLVMValueRef slot)
+{
+    return aj_kb_add(e->kb, aj_kb_i32(e->kb, e->smem_bar + 8 * (1 + e->p.stages)),
+                     LLVMBuildShl(e->b, slot, aj_kb_i32(e->kb, 3), ""));
+}
+
+/* Warp specialised, where the loads are cp.async: the loading thread's
+ * copies have landed and its generic writes are fenced for the async
+ * proxy wgmma reads through; then it arrives on `bar` (one of
+ * ld_threads arrivals). */
+static void ws_copies_landed(ffwd *e, LLVMValueRef bar)
+{
+    aj_kb_cp_async_commit(e->kb);
+    aj_kb_cp_async_wait_all(e->kb);
+    aj_kb_intrinsic(e->kb, AJ_INTR_FENCE_PROXY_ASYNC, NULL);
+    LLVMValueRef at = smem_at(e, bar, 0);
+    aj_kb_intrinsic(e->kb, AJ_INTR_MBARRIER_ARRIVE, &at);
 }
 
 /* TMA loads of a wgmma tile of `rows` x `width` into shared byte offset
@@ -685,7 +738,7 @@ static void load_kv_tile(ffwd *e, LLVMValueRef n, LLVMValueRef at, LLVMValueRef 
                                   LLVMBuildMul(b, slot, aj_kb_i32(e->kb, p->v_slot), ""));
     if (e->tma) {   /* thread 0 issues the tile's TMA boxes, else cp.async */
         aj_kb_if_begin(e->kb, tma_on(e));
-        aj_kb_if_begin(e->kb, LLVMBuildICmp(b, LLVMIntEQ, e->tid, aj_kb_i32(e->kb, 0), ""));
+        aj_kb_if_begin(e->kb, LLVMBuildICmp(b, LLVMIntEQ, e->ld_tid, aj_kb_i32(e->kb, 0), ""));
         LLVMValueRef bar = slot_bar(e, slot);
         /* the whole boxes, the zeros past D and Dv included */
         LLVMValueRef tx[2] = {smem_at(e, bar, 0),
@@ -703,17 +756,25 @@ static void load_kv_tile(ffwd *e, LLVMValueRef n, LLVMValueRef at, LLVMValueRef 
     else
         load_tile_async(e, AJ_PSRC_v, 2, e->v_src, aj_param(e->kb, AJ_PID(stride_v_s)), n0,
                         e->seq_k, p->bn, p->dv, vdst, p->ldv);
+    if (p->ws)
+        ws_copies_landed(e, slot_bar(e, slot));
     if (e->tma)
         aj_kb_if_end(e->kb);
 }
 
 /* TMA, with the launch's tma set, thread 0: a walk position that loads
  * nothing still completes its slot's phase (a plain arrival), so that
- * each slot's k-th phase is the k-th position it serves. */
+ * each slot's k-th phase is the k-th position it serves.  Warp
+ * specialised, every thread that loads arrives, by TMA or cp.async. */
 static void tma_no_tile(ffwd *e, LLVMValueRef at, LLVMValueRef first)
 {
     LLVMBuilderRef b = e->b;
     LLVMValueRef slot = ring_slot(e, at, first);
+    if (e->p.ws) {
+        LLVMValueRef bar = smem_at(e, slot_bar(e, slot), 0);
+        aj_kb_intrinsic(e->kb, AJ_INTR_MBARRIER_ARRIVE, &bar);
+        return;
+    }
     aj_kb_if_begin(e->kb, LLVMBuildAnd(
         b, tma_on(e), LLVMBuildICmp(b, LLVMIntEQ, e->tid, aj_kb_i32(e->kb, 0), ""), ""));
     LLVMValueRef bar = smem_at(e, slot_bar(e, slot), 0);
@@ -744,6 +805,16 @@ static void key_tile_range(ffwd *e, LLVMValueRef *n_begin, LLVMValueRef *n_end)
     *n_end = LLVMBuildSelect(b, empty, aj_kb_i32(e->kb, 0), end, "n_end");
 }
 
+/* The CTA's walk: the key tiles of the band's range, or the block mask's
+ * list of the row block (score.h). */
+static void key_walk(ffwd *e, aj_score_walk *walk)
+{
+    LLVMValueRef n_begin, n_end;
+    key_tile_range(e, &n_begin, &n_end);
+    aj_score_walk_keys(&e->sc, walk, e->m0, last_row(e), e->p.bn, n_begin, n_end, e->seq_q,
+                       e->seq_k);
+}
+
 /* Whether the copy of the tile at walk position `at` is issued:
  * positions past the walk's end are not, and where the mask has more
  * than its band (score.h), neither are tiles of class skip; their class
@@ -766,13 +837,14 @@ static void issue_kv_tile(ffwd *e, const aj_score_walk *w, LLVMValueRef at, LLVM
         aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntNE, c, aj_kb_i32(kb, AJ_TILE_SKIP), ""));
     }
     load_kv_tile(e, n, at, w->begin);
-    if (cls && e->tma) {
+    int arrives = e->tma || e->p.ws;   /* a position without a tile completes its phase */
+    if (cls && arrives) {
         aj_kb_else(kb);
         tma_no_tile(e, at, w->begin);
     }
     if (cls)
         aj_kb_if_end(kb);
-    if (e->tma) {
+    if (arrives) {
         aj_kb_else(kb);
         tma_no_tile(e, at, w->begin);
     }
@@ -1374,8 +1446,8 @@ static void alloc_state(ffwd *e)
     e->p.smem_q = aj_kb_smem_reserve_aligned(kb, 2 * p->bm * p->ldq, align);
     e->p.smem_k = aj_kb_smem_reserve_aligned(kb, 2 * p->stages * p->bn * p->ldk, align);
     e->p.smem_v = aj_kb_smem_reserve_aligned(kb, p->stages * p->v_slot, align);
-    if (uses_tma(e))   /* TMA's mbarriers */
-        e->smem_bar = aj_kb_smem_reserve_aligned(kb, 8 * (p->stages + 1), 16);
+    if (uses_tma(e) || p->ws)   /* Q's and the slots' mbarriers (warp specialised: two a slot) */
+        e->smem_bar = aj_kb_smem_reserve_aligned(kb, 8 * (1 + p->stages * (p->ws ? 2 : 1)), 16);
     if (p->wg) {
         e->acc_s = aj_kb_var(kb, LLVMArrayType2(kb->t_f32, (uint64_t)p->bn / 2), NULL, "acc_s");
         e->acc_o = aj_kb_var(kb, LLVMArrayType2(kb->t_f32, (uint64_t)p->dv / 2), NULL, "acc_o");
@@ -1413,6 +1485,13 @@ static void thread_coords(ffwd *e)
         warp = LLVMBuildURem(b, warp, row_warps, "");
     }
     e->wrow = LLVMBuildMul(b, warp, aj_kb_i32(kb, 16 * p->mt), "wrow");
+    e->ld_tid = e->tid;
+    e->ld_threads = p->threads;
+    if (p->ws) {   /* the producer warpgroup, after the consumers, loads */
+        e->wgi = LLVMBuildLShr(b, e->tid, aj_kb_i32(kb, 7), "wg");
+        e->ld_tid = LLVMBuildSub(b, e->tid, aj_kb_i32(kb, WARPGROUP_THREADS * p->wg), "ld_tid");
+        e->ld_threads = WARPGROUP_THREADS;
+    }
 }
 
 /* wgmma, loading by cp.async, where D is an odd multiple of 8: the 8
@@ -1431,8 +1510,8 @@ static void wgmma_zero_pads(ffwd *e)
     for (int t = 0; t < 2; t++)
         for (int s = 0; s < tiles[t].slots; s++) {
             LLVMValueRef base = aj_kb_i32(kb, tiles[t].base + s * tiles[t].slot_bytes);
-            LLVMValueRef r = aj_kb_for_begin(kb, e->tid, aj_kb_i32(kb, tiles[t].rows),
-                                             aj_kb_i32(kb, p->threads), "pad");
+            LLVMValueRef r = aj_kb_for_begin(kb, e->ld_tid, aj_kb_i32(kb, tiles[t].rows),
+                                             aj_kb_i32(kb, e->ld_threads), "pad");
             LLVMValueRef at = tile_chunk(e, r, aj_kb_i32(kb, p->d), tiles[t].rows, p->d, 0);
             aj_kb_store(kb, zero, smem_at(e, aj_kb_add(kb, base, at), 0), 16);
             aj_kb_for_end(kb);
@@ -1492,9 +1571,55 @@ static void prologue(ffwd *e, aj_score_walk *walk, LLVMValueRef q_src, int gated
     }
 }
 
-/* The mainloop over the walk's key tiles: refill, wait, S = Q K^T, the
- * score mods, the mask where the tile is not full, the online softmax and
- * O += P V. */
+/* Warp specialised with two consumer warpgroups: `id` (bar.sync or
+ * bar.arrive) on the turn barrier of the thread's warpgroup (other = 0) or
+ * of the other one (1), the two warpgroups' threads counted; the id a
+ * constant in each branch, so that ptxas sees which barriers are used. */
+static void turn_bar(ffwd *e, enum aj_intrinsic_id id, int other)
+{
+    aj_kb *kb = e->kb;
+    aj_kb_if_begin(kb, LLVMBuildICmp(e->b, LLVMIntEQ, e->wgi, aj_kb_i32(kb, 0), ""));
+    for (int w = 0; w < 2; w++) {
+        LLVMValueRef args[2] = {aj_kb_i32(kb, TURN_BAR + (w ^ other)),
+                                aj_kb_i32(kb, 2 * WARPGROUP_THREADS)};
+        aj_kb_intrinsic(kb, id, args);
+        if (w == 0)
+            aj_kb_else(kb);
+    }
+    aj_kb_if_end(kb);
+}
+
+/* Key tile n of class cls, its K and V at shared byte offsets kbase and
+ * vbase: S = Q K^T, the score mods, the mask where the tile is not full,
+ * the online softmax and O += P V.  Warp specialised with two consumer
+ * warpgroups, each takes its turn at Q K^T: it waits for its turn's named
+ * barrier before the GEMM and, once it has S, arrives on the other's, so
+ * one warpgroup's softmax overlaps the other's GEMM. */
+static void compute_tile(ffwd *e, LLVMValueRef n, LLVMValueRef cls, LLVMValueRef kbase,
+                         LLVMValueRef vbase)
+{
+    aj_kb *kb = e->kb;
+    LLVMBuilderRef b = e->b;
+    const ffwd_plan *p = &e->p;
+    int turns = p->ws && p->wg == 2;
+    LLVMValueRef n0 = LLVMBuildMul(b, n, aj_kb_i32(kb, p->bn), "n0");
+    if (turns)
+        turn_bar(e, AJ_INTR_NAMED_BAR_SYNC, 0);
+    emit_qk(e, kbase);
+    if (turns)
+        turn_bar(e, AJ_INTR_NAMED_BAR_ARRIVE, 1);
+    emit_score_mods(e, n0);
+    LLVMValueRef full = LLVMBuildAnd(
+        b, LLVMBuildICmp(b, LLVMIntEQ, cls, aj_kb_i32(kb, AJ_TILE_FULL), ""),
+        LLVMBuildICmp(b, LLVMIntSLE, aj_kb_add(kb, n0, aj_kb_i32(kb, p->bn)), e->seq_k, ""),
+        "full");
+    aj_kb_if_begin(kb, LLVMBuildNot(b, full, ""));
+    emit_element_mask(e, n0);
+    aj_kb_if_end(kb);
+    emit_softmax_pv(e, n0, vbase);
+}
+
+/* The mainloop over the walk's key tiles: refill, wait, and compute_tile. */
 static void mainloop(ffwd *e, aj_score_walk *walk, int gated, LLVMValueRef *ahead,
                      LLVMValueRef *ahead_tile)
 {
@@ -1538,21 +1663,189 @@ static void mainloop(ffwd *e, aj_score_walk *walk, int gated, LLVMValueRef *ahea
     } else {
         n = aj_score_walk_tile(&e->sc, walk, at, &cls);
     }
-    LLVMValueRef n0 = LLVMBuildMul(b, n, aj_kb_i32(kb, p->bn), "n0");
-    emit_qk(e, kbase);
-    emit_score_mods(e, n0);
-    LLVMValueRef full = LLVMBuildAnd(
-        b, LLVMBuildICmp(b, LLVMIntEQ, cls, aj_kb_i32(kb, AJ_TILE_FULL), ""),
-        LLVMBuildICmp(b, LLVMIntSLE, aj_kb_add(kb, n0, aj_kb_i32(kb, p->bn)), e->seq_k, ""),
-        "full");
-    aj_kb_if_begin(kb, LLVMBuildNot(b, full, ""));
-    emit_element_mask(e, n0);
-    aj_kb_if_end(kb);
-    emit_softmax_pv(e, n0, vbase);
+    compute_tile(e, n, cls, kbase, vbase);
     if (gated)
         aj_kb_if_end(kb);
     aj_kb_barrier(kb);   /* every warp is done with the slot */
     aj_kb_for_end(kb);
+}
+
+/* ---------------------------------------------------------------- warp specialisation */
+
+/*
+ * Warp specialisation (schedule producer = 1 with warpgroups = G, sm_90a
+ * and sim): a producer warpgroup after the G consumer warpgroups issues
+ * every load; the consumers only compute.  Each ring slot has two
+ * mbarriers:
+ *
+ *   full[s]    the tile is in slot s: the producer's arrival with the
+ *              tile's bytes expected (TMA: one arrival by its thread 0),
+ *              or each of its 128 threads' arrival once its cp.async
+ *              copies have landed and are fenced for the async proxy
+ *              (ws_copies_landed); a position that loads nothing still
+ *              arrives
+ *   empty[s]   every consumer thread arrives once its warpgroup's P V
+ *              has passed wgmma's wait: the slot may be refilled
+ *
+ * Walk position r (from the walk's first) uses slot r % stages in its
+ * phase r / stages: the consumers wait for full's phase of that parity,
+ * the producer, from r = stages on, for empty's phase r / stages - 1.
+ * Q has its own full barrier, filled the same way.  With two consumer
+ * warpgroups the producer gives registers back (setmaxnreg.dec to
+ * WS_PRODUCER_REGS) and the consumers take them (setmaxnreg.inc to
+ * WS_CONSUMER_REGS); the consumers take turns at Q K^T by the named
+ * barriers of compute_tile (warpgroup 1 first grants warpgroup 0 its
+ * turn, and warpgroup 0 takes the last grant after its loop, so every
+ * phase of both barriers completes).  The consumers never meet at the
+ * CTA's barrier after the set-up, and the producer leaves when its walk
+ * is issued.
+ */
+
+/* i32: walk position `at`'s phase in its slot (from the walk's first). */
+static LLVMValueRef slot_phase(ffwd *e, LLVMValueRef at, LLVMValueRef first)
+{
+    return LLVMBuildUDiv(e->b, LLVMBuildSub(e->b, at, first, ""), aj_kb_i32(e->kb, e->p.stages),
+                         "");
+}
+
+static LLVMValueRef parity_of(ffwd *e, LLVMValueRef phase)
+{
+    return LLVMBuildAnd(e->b, phase, aj_kb_i32(e->kb, 1), "");
+}
+
+/* Thread 0 sets up the mbarriers: Q's and each slot's full one expect
+ * one arrival by TMA or ld_threads by cp.async, each empty one an arrival
+ * by every consumer thread.  Then the whole CTA meets. */
+static void ws_setup(ffwd *e)
+{
+    aj_kb *kb = e->kb;
+    LLVMBuilderRef b = e->b;
+    const ffwd_plan *p = &e->p;
+    LLVMValueRef fills = aj_kb_i32(kb, e->ld_threads);
+    if (e->tma)
+        fills = LLVMBuildSelect(b, tma_on(e), aj_kb_i32(kb, 1), fills, "");
+    aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntEQ, e->tid, aj_kb_i32(kb, 0), ""));
+    for (int s = 0; s < 1 + 2 * p->stages; s++) {
+        LLVMValueRef init[2] = {
+            smem_at(e, aj_kb_i32(kb, e->smem_bar), 8 * s),
+            s <= p->stages ? fills : aj_kb_i32(kb, WARPGROUP_THREADS * p->wg)};
+        aj_kb_intrinsic(kb, AJ_INTR_MBARRIER_INIT, init);
+    }
+    aj_kb_intrinsic(kb, AJ_INTR_FENCE_PROXY_ASYNC, NULL);
+    aj_kb_if_end(kb);
+    aj_kb_barrier(kb);
+}
+
+/* The producer warpgroup: Q, then the walk's tiles, each once its slot is
+ * empty (the first `stages` are).  With TMA, thread 0 alone issues. */
+static void ws_producer(ffwd *e, aj_score_walk *walk, LLVMValueRef q_src, int gated)
+{
+    aj_kb *kb = e->kb;
+    LLVMBuilderRef b = e->b;
+    const ffwd_plan *p = &e->p;
+    if (p->wg == 2) {
+        LLVMValueRef regs = aj_kb_i32(kb, WS_PRODUCER_REGS);
+        aj_kb_intrinsic(kb, AJ_INTR_SETMAXNREG_DEC, &regs);
+    }
+    LLVMValueRef bar_q = aj_kb_i32(kb, e->smem_bar);
+    LLVMValueRef t0 = LLVMBuildICmp(b, LLVMIntEQ, e->ld_tid, aj_kb_i32(kb, 0), "");
+    if (e->tma) {
+        aj_kb_if_begin(kb, LLVMBuildOr(b, t0, LLVMBuildNot(b, tma_on(e), ""), ""));
+        aj_kb_if_begin(kb, tma_on(e));
+        LLVMValueRef tx[2] = {smem_at(e, bar_q, 0), aj_kb_i32(kb, 2 * p->bm * p->ldq)};
+        aj_kb_intrinsic(kb, AJ_INTR_MBARRIER_ARRIVE_EXPECT_TX, tx);
+        tma_tile(e, AJ_PID(q_tma), aj_kb_i32(kb, p->smem_q), p->bm, p->d, e->m0, e->h, bar_q);
+        aj_kb_else(kb);
+    }
+    wgmma_zero_pads(e);
+    load_tile_async(e, AJ_PSRC_q, p->f8 ? 1 : 2, q_src, aj_param(kb, AJ_PID(stride_q_s)), e->m0,
+                    e->seq_q, p->bm, p->d, aj_kb_i32(kb, p->smem_q), p->ldq);
+    ws_copies_landed(e, bar_q);
+    if (e->tma)
+        aj_kb_if_end(kb);
+    LLVMValueRef cls = NULL, tile = NULL;
+    if (gated) {
+        cls = aj_kb_var(kb, kb->t_i32, aj_kb_i32(kb, AJ_TILE_SKIP), "cls");
+        tile = aj_kb_var(kb, kb->t_i32, aj_kb_i32(kb, 0), "tile");
+    }
+    LLVMValueRef at = aj_kb_for_begin(kb, walk->begin, walk->end, aj_kb_i32(kb, 1), "produce");
+    LLVMValueRef phase = slot_phase(e, at, walk->begin);
+    aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntUGE, phase, aj_kb_i32(kb, 1), ""));
+    LLVMValueRef prior = LLVMBuildSub(b, phase, aj_kb_i32(kb, 1), "");
+    aj_kb_mbarrier_wait(kb, smem_at(e, empty_bar(e, ring_slot(e, at, walk->begin)), 0),
+                        parity_of(e, prior));
+    aj_kb_if_end(kb);
+    issue_kv_tile(e, walk, at, cls, tile);
+    aj_kb_for_end(kb);
+    if (e->tma)
+        aj_kb_if_end(kb);
+}
+
+/* A consumer warpgroup: each walk position once its slot is full, then
+ * the slot given back (see above). */
+static void ws_consumer(ffwd *e, aj_score_walk *walk, int gated)
+{
+    aj_kb *kb = e->kb;
+    LLVMBuilderRef b = e->b;
+    const ffwd_plan *p = &e->p;
+    LLVMValueRef pair = aj_kb_i32(kb, 2 * WARPGROUP_THREADS);
+    LLVMValueRef first_wg =
+        p->wg == 2 ? LLVMBuildICmp(b, LLVMIntEQ, e->wgi, aj_kb_i32(kb, 0), "") : NULL;
+    if (p->wg == 2) {
+        LLVMValueRef regs = aj_kb_i32(kb, WS_CONSUMER_REGS);
+        aj_kb_intrinsic(kb, AJ_INTR_SETMAXNREG_INC, &regs);
+        aj_kb_if_begin(kb, LLVMBuildNot(b, first_wg, ""));   /* warpgroup 0's first turn */
+        LLVMValueRef grant[2] = {aj_kb_i32(kb, TURN_BAR), pair};
+        aj_kb_intrinsic(kb, AJ_INTR_NAMED_BAR_ARRIVE, grant);
+        aj_kb_if_end(kb);
+    }
+    aj_kb_mbarrier_wait(kb, smem_at(e, aj_kb_i32(kb, e->smem_bar), 0), aj_kb_i32(kb, 0));
+    LLVMValueRef at = aj_kb_for_begin(kb, walk->begin, walk->end, aj_kb_i32(kb, 1), "consume");
+    LLVMValueRef slot = ring_slot(e, at, walk->begin);
+    aj_kb_mbarrier_wait(kb, smem_at(e, slot_bar(e, slot), 0),
+                        parity_of(e, slot_phase(e, at, walk->begin)));
+    LLVMValueRef kbase = aj_kb_add(kb, aj_kb_i32(kb, p->smem_k),
+                                   LLVMBuildMul(b, slot, aj_kb_i32(kb, 2 * p->bn * p->ldk), ""));
+    LLVMValueRef vbase = aj_kb_add(kb, aj_kb_i32(kb, p->smem_v),
+                                   LLVMBuildMul(b, slot, aj_kb_i32(kb, p->v_slot), ""));
+    LLVMValueRef cls;
+    LLVMValueRef n = aj_score_walk_tile(&e->sc, walk, at, &cls);
+    if (gated)
+        aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntNE, cls, aj_kb_i32(kb, AJ_TILE_SKIP), ""));
+    compute_tile(e, n, cls, kbase, vbase);
+    if (gated)
+        aj_kb_if_end(kb);
+    LLVMValueRef empty = smem_at(e, empty_bar(e, slot), 0);
+    aj_kb_intrinsic(kb, AJ_INTR_MBARRIER_ARRIVE, &empty);
+    aj_kb_for_end(kb);
+    if (p->wg == 2) {   /* warpgroup 1's last grant */
+        aj_kb_if_begin(kb, first_wg);
+        LLVMValueRef last[2] = {aj_kb_i32(kb, TURN_BAR), pair};
+        aj_kb_intrinsic(kb, AJ_INTR_NAMED_BAR_SYNC, last);
+        aj_kb_if_end(kb);
+    }
+}
+
+/* Without warp specialisation: every warp loads and computes; Q has
+ * landed and every visited tile is done after it. */
+static void every_warp_loads(ffwd *e, aj_score_walk *walk, LLVMValueRef q_src, int gated)
+{
+    aj_kb *kb = e->kb;
+    /* with a mask rest, the tiles in flight and their classes: ahead[s]
+     * is position at + s's, taken when its copy was issued (issue_kv_tile) */
+    LLVMValueRef ahead[MAX_STAGES], ahead_tile[MAX_STAGES];
+    for (int s = 0; gated && s < e->p.stages; s++) {
+        ahead[s] = aj_kb_var(kb, kb->t_i32, aj_kb_i32(kb, AJ_TILE_SKIP), "cls");
+        ahead_tile[s] = aj_kb_var(kb, kb->t_i32, aj_kb_i32(kb, 0), "tile");
+    }
+    prologue(e, walk, q_src, gated, ahead, ahead_tile);
+    if (e->tma) {   /* Q's box has landed */
+        aj_kb_if_begin(kb, tma_on(e));
+        aj_kb_mbarrier_wait(kb, smem_at(e, aj_kb_i32(kb, e->smem_bar), 0), aj_kb_i32(kb, 0));
+        aj_kb_if_end(kb);
+    }
+    mainloop(e, walk, gated, ahead, ahead_tile);
+    aj_kb_cp_async_wait_all(kb);   /* Q's copy, when no tile was visited */
 }
 
 static aj_status ffwd_build(aj_kb *kb, const aj_op *op, void *user)
@@ -1614,31 +1907,22 @@ static aj_status ffwd_build(aj_kb *kb, const aj_op *op, void *user)
     LLVMValueRef lse_base = aj_kb_add(kb, aj_attn_slice_base(kb, AJ_PSRC_lse, bidx, h), q_start);
 
     lane_addresses(&e);
-    LLVMValueRef n_begin, n_end;
-    key_tile_range(&e, &n_begin, &n_end);
-    /* the key tiles of the band's range, or the block mask's list of the
-     * row block (score.h) */
-    aj_score_walk walk;
-    aj_score_walk_keys(&e.sc, &walk, e.m0, last_row(&e), p->bn, n_begin, n_end, e.seq_q,
-                       e.seq_k);
-    /* with a mask rest, the tiles in flight and their classes: ahead[s]
-     * is position at + s's, taken when its copy was issued (issue_kv_tile) */
     int gated = aj_score_has_rest(prog);
-    LLVMValueRef ahead[MAX_STAGES], ahead_tile[MAX_STAGES];
-    for (int s = 0; gated && s < p->stages; s++) {
-        ahead[s] = aj_kb_var(kb, kb->t_i32, aj_kb_i32(kb, AJ_TILE_SKIP), "cls");
-        ahead_tile[s] = aj_kb_var(kb, kb->t_i32, aj_kb_i32(kb, 0), "tile");
-    }
-
-    prologue(&e, &walk, q_src, gated, ahead, ahead_tile);
-    if (e.tma) {   /* Q's box has landed */
-        aj_kb_if_begin(kb, tma_on(&e));
-        aj_kb_mbarrier_wait(kb, smem_at(&e, aj_kb_i32(kb, e.smem_bar), 0), aj_kb_i32(kb, 0));
+    aj_score_walk walk;
+    key_walk(&e, &walk);
+    if (p->ws) {   /* the consumers, then the producer (see "Warp specialisation") */
+        ws_setup(&e);
+        aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntULT, e.tid,
+                                         aj_kb_i32(kb, WARPGROUP_THREADS * p->wg), ""));
+        ws_consumer(&e, &walk, gated);
+        emit_epilogue(&e, o_base, lse_base);
+        aj_kb_else(kb);
+        ws_producer(&e, &walk, q_src, gated);
         aj_kb_if_end(kb);
+    } else {
+        every_warp_loads(&e, &walk, q_src, gated);
+        emit_epilogue(&e, o_base, lse_base);
     }
-    mainloop(&e, &walk, gated, ahead, ahead_tile);
-    aj_kb_cp_async_wait_all(kb);   /* Q's copy, when no tile was visited */
-    emit_epilogue(&e, o_base, lse_base);
     aj_kb_if_end(kb);
 
     const aj_kernel_layout layout = {

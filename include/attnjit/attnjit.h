@@ -355,6 +355,15 @@ aj_status aj_op_set_splits(aj_op *op, int32_t splits);
 #define AJ_WARPGROUPS_MAX 2
 aj_status aj_op_set_warpgroups(aj_op *op, int32_t warpgroups);
 aj_status aj_op_get_warpgroups(const aj_op *op, int32_t *warpgroups);
+/* With warpgroups: 1 adds a producer warpgroup that issues every load
+ * (TMA, or cp.async where TMA cannot describe a tensor) into a ring of
+ * shared-memory slots, handed over by full / empty mbarriers, while the
+ * consumer warpgroups (setmaxnreg) run the GEMMs and the softmax, two of
+ * them taking turns at the tensor cores (warp specialisation); 0, the
+ * default, has every warp load and compute.  The text form's `schedule =
+ * (warpgroups = N, producer = 1)` (docs/gpu.md). */
+aj_status aj_op_set_producer(aj_op *op, int32_t producer);
+aj_status aj_op_get_producer(const aj_op *op, int32_t *producer);
 /* layout = paged only: the queries' layout, AJ_LAYOUT_PADDED (q [B, Hq,
  * Sq, D], the default) or AJ_LAYOUT_VARLEN (q [T, Hq, D] with
  * cu_seqlens_q: chunked prefill).  The text form's `q_layout`. */

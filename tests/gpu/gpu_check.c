@@ -130,7 +130,8 @@ static int check_efficient_fwd(aj_ctx *ctx, aj_device *dev, int quick)
 /* the flash forward: f16 / bf16 x its head dims x the masks, then
  * accumulate over 3 key blocks and a varlen batch; with `wgmma` the same
  * cases on the wgmma template (schedule warpgroups 1 and 2 in turn: TMA
- * loads over padded tensors, cp.async for varlen), on a GPU of compute
+ * loads over padded tensors, cp.async for varlen; the bf16 cases warp
+ * specialised, schedule producer = 1), on a GPU of compute
  * capability 9.0 only, without the head dims past 256 (mma.sync's: Dv
  * split across warp pairs) */
 static int check_flash_fwd(aj_ctx *ctx, aj_device *dev, int quick, int wgmma)
@@ -154,7 +155,8 @@ static int check_flash_fwd(aj_ctx *ctx, aj_device *dev, int quick, int wgmma)
                 if (quick && (d % 2 || m % 2))
                     continue;
                 fwd_run_options how = {.variant = AJ_VARIANT_FLASH,
-                                       .warpgroups = wgmma ? 1 + (d + m) % 2 : 0};
+                                       .warpgroups = wgmma ? 1 + (d + m) % 2 : 0,
+                                       .producer = wgmma && t == 1};
                 if (m == 4)
                     how.accumulate_parts = 3;
                 if (m == 5) {
@@ -162,7 +164,8 @@ static int check_flash_fwd(aj_ctx *ctx, aj_device *dev, int quick, int wgmma)
                     how.seqlens_k = lk;
                 }
                 char label[128];
-                snprintf(label, sizeof label, "%s fwd %s d%d/%d %s%s", wgmma ? "wgmma" : "flash",
+                snprintf(label, sizeof label, "%s fwd %s d%d/%d %s%s",
+                         !wgmma ? "flash" : how.producer ? "wgmma ws" : "wgmma",
                          aj_dtype_name(dtypes[t]), flash_dims[d][0], flash_dims[d][1],
                          masks[m % 4], m == 4 ? " accumulate" : m == 5 ? " varlen" : "");
                 fwd_case c = {label, dtypes[t], flash_dims[d][0], flash_dims[d][1], masks[m % 4],
@@ -193,17 +196,20 @@ static aj_kernel *compile_spec(aj_ctx *ctx, aj_device *dev, const char *text)
     return k;
 }
 
-/* The forward of `variant` ("efficient", "flash", or "wgmma": the flash
- * forward on wgmma, 2 warpgroups, which a 9.0 device compiles for sm_90a) */
+/* The forward of `variant` ("efficient", "flash", "wgmma": the flash
+ * forward on wgmma, 2 warpgroups, which a 9.0 device compiles for sm_90a,
+ * or "ws": the same warp specialised, schedule producer = 1) */
 static aj_kernel *compile_for(aj_ctx *ctx, aj_device *dev, const char *variant, aj_dtype dtype,
                               int d, int causal)
 {
     char text[256];
-    int wgmma = strcmp(variant, "wgmma") == 0;
+    int ws = strcmp(variant, "ws") == 0, wgmma = ws || strcmp(variant, "wgmma") == 0;
     snprintf(text, sizeof text, "attention forward %s { dtype = %s head_dim = %d "
              "mask = %s%s }", wgmma ? "flash" : variant, aj_dtype_name(dtype), d,
              causal ? "causal(bottom_right)" : "none",
-             wgmma ? " schedule = (warpgroups = 2)" : "");
+             ws      ? " schedule = (warpgroups = 2, producer = 1)"
+             : wgmma ? " schedule = (warpgroups = 2)"
+                     : "");
     return compile_spec(ctx, dev, text);
 }
 
@@ -431,8 +437,8 @@ static int benchmark(aj_ctx *ctx, aj_device *dev, int quick)
     if (json)
         fprintf(json, ",\n  \"forward_speed\": [\n");
     int failed = 0, first = 1;
-    static const char *const variants[] = {"efficient", "flash", "wgmma"};
-    int nv = aj_device_runs(dev, AJ_TARGET_SM_90A) ? 3 : 2;   /* wgmma: 9.0 only */
+    static const char *const variants[] = {"efficient", "flash", "wgmma", "ws"};
+    int nv = aj_device_runs(dev, AJ_TARGET_SM_90A) ? 4 : 2;   /* wgmma, ws: 9.0 only */
     for (int vi = 0; vi < nv; vi++) {
         for (int di = 0; di < 2; di++)
             for (int si = 0; si < 5; si++)

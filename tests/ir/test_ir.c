@@ -609,8 +609,8 @@ static const bad_spec bad_specs[] = {
       "t.aj:4:14: expected a schedule (default or (block_m = N, block_n = N, "
       "warps = N, stages = N)), found 'fast'" },
     { FWD REQ "  schedule = ()\n}", 0, AJ_ERR_PARSE,
-      "t.aj:4:15: expected a schedule key (block_m, block_n, warps, stages, splits or "
-      "warpgroups), found ')'" },
+      "t.aj:4:15: expected a schedule key (block_m, block_n, warps, stages, splits, "
+      "warpgroups or producer), found ')'" },
     { FWD REQ "  schedule = (block_m = 64, block_m = 64)\n}", 0, AJ_ERR_PARSE,
       "t.aj:4:29: duplicate schedule key 'block_m'" },
     { FWD REQ "  schedule = (warps = 4 stages = 2)\n}", 0, AJ_ERR_PARSE,
@@ -723,6 +723,13 @@ static const bad_spec bad_specs[] = {
     { FWD REQ "  layout = paged\n  schedule = (warpgroups = 2)\n}", 0, AJ_ERR_VERIFY,
       "t.aj:5:3: schedule warpgroups applies only to flash forward ops over padded or varlen "
       "tensors (the wgmma template), not forward flash over paged caches" },
+    { FWD REQ "  schedule = (producer = 1)\n}", 0, AJ_ERR_VERIFY,
+      "t.aj:4:3: schedule producer = 1 specialises the wgmma template's warps: it needs "
+      "warpgroups = 1 or 2" },
+    { FWD REQ "  schedule = (warpgroups = 1, producer = 2)\n}", 0, AJ_ERR_VERIFY,
+      "t.aj:4:3: schedule producer 2 is out of range (want 0 or 1)" },
+    { FWD REQ "  schedule = (producer = 1, producer = 1)\n}", 0, AJ_ERR_PARSE,
+      "t.aj:4:29: duplicate schedule key 'producer'" },
 };
 
 static void test_bad_specs(aj_ctx *ctx)
@@ -934,6 +941,22 @@ static void test_warpgroups(aj_ctx *ctx)
           strcmp(hb, h0) == 0);
     CHECK_STATUS(ctx, aj_op_set_warpgroups(built, -1), AJ_ERR_INVALID_ARG);
     CHECK_ERROR(ctx, "aj_op_set_warpgroups: schedule warpgroups -1 is out of range (want 0..2)");
+    /* producer: only with warpgroups; printed after them, in the hash */
+    int32_t producer = -1;
+    CHECK_STATUS(ctx, aj_op_set_producer(built, 1), AJ_ERR_VERIFY);
+    CHECK_ERROR(ctx, "aj_op_set_producer: schedule producer = 1 specialises the wgmma "
+                     "template's warps: it needs warpgroups = 1 or 2");
+    CHECK(aj_op_set_warpgroups(built, 2) == AJ_OK && aj_op_set_producer(built, 1) == AJ_OK);
+    CHECK(aj_op_get_producer(built, &producer) == AJ_OK && producer == 1);
+    char hw[AJ_HASH_HEX_LEN + 1];
+    CHECK(aj_op_hash(built, hw) == AJ_OK && strcmp(hw, hp) != 0);
+    aj_free(printed);
+    printed = NULL;
+    CHECK(aj_op_print(built, &printed) == AJ_OK);
+    CHECK_MSG(printed && strstr(printed, "  schedule = (block_n = 64, warpgroups = 2, "
+                                         "producer = 1)\n"), "printed: %s", printed);
+    CHECK_STATUS(ctx, aj_op_set_warpgroups(built, 0), AJ_ERR_VERIFY);
+    CHECK_STATUS(ctx, aj_op_set_producer(built, 3), AJ_ERR_INVALID_ARG);
 done:
     aj_free(printed);
     aj_op_destroy(built);

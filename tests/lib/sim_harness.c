@@ -257,14 +257,15 @@ static void free_tensor(host_tensor *h)
 static void write_spec(const fwd_case *c, const fwd_options *x, const fwd_run_options *run,
                        char *spec, size_t cap)
 {
-    /* the case's schedule with the run's warpgroups among its keys */
-    char sched[160];
+    /* the case's schedule with the run's warpgroups (and producer) among its keys */
+    char sched[160], keys[48];
     const char *given = c->schedule && strcmp(c->schedule, "default") ? c->schedule : NULL;
+    snprintf(keys, sizeof keys, "warpgroups = %d%s", run->warpgroups,
+             run->producer ? ", producer = 1" : "");
     if (run->warpgroups && given)
-        snprintf(sched, sizeof sched, "%.*s, warpgroups = %d)", (int)strlen(given) - 1, given,
-                 run->warpgroups);
+        snprintf(sched, sizeof sched, "%.*s, %s)", (int)strlen(given) - 1, given, keys);
     else if (run->warpgroups)
-        snprintf(sched, sizeof sched, "(warpgroups = %d)", run->warpgroups);
+        snprintf(sched, sizeof sched, "(%s)", keys);
     else
         snprintf(sched, sizeof sched, "%s", given ? given : "default");
     char f8[80] = "";

@@ -119,6 +119,7 @@ typedef struct fwd_run_options {
     /* > 0: the schedule's warpgroups (the flash forward's wgmma template),
      * added to c->schedule's keys */
     int warpgroups;
+    int producer;   /* with warpgroups: the schedule's producer (warp specialised) */
 } fwd_run_options;
 
 /* The same with run options; x and run may be NULL. */

@@ -52,6 +52,7 @@ typedef struct sweep_case {
     double dropout;
     int accumulate, deterministic, varlen;
     int warpgroups;        /* flash forward: the wgmma template's (schedule) */
+    int producer;          /* with warpgroups: warp specialised (schedule producer = 1) */
     aj_dtype f8;           /* FP8 inputs: q_dtype and kv_dtype (>= AJ_DTYPE_F8E4M3) */
 } sweep_case;
 
@@ -154,7 +155,7 @@ static inline int sweep_spec(const sweep_case *c, char *buf, size_t cap)
     return snprintf(buf, cap,
                     "attention %s %s {\n  dtype = %s\n  head_dim = %d\n  head_dim_v = %d\n"
                     "  mask = %s\n  score_mod = %s\n  bias = %s\n  dropout = %g\n"
-                    "  layout = %s\n%s%s%s%s%s%s%s%s%s%s%s}\n",
+                    "  layout = %s\n%s%s%s%s%s%s%s%s%s%s%s%s}\n",
                     aj_kind_name(c->kind), aj_variant_name(c->variant),
                     aj_dtype_name(c->dtype), c->d, c->dv, c->mask, c->score_mod,
                     c->bias ? "add" : "none", c->dropout, c->varlen ? "varlen" : "padded",
@@ -164,22 +165,24 @@ static inline int sweep_spec(const sweep_case *c, char *buf, size_t cap)
                     c->tensors ? "  tensors = " : "", c->tensors ? c->tensors : "",
                     c->tensors ? "\n" : "", c->accumulate ? "  accumulate = true\n" : "",
                     c->deterministic ? "  deterministic = true\n" : "",
-                    c->warpgroups == 1   ? "  schedule = (warpgroups = 1)\n"
-                    : c->warpgroups == 2 ? "  schedule = (warpgroups = 2)\n"
-                                         : "");
+                    c->warpgroups == 1   ? "  schedule = (warpgroups = 1"
+                    : c->warpgroups == 2 ? "  schedule = (warpgroups = 2"
+                                         : "",
+                    !c->warpgroups ? "" : c->producer ? ", producer = 1)\n" : ")\n");
 }
 
 /* A short label: "bwd efficient bf16 d72/72 causal(bottom_right) alibi bias". */
 static inline void sweep_label(const sweep_case *c, char *buf, size_t cap)
 {
-    snprintf(buf, cap, "%s %s %s%s%s d%d/%d %s %s%s%s%s%s%s",
+    snprintf(buf, cap, "%s %s %s%s%s d%d/%d %s %s%s%s%s%s%s%s",
              c->kind == AJ_KIND_FORWARD ? "fwd" : "bwd", aj_variant_name(c->variant),
              c->f8 ? aj_dtype_name(c->f8) : "", c->f8 ? "/" : "", aj_dtype_name(c->dtype),
              c->d, c->dv, c->mask,
              c->score_mod, c->bias ? " bias" : "", c->dropout > 0 ? " dropout" : "",
              c->accumulate ? " accumulate" : c->deterministic ? " deterministic" : "",
              c->varlen ? " varlen" : "",
-             c->warpgroups == 1 ? " wgmma x1" : c->warpgroups == 2 ? " wgmma x2" : "");
+             c->warpgroups == 1 ? " wgmma x1" : c->warpgroups == 2 ? " wgmma x2" : "",
+             c->producer ? " + producer" : "");
 }
 
 #endif /* AJ_TESTS_SWEEP_CASES_H */

@@ -287,7 +287,8 @@ static void assemble_cases(aj_ctx *ctx, const sweep_case *cases, int count, int 
     aj_op **ops = calloc((size_t)count, sizeof *ops);
     char(*labels)[160] = calloc((size_t)count, sizeof *labels);
     ptxas_result *results = calloc((size_t)count, sizeof *results);
-    CHECK(jobs && ops && labels && results);
+    int *slot_of = calloc((size_t)count, sizeof *slot_of);   /* job -> case */
+    CHECK(jobs && ops && labels && results && slot_of);
     for (int a = 0; archs[a].arch && jobs && ops && labels && results; a++) {
         int n = 0;
         for (int slot = 0; slot < count; slot++) {
@@ -303,6 +304,7 @@ static void assemble_cases(aj_ctx *ctx, const sweep_case *cases, int count, int 
                 continue;
             }
             ops[n] = op;
+            slot_of[n] = slot;
             memset(&jobs[n], 0, sizeof jobs[n]);
             jobs[n].op = op;
             n++;
@@ -328,7 +330,16 @@ static void assemble_cases(aj_ctx *ctx, const sweep_case *cases, int count, int 
                 const char *entry = aj_kernel_stage_entry(jobs[j].kernel, st);
                 CHECK_MSG(ptxas_entry(&results[j], entry, &r) == 0,
                           "%s %s: no ptxas report for %s", labels[j], archs[a].arch, entry);
-                CHECK_MSG(r.spill_stores == 0 && r.spill_loads == 0,
+                /* warp specialised on two consumer warpgroups (232
+                 * registers each): at Dv 248-256 in the heaviest option
+                 * set ptxas keeps two of the mask band's bounds, computed
+                 * before the roles part, in 8 bytes of local memory --
+                 * allowed there, and only there (docs/gpu.md) */
+                int allowed = cases[slot_of[j]].producer && cases[slot_of[j]].warpgroups == 2 &&
+                                      cases[slot_of[j]].dv >= 248
+                                  ? 8
+                                  : 0;
+                CHECK_MSG(r.spill_stores <= allowed && r.spill_loads <= allowed,
                           "%s %s (%s): spills %d/%d bytes, %d registers", labels[j],
                           archs[a].arch, entry, r.spill_stores, r.spill_loads, r.registers);
                 most_regs = r.registers > most_regs ? r.registers : most_regs;
@@ -346,6 +357,7 @@ static void assemble_cases(aj_ctx *ctx, const sweep_case *cases, int count, int 
     free(ops);
     free(labels);
     free(results);
+    free(slot_of);
 }
 
 /* `ptxas [shard shards]`: the main product; `ptxas pairs [stride [shard
@@ -355,8 +367,9 @@ static void assemble_cases(aj_ctx *ctx, const sweep_case *cases, int count, int 
 
 /* The wgmma template's cases (sm_90a): every head dim (8..256) with both
  * dtypes and 1 and 2 warpgroups in turn, and D != Dv pairs (every D with a
- * Dv 13 steps on), in the HEAVIEST option set. */
-static int wgmma_cases(sweep_case *out)
+ * Dv 13 steps on), in the HEAVIEST option set; `ptxas ws` the same warp
+ * specialised (producer = 1). */
+static int wgmma_cases(sweep_case *out, int producer)
 {
     int n = 0;
     for (int d = SWEEP_DIM_STEP; d <= SWEEP_GPU_DIM_MAX; d += SWEEP_DIM_STEP)
@@ -365,6 +378,7 @@ static int wgmma_cases(sweep_case *out)
                             .dtype = sweep_dtypes[dt], .d = d, .dv = d};
             c = with_options(c, HEAVIEST);
             c.warpgroups = 1 + (d / 8 + dt) % 2;
+            c.producer = producer;
             out[n++] = c;
             c.dv = SWEEP_DIM_STEP * (1 + (d / SWEEP_DIM_STEP + 12) % SWEEP_GPU_DIMS);
             c.warpgroups = 3 - c.warpgroups;
@@ -435,9 +449,11 @@ static void test_ptxas(aj_ctx *ctx, int argc, char **argv)
         assemble_cases(ctx, cases, n, 0, 1, wgmma_archs, 0);
         return;
     }
-    if (argc > 2 && strcmp(argv[2], "wgmma") == 0) {
-        int n = wgmma_cases(cases);
-        printf("ptxas wgmma: %d flash forward cases on the wgmma template\n", n);
+    int ws = argc > 2 && strcmp(argv[2], "ws") == 0;
+    if (ws || (argc > 2 && strcmp(argv[2], "wgmma") == 0)) {
+        int n = wgmma_cases(cases, ws);
+        printf("ptxas %s: %d flash forward cases on the wgmma template%s\n", argv[2], n,
+               ws ? ", warp specialised" : "");
         assemble_cases(ctx, cases, n, 0, 1, wgmma_archs, 0);
         return;
     }

@@ -32,7 +32,9 @@
  * DEVICE is sim or cpu, VARIANT efficient (the default), flash (whose
  * kernels take f16 / bf16 only: the random and builtin cases run in f16
  * there) or wgmma (the flash forward on wgmma, schedule warpgroups = 1,
- * sim); with no section named, all of them.
+ * sim) or ws (the same warp specialised: warpgroups = 2, producer = 1,
+ * the two consumer warpgroups taking turns); with no section named, all
+ * of them.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -48,8 +50,9 @@ static aj_ctx *ctx;
 static aj_device *dev;
 static const char *variant_name = "efficient";
 /* `test_score sim wgmma ...`: the flash forward on the wgmma template
- * (schedule warpgroups = 1), these fields in every spec */
-static int warpgroups;
+ * (schedule warpgroups = 1; `ws`: 2 and producer = 1), these fields in
+ * every spec */
+static int warpgroups, producer;
 static const char *extra_fields = "";
 
 /* The most precise dtype the variant runs: the cases' dtype where the
@@ -87,7 +90,7 @@ static bool run_fields(const char *label, aj_dtype dtype, int d, const char *ten
     fwd_options x = {.tensors = tensors[0] ? tensors : NULL, .side = side.t, .num_side = side.n};
     fwd_run_options run = {.variant = strcmp(variant_name, "flash") == 0 ? AJ_VARIANT_FLASH
                                                                          : AJ_VARIANT_EFFICIENT,
-                           .warpgroups = warpgroups};
+                           .warpgroups = warpgroups, .producer = producer};
     fwd_result r = fwd_run_case_ext(ctx, dev, &c, &x, &run);
     /* the lists (each costs a compile and a build): on the cpu, once per
      * run (not again under AJ_CPU_ISA), for the examples and the random
@@ -706,7 +709,8 @@ static void test_block_masks(void)
                      "head_dim = %d tensors = (doc: i32[2]) mask = expr(%s) schedule = "
                      "(block_m = %d, block_n = %d%s) }", variant_name, aj_dtype_name(dt), D,
                      mask, counts.block_m, counts.block_n / 2,
-                     warpgroups ? ", warpgroups = 1" : "");
+                     producer ? ", warpgroups = 2, producer = 1"
+                     : warpgroups ? ", warpgroups = 1" : "");
             aj_op *other_op = NULL;
             aj_kernel *other_k = compile_spec("block mask tile", other_spec, &other_op);
             aj_block_mask *halves = NULL;
@@ -807,6 +811,12 @@ int main(int argc, char **argv)
         variant_name = "flash";
         warpgroups = 1;
         extra_fields = "schedule = (warpgroups = 1) ";
+        first++;
+    } else if (argc > 2 && strcmp(argv[2], "ws") == 0) {
+        variant_name = "flash";
+        warpgroups = 2;
+        producer = 1;
+        extra_fields = "schedule = (warpgroups = 2, producer = 1) ";
         first++;
     }
     CHECK(aj_ctx_create(NULL, &ctx) == AJ_OK);

@@ -34,8 +34,9 @@ static aj_ctx *ctx;
 static aj_device *dev;
 static int cases_run;
 /* `test_sim_flash_fwd sim wgmma`: every case on the wgmma template
- * (schedule warpgroups), 1 and 2 warpgroups in turn */
-static int wgmma;
+ * (schedule warpgroups), 1 and 2 warpgroups in turn; `... sim ws` the
+ * same warp specialised (producer = 1) */
+static int wgmma, producer;
 
 static void run_ext(const fwd_case *c, const fwd_options *x, const fwd_run_options *how)
 {
@@ -45,6 +46,7 @@ static void run_ext(const fwd_case *c, const fwd_options *x, const fwd_run_optio
     flash.variant = AJ_VARIANT_FLASH;
     if (wgmma)
         flash.warpgroups = 1 + cases_run % 2;
+    flash.producer = producer;
     fwd_result r = fwd_run_case_ext(ctx, dev, c, x, &flash);
     cases_run++;
     if (!fwd_check_result(ctx, c, &r))
@@ -478,7 +480,8 @@ static void test_tile_skipping(void)
 {
     uint64_t inst[2];
     static const char *const masks[2] = {"none", "causal(top_left)"};
-    fwd_run_options how = {.variant = AJ_VARIANT_FLASH, .warpgroups = wgmma};
+    fwd_run_options how = {.variant = AJ_VARIANT_FLASH, .warpgroups = wgmma,
+                           .producer = producer};
     for (int m = 0; m < 2; m++) {
         fwd_case c = base(masks[m], AJ_DTYPE_F16, 32, masks[m]);
         c.hq = 1;
@@ -583,7 +586,8 @@ int main(int argc, char **argv)
         test_matrix, test_odd_dims, test_heads_and_layout, test_offsets, test_score_mods,
         test_dropout, test_schedules, test_accumulate, test_varlen, test_tile_skipping,
         test_wgmma_refusals, test_tma_fallback, NULL};
-    wgmma = argc > 2 && strcmp(argv[2], "wgmma") == 0;
+    producer = argc > 2 && strcmp(argv[2], "ws") == 0;
+    wgmma = producer || (argc > 2 && strcmp(argv[2], "wgmma") == 0);
     return test_main(argc, argv,
                      &(test_main_args){.fallback = AJ_DEVICE_SIM, .ctx = &ctx, .dev = &dev,
                                        .tests = wgmma ? wgmma_tests : tests,
