@@ -153,6 +153,13 @@ typedef struct ffwd_plan {
     int default_state;             /* the state with the score tile's option work */
 } ffwd_plan;
 
+/* Warp specialised, the consumers overlap a tile's softmax with the P V
+ * before it (see "Overlap"), given two stages at least. */
+static int ws_overlaps(const ffwd_plan *p)
+{
+    return p->ws && p->stages >= 2;
+}
+
 
 /*
  * Default schedules, most preferred first: 16 rows per warp, so that O
@@ -303,6 +310,8 @@ static aj_status plan_schedule(aj_ctx *ctx, const aj_op *op, aj_target target,
     p->threads = 32 * p->warps + (p->ws ? WARPGROUP_THREADS : 0);
     p->mt = p->bm / (16 * row_warps);
     int state = p->mt * (4 * p->vt + p->bn / 2 + 4);
+    if (ws_overlaps(p))   /* the held P V's A fragments (see "Overlap") */
+        state += p->bn / (p->f8 ? 8 : 4);
     p->default_state = state + p->mt * p->bn / 2 *
                                    (aj_attn_option_regs_per_element(op) +
                                     aj_attn_score_mod_regs_per_element(op));
@@ -935,13 +944,13 @@ static LLVMValueRef acc_elem(ffwd *e, LLVMValueRef acc, int r)
     return LLVMBuildInBoundsGEP2(e->b, LLVMGetAllocatedType(acc), acc, idx, 2, "");
 }
 
-/* A GEMM's end: commit its wgmmas, wait for them, and its n8 tiles'
- * accumulators (register 4 j + c) into the variables vars[j][c]. */
-static void finish_gemm(ffwd *e, LLVMValueRef acc, int n8, LLVMValueRef (*vars)[4])
+/* A GEMM's end, its wgmmas committed: wait until at most `pending` later
+ * groups are in flight, then its n8 tiles' accumulators (register 4 j +
+ * c) into the variables vars[j][c]. */
+static void land_gemm(ffwd *e, LLVMValueRef acc, int pending, int n8, LLVMValueRef (*vars)[4])
 {
     aj_kb *kb = e->kb;
-    aj_kb_intrinsic(kb, AJ_INTR_WGMMA_COMMIT_GROUP, NULL);
-    aj_kb_wgmma_wait(kb, 0, &acc, 1);
+    aj_kb_wgmma_wait(kb, pending, &acc, 1);
     for (int j = 0; j < n8; j++)
         for (int c = 0; c < 4; c++)
             aj_kb_set(kb, vars[j][c],
@@ -964,9 +973,9 @@ static LLVMValueRef kmajor_desc(ffwd *e, LLVMValueRef base, int rows, int width,
     return aj_kb_wgmma_desc(e->kb, smem_at(e, base, at), 16, 8 * span, aj_kb_swizzle_mode(span));
 }
 
-/* S = Q K^T on wgmma: the warpgroup's 64 rows against the key tile at
- * shared byte offset `kbase`, into the score variables. */
-static void emit_qk_wgmma(ffwd *e, LLVMValueRef kbase)
+/* S = Q K^T on wgmma, issued and committed: the warpgroup's 64 rows
+ * against the key tile at shared byte offset `kbase`, into acc_s. */
+static void qk_wgmma_issue(ffwd *e, LLVMValueRef kbase)
 {
     aj_kb *kb = e->kb;
     const ffwd_plan *p = &e->p;
@@ -979,16 +988,33 @@ static void emit_qk_wgmma(ffwd *e, LLVMValueRef kbase)
                                 aj_kb_i32(kb, kk > 0)};
         aj_kb_wgmma(kb, row, e->acc_s, args);
     }
-    finish_gemm(e, e->acc_s, p->bn / 8, e->s[0]);
+    aj_kb_intrinsic(kb, AJ_INTR_WGMMA_COMMIT_GROUP, NULL);
+}
+
+/* S lands in the score variables once at most `pending` later groups are
+ * in flight. */
+static void qk_wgmma_land(ffwd *e, int pending)
+{
+    aj_kb *kb = e->kb;
+    const ffwd_plan *p = &e->p;
+    land_gemm(e, e->acc_s, pending, p->bn / 8, e->s[0]);
     for (int j = 0; e->s_scale && j < p->bn / 8; j++)   /* FP8: Q's and K's descales */
         for (int c = 0; c < 4; c++)
             aj_kb_set(kb, e->s[0][j][c],
                       LLVMBuildFMul(e->b, aj_kb_get(kb, e->s[0][j][c]), e->s_scale, ""));
 }
 
-/* O += P V on wgmma, P's A fragments given (a[kk][0..3] per k-step: 16
- * keys, f8 32); V's tile (f8: V^T) at shared byte offset `vbase`. */
-static void emit_pv_wgmma(ffwd *e, LLVMValueRef a[][4], LLVMValueRef vbase)
+/* S = Q K^T on wgmma, whole. */
+static void emit_qk_wgmma(ffwd *e, LLVMValueRef kbase)
+{
+    qk_wgmma_issue(e, kbase);
+    qk_wgmma_land(e, 0);
+}
+
+/* O += P V on wgmma, issued and committed: P's A fragments given
+ * (a[kk][0..3] per k-step: 16 keys, f8 32); V's tile (f8: V^T) at shared
+ * byte offset `vbase`; O from its variables into acc_o. */
+static void pv_wgmma_issue(ffwd *e, LLVMValueRef a[][4], LLVMValueRef vbase)
 {
     aj_kb *kb = e->kb;
     const ffwd_plan *p = &e->p;
@@ -1009,7 +1035,14 @@ static void emit_pv_wgmma(ffwd *e, LLVMValueRef a[][4], LLVMValueRef vbase)
                                 aj_kb_i32(kb, 1)};
         aj_kb_wgmma(kb, row, e->acc_o, args);
     }
-    finish_gemm(e, e->acc_o, p->dv / 8, e->o[0]);
+    aj_kb_intrinsic(kb, AJ_INTR_WGMMA_COMMIT_GROUP, NULL);
+}
+
+/* O += P V on wgmma, whole. */
+static void emit_pv_wgmma(ffwd *e, LLVMValueRef a[][4], LLVMValueRef vbase)
+{
+    pv_wgmma_issue(e, a, vbase);
+    land_gemm(e, e->acc_o, 0, e->p.dv / 8, e->o[0]);
 }
 
 /* ---------------------------------------------------------------- mma.sync */
@@ -1225,9 +1258,26 @@ static void emit_pv_mma(ffwd *e, LLVMValueRef (*pf)[MAX_NT][4], LLVMValueRef vba
  * max(m, tile max), alpha = 2^(m - m_new), P = 2^(s - m_new), l = l alpha
  * + rowsum(P) (this lane's share; the quad sums it in the epilogue),
  * O = O alpha + P V.  With dropout the statistics take P undropped and
- * P V takes P keep / (1 - p).
+ * P V takes P keep / (1 - p).  With `later` (wgmma, warp specialised: see
+ * "Overlap"), O is left as it is and P V not issued: each half's alpha and
+ * P's A fragments go there instead.
  */
-static void emit_softmax_pv(ffwd *e, LLVMValueRef n0, LLVMValueRef vbase)
+/* O's row half `half` (elements 2 half, 2 half + 1) of m-tile mi times
+ * alpha. */
+static void scale_o(ffwd *e, int mi, int half, LLVMValueRef alpha)
+{
+    for (int v = 0; v < e->p.vt; v++)
+        for (int c = 2 * half; c < 2 * half + 2; c++)
+            aj_kb_set(e->kb, e->o[mi][v][c],
+                      LLVMBuildFMul(e->b, aj_kb_get(e->kb, e->o[mi][v][c]), alpha, ""));
+}
+
+typedef struct pv_later {
+    LLVMValueRef alpha[2];              /* f32 per half of the m-tile */
+    LLVMValueRef a[MAX_NT / 2][4];      /* P's A fragments, per k-step */
+} pv_later;
+
+static void emit_softmax_pv(ffwd *e, LLVMValueRef n0, LLVMValueRef vbase, pv_later *later)
 {
     aj_kb *kb = e->kb;
     LLVMBuilderRef b = e->b;
@@ -1273,13 +1323,18 @@ static void emit_softmax_pv(ffwd *e, LLVMValueRef n0, LLVMValueRef vbase)
                 sum = LLVMBuildFMul(b, sum, aj_kb_f32(kb, ldexpf(1.0f, -P_E4M3_LOG2)), "");
             aj_kb_set(kb, e->l[mi][half], aj_kb_fma(kb, aj_kb_get(kb, e->l[mi][half]), alpha, sum));
             aj_kb_set(kb, e->m[mi][half], m_new);
-            for (int v = 0; v < p->vt; v++)
-                for (int c = 2 * half; c < 2 * half + 2; c++)
-                    aj_kb_set(kb, e->o[mi][v][c], LLVMBuildFMul(b, aj_kb_get(kb, e->o[mi][v][c]),
-                                                               alpha, ""));
+            if (later)
+                later->alpha[half] = alpha;
+            else
+                scale_o(e, mi, half, alpha);
         }
 
     /* O += P V: A = P (see the diagram at the top), B = V */
+    if (later) {
+        for (int kk = 0; kk < p->bn / pv_step_keys(p); kk++)
+            pack_pv_a(e, pf[0], kk, later->a[kk]);
+        return;
+    }
     if (p->wg) {
         LLVMValueRef a[MAX_NT / 2][4];
         for (int kk = 0; kk < p->bn / pv_step_keys(p); kk++)
@@ -1571,6 +1626,22 @@ static void prologue(ffwd *e, aj_score_walk *walk, LLVMValueRef q_src, int gated
     }
 }
 
+/* The scores of key tile n0 / block_n, of class cls: the score mods, then
+ * the mask where the tile is not full. */
+static void score_tile(ffwd *e, LLVMValueRef n0, LLVMValueRef cls)
+{
+    aj_kb *kb = e->kb;
+    LLVMBuilderRef b = e->b;
+    emit_score_mods(e, n0);
+    LLVMValueRef full = LLVMBuildAnd(
+        b, LLVMBuildICmp(b, LLVMIntEQ, cls, aj_kb_i32(kb, AJ_TILE_FULL), ""),
+        LLVMBuildICmp(b, LLVMIntSLE, aj_kb_add(kb, n0, aj_kb_i32(kb, e->p.bn)), e->seq_k, ""),
+        "full");
+    aj_kb_if_begin(kb, LLVMBuildNot(b, full, ""));
+    emit_element_mask(e, n0);
+    aj_kb_if_end(kb);
+}
+
 /* Warp specialised with two consumer warpgroups: `id` (bar.sync or
  * bar.arrive) on the turn barrier of the thread's warpgroup (other = 0) or
  * of the other one (1), the two warpgroups' threads counted; the id a
@@ -1608,15 +1679,8 @@ static void compute_tile(ffwd *e, LLVMValueRef n, LLVMValueRef cls, LLVMValueRef
     emit_qk(e, kbase);
     if (turns)
         turn_bar(e, AJ_INTR_NAMED_BAR_ARRIVE, 1);
-    emit_score_mods(e, n0);
-    LLVMValueRef full = LLVMBuildAnd(
-        b, LLVMBuildICmp(b, LLVMIntEQ, cls, aj_kb_i32(kb, AJ_TILE_FULL), ""),
-        LLVMBuildICmp(b, LLVMIntSLE, aj_kb_add(kb, n0, aj_kb_i32(kb, p->bn)), e->seq_k, ""),
-        "full");
-    aj_kb_if_begin(kb, LLVMBuildNot(b, full, ""));
-    emit_element_mask(e, n0);
-    aj_kb_if_end(kb);
-    emit_softmax_pv(e, n0, vbase);
+    score_tile(e, n0, cls);
+    emit_softmax_pv(e, n0, vbase, NULL);
 }
 
 /* The mainloop over the walk's key tiles: refill, wait, and compute_tile. */
@@ -1781,8 +1845,117 @@ static void ws_producer(ffwd *e, aj_score_walk *walk, LLVMValueRef q_src, int ga
         aj_kb_if_end(kb);
 }
 
+/*
+ * Overlap (warp specialised, stages >= 2; FA3's intra-warpgroup overlap):
+ * a consumer warpgroup issues tile t's S = Q K^T and, behind it, the P V
+ * of the tile it computed before (held: its P kept as A fragments, its
+ * slot not yet given back), waits for S alone (wait_group 1), runs t's
+ * score mods, mask and softmax while that P V runs, then waits for it,
+ * gives its slot back and scales O by t's alpha; t's P V is held in turn.
+ * A position the mask skips, and the walk's end, first finish the held
+ * P V, so that a slot is never held across a position whose own slot the
+ * producer may need.  With one stage the producer would wait for the slot
+ * the held P V reads while the consumers wait for its next tile in that
+ * same slot: stages = 1 takes no overlap.
+ */
+typedef struct ws_held {
+    LLVMValueRef held, slot;            /* i32 vars: a P V is held; its slot */
+    LLVMValueRef a[MAX_NT / 2][4];      /* i32 vars: its P's A fragments */
+} ws_held;
+
+static void held_init(ffwd *e, ws_held *h)
+{
+    aj_kb *kb = e->kb;
+    h->held = aj_kb_var(kb, kb->t_i32, aj_kb_i32(kb, 0), "held");
+    h->slot = aj_kb_var(kb, kb->t_i32, aj_kb_i32(kb, 0), "held_slot");
+    for (int kk = 0; kk < e->p.bn / pv_step_keys(&e->p); kk++)
+        for (int c = 0; c < 4; c++)
+            h->a[kk][c] = aj_kb_var(kb, kb->t_i32, aj_kb_i32(kb, 0), "held_p");
+}
+
+/* i1: a P V is held. */
+static LLVMValueRef is_held(ffwd *e, const ws_held *h)
+{
+    return LLVMBuildICmp(e->b, LLVMIntNE, aj_kb_get(e->kb, h->held), aj_kb_i32(e->kb, 0), "");
+}
+
+/* The held P V issued, behind whatever is in flight; with `otherwise`
+ * (a slot whose tile has landed) the same wgmmas where none is held, P
+ * zero against that slot's V, so that every path issues them (ptxas
+ * serialises wgmma that some paths issue and others do not). */
+static void held_issue(ffwd *e, const ws_held *h, LLVMValueRef otherwise)
+{
+    aj_kb *kb = e->kb;
+    const ffwd_plan *p = &e->p;
+    LLVMValueRef held = otherwise ? is_held(e, h) : NULL;
+    LLVMValueRef a[MAX_NT / 2][4];
+    for (int kk = 0; kk < p->bn / pv_step_keys(p); kk++)
+        for (int c = 0; c < 4; c++) {
+            a[kk][c] = aj_kb_get(kb, h->a[kk][c]);
+            if (held)
+                a[kk][c] = LLVMBuildSelect(e->b, held, a[kk][c], aj_kb_i32(kb, 0), "");
+        }
+    LLVMValueRef slot = aj_kb_get(kb, h->slot);
+    if (held)
+        slot = LLVMBuildSelect(e->b, held, slot, otherwise, "");
+    LLVMValueRef vbase = aj_kb_add(
+        kb, aj_kb_i32(kb, p->smem_v), LLVMBuildMul(e->b, slot, aj_kb_i32(kb, p->v_slot), ""));
+    pv_wgmma_issue(e, a, vbase);
+}
+
+/* The P V issued last landed in O (nothing else in flight); a held one's
+ * slot given back. */
+static void held_land(ffwd *e, const ws_held *h)
+{
+    land_gemm(e, e->acc_o, 0, e->p.dv / 8, e->o[0]);
+    aj_kb_if_begin(e->kb, is_held(e, h));
+    LLVMValueRef empty = smem_at(e, empty_bar(e, aj_kb_get(e->kb, h->slot)), 0);
+    aj_kb_intrinsic(e->kb, AJ_INTR_MBARRIER_ARRIVE, &empty);
+    aj_kb_if_end(e->kb);
+}
+
+/* A held P V, issued and landed: none held after. */
+static void held_finish(ffwd *e, ws_held *h)
+{
+    aj_kb_if_begin(e->kb, is_held(e, h));
+    held_issue(e, h, NULL);
+    held_land(e, h);
+    aj_kb_set(e->kb, h->held, aj_kb_i32(e->kb, 0));
+    aj_kb_if_end(e->kb);
+}
+
+/* compute_tile, overlapped (see above): key tile n of class cls, its K at
+ * shared byte offset kbase, in ring slot `slot`. */
+static void compute_tile_overlapped(ffwd *e, LLVMValueRef n, LLVMValueRef cls,
+                                    LLVMValueRef kbase, LLVMValueRef slot, ws_held *h)
+{
+    aj_kb *kb = e->kb;
+    LLVMBuilderRef b = e->b;
+    const ffwd_plan *p = &e->p;
+    int turns = p->wg == 2;
+    LLVMValueRef n0 = LLVMBuildMul(b, n, aj_kb_i32(kb, p->bn), "n0");
+    if (turns)
+        turn_bar(e, AJ_INTR_NAMED_BAR_SYNC, 0);
+    qk_wgmma_issue(e, kbase);
+    held_issue(e, h, slot);   /* none held: P = 0 against this tile's V */
+    if (turns)
+        turn_bar(e, AJ_INTR_NAMED_BAR_ARRIVE, 1);
+    qk_wgmma_land(e, 1);   /* S alone: the P V behind it runs on */
+    score_tile(e, n0, cls);
+    pv_later later;
+    emit_softmax_pv(e, n0, NULL, &later);
+    held_land(e, h);
+    for (int half = 0; half < 2; half++)
+        scale_o(e, 0, half, later.alpha[half]);
+    for (int kk = 0; kk < p->bn / pv_step_keys(p); kk++)
+        for (int c = 0; c < 4; c++)
+            aj_kb_set(kb, h->a[kk][c], later.a[kk][c]);
+    aj_kb_set(kb, h->slot, slot);
+    aj_kb_set(kb, h->held, aj_kb_i32(kb, 1));
+}
+
 /* A consumer warpgroup: each walk position once its slot is full, then
- * the slot given back (see above). */
+ * the slot given back (see above; with overlap, when its P V has run). */
 static void ws_consumer(ffwd *e, aj_score_walk *walk, int gated)
 {
     aj_kb *kb = e->kb;
@@ -1791,6 +1964,10 @@ static void ws_consumer(ffwd *e, aj_score_walk *walk, int gated)
     LLVMValueRef pair = aj_kb_i32(kb, 2 * WARPGROUP_THREADS);
     LLVMValueRef first_wg =
         p->wg == 2 ? LLVMBuildICmp(b, LLVMIntEQ, e->wgi, aj_kb_i32(kb, 0), "") : NULL;
+    int overlap = ws_overlaps(p);
+    ws_held h;
+    if (overlap)
+        held_init(e, &h);
     if (p->wg == 2) {
         LLVMValueRef regs = aj_kb_i32(kb, WS_CONSUMER_REGS);
         aj_kb_intrinsic(kb, AJ_INTR_SETMAXNREG_INC, &regs);
@@ -1810,14 +1987,32 @@ static void ws_consumer(ffwd *e, aj_score_walk *walk, int gated)
                                    LLVMBuildMul(b, slot, aj_kb_i32(kb, p->v_slot), ""));
     LLVMValueRef cls;
     LLVMValueRef n = aj_score_walk_tile(&e->sc, walk, at, &cls);
+    LLVMValueRef computed =
+        gated ? LLVMBuildICmp(b, LLVMIntNE, cls, aj_kb_i32(kb, AJ_TILE_SKIP), "") : NULL;
     if (gated)
-        aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntNE, cls, aj_kb_i32(kb, AJ_TILE_SKIP), ""));
-    compute_tile(e, n, cls, kbase, vbase);
+        aj_kb_if_begin(kb, computed);
+    if (overlap)
+        compute_tile_overlapped(e, n, cls, kbase, slot, &h);
+    else
+        compute_tile(e, n, cls, kbase, vbase);
+    if (gated && overlap) {   /* a skipped position: the held P V first */
+        aj_kb_else(kb);
+        held_finish(e, &h);
+    }
     if (gated)
         aj_kb_if_end(kb);
-    LLVMValueRef empty = smem_at(e, empty_bar(e, slot), 0);
-    aj_kb_intrinsic(kb, AJ_INTR_MBARRIER_ARRIVE, &empty);
+    /* the slot back now, but for a tile whose P V is held */
+    if (overlap && gated)
+        aj_kb_if_begin(kb, LLVMBuildNot(b, computed, ""));
+    if (!overlap || gated) {
+        LLVMValueRef empty = smem_at(e, empty_bar(e, slot), 0);
+        aj_kb_intrinsic(kb, AJ_INTR_MBARRIER_ARRIVE, &empty);
+    }
+    if (overlap && gated)
+        aj_kb_if_end(kb);
     aj_kb_for_end(kb);
+    if (overlap)
+        held_finish(e, &h);
     if (p->wg == 2) {   /* warpgroup 1's last grant */
         aj_kb_if_begin(kb, first_wg);
         LLVMValueRef last[2] = {aj_kb_i32(kb, TURN_BAR), pair};

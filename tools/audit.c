@@ -195,9 +195,16 @@ int audit_main_loop(const char *sass, const char *function, audit_loop *out,
         if (begin < 0 || begin > code[i].addr)
             continue;   /* a branch forward */
         audit_loop loop = {begin, code[i].addr, {0}};
+        int exits = 0;
         for (int j = 0; j < n; j++)
-            if (code[j].addr >= begin && code[j].addr <= code[i].addr)
+            if (code[j].addr >= begin && code[j].addr <= code[i].addr) {
                 count(&loop.counts, code[j].op);
+                exits += starts(code[j].op, "EXIT");
+            }
+        /* a branch back from an out-of-line block (an mbarrier's retry,
+         * placed after the kernel's end) spans an EXIT: not a loop body */
+        if (exits)
+            continue;
         const audit_counts *a = &loop.counts, *b = &out->counts;
         int better = !found || a->tensor > b->tensor ||
                      (a->tensor == b->tensor && (a->fp32 > b->fp32 ||

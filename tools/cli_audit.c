@@ -109,7 +109,10 @@ static int audit_stage(const aj_kernel *k, int s, const aj_op_info *info, const 
     int dv = info->head_dim_v ? info->head_dim_v : info->head_dim;
     double flops = 2.0 * sc->block_m * sc->block_n * (info->head_dim + dv);
     const audit_gpu *gpu = &audit_gh100;
-    audit_model m = audit_apply(gpu, &loop.counts, li.block[0] / 32, flops);
+    /* the warps that run the main loop: the schedule's (warp specialised,
+     * the consumers; the producer's issue is not counted) */
+    int warps = sc->warps ? sc->warps : li.block[0] / 32;
+    audit_model m = audit_apply(gpu, &loop.counts, warps, flops);
     printf("model per tile, %s, clocks per SM:\n", gpu->name);
     int fp8 = loop.counts.tensor && loop.counts.fp8 == loop.counts.tensor;
     printf("  tensor    %8.0f   (%s%s: %.0f FLOP/clock/SM, %s)\n", m.tensor,

@@ -12,8 +12,11 @@
 #include "check.h"
 #include "tools/audit.h"
 
-/* Two functions; the second has a prologue, a short polling loop, and a
- * main loop with two back edges (the wider holds the refill), in the
+/* Two functions; the second has a prologue, a short polling loop, a
+ * main loop with two back edges (the wider holds the refill), and after
+ * its EXIT an out-of-line block (an mbarrier's retry, with a wgmma as a
+ * warp-specialised kernel's last P V would be) that branches back into
+ * the loop: a back edge with more HGMMAs that is not a loop body.  In the
  * format nvdisasm -c prints. */
 static const char sass[] =
     "\t.headerflags\t@\"EF_CUDA_SM90\"\n"
@@ -50,7 +53,12 @@ static const char sass[] =
     "        /*0120*/               @P2 BRA `(.L_x_1) ;\n"
     "        /*0130*/                   BRA `(.L_x_9) ;\n"
     ".L_x_9:\n"
-    "        /*0140*/                   EXIT ;\n";
+    "        /*0140*/                   EXIT ;\n"
+    ".L_x_10:\n"
+    "        /*0150*/                   HGMMA.64x128x16.F32.BF16 R0, R24, gdesc[UR12], R0 ;\n"
+    "        /*0160*/                   SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [UR4], R2 ;\n"
+    "        /*0170*/              @!P0 BRA `(.L_x_10) ;\n"
+    "        /*0180*/                   BRA `(.L_x_1) ;\n";
 
 static void test_main_loop(void)
 {
@@ -59,7 +67,8 @@ static void test_main_loop(void)
     CHECK(audit_main_loop(sass, "missing", &loop, NULL) == -1);
     CHECK(audit_main_loop(sass, "k", &loop, &whole) == 0);
     /* the wider back edge (to .L_x_1) wins over the inner one (to .L_x_2),
-     * both with the three HGMMAs */
+     * both with the three HGMMAs; the branch back from after the EXIT
+     * (four) is no loop body */
     CHECK_MSG(loop.begin == 0x40 && loop.end == 0x120, "main loop 0x%lx .. 0x%lx", loop.begin,
               loop.end);
     const audit_counts *c = &loop.counts;
@@ -72,7 +81,8 @@ static void test_main_loop(void)
           c->shape_count[1] == 1);
     /* the whole function: the prologue's MUFU and the poll too, not the
      * other function's HMMA */
-    CHECK(whole.total == 21 && whole.mufu == 2 && whole.tensor == 3);
+    CHECK_MSG(whole.total == 25 && whole.mufu == 2 && whole.tensor == 4, "%d, %d, %d",
+              whole.total, whole.mufu, whole.tensor);
     /* a function without a loop */
     static const char flat[] = ".text.f:\n        /*0000*/                   EXIT ;\n";
     CHECK(audit_main_loop(flat, "f", &loop, &whole) == -2 && whole.total == 1);

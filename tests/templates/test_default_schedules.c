@@ -24,7 +24,8 @@
  *            dim 8..512 (fp8_cases), on sm_80 and sm_90 or on sm_89 and
  *            sm_90a in turn, and the flash forward's FP8 tensor-core kernels
  *            (fp8_flash_cases: mma.sync on sm_89, wgmma on sm_90a with
- *            two warpgroups and with one).
+ *            two warpgroups and with one, and warp specialised); `ptxas
+ *            ws`: the wgmma cases warp specialised (producer = 1).
  *   numeric  `numeric`: a spread-out sample of the forward cases on sim
  *            and cpu against the float64 reference, B1 H2, S 17..40, then
  *            the head-dim walk (sweep_dim_case: every D and Dv of the
@@ -331,12 +332,12 @@ static void assemble_cases(aj_ctx *ctx, const sweep_case *cases, int count, int 
                 CHECK_MSG(ptxas_entry(&results[j], entry, &r) == 0,
                           "%s %s: no ptxas report for %s", labels[j], archs[a].arch, entry);
                 /* warp specialised on two consumer warpgroups (232
-                 * registers each): at Dv 248-256 in the heaviest option
+                 * registers each): at Dv 240-256 in the heaviest option
                  * set ptxas keeps two of the mask band's bounds, computed
                  * before the roles part, in 8 bytes of local memory --
                  * allowed there, and only there (docs/gpu.md) */
                 int allowed = cases[slot_of[j]].producer && cases[slot_of[j]].warpgroups == 2 &&
-                                      cases[slot_of[j]].dv >= 248
+                                      cases[slot_of[j]].dv >= 240
                                   ? 8
                                   : 0;
                 CHECK_MSG(r.spill_stores <= allowed && r.spill_loads <= allowed,
@@ -446,6 +447,12 @@ static void test_ptxas(aj_ctx *ctx, int argc, char **argv)
         for (int i = 0; i < n; i++)   /* and on one warpgroup (sm_90a's default: two) */
             cases[i].warpgroups = 1;
         printf("ptxas fp8: the same on one warpgroup\n");
+        assemble_cases(ctx, cases, n, 0, 1, wgmma_archs, 0);
+        for (int i = 0; i < n; i++) {   /* and warp specialised, two and one in turn */
+            cases[i].warpgroups = 1 + i % 2;
+            cases[i].producer = 1;
+        }
+        printf("ptxas fp8: the same warp specialised\n");
         assemble_cases(ctx, cases, n, 0, 1, wgmma_archs, 0);
         return;
     }

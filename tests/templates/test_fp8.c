@@ -84,11 +84,13 @@ static fwd_run_options variant_of(int i, const fwd_case *c)
     return how;
 }
 
-/* " wgmma xN" on the label of a case run with N warpgroups */
+/* " wgmma xN" on the label of a case run with N warpgroups ("+ producer"
+ * warp specialised) */
 static void label_warpgroups(const fwd_run_options *how, char *label, size_t cap)
 {
     if (how->warpgroups)
-        snprintf(label + strlen(label), cap - strlen(label), " wgmma x%d", how->warpgroups);
+        snprintf(label + strlen(label), cap - strlen(label), " wgmma x%d%s", how->warpgroups,
+                 how->producer ? " + producer" : "");
 }
 
 static void test_sweep(void)
@@ -110,13 +112,15 @@ static void test_sweep(void)
 
 /* The flash variant's FP8 tensor-core kernels (on sim) over every head
  * dim they take, 32 .. 256 in steps of 32, D = Dv and D with the next Dv,
- * both formats, mask and granularity cycling, each on mma.sync and on
- * wgmma (one or two warpgroups in turn); on cpu the one template again. */
+ * both formats, mask and granularity cycling, each on mma.sync, on wgmma
+ * (one or two warpgroups in turn) and on wgmma warp specialised (producer
+ * = 1: the producer's threads transpose V); on cpu the one template
+ * again. */
 static void test_flash_dims(void)
 {
     for (int d = 32, i = 0; d <= 256; d += 32)
         for (int pair = 0; pair < 2; pair++, i++)
-            for (int wg = 0; wg < (on_cpu ? 1 : 2); wg++) {
+            for (int wg = 0; wg < (on_cpu ? 1 : 3); wg++) {
                 char label[160];
                 fwd_case c = sweep_case(i, masks[i % N_MASKS], d, 1, label, sizeof label);
                 c.dv = pair ? d % 256 + 32 : 0;
@@ -126,7 +130,8 @@ static void test_flash_dims(void)
                     strncat(label, " dv+32", sizeof label - strlen(label) - 1);
                 strncat(label, " flash", sizeof label - strlen(label) - 1);
                 fwd_run_options how = {.variant = AJ_VARIANT_FLASH,
-                                       .warpgroups = wg ? 1 + i % 2 : 0};
+                                       .warpgroups = wg ? 1 + (i + wg) % 2 : 0,
+                                       .producer = wg == 2};
                 label_warpgroups(&how, label, sizeof label);
                 run_case(&c, &how);
             }
