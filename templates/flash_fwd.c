@@ -76,6 +76,7 @@
  * each CTA reads its sequence's bounds, rows past the sequence do nothing,
  * and the programs' totals are the sequence's).
  */
+#include <assert.h>
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -1253,15 +1254,6 @@ static void emit_pv_mma(ffwd *e, LLVMValueRef (*pf)[MAX_NT][4], LLVMValueRef vba
                 aj_kb_set(kb, e->o[mi][v][c], acc[mi][v][c]);
 }
 
-/*
- * The online softmax of the tile and O += P V.  Per row: m_new =
- * max(m, tile max), alpha = 2^(m - m_new), P = 2^(s - m_new), l = l alpha
- * + rowsum(P) (this lane's share; the quad sums it in the epilogue),
- * O = O alpha + P V.  With dropout the statistics take P undropped and
- * P V takes P keep / (1 - p).  With `later` (wgmma, warp specialised: see
- * "Overlap"), O is left as it is and P V not issued: each half's alpha and
- * P's A fragments go there instead.
- */
 /* O's row half `half` (elements 2 half, 2 half + 1) of m-tile mi times
  * alpha. */
 static void scale_o(ffwd *e, int mi, int half, LLVMValueRef alpha)
@@ -1272,16 +1264,27 @@ static void scale_o(ffwd *e, int mi, int half, LLVMValueRef alpha)
                       LLVMBuildFMul(e->b, aj_kb_get(e->kb, e->o[mi][v][c]), alpha, ""));
 }
 
+/* What emit_softmax_pv leaves for later (wgmma's one m-tile a warp). */
 typedef struct pv_later {
     LLVMValueRef alpha[2];              /* f32 per half of the m-tile */
     LLVMValueRef a[MAX_NT / 2][4];      /* P's A fragments, per k-step */
 } pv_later;
 
+/*
+ * The online softmax of the tile and O += P V.  Per row: m_new =
+ * max(m, tile max), alpha = 2^(m - m_new), P = 2^(s - m_new), l = l alpha
+ * + rowsum(P) (this lane's share; the quad sums it in the epilogue),
+ * O = O alpha + P V.  With dropout the statistics take P undropped and
+ * P V takes P keep / (1 - p).  With `later` (wgmma, warp specialised: see
+ * "Overlap"), O is left as it is and P V not issued: each half's alpha and
+ * P's A fragments go there instead.
+ */
 static void emit_softmax_pv(ffwd *e, LLVMValueRef n0, LLVMValueRef vbase, pv_later *later)
 {
     aj_kb *kb = e->kb;
     LLVMBuilderRef b = e->b;
     const ffwd_plan *p = &e->p;
+    assert(!later || p->mt == 1);
     const aj_op *op = e->op;
     int nt = p->bn / 8;
     LLVMValueRef pf[MAX_MT][MAX_NT][4];
@@ -1662,10 +1665,12 @@ static void turn_bar(ffwd *e, enum aj_intrinsic_id id, int other)
 
 /* Key tile n of class cls, its K and V at shared byte offsets kbase and
  * vbase: S = Q K^T, the score mods, the mask where the tile is not full,
- * the online softmax and O += P V.  Warp specialised with two consumer
- * warpgroups, each takes its turn at Q K^T: it waits for its turn's named
- * barrier before the GEMM and, once it has S, arrives on the other's, so
- * one warpgroup's softmax overlaps the other's GEMM. */
+ * the online softmax and O += P V.  Warp specialised (without overlap:
+ * stages = 1) with two consumer warpgroups, each takes its turn at Q K^T:
+ * it waits for its turn's named barrier before the GEMM and, once it has
+ * S, arrives on the other's, so one warpgroup's softmax overlaps the
+ * other's GEMM (compute_tile_overlapped grants the turn once both of its
+ * GEMMs are issued). */
 static void compute_tile(ffwd *e, LLVMValueRef n, LLVMValueRef cls, LLVMValueRef kbase,
                          LLVMValueRef vbase)
 {
@@ -1802,7 +1807,7 @@ static void ws_setup(ffwd *e)
 
 /* The producer warpgroup: Q, then the walk's tiles, each once its slot is
  * empty (the first `stages` are).  With TMA, thread 0 alone issues. */
-static void ws_producer(ffwd *e, aj_score_walk *walk, LLVMValueRef q_src, int gated)
+static void ws_producer(ffwd *e, LLVMValueRef q_src, int gated)
 {
     aj_kb *kb = e->kb;
     LLVMBuilderRef b = e->b;
@@ -1811,6 +1816,8 @@ static void ws_producer(ffwd *e, aj_score_walk *walk, LLVMValueRef q_src, int ga
         LLVMValueRef regs = aj_kb_i32(kb, WS_PRODUCER_REGS);
         aj_kb_intrinsic(kb, AJ_INTR_SETMAXNREG_DEC, &regs);
     }
+    aj_score_walk the_walk, *walk = &the_walk;
+    key_walk(e, walk);   /* after setmaxnreg: nothing of it lives across */
     LLVMValueRef bar_q = aj_kb_i32(kb, e->smem_bar);
     LLVMValueRef t0 = LLVMBuildICmp(b, LLVMIntEQ, e->ld_tid, aj_kb_i32(kb, 0), "");
     if (e->tma) {
@@ -1956,7 +1963,7 @@ static void compute_tile_overlapped(ffwd *e, LLVMValueRef n, LLVMValueRef cls,
 
 /* A consumer warpgroup: each walk position once its slot is full, then
  * the slot given back (see above; with overlap, when its P V has run). */
-static void ws_consumer(ffwd *e, aj_score_walk *walk, int gated)
+static void ws_consumer(ffwd *e, int gated)
 {
     aj_kb *kb = e->kb;
     LLVMBuilderRef b = e->b;
@@ -1971,6 +1978,10 @@ static void ws_consumer(ffwd *e, aj_score_walk *walk, int gated)
     if (p->wg == 2) {
         LLVMValueRef regs = aj_kb_i32(kb, WS_CONSUMER_REGS);
         aj_kb_intrinsic(kb, AJ_INTR_SETMAXNREG_INC, &regs);
+    }
+    aj_score_walk the_walk, *walk = &the_walk;
+    key_walk(e, walk);   /* after setmaxnreg: nothing of it lives across */
+    if (p->wg == 2) {
         aj_kb_if_begin(kb, LLVMBuildNot(b, first_wg, ""));   /* warpgroup 0's first turn */
         LLVMValueRef grant[2] = {aj_kb_i32(kb, TURN_BAR), pair};
         aj_kb_intrinsic(kb, AJ_INTR_NAMED_BAR_ARRIVE, grant);
@@ -2103,18 +2114,18 @@ static aj_status ffwd_build(aj_kb *kb, const aj_op *op, void *user)
 
     lane_addresses(&e);
     int gated = aj_score_has_rest(prog);
-    aj_score_walk walk;
-    key_walk(&e, &walk);
     if (p->ws) {   /* the consumers, then the producer (see "Warp specialisation") */
         ws_setup(&e);
         aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntULT, e.tid,
                                          aj_kb_i32(kb, WARPGROUP_THREADS * p->wg), ""));
-        ws_consumer(&e, &walk, gated);
+        ws_consumer(&e, gated);
         emit_epilogue(&e, o_base, lse_base);
         aj_kb_else(kb);
-        ws_producer(&e, &walk, q_src, gated);
+        ws_producer(&e, q_src, gated);
         aj_kb_if_end(kb);
     } else {
+        aj_score_walk walk;
+        key_walk(&e, &walk);
         every_warp_loads(&e, &walk, q_src, gated);
         emit_epilogue(&e, o_base, lse_base);
     }

@@ -34,6 +34,7 @@ typedef struct insn {
     long addr;
     char op[64];       /* the opcode with its modifiers, predicate dropped */
     char target[32];   /* a branch's label, else "" */
+    int predicated;    /* the instruction had a predicate (@P0, @!P1) */
 } insn;
 
 typedef struct label {
@@ -99,7 +100,8 @@ static int parse_line(const char *line, size_t len, insn *in, label *lb)
     const char *p = end + 2, *stop = line + len;
     while (p < stop && (*p == ' ' || *p == '\t'))
         p++;
-    if (p < stop && *p == '@')   /* the predicate */
+    int predicated = p < stop && *p == '@';
+    if (predicated)   /* the predicate */
         while (p < stop && *p != ' ')
             p++;
     while (p < stop && *p == ' ')
@@ -110,6 +112,7 @@ static int parse_line(const char *line, size_t len, insn *in, label *lb)
     if (n == 0)
         return 0;
     in->addr = addr;
+    in->predicated = predicated;
     memcpy(in->op, p, n);
     in->op[n] = '\0';
     in->target[0] = '\0';
@@ -199,10 +202,11 @@ int audit_main_loop(const char *sass, const char *function, audit_loop *out,
         for (int j = 0; j < n; j++)
             if (code[j].addr >= begin && code[j].addr <= code[i].addr) {
                 count(&loop.counts, code[j].op);
-                exits += starts(code[j].op, "EXIT");
+                exits += starts(code[j].op, "EXIT") && !code[j].predicated;
             }
         /* a branch back from an out-of-line block (an mbarrier's retry,
-         * placed after the kernel's end) spans an EXIT: not a loop body */
+         * placed after the kernel's end) spans an unconditional EXIT: not
+         * a loop body (a loop may hold a predicated one) */
         if (exits)
             continue;
         const audit_counts *a = &loop.counts, *b = &out->counts;

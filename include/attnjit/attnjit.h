@@ -361,7 +361,9 @@ aj_status aj_op_get_warpgroups(const aj_op *op, int32_t *warpgroups);
  * consumer warpgroups (setmaxnreg) run the GEMMs and the softmax, two of
  * them taking turns at the tensor cores (warp specialisation); 0, the
  * default, has every warp load and compute.  The text form's `schedule =
- * (warpgroups = N, producer = 1)` (docs/gpu.md). */
+ * (warpgroups = N, producer = 1)` (docs/gpu.md).  Set warpgroups first
+ * (and clear producer before warpgroups): producer = 1 without them is
+ * AJ_ERR_VERIFY, a value other than 0 or 1 AJ_ERR_INVALID_ARG. */
 aj_status aj_op_set_producer(aj_op *op, int32_t producer);
 aj_status aj_op_get_producer(const aj_op *op, int32_t *producer);
 /* layout = paged only: the queries' layout, AJ_LAYOUT_PADDED (q [B, Hq,

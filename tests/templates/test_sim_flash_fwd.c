@@ -498,9 +498,38 @@ static void test_tile_skipping(void)
               "instructions; tiles above the diagonal are not skipped", ratio);
 }
 
+/* Expression masks whose tile classes skip key tiles between computed
+ * ones (one middle tile; every other tile), both dtypes, so that on the
+ * wgmma template each runs on one and on two warpgroups: warp specialised,
+ * a skipped position finishes the P V held from the tile before. */
+static void test_skipped_tiles(void)
+{
+    static const struct {
+        const char *mask;
+        int block_n;
+    } masks[] = {{"expr(k < 64 || k >= 128)", 64}, {"expr((k / 32) % 2 == 0)", 32}};
+    char label[160], sched[96];
+    for (int m = 0; m < 2; m++)
+        for (int t = 0; t < 2; t++) {
+            aj_dtype dt = t ? AJ_DTYPE_BF16 : AJ_DTYPE_F16;
+            snprintf(label, sizeof label, "%s d64 %s, skipped tiles", aj_dtype_name(dt),
+                     masks[m].mask);
+            fwd_case c = base(label, dt, 64, masks[m].mask);
+            snprintf(sched, sizeof sched,
+                     wgmma ? "(block_n = %d)" : "(block_m = 64, block_n = %d, warps = 4)",
+                     masks[m].block_n);
+            c.schedule = sched;
+            c.sq = 130;
+            c.sk = 200;
+            run(&c);
+        }
+}
+
 /* What the wgmma template refuses, by message: GPU targets without wgmma,
- * and rows or warps other than 64 and 4 per warpgroup; the cpu, whose
- * template is its own, compiles the op as it is (NULL needle). */
+ * rows or warps other than 64 and 4 per warpgroup, and (warp specialised)
+ * a tile whose state with the held P V's fragments is over the budget
+ * (without the producer the same tile fits); the cpu, whose template is
+ * its own, compiles the op as it is (NULL needle). */
 static void test_wgmma_refusals(void)
 {
 #define F16_D64 "dtype = f16 head_dim = 64 schedule = "
@@ -514,6 +543,11 @@ static void test_wgmma_refusals(void)
          "schedule: warpgroups = 2 runs block_m = 128 rows on warps = 8 (64 rows per "
          "warpgroup of 4 warps), not block_m = 64, warps = 8"},
         {AJ_TARGET_SM_90A, F16_D64 "(warps = 4, warpgroups = 2)", "not block_m = 128, warps = 4"},
+        {AJ_TARGET_SM_90A, "dtype = f16 head_dim = 64 head_dim_v = 208 schedule = (block_n = 128, "
+         "warpgroups = 2)", NULL},
+        {AJ_TARGET_SM_90A, "dtype = f16 head_dim = 64 head_dim_v = 208 schedule = (block_n = 128, "
+         "warpgroups = 2, producer = 1)", "schedule: block_m = 128, block_n = 128, warps = 8 keeps "
+         "204 f32 values per thread at head_dim_v 208 (budget 200)"},
     };
 #undef F16_D64
     expect_refusals(rows, sizeof rows / sizeof rows[0]);
@@ -525,7 +559,9 @@ static void test_wgmma_refusals(void)
  * and the kernel loads by cp.async) against the same values laid out in
  * full (TMA).  The emulated instruction counts differ: each path ran.  At
  * d 40 the last k-step reads 8 pad columns: TMA's boxes zero-fill them,
- * the cp.async path zeroes them once (wgmma_zero_pads).
+ * the cp.async path zeroes them once (wgmma_zero_pads).  In `ws` mode the
+ * kernel is warp specialised on two consumer warpgroups: its producer
+ * loads by TMA from one thread, or by cp.async from all of them.
  */
 enum { TB = 2, TH = 2, TS = 70, TD = 40, TN = TB * TH * TS * TD };
 static _Alignas(64) uint16_t tq[TN], tk[TN], tv[TN], to[2][TN];
@@ -533,8 +569,10 @@ static float tlse[2][TB * TH * TS];
 
 static void test_tma_fallback(void)
 {
-    static const char spec[] = "attention forward flash { dtype = f16 head_dim = 40 "
-                               "mask = causal(bottom_right) schedule = (warpgroups = 1) }";
+    const char *spec = producer ? "attention forward flash { dtype = f16 head_dim = 40 mask = "
+                                  "causal(bottom_right) schedule = (warpgroups = 2, producer = 1) }"
+                                : "attention forward flash { dtype = f16 head_dim = 40 mask = "
+                                  "causal(bottom_right) schedule = (warpgroups = 1) }";
     uint64_t rng = 7;
     for (int i = 0; i < TN; i++) {
         tq[i] = aj_f32_to_f16((float)((int)(splitmix_next(&rng) % 2001) - 1000) / 1000.0f);
@@ -579,13 +617,13 @@ int main(int argc, char **argv)
     static void (*const tests[])(void) = {
         test_matrix, test_odd_dims, test_heads_and_layout, test_offsets, test_score_mods,
         test_dropout, test_schedules, test_accumulate, test_varlen, test_varlen_arguments,
-        test_tile_skipping, test_wide_heads, test_wide_refusals, NULL};
+        test_tile_skipping, test_skipped_tiles, test_wide_heads, test_wide_refusals, NULL};
     /* the same cases on the wgmma template; the varlen argument checks are
      * the launch's, the same for both */
     static void (*const wgmma_tests[])(void) = {
         test_matrix, test_odd_dims, test_heads_and_layout, test_offsets, test_score_mods,
         test_dropout, test_schedules, test_accumulate, test_varlen, test_tile_skipping,
-        test_wgmma_refusals, test_tma_fallback, NULL};
+        test_skipped_tiles, test_wgmma_refusals, test_tma_fallback, NULL};
     producer = argc > 2 && strcmp(argv[2], "ws") == 0;
     wgmma = producer || (argc > 2 && strcmp(argv[2], "wgmma") == 0);
     return test_main(argc, argv,
