@@ -1762,8 +1762,8 @@ static void mainloop(ffwd *e, aj_score_walk *walk, int gated, LLVMValueRef *ahea
  * Q has its own full barrier, filled the same way.  With two consumer
  * warpgroups the producer gives registers back (setmaxnreg.dec to
  * WS_PRODUCER_REGS) and the consumers take them (setmaxnreg.inc to
- * WS_CONSUMER_REGS); the consumers take turns at Q K^T by the named
- * barriers of compute_tile (warpgroup 1 first grants warpgroup 0 its
+ * WS_CONSUMER_REGS); the consumers take turns at the tensor cores by the
+ * named barriers of turn_bar (warpgroup 1 first grants warpgroup 0 its
  * turn, and warpgroup 0 takes the last grant after its loop, so every
  * phase of both barriers completes).  The consumers never meet at the
  * CTA's barrier after the set-up, and the producer leaves when its walk
@@ -1777,6 +1777,7 @@ static LLVMValueRef slot_phase(ffwd *e, LLVMValueRef at, LLVMValueRef first)
                          "");
 }
 
+/* i32: the parity an mbarrier wait takes for `phase`. */
 static LLVMValueRef parity_of(ffwd *e, LLVMValueRef phase)
 {
     return LLVMBuildAnd(e->b, phase, aj_kb_i32(e->kb, 1), "");
