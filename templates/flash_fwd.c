@@ -506,19 +506,18 @@ static void load_tile_async(ffwd *e, aj_param_source tensor, int esize, LLVMValu
     int per_row = width / 8;
     int chunks = rows * per_row;
     int threads = e->ld_threads;
+    /* warp specialised, the producer keeps few registers: a loop, not
+     * unrolled, each chunk's address from its index */
+    int rolled = e->p.ws;
     /* wgmma's swizzle repeats every 8 rows: a fixed column keeps its
      * address pattern only where the rows step by multiples of 8 */
-    int fixed_col = threads % per_row == 0 && (!e->p.wg || threads / per_row % 8 == 0);
+    int fixed_col = !rolled && threads % per_row == 0 &&
+                    (!e->p.wg || threads / per_row % 8 == 0);
     LLVMValueRef last = LLVMBuildSub(b, limit, aj_kb_i32(kb, 1), "");
     LLVMValueRef r0 = LLVMBuildUDiv(b, e->ld_tid, aj_kb_i32(kb, per_row), "");
     LLVMValueRef col0 = LLVMBuildShl(b, LLVMBuildURem(b, e->ld_tid, aj_kb_i32(kb, per_row), ""),
                                      aj_kb_i32(kb, 3), "");
     LLVMValueRef lane_dst = aj_kb_add(kb, dst, tile_chunk(e, r0, col0, rows, width, ld));
-    /* warp specialised, the producer keeps few registers: a loop, not
-     * unrolled, each chunk's address from its index */
-    int rolled = e->p.ws;
-    if (rolled)
-        fixed_col = 0;
     for (int it = 0; it * threads < chunks && (!rolled || it == 0); it++) {
         LLVMValueRef c = rolled ? aj_kb_for_begin(kb, e->ld_tid, aj_kb_i32(kb, chunks),
                                                   aj_kb_i32(kb, threads), "chunk")
@@ -680,6 +679,39 @@ static LLVMValueRef ring_slot(ffwd *e, LLVMValueRef at, LLVMValueRef first)
                          aj_kb_i32(e->kb, e->p.stages), "");
 }
 
+/* i32: walk position `at`'s phase in its slot (from the walk's first). */
+static LLVMValueRef slot_phase(ffwd *e, LLVMValueRef at, LLVMValueRef first)
+{
+    return LLVMBuildUDiv(e->b, LLVMBuildSub(e->b, at, first, ""), aj_kb_i32(e->kb, e->p.stages),
+                         "");
+}
+
+/* i32: the parity an mbarrier wait takes for `phase`. */
+static LLVMValueRef parity_of(ffwd *e, LLVMValueRef phase)
+{
+    return LLVMBuildAnd(e->b, phase, aj_kb_i32(e->kb, 1), "");
+}
+
+/* The shared byte offsets (i32) of ring slot `slot`'s K and V tiles. */
+static LLVMValueRef slot_k(ffwd *e, LLVMValueRef slot)
+{
+    return aj_kb_add(e->kb, aj_kb_i32(e->kb, e->p.smem_k),
+                     LLVMBuildMul(e->b, slot, aj_kb_i32(e->kb, 2 * e->p.bn * e->p.ldk), ""));
+}
+
+static LLVMValueRef slot_v(ffwd *e, LLVMValueRef slot)
+{
+    return aj_kb_add(e->kb, aj_kb_i32(e->kb, e->p.smem_v),
+                     LLVMBuildMul(e->b, slot, aj_kb_i32(e->kb, e->p.v_slot), ""));
+}
+
+/* An arrival on the mbarrier at shared byte offset `bar` (i32). */
+static void mbar_arrive(ffwd *e, LLVMValueRef bar)
+{
+    LLVMValueRef at = smem_at(e, bar, 0);
+    aj_kb_intrinsic(e->kb, AJ_INTR_MBARRIER_ARRIVE, &at);
+}
+
 /* i1: the launch's tma is set (the kernel has TMA code: e->tma). */
 static LLVMValueRef tma_on(ffwd *e)
 {
@@ -712,8 +744,7 @@ static void ws_copies_landed(ffwd *e, LLVMValueRef bar)
     aj_kb_cp_async_commit(e->kb);
     aj_kb_cp_async_wait_all(e->kb);
     aj_kb_intrinsic(e->kb, AJ_INTR_FENCE_PROXY_ASYNC, NULL);
-    LLVMValueRef at = smem_at(e, bar, 0);
-    aj_kb_intrinsic(e->kb, AJ_INTR_MBARRIER_ARRIVE, &at);
+    mbar_arrive(e, bar);
 }
 
 /* TMA loads of a wgmma tile of `rows` x `width` into shared byte offset
@@ -742,10 +773,7 @@ static void load_kv_tile(ffwd *e, LLVMValueRef n, LLVMValueRef at, LLVMValueRef 
     LLVMBuilderRef b = e->b;
     LLVMValueRef slot = ring_slot(e, at, first);
     LLVMValueRef n0 = LLVMBuildMul(b, n, aj_kb_i32(e->kb, p->bn), "");
-    LLVMValueRef kdst = aj_kb_add(e->kb, aj_kb_i32(e->kb, p->smem_k),
-                                  LLVMBuildMul(b, slot, aj_kb_i32(e->kb, 2 * p->bn * p->ldk), ""));
-    LLVMValueRef vdst = aj_kb_add(e->kb, aj_kb_i32(e->kb, p->smem_v),
-                                  LLVMBuildMul(b, slot, aj_kb_i32(e->kb, p->v_slot), ""));
+    LLVMValueRef kdst = slot_k(e, slot), vdst = slot_v(e, slot);
     if (e->tma) {   /* thread 0 issues the tile's TMA boxes, else cp.async */
         aj_kb_if_begin(e->kb, tma_on(e));
         aj_kb_if_begin(e->kb, LLVMBuildICmp(b, LLVMIntEQ, e->ld_tid, aj_kb_i32(e->kb, 0), ""));
@@ -781,15 +809,33 @@ static void tma_no_tile(ffwd *e, LLVMValueRef at, LLVMValueRef first)
     LLVMBuilderRef b = e->b;
     LLVMValueRef slot = ring_slot(e, at, first);
     if (e->p.ws) {
-        LLVMValueRef bar = smem_at(e, slot_bar(e, slot), 0);
-        aj_kb_intrinsic(e->kb, AJ_INTR_MBARRIER_ARRIVE, &bar);
+        mbar_arrive(e, slot_bar(e, slot));
         return;
     }
     aj_kb_if_begin(e->kb, LLVMBuildAnd(
         b, tma_on(e), LLVMBuildICmp(b, LLVMIntEQ, e->tid, aj_kb_i32(e->kb, 0), ""), ""));
-    LLVMValueRef bar = smem_at(e, slot_bar(e, slot), 0);
-    aj_kb_intrinsic(e->kb, AJ_INTR_MBARRIER_ARRIVE, &bar);
+    mbar_arrive(e, slot_bar(e, slot));
     aj_kb_if_end(e->kb);
+}
+
+/* Q's TMA boxes (with the launch's tma set, one thread), its bytes
+ * expected on Q's mbarrier. */
+static void q_by_tma(ffwd *e)
+{
+    aj_kb *kb = e->kb;
+    const ffwd_plan *p = &e->p;
+    LLVMValueRef bar_q = aj_kb_i32(kb, e->smem_bar);
+    LLVMValueRef tx[2] = {smem_at(e, bar_q, 0), aj_kb_i32(kb, 2 * p->bm * p->ldq)};
+    aj_kb_intrinsic(kb, AJ_INTR_MBARRIER_ARRIVE_EXPECT_TX, tx);
+    tma_tile(e, AJ_PID(q_tma), aj_kb_i32(kb, p->smem_q), p->bm, p->d, e->m0, e->h, bar_q);
+}
+
+/* Q's copies by cp.async (this thread's share), from its slice `q_src`. */
+static void q_by_copies(ffwd *e, LLVMValueRef q_src)
+{
+    const ffwd_plan *p = &e->p;
+    load_tile_async(e, AJ_PSRC_q, p->f8 ? 1 : 2, q_src, aj_param(e->kb, AJ_PID(stride_q_s)), e->m0,
+                    e->seq_q, p->bm, p->d, aj_kb_i32(e->kb, p->smem_q), p->ldq);
 }
 
 /* The CTA's last row that the sequence has. */
@@ -1608,18 +1654,13 @@ static void prologue(ffwd *e, aj_score_walk *walk, LLVMValueRef q_src, int gated
         aj_kb_if_end(kb);
         aj_kb_barrier(kb);
         aj_kb_if_begin(kb, t0);
-        LLVMValueRef bar_q = aj_kb_i32(kb, e->smem_bar);
-        LLVMValueRef tx[2] = {smem_at(e, bar_q, 0), aj_kb_i32(kb, 2 * p->bm * p->ldq)};
-        aj_kb_intrinsic(kb, AJ_INTR_MBARRIER_ARRIVE_EXPECT_TX, tx);
-        tma_tile(e, AJ_PID(q_tma), aj_kb_i32(kb, p->smem_q), p->bm, p->d, e->m0, e->h, bar_q);
+        q_by_tma(e);
         aj_kb_if_end(kb);
         aj_kb_else(kb);
     }
     if (p->wg)
         wgmma_zero_pads(e);
-    load_tile_async(e, AJ_PSRC_q, p->f8 ? 1 : 2, q_src, aj_param(kb, AJ_PID(stride_q_s)), e->m0,
-                    e->seq_q, p->bm,
-                    p->d, aj_kb_i32(kb, e->p.smem_q), p->ldq);
+    q_by_copies(e, q_src);
     if (e->tma)
         aj_kb_if_end(kb);
     for (int s = 0; s < p->stages - 1; s++) {
@@ -1706,20 +1747,14 @@ static void mainloop(ffwd *e, aj_score_walk *walk, int gated, LLVMValueRef *ahea
     LLVMValueRef slot = ring_slot(e, at, walk->begin);
     if (e->tma) {   /* TMA: the slot's phase of this position (tma_no_tile) */
         aj_kb_if_begin(kb, tma_on(e));
-        LLVMValueRef parity = LLVMBuildAnd(
-            b, LLVMBuildUDiv(b, LLVMBuildSub(b, at, walk->begin, ""), aj_kb_i32(kb, p->stages),
-                             ""),
-            aj_kb_i32(kb, 1), "");
-        aj_kb_mbarrier_wait(kb, smem_at(e, slot_bar(e, slot), 0), parity);
+        aj_kb_mbarrier_wait(kb, smem_at(e, slot_bar(e, slot), 0),
+                            parity_of(e, slot_phase(e, at, walk->begin)));
         aj_kb_if_end(kb);
     }
     if (p->wg)   /* the copies' generic writes, to the async proxy wgmma reads through */
         aj_kb_intrinsic(kb, AJ_INTR_FENCE_PROXY_ASYNC, NULL);
     aj_kb_barrier(kb);
-    LLVMValueRef kbase = aj_kb_add(kb, aj_kb_i32(kb, p->smem_k),
-                                   LLVMBuildMul(b, slot, aj_kb_i32(kb, 2 * p->bn * p->ldk), ""));
-    LLVMValueRef vbase = aj_kb_add(kb, aj_kb_i32(kb, p->smem_v),
-                                   LLVMBuildMul(b, slot, aj_kb_i32(kb, p->v_slot), ""));
+    LLVMValueRef kbase = slot_k(e, slot), vbase = slot_v(e, slot);
     LLVMValueRef cls = NULL, n = at;
     if (gated) {   /* the ring moves on; the class is the same in every thread */
         cls = aj_kb_get(kb, ahead[0]);
@@ -1770,19 +1805,6 @@ static void mainloop(ffwd *e, aj_score_walk *walk, int gated, LLVMValueRef *ahea
  * is issued.
  */
 
-/* i32: walk position `at`'s phase in its slot (from the walk's first). */
-static LLVMValueRef slot_phase(ffwd *e, LLVMValueRef at, LLVMValueRef first)
-{
-    return LLVMBuildUDiv(e->b, LLVMBuildSub(e->b, at, first, ""), aj_kb_i32(e->kb, e->p.stages),
-                         "");
-}
-
-/* i32: the parity an mbarrier wait takes for `phase`. */
-static LLVMValueRef parity_of(ffwd *e, LLVMValueRef phase)
-{
-    return LLVMBuildAnd(e->b, phase, aj_kb_i32(e->kb, 1), "");
-}
-
 /* Thread 0 sets up the mbarriers: Q's and each slot's full one expect
  * one arrival by TMA or ld_threads by cp.async, each empty one an arrival
  * by every consumer thread.  Then the whole CTA meets. */
@@ -1819,20 +1841,16 @@ static void ws_producer(ffwd *e, LLVMValueRef q_src, int gated)
     }
     aj_score_walk the_walk, *walk = &the_walk;
     key_walk(e, walk);   /* after setmaxnreg: nothing of it lives across */
-    LLVMValueRef bar_q = aj_kb_i32(kb, e->smem_bar);
     LLVMValueRef t0 = LLVMBuildICmp(b, LLVMIntEQ, e->ld_tid, aj_kb_i32(kb, 0), "");
     if (e->tma) {
         aj_kb_if_begin(kb, LLVMBuildOr(b, t0, LLVMBuildNot(b, tma_on(e), ""), ""));
         aj_kb_if_begin(kb, tma_on(e));
-        LLVMValueRef tx[2] = {smem_at(e, bar_q, 0), aj_kb_i32(kb, 2 * p->bm * p->ldq)};
-        aj_kb_intrinsic(kb, AJ_INTR_MBARRIER_ARRIVE_EXPECT_TX, tx);
-        tma_tile(e, AJ_PID(q_tma), aj_kb_i32(kb, p->smem_q), p->bm, p->d, e->m0, e->h, bar_q);
+        q_by_tma(e);
         aj_kb_else(kb);
     }
     wgmma_zero_pads(e);
-    load_tile_async(e, AJ_PSRC_q, p->f8 ? 1 : 2, q_src, aj_param(kb, AJ_PID(stride_q_s)), e->m0,
-                    e->seq_q, p->bm, p->d, aj_kb_i32(kb, p->smem_q), p->ldq);
-    ws_copies_landed(e, bar_q);
+    q_by_copies(e, q_src);
+    ws_copies_landed(e, aj_kb_i32(kb, e->smem_bar));
     if (e->tma)
         aj_kb_if_end(kb);
     LLVMValueRef cls = NULL, tile = NULL;
@@ -1906,9 +1924,7 @@ static void held_issue(ffwd *e, const ws_held *h, LLVMValueRef otherwise)
     LLVMValueRef slot = aj_kb_get(kb, h->slot);
     if (held)
         slot = LLVMBuildSelect(e->b, held, slot, otherwise, "");
-    LLVMValueRef vbase = aj_kb_add(
-        kb, aj_kb_i32(kb, p->smem_v), LLVMBuildMul(e->b, slot, aj_kb_i32(kb, p->v_slot), ""));
-    pv_wgmma_issue(e, a, vbase);
+    pv_wgmma_issue(e, a, slot_v(e, slot));
 }
 
 /* The P V issued last landed in O (nothing else in flight); a held one's
@@ -1917,8 +1933,7 @@ static void held_land(ffwd *e, const ws_held *h)
 {
     land_gemm(e, e->acc_o, 0, e->p.dv / 8, e->o[0]);
     aj_kb_if_begin(e->kb, is_held(e, h));
-    LLVMValueRef empty = smem_at(e, empty_bar(e, aj_kb_get(e->kb, h->slot)), 0);
-    aj_kb_intrinsic(e->kb, AJ_INTR_MBARRIER_ARRIVE, &empty);
+    mbar_arrive(e, empty_bar(e, aj_kb_get(e->kb, h->slot)));
     aj_kb_if_end(e->kb);
 }
 
@@ -1993,10 +2008,7 @@ static void ws_consumer(ffwd *e, int gated)
     LLVMValueRef slot = ring_slot(e, at, walk->begin);
     aj_kb_mbarrier_wait(kb, smem_at(e, slot_bar(e, slot), 0),
                         parity_of(e, slot_phase(e, at, walk->begin)));
-    LLVMValueRef kbase = aj_kb_add(kb, aj_kb_i32(kb, p->smem_k),
-                                   LLVMBuildMul(b, slot, aj_kb_i32(kb, 2 * p->bn * p->ldk), ""));
-    LLVMValueRef vbase = aj_kb_add(kb, aj_kb_i32(kb, p->smem_v),
-                                   LLVMBuildMul(b, slot, aj_kb_i32(kb, p->v_slot), ""));
+    LLVMValueRef kbase = slot_k(e, slot), vbase = slot_v(e, slot);
     LLVMValueRef cls;
     LLVMValueRef n = aj_score_walk_tile(&e->sc, walk, at, &cls);
     LLVMValueRef computed =
@@ -2016,10 +2028,8 @@ static void ws_consumer(ffwd *e, int gated)
     /* the slot back now, but for a tile whose P V is held */
     if (overlap && gated)
         aj_kb_if_begin(kb, LLVMBuildNot(b, computed, ""));
-    if (!overlap || gated) {
-        LLVMValueRef empty = smem_at(e, empty_bar(e, slot), 0);
-        aj_kb_intrinsic(kb, AJ_INTR_MBARRIER_ARRIVE, &empty);
-    }
+    if (!overlap || gated)
+        mbar_arrive(e, empty_bar(e, slot));
     if (overlap && gated)
         aj_kb_if_end(kb);
     aj_kb_for_end(kb);
