@@ -1284,9 +1284,9 @@ static aj_status check_splits(const aj_op *op, char *msg, size_t cap)
     return AJ_OK;
 }
 
-/* The wgmma flash forward's consumer warpgroups (docs/ir.md, schedule):
- * 0 (the mma.sync template), 1 or 2, on a flash forward over padded or
- * varlen tensors. */
+/* The wgmma flash templates' warpgroups (docs/ir.md, schedule): 0 (the
+ * mma.sync template), 1 or 2, on a flash forward or backward over padded
+ * or varlen tensors; a producer warpgroup on the forward. */
 static aj_status check_warpgroups(const aj_op *op, char *msg, size_t cap)
 {
     if (op->warpgroups < 0 || op->warpgroups > AJ_WARPGROUPS_MAX) {
@@ -1294,10 +1294,10 @@ static aj_status check_warpgroups(const aj_op *op, char *msg, size_t cap)
                  (int)op->warpgroups, AJ_WARPGROUPS_MAX);
         return AJ_ERR_INVALID_ARG;
     }
-    if (op->warpgroups && (op->kind != AJ_KIND_FORWARD || op->variant != AJ_VARIANT_FLASH ||
+    if (op->warpgroups && (op->kind == AJ_KIND_MERGE || op->variant != AJ_VARIANT_FLASH ||
                            op->layout == AJ_LAYOUT_PAGED)) {
-        snprintf(msg, cap, "schedule warpgroups applies only to flash forward ops over padded "
-                 "or varlen tensors (the wgmma template), not %s %s over %s",
+        snprintf(msg, cap, "schedule warpgroups applies only to flash forward and backward ops "
+                 "over padded or varlen tensors (the wgmma templates), not %s %s over %s",
                  aj_kind_names[op->kind], op->variant == AJ_VARIANT_FLASH ? "flash" : "efficient",
                  op->layout == AJ_LAYOUT_PAGED ? "paged caches" : "these tensors");
         return AJ_ERR_VERIFY;
@@ -1310,6 +1310,11 @@ static aj_status check_warpgroups(const aj_op *op, char *msg, size_t cap)
     if (op->producer && !op->warpgroups) {
         snprintf(msg, cap, "schedule producer = 1 specialises the wgmma template's warps: it "
                  "needs warpgroups = 1 or 2");
+        return AJ_ERR_VERIFY;
+    }
+    if (op->producer && op->kind != AJ_KIND_FORWARD) {
+        snprintf(msg, cap, "schedule producer = 1 applies to the flash forward only (the wgmma "
+                 "backward is not warp specialised)");
         return AJ_ERR_VERIFY;
     }
     return AJ_OK;

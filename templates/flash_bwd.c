@@ -86,6 +86,19 @@
 #define WIDE_HEAD_DIM 256
 #define WIDE_STAGE_REGS 16
 #define DELTA_ROWS 128    /* query rows per CTA of the delta and convert kernels */
+/* The wgmma kernels' (see "wgmma"): f32 values per thread, their
+ * accumulators wgmma's registers; test_sweep_ptxas_wgmma_bwd checks the
+ * defaults for spills on sm_90a. */
+#define WGMMA_STATE_BUDGET 200
+/* The most a default takes where a candidate fits (the walked tile
+ * narrows for option work): ptxas's 255 registers hold it unspilled */
+#define WGMMA_DEFAULT_STATE 208
+#define WARPGROUP_ROWS 64
+/* D + Dv: dK and dV live in registers; beside dropout's Philox state
+ * ptxas spilled 8-20 bytes at D + Dv = 256 on one warpgroup (16-row
+ * walked tiles, test_sweep_ptxas_wgmma_bwd) */
+#define WGMMA_KEY_DIMS 256
+#define WGMMA_KEY_DIMS_DROPOUT 192
 
 static const int block_values[] = {16, 32, 64, 128};
 static const int warp_values[] = {1, 2, 4, 8};
@@ -95,6 +108,9 @@ typedef struct fbwd_plan {
     int d, dv;
     int bm, bn, warps, threads, stages;
     int deterministic;
+    /* wgmma warpgroups of the dkdv kernel (block_n / 64; the dq kernel
+     * runs block_m / 64); 0: mma.sync (see "wgmma" below) */
+    int wg;
     int state;         /* f32 accumulators per thread (thread_state) */
     int default_state; /* state with the element pass's option work (thread_state) */
 } fbwd_plan;
@@ -159,8 +175,23 @@ static int32_t tile_bytes(int rows, int width)
     return 2 * rows * aj_mma_tile_ld(width);
 }
 
+/* A wgmma tile's bytes (tile_io.h), and the 1024-byte alignment of the
+ * kernel's four (at most 3 KiB of padding). */
+static int32_t wg_tile_bytes(int rows, int width)
+{
+    return 2 * rows * aj_wgmma_tile_width(width);
+}
+
+static int32_t wg_pair_bytes(int rows, const fbwd_plan *p)
+{
+    return wg_tile_bytes(rows, p->d) + wg_tile_bytes(rows, p->dv);
+}
+
 static int32_t dkdv_smem(const fbwd_plan *p)
 {
+    if (p->wg)   /* K, V; the Q, dO ring; the stats; atomic dQ: the dS^T tile */
+        return wg_pair_bytes(p->bn, p) + p->stages * wg_pair_bytes(p->bm, p) + 3 * 1024 +
+               8 * p->bm + (p->deterministic ? 0 : tile_bytes(p->bn, p->bm));
     return tile_bytes(p->bn, p->d) + tile_bytes(p->bn, p->dv) +
            p->stages * (tile_bytes(p->bm, p->d) + tile_bytes(p->bm, p->dv)) +
            2 * tile_bytes(p->bn, p->bm) + 8 * p->bm;
@@ -168,6 +199,9 @@ static int32_t dkdv_smem(const fbwd_plan *p)
 
 static int32_t dq_smem(const fbwd_plan *p)
 {
+    if (p->wg)   /* its rows are the dkdv kernel's keys, its key tiles dkdv's row tiles */
+        return wg_pair_bytes(p->bn, p) + p->stages * wg_pair_bytes(p->bm, p) + 3 * 1024 +
+               8 * p->bn;
     return tile_bytes(p->bm, p->d) + tile_bytes(p->bm, p->dv) +
            p->stages * (tile_bytes(p->bn, p->d) + tile_bytes(p->bn, p->dv)) +
            tile_bytes(p->bm, p->bn) + 8 * p->bm;
@@ -252,6 +286,89 @@ static const aj_schedule default_candidates[] = {
     {.block_m = 16, .block_n = 16, .warps = 2, .stages = 1},
 };
 
+/* The plan's shared memory within the target's. */
+static aj_status plan_smem(aj_ctx *ctx, aj_target target, const fbwd_plan *p)
+{
+    int32_t smem = dkdv_smem(p) > dq_smem(p) ? dkdv_smem(p) : dq_smem(p);
+    if (smem > aj_target_smem_limit(target))
+        return aj_fail(ctx, AJ_ERR_UNSUPPORTED,
+                       "schedule: block_m = %d, block_n = %d, stages = %d needs %d bytes of "
+                       "shared memory at head_dim %d/%d; %s allows %d", p->bm, p->bn,
+                       p->stages, smem, p->d, p->dv, aj_target_name(target),
+                       aj_target_smem_limit(target));
+    return AJ_OK;
+}
+
+/*
+ * The wgmma kernels' plan (schedule warpgroups = G; see "wgmma"): each
+ * kernel owns block_n = 64 G of its dim on G warpgroups (dkdv: keys, dq:
+ * query rows) and walks the other in tiles of block_m (dkdv: query rows,
+ * dq: keys; the dq stage's plan swaps the two, so that in each kernel
+ * bm counts rows and bn keys).  Per thread, dkdv holds dK and dV (D / 2
+ * + Dv / 2) with S^T and dP^T (block_m / 2 each), which become P^T and
+ * dS^T in place; its atomic dQ product (mma.sync, after the GEMMs that
+ * free them) takes their place; dq holds dQ (D / 2) with S and dP.
+ */
+static aj_status plan_wgmma(aj_ctx *ctx, const aj_op *op, aj_target target,
+                            const aj_schedule *s, fbwd_plan *p)
+{
+    int g = p->wg = op->warpgroups;
+    if (!aj_target_desc_of(target)->wgmma)
+        return aj_fail(ctx, AJ_ERR_UNSUPPORTED,
+                       "schedule: warpgroups = %d needs wgmma, which %s lacks: target sm_90a "
+                       "(or sim, which emulates it), or warpgroups = 0 for the mma.sync "
+                       "template", g, aj_target_name(target));
+    int key_dims = op->dropout > 0 ? WGMMA_KEY_DIMS_DROPOUT : WGMMA_KEY_DIMS;
+    if (p->d + p->dv > key_dims)
+        return aj_fail(ctx, AJ_ERR_UNSUPPORTED,
+                       "head_dim %d + head_dim_v %d: flash backward on wgmma keeps dK and dV "
+                       "in registers and takes head_dim + head_dim_v up to %d%s; warpgroups = "
+                       "0 (mma.sync) takes these", p->d, p->dv, key_dims,
+                       op->dropout > 0 ? " with dropout" : "");
+    p->bn = s->block_n ? s->block_n : WARPGROUP_ROWS * g;
+    p->warps = s->warps ? s->warps : 4 * g;
+    if (p->bn != WARPGROUP_ROWS * g || p->warps != 4 * g)
+        return aj_fail(ctx, AJ_ERR_UNSUPPORTED,
+                       "schedule: warpgroups = %d runs flash backward's key blocks as block_n "
+                       "= %d keys on warps = %d (64 keys per warpgroup of 4 warps), not "
+                       "block_n = %d, warps = %d", g, WARPGROUP_ROWS * g, 4 * g, p->bn,
+                       p->warps);
+    if (!in_list(p->bm, block_values, 4))
+        return aj_fail(ctx, AJ_ERR_UNSUPPORTED,
+                       "schedule: block_m = %d: flash backward on wgmma walks tiles of 16, 32, "
+                       "64 or 128", p->bm);
+    p->threads = 32 * p->warps;
+    warp_grid dq;
+    int dq_state = 0;
+    if (!p->deterministic && warp_grid_for(p->bm, p->d, p->warps, &dq))
+        dq_state = 4 * dq.mt * dq.nt;
+    /* S^T and dP^T (block_m / 2 f32 each) and their 16-bit A fragments */
+    int keys = (p->d + p->dv) / 2, scores = 2 * p->bm;
+    int dkdv = keys + (scores > dq_state ? scores : dq_state);
+    int dqk = p->d / 2 + scores;
+    int state = p->state = dkdv > dqk ? dkdv : dqk;
+    /* the element pass's option work per element of S^T and of dP^T
+     * (alibi's and a window's per-element terms count too: measured on
+     * sm_90a, test_sweep_ptxas_wgmma_bwd) */
+    int per_elem = aj_attn_option_regs_per_element(op) + aj_attn_score_mod_regs_per_element(op) +
+                   (op->score_mod.kind == AJ_SCORE_MOD_ALIBI) + (op->mask.kind == AJ_MASK_WINDOW);
+    p->default_state = state + p->bm * per_elem + (op->dropout > 0 ? PHILOX_STATE : 0) +
+                       (p->deterministic ? 0 : 8);   /* atomic dQ's addresses */
+    if (state > WGMMA_STATE_BUDGET) {
+        /* what would fit: 64 rows; atomic dQ's share on two warpgroups */
+        int rows_fit = p->bm > WARPGROUP_ROWS && keys + WARPGROUP_ROWS <= WGMMA_STATE_BUDGET;
+        int dq_fit = dq_state > scores && keys + scores <= WGMMA_STATE_BUDGET;
+        return aj_fail(ctx, AJ_ERR_UNSUPPORTED,
+                       "schedule: block_m = %d, block_n = %d on wgmma keeps %d f32 values per "
+                       "thread at head_dim %d/%d (dK and dV: %d, then S and dP: %d%s%.0d; "
+                       "budget %d): use %s%swarpgroups = 0 (mma.sync)", p->bm, p->bn, state,
+                       p->d, p->dv, keys, scores, dq_state ? ", or atomic dQ: " : "", dq_state,
+                       WGMMA_STATE_BUDGET, rows_fit ? "block_m = 64, " : "",
+                       dq_fit ? "deterministic = true or two warpgroups, " : "");
+    }
+    return AJ_OK;
+}
+
 /* The plan of schedule `s`, or AJ_ERR_UNSUPPORTED naming the limit it
  * breaks (the message on ctx, which may be NULL). */
 static aj_status plan_schedule(aj_ctx *ctx, const aj_op *op, aj_target target,
@@ -268,6 +385,13 @@ static aj_status plan_schedule(aj_ctx *ctx, const aj_op *op, aj_target target,
     p->bn = s.block_n;
     p->warps = s.warps;
     p->stages = s.stages;
+    if (p->stages < 1 || p->stages > 2)
+        return aj_fail(ctx, AJ_ERR_UNSUPPORTED,
+                       "schedule: stages = %d: flash backward supports 1 or 2", p->stages);
+    if (op->warpgroups) {
+        aj_status st = plan_wgmma(ctx, op, target, &s, p);
+        return st != AJ_OK ? st : plan_smem(ctx, target, p);
+    }
     if (!in_list(p->bm, block_values, 4) || !in_list(p->bn, block_values, 4))
         return aj_fail(ctx, AJ_ERR_UNSUPPORTED,
                        "schedule: block_m = %d, block_n = %d: flash backward supports "
@@ -276,9 +400,6 @@ static aj_status plan_schedule(aj_ctx *ctx, const aj_op *op, aj_target target,
         return aj_fail(ctx, AJ_ERR_UNSUPPORTED,
                        "schedule: warps = %d: flash backward supports 1, 2, 4 or 8",
                        p->warps);
-    if (p->stages < 1 || p->stages > 2)
-        return aj_fail(ctx, AJ_ERR_UNSUPPORTED,
-                       "schedule: stages = %d: flash backward supports 1 or 2", p->stages);
     p->threads = 32 * p->warps;
     warp_grid g[N_PRODS];
     for (int i = 0; i < N_PRODS; i++) {
@@ -304,14 +425,7 @@ static aj_status plan_schedule(aj_ctx *ctx, const aj_op *op, aj_target target,
                        "accumulators per thread at head_dim %d/%d (budget %d); use smaller "
                        "tiles or more warps", p->bm, p->bn, p->warps, state, p->d, p->dv,
                        STATE_BUDGET);
-    int32_t smem = dkdv_smem(p) > dq_smem(p) ? dkdv_smem(p) : dq_smem(p);
-    if (smem > aj_target_smem_limit(target))
-        return aj_fail(ctx, AJ_ERR_UNSUPPORTED,
-                       "schedule: block_m = %d, block_n = %d, stages = %d needs %d bytes of "
-                       "shared memory at head_dim %d/%d; %s allows %d", p->bm, p->bn,
-                       p->stages, smem, p->d, p->dv, aj_target_name(target),
-                       aj_target_smem_limit(target));
-    return AJ_OK;
+    return plan_smem(ctx, target, p);
 }
 
 /*
@@ -335,16 +449,27 @@ static int plan_state(const void *plan)
     return ((const fbwd_plan *)plan)->default_state;
 }
 
+/* The wgmma kernels' (schedule warpgroups = G): block_n and warps follow
+ * G; the widest walked tile whose state with the element pass's option
+ * work is within WGMMA_DEFAULT_STATE (plan_wgmma). */
+static const aj_schedule wgmma_candidates[] = {
+    {.block_m = 64, .stages = 2}, {.block_m = 64, .stages = 1},
+    {.block_m = 32, .stages = 2}, {.block_m = 32, .stages = 1},
+    {.block_m = 16, .stages = 2}, {.block_m = 16, .stages = 1},
+};
+
 static aj_status plan_kernel(aj_ctx *ctx, const aj_op *op, aj_target target, fbwd_plan *p)
 {
+    int wg = op->warpgroups != 0;
     const aj_attn_schedule_rule rule = {
-        .candidates = default_candidates,
-        .n = (int)(sizeof default_candidates / sizeof default_candidates[0]),
+        .candidates = wg ? wgmma_candidates : default_candidates,
+        .n = wg ? (int)(sizeof wgmma_candidates / sizeof wgmma_candidates[0])
+                : (int)(sizeof default_candidates / sizeof default_candidates[0]),
         .plan = plan_schedule,
         .state = plan_state,
-        .state_goal = DEFAULT_STATE,
-        .state_limit = DEFAULT_LIMIT,
-        .n_main = N_MAIN_CANDIDATES,
+        .state_goal = wg ? WGMMA_DEFAULT_STATE : DEFAULT_STATE,
+        .state_limit = wg ? WGMMA_DEFAULT_STATE : DEFAULT_LIMIT,
+        .n_main = wg ? 0 : N_MAIN_CANDIDATES,
     };
     return aj_attn_plan_schedule(ctx, op, target, &rule, p);
 }
@@ -355,7 +480,11 @@ static aj_status fbwd_check(aj_ctx *ctx, const aj_op *op, aj_target target)
         return aj_fail(ctx, AJ_ERR_UNSUPPORTED,
                        "dtype = f32: flash backward runs on tensor cores and takes f16 or "
                        "bf16; use `attention backward efficient` for f32");
-    aj_status st = aj_attn_check_dims(ctx, op, "flash backward", AJ_HEAD_DIM_MAX_FLASH);
+    aj_status st = op->warpgroups ? aj_attn_check_dims(ctx, op, "flash backward on wgmma "
+                                                       "(schedule warpgroups)",
+                                                       AJ_HEAD_DIM_MAX_GPU)
+                                  : aj_attn_check_dims(ctx, op, "flash backward",
+                                                       AJ_HEAD_DIM_MAX_FLASH);
     fbwd_plan plan;
     return st != AJ_OK ? st : aj_kctx_check_planned(ctx, op, plan_kernel(ctx, op, target, &plan));
 }
@@ -363,10 +492,13 @@ static aj_status fbwd_check(aj_ctx *ctx, const aj_op *op, aj_target target)
 /* ---------------------------------------------------------------- shared */
 
 /* A tile of 16-bit elements in shared memory: element (r, c) at byte
- * off + 2 (r ld + c); off may be chosen at run time (double buffers). */
+ * off + 2 (r ld + c), or (wgmma, span != 0) a wgmma tile of rows x
+ * width (tile_io.h) with ld = aj_wgmma_tile_width(width); off may be
+ * chosen at run time (double buffers). */
 typedef struct smem_tile {
     LLVMValueRef off;   /* i32 */
     int ld;
+    int rows, width, span;
 } smem_tile;
 
 /* Everything the emitters share; one per kernel. */
@@ -374,6 +506,7 @@ typedef struct fbwd {
     AJ_KCTX;                              /* skeleton.h */
     fbwd_plan p;
     LLVMValueRef warp, lane, g, t;        /* i32: lane = 4 g + t */
+    LLVMValueRef wgi;                     /* i32: the warpgroup (wgmma) */
     LLVMValueRef bidx;                    /* i32: batch (varlen: sequence) */
     LLVMValueRef q_start, k_start;        /* i64: first packed row (varlen), else 0 */
     LLVMValueRef sq, sk;                  /* i64: the programs' totals (NULL: unread) */
@@ -392,6 +525,8 @@ static void setup(fbwd *f, aj_kb *kb, const aj_op *op, const fbwd_plan *p,
     f->lane = LLVMBuildAnd(f->b, f->tid, aj_kb_i32(f->kb, 31), "lane");
     f->g = LLVMBuildLShr(f->b, f->lane, aj_kb_i32(f->kb, 2), "g");
     f->t = LLVMBuildAnd(f->b, f->lane, aj_kb_i32(f->kb, 3), "t");
+    if (p->wg)
+        f->wgi = LLVMBuildLShr(f->b, f->tid, aj_kb_i32(f->kb, 7), "wg");
     f->bidx = aj_kb_block_id(kb, 2);
     aj_kctx_sequence(&f->k, f->bidx, &f->q_start, &f->k_start);
     aj_attn_score_totals(kb, prog, op->layout, f->seq_q, f->seq_k, &f->sq, &f->sk);
@@ -428,29 +563,58 @@ static LLVMValueRef ws_ptr(fbwd *f, LLVMValueRef float_index)
 /* Byte pointer of element (row, col) of a shared tile. */
 static LLVMValueRef tile_ptr(fbwd *f, smem_tile tile, LLVMValueRef row, LLVMValueRef col)
 {
+    if (tile.span)
+        return aj_kb_smem_ptr(f->kb, aj_kb_add(f->kb, tile.off, aj_wgmma_tile_offset(
+                                                                     f->kb, row, col,
+                                                                     tile.rows, tile.width)));
     LLVMValueRef e = aj_kb_add(f->kb, aj_kb_mul(f->kb, row, aj_kb_i32(f->kb, tile.ld)), col);
     return aj_kb_smem_ptr(
         f->kb, aj_kb_add(f->kb, tile.off, LLVMBuildShl(f->b, e, aj_kb_i32(f->kb, 1), "")));
 }
 
-static smem_tile reserve_tile(fbwd *f, int rows, int width, int copies)
+/* `copies` tiles of rows x width, wgmma's layout where `wgmma`. */
+static smem_tile reserve_tile(fbwd *f, int rows, int width, int copies, int wgmma)
 {
-    int32_t off = aj_kb_smem_reserve(f->kb, copies * tile_bytes(rows, width));
-    return (smem_tile){aj_kb_i32(f->kb, off), aj_mma_tile_ld(width)};
+    if (!wgmma) {
+        int32_t off = aj_kb_smem_reserve(f->kb, copies * tile_bytes(rows, width));
+        return (smem_tile){aj_kb_i32(f->kb, off), aj_mma_tile_ld(width), rows, width, 0};
+    }
+    int32_t off = aj_kb_smem_reserve_aligned(f->kb, copies * wg_tile_bytes(rows, width), 1024);
+    return (smem_tile){aj_kb_i32(f->kb, off), aj_wgmma_tile_width(width), rows, width,
+                       aj_wgmma_panel_span(width)};
 }
 
+static smem_tile tile_copy(fbwd *f, smem_tile tile, int rows, LLVMValueRef which);
+
 /* The pad columns of `rows` rows (every copy) of a tile, zeroed before
- * the kernel's first barrier; see aj_mma_tile_zero_pad. */
+ * the kernel's first barrier; see aj_mma_tile_zero_pad (wgmma: the 8
+ * columns past an odd multiple of 8, tile_io.h; generic stores, fenced
+ * with the copies). */
 static void zero_pads(fbwd *f, smem_tile tile, int rows, int width)
 {
-    aj_mma_tile_zero_pad(f->kb, tile.off, rows, width, f->tid, f->p.threads);
+    aj_kb *kb = f->kb;
+    if (!tile.span) {
+        aj_mma_tile_zero_pad(kb, tile.off, rows, width, f->tid, f->p.threads);
+        return;
+    }
+    if (width % 16 == 0)
+        return;
+    LLVMValueRef zero = LLVMConstNull(LLVMVectorType(kb->t_i32, 4));
+    for (int c = 0; c < rows / tile.rows; c++) {
+        smem_tile t = tile_copy(f, tile, tile.rows, aj_kb_i32(kb, c));
+        LLVMValueRef r = aj_kb_for_begin(kb, f->tid, aj_kb_i32(kb, tile.rows),
+                                         aj_kb_i32(kb, f->p.threads), "pad");
+        aj_kb_store(kb, zero, tile_ptr(f, t, r, aj_kb_i32(kb, width)), 16);
+        aj_kb_for_end(kb);
+    }
 }
 
 /* Copy `which` (0 or 1) of a double-buffered tile. */
 static smem_tile tile_copy(fbwd *f, smem_tile tile, int rows, LLVMValueRef which)
 {
     LLVMValueRef step = aj_kb_mul(f->kb, which, aj_kb_i32(f->kb, 2 * rows * tile.ld));
-    return (smem_tile){aj_kb_add(f->kb, tile.off, step), tile.ld};
+    tile.off = aj_kb_add(f->kb, tile.off, step);
+    return tile;
 }
 
 /*
@@ -496,6 +660,7 @@ typedef struct warp_acc {
     LLVMValueRef row0, col0;   /* i32: the warp's first output row, column */
     LLVMValueRef col_own;      /* i32: the first column of the warp's share */
     LLVMValueRef v[MAX_MT][MAX_NT][4];
+    LLVMValueRef arr;          /* wgmma: its accumulator array, [n / 2 x f32] */
 } warp_acc;
 
 /* ceil(c T / wn), in columns: the first column of warp column c's share. */
@@ -528,6 +693,9 @@ static void acc_init(fbwd *f, warp_acc *acc, int m, int n, const char *name)
         for (int c = 0; c < acc->g.nt; c++)
             for (int r = 0; r < 4; r++)
                 acc->v[a][c][r] = aj_kb_var(f->kb, f->kb->t_f32, aj_kb_f32(f->kb, 0), name);
+    acc->arr = f->p.wg ? aj_kb_var(f->kb, LLVMArrayType2(f->kb->t_f32, (uint64_t)n / 2), NULL,
+                                   name)
+                       : NULL;
 }
 
 static void acc_zero(fbwd *f, warp_acc *acc)
@@ -562,7 +730,14 @@ typedef struct operand {
     smem_tile tile;
     int kmajor;
     LLVMValueRef origin;   /* i32: first row (A) or column (B) of the operand in the tile */
+    const warp_acc *regs;  /* wgmma's A in registers: this accumulator, its columns k */
 } operand;
+
+/* A whole tile as an operand (origin 0). */
+static operand tile_op(fbwd *f, smem_tile tile, int kmajor)
+{
+    return (operand){tile, kmajor, aj_kb_i32(f->kb, 0), NULL};
+}
 
 /*
  * acc += A B over k = 0 .. kdim - 1 for the warp's part of the product,
@@ -640,6 +815,110 @@ static LLVMValueRef pack2(fbwd *f, LLVMValueRef lo, LLVMValueRef hi)
     LLVMValueRef l = LLVMBuildZExt(b, aj_kb_from_f32(f->kb, lo, f->p.dtype), f->kb->t_i32, "");
     LLVMValueRef h = LLVMBuildZExt(b, aj_kb_from_f32(f->kb, hi, f->p.dtype), f->kb->t_i32, "");
     return LLVMBuildOr(b, l, LLVMBuildShl(b, h, aj_kb_i32(f->kb, 16), ""), "");
+}
+
+/* ---------------------------------------------------------------- wgmma */
+
+/*
+ * wgmma (schedule warpgroups = G, sm_90a and sim): the same kernels with
+ * every product of 64-row strips on wgmma.mma_async.  A product's warp
+ * grid is then 4 warps a warpgroup down M, one 16-row strip each over all
+ * N columns -- wgmma's accumulator layout, warp by warp mma.sync's C
+ * fragment of n8 tiles (register 4 c + r = v[0][c][r]) -- so the element
+ * pass, the stores and the dQ red.add are the mma.sync kernels'.
+ * Q, dO, K and V are wgmma tiles (tile_io.h: swizzled panels) that the
+ * cp.async pipe fills; each thread fences the async proxy after its
+ * copies land, before the barrier that hands them to wgmma.
+ *
+ *   dkdv (G warpgroups, warpgroup w keys 64 w ..):
+ *     S^T = K Q^T, dP^T = V dO^T   A = K, V from w's rows, B = Q, dO: both K-major
+ *     P^T, dS^T                    in place, in the accumulators
+ *     dV += P^T dO, dK += dS^T Q   A = P^T, dS^T in registers (repacked as
+ *                                  the A fragment), B = dO, Q N-major
+ *     atomic dQ                    dS^T to a shared tile, dQacc += dS K on
+ *                                  mma.sync as before (K's ldmatrix reads
+ *                                  the swizzled tile)
+ *   dq (block_m / 64 warpgroups):
+ *     S = Q K^T, dP = dO V^T       K-major, as above
+ *     dQ += dS K                   A = dS in registers, B = K N-major
+ *
+ * Each GEMM is fenced, committed and waited for whole; the accumulators
+ * pass through the product's variables around it.
+ */
+
+/* A's k-step kk (16 columns of the accumulator `a`) as the A fragment:
+ * n8 tiles 2 kk and 2 kk + 1, rows g and g + 8. */
+static void pack_a(fbwd *f, const warp_acc *a, int kk, LLVMValueRef out[4])
+{
+    for (int x = 0; x < 4; x++) {
+        const LLVMValueRef *v = a->v[0][2 * kk + (x >> 1)];
+        int r = 2 * (x & 1);
+        out[x] = pack2(f, aj_kb_get(f->kb, v[r]), aj_kb_get(f->kb, v[r + 1]));
+    }
+}
+
+static LLVMValueRef acc_elem(fbwd *f, const warp_acc *acc, int i)
+{
+    LLVMValueRef idx[2] = {aj_kb_i32(f->kb, 0), aj_kb_i32(f->kb, i)};
+    return LLVMBuildInBoundsGEP2(f->b, LLVMGetAllocatedType(acc->arr), acc->arr, idx, 2, "");
+}
+
+/* acc (+)= A B over k = 0 .. kdim - 1 on wgmma, the warpgroup's 64 rows
+ * of M; `fresh`: acc = A B. */
+static void wg_mma(fbwd *f, warp_acc *acc, int kdim, const operand *A, const operand *B,
+                   int fresh)
+{
+    aj_kb *kb = f->kb;
+    int n8 = acc->g.n / 8;
+    enum aj_intrinsic_id row =
+        aj_kb_wgmma_row(acc->g.n, f->p.dtype, f->p.dtype, A->regs != NULL, B->kmajor);
+    for (int c = 0; !fresh && c < n8; c++)
+        for (int r = 0; r < 4; r++)
+            LLVMBuildStore(f->b, aj_kb_get(kb, acc->v[0][c][r]), acc_elem(f, acc, 4 * c + r));
+    int steps = aj_mma_k_width(kdim) / 16;
+    LLVMValueRef a_base = NULL, a[MAX_NT / 2][4];
+    if (!A->regs)   /* the warpgroup's first row, in every panel */
+        a_base = aj_kb_add(kb, A->tile.off,
+                           aj_kb_mul(kb, f->wgi, aj_kb_i32(kb, WARPGROUP_ROWS * A->tile.span)));
+    /* A's registers are packed before the fence: ptxas would otherwise
+     * fence again before each wgmma that reads a register written after
+     * the last (C7519) */
+    for (int kk = 0; A->regs && kk < steps; kk++)
+        pack_a(f, A->regs, kk, a[kk]);
+    aj_kb_intrinsic(kb, AJ_INTR_WGMMA_FENCE, NULL);
+    for (int kk = 0; kk < steps; kk++) {
+        const smem_tile *bt = &B->tile;
+        LLVMValueRef b_desc = B->kmajor
+                                  ? aj_wgmma_nmajor_desc(kb, bt->off, bt->rows, bt->width, 16 * kk)
+                                  : aj_wgmma_kmajor_desc(kb, bt->off, bt->rows, bt->width, 16 * kk);
+        LLVMValueRef scale = aj_kb_i32(kb, !fresh || kk > 0);
+        if (A->regs) {
+            LLVMValueRef args[6] = {a[kk][0], a[kk][1], a[kk][2], a[kk][3], b_desc, scale};
+            aj_kb_wgmma(kb, row, acc->arr, args);
+        } else {
+            LLVMValueRef args[3] = {
+                aj_wgmma_kmajor_desc(kb, a_base, A->tile.rows, A->tile.width, 16 * kk), b_desc,
+                scale};
+            aj_kb_wgmma(kb, row, acc->arr, args);
+        }
+    }
+    aj_kb_intrinsic(kb, AJ_INTR_WGMMA_COMMIT_GROUP, NULL);
+    aj_kb_wgmma_wait(kb, 0, &acc->arr, 1);
+    for (int c = 0; c < n8; c++)
+        for (int r = 0; r < 4; r++)
+            aj_kb_set(kb, acc->v[0][c][r],
+                      LLVMBuildLoad2(f->b, kb->t_f32, acc_elem(f, acc, 4 * c + r), ""));
+}
+
+/* acc += A B on the kernel's tensor cores; `fresh`: acc is zero (wgmma
+ * does not read it). */
+static void product(fbwd *f, warp_acc *acc, int kdim, const operand *A, const operand *B,
+                    int fresh)
+{
+    if (f->p.wg)
+        wg_mma(f, acc, kdim, A, B, fresh);
+    else
+        warp_mma(f, acc, kdim, A, B);
 }
 
 /* Whether the warp's column tile c is one of its share (NULL: every
@@ -745,8 +1024,8 @@ typedef struct p_ds_pass {
     int rows_are_keys;
     LLVMValueRef m0, n0;
     int32_t stats;
-    const smem_tile *pt;
-    smem_tile dst;
+    const smem_tile *pt, *dst;   /* NULL: not stored */
+    int in_place;                /* P and dS into s and dp too (wgmma's A) */
 } p_ds_pass;
 
 static void emit_p_ds_tiles(void *user, int full)
@@ -757,8 +1036,7 @@ static void emit_p_ds_tiles(void *user, int full)
     int rows_are_keys = x->rows_are_keys, bm = f->p.bm;
     LLVMValueRef m0 = x->m0, n0 = x->n0;
     int32_t stats = x->stats;
-    const smem_tile *pt = x->pt;
-    smem_tile dst = x->dst;
+    const smem_tile *pt = x->pt, *dst = x->dst;
     aj_kb *kb = f->kb;
     for (int a = 0; a < s->g.mt; a++)
         for (int c = 0; c < s->g.nt; c++) {
@@ -776,13 +1054,18 @@ static void emit_p_ds_tiles(void *user, int full)
                               stat_at(f, stats, aj_kb_add(kb, il, aj_kb_i32(kb, bm))), vis, NULL,
                               keep, &pv[r], &dv[r]);
             }
+            for (int r = 0; x->in_place && r < 4; r++) {
+                aj_kb_set(kb, s->v[a][c][r], pv[r]);
+                aj_kb_set(kb, dp->v[a][c][r], dv[r]);
+            }
             for (int half = 0; half < 2; half++) {
                 LLVMValueRef row = acc_row(f, s, a, 2 * half), col = acc_col(f, s, c, 0);
                 if (pt)
                     aj_kb_store(kb, pack2(f, pv[2 * half], pv[2 * half + 1]),
                                 tile_ptr(f, *pt, row, col), 4);
-                aj_kb_store(kb, pack2(f, dv[2 * half], dv[2 * half + 1]),
-                            tile_ptr(f, dst, row, col), 4);
+                if (dst)
+                    aj_kb_store(kb, pack2(f, dv[2 * half], dv[2 * half + 1]),
+                                tile_ptr(f, *dst, row, col), 4);
             }
         }
 }
@@ -800,6 +1083,15 @@ static void block_range(fbwd *f, LLVMValueRef lo, LLVMValueRef hi, int per,
         b, empty, aj_kb_i32(f->kb, 0),
         LLVMBuildSDiv(b, aj_kb_add(f->kb, hi, aj_kb_i32(f->kb, per)), aj_kb_i32(f->kb, per), ""),
         "");
+}
+
+/* wgmma: the thread's copies (landed: the pipe waited) and pad stores
+ * are generic writes that wgmma reads through the async proxy, so each
+ * thread fences before the barrier that hands the tiles over. */
+static void land_for_wgmma(fbwd *f)
+{
+    if (f->p.wg)
+        aj_kb_intrinsic(f->kb, AJ_INTR_FENCE_PROXY_ASYNC, NULL);
 }
 
 /* Opens the step's work on a tile whose class (cls's value) is not skip;
@@ -993,7 +1285,7 @@ static void accumulate_dq(fbwd *f, warp_acc *dq, LLVMValueRef m0, LLVMValueRef d
     aj_kb *kb = f->kb;
     const fbwd_plan *p = &f->p;
     acc_zero(f, dq);
-    operand dsa_t = {dst, 1, aj_kb_i32(kb, 0)}, kb_k = {kt, 1, aj_kb_i32(kb, 0)};
+    operand dsa_t = tile_op(f, dst, 1), kb_k = tile_op(f, kt, 1);
     warp_mma(f, dq, p->bn, &dsa_t, &kb_k);
     for (int a = 0; a < dq->g.mt; a++)
         for (int r = 0; r < 4; r++) {
@@ -1033,20 +1325,26 @@ typedef struct walk_cta {
     LLVMValueRef group;            /* i32: Hq / Hkv */
 } walk_cta;
 
-/* The stage's parameters, thread layout, tiles (pads zeroed) and S, dP. */
+/* The stage's parameters, thread layout, tiles (pads zeroed) and S, dP;
+ * on wgmma a warpgroup per 64 rows of the owned block. */
 static void begin_walk_stage(walk_cta *w, aj_kb *kb, const aj_op *op, const fbwd_plan *plan,
                              const aj_score_prog *prog, const char *name, int by_keys)
 {
+    fbwd_plan stage = *plan;
+    if (plan->wg && !by_keys) {   /* dq owns block_n rows, walks block_m keys (plan_wgmma) */
+        stage.bm = plan->bn;
+        stage.bn = plan->bm;
+    }
     aj_params_declare(kb, AJ_KSIG_FLASH_BWD, op, prog);
-    aj_kb_begin_stage(kb, name, plan->threads);
+    aj_kb_begin_stage(kb, name, stage.threads);
     fbwd *f = &w->f;
-    setup(f, kb, op, plan, prog);
+    setup(f, kb, op, &stage, prog);
     const fbwd_plan *p = &f->p;
     int own = by_keys ? p->bn : p->bm, walked = by_keys ? p->bm : p->bn;
-    w->own[0] = reserve_tile(f, own, p->d, 1);
-    w->own[1] = reserve_tile(f, own, p->dv, 1);
-    w->walked[0] = reserve_tile(f, walked, p->d, p->stages);
-    w->walked[1] = reserve_tile(f, walked, p->dv, p->stages);
+    w->own[0] = reserve_tile(f, own, p->d, 1, p->wg);
+    w->own[1] = reserve_tile(f, own, p->dv, 1, p->wg);
+    w->walked[0] = reserve_tile(f, walked, p->d, p->stages, p->wg);
+    w->walked[1] = reserve_tile(f, walked, p->dv, p->stages, p->wg);
     zero_pads(f, w->own[0], own, p->d);
     zero_pads(f, w->own[1], own, p->dv);
     zero_pads(f, w->walked[0], p->stages * walked, p->d);
@@ -1104,8 +1402,11 @@ static void dkdv_prologue(dkdv_cta *d, aj_kb *kb, const aj_op *op, const fbwd_pl
     begin_walk_stage(w, kb, op, plan, prog, "dkdv", 1);
     const fbwd_plan *p = &f->p;
     LLVMBuilderRef b = kb->b;
-    d->ptt = reserve_tile(f, p->bn, p->bm, 1);
-    d->dst = reserve_tile(f, p->bn, p->bm, 1);
+    d->ptt = d->dst = (smem_tile){0};
+    if (!p->wg)   /* wgmma: P^T and dS^T stay in registers (but atomic dQ's dS^T) */
+        d->ptt = reserve_tile(f, p->bn, p->bm, 1, 0);
+    if (!p->wg || !p->deterministic)
+        d->dst = reserve_tile(f, p->bn, p->bm, 1, 0);
     d->stats = aj_kb_smem_reserve(kb, 8 * p->bm);
     acc_init(f, &d->dk, p->bn, p->d, "dk");
     acc_init(f, &d->dv, p->bn, p->dv, "dv");
@@ -1141,25 +1442,30 @@ static void dkdv_step(dkdv_cta *d, const aj_score_walk *walk, LLVMValueRef pos, 
     smem_tile kt = w->own[0], vt = w->own[1];
     step_begin(f, cls_m);
     load_stats(f, h, m0, p->bm, d->stats);
+    land_for_wgmma(f);
     aj_kb_barrier(kb);   /* K, V, Q, dO and the stats are in */
 
     /* S^T = K Q^T, dP^T = V dO^T: A = K (keys x d), B[d][query] = Q(query, d) */
     acc_zero(f, &w->s);
     acc_zero(f, &w->dp);
-    operand ka = {kt, 0, aj_kb_i32(kb, 0)}, qb = {q_cur, 0, aj_kb_i32(kb, 0)};
-    operand va = {vt, 0, aj_kb_i32(kb, 0)}, dob = {do_cur, 0, aj_kb_i32(kb, 0)};
-    warp_mma(f, &w->s, p->d, &ka, &qb);
-    warp_mma(f, &w->dp, p->dv, &va, &dob);
-    p_ds_pass pass = {f, &w->s, &w->dp, 1, m0, w->x0, d->stats, &d->ptt, d->dst};
+    operand ka = tile_op(f, kt, 0), qb = tile_op(f, q_cur, 0);
+    operand va = tile_op(f, vt, 0), dob = tile_op(f, do_cur, 0);
+    product(f, &w->s, p->d, &ka, &qb, 1);
+    product(f, &w->dp, p->dv, &va, &dob, 1);
+    p_ds_pass pass = {f, &w->s, &w->dp, 1, m0, w->x0, d->stats, p->wg ? NULL : &d->ptt,
+                      p->wg && p->deterministic ? NULL : &d->dst, p->wg};
     aj_score_by_tile_class(kb, step_class(f, walk, cls_m, pos), tile_inside(f, m0, w->x0),
                            emit_p_ds_tiles, &pass);
-    aj_kb_barrier(kb);   /* P^T and dS^T are complete */
+    if (!p->wg || !p->deterministic)
+        aj_kb_barrier(kb);   /* P^T and dS^T are complete */
 
     /* dV += P^T dO, dK += dS^T Q: B[query][d] = tile(query, d), k-major */
-    operand pa = {d->ptt, 0, aj_kb_i32(kb, 0)}, dsa = {d->dst, 0, aj_kb_i32(kb, 0)};
-    operand dob_k = {do_cur, 1, aj_kb_i32(kb, 0)}, qb_k = {q_cur, 1, aj_kb_i32(kb, 0)};
-    warp_mma(f, &d->dv, p->bm, &pa, &dob_k);
-    warp_mma(f, &d->dk, p->bm, &dsa, &qb_k);
+    operand pa = tile_op(f, d->ptt, 0), dsa = tile_op(f, d->dst, 0);
+    if (p->wg)   /* wgmma: A from the accumulators */
+        pa = (operand){.regs = &w->s}, dsa = (operand){.regs = &w->dp};
+    operand dob_k = tile_op(f, do_cur, 1), qb_k = tile_op(f, q_cur, 1);
+    product(f, &d->dv, p->bm, &pa, &dob_k, 0);
+    product(f, &d->dk, p->bm, &dsa, &qb_k, 0);
     if (!p->deterministic)
         accumulate_dq(f, &d->dq, m0, dq_row0, d->dst, kt);
     aj_kb_barrier(kb);   /* this step's readers are done before the next copies */
@@ -1243,7 +1549,9 @@ static void dq_prologue(dq_cta *d, aj_kb *kb, const aj_op *op, const fbwd_plan *
     begin_walk_stage(w, kb, op, plan, prog, "dq", 0);
     const fbwd_plan *p = &f->p;
     LLVMBuilderRef b = kb->b;
-    d->dst = reserve_tile(f, p->bm, p->bn, 1);
+    d->dst = (smem_tile){0};
+    if (!p->wg)   /* wgmma: dS stays in registers */
+        d->dst = reserve_tile(f, p->bm, p->bn, 1, 0);
     d->stats = aj_kb_smem_reserve(kb, 8 * p->bm);
     acc_init(f, &d->dq, p->bm, p->d, "dq");
     open_block(w, 0);
@@ -1274,23 +1582,28 @@ static void dq_step(dq_cta *d, const aj_score_walk *walk, LLVMValueRef pos, LLVM
     const fbwd_plan *p = &f->p;
     LLVMValueRef m0 = w->x0;
     step_begin(f, cls_n);
+    land_for_wgmma(f);
     aj_kb_barrier(kb);   /* Q, dO, stats (first step), K and V are in */
 
     /* S = Q K^T, dP = dO V^T: B[d][key] = K(key, d) */
     acc_zero(f, &w->s);
     acc_zero(f, &w->dp);
-    operand qa = {w->own[0], 0, aj_kb_i32(kb, 0)}, kbo = {k_cur, 0, aj_kb_i32(kb, 0)};
-    operand doa = {w->own[1], 0, aj_kb_i32(kb, 0)}, vbo = {v_cur, 0, aj_kb_i32(kb, 0)};
-    warp_mma(f, &w->s, p->d, &qa, &kbo);
-    warp_mma(f, &w->dp, p->dv, &doa, &vbo);
-    p_ds_pass pass = {f, &w->s, &w->dp, 0, m0, n0, d->stats, NULL, d->dst};
+    operand qa = tile_op(f, w->own[0], 0), kbo = tile_op(f, k_cur, 0);
+    operand doa = tile_op(f, w->own[1], 0), vbo = tile_op(f, v_cur, 0);
+    product(f, &w->s, p->d, &qa, &kbo, 1);
+    product(f, &w->dp, p->dv, &doa, &vbo, 1);
+    p_ds_pass pass = {f, &w->s, &w->dp, 0, m0, n0, d->stats, NULL, p->wg ? NULL : &d->dst,
+                      p->wg};
     aj_score_by_tile_class(kb, step_class(f, walk, cls_n, pos), tile_inside(f, m0, n0),
                            emit_p_ds_tiles, &pass);
-    aj_kb_barrier(kb);   /* dS is complete */
+    if (!p->wg)
+        aj_kb_barrier(kb);   /* dS is complete */
 
-    /* dQ += dS K: B[key][d] = K(key, d), k-major */
-    operand dsa = {d->dst, 0, aj_kb_i32(kb, 0)}, kbk = {k_cur, 1, aj_kb_i32(kb, 0)};
-    warp_mma(f, &d->dq, p->bn, &dsa, &kbk);
+    /* dQ += dS K: B[key][d] = K(key, d), k-major (wgmma: dS from the accumulators) */
+    operand dsa = tile_op(f, d->dst, 0), kbk = tile_op(f, k_cur, 1);
+    if (p->wg)
+        dsa = (operand){.regs = &w->dp};
+    product(f, &d->dq, p->bn, &dsa, &kbk, 0);
     aj_kb_barrier(kb);   /* this step's readers are done before the next copies */
     step_end(f, cls_n);
 }

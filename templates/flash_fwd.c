@@ -474,16 +474,7 @@ static LLVMValueRef tile_chunk(ffwd *e, LLVMValueRef row, LLVMValueRef col, int 
 {
     if (!e->p.wg)
         return tile_offset(e, row, col, ld);
-    aj_kb *kb = e->kb;
-    LLVMBuilderRef b = e->b;
-    int span = aj_wgmma_panel_span(width), per_panel = span / 2;
-    LLVMValueRef panel = LLVMBuildUDiv(b, col, aj_kb_i32(kb, per_panel), "");
-    LLVMValueRef in_panel = LLVMBuildURem(b, col, aj_kb_i32(kb, per_panel), "");
-    LLVMValueRef off = aj_kb_add(
-        kb, LLVMBuildMul(b, panel, aj_kb_i32(kb, rows * span), ""),
-        aj_kb_add(kb, LLVMBuildMul(b, row, aj_kb_i32(kb, span), ""),
-                  LLVMBuildShl(b, in_panel, aj_kb_i32(kb, 1), "")));
-    return aj_kb_swizzle(kb, off, span);
+    return aj_wgmma_tile_offset(e->kb, row, col, rows, width);
 }
 
 /*
@@ -1011,15 +1002,6 @@ static int pv_step_keys(const ffwd_plan *p)
     return p->f8 ? 32 : 16;
 }
 
-/* The descriptor of 16 columns from column `col` of a K-major tile of
- * `rows` x `width` elements at shared byte offset `base`. */
-static LLVMValueRef kmajor_desc(ffwd *e, LLVMValueRef base, int rows, int width, int col)
-{
-    int span = aj_wgmma_panel_span(width), per_panel = span / 2;
-    int64_t at = (int64_t)(col / per_panel) * rows * span + 2 * (col % per_panel);
-    return aj_kb_wgmma_desc(e->kb, smem_at(e, base, at), 16, 8 * span, aj_kb_swizzle_mode(span));
-}
-
 /* S = Q K^T on wgmma, issued and committed: the warpgroup's 64 rows
  * against the key tile at shared byte offset `kbase`, into acc_s. */
 static void qk_wgmma_issue(ffwd *e, LLVMValueRef kbase)
@@ -1030,8 +1012,8 @@ static void qk_wgmma_issue(ffwd *e, LLVMValueRef kbase)
     enum aj_intrinsic_id row = aj_kb_wgmma_row(p->bn, t, t, 0, 0);
     aj_kb_intrinsic(kb, AJ_INTR_WGMMA_FENCE, NULL);
     for (int kk = 0; kk < aj_wgmma_tile_width(p->d) / 16; kk++) {
-        LLVMValueRef args[3] = {kmajor_desc(e, e->q_wg, p->bm, p->d, 16 * kk),
-                                kmajor_desc(e, kbase, p->bn, p->d, 16 * kk),
+        LLVMValueRef args[3] = {aj_wgmma_kmajor_desc(e->kb, e->q_wg, p->bm, p->d, 16 * kk),
+                                aj_wgmma_kmajor_desc(e->kb, kbase, p->bn, p->d, 16 * kk),
                                 aj_kb_i32(kb, kk > 0)};
         aj_kb_wgmma(kb, row, e->acc_s, args);
     }
@@ -1065,7 +1047,6 @@ static void pv_wgmma_issue(ffwd *e, LLVMValueRef a[][4], LLVMValueRef vbase)
 {
     aj_kb *kb = e->kb;
     const ffwd_plan *p = &e->p;
-    int span = aj_wgmma_panel_span(p->dv);
     /* f8: P in e4m3 against K-major V^T, k32 a step (see "FP8") */
     enum aj_intrinsic_id row = p->f8 ? aj_kb_wgmma_row(p->dv, AJ_DTYPE_F8E4M3, p->f8, 1, 0)
                                      : aj_kb_wgmma_row(p->dv, p->dtype, p->dtype, 1, 1);
@@ -1075,9 +1056,8 @@ static void pv_wgmma_issue(ffwd *e, LLVMValueRef a[][4], LLVMValueRef vbase)
     aj_kb_intrinsic(kb, AJ_INTR_WGMMA_FENCE, NULL);
     for (int kk = 0; kk < p->bn / pv_step_keys(p); kk++) {
         LLVMValueRef b_desc =
-            p->f8 ? kmajor_desc(e, vbase, p->dv, p->bn / 2, 16 * kk)
-                  : aj_kb_wgmma_desc(kb, smem_at(e, vbase, (int64_t)16 * kk * span),
-                                     p->bn * span, 8 * span, aj_kb_swizzle_mode(span));
+            p->f8 ? aj_wgmma_kmajor_desc(e->kb, vbase, p->dv, p->bn / 2, 16 * kk)
+                  : aj_wgmma_nmajor_desc(kb, vbase, p->bn, p->dv, 16 * kk);
         LLVMValueRef args[6] = {a[kk][0], a[kk][1], a[kk][2], a[kk][3], b_desc,
                                 aj_kb_i32(kb, 1)};
         aj_kb_wgmma(kb, row, e->acc_o, args);

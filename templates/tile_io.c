@@ -305,6 +305,41 @@ void aj_mma_tile_zero_pad(aj_kb *kb, LLVMValueRef smem_off, int rows, int width,
     }
 }
 
+LLVMValueRef aj_wgmma_tile_offset(aj_kb *kb, LLVMValueRef row, LLVMValueRef col, int rows,
+                                  int width)
+{
+    LLVMBuilderRef b = kb->b;
+    int span = aj_wgmma_panel_span(width), per_panel = span / 2;
+    LLVMValueRef panel = LLVMBuildUDiv(b, col, aj_kb_i32(kb, per_panel), "");
+    LLVMValueRef in_panel = LLVMBuildURem(b, col, aj_kb_i32(kb, per_panel), "");
+    LLVMValueRef off = aj_kb_add(
+        kb, LLVMBuildMul(b, panel, aj_kb_i32(kb, rows * span), ""),
+        aj_kb_add(kb, LLVMBuildMul(b, row, aj_kb_i32(kb, span), ""),
+                  LLVMBuildShl(b, in_panel, aj_kb_i32(kb, 1), "")));
+    return aj_kb_swizzle(kb, off, span);
+}
+
+/* ptr addrspace(3) to byte base + bytes (a register plus a constant,
+ * which ptxas folds into the instruction). */
+static LLVMValueRef smem_at(aj_kb *kb, LLVMValueRef base, int64_t bytes)
+{
+    return aj_kb_smem_ptr(kb, aj_kb_add(kb, base, aj_kb_i32(kb, bytes)));
+}
+
+LLVMValueRef aj_wgmma_kmajor_desc(aj_kb *kb, LLVMValueRef base, int rows, int width, int col)
+{
+    int span = aj_wgmma_panel_span(width), per_panel = span / 2;
+    int64_t at = (int64_t)(col / per_panel) * rows * span + 2 * (col % per_panel);
+    return aj_kb_wgmma_desc(kb, smem_at(kb, base, at), 16, 8 * span, aj_kb_swizzle_mode(span));
+}
+
+LLVMValueRef aj_wgmma_nmajor_desc(aj_kb *kb, LLVMValueRef base, int rows, int width, int k0)
+{
+    int span = aj_wgmma_panel_span(width);
+    return aj_kb_wgmma_desc(kb, smem_at(kb, base, (int64_t)k0 * span), rows * span, 8 * span,
+                            aj_kb_swizzle_mode(span));
+}
+
 int aj_row_group_lanes(int w)
 {
     int g = 32;

@@ -139,6 +139,29 @@ static inline int aj_mma_tile_ld(int width)
 void aj_mma_tile_zero_pad(aj_kb *kb, LLVMValueRef smem_off, int rows, int width,
                           LLVMValueRef tid, int threads);
 
+/*
+ * Tiles of 16-bit elements that feed wgmma (the flash templates'
+ * warpgroup modes; templates/flash_fwd.c, "wgmma"): a tile of `rows` x
+ * `width` elements is panels of aj_wgmma_panel_span(width) / 2 columns,
+ * panel after panel, each `rows` rows of span bytes under the span-byte
+ * swizzle (aj_kb_swizzle); the tile starts 1024-byte aligned, and at a
+ * width that is an odd multiple of 8 its last 8 columns (up to
+ * aj_wgmma_tile_width) must hold zeros.  Offsets are bytes (i32) from
+ * the tile's start, `base`.
+ */
+/* Element (row, col): its byte offset; a 16-byte chunk where col is a
+ * multiple of 8 stays whole. */
+LLVMValueRef aj_wgmma_tile_offset(aj_kb *kb, LLVMValueRef row, LLVMValueRef col, int rows,
+                                  int width);
+/* The matrix descriptor of the 16 columns from column `col` read K-major
+ * (A[m][k] = tile(m, k), or B[k][n] = tile(n, k)): a k-step starts in its
+ * panel, 32 bytes a step into the row; SBO = 8 rows. */
+LLVMValueRef aj_wgmma_kmajor_desc(aj_kb *kb, LLVMValueRef base, int rows, int width, int col);
+/* The descriptor of B[k][n] = tile(k, n) read N-major (imm-trans-b) for
+ * the k-step of rows k0 .. k0 + 15: N spans the panels (LBO = a panel),
+ * SBO = 8 rows. */
+LLVMValueRef aj_wgmma_nmajor_desc(aj_kb *kb, LLVMValueRef base, int rows, int width, int k0);
+
 /* Row kernels over [B, H, S, W] tensors (merge.c, rows.c): 128 threads in
  * row groups of G lanes, lane l taking the 4-wide column chunks 4l,
  * 4l + 4G, ... of its group's row.  G: the widest (up to 32) that splits

@@ -130,6 +130,8 @@ step paged 30 "$out/gpu_check_paged.json" \
   "$bin" check --family paged --out "$out" "${quick[@]}"
 step backward 45 "" "$bin" backward cuda
 step flash_bwd 55 "" "$bin" flash-bwd cuda
+# its wgmma kernels (schedule warpgroups) on 9.0 GPUs; skipped elsewhere
+step flash_bwd_wgmma 45 "" "$bin" flash-bwd cuda wgmma
 step bench 95 "$out/gpu_check_bench.json" "$bin" check --family bench --out "$out" "${quick[@]}"
 step startup 25 "$out/gpu_check_startup.json" \
   "$bin" check --family startup --specs "$here/specs" --out "$out"

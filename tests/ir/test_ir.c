@@ -713,16 +713,20 @@ static const bad_spec bad_specs[] = {
       "t.aj:5:3: schedule splits 17 is out of range (want 0..16)" },
     { FWD REQ "  schedule = (warpgroups = 3)\n}", 0, AJ_ERR_VERIFY,
       "t.aj:4:3: schedule warpgroups 3 is out of range (want 0..2)" },
-    { BWD REQ "  schedule = (warpgroups = 1)\n}", 0, AJ_ERR_VERIFY,
-      "t.aj:4:3: schedule warpgroups applies only to flash forward ops over padded or varlen "
-      "tensors (the wgmma template), not backward flash over these tensors" },
+    { BWD REQ "  schedule = (warpgroups = 1, producer = 1)\n}", 0, AJ_ERR_VERIFY,
+      "t.aj:4:3: schedule producer = 1 applies to the flash forward only (the wgmma backward "
+      "is not warp specialised)" },
+    { "attention backward efficient {\n" REQ "  schedule = (warpgroups = 2)\n}", 0,
+      AJ_ERR_VERIFY, "t.aj:4:3: schedule warpgroups applies only to flash forward and backward "
+      "ops over padded or varlen tensors (the wgmma templates), not backward efficient over "
+      "these tensors" },
     { "attention forward efficient {\n" REQ "  schedule = (warpgroups = 1)\n}", 0,
-      AJ_ERR_VERIFY, "t.aj:4:3: schedule warpgroups applies only to flash forward ops over "
-      "padded or varlen tensors (the wgmma template), not forward efficient over these "
-      "tensors" },
+      AJ_ERR_VERIFY, "t.aj:4:3: schedule warpgroups applies only to flash forward and "
+      "backward ops over padded or varlen tensors (the wgmma templates), not forward "
+      "efficient over these tensors" },
     { FWD REQ "  layout = paged\n  schedule = (warpgroups = 2)\n}", 0, AJ_ERR_VERIFY,
-      "t.aj:5:3: schedule warpgroups applies only to flash forward ops over padded or varlen "
-      "tensors (the wgmma template), not forward flash over paged caches" },
+      "t.aj:5:3: schedule warpgroups applies only to flash forward and backward ops over "
+      "padded or varlen tensors (the wgmma templates), not forward flash over paged caches" },
     { FWD REQ "  schedule = (producer = 1)\n}", 0, AJ_ERR_VERIFY,
       "t.aj:4:3: schedule producer = 1 specialises the wgmma template's warps: it needs "
       "warpgroups = 1 or 2" },
@@ -934,8 +938,8 @@ static void test_warpgroups(aj_ctx *ctx)
     /* the wgmma template is not the paged one's: the op as a whole is refused */
     CHECK(aj_op_set_layout(built, AJ_LAYOUT_PAGED) == AJ_OK);
     CHECK_STATUS(ctx, aj_op_verify(built), AJ_ERR_VERIFY);
-    CHECK_ERROR(ctx, "schedule warpgroups applies only to flash forward ops over padded or "
-                     "varlen tensors");
+    CHECK_ERROR(ctx, "schedule warpgroups applies only to flash forward and backward ops over "
+                     "padded or varlen tensors");
     CHECK(aj_op_set_layout(built, AJ_LAYOUT_PADDED) == AJ_OK);
     CHECK(aj_op_set_warpgroups(built, 0) == AJ_OK && aj_op_hash(built, hb) == AJ_OK &&
           strcmp(hb, h0) == 0);

@@ -37,6 +37,8 @@ typedef struct bwd_case {
     const char *score_mod;     /* IR text, "none" if NULL */
     const char *tensors;       /* the `tensors` field's text, NULL: none */
     const char *schedule;      /* IR text, the default if NULL */
+    int warpgroups;            /* the schedule's warpgroups (the wgmma kernels), put
+                                  before the fields of `schedule` */
     int deterministic;
     int b, hq, hkv, sq, sk;
     int64_t q_offset, kv_offset, sq_total, sk_total;
@@ -75,6 +77,7 @@ static bwd_case bwd_case_over(const bwd_case *base, const bwd_case *row)
     CASE_FROM_BASE(pass_mask)
     CASE_FROM_BASE(twin_mask)
     CASE_FROM_BASE(per_plane)
+    CASE_FROM_BASE(warpgroups)
     if (!row->bias_shape[3])
         memcpy(c.bias_shape, base->bias_shape, sizeof c.bias_shape);
     return c;
@@ -125,6 +128,13 @@ static bool is_expr(const char *field)
 static aj_op *bwd_case_op(aj_ctx *ctx, const bwd_case *c)
 {
     static char spec[20000];   /* random expressions run long */
+    char sched[160];
+    const char *schedule = c->schedule;
+    if (c->warpgroups) {
+        snprintf(sched, sizeof sched, "(warpgroups = %d%s%s", c->warpgroups,
+                 schedule ? ", " : ")", schedule ? schedule + 1 : "");
+        schedule = sched;
+    }
     snprintf(spec, sizeof spec,
              "attention backward %s {\n  dtype = %s\n  head_dim = %d\n"
              "  head_dim_v = %d\n  mask = %s\n  score_mod = %s\n  bias = %s\n"
@@ -133,9 +143,9 @@ static aj_op *bwd_case_op(aj_ctx *ctx, const bwd_case *c)
              aj_dtype_name(c->dtype), c->d, c->dv ? c->dv : c->d, c->mask,
              c->score_mod ? c->score_mod : "none", c->bias_shape[3] ? "add" : "none",
              c->dropout, c->lens_q ? "varlen" : "padded", c->deterministic ? "true" : "false",
-             c->schedule ? "  schedule = " : "", c->schedule ? c->schedule : "",
-             c->schedule ? "\n" : "", c->tensors ? "  tensors = " : "",
-             c->tensors ? c->tensors : "", c->tensors ? "\n" : "");
+             schedule ? "  schedule = " : "", schedule ? schedule : "", schedule ? "\n" : "",
+             c->tensors ? "  tensors = " : "", c->tensors ? c->tensors : "",
+             c->tensors ? "\n" : "");
     aj_op *op = NULL;
     CHECK_MSG(aj_op_parse(ctx, spec, strlen(spec), c->label, &op) == AJ_OK, "%s: %s", c->label,
               aj_last_error(ctx));

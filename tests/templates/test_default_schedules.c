@@ -383,6 +383,36 @@ static int wgmma_cases(sweep_case *out, int producer)
     return n;
 }
 
+/* The flash backward's wgmma kernels (sm_90a) at the edge of what they
+ * take (D + Dv up to 256, 192 with dropout; templates/flash_bwd.c
+ * "wgmma"): every D = Dv to 128 and every D with Dv = 256 - D, both
+ * dtypes, 1 and 2 warpgroups, in the HEAVIEST option set (deterministic)
+ * and in set 1 (dropout, atomic dQ; on two warpgroups past D = 128) in
+ * turn -- with dropout past D + Dv = 192, the pairs' Dv = 192 - D (D <
+ * 192), else the set without dropout. */
+static int wgmma_bwd_cases(sweep_case *out)
+{
+    int n = 0;
+    for (int d = SWEEP_DIM_STEP; d < SWEEP_GPU_DIM_MAX; d += SWEEP_DIM_STEP) {
+        int k = d / SWEEP_DIM_STEP;
+        for (int pair = 0; pair < (d <= SWEEP_GPU_DIM_MAX / 2 ? 2 : 1); pair++) {
+            int dv = pair ? d : SWEEP_GPU_DIM_MAX - d;
+            sweep_case c = {.kind = AJ_KIND_BACKWARD, .variant = AJ_VARIANT_FLASH,
+                            .dtype = sweep_dtypes[(k + pair) % 2], .d = d, .dv = dv};
+            int atomic = (k + pair) % 2;
+            c = with_options(c, atomic ? 1 : HEAVIEST);
+            if (c.d + c.dv > 192 && !pair && c.d < 192)
+                c.dv = 192 - c.d;
+            else if (c.d + c.dv > 192)
+                c.dropout = 0;
+            c.deterministic = !atomic;
+            c.warpgroups = atomic && d > SWEEP_GPU_DIM_MAX / 2 ? 2 : 1 + (k / 2 + pair) % 2;
+            out[n++] = c;
+        }
+    }
+    return n;
+}
+
 /* FP8 inputs (the efficient forward's, docs/ir.md "FP8 inputs"): every
  * head dim 8..512 with D = Dv, and every fourth with a Dv 13 steps on,
  * e4m3 and e5m2, bf16 and f16 outputs, padded and varlen in turn, in the
@@ -448,6 +478,12 @@ static void test_ptxas(aj_ctx *ctx, int argc, char **argv)
             cases[i].producer = 1;
         }
         printf("ptxas fp8: the same warp specialised\n");
+        assemble_cases(ctx, cases, n, 0, 1, wgmma_archs, 0);
+        return;
+    }
+    if (argc > 2 && strcmp(argv[2], "wgmma_bwd") == 0) {
+        int n = wgmma_bwd_cases(cases);
+        printf("ptxas wgmma_bwd: %d flash backward cases on wgmma\n", n);
         assemble_cases(ctx, cases, n, 0, 1, wgmma_archs, 0);
         return;
     }

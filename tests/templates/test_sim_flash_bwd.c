@@ -50,6 +50,10 @@
 static aj_ctx *ctx;
 static aj_device *dev;
 static int on_cpu;   /* the cpu target's kernels */
+/* `test_sim_flash_bwd sim wgmma`: every case on the wgmma kernels
+ * (schedule warpgroups), 1 and 2 warpgroups in turn; a case's mma.sync
+ * schedule is dropped */
+static int wgmma;
 static int cases_run;
 
 /* The tensor cores round P and dS to the dtype before the dV, dK and dQ
@@ -179,11 +183,58 @@ static void rerun_twin_mask(const bwd_case *c, const aj_bwd_args *a, tensor *con
 
 static void run_case(const bwd_case *c);
 
+/* Whether the wgmma kernels refuse c rightly: they take D + Dv up to 256
+ * always (192 with dropout; the atomic dQ product on one warpgroup past
+ * D = 128 may refuse); past that a refusal naming the limit is right
+ * (head dims past 256, the registers); whatever compiles runs. */
+static bool wgmma_refused(const bwd_case *c)
+{
+    int dv = c->dv ? c->dv : c->d;
+    aj_op *op = bwd_case_op(ctx, c);
+    aj_kernel *k = NULL;
+    aj_compile_options opt = AJ_COMPILE_OPTIONS_INIT;
+    opt.target = aj_device_target(dev);
+    aj_status st = op ? aj_compile(ctx, op, &opt, &k) : AJ_OK;
+    aj_kernel_destroy(k);
+    aj_op_destroy(op);
+    if (st == AJ_OK)
+        return false;
+    bool may = c->d + dv > (c->dropout > 0 ? 192 : 256) ||
+               (!c->deterministic && c->warpgroups == 1 && c->d > 128);
+    CHECK_MSG(may && st == AJ_ERR_UNSUPPORTED &&
+                  (strstr(aj_last_error(ctx), "on wgmma keeps") ||
+                   strstr(aj_last_error(ctx), "takes head_dim + head_dim_v up to") ||
+                   strstr(aj_last_error(ctx), "flash backward on wgmma (schedule warpgroups) "
+                                              "supports")),
+              "%s: refused on wgmma: %s", c->label, aj_last_error(ctx));
+    printf("  %-60s refused on wgmma: %s\n", c->label, aj_last_error(ctx));
+    return true;
+}
+
+/* c as the mode runs it: in wgmma mode on 1 or 2 warpgroups, in turn,
+ * without its mma.sync schedule (but a case that names warpgroups);
+ * false where the wgmma kernels refuse it (rightly: wgmma_refused). */
+static bool as_run(const bwd_case *c, bwd_case *w)
+{
+    *w = *c;
+    if (!wgmma)
+        return true;
+    if (!w->warpgroups) {
+        w->warpgroups = 1 + cases_run % 2;
+        w->schedule = NULL;
+    }
+    if (!wgmma_refused(w))
+        return true;
+    cases_run++;
+    return false;
+}
+
 /* Runs c unless the sanitizer pass samples it out (check_sampled). */
 static void run(const bwd_case *c)
 {
-    if (check_sampled())
-        run_case(c);
+    bwd_case w;
+    if (check_sampled() && as_run(c, &w))
+        run_case(&w);
 }
 
 static void run_case(const bwd_case *c)
@@ -958,7 +1009,9 @@ static bwd_case random_problem(const char *label, const char *field, bool score,
 static bool case_fails(const bwd_case *c)
 {
     int passed = check_passed, failed = check_failed;
-    run_case(c);
+    bwd_case w;
+    if (as_run(c, &w))
+        run_case(&w);
     bool fails = check_failed > failed;
     check_passed = passed;
     check_failed = failed;
@@ -1026,12 +1079,25 @@ static void test_score_sample(void)
     test_score_random(getenv("AJ_CPU_ISA") ? 50 : 200);
 }
 
-/* test_sim_flash_bwd [cuda | cpu | sim] [sweep | scores | full]: on the sim
+/* The wgmma kernels run on sim and sm_90a GPUs: another GPU skips them
+ * (exit 77, tests/gpu/run.sh's flash_bwd_wgmma step). */
+static void test_wgmma_target(void)
+{
+    aj_target t = aj_device_target(dev);
+    if (t != AJ_TARGET_SIM && t != AJ_TARGET_SM_90A) {
+        printf("SKIP: the flash backward's wgmma kernels need sm_90a; this device is %s\n",
+               aj_target_name(t));
+        exit(77);
+    }
+}
+
+/* test_sim_flash_bwd [cuda | cpu | sim] [sweep | scores | full | wgmma]: on the sim
  * device (ctest), on a GPU (tests/gpu/run.sh), where no GPU means exit 77,
  * "skipped", or the varlen part on the cpu device; with `sweep`, the
  * backward half of the head-dim sweep instead, with `scores` the score
  * programs' sample (on sim the flash variant's also runs in the suite),
- * with `full` full tiles against tested ones (test_full_tiles). */
+ * with `full` full tiles against tested ones (test_full_tiles), with
+ * `wgmma` the suite on the wgmma kernels (schedule warpgroups). */
 int main(int argc, char **argv)
 {
     static void (*const suite[])(void) = {
@@ -1043,15 +1109,20 @@ int main(int argc, char **argv)
     static void (*const sweep[])(void) = {test_sweep_sample, NULL};
     static void (*const full[])(void) = {test_full_tiles, NULL};
     static void (*const scores[])(void) = {test_score_sample, NULL};
+    /* the suite on the wgmma kernels, less the cpu-only and argument checks */
+    static void (*const wgmma_suite[])(void) = {
+        test_wgmma_target, test_matrix, test_odd_dims, test_wide_dims, test_shapes,
+        test_offsets, test_score_mods, test_dropout, test_deterministic, test_expressions, test_varlen, NULL};
     static const struct {
         const char *name;
         void (*const *tests)(void);
-    } modes[] = {{"sweep", sweep}, {"full", full}, {"scores", scores}};
+    } modes[] = {{"sweep", sweep}, {"full", full}, {"scores", scores}, {"wgmma", wgmma_suite}};
     on_cpu = test_main_device(argc, argv, AJ_DEVICE_SIM) == AJ_DEVICE_CPU;
     test_main_args m = {.fallback = AJ_DEVICE_SIM, .ctx = &ctx, .dev = &dev,
                         .tests = on_cpu ? cpu_suite : suite, .cases = &cases_run};
     for (size_t i = 0; argc > 2 && i < sizeof modes / sizeof modes[0]; i++)
         if (strcmp(argv[2], modes[i].name) == 0)
             m.tests = modes[i].tests;
+    wgmma = m.tests == wgmma_suite;
     return test_main(argc, argv, &m);
 }
