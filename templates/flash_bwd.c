@@ -842,8 +842,10 @@ static LLVMValueRef pack2(fbwd *f, LLVMValueRef lo, LLVMValueRef hi)
  *     S = Q K^T, dP = dO V^T       K-major, as above
  *     dQ += dS K                   A = dS in registers, B = K N-major
  *
- * Each GEMM is fenced, committed and waited for whole; the accumulators
- * pass through the product's variables around it.
+ * A step's two GEMMs (S^T and dP^T; dV and dK; S and dP) are each fenced
+ * and committed, the second issued behind the first, and waited for
+ * together; the accumulators pass through the products' variables around
+ * them.
  */
 
 /* A's k-step kk (16 columns of the accumulator `a`) as the A fragment:
@@ -863,11 +865,20 @@ static LLVMValueRef acc_elem(fbwd *f, const warp_acc *acc, int i)
     return LLVMBuildInBoundsGEP2(f->b, LLVMGetAllocatedType(acc->arr), acc->arr, idx, 2, "");
 }
 
-/* acc (+)= A B over k = 0 .. kdim - 1 on wgmma, the warpgroup's 64 rows
- * of M; `fresh`: acc = A B. */
-static void wg_mma(fbwd *f, warp_acc *acc, int kdim, const operand *A, const operand *B,
-                   int fresh)
+/* One product of a step: acc += A B over k = 0 .. kdim - 1. */
+typedef struct gemm {
+    warp_acc *acc;
+    int kdim;
+    operand A, B;
+} gemm;
+
+/* acc (+)= A B on wgmma, issued and committed: the warpgroup's 64 rows of
+ * M; `fresh`: acc = A B. */
+static void wg_issue(fbwd *f, const gemm *g, int fresh)
 {
+    warp_acc *acc = g->acc;
+    const operand *A = &g->A, *B = &g->B;
+    int kdim = g->kdim;
     aj_kb *kb = f->kb;
     int n8 = acc->g.n / 8;
     enum aj_intrinsic_id row =
@@ -903,22 +914,31 @@ static void wg_mma(fbwd *f, warp_acc *acc, int kdim, const operand *A, const ope
         }
     }
     aj_kb_intrinsic(kb, AJ_INTR_WGMMA_COMMIT_GROUP, NULL);
-    aj_kb_wgmma_wait(kb, 0, &acc->arr, 1);
-    for (int c = 0; c < n8; c++)
-        for (int r = 0; r < 4; r++)
-            aj_kb_set(kb, acc->v[0][c][r],
-                      LLVMBuildLoad2(f->b, kb->t_f32, acc_elem(f, acc, 4 * c + r), ""));
 }
 
-/* acc += A B on the kernel's tensor cores; `fresh`: acc is zero (wgmma
- * does not read it). */
-static void product(fbwd *f, warp_acc *acc, int kdim, const operand *A, const operand *B,
-                    int fresh)
+/* The step's n products (at most 2) on the kernel's tensor cores, in
+ * order; `fresh`: each acc is zero (wgmma does not read it).  On wgmma
+ * they are issued one after the other and waited for together, so that
+ * the second runs behind the first. */
+static void products(fbwd *f, const gemm *g, int n, int fresh)
 {
-    if (f->p.wg)
-        wg_mma(f, acc, kdim, A, B, fresh);
-    else
-        warp_mma(f, acc, kdim, A, B);
+    aj_kb *kb = f->kb;
+    if (!f->p.wg) {
+        for (int i = 0; i < n; i++)
+            warp_mma(f, g[i].acc, g[i].kdim, &g[i].A, &g[i].B);
+        return;
+    }
+    LLVMValueRef arrs[2];
+    for (int i = 0; i < n; i++) {
+        wg_issue(f, &g[i], fresh);
+        arrs[i] = g[i].acc->arr;
+    }
+    aj_kb_wgmma_wait(kb, 0, arrs, n);
+    for (int i = 0; i < n; i++)
+        for (int c = 0; c < g[i].acc->g.n / 8; c++)
+            for (int r = 0; r < 4; r++)
+                aj_kb_set(kb, g[i].acc->v[0][c][r],
+                          LLVMBuildLoad2(f->b, kb->t_f32, acc_elem(f, g[i].acc, 4 * c + r), ""));
 }
 
 /* Whether the warp's column tile c is one of its share (NULL: every
@@ -1448,10 +1468,9 @@ static void dkdv_step(dkdv_cta *d, const aj_score_walk *walk, LLVMValueRef pos, 
     /* S^T = K Q^T, dP^T = V dO^T: A = K (keys x d), B[d][query] = Q(query, d) */
     acc_zero(f, &w->s);
     acc_zero(f, &w->dp);
-    operand ka = tile_op(f, kt, 0), qb = tile_op(f, q_cur, 0);
-    operand va = tile_op(f, vt, 0), dob = tile_op(f, do_cur, 0);
-    product(f, &w->s, p->d, &ka, &qb, 1);
-    product(f, &w->dp, p->dv, &va, &dob, 1);
+    const gemm scores[2] = {{&w->s, p->d, tile_op(f, kt, 0), tile_op(f, q_cur, 0)},
+                            {&w->dp, p->dv, tile_op(f, vt, 0), tile_op(f, do_cur, 0)}};
+    products(f, scores, 2, 1);
     p_ds_pass pass = {f, &w->s, &w->dp, 1, m0, w->x0, d->stats, p->wg ? NULL : &d->ptt,
                       p->wg && p->deterministic ? NULL : &d->dst, p->wg};
     aj_score_by_tile_class(kb, step_class(f, walk, cls_m, pos), tile_inside(f, m0, w->x0),
@@ -1460,12 +1479,13 @@ static void dkdv_step(dkdv_cta *d, const aj_score_walk *walk, LLVMValueRef pos, 
         aj_kb_barrier(kb);   /* P^T and dS^T are complete */
 
     /* dV += P^T dO, dK += dS^T Q: B[query][d] = tile(query, d), k-major */
-    operand pa = tile_op(f, d->ptt, 0), dsa = tile_op(f, d->dst, 0);
-    if (p->wg)   /* wgmma: A from the accumulators */
-        pa = (operand){.regs = &w->s}, dsa = (operand){.regs = &w->dp};
-    operand dob_k = tile_op(f, do_cur, 1), qb_k = tile_op(f, q_cur, 1);
-    product(f, &d->dv, p->bm, &pa, &dob_k, 0);
-    product(f, &d->dk, p->bm, &dsa, &qb_k, 0);
+    gemm grads[2] = {{&d->dv, p->bm, tile_op(f, d->ptt, 0), tile_op(f, do_cur, 1)},
+                     {&d->dk, p->bm, tile_op(f, d->dst, 0), tile_op(f, q_cur, 1)}};
+    if (p->wg) {   /* wgmma: A from the accumulators */
+        grads[0].A = (operand){.regs = &w->s};
+        grads[1].A = (operand){.regs = &w->dp};
+    }
+    products(f, grads, 2, 0);
     if (!p->deterministic)
         accumulate_dq(f, &d->dq, m0, dq_row0, d->dst, kt);
     aj_kb_barrier(kb);   /* this step's readers are done before the next copies */
@@ -1588,10 +1608,9 @@ static void dq_step(dq_cta *d, const aj_score_walk *walk, LLVMValueRef pos, LLVM
     /* S = Q K^T, dP = dO V^T: B[d][key] = K(key, d) */
     acc_zero(f, &w->s);
     acc_zero(f, &w->dp);
-    operand qa = tile_op(f, w->own[0], 0), kbo = tile_op(f, k_cur, 0);
-    operand doa = tile_op(f, w->own[1], 0), vbo = tile_op(f, v_cur, 0);
-    product(f, &w->s, p->d, &qa, &kbo, 1);
-    product(f, &w->dp, p->dv, &doa, &vbo, 1);
+    const gemm scores[2] = {{&w->s, p->d, tile_op(f, w->own[0], 0), tile_op(f, k_cur, 0)},
+                            {&w->dp, p->dv, tile_op(f, w->own[1], 0), tile_op(f, v_cur, 0)}};
+    products(f, scores, 2, 1);
     p_ds_pass pass = {f, &w->s, &w->dp, 0, m0, n0, d->stats, NULL, p->wg ? NULL : &d->dst,
                       p->wg};
     aj_score_by_tile_class(kb, step_class(f, walk, cls_n, pos), tile_inside(f, m0, n0),
@@ -1600,10 +1619,10 @@ static void dq_step(dq_cta *d, const aj_score_walk *walk, LLVMValueRef pos, LLVM
         aj_kb_barrier(kb);   /* dS is complete */
 
     /* dQ += dS K: B[key][d] = K(key, d), k-major (wgmma: dS from the accumulators) */
-    operand dsa = tile_op(f, d->dst, 0), kbk = tile_op(f, k_cur, 1);
+    gemm dq = {&d->dq, p->bn, tile_op(f, d->dst, 0), tile_op(f, k_cur, 1)};
     if (p->wg)
-        dsa = (operand){.regs = &w->dp};
-    product(f, &d->dq, p->bn, &dsa, &kbk, 0);
+        dq.A = (operand){.regs = &w->dp};
+    products(f, &dq, 1, 0);
     aj_kb_barrier(kb);   /* this step's readers are done before the next copies */
     step_end(f, cls_n);
 }
