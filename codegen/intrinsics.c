@@ -427,6 +427,12 @@ void aj_kb_wgmma(aj_kb *kb, enum aj_intrinsic_id id, LLVMValueRef acc, LLVMValue
         lower_wgmma_nvptx(kb, d, acc, args);
 }
 
+LLVMValueRef aj_kb_wgmma_acc(aj_kb *kb, LLVMValueRef acc, int r)
+{
+    LLVMValueRef idx[2] = {aj_kb_i32(kb, 0), aj_kb_i32(kb, r)};
+    return LLVMBuildInBoundsGEP2(kb->b, LLVMGetAllocatedType(acc), acc, idx, 2, "");
+}
+
 enum aj_intrinsic_id aj_kb_wgmma_row(int n, aj_dtype a_type, aj_dtype b_type, int a_in_registers,
                                      int n_major_b)
 {

@@ -91,7 +91,9 @@
  * defaults for spills on sm_90a. */
 #define WGMMA_STATE_BUDGET 200
 /* The most a default takes where a candidate fits (the walked tile
- * narrows for option work): ptxas's 255 registers hold it unspilled */
+ * narrows for option work): ptxas's 255 registers hold it unspilled.
+ * Above the budget because it counts what the budget does not (the
+ * element pass's option work, dropout's Philox state). */
 #define WGMMA_DEFAULT_STATE 208
 #define WARPGROUP_ROWS 64
 /* D + Dv: dK and dV live in registers; beside dropout's Philox state
@@ -333,20 +335,17 @@ static aj_status plan_wgmma(aj_ctx *ctx, const aj_op *op, aj_target target,
                        "= %d keys on warps = %d (64 keys per warpgroup of 4 warps), not "
                        "block_n = %d, warps = %d", g, WARPGROUP_ROWS * g, 4 * g, p->bn,
                        p->warps);
-    if (!in_list(p->bm, block_values, 4))
+    if (p->bm != 16 && p->bm != 32 && p->bm != 64)
         return aj_fail(ctx, AJ_ERR_UNSUPPORTED,
-                       "schedule: block_m = %d: flash backward on wgmma walks tiles of 16, 32, "
-                       "64 or 128", p->bm);
+                       "schedule: block_m = %d: flash backward on wgmma walks tiles of 16, 32 "
+                       "or 64", p->bm);
     p->threads = 32 * p->warps;
-    warp_grid dq;
-    int dq_state = 0;
-    if (!p->deterministic && warp_grid_for(p->bm, p->d, p->warps, &dq))
-        dq_state = 4 * dq.mt * dq.nt;
-    /* S^T and dP^T (block_m / 2 f32 each) and their 16-bit A fragments */
+    /* S^T and dP^T (block_m / 2 f32 each) and their 16-bit A fragments.
+     * The atomic dQ product's accumulators (block_m x D over 4 G warps,
+     * live after the GEMMs that free these) never exceed them: at most
+     * block_m D / (128 G) <= 2 block_m. */
     int keys = (p->d + p->dv) / 2, scores = 2 * p->bm;
-    int dkdv = keys + (scores > dq_state ? scores : dq_state);
-    int dqk = p->d / 2 + scores;
-    int state = p->state = dkdv > dqk ? dkdv : dqk;
+    int state = p->state = keys + scores;   /* dq: D / 2 + the same */
     /* the element pass's option work per element of S^T and of dP^T
      * (alibi's and a window's per-element terms count too: measured on
      * sm_90a, test_sweep_ptxas_wgmma_bwd) */
@@ -355,16 +354,17 @@ static aj_status plan_wgmma(aj_ctx *ctx, const aj_op *op, aj_target target,
     p->default_state = state + p->bm * per_elem + (op->dropout > 0 ? PHILOX_STATE : 0) +
                        (p->deterministic ? 0 : 8);   /* atomic dQ's addresses */
     if (state > WGMMA_STATE_BUDGET) {
-        /* what would fit: 64 rows; atomic dQ's share on two warpgroups */
-        int rows_fit = p->bm > WARPGROUP_ROWS && keys + WARPGROUP_ROWS <= WGMMA_STATE_BUDGET;
-        int dq_fit = dq_state > scores && keys + scores <= WGMMA_STATE_BUDGET;
+        int fits = 0;   /* the widest tile that would fit */
+        for (int bm = p->bm / 2; bm >= 16 && !fits; bm /= 2)
+            fits = keys + 2 * bm <= WGMMA_STATE_BUDGET ? bm : 0;
+        char use[32] = "";
+        if (fits)
+            snprintf(use, sizeof use, "block_m = %d or ", fits);
         return aj_fail(ctx, AJ_ERR_UNSUPPORTED,
                        "schedule: block_m = %d, block_n = %d on wgmma keeps %d f32 values per "
-                       "thread at head_dim %d/%d (dK and dV: %d, then S and dP: %d%s%.0d; "
-                       "budget %d): use %s%swarpgroups = 0 (mma.sync)", p->bm, p->bn, state,
-                       p->d, p->dv, keys, scores, dq_state ? ", or atomic dQ: " : "", dq_state,
-                       WGMMA_STATE_BUDGET, rows_fit ? "block_m = 64, " : "",
-                       dq_fit ? "deterministic = true or two warpgroups, " : "");
+                       "thread at head_dim %d/%d (dK and dV: %d, S and dP: %d; budget %d): use "
+                       "%swarpgroups = 0 (mma.sync)", p->bm, p->bn, state, p->d, p->dv, keys,
+                       scores, WGMMA_STATE_BUDGET, use);
     }
     return AJ_OK;
 }
@@ -693,9 +693,10 @@ static void acc_init(fbwd *f, warp_acc *acc, int m, int n, const char *name)
         for (int c = 0; c < acc->g.nt; c++)
             for (int r = 0; r < 4; r++)
                 acc->v[a][c][r] = aj_kb_var(f->kb, f->kb->t_f32, aj_kb_f32(f->kb, 0), name);
-    acc->arr = f->p.wg ? aj_kb_var(f->kb, LLVMArrayType2(f->kb->t_f32, (uint64_t)n / 2), NULL,
-                                   name)
-                       : NULL;
+    /* wgmma's products: a strip of 16 rows a warp over all N (see "wgmma") */
+    int wgmma = f->p.wg && acc->g.wm == f->p.warps && acc->g.mt == 1;
+    acc->arr = wgmma ? aj_kb_var(f->kb, LLVMArrayType2(f->kb->t_f32, (uint64_t)n / 2), NULL, name)
+                     : NULL;
 }
 
 static void acc_zero(fbwd *f, warp_acc *acc)
@@ -859,12 +860,6 @@ static void pack_a(fbwd *f, const warp_acc *a, int kk, LLVMValueRef out[4])
     }
 }
 
-static LLVMValueRef acc_elem(fbwd *f, const warp_acc *acc, int i)
-{
-    LLVMValueRef idx[2] = {aj_kb_i32(f->kb, 0), aj_kb_i32(f->kb, i)};
-    return LLVMBuildInBoundsGEP2(f->b, LLVMGetAllocatedType(acc->arr), acc->arr, idx, 2, "");
-}
-
 /* One product of a step: acc += A B over k = 0 .. kdim - 1. */
 typedef struct gemm {
     warp_acc *acc;
@@ -885,7 +880,8 @@ static void wg_issue(fbwd *f, const gemm *g, int fresh)
         aj_kb_wgmma_row(acc->g.n, f->p.dtype, f->p.dtype, A->regs != NULL, B->kmajor);
     for (int c = 0; !fresh && c < n8; c++)
         for (int r = 0; r < 4; r++)
-            LLVMBuildStore(f->b, aj_kb_get(kb, acc->v[0][c][r]), acc_elem(f, acc, 4 * c + r));
+            LLVMBuildStore(f->b, aj_kb_get(kb, acc->v[0][c][r]),
+                           aj_kb_wgmma_acc(kb, acc->arr, 4 * c + r));
     int steps = aj_mma_k_width(kdim) / 16;
     LLVMValueRef a_base = NULL, a[MAX_NT / 2][4];
     if (!A->regs)   /* the warpgroup's first row, in every panel */
@@ -938,7 +934,8 @@ static void products(fbwd *f, const gemm *g, int n, int fresh)
         for (int c = 0; c < g[i].acc->g.n / 8; c++)
             for (int r = 0; r < 4; r++)
                 aj_kb_set(kb, g[i].acc->v[0][c][r],
-                          LLVMBuildLoad2(f->b, kb->t_f32, acc_elem(f, g[i].acc, 4 * c + r), ""));
+                          LLVMBuildLoad2(f->b, kb->t_f32,
+                                         aj_kb_wgmma_acc(kb, g[i].acc->arr, 4 * c + r), ""));
 }
 
 /* Whether the warp's column tile c is one of its share (NULL: every

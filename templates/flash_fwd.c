@@ -454,7 +454,7 @@ static aj_param_source out_tensor(const aj_op *op)
  * across the key loop. */
 static LLVMValueRef smem_at(ffwd *e, LLVMValueRef base, int64_t bytes)
 {
-    return aj_kb_smem_ptr(e->kb, aj_kb_add(e->kb, base, aj_kb_i32(e->kb, bytes)));
+    return aj_smem_at(e->kb, base, bytes);
 }
 
 /* Byte offset (i32) of element (row, col) of a tile with row pitch ld. */
@@ -976,12 +976,6 @@ static void lane_addresses(ffwd *e)
  * registers hold on sm_90a).
  */
 
-static LLVMValueRef acc_elem(ffwd *e, LLVMValueRef acc, int r)
-{
-    LLVMValueRef idx[2] = {aj_kb_i32(e->kb, 0), aj_kb_i32(e->kb, r)};
-    return LLVMBuildInBoundsGEP2(e->b, LLVMGetAllocatedType(acc), acc, idx, 2, "");
-}
-
 /* A GEMM's end, its wgmmas committed: wait until at most `pending` later
  * groups are in flight, then its n8 tiles' accumulators (register 4 j +
  * c) into the variables vars[j][c]. */
@@ -992,7 +986,7 @@ static void land_gemm(ffwd *e, LLVMValueRef acc, int pending, int n8, LLVMValueR
     for (int j = 0; j < n8; j++)
         for (int c = 0; c < 4; c++)
             aj_kb_set(kb, vars[j][c],
-                      LLVMBuildLoad2(e->b, kb->t_f32, acc_elem(e, acc, 4 * j + c), ""));
+                      LLVMBuildLoad2(e->b, kb->t_f32, aj_kb_wgmma_acc(e->kb, acc, 4 * j + c), ""));
 }
 
 /* The keys of one P V k-step: 16, or FP8's 32 (k32 on the 8-bit tensor
@@ -1052,7 +1046,8 @@ static void pv_wgmma_issue(ffwd *e, LLVMValueRef a[][4], LLVMValueRef vbase)
                                      : aj_kb_wgmma_row(p->dv, p->dtype, p->dtype, 1, 1);
     for (int v = 0; v < p->dv / 8; v++)
         for (int c = 0; c < 4; c++)
-            LLVMBuildStore(e->b, aj_kb_get(kb, e->o[0][v][c]), acc_elem(e, e->acc_o, 4 * v + c));
+            LLVMBuildStore(e->b, aj_kb_get(kb, e->o[0][v][c]),
+                           aj_kb_wgmma_acc(e->kb, e->acc_o, 4 * v + c));
     aj_kb_intrinsic(kb, AJ_INTR_WGMMA_FENCE, NULL);
     for (int kk = 0; kk < p->bn / pv_step_keys(p); kk++) {
         LLVMValueRef b_desc =

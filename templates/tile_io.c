@@ -319,9 +319,7 @@ LLVMValueRef aj_wgmma_tile_offset(aj_kb *kb, LLVMValueRef row, LLVMValueRef col,
     return aj_kb_swizzle(kb, off, span);
 }
 
-/* ptr addrspace(3) to byte base + bytes (a register plus a constant,
- * which ptxas folds into the instruction). */
-static LLVMValueRef smem_at(aj_kb *kb, LLVMValueRef base, int64_t bytes)
+LLVMValueRef aj_smem_at(aj_kb *kb, LLVMValueRef base, int64_t bytes)
 {
     return aj_kb_smem_ptr(kb, aj_kb_add(kb, base, aj_kb_i32(kb, bytes)));
 }
@@ -330,13 +328,13 @@ LLVMValueRef aj_wgmma_kmajor_desc(aj_kb *kb, LLVMValueRef base, int rows, int wi
 {
     int span = aj_wgmma_panel_span(width), per_panel = span / 2;
     int64_t at = (int64_t)(col / per_panel) * rows * span + 2 * (col % per_panel);
-    return aj_kb_wgmma_desc(kb, smem_at(kb, base, at), 16, 8 * span, aj_kb_swizzle_mode(span));
+    return aj_kb_wgmma_desc(kb, aj_smem_at(kb, base, at), 16, 8 * span, aj_kb_swizzle_mode(span));
 }
 
 LLVMValueRef aj_wgmma_nmajor_desc(aj_kb *kb, LLVMValueRef base, int rows, int width, int k0)
 {
     int span = aj_wgmma_panel_span(width);
-    return aj_kb_wgmma_desc(kb, smem_at(kb, base, (int64_t)k0 * span), rows * span, 8 * span,
+    return aj_kb_wgmma_desc(kb, aj_smem_at(kb, base, (int64_t)k0 * span), rows * span, 8 * span,
                             aj_kb_swizzle_mode(span));
 }
 

@@ -149,6 +149,10 @@ void aj_mma_tile_zero_pad(aj_kb *kb, LLVMValueRef smem_off, int rows, int width,
  * aj_wgmma_tile_width) must hold zeros.  Offsets are bytes (i32) from
  * the tile's start, `base`.
  */
+/* ptr addrspace(3) to shared byte base + bytes (base i32): one register
+ * plus a constant, which ptxas folds into the instruction, so that no
+ * per-access address stays live across a loop. */
+LLVMValueRef aj_smem_at(aj_kb *kb, LLVMValueRef base, int64_t bytes);
 /* Element (row, col): its byte offset; a 16-byte chunk where col is a
  * multiple of 8 stays whole. */
 LLVMValueRef aj_wgmma_tile_offset(aj_kb *kb, LLVMValueRef row, LLVMValueRef col, int rows,

@@ -152,16 +152,27 @@ static aj_op *bwd_case_op(aj_ctx *ctx, const bwd_case *c)
     return op;
 }
 
+/* Compiles the op for the device, its status (the message on ctx): for
+ * its target, and through the device where the case names warpgroups (a
+ * 9.0 GPU reports sm_90 and runs the wgmma kernels' sm_90a). */
+static aj_status bwd_case_compile(aj_ctx *ctx, aj_device *dev, const aj_op *op,
+                                  const bwd_case *c, aj_kernel **k)
+{
+    aj_compile_options opt = AJ_COMPILE_OPTIONS_INIT;
+    opt.target = aj_device_target(dev);
+    if (c->warpgroups)
+        opt.device = dev;
+    return aj_compile(ctx, op, &opt, k);
+}
+
 /* The op compiled for the device (NULL, a failed CHECK, when it does not
  * compile; NULL without a CHECK for no op). */
 static aj_kernel *bwd_case_kernel(aj_ctx *ctx, aj_device *dev, const aj_op *op,
                                   const bwd_case *c)
 {
     aj_kernel *k = NULL;
-    aj_compile_options opt = AJ_COMPILE_OPTIONS_INIT;
-    opt.target = aj_device_target(dev);
     if (op)
-        CHECK_MSG(aj_compile(ctx, op, &opt, &k) == AJ_OK, "%s: %s", c->label,
+        CHECK_MSG(bwd_case_compile(ctx, dev, op, c, &k) == AJ_OK, "%s: %s", c->label,
                   aj_last_error(ctx));
     return k;
 }

@@ -388,8 +388,8 @@ static int wgmma_cases(sweep_case *out, int producer)
  * "wgmma"): every D = Dv to 128 and every D with Dv = 256 - D, both
  * dtypes, 1 and 2 warpgroups, in the HEAVIEST option set (deterministic)
  * and in set 1 (dropout, atomic dQ; on two warpgroups past D = 128) in
- * turn -- with dropout past D + Dv = 192, the pairs' Dv = 192 - D (D <
- * 192), else the set without dropout. */
+ * turn -- with dropout past D + Dv = 192, every other pair's Dv = 192 -
+ * D (D < 192), else the set without dropout. */
 static int wgmma_bwd_cases(sweep_case *out)
 {
     int n = 0;
@@ -401,7 +401,7 @@ static int wgmma_bwd_cases(sweep_case *out)
                             .dtype = sweep_dtypes[(k + pair) % 2], .d = d, .dv = dv};
             int atomic = (k + pair) % 2;
             c = with_options(c, atomic ? 1 : HEAVIEST);
-            if (c.d + c.dv > 192 && !pair && c.d < 192)
+            if (c.d + c.dv > 192 && !pair && c.d < 192 && k % 2)
                 c.dv = 192 - c.d;
             else if (c.d + c.dv > 192)
                 c.dropout = 0;

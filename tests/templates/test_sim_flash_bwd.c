@@ -40,6 +40,7 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "check_compile.h"
 #include "ref.h"
 #include "bwd_case.h"
 #include "score_cases.h"
@@ -53,7 +54,7 @@ static int on_cpu;   /* the cpu target's kernels */
 /* `test_sim_flash_bwd sim wgmma`: every case on the wgmma kernels
  * (schedule warpgroups), 1 and 2 warpgroups in turn; a case's mma.sync
  * schedule is dropped */
-static int wgmma;
+static int wgmma, wgmma_refusals;
 static int cases_run;
 
 /* The tensor cores round P and dS to the dtype before the dV, dK and dQ
@@ -183,30 +184,28 @@ static void rerun_twin_mask(const bwd_case *c, const aj_bwd_args *a, tensor *con
 
 static void run_case(const bwd_case *c);
 
-/* Whether the wgmma kernels refuse c rightly: they take D + Dv up to 256
- * always (192 with dropout; the atomic dQ product on one warpgroup past
- * D = 128 may refuse); past that a refusal naming the limit is right
- * (head dims past 256, the registers); whatever compiles runs. */
+/* Whether the wgmma kernels refuse c rightly: at their default schedule
+ * they take D + Dv up to 256 always (192 with dropout); past that a
+ * refusal naming the limit is right (head dims past 256, dK and dV in
+ * registers); a schedule the case gives may be refused by its state;
+ * whatever compiles runs. */
 static bool wgmma_refused(const bwd_case *c)
 {
     int dv = c->dv ? c->dv : c->d;
     aj_op *op = bwd_case_op(ctx, c);
     aj_kernel *k = NULL;
-    aj_compile_options opt = AJ_COMPILE_OPTIONS_INIT;
-    opt.target = aj_device_target(dev);
-    aj_status st = op ? aj_compile(ctx, op, &opt, &k) : AJ_OK;
+    aj_status st = op ? bwd_case_compile(ctx, dev, op, c, &k) : AJ_OK;
     aj_kernel_destroy(k);
     aj_op_destroy(op);
     if (st == AJ_OK)
         return false;
-    bool may = c->d + dv > (c->dropout > 0 ? 192 : 256) ||
-               (!c->deterministic && c->warpgroups == 1 && c->d > 128);
-    CHECK_MSG(may && st == AJ_ERR_UNSUPPORTED &&
-                  (strstr(aj_last_error(ctx), "on wgmma keeps") ||
-                   strstr(aj_last_error(ctx), "takes head_dim + head_dim_v up to") ||
-                   strstr(aj_last_error(ctx), "flash backward on wgmma (schedule warpgroups) "
-                                              "supports")),
-              "%s: refused on wgmma: %s", c->label, aj_last_error(ctx));
+    const char *msg = aj_last_error(ctx);
+    bool limit = c->d + dv > (c->dropout > 0 ? 192 : 256) &&
+                 (strstr(msg, "takes head_dim + head_dim_v up to") ||
+                  strstr(msg, "flash backward on wgmma (schedule warpgroups) supports"));
+    bool state = c->schedule && strstr(msg, "on wgmma keeps");
+    CHECK_MSG(st == AJ_ERR_UNSUPPORTED && (limit || state), "%s: refused on wgmma: %s",
+              c->label, msg);
     printf("  %-60s refused on wgmma: %s\n", c->label, aj_last_error(ctx));
     return true;
 }
@@ -219,13 +218,15 @@ static bool as_run(const bwd_case *c, bwd_case *w)
     *w = *c;
     if (!wgmma)
         return true;
+    if (c->variant == AJ_VARIANT_EFFICIENT)   /* not the flash template's: run in `full` */
+        return false;
     if (!w->warpgroups) {
-        w->warpgroups = 1 + cases_run % 2;
+        w->warpgroups = 1 + (cases_run + wgmma_refusals) % 2;
         w->schedule = NULL;
     }
     if (!wgmma_refused(w))
         return true;
-    cases_run++;
+    wgmma_refusals++;
     return false;
 }
 
@@ -1083,11 +1084,64 @@ static void test_score_sample(void)
  * (exit 77, tests/gpu/run.sh's flash_bwd_wgmma step). */
 static void test_wgmma_target(void)
 {
-    aj_target t = aj_device_target(dev);
-    if (t != AJ_TARGET_SIM && t != AJ_TARGET_SM_90A) {
-        printf("SKIP: the flash backward's wgmma kernels need sm_90a; this device is %s\n",
-               aj_target_name(t));
+    bwd_case c = base("f16 d64 on wgmma", AJ_DTYPE_F16, 64, "none");
+    c.warpgroups = 1;
+    aj_op *op = bwd_case_op(ctx, &c);
+    aj_kernel *k = NULL;
+    aj_status st = op ? bwd_case_compile(ctx, dev, op, &c, &k) : AJ_ERR_INTERNAL;
+    aj_kernel_destroy(k);
+    aj_op_destroy(op);
+    if (st == AJ_ERR_UNSUPPORTED && aj_device_target(dev) != AJ_TARGET_SIM) {
+        printf("SKIP: the flash backward's wgmma kernels need sm_90a, which %s does not run: "
+               "%s\n", aj_target_name(aj_device_target(dev)), aj_last_error(ctx));
         exit(77);
+    }
+    CHECK_MSG(st == AJ_OK, "%s: %s", c.label, aj_last_error(ctx));
+}
+
+/* Explicit schedules on wgmma: each walked tile, one and two stages, one
+ * and two warpgroups; a schedule whose state is past the budget refused
+ * by name, with the widest tile that fits (which the defaults take). */
+static void test_wgmma_schedules(void)
+{
+    static const bwd_case rows[] = {
+        {.label = "f16 d64 wgmma x1 (block_m = 16, stages = 1) causal", .dtype = AJ_DTYPE_F16,
+         .d = 64, .mask = "causal(bottom_right)", .warpgroups = 1,
+         .schedule = "(block_m = 16, stages = 1)"},
+        {.label = "bf16 d128 wgmma x2 (block_m = 32, stages = 2) window, atomic dq",
+         .dtype = AJ_DTYPE_BF16, .d = 128, .mask = "window(20, 5, top_left)", .warpgroups = 2,
+         .schedule = "(block_m = 32, stages = 2)", .deterministic = -1},
+        {.label = "f16 d40/72 wgmma x2 (block_m = 64, stages = 1) GQA 4:2", .dtype = AJ_DTYPE_F16,
+         .d = 40, .dv = 72, .mask = "none", .hq = 4, .hkv = 2, .warpgroups = 2,
+         .schedule = "(block_m = 64, stages = 1)"},
+        {.label = "bf16 d96 wgmma x1 (block_m = 64, block_n = 64, warps = 4)",
+         .dtype = AJ_DTYPE_BF16, .d = 96, .mask = "causal(top_left)", .warpgroups = 1,
+         .schedule = "(block_m = 64, block_n = 64, warps = 4)", .repeat = 1},
+    };
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+        bwd_case c = bwd_case_over(&(bwd_case){.b = 1, .hq = 2, .hkv = 1, .sq = 37, .sk = 70,
+                                               .seed = 11, .deterministic = 1},
+                                   &rows[i]);
+        c.deterministic = rows[i].deterministic != -1;
+        run(&c);
+    }
+    /* past the budget at D 128 (the advice: a tile that fits), and what
+     * the kernels do not take */
+    static const struct { const char *sched, *want; } refused[] = {
+        {"(warpgroups = 1, block_m = 128)", "schedule: block_m = 128: flash backward on wgmma "
+         "walks tiles of 16, 32 or 64"},
+        {"(warpgroups = 2, block_m = 64)", "on wgmma keeps 256 f32 values per thread at head_dim "
+         "128/128 (dK and dV: 128, S and dP: 128; budget 200): use block_m = 32 or"},
+        {"(warpgroups = 1, block_n = 128)", "schedule: warpgroups = 1 runs flash backward's key "
+         "blocks as block_n = 64 keys on warps = 4"},
+    };
+    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
+        char spec[256];
+        snprintf(spec, sizeof spec, "attention backward flash { dtype = f16 head_dim = 128 "
+                 "schedule = %s }", refused[i].sched);
+        aj_compile_options opt = AJ_COMPILE_OPTIONS_INIT;
+        opt.target = AJ_TARGET_SIM;
+        check_compile_refused(ctx, spec, "t.aj", &opt, AJ_ERR_UNSUPPORTED, refused[i].want);
     }
 }
 
@@ -1112,7 +1166,8 @@ int main(int argc, char **argv)
     /* the suite on the wgmma kernels, less the cpu-only and argument checks */
     static void (*const wgmma_suite[])(void) = {
         test_wgmma_target, test_matrix, test_odd_dims, test_wide_dims, test_shapes,
-        test_offsets, test_score_mods, test_dropout, test_deterministic, test_expressions, test_varlen, NULL};
+        test_offsets, test_score_mods, test_dropout, test_deterministic, test_wgmma_schedules,
+        test_expressions, test_varlen, test_full_tiles, NULL};
     static const struct {
         const char *name;
         void (*const *tests)(void);
