@@ -96,9 +96,10 @@
  * element pass's option work, dropout's Philox state). */
 #define WGMMA_DEFAULT_STATE 208
 #define WARPGROUP_ROWS 64
-/* D + Dv: dK and dV live in registers; beside dropout's Philox state
- * ptxas spilled 8-20 bytes at D + Dv = 256 on one warpgroup (16-row
- * walked tiles, test_sweep_ptxas_wgmma_bwd) */
+/* D + Dv: dK and dV live in registers, past it split over two
+ * warpgroups (each then up to it); beside dropout's Philox state ptxas
+ * spilled 8-20 bytes at D + Dv = 256 on one warpgroup (16-row walked
+ * tiles, test_sweep_ptxas_wgmma_bwd) */
 #define WGMMA_KEY_DIMS 256
 #define WGMMA_KEY_DIMS_DROPOUT 192
 
@@ -113,6 +114,10 @@ typedef struct fbwd_plan {
     /* wgmma warpgroups of the dkdv kernel (block_n / 64; the dq kernel
      * runs block_m / 64); 0: mma.sync (see "wgmma" below) */
     int wg;
+    /* wgmma, D + Dv past what one warpgroup holds: the dkdv kernel's two
+     * warpgroups own the same 64 keys, one keeps dV, the other dK (see
+     * "wgmma") */
+    int split;
     int state;         /* f32 accumulators per thread (thread_state) */
     int default_state; /* state with the element pass's option work (thread_state) */
 } fbwd_plan;
@@ -120,6 +125,7 @@ typedef struct fbwd_plan {
 /* How the warps of a CTA tile an M x N product (see the header). */
 typedef struct warp_grid {
     int wm, wn;    /* warps down M (each owns mt strips of 16 rows), across N */
+    int replicas;  /* warp w computes what warp w % (wm wn) does (wgmma's split) */
     int mt, nt;    /* a warp's 16-row strips, and the most 8-column tiles it owns */
     int n;         /* the product's columns */
 } warp_grid;
@@ -143,6 +149,7 @@ static int warp_grid_for(int m, int n, int warps, warp_grid *g)
 {
     int strips = m / 16;
     g->n = n;
+    g->replicas = 1;
     if (m % 16 != 0 || n % 8 != 0)
         return 0;
     if (strips >= warps) {
@@ -307,9 +314,10 @@ static aj_status plan_smem(aj_ctx *ctx, aj_target target, const fbwd_plan *p)
  * query rows) and walks the other in tiles of block_m (dkdv: query rows,
  * dq: keys; the dq stage's plan swaps the two, so that in each kernel
  * bm counts rows and bn keys).  Per thread, dkdv holds dK and dV (D / 2
- * + Dv / 2) with S^T and dP^T (block_m / 2 each), which become P^T and
- * dS^T in place; its atomic dQ product (mma.sync, after the GEMMs that
- * free them) takes their place; dq holds dQ (D / 2) with S and dP.
+ * + Dv / 2; split, past what one warpgroup holds: the larger of them)
+ * with S^T and dP^T (block_m / 2 each), which become P^T and dS^T in
+ * place; its atomic dQ product (mma.sync, after the GEMMs that free
+ * them) takes their place; dq holds dQ (D / 2) with S and dP.
  */
 static aj_status plan_wgmma(aj_ctx *ctx, const aj_op *op, aj_target target,
                             const aj_schedule *s, fbwd_plan *p)
@@ -320,20 +328,31 @@ static aj_status plan_wgmma(aj_ctx *ctx, const aj_op *op, aj_target target,
                        "schedule: warpgroups = %d needs wgmma, which %s lacks: target sm_90a "
                        "(or sim, which emulates it), or warpgroups = 0 for the mma.sync "
                        "template", g, aj_target_name(target));
+    /* dK and dV in one warpgroup's registers up to key_dims, else split
+     * over two, each up to key_dims */
     int key_dims = op->dropout > 0 ? WGMMA_KEY_DIMS_DROPOUT : WGMMA_KEY_DIMS;
-    if (p->d + p->dv > key_dims)
+    int most = p->d > p->dv ? p->d : p->dv;
+    const char *with = op->dropout > 0 ? " with dropout" : "";
+    p->split = p->d + p->dv > key_dims;
+    if (p->split && most > key_dims)
         return aj_fail(ctx, AJ_ERR_UNSUPPORTED,
-                       "head_dim %d + head_dim_v %d: flash backward on wgmma keeps dK and dV "
-                       "in registers and takes head_dim + head_dim_v up to %d%s; warpgroups = "
-                       "0 (mma.sync) takes these", p->d, p->dv, key_dims,
-                       op->dropout > 0 ? " with dropout" : "");
-    p->bn = s->block_n ? s->block_n : WARPGROUP_ROWS * g;
+                       "head_dim %d / head_dim_v %d: flash backward on wgmma keeps dK and dV in "
+                       "registers, each up to %d%s; warpgroups = 0 (mma.sync) takes these",
+                       p->d, p->dv, key_dims, with);
+    if (p->split && g != 2)
+        return aj_fail(ctx, AJ_ERR_UNSUPPORTED,
+                       "head_dim %d + head_dim_v %d: flash backward on wgmma keeps dK and dV in "
+                       "registers, one warpgroup both up to %d%s: use warpgroups = 2 (they "
+                       "split them) or 0 (mma.sync)", p->d, p->dv, key_dims, with);
+    int rows = WARPGROUP_ROWS * (g >> p->split);
+    p->bn = s->block_n ? s->block_n : rows;
     p->warps = s->warps ? s->warps : 4 * g;
-    if (p->bn != WARPGROUP_ROWS * g || p->warps != 4 * g)
+    if (p->bn != rows || p->warps != 4 * g)
         return aj_fail(ctx, AJ_ERR_UNSUPPORTED,
                        "schedule: warpgroups = %d runs flash backward's key blocks as block_n "
-                       "= %d keys on warps = %d (64 keys per warpgroup of 4 warps), not "
-                       "block_n = %d, warps = %d", g, WARPGROUP_ROWS * g, 4 * g, p->bn,
+                       "= %d keys on warps = %d (64 keys per warpgroup of 4 warps%s), not "
+                       "block_n = %d, warps = %d", g, rows, 4 * g,
+                       p->split ? "; both on the same keys past D + Dv = 256" : "", p->bn,
                        p->warps);
     if (p->bm != 16 && p->bm != 32 && p->bm != 64)
         return aj_fail(ctx, AJ_ERR_UNSUPPORTED,
@@ -344,7 +363,7 @@ static aj_status plan_wgmma(aj_ctx *ctx, const aj_op *op, aj_target target,
      * The atomic dQ product's accumulators (block_m x D over 4 G warps,
      * live after the GEMMs that free these) never exceed them: at most
      * block_m D / (128 G) <= 2 block_m. */
-    int keys = (p->d + p->dv) / 2, scores = 2 * p->bm;
+    int keys = p->split ? most / 2 : (p->d + p->dv) / 2, scores = 2 * p->bm;
     int state = p->state = keys + scores;   /* dq: D / 2 + the same */
     /* the element pass's option work per element of S^T and of dP^T
      * (alibi's and a window's per-element terms count too: measured on
@@ -507,6 +526,7 @@ typedef struct fbwd {
     fbwd_plan p;
     LLVMValueRef warp, lane, g, t;        /* i32: lane = 4 g + t */
     LLVMValueRef wgi;                     /* i32: the warpgroup (wgmma) */
+    LLVMValueRef wg_row;                  /* i32: its 64 rows' group (split: 0) */
     LLVMValueRef bidx;                    /* i32: batch (varlen: sequence) */
     LLVMValueRef q_start, k_start;        /* i64: first packed row (varlen), else 0 */
     LLVMValueRef sq, sk;                  /* i64: the programs' totals (NULL: unread) */
@@ -525,8 +545,10 @@ static void setup(fbwd *f, aj_kb *kb, const aj_op *op, const fbwd_plan *p,
     f->lane = LLVMBuildAnd(f->b, f->tid, aj_kb_i32(f->kb, 31), "lane");
     f->g = LLVMBuildLShr(f->b, f->lane, aj_kb_i32(f->kb, 2), "g");
     f->t = LLVMBuildAnd(f->b, f->lane, aj_kb_i32(f->kb, 3), "t");
-    if (p->wg)
+    if (p->wg) {
         f->wgi = LLVMBuildLShr(f->b, f->tid, aj_kb_i32(f->kb, 7), "wg");
+        f->wg_row = p->split ? aj_kb_i32(f->kb, 0) : f->wgi;
+    }
     f->bidx = aj_kb_block_id(kb, 2);
     aj_kctx_sequence(&f->k, f->bidx, &f->q_start, &f->k_start);
     aj_attn_score_totals(kb, prog, op->layout, f->seq_q, f->seq_k, &f->sq, &f->sk);
@@ -677,26 +699,44 @@ static LLVMValueRef share_start(fbwd *f, const warp_grid *g, LLVMValueRef c)
 static void warp_origin(fbwd *f, warp_acc *acc)
 {
     const warp_grid *g = &acc->g;
-    LLVMValueRef wr = LLVMBuildURem(f->b, f->warp, aj_kb_i32(f->kb, g->wm), "");
-    LLVMValueRef wc = LLVMBuildUDiv(f->b, f->warp, aj_kb_i32(f->kb, g->wm), "");
+    LLVMValueRef warp = f->warp;
+    if (g->replicas > 1)
+        warp = LLVMBuildURem(f->b, warp, aj_kb_i32(f->kb, g->wm * g->wn), "");
+    LLVMValueRef wr = LLVMBuildURem(f->b, warp, aj_kb_i32(f->kb, g->wm), "");
+    LLVMValueRef wc = LLVMBuildUDiv(f->b, warp, aj_kb_i32(f->kb, g->wm), "");
     acc->row0 = aj_kb_mul(f->kb, wr, aj_kb_i32(f->kb, 16 * g->mt));
     acc->col_own = share_start(f, g, wc);
     LLVMValueRef end = share_start(f, g, aj_kb_add(f->kb, wc, aj_kb_i32(f->kb, 1)));
     acc->col0 = LLVMBuildSub(f->b, end, aj_kb_i32(f->kb, 8 * g->nt), "");
 }
 
-static void acc_init(fbwd *f, warp_acc *acc, int m, int n, const char *name)
+/* An M x N product over the warps, computed `replicas` times over (each
+ * warpgroup of the split dkdv kernel: its S^T and dP^T, dK and dV). */
+static void acc_init(fbwd *f, warp_acc *acc, int m, int n, const char *name, int replicas)
 {
-    warp_grid_for(m, n, f->p.warps, &acc->g);
+    warp_grid_for(m, n, f->p.warps / replicas, &acc->g);
+    acc->g.replicas = replicas;
     warp_origin(f, acc);
     for (int a = 0; a < acc->g.mt; a++)
         for (int c = 0; c < acc->g.nt; c++)
             for (int r = 0; r < 4; r++)
                 acc->v[a][c][r] = aj_kb_var(f->kb, f->kb->t_f32, aj_kb_f32(f->kb, 0), name);
     /* wgmma's products: a strip of 16 rows a warp over all N (see "wgmma") */
-    int wgmma = f->p.wg && acc->g.wm == f->p.warps && acc->g.mt == 1;
+    int wgmma = f->p.wg && acc->g.wm * replicas == f->p.warps && acc->g.mt == 1;
     acc->arr = wgmma ? aj_kb_var(f->kb, LLVMArrayType2(f->kb->t_f32, (uint64_t)n / 2), NULL, name)
                      : NULL;
+}
+
+/* The first n columns of acc's registers as a product of its own (the
+ * split dkdv kernel's dK and dV: one set of registers, a role each), with
+ * its own wgmma array. */
+static warp_acc acc_view(fbwd *f, const warp_acc *acc, int n, const char *name)
+{
+    warp_acc v = *acc;
+    v.g.n = n;
+    v.g.nt = n / 8;
+    v.arr = aj_kb_var(f->kb, LLVMArrayType2(f->kb->t_f32, (uint64_t)n / 2), NULL, name);
+    return v;
 }
 
 static void acc_zero(fbwd *f, warp_acc *acc)
@@ -831,7 +871,9 @@ static LLVMValueRef pack2(fbwd *f, LLVMValueRef lo, LLVMValueRef hi)
  * cp.async pipe fills; each thread fences the async proxy after its
  * copies land, before the barrier that hands them to wgmma.
  *
- *   dkdv (G warpgroups, warpgroup w keys 64 w ..):
+ *   dkdv (G warpgroups, warpgroup w keys 64 w ..; split, past D + Dv =
+ *   256: two warpgroups on the same 64 keys, both computing S^T and
+ *   dP^T, warpgroup 0 keeping dV and 1 dK in one set of registers):
  *     S^T = K Q^T, dP^T = V dO^T   A = K, V from w's rows, B = Q, dO: both K-major
  *     P^T, dS^T                    in place, in the accumulators
  *     dV += P^T dO, dK += dS^T Q   A = P^T, dS^T in registers (repacked as
@@ -886,7 +928,7 @@ static void wg_issue(fbwd *f, const gemm *g, int fresh)
     LLVMValueRef a_base = NULL, a[MAX_NT / 2][4];
     if (!A->regs)   /* the warpgroup's first row, in every panel */
         a_base = aj_kb_add(kb, A->tile.off,
-                           aj_kb_mul(kb, f->wgi, aj_kb_i32(kb, WARPGROUP_ROWS * A->tile.span)));
+                           aj_kb_mul(kb, f->wg_row, aj_kb_i32(kb, WARPGROUP_ROWS * A->tile.span)));
     /* A's registers are packed before the fence: ptxas would otherwise
      * fence again before each wgmma that reads a register written after
      * the last (C7519) */
@@ -1043,6 +1085,7 @@ typedef struct p_ds_pass {
     int32_t stats;
     const smem_tile *pt, *dst;   /* NULL: not stored */
     int in_place;                /* P and dS into s and dp too (wgmma's A) */
+    LLVMValueRef dst_writes;     /* i1: whether this thread stores dst (NULL: all do) */
 } p_ds_pass;
 
 static void emit_p_ds_tiles(void *user, int full)
@@ -1080,9 +1123,13 @@ static void emit_p_ds_tiles(void *user, int full)
                 if (pt)
                     aj_kb_store(kb, pack2(f, pv[2 * half], pv[2 * half + 1]),
                                 tile_ptr(f, *pt, row, col), 4);
+                if (dst && x->dst_writes)
+                    aj_kb_if_begin(kb, x->dst_writes);
                 if (dst)
                     aj_kb_store(kb, pack2(f, dv[2 * half], dv[2 * half + 1]),
                                 tile_ptr(f, *dst, row, col), 4);
+                if (dst && x->dst_writes)
+                    aj_kb_if_end(kb);
             }
         }
 }
@@ -1100,6 +1147,12 @@ static void block_range(fbwd *f, LLVMValueRef lo, LLVMValueRef hi, int per,
         b, empty, aj_kb_i32(f->kb, 0),
         LLVMBuildSDiv(b, aj_kb_add(f->kb, hi, aj_kb_i32(f->kb, per)), aj_kb_i32(f->kb, per), ""),
         "");
+}
+
+/* The split dkdv kernel's warpgroup that keeps dK (1; 0 keeps dV). */
+static LLVMValueRef role_dk(fbwd *f)
+{
+    return LLVMBuildICmp(f->b, LLVMIntNE, f->wgi, aj_kb_i32(f->kb, 0), "dk_role");
 }
 
 /* wgmma: the thread's copies (landed: the pipe waited) and pad stores
@@ -1351,6 +1404,9 @@ static void begin_walk_stage(walk_cta *w, aj_kb *kb, const aj_op *op, const fbwd
     if (plan->wg && !by_keys) {   /* dq owns block_n rows, walks block_m keys (plan_wgmma) */
         stage.bm = plan->bn;
         stage.bn = plan->bm;
+        stage.warps = stage.bm / 16;   /* a warpgroup per 64 rows: no split */
+        stage.threads = 32 * stage.warps;
+        stage.split = 0;
     }
     aj_params_declare(kb, AJ_KSIG_FLASH_BWD, op, prog);
     aj_kb_begin_stage(kb, name, stage.threads);
@@ -1366,8 +1422,8 @@ static void begin_walk_stage(walk_cta *w, aj_kb *kb, const aj_op *op, const fbwd
     zero_pads(f, w->own[1], own, p->dv);
     zero_pads(f, w->walked[0], p->stages * walked, p->d);
     zero_pads(f, w->walked[1], p->stages * walked, p->dv);
-    acc_init(f, &w->s, own, walked, "s");
-    acc_init(f, &w->dp, own, walked, "dp");
+    acc_init(f, &w->s, own, walked, "s", 1 + p->split);
+    acc_init(f, &w->dp, own, walked, "dp", 1 + p->split);
 }
 
 /* The CTA's block and GQA group; opens the block of a CTA inside the
@@ -1425,10 +1481,16 @@ static void dkdv_prologue(dkdv_cta *d, aj_kb *kb, const aj_op *op, const fbwd_pl
     if (!p->wg || !p->deterministic)
         d->dst = reserve_tile(f, p->bn, p->bm, 1, 0);
     d->stats = aj_kb_smem_reserve(kb, 8 * p->bm);
-    acc_init(f, &d->dk, p->bn, p->d, "dk");
-    acc_init(f, &d->dv, p->bn, p->dv, "dv");
+    if (p->split) {   /* one set of registers: dV in warpgroup 0, dK in 1 */
+        acc_init(f, &d->dv, p->bn, p->d > p->dv ? p->d : p->dv, "kv", 2);
+        d->dk = acc_view(f, &d->dv, p->d, "dk");
+        d->dv = acc_view(f, &d->dv, p->dv, "dv");
+    } else {
+        acc_init(f, &d->dk, p->bn, p->d, "dk", 1);
+        acc_init(f, &d->dv, p->bn, p->dv, "dv", 1);
+    }
     if (!p->deterministic)
-        acc_init(f, &d->dq, p->bm, p->d, "dq");
+        acc_init(f, &d->dq, p->bm, p->d, "dq", 1);
     open_block(w, 1);
     LLVMValueRef n0 = w->x0;
     LLVMValueRef k_base = row0_base(f, AJ_PSRC_k, w->head, f->k_start);
@@ -1468,8 +1530,10 @@ static void dkdv_step(dkdv_cta *d, const aj_score_walk *walk, LLVMValueRef pos, 
     const gemm scores[2] = {{&w->s, p->d, tile_op(f, kt, 0), tile_op(f, q_cur, 0)},
                             {&w->dp, p->dv, tile_op(f, vt, 0), tile_op(f, do_cur, 0)}};
     products(f, scores, 2, 1);
+    /* split: both warpgroups compute the same dS^T; the dK one stores it */
     p_ds_pass pass = {f, &w->s, &w->dp, 1, m0, w->x0, d->stats, p->wg ? NULL : &d->ptt,
-                      p->wg && p->deterministic ? NULL : &d->dst, p->wg};
+                      p->wg && p->deterministic ? NULL : &d->dst, p->wg,
+                      p->split ? role_dk(f) : NULL};
     aj_score_by_tile_class(kb, step_class(f, walk, cls_m, pos), tile_inside(f, m0, w->x0),
                            emit_p_ds_tiles, &pass);
     if (!p->wg || !p->deterministic)
@@ -1482,7 +1546,15 @@ static void dkdv_step(dkdv_cta *d, const aj_score_walk *walk, LLVMValueRef pos, 
         grads[0].A = (operand){.regs = &w->s};
         grads[1].A = (operand){.regs = &w->dp};
     }
-    products(f, grads, 2, 0);
+    if (p->split) {   /* warpgroup 0 dV, 1 dK */
+        aj_kb_if_begin(kb, role_dk(f));
+        products(f, &grads[1], 1, 0);
+        aj_kb_else(kb);
+        products(f, &grads[0], 1, 0);
+        aj_kb_if_end(kb);
+    } else {
+        products(f, grads, 2, 0);
+    }
     if (!p->deterministic)
         accumulate_dq(f, &d->dq, m0, dq_row0, d->dst, kt);
     aj_kb_barrier(kb);   /* this step's readers are done before the next copies */
@@ -1528,10 +1600,16 @@ static void dkdv_epilogue(dkdv_cta *d)
     walk_cta *w = &d->w;
     fbwd *f = &w->f;
     aj_kb_cp_async_wait_all(f->kb);
+    if (f->p.split)   /* each warpgroup its own */
+        aj_kb_if_begin(f->kb, role_dk(f));
     store_acc(f, &d->dk, AJ_PSRC_dk, row0_base(f, AJ_PSRC_dk, w->head, f->k_start), w->x0,
               f->seq_k, aj_op_scale(f->op));
+    if (f->p.split)
+        aj_kb_else(f->kb);
     store_acc(f, &d->dv, AJ_PSRC_dv, row0_base(f, AJ_PSRC_dv, w->head, f->k_start), w->x0,
               f->seq_k, 1.0);
+    if (f->p.split)
+        aj_kb_if_end(f->kb);
     aj_kb_if_end(f->kb);
     finish_walk_stage(w, 1);
 }
@@ -1570,7 +1648,7 @@ static void dq_prologue(dq_cta *d, aj_kb *kb, const aj_op *op, const fbwd_plan *
     if (!p->wg)   /* wgmma: dS stays in registers */
         d->dst = reserve_tile(f, p->bm, p->bn, 1, 0);
     d->stats = aj_kb_smem_reserve(kb, 8 * p->bm);
-    acc_init(f, &d->dq, p->bm, p->d, "dq");
+    acc_init(f, &d->dq, p->bm, p->d, "dq", 1);
     open_block(w, 0);
     LLVMValueRef m0 = w->x0, h = w->head;
     set_head(f, h);
@@ -1609,7 +1687,7 @@ static void dq_step(dq_cta *d, const aj_score_walk *walk, LLVMValueRef pos, LLVM
                             {&w->dp, p->dv, tile_op(f, w->own[1], 0), tile_op(f, v_cur, 0)}};
     products(f, scores, 2, 1);
     p_ds_pass pass = {f, &w->s, &w->dp, 0, m0, n0, d->stats, NULL, p->wg ? NULL : &d->dst,
-                      p->wg};
+                      p->wg, NULL};
     aj_score_by_tile_class(kb, step_class(f, walk, cls_n, pos), tile_inside(f, m0, n0),
                            emit_p_ds_tiles, &pass);
     if (!p->wg)

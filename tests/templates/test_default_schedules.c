@@ -410,6 +410,22 @@ static int wgmma_bwd_cases(sweep_case *out)
             out[n++] = c;
         }
     }
+    /* past 256, two warpgroups split dK and dV: D = Dv to 256, and D + Dv
+     * = 320 from D 64 to 256 (with dropout where D and Dv are within 192) */
+    for (int d = SWEEP_DIM_STEP; d <= SWEEP_GPU_DIM_MAX; d += SWEEP_DIM_STEP)
+        for (int pair = 0; pair < 2; pair++) {
+            int k = d / SWEEP_DIM_STEP, dv = pair ? 320 - d : d;
+            if ((pair ? d % 16 || dv > SWEEP_GPU_DIM_MAX : d <= SWEEP_GPU_DIM_MAX / 2))
+                continue;
+            sweep_case c = {.kind = AJ_KIND_BACKWARD, .variant = AJ_VARIANT_FLASH,
+                            .dtype = sweep_dtypes[(k + pair) % 2], .d = d, .dv = dv};
+            int atomic = (k + pair) % 2;
+            c = with_options(c, atomic ? 1 : HEAVIEST);
+            c.deterministic = !atomic;
+            c.dropout = (d > 192 || dv > 192) ? 0 : c.dropout;
+            c.warpgroups = 2;
+            out[n++] = c;
+        }
     return n;
 }
 

@@ -184,11 +184,18 @@ static void rerun_twin_mask(const bwd_case *c, const aj_bwd_args *a, tensor *con
 
 static void run_case(const bwd_case *c);
 
+/* The most D + Dv one warpgroup of the wgmma backward holds dK and dV
+ * for (past it two split them, each up to it): 256, 192 with dropout. */
+static int wgmma_key_dims(const bwd_case *c)
+{
+    return c->dropout > 0 ? 192 : 256;
+}
+
 /* Whether the wgmma kernels refuse c rightly: at their default schedule
- * they take D + Dv up to 256 always (192 with dropout); past that a
- * refusal naming the limit is right (head dims past 256, dK and dV in
- * registers); a schedule the case gives may be refused by its state;
- * whatever compiles runs. */
+ * they take D + Dv up to wgmma_key_dims always, and on two warpgroups
+ * D and Dv each up to it; past that a refusal naming the limit is right;
+ * a schedule the case gives may be refused by its state; whatever
+ * compiles runs. */
 static bool wgmma_refused(const bwd_case *c)
 {
     int dv = c->dv ? c->dv : c->d;
@@ -200,9 +207,10 @@ static bool wgmma_refused(const bwd_case *c)
     if (st == AJ_OK)
         return false;
     const char *msg = aj_last_error(ctx);
-    bool limit = c->d + dv > (c->dropout > 0 ? 192 : 256) &&
-                 (strstr(msg, "takes head_dim + head_dim_v up to") ||
-                  strstr(msg, "flash backward on wgmma (schedule warpgroups) supports"));
+    int most = c->d > dv ? c->d : dv, key_dims = wgmma_key_dims(c);
+    bool past = most > key_dims || (c->d + dv > key_dims && c->warpgroups == 1);
+    bool limit = past && (strstr(msg, "flash backward on wgmma keeps dK and dV in registers") ||
+                          strstr(msg, "flash backward on wgmma (schedule warpgroups) supports"));
     bool state = c->schedule && strstr(msg, "on wgmma keeps");
     CHECK_MSG(st == AJ_ERR_UNSUPPORTED && (limit || state), "%s: refused on wgmma: %s",
               c->label, msg);
@@ -220,8 +228,9 @@ static bool as_run(const bwd_case *c, bwd_case *w)
         return true;
     if (c->variant == AJ_VARIANT_EFFICIENT)   /* not the flash template's: run in `full` */
         return false;
-    if (!w->warpgroups) {
-        w->warpgroups = 1 + (cases_run + wgmma_refusals) % 2;
+    if (!w->warpgroups) {   /* past what one warpgroup holds, two split dK and dV */
+        int dv = c->dv ? c->dv : c->d;
+        w->warpgroups = c->d + dv > wgmma_key_dims(c) ? 2 : 1 + (cases_run + wgmma_refusals) % 2;
         w->schedule = NULL;
     }
     if (!wgmma_refused(w))
@@ -1111,11 +1120,15 @@ static void test_wgmma_schedules(void)
         {.label = "bf16 d128 wgmma x2 (block_m = 32, stages = 2) window, atomic dq",
          .dtype = AJ_DTYPE_BF16, .d = 128, .mask = "window(20, 5, top_left)", .warpgroups = 2,
          .schedule = "(block_m = 32, stages = 2)", .deterministic = -1},
+        {.label = "bf16 d256/192 wgmma x2 split (block_m = 16, stages = 1), atomic dq",
+         .dtype = AJ_DTYPE_BF16, .d = 256, .dv = 192, .mask = "causal(bottom_right)",
+         .sq = 21, .sk = 40, .warpgroups = 2, .schedule = "(block_m = 16, stages = 1)",
+         .deterministic = -1},
         {.label = "f16 d40/72 wgmma x2 (block_m = 64, stages = 1) GQA 4:2", .dtype = AJ_DTYPE_F16,
          .d = 40, .dv = 72, .mask = "none", .hq = 4, .hkv = 2, .warpgroups = 2,
          .schedule = "(block_m = 64, stages = 1)"},
-        {.label = "bf16 d96 wgmma x1 (block_m = 64, block_n = 64, warps = 4)",
-         .dtype = AJ_DTYPE_BF16, .d = 96, .mask = "causal(top_left)", .warpgroups = 1,
+        {.label = "bf16 d64 wgmma x1 (block_m = 64, block_n = 64, warps = 4), reruns",
+         .dtype = AJ_DTYPE_BF16, .d = 64, .mask = "causal(top_left)", .warpgroups = 1,
          .schedule = "(block_m = 64, block_n = 64, warps = 4)", .repeat = 1},
     };
     for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
