@@ -234,11 +234,12 @@ static void bwd_io_release(bwd_io *x)
 }
 
 /* alibi's slopes, 2^(-8 (h + 1) / Hq), as the reference and the launch
- * read them */
+ * read them (bwd_slopes_on: t in the device's memory) */
 typedef struct bwd_slopes {
     double ref[64];
     float f32[64];
     aj_tensor t;               /* zero: no alibi */
+    aj_device *dev;            /* t.data's, once on a device */
 } bwd_slopes;
 
 /* The reference problem of a padded case (the caller sets cu_q, cu_k for
@@ -267,6 +268,28 @@ static ref_problem bwd_case_problem(const bwd_case *c, bwd_slopes *s)
     p.seed = c->drop_seed;
     p.offset = c->drop_offset;
     return p;
+}
+
+/* The slopes copied to the device's memory, where a launch reads them (a
+ * GPU cannot read the host's f32); bwd_slopes_free releases them. */
+static void bwd_slopes_on(aj_device *dev, bwd_slopes *s)
+{
+    if (!s->t.data)
+        return;
+    size_t bytes = (size_t)s->t.shape[0] * sizeof(float);
+    void *d = NULL;
+    CHECK(aj_device_alloc(dev, bytes, &d) == AJ_OK);
+    if (d)
+        CHECK(aj_device_copy_to(dev, d, s->f32, bytes) == AJ_OK);
+    s->t.data = d;
+    s->dev = dev;
+}
+
+static void bwd_slopes_free(bwd_slopes *s)
+{
+    if (s->dev && s->t.data)
+        aj_device_free(s->dev, s->t.data);
+    s->dev = NULL;
 }
 
 /* The launch's arguments over x: the case's positions, totals, dropout

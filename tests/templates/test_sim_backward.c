@@ -59,6 +59,7 @@ static void run(const bwd_case *c)
     uint64_t rng = bwd_io_fill(&x, c);
     bwd_slopes slopes;
     ref_problem p = bwd_case_problem(c, &slopes);
+    bwd_slopes_on(dev, &slopes);
     /* bias: contiguous in the broadcast shape, size-1 dims stride 0 */
     int has_bias = c->bias_shape[3] != 0;
     tensor bias, dbias;
@@ -114,6 +115,7 @@ static void run(const bwd_case *c)
         tensor_release(&bias);
         tensor_release(&dbias);
     }
+    bwd_slopes_free(&slopes);
     bwd_io_release(&x);
     aj_kernel_destroy(kernel);
 }

@@ -281,6 +281,7 @@ static void run_case(const bwd_case *c)
 
     bwd_slopes slopes;
     ref_problem p = bwd_case_problem(c, &slopes);
+    bwd_slopes_on(dev, &slopes);
     if (varlen) {
         p.cu_q = cu_q;
         p.cu_k = cu_k;
@@ -334,6 +335,7 @@ static void run_case(const bwd_case *c)
         rerun_same_bits(c, kernel, &a, outs, first, on_cpu ? c->b * c->hkv + 1 : 3);
         free_bits(first);
     }
+    bwd_slopes_free(&slopes);
     bwd_io_release(&x);
     for (int i = 0; i < 2; i++)
         if (cu_dev[i])
