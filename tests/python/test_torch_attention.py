@@ -258,6 +258,34 @@ def test_errors_carry_status_and_message():
     assert isinstance(attnjit.InvalidArgError(1, "x"), ValueError)
 
 
+@pytest.mark.parametrize("warpgroups", [1, 2])
+def test_warpgroups_select_the_wgmma_kernels_and_cpu_runs_its_own(warpgroups):
+    """warpgroups=N puts schedule warpgroups on the forward and backward
+    ops (the wgmma kernels on a Hopper GPU); the cpu runs its own kernels:
+    o, lse and the gradients against the reference, o and lse bit for bit
+    the plain call's."""
+    seen = reference.visible(2, 4, 40, 40, causal="bottom_right")
+    outs = []
+    for wg in (None, warpgroups):
+        o, lse = run_case(torch.bfloat16, Sq=40, Sk=40, causal="bottom_right", warpgroups=wg,
+                          ref=dict(seen=seen))
+        outs.append((o.detach(), lse))
+    assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
+
+
+def test_warpgroups_errors():
+    q = make((1, 2, 8, 64), torch.bfloat16)
+    with pytest.raises(attnjit.InvalidArgError, match=r"warpgroups = 3; want 1 or 2"):
+        at.attention(q, q, q, warpgroups=3)
+    with pytest.raises(attnjit.InvalidArgError, match="float16 and bfloat16 without bias"):
+        at.attention(q.float(), q.float(), q.float(), warpgroups=1)
+    with pytest.raises(attnjit.InvalidArgError, match="runs the efficient variant"):
+        at.attention(q, q, q, bias=torch.zeros(8, 8, dtype=torch.bfloat16), warpgroups=2)
+    packed, cu = q[0].transpose(0, 1).contiguous(), torch.tensor([0, 8], dtype=torch.int32)
+    with pytest.raises(attnjit.InvalidArgError, match=r"warpgroups = True; want 1 or 2"):
+        at.attention_varlen(packed, packed, packed, cu, cu, 8, 8, warpgroups=True)
+
+
 def test_kernels_are_compiled_once_per_op_and_device():
     q = make((1, 2, 8, 64), torch.float32)
     at.attention(q, q, q, causal=True)

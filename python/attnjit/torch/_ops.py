@@ -679,7 +679,7 @@ def _forward_op(layout, *inputs):
 def attention(q, k, v, *, causal=False, window=None, softcap=None, alibi_slopes=None,
               bias=None, scale=None, dropout_p=0.0, mask=None, score_mod=None, tensors=None,
               sinks=None, variant=None, return_lse=False, oob="check", q_descale=None,
-              k_descale=None, v_descale=None, out_dtype=None):
+              k_descale=None, v_descale=None, out_dtype=None, warpgroups=None):
     """Attention over q (B, Hq, Sq, D), k (B, Hkv, Sk, D), v (B, Hkv, Sk, Dv):
     returns o (B, Hq, Sq, Dv), and with return_lse also lse (B, Hq, Sq),
     float32, natural log, -inf for a row that sees no key (whose o is 0).
@@ -699,7 +699,10 @@ def attention(q, k, v, *, causal=False, window=None, softcap=None, alibi_slopes=
     and rows in a fixed order).  oob: "check" (a load of mask / score_mod
     that may leave its side tensor, by interval arithmetic over the call's
     positions, raises InvalidArgError naming it) or "zero" (it reads 0,
-    the IR's rule).  lse carries no gradient.
+    the IR's rule).  lse carries no gradient.  warpgroups=1 or 2: on a
+    Hopper GPU (compute capability 9.0) the flash variant's wgmma kernels,
+    forward and backward, on that many warpgroups (docs/gpu.md; float16 /
+    bfloat16; other GPUs refuse it, the cpu runs its own kernels).
 
     FP8 inputs (a forward; docs/python.md "FP8 inputs"): k and v of
     float8_e4m3fn or float8_e5m2 with k_descale and v_descale (floats, or
@@ -719,7 +722,7 @@ def attention(q, k, v, *, causal=False, window=None, softcap=None, alibi_slopes=
         raise _fail("q_descale and out_dtype apply to FP8 inputs (float8 k and v)")
     q, k, v, bias, alibi_slopes, side, rng, variant, body = _prepare(
         q, k, v, causal, window, softcap, alibi_slopes, bias, scale, dropout_p, mask, score_mod,
-        tensors, variant, sinks=sinks, oob=oob)
+        tensors, variant, sinks=sinks, oob=oob, warpgroups=warpgroups)
     body += _short_tiles(q, k)
     o, lse = _forward_op("padded", q, k, v, bias, alibi_slopes, side, rng, variant, body)
     return (o, lse) if return_lse else o
@@ -756,7 +759,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
                      causal=False, window=None, softcap=None, alibi_slopes=None, scale=None,
                      dropout_p=0.0, mask=None, score_mod=None, tensors=None, sinks=None,
                      variant=None, return_lse=False, oob="check", q_descale=None,
-                     k_descale=None, v_descale=None, out_dtype=None):
+                     k_descale=None, v_descale=None, out_dtype=None, warpgroups=None):
     """attention() over packed sequences (FlashAttention's varlen layout):
     q (Tq, Hq, D), k (Tk, Hkv, D), v (Tk, Hkv, Dv); sequence b is rows
     cu_seqlens_q[b] .. cu_seqlens_q[b+1]-1 of q and cu_seqlens_k[b] ..
@@ -795,7 +798,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
         raise _fail("q_descale and out_dtype apply to FP8 inputs (float8 k and v)")
     q, k, v, _, alibi_slopes, side, rng, variant, body = _prepare(
         q, k, v, causal, window, softcap, alibi_slopes, None, scale, dropout_p, mask, score_mod,
-        tensors, variant, layout="varlen", sinks=sinks, oob=oob)
+        tensors, variant, layout="varlen", sinks=sinks, oob=oob, warpgroups=warpgroups)
     o, lse = _forward_op("varlen", q, k, v, cu_seqlens_q.contiguous(),
                          cu_seqlens_k.contiguous(), bounds[0], bounds[1], alibi_slopes, side,
                          rng, variant, body)
@@ -810,6 +813,21 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
 # symbolic, and the default tiles stay)
 _SHORT_SEQ = 128
 _SHORT_TILES = "\n  schedule = (block_m = 32, block_n = 32)"
+
+
+def _warpgroups(n, variant, q):
+    """The schedule line of attention()'s warpgroups=n: the flash
+    variant's wgmma kernels (Hopper), forward and backward; "" for None."""
+    if n is None:
+        return ""
+    if isinstance(n, bool) or n not in (1, 2):
+        raise _fail("warpgroups = %r; want 1 or 2 (the flash variant's wgmma kernels on "
+                    "Hopper, docs/gpu.md) or None" % (n,))
+    if variant != "flash" or q.dtype == torch.float32:
+        raise _fail("warpgroups = %d selects the flash variant's wgmma kernels, which take "
+                    "float16 and bfloat16 without bias; this call runs the %s variant in %s"
+                    % (n, variant, q.dtype))
+    return "\n  schedule = (warpgroups = %d)" % n
 
 
 def _short_tiles(q, k):
@@ -828,7 +846,8 @@ def _aligned_bias(bias):
 
 
 def _prepare(q, k, v, causal, window, softcap, alibi_slopes, bias, scale, dropout_p, mask,
-             score_mod, tensors, variant, layout="padded", sinks=None, oob="check"):
+             score_mod, tensors, variant, layout="padded", sinks=None, oob="check",
+             warpgroups=None):
     """The checks and conversions attention(), attention_varlen() and
     ring_attention() share: the tensors as the ops take them and the op's
     IR body (layout "padded": (B, H, S, D); "varlen": (T, H, D)).  A float
@@ -873,6 +892,7 @@ def _prepare(q, k, v, causal, window, softcap, alibi_slopes, bias, scale, dropou
                     "error) or 'zero' (it reads 0)" % (oob,))
     if oob == "zero":
         body += _OOB_ZERO
+    body += _warpgroups(warpgroups, variant, q)
     rng = None
     if dropout_p:
         rng = torch.randint(0, 2**62, (2,), dtype=torch.int64)
