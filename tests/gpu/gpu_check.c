@@ -270,9 +270,10 @@ static void clock_close(gpu_clock *c)
     cu->DevicePrimaryCtxRelease(c->device);
 }
 
-/* One aj_forward on the default stream, timed by events around it. */
-static aj_status time_forward(aj_ctx *ctx, gpu_clock *c, aj_device *dev, const aj_kernel *k,
-                              const aj_fwd_args *a, double *ms)
+/* One aj_forward (fa) or aj_backward (ba) on the default stream, timed
+ * by events around it. */
+static aj_status time_launch(aj_ctx *ctx, gpu_clock *c, aj_device *dev, const aj_kernel *k,
+                             const aj_fwd_args *fa, const aj_bwd_args *ba, double *ms)
 {
     const aj_cuda *cu = c->cu;
     aj_status st = AJ_OK;
@@ -281,7 +282,7 @@ static aj_status time_forward(aj_ctx *ctx, gpu_clock *c, aj_device *dev, const a
     AJ_CU_TRY(ctx, cu, cu->CtxPushCurrent(c->primary), "cuCtxPushCurrent");
     CUresult r = cu->EventRecord(c->start, NULL);
     if (r == AJ_CUDA_SUCCESS) {
-        st = aj_forward(ctx, dev, k, a);
+        st = fa ? aj_forward(ctx, dev, k, fa) : aj_backward(ctx, dev, k, ba);
         r = cu->EventRecord(c->end, NULL);
     }
     if (r == AJ_CUDA_SUCCESS)
@@ -299,7 +300,7 @@ done:
 /* Registers and local memory (spills) per thread of the kernel's first
  * stage, as the driver reports them after loading its PTX; -1 if it
  * cannot say. */
-static void kernel_resources(gpu_clock *c, const aj_kernel *k, int *regs, int *local)
+static void kernel_resources(gpu_clock *c, const aj_kernel *k, int stage, int *regs, int *local)
 {
     const aj_cuda *cu = c->cu;
     *regs = *local = -1;
@@ -311,7 +312,7 @@ static void kernel_resources(gpu_clock *c, const aj_kernel *k, int *regs, int *l
     if (!ptx || cu->CtxPushCurrent(c->primary) != AJ_CUDA_SUCCESS)
         return;
     if (cu->ModuleLoadData(&mod, ptx) == AJ_CUDA_SUCCESS) {
-        if (cu->ModuleGetFunction(&fn, mod, aj_kernel_stage_entry(k, 0)) == AJ_CUDA_SUCCESS) {
+        if (cu->ModuleGetFunction(&fn, mod, aj_kernel_stage_entry(k, stage)) == AJ_CUDA_SUCCESS) {
             cu->FuncGetAttribute(regs, AJ_CU_FUNC_ATTRIBUTE_NUM_REGS, fn);
             cu->FuncGetAttribute(local, AJ_CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, fn);
         }
@@ -326,19 +327,23 @@ static void kernel_resources(gpu_clock *c, const aj_kernel *k, int *regs, int *l
 static int report_speed(aj_ctx *ctx, const char *kernel, int d, int s, int b, int h, int causal,
                         aj_status st, double ms, int regs, int local, int *first)
 {
-    double flops = 4.0 * b * (double)s * s * d * h / (causal ? 2 : 1);
+    /* a backward row (kernel "..._bwd") counts FlashAttention's 2.5 forwards */
+    size_t len = strlen(kernel);
+    int bwd = len > 4 && strcmp(kernel + len - 4, "_bwd") == 0;
+    const char *kind = bwd ? "" : " fwd";
+    double flops = (bwd ? 10.0 : 4.0) * b * (double)s * s * d * h / (causal ? 2 : 1);
     if (st != AJ_OK) {
-        say("| %s fwd | %d | %d | %d x %d | %s | %s | - | %d | %d |\n", kernel, d, s, b, h,
+        say("| %s%s | %d | %d | %d x %d | %s | %s | - | %d | %d |\n", kernel, kind, d, s, b, h,
             causal ? "yes" : "no", aj_status_str(st), regs, local);
         fprintf(stderr, "gpu_check: %s d%d S%d: %s\n", kernel, d, s, aj_last_error(ctx));
         return 1;
     }
-    say("| %s fwd | %d | %d | %d x %d | %s | %.3f | %.1f | %d | %d |\n", kernel, d, s, b, h,
-        causal ? "yes" : "no", ms, flops / ms / 1e9, regs, local);
+    say("| %s%s | %d | %d | %d x %d | %s | %.3f | %.1f | %d | %d |\n", kernel, kind, d, s, b,
+        h, causal ? "yes" : "no", ms, flops / ms / 1e9, regs, local);
     if (json)
-        fprintf(json, "%s    {\"kernel\": \"%s_fwd\", \"d\": %d, \"S\": %d, \"B\": %d, \"H\": %d, "
+        fprintf(json, "%s    {\"kernel\": \"%s%s\", \"d\": %d, \"S\": %d, \"B\": %d, \"H\": %d, "
                 "\"causal\": %s, \"ms\": %.4f, \"tflops\": %.3f, \"registers\": %d, "
-                "\"local_bytes\": %d}", *first ? "" : ",\n", kernel, d, s, b, h,
+                "\"local_bytes\": %d}", *first ? "" : ",\n", kernel, bwd ? "" : "_fwd", d, s, b, h,
                 causal ? "true" : "false", ms, flops / ms / 1e9, regs, local);
     *first = 0;
     return 0;
@@ -383,9 +388,9 @@ static aj_status time_kernel(aj_ctx *ctx, gpu_clock *clock, aj_device *dev, cons
         a.q_scale = a.k_scale = a.v_scale = (aj_tensor){one, AJ_DTYPE_F32, 1, {1}, {1}};
     double times[16];
     for (int r = 0; r < 3 && st == AJ_OK; r++)
-        st = time_forward(ctx, clock, dev, k, &a, &times[0]);
+        st = time_launch(ctx, clock, dev, k, &a, NULL, &times[0]);
     for (int r = 0; r < reps && st == AJ_OK; r++)
-        st = time_forward(ctx, clock, dev, k, &a, &times[r]);
+        st = time_launch(ctx, clock, dev, k, &a, NULL, &times[r]);
     if (st == AJ_OK) {
         qsort(times, (size_t)reps, sizeof times[0], cmp_double);
         *ms = times[reps / 2];
@@ -412,12 +417,100 @@ static int measure(aj_ctx *ctx, gpu_clock *clock, aj_device *dev, aj_kernel *k,
     int regs = -1, local = -1;
     double ms = 0;
     if (k)
-        kernel_resources(clock, k, &regs, &local);
+        kernel_resources(clock, k, 0, &regs, &local);
     aj_status st = k ? time_kernel(ctx, clock, dev, k, c->in, c->b, c->h, c->s, c->d, reps, &ms)
                      : AJ_ERR_CODEGEN;
     aj_kernel_destroy(k);
     return report_speed(ctx, c->name, c->d, c->s, c->b, c->h, c->causal, st, ms, regs, local,
                         first);
+}
+
+/* Flash backward kernel k timed on B x H x S x d bf16 (the median of
+ * `reps` launches after 3): LSE a constant above every row's scores (the
+ * inputs are in [-1, 1]), so that P stays finite and small as a real
+ * backward's does; O and dO the inputs' values. */
+static aj_status time_backward(aj_ctx *ctx, gpu_clock *clock, aj_device *dev,
+                               const aj_kernel *k, int b, int h, int s, int d, int reps,
+                               double *ms)
+{
+    size_t elems = (size_t)b * h * s * d, rows = (size_t)b * h * s;
+    void *buf[9] = {NULL};   /* q k v o do dq dk dv, then lse */
+    aj_status st = AJ_OK;
+    for (int i = 0; i < 9 && st == AJ_OK; i++)
+        st = aj_device_alloc(dev, i < 8 ? elems * 2 : rows * 4, &buf[i]);
+    uint16_t *host = malloc(elems * 2);
+    float *lse = malloc(rows * 4);
+    for (size_t i = 0; host && i < elems; i++) {
+        float f = (float)((i * 2654435761u) % 2001) / 1000.0f - 1.0f;
+        aj_convert(&f, AJ_DTYPE_F32, &host[i], AJ_DTYPE_BF16, 1);
+    }
+    for (size_t i = 0; lse && i < rows; i++)
+        lse[i] = (float)sqrt((double)d) + logf((float)s);
+    for (int i = 0; i < 5 && st == AJ_OK && host; i++)   /* q k v o do */
+        st = aj_device_copy_to(dev, buf[i], host, elems * 2);
+    if (st == AJ_OK && lse)
+        st = aj_device_copy_to(dev, buf[8], lse, rows * 4);
+    if (!host || !lse)
+        st = AJ_ERR_OUT_OF_MEMORY;
+    free(host);
+    free(lse);
+    aj_bwd_args a = AJ_BWD_ARGS_INIT;
+    aj_tensor *t[8] = {&a.q, &a.k, &a.v, &a.o, &a.do_, &a.dq, &a.dk, &a.dv};
+    for (int i = 0; i < 8; i++)
+        *t[i] = dev_tensor(buf[i], AJ_DTYPE_BF16, b, h, s, d);
+    a.lse = (aj_tensor){buf[8], AJ_DTYPE_F32, 3, {b, h, s, 0}, {(int64_t)h * s, s, 1, 0}};
+    double times[16];
+    for (int r = 0; r < 3 && st == AJ_OK; r++)
+        st = time_launch(ctx, clock, dev, k, NULL, &a, &times[0]);
+    for (int r = 0; r < reps && st == AJ_OK; r++)
+        st = time_launch(ctx, clock, dev, k, NULL, &a, &times[r]);
+    if (st == AJ_OK) {
+        qsort(times, (size_t)reps, sizeof times[0], cmp_double);
+        *ms = times[reps / 2];
+    }
+    for (int i = 0; i < 9; i++)
+        aj_device_free(dev, buf[i]);
+    return st;
+}
+
+/* The flash backward at d 128, S 4096, 4 x 16 heads, deterministic:
+ * mma.sync, and on a 9.0 GPU its wgmma kernels on one and two
+ * warpgroups; registers of the dkdv stage. */
+static int benchmark_backward(aj_ctx *ctx, gpu_clock *clock, aj_device *dev, int reps)
+{
+    say("\n## Backward speed on %s (bf16, d 128, S 4096, 4 x 16 heads, deterministic, "
+        "CUDA events; dkdv's registers)\n\n", aj_device_name(dev));
+    say("| kernel | d | S | B x H | causal | median (ms) | TFLOP/s | registers | local bytes |\n"
+        "|---|---:|---:|---|---|---:|---:|---:|---:|\n");
+    if (json)
+        fprintf(json, ",\n  \"backward_speed\": [\n");
+    static const struct { const char *name, *schedule; } kernels[] = {
+        {"flash_bwd", ""},
+        {"wgmma_x1_bwd", " schedule = (warpgroups = 1)"},
+        {"wgmma_x2_bwd", " schedule = (warpgroups = 2)"},
+    };
+    int nk = aj_device_runs(dev, AJ_TARGET_SM_90A) ? 3 : 1;   /* wgmma: 9.0 only */
+    int failed = 0, first = 1;
+    for (int i = 0; i < nk; i++)
+        for (int causal = 0; causal < 2; causal++) {
+            char text[256];
+            snprintf(text, sizeof text, "attention backward flash { dtype = bf16 head_dim = 128 "
+                     "mask = %s deterministic = true%s }",
+                     causal ? "causal(bottom_right)" : "none", kernels[i].schedule);
+            aj_kernel *k = compile_spec(ctx, dev, text);
+            int regs = -1, local = -1;
+            double ms = 0;
+            if (k)
+                kernel_resources(clock, k, 1, &regs, &local);
+            aj_status st = k ? time_backward(ctx, clock, dev, k, 4, 16, 4096, 128, reps, &ms)
+                             : AJ_ERR_CODEGEN;
+            aj_kernel_destroy(k);
+            failed += report_speed(ctx, kernels[i].name, 128, 4096, 4, 16, causal, st, ms, regs,
+                                   local, &first);
+        }
+    if (json)
+        fprintf(json, "\n  ]");
+    return failed;
 }
 
 static int benchmark(aj_ctx *ctx, aj_device *dev, int quick)
@@ -463,9 +556,10 @@ static int benchmark(aj_ctx *ctx, aj_device *dev, int quick)
                                    causal};
             failed += measure(ctx, &clock, dev, k, &sc, reps, &first);
         }
-    clock_close(&clock);
     if (json)
         fprintf(json, "\n  ]");
+    failed += benchmark_backward(ctx, &clock, dev, reps);
+    clock_close(&clock);
     return failed;
 }
 

@@ -1140,22 +1140,26 @@ static void test_wgmma_schedules(void)
         c.deterministic = rows[i].deterministic != -1;
         run(&c);
     }
-    /* past the budget at D 128 (the advice: a tile that fits), and what
-     * the kernels do not take */
-    static const struct { const char *sched, *want; } refused[] = {
-        {"(warpgroups = 1, block_m = 128)", "schedule: block_m = 128: flash backward on wgmma "
-         "walks tiles of 16, 32 or 64"},
-        {"(warpgroups = 2, block_m = 64)", "on wgmma keeps 256 f32 values per thread at head_dim "
-         "128/128 (dK and dV: 128, S and dP: 128; budget 200): use block_m = 32 or"},
-        {"(warpgroups = 1, block_n = 128)", "schedule: warpgroups = 1 runs flash backward's key "
-         "blocks as block_n = 64 keys on warps = 4"},
+    /* GPU targets without wgmma; past the budget at D 128 (the advice: a
+     * tile that fits); what the kernels do not take */
+    static const struct { aj_target target; const char *sched, *want; } refused[] = {
+        {AJ_TARGET_SM_80, "(warpgroups = 1)", "schedule: warpgroups = 1 needs wgmma, which "
+         "sm_80 lacks: target sm_90a"},
+        {AJ_TARGET_SM_90, "(warpgroups = 2)", "needs wgmma, which sm_90 lacks"},
+        {AJ_TARGET_SIM, "(warpgroups = 1, block_m = 128)", "schedule: block_m = 128: flash "
+         "backward on wgmma walks tiles of 16, 32 or 64"},
+        {AJ_TARGET_SIM, "(warpgroups = 2, block_m = 64)", "on wgmma keeps 256 f32 values per "
+         "thread at head_dim 128/128 (dK and dV: 128, S and dP: 128; budget 200): use block_m "
+         "= 32 or"},
+        {AJ_TARGET_SM_90A, "(warpgroups = 1, block_n = 128)", "schedule: warpgroups = 1 runs "
+         "flash backward's key blocks as block_n = 64 keys on warps = 4"},
     };
     for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
         char spec[256];
         snprintf(spec, sizeof spec, "attention backward flash { dtype = f16 head_dim = 128 "
                  "schedule = %s }", refused[i].sched);
         aj_compile_options opt = AJ_COMPILE_OPTIONS_INIT;
-        opt.target = AJ_TARGET_SIM;
+        opt.target = refused[i].target;
         check_compile_refused(ctx, spec, "t.aj", &opt, AJ_ERR_UNSUPPORTED, refused[i].want);
     }
 }
