@@ -33,6 +33,8 @@
  *        Every dQ element is summed by one thread in a fixed order, so
  *        the results are bitwise reproducible run to run.
  * dq_convert: dQ = scale dQacc in the op's dtype.
+ * With schedule warpgroups (sm_90a, sim) dkdv and dq run their products
+ * on wgmma: see "wgmma" below.
  *
  * Warps tile each product's output (M x N) in 16-row strips: with W
  * warps and M / 16 >= W strips a warp owns M / 16 / W of them over all N
@@ -111,8 +113,9 @@ typedef struct fbwd_plan {
     int d, dv;
     int bm, bn, warps, threads, stages;
     int deterministic;
-    /* wgmma warpgroups of the dkdv kernel (block_n / 64; the dq kernel
-     * runs block_m / 64); 0: mma.sync (see "wgmma" below) */
+    /* wgmma warpgroups of the dkdv kernel (block_n / 64, or 2 on 64 keys
+     * when split; the dq kernel runs one per 64 of its rows); 0:
+     * mma.sync (see "wgmma" below) */
     int wg;
     /* wgmma, D + Dv past what one warpgroup holds: the dkdv kernel's two
      * warpgroups own the same 64 keys, one keeps dV, the other dK (see
@@ -311,7 +314,8 @@ static aj_status plan_smem(aj_ctx *ctx, aj_target target, const fbwd_plan *p)
 /*
  * The wgmma kernels' plan (schedule warpgroups = G; see "wgmma"): each
  * kernel owns block_n = 64 G of its dim on G warpgroups (dkdv: keys, dq:
- * query rows) and walks the other in tiles of block_m (dkdv: query rows,
+ * query rows; split, dkdv's two warpgroups own the same 64 keys and dq
+ * runs one) and walks the other in tiles of block_m (dkdv: query rows,
  * dq: keys; the dq stage's plan swaps the two, so that in each kernel
  * bm counts rows and bn keys).  Per thread, dkdv holds dK and dV (D / 2
  * + Dv / 2; split, past what one warpgroup holds: the larger of them)
@@ -350,10 +354,11 @@ static aj_status plan_wgmma(aj_ctx *ctx, const aj_op *op, aj_target target,
     if (p->bn != rows || p->warps != 4 * g)
         return aj_fail(ctx, AJ_ERR_UNSUPPORTED,
                        "schedule: warpgroups = %d runs flash backward's key blocks as block_n "
-                       "= %d keys on warps = %d (64 keys per warpgroup of 4 warps%s), not "
-                       "block_n = %d, warps = %d", g, rows, 4 * g,
-                       p->split ? "; both on the same keys past D + Dv = 256" : "", p->bn,
-                       p->warps);
+                       "= %d keys on warps = %d (%s), not block_n = %d, warps = %d", g, rows,
+                       4 * g, p->split ? "both warpgroups on the same 64 keys: dK and dV are "
+                                         "split between them"
+                                       : "64 keys per warpgroup of 4 warps",
+                       p->bn, p->warps);
     if (p->bm != 16 && p->bm != 32 && p->bm != 64)
         return aj_fail(ctx, AJ_ERR_UNSUPPORTED,
                        "schedule: block_m = %d: flash backward on wgmma walks tiles of 16, 32 "
@@ -1404,7 +1409,7 @@ static void begin_walk_stage(walk_cta *w, aj_kb *kb, const aj_op *op, const fbwd
     if (plan->wg && !by_keys) {   /* dq owns block_n rows, walks block_m keys (plan_wgmma) */
         stage.bm = plan->bn;
         stage.bn = plan->bm;
-        stage.warps = stage.bm / 16;   /* a warpgroup per 64 rows: no split */
+        stage.warps = stage.bm / 16;   /* a warpgroup per 64 of its rows; never split */
         stage.threads = 32 * stage.warps;
         stage.split = 0;
     }

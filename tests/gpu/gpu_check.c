@@ -297,8 +297,8 @@ done:
     return st;
 }
 
-/* Registers and local memory (spills) per thread of the kernel's first
- * stage, as the driver reports them after loading its PTX; -1 if it
+/* Registers and local memory (spills) per thread of the kernel's stage
+ * `stage`, as the driver reports them after loading its PTX; -1 if it
  * cannot say. */
 static void kernel_resources(gpu_clock *c, const aj_kernel *k, int stage, int *regs, int *local)
 {
@@ -425,61 +425,80 @@ static int measure(aj_ctx *ctx, gpu_clock *clock, aj_device *dev, aj_kernel *k,
                         first);
 }
 
-/* Flash backward kernel k timed on B x H x S x d bf16 (the median of
- * `reps` launches after 3): LSE a constant above every row's scores (the
- * inputs are in [-1, 1]), so that P stays finite and small as a real
- * backward's does; O and dO the inputs' values. */
-static aj_status time_backward(aj_ctx *ctx, gpu_clock *clock, aj_device *dev,
-                               const aj_kernel *k, int b, int h, int s, int d, int reps,
-                               double *ms)
+/* A backward's tensors of B x H x S x d bf16, made once for every kernel
+ * timed: the inputs in [-1, 1], O and dO the inputs' values, LSE a
+ * constant above every row's scores, so that P stays finite and small as
+ * a real backward's does. */
+typedef struct bwd_inputs {
+    void *buf[9];   /* q k v o do dq dk dv, then lse */
+    aj_bwd_args a;
+} bwd_inputs;
+
+static aj_status bwd_inputs_make(aj_device *dev, int b, int h, int s, int d, bwd_inputs *in)
 {
     size_t elems = (size_t)b * h * s * d, rows = (size_t)b * h * s;
-    void *buf[9] = {NULL};   /* q k v o do dq dk dv, then lse */
     aj_status st = AJ_OK;
+    memset(in, 0, sizeof *in);
     for (int i = 0; i < 9 && st == AJ_OK; i++)
-        st = aj_device_alloc(dev, i < 8 ? elems * 2 : rows * 4, &buf[i]);
+        st = aj_device_alloc(dev, i < 8 ? elems * 2 : rows * 4, &in->buf[i]);
     uint16_t *host = malloc(elems * 2);
     float *lse = malloc(rows * 4);
-    for (size_t i = 0; host && i < elems; i++) {
+    if (!host || !lse)
+        st = AJ_ERR_OUT_OF_MEMORY;
+    for (size_t i = 0; st == AJ_OK && i < elems; i++) {
         float f = (float)((i * 2654435761u) % 2001) / 1000.0f - 1.0f;
         aj_convert(&f, AJ_DTYPE_F32, &host[i], AJ_DTYPE_BF16, 1);
     }
-    for (size_t i = 0; lse && i < rows; i++)
+    for (size_t i = 0; st == AJ_OK && i < rows; i++)
         lse[i] = (float)sqrt((double)d) + logf((float)s);
-    for (int i = 0; i < 5 && st == AJ_OK && host; i++)   /* q k v o do */
-        st = aj_device_copy_to(dev, buf[i], host, elems * 2);
-    if (st == AJ_OK && lse)
-        st = aj_device_copy_to(dev, buf[8], lse, rows * 4);
-    if (!host || !lse)
-        st = AJ_ERR_OUT_OF_MEMORY;
+    for (int i = 0; i < 5 && st == AJ_OK; i++)   /* q k v o do */
+        st = aj_device_copy_to(dev, in->buf[i], host, elems * 2);
+    if (st == AJ_OK)
+        st = aj_device_copy_to(dev, in->buf[8], lse, rows * 4);
     free(host);
     free(lse);
-    aj_bwd_args a = AJ_BWD_ARGS_INIT;
-    aj_tensor *t[8] = {&a.q, &a.k, &a.v, &a.o, &a.do_, &a.dq, &a.dk, &a.dv};
+    in->a = (aj_bwd_args)AJ_BWD_ARGS_INIT;
+    aj_tensor *t[8] = {&in->a.q, &in->a.k, &in->a.v, &in->a.o, &in->a.do_, &in->a.dq,
+                       &in->a.dk, &in->a.dv};
     for (int i = 0; i < 8; i++)
-        *t[i] = dev_tensor(buf[i], AJ_DTYPE_BF16, b, h, s, d);
-    a.lse = (aj_tensor){buf[8], AJ_DTYPE_F32, 3, {b, h, s, 0}, {(int64_t)h * s, s, 1, 0}};
+        *t[i] = dev_tensor(in->buf[i], AJ_DTYPE_BF16, b, h, s, d);
+    in->a.lse = (aj_tensor){in->buf[8], AJ_DTYPE_F32, 3, {b, h, s, 0}, {(int64_t)h * s, s, 1, 0}};
+    return st;
+}
+
+static void bwd_inputs_free(aj_device *dev, bwd_inputs *in)
+{
+    for (int i = 0; i < 9; i++)
+        aj_device_free(dev, in->buf[i]);
+}
+
+/* Flash backward kernel k timed on `in`: the median of `reps` launches
+ * after 3. */
+static aj_status time_backward(aj_ctx *ctx, gpu_clock *clock, aj_device *dev,
+                               const aj_kernel *k, const bwd_inputs *in, int reps, double *ms)
+{
     double times[16];
+    aj_status st = AJ_OK;
     for (int r = 0; r < 3 && st == AJ_OK; r++)
-        st = time_launch(ctx, clock, dev, k, NULL, &a, &times[0]);
+        st = time_launch(ctx, clock, dev, k, NULL, &in->a, &times[0]);
     for (int r = 0; r < reps && st == AJ_OK; r++)
-        st = time_launch(ctx, clock, dev, k, NULL, &a, &times[r]);
+        st = time_launch(ctx, clock, dev, k, NULL, &in->a, &times[r]);
     if (st == AJ_OK) {
         qsort(times, (size_t)reps, sizeof times[0], cmp_double);
         *ms = times[reps / 2];
     }
-    for (int i = 0; i < 9; i++)
-        aj_device_free(dev, buf[i]);
     return st;
 }
 
 /* The flash backward at d 128, S 4096, 4 x 16 heads, deterministic:
  * mma.sync, and on a 9.0 GPU its wgmma kernels on one and two
- * warpgroups; registers of the dkdv stage. */
-static int benchmark_backward(aj_ctx *ctx, gpu_clock *clock, aj_device *dev, int reps)
+ * warpgroups; registers of the dkdv stage; --quick: causal only. */
+static int benchmark_backward(aj_ctx *ctx, gpu_clock *clock, aj_device *dev, int quick,
+                              int reps)
 {
-    say("\n## Backward speed on %s (bf16, d 128, S 4096, 4 x 16 heads, deterministic, "
-        "CUDA events; dkdv's registers)\n\n", aj_device_name(dev));
+    enum { B = 4, H = 16, S = 4096, D = 128 };
+    say("\n## Backward speed on %s (bf16, d %d, S %d, %d x %d heads, deterministic, "
+        "CUDA events; dkdv's registers)\n\n", aj_device_name(dev), D, S, B, H);
     say("| kernel | d | S | B x H | causal | median (ms) | TFLOP/s | registers | local bytes |\n"
         "|---|---:|---:|---|---|---:|---:|---:|---:|\n");
     if (json)
@@ -491,23 +510,27 @@ static int benchmark_backward(aj_ctx *ctx, gpu_clock *clock, aj_device *dev, int
     };
     int nk = aj_device_runs(dev, AJ_TARGET_SM_90A) ? 3 : 1;   /* wgmma: 9.0 only */
     int failed = 0, first = 1;
+    bwd_inputs in;
+    aj_status made = bwd_inputs_make(dev, B, H, S, D, &in);
     for (int i = 0; i < nk; i++)
-        for (int causal = 0; causal < 2; causal++) {
+        for (int causal = quick; causal < 2; causal++) {
             char text[256];
-            snprintf(text, sizeof text, "attention backward flash { dtype = bf16 head_dim = 128 "
-                     "mask = %s deterministic = true%s }",
+            snprintf(text, sizeof text, "attention backward flash { dtype = bf16 head_dim = %d "
+                     "mask = %s deterministic = true%s }", D,
                      causal ? "causal(bottom_right)" : "none", kernels[i].schedule);
-            aj_kernel *k = compile_spec(ctx, dev, text);
+            aj_kernel *k = made == AJ_OK ? compile_spec(ctx, dev, text) : NULL;
             int regs = -1, local = -1;
             double ms = 0;
             if (k)
                 kernel_resources(clock, k, 1, &regs, &local);
-            aj_status st = k ? time_backward(ctx, clock, dev, k, 4, 16, 4096, 128, reps, &ms)
-                             : AJ_ERR_CODEGEN;
+            aj_status st = made != AJ_OK ? made
+                           : k           ? time_backward(ctx, clock, dev, k, &in, reps, &ms)
+                                         : AJ_ERR_CODEGEN;
             aj_kernel_destroy(k);
-            failed += report_speed(ctx, kernels[i].name, 128, 4096, 4, 16, causal, st, ms, regs,
+            failed += report_speed(ctx, kernels[i].name, D, S, B, H, causal, st, ms, regs,
                                    local, &first);
         }
+    bwd_inputs_free(dev, &in);
     if (json)
         fprintf(json, "\n  ]");
     return failed;
@@ -558,7 +581,7 @@ static int benchmark(aj_ctx *ctx, aj_device *dev, int quick)
         }
     if (json)
         fprintf(json, "\n  ]");
-    failed += benchmark_backward(ctx, &clock, dev, reps);
+    failed += benchmark_backward(ctx, &clock, dev, quick, reps);
     clock_close(&clock);
     return failed;
 }

@@ -284,6 +284,19 @@ def test_warpgroups_errors():
     packed, cu = q[0].transpose(0, 1).contiguous(), torch.tensor([0, 8], dtype=torch.int32)
     with pytest.raises(attnjit.InvalidArgError, match=r"warpgroups = True; want 1 or 2"):
         at.attention_varlen(packed, packed, packed, cu, cu, 8, 8, warpgroups=True)
+    f8 = q.to(torch.float8_e4m3fn)
+    with pytest.raises(attnjit.InvalidArgError, match="FP8 forward picks its Hopper"):
+        at.attention(f8, f8, f8, q_descale=1.0, k_descale=1.0, v_descale=1.0, warpgroups=2)
+
+
+def test_warpgroups_varlen_on_the_cpu():
+    """attention_varlen with warpgroups: the cpu's own kernels, the plain
+    call's outputs bit for bit."""
+    q, k, v = (make((20, 2, 64), torch.bfloat16, 1.0, i) for i in range(3))
+    cu = torch.tensor([0, 7, 20], dtype=torch.int32)
+    o = [at.attention_varlen(q, k, v, cu, cu, 13, 13, causal=True, warpgroups=wg)
+         for wg in (None, 2)]
+    assert torch.equal(o[0], o[1])
 
 
 def test_kernels_are_compiled_once_per_op_and_device():

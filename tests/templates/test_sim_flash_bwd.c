@@ -211,7 +211,7 @@ static bool wgmma_refused(const bwd_case *c)
     bool past = most > key_dims || (c->d + dv > key_dims && c->warpgroups == 1);
     bool limit = past && (strstr(msg, "flash backward on wgmma keeps dK and dV in registers") ||
                           strstr(msg, "flash backward on wgmma (schedule warpgroups) supports"));
-    bool state = c->schedule && strstr(msg, "on wgmma keeps");
+    bool state = c->schedule && strstr(msg, "f32 values per thread");
     CHECK_MSG(st == AJ_ERR_UNSUPPORTED && (limit || state), "%s: refused on wgmma: %s",
               c->label, msg);
     printf("  %-60s refused on wgmma: %s\n", c->label, aj_last_error(ctx));
@@ -1115,7 +1115,11 @@ static void test_wgmma_target(void)
  * by name, with the widest tile that fits (which the defaults take). */
 static void test_wgmma_schedules(void)
 {
+    static const int lens_q[3] = {5, 70, 33}, lens_k[3] = {66, 9, 80};
     static const bwd_case rows[] = {
+        {.label = "bf16 d160/136 wgmma x2 split, varlen x3 causal(bottom_right)",
+         .dtype = AJ_DTYPE_BF16, .d = 160, .dv = 136, .mask = "causal(bottom_right)", .b = 3,
+         .lens_q = lens_q, .lens_k = lens_k, .warpgroups = 2},
         {.label = "f16 d64 wgmma x1 (block_m = 16, stages = 1) causal", .dtype = AJ_DTYPE_F16,
          .d = 64, .mask = "causal(bottom_right)", .warpgroups = 1,
          .schedule = "(block_m = 16, stages = 1)"},
@@ -1126,6 +1130,15 @@ static void test_wgmma_schedules(void)
          .dtype = AJ_DTYPE_BF16, .d = 256, .dv = 192, .mask = "causal(bottom_right)",
          .sq = 21, .sk = 40, .warpgroups = 2, .schedule = "(block_m = 16, stages = 1)",
          .deterministic = -1},
+        /* split (two warpgroups share the keys, one keeps dV, the other
+         * dK) with D < Dv, two key blocks and full tiles, dropout, varlen */
+        {.label = "f16 d120/200 wgmma x2 split, Sk 150: two key blocks, full tiles",
+         .dtype = AJ_DTYPE_F16, .d = 120, .dv = 200, .mask = "none", .sq = 70, .sk = 150,
+         .warpgroups = 2},
+        {.label = "bf16 d104 wgmma x2 split, dropout 0.2 window, GQA 4:2, atomic dq",
+         .dtype = AJ_DTYPE_BF16, .d = 104, .mask = "window(30, 10, bottom_right)", .hq = 4,
+         .hkv = 2, .sk = 140, .dropout = 0.2, .drop_seed = 5, .drop_offset = 9,
+         .warpgroups = 2, .deterministic = -1},
         {.label = "f16 d40/72 wgmma x2 (block_m = 64, stages = 1) GQA 4:2", .dtype = AJ_DTYPE_F16,
          .d = 40, .dv = 72, .mask = "none", .hq = 4, .hkv = 2, .warpgroups = 2,
          .schedule = "(block_m = 64, stages = 1)"},
@@ -1154,6 +1167,17 @@ static void test_wgmma_schedules(void)
         {AJ_TARGET_SM_90A, "(warpgroups = 1, block_n = 128)", "schedule: warpgroups = 1 runs "
          "flash backward's key blocks as block_n = 64 keys on warps = 4"},
     };
+    aj_compile_options sim = AJ_COMPILE_OPTIONS_INIT;
+    sim.target = AJ_TARGET_SIM;
+    check_compile_refused(ctx, "attention backward flash { dtype = f16 head_dim = 192 "
+                          "schedule = (warpgroups = 1) }", "t.aj", &sim, AJ_ERR_UNSUPPORTED,
+                          "head_dim 192 + head_dim_v 192: flash backward on wgmma keeps dK "
+                          "and dV in registers, one warpgroup both up to 256: use warpgroups "
+                          "= 2 (they split them) or 0 (mma.sync)");
+    check_compile_refused(ctx, "attention backward flash { dtype = f16 head_dim = 200 "
+                          "dropout = 0.1 schedule = (warpgroups = 2) }", "t.aj", &sim,
+                          AJ_ERR_UNSUPPORTED, "head_dim 200 / head_dim_v 200: flash backward "
+                          "on wgmma keeps dK and dV in registers, each up to 192 with dropout");
     for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
         char spec[256];
         snprintf(spec, sizeof spec, "attention backward flash { dtype = f16 head_dim = 128 "

@@ -712,7 +712,8 @@ def attention(q, k, v, *, causal=False, window=None, softcap=None, alibi_slopes=
     attnjit.torch.quantize_fp8 makes such inputs."""
     if _is_fp8(q, k, v, k_descale, v_descale):
         from . import _fp8   # (it builds on this module)
-        _fp8_refuses(alibi_slopes=alibi_slopes, bias=bias, dropout_p=dropout_p)
+        _fp8_refuses(alibi_slopes=alibi_slopes, bias=bias, dropout_p=dropout_p,
+                     warpgroups=warpgroups)
         return _fp8.forward(q, k, v, q_descale=q_descale, k_descale=k_descale,
                             v_descale=v_descale, out_dtype=out_dtype, causal=causal,
                             window=window, softcap=softcap, scale=scale, mask=mask,
@@ -734,9 +735,13 @@ def _is_fp8(q, k, v, k_descale, v_descale):
             or any(getattr(t, "dtype", None) in _F8 for t in (q, k, v)))
 
 
-def _fp8_refuses(alibi_slopes=None, bias=None, dropout_p=0.0):
+def _fp8_refuses(alibi_slopes=None, bias=None, dropout_p=0.0, warpgroups=None):
     """What the FP8 forward does not take (write alibi as a score_mod
-    expression; a forward of 8-bit inputs is inference's, without dropout)."""
+    expression; a forward of 8-bit inputs is inference's, without dropout;
+    on Hopper it picks its wgmma kernel itself)."""
+    if warpgroups is not None:
+        raise _fail("warpgroups with FP8 inputs: the FP8 forward picks its Hopper (wgmma) "
+                    "kernel itself (docs/python.md 'FP8 inputs')")
     for name, given in (("alibi_slopes", alibi_slopes is not None),
                         ("bias", bias is not None), ("dropout_p", bool(dropout_p))):
         if given:
@@ -786,7 +791,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
         bounds.append(n)
     if _is_fp8(q, k, v, k_descale, v_descale):
         from . import _fp8
-        _fp8_refuses(alibi_slopes=alibi_slopes, dropout_p=dropout_p)
+        _fp8_refuses(alibi_slopes=alibi_slopes, dropout_p=dropout_p, warpgroups=warpgroups)
         return _fp8.forward(q, k, v, q_descale=q_descale, k_descale=k_descale,
                             v_descale=v_descale, out_dtype=out_dtype, causal=causal,
                             window=window, softcap=softcap, scale=scale, mask=mask,
