@@ -427,10 +427,26 @@ void aj_kb_wgmma(aj_kb *kb, enum aj_intrinsic_id id, LLVMValueRef acc, LLVMValue
         lower_wgmma_nvptx(kb, d, acc, args);
 }
 
-LLVMValueRef aj_kb_wgmma_acc(aj_kb *kb, LLVMValueRef acc, int r)
+/* A pointer to register r of the accumulator variable `acc`. */
+static LLVMValueRef wgmma_acc(aj_kb *kb, LLVMValueRef acc, int r)
 {
     LLVMValueRef idx[2] = {aj_kb_i32(kb, 0), aj_kb_i32(kb, r)};
     return LLVMBuildInBoundsGEP2(kb->b, LLVMGetAllocatedType(acc), acc, idx, 2, "");
+}
+
+void aj_kb_wgmma_put(aj_kb *kb, LLVMValueRef acc, int n8, LLVMValueRef (*vars)[4])
+{
+    for (int j = 0; j < n8; j++)
+        for (int c = 0; c < 4; c++)
+            LLVMBuildStore(kb->b, aj_kb_get(kb, vars[j][c]), wgmma_acc(kb, acc, 4 * j + c));
+}
+
+void aj_kb_wgmma_take(aj_kb *kb, LLVMValueRef acc, int n8, LLVMValueRef (*vars)[4])
+{
+    for (int j = 0; j < n8; j++)
+        for (int c = 0; c < 4; c++)
+            aj_kb_set(kb, vars[j][c],
+                      LLVMBuildLoad2(kb->b, kb->t_f32, wgmma_acc(kb, acc, 4 * j + c), ""));
 }
 
 enum aj_intrinsic_id aj_kb_wgmma_row(int n, aj_dtype a_type, aj_dtype b_type, int a_in_registers,

@@ -422,8 +422,11 @@ void aj_kb_mbarrier_wait(aj_kb *kb, LLVMValueRef bar, LLVMValueRef parity);
  * the wait.
  */
 void aj_kb_wgmma(aj_kb *kb, enum aj_intrinsic_id id, LLVMValueRef acc, LLVMValueRef *args);
-/* A pointer to register r of the accumulator variable `acc`. */
-LLVMValueRef aj_kb_wgmma_acc(aj_kb *kb, LLVMValueRef acc, int r);
+/* Between an accumulator variable `acc` and a template's variables of
+ * its n8 tiles (register 4 j + c is vars[j][c], mma.sync's C fragment of
+ * tile j): put before a wgmma that adds to it, take once a wait covers it. */
+void aj_kb_wgmma_put(aj_kb *kb, LLVMValueRef acc, int n8, LLVMValueRef (*vars)[4]);
+void aj_kb_wgmma_take(aj_kb *kb, LLVMValueRef acc, int n8, LLVMValueRef (*vars)[4]);
 /* The row of m64nNk16 (A and B both f16 or both bf16) or m64nNk32 (8-bit
  * floats: e4m3 x e4m3, e5m2 x e5m2, e4m3 x e5m2), A in registers (_RS) or
  * by descriptor (_SS), B N-major (_TB, 16-bit only) or K-major;

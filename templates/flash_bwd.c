@@ -922,13 +922,10 @@ static void wg_issue(fbwd *f, const gemm *g, int fresh)
     const operand *A = &g->A, *B = &g->B;
     int kdim = g->kdim;
     aj_kb *kb = f->kb;
-    int n8 = acc->g.n / 8;
     enum aj_intrinsic_id row =
         aj_kb_wgmma_row(acc->g.n, f->p.dtype, f->p.dtype, A->regs != NULL, B->kmajor);
-    for (int c = 0; !fresh && c < n8; c++)
-        for (int r = 0; r < 4; r++)
-            LLVMBuildStore(f->b, aj_kb_get(kb, acc->v[0][c][r]),
-                           aj_kb_wgmma_acc(kb, acc->arr, 4 * c + r));
+    if (!fresh)
+        aj_kb_wgmma_put(kb, acc->arr, acc->g.n / 8, acc->v[0]);
     int steps = aj_mma_k_width(kdim) / 16;
     LLVMValueRef a_base = NULL, a[MAX_NT / 2][4];
     if (!A->regs)   /* the warpgroup's first row, in every panel */
@@ -978,11 +975,7 @@ static void products(fbwd *f, const gemm *g, int n, int fresh)
     }
     aj_kb_wgmma_wait(kb, 0, arrs, n);
     for (int i = 0; i < n; i++)
-        for (int c = 0; c < g[i].acc->g.n / 8; c++)
-            for (int r = 0; r < 4; r++)
-                aj_kb_set(kb, g[i].acc->v[0][c][r],
-                          LLVMBuildLoad2(f->b, kb->t_f32,
-                                         aj_kb_wgmma_acc(kb, g[i].acc->arr, 4 * c + r), ""));
+        aj_kb_wgmma_take(kb, g[i].acc->arr, g[i].acc->g.n / 8, g[i].acc->v[0]);
 }
 
 /* Whether the warp's column tile c is one of its share (NULL: every

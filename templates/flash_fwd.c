@@ -983,10 +983,7 @@ static void land_gemm(ffwd *e, LLVMValueRef acc, int pending, int n8, LLVMValueR
 {
     aj_kb *kb = e->kb;
     aj_kb_wgmma_wait(kb, pending, &acc, 1);
-    for (int j = 0; j < n8; j++)
-        for (int c = 0; c < 4; c++)
-            aj_kb_set(kb, vars[j][c],
-                      LLVMBuildLoad2(e->b, kb->t_f32, aj_kb_wgmma_acc(e->kb, acc, 4 * j + c), ""));
+    aj_kb_wgmma_take(kb, acc, n8, vars);
 }
 
 /* The keys of one P V k-step: 16, or FP8's 32 (k32 on the 8-bit tensor
@@ -1044,10 +1041,7 @@ static void pv_wgmma_issue(ffwd *e, LLVMValueRef a[][4], LLVMValueRef vbase)
     /* f8: P in e4m3 against K-major V^T, k32 a step (see "FP8") */
     enum aj_intrinsic_id row = p->f8 ? aj_kb_wgmma_row(p->dv, AJ_DTYPE_F8E4M3, p->f8, 1, 0)
                                      : aj_kb_wgmma_row(p->dv, p->dtype, p->dtype, 1, 1);
-    for (int v = 0; v < p->dv / 8; v++)
-        for (int c = 0; c < 4; c++)
-            LLVMBuildStore(e->b, aj_kb_get(kb, e->o[0][v][c]),
-                           aj_kb_wgmma_acc(e->kb, e->acc_o, 4 * v + c));
+    aj_kb_wgmma_put(kb, e->acc_o, p->dv / 8, e->o[0]);
     aj_kb_intrinsic(kb, AJ_INTR_WGMMA_FENCE, NULL);
     for (int kk = 0; kk < p->bn / pv_step_keys(p); kk++) {
         LLVMValueRef b_desc =
