@@ -817,6 +817,25 @@ LLVMValueRef aj_kb_wgmma_desc(aj_kb *kb, LLVMValueRef smem_ptr, int lbo, int sbo
     return LLVMBuildOr(kb->b, start, LLVMConstInt(kb->t_i64, fields, 0), "");
 }
 
+LLVMValueRef aj_kb_wgmma_desc_plus(aj_kb *kb, LLVMValueRef desc, int64_t bytes)
+{
+    return bytes ? LLVMBuildAdd(kb->b, desc, aj_kb_i64(kb, bytes >> 4), "") : desc;
+}
+
+LLVMValueRef aj_kb_opaque(aj_kb *kb, LLVMValueRef v)
+{
+    if (kb->desc->family != AJ_FAMILY_NVPTX)
+        return v;
+    LLVMTypeRef t = LLVMTypeOf(v);
+    int wide = LLVMGetIntTypeWidth(t) == 64;
+    const char *text = wide ? "mov.b64 $0, $1;" : "mov.b32 $0, $1;";
+    const char *cons = wide ? "=l,l" : "=r,r";
+    LLVMTypeRef fty = LLVMFunctionType(t, &t, 1, 0);
+    LLVMValueRef asm_fn = LLVMGetInlineAsm(fty, text, strlen(text), cons, strlen(cons), 1, 0,
+                                           LLVMInlineAsmDialectATT, 0);
+    return LLVMBuildCall2(kb->b, fty, asm_fn, &v, 1, "");
+}
+
 LLVMValueRef aj_kb_swizzle(aj_kb *kb, LLVMValueRef offset, int span)
 {
     LLVMValueRef bits = LLVMBuildAnd(kb->b, LLVMBuildLShr(kb->b, offset, aj_kb_i32(kb, 7), ""),

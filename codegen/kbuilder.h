@@ -440,6 +440,14 @@ void aj_kb_wgmma_wait(aj_kb *kb, int pending, const LLVMValueRef *accs, int coun
 enum { AJ_WGMMA_SWIZZLE_NONE = 0, AJ_WGMMA_SWIZZLE_128B = 1, AJ_WGMMA_SWIZZLE_64B = 2,
        AJ_WGMMA_SWIZZLE_32B = 3 };
 LLVMValueRef aj_kb_wgmma_desc(aj_kb *kb, LLVMValueRef smem_ptr, int lbo, int sbo, int swizzle);
+/* The descriptor `desc` with its start address `bytes` on (a multiple of
+ * 16, the sum within shared memory: the 14-bit field cannot carry). */
+LLVMValueRef aj_kb_wgmma_desc_plus(aj_kb *kb, LLVMValueRef desc, int64_t bytes);
+/* v as a value the optimiser cannot see through (NVPTX: a volatile mov;
+ * elsewhere v itself), so that what is computed from it stays where it
+ * is built: a loop-invariant base whose many offsets would otherwise be
+ * hoisted out of the loop and held in registers across it. */
+LLVMValueRef aj_kb_opaque(aj_kb *kb, LLVMValueRef v);
 /* Byte offset `offset` (i32, from a base aligned to 8 span-byte rows) under
  * the span-byte swizzle (span 32, 64 or 128) that wgmma and TMA share: the
  * 16-byte chunk (bits 4..) XORed with bits 7.. (span / 16 - 1 of them). */

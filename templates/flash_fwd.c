@@ -117,6 +117,15 @@
  * same layout, with the whole tile's state live around each GEMM;
  * test_sweep_ptxas_wgmma checks its defaults for spills on sm_90a. */
 #define WGMMA_STATE_BUDGET 200
+/* The most a wgmma default takes (its state, the option work, and P's A
+ * fragments beside S), and what one warpgroup adds to it: fitted to
+ * ptxas's registers for every head dim 8..256 and a sample past it, 1 and
+ * 2 warpgroups, with no options and with the heaviest set, at every
+ * block_n -- the widest default with no spill anywhere; test_sweep_ptxas_
+ * wgmma checks both sets.  (One warpgroup spills at state that two fit:
+ * at D 112 with no options, 128 x 128 tiles on two, 64 x 64 on one.) */
+#define WGMMA_DEFAULT_STATE 172
+#define WGMMA_ONE_WARPGROUP_STATE 20
 #define WARPGROUP_THREADS 128
 /* Warp specialised with two consumer warpgroups: the registers per thread
  * the producer warpgroup gives back down to and the consumers take, out
@@ -316,6 +325,9 @@ static aj_status plan_schedule(aj_ctx *ctx, const aj_op *op, aj_target target,
     p->default_state = state + p->mt * p->bn / 2 *
                                    (aj_attn_option_regs_per_element(op) +
                                     aj_attn_score_mod_regs_per_element(op));
+    if (p->wg && !ws_overlaps(p))   /* P's A fragments beside S (see WGMMA_DEFAULT_STATE) */
+        p->default_state += p->mt * p->bn / (p->f8 ? 8 : 4) +
+                            (p->wg == 1 ? WGMMA_ONE_WARPGROUP_STATE : 0);
     if (state > (p->wg ? WGMMA_STATE_BUDGET : STATE_BUDGET))
         return aj_fail(ctx, AJ_ERR_UNSUPPORTED,
                        "schedule: block_m = %d, block_n = %d, warps = %d keeps %d f32 values "
@@ -359,7 +371,7 @@ static aj_status plan_kernel(aj_ctx *ctx, const aj_op *op, aj_target target, ffw
         .plan = plan_schedule,
         .complete = wg ? NULL : merge_schedule,
         .state = plan_state,
-        .state_goal = DEFAULT_STATE,
+        .state_goal = wg && !op->producer ? WGMMA_DEFAULT_STATE : DEFAULT_STATE,
     };
     return aj_attn_plan_schedule(ctx, op, target, &rule, p);
 }
@@ -962,6 +974,10 @@ static void lane_addresses(ffwd *e)
  *               starts 16 rows on; LBO = a panel (block_n rows), SBO = 8
  *               rows
  *
+ * Q's descriptors derive from one opaque base per tile (aj_kb_opaque): the
+ * D / 16 of them, loop-invariant, were otherwise hoisted out of the walk
+ * and held in registers (32 of them at D 256).
+ *
  * Loads, over padded tensors with the launch's `tma` set: thread 0 sets
  * up one mbarrier for Q and one per ring slot, and issues each tile as
  * TMA boxes of one panel (params.h, AJ_PENC_TMA_*) with the tile's bytes
@@ -1001,10 +1017,15 @@ static void qk_wgmma_issue(ffwd *e, LLVMValueRef kbase)
     const ffwd_plan *p = &e->p;
     aj_dtype t = p->f8 ? p->f8 : p->dtype;   /* f8: k32 steps over the same bytes */
     enum aj_intrinsic_id row = aj_kb_wgmma_row(p->bn, t, t, 0, 0);
+    /* Q's base opaque: its D / 16 k-step descriptors, loop-invariant,
+     * would otherwise be hoisted out of the walk and held in registers
+     * across it (two each) */
+    LLVMValueRef q0 = aj_kb_opaque(kb, aj_wgmma_kmajor_desc(kb, e->q_wg, p->bm, p->d, 0));
+    LLVMValueRef k0 = aj_wgmma_kmajor_desc(kb, kbase, p->bn, p->d, 0);
     aj_kb_intrinsic(kb, AJ_INTR_WGMMA_FENCE, NULL);
     for (int kk = 0; kk < aj_wgmma_tile_width(p->d) / 16; kk++) {
-        LLVMValueRef args[3] = {aj_wgmma_kmajor_desc(e->kb, e->q_wg, p->bm, p->d, 16 * kk),
-                                aj_wgmma_kmajor_desc(e->kb, kbase, p->bn, p->d, 16 * kk),
+        LLVMValueRef args[3] = {aj_wgmma_kmajor_step(kb, q0, p->bm, p->d, 16 * kk),
+                                aj_wgmma_kmajor_step(kb, k0, p->bn, p->d, 16 * kk),
                                 aj_kb_i32(kb, kk > 0)};
         aj_kb_wgmma(kb, row, e->acc_s, args);
     }

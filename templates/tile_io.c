@@ -324,11 +324,23 @@ LLVMValueRef aj_smem_at(aj_kb *kb, LLVMValueRef base, int64_t bytes)
     return aj_kb_smem_ptr(kb, aj_kb_add(kb, base, aj_kb_i32(kb, bytes)));
 }
 
-LLVMValueRef aj_wgmma_kmajor_desc(aj_kb *kb, LLVMValueRef base, int rows, int width, int col)
+/* The byte offset of a K-major k-step at column `col` from the tile's start. */
+static int64_t kmajor_at(int rows, int width, int col)
 {
     int span = aj_wgmma_panel_span(width), per_panel = span / 2;
-    int64_t at = (int64_t)(col / per_panel) * rows * span + 2 * (col % per_panel);
-    return aj_kb_wgmma_desc(kb, aj_smem_at(kb, base, at), 16, 8 * span, aj_kb_swizzle_mode(span));
+    return (int64_t)(col / per_panel) * rows * span + 2 * (col % per_panel);
+}
+
+LLVMValueRef aj_wgmma_kmajor_desc(aj_kb *kb, LLVMValueRef base, int rows, int width, int col)
+{
+    int span = aj_wgmma_panel_span(width);
+    return aj_kb_wgmma_desc(kb, aj_smem_at(kb, base, kmajor_at(rows, width, col)), 16, 8 * span,
+                            aj_kb_swizzle_mode(span));
+}
+
+LLVMValueRef aj_wgmma_kmajor_step(aj_kb *kb, LLVMValueRef desc0, int rows, int width, int col)
+{
+    return aj_kb_wgmma_desc_plus(kb, desc0, kmajor_at(rows, width, col));
 }
 
 LLVMValueRef aj_wgmma_nmajor_desc(aj_kb *kb, LLVMValueRef base, int rows, int width, int k0)

@@ -161,6 +161,9 @@ LLVMValueRef aj_wgmma_tile_offset(aj_kb *kb, LLVMValueRef row, LLVMValueRef col,
  * (A[m][k] = tile(m, k), or B[k][n] = tile(n, k)): a k-step starts in its
  * panel, 32 bytes a step into the row; SBO = 8 rows. */
 LLVMValueRef aj_wgmma_kmajor_desc(aj_kb *kb, LLVMValueRef base, int rows, int width, int col);
+/* The same k-step's descriptor from desc0, the tile's at column 0: one
+ * add (with aj_kb_opaque on desc0, a loop's steps stay in the loop). */
+LLVMValueRef aj_wgmma_kmajor_step(aj_kb *kb, LLVMValueRef desc0, int rows, int width, int col);
 /* The descriptor of B[k][n] = tile(k, n) read N-major (imm-trans-b) for
  * the k-step of rows k0 .. k0 + 15: N spans the panels (LBO = a panel),
  * SBO = 8 rows. */

@@ -355,8 +355,9 @@ static void assemble_cases(aj_ctx *ctx, const sweep_case *cases, int count, int 
 #define PAIR_STRIDE 29
 
 /* The wgmma template's cases (sm_90a): every head dim (8..256) with both
- * dtypes and 1 and 2 warpgroups in turn, and D != Dv pairs (every D with a
- * Dv 13 steps on), in the HEAVIEST option set; `ptxas ws` the same warp
+ * dtypes and 1 and 2 warpgroups in turn, with no options (causal: the
+ * widest default tiles) and in the HEAVIEST option set, and D != Dv pairs
+ * (every D with a Dv 13 steps on) in it; `ptxas ws` the same warp
  * specialised (producer = 1), and every fourth head dim once more with a
  * mask whose tile classes skip tiles (the consumers' skip path finishes a
  * held P V: no wgmma may be serialised there either). */
@@ -367,6 +368,12 @@ static int wgmma_cases(sweep_case *out, int producer)
         for (int dt = 0; dt < 2; dt++) {   /* f16, bf16 */
             sweep_case c = {.kind = AJ_KIND_FORWARD, .variant = AJ_VARIANT_FLASH,
                             .dtype = sweep_dtypes[dt], .d = d, .dv = d};
+            sweep_case plain = c;   /* the widest tiles: no options, causal */
+            plain.mask = sweep_masks[1];
+            plain.score_mod = sweep_mods[0];
+            plain.warpgroups = 2 - (d / 8 + dt) % 2;
+            plain.producer = producer;
+            out[n++] = plain;
             c = with_options(c, HEAVIEST);
             c.warpgroups = 1 + (d / 8 + dt) % 2;
             c.producer = producer;
