@@ -939,9 +939,9 @@ static void wg_issue(fbwd *f, const gemm *g, int fresh)
     aj_kb_intrinsic(kb, AJ_INTR_WGMMA_FENCE, NULL);
     for (int kk = 0; kk < steps; kk++) {
         const smem_tile *bt = &B->tile;
-        LLVMValueRef b_desc = B->kmajor
-                                  ? aj_wgmma_nmajor_desc(kb, bt->off, bt->rows, bt->width, 16 * kk)
-                                  : aj_wgmma_kmajor_desc(kb, bt->off, bt->rows, bt->width, 16 * kk);
+        LLVMValueRef b_desc =
+            B->kmajor ? aj_wgmma_nmajor_desc(kb, bt->off, bt->rows, bt->width, 0, 16 * kk)
+                      : aj_wgmma_kmajor_desc(kb, bt->off, bt->rows, bt->width, 16 * kk);
         LLVMValueRef scale = aj_kb_i32(kb, !fresh || kk > 0);
         if (A->regs) {
             LLVMValueRef args[6] = {a[kk][0], a[kk][1], a[kk][2], a[kk][3], b_desc, scale};

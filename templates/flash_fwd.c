@@ -69,7 +69,11 @@
  * stores the LSE (with accumulate, after a barrier that follows every
  * warp's read of the prior).  The price is Q K^T twice per row block; the
  * default is 64 x 32 tiles on 8 warps.  D alone past 256 needs no split
- * (Q's and K's widths are shared memory, not registers).
+ * (Q's and K's widths are shared memory, not registers).  On wgmma the
+ * split is the warpgroup pair's: both own the same 64 rows, warpgroup 0
+ * the first 256 columns (whole panels, so its V descriptor starts a panel)
+ * and warpgroup 1 the other dv - 256, each on its own wgmma N (see
+ * "wgmma").
  *
  * Options: dropout (the efficient forward's Philox stream, attn_common.h),
  * accumulate (merge into a prior o_acc / lse), layout = varlen (cu_seqlens;
@@ -90,7 +94,7 @@
 #define MAX_MT 2                /* m-tiles (16 rows) per warp */
 #define MAX_NT 16               /* n8 tiles of a key tile: block_n <= 128 */
 /* n8 tiles of a warp's output columns: 256 (Dv past it splits across warp
- * pairs, see "Head dims past 256") */
+ * pairs or warpgroups, see "Head dims past 256") */
 #define MAX_VT 32
 #define MAX_STAGES 3
 
@@ -255,15 +259,30 @@ static aj_status plan_wgmma(aj_ctx *ctx, const aj_op *op, aj_target target, aj_s
                        "schedule: warpgroups = %d needs wgmma, which %s lacks: target sm_90a "
                        "(or sim, which emulates it), or warpgroups = 0 for the mma.sync "
                        "template", p->wg, aj_target_name(target));
+    /* past Dv 256 the two warpgroups split Dv on the same 64 rows (see
+     * "Head dims past 256") */
+    if (p->dvs > 1 && p->wg != 2)
+        return aj_fail(ctx, AJ_ERR_UNSUPPORTED,
+                       "schedule: warpgroups = %d at head_dim_v %d: the wgmma forward splits Dv "
+                       "past 256 across two warpgroups on the same 64 rows; use warpgroups = 2",
+                       p->wg, p->dv);
+    if (p->dvs > 1 && op->producer)
+        return aj_fail(ctx, AJ_ERR_UNSUPPORTED,
+                       "schedule: producer = 1 at head_dim_v %d: the warp-specialised wgmma "
+                       "forward takes Dv up to 256; use producer = 0 (two warpgroups split Dv "
+                       "past 256)", p->dv);
+    int rows = 64 * p->wg / p->dvs;
     if (!s->block_m)
-        s->block_m = 64 * p->wg;
+        s->block_m = rows;
     if (!s->warps)
         s->warps = 4 * p->wg;
-    if (s->block_m != 64 * p->wg || s->warps != 4 * p->wg)
+    if (s->block_m != rows || s->warps != 4 * p->wg)
         return aj_fail(ctx, AJ_ERR_UNSUPPORTED,
-                       "schedule: warpgroups = %d runs block_m = %d rows on warps = %d (64 rows "
-                       "per warpgroup of 4 warps), not block_m = %d, warps = %d", p->wg,
-                       64 * p->wg, 4 * p->wg, s->block_m, s->warps);
+                       "schedule: warpgroups = %d runs block_m = %d rows on warps = %d (%s), "
+                       "not block_m = %d, warps = %d", p->wg, rows, 4 * p->wg,
+                       p->dvs > 1 ? "64 rows on both warpgroups of 4 warps past Dv 256"
+                                  : "64 rows per warpgroup of 4 warps",
+                       s->block_m, s->warps);
     return AJ_OK;
 }
 
@@ -280,8 +299,10 @@ static aj_status plan_schedule(aj_ctx *ctx, const aj_op *op, aj_target target,
     p->d = p->f8 ? op->head_dim / 2 : op->head_dim;
     p->dv = aj_op_dv(op);
     p->dvs = (p->dv + 8 * MAX_VT - 1) / (8 * MAX_VT);
-    p->vt = (p->dv / 8 + p->dvs - 1) / p->dvs;
     p->wg = plan_warpgroups(op, target);
+    /* wgmma's split 0 takes 256 columns, whole panels, split 1 the rest
+     * (see "Head dims past 256") */
+    p->vt = p->wg && p->dvs > 1 ? MAX_VT : (p->dv / 8 + p->dvs - 1) / p->dvs;
     if (p->wg) {
         aj_status st = plan_wgmma(ctx, op, target, &s, p);
         if (st != AJ_OK)
@@ -406,15 +427,12 @@ static aj_status ffwd_check(aj_ctx *ctx, const aj_op *op, aj_target target)
                            aj_dtype_name(aj_op_q_dtype(op)), aj_dtype_name(aj_op_kv_dtype(op)),
                            op->head_dim, aj_target_name(target), why);
     }
-    /* past 256, Dv splits across warp pairs on mma.sync only (see "Head
-     * dims past 256") */
+    /* past 256, Dv splits across warp pairs or a warpgroup pair (see "Head
+     * dims past 256"); FP8 stops at 256 */
     aj_status st =
         aj_op_has_f8(op) ? aj_attn_check_dims(ctx, op, "flash forward with 8-bit inputs",
                                               AJ_HEAD_DIM_MAX_GPU)
-        : plan_warpgroups(op, target)
-            ? aj_attn_check_dims(ctx, op, "flash forward on wgmma (schedule warpgroups)",
-                                 AJ_HEAD_DIM_MAX_GPU)
-            : aj_attn_check_dims(ctx, op, "flash forward", AJ_HEAD_DIM_MAX_FLASH);
+                         : aj_attn_check_dims(ctx, op, "flash forward", AJ_HEAD_DIM_MAX_FLASH);
     ffwd_plan plan;
     return st != AJ_OK ? st : aj_kctx_check_planned(ctx, op, plan_kernel(ctx, op, target, &plan));
 }
@@ -440,6 +458,7 @@ typedef struct ffwd {
     /* wgmma: the accumulator arrays of S ([bn/2] f32) and O ([dv/2] f32),
      * and the byte offset of the warpgroup's first Q row in Q's panel 0 */
     LLVMValueRef acc_s, acc_o, q_wg;
+    LLVMValueRef acc_o1;            /* wgmma past Dv 256: split 1's (its own N) */
     /* wgmma over padded tensors: the launch's tma (i32; NULL: no TMA
      * code), the tile's batch entry and KV head, and the mbarriers' shared
      * byte offset (Q's, then one per ring slot) */
@@ -941,10 +960,14 @@ static void lane_addresses(ffwd *e)
     e->v_lane = p->f8 ? tile_offset(e, aj_kb_add(e->kb, l7, bit4), bit3, p->ldv)
                       : tile_offset(e, aj_kb_add(e->kb, l7, bit3),
                                     e->vcol ? aj_kb_add(e->kb, bit4, e->vcol) : bit4, p->ldv);
-    /* wgmma: the warpgroup's 64 rows start 64 rows into each Q panel */
-    e->q_wg = aj_kb_add(e->kb, aj_kb_i32(e->kb, p->smem_q),
-                        LLVMBuildMul(b, LLVMBuildLShr(b, e->tid, aj_kb_i32(e->kb, 7), ""),
-                                     aj_kb_i32(e->kb, 64 * aj_wgmma_panel_span(p->d)), ""));
+    /* wgmma: the warpgroup's 64 rows start 64 rows into each Q panel
+     * (past Dv 256 both warpgroups' at row 0) */
+    e->q_wg = p->dvs > 1
+                  ? aj_kb_i32(e->kb, p->smem_q)
+                  : aj_kb_add(e->kb, aj_kb_i32(e->kb, p->smem_q),
+                              LLVMBuildMul(b, LLVMBuildLShr(b, e->tid, aj_kb_i32(e->kb, 7), ""),
+                                           aj_kb_i32(e->kb, 64 * aj_wgmma_panel_span(p->d)),
+                                           ""));
 }
 
 /* ---------------------------------------------------------------- wgmma */
@@ -974,9 +997,16 @@ static void lane_addresses(ffwd *e)
  *               starts 16 rows on; LBO = a panel (block_n rows), SBO = 8
  *               rows
  *
+ * Past Dv 256 (schedule warpgroups = 2 only, not warp specialised) the
+ * two warpgroups split Dv on the same 64 rows: both compute S, warpgroup
+ * 0 runs O[:, 0:256] += P V[:, 0:256] (N 256) and warpgroup 1 O[:, 256:Dv]
+ * (N = Dv - 256, its own accumulator array), in the two arms of one
+ * warpgroup-uniform branch; split 1's n8 tiles past its columns stay 0
+ * and are not stored.
+ *
  * Q's descriptors derive from one opaque base per tile (aj_kb_opaque): the
  * D / 16 of them, loop-invariant, were otherwise hoisted out of the walk
- * and held in registers (32 of them at D 256).
+ * and held in registers (32 of them at D 256, 64 at D 512).
  *
  * Loads, over padded tensors with the launch's `tma` set: thread 0 sets
  * up one mbarrier for Q and one per ring slot, and issues each tile as
@@ -1052,34 +1082,56 @@ static void emit_qk_wgmma(ffwd *e, LLVMValueRef kbase)
     qk_wgmma_land(e, 0);
 }
 
-/* O += P V on wgmma, issued and committed: P's A fragments given
- * (a[kk][0..3] per k-step: 16 keys, f8 32); V's tile (f8: V^T) at shared
- * byte offset `vbase`; O from its variables into acc_o. */
-static void pv_wgmma_issue(ffwd *e, LLVMValueRef a[][4], LLVMValueRef vbase)
+/* O's columns col .. col + n - 1 += P V on wgmma, issued and committed:
+ * P's A fragments given (a[kk][0..3] per k-step: 16 keys, f8 32); V's
+ * tile (f8: V^T) at shared byte offset `vbase`; O's first n / 8 n8 tiles
+ * from their variables into acc_o.  `col` starts a panel. */
+static void pv_wgmma_cols(ffwd *e, LLVMValueRef acc, LLVMValueRef a[][4], LLVMValueRef vbase,
+                          int col, int n)
 {
     aj_kb *kb = e->kb;
     const ffwd_plan *p = &e->p;
     /* f8: P in e4m3 against K-major V^T, k32 a step (see "FP8") */
-    enum aj_intrinsic_id row = p->f8 ? aj_kb_wgmma_row(p->dv, AJ_DTYPE_F8E4M3, p->f8, 1, 0)
-                                     : aj_kb_wgmma_row(p->dv, p->dtype, p->dtype, 1, 1);
-    aj_kb_wgmma_put(kb, e->acc_o, p->dv / 8, e->o[0]);
+    enum aj_intrinsic_id row = p->f8 ? aj_kb_wgmma_row(n, AJ_DTYPE_F8E4M3, p->f8, 1, 0)
+                                     : aj_kb_wgmma_row(n, p->dtype, p->dtype, 1, 1);
+    aj_kb_wgmma_put(kb, acc, n / 8, e->o[0]);
     aj_kb_intrinsic(kb, AJ_INTR_WGMMA_FENCE, NULL);
     for (int kk = 0; kk < p->bn / pv_step_keys(p); kk++) {
         LLVMValueRef b_desc =
             p->f8 ? aj_wgmma_kmajor_desc(e->kb, vbase, p->dv, p->bn / 2, 16 * kk)
-                  : aj_wgmma_nmajor_desc(kb, vbase, p->bn, p->dv, 16 * kk);
+                  : aj_wgmma_nmajor_desc(kb, vbase, p->bn, p->dv, col, 16 * kk);
         LLVMValueRef args[6] = {a[kk][0], a[kk][1], a[kk][2], a[kk][3], b_desc,
                                 aj_kb_i32(kb, 1)};
-        aj_kb_wgmma(kb, row, e->acc_o, args);
+        aj_kb_wgmma(kb, row, acc, args);
     }
     aj_kb_intrinsic(kb, AJ_INTR_WGMMA_COMMIT_GROUP, NULL);
 }
 
-/* O += P V on wgmma, whole. */
+/* O += P V on wgmma, issued and committed (all of Dv). */
+static void pv_wgmma_issue(ffwd *e, LLVMValueRef a[][4], LLVMValueRef vbase)
+{
+    pv_wgmma_cols(e, e->acc_o, a, vbase, 0, e->p.dv);
+}
+
+/* O += P V on wgmma, whole; past Dv 256 each warpgroup its split's
+ * columns: 256, then the rest (see "Head dims past 256"). */
 static void emit_pv_wgmma(ffwd *e, LLVMValueRef a[][4], LLVMValueRef vbase)
 {
-    pv_wgmma_issue(e, a, vbase);
-    land_gemm(e, e->acc_o, 0, e->p.dv / 8, e->o[0]);
+    aj_kb *kb = e->kb;
+    const ffwd_plan *p = &e->p;
+    if (p->dvs == 1) {
+        pv_wgmma_issue(e, a, vbase);
+        land_gemm(e, e->acc_o, 0, p->dv / 8, e->o[0]);
+        return;
+    }
+    int first = 8 * p->vt;
+    aj_kb_if_begin(kb, LLVMBuildICmp(e->b, LLVMIntEQ, e->split, aj_kb_i32(kb, 0), ""));
+    pv_wgmma_cols(e, e->acc_o, a, vbase, 0, first);
+    land_gemm(e, e->acc_o, 0, p->vt, e->o[0]);
+    aj_kb_else(kb);
+    pv_wgmma_cols(e, e->acc_o1, a, vbase, first, p->dv - first);
+    land_gemm(e, e->acc_o1, 0, (p->dv - first) / 8, e->o[0]);
+    aj_kb_if_end(kb);
 }
 
 /* ---------------------------------------------------------------- mma.sync */
@@ -1441,9 +1493,12 @@ static void emit_epilogue(ffwd *e, LLVMValueRef o_base, LLVMValueRef lse_base)
                     4);
         aj_kb_barrier(kb);
     }
-    /* the last split's last n8 tile past Dv (an odd dv / 8): computed on
-     * V's zero pad columns, never stored */
-    int ragged = p->dvs * p->vt > p->dv / 8;
+    /* n8 tiles from `guarded` on may lie past Dv, never stored: on
+     * mma.sync the last split's last one at an odd dv / 8 (computed on V's
+     * zero pad columns); on wgmma split 1's past its dv - 256 columns */
+    int guarded = p->dvs * p->vt == p->dv / 8 ? p->vt
+                  : p->wg                     ? (p->dv - 8 * p->vt) / 8
+                                              : p->vt - 1;
     LLVMValueRef lse_owner =
         e->split ? LLVMBuildICmp(b, LLVMIntEQ, e->split, aj_kb_i32(kb, 0), "") : NULL;
     for (int mi = 0; mi < p->mt; mi++)
@@ -1482,7 +1537,7 @@ static void emit_epilogue(ffwd *e, LLVMValueRef o_base, LLVMValueRef lse_base)
             }
             aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntSLT, i, e->seq_q, ""));
             for (int v = 0; v < p->vt; v++) {
-                if (ragged && v == p->vt - 1)
+                if (v >= guarded)
                     aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntSLT,
                                                      aj_kb_add(kb, e->vcol, aj_kb_i32(kb, 8 * v)),
                                                      aj_kb_i32(kb, p->dv), ""));
@@ -1512,7 +1567,7 @@ static void emit_epilogue(ffwd *e, LLVMValueRef o_base, LLVMValueRef lse_base)
                                                          LLVMBuildMul(b, at, aj_kb_i64(kb, 2), ""));
                     aj_kb_store(kb, pack2(e, p->dtype, vals[0], vals[1]), ptr, 4);
                 }
-                if (ragged && v == p->vt - 1)
+                if (v >= guarded)
                     aj_kb_if_end(kb);
             }
             LLVMValueRef t0 = LLVMBuildICmp(b, LLVMIntEQ, e->t, aj_kb_i32(kb, 0), "");
@@ -1544,7 +1599,10 @@ static void alloc_state(ffwd *e)
         e->smem_bar = aj_kb_smem_reserve_aligned(kb, 8 * (1 + p->stages * (p->ws ? 2 : 1)), 16);
     if (p->wg) {
         e->acc_s = aj_kb_var(kb, LLVMArrayType2(kb->t_f32, (uint64_t)p->bn / 2), NULL, "acc_s");
-        e->acc_o = aj_kb_var(kb, LLVMArrayType2(kb->t_f32, (uint64_t)p->dv / 2), NULL, "acc_o");
+        e->acc_o = aj_kb_var(kb, LLVMArrayType2(kb->t_f32, (uint64_t)p->vt * 4), NULL, "acc_o");
+        if (p->dvs > 1)
+            e->acc_o1 = aj_kb_var(kb, LLVMArrayType2(kb->t_f32, (uint64_t)(p->dv / 2 - 4 * p->vt)),
+                                  NULL, "acc_o1");
     }
     for (int mi = 0; mi < p->mt; mi++) {
         for (int j = 0; j < p->bn / 8; j++)

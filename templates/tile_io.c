@@ -3,6 +3,8 @@
  */
 #include "templates/tile_io.h"
 
+#include <assert.h>
+
 #include "templates/attn_common.h"
 
 static LLVMTypeRef vec_type(LLVMTypeRef elem, unsigned n)
@@ -343,10 +345,13 @@ LLVMValueRef aj_wgmma_kmajor_step(aj_kb *kb, LLVMValueRef desc0, int rows, int w
     return aj_kb_wgmma_desc_plus(kb, desc0, kmajor_at(rows, width, col));
 }
 
-LLVMValueRef aj_wgmma_nmajor_desc(aj_kb *kb, LLVMValueRef base, int rows, int width, int k0)
+LLVMValueRef aj_wgmma_nmajor_desc(aj_kb *kb, LLVMValueRef base, int rows, int width, int col,
+                                  int k0)
 {
-    int span = aj_wgmma_panel_span(width);
-    return aj_kb_wgmma_desc(kb, aj_smem_at(kb, base, (int64_t)k0 * span), rows * span, 8 * span,
+    int span = aj_wgmma_panel_span(width), per_panel = span / 2;
+    assert(col % per_panel == 0);
+    int64_t at = (int64_t)(col / per_panel) * rows * span + (int64_t)k0 * span;
+    return aj_kb_wgmma_desc(kb, aj_smem_at(kb, base, at), rows * span, 8 * span,
                             aj_kb_swizzle_mode(span));
 }
 

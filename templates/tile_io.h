@@ -164,10 +164,11 @@ LLVMValueRef aj_wgmma_kmajor_desc(aj_kb *kb, LLVMValueRef base, int rows, int wi
 /* The same k-step's descriptor from desc0, the tile's at column 0: one
  * add (with aj_kb_opaque on desc0, a loop's steps stay in the loop). */
 LLVMValueRef aj_wgmma_kmajor_step(aj_kb *kb, LLVMValueRef desc0, int rows, int width, int col);
-/* The descriptor of B[k][n] = tile(k, n) read N-major (imm-trans-b) for
- * the k-step of rows k0 .. k0 + 15: N spans the panels (LBO = a panel),
- * SBO = 8 rows. */
-LLVMValueRef aj_wgmma_nmajor_desc(aj_kb *kb, LLVMValueRef base, int rows, int width, int k0);
+/* The descriptor of B[k][n] = tile(k, col + n) read N-major
+ * (imm-trans-b) for the k-step of rows k0 .. k0 + 15: N spans the panels
+ * from the one `col` starts (LBO = a panel), SBO = 8 rows. */
+LLVMValueRef aj_wgmma_nmajor_desc(aj_kb *kb, LLVMValueRef base, int rows, int width, int col,
+                                  int k0);
 
 /* Row kernels over [B, H, S, W] tensors (merge.c, rows.c): 128 threads in
  * row groups of G lanes, lane l taking the 4-wide column chunks 4l,

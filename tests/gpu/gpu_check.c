@@ -132,14 +132,14 @@ static int check_efficient_fwd(aj_ctx *ctx, aj_device *dev, int quick)
  * cases on the wgmma template (schedule warpgroups 1 and 2 in turn: TMA
  * loads over padded tensors, cp.async for varlen; the bf16 cases warp
  * specialised, schedule producer = 1), on a GPU of compute
- * capability 9.0 only, without the head dims past 256 (mma.sync's: Dv
- * split across warp pairs) */
+ * capability 9.0 only; past Dv 256 on the warpgroup pair that splits Dv
+ * (mma.sync: warp pairs), not warp specialised */
 static int check_flash_fwd(aj_ctx *ctx, aj_device *dev, int quick, int wgmma)
 {
     static const int flash_dims[][2] = {{32, 32},   {64, 64},   {96, 96},   {128, 128},
                                         {192, 192}, {256, 256}, {192, 128}, {384, 384},
                                         {512, 512}, {264, 512}};
-    const int n_dims = wgmma ? 7 : (int)(sizeof flash_dims / sizeof flash_dims[0]);
+    const int n_dims = (int)(sizeof flash_dims / sizeof flash_dims[0]);
     static const int32_t lq[] = {1, 300, 0, 129}, lk[] = {257, 64, 5, 0};
     int failed = 0, cases = 0;
     if (wgmma && !aj_device_runs(dev, AJ_TARGET_SM_90A)) {
@@ -154,9 +154,10 @@ static int check_flash_fwd(aj_ctx *ctx, aj_device *dev, int quick, int wgmma)
             for (int m = 0; m < 6; m++) {
                 if (quick && (d % 2 || m % 2))
                     continue;
+                int split = flash_dims[d][1] > 256;
                 fwd_run_options how = {.variant = AJ_VARIANT_FLASH,
-                                       .warpgroups = wgmma ? 1 + (d + m) % 2 : 0,
-                                       .producer = wgmma && t == 1};
+                                       .warpgroups = !wgmma ? 0 : split ? 2 : 1 + (d + m) % 2,
+                                       .producer = wgmma && t == 1 && !split};
                 if (m == 4)
                     how.accumulate_parts = 3;
                 if (m == 5) {

@@ -26,7 +26,7 @@
 
 #define SWEEP_DIM_STEP 8
 #define SWEEP_DIM_MAX 512       /* the cpu's and the efficient templates' head dims */
-#define SWEEP_GPU_DIM_MAX 256   /* the wgmma forward's and FP8 inputs' (sim, sm_89 .. sm_90a) */
+#define SWEEP_GPU_DIM_MAX 256   /* FP8 inputs' and the wgmma backward's (sim, sm_89 .. sm_90a) */
 #define SWEEP_DIMS (SWEEP_DIM_MAX / SWEEP_DIM_STEP)
 #define SWEEP_GPU_DIMS (SWEEP_GPU_DIM_MAX / SWEEP_DIM_STEP)
 
@@ -99,11 +99,11 @@ static inline sweep_case sweep_dim_case(int k, aj_kind kind)
 }
 
 /* Whether both head dims are in the GPU templates' range: 512, but 256
- * for the wgmma forward and FP8 inputs on the flash templates. */
+ * for FP8 inputs and the wgmma backward on the flash templates. */
 static inline int sweep_case_on_gpu(const sweep_case *c)
 {
-    int max = c->variant == AJ_VARIANT_FLASH && (c->warpgroups || c->f8) ? SWEEP_GPU_DIM_MAX
-                                                                       : SWEEP_DIM_MAX;
+    int narrow = c->f8 || (c->warpgroups && c->kind == AJ_KIND_BACKWARD);
+    int max = c->variant == AJ_VARIANT_FLASH && narrow ? SWEEP_GPU_DIM_MAX : SWEEP_DIM_MAX;
     return c->d <= max && c->dv <= max;
 }
 

@@ -67,7 +67,9 @@ typedef struct accept_counts {
 
 /* Whether the op's template on `target` takes the op with its default
  * schedule (1) or declines the op as a whole (0); a default that its own
- * check refuses fails the test. */
+ * check refuses fails the test -- but for the warpgroups the op gives
+ * (not a default), which a target without wgmma refuses, and one
+ * warpgroup past Dv 256, by message. */
 static int template_takes(aj_ctx *ctx, const aj_op *op, aj_target target, const char *label)
 {
     const aj_template *tmpl;
@@ -76,7 +78,9 @@ static int template_takes(aj_ctx *ctx, const aj_op *op, aj_target target, const 
     if (tmpl->check(ctx, op, target) == AJ_OK)
         return 1;
     const char *msg = aj_last_error(ctx);
-    CHECK_MSG(strncmp(msg, "schedule:", 9) != 0, "%s on %s: default refused: %s", label,
+    int given = strstr(msg, "needs wgmma, which") ||
+                strstr(msg, "splits Dv past 256 across two warpgroups");
+    CHECK_MSG(strncmp(msg, "schedule:", 9) != 0 || given, "%s on %s: default refused: %s", label,
               aj_target_name(target), msg);
     return 0;
 }
@@ -95,10 +99,12 @@ static void accept_case(aj_ctx *ctx, const sweep_case *c, accept_counts *n)
         int takes = template_takes(ctx, op, all_targets[t], label);
         n->accepted += takes;
         n->declined += !takes;
-        /* head dims: every template takes the whole range but the wgmma
-         * forward and FP8 inputs, which take 8..256 and refuse the rest by
-         * name */
+        /* head dims: every template takes the whole range but FP8 inputs,
+         * which take 8..256 and refuse the rest by name; past Dv 256 the
+         * wgmma forward takes two warpgroups and refuses one by name */
         const char *why = takes ? "" : aj_last_error(ctx);
+        if (c->warpgroups == 1 && strstr(why, "splits Dv past 256 across two warpgroups"))
+            continue;
         if (all_targets[t] == AJ_TARGET_CPU)
             CHECK_MSG(!strstr(why, "head_dim"), "%s on cpu: %s", label, why);
         else if (!sweep_case_on_gpu(c))
@@ -145,8 +151,8 @@ static void test_accept(aj_ctx *ctx)
                                         .mask = sweep_masks[(d + dv) / 8 % SWEEP_N_MASKS],
                                         .score_mod = sweep_mods[d / 8 % SWEEP_N_MODS]};
                         accept_case(ctx, &c, &n);
-                        /* past 256 the flash forward's wgmma template refuses by
-                         * name on every GPU target (mma.sync takes it) */
+                        /* past 256 the flash forward's wgmma template: one
+                         * warpgroup refused by name, two taken */
                         if (!kind && !var && c.dtype != AJ_DTYPE_F32 &&
                             (d > SWEEP_GPU_DIM_MAX || dv > SWEEP_GPU_DIM_MAX)) {
                             c.warpgroups = 1 + d / 8 % 2;
@@ -357,10 +363,11 @@ static void assemble_cases(aj_ctx *ctx, const sweep_case *cases, int count, int 
 /* The wgmma template's cases (sm_90a): every head dim (8..256) with both
  * dtypes and 1 and 2 warpgroups in turn, with no options (causal: the
  * widest default tiles) and in the HEAVIEST option set, and D != Dv pairs
- * (every D with a Dv 13 steps on) in it; `ptxas ws` the same warp
- * specialised (producer = 1), and every fourth head dim once more with a
- * mask whose tile classes skip tiles (the consumers' skip path finishes a
- * held P V: no wgmma may be serialised there either). */
+ * (every D with a Dv 13 steps on) in it, then head dims past 256
+ * (below); `ptxas ws` the same warp specialised (producer = 1) to 256, and
+ * every fourth head dim once more with a mask whose tile classes skip
+ * tiles (the consumers' skip path finishes a held P V: no wgmma may be
+ * serialised there either). */
 static int wgmma_cases(sweep_case *out, int producer)
 {
     int n = 0;
@@ -387,6 +394,23 @@ static int wgmma_cases(sweep_case *out, int producer)
             c.warpgroups = 3 - c.warpgroups;
             out[n++] = c;
         }
+    /* past 256 (not warp specialised: refused there), every third head dim
+     * and 512 as the main sweep: D = Dv on the warpgroup pair that splits
+     * Dv, and D alone past 256 (Dv 13 steps on within 256) on 1 or 2 */
+    for (int d = SWEEP_GPU_DIM_MAX + SWEEP_DIM_STEP; !producer && d <= SWEEP_DIM_MAX;
+         d += SWEEP_DIM_STEP) {
+        int k = d / SWEEP_DIM_STEP;
+        if (k % 3 && d != SWEEP_DIM_MAX)
+            continue;
+        sweep_case c = {.kind = AJ_KIND_FORWARD, .variant = AJ_VARIANT_FLASH,
+                        .dtype = sweep_dtypes[k % 2], .d = d, .dv = d, .warpgroups = 2,
+                        .mask = sweep_masks[1], .score_mod = sweep_mods[0]};
+        out[n++] = c;
+        out[n++] = with_options(c, HEAVIEST);
+        c.dv = SWEEP_DIM_STEP * (1 + (k + 12) % SWEEP_GPU_DIMS);
+        c.warpgroups = 1 + k % 2;
+        out[n++] = with_options(c, HEAVIEST);
+    }
     return n;
 }
 

@@ -44,8 +44,9 @@ static void run_ext(const fwd_case *c, const fwd_options *x, const fwd_run_optio
         return;
     fwd_run_options flash = how ? *how : (fwd_run_options){0};
     flash.variant = AJ_VARIANT_FLASH;
+    /* past Dv 256 the wgmma template takes its warpgroup pair only */
     if (wgmma)
-        flash.warpgroups = 1 + cases_run % 2;
+        flash.warpgroups = (c->dv ? c->dv : c->d) > 256 ? 2 : 1 + cases_run % 2;
     flash.producer = producer;
     fwd_result r = fwd_run_case_ext(ctx, dev, c, x, &flash);
     cases_run++;
@@ -277,14 +278,18 @@ static void test_varlen(void)
     run_ext(&c, &x, &how);
 }
 
-/* Head dims past 256 (mma.sync): Dv split across warp pairs, both
- * computing the same scores.  Odd dv / 8 (the second split's last n8 tile
- * on V's zero pad, not stored), D past 256 alone (no split), D != Dv both
- * ways, GQA with dropout (both warps of a pair draw the same keep mask),
- * accumulate (the split-0 LSE store after every warp's read of the prior),
- * varlen and a given schedule; every mask meets a split. */
+/* Head dims past 256: Dv split across warp pairs (mma.sync) or the two
+ * warpgroups (wgmma: 256 columns, then the rest), both computing the same
+ * scores.  Odd dv / 8 (mma.sync: the second split's last n8 tile on V's
+ * zero pad, not stored; wgmma: split 1's odd width), D past 256 alone (no
+ * split), D != Dv both ways, GQA with dropout (both halves of a pair draw
+ * the same keep mask), accumulate (the split-0 LSE store after every
+ * warp's read of the prior), varlen and a given schedule; every mask meets
+ * a split.  Not warp specialised (`ws`: refused past 256). */
 static void test_wide_heads(void)
 {
+    if (producer)
+        return;
     static const struct { int d, dv, mask; } dims[] = {
         {512, 512, 2}, {264, 264, 3}, {512, 264, 1}, {264, 512, 0},
         {384, 8, 2}, {8, 512, 1}, {320, 392, 3},
@@ -315,9 +320,11 @@ static void test_wide_heads(void)
              "window(20, 4, bottom_right)");
     c.b = 3;
     run_ext(&c, NULL, &var);
-    c = base("f16 d296 (block_m = 32, block_n = 16, warps = 4, stages = 3)", AJ_DTYPE_F16, 296,
-             "causal(top_left)");
-    c.schedule = "(block_m = 32, block_n = 16, warps = 4, stages = 3)";
+    c = base(wgmma ? "f16 d296 (block_n = 32, stages = 3)"
+                   : "f16 d296 (block_m = 32, block_n = 16, warps = 4, stages = 3)",
+             AJ_DTYPE_F16, 296, "causal(top_left)");
+    c.schedule = wgmma ? "(block_n = 32, stages = 3)"
+                       : "(block_m = 32, block_n = 16, warps = 4, stages = 3)";
     run(&c);
 }
 
@@ -347,16 +354,25 @@ static void expect_refusals(const refusal *rows, size_t n)
 }
 
 /* What the flash forward refuses past 256, by message: an odd warp count
- * (no warp pairs), the wgmma template and FP8 inputs (up to 256), and past
- * 512. */
+ * (no warp pairs), one warpgroup, a warp-specialised or 128-row wgmma
+ * schedule, FP8 inputs (up to 256), and past 512. */
 static void test_wide_refusals(void)
 {
     static const refusal rows[] = {
         {AJ_TARGET_SIM, "dtype = f16 head_dim = 512 schedule = (block_m = 16, warps = 1)",
          "warps = 1 at head_dim_v 512: flash forward splits Dv past 256 across warp pairs"},
         {AJ_TARGET_SIM, "dtype = bf16 head_dim = 264 schedule = (warpgroups = 1)",
-         "head_dim = 264: flash forward on wgmma (schedule warpgroups) supports multiples of 8 "
-         "up to 256"},
+         "warpgroups = 1 at head_dim_v 264: the wgmma forward splits Dv past 256 across two "
+         "warpgroups on the same 64 rows; use warpgroups = 2"},
+        {AJ_TARGET_SM_90A, "dtype = f16 head_dim = 64 head_dim_v = 320 "
+                           "schedule = (warpgroups = 2, producer = 1)",
+         "producer = 1 at head_dim_v 320: the warp-specialised wgmma forward takes Dv up to 256"},
+        {AJ_TARGET_SM_90A, "dtype = f16 head_dim = 512 schedule = (warpgroups = 2, block_m = 128)",
+         "warpgroups = 2 runs block_m = 64 rows on warps = 8 (64 rows on both warpgroups of 4 "
+         "warps past Dv 256), not block_m = 128"},
+        {AJ_TARGET_SM_90A, "dtype = bf16 head_dim = 512 schedule = (warpgroups = 2)", NULL},
+        {AJ_TARGET_SM_90A, "dtype = bf16 head_dim = 264 head_dim_v = 128 "
+                           "schedule = (warpgroups = 1)", NULL},
         {AJ_TARGET_SM_89, "dtype = bf16 q_dtype = f8e4m3 kv_dtype = f8e4m3 head_dim = 288",
          "head_dim = 288: flash forward with 8-bit inputs supports multiples of 8 up to 256"},
         {AJ_TARGET_SM_80, "dtype = f16 head_dim = 64 head_dim_v = 520",
@@ -623,7 +639,8 @@ int main(int argc, char **argv)
     static void (*const wgmma_tests[])(void) = {
         test_matrix, test_odd_dims, test_heads_and_layout, test_offsets, test_score_mods,
         test_dropout, test_schedules, test_accumulate, test_varlen, test_tile_skipping,
-        test_skipped_tiles, test_wgmma_refusals, test_tma_fallback, NULL};
+        test_skipped_tiles, test_wide_heads, test_wide_refusals, test_wgmma_refusals,
+        test_tma_fallback, NULL};
     producer = argc > 2 && strcmp(argv[2], "ws") == 0;
     wgmma = producer || (argc > 2 && strcmp(argv[2], "wgmma") == 0);
     return test_main(argc, argv,
