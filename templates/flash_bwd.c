@@ -936,20 +936,29 @@ static void wg_issue(fbwd *f, const gemm *g, int fresh)
      * the last (C7519) */
     for (int kk = 0; A->regs && kk < steps; kk++)
         pack_a(f, A->regs, kk, a[kk]);
+    /* the tiles' k-step descriptors from one opaque base each: a tile the
+     * walk does not move (dkdv's K and V, dq's Q and dO) would otherwise
+     * have all of them hoisted out of the walk and held in registers */
+    const smem_tile *bt = &B->tile;
+    LLVMValueRef b0 = aj_kb_opaque(kb, B->kmajor ? aj_wgmma_nmajor_desc(kb, bt->off, bt->rows,
+                                                                         bt->width, 0, 0)
+                                                 : aj_wgmma_kmajor_desc(kb, bt->off, bt->rows,
+                                                                        bt->width, 0));
+    LLVMValueRef a0 =
+        A->regs ? NULL
+                : aj_kb_opaque(kb, aj_wgmma_kmajor_desc(kb, a_base, A->tile.rows, A->tile.width, 0));
     aj_kb_intrinsic(kb, AJ_INTR_WGMMA_FENCE, NULL);
     for (int kk = 0; kk < steps; kk++) {
-        const smem_tile *bt = &B->tile;
         LLVMValueRef b_desc =
-            B->kmajor ? aj_wgmma_nmajor_desc(kb, bt->off, bt->rows, bt->width, 0, 16 * kk)
-                      : aj_wgmma_kmajor_desc(kb, bt->off, bt->rows, bt->width, 16 * kk);
+            B->kmajor ? aj_wgmma_nmajor_step(kb, b0, bt->rows, bt->width, 16 * kk)
+                      : aj_wgmma_kmajor_step(kb, b0, bt->rows, bt->width, 16 * kk);
         LLVMValueRef scale = aj_kb_i32(kb, !fresh || kk > 0);
         if (A->regs) {
             LLVMValueRef args[6] = {a[kk][0], a[kk][1], a[kk][2], a[kk][3], b_desc, scale};
             aj_kb_wgmma(kb, row, acc->arr, args);
         } else {
             LLVMValueRef args[3] = {
-                aj_wgmma_kmajor_desc(kb, a_base, A->tile.rows, A->tile.width, 16 * kk), b_desc,
-                scale};
+                aj_wgmma_kmajor_step(kb, a0, A->tile.rows, A->tile.width, 16 * kk), b_desc, scale};
             aj_kb_wgmma(kb, row, acc->arr, args);
         }
     }
