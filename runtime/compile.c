@@ -67,6 +67,7 @@ static aj_status compile_one(aj_ctx *ctx, aj_kernel_cache *cache, const aj_op *o
                              aj_kernel **out);
 
 /* An op with the default schedule, compiled for a device: with the schedule
+ * (and the wgmma kernel: warpgroups, producer, sm_90a code on a 9.0 GPU)
  * the tuning database holds for it there, else as it is. */
 static aj_status compile_tuned(aj_ctx *ctx, aj_kernel_cache *cache, const aj_op *op,
                                const aj_compile_options *opt, aj_kernel **out)
@@ -78,9 +79,14 @@ static aj_status compile_tuned(aj_ctx *ctx, aj_kernel_cache *cache, const aj_op 
         return compile_one(ctx, cache, op, &plain, NULL, out);
     aj_op tuned = *op;
     tuned.schedule = best.schedule;
+    tuned.warpgroups = best.warpgroups;
+    tuned.producer = best.producer;
+    if (best.warpgroups && aj_device_runs(opt->device, AJ_TARGET_SM_90A))
+        plain.target = AJ_TARGET_SM_90A;
     aj_log(ctx, AJ_LOG_INFO, "tuned schedule for %s: block_m %d, block_n %d, warps %d, "
-           "stages %d", aj_device_name(opt->device), best.schedule.block_m,
-           best.schedule.block_n, best.schedule.warps, best.schedule.stages);
+           "stages %d, warpgroups %d, producer %d", aj_device_name(opt->device),
+           best.schedule.block_m, best.schedule.block_n, best.schedule.warps,
+           best.schedule.stages, best.warpgroups, best.producer);
     return compile_one(ctx, cache, &tuned, &plain, NULL, out);
 }
 

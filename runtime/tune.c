@@ -1,7 +1,8 @@
 /*
  * tune.c -- the autotuner and its database.
  *
- *   op ──► space (block_m x block_n x warps x stages [x cpu threads])
+ *   op ──► space (block_m x block_n x warps x stages [x cpu threads]
+ *                 [+ the wgmma kernels: warpgroups x producer x tiles])
  *      ──► compile all in parallel ── template rejects ──► pruned
  *      ──► (cuda) driver: spills / too many threads ──► pruned
  *      ──► dedupe (same resolved schedule) ──► time each on the device, random inputs
@@ -33,8 +34,28 @@ static const int32_t space_block_n[] = {16, 32, 64, 128};
 static const int32_t space_warps[] = {1, 2, 4, 8};
 static const int32_t space_stages[] = {1, 2, 3};
 
+/* The wgmma kernels' (schedule warpgroups): block_m and warps follow the
+ * warpgroups in the forward, block_n in the backward, so each walks one
+ * tile field (0: its default); the rest the template refuses. */
+static const int32_t space_wg_tile[] = {0, 16, 32, 64, 128};
+#define WGMMA_SPACE (2 * 2 * AJ_COUNT_OF(space_wg_tile) * AJ_COUNT_OF(space_stages))
+
 #define SPACE_SIZE (1 + AJ_COUNT_OF(space_block_m) * AJ_COUNT_OF(space_block_n) *         \
-                        AJ_COUNT_OF(space_warps) * AJ_COUNT_OF(space_stages))
+                        AJ_COUNT_OF(space_warps) * AJ_COUNT_OF(space_stages) + WGMMA_SPACE)
+
+/* The public result's tail holds warpgroups and producer in the first
+ * version's padding: the size must not have moved. */
+typedef struct tune_result_v1 {
+    aj_schedule requested, schedule;
+    int32_t workers;
+    aj_status status;
+    bool timed;
+    char message[256];
+    double median_ms, min_ms;
+    bool is_default;
+} tune_result_v1;
+_Static_assert(sizeof(aj_tune_result) == sizeof(tune_result_v1),
+               "aj_tune_result's size is its first version's (arrays keep their stride)");
 /* cpu: thread counts 1, 2, 4, ... up to the device's, and the device's */
 #define MAX_WORKER_CHOICES 12
 
@@ -78,11 +99,13 @@ aj_status aj_tune_db_lookup(aj_ctx *ctx, const aj_device *dev, const aj_op *op,
                        "(%s)", hash, aj_device_name(dev), path);
     char line[512], got_hash[64] = "", got_device[256] = "";
     aj_tune_entry e = {0};
-    int fields = 0, magic = 0;
+    int fields = 0, magic = 0, kernel = 0;
     while (fgets(line, sizeof line, f)) {
         line[strcspn(line, "\n")] = '\0';
-        if (strcmp(line, "attnjit-tune 1") == 0)
-            magic = 1;
+        if (strcmp(line, "attnjit-tune 1") == 0 || strcmp(line, "attnjit-tune 2") == 0)
+            magic = line[13] - '0';   /* 2 adds the kernel line */
+        else if (sscanf(line, "kernel warpgroups %d producer %d", &e.warpgroups, &e.producer) == 2)
+            kernel++;
         else if (sscanf(line, "op %63s", got_hash) == 1)
             fields++;
         else if (strncmp(line, "device ", 7) == 0)
@@ -98,9 +121,13 @@ aj_status aj_tune_db_lookup(aj_ctx *ctx, const aj_device *dev, const aj_op *op,
     fclose(f);
     aj_op tuned = *op;
     tuned.schedule = e.schedule;
+    if (e.warpgroups) {
+        tuned.warpgroups = e.warpgroups;
+        tuned.producer = e.producer;
+    }
     char msg[256];
     aj_field field;
-    if (!magic || fields != 5 || strcmp(got_hash, hash) != 0 ||
+    if (!magic || fields != 5 || kernel != (magic == 2) || strcmp(got_hash, hash) != 0 ||
         strcmp(got_device, device_line) != 0 || e.workers < 0 ||
         aj_op_check(&tuned, &field, msg, sizeof msg) != AJ_OK) {
         aj_log(ctx, AJ_LOG_WARN, "tuning database: %s is damaged; ignored", path);
@@ -128,9 +155,10 @@ static aj_status db_store(aj_ctx *ctx, const aj_device *dev, const aj_op *op,
     if (!f)
         return aj_fail(ctx, AJ_ERR_IO, "tuning database: cannot write %s: %s", temp,
                        strerror(errno));
-    fprintf(f, "attnjit-tune 1\nop %s\ndevice %s\nschedule %d %d %d %d\nworkers %d\n"
-            "median_ms %.6f\n", hash, device_line, e->schedule.block_m, e->schedule.block_n,
-            e->schedule.warps, e->schedule.stages, e->workers, e->median_ms);
+    fprintf(f, "attnjit-tune 2\nop %s\ndevice %s\nschedule %d %d %d %d\n"
+            "kernel warpgroups %d producer %d\nworkers %d\nmedian_ms %.6f\n", hash, device_line,
+            e->schedule.block_m, e->schedule.block_n, e->schedule.warps, e->schedule.stages,
+            e->warpgroups, e->producer, e->workers, e->median_ms);
     int bad = ferror(f);
     bad |= fclose(f) != 0;
     if (bad || rename(temp, path) != 0) {
@@ -140,21 +168,42 @@ static aj_status db_store(aj_ctx *ctx, const aj_device *dev, const aj_op *op,
     return AJ_OK;
 }
 
-aj_status aj_tune_lookup(aj_ctx *ctx, const aj_device *dev, const aj_op *op,
-                         aj_schedule *schedule, int32_t *workers)
+/* The public lookups' checks (`who` names the call, `out` its output)
+ * and the entry. */
+static aj_status lookup(aj_ctx *ctx, const aj_device *dev, const aj_op *op, const char *who,
+                        const char *out_name, const void *out, aj_tune_entry *e)
 {
     if (!ctx)
         return AJ_ERR_INVALID_ARG;
-    AJ_CHECK_ARG(ctx, dev, "aj_tune_lookup: dev is NULL");
-    AJ_CHECK_ARG(ctx, op, "aj_tune_lookup: op is NULL");
-    AJ_CHECK_ARG(ctx, schedule, "aj_tune_lookup: schedule is NULL");
+    AJ_CHECK_ARG(ctx, dev, "%s: dev is NULL", who);
+    AJ_CHECK_ARG(ctx, op, "%s: op is NULL", who);
+    AJ_CHECK_ARG(ctx, out, "%s: %s is NULL", who, out_name);
+    return aj_tune_db_lookup(ctx, dev, op, e);
+}
+
+aj_status aj_tune_lookup(aj_ctx *ctx, const aj_device *dev, const aj_op *op,
+                         aj_schedule *schedule, int32_t *workers)
+{
     aj_tune_entry e;
-    aj_status st = aj_tune_db_lookup(ctx, dev, op, &e);
+    aj_status st = lookup(ctx, dev, op, "aj_tune_lookup", "schedule", schedule, &e);
     if (st != AJ_OK)
         return st;
     *schedule = e.schedule;
     if (workers)
         *workers = e.workers;
+    return AJ_OK;
+}
+
+aj_status aj_tune_lookup_result(aj_ctx *ctx, const aj_device *dev, const aj_op *op,
+                                aj_tune_result *out)
+{
+    aj_tune_entry e;
+    aj_status st = lookup(ctx, dev, op, "aj_tune_lookup_result", "out", out, &e);
+    if (st != AJ_OK)
+        return st;
+    *out = (aj_tune_result){.requested = e.schedule, .workers = e.workers, .timed = true,
+                            .median_ms = e.median_ms, .warpgroups = (int8_t)e.warpgroups,
+                            .producer = (int8_t)e.producer};
     return AJ_OK;
 }
 
@@ -364,6 +413,9 @@ static aj_status read_tune_options(aj_ctx *ctx, const aj_device *dev,
                  "aj_tune: options->budget_s = %g is not a non-negative number", o->budget_s);
     AJ_CHECK_ARG(ctx, o->repeats <= 1000 && o->warmup <= 1000,
                  "aj_tune: options->repeats and warmup must be at most 1000");
+    AJ_CHECK_ARG(ctx, o->wgmma >= -1 && o->wgmma <= 1,
+                 "aj_tune: options->wgmma = %d; want -1 (never), 0 (where the device runs "
+                 "sm_90a) or 1 (wherever its target has wgmma)", o->wgmma);
     defaults_for(dev, o);
     AJ_CHECK_ARG(ctx, o->heads_q % o->heads_kv == 0,
                  "aj_tune: options->heads_q = %d is not a multiple of heads_kv = %d",
@@ -432,10 +484,24 @@ static int expand_workers(const aj_device *dev, aj_tune_result *res, int *job_of
     return total;
 }
 
+/* Whether op's space holds the wgmma kernels on dev (options->wgmma): a
+ * flash forward or backward of 16-bit inputs that sets no warpgroups. */
+static int wgmma_space(const aj_device *dev, const aj_op *op, int32_t wanted)
+{
+    if (wanted < 0 || op->variant != AJ_VARIANT_FLASH || op->warpgroups ||
+        aj_op_has_f8(op) || op->dtype == AJ_DTYPE_F32)
+        return 0;
+    return wanted ? aj_target_desc_of(aj_device_target(dev))->wgmma ||
+                        aj_device_runs(dev, AJ_TARGET_SM_90A)
+                  : dev->ops->kind_caps.kind == AJ_DEVICE_CUDA &&
+                        aj_device_runs(dev, AJ_TARGET_SM_90A);
+}
+
 /* The space into res: the template's default first, then every
  * combination (the cpu target has tiles, but no warps or pipeline
- * stages); returns how many. */
-static int fill_space(aj_tune_result *res, int simt)
+ * stages), then with `wgmma` the wgmma kernels (producer on forwards
+ * only); returns how many. */
+static int fill_space(aj_tune_result *res, int simt, int wgmma, aj_kind kind)
 {
     int n = 0;
     res[n++].is_default = true;
@@ -446,7 +512,27 @@ static int fill_space(aj_tune_result *res, int simt)
                     res[n++].requested = (aj_schedule){
                         space_block_m[a], space_block_n[b], simt ? space_warps[w] : 0,
                         simt ? space_stages[s] : 0};
+    int fwd = kind == AJ_KIND_FORWARD;
+    for (int g = 1; wgmma && g <= 2; g++)
+        for (int producer = 0; producer <= fwd; producer++)
+            for (size_t t = 0; t < AJ_COUNT_OF(space_wg_tile); t++)
+                for (size_t s = 0; s < AJ_COUNT_OF(space_stages); s++) {
+                    aj_tune_result *r = &res[n++];
+                    r->requested = (aj_schedule){.block_m = fwd ? 0 : space_wg_tile[t],
+                                                 .block_n = fwd ? space_wg_tile[t] : 0,
+                                                 .stages = space_stages[s]};
+                    r->warpgroups = (int8_t)g;
+                    r->producer = (int8_t)producer;
+                }
     return n;
+}
+
+/* Whether two candidates are the same kernel: the same resolved schedule
+ * on the same kernel kind. */
+static int same_kernel(const aj_tune_result *a, const aj_tune_result *b)
+{
+    return memcmp(&a->schedule, &b->schedule, sizeof a->schedule) == 0 &&
+           a->warpgroups == b->warpgroups && a->producer == b->producer;
 }
 
 /* The compiled candidates' statuses, pruned: rejected by the template, by
@@ -467,8 +553,7 @@ static int prune(aj_ctx *ctx, aj_device *dev, const aj_compile_job *jobs, aj_tun
         aj_kernel_launch_info(jobs[i].kernel, &li);
         r->schedule = li.schedule;
         for (int j = 0; j < i; j++)
-            if (res[j].status == AJ_OK &&
-                memcmp(&res[j].schedule, &r->schedule, sizeof r->schedule) == 0) {
+            if (res[j].status == AJ_OK && same_kernel(&res[j], r)) {
                 r->status = AJ_ERR_UNSUPPORTED;   /* dropped below, never shown */
                 r->message[0] = '\0';
                 break;
@@ -527,9 +612,11 @@ static aj_status time_candidates(aj_ctx *ctx, aj_device *dev, const aj_tune_opti
             snprintf(what, sizeof what, "block_m %d block_n %d threads %d: %.3f ms",
                      r->schedule.block_m, r->schedule.block_n, r->workers, r->median_ms);
         else
-            snprintf(what, sizeof what, "block_m %d block_n %d warps %d stages %d: %.3f ms",
+            snprintf(what, sizeof what, "block_m %d block_n %d warps %d stages %d%s: %.3f ms",
                      r->schedule.block_m, r->schedule.block_n, r->schedule.warps,
-                     r->schedule.stages, r->median_ms);
+                     r->schedule.stages,
+                     !r->warpgroups ? "" : r->producer ? " wgmma, producer" : " wgmma",
+                     r->median_ms);
         progress(o, *timed, alive, what);
     }
     free(samples);
@@ -574,15 +661,24 @@ aj_status aj_tune(aj_ctx *ctx, aj_device *dev, const aj_op *op,
         goto done;
     }
 
-    int n = fill_space(res, simt);
+    int n = fill_space(res, simt, wgmma_space(dev, op, o.wgmma), op->kind), n_plain = 0;
+    while (n_plain < n && !res[n_plain].warpgroups)
+        n_plain++;
     for (int i = 0; i < n; i++) {
         AJ_TRY(aj_op_clone(op, &ops[i]));
         aj_op_set_schedule(ops[i], &res[i].requested);
+        if (res[i].warpgroups) {
+            aj_op_set_warpgroups(ops[i], res[i].warpgroups);
+            aj_op_set_producer(ops[i], res[i].producer);
+        }
         jobs[i].op = ops[i];
     }
     aj_compile_options copt = AJ_COMPILE_OPTIONS_INIT;
     copt.target = aj_device_target(dev);
-    aj_compile_many(ctx, jobs, (size_t)n, &copt, o.compile_workers);
+    aj_compile_many(ctx, jobs, (size_t)n_plain, &copt, o.compile_workers);
+    if (aj_device_runs(dev, AJ_TARGET_SM_90A))   /* the wgmma kernels: sm_90a code */
+        copt.target = AJ_TARGET_SM_90A;
+    aj_compile_many(ctx, jobs + n_plain, (size_t)(n - n_plain), &copt, o.compile_workers);
 
     int alive = prune(ctx, dev, jobs, res, n);
     for (int i = 0; i < n; i++)
@@ -613,7 +709,8 @@ aj_status aj_tune(aj_ctx *ctx, aj_device *dev, const aj_op *op,
         /* the request, not the template's resolution of it: the default
          * stays "default" (all 0), and a target that resolves fields it
          * does not take (cpu: warps, stages) gets back what it accepts */
-        aj_tune_entry best = {res[0].requested, res[0].workers, res[0].median_ms};
+        aj_tune_entry best = {res[0].requested, res[0].workers, res[0].median_ms,
+                              res[0].warpgroups, res[0].producer};
         AJ_TRY(db_store(ctx, dev, op, &best));
     }
     *results = res;

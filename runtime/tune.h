@@ -11,6 +11,7 @@ typedef struct aj_tune_entry {
     aj_schedule schedule;
     int32_t workers;
     double median_ms;
+    int32_t warpgroups, producer;   /* the wgmma kernel's; 0: none */
 } aj_tune_entry;
 
 /* The recorded best of op on dev: AJ_OK, or AJ_ERR_IO (no database, no

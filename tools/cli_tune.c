@@ -5,6 +5,7 @@
  *   attnjit tune SPEC --device sim|cpu|cuda [--budget-s N] [--csv FILE]
  *       [--batch N] [--heads N] [--heads-kv N] [--seq N] [--seq-k N]
  *       [--warmup N] [--repeats N] [--workers N] [--no-persist]
+ *       [--wgmma auto|yes|no]
  *
  * Progress goes to stderr: a bar redrawn in place on a terminal, one plain
  * line per candidate otherwise (logs, CI).  The ranked table goes to
@@ -91,6 +92,15 @@ static int parse_args(int argc, char **argv, tune_args *t)
             i++;
         } else if (strcmp(a, "--no-persist") == 0) {
             t->options.no_persist = true;
+        } else if (strcmp(a, "--wgmma") == 0 && v) {
+            static const char *const values[] = {"no", "auto", "yes"};
+            int k = 0;
+            while (k < 3 && strcmp(v, values[k]) != 0)
+                k++;
+            if (k == 3)
+                return cli_usage("--wgmma takes auto, yes or no, not '%s'", v);
+            t->options.wgmma = k - 1;
+            i++;
         } else if (a[0] == '-' && a[1] != '\0') {
             return cli_usage("tune: unknown or incomplete option '%s'", a);
         } else if (!t->spec) {
@@ -132,12 +142,15 @@ static void print_table(const aj_tune_result *r, int32_t n)
     for (int32_t i = 0; i < n; i++)
         if (r[i].is_default && r[i].timed)
             base = r[i].median_ms;
-    int threads = 0;   /* cpu: the thread count is tuned too */
-    for (int32_t i = 0; i < n; i++)
+    int threads = 0, wgmma = 0;   /* cpu: the thread count is tuned too */
+    for (int32_t i = 0; i < n; i++) {
         threads |= r[i].workers > 0;
-    printf("| rank | block_m | block_n | %s | median (ms) | min (ms) | vs default |\n",
-           threads ? "threads" : "warps | stages");
-    printf("|---:|---:|---:|---:|%s---:|---:|---:|\n", threads ? "" : "---:|");
+        wgmma |= r[i].warpgroups > 0;
+    }
+    printf("| rank |%s block_m | block_n | %s | median (ms) | min (ms) | vs default |\n",
+           wgmma ? " kernel |" : "", threads ? "threads" : "warps | stages");
+    printf("|---:|%s---:|---:|---:|%s---:|---:|---:|\n", wgmma ? "---|" : "",
+           threads ? "" : "---:|");
     int32_t pruned = 0, untimed = 0;
     for (int32_t i = 0; i < n; i++) {
         if (!r[i].timed) {
@@ -154,9 +167,15 @@ static void print_table(const aj_tune_result *r, int32_t n)
         else
             snprintf(middle, sizeof middle, "%d | %d", r[i].schedule.warps,
                      r[i].schedule.stages);
-        printf("| %d | %d | %d | %s | %.3f | %.3f | %s%s |\n", i + 1, r[i].schedule.block_m,
-               r[i].schedule.block_n, middle, r[i].median_ms, r[i].min_ms, vs,
-               r[i].is_default ? " (default)" : "");
+        char kernel[48] = "";
+        if (wgmma && r[i].warpgroups)
+            snprintf(kernel, sizeof kernel, " wgmma x%d%s |", r[i].warpgroups,
+                     r[i].producer ? " + producer" : "");
+        else if (wgmma)
+            snprintf(kernel, sizeof kernel, " mma.sync |");
+        printf("| %d |%s %d | %d | %s | %.3f | %.3f | %s%s |\n", i + 1, kernel,
+               r[i].schedule.block_m, r[i].schedule.block_n, middle, r[i].median_ms, r[i].min_ms,
+               vs, r[i].is_default ? " (default)" : "");
     }
     if (untimed)
         printf("\n%d candidates not timed: the budget ran out\n", untimed);
@@ -165,9 +184,9 @@ static void print_table(const aj_tune_result *r, int32_t n)
         int shown = 0;
         for (int32_t i = 0; i < n && shown < 3; i++)
             if (r[i].status != AJ_OK) {
-                printf("  block_m %d, block_n %d, warps %d, stages %d: %s\n",
+                printf("  block_m %d, block_n %d, warps %d, stages %d%s: %s\n",
                        r[i].requested.block_m, r[i].requested.block_n, r[i].requested.warps,
-                       r[i].requested.stages, r[i].message);
+                       r[i].requested.stages, r[i].warpgroups ? ", wgmma" : "", r[i].message);
                 shown++;
             }
     }
@@ -181,7 +200,7 @@ static int write_csv(const char *path, const aj_tune_result *r, int32_t n)
         return CLI_EXIT_INPUT;
     }
     fprintf(f, "rank,block_m,block_n,warps,stages,workers,timed,median_ms,min_ms,default,"
-               "status,message\n");
+               "status,message,warpgroups,producer\n");
     for (int32_t i = 0; i < n; i++) {
         const aj_schedule *s = r[i].timed ? &r[i].schedule : &r[i].requested;
         char msg[256];
@@ -189,9 +208,10 @@ static int write_csv(const char *path, const aj_tune_result *r, int32_t n)
         for (char *c = msg; *c; c++)
             if (*c == '"')
                 *c = '\'';
-        fprintf(f, "%d,%d,%d,%d,%d,%d,%d,%.6f,%.6f,%d,%s,\"%s\"\n", i + 1, s->block_m,
+        fprintf(f, "%d,%d,%d,%d,%d,%d,%d,%.6f,%.6f,%d,%s,\"%s\",%d,%d\n", i + 1, s->block_m,
                 s->block_n, s->warps, s->stages, r[i].workers, r[i].timed, r[i].median_ms,
-                r[i].min_ms, r[i].is_default, aj_status_str(r[i].status), msg);
+                r[i].min_ms, r[i].is_default, aj_status_str(r[i].status), msg, r[i].warpgroups,
+                r[i].producer);
     }
     if (fclose(f) != 0) {
         fprintf(stderr, "attnjit: cannot write '%s'\n", path);

@@ -1561,6 +1561,11 @@ typedef struct aj_tune_options {
     /* optional: called after each candidate is compiled or timed */
     void (*progress)(void *user, int32_t done, int32_t total, const char *what);
     void *progress_user;
+    /* the flash templates' Hopper kernels (schedule warpgroups, producer;
+     * docs/gpu.md) among the candidates of a flash op that sets no
+     * warpgroups: 0 where the device runs sm_90a code (a 9.0 GPU), 1
+     * wherever its target has wgmma (sim too: slow), -1 never */
+    int32_t wgmma;
 } aj_tune_options;
 
 #define AJ_TUNE_OPTIONS_INIT { .struct_size = sizeof(aj_tune_options) }
@@ -1575,6 +1580,11 @@ typedef struct aj_tune_result {
     char message[256];        /* "" when timed; else the reason */
     double median_ms, min_ms; /* timed candidates only */
     bool is_default;          /* the template's default schedule */
+    /* the wgmma kernels' warpgroups and producer (aj_op_set_warpgroups,
+     * aj_op_set_producer; 0: mma.sync).  They sit in what was the struct's
+     * tail padding, so its size is the first version's: arrays from and
+     * for either header have the same stride. */
+    int8_t warpgroups, producer;
 } aj_tune_result;
 
 /* Tunes an op's schedule on a device: builds the template's configuration
@@ -1589,8 +1599,13 @@ typedef struct aj_tune_result {
  * aj_compile of the same op with aj_compile_options.device set to such a
  * device picks that schedule.  *results (released with aj_free) lists
  * every candidate, timed ones first, fastest first; *count their number.
- * Forward and backward ops with layout = padded only.  AJ_OK if at least
- * one candidate was timed. */
+ * Forward and backward ops with layout = padded only.  With options->wgmma
+ * (above), a flash op's space also holds the wgmma kernels: warpgroups 1
+ * and 2, producer 0 and 1 (forward), their block_n (forward) or block_m
+ * (backward) and stages; the winner's warpgroups go into the database
+ * with its schedule, and aj_compile of the op (no warpgroups of its own)
+ * for the device then compiles that kernel (sm_90a on a 9.0 GPU).  AJ_OK
+ * if at least one candidate was timed. */
 aj_status aj_tune(aj_ctx *ctx, struct aj_device *dev, const aj_op *op,
                   const aj_tune_options *options, aj_tune_result **results, int32_t *count);
 
@@ -1600,6 +1615,11 @@ aj_status aj_tune(aj_ctx *ctx, struct aj_device *dev, const aj_op *op,
  * off). */
 aj_status aj_tune_lookup(aj_ctx *ctx, const struct aj_device *dev, const aj_op *op,
                          aj_schedule *schedule, int32_t *workers);
+/* The same record whole, as the result row that won: its requested
+ * schedule, workers, warpgroups and producer, median_ms, timed = true;
+ * the other fields 0.  AJ_ERR_IO as aj_tune_lookup. */
+aj_status aj_tune_lookup_result(aj_ctx *ctx, const struct aj_device *dev, const aj_op *op,
+                                aj_tune_result *out);
 
 /* ---------------------------------------------------------------- info */
 

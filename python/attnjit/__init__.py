@@ -252,16 +252,22 @@ def set_cpu_threads(kind):
 
 
 def tune(spec, device_kind="cpu", *, batch=0, heads_q=0, heads_kv=0, seq_q=0, seq_k=0,
-         budget_s=0.0, warmup=0, repeats=0, persist=True):
+         budget_s=0.0, warmup=0, repeats=0, persist=True, wgmma="auto"):
     """Tunes spec's schedule on a device (aj_tune); returns the candidates,
     timed ones first, fastest first, as dicts.  With persist, a later
-    compile for that device picks the best."""
+    compile for that device picks the best.  wgmma: "auto" (the Hopper
+    kernels among a flash op's candidates on a 9.0 GPU), "yes" (wherever
+    the target has wgmma, sim too) or "no"; each dict's "warpgroups" and
+    "producer" say which kernel it is (0: mma.sync)."""
+    modes = {"no": -1, "auto": 0, "yes": 1}
+    if wgmma not in modes:
+        raise InvalidArgError(1, "tune: wgmma = %r; want 'auto', 'yes' or 'no'" % (wgmma,))
     op = _as_op(spec)
     dev = device(device_kind)
     opts = _capi.TuneOptions(struct_size=ctypes.sizeof(_capi.TuneOptions), batch=batch,
                              heads_q=heads_q, heads_kv=heads_kv, seq_q=seq_q, seq_k=seq_k,
                              budget_s=budget_s, warmup=warmup, repeats=repeats,
-                             no_persist=not persist)
+                             no_persist=not persist, wgmma=modes[wgmma])
     results = ctypes.POINTER(_capi.TuneResult)()
     count = _capi.i32()
     with _ctx.lock:
@@ -272,7 +278,8 @@ def tune(spec, device_kind="cpu", *, batch=0, heads_q=0, heads_kv=0, seq_q=0, se
                  "workers": r.workers, "timed": r.timed,
                  "status": _capi.STATUS_NAMES[r.status], "message": r.message.decode(),
                  "median_ms": r.median_ms if r.timed else None,
-                 "min_ms": r.min_ms if r.timed else None, "is_default": r.is_default}
+                 "min_ms": r.min_ms if r.timed else None, "is_default": r.is_default,
+                 "warpgroups": r.warpgroups, "producer": r.producer}
                 for r in (results[i] for i in range(count.value))]
     finally:
         _lib.aj_free(ctypes.cast(results, ctypes.c_void_p))

@@ -135,13 +135,15 @@ class TuneOptions(ctypes.Structure):
     _fields_ = [("struct_size", c_size_t), ("batch", i32), ("heads_q", i32),
                 ("heads_kv", i32), ("seq_q", i32), ("seq_k", i32), ("budget_s", c_double),
                 ("warmup", i32), ("repeats", i32), ("compile_workers", i32),
-                ("no_persist", c_bool), ("progress", PROGRESS_FN), ("progress_user", c_void_p)]
+                ("no_persist", c_bool), ("progress", PROGRESS_FN), ("progress_user", c_void_p),
+                ("wgmma", i32)]
 
 
 class TuneResult(ctypes.Structure):
     _fields_ = [("requested", Schedule), ("schedule", Schedule), ("workers", i32),
                 ("status", c_int), ("timed", c_bool), ("message", ctypes.c_char * 256),
-                ("median_ms", c_double), ("min_ms", c_double), ("is_default", c_bool)]
+                ("median_ms", c_double), ("min_ms", c_double), ("is_default", c_bool),
+                ("warpgroups", ctypes.c_int8), ("producer", ctypes.c_int8)]
 
 
 STRUCTS = {"aj_tensor": Tensor, "aj_side_tensor": SideTensor, "aj_schedule": Schedule,

@@ -82,6 +82,18 @@ def test_tune_on_cpu():
     timed = [r for r in results if r["timed"]]
     assert timed and all(r["median_ms"] > 0 for r in timed)
     assert [r["median_ms"] for r in timed] == sorted(r["median_ms"] for r in timed)
+    assert all(r["warpgroups"] == 0 for r in results)   # the cpu has no wgmma kernels
+
+
+def test_tune_wgmma_on_sim():
+    """wgmma="yes" puts the Hopper kernels among a flash op's candidates on
+    sim; a bad value is an Error naming the choices."""
+    results = attnjit.tune("attention forward flash { dtype = f16 head_dim = 16 }", "sim",
+                           batch=1, heads_q=1, seq_q=16, repeats=1, persist=False, wgmma="yes")
+    kinds = {(r["warpgroups"], r["producer"]) for r in results if r["timed"]}
+    assert {(0, 0), (1, 0), (2, 0), (1, 1), (2, 1)} <= kinds
+    with pytest.raises(attnjit.InvalidArgError, match="want 'auto', 'yes' or 'no'"):
+        attnjit.tune("attention forward flash { dtype = f16 head_dim = 16 }", "sim", wgmma=1)
 
 
 def test_struct_layouts_match_c():

@@ -6,6 +6,7 @@
  * Problems are tiny (the emulator times them); about 10 s in all.
  */
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -66,6 +67,17 @@ static aj_tune_options small_problem(void)
     return o;
 }
 
+/* aj_tune of op on dev with o, which must succeed: the results (*n of
+ * them; aj_free them). */
+static aj_tune_result *tuned(aj_ctx *ctx, aj_device *dev, const aj_op *op,
+                             const aj_tune_options *o, int32_t *n)
+{
+    aj_tune_result *r = NULL;
+    *n = 0;
+    CHECK_STATUS(ctx, aj_tune(ctx, dev, op, o, &r, n), AJ_OK);
+    return r;
+}
+
 static int progress_calls, progress_last_done, progress_last_total;
 
 static void on_progress(void *user, int32_t done, int32_t total, const char *what)
@@ -82,6 +94,23 @@ static int same_schedule(const aj_schedule *a, const aj_schedule *b)
     return memcmp(a, b, sizeof *a) == 0;
 }
 
+/* A forward's arguments over contiguous [B, H, S, D] tensors of dtype dt
+ * (lse f32 [B, H, S]). */
+static aj_fwd_args bhsd_args(aj_dtype dt, void *q, void *k, void *v, void *o, float *lse,
+                             int64_t b, int64_t h, int64_t s, int64_t d)
+{
+    aj_fwd_args a = AJ_FWD_ARGS_INIT;
+    a.q = (aj_tensor){q, dt, 4, {b, h, s, d}, {h * s * d, s * d, d, 1}};
+    a.k = a.q;
+    a.k.data = k;
+    a.v = a.q;
+    a.v.data = v;
+    a.o = a.q;
+    a.o.data = o;
+    a.lse = (aj_tensor){lse, AJ_DTYPE_F32, 3, {b, h, s}, {h * s, s, 1}};
+    return a;
+}
+
 /* Runs a kernel on fixed inputs; o gets the output. */
 static void run_forward(aj_ctx *ctx, aj_device *dev, const aj_kernel *k, float *o)
 {
@@ -92,12 +121,7 @@ static void run_forward(aj_ctx *ctx, aj_device *dev, const aj_kernel *k, float *
         kk[i] = cosf((float)i * 0.11f);
         v[i] = sinf((float)i * 0.05f + 1.0f);
     }
-    aj_fwd_args a = AJ_FWD_ARGS_INIT;
-    a.q = (aj_tensor){q, AJ_DTYPE_F32, 4, {B, H, S, D}, {H * S * D, S * D, D, 1}};
-    a.k = (aj_tensor){kk, AJ_DTYPE_F32, 4, {B, H, S, D}, {H * S * D, S * D, D, 1}};
-    a.v = (aj_tensor){v, AJ_DTYPE_F32, 4, {B, H, S, D}, {H * S * D, S * D, D, 1}};
-    a.o = (aj_tensor){o, AJ_DTYPE_F32, 4, {B, H, S, D}, {H * S * D, S * D, D, 1}};
-    a.lse = (aj_tensor){lse, AJ_DTYPE_F32, 3, {B, H, S}, {H * S, S, 1}};
+    aj_fwd_args a = bhsd_args(AJ_DTYPE_F32, q, kk, v, o, lse, B, H, S, D);
     CHECK_STATUS(ctx, aj_forward(ctx, dev, k, &a), AJ_OK);
 }
 
@@ -108,9 +132,8 @@ static void test_tune_and_reuse(void)
     aj_op *op = parse(ctx, spec_f32);
     aj_tune_options o = small_problem();
     o.progress = on_progress;
-    aj_tune_result *r = NULL;
-    int32_t n = 0;
-    CHECK_STATUS(ctx, aj_tune(ctx, dev, op, &o, &r, &n), AJ_OK);
+    int32_t n;
+    aj_tune_result *r = tuned(ctx, dev, op, &o, &n);
     CHECK(n > 10);
     CHECK(progress_calls > 1 && progress_last_done == progress_last_total);
 
@@ -203,9 +226,8 @@ static void test_budget_and_persistence(void)
     aj_tune_options o = small_problem();
     o.budget_s = 1e-9;     /* spent by compiling: only the first candidate is timed */
     o.no_persist = true;
-    aj_tune_result *r = NULL;
-    int32_t n = 0;
-    CHECK_STATUS(ctx, aj_tune(ctx, dev, op, &o, &r, &n), AJ_OK);
+    int32_t n;
+    aj_tune_result *r = tuned(ctx, dev, op, &o, &n);
     int timed = 0, left_out = 0;
     for (int32_t i = 0; i < n; i++) {
         timed += r[i].timed;
@@ -231,6 +253,145 @@ static void test_budget_and_persistence(void)
     close_all(ctx, dev, op);
 }
 
+/* Runs a flash forward kernel of `spec_f16_flash`'s shapes on fixed f16
+ * inputs; o gets the output (as f32). */
+enum { FB = 1, FH = 2, FS = 72, FD = 32 };
+static void run_flash(aj_ctx *ctx, aj_device *dev, const aj_kernel *k, float *out)
+{
+    static uint16_t q[FB * FH * FS * FD], kk[FB * FH * FS * FD], v[FB * FH * FS * FD],
+        o[FB * FH * FS * FD];
+    static float lse[FB * FH * FS];
+    for (int i = 0; i < FB * FH * FS * FD; i++) {
+        /* small f16 values from their bits: sign, exponent 12..13, a mantissa */
+        q[i] = (uint16_t)(((i * 7) % 2) << 15 | (12 + i % 2) << 10 | (i * 37) % 1024);
+        kk[i] = (uint16_t)(((i * 3) % 2) << 15 | (12 + i % 2) << 10 | (i * 53) % 1024);
+        v[i] = (uint16_t)(((i * 5) % 2) << 15 | 13 << 10 | (i * 11) % 1024);
+    }
+    aj_fwd_args a = bhsd_args(AJ_DTYPE_F16, q, kk, v, o, lse, FB, FH, FS, FD);
+    CHECK_STATUS(ctx, aj_forward(ctx, dev, k, &a), AJ_OK);
+    for (int i = 0; i < FB * FH * FS * FD; i++) {   /* f16 -> f32 (normal values only) */
+        uint32_t s = (uint32_t)(o[i] >> 15), e = (o[i] >> 10) & 31, m = o[i] & 1023;
+        float f = e ? ldexpf(1.0f + (float)m / 1024.0f, (int)e - 15)
+                    : ldexpf((float)m / 1024.0f, -14);
+        out[i] = s ? -f : f;
+    }
+}
+
+static const char *const spec_f16_flash =
+    "attention forward flash { dtype = f16 head_dim = 32 mask = causal(top_left) }";
+
+/* Writes the tuning database's one entry for the tests' cache (the file
+ * aj_tune wrote) over with `text`'s schedule and kernel lines. */
+static void rewrite_entry(const char *schedule_line, const char *kernel_line, int version)
+{
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd,
+             "for f in %s/tuning/*.tune; do sed -i -e 's/^attnjit-tune .*/attnjit-tune %d/' "
+             "-e 's/^schedule .*/%s/' -e '/^kernel /d' $f; %s%s%s done",
+             cache_dir, version, schedule_line, kernel_line ? "echo '" : "",
+             kernel_line ? kernel_line : "", kernel_line ? "' >> $f;" : "");
+    CHECK(system(cmd) == 0);
+}
+
+/* With options->wgmma = 1 on sim, a flash forward's space holds the wgmma
+ * kernels (warpgroups 1 and 2, producer 0 and 1): they are compiled,
+ * deduplicated and timed beside mma.sync's; the database records the
+ * winner's warpgroups, aj_tune_lookup_result reads them back, and
+ * aj_compile for the device compiles that kernel, which computes what the
+ * default does.  A hand-written entry names each kernel kind in turn; a
+ * first-version entry (no kernel line) still reads, as mma.sync; a
+ * warpgroups value the op cannot take is a damaged entry. */
+static void test_wgmma(void)
+{
+    aj_device *dev;
+    aj_ctx *ctx = open_on(AJ_CACHE_DEFAULT, AJ_DEVICE_SIM, &dev);
+    aj_op *op = parse(ctx, spec_f16_flash);
+    aj_tune_options o = small_problem();
+    o.seq_q = FS;
+    int32_t n;
+    aj_tune_result *r = tuned(ctx, dev, op, &o, &n);   /* the sim's default: no wgmma */
+    for (int32_t i = 0; i < n; i++)
+        CHECK_MSG(r[i].warpgroups == 0, "result %d: warpgroups %d without options->wgmma", i,
+                  r[i].warpgroups);
+    aj_free(r);
+    o.wgmma = 1;
+    r = tuned(ctx, dev, op, &o, &n);
+    int timed_by[3][2] = {{0}};
+    for (int32_t i = 0; i < n; i++) {
+        CHECK(r[i].warpgroups >= 0 && r[i].warpgroups <= 2 && r[i].producer >= 0 &&
+              r[i].producer <= 1 && (r[i].warpgroups || !r[i].producer));
+        if (!r[i].timed)
+            continue;
+        timed_by[r[i].warpgroups][r[i].producer]++;
+        if (r[i].warpgroups)   /* 64 rows a warpgroup on 4 warps each */
+            CHECK(r[i].schedule.block_m == 64 * r[i].warpgroups &&
+                  r[i].schedule.warps == 4 * r[i].warpgroups);
+        for (int32_t j = 0; j < i; j++)
+            CHECK_MSG(!r[j].timed || !same_schedule(&r[j].schedule, &r[i].schedule) ||
+                          r[j].warpgroups != r[i].warpgroups || r[j].producer != r[i].producer,
+                      "the kernel of result %d timed twice", i);
+    }
+    CHECK_MSG(timed_by[0][0] > 5 && timed_by[1][0] >= 3 && timed_by[2][0] >= 3 &&
+                  timed_by[1][1] >= 3 && timed_by[2][1] >= 3,
+              "timed: mma.sync %d, wgmma x1 %d / x2 %d, producer x1 %d / x2 %d",
+              timed_by[0][0], timed_by[1][0], timed_by[2][0], timed_by[1][1], timed_by[2][1]);
+    printf("tune on sim with wgmma: %d candidates, timed: mma.sync %d, wgmma x1 %d / x2 %d, "
+           "producer x1 %d / x2 %d; the winner: warpgroups %d producer %d\n", n,
+           timed_by[0][0], timed_by[1][0], timed_by[2][0], timed_by[1][1], timed_by[2][1],
+           r[0].warpgroups, r[0].producer);
+    aj_tune_result best;
+    CHECK_STATUS(ctx, aj_tune_lookup_result(ctx, dev, op, &best), AJ_OK);
+    CHECK(same_schedule(&best.requested, &r[0].requested) &&
+          best.warpgroups == r[0].warpgroups && best.producer == r[0].producer && best.timed &&
+          fabs(best.median_ms - r[0].median_ms) < 1e-5);
+    aj_free(r);
+
+    /* each kernel kind from the database: the launch has its threads, and
+     * its output is the default kernel's */
+    aj_compile_options copt = AJ_COMPILE_OPTIONS_INIT;
+    copt.target = AJ_TARGET_SIM;
+    aj_kernel *plain = NULL;
+    CHECK_STATUS(ctx, aj_compile(ctx, op, &copt, &plain), AJ_OK);
+    static float o_plain[FB * FH * FS * FD], o_tuned[FB * FH * FS * FD];
+    run_flash(ctx, dev, plain, o_plain);
+    static const struct {
+        const char *schedule, *kernel;
+        int version, threads;
+    } entries[] = {
+        {"schedule 0 64 0 2", "kernel warpgroups 2 producer 1", 2, 384},
+        {"schedule 0 32 0 3", "kernel warpgroups 1 producer 0", 2, 128},
+        {"schedule 64 32 4 2", "kernel warpgroups 0 producer 0", 2, 128},
+        {"schedule 32 64 2 1", NULL, 1, 64},
+    };
+    copt.device = dev;
+    for (size_t e = 0; e < sizeof entries / sizeof entries[0]; e++) {
+        rewrite_entry(entries[e].schedule, entries[e].kernel, entries[e].version);
+        aj_ctx *later = new_ctx(AJ_CACHE_DEFAULT);
+        aj_kernel *k = NULL;
+        CHECK_STATUS(later, aj_compile(later, op, &copt, &k), AJ_OK);
+        aj_launch_info li;
+        CHECK_STATUS(later, aj_kernel_launch_info(k, &li), AJ_OK);
+        CHECK_MSG(li.block[0] == entries[e].threads, "entry %zu: %d threads, not %d", e,
+                  li.block[0], entries[e].threads);
+        run_flash(later, dev, k, o_tuned);
+        double worst = 0;
+        for (int i = 0; i < FB * FH * FS * FD; i++)
+            worst = fmax(worst, fabs((double)o_tuned[i] - o_plain[i]));
+        CHECK_MSG(worst < 2e-3, "entry %zu: the tuned kernel differs by %g", e, worst);
+        aj_kernel_destroy(k);
+        aj_ctx_destroy(later);
+    }
+    /* warpgroups 3: damaged, ignored */
+    rewrite_entry("schedule 0 0 0 0", "kernel warpgroups 3 producer 0", 2);
+    CHECK_STATUS(ctx, aj_tune_lookup_result(ctx, dev, op, &best), AJ_ERR_IO);
+    CHECK_ERROR(ctx, "is damaged; ignored");
+    /* a second version's entry without its kernel line: damaged too */
+    rewrite_entry("schedule 0 0 0 0", NULL, 2);
+    CHECK_STATUS(ctx, aj_tune_lookup_result(ctx, dev, op, &best), AJ_ERR_IO);
+    aj_kernel_destroy(plain);
+    close_all(ctx, dev, op);
+}
+
 /* The cpu device: tiles crossed with thread counts, the default flagged at
  * the device's own count, the winner's count in the database. */
 static void test_cpu(void)
@@ -241,9 +402,8 @@ static void test_cpu(void)
     aj_op *op = parse(ctx, spec_f32);
     aj_tune_options o = small_problem();
     o.seq_q = 256;
-    aj_tune_result *r = NULL;
-    int32_t n = 0;
-    CHECK_STATUS(ctx, aj_tune(ctx, dev, op, &o, &r, &n), AJ_OK);
+    int32_t n;
+    aj_tune_result *r = tuned(ctx, dev, op, &o, &n);
     int timed = 0, one = 0, two = 0, defaults = 0;
     for (int32_t i = 0; i < n; i++) {
         if (!r[i].timed)
@@ -310,6 +470,12 @@ static void test_errors(void)
     o.budget_s = NAN;
     CHECK_STATUS(ctx, aj_tune(ctx, dev, op, &o, &r, &n), AJ_ERR_INVALID_ARG);
     CHECK_ERROR(ctx, "budget_s");
+    o = small_problem();
+    o.wgmma = 2;
+    CHECK_STATUS(ctx, aj_tune(ctx, dev, op, &o, &r, &n), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "options->wgmma = 2; want -1 (never), 0");
+    CHECK_STATUS(ctx, aj_tune_lookup_result(ctx, dev, op, NULL), AJ_ERR_INVALID_ARG);
+    CHECK_ERROR(ctx, "aj_tune_lookup_result: out is NULL");
 
     aj_op *merge = parse(ctx, "attention merge { dtype = f32 head_dim_v = 32 }");
     CHECK_STATUS(ctx, aj_tune(ctx, dev, merge, NULL, &r, &n), AJ_ERR_UNSUPPORTED);
@@ -335,7 +501,7 @@ static void test_errors(void)
 int main(void)
 {
     static void (*const tests[])(void) = {test_tune_and_reuse, test_budget_and_persistence,
-                                          test_cpu, test_errors, NULL};
+                                          test_wgmma, test_cpu, test_errors, NULL};
     if (!temp_dir_run(cache_dir, tests))
         return 1;
     return check_report();
