@@ -1436,6 +1436,36 @@ static void emit_softmax_pv(ffwd *e, LLVMValueRef n0, LLVMValueRef vbase, pv_lat
     emit_pv_mma(e, pf, vbase);
 }
 
+/* The output element pair at element offset `at` of O: vals, or with
+ * accumulate (w_prior given) vals plus the prior o_acc pair times w_prior
+ * (0 where w_prior is: the prior never multiplied). */
+static void store_o_pair(ffwd *e, LLVMValueRef at, LLVMValueRef vals[2], LLVMValueRef w_prior)
+{
+    aj_kb *kb = e->kb;
+    LLVMBuilderRef b = e->b;
+    const aj_param_source out = out_tensor(e->op);
+    if (!w_prior) {
+        LLVMValueRef ptr = aj_kb_gptr_offset(kb, aj_param_data(kb, out),
+                                             LLVMBuildMul(b, at, aj_kb_i64(kb, 2), ""));
+        aj_kb_store(kb, pack2(e, e->p.dtype, vals[0], vals[1]), ptr, 4);
+        return;
+    }
+    LLVMTypeRef pair = LLVMVectorType(kb->t_f32, 2);
+    LLVMValueRef ptr = aj_kb_gptr_offset(kb, aj_param_data(kb, out),
+                                         LLVMBuildMul(b, at, aj_kb_i64(kb, 4), ""));
+    LLVMValueRef prior = aj_kb_load(kb, pair, ptr, 8);
+    LLVMValueRef zero_w = LLVMBuildFCmp(b, LLVMRealOEQ, w_prior, aj_kb_f32(kb, 0), "");
+    LLVMValueRef vec = LLVMGetUndef(pair);
+    for (int x = 0; x < 2; x++) {
+        LLVMValueRef op = LLVMBuildFMul(
+            b, LLVMBuildExtractElement(b, prior, aj_kb_i32(kb, x), ""), w_prior, "");
+        op = LLVMBuildSelect(b, zero_w, aj_kb_f32(kb, 0), op, "");
+        vec = LLVMBuildInsertElement(b, vec, LLVMBuildFAdd(b, vals[x], op, ""),
+                                     aj_kb_i32(kb, x), "");
+    }
+    aj_kb_store(kb, vec, ptr, 8);
+}
+
 /*
  * accumulate: the merge of this call's row (O_new, L_new, log2) into the
  * prior (O_p, L_p) of o_acc and lse, as the efficient forward does:
@@ -1480,7 +1510,6 @@ static void emit_epilogue(ffwd *e, LLVMValueRef o_base, LLVMValueRef lse_base)
     LLVMValueRef col_t = aj_kb_sext64(kb, LLVMBuildShl(b, e->t, aj_kb_i32(kb, 1), ""));
     if (e->vcol)
         col_t = aj_kb_add(kb, col_t, aj_kb_sext64(kb, e->vcol));
-    LLVMTypeRef pair = LLVMVectorType(kb->t_f32, 2);
     LLVMValueRef lse_prior[MAX_MT][2] = {{NULL}};
     if (accumulate && e->split) {
         for (int mi = 0; mi < p->mt; mi++)
@@ -1546,27 +1575,7 @@ static void emit_epilogue(ffwd *e, LLVMValueRef o_base, LLVMValueRef lse_base)
                 for (int x = 0; x < 2; x++)
                     vals[x] = LLVMBuildFMul(b, aj_kb_get(kb, e->o[mi][v][2 * half + x]),
                                             scale_new, "");
-                if (accumulate) {
-                    LLVMValueRef ptr = aj_kb_gptr_offset(kb, aj_param_data(kb, out),
-                                                         LLVMBuildMul(b, at, aj_kb_i64(kb, 4), ""));
-                    LLVMValueRef prior = aj_kb_load(kb, pair, ptr, 8);
-                    LLVMValueRef zero_w = LLVMBuildFCmp(b, LLVMRealOEQ, w_prior,
-                                                        aj_kb_f32(kb, 0), "");
-                    LLVMValueRef vec = LLVMGetUndef(pair);
-                    for (int x = 0; x < 2; x++) {
-                        LLVMValueRef op = LLVMBuildFMul(
-                            b, LLVMBuildExtractElement(b, prior, aj_kb_i32(kb, x), ""), w_prior,
-                            "");
-                        op = LLVMBuildSelect(b, zero_w, aj_kb_f32(kb, 0), op, "");
-                        vec = LLVMBuildInsertElement(b, vec, LLVMBuildFAdd(b, vals[x], op, ""),
-                                                     aj_kb_i32(kb, x), "");
-                    }
-                    aj_kb_store(kb, vec, ptr, 8);
-                } else {
-                    LLVMValueRef ptr = aj_kb_gptr_offset(kb, aj_param_data(kb, out),
-                                                         LLVMBuildMul(b, at, aj_kb_i64(kb, 2), ""));
-                    aj_kb_store(kb, pack2(e, p->dtype, vals[0], vals[1]), ptr, 4);
-                }
+                store_o_pair(e, at, vals, accumulate ? w_prior : NULL);
                 if (v >= guarded)
                     aj_kb_if_end(kb);
             }
