@@ -53,6 +53,14 @@ static aj_op *parse(aj_ctx *ctx, const char *text)
     return op;
 }
 
+/* A context with the disk cache, the sim device on it and spec's op. */
+static aj_ctx *sim_and(const char *spec, aj_device **dev, aj_op **op)
+{
+    aj_ctx *ctx = open_on(AJ_CACHE_DEFAULT, AJ_DEVICE_SIM, dev);
+    *op = parse(ctx, spec);
+    return ctx;
+}
+
 static const char *const spec_f32 =
     "attention forward efficient { dtype = f32 head_dim = 32 mask = causal(top_left) }";
 
@@ -128,8 +136,8 @@ static void run_forward(aj_ctx *ctx, aj_device *dev, const aj_kernel *k, float *
 static void test_tune_and_reuse(void)
 {
     aj_device *dev;
-    aj_ctx *ctx = open_on(AJ_CACHE_DEFAULT, AJ_DEVICE_SIM, &dev);
-    aj_op *op = parse(ctx, spec_f32);
+    aj_op *op;
+    aj_ctx *ctx = sim_and(spec_f32, &dev, &op);
     aj_tune_options o = small_problem();
     o.progress = on_progress;
     int32_t n;
@@ -221,8 +229,8 @@ static void test_tune_and_reuse(void)
 static void test_budget_and_persistence(void)
 {
     aj_device *dev;
-    aj_ctx *ctx = open_on(AJ_CACHE_DEFAULT, AJ_DEVICE_SIM, &dev);
-    aj_op *op = parse(ctx, "attention forward efficient { dtype = f16 head_dim = 16 }");
+    aj_op *op;
+    aj_ctx *ctx = sim_and("attention forward efficient { dtype = f16 head_dim = 16 }", &dev, &op);
     aj_tune_options o = small_problem();
     o.budget_s = 1e-9;     /* spent by compiling: only the first candidate is timed */
     o.no_persist = true;
@@ -304,8 +312,8 @@ static void rewrite_entry(const char *schedule_line, const char *kernel_line, in
 static void test_wgmma(void)
 {
     aj_device *dev;
-    aj_ctx *ctx = open_on(AJ_CACHE_DEFAULT, AJ_DEVICE_SIM, &dev);
-    aj_op *op = parse(ctx, spec_f16_flash);
+    aj_op *op;
+    aj_ctx *ctx = sim_and(spec_f16_flash, &dev, &op);
     aj_tune_options o = small_problem();
     o.seq_q = FS;
     int32_t n;
