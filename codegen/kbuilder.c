@@ -7,6 +7,7 @@
 #include <llvm-c/DebugInfo.h>
 #include <llvm-c/Target.h>
 
+#include <assert.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -827,6 +828,8 @@ LLVMValueRef aj_kb_opaque(aj_kb *kb, LLVMValueRef v)
     if (kb->desc->family != AJ_FAMILY_NVPTX)
         return v;
     LLVMTypeRef t = LLVMTypeOf(v);
+    assert(LLVMGetTypeKind(t) == LLVMIntegerTypeKind &&
+           (LLVMGetIntTypeWidth(t) == 32 || LLVMGetIntTypeWidth(t) == 64));
     int wide = LLVMGetIntTypeWidth(t) == 64;
     const char *text = wide ? "mov.b64 $0, $1;" : "mov.b32 $0, $1;";
     const char *cons = wide ? "=l,l" : "=r,r";

@@ -121,13 +121,15 @@ aj_status aj_tune_db_lookup(aj_ctx *ctx, const aj_device *dev, const aj_op *op,
     fclose(f);
     aj_op tuned = *op;
     tuned.schedule = e.schedule;
-    if (e.warpgroups) {
+    if (e.warpgroups || e.producer) {   /* the op's own are in the key: the same */
         tuned.warpgroups = e.warpgroups;
         tuned.producer = e.producer;
     }
     char msg[256];
     aj_field field;
     if (!magic || fields != 5 || kernel != (magic == 2) || strcmp(got_hash, hash) != 0 ||
+        e.warpgroups < 0 || e.warpgroups > AJ_WARPGROUPS_MAX || e.producer < 0 ||
+        e.producer > 1 ||
         strcmp(got_device, device_line) != 0 || e.workers < 0 ||
         aj_op_check(&tuned, &field, msg, sizeof msg) != AJ_OK) {
         aj_log(ctx, AJ_LOG_WARN, "tuning database: %s is damaged; ignored", path);
@@ -413,9 +415,9 @@ static aj_status read_tune_options(aj_ctx *ctx, const aj_device *dev,
                  "aj_tune: options->budget_s = %g is not a non-negative number", o->budget_s);
     AJ_CHECK_ARG(ctx, o->repeats <= 1000 && o->warmup <= 1000,
                  "aj_tune: options->repeats and warmup must be at most 1000");
-    AJ_CHECK_ARG(ctx, o->wgmma >= -1 && o->wgmma <= 1,
-                 "aj_tune: options->wgmma = %d; want -1 (never), 0 (where the device runs "
-                 "sm_90a) or 1 (wherever its target has wgmma)", o->wgmma);
+    AJ_CHECK_ARG(ctx, o->wgmma == 0 || o->wgmma == 1,
+                 "aj_tune: options->wgmma = %d; want 0 (mma.sync only) or 1 (the wgmma kernels "
+                 "too, where the device runs them)", o->wgmma);
     defaults_for(dev, o);
     AJ_CHECK_ARG(ctx, o->heads_q % o->heads_kv == 0,
                  "aj_tune: options->heads_q = %d is not a multiple of heads_kv = %d",
@@ -485,16 +487,15 @@ static int expand_workers(const aj_device *dev, aj_tune_result *res, int *job_of
 }
 
 /* Whether op's space holds the wgmma kernels on dev (options->wgmma): a
- * flash forward or backward of 16-bit inputs that sets no warpgroups. */
+ * flash forward or backward of 16-bit inputs that sets no warpgroups, on
+ * a device that runs them (sm_90a code, or a target with wgmma: sim). */
 static int wgmma_space(const aj_device *dev, const aj_op *op, int32_t wanted)
 {
-    if (wanted < 0 || op->variant != AJ_VARIANT_FLASH || op->warpgroups ||
-        aj_op_has_f8(op) || op->dtype == AJ_DTYPE_F32)
+    if (!wanted || op->variant != AJ_VARIANT_FLASH || op->warpgroups || aj_op_has_f8(op) ||
+        op->dtype == AJ_DTYPE_F32)
         return 0;
-    return wanted ? aj_target_desc_of(aj_device_target(dev))->wgmma ||
-                        aj_device_runs(dev, AJ_TARGET_SM_90A)
-                  : dev->ops->kind_caps.kind == AJ_DEVICE_CUDA &&
-                        aj_device_runs(dev, AJ_TARGET_SM_90A);
+    return aj_target_desc_of(aj_device_target(dev))->wgmma ||
+           aj_device_runs(dev, AJ_TARGET_SM_90A);
 }
 
 /* The space into res: the template's default first, then every
@@ -662,8 +663,6 @@ aj_status aj_tune(aj_ctx *ctx, aj_device *dev, const aj_op *op,
     }
 
     int n = fill_space(res, simt, wgmma_space(dev, op, o.wgmma), op->kind), n_plain = 0;
-    while (n_plain < n && !res[n_plain].warpgroups)
-        n_plain++;
     for (int i = 0; i < n; i++) {
         AJ_TRY(aj_op_clone(op, &ops[i]));
         aj_op_set_schedule(ops[i], &res[i].requested);
@@ -673,10 +672,15 @@ aj_status aj_tune(aj_ctx *ctx, aj_device *dev, const aj_op *op,
         }
         jobs[i].op = ops[i];
     }
+    /* the candidates that run wgmma come last (the space's, or all of them:
+     * an op's own warpgroups, FP8): sm_90a code where the device runs it,
+     * as aj_compile for the device makes */
+    while (n_plain < n && !aj_op_runs_wgmma(ops[n_plain]))
+        n_plain++;
     aj_compile_options copt = AJ_COMPILE_OPTIONS_INIT;
     copt.target = aj_device_target(dev);
     aj_compile_many(ctx, jobs, (size_t)n_plain, &copt, o.compile_workers);
-    if (aj_device_runs(dev, AJ_TARGET_SM_90A))   /* the wgmma kernels: sm_90a code */
+    if (aj_device_runs(dev, AJ_TARGET_SM_90A))
         copt.target = AJ_TARGET_SM_90A;
     aj_compile_many(ctx, jobs + n_plain, (size_t)(n - n_plain), &copt, o.compile_workers);
 

@@ -944,9 +944,9 @@ static void wg_issue(fbwd *f, const gemm *g, int fresh)
                                                                          bt->width, 0, 0)
                                                  : aj_wgmma_kmajor_desc(kb, bt->off, bt->rows,
                                                                         bt->width, 0));
-    LLVMValueRef a0 =
-        A->regs ? NULL
-                : aj_kb_opaque(kb, aj_wgmma_kmajor_desc(kb, a_base, A->tile.rows, A->tile.width, 0));
+    LLVMValueRef a0 = A->regs ? NULL
+                              : aj_kb_opaque(kb, aj_wgmma_kmajor_desc(kb, a_base, A->tile.rows,
+                                                                      A->tile.width, 0));
     aj_kb_intrinsic(kb, AJ_INTR_WGMMA_FENCE, NULL);
     for (int kk = 0; kk < steps; kk++) {
         LLVMValueRef b_desc =

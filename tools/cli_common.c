@@ -32,7 +32,7 @@ const char cli_usage_text[] =
     "                           merge     in o1 lse1 o2 lse2  out o lse\n"
     "  tune SPEC --device sim|cpu|cuda [--budget-s N] [--csv FILE] [--batch N] [--heads N]\n"
     "          [--heads-kv N] [--seq N] [--seq-k N] [--warmup N] [--repeats N]\n"
-    "          [--workers N] [--no-persist] [--wgmma auto|yes|no]\n"
+    "          [--workers N] [--no-persist] [--wgmma yes|no]\n"
     "                           time the template's schedules on the device, rank them,\n"
     "                           record the best for later compiles (docs/tune.md)\n"
     "  ring SPEC --device sim|cpu|cuda [--layout contiguous|zigzag] [--rotate p2p|allgather]\n"

@@ -5,7 +5,7 @@
  *   attnjit tune SPEC --device sim|cpu|cuda [--budget-s N] [--csv FILE]
  *       [--batch N] [--heads N] [--heads-kv N] [--seq N] [--seq-k N]
  *       [--warmup N] [--repeats N] [--workers N] [--no-persist]
- *       [--wgmma auto|yes|no]
+ *       [--wgmma yes|no]
  *
  * Progress goes to stderr: a bar redrawn in place on a terminal, one plain
  * line per candidate otherwise (logs, CI).  The ranked table goes to
@@ -93,13 +93,9 @@ static int parse_args(int argc, char **argv, tune_args *t)
         } else if (strcmp(a, "--no-persist") == 0) {
             t->options.no_persist = true;
         } else if (strcmp(a, "--wgmma") == 0 && v) {
-            static const char *const values[] = {"no", "auto", "yes"};
-            int k = 0;
-            while (k < 3 && strcmp(v, values[k]) != 0)
-                k++;
-            if (k == 3)
-                return cli_usage("--wgmma takes auto, yes or no, not '%s'", v);
-            t->options.wgmma = k - 1;
+            if (strcmp(v, "yes") != 0 && strcmp(v, "no") != 0)
+                return cli_usage("--wgmma takes yes or no, not '%s'", v);
+            t->options.wgmma = strcmp(v, "yes") == 0;
             i++;
         } else if (a[0] == '-' && a[1] != '\0') {
             return cli_usage("tune: unknown or incomplete option '%s'", a);

@@ -1561,10 +1561,11 @@ typedef struct aj_tune_options {
     /* optional: called after each candidate is compiled or timed */
     void (*progress)(void *user, int32_t done, int32_t total, const char *what);
     void *progress_user;
-    /* the flash templates' Hopper kernels (schedule warpgroups, producer;
-     * docs/gpu.md) among the candidates of a flash op that sets no
-     * warpgroups: 0 where the device runs sm_90a code (a 9.0 GPU), 1
-     * wherever its target has wgmma (sim too: slow), -1 never */
+    /* 1: the flash templates' Hopper kernels (schedule warpgroups,
+     * producer; docs/gpu.md) among the candidates of a flash op that sets
+     * no warpgroups, where the device runs them (a 9.0 GPU: sm_90a code;
+     * sim).  0 (the default): not -- no GPU has run them yet, and the
+     * tuner times candidates without checking their output */
     int32_t wgmma;
 } aj_tune_options;
 
@@ -1604,15 +1605,19 @@ typedef struct aj_tune_result {
  * and 2, producer 0 and 1 (forward), their block_n (forward) or block_m
  * (backward) and stages; the winner's warpgroups go into the database
  * with its schedule, and aj_compile of the op (no warpgroups of its own)
- * for the device then compiles that kernel (sm_90a on a 9.0 GPU).  AJ_OK
- * if at least one candidate was timed. */
+ * for the device then compiles that kernel (sm_90a on a 9.0 GPU).  Every
+ * candidate that runs wgmma (those, an op's own warpgroups, FP8 flash
+ * forwards) is compiled for sm_90a where the device runs it, as aj_compile
+ * does.  AJ_OK if at least one candidate was timed. */
 aj_status aj_tune(aj_ctx *ctx, struct aj_device *dev, const aj_op *op,
                   const aj_tune_options *options, aj_tune_result **results, int32_t *count);
 
 /* The tuning database's schedule for op on dev: AJ_OK and *schedule (and
  * *workers, may be NULL, the cpu thread count) if one is recorded;
  * AJ_ERR_IO if none is (or the database is off: cache mode memory or
- * off). */
+ * off).  Where a wgmma kernel won, the schedule alone is not the kernel
+ * (its warpgroups and producer are not in it): aj_tune_lookup_result has
+ * them. */
 aj_status aj_tune_lookup(aj_ctx *ctx, const struct aj_device *dev, const aj_op *op,
                          aj_schedule *schedule, int32_t *workers);
 /* The same record whole, as the result row that won: its requested

@@ -252,22 +252,21 @@ def set_cpu_threads(kind):
 
 
 def tune(spec, device_kind="cpu", *, batch=0, heads_q=0, heads_kv=0, seq_q=0, seq_k=0,
-         budget_s=0.0, warmup=0, repeats=0, persist=True, wgmma="auto"):
+         budget_s=0.0, warmup=0, repeats=0, persist=True, wgmma=False):
     """Tunes spec's schedule on a device (aj_tune); returns the candidates,
     timed ones first, fastest first, as dicts.  With persist, a later
-    compile for that device picks the best.  wgmma: "auto" (the Hopper
-    kernels among a flash op's candidates on a 9.0 GPU), "yes" (wherever
-    the target has wgmma, sim too) or "no"; each dict's "warpgroups" and
-    "producer" say which kernel it is (0: mma.sync)."""
-    modes = {"no": -1, "auto": 0, "yes": 1}
-    if wgmma not in modes:
-        raise InvalidArgError(1, "tune: wgmma = %r; want 'auto', 'yes' or 'no'" % (wgmma,))
+    compile for that device picks the best.  wgmma=True: the Hopper
+    kernels among a flash op's candidates where the device runs them (a
+    9.0 GPU, sim); each dict's "warpgroups" and "producer" say which
+    kernel it is (0: mma.sync)."""
+    if not isinstance(wgmma, bool):
+        raise InvalidArgError(1, "tune: wgmma = %r; want True or False" % (wgmma,))
     op = _as_op(spec)
     dev = device(device_kind)
     opts = _capi.TuneOptions(struct_size=ctypes.sizeof(_capi.TuneOptions), batch=batch,
                              heads_q=heads_q, heads_kv=heads_kv, seq_q=seq_q, seq_k=seq_k,
                              budget_s=budget_s, warmup=warmup, repeats=repeats,
-                             no_persist=not persist, wgmma=modes[wgmma])
+                             no_persist=not persist, wgmma=int(wgmma))
     results = ctypes.POINTER(_capi.TuneResult)()
     count = _capi.i32()
     with _ctx.lock:

@@ -122,15 +122,17 @@ expect 0 "(default)" cat "$tmp/tune.out"
 expect 0 "rank,block_m,block_n,warps,stages" cat "$tmp/tune.csv"
 expect 0 "schedule " cat "$tmp"/cache/tuning/*.tune
 # --wgmma yes on a flash op: the wgmma kernels ranked beside mma.sync's
-expect 1 "--wgmma takes auto, yes or no, not 'maybe'" "$aj" tune "$tmp/tune.aj" --device sim \
+expect 1 "--wgmma takes yes or no, not 'maybe'" "$aj" tune "$tmp/tune.aj" --device sim \
     --wgmma maybe
 printf 'attention forward flash {\n  dtype = f16\n  head_dim = 16\n}\n' > "$tmp/tune_flash.aj"
+rm -rf "$tmp/cache/tuning"   # the flash op's record alone below
 AJ_CACHE= AJ_CACHE_DIR="$tmp/cache" expect 0 "| wgmma x2 + producer |" "$aj" tune \
     "$tmp/tune_flash.aj" --device sim --seq 16 --heads 1 --repeats 1 --wgmma yes \
     --csv "$tmp/tune_flash.csv"
 cp "$tmp/out" "$tmp/tune_flash.out"
 expect 0 "| mma.sync |" cat "$tmp/tune_flash.out"
 expect 0 "status,message,warpgroups,producer" cat "$tmp/tune_flash.csv"
+expect 0 "attnjit-tune 2" cat "$tmp"/cache/tuning/*.tune
 expect 0 "kernel warpgroups " cat "$tmp"/cache/tuning/*.tune
 
 # docs/cli.md's run examples, as written: every "$ " command of its ```sh

@@ -86,14 +86,14 @@ def test_tune_on_cpu():
 
 
 def test_tune_wgmma_on_sim():
-    """wgmma="yes" puts the Hopper kernels among a flash op's candidates on
+    """wgmma=True puts the Hopper kernels among a flash op's candidates on
     sim; a bad value is an Error naming the choices."""
     results = attnjit.tune("attention forward flash { dtype = f16 head_dim = 16 }", "sim",
-                           batch=1, heads_q=1, seq_q=16, repeats=1, persist=False, wgmma="yes")
+                           batch=1, heads_q=1, seq_q=16, repeats=1, persist=False, wgmma=True)
     kinds = {(r["warpgroups"], r["producer"]) for r in results if r["timed"]}
     assert {(0, 0), (1, 0), (2, 0), (1, 1), (2, 1)} <= kinds
-    with pytest.raises(attnjit.InvalidArgError, match="want 'auto', 'yes' or 'no'"):
-        attnjit.tune("attention forward flash { dtype = f16 head_dim = 16 }", "sim", wgmma=1)
+    with pytest.raises(attnjit.InvalidArgError, match="want True or False"):
+        attnjit.tune("attention forward flash { dtype = f16 head_dim = 16 }", "sim", wgmma="yes")
 
 
 def test_struct_layouts_match_c():

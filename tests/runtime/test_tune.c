@@ -389,13 +389,27 @@ static void test_wgmma(void)
         aj_kernel_destroy(k);
         aj_ctx_destroy(later);
     }
-    /* warpgroups 3: damaged, ignored */
-    rewrite_entry("schedule 0 0 0 0", "kernel warpgroups 3 producer 0", 2);
-    CHECK_STATUS(ctx, aj_tune_lookup_result(ctx, dev, op, &best), AJ_ERR_IO);
-    CHECK_ERROR(ctx, "is damaged; ignored");
-    /* a second version's entry without its kernel line: damaged too */
-    rewrite_entry("schedule 0 0 0 0", NULL, 2);
-    CHECK_STATUS(ctx, aj_tune_lookup_result(ctx, dev, op, &best), AJ_ERR_IO);
+    /* damaged, ignored -- the compile for the device takes the default:
+     * warpgroups 3, a producer without warpgroups, a value past int8_t, a
+     * second version's entry without its kernel line */
+    aj_launch_info lp;
+    CHECK_STATUS(ctx, aj_kernel_launch_info(plain, &lp), AJ_OK);
+    static const char *const damaged[] = {"kernel warpgroups 3 producer 0",
+                                          "kernel warpgroups 0 producer 1",
+                                          "kernel warpgroups 258 producer 0", NULL};
+    for (size_t e = 0; e < sizeof damaged / sizeof damaged[0]; e++) {
+        rewrite_entry("schedule 0 0 0 0", damaged[e], 2);
+        CHECK_STATUS(ctx, aj_tune_lookup_result(ctx, dev, op, &best), AJ_ERR_IO);
+        CHECK_ERROR(ctx, "is damaged; ignored");
+        aj_kernel *k = NULL;
+        CHECK_STATUS(ctx, aj_compile(ctx, op, &copt, &k), AJ_OK);
+        aj_launch_info li;
+        aj_kernel_launch_info(k, &li);
+        CHECK_MSG(li.block[0] == lp.block[0] && same_schedule(&li.schedule, &lp.schedule),
+                  "damaged entry %zu: compiled %d threads, the default %d", e, li.block[0],
+                  lp.block[0]);
+        aj_kernel_destroy(k);
+    }
     aj_kernel_destroy(plain);
     close_all(ctx, dev, op);
 }
@@ -481,7 +495,7 @@ static void test_errors(void)
     o = small_problem();
     o.wgmma = 2;
     CHECK_STATUS(ctx, aj_tune(ctx, dev, op, &o, &r, &n), AJ_ERR_INVALID_ARG);
-    CHECK_ERROR(ctx, "options->wgmma = 2; want -1 (never), 0");
+    CHECK_ERROR(ctx, "options->wgmma = 2; want 0 (mma.sync only) or 1");
     CHECK_STATUS(ctx, aj_tune_lookup_result(ctx, dev, op, NULL), AJ_ERR_INVALID_ARG);
     CHECK_ERROR(ctx, "aj_tune_lookup_result: out is NULL");
 
@@ -506,11 +520,65 @@ static void test_errors(void)
     close_all(ctx, dev, op);
 }
 
-int main(void)
+/* `test_tune cuda` (the stand-in libcuda as a 9.0 GPU, emulated
+ * launches): every candidate that runs wgmma is compiled for sm_90a, as
+ * aj_compile for the device makes it -- an op with its own warpgroups
+ * tunes (compiled for the device's sm_90 every candidate was refused),
+ * and a plain flash op's wgmma winner, written to the database, compiles
+ * for sm_90a through the device. */
+static void test_cuda_hopper(void)
+{
+    aj_device *dev;
+    aj_ctx *ctx = open_on(AJ_CACHE_DEFAULT, AJ_DEVICE_CUDA, &dev);
+    if (!dev || aj_device_target(dev) != AJ_TARGET_SM_90) {
+        CHECK_MSG(0, "the stand-in device is not a 9.0 GPU");
+        aj_device_close(dev);
+        aj_ctx_destroy(ctx);
+        return;
+    }
+    aj_op *own = parse(ctx, "attention forward flash { dtype = f16 head_dim = 16 "
+                            "schedule = (warpgroups = 2) }");
+    aj_tune_options o = small_problem();
+    o.seq_q = 16;
+    o.no_persist = true;
+    int32_t n;
+    aj_tune_result *r = tuned(ctx, dev, own, &o, &n);
+    int timed = 0;
+    for (int32_t i = 0; i < n; i++)
+        timed += r[i].timed;
+    CHECK_MSG(timed >= 6, "an op with its own warpgroups: %d candidates timed", timed);
+    aj_free(r);
+    aj_op_destroy(own);
+
+    aj_op *op = parse(ctx, spec_f16_flash);
+    o.no_persist = false;
+    o.wgmma = 1;
+    r = tuned(ctx, dev, op, &o, &n);
+    int wgmma = 0;
+    for (int32_t i = 0; i < n; i++)
+        wgmma += r[i].timed && r[i].warpgroups;
+    CHECK_MSG(wgmma >= 12, "%d wgmma candidates timed on the 9.0 stand-in", wgmma);
+    aj_free(r);
+    rewrite_entry("schedule 0 64 0 2", "kernel warpgroups 2 producer 0", 2);
+    aj_compile_options copt = AJ_COMPILE_OPTIONS_INIT;
+    copt.device = dev;
+    aj_kernel *k = NULL;
+    CHECK_STATUS(ctx, aj_compile(ctx, op, &copt, &k), AJ_OK);
+    CHECK(aj_kernel_target(k) == AJ_TARGET_SM_90A);
+    aj_launch_info li;
+    CHECK_STATUS(ctx, aj_kernel_launch_info(k, &li), AJ_OK);
+    CHECK(li.block[0] == 256 && li.schedule.block_n == 64);
+    aj_kernel_destroy(k);
+    close_all(ctx, dev, op);
+}
+
+int main(int argc, char **argv)
 {
     static void (*const tests[])(void) = {test_tune_and_reuse, test_budget_and_persistence,
                                           test_wgmma, test_cpu, test_errors, NULL};
-    if (!temp_dir_run(cache_dir, tests))
+    static void (*const cuda_tests[])(void) = {test_cuda_hopper, NULL};
+    int cuda = argc > 1 && strcmp(argv[1], "cuda") == 0;
+    if (!temp_dir_run(cache_dir, cuda ? cuda_tests : tests))
         return 1;
     return check_report();
 }
