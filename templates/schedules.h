@@ -17,8 +17,8 @@ aj_status aj_attn_check_layout_and_dims(aj_ctx *ctx, const aj_op *op, const char
  * (docs/design.md, "Head dims"): the flash templates on mma.sync 512 (the
  * forward splits Dv past 256 across warp pairs, templates/flash_fwd.c
  * "Head dims past 256"; the backward's warp grids split every product's
- * columns), their wgmma forward and FP8 inputs 256, the cpu kernels'
- * stack tiles 512. */
+ * columns; the wgmma forward splits Dv across its two warpgroups), their
+ * wgmma backward and FP8 inputs 256, the cpu kernels' stack tiles 512. */
 #define AJ_HEAD_DIM_MAX_FLASH 512
 #define AJ_HEAD_DIM_MAX_GPU 256
 #define AJ_HEAD_DIM_MAX_CPU 512

@@ -86,7 +86,8 @@ fi
 nvdisasm=${AJ_NVDISASM:-$(command -v nvdisasm || true)}
 [ -n "$nvdisasm" ] || { [ -x /usr/local/cuda/bin/nvdisasm ] && nvdisasm=/usr/local/cuda/bin/nvdisasm; }
 flash=$specs/flash_fwd_bf16_d128_causal.aj
-printf 'attention forward flash {\n  dtype = bf16\n  head_dim = 128\n  schedule = (warpgroups = 2)\n}\n' \
+# (64-key tiles given, so that its two GEMMs are two wgmma shapes)
+printf 'attention forward flash {\n  dtype = bf16\n  head_dim = 128\n  schedule = (warpgroups = 2, block_n = 64)\n}\n' \
     > "$tmp/wgmma.aj"
 if [ -n "$ptxas" ] && [ -n "$nvdisasm" ]; then
     expect 0 "HMMA.16816.F32.BF16 128" env AJ_PTXAS="$ptxas" AJ_NVDISASM="$nvdisasm" \
