@@ -414,6 +414,47 @@ static void test_wgmma(void)
     close_all(ctx, dev, op);
 }
 
+/* A flash backward's wgmma candidates on sim: warpgroups 1 and 2 walking
+ * block_m (16, 32, 64: block_n is the warpgroups'), never a producer (the
+ * backward is not warp specialised), timed beside mma.sync's. */
+static void test_wgmma_backward(void)
+{
+    aj_device *dev;
+    aj_op *op;
+    aj_ctx *ctx = sim_and("attention backward flash { dtype = bf16 head_dim = 16 }", &dev, &op);
+    aj_tune_options o = small_problem();
+    o.seq_q = 16;
+    o.no_persist = true;
+    o.wgmma = 1;
+    int32_t n;
+    aj_tune_result *r = tuned(ctx, dev, op, &o, &n);
+    int plain = 0, by_wg[3] = {0}, rows[3][65] = {{0}};
+    for (int32_t i = 0; i < n; i++) {
+        CHECK_MSG(!r[i].producer, "result %d: a producer on a backward", i);
+        if (!r[i].timed)
+            continue;
+        int g = r[i].warpgroups;
+        plain += !g;
+        if (!g)
+            continue;
+        by_wg[g]++;
+        CHECK(r[i].schedule.block_n == 64 * g && r[i].schedule.warps == 4 * g);
+        int bm = r[i].schedule.block_m;
+        CHECK_MSG(bm == 16 || bm == 32 || bm == 64, "result %d: block_m %d", i, bm);
+        if (bm == 16 || bm == 32 || bm == 64)
+            rows[g][bm]++;
+    }
+    printf("tune a backward on sim with wgmma: timed mma.sync %d, wgmma x1 %d / x2 %d\n", plain,
+           by_wg[1], by_wg[2]);
+    CHECK(plain > 5);
+    for (int g = 1; g <= 2; g++)
+        CHECK_MSG(rows[g][16] && rows[g][32] && rows[g][64],
+                  "wgmma x%d: block_m 16 / 32 / 64 timed %d / %d / %d times", g, rows[g][16],
+                  rows[g][32], rows[g][64]);
+    aj_free(r);
+    close_all(ctx, dev, op);
+}
+
 /* The cpu device: tiles crossed with thread counts, the default flagged at
  * the device's own count, the winner's count in the database. */
 static void test_cpu(void)
@@ -575,7 +616,8 @@ static void test_cuda_hopper(void)
 int main(int argc, char **argv)
 {
     static void (*const tests[])(void) = {test_tune_and_reuse, test_budget_and_persistence,
-                                          test_wgmma, test_cpu, test_errors, NULL};
+                                          test_wgmma, test_wgmma_backward, test_cpu,
+                                          test_errors, NULL};
     static void (*const cuda_tests[])(void) = {test_cuda_hopper, NULL};
     int cuda = argc > 1 && strcmp(argv[1], "cuda") == 0;
     if (!temp_dir_run(cache_dir, cuda ? cuda_tests : tests))
