@@ -81,8 +81,7 @@ static aj_status compile_tuned(aj_ctx *ctx, aj_kernel_cache *cache, const aj_op 
     tuned.schedule = best.schedule;
     tuned.warpgroups = best.warpgroups;
     tuned.producer = best.producer;
-    if (best.warpgroups && aj_device_runs(opt->device, AJ_TARGET_SM_90A))
-        plain.target = AJ_TARGET_SM_90A;
+    plain.target = aj_device_target_for(opt->device, &tuned, plain.target);
     aj_log(ctx, AJ_LOG_INFO, "tuned schedule for %s: block_m %d, block_n %d, warps %d, "
            "stages %d, warpgroups %d, producer %d", aj_device_name(opt->device),
            best.schedule.block_m, best.schedule.block_n, best.schedule.warps,
@@ -193,7 +192,7 @@ static aj_status compile_one(aj_ctx *ctx, aj_kernel_cache *cache, const aj_op *o
 
     AJ_TRY(check_op(ctx, op));
     aj_compile_options wgmma_opt;
-    if (opt->device && aj_op_runs_wgmma(op) && aj_device_runs(opt->device, AJ_TARGET_SM_90A)) {
+    if (opt->device && aj_device_target_for(opt->device, op, opt->target) != opt->target) {
         /* wgmma code is sm_90a's, which a 9.0 device runs */
         wgmma_opt = *opt;
         wgmma_opt.target = AJ_TARGET_SM_90A;

@@ -114,6 +114,12 @@ bool aj_device_runs(const aj_device *dev, aj_target kernel_target)
            dev->cuda->cc_major == 9 && dev->cuda->cc_minor == 0;
 }
 
+aj_target aj_device_target_for(const aj_device *dev, const aj_op *op, aj_target target)
+{
+    return aj_op_runs_wgmma(op) && aj_device_runs(dev, AJ_TARGET_SM_90A) ? AJ_TARGET_SM_90A
+                                                                        : target;
+}
+
 bool aj_device_has_tensor_map(const aj_device *dev)
 {
     return dev && dev->ops->tensor_map &&

@@ -151,6 +151,10 @@ aj_cuda_device *aj_device_cuda(const aj_device *dev);
 /* Whether dev runs a kernel of `kernel_target`: its own target's, and
  * sm_90a's on a device of compute capability 9.0 (whose target is sm_90). */
 bool aj_device_runs(const aj_device *dev, aj_target kernel_target);
+/* The target to compile op for on dev: sm_90a where the op runs wgmma
+ * (aj_op_runs_wgmma) and dev runs sm_90a code (a 9.0 GPU), else `target`.
+ * aj_compile for a device, its tuned compile and aj_tune all ask here. */
+aj_target aj_device_target_for(const aj_device *dev, const aj_op *op, aj_target target);
 /* Whether dev encodes TMA tensor maps (aj_device_ops.tensor_map). */
 bool aj_device_has_tensor_map(const aj_device *dev);
 

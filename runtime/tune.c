@@ -673,15 +673,15 @@ aj_status aj_tune(aj_ctx *ctx, aj_device *dev, const aj_op *op,
         jobs[i].op = ops[i];
     }
     /* the candidates that run wgmma come last (the space's, or all of them:
-     * an op's own warpgroups, FP8): sm_90a code where the device runs it,
-     * as aj_compile for the device makes */
+     * an op's own warpgroups, FP8): the target aj_compile for the device
+     * gives them */
     while (n_plain < n && !aj_op_runs_wgmma(ops[n_plain]))
         n_plain++;
     aj_compile_options copt = AJ_COMPILE_OPTIONS_INIT;
     copt.target = aj_device_target(dev);
     aj_compile_many(ctx, jobs, (size_t)n_plain, &copt, o.compile_workers);
-    if (aj_device_runs(dev, AJ_TARGET_SM_90A))
-        copt.target = AJ_TARGET_SM_90A;
+    if (n_plain < n)
+        copt.target = aj_device_target_for(dev, ops[n_plain], copt.target);
     aj_compile_many(ctx, jobs + n_plain, (size_t)(n - n_plain), &copt, o.compile_workers);
 
     int alive = prune(ctx, dev, jobs, res, n);

@@ -950,7 +950,7 @@ static void wg_issue(fbwd *f, const gemm *g, int fresh)
     aj_kb_intrinsic(kb, AJ_INTR_WGMMA_FENCE, NULL);
     for (int kk = 0; kk < steps; kk++) {
         LLVMValueRef b_desc =
-            B->kmajor ? aj_wgmma_nmajor_step(kb, b0, bt->rows, bt->width, 16 * kk)
+            B->kmajor ? aj_wgmma_nmajor_step(kb, b0, bt->width, 16 * kk)
                       : aj_wgmma_kmajor_step(kb, b0, bt->rows, bt->width, 16 * kk);
         LLVMValueRef scale = aj_kb_i32(kb, !fresh || kk > 0);
         if (A->regs) {

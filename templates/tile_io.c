@@ -345,9 +345,8 @@ LLVMValueRef aj_wgmma_kmajor_step(aj_kb *kb, LLVMValueRef desc0, int rows, int w
     return aj_kb_wgmma_desc_plus(kb, desc0, kmajor_at(rows, width, col));
 }
 
-LLVMValueRef aj_wgmma_nmajor_step(aj_kb *kb, LLVMValueRef desc0, int rows, int width, int k0)
+LLVMValueRef aj_wgmma_nmajor_step(aj_kb *kb, LLVMValueRef desc0, int width, int k0)
 {
-    (void)rows;
     return aj_kb_wgmma_desc_plus(kb, desc0, (int64_t)k0 * aj_wgmma_panel_span(width));
 }
 

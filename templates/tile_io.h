@@ -170,8 +170,9 @@ LLVMValueRef aj_wgmma_kmajor_step(aj_kb *kb, LLVMValueRef desc0, int rows, int w
 LLVMValueRef aj_wgmma_nmajor_desc(aj_kb *kb, LLVMValueRef base, int rows, int width, int col,
                                   int k0);
 /* The same k-step's descriptor from desc0, the one at k0 = 0 (and the
- * same col): one add, as aj_wgmma_kmajor_step. */
-LLVMValueRef aj_wgmma_nmajor_step(aj_kb *kb, LLVMValueRef desc0, int rows, int width, int k0);
+ * same col): one add of k0 rows (the panels' rows do not enter it), as
+ * aj_wgmma_kmajor_step. */
+LLVMValueRef aj_wgmma_nmajor_step(aj_kb *kb, LLVMValueRef desc0, int width, int k0);
 
 /* Row kernels over [B, H, S, W] tensors (merge.c, rows.c): 128 threads in
  * row groups of G lanes, lane l taking the 4-wide column chunks 4l,
