@@ -212,6 +212,8 @@ static aj_status efwd_check(aj_ctx *ctx, const aj_op *op, aj_target target)
         return aj_fail(ctx, AJ_ERR_UNSUPPORTED, "bias = add with layout = varlen: the "
                        "efficient forward on sim and GPUs takes a bias over padded tensors "
                        "only (the cpu target takes both)");
+    if (aj_flash_paged_takes(op, target))   /* the parts stage on mma tiles (flash_fwd.c) */
+        return aj_flash_paged_check(ctx, op, target);
     aj_status st = aj_attn_check_dims(ctx, op, op->layout == AJ_LAYOUT_PAGED ? "paged forward"
                                                                              : "efficient forward",
                                       AJ_HEAD_DIM_MAX_EFFICIENT);
@@ -1256,6 +1258,20 @@ static aj_status efwd_build(aj_kb *kb, const aj_op *op, void *user)
     efwd e;
     memset(&e, 0, sizeof e);
     const aj_score_prog *prog;
+    if (aj_flash_paged_takes(op, kb->target)) {   /* mma tiles (flash_fwd.c, "Paged") */
+        aj_schedule used;
+        aj_status st = aj_kctx_programs(kb, op, &prog);
+        st = st != AJ_OK ? st : aj_flash_paged_parts(kb, op, prog, &used);
+        if (st != AJ_OK)
+            return st;
+        aj_kctx_init(&e.k, kb, op, prog);
+        e.p.dtype = op->dtype;   /* what the merge reads of a plan */
+        e.p.dv = aj_op_dv(op);
+        e.p.bm = used.block_m;
+        e.p.bn = used.block_n;
+        build_paged_merge(&e);
+        return kb->st;
+    }
     aj_status st =
         aj_kctx_plan_programs(kb, op, plan_kernel(kb->ctx, op, kb->target, &e.p), &prog);
     if (st != AJ_OK)
@@ -1275,7 +1291,9 @@ AJ_TEMPLATE(aj_template_efficient_fwd, "efficient_fwd", AJ_KIND_FORWARD, AJ_VARI
 
 /* layout = paged, both variants: a decode kernel is bound by the K/V
  * bytes it streams, which the SIMT FMA tiles keep up with (the flash
- * template's mma tiles would idle on Sq <= 16 rows) */
+ * template's mma tiles would idle on Sq <= 16 rows) -- except absorbed
+ * MLA's, whose 16-128 query heads over one latent head are rows enough:
+ * its parts stage is the flash template's (aj_flash_paged_takes) */
 AJ_TEMPLATE_BOTH_VARIANTS(aj_template_paged_fwd, "paged_fwd", AJ_KIND_FORWARD, efwd_check,
                           efwd_build, .paged = true,
                           .stage_sigs = {AJ_KSIG_CPU_PAGED_FWD, AJ_KSIG_CPU_PAGED_MERGE});

@@ -86,6 +86,7 @@
 #include <string.h>
 
 #include "templates/attn_common.h"
+#include "templates/cpu_attn.h"
 #include "templates/skeleton.h"
 #include "templates/score.h"
 #include "templates/template.h"
@@ -164,6 +165,10 @@ typedef struct ffwd_plan {
     int ldq, ldk, ldv;
     int32_t v_slot;                /* bytes of a V ring slot */
     int32_t smem_q, smem_k, smem_v;  /* byte offsets in shared memory */
+    /* layout = paged (see "Paged"): the row tables of the ring's slots;
+     * kv_shared: V is the K tile's first Dv columns (no V slot) */
+    int paged, shared;
+    int32_t smem_rows;
     int default_state;             /* the state with the score tile's option work */
 } ffwd_plan;
 
@@ -361,8 +366,16 @@ static aj_status plan_schedule(aj_ctx *ctx, const aj_op *op, aj_target target,
     int vt_width = p->f8 ? p->bn / 2 : p->dv;   /* f8: V^T's rows, block_n bytes */
     p->ldv = p->wg ? aj_wgmma_tile_width(vt_width) : aj_mma_tile_ld(vt_width);
     p->v_slot = 2 * (p->f8 ? p->dv : p->bn) * p->ldv;
+    p->paged = op->layout == AJ_LAYOUT_PAGED;
+    p->shared = op->kv_shared;
+    if (p->shared) {   /* V reads K's tile (see "Paged") */
+        p->ldv = p->ldk;
+        p->v_slot = 0;
+    }
     int64_t bytes = 2 * (int64_t)p->bm * p->ldq +
                     (int64_t)p->stages * (2 * p->bn * p->ldk + p->v_slot);
+    if (p->paged)   /* each slot's row table */
+        bytes += (int64_t)p->stages * aj_tile_paged_rows_bytes(p->bn);
     /* wgmma: the tiles' 1024-byte alignment and the mbarriers, at most 2 KiB
      * (warp specialised: 1 + 2 stages of them, 56 bytes) */
     bytes += p->wg ? 2 * 1024 : 0;
@@ -472,7 +485,25 @@ typedef struct ffwd {
     /* FP8 inputs: the factors of S (q_scale k_scale) and of O (v_scale),
      * else NULL */
     LLVMValueRef s_scale, o_scale;
+    /* layout = paged (see "Paged"), else NULL: the part's rows (i32, its
+     * heads' seq_q queries stacked head after head, per = seq_q >= 1 rows
+     * a head, the first head h0), the positions the row block spans
+     * (i_first .. i_last), the caches' page strides (i64) */
+    LLVMValueRef rows, per, h0, i_first, i_last;
+    LLVMValueRef k_page, v_page;
+    LLVMValueRef part_first, part_last;   /* i32: the split-KV part's key tiles */
 } ffwd;
+
+/* How load_tile_async finds tile row r's source: NULL, row row0 + r of
+ * the slice; layout = paged, K and V through the slot's row table (i32
+ * shared byte offset `table`, aj_tile_paged_rows: page[r], in_page[r]),
+ * the rows `stride` apart within a page and pages stride_page apart; Q
+ * as stacked heads, row r the row r % per of head r / per, the heads
+ * head_stride apart (all i64). */
+typedef struct row_map {
+    LLVMValueRef table, stride_page;
+    LLVMValueRef per, head_stride;
+} row_map;
 
 static aj_param_source out_tensor(const aj_op *op)
 {
@@ -508,6 +539,34 @@ static LLVMValueRef tile_chunk(ffwd *e, LLVMValueRef row, LLVMValueRef col, int 
     return aj_wgmma_tile_offset(e->kb, row, col, rows, width);
 }
 
+/* The element offset (i64) of stacked row `row` (i32): row % per of head
+ * row / per. */
+static LLVMValueRef stacked_row(ffwd *e, const row_map *map, LLVMValueRef row,
+                                LLVMValueRef stride)
+{
+    LLVMBuilderRef b = e->b;
+    LLVMValueRef head = LLVMBuildUDiv(b, row, map->per, "");
+    LLVMValueRef pos = LLVMBuildSub(b, row, LLVMBuildMul(b, head, map->per, ""), "");
+    return aj_kb_add(e->kb, LLVMBuildMul(b, aj_kb_sext64(e->kb, head), map->head_stride, ""),
+                     LLVMBuildMul(b, aj_kb_sext64(e->kb, pos), stride, ""));
+}
+
+/* Tile row r (i32) of a paged tile: whether it has a page (*in) and its
+ * element offset (*at, i64; 0 without a page). */
+static void mapped_row(ffwd *e, const row_map *map, int rows, LLVMValueRef r, LLVMValueRef stride,
+                       LLVMValueRef *in, LLVMValueRef *at)
+{
+    aj_kb *kb = e->kb;
+    LLVMBuilderRef b = e->b;
+    LLVMValueRef entry = aj_kb_add(kb, map->table, LLVMBuildShl(b, r, aj_kb_i32(kb, 2), ""));
+    LLVMValueRef page = aj_kb_load(kb, kb->t_i32, smem_at(e, entry, 0), 4);
+    LLVMValueRef in_page = aj_kb_load(kb, kb->t_i32, smem_at(e, entry, 4 * (int64_t)rows), 4);
+    *in = LLVMBuildICmp(b, LLVMIntSGE, page, aj_kb_i32(kb, 0), "");
+    LLVMValueRef off = aj_kb_add(kb, LLVMBuildMul(b, aj_kb_sext64(kb, page), map->stride_page, ""),
+                                 LLVMBuildMul(b, aj_kb_sext64(kb, in_page), stride, ""));
+    *at = LLVMBuildSelect(b, *in, off, aj_kb_i64(kb, 0), "");
+}
+
 /*
  * cp.async of `rows` rows of `width` 16-bit elements, starting at row `row0` of a
  * slice (element offset `base`, row stride `stride`, in the tensor's
@@ -521,7 +580,7 @@ static LLVMValueRef tile_chunk(ffwd *e, LLVMValueRef row, LLVMValueRef col, int 
  */
 static void load_tile_async(ffwd *e, aj_param_source tensor, int esize, LLVMValueRef base,
                             LLVMValueRef stride, LLVMValueRef row0, LLVMValueRef limit, int rows,
-                            int width, LLVMValueRef dst, int ld)
+                            int width, LLVMValueRef dst, int ld, const row_map *map)
 {
     aj_kb *kb = e->kb;
     LLVMBuilderRef b = e->b;
@@ -535,15 +594,18 @@ static void load_tile_async(ffwd *e, aj_param_source tensor, int esize, LLVMValu
      * address pattern only where the rows step by multiples of 8 */
     int fixed_col = !rolled && threads % per_row == 0 &&
                     (!e->p.wg || threads / per_row % 8 == 0);
+    /* layout = paged: the chunks' addresses stay in the row block's loop
+     * (see "Paged"), where LLVM would compute them all before it */
+    LLVMValueRef tid = e->p.paged ? aj_kb_opaque(kb, e->ld_tid) : e->ld_tid;
     LLVMValueRef last = LLVMBuildSub(b, limit, aj_kb_i32(kb, 1), "");
-    LLVMValueRef r0 = LLVMBuildUDiv(b, e->ld_tid, aj_kb_i32(kb, per_row), "");
-    LLVMValueRef col0 = LLVMBuildShl(b, LLVMBuildURem(b, e->ld_tid, aj_kb_i32(kb, per_row), ""),
+    LLVMValueRef r0 = LLVMBuildUDiv(b, tid, aj_kb_i32(kb, per_row), "");
+    LLVMValueRef col0 = LLVMBuildShl(b, LLVMBuildURem(b, tid, aj_kb_i32(kb, per_row), ""),
                                      aj_kb_i32(kb, 3), "");
     LLVMValueRef lane_dst = aj_kb_add(kb, dst, tile_chunk(e, r0, col0, rows, width, ld));
     for (int it = 0; it * threads < chunks && (!rolled || it == 0); it++) {
-        LLVMValueRef c = rolled ? aj_kb_for_begin(kb, e->ld_tid, aj_kb_i32(kb, chunks),
+        LLVMValueRef c = rolled ? aj_kb_for_begin(kb, tid, aj_kb_i32(kb, chunks),
                                                   aj_kb_i32(kb, threads), "chunk")
-                                : aj_kb_add(kb, e->ld_tid, aj_kb_i32(kb, it * threads));
+                                : aj_kb_add(kb, tid, aj_kb_i32(kb, it * threads));
         int partial = !rolled && (it + 1) * threads > chunks;
         if (partial)
             aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntSLT, c, aj_kb_i32(kb, chunks), ""));
@@ -561,14 +623,19 @@ static void load_tile_async(ffwd *e, aj_param_source tensor, int esize, LLVMValu
                                "");
             sptr = smem_at(e, aj_kb_add(kb, dst, tile_chunk(e, r, col, rows, width, ld)), 0);
         }
-        LLVMValueRef grow = aj_kb_add(kb, row0, r);
-        LLVMValueRef in = LLVMBuildICmp(b, LLVMIntSLT, grow, limit, "");
-        LLVMValueRef srow = aj_kb_smin(kb, grow, last);
+        LLVMValueRef in, row_at;
+        if (map && map->table) {
+            mapped_row(e, map, rows, r, stride, &in, &row_at);
+        } else {
+            LLVMValueRef grow = aj_kb_add(kb, row0, r);
+            in = LLVMBuildICmp(b, LLVMIntSLT, grow, limit, "");
+            LLVMValueRef srow = aj_kb_smin(kb, grow, last);
+            row_at = map ? stacked_row(e, map, srow, stride)
+                         : LLVMBuildMul(b, aj_kb_sext64(kb, srow), stride, "");
+        }
         /* bytes: the row's in the tensor's elements (esize bytes), the
          * column's in 16-bit units */
-        LLVMValueRef at = LLVMBuildMul(
-            b, aj_kb_add(kb, base, LLVMBuildMul(b, aj_kb_sext64(kb, srow), stride, "")),
-            aj_kb_i64(kb, esize), "");
+        LLVMValueRef at = LLVMBuildMul(b, aj_kb_add(kb, base, row_at), aj_kb_i64(kb, esize), "");
         at = aj_kb_add(kb, at, LLVMBuildShl(b, aj_kb_sext64(kb, col), aj_kb_i64(kb, 1), ""));
         LLVMValueRef src = aj_kb_gptr_offset(kb, aj_param_data(kb, tensor), at);
         LLVMValueRef bytes = LLVMBuildSelect(b, in, aj_kb_i32(kb, 16), aj_kb_i32(kb, 0), "");
@@ -723,6 +790,8 @@ static LLVMValueRef slot_k(ffwd *e, LLVMValueRef slot)
 
 static LLVMValueRef slot_v(ffwd *e, LLVMValueRef slot)
 {
+    if (e->p.shared)
+        return slot_k(e, slot);
     return aj_kb_add(e->kb, aj_kb_i32(e->kb, e->p.smem_v),
                      LLVMBuildMul(e->b, slot, aj_kb_i32(e->kb, e->p.v_slot), ""));
 }
@@ -787,6 +856,29 @@ static void tma_tile(ffwd *e, aj_param_id map, LLVMValueRef dst, int rows, int w
     }
 }
 
+/* layout = paged: key tile n0 .. n0 + block_n - 1's row table in slot
+ * `slot`'s (every loading thread meets at a barrier once it is written:
+ * the slot's last copies read the table when issued, before the barrier
+ * that ended the walk position before), then K's rows from the cache's
+ * pages and V's (none with kv_shared: V is K's tile). */
+static void paged_kv_tile(ffwd *e, LLVMValueRef slot, LLVMValueRef n0, LLVMValueRef kdst,
+                          LLVMValueRef vdst)
+{
+    aj_kb *kb = e->kb;
+    const ffwd_plan *p = &e->p;
+    LLVMValueRef table =
+        aj_kb_add(kb, aj_kb_i32(kb, p->smem_rows),
+                  LLVMBuildMul(e->b, slot, aj_kb_i32(kb, aj_tile_paged_rows_bytes(p->bn)), ""));
+    aj_tile_paged_rows(kb, table, p->bn, n0, e->seq_k, e->bidx, e->ld_tid, e->ld_threads);
+    aj_kb_barrier(kb);
+    const row_map k = {table, e->k_page, NULL, NULL}, v = {table, e->v_page, NULL, NULL};
+    load_tile_async(e, AJ_PSRC_k_cache, 2, e->k_src, aj_param(kb, AJ_PID(stride_k_cache_s)), n0,
+                    e->seq_k, p->bn, p->d, kdst, p->ldk, &k);
+    if (!p->shared)
+        load_tile_async(e, AJ_PSRC_v_cache, 2, e->v_src, aj_param(kb, AJ_PID(stride_v_cache_s)),
+                        n0, e->seq_k, p->bn, p->dv, vdst, p->ldv, &v);
+}
+
 /* Issues the copies of key tile `n` (K and V) into ring slot
  * (at - first) % stages: `at` is its position in the walk (score.h). */
 static void load_kv_tile(ffwd *e, LLVMValueRef n, LLVMValueRef at, LLVMValueRef first)
@@ -809,13 +901,17 @@ static void load_kv_tile(ffwd *e, LLVMValueRef n, LLVMValueRef at, LLVMValueRef 
         aj_kb_if_end(e->kb);
         aj_kb_else(e->kb);
     }
+    if (p->paged) {   /* (no TMA, not warp specialised) */
+        paged_kv_tile(e, slot, n0, kdst, vdst);
+        return;
+    }
     load_tile_async(e, AJ_PSRC_k, p->f8 ? 1 : 2, e->k_src, aj_param(e->kb, AJ_PID(stride_k_s)),
-                    n0, e->seq_k, p->bn, p->d, kdst, p->ldk);
+                    n0, e->seq_k, p->bn, p->d, kdst, p->ldk, NULL);
     if (p->f8)
         load_vt_f8(e, n0, vdst);
     else
         load_tile_async(e, AJ_PSRC_v, 2, e->v_src, aj_param(e->kb, AJ_PID(stride_v_s)), n0,
-                        e->seq_k, p->bn, p->dv, vdst, p->ldv);
+                        e->seq_k, p->bn, p->dv, vdst, p->ldv, NULL);
     if (p->ws)
         ws_copies_landed(e, slot_bar(e, slot));
     if (e->tma)
@@ -856,16 +952,36 @@ static void q_by_tma(ffwd *e)
 static void q_by_copies(ffwd *e, LLVMValueRef q_src)
 {
     const ffwd_plan *p = &e->p;
+    /* layout = paged: the part's stacked heads (see "Paged") */
+    row_map stacked = {NULL, NULL, NULL, NULL};
+    if (e->per)
+        stacked = (row_map){NULL, NULL, e->per, aj_param(e->kb, AJ_PID(stride_q_h))};
     load_tile_async(e, AJ_PSRC_q, p->f8 ? 1 : 2, q_src, aj_param(e->kb, AJ_PID(stride_q_s)), e->m0,
-                    e->seq_q, p->bm, p->d, aj_kb_i32(e->kb, p->smem_q), p->ldq);
+                    e->rows ? e->rows : e->seq_q, p->bm, p->d, aj_kb_i32(e->kb, p->smem_q), p->ldq,
+                    e->per ? &stacked : NULL);
 }
 
-/* The CTA's last row that the sequence has. */
+/* The CTA's last row that the sequence has (layout = paged: the part). */
 static LLVMValueRef last_row(ffwd *e)
 {
-    LLVMValueRef rows =
-        aj_kb_smin(e->kb, aj_kb_i32(e->kb, e->p.bm), LLVMBuildSub(e->b, e->seq_q, e->m0, ""));
+    LLVMValueRef rows = aj_kb_smin(e->kb, aj_kb_i32(e->kb, e->p.bm),
+                                   LLVMBuildSub(e->b, e->rows ? e->rows : e->seq_q, e->m0, ""));
     return aj_kb_add(e->kb, e->m0, LLVMBuildSub(e->b, rows, aj_kb_i32(e->kb, 1), ""));
+}
+
+/* The query position of row r (i32) of the CTA's rows: r, or with stacked
+ * heads (layout = paged) its position in its head, r % per. */
+static LLVMValueRef row_pos(ffwd *e, LLVMValueRef r)
+{
+    return e->per ? LLVMBuildURem(e->b, r, e->per, "") : r;
+}
+
+/* The query positions the row block spans, [*first, *last]: its rows m0
+ * .. last_row, or with stacked heads the range paged_rows set. */
+static void block_positions(ffwd *e, LLVMValueRef *first, LLVMValueRef *last)
+{
+    *first = e->per ? e->i_first : e->m0;
+    *last = e->per ? e->i_last : last_row(e);
 }
 
 /* Key-tile range [n_begin, n_end) holding a key that the band shows some
@@ -873,8 +989,9 @@ static LLVMValueRef last_row(ffwd *e)
 static void key_tile_range(ffwd *e, LLVMValueRef *n_begin, LLVMValueRef *n_end)
 {
     LLVMBuilderRef b = e->b;
-    LLVMValueRef j_lo, j_hi;
-    aj_score_key_range(&e->sc, e->m0, last_row(e), e->seq_k, &j_lo, &j_hi);
+    LLVMValueRef j_lo, j_hi, i_first, i_last;
+    block_positions(e, &i_first, &i_last);
+    aj_score_key_range(&e->sc, i_first, i_last, e->seq_k, &j_lo, &j_hi);
     LLVMValueRef bn = aj_kb_i32(e->kb, e->p.bn);
     LLVMValueRef begin = LLVMBuildSDiv(b, j_lo, bn, "");
     LLVMValueRef end = LLVMBuildSDiv(b, aj_kb_add(e->kb, j_hi, bn), bn, "");
@@ -887,9 +1004,14 @@ static void key_tile_range(ffwd *e, LLVMValueRef *n_begin, LLVMValueRef *n_end)
  * list of the row block (score.h). */
 static void key_walk(ffwd *e, aj_score_walk *walk)
 {
-    LLVMValueRef n_begin, n_end;
+    LLVMValueRef n_begin, n_end, i_first, i_last;
     key_tile_range(e, &n_begin, &n_end);
-    aj_score_walk_keys(&e->sc, walk, e->m0, last_row(e), e->p.bn, n_begin, n_end, e->seq_q,
+    if (e->part_first) {   /* layout = paged: within the split-KV part's tiles */
+        n_begin = aj_kb_smax(e->kb, n_begin, e->part_first);
+        n_end = aj_kb_smin(e->kb, n_end, e->part_last);
+    }
+    block_positions(e, &i_first, &i_last);
+    aj_score_walk_keys(&e->sc, walk, i_first, i_last, e->p.bn, n_begin, n_end, e->seq_q,
                        e->seq_k);
 }
 
@@ -1207,7 +1329,7 @@ static void place_elem(void *user, LLVMValueRef *i, LLVMValueRef *j)
 {
     elem_at *x = user;
     *j = aj_kb_add(x->e->kb, x->n0, elem_key(x->e, x->j, x->c));
-    *i = aj_kb_add(x->e->kb, x->e->m0, elem_row(x->e, x->mi, x->c));
+    *i = row_pos(x->e, aj_kb_add(x->e->kb, x->e->m0, elem_row(x->e, x->mi, x->c)));
 }
 
 /* The scores in log2 units: the score pipeline's composition (score.h). */
@@ -1232,7 +1354,7 @@ static void emit_element_mask(ffwd *e, LLVMValueRef n0)
     LLVMBuilderRef b = e->b;
     for (int mi = 0; mi < e->p.mt; mi++)
         for (int half = 0; half < 2; half++) {
-            LLVMValueRef i = aj_kb_add(kb, e->m0, elem_row(e, mi, 2 * half));
+            LLVMValueRef i = row_pos(e, aj_kb_add(kb, e->m0, elem_row(e, mi, 2 * half)));
             /* in tile-local keys */
             LLVMValueRef hi = LLVMBuildSub(b, aj_score_row_hi(&e->sc, e->seq_k, i), n0, "");
             LLVMValueRef lo = e->sc.lo_off ? LLVMBuildSub(b, aj_score_row_lo(&e->sc, i), n0, "")
@@ -1439,11 +1561,21 @@ static void emit_softmax_pv(ffwd *e, LLVMValueRef n0, LLVMValueRef vbase, pv_lat
 /* The output element pair at element offset `at` of O: vals, or with
  * accumulate (w_prior given) vals plus the prior o_acc pair times w_prior
  * (0 where w_prior is: the prior never multiplied). */
-static void store_o_pair(ffwd *e, LLVMValueRef at, LLVMValueRef vals[2], LLVMValueRef w_prior)
+static void store_o_pair(ffwd *e, LLVMValueRef at, LLVMValueRef vals[2], LLVMValueRef w_prior,
+                         int partial)
 {
     aj_kb *kb = e->kb;
     LLVMBuilderRef b = e->b;
     const aj_param_source out = out_tensor(e->op);
+    if (partial) {   /* layout = paged: the f32 partial of the split-KV workspace */
+        LLVMTypeRef pair = LLVMVectorType(kb->t_f32, 2);
+        LLVMValueRef vec = LLVMGetUndef(pair);
+        for (int x = 0; x < 2; x++)
+            vec = LLVMBuildInsertElement(b, vec, vals[x], aj_kb_i32(kb, x), "");
+        aj_kb_store(kb, vec, aj_kb_gptr_offset(kb, aj_param_data(kb, AJ_PSRC_workspace),
+                                               LLVMBuildMul(b, at, aj_kb_i64(kb, 4), "")), 8);
+        return;
+    }
     if (!w_prior) {
         LLVMValueRef ptr = aj_kb_gptr_offset(kb, aj_param_data(kb, out),
                                              LLVMBuildMul(b, at, aj_kb_i64(kb, 2), ""));
@@ -1494,19 +1626,54 @@ static LLVMValueRef lse_at(ffwd *e, LLVMValueRef lse_base, LLVMValueRef ic)
                                           aj_kb_i64(kb, 4), ""));
 }
 
+/* Where the epilogue stores: O's slice (i64 element offset) and row
+ * stride in the op's output, the LSE's slice; layout = paged (see
+ * "Paged"), the stacked heads' strides (o_head, lse_head: i64, else
+ * NULL) and, for the part of a split-KV launch, f32 partials in the
+ * workspace (`partial`: no sink folded, the merge stage's work). */
+typedef struct ffwd_out {
+    LLVMValueRef o_base, o_stride, lse_base;
+    LLVMValueRef o_head, lse_head;
+    int partial;
+} ffwd_out;
+
+/* Row ic's (i32) O row (i64 element offset) and LSE address. */
+static void row_dest(ffwd *e, const ffwd_out *out, LLVMValueRef ic, LLVMValueRef *orow,
+                     LLVMValueRef *lse_ptr)
+{
+    aj_kb *kb = e->kb;
+    LLVMBuilderRef b = e->b;
+    if (!out->o_head) {
+        *lse_ptr = lse_at(e, out->lse_base, ic);
+        *orow = aj_kb_add(kb, out->o_base,
+                          LLVMBuildMul(b, aj_kb_sext64(kb, ic), out->o_stride, ""));
+        return;
+    }
+    LLVMValueRef head = LLVMBuildUDiv(b, ic, e->per, "head");
+    LLVMValueRef pos = aj_kb_sext64(kb, LLVMBuildSub(b, ic, LLVMBuildMul(b, head, e->per, ""), ""));
+    LLVMValueRef head64 = aj_kb_sext64(kb, head);
+    LLVMValueRef lse = aj_kb_add(kb, aj_kb_add(kb, out->lse_base,
+                                               LLVMBuildMul(b, head64, out->lse_head, "")), pos);
+    *lse_ptr = aj_kb_gptr_offset(kb, aj_param_data(kb, out->partial ? AJ_PSRC_workspace
+                                                                    : AJ_PSRC_lse),
+                                 LLVMBuildMul(b, lse, aj_kb_i64(kb, 4), ""));
+    *orow = aj_kb_add(kb, aj_kb_add(kb, out->o_base, LLVMBuildMul(b, head64, out->o_head, "")),
+                      LLVMBuildMul(b, pos, out->o_stride, ""));
+}
+
 /* O = acc / l (0 for rows that saw no key), LSE = (m + log2 l) ln 2, merged
  * into the prior with accumulate; each lane stores its column pairs, lane
  * t = 0 of the quad (of Dv split 0) the LSE.  With Dv split, every warp of
  * a row reads the prior LSE before a barrier and split 0 stores the new
  * one after it. */
-static void emit_epilogue(ffwd *e, LLVMValueRef o_base, LLVMValueRef lse_base)
+static void emit_epilogue(ffwd *e, const ffwd_out *out)
 {
     aj_kb *kb = e->kb;
     LLVMBuilderRef b = e->b;
     const ffwd_plan *p = &e->p;
     int accumulate = e->op->accumulate;
-    const aj_param_source out = out_tensor(e->op);
-    LLVMValueRef last_row = LLVMBuildSub(b, e->seq_q, aj_kb_i32(kb, 1), "");
+    LLVMValueRef rows = e->rows ? e->rows : e->seq_q;
+    LLVMValueRef last_row = LLVMBuildSub(b, rows, aj_kb_i32(kb, 1), "");
     LLVMValueRef col_t = aj_kb_sext64(kb, LLVMBuildShl(b, e->t, aj_kb_i32(kb, 1), ""));
     if (e->vcol)
         col_t = aj_kb_add(kb, col_t, aj_kb_sext64(kb, e->vcol));
@@ -1516,7 +1683,7 @@ static void emit_epilogue(ffwd *e, LLVMValueRef o_base, LLVMValueRef lse_base)
             for (int half = 0; half < 2; half++)
                 lse_prior[mi][half] = aj_kb_load(
                     kb, kb->t_f32,
-                    lse_at(e, lse_base,
+                    lse_at(e, out->lse_base,
                            aj_kb_smin(kb, aj_kb_add(kb, e->m0, elem_row(e, mi, 2 * half)),
                                       last_row)),
                     4);
@@ -1543,18 +1710,21 @@ static void emit_epilogue(ffwd *e, LLVMValueRef o_base, LLVMValueRef lse_base)
                                             aj_kb_log2(kb, lsum), "");
             l2 = LLVMBuildSelect(b, seen, l2, aj_kb_f32(kb, -INFINITY), "");
             LLVMValueRef lse = LLVMBuildFMul(b, l2, aj_kb_f32(kb, AJ_LN2), "");
-            if (aj_score_has_sinks(e->prog))
-                aj_score_fold_sink(kb, e->prog, e->sc.h,
+            if (aj_score_has_sinks(e->prog) && !out->partial) {
+                LLVMValueRef sink_h = e->sc.h;
+                if (e->per)   /* stacked heads: the row's own */
+                    sink_h = aj_kb_add(kb, e->h0, LLVMBuildUDiv(b, aj_kb_smin(kb, i, last_row),
+                                                                e->per, ""));
+                aj_score_fold_sink(kb, e->prog, sink_h,
                                    accumulate ? aj_param(kb, AJ_PID(kv_offset)) : NULL, &l2, &inv,
                                    &lse);
+            }
             if (e->o_scale)   /* FP8: V's descale, and P's 2^8 (P_E4M3_LOG2) */
                 inv = LLVMBuildFMul(b, inv, e->o_scale, "");
             /* rows past Sq read the last row: in bounds, never stored */
             LLVMValueRef ic = aj_kb_smin(kb, i, last_row);
-            LLVMValueRef lse_ptr = lse_at(e, lse_base, ic);
-            LLVMValueRef orow =
-                aj_kb_add(e->kb, o_base,
-                          LLVMBuildMul(b, aj_kb_sext64(kb, ic), aj_param_stride(kb, out, 2), ""));
+            LLVMValueRef lse_ptr, orow;
+            row_dest(e, out, ic, &orow, &lse_ptr);
             LLVMValueRef w_prior = NULL, scale_new = inv;
             if (accumulate) {
                 LLVMValueRef w_new;
@@ -1564,7 +1734,7 @@ static void emit_epilogue(ffwd *e, LLVMValueRef o_base, LLVMValueRef lse_base)
                                    l2, &w_prior, &w_new, &lse);
                 scale_new = LLVMBuildFMul(b, w_new, inv, "");
             }
-            aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntSLT, i, e->seq_q, ""));
+            aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntSLT, i, rows, ""));
             for (int v = 0; v < p->vt; v++) {
                 if (v >= guarded)
                     aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntSLT,
@@ -1575,7 +1745,7 @@ static void emit_epilogue(ffwd *e, LLVMValueRef o_base, LLVMValueRef lse_base)
                 for (int x = 0; x < 2; x++)
                     vals[x] = LLVMBuildFMul(b, aj_kb_get(kb, e->o[mi][v][2 * half + x]),
                                             scale_new, "");
-                store_o_pair(e, at, vals, accumulate ? w_prior : NULL);
+                store_o_pair(e, at, vals, accumulate ? w_prior : NULL, out->partial);
                 if (v >= guarded)
                     aj_kb_if_end(kb);
             }
@@ -1603,7 +1773,10 @@ static void alloc_state(ffwd *e)
     int align = p->wg ? 1024 : 16;   /* wgmma: 8 rows of a 128-byte swizzle */
     e->p.smem_q = aj_kb_smem_reserve_aligned(kb, 2 * p->bm * p->ldq, align);
     e->p.smem_k = aj_kb_smem_reserve_aligned(kb, 2 * p->stages * p->bn * p->ldk, align);
-    e->p.smem_v = aj_kb_smem_reserve_aligned(kb, p->stages * p->v_slot, align);
+    if (!p->shared)
+        e->p.smem_v = aj_kb_smem_reserve_aligned(kb, p->stages * p->v_slot, align);
+    if (p->paged)
+        e->p.smem_rows = aj_kb_smem_reserve(kb, p->stages * aj_tile_paged_rows_bytes(p->bn));
     if (uses_tma(e) || p->ws)   /* Q's and the slots' mbarriers (warp specialised: two a slot) */
         e->smem_bar = aj_kb_smem_reserve_aligned(kb, 8 * (1 + p->stages * (p->ws ? 2 : 1)), 16);
     if (p->wg) {
@@ -1692,8 +1865,9 @@ static void prologue(ffwd *e, aj_score_walk *walk, LLVMValueRef q_src, int gated
         aj_mma_tile_zero_pad(kb, aj_kb_i32(kb, p->smem_k), p->stages * p->bn, p->d, e->tid,
                              p->threads);
         /* Dv split at an odd dv / 8: the last split's last n8 tile reads
-         * V's pad columns (see "Head dims past 256") */
-        if (p->dvs * p->vt > p->dv / 8)
+         * V's pad columns (see "Head dims past 256"; kv_shared: K's
+         * columns past Dv, finite, for output columns never stored) */
+        if (p->dvs * p->vt > p->dv / 8 && !p->shared)
             aj_mma_tile_zero_pad(kb, aj_kb_i32(kb, p->smem_v), p->stages * p->bn, p->dv, e->tid,
                                  p->threads);
     }
@@ -2179,6 +2353,7 @@ static aj_status ffwd_build(aj_kb *kb, const aj_op *op, void *user)
         aj_kb_add(kb, aj_attn_slice_base(kb, out_tensor(op), bidx, h),
                   LLVMBuildMul(b, q_start, aj_param_stride(kb, out_tensor(op), 2), ""));
     LLVMValueRef lse_base = aj_kb_add(kb, aj_attn_slice_base(kb, AJ_PSRC_lse, bidx, h), q_start);
+    const ffwd_out out = {o_base, aj_param_stride(kb, out_tensor(op), 2), lse_base, NULL, NULL, 0};
 
     lane_addresses(&e);
     int gated = aj_score_has_rest(prog);
@@ -2187,7 +2362,7 @@ static aj_status ffwd_build(aj_kb *kb, const aj_op *op, void *user)
         aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntULT, e.tid,
                                          aj_kb_i32(kb, WARPGROUP_THREADS * p->wg), ""));
         ws_consumer(&e, gated);
-        emit_epilogue(&e, o_base, lse_base);
+        emit_epilogue(&e, &out);
         aj_kb_else(kb);
         ws_producer(&e, q_src, gated);
         aj_kb_if_end(kb);
@@ -2195,7 +2370,7 @@ static aj_status ffwd_build(aj_kb *kb, const aj_op *op, void *user)
         aj_score_walk walk;
         key_walk(&e, &walk);
         every_warp_loads(&e, &walk, q_src, gated);
-        emit_epilogue(&e, o_base, lse_base);
+        emit_epilogue(&e, &out);
     }
     aj_kb_if_end(kb);
 
@@ -2204,6 +2379,215 @@ static aj_status ffwd_build(aj_kb *kb, const aj_op *op, void *user)
         .schedule = {p->bm, p->bn, p->warps, p->stages},
     };
     aj_kb_finish(kb, &layout);
+    return kb->st;
+}
+
+/* ---------------------------------------------------------------- paged */
+
+/*
+ * Paged (layout = paged with kv_shared = true: absorbed MLA's decode over
+ * one latent cache; docs/ir.md "Shared K/V cache"): the query heads of a
+ * KV head, 16-128 of them against MLA's one, make the rows of a decode
+ * step many enough for the tensor cores.  The efficient template's paged
+ * build calls aj_flash_paged_parts for its first stage (the same
+ * parameters, grid and split-KV workspace; its merge stage follows):
+ *
+ *   grid = (splits, Hq, B); part s takes key tiles [part_first, part_last)
+ *   rows = the group's heads x Sq stacked head after head (GQA packing,
+ *          layouts.h: where the group's rows fit AJ_PAGED_PACK_ROWS and
+ *          the programs read no head; else one head's Sq rows), row r of
+ *          head r / Sq at position r % Sq
+ *   CTA h of the group takes row blocks m0 = (h % G) bm, + G bm, ... (the
+ *          others of an unpacked op none past its own head's)
+ *
+ * Each row block is the kernel above with three differences: Q's rows come
+ * as stacked heads (q_by_copies: row_map), each K tile's rows through the
+ * block table (paged_kv_tile: a row table per ring slot, aj_tile_paged_
+ * rows), and V is the K tile's first Dv columns read in place (p->shared:
+ * no V slot, V's ldmatrix.trans at K's pitch).  The score programs see a
+ * row's position (row_pos) and the block's span of positions
+ * (block_positions), at head h0.  One part writes O and the LSE, more
+ * write f32 partials to the workspace (row_dest) for the merge; learned
+ * sinks fold at each row's own head where O is final.  16-bit caches and
+ * queries of the output's dtype only (an f8 cache stays on the efficient
+ * template's SIMT tiles), D up to 576.
+ */
+
+/* The initial state again (O = 0, m = -inf, l = 0), for the next row block. */
+static void reset_state(ffwd *e)
+{
+    aj_kb *kb = e->kb;
+    for (int mi = 0; mi < e->p.mt; mi++) {
+        for (int v = 0; v < e->p.vt; v++)
+            for (int c = 0; c < 4; c++)
+                aj_kb_set(kb, e->o[mi][v][c], aj_kb_f32(kb, 0));
+        for (int half = 0; half < 2; half++) {
+            aj_kb_set(kb, e->m[mi][half], aj_kb_f32(kb, -INFINITY));
+            aj_kb_set(kb, e->l[mi][half], aj_kb_f32(kb, 0));
+        }
+    }
+}
+
+/* The positions the row block at m0 spans: its rows' own where it lies
+ * within one head, else all of them. */
+static void paged_positions(ffwd *e)
+{
+    LLVMBuilderRef b = e->b;
+    LLVMValueRef r1 = last_row(e);
+    LLVMValueRef ha = LLVMBuildUDiv(b, e->m0, e->per, ""), hb = LLVMBuildUDiv(b, r1, e->per, "");
+    LLVMValueRef same = LLVMBuildICmp(b, LLVMIntEQ, ha, hb, "");
+    e->i_first = LLVMBuildSelect(b, same,
+                                 LLVMBuildSub(b, e->m0, LLVMBuildMul(b, ha, e->per, ""), ""),
+                                 aj_kb_i32(e->kb, 0), "i_first");
+    e->i_last = LLVMBuildSelect(b, same, LLVMBuildSub(b, r1, LLVMBuildMul(b, hb, e->per, ""), ""),
+                                LLVMBuildSub(b, e->seq_q, aj_kb_i32(e->kb, 1), ""), "i_last");
+}
+
+bool aj_flash_paged_takes(const aj_op *op, aj_target target)
+{
+    aj_dtype dt = op->dtype;
+    return op->variant == AJ_VARIANT_FLASH && op->layout == AJ_LAYOUT_PAGED && op->kv_shared &&
+           aj_target_desc_of(target)->simt && !op->warpgroups &&
+           (dt == AJ_DTYPE_F16 || dt == AJ_DTYPE_BF16) && aj_op_q_dtype(op) == dt &&
+           aj_op_kv_dtype(op) == dt;
+}
+
+aj_status aj_flash_paged_check(aj_ctx *ctx, const aj_op *op, aj_target target)
+{
+    aj_status st = aj_attn_check_dims(ctx, op, "paged forward", AJ_HEAD_DIM_MAX_EFFICIENT);
+    ffwd_plan plan;
+    return st != AJ_OK ? st : aj_kctx_check_planned(ctx, op, plan_kernel(ctx, op, target, &plan));
+}
+
+/* The part's rows: the sequence's queries, GQA packing (the worker CTA's
+ * first row block and the stride of its row blocks) and the score
+ * programs at (b, h0). */
+static void paged_rows(ffwd *e, LLVMValueRef *start_q, LLVMValueRef *first_mb,
+                       LLVMValueRef *mb_step)
+{
+    aj_kb *kb = e->kb;
+    LLVMBuilderRef b = e->b;
+    const aj_op *op = e->op;
+    LLVMValueRef one = aj_kb_i32(kb, 1), bidx = e->bidx, h = e->h;
+    e->seq_q = aj_param(kb, AJ_PID(seq_q));
+    e->seq_k = aj_attn_paged_len(kb, bidx);
+    *start_q = aj_kb_i64(kb, 0);
+    if (op->q_layout == AJ_LAYOUT_VARLEN)
+        aj_attn_paged_queries(kb, bidx, e->seq_k, e->seq_q, start_q, &e->seq_q);
+    LLVMValueRef group =
+        LLVMBuildSDiv(b, aj_param(kb, AJ_PID(heads_q)), aj_param(kb, AJ_PID(heads_kv)), "");
+    e->hkv = LLVMBuildSDiv(b, h, group, "hkv");
+    LLVMValueRef heads = one, worker = aj_kb_i32(kb, 0);
+    e->h0 = h;
+    if (aj_attn_paged_packable(e->prog, false)) {
+        LLVMValueRef pack = aj_attn_paged_packs(kb, group, e->seq_q, AJ_PAGED_PACK_ROWS);
+        LLVMValueRef in_group = LLVMBuildSRem(b, h, group, "");
+        e->h0 = LLVMBuildSelect(b, pack, LLVMBuildSub(b, h, in_group, ""), h, "h0");
+        heads = LLVMBuildSelect(b, pack, group, one, "heads");
+        worker = LLVMBuildSelect(b, pack, in_group, aj_kb_i32(kb, 0), "worker");
+    }
+    e->per = aj_kb_smax(kb, e->seq_q, one);
+    e->rows = LLVMBuildMul(b, heads, e->seq_q, "rows");
+    *first_mb = LLVMBuildMul(b, worker, aj_kb_i32(kb, e->p.bm), "");
+    *mb_step = LLVMBuildMul(b, heads, aj_kb_i32(kb, e->p.bm), "");
+    /* bottom-right: query i is position len - Sq + i; the totals, where
+     * the programs read them, are the sequence's length */
+    LLVMValueRef len64 = aj_kb_sext64(kb, e->seq_k);
+    LLVMValueRef q_origin = LLVMBuildSub(b, len64, aj_kb_sext64(kb, e->seq_q), "");
+    LLVMValueRef total = e->prog->reads_totals ? len64 : NULL;
+    aj_score_begin(&e->sc, kb, e->prog, 0, bidx, e->h0, q_origin, aj_kb_i64(kb, 0), total, total);
+}
+
+/* The part's key tiles [part_first, part_last): the sequence's tiles in
+ * `splits` runs, and the caches' KV head and page strides. */
+static void paged_part(ffwd *e, LLVMValueRef part)
+{
+    aj_kb *kb = e->kb;
+    LLVMBuilderRef b = e->b;
+    LLVMValueRef one = aj_kb_i32(kb, 1), splits = aj_param(kb, AJ_PID(splits));
+    LLVMValueRef bn = aj_kb_i32(kb, e->p.bn);
+    LLVMValueRef tiles = LLVMBuildSDiv(b, LLVMBuildAdd(b, e->seq_k, LLVMBuildSub(b, bn, one, ""),
+                                                       ""), bn, "");
+    LLVMValueRef per = LLVMBuildSDiv(b, LLVMBuildAdd(b, tiles, LLVMBuildSub(b, splits, one, ""),
+                                                     ""), splits, "per_part");
+    e->part_first = LLVMBuildMul(b, part, per, "");
+    e->part_last = aj_kb_smin(kb, LLVMBuildAdd(b, e->part_first, per, ""), tiles);
+    LLVMValueRef hkv = aj_kb_sext64(kb, e->hkv);
+    e->k_src = LLVMBuildMul(b, hkv, aj_param(kb, AJ_PID(stride_k_cache_h)), "");
+    e->v_src = LLVMBuildMul(b, hkv, aj_param(kb, AJ_PID(stride_v_cache_h)), "");
+    e->k_page = aj_param(kb, AJ_PID(stride_k_cache_page));
+    e->v_page = aj_param(kb, AJ_PID(stride_v_cache_page));
+}
+
+/* Where the part's rows go: outs[0] O and the LSE (one part), outs[1] the
+ * workspace's partials (runtime/launch.c, aj_attn_paged_part_row_of). */
+static void paged_outs(ffwd *e, LLVMValueRef part, LLVMValueRef start_q, ffwd_out outs[2])
+{
+    aj_kb *kb = e->kb;
+    LLVMBuilderRef b = e->b;
+    const int varlen_q = e->op->q_layout == AJ_LAYOUT_VARLEN;
+    LLVMValueRef lse_at_ws, dv = aj_kb_i64(kb, e->p.dv);
+    LLVMValueRef row0 = LLVMBuildAdd(b, aj_attn_paged_part_row_of(kb, e->bidx, e->h0, part,
+                                                                  e->p.dv, varlen_q, &lse_at_ws),
+                                     start_q, "");
+    LLVMValueRef ws_head = LLVMBuildMul(
+        b, aj_kb_sext64(kb, aj_param(kb, AJ_PID(splits))),
+        aj_kb_sext64(kb, aj_param(kb, varlen_q ? AJ_PID(tokens_q) : AJ_PID(seq_q))), "");
+    outs[0] = (ffwd_out){
+        aj_cpu_seq_base(kb, AJ_PSRC_o, e->bidx, e->h0, start_q), aj_param(kb, AJ_PID(stride_o_s)),
+        LLVMBuildAdd(b, aj_attn_slice_base(kb, AJ_PSRC_lse, e->bidx, e->h0), start_q, ""),
+        aj_param(kb, AJ_PID(stride_o_h)), aj_param(kb, AJ_PID(stride_lse_h)), 0};
+    outs[1] = (ffwd_out){LLVMBuildMul(b, row0, dv, ""), dv, LLVMBuildAdd(b, lse_at_ws, row0, ""),
+                         LLVMBuildMul(b, ws_head, dv, ""), ws_head, 1};
+}
+
+aj_status aj_flash_paged_parts(aj_kb *kb, const aj_op *op, const aj_score_prog *prog,
+                               aj_schedule *used)
+{
+    ffwd e;
+    memset(&e, 0, sizeof e);
+    aj_status st = plan_kernel(kb->ctx, op, kb->target, &e.p);
+    if (st != AJ_OK)
+        return st;
+    const ffwd_plan *p = &e.p;
+    LLVMBuilderRef b = kb->b;
+    aj_kctx_init(&e.k, kb, op, prog);
+    aj_params_declare(kb, AJ_KSIG_CPU_PAGED_FWD, op, prog);
+    aj_kb_begin_stage(kb, "parts", p->threads);
+    alloc_state(&e);
+    thread_coords(&e);
+    LLVMValueRef part = aj_kb_block_id(kb, 0);
+    e.h = aj_kb_block_id(kb, 1);
+    e.bidx = aj_kb_block_id(kb, 2);
+    LLVMValueRef start_q, first_mb, mb_step;
+    paged_rows(&e, &start_q, &first_mb, &mb_step);
+    paged_part(&e, part);
+    LLVMValueRef q_src = aj_cpu_seq_base(kb, AJ_PSRC_q, e.bidx, e.h0, start_q);
+    lane_addresses(&e);
+    int gated = aj_score_has_rest(prog);
+    e.m0 = aj_kb_for_begin(kb, first_mb, e.rows, mb_step, "mb");
+    reset_state(&e);
+    paged_positions(&e);
+    aj_kb_barrier(kb);   /* the previous row block's readers of Q are done */
+    aj_score_walk walk;
+    key_walk(&e, &walk);
+    every_warp_loads(&e, &walk, q_src, gated);
+    ffwd_out outs[2];
+    paged_outs(&e, part, start_q, outs);
+    aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntEQ, aj_param(kb, AJ_PID(splits)),
+                                     aj_kb_i32(kb, 1), ""));
+    emit_epilogue(&e, &outs[0]);
+    aj_kb_else(kb);
+    emit_epilogue(&e, &outs[1]);
+    aj_kb_if_end(kb);
+    aj_kb_for_end(kb);
+    const aj_kernel_layout layout = {
+        .grid = {{AJ_EXTENT_SPLITS, 1}, {AJ_EXTENT_HEADS_Q, 1}, {AJ_EXTENT_BATCH, 1}},
+        .schedule = {p->bm, p->bn, p->warps, p->stages},
+        .pack_rows = aj_attn_paged_packable(prog, false) ? AJ_PAGED_PACK_ROWS : 0,
+    };
+    aj_kb_finish(kb, &layout);
+    *used = layout.schedule;
     return kb->st;
 }
 

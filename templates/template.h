@@ -60,6 +60,16 @@ extern const aj_template aj_template_flash_fwd;
  * serves both variants */
 extern const aj_template aj_template_paged_fwd_flash;
 extern const aj_template aj_template_paged_fwd_efficient;
+/* ... whose first stage is flash_fwd.c's mma tiles where the op is a
+ * flash-variant shared K/V cache of 16-bit values on a GPU target or sim
+ * (absorbed MLA: many query heads over one latent head; flash_fwd.c,
+ * "Paged"): aj_flash_paged_check is then the template's check, and
+ * aj_flash_paged_parts builds that stage (*used: its schedule). */
+struct aj_score_prog;
+bool aj_flash_paged_takes(const aj_op *op, aj_target target);
+aj_status aj_flash_paged_check(aj_ctx *ctx, const aj_op *op, aj_target target);
+aj_status aj_flash_paged_parts(aj_kb *kb, const aj_op *op, const struct aj_score_prog *prog,
+                               aj_schedule *used);
 /* cpu: one kernel serves both variants, so each is registered twice */
 extern const aj_template aj_template_cpu_fwd_flash;
 extern const aj_template aj_template_cpu_fwd_efficient;

@@ -834,14 +834,40 @@ static int report_paged(aj_ctx *ctx, const char *label, const paged_result *r, i
     return report_case(ctx, label, &fr, first);
 }
 
+/* The paged cases, each compiled, run against the float64 reference and
+ * reported; the last two's times into last[0..1] (NAN where one failed).
+ * Returns the failures. */
+static int run_paged_cases(aj_ctx *ctx, aj_device *dev, const paged_case *cases, int n,
+                           double last[2])
+{
+    int failed = 0;
+    last[0] = last[1] = NAN;
+    for (int i = 0; i < n; i++) {
+        char label[160];
+        paged_label(&cases[i], label, sizeof label);
+        aj_kernel *k = NULL;
+        paged_result r = {paged_compile(ctx, dev, &cases[i], &k), 0, 0, 1, 0};
+        if (r.status == AJ_OK)
+            r = paged_run(ctx, dev, k, &cases[i]);
+        aj_kernel_destroy(k);
+        failed += report_paged(ctx, label, &r, i == 0);
+        if (i >= n - 2 && r.status == AJ_OK)
+            last[i - (n - 2)] = r.seconds;
+    }
+    return failed;
+}
+
 /*
- * Absorbed MLA (kv_shared, docs/ir.md "Shared K/V cache"): DeepSeek-V3's
+ * Absorbed MLA (kv_shared, docs/ir.md "Shared K/V cache"): first the
+ * shared caches' sweep (paged_shared_case: head dims to 576, groups to 64
+ * heads, both tiles) against the float64 reference, then DeepSeek-V3's
  * latent rows (576 = 512 + 64, V their first 512 columns), 128 query
  * heads over the one latent head, a decode (Sq 1) over 4 contexts (1
- * with --quick) of 4096 in pages of 64, bf16, causal, the scale 1/sqrt(192) x 1.25; checked
- * against the float64 reference and timed (best of 10): the latent bytes
- * read per second.  The paged build's SIMT tiles: the figure an mma-tile
- * version would have to beat.
+ * with --quick) of 4096 in pages of 64, bf16, causal, the scale
+ * 1/sqrt(192) x 1.25, on the flash variant's mma tiles (flash_fwd.c
+ * "Paged") and on the efficient variant's SIMT tiles, one after the
+ * other in the same run, each checked and timed (best of 10): latent
+ * bytes read per second, TFLOP/s and the mma tiles' speedup.
  */
 static int check_mla(aj_ctx *ctx, aj_device *dev, int quick)
 {
@@ -850,33 +876,37 @@ static int check_mla(aj_ctx *ctx, aj_device *dev, int quick)
     static int32_t lens[4];
     for (int b = 0; b < B; b++)
         lens[b] = CTX;
-    paged_case c = paged_base(AJ_DTYPE_BF16, AJ_DTYPE_BF16, 576, lens, B);
-    c.dv = 512;
-    c.shared = 1;
-    c.scale = 1.0 / sqrt(192.0) * 1.25;
-    c.hq = 128;
-    c.hkv = 1;
-    c.page_size = 64;
-    c.mask = AJ_MASK_CAUSAL;
-    c.repeat = quick ? 3 : 10;
+    paged_case cases[PAGED_SHARED_CASES + 2];
+    int n = 0;
+    for (int i = 0; i < PAGED_SHARED_CASES; i++)
+        cases[n++] = paged_shared_case(i);
+    for (int efficient = 0; efficient < 2; efficient++) {
+        paged_case c = paged_base(AJ_DTYPE_BF16, AJ_DTYPE_BF16, 576, lens, B);
+        c.dv = 512;
+        c.shared = 1;
+        c.scale = 1.0 / sqrt(192.0) * 1.25;
+        c.hq = 128;
+        c.hkv = 1;
+        c.page_size = 64;
+        c.mask = AJ_MASK_CAUSAL;
+        c.repeat = quick ? 3 : 10;
+        c.efficient = efficient;
+        cases[n++] = c;
+    }
     correctness_header(dev, "absorbed MLA decode", "correctness_mla");
-    char label[160];
-    paged_label(&c, label, sizeof label);
-    aj_kernel *k = NULL;
-    paged_result r = {paged_compile(ctx, dev, &c, &k), 0, 0, 1, 0};
-    if (r.status == AJ_OK)
-        r = paged_run(ctx, dev, k, &c);
-    aj_kernel_destroy(k);
-    int failed = correctness_footer(1, report_paged(ctx, label, &r, 1));
+    double best[2];
+    int failed = correctness_footer(n, run_paged_cases(ctx, dev, cases, n, best));
     double bytes = (double)B * CTX * 576 * 2;
     double flops = 2.0 * B * CTX * 128 * (576 + 512);
     say("\n## MLA decode on %s: B %d, context %d, 128 heads over one latent head, 576/512, "
-        "bf16, page 64\n\n| ms | latent GB/s | TFLOP/s |\n|---:|---:|---:|\n"
-        "| %.4f | %.1f | %.2f |\n", aj_device_name(dev), B, CTX, r.seconds * 1e3,
-        bytes / r.seconds * 1e-9, flops / r.seconds * 1e-12);
+        "bf16, page 64\n\n| tiles | ms | latent GB/s | TFLOP/s |\n|---|---:|---:|---:|\n"
+        "| mma (flash) | %.4f | %.1f | %.2f |\n| SIMT (efficient) | %.4f | %.1f | %.2f |\n\n"
+        "mma tiles %.2fx the SIMT tiles (best of %d)\n", aj_device_name(dev), B, CTX,
+        best[0] * 1e3, bytes / best[0] * 1e-9, flops / best[0] * 1e-12, best[1] * 1e3,
+        bytes / best[1] * 1e-9, flops / best[1] * 1e-12, best[1] / best[0], quick ? 3 : 10);
     if (json)
-        fprintf(json, ",\n  \"mla_decode\": {\"seconds\": %.6g, \"latent_bytes\": %.6g, "
-                "\"flops\": %.6g}", r.seconds, bytes, flops);
+        fprintf(json, ",\n  \"mla_decode\": {\"seconds\": %.6g, \"seconds_simt\": %.6g, "
+                "\"latent_bytes\": %.6g, \"flops\": %.6g}", best[0], best[1], bytes, flops);
     return failed;
 }
 
@@ -906,20 +936,8 @@ static int check_paged(aj_ctx *ctx, aj_device *dev, int quick)
         cases[n++] = c;
     }
     correctness_header(dev, "the paged forward", "correctness_paged");
-    double best[2] = {INFINITY, INFINITY};
-    for (int i = 0; i < n; i++) {
-        char label[160];
-        paged_label(&cases[i], label, sizeof label);
-        aj_kernel *k = NULL;
-        paged_result r = {paged_compile(ctx, dev, &cases[i], &k), 0, 0, 1, 0};
-        if (r.status == AJ_OK)
-            r = paged_run(ctx, dev, k, &cases[i]);
-        aj_kernel_destroy(k);
-        failed += report_paged(ctx, label, &r, i == 0);
-        if (i >= n - 2)
-            best[i - (n - 2)] = r.status == AJ_OK ? r.seconds : NAN;
-    }
-    failed = correctness_footer(n, failed);
+    double best[2];
+    failed = correctness_footer(n, run_paged_cases(ctx, dev, cases, n, best));
     double bytes = (double)B * CTX * 8 * (128 + 128) * 2;
     say("\n## Paged decode on %s: B %d, context %d, Hq 32, Hkv 8, d 128, bf16, page 16\n\n"
         "| splits | ms | KV GB/s |\n|---|---:|---:|\n| launch's | %.4f | %.1f |\n"

@@ -510,6 +510,53 @@ static inline paged_case paged_dim_case(int i, int n)
 }
 
 /*
+ * Shared K/V caches of 16-bit values (kv_shared, absorbed MLA's layout:
+ * on sim and the GPUs the flash variant's mma tiles, flash_fwd.c
+ * "Paged"), case i of n: D walking 8..576 (576, 512, 384 and 256 among
+ * them) and Dv up to D (= D every third); one or two KV heads under
+ * groups of 1, 2, 8, 16 and 64 query heads (packed up to 128 rows, one
+ * head per CTA past them: 16 x 17); Sq 1, 2, 3, 4, 16, 17 and varlen
+ * chunks; page sizes 1, 7, 16, 64; split counts 0..4; no mask, causal, a
+ * window, an expression mask (one reading h: not packed); softcap, alibi
+ * and expression score_mods (one reading h); learned sinks, folded at
+ * each row's head where one part is the whole; f16 and bf16; every
+ * fourth the efficient variant (the SIMT tiles), for the same cases.
+ */
+static inline paged_case paged_shared_case(int i)
+{
+    static const int32_t lens[3] = {130, 0, 45};
+    static const int32_t chunks[3] = {5, 0, 17};
+    static const int groups[5] = {1, 2, 8, 16, 64}, sqs[6] = {1, 2, 4, 16, 17, 3};
+    static const int pages[4] = {1, 7, 16, 64}, fixed[4] = {576, 512, 384, 256};
+    static const char *const masks[2] = {"k % 5 != 2 && q - k < 90", "k <= q - h % 3"};
+    static const char *const mods[2] = {"score * (1.0 + 0.25 * h)", "score - 0.01 * (q - k)"};
+    int d = i < 4 ? fixed[i] : 8 * (1 + (i * 29) % 72);
+    paged_case c = paged_base(i % 2 ? AJ_DTYPE_F16 : AJ_DTYPE_BF16,
+                              i % 2 ? AJ_DTYPE_F16 : AJ_DTYPE_BF16, d, lens, 3);
+    c.dv = i == 0 ? 512 : i % 3 == 0 ? d : 8 * (1 + (i * 13 + 5) % (d / 8));
+    c.shared = 1;
+    c.scale = 1.0 / sqrt(192.0) * 1.25;
+    c.hkv = 1 + i % 2;
+    c.hq = c.hkv * groups[i % 5];
+    c.sq = groups[i % 5] == 64 ? 2 : sqs[i % 6];
+    c.chunks = i % 7 == 3 ? chunks : NULL;
+    c.page_size = pages[i % 4];
+    c.splits = i % 5;
+    c.mask = i % 6 == 1 || i % 6 == 3 ? AJ_MASK_CAUSAL : i % 6 == 2 ? AJ_MASK_WINDOW
+                                                                    : AJ_MASK_NONE;
+    c.left = 40;
+    c.mask_expr = i % 6 >= 4 ? masks[i % 6 - 4] : NULL;
+    c.softcap = i % 8 == 2 ? 30.0 : 0.0;
+    c.alibi = i % 8 == 5;
+    c.score_expr = i % 8 >= 6 ? mods[i % 8 - 6] : NULL;
+    c.sinks = i % 7 == 1 || i % 7 == 4;
+    c.efficient = i % 4 == 3;
+    c.seed = 300 + (uint64_t)i;
+    return c;
+}
+enum { PAGED_SHARED_CASES = 24 };
+
+/*
  * The GPU kernels' cases (test_sim_paged on sim, the GPU check's paged
  * family on a GPU), small because the sim is slow: page sizes 1, 16, 64
  * and odd ones (7, 33), shuffled and shared pages, Sq 1..5, 16 and 20, GQA

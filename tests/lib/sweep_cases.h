@@ -54,6 +54,9 @@ typedef struct sweep_case {
     int warpgroups;        /* flash forward: the wgmma template's (schedule) */
     int producer;          /* with warpgroups: warp specialised (schedule producer = 1) */
     aj_dtype f8;           /* FP8 inputs: q_dtype and kv_dtype (>= AJ_DTYPE_F8E4M3) */
+    /* a shared K/V cache (layout = paged, kv_shared, an explicit scale);
+     * with varlen, its queries (q_layout = varlen) */
+    int shared;
 } sweep_case;
 
 /* Case `index` of the main product (dv = d, no further options). */
@@ -155,10 +158,14 @@ static inline int sweep_spec(const sweep_case *c, char *buf, size_t cap)
     return snprintf(buf, cap,
                     "attention %s %s {\n  dtype = %s\n  head_dim = %d\n  head_dim_v = %d\n"
                     "  mask = %s\n  score_mod = %s\n  bias = %s\n  dropout = %g\n"
-                    "  layout = %s\n%s%s%s%s%s%s%s%s%s%s%s%s}\n",
+                    "  layout = %s\n%s%s%s%s%s%s%s%s%s%s%s%s%s}\n",
                     aj_kind_name(c->kind), aj_variant_name(c->variant),
                     aj_dtype_name(c->dtype), c->d, c->dv, c->mask, c->score_mod,
-                    c->bias ? "add" : "none", c->dropout, c->varlen ? "varlen" : "padded",
+                    c->bias ? "add" : "none", c->dropout,
+                    c->shared ? "paged" : c->varlen ? "varlen" : "padded",
+                    !c->shared ? ""
+                    : c->varlen ? "  kv_shared = true\n  scale = 0.07\n  q_layout = varlen\n"
+                                : "  kv_shared = true\n  scale = 0.07\n",
                     c->f8 ? "  q_dtype = " : "", c->f8 ? aj_dtype_name(c->f8) : "",
                     c->f8 ? "\n  kv_dtype = " : "", c->f8 ? aj_dtype_name(c->f8) : "",
                     c->f8 ? "\n" : "",
@@ -174,7 +181,7 @@ static inline int sweep_spec(const sweep_case *c, char *buf, size_t cap)
 /* A short label: "bwd efficient bf16 d72/72 causal(bottom_right) alibi bias". */
 static inline void sweep_label(const sweep_case *c, char *buf, size_t cap)
 {
-    snprintf(buf, cap, "%s %s %s%s%s d%d/%d %s %s%s%s%s%s%s%s",
+    snprintf(buf, cap, "%s %s %s%s%s d%d/%d %s %s%s%s%s%s%s%s%s",
              c->kind == AJ_KIND_FORWARD ? "fwd" : "bwd", aj_variant_name(c->variant),
              c->f8 ? aj_dtype_name(c->f8) : "", c->f8 ? "/" : "", aj_dtype_name(c->dtype),
              c->d, c->dv, c->mask,
@@ -182,7 +189,7 @@ static inline void sweep_label(const sweep_case *c, char *buf, size_t cap)
              c->accumulate ? " accumulate" : c->deterministic ? " deterministic" : "",
              c->varlen ? " varlen" : "",
              c->warpgroups == 1 ? " wgmma x1" : c->warpgroups == 2 ? " wgmma x2" : "",
-             c->producer ? " + producer" : "");
+             c->producer ? " + producer" : "", c->shared ? " paged kv_shared" : "");
 }
 
 #endif /* AJ_TESTS_SWEEP_CASES_H */

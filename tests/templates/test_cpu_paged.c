@@ -9,6 +9,7 @@
  * count 1..16 of one problem against the reference and against each other,
  * varlen queries (q_layout = varlen: chunked prefill, test_varlen_queries),
  * every head dim 8..512 with D != Dv (paged_dim_case; to 256 on sim),
+ * shared K/V caches (MLA's layout; paged_shared_case, D 8..576),
  * and the faults the kernel finds (a page outside the cache, a length
  * beyond the table, a negative length; varlen: decreasing cu_seqlens_q, a
  * chunk longer than its sequence), each named by its sequence.
@@ -406,9 +407,10 @@ static void test_head_dims(int sim)
  * (16, 128) over the one latent head, Sq 1, 4 and 16 (decode,
  * multi-token prediction, speculative runs) and varlen chunks, page sizes
  * 1 / 16 / 64, f16 / bf16 / e4m3 / e5m2 caches, causal, a window and an
- * expression mask, split-KV; on sim the GPU kernel (the efficient
- * template's paged build) over MLA's rows too (D 576 / Dv 512, D 256 / Dv
- * 256, D 72 / Dv 40, 8 heads over the one).  The
+ * expression mask, split-KV; on sim the GPU kernels (16-bit caches on the
+ * flash forward's mma tiles, f8 ones on the efficient template's SIMT
+ * tiles) over MLA's rows too (D 576 / Dv 512, D 256 / Dv 256, D 72 / Dv
+ * 40, 8 heads over the one).  The
  * scale is DeepSeek's kind, 1/sqrt(192) times a YaRN factor.  Then the
  * refusals: a v_cache beside a shared cache, the IR's rules.
  */
@@ -492,6 +494,37 @@ static void test_shared(int sim)
     aj_op_destroy(op);
 }
 
+/* Shared caches of 16-bit values over their range (paged_shared_case),
+ * and on sim which tiles run them: the flash variant's stage of parts is
+ * the mma tiles' (flash_fwd.c "Paged"), the efficient variant's and an
+ * f8 cache's the SIMT tiles'. */
+static void test_shared_sweep(int sim)
+{
+    for (int i = 0; i < PAGED_SHARED_CASES; i++) {
+        paged_case c = paged_shared_case(i);
+        run(&c);
+        if (!sim)
+            continue;
+        for (int f8 = 0; f8 < 2; f8++) {
+            c.kv_dtype = f8 ? AJ_DTYPE_F8E4M3 : c.dtype;
+            aj_op *op = NULL;
+            aj_kernel *kernel = NULL;
+            aj_compile_options opt = AJ_COMPILE_OPTIONS_INIT;
+            opt.target = AJ_TARGET_SIM;
+            opt.emit = AJ_EMIT_LLVM_IR;
+            CHECK(paged_op(ctx, &c, &op) == AJ_OK && aj_compile(ctx, op, &opt, &kernel) == AJ_OK);
+            const char *code = kernel ? aj_kernel_code(kernel, NULL) : NULL;
+            int mma = code && strstr(code, "aj_sim_mma_m16n8k16") != NULL;
+            char label[160];
+            paged_label(&c, label, sizeof label);
+            CHECK_MSG(mma == (!c.efficient && !f8), "%s: %s tiles", label,
+                      mma ? "mma" : "SIMT");
+            aj_kernel_destroy(kernel);
+            aj_op_destroy(op);
+        }
+    }
+}
+
 /* argv[1] "sim": the sim's cases and faults (test_sim_paged); else the
  * cpu's. */
 int main(int argc, char **argv)
@@ -511,6 +544,7 @@ int main(int argc, char **argv)
     }
     test_head_dims(sim);
     test_shared(sim);
+    test_shared_sweep(sim);
     test_sinks();
     test_faults();
     test_errors();

@@ -505,6 +505,35 @@ static int fp8_flash_cases(sweep_case *out)
     return n;
 }
 
+/* Shared K/V caches of 16-bit values (kv_shared, absorbed MLA's layout,
+ * on the flash variant's mma tiles: flash_fwd.c "Paged"): every third
+ * head dim to 576, and 512, 520 and 576, each with Dv = D (512 past it)
+ * and no options, and with the head-dim walk's Dv under D and the
+ * heaviest set a paged op takes (none of dropout, bias, accumulate) or
+ * softcap with a causal mask, in turn; both dtypes, varlen queries at
+ * every other head dim. */
+static int shared_cases(sweep_case *out)
+{
+    int n = 0;
+    for (int k = 1; k <= 72; k++) {
+        if (k % 3 && k != 64 && k != 65)
+            continue;
+        for (int pair = 0; pair < 2; pair++) {
+            sweep_case c = {.kind = AJ_KIND_FORWARD, .variant = AJ_VARIANT_FLASH,
+                            .dtype = sweep_dtypes[(k + pair) % 2], .d = 8 * k,
+                            .dv = 8 * k < 512 ? 8 * k : 512, .shared = 1};
+            c = with_options(c, pair ? (k % 2 ? HEAVIEST : 2) : 0);
+            c.bias = c.accumulate = c.deterministic = 0;
+            c.dropout = 0;
+            c.varlen = k % 2;
+            if (pair)
+                c.dv = 8 * (1 + (k * 13 + 5) % (k < 64 ? k : 64));
+            out[n++] = c;
+        }
+    }
+    return n;
+}
+
 static void test_ptxas(aj_ctx *ctx, int argc, char **argv)
 {
     static sweep_case cases[4 * SWEEP_PAIRS + 2 * 2 * SWEEP_N_DTYPES * SWEEP_DIMS * PTXAS_SETS +
@@ -526,6 +555,12 @@ static void test_ptxas(aj_ctx *ctx, int argc, char **argv)
         }
         printf("ptxas fp8: the same warp specialised\n");
         assemble_cases(ctx, cases, n, 0, 1, wgmma_archs, 0);
+        return;
+    }
+    if (argc > 2 && strcmp(argv[2], "shared") == 0) {
+        int n = shared_cases(cases);
+        printf("ptxas shared: %d paged forward cases over a shared K/V cache on mma tiles\n", n);
+        assemble_cases(ctx, cases, n, 0, 1, all_gpu_archs, 2);
         return;
     }
     if (argc > 2 && strcmp(argv[2], "wgmma_bwd") == 0) {
