@@ -169,6 +169,11 @@ typedef struct ffwd_plan {
      * kv_shared: V is the K tile's first Dv columns (no V slot) */
     int paged, shared;
     int32_t smem_rows;
+    /* paged with an f8 cache under 16-bit queries (see "Paged"): the
+     * cache's format; its tiles land raw in stage slots (smem_stage, a
+     * slot block_n x D bytes) and are widened into the one K tile */
+    aj_dtype kv8;
+    int32_t smem_stage;
     int default_state;             /* the state with the score tile's option work */
 } ffwd_plan;
 
@@ -247,7 +252,8 @@ static aj_schedule merge_schedule(aj_schedule s, const aj_schedule *given)
 static int plan_warpgroups(const aj_op *op, aj_target target)
 {
     const aj_target_desc *t = aj_target_desc_of(target);
-    if (op->warpgroups || !aj_op_has_f8(op) || t->f8_mma != AJ_F8_MMA_LOWERED || !t->wgmma)
+    if (op->warpgroups || !aj_op_has_f8(op) || t->f8_mma != AJ_F8_MMA_LOWERED || !t->wgmma ||
+        op->layout == AJ_LAYOUT_PAGED)   /* (an f8 cache: widened, see "Paged") */
         return op->warpgroups;
     /* a schedule's rows or warps say how many (64 rows on 4 warps each) */
     const aj_schedule *s = &op->schedule;
@@ -300,7 +306,9 @@ static aj_status plan_schedule(aj_ctx *ctx, const aj_op *op, aj_target target,
     aj_schedule s = *sched;
     memset(p, 0, sizeof *p);
     p->dtype = op->dtype;
-    p->f8 = aj_op_has_f8(op) ? aj_op_kv_dtype(op) : 0;
+    p->paged = op->layout == AJ_LAYOUT_PAGED;
+    p->f8 = aj_op_has_f8(op) && !p->paged ? aj_op_kv_dtype(op) : 0;
+    p->kv8 = aj_op_has_f8(op) && p->paged ? aj_op_kv_dtype(op) : 0;
     p->d = p->f8 ? op->head_dim / 2 : op->head_dim;
     p->dv = aj_op_dv(op);
     p->dvs = (p->dv + 8 * MAX_VT - 1) / (8 * MAX_VT);
@@ -366,7 +374,6 @@ static aj_status plan_schedule(aj_ctx *ctx, const aj_op *op, aj_target target,
     int vt_width = p->f8 ? p->bn / 2 : p->dv;   /* f8: V^T's rows, block_n bytes */
     p->ldv = p->wg ? aj_wgmma_tile_width(vt_width) : aj_mma_tile_ld(vt_width);
     p->v_slot = 2 * (p->f8 ? p->dv : p->bn) * p->ldv;
-    p->paged = op->layout == AJ_LAYOUT_PAGED;
     p->shared = op->kv_shared;
     if (p->shared) {   /* V reads K's tile (see "Paged") */
         p->ldv = p->ldk;
@@ -376,6 +383,8 @@ static aj_status plan_schedule(aj_ctx *ctx, const aj_op *op, aj_target target,
                     (int64_t)p->stages * (2 * p->bn * p->ldk + p->v_slot);
     if (p->paged)   /* each slot's row table */
         bytes += (int64_t)p->stages * aj_tile_paged_rows_bytes(p->bn);
+    if (p->kv8)   /* one K tile, the slots raw */
+        bytes += (int64_t)p->stages * p->bn * p->d - (int64_t)(p->stages - 1) * 2 * p->bn * p->ldk;
     /* wgmma: the tiles' 1024-byte alignment and the mbarriers, at most 2 KiB
      * (warp specialised: 1 + 2 stages of them, 56 bytes) */
     bytes += p->wg ? 2 * 1024 : 0;
@@ -784,6 +793,8 @@ static LLVMValueRef parity_of(ffwd *e, LLVMValueRef phase)
 /* The shared byte offsets (i32) of ring slot `slot`'s K and V tiles. */
 static LLVMValueRef slot_k(ffwd *e, LLVMValueRef slot)
 {
+    if (e->p.kv8)   /* one K tile, widened from the slot's stage (see "Paged") */
+        return aj_kb_i32(e->kb, e->p.smem_k);
     return aj_kb_add(e->kb, aj_kb_i32(e->kb, e->p.smem_k),
                      LLVMBuildMul(e->b, slot, aj_kb_i32(e->kb, 2 * e->p.bn * e->p.ldk), ""));
 }
@@ -872,6 +883,13 @@ static void paged_kv_tile(ffwd *e, LLVMValueRef slot, LLVMValueRef n0, LLVMValue
     aj_tile_paged_rows(kb, table, p->bn, n0, e->seq_k, e->bidx, e->ld_tid, e->ld_threads);
     aj_kb_barrier(kb);
     const row_map k = {table, e->k_page, NULL, NULL}, v = {table, e->v_page, NULL, NULL};
+    if (p->kv8) {   /* the bytes, raw, to the slot's stage (rows of D / 2 16-bit units) */
+        LLVMValueRef stage = aj_kb_add(kb, aj_kb_i32(kb, p->smem_stage),
+                                       LLVMBuildMul(e->b, slot, aj_kb_i32(kb, p->bn * p->d), ""));
+        load_tile_async(e, AJ_PSRC_k_cache, 1, e->k_src, aj_param(kb, AJ_PID(stride_k_cache_s)),
+                        n0, e->seq_k, p->bn, p->d / 2, stage, p->d / 2, &k);
+        return;
+    }
     load_tile_async(e, AJ_PSRC_k_cache, 2, e->k_src, aj_param(kb, AJ_PID(stride_k_cache_s)), n0,
                     e->seq_k, p->bn, p->d, kdst, p->ldk, &k);
     if (!p->shared)
@@ -1772,7 +1790,10 @@ static void alloc_state(ffwd *e)
     const ffwd_plan *p = &e->p;
     int align = p->wg ? 1024 : 16;   /* wgmma: 8 rows of a 128-byte swizzle */
     e->p.smem_q = aj_kb_smem_reserve_aligned(kb, 2 * p->bm * p->ldq, align);
-    e->p.smem_k = aj_kb_smem_reserve_aligned(kb, 2 * p->stages * p->bn * p->ldk, align);
+    e->p.smem_k = aj_kb_smem_reserve_aligned(kb, 2 * (p->kv8 ? 1 : p->stages) * p->bn * p->ldk,
+                                             align);
+    if (p->kv8)
+        e->p.smem_stage = aj_kb_smem_reserve_aligned(kb, p->stages * p->bn * p->d, 16);
     if (!p->shared)
         e->p.smem_v = aj_kb_smem_reserve_aligned(kb, p->stages * p->v_slot, align);
     if (p->paged)
@@ -1862,8 +1883,8 @@ static void prologue(ffwd *e, aj_score_walk *walk, LLVMValueRef q_src, int gated
     const ffwd_plan *p = &e->p;
     if (!p->wg) {   /* wgmma's pad columns: wgmma_zero_pads, for the cp.async loads */
         aj_mma_tile_zero_pad(kb, aj_kb_i32(kb, p->smem_q), p->bm, p->d, e->tid, p->threads);
-        aj_mma_tile_zero_pad(kb, aj_kb_i32(kb, p->smem_k), p->stages * p->bn, p->d, e->tid,
-                             p->threads);
+        aj_mma_tile_zero_pad(kb, aj_kb_i32(kb, p->smem_k), (p->kv8 ? 1 : p->stages) * p->bn, p->d,
+                             e->tid, p->threads);
         /* Dv split at an odd dv / 8: the last split's last n8 tile reads
          * V's pad columns (see "Head dims past 256"; kv_shared: K's
          * columns past Dv, finite, for output columns never stored) */
@@ -1960,6 +1981,53 @@ static void compute_tile(ffwd *e, LLVMValueRef n, LLVMValueRef cls, LLVMValueRef
     emit_softmax_pv(e, n0, vbase, NULL);
 }
 
+/* An f8 cache's tile (see "Paged"): the landed bytes of slot `slot`'s
+ * stage into the K tile as the queries' 16-bit type, 16 a thread a step --
+ * an f16's bits by aj_kb_f8_to_f16_bits (e4m3 at 2^-8 its value, which
+ * the descales take back: paged_descales), a bf16 the top half of that
+ * f16's f32 (at most 4 significant bits: exact). */
+static void widen_kv8(ffwd *e, LLVMValueRef slot)
+{
+    aj_kb *kb = e->kb;
+    LLVMBuilderRef b = e->b;
+    const ffwd_plan *p = &e->p;
+    int per_row = p->d / 16;
+    LLVMValueRef stage = aj_kb_add(kb, aj_kb_i32(kb, p->smem_stage),
+                                   LLVMBuildMul(b, slot, aj_kb_i32(kb, p->bn * p->d), ""));
+    LLVMValueRef c = aj_kb_for_begin(kb, e->tid, aj_kb_i32(kb, p->bn * per_row),
+                                     aj_kb_i32(kb, p->threads), "widen");
+    LLVMValueRef r = LLVMBuildUDiv(b, c, aj_kb_i32(kb, per_row), "");
+    LLVMValueRef col = LLVMBuildShl(b, LLVMBuildURem(b, c, aj_kb_i32(kb, per_row), ""),
+                                    aj_kb_i32(kb, 4), "");
+    LLVMValueRef src = aj_kb_add(kb, stage, aj_kb_add(kb, LLVMBuildMul(b, r, aj_kb_i32(kb, p->d),
+                                                                        ""), col));
+    LLVMValueRef h = aj_kb_f8_to_f16_bits(
+        kb, aj_kb_load(kb, LLVMVectorType(kb->t_i8, 16), smem_at(e, src, 0), 16), p->kv8);
+    if (p->dtype == AJ_DTYPE_BF16) {
+        LLVMValueRef sixteen[16];
+        for (int i = 0; i < 16; i++)
+            sixteen[i] = aj_kb_i32(kb, 16);
+        LLVMValueRef f = LLVMBuildFPExt(
+            b, LLVMBuildBitCast(b, h, LLVMVectorType(LLVMHalfTypeInContext(kb->llctx), 16), ""),
+            LLVMVectorType(kb->t_f32, 16), "");
+        LLVMValueRef top = LLVMBuildLShr(b, LLVMBuildBitCast(b, f, LLVMVectorType(kb->t_i32, 16),
+                                                             ""),
+                                         LLVMConstVector(sixteen, 16), "");
+        h = LLVMBuildTrunc(b, top, LLVMVectorType(kb->t_i16, 16), "");
+    }
+    /* two 16-byte stores: the K tile's row r, columns col .. col + 15 */
+    LLVMValueRef dst = aj_kb_add(kb, aj_kb_i32(kb, p->smem_k), tile_offset(e, r, col, p->ldk));
+    for (int half = 0; half < 2; half++) {
+        LLVMValueRef idx[8];
+        for (int i = 0; i < 8; i++)
+            idx[i] = aj_kb_i32(kb, 8 * half + i);
+        LLVMValueRef part = LLVMBuildShuffleVector(b, h, LLVMGetUndef(LLVMTypeOf(h)),
+                                                   LLVMConstVector(idx, 8), "");
+        aj_kb_store(kb, part, smem_at(e, dst, 16 * half), 16);
+    }
+    aj_kb_for_end(kb);
+}
+
 /* The mainloop over the walk's key tiles: refill, wait, and compute_tile. */
 static void mainloop(ffwd *e, aj_score_walk *walk, int gated, LLVMValueRef *ahead,
                      LLVMValueRef *ahead_tile)
@@ -1985,6 +2053,10 @@ static void mainloop(ffwd *e, aj_score_walk *walk, int gated, LLVMValueRef *ahea
     if (p->wg)   /* the copies' generic writes, to the async proxy wgmma reads through */
         aj_kb_intrinsic(kb, AJ_INTR_FENCE_PROXY_ASYNC, NULL);
     aj_kb_barrier(kb);
+    if (p->kv8) {   /* the slot's f8 tile into the K tile (see "Paged") */
+        widen_kv8(e, slot);
+        aj_kb_barrier(kb);
+    }
     LLVMValueRef kbase = slot_k(e, slot), vbase = slot_v(e, slot);
     LLVMValueRef cls = NULL, n = at;
     if (gated) {   /* the ring moves on; the class is the same in every thread */
@@ -2408,9 +2480,10 @@ static aj_status ffwd_build(aj_kb *kb, const aj_op *op, void *user)
  * row's position (row_pos) and the block's span of positions
  * (block_positions), at head h0.  One part writes O and the LSE, more
  * write f32 partials to the workspace (row_dest) for the merge; learned
- * sinks fold at each row's own head where O is final.  16-bit caches and
- * queries of the output's dtype only (an f8 cache stays on the efficient
- * template's SIMT tiles), D up to 576.
+ * sinks fold at each row's own head where O is final.  Queries of the
+ * output's 16-bit dtype over a cache of it or of f8 (widen_kv8: its tiles
+ * land raw in a stage per slot and are widened, exactly, into one K tile;
+ * paged_descales), D up to 576.
  */
 
 /* The initial state again (O = 0, m = -inf, l = 0), for the next row block. */
@@ -2445,11 +2518,13 @@ static void paged_positions(ffwd *e)
 
 bool aj_flash_paged_takes(const aj_op *op, aj_target target)
 {
-    aj_dtype dt = op->dtype;
+    aj_dtype dt = op->dtype, kv = aj_op_kv_dtype(op);
+    /* an f8 cache is widened in 16-byte chunks of a row */
+    int f8 = (kv == AJ_DTYPE_F8E4M3 || kv == AJ_DTYPE_F8E5M2) && op->head_dim % 16 == 0;
     return op->variant == AJ_VARIANT_FLASH && op->layout == AJ_LAYOUT_PAGED && op->kv_shared &&
            aj_target_desc_of(target)->simt && !op->warpgroups &&
            (dt == AJ_DTYPE_F16 || dt == AJ_DTYPE_BF16) && aj_op_q_dtype(op) == dt &&
-           aj_op_kv_dtype(op) == dt;
+           (kv == dt || f8);
 }
 
 aj_status aj_flash_paged_check(aj_ctx *ctx, const aj_op *op, aj_target target)
@@ -2496,6 +2571,18 @@ static void paged_rows(ffwd *e, LLVMValueRef *start_q, LLVMValueRef *first_mb,
     LLVMValueRef q_origin = LLVMBuildSub(b, len64, aj_kb_sext64(kb, e->seq_q), "");
     LLVMValueRef total = e->prog->reads_totals ? len64 : NULL;
     aj_score_begin(&e->sc, kb, e->prog, 0, bidx, e->h0, q_origin, aj_kb_i64(kb, 0), total, total);
+}
+
+/* An f8 cache's descales: S's factor k_scale and O's v_scale (k_scale:
+ * V is K's columns, runtime/launch.c), each times 2^8 for e4m3, whose
+ * widened tile holds 2^-8 its values (widen_kv8). */
+static void paged_descales(ffwd *e)
+{
+    LLVMValueRef score, out;
+    aj_attn_descales(e->kb, e->op, e->h, e->hkv, &score, &out);
+    LLVMValueRef f = aj_kb_f32(e->kb, e->p.kv8 == AJ_DTYPE_F8E4M3 ? AJ_F8E4M3_F16_FACTOR : 1.0f);
+    e->s_scale = LLVMBuildFMul(e->b, score, f, "k_scale");
+    e->o_scale = LLVMBuildFMul(e->b, out, f, "v_scale");
 }
 
 /* The part's key tiles [part_first, part_last): the sequence's tiles in
@@ -2562,6 +2649,8 @@ aj_status aj_flash_paged_parts(aj_kb *kb, const aj_op *op, const aj_score_prog *
     LLVMValueRef start_q, first_mb, mb_step;
     paged_rows(&e, &start_q, &first_mb, &mb_step);
     paged_part(&e, part);
+    if (p->kv8)
+        paged_descales(&e);
     LLVMValueRef q_src = aj_cpu_seq_base(kb, AJ_PSRC_q, e.bidx, e.h0, start_q);
     lane_addresses(&e);
     int gated = aj_score_has_rest(prog);

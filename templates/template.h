@@ -61,7 +61,8 @@ extern const aj_template aj_template_flash_fwd;
 extern const aj_template aj_template_paged_fwd_flash;
 extern const aj_template aj_template_paged_fwd_efficient;
 /* ... whose first stage is flash_fwd.c's mma tiles where the op is a
- * flash-variant shared K/V cache of 16-bit values on a GPU target or sim
+ * flash-variant shared K/V cache (16-bit or f8 values under 16-bit
+ * queries) on a GPU target or sim
  * (absorbed MLA: many query heads over one latent head; flash_fwd.c,
  * "Paged"): aj_flash_paged_check is then the template's check, and
  * aj_flash_paged_parts builds that stage (*used: its schedule). */

@@ -510,17 +510,18 @@ static inline paged_case paged_dim_case(int i, int n)
 }
 
 /*
- * Shared K/V caches of 16-bit values (kv_shared, absorbed MLA's layout:
- * on sim and the GPUs the flash variant's mma tiles, flash_fwd.c
- * "Paged"), case i of n: D walking 8..576 (576, 512, 384 and 256 among
+ * Shared K/V caches (kv_shared, absorbed MLA's layout: on sim and the
+ * GPUs the flash variant's mma tiles, flash_fwd.c "Paged"), case i of
+ * PAGED_SHARED_CASES: D walking 8..576 (576, 512, 384 and 256 among
  * them) and Dv up to D (= D every third); one or two KV heads under
  * groups of 1, 2, 8, 16 and 64 query heads (packed up to 128 rows, one
  * head per CTA past them: 16 x 17); Sq 1, 2, 3, 4, 16, 17 and varlen
  * chunks; page sizes 1, 7, 16, 64; split counts 0..4; no mask, causal, a
  * window, an expression mask (one reading h: not packed); softcap, alibi
  * and expression score_mods (one reading h); learned sinks, folded at
- * each row's head where one part is the whole; f16 and bf16; every
- * fourth the efficient variant (the SIMT tiles), for the same cases.
+ * each row's head where one part is the whole; f16 and bf16 queries over
+ * caches of their type or (every third) e4m3 / e5m2; every fourth the
+ * efficient variant (the SIMT tiles), for the same cases.
  */
 static inline paged_case paged_shared_case(int i)
 {
@@ -531,8 +532,9 @@ static inline paged_case paged_shared_case(int i)
     static const char *const masks[2] = {"k % 5 != 2 && q - k < 90", "k <= q - h % 3"};
     static const char *const mods[2] = {"score * (1.0 + 0.25 * h)", "score - 0.01 * (q - k)"};
     int d = i < 4 ? fixed[i] : 8 * (1 + (i * 29) % 72);
-    paged_case c = paged_base(i % 2 ? AJ_DTYPE_F16 : AJ_DTYPE_BF16,
-                              i % 2 ? AJ_DTYPE_F16 : AJ_DTYPE_BF16, d, lens, 3);
+    aj_dtype q = i % 2 ? AJ_DTYPE_F16 : AJ_DTYPE_BF16;
+    aj_dtype kv = i % 3 != 2 ? q : i % 4 < 2 ? AJ_DTYPE_F8E4M3 : AJ_DTYPE_F8E5M2;
+    paged_case c = paged_base(q, kv, d, lens, 3);
     c.dv = i == 0 ? 512 : i % 3 == 0 ? d : 8 * (1 + (i * 13 + 5) % (d / 8));
     c.shared = 1;
     c.scale = 1.0 / sqrt(192.0) * 1.25;

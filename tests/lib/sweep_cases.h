@@ -55,8 +55,10 @@ typedef struct sweep_case {
     int producer;          /* with warpgroups: warp specialised (schedule producer = 1) */
     aj_dtype f8;           /* FP8 inputs: q_dtype and kv_dtype (>= AJ_DTYPE_F8E4M3) */
     /* a shared K/V cache (layout = paged, kv_shared, an explicit scale);
-     * with varlen, its queries (q_layout = varlen) */
+     * with varlen, its queries (q_layout = varlen); kv_f8: the cache's f8
+     * format under 16-bit queries (kv_dtype), else 0 */
     int shared;
+    aj_dtype kv_f8;
 } sweep_case;
 
 /* Case `index` of the main product (dv = d, no further options). */
@@ -158,7 +160,7 @@ static inline int sweep_spec(const sweep_case *c, char *buf, size_t cap)
     return snprintf(buf, cap,
                     "attention %s %s {\n  dtype = %s\n  head_dim = %d\n  head_dim_v = %d\n"
                     "  mask = %s\n  score_mod = %s\n  bias = %s\n  dropout = %g\n"
-                    "  layout = %s\n%s%s%s%s%s%s%s%s%s%s%s%s%s}\n",
+                    "  layout = %s\n%s%s%s%s%s%s%s%s%s%s%s%s%s%s%s%s}\n",
                     aj_kind_name(c->kind), aj_variant_name(c->variant),
                     aj_dtype_name(c->dtype), c->d, c->dv, c->mask, c->score_mod,
                     c->bias ? "add" : "none", c->dropout,
@@ -166,6 +168,8 @@ static inline int sweep_spec(const sweep_case *c, char *buf, size_t cap)
                     !c->shared ? ""
                     : c->varlen ? "  kv_shared = true\n  scale = 0.07\n  q_layout = varlen\n"
                                 : "  kv_shared = true\n  scale = 0.07\n",
+                    c->kv_f8 ? "  kv_dtype = " : "", c->kv_f8 ? aj_dtype_name(c->kv_f8) : "",
+                    c->kv_f8 ? "\n" : "",
                     c->f8 ? "  q_dtype = " : "", c->f8 ? aj_dtype_name(c->f8) : "",
                     c->f8 ? "\n  kv_dtype = " : "", c->f8 ? aj_dtype_name(c->f8) : "",
                     c->f8 ? "\n" : "",
@@ -181,7 +185,7 @@ static inline int sweep_spec(const sweep_case *c, char *buf, size_t cap)
 /* A short label: "bwd efficient bf16 d72/72 causal(bottom_right) alibi bias". */
 static inline void sweep_label(const sweep_case *c, char *buf, size_t cap)
 {
-    snprintf(buf, cap, "%s %s %s%s%s d%d/%d %s %s%s%s%s%s%s%s%s",
+    snprintf(buf, cap, "%s %s %s%s%s d%d/%d %s %s%s%s%s%s%s%s%s%s%s",
              c->kind == AJ_KIND_FORWARD ? "fwd" : "bwd", aj_variant_name(c->variant),
              c->f8 ? aj_dtype_name(c->f8) : "", c->f8 ? "/" : "", aj_dtype_name(c->dtype),
              c->d, c->dv, c->mask,
@@ -189,7 +193,8 @@ static inline void sweep_label(const sweep_case *c, char *buf, size_t cap)
              c->accumulate ? " accumulate" : c->deterministic ? " deterministic" : "",
              c->varlen ? " varlen" : "",
              c->warpgroups == 1 ? " wgmma x1" : c->warpgroups == 2 ? " wgmma x2" : "",
-             c->producer ? " + producer" : "", c->shared ? " paged kv_shared" : "");
+             c->producer ? " + producer" : "", c->shared ? " paged kv_shared" : "",
+             c->kv_f8 ? " cache " : "", c->kv_f8 ? aj_dtype_name(c->kv_f8) : "");
 }
 
 #endif /* AJ_TESTS_SWEEP_CASES_H */

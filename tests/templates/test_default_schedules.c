@@ -511,7 +511,8 @@ static int fp8_flash_cases(sweep_case *out)
  * and no options, and with the head-dim walk's Dv under D and the
  * heaviest set a paged op takes (none of dropout, bias, accumulate) or
  * softcap with a causal mask, in turn; both dtypes, varlen queries at
- * every other head dim. */
+ * every other head dim; an e4m3 or e5m2 cache (widened in shared memory)
+ * at every other head dim of whole 16-byte rows. */
 static int shared_cases(sweep_case *out)
 {
     int n = 0;
@@ -526,6 +527,8 @@ static int shared_cases(sweep_case *out)
             c.bias = c.accumulate = c.deterministic = 0;
             c.dropout = 0;
             c.varlen = k % 2;
+            if (k % 2 == 0 && (k + pair) % 4 < 2)
+                c.kv_f8 = pair ? AJ_DTYPE_F8E5M2 : AJ_DTYPE_F8E4M3;
             if (pair)
                 c.dv = 8 * (1 + (k * 13 + 5) % (k < 64 ? k : 64));
             out[n++] = c;
