@@ -637,9 +637,13 @@ aj_status aj_tune(aj_ctx *ctx, aj_device *dev, const aj_op *op,
         return aj_fail(ctx, st, "aj_tune: %s", aj_last_error(op->ctx));
     if (op->kind == AJ_KIND_MERGE)
         return aj_fail(ctx, AJ_ERR_UNSUPPORTED, "aj_tune: merge ops have no schedule to tune");
-    if (op->layout != AJ_LAYOUT_PADDED)
+    if (op->layout == AJ_LAYOUT_VARLEN)
         return aj_fail(ctx, AJ_ERR_UNSUPPORTED, "aj_tune: layout = varlen ops are not tuned; "
                        "tune the padded op of the same kind (its schedule fits both)");
+    if (op->layout == AJ_LAYOUT_PAGED)
+        return aj_fail(ctx, AJ_ERR_UNSUPPORTED, "aj_tune: layout = paged ops are not tuned (a "
+                       "decode's tiles follow its head dims; its split count is the launch's "
+                       "or the op's splits)");
     enum { N = SPACE_SIZE };
     aj_op *ops[N] = {0};
     aj_tune_result *res = NULL;

@@ -543,6 +543,11 @@ static void test_errors(void)
     aj_op *merge = parse(ctx, "attention merge { dtype = f32 head_dim_v = 32 }");
     CHECK_STATUS(ctx, aj_tune(ctx, dev, merge, NULL, &r, &n), AJ_ERR_UNSUPPORTED);
     CHECK_ERROR(ctx, "merge ops have no schedule to tune");
+    aj_op *paged = parse(ctx, "attention forward flash { dtype = bf16 head_dim = 576 "
+                              "head_dim_v = 512 scale = 0.07 layout = paged kv_shared = true }");
+    CHECK_STATUS(ctx, aj_tune(ctx, dev, paged, NULL, &r, &n), AJ_ERR_UNSUPPORTED);
+    CHECK_ERROR(ctx, "aj_tune: layout = paged ops are not tuned");
+    aj_op_destroy(paged);
     aj_op *bad = NULL;
     aj_op_create(ctx, AJ_KIND_FORWARD, AJ_VARIANT_EFFICIENT, &bad);
     aj_op_set_head_dims(bad, -4, 0);   /* sticky */
