@@ -61,14 +61,20 @@
  *
  * Head dims past 256 (Dv to 512, mma.sync with 16-bit inputs): a warp's O
  * is Dv / 2 floats a thread, so Dv splits in two across warp pairs.  Warp
- * w is split w / (warps / 2) of row group w % (warps / 2): both warps of
- * a pair compute the same S = Q K^T of their 16 rows (the same bits, so
- * the same statistics and dropout draws, no exchange), each runs P V for
- * its vt = ceil(dv / 16) n8 tiles of columns (at an odd dv / 8 the second
+ * w is split w / (warps / 2) of row group w % (warps / 2).  Both warps of
+ * a pair need the whole S = Q K^T of their 16 rows: with block_n >= 32
+ * (pair_keys, where shared memory has room for the exchange) split s
+ * computes the key tile's keys s block_n / 2 .. and the pair trade their
+ * halves through shared memory (trade_scores: a 16-byte entry per lane
+ * and n8 tile, a barrier between writes and reads), so both read the same
+ * bits -- the same statistics and dropout draws -- and Q K^T is issued
+ * once per row block; else both compute all of it.  Each runs P V for its
+ * vt = ceil(dv / 16) n8 tiles of columns (at an odd dv / 8 the second
  * split's last tile covers V's zeroed pad and is not stored), and split 0
  * stores the LSE (with accumulate, after a barrier that follows every
- * warp's read of the prior).  The price is Q K^T twice per row block; the
- * default is 64 x 32 tiles on 8 warps.  D alone past 256 needs no split
+ * warp's read of the prior).  The default is 64 x 32 tiles on 8 warps:
+ * at D 512 a warp issues 128 HMMA a tile where computing all of S took
+ * 192 (bench/README.md).  D alone past 256 needs no split
  * (Q's and K's widths are shared memory, not registers).  On wgmma the
  * split is the warpgroup pair's: both own the same 64 rows, warpgroup 0
  * the first 256 columns (whole panels, so its V descriptor starts a panel)
@@ -174,6 +180,11 @@ typedef struct ffwd_plan {
      * slot block_n x D bytes) and are widened into the one K tile */
     aj_dtype kv8;
     int32_t smem_stage;
+    /* mma.sync past Dv 256 at block_n >= 32: the warps of a pair each
+     * compute half the key tile's scores and trade them through shared
+     * memory at smem_x (see "Head dims past 256") */
+    int pair_keys;
+    int32_t smem_x;
     int default_state;             /* the state with the score tile's option work */
 } ffwd_plan;
 
@@ -385,6 +396,13 @@ static aj_status plan_schedule(aj_ctx *ctx, const aj_op *op, aj_target target,
         bytes += (int64_t)p->stages * aj_tile_paged_rows_bytes(p->bn);
     if (p->kv8)   /* one K tile, the slots raw */
         bytes += (int64_t)p->stages * p->bn * p->d - (int64_t)(p->stages - 1) * 2 * p->bn * p->ldk;
+    /* the pairs' score exchange, a 16-byte entry per lane, n8 tile and
+     * m-tile, where it fits (sm_89's 99 KiB at D 512 has no room: both
+     * warps of a pair compute the whole tile there) */
+    int64_t exchange = (int64_t)(p->warps / p->dvs) * p->mt * (p->bn / 8) * 32 * 16;
+    p->pair_keys = p->dvs > 1 && !p->wg && p->bn >= 32 &&
+                   bytes + exchange <= aj_target_smem_limit(target);
+    bytes += p->pair_keys ? exchange : 0;
     /* wgmma: the tiles' 1024-byte alignment and the mbarriers, at most 2 KiB
      * (warp specialised: 1 + 2 stages of them, 56 bytes) */
     bytes += p->wg ? 2 * 1024 : 0;
@@ -1096,6 +1114,9 @@ static void lane_addresses(ffwd *e)
         e->kb, aj_kb_i32(e->kb, p->smem_q),
         tile_offset(e, aj_kb_add(e->kb, e->wrow, aj_kb_add(e->kb, l7, bit3)), bit4, p->ldq));
     e->k_lane = tile_offset(e, aj_kb_add(e->kb, l7, bit4), bit3, p->ldk);
+    if (p->pair_keys)   /* split s of a pair: keys s block_n / 2 .. ("Head dims past 256") */
+        e->k_lane = aj_kb_add(e->kb, e->k_lane,
+                              LLVMBuildMul(b, e->split, aj_kb_i32(e->kb, p->bn * p->ldk), ""));
     /* f8's V^T is read as a K tile is (see "FP8") */
     e->v_lane = p->f8 ? tile_offset(e, aj_kb_add(e->kb, l7, bit4), bit3, p->ldv)
                       : tile_offset(e, aj_kb_add(e->kb, l7, bit3),
@@ -1278,6 +1299,48 @@ static void emit_pv_wgmma(ffwd *e, LLVMValueRef a[][4], LLVMValueRef vbase)
 
 /* S = Q K^T for the warp's m-tiles over the key tile whose K starts at
  * shared byte offset `kbase`, into the score variables. */
+/* pair_keys (see "Head dims past 256"): this warp's half of the key
+ * tile's scores, acc[mi][0 .. nt/2), to its pair's exchange, and after a
+ * barrier the whole tile's back into acc[mi][0 .. nt), both warps
+ * reading the same bits.  Lane l's four values of n8 tile j are one
+ * 16-byte entry, the pair's lane l the same (row, key) places. */
+static void trade_scores(ffwd *e, LLVMValueRef (*acc)[MAX_NT][4])
+{
+    aj_kb *kb = e->kb;
+    LLVMBuilderRef b = e->b;
+    const ffwd_plan *p = &e->p;
+    int nt = p->bn / 8, row_warps = p->warps / p->dvs;
+    /* this lane's entry of its row group's exchange (n8 tile 0) and of its
+     * half's first tile, from the thread index anew at each tile (held
+     * across the walk they cost ptxas spills at the heaviest options) */
+    LLVMValueRef tid = aj_kb_opaque(kb, e->tid);
+    LLVMValueRef warp = LLVMBuildLShr(b, tid, aj_kb_i32(kb, 5), "");
+    LLVMValueRef rg = LLVMBuildURem(b, warp, aj_kb_i32(kb, row_warps), "");
+    LLVMValueRef split = LLVMBuildUDiv(b, warp, aj_kb_i32(kb, row_warps), "");
+    LLVMValueRef entry = aj_kb_add(kb, LLVMBuildMul(b, rg, aj_kb_i32(kb, p->mt * nt * 32), ""),
+                                   LLVMBuildAnd(b, tid, aj_kb_i32(kb, 31), ""));
+    LLVMValueRef x_lane = aj_kb_add(kb, aj_kb_i32(kb, p->smem_x),
+                                    LLVMBuildShl(b, entry, aj_kb_i32(kb, 4), ""));
+    LLVMValueRef x_own =
+        aj_kb_add(kb, x_lane, LLVMBuildMul(b, split, aj_kb_i32(kb, nt / 2 * 512), ""));
+    LLVMTypeRef v4 = LLVMVectorType(kb->t_f32, 4);
+    for (int mi = 0; mi < p->mt; mi++)
+        for (int j = 0; j < nt / 2; j++) {
+            LLVMValueRef v = LLVMGetUndef(v4);
+            for (int c = 0; c < 4; c++)
+                v = LLVMBuildInsertElement(b, v, acc[mi][j][c], aj_kb_i32(kb, c), "");
+            aj_kb_store(kb, v, smem_at(e, x_own, 512 * (int64_t)(mi * nt + j)), 16);
+        }
+    aj_kb_barrier(kb);
+    for (int mi = 0; mi < p->mt; mi++)
+        for (int j = 0; j < nt; j++) {
+            LLVMValueRef v =
+                aj_kb_load(kb, v4, smem_at(e, x_lane, 512 * (int64_t)(mi * nt + j)), 16);
+            for (int c = 0; c < 4; c++)
+                acc[mi][j][c] = LLVMBuildExtractElement(b, v, aj_kb_i32(kb, c), "");
+        }
+}
+
 static void emit_qk(ffwd *e, LLVMValueRef kbase)
 {
     aj_kb *kb = e->kb;
@@ -1287,6 +1350,7 @@ static void emit_qk(ffwd *e, LLVMValueRef kbase)
         return;
     }
     int nt = p->bn / 8;
+    int own = p->pair_keys ? nt / 2 : nt;   /* the n8 tiles this warp computes */
     LLVMValueRef acc[MAX_MT][MAX_NT][4];
     for (int mi = 0; mi < p->mt; mi++)
         for (int j = 0; j < nt; j++)
@@ -1298,7 +1362,7 @@ static void emit_qk(ffwd *e, LLVMValueRef kbase)
         for (int mi = 0; mi < p->mt; mi++)
             aj_kb_ldmatrix(kb, 4, 0, smem_at(e, e->q_lane, 2 * (16 * mi * p->ldq + 16 * kk)),
                            a[mi]);
-        for (int j = 0; j < nt; j += 2) {
+        for (int j = 0; j < own; j += 2) {
             LLVMValueRef kf[4];
             aj_kb_ldmatrix(kb, 4, 0, smem_at(e, kt, 2 * (8 * j * p->ldk + 16 * kk)), kf);
             for (int mi = 0; mi < p->mt; mi++) {
@@ -1314,6 +1378,8 @@ static void emit_qk(ffwd *e, LLVMValueRef kbase)
             }
         }
     }
+    if (p->pair_keys)
+        trade_scores(e, acc);
     for (int mi = 0; mi < p->mt; mi++)
         for (int j = 0; j < nt; j++)
             for (int c = 0; c < 4; c++)
@@ -1729,10 +1795,13 @@ static void emit_epilogue(ffwd *e, const ffwd_out *out)
             l2 = LLVMBuildSelect(b, seen, l2, aj_kb_f32(kb, -INFINITY), "");
             LLVMValueRef lse = LLVMBuildFMul(b, l2, aj_kb_f32(kb, AJ_LN2), "");
             if (aj_score_has_sinks(e->prog) && !out->partial) {
+                /* the programs' head (head_offset's included; stacked heads:
+                 * the row's own, the first's plus its place) */
                 LLVMValueRef sink_h = e->sc.h;
-                if (e->per)   /* stacked heads: the row's own */
-                    sink_h = aj_kb_add(kb, e->h0, LLVMBuildUDiv(b, aj_kb_smin(kb, i, last_row),
-                                                                e->per, ""));
+                if (e->per)
+                    sink_h = aj_kb_add(kb, sink_h, aj_kb_sext64(kb, LLVMBuildUDiv(
+                                                       b, aj_kb_smin(kb, i, last_row), e->per,
+                                                       "")));
                 aj_score_fold_sink(kb, e->prog, sink_h,
                                    accumulate ? aj_param(kb, AJ_PID(kv_offset)) : NULL, &l2, &inv,
                                    &lse);
@@ -1794,6 +1863,9 @@ static void alloc_state(ffwd *e)
                                              align);
     if (p->kv8)
         e->p.smem_stage = aj_kb_smem_reserve_aligned(kb, p->stages * p->bn * p->d, 16);
+    if (p->pair_keys)
+        e->p.smem_x = aj_kb_smem_reserve_aligned(
+            kb, (p->warps / p->dvs) * p->mt * (p->bn / 8) * 32 * 16, 16);
     if (!p->shared)
         e->p.smem_v = aj_kb_smem_reserve_aligned(kb, p->stages * p->v_slot, align);
     if (p->paged)
@@ -2640,6 +2712,9 @@ aj_status aj_flash_paged_parts(aj_kb *kb, const aj_op *op, const aj_score_prog *
     LLVMBuilderRef b = kb->b;
     aj_kctx_init(&e.k, kb, op, prog);
     aj_params_declare(kb, AJ_KSIG_CPU_PAGED_FWD, op, prog);
+    /* cache rows move by 16-byte cp.async: the launch checks the caches */
+    aj_kb_row_align(kb, AJ_ROW_K_CACHE, 16);
+    aj_kb_row_align(kb, AJ_ROW_V_CACHE, 16);
     aj_kb_begin_stage(kb, "parts", p->threads);
     alloc_state(&e);
     thread_coords(&e);

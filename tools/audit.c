@@ -222,13 +222,27 @@ int audit_main_loop(const char *sass, const char *function, audit_loop *out,
     return found ? 0 : -2;
 }
 
+/* The FLOPs of one warp's mma.sync instruction of SASS opcode `op`
+ * (HMMA.16816..., QMMA.16832...: m 16, n 8, k the rest), 0 for others. */
+static double mma_sync_flops(const char *op)
+{
+    if (!starts(op, "HMMA.168") && !starts(op, "QMMA.168"))
+        return 0.0;
+    return 2.0 * 16 * 8 * atoi(op + 8);
+}
+
 audit_model audit_apply(const audit_gpu *gpu, const audit_counts *c, int warps, double flops)
 {
     audit_model m = {0};
     /* a loop whose tensor instructions are all 8-bit runs at FP8's rate */
     double rate = (c->hgmma ? gpu->wgmma_flop : gpu->mma_flop) *
                   (c->tensor && c->fp8 == c->tensor ? 2.0 : 1.0);
-    m.tensor = c->tensor ? flops / rate : 0.0;
+    /* the tensor cores run what the warps issue: at least the tile's
+     * FLOPs, more where work is duplicated (mma.sync shapes counted) */
+    double issued = 0.0;
+    for (int i = 0; i < c->nshapes; i++)
+        issued += (double)warps * c->shape_count[i] * mma_sync_flops(c->shape[i]);
+    m.tensor = c->tensor ? (issued > flops ? issued : flops) / rate : 0.0;
     m.issue = (double)warps * c->total / gpu->issue;
     m.mufu = (double)warps * 32.0 * c->mufu / gpu->mufu;
     m.fp32 = (double)warps * 32.0 * c->fp32 / gpu->fp32;

@@ -129,6 +129,18 @@ static void test_model(void)
     /* mixed with 16-bit ones: the 16-bit rate, conservatively */
     m = audit_apply(&audit_gh100, &loop.counts, 8, flops);
     CHECK(fabs(m.tensor - flops / 4096.0) < 1e-9);
+    /* mma.sync issuing more than the tile's FLOPs (a warp pair computing
+     * the same scores): the tensor cores run what is issued -- a 64 x 32
+     * tile at d 512 (2 * 64 * 32 * 1024 FLOP) on 8 warps of 192
+     * HMMA.16816 (4096 FLOP each) is 1.5 times the tile */
+    audit_counts dup = {.total = 700, .tensor = 192, .nshapes = 1, .shape_count = {192}};
+    snprintf(dup.shape[0], sizeof dup.shape[0], "HMMA.16816.F32.BF16");
+    double tile = 2.0 * 64 * 32 * 1024, rate = audit_gh100.mma_flop;
+    m = audit_apply(&audit_gh100, &dup, 8, tile);
+    CHECK_MSG(fabs(m.tensor - 8 * 192 * 4096.0 / rate) < 1e-6, "tensor %.1f", m.tensor);
+    dup.shape_count[0] = dup.tensor = 128;   /* the pair trading halves: the tile's FLOPs */
+    m = audit_apply(&audit_gh100, &dup, 8, tile);
+    CHECK_MSG(fabs(m.tensor - tile / rate) < 1e-6, "tensor %.1f", m.tensor);
 }
 
 int main(void)

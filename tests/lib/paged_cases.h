@@ -59,7 +59,11 @@ typedef struct paged_case {
     int repeat;                 /* calls of aj_forward, the best timed (0: one) */
     int sinks;                  /* sinks = snk, logit paged_sink(h) of head h */
     int shared;                 /* kv_shared: V is the K cache's first dv columns */
+    /* the call's heads are heads head_offset .. of hq + head_offset (the
+     * launch's head_offset, heads_q_total): the sinks of those */
+    int head_offset;
     double scale;               /* the op's scale; 0: the default (shared needs one) */
+    aj_schedule sched;          /* the op's schedule; all 0: the template's */
 } paged_case;
 
 /* The sink logit of head h of a case with sinks: one that dominates, the
@@ -186,6 +190,8 @@ static inline aj_status paged_op(aj_ctx *ctx, const paged_case *c, aj_op **out)
         aj_op_set_scale(op, c->scale);
     if (c->shared)
         aj_op_set_kv_shared(op, true);
+    if (c->sched.block_m || c->sched.block_n || c->sched.warps || c->sched.stages)
+        aj_op_set_schedule(op, &c->sched);
     if (c->mask == AJ_MASK_CAUSAL)
         aj_op_set_mask_causal(op, AJ_ALIGN_BOTTOM_RIGHT);
     if (c->mask == AJ_MASK_WINDOW)
@@ -297,16 +303,24 @@ static inline paged_result paged_run(aj_ctx *ctx, aj_device *dev, const aj_kerne
     float *o = malloc((no + 1) * sizeof *o);
     float *lse = malloc(((size_t)tq * c->hq + 1) * sizeof *lse);
     void *mem[10] = {0};
-    double slopes[64], sinks[64];
-    float slopes_f[64], sinks_f[64];
-    for (int h = 0; h < c->hq && h < 64; h++) {
-        slopes_f[h] = (float)(pow(2.0, -(h + 1) / 2.0));
-        slopes[h] = slopes_f[h];
-        sinks_f[h] = (float)paged_sink(h);
-        sinks[h] = sinks_f[h];
+    /* alibi's slopes and the sinks of all hq + head_offset heads (those
+     * before the call's: 1/g and 3 - 2 g), the reference's of the call's */
+    const int ho = c->head_offset, nh = c->hq + ho;
+    double *slopes = malloc((size_t)nh * sizeof *slopes), *sinks = malloc((size_t)nh * 8);
+    float *slopes_f = malloc((size_t)nh * 4), *sinks_f = malloc((size_t)nh * 4);
+    for (int g = 0; slopes_f && sinks_f && g < ho; g++) {
+        slopes_f[g] = 1.0f / (float)(g + 1);
+        sinks_f[g] = (float)(3.0 - 2.0 * g);
+    }
+    for (int h = 0; slopes && sinks && slopes_f && sinks_f && h < c->hq; h++) {
+        slopes_f[h + ho] = (float)(pow(2.0, -(h + 1) / 2.0));
+        slopes[h] = slopes_f[h + ho];
+        sinks_f[h + ho] = (float)paged_sink(h);
+        sinks[h] = sinks_f[h + ho];
     }
     void *sinks_mem = NULL;
-    if (!table || !q || !kc || !vc || !o_ref || !lse_ref || !o || !lse || (c->chunks && !cu_q))
+    if (!table || !q || !kc || !vc || !o_ref || !lse_ref || !o || !lse || (c->chunks && !cu_q) ||
+        !slopes || !sinks || !slopes_f || !sinks_f)
         r.status = AJ_ERR_OUT_OF_MEMORY;
     if (r.status == AJ_OK)
         r.status = paged_fill(dev, c->dtype, nq, 1.0, 1.0, &seed, &mem[0], q);
@@ -354,16 +368,18 @@ static inline paged_result paged_run(aj_ctx *ctx, aj_device *dev, const aj_kerne
         free(cu);
     }
     if (r.status == AJ_OK && c->alibi)
-        r.status = aj_device_alloc(dev, (size_t)c->hq * 4, &mem[8]);
+        r.status = aj_device_alloc(dev, (size_t)nh * 4, &mem[8]);
     if (r.status == AJ_OK && c->alibi)
-        r.status = aj_device_copy_to(dev, mem[8], slopes_f, (size_t)c->hq * 4);
+        r.status = aj_device_copy_to(dev, mem[8], slopes_f, (size_t)nh * 4);
     if (r.status == AJ_OK && c->sinks)
-        r.status = aj_device_alloc(dev, (size_t)c->hq * 4, &sinks_mem);
+        r.status = aj_device_alloc(dev, (size_t)nh * 4, &sinks_mem);
     if (r.status == AJ_OK && c->sinks)
-        r.status = aj_device_copy_to(dev, sinks_mem, sinks_f, (size_t)c->hq * 4);
-    const aj_side_tensor sinks_side = {"snk", sinks_mem, AJ_SIDE_F32, 1, {c->hq}, {1}};
+        r.status = aj_device_copy_to(dev, sinks_mem, sinks_f, (size_t)nh * 4);
+    const aj_side_tensor sinks_side = {"snk", sinks_mem, AJ_SIDE_F32, 1, {nh}, {1}};
     if (r.status == AJ_OK) {
         aj_fwd_args a = AJ_FWD_ARGS_INIT;
+        a.head_offset = ho;
+        a.heads_q_total = ho ? nh : 0;
         if (c->sinks) {
             a.side = &sinks_side;
             a.num_side = 1;
@@ -393,7 +409,7 @@ static inline paged_result paged_run(aj_ctx *ctx, aj_device *dev, const aj_kerne
         a.block_table = mem[5];
         a.max_pages = max_pages;
         a.seqlens_k = mem[6];
-        const int64_t heads[1] = {c->hq};
+        const int64_t heads[1] = {nh};
         if (c->alibi)
             a.alibi_slopes = tensor_contiguous(mem[8], AJ_DTYPE_F32, 1, heads);
         if (f8) {
@@ -480,6 +496,10 @@ static inline paged_result paged_run(aj_ctx *ctx, aj_device *dev, const aj_kerne
     free(lse_ref);
     free(o);
     free(lse);
+    free(slopes);
+    free(sinks);
+    free(slopes_f);
+    free(sinks_f);
     return r;
 }
 
@@ -519,7 +539,8 @@ static inline paged_case paged_dim_case(int i, int n)
  * chunks; page sizes 1, 7, 16, 64; split counts 0..4; no mask, causal, a
  * window, an expression mask (one reading h: not packed); softcap, alibi
  * and expression score_mods (one reading h); learned sinks, folded at
- * each row's head where one part is the whole; f16 and bf16 queries over
+ * each row's head where one part is the whole, the call's heads after a
+ * head_offset in some; f16 and bf16 queries over
  * caches of their type or (every third) e4m3 / e5m2; every fourth the
  * efficient variant (the SIMT tiles), for the same cases.
  */
@@ -552,6 +573,7 @@ static inline paged_case paged_shared_case(int i)
     c.alibi = i % 8 == 5;
     c.score_expr = i % 8 >= 6 ? mods[i % 8 - 6] : NULL;
     c.sinks = i % 7 == 1 || i % 7 == 4;
+    c.head_offset = c.sinks && i % 2 ? 3 : 0;   /* the sinks of the call's heads */
     c.efficient = i % 4 == 3;
     c.seed = 300 + (uint64_t)i;
     return c;

@@ -278,17 +278,26 @@ static void test_faults(void)
 /* The caches' rows start on the chunks the kernel states it reads them in
  * (row_align): the cpu kernel any element; sim/GPU 16 bytes, 8 for an f8
  * cache whose rows are not whole 16-byte chunks (loaded by the threads);
- * a cache off them is refused by that figure. */
+ * a cache off them is refused by that figure.  Shared caches too (16-bit
+ * and f8 on the mma tiles, an f8 one of 72-byte rows on the SIMT tiles). */
 static void test_cache_chunks(const int32_t *lens)
 {
     static const struct {
         aj_dtype kv;
-        int d, chunk;
-    } caches[] = {{AJ_DTYPE_F16, 64, 16}, {AJ_DTYPE_F32, 40, 16}, {AJ_DTYPE_F8E4M3, 64, 16},
-                  {AJ_DTYPE_F8E5M2, 72, 8}};
+        int d, chunk, shared;
+    } caches[] = {{AJ_DTYPE_F16, 64, 16, 0},       {AJ_DTYPE_F32, 40, 16, 0},
+                  {AJ_DTYPE_F8E4M3, 64, 16, 0},    {AJ_DTYPE_F8E5M2, 72, 8, 0},
+                  {AJ_DTYPE_F16, 576, 16, 1},      {AJ_DTYPE_F8E4M3, 576, 16, 1},
+                  {AJ_DTYPE_F8E5M2, 72, 8, 1}};
     const int cpu = aj_device_target(dev) == AJ_TARGET_CPU;
     for (size_t i = 0; i < sizeof caches / sizeof caches[0]; i++) {
         paged_case c = paged_base(AJ_DTYPE_F16, caches[i].kv, caches[i].d, lens, 1);
+        if (caches[i].shared) {
+            c.shared = 1;
+            c.scale = 0.07;
+            c.dv = caches[i].d > 512 ? 512 : caches[i].d;
+            c.hkv = 1;
+        }
         aj_kernel *kernel = NULL;
         if (!compile_case(&c, &kernel))
             continue;
@@ -407,10 +416,10 @@ static void test_head_dims(int sim)
  * (16, 128) over the one latent head, Sq 1, 4 and 16 (decode,
  * multi-token prediction, speculative runs) and varlen chunks, page sizes
  * 1 / 16 / 64, f16 / bf16 / e4m3 / e5m2 caches, causal, a window and an
- * expression mask, split-KV; on sim the GPU kernels (16-bit caches on the
- * flash forward's mma tiles, f8 ones on the efficient template's SIMT
- * tiles) over MLA's rows too (D 576 / Dv 512, D 256 / Dv 256, D 72 / Dv
- * 40, 8 heads over the one).  The
+ * expression mask, split-KV; on sim the GPU kernels (the flash forward's
+ * mma tiles; at D 72 an f8 cache, of odd 16-byte rows, on the efficient
+ * template's SIMT tiles) over MLA's rows too (D 576 / Dv 512, D 256 / Dv
+ * 256, D 72 / Dv 40, 8 heads over the one).  The
  * scale is DeepSeek's kind, 1/sqrt(192) times a YaRN factor.  Then the
  * refusals: a v_cache beside a shared cache, the IR's rules.
  */
@@ -524,6 +533,20 @@ static void test_shared_sweep(int sim)
             aj_op_destroy(op);
         }
     }
+    if (!sim)
+        return;
+    /* a schedule the op gives is the mma tiles' (docs/ir.md "The flash
+     * forward"): 32 rows on 4 warps, one stage, taken and right; a SIMT
+     * one (16 rows on 2 warps over 64 keys) refused by the flash
+     * forward's budget, by message */
+    paged_case c = paged_shared_case(0);
+    c.sched = (aj_schedule){.block_m = 32, .block_n = 32, .warps = 4, .stages = 1};
+    run(&c);
+    c.sched = (aj_schedule){.block_m = 16, .block_n = 64, .warps = 2, .stages = 1};
+    aj_kernel *kernel = NULL;
+    CHECK_STATUS(ctx, paged_compile(ctx, dev, &c, &kernel), AJ_ERR_UNSUPPORTED);
+    CHECK_ERROR(ctx, "keeps 164 f32 values per thread at head_dim_v 512 (budget 148)");
+    aj_kernel_destroy(kernel);
 }
 
 /* argv[1] "sim": the sim's cases and faults (test_sim_paged); else the
