@@ -11,16 +11,22 @@
 #include "templates/attn_common.h"
 #include "templates/score.h"
 
-/* The items of one part of a paged launch that have work: B Hkv where
- * the kernel packs each KV head's query heads into one item or CTA
- * (attn_common.h, "GQA packing": padded queries here, and the group's Sq
- * rows within the rows its first stage packs), else B Hq. */
+/* The items of one part of a paged launch that have work: where the
+ * kernel packs each KV head's query heads (layouts.h, "GQA packing":
+ * padded queries here, and the group's Sq rows within the rows its first
+ * stage packs) B Hkv times the group's working CTAs (the cpu: one item;
+ * sim and GPUs: its row blocks of the stage's block_m, in turn), else
+ * B Hq. */
 static int64_t paged_working_items(const aj_kernel *kernel, const fwd_sizes *sz)
 {
+    int64_t group = sz->heads_q / sz->heads_kv;
     if (kernel->op.q_layout != AJ_LAYOUT_VARLEN &&
-        aj_attn_paged_group_packs(sz->heads_q / sz->heads_kv, sz->seq_q,
-                                  kernel->stages[0].pack_rows))
-        return sz->batch * sz->heads_kv;
+        aj_attn_paged_group_packs(group, sz->seq_q, kernel->stages[0].pack_rows)) {
+        aj_launch_info li;
+        aj_kernel_stage_info(kernel, 0, &li);
+        int64_t bm = aj_target_desc_of(kernel->target)->simt ? li.schedule.block_m : 0;
+        return sz->batch * sz->heads_kv * aj_attn_paged_workers(group, sz->seq_q, bm);
+    }
     return sz->batch * sz->heads_q;
 }
 

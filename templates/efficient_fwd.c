@@ -928,6 +928,7 @@ typedef struct paged_part {
     LLVMValueRef q_origin, total;     /* i64: query 0's position; the totals (NULL: unread) */
     LLVMValueRef splits;              /* i32 */
     LLVMValueRef first, last;         /* i32: key blocks [first, last) of the part */
+    LLVMValueRef first_mb, mb_step;   /* i32: the CTA's first row block, its stride */
 } paged_part;
 
 /* The parts stage's prologue: the sequence's lengths and scales, GQA
@@ -957,8 +958,9 @@ static void paged_part_begin(efwd *e, paged_part *pt)
     pt->hkv = aj_kb_sext64(kb, hkv);
     /* f8 caches: K's and V's descales, of the KV head all packed heads share */
     aj_attn_descales(kb, op, h, hkv, &e->k_scale, &e->v_scale);
-    /* GQA packing: heads h0 .. h0 + heads - 1 */
-    LLVMValueRef heads = one;
+    /* GQA packing: heads h0 .. h0 + heads - 1, the group's CTAs taking
+     * their row blocks in turn (CTA h0 + w: blocks w, w + heads, ...) */
+    LLVMValueRef heads = one, worker = aj_kb_i32(kb, 0);
     pt->h0 = h;
     pt->pack = NULL;
     pt->packable = aj_attn_paged_packable(e->prog, true);
@@ -966,11 +968,12 @@ static void paged_part_begin(efwd *e, paged_part *pt)
     if (pt->packable) {
         pt->pack = aj_attn_paged_packs(kb, group, e->seq_q, AJ_PAGED_PACK_ROWS);
         LLVMValueRef in_group = LLVMBuildSRem(b, h, group, "");
-        aj_kb_if_begin(kb, LLVMBuildOr(b, LLVMBuildNot(b, pt->pack, ""), LLVMBuildICmp(b,
-                                       LLVMIntEQ, in_group, aj_kb_i32(kb, 0), ""), ""));
         pt->h0 = LLVMBuildSelect(b, pt->pack, LLVMBuildSub(b, h, in_group, ""), h, "h0");
         heads = LLVMBuildSelect(b, pt->pack, group, one, "heads");
+        worker = LLVMBuildSelect(b, pt->pack, in_group, worker, "worker");
     }
+    pt->first_mb = LLVMBuildMul(b, worker, aj_kb_i32(kb, p->bm), "");
+    pt->mb_step = LLVMBuildMul(b, heads, aj_kb_i32(kb, p->bm), "");
     e->rows = LLVMBuildMul(b, heads, e->seq_q, "rows");
     /* bottom-right: query i is position len - Sq + i; the totals, where
      * the programs read them, are the sequence's length */
@@ -1072,9 +1075,11 @@ static void paged_row_block(efwd *e, const paged_part *pt, efwd_kv *kv, const ef
  * layout = paged, stage 0: grid (splits, Hq, B), one CTA per part of a
  * (sequence, query head) -- or, GQA-packed (attn_common.h's rule: the
  * group's heads x queries at most AJ_PAGED_PACK_ROWS, a mask whose tile
- * classes do not read h), of a (sequence, KV head): the CTA of the
- * group's first query head takes the rows of all of them (rows_paged) and
- * the others return, so each page of the KV head is read once per part.
+ * classes do not read h), of a (sequence, KV head): the rows of all its
+ * query heads (rows_paged), their row blocks taken in turn by the
+ * group's CTAs (CTA h0 + w: blocks w, w + G, ...; those past the rows
+ * have none), so each page of the KV head is read once per part and row
+ * block, and a group of many rows spreads over its CTAs.
  * Part s takes key blocks [s per, (s + 1) per), per = ceil(blocks /
  * splits), of the sequence's seqlens_k[b] keys (checked:
  * aj_attn_paged_len), each tile's rows gathered through the block table
@@ -1104,12 +1109,9 @@ static void build_paged_parts(efwd *e)
                         NULL,
                         NULL,
                         e->p.dtype};
-    LLVMValueRef mb =
-        aj_kb_for_begin(e->kb, aj_kb_i32(e->kb, 0), e->rows, aj_kb_i32(e->kb, e->p.bm), "mb");
+    LLVMValueRef mb = aj_kb_for_begin(e->kb, pt.first_mb, e->rows, pt.mb_step, "mb");
     paged_row_block(e, &pt, &kv, outs, &qsrc, mb);
     aj_kb_for_end(e->kb);
-    if (pt.pack)
-        aj_kb_if_end(e->kb);
     const aj_kernel_layout layout = {
         .grid = {{AJ_EXTENT_SPLITS, 1}, {AJ_EXTENT_HEADS_Q, 1}, {AJ_EXTENT_BATCH, 1}},
         .schedule = {e->p.bm, e->p.bn, e->p.warps, 1},

@@ -119,7 +119,9 @@ LLVMValueRef aj_attn_paged_part_row_of(aj_kb *kb, LLVMValueRef bidx, LLVMValueRe
  * per item needs programs that read no head (nor a tensor, which may be
  * indexed by it); one that evaluates the score_mod at each row's own head
  * (per_row_head) needs only a mask whose tile classes do not depend on h.
- * The items of the other heads of a packed group return at once.
+ * On the cpu the items of the other heads of a packed group return at
+ * once; on sim and the GPUs the group's CTAs take its row blocks in turn
+ * (aj_attn_paged_workers counts those with work).
  */
 enum { AJ_PAGED_PACK_ROWS = 128 };
 struct aj_score_prog;
@@ -132,6 +134,17 @@ LLVMValueRef aj_attn_paged_packs(aj_kb *kb, LLVMValueRef group, LLVMValueRef len
 static inline bool aj_attn_paged_group_packs(int64_t group, int64_t len_q, int64_t max_rows)
 {
     return len_q > 0 && group * len_q <= max_rows;
+}
+/* The CTAs of a packed group of `group` heads x len_q rows with work,
+ * where they take its row blocks of block_m rows in turn (sim, GPUs):
+ * min(group, ceil(group len_q / block_m)); 1 where block_m is 0 (the cpu:
+ * one item takes them all). */
+static inline int64_t aj_attn_paged_workers(int64_t group, int64_t len_q, int64_t block_m)
+{
+    if (block_m <= 0)
+        return 1;
+    int64_t blocks = (group * len_q + block_m - 1) / block_m;
+    return blocks < group ? blocks : group;
 }
 
 /*
