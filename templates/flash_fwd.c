@@ -397,8 +397,8 @@ static aj_status plan_schedule(aj_ctx *ctx, const aj_op *op, aj_target target,
     if (p->kv8)   /* one K tile, the slots raw */
         bytes += (int64_t)p->stages * p->bn * p->d - (int64_t)(p->stages - 1) * 2 * p->bn * p->ldk;
     /* the pairs' score exchange, a 16-byte entry per lane, n8 tile and
-     * m-tile, where it fits (sm_89's 99 KiB at D 512 has no room: both
-     * warps of a pair compute the whole tile there) */
+     * m-tile, where it fits (where not -- sm_89's 99 KiB at the widest
+     * heads -- both warps of a pair compute the whole tile) */
     int64_t exchange = (int64_t)(p->warps / p->dvs) * p->mt * (p->bn / 8) * 32 * 16;
     p->pair_keys = p->dvs > 1 && !p->wg && p->bn >= 32 &&
                    bytes + exchange <= aj_target_smem_limit(target);

@@ -22,6 +22,7 @@
 #include "check.h"
 #include "codegen/codegen.h"
 #include "paged_cases.h"
+#include "templates/layouts.h"
 
 static aj_ctx *ctx;
 static aj_device *dev;
@@ -549,6 +550,23 @@ static void test_shared_sweep(int sim)
     aj_kernel_destroy(kernel);
 }
 
+/* The working CTAs of a packed group the launch counts for its split
+ * choice (layouts.h): its row blocks, at most one a head; the cpu's one
+ * item (block_m 0). */
+static void test_workers(void)
+{
+    static const int64_t cases[][4] = {
+        /* group, Sq, block_m, workers */
+        {8, 16, 16, 8}, {128, 1, 64, 2}, {2, 1, 64, 1}, {4, 17, 16, 4}, {8, 3, 16, 2},
+        {16, 1, 16, 1}, {8, 16, 0, 1}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        CHECK_MSG(aj_attn_paged_workers(cases[i][0], cases[i][1], cases[i][2]) == cases[i][3],
+                  "group %lld x Sq %lld over block_m %lld: %lld workers, want %lld",
+                  (long long)cases[i][0], (long long)cases[i][1], (long long)cases[i][2],
+                  (long long)aj_attn_paged_workers(cases[i][0], cases[i][1], cases[i][2]),
+                  (long long)cases[i][3]);
+}
+
 /* argv[1] "sim": the sim's cases and faults (test_sim_paged); else the
  * cpu's. */
 int main(int argc, char **argv)
@@ -569,6 +587,7 @@ int main(int argc, char **argv)
     test_head_dims(sim);
     test_shared(sim);
     test_shared_sweep(sim);
+    test_workers();
     test_sinks();
     test_faults();
     test_errors();

@@ -74,6 +74,22 @@ static fwd_case base(const char *label, aj_dtype dtype, int d, const char *mask)
     return c;
 }
 
+/* `spec` compiled for sim, its code the LLVM IR text (aj_kernel_code);
+ * NULL where that fails (a failed check). */
+static aj_kernel *compile_sim_ir(const char *spec, const char *name)
+{
+    aj_op *op = NULL;
+    aj_kernel *kernel = NULL;
+    aj_compile_options opt = AJ_COMPILE_OPTIONS_INIT;
+    opt.target = AJ_TARGET_SIM;
+    opt.emit = AJ_EMIT_LLVM_IR;
+    CHECK_STATUS(ctx, aj_op_parse(ctx, spec, strlen(spec), name, &op), AJ_OK);
+    if (op)
+        CHECK_STATUS(ctx, aj_compile(ctx, op, &opt, &kernel), AJ_OK);
+    aj_op_destroy(op);
+    return kernel;
+}
+
 static const char *const matrix_masks[] = {"none", "causal(top_left)", "causal(bottom_right)",
                                            "window(40, 7, bottom_right)"};
 
@@ -278,14 +294,17 @@ static void test_varlen(void)
     run_ext(&c, &x, &how);
 }
 
-/* Head dims past 256: Dv split across warp pairs (mma.sync) or the two
- * warpgroups (wgmma: 256 columns, then the rest), both computing the same
- * scores.  Odd dv / 8 (mma.sync: the second split's last n8 tile on V's
- * zero pad, not stored; wgmma: split 1's odd width), D past 256 alone (no
- * split), D != Dv both ways, GQA with dropout (both halves of a pair draw
- * the same keep mask), accumulate (the split-0 LSE store after every
- * warp's read of the prior), varlen and a given schedule; every mask meets
- * a split.  Not warp specialised (`ws`: refused past 256). */
+/* Head dims past 256: Dv split across warp pairs (mma.sync: at block_n >=
+ * 32 each computing half the scores and trading them, see
+ * trade_scores_taken) or the two warpgroups (wgmma: 256 columns, then the
+ * rest; both computing the scores).  Odd dv / 8 (mma.sync: the second
+ * split's last n8 tile on V's zero pad, not stored; wgmma: split 1's odd
+ * width), D past 256 alone (no split), D != Dv both ways, GQA with dropout
+ * (both halves of a pair draw the same keep mask), accumulate (the split-0
+ * LSE store after every warp's read of the prior), varlen and given
+ * schedules (on mma.sync the trade at 64 and 128 keys, a skipping walk,
+ * one row group); every mask meets a split.  Not warp specialised (`ws`:
+ * refused past 256). */
 static void test_wide_heads(void)
 {
     if (producer)
@@ -326,6 +345,50 @@ static void test_wide_heads(void)
     c.schedule = wgmma ? "(block_n = 32, stages = 3)"
                        : "(block_m = 32, block_n = 16, warps = 4, stages = 3)";
     run(&c);
+    if (wgmma)
+        return;
+    /* the pairs' trade at wider key tiles: 64 keys with dropout and a
+     * mask whose walk skips tiles, 128 keys causal, and 16 rows a warp
+     * pair on 2 warps */
+    c = base("bf16 d320 (64, 64, 8, 2) dropout expr mask", AJ_DTYPE_BF16, 320,
+             "expr(k <= q && (k < 4 || q - k < 40))");
+    c.schedule = "(block_m = 64, block_n = 64, warps = 8, stages = 2)";
+    c.sq = 70;
+    c.sk = 150;
+    run_with(&c, &x);
+    c = base("f16 d264/320 (64, 128, 8, 1) causal", AJ_DTYPE_F16, 264, "causal(bottom_right)");
+    c.dv = 320;
+    c.schedule = "(block_m = 64, block_n = 128, warps = 8, stages = 1)";
+    c.sk = 300;
+    run(&c);
+    c = base("bf16 d512/264 (16, 32, 2, 2)", AJ_DTYPE_BF16, 512, "window(30, 2, top_left)");
+    c.dv = 264;
+    c.schedule = "(block_m = 16, block_n = 32, warps = 2, stages = 2)";
+    run(&c);
+}
+
+/* The mma.sync kernel past Dv 256 at block_n >= 32 trades halves of S
+ * between the warps of a pair: at D 512 on 64 x 32 tiles a warp issues
+ * 64 mma for its half of Q K^T and 64 for P V -- 128 in the module where
+ * computing all of S took 192 -- and at block_n 16 (no trade) 64 + 32. */
+static void trade_scores_taken(void)
+{
+    if (wgmma || producer)
+        return;
+    static const struct { int bn, calls; } want[] = {{32, 128}, {16, 96}};
+    for (int i = 0; i < 2; i++) {
+        char spec[160];
+        snprintf(spec, sizeof spec, "attention forward flash { dtype = bf16 head_dim = 512 "
+                 "schedule = (block_m = 64, block_n = %d, warps = 8) }", want[i].bn);
+        aj_kernel *kernel = compile_sim_ir(spec, "trade");
+        int calls = 0;
+        for (const char *at = kernel ? aj_kernel_code(kernel, NULL) : NULL;
+             at && (at = strstr(at, "call void @aj_sim_mma_m16n8k16")); at++)
+            calls++;
+        CHECK_MSG(calls == want[i].calls, "d512 block_n %d: %d mma calls, want %d", want[i].bn,
+                  calls, want[i].calls);
+        aj_kernel_destroy(kernel);
+    }
 }
 
 /* One op the template refuses on a target: the op's fields, and the
@@ -436,14 +499,7 @@ static void test_varlen_arguments(void)
 {
     static const char spec[] = "attention forward flash { dtype = f16 head_dim = 32 "
                                "layout = varlen mask = causal(bottom_right) }";
-    aj_op *op = NULL;
-    aj_kernel *kernel = NULL;
-    aj_compile_options opt = AJ_COMPILE_OPTIONS_INIT;
-    opt.target = AJ_TARGET_SIM;
-    opt.emit = AJ_EMIT_LLVM_IR;
-    CHECK_STATUS(ctx, aj_op_parse(ctx, spec, strlen(spec), "varlen", &op), AJ_OK);
-    CHECK_STATUS(ctx, aj_compile(ctx, op, &opt, &kernel), AJ_OK);
-    aj_op_destroy(op);
+    aj_kernel *kernel = compile_sim_ir(spec, "varlen");
     if (!kernel)
         return;
     aj_fwd_args good = varlen_args();
@@ -633,7 +689,8 @@ int main(int argc, char **argv)
     static void (*const tests[])(void) = {
         test_matrix, test_odd_dims, test_heads_and_layout, test_offsets, test_score_mods,
         test_dropout, test_schedules, test_accumulate, test_varlen, test_varlen_arguments,
-        test_tile_skipping, test_skipped_tiles, test_wide_heads, test_wide_refusals, NULL};
+        test_tile_skipping, test_skipped_tiles, test_wide_heads, trade_scores_taken,
+        test_wide_refusals, NULL};
     /* the same cases on the wgmma template; the varlen argument checks are
      * the launch's, the same for both */
     static void (*const wgmma_tests[])(void) = {
