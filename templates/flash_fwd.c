@@ -184,7 +184,7 @@ typedef struct ffwd_plan {
      * compute half the key tile's scores and trade them through shared
      * memory at smem_x (see "Head dims past 256") */
     int pair_keys;
-    int32_t smem_x;
+    int32_t smem_x, x_bytes;
     int default_state;             /* the state with the score tile's option work */
 } ffwd_plan;
 
@@ -399,10 +399,11 @@ static aj_status plan_schedule(aj_ctx *ctx, const aj_op *op, aj_target target,
     /* the pairs' score exchange, a 16-byte entry per lane, n8 tile and
      * m-tile, where it fits (where not -- sm_89's 99 KiB at the widest
      * heads -- both warps of a pair compute the whole tile) */
-    int64_t exchange = (int64_t)(p->warps / p->dvs) * p->mt * (p->bn / 8) * 32 * 16;
+    int32_t exchange = (p->warps / p->dvs) * p->mt * (p->bn / 8) * 32 * 16;
     p->pair_keys = p->dvs > 1 && !p->wg && p->bn >= 32 &&
                    bytes + exchange <= aj_target_smem_limit(target);
-    bytes += p->pair_keys ? exchange : 0;
+    p->x_bytes = p->pair_keys ? exchange : 0;
+    bytes += p->x_bytes;
     /* wgmma: the tiles' 1024-byte alignment and the mbarriers, at most 2 KiB
      * (warp specialised: 1 + 2 stages of them, 56 bytes) */
     bytes += p->wg ? 2 * 1024 : 0;
@@ -566,16 +567,18 @@ static LLVMValueRef tile_chunk(ffwd *e, LLVMValueRef row, LLVMValueRef col, int 
     return aj_wgmma_tile_offset(e->kb, row, col, rows, width);
 }
 
-/* The element offset (i64) of stacked row `row` (i32): row % per of head
- * row / per. */
-static LLVMValueRef stacked_row(ffwd *e, const row_map *map, LLVMValueRef row,
-                                LLVMValueRef stride)
+/* The element offset (i64) of stacked row `row` (i32) -- row % per of
+ * head row / per -- the heads head_stride apart, a head's rows `stride`
+ * (i64; NULL: 1). */
+static LLVMValueRef stacked_row(ffwd *e, LLVMValueRef per, LLVMValueRef head_stride,
+                                LLVMValueRef row, LLVMValueRef stride)
 {
     LLVMBuilderRef b = e->b;
-    LLVMValueRef head = LLVMBuildUDiv(b, row, map->per, "");
-    LLVMValueRef pos = LLVMBuildSub(b, row, LLVMBuildMul(b, head, map->per, ""), "");
-    return aj_kb_add(e->kb, LLVMBuildMul(b, aj_kb_sext64(e->kb, head), map->head_stride, ""),
-                     LLVMBuildMul(b, aj_kb_sext64(e->kb, pos), stride, ""));
+    LLVMValueRef head = LLVMBuildUDiv(b, row, per, "");
+    LLVMValueRef pos = aj_kb_sext64(e->kb, LLVMBuildSub(b, row, LLVMBuildMul(b, head, per, ""),
+                                                         ""));
+    return aj_kb_add(e->kb, LLVMBuildMul(b, aj_kb_sext64(e->kb, head), head_stride, ""),
+                     stride ? LLVMBuildMul(b, pos, stride, "") : pos);
 }
 
 /* Tile row r (i32) of a paged tile: whether it has a page (*in) and its
@@ -657,7 +660,7 @@ static void load_tile_async(ffwd *e, aj_param_source tensor, int esize, LLVMValu
             LLVMValueRef grow = aj_kb_add(kb, row0, r);
             in = LLVMBuildICmp(b, LLVMIntSLT, grow, limit, "");
             LLVMValueRef srow = aj_kb_smin(kb, grow, last);
-            row_at = map ? stacked_row(e, map, srow, stride)
+            row_at = map ? stacked_row(e, map->per, map->head_stride, srow, stride)
                          : LLVMBuildMul(b, aj_kb_sext64(kb, srow), stride, "");
         }
         /* bytes: the row's in the tensor's elements (esize bytes), the
@@ -1733,16 +1736,12 @@ static void row_dest(ffwd *e, const ffwd_out *out, LLVMValueRef ic, LLVMValueRef
                           LLVMBuildMul(b, aj_kb_sext64(kb, ic), out->o_stride, ""));
         return;
     }
-    LLVMValueRef head = LLVMBuildUDiv(b, ic, e->per, "head");
-    LLVMValueRef pos = aj_kb_sext64(kb, LLVMBuildSub(b, ic, LLVMBuildMul(b, head, e->per, ""), ""));
-    LLVMValueRef head64 = aj_kb_sext64(kb, head);
-    LLVMValueRef lse = aj_kb_add(kb, aj_kb_add(kb, out->lse_base,
-                                               LLVMBuildMul(b, head64, out->lse_head, "")), pos);
+    LLVMValueRef lse =
+        aj_kb_add(kb, out->lse_base, stacked_row(e, e->per, out->lse_head, ic, NULL));
     *lse_ptr = aj_kb_gptr_offset(kb, aj_param_data(kb, out->partial ? AJ_PSRC_workspace
                                                                     : AJ_PSRC_lse),
                                  LLVMBuildMul(b, lse, aj_kb_i64(kb, 4), ""));
-    *orow = aj_kb_add(kb, aj_kb_add(kb, out->o_base, LLVMBuildMul(b, head64, out->o_head, "")),
-                      LLVMBuildMul(b, pos, out->o_stride, ""));
+    *orow = aj_kb_add(kb, out->o_base, stacked_row(e, e->per, out->o_head, ic, out->o_stride));
 }
 
 /* O = acc / l (0 for rows that saw no key), LSE = (m + log2 l) ln 2, merged
@@ -1864,8 +1863,7 @@ static void alloc_state(ffwd *e)
     if (p->kv8)
         e->p.smem_stage = aj_kb_smem_reserve_aligned(kb, p->stages * p->bn * p->d, 16);
     if (p->pair_keys)
-        e->p.smem_x = aj_kb_smem_reserve_aligned(
-            kb, (p->warps / p->dvs) * p->mt * (p->bn / 8) * 32 * 16, 16);
+        e->p.smem_x = aj_kb_smem_reserve_aligned(kb, p->x_bytes, 16);
     if (!p->shared)
         e->p.smem_v = aj_kb_smem_reserve_aligned(kb, p->stages * p->v_slot, align);
     if (p->paged)
