@@ -907,88 +907,40 @@ static void rows_paged(efwd *e, LLVMValueRef bidx, LLVMValueRef h0, LLVMValueRef
             e->row_sc[k] = &row_scores[k];
         }
     }
-    LLVMValueRef r1 = last_row(e);
-    LLVMValueRef ha = LLVMBuildUDiv(b, e->m0, per, ""), hb = LLVMBuildUDiv(b, r1, per, "");
-    LLVMValueRef same = LLVMBuildICmp(b, LLVMIntEQ, ha, hb, "");
-    e->i_first = LLVMBuildSelect(b, same, LLVMBuildSub(b, e->m0, LLVMBuildMul(b, ha, per, ""), ""),
-                                 aj_kb_i32(kb, 0), "i_first");
-    e->i_last = LLVMBuildSelect(b, same, LLVMBuildSub(b, r1, LLVMBuildMul(b, hb, per, ""), ""),
-                                LLVMBuildSub(b, e->seq_q, one, ""), "i_last");
+    aj_attn_paged_span(kb, e->m0, last_row(e), per, e->seq_q, &e->i_first, &e->i_last);
 }
 
-/* A paged part's CTA (build_paged_parts): its sequence, part and head,
- * the heads it packs and the key blocks it takes. */
+/* A paged part's CTA (build_paged_parts): its set-up (aj_attn_paged_cta:
+ * sequence, part, heads, row blocks and key blocks), its KV head (i64)
+ * and whether the op packs at all. */
 typedef struct paged_part {
-    LLVMValueRef part, h, bidx;       /* i32: block indices 0, 1, 2 */
-    LLVMValueRef start_q;             /* i64: the sequence's first packed query row, else 0 */
+    aj_paged_cta c;
     LLVMValueRef hkv;                 /* i64: the KV head */
-    LLVMValueRef h0;                  /* i32: the first head of the CTA's rows */
-    LLVMValueRef pack;                /* i1: GQA-packed (NULL: never) */
     int packable;
-    LLVMValueRef q_origin, total;     /* i64: query 0's position; the totals (NULL: unread) */
-    LLVMValueRef splits;              /* i32 */
-    LLVMValueRef first, last;         /* i32: key blocks [first, last) of the part */
-    LLVMValueRef first_mb, mb_step;   /* i32: the CTA's first row block, its stride */
 } paged_part;
 
-/* The parts stage's prologue: the sequence's lengths and scales, GQA
- * packing (opening the block of the CTAs that work), the score programs
- * at (b, h0) and the part's key blocks. */
+/* The parts stage's prologue: the CTA's set-up, the f8 caches' descales
+ * (of the KV head all packed heads share) and the score programs at (b,
+ * h0). */
 static void paged_part_begin(efwd *e, paged_part *pt)
 {
     aj_kb *kb = e->kb;
-    LLVMBuilderRef b = e->b;
     const aj_op *op = e->op;
     const efwd_plan *p = &e->p;
     aj_params_declare(kb, AJ_KSIG_CPU_PAGED_FWD, op, e->prog);
     aj_kb_begin_stage(kb, "parts", p->threads);
     begin_cta(e);
-    pt->part = aj_kb_block_id(kb, 0);
-    LLVMValueRef h = pt->h = aj_kb_block_id(kb, 1);
-    LLVMValueRef bidx = pt->bidx = aj_kb_block_id(kb, 2);
-    e->seq_q = aj_param(kb, AJ_PID(seq_q));
-    e->seq_k = aj_attn_paged_len(kb, bidx);
-    pt->start_q = aj_kb_i64(kb, 0);
-    if (op->q_layout == AJ_LAYOUT_VARLEN)
-        aj_attn_paged_queries(kb, bidx, e->seq_k, e->seq_q, &pt->start_q, &e->seq_q);
-    LLVMValueRef one = aj_kb_i32(kb, 1);
-    LLVMValueRef group =
-        LLVMBuildSDiv(b, aj_param(kb, AJ_PID(heads_q)), aj_param(kb, AJ_PID(heads_kv)), "");
-    LLVMValueRef hkv = LLVMBuildSDiv(b, h, group, "hkv");
-    pt->hkv = aj_kb_sext64(kb, hkv);
-    /* f8 caches: K's and V's descales, of the KV head all packed heads share */
-    aj_attn_descales(kb, op, h, hkv, &e->k_scale, &e->v_scale);
-    /* GQA packing: heads h0 .. h0 + heads - 1, the group's CTAs taking
-     * their row blocks in turn (CTA h0 + w: blocks w, w + heads, ...) */
-    LLVMValueRef heads = one, worker = aj_kb_i32(kb, 0);
-    pt->h0 = h;
-    pt->pack = NULL;
     pt->packable = aj_attn_paged_packable(e->prog, true);
     e->per_row_sc = pt->packable && !aj_attn_paged_packable(e->prog, false);
-    if (pt->packable) {
-        pt->pack = aj_attn_paged_packs(kb, group, e->seq_q, AJ_PAGED_PACK_ROWS);
-        LLVMValueRef in_group = LLVMBuildSRem(b, h, group, "");
-        pt->h0 = LLVMBuildSelect(b, pt->pack, LLVMBuildSub(b, h, in_group, ""), h, "h0");
-        heads = LLVMBuildSelect(b, pt->pack, group, one, "heads");
-        worker = LLVMBuildSelect(b, pt->pack, in_group, worker, "worker");
-    }
-    pt->first_mb = LLVMBuildMul(b, worker, aj_kb_i32(kb, p->bm), "");
-    pt->mb_step = LLVMBuildMul(b, heads, aj_kb_i32(kb, p->bm), "");
-    e->rows = LLVMBuildMul(b, heads, e->seq_q, "rows");
-    /* bottom-right: query i is position len - Sq + i; the totals, where
-     * the programs read them, are the sequence's length */
-    LLVMValueRef len64 = aj_kb_sext64(kb, e->seq_k);
-    pt->q_origin = LLVMBuildSub(b, len64, aj_kb_sext64(kb, e->seq_q), "");
-    pt->total = e->prog->reads_totals ? len64 : NULL;
-    aj_score_begin(&e->sc, kb, e->prog, 0, bidx, pt->h0, pt->q_origin, aj_kb_i64(kb, 0),
-                   pt->total, pt->total);
-    LLVMValueRef splits = pt->splits = aj_param(kb, AJ_PID(splits)), bn = aj_kb_i32(kb, p->bn);
-    LLVMValueRef blocks = LLVMBuildSDiv(b, LLVMBuildAdd(b, e->seq_k, aj_kb_i32(kb, p->bn - 1),
-                                        ""), bn, "");
-    LLVMValueRef per = LLVMBuildSDiv(b, LLVMBuildAdd(b, blocks, LLVMBuildSub(b, splits, one, ""),
-                                                     ""), splits, "per");
-    pt->first = LLVMBuildMul(b, pt->part, per, "");
-    pt->last = aj_kb_smin(kb, LLVMBuildAdd(b, pt->first, per, ""), blocks);
+    const aj_paged_cta *c = &pt->c;
+    aj_attn_paged_cta(kb, op, e->prog->reads_totals, pt->packable, p->bm, p->bn, &pt->c);
+    e->seq_q = c->seq_q;
+    e->seq_k = c->seq_k;
+    e->rows = c->rows;
+    pt->hkv = aj_kb_sext64(kb, c->hkv);
+    aj_attn_descales(kb, op, c->h, c->hkv, &e->k_scale, &e->v_scale);
+    aj_score_begin(&e->sc, kb, e->prog, 0, c->bidx, c->h0, c->q_origin, aj_kb_i64(kb, 0),
+                   c->total, c->total);
 }
 
 /* The part's K/V sources: the KV head's pages, through the block table. */
@@ -1005,41 +957,22 @@ static void paged_kv(efwd *e, const paged_part *pt, efwd_kv *kv)
         .v = {aj_param(kb, AJ_PID(v_cache)),
               LLVMBuildMul(b, hkv, aj_param(kb, AJ_PID(stride_v_cache_h)), ""),
               aj_param(kb, AJ_PID(stride_v_cache_s)), NULL, NULL, p->kv_dtype},
-        .bidx = pt->bidx,
+        .bidx = pt->c.bidx,
         .k_stride_page = aj_param(kb, AJ_PID(stride_k_cache_page)),
         .v_stride_page = aj_param(kb, AJ_PID(stride_v_cache_page)),
     };
 }
 
-/* Where the part's rows go: outs[0] o and lse (one part), outs[1] the
- * workspace's partials (more).  The sequence's first row of head h0; a
- * head further on: the heads' strides. */
+/* Where the part's rows go (aj_attn_paged_dests): outs[0] o and lse (one
+ * part), outs[1] the workspace's partials. */
 static void paged_outs(efwd *e, const paged_part *pt, efwd_out outs[2])
 {
-    aj_kb *kb = e->kb;
-    LLVMBuilderRef b = e->b;
-    const efwd_plan *p = &e->p;
-    const int varlen_q = e->op->q_layout == AJ_LAYOUT_VARLEN;
-    LLVMValueRef bidx = pt->bidx, h0 = pt->h0, start_q = pt->start_q;
-    LLVMValueRef lse_at;
-    LLVMValueRef row0 = LLVMBuildAdd(b, aj_attn_paged_part_row_of(kb, bidx, h0, pt->part, p->dv,
-                                                                  varlen_q, &lse_at),
-                                     start_q, "");
-    LLVMValueRef ws_head = LLVMBuildMul(
-        b, aj_kb_sext64(kb, pt->splits),
-        aj_kb_sext64(kb, aj_param(kb, varlen_q ? AJ_PID(tokens_q) : AJ_PID(seq_q))), "");
-    const efwd_out both[2] = {
-        {AJ_PSRC_o, AJ_PSRC_lse, p->dtype, aj_cpu_seq_base(kb, AJ_PSRC_o, bidx, h0, start_q),
-         aj_param(kb, AJ_PID(stride_o_s)),
-         LLVMBuildAdd(b, aj_attn_slice_base(kb, AJ_PSRC_lse, bidx, h0), start_q, ""),
-         aj_param(kb, AJ_PID(stride_o_h)), aj_param(kb, AJ_PID(stride_lse_h))},
-        {AJ_PSRC_workspace, AJ_PSRC_workspace, AJ_DTYPE_F32,
-         LLVMBuildMul(b, row0, aj_kb_i64(kb, p->dv), ""), aj_kb_i64(kb, p->dv),
-         LLVMBuildAdd(b, lse_at, row0, ""), LLVMBuildMul(b, ws_head, aj_kb_i64(kb, p->dv), ""),
-         ws_head},
-    };
-    outs[0] = both[0];
-    outs[1] = both[1];
+    aj_paged_dest d[2];
+    aj_attn_paged_dests(e->kb, e->op, &pt->c, e->p.dv, d);
+    outs[0] = (efwd_out){AJ_PSRC_o, AJ_PSRC_lse, e->p.dtype, d[0].o_base, d[0].o_stride,
+                         d[0].lse_base, d[0].o_head, d[0].lse_head};
+    outs[1] = (efwd_out){AJ_PSRC_workspace, AJ_PSRC_workspace, AJ_DTYPE_F32, d[1].o_base,
+                         d[1].o_stride, d[1].lse_base, d[1].o_head, d[1].lse_head};
 }
 
 /* The row block at mb of the part's rows: its Q through the stacked row
@@ -1052,7 +985,7 @@ static void paged_row_block(efwd *e, const paged_part *pt, efwd_kv *kv, const ef
     const efwd_plan *p = &e->p;
     e->m0 = mb;
     reset_state(e);
-    rows_paged(e, pt->bidx, pt->h0, pt->q_origin, pt->total);
+    rows_paged(e, pt->c.bidx, pt->c.h0, pt->c.q_origin, pt->c.total);
     /* the previous row block's readers of Q and its row table are done
      * (it may have had no key block, whose barriers say so) */
     LLVMValueRef qrows = aj_kb_i32(kb, p->smem_qrows);
@@ -1063,8 +996,8 @@ static void paged_row_block(efwd *e, const paged_part *pt, efwd_kv *kv, const ef
                            p->smem_q, p->ldq, e->tid, p->threads);
     LLVMValueRef n_begin, n_end;
     key_block_range(e, &n_begin, &n_end);
-    emit_key_blocks(e, kv, aj_kb_smax(kb, n_begin, pt->first), aj_kb_smin(kb, n_end, pt->last));
-    aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntEQ, pt->splits, aj_kb_i32(kb, 1), ""));
+    emit_key_blocks(e, kv, aj_kb_smax(kb, n_begin, pt->c.first), aj_kb_smin(kb, n_end, pt->c.last));
+    aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntEQ, pt->c.splits, aj_kb_i32(kb, 1), ""));
     emit_epilogue(e, &outs[0]);
     aj_kb_else(kb);
     emit_epilogue(e, &outs[1]);
@@ -1104,12 +1037,12 @@ static void build_paged_parts(efwd *e)
     efwd_out outs[2];
     paged_outs(e, &pt, outs);
     aj_tile_src qsrc = {aj_param(e->kb, AJ_PID(q)),
-                        aj_cpu_seq_base(e->kb, AJ_PSRC_q, pt.bidx, pt.h0, pt.start_q),
+                        aj_cpu_seq_base(e->kb, AJ_PSRC_q, pt.c.bidx, pt.c.h0, pt.c.start_q),
                         aj_param(e->kb, AJ_PID(stride_q_s)),
                         NULL,
                         NULL,
                         e->p.dtype};
-    LLVMValueRef mb = aj_kb_for_begin(e->kb, pt.first_mb, e->rows, pt.mb_step, "mb");
+    LLVMValueRef mb = aj_kb_for_begin(e->kb, pt.c.first_mb, e->rows, pt.c.mb_step, "mb");
     paged_row_block(e, &pt, &kv, outs, &qsrc, mb);
     aj_kb_for_end(e->kb);
     const aj_kernel_layout layout = {

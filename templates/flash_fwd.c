@@ -2571,21 +2571,6 @@ static void reset_state(ffwd *e)
     }
 }
 
-/* The positions the row block at m0 spans: its rows' own where it lies
- * within one head, else all of them. */
-static void paged_positions(ffwd *e)
-{
-    LLVMBuilderRef b = e->b;
-    LLVMValueRef r1 = last_row(e);
-    LLVMValueRef ha = LLVMBuildUDiv(b, e->m0, e->per, ""), hb = LLVMBuildUDiv(b, r1, e->per, "");
-    LLVMValueRef same = LLVMBuildICmp(b, LLVMIntEQ, ha, hb, "");
-    e->i_first = LLVMBuildSelect(b, same,
-                                 LLVMBuildSub(b, e->m0, LLVMBuildMul(b, ha, e->per, ""), ""),
-                                 aj_kb_i32(e->kb, 0), "i_first");
-    e->i_last = LLVMBuildSelect(b, same, LLVMBuildSub(b, r1, LLVMBuildMul(b, hb, e->per, ""), ""),
-                                LLVMBuildSub(b, e->seq_q, aj_kb_i32(e->kb, 1), ""), "i_last");
-}
-
 bool aj_flash_paged_takes(const aj_op *op, aj_target target)
 {
     aj_dtype dt = op->dtype, kv = aj_op_kv_dtype(op);
@@ -2604,43 +2589,32 @@ aj_status aj_flash_paged_check(aj_ctx *ctx, const aj_op *op, aj_target target)
     return st != AJ_OK ? st : aj_kctx_check_planned(ctx, op, plan_kernel(ctx, op, target, &plan));
 }
 
-/* The part's rows: the sequence's queries, GQA packing (the worker CTA's
- * first row block and the stride of its row blocks) and the score
- * programs at (b, h0). */
-static void paged_rows(ffwd *e, LLVMValueRef *start_q, LLVMValueRef *first_mb,
-                       LLVMValueRef *mb_step)
+/* The part's CTA (aj_attn_paged_cta: its sequence, stacked heads, row
+ * blocks and key tiles), the score programs at (b, h0), and the caches'
+ * KV head and page strides. */
+static void paged_begin(ffwd *e, aj_paged_cta *c)
 {
     aj_kb *kb = e->kb;
     LLVMBuilderRef b = e->b;
-    const aj_op *op = e->op;
-    LLVMValueRef one = aj_kb_i32(kb, 1), bidx = e->bidx, h = e->h;
-    e->seq_q = aj_param(kb, AJ_PID(seq_q));
-    e->seq_k = aj_attn_paged_len(kb, bidx);
-    *start_q = aj_kb_i64(kb, 0);
-    if (op->q_layout == AJ_LAYOUT_VARLEN)
-        aj_attn_paged_queries(kb, bidx, e->seq_k, e->seq_q, start_q, &e->seq_q);
-    LLVMValueRef group =
-        LLVMBuildSDiv(b, aj_param(kb, AJ_PID(heads_q)), aj_param(kb, AJ_PID(heads_kv)), "");
-    e->hkv = LLVMBuildSDiv(b, h, group, "hkv");
-    LLVMValueRef heads = one, worker = aj_kb_i32(kb, 0);
-    e->h0 = h;
-    if (aj_attn_paged_packable(e->prog, false)) {
-        LLVMValueRef pack = aj_attn_paged_packs(kb, group, e->seq_q, AJ_PAGED_PACK_ROWS);
-        LLVMValueRef in_group = LLVMBuildSRem(b, h, group, "");
-        e->h0 = LLVMBuildSelect(b, pack, LLVMBuildSub(b, h, in_group, ""), h, "h0");
-        heads = LLVMBuildSelect(b, pack, group, one, "heads");
-        worker = LLVMBuildSelect(b, pack, in_group, aj_kb_i32(kb, 0), "worker");
-    }
-    e->per = aj_kb_smax(kb, e->seq_q, one);
-    e->rows = LLVMBuildMul(b, heads, e->seq_q, "rows");
-    *first_mb = LLVMBuildMul(b, worker, aj_kb_i32(kb, e->p.bm), "");
-    *mb_step = LLVMBuildMul(b, heads, aj_kb_i32(kb, e->p.bm), "");
-    /* bottom-right: query i is position len - Sq + i; the totals, where
-     * the programs read them, are the sequence's length */
-    LLVMValueRef len64 = aj_kb_sext64(kb, e->seq_k);
-    LLVMValueRef q_origin = LLVMBuildSub(b, len64, aj_kb_sext64(kb, e->seq_q), "");
-    LLVMValueRef total = e->prog->reads_totals ? len64 : NULL;
-    aj_score_begin(&e->sc, kb, e->prog, 0, bidx, e->h0, q_origin, aj_kb_i64(kb, 0), total, total);
+    aj_attn_paged_cta(kb, e->op, e->prog->reads_totals, aj_attn_paged_packable(e->prog, false),
+                      e->p.bm, e->p.bn, c);
+    e->h = c->h;
+    e->bidx = c->bidx;
+    e->seq_q = c->seq_q;
+    e->seq_k = c->seq_k;
+    e->hkv = c->hkv;
+    e->h0 = c->h0;
+    e->rows = c->rows;
+    e->per = aj_kb_smax(kb, e->seq_q, aj_kb_i32(kb, 1));
+    e->part_first = c->first;
+    e->part_last = c->last;
+    aj_score_begin(&e->sc, kb, e->prog, 0, c->bidx, c->h0, c->q_origin, aj_kb_i64(kb, 0),
+                   c->total, c->total);
+    LLVMValueRef hkv = aj_kb_sext64(kb, e->hkv);
+    e->k_src = LLVMBuildMul(b, hkv, aj_param(kb, AJ_PID(stride_k_cache_h)), "");
+    e->v_src = LLVMBuildMul(b, hkv, aj_param(kb, AJ_PID(stride_v_cache_h)), "");
+    e->k_page = aj_param(kb, AJ_PID(stride_k_cache_page));
+    e->v_page = aj_param(kb, AJ_PID(stride_v_cache_page));
 }
 
 /* An f8 cache's descales: S's factor k_scale and O's v_scale (k_scale:
@@ -2655,47 +2629,15 @@ static void paged_descales(ffwd *e)
     e->o_scale = LLVMBuildFMul(e->b, out, f, "v_scale");
 }
 
-/* The part's key tiles [part_first, part_last): the sequence's tiles in
- * `splits` runs, and the caches' KV head and page strides. */
-static void paged_part(ffwd *e, LLVMValueRef part)
+/* Where the part's rows go (aj_attn_paged_dests): outs[0] O and the LSE
+ * (one part), outs[1] the workspace's f32 partials. */
+static void paged_outs(ffwd *e, const aj_paged_cta *c, ffwd_out outs[2])
 {
-    aj_kb *kb = e->kb;
-    LLVMBuilderRef b = e->b;
-    LLVMValueRef one = aj_kb_i32(kb, 1), splits = aj_param(kb, AJ_PID(splits));
-    LLVMValueRef bn = aj_kb_i32(kb, e->p.bn);
-    LLVMValueRef tiles = LLVMBuildSDiv(b, LLVMBuildAdd(b, e->seq_k, LLVMBuildSub(b, bn, one, ""),
-                                                       ""), bn, "");
-    LLVMValueRef per = LLVMBuildSDiv(b, LLVMBuildAdd(b, tiles, LLVMBuildSub(b, splits, one, ""),
-                                                     ""), splits, "per_part");
-    e->part_first = LLVMBuildMul(b, part, per, "");
-    e->part_last = aj_kb_smin(kb, LLVMBuildAdd(b, e->part_first, per, ""), tiles);
-    LLVMValueRef hkv = aj_kb_sext64(kb, e->hkv);
-    e->k_src = LLVMBuildMul(b, hkv, aj_param(kb, AJ_PID(stride_k_cache_h)), "");
-    e->v_src = LLVMBuildMul(b, hkv, aj_param(kb, AJ_PID(stride_v_cache_h)), "");
-    e->k_page = aj_param(kb, AJ_PID(stride_k_cache_page));
-    e->v_page = aj_param(kb, AJ_PID(stride_v_cache_page));
-}
-
-/* Where the part's rows go: outs[0] O and the LSE (one part), outs[1] the
- * workspace's partials (runtime/launch.c, aj_attn_paged_part_row_of). */
-static void paged_outs(ffwd *e, LLVMValueRef part, LLVMValueRef start_q, ffwd_out outs[2])
-{
-    aj_kb *kb = e->kb;
-    LLVMBuilderRef b = e->b;
-    const int varlen_q = e->op->q_layout == AJ_LAYOUT_VARLEN;
-    LLVMValueRef lse_at_ws, dv = aj_kb_i64(kb, e->p.dv);
-    LLVMValueRef row0 = LLVMBuildAdd(b, aj_attn_paged_part_row_of(kb, e->bidx, e->h0, part,
-                                                                  e->p.dv, varlen_q, &lse_at_ws),
-                                     start_q, "");
-    LLVMValueRef ws_head = LLVMBuildMul(
-        b, aj_kb_sext64(kb, aj_param(kb, AJ_PID(splits))),
-        aj_kb_sext64(kb, aj_param(kb, varlen_q ? AJ_PID(tokens_q) : AJ_PID(seq_q))), "");
-    outs[0] = (ffwd_out){
-        aj_cpu_seq_base(kb, AJ_PSRC_o, e->bidx, e->h0, start_q), aj_param(kb, AJ_PID(stride_o_s)),
-        LLVMBuildAdd(b, aj_attn_slice_base(kb, AJ_PSRC_lse, e->bidx, e->h0), start_q, ""),
-        aj_param(kb, AJ_PID(stride_o_h)), aj_param(kb, AJ_PID(stride_lse_h)), 0};
-    outs[1] = (ffwd_out){LLVMBuildMul(b, row0, dv, ""), dv, LLVMBuildAdd(b, lse_at_ws, row0, ""),
-                         LLVMBuildMul(b, ws_head, dv, ""), ws_head, 1};
+    aj_paged_dest d[2];
+    aj_attn_paged_dests(e->kb, e->op, c, e->p.dv, d);
+    for (int i = 0; i < 2; i++)
+        outs[i] = (ffwd_out){d[i].o_base, d[i].o_stride, d[i].lse_base, d[i].o_head,
+                             d[i].lse_head, i};
 }
 
 aj_status aj_flash_paged_parts(aj_kb *kb, const aj_op *op, const aj_score_prog *prog,
@@ -2716,28 +2658,23 @@ aj_status aj_flash_paged_parts(aj_kb *kb, const aj_op *op, const aj_score_prog *
     aj_kb_begin_stage(kb, "parts", p->threads);
     alloc_state(&e);
     thread_coords(&e);
-    LLVMValueRef part = aj_kb_block_id(kb, 0);
-    e.h = aj_kb_block_id(kb, 1);
-    e.bidx = aj_kb_block_id(kb, 2);
-    LLVMValueRef start_q, first_mb, mb_step;
-    paged_rows(&e, &start_q, &first_mb, &mb_step);
-    paged_part(&e, part);
+    aj_paged_cta c;
+    paged_begin(&e, &c);
     if (p->kv8)
         paged_descales(&e);
-    LLVMValueRef q_src = aj_cpu_seq_base(kb, AJ_PSRC_q, e.bidx, e.h0, start_q);
+    LLVMValueRef q_src = aj_cpu_seq_base(kb, AJ_PSRC_q, c.bidx, c.h0, c.start_q);
     lane_addresses(&e);
     int gated = aj_score_has_rest(prog);
-    e.m0 = aj_kb_for_begin(kb, first_mb, e.rows, mb_step, "mb");
+    e.m0 = aj_kb_for_begin(kb, c.first_mb, c.rows, c.mb_step, "mb");
     reset_state(&e);
-    paged_positions(&e);
+    aj_attn_paged_span(kb, e.m0, last_row(&e), e.per, e.seq_q, &e.i_first, &e.i_last);
     aj_kb_barrier(kb);   /* the previous row block's readers of Q are done */
     aj_score_walk walk;
     key_walk(&e, &walk);
     every_warp_loads(&e, &walk, q_src, gated);
     ffwd_out outs[2];
-    paged_outs(&e, part, start_q, outs);
-    aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntEQ, aj_param(kb, AJ_PID(splits)),
-                                     aj_kb_i32(kb, 1), ""));
+    paged_outs(&e, &c, outs);
+    aj_kb_if_begin(kb, LLVMBuildICmp(b, LLVMIntEQ, c.splits, aj_kb_i32(kb, 1), ""));
     emit_epilogue(&e, &outs[0]);
     aj_kb_else(kb);
     emit_epilogue(&e, &outs[1]);

@@ -2,6 +2,7 @@
  * layouts.c -- the layouts' rows, keys and pages in IR (layouts.h).
  */
 #include "templates/layouts.h"
+#include "templates/cpu_attn.h"
 
 #include "templates/score.h"
 
@@ -259,4 +260,80 @@ void aj_attn_score_totals(aj_kb *kb, const aj_score_prog *prog, aj_layout layout
         *out[x] = LLVMBuildSelect(kb->b, zero, LLVMBuildSExt(kb->b, own[x], kb->t_i64, ""),
                                   given[x], "");
     }
+}
+
+void aj_attn_paged_cta(aj_kb *kb, const aj_op *op, bool reads_totals, bool packable,
+                       int block_m, int block_n, aj_paged_cta *c)
+{
+    LLVMBuilderRef b = kb->b;
+    LLVMValueRef zero = aj_kb_i32(kb, 0), one = aj_kb_i32(kb, 1);
+    c->part = aj_kb_block_id(kb, 0);
+    c->h = aj_kb_block_id(kb, 1);
+    c->bidx = aj_kb_block_id(kb, 2);
+    c->seq_q = aj_param(kb, AJ_PID(seq_q));
+    c->seq_k = aj_attn_paged_len(kb, c->bidx);
+    c->start_q = aj_kb_i64(kb, 0);
+    if (op->q_layout == AJ_LAYOUT_VARLEN)
+        aj_attn_paged_queries(kb, c->bidx, c->seq_k, c->seq_q, &c->start_q, &c->seq_q);
+    c->group = LLVMBuildSDiv(b, aj_param(kb, AJ_PID(heads_q)), aj_param(kb, AJ_PID(heads_kv)),
+                             "");
+    c->hkv = LLVMBuildSDiv(b, c->h, c->group, "hkv");
+    LLVMValueRef worker = zero;
+    c->pack = NULL;
+    c->h0 = c->h;
+    c->heads = one;
+    if (packable) {
+        c->pack = aj_attn_paged_packs(kb, c->group, c->seq_q, AJ_PAGED_PACK_ROWS);
+        LLVMValueRef in_group = LLVMBuildSRem(b, c->h, c->group, "");
+        c->h0 = LLVMBuildSelect(b, c->pack, LLVMBuildSub(b, c->h, in_group, ""), c->h, "h0");
+        c->heads = LLVMBuildSelect(b, c->pack, c->group, one, "heads");
+        worker = LLVMBuildSelect(b, c->pack, in_group, zero, "worker");
+    }
+    c->rows = LLVMBuildMul(b, c->heads, c->seq_q, "rows");
+    c->first_mb = LLVMBuildMul(b, worker, aj_kb_i32(kb, block_m), "");
+    c->mb_step = LLVMBuildMul(b, c->heads, aj_kb_i32(kb, block_m), "");
+    LLVMValueRef len64 = aj_kb_sext64(kb, c->seq_k);
+    c->q_origin = LLVMBuildSub(b, len64, aj_kb_sext64(kb, c->seq_q), "");
+    c->total = reads_totals ? len64 : NULL;
+    c->splits = aj_param(kb, AJ_PID(splits));
+    LLVMValueRef bn = aj_kb_i32(kb, block_n);
+    LLVMValueRef blocks =
+        LLVMBuildSDiv(b, LLVMBuildAdd(b, c->seq_k, aj_kb_i32(kb, block_n - 1), ""), bn, "");
+    LLVMValueRef per = LLVMBuildSDiv(
+        b, LLVMBuildAdd(b, blocks, LLVMBuildSub(b, c->splits, one, ""), ""), c->splits, "per");
+    c->first = LLVMBuildMul(b, c->part, per, "");
+    c->last = aj_kb_smin(kb, LLVMBuildAdd(b, c->first, per, ""), blocks);
+}
+
+void aj_attn_paged_dests(aj_kb *kb, const aj_op *op, const aj_paged_cta *c, int dv,
+                         aj_paged_dest dest[2])
+{
+    LLVMBuilderRef b = kb->b;
+    const int varlen_q = op->q_layout == AJ_LAYOUT_VARLEN;
+    LLVMValueRef lse_at, w = aj_kb_i64(kb, dv);
+    LLVMValueRef row0 = LLVMBuildAdd(
+        b, aj_attn_paged_part_row_of(kb, c->bidx, c->h0, c->part, dv, varlen_q, &lse_at),
+        c->start_q, "");
+    LLVMValueRef ws_head = LLVMBuildMul(
+        b, aj_kb_sext64(kb, c->splits),
+        aj_kb_sext64(kb, aj_param(kb, varlen_q ? AJ_PID(tokens_q) : AJ_PID(seq_q))), "");
+    dest[0] = (aj_paged_dest){
+        aj_cpu_seq_base(kb, AJ_PSRC_o, c->bidx, c->h0, c->start_q),
+        aj_param(kb, AJ_PID(stride_o_s)), aj_param(kb, AJ_PID(stride_o_h)),
+        LLVMBuildAdd(b, aj_attn_slice_base(kb, AJ_PSRC_lse, c->bidx, c->h0), c->start_q, ""),
+        aj_param(kb, AJ_PID(stride_lse_h))};
+    dest[1] = (aj_paged_dest){LLVMBuildMul(b, row0, w, ""), w, LLVMBuildMul(b, ws_head, w, ""),
+                              LLVMBuildAdd(b, lse_at, row0, ""), ws_head};
+}
+
+void aj_attn_paged_span(aj_kb *kb, LLVMValueRef m0, LLVMValueRef r1, LLVMValueRef per,
+                        LLVMValueRef seq_q, LLVMValueRef *first, LLVMValueRef *last)
+{
+    LLVMBuilderRef b = kb->b;
+    LLVMValueRef ha = LLVMBuildUDiv(b, m0, per, ""), hb = LLVMBuildUDiv(b, r1, per, "");
+    LLVMValueRef same = LLVMBuildICmp(b, LLVMIntEQ, ha, hb, "");
+    *first = LLVMBuildSelect(b, same, LLVMBuildSub(b, m0, LLVMBuildMul(b, ha, per, ""), ""),
+                             aj_kb_i32(kb, 0), "i_first");
+    *last = LLVMBuildSelect(b, same, LLVMBuildSub(b, r1, LLVMBuildMul(b, hb, per, ""), ""),
+                            LLVMBuildSub(b, seq_q, aj_kb_i32(kb, 1), ""), "i_last");
 }

@@ -135,6 +135,45 @@ static inline bool aj_attn_paged_group_packs(int64_t group, int64_t len_q, int64
 {
     return len_q > 0 && group * len_q <= max_rows;
 }
+/*
+ * A paged part's CTA as both GPU templates' parts stage takes it (grid
+ * (splits, Hq, B); efficient_fwd.c, flash_fwd.c "Paged"), one home for
+ * its set-up: block ids; the sequence's queries (seq_q; q_layout =
+ * varlen: its checked chunk, from packed row start_q, i64, else 0) and
+ * keys (seq_k, checked: aj_attn_paged_len); the query group and KV head;
+ * GQA packing where `packable` (pack: i1 per sequence, NULL never): the
+ * group's heads h0 .. h0 + heads - 1 stacked, rows = heads seq_q, their
+ * row blocks of block_m taken in turn by the group's CTAs (first_mb, then
+ * every mb_step rows); the bottom-right origin (q_origin = seq_k - seq_q,
+ * i64) and totals (total: the length where the programs read totals,
+ * else NULL); the part's key blocks of block_n, [first, last).
+ */
+typedef struct aj_paged_cta {
+    LLVMValueRef part, h, bidx;
+    LLVMValueRef seq_q, seq_k, start_q;
+    LLVMValueRef group, hkv;
+    LLVMValueRef pack, h0, heads, rows, first_mb, mb_step;
+    LLVMValueRef q_origin, total;
+    LLVMValueRef splits, first, last;
+} aj_paged_cta;
+void aj_attn_paged_cta(aj_kb *kb, const aj_op *op, bool reads_totals, bool packable,
+                       int block_m, int block_n, aj_paged_cta *c);
+/* The query positions a row block of stacked heads spans, rows m0 .. r1
+ * (i32; per >= 1 rows a head, seq_q the positions): its rows' own where
+ * it lies within one head, else all of them, 0 .. seq_q - 1. */
+void aj_attn_paged_span(aj_kb *kb, LLVMValueRef m0, LLVMValueRef r1, LLVMValueRef per,
+                        LLVMValueRef seq_q, LLVMValueRef *first, LLVMValueRef *last);
+/* Where a paged part's rows go, from head h0 and the sequence's first
+ * row: dest[0] the op's o and lse (one part), dest[1] the split-KV
+ * workspace's f32 partials (aj_attn_paged_part_row_of): O's element
+ * offset and a row's and a head's stride, the LSE's offset and a head's
+ * stride (its rows 1 apart), all i64. */
+typedef struct aj_paged_dest {
+    LLVMValueRef o_base, o_stride, o_head, lse_base, lse_head;
+} aj_paged_dest;
+void aj_attn_paged_dests(aj_kb *kb, const aj_op *op, const aj_paged_cta *c, int dv,
+                         aj_paged_dest dest[2]);
+
 /* The CTAs of a packed group of `group` heads x len_q rows with work,
  * where they take its row blocks of block_m rows in turn (sim, GPUs):
  * min(group, ceil(group len_q / block_m)); 1 where block_m is 0 (the cpu:
