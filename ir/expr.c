@@ -40,6 +40,8 @@ const char *const aj_expr_type_names[AJ_EXPR_TYPE_COUNT] = {
 const char *const aj_side_dtype_names[AJ_SIDE_DTYPE_COUNT] = {
     [AJ_SIDE_I32] = "i32",
     [AJ_SIDE_F32] = "f32",
+    [AJ_SIDE_F16] = "f16",
+    [AJ_SIDE_BF16] = "bf16",
 };
 
 static_assert(AJ_EXPR_NODES_MAX < AJ_EXPR_NONE, "node ids fit below NONE");

@@ -316,8 +316,16 @@ bool aj_expr_side_forms_clash(const char *a, size_t alen, const char *b, size_t 
 /* ---------------------------------------------------------------- eval */
 
 /* Side tensors are read as the public aj_side_tensor (attnjit.h) says:
- * element (i0, ..., iR-1) at data[sum i_d strides[d]], int32_t or float by
- * dtype, 0 for an index outside 0 .. shape[d]-1. */
+ * element (i0, ..., iR-1) at data[sum i_d strides[d]], int32_t, float,
+ * or a 16-bit float read as its f32 value, by dtype, 0 for an index
+ * outside 0 .. shape[d]-1. */
+
+/* A side dtype's name ("i32", ..., "?" out of range), and the bytes of
+ * one element (4 or 2). */
+const char *aj_side_dtype_name(aj_side_dtype dtype);
+int aj_side_dtype_bytes(aj_side_dtype dtype);
+/* Element `at` of float side tensor data (f32, f16, bf16) as its f32. */
+float aj_side_float_at(const void *data, aj_side_dtype dtype, int64_t at);
 
 /* The point an expression is evaluated at: the variables, and the side
  * tensors in declaration order (tensors[i] for declaration i). */

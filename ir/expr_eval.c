@@ -110,6 +110,25 @@ int64_t aj_expr_shift(int64_t x, int64_t s)
 
 /* ---------------------------------------------------------------- loads */
 
+const char *aj_side_dtype_name(aj_side_dtype dtype)
+{
+    return (unsigned)dtype < AJ_SIDE_DTYPE_COUNT ? aj_side_dtype_names[dtype] : "?";
+}
+
+int aj_side_dtype_bytes(aj_side_dtype dtype)
+{
+    return dtype == AJ_SIDE_F16 || dtype == AJ_SIDE_BF16 ? 2 : 4;
+}
+
+float aj_side_float_at(const void *data, aj_side_dtype dtype, int64_t at)
+{
+    switch (dtype) {
+    case AJ_SIDE_F16: return aj_f16_to_f32(((const uint16_t *)data)[at]);
+    case AJ_SIDE_BF16: return aj_bf16_to_f32(((const uint16_t *)data)[at]);
+    default: return ((const float *)data)[at];
+    }
+}
+
 static aj_expr_scalar load(const aj_expr_env *env, int tensor,
                            const int64_t *idx, int rank)
 {
@@ -128,7 +147,7 @@ static aj_expr_scalar load(const aj_expr_env *env, int tensor,
     if (t->dtype == AJ_SIDE_I32)
         v.i = ((const int32_t *)t->data)[at];
     else
-        v.f = ((const float *)t->data)[at];
+        v.f = aj_side_float_at(t->data, t->dtype, at);
     return v;
 }
 

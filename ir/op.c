@@ -942,8 +942,7 @@ static aj_status check_sinks(const aj_op *op, char *msg, size_t cap)
     }
     if (t->dtype != AJ_SIDE_F32 || t->rank != 1) {
         snprintf(msg, cap, "sinks = %s: the sink logits are f32[1] (one per query head), "
-                 "not %s[%d]", t->name, t->dtype == AJ_SIDE_I32 ? "i32" : "f32",
-                 (int)t->rank);
+                 "not %s[%d]", t->name, aj_side_dtype_names[t->dtype], (int)t->rank);
         return AJ_ERR_VERIFY;
     }
     return AJ_OK;
@@ -988,7 +987,7 @@ static aj_status check_tensors(const aj_op *op, char *msg, size_t cap)
         }
         if ((unsigned)t->dtype >= AJ_SIDE_DTYPE_COUNT) {
             snprintf(msg, cap, "tensor '%s' has dtype %d, out of range "
-                     "(want i32 or f32)", t->name, (int)t->dtype);
+                     "(want i32, f32, f16 or bf16)", t->name, (int)t->dtype);
             return AJ_ERR_INVALID_ARG;
         }
         if (t->rank < 1 || t->rank > AJ_EXPR_RANK_MAX) {
@@ -996,9 +995,9 @@ static aj_status check_tensors(const aj_op *op, char *msg, size_t cap)
                      "1..%d)", t->name, (int)t->rank, AJ_EXPR_RANK_MAX);
             return AJ_ERR_INVALID_ARG;
         }
-        if ((op->tensor_grad >> i & 1u) && t->dtype != AJ_SIDE_F32) {
-            snprintf(msg, cap, "tensor '%s' is declared grad but is %s: only an f32 tensor "
-                     "has a gradient", t->name, aj_side_dtype_names[t->dtype]);
+        if ((op->tensor_grad >> i & 1u) && t->dtype == AJ_SIDE_I32) {
+            snprintf(msg, cap, "tensor '%s' is declared grad but is %s: only a float tensor "
+                     "(f32, f16, bf16) has a gradient", t->name, aj_side_dtype_names[t->dtype]);
             return AJ_ERR_VERIFY;
         }
     }
@@ -1075,7 +1074,7 @@ static aj_status check_alibi_slopes(const aj_op *op, char *msg, size_t cap)
     const aj_tensor_decl *t = &op->tensors[mod->slopes - 1];
     if (t->dtype != AJ_SIDE_F32 || t->rank != 1) {
         snprintf(msg, cap, "alibi(%s): the slopes are f32[1] (one per query head), not "
-                 "%s[%d]", t->name, t->dtype == AJ_SIDE_F32 ? "f32" : "i32", (int)t->rank);
+                 "%s[%d]", t->name, aj_side_dtype_names[t->dtype], (int)t->rank);
         return AJ_ERR_INVALID_ARG;
     }
     if (mod->grad) {

@@ -48,8 +48,8 @@ aj_status aj_side_to_host(aj_ctx *ctx, aj_device *dev, const char *fn,
         if (given->rank != d->rank || given->dtype != d->dtype)
             return aj_fail(ctx, AJ_ERR_INVALID_ARG, "%s: side tensor '%s' is %s[%d]; the op "
                            "declares %s[%d]", fn, d->name,
-                           given->dtype == AJ_SIDE_I32 ? "i32" : "f32", given->rank,
-                           d->dtype == AJ_SIDE_I32 ? "i32" : "f32", d->rank);
+                           aj_side_dtype_name(given->dtype), given->rank,
+                           aj_side_dtype_name(d->dtype), d->rank);
         int64_t last = 0;
         for (int k = 0; k < given->rank; k++) {
             if (given->shape[k] < 1 || given->strides[k] < 0)
@@ -59,7 +59,7 @@ aj_status aj_side_to_host(aj_ctx *ctx, aj_device *dev, const char *fn,
                                (long long)given->strides[k]);
             last += (given->shape[k] - 1) * given->strides[k];
         }
-        size_t bytes = (size_t)(last + 1) * 4;
+        size_t bytes = (size_t)(last + 1) * (size_t)aj_side_dtype_bytes(d->dtype);
         mem[t] = malloc(bytes);
         if (!mem[t])
             return aj_fail(ctx, AJ_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);

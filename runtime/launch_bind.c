@@ -27,7 +27,8 @@ static void score_bind(score_bindings *sb, const char *name, aj_param_type type,
 
 /* A score tensor's pointer, sizes and strides, and its sim buffer. */
 static void score_bind_tensor(score_bindings *sb, const char *tensor, const void *data,
-                              int rank, const int64_t *shape, const int64_t *strides)
+                              aj_side_dtype dtype, int rank, const int64_t *shape,
+                              const int64_t *strides)
 {
     char name[AJ_OP_TENSOR_NAME_MAX + 16];
     const char *stored = sb->names[sb->n];   /* the name a sim fault reports */
@@ -41,7 +42,8 @@ static void score_bind_tensor(score_bindings *sb, const char *tensor, const void
         t.shape[d] = shape[d];
         t.strides[d] = strides[d];
     }
-    sb->buffers[sb->nb++] = (aj_sim_buffer){stored, data, (size_t)aj_tensor_extent_bytes(&t, 4)};
+    sb->buffers[sb->nb++] = (aj_sim_buffer){
+        stored, data, (size_t)aj_tensor_extent_bytes(&t, aj_side_dtype_bytes(dtype))};
 }
 
 aj_status aj_side_check_names(aj_ctx *ctx, const char *fn, const aj_op_info *op,
@@ -153,6 +155,12 @@ static const char *input_name(const aj_op_info *op, int t, int *rank)
     return t < op->num_tensors ? op->tensors[t].name : "alibi_slopes";
 }
 
+/* Input t's dtype's name (alibi's slopes: f32). */
+static const char *input_dtype(const aj_op_info *op, int t)
+{
+    return aj_side_dtype_name(t < op->num_tensors ? op->tensors[t].dtype : AJ_SIDE_F32);
+}
+
 aj_status aj_check_dside_outputs(aj_ctx *ctx, const char *fn, const aj_op_info *op,
                                  uint32_t tensor_grad, const aj_side_tensor *inputs,
                                  int32_t num_inputs, const aj_side_tensor *dside,
@@ -167,7 +175,9 @@ aj_status aj_check_dside_outputs(aj_ctx *ctx, const char *fn, const aj_op_info *
     for (int t = 0; t < num_inputs; t++) {
         const char *name = input_name(op, t, &rank);
         AJ_CHECK_ARG(ctx, !(tensor_grad >> t & 1u) || (inputs[t].name && inputs[t].rank == rank),
-                     "%s: side tensor '%s' (f32[%d], grad) is not given", fn, name, rank);
+                     "%s: side tensor '%s' (%s[%d], grad) is not given", fn, name,
+                     input_dtype(op, t),
+                     rank);
     }
     for (int i = 0; i < num_dside; i++) {
         const aj_side_tensor *d = &dside[i];
@@ -182,7 +192,9 @@ aj_status aj_check_dside_outputs(aj_ctx *ctx, const char *fn, const aj_op_info *
                      "%s: dside[%d]: alibi's slopes are not declared grad (score_mod = "
                      "alibi(grad))", fn, i);
         AJ_CHECK_ARG(ctx, tensor_grad >> t & 1u, "%s: dside[%d]: tensor '%s' is not declared "
-                     "grad (tensors = (%s: f32[%d] grad))", fn, i, d->name, d->name, rank);
+                     "grad (tensors = (%s: %s[%d] grad))", fn, i, d->name, d->name,
+                     input_dtype(op, t),
+                     rank);
         for (int j = 0; j < i; j++)
             AJ_CHECK_ARG(ctx, strcmp(dside[j].name, d->name) != 0,
                          "%s: dside[%d] and dside[%d] both name '%s'", fn, j, i, d->name);
@@ -190,8 +202,7 @@ aj_status aj_check_dside_outputs(aj_ctx *ctx, const char *fn, const aj_op_info *
         AJ_CHECK_ARG(ctx, d->data, "%s: dside '%s' has no data", fn, d->name);
         AJ_CHECK_ARG(ctx, d->dtype == AJ_SIDE_F32 && d->rank == given->rank,
                      "%s: dside '%s' is %s[%d]; want f32[%d] (the gradient of side tensor "
-                     "'%s')", fn, d->name, (unsigned)d->dtype < AJ_SIDE_DTYPE_COUNT
-                                              ? aj_side_dtype_names[d->dtype] : "?",
+                     "'%s')", fn, d->name, aj_side_dtype_name(d->dtype),
                      (int)d->rank, (int)given->rank, d->name);
         for (int k = 0; k < d->rank; k++) {
             AJ_CHECK_ARG(ctx, d->shape[k] == given->shape[k],
@@ -282,7 +293,8 @@ aj_status aj_bind_scores(aj_ctx *ctx, const char *fn, const aj_op_info *op,
 {
     memset(sb, 0, sizeof *sb);
     if (aj_op_info_alibi_slopes(op))
-        score_bind_tensor(sb, "alibi_slopes", slopes->data, 1, slopes->shape, slopes->strides);
+        score_bind_tensor(sb, "alibi_slopes", slopes->data, AJ_SIDE_F32, 1, slopes->shape,
+                          slopes->strides);
     aj_status st = aj_side_check_names(ctx, fn, op, side, num_side);
     if (st != AJ_OK)
         return st;
@@ -292,12 +304,11 @@ aj_status aj_bind_scores(aj_ctx *ctx, const char *fn, const aj_op_info *op,
         for (int i = 0; i < num_side && !t; i++)
             if (strcmp(side[i].name, decl->name) == 0)
                 t = &side[i];
-        static const char *const dts[2] = {"i32", "f32"};
         AJ_CHECK_ARG(ctx, t, "%s: side tensor '%s' (%s[%d]) is not given", fn, decl->name,
-                     dts[decl->dtype], decl->rank);
+                     aj_side_dtype_name(decl->dtype), decl->rank);
         AJ_CHECK_ARG(ctx, t->dtype == decl->dtype && t->rank == decl->rank,
                      "%s: side tensor '%s' is %s[%d]; the op declares %s[%d]", fn, decl->name,
-                     (unsigned)t->dtype < 2 ? dts[t->dtype] : "?", t->rank, dts[decl->dtype],
+                     aj_side_dtype_name(t->dtype), t->rank, aj_side_dtype_name(decl->dtype),
                      decl->rank);
         AJ_CHECK_ARG(ctx, t->data, "%s: side tensor '%s' has no data", fn, decl->name);
         for (int k = 0; k < t->rank; k++) {
@@ -308,7 +319,7 @@ aj_status aj_bind_scores(aj_ctx *ctx, const char *fn, const aj_op_info *op,
                          "strides must not be negative", fn, decl->name, k,
                          (long long)t->strides[k]);
         }
-        score_bind_tensor(sb, decl->name, t->data, t->rank, t->shape, t->strides);
+        score_bind_tensor(sb, decl->name, t->data, t->dtype, t->rank, t->shape, t->strides);
     }
     return AJ_OK;
 }

@@ -82,20 +82,64 @@ static void element_at(aj_kb *kb, const aj_tensor_decl *d, const LLVMValueRef *i
 #undef LANES
 }
 
+/* The storage type of a side tensor's elements (i32, f32, or i16 for
+ * the 16-bit floats). */
+LLVMTypeRef aj_score_side_storage(aj_kb *kb, const aj_tensor_decl *d)
+{
+    switch (d->dtype) {
+    case AJ_SIDE_I32: return kb->t_i32;
+    case AJ_SIDE_F16:
+    case AJ_SIDE_BF16: return kb->t_i16;
+    default: return kb->t_f32;
+    }
+}
+
+LLVMValueRef aj_score_side_value(aj_kb *kb, const aj_tensor_decl *d, LLVMValueRef raw)
+{
+    LLVMBuilderRef b = kb->b;
+    LLVMTypeRef t = LLVMTypeOf(raw);
+    bool vec = LLVMGetTypeKind(t) == LLVMVectorTypeKind;
+    unsigned n = vec ? LLVMGetVectorSize(t) : 1;
+#define SHAPED(scalar) (vec ? LLVMVectorType((scalar), n) : (scalar))
+    switch (d->dtype) {
+    case AJ_SIDE_I32:
+        return LLVMBuildSExt(b, raw, SHAPED(kb->t_i64), "");
+    case AJ_SIDE_F16:
+        if (kb->desc->simt && !vec)
+            return aj_kb_to_f32(kb, raw, AJ_DTYPE_F16);
+        return LLVMBuildFPExt(b, LLVMBuildBitCast(b, raw, SHAPED(LLVMHalfTypeInContext(kb->llctx)),
+                                                  ""), SHAPED(kb->t_f32), "");
+    case AJ_SIDE_BF16: {
+        /* the top half of an f32: exact bit moving */
+        LLVMValueRef w = LLVMBuildZExt(b, raw, SHAPED(kb->t_i32), "");
+        LLVMValueRef sixteen = aj_kb_i32(kb, 16);
+        w = LLVMBuildShl(b, w, vec ? aj_cv_splat(kb, sixteen, (int)n) : sixteen, "");
+        return LLVMBuildBitCast(b, w, SHAPED(kb->t_f32), "");
+    }
+    default:
+        return raw;
+    }
+#undef SHAPED
+}
+
+LLVMValueRef aj_score_side_load(aj_kb *kb, const aj_tensor_decl *d, LLVMValueRef at)
+{
+    int bytes = aj_side_dtype_bytes(d->dtype);
+    LLVMValueRef off = LLVMBuildShl(kb->b, at, aj_kb_i64(kb, bytes == 2 ? 1 : 2), "");
+    return aj_score_side_value(kb, d, aj_kb_load(kb, aj_score_side_storage(kb, d),
+                                                 aj_kb_gptr_offset(kb, aj_kb_param(kb, d->name),
+                                                                   off), bytes));
+}
+
 static LLVMValueRef load_scalar_at(aj_kb *kb, const aj_tensor_decl *d, const LLVMValueRef *idx)
 {
     LLVMBuilderRef b = kb->b;
     LLVMValueRef inside, at;
     element_at(kb, d, idx, 0, &inside, &at);
     at = LLVMBuildSelect(b, inside, at, aj_kb_i64(kb, 0), "");
-    LLVMTypeRef et = d->dtype == AJ_SIDE_I32 ? kb->t_i32 : kb->t_f32;
-    LLVMValueRef v = aj_kb_load(kb, et, aj_kb_gptr_offset(kb, aj_kb_param(kb, d->name),
-                                                         LLVMBuildShl(b, at, aj_kb_i64(kb, 2),
-                                                                      "")), 4);
-    if (d->dtype == AJ_SIDE_I32)
-        return LLVMBuildSelect(b, inside, LLVMBuildSExt(b, v, kb->t_i64, ""), aj_kb_i64(kb, 0),
-                               "");
-    return LLVMBuildSelect(b, inside, v, aj_kb_f32(kb, 0), "");
+    LLVMValueRef v = aj_score_side_load(kb, d, at);
+    return LLVMBuildSelect(b, inside, v, d->dtype == AJ_SIDE_I32 ? aj_kb_i64(kb, 0)
+                                                                 : aj_kb_f32(kb, 0), "");
 }
 
 static LLVMValueRef load_scalar(emitter *m, const aj_tensor_decl *d, const LLVMValueRef *idx)
@@ -182,7 +226,7 @@ static LLVMValueRef load_lanes(emitter *m, const aj_tensor_decl *d, const LLVMVa
     const unsigned w = (unsigned)m->lanes;
     LLVMValueRef inside, at;
     element_at(kb, d, idx, m->lanes, &inside, &at);
-    LLVMTypeRef et = d->dtype == AJ_SIDE_I32 ? kb->t_i32 : kb->t_f32;
+    LLVMTypeRef et = aj_score_side_storage(kb, d);
     LLVMTypeRef vt = LLVMVectorType(et, w);
     LLVMValueRef base = aj_kb_param(kb, d->name);
     LLVMValueRef ptrs = LLVMBuildGEP2(b, et, base, &at, 1, "");
@@ -190,10 +234,11 @@ static LLVMValueRef load_lanes(emitter *m, const aj_tensor_decl *d, const LLVMVa
     unsigned id = LLVMLookupIntrinsicID(gather, strlen(gather));
     LLVMTypeRef over[2] = {vt, LLVMTypeOf(ptrs)};
     LLVMValueRef fn = LLVMGetIntrinsicDeclaration(kb->mod, id, over, 2);
-    LLVMValueRef args[4] = {ptrs, aj_kb_i32(kb, 4), inside, LLVMConstNull(vt)};
+    LLVMValueRef args[4] = {ptrs, aj_kb_i32(kb, aj_side_dtype_bytes(d->dtype)), inside,
+                            LLVMConstNull(vt)};
     LLVMValueRef v = LLVMBuildCall2(b, LLVMIntrinsicGetType(kb->llctx, id, over, 2), fn, args, 4,
                                     "");
-    return d->dtype == AJ_SIDE_I32 ? LLVMBuildSExt(b, v, lane_type(m, kb->t_i64), "") : v;
+    return aj_score_side_value(kb, d, v);
 }
 
 static LLVMValueRef emit_load(emitter *m, const aj_expr_node *n)

@@ -37,7 +37,7 @@ static ival host_point(ival_ctx *c, uint16_t id)
  * unknown past SCAN_MAX elements.  Bounds as ival of the tensor's type. */
 static ival host_scan(ival_ctx *c, const aj_side_tensor *t, const ival *idx)
 {
-    bool fl = t->dtype == AJ_SIDE_F32, outside = false;
+    bool fl = t->dtype != AJ_SIDE_I32, outside = false;
     int64_t lo[AJ_EXPR_RANK_MAX], ext[AJ_EXPR_RANK_MAX], count = 1;
     for (int k = 0; k < t->rank; k++) {
         outside = outside || idx[k].lo.i < 0 || idx[k].hi.i >= t->shape[k];
@@ -57,7 +57,7 @@ static ival host_scan(ival_ctx *c, const aj_side_tensor *t, const ival *idx)
             rest /= ext[k];
         }
         if (fl) {
-            float v = ((const float *)t->data)[at];
+            float v = aj_side_float_at(t->data, t->dtype, at);
             r.lo.f = fminf(r.lo.f, v), r.hi.f = fmaxf(r.hi.f, v);
         } else {
             int64_t v = ((const int32_t *)t->data)[at];

@@ -79,6 +79,13 @@ static inline LLVMValueRef to_i64(aj_kb *kb, LLVMValueRef v)
 }
 
 LLVMValueRef aj_score_emit_math(emitter *m, aj_expr_op op, LLVMValueRef a);
+/* Side tensor d's element type in memory (aj_score_side_storage), a raw
+ * element (scalar or vector) as the programs read it (i32 sign-extended
+ * to i64, a 16-bit float widened exactly to f32: aj_score_side_value),
+ * and the element at offset `at` (i64, elements; aj_score_side_load). */
+LLVMTypeRef aj_score_side_storage(aj_kb *kb, const aj_tensor_decl *d);
+LLVMValueRef aj_score_side_value(aj_kb *kb, const aj_tensor_decl *d, LLVMValueRef raw);
+LLVMValueRef aj_score_side_load(aj_kb *kb, const aj_tensor_decl *d, LLVMValueRef at);
 
 LLVMValueRef aj_score_emit_node(emitter *m, uint16_t id);
 LLVMValueRef aj_score_floor_divmod(emitter *m, LLVMValueRef x, LLVMValueRef y, int want_mod);

@@ -50,7 +50,7 @@ static ival ir_load(ival_ctx *c, const aj_expr_node *n, const ival *idx)
     aj_kb *kb = c->kb;
     LLVMBuilderRef b = kb->b;
     const aj_tensor_decl *d = &c->p->tensors[n->u.tensor];
-    int fl = d->dtype == AJ_SIDE_F32;
+    int fl = d->dtype != AJ_SIDE_I32;
     LLVMValueRef zero64 = aj_kb_i64(kb, 0), one64 = aj_kb_i64(kb, 1);
     LLVMValueRef outside = LLVMConstInt(kb->t_i1, 0, 0), count = one64;
     LLVMValueRef lo[AJ_EXPR_RANK_MAX], ext[AJ_EXPR_RANK_MAX], stride[AJ_EXPR_RANK_MAX];
@@ -95,12 +95,7 @@ static ival ir_load(ival_ctx *c, const aj_expr_node *n, const ival *idx)
             aj_kb_set(kb, cur[k], sel(kb, wrap, lo[k], next));
             carry = wrap;
         }
-        LLVMValueRef v = aj_kb_load(kb, fl ? kb->t_f32 : kb->t_i32,
-                                    aj_kb_gptr_offset(kb, aj_kb_param(kb, d->name),
-                                                      LLVMBuildShl(b, at, aj_kb_i64(kb, 2), "")),
-                                    4);
-        if (!fl)
-            v = LLVMBuildSExt(b, v, kb->t_i64, "");
+        LLVMValueRef v = aj_score_side_load(kb, d, at);
         LLVMValueRef mn = aj_kb_get(kb, vmin), mx = aj_kb_get(kb, vmax);
         aj_kb_set(kb, vmin, fl ? fminmax(kb, 1, mn, v) : aj_kb_smin(kb, mn, v));
         aj_kb_set(kb, vmax, fl ? fminmax(kb, 0, mx, v) : aj_kb_smax(kb, mx, v));

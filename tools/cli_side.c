@@ -1,13 +1,15 @@
 /*
  * cli_side.c -- side tensors on the command line (`run` and `ring`):
  * --in NAME=FILE for a name the command does not know is one of the op's
- * side tensors (tensors = (...)), read from an i32 or f32 .npy of the
- * declared rank.
+ * side tensors (tensors = (...)), read from an i32 or float .npy of the
+ * declared rank (an f16 or bf16 tensor's values rounded to its dtype).
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "ir/dtype.h"
+#include "ir/expr.h"
 #include "tools/cli.h"
 #include "tools/npy.h"
 
@@ -59,12 +61,22 @@ int cli_side_check(const aj_op_info *info, const cli_side_opts *s, const char *c
         if (!given) {
             fprintf(stderr, "attnjit: the op declares tensors = (%s: %s[%d] ...); give --in "
                     "%s=FILE\n", info->tensors[d].name,
-                    info->tensors[d].dtype == AJ_SIDE_I32 ? "i32" : "f32",
-                    info->tensors[d].rank, info->tensors[d].name);
+                    aj_side_dtype_name(info->tensors[d].dtype), info->tensors[d].rank,
+                    info->tensors[d].name);
             return CLI_EXIT_USAGE;
         }
     }
     return CLI_EXIT_OK;
+}
+
+/* An f32 array's values rounded to nearest even into a new buffer of
+ * f16 or bf16; NULL when out of memory. */
+static void *narrow(const npy_array *a, aj_side_dtype dtype)
+{
+    uint16_t *h = malloc((a->count ? a->count : 1) * sizeof *h);
+    for (size_t e = 0; h && e < a->count; e++)
+        h[e] = dtype == AJ_SIDE_F16 ? aj_f32_to_f16(a->f32[e]) : aj_f32_to_bf16(a->f32[e]);
+    return h;
 }
 
 int cli_side_load(const aj_op_info *info, const cli_side_opts *s, cli_side_buffers *side)
@@ -82,19 +94,27 @@ int cli_side_load(const aj_op_info *info, const cli_side_opts *s, cli_side_buffe
                                                    : npy_read_f32(path, &a, err, sizeof err);
         if (ns != NPY_OK) {
             fprintf(stderr, "attnjit: %s (%s[%d]): %s\n", decl->name,
-                    decl->dtype == AJ_SIDE_I32 ? "i32" : "f32", decl->rank, err);
+                    aj_side_dtype_name(decl->dtype), decl->rank, err);
             return ns == NPY_ERR_OUT_OF_MEMORY ? CLI_EXIT_INTERNAL : CLI_EXIT_INPUT;
         }
         if (a.rank != decl->rank) {
             fprintf(stderr, "attnjit: %s: %s has %d dimensions; the op declares %s: %s[%d]\n",
-                    decl->name, path, a.rank, decl->name,
-                    decl->dtype == AJ_SIDE_I32 ? "i32" : "f32", decl->rank);
+                    decl->name, path, a.rank, decl->name, aj_side_dtype_name(decl->dtype),
+                    decl->rank);
             npy_free(&a);
             return CLI_EXIT_INPUT;
         }
-        /* the data itself, taken over from the array */
+        /* the data itself, taken over from the array (16-bit: rounded) */
         void *data = decl->dtype == AJ_SIDE_I32 ? (void *)a.i32 : (void *)a.f32;
+        bool narrowed = aj_side_dtype_bytes(decl->dtype) == 2;
+        if (narrowed && !(data = narrow(&a, decl->dtype))) {
+            fprintf(stderr, "attnjit: %s: out of memory\n", decl->name);
+            npy_free(&a);
+            return CLI_EXIT_INTERNAL;
+        }
         cli_side_set(side, decl, a.shape, data);
+        if (narrowed)
+            npy_free(&a);
     }
     return CLI_EXIT_OK;
 }
@@ -115,7 +135,7 @@ void cli_side_set(cli_side_buffers *side, const aj_side_decl *decl, const int64_
 
 size_t cli_side_bytes(const aj_side_tensor *t)
 {
-    size_t n = 4;
+    size_t n = (size_t)aj_side_dtype_bytes(t->dtype);
     for (int k = 0; k < t->rank; k++)
         n *= (size_t)t->shape[k];
     return n;

@@ -203,10 +203,15 @@ typedef enum aj_target {
     AJ_TARGET_COUNT
 } aj_target;
 
-/* Element type of a side tensor (`tensors = (NAME: i32[RANK], ...)`). */
+/* Element type of a side tensor (`tensors = (NAME: i32[RANK], ...)`).  The
+ * 16-bit floats read as their exact f32 values (a bias table in the
+ * model's dtype need not be widened to pass it); a gradient is f32 whatever
+ * the tensor's dtype (docs/ir.md "Side tensors"). */
 typedef enum aj_side_dtype {
     AJ_SIDE_I32 = 0,
     AJ_SIDE_F32 = 1,
+    AJ_SIDE_F16 = 2,
+    AJ_SIDE_BF16 = 3,
     AJ_SIDE_DTYPE_COUNT
 } aj_side_dtype;
 

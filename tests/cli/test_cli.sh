@@ -179,6 +179,17 @@ expect 1 "unknown tensor 'dok': not one of run's" bash -c \
 expect 2 "doc (i32[2]): dq.npy: dtype '<f4' is not int32; expected '<i4'" bash -c \
     "cd '$tmp/docs' && '$aj' run examples/specs/scores/document_mask.aj --device sim \
      --in q=dq.npy --in k=dk.npy --in v=dv.npy --in doc=dq.npy --out o=o.npy"
+# a bf16 side tensor from an f32 .npy (rounded to bf16): the T5 table as
+# the model keeps it
+sed 's/rel: f32\[2\]/rel: bf16[2]/' "$root/examples/specs/scores/t5_relative_bias.aj" \
+    > "$tmp/t5_bf16.aj"
+expect 0 "" bash -c "cd '$tmp/docs' && perl '$root/scripts/npy_random.pl' rel.npy 12 2 65"
+expect 0 "(rel: bf16[2])" "$aj" check "$tmp/t5_bf16.aj"
+expect 0 " ms, run " bash -c "cd '$tmp/docs' && '$aj' run '$tmp/t5_bf16.aj' --device cpu \
+     --in q=dq.npy --in k=dk.npy --in v=dv.npy --in rel=rel.npy --out o=o_rel.npy"
+expect 2 "rel (bf16[2]): doc.npy: dtype '<i4' is an integer array" bash -c \
+    "cd '$tmp/docs' && '$aj' run '$tmp/t5_bf16.aj' --device cpu \
+     --in q=dq.npy --in k=dk.npy --in v=dv.npy --in rel=doc.npy --out o=o_rel.npy"
 
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -346,7 +346,7 @@ static void test_errors(void)
     expect_error("  tensors = (d: i32[0])\n  mask = expr(d[q] == 0)\n", AJ_ERR_VERIFY,
                  "t.aj:4:3: tensor 'd' has rank 0, out of range (want 1..4)");
     expect_error("  tensors = (d: i64[1])\n", AJ_ERR_PARSE,
-                 "t.aj:4:17: expected a tensor dtype (i32 or f32), found 'i64'");
+                 "t.aj:4:17: expected a tensor dtype (i32, f32, f16 or bf16), found 'i64'");
     expect_error("  tensors = (d i32[1])\n", AJ_ERR_PARSE,
                  "t.aj:4:16: expected ':' after the tensor name, found 'i32'");
     expect_error("  tensors = (a: i32[1], b1: i32[1], c: i32[1], d: i32[1], "
@@ -539,7 +539,7 @@ static void test_builder(void)
         { "", AJ_SIDE_I32, 1, AJ_ERR_INVALID_ARG, "aj_op_declare_tensor: tensor name '' is "
           "not an identifier of 1..31 characters" },
         { "d", (aj_side_dtype)7, 1, AJ_ERR_INVALID_ARG, "aj_op_declare_tensor: tensor 'd' "
-          "has dtype 7, out of range (want i32 or f32)" },
+          "has dtype 7, out of range (want i32, f32, f16 or bf16)" },
         { "d", AJ_SIDE_F32, 0, AJ_ERR_INVALID_ARG, "aj_op_declare_tensor: tensor 'd' has "
           "rank 0, out of range (want 1..4)" },
         { "abcdefghijabcdefghijabcdefghijab", AJ_SIDE_F32, 1, AJ_ERR_INVALID_ARG,

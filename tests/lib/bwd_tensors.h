@@ -152,7 +152,7 @@ static inline aj_kernel *bwd_compile(aj_ctx *ctx, aj_device *dev, const aj_op *o
 }
 
 /* The reference's mask fields from the IR mask text of a case. */
-static void ref_mask(const char *mask, ref_problem *p)
+static inline void ref_mask(const char *mask, ref_problem *p)
 {
     long long l = 0, r = 0;
     p->mask = AJ_MASK_NONE;

@@ -114,7 +114,8 @@ typedef struct side_data {
  * sequence length S: doc (B, S) sorted document ids; prefix (B) lengths in
  * 0..S; rel (Hq, 65) and slopes (Hq) as their examples read them; snk
  * (Hq: learned sinks' logits, in [-1, 1]); any other tensor 7 per dim, i32
- * in -2..9 or f32 in [-1, 1]. */
+ * in -2..9 or float in [-1, 1] (f16 / bf16: rounded to nearest even and
+ * stored in its 2 bytes). */
 static inline void side_make(const aj_op_info *op, int B, int H, int S, uint64_t seed, side_data *d)
 {
     memset(d, 0, sizeof *d);
@@ -157,8 +158,26 @@ static inline void side_make(const aj_op_info *op, int B, int H, int S, uint64_t
             else
                 fv[e] = (float)((double)(r >> 11) / 9007199254740992.0 * 2.0 - 1.0);
         }
+        if (decl->dtype == AJ_SIDE_F16 || decl->dtype == AJ_SIDE_BF16) {
+            void *narrow = malloc((size_t)n * 2);
+            CHECK(narrow && aj_convert(fv, AJ_DTYPE_F32, narrow, decl->dtype == AJ_SIDE_F16
+                                       ? AJ_DTYPE_F16 : AJ_DTYPE_BF16, (size_t)n) == AJ_OK);
+            free(d->mem[d->n]);
+            d->mem[d->n] = narrow;
+        }
         t->data = d->mem[d->n];
         d->n++;
+    }
+}
+
+/* The random cases' side tensors: ti (i32) and tf, whose float dtype the
+ * run picks (the suite's runs take each of f32, f16 and bf16). */
+static inline const char *rx_tensors(aj_side_dtype tf)
+{
+    switch (tf) {
+    case AJ_SIDE_F16: return "(ti: i32[2], tf: f16[1])";
+    case AJ_SIDE_BF16: return "(ti: i32[2], tf: bf16[1])";
+    default: return "(ti: i32[2], tf: f32[1])";
     }
 }
 

@@ -404,7 +404,7 @@ void side_to_device(aj_device *dev, aj_status *st, const aj_side_tensor *side, i
         for (int d = 0; d < out[i].rank; d++)
             elems += (size_t)((out[i].shape[d] - 1) * out[i].strides[d]);
         void *p = NULL;
-        to_device(dev, st, side[i].data, elems * 4, &p);
+        to_device(dev, st, side[i].data, elems * (size_t)aj_side_dtype_bytes(side[i].dtype), &p);
         out[i].data = p;
     }
 }

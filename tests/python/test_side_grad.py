@@ -347,3 +347,47 @@ def test_alibi_slopes_grad(dtype, variant, mask, softcap):
                            softcap=softcap, variant=variant, **opts)
     reference.check("o (constant slopes)", o_fixed, o_ref, dtype)
     assert fixed.grad is None
+
+
+BIAS_PROGRAM_CASES = [(dtype, side, shape) for dtype in DTYPES
+                      for side in (torch.float16, torch.bfloat16, torch.float32)
+                      for shape in ("full", "heads", "none")]
+
+
+@pytest.mark.parametrize("dtype,side,shape", BIAS_PROGRAM_CASES,
+                         ids=["%s-%s-%s" % (str(c[0])[6:], str(c[1])[6:], c[2])
+                              for c in BIAS_PROGRAM_CASES])
+def test_bias_is_a_program_over_a_side_tensor(dtype, side, shape):
+    """bias=... is the program score + B[b, h, q, k] over a side tensor B
+    (docs/ir.md "bias"): a float16 / bfloat16 B goes to the kernels as it
+    is (its values read exactly), and on the efficient variant o, dq, dk,
+    dv are bitwise the bias's, and so is B's gradient where B has the
+    op's dtype (else it is the same f32 sums rounded to B's); the flash
+    variant, which has no bias input, takes it as the program, at the
+    reference's tolerance."""
+    b, hq, hkv, sq, sk, d = 2, 4, 2, 10, 17, 32
+    q, k, v, do = reference.inputs(b, hq, hkv, sq, sk, d, dtype, 21)
+    bb, bh = {"full": (b, hq), "heads": (1, hq), "none": (1, 1)}[shape]
+    g = torch.Generator().manual_seed(8)
+    values = torch.randn(bb, bh, sq, sk, generator=g).to(side).to(dtype)  # held by both dtypes
+    index = "%s, %s, q, k" % ("b" if bb > 1 else "0", "h" if bh > 1 else "0")
+    runs = []
+    for variant, program in (("efficient", False), ("efficient", True), ("flash", True)):
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        bias = values.to(side if program else dtype, copy=True).requires_grad_()
+        extra = (dict(score_mod="score + B[%s]" % index, tensors={"B": bias}) if program
+                 else dict(bias=bias))
+        o = at.attention(*leaves, **extra, causal="bottom_right", variant=variant)
+        o.backward(do)
+        assert bias.grad.dtype == bias.dtype
+        runs.append([o] + [t.grad for t in leaves] + [bias.grad.float()])
+    for name, want, got in zip(("o", "dq", "dk", "dv"), runs[0], runs[1]):
+        assert torch.equal(got, want), name
+    narrow = torch.bfloat16 if torch.bfloat16 in (dtype, side) else torch.float16
+    if side == dtype:
+        assert torch.equal(runs[1][4], runs[0][4]), "dB"
+    else:
+        reference.check("dB", runs[1][4], runs[0][4], narrow)
+    for name, want, got in zip(("o", "dq", "dk", "dv"), runs[0], runs[2]):
+        reference.check(name, got, want, dtype, slack=2.0)
+    reference.check("dB", runs[2][4], runs[0][4], narrow, slack=2.0)

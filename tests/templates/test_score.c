@@ -137,7 +137,9 @@ static void test_examples(const char *dir)
 
 /* ---------------------------------------------------------------- random */
 
-static const char *const random_tensors = "(ti: i32[2], tf: f32[1])";
+/* tf's dtype by run: sim's efficient f32, flash and ws bf16, wgmma and
+ * the cpu f16 (score_cases.h's rx_tensors) */
+static const char *random_tensors;
 
 /* Random case t->index alone with the tree at root (B 2, H 2); whether it
  * passed. */
@@ -826,6 +828,9 @@ int main(int argc, char **argv)
     if (!dev)
         return check_report();
     const char *examples = score_examples_dir();
+    random_tensors = rx_tensors(aj_device_target(dev) == AJ_TARGET_CPU ? AJ_SIDE_F16
+                                : strcmp(variant_name, "flash") == 0 || producer ? AJ_SIDE_BF16
+                                : warpgroups ? AJ_SIDE_F16 : AJ_SIDE_F32);
     bool all = argc <= first;
     for (int i = first; i <= argc; i++) {
         const char *what = i < argc ? argv[i] : NULL;

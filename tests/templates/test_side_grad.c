@@ -98,6 +98,9 @@ typedef struct grad_case {
     bool sinks;       /* learned sinks too (tensor snk) */
     double dropout;   /* 0: none */
     bool bias;        /* bias = add, of shape (1, Hq, Sq, Sk) (efficient) */
+    /* f16 / bf16: the mod's f32 tensors declared so (its values rounded);
+     * else as written */
+    aj_side_dtype side;
     const int *lens_q, *lens_k;   /* layout = varlen: b sequences' lengths (sq, sk: the longest) */
     /* ALIBI_FIELD: the backward is the mod's built-in with (grad), its
      * slopes aj_bwd_args.alibi_slopes; ALIBI_NAMED: with (slopes), the
@@ -119,9 +122,14 @@ static aj_op *case_op(const grad_case *c, aj_kind kind, const char *label)
     if (c->lens_q)
         strcat(dropout, "  layout = varlen\n");
     /* with sinks: their tensor declared last, `sinks = snk` */
-    char tensors[512], mod[4200];
-    snprintf(tensors, sizeof tensors, "  tensors = %.*s%s\n", (int)strlen(c->tensors) - 1,
-             c->tensors, c->sinks ? ", snk: f32[1])" : ")");
+    char tensors[512], mod[4200], decls[256] = "";
+    for (const char *at = c->tensors; *at && strlen(decls) < sizeof decls - 8;) {
+        bool f32 = strncmp(at, "f32[", 4) == 0 && aj_side_dtype_bytes(c->side) == 2;
+        strcat(decls, f32 ? aj_side_dtype_names[c->side] : (char[2]){*at, 0});
+        at += f32 ? 3 : 1;
+    }
+    snprintf(tensors, sizeof tensors, "  tensors = %.*s%s\n", (int)strlen(decls) - 1, decls,
+             c->sinks ? ", snk: f32[1])" : ")");
     snprintf(mod, sizeof mod, "expr(%s)", c->mod);
     if (c->builtin_alibi == ALIBI_FIELD && kind == AJ_KIND_BACKWARD) {
         snprintf(tensors, sizeof tensors, "%s", c->sinks ? "  tensors = (snk: f32[1])\n" : "");
@@ -148,6 +156,26 @@ static void check_error(const char *label, const char *what, const double *got, 
 {
     double err = norm_error(got, want, n, dtype);
     CHECK_MSG(err <= 1.0, "%s: %s error %.3g of the tolerance", label, what, err);
+}
+
+/* The side tensors as f32 (a 16-bit one widened exactly, into mem[t]),
+ * which a finite difference can move by less than a 16-bit ulp. */
+static void widen_side(const aj_side_tensor *in, int n, aj_side_tensor *out, float **mem)
+{
+    for (int t = 0; t < n; t++) {
+        out[t] = in[t];
+        mem[t] = NULL;
+        if (aj_side_dtype_bytes(in[t].dtype) == 4)
+            continue;
+        size_t count = 1;
+        for (int d = 0; d < in[t].rank; d++)
+            count *= (size_t)in[t].shape[d];   /* side_make's: contiguous */
+        mem[t] = malloc(count * sizeof(float));
+        CHECK(aj_convert(in[t].data, in[t].dtype == AJ_SIDE_F16 ? AJ_DTYPE_F16 : AJ_DTYPE_BF16,
+                         mem[t], AJ_DTYPE_F32, count) == AJ_OK);
+        out[t].data = mem[t];
+        out[t].dtype = AJ_SIDE_F32;
+    }
 }
 
 /* The reference's loss sum(O dO) with element e of side tensor t moved by
@@ -201,7 +229,7 @@ static void run_case(const grad_case *c, const char *label)
     tensor gout[AJ_OP_TENSORS_MAX];
     int grads[AJ_OP_TENSORS_MAX], ngrad = 0;
     for (int t = 0; t < info.num_tensors; t++) {
-        size_t bytes = 4;
+        size_t bytes = (size_t)aj_side_dtype_bytes(host.t[t].dtype);
         for (int d = 0; d < host.t[t].rank; d++)
             bytes *= (size_t)host.t[t].shape[d];
         side[t] = host.t[t];
@@ -216,6 +244,7 @@ static void run_case(const grad_case *c, const char *label)
         poison(&gout[ngrad]);   /* every element must be written */
         dside[ngrad] = host.t[t];
         dside[ngrad].data = gout[ngrad].t.data;
+        dside[ngrad].dtype = AJ_SIDE_F32;   /* whatever the tensor's */
         if (c->builtin_alibi == ALIBI_FIELD && t == 0)
             dside[ngrad].name = "alibi_slopes";
         grads[ngrad++] = t;
@@ -334,14 +363,21 @@ static void run_case(const grad_case *c, const char *label)
             /* the reference's own derivative against its loss, from the
              * unrounded O and LSE */
             ref_side_grad(&p, q.ref, k.ref, v.ref, o_exact, lse_exact, dout.ref, t, want_g);
+            aj_side_tensor wide[AJ_OP_TENSORS_MAX];
+            float *wmem[AJ_OP_TENSORS_MAX];
+            widen_side(host.t, info.num_tensors, wide, wmem);
+            ref_problem pw = p;
+            ref_use_expressions(&pw, fop, wide, info.num_tensors);
             for (int64_t e = 0; e < (int64_t)n && e < 3; e++) {
                 const float h = 0x1p-9f;
-                double fd = (ref_loss(p, host.t, t, e, h, &q, &k, &v, &dout) -
-                             ref_loss(p, host.t, t, e, -h, &q, &k, &v, &dout)) / (2.0 * h);
+                double fd = (ref_loss(pw, wide, t, e, h, &q, &k, &v, &dout) -
+                             ref_loss(pw, wide, t, e, -h, &q, &k, &v, &dout)) / (2.0 * h);
                 CHECK_MSG(fabs(fd - want_g[e]) <= 2e-4 * (1 + fabs(fd)),
                           "%s: d%s[%lld] %.9g, finite difference %.9g", label,
                           info.tensors[t].name, (long long)e, want_g[e], fd);
             }
+            for (int w = 0; w < info.num_tensors; w++)
+                free(wmem[w]);
         }
         free(want_g);
     }
@@ -417,6 +453,8 @@ static grad_case sweep_case(int n, int dtypes)
         .sinks = n % 5 == 3,
         .dropout = n % 7 == 4 ? 0.25 : 0.0,
         .bias = var == 1 && n % 3 == 0,
+        .side = mods[m].builtin ? AJ_SIDE_F32 : (aj_side_dtype[3]){AJ_SIDE_F32, AJ_SIDE_BF16,
+                                                                   AJ_SIDE_F16}[n / 2 % 3],
     };
 }
 
@@ -429,10 +467,11 @@ static void test_sweep(void)
         if (!check_sampled())
             continue;
         char label[256];
-        snprintf(label, sizeof label, "%s%s %s %s d%d %s hq%d/%d%s%s%s",
+        snprintf(label, sizeof label, "%s%s (%s) %s %s d%d %s hq%d/%d%s%s%s",
                  c.builtin_alibi == ALIBI_FIELD ? "built-in " :
                  c.builtin_alibi == ALIBI_NAMED ? "built-in named " : "", c.name,
-                 aj_variant_name(c.variant), aj_dtype_name(c.dtype), c.d, c.mask, c.hq, c.hkv,
+                 aj_side_dtype_names[c.side], aj_variant_name(c.variant),
+                 aj_dtype_name(c.dtype), c.d, c.mask, c.hq, c.hkv,
                  c.sinks ? " sinks" : "", c.dropout > 0 ? " dropout" : "",
                  c.bias ? " bias" : "");
         run_case(&c, label);
@@ -531,7 +570,8 @@ static void test_errors(void)
         aj_status st;
     } bad[] = {
         {"attention backward flash { dtype = f16 head_dim = 32 tensors = (t: i32[1] grad) "
-         "score_mod = expr(score + t[0]) }", "only an f32 tensor has a gradient", AJ_ERR_VERIFY},
+         "score_mod = expr(score + t[0]) }", "only a float tensor (f32, f16, bf16) has a "
+         "gradient", AJ_ERR_VERIFY},
         {"attention backward flash { dtype = f16 head_dim = 32 tensors = (s: f32[1] grad) "
          "sinks = s }", "dsinks", AJ_ERR_VERIFY},
         {"attention backward flash { dtype = f16 head_dim = 32 tensors = (t: f32[1] gard) }",

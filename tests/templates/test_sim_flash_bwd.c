@@ -1001,7 +1001,12 @@ static void test_score_examples(void)
     aj_op_destroy(op);
 }
 
-static const char *const random_tensors = "(ti: i32[2], tf: f32[1])";
+/* The random cases' side tensors, tf bf16 on the cpu and f16 on sim
+ * (score_cases.h's rx_tensors). */
+static const char *random_tensors(void)
+{
+    return rx_tensors(on_cpu ? AJ_SIDE_BF16 : AJ_SIDE_F16);
+}
 
 /* The problem of the random cases: a position offset, two small side
  * tensors, f16, head dim 16, B 2; `mask` and `score_mod` as a case's. */
@@ -1010,7 +1015,7 @@ static bwd_case random_problem(const char *label, const char *field, bool score,
     const bwd_case b = base(NULL, AJ_DTYPE_F16, 0, NULL);
     const bwd_case row = {.label = label, .variant = score_variant, .dtype = AJ_DTYPE_F16,
                           .d = 16, .mask = score ? "causal(top_left)" : field,
-                          .score_mod = score ? field : NULL, .tensors = random_tensors,
+                          .score_mod = score ? field : NULL, .tensors = random_tensors(),
                           .b = 2, .sq = 23, .sk = 30, .q_offset = 3, .seed = seed};
     return bwd_case_over(&b, &row);
 }
@@ -1047,7 +1052,7 @@ static void random_failed(rx_tree *t, int root, void *user)
     char text[8192];
     rx_expression(t, root, t->score, text, sizeof text);
     CHECK_MSG(0, "random backward case %d fails; shrunk to:\n  tensors = %s\n  %s = %s",
-              t->index, random_tensors, t->score ? "score_mod" : "mask", text);
+              t->index, random_tensors(), t->score ? "score_mod" : "mask", text);
 }
 
 /* A batch of random cases (score_cases.h's rx_batch), one per (b, h)
@@ -1076,7 +1081,7 @@ static void test_score_random(int count)
 {
     static rx_batch b;
     count = check_sample_count(count);
-    const rx_batch_runner r = {ctx, random_tensors, batch_fails, random_fails, random_failed,
+    const rx_batch_runner r = {ctx, random_tensors(), batch_fails, random_fails, random_failed,
                                NULL, "backward"};
     int launches = 0, failed = rx_batch_cases(&b, count, 0xbacc0000u, &r, &launches);
     printf("random: %d expressions backward on %s in %d launches, %d failed\n", count,

@@ -46,13 +46,25 @@ def _fail(message):
 
 # ---------------------------------------------------------------- the op description
 
+# A side tensor's dtype as the kernels read it: float16 and bfloat16 as
+# they are (read as their exact float32 values), other floats as float32,
+# integers as int32 -- and its IR name and C enum.
+_SIDE_KIND = {torch.float16: ("f16", _capi.SIDE_F16), torch.bfloat16: ("bf16", _capi.SIDE_BF16),
+              torch.float32: ("f32", _capi.SIDE_F32), torch.int32: ("i32", _capi.SIDE_I32)}
+
+
+def _side_dtype(t):
+    if t.dtype in _SIDE_KIND:
+        return t.dtype
+    return torch.float32 if t.is_floating_point() else torch.int32
+
+
 def _side_decl(name, t, grad=False):
     if not name.isidentifier():
         raise _fail("tensors: %r is not an identifier" % (name,))
     if not 1 <= t.dim() <= 4:
         raise _fail("tensors[%r] has %d dims; side tensors have 1 to 4" % (name, t.dim()))
-    kind = "f32" if t.is_floating_point() else "i32"
-    return "%s: %s[%d]%s" % (name, kind, t.dim(), " grad" if grad else "")
+    return "%s: %s[%d]%s" % (name, _SIDE_KIND[_side_dtype(t)][0], t.dim(), " grad" if grad else "")
 
 
 # ---------------------------------------------------------------- kernels per (op, device)
@@ -221,7 +233,7 @@ def _bind_side(names, side):
         n = t.dim()
         a.name = name
         a.data = t.data_ptr()
-        a.dtype = _capi.SIDE_F32 if t.dtype == torch.float32 else _capi.SIDE_I32
+        a.dtype = _SIDE_KIND[t.dtype][1]
         a.rank = n
         a.shape = tuple(t.shape) + (1,) * (4 - n)
         a.strides = tuple(t.stride()) + (0,) * (4 - n)
@@ -230,15 +242,15 @@ def _bind_side(names, side):
 
 def _side_tensors(tensors, q, grads=True):
     """The side tensors of `tensors` (a dict name: tensor, or None) as the
-    kernels read them -- float32 or int32 on q's device, in order -- and
+    kernels read them -- on q's device, in order, float16 and bfloat16 as
+    they are, other floats float32, integers int32 -- and
     their IR declarations; with grads, a float tensor that requires grad
     (autograd on) is declared grad."""
     side, decls = [], []
     for name, t in (tensors or {}).items():
         grad = grads and t.is_floating_point() and t.requires_grad and torch.is_grad_enabled()
         decls.append(_side_decl(name, t, grad))
-        side.append(t.to(device=q.device, dtype=torch.float32 if t.is_floating_point()
-                         else torch.int32))
+        side.append(t.to(device=q.device, dtype=_side_dtype(t)))
     return side, decls
 
 
@@ -692,7 +704,8 @@ def attention(q, k, v, *, causal=False, window=None, softcap=None, alibi_slopes=
     last two dims full (efficient variant, chosen when bias is given).
     mask / score_mod: an IR expression E (docs/ir.md) over b, h, q, k, sq,
     sk (and score), reading the side tensors in `tensors` by name (int
-    tensors as i32, float ones as f32).  dropout_p: Philox dropout seeded
+    tensors as i32, float16 and bfloat16 as they are, other floats as
+    f32).  dropout_p: Philox dropout seeded
     from torch's RNG.  sinks: (Hq,) learned sink logits (gpt-oss): each
     row's softmax denominator gains exp(sinks[h]), o gets nothing from it,
     lse includes it; sinks receives its gradient (summed over the batch
