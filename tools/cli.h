@@ -76,7 +76,8 @@ typedef struct cli_side_buffers {
     int n;
 } cli_side_buffers;
 
-/* Reads them from their files (i32 or f32 .npy of the declared rank). */
+/* Reads them from their files (i32 or float .npy of the declared rank; an
+ * f16 / bf16 tensor's values rounded to it via f32). */
 int cli_side_load(const aj_op_info *info, const cli_side_opts *s, cli_side_buffers *side);
 /* Appends one over `data` (taken over) of `shape`. */
 void cli_side_set(cli_side_buffers *side, const aj_side_decl *decl, const int64_t *shape,

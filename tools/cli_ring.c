@@ -39,6 +39,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ir/expr.h"
 #include "tools/cli.h"
 #include "tools/npy.h"
 
@@ -742,7 +743,7 @@ static int broadcast_side(const aj_op_info *info, cli_side_buffers *side, int me
             memcpy(shape, side->t[d].shape, sizeof shape);
         MPI_Bcast(shape, 4, MPI_INT64_T, 0, MPI_COMM_WORLD);
         if (me != 0) {
-            size_t n = 4;
+            size_t n = (size_t)aj_side_dtype_bytes(info->tensors[d].dtype);
             for (int k = 0; k < info->tensors[d].rank; k++)
                 n *= (size_t)shape[k];
             void *data = malloc(n ? n : 4);

@@ -2,8 +2,10 @@
  * cli_side.c -- side tensors on the command line (`run` and `ring`):
  * --in NAME=FILE for a name the command does not know is one of the op's
  * side tensors (tensors = (...)), read from an i32 or float .npy of the
- * declared rank (an f16 or bf16 tensor's values rounded to its dtype).
+ * declared rank (an f16 or bf16 tensor's values rounded to its dtype, via
+ * f32).
  */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -69,14 +71,29 @@ int cli_side_check(const aj_op_info *info, const cli_side_opts *s, const char *c
     return CLI_EXIT_OK;
 }
 
-/* An f32 array's values rounded to nearest even into a new buffer of
- * f16 or bf16; NULL when out of memory. */
-static void *narrow(const npy_array *a, aj_side_dtype dtype)
+/* An f32 array's values rounded to nearest even into *out, a new buffer
+ * of f16 or bf16: CLI_EXIT_OK, or the exit of the error it reports (out
+ * of memory; a finite value past the dtype's range, element `e`). */
+static int narrow(const npy_array *a, const aj_side_decl *decl, void **out)
 {
     uint16_t *h = malloc((a->count ? a->count : 1) * sizeof *h);
-    for (size_t e = 0; h && e < a->count; e++)
-        h[e] = dtype == AJ_SIDE_F16 ? aj_f32_to_f16(a->f32[e]) : aj_f32_to_bf16(a->f32[e]);
-    return h;
+    if (!h) {
+        fprintf(stderr, "attnjit: %s: out of memory\n", decl->name);
+        return CLI_EXIT_INTERNAL;
+    }
+    for (size_t e = 0; e < a->count; e++) {
+        float x = a->f32[e], back;
+        h[e] = decl->dtype == AJ_SIDE_F16 ? aj_f32_to_f16(x) : aj_f32_to_bf16(x);
+        back = decl->dtype == AJ_SIDE_F16 ? aj_f16_to_f32(h[e]) : aj_bf16_to_f32(h[e]);
+        if (isinf(back) && isfinite(x)) {
+            fprintf(stderr, "attnjit: %s (%s): element %zu, %g, is past the dtype's range\n",
+                    decl->name, aj_side_dtype_name(decl->dtype), e, (double)x);
+            free(h);
+            return CLI_EXIT_INPUT;
+        }
+    }
+    *out = h;
+    return CLI_EXIT_OK;
 }
 
 int cli_side_load(const aj_op_info *info, const cli_side_opts *s, cli_side_buffers *side)
@@ -107,10 +124,10 @@ int cli_side_load(const aj_op_info *info, const cli_side_opts *s, cli_side_buffe
         /* the data itself, taken over from the array (16-bit: rounded) */
         void *data = decl->dtype == AJ_SIDE_I32 ? (void *)a.i32 : (void *)a.f32;
         bool narrowed = aj_side_dtype_bytes(decl->dtype) == 2;
-        if (narrowed && !(data = narrow(&a, decl->dtype))) {
-            fprintf(stderr, "attnjit: %s: out of memory\n", decl->name);
+        int rc = narrowed ? narrow(&a, decl, &data) : CLI_EXIT_OK;
+        if (rc != CLI_EXIT_OK) {
             npy_free(&a);
-            return CLI_EXIT_INTERNAL;
+            return rc;
         }
         cli_side_set(side, decl, a.shape, data);
         if (narrowed)

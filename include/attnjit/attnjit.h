@@ -321,8 +321,9 @@ aj_status aj_op_set_sinks(aj_op *op, const char *name);
 /* The index (in aj_op_info.tensors) of the op's sinks tensor, or -1. */
 aj_status aj_op_get_sinks(const aj_op *op, int32_t *tensor);
 /* Gradients of side tensors (docs/ir.md "Gradients of side tensors"):
- * declared f32 tensor `name` gets d(loss)/d(tensor) from the backward
- * (aj_bwd_args.dside), deterministic: the text form's `NAME: f32[R] grad`.
+ * declared float tensor `name` (f32, f16, bf16) gets d(loss)/d(tensor), f32,
+ * from the backward (aj_bwd_args.dside), deterministic: the text form's
+ * `NAME: f32[R] grad`.
  * Not the sinks' tensor (its gradient is aj_bwd_args.dsinks).  A forward
  * ignores the flag.  Name "alibi_slopes" is aj_op_set_alibi_grad. */
 aj_status aj_op_set_tensor_grad(aj_op *op, const char *name, bool grad);

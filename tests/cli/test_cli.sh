@@ -184,9 +184,20 @@ expect 2 "doc (i32[2]): dq.npy: dtype '<f4' is not int32; expected '<i4'" bash -
 sed 's/rel: f32\[2\]/rel: bf16[2]/' "$root/examples/specs/scores/t5_relative_bias.aj" \
     > "$tmp/t5_bf16.aj"
 expect 0 "" bash -c "cd '$tmp/docs' && perl '$root/scripts/npy_random.pl' rel.npy 12 2 65"
+# ... its values made bf16's (each f32's low 16 bits cleared: the npy
+# header's length at bytes 8-9, then little-endian floats), so that the
+# table declared f32 gives the same bits
+expect 0 "" perl -e 'open my $f, "+<", $ARGV[0] or die; binmode $f; local $/;
+    my $d = <$f>; my $at = 10 + unpack("v", substr($d, 8, 2));
+    for (my $i = $at; $i < length $d; $i += 4) { substr($d, $i, 2) = "\0\0" }
+    seek $f, 0, 0; print $f $d' "$tmp/docs/rel.npy"
 expect 0 "(rel: bf16[2])" "$aj" check "$tmp/t5_bf16.aj"
-expect 0 " ms, run " bash -c "cd '$tmp/docs' && '$aj' run '$tmp/t5_bf16.aj' --device cpu \
-     --in q=dq.npy --in k=dk.npy --in v=dv.npy --in rel=rel.npy --out o=o_rel.npy"
+for dt in bf16 f32; do
+    spec=$tmp/t5_bf16.aj; [ $dt = f32 ] && spec=$root/examples/specs/scores/t5_relative_bias.aj
+    expect 0 " ms, run " bash -c "cd '$tmp/docs' && '$aj' run '$spec' --device cpu \
+         --in q=dq.npy --in k=dk.npy --in v=dv.npy --in rel=rel.npy --out o=o_rel_$dt.npy"
+done
+expect 0 "" cmp "$tmp/docs/o_rel_bf16.npy" "$tmp/docs/o_rel_f32.npy"
 expect 2 "rel (bf16[2]): doc.npy: dtype '<i4' is an integer array" bash -c \
     "cd '$tmp/docs' && '$aj' run '$tmp/t5_bf16.aj' --device cpu \
      --in q=dq.npy --in k=dk.npy --in v=dv.npy --in rel=doc.npy --out o=o_rel.npy"

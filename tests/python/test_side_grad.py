@@ -275,6 +275,18 @@ def _side_grad_cp_worker(rank, world, init_file):
     check_replicated_grad(rank, world, init_file, CP_CASES, rb, "drb")
 
 
+def _side_grad_bf16_cp_worker(rank, world, init_file):
+    from cp_check import check_replicated_grad
+    base = (torch.randn(32, generator=torch.Generator().manual_seed(4)) * 0.5).bfloat16()
+
+    def rb():
+        t = base.clone().requires_grad_()
+        return t, dict(tensors={"rb": t}, score_mod="score + rb[abs(q - k)] * 0.5")
+    # the ranks' parts summed in f32 and rounded once: one bf16 rounding
+    # apart from one rank's at most
+    check_replicated_grad(rank, world, init_file, CP_CASES[::3], rb, "drb", tol=2 ** -7)
+
+
 def _alibi_grad_cp_worker(rank, world, init_file):
     from cp_check import check_replicated_grad
 
@@ -305,6 +317,13 @@ def test_context_parallel_side_grad_equal_one_rank(world):
     rank's shards and the whole gradient of the tensor, summed over the
     ranks in rank order, equal one rank's attention."""
     _spawn(_side_grad_cp_worker, world)
+
+
+@pytest.mark.parametrize("world", [2])
+def test_context_parallel_bf16_side_grad(world):
+    """A bfloat16 grad side tensor through the zigzag ring and Ulysses:
+    its gradient in bfloat16, one rounding of the ranks' f32 sum."""
+    _spawn(_side_grad_bf16_cp_worker, world)
 
 
 ALIBI_CASES = [(dtype, variant, mask, softcap) for dtype in DTYPES

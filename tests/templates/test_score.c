@@ -828,9 +828,10 @@ int main(int argc, char **argv)
     if (!dev)
         return check_report();
     const char *examples = score_examples_dir();
-    random_tensors = rx_tensors(aj_device_target(dev) == AJ_TARGET_CPU ? AJ_SIDE_F16
-                                : strcmp(variant_name, "flash") == 0 || producer ? AJ_SIDE_BF16
-                                : warpgroups ? AJ_SIDE_F16 : AJ_SIDE_F32);
+    random_tensors = rx_tensors(aj_device_target(dev) == AJ_TARGET_CPU || (warpgroups &&
+                                !producer) ? AJ_SIDE_F16
+                                : strcmp(variant_name, "flash") == 0 ? AJ_SIDE_BF16
+                                : AJ_SIDE_F32);
     bool all = argc <= first;
     for (int i = first; i <= argc; i++) {
         const char *what = i < argc ? argv[i] : NULL;

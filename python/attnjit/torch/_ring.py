@@ -641,6 +641,13 @@ def ring_attention(q, k, v, *, group=None, layout="zigzag", rotate="p2p", causal
     varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
     if varlen and (cu_seqlens_q is None or cu_seqlens_k is None):
         raise _fail(fn, "packed documents need both cu_seqlens_q and cu_seqlens_k")
+    if tensors and torch.is_grad_enabled():
+        # a 16-bit grad side tensor goes in as float32 (the same values): its
+        # ranks' parts are then summed in f32 and rounded once, by autograd,
+        # as a single device's gradient is
+        tensors = {name: t.float() if t.requires_grad and t.dtype in (torch.float16,
+                                                                      torch.bfloat16) else t
+                   for name, t in tensors.items()}
     q, k, v, _, alibi_slopes, side, rng, variant, body = _ops._prepare(
         q, k, v, causal, window, softcap, alibi_slopes, None, scale, dropout_p, mask,
         score_mod, tensors, variant, layout="varlen" if varlen else "padded", sinks=sinks,
