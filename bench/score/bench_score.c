@@ -18,11 +18,16 @@
  *                             block's list of non-skip tiles) vs a mask of
  *                             a tile twice as wide (each tile of the band's
  *                             range classed from the mask, as before lists)
+ *   bias as a program         score_mod = expr(score + B[0, h, q, k]) over
+ *                             a bf16 side tensor B (the efficient and the
+ *                             flash variant), causal, vs the efficient
+ *                             variant's built-in bias = add of the same
+ *                             values (docs/ir.md "bias")
  *
  * bench_score [--device cpu|sim] [--variant efficient|flash] [--seq S]
- *             [--mask-seq S] [--heads H] [--dim D] [--repeat N]
- * Defaults: cpu, S 4096 for the first two, 8192 for the block mask, B1 H4
- * d64 bf16, 5 repeats (the median is reported).
+ *             [--mask-seq S] [--bias-seq S] [--heads H] [--dim D] [--repeat N]
+ * Defaults: cpu, S 4096 for the first two, 8192 for the block mask, 2048
+ * for the bias, B1 H4 d64 bf16, 5 repeats (the median is reported).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -47,7 +52,7 @@ static void die(const char *what)
 typedef struct problem {
     aj_op *op;
     aj_kernel *kernel;
-    void *mem[6];
+    void *mem[7];   /* q, k, v, o, lse, doc, bias */
     int32_t *doc_host;
     aj_side_tensor side;
     aj_fwd_args args;
@@ -63,12 +68,30 @@ static void *device_tensor(size_t bytes, const void *init)
     return p;
 }
 
-static void problem_make(problem *p, const char *fields, int S, int H, int D)
+/* n bf16 values in [-0.5, 0.5) from seed (malloc'ed; exits when out of
+ * memory). */
+static uint16_t *bf16_random(size_t n, uint64_t seed)
+{
+    uint16_t *v = malloc(n * 2);
+    if (!v) {
+        fprintf(stderr, "bench_score: out of memory\n");
+        exit(1);
+    }
+    for (size_t i = 0; i < n; i++) {
+        seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+        float f = (float)((double)(seed >> 40) / 16777216.0 - 0.5);
+        aj_convert(&f, AJ_DTYPE_F32, &v[i], AJ_DTYPE_BF16, 1);
+    }
+    return v;
+}
+
+static void problem_make_as(problem *p, const char *var, const char *fields, int S, int H,
+                            int D)
 {
     memset(p, 0, sizeof *p);
     char spec[512];
     snprintf(spec, sizeof spec, "attention forward %s { dtype = bf16 head_dim = %d %s }",
-             variant, D, fields);
+             var, D, fields);
     if (aj_op_parse(ctx, spec, strlen(spec), "bench", &p->op) != AJ_OK)
         die(spec);
     aj_compile_options opt = AJ_COMPILE_OPTIONS_INIT;
@@ -76,13 +99,7 @@ static void problem_make(problem *p, const char *fields, int S, int H, int D)
     if (aj_compile(ctx, p->op, &opt, &p->kernel) != AJ_OK)
         die(spec);
     size_t n = (size_t)H * S * D;
-    uint16_t *init = malloc(n * 2);
-    uint64_t x = 12345;
-    for (size_t i = 0; i < n; i++) {
-        x = x * 6364136223846793005ull + 1442695040888963407ull;
-        float f = (float)((double)(x >> 40) / 16777216.0 - 0.5);
-        aj_convert(&f, AJ_DTYPE_F32, &init[i], AJ_DTYPE_BF16, 1);
-    }
+    uint16_t *init = bf16_random(n, 12345);
     aj_tensor *ts[4] = {&p->args.q, &p->args.k, &p->args.v, &p->args.o};
     p->args = (aj_fwd_args)AJ_FWD_ARGS_INIT;
     for (int t = 0; t < 4; t++) {
@@ -107,9 +124,36 @@ static void problem_make(problem *p, const char *fields, int S, int H, int D)
     }
 }
 
+static void problem_make(problem *p, const char *fields, int S, int H, int D)
+{
+    problem_make_as(p, variant, fields, S, H, D);
+}
+
+/* A bias of [1, H, S, S] bf16 values: the launch's bias (bias = add) or
+ * side tensor B (an op that declares it). */
+static void problem_bias(problem *p, int S, int H)
+{
+    size_t n = (size_t)H * S * S;
+    uint16_t *init = bf16_random(n, 777);
+    p->mem[6] = device_tensor(n * 2, init);
+    free(init);
+    const int64_t shape[4] = {1, H, S, S}, strides[4] = {(int64_t)n, (int64_t)S * S, S, 1};
+    aj_op_info info;
+    aj_op_get_info(p->op, &info);
+    if (info.num_tensors) {
+        p->side = (aj_side_tensor){"B", p->mem[6], AJ_SIDE_BF16, 4, {0}, {0}};
+        memcpy(p->side.shape, shape, sizeof shape);
+        memcpy(p->side.strides, strides, sizeof strides);
+        return;
+    }
+    p->args.bias = (aj_tensor){p->mem[6], AJ_DTYPE_BF16, 4, {0}, {0}};
+    memcpy(p->args.bias.shape, shape, sizeof shape);
+    memcpy(p->args.bias.strides, strides, sizeof strides);
+}
+
 static void problem_free(problem *p)
 {
-    for (int i = 0; i < 6; i++)
+    for (int i = 0; i < 7; i++)
         aj_device_free(dev, p->mem[i]);
     free(p->doc_host);
     aj_kernel_destroy(p->kernel);
@@ -139,12 +183,34 @@ static void interleave(problem *a, problem *b, int repeat, double *ta, double *t
     *tb = median(xb, repeat);
 }
 
+/* The bias rows: the program over a bf16 side tensor on each variant vs
+ * the efficient variant's built-in bias = add. */
+static void bench_bias(int S, int H, int D, int repeat)
+{
+    problem builtin;
+    problem_make_as(&builtin, "efficient", "mask = causal(top_left) bias = add", S, H, D);
+    problem_bias(&builtin, S, H);
+    static const char *const vars[2] = {"efficient", "flash"};
+    for (int v = 0; v < 2; v++) {
+        problem prog;
+        problem_make_as(&prog, vars[v], "tensors = (B: bf16[4]) mask = causal(top_left) "
+                        "score_mod = expr(score + B[0, h, q, k])", S, H, D);
+        problem_bias(&prog, S, H);
+        double tb, tp;
+        interleave(&builtin, &prog, repeat, &tb, &tp);
+        printf("| bias as a program over a bf16 side tensor (%s) vs bias = add (efficient), "
+               "causal | %d | %.2f | %.2f | %.3f |\n", vars[v], S, tb * 1e3, tp * 1e3, tp / tb);
+        problem_free(&prog);
+    }
+    problem_free(&builtin);
+}
+
 int main(int argc, char **argv)
 {
     const char *device = "cpu";
-    int S = 4096, SM = 8192, H = 4, D = 64, repeat = 5;
-    const bench_int_option ints[] = {
-        {"--seq", &S}, {"--mask-seq", &SM}, {"--heads", &H}, {"--dim", &D}, {"--repeat", &repeat}};
+    int S = 4096, SM = 8192, SB = 2048, H = 4, D = 64, repeat = 5;
+    const bench_int_option ints[] = {{"--seq", &S},   {"--mask-seq", &SM}, {"--bias-seq", &SB},
+                                     {"--heads", &H}, {"--dim", &D},       {"--repeat", &repeat}};
     for (int i = 1; i + 1 < argc; i += 2) {
         if (bench_int_arg(ints, sizeof ints / sizeof ints[0], argv[i], argv[i + 1]))
             continue;
@@ -153,8 +219,8 @@ int main(int argc, char **argv)
         else if (strcmp(argv[i], "--variant") == 0)
             variant = argv[i + 1];
     }
-    if (repeat < 1 || repeat > 64 || S < 8 || SM < 8) {
-        fprintf(stderr, "bench_score: --repeat 1..64, --seq and --mask-seq >= 8\n");
+    if (repeat < 1 || repeat > 64 || S < 8 || SM < 8 || SB < 8) {
+        fprintf(stderr, "bench_score: --repeat 1..64, --seq, --mask-seq and --bias-seq >= 8\n");
         return 2;
     }
     if (aj_ctx_create(NULL, &ctx) != AJ_OK)
@@ -250,6 +316,7 @@ int main(int argc, char **argv)
     aj_block_mask_destroy(wide);
     problem_free(&widep);
     problem_free(&big);
+    bench_bias(SB, H, D, repeat);
     aj_device_close(dev);
     aj_ctx_destroy(ctx);
     return 0;

@@ -73,6 +73,12 @@ run_ring 2 "$root/examples/specs/scores/t5_relative_bias.aj" --device cpu "${io[
   --in rel=rel.npy --out o=o5.npy --grad --in do=do.npy --out dk=dk5.npy --check \
   --workers 1
 want 0 "of the tolerance: match"
+# the table as bf16 (the .npy rounded to it), broadcast to the ranks in its
+# 2-byte elements
+run_ring 2 "$root/examples/specs/scores/t5_relative_bias_bf16.aj" --device cpu "${io[@]}" \
+  --in rel=rel.npy --out o=o6.npy --grad --in do=do.npy --out dk=dk6.npy --check \
+  --workers 1
+want 0 "of the tolerance: match"
 run_ring 1 "$root/examples/specs/scores/document_mask.aj" --device sim "${io[@]}" \
   --out o=o.npy
 want 1 "the op declares tensors = (doc: i32[2] ...); give --in doc=FILE"
