@@ -7,11 +7,15 @@
  * of each and their ratio.  The baseline is the same op's backward with
  * the tensor a constant (not declared grad), in the same process,
  * interleaved.  --dropout P and --bias 1 (bias = add, [B, H, S, S], and
- * its dbias, f32; the efficient variant) go into both.
+ * its dbias, f32; the efficient variant) go into both.  --mod bias: the
+ * baseline is bias = add with its dbias (written in place by the dq
+ * kernel), the case the same bias as the program score + B[b, h, q, k]
+ * over a grad side tensor B of the op's dtype, dB summed through the
+ * side-gradient stages (docs/ir.md "bias"), both efficient.
  *
  *   bench_side_grad [--device cpu|sim|cuda] [--dtype f16|bf16|f32]
  *                   [--batch B] [--heads H] [--seq S] [--dim D]
- *                   [--causal 0|1] [--repeat N] [--mod rel|alibi]
+ *                   [--causal 0|1] [--repeat N] [--mod rel|alibi|bias]
  *                   [--dropout P] [--bias 0|1]
  *
  * Prints one row: the shape, the two medians in ms and grad / no grad.
@@ -23,7 +27,7 @@
 #include "bench_common.h"
 
 typedef struct config {
-    int batch, heads, seq, dim, causal, repeat, bias, alibi;
+    int batch, heads, seq, dim, causal, repeat, bias, alibi, program;
     double dropout;
     aj_dtype dtype;
     aj_device_kind device;
@@ -32,16 +36,21 @@ typedef struct config {
 static aj_kernel *compile_bwd(aj_ctx *ctx, aj_device *dev, const config *c, int grad)
 {
     char spec[512], mod[128];
-    if (c->alibi)
+    int bias = c->bias && !(c->program && grad);
+    mod[0] = 0;   /* the program's baseline: bias = add alone */
+    if (c->program && grad)
+        snprintf(mod, sizeof mod, "tensors = (B: %s[4] grad) score_mod = expr(score + B[b, h, "
+                 "q, k])", aj_dtype_name(c->dtype));
+    else if (c->alibi)
         snprintf(mod, sizeof mod, "score_mod = alibi%s", grad ? "(grad)" : "");
-    else
+    else if (!c->program)
         snprintf(mod, sizeof mod, "tensors = (rel: f32[2]%s) score_mod = expr(score + rel[h, "
                  "min(abs(q - k), 63)])", grad ? " grad" : "");
     snprintf(spec, sizeof spec,
              "attention backward %s { dtype = %s head_dim = %d mask = %s %s dropout = %g "
              "bias = %s }", c->dtype == AJ_DTYPE_F32 || c->bias ? "efficient" : "flash",
              aj_dtype_name(c->dtype), c->dim, c->causal ? "causal(bottom_right)" : "none", mod,
-             c->dropout, c->bias ? "add" : "none");
+             c->dropout, bias ? "add" : "none");
     aj_op *op = NULL;
     aj_kernel *k = NULL;
     aj_compile_options opt = AJ_COMPILE_OPTIONS_INIT;
@@ -105,6 +114,8 @@ int main(int argc, char **argv)
             i++;
         } else if (strcmp(argv[i], "--mod") == 0 && value) {
             c.alibi = strcmp(value, "alibi") == 0;
+            c.program = strcmp(value, "bias") == 0;
+            c.bias = c.bias || c.program;
             i++;
         } else if (strcmp(argv[i], "--dropout") == 0 && value) {
             c.dropout = atof(value);
@@ -117,7 +128,7 @@ int main(int argc, char **argv)
         } else {
             fprintf(stderr, "usage: bench_side_grad [--device cpu|sim|cuda] [--dtype "
                             "f16|bf16|f32] [--batch B] [--heads H] [--seq S] [--dim D] "
-                            "[--causal 0|1] [--repeat N] [--mod rel|alibi] [--dropout P] "
+                            "[--causal 0|1] [--repeat N] [--mod rel|alibi|bias] [--dropout P] "
                             "[--bias 0|1]\n");
             return 2;
         }
@@ -165,6 +176,17 @@ int main(int argc, char **argv)
     a.seed = 1;
     aj_bwd_args with = a;
     with.dside = &dside, with.num_dside = 1;
+    if (c.program) {   /* the bias as side tensor B, dbias as its gradient */
+        side = (aj_side_tensor){"B", bias, c.dtype == AJ_DTYPE_F32 ? AJ_SIDE_F32
+                                           : c.dtype == AJ_DTYPE_F16 ? AJ_SIDE_F16 : AJ_SIDE_BF16,
+                                4, {0}, {0}};
+        memcpy(side.shape, a.bias.shape, sizeof side.shape);
+        memcpy(side.strides, a.bias.strides, sizeof side.strides);
+        dside = side;
+        dside.data = dbias, dside.dtype = AJ_SIDE_F32;
+        a.num_side = 0;
+        with.bias = with.dbias = (aj_tensor){0};
+    }
     time_call(ctx, dev, plain, &a);   /* warm-up: first-touch and scratch */
     time_call(ctx, dev, grad, &with);
     double *t_plain = malloc(sizeof(double) * (size_t)c.repeat);
@@ -178,7 +200,8 @@ int main(int argc, char **argv)
            "%.2f ms, with d%s %.2f ms, ratio %.2fx\n",
            aj_target_name(aj_device_target(dev)), aj_dtype_name(c.dtype), c.batch, c.heads,
            c.seq, c.dim, c.causal ? "causal" : "full", c.dropout > 0 ? ", dropout" : "",
-           c.bias ? ", bias" : "", c.repeat, mp, c.alibi ? "slopes" : "rel", mg, mg / mp);
+           c.bias ? ", bias" : "", c.repeat, mp, c.program ? "B (bias = add: dbias)"
+           : c.alibi ? "slopes" : "rel", mg, mg / mp);
     free(t_plain);
     free(t_grad);
     for (int i = 0; i < 9; i++)
