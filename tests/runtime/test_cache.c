@@ -16,6 +16,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "cache_ctx.h"
 #include "check.h"
 #include "runtime/cache.h"
 #include "temp_dir.h"
@@ -31,14 +32,8 @@ static void count_warnings(void *user, aj_log_level level, const char *msg)
 
 static aj_ctx *new_ctx(const char *cache_dir, aj_cache_mode mode, uint64_t max_bytes)
 {
-    aj_ctx_config cfg = AJ_CTX_CONFIG_INIT;
-    cfg.cache_dir = cache_dir;
-    cfg.cache_mode = mode;
-    cfg.cache_max_bytes = max_bytes;
-    cfg.log_fn = count_warnings;
-    aj_ctx *ctx = NULL;
-    CHECK(aj_ctx_create(&cfg, &ctx) == AJ_OK);
-    return ctx;
+    return cache_ctx_ok(&(cache_ctx_opts){.dir = cache_dir, .mode = mode,
+                                           .max_bytes = max_bytes, .log_fn = count_warnings});
 }
 
 static aj_op *op_for(aj_ctx *ctx, int head_dim)
@@ -58,13 +53,6 @@ static aj_kernel *compile(aj_ctx *ctx, int head_dim)
     CHECK_STATUS(ctx, aj_compile(ctx, op, NULL, &k), AJ_OK);
     aj_op_destroy(op);
     return k;
-}
-
-static aj_cache_stats stats_of(aj_ctx *ctx)
-{
-    aj_cache_stats s;
-    CHECK(aj_cache_get_stats(ctx, &s) == AJ_OK);
-    return s;
 }
 
 /* The single entry file of the cache directory (the tests keep one). */
@@ -104,11 +92,11 @@ static void test_hit_and_miss(void)
 {
     aj_ctx *a = new_ctx(dir, AJ_CACHE_DEFAULT, 0);
     aj_kernel *k1 = compile(a, 64);
-    aj_cache_stats s = stats_of(a);
+    aj_cache_stats s = cache_stats(a);
     CHECK(s.disk_enabled && strcmp(s.disk_dir, dir) == 0);
     CHECK(s.misses == 1 && s.disk_writes == 1 && s.memory_hits == 0);
     aj_kernel *k2 = compile(a, 64);
-    s = stats_of(a);
+    s = cache_stats(a);
     CHECK(s.memory_hits == 1 && s.misses == 1);
     CHECK(k1 == k2);   /* the same kernel, by reference */
     char path[600];
@@ -116,7 +104,7 @@ static void test_hit_and_miss(void)
 
     aj_ctx *b = new_ctx(dir, AJ_CACHE_DEFAULT, 0);   /* a new process, in effect */
     aj_kernel *k3 = compile(b, 64);
-    s = stats_of(b);
+    s = cache_stats(b);
     CHECK(s.disk_hits == 1 && s.misses == 0);
     CHECK(k3 && same_code(k1, k3));
     aj_launch_info li;
@@ -127,7 +115,7 @@ static void test_hit_and_miss(void)
     opt.bypass_cache = true;
     aj_kernel *k4 = NULL;
     CHECK_STATUS(b, aj_compile(b, op, &opt, &k4), AJ_OK);
-    CHECK(k4 != k3 && same_code(k3, k4) && stats_of(b).memory_hits == 0);
+    CHECK(k4 != k3 && same_code(k3, k4) && cache_stats(b).memory_hits == 0);
     aj_op_destroy(op);
     aj_kernel_destroy(k1);
     aj_kernel_destroy(k2);
@@ -146,7 +134,7 @@ static void check_damaged(const char *what, void (*damage)(const char *path))
     aj_ctx *c = new_ctx(dir, AJ_CACHE_DEFAULT, 0);
     int before = warnings;
     aj_kernel *k = compile(c, 64);
-    aj_cache_stats s = stats_of(c);
+    aj_cache_stats s = cache_stats(c);
     CHECK_MSG(s.corrupt_entries == 1 && s.disk_hits == 0 && s.misses == 1,
               "%s: corrupt %llu, disk hits %llu", what, (unsigned long long)s.corrupt_entries,
               (unsigned long long)s.disk_hits);
@@ -157,7 +145,7 @@ static void check_damaged(const char *what, void (*damage)(const char *path))
     /* the rebuilt entry is whole again */
     aj_ctx *d = new_ctx(dir, AJ_CACHE_DEFAULT, 0);
     aj_kernel *k2 = compile(d, 64);
-    CHECK_MSG(stats_of(d).disk_hits == 1, "%s: entry not rewritten", what);
+    CHECK_MSG(cache_stats(d).disk_hits == 1, "%s: entry not rewritten", what);
     aj_kernel_destroy(k2);
     aj_ctx_destroy(d);
 }
@@ -218,7 +206,7 @@ static void test_two_writers(void)
         if (kids[i] == 0) {
             aj_ctx *c = new_ctx(dir, AJ_CACHE_DEFAULT, 0);
             aj_kernel *k = compile(c, 64);
-            aj_cache_stats s = stats_of(c);
+            aj_cache_stats s = cache_stats(c);
             int code = !k ? 1 : s.disk_writes == 1 && s.disk_hits == 0 ? 0
                               : s.disk_writes == 0 && s.disk_hits == 1 ? 2 : 1;
             aj_kernel_destroy(k);
@@ -238,7 +226,7 @@ static void test_two_writers(void)
     CHECK(count_files(".lock") == 0 && count_files(".tmp") == 0);
     aj_ctx *c = new_ctx(dir, AJ_CACHE_DEFAULT, 0);
     aj_kernel *k = compile(c, 64);
-    aj_cache_stats s = stats_of(c);
+    aj_cache_stats s = cache_stats(c);
     CHECK(s.disk_hits == 1 && s.corrupt_entries == 0);
     aj_kernel_destroy(k);
     aj_ctx_destroy(c);
@@ -295,7 +283,7 @@ static void test_unusable_directories(void)
         int before = warnings;
         aj_ctx *c = new_ctx(bad[i], AJ_CACHE_DEFAULT, 0);
         aj_kernel *k1 = compile(c, 64), *k2 = compile(c, 64);
-        aj_cache_stats s = stats_of(c);
+        aj_cache_stats s = cache_stats(c);
         CHECK_MSG(!s.disk_enabled && s.memory_hits == 1, "%s: disk %d", bad[i], s.disk_enabled);
         CHECK_MSG(warnings == before + 1, "%s: %d warnings", bad[i], warnings - before);
         aj_kernel_destroy(k1);
@@ -309,7 +297,7 @@ static void test_switches(void)
 {
     aj_ctx *off = new_ctx(dir, AJ_CACHE_OFF, 0);
     aj_kernel *k1 = compile(off, 64), *k2 = compile(off, 64);
-    CHECK(k1 != k2 && stats_of(off).misses == 0 && !stats_of(off).disk_enabled);
+    CHECK(k1 != k2 && cache_stats(off).misses == 0 && !cache_stats(off).disk_enabled);
     aj_kernel_destroy(k1);
     aj_kernel_destroy(k2);
     aj_ctx_destroy(off);
@@ -317,7 +305,7 @@ static void test_switches(void)
     aj_ctx *mem = new_ctx(dir, AJ_CACHE_MEMORY, 0);
     k1 = compile(mem, 64);
     k2 = compile(mem, 64);
-    CHECK(k1 == k2 && !stats_of(mem).disk_enabled && stats_of(mem).disk_writes == 0);
+    CHECK(k1 == k2 && !cache_stats(mem).disk_enabled && cache_stats(mem).disk_writes == 0);
     aj_kernel_destroy(k1);
     aj_kernel_destroy(k2);
     aj_ctx_destroy(mem);
@@ -325,7 +313,7 @@ static void test_switches(void)
     setenv("AJ_CACHE", "off", 1);
     aj_ctx *env = new_ctx(dir, AJ_CACHE_DEFAULT, 0);
     k1 = compile(env, 64);
-    CHECK(!stats_of(env).disk_enabled && stats_of(env).disk_hits == 0);
+    CHECK(!cache_stats(env).disk_enabled && cache_stats(env).disk_hits == 0);
     aj_kernel_destroy(k1);
     aj_ctx_destroy(env);
     unsetenv("AJ_CACHE");
@@ -345,7 +333,7 @@ static void test_eviction(void)
         aj_kernel *k = compile(c, dims[i]);
         aj_kernel_destroy(k);
     }
-    aj_cache_stats s = stats_of(c);
+    aj_cache_stats s = cache_stats(c);
     CHECK_MSG(s.evictions >= 2, "evictions %llu", (unsigned long long)s.evictions);
     DIR *d = opendir(dir);
     long total = 0;

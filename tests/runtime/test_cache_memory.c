@@ -18,17 +18,13 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "cache_ctx.h"
 #include "check.h"
 #include "spec_compile.h"
 
 static aj_ctx *new_ctx(uint64_t max_kernels)
 {
-    aj_ctx_config cfg = AJ_CTX_CONFIG_INIT;
-    cfg.cache_mode = AJ_CACHE_MEMORY;
-    cfg.cache_max_kernels = max_kernels;
-    aj_ctx *ctx = NULL;
-    CHECK(aj_ctx_create(&cfg, &ctx) == AJ_OK);
-    return ctx;
+    return cache_ctx_ok(&(cache_ctx_opts){.mode = AJ_CACHE_MEMORY, .max_kernels = max_kernels});
 }
 
 /* The cpu kernel of op number i (a window of i keys to the left). */
@@ -44,19 +40,12 @@ static aj_kernel *compile(aj_ctx *ctx, int i)
     return k;
 }
 
-static aj_cache_stats stats_of(aj_ctx *ctx)
-{
-    aj_cache_stats s;
-    CHECK(aj_cache_get_stats(ctx, &s) == AJ_OK);
-    return s;
-}
-
 /* Compiles op i and says whether it was a memory hit. */
 static int hit(aj_ctx *ctx, int i)
 {
-    uint64_t before = stats_of(ctx).memory_hits;
+    uint64_t before = cache_stats(ctx).memory_hits;
     aj_kernel_destroy(compile(ctx, i));
-    return stats_of(ctx).memory_hits == before + 1;
+    return cache_stats(ctx).memory_hits == before + 1;
 }
 
 static void test_least_recently_used(void)

@@ -36,6 +36,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "cache_ctx.h"
 #include "check.h"
 #include "fwd_check.h"
 #include "sim_harness.h"
@@ -67,13 +68,8 @@ static uint64_t next_random(uint64_t *s)
 
 static aj_ctx *new_ctx(const char *dir, uint64_t cap)
 {
-    aj_ctx_config cfg = AJ_CTX_CONFIG_INIT;
-    cfg.cache_dir = dir;
-    cfg.cache_mode = AJ_CACHE_DEFAULT;
-    cfg.cache_max_bytes = cap;
-    cfg.log_level = AJ_LOG_ERROR;   /* the vandal's damage is expected: no warnings */
-    aj_ctx *ctx = NULL;
-    return aj_ctx_create(&cfg, &ctx) == AJ_OK ? ctx : NULL;
+    /* the vandal's damage is expected: no warnings */
+    return cache_ctx(&(cache_ctx_opts){.dir = dir, .max_bytes = cap, .quiet = true});
 }
 
 /* One round: a new context, one forward of a random op against the
@@ -284,12 +280,7 @@ static void test_write_fails(const char *parent)
     char sub[600];
     snprintf(sub, sizeof sub, "%s/gone", parent);
     CHECK(mkdir(sub, 0700) == 0);
-    aj_ctx_config cfg = AJ_CTX_CONFIG_INIT;
-    cfg.cache_dir = sub;
-    cfg.cache_mode = AJ_CACHE_DEFAULT;
-    cfg.log_fn = count_warnings;
-    aj_ctx *ctx = NULL;
-    CHECK(aj_ctx_create(&cfg, &ctx) == AJ_OK);
+    aj_ctx *ctx = cache_ctx_ok(&(cache_ctx_opts){.dir = sub, .log_fn = count_warnings});
     aj_cache_stats s;
     CHECK(aj_cache_get_stats(ctx, &s) == AJ_OK && s.disk_enabled);
     CHECK(rmdir(sub) == 0);

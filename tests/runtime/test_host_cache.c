@@ -18,6 +18,7 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
+#include "cache_ctx.h"
 #include "check.h"
 #include "codegen/codegen.h"
 #include "isa_mask.h"
@@ -43,18 +44,7 @@ static const struct {
 
 static aj_ctx *new_ctx(const char *dir)
 {
-    aj_ctx_config cfg = AJ_CTX_CONFIG_INIT;
-    cfg.cache_dir = dir;
-    aj_ctx *ctx = NULL;
-    CHECK(aj_ctx_create(&cfg, &ctx) == AJ_OK);
-    return ctx;
-}
-
-static aj_cache_stats stats_of(aj_ctx *ctx)
-{
-    aj_cache_stats s;
-    CHECK(aj_cache_get_stats(ctx, &s) == AJ_OK);
-    return s;
+    return cache_ctx_ok(&(cache_ctx_opts){.dir = dir});
 }
 
 /* Compiles the spec for hosts[h] on ctx (timed into *ms), then runs the
@@ -111,7 +101,7 @@ static int warm_child(const char *dir, int h)
     aj_ctx *ctx = new_ctx(dir);
     double ms = 0;
     compile_and_run(ctx, h, "warm process", &ms);
-    aj_cache_stats s = stats_of(ctx);
+    aj_cache_stats s = cache_stats(ctx);
     CHECK_MSG(s.disk_hits == 1 && s.misses == 0 && s.corrupt_entries == 0,
               "disk hits %llu, misses %llu, corrupt %llu", (unsigned long long)s.disk_hits,
               (unsigned long long)s.misses, (unsigned long long)s.corrupt_entries);
@@ -125,7 +115,7 @@ static void test_second_process(const char *self, const char *dir, int h)
     aj_ctx *ctx = new_ctx(dir);
     double ms = 0;
     compile_and_run(ctx, h, "cold", &ms);
-    aj_cache_stats s = stats_of(ctx);
+    aj_cache_stats s = cache_stats(ctx);
     CHECK(s.disk_enabled && s.misses == 1 && s.disk_writes == 1);
     printf("%s cold process: compile %.1f ms\n", hosts[h].name, ms);
     aj_ctx_destroy(ctx);
@@ -145,7 +135,7 @@ static void test_features_in_key(const char *dir)
     aj_ctx *ctx = new_ctx(dir);
     double ms = 0;
     int wide = compile_and_run(ctx, 0, "avx2", &ms);
-    aj_cache_stats s = stats_of(ctx);
+    aj_cache_stats s = cache_stats(ctx);
     if (avx512)
         CHECK_MSG(s.disk_hits == 0 && s.misses == 1 && s.disk_writes == 1,
                   "AJ_CPU_ISA=avx2: disk hits %llu", (unsigned long long)s.disk_hits);
@@ -176,7 +166,7 @@ static void test_features_in_key(const char *dir)
 
     ctx = new_ctx(dir);
     compile_and_run(ctx, 0, "native again", &ms);
-    CHECK(stats_of(ctx).disk_hits == 1 && stats_of(ctx).misses == 0);
+    CHECK(cache_stats(ctx).disk_hits == 1 && cache_stats(ctx).misses == 0);
     aj_ctx_destroy(ctx);
 }
 
@@ -245,14 +235,14 @@ static void test_damaged(const char *dir, int h, int fix_checksum)
     aj_ctx *ctx = new_ctx(dir);
     double ms = 0;
     compile_and_run(ctx, h, what, &ms);
-    aj_cache_stats s = stats_of(ctx);
+    aj_cache_stats s = cache_stats(ctx);
     CHECK_MSG(s.corrupt_entries == 1 && s.disk_hits == 0 && s.misses == 1 && s.disk_writes == 1,
               "%s %s: corrupt %llu, hits %llu", hosts[h].name, what,
               (unsigned long long)s.corrupt_entries, (unsigned long long)s.disk_hits);
     aj_ctx_destroy(ctx);
     ctx = new_ctx(dir);   /* rebuilt whole */
     compile_and_run(ctx, h, what, &ms);
-    CHECK_MSG(stats_of(ctx).disk_hits == 1, "%s %s: the entry was not rewritten", hosts[h].name,
+    CHECK_MSG(cache_stats(ctx).disk_hits == 1, "%s %s: the entry was not rewritten", hosts[h].name,
               what);
     aj_ctx_destroy(ctx);
 }
