@@ -701,7 +701,9 @@ def attention(q, k, v, *, causal=False, window=None, softcap=None, alibi_slopes=
     q+shift+right (None or -1: unbounded); with causal, right is 0.
     softcap=C: s = C tanh(s / C).  alibi_slopes: (Hq,) float32.  bias:
     added to the scaled score, broadcastable to (B, Hq, Sq, Sk) with its
-    last two dims full (efficient variant, chosen when bias is given).
+    last two dims full (efficient variant, chosen when bias is given; the
+    flash variant takes one as score_mod="score + B[b, h, q, k]" with
+    tensors={"B": bias}, docs/ir.md "bias").
     mask / score_mod: an IR expression E (docs/ir.md) over b, h, q, k, sq,
     sk (and score), reading the side tensors in `tensors` by name (int
     tensors as i32, float16 and bfloat16 as they are, other floats as
