@@ -88,7 +88,8 @@ static bool pow_exponent_ok(const aj_expr *e, uint16_t exponent, char *msg, size
 }
 
 /* The type of a leaf: a LIT's own; a VAR's, score (a float, in a
- * score_mod only) or a position or size (an int). */
+ * score_mod only), bias (a float, in the score programs only) or a
+ * position or size (an int). */
 static bool leaf_type(aj_expr_op op, const aj_expr_node *leaf, const aj_expr_scope *scope,
                       aj_expr_type *result, char *msg, size_t cap)
 {
@@ -100,7 +101,13 @@ static bool leaf_type(aj_expr_op op, const aj_expr_node *leaf, const aj_expr_sco
         snprintf(msg, cap, "'score' is only defined in a score_mod");
         return false;
     }
-    *result = leaf->u.var == AJ_VAR_SCORE ? AJ_EXPR_FLOAT : AJ_EXPR_INT;
+    if (leaf->u.var == AJ_VAR_BIAS && !scope->bias) {
+        snprintf(msg, cap, "'bias' is not a variable: a score_mod reads the op's bias "
+                 "(bias = add) in score");
+        return false;
+    }
+    *result = leaf->u.var == AJ_VAR_SCORE || leaf->u.var == AJ_VAR_BIAS ? AJ_EXPR_FLOAT
+                                                                        : AJ_EXPR_INT;
     return true;
 }
 
@@ -415,13 +422,21 @@ bool aj_expr_add(aj_expr *e, const aj_expr_scope *scope, aj_expr_op op,
     return true;
 }
 
-static uint16_t copy_node(aj_expr *dst, const aj_expr *src, uint16_t id)
+/* Copies node id's tree, every read of variable `var` as node `with` of
+ * dst (AJ_EXPR_NONE: none), the depths counted again over the copies. */
+static uint16_t copy_node(aj_expr *dst, const aj_expr *src, uint16_t id, int var,
+                          uint16_t with)
 {
     aj_expr_node node = src->nodes[id];
-    int arity = aj_expr_arity(&node);
+    int arity = aj_expr_arity(&node), depth = 0;
 
-    for (int i = 0; i < arity; i++)
-        node.args[i] = copy_node(dst, src, node.args[i]);
+    if (with != AJ_EXPR_NONE && node.op == AJ_EXPR_VAR && node.u.var == var)
+        return with;
+    for (int i = 0; i < arity; i++) {
+        node.args[i] = copy_node(dst, src, node.args[i], var, with);
+        depth = dst->nodes[node.args[i]].depth > depth ? dst->nodes[node.args[i]].depth : depth;
+    }
+    node.depth = (uint16_t)(depth + (aj_expr_ops[node.op].form == AJ_FORM_HIDDEN ? 0 : 1));
     return append(dst, node);
 }
 
@@ -439,11 +454,17 @@ static int tree_size(const aj_expr *e, uint16_t id)
 bool aj_expr_copy(aj_expr *dst, const aj_expr *src, uint16_t root,
                   uint16_t *out)
 {
+    return aj_expr_copy_with(dst, src, root, AJ_VAR_SCORE, AJ_EXPR_NONE, out);
+}
+
+bool aj_expr_copy_with(aj_expr *dst, const aj_expr *src, uint16_t root, aj_expr_var var,
+                       uint16_t with, uint16_t *out)
+{
     char msg[64];
     int size = tree_size(src, root);
     if (dst->count + size > AJ_EXPR_NODES_MAX || !reserve(dst, size, msg, sizeof msg))
         return false;
-    *out = copy_node(dst, src, root);
+    *out = copy_node(dst, src, root, (int)var, with);
     return true;
 }
 

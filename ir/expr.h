@@ -179,7 +179,9 @@ typedef struct aj_expr_op_info {
 /* Indexed by aj_expr_op. */
 extern const aj_expr_op_info aj_expr_ops[AJ_EXPR_OP_COUNT];
 
-/* The variables, in the order of aj_expr_env's fields. */
+/* The variables, in the order of aj_expr_env's fields.  `bias` is the
+ * op's bias term at the element (bias = add), a leaf of the score
+ * programs only (docs/design.md "The score pipeline"): no text reads it. */
 #define AJ_EXPR_VAR_LIST(X) \
     X(B, "b")               \
     X(H, "h")               \
@@ -187,7 +189,8 @@ extern const aj_expr_op_info aj_expr_ops[AJ_EXPR_OP_COUNT];
     X(K, "k")               \
     X(SQ, "sq")             \
     X(SK, "sk")             \
-    X(SCORE, "score")
+    X(SCORE, "score")       \
+    X(BIAS, "bias")
 
 typedef enum aj_expr_var {
 #define AJ_EXPR_VAR_ENUM(e, name) AJ_VAR_##e,
@@ -260,6 +263,7 @@ typedef struct aj_expr_scope {
     const aj_tensor_decl *tensors;
     int count;
     bool score;        /* `score` is in scope (score_mod only) */
+    bool bias;         /* `bias` is in scope (the score programs' own nodes) */
 } aj_expr_scope;
 
 /* ---------------------------------------------------------------- build */
@@ -281,6 +285,10 @@ bool aj_expr_add(aj_expr *e, const aj_expr_scope *scope, aj_expr_op op,
  * *out.  False if dst has no room (or no memory). */
 bool aj_expr_copy(aj_expr *dst, const aj_expr *src, uint16_t root,
                   uint16_t *out);
+/* The same with every read of variable `var` as node `with` of dst (a
+ * node made before the copy: operands keep smaller ids). */
+bool aj_expr_copy_with(aj_expr *dst, const aj_expr *src, uint16_t root, aj_expr_var var,
+                       uint16_t with, uint16_t *out);
 
 /* Checks the tree at `root` the way the verifier must for an op poked into
  * by hand: ids in range and below their user's, ops, operand counts,
@@ -332,6 +340,7 @@ float aj_side_float_at(const void *data, aj_side_dtype dtype, int64_t at);
 typedef struct aj_expr_env {
     int64_t b, h, q, k, sq, sk;
     double score;                  /* rounded to f32 when read */
+    double bias;                   /* the op's bias term (f32 when read) */
     const aj_side_tensor *tensors;
     int tensor_count;
     /* aj_expr_eval_grad's variable: 0, the score; t + 1, element

@@ -337,6 +337,8 @@ static dual eval_node(const aj_expr *e, uint16_t id, const aj_expr_env *env)
         if (n->u.var == AJ_VAR_SCORE)
             return (dual){ .v.f = (float)env->score, .d = env->grad_tensor ? 0.0 : 1.0,
                            .live = !env->grad_tensor };
+        if (n->u.var == AJ_VAR_BIAS)
+            return num((float)env->bias, 0.0);
         return integer(vars[n->u.var]);
     }
     case AJ_EXPR_SELECT:

@@ -856,7 +856,8 @@ static aj_status parse_name(expr_parser *ep, uint16_t *out)
         return add_node(ep, name.pos, AJ_EXPR_LIT, NULL, 0, &leaf, out);
     }
     for (int v = 0; v < AJ_VAR_COUNT; v++) {
-        if (is_word(&name, aj_expr_var_names[v])) {
+        /* the bias leaf is the score programs' own: no text reads it */
+        if (v != AJ_VAR_BIAS && is_word(&name, aj_expr_var_names[v])) {
             leaf = (aj_expr_node){ .op = AJ_EXPR_VAR, .u.var = v };
             return add_node(ep, name.pos, AJ_EXPR_VAR, NULL, 0, &leaf, out);
         }

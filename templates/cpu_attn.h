@@ -93,10 +93,10 @@ typedef struct aj_cpu_attn {
 } aj_cpu_attn;
 
 /* Whether Q can carry scale log2 e for `prog`: no score_mod and no bias
- * need the score in natural units. */
-static inline int aj_cpu_log2e_in_q(const aj_op *op, const aj_score_prog *prog)
+ * (the program's leaf) need the score in natural units. */
+static inline int aj_cpu_log2e_in_q(const aj_score_prog *prog)
 {
-    return !aj_score_has_mod(prog) && op->bias == AJ_BIAS_NONE;
+    return !aj_score_has_mod(prog);
 }
 
 /* Sets the fields from the kernel parameters for query head h of batch

@@ -316,11 +316,11 @@ static void emit_probabilities(cbwd *c, LLVMValueRef m0, LLVMValueRef n0)
                 b, aj_cv_splat(kb, row_in, w),
                 LLVMBuildFCmp(b, LLVMRealOGT, pv, aj_cv_splat(kb, aj_kb_f32(kb, 0), w), ""), "");
             aj_kb_if_begin(kb, c->side_on);
-            /* the score_mod reads scale q.k + bias */
-            LLVMValueRef tb = op->bias == AJ_BIAS_ADD
-                                  ? LLVMBuildFAdd(b, t, aj_cpu_bias(&c->at, ig, jv), "")
-                                  : t;
-            aj_side_grad_add_lanes(&c->at.sc, c->side_base, c->side_part, tb,
+            /* the program reads scale q.k and the bias leaf */
+            aj_score_bias bias = {op->bias == AJ_BIAS_ADD ? aj_cpu_bias(&c->at, ig, jv) : NULL,
+                                  NULL, NULL};
+            aj_side_grad_add_lanes(&c->at.sc, c->side_base, c->side_part, t,
+                                   bias.value ? &bias : NULL,
                                    aj_score_ds(kb, pv, dpv, delta, NULL, row_in), live, ig, jv);
             aj_kb_if_end(kb);
         }

@@ -875,7 +875,7 @@ static aj_status cfwd_build(aj_kb *kb, const aj_op *op, void *user)
     aj_kctx_init(&c.k, kb, op, prog);
     /* without a score_mod, Q takes scale log2 e once, and scores need no
      * multiply; the score_mod sees the scaled score in natural units */
-    int log2e_in_q = aj_cpu_log2e_in_q(op, prog);
+    int log2e_in_q = aj_cpu_log2e_in_q(prog);
     if (op->layout == AJ_LAYOUT_PAGED) {
         c.k_tensor = AJ_PSRC_k_cache;
         c.v_tensor = AJ_PSRC_v_cache;

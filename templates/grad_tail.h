@@ -41,12 +41,12 @@ LLVMValueRef aj_side_grad_part(aj_kb *kb, const aj_score_prog *p, LLVMValueRef b
                                LLVMValueRef on, LLVMValueRef *base);
 /* The cpu's terms of row i and keys jv (s->lanes lanes): dS (the
  * gradient of the score, P (dP - Delta)) times each grad load's
- * derivative at the pre-mod score t, added to the part in (load, lane)
- * order where `live` (<W x i1>) holds and the element is inside its
- * tensor. */
+ * derivative at the score t = scale q.k (and the bias leaf's value
+ * `bias`, NULL: none), added to the part in (load, lane) order where
+ * `live` (<W x i1>) holds and the element is inside its tensor. */
 void aj_side_grad_add_lanes(aj_score *s, const LLVMValueRef *base, LLVMValueRef part,
-                            LLVMValueRef t, LLVMValueRef ds, LLVMValueRef live, LLVMValueRef i,
-                            LLVMValueRef jv);
+                            LLVMValueRef t, const aj_score_bias *bias, LLVMValueRef ds,
+                            LLVMValueRef live, LLVMValueRef i, LLVMValueRef jv);
 
 /* The element of tensor parameter t (of dtype) at element offset `at`
  * (i64), as f32. */

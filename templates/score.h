@@ -5,7 +5,8 @@
  * An op's mask and score_mod are programs in the IR's expression language
  * (ir/expr.h).  The built-in forms are the programs aj_expr_builtin_text
  * spells (causal(bottom_right) is `k <= q + (sk - sq)`, softcap(C) is
- * `C * tanh(score / C)`, ...), so a template meets one kind of mask and one
+ * `C * tanh(score / C)`, ...), and an op's bias is the score_mod's leaf
+ * `bias` (mod(score + bias)), so a template meets one kind of mask and one
  * kind of score_mod, never an enum:
  *
  *   compile time   aj_score_prog_init   the programs, d(score_mod)/d(score)
@@ -16,7 +17,8 @@
  *                  aj_score_mod_value   the modified score of (i, j)
  *                  aj_score_mod_grad    ... and its derivative (backward)
  *                  aj_score_compose     q.k to the score in log2 units:
- *                                       scale, bias, score_mod, log2 e
+ *                                       scale, score_mod (with its bias
+ *                                       leaf), log2 e
  *                  aj_score_dropped     dropout's keep / (1 - p)
  *                  aj_score_p_ds        the backward's P and dS
  *                  aj_score_visible     whether key j is visible to row i
@@ -68,7 +70,10 @@ typedef struct aj_score_prog {
      * tensors, then alibi's slopes (named "alibi_slopes") */
     aj_tensor_decl tensors[AJ_OP_TENSORS_MAX + 1];
     int tensor_count;
-    uint16_t mod;          /* score_mod, AJ_EXPR_NONE: the identity */
+    /* score_mod, AJ_EXPR_NONE: the identity; an op with a bias (bias =
+     * add) reads `score` as `biased`: mod(score + bias) */
+    uint16_t mod;
+    uint16_t biased;       /* score + bias, AJ_EXPR_NONE: the op has no bias */
     uint16_t dmod;         /* d mod / d score, AJ_EXPR_NONE: 1 */
     uint16_t band_lo;      /* k >= q + band_lo, AJ_EXPR_NONE: unbounded */
     uint16_t band_hi;      /* k <= q + band_hi, AJ_EXPR_NONE: unbounded */
@@ -108,7 +113,8 @@ typedef struct aj_score_prog {
 #define AJ_SCORE_READS_POSITION (AJ_SCORE_READS(AJ_VAR_Q) | AJ_SCORE_READS(AJ_VAR_K))
 /* what a node's tree reads that changes with the key: a node reading
  * neither has one value for a whole row (every lane of a cpu vector) */
-#define AJ_SCORE_READS_KEY (AJ_SCORE_READS(AJ_VAR_K) | AJ_SCORE_READS(AJ_VAR_SCORE))
+#define AJ_SCORE_READS_KEY \
+    (AJ_SCORE_READS(AJ_VAR_K) | AJ_SCORE_READS(AJ_VAR_SCORE) | AJ_SCORE_READS(AJ_VAR_BIAS))
 
 /* Builds the programs of `op` (verified).  AJ_ERR_UNSUPPORTED when the
  * derivative does not fit the node arena (the message says so); on an
@@ -128,7 +134,8 @@ aj_status aj_score_prog_check(aj_ctx *ctx, const aj_op *op);
  * its backward), so a block mask can tell the op it was built for. */
 uint64_t aj_score_mask_hash(const aj_score_prog *p);
 
-/* Whether the op has a mask (anything but `none`) / a score_mod. */
+/* Whether the op has a mask (anything but `none`) / a score program
+ * beyond the identity (a score_mod, or a bias: score + bias). */
 static inline bool aj_score_has_mask(const aj_score_prog *p)
 {
     return p->band_lo != AJ_EXPR_NONE || p->band_hi != AJ_EXPR_NONE ||
@@ -138,6 +145,13 @@ static inline bool aj_score_has_mask(const aj_score_prog *p)
 static inline bool aj_score_has_mod(const aj_score_prog *p)
 {
     return p->mod != AJ_EXPR_NONE;
+}
+
+/* Whether the program is the bias alone (mod = score + bias): its
+ * derivative by the score is 1, with no chain rule to apply. */
+static inline bool aj_score_mod_is_bias(const aj_score_prog *p)
+{
+    return p->biased != AJ_EXPR_NONE && p->mod == p->biased;
 }
 
 /* Whether the op has learned sinks (sinks = NAME). */
@@ -220,32 +234,39 @@ void aj_score_fold_sink(aj_kb *kb, const aj_score_prog *p, LLVMValueRef h,
 /* The sink logit (f32, natural-log units) of global head h (i64). */
 LLVMValueRef aj_score_sink(aj_kb *kb, const aj_score_prog *p, LLVMValueRef h);
 
-/* The score_mod of `score` (f32; or <W x float>) at row i, key j (local). */
-LLVMValueRef aj_score_mod_value(aj_score *s, LLVMValueRef score, LLVMValueRef i, LLVMValueRef j);
-/* The same and, in *d, d mod / d score. */
-LLVMValueRef aj_score_mod_grad(aj_score *s, LLVMValueRef score, LLVMValueRef i, LLVMValueRef j,
-                               LLVMValueRef *d);
-
-/*
- * The score pipeline (docs/design.md "The score pipeline"), one
- * composition for every template and target:
- *
- *   s2 = log2 e * mod(scale q.k + bias, i, j)        (-inf where hidden)
- *
- * `qk` (f32 or <W x float>) carries what the caller folded into Q already:
- * nothing (AJ_SCORE_RAW), the scale (AJ_SCORE_SCALED) or, for an op with
- * neither score_mod nor bias, scale and log2 e (AJ_SCORE_LOG2).  Without a
- * score_mod and bias, scale and log2 e are one multiplication.  The bias
- * term is a value loaded already or loaded where the pipeline adds it
- * (`load`, at (i, j)); NULL: none.  With `dmod` (not NULL) the backward's
- * d mod / d t too (NULL there: 1).
- */
-typedef enum aj_score_units { AJ_SCORE_RAW, AJ_SCORE_SCALED, AJ_SCORE_LOG2 } aj_score_units;
+/* The value of the program's bias leaf at (i, j) (the op's bias term,
+ * bias = add): a value the template loaded already, or one its loader
+ * gives where the program first reads it. */
 typedef struct aj_score_bias {
     LLVMValueRef value;   /* the term, or NULL: load(user, i, j) gives it */
     LLVMValueRef (*load)(void *user, LLVMValueRef i, LLVMValueRef j);
     void *user;
 } aj_score_bias;
+LLVMValueRef aj_score_bias_at(const aj_score_bias *bias, LLVMValueRef i, LLVMValueRef j);
+
+/* The score_mod of `score` (f32; or <W x float>) at row i, key j (local):
+ * the program, whose bias leaf (an op with a bias) reads `bias`. */
+LLVMValueRef aj_score_mod_value(aj_score *s, LLVMValueRef score, const aj_score_bias *bias,
+                                LLVMValueRef i, LLVMValueRef j);
+/* The same and, in *d, d mod / d score. */
+LLVMValueRef aj_score_mod_grad(aj_score *s, LLVMValueRef score, const aj_score_bias *bias,
+                               LLVMValueRef i, LLVMValueRef j, LLVMValueRef *d);
+
+/*
+ * The score pipeline (docs/design.md "The score pipeline"), one
+ * composition for every template and target:
+ *
+ *   s2 = log2 e * mod(scale q.k, i, j)               (-inf where hidden)
+ *
+ * where an op's bias is the program's own: mod(score + bias).  `qk` (f32
+ * or <W x float>) carries what the caller folded into Q already: nothing
+ * (AJ_SCORE_RAW), the scale (AJ_SCORE_SCALED) or, for an op whose program
+ * is the identity, scale and log2 e (AJ_SCORE_LOG2).  For the identity,
+ * scale and log2 e are one multiplication.  `bias` gives the bias leaf's
+ * value (NULL: the op has no bias).  With `dmod` (not NULL) the backward's
+ * d mod / d score too (NULL there: 1).
+ */
+typedef enum aj_score_units { AJ_SCORE_RAW, AJ_SCORE_SCALED, AJ_SCORE_LOG2 } aj_score_units;
 LLVMValueRef aj_score_compose(aj_score *s, LLVMValueRef qk, aj_score_units has,
                               const aj_score_bias *bias, LLVMValueRef i, LLVMValueRef j,
                               LLVMValueRef *dmod);
@@ -269,27 +290,30 @@ LLVMValueRef aj_score_ds(aj_kb *kb, LLVMValueRef p, LLVMValueRef dp, LLVMValueRe
  * (row i, key j; local indices, i32), from q.k (`qk`), dO.v (`dp`), the
  * row's LSE in log2 units and Delta:
  *
- *   t = scale q.k [+ bias];  s = mod(t);  P = exp(s - LSE) where `visible`
+ *   t = scale q.k;  s = mod(t);  P = exp(s - LSE) where `visible`
  *   dS = P (dP m - Delta) mod'(t)        m = keep / (1 - p)
  *
- * `bias` (NULL: none) is bias[b,h,i,j], `keep` (NULL: no dropout) the
- * forward's keep decision.  *p_out is the dropped P m (dV's factor); dS is
- * the gradient of t without the scale (dbias).
+ * `bias` (NULL: none) is the bias leaf's value bias[b,h,i,j] (mod reads
+ * score + bias), `keep` (NULL: no dropout) the forward's keep decision.
+ * *p_out is the dropped P m (dV's factor); dS is the gradient of t without
+ * the scale, and so of the bias leaf too (dbias).
  */
 void aj_score_p_ds(aj_score *s, LLVMValueRef qk, LLVMValueRef dp, LLVMValueRef i,
                    LLVMValueRef j, LLVMValueRef lse2, LLVMValueRef delta, LLVMValueRef visible,
                    LLVMValueRef bias, LLVMValueRef keep, LLVMValueRef *p_out,
                    LLVMValueRef *ds_out);
 
-/* Gradients of side tensors: the score_mod of `t` (the pre-mod score,
- * f32; or <W x float> with s->lanes) at row i, key j (local) and, for
+/* Gradients of side tensors: the score_mod of `t` (scale q.k, f32; or
+ * <W x float> with s->lanes; `bias` the bias leaf's) at row i, key j
+ * (local) and, for
  * each of the programs' grads g, val[g] = d mod / d load_g there and at[g]
  * the element the load reads as a row-major index into its tensor's shape
  * (i64; vectors with lanes), -1 where the index falls outside the tensor
  * (the load read 0, which has no gradient).  Without a score_mod: t, and
  * no grads. */
-LLVMValueRef aj_score_mod_side_grads(aj_score *s, LLVMValueRef t, LLVMValueRef i,
-                                     LLVMValueRef j, LLVMValueRef *val, LLVMValueRef *at);
+LLVMValueRef aj_score_mod_side_grads(aj_score *s, LLVMValueRef t, const aj_score_bias *bias,
+                                     LLVMValueRef i, LLVMValueRef j, LLVMValueRef *val,
+                                     LLVMValueRef *at);
 /* The elements of side tensor d (i64): the product of its size
  * parameters. */
 LLVMValueRef aj_score_tensor_numel(aj_kb *kb, const aj_tensor_decl *d);

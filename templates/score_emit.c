@@ -1,6 +1,7 @@
 /*
  * score_emit.c -- a score program node as LLVM values (score_internal.h).
  */
+#include <assert.h>
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -582,6 +583,8 @@ static LLVMValueRef emit_leaf(emitter *m, const aj_expr_node *n)
         LLVMValueRef j = LLVMBuildSExt(b, m->j, lane_type(m, kb->t_i64), "");
         return LLVMBuildAdd(b, splat(m, s->k_origin), j, "");
     }
+    case AJ_VAR_BIAS:
+        return aj_score_bias_at(m->bias, m->i, m->j);
     default:
         return m->score;
     }
@@ -752,11 +755,21 @@ static LLVMValueRef as_i32(aj_kb *kb, LLVMValueRef v)
     return LLVMBuildTrunc(kb->b, v, to, "");
 }
 
+/* Starts emitter m's emission of the score_mod: the bias leaf's value
+ * `bias`, and the biased score (score + bias) made first, where the
+ * pipeline adds the bias before any other node of the mod. */
+static void begin_mod(emitter *m, const aj_score_bias *bias)
+{
+    m->bias = bias;
+    if (m->s->p->biased != NONE)
+        aj_score_emit_node(m, m->s->p->biased);
+}
+
 /* Slot `slot`'s helper in this kernel (SLOT_MOD: the mod; SLOT_GRAD: {the
- * mod, d mod / d score}), made on first use, called at (score, i, j): its
- * result.  NULL when the builder failed. */
-static LLVMValueRef call_outlined(aj_score *s, int slot, LLVMValueRef score, LLVMValueRef i,
-                                  LLVMValueRef j)
+ * mod, d mod / d score}), made on first use, called at (score, i, j) and
+ * the bias leaf's value: its result.  NULL when the builder failed. */
+static LLVMValueRef call_outlined(aj_score *s, int slot, LLVMValueRef score,
+                                  const aj_score_bias *bias, LLVMValueRef i, LLVMValueRef j)
 {
     aj_kb *kb = s->kb;
     const int w = s->lanes;
@@ -770,13 +783,16 @@ static LLVMValueRef call_outlined(aj_score *s, int slot, LLVMValueRef score, LLV
     snprintf(name, sizeof name, "%.*s.score_%s", (int)len, kernel,
              slot == SLOT_MOD ? "mod" : "grad");
     LLVMValueRef fn = LLVMGetNamedFunction(kb->mod, name);
+    const int nargs = s->p->biased != NONE ? 10 : 9;
     if (!fn) {
-        /* score, i, j, then what the program's leaves read */
-        LLVMTypeRef extra[9] = {tf, kb->t_i32, ti, kb->t_i64, kb->t_i64,
-                                kb->t_i64, kb->t_i64, kb->t_i64, kb->t_i64};
+        /* score, i, j, what the program's leaves read, the bias term */
+        LLVMTypeRef extra[10] = {tf, kb->t_i32, ti, kb->t_i64, kb->t_i64,
+                                 kb->t_i64, kb->t_i64, kb->t_i64, kb->t_i64, tf};
         aj_kb_helper_saved *saved = aj_kb_scratch(kb, sizeof *saved);
         LLVMValueRef *loads = aj_kb_scratch(kb, (size_t)s->p->e.count * sizeof *loads + 1);
-        if (!saved || !loads || !(fn = aj_kb_helper_begin(kb, name, ret, extra, 9, saved)))
+        aj_score_bias *term = aj_kb_scratch(kb, sizeof *term);
+        if (!saved || !loads || !term ||
+            !(fn = aj_kb_helper_begin(kb, name, ret, extra, (unsigned)nargs, saved)))
             return NULL;
         aj_score in = *s;   /* its leaves the helper's arguments; loads read inside */
         LLVMValueRef *leaf[6] = {&in.b, &in.h, &in.q_origin, &in.k_origin, &in.sq, &in.sk};
@@ -786,6 +802,9 @@ static LLVMValueRef call_outlined(aj_score *s, int slot, LLVMValueRef score, LLV
         memset(in.scratch, 0, sizeof in.scratch);
         emitter *m = score_emitter(&in, slot, w, aj_kb_helper_arg(kb, 1),
                                    aj_kb_helper_arg(kb, 2), aj_kb_helper_arg(kb, 0));
+        *term = (aj_score_bias){nargs > 9 ? aj_kb_helper_arg(kb, 9) : NULL, NULL, NULL};
+        if (m)
+            begin_mod(m, term);
         LLVMValueRef v = m ? aj_score_emit_node(m, s->p->mod) : LLVMGetUndef(tf);
         if (slot == SLOT_GRAD) {
             LLVMValueRef d = !m                    ? LLVMGetUndef(tf)
@@ -796,27 +815,36 @@ static LLVMValueRef call_outlined(aj_score *s, int slot, LLVMValueRef score, LLV
         }
         aj_kb_helper_end(kb, v, saved);
     }
-    LLVMValueRef args[9] = {score, as_i32(kb, i), as_i32(kb, j), s->b, s->h,
-                            s->q_origin, s->k_origin, s->sq, s->sk};
-    return aj_kb_helper_call(kb, fn, args, 9);
+    LLVMValueRef args[10] = {score, as_i32(kb, i), as_i32(kb, j), s->b, s->h,
+                             s->q_origin, s->k_origin, s->sq, s->sk,
+                             nargs > 9 ? aj_score_bias_at(bias, i, j) : NULL};
+    return aj_kb_helper_call(kb, fn, args, (unsigned)nargs);
 }
 
-LLVMValueRef aj_score_mod_value(aj_score *s, LLVMValueRef score, LLVMValueRef i, LLVMValueRef j)
+LLVMValueRef aj_score_bias_at(const aj_score_bias *bias, LLVMValueRef i, LLVMValueRef j)
+{
+    assert(bias);   /* a program with a bias leaf is emitted with its value */
+    return bias->value ? bias->value : bias->load(bias->user, i, j);
+}
+
+LLVMValueRef aj_score_mod_value(aj_score *s, LLVMValueRef score, const aj_score_bias *bias,
+                                LLVMValueRef i, LLVMValueRef j)
 {
     if (s->p->mod == NONE)
         return score;
     if (s->p->e.count > OUTLINE_NODES) {
-        LLVMValueRef v = call_outlined(s, SLOT_MOD, score, i, j);
+        LLVMValueRef v = call_outlined(s, SLOT_MOD, score, bias, i, j);
         return v ? v : score;
     }
     emitter *m = score_emitter(s, SLOT_MOD, s->lanes, i, j, score);
     if (!m)
         return score;
+    begin_mod(m, bias);
     return aj_score_emit_node(m, s->p->mod);
 }
 
-LLVMValueRef aj_score_mod_grad(aj_score *s, LLVMValueRef score, LLVMValueRef i, LLVMValueRef j,
-                               LLVMValueRef *d)
+LLVMValueRef aj_score_mod_grad(aj_score *s, LLVMValueRef score, const aj_score_bias *bias,
+                               LLVMValueRef i, LLVMValueRef j, LLVMValueRef *d)
 {
     aj_kb *kb = s->kb;
     emitter *m = score_emitter(s, SLOT_GRAD, s->lanes, i, j, score);
@@ -829,10 +857,11 @@ LLVMValueRef aj_score_mod_grad(aj_score *s, LLVMValueRef score, LLVMValueRef i, 
         return score;
     }
     if (s->p->e.count > OUTLINE_NODES) {
-        LLVMValueRef r = call_outlined(s, SLOT_GRAD, score, i, j);
+        LLVMValueRef r = call_outlined(s, SLOT_GRAD, score, bias, i, j);
         *d = r ? LLVMBuildExtractValue(kb->b, r, 1, "") : score;
         return r ? LLVMBuildExtractValue(kb->b, r, 0, "") : score;
     }
+    begin_mod(m, bias);
     LLVMValueRef v = aj_score_emit_node(m, s->p->mod);
     *d = s->p->dmod == NONE ? splat(m, aj_kb_f32(kb, 1)) : aj_score_emit_node(m, s->p->dmod);
     return v;
@@ -849,8 +878,9 @@ LLVMValueRef aj_score_tensor_numel(aj_kb *kb, const aj_tensor_decl *d)
     return n;
 }
 
-LLVMValueRef aj_score_mod_side_grads(aj_score *s, LLVMValueRef t, LLVMValueRef i,
-                                     LLVMValueRef j, LLVMValueRef *val, LLVMValueRef *at)
+LLVMValueRef aj_score_mod_side_grads(aj_score *s, LLVMValueRef t, const aj_score_bias *bias,
+                                     LLVMValueRef i, LLVMValueRef j, LLVMValueRef *val,
+                                     LLVMValueRef *at)
 {
     aj_kb *kb = s->kb;
     LLVMBuilderRef b = kb->b;
@@ -858,6 +888,7 @@ LLVMValueRef aj_score_mod_side_grads(aj_score *s, LLVMValueRef t, LLVMValueRef i
     emitter *m = score_emitter(s, SLOT_GRAD, s->lanes, i, j, t);
     if (!m || p->mod == NONE)
         return t;
+    begin_mod(m, bias);
     /* with lanes a uniform value may come as a scalar: every value a vector */
 #define LANES(x) (s->lanes && LLVMGetTypeKind(LLVMTypeOf(x)) != LLVMVectorTypeKind ? splat(m, x) : (x))
     LLVMValueRef v = aj_score_emit_node(m, p->mod);

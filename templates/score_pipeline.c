@@ -30,10 +30,11 @@ static LLVMValueRef compose(aj_score *s, LLVMValueRef qk, aj_score_units has,
 {
     aj_kb *kb = s->kb;
     LLVMBuilderRef b = kb->b;
-    int mod = aj_score_has_mod(s->p);
     if (dmod)
         *dmod = NULL;
-    if (!mod && !bias) {   /* scale and log2 e in one multiplication */
+    /* the template gives the bias leaf's value exactly when the program has one */
+    assert(!bias == (s->p->biased == AJ_EXPR_NONE));
+    if (!aj_score_has_mod(s->p)) {   /* scale and log2 e in one multiplication */
         if (has == AJ_SCORE_LOG2)
             return qk;
         return LLVMBuildFMul(b, qk, like(kb, qk, (has == AJ_SCORE_RAW ? s->p->scale : 1.0) *
@@ -44,10 +45,9 @@ static LLVMValueRef compose(aj_score *s, LLVMValueRef qk, aj_score_units has,
                                          : qk;
     if (place)
         place(user, &i, &j);
-    if (bias)   /* scale q.k + bias, before the score_mod */
-        t = LLVMBuildFAdd(b, t, bias->value ? bias->value : bias->load(bias->user, i, j), "");
-    if (mod)
-        t = dmod ? aj_score_mod_grad(s, t, i, j, dmod) : aj_score_mod_value(s, t, i, j);
+    /* the bias alone has derivative 1: no chain rule (*dmod stays NULL) */
+    t = dmod && !aj_score_mod_is_bias(s->p) ? aj_score_mod_grad(s, t, bias, i, j, dmod)
+                                            : aj_score_mod_value(s, t, bias, i, j);
     return LLVMBuildFMul(b, t, like(kb, t, AJ_LOG2E), "");
 }
 

@@ -24,13 +24,13 @@ typedef struct builder {
 } builder;
 
 
-/* A literal node, a copy of leaf. */
+/* A leaf node (a literal or a variable), a copy of leaf. */
 static uint16_t add_leaf(builder *bd, aj_expr_node leaf)
 {
     uint16_t id = NONE;
     char msg[128];
-    if (bd->ok && !aj_expr_add(&bd->p->e, &bd->scope, AJ_EXPR_LIT, NULL, 0, &leaf, &id, msg,
-                               sizeof msg))
+    if (bd->ok && !aj_expr_add(&bd->p->e, &bd->scope, (aj_expr_op)leaf.op, NULL, 0, &leaf, &id,
+                               msg, sizeof msg))
         bd->ok = false;
     return bd->ok ? id : NONE;
 }
@@ -96,16 +96,17 @@ static uint16_t mul_f(builder *bd, uint16_t a, uint16_t b)
 
 /* The program of one field of the op: its expression, or the built-in's
  * text parsed against a copy of the op (alibi's slopes declared there as
- * the tensor after the op's own). */
-static aj_status add_field(aj_ctx *ctx, const aj_op *op, bool score_mod, aj_score_prog *p,
-                           uint16_t *root)
+ * the tensor after the op's own); a read of `score` as node score_as
+ * (NONE: the score itself). */
+static aj_status add_field(aj_ctx *ctx, const aj_op *op, bool score_mod, uint16_t score_as,
+                           aj_score_prog *p, uint16_t *root)
 {
     *root = NONE;
     bool is_expr = score_mod ? op->score_mod.kind == AJ_SCORE_MOD_EXPR
                              : op->mask.kind == AJ_MASK_EXPR;
     if (is_expr) {
         uint16_t from = score_mod ? op->score_mod.root : op->mask.root;
-        if (!aj_expr_copy(&p->e, &op->expr, from, root))
+        if (!aj_expr_copy_with(&p->e, &op->expr, from, AJ_VAR_SCORE, score_as, root))
             return aj_fail(ctx, AJ_ERR_UNSUPPORTED, "%s: the expression does not fit the "
                            "score program's %d nodes", score_mod ? "score_mod" : "mask",
                            AJ_EXPR_NODES_MAX);
@@ -134,7 +135,7 @@ static aj_status add_field(aj_ctx *ctx, const aj_op *op, bool score_mod, aj_scor
     aj_status st = AJ_OK;
     if (aj_expr_parse(tmp, score_mod, text, strlen(text), &r, msg, sizeof msg) != AJ_OK)
         st = aj_fail(ctx, AJ_ERR_INTERNAL, "the built-in program '%s': %s", text, msg);
-    else if (!aj_expr_copy(&p->e, &tmp->expr, r, root))
+    else if (!aj_expr_copy_with(&p->e, &tmp->expr, r, AJ_VAR_SCORE, score_as, root))
         st = aj_fail(ctx, AJ_ERR_UNSUPPORTED, "the score program does not fit %d nodes",
                      AJ_EXPR_NODES_MAX);
     if (st == AJ_OK && needs_slopes && p->tensor_count == op->tensor_count) {
@@ -578,12 +579,24 @@ static aj_status build(aj_ctx *ctx, const aj_op *op, aj_score_prog *p)
     p->sinks = op->kind == AJ_KIND_MERGE ? -1 : op->sinks - 1;
     p->reads_h = p->sinks >= 0;
     uint16_t mask;
-    aj_status st = add_field(ctx, op, false, p, &mask);
-    if (st == AJ_OK)
-        st = add_field(ctx, op, true, p, &p->mod);
+    aj_status st = add_field(ctx, op, false, NONE, p, &mask);
     if (st != AJ_OK)
         return st;
-    builder bd = {p, {p->tensors, AJ_OP_TENSORS_MAX + 1, true}, true, NONE, NULL};
+    builder bd = {p, {p->tensors, AJ_OP_TENSORS_MAX + 1, true, true}, true, NONE, NULL};
+    p->biased = NONE;
+    if (op->bias == AJ_BIAS_ADD && op->kind != AJ_KIND_MERGE) {
+        /* the bias is a leaf of the program: the score_mod reads score + bias */
+        uint16_t sb[2] = {add_leaf(&bd, (aj_expr_node){.op = AJ_EXPR_VAR, .u.var = AJ_VAR_SCORE}),
+                          add_leaf(&bd, (aj_expr_node){.op = AJ_EXPR_VAR, .u.var = AJ_VAR_BIAS})};
+        p->biased = bd.ok ? mk(&bd, AJ_EXPR_ADD, sb, 2) : NONE;
+        if (!bd.ok)
+            return aj_fail(ctx, AJ_ERR_OUT_OF_MEMORY, "out of memory for the score program");
+    }
+    st = add_field(ctx, op, true, p->biased, p, &p->mod);
+    if (st != AJ_OK)
+        return st;
+    if (p->mod == NONE)
+        p->mod = p->biased;
     bd.scope.count = p->tensor_count;
     p->tensor_grad = aj_op_grad_bits(op);
     if (p->mod != NONE) {

@@ -43,7 +43,7 @@
  * The partial sums take parts x dside_part_size floats of the backward's
  * workspace; the launch chooses parts (runtime/launch.c) and refuses a
  * call whose sums would not fit.  With dropout dP_ij carries the
- * forward's keep mask, with a bias the score_mod reads scale q.k + bias
+ * forward's keep mask, with a bias the program's bias leaf is the element
  * (the cpu's dq stage has both already); varlen: a part's rows are its
  * sequence's (b the sequence, rows and keys from cu_seqlens).
  */
@@ -121,10 +121,9 @@ static void terms(side_grad *g, LLVMValueRef i, LLVMValueRef j, LLVMValueRef del
         dp = aj_score_dropped(kb, op->dropout,
                               aj_attn_dropout_keep(kb, &g->x.drop, op->dropout, i, j), dp);
     LLVMValueRef t = LLVMBuildFMul(b, qk, aj_kb_f32(kb, prog->scale), "t");
-    if (op->bias == AJ_BIAS_ADD)   /* the score_mod reads scale q.k + bias */
-        t = LLVMBuildFAdd(b, t, aj_kctx_bias_at(&g->x, i, j), "");
+    aj_score_bias bias = {aj_kctx_bias_at(&g->x, i, j), NULL, NULL};
     LLVMValueRef d[AJ_SCORE_GRADS_MAX], e[AJ_SCORE_GRADS_MAX];
-    LLVMValueRef s = aj_score_mod_side_grads(&g->x.sc, t, i, j, d, e);
+    LLVMValueRef s = aj_score_mod_side_grads(&g->x.sc, t, bias.value ? &bias : NULL, i, j, d, e);
     LLVMValueRef p = aj_tail_exp(kb, LLVMBuildFSub(b, s, lse, ""));
     LLVMValueRef ds = LLVMBuildFMul(b, p, LLVMBuildFSub(b, dp, delta, ""), "ds");
     for (int k = 0; k < prog->num_grads; k++) {
@@ -258,15 +257,15 @@ LLVMValueRef aj_side_grad_part(aj_kb *kb, const aj_score_prog *p, LLVMValueRef b
 }
 
 void aj_side_grad_add_lanes(aj_score *s, const LLVMValueRef *base, LLVMValueRef part,
-                            LLVMValueRef t, LLVMValueRef ds, LLVMValueRef live, LLVMValueRef i,
-                            LLVMValueRef jv)
+                            LLVMValueRef t, const aj_score_bias *bias, LLVMValueRef ds,
+                            LLVMValueRef live, LLVMValueRef i, LLVMValueRef jv)
 {
     aj_kb *kb = s->kb;
     LLVMBuilderRef b = kb->b;
     const aj_score_prog *p = s->p;
     const int w = s->lanes;
     LLVMValueRef d[AJ_SCORE_GRADS_MAX], e[AJ_SCORE_GRADS_MAX];
-    aj_score_mod_side_grads(s, t, i, jv, d, e);
+    aj_score_mod_side_grads(s, t, bias, i, jv, d, e);
     LLVMValueRef vals = aj_cv_buffer(kb, w * p->num_grads, "dside_val");
     LLVMValueRef ats = aj_kb_var(kb, LLVMArrayType(kb->t_i64, (unsigned)(w * p->num_grads)), NULL,
                                  "dside_at");

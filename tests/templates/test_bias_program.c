@@ -16,7 +16,11 @@
  * and the other 16-bit float: the values are ones all of them hold) x
  * the four broadcasts x score_mod (none, softcap, whose program reads
  * the biased score) x mask (none, causal, a window), bottom-right over a
- * longer key total, with GQA.
+ * longer key total, with GQA; and two cases whose score_mod is past the
+ * size at which the kernels call it instead of inlining it (the bias
+ * leaf's value then an argument of the call).  Inside the kernels the
+ * built-in is the score program's bias leaf, mod(score + bias): test_leaf
+ * evaluates that program on the host.
  *
  *   test_bias_program [cpu | sim]
  */
@@ -31,6 +35,7 @@
 #include "ref.h"
 #define BWD_STORAGE_TOLERANCE
 #include "bwd_tensors.h"
+#include "templates/score.h"
 #include "test_main.h"
 
 static aj_ctx *ctx;
@@ -52,11 +57,15 @@ static const char *const masks[] = {"none", "causal(bottom_right)", "window(6, 2
 
 static int bias_case_count(void)
 {
-    return 3 * 3 * 4;   /* op dtype x B's dtype x broadcast; mask and mod rotate */
+    /* op dtype x B's dtype x broadcast (mask and mod rotate), two called programs */
+    return 3 * 3 * 4 + 2;
 }
 
 static bias_case bias_case_at(int n)
 {
+    if (n >= 36)   /* the called ("long") programs */
+        return n == 36 ? (bias_case){AJ_DTYPE_BF16, AJ_SIDE_F32, B, 1, masks[1], "long"}
+                       : (bias_case){AJ_DTYPE_F16, AJ_SIDE_F16, 1, HQ, masks[0], "long"};
     static const aj_side_dtype others[3][2] = {
         {AJ_SIDE_F32, AJ_SIDE_BF16}, {AJ_SIDE_F32, AJ_SIDE_F16}, {AJ_SIDE_BF16, AJ_SIDE_F16}};
     static const aj_side_dtype own[3] = {AJ_SIDE_F16, AJ_SIDE_BF16, AJ_SIDE_F32};
@@ -66,15 +75,29 @@ static bias_case bias_case_at(int n)
                        n / 2 % 2 ? "softcap" : "none"};
 }
 
+/* A score_mod of about 1200 nodes that reads the score x once: x (1 +
+ * 0.02 (tanh(0.01 (q - k)) + ... + tanh(1.7 (q - k)))), past the size at
+ * which the kernels call the program (score_emit.c, OUTLINE_NODES). */
+static void long_mod(const char *x, char *out, size_t cap)
+{
+    size_t len = (size_t)snprintf(out, cap, "expr(%s * (1.0 + 0.02 * (0.0", x);
+    for (int t = 1; t <= 170 && len < cap; t++)
+        len += (size_t)snprintf(out + len, cap - len, " + tanh(%d.0 * 0.01 * (q - k))", t);
+    snprintf(out + len, cap - len, ")))");
+}
+
 /* The op: the built-in bias (efficient) or the program over B. */
 static aj_op *case_op(const bias_case *c, aj_variant variant, bool program, aj_kind kind)
 {
-    char spec[640], mod[160], load[64];
+    static char spec[8192], mod[8000];
+    char load[64], x[96];
     snprintf(load, sizeof load, "B[%s, %s, q, k]", c->bb == 1 ? "0" : "b", c->bh == 1 ? "0" : "h");
+    snprintf(x, sizeof x, program ? "(score + %s)" : "score", load);
     bool cap = strcmp(c->mod, "softcap") == 0;
-    if (program)
-        snprintf(mod, sizeof mod, cap ? "expr(5.0 * tanh((score + %s) / 5.0))" : "expr(score + %s)",
-                 load);
+    if (strcmp(c->mod, "long") == 0)
+        long_mod(x, mod, sizeof mod);
+    else if (program)
+        snprintf(mod, sizeof mod, cap ? "expr(5.0 * tanh(%s / 5.0))" : "expr(%s)", x);
     else
         snprintf(mod, sizeof mod, "%s", cap ? "softcap(5.0)" : "none");
     char tail[64];
@@ -291,7 +314,49 @@ static void test_sweep(void)
     }
 }
 
-static void (*const tests[])(void) = {test_sweep, NULL};
+/* The program itself: an op with `bias = add` has the score_mod
+ * mod(score + bias) over the programs' bias leaf, its derivative by the
+ * score the mod's at score + bias (host evaluation against the formula);
+ * an op without one has no leaf; and no text reads `bias`. */
+static void test_leaf(void)
+{
+    static const char *const specs[2] = {
+        "attention backward efficient { dtype = f32 head_dim = 32 bias = add "
+        "score_mod = softcap(5.0) }",
+        "attention backward efficient { dtype = f32 head_dim = 32 score_mod = softcap(5.0) }"};
+    for (int with = 0; with < 2; with++) {
+        aj_op *op = bwd_parse(ctx, specs[with], "bias leaf");
+        aj_score_prog prog;
+        if (!op || aj_score_prog_init(ctx, op, &prog) != AJ_OK) {
+            CHECK_MSG(0, "%s: %s", specs[with], aj_last_error(ctx));
+            aj_op_destroy(op);
+            continue;
+        }
+        CHECK_MSG((prog.biased != AJ_EXPR_NONE) == (with == 0), "%s: biased %d", specs[with],
+                  (int)prog.biased);
+        for (int n = 0; n < 9; n++) {
+            double score = -7.0 + 1.75 * n, bias = with == 0 ? 2.5 - 0.625 * n : 0.0;
+            aj_expr_env env = {.score = score, .bias = bias};
+            double t = (double)(float)((float)score + (float)bias);
+            double want = 5.0 * tanh(t / 5.0), dwant = 1.0 - tanh(t / 5.0) * tanh(t / 5.0);
+            double got = aj_expr_eval_f64(&prog.e, prog.mod, &env);
+            double dgot = aj_expr_eval_f64(&prog.e, prog.dmod, &env);
+            CHECK_MSG(fabs(got - want) <= 1e-5 && fabs(dgot - dwant) <= 1e-5,
+                      "%s at score %g, bias %g: mod %.9g (want %.9g), dmod %.9g (want %.9g)",
+                      specs[with], score, bias, got, want, dgot, dwant);
+        }
+        aj_score_prog_free(&prog);
+        aj_op_destroy(op);
+    }
+    aj_op *op = NULL;
+    const char *text = "attention forward efficient { dtype = f32 head_dim = 32 bias = add "
+                       "score_mod = expr(score + bias) }";
+    CHECK_STATUS(ctx, aj_op_parse(ctx, text, strlen(text), "t.aj", &op), AJ_ERR_PARSE);
+    CHECK_ERROR(ctx, "unknown name 'bias' (variables: b, h, q, k, sq, sk, score)");
+    aj_op_destroy(op);
+}
+
+static void (*const tests[])(void) = {test_leaf, test_sweep, NULL};
 
 int main(int argc, char **argv)
 {
