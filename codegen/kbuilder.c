@@ -879,41 +879,68 @@ LLVMTypeRef aj_kb_storage_type(aj_kb *kb, aj_dtype dtype)
     return dtype == AJ_DTYPE_F32 ? kb->t_f32 : dtype >= AJ_DTYPE_F8E4M3 ? kb->t_i8 : kb->t_i16;
 }
 
-LLVMValueRef aj_kb_to_f32(aj_kb *kb, LLVMValueRef v, aj_dtype dtype)
+/* Scalar type `scalar` shaped like t (itself, or a vector of t's lanes). */
+static LLVMTypeRef type_like(LLVMTypeRef t, LLVMTypeRef scalar)
 {
-    switch (dtype) {
-    case AJ_DTYPE_F16:
-        return aj_kb_intrinsic(kb, AJ_INTR_CVT_F32_F16, &v);
-    case AJ_DTYPE_BF16: {
-        /* bf16 is the top half of an f32: widening is exact bit moving */
-        LLVMValueRef w = LLVMBuildZExt(kb->b, v, kb->t_i32, "");
-        w = LLVMBuildShl(kb->b, w, aj_kb_i32(kb, 16), "");
-        return LLVMBuildBitCast(kb->b, w, kb->t_f32, "");
-    }
-    case AJ_DTYPE_F8E4M3:
-    case AJ_DTYPE_F8E5M2: {
-        LLVMValueRef h = aj_kb_f8_to_f16_bits(kb, v, dtype);
-        LLVMValueRef f = aj_kb_intrinsic(kb, AJ_INTR_CVT_F32_F16, &h);
-        return dtype == AJ_DTYPE_F8E5M2
-                   ? f
-                   : LLVMBuildFMul(kb->b, f, aj_kb_f32(kb, AJ_F8E4M3_F16_FACTOR), "");
-    }
-    default:
-        return v;
-    }
+    return LLVMGetTypeKind(t) == LLVMVectorTypeKind ? LLVMVectorType(scalar, LLVMGetVectorSize(t))
+                                                    : scalar;
+}
+
+/* Scalar constant c shaped like t (itself, or splat over t's lanes). */
+static LLVMValueRef const_like(LLVMTypeRef t, LLVMValueRef c)
+{
+    if (LLVMGetTypeKind(t) != LLVMVectorTypeKind)
+        return c;
+    unsigned n = LLVMGetVectorSize(t);
+    LLVMValueRef lanes[64];
+    assert(n <= 64);
+    for (unsigned i = 0; i < n; i++)
+        lanes[i] = c;
+    return LLVMConstVector(lanes, n);
 }
 
 /* c as an i16 constant shaped like t (i16, or a vector of i16) */
 static LLVMValueRef i16_like(LLVMTypeRef t, unsigned c)
 {
-    LLVMValueRef one = LLVMConstInt(LLVMInt16TypeInContext(LLVMGetTypeContext(t)), c, 0);
-    if (LLVMGetTypeKind(t) != LLVMVectorTypeKind)
-        return one;
-    unsigned n = LLVMGetVectorSize(t);
-    LLVMValueRef lanes[64];
-    for (unsigned i = 0; i < n && i < 64; i++)
-        lanes[i] = one;
-    return LLVMConstVector(lanes, n);
+    return const_like(t, LLVMConstInt(LLVMInt16TypeInContext(LLVMGetTypeContext(t)), c, 0));
+}
+
+/* An f16 (its bits in i16, or a half; scalar or vector) as f32: the SIMT
+ * targets' conversion for a scalar, an fpext otherwise. */
+static LLVMValueRef f16_to_f32(aj_kb *kb, LLVMValueRef h)
+{
+    LLVMTypeRef t = LLVMTypeOf(h);
+    if (kb->desc->simt && LLVMGetTypeKind(t) != LLVMVectorTypeKind)
+        return aj_kb_intrinsic(kb, AJ_INTR_CVT_F32_F16, &h);
+    LLVMTypeRef half = type_like(t, LLVMHalfTypeInContext(kb->llctx));
+    if (t != half)
+        h = LLVMBuildBitCast(kb->b, h, half, "");
+    return LLVMBuildFPExt(kb->b, h, type_like(t, kb->t_f32), "");
+}
+
+LLVMValueRef aj_kb_to_f32(aj_kb *kb, LLVMValueRef v, aj_dtype dtype)
+{
+    LLVMTypeRef t = LLVMTypeOf(v);
+    switch (dtype) {
+    case AJ_DTYPE_F16:
+        return f16_to_f32(kb, v);
+    case AJ_DTYPE_BF16: {
+        /* bf16 is the top half of an f32: widening is exact bit moving */
+        LLVMValueRef w = LLVMBuildZExt(kb->b, v, type_like(t, kb->t_i32), "");
+        w = LLVMBuildShl(kb->b, w, const_like(t, aj_kb_i32(kb, 16)), "");
+        return LLVMBuildBitCast(kb->b, w, type_like(t, kb->t_f32), "");
+    }
+    case AJ_DTYPE_F8E4M3:
+    case AJ_DTYPE_F8E5M2: {
+        LLVMValueRef f = f16_to_f32(kb, aj_kb_f8_to_f16_bits(kb, v, dtype));
+        return dtype == AJ_DTYPE_F8E5M2
+                   ? f
+                   : LLVMBuildFMul(kb->b, f, const_like(t, aj_kb_f32(kb, AJ_F8E4M3_F16_FACTOR)),
+                                   "");
+    }
+    default:
+        return v;
+    }
 }
 
 LLVMValueRef aj_kb_f8_to_f16_bits(aj_kb *kb, LLVMValueRef v, aj_dtype dtype)

@@ -458,6 +458,8 @@ int aj_kb_swizzle_mode(int span);
 
 /* element conversions between a storage dtype and f32 */
 LLVMTypeRef aj_kb_storage_type(aj_kb *kb, aj_dtype dtype); /* i8, i16 or f32 */
+/* v (the storage type of dtype, a scalar or a vector; an f16 also as
+ * halves) as f32 of its shape: the one widening rule of every target */
 LLVMValueRef aj_kb_to_f32(aj_kb *kb, LLVMValueRef v, aj_dtype dtype);
 /* An f8 byte (i8, or a vector of them) as the bits of an f16 (i16 or a
  * vector): e5m2 is the top byte of an f16, exactly; e4m3 (magnitude bits

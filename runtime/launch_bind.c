@@ -176,8 +176,7 @@ aj_status aj_check_dside_outputs(aj_ctx *ctx, const char *fn, const aj_op_info *
         const char *name = input_name(op, t, &rank);
         AJ_CHECK_ARG(ctx, !(tensor_grad >> t & 1u) || (inputs[t].name && inputs[t].rank == rank),
                      "%s: side tensor '%s' (%s[%d], grad) is not given", fn, name,
-                     input_dtype(op, t),
-                     rank);
+                     input_dtype(op, t), rank);
     }
     for (int i = 0; i < num_dside; i++) {
         const aj_side_tensor *d = &dside[i];
@@ -193,8 +192,7 @@ aj_status aj_check_dside_outputs(aj_ctx *ctx, const char *fn, const aj_op_info *
                      "alibi(grad))", fn, i);
         AJ_CHECK_ARG(ctx, tensor_grad >> t & 1u, "%s: dside[%d]: tensor '%s' is not declared "
                      "grad (tensors = (%s: %s[%d] grad))", fn, i, d->name, d->name,
-                     input_dtype(op, t),
-                     rank);
+                     input_dtype(op, t), rank);
         for (int j = 0; j < i; j++)
             AJ_CHECK_ARG(ctx, strcmp(dside[j].name, d->name) != 0,
                          "%s: dside[%d] and dside[%d] both name '%s'", fn, j, i, d->name);

@@ -184,32 +184,16 @@ LLVMValueRef aj_cv_load(aj_kb *kb, LLVMValueRef ptr, aj_dtype dtype, int n)
     LLVMBuilderRef b = kb->b;
     LLVMValueRef v;
     switch (dtype) {
-    case AJ_DTYPE_F16:
-        v = LLVMBuildLoad2(b, LLVMVectorType(LLVMHalfTypeInContext(kb->llctx), (unsigned)n),
-                           ptr, "");
-        LLVMSetAlignment(v, 2);
-        return LLVMBuildFPExt(b, v, aj_cv_type(kb, n), "");
-    case AJ_DTYPE_BF16: {
-        /* bf16 is the top half of an f32: widening is exact bit moving */
-        v = LLVMBuildLoad2(b, LLVMVectorType(kb->t_i16, (unsigned)n), ptr, "");
-        LLVMSetAlignment(v, 2);
-        LLVMTypeRef vi = LLVMVectorType(kb->t_i32, (unsigned)n);
-        LLVMValueRef w = LLVMBuildShl(b, LLVMBuildZExt(b, v, vi, ""),
-                                      aj_cv_splat(kb, aj_kb_i32(kb, 16), n), "");
-        return LLVMBuildBitCast(b, w, aj_cv_type(kb, n), "");
-    }
+    case AJ_DTYPE_F16:   /* as halves, widened by aj_kb_to_f32 (one rule) */
+    case AJ_DTYPE_BF16:
     case AJ_DTYPE_F8E4M3:
     case AJ_DTYPE_F8E5M2: {
-        /* the bits of an f16 (aj_kb_f8_to_f16_bits), then widened */
-        v = LLVMBuildLoad2(b, LLVMVectorType(kb->t_i8, (unsigned)n), ptr, "");
-        LLVMSetAlignment(v, 1);
-        LLVMValueRef h = LLVMBuildBitCast(b, aj_kb_f8_to_f16_bits(kb, v, dtype),
-                                          LLVMVectorType(LLVMHalfTypeInContext(kb->llctx),
-                                                         (unsigned)n), "");
-        LLVMValueRef f = LLVMBuildFPExt(b, h, aj_cv_type(kb, n), "");
-        if (dtype == AJ_DTYPE_F8E4M3)
-            f = LLVMBuildFMul(b, f, aj_cv_splat(kb, aj_kb_f32(kb, AJ_F8E4M3_F16_FACTOR), n), "");
-        return f;
+        LLVMTypeRef e = dtype == AJ_DTYPE_F16    ? LLVMHalfTypeInContext(kb->llctx)
+                        : dtype == AJ_DTYPE_BF16 ? kb->t_i16
+                                                 : kb->t_i8;
+        v = LLVMBuildLoad2(b, LLVMVectorType(e, (unsigned)n), ptr, "");
+        LLVMSetAlignment(v, (unsigned)aj_dtype_size(dtype));
+        return aj_kb_to_f32(kb, v, dtype);
     }
     default:
         v = LLVMBuildLoad2(b, aj_cv_type(kb, n), ptr, "");

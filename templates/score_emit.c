@@ -97,30 +97,17 @@ LLVMTypeRef aj_score_side_storage(aj_kb *kb, const aj_tensor_decl *d)
 
 LLVMValueRef aj_score_side_value(aj_kb *kb, const aj_tensor_decl *d, LLVMValueRef raw)
 {
-    LLVMBuilderRef b = kb->b;
     LLVMTypeRef t = LLVMTypeOf(raw);
-    bool vec = LLVMGetTypeKind(t) == LLVMVectorTypeKind;
-    unsigned n = vec ? LLVMGetVectorSize(t) : 1;
-#define SHAPED(scalar) (vec ? LLVMVectorType((scalar), n) : (scalar))
     switch (d->dtype) {
     case AJ_SIDE_I32:
-        return LLVMBuildSExt(b, raw, SHAPED(kb->t_i64), "");
-    case AJ_SIDE_F16:
-        if (kb->desc->simt && !vec)
-            return aj_kb_to_f32(kb, raw, AJ_DTYPE_F16);
-        return LLVMBuildFPExt(b, LLVMBuildBitCast(b, raw, SHAPED(LLVMHalfTypeInContext(kb->llctx)),
-                                                  ""), SHAPED(kb->t_f32), "");
-    case AJ_SIDE_BF16: {
-        /* the top half of an f32: exact bit moving */
-        LLVMValueRef w = LLVMBuildZExt(b, raw, SHAPED(kb->t_i32), "");
-        LLVMValueRef sixteen = aj_kb_i32(kb, 16);
-        w = LLVMBuildShl(b, w, vec ? aj_cv_splat(kb, sixteen, (int)n) : sixteen, "");
-        return LLVMBuildBitCast(b, w, SHAPED(kb->t_f32), "");
+        return LLVMBuildSExt(kb->b, raw,
+                             LLVMGetTypeKind(t) == LLVMVectorTypeKind
+                                 ? LLVMVectorType(kb->t_i64, LLVMGetVectorSize(t))
+                                 : kb->t_i64, "");
+    case AJ_SIDE_F16: return aj_kb_to_f32(kb, raw, AJ_DTYPE_F16);
+    case AJ_SIDE_BF16: return aj_kb_to_f32(kb, raw, AJ_DTYPE_BF16);
+    default: return raw;
     }
-    default:
-        return raw;
-    }
-#undef SHAPED
 }
 
 LLVMValueRef aj_score_side_load(aj_kb *kb, const aj_tensor_decl *d, LLVMValueRef at)
