@@ -624,8 +624,9 @@ static aj_status time_candidates(aj_ctx *ctx, aj_device *dev, const aj_tune_opti
     return AJ_OK;
 }
 
-aj_status aj_tune(aj_ctx *ctx, aj_device *dev, const aj_op *op,
-                  const aj_tune_options *options, aj_tune_result **results, int32_t *count)
+/* aj_tune's arguments and whether the op has a schedule to tune. */
+static aj_status tune_check(aj_ctx *ctx, const aj_device *dev, const aj_op *op,
+                            aj_tune_result **results, const int32_t *count)
 {
     if (!ctx)
         return AJ_ERR_INVALID_ARG;
@@ -644,6 +645,48 @@ aj_status aj_tune(aj_ctx *ctx, aj_device *dev, const aj_op *op,
         return aj_fail(ctx, AJ_ERR_UNSUPPORTED, "aj_tune: layout = paged ops are not tuned (a "
                        "decode's tiles follow its head dims; its split count is the launch's "
                        "or the op's splits)");
+    return AJ_OK;
+}
+
+/* The ops of candidates res[0 .. n) (clones of op with their schedules)
+ * into ops[] and jobs[], compiled: the plain ones for the device's
+ * target, those that run wgmma (last in the space) for theirs. */
+static aj_status compile_candidates(aj_ctx *ctx, aj_device *dev, const aj_op *op,
+                                    const aj_tune_options *o, const aj_tune_result *res, int n,
+                                    aj_op **ops, aj_compile_job *jobs)
+{
+    int n_plain = 0;
+    for (int i = 0; i < n; i++) {
+        aj_status st = aj_op_clone(op, &ops[i]);
+        if (st != AJ_OK)
+            return st;
+        aj_op_set_schedule(ops[i], &res[i].requested);
+        if (res[i].warpgroups) {
+            aj_op_set_warpgroups(ops[i], res[i].warpgroups);
+            aj_op_set_producer(ops[i], res[i].producer);
+        }
+        jobs[i].op = ops[i];
+    }
+    /* the candidates that run wgmma come last (the space's, or all of them:
+     * an op's own warpgroups, FP8): the target aj_compile for the device
+     * gives them */
+    while (n_plain < n && !aj_op_runs_wgmma(ops[n_plain]))
+        n_plain++;
+    aj_compile_options copt = AJ_COMPILE_OPTIONS_INIT;
+    copt.target = aj_device_target(dev);
+    aj_compile_many(ctx, jobs, (size_t)n_plain, &copt, o->compile_workers);
+    if (n_plain < n)
+        copt.target = aj_device_target_for(dev, ops[n_plain], copt.target);
+    aj_compile_many(ctx, jobs + n_plain, (size_t)(n - n_plain), &copt, o->compile_workers);
+    return AJ_OK;
+}
+
+aj_status aj_tune(aj_ctx *ctx, aj_device *dev, const aj_op *op,
+                  const aj_tune_options *options, aj_tune_result **results, int32_t *count)
+{
+    aj_status st = tune_check(ctx, dev, op, results, count);
+    if (st != AJ_OK)
+        return st;
     enum { N = SPACE_SIZE };
     aj_op *ops[N] = {0};
     aj_tune_result *res = NULL;
@@ -666,27 +709,8 @@ aj_status aj_tune(aj_ctx *ctx, aj_device *dev, const aj_op *op,
         goto done;
     }
 
-    int n = fill_space(res, simt, wgmma_space(dev, op, o.wgmma), op->kind), n_plain = 0;
-    for (int i = 0; i < n; i++) {
-        AJ_TRY(aj_op_clone(op, &ops[i]));
-        aj_op_set_schedule(ops[i], &res[i].requested);
-        if (res[i].warpgroups) {
-            aj_op_set_warpgroups(ops[i], res[i].warpgroups);
-            aj_op_set_producer(ops[i], res[i].producer);
-        }
-        jobs[i].op = ops[i];
-    }
-    /* the candidates that run wgmma come last (the space's, or all of them:
-     * an op's own warpgroups, FP8): the target aj_compile for the device
-     * gives them */
-    while (n_plain < n && !aj_op_runs_wgmma(ops[n_plain]))
-        n_plain++;
-    aj_compile_options copt = AJ_COMPILE_OPTIONS_INIT;
-    copt.target = aj_device_target(dev);
-    aj_compile_many(ctx, jobs, (size_t)n_plain, &copt, o.compile_workers);
-    if (n_plain < n)
-        copt.target = aj_device_target_for(dev, ops[n_plain], copt.target);
-    aj_compile_many(ctx, jobs + n_plain, (size_t)(n - n_plain), &copt, o.compile_workers);
+    int n = fill_space(res, simt, wgmma_space(dev, op, o.wgmma), op->kind);
+    AJ_TRY(compile_candidates(ctx, dev, op, &o, res, n, ops, jobs));
 
     int alive = prune(ctx, dev, jobs, res, n);
     for (int i = 0; i < n; i++)

@@ -308,6 +308,48 @@ static aj_status plan_wgmma(aj_ctx *ctx, const aj_op *op, aj_target target, aj_s
     return AJ_OK;
 }
 
+/* The plan's shared memory: Q's tile and the stages' K and V slots (their
+ * row strides), the pairs' score exchange where it fits, refused past the
+ * target's limit. */
+static aj_status plan_shared(aj_ctx *ctx, const aj_op *op, aj_target target, ffwd_plan *p)
+{
+    /* the wgmma tiles are unpadded panels (see "wgmma"), each 1024-byte aligned */
+    p->ldq = p->wg ? aj_wgmma_tile_width(p->d) : aj_mma_tile_ld(p->d);
+    p->ldk = p->wg ? aj_wgmma_tile_width(p->d) : aj_mma_tile_ld(p->d);
+    int vt_width = p->f8 ? p->bn / 2 : p->dv;   /* f8: V^T's rows, block_n bytes */
+    p->ldv = p->wg ? aj_wgmma_tile_width(vt_width) : aj_mma_tile_ld(vt_width);
+    p->v_slot = 2 * (p->f8 ? p->dv : p->bn) * p->ldv;
+    p->shared = op->kv_shared;
+    if (p->shared) {   /* V reads K's tile (see "Paged") */
+        p->ldv = p->ldk;
+        p->v_slot = 0;
+    }
+    int64_t bytes = 2 * (int64_t)p->bm * p->ldq +
+                    (int64_t)p->stages * (2 * p->bn * p->ldk + p->v_slot);
+    if (p->paged)   /* each slot's row table */
+        bytes += (int64_t)p->stages * aj_tile_paged_rows_bytes(p->bn);
+    if (p->kv8)   /* one K tile, the slots raw */
+        bytes += (int64_t)p->stages * p->bn * p->d - (int64_t)(p->stages - 1) * 2 * p->bn * p->ldk;
+    /* the pairs' score exchange, a 16-byte entry per lane, n8 tile and
+     * m-tile, where it fits (where not -- sm_89's 99 KiB at the widest
+     * heads -- both warps of a pair compute the whole tile) */
+    int32_t exchange = (p->warps / p->dvs) * p->mt * (p->bn / 8) * 32 * 16;
+    p->pair_keys = p->dvs > 1 && !p->wg && p->bn >= 32 &&
+                   bytes + exchange <= aj_target_smem_limit(target);
+    p->x_bytes = p->pair_keys ? exchange : 0;
+    bytes += p->x_bytes;
+    /* wgmma: the tiles' 1024-byte alignment and the mbarriers, at most 2 KiB
+     * (warp specialised: 1 + 2 stages of them, 56 bytes) */
+    bytes += p->wg ? 2 * 1024 : 0;
+    if (bytes > aj_target_smem_limit(target))
+        return aj_fail(ctx, AJ_ERR_UNSUPPORTED,
+                       "schedule: block_m = %d, block_n = %d, stages = %d needs %lld bytes of "
+                       "shared memory at head_dim %d/%d; %s allows %d", p->bm, p->bn,
+                       p->stages, (long long)bytes, op->head_dim, p->dv, aj_target_name(target),
+                       aj_target_smem_limit(target));
+    return AJ_OK;
+}
+
 /* The plan of schedule `s`, or AJ_ERR_UNSUPPORTED naming the limit it
  * breaks (the message on ctx, which may be NULL). */
 static aj_status plan_schedule(aj_ctx *ctx, const aj_op *op, aj_target target,
@@ -379,41 +421,7 @@ static aj_status plan_schedule(aj_ctx *ctx, const aj_op *op, aj_target target,
                        "per thread at head_dim_v %d (budget %d); use fewer rows per warp or "
                        "a smaller block_n", p->bm, p->bn, p->warps, state, p->dv,
                        p->wg ? WGMMA_STATE_BUDGET : STATE_BUDGET);
-    /* the wgmma tiles are unpadded panels (see "wgmma"), each 1024-byte aligned */
-    p->ldq = p->wg ? aj_wgmma_tile_width(p->d) : aj_mma_tile_ld(p->d);
-    p->ldk = p->wg ? aj_wgmma_tile_width(p->d) : aj_mma_tile_ld(p->d);
-    int vt_width = p->f8 ? p->bn / 2 : p->dv;   /* f8: V^T's rows, block_n bytes */
-    p->ldv = p->wg ? aj_wgmma_tile_width(vt_width) : aj_mma_tile_ld(vt_width);
-    p->v_slot = 2 * (p->f8 ? p->dv : p->bn) * p->ldv;
-    p->shared = op->kv_shared;
-    if (p->shared) {   /* V reads K's tile (see "Paged") */
-        p->ldv = p->ldk;
-        p->v_slot = 0;
-    }
-    int64_t bytes = 2 * (int64_t)p->bm * p->ldq +
-                    (int64_t)p->stages * (2 * p->bn * p->ldk + p->v_slot);
-    if (p->paged)   /* each slot's row table */
-        bytes += (int64_t)p->stages * aj_tile_paged_rows_bytes(p->bn);
-    if (p->kv8)   /* one K tile, the slots raw */
-        bytes += (int64_t)p->stages * p->bn * p->d - (int64_t)(p->stages - 1) * 2 * p->bn * p->ldk;
-    /* the pairs' score exchange, a 16-byte entry per lane, n8 tile and
-     * m-tile, where it fits (where not -- sm_89's 99 KiB at the widest
-     * heads -- both warps of a pair compute the whole tile) */
-    int32_t exchange = (p->warps / p->dvs) * p->mt * (p->bn / 8) * 32 * 16;
-    p->pair_keys = p->dvs > 1 && !p->wg && p->bn >= 32 &&
-                   bytes + exchange <= aj_target_smem_limit(target);
-    p->x_bytes = p->pair_keys ? exchange : 0;
-    bytes += p->x_bytes;
-    /* wgmma: the tiles' 1024-byte alignment and the mbarriers, at most 2 KiB
-     * (warp specialised: 1 + 2 stages of them, 56 bytes) */
-    bytes += p->wg ? 2 * 1024 : 0;
-    if (bytes > aj_target_smem_limit(target))
-        return aj_fail(ctx, AJ_ERR_UNSUPPORTED,
-                       "schedule: block_m = %d, block_n = %d, stages = %d needs %lld bytes of "
-                       "shared memory at head_dim %d/%d; %s allows %d", p->bm, p->bn,
-                       p->stages, (long long)bytes, op->head_dim, p->dv, aj_target_name(target),
-                       aj_target_smem_limit(target));
-    return AJ_OK;
+    return plan_shared(ctx, op, target, p);
 }
 
 static int plan_state(const void *plan)
