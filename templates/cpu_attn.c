@@ -65,10 +65,16 @@ aj_status aj_cpu_plan_tiles(aj_ctx *ctx, const aj_op *op, const char *who, int w
     return AJ_OK;
 }
 
-void aj_cpu_amx_tiles(const aj_op *op, int default_bm, int default_bn, int *bm, int *bn)
+bool aj_cpu_products(const aj_op *op, aj_dtype dtype, bool pairs, bool amx_fits,
+                     int default_bm, int default_bn, aj_amx_mode *amx, int *bm, int *bn)
 {
-    *bm = op->schedule.block_m ? *bm : default_bm;
-    *bn = op->schedule.block_n ? *bn : default_bn;
+    if (amx_fits)
+        *amx = aj_cpu_amx_mode(dtype, NULL, 0);   /* off but for bf16 and f16 */
+    if (*amx != AJ_AMX_OFF) {
+        *bm = op->schedule.block_m ? *bm : default_bm;
+        *bn = op->schedule.block_n ? *bn : default_bn;
+    }
+    return pairs && (*amx != AJ_AMX_OFF || (dtype == AJ_DTYPE_BF16 && aj_cpu_bf16_pairs()));
 }
 
 void aj_cpu_seq_of(aj_kb *kb, const aj_op *op, const aj_score_prog *prog, LLVMValueRef bidx,

@@ -219,9 +219,14 @@ void aj_cpu_gemm_acc(aj_kb *kb, int ncols, LLVMValueRef c, LLVMValueRef rscale,
 #define AJ_CPU_AMX_FWD_BN 256
 #define AJ_CPU_AMX_BWD_BM 128
 #define AJ_CPU_AMX_BWD_BN 128
-/* A kernel whose products take the tiles: *bm, *bn become default_bm,
- * default_bn where the op's schedule leaves them unset (its own sizes win) */
-void aj_cpu_amx_tiles(const aj_op *op, int default_bm, int default_bn, int *bm, int *bn);
+/* How a kernel's products run.  Where its shapes fit AMX's tiles
+ * (`amx_fits`), *amx is the host's mode for dtype (off but for bf16 and
+ * f16; native or the stand-in), and with AMX on, *bm, *bn become
+ * default_bm, default_bn where the op's schedule leaves them unset (its
+ * own sizes win).  True when the products go in pairs: shapes that take
+ * them (`pairs`), and AMX or bf16 by vdpbf16ps (aj_cpu_bf16_pairs). */
+bool aj_cpu_products(const aj_op *op, aj_dtype dtype, bool pairs, bool amx_fits,
+                     int default_bm, int default_bn, aj_amx_mode *amx, int *bm, int *bn);
 void aj_cpu_amx_gemm(aj_amx *t, LLVMValueRef c, LLVMValueRef a, int lda, LLVMValueRef b, int n,
                      int kn, LLVMValueRef m_end, int accumulate);
 /* C[m][0..ncols) *= rscale[m] for m < m_end (ncols a multiple of 8) */

@@ -96,12 +96,8 @@ static aj_status plan_kernel(aj_ctx *ctx, const aj_op *op, cbwd_plan *p)
      * register tiles 32 keys */
     int tiles = p->w == 16 && p->d % 32 == 0 && p->dv % 32 == 0 &&
                 p->bm % AJ_CPU_AMX_ROWS == 0 && p->bn % 32 == 0;
-    if (tiles)
-        p->amx = aj_cpu_amx_mode(p->dtype, NULL, 0);   /* off but for bf16 and f16 */
-    if (p->amx != AJ_AMX_OFF)
-        aj_cpu_amx_tiles(op, AJ_CPU_AMX_BWD_BM, AJ_CPU_AMX_BWD_BN, &p->bm, &p->bn);
-    p->pairs = tiles && (p->amx != AJ_AMX_OFF ||
-                         (p->dtype == AJ_DTYPE_BF16 && aj_cpu_bf16_pairs()));
+    p->pairs = aj_cpu_products(op, p->dtype, tiles, tiles, AJ_CPU_AMX_BWD_BM, AJ_CPU_AMX_BWD_BN,
+                               &p->amx, &p->bm, &p->bn);
     return st;
 }
 

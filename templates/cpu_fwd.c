@@ -87,12 +87,9 @@ static aj_status plan_kernel(aj_ctx *ctx, const aj_op *op, cfwd_plan *p)
     int half = (p->dtype == AJ_DTYPE_BF16 || p->dtype == AJ_DTYPE_F16) &&
                p->q_dtype == p->dtype && p->kv_dtype == p->dtype && p->w == 16 &&
                p->d % 16 == 0;
-    if (half && p->d % 32 == 0 && p->dv % 32 == 0 && p->bm % AJ_CPU_AMX_ROWS == 0)
-        p->amx = aj_cpu_amx_mode(p->dtype, NULL, 0);
-    if (p->amx != AJ_AMX_OFF)
-        aj_cpu_amx_tiles(op, AJ_CPU_AMX_FWD_BM, AJ_CPU_AMX_FWD_BN, &p->bm, &p->bn);
-    p->pairs = half && (p->amx != AJ_AMX_OFF ||
-                        (p->dtype == AJ_DTYPE_BF16 && aj_cpu_bf16_pairs()));
+    bool amx_fits = half && p->d % 32 == 0 && p->dv % 32 == 0 && p->bm % AJ_CPU_AMX_ROWS == 0;
+    p->pairs = aj_cpu_products(op, p->dtype, half, amx_fits, AJ_CPU_AMX_FWD_BM, AJ_CPU_AMX_FWD_BN,
+                               &p->amx, &p->bm, &p->bn);
     return st;
 }
 
