@@ -910,9 +910,12 @@ static LLVMValueRef i16_like(LLVMTypeRef t, unsigned c)
 static LLVMValueRef f16_to_f32(aj_kb *kb, LLVMValueRef h)
 {
     LLVMTypeRef t = LLVMTypeOf(h);
-    if (kb->desc->simt && LLVMGetTypeKind(t) != LLVMVectorTypeKind)
-        return aj_kb_intrinsic(kb, AJ_INTR_CVT_F32_F16, &h);
     LLVMTypeRef half = type_like(t, LLVMHalfTypeInContext(kb->llctx));
+    if (kb->desc->simt && LLVMGetTypeKind(t) != LLVMVectorTypeKind) {
+        if (t == half)   /* the conversion takes the bits */
+            h = LLVMBuildBitCast(kb->b, h, kb->t_i16, "");
+        return aj_kb_intrinsic(kb, AJ_INTR_CVT_F32_F16, &h);
+    }
     if (t != half)
         h = LLVMBuildBitCast(kb->b, h, half, "");
     return LLVMBuildFPExt(kb->b, h, type_like(t, kb->t_f32), "");

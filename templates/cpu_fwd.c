@@ -870,8 +870,9 @@ static aj_status cfwd_build(aj_kb *kb, const aj_op *op, void *user)
     if (st != AJ_OK)
         return st;
     aj_kctx_init(&c.k, kb, op, prog);
-    /* without a score_mod, Q takes scale log2 e once, and scores need no
-     * multiply; the score_mod sees the scaled score in natural units */
+    /* for the identity program (no score_mod, no bias), Q takes scale
+     * log2 e once, and scores need no multiply; a program sees the scaled
+     * score in natural units */
     int log2e_in_q = aj_cpu_log2e_in_q(prog);
     if (op->layout == AJ_LAYOUT_PAGED) {
         c.k_tensor = AJ_PSRC_k_cache;

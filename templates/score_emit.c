@@ -706,7 +706,7 @@ void aj_score_begin(aj_score *s, aj_kb *kb, const aj_score_prog *p, int lanes, L
      * key loop then keeps their addresses and bounds live */
     for (int id = 0; id < p->e.count; id++)
         if (node(p, id)->op == AJ_EXPR_LOAD &&
-            !(p->reads[id] & (AJ_SCORE_READS_POSITION | AJ_SCORE_READS(AJ_VAR_SCORE))))
+            !(p->reads[id] & (AJ_SCORE_READS_POSITION | AJ_SCORE_READS_KEY)))
             s->loads[id] = aj_score_emit_node(m, id);
     if (p->block_mask) {
         LLVMBuilderRef bd = kb->b;
@@ -802,9 +802,12 @@ static LLVMValueRef call_outlined(aj_score *s, int slot, LLVMValueRef score,
         }
         aj_kb_helper_end(kb, v, saved);
     }
-    LLVMValueRef args[10] = {score, as_i32(kb, i), as_i32(kb, j), s->b, s->h,
-                             s->q_origin, s->k_origin, s->sq, s->sk,
-                             nargs > 9 ? aj_score_bias_at(bias, i, j) : NULL};
+    /* made in this order (an initializer's order of evaluation is the
+     * compiler's): the IR is the same from every build */
+    LLVMValueRef i32 = as_i32(kb, i), j32 = as_i32(kb, j);
+    LLVMValueRef term = nargs > 9 ? aj_score_bias_at(bias, i, j) : NULL;
+    LLVMValueRef args[10] = {score, i32, j32, s->b, s->h, s->q_origin, s->k_origin, s->sq, s->sk,
+                             term};
     return aj_kb_helper_call(kb, fn, args, (unsigned)nargs);
 }
 

@@ -44,7 +44,7 @@ typedef struct emitter {
     int lanes;                 /* 0: scalar */
     LLVMValueRef i, j;         /* i32, j maybe <lanes x i32> */
     LLVMValueRef score;        /* f32 or vector, NULL outside score_mod */
-    const aj_score_bias *bias; /* the bias leaf's value, NULL: none (score_emit_mod) */
+    const aj_score_bias *bias; /* the bias leaf's value, NULL: none (begin_mod) */
     LLVMValueRef *memo;        /* vmemo, or umemo while a uniform node is emitted */
     LLVMValueRef *vmemo;       /* by node: its value (the program's e.count of them) */
     LLVMValueRef *umemo;       /* scalar values of uniform nodes */

@@ -571,7 +571,7 @@ static aj_status build(aj_ctx *ctx, const aj_op *op, aj_score_prog *p)
 {
     memset(p, 0, sizeof *p);
     p->e.shared = true;
-    p->mod = p->dmod = p->band_lo = p->band_hi = p->rest = NONE;
+    p->mod = p->dmod = p->band_lo = p->band_hi = p->rest = p->biased = NONE;
     p->scale = aj_op_scale(op);
     p->dropout = op->dropout;
     p->tensor_count = op->tensor_count;
@@ -583,18 +583,21 @@ static aj_status build(aj_ctx *ctx, const aj_op *op, aj_score_prog *p)
     if (st != AJ_OK)
         return st;
     builder bd = {p, {p->tensors, AJ_OP_TENSORS_MAX + 1, true, true}, true, NONE, NULL};
-    p->biased = NONE;
     if (op->bias == AJ_BIAS_ADD && op->kind != AJ_KIND_MERGE) {
         /* the bias is a leaf of the program: the score_mod reads score + bias */
         uint16_t sb[2] = {add_leaf(&bd, (aj_expr_node){.op = AJ_EXPR_VAR, .u.var = AJ_VAR_SCORE}),
                           add_leaf(&bd, (aj_expr_node){.op = AJ_EXPR_VAR, .u.var = AJ_VAR_BIAS})};
         p->biased = bd.ok ? mk(&bd, AJ_EXPR_ADD, sb, 2) : NONE;
         if (!bd.ok)
-            return aj_fail(ctx, AJ_ERR_OUT_OF_MEMORY, "out of memory for the score program");
+            return aj_fail(ctx, AJ_ERR_UNSUPPORTED, "the score program does not fit %d nodes",
+                           AJ_EXPR_NODES_MAX);
     }
     st = add_field(ctx, op, true, p->biased, p, &p->mod);
     if (st != AJ_OK)
         return st;
+    if (p->mod != NONE && aj_expr_depth(&p->e, p->mod) > AJ_EXPR_DEPTH_MAX)   /* + the bias */
+        return aj_fail(ctx, AJ_ERR_UNSUPPORTED, "the score_mod with the bias is deeper than %d; "
+                       "write a shallower score_mod", AJ_EXPR_DEPTH_MAX);
     if (p->mod == NONE)
         p->mod = p->biased;
     bd.scope.count = p->tensor_count;

@@ -170,7 +170,8 @@ void aj_score_fix_rows(aj_score *s, LLVMValueRef i0, LLVMValueRef i1)
 static bool reads_keys_only(const aj_score_prog *p, int id)
 {
     return (p->reads[id] & AJ_SCORE_READS(AJ_VAR_K)) &&
-           !(p->reads[id] & (AJ_SCORE_READS(AJ_VAR_Q) | AJ_SCORE_READS(AJ_VAR_SCORE)));
+           !(p->reads[id] & (AJ_SCORE_READS(AJ_VAR_Q) | AJ_SCORE_READS(AJ_VAR_SCORE) |
+                             AJ_SCORE_READS(AJ_VAR_BIAS)));
 }
 
 int aj_score_col_slots(const aj_score_prog *p)

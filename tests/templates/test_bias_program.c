@@ -354,6 +354,24 @@ static void test_leaf(void)
     CHECK_STATUS(ctx, aj_op_parse(ctx, text, strlen(text), "t.aj", &op), AJ_ERR_PARSE);
     CHECK_ERROR(ctx, "unknown name 'bias' (variables: b, h, q, k, sq, sk, score)");
     aj_op_destroy(op);
+    /* a score_mod as deep as the language allows, one deeper with the
+     * bias: refused with a message, not built past the limit */
+    static char deep[8192];
+    int len = snprintf(deep, sizeof deep, "attention forward efficient { dtype = f32 "
+                       "head_dim = 32 bias = add score_mod = expr(");
+    for (int n = 1; n < AJ_EXPR_DEPTH_MAX; n++)
+        len += snprintf(deep + len, sizeof deep - (size_t)len, "tanh(");
+    len += snprintf(deep + len, sizeof deep - (size_t)len, "score");
+    for (int n = 1; n < AJ_EXPR_DEPTH_MAX; n++)
+        len += snprintf(deep + len, sizeof deep - (size_t)len, ")");
+    snprintf(deep + len, sizeof deep - (size_t)len, ") }");
+    op = bwd_parse(ctx, deep, "deep score_mod");
+    aj_score_prog prog;
+    if (op) {
+        CHECK_STATUS(ctx, aj_score_prog_init(ctx, op, &prog), AJ_ERR_UNSUPPORTED);
+        CHECK_ERROR(ctx, "the score_mod with the bias is deeper than 256");
+    }
+    aj_op_destroy(op);
 }
 
 static void (*const tests[])(void) = {test_leaf, test_sweep, NULL};
